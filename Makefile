@@ -1,0 +1,78 @@
+# dpar.h build. `make` builds everything, `make run` trains the digits,
+# `make test` runs the suite. Binaries go to build/.
+#   VULKAN=0|1   Vulkan backend (default: 1 when the Vulkan headers exist)
+#   CUDA=0|1     CUDA backend (default 0; needs nvcc, cuBLAS and NCCL headers)
+#   SAN=address|thread   build everything with a sanitizer (into build-$(SAN)/)
+CC      ?= cc
+CSTD    ?= -std=c99
+OPT     ?= -O2
+CFLAGS  ?= $(OPT) -g
+WARN     = -Wall -Wextra -Werror
+CPPFLAGS = -I. -D_GNU_SOURCE
+LDLIBS   = -lpthread -lm -ldl
+ifeq ($(SAN),)
+BUILD   ?= build
+else
+BUILD   ?= build-$(SAN)
+ifeq ($(SAN),address)
+CFLAGS  += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
+LDFLAGS += -fsanitize=address,undefined
+else
+CFLAGS  += -fsanitize=$(SAN) -fno-omit-frame-pointer
+LDFLAGS += -fsanitize=$(SAN)
+endif
+endif
+ARGS    ?=
+
+IMPL_DEFS :=
+IMPL_DEPS := dpar.h tools/dpar_impl.c
+IMPL_LIBS :=
+TEST_LIBS := -lcmocka
+
+include mk/vulkan.mk
+include mk/cuda.mk
+
+TEST_SRCS    := $(wildcard tests/test_*.c)
+EXAMPLE_SRCS := $(wildcard examples/*.c)
+BENCH_SRCS   := $(wildcard bench/*.c)
+TESTS    := $(patsubst tests/%.c,$(BUILD)/%,$(TEST_SRCS))
+EXAMPLES := $(patsubst examples/%.c,$(BUILD)/%,$(EXAMPLE_SRCS))
+BENCHES  := $(patsubst bench/%.c,$(BUILD)/%,$(BENCH_SRCS))
+
+.PHONY: all run test examples bench clean check-cxx
+all: $(EXAMPLES) $(TESTS) $(BENCHES)
+examples: $(EXAMPLES)
+
+$(BUILD)/dpar.o: $(IMPL_DEPS) | $(BUILD)
+	$(CC) $(CSTD) $(CPPFLAGS) $(IMPL_DEFS) $(CFLAGS) $(WARN) -c tools/dpar_impl.c -o $@
+
+$(BUILD)/test_%: tests/test_%.c tests/testutil.h $(BUILD)/dpar.o
+	$(CC) $(CSTD) $(CPPFLAGS) $(IMPL_DEFS) $(CFLAGS) $(WARN) $< $(BUILD)/dpar.o -o $@ $(LDFLAGS) $(TEST_LIBS) $(IMPL_LIBS) $(LDLIBS)
+
+$(BUILD)/%: examples/%.c $(BUILD)/dpar.o
+	$(CC) $(CSTD) $(CPPFLAGS) $(IMPL_DEFS) $(CFLAGS) $(WARN) $< $(BUILD)/dpar.o -o $@ $(LDFLAGS) $(IMPL_LIBS) -lz $(LDLIBS)
+
+$(BUILD)/%: bench/%.c $(BUILD)/dpar.o
+	$(CC) $(CSTD) $(CPPFLAGS) $(IMPL_DEFS) $(CFLAGS) $(WARN) $< $(BUILD)/dpar.o -o $@ $(LDFLAGS) $(IMPL_LIBS) -lz $(LDLIBS)
+
+$(BUILD):
+	mkdir -p $(BUILD)
+
+# The main job: data-parallel MLP on the UCI digits, 4 emulated CPU devices.
+run: $(BUILD)/train_digits
+	./$(BUILD)/train_digits --devices 4 $(ARGS)
+
+# The suite: every test binary, one closing line "N passed, N failed, N skipped".
+test: $(TESTS) $(EXAMPLES) check-cxx
+	sh tests/run.sh $(BUILD)
+
+# The header must also compile as C++ (and with clang when present).
+check-cxx: | $(BUILD)
+	$(CXX) -x c++ -std=c++11 $(CPPFLAGS) $(WARN) -DDPAR_IMPLEMENTATION -fsyntax-only dpar.h
+	if command -v clang >/dev/null 2>&1; then clang -std=c99 -x c $(CPPFLAGS) $(WARN) -DDPAR_IMPLEMENTATION -fsyntax-only dpar.h; fi
+
+bench: $(BENCHES)
+	sh bench/run.sh $(BUILD)
+
+clean:
+	rm -rf build build-address build-thread

@@ -1,0 +1,3100 @@
+/* dpar.h — JAX-style multi-device training for plain C, in one header.
+
+   Device mesh with named axes, pmap / shard_map dispatch (one function run per
+   device, concurrently), collectives over axis names (psum, pmean, pmax, pmin,
+   all_gather, psum_scatter, ppermute, all_to_all, pbroadcast), the ops a
+   small network needs, and an SGD optimizer — behind a backend vtable.
+
+   USAGE
+   -----
+   In exactly one C or C++ file:
+
+       #define DPAR_IMPLEMENTATION
+       #include "dpar.h"
+
+   Everywhere else just #include "dpar.h". Link with -lpthread -lm.
+   Optional backends are compiled into the implementation file:
+
+       #define DPAR_VULKAN            // Vulkan backend, see backends/dpar_vulkan.h
+       #define DPAR_CUDA              // CUDA backend,   see backends/dpar_cuda.h
+       #define DPAR_IMPLEMENTATION
+       #include "dpar.h"
+
+   Overrides (define before the implementation):
+       DPAR_STATIC            make every API function static
+       DPAR_ASSERT(c)         internal invariant checks (default assert.h)
+       DPAR_MALLOC(sz) / DPAR_FREE(p) / DPAR_REALLOC(p, sz)   allocator
+       DPAR_LOG(msg)          log sink for warnings (default: stderr, only if DPAR_VERBOSE=1)
+       DPAR_USE_CBLAS         CPU matrix products through cblas_sgemm
+
+   A FIRST PROGRAM
+   ---------------
+       dpar_runtime *rt;  dpar_mesh *mesh;
+       dpar_runtime_create(&(dpar_runtime_desc){ .num_devices = 4 }, &rt);
+       dpar_mesh_create(rt, &(dpar_mesh_desc){ .ndim = 1, .shape = {4},
+                                               .axis_names = {"data"} }, &mesh);
+       dpar_pmap(mesh, &(dpar_pmap_desc){ .axis = "data", .fn = my_fn, ... });
+
+   Inside my_fn(dpar_ctx *ctx, void *user) every device sees its own shard
+   (dpar_ctx_arg), its position (dpar_axis_index), and calls ops and
+   collectives, which block until every member of the group has arrived.
+
+   EXECUTION MODEL
+   ---------------
+   One persistent host worker thread per device. pmap/shard_map hand the
+   function to every worker and return when all are done; the first error
+   wins and every other worker is told to stop (a worker waiting in a
+   collective returns DPAR_ERR_ABORTED). A collective over axis "a" groups the
+   devices that share every other mesh coordinate; over "a,b" it groups over
+   both. Reductions add in mesh order, so every member gets bitwise the same
+   result, run after run.
+
+   ENVIRONMENT
+   -----------
+       DPAR_BACKEND=cpu|vulkan|cuda   backend when the desc leaves it default
+       DPAR_DEVICES=N                 number of (emulated) devices
+       DPAR_TIMEOUT_MS=ms             collective timeout (default 60000)
+
+   ERRORS
+   ------
+   Every fallible call returns dpar_status; dpar_last_error() (thread local)
+   says what went wrong, where, and how to fix it. The library never calls
+   exit() or abort() on user error.
+
+   License: MIT, at the end of this file.
+*/
+#ifndef DPAR_H_INCLUDED
+#define DPAR_H_INCLUDED
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+
+#ifndef DPAR_API
+#  ifdef DPAR_STATIC
+#    define DPAR_API static
+#  else
+#    define DPAR_API extern
+#  endif
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DPAR_VERSION_MAJOR 0
+#define DPAR_VERSION_MINOR 1
+
+enum {
+    DPAR_MAX_DIMS = 8,      /* array / buffer rank */
+    DPAR_MAX_AXES = 4,      /* mesh rank */
+    DPAR_MAX_DEVICES = 256, /* devices per runtime */
+    DPAR_MAX_ARGS = 32,     /* arrays per pmap / shard_map call */
+    DPAR_NAME_LEN = 32      /* axis name length, including the terminator */
+};
+
+/* ---------------------------------------------------------------------------
+   Status and errors
+   ------------------------------------------------------------------------ */
+typedef enum dpar_status {
+    DPAR_OK = 0,
+    DPAR_ERR_INVALID_ARGUMENT,   /* a NULL, out-of-range or malformed argument */
+    DPAR_ERR_SHAPE,              /* shapes do not match / do not divide */
+    DPAR_ERR_DTYPE,              /* dtype not supported by the op or mismatched */
+    DPAR_ERR_UNKNOWN_AXIS,       /* axis name not in the mesh */
+    DPAR_ERR_DEVICE_COUNT,       /* more devices asked than the backend has */
+    DPAR_ERR_OUT_OF_MEMORY,      /* host or device allocation failed */
+    DPAR_ERR_BACKEND_UNAVAILABLE,/* backend not compiled in, no driver or no device */
+    DPAR_ERR_BACKEND,            /* the backend's driver/library reported an error */
+    DPAR_ERR_COLLECTIVE_MISMATCH,/* members of a group called different collectives */
+    DPAR_ERR_TIMEOUT,            /* a member never arrived within DPAR_TIMEOUT_MS */
+    DPAR_ERR_ABORTED,            /* another device failed first; this one stopped */
+    DPAR_ERR_IO,                 /* file read/write failed */
+    DPAR_ERR_STATE               /* call not allowed in this state (e.g. outside pmap) */
+} dpar_status;
+
+/* Short name of a status ("DPAR_ERR_SHAPE"), never NULL. */
+DPAR_API const char *dpar_status_string(dpar_status s);
+/* Text of the last error on the calling thread: what, where, how to fix.
+   Empty string ("") when the last call succeeded or nothing failed yet.
+   Valid until the next dpar call on this thread. */
+DPAR_API const char *dpar_last_error(void);
+
+/* ---------------------------------------------------------------------------
+   Dtypes
+   ------------------------------------------------------------------------ */
+typedef enum dpar_dtype {
+    DPAR_F32 = 0,   /* IEEE 754 binary32 */
+    DPAR_F16,       /* IEEE 754 binary16 */
+    DPAR_BF16,      /* bfloat16: the upper 16 bits of a binary32 */
+    DPAR_I32,       /* two's complement int32 */
+    DPAR_DTYPE_COUNT
+} dpar_dtype;
+
+/* Bytes per element (4, 2, 2, 4); 0 for an invalid dtype. */
+DPAR_API size_t dpar_dtype_size(dpar_dtype t);
+/* "f32", "f16", "bf16", "i32"; "invalid" otherwise. */
+DPAR_API const char *dpar_dtype_name(dpar_dtype t);
+/* Scalar conversions with round-to-nearest-even (IEEE 754-2008 sec. 4.3.1);
+   NaN stays NaN, overflow gives +-Inf. */
+DPAR_API uint16_t dpar_f32_to_f16(float f);
+DPAR_API float    dpar_f16_to_f32(uint16_t h);
+DPAR_API uint16_t dpar_f32_to_bf16(float f);
+DPAR_API float    dpar_bf16_to_f32(uint16_t h);
+
+/* ---------------------------------------------------------------------------
+   Runtime and devices
+   ------------------------------------------------------------------------ */
+typedef enum dpar_backend_kind {
+    DPAR_BACKEND_DEFAULT = 0, /* DPAR_BACKEND env, else the best compiled-in available */
+    DPAR_BACKEND_CPU,
+    DPAR_BACKEND_VULKAN,
+    DPAR_BACKEND_CUDA
+} dpar_backend_kind;
+
+DPAR_API const char *dpar_backend_name(dpar_backend_kind k); /* "cpu", "vulkan", "cuda" */
+
+typedef struct dpar_runtime dpar_runtime;
+
+typedef struct dpar_runtime_desc {
+    dpar_backend_kind backend; /* 0: DPAR_BACKEND env, else best available */
+    int num_devices;           /* 0: DPAR_DEVICES env, else all the backend has
+                                  (CPU: 1 device per core, at most 8) */
+    int timeout_ms;            /* collective timeout; 0: DPAR_TIMEOUT_MS env, else 60000 */
+    int vulkan_force_noncoherent; /* Vulkan: treat host-visible memory as non-coherent
+                                     (flush/invalidate on every host access); 0: env
+                                     DPAR_VK_NONCOHERENT */
+    int vulkan_physical_device;   /* Vulkan: index of the physical device; -1 or 0: first */
+} dpar_runtime_desc;
+
+/* Creates a runtime: picks the backend, opens `num_devices` devices and
+   starts one worker thread per device.
+   Errors: DPAR_ERR_BACKEND_UNAVAILABLE (backend not compiled in / no driver),
+   DPAR_ERR_DEVICE_COUNT (asked for more devices than the backend has; the
+   text names both numbers), DPAR_ERR_INVALID_ARGUMENT, DPAR_ERR_OUT_OF_MEMORY.
+   On error *out is NULL and nothing is leaked. */
+DPAR_API dpar_status dpar_runtime_create(const dpar_runtime_desc *desc, dpar_runtime **out);
+/* Stops the workers and frees the runtime. Buffers, arrays and meshes of the
+   runtime must be destroyed first (leftovers are freed here too). NULL is a no-op. */
+DPAR_API void dpar_runtime_destroy(dpar_runtime *rt);
+DPAR_API int dpar_device_count(const dpar_runtime *rt);
+DPAR_API dpar_backend_kind dpar_runtime_backend(const dpar_runtime *rt);
+
+typedef struct dpar_device_info {
+    char name[128];          /* e.g. "cpu:2", "llvmpipe (LLVM 15.0.6, 256 bits) [logical 1/4]" */
+    char vendor[64];         /* e.g. "host", "NVIDIA", "Mesa" */
+    char driver[64];         /* driver name and version where known */
+    dpar_backend_kind backend;
+    int index;               /* device index in this runtime, 0..count-1 */
+    int physical_index;      /* index of the physical device it runs on */
+    uint64_t memory_bytes;   /* device memory (CPU: physical RAM) in bytes */
+} dpar_device_info;
+
+/* Errors: DPAR_ERR_INVALID_ARGUMENT when device is out of range. */
+DPAR_API dpar_status dpar_device_info_get(const dpar_runtime *rt, int device, dpar_device_info *out);
+
+/* ---------------------------------------------------------------------------
+   Device buffers: a typed, shaped, contiguous row-major array on one device
+   ------------------------------------------------------------------------ */
+typedef struct dpar_buffer dpar_buffer;
+
+/* Allocates a buffer of `dtype` with `ndim` dims (0..DPAR_MAX_DIMS; ndim 0 is
+   a scalar) on `device`. Contents are zero. Zero-size dims are allowed.
+   Errors: DPAR_ERR_INVALID_ARGUMENT (device, dtype or ndim out of range,
+   negative dim), DPAR_ERR_OUT_OF_MEMORY. */
+DPAR_API dpar_status dpar_buffer_create(dpar_runtime *rt, int device, dpar_dtype dtype,
+                                        int ndim, const int64_t *shape, dpar_buffer **out);
+/* Frees the buffer (waits for pending work on it). NULL is a no-op. */
+DPAR_API void dpar_buffer_destroy(dpar_buffer *b);
+DPAR_API dpar_dtype dpar_buffer_dtype(const dpar_buffer *b);
+DPAR_API int dpar_buffer_ndim(const dpar_buffer *b);
+/* Dimension i (0 <= i < ndim); -1 when i is out of range. */
+DPAR_API int64_t dpar_buffer_dim(const dpar_buffer *b, int i);
+DPAR_API int64_t dpar_buffer_count(const dpar_buffer *b); /* elements */
+DPAR_API size_t dpar_buffer_nbytes(const dpar_buffer *b);
+DPAR_API int dpar_buffer_device(const dpar_buffer *b);
+/* Gives the buffer a new shape with the same element count (a view change,
+   no data moves). Errors: DPAR_ERR_SHAPE naming both counts. */
+DPAR_API dpar_status dpar_buffer_reshape(dpar_buffer *b, int ndim, const int64_t *shape);
+/* Copies `nbytes` bytes host -> device at byte offset `offset`.
+   Errors: DPAR_ERR_INVALID_ARGUMENT when offset+nbytes exceeds the buffer. */
+DPAR_API dpar_status dpar_buffer_write(dpar_buffer *b, size_t offset, const void *src, size_t nbytes);
+/* Copies device -> host; waits for pending work on the device first. */
+DPAR_API dpar_status dpar_buffer_read(const dpar_buffer *b, size_t offset, void *dst, size_t nbytes);
+/* Waits until all work queued on `device` has finished (no-op on CPU). */
+DPAR_API dpar_status dpar_device_sync(dpar_runtime *rt, int device);
+
+/* ---------------------------------------------------------------------------
+   Mesh
+   ------------------------------------------------------------------------ */
+typedef struct dpar_mesh dpar_mesh;
+
+typedef struct dpar_mesh_desc {
+    int ndim;                               /* 1..DPAR_MAX_AXES */
+    int shape[DPAR_MAX_AXES];               /* devices along each axis */
+    const char *axis_names[DPAR_MAX_AXES];  /* unique, non-empty, < DPAR_NAME_LEN chars,
+                                               no ',' or spaces */
+    const int *devices;  /* optional explicit order: devices[i] is the device at
+                            row-major position i; NULL: device i at position i */
+} dpar_mesh_desc;
+
+/* Creates a mesh over prod(shape) devices of the runtime.
+   Errors: DPAR_ERR_DEVICE_COUNT (product differs from / exceeds the devices;
+   the text names both), DPAR_ERR_INVALID_ARGUMENT (duplicate, empty or
+   malformed axis names, repeated device in `devices`). */
+DPAR_API dpar_status dpar_mesh_create(dpar_runtime *rt, const dpar_mesh_desc *desc, dpar_mesh **out);
+DPAR_API void dpar_mesh_destroy(dpar_mesh *m);
+DPAR_API int dpar_mesh_ndim(const dpar_mesh *m);
+DPAR_API int dpar_mesh_size(const dpar_mesh *m);                   /* devices in the mesh */
+DPAR_API const char *dpar_mesh_axis_name(const dpar_mesh *m, int i); /* NULL if out of range */
+/* Size of an axis set: "data" or "data,model" (product of sizes).
+   Errors: DPAR_ERR_UNKNOWN_AXIS naming the axis and listing the mesh axes. */
+DPAR_API dpar_status dpar_mesh_axis_size(const dpar_mesh *m, const char *axes, int *out);
+/* Device at mesh coordinates coords[ndim]. Errors: DPAR_ERR_INVALID_ARGUMENT. */
+DPAR_API dpar_status dpar_mesh_device(const dpar_mesh *m, const int *coords, int *device);
+/* Mesh coordinates of a device (coords[ndim]).
+   Errors: DPAR_ERR_INVALID_ARGUMENT when the device is not in the mesh. */
+DPAR_API dpar_status dpar_mesh_coords(const dpar_mesh *m, int device, int *coords);
+/* The group a collective over `axes` spans from `device`: its members in
+   reduction order (row-major over the named axes, in mesh-axis order),
+   written to members[] (capacity DPAR_MAX_DEVICES), their count to *n, and
+   the device's own position in the group to *index (may be NULL). */
+DPAR_API dpar_status dpar_mesh_group(const dpar_mesh *m, const char *axes, int device,
+                                     int *members, int *n, int *index);
+
+/* ---------------------------------------------------------------------------
+   Global arrays with a sharding spec (JAX's PartitionSpec / NamedSharding)
+   ------------------------------------------------------------------------ */
+typedef struct dpar_array dpar_array;
+
+typedef struct dpar_array_desc {
+    dpar_dtype dtype;
+    int ndim;                        /* 0..DPAR_MAX_DIMS */
+    int64_t shape[DPAR_MAX_DIMS];    /* global shape */
+    const char *spec[DPAR_MAX_DIMS]; /* per dim: NULL (whole, replicated), an axis
+                                        name "data", or several "data,model" */
+} dpar_array_desc;
+
+/* Creates a global array on every device of the mesh: each device holds the
+   shard its mesh coordinates select (dims split over an axis of size n hold
+   shape[d]/n elements; over axes not named in the spec the shard is replicated).
+   Errors: DPAR_ERR_SHAPE (dim not divisible by its axes' size, text names both),
+   DPAR_ERR_UNKNOWN_AXIS, DPAR_ERR_INVALID_ARGUMENT (an axis used twice),
+   DPAR_ERR_OUT_OF_MEMORY. Contents are zero. */
+DPAR_API dpar_status dpar_array_create(dpar_mesh *m, const dpar_array_desc *desc, dpar_array **out);
+DPAR_API void dpar_array_destroy(dpar_array *a);
+/* device_put: scatters (split dims) / replicates a host array in row-major
+   order of the global shape, `host` holding prod(shape) elements of dtype. */
+DPAR_API dpar_status dpar_array_put(dpar_array *a, const void *host);
+/* Gathers the global array to host (row-major, prod(shape) elements); each
+   shard is read from the first device in mesh order that holds it. */
+DPAR_API dpar_status dpar_array_get(const dpar_array *a, void *host);
+/* The shard buffer of `device` (NULL if the device is not in the array's mesh). */
+DPAR_API dpar_buffer *dpar_array_shard(const dpar_array *a, int device);
+DPAR_API int dpar_array_ndim(const dpar_array *a);
+DPAR_API int64_t dpar_array_dim(const dpar_array *a, int i);
+
+/* ---------------------------------------------------------------------------
+   Dispatch: pmap and shard_map
+   ------------------------------------------------------------------------ */
+typedef struct dpar_ctx dpar_ctx;
+/* The per-device function. Return DPAR_OK or the status of the failing call. */
+typedef dpar_status (*dpar_fn)(dpar_ctx *ctx, void *user);
+
+#define DPAR_MAPPED 0        /* pmap in_axes: split the leading dimension */
+#define DPAR_REPLICATED (-1) /* pmap in_axes: every device gets the whole array (JAX None) */
+
+typedef struct dpar_pmap_input {
+    const void *data;            /* host data, row-major */
+    dpar_dtype dtype;
+    int ndim;
+    int64_t shape[DPAR_MAX_DIMS];/* global shape; DPAR_MAPPED: shape[0] = axis size */
+    int in_axis;                 /* DPAR_MAPPED (0) or DPAR_REPLICATED (-1) */
+} dpar_pmap_input;
+
+typedef struct dpar_pmap_output {
+    void *data;                  /* host destination: [axis_size, shape...] stacked */
+    dpar_dtype dtype;
+    int ndim;
+    int64_t shape[DPAR_MAX_DIMS];/* per-device shape */
+} dpar_pmap_output;
+
+typedef struct dpar_pmap_desc {
+    const char *axis;            /* mesh axis to map over (JAX axis_name) */
+    dpar_fn fn;
+    void *user;
+    int num_inputs, num_outputs; /* each <= DPAR_MAX_ARGS/2 */
+    dpar_pmap_input inputs[DPAR_MAX_ARGS / 2];
+    dpar_pmap_output outputs[DPAR_MAX_ARGS / 2];
+} dpar_pmap_desc;
+
+/* JAX pmap on host data: every device of the mesh runs fn once, concurrently.
+   Inside, dpar_ctx_arg(ctx, i) is input i's per-device part (mapped: shape[1:],
+   slice axis_index(axis); replicated: whole) and dpar_ctx_arg(ctx,
+   num_inputs + j) is output j's per-device buffer (zeroed). After fn returns
+   everywhere, output j is stacked along a new leading dimension of size
+   axis_size into outputs[j].data, taken from the devices whose other mesh
+   coordinates are 0.
+   Checked before anything runs: a mapped input whose leading dimension is not
+   the axis size -> DPAR_ERR_SHAPE naming the input, its leading dimension,
+   the axis and its size; unknown axis -> DPAR_ERR_UNKNOWN_AXIS.
+   The first error of any device is returned (its text prefixed "device D: ");
+   the other devices are told to stop. Must not be called from inside fn. */
+DPAR_API dpar_status dpar_pmap(dpar_mesh *m, const dpar_pmap_desc *desc);
+
+typedef struct dpar_shard_map_desc {
+    dpar_fn fn;
+    void *user;
+    int num_args;                  /* <= DPAR_MAX_ARGS */
+    dpar_array *args[DPAR_MAX_ARGS];/* arrays of this mesh; fn sees each device's shard */
+} dpar_shard_map_desc;
+
+/* shard_map over device-resident arrays: fn runs once per device of the mesh
+   and dpar_ctx_arg(ctx, i) is args[i]'s shard on that device (shape from the
+   array's spec, e.g. 8 rows split over a 4-device axis gives 2 rows). Writes
+   to a shard are the output. Errors: DPAR_ERR_INVALID_ARGUMENT (array of
+   another mesh), and the first error of any device, as dpar_pmap. */
+DPAR_API dpar_status dpar_shard_map(dpar_mesh *m, const dpar_shard_map_desc *desc);
+
+/* --- inside fn --- */
+DPAR_API int dpar_ctx_device(const dpar_ctx *ctx);          /* device index */
+DPAR_API dpar_runtime *dpar_ctx_runtime(const dpar_ctx *ctx);
+DPAR_API dpar_mesh *dpar_ctx_mesh(const dpar_ctx *ctx);
+/* Argument i's buffer on this device; NULL (and last error set) if out of range. */
+DPAR_API dpar_buffer *dpar_ctx_arg(const dpar_ctx *ctx, int i);
+/* JAX axis_index / axis_size for "a" or "a,b" (index row-major over the axes).
+   Errors: DPAR_ERR_UNKNOWN_AXIS naming the axis and listing the mesh axes. */
+DPAR_API dpar_status dpar_axis_index(const dpar_ctx *ctx, const char *axes, int *out);
+DPAR_API dpar_status dpar_axis_size(const dpar_ctx *ctx, const char *axes, int *out);
+/* Allocates a buffer on this device (see dpar_buffer_create). */
+DPAR_API dpar_status dpar_ctx_buffer(dpar_ctx *ctx, dpar_dtype dtype, int ndim,
+                                     const int64_t *shape, dpar_buffer **out);
+
+/* ---------------------------------------------------------------------------
+   Collectives (inside fn). Every member of the group (the devices that share
+   all mesh coordinates not in `axes`) must call the same collective with the
+   same dtype and shapes, in the same order. in == out (in place) is allowed
+   unless said otherwise. Dtypes f32, f16, bf16 (accumulated in f32 in mesh
+   order, rounded once), i32 (wrap-around sums).
+   Errors, for all: DPAR_ERR_UNKNOWN_AXIS; DPAR_ERR_SHAPE / DPAR_ERR_DTYPE for
+   a local mismatch; DPAR_ERR_COLLECTIVE_MISMATCH when members disagree (every
+   member gets it, naming both calls); DPAR_ERR_TIMEOUT naming the devices that
+   never arrived within the timeout; DPAR_ERR_ABORTED when another device
+   failed first. Zero-size buffers are allowed everywhere.
+   ------------------------------------------------------------------------ */
+typedef enum dpar_reduce_op { DPAR_SUM = 0, DPAR_MEAN, DPAR_MAX, DPAR_MIN } dpar_reduce_op;
+
+/* out = reduce over the group of in (same shape, same dtype).
+   pmean = psum / n (i32: truncated toward zero). pmax/pmin propagate NaN:
+   if any member holds NaN at an element, every member gets NaN there. */
+DPAR_API dpar_status dpar_psum(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes);
+DPAR_API dpar_status dpar_pmean(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes);
+DPAR_API dpar_status dpar_pmax(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes);
+DPAR_API dpar_status dpar_pmin(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes);
+DPAR_API dpar_status dpar_preduce(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in,
+                                  const char *axes, dpar_reduce_op op);
+/* all_gather along dimension `dim` of in (group size n).
+   tiled = false: out.shape = in.shape with n inserted at dim (JAX stacked);
+   tiled = true:  out.shape[dim] = n * in.shape[dim]. Member k's data goes to
+   position k. Not in place. */
+DPAR_API dpar_status dpar_all_gather(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in,
+                                     const char *axes, int dim, bool tiled);
+/* psum_scatter (reduce-scatter) along dimension `dim`: the sum over the group
+   is split in n blocks along dim and member k keeps block k.
+   tiled = false: in.shape[dim] must equal n and out drops that dim;
+   tiled = true:  in.shape[dim] must be divisible by n, out.shape[dim] = in/n.
+   Not divisible -> DPAR_ERR_SHAPE naming the size and n (no padding). Not in place. */
+DPAR_API dpar_status dpar_psum_scatter(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in,
+                                       const char *axes, int dim, bool tiled);
+/* ppermute: pairs[2i] = source, pairs[2i+1] = destination, as positions in the
+   group (axis_index). Each source and each destination at most once; members
+   that are no destination get zeros (JAX semantics). In place allowed. */
+DPAR_API dpar_status dpar_ppermute(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in,
+                                   const char *axes, const int *pairs, int num_pairs);
+/* all_to_all (JAX, tiled): in.shape[split_dim] divisible by n; block j along
+   split_dim goes to member j; received blocks are concatenated along
+   concat_dim in member order. out.shape = in.shape with shape[split_dim] / n
+   and shape[concat_dim] * n. Not in place. */
+DPAR_API dpar_status dpar_all_to_all(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in,
+                                     const char *axes, int split_dim, int concat_dim);
+/* pbroadcast: every member gets the value of the member at position `root`
+   (NCCL broadcast). In place allowed. */
+DPAR_API dpar_status dpar_pbroadcast(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in,
+                                     const char *axes, int root);
+
+/* Async form: *_start returns at once with a handle; the buffers must not be
+   touched until dpar_wait(handle) returns (which returns the collective's
+   status and frees the handle). Collectives of one device run in issue order. */
+typedef struct dpar_request dpar_request;
+DPAR_API dpar_status dpar_preduce_start(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in,
+                                        const char *axes, dpar_reduce_op op, dpar_request **req);
+DPAR_API dpar_status dpar_all_gather_start(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in,
+                                           const char *axes, int dim, bool tiled, dpar_request **req);
+DPAR_API dpar_status dpar_psum_scatter_start(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in,
+                                             const char *axes, int dim, bool tiled, dpar_request **req);
+DPAR_API dpar_status dpar_wait(dpar_ctx *ctx, dpar_request *req);
+
+/* ---------------------------------------------------------------------------
+   Ops on device buffers (all operands on one device; f32 unless said).
+   Errors, for all: DPAR_ERR_INVALID_ARGUMENT (NULL, different devices),
+   DPAR_ERR_SHAPE (text names both shapes), DPAR_ERR_DTYPE.
+   ------------------------------------------------------------------------ */
+/* C = alpha * op(A) @ op(B) + beta * C, op(X) = X or X^T; A, B, C 2-D,
+   op(A) [M,K], op(B) [K,N], C [M,N]. beta = 0 ignores C's old contents
+   (even NaN). f32 (f16/bf16 operands with f32 accumulation where the backend
+   supports it; CPU: f32 only). */
+DPAR_API dpar_status dpar_matmul(dpar_buffer *C, const dpar_buffer *A, const dpar_buffer *B,
+                                 bool trans_a, bool trans_b, float alpha, float beta);
+/* y[M,N] += b[N] (broadcast over rows). y may be any rank >= 1; last dim N. */
+DPAR_API dpar_status dpar_bias_add(dpar_buffer *y, const dpar_buffer *b);
+/* db[N] = beta * db + sum over rows of dy[M,N]. */
+DPAR_API dpar_status dpar_bias_grad(dpar_buffer *db, const dpar_buffer *dy, float beta);
+/* y = max(x, 0) (NaN propagates). Same shape; in place allowed. */
+DPAR_API dpar_status dpar_relu(dpar_buffer *y, const dpar_buffer *x);
+/* dx = dy where x > 0, else 0. Same shapes; dx may alias dy. */
+DPAR_API dpar_status dpar_relu_backward(dpar_buffer *dx, const dpar_buffer *dy, const dpar_buffer *x);
+/* Softmax cross-entropy with integer labels, logits [M,C] f32, labels [M] i32
+   in 0..C-1. loss (f32, 1 element) = mean_i(logsumexp(z_i) - z_i[label_i]);
+   dlogits (may be NULL) [M,C] = (softmax(z_i) - onehot(label_i)) / M.
+   Numerically stable (max subtracted). Labels out of range -> row loss NaN
+   and NaN gradient row (caught by the caller's NaN checks, never UB). */
+DPAR_API dpar_status dpar_softmax_xent(dpar_buffer *loss, dpar_buffer *dlogits,
+                                       const dpar_buffer *logits, const dpar_buffer *labels);
+/* Mean squared error: loss (1 element) = mean((pred - target)^2); dpred (may be
+   NULL) = 2 (pred - target) / count. pred and target same shape (no broadcast). */
+DPAR_API dpar_status dpar_mse(dpar_buffer *loss, dpar_buffer *dpred,
+                              const dpar_buffer *pred, const dpar_buffer *target);
+/* y += alpha * x (same count). */
+DPAR_API dpar_status dpar_axpy(dpar_buffer *y, float alpha, const dpar_buffer *x);
+/* x *= alpha. */
+DPAR_API dpar_status dpar_scale(dpar_buffer *x, float alpha);
+/* x = value (any dtype; i32 gets (int32_t)value). */
+DPAR_API dpar_status dpar_fill(dpar_buffer *x, float value);
+/* dst = src (same dtype and count; shapes may differ). */
+DPAR_API dpar_status dpar_copy(dpar_buffer *dst, const dpar_buffer *src);
+/* dst = (dtype of dst) src, same count; f32/f16/bf16/i32 in any direction;
+   float -> i32 truncates toward zero (NaN -> 0, saturating). */
+DPAR_API dpar_status dpar_cast(dpar_buffer *dst, const dpar_buffer *src);
+/* out (f32, 1 element) = sum(x) / sum(x*x) of an f32 buffer. */
+DPAR_API dpar_status dpar_sum(dpar_buffer *out, const dpar_buffer *x);
+DPAR_API dpar_status dpar_sum_squares(dpar_buffer *out, const dpar_buffer *x);
+
+/* ---------------------------------------------------------------------------
+   SGD (PyTorch torch.optim.SGD with dampening 0 = optax.sgd + add_decayed_weights)
+     g = grad * clip + weight_decay * param
+     v = momentum * v + g                         (if momentum != 0)
+     u = nesterov ? g + momentum * v : v          (u = g if momentum == 0)
+     param -= learning_rate * u
+   clip = 1, or for clip_norm > 0 with global norm ||g||_2 over all buffers:
+     clip = norm < clip_norm ? 1 : clip_norm / norm   (optax.clip_by_global_norm)
+   ------------------------------------------------------------------------ */
+typedef struct dpar_sgd_desc {
+    float learning_rate;   /* > 0 */
+    float momentum;        /* 0..1; 0 = plain SGD (momentum buffers may be NULL) */
+    bool nesterov;         /* needs momentum > 0 */
+    float weight_decay;    /* L2, >= 0 */
+    float clip_norm;       /* > 0: clip by global norm; 0: off */
+    const char *norm_axes; /* axes over which grads are sharded (their squared norms
+                              are psum'd); NULL: grads are replicated */
+} dpar_sgd_desc;
+
+/* One fused step for one buffer: param, grad, momentum (f32, same count).
+   clip_scale from dpar_sgd_clip_scale (1 when not clipping).
+   Errors: DPAR_ERR_INVALID_ARGUMENT (bad hyper-parameters, missing momentum
+   buffer when momentum > 0), DPAR_ERR_SHAPE, DPAR_ERR_DTYPE. */
+DPAR_API dpar_status dpar_sgd_update(const dpar_sgd_desc *d, dpar_buffer *param,
+                                     const dpar_buffer *grad, dpar_buffer *momentum,
+                                     float clip_scale);
+/* Global norm of `n` gradient buffers of this device (psum'd over
+   d->norm_axes when set) and the clip factor; *norm may be NULL. */
+DPAR_API dpar_status dpar_sgd_clip_scale(dpar_ctx *ctx, const dpar_sgd_desc *d,
+                                         dpar_buffer *const *grads, int n,
+                                         float *scale, float *norm);
+/* Full step over `n` parameters (inside fn): clipping (if on) then the fused
+   update for each. After the same step on replicas with identical gradients,
+   the replicas stay bitwise identical. moms may be NULL when momentum == 0. */
+DPAR_API dpar_status dpar_sgd_step(dpar_ctx *ctx, const dpar_sgd_desc *d,
+                                   dpar_buffer *const *params, dpar_buffer *const *grads,
+                                   dpar_buffer *const *moms, int n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DPAR_H_INCLUDED */
+
+/* ===========================================================================
+   IMPLEMENTATION
+   ======================================================================== */
+#ifdef DPAR_IMPLEMENTATION
+#ifndef DPAR_IMPLEMENTATION_DONE
+#define DPAR_IMPLEMENTATION_DONE
+
+#if !defined(_GNU_SOURCE) && !defined(__cplusplus)
+#  define _GNU_SOURCE
+#endif
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#include <time.h>
+#include <errno.h>
+#include <unistd.h>
+#ifndef DPAR_ASSERT
+#  include <assert.h>
+#  define DPAR_ASSERT(c) assert(c)
+#endif
+#ifndef DPAR_MALLOC
+#  define DPAR_MALLOC(sz) malloc(sz)
+#  define DPAR_FREE(p) free(p)
+#  define DPAR_REALLOC(p, sz) realloc(p, sz)
+#endif
+#ifndef DPAR_LOG
+#  define DPAR_LOG(msg) do { if (dpar__verbose()) fprintf(stderr, "dpar: %s\n", (msg)); } while (0)
+#endif
+#ifdef DPAR_USE_CBLAS
+#  include <cblas.h>
+#endif
+
+#if defined(__cplusplus)
+#  define DPAR__TLS thread_local
+#elif defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L
+#  define DPAR__TLS _Thread_local
+#else
+#  define DPAR__TLS __thread
+#endif
+#define DPAR__ATOMIC_LOAD(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+#define DPAR__ATOMIC_STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+#define DPAR__UNUSED(x) (void)(x)
+#if defined(__GNUC__)
+#  define DPAR__MAYBE_UNUSED __attribute__((unused))
+#else
+#  define DPAR__MAYBE_UNUSED
+#endif
+
+/* ---------------------------------------------------------------------------
+   Errors
+   ------------------------------------------------------------------------ */
+enum { DPAR__ERR_LEN = 1024 };
+static DPAR__TLS char dpar__err_text[DPAR__ERR_LEN];
+
+DPAR__MAYBE_UNUSED static int dpar__verbose(void) {
+    const char *v = getenv("DPAR_VERBOSE");
+    return v && v[0] && v[0] != '0';
+}
+
+/* Sets the thread's last error and returns s. fmt follows printf. */
+static dpar_status dpar__err(dpar_status s, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+static dpar_status dpar__err(dpar_status s, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(dpar__err_text, sizeof dpar__err_text, fmt, ap);
+    va_end(ap);
+    return s;
+}
+static void dpar__clear_error(void) { dpar__err_text[0] = 0; }
+
+DPAR_API const char *dpar_last_error(void) { return dpar__err_text; }
+
+DPAR_API const char *dpar_status_string(dpar_status s) {
+    switch (s) {
+    case DPAR_OK: return "DPAR_OK";
+    case DPAR_ERR_INVALID_ARGUMENT: return "DPAR_ERR_INVALID_ARGUMENT";
+    case DPAR_ERR_SHAPE: return "DPAR_ERR_SHAPE";
+    case DPAR_ERR_DTYPE: return "DPAR_ERR_DTYPE";
+    case DPAR_ERR_UNKNOWN_AXIS: return "DPAR_ERR_UNKNOWN_AXIS";
+    case DPAR_ERR_DEVICE_COUNT: return "DPAR_ERR_DEVICE_COUNT";
+    case DPAR_ERR_OUT_OF_MEMORY: return "DPAR_ERR_OUT_OF_MEMORY";
+    case DPAR_ERR_BACKEND_UNAVAILABLE: return "DPAR_ERR_BACKEND_UNAVAILABLE";
+    case DPAR_ERR_BACKEND: return "DPAR_ERR_BACKEND";
+    case DPAR_ERR_COLLECTIVE_MISMATCH: return "DPAR_ERR_COLLECTIVE_MISMATCH";
+    case DPAR_ERR_TIMEOUT: return "DPAR_ERR_TIMEOUT";
+    case DPAR_ERR_ABORTED: return "DPAR_ERR_ABORTED";
+    case DPAR_ERR_IO: return "DPAR_ERR_IO";
+    case DPAR_ERR_STATE: return "DPAR_ERR_STATE";
+    }
+    return "DPAR_ERR_UNKNOWN_STATUS";
+}
+
+/* ---------------------------------------------------------------------------
+   Dtypes and scalar conversions
+   ------------------------------------------------------------------------ */
+DPAR_API size_t dpar_dtype_size(dpar_dtype t) {
+    switch (t) {
+    case DPAR_F32: case DPAR_I32: return 4;
+    case DPAR_F16: case DPAR_BF16: return 2;
+    default: return 0;
+    }
+}
+DPAR_API const char *dpar_dtype_name(dpar_dtype t) {
+    switch (t) {
+    case DPAR_F32: return "f32";
+    case DPAR_F16: return "f16";
+    case DPAR_BF16: return "bf16";
+    case DPAR_I32: return "i32";
+    default: return "invalid";
+    }
+}
+static uint32_t dpar__f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static float dpar__u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+DPAR_API uint16_t dpar_f32_to_f16(float f) {
+    uint32_t x = dpar__f2u(f);
+    uint32_t sign = (x >> 16) & 0x8000u;
+    uint32_t e = (x >> 23) & 0xffu, m = x & 0x7fffffu;
+    if (e == 0xff) return (uint16_t)(sign | 0x7c00u | (m ? 0x200u | (m >> 13) : 0)); /* Inf/NaN (quiet) */
+    int32_t ee = (int32_t)e - 127 + 15;
+    if (ee >= 31) return (uint16_t)(sign | 0x7c00u);                              /* overflow -> Inf */
+    if (ee <= 0) {                                                                /* subnormal / zero */
+        if (ee < -10) return (uint16_t)sign;
+        m |= 0x800000u;
+        uint32_t shift = (uint32_t)(14 - ee);
+        uint32_t half = 1u << (shift - 1), rest = m & ((1u << shift) - 1), r = m >> shift;
+        if (rest > half || (rest == half && (r & 1u))) r++;
+        return (uint16_t)(sign | r);
+    }
+    uint32_t r = ((uint32_t)ee << 10) | (m >> 13), rest = m & 0x1fffu;
+    if (rest > 0x1000u || (rest == 0x1000u && (r & 1u))) r++; /* may carry into exponent: correct */
+    return (uint16_t)(sign | r);
+}
+DPAR_API float dpar_f16_to_f32(uint16_t h) {
+    uint32_t sign = ((uint32_t)h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 0x1f) return dpar__u2f(sign | 0x7f800000u | (m << 13));
+    if (e == 0) {
+        if (m == 0) return dpar__u2f(sign);
+        float v = (float)m * (1.0f / 16777216.0f); /* m * 2^-24 */
+        return sign ? -v : v;
+    }
+    return dpar__u2f(sign | ((e + 112u) << 23) | (m << 13));
+}
+DPAR_API uint16_t dpar_f32_to_bf16(float f) {
+    uint32_t x = dpar__f2u(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u); /* quiet NaN */
+    x += 0x7fffu + ((x >> 16) & 1u);
+    return (uint16_t)(x >> 16);
+}
+DPAR_API float dpar_bf16_to_f32(uint16_t h) { return dpar__u2f((uint32_t)h << 16); }
+
+static float dpar__load_f(const void *p, dpar_dtype t, int64_t i) {
+    switch (t) {
+    case DPAR_F32: return ((const float *)p)[i];
+    case DPAR_F16: return dpar_f16_to_f32(((const uint16_t *)p)[i]);
+    case DPAR_BF16: return dpar_bf16_to_f32(((const uint16_t *)p)[i]);
+    case DPAR_I32: return (float)((const int32_t *)p)[i];
+    default: return 0.0f;
+    }
+}
+
+/* ---------------------------------------------------------------------------
+   Internal structures and the backend interface
+   ------------------------------------------------------------------------ */
+struct dpar_buffer {
+    dpar_runtime *rt;
+    int device;
+    dpar_dtype dtype;
+    int ndim;
+    int64_t shape[DPAR_MAX_DIMS];
+    int64_t count;
+    size_t nbytes;
+    void *mem;                 /* backend handle (CPU: host pointer) */
+    struct dpar_buffer *prev, *next; /* runtime's list, for cleanup */
+};
+
+/* One op, checked by the core; backends execute it. Shapes are resolved. */
+typedef enum dpar__op_kind {
+    DPAR__OP_MATMUL = 0,  /* dst[M,N] = f[0]*op(src0)[M,K] op(src1)[K,N] + f[1]*dst; ta, tb */
+    DPAR__OP_BIAS_ADD,    /* dst[M,N] += src0[N] */
+    DPAR__OP_BIAS_GRAD,   /* dst[N] = f[1]*dst + sum_m src0[M,N] */
+    DPAR__OP_RELU,        /* dst = max(src0, 0), n elements */
+    DPAR__OP_RELU_BWD,    /* dst = src0 (dy) where src1 (x) > 0 else 0 */
+    DPAR__OP_SOFTMAX_XENT,/* dst (loss[1]), dst2 (dlogits [M,N] or NULL), src0 logits [M,N], src1 labels[M] i32 */
+    DPAR__OP_MSE,         /* dst (loss[1]), dst2 (dpred or NULL), src0 pred, src1 target; n elements */
+    DPAR__OP_AXPY,        /* dst += f[0] * src0 */
+    DPAR__OP_SCALE,       /* dst *= f[0] */
+    DPAR__OP_FILL,        /* dst = f[0] (any dtype) */
+    DPAR__OP_COPY,        /* dst = src0 (same dtype, byte copy) */
+    DPAR__OP_CAST,        /* dst = cast(src0) */
+    DPAR__OP_SUM,         /* dst[1] = sum(src0) */
+    DPAR__OP_SUMSQ,       /* dst[1] = sum(src0^2) */
+    DPAR__OP_SGD,         /* dst param, dst2 momentum (NULL if f[1]==0), src0 grad;
+                             f[0]=lr f[1]=momentum f[2]=weight_decay f[3]=clip_scale; nesterov */
+    DPAR__OP_COUNT
+} dpar__op_kind;
+
+typedef struct dpar__op {
+    dpar__op_kind kind;
+    dpar_buffer *dst, *dst2;
+    const dpar_buffer *src0, *src1;
+    int64_t m, n, k;      /* matmul M,N,K; row ops M (rows), N (cols); element ops n = count */
+    bool trans_a, trans_b, nesterov;
+    float f[4];
+} dpar__op;
+
+typedef enum dpar__coll_kind {
+    DPAR__COLL_ALL_REDUCE = 0,
+    DPAR__COLL_ALL_GATHER,
+    DPAR__COLL_REDUCE_SCATTER,
+    DPAR__COLL_PERMUTE,
+    DPAR__COLL_ALL_TO_ALL,
+    DPAR__COLL_BROADCAST,
+    DPAR__COLL_KIND_COUNT
+} dpar__coll_kind;
+
+typedef struct dpar__group dpar__group;
+
+/* One member's view of one collective, after the core checked every member
+   called the same thing. in[r] / out[r] are member r's buffers (all members'
+   buffers are visible to every member inside one process).
+   Geometry, for the gather/scatter kinds, in elements:
+     ALL_GATHER:     in [outer, inner] -> out [outer, n, inner]
+     REDUCE_SCATTER: in [outer, n, inner] -> out [outer, inner]
+     ALL_TO_ALL:     see dpar_all_to_all; in_shape/out_shape, split_dim, concat_dim
+     PERMUTE:        src_of[r] = member whose input member r receives, -1: zeros
+     BROADCAST:      root */
+typedef struct dpar__coll {
+    dpar__coll_kind kind;
+    dpar_reduce_op op;
+    dpar_dtype dtype;
+    int n, rank;
+    const int *devices;            /* group members' device ids, in reduction order */
+    dpar_buffer *const *in;        /* [n] */
+    dpar_buffer *const *out;       /* [n] */
+    int64_t count;                 /* elements of each in (ALL_REDUCE, BROADCAST, PERMUTE) */
+    int64_t outer, inner;          /* ALL_GATHER / REDUCE_SCATTER */
+    int ndim, split_dim, concat_dim;
+    int64_t in_shape[DPAR_MAX_DIMS];
+    const int *src_of;             /* PERMUTE [n] */
+    int root;                      /* BROADCAST */
+    dpar__group *group;
+    void *ctx;                     /* core's per-call state */
+} dpar__coll;
+
+/* Barrier of all members of the collective's group (with the runtime's
+   timeout and abort handling); backends implementing `collective` use it. */
+static dpar_status dpar__coll_barrier(dpar__coll *c);
+
+typedef struct dpar__backend_iface {
+    const char *name;
+    dpar_backend_kind kind;
+    /* Opens `requested` devices (0: the backend's default). Sets *state, *count.
+       Errors set the last error and return a status (nothing to shut down). */
+    dpar_status (*init)(const dpar_runtime_desc *desc, int requested, void **state, int *count);
+    void (*shutdown)(void *state);
+    dpar_status (*device_info)(void *state, int dev, dpar_device_info *out);
+    dpar_status (*thread_init)(void *state, int dev);                 /* optional */
+    dpar_status (*alloc)(void *state, int dev, size_t nbytes, void **mem); /* zeroed; nbytes may be 0 */
+    void (*free)(void *state, int dev, void *mem);
+    dpar_status (*write)(void *state, int dev, void *mem, size_t off, const void *src, size_t nbytes);
+    dpar_status (*read)(void *state, int dev, void *mem, size_t off, void *dst, size_t nbytes);
+    dpar_status (*sync)(void *state, int dev);
+    /* optional: host pointer to mem when the host can access it in place, else NULL */
+    void *(*host_ptr)(void *state, int dev, void *mem);
+    /* with host_ptr: before the host reads [off, off+n) (wait for the device, invalidate) */
+    dpar_status (*host_acquire)(void *state, int dev, void *mem, size_t off, size_t nbytes);
+    /* with host_ptr: after the host wrote [off, off+n) (flush) */
+    dpar_status (*host_release)(void *state, int dev, void *mem, size_t off, size_t nbytes);
+    dpar_status (*op)(void *state, int dev, const dpar__op *op);
+    /* optional: the whole collective for member c->rank; NULL: the core's host path */
+    dpar_status (*collective)(void *state, dpar__coll *c);
+} dpar__backend_iface;
+
+static const dpar__backend_iface *dpar__cpu_iface(void);
+#ifdef DPAR_VULKAN
+static const dpar__backend_iface *dpar__vulkan_iface(void);
+#endif
+#ifdef DPAR_CUDA
+static const dpar__backend_iface *dpar__cuda_iface(void);
+#endif
+
+/* ---------------------------------------------------------------------------
+   Small helpers
+   ------------------------------------------------------------------------ */
+static void *dpar__calloc(size_t n, size_t sz) {
+    size_t total = n * sz;
+    if (sz && total / sz != n) return NULL;
+    void *p = DPAR_MALLOC(total ? total : 1);
+    if (p) memset(p, 0, total ? total : 1);
+    return p;
+}
+static int64_t dpar__prod(const int64_t *s, int n) {
+    int64_t p = 1;
+    for (int i = 0; i < n; i++) p *= s[i];
+    return p;
+}
+/* "[2, 3]" into buf */
+static const char *dpar__shape_str(char *buf, size_t cap, int ndim, const int64_t *shape) {
+    size_t at = 0;
+    at += (size_t)snprintf(buf + at, cap - at, "[");
+    for (int i = 0; i < ndim && at < cap; i++)
+        at += (size_t)snprintf(buf + at, cap - at, i ? ", %lld" : "%lld", (long long)shape[i]);
+    if (at < cap) snprintf(buf + at, cap - at, "]");
+    return buf;
+}
+static int dpar__env_int(const char *name, int dflt) {
+    const char *v = getenv(name);
+    if (!v || !*v) return dflt;
+    char *end = NULL;
+    long x = strtol(v, &end, 10);
+    if (!end || *end || x < 0 || x > 1000000000L) return -1;
+    return (int)x;
+}
+static void dpar__deadline(struct timespec *ts, int ms) {
+    clock_gettime(CLOCK_REALTIME, ts);
+    ts->tv_sec += ms / 1000;
+    ts->tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts->tv_nsec >= 1000000000L) { ts->tv_sec++; ts->tv_nsec -= 1000000000L; }
+}
+
+/* ---------------------------------------------------------------------------
+   Runtime and workers
+   ------------------------------------------------------------------------ */
+typedef struct dpar__job dpar__job;
+typedef struct dpar__worker dpar__worker;
+
+typedef struct dpar__req_queue {
+    struct dpar_request *head, *tail;
+} dpar__req_queue;
+
+struct dpar__worker {
+    dpar_runtime *rt;
+    int device;
+    pthread_t thread, comm_thread;
+    int comm_started;
+    /* async collectives of this device, executed in issue order */
+    pthread_mutex_t qmu;
+    pthread_cond_t qcv;
+    dpar__req_queue queue;
+    int pending;                  /* started and not finished */
+    struct dpar_request *live;    /* started and not waited */
+    int stop;
+};
+
+struct dpar_runtime {
+    const dpar__backend_iface *be;
+    void *bstate;
+    int ndev;
+    int timeout_ms;
+    dpar_runtime_desc desc;
+    dpar__worker *workers;
+    int threads_started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv_start, cv_done;
+    uint64_t job_gen;
+    int job_remaining;
+    dpar__job *job;
+    int shutting_down;
+    pthread_mutex_t dispatch_mu;  /* one pmap at a time */
+    pthread_mutex_t list_mu;      /* buffers list */
+    dpar_buffer *buffers;
+    struct dpar_mesh *meshes;
+    int thread_init_failed;
+    char thread_init_msg[DPAR__ERR_LEN];
+};
+
+static DPAR__TLS dpar__worker *dpar__self_worker; /* non-NULL on a worker / comm thread */
+static void *dpar__worker_main(void *arg);
+static void *dpar__comm_main(void *arg);
+
+DPAR_API const char *dpar_backend_name(dpar_backend_kind k) {
+    switch (k) {
+    case DPAR_BACKEND_DEFAULT: return "default";
+    case DPAR_BACKEND_CPU: return "cpu";
+    case DPAR_BACKEND_VULKAN: return "vulkan";
+    case DPAR_BACKEND_CUDA: return "cuda";
+    }
+    return "invalid";
+}
+
+static const dpar__backend_iface *dpar__backend_by_kind(dpar_backend_kind k) {
+    switch (k) {
+    case DPAR_BACKEND_CPU: return dpar__cpu_iface();
+#ifdef DPAR_VULKAN
+    case DPAR_BACKEND_VULKAN: return dpar__vulkan_iface();
+#endif
+#ifdef DPAR_CUDA
+    case DPAR_BACKEND_CUDA: return dpar__cuda_iface();
+#endif
+    default: return NULL;
+    }
+}
+
+static void dpar__runtime_free(dpar_runtime *rt) {
+    if (!rt) return;
+    if (rt->workers) {
+        if (rt->threads_started) {
+            pthread_mutex_lock(&rt->mu);
+            rt->shutting_down = 1;
+            pthread_cond_broadcast(&rt->cv_start);
+            pthread_mutex_unlock(&rt->mu);
+            for (int i = 0; i < rt->threads_started; i++) pthread_join(rt->workers[i].thread, NULL);
+        }
+        for (int i = 0; i < rt->ndev; i++) {
+            dpar__worker *w = &rt->workers[i];
+            if (w->comm_started) {
+                pthread_mutex_lock(&w->qmu);
+                w->stop = 1;
+                pthread_cond_broadcast(&w->qcv);
+                pthread_mutex_unlock(&w->qmu);
+                pthread_join(w->comm_thread, NULL);
+            }
+            pthread_mutex_destroy(&w->qmu);
+            pthread_cond_destroy(&w->qcv);
+        }
+        DPAR_FREE(rt->workers);
+    }
+    if (rt->be && rt->bstate) rt->be->shutdown(rt->bstate);
+    pthread_mutex_destroy(&rt->mu);
+    pthread_cond_destroy(&rt->cv_start);
+    pthread_cond_destroy(&rt->cv_done);
+    pthread_mutex_destroy(&rt->dispatch_mu);
+    pthread_mutex_destroy(&rt->list_mu);
+    DPAR_FREE(rt);
+}
+
+DPAR_API dpar_status dpar_runtime_create(const dpar_runtime_desc *desc_in, dpar_runtime **out) {
+    dpar__clear_error();
+    if (!out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_runtime_create: `out` is NULL; pass the address of a dpar_runtime pointer");
+    *out = NULL;
+    dpar_runtime_desc desc;
+    memset(&desc, 0, sizeof desc);
+    if (desc_in) desc = *desc_in;
+
+    /* backend */
+    dpar_backend_kind kind = desc.backend;
+    if (kind == DPAR_BACKEND_DEFAULT) {
+        const char *env = getenv("DPAR_BACKEND");
+        if (env && *env) {
+            if (!strcmp(env, "cpu")) kind = DPAR_BACKEND_CPU;
+            else if (!strcmp(env, "vulkan")) kind = DPAR_BACKEND_VULKAN;
+            else if (!strcmp(env, "cuda")) kind = DPAR_BACKEND_CUDA;
+            else return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                                  "dpar_runtime_create: DPAR_BACKEND='%s' is not a backend; use cpu, vulkan or cuda", env);
+        }
+    }
+    if ((int)kind < 0 || kind > DPAR_BACKEND_CUDA)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_runtime_create: desc.backend = %d is not a dpar_backend_kind", (int)kind);
+
+    int requested = desc.num_devices;
+    if (requested == 0) {
+        int e = dpar__env_int("DPAR_DEVICES", 0);
+        if (e < 0) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_runtime_create: DPAR_DEVICES='%s' is not a device count; use a positive integer such as 4", getenv("DPAR_DEVICES"));
+        requested = e;
+    }
+    if (requested < 0)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_runtime_create: desc.num_devices = %d is negative; use 0 (default) or a positive count", requested);
+    if (requested > DPAR_MAX_DEVICES)
+        return dpar__err(DPAR_ERR_DEVICE_COUNT, "dpar_runtime_create: %d devices requested but at most %d are supported (DPAR_MAX_DEVICES)", requested, (int)DPAR_MAX_DEVICES);
+    int timeout = desc.timeout_ms;
+    if (timeout == 0) {
+        timeout = dpar__env_int("DPAR_TIMEOUT_MS", 60000);
+        if (timeout <= 0) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_runtime_create: DPAR_TIMEOUT_MS='%s' is not a positive number of milliseconds", getenv("DPAR_TIMEOUT_MS"));
+    }
+    if (timeout < 0) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_runtime_create: desc.timeout_ms = %d is negative", timeout);
+    if (!desc.vulkan_force_noncoherent) desc.vulkan_force_noncoherent = dpar__env_int("DPAR_VK_NONCOHERENT", 0) > 0;
+
+    const dpar__backend_iface *be = NULL;
+    if (kind == DPAR_BACKEND_DEFAULT) {
+        /* best available: cuda, vulkan, then cpu */
+        dpar_backend_kind order[3] = { DPAR_BACKEND_CUDA, DPAR_BACKEND_VULKAN, DPAR_BACKEND_CPU };
+        for (int i = 0; i < 3 && !be; i++) {
+            const dpar__backend_iface *cand = dpar__backend_by_kind(order[i]);
+            if (!cand) continue;
+            if (order[i] == DPAR_BACKEND_CPU) { be = cand; break; }
+            void *st = NULL; int cnt = 0;
+            if (cand->init(&desc, 0, &st, &cnt) == DPAR_OK) { cand->shutdown(st); be = cand; }
+        }
+        dpar__clear_error();
+    } else {
+        be = dpar__backend_by_kind(kind);
+        if (!be) return dpar__err(DPAR_ERR_BACKEND_UNAVAILABLE,
+                                  "dpar_runtime_create: the %s backend is not compiled in; define DPAR_%s before the implementation "
+                                  "(build this project with `make %s=1`)", dpar_backend_name(kind),
+                                  kind == DPAR_BACKEND_VULKAN ? "VULKAN" : "CUDA", kind == DPAR_BACKEND_VULKAN ? "VULKAN" : "CUDA");
+    }
+
+    dpar_runtime *rt = (dpar_runtime *)dpar__calloc(1, sizeof *rt);
+    if (!rt) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_runtime_create: out of host memory");
+    pthread_mutex_init(&rt->mu, NULL);
+    pthread_cond_init(&rt->cv_start, NULL);
+    pthread_cond_init(&rt->cv_done, NULL);
+    pthread_mutex_init(&rt->dispatch_mu, NULL);
+    pthread_mutex_init(&rt->list_mu, NULL);
+    rt->be = be;
+    rt->timeout_ms = timeout;
+    rt->desc = desc;
+    int count = 0;
+    dpar_status s = be->init(&desc, requested, &rt->bstate, &count);
+    if (s != DPAR_OK) { rt->bstate = NULL; dpar__runtime_free(rt); return s; }
+    if (requested && count != requested) {
+        dpar__runtime_free(rt);
+        return dpar__err(DPAR_ERR_DEVICE_COUNT, "dpar_runtime_create: %d devices requested but the %s backend has %d",
+                         requested, be->name, count);
+    }
+    rt->ndev = count;
+    rt->workers = (dpar__worker *)dpar__calloc((size_t)count, sizeof(dpar__worker));
+    if (!rt->workers) { dpar__runtime_free(rt); return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_runtime_create: out of host memory"); }
+    for (int i = 0; i < count; i++) {
+        rt->workers[i].rt = rt;
+        rt->workers[i].device = i;
+        pthread_mutex_init(&rt->workers[i].qmu, NULL);
+        pthread_cond_init(&rt->workers[i].qcv, NULL);
+    }
+    for (int i = 0; i < count; i++) {
+        if (pthread_create(&rt->workers[i].thread, NULL, dpar__worker_main, &rt->workers[i]) != 0) {
+            dpar__runtime_free(rt);
+            return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_runtime_create: could not start worker thread %d", i);
+        }
+        rt->threads_started = i + 1;
+    }
+    /* wait for each worker's thread_init */
+    pthread_mutex_lock(&rt->mu);
+    while (rt->job_remaining < count && !rt->thread_init_failed) pthread_cond_wait(&rt->cv_done, &rt->mu);
+    rt->job_remaining = 0;
+    int failed = rt->thread_init_failed;
+    pthread_mutex_unlock(&rt->mu);
+    if (failed) {
+        char msg[DPAR__ERR_LEN];
+        memcpy(msg, rt->thread_init_msg, sizeof msg);
+        dpar__runtime_free(rt);
+        return dpar__err(DPAR_ERR_BACKEND, "%s", msg);
+    }
+    *out = rt;
+    return DPAR_OK;
+}
+
+static void dpar__mesh_free(struct dpar_mesh *m);
+
+DPAR_API void dpar_runtime_destroy(dpar_runtime *rt) {
+    if (!rt) return;
+    while (rt->meshes) dpar__mesh_free(rt->meshes);
+    while (rt->buffers) dpar_buffer_destroy(rt->buffers);
+    dpar__runtime_free(rt);
+}
+DPAR_API int dpar_device_count(const dpar_runtime *rt) { return rt ? rt->ndev : 0; }
+DPAR_API dpar_backend_kind dpar_runtime_backend(const dpar_runtime *rt) { return rt ? rt->be->kind : DPAR_BACKEND_DEFAULT; }
+
+DPAR_API dpar_status dpar_device_info_get(const dpar_runtime *rt, int device, dpar_device_info *out) {
+    dpar__clear_error();
+    if (!rt || !out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_device_info_get: runtime or out is NULL");
+    if (device < 0 || device >= rt->ndev)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_device_info_get: device %d is out of range; the runtime has %d devices (0..%d)",
+                         device, rt->ndev, rt->ndev - 1);
+    memset(out, 0, sizeof *out);
+    dpar_status s = rt->be->device_info(rt->bstate, device, out);
+    out->backend = rt->be->kind;
+    out->index = device;
+    return s;
+}
+
+/* ---------------------------------------------------------------------------
+   Buffers
+   ------------------------------------------------------------------------ */
+static dpar_status dpar__check_shape(const char *where, int ndim, const int64_t *shape) {
+    if (ndim < 0 || ndim > DPAR_MAX_DIMS)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: ndim = %d is out of range 0..%d", where, ndim, (int)DPAR_MAX_DIMS);
+    if (ndim > 0 && !shape) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: shape is NULL but ndim = %d", where, ndim);
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] < 0) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: dimension %d is %lld; sizes must be >= 0", where, i, (long long)shape[i]);
+        if (shape[i] > ((int64_t)1 << 40)) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: dimension %d is %lld, which is too large", where, i, (long long)shape[i]);
+    }
+    if (dpar__prod(shape, ndim) > ((int64_t)1 << 40))
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: %lld elements is too large", where, (long long)dpar__prod(shape, ndim));
+    return DPAR_OK;
+}
+
+DPAR_API dpar_status dpar_buffer_create(dpar_runtime *rt, int device, dpar_dtype dtype, int ndim,
+                                        const int64_t *shape, dpar_buffer **out) {
+    dpar__clear_error();
+    if (!out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_buffer_create: `out` is NULL");
+    *out = NULL;
+    if (!rt) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_buffer_create: runtime is NULL");
+    if (device < 0 || device >= rt->ndev)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_buffer_create: device %d is out of range; the runtime has %d devices", device, rt->ndev);
+    if (dpar_dtype_size(dtype) == 0) return dpar__err(DPAR_ERR_DTYPE, "dpar_buffer_create: dtype %d is not a dpar_dtype", (int)dtype);
+    dpar_status s = dpar__check_shape("dpar_buffer_create", ndim, shape);
+    if (s) return s;
+    dpar_buffer *b = (dpar_buffer *)dpar__calloc(1, sizeof *b);
+    if (!b) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_buffer_create: out of host memory");
+    b->rt = rt; b->device = device; b->dtype = dtype; b->ndim = ndim;
+    for (int i = 0; i < ndim; i++) b->shape[i] = shape[i];
+    b->count = dpar__prod(shape, ndim);
+    b->nbytes = (size_t)b->count * dpar_dtype_size(dtype);
+    s = rt->be->alloc(rt->bstate, device, b->nbytes, &b->mem);
+    if (s != DPAR_OK) {
+        size_t nb = b->nbytes;
+        DPAR_FREE(b);
+        if (!dpar__err_text[0]) dpar__err(s, "dpar_buffer_create: %s backend could not allocate %zu bytes on device %d", rt->be->name, nb, device);
+        return s;
+    }
+    pthread_mutex_lock(&rt->list_mu);
+    b->next = rt->buffers;
+    if (rt->buffers) rt->buffers->prev = b;
+    rt->buffers = b;
+    pthread_mutex_unlock(&rt->list_mu);
+    *out = b;
+    return DPAR_OK;
+}
+
+DPAR_API void dpar_buffer_destroy(dpar_buffer *b) {
+    if (!b) return;
+    dpar_runtime *rt = b->rt;
+    pthread_mutex_lock(&rt->list_mu);
+    if (b->prev) b->prev->next = b->next; else rt->buffers = b->next;
+    if (b->next) b->next->prev = b->prev;
+    pthread_mutex_unlock(&rt->list_mu);
+    rt->be->free(rt->bstate, b->device, b->mem);
+    DPAR_FREE(b);
+}
+DPAR_API dpar_dtype dpar_buffer_dtype(const dpar_buffer *b) { return b ? b->dtype : DPAR_DTYPE_COUNT; }
+DPAR_API int dpar_buffer_ndim(const dpar_buffer *b) { return b ? b->ndim : -1; }
+DPAR_API int64_t dpar_buffer_dim(const dpar_buffer *b, int i) { return (b && i >= 0 && i < b->ndim) ? b->shape[i] : -1; }
+DPAR_API int64_t dpar_buffer_count(const dpar_buffer *b) { return b ? b->count : 0; }
+DPAR_API size_t dpar_buffer_nbytes(const dpar_buffer *b) { return b ? b->nbytes : 0; }
+DPAR_API int dpar_buffer_device(const dpar_buffer *b) { return b ? b->device : -1; }
+
+DPAR_API dpar_status dpar_buffer_reshape(dpar_buffer *b, int ndim, const int64_t *shape) {
+    dpar__clear_error();
+    if (!b) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_buffer_reshape: buffer is NULL");
+    dpar_status s = dpar__check_shape("dpar_buffer_reshape", ndim, shape);
+    if (s) return s;
+    int64_t c = dpar__prod(shape, ndim);
+    if (c != b->count) {
+        char a[160], bb[160];
+        return dpar__err(DPAR_ERR_SHAPE, "dpar_buffer_reshape: new shape %s has %lld elements but the buffer %s has %lld",
+                         dpar__shape_str(a, sizeof a, ndim, shape), (long long)c,
+                         dpar__shape_str(bb, sizeof bb, b->ndim, b->shape), (long long)b->count);
+    }
+    b->ndim = ndim;
+    for (int i = 0; i < ndim; i++) b->shape[i] = shape[i];
+    return DPAR_OK;
+}
+
+DPAR_API dpar_status dpar_buffer_write(dpar_buffer *b, size_t offset, const void *src, size_t nbytes) {
+    dpar__clear_error();
+    if (!b || (!src && nbytes)) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_buffer_write: buffer or source is NULL");
+    if (offset > b->nbytes || nbytes > b->nbytes - offset)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_buffer_write: bytes [%zu, %zu) are outside the %zu-byte buffer", offset, offset + nbytes, b->nbytes);
+    if (!nbytes) return DPAR_OK;
+    return b->rt->be->write(b->rt->bstate, b->device, b->mem, offset, src, nbytes);
+}
+DPAR_API dpar_status dpar_buffer_read(const dpar_buffer *b, size_t offset, void *dst, size_t nbytes) {
+    dpar__clear_error();
+    if (!b || (!dst && nbytes)) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_buffer_read: buffer or destination is NULL");
+    if (offset > b->nbytes || nbytes > b->nbytes - offset)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_buffer_read: bytes [%zu, %zu) are outside the %zu-byte buffer", offset, offset + nbytes, b->nbytes);
+    if (!nbytes) return DPAR_OK;
+    return b->rt->be->read(b->rt->bstate, b->device, b->mem, offset, dst, nbytes);
+}
+DPAR_API dpar_status dpar_device_sync(dpar_runtime *rt, int device) {
+    dpar__clear_error();
+    if (!rt || device < 0 || device >= rt->ndev)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_device_sync: device %d is out of range", device);
+    return rt->be->sync(rt->bstate, device);
+}
+/* ---------------------------------------------------------------------------
+   Mesh and axis groups
+   ------------------------------------------------------------------------ */
+enum { DPAR__MASKS = 1 << DPAR_MAX_AXES };
+
+typedef struct dpar__post {   /* what one member asked for, checked against the others */
+    int kind, op, dtype;
+    int64_t in_count, out_count;
+    int dim, tiled, split_dim, concat_dim, root;
+    uint64_t pairs_hash;
+    const char *name;
+} dpar__post;
+
+struct dpar__group {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct dpar_mesh *mesh;
+    int n;
+    int *devices;              /* [n] in reduction order */
+    uint64_t gen;              /* barrier generation */
+    int arrived;
+    unsigned char *here;       /* [n] arrived in the current barrier */
+    uint64_t seq;              /* collectives completed, for messages */
+    dpar__post *posts;         /* [n] */
+    dpar_buffer **in_bufs, **out_bufs; /* [n] */
+    void **in_ptr, **out_ptr;  /* [n] host-visible views used by the host path */
+    void **stage;              /* [n] per-member host staging (grown on demand) */
+    size_t *stage_cap;         /* [n] */
+};
+
+struct dpar_mesh {
+    dpar_runtime *rt;
+    int ndim;
+    int shape[DPAR_MAX_AXES];
+    char names[DPAR_MAX_AXES][DPAR_NAME_LEN];
+    int size;
+    int devices[DPAR_MAX_DEVICES];     /* position -> device */
+    int pos_of[DPAR_MAX_DEVICES];      /* device -> position, -1 if absent */
+    dpar__group *groups[DPAR__MASKS];  /* per axis mask: size / group size groups */
+    int ngroups[DPAR__MASKS];
+    struct dpar_mesh *prev, *next;
+};
+
+static void dpar__pos_to_coords(const dpar_mesh *m, int pos, int *coords) {
+    for (int a = m->ndim - 1; a >= 0; a--) { coords[a] = pos % m->shape[a]; pos /= m->shape[a]; }
+}
+static int dpar__coords_to_pos(const dpar_mesh *m, const int *coords) {
+    int pos = 0;
+    for (int a = 0; a < m->ndim; a++) pos = pos * m->shape[a] + coords[a];
+    return pos;
+}
+static const char *dpar__axes_list(const dpar_mesh *m, char *buf, size_t cap) {
+    size_t at = 0;
+    buf[0] = 0;
+    for (int a = 0; a < m->ndim && at < cap; a++) at += (size_t)snprintf(buf + at, cap - at, a ? ", %s" : "%s", m->names[a]);
+    return buf;
+}
+/* Parses "a" or "a,b" (spaces allowed) into a mask; order[] gets the axes in
+   the order written (may be NULL). Errors name the axis and list the mesh axes. */
+static dpar_status dpar__parse_axes(const dpar_mesh *m, const char *where, const char *axes, unsigned *mask,
+                                    int *order, int *norder) {
+    char list[160];
+    *mask = 0;
+    if (norder) *norder = 0;
+    if (!axes || !*axes)
+        return dpar__err(DPAR_ERR_UNKNOWN_AXIS, "%s: no axis name given; name one of the mesh axes (axes: %s)", where,
+                         dpar__axes_list(m, list, sizeof list));
+    const char *p = axes;
+    while (*p) {
+        while (*p == ' ' || *p == ',') p++;
+        if (!*p) break;
+        const char *q = p;
+        while (*q && *q != ',' && *q != ' ') q++;
+        size_t len = (size_t)(q - p);
+        int found = -1;
+        for (int a = 0; a < m->ndim; a++)
+            if (strlen(m->names[a]) == len && !strncmp(m->names[a], p, len)) found = a;
+        if (found < 0)
+            return dpar__err(DPAR_ERR_UNKNOWN_AXIS, "%s: axis '%.*s' is not in the mesh (axes: %s)", where, (int)len, p,
+                             dpar__axes_list(m, list, sizeof list));
+        if (*mask & (1u << found))
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: axis '%s' is named twice in \"%s\"", where, m->names[found], axes);
+        *mask |= 1u << found;
+        if (order) order[(*norder)++] = found;
+        p = q;
+    }
+    if (!*mask)
+        return dpar__err(DPAR_ERR_UNKNOWN_AXIS, "%s: no axis name in \"%s\" (axes: %s)", where, axes, dpar__axes_list(m, list, sizeof list));
+    return DPAR_OK;
+}
+static int dpar__mask_size(const dpar_mesh *m, unsigned mask) {
+    int s = 1;
+    for (int a = 0; a < m->ndim; a++) if (mask & (1u << a)) s *= m->shape[a];
+    return s;
+}
+/* Group id (row-major over the axes outside mask) and rank (row-major over mask). */
+static void dpar__group_of(const dpar_mesh *m, unsigned mask, int pos, int *gid, int *rank) {
+    int c[DPAR_MAX_AXES], g = 0, r = 0;
+    dpar__pos_to_coords(m, pos, c);
+    for (int a = 0; a < m->ndim; a++) {
+        if (mask & (1u << a)) r = r * m->shape[a] + c[a];
+        else g = g * m->shape[a] + c[a];
+    }
+    *gid = g; *rank = r;
+}
+
+static void dpar__mesh_free(dpar_mesh *m) {
+    if (!m) return;
+    dpar_runtime *rt = m->rt;
+    pthread_mutex_lock(&rt->list_mu);
+    if (m->prev) m->prev->next = m->next; else rt->meshes = m->next;
+    if (m->next) m->next->prev = m->prev;
+    pthread_mutex_unlock(&rt->list_mu);
+    for (int k = 0; k < DPAR__MASKS; k++) {
+        if (!m->groups[k]) continue;
+        for (int g = 0; g < m->ngroups[k]; g++) {
+            dpar__group *gr = &m->groups[k][g];
+            pthread_mutex_destroy(&gr->mu);
+            pthread_cond_destroy(&gr->cv);
+            if (gr->stage) for (int i = 0; i < gr->n; i++) DPAR_FREE(gr->stage[i]);
+            DPAR_FREE(gr->devices); DPAR_FREE(gr->here); DPAR_FREE(gr->posts);
+            DPAR_FREE(gr->in_bufs); DPAR_FREE(gr->out_bufs); DPAR_FREE(gr->in_ptr); DPAR_FREE(gr->out_ptr);
+            DPAR_FREE(gr->stage); DPAR_FREE(gr->stage_cap);
+        }
+        DPAR_FREE(m->groups[k]);
+    }
+    DPAR_FREE(m);
+}
+
+DPAR_API dpar_status dpar_mesh_create(dpar_runtime *rt, const dpar_mesh_desc *d, dpar_mesh **out) {
+    dpar__clear_error();
+    if (!out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_mesh_create: `out` is NULL");
+    *out = NULL;
+    if (!rt || !d) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_mesh_create: runtime or desc is NULL");
+    if (d->ndim < 1 || d->ndim > DPAR_MAX_AXES)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_mesh_create: ndim = %d; a mesh has 1..%d axes", d->ndim, (int)DPAR_MAX_AXES);
+    long long size = 1;
+    for (int a = 0; a < d->ndim; a++) {
+        const char *nm = d->axis_names[a];
+        if (d->shape[a] < 1)
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_mesh_create: axis %d has size %d; sizes must be >= 1", a, d->shape[a]);
+        size *= d->shape[a];
+        if (!nm || !*nm) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_mesh_create: axis %d has an empty name; give every axis a name such as \"data\"", a);
+        if (strlen(nm) >= DPAR_NAME_LEN) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_mesh_create: axis name '%s' is longer than %d characters", nm, (int)DPAR_NAME_LEN - 1);
+        if (strpbrk(nm, ", \t")) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_mesh_create: axis name '%s' contains ',' or a space, which separate axis names", nm);
+        for (int b = 0; b < a; b++)
+            if (!strcmp(nm, d->axis_names[b]))
+                return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_mesh_create: axis name '%s' is used for axes %d and %d; names must be unique", nm, b, a);
+    }
+    if (size > rt->ndev) {
+        char sh[96]; size_t at = 0;
+        for (int a = 0; a < d->ndim; a++) at += (size_t)snprintf(sh + at, sizeof sh - at, a ? "x%d" : "%d", d->shape[a]);
+        return dpar__err(DPAR_ERR_DEVICE_COUNT, "dpar_mesh_create: a %s mesh needs %lld devices but the runtime has %d; "
+                         "create the runtime with num_devices = %lld (or DPAR_DEVICES=%lld)", sh, size, rt->ndev, size, size);
+    }
+    if (!d->devices && size != rt->ndev) {
+        /* allowed: a mesh over the first `size` devices */
+    }
+    dpar_mesh *m = (dpar_mesh *)dpar__calloc(1, sizeof *m);
+    if (!m) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_mesh_create: out of host memory");
+    m->rt = rt; m->ndim = d->ndim; m->size = (int)size;
+    for (int a = 0; a < d->ndim; a++) { m->shape[a] = d->shape[a]; strcpy(m->names[a], d->axis_names[a]); }
+    for (int i = 0; i < DPAR_MAX_DEVICES; i++) m->pos_of[i] = -1;
+    for (int p = 0; p < m->size; p++) {
+        int dev = d->devices ? d->devices[p] : p;
+        if (dev < 0 || dev >= rt->ndev) {
+            DPAR_FREE(m);
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_mesh_create: devices[%d] = %d is not a device of the runtime (0..%d)", p, dev, rt->ndev - 1);
+        }
+        if (m->pos_of[dev] >= 0) {
+            int prev = m->pos_of[dev];
+            DPAR_FREE(m);
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_mesh_create: device %d appears twice in devices[] (positions %d and %d)", dev, prev, p);
+        }
+        m->devices[p] = dev;
+        m->pos_of[dev] = p;
+    }
+    /* groups for every non-empty axis mask */
+    for (unsigned mask = 1; mask < (1u << m->ndim); mask++) {
+        int gs = dpar__mask_size(m, mask), ng = m->size / gs;
+        m->groups[mask] = (dpar__group *)dpar__calloc((size_t)ng, sizeof(dpar__group));
+        if (!m->groups[mask]) { dpar__mesh_free(m); return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_mesh_create: out of host memory"); }
+        m->ngroups[mask] = ng;
+        for (int g = 0; g < ng; g++) {
+            dpar__group *gr = &m->groups[mask][g];
+            pthread_mutex_init(&gr->mu, NULL);
+            pthread_cond_init(&gr->cv, NULL);
+            gr->mesh = m; gr->n = gs;
+            gr->devices = (int *)dpar__calloc((size_t)gs, sizeof(int));
+            gr->here = (unsigned char *)dpar__calloc((size_t)gs, 1);
+            gr->posts = (dpar__post *)dpar__calloc((size_t)gs, sizeof(dpar__post));
+            gr->in_bufs = (dpar_buffer **)dpar__calloc((size_t)gs, sizeof(void *));
+            gr->out_bufs = (dpar_buffer **)dpar__calloc((size_t)gs, sizeof(void *));
+            gr->in_ptr = (void **)dpar__calloc((size_t)gs, sizeof(void *));
+            gr->out_ptr = (void **)dpar__calloc((size_t)gs, sizeof(void *));
+            gr->stage = (void **)dpar__calloc((size_t)gs, sizeof(void *));
+            gr->stage_cap = (size_t *)dpar__calloc((size_t)gs, sizeof(size_t));
+            if (!gr->devices || !gr->here || !gr->posts || !gr->in_bufs || !gr->out_bufs || !gr->in_ptr ||
+                !gr->out_ptr || !gr->stage || !gr->stage_cap) {
+                dpar__mesh_free(m);
+                return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_mesh_create: out of host memory");
+            }
+        }
+        for (int p = 0; p < m->size; p++) {
+            int gid, rank;
+            dpar__group_of(m, mask, p, &gid, &rank);
+            m->groups[mask][gid].devices[rank] = m->devices[p];
+        }
+    }
+    pthread_mutex_lock(&rt->list_mu);
+    m->next = rt->meshes;
+    if (rt->meshes) rt->meshes->prev = m;
+    rt->meshes = m;
+    pthread_mutex_unlock(&rt->list_mu);
+    *out = m;
+    return DPAR_OK;
+}
+DPAR_API void dpar_mesh_destroy(dpar_mesh *m) { dpar__mesh_free(m); }
+DPAR_API int dpar_mesh_ndim(const dpar_mesh *m) { return m ? m->ndim : 0; }
+DPAR_API int dpar_mesh_size(const dpar_mesh *m) { return m ? m->size : 0; }
+DPAR_API const char *dpar_mesh_axis_name(const dpar_mesh *m, int i) { return (m && i >= 0 && i < m->ndim) ? m->names[i] : NULL; }
+
+DPAR_API dpar_status dpar_mesh_axis_size(const dpar_mesh *m, const char *axes, int *out) {
+    dpar__clear_error();
+    if (!m || !out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_mesh_axis_size: mesh or out is NULL");
+    unsigned mask;
+    dpar_status s = dpar__parse_axes(m, "dpar_mesh_axis_size", axes, &mask, NULL, NULL);
+    if (s) return s;
+    *out = dpar__mask_size(m, mask);
+    return DPAR_OK;
+}
+DPAR_API dpar_status dpar_mesh_device(const dpar_mesh *m, const int *coords, int *device) {
+    dpar__clear_error();
+    if (!m || !coords || !device) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_mesh_device: NULL argument");
+    for (int a = 0; a < m->ndim; a++)
+        if (coords[a] < 0 || coords[a] >= m->shape[a])
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_mesh_device: coordinate %d on axis '%s' is out of range 0..%d", coords[a], m->names[a], m->shape[a] - 1);
+    *device = m->devices[dpar__coords_to_pos(m, coords)];
+    return DPAR_OK;
+}
+DPAR_API dpar_status dpar_mesh_coords(const dpar_mesh *m, int device, int *coords) {
+    dpar__clear_error();
+    if (!m || !coords) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_mesh_coords: NULL argument");
+    if (device < 0 || device >= DPAR_MAX_DEVICES || m->pos_of[device] < 0)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_mesh_coords: device %d is not in the mesh", device);
+    dpar__pos_to_coords(m, m->pos_of[device], coords);
+    return DPAR_OK;
+}
+DPAR_API dpar_status dpar_mesh_group(const dpar_mesh *m, const char *axes, int device, int *members, int *n, int *index) {
+    dpar__clear_error();
+    if (!m || !members || !n) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_mesh_group: NULL argument");
+    if (device < 0 || device >= DPAR_MAX_DEVICES || m->pos_of[device] < 0)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_mesh_group: device %d is not in the mesh", device);
+    unsigned mask;
+    dpar_status s = dpar__parse_axes(m, "dpar_mesh_group", axes, &mask, NULL, NULL);
+    if (s) return s;
+    int gid, rank;
+    dpar__group_of(m, mask, m->pos_of[device], &gid, &rank);
+    const dpar__group *g = &m->groups[mask][gid];
+    for (int i = 0; i < g->n; i++) members[i] = g->devices[i];
+    *n = g->n;
+    if (index) *index = rank;
+    return DPAR_OK;
+}
+
+/* ---------------------------------------------------------------------------
+   N-d block copy (row-major), used by arrays and the host collectives
+   ------------------------------------------------------------------------ */
+/* Copies the block of extent ext[ndim] from src (shape sshape, at soff) to
+   dst (shape dshape, at doff). esize bytes per element. */
+static void dpar__copy_block(char *dst, const int64_t *dshape, const int64_t *doff,
+                             const char *src, const int64_t *sshape, const int64_t *soff,
+                             const int64_t *ext, int ndim, size_t esize) {
+    if (ndim == 0) { memcpy(dst, src, esize); return; }
+    for (int i = 0; i < ndim; i++) if (ext[i] == 0) return;
+    /* merge trailing dims that are whole in both */
+    int last = ndim - 1;
+    size_t run = (size_t)ext[last] * esize;
+    while (last > 0 && ext[last] == dshape[last] && ext[last] == sshape[last] && doff[last] == 0 && soff[last] == 0) {
+        last--;
+        run *= (size_t)ext[last];
+    }
+    /* iterate over dims 0..last-1, copying `run` bytes at dim `last` */
+    int64_t idx[DPAR_MAX_DIMS] = {0};
+    int64_t dstride[DPAR_MAX_DIMS], sstride[DPAR_MAX_DIMS];
+    int64_t ds = 1, ss = 1;
+    for (int i = ndim - 1; i >= 0; i--) { dstride[i] = ds; sstride[i] = ss; ds *= dshape[i]; ss *= sshape[i]; }
+    for (;;) {
+        int64_t dpos = 0, spos = 0;
+        for (int i = 0; i <= last; i++) {
+            int64_t v = (i < last) ? idx[i] : 0;
+            dpos += (doff[i] + v) * dstride[i];
+            spos += (soff[i] + v) * sstride[i];
+        }
+        memcpy(dst + (size_t)dpos * esize, src + (size_t)spos * esize, run);
+        int i = last - 1;
+        while (i >= 0) {
+            if (++idx[i] < ext[i]) break;
+            idx[i] = 0;
+            i--;
+        }
+        if (i < 0) break;
+    }
+}
+
+/* ---------------------------------------------------------------------------
+   Global arrays
+   ------------------------------------------------------------------------ */
+struct dpar_array {
+    dpar_mesh *mesh;
+    dpar_dtype dtype;
+    int ndim;
+    int64_t shape[DPAR_MAX_DIMS];
+    int64_t local[DPAR_MAX_DIMS];
+    int spec_axes[DPAR_MAX_DIMS][DPAR_MAX_AXES]; /* axes splitting each dim, in written order */
+    int spec_n[DPAR_MAX_DIMS];
+    unsigned used_mask;
+    dpar_buffer **shards;                        /* [mesh size] by position */
+};
+
+/* offsets of the shard of mesh position pos */
+static void dpar__array_offsets(const dpar_array *a, int pos, int64_t *off) {
+    int c[DPAR_MAX_AXES];
+    dpar__pos_to_coords(a->mesh, pos, c);
+    for (int d = 0; d < a->ndim; d++) {
+        int64_t k = 0;
+        for (int j = 0; j < a->spec_n[d]; j++) {
+            int ax = a->spec_axes[d][j];
+            k = k * a->mesh->shape[ax] + c[ax];
+        }
+        off[d] = k * a->local[d];
+    }
+}
+
+DPAR_API void dpar_array_destroy(dpar_array *a) {
+    if (!a) return;
+    if (a->shards) for (int p = 0; p < a->mesh->size; p++) dpar_buffer_destroy(a->shards[p]);
+    DPAR_FREE(a->shards);
+    DPAR_FREE(a);
+}
+
+DPAR_API dpar_status dpar_array_create(dpar_mesh *m, const dpar_array_desc *d, dpar_array **out) {
+    dpar__clear_error();
+    if (!out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_array_create: `out` is NULL");
+    *out = NULL;
+    if (!m || !d) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_array_create: mesh or desc is NULL");
+    if (dpar_dtype_size(d->dtype) == 0) return dpar__err(DPAR_ERR_DTYPE, "dpar_array_create: dtype %d is not a dpar_dtype", (int)d->dtype);
+    dpar_status s = dpar__check_shape("dpar_array_create", d->ndim, d->shape);
+    if (s) return s;
+    dpar_array *a = (dpar_array *)dpar__calloc(1, sizeof *a);
+    if (!a) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_array_create: out of host memory");
+    a->mesh = m; a->dtype = d->dtype; a->ndim = d->ndim;
+    for (int i = 0; i < d->ndim; i++) {
+        a->shape[i] = d->shape[i];
+        a->local[i] = d->shape[i];
+        if (!d->spec[i] || !*d->spec[i]) continue;
+        unsigned mask;
+        char where[64];
+        snprintf(where, sizeof where, "dpar_array_create: spec of dimension %d", i);
+        s = dpar__parse_axes(m, where, d->spec[i], &mask, a->spec_axes[i], &a->spec_n[i]);
+        if (s) { DPAR_FREE(a); return s; }
+        if (mask & a->used_mask) {
+            DPAR_FREE(a);
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_array_create: spec \"%s\" of dimension %d uses an axis already used by another dimension", d->spec[i], i);
+        }
+        a->used_mask |= mask;
+        int n = dpar__mask_size(m, mask);
+        if (d->shape[i] % n) {
+            DPAR_FREE(a);
+            return dpar__err(DPAR_ERR_SHAPE, "dpar_array_create: dimension %d has size %lld, which is not divisible by the %d devices of axis '%s'; "
+                             "pad it to a multiple of %d", i, (long long)d->shape[i], n, d->spec[i], n);
+        }
+        a->local[i] = d->shape[i] / n;
+    }
+    a->shards = (dpar_buffer **)dpar__calloc((size_t)m->size, sizeof(dpar_buffer *));
+    if (!a->shards) { DPAR_FREE(a); return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_array_create: out of host memory"); }
+    for (int p = 0; p < m->size; p++) {
+        s = dpar_buffer_create(m->rt, m->devices[p], d->dtype, d->ndim, a->local, &a->shards[p]);
+        if (s) { dpar_array_destroy(a); return s; }
+    }
+    *out = a;
+    return DPAR_OK;
+}
+
+DPAR_API dpar_status dpar_array_put(dpar_array *a, const void *host) {
+    dpar__clear_error();
+    if (!a || !host) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_array_put: array or host data is NULL");
+    size_t es = dpar_dtype_size(a->dtype);
+    size_t nb = (size_t)dpar__prod(a->local, a->ndim) * es;
+    char *tmp = (char *)DPAR_MALLOC(nb ? nb : 1);
+    if (!tmp) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_array_put: out of host memory (%zu bytes)", nb);
+    int64_t zero[DPAR_MAX_DIMS] = {0}, off[DPAR_MAX_DIMS];
+    dpar_status s = DPAR_OK;
+    for (int p = 0; p < a->mesh->size && !s; p++) {
+        dpar__array_offsets(a, p, off);
+        dpar__copy_block(tmp, a->local, zero, (const char *)host, a->shape, off, a->local, a->ndim, es);
+        s = dpar_buffer_write(a->shards[p], 0, tmp, nb);
+    }
+    DPAR_FREE(tmp);
+    return s;
+}
+
+DPAR_API dpar_status dpar_array_get(const dpar_array *a, void *host) {
+    dpar__clear_error();
+    if (!a || !host) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_array_get: array or host destination is NULL");
+    size_t es = dpar_dtype_size(a->dtype);
+    size_t nb = (size_t)dpar__prod(a->local, a->ndim) * es;
+    char *tmp = (char *)DPAR_MALLOC(nb ? nb : 1);
+    if (!tmp) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_array_get: out of host memory (%zu bytes)", nb);
+    int64_t zero[DPAR_MAX_DIMS] = {0}, off[DPAR_MAX_DIMS];
+    dpar_status s = DPAR_OK;
+    for (int p = 0; p < a->mesh->size && !s; p++) {
+        /* the canonical holder of a shard: coordinate 0 on every axis the spec does not use */
+        int c[DPAR_MAX_AXES], canon = 1;
+        dpar__pos_to_coords(a->mesh, p, c);
+        for (int ax = 0; ax < a->mesh->ndim; ax++) if (!(a->used_mask & (1u << ax)) && c[ax] != 0) canon = 0;
+        if (!canon) continue;
+        s = dpar_buffer_read(a->shards[p], 0, tmp, nb);
+        if (s) break;
+        dpar__array_offsets(a, p, off);
+        dpar__copy_block((char *)host, a->shape, off, tmp, a->local, zero, a->local, a->ndim, es);
+    }
+    DPAR_FREE(tmp);
+    return s;
+}
+DPAR_API dpar_buffer *dpar_array_shard(const dpar_array *a, int device) {
+    if (!a || device < 0 || device >= DPAR_MAX_DEVICES || a->mesh->pos_of[device] < 0) return NULL;
+    return a->shards[a->mesh->pos_of[device]];
+}
+DPAR_API int dpar_array_ndim(const dpar_array *a) { return a ? a->ndim : -1; }
+DPAR_API int64_t dpar_array_dim(const dpar_array *a, int i) { return (a && i >= 0 && i < a->ndim) ? a->shape[i] : -1; }
+/* ---------------------------------------------------------------------------
+   Dispatch: jobs, workers, pmap, shard_map
+   ------------------------------------------------------------------------ */
+struct dpar_ctx {
+    dpar__job *job;
+    dpar_runtime *rt;
+    dpar_mesh *mesh;
+    int device, pos;
+    int coords[DPAR_MAX_AXES];
+    int nargs;
+    dpar_buffer **args;      /* [nargs] this device's shards */
+};
+
+struct dpar__job {
+    dpar_mesh *mesh;
+    dpar_fn fn;
+    void *user;
+    dpar_ctx *ctxs;          /* [mesh size] by position */
+    int abort;               /* atomic */
+    pthread_mutex_t err_mu;
+    dpar_status first_status;
+    int first_device;
+    char first_msg[DPAR__ERR_LEN];
+    unsigned char departed[DPAR_MAX_DEVICES]; /* by position, atomic */
+};
+
+static void dpar__wake_all_groups(dpar_mesh *m) {
+    for (int k = 1; k < DPAR__MASKS; k++)
+        for (int g = 0; g < m->ngroups[k]; g++) {
+            dpar__group *gr = &m->groups[k][g];
+            pthread_mutex_lock(&gr->mu);
+            pthread_cond_broadcast(&gr->cv);
+            pthread_mutex_unlock(&gr->mu);
+        }
+}
+/* Records the first error of the job (status + this thread's last-error
+   text) and tells every device to stop. */
+static void dpar__job_fail(dpar__job *job, int device, dpar_status s) {
+    if (s == DPAR_OK) return;
+    pthread_mutex_lock(&job->err_mu);
+    /* an ABORTED status is only the first error if nothing else failed */
+    if (job->first_status == DPAR_OK || (job->first_status == DPAR_ERR_ABORTED && s != DPAR_ERR_ABORTED)) {
+        job->first_status = s;
+        job->first_device = device;
+        snprintf(job->first_msg, sizeof job->first_msg, "%s", dpar__err_text[0] ? dpar__err_text : dpar_status_string(s));
+    }
+    pthread_mutex_unlock(&job->err_mu);
+    if (!DPAR__ATOMIC_LOAD(&job->abort)) {
+        DPAR__ATOMIC_STORE(&job->abort, 1);
+        dpar__wake_all_groups(job->mesh);
+    }
+}
+
+static void dpar__worker_drain(dpar__worker *w);
+
+static void *dpar__worker_main(void *arg) {
+    dpar__worker *w = (dpar__worker *)arg;
+    dpar_runtime *rt = w->rt;
+    dpar__self_worker = w;
+    dpar_status s = rt->be->thread_init ? rt->be->thread_init(rt->bstate, w->device) : DPAR_OK;
+    pthread_mutex_lock(&rt->mu);
+    if (s != DPAR_OK && !rt->thread_init_failed) {
+        rt->thread_init_failed = 1;
+        snprintf(rt->thread_init_msg, sizeof rt->thread_init_msg, "%s", dpar__err_text);
+    }
+    rt->job_remaining++;
+    pthread_cond_broadcast(&rt->cv_done);
+    uint64_t seen = rt->job_gen;
+    for (;;) {
+        while (rt->job_gen == seen && !rt->shutting_down) pthread_cond_wait(&rt->cv_start, &rt->mu);
+        if (rt->shutting_down) break;
+        seen = rt->job_gen;
+        dpar__job *job = rt->job;
+        pthread_mutex_unlock(&rt->mu);
+
+        int pos = job->mesh->pos_of[w->device];
+        if (pos >= 0) {
+            dpar_ctx *ctx = &job->ctxs[pos];
+            dpar__clear_error();
+            dpar_status st = DPAR__ATOMIC_LOAD(&job->abort) ? DPAR_ERR_ABORTED : job->fn(ctx, job->user);
+            if (st != DPAR_OK) dpar__job_fail(job, w->device, st);
+            dpar__worker_drain(w);
+            DPAR__ATOMIC_STORE(&job->departed[pos], 1);
+            dpar__wake_all_groups(job->mesh);
+        }
+        pthread_mutex_lock(&rt->mu);
+        if (--rt->job_remaining == 0) pthread_cond_broadcast(&rt->cv_done);
+    }
+    pthread_mutex_unlock(&rt->mu);
+    return NULL;
+}
+
+static void dpar__reset_groups(dpar_mesh *m) {
+    for (int k = 1; k < DPAR__MASKS; k++)
+        for (int g = 0; g < m->ngroups[k]; g++) {
+            dpar__group *gr = &m->groups[k][g];
+            pthread_mutex_lock(&gr->mu);
+            gr->arrived = 0;
+            memset(gr->here, 0, (size_t)gr->n);
+            gr->gen++;
+            pthread_mutex_unlock(&gr->mu);
+        }
+}
+
+/* Runs fn on every device of the mesh with args[pos * nargs + i]. */
+static dpar_status dpar__run(dpar_mesh *m, dpar_fn fn, void *user, int nargs, dpar_buffer **args) {
+    dpar_runtime *rt = m->rt;
+    dpar__job job;
+    memset(&job, 0, sizeof job);
+    job.mesh = m; job.fn = fn; job.user = user;
+    job.ctxs = (dpar_ctx *)dpar__calloc((size_t)m->size, sizeof(dpar_ctx));
+    if (!job.ctxs) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "pmap: out of host memory");
+    pthread_mutex_init(&job.err_mu, NULL);
+    for (int p = 0; p < m->size; p++) {
+        dpar_ctx *c = &job.ctxs[p];
+        c->job = &job; c->rt = rt; c->mesh = m; c->device = m->devices[p]; c->pos = p;
+        dpar__pos_to_coords(m, p, c->coords);
+        c->nargs = nargs;
+        c->args = args ? args + (size_t)p * (size_t)nargs : NULL;
+    }
+    pthread_mutex_lock(&rt->dispatch_mu);
+    pthread_mutex_lock(&rt->mu);
+    rt->job = &job;
+    rt->job_remaining = rt->ndev;
+    rt->job_gen++;
+    pthread_cond_broadcast(&rt->cv_start);
+    while (rt->job_remaining > 0) pthread_cond_wait(&rt->cv_done, &rt->mu);
+    rt->job = NULL;
+    pthread_mutex_unlock(&rt->mu);
+    dpar__reset_groups(m);
+    pthread_mutex_unlock(&rt->dispatch_mu);
+    dpar_status s = job.first_status;
+    if (s != DPAR_OK) dpar__err(s, "device %d: %s", job.first_device, job.first_msg);
+    else dpar__clear_error();
+    pthread_mutex_destroy(&job.err_mu);
+    DPAR_FREE(job.ctxs);
+    return s;
+}
+
+DPAR_API dpar_status dpar_shard_map(dpar_mesh *m, const dpar_shard_map_desc *d) {
+    dpar__clear_error();
+    if (!m || !d || !d->fn) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "shard_map: mesh, desc or desc->fn is NULL");
+    if (dpar__self_worker) return dpar__err(DPAR_ERR_STATE, "shard_map: called from inside a pmap/shard_map function; nested dispatch is not supported");
+    if (d->num_args < 0 || d->num_args > DPAR_MAX_ARGS)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "shard_map: num_args = %d is out of range 0..%d", d->num_args, (int)DPAR_MAX_ARGS);
+    for (int i = 0; i < d->num_args; i++) {
+        if (!d->args[i]) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "shard_map: args[%d] is NULL", i);
+        if (d->args[i]->mesh != m) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "shard_map: args[%d] was created on another mesh", i);
+    }
+    dpar_buffer **tab = (dpar_buffer **)dpar__calloc((size_t)m->size * (size_t)(d->num_args ? d->num_args : 1), sizeof(dpar_buffer *));
+    if (!tab) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "shard_map: out of host memory");
+    for (int p = 0; p < m->size; p++)
+        for (int i = 0; i < d->num_args; i++) tab[(size_t)p * (size_t)d->num_args + (size_t)i] = d->args[i]->shards[p];
+    dpar_status s = dpar__run(m, d->fn, d->user, d->num_args, tab);
+    DPAR_FREE(tab);
+    return s;
+}
+
+DPAR_API dpar_status dpar_pmap(dpar_mesh *m, const dpar_pmap_desc *d) {
+    dpar__clear_error();
+    if (!m || !d || !d->fn) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "pmap: mesh, desc or desc->fn is NULL");
+    if (dpar__self_worker) return dpar__err(DPAR_ERR_STATE, "pmap: called from inside a pmap/shard_map function; nested dispatch is not supported");
+    unsigned mask;
+    dpar_status s = dpar__parse_axes(m, "pmap", d->axis, &mask, NULL, NULL);
+    if (s) return s;
+    if (d->num_inputs < 0 || d->num_outputs < 0 || d->num_inputs > DPAR_MAX_ARGS / 2 || d->num_outputs > DPAR_MAX_ARGS / 2)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "pmap: num_inputs/num_outputs must be in 0..%d", (int)DPAR_MAX_ARGS / 2);
+    int n = dpar__mask_size(m, mask);
+    /* validate everything before anything runs */
+    for (int i = 0; i < d->num_inputs; i++) {
+        const dpar_pmap_input *in = &d->inputs[i];
+        char where[48];
+        snprintf(where, sizeof where, "pmap: input %d", i);
+        if (dpar_dtype_size(in->dtype) == 0) return dpar__err(DPAR_ERR_DTYPE, "%s: dtype %d is not a dpar_dtype", where, (int)in->dtype);
+        s = dpar__check_shape(where, in->ndim, in->shape);
+        if (s) return s;
+        if (!in->data && dpar__prod(in->shape, in->ndim) > 0) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: data is NULL", where);
+        if (in->in_axis == DPAR_MAPPED) {
+            if (in->ndim < 1)
+                return dpar__err(DPAR_ERR_SHAPE, "%s is a scalar but is mapped over axis '%s'; use in_axis = DPAR_REPLICATED", where, d->axis);
+            if (in->shape[0] != n)
+                return dpar__err(DPAR_ERR_SHAPE, "pmap: input %d has leading dimension %lld but mesh axis '%s' has %d devices; "
+                                 "give it a leading dimension of %d, or use dpar_shard_map to split %lld rows over %d devices",
+                                 i, (long long)in->shape[0], d->axis, n, n, (long long)in->shape[0], n);
+        } else if (in->in_axis != DPAR_REPLICATED) {
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: in_axis = %d; use DPAR_MAPPED (0) or DPAR_REPLICATED (-1)", where, in->in_axis);
+        }
+    }
+    for (int j = 0; j < d->num_outputs; j++) {
+        const dpar_pmap_output *o = &d->outputs[j];
+        char where[48];
+        snprintf(where, sizeof where, "pmap: output %d", j);
+        if (dpar_dtype_size(o->dtype) == 0) return dpar__err(DPAR_ERR_DTYPE, "%s: dtype %d is not a dpar_dtype", where, (int)o->dtype);
+        s = dpar__check_shape(where, o->ndim, o->shape);
+        if (s) return s;
+        if (o->ndim + 1 > DPAR_MAX_DIMS) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: ndim %d leaves no room for the stacked dimension", where, o->ndim);
+        if (!o->data && dpar__prod(o->shape, o->ndim) > 0) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: data is NULL", where);
+    }
+    /* the mapped axis name(s) as a spec */
+    int nargs = d->num_inputs + d->num_outputs;
+    dpar_array *arrs[DPAR_MAX_ARGS];
+    memset(arrs, 0, sizeof arrs);
+    for (int i = 0; i < d->num_inputs && !s; i++) {
+        const dpar_pmap_input *in = &d->inputs[i];
+        dpar_array_desc ad;
+        memset(&ad, 0, sizeof ad);
+        ad.dtype = in->dtype; ad.ndim = in->ndim;
+        for (int k = 0; k < in->ndim; k++) ad.shape[k] = in->shape[k];
+        if (in->in_axis == DPAR_MAPPED) ad.spec[0] = d->axis;
+        s = dpar_array_create(m, &ad, &arrs[i]);
+        if (!s) s = dpar_array_put(arrs[i], in->data);
+        if (!s && in->in_axis == DPAR_MAPPED)  /* drop the mapped dimension of size 1 */
+            for (int p = 0; p < m->size; p++) {
+                dpar_buffer *b = arrs[i]->shards[p];
+                s = dpar_buffer_reshape(b, b->ndim - 1, b->shape + 1);
+            }
+    }
+    for (int j = 0; j < d->num_outputs && !s; j++) {
+        const dpar_pmap_output *o = &d->outputs[j];
+        dpar_array_desc ad;
+        memset(&ad, 0, sizeof ad);
+        ad.dtype = o->dtype; ad.ndim = o->ndim + 1;
+        ad.shape[0] = n;
+        for (int k = 0; k < o->ndim; k++) ad.shape[k + 1] = o->shape[k];
+        ad.spec[0] = d->axis;
+        s = dpar_array_create(m, &ad, &arrs[d->num_inputs + j]);
+        if (!s) for (int p = 0; p < m->size; p++) {
+            dpar_buffer *b = arrs[d->num_inputs + j]->shards[p];
+            s = dpar_buffer_reshape(b, b->ndim - 1, b->shape + 1);
+        }
+    }
+    dpar_buffer **tab = NULL;
+    if (!s) {
+        tab = (dpar_buffer **)dpar__calloc((size_t)m->size * (size_t)(nargs ? nargs : 1), sizeof(dpar_buffer *));
+        if (!tab) s = dpar__err(DPAR_ERR_OUT_OF_MEMORY, "pmap: out of host memory");
+    }
+    if (!s) {
+        for (int p = 0; p < m->size; p++)
+            for (int i = 0; i < nargs; i++) tab[(size_t)p * (size_t)nargs + (size_t)i] = arrs[i]->shards[p];
+        s = dpar__run(m, d->fn, d->user, nargs, tab);
+    }
+    if (!s) {
+        for (int j = 0; j < d->num_outputs && !s; j++) {
+            dpar_array *a = arrs[d->num_inputs + j];
+            for (int p = 0; p < m->size; p++) { /* restore [1, ...] shard shapes for the gather */
+                dpar_buffer *b = a->shards[p];
+                b->ndim = a->ndim;
+                for (int k = 0; k < a->ndim; k++) b->shape[k] = a->local[k];
+            }
+            s = dpar_array_get(a, d->outputs[j].data);
+        }
+    }
+    char saved[DPAR__ERR_LEN];
+    memcpy(saved, dpar__err_text, sizeof saved);
+    for (int i = 0; i < nargs; i++) dpar_array_destroy(arrs[i]);
+    DPAR_FREE(tab);
+    memcpy(dpar__err_text, saved, sizeof saved);
+    return s;
+}
+
+DPAR_API int dpar_ctx_device(const dpar_ctx *ctx) { return ctx ? ctx->device : -1; }
+DPAR_API dpar_runtime *dpar_ctx_runtime(const dpar_ctx *ctx) { return ctx ? ctx->rt : NULL; }
+DPAR_API dpar_mesh *dpar_ctx_mesh(const dpar_ctx *ctx) { return ctx ? ctx->mesh : NULL; }
+DPAR_API dpar_buffer *dpar_ctx_arg(const dpar_ctx *ctx, int i) {
+    if (!ctx || i < 0 || i >= ctx->nargs) {
+        dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_ctx_arg: argument %d is out of range; this call has %d arguments", i, ctx ? ctx->nargs : 0);
+        return NULL;
+    }
+    return ctx->args[i];
+}
+DPAR_API dpar_status dpar_axis_index(const dpar_ctx *ctx, const char *axes, int *out) {
+    dpar__clear_error();
+    if (!ctx || !out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "axis_index: ctx or out is NULL");
+    unsigned mask;
+    dpar_status s = dpar__parse_axes(ctx->mesh, "axis_index", axes, &mask, NULL, NULL);
+    if (s) return s;
+    int gid;
+    dpar__group_of(ctx->mesh, mask, ctx->pos, &gid, out);
+    return DPAR_OK;
+}
+DPAR_API dpar_status dpar_axis_size(const dpar_ctx *ctx, const char *axes, int *out) {
+    dpar__clear_error();
+    if (!ctx || !out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "axis_size: ctx or out is NULL");
+    unsigned mask;
+    dpar_status s = dpar__parse_axes(ctx->mesh, "axis_size", axes, &mask, NULL, NULL);
+    if (s) return s;
+    *out = dpar__mask_size(ctx->mesh, mask);
+    return DPAR_OK;
+}
+DPAR_API dpar_status dpar_ctx_buffer(dpar_ctx *ctx, dpar_dtype dtype, int ndim, const int64_t *shape, dpar_buffer **out) {
+    if (!ctx) { if (out) *out = NULL; return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_ctx_buffer: ctx is NULL"); }
+    return dpar_buffer_create(ctx->rt, ctx->device, dtype, ndim, shape, out);
+}
+/* ---------------------------------------------------------------------------
+   Collectives: rendezvous, matching, the host path, async requests
+   ------------------------------------------------------------------------ */
+typedef struct dpar__cargs {
+    dpar__coll_kind kind;
+    dpar_reduce_op op;
+    dpar_buffer *out;
+    const dpar_buffer *in;
+    char axes[128];
+    int dim, tiled, split_dim, concat_dim, root;
+    int npairs;
+    int pairs[2 * DPAR_MAX_DEVICES];
+} dpar__cargs;
+
+struct dpar_request {
+    struct dpar_request *next;       /* queue link */
+    struct dpar_request *live_next;  /* worker's list of un-waited requests */
+    dpar_ctx *ctx;
+    dpar__cargs args;
+    int done;
+    dpar_status status;
+    char msg[DPAR__ERR_LEN];
+};
+
+static const char *dpar__coll_name(dpar__coll_kind k, dpar_reduce_op op) {
+    switch (k) {
+    case DPAR__COLL_ALL_REDUCE:
+        return op == DPAR_SUM ? "psum" : op == DPAR_MEAN ? "pmean" : op == DPAR_MAX ? "pmax" : "pmin";
+    case DPAR__COLL_ALL_GATHER: return "all_gather";
+    case DPAR__COLL_REDUCE_SCATTER: return "psum_scatter";
+    case DPAR__COLL_PERMUTE: return "ppermute";
+    case DPAR__COLL_ALL_TO_ALL: return "all_to_all";
+    case DPAR__COLL_BROADCAST: return "pbroadcast";
+    default: return "collective";
+    }
+}
+static void dpar__post_str(const dpar__post *p, char *buf, size_t cap) {
+    int at = snprintf(buf, cap, "%s of %lld %s elements", p->name, (long long)p->in_count, dpar_dtype_name((dpar_dtype)p->dtype));
+    if (at < 0 || (size_t)at >= cap) return;
+    if (p->kind == DPAR__COLL_ALL_GATHER || p->kind == DPAR__COLL_REDUCE_SCATTER)
+        snprintf(buf + at, cap - (size_t)at, " (dim %d, %s)", p->dim, p->tiled ? "tiled" : "stacked");
+    else if (p->kind == DPAR__COLL_ALL_TO_ALL)
+        snprintf(buf + at, cap - (size_t)at, " (split dim %d, concat dim %d)", p->split_dim, p->concat_dim);
+    else if (p->kind == DPAR__COLL_BROADCAST)
+        snprintf(buf + at, cap - (size_t)at, " (root %d)", p->root);
+    else if (p->kind == DPAR__COLL_PERMUTE)
+        snprintf(buf + at, cap - (size_t)at, " (pairs hash %llx)", (unsigned long long)p->pairs_hash);
+}
+static int dpar__post_eq(const dpar__post *a, const dpar__post *b) {
+    return a->kind == b->kind && a->op == b->op && a->dtype == b->dtype && a->in_count == b->in_count &&
+           a->out_count == b->out_count && a->dim == b->dim && a->tiled == b->tiled && a->split_dim == b->split_dim &&
+           a->concat_dim == b->concat_dim && a->root == b->root && a->pairs_hash == b->pairs_hash;
+}
+
+/* Barrier over the group, with abort, departure and timeout detection.
+   `what` names the collective for messages. */
+static dpar_status dpar__barrier(dpar__group *g, int rank, dpar_ctx *ctx, const char *what) {
+    dpar__job *job = ctx->job;
+    dpar_runtime *rt = ctx->rt;
+    dpar_status s = DPAR_OK;
+    pthread_mutex_lock(&g->mu);
+    uint64_t my = g->gen;
+    g->here[rank] = 1;
+    if (++g->arrived == g->n) {
+        g->arrived = 0;
+        memset(g->here, 0, (size_t)g->n);
+        g->gen++;
+        pthread_cond_broadcast(&g->cv);
+        pthread_mutex_unlock(&g->mu);
+        return DPAR_OK;
+    }
+    struct timespec dl;
+    dpar__deadline(&dl, rt->timeout_ms);
+    while (g->gen == my) {
+        if (DPAR__ATOMIC_LOAD(&job->abort)) {
+            s = dpar__err(DPAR_ERR_ABORTED, "%s: stopped because another device failed first", what);
+            break;
+        }
+        int gone = -1;
+        for (int r = 0; r < g->n && gone < 0; r++)
+            if (!g->here[r] && DPAR__ATOMIC_LOAD(&job->departed[g->mesh->pos_of[g->devices[r]]])) gone = g->devices[r];
+        if (gone >= 0) {
+            s = dpar__err(DPAR_ERR_COLLECTIVE_MISMATCH,
+                          "%s (collective #%llu of this group): device %d returned from the pmap function without calling it; "
+                          "every device of the group must make the same collective calls (uneven step counts?)",
+                          what, (unsigned long long)g->seq, gone);
+            break;
+        }
+        int rc = pthread_cond_timedwait(&g->cv, &g->mu, &dl);
+        if (rc == ETIMEDOUT && g->gen == my) {
+            char list[512];
+            size_t at = 0;
+            list[0] = 0;
+            for (int r = 0; r < g->n && at < sizeof list; r++)
+                if (!g->here[r]) at += (size_t)snprintf(list + at, sizeof list - at, at ? ", %d" : "%d", g->devices[r]);
+            s = dpar__err(DPAR_ERR_TIMEOUT,
+                          "%s (collective #%llu of this group): timed out after %d ms waiting for device(s) %s, which never arrived; "
+                          "check that every device makes the same collective calls (DPAR_TIMEOUT_MS sets the timeout)",
+                          what, (unsigned long long)g->seq, rt->timeout_ms, list);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g->mu);
+    if (s != DPAR_OK && s != DPAR_ERR_ABORTED) dpar__job_fail(job, ctx->device, s);
+    return s;
+}
+
+typedef struct dpar__coll_state { dpar_ctx *ctx; char what[160]; } dpar__coll_state;
+
+DPAR__MAYBE_UNUSED static dpar_status dpar__coll_barrier(dpar__coll *c) {
+    dpar__coll_state *st = (dpar__coll_state *)c->ctx;
+    return dpar__barrier(c->group, c->rank, st->ctx, st->what);
+}
+
+/* reduce `len` elements of the n sources into every destination */
+static void dpar__reduce_span(dpar_dtype t, dpar_reduce_op op, int n, const char *const *src, char *const *dst, int ndst,
+                              int64_t len) {
+    enum { CH = 1024 };
+    size_t es = dpar_dtype_size(t);
+    for (int64_t base = 0; base < len; base += CH) {
+        int64_t m = len - base < (int64_t)CH ? len - base : (int64_t)CH;
+        if (t == DPAR_I32) {
+            int64_t acc[CH];
+            const int32_t *p0 = (const int32_t *)src[0] + base;
+            for (int64_t i = 0; i < m; i++) acc[i] = p0[i];
+            for (int j = 1; j < n; j++) {
+                const int32_t *pj = (const int32_t *)src[j] + base;
+                if (op == DPAR_SUM || op == DPAR_MEAN) for (int64_t i = 0; i < m; i++) acc[i] += pj[i];
+                else if (op == DPAR_MAX) for (int64_t i = 0; i < m; i++) acc[i] = pj[i] > acc[i] ? pj[i] : acc[i];
+                else for (int64_t i = 0; i < m; i++) acc[i] = pj[i] < acc[i] ? pj[i] : acc[i];
+            }
+            int32_t res[CH];
+            for (int64_t i = 0; i < m; i++) {
+                if (op == DPAR_MEAN) res[i] = (int32_t)(acc[i] / n);
+                else res[i] = (int32_t)(uint32_t)(uint64_t)acc[i]; /* wrap-around */
+            }
+            for (int k = 0; k < ndst; k++) memcpy(dst[k] + (size_t)base * es, res, (size_t)m * es);
+            continue;
+        }
+        float acc[CH];
+        if (t == DPAR_F32) memcpy(acc, (const float *)src[0] + base, (size_t)m * 4);
+        else for (int64_t i = 0; i < m; i++) acc[i] = dpar__load_f(src[0], t, base + i);
+        for (int j = 1; j < n; j++) {
+            float tmp[CH];
+            const float *pj;
+            if (t == DPAR_F32) pj = (const float *)src[j] + base;
+            else { for (int64_t i = 0; i < m; i++) tmp[i] = dpar__load_f(src[j], t, base + i); pj = tmp; }
+            if (op == DPAR_SUM || op == DPAR_MEAN) for (int64_t i = 0; i < m; i++) acc[i] += pj[i];
+            else if (op == DPAR_MAX) for (int64_t i = 0; i < m; i++) { float x = pj[i]; acc[i] = (x > acc[i] || x != x) ? x : acc[i]; }
+            else for (int64_t i = 0; i < m; i++) { float x = pj[i]; acc[i] = (x < acc[i] || x != x) ? x : acc[i]; }
+        }
+        if (op == DPAR_MEAN) for (int64_t i = 0; i < m; i++) acc[i] /= (float)n;
+        if (t == DPAR_F32) {
+            for (int k = 0; k < ndst; k++) memcpy(dst[k] + (size_t)base * 4, acc, (size_t)m * 4);
+        } else {
+            uint16_t h[CH];
+            for (int64_t i = 0; i < m; i++) h[i] = t == DPAR_F16 ? dpar_f32_to_f16(acc[i]) : dpar_f32_to_bf16(acc[i]);
+            for (int k = 0; k < ndst; k++) memcpy(dst[k] + (size_t)base * 2, h, (size_t)m * 2);
+        }
+    }
+}
+
+/* The work of member c->rank on host-visible views in[] / out[]; between the
+   two barriers of the host path. */
+static void dpar__host_work(const dpar__coll *c, char *const *in, char *const *out, char *scratch) {
+    int n = c->n, r = c->rank;
+    size_t es = dpar_dtype_size(c->dtype);
+    switch (c->kind) {
+    case DPAR__COLL_ALL_REDUCE: {
+        int64_t lo = c->count * r / n, hi = c->count * (r + 1) / n;
+        const char *src[DPAR_MAX_DEVICES];
+        char *dst[DPAR_MAX_DEVICES];
+        for (int j = 0; j < n; j++) { src[j] = in[j] + (size_t)lo * es; dst[j] = out[j] + (size_t)lo * es; }
+        dpar__reduce_span(c->dtype, c->op, n, src, dst, n, hi - lo);
+        break;
+    }
+    case DPAR__COLL_BROADCAST: {
+        int64_t lo = c->count * r / n, hi = c->count * (r + 1) / n;
+        for (int j = 0; j < n; j++)
+            if (out[j] != in[c->root] && hi > lo) memcpy(out[j] + (size_t)lo * es, in[c->root] + (size_t)lo * es, (size_t)(hi - lo) * es);
+        break;
+    }
+    case DPAR__COLL_ALL_GATHER:
+        for (int k = 0; k < n; k++)
+            for (int64_t o = 0; o < c->outer; o++)
+                if (c->inner)
+                    memcpy(out[r] + (size_t)((o * n + k) * c->inner) * es, in[k] + (size_t)(o * c->inner) * es, (size_t)c->inner * es);
+        break;
+    case DPAR__COLL_REDUCE_SCATTER: {
+        const char *src[DPAR_MAX_DEVICES];
+        for (int64_t o = 0; o < c->outer; o++) {
+            for (int j = 0; j < n; j++) src[j] = in[j] + (size_t)((o * n + r) * c->inner) * es;
+            char *dst = out[r] + (size_t)(o * c->inner) * es;
+            dpar__reduce_span(c->dtype, DPAR_SUM, n, src, &dst, 1, c->inner);
+        }
+        break;
+    }
+    case DPAR__COLL_PERMUTE: {
+        char *dst = scratch ? scratch : out[r];
+        int s = c->src_of[r];
+        if (c->count) {
+            if (s < 0) memset(dst, 0, (size_t)c->count * es);
+            else memcpy(dst, in[s], (size_t)c->count * es);
+        }
+        break;
+    }
+    case DPAR__COLL_ALL_TO_ALL: {
+        int64_t oshape[DPAR_MAX_DIMS], ext[DPAR_MAX_DIMS], soff[DPAR_MAX_DIMS], doff[DPAR_MAX_DIMS];
+        for (int d = 0; d < c->ndim; d++) { oshape[d] = c->in_shape[d]; ext[d] = c->in_shape[d]; }
+        ext[c->split_dim] = c->in_shape[c->split_dim] / n;
+        oshape[c->split_dim] /= n;
+        oshape[c->concat_dim] *= n;
+        for (int i = 0; i < n; i++) {
+            for (int d = 0; d < c->ndim; d++) { soff[d] = 0; doff[d] = 0; }
+            soff[c->split_dim] = (int64_t)r * ext[c->split_dim];
+            doff[c->concat_dim] = (int64_t)i * ext[c->concat_dim];
+            dpar__copy_block(out[r], oshape, doff, in[i], c->in_shape, soff, ext, c->ndim, es);
+        }
+        break;
+    }
+    default: break;
+    }
+}
+
+static int dpar__grow(void **p, size_t *cap, size_t need) {
+    if (*cap >= need) return 1;
+    void *q = DPAR_REALLOC(*p, need);
+    if (!q) return 0;
+    *p = q;
+    *cap = need;
+    return 1;
+}
+
+static dpar_status dpar__coll_fail(dpar_ctx *ctx, dpar_status s) {
+    dpar__job_fail(ctx->job, ctx->device, s);
+    return s;
+}
+
+/* Executes one collective for one member (blocking). */
+static dpar_status dpar__coll_exec(dpar_ctx *ctx, const dpar__cargs *a) {
+    const char *name = dpar__coll_name(a->kind, a->op);
+    dpar__coll_state st;
+    st.ctx = ctx;
+    snprintf(st.what, sizeof st.what, "%s over axis '%s'", name, a->axes);
+    if (DPAR__ATOMIC_LOAD(&ctx->job->abort))
+        return dpar__err(DPAR_ERR_ABORTED, "%s: stopped because another device failed first", st.what);
+    dpar_mesh *m = ctx->mesh;
+    unsigned mask;
+    dpar_status s = dpar__parse_axes(m, name, a->axes, &mask, NULL, NULL);
+    if (s) return dpar__coll_fail(ctx, s);
+    int gid, rank;
+    dpar__group_of(m, mask, ctx->pos, &gid, &rank);
+    dpar__group *g = &m->groups[mask][gid];
+    int n = g->n;
+    const dpar_buffer *in = a->in;
+    dpar_buffer *out = a->out;
+    if (!in || !out) return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: input or output buffer is NULL", st.what));
+    if (in->device != ctx->device || out->device != ctx->device)
+        return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s on device %d: the buffers live on devices %d (in) and %d (out); "
+                                              "use this device's buffers", st.what, ctx->device, in->device, out->device));
+    if (in->dtype != out->dtype)
+        return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_DTYPE, "%s: input is %s but output is %s; they must match", st.what,
+                                              dpar_dtype_name(in->dtype), dpar_dtype_name(out->dtype)));
+    dpar__coll c;
+    memset(&c, 0, sizeof c);
+    c.kind = a->kind; c.op = a->op; c.dtype = in->dtype; c.n = n; c.rank = rank; c.devices = g->devices;
+    c.in = (dpar_buffer *const *)g->in_bufs; c.out = (dpar_buffer *const *)g->out_bufs;
+    c.count = in->count; c.group = g; c.ctx = &st; c.ndim = in->ndim;
+    for (int d = 0; d < in->ndim; d++) c.in_shape[d] = in->shape[d];
+    int64_t want[DPAR_MAX_DIMS];
+    int want_nd = in->ndim;
+    for (int d = 0; d < in->ndim; d++) want[d] = in->shape[d];
+    int src_of[DPAR_MAX_DEVICES];
+    dpar__post post;
+    memset(&post, 0, sizeof post);
+    switch (a->kind) {
+    case DPAR__COLL_ALL_REDUCE:
+    case DPAR__COLL_BROADCAST:
+    case DPAR__COLL_PERMUTE:
+        if (out->count != in->count) {
+            char x[160], y[160];
+            return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_SHAPE, "%s: output %s has %lld elements but input %s has %lld; they must match", st.what,
+                                                  dpar__shape_str(x, sizeof x, out->ndim, out->shape), (long long)out->count,
+                                                  dpar__shape_str(y, sizeof y, in->ndim, in->shape), (long long)in->count));
+        }
+        want_nd = -1;
+        if (a->kind == DPAR__COLL_BROADCAST && (a->root < 0 || a->root >= n))
+            return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: root %d is not a position in the %d-device group", st.what, a->root, n));
+        if (a->kind == DPAR__COLL_PERMUTE) {
+            int is_src[DPAR_MAX_DEVICES];
+            for (int i = 0; i < n; i++) { src_of[i] = -1; is_src[i] = 0; }
+            uint64_t h = 1469598103934665603ull;
+            if (a->npairs < 0 || a->npairs > n)
+                return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: %d pairs for a %d-device group", st.what, a->npairs, n));
+            for (int i = 0; i < a->npairs; i++) {
+                int sidx = a->pairs[2 * i], didx = a->pairs[2 * i + 1];
+                if (sidx < 0 || sidx >= n || didx < 0 || didx >= n)
+                    return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: pair %d (%d -> %d) is outside the group positions 0..%d",
+                                                          st.what, i, sidx, didx, n - 1));
+                if (is_src[sidx] || src_of[didx] >= 0)
+                    return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: pair %d (%d -> %d) repeats a source or destination; "
+                                                          "each may appear once", st.what, i, sidx, didx));
+                is_src[sidx] = 1;
+                src_of[didx] = sidx;
+                h = (h ^ (uint64_t)(sidx * 1024 + didx)) * 1099511628211ull;
+            }
+            post.pairs_hash = h;
+            c.src_of = src_of;
+        }
+        c.root = a->root;
+        post.root = a->root;
+        break;
+    case DPAR__COLL_ALL_GATHER: {
+        int lim = a->tiled ? in->ndim - 1 : in->ndim;
+        if (a->dim < 0 || a->dim > lim)
+            return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: dim %d is out of range 0..%d for a %d-d input", st.what, a->dim, lim, in->ndim));
+        if (!a->tiled && in->ndim + 1 > DPAR_MAX_DIMS)
+            return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: stacking would exceed %d dims", st.what, (int)DPAR_MAX_DIMS));
+        c.outer = dpar__prod(in->shape, a->dim);
+        c.inner = a->dim < in->ndim ? dpar__prod(in->shape + a->dim, in->ndim - a->dim) : 1;
+        if (a->tiled) want[a->dim] *= n;
+        else { for (int d = in->ndim; d > a->dim; d--) want[d] = want[d - 1]; want[a->dim] = n; want_nd = in->ndim + 1; }
+        break;
+    }
+    case DPAR__COLL_REDUCE_SCATTER:
+        if (a->dim < 0 || a->dim >= in->ndim)
+            return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: dim %d is out of range 0..%d for a %d-d input", st.what, a->dim, in->ndim - 1, in->ndim));
+        if (a->tiled ? (in->shape[a->dim] % n != 0) : (in->shape[a->dim] != n))
+            return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_SHAPE, "%s: dimension %d has size %lld, which %s the %d devices of the group; %s", st.what, a->dim,
+                                                  (long long)in->shape[a->dim], a->tiled ? "is not divisible by" : "is not equal to", n,
+                                                  a->tiled ? "pad it to a multiple of the group size" : "use tiled = true to split a longer dimension"));
+        c.outer = dpar__prod(in->shape, a->dim);
+        c.inner = dpar__prod(in->shape + a->dim, in->ndim - a->dim) / (n ? n : 1);
+        if (a->tiled) want[a->dim] /= n;
+        else { for (int d = a->dim; d < in->ndim - 1; d++) want[d] = want[d + 1]; want_nd = in->ndim - 1; }
+        break;
+    case DPAR__COLL_ALL_TO_ALL:
+        if (a->split_dim < 0 || a->split_dim >= in->ndim || a->concat_dim < 0 || a->concat_dim >= in->ndim)
+            return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: split_dim %d / concat_dim %d out of range for a %d-d input", st.what,
+                                                  a->split_dim, a->concat_dim, in->ndim));
+        if (in->shape[a->split_dim] % n)
+            return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_SHAPE, "%s: split dimension %d has size %lld, which is not divisible by the %d devices of the group",
+                                                  st.what, a->split_dim, (long long)in->shape[a->split_dim], n));
+        c.split_dim = a->split_dim; c.concat_dim = a->concat_dim;
+        want[a->split_dim] /= n;
+        want[a->concat_dim] *= n;
+        break;
+    default:
+        return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_INVALID_ARGUMENT, "collective: unknown kind %d", (int)a->kind));
+    }
+    if (want_nd >= 0) {
+        int ok = out->ndim == want_nd;
+        for (int d = 0; ok && d < want_nd; d++) ok = out->shape[d] == want[d];
+        if (!ok) {
+            char x[160], y[160];
+            return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_SHAPE, "%s: output has shape %s but a %d-device group needs %s", st.what,
+                                                  dpar__shape_str(x, sizeof x, out->ndim, out->shape), n, dpar__shape_str(y, sizeof y, want_nd, want)));
+        }
+        if (out == in && in->count > 0)
+            return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: cannot run in place; give a separate output buffer", st.what));
+    }
+    post.kind = a->kind; post.op = a->op; post.dtype = in->dtype; post.in_count = in->count; post.out_count = out->count;
+    post.dim = a->dim; post.tiled = a->tiled; post.split_dim = a->split_dim; post.concat_dim = a->concat_dim; post.name = name;
+    if (a->kind == DPAR__COLL_ALL_REDUCE || a->kind == DPAR__COLL_BROADCAST || a->kind == DPAR__COLL_PERMUTE) { post.dim = 0; post.tiled = 0; }
+
+    dpar_runtime *rt = ctx->rt;
+    const dpar__backend_iface *be = rt->be;
+    void *bs = rt->bstate;
+    int dev = ctx->device;
+    int use_backend = be->collective != NULL;
+    /* host path: make this member's data host visible */
+    char *in_h = NULL, *out_h = NULL, *scratch = NULL;
+    int in_mapped = 0, out_mapped = 0;
+    if (!use_backend) {
+        in_h = be->host_ptr ? (char *)be->host_ptr(bs, dev, in->mem) : NULL;
+        out_h = be->host_ptr ? (char *)be->host_ptr(bs, dev, out->mem) : NULL;
+        in_mapped = in_h != NULL;
+        out_mapped = out == in ? in_mapped : out_h != NULL;
+        size_t need = (in_mapped ? 0 : in->nbytes) + ((out_mapped || out == in) ? 0 : out->nbytes) +
+                      (a->kind == DPAR__COLL_PERMUTE ? out->nbytes : 0);
+        if (!dpar__grow(&g->stage[rank], &g->stage_cap[rank], need ? need : 1))
+            return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_OUT_OF_MEMORY, "%s: out of host memory for %zu staging bytes", st.what, need));
+        char *sp = (char *)g->stage[rank];
+        if (in_mapped) {
+            if (be->host_acquire && in->nbytes) { s = be->host_acquire(bs, dev, in->mem, 0, in->nbytes); if (s) return dpar__coll_fail(ctx, s); }
+        } else {
+            in_h = sp; sp += in->nbytes;
+            if (in->nbytes) { s = be->read(bs, dev, in->mem, 0, in_h, in->nbytes); if (s) return dpar__coll_fail(ctx, s); }
+        }
+        if (out == in) {
+            out_h = in_h;
+        } else if (out_mapped) {
+            if (be->host_acquire && out->nbytes) { s = be->host_acquire(bs, dev, out->mem, 0, out->nbytes); if (s) return dpar__coll_fail(ctx, s); }
+        } else {
+            out_h = sp; sp += out->nbytes;
+        }
+        if (a->kind == DPAR__COLL_PERMUTE && out_h == in_h) scratch = sp;
+    }
+    g->posts[rank] = post;
+    g->in_bufs[rank] = (dpar_buffer *)in;
+    g->out_bufs[rank] = out;
+    g->in_ptr[rank] = in_h;
+    g->out_ptr[rank] = out_h;
+    s = dpar__barrier(g, rank, ctx, st.what);
+    if (s) return s;
+    /* every member checks every post the same way, so all get the same verdict */
+    for (int j = 1; j < n; j++) {
+        if (!dpar__post_eq(&g->posts[0], &g->posts[j])) {
+            char x[200], y[200];
+            dpar__post_str(&g->posts[0], x, sizeof x);
+            dpar__post_str(&g->posts[j], y, sizeof y);
+            s = dpar__err(DPAR_ERR_COLLECTIVE_MISMATCH,
+                          "%s (collective #%llu of this group): device %d called %s but device %d called %s; every member of a group "
+                          "must call the same collective, in the same order, with the same dtype and element count",
+                          st.what, (unsigned long long)g->seq, g->devices[0], x, g->devices[j], y);
+            return dpar__coll_fail(ctx, s);
+        }
+    }
+    if (use_backend) {
+        s = be->collective(bs, &c);
+        if (s) return dpar__coll_fail(ctx, s);
+        if (rank == 0) g->seq++;
+        return DPAR_OK;
+    }
+    dpar__host_work(&c, (char *const *)g->in_ptr, (char *const *)g->out_ptr, scratch);
+    if (rank == 0) g->seq++;
+    s = dpar__barrier(g, rank, ctx, st.what);
+    if (s) return s;
+    if (scratch && out->nbytes) memcpy(out_h, scratch, out->nbytes);
+    if (out_mapped) {
+        if (be->host_release && out->nbytes) s = be->host_release(bs, dev, out->mem, 0, out->nbytes);
+    } else if (out->nbytes) {
+        s = be->write(bs, dev, out->mem, 0, out_h, out->nbytes);
+    }
+    if (s) return dpar__coll_fail(ctx, s);
+    return DPAR_OK;
+}
+
+/* --- async machinery --- */
+static void dpar__req_run(dpar__worker *w, struct dpar_request *r) {
+    dpar__clear_error();
+    dpar_status s = dpar__coll_exec(r->ctx, &r->args);
+    pthread_mutex_lock(&w->qmu);
+    r->status = s;
+    if (s) snprintf(r->msg, sizeof r->msg, "%s", dpar__err_text);
+    r->done = 1;
+    w->pending--;
+    pthread_cond_broadcast(&w->qcv);
+    pthread_mutex_unlock(&w->qmu);
+}
+static void *dpar__comm_main(void *arg) {
+    dpar__worker *w = (dpar__worker *)arg;
+    dpar__self_worker = w;
+    dpar_runtime *rt = w->rt;
+    if (rt->be->thread_init) rt->be->thread_init(rt->bstate, w->device);
+    pthread_mutex_lock(&w->qmu);
+    for (;;) {
+        while (!w->queue.head && !w->stop) pthread_cond_wait(&w->qcv, &w->qmu);
+        if (!w->queue.head) break;
+        struct dpar_request *r = w->queue.head;
+        w->queue.head = r->next;
+        if (!w->queue.head) w->queue.tail = NULL;
+        pthread_mutex_unlock(&w->qmu);
+        dpar__req_run(w, r);
+        pthread_mutex_lock(&w->qmu);
+    }
+    pthread_mutex_unlock(&w->qmu);
+    return NULL;
+}
+
+static dpar_status dpar__coll_start(dpar_ctx *ctx, const dpar__cargs *a, struct dpar_request **out) {
+    *out = NULL;
+    dpar__worker *w = &ctx->rt->workers[ctx->device];
+    struct dpar_request *r = (struct dpar_request *)dpar__calloc(1, sizeof *r);
+    if (!r) return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_OUT_OF_MEMORY, "collective start: out of host memory"));
+    r->ctx = ctx;
+    r->args = *a;
+    pthread_mutex_lock(&w->qmu);
+    if (!w->comm_started) {
+        if (pthread_create(&w->comm_thread, NULL, dpar__comm_main, w) != 0) {
+            pthread_mutex_unlock(&w->qmu);
+            DPAR_FREE(r);
+            return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_OUT_OF_MEMORY, "collective start: could not start the communication thread of device %d", ctx->device));
+        }
+        w->comm_started = 1;
+    }
+    w->pending++;
+    if (w->queue.tail) w->queue.tail->next = r; else w->queue.head = r;
+    w->queue.tail = r;
+    r->live_next = w->live;
+    w->live = r;
+    pthread_cond_broadcast(&w->qcv);
+    pthread_mutex_unlock(&w->qmu);
+    *out = r;
+    return DPAR_OK;
+}
+
+/* At the end of fn: waits for this device's async collectives and frees the
+   ones fn never waited for (an error: their buffers were in use). */
+static void dpar__worker_drain(dpar__worker *w) {
+    pthread_mutex_lock(&w->qmu);
+    while (w->pending > 0) pthread_cond_wait(&w->qcv, &w->qmu);
+    int leftover = 0;
+    dpar_ctx *ctx = NULL;
+    while (w->live) {
+        struct dpar_request *r = w->live;
+        w->live = r->live_next;
+        ctx = r->ctx;
+        leftover++;
+        DPAR_FREE(r);
+    }
+    pthread_mutex_unlock(&w->qmu);
+    if (leftover && ctx)
+        dpar__job_fail(ctx->job, w->device,
+                       dpar__err(DPAR_ERR_STATE, "device %d: the pmap function returned with %d async collective(s) started but never "
+                                 "waited; call dpar_wait on every request before returning", w->device, leftover));
+}
+
+DPAR_API dpar_status dpar_wait(dpar_ctx *ctx, dpar_request *r) {
+    dpar__clear_error();
+    if (!ctx || !r) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_wait: ctx or request is NULL");
+    dpar__worker *w = &ctx->rt->workers[r->ctx->device];
+    pthread_mutex_lock(&w->qmu);
+    while (!r->done) pthread_cond_wait(&w->qcv, &w->qmu);
+    struct dpar_request **pp = &w->live;
+    while (*pp && *pp != r) pp = &(*pp)->live_next;
+    if (*pp) *pp = r->live_next;
+    pthread_mutex_unlock(&w->qmu);
+    dpar_status s = r->status;
+    if (s) dpar__err(s, "%s", r->msg);
+    DPAR_FREE(r);
+    return s;
+}
+
+/* Blocking collective: inline when nothing async is pending on this device,
+   else queued behind the pending ones (issue order is kept). */
+static dpar_status dpar__collective(dpar_ctx *ctx, dpar__cargs *a, const char *axes) {
+    dpar__clear_error();
+    if (!ctx) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "collective: ctx is NULL (collectives are called inside a pmap/shard_map function)");
+    if (!axes) axes = "";
+    snprintf(a->axes, sizeof a->axes, "%s", axes);
+    dpar__worker *w = &ctx->rt->workers[ctx->device];
+    pthread_mutex_lock(&w->qmu);
+    int pending = w->pending;
+    pthread_mutex_unlock(&w->qmu);
+    if (pending == 0) return dpar__coll_exec(ctx, a);
+    struct dpar_request *r;
+    dpar_status s = dpar__coll_start(ctx, a, &r);
+    if (s) return s;
+    return dpar_wait(ctx, r);
+}
+static dpar_status dpar__collective_start(dpar_ctx *ctx, dpar__cargs *a, const char *axes, dpar_request **req) {
+    dpar__clear_error();
+    if (!req) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "collective start: `req` is NULL");
+    *req = NULL;
+    if (!ctx) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "collective start: ctx is NULL");
+    snprintf(a->axes, sizeof a->axes, "%s", axes ? axes : "");
+    return dpar__coll_start(ctx, a, req);
+}
+
+static void dpar__cargs_init(dpar__cargs *a, dpar__coll_kind k, dpar_reduce_op op, dpar_buffer *out, const dpar_buffer *in) {
+    memset(a, 0, sizeof *a);
+    a->kind = k; a->op = op; a->out = out; a->in = in;
+}
+DPAR_API dpar_status dpar_preduce(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes, dpar_reduce_op op) {
+    dpar__cargs a;
+    if ((int)op < 0 || op > DPAR_MIN) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "preduce: op %d is not a dpar_reduce_op", (int)op);
+    dpar__cargs_init(&a, DPAR__COLL_ALL_REDUCE, op, out, in);
+    return dpar__collective(ctx, &a, axes);
+}
+DPAR_API dpar_status dpar_psum(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes) { return dpar_preduce(ctx, out, in, axes, DPAR_SUM); }
+DPAR_API dpar_status dpar_pmean(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes) { return dpar_preduce(ctx, out, in, axes, DPAR_MEAN); }
+DPAR_API dpar_status dpar_pmax(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes) { return dpar_preduce(ctx, out, in, axes, DPAR_MAX); }
+DPAR_API dpar_status dpar_pmin(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes) { return dpar_preduce(ctx, out, in, axes, DPAR_MIN); }
+DPAR_API dpar_status dpar_all_gather(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes, int dim, bool tiled) {
+    dpar__cargs a;
+    dpar__cargs_init(&a, DPAR__COLL_ALL_GATHER, DPAR_SUM, out, in);
+    a.dim = dim; a.tiled = tiled;
+    return dpar__collective(ctx, &a, axes);
+}
+DPAR_API dpar_status dpar_psum_scatter(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes, int dim, bool tiled) {
+    dpar__cargs a;
+    dpar__cargs_init(&a, DPAR__COLL_REDUCE_SCATTER, DPAR_SUM, out, in);
+    a.dim = dim; a.tiled = tiled;
+    return dpar__collective(ctx, &a, axes);
+}
+DPAR_API dpar_status dpar_ppermute(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes, const int *pairs, int num_pairs) {
+    dpar__cargs a;
+    dpar__cargs_init(&a, DPAR__COLL_PERMUTE, DPAR_SUM, out, in);
+    if (num_pairs < 0 || num_pairs > DPAR_MAX_DEVICES || (num_pairs > 0 && !pairs))
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "ppermute: %d pairs (pairs %s)", num_pairs, pairs ? "given" : "NULL");
+    a.npairs = num_pairs;
+    for (int i = 0; i < 2 * num_pairs; i++) a.pairs[i] = pairs[i];
+    return dpar__collective(ctx, &a, axes);
+}
+DPAR_API dpar_status dpar_all_to_all(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes, int split_dim, int concat_dim) {
+    dpar__cargs a;
+    dpar__cargs_init(&a, DPAR__COLL_ALL_TO_ALL, DPAR_SUM, out, in);
+    a.split_dim = split_dim; a.concat_dim = concat_dim;
+    return dpar__collective(ctx, &a, axes);
+}
+DPAR_API dpar_status dpar_pbroadcast(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes, int root) {
+    dpar__cargs a;
+    dpar__cargs_init(&a, DPAR__COLL_BROADCAST, DPAR_SUM, out, in);
+    a.root = root;
+    return dpar__collective(ctx, &a, axes);
+}
+DPAR_API dpar_status dpar_preduce_start(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes, dpar_reduce_op op, dpar_request **req) {
+    dpar__cargs a;
+    dpar__cargs_init(&a, DPAR__COLL_ALL_REDUCE, op, out, in);
+    return dpar__collective_start(ctx, &a, axes, req);
+}
+DPAR_API dpar_status dpar_all_gather_start(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes, int dim, bool tiled, dpar_request **req) {
+    dpar__cargs a;
+    dpar__cargs_init(&a, DPAR__COLL_ALL_GATHER, DPAR_SUM, out, in);
+    a.dim = dim; a.tiled = tiled;
+    return dpar__collective_start(ctx, &a, axes, req);
+}
+DPAR_API dpar_status dpar_psum_scatter_start(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes, int dim, bool tiled, dpar_request **req) {
+    dpar__cargs a;
+    dpar__cargs_init(&a, DPAR__COLL_REDUCE_SCATTER, DPAR_SUM, out, in);
+    a.dim = dim; a.tiled = tiled;
+    return dpar__collective_start(ctx, &a, axes, req);
+}
+/* ---------------------------------------------------------------------------
+   Ops: argument checks, then the backend
+   ------------------------------------------------------------------------ */
+static dpar_status dpar__op_check(const char *name, const dpar_buffer *first, const dpar_buffer *const *bufs, int nb) {
+    if (!first) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: output buffer is NULL", name);
+    for (int i = 0; i < nb; i++) {
+        if (!bufs[i]) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: operand %d is NULL", name, i);
+        if (bufs[i]->rt != first->rt || bufs[i]->device != first->device)
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: operands live on devices %d and %d; every operand of an op must be on one device",
+                             name, first->device, bufs[i]->device);
+    }
+    return DPAR_OK;
+}
+static dpar_status dpar__need_f32(const char *name, const dpar_buffer *b, const char *which) {
+    if (b->dtype != DPAR_F32)
+        return dpar__err(DPAR_ERR_DTYPE, "%s: %s is %s but this op takes f32; convert with dpar_cast", name, which, dpar_dtype_name(b->dtype));
+    return DPAR_OK;
+}
+static dpar_status dpar__same_count(const char *name, const dpar_buffer *a, const char *an, const dpar_buffer *b, const char *bn) {
+    if (a->count != b->count) {
+        char x[160], y[160];
+        return dpar__err(DPAR_ERR_SHAPE, "%s: %s %s has %lld elements but %s %s has %lld; they must match", name,
+                         an, dpar__shape_str(x, sizeof x, a->ndim, a->shape), (long long)a->count,
+                         bn, dpar__shape_str(y, sizeof y, b->ndim, b->shape), (long long)b->count);
+    }
+    return DPAR_OK;
+}
+static dpar_status dpar__same_shape(const char *name, const dpar_buffer *a, const char *an, const dpar_buffer *b, const char *bn) {
+    int ok = a->ndim == b->ndim;
+    for (int i = 0; ok && i < a->ndim; i++) ok = a->shape[i] == b->shape[i];
+    if (!ok) {
+        char x[160], y[160];
+        return dpar__err(DPAR_ERR_SHAPE, "%s: %s has shape %s but %s has shape %s; they must be equal (no broadcasting)", name,
+                         an, dpar__shape_str(x, sizeof x, a->ndim, a->shape), bn, dpar__shape_str(y, sizeof y, b->ndim, b->shape));
+    }
+    return DPAR_OK;
+}
+static dpar_status dpar__scalar_out(const char *name, const dpar_buffer *b) {
+    if (b->count != 1 || b->dtype != DPAR_F32)
+        return dpar__err(DPAR_ERR_SHAPE, "%s: the result buffer must hold 1 f32 element (it has %lld %s)", name, (long long)b->count, dpar_dtype_name(b->dtype));
+    return DPAR_OK;
+}
+static dpar_status dpar__op_run(dpar__op *op) {
+    dpar_runtime *rt = op->dst->rt;
+    return rt->be->op(rt->bstate, op->dst->device, op);
+}
+static void dpar__op_init(dpar__op *op, dpar__op_kind k, dpar_buffer *dst) {
+    memset(op, 0, sizeof *op);
+    op->kind = k;
+    op->dst = dst;
+    if (dst) op->n = dst->count;
+}
+
+DPAR_API dpar_status dpar_matmul(dpar_buffer *C, const dpar_buffer *A, const dpar_buffer *B, bool ta, bool tb, float alpha, float beta) {
+    dpar__clear_error();
+    const dpar_buffer *ops[2] = { A, B };
+    dpar_status s = dpar__op_check("matmul", C, ops, 2);
+    if (s) return s;
+    if (A->ndim != 2 || B->ndim != 2 || C->ndim != 2)
+        return dpar__err(DPAR_ERR_SHAPE, "matmul: A, B and C must be 2-d (they are %d-d, %d-d, %d-d); reshape with dpar_buffer_reshape", A->ndim, B->ndim, C->ndim);
+    if (A->dtype != B->dtype || C->dtype != DPAR_F32 || (A->dtype != DPAR_F32 && A->dtype != DPAR_F16 && A->dtype != DPAR_BF16))
+        return dpar__err(DPAR_ERR_DTYPE, "matmul: A is %s, B is %s, C is %s; A and B must share a float dtype and C must be f32",
+                         dpar_dtype_name(A->dtype), dpar_dtype_name(B->dtype), dpar_dtype_name(C->dtype));
+    int64_t M = ta ? A->shape[1] : A->shape[0], K = ta ? A->shape[0] : A->shape[1];
+    int64_t K2 = tb ? B->shape[1] : B->shape[0], N = tb ? B->shape[0] : B->shape[1];
+    if (K != K2 || C->shape[0] != M || C->shape[1] != N) {
+        char a[64], b[64], c[64];
+        return dpar__err(DPAR_ERR_SHAPE, "matmul: op(A) is [%lld, %lld] (A %s%s), op(B) is [%lld, %lld] (B %s%s), C is %s; need op(A) [M,K] @ op(B) [K,N] = C [M,N]",
+                         (long long)M, (long long)K, dpar__shape_str(a, sizeof a, 2, A->shape), ta ? " transposed" : "",
+                         (long long)K2, (long long)N, dpar__shape_str(b, sizeof b, 2, B->shape), tb ? " transposed" : "",
+                         dpar__shape_str(c, sizeof c, 2, C->shape));
+    }
+    if (C == A || C == B) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "matmul: C must not alias A or B");
+    dpar__op op;
+    dpar__op_init(&op, DPAR__OP_MATMUL, C);
+    op.src0 = A; op.src1 = B; op.m = M; op.n = N; op.k = K; op.trans_a = ta; op.trans_b = tb;
+    op.f[0] = alpha; op.f[1] = beta;
+    return dpar__op_run(&op);
+}
+/* y [..., N] and b [N] */
+DPAR_API dpar_status dpar_bias_add(dpar_buffer *y, const dpar_buffer *b) {
+    dpar__clear_error();
+    dpar_status s = dpar__op_check("bias_add", y, &b, 1);
+    if (s || (s = dpar__need_f32("bias_add", y, "y")) || (s = dpar__need_f32("bias_add", b, "bias"))) return s;
+    if (y->ndim < 1 || b->ndim != 1 || b->shape[0] != y->shape[y->ndim - 1]) {
+        char x[160], z[160];
+        return dpar__err(DPAR_ERR_SHAPE, "bias_add: bias %s must be 1-d with the size of y's last dimension (y is %s)",
+                         dpar__shape_str(z, sizeof z, b->ndim, b->shape), dpar__shape_str(x, sizeof x, y->ndim, y->shape));
+    }
+    dpar__op op;
+    dpar__op_init(&op, DPAR__OP_BIAS_ADD, y);
+    op.src0 = b; op.n = b->shape[0]; op.m = b->shape[0] ? y->count / b->shape[0] : 0;
+    return dpar__op_run(&op);
+}
+DPAR_API dpar_status dpar_bias_grad(dpar_buffer *db, const dpar_buffer *dy, float beta) {
+    dpar__clear_error();
+    dpar_status s = dpar__op_check("bias_grad", db, &dy, 1);
+    if (s || (s = dpar__need_f32("bias_grad", db, "db")) || (s = dpar__need_f32("bias_grad", dy, "dy"))) return s;
+    if (dy->ndim < 1 || db->ndim != 1 || db->shape[0] != dy->shape[dy->ndim - 1]) {
+        char x[160], z[160];
+        return dpar__err(DPAR_ERR_SHAPE, "bias_grad: db %s must be 1-d with the size of dy's last dimension (dy is %s)",
+                         dpar__shape_str(z, sizeof z, db->ndim, db->shape), dpar__shape_str(x, sizeof x, dy->ndim, dy->shape));
+    }
+    dpar__op op;
+    dpar__op_init(&op, DPAR__OP_BIAS_GRAD, db);
+    op.src0 = dy; op.n = db->shape[0]; op.m = db->shape[0] ? dy->count / db->shape[0] : 0; op.f[1] = beta;
+    return dpar__op_run(&op);
+}
+DPAR_API dpar_status dpar_relu(dpar_buffer *y, const dpar_buffer *x) {
+    dpar__clear_error();
+    dpar_status s = dpar__op_check("relu", y, &x, 1);
+    if (s || (s = dpar__need_f32("relu", y, "y")) || (s = dpar__need_f32("relu", x, "x")) || (s = dpar__same_shape("relu", y, "y", x, "x"))) return s;
+    dpar__op op;
+    dpar__op_init(&op, DPAR__OP_RELU, y);
+    op.src0 = x;
+    return dpar__op_run(&op);
+}
+DPAR_API dpar_status dpar_relu_backward(dpar_buffer *dx, const dpar_buffer *dy, const dpar_buffer *x) {
+    dpar__clear_error();
+    const dpar_buffer *ops[2] = { dy, x };
+    dpar_status s = dpar__op_check("relu_backward", dx, ops, 2);
+    if (s || (s = dpar__need_f32("relu_backward", dx, "dx")) || (s = dpar__need_f32("relu_backward", dy, "dy")) ||
+        (s = dpar__need_f32("relu_backward", x, "x")) || (s = dpar__same_shape("relu_backward", dx, "dx", dy, "dy")) ||
+        (s = dpar__same_shape("relu_backward", x, "x", dy, "dy")))
+        return s;
+    dpar__op op;
+    dpar__op_init(&op, DPAR__OP_RELU_BWD, dx);
+    op.src0 = dy; op.src1 = x;
+    return dpar__op_run(&op);
+}
+DPAR_API dpar_status dpar_softmax_xent(dpar_buffer *loss, dpar_buffer *dlogits, const dpar_buffer *logits, const dpar_buffer *labels) {
+    dpar__clear_error();
+    const dpar_buffer *ops[3] = { logits, labels, dlogits ? dlogits : logits };
+    dpar_status s = dpar__op_check("softmax_xent", loss, ops, 3);
+    if (s || (s = dpar__scalar_out("softmax_xent", loss)) || (s = dpar__need_f32("softmax_xent", logits, "logits"))) return s;
+    if (logits->ndim != 2) {
+        char x[160];
+        return dpar__err(DPAR_ERR_SHAPE, "softmax_xent: logits must be 2-d [M, C] (got %s)", dpar__shape_str(x, sizeof x, logits->ndim, logits->shape));
+    }
+    if (labels->dtype != DPAR_I32) return dpar__err(DPAR_ERR_DTYPE, "softmax_xent: labels are %s but must be i32 class indices", dpar_dtype_name(labels->dtype));
+    if (labels->count != logits->shape[0]) {
+        char x[160], y[160];
+        return dpar__err(DPAR_ERR_SHAPE, "softmax_xent: labels %s must hold one label per row of logits %s",
+                         dpar__shape_str(y, sizeof y, labels->ndim, labels->shape), dpar__shape_str(x, sizeof x, logits->ndim, logits->shape));
+    }
+    if (dlogits && ((s = dpar__need_f32("softmax_xent", dlogits, "dlogits")) || (s = dpar__same_shape("softmax_xent", dlogits, "dlogits", logits, "logits")))) return s;
+    if (dlogits == logits) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "softmax_xent: dlogits must not alias logits");
+    dpar__op op;
+    dpar__op_init(&op, DPAR__OP_SOFTMAX_XENT, loss);
+    op.dst2 = dlogits; op.src0 = logits; op.src1 = labels; op.m = logits->shape[0]; op.n = logits->shape[1];
+    return dpar__op_run(&op);
+}
+DPAR_API dpar_status dpar_mse(dpar_buffer *loss, dpar_buffer *dpred, const dpar_buffer *pred, const dpar_buffer *target) {
+    dpar__clear_error();
+    const dpar_buffer *ops[3] = { pred, target, dpred ? dpred : pred };
+    dpar_status s = dpar__op_check("mse", loss, ops, 3);
+    if (s || (s = dpar__scalar_out("mse", loss)) || (s = dpar__need_f32("mse", pred, "pred")) || (s = dpar__need_f32("mse", target, "target")) ||
+        (s = dpar__same_shape("mse", pred, "predictions", target, "targets")))
+        return s;
+    if (dpred && ((s = dpar__need_f32("mse", dpred, "dpred")) || (s = dpar__same_shape("mse", dpred, "dpred", pred, "pred")))) return s;
+    dpar__op op;
+    dpar__op_init(&op, DPAR__OP_MSE, loss);
+    op.dst2 = dpred; op.src0 = pred; op.src1 = target; op.n = pred->count;
+    return dpar__op_run(&op);
+}
+DPAR_API dpar_status dpar_axpy(dpar_buffer *y, float alpha, const dpar_buffer *x) {
+    dpar__clear_error();
+    dpar_status s = dpar__op_check("axpy", y, &x, 1);
+    if (s || (s = dpar__need_f32("axpy", y, "y")) || (s = dpar__need_f32("axpy", x, "x")) || (s = dpar__same_count("axpy", y, "y", x, "x"))) return s;
+    dpar__op op;
+    dpar__op_init(&op, DPAR__OP_AXPY, y);
+    op.src0 = x; op.f[0] = alpha;
+    return dpar__op_run(&op);
+}
+DPAR_API dpar_status dpar_scale(dpar_buffer *x, float alpha) {
+    dpar__clear_error();
+    dpar_status s = dpar__op_check("scale", x, NULL, 0);
+    if (s || (s = dpar__need_f32("scale", x, "x"))) return s;
+    dpar__op op;
+    dpar__op_init(&op, DPAR__OP_SCALE, x);
+    op.f[0] = alpha;
+    return dpar__op_run(&op);
+}
+DPAR_API dpar_status dpar_fill(dpar_buffer *x, float value) {
+    dpar__clear_error();
+    dpar_status s = dpar__op_check("fill", x, NULL, 0);
+    if (s) return s;
+    dpar__op op;
+    dpar__op_init(&op, DPAR__OP_FILL, x);
+    op.f[0] = value;
+    return dpar__op_run(&op);
+}
+DPAR_API dpar_status dpar_copy(dpar_buffer *dst, const dpar_buffer *src) {
+    dpar__clear_error();
+    dpar_status s = dpar__op_check("copy", dst, &src, 1);
+    if (s || (s = dpar__same_count("copy", dst, "dst", src, "src"))) return s;
+    if (dst->dtype != src->dtype)
+        return dpar__err(DPAR_ERR_DTYPE, "copy: dst is %s but src is %s; use dpar_cast to convert", dpar_dtype_name(dst->dtype), dpar_dtype_name(src->dtype));
+    if (dst == src) return DPAR_OK;
+    dpar__op op;
+    dpar__op_init(&op, DPAR__OP_COPY, dst);
+    op.src0 = src;
+    return dpar__op_run(&op);
+}
+DPAR_API dpar_status dpar_cast(dpar_buffer *dst, const dpar_buffer *src) {
+    dpar__clear_error();
+    dpar_status s = dpar__op_check("cast", dst, &src, 1);
+    if (s || (s = dpar__same_count("cast", dst, "dst", src, "src"))) return s;
+    if (dst == src) return DPAR_OK;
+    dpar__op op;
+    dpar__op_init(&op, DPAR__OP_CAST, dst);
+    op.src0 = src;
+    return dpar__op_run(&op);
+}
+static dpar_status dpar__reduce_op(const char *name, dpar__op_kind k, dpar_buffer *out, const dpar_buffer *x) {
+    dpar__clear_error();
+    dpar_status s = dpar__op_check(name, out, &x, 1);
+    if (s || (s = dpar__scalar_out(name, out)) || (s = dpar__need_f32(name, x, "x"))) return s;
+    dpar__op op;
+    dpar__op_init(&op, k, out);
+    op.src0 = x; op.n = x->count;
+    return dpar__op_run(&op);
+}
+DPAR_API dpar_status dpar_sum(dpar_buffer *out, const dpar_buffer *x) { return dpar__reduce_op("sum", DPAR__OP_SUM, out, x); }
+DPAR_API dpar_status dpar_sum_squares(dpar_buffer *out, const dpar_buffer *x) { return dpar__reduce_op("sum_squares", DPAR__OP_SUMSQ, out, x); }
+
+/* ---------------------------------------------------------------------------
+   SGD
+   ------------------------------------------------------------------------ */
+static dpar_status dpar__sgd_check(const dpar_sgd_desc *d) {
+    if (!d) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "sgd: desc is NULL");
+    if (!(d->learning_rate > 0.0f) || !isfinite(d->learning_rate))
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "sgd: learning_rate = %g; it must be a finite number > 0", (double)d->learning_rate);
+    if (!(d->momentum >= 0.0f && d->momentum < 1.0f))
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "sgd: momentum = %g; it must be in [0, 1)", (double)d->momentum);
+    if (d->nesterov && d->momentum == 0.0f)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "sgd: nesterov needs momentum > 0");
+    if (!(d->weight_decay >= 0.0f) || !isfinite(d->weight_decay))
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "sgd: weight_decay = %g; it must be >= 0", (double)d->weight_decay);
+    if (!(d->clip_norm >= 0.0f) || !isfinite(d->clip_norm))
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "sgd: clip_norm = %g; use 0 (off) or a positive norm", (double)d->clip_norm);
+    return DPAR_OK;
+}
+DPAR_API dpar_status dpar_sgd_update(const dpar_sgd_desc *d, dpar_buffer *param, const dpar_buffer *grad, dpar_buffer *mom, float clip_scale) {
+    dpar__clear_error();
+    dpar_status s = dpar__sgd_check(d);
+    if (s) return s;
+    const dpar_buffer *ops[2] = { grad, mom ? mom : grad };
+    if ((s = dpar__op_check("sgd", param, ops, 2))) return s;
+    if ((s = dpar__need_f32("sgd", param, "param")) || (s = dpar__need_f32("sgd", grad, "grad")) || (s = dpar__same_count("sgd", param, "param", grad, "grad")))
+        return s;
+    if (d->momentum > 0.0f) {
+        if (!mom) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "sgd: momentum = %g but no momentum buffer was given", (double)d->momentum);
+        if ((s = dpar__need_f32("sgd", mom, "momentum")) || (s = dpar__same_count("sgd", param, "param", mom, "momentum"))) return s;
+        if (mom == param || mom == grad) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "sgd: the momentum buffer must not alias param or grad");
+    }
+    if (grad == param) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "sgd: grad must not alias param");
+    if (!isfinite(clip_scale) || clip_scale < 0.0f) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "sgd: clip_scale = %g is not a finite scale >= 0", (double)clip_scale);
+    dpar__op op;
+    dpar__op_init(&op, DPAR__OP_SGD, param);
+    op.dst2 = d->momentum > 0.0f ? mom : NULL;
+    op.src0 = grad;
+    op.f[0] = d->learning_rate; op.f[1] = d->momentum; op.f[2] = d->weight_decay; op.f[3] = clip_scale;
+    op.nesterov = d->nesterov;
+    return dpar__op_run(&op);
+}
+DPAR_API dpar_status dpar_sgd_clip_scale(dpar_ctx *ctx, const dpar_sgd_desc *d, dpar_buffer *const *grads, int n, float *scale, float *norm_out) {
+    dpar__clear_error();
+    if (!ctx || !scale || (n > 0 && !grads) || n < 0) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "sgd_clip_scale: NULL or invalid argument");
+    dpar_status s = dpar__sgd_check(d);
+    if (s) return s;
+    dpar_buffer *tmp = NULL;
+    int64_t one = 1;
+    s = dpar_buffer_create(ctx->rt, ctx->device, DPAR_F32, 1, &one, &tmp);
+    if (s) return s;
+    double total = 0.0;
+    for (int i = 0; i < n && !s; i++) {
+        float v = 0.0f;
+        s = dpar_sum_squares(tmp, grads[i]);
+        if (!s) s = dpar_buffer_read(tmp, 0, &v, 4);
+        total += (double)v;
+    }
+    if (!s && d->norm_axes && *d->norm_axes) {
+        float v = (float)total;
+        s = dpar_buffer_write(tmp, 0, &v, 4);
+        if (!s) s = dpar_psum(ctx, tmp, tmp, d->norm_axes);
+        if (!s) s = dpar_buffer_read(tmp, 0, &v, 4);
+        total = (double)v;
+    }
+    dpar_buffer_destroy(tmp);
+    if (s) return s;
+    float norm = (float)sqrt(total);
+    if (norm_out) *norm_out = norm;
+    if (!isfinite(norm))
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "sgd: the global gradient norm is %g: the gradients hold NaN or Inf "
+                         "(lower the learning rate or check the loss); no parameter was changed", (double)norm);
+    *scale = (d->clip_norm > 0.0f && !(norm < d->clip_norm)) ? d->clip_norm / norm : 1.0f;
+    return DPAR_OK;
+}
+DPAR_API dpar_status dpar_sgd_step(dpar_ctx *ctx, const dpar_sgd_desc *d, dpar_buffer *const *params, dpar_buffer *const *grads,
+                                   dpar_buffer *const *moms, int n) {
+    dpar__clear_error();
+    dpar_status s = dpar__sgd_check(d);
+    if (s) return s;
+    if (n < 0 || (n > 0 && (!params || !grads))) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "sgd_step: params or grads is NULL");
+    float scale = 1.0f;
+    if (d->clip_norm > 0.0f) {
+        s = dpar_sgd_clip_scale(ctx, d, grads, n, &scale, NULL);
+        if (s) return s;
+    }
+    for (int i = 0; i < n; i++) {
+        s = dpar_sgd_update(d, params[i], grads[i], moms ? moms[i] : NULL, scale);
+        if (s) return s;
+    }
+    return DPAR_OK;
+}
+/* ---------------------------------------------------------------------------
+   CPU backend: N emulated devices in host memory (the reference backend)
+   ------------------------------------------------------------------------ */
+typedef struct dpar__cpu { int ndev; } dpar__cpu;
+
+static dpar_status dpar__cpu_init(const dpar_runtime_desc *desc, int requested, void **state, int *count) {
+    DPAR__UNUSED(desc);
+    dpar__cpu *c = (dpar__cpu *)dpar__calloc(1, sizeof *c);
+    if (!c) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "cpu backend: out of host memory");
+    c->ndev = requested ? requested : 1;
+    *state = c;
+    *count = c->ndev;
+    return DPAR_OK;
+}
+static void dpar__cpu_shutdown(void *st) { DPAR_FREE(st); }
+static dpar_status dpar__cpu_info(void *st, int dev, dpar_device_info *o) {
+    dpar__cpu *c = (dpar__cpu *)st;
+    snprintf(o->name, sizeof o->name, "cpu:%d (emulated device %d of %d)", dev, dev + 1, c->ndev);
+    snprintf(o->vendor, sizeof o->vendor, "host");
+    snprintf(o->driver, sizeof o->driver, "dpar cpu reference");
+    o->physical_index = 0;
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    o->memory_bytes = (pages > 0 && psz > 0) ? (uint64_t)pages * (uint64_t)psz : 0;
+    return DPAR_OK;
+}
+static dpar_status dpar__cpu_alloc(void *st, int dev, size_t nbytes, void **mem) {
+    DPAR__UNUSED(st);
+    void *p = NULL;
+    size_t sz = (nbytes + 63) & ~(size_t)63;
+    if (posix_memalign(&p, 64, sz ? sz : 64) != 0 || !p)
+        return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "cpu backend: could not allocate %zu bytes for device %d", nbytes, dev);
+    memset(p, 0, sz ? sz : 64);
+    *mem = p;
+    return DPAR_OK;
+}
+static void dpar__cpu_free(void *st, int dev, void *mem) { DPAR__UNUSED(st); DPAR__UNUSED(dev); free(mem); }
+static dpar_status dpar__cpu_write(void *st, int dev, void *mem, size_t off, const void *src, size_t n) {
+    DPAR__UNUSED(st); DPAR__UNUSED(dev);
+    memcpy((char *)mem + off, src, n);
+    return DPAR_OK;
+}
+static dpar_status dpar__cpu_read(void *st, int dev, void *mem, size_t off, void *dst, size_t n) {
+    DPAR__UNUSED(st); DPAR__UNUSED(dev);
+    memcpy(dst, (const char *)mem + off, n);
+    return DPAR_OK;
+}
+static dpar_status dpar__cpu_sync(void *st, int dev) { DPAR__UNUSED(st); DPAR__UNUSED(dev); return DPAR_OK; }
+static void *dpar__cpu_host_ptr(void *st, int dev, void *mem) { DPAR__UNUSED(st); DPAR__UNUSED(dev); return mem; }
+
+/* C[M,N] = alpha op(A) op(B) + beta C, f32, row-major. Accumulates each dot
+   product in a fixed order (k ascending) so results are deterministic. */
+static void dpar__cpu_sgemm(int64_t M, int64_t N, int64_t K, int ta, int tb, float alpha, const float *A, const float *B,
+                            float beta, float *C) {
+#ifdef DPAR_USE_CBLAS
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)M, (int)N, (int)K, alpha, A,
+                ta ? (int)M : (int)K, B, tb ? (int)K : (int)N, beta, C, (int)N);
+    if (beta == 0.0f) return;
+#else
+    enum { KB = 128, NB = 512 };
+    float bt[KB * NB];
+    float acc[NB];
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) C[i * N + j] = beta == 0.0f ? 0.0f : beta * C[i * N + j];
+    if (K == 0 || alpha == 0.0f) return;
+    for (int64_t j0 = 0; j0 < N; j0 += NB) {
+        int64_t nb = N - j0 < (int64_t)NB ? N - j0 : (int64_t)NB;
+        for (int64_t k0 = 0; k0 < K; k0 += KB) {
+            int64_t kb = K - k0 < (int64_t)KB ? K - k0 : (int64_t)KB;
+            /* pack op(B)[k0:k0+kb, j0:j0+nb] */
+            for (int64_t k = 0; k < kb; k++)
+                for (int64_t j = 0; j < nb; j++)
+                    bt[k * nb + j] = tb ? B[(j0 + j) * K + (k0 + k)] : B[(k0 + k) * N + (j0 + j)];
+            for (int64_t i = 0; i < M; i++) {
+                for (int64_t j = 0; j < nb; j++) acc[j] = 0.0f;
+                for (int64_t k = 0; k < kb; k++) {
+                    float a = ta ? A[(k0 + k) * M + i] : A[i * K + (k0 + k)];
+                    if (a == 0.0f) continue;
+                    const float *brow = bt + k * nb;
+                    for (int64_t j = 0; j < nb; j++) acc[j] += a * brow[j];
+                }
+                float *crow = C + i * N + j0;
+                for (int64_t j = 0; j < nb; j++) crow[j] += alpha * acc[j];
+            }
+        }
+    }
+#endif
+}
+
+static dpar_status dpar__cpu_op(void *st, int dev, const dpar__op *op) {
+    DPAR__UNUSED(st); DPAR__UNUSED(dev);
+    float *y = (float *)op->dst->mem;
+    const float *x0 = op->src0 ? (const float *)op->src0->mem : NULL;
+    const float *x1 = op->src1 ? (const float *)op->src1->mem : NULL;
+    int64_t n = op->n;
+    switch (op->kind) {
+    case DPAR__OP_MATMUL: {
+        if (op->src0->dtype == DPAR_F32) {
+            dpar__cpu_sgemm(op->m, op->n, op->k, op->trans_a, op->trans_b, op->f[0], x0, x1, op->f[1], y);
+            return DPAR_OK;
+        }
+        /* f16/bf16 operands: widen to f32, accumulate in f32 */
+        float *a = (float *)DPAR_MALLOC((size_t)(op->src0->count + 1) * 4), *b = (float *)DPAR_MALLOC((size_t)(op->src1->count + 1) * 4);
+        if (!a || !b) { DPAR_FREE(a); DPAR_FREE(b); return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "matmul: out of host memory"); }
+        for (int64_t i = 0; i < op->src0->count; i++) a[i] = dpar__load_f(op->src0->mem, op->src0->dtype, i);
+        for (int64_t i = 0; i < op->src1->count; i++) b[i] = dpar__load_f(op->src1->mem, op->src1->dtype, i);
+        dpar__cpu_sgemm(op->m, op->n, op->k, op->trans_a, op->trans_b, op->f[0], a, b, op->f[1], y);
+        DPAR_FREE(a); DPAR_FREE(b);
+        return DPAR_OK;
+    }
+    case DPAR__OP_BIAS_ADD:
+        for (int64_t i = 0; i < op->m; i++)
+            for (int64_t j = 0; j < op->n; j++) y[i * op->n + j] += x0[j];
+        return DPAR_OK;
+    case DPAR__OP_BIAS_GRAD:
+        for (int64_t j = 0; j < op->n; j++) {
+            float s = 0.0f;
+            for (int64_t i = 0; i < op->m; i++) s += x0[i * op->n + j];
+            y[j] = (op->f[1] == 0.0f ? 0.0f : op->f[1] * y[j]) + s;
+        }
+        return DPAR_OK;
+    case DPAR__OP_RELU:
+        for (int64_t i = 0; i < n; i++) y[i] = x0[i] > 0.0f ? x0[i] : (x0[i] != x0[i] ? x0[i] : 0.0f);
+        return DPAR_OK;
+    case DPAR__OP_RELU_BWD:
+        for (int64_t i = 0; i < n; i++) y[i] = x1[i] > 0.0f ? x0[i] : 0.0f;
+        return DPAR_OK;
+    case DPAR__OP_SOFTMAX_XENT: {
+        const int32_t *lab = (const int32_t *)op->src1->mem;
+        float *g = op->dst2 ? (float *)op->dst2->mem : NULL;
+        int64_t M = op->m, C = op->n;
+        double total = 0.0;
+        for (int64_t i = 0; i < M; i++) {
+            const float *z = x0 + i * C;
+            float mx = -INFINITY;
+            for (int64_t j = 0; j < C; j++) mx = (z[j] > mx || z[j] != z[j]) ? z[j] : mx;
+            double se = 0.0;
+            for (int64_t j = 0; j < C; j++) se += exp((double)z[j] - (double)mx);
+            double lse = (double)mx + log(se);
+            int32_t l = lab[i];
+            int ok = l >= 0 && l < C;
+            total += ok ? lse - (double)z[l] : NAN;
+            if (g)
+                for (int64_t j = 0; j < C; j++) {
+                    double p = exp((double)z[j] - lse);
+                    g[i * C + j] = ok ? (float)((p - (j == l ? 1.0 : 0.0)) / (double)M) : NAN;
+                }
+        }
+        y[0] = M ? (float)(total / (double)M) : 0.0f;
+        return DPAR_OK;
+    }
+    case DPAR__OP_MSE: {
+        float *g = op->dst2 ? (float *)op->dst2->mem : NULL;
+        double total = 0.0;
+        for (int64_t i = 0; i < n; i++) {
+            double d = (double)x0[i] - (double)x1[i];
+            total += d * d;
+            if (g) g[i] = (float)(2.0 * d / (double)n);
+        }
+        y[0] = n ? (float)(total / (double)n) : 0.0f;
+        return DPAR_OK;
+    }
+    case DPAR__OP_AXPY:
+        for (int64_t i = 0; i < n; i++) y[i] += op->f[0] * x0[i];
+        return DPAR_OK;
+    case DPAR__OP_SCALE:
+        for (int64_t i = 0; i < n; i++) y[i] *= op->f[0];
+        return DPAR_OK;
+    case DPAR__OP_FILL: {
+        dpar_dtype t = op->dst->dtype;
+        if (t == DPAR_F32) for (int64_t i = 0; i < n; i++) y[i] = op->f[0];
+        else if (t == DPAR_I32) { int32_t v = (int32_t)op->f[0]; for (int64_t i = 0; i < n; i++) ((int32_t *)y)[i] = v; }
+        else {
+            uint16_t v = t == DPAR_F16 ? dpar_f32_to_f16(op->f[0]) : dpar_f32_to_bf16(op->f[0]);
+            for (int64_t i = 0; i < n; i++) ((uint16_t *)y)[i] = v;
+        }
+        return DPAR_OK;
+    }
+    case DPAR__OP_COPY:
+        memmove(y, x0, op->dst->nbytes);
+        return DPAR_OK;
+    case DPAR__OP_CAST: {
+        dpar_dtype ts = op->src0->dtype, td = op->dst->dtype;
+        for (int64_t i = 0; i < n; i++) {
+            if (ts == DPAR_I32 && td == DPAR_I32) { ((int32_t *)y)[i] = ((const int32_t *)x0)[i]; continue; }
+            float v = dpar__load_f(x0, ts, i);
+            switch (td) {
+            case DPAR_F32: y[i] = v; break;
+            case DPAR_F16: ((uint16_t *)y)[i] = dpar_f32_to_f16(v); break;
+            case DPAR_BF16: ((uint16_t *)y)[i] = dpar_f32_to_bf16(v); break;
+            case DPAR_I32: ((int32_t *)y)[i] = v != v ? 0 : v >= 2147483647.0f ? INT32_MAX : v <= -2147483648.0f ? INT32_MIN : (int32_t)v; break;
+            default: break;
+            }
+        }
+        return DPAR_OK;
+    }
+    case DPAR__OP_SUM:
+    case DPAR__OP_SUMSQ: {
+        double s = 0.0;
+        if (op->kind == DPAR__OP_SUM) for (int64_t i = 0; i < n; i++) s += (double)x0[i];
+        else for (int64_t i = 0; i < n; i++) s += (double)x0[i] * (double)x0[i];
+        y[0] = (float)s;
+        return DPAR_OK;
+    }
+    case DPAR__OP_SGD: {
+        const float lr = op->f[0], mu = op->f[1], wd = op->f[2], cs = op->f[3];
+        float *v = op->dst2 ? (float *)op->dst2->mem : NULL;
+        for (int64_t i = 0; i < n; i++) {
+            float g = x0[i] * cs + wd * y[i];
+            float u = g;
+            if (v) {
+                v[i] = mu * v[i] + g;
+                u = op->nesterov ? g + mu * v[i] : v[i];
+            }
+            y[i] -= lr * u;
+        }
+        return DPAR_OK;
+    }
+    default:
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "cpu backend: unknown op %d", (int)op->kind);
+    }
+}
+
+static const dpar__backend_iface dpar__cpu_backend = {
+    "cpu", DPAR_BACKEND_CPU, dpar__cpu_init, dpar__cpu_shutdown, dpar__cpu_info, NULL /* thread_init */,
+    dpar__cpu_alloc, dpar__cpu_free, dpar__cpu_write, dpar__cpu_read, dpar__cpu_sync,
+    dpar__cpu_host_ptr, NULL /* host_acquire */, NULL /* host_release */, dpar__cpu_op, NULL /* collective: core host path */
+};
+static const dpar__backend_iface *dpar__cpu_iface(void) { return &dpar__cpu_backend; }
+
+#ifdef DPAR_VULKAN
+#include "backends/dpar_vulkan.h"
+#endif
+#ifdef DPAR_CUDA
+#include "backends/dpar_cuda.h"
+#endif
+
+#endif /* DPAR_IMPLEMENTATION_DONE */
+#endif /* DPAR_IMPLEMENTATION */

@@ -1,0 +1,13 @@
+#version 450
+// y[M,N] += b[N] (dpar_bias_add); n = M*N elements of y, m = N (length of b).
+layout(local_size_x = 256) in;
+layout(std430, set = 0, binding = 0) buffer Dst { float y[]; };
+layout(std430, set = 0, binding = 2) readonly buffer Bias { float b[]; };
+layout(push_constant) uniform PC { uint n; uint m; uint k; uint flags; float f0; float f1; float f2; float f3; } pc;
+void main() {
+    uint stride = gl_NumWorkGroups.x * 256u;
+    for (uint i = gl_GlobalInvocationID.x; i < pc.n; i += stride) {
+        precise float v = y[i] + b[i % pc.m];
+        y[i] = v;
+    }
+}

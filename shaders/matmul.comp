@@ -1,0 +1,55 @@
+#version 450
+// C[M,N] = alpha * op(A)[M,K] @ op(B)[K,N] + beta * C      (dpar_matmul)
+// op(A) = A [M,K] or A^T (A stored [K,M]); op(B) = B [K,N] or B^T (B stored [N,K]).
+// beta == 0 (flags bit 2) ignores C's old contents, even NaN.
+// Tiled: a 16x16 workgroup computes a 32x32 block of C (2x2 outputs per
+// invocation), staging 32x16 tiles of op(A) and op(B) in shared memory.
+// Each output sums over k in increasing order: deterministic, run after run.
+layout(local_size_x = 16, local_size_y = 16) in;
+layout(std430, set = 0, binding = 0) buffer Dst { float c[]; };
+layout(std430, set = 0, binding = 2) readonly buffer SrcA { float a[]; };
+layout(std430, set = 0, binding = 3) readonly buffer SrcB { float b[]; };
+layout(push_constant) uniform PC { uint n; uint m; uint k; uint flags; float f0; float f1; float f2; float f3; } pc;
+
+const uint BM = 32u, BN = 32u, BK = 16u;
+shared float As[BK][BM + 1u];
+shared float Bs[BK][BN + 1u];
+
+float loadA(uint i, uint kk) {        // op(A)[i, kk]
+    if (i >= pc.m || kk >= pc.k) return 0.0;
+    return (pc.flags & 1u) != 0u ? a[kk * pc.m + i] : a[i * pc.k + kk];
+}
+float loadB(uint kk, uint j) {        // op(B)[kk, j]
+    if (kk >= pc.k || j >= pc.n) return 0.0;
+    return (pc.flags & 2u) != 0u ? b[j * pc.k + kk] : b[kk * pc.n + j];
+}
+
+void main() {
+    uint tx = gl_LocalInvocationID.x, ty = gl_LocalInvocationID.y;
+    uint row0 = gl_WorkGroupID.y * BM, col0 = gl_WorkGroupID.x * BN;
+    uint t = ty * 16u + tx;           // 0..255
+    precise float acc00 = 0.0, acc01 = 0.0, acc10 = 0.0, acc11 = 0.0;
+    for (uint k0 = 0u; k0 < pc.k; k0 += BK) {
+        // 512 elements per tile, 2 per invocation
+        for (uint e = t; e < BK * BM; e += 256u) {
+            uint kk = e / BM, r = e % BM;
+            As[kk][r] = loadA(row0 + r, k0 + kk);
+            Bs[kk][r] = loadB(k0 + kk, col0 + r);
+        }
+        barrier();
+        uint kend = min(BK, pc.k - k0);
+        for (uint kk = 0u; kk < kend; kk++) {
+            float a0 = As[kk][ty], a1 = As[kk][ty + 16u];
+            float b0 = Bs[kk][tx], b1 = Bs[kk][tx + 16u];
+            acc00 += a0 * b0; acc01 += a0 * b1;
+            acc10 += a1 * b0; acc11 += a1 * b1;
+        }
+        barrier();
+    }
+    bool zero_beta = (pc.flags & 4u) != 0u;
+    uint r0 = row0 + ty, r1 = row0 + ty + 16u, c0 = col0 + tx, c1 = col0 + tx + 16u;
+    if (r0 < pc.m && c0 < pc.n) { uint i = r0 * pc.n + c0; precise float v = pc.f0 * acc00; precise float o = zero_beta ? v : v + pc.f1 * c[i]; c[i] = o; }
+    if (r0 < pc.m && c1 < pc.n) { uint i = r0 * pc.n + c1; precise float v = pc.f0 * acc01; precise float o = zero_beta ? v : v + pc.f1 * c[i]; c[i] = o; }
+    if (r1 < pc.m && c0 < pc.n) { uint i = r1 * pc.n + c0; precise float v = pc.f0 * acc10; precise float o = zero_beta ? v : v + pc.f1 * c[i]; c[i] = o; }
+    if (r1 < pc.m && c1 < pc.n) { uint i = r1 * pc.n + c1; precise float v = pc.f0 * acc11; precise float o = zero_beta ? v : v + pc.f1 * c[i]; c[i] = o; }
+}

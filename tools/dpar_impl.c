@@ -1,0 +1,5 @@
+/* The one translation unit that holds the dpar implementation for the
+   project's own programs (tests, examples, benchmarks). Backends are switched
+   on by the build (-DDPAR_VULKAN, -DDPAR_CUDA). */
+#define DPAR_IMPLEMENTATION
+#include "../dpar.h"
