@@ -1347,8 +1347,8 @@ DPAR_API dpar_status dpar_mesh_create(dpar_runtime *rt, const dpar_mesh_desc *d,
     }
     if (size > rt->ndev) {
         char sh[96]; size_t at = 0;
-        for (int a = 0; a < d->ndim; a++) at += (size_t)snprintf(sh + at, sizeof sh - at, a ? "x%d" : "%d", d->shape[a]);
-        return dpar__err(DPAR_ERR_DEVICE_COUNT, "dpar_mesh_create: a %s mesh needs %lld devices but the runtime has %d; "
+        for (int a = 0; a < d->ndim; a++) at += (size_t)snprintf(sh + at, sizeof sh - at, a ? " x %d" : "%d", d->shape[a]);
+        return dpar__err(DPAR_ERR_DEVICE_COUNT, "dpar_mesh_create: a mesh of shape (%s) needs %lld devices but the runtime has %d; "
                          "create the runtime with num_devices = %lld (or DPAR_DEVICES=%lld)", sh, size, rt->ndev, size, size);
     }
     if (!d->devices && size != rt->ndev) {

@@ -1,0 +1,78 @@
+/* Shared helpers for the dpar test suite (cmocka). */
+#ifndef DPAR_TESTUTIL_H
+#define DPAR_TESTUTIL_H
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#include <cmocka.h>
+#include "dpar.h"
+
+/* Fails the test with the status and dpar_last_error() when s != DPAR_OK. */
+#define T_OK(expr) do { dpar_status t__s = (expr); \
+    if (t__s != DPAR_OK) fail_msg("%s -> %s: %s", #expr, dpar_status_string(t__s), dpar_last_error()); } while (0)
+/* Expects status `want` and that the last error contains every given substring. */
+#define T_ERR(expr, want, ...) do { dpar_status t__s = (expr); \
+    if (t__s != (want)) fail_msg("%s -> %s (wanted %s): %s", #expr, dpar_status_string(t__s), dpar_status_string(want), dpar_last_error()); \
+    const char *t__subs[] = { __VA_ARGS__, NULL }; \
+    for (int t__i = 0; t__subs[t__i]; t__i++) if (!strstr(dpar_last_error(), t__subs[t__i])) \
+        fail_msg("%s: error text lacks \"%s\": %s", #expr, t__subs[t__i], dpar_last_error()); } while (0)
+
+/* Runtime with n devices of backend k (CPU unless said) and a 1-d mesh "data". */
+static inline dpar_runtime *t_runtime(dpar_backend_kind k, int n) {
+    dpar_runtime_desc d;
+    memset(&d, 0, sizeof d);
+    d.backend = k; d.num_devices = n; d.timeout_ms = 20000;
+    dpar_runtime *rt = NULL;
+    T_OK(dpar_runtime_create(&d, &rt));
+    return rt;
+}
+static inline dpar_mesh *t_mesh1(dpar_runtime *rt, int n, const char *axis) {
+    dpar_mesh_desc d;
+    memset(&d, 0, sizeof d);
+    d.ndim = 1; d.shape[0] = n; d.axis_names[0] = axis;
+    dpar_mesh *m = NULL;
+    T_OK(dpar_mesh_create(rt, &d, &m));
+    return m;
+}
+static inline dpar_mesh *t_mesh(dpar_runtime *rt, int ndim, const int *shape, const char *const *names) {
+    dpar_mesh_desc d;
+    memset(&d, 0, sizeof d);
+    d.ndim = ndim;
+    for (int i = 0; i < ndim; i++) { d.shape[i] = shape[i]; d.axis_names[i] = names[i]; }
+    dpar_mesh *m = NULL;
+    T_OK(dpar_mesh_create(rt, &d, &m));
+    return m;
+}
+/* Is `name` listed in DPAR_REQUIRE_BACKENDS (comma separated)? Then a missing
+   backend is a failure, not a skip. */
+static inline int t_required(const char *name) {
+    const char *r = getenv("DPAR_REQUIRE_BACKENDS");
+    if (!r) return 0;
+    size_t n = strlen(name);
+    for (const char *p = r; (p = strstr(p, name)); p += n)
+        if ((p == r || p[-1] == ',' || p[-1] == ' ') && (p[n] == 0 || p[n] == ',' || p[n] == ' ')) return 1;
+    return 0;
+}
+/* Creates a runtime of backend k with n devices or skips (prints SKIPPED with
+   the reason) / fails when the backend is required. Returns NULL after skip. */
+static inline dpar_runtime *t_runtime_or_skip(dpar_backend_kind k, int n) {
+    dpar_runtime_desc d;
+    memset(&d, 0, sizeof d);
+    d.backend = k; d.num_devices = n; d.timeout_ms = 20000;
+    dpar_runtime *rt = NULL;
+    dpar_status s = dpar_runtime_create(&d, &rt);
+    if (s == DPAR_OK) return rt;
+    if (s == DPAR_ERR_BACKEND_UNAVAILABLE && !t_required(dpar_backend_name(k))) {
+        printf("SKIPPED: %s backend unavailable: %s\n", dpar_backend_name(k), dpar_last_error());
+        fflush(stdout);
+        skip();
+    }
+    fail_msg("%s backend with %d devices: %s: %s", dpar_backend_name(k), n, dpar_status_string(s), dpar_last_error());
+    return NULL;
+}
+#endif
