@@ -1236,6 +1236,7 @@ struct dpar_mesh {
     int pos_of[DPAR_MAX_DEVICES];      /* device -> position, -1 if absent */
     dpar__group *groups[DPAR__MASKS];  /* per axis mask: size / group size groups */
     int ngroups[DPAR__MASKS];
+    struct dpar_array *arrays;         /* arrays of this mesh, freed with it */
     struct dpar_mesh *prev, *next;
 };
 
@@ -1302,9 +1303,11 @@ static void dpar__group_of(const dpar_mesh *m, unsigned mask, int pos, int *gid,
     *gid = g; *rank = r;
 }
 
+DPAR_API void dpar_array_destroy(dpar_array *a);
 static void dpar__mesh_free(dpar_mesh *m) {
     if (!m) return;
     dpar_runtime *rt = m->rt;
+    while (m->arrays) dpar_array_destroy(m->arrays);
     pthread_mutex_lock(&rt->list_mu);
     if (m->prev) m->prev->next = m->next; else rt->meshes = m->next;
     if (m->next) m->next->prev = m->prev;
@@ -1514,6 +1517,7 @@ struct dpar_array {
     int spec_n[DPAR_MAX_DIMS];
     unsigned used_mask;
     dpar_buffer **shards;                        /* [mesh size] by position */
+    struct dpar_array *prev, *next;              /* mesh's list */
 };
 
 /* offsets of the shard of mesh position pos */
@@ -1532,6 +1536,11 @@ static void dpar__array_offsets(const dpar_array *a, int pos, int64_t *off) {
 
 DPAR_API void dpar_array_destroy(dpar_array *a) {
     if (!a) return;
+    dpar_mesh *m = a->mesh;
+    pthread_mutex_lock(&m->rt->list_mu);
+    if (a->prev) a->prev->next = a->next; else if (m->arrays == a) m->arrays = a->next;
+    if (a->next) a->next->prev = a->prev;
+    pthread_mutex_unlock(&m->rt->list_mu);
     if (a->shards) for (int p = 0; p < a->mesh->size; p++) dpar_buffer_destroy(a->shards[p]);
     DPAR_FREE(a->shards);
     DPAR_FREE(a);
@@ -1576,6 +1585,11 @@ DPAR_API dpar_status dpar_array_create(dpar_mesh *m, const dpar_array_desc *d, d
         s = dpar_buffer_create(m->rt, m->devices[p], d->dtype, d->ndim, a->local, &a->shards[p]);
         if (s) { dpar_array_destroy(a); return s; }
     }
+    pthread_mutex_lock(&m->rt->list_mu);
+    a->next = m->arrays;
+    if (m->arrays) m->arrays->prev = a;
+    m->arrays = a;
+    pthread_mutex_unlock(&m->rt->list_mu);
     *out = a;
     return DPAR_OK;
 }

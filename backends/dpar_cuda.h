@@ -1,0 +1,1482 @@
+/* dpar.h CUDA backend — NVIDIA GPUs: CUDA kernels, cuBLAS matrix products,
+   NCCL collectives.
+
+   Compiled into the dpar implementation when DPAR_CUDA is defined:
+
+       #define DPAR_CUDA
+       #define DPAR_IMPLEMENTATION
+       #include "dpar.h"
+
+       cc -std=c99 -O2 -I. -DDPAR_CUDA app.c -o app -lpthread -lm -ldl
+
+   No CUDA toolkit is needed to build: the driver (libcuda.so.1), cuBLAS
+   (libcublas.so.13 / .12) and NCCL (libnccl.so.2) are opened with dlopen at
+   run time, and the kernels (kernels/dpar_kernels.cu) are embedded as PTX in
+   backends/dpar_cuda_kernels.h, which the driver compiles for the GPU it
+   finds (compute capability 7.5 or newer; the PTX needs a driver of CUDA 13
+   or newer). A binary built this way starts anywhere: without a driver or a
+   GPU, dpar_runtime_create returns DPAR_ERR_BACKEND_UNAVAILABLE saying why.
+
+   Devices
+   - num_devices <= physical GPUs: device i is GPU i, collectives go through
+     NCCL, one communicator per mesh-axis group (created on first use with
+     ncclCommInitAll, cached by the group's device list), on a per-device
+     communication stream ordered against the compute stream with events.
+   - num_devices > physical GPUs (DPAR_DEVICES=N on a 1-GPU machine): N
+     virtual devices on GPU 0, each with its own streams. NCCL cannot have
+     two ranks on one GPU, so collectives are done by the backend's own
+     kernels in device memory, adding in member order with f32 accumulation
+     (bitwise identical on every member, and equal to the CPU reference's
+     order). At most 64 virtual devices.
+
+   Semantics
+   - Ops are asynchronous on the device's compute stream; dpar_buffer_read,
+     dpar_device_sync and dpar_buffer_destroy wait. While NCCL communicators
+     exist, those waits poll ncclCommGetAsyncError and give up after the
+     runtime's timeout (DPAR_TIMEOUT_MS), aborting the communicators
+     (ncclCommAbort) instead of hanging: DPAR_ERR_TIMEOUT / DPAR_ERR_BACKEND.
+   - Matrix products: cublasSgemm (f32, no TF32), cublasGemmEx for f16/bf16
+     operands with f32 compute. Element-wise kernels, the SGD step and the
+     casts do the same IEEE operations as the CPU reference (no FMA
+     contraction) and match it bit for bit; reductions (sum, losses) use a
+     fixed-order tree, deterministic but ordered differently from the CPU.
+   - NCCL: pmean uses ncclAvg (f32/f16/bf16; i32 sums then truncates), f16 and
+     bf16 reduce natively in NCCL (rounded per step, not once); pmax/pmin on
+     floats go through order-preserving integer keys so NaN propagates (NCCL's
+     own float max/min drop NaN).
+   - Errors name the call and the library's message, e.g.
+     "cuda: device 1: cuMemAlloc(1073741824 bytes): CUDA_ERROR_OUT_OF_MEMORY (out of memory)". */
+#ifndef DPAR_CUDA_BACKEND_INCLUDED
+#define DPAR_CUDA_BACKEND_INCLUDED
+
+#include <dlfcn.h>
+#include "dpar_cuda_kernels.h"
+
+/* ---------------------------------------------------------------------------
+   CUDA driver / cuBLAS / NCCL ABI, declared here so that no CUDA header is
+   needed (values checked against the real headers by `make CUDA=1
+   check-cuda-abi`, see tools/cuda_abi_check.c).
+   ------------------------------------------------------------------------ */
+typedef int dpar__CUresult;
+typedef int dpar__CUdevice;
+typedef unsigned long long dpar__CUdeviceptr;
+typedef void *dpar__CUcontext;
+typedef void *dpar__CUstream;
+typedef void *dpar__CUevent;
+typedef void *dpar__CUmodule;
+typedef void *dpar__CUfunction;
+typedef void *dpar__cublasHandle;
+typedef void *dpar__ncclComm;
+typedef struct { char internal[128]; } dpar__ncclUniqueId;
+
+enum {
+    DPAR__CUDA_SUCCESS = 0,
+    DPAR__CUDA_ERROR_OUT_OF_MEMORY = 2,
+    DPAR__CUDA_ERROR_NO_DEVICE = 100,
+    DPAR__CUDA_ERROR_NOT_READY = 600,
+    DPAR__CU_STREAM_NON_BLOCKING = 1,
+    DPAR__CU_EVENT_DISABLE_TIMING = 2,
+    DPAR__CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16,
+    DPAR__CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75,
+    DPAR__CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76,
+    DPAR__CU_JIT_ERROR_LOG_BUFFER = 5,
+    DPAR__CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES = 6,
+    DPAR__CUBLAS_OP_N = 0,
+    DPAR__CUBLAS_OP_T = 1,
+    DPAR__CUDA_R_32F = 0,
+    DPAR__CUDA_R_16F = 2,
+    DPAR__CUDA_R_16BF = 14,
+    DPAR__CUBLAS_COMPUTE_32F = 68,
+    DPAR__CUBLAS_GEMM_DEFAULT = -1,
+    DPAR__CUBLAS_STATUS_ALLOC_FAILED = 3,
+    DPAR__ncclSuccess = 0,
+    DPAR__ncclInProgress = 7,
+    DPAR__ncclInt32 = 2,
+    DPAR__ncclFloat16 = 6,
+    DPAR__ncclFloat32 = 7,
+    DPAR__ncclBfloat16 = 9,
+    DPAR__ncclSum = 0,
+    DPAR__ncclMax = 2,
+    DPAR__ncclMin = 3,
+    DPAR__ncclAvg = 4
+};
+
+typedef struct dpar__cu_api {
+    void *lib_cuda, *lib_blas, *lib_nccl;
+    int driver_version, nccl_version;
+    char blas_name[32];
+    /* driver */
+    dpar__CUresult (*cuInit)(unsigned);
+    dpar__CUresult (*cuDriverGetVersion)(int *);
+    dpar__CUresult (*cuGetErrorName)(dpar__CUresult, const char **);
+    dpar__CUresult (*cuGetErrorString)(dpar__CUresult, const char **);
+    dpar__CUresult (*cuDeviceGetCount)(int *);
+    dpar__CUresult (*cuDeviceGet)(dpar__CUdevice *, int);
+    dpar__CUresult (*cuDeviceGetName)(char *, int, dpar__CUdevice);
+    dpar__CUresult (*cuDeviceTotalMem)(size_t *, dpar__CUdevice);
+    dpar__CUresult (*cuDeviceGetAttribute)(int *, int, dpar__CUdevice);
+    dpar__CUresult (*cuDevicePrimaryCtxRetain)(dpar__CUcontext *, dpar__CUdevice);
+    dpar__CUresult (*cuDevicePrimaryCtxRelease)(dpar__CUdevice);
+    dpar__CUresult (*cuCtxSetCurrent)(dpar__CUcontext);
+    dpar__CUresult (*cuStreamCreate)(dpar__CUstream *, unsigned);
+    dpar__CUresult (*cuStreamDestroy)(dpar__CUstream);
+    dpar__CUresult (*cuStreamSynchronize)(dpar__CUstream);
+    dpar__CUresult (*cuStreamQuery)(dpar__CUstream);
+    dpar__CUresult (*cuStreamWaitEvent)(dpar__CUstream, dpar__CUevent, unsigned);
+    dpar__CUresult (*cuEventCreate)(dpar__CUevent *, unsigned);
+    dpar__CUresult (*cuEventDestroy)(dpar__CUevent);
+    dpar__CUresult (*cuEventRecord)(dpar__CUevent, dpar__CUstream);
+    dpar__CUresult (*cuMemAlloc)(dpar__CUdeviceptr *, size_t);
+    dpar__CUresult (*cuMemFree)(dpar__CUdeviceptr);
+    dpar__CUresult (*cuMemsetD8Async)(dpar__CUdeviceptr, unsigned char, size_t, dpar__CUstream);
+    dpar__CUresult (*cuMemsetD16Async)(dpar__CUdeviceptr, unsigned short, size_t, dpar__CUstream);
+    dpar__CUresult (*cuMemsetD32Async)(dpar__CUdeviceptr, unsigned int, size_t, dpar__CUstream);
+    dpar__CUresult (*cuMemcpyHtoDAsync)(dpar__CUdeviceptr, const void *, size_t, dpar__CUstream);
+    dpar__CUresult (*cuMemcpyDtoHAsync)(void *, dpar__CUdeviceptr, size_t, dpar__CUstream);
+    dpar__CUresult (*cuMemcpyDtoDAsync)(dpar__CUdeviceptr, dpar__CUdeviceptr, size_t, dpar__CUstream);
+    dpar__CUresult (*cuModuleLoadDataEx)(dpar__CUmodule *, const void *, unsigned, int *, void **);
+    dpar__CUresult (*cuModuleUnload)(dpar__CUmodule);
+    dpar__CUresult (*cuModuleGetFunction)(dpar__CUfunction *, dpar__CUmodule, const char *);
+    dpar__CUresult (*cuLaunchKernel)(dpar__CUfunction, unsigned, unsigned, unsigned, unsigned,
+                                     unsigned, unsigned, unsigned, dpar__CUstream, void **, void **);
+    /* cuBLAS */
+    int (*cublasCreate)(dpar__cublasHandle *);
+    int (*cublasDestroy)(dpar__cublasHandle);
+    int (*cublasSetStream)(dpar__cublasHandle, dpar__CUstream);
+    const char *(*cublasGetStatusString)(int);
+    int (*cublasSgemm)(dpar__cublasHandle, int, int, int, int, int, const float *, const float *,
+                       int, const float *, int, const float *, float *, int);
+    int (*cublasGemmEx)(dpar__cublasHandle, int, int, int, int, int, const void *, const void *,
+                        int, int, const void *, int, int, const void *, void *, int, int, int, int);
+    /* NCCL (optional) */
+    int (*ncclGetVersion)(int *);
+    const char *(*ncclGetErrorString)(int);
+    const char *(*ncclGetLastError)(dpar__ncclComm);
+    int (*ncclCommInitAll)(dpar__ncclComm *, int, const int *);
+    int (*ncclCommDestroy)(dpar__ncclComm);
+    int (*ncclCommAbort)(dpar__ncclComm);
+    int (*ncclCommGetAsyncError)(dpar__ncclComm, int *);
+    int (*ncclAllReduce)(const void *, void *, size_t, int, int, dpar__ncclComm, dpar__CUstream);
+    int (*ncclBroadcast)(const void *, void *, size_t, int, int, dpar__ncclComm, dpar__CUstream);
+    int (*ncclAllGather)(const void *, void *, size_t, int, dpar__ncclComm, dpar__CUstream);
+    int (*ncclReduceScatter)(const void *, void *, size_t, int, int, dpar__ncclComm, dpar__CUstream);
+    int (*ncclSend)(const void *, size_t, int, int, dpar__ncclComm, dpar__CUstream);
+    int (*ncclRecv)(void *, size_t, int, int, dpar__ncclComm, dpar__CUstream);
+    int (*ncclGroupStart)(void);
+    int (*ncclGroupEnd)(void);
+} dpar__cu_api;
+
+/* Kernels of kernels/dpar_kernels.cu, in this order. */
+typedef enum {
+    DPAR__CUK_SCALE = 0, DPAR__CUK_AXPY, DPAR__CUK_RELU, DPAR__CUK_RELU_BWD, DPAR__CUK_BIAS_ADD,
+    DPAR__CUK_BIAS_GRAD, DPAR__CUK_CAST, DPAR__CUK_SGD, DPAR__CUK_REDUCE_PARTIAL,
+    DPAR__CUK_MSE_PARTIAL, DPAR__CUK_REDUCE_FINAL, DPAR__CUK_XENT_ROWS, DPAR__CUK_VREDUCE,
+    DPAR__CUK_TO_KEY, DPAR__CUK_FROM_KEY, DPAR__CUK_DIV_I32, DPAR__CUK_COPY_ND, DPAR__CUK_COUNT
+} dpar__cuk;
+static const char *const dpar__cuk_names[DPAR__CUK_COUNT] = {
+    "dpar_k_scale", "dpar_k_axpy", "dpar_k_relu", "dpar_k_relu_bwd", "dpar_k_bias_add",
+    "dpar_k_bias_grad", "dpar_k_cast", "dpar_k_sgd", "dpar_k_reduce_partial",
+    "dpar_k_mse_partial", "dpar_k_reduce_final", "dpar_k_xent_rows", "dpar_k_vreduce",
+    "dpar_k_to_key", "dpar_k_from_key", "dpar_k_div_i32", "dpar_k_copy_nd"
+};
+
+enum { DPAR__CU_MAXV = 64, DPAR__CU_BLOCK = 256, DPAR__CU_MAX_PARTIALS = 1024, DPAR__CU_NSCRATCH = 3 };
+
+/* Same layout as dk_ptrs / dk_nd in kernels/dpar_kernels.cu. */
+typedef struct { dpar__CUdeviceptr in[DPAR__CU_MAXV]; dpar__CUdeviceptr out[DPAR__CU_MAXV]; } dpar__cu_ptrs;
+typedef struct { int64_t shape[8], ss[8], ds[8]; } dpar__cu_nd;
+
+typedef struct dpar__cu_phys {
+    int ordinal;
+    dpar__CUdevice dev;
+    dpar__CUcontext ctx;
+    int ctx_retained;
+    dpar__CUmodule mod[DPAR__CUDA_NUM_MODULES];
+    dpar__CUfunction fn[DPAR__CUK_COUNT];
+    char name[100];
+    size_t mem;
+    int cc_major, cc_minor, sms;
+} dpar__cu_phys;
+
+typedef struct dpar__cu_dev {
+    int phys;                       /* index into st->phys */
+    dpar__CUstream compute, comm;
+    dpar__CUevent ev_c2n, ev_n2c;   /* compute -> comm, comm -> compute */
+    dpar__CUevent ev_ready, ev_done;/* virtual-device collectives */
+    dpar__cublasHandle blas;
+    dpar__CUdeviceptr scratch[DPAR__CU_NSCRATCH];
+    size_t scratch_cap[DPAR__CU_NSCRATCH];
+} dpar__cu_dev;
+
+typedef struct dpar__cu_comm {
+    struct dpar__cu_comm *next;
+    int n;
+    int devices[DPAR_MAX_DEVICES];
+    dpar__ncclComm comms[DPAR_MAX_DEVICES];
+    int aborted;
+} dpar__cu_comm;
+
+typedef struct dpar__cu_state {
+    int nphys_total, nphys, ndev, virt, timeout_ms;
+    dpar__cu_phys *phys;
+    dpar__cu_dev *dev;
+    pthread_mutex_t comm_lock;
+    dpar__cu_comm *comms;
+    int ncomms; /* read without the lock as a hint only */
+} dpar__cu_state;
+
+/* device memory handle given to the core */
+typedef struct dpar__cu_mem { dpar__CUdeviceptr ptr; size_t nbytes; } dpar__cu_mem;
+#define DPAR__CU_PTR(b) (((const dpar__cu_mem *)(b)->mem)->ptr)
+
+static dpar__cu_api dpar__cu;
+static pthread_once_t dpar__cu_once = PTHREAD_ONCE_INIT;
+static dpar_status dpar__cu_load_status = DPAR_OK;
+static char dpar__cu_load_text[512];
+static DPAR__TLS dpar__CUcontext dpar__cu_tls_ctx;
+
+/* ---------------------------------------------------------------------------
+   Errors
+   ------------------------------------------------------------------------ */
+static const char *dpar__cu_errname(dpar__CUresult r) {
+    const char *s = NULL;
+    if (!dpar__cu.cuGetErrorName || dpar__cu.cuGetErrorName(r, &s) != 0 || !s) return "CUDA_ERROR_UNKNOWN";
+    return s;
+}
+static const char *dpar__cu_errstr(dpar__CUresult r) {
+    const char *s = NULL;
+    if (!dpar__cu.cuGetErrorString || dpar__cu.cuGetErrorString(r, &s) != 0 || !s) return "unknown error";
+    return s;
+}
+/* "cuda: device D: CALL: CUDA_ERROR_X (text)" */
+static dpar_status dpar__cu_fail(int dev, const char *call, dpar__CUresult r) {
+    dpar_status s = r == DPAR__CUDA_ERROR_OUT_OF_MEMORY ? DPAR_ERR_OUT_OF_MEMORY : DPAR_ERR_BACKEND;
+    if (dev >= 0)
+        return dpar__err(s, "cuda: device %d: %s: %s (%s)", dev, call, dpar__cu_errname(r), dpar__cu_errstr(r));
+    return dpar__err(s, "cuda: %s: %s (%s)", call, dpar__cu_errname(r), dpar__cu_errstr(r));
+}
+#define DPAR__CU_TRY(dev, call, expr) do { dpar__CUresult r_ = (expr); \
+    if (r_ != DPAR__CUDA_SUCCESS) return dpar__cu_fail((dev), (call), r_); } while (0)
+
+static dpar_status dpar__blas_fail(int dev, const char *call, int r) {
+    const char *msg = dpar__cu.cublasGetStatusString ? dpar__cu.cublasGetStatusString(r) : NULL;
+    return dpar__err(r == DPAR__CUBLAS_STATUS_ALLOC_FAILED ? DPAR_ERR_OUT_OF_MEMORY : DPAR_ERR_BACKEND,
+                     "cuda: device %d: %s: cuBLAS status %d (%s)", dev, call, r, msg ? msg : "unknown");
+}
+static dpar_status dpar__nccl_fail(int dev, const char *call, int r, dpar__ncclComm comm) {
+    const char *msg = dpar__cu.ncclGetErrorString ? dpar__cu.ncclGetErrorString(r) : NULL;
+    const char *last = dpar__cu.ncclGetLastError ? dpar__cu.ncclGetLastError(comm) : NULL;
+    return dpar__err(DPAR_ERR_BACKEND, "cuda: device %d: %s: NCCL error %d (%s)%s%s", dev, call, r,
+                     msg ? msg : "unknown", last && last[0] ? ": " : "", last && last[0] ? last : "");
+}
+
+/* ---------------------------------------------------------------------------
+   Loading the libraries (once per process; never unloaded)
+   ------------------------------------------------------------------------ */
+static void *dpar__cu_sym(void *lib, const char *name, const char *libname, int *missing) {
+    void *p = dlsym(lib, name);
+    if (!p && !*missing) {
+        *missing = 1;
+        snprintf(dpar__cu_load_text, sizeof dpar__cu_load_text,
+                 "cuda: %s has no symbol %s: the installed version is too old "
+                 "(dpar needs the CUDA 13 driver, cuBLAS 12+, NCCL 2.12+)", libname, name);
+    }
+    return p;
+}
+#define DPAR__CU_SYM(lib, field, name, libname) \
+    (*(void **)(&dpar__cu.field) = dpar__cu_sym((lib), (name), (libname), &missing))
+
+static void dpar__cu_load(void) {
+    int missing = 0;
+    void *l = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!l) {
+        const char *e = dlerror();
+        snprintf(dpar__cu_load_text, sizeof dpar__cu_load_text,
+                 "cuda: libcuda.so.1 not found: no NVIDIA driver is installed (dlopen: %s). "
+                 "Install the NVIDIA driver, or use DPAR_BACKEND=cpu", e ? e : "?");
+        dpar__cu_load_status = DPAR_ERR_BACKEND_UNAVAILABLE;
+        return;
+    }
+    dpar__cu.lib_cuda = l;
+    DPAR__CU_SYM(l, cuInit, "cuInit", "libcuda.so.1");
+    DPAR__CU_SYM(l, cuDriverGetVersion, "cuDriverGetVersion", "libcuda.so.1");
+    DPAR__CU_SYM(l, cuGetErrorName, "cuGetErrorName", "libcuda.so.1");
+    DPAR__CU_SYM(l, cuGetErrorString, "cuGetErrorString", "libcuda.so.1");
+    DPAR__CU_SYM(l, cuDeviceGetCount, "cuDeviceGetCount", "libcuda.so.1");
+    DPAR__CU_SYM(l, cuDeviceGet, "cuDeviceGet", "libcuda.so.1");
+    DPAR__CU_SYM(l, cuDeviceGetName, "cuDeviceGetName", "libcuda.so.1");
+    DPAR__CU_SYM(l, cuDeviceTotalMem, "cuDeviceTotalMem_v2", "libcuda.so.1");
+    DPAR__CU_SYM(l, cuDeviceGetAttribute, "cuDeviceGetAttribute", "libcuda.so.1");
+    DPAR__CU_SYM(l, cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", "libcuda.so.1");
+    DPAR__CU_SYM(l, cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2", "libcuda.so.1");
+    DPAR__CU_SYM(l, cuCtxSetCurrent, "cuCtxSetCurrent", "libcuda.so.1");
+    DPAR__CU_SYM(l, cuStreamCreate, "cuStreamCreate", "libcuda.so.1");
+    DPAR__CU_SYM(l, cuStreamDestroy, "cuStreamDestroy_v2", "libcuda.so.1");
+    DPAR__CU_SYM(l, cuStreamSynchronize, "cuStreamSynchronize", "libcuda.so.1");
+    DPAR__CU_SYM(l, cuStreamQuery, "cuStreamQuery", "libcuda.so.1");
+    DPAR__CU_SYM(l, cuStreamWaitEvent, "cuStreamWaitEvent", "libcuda.so.1");
+    DPAR__CU_SYM(l, cuEventCreate, "cuEventCreate", "libcuda.so.1");
+    DPAR__CU_SYM(l, cuEventDestroy, "cuEventDestroy_v2", "libcuda.so.1");
+    DPAR__CU_SYM(l, cuEventRecord, "cuEventRecord", "libcuda.so.1");
+    DPAR__CU_SYM(l, cuMemAlloc, "cuMemAlloc_v2", "libcuda.so.1");
+    DPAR__CU_SYM(l, cuMemFree, "cuMemFree_v2", "libcuda.so.1");
+    DPAR__CU_SYM(l, cuMemsetD8Async, "cuMemsetD8Async", "libcuda.so.1");
+    DPAR__CU_SYM(l, cuMemsetD16Async, "cuMemsetD16Async", "libcuda.so.1");
+    DPAR__CU_SYM(l, cuMemsetD32Async, "cuMemsetD32Async", "libcuda.so.1");
+    DPAR__CU_SYM(l, cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2", "libcuda.so.1");
+    DPAR__CU_SYM(l, cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2", "libcuda.so.1");
+    DPAR__CU_SYM(l, cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2", "libcuda.so.1");
+    DPAR__CU_SYM(l, cuModuleLoadDataEx, "cuModuleLoadDataEx", "libcuda.so.1");
+    DPAR__CU_SYM(l, cuModuleUnload, "cuModuleUnload", "libcuda.so.1");
+    DPAR__CU_SYM(l, cuModuleGetFunction, "cuModuleGetFunction", "libcuda.so.1");
+    DPAR__CU_SYM(l, cuLaunchKernel, "cuLaunchKernel", "libcuda.so.1");
+    if (missing) { dpar__cu_load_status = DPAR_ERR_BACKEND_UNAVAILABLE; return; }
+
+    /* cuBLAS is required (matrix products) */
+    {
+        static const char *const names[] = { "libcublas.so.13", "libcublas.so.12", "libcublas.so" };
+        size_t i;
+        for (i = 0; i < sizeof names / sizeof names[0] && !dpar__cu.lib_blas; i++) {
+            dpar__cu.lib_blas = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+            if (dpar__cu.lib_blas) snprintf(dpar__cu.blas_name, sizeof dpar__cu.blas_name, "%s", names[i]);
+        }
+        if (!dpar__cu.lib_blas) {
+            const char *e = dlerror();
+            snprintf(dpar__cu_load_text, sizeof dpar__cu_load_text,
+                     "cuda: cuBLAS not found (libcublas.so.13 / .12; dlopen: %s). Install the CUDA "
+                     "libraries (e.g. the cuda-libraries package) and add their directory to "
+                     "LD_LIBRARY_PATH", e ? e : "?");
+            dpar__cu_load_status = DPAR_ERR_BACKEND_UNAVAILABLE;
+            return;
+        }
+        l = dpar__cu.lib_blas;
+        DPAR__CU_SYM(l, cublasCreate, "cublasCreate_v2", "libcublas");
+        DPAR__CU_SYM(l, cublasDestroy, "cublasDestroy_v2", "libcublas");
+        DPAR__CU_SYM(l, cublasSetStream, "cublasSetStream_v2", "libcublas");
+        DPAR__CU_SYM(l, cublasGetStatusString, "cublasGetStatusString", "libcublas");
+        DPAR__CU_SYM(l, cublasSgemm, "cublasSgemm_v2", "libcublas");
+        DPAR__CU_SYM(l, cublasGemmEx, "cublasGemmEx", "libcublas");
+        if (missing) { dpar__cu_load_status = DPAR_ERR_BACKEND_UNAVAILABLE; return; }
+    }
+
+    /* NCCL is optional: only needed for collectives across several GPUs */
+    dpar__cu.lib_nccl = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+    if (dpar__cu.lib_nccl) {
+        l = dpar__cu.lib_nccl;
+        DPAR__CU_SYM(l, ncclGetVersion, "ncclGetVersion", "libnccl.so.2");
+        DPAR__CU_SYM(l, ncclGetErrorString, "ncclGetErrorString", "libnccl.so.2");
+        DPAR__CU_SYM(l, ncclGetLastError, "ncclGetLastError", "libnccl.so.2");
+        DPAR__CU_SYM(l, ncclCommInitAll, "ncclCommInitAll", "libnccl.so.2");
+        DPAR__CU_SYM(l, ncclCommDestroy, "ncclCommDestroy", "libnccl.so.2");
+        DPAR__CU_SYM(l, ncclCommAbort, "ncclCommAbort", "libnccl.so.2");
+        DPAR__CU_SYM(l, ncclCommGetAsyncError, "ncclCommGetAsyncError", "libnccl.so.2");
+        DPAR__CU_SYM(l, ncclAllReduce, "ncclAllReduce", "libnccl.so.2");
+        DPAR__CU_SYM(l, ncclBroadcast, "ncclBroadcast", "libnccl.so.2");
+        DPAR__CU_SYM(l, ncclAllGather, "ncclAllGather", "libnccl.so.2");
+        DPAR__CU_SYM(l, ncclReduceScatter, "ncclReduceScatter", "libnccl.so.2");
+        DPAR__CU_SYM(l, ncclSend, "ncclSend", "libnccl.so.2");
+        DPAR__CU_SYM(l, ncclRecv, "ncclRecv", "libnccl.so.2");
+        DPAR__CU_SYM(l, ncclGroupStart, "ncclGroupStart", "libnccl.so.2");
+        DPAR__CU_SYM(l, ncclGroupEnd, "ncclGroupEnd", "libnccl.so.2");
+        if (missing) { /* unusable NCCL: behave as if absent */
+            dpar__cu.lib_nccl = NULL;
+            dpar__cu_load_text[0] = 0;
+        } else {
+            dpar__cu.ncclGetVersion(&dpar__cu.nccl_version);
+        }
+    }
+    dpar__cu.cuDriverGetVersion(&dpar__cu.driver_version);
+}
+
+/* ---------------------------------------------------------------------------
+   Small helpers
+   ------------------------------------------------------------------------ */
+static dpar_status dpar__cu_bind(dpar__cu_state *st, int dev) {
+    dpar__CUcontext ctx = st->phys[st->dev[dev].phys].ctx;
+    if (dpar__cu_tls_ctx != ctx) {
+        DPAR__CU_TRY(dev, "cuCtxSetCurrent", dpar__cu.cuCtxSetCurrent(ctx));
+        dpar__cu_tls_ctx = ctx;
+    }
+    return DPAR_OK;
+}
+
+static unsigned dpar__cu_grid(int64_t n, int per_thread, unsigned cap) {
+    int64_t g = (n + (int64_t)DPAR__CU_BLOCK * per_thread - 1) / ((int64_t)DPAR__CU_BLOCK * per_thread);
+    if (g < 1) g = 1;
+    if (g > (int64_t)cap) g = cap;
+    return (unsigned)g;
+}
+
+static dpar_status dpar__cu_launch(dpar__cu_state *st, int dev, dpar__cuk k, unsigned grid,
+                                   unsigned block, dpar__CUstream s, void **args) {
+    dpar__CUfunction f = st->phys[st->dev[dev].phys].fn[k];
+    dpar__CUresult r = dpar__cu.cuLaunchKernel(f, grid, 1, 1, block, 1, 1, 0, s, args, NULL);
+    if (r != DPAR__CUDA_SUCCESS) {
+        char call[96];
+        snprintf(call, sizeof call, "cuLaunchKernel(%s)", dpar__cuk_names[k]);
+        return dpar__cu_fail(dev, call, r);
+    }
+    return DPAR_OK;
+}
+
+static double dpar__cu_now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+static void dpar__cu_abort_comms_of(dpar__cu_state *st, int dev) {
+    dpar__cu_comm *c;
+    pthread_mutex_lock(&st->comm_lock);
+    for (c = st->comms; c; c = c->next) {
+        int i, member = 0;
+        for (i = 0; i < c->n; i++) member |= c->devices[i] == dev;
+        if (!member || c->aborted) continue;
+        c->aborted = 1;
+        for (i = 0; i < c->n; i++)
+            if (c->comms[i]) dpar__cu.ncclCommAbort(c->comms[i]);
+    }
+    pthread_mutex_unlock(&st->comm_lock);
+}
+
+/* Waits for a stream. With NCCL communicators, polls their async errors and
+   gives up after the runtime timeout instead of hanging. */
+static dpar_status dpar__cu_wait(dpar__cu_state *st, int dev, dpar__CUstream s, const char *what) {
+    double t0, waited;
+    unsigned spins = 0;
+    if (!DPAR__ATOMIC_LOAD(&st->ncomms)) {
+        DPAR__CU_TRY(dev, "cuStreamSynchronize", dpar__cu.cuStreamSynchronize(s));
+        return DPAR_OK;
+    }
+    t0 = dpar__cu_now_ms();
+    for (;;) {
+        dpar__CUresult r = dpar__cu.cuStreamQuery(s);
+        dpar__cu_comm *c;
+        int bad = 0, code = 0;
+        dpar__ncclComm badcomm = NULL;
+        if (r == DPAR__CUDA_SUCCESS) return DPAR_OK;
+        if (r != DPAR__CUDA_ERROR_NOT_READY) return dpar__cu_fail(dev, "cuStreamQuery", r);
+        pthread_mutex_lock(&st->comm_lock);
+        for (c = st->comms; c && !bad; c = c->next) {
+            int i;
+            for (i = 0; i < c->n; i++) {
+                int e = 0;
+                if (c->devices[i] != dev || c->aborted || !c->comms[i]) continue;
+                if (dpar__cu.ncclCommGetAsyncError(c->comms[i], &e) == DPAR__ncclSuccess &&
+                    e != DPAR__ncclSuccess && e != DPAR__ncclInProgress) {
+                    bad = 1; code = e; badcomm = c->comms[i];
+                }
+            }
+        }
+        pthread_mutex_unlock(&st->comm_lock);
+        if (bad) {
+            dpar_status s2 = dpar__nccl_fail(dev, "ncclCommGetAsyncError (asynchronous NCCL error)", code, badcomm);
+            dpar__cu_abort_comms_of(st, dev);
+            return s2;
+        }
+        waited = dpar__cu_now_ms() - t0;
+        if (waited > (double)st->timeout_ms) {
+            dpar__cu_abort_comms_of(st, dev);
+            return dpar__err(DPAR_ERR_TIMEOUT,
+                             "cuda: device %d: %s did not complete within %d ms (DPAR_TIMEOUT_MS): "
+                             "an NCCL collective is stuck (a member never joined?); the device's "
+                             "NCCL communicators were aborted (ncclCommAbort), destroy the runtime",
+                             dev, what, st->timeout_ms);
+        }
+        if (++spins > 64) {
+            struct timespec ts = { 0, 100000 }; /* 0.1 ms */
+            nanosleep(&ts, NULL);
+        }
+    }
+}
+
+static dpar_status dpar__cu_wait_dev(dpar__cu_state *st, int dev, const char *what) {
+    dpar_status s = dpar__cu_wait(st, dev, st->dev[dev].compute, what);
+    if (s == DPAR_OK && st->dev[dev].comm) s = dpar__cu_wait(st, dev, st->dev[dev].comm, what);
+    return s;
+}
+
+/* Per-device scratch slot of at least `bytes` (grows; old one freed after
+   the device's streams are idle). */
+static dpar_status dpar__cu_scratch(dpar__cu_state *st, int dev, int slot, size_t bytes,
+                                    dpar__CUdeviceptr *out) {
+    dpar__cu_dev *d = &st->dev[dev];
+    if (bytes == 0) bytes = 4;
+    if (d->scratch_cap[slot] < bytes) {
+        size_t cap = d->scratch_cap[slot] * 2;
+        dpar__CUdeviceptr p = 0;
+        dpar__CUresult r;
+        if (cap < bytes) cap = bytes;
+        if (d->scratch[slot]) {
+            dpar_status s = dpar__cu_wait_dev(st, dev, "scratch reallocation");
+            if (s) return s;
+            dpar__cu.cuMemFree(d->scratch[slot]);
+            d->scratch[slot] = 0;
+            d->scratch_cap[slot] = 0;
+        }
+        r = dpar__cu.cuMemAlloc(&p, cap);
+        if (r != DPAR__CUDA_SUCCESS) {
+            char call[64];
+            snprintf(call, sizeof call, "cuMemAlloc(%zu bytes, scratch)", cap);
+            return dpar__cu_fail(dev, call, r);
+        }
+        d->scratch[slot] = p;
+        d->scratch_cap[slot] = cap;
+    }
+    *out = d->scratch[slot];
+    return DPAR_OK;
+}
+
+/* ---------------------------------------------------------------------------
+   Runtime: init / shutdown / info
+   ------------------------------------------------------------------------ */
+static void dpar__cu_shutdown(void *state) {
+    dpar__cu_state *st = (dpar__cu_state *)state;
+    int i, k;
+    if (!st) return;
+    /* communicators first (they use the devices' streams) */
+    while (st->comms) {
+        dpar__cu_comm *c = st->comms;
+        st->comms = c->next;
+        for (i = 0; i < c->n; i++) {
+            if (!c->comms[i]) continue;
+            dpar__cu.cuCtxSetCurrent(st->phys[st->dev[c->devices[i]].phys].ctx);
+            if (c->aborted) continue; /* already aborted (and freed by NCCL) */
+            dpar__cu.ncclCommDestroy(c->comms[i]);
+        }
+        DPAR_FREE(c);
+    }
+    if (st->dev) {
+        for (i = 0; i < st->ndev; i++) {
+            dpar__cu_dev *d = &st->dev[i];
+            if (!st->phys[d->phys].ctx) continue;
+            dpar__cu.cuCtxSetCurrent(st->phys[d->phys].ctx);
+            if (d->compute) dpar__cu.cuStreamSynchronize(d->compute);
+            if (d->comm) dpar__cu.cuStreamSynchronize(d->comm);
+            if (d->blas) dpar__cu.cublasDestroy(d->blas);
+            for (k = 0; k < DPAR__CU_NSCRATCH; k++)
+                if (d->scratch[k]) dpar__cu.cuMemFree(d->scratch[k]);
+            if (d->ev_c2n) dpar__cu.cuEventDestroy(d->ev_c2n);
+            if (d->ev_n2c) dpar__cu.cuEventDestroy(d->ev_n2c);
+            if (d->ev_ready) dpar__cu.cuEventDestroy(d->ev_ready);
+            if (d->ev_done) dpar__cu.cuEventDestroy(d->ev_done);
+            if (d->compute) dpar__cu.cuStreamDestroy(d->compute);
+            if (d->comm) dpar__cu.cuStreamDestroy(d->comm);
+        }
+        DPAR_FREE(st->dev);
+    }
+    if (st->phys) {
+        for (i = 0; i < st->nphys; i++) {
+            dpar__cu_phys *p = &st->phys[i];
+            if (!p->ctx) continue;
+            dpar__cu.cuCtxSetCurrent(p->ctx);
+            for (k = 0; k < DPAR__CUDA_NUM_MODULES; k++)
+                if (p->mod[k]) dpar__cu.cuModuleUnload(p->mod[k]);
+            dpar__cu.cuCtxSetCurrent(NULL);
+            if (p->ctx_retained) dpar__cu.cuDevicePrimaryCtxRelease(p->dev);
+        }
+        DPAR_FREE(st->phys);
+    }
+    dpar__cu_tls_ctx = NULL;
+    pthread_mutex_destroy(&st->comm_lock);
+    DPAR_FREE(st);
+}
+
+static dpar_status dpar__cu_init_phys(dpar__cu_state *st, int i) {
+    dpar__cu_phys *p = &st->phys[i];
+    int k, j;
+    p->ordinal = i;
+    DPAR__CU_TRY(-1, "cuDeviceGet", dpar__cu.cuDeviceGet(&p->dev, i));
+    if (dpar__cu.cuDeviceGetName(p->name, (int)sizeof p->name, p->dev) != 0)
+        snprintf(p->name, sizeof p->name, "NVIDIA GPU %d", i);
+    dpar__cu.cuDeviceTotalMem(&p->mem, p->dev);
+    dpar__cu.cuDeviceGetAttribute(&p->cc_major, DPAR__CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, p->dev);
+    dpar__cu.cuDeviceGetAttribute(&p->cc_minor, DPAR__CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, p->dev);
+    dpar__cu.cuDeviceGetAttribute(&p->sms, DPAR__CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, p->dev);
+    if (p->cc_major * 10 + p->cc_minor < 75)
+        return dpar__err(DPAR_ERR_BACKEND_UNAVAILABLE,
+                         "cuda: GPU %d (%s) has compute capability %d.%d; the dpar kernels need 7.5 or newer",
+                         i, p->name, p->cc_major, p->cc_minor);
+    DPAR__CU_TRY(-1, "cuDevicePrimaryCtxRetain", dpar__cu.cuDevicePrimaryCtxRetain(&p->ctx, p->dev));
+    p->ctx_retained = 1;
+    DPAR__CU_TRY(-1, "cuCtxSetCurrent", dpar__cu.cuCtxSetCurrent(p->ctx));
+    dpar__cu_tls_ctx = p->ctx;
+    for (k = 0; k < DPAR__CUDA_NUM_MODULES; k++) {
+        char log[2048];
+        int opts[2] = { DPAR__CU_JIT_ERROR_LOG_BUFFER, DPAR__CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES };
+        void *vals[2];
+        dpar__CUresult r;
+        log[0] = 0;
+        vals[0] = log;
+        vals[1] = (void *)(uintptr_t)sizeof log;
+        r = dpar__cu.cuModuleLoadDataEx(&p->mod[k], dpar__cuda_modules[k].ptx, 2, opts, vals);
+        if (r != DPAR__CUDA_SUCCESS) {
+            log[sizeof log - 1] = 0;
+            return dpar__err(DPAR_ERR_BACKEND,
+                             "cuda: GPU %d: cuModuleLoadDataEx(kernels '%s'): %s (%s)%s%s%s", i,
+                             dpar__cuda_modules[k].name, dpar__cu_errname(r), dpar__cu_errstr(r),
+                             log[0] ? ": " : "", log,
+                             dpar__cu.driver_version < 13000 ? " (the embedded PTX needs a CUDA 13 driver)" : "");
+        }
+    }
+    for (j = 0; j < DPAR__CUK_COUNT; j++) {
+        dpar__CUresult r = 1;
+        for (k = 0; k < DPAR__CUDA_NUM_MODULES && r != DPAR__CUDA_SUCCESS; k++)
+            r = dpar__cu.cuModuleGetFunction(&p->fn[j], p->mod[k], dpar__cuk_names[j]);
+        if (r != DPAR__CUDA_SUCCESS) {
+            char call[96];
+            snprintf(call, sizeof call, "cuModuleGetFunction(%s)", dpar__cuk_names[j]);
+            return dpar__cu_fail(-1, call, r);
+        }
+    }
+    return DPAR_OK;
+}
+
+static dpar_status dpar__cu_init_dev(dpar__cu_state *st, int i) {
+    dpar__cu_dev *d = &st->dev[i];
+    int r;
+    DPAR__CU_TRY(i, "cuCtxSetCurrent", dpar__cu.cuCtxSetCurrent(st->phys[d->phys].ctx));
+    dpar__cu_tls_ctx = st->phys[d->phys].ctx;
+    DPAR__CU_TRY(i, "cuStreamCreate", dpar__cu.cuStreamCreate(&d->compute, DPAR__CU_STREAM_NON_BLOCKING));
+    if (!st->virt)
+        DPAR__CU_TRY(i, "cuStreamCreate", dpar__cu.cuStreamCreate(&d->comm, DPAR__CU_STREAM_NON_BLOCKING));
+    DPAR__CU_TRY(i, "cuEventCreate", dpar__cu.cuEventCreate(&d->ev_c2n, DPAR__CU_EVENT_DISABLE_TIMING));
+    DPAR__CU_TRY(i, "cuEventCreate", dpar__cu.cuEventCreate(&d->ev_n2c, DPAR__CU_EVENT_DISABLE_TIMING));
+    DPAR__CU_TRY(i, "cuEventCreate", dpar__cu.cuEventCreate(&d->ev_ready, DPAR__CU_EVENT_DISABLE_TIMING));
+    DPAR__CU_TRY(i, "cuEventCreate", dpar__cu.cuEventCreate(&d->ev_done, DPAR__CU_EVENT_DISABLE_TIMING));
+    r = dpar__cu.cublasCreate(&d->blas);
+    if (r != 0) { d->blas = NULL; return dpar__blas_fail(i, "cublasCreate", r); }
+    r = dpar__cu.cublasSetStream(d->blas, d->compute);
+    if (r != 0) return dpar__blas_fail(i, "cublasSetStream", r);
+    return DPAR_OK;
+}
+
+static int dpar__cu_env_int(const char *name, int def) {
+    const char *v = getenv(name);
+    if (v && *v) {
+        long x = strtol(v, NULL, 10);
+        if (x > 0 && x < 0x7fffffff) return (int)x;
+    }
+    return def;
+}
+
+static dpar_status dpar__cu_init(const dpar_runtime_desc *desc, int requested, void **state, int *count) {
+    dpar__cu_state *st;
+    dpar__CUresult r;
+    int nphys = 0, i;
+    dpar_status s;
+    *state = NULL;
+    *count = 0;
+    pthread_once(&dpar__cu_once, dpar__cu_load);
+    if (dpar__cu_load_status != DPAR_OK) return dpar__err(dpar__cu_load_status, "%s", dpar__cu_load_text);
+    r = dpar__cu.cuInit(0);
+    if (r != DPAR__CUDA_SUCCESS)
+        return dpar__err(DPAR_ERR_BACKEND_UNAVAILABLE,
+                         "cuda: cuInit: %s (%s)%s", dpar__cu_errname(r), dpar__cu_errstr(r),
+                         r == DPAR__CUDA_ERROR_NO_DEVICE
+                             ? ": no NVIDIA GPU is visible (check CUDA_VISIBLE_DEVICES), or use DPAR_BACKEND=cpu"
+                             : "");
+    r = dpar__cu.cuDeviceGetCount(&nphys);
+    if (r != DPAR__CUDA_SUCCESS) return dpar__cu_fail(-1, "cuDeviceGetCount", r);
+    if (nphys <= 0)
+        return dpar__err(DPAR_ERR_BACKEND_UNAVAILABLE, "cuda: cuDeviceGetCount: no NVIDIA GPU found");
+    if (requested < 0) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "cuda: negative device count %d", requested);
+    if (requested == 0) requested = nphys;
+    if (requested > nphys && requested > DPAR__CU_MAXV)
+        return dpar__err(DPAR_ERR_DEVICE_COUNT,
+                         "cuda: asked for %d devices but there are %d GPUs, and at most %d virtual "
+                         "devices fit on one GPU; ask for at most %d (or %d)",
+                         requested, nphys, DPAR__CU_MAXV, nphys, DPAR__CU_MAXV);
+    if (requested <= nphys && requested > 1 && !dpar__cu.lib_nccl)
+        return dpar__err(DPAR_ERR_BACKEND_UNAVAILABLE,
+                         "cuda: %d GPUs need NCCL for collectives but libnccl.so.2 was not found "
+                         "(install NCCL 2.12+ and add it to LD_LIBRARY_PATH)", requested);
+
+    st = (dpar__cu_state *)DPAR_MALLOC(sizeof *st);
+    if (!st) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "cuda: out of host memory");
+    memset(st, 0, sizeof *st);
+    pthread_mutex_init(&st->comm_lock, NULL);
+    st->nphys_total = nphys;
+    st->virt = requested > nphys;
+    st->nphys = st->virt ? 1 : requested;
+    st->ndev = requested;
+    st->timeout_ms = desc && desc->timeout_ms > 0 ? desc->timeout_ms : dpar__cu_env_int("DPAR_TIMEOUT_MS", 60000);
+    st->phys = (dpar__cu_phys *)DPAR_MALLOC(sizeof(dpar__cu_phys) * (size_t)st->nphys);
+    st->dev = (dpar__cu_dev *)DPAR_MALLOC(sizeof(dpar__cu_dev) * (size_t)st->ndev);
+    if (!st->phys || !st->dev) {
+        dpar__cu_shutdown(st);
+        return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "cuda: out of host memory");
+    }
+    memset(st->phys, 0, sizeof(dpar__cu_phys) * (size_t)st->nphys);
+    memset(st->dev, 0, sizeof(dpar__cu_dev) * (size_t)st->ndev);
+    for (i = 0; i < st->ndev; i++) st->dev[i].phys = st->virt ? 0 : i;
+    for (i = 0; i < st->nphys; i++) {
+        s = dpar__cu_init_phys(st, i);
+        if (s) { dpar__cu_shutdown(st); return s; }
+    }
+    for (i = 0; i < st->ndev; i++) {
+        s = dpar__cu_init_dev(st, i);
+        if (s) { dpar__cu_shutdown(st); return s; }
+    }
+    *state = st;
+    *count = st->ndev;
+    return DPAR_OK;
+}
+
+static dpar_status dpar__cu_device_info(void *state, int dev, dpar_device_info *out) {
+    dpar__cu_state *st = (dpar__cu_state *)state;
+    dpar__cu_phys *p = &st->phys[st->dev[dev].phys];
+    memset(out, 0, sizeof *out);
+    if (st->virt)
+        snprintf(out->name, sizeof out->name, "%s [virtual %d/%d]", p->name, dev + 1, st->ndev);
+    else
+        snprintf(out->name, sizeof out->name, "%s", p->name);
+    snprintf(out->vendor, sizeof out->vendor, "NVIDIA");
+    snprintf(out->driver, sizeof out->driver, "CUDA %d.%d, sm_%d%d, NCCL %d", dpar__cu.driver_version / 1000,
+             (dpar__cu.driver_version % 1000) / 10, p->cc_major, p->cc_minor, dpar__cu.nccl_version);
+    out->backend = DPAR_BACKEND_CUDA;
+    out->index = dev;
+    out->physical_index = p->ordinal;
+    out->memory_bytes = (uint64_t)p->mem;
+    return DPAR_OK;
+}
+
+static dpar_status dpar__cu_thread_init(void *state, int dev) {
+    dpar__cu_tls_ctx = NULL;
+    return dpar__cu_bind((dpar__cu_state *)state, dev);
+}
+
+/* ---------------------------------------------------------------------------
+   Memory
+   ------------------------------------------------------------------------ */
+static dpar_status dpar__cu_alloc(void *state, int dev, size_t nbytes, void **mem) {
+    dpar__cu_state *st = (dpar__cu_state *)state;
+    dpar__cu_mem *m;
+    dpar_status s = dpar__cu_bind(st, dev);
+    *mem = NULL;
+    if (s) return s;
+    m = (dpar__cu_mem *)DPAR_MALLOC(sizeof *m);
+    if (!m) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "cuda: out of host memory");
+    m->ptr = 0;
+    m->nbytes = nbytes;
+    if (nbytes) {
+        dpar__CUresult r = dpar__cu.cuMemAlloc(&m->ptr, nbytes);
+        if (r != DPAR__CUDA_SUCCESS) {
+            char call[64];
+            DPAR_FREE(m);
+            snprintf(call, sizeof call, "cuMemAlloc(%zu bytes)", nbytes);
+            return dpar__cu_fail(dev, call, r);
+        }
+        r = dpar__cu.cuMemsetD8Async(m->ptr, 0, nbytes, st->dev[dev].compute);
+        if (r != DPAR__CUDA_SUCCESS) {
+            dpar__cu.cuMemFree(m->ptr);
+            DPAR_FREE(m);
+            return dpar__cu_fail(dev, "cuMemsetD8Async", r);
+        }
+    }
+    *mem = m;
+    return DPAR_OK;
+}
+
+static void dpar__cu_free(void *state, int dev, void *mem) {
+    dpar__cu_state *st = (dpar__cu_state *)state;
+    dpar__cu_mem *m = (dpar__cu_mem *)mem;
+    if (!m) return;
+    if (m->ptr && dpar__cu_bind(st, dev) == DPAR_OK) {
+        dpar__cu_wait_dev(st, dev, "buffer destroy"); /* pending work may use it */
+        dpar__cu.cuMemFree(m->ptr);
+    }
+    DPAR_FREE(m);
+}
+
+static dpar_status dpar__cu_write(void *state, int dev, void *mem, size_t off, const void *src, size_t nbytes) {
+    dpar__cu_state *st = (dpar__cu_state *)state;
+    dpar__cu_mem *m = (dpar__cu_mem *)mem;
+    dpar_status s;
+    if (!nbytes) return DPAR_OK;
+    if ((s = dpar__cu_bind(st, dev))) return s;
+    DPAR__CU_TRY(dev, "cuMemcpyHtoDAsync",
+                 dpar__cu.cuMemcpyHtoDAsync(m->ptr + off, src, nbytes, st->dev[dev].compute));
+    /* the caller may reuse src at once */
+    return dpar__cu_wait(st, dev, st->dev[dev].compute, "buffer write");
+}
+
+static dpar_status dpar__cu_read(void *state, int dev, void *mem, size_t off, void *dst, size_t nbytes) {
+    dpar__cu_state *st = (dpar__cu_state *)state;
+    dpar__cu_mem *m = (dpar__cu_mem *)mem;
+    dpar_status s;
+    if (!nbytes) return DPAR_OK;
+    if ((s = dpar__cu_bind(st, dev))) return s;
+    DPAR__CU_TRY(dev, "cuMemcpyDtoHAsync",
+                 dpar__cu.cuMemcpyDtoHAsync(dst, m->ptr + off, nbytes, st->dev[dev].compute));
+    return dpar__cu_wait(st, dev, st->dev[dev].compute, "buffer read");
+}
+
+static dpar_status dpar__cu_sync(void *state, int dev) {
+    dpar__cu_state *st = (dpar__cu_state *)state;
+    dpar_status s;
+    if ((s = dpar__cu_bind(st, dev))) return s;
+    return dpar__cu_wait_dev(st, dev, "device sync");
+}
+
+static void *dpar__cu_host_ptr(void *state, int dev, void *mem) {
+    DPAR__UNUSED(state); DPAR__UNUSED(dev); DPAR__UNUSED(mem);
+    return NULL; /* device memory is not host addressable */
+}
+
+/* ---------------------------------------------------------------------------
+   Ops
+   ------------------------------------------------------------------------ */
+static int dpar__cu_blas_type(dpar_dtype t) {
+    return t == DPAR_F16 ? DPAR__CUDA_R_16F : t == DPAR_BF16 ? DPAR__CUDA_R_16BF : DPAR__CUDA_R_32F;
+}
+
+static dpar_status dpar__cu_matmul(dpar__cu_state *st, int dev, const dpar__op *op) {
+    dpar__cu_dev *d = &st->dev[dev];
+    int64_t M = op->m, N = op->n, K = op->k;
+    float alpha = op->f[0], beta = op->f[1];
+    dpar__CUdeviceptr C = DPAR__CU_PTR(op->dst), A = DPAR__CU_PTR(op->src0), B = DPAR__CU_PTR(op->src1);
+    int ta = op->trans_a ? DPAR__CUBLAS_OP_T : DPAR__CUBLAS_OP_N;
+    int tb = op->trans_b ? DPAR__CUBLAS_OP_T : DPAR__CUBLAS_OP_N;
+    int lda, ldb, r;
+    if (M == 0 || N == 0) return DPAR_OK;
+    if (M > 0x7fffffff || N > 0x7fffffff || K > 0x7fffffff)
+        return dpar__err(DPAR_ERR_SHAPE, "cuda: matmul [%lld,%lld]x[%lld,%lld]: dimensions above 2^31-1 "
+                         "are not supported by cuBLAS' int API", (long long)M, (long long)K,
+                         (long long)K, (long long)N);
+    if (K == 0 && beta == 0.0f) {
+        DPAR__CU_TRY(dev, "cuMemsetD8Async", dpar__cu.cuMemsetD8Async(C, 0, op->dst->nbytes, d->compute));
+        return DPAR_OK;
+    }
+    /* Row-major C[M,N] = op(A) op(B) is column-major C^T[N,M] = op(B)^T op(A)^T:
+       call gemm with the operands swapped; the leading dimensions are the
+       row-major row lengths of the stored matrices. */
+    lda = (int)(op->trans_a ? M : K);
+    ldb = (int)(op->trans_b ? K : N);
+    if (lda < 1) lda = 1;
+    if (ldb < 1) ldb = 1;
+    if (op->dst->dtype == DPAR_F32 && op->src0->dtype == DPAR_F32 && op->src1->dtype == DPAR_F32) {
+        r = dpar__cu.cublasSgemm(d->blas, tb, ta, (int)N, (int)M, (int)K, &alpha,
+                                 (const float *)(uintptr_t)B, ldb, (const float *)(uintptr_t)A, lda,
+                                 &beta, (float *)(uintptr_t)C, (int)N);
+        if (r != 0) return dpar__blas_fail(dev, "cublasSgemm", r);
+    } else {
+        r = dpar__cu.cublasGemmEx(d->blas, tb, ta, (int)N, (int)M, (int)K, &alpha,
+                                  (const void *)(uintptr_t)B, dpar__cu_blas_type(op->src1->dtype), ldb,
+                                  (const void *)(uintptr_t)A, dpar__cu_blas_type(op->src0->dtype), lda,
+                                  &beta, (void *)(uintptr_t)C, dpar__cu_blas_type(op->dst->dtype), (int)N,
+                                  DPAR__CUBLAS_COMPUTE_32F, DPAR__CUBLAS_GEMM_DEFAULT);
+        if (r != 0) {
+            char call[96];
+            snprintf(call, sizeof call, "cublasGemmEx(A %s, B %s, C %s, compute f32)",
+                     dpar_dtype_name(op->src0->dtype), dpar_dtype_name(op->src1->dtype),
+                     dpar_dtype_name(op->dst->dtype));
+            return dpar__blas_fail(dev, call, r);
+        }
+    }
+    return DPAR_OK;
+}
+
+/* out[0] = (sum of partials) / div, after a partial kernel wrote `parts` partials */
+static dpar_status dpar__cu_final(dpar__cu_state *st, int dev, dpar__CUdeviceptr partials, int64_t parts,
+                                  float div, dpar__CUdeviceptr out) {
+    void *args[] = { &partials, &parts, &div, &out };
+    return dpar__cu_launch(st, dev, DPAR__CUK_REDUCE_FINAL, 1, 1024, st->dev[dev].compute, args);
+}
+
+static dpar_status dpar__cu_op(void *state, int dev, const dpar__op *op) {
+    dpar__cu_state *st = (dpar__cu_state *)state;
+    dpar__cu_dev *d = &st->dev[dev];
+    dpar__CUstream s = d->compute;
+    dpar__CUdeviceptr dst = op->dst ? DPAR__CU_PTR(op->dst) : 0;
+    dpar__CUdeviceptr dst2 = op->dst2 ? DPAR__CU_PTR(op->dst2) : 0;
+    dpar__CUdeviceptr a = op->src0 ? DPAR__CU_PTR(op->src0) : 0;
+    dpar__CUdeviceptr b = op->src1 ? DPAR__CU_PTR(op->src1) : 0;
+    int64_t n = op->n, m = op->m;
+    float f0 = op->f[0], f1 = op->f[1], f2 = op->f[2], f3 = op->f[3];
+    dpar_status st2 = dpar__cu_bind(st, dev);
+    if (st2) return st2;
+
+    switch (op->kind) {
+    case DPAR__OP_MATMUL:
+        return dpar__cu_matmul(st, dev, op);
+    case DPAR__OP_BIAS_ADD: {
+        int64_t total = m * n;
+        void *args[] = { &dst, &a, &m, &n };
+        if (total == 0) return DPAR_OK;
+        return dpar__cu_launch(st, dev, DPAR__CUK_BIAS_ADD, dpar__cu_grid(total, 4, 8192), DPAR__CU_BLOCK, s, args);
+    }
+    case DPAR__OP_BIAS_GRAD: {
+        void *args[] = { &dst, &a, &m, &n, &f1 };
+        if (n == 0) return DPAR_OK;
+        return dpar__cu_launch(st, dev, DPAR__CUK_BIAS_GRAD, dpar__cu_grid(n, 1, 8192), DPAR__CU_BLOCK, s, args);
+    }
+    case DPAR__OP_RELU: {
+        void *args[] = { &dst, &a, &n };
+        if (n == 0) return DPAR_OK;
+        return dpar__cu_launch(st, dev, DPAR__CUK_RELU, dpar__cu_grid(n, 16, 8192), DPAR__CU_BLOCK, s, args);
+    }
+    case DPAR__OP_RELU_BWD: {
+        void *args[] = { &dst, &a, &b, &n };
+        if (n == 0) return DPAR_OK;
+        return dpar__cu_launch(st, dev, DPAR__CUK_RELU_BWD, dpar__cu_grid(n, 4, 8192), DPAR__CU_BLOCK, s, args);
+    }
+    case DPAR__OP_SOFTMAX_XENT: {
+        /* scratch 0: [partials (1024) | row losses (m)] */
+        dpar__CUdeviceptr scr, rowloss;
+        int64_t parts;
+        unsigned g;
+        dpar_status e = dpar__cu_scratch(st, dev, 0, (size_t)(DPAR__CU_MAX_PARTIALS + m) * 4, &scr);
+        if (e) return e;
+        rowloss = scr + DPAR__CU_MAX_PARTIALS * 4;
+        if (m > 0) {
+            void *args[] = { &a, &b, &m, &n, &rowloss, &dst2 };
+            g = dpar__cu_grid(m * 32, 1, 8192);
+            if ((e = dpar__cu_launch(st, dev, DPAR__CUK_XENT_ROWS, g, DPAR__CU_BLOCK, s, args))) return e;
+        }
+        {
+            int mode = 0;
+            void *args[] = { &rowloss, &m, &mode, &scr };
+            g = dpar__cu_grid(m, 8, DPAR__CU_MAX_PARTIALS);
+            parts = g;
+            if ((e = dpar__cu_launch(st, dev, DPAR__CUK_REDUCE_PARTIAL, g, DPAR__CU_BLOCK, s, args))) return e;
+        }
+        return dpar__cu_final(st, dev, scr, parts, (float)m, dst);
+    }
+    case DPAR__OP_MSE: {
+        dpar__CUdeviceptr scr;
+        unsigned g = dpar__cu_grid(n, 8, DPAR__CU_MAX_PARTIALS);
+        int64_t parts = g;
+        void *args[] = { &a, &b, &n, &dst2, &scr };
+        dpar_status e = dpar__cu_scratch(st, dev, 0, DPAR__CU_MAX_PARTIALS * 4, &scr);
+        if (e) return e;
+        if ((e = dpar__cu_launch(st, dev, DPAR__CUK_MSE_PARTIAL, g, DPAR__CU_BLOCK, s, args))) return e;
+        return dpar__cu_final(st, dev, scr, parts, (float)n, dst);
+    }
+    case DPAR__OP_SUM:
+    case DPAR__OP_SUMSQ: {
+        dpar__CUdeviceptr scr;
+        int mode = op->kind == DPAR__OP_SUMSQ;
+        unsigned g = dpar__cu_grid(n, 8, DPAR__CU_MAX_PARTIALS);
+        int64_t parts = g;
+        void *args[] = { &a, &n, &mode, &scr };
+        dpar_status e = dpar__cu_scratch(st, dev, 0, DPAR__CU_MAX_PARTIALS * 4, &scr);
+        if (e) return e;
+        if ((e = dpar__cu_launch(st, dev, DPAR__CUK_REDUCE_PARTIAL, g, DPAR__CU_BLOCK, s, args))) return e;
+        return dpar__cu_final(st, dev, scr, parts, 1.0f, dst);
+    }
+    case DPAR__OP_AXPY: {
+        void *args[] = { &dst, &a, &f0, &n };
+        if (n == 0) return DPAR_OK;
+        return dpar__cu_launch(st, dev, DPAR__CUK_AXPY, dpar__cu_grid(n, 16, 8192), DPAR__CU_BLOCK, s, args);
+    }
+    case DPAR__OP_SCALE: {
+        void *args[] = { &dst, &f0, &n };
+        if (n == 0) return DPAR_OK;
+        return dpar__cu_launch(st, dev, DPAR__CUK_SCALE, dpar__cu_grid(n, 16, 8192), DPAR__CU_BLOCK, s, args);
+    }
+    case DPAR__OP_FILL: {
+        int64_t cnt = op->dst->count;
+        if (cnt == 0) return DPAR_OK;
+        switch (op->dst->dtype) {
+        case DPAR_F32: {
+            uint32_t u;
+            memcpy(&u, &f0, 4);
+            DPAR__CU_TRY(dev, "cuMemsetD32Async", dpar__cu.cuMemsetD32Async(dst, u, (size_t)cnt, s));
+            break;
+        }
+        case DPAR_I32: {
+            /* same conversion as the CPU backend's (int32_t)value, made safe */
+            int32_t v = f0 != f0 ? 0 : f0 >= 2147483648.0f ? 2147483647
+                      : f0 <= -2147483648.0f ? (-2147483647 - 1) : (int32_t)f0;
+            DPAR__CU_TRY(dev, "cuMemsetD32Async", dpar__cu.cuMemsetD32Async(dst, (uint32_t)v, (size_t)cnt, s));
+            break;
+        }
+        default: {
+            unsigned short h = op->dst->dtype == DPAR_F16 ? dpar_f32_to_f16(f0) : dpar_f32_to_bf16(f0);
+            DPAR__CU_TRY(dev, "cuMemsetD16Async", dpar__cu.cuMemsetD16Async(dst, h, (size_t)cnt, s));
+        }
+        }
+        return DPAR_OK;
+    }
+    case DPAR__OP_COPY: {
+        size_t nb = op->src0->nbytes < op->dst->nbytes ? op->src0->nbytes : op->dst->nbytes;
+        if (!nb || dst == a) return DPAR_OK;
+        DPAR__CU_TRY(dev, "cuMemcpyDtoDAsync", dpar__cu.cuMemcpyDtoDAsync(dst, a, nb, s));
+        return DPAR_OK;
+    }
+    case DPAR__OP_CAST: {
+        int dt = (int)op->dst->dtype, stt = (int)op->src0->dtype;
+        int64_t cnt = op->dst->count;
+        void *args[] = { &dst, &dt, &a, &stt, &cnt };
+        if (cnt == 0) return DPAR_OK;
+        if (dt == stt) {
+            if (dst != a)
+                DPAR__CU_TRY(dev, "cuMemcpyDtoDAsync", dpar__cu.cuMemcpyDtoDAsync(dst, a, op->dst->nbytes, s));
+            return DPAR_OK;
+        }
+        return dpar__cu_launch(st, dev, DPAR__CUK_CAST, dpar__cu_grid(cnt, 4, 8192), DPAR__CU_BLOCK, s, args);
+    }
+    case DPAR__OP_SGD: {
+        int nesterov = op->nesterov ? 1 : 0;
+        dpar__CUdeviceptr mom = f1 != 0.0f ? dst2 : 0;
+        void *args[] = { &dst, &a, &mom, &n, &f0, &f1, &f2, &f3, &nesterov };
+        if (n == 0) return DPAR_OK;
+        return dpar__cu_launch(st, dev, DPAR__CUK_SGD, dpar__cu_grid(n, 16, 8192), DPAR__CU_BLOCK, s, args);
+    }
+    default:
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "cuda: op kind %d not implemented", (int)op->kind);
+    }
+}
+
+/* ---------------------------------------------------------------------------
+   Collectives, shared pieces
+   ------------------------------------------------------------------------ */
+static int dpar__cu_nccl_type(dpar_dtype t) {
+    switch (t) {
+    case DPAR_F16: return DPAR__ncclFloat16;
+    case DPAR_BF16: return DPAR__ncclBfloat16;
+    case DPAR_I32: return DPAR__ncclInt32;
+    default: return DPAR__ncclFloat32;
+    }
+}
+
+/* Strided copy of one block (elements of size es), see dpar_k_copy_nd. */
+static dpar_status dpar__cu_copy_nd(dpar__cu_state *st, int dev, dpar__CUstream s, dpar__CUdeviceptr dst,
+                                    dpar__CUdeviceptr src, int es, int nd, const int64_t *shape,
+                                    const int64_t *ss, const int64_t *ds) {
+    dpar__cu_nd g;
+    int64_t total = 1;
+    int k;
+    void *args[] = { &dst, &src, &es, &nd, &g, &total };
+    memset(&g, 0, sizeof g);
+    for (k = 0; k < nd; k++) {
+        g.shape[k] = shape[k];
+        g.ss[k] = ss[k];
+        g.ds[k] = ds[k];
+        total *= shape[k];
+    }
+    if (total == 0) return DPAR_OK;
+    return dpar__cu_launch(st, dev, DPAR__CUK_COPY_ND, dpar__cu_grid(total, 4, 8192), DPAR__CU_BLOCK, s, args);
+}
+
+static void dpar__cu_strides(int nd, const int64_t *shape, int64_t *strides) {
+    int64_t acc = 1;
+    int k;
+    for (k = nd - 1; k >= 0; k--) { strides[k] = acc; acc *= shape[k]; }
+}
+
+/* all_to_all geometry: block shape (split dim / n), strides of in and out */
+typedef struct dpar__cu_a2a {
+    int nd;
+    int64_t blk[DPAR_MAX_DIMS], in_st[DPAR_MAX_DIMS], out_shape[DPAR_MAX_DIMS], out_st[DPAR_MAX_DIMS];
+    int64_t blk_st[DPAR_MAX_DIMS], blk_count;
+    int64_t in_step, out_step; /* elements between consecutive blocks in in / out */
+} dpar__cu_a2a;
+
+static void dpar__cu_a2a_geom(const dpar__coll *c, dpar__cu_a2a *g) {
+    int k;
+    g->nd = c->ndim;
+    for (k = 0; k < c->ndim; k++) g->blk[k] = g->out_shape[k] = c->in_shape[k];
+    g->blk[c->split_dim] = c->in_shape[c->split_dim] / c->n;
+    g->out_shape[c->split_dim] = g->blk[c->split_dim];
+    g->out_shape[c->concat_dim] = g->out_shape[c->concat_dim] * c->n;
+    dpar__cu_strides(c->ndim, c->in_shape, g->in_st);
+    dpar__cu_strides(c->ndim, g->out_shape, g->out_st);
+    dpar__cu_strides(c->ndim, g->blk, g->blk_st);
+    g->blk_count = 1;
+    for (k = 0; k < c->ndim; k++) g->blk_count *= g->blk[k];
+    g->in_step = g->blk[c->split_dim] * g->in_st[c->split_dim];
+    g->out_step = g->blk[c->concat_dim] * g->out_st[c->concat_dim];
+}
+
+/* A 1-member group: out = in (every kind reduces to a copy, or zeros for a
+   permute without source). */
+static dpar_status dpar__cu_coll_local(dpar__cu_state *st, int dev, dpar__coll *c) {
+    dpar__CUstream s = st->dev[dev].compute;
+    dpar__CUdeviceptr in = DPAR__CU_PTR(c->in[0]), out = DPAR__CU_PTR(c->out[0]);
+    size_t nb = c->out[0]->nbytes;
+    if (!nb) return DPAR_OK;
+    if (c->kind == DPAR__COLL_PERMUTE && c->src_of[0] < 0) {
+        DPAR__CU_TRY(dev, "cuMemsetD8Async", dpar__cu.cuMemsetD8Async(out, 0, nb, s));
+        return DPAR_OK;
+    }
+    if (in != out) DPAR__CU_TRY(dev, "cuMemcpyDtoDAsync", dpar__cu.cuMemcpyDtoDAsync(out, in, nb, s));
+    return DPAR_OK;
+}
+
+/* ---------------------------------------------------------------------------
+   Collectives between virtual devices of one GPU (device memory, own kernels)
+   ------------------------------------------------------------------------ */
+/* Every member records an event after its pending work, then waits in its
+   stream for everyone else's: afterwards any member may touch any member's
+   buffers in its own stream. */
+static dpar_status dpar__cu_vphase(dpar__cu_state *st, dpar__coll *c, int use_done) {
+    int me = c->devices[c->rank], i;
+    dpar__cu_dev *d = &st->dev[me];
+    dpar_status s;
+    DPAR__CU_TRY(me, "cuEventRecord", dpar__cu.cuEventRecord(use_done ? d->ev_done : d->ev_ready, d->compute));
+    if ((s = dpar__coll_barrier(c))) return s;
+    for (i = 0; i < c->n; i++) {
+        dpar__cu_dev *o = &st->dev[c->devices[i]];
+        if (i == c->rank) continue;
+        DPAR__CU_TRY(me, "cuStreamWaitEvent",
+                     dpar__cu.cuStreamWaitEvent(d->compute, use_done ? o->ev_done : o->ev_ready, 0));
+    }
+    return DPAR_OK;
+}
+
+static dpar_status dpar__cu_coll_virtual(dpar__cu_state *st, dpar__coll *c) {
+    int me = c->devices[c->rank], r = c->rank, n = c->n, i;
+    dpar__CUstream s = st->dev[me].compute;
+    size_t es = dpar_dtype_size(c->dtype);
+    int esi = (int)es, dt = (int)c->dtype, op = (int)c->op;
+    dpar_status e;
+    if ((e = dpar__cu_vphase(st, c, 0))) return e;
+
+    switch (c->kind) {
+    case DPAR__COLL_ALL_REDUCE:
+    case DPAR__COLL_REDUCE_SCATTER: {
+        dpar__cu_ptrs p;
+        int nin = n, nout;
+        int64_t begin, end, inner, in_stride, in_off;
+        memset(&p, 0, sizeof p);
+        for (i = 0; i < n; i++) p.in[i] = DPAR__CU_PTR(c->in[i]);
+        if (c->kind == DPAR__COLL_ALL_REDUCE) {
+            /* member r reduces chunk r of the elements and writes it to everyone */
+            int64_t chunk = (c->count + n - 1) / n;
+            for (i = 0; i < n; i++) p.out[i] = DPAR__CU_PTR(c->out[i]);
+            nout = n;
+            begin = chunk * r;
+            end = begin + chunk;
+            if (begin > c->count) begin = c->count;
+            if (end > c->count) end = c->count;
+            inner = c->count > 0 ? c->count : 1;
+            in_stride = 0;
+            in_off = 0;
+        } else {
+            /* member r computes its own block: out_r[o, i] = sum_s in_s[o, r, i] */
+            p.out[0] = DPAR__CU_PTR(c->out[r]);
+            nout = 1;
+            begin = 0;
+            end = c->outer * c->inner;
+            inner = c->inner > 0 ? c->inner : 1;
+            in_stride = (int64_t)n * c->inner;
+            in_off = (int64_t)r * c->inner;
+            if (op != DPAR_MEAN && op != DPAR_MAX && op != DPAR_MIN) op = DPAR_SUM;
+        }
+        if (end > begin) {
+            void *args[] = { &p, &nin, &nout, &begin, &end, &inner, &in_stride, &in_off, &dt, &op };
+            if ((e = dpar__cu_launch(st, me, DPAR__CUK_VREDUCE, dpar__cu_grid(end - begin, 4, 8192),
+                                     DPAR__CU_BLOCK, s, args))) return e;
+        }
+        break;
+    }
+    case DPAR__COLL_ALL_GATHER: {
+        /* my in [outer, inner] -> everyone's out[:, r, :] */
+        int64_t shape[2] = { c->outer, c->inner }, ss[2] = { c->inner, 1 }, ds[2] = { (int64_t)n * c->inner, 1 };
+        for (i = 0; i < n; i++) {
+            dpar__CUdeviceptr dst = DPAR__CU_PTR(c->out[i]) + (dpar__CUdeviceptr)((size_t)r * (size_t)c->inner * es);
+            if ((e = dpar__cu_copy_nd(st, me, s, dst, DPAR__CU_PTR(c->in[r]), esi, 2, shape, ss, ds))) return e;
+        }
+        break;
+    }
+    case DPAR__COLL_ALL_TO_ALL: {
+        /* my block j -> member j's out at concat position r */
+        dpar__cu_a2a g;
+        dpar__cu_a2a_geom(c, &g);
+        for (i = 0; i < n; i++) {
+            dpar__CUdeviceptr src = DPAR__CU_PTR(c->in[r]) + (dpar__CUdeviceptr)((size_t)(g.in_step * i) * es);
+            dpar__CUdeviceptr dst = DPAR__CU_PTR(c->out[i]) + (dpar__CUdeviceptr)((size_t)(g.out_step * r) * es);
+            if ((e = dpar__cu_copy_nd(st, me, s, dst, src, esi, g.nd, g.blk, g.in_st, g.out_st))) return e;
+        }
+        break;
+    }
+    case DPAR__COLL_BROADCAST: {
+        dpar__CUdeviceptr src = DPAR__CU_PTR(c->in[c->root]), dst = DPAR__CU_PTR(c->out[r]);
+        size_t nb = (size_t)c->count * es;
+        if (nb && src != dst) DPAR__CU_TRY(me, "cuMemcpyDtoDAsync", dpar__cu.cuMemcpyDtoDAsync(dst, src, nb, s));
+        break;
+    }
+    case DPAR__COLL_PERMUTE: {
+        /* in place is allowed: receive into scratch, let everyone finish
+           reading, then copy into out */
+        size_t nb = (size_t)c->count * es;
+        dpar__CUdeviceptr scr = 0, dst = DPAR__CU_PTR(c->out[r]);
+        int src = c->src_of[r];
+        if (nb && src >= 0) {
+            if ((e = dpar__cu_scratch(st, me, 1, nb, &scr))) return e;
+            DPAR__CU_TRY(me, "cuMemcpyDtoDAsync",
+                         dpar__cu.cuMemcpyDtoDAsync(scr, DPAR__CU_PTR(c->in[src]), nb, s));
+        }
+        if ((e = dpar__cu_vphase(st, c, 1))) return e;
+        if (nb) {
+            if (src >= 0) DPAR__CU_TRY(me, "cuMemcpyDtoDAsync", dpar__cu.cuMemcpyDtoDAsync(dst, scr, nb, s));
+            else DPAR__CU_TRY(me, "cuMemsetD8Async", dpar__cu.cuMemsetD8Async(dst, 0, nb, s));
+        }
+        return DPAR_OK; /* nobody else touches out[r] */
+    }
+    default:
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "cuda: collective kind %d not implemented", (int)c->kind);
+    }
+    return dpar__cu_vphase(st, c, 1);
+}
+
+/* ---------------------------------------------------------------------------
+   Collectives across GPUs through NCCL
+   ------------------------------------------------------------------------ */
+/* The communicator set of a group, created on first use by whichever member
+   arrives first (ncclCommInitAll over the members' GPUs) and cached by the
+   group's device list. */
+static dpar_status dpar__cu_get_comm(dpar__cu_state *st, dpar__coll *c, dpar__ncclComm *out) {
+    dpar__cu_comm *cm;
+    int me = c->devices[c->rank], i, r;
+    dpar_status s = DPAR_OK;
+    pthread_mutex_lock(&st->comm_lock);
+    for (cm = st->comms; cm; cm = cm->next) {
+        if (cm->n != c->n) continue;
+        for (i = 0; i < c->n && cm->devices[i] == c->devices[i]; i++) {}
+        if (i == c->n) break;
+    }
+    if (!cm) {
+        int ords[DPAR_MAX_DEVICES];
+        cm = (dpar__cu_comm *)DPAR_MALLOC(sizeof *cm);
+        if (!cm) {
+            pthread_mutex_unlock(&st->comm_lock);
+            return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "cuda: out of host memory");
+        }
+        memset(cm, 0, sizeof *cm);
+        cm->n = c->n;
+        for (i = 0; i < c->n; i++) {
+            cm->devices[i] = c->devices[i];
+            ords[i] = st->phys[st->dev[c->devices[i]].phys].ordinal;
+        }
+        r = dpar__cu.ncclCommInitAll(cm->comms, c->n, ords);
+        dpar__cu_tls_ctx = NULL; /* NCCL may have switched the current device */
+        if (r != DPAR__ncclSuccess) {
+            s = dpar__nccl_fail(me, "ncclCommInitAll", r, NULL);
+            DPAR_FREE(cm);
+            cm = NULL;
+        } else {
+            cm->next = st->comms;
+            st->comms = cm;
+            DPAR__ATOMIC_STORE(&st->ncomms, st->ncomms + 1);
+        }
+    }
+    if (cm && cm->aborted)
+        s = dpar__err(DPAR_ERR_BACKEND, "cuda: device %d: the NCCL communicator of this group was aborted "
+                      "after an earlier error or timeout; destroy and recreate the runtime", me);
+    if (cm && !s) *out = cm->comms[c->rank];
+    pthread_mutex_unlock(&st->comm_lock);
+    if (!s) s = dpar__cu_bind(st, me);
+    return s;
+}
+
+#define DPAR__NCCL_TRY(dev, call, comm, expr) do { int r_ = (expr); \
+    if (r_ != DPAR__ncclSuccess && r_ != DPAR__ncclInProgress) return dpar__nccl_fail((dev), (call), r_, (comm)); } while (0)
+
+static dpar_status dpar__cu_coll_nccl_body(dpar__cu_state *st, dpar__coll *c, dpar__ncclComm comm, dpar__CUstream s) {
+    int me = c->devices[c->rank], r = c->rank, n = c->n, i;
+    size_t es = dpar_dtype_size(c->dtype);
+    int esi = (int)es, nt = dpar__cu_nccl_type(c->dtype);
+    dpar__CUdeviceptr in = DPAR__CU_PTR(c->in[r]), out = DPAR__CU_PTR(c->out[r]);
+    void *inp = (void *)(uintptr_t)in, *outp = (void *)(uintptr_t)out;
+    dpar_status e;
+
+    switch (c->kind) {
+    case DPAR__COLL_ALL_REDUCE: {
+        size_t cnt = (size_t)c->count;
+        if (c->op == DPAR_SUM || (c->op == DPAR_MEAN && c->dtype != DPAR_I32)) {
+            DPAR__NCCL_TRY(me, "ncclAllReduce", comm,
+                           dpar__cu.ncclAllReduce(inp, outp, cnt, nt, c->op == DPAR_SUM ? DPAR__ncclSum : DPAR__ncclAvg, comm, s));
+        } else if (c->op == DPAR_MEAN) { /* i32: wrap-around sum, then truncating division */
+            int64_t n64 = c->count;
+            int32_t div = n;
+            void *args[] = { &out, &n64, &div };
+            DPAR__NCCL_TRY(me, "ncclAllReduce", comm, dpar__cu.ncclAllReduce(inp, outp, cnt, nt, DPAR__ncclSum, comm, s));
+            if (cnt && (e = dpar__cu_launch(st, me, DPAR__CUK_DIV_I32, dpar__cu_grid(n64, 4, 8192), DPAR__CU_BLOCK, s, args))) return e;
+        } else if (c->dtype == DPAR_I32) {
+            DPAR__NCCL_TRY(me, "ncclAllReduce", comm,
+                           dpar__cu.ncclAllReduce(inp, outp, cnt, nt, c->op == DPAR_MAX ? DPAR__ncclMax : DPAR__ncclMin, comm, s));
+        } else { /* float max/min: order-preserving i32 keys, NaN as the extreme key */
+            dpar__CUdeviceptr keys = out;
+            int64_t n64 = c->count;
+            int is_max = c->op == DPAR_MAX, stt = (int)c->dtype, dt = (int)c->dtype;
+            if (c->dtype != DPAR_F32 && (e = dpar__cu_scratch(st, me, 1, cnt * 4, &keys))) return e;
+            if (cnt) {
+                void *a1[] = { &keys, &in, &stt, &n64, &is_max };
+                if ((e = dpar__cu_launch(st, me, DPAR__CUK_TO_KEY, dpar__cu_grid(n64, 4, 8192), DPAR__CU_BLOCK, s, a1))) return e;
+            }
+            DPAR__NCCL_TRY(me, "ncclAllReduce", comm,
+                           dpar__cu.ncclAllReduce((void *)(uintptr_t)keys, (void *)(uintptr_t)keys, cnt, DPAR__ncclInt32,
+                                                  is_max ? DPAR__ncclMax : DPAR__ncclMin, comm, s));
+            if (cnt) {
+                void *a2[] = { &out, &dt, &keys, &n64, &is_max };
+                if ((e = dpar__cu_launch(st, me, DPAR__CUK_FROM_KEY, dpar__cu_grid(n64, 4, 8192), DPAR__CU_BLOCK, s, a2))) return e;
+            }
+        }
+        return DPAR_OK;
+    }
+    case DPAR__COLL_BROADCAST:
+        DPAR__NCCL_TRY(me, "ncclBroadcast", comm, dpar__cu.ncclBroadcast(inp, outp, (size_t)c->count, nt, c->root, comm, s));
+        return DPAR_OK;
+    case DPAR__COLL_ALL_GATHER: {
+        size_t piece = (size_t)(c->outer * c->inner);
+        dpar__CUdeviceptr tmp;
+        int64_t shape[3] = { n, c->outer, c->inner };
+        int64_t ss[3] = { c->outer * c->inner, c->inner, 1 }, ds[3] = { c->inner, (int64_t)n * c->inner, 1 };
+        if (c->outer == 1) {
+            DPAR__NCCL_TRY(me, "ncclAllGather", comm, dpar__cu.ncclAllGather(inp, outp, piece, nt, comm, s));
+            return DPAR_OK;
+        }
+        if ((e = dpar__cu_scratch(st, me, 1, piece * (size_t)n * es, &tmp))) return e;
+        DPAR__NCCL_TRY(me, "ncclAllGather", comm,
+                       dpar__cu.ncclAllGather(inp, (void *)(uintptr_t)tmp, piece, nt, comm, s));
+        return dpar__cu_copy_nd(st, me, s, out, tmp, esi, 3, shape, ss, ds); /* [n,outer,inner] -> [outer,n,inner] */
+    }
+    case DPAR__COLL_REDUCE_SCATTER: {
+        size_t piece = (size_t)(c->outer * c->inner);
+        int rop = c->op == DPAR_MEAN && c->dtype != DPAR_I32 ? DPAR__ncclAvg
+                : c->op == DPAR_MAX ? DPAR__ncclMax : c->op == DPAR_MIN ? DPAR__ncclMin : DPAR__ncclSum;
+        dpar__CUdeviceptr src = in;
+        if (c->outer != 1) { /* [outer, n, inner] -> [n, outer, inner] */
+            int64_t shape[3] = { c->outer, n, c->inner };
+            int64_t ss[3] = { (int64_t)n * c->inner, c->inner, 1 }, ds[3] = { c->inner, c->outer * c->inner, 1 };
+            if ((e = dpar__cu_scratch(st, me, 1, piece * (size_t)n * es, &src))) return e;
+            if ((e = dpar__cu_copy_nd(st, me, s, src, in, esi, 3, shape, ss, ds))) return e;
+        }
+        DPAR__NCCL_TRY(me, "ncclReduceScatter", comm,
+                       dpar__cu.ncclReduceScatter((void *)(uintptr_t)src, outp, piece, nt, rop, comm, s));
+        if (c->op == DPAR_MEAN && c->dtype == DPAR_I32 && piece) {
+            int64_t n64 = (int64_t)piece;
+            int32_t div = n;
+            void *args[] = { &out, &n64, &div };
+            return dpar__cu_launch(st, me, DPAR__CUK_DIV_I32, dpar__cu_grid(n64, 4, 8192), DPAR__CU_BLOCK, s, args);
+        }
+        return DPAR_OK;
+    }
+    case DPAR__COLL_PERMUTE: {
+        size_t cnt = (size_t)c->count, nb = cnt * es;
+        int src = c->src_of[r], dst_member = -1;
+        dpar__CUdeviceptr recv = out;
+        for (i = 0; i < n; i++)
+            if (c->src_of[i] == r && i != r) dst_member = i;
+        if (src >= 0 && src != r && dst_member >= 0 && in == out) {
+            if ((e = dpar__cu_scratch(st, me, 1, nb, &recv))) return e;
+        }
+        if (cnt) {
+            DPAR__NCCL_TRY(me, "ncclGroupStart", comm, dpar__cu.ncclGroupStart());
+            if (dst_member >= 0) {
+                int rs = dpar__cu.ncclSend(inp, cnt, nt, dst_member, comm, s);
+                if (rs != DPAR__ncclSuccess && rs != DPAR__ncclInProgress) {
+                    dpar__cu.ncclGroupEnd();
+                    return dpar__nccl_fail(me, "ncclSend", rs, comm);
+                }
+            }
+            if (src >= 0 && src != r) {
+                int rr = dpar__cu.ncclRecv((void *)(uintptr_t)recv, cnt, nt, src, comm, s);
+                if (rr != DPAR__ncclSuccess && rr != DPAR__ncclInProgress) {
+                    dpar__cu.ncclGroupEnd();
+                    return dpar__nccl_fail(me, "ncclRecv", rr, comm);
+                }
+            }
+            DPAR__NCCL_TRY(me, "ncclGroupEnd", comm, dpar__cu.ncclGroupEnd());
+        }
+        if (!nb) return DPAR_OK;
+        if (src < 0) DPAR__CU_TRY(me, "cuMemsetD8Async", dpar__cu.cuMemsetD8Async(out, 0, nb, s));
+        else if (src == r) { if (in != out) DPAR__CU_TRY(me, "cuMemcpyDtoDAsync", dpar__cu.cuMemcpyDtoDAsync(out, in, nb, s)); }
+        else if (recv != out) DPAR__CU_TRY(me, "cuMemcpyDtoDAsync", dpar__cu.cuMemcpyDtoDAsync(out, recv, nb, s));
+        return DPAR_OK;
+    }
+    case DPAR__COLL_ALL_TO_ALL: {
+        /* pack blocks contiguously, exchange with grouped send/recv, unpack */
+        dpar__cu_a2a g;
+        dpar__CUdeviceptr sbuf, rbuf;
+        size_t bb;
+        dpar__cu_a2a_geom(c, &g);
+        bb = (size_t)g.blk_count * es;
+        if (!bb) return DPAR_OK;
+        if ((e = dpar__cu_scratch(st, me, 1, bb * (size_t)n, &sbuf))) return e;
+        if ((e = dpar__cu_scratch(st, me, 2, bb * (size_t)n, &rbuf))) return e;
+        for (i = 0; i < n; i++)
+            if ((e = dpar__cu_copy_nd(st, me, s, sbuf + bb * (size_t)i, in + (size_t)(g.in_step * i) * es, esi,
+                                      g.nd, g.blk, g.in_st, g.blk_st))) return e;
+        DPAR__NCCL_TRY(me, "ncclGroupStart", comm, dpar__cu.ncclGroupStart());
+        for (i = 0; i < n; i++) {
+            int rs, rr;
+            if (i == r) continue;
+            rs = dpar__cu.ncclSend((void *)(uintptr_t)(sbuf + bb * (size_t)i), (size_t)g.blk_count, nt, i, comm, s);
+            rr = rs == DPAR__ncclSuccess || rs == DPAR__ncclInProgress
+                 ? dpar__cu.ncclRecv((void *)(uintptr_t)(rbuf + bb * (size_t)i), (size_t)g.blk_count, nt, i, comm, s) : rs;
+            if (rr != DPAR__ncclSuccess && rr != DPAR__ncclInProgress) {
+                dpar__cu.ncclGroupEnd();
+                return dpar__nccl_fail(me, "ncclSend/ncclRecv (all_to_all)", rr, comm);
+            }
+        }
+        DPAR__NCCL_TRY(me, "ncclGroupEnd", comm, dpar__cu.ncclGroupEnd());
+        DPAR__CU_TRY(me, "cuMemcpyDtoDAsync",
+                     dpar__cu.cuMemcpyDtoDAsync(rbuf + bb * (size_t)r, sbuf + bb * (size_t)r, bb, s));
+        for (i = 0; i < n; i++)
+            if ((e = dpar__cu_copy_nd(st, me, s, out + (size_t)(g.out_step * i) * es, rbuf + bb * (size_t)i, esi,
+                                      g.nd, g.blk, g.blk_st, g.out_st))) return e;
+        return DPAR_OK;
+    }
+    default:
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "cuda: collective kind %d not implemented", (int)c->kind);
+    }
+}
+
+static dpar_status dpar__cu_coll_nccl(dpar__cu_state *st, dpar__coll *c) {
+    int me = c->devices[c->rank];
+    dpar__cu_dev *d = &st->dev[me];
+    dpar__ncclComm comm = NULL;
+    dpar_status e = dpar__cu_get_comm(st, c, &comm);
+    if (e) return e;
+    /* compute -> comm stream, the collective, comm -> compute stream */
+    DPAR__CU_TRY(me, "cuEventRecord", dpar__cu.cuEventRecord(d->ev_c2n, d->compute));
+    DPAR__CU_TRY(me, "cuStreamWaitEvent", dpar__cu.cuStreamWaitEvent(d->comm, d->ev_c2n, 0));
+    e = dpar__cu_coll_nccl_body(st, c, comm, d->comm);
+    DPAR__CU_TRY(me, "cuEventRecord", dpar__cu.cuEventRecord(d->ev_n2c, d->comm));
+    DPAR__CU_TRY(me, "cuStreamWaitEvent", dpar__cu.cuStreamWaitEvent(d->compute, d->ev_n2c, 0));
+    return e;
+}
+
+static dpar_status dpar__cu_collective(void *state, dpar__coll *c) {
+    dpar__cu_state *st = (dpar__cu_state *)state;
+    int me = c->devices[c->rank];
+    dpar_status e = dpar__cu_bind(st, me);
+    if (e) return e;
+    if (c->n > DPAR__CU_MAXV && st->virt)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "cuda: a group of %d virtual devices exceeds %d", c->n, DPAR__CU_MAXV);
+    if (c->n == 1) {
+        /* a 1-rank NCCL all-reduce on a real GPU (what a 1-GPU job runs), else a copy */
+        if (!st->virt && dpar__cu.lib_nccl && c->kind == DPAR__COLL_ALL_REDUCE) return dpar__cu_coll_nccl(st, c);
+        return dpar__cu_coll_local(st, me, c);
+    }
+    if (st->virt) return dpar__cu_coll_virtual(st, c);
+    return dpar__cu_coll_nccl(st, c);
+}
+
+static const dpar__backend_iface *dpar__cuda_iface(void) {
+    static const dpar__backend_iface iface = {
+        "cuda",
+        DPAR_BACKEND_CUDA,
+        dpar__cu_init,
+        dpar__cu_shutdown,
+        dpar__cu_device_info,
+        dpar__cu_thread_init,
+        dpar__cu_alloc,
+        dpar__cu_free,
+        dpar__cu_write,
+        dpar__cu_read,
+        dpar__cu_sync,
+        dpar__cu_host_ptr,
+        NULL, /* host_acquire */
+        NULL, /* host_release */
+        dpar__cu_op,
+        dpar__cu_collective
+    };
+    return &iface;
+}
+
+#endif /* DPAR_CUDA_BACKEND_INCLUDED */

@@ -1,0 +1,1353 @@
+/* backends/dpar_vulkan.h — the Vulkan compute backend of dpar.h.
+
+   Compiled into the implementation when DPAR_VULKAN is defined:
+
+       #define DPAR_VULKAN
+       #define DPAR_IMPLEMENTATION
+       #include "dpar.h"          // includes backends/dpar_vulkan.h at its end
+
+   Build: only the Vulkan headers are needed (Debian: libvulkan-dev). Nothing
+   is linked: the loader (libvulkan.so.1) is opened with dlopen at run time,
+   so a program starts on a machine without Vulkan and gets
+   DPAR_ERR_BACKEND_UNAVAILABLE with the reason from dpar_runtime_create.
+   Link with -ldl on old glibc. The SPIR-V of the shaders (shaders/NAME.comp) is embedded in
+   backends/dpar_vulkan_spirv.h (generated, committed; glslang not needed).
+
+   Devices: N logical devices (dpar_runtime_desc.num_devices / DPAR_DEVICES)
+   on one physical device (desc.vulkan_physical_device, else the first with a
+   compute queue). Each logical device gets its own VkQueue when the queue
+   family has enough, otherwise logical devices share queues (under a lock).
+   Every logical device has its own command pool, a ring of command buffers
+   with fences and descriptor pools, and records ops asynchronously; reads,
+   syncs and host access wait for the work that touches the buffer.
+
+   Memory: where memory is DEVICE_LOCAL and HOST_VISIBLE (integrated and
+   mobile GPUs, llvmpipe, resizable BAR with cached memory) buffers are mapped
+   persistently and the core's host collectives work in place; otherwise
+   buffers are device-local and host copies go through a persistent staging
+   buffer, in chunks. Non-coherent memory is flushed after host writes and
+   invalidated before host reads, ranges aligned to nonCoherentAtomSize.
+
+   Environment:
+       DPAR_VK_NONCOHERENT=1   treat host-visible memory as non-coherent (also
+                               dpar_runtime_desc.vulkan_force_noncoherent)
+       DPAR_VK_FORCE_STAGING=1 never map buffers: use the staging path even
+                               where memory is host-visible (tests it anywhere)
+       DPAR_VK_LOADER=path     loader library to dlopen (default libvulkan.so.1)
+
+   Limits: one buffer may be at most maxStorageBufferRange bytes for ops
+   (llvmpipe: 128 MiB; copies, fills and collectives have no such limit);
+   element counts below 2^32. Matrix products are f32.
+*/
+#ifndef DPAR_VULKAN_H_INCLUDED
+#define DPAR_VULKAN_H_INCLUDED
+
+#ifndef VK_NO_PROTOTYPES
+#  define VK_NO_PROTOTYPES
+#endif
+#include <vulkan/vulkan.h>
+#include <dlfcn.h>
+#include "dpar_vulkan_spirv.h"
+
+/* ---------------------------------------------------------------------------
+   Vulkan entry points (loaded at run time, volk-style)
+   ------------------------------------------------------------------------ */
+#define DPAR__VK_INSTANCE_FNS(X) \
+    X(vkDestroyInstance) X(vkEnumeratePhysicalDevices) X(vkGetPhysicalDeviceProperties) \
+    X(vkGetPhysicalDeviceProperties2) X(vkGetPhysicalDeviceQueueFamilyProperties) \
+    X(vkGetPhysicalDeviceMemoryProperties) X(vkCreateDevice) X(vkGetDeviceProcAddr) \
+    X(vkEnumerateDeviceExtensionProperties)
+
+#define DPAR__VK_DEVICE_FNS(X) \
+    X(vkDestroyDevice) X(vkGetDeviceQueue) X(vkDeviceWaitIdle) \
+    X(vkCreateBuffer) X(vkDestroyBuffer) X(vkGetBufferMemoryRequirements) \
+    X(vkAllocateMemory) X(vkFreeMemory) X(vkBindBufferMemory) X(vkMapMemory) X(vkUnmapMemory) \
+    X(vkFlushMappedMemoryRanges) X(vkInvalidateMappedMemoryRanges) \
+    X(vkCreateCommandPool) X(vkDestroyCommandPool) X(vkAllocateCommandBuffers) \
+    X(vkBeginCommandBuffer) X(vkEndCommandBuffer) X(vkCmdPipelineBarrier) \
+    X(vkCmdBindPipeline) X(vkCmdBindDescriptorSets) X(vkCmdPushConstants) X(vkCmdDispatch) \
+    X(vkCmdCopyBuffer) X(vkCmdFillBuffer) X(vkQueueSubmit) \
+    X(vkCreateFence) X(vkDestroyFence) X(vkResetFences) X(vkWaitForFences) \
+    X(vkCreateShaderModule) X(vkDestroyShaderModule) \
+    X(vkCreateDescriptorSetLayout) X(vkDestroyDescriptorSetLayout) \
+    X(vkCreatePipelineLayout) X(vkDestroyPipelineLayout) \
+    X(vkCreateComputePipelines) X(vkDestroyPipeline) \
+    X(vkCreateDescriptorPool) X(vkDestroyDescriptorPool) X(vkResetDescriptorPool) \
+    X(vkAllocateDescriptorSets) X(vkUpdateDescriptorSets)
+
+enum {
+    DPAR__VK_FRAMES = 3,       /* command buffers in flight per logical device */
+    DPAR__VK_FRAME_OPS = 128,  /* ops recorded before a command buffer is submitted */
+    DPAR__VK_BINDINGS = 4,     /* dst, dst2, src0, src1 */
+    DPAR__VK_WG = 256          /* 1-D workgroup size of the element-wise shaders */
+};
+#define DPAR__VK_CHUNK ((VkDeviceSize)16 << 20)   /* staging chunk */
+#define DPAR__VK_FENCE_TIMEOUT_NS ((uint64_t)600 * 1000000000ull)
+
+typedef struct dpar__vkqueue {
+    VkQueue queue;
+    pthread_mutex_t lock;      /* VkQueue is externally synchronized */
+} dpar__vkqueue;
+
+typedef struct dpar__vkframe {
+    VkCommandBuffer cb;
+    VkFence fence;
+    VkDescriptorPool pool;
+    uint64_t serial;           /* serial of the batch it holds (0: never used) */
+    int state;                 /* 0 idle, 1 recording, 2 submitted */
+    int nops;
+} dpar__vkframe;
+
+struct dpar__vk;
+
+typedef struct dpar__vkdev {
+    struct dpar__vk *st;
+    int index;
+    pthread_mutex_t lock;      /* command pool, frames, staging, serials */
+    dpar__vkqueue *queue;
+    VkCommandPool cmd_pool;
+    dpar__vkframe frames[DPAR__VK_FRAMES];
+    int cur;                   /* recording frame or -1 */
+    uint64_t next_serial;      /* serial of the next batch (starts at 1) */
+    uint64_t completed;        /* every batch <= completed has finished */
+    VkBuffer staging;          /* persistent, grows on demand */
+    VkDeviceMemory staging_mem;
+    VkDeviceSize staging_size, staging_alloc;
+    unsigned char *staging_map;
+    int staging_coherent;
+} dpar__vkdev;
+
+typedef struct dpar__vkbuf {
+    VkBuffer buf;
+    VkDeviceMemory mem;
+    VkDeviceSize size;         /* buffer size (nbytes rounded up to 4, at least 4) */
+    VkDeviceSize alloc_size;   /* allocation size, multiple of nonCoherentAtomSize */
+    size_t nbytes;
+    unsigned char *map;        /* persistent mapping (NULL: staging path) */
+    int coherent;              /* no flush/invalidate needed */
+    uint64_t last_serial;      /* last batch of its device that used it */
+} dpar__vkbuf;
+
+typedef struct dpar__vkpc {   /* push constants shared by every shader (32 bytes) */
+    uint32_t n, m, k, flags;
+    float f[4];
+} dpar__vkpc;
+
+typedef struct dpar__vk {
+    void *lib;
+    PFN_vkGetInstanceProcAddr gipa;
+    PFN_vkCreateInstance vkCreateInstance;
+    PFN_vkEnumerateInstanceExtensionProperties vkEnumerateInstanceExtensionProperties;
+    PFN_vkEnumerateInstanceVersion vkEnumerateInstanceVersion;
+#define DPAR__VK_DECL(name) PFN_##name name;
+    DPAR__VK_INSTANCE_FNS(DPAR__VK_DECL)
+    DPAR__VK_DEVICE_FNS(DPAR__VK_DECL)
+#undef DPAR__VK_DECL
+    VkInstance instance;
+    VkPhysicalDevice phys;
+    int phys_index;
+    VkPhysicalDeviceProperties props;
+    VkPhysicalDeviceMemoryProperties memprops;
+    VkDeviceSize max_alloc;    /* maxMemoryAllocationSize */
+    char driver[64];
+    VkDevice device;
+    uint32_t family;
+    int nqueues;
+    dpar__vkqueue *queues;
+    int ndev;
+    dpar__vkdev *devs;
+    int force_noncoherent, force_staging, prefer_mappable;
+    VkDeviceSize atom;         /* nonCoherentAtomSize */
+    VkDescriptorSetLayout dsl;
+    VkPipelineLayout layout;
+    pthread_mutex_t pipe_lock;
+    int pipe_lock_init;
+    VkPipeline pipes[DPAR__SPV_COUNT];
+    dpar__vkbuf dummy;         /* bound to unused bindings */
+    int lost;                  /* VK_ERROR_DEVICE_LOST seen */
+} dpar__vk;
+
+/* ---------------------------------------------------------------------------
+   Errors
+   ------------------------------------------------------------------------ */
+static const char *dpar__vk_result_name(VkResult r) {
+    switch (r) {
+#define DPAR__VK_R(x) case x: return #x;
+    DPAR__VK_R(VK_SUCCESS) DPAR__VK_R(VK_NOT_READY) DPAR__VK_R(VK_TIMEOUT)
+    DPAR__VK_R(VK_EVENT_SET) DPAR__VK_R(VK_EVENT_RESET) DPAR__VK_R(VK_INCOMPLETE)
+    DPAR__VK_R(VK_ERROR_OUT_OF_HOST_MEMORY) DPAR__VK_R(VK_ERROR_OUT_OF_DEVICE_MEMORY)
+    DPAR__VK_R(VK_ERROR_INITIALIZATION_FAILED) DPAR__VK_R(VK_ERROR_DEVICE_LOST)
+    DPAR__VK_R(VK_ERROR_MEMORY_MAP_FAILED) DPAR__VK_R(VK_ERROR_LAYER_NOT_PRESENT)
+    DPAR__VK_R(VK_ERROR_EXTENSION_NOT_PRESENT) DPAR__VK_R(VK_ERROR_FEATURE_NOT_PRESENT)
+    DPAR__VK_R(VK_ERROR_INCOMPATIBLE_DRIVER) DPAR__VK_R(VK_ERROR_TOO_MANY_OBJECTS)
+    DPAR__VK_R(VK_ERROR_FORMAT_NOT_SUPPORTED) DPAR__VK_R(VK_ERROR_FRAGMENTED_POOL)
+    DPAR__VK_R(VK_ERROR_UNKNOWN) DPAR__VK_R(VK_ERROR_OUT_OF_POOL_MEMORY)
+    DPAR__VK_R(VK_ERROR_INVALID_EXTERNAL_HANDLE) DPAR__VK_R(VK_ERROR_FRAGMENTATION)
+    DPAR__VK_R(VK_ERROR_INVALID_OPAQUE_CAPTURE_ADDRESS) DPAR__VK_R(VK_PIPELINE_COMPILE_REQUIRED)
+    DPAR__VK_R(VK_ERROR_INVALID_SHADER_NV)
+#undef DPAR__VK_R
+    default: return "VK_RESULT_UNKNOWN";
+    }
+}
+
+/* Sets the last error "<call> failed: <VkResult> (<detail>)" and returns the
+   matching status: out-of-memory results -> DPAR_ERR_OUT_OF_MEMORY, the rest
+   -> DPAR_ERR_BACKEND. A lost device is remembered: later calls fail at once. */
+static dpar_status dpar__vk_fail(dpar__vk *st, VkResult r, const char *call, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 4, 5)))
+#endif
+    ;
+static dpar_status dpar__vk_fail(dpar__vk *st, VkResult r, const char *call, const char *fmt, ...) {
+    char detail[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(detail, sizeof detail, fmt, ap);
+    va_end(ap);
+    dpar_status s = DPAR_ERR_BACKEND;
+    const char *hint = "";
+    if (r == VK_ERROR_OUT_OF_HOST_MEMORY || r == VK_ERROR_OUT_OF_DEVICE_MEMORY) {
+        s = DPAR_ERR_OUT_OF_MEMORY;
+        hint = "; free buffers or use smaller ones";
+    } else if (r == VK_ERROR_DEVICE_LOST) {
+        if (st) st->lost = 1;
+        hint = "; the GPU was reset or the driver crashed: destroy the runtime and create a new one";
+    }
+    return dpar__err(s, "vulkan: %s failed: %s (%s)%s", call, dpar__vk_result_name(r), detail, hint);
+}
+
+static dpar_status dpar__vk_check_lost(dpar__vk *st) {
+    if (st->lost)
+        return dpar__err(DPAR_ERR_BACKEND, "vulkan: the device was lost earlier (VK_ERROR_DEVICE_LOST); "
+                         "destroy the runtime and create a new one");
+    return DPAR_OK;
+}
+
+static int dpar__vk_env_flag(const char *name) {
+    const char *v = getenv(name);
+    return v && v[0] && v[0] != '0';
+}
+
+/* ---------------------------------------------------------------------------
+   Memory
+   ------------------------------------------------------------------------ */
+static VkDeviceSize dpar__vk_round_up(VkDeviceSize x, VkDeviceSize a) { return (x + a - 1) / a * a; }
+
+/* First memory type allowed by `bits` that has all of `want`; -1 if none. */
+static int dpar__vk_find_type(const dpar__vk *st, uint32_t bits, VkMemoryPropertyFlags want) {
+    for (uint32_t i = 0; i < st->memprops.memoryTypeCount; i++)
+        if ((bits & (1u << i)) && (st->memprops.memoryTypes[i].propertyFlags & want) == want) return (int)i;
+    return -1;
+}
+
+/* Flush (after host writes) or invalidate (before host reads) [off, off+n) of
+   a mapped allocation, widened to nonCoherentAtomSize. */
+static dpar_status dpar__vk_map_range(dpar__vk *st, VkDeviceMemory mem, VkDeviceSize alloc_size,
+                                      size_t off, size_t n, int invalidate) {
+    if (n == 0) return DPAR_OK;
+    VkDeviceSize start = (VkDeviceSize)off / st->atom * st->atom;
+    VkDeviceSize end = dpar__vk_round_up((VkDeviceSize)off + n, st->atom);
+    if (end > alloc_size) end = alloc_size;
+    VkMappedMemoryRange r;
+    memset(&r, 0, sizeof r);
+    r.sType = VK_STRUCTURE_TYPE_MAPPED_MEMORY_RANGE;
+    r.memory = mem;
+    r.offset = start;
+    r.size = end - start;
+    VkResult vr = invalidate ? st->vkInvalidateMappedMemoryRanges(st->device, 1, &r)
+                             : st->vkFlushMappedMemoryRanges(st->device, 1, &r);
+    if (vr != VK_SUCCESS)
+        return dpar__vk_fail(st, vr, invalidate ? "vkInvalidateMappedMemoryRanges" : "vkFlushMappedMemoryRanges",
+                             "offset %llu, %llu bytes", (unsigned long long)start,
+                             (unsigned long long)(end - start));
+    return DPAR_OK;
+}
+
+static void dpar__vk_destroy_vkbuf(dpar__vk *st, dpar__vkbuf *b) {
+    if (b->map) st->vkUnmapMemory(st->device, b->mem);
+    if (b->buf != VK_NULL_HANDLE) st->vkDestroyBuffer(st->device, b->buf, NULL);
+    if (b->mem != VK_NULL_HANDLE) st->vkFreeMemory(st->device, b->mem, NULL);
+    b->map = NULL;
+    b->buf = VK_NULL_HANDLE;
+    b->mem = VK_NULL_HANDLE;
+}
+
+/* Creates a buffer + its own allocation. staging: host-visible memory for
+   copies; else storage memory, mapped when the policy allows. */
+static dpar_status dpar__vk_create_vkbuf(dpar__vk *st, int dev, size_t nbytes, int staging, dpar__vkbuf *b) {
+    memset(b, 0, sizeof *b);
+    b->nbytes = nbytes;
+    b->size = dpar__vk_round_up(nbytes < 4 ? 4 : (VkDeviceSize)nbytes, 4);
+    VkBufferCreateInfo bi;
+    memset(&bi, 0, sizeof bi);
+    bi.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO;
+    bi.size = b->size;
+    bi.usage = VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT |
+               (staging ? 0 : VK_BUFFER_USAGE_STORAGE_BUFFER_BIT);
+    bi.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
+    VkResult vr = st->vkCreateBuffer(st->device, &bi, NULL, &b->buf);
+    if (vr != VK_SUCCESS)
+        return dpar__vk_fail(st, vr, "vkCreateBuffer", "device %d, %llu bytes", dev, (unsigned long long)b->size);
+    VkMemoryRequirements req;
+    st->vkGetBufferMemoryRequirements(st->device, b->buf, &req);
+    int type = -1;
+    const VkMemoryPropertyFlags DL = VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, HV = VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT,
+                                HC = VK_MEMORY_PROPERTY_HOST_CACHED_BIT;
+    if (staging) {
+        type = dpar__vk_find_type(st, req.memoryTypeBits, HV | HC);
+        if (type < 0) type = dpar__vk_find_type(st, req.memoryTypeBits, HV);
+    } else {
+        if (st->prefer_mappable) type = dpar__vk_find_type(st, req.memoryTypeBits, DL | HV);
+        if (type < 0) type = dpar__vk_find_type(st, req.memoryTypeBits, DL);
+        if (type < 0) type = dpar__vk_find_type(st, req.memoryTypeBits, 0);
+    }
+    if (type < 0) {
+        dpar__vk_destroy_vkbuf(st, b);
+        return dpar__err(DPAR_ERR_BACKEND, "vulkan: no suitable memory type for a %s buffer (memoryTypeBits 0x%x)",
+                         staging ? "staging" : "storage", req.memoryTypeBits);
+    }
+    VkMemoryPropertyFlags flags = st->memprops.memoryTypes[type].propertyFlags;
+    uint32_t heap = st->memprops.memoryTypes[type].heapIndex;
+    b->alloc_size = dpar__vk_round_up(req.size, st->atom);
+    if (b->alloc_size > st->memprops.memoryHeaps[heap].size || b->alloc_size > st->max_alloc) {
+        VkDeviceSize hs = st->memprops.memoryHeaps[heap].size;
+        dpar__vk_destroy_vkbuf(st, b);
+        return dpar__err(DPAR_ERR_OUT_OF_MEMORY,
+                         "vulkan: vkAllocateMemory: %llu bytes on device %d exceed the memory heap (%llu bytes) "
+                         "or maxMemoryAllocationSize (%llu bytes); use smaller buffers or more devices",
+                         (unsigned long long)b->alloc_size, dev, (unsigned long long)hs,
+                         (unsigned long long)st->max_alloc);
+    }
+    VkMemoryAllocateInfo ai;
+    memset(&ai, 0, sizeof ai);
+    ai.sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO;
+    ai.allocationSize = b->alloc_size;
+    ai.memoryTypeIndex = (uint32_t)type;
+    vr = st->vkAllocateMemory(st->device, &ai, NULL, &b->mem);
+    if (vr != VK_SUCCESS) {
+        b->mem = VK_NULL_HANDLE;
+        dpar__vk_destroy_vkbuf(st, b);
+        return dpar__vk_fail(st, vr, "vkAllocateMemory", "device %d, %llu bytes", dev,
+                             (unsigned long long)ai.allocationSize);
+    }
+    vr = st->vkBindBufferMemory(st->device, b->buf, b->mem, 0);
+    if (vr != VK_SUCCESS) {
+        dpar__vk_destroy_vkbuf(st, b);
+        return dpar__vk_fail(st, vr, "vkBindBufferMemory", "device %d", dev);
+    }
+    if ((flags & HV) && (staging || !st->force_staging)) {
+        void *p = NULL;
+        vr = st->vkMapMemory(st->device, b->mem, 0, VK_WHOLE_SIZE, 0, &p);
+        if (vr != VK_SUCCESS) {
+            dpar__vk_destroy_vkbuf(st, b);
+            return dpar__vk_fail(st, vr, "vkMapMemory", "device %d, %llu bytes", dev,
+                                 (unsigned long long)b->alloc_size);
+        }
+        b->map = (unsigned char *)p;
+        b->coherent = (flags & VK_MEMORY_PROPERTY_HOST_COHERENT_BIT) && !st->force_noncoherent;
+    }
+    return DPAR_OK;
+}
+
+/* ---------------------------------------------------------------------------
+   Batches: each logical device records into a ring of command buffers
+   ------------------------------------------------------------------------ */
+/* Waits until every batch with serial <= s has finished (in order). Lock held. */
+static dpar_status dpar__vk_wait_serial(dpar__vkdev *d, uint64_t s) {
+    dpar__vk *st = d->st;
+    for (uint64_t x = d->completed + 1; x <= s; x++) {
+        dpar__vkframe *f = &d->frames[x % DPAR__VK_FRAMES];
+        if (f->serial != x || f->state != 2) continue;
+        VkResult vr = st->vkWaitForFences(st->device, 1, &f->fence, VK_TRUE, DPAR__VK_FENCE_TIMEOUT_NS);
+        if (vr != VK_SUCCESS) {
+            if (vr == VK_TIMEOUT)
+                return dpar__err(DPAR_ERR_BACKEND, "vulkan: vkWaitForFences failed: VK_TIMEOUT (device %d did not "
+                                 "finish its work in %llu s)", d->index,
+                                 (unsigned long long)(DPAR__VK_FENCE_TIMEOUT_NS / 1000000000ull));
+            return dpar__vk_fail(st, vr, "vkWaitForFences", "device %d", d->index);
+        }
+        f->state = 0;
+        d->completed = x;
+    }
+    if (s > d->completed) d->completed = s;
+    return DPAR_OK;
+}
+
+/* A full memory barrier between consecutive commands (compute and transfer).
+   Its first scope also covers earlier submissions on the queue. */
+static void dpar__vk_cmd_barrier(dpar__vk *st, VkCommandBuffer cb) {
+    VkMemoryBarrier mb;
+    memset(&mb, 0, sizeof mb);
+    mb.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER;
+    mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
+    mb.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT |
+                       VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
+    VkPipelineStageFlags stages = VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT;
+    st->vkCmdPipelineBarrier(cb, stages, stages, 0, 1, &mb, 0, NULL, 0, NULL);
+}
+
+/* The recording batch of d, begun when none is open. Lock held. */
+static dpar_status dpar__vk_begin(dpar__vkdev *d, dpar__vkframe **out) {
+    dpar__vk *st = d->st;
+    if (d->cur >= 0) { *out = &d->frames[d->cur]; return DPAR_OK; }
+    dpar_status s = dpar__vk_check_lost(st);
+    if (s) return s;
+    uint64_t serial = d->next_serial;
+    int i = (int)(serial % DPAR__VK_FRAMES);
+    dpar__vkframe *f = &d->frames[i];
+    if (f->state == 2 && (s = dpar__vk_wait_serial(d, f->serial)) != DPAR_OK) return s;
+    VkResult vr;
+    if (f->serial != 0 && (vr = st->vkResetFences(st->device, 1, &f->fence)) != VK_SUCCESS)
+        return dpar__vk_fail(st, vr, "vkResetFences", "device %d", d->index);
+    if ((vr = st->vkResetDescriptorPool(st->device, f->pool, 0)) != VK_SUCCESS)
+        return dpar__vk_fail(st, vr, "vkResetDescriptorPool", "device %d", d->index);
+    VkCommandBufferBeginInfo bi;
+    memset(&bi, 0, sizeof bi);
+    bi.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO;
+    bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
+    if ((vr = st->vkBeginCommandBuffer(f->cb, &bi)) != VK_SUCCESS)
+        return dpar__vk_fail(st, vr, "vkBeginCommandBuffer", "device %d", d->index);
+    f->serial = serial;
+    f->state = 1;
+    f->nops = 0;
+    d->next_serial++;
+    d->cur = i;
+    *out = f;
+    return DPAR_OK;
+}
+
+/* Ends and submits the recording batch, if any. Lock held. */
+static dpar_status dpar__vk_submit(dpar__vkdev *d) {
+    dpar__vk *st = d->st;
+    if (d->cur < 0) return DPAR_OK;
+    dpar__vkframe *f = &d->frames[d->cur];
+    d->cur = -1;
+    /* device writes -> host reads: made available to the host domain before
+       the fence signals (the transfer/compute -> host barrier) */
+    VkMemoryBarrier mb;
+    memset(&mb, 0, sizeof mb);
+    mb.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER;
+    mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
+    mb.dstAccessMask = VK_ACCESS_HOST_READ_BIT | VK_ACCESS_HOST_WRITE_BIT;
+    st->vkCmdPipelineBarrier(f->cb, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
+                             VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &mb, 0, NULL, 0, NULL);
+    VkResult vr = st->vkEndCommandBuffer(f->cb);
+    if (vr == VK_SUCCESS) {
+        VkSubmitInfo si;
+        memset(&si, 0, sizeof si);
+        si.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO;
+        si.commandBufferCount = 1;
+        si.pCommandBuffers = &f->cb;
+        pthread_mutex_lock(&d->queue->lock);
+        vr = st->vkQueueSubmit(d->queue->queue, 1, &si, f->fence);
+        pthread_mutex_unlock(&d->queue->lock);
+        if (vr == VK_SUCCESS) { f->state = 2; return DPAR_OK; }
+        f->state = 0;
+        if (f->serial > d->completed) d->completed = f->serial;
+        return dpar__vk_fail(st, vr, "vkQueueSubmit", "device %d", d->index);
+    }
+    f->state = 0;
+    if (f->serial > d->completed) d->completed = f->serial;
+    return dpar__vk_fail(st, vr, "vkEndCommandBuffer", "device %d", d->index);
+}
+
+/* Submits and waits for everything queued on d. Lock held. */
+static dpar_status dpar__vk_drain(dpar__vkdev *d) {
+    dpar_status s = dpar__vk_submit(d);
+    if (s) return s;
+    return dpar__vk_wait_serial(d, d->next_serial - 1);
+}
+
+/* Waits until no queued work of d touches b. Lock held. */
+static dpar_status dpar__vk_buf_idle(dpar__vkdev *d, const dpar__vkbuf *b) {
+    if (b->last_serial <= d->completed) return DPAR_OK;
+    if (d->cur >= 0 && d->frames[d->cur].serial <= b->last_serial) {
+        dpar_status s = dpar__vk_submit(d);
+        if (s) return s;
+    }
+    return dpar__vk_wait_serial(d, b->last_serial);
+}
+
+/* Counts one recorded command; submits the batch when it is full. Lock held. */
+static dpar_status dpar__vk_recorded(dpar__vkdev *d, dpar__vkframe *f) {
+    if (++f->nops >= DPAR__VK_FRAME_OPS) return dpar__vk_submit(d);
+    return DPAR_OK;
+}
+
+/* Makes sure the staging buffer of d holds at least `need` bytes (at most one
+   chunk). Lock held. */
+static dpar_status dpar__vk_staging(dpar__vkdev *d, VkDeviceSize need) {
+    dpar__vk *st = d->st;
+    if (need > DPAR__VK_CHUNK) need = DPAR__VK_CHUNK;
+    if (d->staging != VK_NULL_HANDLE && d->staging_size >= need) return DPAR_OK;
+    dpar_status s = dpar__vk_drain(d);
+    if (s) return s;
+    if (d->staging != VK_NULL_HANDLE) {
+        dpar__vkbuf old;
+        memset(&old, 0, sizeof old);
+        old.buf = d->staging;
+        old.mem = d->staging_mem;
+        old.map = d->staging_map;
+        dpar__vk_destroy_vkbuf(st, &old);
+        d->staging = VK_NULL_HANDLE;
+        d->staging_mem = VK_NULL_HANDLE;
+        d->staging_map = NULL;
+        d->staging_size = 0;
+    }
+    VkDeviceSize size = need < ((VkDeviceSize)1 << 20) ? ((VkDeviceSize)1 << 20) : need;
+    dpar__vkbuf nb;
+    if ((s = dpar__vk_create_vkbuf(st, d->index, (size_t)size, 1, &nb)) != DPAR_OK) return s;
+    d->staging = nb.buf;
+    d->staging_mem = nb.mem;
+    d->staging_map = nb.map;
+    d->staging_size = nb.size;
+    d->staging_alloc = nb.alloc_size;
+    d->staging_coherent = nb.coherent;
+    return DPAR_OK;
+}
+
+/* ---------------------------------------------------------------------------
+   Pipelines
+   ------------------------------------------------------------------------ */
+static dpar_status dpar__vk_pipeline(dpar__vk *st, int id, VkPipeline *out) {
+    pthread_mutex_lock(&st->pipe_lock);
+    if (st->pipes[id] != VK_NULL_HANDLE) {
+        *out = st->pipes[id];
+        pthread_mutex_unlock(&st->pipe_lock);
+        return DPAR_OK;
+    }
+    VkShaderModuleCreateInfo mi;
+    memset(&mi, 0, sizeof mi);
+    mi.sType = VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO;
+    mi.codeSize = dpar__spv_table[id].size;
+    mi.pCode = dpar__spv_table[id].code;
+    VkShaderModule mod;
+    VkResult vr = st->vkCreateShaderModule(st->device, &mi, NULL, &mod);
+    if (vr != VK_SUCCESS) {
+        pthread_mutex_unlock(&st->pipe_lock);
+        return dpar__vk_fail(st, vr, "vkCreateShaderModule", "shader %s", dpar__spv_table[id].name);
+    }
+    VkComputePipelineCreateInfo ci;
+    memset(&ci, 0, sizeof ci);
+    ci.sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO;
+    ci.stage.sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO;
+    ci.stage.stage = VK_SHADER_STAGE_COMPUTE_BIT;
+    ci.stage.module = mod;
+    ci.stage.pName = "main";
+    ci.layout = st->layout;
+    VkPipeline p;
+    vr = st->vkCreateComputePipelines(st->device, VK_NULL_HANDLE, 1, &ci, NULL, &p);
+    st->vkDestroyShaderModule(st->device, mod, NULL);
+    if (vr != VK_SUCCESS) {
+        pthread_mutex_unlock(&st->pipe_lock);
+        return dpar__vk_fail(st, vr, "vkCreateComputePipelines", "shader %s", dpar__spv_table[id].name);
+    }
+    st->pipes[id] = p;
+    *out = p;
+    pthread_mutex_unlock(&st->pipe_lock);
+    return DPAR_OK;
+}
+
+/* Records one dispatch of shader `id` on device dev with buffers
+   b[0..3] = dst, dst2, src0, src1 (NULL: unused). */
+static dpar_status dpar__vk_dispatch(dpar__vk *st, int dev, int id, dpar__vkbuf *const b[DPAR__VK_BINDINGS],
+                                     const dpar__vkpc *pc, uint32_t gx, uint32_t gy) {
+    if (gx == 0 || gy == 0) return DPAR_OK;
+    if (gx > st->props.limits.maxComputeWorkGroupCount[0] || gy > st->props.limits.maxComputeWorkGroupCount[1])
+        return dpar__err(DPAR_ERR_BACKEND, "vulkan: %s needs %u x %u workgroups, more than the device allows "
+                         "(%u x %u); split the op", dpar__spv_table[id].name, gx, gy,
+                         st->props.limits.maxComputeWorkGroupCount[0], st->props.limits.maxComputeWorkGroupCount[1]);
+    for (int i = 0; i < DPAR__VK_BINDINGS; i++)
+        if (b[i] && b[i]->size > st->props.limits.maxStorageBufferRange)
+            return dpar__err(DPAR_ERR_BACKEND, "vulkan: %s: a buffer of %llu bytes exceeds maxStorageBufferRange "
+                             "(%u bytes) of device %d; shard it over more devices or use smaller buffers",
+                             dpar__spv_table[id].name, (unsigned long long)b[i]->size,
+                             st->props.limits.maxStorageBufferRange, dev);
+    VkPipeline pipe = VK_NULL_HANDLE;
+    dpar_status s = dpar__vk_pipeline(st, id, &pipe);
+    if (s) return s;
+    dpar__vkdev *d = &st->devs[dev];
+    pthread_mutex_lock(&d->lock);
+    dpar__vkframe *f;
+    if ((s = dpar__vk_begin(d, &f)) != DPAR_OK) { pthread_mutex_unlock(&d->lock); return s; }
+    VkDescriptorSetAllocateInfo ai;
+    memset(&ai, 0, sizeof ai);
+    ai.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO;
+    ai.descriptorPool = f->pool;
+    ai.descriptorSetCount = 1;
+    ai.pSetLayouts = &st->dsl;
+    VkDescriptorSet set;
+    VkResult vr = st->vkAllocateDescriptorSets(st->device, &ai, &set);
+    if (vr != VK_SUCCESS) {
+        pthread_mutex_unlock(&d->lock);
+        return dpar__vk_fail(st, vr, "vkAllocateDescriptorSets", "device %d", dev);
+    }
+    VkDescriptorBufferInfo info[DPAR__VK_BINDINGS];
+    VkWriteDescriptorSet w[DPAR__VK_BINDINGS];
+    memset(w, 0, sizeof w);
+    for (int i = 0; i < DPAR__VK_BINDINGS; i++) {
+        const dpar__vkbuf *x = b[i] ? b[i] : &st->dummy;
+        info[i].buffer = x->buf;
+        info[i].offset = 0;
+        info[i].range = x->size;
+        w[i].sType = VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET;
+        w[i].dstSet = set;
+        w[i].dstBinding = (uint32_t)i;
+        w[i].descriptorCount = 1;
+        w[i].descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
+        w[i].pBufferInfo = &info[i];
+    }
+    st->vkUpdateDescriptorSets(st->device, DPAR__VK_BINDINGS, w, 0, NULL);
+    dpar__vk_cmd_barrier(st, f->cb);
+    st->vkCmdBindPipeline(f->cb, VK_PIPELINE_BIND_POINT_COMPUTE, pipe);
+    st->vkCmdBindDescriptorSets(f->cb, VK_PIPELINE_BIND_POINT_COMPUTE, st->layout, 0, 1, &set, 0, NULL);
+    st->vkCmdPushConstants(f->cb, st->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof *pc, pc);
+    st->vkCmdDispatch(f->cb, gx, gy, 1);
+    for (int i = 0; i < DPAR__VK_BINDINGS; i++)
+        if (b[i]) b[i]->last_serial = f->serial;
+    s = dpar__vk_recorded(d, f);
+    pthread_mutex_unlock(&d->lock);
+    return s;
+}
+
+/* Records vkCmdFillBuffer (src == NULL) or vkCmdCopyBuffer src -> dst. */
+static dpar_status dpar__vk_transfer(dpar__vk *st, int dev, dpar__vkbuf *dst, dpar__vkbuf *src,
+                                     VkDeviceSize size, uint32_t pattern) {
+    dpar__vkdev *d = &st->devs[dev];
+    pthread_mutex_lock(&d->lock);
+    dpar__vkframe *f;
+    dpar_status s = dpar__vk_begin(d, &f);
+    if (s) { pthread_mutex_unlock(&d->lock); return s; }
+    dpar__vk_cmd_barrier(st, f->cb);
+    if (src) {
+        VkBufferCopy r;
+        r.srcOffset = 0;
+        r.dstOffset = 0;
+        r.size = size;
+        st->vkCmdCopyBuffer(f->cb, src->buf, dst->buf, 1, &r);
+        src->last_serial = f->serial;
+    } else {
+        st->vkCmdFillBuffer(f->cb, dst->buf, 0, size, pattern);
+    }
+    dst->last_serial = f->serial;
+    s = dpar__vk_recorded(d, f);
+    pthread_mutex_unlock(&d->lock);
+    return s;
+}
+
+/* ---------------------------------------------------------------------------
+   Backend entry points
+   ------------------------------------------------------------------------ */
+static void dpar__vk_shutdown(void *state) {
+    dpar__vk *st = (dpar__vk *)state;
+    if (!st) return;
+    if (st->device != VK_NULL_HANDLE) {
+        st->vkDeviceWaitIdle(st->device);
+        for (int i = 0; i < DPAR__SPV_COUNT; i++)
+            if (st->pipes[i] != VK_NULL_HANDLE) st->vkDestroyPipeline(st->device, st->pipes[i], NULL);
+        if (st->devs) {
+            for (int i = 0; i < st->ndev; i++) {
+                dpar__vkdev *d = &st->devs[i];
+                for (int j = 0; j < DPAR__VK_FRAMES; j++) {
+                    if (d->frames[j].fence != VK_NULL_HANDLE) st->vkDestroyFence(st->device, d->frames[j].fence, NULL);
+                    if (d->frames[j].pool != VK_NULL_HANDLE)
+                        st->vkDestroyDescriptorPool(st->device, d->frames[j].pool, NULL);
+                }
+                if (d->cmd_pool != VK_NULL_HANDLE) st->vkDestroyCommandPool(st->device, d->cmd_pool, NULL);
+                if (d->staging != VK_NULL_HANDLE) {
+                    dpar__vkbuf old;
+                    memset(&old, 0, sizeof old);
+                    old.buf = d->staging;
+                    old.mem = d->staging_mem;
+                    old.map = d->staging_map;
+                    dpar__vk_destroy_vkbuf(st, &old);
+                }
+                pthread_mutex_destroy(&d->lock);
+            }
+        }
+        dpar__vk_destroy_vkbuf(st, &st->dummy);
+        if (st->layout != VK_NULL_HANDLE) st->vkDestroyPipelineLayout(st->device, st->layout, NULL);
+        if (st->dsl != VK_NULL_HANDLE) st->vkDestroyDescriptorSetLayout(st->device, st->dsl, NULL);
+        st->vkDestroyDevice(st->device, NULL);
+    }
+    if (st->queues) {
+        for (int i = 0; i < st->nqueues; i++) pthread_mutex_destroy(&st->queues[i].lock);
+        DPAR_FREE(st->queues);
+    }
+    DPAR_FREE(st->devs);
+    if (st->pipe_lock_init) pthread_mutex_destroy(&st->pipe_lock);
+    if (st->instance != VK_NULL_HANDLE && st->vkDestroyInstance) st->vkDestroyInstance(st->instance, NULL);
+    if (st->lib) dlclose(st->lib);
+    DPAR_FREE(st);
+}
+
+static int dpar__vk_has_ext(const VkExtensionProperties *e, uint32_t n, const char *name) {
+    for (uint32_t i = 0; i < n; i++)
+        if (strcmp(e[i].extensionName, name) == 0) return 1;
+    return 0;
+}
+
+/* Queue family with compute and the most queues (first on ties); -1 if none. */
+static int dpar__vk_compute_family(dpar__vk *st, VkPhysicalDevice pd, uint32_t *count) {
+    uint32_t n = 0;
+    st->vkGetPhysicalDeviceQueueFamilyProperties(pd, &n, NULL);
+    if (n == 0) return -1;
+    VkQueueFamilyProperties *q = (VkQueueFamilyProperties *)DPAR_MALLOC(n * sizeof *q);
+    if (!q) return -1;
+    st->vkGetPhysicalDeviceQueueFamilyProperties(pd, &n, q);
+    int best = -1;
+    for (uint32_t i = 0; i < n; i++)
+        if ((q[i].queueFlags & VK_QUEUE_COMPUTE_BIT) && q[i].queueCount > 0 &&
+            (best < 0 || q[i].queueCount > q[best].queueCount))
+            best = (int)i;
+    if (best >= 0 && count) *count = q[best].queueCount;
+    DPAR_FREE(q);
+    return best;
+}
+
+static dpar_status dpar__vk_init_device(dpar__vk *st, dpar__vkdev *d) {
+    VkResult vr;
+    VkCommandPoolCreateInfo pi;
+    memset(&pi, 0, sizeof pi);
+    pi.sType = VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO;
+    pi.flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
+    pi.queueFamilyIndex = st->family;
+    if ((vr = st->vkCreateCommandPool(st->device, &pi, NULL, &d->cmd_pool)) != VK_SUCCESS)
+        return dpar__vk_fail(st, vr, "vkCreateCommandPool", "device %d", d->index);
+    VkCommandBuffer cbs[DPAR__VK_FRAMES];
+    VkCommandBufferAllocateInfo ai;
+    memset(&ai, 0, sizeof ai);
+    ai.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO;
+    ai.commandPool = d->cmd_pool;
+    ai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
+    ai.commandBufferCount = DPAR__VK_FRAMES;
+    if ((vr = st->vkAllocateCommandBuffers(st->device, &ai, cbs)) != VK_SUCCESS)
+        return dpar__vk_fail(st, vr, "vkAllocateCommandBuffers", "device %d", d->index);
+    for (int j = 0; j < DPAR__VK_FRAMES; j++) {
+        dpar__vkframe *f = &d->frames[j];
+        f->cb = cbs[j];
+        VkFenceCreateInfo fi;
+        memset(&fi, 0, sizeof fi);
+        fi.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO;
+        if ((vr = st->vkCreateFence(st->device, &fi, NULL, &f->fence)) != VK_SUCCESS)
+            return dpar__vk_fail(st, vr, "vkCreateFence", "device %d", d->index);
+        VkDescriptorPoolSize ps;
+        ps.type = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
+        ps.descriptorCount = DPAR__VK_FRAME_OPS * DPAR__VK_BINDINGS;
+        VkDescriptorPoolCreateInfo dpi;
+        memset(&dpi, 0, sizeof dpi);
+        dpi.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO;
+        dpi.maxSets = DPAR__VK_FRAME_OPS;
+        dpi.poolSizeCount = 1;
+        dpi.pPoolSizes = &ps;
+        if ((vr = st->vkCreateDescriptorPool(st->device, &dpi, NULL, &f->pool)) != VK_SUCCESS)
+            return dpar__vk_fail(st, vr, "vkCreateDescriptorPool", "device %d", d->index);
+    }
+    return DPAR_OK;
+}
+
+static dpar_status dpar__vk_init_impl(dpar__vk *st, const dpar_runtime_desc *desc, int requested, int *count) {
+    VkResult vr;
+    const char *libname = getenv("DPAR_VK_LOADER");
+    if (!libname || !libname[0]) libname = "libvulkan.so.1";
+    st->lib = dlopen(libname, RTLD_NOW | RTLD_LOCAL);
+    if (!st->lib) {
+        const char *e = dlerror();
+        return dpar__err(DPAR_ERR_BACKEND_UNAVAILABLE,
+                         "vulkan: cannot load the Vulkan loader %s (%s); install it (Debian: libvulkan1 and a "
+                         "driver such as mesa-vulkan-drivers) or use the cpu backend", libname, e ? e : "dlopen failed");
+    }
+    st->gipa = (PFN_vkGetInstanceProcAddr)(uintptr_t)dlsym(st->lib, "vkGetInstanceProcAddr");
+    if (!st->gipa)
+        return dpar__err(DPAR_ERR_BACKEND_UNAVAILABLE, "vulkan: %s has no vkGetInstanceProcAddr; not a Vulkan loader",
+                         libname);
+    st->vkCreateInstance = (PFN_vkCreateInstance)st->gipa(VK_NULL_HANDLE, "vkCreateInstance");
+    st->vkEnumerateInstanceExtensionProperties = (PFN_vkEnumerateInstanceExtensionProperties)st->gipa(
+        VK_NULL_HANDLE, "vkEnumerateInstanceExtensionProperties");
+    st->vkEnumerateInstanceVersion =
+        (PFN_vkEnumerateInstanceVersion)st->gipa(VK_NULL_HANDLE, "vkEnumerateInstanceVersion");
+    if (!st->vkCreateInstance || !st->vkEnumerateInstanceExtensionProperties)
+        return dpar__err(DPAR_ERR_BACKEND_UNAVAILABLE, "vulkan: the loader %s lacks vkCreateInstance", libname);
+    uint32_t iver = VK_API_VERSION_1_0;
+    if (st->vkEnumerateInstanceVersion) st->vkEnumerateInstanceVersion(&iver);
+    if (iver < VK_API_VERSION_1_1)
+        return dpar__err(DPAR_ERR_BACKEND_UNAVAILABLE, "vulkan: the loader supports Vulkan %u.%u; dpar needs 1.1",
+                         VK_VERSION_MAJOR(iver), VK_VERSION_MINOR(iver));
+
+    /* instance (with portability enumeration where the loader offers it, e.g. MoltenVK) */
+    uint32_t next = 0;
+    st->vkEnumerateInstanceExtensionProperties(NULL, &next, NULL);
+    VkExtensionProperties *iexts = (VkExtensionProperties *)DPAR_MALLOC((next ? next : 1) * sizeof *iexts);
+    if (!iexts) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "vulkan: out of host memory");
+    st->vkEnumerateInstanceExtensionProperties(NULL, &next, iexts);
+    int portability = dpar__vk_has_ext(iexts, next, VK_KHR_PORTABILITY_ENUMERATION_EXTENSION_NAME);
+    DPAR_FREE(iexts);
+    const char *inst_exts[1] = { VK_KHR_PORTABILITY_ENUMERATION_EXTENSION_NAME };
+    VkApplicationInfo app;
+    memset(&app, 0, sizeof app);
+    app.sType = VK_STRUCTURE_TYPE_APPLICATION_INFO;
+    app.pApplicationName = "dpar";
+    app.pEngineName = "dpar.h";
+    app.engineVersion = VK_MAKE_VERSION(DPAR_VERSION_MAJOR, DPAR_VERSION_MINOR, 0);
+    app.apiVersion = iver >= VK_API_VERSION_1_2 ? VK_API_VERSION_1_2 : VK_API_VERSION_1_1;
+    VkInstanceCreateInfo ici;
+    memset(&ici, 0, sizeof ici);
+    ici.sType = VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO;
+    ici.pApplicationInfo = &app;
+    if (portability) {
+        ici.flags = VK_INSTANCE_CREATE_ENUMERATE_PORTABILITY_BIT_KHR;
+        ici.enabledExtensionCount = 1;
+        ici.ppEnabledExtensionNames = inst_exts;
+    }
+    vr = st->vkCreateInstance(&ici, NULL, &st->instance);
+    if (vr != VK_SUCCESS) {
+        st->instance = VK_NULL_HANDLE;
+        if (vr == VK_ERROR_INCOMPATIBLE_DRIVER || vr == VK_ERROR_INITIALIZATION_FAILED ||
+            vr == VK_ERROR_LAYER_NOT_PRESENT || vr == VK_ERROR_EXTENSION_NOT_PRESENT)
+            return dpar__err(DPAR_ERR_BACKEND_UNAVAILABLE,
+                             "vulkan: vkCreateInstance failed: %s (no usable Vulkan driver (ICD) or layer; install "
+                             "one, e.g. mesa-vulkan-drivers, check VK_ICD_FILENAMES / VK_INSTANCE_LAYERS, or use the "
+                             "cpu backend)", dpar__vk_result_name(vr));
+        return dpar__vk_fail(st, vr, "vkCreateInstance", "Vulkan %u.%u", VK_VERSION_MAJOR(app.apiVersion),
+                             VK_VERSION_MINOR(app.apiVersion));
+    }
+#define DPAR__VK_LOAD_I(name) \
+    if (!(st->name = (PFN_##name)st->gipa(st->instance, #name))) \
+        return dpar__err(DPAR_ERR_BACKEND_UNAVAILABLE, "vulkan: the loader lacks %s", #name);
+    DPAR__VK_INSTANCE_FNS(DPAR__VK_LOAD_I)
+#undef DPAR__VK_LOAD_I
+
+    /* physical devices with Vulkan >= 1.1 and a compute queue */
+    uint32_t npd = 0;
+    vr = st->vkEnumeratePhysicalDevices(st->instance, &npd, NULL);
+    if (vr != VK_SUCCESS && vr != VK_INCOMPLETE)
+        return dpar__vk_fail(st, vr, "vkEnumeratePhysicalDevices", "instance");
+    if (npd == 0)
+        return dpar__err(DPAR_ERR_BACKEND_UNAVAILABLE, "vulkan: no Vulkan physical device found (the loader found no "
+                         "working driver; install one, e.g. mesa-vulkan-drivers, or use the cpu backend)");
+    VkPhysicalDevice *pds = (VkPhysicalDevice *)DPAR_MALLOC(npd * sizeof *pds);
+    if (!pds) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "vulkan: out of host memory");
+    vr = st->vkEnumeratePhysicalDevices(st->instance, &npd, pds);
+    if (vr != VK_SUCCESS && vr != VK_INCOMPLETE) {
+        DPAR_FREE(pds);
+        return dpar__vk_fail(st, vr, "vkEnumeratePhysicalDevices", "instance");
+    }
+    int want = desc && desc->vulkan_physical_device > 0 ? desc->vulkan_physical_device : 0;
+    int usable = 0;
+    for (uint32_t i = 0; i < npd; i++) {
+        VkPhysicalDeviceProperties p;
+        st->vkGetPhysicalDeviceProperties(pds[i], &p);
+        if (p.apiVersion < VK_API_VERSION_1_1 || dpar__vk_compute_family(st, pds[i], NULL) < 0) continue;
+        if (usable == want) { st->phys = pds[i]; st->phys_index = usable; }
+        usable++;
+    }
+    DPAR_FREE(pds);
+    if (usable == 0)
+        return dpar__err(DPAR_ERR_BACKEND_UNAVAILABLE, "vulkan: none of the %u Vulkan devices supports Vulkan 1.1 "
+                         "with a compute queue", npd);
+    if (st->phys == VK_NULL_HANDLE)
+        return dpar__err(DPAR_ERR_DEVICE_COUNT, "vulkan: vulkan_physical_device %d asked, but only %d usable "
+                         "Vulkan device(s) exist (0..%d)", want, usable, usable - 1);
+
+    /* properties */
+    VkPhysicalDeviceDriverProperties drv;
+    memset(&drv, 0, sizeof drv);
+    drv.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DRIVER_PROPERTIES;
+    VkPhysicalDeviceMaintenance3Properties m3;
+    memset(&m3, 0, sizeof m3);
+    m3.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_3_PROPERTIES;
+    VkPhysicalDeviceProperties2 p2;
+    memset(&p2, 0, sizeof p2);
+    p2.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2;
+    p2.pNext = &m3;
+    st->vkGetPhysicalDeviceProperties(st->phys, &st->props);
+    int has_drv = app.apiVersion >= VK_API_VERSION_1_2 && st->props.apiVersion >= VK_API_VERSION_1_2;
+    if (has_drv) m3.pNext = &drv;
+    st->vkGetPhysicalDeviceProperties2(st->phys, &p2);
+    st->max_alloc = m3.maxMemoryAllocationSize ? m3.maxMemoryAllocationSize : ~(VkDeviceSize)0;
+    if (has_drv && drv.driverName[0])
+        snprintf(st->driver, sizeof st->driver, "%.31s %.31s", drv.driverName, drv.driverInfo);
+    else
+        snprintf(st->driver, sizeof st->driver, "driver version 0x%x", st->props.driverVersion);
+    st->vkGetPhysicalDeviceMemoryProperties(st->phys, &st->memprops);
+    st->atom = st->props.limits.nonCoherentAtomSize ? st->props.limits.nonCoherentAtomSize : 1;
+    st->force_noncoherent = (desc && desc->vulkan_force_noncoherent) || dpar__vk_env_flag("DPAR_VK_NONCOHERENT");
+    st->force_staging = dpar__vk_env_flag("DPAR_VK_FORCE_STAGING");
+    /* map device memory in place unless it is a discrete GPU without cached host-visible device memory
+       (host reads from uncached BAR memory are very slow: stage instead) */
+    int cached_dl = 0;
+    for (uint32_t i = 0; i < st->memprops.memoryTypeCount; i++) {
+        VkMemoryPropertyFlags f = st->memprops.memoryTypes[i].propertyFlags;
+        if ((f & VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT) && (f & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT) &&
+            (f & VK_MEMORY_PROPERTY_HOST_CACHED_BIT))
+            cached_dl = 1;
+    }
+    st->prefer_mappable = !st->force_staging &&
+                          (st->props.deviceType != VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU || cached_dl);
+
+    /* logical devices */
+    int n = requested > 0 ? requested : 1;
+    if (n > DPAR_MAX_DEVICES)
+        return dpar__err(DPAR_ERR_DEVICE_COUNT, "vulkan: %d devices asked, at most %d logical devices are supported",
+                         n, (int)DPAR_MAX_DEVICES);
+    uint32_t qcount = 0;
+    st->family = (uint32_t)dpar__vk_compute_family(st, st->phys, &qcount);
+    st->nqueues = (int)((uint32_t)n < qcount ? (uint32_t)n : qcount);
+    float *prio = (float *)DPAR_MALLOC((size_t)st->nqueues * sizeof *prio);
+    if (!prio) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "vulkan: out of host memory");
+    for (int i = 0; i < st->nqueues; i++) prio[i] = 1.0f;
+    VkDeviceQueueCreateInfo qci;
+    memset(&qci, 0, sizeof qci);
+    qci.sType = VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO;
+    qci.queueFamilyIndex = st->family;
+    qci.queueCount = (uint32_t)st->nqueues;
+    qci.pQueuePriorities = prio;
+    uint32_t ndext = 0;
+    st->vkEnumerateDeviceExtensionProperties(st->phys, NULL, &ndext, NULL);
+    VkExtensionProperties *dexts = (VkExtensionProperties *)DPAR_MALLOC((ndext ? ndext : 1) * sizeof *dexts);
+    if (!dexts) { DPAR_FREE(prio); return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "vulkan: out of host memory"); }
+    st->vkEnumerateDeviceExtensionProperties(st->phys, NULL, &ndext, dexts);
+    const char *dev_exts[1] = { "VK_KHR_portability_subset" };
+    int subset = dpar__vk_has_ext(dexts, ndext, dev_exts[0]);
+    DPAR_FREE(dexts);
+    VkDeviceCreateInfo dci;
+    memset(&dci, 0, sizeof dci);
+    dci.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO;
+    dci.queueCreateInfoCount = 1;
+    dci.pQueueCreateInfos = &qci;
+    dci.enabledExtensionCount = subset ? 1u : 0u;
+    dci.ppEnabledExtensionNames = dev_exts;
+    vr = st->vkCreateDevice(st->phys, &dci, NULL, &st->device);
+    DPAR_FREE(prio);
+    if (vr != VK_SUCCESS) {
+        st->device = VK_NULL_HANDLE;
+        return dpar__vk_fail(st, vr, "vkCreateDevice", "%s, %d queue(s) of family %u", st->props.deviceName,
+                             st->nqueues, st->family);
+    }
+#define DPAR__VK_LOAD_D(name) \
+    if (!(st->name = (PFN_##name)st->vkGetDeviceProcAddr(st->device, #name))) \
+        return dpar__err(DPAR_ERR_BACKEND_UNAVAILABLE, "vulkan: the driver lacks %s", #name);
+    DPAR__VK_DEVICE_FNS(DPAR__VK_LOAD_D)
+#undef DPAR__VK_LOAD_D
+
+    st->queues = (dpar__vkqueue *)DPAR_MALLOC((size_t)st->nqueues * sizeof *st->queues);
+    if (!st->queues) { st->nqueues = 0; return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "vulkan: out of host memory"); }
+    for (int i = 0; i < st->nqueues; i++) {
+        st->vkGetDeviceQueue(st->device, st->family, (uint32_t)i, &st->queues[i].queue);
+        pthread_mutex_init(&st->queues[i].lock, NULL);
+    }
+    pthread_mutex_init(&st->pipe_lock, NULL);
+    st->pipe_lock_init = 1;
+
+    /* one descriptor set layout / pipeline layout for every shader */
+    VkDescriptorSetLayoutBinding lb[DPAR__VK_BINDINGS];
+    memset(lb, 0, sizeof lb);
+    for (int i = 0; i < DPAR__VK_BINDINGS; i++) {
+        lb[i].binding = (uint32_t)i;
+        lb[i].descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
+        lb[i].descriptorCount = 1;
+        lb[i].stageFlags = VK_SHADER_STAGE_COMPUTE_BIT;
+    }
+    VkDescriptorSetLayoutCreateInfo dli;
+    memset(&dli, 0, sizeof dli);
+    dli.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO;
+    dli.bindingCount = DPAR__VK_BINDINGS;
+    dli.pBindings = lb;
+    if ((vr = st->vkCreateDescriptorSetLayout(st->device, &dli, NULL, &st->dsl)) != VK_SUCCESS)
+        return dpar__vk_fail(st, vr, "vkCreateDescriptorSetLayout", "%s", st->props.deviceName);
+    VkPushConstantRange pcr;
+    pcr.stageFlags = VK_SHADER_STAGE_COMPUTE_BIT;
+    pcr.offset = 0;
+    pcr.size = sizeof(dpar__vkpc);
+    VkPipelineLayoutCreateInfo pli;
+    memset(&pli, 0, sizeof pli);
+    pli.sType = VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO;
+    pli.setLayoutCount = 1;
+    pli.pSetLayouts = &st->dsl;
+    pli.pushConstantRangeCount = 1;
+    pli.pPushConstantRanges = &pcr;
+    if ((vr = st->vkCreatePipelineLayout(st->device, &pli, NULL, &st->layout)) != VK_SUCCESS)
+        return dpar__vk_fail(st, vr, "vkCreatePipelineLayout", "%s", st->props.deviceName);
+
+    st->devs = (dpar__vkdev *)DPAR_MALLOC((size_t)n * sizeof *st->devs);
+    if (!st->devs) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "vulkan: out of host memory");
+    memset(st->devs, 0, (size_t)n * sizeof *st->devs);
+    st->ndev = n;
+    for (int i = 0; i < n; i++) {
+        dpar__vkdev *d = &st->devs[i];
+        d->st = st;
+        d->index = i;
+        d->cur = -1;
+        d->next_serial = 1;
+        d->queue = &st->queues[i % st->nqueues];
+        pthread_mutex_init(&d->lock, NULL);
+    }
+    for (int i = 0; i < n; i++) {
+        dpar_status s = dpar__vk_init_device(st, &st->devs[i]);
+        if (s) return s;
+    }
+    dpar_status s = dpar__vk_create_vkbuf(st, 0, 16, 0, &st->dummy);
+    if (s) return s;
+    *count = n;
+    return DPAR_OK;
+}
+
+static dpar_status dpar__vk_init(const dpar_runtime_desc *desc, int requested, void **state, int *count) {
+    *state = NULL;
+    *count = 0;
+    dpar__vk *st = (dpar__vk *)DPAR_MALLOC(sizeof *st);
+    if (!st) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "vulkan: out of host memory");
+    memset(st, 0, sizeof *st);
+    dpar_status s = dpar__vk_init_impl(st, desc, requested, count);
+    if (s) {
+        char saved[DPAR__ERR_LEN];
+        snprintf(saved, sizeof saved, "%s", dpar_last_error());
+        dpar__vk_shutdown(st);
+        *count = 0;
+        return dpar__err(s, "%s", saved);
+    }
+    *state = st;
+    return DPAR_OK;
+}
+
+static const char *dpar__vk_vendor(uint32_t id) {
+    switch (id) {
+    case 0x1002: return "AMD";
+    case 0x1010: return "ImgTec";
+    case 0x106B: return "Apple";
+    case 0x10DE: return "NVIDIA";
+    case 0x13B5: return "ARM";
+    case 0x14E4: return "Broadcom";
+    case 0x5143: return "Qualcomm";
+    case 0x8086: return "Intel";
+    case 0x10005: return "Mesa";
+    default: return NULL;
+    }
+}
+
+static dpar_status dpar__vk_device_info(void *state, int dev, dpar_device_info *out) {
+    dpar__vk *st = (dpar__vk *)state;
+    memset(out, 0, sizeof *out);
+    if (st->ndev > 1)
+        snprintf(out->name, sizeof out->name, "%.90s [logical %d/%d]", st->props.deviceName, dev + 1, st->ndev);
+    else
+        snprintf(out->name, sizeof out->name, "%.127s", st->props.deviceName);
+    const char *v = dpar__vk_vendor(st->props.vendorID);
+    if (v) snprintf(out->vendor, sizeof out->vendor, "%s", v);
+    else snprintf(out->vendor, sizeof out->vendor, "vendor 0x%x", st->props.vendorID);
+    snprintf(out->driver, sizeof out->driver, "%s", st->driver);
+    out->backend = DPAR_BACKEND_VULKAN;
+    out->index = dev;
+    out->physical_index = st->phys_index;
+    uint64_t mem = 0;
+    for (uint32_t i = 0; i < st->memprops.memoryHeapCount; i++)
+        if ((st->memprops.memoryHeaps[i].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT) &&
+            st->memprops.memoryHeaps[i].size > mem)
+            mem = st->memprops.memoryHeaps[i].size;
+    out->memory_bytes = mem;
+    return DPAR_OK;
+}
+
+static dpar_status dpar__vk_alloc(void *state, int dev, size_t nbytes, void **mem) {
+    dpar__vk *st = (dpar__vk *)state;
+    *mem = NULL;
+    dpar_status s = dpar__vk_check_lost(st);
+    if (s) return s;
+    dpar__vkbuf *b = (dpar__vkbuf *)DPAR_MALLOC(sizeof *b);
+    if (!b) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "vulkan: out of host memory");
+    if ((s = dpar__vk_create_vkbuf(st, dev, nbytes, 0, b)) != DPAR_OK) { DPAR_FREE(b); return s; }
+    if (b->map) { /* zero in place */
+        memset(b->map, 0, (size_t)b->size);
+        if (!b->coherent && (s = dpar__vk_map_range(st, b->mem, b->alloc_size, 0, (size_t)b->size, 0)) != DPAR_OK) {
+            dpar__vk_destroy_vkbuf(st, b);
+            DPAR_FREE(b);
+            return s;
+        }
+    } else if ((s = dpar__vk_transfer(st, dev, b, NULL, b->size, 0)) != DPAR_OK) {
+        dpar__vk_destroy_vkbuf(st, b);
+        DPAR_FREE(b);
+        return s;
+    }
+    *mem = b;
+    return DPAR_OK;
+}
+
+static void dpar__vk_free(void *state, int dev, void *mem) {
+    dpar__vk *st = (dpar__vk *)state;
+    dpar__vkbuf *b = (dpar__vkbuf *)mem;
+    if (!b) return;
+    dpar__vkdev *d = &st->devs[dev];
+    pthread_mutex_lock(&d->lock);
+    if (dpar__vk_buf_idle(d, b) != DPAR_OK && !st->lost) {
+        /* could not wait: wait for the whole device before destroying */
+        st->vkDeviceWaitIdle(st->device);
+    }
+    dpar__vk_destroy_vkbuf(st, b);
+    pthread_mutex_unlock(&d->lock);
+    DPAR_FREE(b);
+}
+
+static dpar_status dpar__vk_write(void *state, int dev, void *mem, size_t off, const void *src, size_t nbytes) {
+    dpar__vk *st = (dpar__vk *)state;
+    dpar__vkbuf *b = (dpar__vkbuf *)mem;
+    dpar__vkdev *d = &st->devs[dev];
+    if (nbytes == 0) return DPAR_OK;
+    pthread_mutex_lock(&d->lock);
+    dpar_status s = dpar__vk_check_lost(st);
+    if (!s) s = dpar__vk_buf_idle(d, b);   /* no queued work may still read or write b */
+    if (!s && b->map) {
+        memcpy(b->map + off, src, nbytes);
+        if (!b->coherent) s = dpar__vk_map_range(st, b->mem, b->alloc_size, off, nbytes, 0);
+    } else if (!s) {
+        s = dpar__vk_staging(d, nbytes);
+        for (size_t done = 0; !s && done < nbytes;) {
+            size_t c = nbytes - done;
+            if (c > d->staging_size) c = (size_t)d->staging_size;
+            memcpy(d->staging_map, (const unsigned char *)src + done, c);
+            if (!d->staging_coherent) s = dpar__vk_map_range(st, d->staging_mem, d->staging_alloc, 0, c, 0);
+            dpar__vkframe *f;
+            if (!s) s = dpar__vk_begin(d, &f);
+            if (s) break;
+            dpar__vk_cmd_barrier(st, f->cb);
+            VkBufferCopy r;
+            r.srcOffset = 0;
+            r.dstOffset = (VkDeviceSize)(off + done);
+            r.size = c;
+            st->vkCmdCopyBuffer(f->cb, d->staging, b->buf, 1, &r);
+            b->last_serial = f->serial;
+            s = dpar__vk_drain(d);  /* the staging buffer is reused by the next chunk */
+            done += c;
+        }
+    }
+    pthread_mutex_unlock(&d->lock);
+    return s;
+}
+
+static dpar_status dpar__vk_read(void *state, int dev, void *mem, size_t off, void *dst, size_t nbytes) {
+    dpar__vk *st = (dpar__vk *)state;
+    dpar__vkbuf *b = (dpar__vkbuf *)mem;
+    dpar__vkdev *d = &st->devs[dev];
+    if (nbytes == 0) return DPAR_OK;
+    pthread_mutex_lock(&d->lock);
+    dpar_status s = dpar__vk_check_lost(st);
+    if (!s && b->map) {
+        s = dpar__vk_buf_idle(d, b);
+        if (!s && !b->coherent) s = dpar__vk_map_range(st, b->mem, b->alloc_size, off, nbytes, 1);
+        if (!s) memcpy(dst, b->map + off, nbytes);
+    } else if (!s) {
+        s = dpar__vk_staging(d, nbytes);
+        for (size_t done = 0; !s && done < nbytes;) {
+            size_t c = nbytes - done;
+            if (c > d->staging_size) c = (size_t)d->staging_size;
+            dpar__vkframe *f;
+            if ((s = dpar__vk_begin(d, &f)) != DPAR_OK) break;
+            dpar__vk_cmd_barrier(st, f->cb); /* compute write -> transfer read */
+            VkBufferCopy r;
+            r.srcOffset = (VkDeviceSize)(off + done);
+            r.dstOffset = 0;
+            r.size = c;
+            st->vkCmdCopyBuffer(f->cb, b->buf, d->staging, 1, &r);
+            b->last_serial = f->serial;
+            s = dpar__vk_drain(d);  /* ends with the transfer -> host barrier */
+            if (!s && !d->staging_coherent) s = dpar__vk_map_range(st, d->staging_mem, d->staging_alloc, 0, c, 1);
+            if (!s) memcpy((unsigned char *)dst + done, d->staging_map, c);
+            done += c;
+        }
+    }
+    pthread_mutex_unlock(&d->lock);
+    return s;
+}
+
+static dpar_status dpar__vk_sync(void *state, int dev) {
+    dpar__vk *st = (dpar__vk *)state;
+    dpar__vkdev *d = &st->devs[dev];
+    pthread_mutex_lock(&d->lock);
+    dpar_status s = dpar__vk_check_lost(st);
+    if (!s) s = dpar__vk_drain(d);
+    pthread_mutex_unlock(&d->lock);
+    return s;
+}
+
+static void *dpar__vk_host_ptr(void *state, int dev, void *mem) {
+    DPAR__UNUSED(state);
+    DPAR__UNUSED(dev);
+    return mem ? ((dpar__vkbuf *)mem)->map : NULL;
+}
+
+static dpar_status dpar__vk_host_acquire(void *state, int dev, void *mem, size_t off, size_t nbytes) {
+    dpar__vk *st = (dpar__vk *)state;
+    dpar__vkbuf *b = (dpar__vkbuf *)mem;
+    dpar__vkdev *d = &st->devs[dev];
+    pthread_mutex_lock(&d->lock);
+    dpar_status s = dpar__vk_check_lost(st);
+    if (!s) s = dpar__vk_buf_idle(d, b);
+    if (!s && b->map && !b->coherent) s = dpar__vk_map_range(st, b->mem, b->alloc_size, off, nbytes, 1);
+    pthread_mutex_unlock(&d->lock);
+    return s;
+}
+
+static dpar_status dpar__vk_host_release(void *state, int dev, void *mem, size_t off, size_t nbytes) {
+    dpar__vk *st = (dpar__vk *)state;
+    dpar__vkbuf *b = (dpar__vkbuf *)mem;
+    DPAR__UNUSED(dev);
+    if (b->map && !b->coherent) return dpar__vk_map_range(st, b->mem, b->alloc_size, off, nbytes, 0);
+    return DPAR_OK;
+}
+
+/* Workgroups for a grid-stride loop over n items (at least 1, capped). */
+static uint32_t dpar__vk_groups(const dpar__vk *st, uint64_t n) {
+    uint64_t g = (n + DPAR__VK_WG - 1) / DPAR__VK_WG;
+    uint64_t cap = st->props.limits.maxComputeWorkGroupCount[0];
+    if (cap > 65535) cap = 65535;
+    if (g > cap) g = cap;
+    return (uint32_t)(g ? g : 1);
+}
+
+static dpar_status dpar__vk_op(void *state, int dev, const dpar__op *op) {
+    dpar__vk *st = (dpar__vk *)state;
+    dpar__vkbuf *dst = op->dst ? (dpar__vkbuf *)op->dst->mem : NULL;
+    dpar__vkbuf *dst2 = op->dst2 ? (dpar__vkbuf *)op->dst2->mem : NULL;
+    dpar__vkbuf *src0 = op->src0 ? (dpar__vkbuf *)op->src0->mem : NULL;
+    dpar__vkbuf *src1 = op->src1 ? (dpar__vkbuf *)op->src1->mem : NULL;
+    dpar__vkpc pc;
+    memset(&pc, 0, sizeof pc);
+    memcpy(pc.f, op->f, sizeof pc.f);
+    dpar__vkbuf *b[DPAR__VK_BINDINGS] = { dst, NULL, NULL, NULL };
+    int64_t n = op->dst ? op->dst->count : 0;
+    const int64_t U32 = (int64_t)0xffffffff;
+    int64_t big = n;
+    if (op->src0 && op->src0->count > big) big = op->src0->count;
+    if (op->src1 && op->src1->count > big) big = op->src1->count;
+    if (big > U32 || op->m > U32 || op->n > U32 || op->k > U32)
+        return dpar__err(DPAR_ERR_BACKEND, "vulkan: op on %lld elements: the Vulkan backend handles at most 2^32-1 "
+                         "elements per buffer", (long long)big);
+    switch (op->kind) {
+    case DPAR__OP_MATMUL: {
+        if (op->m == 0 || op->n == 0) return DPAR_OK;
+        pc.m = (uint32_t)op->m;
+        pc.n = (uint32_t)op->n;
+        pc.k = (uint32_t)op->k;
+        pc.flags = (op->trans_a ? 1u : 0u) | (op->trans_b ? 2u : 0u) | (op->f[1] == 0.0f ? 4u : 0u);
+        b[2] = src0;
+        b[3] = src1;
+        return dpar__vk_dispatch(st, dev, DPAR__SPV_MATMUL, b, &pc, (uint32_t)((op->n + 31) / 32),
+                                 (uint32_t)((op->m + 31) / 32));
+    }
+    case DPAR__OP_BIAS_ADD: {
+        int64_t cols = op->src0->count;
+        if (n == 0 || cols == 0) return DPAR_OK;
+        pc.n = (uint32_t)n;
+        pc.m = (uint32_t)cols;
+        b[2] = src0;
+        return dpar__vk_dispatch(st, dev, DPAR__SPV_BIAS_ADD, b, &pc, dpar__vk_groups(st, (uint64_t)n), 1);
+    }
+    case DPAR__OP_BIAS_GRAD: {
+        if (n == 0) return DPAR_OK;
+        pc.n = (uint32_t)n;
+        pc.m = (uint32_t)(op->src0->count / n);
+        b[2] = src0;
+        return dpar__vk_dispatch(st, dev, DPAR__SPV_BIAS_GRAD, b, &pc, dpar__vk_groups(st, (uint64_t)n), 1);
+    }
+    case DPAR__OP_RELU:
+    case DPAR__OP_RELU_BWD:
+    case DPAR__OP_AXPY:
+    case DPAR__OP_SCALE:
+    case DPAR__OP_SGD: {
+        if (n == 0) return DPAR_OK;
+        pc.n = (uint32_t)n;
+        b[2] = src0;
+        int id = DPAR__SPV_RELU;
+        if (op->kind == DPAR__OP_RELU_BWD) { id = DPAR__SPV_RELU_BWD; b[3] = src1; }
+        else if (op->kind == DPAR__OP_AXPY) id = DPAR__SPV_AXPY;
+        else if (op->kind == DPAR__OP_SCALE) { id = DPAR__SPV_SCALE; b[2] = NULL; }
+        else if (op->kind == DPAR__OP_SGD) {
+            id = DPAR__SPV_SGD;
+            int mom = dst2 != NULL && op->f[1] != 0.0f;
+            pc.flags = (op->nesterov && mom ? 1u : 0u) | (mom ? 2u : 0u);
+            b[1] = mom ? dst2 : NULL;
+        }
+        return dpar__vk_dispatch(st, dev, id, b, &pc, dpar__vk_groups(st, (uint64_t)n), 1);
+    }
+    case DPAR__OP_SOFTMAX_XENT: {
+        int64_t rows = op->src1->count, cols = rows ? op->src0->count / rows : 0;
+        pc.m = (uint32_t)rows;
+        pc.n = (uint32_t)cols;
+        pc.flags = dst2 ? 1u : 0u;
+        b[1] = dst2;
+        b[2] = src0;
+        b[3] = src1;
+        return dpar__vk_dispatch(st, dev, DPAR__SPV_SOFTMAX_XENT, b, &pc, 1, 1);
+    }
+    case DPAR__OP_MSE:
+        pc.n = (uint32_t)op->src0->count;
+        pc.flags = dst2 ? 1u : 0u;
+        b[1] = dst2;
+        b[2] = src0;
+        b[3] = src1;
+        return dpar__vk_dispatch(st, dev, DPAR__SPV_MSE, b, &pc, 1, 1);
+    case DPAR__OP_SUM:
+    case DPAR__OP_SUMSQ:
+        pc.n = (uint32_t)op->src0->count;
+        pc.flags = op->kind == DPAR__OP_SUMSQ ? 1u : 0u;
+        b[2] = src0;
+        return dpar__vk_dispatch(st, dev, DPAR__SPV_REDUCE, b, &pc, 1, 1);
+    case DPAR__OP_FILL: {
+        if (n == 0) return DPAR_OK;
+        float v = op->f[0];
+        uint32_t pat;
+        switch (op->dst->dtype) {
+        case DPAR_F16: pat = dpar_f32_to_f16(v); pat |= pat << 16; break;
+        case DPAR_BF16: pat = dpar_f32_to_bf16(v); pat |= pat << 16; break;
+        case DPAR_I32: {
+            int32_t i = v != v ? 0 : v >= 2147483648.0f ? INT32_MAX : v <= -2147483648.0f ? INT32_MIN : (int32_t)v;
+            memcpy(&pat, &i, 4);
+            break;
+        }
+        default: memcpy(&pat, &v, 4); break;
+        }
+        return dpar__vk_transfer(st, dev, dst, NULL, dst->size, pat);
+    }
+    case DPAR__OP_COPY:
+        if (op->dst->nbytes == 0 || dst == src0) return DPAR_OK;
+        return dpar__vk_transfer(st, dev, dst, src0, op->dst->nbytes, 0);
+    case DPAR__OP_CAST: {
+        if (n == 0) return DPAR_OK;
+        if (op->dst->dtype == op->src0->dtype) {
+            if (dst == src0) return DPAR_OK;
+            return dpar__vk_transfer(st, dev, dst, src0, op->dst->nbytes, 0);
+        }
+        pc.n = (uint32_t)n;
+        pc.flags = (uint32_t)op->src0->dtype | ((uint32_t)op->dst->dtype << 8);
+        b[2] = src0;
+        int half = op->dst->dtype == DPAR_F16 || op->dst->dtype == DPAR_BF16;
+        return dpar__vk_dispatch(st, dev, DPAR__SPV_CAST, b, &pc,
+                                 dpar__vk_groups(st, half ? ((uint64_t)n + 1) / 2 : (uint64_t)n), 1);
+    }
+    default:
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "vulkan: unknown op kind %d", (int)op->kind);
+    }
+}
+
+static const dpar__backend_iface *dpar__vulkan_iface(void) {
+    static const dpar__backend_iface iface = {
+        "vulkan",
+        DPAR_BACKEND_VULKAN,
+        dpar__vk_init,
+        dpar__vk_shutdown,
+        dpar__vk_device_info,
+        NULL, /* thread_init */
+        dpar__vk_alloc,
+        dpar__vk_free,
+        dpar__vk_write,
+        dpar__vk_read,
+        dpar__vk_sync,
+        dpar__vk_host_ptr,
+        dpar__vk_host_acquire,
+        dpar__vk_host_release,
+        dpar__vk_op,
+        NULL, /* collective: the core's host-staged path */
+    };
+    return &iface;
+}
+
+#endif /* DPAR_VULKAN_H_INCLUDED */

@@ -1,0 +1,273 @@
+/* train_digits.c — the main job: a 64-H-10 MLP on the UCI handwritten digits,
+   trained data-parallel over a 1-d mesh axis "data".
+
+   Each step the global batch is split across the devices (dpar_array with
+   spec ("data", None)), every device runs forward and backward on its shard,
+   the gradients are pmean'd over "data", and every device takes the same SGD
+   step with momentum, so the replicas stay bitwise identical.
+
+   build/train_digits [--backend cpu|vulkan|cuda] [--devices N] [--epochs N]
+                      [--batch N] [--lr X] [--momentum X] [--seed N] [--hidden N]
+                      [--data PATH]
+   Ends with exactly one line "final: backend=... devices=... epochs=...
+   test_accuracy=... train_loss=...". Exit status 0 on success. */
+#include "dpar.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#include <time.h>
+#include <zlib.h>
+
+#define NPIX 64
+#define NCLASS 10
+
+/* ------------------------------------------------------------------ data */
+typedef struct { int n; float *x; int32_t *y; } dataset;
+
+static int load_digits(const char *path, dataset *d) {
+    gzFile f = gzopen(path, "rb");
+    if (!f) { fprintf(stderr, "cannot open %s\n", path); return -1; }
+    int cap = 2048;
+    d->x = malloc((size_t)cap * NPIX * sizeof(float));
+    d->y = malloc((size_t)cap * sizeof(int32_t));
+    d->n = 0;
+    char line[1024];
+    while (gzgets(f, line, sizeof line)) {
+        if (d->n == cap) break;
+        char *p = line;
+        int ok = 1;
+        for (int j = 0; j <= NPIX && ok; j++) {
+            char *end;
+            long v = strtol(p, &end, 10);
+            if (end == p) ok = 0;
+            if (j < NPIX) d->x[d->n * NPIX + j] = (float)v / 16.0f; /* pixels 0..16 -> [0,1] */
+            else d->y[d->n] = (int32_t)v;
+            p = end + (*end == ',');
+        }
+        if (ok) d->n++;
+    }
+    gzclose(f);
+    return d->n > 0 ? 0 : -1;
+}
+
+/* splitmix64: small, seedable, the same on every platform */
+static uint64_t rng_state;
+static uint64_t rng_next(void) {
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static float rng_uniform(void) { return (float)((rng_next() >> 40) * (1.0 / 16777216.0)); }
+static void shuffle(int *idx, int n) {
+    for (int i = n - 1; i > 0; i--) {
+        int j = (int)(rng_next() % (uint64_t)(i + 1));
+        int t = idx[i]; idx[i] = idx[j]; idx[j] = t;
+    }
+}
+
+/* ------------------------------------------------------------------ model */
+enum { W1, B1, W2, B2, NPARAM };
+typedef struct {
+    dpar_array *param[NPARAM], *grad[NPARAM], *mom[NPARAM]; /* replicated */
+    dpar_array *x, *y, *h_pre, *h, *logits, *dlogits, *dh, *loss; /* split over "data" */
+    dpar_sgd_desc sgd;
+} model;
+
+/* What every device runs each step, on its own shard of the batch. */
+static dpar_status train_step(dpar_ctx *ctx, void *user) {
+    model *m = user;
+    dpar_buffer *p[NPARAM], *g[NPARAM], *v[NPARAM];
+    for (int i = 0; i < NPARAM; i++) {
+        p[i] = dpar_array_shard(m->param[i], dpar_ctx_device(ctx));
+        g[i] = dpar_array_shard(m->grad[i], dpar_ctx_device(ctx));
+        v[i] = dpar_array_shard(m->mom[i], dpar_ctx_device(ctx));
+    }
+    int dev = dpar_ctx_device(ctx);
+    dpar_buffer *x = dpar_array_shard(m->x, dev), *y = dpar_array_shard(m->y, dev);
+    dpar_buffer *h_pre = dpar_array_shard(m->h_pre, dev), *h = dpar_array_shard(m->h, dev);
+    dpar_buffer *logits = dpar_array_shard(m->logits, dev), *dlogits = dpar_array_shard(m->dlogits, dev);
+    dpar_buffer *dh = dpar_array_shard(m->dh, dev), *loss = dpar_array_shard(m->loss, dev);
+    dpar_status s;
+#define CHECK(call) do { if ((s = (call)) != DPAR_OK) return s; } while (0)
+    /* forward */
+    CHECK(dpar_matmul(h_pre, x, p[W1], false, false, 1.0f, 0.0f)); /* [b,64] @ [64,H] */
+    CHECK(dpar_bias_add(h_pre, p[B1]));
+    CHECK(dpar_relu(h, h_pre));
+    CHECK(dpar_matmul(logits, h, p[W2], false, false, 1.0f, 0.0f)); /* [b,H] @ [H,10] */
+    CHECK(dpar_bias_add(logits, p[B2]));
+    CHECK(dpar_softmax_xent(loss, dlogits, logits, y)); /* local mean loss, dlogits / b */
+    /* backward */
+    CHECK(dpar_matmul(g[W2], h, dlogits, true, false, 1.0f, 0.0f)); /* h^T @ dlogits */
+    CHECK(dpar_bias_grad(g[B2], dlogits, 0.0f));
+    CHECK(dpar_matmul(dh, dlogits, p[W2], false, true, 1.0f, 0.0f)); /* dlogits @ W2^T */
+    CHECK(dpar_relu_backward(dh, dh, h_pre));
+    CHECK(dpar_matmul(g[W1], x, dh, true, false, 1.0f, 0.0f)); /* x^T @ dh */
+    CHECK(dpar_bias_grad(g[B1], dh, 0.0f));
+    /* the mean of the local means over equal shards is the global-batch mean */
+    for (int i = 0; i < NPARAM; i++) CHECK(dpar_pmean(ctx, g[i], g[i], "data"));
+    CHECK(dpar_pmean(ctx, loss, loss, "data"));
+    CHECK(dpar_sgd_step(ctx, &m->sgd, p, g, v, NPARAM));
+#undef CHECK
+    return DPAR_OK;
+}
+
+/* Forward only, for the test set: logits of this device's rows. */
+static dpar_status eval_step(dpar_ctx *ctx, void *user) {
+    model *m = user;
+    int dev = dpar_ctx_device(ctx);
+    dpar_buffer *x = dpar_ctx_arg(ctx, 0), *h_pre = dpar_ctx_arg(ctx, 1), *logits = dpar_ctx_arg(ctx, 2);
+    dpar_status s;
+    if ((s = dpar_matmul(h_pre, x, dpar_array_shard(m->param[W1], dev), false, false, 1.0f, 0.0f))) return s;
+    if ((s = dpar_bias_add(h_pre, dpar_array_shard(m->param[B1], dev)))) return s;
+    if ((s = dpar_relu(h_pre, h_pre))) return s;
+    if ((s = dpar_matmul(logits, h_pre, dpar_array_shard(m->param[W2], dev), false, false, 1.0f, 0.0f))) return s;
+    return dpar_bias_add(logits, dpar_array_shard(m->param[B2], dev));
+}
+
+static dpar_status make_array(dpar_mesh *mesh, dpar_dtype t, int ndim, int64_t d0, int64_t d1, const char *spec0, dpar_array **out) {
+    dpar_array_desc d;
+    memset(&d, 0, sizeof d);
+    d.dtype = t; d.ndim = ndim; d.shape[0] = d0; d.shape[1] = d1; d.spec[0] = spec0;
+    return dpar_array_create(mesh, &d, out);
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int fail(const char *what) {
+    fprintf(stderr, "train_digits: %s: %s\n", what, dpar_last_error());
+    return 1;
+}
+
+int main(int argc, char **argv) {
+    const char *backend = "cpu", *path = "examples/data/digits.csv.gz";
+    int devices = 4, epochs = 30, batch = 64, seed = 42, hidden = 128;
+    float lr = 0.1f, momentum = 0.9f;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!v) { fprintf(stderr, "train_digits: %s needs a value\n", a); return 2; }
+        if (!strcmp(a, "--backend")) backend = v;
+        else if (!strcmp(a, "--devices")) devices = atoi(v);
+        else if (!strcmp(a, "--epochs")) epochs = atoi(v);
+        else if (!strcmp(a, "--batch")) batch = atoi(v);
+        else if (!strcmp(a, "--lr")) lr = (float)atof(v);
+        else if (!strcmp(a, "--momentum")) momentum = (float)atof(v);
+        else if (!strcmp(a, "--seed")) seed = atoi(v);
+        else if (!strcmp(a, "--hidden")) hidden = atoi(v);
+        else if (!strcmp(a, "--data")) path = v;
+        else { fprintf(stderr, "train_digits: unknown flag %s\n", a); return 2; }
+        i++;
+    }
+    if (devices < 1 || epochs < 1 || batch < 1 || hidden < 1) { fprintf(stderr, "train_digits: --devices, --epochs, --batch and --hidden must be >= 1\n"); return 2; }
+    if (batch % devices) { fprintf(stderr, "train_digits: --batch %d is not divisible by --devices %d\n", batch, devices); return 2; }
+
+    /* data: fixed-seed 80/20 split */
+    dataset all;
+    if (load_digits(path, &all)) { fprintf(stderr, "train_digits: could not read %s (run from the repository root)\n", path); return 1; }
+    rng_state = (uint64_t)seed;
+    int *idx = malloc((size_t)all.n * sizeof(int));
+    for (int i = 0; i < all.n; i++) idx[i] = i;
+    shuffle(idx, all.n);
+    int ntest = all.n / 5, ntrain = all.n - ntest;
+    int *train_idx = idx + ntest, *test_idx = idx;
+
+    /* runtime and mesh */
+    dpar_runtime_desc rd;
+    memset(&rd, 0, sizeof rd);
+    rd.num_devices = devices;
+    if (!strcmp(backend, "cpu")) rd.backend = DPAR_BACKEND_CPU;
+    else if (!strcmp(backend, "vulkan")) rd.backend = DPAR_BACKEND_VULKAN;
+    else if (!strcmp(backend, "cuda")) rd.backend = DPAR_BACKEND_CUDA;
+    else { fprintf(stderr, "train_digits: unknown backend '%s' (cpu, vulkan, cuda)\n", backend); return 2; }
+    dpar_runtime *rt;
+    if (dpar_runtime_create(&rd, &rt)) return fail("runtime");
+    dpar_mesh *mesh;
+    dpar_mesh_desc md;
+    memset(&md, 0, sizeof md);
+    md.ndim = 1; md.shape[0] = devices; md.axis_names[0] = "data";
+    if (dpar_mesh_create(rt, &md, &mesh)) return fail("mesh");
+    dpar_device_info info;
+    dpar_device_info_get(rt, 0, &info);
+    printf("backend %s, %d device(s): %s\n", backend, devices, info.name);
+    printf("data: %d train, %d test images; MLP 64-%d-10, batch %d (%d per device), lr %g, momentum %g\n",
+           ntrain, ntest, hidden, batch, batch / devices, (double)lr, (double)momentum);
+
+    /* model: replicated parameters, momentum and gradients; batch-split activations */
+    model m;
+    memset(&m, 0, sizeof m);
+    int64_t pshape[NPARAM][2] = { { NPIX, hidden }, { hidden, 0 }, { hidden, NCLASS }, { NCLASS, 0 } };
+    for (int i = 0; i < NPARAM; i++) {
+        int nd = pshape[i][1] ? 2 : 1;
+        if (make_array(mesh, DPAR_F32, nd, pshape[i][0], pshape[i][1], NULL, &m.param[i]) ||
+            make_array(mesh, DPAR_F32, nd, pshape[i][0], pshape[i][1], NULL, &m.grad[i]) ||
+            make_array(mesh, DPAR_F32, nd, pshape[i][0], pshape[i][1], NULL, &m.mom[i]))
+            return fail("parameters");
+    }
+    /* He-uniform init for weights (fan_in), zero biases; same numbers for any device count */
+    for (int i = 0; i < NPARAM; i += 2) {
+        int64_t n = pshape[i][0] * pshape[i][1];
+        float *w = malloc((size_t)n * sizeof(float)), bound = sqrtf(6.0f / (float)pshape[i][0]);
+        for (int64_t k = 0; k < n; k++) w[k] = (2.0f * rng_uniform() - 1.0f) * bound;
+        if (dpar_array_put(m.param[i], w)) return fail("init");
+        free(w);
+    }
+    if (make_array(mesh, DPAR_F32, 2, batch, NPIX, "data", &m.x) || make_array(mesh, DPAR_I32, 1, batch, 0, "data", &m.y) ||
+        make_array(mesh, DPAR_F32, 2, batch, hidden, "data", &m.h_pre) || make_array(mesh, DPAR_F32, 2, batch, hidden, "data", &m.h) ||
+        make_array(mesh, DPAR_F32, 2, batch, NCLASS, "data", &m.logits) || make_array(mesh, DPAR_F32, 2, batch, NCLASS, "data", &m.dlogits) ||
+        make_array(mesh, DPAR_F32, 2, batch, hidden, "data", &m.dh) || make_array(mesh, DPAR_F32, 1, devices, 0, "data", &m.loss))
+        return fail("activations");
+    m.sgd.learning_rate = lr;
+    m.sgd.momentum = momentum;
+
+    /* test set, padded to a multiple of the device count */
+    int tpad = (ntest + devices - 1) / devices * devices;
+    float *xt = calloc((size_t)tpad * NPIX, sizeof(float)), *lt = malloc((size_t)tpad * NCLASS * sizeof(float));
+    for (int i = 0; i < ntest; i++) memcpy(xt + (size_t)i * NPIX, all.x + (size_t)test_idx[i] * NPIX, NPIX * sizeof(float));
+    dpar_array *tx, *th, *tl;
+    if (make_array(mesh, DPAR_F32, 2, tpad, NPIX, "data", &tx) || make_array(mesh, DPAR_F32, 2, tpad, hidden, "data", &th) ||
+        make_array(mesh, DPAR_F32, 2, tpad, NCLASS, "data", &tl) || dpar_array_put(tx, xt))
+        return fail("test set");
+
+    float *xb = malloc((size_t)batch * NPIX * sizeof(float)), *losses = malloc((size_t)devices * sizeof(float));
+    int32_t *yb = malloc((size_t)batch * sizeof(int32_t));
+    int steps = ntrain / batch; /* drop the last partial batch: the global batch is constant */
+    dpar_shard_map_desc train = { .fn = train_step, .user = &m };
+    dpar_shard_map_desc eval = { .fn = eval_step, .user = &m, .num_args = 3, .args = { tx, th, tl } };
+    double epoch_loss = 0.0, acc = 0.0;
+    for (int e = 1; e <= epochs; e++) {
+        shuffle(train_idx, ntrain);
+        double t0 = now_s(), sum = 0.0;
+        for (int s = 0; s < steps; s++) {
+            for (int b = 0; b < batch; b++) {
+                int k = train_idx[s * batch + b];
+                memcpy(xb + (size_t)b * NPIX, all.x + (size_t)k * NPIX, NPIX * sizeof(float));
+                yb[b] = all.y[k];
+            }
+            if (dpar_array_put(m.x, xb) || dpar_array_put(m.y, yb)) return fail("batch upload");
+            if (dpar_shard_map(mesh, &train)) return fail("train step");
+            if (dpar_array_get(m.loss, losses)) return fail("loss");
+            sum += losses[0];
+        }
+        double dt = now_s() - t0;
+        epoch_loss = sum / steps;
+        if (dpar_shard_map(mesh, &eval) || dpar_array_get(tl, lt)) return fail("eval");
+        int correct = 0;
+        for (int i = 0; i < ntest; i++) {
+            int best = 0;
+            for (int c = 1; c < NCLASS; c++) if (lt[i * NCLASS + c] > lt[i * NCLASS + best]) best = c;
+            correct += best == all.y[test_idx[i]];
+        }
+        acc = (double)correct / ntest;
+        printf("epoch %3d  loss %.8f  test_accuracy %.4f  samples/s %.0f\n", e, epoch_loss, acc, steps * batch / dt);
+        fflush(stdout);
+    }
+    printf("final: backend=%s devices=%d epochs=%d test_accuracy=%.4f train_loss=%.8f\n", backend, devices, epochs, acc, epoch_loss);
+    dpar_runtime_destroy(rt); /* frees the arrays and the mesh too */
+    free(xb); free(yb); free(losses); free(xt); free(lt); free(idx); free(all.x); free(all.y);
+    return 0;
+}
