@@ -39,7 +39,7 @@ TESTS    := $(patsubst tests/%.c,$(BUILD)/%,$(TEST_SRCS))
 EXAMPLES := $(patsubst examples/%.c,$(BUILD)/%,$(EXAMPLE_SRCS))
 BENCHES  := $(patsubst bench/%.c,$(BUILD)/%,$(BENCH_SRCS))
 
-.PHONY: all run test examples bench clean check-cxx
+.PHONY: all run test examples bench clean check-cxx deps-run deps-test
 all: $(EXAMPLES) $(TESTS) $(BENCHES)
 examples: $(EXAMPLES)
 
@@ -58,12 +58,20 @@ $(BUILD)/%: bench/%.c $(BUILD)/dpar.o
 $(BUILD):
 	mkdir -p $(BUILD)
 
+# Installs missing Debian packages (compiler, zlib; for tests cmocka, Vulkan, glslang).
+deps-run:
+	@sh tools/deps.sh run
+deps-test:
+	@sh tools/deps.sh test
+
 # The main job: data-parallel MLP on the UCI digits, 4 emulated CPU devices.
-run: $(BUILD)/train_digits
+run: deps-run
+	$(MAKE) $(BUILD)/train_digits
 	./$(BUILD)/train_digits --devices 4 $(ARGS)
 
 # The suite: every test binary, one closing line "N passed, N failed, N skipped".
-test: $(TESTS) $(EXAMPLES) check-cxx
+test: deps-test
+	$(MAKE) $(TESTS) $(EXAMPLES) check-cxx
 	sh tests/run.sh $(BUILD)
 
 # The header must also compile as C++ (and with clang when present).

@@ -171,13 +171,15 @@ typedef enum {
     DPAR__CUK_SCALE = 0, DPAR__CUK_AXPY, DPAR__CUK_RELU, DPAR__CUK_RELU_BWD, DPAR__CUK_BIAS_ADD,
     DPAR__CUK_BIAS_GRAD, DPAR__CUK_CAST, DPAR__CUK_SGD, DPAR__CUK_REDUCE_PARTIAL,
     DPAR__CUK_MSE_PARTIAL, DPAR__CUK_REDUCE_FINAL, DPAR__CUK_XENT_ROWS, DPAR__CUK_VREDUCE,
-    DPAR__CUK_TO_KEY, DPAR__CUK_FROM_KEY, DPAR__CUK_DIV_I32, DPAR__CUK_COPY_ND, DPAR__CUK_COUNT
+    DPAR__CUK_TO_KEY, DPAR__CUK_FROM_KEY, DPAR__CUK_DIV_I32, DPAR__CUK_COPY_ND,
+    DPAR__CUK_REDUCE_PARTIAL_F64, DPAR__CUK_COUNT
 } dpar__cuk;
 static const char *const dpar__cuk_names[DPAR__CUK_COUNT] = {
     "dpar_k_scale", "dpar_k_axpy", "dpar_k_relu", "dpar_k_relu_bwd", "dpar_k_bias_add",
     "dpar_k_bias_grad", "dpar_k_cast", "dpar_k_sgd", "dpar_k_reduce_partial",
     "dpar_k_mse_partial", "dpar_k_reduce_final", "dpar_k_xent_rows", "dpar_k_vreduce",
-    "dpar_k_to_key", "dpar_k_from_key", "dpar_k_div_i32", "dpar_k_copy_nd"
+    "dpar_k_to_key", "dpar_k_from_key", "dpar_k_div_i32", "dpar_k_copy_nd",
+    "dpar_k_reduce_partial_f64"
 };
 
 enum { DPAR__CU_MAXV = 64, DPAR__CU_BLOCK = 256, DPAR__CU_MAX_PARTIALS = 1024, DPAR__CU_NSCRATCH = 3 };
@@ -877,9 +879,9 @@ static dpar_status dpar__cu_matmul(dpar__cu_state *st, int dev, const dpar__op *
     return DPAR_OK;
 }
 
-/* out[0] = (sum of partials) / div, after a partial kernel wrote `parts` partials */
+/* out[0] = (float)(sum of the double partials / div), 0 when div == 0 */
 static dpar_status dpar__cu_final(dpar__cu_state *st, int dev, dpar__CUdeviceptr partials, int64_t parts,
-                                  float div, dpar__CUdeviceptr out) {
+                                  double div, dpar__CUdeviceptr out) {
     void *args[] = { &partials, &parts, &div, &out };
     return dpar__cu_launch(st, dev, DPAR__CUK_REDUCE_FINAL, 1, 1024, st->dev[dev].compute, args);
 }
@@ -922,36 +924,35 @@ static dpar_status dpar__cu_op(void *state, int dev, const dpar__op *op) {
         return dpar__cu_launch(st, dev, DPAR__CUK_RELU_BWD, dpar__cu_grid(n, 4, 8192), DPAR__CU_BLOCK, s, args);
     }
     case DPAR__OP_SOFTMAX_XENT: {
-        /* scratch 0: [partials (1024) | row losses (m)] */
+        /* scratch 0: [partials (1024 doubles) | row losses (m doubles)] */
         dpar__CUdeviceptr scr, rowloss;
         int64_t parts;
         unsigned g;
-        dpar_status e = dpar__cu_scratch(st, dev, 0, (size_t)(DPAR__CU_MAX_PARTIALS + m) * 4, &scr);
+        dpar_status e = dpar__cu_scratch(st, dev, 0, (size_t)(DPAR__CU_MAX_PARTIALS + m) * 8, &scr);
         if (e) return e;
-        rowloss = scr + DPAR__CU_MAX_PARTIALS * 4;
+        rowloss = scr + DPAR__CU_MAX_PARTIALS * 8;
         if (m > 0) {
             void *args[] = { &a, &b, &m, &n, &rowloss, &dst2 };
             g = dpar__cu_grid(m * 32, 1, 8192);
             if ((e = dpar__cu_launch(st, dev, DPAR__CUK_XENT_ROWS, g, DPAR__CU_BLOCK, s, args))) return e;
         }
         {
-            int mode = 0;
-            void *args[] = { &rowloss, &m, &mode, &scr };
+            void *args[] = { &rowloss, &m, &scr };
             g = dpar__cu_grid(m, 8, DPAR__CU_MAX_PARTIALS);
             parts = g;
-            if ((e = dpar__cu_launch(st, dev, DPAR__CUK_REDUCE_PARTIAL, g, DPAR__CU_BLOCK, s, args))) return e;
+            if ((e = dpar__cu_launch(st, dev, DPAR__CUK_REDUCE_PARTIAL_F64, g, DPAR__CU_BLOCK, s, args))) return e;
         }
-        return dpar__cu_final(st, dev, scr, parts, (float)m, dst);
+        return dpar__cu_final(st, dev, scr, parts, (double)m, dst);
     }
     case DPAR__OP_MSE: {
         dpar__CUdeviceptr scr;
         unsigned g = dpar__cu_grid(n, 8, DPAR__CU_MAX_PARTIALS);
         int64_t parts = g;
         void *args[] = { &a, &b, &n, &dst2, &scr };
-        dpar_status e = dpar__cu_scratch(st, dev, 0, DPAR__CU_MAX_PARTIALS * 4, &scr);
+        dpar_status e = dpar__cu_scratch(st, dev, 0, DPAR__CU_MAX_PARTIALS * 8, &scr);
         if (e) return e;
         if ((e = dpar__cu_launch(st, dev, DPAR__CUK_MSE_PARTIAL, g, DPAR__CU_BLOCK, s, args))) return e;
-        return dpar__cu_final(st, dev, scr, parts, (float)n, dst);
+        return dpar__cu_final(st, dev, scr, parts, (double)n, dst);
     }
     case DPAR__OP_SUM:
     case DPAR__OP_SUMSQ: {
@@ -960,10 +961,10 @@ static dpar_status dpar__cu_op(void *state, int dev, const dpar__op *op) {
         unsigned g = dpar__cu_grid(n, 8, DPAR__CU_MAX_PARTIALS);
         int64_t parts = g;
         void *args[] = { &a, &n, &mode, &scr };
-        dpar_status e = dpar__cu_scratch(st, dev, 0, DPAR__CU_MAX_PARTIALS * 4, &scr);
+        dpar_status e = dpar__cu_scratch(st, dev, 0, DPAR__CU_MAX_PARTIALS * 8, &scr);
         if (e) return e;
         if ((e = dpar__cu_launch(st, dev, DPAR__CUK_REDUCE_PARTIAL, g, DPAR__CU_BLOCK, s, args))) return e;
-        return dpar__cu_final(st, dev, scr, parts, 1.0f, dst);
+        return dpar__cu_final(st, dev, scr, parts, 1.0, dst);
     }
     case DPAR__OP_AXPY: {
         void *args[] = { &dst, &a, &f0, &n };
@@ -1019,8 +1020,7 @@ static dpar_status dpar__cu_op(void *state, int dev, const dpar__op *op) {
     }
     case DPAR__OP_SGD: {
         int nesterov = op->nesterov ? 1 : 0;
-        dpar__CUdeviceptr mom = f1 != 0.0f ? dst2 : 0;
-        void *args[] = { &dst, &a, &mom, &n, &f0, &f1, &f2, &f3, &nesterov };
+        void *args[] = { &dst, &a, &dst2, &n, &f0, &f1, &f2, &f3, &nesterov };
         if (n == 0) return DPAR_OK;
         return dpar__cu_launch(st, dev, DPAR__CUK_SGD, dpar__cu_grid(n, 16, 8192), DPAR__CU_BLOCK, s, args);
     }

@@ -148,7 +148,7 @@ __global__ void dpar_k_bias_grad(float *db, const float *dy, int64_t m, int64_t 
     for (int64_t j = DK_TID; j < n; j += DK_STRIDE) {
         float s = 0.0f;
         for (int64_t r = 0; r < m; r++) s += dy[r * n + j];
-        db[j] = beta != 0.0f ? beta * db[j] + s : s;
+        db[j] = (beta == 0.0f ? 0.0f : beta * db[j]) + s;
     }
 }
 
@@ -205,11 +205,12 @@ __global__ void dpar_k_sgd(float *param, const float *grad, float *mom, int64_t 
 
 /* ---- deterministic reductions ------------------------------------------
    Phase 1: each block reduces its grid-stride share into partial[blockIdx.x]
-   (fixed tree inside the block). Phase 2 (dpar_k_reduce_final, one block of
-   1024 threads): sums the partials in a fixed tree and writes
-   out[0] = total / div. The host chooses the grid from n only. */
+   (fixed tree inside the block), accumulating in double like the CPU
+   reference. Phase 2 (dpar_k_reduce_final, one block of 1024 threads): sums
+   the partials in a fixed tree and writes out[0] = (float)(total / div)
+   (0 when div == 0). The host chooses the grid from n only. */
 #define DK_RBLOCK 256
-__device__ __forceinline__ float dk_block_sum(float v, float *sh) {
+__device__ __forceinline__ double dk_block_sum(double v, double *sh) {
     int t = threadIdx.x;
     sh[t] = v;
     __syncthreads();
@@ -220,45 +221,56 @@ __device__ __forceinline__ float dk_block_sum(float v, float *sh) {
     return sh[0];
 }
 
-/* mode 0: sum x; 1: sum x*x */
-__global__ void dpar_k_reduce_partial(const float *x, int64_t n, int mode, float *partial) {
-    __shared__ float sh[DK_RBLOCK];
-    float acc = 0.0f;
+/* mode 0: sum x; 1: sum x*x (f32 input) */
+__global__ void dpar_k_reduce_partial(const float *x, int64_t n, int mode, double *partial) {
+    __shared__ double sh[DK_RBLOCK];
+    double acc = 0.0;
     for (int64_t i = DK_TID; i < n; i += DK_STRIDE) {
-        float v = x[i];
+        double v = (double)x[i];
         acc += mode ? v * v : v;
     }
-    float s = dk_block_sum(acc, sh);
+    double s = dk_block_sum(acc, sh);
     if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
 
-/* MSE: partial sums of (p - t)^2; dpred = 2 (p - t) / count when dpred != NULL */
+/* sum of a double array (row losses) */
+__global__ void dpar_k_reduce_partial_f64(const double *x, int64_t n, double *partial) {
+    __shared__ double sh[DK_RBLOCK];
+    double acc = 0.0;
+    for (int64_t i = DK_TID; i < n; i += DK_STRIDE) acc += x[i];
+    double s = dk_block_sum(acc, sh);
+    if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+
+/* MSE: partial sums of (p - t)^2 in double; dpred = 2 (p - t) / count when
+   dpred != NULL (as the CPU reference: in double, rounded once) */
 __global__ void dpar_k_mse_partial(const float *p, const float *t, int64_t n, float *dpred,
-                                   float *partial) {
-    __shared__ float sh[DK_RBLOCK];
-    float acc = 0.0f;
+                                   double *partial) {
+    __shared__ double sh[DK_RBLOCK];
+    double acc = 0.0;
     for (int64_t i = DK_TID; i < n; i += DK_STRIDE) {
-        float d = p[i] - t[i];
+        double d = (double)p[i] - (double)t[i];
         acc += d * d;
-        if (dpred) dpred[i] = 2.0f * d / (float)n;
+        if (dpred) dpred[i] = (float)(2.0 * d / (double)n);
     }
-    float s = dk_block_sum(acc, sh);
+    double s = dk_block_sum(acc, sh);
     if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
 
-__global__ void dpar_k_reduce_final(const float *partial, int64_t nparts, float div, float *out) {
-    __shared__ float sh[1024];
-    float acc = 0.0f;
+__global__ void dpar_k_reduce_final(const double *partial, int64_t nparts, double div, float *out) {
+    __shared__ double sh[1024];
+    double acc = 0.0;
     for (int64_t i = threadIdx.x; i < nparts; i += blockDim.x) acc += partial[i];
-    float s = dk_block_sum(acc, sh);
-    if (threadIdx.x == 0) out[0] = s / div;
+    double s = dk_block_sum(acc, sh);
+    if (threadIdx.x == 0) out[0] = div == 0.0 ? 0.0f : (float)(s / div);
 }
 
-/* Softmax cross-entropy, one warp per row: rowloss[r] = logsumexp(z_r) -
-   z_r[label_r]; dlogits (may be NULL) = (softmax(z_r) - onehot) / m. Labels
-   out of range give a NaN row loss and a NaN gradient row. */
+/* Softmax cross-entropy, one warp per row, in double like the CPU reference:
+   rowloss[r] = logsumexp(z_r) - z_r[label_r]; dlogits (may be NULL) =
+   (softmax(z_r) - onehot) / m. Labels out of range give a NaN row loss and a
+   NaN gradient row. */
 __global__ void dpar_k_xent_rows(const float *z, const int32_t *labels, int64_t m, int64_t c,
-                                 float *rowloss, float *dlogits) {
+                                 double *rowloss, float *dlogits) {
     int lane = threadIdx.x & 31;
     int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int64_t nwarps = ((int64_t)gridDim.x * blockDim.x) >> 5;
@@ -266,7 +278,7 @@ __global__ void dpar_k_xent_rows(const float *z, const int32_t *labels, int64_t 
     for (int64_t r = warp; r < m; r += nwarps) {
         const float *zr = z + r * c;
         int32_t lab = labels[r];
-        int bad = lab < 0 || (int64_t)lab >= c;
+        int ok = lab >= 0 && (int64_t)lab < c;
         float mx = -__uint_as_float(0x7f800000u);
         for (int64_t j = lane; j < c; j += 32) {
             float v = zr[j];
@@ -276,17 +288,16 @@ __global__ void dpar_k_xent_rows(const float *z, const int32_t *labels, int64_t 
             float v = __shfl_xor_sync(0xffffffffu, mx, o);
             mx = (v > mx || v != v) ? v : mx;
         }
-        float s = 0.0f;
-        for (int64_t j = lane; j < c; j += 32) s += expf(zr[j] - mx);
-        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        float lse = mx + logf(s);
-        if (lane == 0) rowloss[r] = bad ? qnan : lse - zr[lab];
+        double se = 0.0;
+        for (int64_t j = lane; j < c; j += 32) se += exp((double)zr[j] - (double)mx);
+        for (int o = 16; o > 0; o >>= 1) se += __shfl_xor_sync(0xffffffffu, se, o);
+        double lse = (double)mx + log(se);
+        if (lane == 0) rowloss[r] = ok ? lse - (double)zr[lab] : (double)qnan;
         if (dlogits) {
             float *dr = dlogits + r * c;
             for (int64_t j = lane; j < c; j += 32) {
-                float p = expf(zr[j] - mx) / s;
-                if (j == lab) p -= 1.0f;
-                dr[j] = bad ? qnan : p / (float)m;
+                double p = exp((double)zr[j] - lse);
+                dr[j] = ok ? (float)((p - (j == lab ? 1.0 : 0.0)) / (double)m) : qnan;
             }
         }
     }
@@ -302,8 +313,9 @@ typedef struct dk_ptrs {
    accumulation in member order, rounded once; written to nout outputs.
    Element e in [begin, end): o = e / inner, i = e % inner,
    source index = o * in_stride + in_off + i, destination index = e.
-   op: 0 sum, 1 mean (sum / nin; i32 truncates), 2 max, 3 min (NaN propagates).
-   i32 sums wrap around. */
+   op: 0 sum, 1 mean (sum / nin; i32: exact sum truncated), 2 max, 3 min
+   (NaN propagates). i32 sums wrap around. Same arithmetic as the CPU
+   reference's host path, so results match it bit for bit. */
 __global__ void dpar_k_vreduce(dk_ptrs p, int nin, int nout, int64_t begin, int64_t end,
                                int64_t inner, int64_t in_stride, int64_t in_off, int dt, int op) {
     for (int64_t e = begin + DK_TID; e < end; e += DK_STRIDE) {
@@ -311,17 +323,17 @@ __global__ void dpar_k_vreduce(dk_ptrs p, int nin, int nout, int64_t begin, int6
         int64_t si = o * in_stride + in_off + i;
         if (dt == 3) {
             const int32_t *x0 = (const int32_t *)p.in[0];
-            uint32_t acc = (uint32_t)x0[si];
+            int64_t acc = x0[si];
             int32_t best = x0[si];
             for (int s = 1; s < nin; s++) {
                 int32_t v = ((const int32_t *)p.in[s])[si];
-                acc += (uint32_t)v;
+                acc += v;
                 if (op == 2) best = v > best ? v : best;
                 if (op == 3) best = v < best ? v : best;
             }
             int32_t r;
-            if (op == 0) r = (int32_t)acc;
-            else if (op == 1) r = (int32_t)acc / nin;
+            if (op == 0) r = (int32_t)(uint32_t)(uint64_t)acc; /* wrap-around */
+            else if (op == 1) r = (int32_t)(acc / nin);      /* exact sum, truncated */
             else r = best;
             for (int d = 0; d < nout; d++) ((int32_t *)p.out[d])[e] = r;
         } else {
@@ -329,10 +341,8 @@ __global__ void dpar_k_vreduce(dk_ptrs p, int nin, int nout, int64_t begin, int6
             for (int s = 1; s < nin; s++) {
                 float v = dk_load(p.in[s], dt, si);
                 if (op <= 1) acc += v;
-                else if (acc != acc) { /* NaN stays */ }
-                else if (v != v) acc = v;
-                else if (op == 2) acc = v > acc ? v : acc;
-                else acc = v < acc ? v : acc;
+                else if (op == 2) acc = (v > acc || v != v) ? v : acc; /* as the CPU: NaN sticks */
+                else acc = (v < acc || v != v) ? v : acc;
             }
             if (op == 1) acc = acc / (float)nin;
             for (int d = 0; d < nout; d++) dk_store(p.out[d], dt, e, acc);

@@ -1,0 +1,438 @@
+/* Vulkan backend tests (backends/dpar_vulkan.h), on llvmpipe or any GPU.
+   Skipped (SKIPPED: reason) when the backend is not compiled in or no Vulkan
+   driver is present, unless DPAR_REQUIRE_BACKENDS lists "vulkan". */
+#include "testutil.h"
+
+/* ---- helpers ---------------------------------------------------------- */
+typedef dpar_status (*dev_fn)(dpar_ctx *ctx, int dev, void *user);
+typedef struct { dev_fn fn; void *user; } run_args;
+static dpar_status run_trampoline(dpar_ctx *ctx, void *user) {
+    run_args *a = (run_args *)user;
+    return a->fn(ctx, dpar_ctx_device(ctx), a->user);
+}
+/* Runs fn once on every device of the mesh, concurrently (shard_map, no args). */
+static dpar_status run_all(dpar_mesh *m, dev_fn fn, void *user) {
+    run_args a = { fn, user };
+    dpar_shard_map_desc d;
+    memset(&d, 0, sizeof d);
+    d.fn = run_trampoline;
+    d.user = &a;
+    return dpar_shard_map(m, &d);
+}
+
+static dpar_runtime *vk_runtime(int n, int noncoherent) {
+    dpar_runtime_desc d;
+    memset(&d, 0, sizeof d);
+    d.backend = DPAR_BACKEND_VULKAN;
+    d.num_devices = n;
+    d.timeout_ms = 20000;
+    d.vulkan_force_noncoherent = noncoherent;
+    dpar_runtime *rt = NULL;
+    dpar_status s = dpar_runtime_create(&d, &rt);
+    if (s == DPAR_OK) return rt;
+    if (s == DPAR_ERR_BACKEND_UNAVAILABLE && !t_required("vulkan")) {
+        printf("SKIPPED: vulkan backend unavailable: %s\n", dpar_last_error());
+        fflush(stdout);
+        skip();
+    }
+    fail_msg("vulkan runtime with %d devices: %s: %s", n, dpar_status_string(s), dpar_last_error());
+    return NULL;
+}
+
+/* ---- device info ------------------------------------------------------- */
+static void test_device_info(void **state) {
+    (void)state;
+    dpar_runtime *rt = vk_runtime(4, 0);
+    assert_int_equal(dpar_device_count(rt), 4);
+    assert_int_equal(dpar_runtime_backend(rt), DPAR_BACKEND_VULKAN);
+    for (int i = 0; i < 4; i++) {
+        dpar_device_info info;
+        T_OK(dpar_device_info_get(rt, i, &info));
+        assert_int_equal(info.backend, DPAR_BACKEND_VULKAN);
+        assert_int_equal(info.index, i);
+        assert_true(info.memory_bytes > 0);
+        assert_non_null(strstr(info.name, "[logical"));
+        if (i == 0) printf("vulkan device: %s | vendor %s | driver %s | %llu MiB\n", info.name, info.vendor,
+                           info.driver, (unsigned long long)(info.memory_bytes >> 20));
+    }
+    dpar_runtime_destroy(rt);
+}
+
+/* ---- 2-device psum of [1..N] through non-coherent (and staged) memory ---- */
+enum { PSUM_N = 1000 }; /* not a multiple of nonCoherentAtomSize */
+static dpar_status psum_fn(dpar_ctx *ctx, int dev, void *user) {
+    (void)dev;
+    float *res = (float *)user;
+    int64_t sh[1] = { PSUM_N };
+    dpar_buffer *in, *out;
+    dpar_status s;
+    if ((s = dpar_ctx_buffer(ctx, DPAR_F32, 1, sh, &in))) return s;
+    if ((s = dpar_ctx_buffer(ctx, DPAR_F32, 1, sh, &out))) return s;
+    float x[PSUM_N];
+    for (int i = 0; i < PSUM_N; i++) x[i] = (float)(i + 1);
+    /* write in two pieces at an offset that is not atom aligned */
+    if ((s = dpar_buffer_write(in, 0, x, 100 * sizeof(float)))) return s;
+    if ((s = dpar_buffer_write(in, 100 * sizeof(float), x + 100, (PSUM_N - 100) * sizeof(float)))) return s;
+    if ((s = dpar_psum(ctx, out, in, "data"))) return s;
+    if ((s = dpar_psum(ctx, in, in, "data"))) return s; /* in place */
+    float y[PSUM_N];
+    if ((s = dpar_buffer_read(out, 0, res + (size_t)dev * 2 * PSUM_N, PSUM_N * sizeof(float)))) return s;
+    if ((s = dpar_buffer_read(in, 17 * sizeof(float), y, (PSUM_N - 17) * sizeof(float)))) return s;
+    memcpy(res + (size_t)dev * 2 * PSUM_N + PSUM_N + 17, y, (PSUM_N - 17) * sizeof(float));
+    dpar_buffer_destroy(in);
+    dpar_buffer_destroy(out);
+    return DPAR_OK;
+}
+static void check_psum(int staging) {
+    if (staging) setenv("DPAR_VK_FORCE_STAGING", "1", 1);
+    dpar_runtime *rt = vk_runtime(2, 1);
+    if (staging) unsetenv("DPAR_VK_FORCE_STAGING");
+    dpar_mesh *m = t_mesh1(rt, 2, "data");
+    float *res = (float *)calloc(4 * PSUM_N, sizeof(float));
+    T_OK(run_all(m, psum_fn, res));
+    for (int d = 0; d < 2; d++)
+        for (int i = 0; i < PSUM_N; i++) {
+            if (res[d * 2 * PSUM_N + i] != 2.0f * (i + 1))
+                fail_msg("device %d out[%d] = %g, want %g", d, i, res[d * 2 * PSUM_N + i], 2.0 * (i + 1));
+            if (i >= 17 && res[d * 2 * PSUM_N + PSUM_N + i] != 2.0f * (i + 1))
+                fail_msg("device %d in-place[%d] = %g, want %g", d, i, res[d * 2 * PSUM_N + PSUM_N + i], 2.0 * (i + 1));
+        }
+    free(res);
+    dpar_mesh_destroy(m);
+    dpar_runtime_destroy(rt);
+}
+static void test_psum_noncoherent(void **state) { (void)state; check_psum(0); }
+static void test_psum_noncoherent_staged(void **state) { (void)state; check_psum(1); }
+
+/* ---- a shader scales [1..1024] by 2, psum over 1 device: exactly [2..2048], 1000 times ---- */
+typedef struct { int iters; int bad_iter; int bad_index; float bad_value; } scale_res;
+static dpar_status scale_fn(dpar_ctx *ctx, int dev, void *user) {
+    (void)dev;
+    scale_res *r = (scale_res *)user;
+    int64_t sh[1] = { 1024 };
+    dpar_buffer *b, *o;
+    dpar_status s;
+    if ((s = dpar_ctx_buffer(ctx, DPAR_F32, 1, sh, &b))) return s;
+    if ((s = dpar_ctx_buffer(ctx, DPAR_F32, 1, sh, &o))) return s;
+    float x[1024], y[1024];
+    for (int i = 0; i < 1024; i++) x[i] = (float)(i + 1);
+    for (int it = 0; it < r->iters && r->bad_iter < 0; it++) {
+        if ((s = dpar_buffer_write(b, 0, x, sizeof x))) return s;
+        if ((s = dpar_scale(b, 2.0f))) return s;         /* compute write ... */
+        if ((s = dpar_psum(ctx, o, b, "one"))) return s;  /* ... staged to the host and back */
+        if ((s = dpar_buffer_read(o, 0, y, sizeof y))) return s;
+        for (int i = 0; i < 1024; i++)
+            if (y[i] != 2.0f * (float)(i + 1)) { r->bad_iter = it; r->bad_index = i; r->bad_value = y[i]; break; }
+    }
+    dpar_buffer_destroy(b);
+    dpar_buffer_destroy(o);
+    return DPAR_OK;
+}
+static void check_scale(int staging, int noncoherent, int iters) {
+    if (staging) setenv("DPAR_VK_FORCE_STAGING", "1", 1);
+    dpar_runtime *rt = vk_runtime(1, noncoherent);
+    if (staging) unsetenv("DPAR_VK_FORCE_STAGING");
+    dpar_mesh *m = t_mesh1(rt, 1, "one");
+    scale_res r = { iters, -1, -1, 0 };
+    T_OK(run_all(m, scale_fn, &r));
+    if (r.bad_iter >= 0)
+        fail_msg("iteration %d: out[%d] = %g, want %d", r.bad_iter, r.bad_index, r.bad_value, 2 * (r.bad_index + 1));
+    dpar_mesh_destroy(m);
+    dpar_runtime_destroy(rt);
+}
+static void test_scale_psum_1000(void **state) { (void)state; check_scale(0, 0, 1000); }
+static void test_scale_psum_noncoherent(void **state) { (void)state; check_scale(0, 1, 300); }
+static void test_scale_psum_staged(void **state) { (void)state; check_scale(1, 1, 300); }
+
+/* ---- small ops with known answers --------------------------------------- */
+typedef struct { int failed; char msg[256]; } op_res;
+#define OP_CHECK(cond, ...) do { if (!(cond)) { r->failed = 1; snprintf(r->msg, sizeof r->msg, __VA_ARGS__); return DPAR_OK; } } while (0)
+static dpar_status ops_fn(dpar_ctx *ctx, int dev, void *user) {
+    (void)dev;
+    op_res *r = (op_res *)user;
+    dpar_status s;
+    /* matmul: A [2,3], B [3,2] -> [[58,64],[139,154]]; and A^T stored */
+    int64_t sa[2] = { 2, 3 }, sb[2] = { 3, 2 }, sc[2] = { 2, 2 }, sat[2] = { 3, 2 };
+    dpar_buffer *A, *B, *C, *At;
+    float a[6] = { 1, 2, 3, 4, 5, 6 }, bm[6] = { 7, 8, 9, 10, 11, 12 }, at[6] = { 1, 4, 2, 5, 3, 6 }, c[4];
+    if ((s = dpar_ctx_buffer(ctx, DPAR_F32, 2, sa, &A)) || (s = dpar_ctx_buffer(ctx, DPAR_F32, 2, sb, &B)) ||
+        (s = dpar_ctx_buffer(ctx, DPAR_F32, 2, sc, &C)) || (s = dpar_ctx_buffer(ctx, DPAR_F32, 2, sat, &At)))
+        return s;
+    if ((s = dpar_buffer_write(A, 0, a, sizeof a)) || (s = dpar_buffer_write(B, 0, bm, sizeof bm)) ||
+        (s = dpar_buffer_write(At, 0, at, sizeof at)))
+        return s;
+    if ((s = dpar_fill(C, NAN))) return s;  /* beta = 0 ignores NaN */
+    if ((s = dpar_matmul(C, A, B, false, false, 1.0f, 0.0f))) return s;
+    if ((s = dpar_buffer_read(C, 0, c, sizeof c))) return s;
+    OP_CHECK(c[0] == 58 && c[1] == 64 && c[2] == 139 && c[3] == 154, "matmul: %g %g %g %g", c[0], c[1], c[2], c[3]);
+    if ((s = dpar_matmul(C, At, B, true, false, 2.0f, 1.0f))) return s; /* C = 2 A B + C = 3 A B */
+    if ((s = dpar_buffer_read(C, 0, c, sizeof c))) return s;
+    OP_CHECK(c[0] == 174 && c[1] == 192 && c[2] == 417 && c[3] == 462, "matmul ta: %g %g %g %g", c[0], c[1], c[2], c[3]);
+    /* cast f32 -> f16 -> f32, f32 -> bf16, f32 -> i32 (odd count: the packed last word) */
+    int64_t s5[1] = { 5 };
+    dpar_buffer *f, *h, *bf, *i32, *back;
+    float fv[5] = { 1.0f, -2.5f, 65520.0f /* rounds to Inf in f16 */, 1e-8f /* subnormal f16 -> 0 */, 3.7f };
+    if ((s = dpar_ctx_buffer(ctx, DPAR_F32, 1, s5, &f)) || (s = dpar_ctx_buffer(ctx, DPAR_F16, 1, s5, &h)) ||
+        (s = dpar_ctx_buffer(ctx, DPAR_BF16, 1, s5, &bf)) || (s = dpar_ctx_buffer(ctx, DPAR_I32, 1, s5, &i32)) ||
+        (s = dpar_ctx_buffer(ctx, DPAR_F32, 1, s5, &back)))
+        return s;
+    if ((s = dpar_buffer_write(f, 0, fv, sizeof fv))) return s;
+    if ((s = dpar_cast(h, f)) || (s = dpar_cast(bf, f)) || (s = dpar_cast(i32, f)) || (s = dpar_cast(back, h))) return s;
+    uint16_t hv[5], bv[5];
+    int32_t iv[5];
+    float bk[5];
+    if ((s = dpar_buffer_read(h, 0, hv, sizeof hv)) || (s = dpar_buffer_read(bf, 0, bv, sizeof bv)) ||
+        (s = dpar_buffer_read(i32, 0, iv, sizeof iv)) || (s = dpar_buffer_read(back, 0, bk, sizeof bk)))
+        return s;
+    for (int i = 0; i < 5; i++) {
+        OP_CHECK(hv[i] == dpar_f32_to_f16(fv[i]), "cast f16[%d] = 0x%04x, want 0x%04x", i, hv[i], dpar_f32_to_f16(fv[i]));
+        OP_CHECK(bv[i] == dpar_f32_to_bf16(fv[i]), "cast bf16[%d] = 0x%04x, want 0x%04x", i, bv[i], dpar_f32_to_bf16(fv[i]));
+        OP_CHECK(iv[i] == (int32_t)fv[i] || (i == 2 && iv[i] == 65520), "cast i32[%d] = %d", i, iv[i]);
+        float want = dpar_f16_to_f32(dpar_f32_to_f16(fv[i]));
+        OP_CHECK(memcmp(&bk[i], &want, 4) == 0, "cast f16->f32[%d] = %g, want %g", i, bk[i], want);
+    }
+    /* fill of every dtype, and copy */
+    if ((s = dpar_fill(h, 0.5f)) || (s = dpar_fill(i32, -7.9f))) return s;
+    if ((s = dpar_buffer_read(h, 0, hv, sizeof hv)) || (s = dpar_buffer_read(i32, 0, iv, sizeof iv))) return s;
+    for (int i = 0; i < 5; i++) OP_CHECK(hv[i] == 0x3800 && iv[i] == -7, "fill: 0x%04x %d", hv[i], iv[i]);
+    if ((s = dpar_copy(back, f)) || (s = dpar_buffer_read(back, 0, bk, sizeof bk))) return s;
+    OP_CHECK(memcmp(bk, fv, sizeof fv) == 0, "copy differs");
+    /* sum / sum of squares / relu / softmax */
+    int64_t s1[1] = { 1 };
+    dpar_buffer *sum;
+    float one;
+    if ((s = dpar_ctx_buffer(ctx, DPAR_F32, 1, s1, &sum))) return s;
+    if ((s = dpar_sum(sum, A)) || (s = dpar_buffer_read(sum, 0, &one, 4))) return s;
+    OP_CHECK(one == 21.0f, "sum = %g", one);
+    if ((s = dpar_sum_squares(sum, A)) || (s = dpar_buffer_read(sum, 0, &one, 4))) return s;
+    OP_CHECK(one == 91.0f, "sum_squares = %g", one);
+    float rv[5] = { -1.0f, 0.0f, 2.0f, NAN, -0.5f }, ro[5];
+    if ((s = dpar_buffer_write(f, 0, rv, sizeof rv)) || (s = dpar_relu(f, f)) ||
+        (s = dpar_buffer_read(f, 0, ro, sizeof ro)))
+        return s;
+    OP_CHECK(ro[0] == 0 && ro[1] == 0 && ro[2] == 2 && isnan(ro[3]) && ro[4] == 0, "relu: %g %g %g %g %g", ro[0], ro[1],
+             ro[2], ro[3], ro[4]);
+    int64_t sl[2] = { 2, 3 }, s2[1] = { 2 };
+    dpar_buffer *logits, *labels, *dl;
+    float z[6] = { 0, 0, 0, 1, 2, 3 }, g[6];
+    int32_t lab[2] = { 1, 7 /* out of range -> NaN */ };
+    if ((s = dpar_ctx_buffer(ctx, DPAR_F32, 2, sl, &logits)) || (s = dpar_ctx_buffer(ctx, DPAR_I32, 1, s2, &labels)) ||
+        (s = dpar_ctx_buffer(ctx, DPAR_F32, 2, sl, &dl)))
+        return s;
+    if ((s = dpar_buffer_write(logits, 0, z, sizeof z)) || (s = dpar_buffer_write(labels, 0, lab, sizeof lab)) ||
+        (s = dpar_softmax_xent(sum, dl, logits, labels)) || (s = dpar_buffer_read(sum, 0, &one, 4)) ||
+        (s = dpar_buffer_read(dl, 0, g, sizeof g)))
+        return s;
+    OP_CHECK(isnan(one) && isnan(g[3]) && fabsf(g[0] - (1.0f / 3 / 2)) < 1e-6f && fabsf(g[1] + (2.0f / 3 / 2)) < 1e-6f,
+             "softmax_xent with a bad label: loss %g, grad %g %g %g", one, g[0], g[1], g[3]);
+    lab[1] = 2;
+    if ((s = dpar_buffer_write(labels, 0, lab, sizeof lab)) || (s = dpar_softmax_xent(sum, NULL, logits, labels)) ||
+        (s = dpar_buffer_read(sum, 0, &one, 4)))
+        return s;
+    double want = (log(3.0) + (log(exp(1.0) + exp(2.0) + exp(3.0)) - 3.0)) / 2;
+    OP_CHECK(fabs(one - want) < 1e-5 * want, "softmax_xent loss %.8g, want %.8g", one, want);
+    dpar_buffer *bufs[] = { A, B, C, At, f, h, bf, i32, back, sum, logits, labels, dl };
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dpar_buffer_destroy(bufs[i]);
+    return DPAR_OK;
+}
+static void test_ops_known_values(void **state) {
+    (void)state;
+    dpar_runtime *rt = vk_runtime(2, 0);
+    dpar_mesh *m = t_mesh1(rt, 2, "data");
+    op_res r;
+    memset(&r, 0, sizeof r);
+    T_OK(run_all(m, ops_fn, &r));
+    if (r.failed) fail_msg("%s", r.msg);
+    dpar_mesh_destroy(m);
+    dpar_runtime_destroy(rt);
+}
+
+/* ---- many queued ops (more than one command buffer ring), determinism ---- */
+static dpar_status many_fn(dpar_ctx *ctx, int dev, void *user) {
+    float *out = (float *)user;
+    int64_t sh[1] = { 1 << 16 };
+    dpar_buffer *x, *y, *sum;
+    dpar_status s;
+    int64_t s1[1] = { 1 };
+    if ((s = dpar_ctx_buffer(ctx, DPAR_F32, 1, sh, &x)) || (s = dpar_ctx_buffer(ctx, DPAR_F32, 1, sh, &y)) ||
+        (s = dpar_ctx_buffer(ctx, DPAR_F32, 1, s1, &sum)))
+        return s;
+    float *h = (float *)malloc(sizeof(float) << 16);
+    if (!h) return DPAR_ERR_OUT_OF_MEMORY;
+    uint32_t seed = 12345;
+    for (int i = 0; i < (1 << 16); i++) { seed = seed * 1664525u + 1013904223u; h[i] = (float)(seed >> 8) / 16777216.0f - 0.5f; }
+    if ((s = dpar_buffer_write(x, 0, h, sizeof(float) << 16))) { free(h); return s; }
+    free(h);
+    if ((s = dpar_fill(y, 1.0f))) return s;
+    for (int i = 0; i < 1000; i++)
+        if ((s = dpar_axpy(y, 0.001f, x))) return s;  /* 1000 ops queued without a read */
+    float sums[4];
+    for (int rep = 0; rep < 2; rep++) {
+        if ((s = dpar_sum(sum, y)) || (s = dpar_buffer_read(sum, 0, &sums[rep], 4))) return s;
+        if ((s = dpar_sum_squares(sum, x)) || (s = dpar_buffer_read(sum, 0, &sums[2 + rep], 4))) return s;
+    }
+    float y0;
+    if ((s = dpar_buffer_read(y, 0, &y0, 4))) return s;
+    memcpy(out + dev * 5, sums, sizeof sums);
+    out[dev * 5 + 4] = y0;
+    dpar_buffer_destroy(x);
+    dpar_buffer_destroy(y);
+    dpar_buffer_destroy(sum);
+    return DPAR_OK;
+}
+static void test_many_ops_deterministic(void **state) {
+    (void)state;
+    dpar_runtime *rt = vk_runtime(4, 0);
+    dpar_mesh *m = t_mesh1(rt, 4, "data");
+    float out[20];
+    T_OK(run_all(m, many_fn, out));
+    for (int d = 0; d < 4; d++) {
+        /* same sums run after run and on every device (bitwise) */
+        assert_memory_equal(&out[d * 5], &out[0], 5 * sizeof(float));
+        assert_memory_equal(&out[d * 5 + 0], &out[d * 5 + 1], sizeof(float));
+        assert_memory_equal(&out[d * 5 + 2], &out[d * 5 + 3], sizeof(float));
+    }
+    /* y = 1 + 1000 * 0.001 * x, so sum(y) is about 65536 + sum(x) */
+    assert_true(fabsf(out[0] - 65536.0f) < 400.0f);
+    dpar_mesh_destroy(m);
+    dpar_runtime_destroy(rt);
+}
+
+/* ---- errors: statuses and texts, never a crash -------------------------- */
+static void test_missing_loader(void **state) {
+    (void)state;
+    setenv("DPAR_VK_LOADER", "/nonexistent/libvulkan.so.1", 1);
+    dpar_runtime_desc d;
+    memset(&d, 0, sizeof d);
+    d.backend = DPAR_BACKEND_VULKAN;
+    d.num_devices = 1;
+    dpar_runtime *rt = NULL;
+    dpar_status s = dpar_runtime_create(&d, &rt);
+    unsetenv("DPAR_VK_LOADER");
+    assert_int_equal(s, DPAR_ERR_BACKEND_UNAVAILABLE);
+    assert_null(rt);
+    printf("missing loader: %s\n", dpar_last_error());
+#ifdef DPAR_VULKAN
+    assert_non_null(strstr(dpar_last_error(), "libvulkan"));
+#endif
+}
+static void test_missing_icd(void **state) {
+    (void)state;
+    const char *old = getenv("VK_ICD_FILENAMES");
+    char *saved = old ? strdup(old) : NULL;
+    setenv("VK_ICD_FILENAMES", "/nonexistent/icd.json", 1);
+    setenv("VK_DRIVER_FILES", "/nonexistent/icd.json", 1);
+    dpar_runtime_desc d;
+    memset(&d, 0, sizeof d);
+    d.backend = DPAR_BACKEND_VULKAN;
+    d.num_devices = 2;
+    dpar_runtime *rt = NULL;
+    dpar_status s = dpar_runtime_create(&d, &rt);
+    if (saved) { setenv("VK_ICD_FILENAMES", saved, 1); free(saved); } else unsetenv("VK_ICD_FILENAMES");
+    unsetenv("VK_DRIVER_FILES");
+    assert_int_equal(s, DPAR_ERR_BACKEND_UNAVAILABLE);
+    assert_null(rt);
+    printf("missing ICD: %s\n", dpar_last_error());
+#ifdef DPAR_VULKAN
+    assert_true(strstr(dpar_last_error(), "VK_ERROR_INCOMPATIBLE_DRIVER") || strstr(dpar_last_error(), "no Vulkan"));
+#endif
+}
+static void test_bad_physical_device(void **state) {
+    (void)state;
+    dpar_runtime *rt = vk_runtime(1, 0); /* skips when there is no Vulkan */
+    dpar_runtime_destroy(rt);
+    dpar_runtime_desc d;
+    memset(&d, 0, sizeof d);
+    d.backend = DPAR_BACKEND_VULKAN;
+    d.num_devices = 1;
+    d.vulkan_physical_device = 99;
+    T_ERR(dpar_runtime_create(&d, &rt), DPAR_ERR_DEVICE_COUNT, "99");
+}
+static dpar_status oom_fn(dpar_ctx *ctx, int dev, void *user) {
+    (void)dev;
+    (void)user;
+    dpar_buffer *b = NULL;
+    int64_t huge[1] = { (int64_t)1 << 40 };  /* 4 TiB of f32 */
+    dpar_status s = dpar_ctx_buffer(ctx, DPAR_F32, 1, huge, &b);
+    if (s != DPAR_ERR_OUT_OF_MEMORY || b) {
+        printf("4 TiB buffer: %s: %s\n", dpar_status_string(s), dpar_last_error());
+        return DPAR_ERR_STATE;
+    }
+    printf("4 TiB buffer: %s\n", dpar_last_error());
+    /* an op on a buffer larger than maxStorageBufferRange is an error, not a crash */
+    int64_t big[1] = { (int64_t)(160u << 20) / 4 };  /* 160 MiB (llvmpipe allows 128 MiB) */
+    if ((s = dpar_ctx_buffer(ctx, DPAR_F32, 1, big, &b))) return DPAR_OK; /* not enough memory: fine */
+    s = dpar_scale(b, 2.0f);
+    dpar_status s2 = dpar_fill(b, 3.0f);  /* transfers have no such limit */
+    float v = 0;
+    dpar_status s3 = dpar_buffer_read(b, (size_t)(big[0] - 1) * 4, &v, 4);
+    dpar_buffer_destroy(b);
+    if (s2 || s3 || v != 3.0f) return DPAR_ERR_BACKEND;
+    (void)s;
+    return DPAR_OK;
+}
+static void test_out_of_memory(void **state) {
+    (void)state;
+    dpar_runtime *rt = vk_runtime(1, 0);
+    dpar_mesh *m = t_mesh1(rt, 1, "data");
+    dpar_status s = run_all(m, oom_fn, NULL);
+    if (s) fail_msg("out-of-memory checks: %s: %s", dpar_status_string(s), dpar_last_error());
+    /* the runtime still works afterwards */
+    int64_t sh[1] = { 3 };
+    dpar_buffer *b;
+    T_OK(dpar_buffer_create(rt, 0, DPAR_F32, 1, sh, &b));
+    float x[3] = { 1, 2, 3 }, y[3];
+    T_OK(dpar_buffer_write(b, 0, x, sizeof x));
+    T_OK(dpar_buffer_read(b, 0, y, sizeof y));
+    assert_memory_equal(x, y, sizeof x);
+    dpar_buffer_destroy(b);
+    dpar_mesh_destroy(m);
+    dpar_runtime_destroy(rt);
+}
+static void test_zero_size_and_bad_args(void **state) {
+    (void)state;
+    dpar_runtime *rt = vk_runtime(2, 0);
+    int64_t z[2] = { 0, 4 }, sh[2] = { 2, 3 }, sh2[2] = { 4, 5 };
+    dpar_buffer *a, *b, *c;
+    T_OK(dpar_buffer_create(rt, 0, DPAR_F16, 2, z, &a));
+    assert_int_equal(dpar_buffer_nbytes(a), 0);
+    T_OK(dpar_fill(a, 1.0f));
+    T_OK(dpar_buffer_read(a, 0, NULL, 0));
+    dpar_buffer_destroy(a);
+    T_OK(dpar_buffer_create(rt, 0, DPAR_F32, 2, z, &a));
+    T_OK(dpar_scale(a, 2.0f));
+    T_OK(dpar_relu(a, a));
+    T_OK(dpar_device_sync(rt, 0));
+    dpar_buffer_destroy(a);
+    T_OK(dpar_buffer_create(rt, 0, DPAR_F32, 2, sh, &a));
+    T_OK(dpar_buffer_create(rt, 0, DPAR_F32, 2, sh2, &b));
+    T_OK(dpar_buffer_create(rt, 1, DPAR_F32, 2, sh, &c));
+    float big[64] = { 0 };
+    assert_int_not_equal(dpar_buffer_write(a, 4, big, sizeof(float) * 6), DPAR_OK); /* past the end */
+    assert_int_not_equal(dpar_matmul(a, a, b, false, false, 1, 0), DPAR_OK);        /* shapes */
+    assert_int_not_equal(dpar_axpy(a, 1.0f, c), DPAR_OK);                           /* devices */
+    T_OK(dpar_device_sync(rt, 1));
+    dpar_buffer_destroy(a);
+    dpar_buffer_destroy(b);
+    dpar_buffer_destroy(c);
+    dpar_runtime_destroy(rt);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_device_info),
+        cmocka_unit_test(test_psum_noncoherent),
+        cmocka_unit_test(test_psum_noncoherent_staged),
+        cmocka_unit_test(test_scale_psum_1000),
+        cmocka_unit_test(test_scale_psum_noncoherent),
+        cmocka_unit_test(test_scale_psum_staged),
+        cmocka_unit_test(test_ops_known_values),
+        cmocka_unit_test(test_many_ops_deterministic),
+        cmocka_unit_test(test_missing_loader),
+        cmocka_unit_test(test_missing_icd),
+        cmocka_unit_test(test_bad_physical_device),
+        cmocka_unit_test(test_out_of_memory),
+        cmocka_unit_test(test_zero_size_and_bad_args),
+    };
+    return cmocka_run_group_tests_name("vulkan", tests, NULL, NULL);
+}
