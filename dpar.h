@@ -165,6 +165,9 @@ typedef struct dpar_runtime_desc {
                                      (flush/invalidate on every host access); 0: env
                                      DPAR_VK_NONCOHERENT */
     int vulkan_physical_device;   /* Vulkan: index of the physical device; -1 or 0: first */
+    const void *mpi_comm;      /* DPAR_MPI builds: address of the MPI_Comm whose processes share
+                                  the runtime (NULL: MPI_COMM_WORLD when MPI is initialized,
+                                  else one process). Ignored without DPAR_MPI. */
 } dpar_runtime_desc;
 
 /* Creates a runtime: picks the backend, opens `num_devices` devices and
@@ -177,7 +180,14 @@ DPAR_API dpar_status dpar_runtime_create(const dpar_runtime_desc *desc, dpar_run
 /* Stops the workers and frees the runtime. Buffers, arrays and meshes of the
    runtime must be destroyed first (leftovers are freed here too). NULL is a no-op. */
 DPAR_API void dpar_runtime_destroy(dpar_runtime *rt);
+/* Global device count: processes x local devices (the same on every process). */
 DPAR_API int dpar_device_count(const dpar_runtime *rt);
+/* Multi-process (DPAR_MPI): this process's index and the process count
+   (0 and 1 without MPI). Global device d lives on process d / local count. */
+DPAR_API int dpar_process_index(const dpar_runtime *rt);
+DPAR_API int dpar_process_count(const dpar_runtime *rt);
+/* This process's devices are first .. first+count-1 (global ids). */
+DPAR_API void dpar_local_devices(const dpar_runtime *rt, int *first, int *count);
 DPAR_API dpar_backend_kind dpar_runtime_backend(const dpar_runtime *rt);
 
 typedef struct dpar_device_info {
@@ -517,6 +527,162 @@ DPAR_API dpar_status dpar_sgd_step(dpar_ctx *ctx, const dpar_sgd_desc *d,
                                    dpar_buffer *const *params, dpar_buffer *const *grads,
                                    dpar_buffer *const *moms, int n);
 
+/* ---------------------------------------------------------------------------
+   Sharding, resharding, checkpoints
+   (model parallelism: JAX NamedSharding / reshard, shard_map in/out specs,
+   ZeRO-1, and a versioned checkpoint file format)
+   ------------------------------------------------------------------------ */
+DPAR_API dpar_dtype dpar_array_dtype(const dpar_array *a);  /* DPAR_DTYPE_COUNT for NULL */
+DPAR_API dpar_mesh *dpar_array_mesh(const dpar_array *a);
+/* Dimension i of every shard (shape[i] / size of the axes splitting dim i);
+   -1 when i is out of range. */
+DPAR_API int64_t dpar_array_shard_dim(const dpar_array *a, int i);
+/* Spec of dimension i as text into buf (capacity cap): "" when the dim is
+   whole (replicated), else the axes that split it, "data" or "data,model".
+   Errors: DPAR_ERR_INVALID_ARGUMENT (NULL, i out of range, cap too small). */
+DPAR_API dpar_status dpar_array_spec(const dpar_array *a, int i, char *buf, size_t cap);
+
+/* Reshard (JAX jax.device_put(x, NamedSharding(mesh, P(...)))): copies the
+   global contents of src into dst, an array of the same mesh, dtype and global
+   shape with possibly another spec. Afterwards dpar_array_get(dst) equals
+   dpar_array_get(src) bit for bit. The path is chosen from the two specs:
+     same spec                                  -> dpar_copy on every device;
+     dim i split over axes A -> dim j split over A (i != j, the rest equal)
+                                                -> all_to_all over A inside a
+                                                   shard_map (split j, concat i);
+     dim i split over A -> dim i whole (rest equal) -> all_gather(tiled) over A;
+     dim i whole -> dim i split over A (rest equal) -> each device keeps its
+                                                   block of its own replica;
+     anything else                              -> gathered to the host and put
+                                                   again (one global host copy).
+   Example: an 8x4 f32 matrix with spec ("data", NULL) on a 4-device axis
+   "data" (2x4 rows per device) resharded to (NULL, "data") gives device d
+   the 8x1 column d. Must be called outside pmap/shard_map. src == dst is a no-op.
+   Errors: DPAR_ERR_INVALID_ARGUMENT (NULL, different meshes, inside fn),
+   DPAR_ERR_DTYPE, DPAR_ERR_SHAPE (global shapes differ; the text names both),
+   DPAR_ERR_OUT_OF_MEMORY, and the collectives' errors. */
+DPAR_API dpar_status dpar_array_reshard(dpar_array *dst, const dpar_array *src);
+
+/* shard_map with in_specs / out_specs per argument (JAX shard_map(f, mesh,
+   in_specs=(P('batch', None, None), ...), out_specs=...)). A spec gives, per
+   dimension, NULL (whole) or the axes splitting it ("batch", "data,model").
+   Inside fn, dpar_ctx_arg(ctx, i) is input i's shard under in_specs[i] for
+   i < num_inputs, and dpar_ctx_arg(ctx, num_inputs + j) output j's shard under
+   out_specs[j].
+   - An input whose spec equals its array's own spec is passed as is (no copy);
+     otherwise fn sees a resharded temporary copy (writes to it are dropped).
+   - An output whose spec equals its array's own spec is written in place;
+     otherwise fn writes a zeroed temporary which is resharded into the output
+     array after fn returned on every device. A dim left whole in out_specs
+     must hold the same values on every device of the axes it is replicated on
+     (as in JAX); each device's own copy is used.
+   Errors: DPAR_ERR_INVALID_ARGUMENT (NULL, counts out of range: num_inputs +
+   num_outputs <= DPAR_MAX_ARGS, array of another mesh, an output listed twice),
+   DPAR_ERR_UNKNOWN_AXIS / DPAR_ERR_SHAPE for a bad spec (text names the
+   argument), and the errors of dpar_shard_map and dpar_array_reshard. */
+typedef struct dpar_shard_map_specs_desc {
+    dpar_fn fn;
+    void *user;
+    int num_inputs, num_outputs;
+    dpar_array *inputs[DPAR_MAX_ARGS];
+    const char *in_specs[DPAR_MAX_ARGS][DPAR_MAX_DIMS];
+    dpar_array *outputs[DPAR_MAX_ARGS];
+    const char *out_specs[DPAR_MAX_ARGS][DPAR_MAX_DIMS];
+} dpar_shard_map_specs_desc;
+DPAR_API dpar_status dpar_shard_map_specs(dpar_mesh *m, const dpar_shard_map_specs_desc *desc);
+
+/* ZeRO-1 for SGD (Rajbhandari et al. 2020, "ZeRO", stage 1; llm.c): the
+   optimizer state is sharded over the data-parallel axis. Each step, inside
+   fn, every device
+     1. reduce-scatters (psum_scatter, tiled) its local gradient of each
+        parameter, flattened and zero-padded to a multiple of the axis size n,
+        and scales its block by 1/n (the pmean of plain data parallelism),
+     2. updates only its block of the parameter (an f32 master shard) and of
+        the momentum with the fused SGD step (clipping by global norm psums the
+        squared norms of the blocks over the axis),
+     3. all_gathers (tiled) the updated blocks back into the full parameter.
+   A parameter of L elements is padded to Lp = ceil(L / n) * n, so each device
+   holds Lp / n elements of momentum and master parameter: optimizer memory
+   per device falls by n. Padding is never dropped (no silent un-sharding).
+   Parameters must be f32 arrays replicated on the whole mesh (no dim split). */
+typedef struct dpar_zero1 dpar_zero1;
+typedef struct dpar_zero1_desc {
+    dpar_sgd_desc sgd;       /* optimizer; sgd.norm_axes is ignored (the axis is used) */
+    const char *axis;        /* data-parallel axis or axes ("data" or "data,model"); NULL: "data" */
+    int num_params;          /* 1..DPAR_MAX_ARGS */
+    dpar_array *params[DPAR_MAX_ARGS];
+} dpar_zero1_desc;
+/* Creates the sharded state on the params' mesh: per parameter i a master
+   array and (momentum > 0) a momentum array, both f32 [Lp_i] split over the
+   axis, the master initialised from the parameter's current value (read from
+   the host with dpar_array_get), the momentum zero. Outside fn.
+   Errors: DPAR_ERR_INVALID_ARGUMENT (NULL, count out of range, params of
+   different meshes, a split param), DPAR_ERR_DTYPE (not f32),
+   DPAR_ERR_UNKNOWN_AXIS, the SGD desc checks, DPAR_ERR_OUT_OF_MEMORY. */
+DPAR_API dpar_status dpar_zero1_create(const dpar_zero1_desc *desc, dpar_zero1 **out);
+/* Frees the state (arrays included). NULL is a no-op. */
+DPAR_API void dpar_zero1_destroy(dpar_zero1 *z);
+/* One step, inside fn on every device of the mesh: grads[i] is this device's
+   local (not yet averaged) f32 gradient of params[i], same element count; it
+   is read only (reshaped for the call and restored). Afterwards every device
+   holds the same updated parameters (bitwise). Errors: those of the
+   collectives and of dpar_sgd_update; DPAR_ERR_SHAPE when a gradient's count
+   differs from its parameter's. */
+DPAR_API dpar_status dpar_zero1_step(dpar_ctx *ctx, dpar_zero1 *z, dpar_buffer *const *grads);
+/* Re-initialises the master shards from the parameters' current values
+   (after the parameters were changed from outside, e.g. restored). Outside fn. */
+DPAR_API dpar_status dpar_zero1_reload(dpar_zero1 *z);
+/* The state of parameter i as arrays f32 [Lp] split over the axis (for
+   checkpoints: save them with padded = true). NULL when i is out of range
+   (momentum: also when momentum == 0). */
+DPAR_API dpar_array *dpar_zero1_master(const dpar_zero1 *z, int i);
+DPAR_API dpar_array *dpar_zero1_momentum(const dpar_zero1 *z, int i);
+/* Padded length Lp of parameter i; -1 when out of range. */
+DPAR_API int64_t dpar_zero1_padded_count(const dpar_zero1 *z, int i);
+/* Bytes of momentum that `device` holds (sum over parameters of its
+   momentum shard buffers); 0 when the device is not in the mesh. */
+DPAR_API size_t dpar_zero1_momentum_bytes(const dpar_zero1 *z, int device);
+
+/* Checkpoints: named global arrays (parameters, optimizer state, sharded or
+   not) in one file. Format version 1, little-endian:
+     header  "DPARCKPT" | u32 version | u32 entry count | u64 file bytes | u64 step
+     entry   u32 name bytes | name | u32 dtype | u32 ndim | u64 shape[ndim] |
+             u32 flags (1 = padded) | u64 data bytes | data (the global array,
+             row-major, as dpar_array_get gives it)
+     trailer u32 CRC-32 (IEEE 802.3, reflected, poly 0xEDB88320; zlib's crc32)
+             of every byte before it.
+   The file stores global arrays, so a checkpoint restores onto any mesh and
+   any spec (saved on 4 devices, restored on 2). */
+typedef struct dpar_checkpoint_entry {
+    const char *name;   /* unique in the file, 1..255 bytes */
+    dpar_array *array;
+    bool padded;        /* a 1-d array zero-padded at the end (ZeRO-1 state):
+                           restore accepts a stored length that differs, as long
+                           as every element beyond the shorter length is zero */
+} dpar_checkpoint_entry;
+#define DPAR_CHECKPOINT_VERSION 1
+/* Saves `n` entries and a step counter to `path` atomically: written to
+   "<path>.tmp.<pid>", fsync'ed, renamed over `path` (and the directory
+   fsync'ed), so a crash leaves either the old file or the new one, never a
+   half-written one. Outside fn.
+   Errors: DPAR_ERR_INVALID_ARGUMENT (NULL, bad or duplicate name),
+   DPAR_ERR_IO (naming the path and the system error; the temporary is
+   removed), DPAR_ERR_OUT_OF_MEMORY. */
+DPAR_API dpar_status dpar_checkpoint_save(const char *path, const dpar_checkpoint_entry *entries,
+                                          int n, uint64_t step);
+/* Restores the `n` entries by name (entries of the file not asked for are
+   skipped) and the step counter (*step, may be NULL). The whole file is
+   checked before any array changes: on any error nothing was modified.
+   Errors: DPAR_ERR_IO for a missing, truncated or corrupted file (bad magic,
+   wrong format version, length differing from the header, CRC-32 mismatch,
+   malformed entry; the text names the path and what is wrong);
+   DPAR_ERR_INVALID_ARGUMENT (an asked name not in the file), DPAR_ERR_DTYPE,
+   DPAR_ERR_SHAPE (stored and wanted shapes, both named), DPAR_ERR_OUT_OF_MEMORY. */
+DPAR_API dpar_status dpar_checkpoint_restore(const char *path, const dpar_checkpoint_entry *entries,
+                                             int n, uint64_t *step);
+/* CRC-32 (as zlib crc32): crc = dpar_crc32(0, data, n), chainable. */
+DPAR_API uint32_t dpar_crc32(uint32_t crc, const void *data, size_t n);
+
 #ifdef __cplusplus
 }
 #endif
@@ -695,7 +861,8 @@ static float dpar__load_f(const void *p, dpar_dtype t, int64_t i) {
    ------------------------------------------------------------------------ */
 struct dpar_buffer {
     dpar_runtime *rt;
-    int device;
+    int device;                /* the backend's (process-local) device index: what backends use */
+    int gdev;                  /* global device id (== device without MPI) */
     dpar_dtype dtype;
     int ndim;
     int64_t shape[DPAR_MAX_DIMS];
@@ -877,7 +1044,11 @@ struct dpar__worker {
 struct dpar_runtime {
     const dpar__backend_iface *be;
     void *bstate;
-    int ndev;
+    int ndev;                     /* global device count (nproc * nlocal) */
+    int nlocal, local_base;       /* this process's devices: local_base .. local_base+nlocal-1 */
+    int proc, nproc, local_rank;  /* MPI process index, count, rank on this node */
+    uint64_t job_count;           /* dispatches so far (the same on every process) */
+    void *mpi;                    /* dpar__mpi state (DPAR_MPI), else NULL */
     int timeout_ms;
     dpar_runtime_desc desc;
     dpar__worker *workers;
@@ -897,6 +1068,9 @@ struct dpar_runtime {
 };
 
 static DPAR__TLS dpar__worker *dpar__self_worker; /* non-NULL on a worker / comm thread */
+static int dpar__is_local(const dpar_runtime *rt, int device) {
+    return device >= rt->local_base && device < rt->local_base + rt->nlocal;
+}
 static void *dpar__worker_main(void *arg);
 static void *dpar__comm_main(void *arg);
 
@@ -933,7 +1107,7 @@ static void dpar__runtime_free(dpar_runtime *rt) {
             pthread_mutex_unlock(&rt->mu);
             for (int i = 0; i < rt->threads_started; i++) pthread_join(rt->workers[i].thread, NULL);
         }
-        for (int i = 0; i < rt->ndev; i++) {
+        for (int i = 0; i < rt->nlocal; i++) {
             dpar__worker *w = &rt->workers[i];
             if (w->comm_started) {
                 pthread_mutex_lock(&w->qmu);
@@ -948,6 +1122,9 @@ static void dpar__runtime_free(dpar_runtime *rt) {
         DPAR_FREE(rt->workers);
     }
     if (rt->be && rt->bstate) rt->be->shutdown(rt->bstate);
+#ifdef DPAR_MPI
+    dpar__mpi_runtime_free(rt);
+#endif
     pthread_mutex_destroy(&rt->mu);
     pthread_cond_destroy(&rt->cv_start);
     pthread_cond_destroy(&rt->cv_done);
@@ -1035,12 +1212,22 @@ DPAR_API dpar_status dpar_runtime_create(const dpar_runtime_desc *desc_in, dpar_
         return dpar__err(DPAR_ERR_DEVICE_COUNT, "dpar_runtime_create: %d devices requested but the %s backend has %d",
                          requested, be->name, count);
     }
-    rt->ndev = count;
+    rt->ndev = rt->nlocal = count;
+    rt->nproc = 1;
+#ifdef DPAR_MPI
+    s = dpar__mpi_runtime_init(rt, desc_in ? desc_in->mpi_comm : NULL);
+    if (s != DPAR_OK) {
+        char msg[DPAR__ERR_LEN];
+        memcpy(msg, dpar__err_text, sizeof msg);
+        dpar__runtime_free(rt);
+        return dpar__err(s, "%s", msg);
+    }
+#endif
     rt->workers = (dpar__worker *)dpar__calloc((size_t)count, sizeof(dpar__worker));
     if (!rt->workers) { dpar__runtime_free(rt); return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_runtime_create: out of host memory"); }
     for (int i = 0; i < count; i++) {
         rt->workers[i].rt = rt;
-        rt->workers[i].device = i;
+        rt->workers[i].device = rt->local_base + i;
         pthread_mutex_init(&rt->workers[i].qmu, NULL);
         pthread_cond_init(&rt->workers[i].qcv, NULL);
     }
@@ -1076,6 +1263,12 @@ DPAR_API void dpar_runtime_destroy(dpar_runtime *rt) {
     dpar__runtime_free(rt);
 }
 DPAR_API int dpar_device_count(const dpar_runtime *rt) { return rt ? rt->ndev : 0; }
+DPAR_API int dpar_process_index(const dpar_runtime *rt) { return rt ? rt->proc : 0; }
+DPAR_API int dpar_process_count(const dpar_runtime *rt) { return rt ? rt->nproc : 1; }
+DPAR_API void dpar_local_devices(const dpar_runtime *rt, int *first, int *count) {
+    if (first) *first = rt ? rt->local_base : 0;
+    if (count) *count = rt ? rt->nlocal : 0;
+}
 DPAR_API dpar_backend_kind dpar_runtime_backend(const dpar_runtime *rt) { return rt ? rt->be->kind : DPAR_BACKEND_DEFAULT; }
 
 DPAR_API dpar_status dpar_device_info_get(const dpar_runtime *rt, int device, dpar_device_info *out) {
@@ -1085,7 +1278,13 @@ DPAR_API dpar_status dpar_device_info_get(const dpar_runtime *rt, int device, dp
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_device_info_get: device %d is out of range; the runtime has %d devices (0..%d)",
                          device, rt->ndev, rt->ndev - 1);
     memset(out, 0, sizeof *out);
-    dpar_status s = rt->be->device_info(rt->bstate, device, out);
+    dpar_status s = DPAR_OK;
+    if (device >= rt->local_base && device < rt->local_base + rt->nlocal) {
+        s = rt->be->device_info(rt->bstate, device - rt->local_base, out);
+    } else {
+        snprintf(out->name, sizeof out->name, "%s device %d of process %d", rt->be->name, device % rt->nlocal, device / rt->nlocal);
+        snprintf(out->vendor, sizeof out->vendor, "remote");
+    }
     out->backend = rt->be->kind;
     out->index = device;
     return s;
@@ -1115,16 +1314,19 @@ DPAR_API dpar_status dpar_buffer_create(dpar_runtime *rt, int device, dpar_dtype
     if (!rt) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_buffer_create: runtime is NULL");
     if (device < 0 || device >= rt->ndev)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_buffer_create: device %d is out of range; the runtime has %d devices", device, rt->ndev);
+    if (device < rt->local_base || device >= rt->local_base + rt->nlocal)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_buffer_create: device %d belongs to process %d, not to this process (%d, devices %d..%d)",
+                         device, device / rt->nlocal, rt->proc, rt->local_base, rt->local_base + rt->nlocal - 1);
     if (dpar_dtype_size(dtype) == 0) return dpar__err(DPAR_ERR_DTYPE, "dpar_buffer_create: dtype %d is not a dpar_dtype", (int)dtype);
     dpar_status s = dpar__check_shape("dpar_buffer_create", ndim, shape);
     if (s) return s;
     dpar_buffer *b = (dpar_buffer *)dpar__calloc(1, sizeof *b);
     if (!b) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_buffer_create: out of host memory");
-    b->rt = rt; b->device = device; b->dtype = dtype; b->ndim = ndim;
+    b->rt = rt; b->device = device - rt->local_base; b->gdev = device; b->dtype = dtype; b->ndim = ndim;
     for (int i = 0; i < ndim; i++) b->shape[i] = shape[i];
     b->count = dpar__prod(shape, ndim);
     b->nbytes = (size_t)b->count * dpar_dtype_size(dtype);
-    s = rt->be->alloc(rt->bstate, device, b->nbytes, &b->mem);
+    s = rt->be->alloc(rt->bstate, b->device, b->nbytes, &b->mem);
     if (s != DPAR_OK) {
         size_t nb = b->nbytes;
         DPAR_FREE(b);
@@ -1155,7 +1357,7 @@ DPAR_API int dpar_buffer_ndim(const dpar_buffer *b) { return b ? b->ndim : -1; }
 DPAR_API int64_t dpar_buffer_dim(const dpar_buffer *b, int i) { return (b && i >= 0 && i < b->ndim) ? b->shape[i] : -1; }
 DPAR_API int64_t dpar_buffer_count(const dpar_buffer *b) { return b ? b->count : 0; }
 DPAR_API size_t dpar_buffer_nbytes(const dpar_buffer *b) { return b ? b->nbytes : 0; }
-DPAR_API int dpar_buffer_device(const dpar_buffer *b) { return b ? b->device : -1; }
+DPAR_API int dpar_buffer_device(const dpar_buffer *b) { return b ? b->gdev : -1; }
 
 DPAR_API dpar_status dpar_buffer_reshape(dpar_buffer *b, int ndim, const int64_t *shape) {
     dpar__clear_error();
@@ -1192,9 +1394,9 @@ DPAR_API dpar_status dpar_buffer_read(const dpar_buffer *b, size_t offset, void 
 }
 DPAR_API dpar_status dpar_device_sync(dpar_runtime *rt, int device) {
     dpar__clear_error();
-    if (!rt || device < 0 || device >= rt->ndev)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_device_sync: device %d is out of range", device);
-    return rt->be->sync(rt->bstate, device);
+    if (!rt || device < rt->local_base || device >= rt->local_base + rt->nlocal)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_device_sync: device %d is not a device of this process", device);
+    return rt->be->sync(rt->bstate, device - rt->local_base);
 }
 /* ---------------------------------------------------------------------------
    Mesh and axis groups
@@ -1224,6 +1426,13 @@ struct dpar__group {
     void **in_ptr, **out_ptr;  /* [n] host-visible views used by the host path */
     void **stage;              /* [n] per-member host staging (grown on demand) */
     size_t *stage_cap;         /* [n] */
+    int nlocal;                /* members on this process (== n without MPI) */
+    int leader;                /* first local member's rank: does the cross-process part */
+    int cross;                 /* members on more than one process */
+    void **xin_ptr;            /* [n] every member's input as seen by this process (cross path) */
+    dpar_status xstatus;       /* leader's cross-process result, read by the other local members */
+    char *xmsg;                /* its error text (DPAR__ERR_LEN) */
+    void *mpi;                 /* dpar__mpi_group (DPAR_MPI) */
 };
 
 struct dpar_mesh {
@@ -1308,8 +1517,11 @@ static void dpar__mesh_free(dpar_mesh *m) {
     if (!m) return;
     dpar_runtime *rt = m->rt;
     while (m->arrays) dpar_array_destroy(m->arrays);
+#ifdef DPAR_MPI
+    dpar__mpi_mesh_free(m);
+#endif
     pthread_mutex_lock(&rt->list_mu);
-    if (m->prev) m->prev->next = m->next; else rt->meshes = m->next;
+    if (m->prev) m->prev->next = m->next; else if (rt->meshes == m) rt->meshes = m->next;
     if (m->next) m->next->prev = m->prev;
     pthread_mutex_unlock(&rt->list_mu);
     for (int k = 0; k < DPAR__MASKS; k++) {
@@ -1321,7 +1533,7 @@ static void dpar__mesh_free(dpar_mesh *m) {
             if (gr->stage) for (int i = 0; i < gr->n; i++) DPAR_FREE(gr->stage[i]);
             DPAR_FREE(gr->devices); DPAR_FREE(gr->here); DPAR_FREE(gr->posts);
             DPAR_FREE(gr->in_bufs); DPAR_FREE(gr->out_bufs); DPAR_FREE(gr->in_ptr); DPAR_FREE(gr->out_ptr);
-            DPAR_FREE(gr->stage); DPAR_FREE(gr->stage_cap);
+            DPAR_FREE(gr->stage); DPAR_FREE(gr->stage_cap); DPAR_FREE(gr->xin_ptr); DPAR_FREE(gr->xmsg);
         }
         DPAR_FREE(m->groups[k]);
     }
@@ -1396,8 +1608,10 @@ DPAR_API dpar_status dpar_mesh_create(dpar_runtime *rt, const dpar_mesh_desc *d,
             gr->out_ptr = (void **)dpar__calloc((size_t)gs, sizeof(void *));
             gr->stage = (void **)dpar__calloc((size_t)gs, sizeof(void *));
             gr->stage_cap = (size_t *)dpar__calloc((size_t)gs, sizeof(size_t));
+            gr->xin_ptr = (void **)dpar__calloc((size_t)gs, sizeof(void *));
+            gr->xmsg = (char *)dpar__calloc(DPAR__ERR_LEN, 1);
             if (!gr->devices || !gr->here || !gr->posts || !gr->in_bufs || !gr->out_bufs || !gr->in_ptr ||
-                !gr->out_ptr || !gr->stage || !gr->stage_cap) {
+                !gr->out_ptr || !gr->stage || !gr->stage_cap || !gr->xin_ptr || !gr->xmsg) {
                 dpar__mesh_free(m);
                 return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_mesh_create: out of host memory");
             }
@@ -1407,7 +1621,26 @@ DPAR_API dpar_status dpar_mesh_create(dpar_runtime *rt, const dpar_mesh_desc *d,
             dpar__group_of(m, mask, p, &gid, &rank);
             m->groups[mask][gid].devices[rank] = m->devices[p];
         }
+        for (int g = 0; g < ng; g++) {
+            dpar__group *gr = &m->groups[mask][g];
+            gr->leader = -1;
+            for (int r = 0; r < gr->n; r++) {
+                if (dpar__is_local(rt, gr->devices[r])) { gr->nlocal++; if (gr->leader < 0) gr->leader = r; }
+            }
+            gr->cross = gr->nlocal != gr->n;
+        }
     }
+#ifdef DPAR_MPI
+    {
+        dpar_status ms = dpar__mpi_mesh_init(m, d);
+        if (ms != DPAR_OK) {
+            char msg[DPAR__ERR_LEN];
+            memcpy(msg, dpar__err_text, sizeof msg);
+            dpar__mesh_free(m);
+            return dpar__err(ms, "%s", msg);
+        }
+    }
+#endif
     pthread_mutex_lock(&rt->list_mu);
     m->next = rt->meshes;
     if (rt->meshes) rt->meshes->prev = m;
@@ -1582,6 +1815,7 @@ DPAR_API dpar_status dpar_array_create(dpar_mesh *m, const dpar_array_desc *d, d
     a->shards = (dpar_buffer **)dpar__calloc((size_t)m->size, sizeof(dpar_buffer *));
     if (!a->shards) { DPAR_FREE(a); return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_array_create: out of host memory"); }
     for (int p = 0; p < m->size; p++) {
+        if (!dpar__is_local(m->rt, m->devices[p])) continue; /* another process holds it */
         s = dpar_buffer_create(m->rt, m->devices[p], d->dtype, d->ndim, a->local, &a->shards[p]);
         if (s) { dpar_array_destroy(a); return s; }
     }
@@ -1604,6 +1838,7 @@ DPAR_API dpar_status dpar_array_put(dpar_array *a, const void *host) {
     int64_t zero[DPAR_MAX_DIMS] = {0}, off[DPAR_MAX_DIMS];
     dpar_status s = DPAR_OK;
     for (int p = 0; p < a->mesh->size && !s; p++) {
+        if (!a->shards[p]) continue;
         dpar__array_offsets(a, p, off);
         dpar__copy_block(tmp, a->local, zero, (const char *)host, a->shape, off, a->local, a->ndim, es);
         s = dpar_buffer_write(a->shards[p], 0, tmp, nb);
@@ -1627,7 +1862,14 @@ DPAR_API dpar_status dpar_array_get(const dpar_array *a, void *host) {
         dpar__pos_to_coords(a->mesh, p, c);
         for (int ax = 0; ax < a->mesh->ndim; ax++) if (!(a->used_mask & (1u << ax)) && c[ax] != 0) canon = 0;
         if (!canon) continue;
-        s = dpar_buffer_read(a->shards[p], 0, tmp, nb);
+        if (a->shards[p]) s = dpar_buffer_read(a->shards[p], 0, tmp, nb);
+#ifdef DPAR_MPI
+        if (a->mesh->rt->nproc > 1) {
+            /* the owner broadcasts its status and the shard to every process */
+            dpar_status s2 = dpar__mpi_share(a->mesh->rt, tmp, nb, a->mesh->devices[p] / a->mesh->rt->nlocal, s);
+            if (s2) s = s2;
+        }
+#endif
         if (s) break;
         dpar__array_offsets(a, p, off);
         dpar__copy_block((char *)host, a->shape, off, tmp, a->local, zero, a->local, a->ndim, es);
@@ -1700,7 +1942,7 @@ static void *dpar__worker_main(void *arg) {
     dpar__worker *w = (dpar__worker *)arg;
     dpar_runtime *rt = w->rt;
     dpar__self_worker = w;
-    dpar_status s = rt->be->thread_init ? rt->be->thread_init(rt->bstate, w->device) : DPAR_OK;
+    dpar_status s = rt->be->thread_init ? rt->be->thread_init(rt->bstate, w->device - rt->local_base) : DPAR_OK;
     pthread_mutex_lock(&rt->mu);
     if (s != DPAR_OK && !rt->thread_init_failed) {
         rt->thread_init_failed = 1;
@@ -1764,12 +2006,16 @@ static dpar_status dpar__run(dpar_mesh *m, dpar_fn fn, void *user, int nargs, dp
     pthread_mutex_lock(&rt->dispatch_mu);
     pthread_mutex_lock(&rt->mu);
     rt->job = &job;
-    rt->job_remaining = rt->ndev;
+    rt->job_remaining = rt->nlocal;
+    rt->job_count++;
     rt->job_gen++;
     pthread_cond_broadcast(&rt->cv_start);
     while (rt->job_remaining > 0) pthread_cond_wait(&rt->cv_done, &rt->mu);
     rt->job = NULL;
     pthread_mutex_unlock(&rt->mu);
+#ifdef DPAR_MPI
+    dpar__mpi_job_end(m, &job);
+#endif
     dpar__reset_groups(m);
     pthread_mutex_unlock(&rt->dispatch_mu);
     dpar_status s = job.first_status;
@@ -1793,7 +2039,7 @@ DPAR_API dpar_status dpar_shard_map(dpar_mesh *m, const dpar_shard_map_desc *d) 
     dpar_buffer **tab = (dpar_buffer **)dpar__calloc((size_t)m->size * (size_t)(d->num_args ? d->num_args : 1), sizeof(dpar_buffer *));
     if (!tab) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "shard_map: out of host memory");
     for (int p = 0; p < m->size; p++)
-        for (int i = 0; i < d->num_args; i++) tab[(size_t)p * (size_t)d->num_args + (size_t)i] = d->args[i]->shards[p];
+        for (int i = 0; i < d->num_args; i++) tab[(size_t)p * (size_t)d->num_args + (size_t)i] = d->args[i]->shards[p]; /* NULL if remote */
     dpar_status s = dpar__run(m, d->fn, d->user, d->num_args, tab);
     DPAR_FREE(tab);
     return s;
@@ -1855,7 +2101,7 @@ DPAR_API dpar_status dpar_pmap(dpar_mesh *m, const dpar_pmap_desc *d) {
         if (!s && in->in_axis == DPAR_MAPPED)  /* drop the mapped dimension of size 1 */
             for (int p = 0; p < m->size; p++) {
                 dpar_buffer *b = arrs[i]->shards[p];
-                s = dpar_buffer_reshape(b, b->ndim - 1, b->shape + 1);
+                if (b) s = dpar_buffer_reshape(b, b->ndim - 1, b->shape + 1);
             }
     }
     for (int j = 0; j < d->num_outputs && !s; j++) {
@@ -1869,7 +2115,7 @@ DPAR_API dpar_status dpar_pmap(dpar_mesh *m, const dpar_pmap_desc *d) {
         s = dpar_array_create(m, &ad, &arrs[d->num_inputs + j]);
         if (!s) for (int p = 0; p < m->size; p++) {
             dpar_buffer *b = arrs[d->num_inputs + j]->shards[p];
-            s = dpar_buffer_reshape(b, b->ndim - 1, b->shape + 1);
+            if (b) s = dpar_buffer_reshape(b, b->ndim - 1, b->shape + 1);
         }
     }
     dpar_buffer **tab = NULL;
@@ -1887,6 +2133,7 @@ DPAR_API dpar_status dpar_pmap(dpar_mesh *m, const dpar_pmap_desc *d) {
             dpar_array *a = arrs[d->num_inputs + j];
             for (int p = 0; p < m->size; p++) { /* restore [1, ...] shard shapes for the gather */
                 dpar_buffer *b = a->shards[p];
+                if (!b) continue;
                 b->ndim = a->ndim;
                 for (int k = 0; k < a->ndim; k++) b->shape[k] = a->local[k];
             }
@@ -1990,14 +2237,20 @@ static int dpar__post_eq(const dpar__post *a, const dpar__post *b) {
 
 /* Barrier over the group, with abort, departure and timeout detection.
    `what` names the collective for messages. */
+static dpar_status dpar__barrier_t(dpar__group *g, int rank, dpar_ctx *ctx, const char *what, int slack);
 static dpar_status dpar__barrier(dpar__group *g, int rank, dpar_ctx *ctx, const char *what) {
+    return dpar__barrier_t(g, rank, ctx, what, 1);
+}
+/* Barrier of the group's members on this process. `slack` multiplies the
+   timeout (members waiting for a leader that waits on other processes). */
+static dpar_status dpar__barrier_t(dpar__group *g, int rank, dpar_ctx *ctx, const char *what, int slack) {
     dpar__job *job = ctx->job;
     dpar_runtime *rt = ctx->rt;
     dpar_status s = DPAR_OK;
     pthread_mutex_lock(&g->mu);
     uint64_t my = g->gen;
     g->here[rank] = 1;
-    if (++g->arrived == g->n) {
+    if (++g->arrived == g->nlocal) {
         g->arrived = 0;
         memset(g->here, 0, (size_t)g->n);
         g->gen++;
@@ -2006,7 +2259,7 @@ static dpar_status dpar__barrier(dpar__group *g, int rank, dpar_ctx *ctx, const 
         return DPAR_OK;
     }
     struct timespec dl;
-    dpar__deadline(&dl, rt->timeout_ms);
+    dpar__deadline(&dl, rt->timeout_ms * slack);
     while (g->gen == my) {
         if (DPAR__ATOMIC_LOAD(&job->abort)) {
             s = dpar__err(DPAR_ERR_ABORTED, "%s: stopped because another device failed first", what);
@@ -2014,7 +2267,8 @@ static dpar_status dpar__barrier(dpar__group *g, int rank, dpar_ctx *ctx, const 
         }
         int gone = -1;
         for (int r = 0; r < g->n && gone < 0; r++)
-            if (!g->here[r] && DPAR__ATOMIC_LOAD(&job->departed[g->mesh->pos_of[g->devices[r]]])) gone = g->devices[r];
+            if (!g->here[r] && dpar__is_local(rt, g->devices[r]) && DPAR__ATOMIC_LOAD(&job->departed[g->mesh->pos_of[g->devices[r]]]))
+                gone = g->devices[r];
         if (gone >= 0) {
             s = dpar__err(DPAR_ERR_COLLECTIVE_MISMATCH,
                           "%s (collective #%llu of this group): device %d returned from the pmap function without calling it; "
@@ -2028,7 +2282,8 @@ static dpar_status dpar__barrier(dpar__group *g, int rank, dpar_ctx *ctx, const 
             size_t at = 0;
             list[0] = 0;
             for (int r = 0; r < g->n && at < sizeof list; r++)
-                if (!g->here[r]) at += (size_t)snprintf(list + at, sizeof list - at, at ? ", %d" : "%d", g->devices[r]);
+                if (!g->here[r] && dpar__is_local(rt, g->devices[r]))
+                    at += (size_t)snprintf(list + at, sizeof list - at, at ? ", %d" : "%d", g->devices[r]);
             s = dpar__err(DPAR_ERR_TIMEOUT,
                           "%s (collective #%llu of this group): timed out after %d ms waiting for device(s) %s, which never arrived; "
                           "check that every device makes the same collective calls (DPAR_TIMEOUT_MS sets the timeout)",
@@ -2191,9 +2446,9 @@ static dpar_status dpar__coll_exec(dpar_ctx *ctx, const dpar__cargs *a) {
     const dpar_buffer *in = a->in;
     dpar_buffer *out = a->out;
     if (!in || !out) return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: input or output buffer is NULL", st.what));
-    if (in->device != ctx->device || out->device != ctx->device)
+    if (in->gdev != ctx->device || out->gdev != ctx->device || in->rt != ctx->rt || out->rt != ctx->rt)
         return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s on device %d: the buffers live on devices %d (in) and %d (out); "
-                                              "use this device's buffers", st.what, ctx->device, in->device, out->device));
+                                              "use this device's buffers", st.what, ctx->device, in->gdev, out->gdev));
     if (in->dtype != out->dtype)
         return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_DTYPE, "%s: input is %s but output is %s; they must match", st.what,
                                               dpar_dtype_name(in->dtype), dpar_dtype_name(out->dtype)));
@@ -2302,8 +2557,8 @@ static dpar_status dpar__coll_exec(dpar_ctx *ctx, const dpar__cargs *a) {
     dpar_runtime *rt = ctx->rt;
     const dpar__backend_iface *be = rt->be;
     void *bs = rt->bstate;
-    int dev = ctx->device;
-    int use_backend = be->collective != NULL;
+    int dev = in->device; /* backend-local index */
+    int use_backend = be->collective != NULL && !g->cross;
     /* host path: make this member's data host visible */
     char *in_h = NULL, *out_h = NULL, *scratch = NULL;
     int in_mapped = 0, out_mapped = 0;
@@ -2340,28 +2595,57 @@ static dpar_status dpar__coll_exec(dpar_ctx *ctx, const dpar__cargs *a) {
     s = dpar__barrier(g, rank, ctx, st.what);
     if (s) return s;
     /* every member checks every post the same way, so all get the same verdict */
-    for (int j = 1; j < n; j++) {
-        if (!dpar__post_eq(&g->posts[0], &g->posts[j])) {
+    const int L = g->leader;
+    for (int j = 0; j < n; j++) {
+        if (j == L || !dpar__is_local(rt, g->devices[j])) continue;
+        if (!dpar__post_eq(&g->posts[L], &g->posts[j])) {
             char x[200], y[200];
-            dpar__post_str(&g->posts[0], x, sizeof x);
+            dpar__post_str(&g->posts[L], x, sizeof x);
             dpar__post_str(&g->posts[j], y, sizeof y);
             s = dpar__err(DPAR_ERR_COLLECTIVE_MISMATCH,
                           "%s (collective #%llu of this group): device %d called %s but device %d called %s; every member of a group "
                           "must call the same collective, in the same order, with the same dtype and element count",
-                          st.what, (unsigned long long)g->seq, g->devices[0], x, g->devices[j], y);
+                          st.what, (unsigned long long)g->seq, g->devices[L], x, g->devices[j], y);
             return dpar__coll_fail(ctx, s);
         }
     }
     if (use_backend) {
+        int ldevs[DPAR_MAX_DEVICES];
+        for (int j = 0; j < n; j++) ldevs[j] = g->devices[j] - rt->local_base;
+        c.devices = ldevs;
         s = be->collective(bs, &c);
         if (s) return dpar__coll_fail(ctx, s);
-        if (rank == 0) g->seq++;
+        if (rank == L) g->seq++;
         return DPAR_OK;
     }
-    dpar__host_work(&c, (char *const *)g->in_ptr, (char *const *)g->out_ptr, scratch);
-    if (rank == 0) g->seq++;
-    s = dpar__barrier(g, rank, ctx, st.what);
-    if (s) return s;
+    if (g->cross) {
+#ifdef DPAR_MPI
+        /* the leader runs the part across processes; the others wait for it */
+        if (rank == L) {
+            g->xstatus = dpar__mpi_coll(ctx, g, &c, st.what);
+            if (g->xstatus) snprintf(g->xmsg, DPAR__ERR_LEN, "%s", dpar__err_text);
+            g->seq++;
+        }
+        s = dpar__barrier_t(g, rank, ctx, st.what, 3);
+        if (s) return s;
+        if (g->xstatus) {
+            dpar__err(g->xstatus, "%s", g->xmsg);
+            return dpar__coll_fail(ctx, g->xstatus);
+        }
+        if (c.kind != DPAR__COLL_ALL_REDUCE && c.kind != DPAR__COLL_BROADCAST) {
+            dpar__host_work(&c, (char *const *)g->xin_ptr, (char *const *)g->out_ptr, scratch);
+            s = dpar__barrier(g, rank, ctx, st.what);
+            if (s) return s;
+        }
+#else
+        return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_STATE, "%s: the group spans processes but dpar was built without DPAR_MPI", st.what));
+#endif
+    } else {
+        dpar__host_work(&c, (char *const *)g->in_ptr, (char *const *)g->out_ptr, scratch);
+        if (rank == L) g->seq++;
+        s = dpar__barrier(g, rank, ctx, st.what);
+        if (s) return s;
+    }
     if (scratch && out->nbytes) memcpy(out_h, scratch, out->nbytes);
     if (out_mapped) {
         if (be->host_release && out->nbytes) s = be->host_release(bs, dev, out->mem, 0, out->nbytes);
@@ -2388,7 +2672,7 @@ static void *dpar__comm_main(void *arg) {
     dpar__worker *w = (dpar__worker *)arg;
     dpar__self_worker = w;
     dpar_runtime *rt = w->rt;
-    if (rt->be->thread_init) rt->be->thread_init(rt->bstate, w->device);
+    if (rt->be->thread_init) rt->be->thread_init(rt->bstate, w->device - rt->local_base);
     pthread_mutex_lock(&w->qmu);
     for (;;) {
         while (!w->queue.head && !w->stop) pthread_cond_wait(&w->qcv, &w->qmu);
@@ -2406,7 +2690,7 @@ static void *dpar__comm_main(void *arg) {
 
 static dpar_status dpar__coll_start(dpar_ctx *ctx, const dpar__cargs *a, struct dpar_request **out) {
     *out = NULL;
-    dpar__worker *w = &ctx->rt->workers[ctx->device];
+    dpar__worker *w = &ctx->rt->workers[ctx->device - ctx->rt->local_base];
     struct dpar_request *r = (struct dpar_request *)dpar__calloc(1, sizeof *r);
     if (!r) return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_OUT_OF_MEMORY, "collective start: out of host memory"));
     r->ctx = ctx;
@@ -2455,7 +2739,7 @@ static void dpar__worker_drain(dpar__worker *w) {
 DPAR_API dpar_status dpar_wait(dpar_ctx *ctx, dpar_request *r) {
     dpar__clear_error();
     if (!ctx || !r) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_wait: ctx or request is NULL");
-    dpar__worker *w = &ctx->rt->workers[r->ctx->device];
+    dpar__worker *w = &ctx->rt->workers[r->ctx->device - ctx->rt->local_base];
     pthread_mutex_lock(&w->qmu);
     while (!r->done) pthread_cond_wait(&w->qcv, &w->qmu);
     struct dpar_request **pp = &w->live;
@@ -2475,7 +2759,7 @@ static dpar_status dpar__collective(dpar_ctx *ctx, dpar__cargs *a, const char *a
     if (!ctx) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "collective: ctx is NULL (collectives are called inside a pmap/shard_map function)");
     if (!axes) axes = "";
     snprintf(a->axes, sizeof a->axes, "%s", axes);
-    dpar__worker *w = &ctx->rt->workers[ctx->device];
+    dpar__worker *w = &ctx->rt->workers[ctx->device - ctx->rt->local_base];
     pthread_mutex_lock(&w->qmu);
     int pending = w->pending;
     pthread_mutex_unlock(&w->qmu);
@@ -2567,7 +2851,7 @@ static dpar_status dpar__op_check(const char *name, const dpar_buffer *first, co
         if (!bufs[i]) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: operand %d is NULL", name, i);
         if (bufs[i]->rt != first->rt || bufs[i]->device != first->device)
             return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: operands live on devices %d and %d; every operand of an op must be on one device",
-                             name, first->device, bufs[i]->device);
+                             name, first->gdev, bufs[i]->gdev);
     }
     return DPAR_OK;
 }
@@ -2602,7 +2886,7 @@ static dpar_status dpar__scalar_out(const char *name, const dpar_buffer *b) {
 }
 static dpar_status dpar__op_run(dpar__op *op) {
     dpar_runtime *rt = op->dst->rt;
-    return rt->be->op(rt->bstate, op->dst->device, op);
+    return rt->be->op(rt->bstate, op->dst->device, op); /* backend-local index */
 }
 static void dpar__op_init(dpar__op *op, dpar__op_kind k, dpar_buffer *dst) {
     memset(op, 0, sizeof *op);
