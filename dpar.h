@@ -299,7 +299,19 @@ DPAR_API dpar_status dpar_array_put(dpar_array *a, const void *host);
 /* Gathers the global array to host (row-major, prod(shape) elements); each
    shard is read from the first device in mesh order that holds it. */
 DPAR_API dpar_status dpar_array_get(const dpar_array *a, void *host);
-/* The shard buffer of `device` (NULL if the device is not in the array's mesh). */
+/* Multi-process data loading: the rows [*begin, *begin + *count) of
+   dimension 0 that this process's shards cover (the hull, if they are not
+   contiguous). Without MPI, or when dimension 0 is not split: all rows.
+   Errors: DPAR_ERR_INVALID_ARGUMENT (NULL, 0-d array). */
+DPAR_API dpar_status dpar_array_local_rows(const dpar_array *a, int64_t *begin, int64_t *count);
+/* Writes rows [row_begin, row_begin + row_count) of dimension 0 (host holds
+   exactly those rows, row-major) into every shard of this process that they
+   cover; with dpar_array_local_rows each process loads only its slice.
+   Errors: DPAR_ERR_SHAPE when a local shard is only partly covered, or the
+   range is outside the array. */
+DPAR_API dpar_status dpar_array_put_rows(dpar_array *a, int64_t row_begin, int64_t row_count, const void *host);
+/* The shard buffer of `device` (NULL if the device is not in the array's mesh
+   or lives on another process). */
 DPAR_API dpar_buffer *dpar_array_shard(const dpar_array *a, int device);
 DPAR_API int dpar_array_ndim(const dpar_array *a);
 DPAR_API int64_t dpar_array_dim(const dpar_array *a, int i);
@@ -722,6 +734,10 @@ DPAR_API uint32_t dpar_crc32(uint32_t crc, const void *data, size_t n);
 #ifdef DPAR_USE_CBLAS
 #  include <cblas.h>
 #endif
+#ifdef DPAR_MPI
+#  include <mpi.h>
+#  include <sched.h>
+#endif
 
 #if defined(__cplusplus)
 #  define DPAR__TLS thread_local
@@ -1071,6 +1087,17 @@ static DPAR__TLS dpar__worker *dpar__self_worker; /* non-NULL on a worker / comm
 static int dpar__is_local(const dpar_runtime *rt, int device) {
     return device >= rt->local_base && device < rt->local_base + rt->nlocal;
 }
+#ifdef DPAR_MPI
+struct dpar_mesh;
+struct dpar_mesh_desc;
+static dpar_status dpar__mpi_runtime_init(dpar_runtime *rt, const void *comm_ptr);
+static void dpar__mpi_runtime_free(dpar_runtime *rt);
+static dpar_status dpar__mpi_mesh_init(struct dpar_mesh *m, const dpar_mesh_desc *d);
+static void dpar__mpi_mesh_free(struct dpar_mesh *m);
+static dpar_status dpar__mpi_coll(dpar_ctx *ctx, dpar__group *g, dpar__coll *c, const char *what);
+static void dpar__mpi_job_end(struct dpar_mesh *m, dpar__job *job);
+static dpar_status dpar__mpi_share(dpar_runtime *rt, void *buf, size_t n, int owner, dpar_status st);
+#endif
 static void *dpar__worker_main(void *arg);
 static void *dpar__comm_main(void *arg);
 
@@ -1880,6 +1907,53 @@ DPAR_API dpar_status dpar_array_get(const dpar_array *a, void *host) {
 DPAR_API dpar_buffer *dpar_array_shard(const dpar_array *a, int device) {
     if (!a || device < 0 || device >= DPAR_MAX_DEVICES || a->mesh->pos_of[device] < 0) return NULL;
     return a->shards[a->mesh->pos_of[device]];
+}
+DPAR_API dpar_status dpar_array_local_rows(const dpar_array *a, int64_t *begin, int64_t *count) {
+    dpar__clear_error();
+    if (!a || !begin || !count || a->ndim < 1)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_array_local_rows: NULL argument or 0-d array");
+    int64_t lo = -1, hi = -1, off[DPAR_MAX_DIMS];
+    for (int p = 0; p < a->mesh->size; p++) {
+        if (!a->shards[p]) continue;
+        dpar__array_offsets(a, p, off);
+        if (lo < 0 || off[0] < lo) lo = off[0];
+        if (hi < 0 || off[0] + a->local[0] > hi) hi = off[0] + a->local[0];
+    }
+    *begin = lo < 0 ? 0 : lo;
+    *count = lo < 0 ? 0 : hi - lo;
+    return DPAR_OK;
+}
+DPAR_API dpar_status dpar_array_put_rows(dpar_array *a, int64_t row_begin, int64_t row_count, const void *host) {
+    dpar__clear_error();
+    if (!a || (!host && row_count) || a->ndim < 1) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_array_put_rows: NULL argument or 0-d array");
+    if (row_begin < 0 || row_count < 0 || row_begin + row_count > a->shape[0])
+        return dpar__err(DPAR_ERR_SHAPE, "dpar_array_put_rows: rows [%lld, %lld) are outside dimension 0 of size %lld", (long long)row_begin,
+                         (long long)(row_begin + row_count), (long long)a->shape[0]);
+    size_t es = dpar_dtype_size(a->dtype);
+    size_t nb = (size_t)dpar__prod(a->local, a->ndim) * es;
+    char *tmp = (char *)DPAR_MALLOC(nb ? nb : 1);
+    if (!tmp) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_array_put_rows: out of host memory (%zu bytes)", nb);
+    int64_t zero[DPAR_MAX_DIMS] = {0}, off[DPAR_MAX_DIMS], hshape[DPAR_MAX_DIMS];
+    for (int d = 0; d < a->ndim; d++) hshape[d] = a->shape[d];
+    hshape[0] = row_count;
+    dpar_status s = DPAR_OK;
+    for (int p = 0; p < a->mesh->size && !s; p++) {
+        if (!a->shards[p]) continue;
+        dpar__array_offsets(a, p, off);
+        int64_t b = off[0], e = off[0] + a->local[0];
+        if (e <= row_begin || b >= row_begin + row_count) continue; /* not covered */
+        if (b < row_begin || e > row_begin + row_count) {
+            s = dpar__err(DPAR_ERR_SHAPE, "dpar_array_put_rows: the shard on device %d holds rows [%lld, %lld), only partly inside [%lld, %lld); "
+                          "pass whole shards (dpar_array_local_rows gives this process's rows)", a->mesh->devices[p], (long long)b, (long long)e,
+                          (long long)row_begin, (long long)(row_begin + row_count));
+            break;
+        }
+        off[0] -= row_begin;
+        dpar__copy_block(tmp, a->local, zero, (const char *)host, hshape, off, a->local, a->ndim, es);
+        s = dpar_buffer_write(a->shards[p], 0, tmp, nb);
+    }
+    DPAR_FREE(tmp);
+    return s;
 }
 DPAR_API int dpar_array_ndim(const dpar_array *a) { return a ? a->ndim : -1; }
 DPAR_API int64_t dpar_array_dim(const dpar_array *a, int i) { return (a && i >= 0 && i < a->ndim) ? a->shape[i] : -1; }
@@ -3158,6 +3232,1196 @@ DPAR_API dpar_status dpar_sgd_step(dpar_ctx *ctx, const dpar_sgd_desc *d, dpar_b
     }
     return DPAR_OK;
 }
+#ifdef DPAR_MPI
+/* ---------------------------------------------------------------------------
+   Multi-process (MPI): runtimes and meshes that span processes
+   Every process owns its local devices; global device d lives on process
+   d / nlocal. A collective whose group spans processes is hierarchical: the
+   local members meet in shared memory, the group's leader on each process
+   exchanges the call's description with the other processes (so mismatches,
+   departed ranks and timeouts are named, never a hang), then runs one MPI
+   collective on the group's communicator (MPI_Iallreduce of the process's
+   partial result, MPI_Ibcast, or MPI_Iallgatherv of the inputs), polled
+   with the runtime's timeout.
+   ------------------------------------------------------------------------ */
+typedef struct dpar__mpi {
+    MPI_Comm comm;          /* dup of the user's communicator */
+    int rank, size;
+    pthread_mutex_t mu;     /* serializes MPI calls: MPI_THREAD_SERIALIZED is enough */
+    MPI_Op op_max, op_min;  /* NaN-propagating float max/min */
+    int broken;             /* a cross-process collective timed out: destroy the runtime */
+} dpar__mpi;
+
+typedef struct dpar__mpi_msg {
+    uint64_t job, seq;
+    int32_t type;           /* 0: a collective's description, 1: "my pmap returned" */
+    int32_t kind, op, dtype, dim, tiled, split_dim, concat_dim, root, pad;
+    int64_t in_count, out_count;
+    uint64_t pairs_hash;
+} dpar__mpi_msg;
+
+enum { DPAR__MPI_TAG = 7071 };
+
+typedef struct dpar__mpi_group {
+    MPI_Comm comm;
+    int nprocs, me;         /* processes in the group, this process's rank in comm */
+    int *procs;             /* [nprocs] runtime process index of each comm rank */
+    int *cr_of;             /* [n] comm rank holding each member */
+    int *slot_of;           /* [n] position of the member among its process's members */
+    int *nmem;              /* [nprocs] members per comm rank */
+    int *rcounts, *rdispls; /* [nprocs] bytes, for MPI_Iallgatherv */
+    char *xbuf; size_t xcap;
+    char *xrecv; size_t xrcap;
+    dpar__mpi_msg *sbuf, *rbuf; /* [nprocs] */
+    MPI_Request *sreq, *rreq;   /* [nprocs] */
+    int sends_pending;
+} dpar__mpi_group;
+
+static void dpar__mpi_fmax(void *in, void *inout, int *len, MPI_Datatype *dt) {
+    (void)dt;
+    const float *x = (const float *)in;
+    float *y = (float *)inout;
+    for (int i = 0; i < *len; i++) if (x[i] > y[i] || x[i] != x[i]) y[i] = x[i];
+}
+static void dpar__mpi_fmin(void *in, void *inout, int *len, MPI_Datatype *dt) {
+    (void)dt;
+    const float *x = (const float *)in;
+    float *y = (float *)inout;
+    for (int i = 0; i < *len; i++) if (x[i] < y[i] || x[i] != x[i]) y[i] = x[i];
+}
+static dpar_status dpar__mpi_errstr(int rc, const char *call) {
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(rc, msg, &len);
+    return dpar__err(DPAR_ERR_BACKEND, "%s failed: %s", call, msg);
+}
+#define DPAR__MPI_CALL(mp, call) do { pthread_mutex_lock(&(mp)->mu); int rc__ = (call); pthread_mutex_unlock(&(mp)->mu); \
+    if (rc__ != MPI_SUCCESS) return dpar__mpi_errstr(rc__, #call); } while (0)
+
+static dpar_status dpar__mpi_runtime_init(dpar_runtime *rt, const void *comm_ptr) {
+    int inited = 0, fin = 0;
+    MPI_Initialized(&inited);
+    MPI_Finalized(&fin);
+    if (!comm_ptr && (!inited || fin)) return DPAR_OK; /* one process */
+    if (!inited || fin)
+        return dpar__err(DPAR_ERR_STATE, "dpar_runtime_create: desc.mpi_comm is set but MPI is %s; call MPI_Init_thread(&argc, &argv, "
+                         "MPI_THREAD_MULTIPLE, &provided) first", fin ? "finalized" : "not initialized");
+    int prov = 0;
+    MPI_Query_thread(&prov);
+    if (prov < MPI_THREAD_SERIALIZED)
+        return dpar__err(DPAR_ERR_STATE, "dpar_runtime_create: MPI was initialized with thread level %d; dpar's device threads need at least "
+                         "MPI_THREAD_SERIALIZED: use MPI_Init_thread with MPI_THREAD_MULTIPLE", prov);
+    dpar__mpi *mp = (dpar__mpi *)dpar__calloc(1, sizeof *mp);
+    if (!mp) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_runtime_create: out of host memory");
+    pthread_mutex_init(&mp->mu, NULL);
+    rt->mpi = mp;
+    MPI_Comm base = comm_ptr ? *(const MPI_Comm *)comm_ptr : MPI_COMM_WORLD;
+    int rc = MPI_Comm_dup(base, &mp->comm);
+    if (rc != MPI_SUCCESS) { mp->comm = MPI_COMM_NULL; return dpar__mpi_errstr(rc, "MPI_Comm_dup"); }
+    MPI_Comm_rank(mp->comm, &mp->rank);
+    MPI_Comm_size(mp->comm, &mp->size);
+    MPI_Op_create(dpar__mpi_fmax, 1, &mp->op_max);
+    MPI_Op_create(dpar__mpi_fmin, 1, &mp->op_min);
+    MPI_Comm node;
+    MPI_Comm_split_type(mp->comm, MPI_COMM_TYPE_SHARED, mp->rank, MPI_INFO_NULL, &node);
+    MPI_Comm_rank(node, &rt->local_rank);
+    MPI_Comm_free(&node);
+    /* same local device count everywhere; physical devices not shared */
+    char host[MPI_MAX_PROCESSOR_NAME];
+    int hl = 0;
+    MPI_Get_processor_name(host, &hl);
+    uint64_t hh = 1469598103934665603ull;
+    for (int i = 0; i < hl; i++) hh = (hh ^ (unsigned char)host[i]) * 1099511628211ull;
+    enum { W = 2 + 8 };
+    int64_t mine[W];
+    for (int i = 0; i < W; i++) mine[i] = -1;
+    mine[0] = rt->nlocal;
+    mine[1] = (int64_t)(hh >> 1);
+    for (int i = 0; i < rt->nlocal && i < W - 2; i++) {
+        dpar_device_info info;
+        memset(&info, 0, sizeof info);
+        rt->be->device_info(rt->bstate, i, &info);
+        mine[2 + i] = info.physical_index;
+    }
+    int64_t *all = (int64_t *)dpar__calloc((size_t)mp->size * W, sizeof(int64_t));
+    if (!all) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_runtime_create: out of host memory");
+    MPI_Allgather(mine, W, MPI_INT64_T, all, W, MPI_INT64_T, mp->comm);
+    dpar_status s = DPAR_OK;
+    for (int q = 0; q < mp->size && !s; q++)
+        if (all[(size_t)q * W] != all[0])
+            s = dpar__err(DPAR_ERR_DEVICE_COUNT, "dpar_runtime_create: process 0 has %lld local devices but process %d has %lld; every process "
+                          "must open the same number (set num_devices or DPAR_DEVICES the same on every rank)",
+                          (long long)all[0], q, (long long)all[(size_t)q * W]);
+    const char *allow = getenv("DPAR_ALLOW_SHARED_DEVICE");
+    if (!s && rt->be->kind != DPAR_BACKEND_CPU && !(allow && *allow == '1'))
+        for (int a = 0; a < mp->size && !s; a++)
+            for (int b = a + 1; b < mp->size && !s; b++) {
+                if (all[(size_t)a * W + 1] != all[(size_t)b * W + 1]) continue; /* other node */
+                for (int i = 2; i < W && !s; i++)
+                    for (int j = 2; j < W && !s; j++)
+                        if (all[(size_t)a * W + i] >= 0 && all[(size_t)a * W + i] == all[(size_t)b * W + j])
+                            s = dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_runtime_create: ranks %d and %d both resolve to physical %s device %lld on "
+                                          "the same node; give each rank its own device (e.g. select it by the node-local rank) or set "
+                                          "DPAR_ALLOW_SHARED_DEVICE=1 to share it deliberately", a, b, rt->be->name,
+                                          (long long)all[(size_t)a * W + i]);
+            }
+    DPAR_FREE(all);
+    if (s) return s;
+    rt->proc = mp->rank;
+    rt->nproc = mp->size;
+    rt->local_base = mp->rank * rt->nlocal;
+    rt->ndev = mp->size * rt->nlocal;
+    if (rt->ndev > DPAR_MAX_DEVICES)
+        return dpar__err(DPAR_ERR_DEVICE_COUNT, "dpar_runtime_create: %d processes x %d devices = %d exceeds DPAR_MAX_DEVICES (%d)",
+                         mp->size, rt->nlocal, rt->ndev, (int)DPAR_MAX_DEVICES);
+    return DPAR_OK;
+}
+static void dpar__mpi_runtime_free(dpar_runtime *rt) {
+    dpar__mpi *mp = (dpar__mpi *)rt->mpi;
+    if (!mp) return;
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (!fin) {
+        if (mp->op_max != MPI_OP_NULL && mp->op_max) MPI_Op_free(&mp->op_max);
+        if (mp->op_min != MPI_OP_NULL && mp->op_min) MPI_Op_free(&mp->op_min);
+        if (mp->comm != MPI_COMM_NULL) MPI_Comm_free(&mp->comm);
+    }
+    pthread_mutex_destroy(&mp->mu);
+    DPAR_FREE(mp);
+    rt->mpi = NULL;
+}
+
+static void dpar__mpi_group_free(dpar__mpi *mp, dpar__mpi_group *mg) {
+    if (!mg) return;
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (!fin && mg->comm != MPI_COMM_NULL) {
+        if (mg->sends_pending) MPI_Waitall(mg->nprocs, mg->sreq, MPI_STATUSES_IGNORE);
+        /* drain notices nobody asked for (the last "pmap returned" ones) */
+        for (;;) {
+            int flag = 0;
+            MPI_Status st;
+            MPI_Iprobe(MPI_ANY_SOURCE, DPAR__MPI_TAG, mg->comm, &flag, &st);
+            if (!flag) break;
+            dpar__mpi_msg junk;
+            MPI_Recv(&junk, (int)sizeof junk, MPI_BYTE, st.MPI_SOURCE, DPAR__MPI_TAG, mg->comm, MPI_STATUS_IGNORE);
+        }
+        MPI_Comm_free(&mg->comm);
+    }
+    (void)mp;
+    DPAR_FREE(mg->procs); DPAR_FREE(mg->cr_of); DPAR_FREE(mg->slot_of); DPAR_FREE(mg->nmem);
+    DPAR_FREE(mg->rcounts); DPAR_FREE(mg->rdispls); DPAR_FREE(mg->xbuf); DPAR_FREE(mg->xrecv);
+    DPAR_FREE(mg->sbuf); DPAR_FREE(mg->rbuf); DPAR_FREE(mg->sreq); DPAR_FREE(mg->rreq);
+    DPAR_FREE(mg);
+}
+static void dpar__mpi_mesh_free(dpar_mesh *m) {
+    dpar__mpi *mp = (dpar__mpi *)m->rt->mpi;
+    if (!mp) return;
+    for (int k = 1; k < DPAR__MASKS; k++)
+        for (int g = 0; g < m->ngroups[k]; g++) {
+            dpar__mpi_group_free(mp, (dpar__mpi_group *)m->groups[k][g].mpi);
+            m->groups[k][g].mpi = NULL;
+        }
+}
+
+static dpar_status dpar__mpi_mesh_init(dpar_mesh *m, const dpar_mesh_desc *d) {
+    dpar_runtime *rt = m->rt;
+    dpar__mpi *mp = (dpar__mpi *)rt->mpi;
+    if (!mp) return DPAR_OK;
+    /* every process must create the same mesh */
+    uint64_t h = 1469598103934665603ull;
+#define DPAR__MIX(v) (h = (h ^ (uint64_t)(v)) * 1099511628211ull)
+    DPAR__MIX(m->ndim);
+    for (int a = 0; a < m->ndim; a++) {
+        DPAR__MIX(m->shape[a]);
+        for (const char *c = m->names[a]; *c; c++) DPAR__MIX((unsigned char)*c);
+    }
+    for (int p = 0; p < m->size; p++) DPAR__MIX(m->devices[p]);
+#undef DPAR__MIX
+    uint64_t mine[2] = { h, ~h }, mx[2];
+    DPAR__MPI_CALL(mp, MPI_Allreduce(mine, mx, 2, MPI_UINT64_T, MPI_MAX, mp->comm));
+    (void)d;
+    if (mx[0] != h || mx[1] != ~h)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_mesh_create: the processes created different meshes (shape, axis names or device "
+                         "order differ); every process must call dpar_mesh_create with the same desc, in the same order");
+    for (int k = 1; k < (1 << m->ndim); k++)
+        for (int g = 0; g < m->ngroups[k]; g++) {
+            dpar__group *gr = &m->groups[k][g];
+            int procs[DPAR_MAX_DEVICES], np = 0;
+            for (int r = 0; r < gr->n; r++) {
+                int pr = gr->devices[r] / rt->nlocal, seen = 0;
+                for (int i = 0; i < np; i++) seen |= procs[i] == pr;
+                if (!seen) procs[np++] = pr;
+            }
+            if (np < 2) continue;
+            for (int i = 1; i < np; i++) /* sort: comm ranks follow process order */
+                for (int j = i; j > 0 && procs[j - 1] > procs[j]; j--) { int t = procs[j]; procs[j] = procs[j - 1]; procs[j - 1] = t; }
+            MPI_Comm comm = MPI_COMM_NULL;
+            DPAR__MPI_CALL(mp, MPI_Comm_split(mp->comm, gr->nlocal > 0 ? 0 : MPI_UNDEFINED, mp->rank, &comm));
+            if (gr->nlocal == 0) continue;
+            dpar__mpi_group *mg = (dpar__mpi_group *)dpar__calloc(1, sizeof *mg);
+            if (!mg) { MPI_Comm_free(&comm); return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_mesh_create: out of host memory"); }
+            gr->mpi = mg;
+            mg->comm = comm;
+            mg->nprocs = np;
+            mg->procs = (int *)dpar__calloc((size_t)np, sizeof(int));
+            mg->nmem = (int *)dpar__calloc((size_t)np, sizeof(int));
+            mg->rcounts = (int *)dpar__calloc((size_t)np, sizeof(int));
+            mg->rdispls = (int *)dpar__calloc((size_t)np, sizeof(int));
+            mg->cr_of = (int *)dpar__calloc((size_t)gr->n, sizeof(int));
+            mg->slot_of = (int *)dpar__calloc((size_t)gr->n, sizeof(int));
+            mg->sbuf = (dpar__mpi_msg *)dpar__calloc((size_t)np, sizeof(dpar__mpi_msg));
+            mg->rbuf = (dpar__mpi_msg *)dpar__calloc((size_t)np, sizeof(dpar__mpi_msg));
+            mg->sreq = (MPI_Request *)dpar__calloc((size_t)np, sizeof(MPI_Request));
+            mg->rreq = (MPI_Request *)dpar__calloc((size_t)np, sizeof(MPI_Request));
+            if (!mg->procs || !mg->nmem || !mg->rcounts || !mg->rdispls || !mg->cr_of || !mg->slot_of || !mg->sbuf || !mg->rbuf ||
+                !mg->sreq || !mg->rreq)
+                return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_mesh_create: out of host memory");
+            for (int i = 0; i < np; i++) { mg->procs[i] = procs[i]; if (procs[i] == rt->proc) mg->me = i; mg->sreq[i] = MPI_REQUEST_NULL; }
+            for (int r = 0; r < gr->n; r++) {
+                int pr = gr->devices[r] / rt->nlocal, cr = 0;
+                while (mg->procs[cr] != pr) cr++;
+                mg->cr_of[r] = cr;
+                mg->slot_of[r] = mg->nmem[cr]++;
+            }
+        }
+    return DPAR_OK;
+}
+
+/* Polls req until done, the deadline, or an abort of the job. */
+static int dpar__mpi_poll(dpar__mpi *mp, MPI_Request *req, const struct timespec *dl, dpar__job *job) {
+    for (int spins = 0;; spins++) {
+        int flag = 0;
+        pthread_mutex_lock(&mp->mu);
+        MPI_Test(req, &flag, MPI_STATUS_IGNORE);
+        pthread_mutex_unlock(&mp->mu);
+        if (flag) return 1;
+        if (DPAR__ATOMIC_LOAD(&job->abort)) return -1;
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME, &now);
+        if (now.tv_sec > dl->tv_sec || (now.tv_sec == dl->tv_sec && now.tv_nsec >= dl->tv_nsec)) return 0;
+        if (spins > 64) { struct timespec ts = { 0, 20000 }; nanosleep(&ts, NULL); } else sched_yield();
+    }
+}
+static void dpar__mpi_fill_msg(dpar__mpi_msg *mm, const dpar__post *p, uint64_t job, uint64_t seq, int type) {
+    memset(mm, 0, sizeof *mm);
+    mm->job = job; mm->seq = seq; mm->type = type;
+    if (p) {
+        mm->kind = p->kind; mm->op = p->op; mm->dtype = p->dtype; mm->dim = p->dim; mm->tiled = p->tiled;
+        mm->split_dim = p->split_dim; mm->concat_dim = p->concat_dim; mm->root = p->root;
+        mm->in_count = p->in_count; mm->out_count = p->out_count; mm->pairs_hash = p->pairs_hash;
+    }
+}
+static dpar_status dpar__mpi_send_all(dpar__mpi *mp, dpar__mpi_group *mg, const dpar__mpi_msg *mm) {
+    if (mg->sends_pending) {
+        DPAR__MPI_CALL(mp, MPI_Waitall(mg->nprocs, mg->sreq, MPI_STATUSES_IGNORE));
+        mg->sends_pending = 0;
+    }
+    for (int q = 0; q < mg->nprocs; q++) {
+        mg->sreq[q] = MPI_REQUEST_NULL;
+        if (q == mg->me) continue;
+        mg->sbuf[q] = *mm;
+        DPAR__MPI_CALL(mp, MPI_Isend(&mg->sbuf[q], (int)sizeof *mm, MPI_BYTE, q, DPAR__MPI_TAG, mg->comm, &mg->sreq[q]));
+    }
+    mg->sends_pending = 1;
+    return DPAR_OK;
+}
+static const char *dpar__mpi_devs(const dpar__group *g, const dpar__mpi_group *mg, int cr, char *buf, size_t cap) {
+    size_t at = 0;
+    buf[0] = 0;
+    for (int r = 0; r < g->n && at < cap; r++)
+        if (mg->cr_of[r] == cr) at += (size_t)snprintf(buf + at, cap - at, at ? ", %d" : "%d", g->devices[r]);
+    return buf;
+}
+
+/* The cross-process part of one collective, run by the group's leader on
+   each process; the local members' host views are in g->in_ptr/out_ptr. */
+static dpar_status dpar__mpi_coll(dpar_ctx *ctx, dpar__group *g, dpar__coll *c, const char *what) {
+    dpar_runtime *rt = ctx->rt;
+    dpar__mpi *mp = (dpar__mpi *)rt->mpi;
+    dpar__mpi_group *mg = (dpar__mpi_group *)g->mpi;
+    if (!mp || !mg) return dpar__err(DPAR_ERR_STATE, "%s: group spans processes but has no MPI communicator", what);
+    if (mp->broken)
+        return dpar__err(DPAR_ERR_STATE, "%s: an earlier collective across processes failed, so the processes are out of step; destroy the "
+                         "runtime (dpar_runtime_destroy) on every process", what);
+    const int L = g->leader, n = g->n;
+    uint64_t job = rt->job_count, seq = g->seq;
+    struct timespec dl;
+    dpar__deadline(&dl, rt->timeout_ms);
+    /* 1. every process tells the others what it calls */
+    dpar__mpi_msg mine;
+    dpar__mpi_fill_msg(&mine, &g->posts[L], job, seq, 0);
+    dpar_status s = dpar__mpi_send_all(mp, mg, &mine);
+    if (s) return s;
+    for (int q = 0; q < mg->nprocs; q++) {
+        mg->rreq[q] = MPI_REQUEST_NULL;
+        if (q == mg->me) continue;
+        DPAR__MPI_CALL(mp, MPI_Irecv(&mg->rbuf[q], (int)sizeof mine, MPI_BYTE, q, DPAR__MPI_TAG, mg->comm, &mg->rreq[q]));
+    }
+    for (int q = 0; q < mg->nprocs; q++) {
+        if (q == mg->me) continue;
+        for (;;) {
+            int r = dpar__mpi_poll(mp, &mg->rreq[q], &dl, ctx->job);
+            if (r == 1 && mg->rbuf[q].type == 1 && mg->rbuf[q].job < job) { /* stale "pmap returned": skip it */
+                DPAR__MPI_CALL(mp, MPI_Irecv(&mg->rbuf[q], (int)sizeof mine, MPI_BYTE, q, DPAR__MPI_TAG, mg->comm, &mg->rreq[q]));
+                continue;
+            }
+            if (r == 1) break;
+            /* timed out or aborted: give up on every outstanding receive */
+            char who[256], devs[128];
+            size_t at = 0;
+            who[0] = 0;
+            for (int k = 0; k < mg->nprocs; k++) {
+                if (k == mg->me || mg->rreq[k] == MPI_REQUEST_NULL) continue;
+                int done = 0;
+                pthread_mutex_lock(&mp->mu);
+                MPI_Test(&mg->rreq[k], &done, MPI_STATUS_IGNORE);
+                if (!done) { MPI_Cancel(&mg->rreq[k]); MPI_Wait(&mg->rreq[k], MPI_STATUS_IGNORE); }
+                pthread_mutex_unlock(&mp->mu);
+                if (!done && at < sizeof who)
+                    at += (size_t)snprintf(who + at, sizeof who - at, "%srank %d (devices %s)", at ? ", " : "", mg->procs[k],
+                                           dpar__mpi_devs(g, mg, k, devs, sizeof devs));
+            }
+            mp->broken = 1;
+            if (r < 0) return dpar__err(DPAR_ERR_ABORTED, "%s: stopped because another device failed first", what);
+            return dpar__err(DPAR_ERR_TIMEOUT, "%s (step: pmap #%llu, collective #%llu of this group): timed out after %d ms waiting for %s, "
+                             "which never called it; every process must make the same collective calls (DPAR_TIMEOUT_MS sets the timeout)",
+                             what, (unsigned long long)job, (unsigned long long)seq, rt->timeout_ms, who);
+        }
+    }
+    for (int q = 0; q < mg->nprocs; q++) {
+        if (q == mg->me) continue;
+        const dpar__mpi_msg *o = &mg->rbuf[q];
+        char devs[128];
+        if (o->type == 1) {
+            mp->broken = 1;
+            return dpar__err(DPAR_ERR_COLLECTIVE_MISMATCH, "%s (step: pmap #%llu, collective #%llu of this group): rank %d (devices %s) returned "
+                             "from the pmap function after %llu collectives on this group, without calling this one (uneven step counts?)",
+                             what, (unsigned long long)job, (unsigned long long)seq, mg->procs[q], dpar__mpi_devs(g, mg, q, devs, sizeof devs),
+                             (unsigned long long)o->seq);
+        }
+        dpar__post op;
+        memset(&op, 0, sizeof op);
+        op.kind = o->kind; op.op = o->op; op.dtype = o->dtype; op.in_count = o->in_count; op.out_count = o->out_count; op.dim = o->dim;
+        op.tiled = o->tiled; op.split_dim = o->split_dim; op.concat_dim = o->concat_dim; op.root = o->root; op.pairs_hash = o->pairs_hash;
+        op.name = dpar__coll_name((dpar__coll_kind)op.kind, (dpar_reduce_op)op.op);
+        if (o->job != job || o->seq != seq || !dpar__post_eq(&op, &g->posts[L])) {
+            char x[200], y[200];
+            dpar__post_str(&g->posts[L], x, sizeof x);
+            dpar__post_str(&op, y, sizeof y);
+            return dpar__err(DPAR_ERR_COLLECTIVE_MISMATCH, "%s: rank %d called %s at pmap #%llu collective #%llu, but rank %d (devices %s) called %s "
+                             "at pmap #%llu collective #%llu; every process must make the same collective calls in the same order",
+                             what, rt->proc, x, (unsigned long long)job, (unsigned long long)seq, mg->procs[q],
+                             dpar__mpi_devs(g, mg, q, devs, sizeof devs), y, (unsigned long long)o->job, (unsigned long long)o->seq);
+        }
+    }
+    /* 2. the data */
+    size_t es = dpar_dtype_size(c->dtype);
+    size_t inbytes = (size_t)c->count * es;
+    MPI_Request req = MPI_REQUEST_NULL;
+    if (c->kind == DPAR__COLL_ALL_REDUCE) {
+        int64_t cnt = c->count;
+        if (cnt > INT32_MAX) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: %lld elements exceed MPI's int count", what, (long long)cnt);
+        size_t need = (size_t)cnt * 8 + 8;
+        if (!dpar__grow((void **)&mg->xbuf, &mg->xcap, need)) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "%s: out of host memory", what);
+        int first = 1;
+        if (c->dtype == DPAR_I32) {
+            int64_t *acc = (int64_t *)mg->xbuf;
+            for (int r = 0; r < n; r++) {
+                if (!dpar__is_local(rt, g->devices[r])) continue;
+                const int32_t *p = (const int32_t *)g->in_ptr[r];
+                for (int64_t i = 0; i < cnt; i++) {
+                    int64_t v = p[i];
+                    if (first) acc[i] = v;
+                    else if (c->op == DPAR_MAX) acc[i] = v > acc[i] ? v : acc[i];
+                    else if (c->op == DPAR_MIN) acc[i] = v < acc[i] ? v : acc[i];
+                    else acc[i] += v;
+                }
+                first = 0;
+            }
+            MPI_Op op = c->op == DPAR_MAX ? MPI_MAX : c->op == DPAR_MIN ? MPI_MIN : MPI_SUM;
+            DPAR__MPI_CALL(mp, MPI_Iallreduce(MPI_IN_PLACE, acc, (int)cnt, MPI_INT64_T, op, mg->comm, &req));
+        } else {
+            float *acc = (float *)mg->xbuf;
+            for (int r = 0; r < n; r++) {
+                if (!dpar__is_local(rt, g->devices[r])) continue;
+                for (int64_t i = 0; i < cnt; i++) {
+                    float v = dpar__load_f(g->in_ptr[r], c->dtype, i);
+                    if (first) acc[i] = v;
+                    else if (c->op == DPAR_MAX) acc[i] = (v > acc[i] || v != v) ? v : acc[i];
+                    else if (c->op == DPAR_MIN) acc[i] = (v < acc[i] || v != v) ? v : acc[i];
+                    else acc[i] += v;
+                }
+                first = 0;
+            }
+            MPI_Op op = c->op == DPAR_MAX ? mp->op_max : c->op == DPAR_MIN ? mp->op_min : MPI_SUM;
+            DPAR__MPI_CALL(mp, MPI_Iallreduce(MPI_IN_PLACE, acc, (int)cnt, MPI_FLOAT, op, mg->comm, &req));
+        }
+    } else if (c->kind == DPAR__COLL_BROADCAST) {
+        int cr = mg->cr_of[c->root];
+        if (inbytes > (size_t)INT32_MAX) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: %zu bytes exceed MPI's int count", what, inbytes);
+        if (!dpar__grow((void **)&mg->xbuf, &mg->xcap, inbytes + 8)) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "%s: out of host memory", what);
+        char *buf = cr == mg->me ? (char *)g->in_ptr[c->root] : mg->xbuf;
+        DPAR__MPI_CALL(mp, MPI_Ibcast(buf, (int)inbytes, MPI_BYTE, cr, mg->comm, &req));
+    } else {
+        size_t total = inbytes * (size_t)n;
+        if (total > (size_t)INT32_MAX) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: %zu bytes exceed MPI's int count", what, total);
+        if (!dpar__grow((void **)&mg->xbuf, &mg->xcap, inbytes * (size_t)g->nlocal + 8) || !dpar__grow((void **)&mg->xrecv, &mg->xrcap, total + 8))
+            return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "%s: out of host memory", what);
+        size_t at = 0;
+        for (int r = 0; r < n; r++)
+            if (dpar__is_local(rt, g->devices[r])) { if (inbytes) memcpy(mg->xbuf + at, g->in_ptr[r], inbytes); at += inbytes; }
+        int disp = 0;
+        for (int q = 0; q < mg->nprocs; q++) { mg->rcounts[q] = (int)((size_t)mg->nmem[q] * inbytes); mg->rdispls[q] = disp; disp += mg->rcounts[q]; }
+        DPAR__MPI_CALL(mp, MPI_Iallgatherv(mg->xbuf, (int)at, MPI_BYTE, mg->xrecv, mg->rcounts, mg->rdispls, MPI_BYTE, mg->comm, &req));
+    }
+    int r = dpar__mpi_poll(mp, &req, &dl, ctx->job);
+    if (r != 1) {
+        mp->broken = 1; /* a collective cannot be cancelled: the runtime is out of step now */
+        if (r < 0) return dpar__err(DPAR_ERR_ABORTED, "%s: stopped because another device failed first", what);
+        return dpar__err(DPAR_ERR_TIMEOUT, "%s (step: pmap #%llu, collective #%llu of this group): the data exchange across processes did not "
+                         "finish within %d ms", what, (unsigned long long)job, (unsigned long long)seq, rt->timeout_ms);
+    }
+    /* 3. hand the result to the local members */
+    if (c->kind == DPAR__COLL_ALL_REDUCE) {
+        for (int rr = 0; rr < n; rr++) {
+            if (!dpar__is_local(rt, g->devices[rr])) continue;
+            char *o = (char *)g->out_ptr[rr];
+            for (int64_t i = 0; i < c->count; i++) {
+                if (c->dtype == DPAR_I32) {
+                    int64_t v = ((int64_t *)mg->xbuf)[i];
+                    if (c->op == DPAR_MEAN) v /= n;
+                    ((int32_t *)o)[i] = (int32_t)(uint32_t)(uint64_t)v;
+                } else {
+                    float v = ((float *)mg->xbuf)[i];
+                    if (c->op == DPAR_MEAN) v /= (float)n;
+                    if (c->dtype == DPAR_F32) ((float *)o)[i] = v;
+                    else ((uint16_t *)o)[i] = c->dtype == DPAR_F16 ? dpar_f32_to_f16(v) : dpar_f32_to_bf16(v);
+                }
+            }
+        }
+    } else if (c->kind == DPAR__COLL_BROADCAST) {
+        int cr = mg->cr_of[c->root];
+        const char *buf = cr == mg->me ? (const char *)g->in_ptr[c->root] : mg->xbuf;
+        for (int rr = 0; rr < n; rr++)
+            if (dpar__is_local(rt, g->devices[rr]) && g->out_ptr[rr] != buf && inbytes) memcpy(g->out_ptr[rr], buf, inbytes);
+    } else {
+        for (int rr = 0; rr < n; rr++)
+            g->xin_ptr[rr] = mg->xrecv + mg->rdispls[mg->cr_of[rr]] + (size_t)mg->slot_of[rr] * inbytes;
+    }
+    return DPAR_OK;
+}
+
+/* At the end of a dispatch: tell the other processes of every cross-process
+   group that this process's devices returned (so an uneven step count is
+   named at once instead of timing out). */
+static void dpar__mpi_job_end(dpar_mesh *m, dpar__job *job) {
+    dpar_runtime *rt = m->rt;
+    dpar__mpi *mp = (dpar__mpi *)rt->mpi;
+    (void)job;
+    if (!mp || mp->broken) return;
+    for (int k = 1; k < DPAR__MASKS; k++)
+        for (int g = 0; g < m->ngroups[k]; g++) {
+            dpar__group *gr = &m->groups[k][g];
+            dpar__mpi_group *mg = (dpar__mpi_group *)gr->mpi;
+            if (!mg) continue;
+            dpar__mpi_msg mm;
+            dpar__mpi_fill_msg(&mm, NULL, rt->job_count, gr->seq, 1);
+            dpar__mpi_send_all(mp, mg, &mm);
+        }
+}
+
+/* The process `owner` shares `n` bytes (and its status) with every process. */
+static dpar_status dpar__mpi_share(dpar_runtime *rt, void *buf, size_t n, int owner, dpar_status st) {
+    dpar__mpi *mp = (dpar__mpi *)rt->mpi;
+    if (!mp) return st;
+    int v = (int)st;
+    DPAR__MPI_CALL(mp, MPI_Bcast(&v, 1, MPI_INT, owner, mp->comm));
+    if (v) {
+        if (owner == rt->proc) return (dpar_status)v;
+        return dpar__err((dpar_status)v, "array get: process %d could not read its shard", owner);
+    }
+    for (size_t at = 0; at < n;) {
+        size_t chunk = n - at > ((size_t)1 << 30) ? ((size_t)1 << 30) : n - at;
+        DPAR__MPI_CALL(mp, MPI_Bcast((char *)buf + at, (int)chunk, MPI_BYTE, owner, mp->comm));
+        at += chunk;
+    }
+    return DPAR_OK;
+}
+#endif /* DPAR_MPI */
+
+/* ---------------------------------------------------------------------------
+   Sharding, resharding, checkpoints
+   ------------------------------------------------------------------------ */
+#include <fcntl.h>
+
+DPAR_API dpar_dtype dpar_array_dtype(const dpar_array *a) { return a ? a->dtype : DPAR_DTYPE_COUNT; }
+DPAR_API dpar_mesh *dpar_array_mesh(const dpar_array *a) { return a ? a->mesh : NULL; }
+DPAR_API int64_t dpar_array_shard_dim(const dpar_array *a, int i) { return (a && i >= 0 && i < a->ndim) ? a->local[i] : -1; }
+DPAR_API dpar_status dpar_array_spec(const dpar_array *a, int i, char *buf, size_t cap) {
+    dpar__clear_error();
+    if (!a || !buf || cap == 0) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_array_spec: array or buf is NULL, or cap is 0");
+    buf[0] = 0;
+    if (i < 0 || i >= a->ndim) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_array_spec: dimension %d is out of range for a %d-d array", i, a->ndim);
+    size_t at = 0;
+    for (int j = 0; j < a->spec_n[i]; j++) {
+        int w = snprintf(buf + at, cap - at, j ? ",%s" : "%s", a->mesh->names[a->spec_axes[i][j]]);
+        if (w < 0 || (size_t)w >= cap - at) {
+            buf[0] = 0;
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_array_spec: buffer of %zu bytes is too small for the spec of dimension %d", cap, i);
+        }
+        at += (size_t)w;
+    }
+    return DPAR_OK;
+}
+
+/* Same axes list (same order) on dimension d of a and dimension e of b. */
+static int dpar__spec_dim_eq(const dpar_array *a, int d, const dpar_array *b, int e) {
+    if (a->spec_n[d] != b->spec_n[e]) return 0;
+    for (int j = 0; j < a->spec_n[d]; j++) if (a->spec_axes[d][j] != b->spec_axes[e][j]) return 0;
+    return 1;
+}
+/* "a,b" of dimension d's axes into buf; 1 when they are in mesh order (the
+   order of a collective's group), 0 otherwise. */
+static int dpar__spec_axes_str(const dpar_array *a, int d, char *buf, size_t cap) {
+    size_t at = 0;
+    int inorder = 1;
+    buf[0] = 0;
+    for (int j = 0; j < a->spec_n[d] && at < cap; j++) {
+        at += (size_t)snprintf(buf + at, cap - at, j ? ",%s" : "%s", a->mesh->names[a->spec_axes[d][j]]);
+        if (j && a->spec_axes[d][j] < a->spec_axes[d][j - 1]) inorder = 0;
+    }
+    return inorder;
+}
+
+enum { DPAR__RESHARD_COPY, DPAR__RESHARD_A2A, DPAR__RESHARD_GATHER };
+typedef struct dpar__reshard_plan { int kind, i, j; char axes[128]; } dpar__reshard_plan;
+
+static dpar_status dpar__reshard_fn(dpar_ctx *ctx, void *user) {
+    const dpar__reshard_plan *p = (const dpar__reshard_plan *)user;
+    dpar_buffer *in = dpar_ctx_arg(ctx, 0), *out = dpar_ctx_arg(ctx, 1);
+    switch (p->kind) {
+    case DPAR__RESHARD_A2A: return dpar_all_to_all(ctx, out, in, p->axes, p->j, p->i);
+    case DPAR__RESHARD_GATHER: return dpar_all_gather(ctx, out, in, p->axes, p->i, true);
+    default: return dpar_copy(out, in);
+    }
+}
+
+DPAR_API dpar_status dpar_array_reshard(dpar_array *dst, const dpar_array *src) {
+    dpar__clear_error();
+    if (!dst || !src) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "reshard: dst or src is NULL");
+    if (dpar__self_worker) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "reshard: called from inside a pmap/shard_map function; call it between dispatches");
+    if (dst == src) return DPAR_OK;
+    if (dst->mesh != src->mesh)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "reshard: dst and src live on different meshes; reshard works within one mesh "
+                         "(across meshes use dpar_array_get + dpar_array_put, or a checkpoint)");
+    if (dst->dtype != src->dtype)
+        return dpar__err(DPAR_ERR_DTYPE, "reshard: dst is %s but src is %s; they must match (use dpar_cast inside a shard_map to convert)",
+                         dpar_dtype_name(dst->dtype), dpar_dtype_name(src->dtype));
+    int same_shape = dst->ndim == src->ndim;
+    for (int d = 0; same_shape && d < dst->ndim; d++) same_shape = dst->shape[d] == src->shape[d];
+    if (!same_shape) {
+        char x[160], y[160];
+        return dpar__err(DPAR_ERR_SHAPE, "reshard: dst has global shape %s but src has %s; they must match",
+                         dpar__shape_str(x, sizeof x, dst->ndim, dst->shape), dpar__shape_str(y, sizeof y, src->ndim, src->shape));
+    }
+    dpar_mesh *m = dst->mesh;
+    int nd = dst->ndim, ndiff = 0, diff[2] = { -1, -1 };
+    for (int d = 0; d < nd; d++)
+        if (!dpar__spec_dim_eq(dst, d, src, d)) { if (ndiff < 2) diff[ndiff] = d; ndiff++; }
+    dpar__reshard_plan plan;
+    memset(&plan, 0, sizeof plan);
+    plan.kind = -1;
+    if (ndiff == 0) {
+        plan.kind = DPAR__RESHARD_COPY;
+    } else if (ndiff == 2) {
+        /* dim i split over A in src and whole in dst, dim j the other way round */
+        for (int t = 0; t < 2 && plan.kind < 0; t++) {
+            int i = diff[t], j = diff[1 - t];
+            if (src->spec_n[i] > 0 && dst->spec_n[i] == 0 && src->spec_n[j] == 0 && dpar__spec_dim_eq(src, i, dst, j) &&
+                dpar__spec_axes_str(src, i, plan.axes, sizeof plan.axes)) {
+                plan.kind = DPAR__RESHARD_A2A; plan.i = i; plan.j = j;
+            }
+        }
+    } else if (ndiff == 1) {
+        int i = diff[0];
+        if (src->spec_n[i] > 0 && dst->spec_n[i] == 0 && dpar__spec_axes_str(src, i, plan.axes, sizeof plan.axes)) {
+            plan.kind = DPAR__RESHARD_GATHER; plan.i = i;
+        }
+    }
+    if (plan.kind >= 0) {
+        dpar_shard_map_desc sd;
+        memset(&sd, 0, sizeof sd);
+        sd.fn = dpar__reshard_fn; sd.user = &plan; sd.num_args = 2;
+        sd.args[0] = (dpar_array *)src; sd.args[1] = dst;
+        return dpar_shard_map(m, &sd);
+    }
+    size_t es = dpar_dtype_size(src->dtype);
+    /* local slice: every src shard contains the same device's dst shard (src's
+       axes on each dim are a prefix of dst's) */
+    int contains = 1;
+    for (int d = 0; d < nd && contains; d++) {
+        if (src->spec_n[d] > dst->spec_n[d]) contains = 0;
+        for (int j = 0; contains && j < src->spec_n[d]; j++) contains = src->spec_axes[d][j] == dst->spec_axes[d][j];
+    }
+    if (contains) {
+        size_t snb = (size_t)dpar__prod(src->local, nd) * es, dnb = (size_t)dpar__prod(dst->local, nd) * es;
+        char *ts = (char *)DPAR_MALLOC(snb ? snb : 1), *td = (char *)DPAR_MALLOC(dnb ? dnb : 1);
+        dpar_status s = (ts && td) ? DPAR_OK : dpar__err(DPAR_ERR_OUT_OF_MEMORY, "reshard: out of host memory (%zu bytes)", snb + dnb);
+        int64_t zero[DPAR_MAX_DIMS] = {0}, so[DPAR_MAX_DIMS], dof[DPAR_MAX_DIMS], rel[DPAR_MAX_DIMS];
+        for (int p = 0; p < m->size && !s; p++) {
+            s = dpar_buffer_read(src->shards[p], 0, ts, snb);
+            if (s) break;
+            dpar__array_offsets(src, p, so);
+            dpar__array_offsets(dst, p, dof);
+            for (int d = 0; d < nd; d++) rel[d] = dof[d] - so[d];
+            dpar__copy_block(td, dst->local, zero, ts, src->local, rel, dst->local, nd, es);
+            s = dpar_buffer_write(dst->shards[p], 0, td, dnb);
+        }
+        DPAR_FREE(ts); DPAR_FREE(td);
+        return s;
+    }
+    /* general case: through one global host copy */
+    size_t gnb = (size_t)dpar__prod(src->shape, nd) * es;
+    void *g = DPAR_MALLOC(gnb ? gnb : 1);
+    if (!g) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "reshard: out of host memory (%zu bytes for the global array)", gnb);
+    dpar_status s = dpar_array_get(src, g);
+    if (!s) s = dpar_array_put(dst, g);
+    DPAR_FREE(g);
+    return s;
+}
+
+/* Does `spec` (per dim, NULL = whole) equal a's spec? Errors for a bad spec. */
+static dpar_status dpar__spec_matches(const dpar_array *a, const char *const *spec, const char *where, int *eq) {
+    *eq = 1;
+    for (int d = 0; d < a->ndim; d++) {
+        int order[DPAR_MAX_AXES], no = 0;
+        unsigned mask = 0;
+        if (spec[d] && *spec[d]) {
+            char w[96];
+            snprintf(w, sizeof w, "%s: spec of dimension %d", where, d);
+            dpar_status s = dpar__parse_axes(a->mesh, w, spec[d], &mask, order, &no);
+            if (s) return s;
+        }
+        if (no != a->spec_n[d]) { *eq = 0; continue; }
+        for (int j = 0; j < no; j++) if (order[j] != a->spec_axes[d][j]) *eq = 0;
+    }
+    return DPAR_OK;
+}
+static dpar_status dpar__prefix_err(dpar_status s, const char *prefix) {
+    char saved[DPAR__ERR_LEN];
+    memcpy(saved, dpar__err_text, sizeof saved);
+    return dpar__err(s, "%s: %s", prefix, saved);
+}
+
+DPAR_API dpar_status dpar_shard_map_specs(dpar_mesh *m, const dpar_shard_map_specs_desc *d) {
+    dpar__clear_error();
+    if (!m || !d || !d->fn) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "shard_map_specs: mesh, desc or desc->fn is NULL");
+    if (d->num_inputs < 0 || d->num_outputs < 0 || d->num_inputs + d->num_outputs > DPAR_MAX_ARGS)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "shard_map_specs: num_inputs = %d, num_outputs = %d; each >= 0 and together at most %d",
+                         d->num_inputs, d->num_outputs, (int)DPAR_MAX_ARGS);
+    int ni = d->num_inputs, no = d->num_outputs;
+    for (int k = 0; k < ni + no; k++) {
+        dpar_array *a = k < ni ? d->inputs[k] : d->outputs[k - ni];
+        const char *kind = k < ni ? "input" : "output";
+        int idx = k < ni ? k : k - ni;
+        if (!a) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "shard_map_specs: %s %d is NULL", kind, idx);
+        if (a->mesh != m) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "shard_map_specs: %s %d was created on another mesh", kind, idx);
+        for (int j = 0; j < k - ni && k >= ni; j++)
+            if (d->outputs[j] == a) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "shard_map_specs: outputs %d and %d are the same array", j, idx);
+    }
+    dpar_array *tmp[DPAR_MAX_ARGS];
+    memset(tmp, 0, sizeof tmp);
+    dpar_shard_map_desc sd;
+    memset(&sd, 0, sizeof sd);
+    sd.fn = d->fn; sd.user = d->user; sd.num_args = ni + no;
+    dpar_status s = DPAR_OK;
+    for (int k = 0; k < ni + no && !s; k++) {
+        dpar_array *a = k < ni ? d->inputs[k] : d->outputs[k - ni];
+        const char *const *spec = k < ni ? d->in_specs[k] : d->out_specs[k - ni];
+        char where[64];
+        snprintf(where, sizeof where, "shard_map_specs: %s %d", k < ni ? "input" : "output", k < ni ? k : k - ni);
+        int eq;
+        s = dpar__spec_matches(a, spec, where, &eq);
+        if (s) break;
+        if (eq) { sd.args[k] = a; continue; }
+        dpar_array_desc ad;
+        memset(&ad, 0, sizeof ad);
+        ad.dtype = a->dtype; ad.ndim = a->ndim;
+        for (int i = 0; i < a->ndim; i++) { ad.shape[i] = a->shape[i]; ad.spec[i] = spec[i]; }
+        s = dpar_array_create(m, &ad, &tmp[k]);
+        if (!s && k < ni) s = dpar_array_reshard(tmp[k], a);
+        if (s) { s = dpar__prefix_err(s, where); break; }
+        sd.args[k] = tmp[k];
+    }
+    if (!s) s = dpar_shard_map(m, &sd);
+    for (int j = 0; j < no && !s; j++)
+        if (tmp[ni + j]) s = dpar_array_reshard(d->outputs[j], tmp[ni + j]);
+    char saved[DPAR__ERR_LEN];
+    memcpy(saved, dpar__err_text, sizeof saved);
+    for (int k = 0; k < ni + no; k++) dpar_array_destroy(tmp[k]);
+    memcpy(dpar__err_text, saved, sizeof saved);
+    return s;
+}
+
+/* --- ZeRO-1 ------------------------------------------------------------- */
+struct dpar_zero1 {
+    dpar_mesh *mesh;
+    dpar_sgd_desc sgd;
+    char axis[128];
+    int n, np;
+    dpar_array *params[DPAR_MAX_ARGS];
+    int64_t count[DPAR_MAX_ARGS], padded[DPAR_MAX_ARGS];
+    dpar_array *master[DPAR_MAX_ARGS], *mom[DPAR_MAX_ARGS];
+    dpar_array *gshard[DPAR_MAX_ARGS]; /* [Lp] split: this device's reduced gradient block */
+    dpar_array *pad[DPAR_MAX_ARGS];    /* [n * Lp] split: a per-device [Lp] staging buffer, when L % n != 0 */
+};
+
+/* dst[doff..] = src[soff..], nbytes, one device, through the host (any backend) */
+static dpar_status dpar__region_copy(dpar_buffer *dst, size_t doff, const dpar_buffer *src, size_t soff, size_t nbytes) {
+    if (!nbytes) return DPAR_OK;
+    void *t = DPAR_MALLOC(nbytes);
+    if (!t) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "zero1: out of host memory (%zu bytes)", nbytes);
+    dpar_status s = dpar_buffer_read(src, soff, t, nbytes);
+    if (!s) s = dpar_buffer_write(dst, doff, t, nbytes);
+    DPAR_FREE(t);
+    return s;
+}
+
+DPAR_API void dpar_zero1_destroy(dpar_zero1 *z) {
+    if (!z) return;
+    for (int i = 0; i < z->np; i++) {
+        dpar_array_destroy(z->master[i]); dpar_array_destroy(z->mom[i]);
+        dpar_array_destroy(z->gshard[i]); dpar_array_destroy(z->pad[i]);
+    }
+    DPAR_FREE(z);
+}
+
+DPAR_API dpar_status dpar_zero1_reload(dpar_zero1 *z) {
+    dpar__clear_error();
+    if (!z) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "zero1_reload: z is NULL");
+    if (dpar__self_worker) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "zero1_reload: called from inside a pmap/shard_map function");
+    dpar_status s = DPAR_OK;
+    for (int i = 0; i < z->np && !s; i++) {
+        float *h = (float *)dpar__calloc((size_t)z->padded[i], sizeof(float));
+        if (!h) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "zero1: out of host memory");
+        s = dpar_array_get(z->params[i], h);
+        if (!s) s = dpar_array_put(z->master[i], h);
+        DPAR_FREE(h);
+    }
+    return s;
+}
+
+DPAR_API dpar_status dpar_zero1_create(const dpar_zero1_desc *d, dpar_zero1 **out) {
+    dpar__clear_error();
+    if (!out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "zero1_create: `out` is NULL");
+    *out = NULL;
+    if (!d) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "zero1_create: desc is NULL");
+    if (d->num_params < 1 || d->num_params > DPAR_MAX_ARGS)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "zero1_create: num_params = %d is out of range 1..%d", d->num_params, (int)DPAR_MAX_ARGS);
+    dpar_status s = dpar__sgd_check(&d->sgd);
+    if (s) return s;
+    if (!d->params[0]) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "zero1_create: params[0] is NULL");
+    dpar_mesh *m = d->params[0]->mesh;
+    const char *axis = d->axis ? d->axis : "data";
+    unsigned mask;
+    if ((s = dpar__parse_axes(m, "zero1_create", axis, &mask, NULL, NULL))) return s;
+    if (strlen(axis) >= sizeof ((dpar_zero1 *)0)->axis) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "zero1_create: axis string is too long");
+    for (int i = 0; i < d->num_params; i++) {
+        const dpar_array *p = d->params[i];
+        if (!p) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "zero1_create: params[%d] is NULL", i);
+        if (p->mesh != m) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "zero1_create: params[%d] lives on another mesh than params[0]", i);
+        if (p->dtype != DPAR_F32) return dpar__err(DPAR_ERR_DTYPE, "zero1_create: params[%d] is %s; ZeRO-1 keeps f32 parameters", i, dpar_dtype_name(p->dtype));
+        if (p->used_mask)
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "zero1_create: params[%d] is split over mesh axes; ZeRO-1 shards replicated parameters "
+                             "(give it a spec of all NULL)", i);
+    }
+    dpar_zero1 *z = (dpar_zero1 *)dpar__calloc(1, sizeof *z);
+    if (!z) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "zero1_create: out of host memory");
+    z->mesh = m; z->sgd = d->sgd; z->sgd.norm_axes = NULL; z->np = d->num_params;
+    snprintf(z->axis, sizeof z->axis, "%s", axis);
+    z->n = dpar__mask_size(m, mask);
+    for (int i = 0; i < z->np && !s; i++) {
+        z->params[i] = d->params[i];
+        z->count[i] = dpar__prod(d->params[i]->shape, d->params[i]->ndim);
+        z->padded[i] = (z->count[i] + z->n - 1) / z->n * z->n;
+        dpar_array_desc ad;
+        memset(&ad, 0, sizeof ad);
+        ad.dtype = DPAR_F32; ad.ndim = 1; ad.shape[0] = z->padded[i]; ad.spec[0] = z->axis;
+        s = dpar_array_create(m, &ad, &z->master[i]);
+        if (!s) s = dpar_array_create(m, &ad, &z->gshard[i]);
+        if (!s && d->sgd.momentum > 0.0f) s = dpar_array_create(m, &ad, &z->mom[i]);
+        if (!s && z->padded[i] != z->count[i]) {
+            ad.shape[0] = z->padded[i] * z->n;
+            s = dpar_array_create(m, &ad, &z->pad[i]);
+        }
+    }
+    if (!s) s = dpar_zero1_reload(z);
+    if (s) {
+        char saved[DPAR__ERR_LEN];
+        memcpy(saved, dpar__err_text, sizeof saved);
+        dpar_zero1_destroy(z);
+        memcpy(dpar__err_text, saved, sizeof saved);
+        return s;
+    }
+    *out = z;
+    return DPAR_OK;
+}
+
+DPAR_API dpar_status dpar_zero1_step(dpar_ctx *ctx, dpar_zero1 *z, dpar_buffer *const *grads) {
+    dpar__clear_error();
+    if (!ctx || !z || !grads) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "zero1_step: ctx, z or grads is NULL");
+    if (ctx->mesh != z->mesh) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "zero1_step: called in a dispatch over another mesh than the parameters'");
+    int dev = ctx->device;
+    dpar_status s = DPAR_OK;
+    dpar_buffer *gs[DPAR_MAX_ARGS];
+    /* 1. reduce-scatter the gradients, then the mean */
+    for (int i = 0; i < z->np && !s; i++) {
+        dpar_buffer *g = grads[i];
+        gs[i] = z->gshard[i]->shards[ctx->pos];
+        if (!g) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "zero1_step: grads[%d] is NULL", i);
+        if (g->dtype != DPAR_F32) return dpar__err(DPAR_ERR_DTYPE, "zero1_step: grads[%d] is %s; it must be f32", i, dpar_dtype_name(g->dtype));
+        if (g->device != dev) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "zero1_step: grads[%d] lives on device %d, not on this device %d", i, g->device, dev);
+        if (g->count != z->count[i])
+            return dpar__err(DPAR_ERR_SHAPE, "zero1_step: grads[%d] has %lld elements but its parameter has %lld", i, (long long)g->count, (long long)z->count[i]);
+        if (z->pad[i]) {
+            dpar_buffer *pb = z->pad[i]->shards[ctx->pos];
+            s = dpar__region_copy(pb, 0, g, 0, (size_t)z->count[i] * 4);
+            if (!s) s = dpar_psum_scatter(ctx, gs[i], pb, z->axis, 0, true);
+        } else {
+            int nd = g->ndim;
+            int64_t shape[DPAR_MAX_DIMS], flat = g->count;
+            for (int k = 0; k < nd; k++) shape[k] = g->shape[k];
+            s = dpar_buffer_reshape(g, 1, &flat);
+            if (!s) s = dpar_psum_scatter(ctx, gs[i], g, z->axis, 0, true);
+            dpar_status s2 = dpar_buffer_reshape(g, nd, shape);
+            if (!s) s = s2;
+        }
+        if (!s && z->n > 1) s = dpar_scale(gs[i], 1.0f / (float)z->n);
+    }
+    if (s) return s;
+    /* 2. update this device's block */
+    float scale = 1.0f;
+    if (z->sgd.clip_norm > 0.0f) {
+        dpar_sgd_desc sd = z->sgd;
+        sd.norm_axes = z->axis;
+        if ((s = dpar_sgd_clip_scale(ctx, &sd, gs, z->np, &scale, NULL))) return s;
+    }
+    for (int i = 0; i < z->np && !s; i++)
+        s = dpar_sgd_update(&z->sgd, z->master[i]->shards[ctx->pos], gs[i], z->mom[i] ? z->mom[i]->shards[ctx->pos] : NULL, scale);
+    /* 3. all-gather the parameters */
+    for (int i = 0; i < z->np && !s; i++) {
+        dpar_buffer *p = z->params[i]->shards[ctx->pos], *ms = z->master[i]->shards[ctx->pos];
+        if (z->pad[i]) {
+            dpar_buffer *pb = z->pad[i]->shards[ctx->pos];
+            s = dpar_all_gather(ctx, pb, ms, z->axis, 0, true);
+            if (!s) s = dpar__region_copy(p, 0, pb, 0, (size_t)z->count[i] * 4);
+        } else {
+            int nd = p->ndim;
+            int64_t shape[DPAR_MAX_DIMS], flat = p->count;
+            for (int k = 0; k < nd; k++) shape[k] = p->shape[k];
+            s = dpar_buffer_reshape(p, 1, &flat);
+            if (!s) s = dpar_all_gather(ctx, p, ms, z->axis, 0, true);
+            dpar_status s2 = dpar_buffer_reshape(p, nd, shape);
+            if (!s) s = s2;
+        }
+    }
+    return s;
+}
+DPAR_API dpar_array *dpar_zero1_master(const dpar_zero1 *z, int i) { return (z && i >= 0 && i < z->np) ? z->master[i] : NULL; }
+DPAR_API dpar_array *dpar_zero1_momentum(const dpar_zero1 *z, int i) { return (z && i >= 0 && i < z->np) ? z->mom[i] : NULL; }
+DPAR_API int64_t dpar_zero1_padded_count(const dpar_zero1 *z, int i) { return (z && i >= 0 && i < z->np) ? z->padded[i] : -1; }
+DPAR_API size_t dpar_zero1_momentum_bytes(const dpar_zero1 *z, int device) {
+    size_t t = 0;
+    if (!z) return 0;
+    for (int i = 0; i < z->np; i++) if (z->mom[i]) t += dpar_buffer_nbytes(dpar_array_shard(z->mom[i], device));
+    return t;
+}
+
+/* --- checkpoints ---------------------------------------------------------- */
+static uint32_t dpar__crc_table[256];
+static pthread_once_t dpar__crc_once = PTHREAD_ONCE_INIT;
+static void dpar__crc_init(void) {
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++) c = (c & 1u) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        dpar__crc_table[i] = c;
+    }
+}
+DPAR_API uint32_t dpar_crc32(uint32_t crc, const void *data, size_t n) {
+    pthread_once(&dpar__crc_once, dpar__crc_init);
+    const unsigned char *p = (const unsigned char *)data;
+    crc = ~crc;
+    for (size_t i = 0; i < n; i++) crc = dpar__crc_table[(crc ^ p[i]) & 0xffu] ^ (crc >> 8);
+    return ~crc;
+}
+
+#define DPAR__CKPT_MAGIC "DPARCKPT"
+enum { DPAR__CKPT_HEADER = 32, DPAR__CKPT_NAME_MAX = 255 };
+
+static void dpar__le32(unsigned char *b, uint32_t v) { for (int i = 0; i < 4; i++) b[i] = (unsigned char)(v >> (8 * i)); }
+static void dpar__le64(unsigned char *b, uint64_t v) { for (int i = 0; i < 8; i++) b[i] = (unsigned char)(v >> (8 * i)); }
+static uint32_t dpar__rd32(const unsigned char *b) { uint32_t v = 0; for (int i = 3; i >= 0; i--) v = (v << 8) | b[i]; return v; }
+static uint64_t dpar__rd64(const unsigned char *b) { uint64_t v = 0; for (int i = 7; i >= 0; i--) v = (v << 8) | b[i]; return v; }
+/* element data <-> little-endian, in place (no-op on little-endian hosts) */
+static void dpar__to_le(void *data, size_t count, size_t es) {
+    const uint16_t one = 1;
+    unsigned char probe;
+    memcpy(&probe, &one, 1);
+    if (probe) return;
+    unsigned char *p = (unsigned char *)data;
+    for (size_t i = 0; i < count; i++, p += es)
+        for (size_t a = 0, b = es - 1; a < b; a++, b--) { unsigned char t = p[a]; p[a] = p[b]; p[b] = t; }
+}
+
+typedef struct dpar__ckpt_writer { FILE *f; uint32_t crc; int err; } dpar__ckpt_writer;
+static void dpar__ckpt_put(dpar__ckpt_writer *w, const void *p, size_t n) {
+    if (w->err || !n) return;
+    if (fwrite(p, 1, n, w->f) != n) { w->err = errno ? errno : EIO; return; }
+    w->crc = dpar_crc32(w->crc, p, n);
+}
+
+static dpar_status dpar__ckpt_check_entries(const char *fn, const dpar_checkpoint_entry *e, int n) {
+    if (n < 0 || (n > 0 && !e)) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: %d entries with entries = %p", fn, n, (const void *)e);
+    for (int i = 0; i < n; i++) {
+        if (!e[i].name || !e[i].name[0] || strlen(e[i].name) > DPAR__CKPT_NAME_MAX)
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: entry %d has no name or a name longer than %d bytes", fn, i, (int)DPAR__CKPT_NAME_MAX);
+        if (!e[i].array) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: entry %d ('%s') has no array", fn, i, e[i].name);
+        if (e[i].padded && e[i].array->ndim != 1)
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: entry '%s' is marked padded but is %d-d; padded entries are 1-d", fn, e[i].name, e[i].array->ndim);
+        for (int j = 0; j < i; j++)
+            if (!strcmp(e[i].name, e[j].name)) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: entries %d and %d are both named '%s'", fn, j, i, e[i].name);
+    }
+    return DPAR_OK;
+}
+
+DPAR_API dpar_status dpar_checkpoint_save(const char *path, const dpar_checkpoint_entry *e, int n, uint64_t step) {
+    dpar__clear_error();
+    if (!path || !*path) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "checkpoint_save: path is NULL or empty");
+    if (dpar__self_worker) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "checkpoint_save: called from inside a pmap/shard_map function");
+    dpar_status s = dpar__ckpt_check_entries("checkpoint_save", e, n);
+    if (s) return s;
+    uint64_t total = DPAR__CKPT_HEADER + 4;
+    size_t maxnb = 1;
+    for (int i = 0; i < n; i++) {
+        const dpar_array *a = e[i].array;
+        size_t nb = (size_t)dpar__prod(a->shape, a->ndim) * dpar_dtype_size(a->dtype);
+        total += 4 + strlen(e[i].name) + 4 + 4 + 8 * (uint64_t)a->ndim + 4 + 8 + nb;
+        if (nb > maxnb) maxnb = nb;
+    }
+    size_t plen = strlen(path);
+    char *tmp = (char *)DPAR_MALLOC(plen + 32);
+    void *data = DPAR_MALLOC(maxnb);
+    if (!tmp || !data) { DPAR_FREE(tmp); DPAR_FREE(data); return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "checkpoint_save: out of host memory (%zu bytes)", maxnb); }
+    snprintf(tmp, plen + 32, "%s.tmp.%ld", path, (long)getpid());
+    dpar__ckpt_writer w;
+    w.crc = 0; w.err = 0;
+    w.f = fopen(tmp, "wb");
+    if (!w.f) {
+        s = dpar__err(DPAR_ERR_IO, "checkpoint_save: cannot create '%s': %s", tmp, strerror(errno));
+        DPAR_FREE(tmp); DPAR_FREE(data);
+        return s;
+    }
+    unsigned char hdr[DPAR__CKPT_HEADER];
+    memcpy(hdr, DPAR__CKPT_MAGIC, 8);
+    dpar__le32(hdr + 8, DPAR_CHECKPOINT_VERSION);
+    dpar__le32(hdr + 12, (uint32_t)n);
+    dpar__le64(hdr + 16, total);
+    dpar__le64(hdr + 24, step);
+    errno = 0;
+    dpar__ckpt_put(&w, hdr, sizeof hdr);
+    for (int i = 0; i < n && !w.err && !s; i++) {
+        const dpar_array *a = e[i].array;
+        size_t es = dpar_dtype_size(a->dtype), cnt = (size_t)dpar__prod(a->shape, a->ndim), nb = cnt * es;
+        unsigned char b[8];
+        uint32_t nl = (uint32_t)strlen(e[i].name);
+        dpar__le32(b, nl); dpar__ckpt_put(&w, b, 4);
+        dpar__ckpt_put(&w, e[i].name, nl);
+        dpar__le32(b, (uint32_t)a->dtype); dpar__ckpt_put(&w, b, 4);
+        dpar__le32(b, (uint32_t)a->ndim); dpar__ckpt_put(&w, b, 4);
+        for (int d = 0; d < a->ndim; d++) { dpar__le64(b, (uint64_t)a->shape[d]); dpar__ckpt_put(&w, b, 8); }
+        dpar__le32(b, e[i].padded ? 1u : 0u); dpar__ckpt_put(&w, b, 4);
+        dpar__le64(b, (uint64_t)nb); dpar__ckpt_put(&w, b, 8);
+        s = dpar_array_get(a, data);
+        if (!s) { dpar__to_le(data, cnt, es); dpar__ckpt_put(&w, data, nb); }
+    }
+    if (!s && !w.err) {
+        unsigned char b[4];
+        uint32_t crc = w.crc;
+        dpar__le32(b, crc);
+        dpar__ckpt_put(&w, b, 4);
+    }
+    if (!s && !w.err && fflush(w.f) != 0) w.err = errno ? errno : EIO;
+    if (!s && !w.err && fsync(fileno(w.f)) != 0) w.err = errno ? errno : EIO;
+    if (fclose(w.f) != 0 && !w.err) w.err = errno ? errno : EIO;
+    if (!s && w.err) s = dpar__err(DPAR_ERR_IO, "checkpoint_save: writing '%s' failed: %s (the old checkpoint, if any, is untouched)", tmp, strerror(w.err));
+    if (!s && rename(tmp, path) != 0)
+        s = dpar__err(DPAR_ERR_IO, "checkpoint_save: cannot rename '%s' to '%s': %s", tmp, path, strerror(errno));
+    if (s) {
+        char saved[DPAR__ERR_LEN];
+        memcpy(saved, dpar__err_text, sizeof saved);
+        remove(tmp);
+        memcpy(dpar__err_text, saved, sizeof saved);
+    } else {
+        /* make the rename durable: fsync the directory (best effort) */
+        const char *slash = strrchr(path, '/');
+        char *dir = tmp;
+        if (slash) { memcpy(dir, path, (size_t)(slash - path) + 1); dir[slash - path + 1] = 0; } else strcpy(dir, ".");
+        int fd = open(dir, O_RDONLY);
+        if (fd >= 0) { (void)fsync(fd); close(fd); }
+    }
+    DPAR_FREE(tmp); DPAR_FREE(data);
+    return s;
+}
+
+typedef struct dpar__ckpt_rec {
+    const char *name; uint32_t name_len;
+    uint32_t dtype, ndim, flags;
+    int64_t shape[DPAR_MAX_DIMS];
+    const unsigned char *data; uint64_t nbytes;
+} dpar__ckpt_rec;
+
+/* Checks a whole checkpoint image (magic, version, length, CRC-32, entries). */
+static dpar_status dpar__ckpt_parse(const char *path, const unsigned char *buf, size_t len, int rerr,
+                                    dpar__ckpt_rec **recs_out, uint32_t *nrec_out) {
+    dpar_status s = DPAR_OK;
+    if (rerr) return dpar__err(DPAR_ERR_IO, "checkpoint_restore: reading '%s' failed", path);
+    if (len < 8 || memcmp(buf, DPAR__CKPT_MAGIC, 8) != 0) {
+        s = dpar__err(DPAR_ERR_IO, "checkpoint_restore: '%s' is not a dpar checkpoint (it does not start with \"%s\")", path, DPAR__CKPT_MAGIC);
+        return s;
+    }
+    if (len < DPAR__CKPT_HEADER + 4) {
+        s = dpar__err(DPAR_ERR_IO, "checkpoint_restore: '%s' is truncated: %zu bytes, less than the %d of an empty checkpoint", path, len, (int)DPAR__CKPT_HEADER + 4);
+        return s;
+    }
+    uint32_t ver = dpar__rd32(buf + 8);
+    if (ver != DPAR_CHECKPOINT_VERSION) {
+        s = dpar__err(DPAR_ERR_IO, "checkpoint_restore: '%s' has format version %u but this dpar.h reads version %d; "
+                      "restore it with a matching dpar.h", path, ver, (int)DPAR_CHECKPOINT_VERSION);
+        return s;
+    }
+    uint64_t want = dpar__rd64(buf + 16);
+    if (want != (uint64_t)len) {
+        s = dpar__err(DPAR_ERR_IO, "checkpoint_restore: '%s' is %zu bytes but its header says %llu: %s", path, len, (unsigned long long)want,
+                      (uint64_t)len < want ? "the file is truncated (an interrupted copy?)" : "the file is corrupted or has trailing data");
+        return s;
+    }
+    uint32_t stored = dpar__rd32(buf + len - 4), crc = dpar_crc32(0, buf, len - 4);
+    if (stored != crc) {
+        s = dpar__err(DPAR_ERR_IO, "checkpoint_restore: '%s' is corrupted: CRC-32 of the contents is 0x%08x but the file records 0x%08x",
+                      path, crc, stored);
+        return s;
+    }
+    uint32_t nrec = *nrec_out = dpar__rd32(buf + 12);
+    dpar__ckpt_rec *recs = *recs_out = (dpar__ckpt_rec *)dpar__calloc(nrec ? nrec : 1, sizeof *recs);
+    if (!recs) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "checkpoint_restore: out of host memory");
+    {
+        size_t at = DPAR__CKPT_HEADER, end = len - 4;
+#define DPAR__NEED(k) do { if ((uint64_t)(k) > (uint64_t)(end - at)) { \
+            s = dpar__err(DPAR_ERR_IO, "checkpoint_restore: '%s': entry %u runs past the end of the data (malformed file)", path, r); return s; } } while (0)
+        for (uint32_t r = 0; r < nrec; r++) {
+            dpar__ckpt_rec *c = &recs[r];
+            DPAR__NEED(4); c->name_len = dpar__rd32(buf + at); at += 4;
+            DPAR__NEED(c->name_len); c->name = (const char *)buf + at; at += c->name_len;
+            DPAR__NEED(8); c->dtype = dpar__rd32(buf + at); c->ndim = dpar__rd32(buf + at + 4); at += 8;
+            if (c->dtype >= DPAR_DTYPE_COUNT || c->ndim > DPAR_MAX_DIMS) {
+                s = dpar__err(DPAR_ERR_IO, "checkpoint_restore: '%s': entry %u has dtype %u / ndim %u (malformed file)", path, r, c->dtype, c->ndim);
+                return s;
+            }
+            DPAR__NEED(8 * (uint64_t)c->ndim);
+            uint64_t cnt = 1;
+            for (uint32_t d = 0; d < c->ndim; d++) { c->shape[d] = (int64_t)dpar__rd64(buf + at); cnt *= (uint64_t)c->shape[d]; at += 8; }
+            DPAR__NEED(12); c->flags = dpar__rd32(buf + at); c->nbytes = dpar__rd64(buf + at + 4); at += 12;
+            if (c->nbytes != cnt * dpar_dtype_size((dpar_dtype)c->dtype)) {
+                s = dpar__err(DPAR_ERR_IO, "checkpoint_restore: '%s': entry %u holds %llu bytes but its shape needs %llu (malformed file)", path, r,
+                              (unsigned long long)c->nbytes, (unsigned long long)(cnt * dpar_dtype_size((dpar_dtype)c->dtype)));
+                return s;
+            }
+            DPAR__NEED(c->nbytes); c->data = buf + at; at += (size_t)c->nbytes;
+        }
+#undef DPAR__NEED
+        if (at != end) { s = dpar__err(DPAR_ERR_IO, "checkpoint_restore: '%s': %zu bytes after the last entry (malformed file)", path, end - at); return s; }
+    }
+    return s;
+}
+
+DPAR_API dpar_status dpar_checkpoint_restore(const char *path, const dpar_checkpoint_entry *e, int n, uint64_t *step) {
+    dpar__clear_error();
+    if (!path || !*path) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "checkpoint_restore: path is NULL or empty");
+    if (dpar__self_worker) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "checkpoint_restore: called from inside a pmap/shard_map function");
+    dpar_status s = dpar__ckpt_check_entries("checkpoint_restore", e, n);
+    if (s) return s;
+    FILE *f = fopen(path, "rb");
+    if (!f) return dpar__err(DPAR_ERR_IO, "checkpoint_restore: cannot open '%s': %s", path, strerror(errno));
+    unsigned char *buf = NULL;
+    size_t len = 0, cap = 0;
+    for (;;) {
+        if (len == cap) {
+            size_t nc = cap ? cap * 2 : 65536;
+            unsigned char *nb = (unsigned char *)DPAR_REALLOC(buf, nc);
+            if (!nb) { fclose(f); DPAR_FREE(buf); return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "checkpoint_restore: out of host memory reading '%s'", path); }
+            buf = nb; cap = nc;
+        }
+        size_t got = fread(buf + len, 1, cap - len, f);
+        len += got;
+        if (got == 0) break;
+    }
+    int rerr = ferror(f);
+    fclose(f);
+    dpar__ckpt_rec *recs = NULL;
+    uint32_t nrec = 0;
+    s = dpar__ckpt_parse(path, buf, len, rerr, &recs, &nrec);
+    /* match every asked entry before changing anything */
+    for (int i = 0; i < n && !s; i++) {
+        const dpar_array *a = e[i].array;
+        const dpar__ckpt_rec *c = NULL;
+        size_t nl = strlen(e[i].name);
+        for (uint32_t r = 0; r < nrec && !c; r++) if (recs[r].name_len == nl && !memcmp(recs[r].name, e[i].name, nl)) c = &recs[r];
+        if (!c) { s = dpar__err(DPAR_ERR_INVALID_ARGUMENT, "checkpoint_restore: '%s' has no entry named '%s'", path, e[i].name); break; }
+        if (c->dtype != (uint32_t)a->dtype) {
+            s = dpar__err(DPAR_ERR_DTYPE, "checkpoint_restore: entry '%s' is %s in '%s' but the array is %s", e[i].name,
+                          dpar_dtype_name((dpar_dtype)c->dtype), path, dpar_dtype_name(a->dtype));
+            break;
+        }
+        int same = c->ndim == (uint32_t)a->ndim;
+        for (int d = 0; same && d < a->ndim; d++) same = c->shape[d] == a->shape[d];
+        if (!same && e[i].padded && c->ndim == 1) {
+            /* accept another padding as long as what is cut off is zero */
+            size_t es = dpar_dtype_size(a->dtype);
+            for (uint64_t k = (uint64_t)a->shape[0] * es; k < c->nbytes && same == 0; k++) if (c->data[k]) same = -1;
+            if (same == 0) same = 1; else same = 0;
+            if (!same) {
+                s = dpar__err(DPAR_ERR_SHAPE, "checkpoint_restore: padded entry '%s' has %lld elements in '%s', more than the array's %lld, "
+                              "and the extra elements are not zero padding", e[i].name, (long long)c->shape[0], path, (long long)a->shape[0]);
+                break;
+            }
+        }
+        if (!same) {
+            char x[160], y[160];
+            s = dpar__err(DPAR_ERR_SHAPE, "checkpoint_restore: entry '%s' has shape %s in '%s' but the array has %s", e[i].name,
+                          dpar__shape_str(x, sizeof x, (int)c->ndim, c->shape), path, dpar__shape_str(y, sizeof y, a->ndim, a->shape));
+            break;
+        }
+    }
+    for (int i = 0; i < n && !s; i++) {
+        dpar_array *a = e[i].array;
+        const dpar__ckpt_rec *c = NULL;
+        size_t nl = strlen(e[i].name);
+        for (uint32_t r = 0; r < nrec && !c; r++) if (recs[r].name_len == nl && !memcmp(recs[r].name, e[i].name, nl)) c = &recs[r];
+        size_t es = dpar_dtype_size(a->dtype), cnt = (size_t)dpar__prod(a->shape, a->ndim), nb = cnt * es;
+        unsigned char *h = (unsigned char *)dpar__calloc(nb ? nb : 1, 1);
+        if (!h) { s = dpar__err(DPAR_ERR_OUT_OF_MEMORY, "checkpoint_restore: out of host memory (%zu bytes)", nb); break; }
+        memcpy(h, c->data, (size_t)c->nbytes < nb ? (size_t)c->nbytes : nb);
+        dpar__to_le(h, cnt, es); /* the same swap both ways */
+        s = dpar_array_put(a, h);
+        DPAR_FREE(h);
+    }
+    if (!s && step) *step = dpar__rd64(buf + 24);
+    DPAR_FREE(recs);
+    DPAR_FREE(buf);
+    return s;
+}
+
 /* ---------------------------------------------------------------------------
    CPU backend: N emulated devices in host memory (the reference backend)
    ------------------------------------------------------------------------ */
@@ -3167,7 +4431,11 @@ static dpar_status dpar__cpu_init(const dpar_runtime_desc *desc, int requested, 
     DPAR__UNUSED(desc);
     dpar__cpu *c = (dpar__cpu *)dpar__calloc(1, sizeof *c);
     if (!c) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "cpu backend: out of host memory");
-    c->ndev = requested ? requested : 1;
+    if (!requested) { /* default: 1 device per core, at most 8 (see dpar_runtime_desc.num_devices) */
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        requested = cores < 1 ? 1 : cores > 8 ? 8 : (int)cores;
+    }
+    c->ndev = requested;
     *state = c;
     *count = c->ndev;
     return DPAR_OK;
