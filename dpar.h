@@ -3073,7 +3073,7 @@ DPAR_API dpar_status dpar_mse(dpar_buffer *loss, dpar_buffer *dpred, const dpar_
     const dpar_buffer *ops[3] = { pred, target, dpred ? dpred : pred };
     dpar_status s = dpar__op_check("mse", loss, ops, 3);
     if (s || (s = dpar__scalar_out("mse", loss)) || (s = dpar__need_f32("mse", pred, "pred")) || (s = dpar__need_f32("mse", target, "target")) ||
-        (s = dpar__same_shape("mse", pred, "predictions", target, "targets")))
+        (s = dpar__same_shape("mse", pred, "pred", target, "target")))
         return s;
     if (dpred && ((s = dpar__need_f32("mse", dpred, "dpred")) || (s = dpar__same_shape("mse", dpred, "dpred", pred, "pred")))) return s;
     dpar__op op;

@@ -1,0 +1,115 @@
+#!/bin/sh
+# Runs each demo of examples/ and checks the values it prints.
+# Usage: BUILD=build sh tests/test_examples.sh   (after `make examples`)
+# Prints one line per check: "PASS name" or "FAIL name: why"; exits 1 on any failure.
+BUILD=${BUILD:-build}
+failed=0
+pass() { echo "PASS $1"; }
+fail() { echo "FAIL $1: $2"; failed=1; }
+
+# run NAME ARGS...: runs $BUILD/NAME, output in $out, exit status in $rc
+run() {
+    bin="$BUILD/$1"; shift
+    if [ ! -x "$bin" ]; then out=""; rc=127; return; fi
+    out=$(${DPAR_TEST_WRAPPER:-} "$bin" "$@" 2>&1); rc=$?
+}
+# ran NAME: one check that the last run exited 0 (prints its output otherwise)
+ran() {
+    if [ "$rc" -eq 0 ]; then pass "$1 runs"; return 0; fi
+    if [ "$rc" -eq 127 ] && [ ! -x "$bin" ]; then fail "$1 runs" "$bin is not built (make examples)"; return 1; fi
+    if [ "$rc" -gt 128 ]; then why="killed by signal $((rc - 128))"; else why="exit status $rc"; fi
+    fail "$1 runs" "$why"; [ -n "$out" ] && printf '%s\n' "$out" | sed 's/^/    /'; return 1
+}
+# has NAME LINE: the last run printed exactly LINE
+has() {
+    if printf '%s\n' "$out" | grep -qxF -- "$2"; then pass "$1"; else fail "$1" "no line '$2'"; fi
+}
+# has_all NAME PATTERN WORDS...: some line matches PATTERN and contains every WORD
+has_all() {
+    name=$1; line=$(printf '%s\n' "$out" | grep -F -- "$2" | head -1); shift 2
+    if [ -z "$line" ]; then fail "$name" "no line with '$2'"; return; fi
+    for w in "$@"; do
+        case "$line" in *"$w"*) ;; *) fail "$name" "'$w' missing from: $line"; return ;; esac
+    done
+    pass "$name"
+}
+
+# ---- pmap_basics ------------------------------------------------------------
+run pmap_basics
+if ran pmap_basics; then
+    has "pmap_basics doubles each device's slice" \
+        "pmap(2*x) [4, 3] = [[0, 2, 4], [6, 8, 10], [12, 14, 16], [18, 20, 22]]"
+    has_all "pmap_basics error for 8 rows on 4 devices names 8 and 4" "error DPAR_ERR_SHAPE: pmap:" \
+        "input 0" "leading dimension 8" "axis 'data' has 4 devices"
+    has "pmap_basics shard_map device 0 gets 2 rows" "device 0: 2 rows, x = [[0, 1, 2], [3, 4, 5]] -> 2*x = [[0, 2, 4], [6, 8, 10]]"
+    has "pmap_basics shard_map device 1 gets 2 rows" "device 1: 2 rows, x = [[6, 7, 8], [9, 10, 11]] -> 2*x = [[12, 14, 16], [18, 20, 22]]"
+    has "pmap_basics shard_map device 2 gets 2 rows" "device 2: 2 rows, x = [[12, 13, 14], [15, 16, 17]] -> 2*x = [[24, 26, 28], [30, 32, 34]]"
+    has "pmap_basics shard_map device 3 gets 2 rows" "device 3: 2 rows, x = [[18, 19, 20], [21, 22, 23]] -> 2*x = [[36, 38, 40], [42, 44, 46]]"
+    has "pmap_basics shard_map gathers [8, 3]" \
+        "gathered shard_map(2*x) [8, 3] = [[0, 2, 4], [6, 8, 10], [12, 14, 16], [18, 20, 22], [24, 26, 28], [30, 32, 34], [36, 38, 40], [42, 44, 46]]"
+fi
+
+# ---- dp_regression: exact values, worked out by hand in examples/dp_regression.c
+run dp_regression
+if ran dp_regression; then
+    has "dp_regression loss before is 63^2" "loss before the update: 3969.00"
+    has "dp_regression gradient shape (64, 32)" "gradient shape: (64, 32), grad[0][0] = 3.9375"
+    has "dp_regression w after SGD is 1 - 0.01 * 3.9375" "w[0][0] after one SGD step (lr 0.01): 0.960625"
+    has "dp_regression loss after is 60.48^2" "loss after the update: 3657.83"
+    has "dp_regression replicas identical" "replicas identical after the step: yes"
+    has_all "dp_regression (128,) targets vs (128, 32) is a shape error" "error DPAR_ERR_SHAPE: mse:" "[128, 32]" "[128]"
+fi
+for n in 1 8; do  # same data on every device: the same step for any device count
+    run dp_regression --devices $n
+    ran "dp_regression --devices $n" || continue
+    has "dp_regression --devices $n loss after is 60.48^2" "loss after the update: 3657.83"
+    has "dp_regression --devices $n replicas identical" "replicas identical after the step: yes"
+done
+
+# ---- predict_update: ln(10) at zero weights, then the loss goes down every step
+run predict_update
+if ran predict_update; then
+    first=$out
+    has "predict_update loss at zero params is ln(10)" "loss before: 2.302585"
+    why=$(printf '%s\n' "$out" | awk '
+        function bad(why) { print why; failed = 1; exit }
+        /^loss before: / { prev = $3 + 0; have = 1 }
+        /^step [0-9]+: loss / { n++; v = $4 + 0
+            if (n == 1 && v != prev) bad("step 1 loss " v " differs from the loss before " prev)
+            if (n > 1 && !(v < prev)) bad("step " n " loss " v " is not below " prev)
+            prev = v }
+        /^loss after [0-9]+ steps: / { after = $5 + 0; done = 1
+            if (!(after < prev)) bad("final loss " after " is not below " prev) }
+        END { if (failed) exit
+              if (!have) print "no loss before"; else if (n < 2) print "fewer than 2 steps"; else if (!done) print "no loss after" }')
+    if [ -z "$why" ]; then pass "predict_update loss goes down every step"; else fail "predict_update loss goes down every step" "$why"; fi
+    run predict_update
+    if [ "$rc" -eq 0 ] && [ "$out" = "$first" ]; then pass "predict_update is deterministic"
+    else fail "predict_update is deterministic" "a second run printed something else"; fi
+fi
+
+# ---- collectives_tour: every row of the three tables, against the closed form
+run collectives_tour
+if ran collectives_tour; then
+    for axes in data model data,model; do
+        why=$(printf '%s\n' "$out" | awk -v want="$axes" '
+            function bad(why) { print why; failed = 1; exit }
+            /^== over / { sec = $3; gsub(/\047/, "", sec); next }
+            sec == want && /^ *[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ \|/ {
+                d = $1; i = $2; m = $3; x = $4; rows++
+                if (d != 4 * i + m || x != 10 * i + m) bad("row " d ": bad coordinates or x: " $0)
+                if (want == "data")  { s = 10 + 2 * m; a = 5 + m;    mx = 10 + m; g = "[" m ", " 10 + m "]" }
+                if (want == "model") { s = 40 * i + 6; a = 10 * i + 1.5; mx = 10 * i + 3
+                                       g = "[" 10 * i ", " 10 * i + 1 ", " 10 * i + 2 ", " 10 * i + 3 "]" }
+                if (want == "data,model") { s = 52; a = 6.5; mx = 13; g = "[0, 1, 2, 3, 10, 11, 12, 13]" }
+                if ($6 != s || $7 != a || $8 != mx) bad("device " d ": psum/pmean/pmax " $6 "/" $7 "/" $8 ", want " s "/" a "/" mx)
+                got = $0; sub(/^[^[]*/, "", got)
+                if (got != g) bad("device " d ": all_gather " got ", want " g)
+            }
+            END { if (!failed && rows != 8) print "found " rows + 0 " rows over " want ", want 8" }')
+        name="collectives_tour psum/pmean/pmax/all_gather over $axes"
+        if [ -z "$why" ]; then pass "$name"; else fail "$name" "$why"; fi
+    done
+fi
+
+exit $failed
