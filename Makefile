@@ -31,6 +31,7 @@ TEST_LIBS := -lcmocka
 
 include mk/vulkan.mk
 include mk/cuda.mk
+include mk/mpi.mk
 
 TEST_SRCS    := $(wildcard tests/test_*.c)
 EXAMPLE_SRCS := $(wildcard examples/*.c)
@@ -71,7 +72,7 @@ run: deps-run
 
 # The suite: every test binary, one closing line "N passed, N failed, N skipped".
 test: deps-test
-	$(MAKE) $(TESTS) $(EXAMPLES) check-cxx
+	$(MAKE) $(TESTS) $(EXAMPLES) $(if $(HAVE_MPICC),$(MPI_BINS)) check-cxx
 	sh tests/run.sh $(BUILD)
 
 # The header must also compile as C++ (and with clang when present).

@@ -10,7 +10,12 @@
                       [--batch N] [--lr X] [--momentum X] [--seed N] [--hidden N]
                       [--data PATH]
    Ends with exactly one line "final: backend=... devices=... epochs=...
-   test_accuracy=... train_loss=...". Exit status 0 on success. */
+   test_accuracy=... train_loss=...". Exit status 0 on success.
+
+   Multi-process: built with -DDPAR_MPI (make build/train_digits_mpi) and run
+   as `mpirun -np P build/train_digits_mpi --devices D`, each of the P
+   processes opens D/P devices, loads only its own rows of every batch
+   (dpar_array_local_rows + dpar_array_put_rows), and process 0 prints. */
 #include "dpar.h"
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +23,9 @@
 #include <math.h>
 #include <time.h>
 #include <zlib.h>
+#ifdef DPAR_MPI
+#include <mpi.h>
+#endif
 
 #define NPIX 64
 #define NCLASS 10
@@ -165,6 +173,15 @@ int main(int argc, char **argv) {
     }
     if (devices < 1 || epochs < 1 || batch < 1 || hidden < 1) { fprintf(stderr, "train_digits: --devices, --epochs, --batch and --hidden must be >= 1\n"); return 2; }
     if (batch % devices) { fprintf(stderr, "train_digits: --batch %d is not divisible by --devices %d\n", batch, devices); return 2; }
+    int nproc = 1, proc = 0;
+#ifdef DPAR_MPI
+    int provided;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+    MPI_Comm_size(MPI_COMM_WORLD, &nproc);
+    MPI_Comm_rank(MPI_COMM_WORLD, &proc);
+    MPI_Comm world = MPI_COMM_WORLD;
+    if (devices % nproc) { fprintf(stderr, "train_digits: --devices %d is not divisible by the %d processes\n", devices, nproc); MPI_Finalize(); return 2; }
+#endif
 
     /* data: fixed-seed 80/20 split */
     dataset all;
@@ -179,7 +196,10 @@ int main(int argc, char **argv) {
     /* runtime and mesh */
     dpar_runtime_desc rd;
     memset(&rd, 0, sizeof rd);
-    rd.num_devices = devices;
+    rd.num_devices = devices / nproc; /* this process's devices */
+#ifdef DPAR_MPI
+    rd.mpi_comm = &world;
+#endif
     if (!strcmp(backend, "cpu")) rd.backend = DPAR_BACKEND_CPU;
     else if (!strcmp(backend, "vulkan")) rd.backend = DPAR_BACKEND_VULKAN;
     else if (!strcmp(backend, "cuda")) rd.backend = DPAR_BACKEND_CUDA;
@@ -193,9 +213,11 @@ int main(int argc, char **argv) {
     if (dpar_mesh_create(rt, &md, &mesh)) return fail("mesh");
     dpar_device_info info;
     dpar_device_info_get(rt, 0, &info);
-    printf("backend %s, %d device(s): %s\n", backend, devices, info.name);
-    printf("data: %d train, %d test images; MLP 64-%d-10, batch %d (%d per device), lr %g, momentum %g\n",
-           ntrain, ntest, hidden, batch, batch / devices, (double)lr, (double)momentum);
+    if (proc == 0) {
+        printf("backend %s, %d device(s) in %d process(es): %s\n", backend, devices, nproc, info.name);
+        printf("data: %d train, %d test images; MLP 64-%d-10, batch %d (%d per device), lr %g, momentum %g\n",
+               ntrain, ntest, hidden, batch, batch / devices, (double)lr, (double)momentum);
+    }
 
     /* model: replicated parameters, momentum and gradients; batch-split activations */
     model m;
@@ -227,11 +249,14 @@ int main(int argc, char **argv) {
     /* test set, padded to a multiple of the device count */
     int tpad = (ntest + devices - 1) / devices * devices;
     float *xt = calloc((size_t)tpad * NPIX, sizeof(float)), *lt = malloc((size_t)tpad * NCLASS * sizeof(float));
-    for (int i = 0; i < ntest; i++) memcpy(xt + (size_t)i * NPIX, all.x + (size_t)test_idx[i] * NPIX, NPIX * sizeof(float));
     dpar_array *tx, *th, *tl;
+    int64_t r0, rn; /* the rows of every split array that live on this process */
     if (make_array(mesh, DPAR_F32, 2, tpad, NPIX, "data", &tx) || make_array(mesh, DPAR_F32, 2, tpad, hidden, "data", &th) ||
-        make_array(mesh, DPAR_F32, 2, tpad, NCLASS, "data", &tl) || dpar_array_put(tx, xt))
+        make_array(mesh, DPAR_F32, 2, tpad, NCLASS, "data", &tl) || dpar_array_local_rows(tx, &r0, &rn))
         return fail("test set");
+    for (int64_t i = r0; i < r0 + rn && i < ntest; i++)
+        memcpy(xt + (size_t)(i - r0) * NPIX, all.x + (size_t)test_idx[i] * NPIX, NPIX * sizeof(float));
+    if (dpar_array_put_rows(tx, r0, rn, xt)) return fail("test set");
 
     float *xb = malloc((size_t)batch * NPIX * sizeof(float)), *losses = malloc((size_t)devices * sizeof(float));
     int32_t *yb = malloc((size_t)batch * sizeof(int32_t));
@@ -242,13 +267,15 @@ int main(int argc, char **argv) {
     for (int e = 1; e <= epochs; e++) {
         shuffle(train_idx, ntrain);
         double t0 = now_s(), sum = 0.0;
+        int64_t b0, bn; /* this process's rows of the global batch */
+        if (dpar_array_local_rows(m.x, &b0, &bn)) return fail("batch rows");
         for (int s = 0; s < steps; s++) {
-            for (int b = 0; b < batch; b++) {
+            for (int64_t b = b0; b < b0 + bn; b++) {
                 int k = train_idx[s * batch + b];
-                memcpy(xb + (size_t)b * NPIX, all.x + (size_t)k * NPIX, NPIX * sizeof(float));
-                yb[b] = all.y[k];
+                memcpy(xb + (size_t)(b - b0) * NPIX, all.x + (size_t)k * NPIX, NPIX * sizeof(float));
+                yb[b - b0] = all.y[k];
             }
-            if (dpar_array_put(m.x, xb) || dpar_array_put(m.y, yb)) return fail("batch upload");
+            if (dpar_array_put_rows(m.x, b0, bn, xb) || dpar_array_put_rows(m.y, b0, bn, yb)) return fail("batch upload");
             if (dpar_shard_map(mesh, &train)) return fail("train step");
             if (dpar_array_get(m.loss, losses)) return fail("loss");
             sum += losses[0];
@@ -263,11 +290,15 @@ int main(int argc, char **argv) {
             correct += best == all.y[test_idx[i]];
         }
         acc = (double)correct / ntest;
-        printf("epoch %3d  loss %.8f  test_accuracy %.4f  samples/s %.0f\n", e, epoch_loss, acc, steps * batch / dt);
+        if (proc == 0) printf("epoch %3d  loss %.8f  test_accuracy %.4f  samples/s %.0f\n", e, epoch_loss, acc, steps * batch / dt);
         fflush(stdout);
     }
-    printf("final: backend=%s devices=%d epochs=%d test_accuracy=%.4f train_loss=%.8f\n", backend, devices, epochs, acc, epoch_loss);
+    if (proc == 0)
+        printf("final: backend=%s devices=%d epochs=%d test_accuracy=%.4f train_loss=%.8f\n", backend, devices, epochs, acc, epoch_loss);
     dpar_runtime_destroy(rt); /* frees the arrays and the mesh too */
     free(xb); free(yb); free(losses); free(xt); free(lt); free(idx); free(all.x); free(all.y);
+#ifdef DPAR_MPI
+    MPI_Finalize();
+#endif
     return 0;
 }

@@ -1,0 +1,43 @@
+#!/bin/sh
+# Multi-process tests under mpirun on this machine (loopback): every
+# collective over axes inside and across processes with exact data, the
+# mismatch / uneven-step / timeout cases, 100 init/destroy cycles (np 2 and
+# 4, 2 CPU devices per process), and the digits run under mpirun -np 2 with 2
+# devices per process against the single-process 4-device run (1e-5 relative).
+# MPI is required: a missing mpirun or MPI build is a FAIL, never a skip.
+BUILD=${BUILD:-build}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+if ! command -v mpirun >/dev/null 2>&1; then echo "FAIL mpi: mpirun not found (apt-get install openmpi-bin libopenmpi-dev)"; exit 1; fi
+if [ ! -x "$BUILD/mpi_collectives" ] || [ ! -x "$BUILD/train_digits_mpi" ]; then
+    echo "FAIL mpi: $BUILD/mpi_collectives or $BUILD/train_digits_mpi not built (needs mpicc: make mpi)"; exit 1
+fi
+case "$BUILD" in *thread*)
+    echo "SKIPPED mpi under TSan: Open MPI's own threads are not instrumented (the MPI tests run in the plain and ASan runs)"; exit 0;;
+esac
+OVER=""
+mpirun --version 2>&1 | grep -q "Open MPI" && OVER="--oversubscribe"
+# The sanitizer builds run the MPI programs too, but Open MPI's own leaks are not ours.
+export ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0"
+for np in 2 4; do
+    out=$(mktemp)
+    timeout 600 mpirun $OVER -np $np ${DPAR_TEST_WRAPPER:-} "$BUILD/mpi_collectives" >"$out" 2>&1
+    rc=$?
+    cat "$out"
+    grep -q "^mpi_collectives np=$np: 0 failed checks" "$out" || { [ "$rc" -ne 0 ] && ! grep -q '^FAIL' "$out" && echo "FAIL mpi_collectives np=$np: exit status $rc"; }
+    rm -f "$out"
+done
+one=$(mktemp); two=$(mktemp)
+"$BUILD/train_digits" --devices 4 --epochs 10 >"$one" 2>&1
+timeout 600 mpirun $OVER -np 2 "$BUILD/train_digits_mpi" --devices 4 --epochs 10 >"$two" 2>&1
+rc=$?
+tail -n 1 "$two"
+if [ "$rc" -ne 0 ] || ! grep -q '^final:' "$two"; then
+    echo "FAIL train_digits under mpirun -np 2: exit status $rc"; cat "$two"
+else
+    worst=$(paste "$one" "$two" | awk '/^epoch/ { for (i = 1; i <= NF; i++) if ($i == "loss") { if (!a) a = $(i+1); else b = $(i+1) }
+        r = (a - b) / a; if (r < 0) r = -r; if (r > w) w = r; n++; a = ""; b = "" } END { if (!n) print "none"; else printf "%.3g\n", w }')
+    echo "max relative loss difference, mpirun -np 2 x 2 devices vs 1 process x 4 devices: $worst"
+    awk -v w="$worst" 'BEGIN { exit !(w != "none" && w + 0 <= 1e-5) }' && echo "PASS train_digits mpirun -np 2 x 2 devices matches 4 devices in one process (1e-5)" \
+        || echo "FAIL train_digits mpirun -np 2 differs from one process by $worst"
+fi
+rm -f "$one" "$two"
