@@ -19,3 +19,10 @@ $(BUILD)/train_digits_mpi: examples/train_digits.c $(BUILD)/dpar_mpi.o
 
 .PHONY: mpi
 mpi: $(MPI_BINS)
+
+# benchmarks that need MPI: bench/mpi/*.c -> $(BUILD)/mpibench_*
+MPI_BENCH_SRCS := $(wildcard bench/mpi/*.c)
+MPI_BENCHES := $(patsubst bench/mpi/%.c,$(BUILD)/mpibench_%,$(MPI_BENCH_SRCS))
+$(BUILD)/mpibench_%: bench/mpi/%.c $(BUILD)/dpar_mpi.o
+	$(MPICC) $(CSTD) $(CPPFLAGS) $(IMPL_DEFS) -DDPAR_MPI $(CFLAGS) $(WARN) $< $(BUILD)/dpar_mpi.o -o $@ $(LDFLAGS) $(IMPL_LIBS) $(LDLIBS)
+mpi: $(MPI_BENCHES)
