@@ -41,7 +41,7 @@ EXAMPLES := $(patsubst examples/%.c,$(BUILD)/%,$(EXAMPLE_SRCS))
 BENCHES  := $(patsubst bench/%.c,$(BUILD)/%,$(BENCH_SRCS))
 
 .PHONY: all run test examples bench clean check-cxx deps-run deps-test
-all: $(EXAMPLES) $(TESTS) $(BENCHES)
+all: $(EXAMPLES) $(TESTS) $(BENCHES) $(if $(HAVE_MPICC),$(MPI_BINS) $(MPI_BENCHES))
 examples: $(EXAMPLES)
 
 $(BUILD)/dpar.o: $(IMPL_DEPS) | $(BUILD)

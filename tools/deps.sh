@@ -21,6 +21,8 @@ if [ "$mode" = test ]; then
     need mesa-vulkan-drivers sh -c 'ls /usr/share/vulkan/icd.d/lvp_icd*.json'
     need glslang-tools command -v glslangValidator
     need vulkan-validationlayers sh -c 'ls /usr/share/vulkan/explicit_layer.d/VkLayer_khronos_validation.json'
+    need libopenmpi-dev command -v mpicc
+    need openmpi-bin command -v mpirun
 fi
 [ -z "$missing" ] && exit 0
 echo "deps: installing:$missing"
