@@ -35,7 +35,8 @@ include mk/mpi.mk
 
 TEST_SRCS    := $(wildcard tests/test_*.c)
 EXAMPLE_SRCS := $(wildcard examples/*.c)
-BENCH_SRCS   := $(wildcard bench/*.c)
+# bench_mpi_allreduce.c is the MPI peer: bench/run.sh builds it with mpicc
+BENCH_SRCS   := $(filter-out bench/bench_mpi_allreduce.c,$(wildcard bench/*.c))
 TESTS    := $(patsubst tests/%.c,$(BUILD)/%,$(TEST_SRCS))
 EXAMPLES := $(patsubst examples/%.c,$(BUILD)/%,$(EXAMPLE_SRCS))
 BENCHES  := $(patsubst bench/%.c,$(BUILD)/%,$(BENCH_SRCS))
@@ -77,8 +78,8 @@ test: deps-test
 
 # The header must also compile as C++ (and with clang when present).
 check-cxx: | $(BUILD)
-	$(CXX) -x c++ -std=c++11 $(CPPFLAGS) $(WARN) -DDPAR_IMPLEMENTATION -fsyntax-only dpar.h
-	if command -v clang >/dev/null 2>&1; then clang -std=c99 -x c $(CPPFLAGS) $(WARN) -DDPAR_IMPLEMENTATION -fsyntax-only dpar.h; fi
+	$(CXX) -x c++ -std=c++11 $(CPPFLAGS) $(IMPL_DEFS) $(WARN) -DDPAR_IMPLEMENTATION -fsyntax-only dpar.h
+	if command -v clang >/dev/null 2>&1; then clang -std=c99 -x c $(CPPFLAGS) $(IMPL_DEFS) $(WARN) -DDPAR_IMPLEMENTATION -fsyntax-only dpar.h; fi
 
 bench: $(BENCHES)
 	sh bench/run.sh $(BUILD)

@@ -9,21 +9,37 @@
    Build: only the Vulkan headers are needed (Debian: libvulkan-dev). Nothing
    is linked: the loader (libvulkan.so.1) is opened with dlopen at run time,
    so a program starts on a machine without Vulkan and gets
-   DPAR_ERR_BACKEND_UNAVAILABLE with the reason from dpar_runtime_create.
-   Link with -ldl on old glibc. The SPIR-V of the shaders (shaders/NAME.comp) is embedded in
-   backends/dpar_vulkan_spirv.h (generated, committed; glslang not needed).
+   DPAR_ERR_BACKEND_UNAVAILABLE with the reason from dpar_runtime_create
+   (link with -ldl on glibc older than 2.34). The SPIR-V of the shaders
+   (shaders/NAME.comp) is embedded in backends/dpar_vulkan_spirv.h
+   (generated, committed; glslang is not needed to build).
 
-   Devices: N logical devices (dpar_runtime_desc.num_devices / DPAR_DEVICES)
-   on one physical device (desc.vulkan_physical_device, else the first with a
-   compute queue). Each logical device gets its own VkQueue when the queue
+   Devices: the usable physical devices are those with Vulkan 1.1 and a
+   compute queue, ordered GPUs first (discrete, integrated, virtual, then CPU
+   implementations such as llvmpipe). By default dpar uses every device of
+   the best kind (all discrete GPUs, say, but never llvmpipe next to a GPU);
+   desc.vulkan_physical_device (or DPAR_VK_DEVICE) picks one by index. N
+   logical devices (desc.num_devices / DPAR_DEVICES; default: one per
+   physical device used) are dealt round-robin over them, so 2-, 4- and
+   8-device meshes run on a single GPU or on llvmpipe. Each physical device
+   has one VkDevice; each logical device gets its own VkQueue when the queue
    family has enough, otherwise logical devices share queues (under a lock).
    Every logical device has its own command pool, a ring of command buffers
    with fences and descriptor pools, and records ops asynchronously; reads,
    syncs and host access wait for the work that touches the buffer.
 
+   Collectives (the backend's `collective` entry) are staged through host
+   memory. Mapped buffers are reduced in place by the group's worker threads,
+   each taking 1/n of the elements (f16/bf16 accumulate in f32). Device-local
+   buffers: an all-reduce goes in 4 MiB chunks through two persistent staging
+   slots per device, so the device -> host copy of chunk k+1 and the host ->
+   device copy of chunk k-1 overlap the host reduction of chunk k; the other
+   collectives are copied whole. Every copy is preceded by a compute/transfer
+   barrier, and every batch ends with a barrier to the host before its fence.
+
    Memory: where memory is DEVICE_LOCAL and HOST_VISIBLE (integrated and
    mobile GPUs, llvmpipe, resizable BAR with cached memory) buffers are mapped
-   persistently and the core's host collectives work in place; otherwise
+   persistently and host access works in place; otherwise
    buffers are device-local and host copies go through a persistent staging
    buffer, in chunks. Non-coherent memory is flushed after host writes and
    invalidated before host reads, ranges aligned to nonCoherentAtomSize.
@@ -34,10 +50,17 @@
        DPAR_VK_FORCE_STAGING=1 never map buffers: use the staging path even
                                where memory is host-visible (tests it anywhere)
        DPAR_VK_LOADER=path     loader library to dlopen (default libvulkan.so.1)
+       DPAR_VK_DEVICE=i        use only physical device i (when the desc leaves it 0)
 
    Limits: one buffer may be at most maxStorageBufferRange bytes for ops
    (llvmpipe: 128 MiB; copies, fills and collectives have no such limit);
-   element counts below 2^32. Matrix products are f32.
+   element counts below 2^32. Matrix products take f32, f16 or bf16 operands
+   and accumulate in f32. Every buffer is its own VkDeviceMemory allocation
+   (drivers allow at least 4096; no sub-allocator yet).
+
+   Tests: tests/test_vulkan.c (this backend), tests/test_parity.c (every op
+   and collective against the CPU backend), tests/vulkan_validation.sh (the
+   Khronos validation layer with synchronization validation).
 */
 #ifndef DPAR_VULKAN_H_INCLUDED
 #define DPAR_VULKAN_H_INCLUDED
@@ -55,7 +78,7 @@
 #define DPAR__VK_INSTANCE_FNS(X) \
     X(vkDestroyInstance) X(vkEnumeratePhysicalDevices) X(vkGetPhysicalDeviceProperties) \
     X(vkGetPhysicalDeviceProperties2) X(vkGetPhysicalDeviceQueueFamilyProperties) \
-    X(vkGetPhysicalDeviceMemoryProperties) X(vkCreateDevice) X(vkGetDeviceProcAddr) \
+    X(vkGetPhysicalDeviceMemoryProperties) X(vkCreateDevice) \
     X(vkEnumerateDeviceExtensionProperties)
 
 #define DPAR__VK_DEVICE_FNS(X) \
@@ -99,9 +122,45 @@ typedef struct dpar__vkframe {
 } dpar__vkframe;
 
 struct dpar__vk;
+struct dpar__vkphys;
+
+typedef struct dpar__vkbuf {
+    struct dpar__vkphys *ph;   /* the physical device (VkDevice) it lives on */
+    VkBuffer buf;
+    VkDeviceMemory mem;
+    VkDeviceSize size;         /* buffer size (nbytes rounded up to 4, at least 4) */
+    VkDeviceSize alloc_size;   /* allocation size, multiple of nonCoherentAtomSize */
+    size_t nbytes;
+    unsigned char *map;        /* persistent mapping (NULL: staging path) */
+    int coherent;              /* no flush/invalidate needed */
+    uint64_t last_serial;      /* last batch of its device that used it */
+} dpar__vkbuf;
+
+/* One physical device in use: its VkDevice, queues and pipelines. */
+typedef struct dpar__vkphys {
+    int index;                 /* among the usable physical devices (GPUs first) */
+    VkPhysicalDevice pd;
+    VkPhysicalDeviceProperties props;
+    VkPhysicalDeviceMemoryProperties memprops;
+    VkDeviceSize max_alloc;    /* maxMemoryAllocationSize */
+    VkDeviceSize atom;         /* nonCoherentAtomSize */
+    char driver[64];
+    int prefer_mappable;       /* map device memory in place */
+    VkDevice device;
+    uint32_t family;
+    int nqueues;
+    dpar__vkqueue *queues;
+    VkDescriptorSetLayout dsl;
+    VkPipelineLayout layout;
+    pthread_mutex_t pipe_lock;
+    int pipe_lock_init;
+    VkPipeline pipes[DPAR__SPV_COUNT];
+    dpar__vkbuf dummy;         /* bound to unused bindings */
+} dpar__vkphys;
 
 typedef struct dpar__vkdev {
     struct dpar__vk *st;
+    dpar__vkphys *ph;
     int index;
     pthread_mutex_t lock;      /* command pool, frames, staging, serials */
     dpar__vkqueue *queue;
@@ -115,18 +174,12 @@ typedef struct dpar__vkdev {
     VkDeviceSize staging_size, staging_alloc;
     unsigned char *staging_map;
     int staging_coherent;
+    dpar__vkbuf cstage;        /* collective staging: two chunk slots, grows on demand */
+    void *hbuf[2];             /* host copies for the unpipelined collective path */
+    size_t hcap[2];
+    char *coll_in, *coll_out;  /* this member's host views, published to the group */
 } dpar__vkdev;
 
-typedef struct dpar__vkbuf {
-    VkBuffer buf;
-    VkDeviceMemory mem;
-    VkDeviceSize size;         /* buffer size (nbytes rounded up to 4, at least 4) */
-    VkDeviceSize alloc_size;   /* allocation size, multiple of nonCoherentAtomSize */
-    size_t nbytes;
-    unsigned char *map;        /* persistent mapping (NULL: staging path) */
-    int coherent;              /* no flush/invalidate needed */
-    uint64_t last_serial;      /* last batch of its device that used it */
-} dpar__vkbuf;
 
 typedef struct dpar__vkpc {   /* push constants shared by every shader (32 bytes) */
     uint32_t n, m, k, flags;
@@ -144,26 +197,12 @@ typedef struct dpar__vk {
     DPAR__VK_DEVICE_FNS(DPAR__VK_DECL)
 #undef DPAR__VK_DECL
     VkInstance instance;
-    VkPhysicalDevice phys;
-    int phys_index;
-    VkPhysicalDeviceProperties props;
-    VkPhysicalDeviceMemoryProperties memprops;
-    VkDeviceSize max_alloc;    /* maxMemoryAllocationSize */
-    char driver[64];
-    VkDevice device;
-    uint32_t family;
-    int nqueues;
-    dpar__vkqueue *queues;
+    int api_version;           /* instance API version asked for */
+    int nphys;
+    dpar__vkphys *phys;        /* [nphys] physical devices in use */
     int ndev;
-    dpar__vkdev *devs;
-    int force_noncoherent, force_staging, prefer_mappable;
-    VkDeviceSize atom;         /* nonCoherentAtomSize */
-    VkDescriptorSetLayout dsl;
-    VkPipelineLayout layout;
-    pthread_mutex_t pipe_lock;
-    int pipe_lock_init;
-    VkPipeline pipes[DPAR__SPV_COUNT];
-    dpar__vkbuf dummy;         /* bound to unused bindings */
+    dpar__vkdev *devs;         /* [ndev] logical devices, round-robin over phys */
+    int force_noncoherent, force_staging;
     int lost;                  /* VK_ERROR_DEVICE_LOST seen */
 } dpar__vk;
 
@@ -210,14 +249,14 @@ static dpar_status dpar__vk_fail(dpar__vk *st, VkResult r, const char *call, con
         s = DPAR_ERR_OUT_OF_MEMORY;
         hint = "; free buffers or use smaller ones";
     } else if (r == VK_ERROR_DEVICE_LOST) {
-        if (st) st->lost = 1;
+        if (st) DPAR__ATOMIC_STORE(&st->lost, 1);
         hint = "; the GPU was reset or the driver crashed: destroy the runtime and create a new one";
     }
     return dpar__err(s, "vulkan: %s failed: %s (%s)%s", call, dpar__vk_result_name(r), detail, hint);
 }
 
 static dpar_status dpar__vk_check_lost(dpar__vk *st) {
-    if (st->lost)
+    if (DPAR__ATOMIC_LOAD(&st->lost))
         return dpar__err(DPAR_ERR_BACKEND, "vulkan: the device was lost earlier (VK_ERROR_DEVICE_LOST); "
                          "destroy the runtime and create a new one");
     return DPAR_OK;
@@ -234,19 +273,19 @@ static int dpar__vk_env_flag(const char *name) {
 static VkDeviceSize dpar__vk_round_up(VkDeviceSize x, VkDeviceSize a) { return (x + a - 1) / a * a; }
 
 /* First memory type allowed by `bits` that has all of `want`; -1 if none. */
-static int dpar__vk_find_type(const dpar__vk *st, uint32_t bits, VkMemoryPropertyFlags want) {
-    for (uint32_t i = 0; i < st->memprops.memoryTypeCount; i++)
-        if ((bits & (1u << i)) && (st->memprops.memoryTypes[i].propertyFlags & want) == want) return (int)i;
+static int dpar__vk_find_type(const dpar__vkphys *ph, uint32_t bits, VkMemoryPropertyFlags want) {
+    for (uint32_t i = 0; i < ph->memprops.memoryTypeCount; i++)
+        if ((bits & (1u << i)) && (ph->memprops.memoryTypes[i].propertyFlags & want) == want) return (int)i;
     return -1;
 }
 
 /* Flush (after host writes) or invalidate (before host reads) [off, off+n) of
    a mapped allocation, widened to nonCoherentAtomSize. */
-static dpar_status dpar__vk_map_range(dpar__vk *st, VkDeviceMemory mem, VkDeviceSize alloc_size,
-                                      size_t off, size_t n, int invalidate) {
+static dpar_status dpar__vk_map_range(dpar__vk *st, const dpar__vkphys *ph, VkDeviceMemory mem,
+                                      VkDeviceSize alloc_size, size_t off, size_t n, int invalidate) {
     if (n == 0) return DPAR_OK;
-    VkDeviceSize start = (VkDeviceSize)off / st->atom * st->atom;
-    VkDeviceSize end = dpar__vk_round_up((VkDeviceSize)off + n, st->atom);
+    VkDeviceSize start = (VkDeviceSize)off / ph->atom * ph->atom;
+    VkDeviceSize end = dpar__vk_round_up((VkDeviceSize)off + n, ph->atom);
     if (end > alloc_size) end = alloc_size;
     VkMappedMemoryRange r;
     memset(&r, 0, sizeof r);
@@ -254,8 +293,8 @@ static dpar_status dpar__vk_map_range(dpar__vk *st, VkDeviceMemory mem, VkDevice
     r.memory = mem;
     r.offset = start;
     r.size = end - start;
-    VkResult vr = invalidate ? st->vkInvalidateMappedMemoryRanges(st->device, 1, &r)
-                             : st->vkFlushMappedMemoryRanges(st->device, 1, &r);
+    VkResult vr = invalidate ? st->vkInvalidateMappedMemoryRanges(ph->device, 1, &r)
+                             : st->vkFlushMappedMemoryRanges(ph->device, 1, &r);
     if (vr != VK_SUCCESS)
         return dpar__vk_fail(st, vr, invalidate ? "vkInvalidateMappedMemoryRanges" : "vkFlushMappedMemoryRanges",
                              "offset %llu, %llu bytes", (unsigned long long)start,
@@ -264,9 +303,11 @@ static dpar_status dpar__vk_map_range(dpar__vk *st, VkDeviceMemory mem, VkDevice
 }
 
 static void dpar__vk_destroy_vkbuf(dpar__vk *st, dpar__vkbuf *b) {
-    if (b->map) st->vkUnmapMemory(st->device, b->mem);
-    if (b->buf != VK_NULL_HANDLE) st->vkDestroyBuffer(st->device, b->buf, NULL);
-    if (b->mem != VK_NULL_HANDLE) st->vkFreeMemory(st->device, b->mem, NULL);
+    if (!b->ph) return;
+    VkDevice dv = b->ph->device;
+    if (b->map) st->vkUnmapMemory(dv, b->mem);
+    if (b->buf != VK_NULL_HANDLE) st->vkDestroyBuffer(dv, b->buf, NULL);
+    if (b->mem != VK_NULL_HANDLE) st->vkFreeMemory(dv, b->mem, NULL);
     b->map = NULL;
     b->buf = VK_NULL_HANDLE;
     b->mem = VK_NULL_HANDLE;
@@ -274,8 +315,10 @@ static void dpar__vk_destroy_vkbuf(dpar__vk *st, dpar__vkbuf *b) {
 
 /* Creates a buffer + its own allocation. staging: host-visible memory for
    copies; else storage memory, mapped when the policy allows. */
-static dpar_status dpar__vk_create_vkbuf(dpar__vk *st, int dev, size_t nbytes, int staging, dpar__vkbuf *b) {
+static dpar_status dpar__vk_create_vkbuf(dpar__vk *st, dpar__vkphys *ph, int dev, size_t nbytes, int staging,
+                                         dpar__vkbuf *b) {
     memset(b, 0, sizeof *b);
+    b->ph = ph;
     b->nbytes = nbytes;
     b->size = dpar__vk_round_up(nbytes < 4 ? 4 : (VkDeviceSize)nbytes, 4);
     VkBufferCreateInfo bi;
@@ -285,59 +328,59 @@ static dpar_status dpar__vk_create_vkbuf(dpar__vk *st, int dev, size_t nbytes, i
     bi.usage = VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT |
                (staging ? 0 : VK_BUFFER_USAGE_STORAGE_BUFFER_BIT);
     bi.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
-    VkResult vr = st->vkCreateBuffer(st->device, &bi, NULL, &b->buf);
+    VkResult vr = st->vkCreateBuffer(ph->device, &bi, NULL, &b->buf);
     if (vr != VK_SUCCESS)
         return dpar__vk_fail(st, vr, "vkCreateBuffer", "device %d, %llu bytes", dev, (unsigned long long)b->size);
     VkMemoryRequirements req;
-    st->vkGetBufferMemoryRequirements(st->device, b->buf, &req);
+    st->vkGetBufferMemoryRequirements(ph->device, b->buf, &req);
     int type = -1;
     const VkMemoryPropertyFlags DL = VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, HV = VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT,
                                 HC = VK_MEMORY_PROPERTY_HOST_CACHED_BIT;
     if (staging) {
-        type = dpar__vk_find_type(st, req.memoryTypeBits, HV | HC);
-        if (type < 0) type = dpar__vk_find_type(st, req.memoryTypeBits, HV);
+        type = dpar__vk_find_type(ph, req.memoryTypeBits, HV | HC);
+        if (type < 0) type = dpar__vk_find_type(ph, req.memoryTypeBits, HV);
     } else {
-        if (st->prefer_mappable) type = dpar__vk_find_type(st, req.memoryTypeBits, DL | HV);
-        if (type < 0) type = dpar__vk_find_type(st, req.memoryTypeBits, DL);
-        if (type < 0) type = dpar__vk_find_type(st, req.memoryTypeBits, 0);
+        if (ph->prefer_mappable) type = dpar__vk_find_type(ph, req.memoryTypeBits, DL | HV);
+        if (type < 0) type = dpar__vk_find_type(ph, req.memoryTypeBits, DL);
+        if (type < 0) type = dpar__vk_find_type(ph, req.memoryTypeBits, 0);
     }
     if (type < 0) {
         dpar__vk_destroy_vkbuf(st, b);
         return dpar__err(DPAR_ERR_BACKEND, "vulkan: no suitable memory type for a %s buffer (memoryTypeBits 0x%x)",
                          staging ? "staging" : "storage", req.memoryTypeBits);
     }
-    VkMemoryPropertyFlags flags = st->memprops.memoryTypes[type].propertyFlags;
-    uint32_t heap = st->memprops.memoryTypes[type].heapIndex;
-    b->alloc_size = dpar__vk_round_up(req.size, st->atom);
-    if (b->alloc_size > st->memprops.memoryHeaps[heap].size || b->alloc_size > st->max_alloc) {
-        VkDeviceSize hs = st->memprops.memoryHeaps[heap].size;
+    VkMemoryPropertyFlags flags = ph->memprops.memoryTypes[type].propertyFlags;
+    uint32_t heap = ph->memprops.memoryTypes[type].heapIndex;
+    b->alloc_size = dpar__vk_round_up(req.size, ph->atom);
+    if (b->alloc_size > ph->memprops.memoryHeaps[heap].size || b->alloc_size > ph->max_alloc) {
+        VkDeviceSize hs = ph->memprops.memoryHeaps[heap].size;
         dpar__vk_destroy_vkbuf(st, b);
         return dpar__err(DPAR_ERR_OUT_OF_MEMORY,
                          "vulkan: vkAllocateMemory: %llu bytes on device %d exceed the memory heap (%llu bytes) "
                          "or maxMemoryAllocationSize (%llu bytes); use smaller buffers or more devices",
                          (unsigned long long)b->alloc_size, dev, (unsigned long long)hs,
-                         (unsigned long long)st->max_alloc);
+                         (unsigned long long)ph->max_alloc);
     }
     VkMemoryAllocateInfo ai;
     memset(&ai, 0, sizeof ai);
     ai.sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO;
     ai.allocationSize = b->alloc_size;
     ai.memoryTypeIndex = (uint32_t)type;
-    vr = st->vkAllocateMemory(st->device, &ai, NULL, &b->mem);
+    vr = st->vkAllocateMemory(ph->device, &ai, NULL, &b->mem);
     if (vr != VK_SUCCESS) {
         b->mem = VK_NULL_HANDLE;
         dpar__vk_destroy_vkbuf(st, b);
         return dpar__vk_fail(st, vr, "vkAllocateMemory", "device %d, %llu bytes", dev,
                              (unsigned long long)ai.allocationSize);
     }
-    vr = st->vkBindBufferMemory(st->device, b->buf, b->mem, 0);
+    vr = st->vkBindBufferMemory(ph->device, b->buf, b->mem, 0);
     if (vr != VK_SUCCESS) {
         dpar__vk_destroy_vkbuf(st, b);
         return dpar__vk_fail(st, vr, "vkBindBufferMemory", "device %d", dev);
     }
     if ((flags & HV) && (staging || !st->force_staging)) {
         void *p = NULL;
-        vr = st->vkMapMemory(st->device, b->mem, 0, VK_WHOLE_SIZE, 0, &p);
+        vr = st->vkMapMemory(ph->device, b->mem, 0, VK_WHOLE_SIZE, 0, &p);
         if (vr != VK_SUCCESS) {
             dpar__vk_destroy_vkbuf(st, b);
             return dpar__vk_fail(st, vr, "vkMapMemory", "device %d, %llu bytes", dev,
@@ -358,7 +401,7 @@ static dpar_status dpar__vk_wait_serial(dpar__vkdev *d, uint64_t s) {
     for (uint64_t x = d->completed + 1; x <= s; x++) {
         dpar__vkframe *f = &d->frames[x % DPAR__VK_FRAMES];
         if (f->serial != x || f->state != 2) continue;
-        VkResult vr = st->vkWaitForFences(st->device, 1, &f->fence, VK_TRUE, DPAR__VK_FENCE_TIMEOUT_NS);
+        VkResult vr = st->vkWaitForFences(d->ph->device, 1, &f->fence, VK_TRUE, DPAR__VK_FENCE_TIMEOUT_NS);
         if (vr != VK_SUCCESS) {
             if (vr == VK_TIMEOUT)
                 return dpar__err(DPAR_ERR_BACKEND, "vulkan: vkWaitForFences failed: VK_TIMEOUT (device %d did not "
@@ -397,9 +440,9 @@ static dpar_status dpar__vk_begin(dpar__vkdev *d, dpar__vkframe **out) {
     dpar__vkframe *f = &d->frames[i];
     if (f->state == 2 && (s = dpar__vk_wait_serial(d, f->serial)) != DPAR_OK) return s;
     VkResult vr;
-    if (f->serial != 0 && (vr = st->vkResetFences(st->device, 1, &f->fence)) != VK_SUCCESS)
+    if (f->serial != 0 && (vr = st->vkResetFences(d->ph->device, 1, &f->fence)) != VK_SUCCESS)
         return dpar__vk_fail(st, vr, "vkResetFences", "device %d", d->index);
-    if ((vr = st->vkResetDescriptorPool(st->device, f->pool, 0)) != VK_SUCCESS)
+    if ((vr = st->vkResetDescriptorPool(d->ph->device, f->pool, 0)) != VK_SUCCESS)
         return dpar__vk_fail(st, vr, "vkResetDescriptorPool", "device %d", d->index);
     VkCommandBufferBeginInfo bi;
     memset(&bi, 0, sizeof bi);
@@ -485,6 +528,7 @@ static dpar_status dpar__vk_staging(dpar__vkdev *d, VkDeviceSize need) {
     if (d->staging != VK_NULL_HANDLE) {
         dpar__vkbuf old;
         memset(&old, 0, sizeof old);
+        old.ph = d->ph;
         old.buf = d->staging;
         old.mem = d->staging_mem;
         old.map = d->staging_map;
@@ -496,7 +540,7 @@ static dpar_status dpar__vk_staging(dpar__vkdev *d, VkDeviceSize need) {
     }
     VkDeviceSize size = need < ((VkDeviceSize)1 << 20) ? ((VkDeviceSize)1 << 20) : need;
     dpar__vkbuf nb;
-    if ((s = dpar__vk_create_vkbuf(st, d->index, (size_t)size, 1, &nb)) != DPAR_OK) return s;
+    if ((s = dpar__vk_create_vkbuf(st, d->ph, d->index, (size_t)size, 1, &nb)) != DPAR_OK) return s;
     d->staging = nb.buf;
     d->staging_mem = nb.mem;
     d->staging_map = nb.map;
@@ -509,11 +553,11 @@ static dpar_status dpar__vk_staging(dpar__vkdev *d, VkDeviceSize need) {
 /* ---------------------------------------------------------------------------
    Pipelines
    ------------------------------------------------------------------------ */
-static dpar_status dpar__vk_pipeline(dpar__vk *st, int id, VkPipeline *out) {
-    pthread_mutex_lock(&st->pipe_lock);
-    if (st->pipes[id] != VK_NULL_HANDLE) {
-        *out = st->pipes[id];
-        pthread_mutex_unlock(&st->pipe_lock);
+static dpar_status dpar__vk_pipeline(dpar__vk *st, dpar__vkphys *ph, int id, VkPipeline *out) {
+    pthread_mutex_lock(&ph->pipe_lock);
+    if (ph->pipes[id] != VK_NULL_HANDLE) {
+        *out = ph->pipes[id];
+        pthread_mutex_unlock(&ph->pipe_lock);
         return DPAR_OK;
     }
     VkShaderModuleCreateInfo mi;
@@ -522,9 +566,9 @@ static dpar_status dpar__vk_pipeline(dpar__vk *st, int id, VkPipeline *out) {
     mi.codeSize = dpar__spv_table[id].size;
     mi.pCode = dpar__spv_table[id].code;
     VkShaderModule mod;
-    VkResult vr = st->vkCreateShaderModule(st->device, &mi, NULL, &mod);
+    VkResult vr = st->vkCreateShaderModule(ph->device, &mi, NULL, &mod);
     if (vr != VK_SUCCESS) {
-        pthread_mutex_unlock(&st->pipe_lock);
+        pthread_mutex_unlock(&ph->pipe_lock);
         return dpar__vk_fail(st, vr, "vkCreateShaderModule", "shader %s", dpar__spv_table[id].name);
     }
     VkComputePipelineCreateInfo ci;
@@ -534,17 +578,17 @@ static dpar_status dpar__vk_pipeline(dpar__vk *st, int id, VkPipeline *out) {
     ci.stage.stage = VK_SHADER_STAGE_COMPUTE_BIT;
     ci.stage.module = mod;
     ci.stage.pName = "main";
-    ci.layout = st->layout;
+    ci.layout = ph->layout;
     VkPipeline p;
-    vr = st->vkCreateComputePipelines(st->device, VK_NULL_HANDLE, 1, &ci, NULL, &p);
-    st->vkDestroyShaderModule(st->device, mod, NULL);
+    vr = st->vkCreateComputePipelines(ph->device, VK_NULL_HANDLE, 1, &ci, NULL, &p);
+    st->vkDestroyShaderModule(ph->device, mod, NULL);
     if (vr != VK_SUCCESS) {
-        pthread_mutex_unlock(&st->pipe_lock);
+        pthread_mutex_unlock(&ph->pipe_lock);
         return dpar__vk_fail(st, vr, "vkCreateComputePipelines", "shader %s", dpar__spv_table[id].name);
     }
-    st->pipes[id] = p;
+    ph->pipes[id] = p;
     *out = p;
-    pthread_mutex_unlock(&st->pipe_lock);
+    pthread_mutex_unlock(&ph->pipe_lock);
     return DPAR_OK;
 }
 
@@ -552,19 +596,20 @@ static dpar_status dpar__vk_pipeline(dpar__vk *st, int id, VkPipeline *out) {
    b[0..3] = dst, dst2, src0, src1 (NULL: unused). */
 static dpar_status dpar__vk_dispatch(dpar__vk *st, int dev, int id, dpar__vkbuf *const b[DPAR__VK_BINDINGS],
                                      const dpar__vkpc *pc, uint32_t gx, uint32_t gy) {
+    dpar__vkphys *ph = st->devs[dev].ph;
     if (gx == 0 || gy == 0) return DPAR_OK;
-    if (gx > st->props.limits.maxComputeWorkGroupCount[0] || gy > st->props.limits.maxComputeWorkGroupCount[1])
+    if (gx > ph->props.limits.maxComputeWorkGroupCount[0] || gy > ph->props.limits.maxComputeWorkGroupCount[1])
         return dpar__err(DPAR_ERR_BACKEND, "vulkan: %s needs %u x %u workgroups, more than the device allows "
                          "(%u x %u); split the op", dpar__spv_table[id].name, gx, gy,
-                         st->props.limits.maxComputeWorkGroupCount[0], st->props.limits.maxComputeWorkGroupCount[1]);
+                         ph->props.limits.maxComputeWorkGroupCount[0], ph->props.limits.maxComputeWorkGroupCount[1]);
     for (int i = 0; i < DPAR__VK_BINDINGS; i++)
-        if (b[i] && b[i]->size > st->props.limits.maxStorageBufferRange)
+        if (b[i] && b[i]->size > ph->props.limits.maxStorageBufferRange)
             return dpar__err(DPAR_ERR_BACKEND, "vulkan: %s: a buffer of %llu bytes exceeds maxStorageBufferRange "
                              "(%u bytes) of device %d; shard it over more devices or use smaller buffers",
                              dpar__spv_table[id].name, (unsigned long long)b[i]->size,
-                             st->props.limits.maxStorageBufferRange, dev);
+                             ph->props.limits.maxStorageBufferRange, dev);
     VkPipeline pipe = VK_NULL_HANDLE;
-    dpar_status s = dpar__vk_pipeline(st, id, &pipe);
+    dpar_status s = dpar__vk_pipeline(st, ph, id, &pipe);
     if (s) return s;
     dpar__vkdev *d = &st->devs[dev];
     pthread_mutex_lock(&d->lock);
@@ -575,9 +620,9 @@ static dpar_status dpar__vk_dispatch(dpar__vk *st, int dev, int id, dpar__vkbuf 
     ai.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO;
     ai.descriptorPool = f->pool;
     ai.descriptorSetCount = 1;
-    ai.pSetLayouts = &st->dsl;
+    ai.pSetLayouts = &ph->dsl;
     VkDescriptorSet set;
-    VkResult vr = st->vkAllocateDescriptorSets(st->device, &ai, &set);
+    VkResult vr = st->vkAllocateDescriptorSets(ph->device, &ai, &set);
     if (vr != VK_SUCCESS) {
         pthread_mutex_unlock(&d->lock);
         return dpar__vk_fail(st, vr, "vkAllocateDescriptorSets", "device %d", dev);
@@ -586,7 +631,7 @@ static dpar_status dpar__vk_dispatch(dpar__vk *st, int dev, int id, dpar__vkbuf 
     VkWriteDescriptorSet w[DPAR__VK_BINDINGS];
     memset(w, 0, sizeof w);
     for (int i = 0; i < DPAR__VK_BINDINGS; i++) {
-        const dpar__vkbuf *x = b[i] ? b[i] : &st->dummy;
+        const dpar__vkbuf *x = b[i] ? b[i] : &ph->dummy;
         info[i].buffer = x->buf;
         info[i].offset = 0;
         info[i].range = x->size;
@@ -597,11 +642,11 @@ static dpar_status dpar__vk_dispatch(dpar__vk *st, int dev, int id, dpar__vkbuf 
         w[i].descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
         w[i].pBufferInfo = &info[i];
     }
-    st->vkUpdateDescriptorSets(st->device, DPAR__VK_BINDINGS, w, 0, NULL);
+    st->vkUpdateDescriptorSets(ph->device, DPAR__VK_BINDINGS, w, 0, NULL);
     dpar__vk_cmd_barrier(st, f->cb);
     st->vkCmdBindPipeline(f->cb, VK_PIPELINE_BIND_POINT_COMPUTE, pipe);
-    st->vkCmdBindDescriptorSets(f->cb, VK_PIPELINE_BIND_POINT_COMPUTE, st->layout, 0, 1, &set, 0, NULL);
-    st->vkCmdPushConstants(f->cb, st->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof *pc, pc);
+    st->vkCmdBindDescriptorSets(f->cb, VK_PIPELINE_BIND_POINT_COMPUTE, ph->layout, 0, 1, &set, 0, NULL);
+    st->vkCmdPushConstants(f->cb, ph->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof *pc, pc);
     st->vkCmdDispatch(f->cb, gx, gy, 1);
     for (int i = 0; i < DPAR__VK_BINDINGS; i++)
         if (b[i]) b[i]->last_serial = f->serial;
@@ -641,43 +686,53 @@ static dpar_status dpar__vk_transfer(dpar__vk *st, int dev, dpar__vkbuf *dst, dp
 static void dpar__vk_shutdown(void *state) {
     dpar__vk *st = (dpar__vk *)state;
     if (!st) return;
-    if (st->device != VK_NULL_HANDLE) {
-        st->vkDeviceWaitIdle(st->device);
-        for (int i = 0; i < DPAR__SPV_COUNT; i++)
-            if (st->pipes[i] != VK_NULL_HANDLE) st->vkDestroyPipeline(st->device, st->pipes[i], NULL);
-        if (st->devs) {
-            for (int i = 0; i < st->ndev; i++) {
-                dpar__vkdev *d = &st->devs[i];
-                for (int j = 0; j < DPAR__VK_FRAMES; j++) {
-                    if (d->frames[j].fence != VK_NULL_HANDLE) st->vkDestroyFence(st->device, d->frames[j].fence, NULL);
-                    if (d->frames[j].pool != VK_NULL_HANDLE)
-                        st->vkDestroyDescriptorPool(st->device, d->frames[j].pool, NULL);
-                }
-                if (d->cmd_pool != VK_NULL_HANDLE) st->vkDestroyCommandPool(st->device, d->cmd_pool, NULL);
-                if (d->staging != VK_NULL_HANDLE) {
-                    dpar__vkbuf old;
-                    memset(&old, 0, sizeof old);
-                    old.buf = d->staging;
-                    old.mem = d->staging_mem;
-                    old.map = d->staging_map;
-                    dpar__vk_destroy_vkbuf(st, &old);
-                }
-                pthread_mutex_destroy(&d->lock);
+    for (int p = 0; st->phys && p < st->nphys; p++)
+        if (st->phys[p].device != VK_NULL_HANDLE) st->vkDeviceWaitIdle(st->phys[p].device);
+    for (int i = 0; st->devs && i < st->ndev; i++) {
+        dpar__vkdev *d = &st->devs[i];
+        if (d->ph && d->ph->device != VK_NULL_HANDLE) {
+            VkDevice dv = d->ph->device;
+            for (int j = 0; j < DPAR__VK_FRAMES; j++) {
+                if (d->frames[j].fence != VK_NULL_HANDLE) st->vkDestroyFence(dv, d->frames[j].fence, NULL);
+                if (d->frames[j].pool != VK_NULL_HANDLE) st->vkDestroyDescriptorPool(dv, d->frames[j].pool, NULL);
+            }
+            if (d->cmd_pool != VK_NULL_HANDLE) st->vkDestroyCommandPool(dv, d->cmd_pool, NULL);
+            dpar__vk_destroy_vkbuf(st, &d->cstage);
+            if (d->staging != VK_NULL_HANDLE) {
+                dpar__vkbuf old;
+                memset(&old, 0, sizeof old);
+                old.ph = d->ph;
+                old.buf = d->staging;
+                old.mem = d->staging_mem;
+                old.map = d->staging_map;
+                dpar__vk_destroy_vkbuf(st, &old);
             }
         }
-        dpar__vk_destroy_vkbuf(st, &st->dummy);
-        if (st->layout != VK_NULL_HANDLE) st->vkDestroyPipelineLayout(st->device, st->layout, NULL);
-        if (st->dsl != VK_NULL_HANDLE) st->vkDestroyDescriptorSetLayout(st->device, st->dsl, NULL);
-        st->vkDestroyDevice(st->device, NULL);
-    }
-    if (st->queues) {
-        for (int i = 0; i < st->nqueues; i++) pthread_mutex_destroy(&st->queues[i].lock);
-        DPAR_FREE(st->queues);
+        DPAR_FREE(d->hbuf[0]);
+        DPAR_FREE(d->hbuf[1]);
+        pthread_mutex_destroy(&d->lock);
     }
     DPAR_FREE(st->devs);
-    if (st->pipe_lock_init) pthread_mutex_destroy(&st->pipe_lock);
+    for (int p = 0; st->phys && p < st->nphys; p++) {
+        dpar__vkphys *ph = &st->phys[p];
+        if (ph->device != VK_NULL_HANDLE) {
+            for (int i = 0; i < DPAR__SPV_COUNT; i++)
+                if (ph->pipes[i] != VK_NULL_HANDLE) st->vkDestroyPipeline(ph->device, ph->pipes[i], NULL);
+            dpar__vk_destroy_vkbuf(st, &ph->dummy);
+            if (ph->layout != VK_NULL_HANDLE) st->vkDestroyPipelineLayout(ph->device, ph->layout, NULL);
+            if (ph->dsl != VK_NULL_HANDLE) st->vkDestroyDescriptorSetLayout(ph->device, ph->dsl, NULL);
+            st->vkDestroyDevice(ph->device, NULL);
+        }
+        if (ph->queues) {
+            for (int i = 0; i < ph->nqueues; i++) pthread_mutex_destroy(&ph->queues[i].lock);
+            DPAR_FREE(ph->queues);
+        }
+        if (ph->pipe_lock_init) pthread_mutex_destroy(&ph->pipe_lock);
+    }
+    DPAR_FREE(st->phys);
     if (st->instance != VK_NULL_HANDLE && st->vkDestroyInstance) st->vkDestroyInstance(st->instance, NULL);
-    if (st->lib) dlclose(st->lib);
+    /* The loader stays loaded (as volk does): drivers keep thread-local state and
+       exit handlers that must not be unmapped while the process runs. */
     DPAR_FREE(st);
 }
 
@@ -705,14 +760,16 @@ static int dpar__vk_compute_family(dpar__vk *st, VkPhysicalDevice pd, uint32_t *
     return best;
 }
 
+/* Command pool, command buffers, fences and descriptor pools of one logical device. */
 static dpar_status dpar__vk_init_device(dpar__vk *st, dpar__vkdev *d) {
     VkResult vr;
+    VkDevice dv = d->ph->device;
     VkCommandPoolCreateInfo pi;
     memset(&pi, 0, sizeof pi);
     pi.sType = VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO;
     pi.flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
-    pi.queueFamilyIndex = st->family;
-    if ((vr = st->vkCreateCommandPool(st->device, &pi, NULL, &d->cmd_pool)) != VK_SUCCESS)
+    pi.queueFamilyIndex = d->ph->family;
+    if ((vr = st->vkCreateCommandPool(dv, &pi, NULL, &d->cmd_pool)) != VK_SUCCESS)
         return dpar__vk_fail(st, vr, "vkCreateCommandPool", "device %d", d->index);
     VkCommandBuffer cbs[DPAR__VK_FRAMES];
     VkCommandBufferAllocateInfo ai;
@@ -721,7 +778,7 @@ static dpar_status dpar__vk_init_device(dpar__vk *st, dpar__vkdev *d) {
     ai.commandPool = d->cmd_pool;
     ai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
     ai.commandBufferCount = DPAR__VK_FRAMES;
-    if ((vr = st->vkAllocateCommandBuffers(st->device, &ai, cbs)) != VK_SUCCESS)
+    if ((vr = st->vkAllocateCommandBuffers(dv, &ai, cbs)) != VK_SUCCESS)
         return dpar__vk_fail(st, vr, "vkAllocateCommandBuffers", "device %d", d->index);
     for (int j = 0; j < DPAR__VK_FRAMES; j++) {
         dpar__vkframe *f = &d->frames[j];
@@ -729,7 +786,7 @@ static dpar_status dpar__vk_init_device(dpar__vk *st, dpar__vkdev *d) {
         VkFenceCreateInfo fi;
         memset(&fi, 0, sizeof fi);
         fi.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO;
-        if ((vr = st->vkCreateFence(st->device, &fi, NULL, &f->fence)) != VK_SUCCESS)
+        if ((vr = st->vkCreateFence(dv, &fi, NULL, &f->fence)) != VK_SUCCESS)
             return dpar__vk_fail(st, vr, "vkCreateFence", "device %d", d->index);
         VkDescriptorPoolSize ps;
         ps.type = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
@@ -740,10 +797,124 @@ static dpar_status dpar__vk_init_device(dpar__vk *st, dpar__vkdev *d) {
         dpi.maxSets = DPAR__VK_FRAME_OPS;
         dpi.poolSizeCount = 1;
         dpi.pPoolSizes = &ps;
-        if ((vr = st->vkCreateDescriptorPool(st->device, &dpi, NULL, &f->pool)) != VK_SUCCESS)
+        if ((vr = st->vkCreateDescriptorPool(dv, &dpi, NULL, &f->pool)) != VK_SUCCESS)
             return dpar__vk_fail(st, vr, "vkCreateDescriptorPool", "device %d", d->index);
     }
     return DPAR_OK;
+}
+
+/* Properties, VkDevice with `nq` queues, layouts and the dummy buffer of one
+   physical device. */
+static dpar_status dpar__vk_init_phys(dpar__vk *st, const dpar_runtime_desc *desc, dpar__vkphys *ph, int nq) {
+    VkResult vr;
+    VkPhysicalDeviceDriverProperties drv;
+    memset(&drv, 0, sizeof drv);
+    drv.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DRIVER_PROPERTIES;
+    VkPhysicalDeviceMaintenance3Properties m3;
+    memset(&m3, 0, sizeof m3);
+    m3.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_3_PROPERTIES;
+    VkPhysicalDeviceProperties2 p2;
+    memset(&p2, 0, sizeof p2);
+    p2.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2;
+    p2.pNext = &m3;
+    st->vkGetPhysicalDeviceProperties(ph->pd, &ph->props);
+    int has_drv = (uint32_t)st->api_version >= VK_API_VERSION_1_2 && ph->props.apiVersion >= VK_API_VERSION_1_2;
+    if (has_drv) m3.pNext = &drv;
+    st->vkGetPhysicalDeviceProperties2(ph->pd, &p2);
+    ph->max_alloc = m3.maxMemoryAllocationSize ? m3.maxMemoryAllocationSize : ~(VkDeviceSize)0;
+    if (has_drv && drv.driverName[0])
+        snprintf(ph->driver, sizeof ph->driver, "%.31s %.31s", drv.driverName, drv.driverInfo);
+    else
+        snprintf(ph->driver, sizeof ph->driver, "driver version 0x%x", ph->props.driverVersion);
+    st->vkGetPhysicalDeviceMemoryProperties(ph->pd, &ph->memprops);
+    ph->atom = ph->props.limits.nonCoherentAtomSize ? ph->props.limits.nonCoherentAtomSize : 1;
+    /* map device memory in place unless it is a discrete GPU without cached host-visible device memory
+       (host reads from uncached BAR memory are very slow: stage instead) */
+    int cached_dl = 0;
+    for (uint32_t i = 0; i < ph->memprops.memoryTypeCount; i++) {
+        VkMemoryPropertyFlags f = ph->memprops.memoryTypes[i].propertyFlags;
+        if ((f & VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT) && (f & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT) &&
+            (f & VK_MEMORY_PROPERTY_HOST_CACHED_BIT))
+            cached_dl = 1;
+    }
+    ph->prefer_mappable = !st->force_staging &&
+                          (ph->props.deviceType != VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU || cached_dl);
+    DPAR__UNUSED(desc);
+
+    uint32_t qcount = 0;
+    ph->family = (uint32_t)dpar__vk_compute_family(st, ph->pd, &qcount);
+    int nqueues = (int)((uint32_t)nq < qcount ? (uint32_t)nq : qcount);
+    float *prio = (float *)DPAR_MALLOC((size_t)nqueues * sizeof *prio);
+    if (!prio) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "vulkan: out of host memory");
+    for (int i = 0; i < nqueues; i++) prio[i] = 1.0f;
+    VkDeviceQueueCreateInfo qci;
+    memset(&qci, 0, sizeof qci);
+    qci.sType = VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO;
+    qci.queueFamilyIndex = ph->family;
+    qci.queueCount = (uint32_t)nqueues;
+    qci.pQueuePriorities = prio;
+    uint32_t ndext = 0;
+    st->vkEnumerateDeviceExtensionProperties(ph->pd, NULL, &ndext, NULL);
+    VkExtensionProperties *dexts = (VkExtensionProperties *)DPAR_MALLOC((ndext ? ndext : 1) * sizeof *dexts);
+    if (!dexts) { DPAR_FREE(prio); return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "vulkan: out of host memory"); }
+    st->vkEnumerateDeviceExtensionProperties(ph->pd, NULL, &ndext, dexts);
+    const char *dev_exts[1] = { "VK_KHR_portability_subset" };
+    int subset = dpar__vk_has_ext(dexts, ndext, dev_exts[0]);
+    DPAR_FREE(dexts);
+    VkDeviceCreateInfo dci;
+    memset(&dci, 0, sizeof dci);
+    dci.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO;
+    dci.queueCreateInfoCount = 1;
+    dci.pQueueCreateInfos = &qci;
+    dci.enabledExtensionCount = subset ? 1u : 0u;
+    dci.ppEnabledExtensionNames = dev_exts;
+    vr = st->vkCreateDevice(ph->pd, &dci, NULL, &ph->device);
+    DPAR_FREE(prio);
+    if (vr != VK_SUCCESS) {
+        ph->device = VK_NULL_HANDLE;
+        return dpar__vk_fail(st, vr, "vkCreateDevice", "%s, %d queue(s) of family %u", ph->props.deviceName, nqueues,
+                             ph->family);
+    }
+    ph->queues = (dpar__vkqueue *)DPAR_MALLOC((size_t)nqueues * sizeof *ph->queues);
+    if (!ph->queues) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "vulkan: out of host memory");
+    ph->nqueues = nqueues;
+    for (int i = 0; i < nqueues; i++) {
+        st->vkGetDeviceQueue(ph->device, ph->family, (uint32_t)i, &ph->queues[i].queue);
+        pthread_mutex_init(&ph->queues[i].lock, NULL);
+    }
+    pthread_mutex_init(&ph->pipe_lock, NULL);
+    ph->pipe_lock_init = 1;
+
+    /* one descriptor set layout / pipeline layout for every shader */
+    VkDescriptorSetLayoutBinding lb[DPAR__VK_BINDINGS];
+    memset(lb, 0, sizeof lb);
+    for (int i = 0; i < DPAR__VK_BINDINGS; i++) {
+        lb[i].binding = (uint32_t)i;
+        lb[i].descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
+        lb[i].descriptorCount = 1;
+        lb[i].stageFlags = VK_SHADER_STAGE_COMPUTE_BIT;
+    }
+    VkDescriptorSetLayoutCreateInfo dli;
+    memset(&dli, 0, sizeof dli);
+    dli.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO;
+    dli.bindingCount = DPAR__VK_BINDINGS;
+    dli.pBindings = lb;
+    if ((vr = st->vkCreateDescriptorSetLayout(ph->device, &dli, NULL, &ph->dsl)) != VK_SUCCESS)
+        return dpar__vk_fail(st, vr, "vkCreateDescriptorSetLayout", "%s", ph->props.deviceName);
+    VkPushConstantRange pcr;
+    pcr.stageFlags = VK_SHADER_STAGE_COMPUTE_BIT;
+    pcr.offset = 0;
+    pcr.size = sizeof(dpar__vkpc);
+    VkPipelineLayoutCreateInfo pli;
+    memset(&pli, 0, sizeof pli);
+    pli.sType = VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO;
+    pli.setLayoutCount = 1;
+    pli.pSetLayouts = &ph->dsl;
+    pli.pushConstantRangeCount = 1;
+    pli.pPushConstantRanges = &pcr;
+    if ((vr = st->vkCreatePipelineLayout(ph->device, &pli, NULL, &ph->layout)) != VK_SUCCESS)
+        return dpar__vk_fail(st, vr, "vkCreatePipelineLayout", "%s", ph->props.deviceName);
+    return dpar__vk_create_vkbuf(st, ph, 0, 16, 0, &ph->dummy);
 }
 
 static dpar_status dpar__vk_init_impl(dpar__vk *st, const dpar_runtime_desc *desc, int requested, int *count) {
@@ -790,6 +961,7 @@ static dpar_status dpar__vk_init_impl(dpar__vk *st, const dpar_runtime_desc *des
     app.pEngineName = "dpar.h";
     app.engineVersion = VK_MAKE_VERSION(DPAR_VERSION_MAJOR, DPAR_VERSION_MINOR, 0);
     app.apiVersion = iver >= VK_API_VERSION_1_2 ? VK_API_VERSION_1_2 : VK_API_VERSION_1_1;
+    st->api_version = (int)app.apiVersion;
     VkInstanceCreateInfo ici;
     memset(&ici, 0, sizeof ici);
     ici.sType = VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO;
@@ -817,7 +989,19 @@ static dpar_status dpar__vk_init_impl(dpar__vk *st, const dpar_runtime_desc *des
     DPAR__VK_INSTANCE_FNS(DPAR__VK_LOAD_I)
 #undef DPAR__VK_LOAD_I
 
-    /* physical devices with Vulkan >= 1.1 and a compute queue */
+    /* device-level entry points through the loader's trampolines: valid for
+       every VkDevice of this instance */
+#define DPAR__VK_LOAD_D(name) \
+    if (!(st->name = (PFN_##name)st->gipa(st->instance, #name))) \
+        return dpar__err(DPAR_ERR_BACKEND_UNAVAILABLE, "vulkan: the loader lacks %s", #name);
+    DPAR__VK_DEVICE_FNS(DPAR__VK_LOAD_D)
+#undef DPAR__VK_LOAD_D
+    st->force_noncoherent = (desc && desc->vulkan_force_noncoherent) || dpar__vk_env_flag("DPAR_VK_NONCOHERENT");
+    st->force_staging = dpar__vk_env_flag("DPAR_VK_FORCE_STAGING");
+
+    /* physical devices with Vulkan >= 1.1 and a compute queue, GPUs first:
+       discrete, integrated, virtual, other, then CPU implementations (llvmpipe,
+       SwiftShader); enumeration order within a kind */
     uint32_t npd = 0;
     vr = st->vkEnumeratePhysicalDevices(st->instance, &npd, NULL);
     if (vr != VK_SUCCESS && vr != VK_INCOMPLETE)
@@ -826,149 +1010,75 @@ static dpar_status dpar__vk_init_impl(dpar__vk *st, const dpar_runtime_desc *des
         return dpar__err(DPAR_ERR_BACKEND_UNAVAILABLE, "vulkan: no Vulkan physical device found (the loader found no "
                          "working driver; install one, e.g. mesa-vulkan-drivers, or use the cpu backend)");
     VkPhysicalDevice *pds = (VkPhysicalDevice *)DPAR_MALLOC(npd * sizeof *pds);
-    if (!pds) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "vulkan: out of host memory");
+    VkPhysicalDevice *usable = (VkPhysicalDevice *)DPAR_MALLOC(npd * sizeof *usable);
+    int *kinds = (int *)DPAR_MALLOC(npd * sizeof *kinds);
+    if (!pds || !usable || !kinds) {
+        DPAR_FREE(pds); DPAR_FREE(usable); DPAR_FREE(kinds);
+        return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "vulkan: out of host memory");
+    }
     vr = st->vkEnumeratePhysicalDevices(st->instance, &npd, pds);
     if (vr != VK_SUCCESS && vr != VK_INCOMPLETE) {
-        DPAR_FREE(pds);
+        DPAR_FREE(pds); DPAR_FREE(usable); DPAR_FREE(kinds);
         return dpar__vk_fail(st, vr, "vkEnumeratePhysicalDevices", "instance");
     }
-    int want = desc && desc->vulkan_physical_device > 0 ? desc->vulkan_physical_device : 0;
-    int usable = 0;
-    for (uint32_t i = 0; i < npd; i++) {
-        VkPhysicalDeviceProperties p;
-        st->vkGetPhysicalDeviceProperties(pds[i], &p);
-        if (p.apiVersion < VK_API_VERSION_1_1 || dpar__vk_compute_family(st, pds[i], NULL) < 0) continue;
-        if (usable == want) { st->phys = pds[i]; st->phys_index = usable; }
-        usable++;
-    }
+    static const VkPhysicalDeviceType order[5] = { VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU,
+                                                   VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU,
+                                                   VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU, VK_PHYSICAL_DEVICE_TYPE_OTHER,
+                                                   VK_PHYSICAL_DEVICE_TYPE_CPU };
+    int nusable = 0;
+    for (int o = 0; o < 5; o++)
+        for (uint32_t i = 0; i < npd; i++) {
+            VkPhysicalDeviceProperties p;
+            st->vkGetPhysicalDeviceProperties(pds[i], &p);
+            int kind = 3;
+            for (int q = 0; q < 5; q++)
+                if (p.deviceType == order[q]) kind = q;
+            if (kind != o || p.apiVersion < VK_API_VERSION_1_1 || dpar__vk_compute_family(st, pds[i], NULL) < 0) continue;
+            kinds[nusable] = kind;
+            usable[nusable++] = pds[i];
+        }
     DPAR_FREE(pds);
-    if (usable == 0)
+    if (nusable == 0) {
+        DPAR_FREE(usable); DPAR_FREE(kinds);
         return dpar__err(DPAR_ERR_BACKEND_UNAVAILABLE, "vulkan: none of the %u Vulkan devices supports Vulkan 1.1 "
                          "with a compute queue", npd);
-    if (st->phys == VK_NULL_HANDLE)
-        return dpar__err(DPAR_ERR_DEVICE_COUNT, "vulkan: vulkan_physical_device %d asked, but only %d usable "
-                         "Vulkan device(s) exist (0..%d)", want, usable, usable - 1);
-
-    /* properties */
-    VkPhysicalDeviceDriverProperties drv;
-    memset(&drv, 0, sizeof drv);
-    drv.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DRIVER_PROPERTIES;
-    VkPhysicalDeviceMaintenance3Properties m3;
-    memset(&m3, 0, sizeof m3);
-    m3.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_3_PROPERTIES;
-    VkPhysicalDeviceProperties2 p2;
-    memset(&p2, 0, sizeof p2);
-    p2.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2;
-    p2.pNext = &m3;
-    st->vkGetPhysicalDeviceProperties(st->phys, &st->props);
-    int has_drv = app.apiVersion >= VK_API_VERSION_1_2 && st->props.apiVersion >= VK_API_VERSION_1_2;
-    if (has_drv) m3.pNext = &drv;
-    st->vkGetPhysicalDeviceProperties2(st->phys, &p2);
-    st->max_alloc = m3.maxMemoryAllocationSize ? m3.maxMemoryAllocationSize : ~(VkDeviceSize)0;
-    if (has_drv && drv.driverName[0])
-        snprintf(st->driver, sizeof st->driver, "%.31s %.31s", drv.driverName, drv.driverInfo);
-    else
-        snprintf(st->driver, sizeof st->driver, "driver version 0x%x", st->props.driverVersion);
-    st->vkGetPhysicalDeviceMemoryProperties(st->phys, &st->memprops);
-    st->atom = st->props.limits.nonCoherentAtomSize ? st->props.limits.nonCoherentAtomSize : 1;
-    st->force_noncoherent = (desc && desc->vulkan_force_noncoherent) || dpar__vk_env_flag("DPAR_VK_NONCOHERENT");
-    st->force_staging = dpar__vk_env_flag("DPAR_VK_FORCE_STAGING");
-    /* map device memory in place unless it is a discrete GPU without cached host-visible device memory
-       (host reads from uncached BAR memory are very slow: stage instead) */
-    int cached_dl = 0;
-    for (uint32_t i = 0; i < st->memprops.memoryTypeCount; i++) {
-        VkMemoryPropertyFlags f = st->memprops.memoryTypes[i].propertyFlags;
-        if ((f & VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT) && (f & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT) &&
-            (f & VK_MEMORY_PROPERTY_HOST_CACHED_BIT))
-            cached_dl = 1;
     }
-    st->prefer_mappable = !st->force_staging &&
-                          (st->props.deviceType != VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU || cached_dl);
-
-    /* logical devices */
-    int n = requested > 0 ? requested : 1;
-    if (n > DPAR_MAX_DEVICES)
+    /* which physical devices: the one asked for, else every device of the best kind */
+    const char *env_dev = getenv("DPAR_VK_DEVICE");
+    int explicit_dev = (desc && desc->vulkan_physical_device > 0) || (env_dev && env_dev[0]);
+    int want = desc && desc->vulkan_physical_device > 0 ? desc->vulkan_physical_device
+             : env_dev && env_dev[0] ? atoi(env_dev) : 0;
+    if (explicit_dev && (want < 0 || want >= nusable)) {
+        DPAR_FREE(usable); DPAR_FREE(kinds);
+        return dpar__err(DPAR_ERR_DEVICE_COUNT, "vulkan: physical device %d asked (vulkan_physical_device or "
+                         "DPAR_VK_DEVICE), but only %d usable Vulkan device(s) exist (0..%d)", want, nusable, nusable - 1);
+    }
+    int first = explicit_dev ? want : 0, nbest = 1;
+    if (!explicit_dev)
+        while (nbest < nusable && kinds[nbest] == kinds[0]) nbest++;
+    int n = requested > 0 ? requested : nbest;
+    if (n > DPAR_MAX_DEVICES) {
+        DPAR_FREE(usable); DPAR_FREE(kinds);
         return dpar__err(DPAR_ERR_DEVICE_COUNT, "vulkan: %d devices asked, at most %d logical devices are supported",
                          n, (int)DPAR_MAX_DEVICES);
-    uint32_t qcount = 0;
-    st->family = (uint32_t)dpar__vk_compute_family(st, st->phys, &qcount);
-    st->nqueues = (int)((uint32_t)n < qcount ? (uint32_t)n : qcount);
-    float *prio = (float *)DPAR_MALLOC((size_t)st->nqueues * sizeof *prio);
-    if (!prio) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "vulkan: out of host memory");
-    for (int i = 0; i < st->nqueues; i++) prio[i] = 1.0f;
-    VkDeviceQueueCreateInfo qci;
-    memset(&qci, 0, sizeof qci);
-    qci.sType = VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO;
-    qci.queueFamilyIndex = st->family;
-    qci.queueCount = (uint32_t)st->nqueues;
-    qci.pQueuePriorities = prio;
-    uint32_t ndext = 0;
-    st->vkEnumerateDeviceExtensionProperties(st->phys, NULL, &ndext, NULL);
-    VkExtensionProperties *dexts = (VkExtensionProperties *)DPAR_MALLOC((ndext ? ndext : 1) * sizeof *dexts);
-    if (!dexts) { DPAR_FREE(prio); return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "vulkan: out of host memory"); }
-    st->vkEnumerateDeviceExtensionProperties(st->phys, NULL, &ndext, dexts);
-    const char *dev_exts[1] = { "VK_KHR_portability_subset" };
-    int subset = dpar__vk_has_ext(dexts, ndext, dev_exts[0]);
-    DPAR_FREE(dexts);
-    VkDeviceCreateInfo dci;
-    memset(&dci, 0, sizeof dci);
-    dci.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO;
-    dci.queueCreateInfoCount = 1;
-    dci.pQueueCreateInfos = &qci;
-    dci.enabledExtensionCount = subset ? 1u : 0u;
-    dci.ppEnabledExtensionNames = dev_exts;
-    vr = st->vkCreateDevice(st->phys, &dci, NULL, &st->device);
-    DPAR_FREE(prio);
-    if (vr != VK_SUCCESS) {
-        st->device = VK_NULL_HANDLE;
-        return dpar__vk_fail(st, vr, "vkCreateDevice", "%s, %d queue(s) of family %u", st->props.deviceName,
-                             st->nqueues, st->family);
     }
-#define DPAR__VK_LOAD_D(name) \
-    if (!(st->name = (PFN_##name)st->vkGetDeviceProcAddr(st->device, #name))) \
-        return dpar__err(DPAR_ERR_BACKEND_UNAVAILABLE, "vulkan: the driver lacks %s", #name);
-    DPAR__VK_DEVICE_FNS(DPAR__VK_LOAD_D)
-#undef DPAR__VK_LOAD_D
-
-    st->queues = (dpar__vkqueue *)DPAR_MALLOC((size_t)st->nqueues * sizeof *st->queues);
-    if (!st->queues) { st->nqueues = 0; return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "vulkan: out of host memory"); }
-    for (int i = 0; i < st->nqueues; i++) {
-        st->vkGetDeviceQueue(st->device, st->family, (uint32_t)i, &st->queues[i].queue);
-        pthread_mutex_init(&st->queues[i].lock, NULL);
+    int nphys = n < nbest ? n : nbest;
+    st->phys = (dpar__vkphys *)DPAR_MALLOC((size_t)nphys * sizeof *st->phys);
+    if (!st->phys) { DPAR_FREE(usable); DPAR_FREE(kinds); return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "vulkan: out of host memory"); }
+    memset(st->phys, 0, (size_t)nphys * sizeof *st->phys);
+    st->nphys = nphys;
+    for (int p = 0; p < nphys; p++) {
+        st->phys[p].index = first + p;
+        st->phys[p].pd = usable[first + p];
     }
-    pthread_mutex_init(&st->pipe_lock, NULL);
-    st->pipe_lock_init = 1;
-
-    /* one descriptor set layout / pipeline layout for every shader */
-    VkDescriptorSetLayoutBinding lb[DPAR__VK_BINDINGS];
-    memset(lb, 0, sizeof lb);
-    for (int i = 0; i < DPAR__VK_BINDINGS; i++) {
-        lb[i].binding = (uint32_t)i;
-        lb[i].descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
-        lb[i].descriptorCount = 1;
-        lb[i].stageFlags = VK_SHADER_STAGE_COMPUTE_BIT;
+    DPAR_FREE(usable);
+    DPAR_FREE(kinds);
+    /* logical device i runs on physical device i % nphys */
+    for (int p = 0; p < nphys; p++) {
+        int on_p = n / nphys + (p < n % nphys ? 1 : 0);
+        dpar_status s = dpar__vk_init_phys(st, desc, &st->phys[p], on_p);
+        if (s) return s;
     }
-    VkDescriptorSetLayoutCreateInfo dli;
-    memset(&dli, 0, sizeof dli);
-    dli.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO;
-    dli.bindingCount = DPAR__VK_BINDINGS;
-    dli.pBindings = lb;
-    if ((vr = st->vkCreateDescriptorSetLayout(st->device, &dli, NULL, &st->dsl)) != VK_SUCCESS)
-        return dpar__vk_fail(st, vr, "vkCreateDescriptorSetLayout", "%s", st->props.deviceName);
-    VkPushConstantRange pcr;
-    pcr.stageFlags = VK_SHADER_STAGE_COMPUTE_BIT;
-    pcr.offset = 0;
-    pcr.size = sizeof(dpar__vkpc);
-    VkPipelineLayoutCreateInfo pli;
-    memset(&pli, 0, sizeof pli);
-    pli.sType = VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO;
-    pli.setLayoutCount = 1;
-    pli.pSetLayouts = &st->dsl;
-    pli.pushConstantRangeCount = 1;
-    pli.pPushConstantRanges = &pcr;
-    if ((vr = st->vkCreatePipelineLayout(st->device, &pli, NULL, &st->layout)) != VK_SUCCESS)
-        return dpar__vk_fail(st, vr, "vkCreatePipelineLayout", "%s", st->props.deviceName);
-
     st->devs = (dpar__vkdev *)DPAR_MALLOC((size_t)n * sizeof *st->devs);
     if (!st->devs) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "vulkan: out of host memory");
     memset(st->devs, 0, (size_t)n * sizeof *st->devs);
@@ -977,17 +1087,16 @@ static dpar_status dpar__vk_init_impl(dpar__vk *st, const dpar_runtime_desc *des
         dpar__vkdev *d = &st->devs[i];
         d->st = st;
         d->index = i;
+        d->ph = &st->phys[i % nphys];
         d->cur = -1;
         d->next_serial = 1;
-        d->queue = &st->queues[i % st->nqueues];
+        d->queue = &d->ph->queues[(i / nphys) % d->ph->nqueues];
         pthread_mutex_init(&d->lock, NULL);
     }
     for (int i = 0; i < n; i++) {
         dpar_status s = dpar__vk_init_device(st, &st->devs[i]);
         if (s) return s;
     }
-    dpar_status s = dpar__vk_create_vkbuf(st, 0, 16, 0, &st->dummy);
-    if (s) return s;
     *count = n;
     return DPAR_OK;
 }
@@ -1027,23 +1136,24 @@ static const char *dpar__vk_vendor(uint32_t id) {
 
 static dpar_status dpar__vk_device_info(void *state, int dev, dpar_device_info *out) {
     dpar__vk *st = (dpar__vk *)state;
+    const dpar__vkphys *ph = st->devs[dev].ph;
     memset(out, 0, sizeof *out);
     if (st->ndev > 1)
-        snprintf(out->name, sizeof out->name, "%.90s [logical %d/%d]", st->props.deviceName, dev + 1, st->ndev);
+        snprintf(out->name, sizeof out->name, "%.90s [logical %d/%d]", ph->props.deviceName, dev + 1, st->ndev);
     else
-        snprintf(out->name, sizeof out->name, "%.127s", st->props.deviceName);
-    const char *v = dpar__vk_vendor(st->props.vendorID);
+        snprintf(out->name, sizeof out->name, "%.127s", ph->props.deviceName);
+    const char *v = dpar__vk_vendor(ph->props.vendorID);
     if (v) snprintf(out->vendor, sizeof out->vendor, "%s", v);
-    else snprintf(out->vendor, sizeof out->vendor, "vendor 0x%x", st->props.vendorID);
-    snprintf(out->driver, sizeof out->driver, "%s", st->driver);
+    else snprintf(out->vendor, sizeof out->vendor, "vendor 0x%x", ph->props.vendorID);
+    snprintf(out->driver, sizeof out->driver, "%s", ph->driver);
     out->backend = DPAR_BACKEND_VULKAN;
     out->index = dev;
-    out->physical_index = st->phys_index;
+    out->physical_index = ph->index;
     uint64_t mem = 0;
-    for (uint32_t i = 0; i < st->memprops.memoryHeapCount; i++)
-        if ((st->memprops.memoryHeaps[i].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT) &&
-            st->memprops.memoryHeaps[i].size > mem)
-            mem = st->memprops.memoryHeaps[i].size;
+    for (uint32_t i = 0; i < ph->memprops.memoryHeapCount; i++)
+        if ((ph->memprops.memoryHeaps[i].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT) &&
+            ph->memprops.memoryHeaps[i].size > mem)
+            mem = ph->memprops.memoryHeaps[i].size;
     out->memory_bytes = mem;
     return DPAR_OK;
 }
@@ -1055,10 +1165,10 @@ static dpar_status dpar__vk_alloc(void *state, int dev, size_t nbytes, void **me
     if (s) return s;
     dpar__vkbuf *b = (dpar__vkbuf *)DPAR_MALLOC(sizeof *b);
     if (!b) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "vulkan: out of host memory");
-    if ((s = dpar__vk_create_vkbuf(st, dev, nbytes, 0, b)) != DPAR_OK) { DPAR_FREE(b); return s; }
+    if ((s = dpar__vk_create_vkbuf(st, st->devs[dev].ph, dev, nbytes, 0, b)) != DPAR_OK) { DPAR_FREE(b); return s; }
     if (b->map) { /* zero in place */
         memset(b->map, 0, (size_t)b->size);
-        if (!b->coherent && (s = dpar__vk_map_range(st, b->mem, b->alloc_size, 0, (size_t)b->size, 0)) != DPAR_OK) {
+        if (!b->coherent && (s = dpar__vk_map_range(st, b->ph, b->mem, b->alloc_size, 0, (size_t)b->size, 0)) != DPAR_OK) {
             dpar__vk_destroy_vkbuf(st, b);
             DPAR_FREE(b);
             return s;
@@ -1078,9 +1188,9 @@ static void dpar__vk_free(void *state, int dev, void *mem) {
     if (!b) return;
     dpar__vkdev *d = &st->devs[dev];
     pthread_mutex_lock(&d->lock);
-    if (dpar__vk_buf_idle(d, b) != DPAR_OK && !st->lost) {
+    if (dpar__vk_buf_idle(d, b) != DPAR_OK && !DPAR__ATOMIC_LOAD(&st->lost)) {
         /* could not wait: wait for the whole device before destroying */
-        st->vkDeviceWaitIdle(st->device);
+        st->vkDeviceWaitIdle(d->ph->device);
     }
     dpar__vk_destroy_vkbuf(st, b);
     pthread_mutex_unlock(&d->lock);
@@ -1097,14 +1207,14 @@ static dpar_status dpar__vk_write(void *state, int dev, void *mem, size_t off, c
     if (!s) s = dpar__vk_buf_idle(d, b);   /* no queued work may still read or write b */
     if (!s && b->map) {
         memcpy(b->map + off, src, nbytes);
-        if (!b->coherent) s = dpar__vk_map_range(st, b->mem, b->alloc_size, off, nbytes, 0);
+        if (!b->coherent) s = dpar__vk_map_range(st, b->ph, b->mem, b->alloc_size, off, nbytes, 0);
     } else if (!s) {
         s = dpar__vk_staging(d, nbytes);
         for (size_t done = 0; !s && done < nbytes;) {
             size_t c = nbytes - done;
             if (c > d->staging_size) c = (size_t)d->staging_size;
             memcpy(d->staging_map, (const unsigned char *)src + done, c);
-            if (!d->staging_coherent) s = dpar__vk_map_range(st, d->staging_mem, d->staging_alloc, 0, c, 0);
+            if (!d->staging_coherent) s = dpar__vk_map_range(st, d->ph, d->staging_mem, d->staging_alloc, 0, c, 0);
             dpar__vkframe *f;
             if (!s) s = dpar__vk_begin(d, &f);
             if (s) break;
@@ -1132,7 +1242,7 @@ static dpar_status dpar__vk_read(void *state, int dev, void *mem, size_t off, vo
     dpar_status s = dpar__vk_check_lost(st);
     if (!s && b->map) {
         s = dpar__vk_buf_idle(d, b);
-        if (!s && !b->coherent) s = dpar__vk_map_range(st, b->mem, b->alloc_size, off, nbytes, 1);
+        if (!s && !b->coherent) s = dpar__vk_map_range(st, b->ph, b->mem, b->alloc_size, off, nbytes, 1);
         if (!s) memcpy(dst, b->map + off, nbytes);
     } else if (!s) {
         s = dpar__vk_staging(d, nbytes);
@@ -1149,7 +1259,7 @@ static dpar_status dpar__vk_read(void *state, int dev, void *mem, size_t off, vo
             st->vkCmdCopyBuffer(f->cb, b->buf, d->staging, 1, &r);
             b->last_serial = f->serial;
             s = dpar__vk_drain(d);  /* ends with the transfer -> host barrier */
-            if (!s && !d->staging_coherent) s = dpar__vk_map_range(st, d->staging_mem, d->staging_alloc, 0, c, 1);
+            if (!s && !d->staging_coherent) s = dpar__vk_map_range(st, d->ph, d->staging_mem, d->staging_alloc, 0, c, 1);
             if (!s) memcpy((unsigned char *)dst + done, d->staging_map, c);
             done += c;
         }
@@ -1181,7 +1291,7 @@ static dpar_status dpar__vk_host_acquire(void *state, int dev, void *mem, size_t
     pthread_mutex_lock(&d->lock);
     dpar_status s = dpar__vk_check_lost(st);
     if (!s) s = dpar__vk_buf_idle(d, b);
-    if (!s && b->map && !b->coherent) s = dpar__vk_map_range(st, b->mem, b->alloc_size, off, nbytes, 1);
+    if (!s && b->map && !b->coherent) s = dpar__vk_map_range(st, b->ph, b->mem, b->alloc_size, off, nbytes, 1);
     pthread_mutex_unlock(&d->lock);
     return s;
 }
@@ -1190,14 +1300,14 @@ static dpar_status dpar__vk_host_release(void *state, int dev, void *mem, size_t
     dpar__vk *st = (dpar__vk *)state;
     dpar__vkbuf *b = (dpar__vkbuf *)mem;
     DPAR__UNUSED(dev);
-    if (b->map && !b->coherent) return dpar__vk_map_range(st, b->mem, b->alloc_size, off, nbytes, 0);
+    if (b->map && !b->coherent) return dpar__vk_map_range(st, b->ph, b->mem, b->alloc_size, off, nbytes, 0);
     return DPAR_OK;
 }
 
 /* Workgroups for a grid-stride loop over n items (at least 1, capped). */
-static uint32_t dpar__vk_groups(const dpar__vk *st, uint64_t n) {
+static uint32_t dpar__vk_groups(const dpar__vkphys *ph, uint64_t n) {
     uint64_t g = (n + DPAR__VK_WG - 1) / DPAR__VK_WG;
-    uint64_t cap = st->props.limits.maxComputeWorkGroupCount[0];
+    uint64_t cap = ph->props.limits.maxComputeWorkGroupCount[0];
     if (cap > 65535) cap = 65535;
     if (g > cap) g = cap;
     return (uint32_t)(g ? g : 1);
@@ -1227,7 +1337,8 @@ static dpar_status dpar__vk_op(void *state, int dev, const dpar__op *op) {
         pc.m = (uint32_t)op->m;
         pc.n = (uint32_t)op->n;
         pc.k = (uint32_t)op->k;
-        pc.flags = (op->trans_a ? 1u : 0u) | (op->trans_b ? 2u : 0u) | (op->f[1] == 0.0f ? 4u : 0u);
+        pc.flags = (op->trans_a ? 1u : 0u) | (op->trans_b ? 2u : 0u) | (op->f[1] == 0.0f ? 4u : 0u) |
+                   ((uint32_t)(op->src0->dtype == DPAR_F16 ? 1 : op->src0->dtype == DPAR_BF16 ? 2 : 0) << 3);
         b[2] = src0;
         b[3] = src1;
         return dpar__vk_dispatch(st, dev, DPAR__SPV_MATMUL, b, &pc, (uint32_t)((op->n + 31) / 32),
@@ -1239,14 +1350,14 @@ static dpar_status dpar__vk_op(void *state, int dev, const dpar__op *op) {
         pc.n = (uint32_t)n;
         pc.m = (uint32_t)cols;
         b[2] = src0;
-        return dpar__vk_dispatch(st, dev, DPAR__SPV_BIAS_ADD, b, &pc, dpar__vk_groups(st, (uint64_t)n), 1);
+        return dpar__vk_dispatch(st, dev, DPAR__SPV_BIAS_ADD, b, &pc, dpar__vk_groups(st->devs[dev].ph, (uint64_t)n), 1);
     }
     case DPAR__OP_BIAS_GRAD: {
         if (n == 0) return DPAR_OK;
         pc.n = (uint32_t)n;
         pc.m = (uint32_t)(op->src0->count / n);
         b[2] = src0;
-        return dpar__vk_dispatch(st, dev, DPAR__SPV_BIAS_GRAD, b, &pc, dpar__vk_groups(st, (uint64_t)n), 1);
+        return dpar__vk_dispatch(st, dev, DPAR__SPV_BIAS_GRAD, b, &pc, dpar__vk_groups(st->devs[dev].ph, (uint64_t)n), 1);
     }
     case DPAR__OP_RELU:
     case DPAR__OP_RELU_BWD:
@@ -1266,7 +1377,7 @@ static dpar_status dpar__vk_op(void *state, int dev, const dpar__op *op) {
             pc.flags = (op->nesterov && mom ? 1u : 0u) | (mom ? 2u : 0u);
             b[1] = mom ? dst2 : NULL;
         }
-        return dpar__vk_dispatch(st, dev, id, b, &pc, dpar__vk_groups(st, (uint64_t)n), 1);
+        return dpar__vk_dispatch(st, dev, id, b, &pc, dpar__vk_groups(st->devs[dev].ph, (uint64_t)n), 1);
     }
     case DPAR__OP_SOFTMAX_XENT: {
         int64_t rows = op->src1->count, cols = rows ? op->src0->count / rows : 0;
@@ -1321,11 +1432,183 @@ static dpar_status dpar__vk_op(void *state, int dev, const dpar__op *op) {
         b[2] = src0;
         int half = op->dst->dtype == DPAR_F16 || op->dst->dtype == DPAR_BF16;
         return dpar__vk_dispatch(st, dev, DPAR__SPV_CAST, b, &pc,
-                                 dpar__vk_groups(st, half ? ((uint64_t)n + 1) / 2 : (uint64_t)n), 1);
+                                 dpar__vk_groups(st->devs[dev].ph, half ? ((uint64_t)n + 1) / 2 : (uint64_t)n), 1);
     }
     default:
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "vulkan: unknown op kind %d", (int)op->kind);
     }
+}
+
+/* ---------------------------------------------------------------------------
+   Collectives, staged through host memory
+   ------------------------------------------------------------------------ */
+#define DPAR__VK_COLL_CHUNK ((size_t)4 << 20) /* bytes per pipelined all-reduce chunk */
+
+static dpar_status dpar__vk_grow_host(dpar__vkdev *d, int i, size_t need) {
+    if (need == 0) need = 1;
+    if (d->hcap[i] >= need) return DPAR_OK;
+    void *p = DPAR_REALLOC(d->hbuf[i], need);
+    if (!p) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "vulkan: collective: out of host memory for %zu staging bytes", need);
+    d->hbuf[i] = p;
+    d->hcap[i] = need;
+    return DPAR_OK;
+}
+
+/* Records a copy between a buffer and the collective staging buffer of d and
+   submits it (no wait); *serial receives the batch to wait for. */
+static dpar_status dpar__vk_stage_copy(dpar__vkdev *d, dpar__vkbuf *b, VkDeviceSize boff, VkDeviceSize soff,
+                                       VkDeviceSize n, int to_staging, uint64_t *serial) {
+    dpar__vk *st = d->st;
+    pthread_mutex_lock(&d->lock);
+    dpar__vkframe *f;
+    dpar_status s = dpar__vk_begin(d, &f);
+    if (!s) {
+        dpar__vk_cmd_barrier(st, f->cb); /* compute writes -> transfer read / earlier transfers -> this one */
+        VkBufferCopy r;
+        r.srcOffset = to_staging ? boff : soff;
+        r.dstOffset = to_staging ? soff : boff;
+        r.size = n;
+        if (to_staging) st->vkCmdCopyBuffer(f->cb, b->buf, d->cstage.buf, 1, &r);
+        else st->vkCmdCopyBuffer(f->cb, d->cstage.buf, b->buf, 1, &r);
+        b->last_serial = f->serial;
+        *serial = f->serial;
+        s = dpar__vk_submit(d);  /* ends with the transfer -> host barrier */
+    }
+    pthread_mutex_unlock(&d->lock);
+    return s;
+}
+
+static dpar_status dpar__vk_wait(dpar__vkdev *d, uint64_t serial) {
+    pthread_mutex_lock(&d->lock);
+    dpar_status s = dpar__vk_wait_serial(d, serial);
+    pthread_mutex_unlock(&d->lock);
+    return s;
+}
+
+/* All-reduce of device-local (unmapped) buffers: chunks go device -> staging
+   (two slots per member), every member reduces its 1/n of the chunk on the
+   host over all members' slots (f16/bf16 in f32), in place, and copies the
+   result back; the download of chunk k+1 and the upload of chunk k-1 run on
+   the device while the host reduces chunk k. */
+static dpar_status dpar__vk_allreduce_pipelined(dpar__vk *st, dpar__coll *c) {
+    int n = c->n, r = c->rank;
+    dpar__vkdev *d = &st->devs[c->devices[r]];
+    dpar__vkbuf *bin = (dpar__vkbuf *)c->in[r]->mem, *bout = (dpar__vkbuf *)c->out[r]->mem;
+    size_t es = dpar_dtype_size(c->dtype);
+    size_t total = (size_t)c->count * es;
+    size_t chunk_el = DPAR__VK_COLL_CHUNK / es;
+    size_t chunk = chunk_el * es;
+    size_t nchunks = (total + chunk - 1) / chunk;
+    dpar_status s = DPAR_OK;
+    /* 1. a staging buffer with two slots on every member */
+    size_t want = 2 * (total < chunk ? total : chunk);
+    if (d->cstage.buf == VK_NULL_HANDLE || d->cstage.size < want) {
+        pthread_mutex_lock(&d->lock);
+        s = dpar__vk_drain(d);
+        if (!s) {
+            dpar__vk_destroy_vkbuf(st, &d->cstage);
+            s = dpar__vk_create_vkbuf(st, d->ph, d->index, want, 1, &d->cstage);
+        }
+        pthread_mutex_unlock(&d->lock);
+        if (s) return s;
+    }
+    size_t slot = d->cstage.size / 2;
+    uint64_t up_serial[2] = { 0, 0 }, down_serial[2] = { 0, 0 };
+    s = dpar__vk_stage_copy(d, bin, 0, 0, total < chunk ? total : chunk, 1, &down_serial[0]);
+    for (size_t k = 0; !s && k < nchunks; k++) {
+        int cur = (int)(k & 1), nxt = cur ^ 1;
+        size_t off = k * chunk, len = total - off < chunk ? total - off : chunk;
+        if (k + 1 < nchunks) { /* prefetch chunk k+1 into the other slot once its upload is done */
+            size_t off1 = off + chunk, len1 = total - off1 < chunk ? total - off1 : chunk;
+            if (up_serial[nxt] && (s = dpar__vk_wait(d, up_serial[nxt])) != DPAR_OK) break;
+            if ((s = dpar__vk_stage_copy(d, bin, off1, nxt * slot, len1, 1, &down_serial[nxt])) != DPAR_OK) break;
+        }
+        if ((s = dpar__vk_wait(d, down_serial[cur])) != DPAR_OK) break;
+        unsigned char *mine = d->cstage.map + (size_t)cur * slot;
+        if (!d->cstage.coherent &&
+            (s = dpar__vk_map_range(st, d->ph, d->cstage.mem, d->cstage.alloc_size, (size_t)cur * slot, len, 1)) != DPAR_OK)
+            break;
+        if ((s = dpar__coll_barrier(c)) != DPAR_OK) return s; /* every member's chunk k is on the host */
+        int64_t m = (int64_t)(len / es), lo = m * r / n, hi = m * (r + 1) / n;
+        const char *src[DPAR_MAX_DEVICES];
+        char *dst[DPAR_MAX_DEVICES];
+        for (int j = 0; j < n; j++) {
+            dpar__vkdev *dj = &st->devs[c->devices[j]];
+            dst[j] = (char *)dj->cstage.map + (size_t)cur * (dj->cstage.size / 2) + (size_t)lo * es;
+            src[j] = dst[j];
+        }
+        if (hi > lo) dpar__reduce_span(c->dtype, c->op, n, src, dst, n, hi - lo);
+        if ((s = dpar__coll_barrier(c)) != DPAR_OK) return s; /* chunk k reduced everywhere */
+        if (!d->cstage.coherent &&
+            (s = dpar__vk_map_range(st, d->ph, d->cstage.mem, d->cstage.alloc_size, (size_t)cur * slot, len, 0)) != DPAR_OK)
+            break;
+        (void)mine;
+        s = dpar__vk_stage_copy(d, bout, off, (size_t)cur * slot, len, 0, &up_serial[cur]);
+    }
+    if (!s) {
+        pthread_mutex_lock(&d->lock);
+        s = dpar__vk_wait_serial(d, up_serial[0] > up_serial[1] ? up_serial[0] : up_serial[1]);
+        pthread_mutex_unlock(&d->lock);
+    }
+    return s;
+}
+
+/* The whole collective for member c->rank. Mapped buffers are reduced in
+   place (wait for the device + invalidate, then flush); device-local ones are
+   staged: all-reduce chunked and pipelined, the other kinds whole. */
+static dpar_status dpar__vk_collective(void *state, dpar__coll *c) {
+    dpar__vk *st = (dpar__vk *)state;
+    int n = c->n, r = c->rank, dev = c->devices[r];
+    dpar__vkdev *d = &st->devs[dev];
+    dpar_buffer *in = c->in[r], *out = c->out[r];
+    dpar__vkbuf *bin = (dpar__vkbuf *)in->mem, *bout = (dpar__vkbuf *)out->mem;
+    dpar_status s = dpar__vk_check_lost(st);
+    if (s) return s;
+    int all_unmapped = 1;
+    for (int j = 0; j < n; j++)
+        if (((dpar__vkbuf *)c->in[j]->mem)->map || ((dpar__vkbuf *)c->out[j]->mem)->map) all_unmapped = 0;
+    if (c->kind == DPAR__COLL_ALL_REDUCE && all_unmapped && c->count > 0 && c->in[r]->nbytes > 0)
+        return dpar__vk_allreduce_pipelined(st, c);
+
+    /* host views of this member's input and output */
+    size_t inb = in->nbytes, outb = out->nbytes;
+    char *in_h, *out_h, *scratch = NULL;
+    if (bin->map) {
+        in_h = (char *)bin->map;
+        if (inb && (s = dpar__vk_host_acquire(st, dev, bin, 0, inb)) != DPAR_OK) return s;
+    } else {
+        if ((s = dpar__vk_grow_host(d, 0, inb)) != DPAR_OK) return s;
+        in_h = (char *)d->hbuf[0];
+        if (inb && (s = dpar__vk_read(st, dev, bin, 0, in_h, inb)) != DPAR_OK) return s;
+    }
+    if (out == in) {
+        out_h = in_h;
+    } else if (bout->map) {
+        out_h = (char *)bout->map;
+        if (outb && (s = dpar__vk_host_acquire(st, dev, bout, 0, outb)) != DPAR_OK) return s;
+    } else {
+        if ((s = dpar__vk_grow_host(d, 1, outb)) != DPAR_OK) return s;
+        out_h = (char *)d->hbuf[1];
+    }
+    if (c->kind == DPAR__COLL_PERMUTE && out_h == in_h) {
+        int i = bin->map ? 0 : 1; /* a host buffer this member does not use otherwise */
+        if ((s = dpar__vk_grow_host(d, i, outb)) != DPAR_OK) return s;
+        scratch = (char *)d->hbuf[i];
+    }
+    d->coll_in = in_h;
+    d->coll_out = out_h;
+    if ((s = dpar__coll_barrier(c)) != DPAR_OK) return s; /* every member's views are published */
+    char *ins[DPAR_MAX_DEVICES], *outs[DPAR_MAX_DEVICES];
+    for (int j = 0; j < n; j++) {
+        ins[j] = st->devs[c->devices[j]].coll_in;
+        outs[j] = st->devs[c->devices[j]].coll_out;
+    }
+    dpar__host_work(c, ins, outs, scratch);
+    if ((s = dpar__coll_barrier(c)) != DPAR_OK) return s; /* nobody reads the views any more */
+    if (scratch && outb) memcpy(out_h, scratch, outb);
+    if (!outb) return DPAR_OK;
+    if (bout->map) return dpar__vk_host_release(st, dev, bout, 0, outb);
+    return dpar__vk_write(st, dev, bout, 0, out_h, outb);
 }
 
 static const dpar__backend_iface *dpar__vulkan_iface(void) {
@@ -1345,7 +1628,7 @@ static const dpar__backend_iface *dpar__vulkan_iface(void) {
         dpar__vk_host_acquire,
         dpar__vk_host_release,
         dpar__vk_op,
-        NULL, /* collective: the core's host-staged path */
+        dpar__vk_collective,
     };
     return &iface;
 }

@@ -1,27 +1,48 @@
 #version 450
 // C[M,N] = alpha * op(A)[M,K] @ op(B)[K,N] + beta * C      (dpar_matmul)
 // op(A) = A [M,K] or A^T (A stored [K,M]); op(B) = B [K,N] or B^T (B stored [N,K]).
-// beta == 0 (flags bit 2) ignores C's old contents, even NaN.
+// beta == 0 (flags bit 2) ignores C's old contents, even NaN. A and B share a
+// dtype (flags bits 3-4: 0 f32, 1 f16, 2 bf16), widened to f32; C is f32 and
+// products accumulate in f32.
 // Tiled: a 16x16 workgroup computes a 32x32 block of C (2x2 outputs per
 // invocation), staging 32x16 tiles of op(A) and op(B) in shared memory.
 // Each output sums over k in increasing order: deterministic, run after run.
 layout(local_size_x = 16, local_size_y = 16) in;
 layout(std430, set = 0, binding = 0) buffer Dst { float c[]; };
-layout(std430, set = 0, binding = 2) readonly buffer SrcA { float a[]; };
-layout(std430, set = 0, binding = 3) readonly buffer SrcB { float b[]; };
+layout(std430, set = 0, binding = 2) readonly buffer SrcA { uint a[]; };
+layout(std430, set = 0, binding = 3) readonly buffer SrcB { uint b[]; };
 layout(push_constant) uniform PC { uint n; uint m; uint k; uint flags; float f0; float f1; float f2; float f3; } pc;
 
 const uint BM = 32u, BN = 32u, BK = 16u;
 shared float As[BK][BM + 1u];
 shared float Bs[BK][BN + 1u];
 
+float f16_to_f32(uint h) {            // exact, subnormals included
+    uint sign = (h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 0x1fu) return uintBitsToFloat(sign | 0x7f800000u | (m << 13));
+    if (e == 0u) {
+        if (m == 0u) return uintBitsToFloat(sign);
+        int p = findMSB(m);
+        return uintBitsToFloat(sign | (uint(p + 103) << 23) | ((m << uint(23 - p)) & 0x7fffffu));
+    }
+    return uintBitsToFloat(sign | ((e + 112u) << 23) | (m << 13));
+}
+float widen(uint dt, uint w, uint idx) {
+    if (dt == 0u) return uintBitsToFloat(w);
+    uint h = (idx & 1u) != 0u ? (w >> 16) : (w & 0xffffu);
+    return dt == 1u ? f16_to_f32(h) : uintBitsToFloat(h << 16);
+}
 float loadA(uint i, uint kk) {        // op(A)[i, kk]
     if (i >= pc.m || kk >= pc.k) return 0.0;
-    return (pc.flags & 1u) != 0u ? a[kk * pc.m + i] : a[i * pc.k + kk];
+    uint dt = (pc.flags >> 3) & 3u;
+    uint idx = (pc.flags & 1u) != 0u ? kk * pc.m + i : i * pc.k + kk;
+    return widen(dt, a[dt == 0u ? idx : idx >> 1], idx);
 }
 float loadB(uint kk, uint j) {        // op(B)[kk, j]
     if (kk >= pc.k || j >= pc.n) return 0.0;
-    return (pc.flags & 2u) != 0u ? b[j * pc.k + kk] : b[kk * pc.n + j];
+    uint dt = (pc.flags >> 3) & 3u;
+    uint idx = (pc.flags & 2u) != 0u ? j * pc.k + kk : kk * pc.n + j;
+    return widen(dt, b[dt == 0u ? idx : idx >> 1], idx);
 }
 
 void main() {
@@ -48,8 +69,8 @@ void main() {
     }
     bool zero_beta = (pc.flags & 4u) != 0u;
     uint r0 = row0 + ty, r1 = row0 + ty + 16u, c0 = col0 + tx, c1 = col0 + tx + 16u;
-    if (r0 < pc.m && c0 < pc.n) { uint i = r0 * pc.n + c0; precise float v = pc.f0 * acc00; precise float o = zero_beta ? v : v + pc.f1 * c[i]; c[i] = o; }
-    if (r0 < pc.m && c1 < pc.n) { uint i = r0 * pc.n + c1; precise float v = pc.f0 * acc01; precise float o = zero_beta ? v : v + pc.f1 * c[i]; c[i] = o; }
-    if (r1 < pc.m && c0 < pc.n) { uint i = r1 * pc.n + c0; precise float v = pc.f0 * acc10; precise float o = zero_beta ? v : v + pc.f1 * c[i]; c[i] = o; }
-    if (r1 < pc.m && c1 < pc.n) { uint i = r1 * pc.n + c1; precise float v = pc.f0 * acc11; precise float o = zero_beta ? v : v + pc.f1 * c[i]; c[i] = o; }
+    if (r0 < pc.m && c0 < pc.n) { uint i = r0 * pc.n + c0; precise float v = pc.f0 == 0.0 ? 0.0 : pc.f0 * acc00; precise float o = zero_beta ? v : v + pc.f1 * c[i]; c[i] = o; }
+    if (r0 < pc.m && c1 < pc.n) { uint i = r0 * pc.n + c1; precise float v = pc.f0 == 0.0 ? 0.0 : pc.f0 * acc01; precise float o = zero_beta ? v : v + pc.f1 * c[i]; c[i] = o; }
+    if (r1 < pc.m && c0 < pc.n) { uint i = r1 * pc.n + c0; precise float v = pc.f0 == 0.0 ? 0.0 : pc.f0 * acc10; precise float o = zero_beta ? v : v + pc.f1 * c[i]; c[i] = o; }
+    if (r1 < pc.m && c1 < pc.n) { uint i = r1 * pc.n + c1; precise float v = pc.f0 == 0.0 ? 0.0 : pc.f0 * acc11; precise float o = zero_beta ? v : v + pc.f1 * c[i]; c[i] = o; }
 }

@@ -1,26 +1,50 @@
 #version 450
 // out[0] = sum(x) (flags bit0 = 0) or sum(x*x) (bit0 = 1) over n elements
 // (dpar_sum / dpar_sum_squares). One workgroup of 256: invocation t sums
-// elements t, t+256, ... in order, then a fixed tree over shared memory, so
-// the result is bitwise the same run after run.
+// elements t, t+256, ... in order with Neumaier's compensated summation, then
+// the (sum, compensation) pairs meet in a fixed tree over shared memory. The
+// result is close to the correctly rounded sum (the CPU backend sums in double)
+// and bitwise the same run after run.
 layout(local_size_x = 256) in;
 layout(std430, set = 0, binding = 0) buffer Dst { float o[]; };
 layout(std430, set = 0, binding = 2) readonly buffer Src { float x[]; };
 layout(push_constant) uniform PC { uint n; uint m; uint k; uint flags; float f0; float f1; float f2; float f3; } pc;
-shared float part[256];
+shared float ps[256];
+shared float pcomp[256];
+
+// (s, c) += v, Neumaier (improved Kahan-Babuska)
+void add(inout float s, inout float c, float v) {
+    precise float t = s + v;
+    precise float e = abs(s) >= abs(v) ? (s - t) + v : (v - t) + s;
+    precise float cc = c + e;
+    s = t;
+    c = cc;
+}
+
 void main() {
     uint t = gl_LocalInvocationID.x;
     bool sq = (pc.flags & 1u) != 0u;
-    precise float acc = 0.0;
+    float s = 0.0, c = 0.0;
     for (uint i = t; i < pc.n; i += 256u) {
         float v = x[i];
-        acc += sq ? v * v : v;
+        precise float w = sq ? v * v : v;
+        add(s, c, w);
     }
-    part[t] = acc;
+    ps[t] = s;
+    pcomp[t] = c;
     barrier();
-    for (uint s = 128u; s > 0u; s >>= 1) {
-        if (t < s) { precise float r = part[t] + part[t + s]; part[t] = r; }
+    for (uint h = 128u; h > 0u; h >>= 1) {
+        if (t < h) {
+            float a = ps[t], ca = pcomp[t];
+            add(a, ca, ps[t + h]);
+            precise float cb = ca + pcomp[t + h];
+            ps[t] = a;
+            pcomp[t] = cb;
+        }
         barrier();
     }
-    if (t == 0u) o[0] = part[0];
+    if (t == 0u) {
+        precise float r = ps[0] + pcomp[0];
+        o[0] = isnan(r) && !isnan(ps[0]) ? ps[0] : r;   // +-Inf: the compensation is NaN
+    }
 }

@@ -1,7 +1,8 @@
 #version 450
 // Softmax cross-entropy with integer labels (dpar_softmax_xent).
 // logits [M,C] (m = M, n = C), labels [M] i32. loss[0] = mean_i(lse(z_i) - z_i[label_i]);
-// dlogits (flags bit0) = (softmax(z_i) - onehot(label_i)) / M. Max subtracted.
+// dlogits (flags bit0) = (softmax(z_i) - onehot(label_i)) / M. Max subtracted:
+// row loss (max - z_label) + log(sum exp(z - max)).
 // A label outside 0..C-1 gives a NaN row loss and a NaN gradient row.
 // One workgroup of 256, rows t, t+256, ... per invocation, fixed tree: deterministic.
 layout(local_size_x = 256) in;
@@ -27,8 +28,8 @@ void main() {
         for (uint c = 0u; c < C; c++) se += exp(z[base + c] - mx);
         int lab = labels[r];
         bool ok = lab >= 0 && uint(lab) < C && !has_nan;
-        precise float lse = mx + log(se);
-        float rl = ok ? lse - z[base + uint(lab)] : qnan;
+        // (max - z_label) + log(sum): exact even when |z| is near FLT_MAX
+        precise float rl = ok ? (mx - z[base + uint(lab)]) + log(se) : qnan;
         acc += rl;
         if (grad) {
             for (uint c = 0u; c < C; c++) {
