@@ -54,6 +54,12 @@
        DPAR_BACKEND=cpu|vulkan|cuda   backend when the desc leaves it default
        DPAR_DEVICES=N                 number of (emulated) devices
        DPAR_TIMEOUT_MS=ms             collective timeout (default 60000)
+       DPAR_TRACE=file.json           write a Chrome/Perfetto trace (see dpar_trace_begin)
+       DPAR_SPIN_US=us                spin before sleeping in a rendezvous (default
+                                      2 us, then yields; 0: sleep at once)
+       DPAR_CPU_THREADS=N             CPU backend: threads per device for large
+                                      matrix products and SGD steps (default
+                                      CPUs / devices; 1: none)
 
    ERRORS
    ------
@@ -63,6 +69,9 @@
 
    License: MIT, at the end of this file.
 */
+#if defined(DPAR_IMPLEMENTATION) && !defined(_GNU_SOURCE) && !defined(__cplusplus)
+#define _GNU_SOURCE /* clock_gettime, posix_memalign, fileno in the implementation */
+#endif
 #ifndef DPAR_H_INCLUDED
 #define DPAR_H_INCLUDED
 
@@ -490,7 +499,7 @@ DPAR_API dpar_status dpar_mse(dpar_buffer *loss, dpar_buffer *dpred,
 DPAR_API dpar_status dpar_axpy(dpar_buffer *y, float alpha, const dpar_buffer *x);
 /* x *= alpha. */
 DPAR_API dpar_status dpar_scale(dpar_buffer *x, float alpha);
-/* x = value (any dtype; i32 gets (int32_t)value). */
+/* x = value (any dtype; i32 gets value truncated toward zero, saturating, NaN -> 0, as dpar_cast). */
 DPAR_API dpar_status dpar_fill(dpar_buffer *x, float value);
 /* dst = src (same dtype and count; shapes may differ). */
 DPAR_API dpar_status dpar_copy(dpar_buffer *dst, const dpar_buffer *src);
@@ -563,8 +572,11 @@ DPAR_API dpar_status dpar_array_spec(const dpar_array *a, int i, char *buf, size
                                                 -> all_to_all over A inside a
                                                    shard_map (split j, concat i);
      dim i split over A -> dim i whole (rest equal) -> all_gather(tiled) over A;
-     dim i whole -> dim i split over A (rest equal) -> each device keeps its
-                                                   block of its own replica;
+     every src shard contains the same device's dst shard (on every dim,
+     src's axes are a prefix of dst's: whole -> "data", "data" -> "data,model")
+                                                -> each device keeps its block of
+                                                   its own copy (staged through
+                                                   dpar_buffer_read/write);
      anything else                              -> gathered to the host and put
                                                    again (one global host copy).
    Example: an 8x4 f32 matrix with spec ("data", NULL) on a 4-device axis
@@ -616,6 +628,11 @@ DPAR_API dpar_status dpar_shard_map_specs(dpar_mesh *m, const dpar_shard_map_spe
    A parameter of L elements is padded to Lp = ceil(L / n) * n, so each device
    holds Lp / n elements of momentum and master parameter: optimizer memory
    per device falls by n. Padding is never dropped (no silent un-sharding).
+   Data movement: a parameter whose L is a multiple of n moves only through
+   the two collectives (its buffers are viewed flat, no copy); one that needs
+   padding is staged into a per-device [Lp] buffer and copied back with
+   dpar_buffer_write/read (a host round trip of L elements per step on GPU
+   backends: small for biases, avoid it for large tensors by choosing sizes).
    Parameters must be f32 arrays replicated on the whole mesh (no dim split). */
 typedef struct dpar_zero1 dpar_zero1;
 typedef struct dpar_zero1_desc {
@@ -695,6 +712,106 @@ DPAR_API dpar_status dpar_checkpoint_restore(const char *path, const dpar_checkp
 /* CRC-32 (as zlib crc32): crc = dpar_crc32(0, data, n), chainable. */
 DPAR_API uint32_t dpar_crc32(uint32_t crc, const void *data, size_t n);
 
+/* ---------------------------------------------------------------------------
+   Data-parallel helper, tracing, stats
+   ------------------------------------------------------------------------ */
+/* The data-parallel gradient exchange of PyTorch DDP (Li et al., "PyTorch
+   Distributed", VLDB 2020): gradients registered once, fused into buckets
+   (one all-reduce per bucket instead of one per tensor), and a bucket's
+   all-reduce started asynchronously as soon as all its gradients are final,
+   so it overlaps the backward pass of the earlier layers.
+   Buckets are keyed by parameter: parameters are assigned to buckets at the
+   first use, in reverse registration order (the last layer's gradients are
+   usually final first), up to bucket_bytes each; a bucket is launched when
+   all its parameters are ready AND every earlier bucket was launched, so
+   every device issues the same collectives in the same order whatever order
+   its gradients arrive in. Optional f16/bf16 communication: gradients are
+   cast once to the narrow type, all-reduced with f32 accumulation (and the
+   mean taken in f32), rounded once, and cast back to f32. When the axes span
+   a single device there is nothing to exchange and the gradients are left
+   as they are.
+
+   Per step, inside fn:            dpar_dp_begin(dp, ctx);
+     after each gradient is final: dpar_dp_grad_ready(dp, ctx, id);
+     before the optimizer step:    dpar_dp_finish(dp, ctx);   (waits, unpacks)
+   or all at once after the backward pass: dpar_dp_allreduce(dp, ctx). */
+typedef struct dpar_dp dpar_dp;
+
+typedef struct dpar_dp_desc {
+    const char *axes;       /* mesh axes the replicas span, e.g. "data" (required) */
+    bool sum;               /* false: gradients are averaged (pmean); true: summed */
+    size_t bucket_bytes;    /* bucket capacity in bytes of comm_dtype; 0: 25 MiB (DDP's bucket_cap_mb) */
+    dpar_dtype comm_dtype;  /* DPAR_F32 (0, default), DPAR_F16 or DPAR_BF16 */
+    bool blocking;          /* true: each bucket is all-reduced when launched, no overlap
+                               (buckets under 256 KiB always are: handing them to the
+                               communication thread costs more than their all-reduce) */
+} dpar_dp_desc;
+
+/* Creates a helper for mesh m. Outside fn.
+   Errors: DPAR_ERR_INVALID_ARGUMENT (NULL, comm_dtype not f32/f16/bf16),
+   DPAR_ERR_UNKNOWN_AXIS, DPAR_ERR_OUT_OF_MEMORY. */
+DPAR_API dpar_status dpar_dp_create(dpar_mesh *m, const dpar_dp_desc *desc, dpar_dp **out);
+/* Frees the helper and its bucket buffers. NULL is a no-op. */
+DPAR_API void dpar_dp_destroy(dpar_dp *dp);
+/* Registers a gradient: an f32 array of dp's mesh, replicated over the axes.
+   *id (may be NULL) gets its parameter id: 0, 1, 2, ... in registration
+   order. Outside fn, before the first dpar_dp_begin / dpar_dp_allreduce.
+   Errors: DPAR_ERR_INVALID_ARGUMENT (other mesh, split over dp's axes),
+   DPAR_ERR_DTYPE (not f32), DPAR_ERR_STATE (buckets already formed). */
+DPAR_API dpar_status dpar_dp_add(dpar_dp *dp, dpar_array *grad, int *id);
+/* Number of buckets (forms them if not yet done); -1 for NULL. */
+DPAR_API int dpar_dp_bucket_count(dpar_dp *dp);
+/* Inside fn: starts a step on this device (no gradient ready yet). */
+DPAR_API dpar_status dpar_dp_begin(dpar_dp *dp, dpar_ctx *ctx);
+/* Inside fn: gradient `id` of this device is final. Launches every bucket
+   that became complete, in bucket order (async unless desc.blocking).
+   Errors: DPAR_ERR_INVALID_ARGUMENT (id out of range or already ready),
+   DPAR_ERR_STATE (no dpar_dp_begin), and the collective's errors. */
+DPAR_API dpar_status dpar_dp_grad_ready(dpar_dp *dp, dpar_ctx *ctx, int id);
+/* Inside fn: launches the buckets not launched yet (their gradients are
+   taken as final), waits for all, and writes the averaged (summed) values
+   back into the gradient arrays' shards of this device. */
+DPAR_API dpar_status dpar_dp_finish(dpar_dp *dp, dpar_ctx *ctx);
+/* Inside fn: dpar_dp_begin + dpar_dp_finish: all gradients at once. */
+DPAR_API dpar_status dpar_dp_allreduce(dpar_dp *dp, dpar_ctx *ctx);
+
+/* Tracing: a Chrome / Perfetto trace (JSON "traceEvents", open it in
+   ui.perfetto.dev or chrome://tracing). One process per runtime, one track
+   per device for its worker thread (ops, blocking collectives, waits for
+   async ones, the data-parallel helper's staging copies), one track per
+   device for its communication thread (async collectives), and a "host"
+   track (pmap / shard_map dispatches). Collective events carry their byte
+   counts. Times are host times: on GPU backends an op's event is the time to
+   enqueue it. Set DPAR_TRACE=file.json to trace a whole program (written at
+   every dpar_runtime_destroy and at exit; with MPI, process P writes
+   file.rankP.json), or call these. While tracing is
+   off, each op and collective pays one predictable branch. */
+/* Starts recording; the trace goes to `path` (copied). Restarting drops the
+   events recorded so far. Errors: DPAR_ERR_INVALID_ARGUMENT (NULL/empty). */
+DPAR_API dpar_status dpar_trace_begin(const char *path);
+/* Writes everything recorded so far (valid JSON) and keeps recording.
+   Errors: DPAR_ERR_STATE (not tracing), DPAR_ERR_IO naming the path. */
+DPAR_API dpar_status dpar_trace_flush(void);
+/* Writes the trace and stops recording. Errors: as dpar_trace_flush. */
+DPAR_API dpar_status dpar_trace_end(void);
+
+/* Per-device statistics, counted from the runtime's creation. */
+typedef struct dpar_device_stats {
+    uint64_t memory_in_use;      /* bytes of the device's live buffers */
+    uint64_t memory_peak;        /* high-water mark of memory_in_use */
+    uint64_t buffers;            /* live buffers */
+    uint64_t ops;                /* ops run */
+    uint64_t collectives;        /* collectives this device took part in */
+    uint64_t collective_bytes_in;  /* sum of their input buffers' bytes */
+    uint64_t collective_bytes_out; /* sum of their output buffers' bytes */
+} dpar_device_stats;
+/* Stats of `device` (a device of this process).
+   Errors: DPAR_ERR_INVALID_ARGUMENT (NULL, device out of range). */
+DPAR_API dpar_status dpar_device_stats_get(const dpar_runtime *rt, int device, dpar_device_stats *out);
+/* Sets every device's memory_peak to its memory_in_use, and zeroes the op
+   and collective counters. */
+DPAR_API void dpar_stats_reset(dpar_runtime *rt);
+
 #ifdef __cplusplus
 }
 #endif
@@ -719,6 +836,7 @@ DPAR_API uint32_t dpar_crc32(uint32_t crc, const void *data, size_t n);
 #include <time.h>
 #include <errno.h>
 #include <unistd.h>
+#include <sched.h>
 #ifndef DPAR_ASSERT
 #  include <assert.h>
 #  define DPAR_ASSERT(c) assert(c)
@@ -1081,7 +1199,26 @@ struct dpar_runtime {
     struct dpar_mesh *meshes;
     int thread_init_failed;
     char thread_init_msg[DPAR__ERR_LEN];
+    struct dpar__obs *obs;        /* stats and trace ids (Data-parallel helper, tracing, stats) */
 };
+
+/* Hooks into the core, defined in "Data-parallel helper, tracing, stats". */
+typedef struct dpar__obs dpar__obs;
+struct dpar__cargs;
+static int dpar__trace_on;        /* recording a trace (atomic): the one branch on the hot paths */
+static double dpar__now_us(void);
+static dpar_status dpar__obs_init(dpar_runtime *rt);
+static void dpar__obs_free(dpar_runtime *rt);
+static void dpar__obs_mem(dpar_runtime *rt, int dev, int64_t delta);
+static void dpar__obs_count_op(dpar_runtime *rt, int dev);
+static dpar_status dpar__trace_op(dpar__op *op);
+static dpar_status dpar__coll_run(dpar_ctx *ctx, const struct dpar__cargs *a, int comm);
+static void dpar__trace_event(int pid, int tid, const char *name, const char *cat, double t0, double t1, int64_t bytes);
+static int dpar__trace_pid(const dpar_runtime *rt);
+/* the short spin before a sleep (defined with the collectives' barrier) */
+static int dpar__spin_moved(const void *word, uint64_t seen);
+static int dpar__spin_zero(const void *word, uint64_t unused);
+static int dpar__spin_until(int (*done)(const void *, uint64_t), const void *word, uint64_t seen, const int *abort_flag, int nthreads);
 
 static DPAR__TLS dpar__worker *dpar__self_worker; /* non-NULL on a worker / comm thread */
 static int dpar__is_local(const dpar_runtime *rt, int device) {
@@ -1157,6 +1294,7 @@ static void dpar__runtime_free(dpar_runtime *rt) {
     pthread_cond_destroy(&rt->cv_done);
     pthread_mutex_destroy(&rt->dispatch_mu);
     pthread_mutex_destroy(&rt->list_mu);
+    dpar__obs_free(rt);
     DPAR_FREE(rt);
 }
 
@@ -1277,6 +1415,7 @@ DPAR_API dpar_status dpar_runtime_create(const dpar_runtime_desc *desc_in, dpar_
         dpar__runtime_free(rt);
         return dpar__err(DPAR_ERR_BACKEND, "%s", msg);
     }
+    if ((s = dpar__obs_init(rt))) { dpar__runtime_free(rt); return s; }
     *out = rt;
     return DPAR_OK;
 }
@@ -1364,6 +1503,7 @@ DPAR_API dpar_status dpar_buffer_create(dpar_runtime *rt, int device, dpar_dtype
     b->next = rt->buffers;
     if (rt->buffers) rt->buffers->prev = b;
     rt->buffers = b;
+    dpar__obs_mem(rt, b->device, (int64_t)b->nbytes);
     pthread_mutex_unlock(&rt->list_mu);
     *out = b;
     return DPAR_OK;
@@ -1375,6 +1515,7 @@ DPAR_API void dpar_buffer_destroy(dpar_buffer *b) {
     pthread_mutex_lock(&rt->list_mu);
     if (b->prev) b->prev->next = b->next; else rt->buffers = b->next;
     if (b->next) b->next->prev = b->prev;
+    dpar__obs_mem(rt, b->device, -(int64_t)b->nbytes);
     pthread_mutex_unlock(&rt->list_mu);
     rt->be->free(rt->bstate, b->device, b->mem);
     DPAR_FREE(b);
@@ -1444,8 +1585,9 @@ struct dpar__group {
     struct dpar_mesh *mesh;
     int n;
     int *devices;              /* [n] in reduction order */
-    uint64_t gen;              /* barrier generation */
+    uint64_t gen;              /* barrier generation (atomic: waiters spin on it) */
     int arrived;
+    int sleepers;              /* members blocked in the condition wait */
     unsigned char *here;       /* [n] arrived in the current barrier */
     uint64_t seq;              /* collectives completed, for messages */
     dpar__post *posts;         /* [n] */
@@ -2025,7 +2167,13 @@ static void *dpar__worker_main(void *arg) {
     rt->job_remaining++;
     pthread_cond_broadcast(&rt->cv_done);
     uint64_t seen = rt->job_gen;
+    static const int no_abort = 0;
     for (;;) {
+        if (rt->job_gen == seen && !rt->shutting_down) { /* the next step usually follows at once: spin first */
+            pthread_mutex_unlock(&rt->mu);
+            dpar__spin_until(dpar__spin_moved, &rt->job_gen, seen, &no_abort, rt->nlocal + 1);
+            pthread_mutex_lock(&rt->mu);
+        }
         while (rt->job_gen == seen && !rt->shutting_down) pthread_cond_wait(&rt->cv_start, &rt->mu);
         if (rt->shutting_down) break;
         seen = rt->job_gen;
@@ -2043,7 +2191,7 @@ static void *dpar__worker_main(void *arg) {
             dpar__wake_all_groups(job->mesh);
         }
         pthread_mutex_lock(&rt->mu);
-        if (--rt->job_remaining == 0) pthread_cond_broadcast(&rt->cv_done);
+        if (__atomic_sub_fetch(&rt->job_remaining, 1, __ATOMIC_ACQ_REL) == 0) pthread_cond_broadcast(&rt->cv_done);
     }
     pthread_mutex_unlock(&rt->mu);
     return NULL;
@@ -2077,13 +2225,19 @@ static dpar_status dpar__run(dpar_mesh *m, dpar_fn fn, void *user, int nargs, dp
         c->nargs = nargs;
         c->args = args ? args + (size_t)p * (size_t)nargs : NULL;
     }
+    double t0 = DPAR__ATOMIC_LOAD(&dpar__trace_on) ? dpar__now_us() : 0.0;
     pthread_mutex_lock(&rt->dispatch_mu);
     pthread_mutex_lock(&rt->mu);
     rt->job = &job;
     rt->job_remaining = rt->nlocal;
     rt->job_count++;
-    rt->job_gen++;
+    DPAR__ATOMIC_STORE(&rt->job_gen, rt->job_gen + 1); /* workers spin on it */
     pthread_cond_broadcast(&rt->cv_start);
+    if (rt->job_remaining > 0) {
+        pthread_mutex_unlock(&rt->mu);
+        dpar__spin_until(dpar__spin_zero, &rt->job_remaining, 0, &job.abort, rt->nlocal + 1);
+        pthread_mutex_lock(&rt->mu);
+    }
     while (rt->job_remaining > 0) pthread_cond_wait(&rt->cv_done, &rt->mu);
     rt->job = NULL;
     pthread_mutex_unlock(&rt->mu);
@@ -2097,6 +2251,7 @@ static dpar_status dpar__run(dpar_mesh *m, dpar_fn fn, void *user, int nargs, dp
     else dpar__clear_error();
     pthread_mutex_destroy(&job.err_mu);
     DPAR_FREE(job.ctxs);
+    if (t0 > 0.0) dpar__trace_event(dpar__trace_pid(rt), -1, "dispatch", "host", t0, dpar__now_us(), -1);
     return s;
 }
 
@@ -2309,6 +2464,48 @@ static int dpar__post_eq(const dpar__post *a, const dpar__post *b) {
            a->concat_dim == b->concat_dim && a->root == b->root && a->pairs_hash == b->pairs_hash;
 }
 
+/* Waits a short while for done(word, seen) without sleeping: a spin
+   with pause for DPAR_SPIN_US microseconds (default 2), then sched_yield()
+   rounds, so that a core shared with a member not yet arrived (more workers
+   than CPUs, or another process on the machine) runs that member, for up to
+   100 us (20 us when there are more worker threads than online CPUs; 10x
+   DPAR_SPIN_US when set). DPAR_SPIN_US=0 always sleeps at once. Returns 1 when it moved, 0 to fall
+   back to the condition wait (also on abort). A futex wake-up costs 5-50 us;
+   most rendezvous of a training step complete within the spin. */
+static int dpar__spin_env = -2, dpar__ncpu = 0;
+static int dpar__spin_moved(const void *word, uint64_t seen) { return DPAR__ATOMIC_LOAD((const uint64_t *)word) != seen; }
+static int dpar__spin_zero(const void *word, uint64_t unused) { (void)unused; return DPAR__ATOMIC_LOAD((const int *)word) == 0; }
+static int dpar__spin_until(int (*done)(const void *, uint64_t), const void *word, uint64_t seen, const int *abort_flag, int nthreads) {
+    int us = DPAR__ATOMIC_LOAD(&dpar__spin_env);
+    if (us == -2) {
+        us = dpar__env_int("DPAR_SPIN_US", -1);
+        long nc = sysconf(_SC_NPROCESSORS_ONLN);
+        DPAR__ATOMIC_STORE(&dpar__ncpu, nc > 0 ? (int)nc : 1);
+        DPAR__ATOMIC_STORE(&dpar__spin_env, us);
+    }
+    int yield_us = 0;
+    if (us < 0) { us = 2; yield_us = nthreads <= DPAR__ATOMIC_LOAD(&dpar__ncpu) ? 100 : 20; }
+    else yield_us = 10 * us;
+    if (us == 0) return 0;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (uint32_t i = 1;; i++) {
+        if (done(word, seen)) return 1;
+        if ((i & 15) == 0) {
+            if (DPAR__ATOMIC_LOAD(abort_flag)) return 0;
+            clock_gettime(CLOCK_MONOTONIC, &t1);
+            long el = (long)(t1.tv_sec - t0.tv_sec) * 1000000L + (t1.tv_nsec - t0.tv_nsec) / 1000L;
+            if (el > us + yield_us) return 0;
+            if (el > us) sched_yield();
+        }
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+        __builtin_ia32_pause();
+#elif defined(__GNUC__) && defined(__aarch64__)
+        __asm__ __volatile__("yield");
+#endif
+    }
+}
+
 /* Barrier over the group, with abort, departure and timeout detection.
    `what` names the collective for messages. */
 static dpar_status dpar__barrier_t(dpar__group *g, int rank, dpar_ctx *ctx, const char *what, int slack);
@@ -2327,11 +2524,15 @@ static dpar_status dpar__barrier_t(dpar__group *g, int rank, dpar_ctx *ctx, cons
     if (++g->arrived == g->nlocal) {
         g->arrived = 0;
         memset(g->here, 0, (size_t)g->n);
-        g->gen++;
-        pthread_cond_broadcast(&g->cv);
+        DPAR__ATOMIC_STORE(&g->gen, my + 1);
+        if (g->sleepers) pthread_cond_broadcast(&g->cv);
         pthread_mutex_unlock(&g->mu);
         return DPAR_OK;
     }
+    pthread_mutex_unlock(&g->mu);
+    if (dpar__spin_until(dpar__spin_moved, &g->gen, my, &job->abort, rt->nlocal)) return DPAR_OK;
+    pthread_mutex_lock(&g->mu);
+    g->sleepers++;
     struct timespec dl;
     dpar__deadline(&dl, rt->timeout_ms * slack);
     while (g->gen == my) {
@@ -2365,6 +2566,12 @@ static dpar_status dpar__barrier_t(dpar__group *g, int rank, dpar_ctx *ctx, cons
             break;
         }
     }
+    /* leaving with an error: withdraw this member's arrival, so a late member
+       cannot complete the barrier and release the others into a collective
+       whose member is gone (its buffers may already be freed). here[rank]
+       stays set: the others' timeout / departure messages must not name it. */
+    if (s != DPAR_OK && g->gen == my) g->arrived--;
+    g->sleepers--;
     pthread_mutex_unlock(&g->mu);
     if (s != DPAR_OK && s != DPAR_ERR_ABORTED) dpar__job_fail(job, ctx->device, s);
     return s;
@@ -2377,11 +2584,116 @@ DPAR__MAYBE_UNUSED static dpar_status dpar__coll_barrier(dpar__coll *c) {
     return dpar__barrier(c->group, c->rank, st->ctx, st->what);
 }
 
+/* f32 sum (mean: then / n) of n sources into ndst destinations in one pass:
+   per element ((s0 + s1) + s2) + ..., the same order and rounding as the
+   scalar loop, so results stay bitwise reproducible. `nt`: non-temporal
+   stores (large spans: the outputs bypass the cache instead of evicting the
+   inputs and paying a read-for-ownership per line). */
+static int64_t dpar__sum_f32_scalar(int n, const float *const *src, float *const *dst, int ndst, int64_t lo, int64_t hi, int mean) {
+    for (int64_t i = lo; i < hi; i++) {
+        float a = src[0][i];
+        for (int j = 1; j < n; j++) a += src[j][i];
+        if (mean) a /= (float)n;
+        for (int k = 0; k < ndst; k++) dst[k][i] = a;
+    }
+    return hi;
+}
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && !defined(DPAR_NO_SIMD)
+#include <immintrin.h>
+#define DPAR__X86_SIMD 1
+__attribute__((target("avx2"))) static void dpar__sum_f32_avx2(int n, const float *const *src, float *const *dst, int ndst,
+                                                               int64_t len, int mean, int nt) {
+    int64_t i = 0;
+    if (nt) { /* align the stores; every destination must share the alignment */
+        int64_t head = (int64_t)((32 - ((uintptr_t)dst[0] & 31)) & 31);
+        if (head % 4) nt = 0;
+        for (int k = 1; k < ndst && nt; k++) if (((uintptr_t)dst[k] & 31) != ((uintptr_t)dst[0] & 31)) nt = 0;
+        if (nt) i = dpar__sum_f32_scalar(n, src, dst, ndst, 0, head / 4 < len ? head / 4 : len, mean);
+    }
+    const __m256 dn = _mm256_set1_ps((float)n);
+    for (; i + 16 <= len; i += 16) {
+        __m256 a0 = _mm256_loadu_ps(src[0] + i), a1 = _mm256_loadu_ps(src[0] + i + 8);
+        for (int j = 1; j < n; j++) {
+            a0 = _mm256_add_ps(a0, _mm256_loadu_ps(src[j] + i));
+            a1 = _mm256_add_ps(a1, _mm256_loadu_ps(src[j] + i + 8));
+        }
+        if (mean) { a0 = _mm256_div_ps(a0, dn); a1 = _mm256_div_ps(a1, dn); }
+        if (nt) for (int k = 0; k < ndst; k++) { _mm256_stream_ps(dst[k] + i, a0); _mm256_stream_ps(dst[k] + i + 8, a1); }
+        else for (int k = 0; k < ndst; k++) { _mm256_storeu_ps(dst[k] + i, a0); _mm256_storeu_ps(dst[k] + i + 8, a1); }
+    }
+    if (nt) _mm_sfence();
+    dpar__sum_f32_scalar(n, src, dst, ndst, i, len, mean);
+}
+#endif
+static void dpar__sum_f32(int n, const float *const *src, float *const *dst, int ndst, int64_t len, int mean) {
+    /* streaming stores once the whole working set (n inputs and outputs of
+       every member) no longer fits in 3/4 of the last-level cache */
+    static long llc = 0;
+    long c = DPAR__ATOMIC_LOAD(&llc);
+    if (!c) {
+#ifdef _SC_LEVEL3_CACHE_SIZE
+        c = sysconf(_SC_LEVEL3_CACHE_SIZE);
+#endif
+        if (c <= 0) c = 32L << 20;
+        DPAR__ATOMIC_STORE(&llc, c);
+    }
+    int nt = (uint64_t)len * 4u * (uint64_t)(ndst + n) * (uint64_t)n > (uint64_t)c / 4u * 3u;
+#ifdef DPAR__X86_SIMD
+    if (__builtin_cpu_supports("avx2")) { dpar__sum_f32_avx2(n, src, dst, ndst, len, mean, nt); return; }
+#endif
+    (void)nt;
+    /* portable: blocks of 16, which compilers vectorize */
+    int64_t i = 0;
+    for (; i + 16 <= len; i += 16) {
+        float a[16];
+        for (int e = 0; e < 16; e++) a[e] = src[0][i + e];
+        for (int j = 1; j < n; j++) for (int e = 0; e < 16; e++) a[e] += src[j][i + e];
+        if (mean) for (int e = 0; e < 16; e++) a[e] /= (float)n;
+        for (int k = 0; k < ndst; k++) memcpy(dst[k] + i, a, sizeof a);
+    }
+    dpar__sum_f32_scalar(n, src, dst, ndst, i, len, mean);
+}
+
+#ifdef DPAR__X86_SIMD
+/* f16 sum / mean with f32 accumulation (F16C): the same bits as the scalar
+   path (exact widening, one round-to-nearest-even narrowing; NaN stays a
+   quiet NaN with its payload's top bits, overflow gives Inf). Returns the
+   elements done (a multiple of 8). */
+__attribute__((target("avx2,f16c"))) static int64_t dpar__sum_f16_f16c(int n, const uint16_t *const *src, uint16_t *const *dst, int ndst,
+                                                                        int64_t len, int mean) {
+    int64_t i = 0;
+    const __m256 dn = _mm256_set1_ps((float)n);
+    for (; i + 8 <= len; i += 8) {
+        __m256 a = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src[0] + i)));
+        for (int j = 1; j < n; j++) a = _mm256_add_ps(a, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src[j] + i))));
+        if (mean) a = _mm256_div_ps(a, dn);
+        __m128i h = _mm256_cvtps_ph(a, _MM_FROUND_TO_NEAREST_INT);
+        for (int k = 0; k < ndst; k++) _mm_storeu_si128((__m128i *)(dst[k] + i), h);
+    }
+    return i;
+}
+#endif
+
 /* reduce `len` elements of the n sources into every destination */
 static void dpar__reduce_span(dpar_dtype t, dpar_reduce_op op, int n, const char *const *src, char *const *dst, int ndst,
                               int64_t len) {
     enum { CH = 1024 };
     size_t es = dpar_dtype_size(t);
+    if (t == DPAR_F32 && (op == DPAR_SUM || op == DPAR_MEAN)) {
+        dpar__sum_f32(n, (const float *const *)src, (float *const *)dst, ndst, len, op == DPAR_MEAN);
+        return;
+    }
+    const char *s2[DPAR_MAX_DEVICES]; /* the tail's pointers; outlive the block below */
+    char *d2[DPAR_MAX_DEVICES];
+    (void)s2; (void)d2;
+#ifdef DPAR__X86_SIMD
+    if (t == DPAR_F16 && (op == DPAR_SUM || op == DPAR_MEAN) && __builtin_cpu_supports("avx2") /* every AVX2 CPU has F16C */) {
+        int64_t done = dpar__sum_f16_f16c(n, (const uint16_t *const *)src, (uint16_t *const *)dst, ndst, len, op == DPAR_MEAN);
+        for (int j = 0; j < n; j++) s2[j] = src[j] + (size_t)done * 2;
+        for (int k = 0; k < ndst; k++) d2[k] = dst[k] + (size_t)done * 2;
+        src = (const char *const *)s2; dst = d2; len -= done; /* the tail: the scalar loop below */
+    }
+#endif
     for (int64_t base = 0; base < len; base += CH) {
         int64_t m = len - base < (int64_t)CH ? len - base : (int64_t)CH;
         if (t == DPAR_I32) {
@@ -2733,7 +3045,7 @@ static dpar_status dpar__coll_exec(dpar_ctx *ctx, const dpar__cargs *a) {
 /* --- async machinery --- */
 static void dpar__req_run(dpar__worker *w, struct dpar_request *r) {
     dpar__clear_error();
-    dpar_status s = dpar__coll_exec(r->ctx, &r->args);
+    dpar_status s = dpar__coll_run(r->ctx, &r->args, 1);
     pthread_mutex_lock(&w->qmu);
     r->status = s;
     if (s) snprintf(r->msg, sizeof r->msg, "%s", dpar__err_text);
@@ -2814,8 +3126,10 @@ DPAR_API dpar_status dpar_wait(dpar_ctx *ctx, dpar_request *r) {
     dpar__clear_error();
     if (!ctx || !r) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_wait: ctx or request is NULL");
     dpar__worker *w = &ctx->rt->workers[r->ctx->device - ctx->rt->local_base];
+    double t0 = DPAR__ATOMIC_LOAD(&dpar__trace_on) ? dpar__now_us() : 0.0;
     pthread_mutex_lock(&w->qmu);
     while (!r->done) pthread_cond_wait(&w->qcv, &w->qmu);
+    if (t0 > 0.0) dpar__trace_event(dpar__trace_pid(ctx->rt), ctx->device, "wait", "wait", t0, dpar__now_us(), -1);
     struct dpar_request **pp = &w->live;
     while (*pp && *pp != r) pp = &(*pp)->live_next;
     if (*pp) *pp = r->live_next;
@@ -2837,7 +3151,7 @@ static dpar_status dpar__collective(dpar_ctx *ctx, dpar__cargs *a, const char *a
     pthread_mutex_lock(&w->qmu);
     int pending = w->pending;
     pthread_mutex_unlock(&w->qmu);
-    if (pending == 0) return dpar__coll_exec(ctx, a);
+    if (pending == 0) return dpar__coll_run(ctx, a, 0);
     struct dpar_request *r;
     dpar_status s = dpar__coll_start(ctx, a, &r);
     if (s) return s;
@@ -2960,6 +3274,8 @@ static dpar_status dpar__scalar_out(const char *name, const dpar_buffer *b) {
 }
 static dpar_status dpar__op_run(dpar__op *op) {
     dpar_runtime *rt = op->dst->rt;
+    dpar__obs_count_op(rt, op->dst->device);
+    if (__builtin_expect(DPAR__ATOMIC_LOAD(&dpar__trace_on), 0)) return dpar__trace_op(op);
     return rt->be->op(rt->bstate, op->dst->device, op); /* backend-local index */
 }
 static void dpar__op_init(dpar__op *op, dpar__op_kind k, dpar_buffer *dst) {
@@ -3159,10 +3475,9 @@ static dpar_status dpar__sgd_check(const dpar_sgd_desc *d) {
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "sgd: clip_norm = %g; use 0 (off) or a positive norm", (double)d->clip_norm);
     return DPAR_OK;
 }
-DPAR_API dpar_status dpar_sgd_update(const dpar_sgd_desc *d, dpar_buffer *param, const dpar_buffer *grad, dpar_buffer *mom, float clip_scale) {
-    dpar__clear_error();
-    dpar_status s = dpar__sgd_check(d);
-    if (s) return s;
+/* the buffer checks of one update (dpar_sgd_step runs them for every buffer first) */
+static dpar_status dpar__sgd_check_bufs(const dpar_sgd_desc *d, const dpar_buffer *param, const dpar_buffer *grad, const dpar_buffer *mom) {
+    dpar_status s;
     const dpar_buffer *ops[2] = { grad, mom ? mom : grad };
     if ((s = dpar__op_check("sgd", param, ops, 2))) return s;
     if ((s = dpar__need_f32("sgd", param, "param")) || (s = dpar__need_f32("sgd", grad, "grad")) || (s = dpar__same_count("sgd", param, "param", grad, "grad")))
@@ -3173,6 +3488,12 @@ DPAR_API dpar_status dpar_sgd_update(const dpar_sgd_desc *d, dpar_buffer *param,
         if (mom == param || mom == grad) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "sgd: the momentum buffer must not alias param or grad");
     }
     if (grad == param) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "sgd: grad must not alias param");
+    return DPAR_OK;
+}
+DPAR_API dpar_status dpar_sgd_update(const dpar_sgd_desc *d, dpar_buffer *param, const dpar_buffer *grad, dpar_buffer *mom, float clip_scale) {
+    dpar__clear_error();
+    dpar_status s = dpar__sgd_check(d);
+    if (s || (s = dpar__sgd_check_bufs(d, param, grad, mom))) return s;
     if (!isfinite(clip_scale) || clip_scale < 0.0f) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "sgd: clip_scale = %g is not a finite scale >= 0", (double)clip_scale);
     dpar__op op;
     dpar__op_init(&op, DPAR__OP_SGD, param);
@@ -3221,6 +3542,9 @@ DPAR_API dpar_status dpar_sgd_step(dpar_ctx *ctx, const dpar_sgd_desc *d, dpar_b
     dpar_status s = dpar__sgd_check(d);
     if (s) return s;
     if (n < 0 || (n > 0 && (!params || !grads))) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "sgd_step: params or grads is NULL");
+    /* every buffer is checked before any is updated: a failed step changes nothing */
+    for (int i = 0; i < n; i++)
+        if ((s = dpar__sgd_check_bufs(d, params[i], grads[i], moms ? moms[i] : NULL))) return s;
     float scale = 1.0f;
     if (d->clip_norm > 0.0f) {
         s = dpar_sgd_clip_scale(ctx, d, grads, n, &scale, NULL);
@@ -3488,8 +3812,10 @@ static dpar_status dpar__mpi_mesh_init(dpar_mesh *m, const dpar_mesh_desc *d) {
     return DPAR_OK;
 }
 
-/* Polls req until done, the deadline, or an abort of the job. */
-static int dpar__mpi_poll(dpar__mpi *mp, MPI_Request *req, const struct timespec *dl, dpar__job *job) {
+/* Polls req until done, the deadline, or an abort of the job. `busy`: keep
+   calling into MPI (its shared-memory transport only progresses inside MPI
+   calls) instead of sleeping between polls; used for the data phase. */
+static int dpar__mpi_poll(dpar__mpi *mp, MPI_Request *req, const struct timespec *dl, dpar__job *job, int busy) {
     for (int spins = 0;; spins++) {
         int flag = 0;
         pthread_mutex_lock(&mp->mu);
@@ -3500,7 +3826,7 @@ static int dpar__mpi_poll(dpar__mpi *mp, MPI_Request *req, const struct timespec
         struct timespec now;
         clock_gettime(CLOCK_REALTIME, &now);
         if (now.tv_sec > dl->tv_sec || (now.tv_sec == dl->tv_sec && now.tv_nsec >= dl->tv_nsec)) return 0;
-        if (spins > 64) { struct timespec ts = { 0, 20000 }; nanosleep(&ts, NULL); } else sched_yield();
+        if (!busy && spins > 64) { struct timespec ts = { 0, 20000 }; nanosleep(&ts, NULL); } else sched_yield();
     }
 }
 static void dpar__mpi_fill_msg(dpar__mpi_msg *mm, const dpar__post *p, uint64_t job, uint64_t seq, int type) {
@@ -3561,7 +3887,7 @@ static dpar_status dpar__mpi_coll(dpar_ctx *ctx, dpar__group *g, dpar__coll *c, 
     for (int q = 0; q < mg->nprocs; q++) {
         if (q == mg->me) continue;
         for (;;) {
-            int r = dpar__mpi_poll(mp, &mg->rreq[q], &dl, ctx->job);
+            int r = dpar__mpi_poll(mp, &mg->rreq[q], &dl, ctx->job, 0);
             if (r == 1 && mg->rbuf[q].type == 1 && mg->rbuf[q].job < job) { /* stale "pmap returned": skip it */
                 DPAR__MPI_CALL(mp, MPI_Irecv(&mg->rbuf[q], (int)sizeof mine, MPI_BYTE, q, DPAR__MPI_TAG, mg->comm, &mg->rreq[q]));
                 continue;
@@ -3675,7 +4001,7 @@ static dpar_status dpar__mpi_coll(dpar_ctx *ctx, dpar__group *g, dpar__coll *c, 
         for (int q = 0; q < mg->nprocs; q++) { mg->rcounts[q] = (int)((size_t)mg->nmem[q] * inbytes); mg->rdispls[q] = disp; disp += mg->rcounts[q]; }
         DPAR__MPI_CALL(mp, MPI_Iallgatherv(mg->xbuf, (int)at, MPI_BYTE, mg->xrecv, mg->rcounts, mg->rdispls, MPI_BYTE, mg->comm, &req));
     }
-    int r = dpar__mpi_poll(mp, &req, &dl, ctx->job);
+    int r = dpar__mpi_poll(mp, &req, &dl, ctx->job, 1);
     if (r != 1) {
         mp->broken = 1; /* a collective cannot be cancelled: the runtime is out of step now */
         if (r < 0) return dpar__err(DPAR_ERR_ABORTED, "%s: stopped because another device failed first", what);
@@ -3870,6 +4196,7 @@ DPAR_API dpar_status dpar_array_reshard(dpar_array *dst, const dpar_array *src) 
         dpar_status s = (ts && td) ? DPAR_OK : dpar__err(DPAR_ERR_OUT_OF_MEMORY, "reshard: out of host memory (%zu bytes)", snb + dnb);
         int64_t zero[DPAR_MAX_DIMS] = {0}, so[DPAR_MAX_DIMS], dof[DPAR_MAX_DIMS], rel[DPAR_MAX_DIMS];
         for (int p = 0; p < m->size && !s; p++) {
+            if (!src->shards[p] || !dst->shards[p]) continue; /* held by another process */
             s = dpar_buffer_read(src->shards[p], 0, ts, snb);
             if (s) break;
             dpar__array_offsets(src, p, so);
@@ -4423,24 +4750,673 @@ DPAR_API dpar_status dpar_checkpoint_restore(const char *path, const dpar_checkp
 }
 
 /* ---------------------------------------------------------------------------
+   Data-parallel helper, tracing, stats
+   ------------------------------------------------------------------------ */
+static double dpar__now_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
+}
+
+/* --- stats: per runtime, per local device --- */
+typedef struct dpar__devstats {
+    uint64_t in_use, peak, buffers;          /* under rt->list_mu */
+    uint64_t ops, colls, bytes_in, bytes_out; /* atomic (worker and comm threads) */
+} dpar__devstats;
+struct dpar__obs {
+    int pid;                 /* trace process id of this runtime */
+    int nlocal;
+    dpar__devstats dev[1];   /* [nlocal] */
+};
+
+/* --- trace events: process wide, appended under a mutex --- */
+typedef struct dpar__tev {
+    const char *name, *cat;  /* static strings */
+    int pid, tid;            /* tid: global device id; DPAR__TID_COMM + id for its comm thread; -1 host */
+    double ts, dur;          /* microseconds */
+    int64_t bytes;           /* -1: none */
+} dpar__tev;
+enum { DPAR__TID_COMM = 100000, DPAR__TRACE_MAX_EVENTS = 4 << 20 };
+static pthread_mutex_t dpar__trace_mu = PTHREAD_MUTEX_INITIALIZER;
+static dpar__tev *dpar__tev_buf;
+static size_t dpar__tev_n, dpar__tev_cap, dpar__tev_dropped;
+static char *dpar__trace_path;
+static double dpar__trace_t0;
+static int dpar__trace_pids, dpar__trace_env_done, dpar__trace_atexit;
+static char dpar__trace_pname[64][96];   /* process names by pid (first 64 runtimes) */
+
+static void dpar__trace_event(int pid, int tid, const char *name, const char *cat, double t0, double t1, int64_t bytes) {
+    pthread_mutex_lock(&dpar__trace_mu);
+    if (DPAR__ATOMIC_LOAD(&dpar__trace_on)) {
+        if (dpar__tev_n == dpar__tev_cap && dpar__tev_cap < DPAR__TRACE_MAX_EVENTS) {
+            size_t nc = dpar__tev_cap ? dpar__tev_cap * 2 : 4096;
+            dpar__tev *nb = (dpar__tev *)DPAR_REALLOC(dpar__tev_buf, nc * sizeof *nb);
+            if (nb) { dpar__tev_buf = nb; dpar__tev_cap = nc; }
+        }
+        if (dpar__tev_n < dpar__tev_cap) {
+            dpar__tev *e = &dpar__tev_buf[dpar__tev_n++];
+            e->name = name; e->cat = cat; e->pid = pid; e->tid = tid;
+            e->ts = t0 - dpar__trace_t0; e->dur = t1 - t0; e->bytes = bytes;
+        } else {
+            dpar__tev_dropped++;
+        }
+    }
+    pthread_mutex_unlock(&dpar__trace_mu);
+}
+static int dpar__trace_pid(const dpar_runtime *rt) { return rt && rt->obs ? rt->obs->pid : 0; }
+
+static const char *dpar__op_name(dpar__op_kind k) {
+    static const char *const names[DPAR__OP_COUNT + 1] = {
+        "matmul", "bias_add", "bias_grad", "relu", "relu_backward", "softmax_xent", "mse", "axpy", "scale",
+        "fill", "copy", "cast", "sum", "sum_squares", "sgd", "op" };
+    return (int)k >= 0 && (int)k < (int)DPAR__OP_COUNT && names[k] ? names[k] : "op";
+}
+
+/* hooks called by the core (declared before it) */
+static dpar_status dpar__trace_op(dpar__op *op) {
+    dpar_runtime *rt = op->dst->rt;
+    double t0 = dpar__now_us();
+    dpar_status s = rt->be->op(rt->bstate, op->dst->device, op);
+    dpar__trace_event(dpar__trace_pid(rt), op->dst->gdev, dpar__op_name(op->kind), "op", t0, dpar__now_us(), -1);
+    return s;
+}
+static dpar_status dpar__coll_run(dpar_ctx *ctx, const struct dpar__cargs *a, int comm) {
+    double t0 = DPAR__ATOMIC_LOAD(&dpar__trace_on) ? dpar__now_us() : 0.0;
+    dpar_status s = dpar__coll_exec(ctx, a);
+    dpar_runtime *rt = ctx->rt;
+    if (rt->obs && s == DPAR_OK && a->in && a->out) {
+        int li = ctx->device - rt->local_base;
+        if (li >= 0 && li < rt->obs->nlocal) {
+            dpar__devstats *d = &rt->obs->dev[li];
+            __atomic_fetch_add(&d->colls, 1, __ATOMIC_RELAXED);
+            __atomic_fetch_add(&d->bytes_in, (uint64_t)a->in->nbytes, __ATOMIC_RELAXED);
+            __atomic_fetch_add(&d->bytes_out, (uint64_t)a->out->nbytes, __ATOMIC_RELAXED);
+        }
+    }
+    if (t0 > 0.0)
+        dpar__trace_event(dpar__trace_pid(rt), comm ? DPAR__TID_COMM + ctx->device : ctx->device, dpar__coll_name(a->kind, a->op),
+                          comm ? "collective async" : "collective", t0, dpar__now_us(), a->in ? (int64_t)a->in->nbytes : 0);
+    return s;
+}
+static void dpar__obs_mem(dpar_runtime *rt, int dev, int64_t delta) { /* under rt->list_mu */
+    if (!rt->obs || dev < 0 || dev >= rt->obs->nlocal) return;
+    dpar__devstats *d = &rt->obs->dev[dev];
+    d->in_use = (uint64_t)((int64_t)d->in_use + delta);
+    d->buffers += delta >= 0 ? 1u : (uint64_t)-1;
+    if (d->in_use > d->peak) d->peak = d->in_use;
+}
+static void dpar__obs_count_op(dpar_runtime *rt, int dev) {
+    if (rt->obs && dev >= 0 && dev < rt->obs->nlocal) __atomic_fetch_add(&rt->obs->dev[dev].ops, 1, __ATOMIC_RELAXED);
+}
+
+static void dpar__trace_atexit_fn(void) { if (DPAR__ATOMIC_LOAD(&dpar__trace_on)) dpar_trace_end(); }
+
+static dpar_status dpar__obs_init(dpar_runtime *rt) {
+    dpar__obs *o = (dpar__obs *)dpar__calloc(1, sizeof(dpar__obs) + (size_t)(rt->nlocal > 0 ? rt->nlocal : 1) * sizeof(dpar__devstats));
+    if (!o) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_runtime_create: out of host memory");
+    o->nlocal = rt->nlocal;
+    pthread_mutex_lock(&dpar__trace_mu);
+    int first = !dpar__trace_env_done;
+    dpar__trace_env_done = 1;
+    o->pid = ++dpar__trace_pids;
+    if (o->pid <= 64)
+        snprintf(dpar__trace_pname[o->pid - 1], sizeof dpar__trace_pname[0], "dpar runtime %d (%s, %d devices)", o->pid, rt->be->name, rt->ndev);
+    pthread_mutex_unlock(&dpar__trace_mu);
+    rt->obs = o;
+    const char *env = getenv("DPAR_TRACE");
+    if (first && env && *env && !DPAR__ATOMIC_LOAD(&dpar__trace_on)) {
+        char path[1024];
+        if (rt->nproc > 1) /* one file per MPI process: trace.json -> trace.rank3.json */
+            snprintf(path, sizeof path, "%.*s.rank%d%s", (int)(strlen(env) > 5 && !strcmp(env + strlen(env) - 5, ".json") ? strlen(env) - 5 : strlen(env)),
+                     env, rt->proc, strlen(env) > 5 && !strcmp(env + strlen(env) - 5, ".json") ? ".json" : "");
+        else
+            snprintf(path, sizeof path, "%s", env);
+        if (dpar_trace_begin(path) == DPAR_OK) {
+            pthread_mutex_lock(&dpar__trace_mu);
+            if (!dpar__trace_atexit) { dpar__trace_atexit = 1; atexit(dpar__trace_atexit_fn); }
+            pthread_mutex_unlock(&dpar__trace_mu);
+        }
+        dpar__clear_error();
+    }
+    return DPAR_OK;
+}
+static void dpar__obs_free(dpar_runtime *rt) {
+    if (!rt->obs) return;
+    if (DPAR__ATOMIC_LOAD(&dpar__trace_on)) { dpar_trace_flush(); dpar__clear_error(); }
+    DPAR_FREE(rt->obs);
+    rt->obs = NULL;
+}
+
+DPAR_API dpar_status dpar_trace_begin(const char *path) {
+    dpar__clear_error();
+    if (!path || !*path) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_trace_begin: path is NULL or empty; give a file name such as \"trace.json\"");
+    size_t len = strlen(path);
+    char *p = (char *)DPAR_MALLOC(len + 1);
+    if (!p) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_trace_begin: out of host memory");
+    memcpy(p, path, len + 1);
+    pthread_mutex_lock(&dpar__trace_mu);
+    DPAR_FREE(dpar__trace_path);
+    dpar__trace_path = p;
+    dpar__tev_n = 0;
+    dpar__tev_dropped = 0;
+    dpar__trace_t0 = dpar__now_us();
+    DPAR__ATOMIC_STORE(&dpar__trace_on, 1);
+    pthread_mutex_unlock(&dpar__trace_mu);
+    return DPAR_OK;
+}
+
+static dpar_status dpar__trace_write_locked(void) {
+    FILE *f = fopen(dpar__trace_path, "w");
+    if (!f) return dpar__err(DPAR_ERR_IO, "dpar trace: cannot write '%s': %s", dpar__trace_path, strerror(errno));
+    fprintf(f, "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"producer\":\"dpar.h\",\"dropped_events\":%llu},\"traceEvents\":[\n",
+            (unsigned long long)dpar__tev_dropped);
+    /* metadata: process and thread names, for every (pid, tid) seen */
+    int first = 1;
+    for (int pid = 1; pid <= dpar__trace_pids && pid <= 64; pid++) {
+        fprintf(f, "%s{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%d,\"tid\":0,\"args\":{\"name\":\"%s\"}}", first ? "" : ",\n", pid,
+                dpar__trace_pname[pid - 1]);
+        first = 0;
+    }
+    for (size_t i = 0; i < dpar__tev_n; i++) {
+        const dpar__tev *e = &dpar__tev_buf[i];
+        int seen = 0;
+        for (size_t j = 0; j < i && !seen; j++) seen = dpar__tev_buf[j].pid == e->pid && dpar__tev_buf[j].tid == e->tid;
+        if (seen) continue;
+        int tid = e->tid < 0 ? 0 : e->tid + 1, sort = e->tid < 0 ? 0 : e->tid >= DPAR__TID_COMM ? 2 * (e->tid - DPAR__TID_COMM) + 2 : 2 * e->tid + 1;
+        char nm[64];
+        if (e->tid < 0) snprintf(nm, sizeof nm, "host");
+        else if (e->tid >= DPAR__TID_COMM) snprintf(nm, sizeof nm, "device %d comm", e->tid - DPAR__TID_COMM);
+        else snprintf(nm, sizeof nm, "device %d", e->tid);
+        fprintf(f, "%s{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":\"%s\"}}", first ? "" : ",\n", e->pid, tid, nm);
+        fprintf(f, ",\n{\"ph\":\"M\",\"name\":\"thread_sort_index\",\"pid\":%d,\"tid\":%d,\"args\":{\"sort_index\":%d}}", e->pid, tid, sort);
+        first = 0;
+        if (i > 4096) break; /* tracks appear early; bound the quadratic scan */
+    }
+    for (size_t i = 0; i < dpar__tev_n; i++) {
+        const dpar__tev *e = &dpar__tev_buf[i];
+        int tid = e->tid < 0 ? 0 : e->tid + 1;
+        fprintf(f, "%s{\"ph\":\"X\",\"name\":\"%s\",\"cat\":\"%s\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f", first ? "" : ",\n",
+                e->name, e->cat, e->pid, tid, e->ts, e->dur > 0.0 ? e->dur : 0.0);
+        if (e->bytes >= 0) fprintf(f, ",\"args\":{\"bytes\":%lld}", (long long)e->bytes);
+        fputc('}', f);
+        first = 0;
+    }
+    fprintf(f, "\n]}\n");
+    if (fclose(f) != 0) return dpar__err(DPAR_ERR_IO, "dpar trace: error writing '%s': %s", dpar__trace_path, strerror(errno));
+    return DPAR_OK;
+}
+DPAR_API dpar_status dpar_trace_flush(void) {
+    dpar__clear_error();
+    pthread_mutex_lock(&dpar__trace_mu);
+    dpar_status s = DPAR__ATOMIC_LOAD(&dpar__trace_on) && dpar__trace_path ? dpar__trace_write_locked()
+                  : dpar__err(DPAR_ERR_STATE, "dpar_trace_flush: not tracing; call dpar_trace_begin or set DPAR_TRACE=file.json");
+    pthread_mutex_unlock(&dpar__trace_mu);
+    return s;
+}
+DPAR_API dpar_status dpar_trace_end(void) {
+    dpar_status s = dpar_trace_flush();
+    pthread_mutex_lock(&dpar__trace_mu);
+    DPAR__ATOMIC_STORE(&dpar__trace_on, 0);
+    DPAR_FREE(dpar__tev_buf);
+    dpar__tev_buf = NULL;
+    dpar__tev_n = dpar__tev_cap = 0;
+    pthread_mutex_unlock(&dpar__trace_mu);
+    return s;
+}
+
+DPAR_API dpar_status dpar_device_stats_get(const dpar_runtime *rt, int device, dpar_device_stats *out) {
+    dpar__clear_error();
+    if (!rt || !out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_device_stats_get: runtime or out is NULL");
+    int li = device - rt->local_base;
+    if (!rt->obs || li < 0 || li >= rt->obs->nlocal)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_device_stats_get: device %d is not a device of this process (%d..%d)", device,
+                         rt->local_base, rt->local_base + rt->nlocal - 1);
+    const dpar__devstats *d = &rt->obs->dev[li];
+    memset(out, 0, sizeof *out);
+    pthread_mutex_lock((pthread_mutex_t *)&rt->list_mu);
+    out->memory_in_use = d->in_use; out->memory_peak = d->peak; out->buffers = d->buffers;
+    pthread_mutex_unlock((pthread_mutex_t *)&rt->list_mu);
+    out->ops = __atomic_load_n(&d->ops, __ATOMIC_RELAXED);
+    out->collectives = __atomic_load_n(&d->colls, __ATOMIC_RELAXED);
+    out->collective_bytes_in = __atomic_load_n(&d->bytes_in, __ATOMIC_RELAXED);
+    out->collective_bytes_out = __atomic_load_n(&d->bytes_out, __ATOMIC_RELAXED);
+    return DPAR_OK;
+}
+DPAR_API void dpar_stats_reset(dpar_runtime *rt) {
+    if (!rt || !rt->obs) return;
+    pthread_mutex_lock(&rt->list_mu);
+    for (int i = 0; i < rt->obs->nlocal; i++) {
+        dpar__devstats *d = &rt->obs->dev[i];
+        d->peak = d->in_use;
+        __atomic_store_n(&d->ops, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&d->colls, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&d->bytes_in, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&d->bytes_out, 0, __ATOMIC_RELAXED);
+    }
+    pthread_mutex_unlock(&rt->list_mu);
+}
+
+/* --- the data-parallel helper --- */
+struct dpar_dp {
+    dpar_mesh *mesh;
+    char axes[128];
+    int sum, blocking;
+    int gsize;               /* devices the axes span: 1 means nothing to exchange */
+    dpar_dtype comm;
+    size_t cap;
+    pthread_mutex_t mu;      /* forming the buckets */
+    int formed;              /* atomic */
+    int np, pcap;
+    dpar_array **grads;      /* [np] */
+    int *bucket_of;          /* [np] */
+    int64_t *offset;         /* [np] element offset in its bucket */
+    int nb;
+    int64_t *bcount;         /* [nb] elements */
+    int *bparams;            /* [nb] parameters in the bucket */
+    int *order;              /* [np] parameters in bucket order */
+    int *bfirst;             /* [nb + 1] index into order */
+    /* per mesh position */
+    dpar_buffer **buf;       /* [size * nb] this device's bucket buffers (comm dtype), made on first use */
+    dpar_request **req;      /* [size * nb] */
+    unsigned char *ready;    /* [size * np] */
+    int *left;               /* [size * nb] */
+    int *next;               /* [size] next bucket to launch */
+    int *active;             /* [size] between begin and finish */
+};
+
+DPAR_API dpar_status dpar_dp_create(dpar_mesh *m, const dpar_dp_desc *d, dpar_dp **out) {
+    dpar__clear_error();
+    if (!out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_dp_create: `out` is NULL");
+    *out = NULL;
+    if (!m || !d) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_dp_create: mesh or desc is NULL");
+    unsigned mask;
+    dpar_status s = dpar__parse_axes(m, "dpar_dp_create", d->axes, &mask, NULL, NULL);
+    if (s) return s;
+    if (d->comm_dtype != DPAR_F32 && d->comm_dtype != DPAR_F16 && d->comm_dtype != DPAR_BF16)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_dp_create: comm_dtype %s; use DPAR_F32, DPAR_F16 or DPAR_BF16", dpar_dtype_name(d->comm_dtype));
+    dpar_dp *dp = (dpar_dp *)dpar__calloc(1, sizeof *dp);
+    if (!dp) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_dp_create: out of host memory");
+    dp->mesh = m;
+    snprintf(dp->axes, sizeof dp->axes, "%s", d->axes);
+    dp->sum = d->sum; dp->blocking = d->blocking; dp->comm = d->comm_dtype;
+    dp->gsize = dpar__mask_size(m, mask);
+    dp->cap = d->bucket_bytes ? d->bucket_bytes : (size_t)25 << 20;
+    pthread_mutex_init(&dp->mu, NULL);
+    *out = dp;
+    return DPAR_OK;
+}
+DPAR_API void dpar_dp_destroy(dpar_dp *dp) {
+    if (!dp) return;
+    if (dp->buf)
+        for (int i = 0; i < dp->mesh->size * dp->nb; i++) dpar_buffer_destroy(dp->buf[i]);
+    DPAR_FREE(dp->grads); DPAR_FREE(dp->bucket_of); DPAR_FREE(dp->offset); DPAR_FREE(dp->bcount); DPAR_FREE(dp->bparams);
+    DPAR_FREE(dp->order); DPAR_FREE(dp->bfirst); DPAR_FREE(dp->buf); DPAR_FREE(dp->req); DPAR_FREE(dp->ready);
+    DPAR_FREE(dp->left); DPAR_FREE(dp->next); DPAR_FREE(dp->active);
+    pthread_mutex_destroy(&dp->mu);
+    DPAR_FREE(dp);
+}
+DPAR_API dpar_status dpar_dp_add(dpar_dp *dp, dpar_array *g, int *id) {
+    dpar__clear_error();
+    if (!dp || !g) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_dp_add: helper or gradient array is NULL");
+    if (DPAR__ATOMIC_LOAD(&dp->formed)) return dpar__err(DPAR_ERR_STATE, "dpar_dp_add: the buckets are formed (first step ran); register every gradient before");
+    if (g->mesh != dp->mesh) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_dp_add: the gradient array was created on another mesh");
+    if (g->dtype != DPAR_F32) return dpar__err(DPAR_ERR_DTYPE, "dpar_dp_add: the gradient is %s; gradients are f32", dpar_dtype_name(g->dtype));
+    unsigned mask;
+    dpar__parse_axes(dp->mesh, "dpar_dp_add", dp->axes, &mask, NULL, NULL);
+    if (g->used_mask & mask)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_dp_add: the gradient is split over axes '%s' that the replicas span; register replicated gradients", dp->axes);
+    if (dp->np == dp->pcap) {
+        int nc = dp->pcap ? 2 * dp->pcap : 16;
+        dpar_array **ng = (dpar_array **)DPAR_REALLOC(dp->grads, (size_t)nc * sizeof *ng);
+        if (!ng) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_dp_add: out of host memory");
+        dp->grads = ng;
+        dp->pcap = nc;
+    }
+    if (id) *id = dp->np;
+    dp->grads[dp->np++] = g;
+    return DPAR_OK;
+}
+/* Assigns parameters to buckets (reverse registration order), once. */
+static dpar_status dpar__dp_form(dpar_dp *dp) {
+    if (DPAR__ATOMIC_LOAD(&dp->formed)) return DPAR_OK;
+    pthread_mutex_lock(&dp->mu);
+    dpar_status s = DPAR_OK;
+    if (!dp->formed) {
+        int np = dp->np, size = dp->mesh->size;
+        size_t es = dpar_dtype_size(dp->comm);
+        dp->bucket_of = (int *)dpar__calloc((size_t)(np ? np : 1), sizeof(int));
+        dp->offset = (int64_t *)dpar__calloc((size_t)(np ? np : 1), sizeof(int64_t));
+        dp->order = (int *)dpar__calloc((size_t)(np ? np : 1), sizeof(int));
+        dp->bcount = (int64_t *)dpar__calloc((size_t)(np ? np : 1), sizeof(int64_t));
+        dp->bparams = (int *)dpar__calloc((size_t)(np ? np : 1), sizeof(int));
+        dp->bfirst = (int *)dpar__calloc((size_t)np + 1, sizeof(int));
+        if (!dp->bucket_of || !dp->offset || !dp->order || !dp->bcount || !dp->bparams || !dp->bfirst) s = DPAR_ERR_OUT_OF_MEMORY;
+        int nb = 0;
+        for (int k = 0; k < np && !s; k++) {
+            int p = np - 1 - k;
+            int64_t cnt = dpar__prod(dp->grads[p]->local, dp->grads[p]->ndim);
+            if (nb == 0 || (dp->bcount[nb - 1] > 0 && (size_t)(dp->bcount[nb - 1] + cnt) * es > dp->cap)) {
+                dp->bfirst[nb] = k;
+                nb++;
+            }
+            dp->bucket_of[p] = nb - 1;
+            dp->offset[p] = dp->bcount[nb - 1];
+            dp->bcount[nb - 1] += cnt;
+            dp->bparams[nb - 1]++;
+            dp->order[k] = p;
+        }
+        dp->nb = nb;
+        dp->bfirst[nb] = np;
+        if (!s) {
+            size_t cells = (size_t)size * (size_t)(nb ? nb : 1);
+            dp->buf = (dpar_buffer **)dpar__calloc(cells, sizeof(dpar_buffer *));
+            dp->req = (dpar_request **)dpar__calloc(cells, sizeof(dpar_request *));
+            dp->left = (int *)dpar__calloc(cells, sizeof(int));
+            dp->ready = (unsigned char *)dpar__calloc((size_t)size * (size_t)(np ? np : 1), 1);
+            dp->next = (int *)dpar__calloc((size_t)size, sizeof(int));
+            dp->active = (int *)dpar__calloc((size_t)size, sizeof(int));
+            if (!dp->buf || !dp->req || !dp->left || !dp->ready || !dp->next || !dp->active) s = DPAR_ERR_OUT_OF_MEMORY;
+        }
+        if (!s) DPAR__ATOMIC_STORE(&dp->formed, 1);
+    }
+    pthread_mutex_unlock(&dp->mu);
+    if (s) return dpar__err(s, "dpar_dp: out of host memory forming the buckets");
+    return DPAR_OK;
+}
+DPAR_API int dpar_dp_bucket_count(dpar_dp *dp) {
+    if (!dp || dpar__dp_form(dp)) return -1;
+    return dp->nb;
+}
+
+/* f32 <-> f16 arrays, the same bits as dpar_f32_to_f16 / dpar_f16_to_f32 */
+#ifdef DPAR__X86_SIMD
+__attribute__((target("avx2,f16c"))) static int64_t dpar__to_f16_f16c(uint16_t *d, const float *x, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm_storeu_si128((__m128i *)(d + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+    return i;
+}
+__attribute__((target("avx2,f16c"))) static int64_t dpar__from_f16_f16c(float *y, const uint16_t *h, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
+    return i;
+}
+#endif
+static void dpar__to_f16_n(uint16_t *d, const float *x, int64_t n) {
+    int64_t i = 0;
+#ifdef DPAR__X86_SIMD
+    if (__builtin_cpu_supports("avx2") /* every AVX2 CPU has F16C */) i = dpar__to_f16_f16c(d, x, n);
+#endif
+    for (; i < n; i++) d[i] = dpar_f32_to_f16(x[i]);
+}
+static void dpar__from_f16_n(float *y, const uint16_t *h, int64_t n) {
+    int64_t i = 0;
+#ifdef DPAR__X86_SIMD
+    if (__builtin_cpu_supports("avx2") /* every AVX2 CPU has F16C */) i = dpar__from_f16_f16c(y, h, n);
+#endif
+    for (; i < n; i++) y[i] = dpar_f16_to_f32(h[i]);
+}
+
+/* Copies gradient <-> bucket range (casting f32 <-> comm dtype) through host
+   views: in place when the backend maps its memory, else staged through
+   read/write. Traced as a staging copy. */
+static dpar_status dpar__dp_xfer(dpar_dp *dp, dpar_buffer *grad, dpar_buffer *bucket, int64_t off, int to_bucket) {
+    dpar_runtime *rt = grad->rt;
+    const dpar__backend_iface *be = rt->be;
+    void *bs = rt->bstate;
+    int64_t n = grad->count;
+    size_t es = dpar_dtype_size(dp->comm), gbytes = (size_t)n * 4, bbytes = (size_t)n * es, boff = (size_t)off * es;
+    if (n == 0) return DPAR_OK;
+    char *g = be->host_ptr ? (char *)be->host_ptr(bs, grad->device, grad->mem) : NULL;
+    char *b = be->host_ptr ? (char *)be->host_ptr(bs, bucket->device, bucket->mem) : NULL;
+    char *gtmp = NULL, *btmp = NULL;
+    dpar_status s = DPAR_OK;
+    if (b) b += boff;
+    if (!g) { gtmp = (char *)DPAR_MALLOC(gbytes); g = gtmp; }
+    if (!b) { btmp = (char *)DPAR_MALLOC(bbytes); b = btmp; }
+    if (!g || !b) { DPAR_FREE(gtmp); DPAR_FREE(btmp); return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_dp: out of host memory for staging"); }
+    if (to_bucket) {
+        if (gtmp) s = be->read(bs, grad->device, grad->mem, 0, g, gbytes);
+        else if (be->host_acquire) s = be->host_acquire(bs, grad->device, grad->mem, 0, gbytes);
+        if (!s) {
+            const float *x = (const float *)g;
+            if (dp->comm == DPAR_F32) memcpy(b, x, gbytes);
+            else if (dp->comm == DPAR_F16) dpar__to_f16_n((uint16_t *)b, x, n);
+            else for (int64_t i = 0; i < n; i++) ((uint16_t *)b)[i] = dpar_f32_to_bf16(x[i]);
+            if (btmp) s = be->write(bs, bucket->device, bucket->mem, boff, b, bbytes);
+            else if (be->host_release) s = be->host_release(bs, bucket->device, bucket->mem, boff, bbytes);
+        }
+    } else {
+        if (btmp) s = be->read(bs, bucket->device, bucket->mem, boff, b, bbytes);
+        else if (be->host_acquire) s = be->host_acquire(bs, bucket->device, bucket->mem, boff, bbytes);
+        if (!s) {
+            float *y = (float *)g;
+            if (dp->comm == DPAR_F32) memcpy(y, b, gbytes);
+            else if (dp->comm == DPAR_F16) dpar__from_f16_n(y, (const uint16_t *)b, n);
+            else for (int64_t i = 0; i < n; i++) y[i] = dpar_bf16_to_f32(((const uint16_t *)b)[i]);
+            if (gtmp) s = be->write(bs, grad->device, grad->mem, 0, g, gbytes);
+            else if (be->host_release) s = be->host_release(bs, grad->device, grad->mem, 0, gbytes);
+        }
+    }
+    DPAR_FREE(gtmp); DPAR_FREE(btmp);
+    return s;
+}
+
+static dpar_status dpar__dp_launch(dpar_dp *dp, dpar_ctx *ctx, int b) {
+    int pos = ctx->pos, nb = dp->nb;
+    dpar_buffer **bb = &dp->buf[(size_t)pos * (size_t)nb + (size_t)b];
+    dpar_status s;
+    if (!*bb) {
+        int64_t c = dp->bcount[b];
+        if ((s = dpar_buffer_create(ctx->rt, ctx->device, dp->comm, 1, &c, bb))) return s;
+    }
+    double t0 = DPAR__ATOMIC_LOAD(&dpar__trace_on) ? dpar__now_us() : 0.0;
+    for (int k = dp->bfirst[b]; k < dp->bfirst[b + 1]; k++) {
+        int p = dp->order[k];
+        dpar_buffer *g = dpar_array_shard(dp->grads[p], ctx->device);
+        if (!g) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_dp: gradient %d has no shard on device %d", p, ctx->device);
+        if ((s = dpar__dp_xfer(dp, g, *bb, dp->offset[p], 1))) return s;
+    }
+    if (t0 > 0.0) dpar__trace_event(dpar__trace_pid(ctx->rt), ctx->device, "dp_pack", "staging", t0, dpar__now_us(), (int64_t)(*bb)->nbytes);
+    dpar_reduce_op op = dp->sum ? DPAR_SUM : DPAR_MEAN;
+    /* small buckets inline: handing them to the comm thread (two thread
+       wake-ups, 10-40 us) costs more than their whole all-reduce */
+    if (dp->blocking || (*bb)->nbytes < ((size_t)256 << 10)) return dpar_preduce(ctx, *bb, *bb, dp->axes, op);
+    return dpar_preduce_start(ctx, *bb, *bb, dp->axes, op, &dp->req[(size_t)pos * (size_t)nb + (size_t)b]);
+}
+static dpar_status dpar__dp_check(dpar_dp *dp, dpar_ctx *ctx, const char *where) {
+    if (!dp || !ctx) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: helper or ctx is NULL (call it inside the pmap/shard_map function)", where);
+    if (ctx->mesh != dp->mesh) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: the helper was made for another mesh", where);
+    return dpar__dp_form(dp);
+}
+DPAR_API dpar_status dpar_dp_begin(dpar_dp *dp, dpar_ctx *ctx) {
+    dpar__clear_error();
+    dpar_status s = dpar__dp_check(dp, ctx, "dpar_dp_begin");
+    if (s) return s;
+    int pos = ctx->pos;
+    if (dp->active[pos]) return dpar__err(DPAR_ERR_STATE, "dpar_dp_begin: device %d already began a step; call dpar_dp_finish first", ctx->device);
+    memset(dp->ready + (size_t)pos * (size_t)dp->np, 0, (size_t)dp->np);
+    for (int b = 0; b < dp->nb; b++) dp->left[(size_t)pos * (size_t)dp->nb + (size_t)b] = dp->bparams[b];
+    dp->next[pos] = 0;
+    dp->active[pos] = 1;
+    return DPAR_OK;
+}
+static dpar_status dpar__dp_advance(dpar_dp *dp, dpar_ctx *ctx) {
+    int pos = ctx->pos;
+    if (dp->gsize == 1) { dp->next[pos] = dp->nb; return DPAR_OK; } /* the mean / sum over one device is the gradient */
+    while (dp->next[pos] < dp->nb && dp->left[(size_t)pos * (size_t)dp->nb + (size_t)dp->next[pos]] == 0) {
+        dpar_status s = dpar__dp_launch(dp, ctx, dp->next[pos]);
+        dp->next[pos]++;
+        if (s) return s;
+    }
+    return DPAR_OK;
+}
+DPAR_API dpar_status dpar_dp_grad_ready(dpar_dp *dp, dpar_ctx *ctx, int id) {
+    dpar__clear_error();
+    dpar_status s = dpar__dp_check(dp, ctx, "dpar_dp_grad_ready");
+    if (s) return s;
+    int pos = ctx->pos;
+    if (!dp->active[pos]) return dpar__err(DPAR_ERR_STATE, "dpar_dp_grad_ready: no step begun on device %d; call dpar_dp_begin first", ctx->device);
+    if (id < 0 || id >= dp->np) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_dp_grad_ready: parameter id %d is out of range 0..%d", id, dp->np - 1);
+    unsigned char *r = &dp->ready[(size_t)pos * (size_t)dp->np + (size_t)id];
+    if (*r) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_dp_grad_ready: parameter %d was already marked ready in this step", id);
+    *r = 1;
+    dp->left[(size_t)pos * (size_t)dp->nb + (size_t)dp->bucket_of[id]]--;
+    return dpar__dp_advance(dp, ctx);
+}
+DPAR_API dpar_status dpar_dp_finish(dpar_dp *dp, dpar_ctx *ctx) {
+    dpar__clear_error();
+    dpar_status s = dpar__dp_check(dp, ctx, "dpar_dp_finish");
+    if (s) return s;
+    int pos = ctx->pos, nb = dp->nb;
+    if (!dp->active[pos]) return dpar__err(DPAR_ERR_STATE, "dpar_dp_finish: no step begun on device %d; call dpar_dp_begin first", ctx->device);
+    for (int b = dp->next[pos]; b < nb; b++) dp->left[(size_t)pos * (size_t)nb + (size_t)b] = 0;
+    s = dpar__dp_advance(dp, ctx);
+    char msg[DPAR__ERR_LEN];
+    msg[0] = 0;
+    if (s) snprintf(msg, sizeof msg, "%s", dpar__err_text);
+    for (int b = 0; b < nb; b++) {
+        dpar_request **rq = &dp->req[(size_t)pos * (size_t)nb + (size_t)b];
+        if (*rq) {
+            double t0 = DPAR__ATOMIC_LOAD(&dpar__trace_on) ? dpar__now_us() : 0.0;
+            dpar_status w = dpar_wait(ctx, *rq);
+            *rq = NULL;
+            if (t0 > 0.0) dpar__trace_event(dpar__trace_pid(ctx->rt), ctx->device, "dp_wait", "wait", t0, dpar__now_us(), -1);
+            if (w && !s) { s = w; snprintf(msg, sizeof msg, "%s", dpar__err_text); }
+        }
+        if (s || dp->gsize == 1) continue;
+        double t0 = DPAR__ATOMIC_LOAD(&dpar__trace_on) ? dpar__now_us() : 0.0;
+        dpar_buffer *bb = dp->buf[(size_t)pos * (size_t)nb + (size_t)b];
+        for (int k = dp->bfirst[b]; k < dp->bfirst[b + 1] && !s; k++) {
+            int p = dp->order[k];
+            s = dpar__dp_xfer(dp, dpar_array_shard(dp->grads[p], ctx->device), bb, dp->offset[p], 0);
+            if (s) snprintf(msg, sizeof msg, "%s", dpar__err_text);
+        }
+        if (t0 > 0.0) dpar__trace_event(dpar__trace_pid(ctx->rt), ctx->device, "dp_unpack", "staging", t0, dpar__now_us(), bb ? (int64_t)bb->nbytes : 0);
+    }
+    dp->active[pos] = 0;
+    if (s) return dpar__err(s, "%s", msg);
+    return DPAR_OK;
+}
+DPAR_API dpar_status dpar_dp_allreduce(dpar_dp *dp, dpar_ctx *ctx) {
+    dpar_status s = dpar_dp_begin(dp, ctx);
+    return s ? s : dpar_dp_finish(dp, ctx);
+}
+
+/* ---------------------------------------------------------------------------
    CPU backend: N emulated devices in host memory (the reference backend)
    ------------------------------------------------------------------------ */
-typedef struct dpar__cpu { int ndev; } dpar__cpu;
+/* Intra-op threads: when the process has fewer emulated devices than CPUs,
+   each device gets CPUs / devices threads (DPAR_CPU_THREADS overrides; 1 =
+   none) for its large matrix products: a fork-join pool of helpers per
+   device. The split is over columns of C, which does not change any
+   element's arithmetic: results are the same bits for any thread count. */
+typedef struct dpar__cpu_pool {
+    int n;                        /* helper threads */
+    pthread_t *th;
+    pthread_mutex_t mu;
+    pthread_cond_t cv, done;
+    uint64_t gen;
+    int left, stop, nparts;
+    void (*fn)(void *arg, int part, int nparts);
+    void *arg;
+} dpar__cpu_pool;
+typedef struct dpar__cpu { int ndev, threads; dpar__cpu_pool *pools; /* [ndev] when threads > 1 */ } dpar__cpu;
+
+typedef struct dpar__cpu_helper { dpar__cpu_pool *p; int idx; } dpar__cpu_helper;
+static void *dpar__cpu_helper_main(void *arg) {
+    dpar__cpu_helper h = *(dpar__cpu_helper *)arg;
+    DPAR_FREE(arg);
+    dpar__cpu_pool *p = h.p;
+    pthread_mutex_lock(&p->mu);
+    uint64_t seen = p->gen;
+    for (;;) {
+        while (p->gen == seen && !p->stop) pthread_cond_wait(&p->cv, &p->mu);
+        if (p->stop) break;
+        seen = p->gen;
+        int part = h.idx + 1, nparts = p->nparts;
+        void (*fn)(void *, int, int) = p->fn;
+        void *fa = p->arg;
+        pthread_mutex_unlock(&p->mu);
+        if (part < nparts) fn(fa, part, nparts);
+        pthread_mutex_lock(&p->mu);
+        if (--p->left == 0) pthread_cond_signal(&p->done);
+    }
+    pthread_mutex_unlock(&p->mu);
+    return NULL;
+}
+/* Runs fn(arg, part, nparts) for part 0..nparts-1 (nparts <= helpers + 1):
+   part 0 on the calling thread, the others on the device's helpers. */
+static void dpar__cpu_fork(dpar__cpu_pool *p, int nparts, void (*fn)(void *, int, int), void *arg) {
+    pthread_mutex_lock(&p->mu);
+    p->fn = fn; p->arg = arg; p->nparts = nparts; p->left = p->n;
+    p->gen++;
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+    fn(arg, 0, nparts);
+    pthread_mutex_lock(&p->mu);
+    while (p->left > 0) pthread_cond_wait(&p->done, &p->mu);
+    pthread_mutex_unlock(&p->mu);
+}
+static void dpar__cpu_shutdown(void *st) {
+    dpar__cpu *c = (dpar__cpu *)st;
+    if (c && c->pools)
+        for (int d = 0; d < c->ndev; d++) {
+            dpar__cpu_pool *p = &c->pools[d];
+            if (!p->th) continue;
+            pthread_mutex_lock(&p->mu);
+            p->stop = 1;
+            pthread_cond_broadcast(&p->cv);
+            pthread_mutex_unlock(&p->mu);
+            for (int i = 0; i < p->n; i++) pthread_join(p->th[i], NULL);
+            pthread_mutex_destroy(&p->mu);
+            pthread_cond_destroy(&p->cv);
+            pthread_cond_destroy(&p->done);
+            DPAR_FREE(p->th);
+        }
+    if (c) DPAR_FREE(c->pools);
+    DPAR_FREE(st);
+}
 
 static dpar_status dpar__cpu_init(const dpar_runtime_desc *desc, int requested, void **state, int *count) {
     DPAR__UNUSED(desc);
     dpar__cpu *c = (dpar__cpu *)dpar__calloc(1, sizeof *c);
     if (!c) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "cpu backend: out of host memory");
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (cores < 1) cores = 1;
     if (!requested) { /* default: 1 device per core, at most 8 (see dpar_runtime_desc.num_devices) */
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        requested = cores < 1 ? 1 : cores > 8 ? 8 : (int)cores;
+        requested = cores > 8 ? 8 : (int)cores;
     }
     c->ndev = requested;
+    int th = dpar__env_int("DPAR_CPU_THREADS", 0);
+    c->threads = th > 0 ? (th > 64 ? 64 : th) : (int)(cores / requested);
+    if (c->threads < 1) c->threads = 1;
+    if (c->threads > 1) {
+        c->pools = (dpar__cpu_pool *)dpar__calloc((size_t)requested, sizeof(dpar__cpu_pool));
+        if (!c->pools) { DPAR_FREE(c); return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "cpu backend: out of host memory"); }
+        for (int d = 0; d < requested; d++) {
+            dpar__cpu_pool *p = &c->pools[d];
+            pthread_mutex_init(&p->mu, NULL);
+            pthread_cond_init(&p->cv, NULL);
+            pthread_cond_init(&p->done, NULL);
+            p->th = (pthread_t *)dpar__calloc((size_t)(c->threads - 1), sizeof(pthread_t));
+            if (!p->th) { c->ndev = d + 1; dpar__cpu_shutdown(c); return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "cpu backend: out of host memory"); }
+            for (int i = 0; i < c->threads - 1; i++) {
+                dpar__cpu_helper *h = (dpar__cpu_helper *)DPAR_MALLOC(sizeof *h);
+                if (h) { h->p = p; h->idx = i; }
+                if (!h || pthread_create(&p->th[i], NULL, dpar__cpu_helper_main, h) != 0) {
+                    DPAR_FREE(h);
+                    c->ndev = d + 1;
+                    dpar__cpu_shutdown(c);
+                    return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "cpu backend: could not start helper thread %d of device %d", i, d);
+                }
+                p->n = i + 1;
+            }
+        }
+    }
     *state = c;
     *count = c->ndev;
     return DPAR_OK;
 }
-static void dpar__cpu_shutdown(void *st) { DPAR_FREE(st); }
 static dpar_status dpar__cpu_info(void *st, int dev, dpar_device_info *o) {
     dpar__cpu *c = (dpar__cpu *)st;
     snprintf(o->name, sizeof o->name, "cpu:%d (emulated device %d of %d)", dev, dev + 1, c->ndev);
@@ -4475,43 +5451,253 @@ static dpar_status dpar__cpu_read(void *st, int dev, void *mem, size_t off, void
 static dpar_status dpar__cpu_sync(void *st, int dev) { DPAR__UNUSED(st); DPAR__UNUSED(dev); return DPAR_OK; }
 static void *dpar__cpu_host_ptr(void *st, int dev, void *mem) { DPAR__UNUSED(st); DPAR__UNUSED(dev); return mem; }
 
-/* C[M,N] = alpha op(A) op(B) + beta C, f32, row-major. Accumulates each dot
-   product in a fixed order (k ascending) so results are deterministic. */
-static void dpar__cpu_sgemm(int64_t M, int64_t N, int64_t K, int ta, int tb, float alpha, const float *A, const float *B,
-                            float beta, float *C) {
-#ifdef DPAR_USE_CBLAS
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)M, (int)N, (int)K, alpha, A,
-                ta ? (int)M : (int)K, B, tb ? (int)K : (int)N, beta, C, (int)N);
-    if (beta == 0.0f) return;
-#else
-    enum { KB = 128, NB = 512 };
-    float bt[KB * NB];
-    float acc[NB];
-    for (int64_t i = 0; i < M; i++)
-        for (int64_t j = 0; j < N; j++) C[i * N + j] = beta == 0.0f ? 0.0f : beta * C[i * N + j];
-    if (K == 0 || alpha == 0.0f) return;
-    for (int64_t j0 = 0; j0 < N; j0 += NB) {
-        int64_t nb = N - j0 < (int64_t)NB ? N - j0 : (int64_t)NB;
-        for (int64_t k0 = 0; k0 < K; k0 += KB) {
-            int64_t kb = K - k0 < (int64_t)KB ? K - k0 : (int64_t)KB;
-            /* pack op(B)[k0:k0+kb, j0:j0+nb] */
-            for (int64_t k = 0; k < kb; k++)
-                for (int64_t j = 0; j < nb; j++)
-                    bt[k * nb + j] = tb ? B[(j0 + j) * K + (k0 + k)] : B[(k0 + k) * N + (j0 + j)];
-            for (int64_t i = 0; i < M; i++) {
-                for (int64_t j = 0; j < nb; j++) acc[j] = 0.0f;
-                for (int64_t k = 0; k < kb; k++) {
-                    float a = ta ? A[(k0 + k) * M + i] : A[i * K + (k0 + k)];
-                    if (a == 0.0f) continue;
-                    const float *brow = bt + k * nb;
-                    for (int64_t j = 0; j < nb; j++) acc[j] += a * brow[j];
+/* Cache-blocked f32 GEMM in the BLIS layout (Van Zee & van de Geijn, "BLIS",
+   ACM TOMS 2015): op(B) packed in KC x NR strips, op(A) in MC x KC blocks of
+   MR-row strips, an MR x NR register-tile micro-kernel (AVX2 when the CPU
+   has it, chosen at run time; portable C otherwise). Each C element
+   accumulates k in ascending order within a KC block and the blocks in
+   ascending order, with a separately rounded multiply and add (no FMA: the
+   AVX2 and the portable kernels give the same bits, and a K split over
+   devices rounds like the unsplit product); results do not depend on anything
+   but the shapes, run after run. (Multiply and add use separate pipes on
+   current x86 cores, so the peak matches FMA's.) No zero-skipping: 0 * NaN
+   and 0 * Inf give NaN, as in reference BLAS. */
+#define DPAR__MR 6   /* micro-tile rows */
+#define DPAR__NR 16  /* micro-tile columns (two 8-float vectors) */
+#define DPAR__KC 256 /* k block: an NR strip of B stays in L1 */
+#define DPAR__MC 96  /* rows of A packed per block (L2) */
+#define DPAR__NC 512 /* columns of B packed per block */
+/* ow: C starts as +0 (beta = 0, first k block): C = 0 + alpha * acc, without reading C.
+   a: element (i, k) of the A micro-panel at a[i * ars + k * acs] (packed: ars 1, acs MR;
+   unpacked rows of a non-transposed A: ars lda, acs 1). */
+static void dpar__ukr_c(int64_t kc, const float *a, int64_t ars, int64_t acs, const float *b, float *c, int64_t ldc, float alpha,
+                        int mr, int nr, int ow) {
+    float acc[DPAR__MR][DPAR__NR];
+    memset(acc, 0, sizeof acc);
+    for (int64_t k = 0; k < kc; k++, a += acs, b += DPAR__NR)
+        for (int i = 0; i < DPAR__MR; i++)
+            for (int j = 0; j < DPAR__NR; j++) acc[i][j] += a[i * ars] * b[j];
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) c[i * ldc + j] = (ow ? 0.0f : c[i * ldc + j]) + alpha * acc[i][j];
+}
+#ifdef DPAR__X86_SIMD
+__attribute__((target("avx2"))) static void dpar__ukr_avx2(int64_t kc, const float *a, int64_t ars, int64_t acs, const float *b,
+                                                               float *c, int64_t ldc, float alpha, int mr, int nr, int ow) {
+    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
+    __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+    const float *a1 = a + ars, *a2 = a + 2 * ars, *a3 = a + 3 * ars, *a4 = a + 4 * ars, *a5 = a + 5 * ars;
+    for (int64_t k = 0; k < kc; k++, a += acs, a1 += acs, a2 += acs, a3 += acs, a4 += acs, a5 += acs, b += DPAR__NR) {
+        __m256 b0 = _mm256_load_ps(b), b1 = _mm256_load_ps(b + 8), x;
+        x = _mm256_broadcast_ss(a); c00 = _mm256_add_ps(c00, _mm256_mul_ps(x, b0)); c01 = _mm256_add_ps(c01, _mm256_mul_ps(x, b1));
+        x = _mm256_broadcast_ss(a1); c10 = _mm256_add_ps(c10, _mm256_mul_ps(x, b0)); c11 = _mm256_add_ps(c11, _mm256_mul_ps(x, b1));
+        x = _mm256_broadcast_ss(a2); c20 = _mm256_add_ps(c20, _mm256_mul_ps(x, b0)); c21 = _mm256_add_ps(c21, _mm256_mul_ps(x, b1));
+        x = _mm256_broadcast_ss(a3); c30 = _mm256_add_ps(c30, _mm256_mul_ps(x, b0)); c31 = _mm256_add_ps(c31, _mm256_mul_ps(x, b1));
+        x = _mm256_broadcast_ss(a4); c40 = _mm256_add_ps(c40, _mm256_mul_ps(x, b0)); c41 = _mm256_add_ps(c41, _mm256_mul_ps(x, b1));
+        x = _mm256_broadcast_ss(a5); c50 = _mm256_add_ps(c50, _mm256_mul_ps(x, b0)); c51 = _mm256_add_ps(c51, _mm256_mul_ps(x, b1));
+    }
+    __m256 al = _mm256_set1_ps(alpha);
+    __m256 r[DPAR__MR][2] = { { c00, c01 }, { c10, c11 }, { c20, c21 }, { c30, c31 }, { c40, c41 }, { c50, c51 } };
+    if (mr == DPAR__MR && nr == DPAR__NR) {
+        const __m256 z = _mm256_setzero_ps();
+        for (int i = 0; i < DPAR__MR; i++) {
+            float *ci = c + i * ldc;
+            _mm256_storeu_ps(ci, _mm256_add_ps(ow ? z : _mm256_loadu_ps(ci), _mm256_mul_ps(al, r[i][0])));
+            _mm256_storeu_ps(ci + 8, _mm256_add_ps(ow ? z : _mm256_loadu_ps(ci + 8), _mm256_mul_ps(al, r[i][1])));
+        }
+        return;
+    }
+    float t[DPAR__MR][DPAR__NR];
+    for (int i = 0; i < DPAR__MR; i++) { _mm256_storeu_ps(t[i], r[i][0]); _mm256_storeu_ps(t[i] + 8, r[i][1]); }
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) c[i * ldc + j] = (ow ? 0.0f : c[i * ldc + j]) + alpha * t[i][j];
+}
+#endif
+/* Columns j0..j1-1 of C[M,N] = alpha op(A) op(B) + beta C, f32, row-major. */
+static void dpar__sgemm_cols(int64_t M, int64_t N, int64_t K, int ta, int tb, float alpha, const float *A, const float *B,
+                             float beta, float *C, int64_t j0, int64_t j1) {
+    int trivial = K == 0 || alpha == 0.0f || M == 0 || j1 <= j0;
+    if (trivial || (beta != 0.0f && beta != 1.0f)) /* beta = 0: the first k block overwrites C */
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = j0; j < j1; j++) C[i * N + j] = beta == 0.0f ? 0.0f : beta * C[i * N + j];
+    if (trivial) return;
+    void (*ukr)(int64_t, const float *, int64_t, int64_t, const float *, float *, int64_t, float, int, int, int) = dpar__ukr_c;
+#ifdef DPAR__X86_SIMD
+    if (__builtin_cpu_supports("avx2")) ukr = dpar__ukr_avx2;
+#endif
+    int64_t ncmax = j1 - j0 < DPAR__NC ? j1 - j0 : DPAR__NC, kcmax = K < DPAR__KC ? K : DPAR__KC, mcmax = M < DPAR__MC ? M : DPAR__MC;
+    size_t bsz = (size_t)((ncmax + DPAR__NR - 1) / DPAR__NR * DPAR__NR) * (size_t)kcmax;
+    size_t asz = (size_t)((mcmax + DPAR__MR - 1) / DPAR__MR * DPAR__MR) * (size_t)kcmax;
+    float *ws = NULL;
+    if (posix_memalign((void **)&ws, 64, (bsz + asz) * sizeof(float) + 64) != 0 || !ws) {
+        /* no memory for the packs: the plain triple loop (same k order) */
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = j0; j < j1; j++) {
+                float acc = 0.0f;
+                for (int64_t k = 0; k < K; k++) acc += (ta ? A[k * M + i] : A[i * K + k]) * (tb ? B[j * K + k] : B[k * N + j]);
+                C[i * N + j] = (beta == 0.0f ? 0.0f : C[i * N + j]) + alpha * acc;
+            }
+        return;
+    }
+    float *bp = ws, *ap = ws + bsz;
+    for (int64_t jc = j0; jc < j1; jc += DPAR__NC) {
+        int64_t nc = j1 - jc < DPAR__NC ? j1 - jc : DPAR__NC;
+        for (int64_t pc = 0; pc < K; pc += DPAR__KC) {
+            int64_t kc = K - pc < DPAR__KC ? K - pc : DPAR__KC;
+            /* pack op(B)[pc:pc+kc, jc:jc+nc] in NR-wide strips, zero padded */
+            for (int64_t jr = 0; jr < nc; jr += DPAR__NR) {
+                float *dst = bp + jr * kc;
+                int64_t nr = nc - jr < DPAR__NR ? nc - jr : DPAR__NR;
+                for (int64_t k = 0; k < kc; k++, dst += DPAR__NR) {
+                    if (!tb) {
+                        const float *src = B + (pc + k) * N + jc + jr;
+                        for (int64_t j = 0; j < nr; j++) dst[j] = src[j];
+                    } else {
+                        for (int64_t j = 0; j < nr; j++) dst[j] = B[(jc + jr + j) * K + pc + k];
+                    }
+                    for (int64_t j = nr; j < DPAR__NR; j++) dst[j] = 0.0f;
                 }
-                float *crow = C + i * N + j0;
-                for (int64_t j = 0; j < nb; j++) crow[j] += alpha * acc[j];
+            }
+            for (int64_t ic = 0; ic < M; ic += DPAR__MC) {
+                int64_t mc = M - ic < DPAR__MC ? M - ic : DPAR__MC;
+                /* pack op(A)[ic:ic+mc, pc:pc+kc] in MR-tall strips, zero padded; the
+                   full strips of a non-transposed A are read in place (rows contiguous in k) */
+                for (int64_t ir = 0; ir < mc; ir += DPAR__MR) {
+                    float *dst = ap + ir * kc;
+                    int64_t mr = mc - ir < DPAR__MR ? mc - ir : DPAR__MR;
+                    if (!ta && mr == DPAR__MR) continue;
+                    for (int64_t k = 0; k < kc; k++, dst += DPAR__MR) {
+                        if (ta) {
+                            const float *src = A + (pc + k) * M + ic + ir;
+                            for (int64_t i = 0; i < mr; i++) dst[i] = src[i];
+                        } else {
+                            for (int64_t i = 0; i < mr; i++) dst[i] = A[(ic + ir + i) * K + pc + k];
+                        }
+                        for (int64_t i = mr; i < DPAR__MR; i++) dst[i] = 0.0f;
+                    }
+                }
+                for (int64_t jr = 0; jr < nc; jr += DPAR__NR)
+                    for (int64_t ir = 0; ir < mc; ir += DPAR__MR) {
+                        int mr = (int)(mc - ir < DPAR__MR ? mc - ir : DPAR__MR), nr = (int)(nc - jr < DPAR__NR ? nc - jr : DPAR__NR);
+                        int direct = !ta && mr == DPAR__MR;
+                        ukr(kc, direct ? A + (ic + ir) * K + pc : ap + ir * kc, direct ? K : 1, direct ? 1 : DPAR__MR,
+                            bp + jr * kc, C + (ic + ir) * N + jc + jr, N, alpha, mr, nr, pc == 0 && beta == 0.0f);
+                    }
             }
         }
     }
+    free(ws);
+}
+typedef struct dpar__sgemm_args {
+    int64_t M, N, K;
+    int ta, tb;
+    float alpha, beta;
+    const float *A, *B;
+    float *C;
+} dpar__sgemm_args;
+DPAR__MAYBE_UNUSED static void dpar__sgemm_part(void *arg, int part, int nparts) {
+    const dpar__sgemm_args *g = (const dpar__sgemm_args *)arg;
+    int64_t strips = (g->N + DPAR__NR - 1) / DPAR__NR; /* split on NR strips */
+    int64_t j0 = strips * part / nparts * DPAR__NR, j1 = strips * (part + 1) / nparts * DPAR__NR;
+    if (j1 > g->N) j1 = g->N;
+    if (j0 < j1) dpar__sgemm_cols(g->M, g->N, g->K, g->ta, g->tb, g->alpha, g->A, g->B, g->beta, g->C, j0, j1);
+}
+/* C[M,N] = alpha op(A) op(B) + beta C, f32, row-major; on the device's
+   helper threads too when it has them and the product is large. */
+static void dpar__cpu_sgemm(dpar__cpu *c, int dev, int64_t M, int64_t N, int64_t K, int ta, int tb, float alpha, const float *A,
+                            const float *B, float beta, float *C) {
+#ifdef DPAR_USE_CBLAS
+    DPAR__UNUSED(c); DPAR__UNUSED(dev);
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)M, (int)N, (int)K, alpha, A,
+                ta ? (int)M : (int)K, B, tb ? (int)K : (int)N, beta, C, (int)N);
+#else
+    dpar__sgemm_args g;
+    g.M = M; g.N = N; g.K = K; g.ta = ta; g.tb = tb; g.alpha = alpha; g.beta = beta; g.A = A; g.B = B; g.C = C;
+    int64_t strips = (N + DPAR__NR - 1) / DPAR__NR;
+    int parts = c && c->pools && dev >= 0 && dev < c->ndev ? c->threads : 1;
+    if (parts > strips) parts = (int)strips;
+    if (parts > 1 && (double)M * (double)N * (double)K >= 4e6) dpar__cpu_fork(&c->pools[dev], parts, dpar__sgemm_part, &g);
+    else dpar__sgemm_cols(M, N, K, ta, tb, alpha, A, B, beta, C, 0, N);
 #endif
+}
+
+/* AVX2 forms of the hottest element-wise ops (same arithmetic, element by
+   element, as the scalar loops: separately rounded multiplies and adds);
+   they return how many leading elements they did, the scalar loop does the rest. */
+#ifdef DPAR__X86_SIMD
+__attribute__((target("avx2"))) static int64_t dpar__relu_avx2(float *y, const float *x, int64_t n) {
+    int64_t i = 0;
+    const __m256 z = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8) { /* x > 0 or NaN: x, else +0 */
+        __m256 v = _mm256_loadu_ps(x + i);
+        _mm256_storeu_ps(y + i, _mm256_and_ps(_mm256_cmp_ps(v, z, _CMP_NLE_UQ), v));
+    }
+    return i;
+}
+__attribute__((target("avx2"))) static int64_t dpar__relu_bwd_avx2(float *y, const float *dy, const float *x, int64_t n) {
+    int64_t i = 0;
+    const __m256 z = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_and_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), z, _CMP_GT_OQ), _mm256_loadu_ps(dy + i)));
+    return i;
+}
+__attribute__((target("avx2"))) static int64_t dpar__sgd_avx2(float *p, float *v, const float *g, int64_t n, float lr, float mu, float wd,
+                                                              float cs, int nesterov) {
+    int64_t i = 0;
+    const __m256 vlr = _mm256_set1_ps(lr), vmu = _mm256_set1_ps(mu), vwd = _mm256_set1_ps(wd), vcs = _mm256_set1_ps(cs);
+    for (; i + 8 <= n; i += 8) {
+        __m256 pp = _mm256_loadu_ps(p + i);
+        __m256 gg = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(g + i), vcs), _mm256_mul_ps(vwd, pp));
+        __m256 u = gg;
+        if (v) {
+            __m256 vv = _mm256_add_ps(_mm256_mul_ps(vmu, _mm256_loadu_ps(v + i)), gg);
+            _mm256_storeu_ps(v + i, vv);
+            u = nesterov ? _mm256_add_ps(gg, _mm256_mul_ps(vmu, vv)) : vv;
+        }
+        _mm256_storeu_ps(p + i, _mm256_sub_ps(pp, _mm256_mul_ps(vlr, u)));
+    }
+    return i;
+}
+/* y[m, 0:n8] += b[0:n8], n8 = n rounded down to 8 */
+__attribute__((target("avx2"))) static int64_t dpar__bias_add_avx2(float *y, const float *b, int64_t m, int64_t n) {
+    int64_t n8 = n / 8 * 8;
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n8; j += 8)
+            _mm256_storeu_ps(y + i * n + j, _mm256_add_ps(_mm256_loadu_ps(y + i * n + j), _mm256_loadu_ps(b + j)));
+    return n8;
+}
+/* column sums s[j] = ((0 + x[0][j]) + x[1][j]) + ..., then y[j] = (beta ? beta y[j] : 0) + s[j], for j < n8 */
+__attribute__((target("avx2"))) static int64_t dpar__bias_grad_avx2(float *y, const float *x, int64_t m, int64_t n, float beta) {
+    int64_t n8 = n / 8 * 8;
+    for (int64_t j = 0; j < n8; j += 8) {
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t i = 0; i < m; i++) acc = _mm256_add_ps(acc, _mm256_loadu_ps(x + i * n + j));
+        __m256 base = beta == 0.0f ? _mm256_setzero_ps() : _mm256_mul_ps(_mm256_set1_ps(beta), _mm256_loadu_ps(y + j));
+        _mm256_storeu_ps(y + j, _mm256_add_ps(base, acc));
+    }
+    return n8;
+}
+#endif
+
+/* the fused SGD step on elements [n part / nparts, n (part + 1) / nparts) */
+static void dpar__sgd_part(void *arg, int part, int nparts) {
+    const dpar__op *op = (const dpar__op *)arg;
+    const float lr = op->f[0], mu = op->f[1], wd = op->f[2], cs = op->f[3];
+    int64_t lo = op->n * part / nparts, hi = op->n * (part + 1) / nparts;
+    float *y = (float *)op->dst->mem + lo, *v = op->dst2 ? (float *)op->dst2->mem + lo : NULL;
+    const float *x0 = (const float *)op->src0->mem + lo;
+    int64_t n = hi - lo, i0 = 0;
+#ifdef DPAR__X86_SIMD
+    if (__builtin_cpu_supports("avx2")) i0 = dpar__sgd_avx2(y, v, x0, n, lr, mu, wd, cs, op->nesterov);
+#endif
+    for (int64_t i = i0; i < n; i++) {
+        float g = x0[i] * cs + wd * y[i];
+        float u = g;
+        if (v) {
+            v[i] = mu * v[i] + g;
+            u = op->nesterov ? g + mu * v[i] : v[i];
+        }
+        y[i] -= lr * u;
+    }
 }
 
 static dpar_status dpar__cpu_op(void *st, int dev, const dpar__op *op) {
@@ -4523,7 +5709,7 @@ static dpar_status dpar__cpu_op(void *st, int dev, const dpar__op *op) {
     switch (op->kind) {
     case DPAR__OP_MATMUL: {
         if (op->src0->dtype == DPAR_F32) {
-            dpar__cpu_sgemm(op->m, op->n, op->k, op->trans_a, op->trans_b, op->f[0], x0, x1, op->f[1], y);
+            dpar__cpu_sgemm((dpar__cpu *)st, dev, op->m, op->n, op->k, op->trans_a, op->trans_b, op->f[0], x0, x1, op->f[1], y);
             return DPAR_OK;
         }
         /* f16/bf16 operands: widen to f32, accumulate in f32 */
@@ -4531,27 +5717,47 @@ static dpar_status dpar__cpu_op(void *st, int dev, const dpar__op *op) {
         if (!a || !b) { DPAR_FREE(a); DPAR_FREE(b); return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "matmul: out of host memory"); }
         for (int64_t i = 0; i < op->src0->count; i++) a[i] = dpar__load_f(op->src0->mem, op->src0->dtype, i);
         for (int64_t i = 0; i < op->src1->count; i++) b[i] = dpar__load_f(op->src1->mem, op->src1->dtype, i);
-        dpar__cpu_sgemm(op->m, op->n, op->k, op->trans_a, op->trans_b, op->f[0], a, b, op->f[1], y);
+        dpar__cpu_sgemm((dpar__cpu *)st, dev, op->m, op->n, op->k, op->trans_a, op->trans_b, op->f[0], a, b, op->f[1], y);
         DPAR_FREE(a); DPAR_FREE(b);
         return DPAR_OK;
     }
-    case DPAR__OP_BIAS_ADD:
+    case DPAR__OP_BIAS_ADD: {
+        int64_t j0 = 0;
+#ifdef DPAR__X86_SIMD
+        if (__builtin_cpu_supports("avx2")) j0 = dpar__bias_add_avx2(y, x0, op->m, op->n);
+#endif
         for (int64_t i = 0; i < op->m; i++)
-            for (int64_t j = 0; j < op->n; j++) y[i * op->n + j] += x0[j];
+            for (int64_t j = j0; j < op->n; j++) y[i * op->n + j] += x0[j];
         return DPAR_OK;
-    case DPAR__OP_BIAS_GRAD:
-        for (int64_t j = 0; j < op->n; j++) {
+    }
+    case DPAR__OP_BIAS_GRAD: {
+        int64_t j0 = 0;
+#ifdef DPAR__X86_SIMD
+        if (__builtin_cpu_supports("avx2")) j0 = dpar__bias_grad_avx2(y, x0, op->m, op->n, op->f[1]);
+#endif
+        for (int64_t j = j0; j < op->n; j++) {
             float s = 0.0f;
             for (int64_t i = 0; i < op->m; i++) s += x0[i * op->n + j];
             y[j] = (op->f[1] == 0.0f ? 0.0f : op->f[1] * y[j]) + s;
         }
         return DPAR_OK;
-    case DPAR__OP_RELU:
-        for (int64_t i = 0; i < n; i++) y[i] = x0[i] > 0.0f ? x0[i] : (x0[i] != x0[i] ? x0[i] : 0.0f);
+    }
+    case DPAR__OP_RELU: {
+        int64_t i = 0;
+#ifdef DPAR__X86_SIMD
+        if (__builtin_cpu_supports("avx2")) i = dpar__relu_avx2(y, x0, n);
+#endif
+        for (; i < n; i++) y[i] = x0[i] > 0.0f ? x0[i] : (x0[i] != x0[i] ? x0[i] : 0.0f);
         return DPAR_OK;
-    case DPAR__OP_RELU_BWD:
-        for (int64_t i = 0; i < n; i++) y[i] = x1[i] > 0.0f ? x0[i] : 0.0f;
+    }
+    case DPAR__OP_RELU_BWD: {
+        int64_t i = 0;
+#ifdef DPAR__X86_SIMD
+        if (__builtin_cpu_supports("avx2")) i = dpar__relu_bwd_avx2(y, x0, x1, n);
+#endif
+        for (; i < n; i++) y[i] = x1[i] > 0.0f ? x0[i] : 0.0f;
         return DPAR_OK;
+    }
     case DPAR__OP_SOFTMAX_XENT: {
         const int32_t *lab = (const int32_t *)op->src1->mem;
         float *g = op->dst2 ? (float *)op->dst2->mem : NULL;
@@ -4563,13 +5769,15 @@ static dpar_status dpar__cpu_op(void *st, int dev, const dpar__op *op) {
             for (int64_t j = 0; j < C; j++) mx = (z[j] > mx || z[j] != z[j]) ? z[j] : mx;
             double se = 0.0;
             for (int64_t j = 0; j < C; j++) se += exp((double)z[j] - (double)mx);
-            double lse = (double)mx + log(se);
+            /* relative to the max: (mx - z_l) + log(se) and exp(z - mx) / se stay exact for
+               huge logits, where mx + log(se) would absorb log(se) (|z| ~ 1e30 and up) */
+            double lse_rel = log(se);
             int32_t l = lab[i];
             int ok = l >= 0 && l < C;
-            total += ok ? lse - (double)z[l] : NAN;
+            total += ok ? ((double)mx - (double)z[l]) + lse_rel : NAN;
             if (g)
                 for (int64_t j = 0; j < C; j++) {
-                    double p = exp((double)z[j] - lse);
+                    double p = exp((double)z[j] - (double)mx) / se;
                     g[i * C + j] = ok ? (float)((p - (j == l ? 1.0 : 0.0)) / (double)M) : NAN;
                 }
         }
@@ -4596,7 +5804,10 @@ static dpar_status dpar__cpu_op(void *st, int dev, const dpar__op *op) {
     case DPAR__OP_FILL: {
         dpar_dtype t = op->dst->dtype;
         if (t == DPAR_F32) for (int64_t i = 0; i < n; i++) y[i] = op->f[0];
-        else if (t == DPAR_I32) { int32_t v = (int32_t)op->f[0]; for (int64_t i = 0; i < n; i++) ((int32_t *)y)[i] = v; }
+        else if (t == DPAR_I32) { /* saturating like dpar_cast: (int32_t) of NaN / out-of-range floats is undefined in C */
+            float f = op->f[0];
+            int32_t v = f != f ? 0 : f >= 2147483647.0f ? INT32_MAX : f <= -2147483648.0f ? INT32_MIN : (int32_t)f;
+            for (int64_t i = 0; i < n; i++) ((int32_t *)y)[i] = v; }
         else {
             uint16_t v = t == DPAR_F16 ? dpar_f32_to_f16(op->f[0]) : dpar_f32_to_bf16(op->f[0]);
             for (int64_t i = 0; i < n; i++) ((uint16_t *)y)[i] = v;
@@ -4630,17 +5841,10 @@ static dpar_status dpar__cpu_op(void *st, int dev, const dpar__op *op) {
         return DPAR_OK;
     }
     case DPAR__OP_SGD: {
-        const float lr = op->f[0], mu = op->f[1], wd = op->f[2], cs = op->f[3];
-        float *v = op->dst2 ? (float *)op->dst2->mem : NULL;
-        for (int64_t i = 0; i < n; i++) {
-            float g = x0[i] * cs + wd * y[i];
-            float u = g;
-            if (v) {
-                v[i] = mu * v[i] + g;
-                u = op->nesterov ? g + mu * v[i] : v[i];
-            }
-            y[i] -= lr * u;
-        }
+        dpar__cpu *c = (dpar__cpu *)st;
+        int parts = c && c->pools && dev >= 0 && dev < c->ndev && n >= ((int64_t)1 << 18) ? c->threads : 1;
+        if (parts > 1) dpar__cpu_fork(&c->pools[dev], parts, dpar__sgd_part, (void *)op); /* element-wise: split anywhere */
+        else dpar__sgd_part((void *)op, 0, 1);
         return DPAR_OK;
     }
     default:
