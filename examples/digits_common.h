@@ -1,0 +1,161 @@
+/* digits_common.h — what the digits examples share with train_digits.c: the
+   data (UCI handwritten digits, examples/data), the fixed-seed split, the
+   splitmix64 generator, the He-uniform initialisation and the flags. Every
+   example draws the same random numbers in the same order, so with the same
+   seed and global batch they see the same batches and start from the same
+   weights as build/train_digits, and their losses can be compared epoch by
+   epoch. Included by the examples (not compiled on its own). */
+#ifndef DIGITS_COMMON_H
+#define DIGITS_COMMON_H
+#include "dpar.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#include <time.h>
+#include <zlib.h>
+
+#define NPIX 64
+#define NCLASS 10
+
+typedef struct { int n; float *x; int32_t *y; } dataset;
+
+static int load_digits(const char *path, dataset *d) {
+    gzFile f = gzopen(path, "rb");
+    if (!f) { fprintf(stderr, "cannot open %s\n", path); return -1; }
+    int cap = 2048;
+    d->x = malloc((size_t)cap * NPIX * sizeof(float));
+    d->y = malloc((size_t)cap * sizeof(int32_t));
+    d->n = 0;
+    char line[1024];
+    while (gzgets(f, line, sizeof line)) {
+        if (d->n == cap) break;
+        char *p = line;
+        int ok = 1;
+        for (int j = 0; j <= NPIX && ok; j++) {
+            char *end;
+            long v = strtol(p, &end, 10);
+            if (end == p) ok = 0;
+            if (j < NPIX) d->x[d->n * NPIX + j] = (float)v / 16.0f; /* pixels 0..16 -> [0,1] */
+            else d->y[d->n] = (int32_t)v;
+            p = end + (*end == ',');
+        }
+        if (ok) d->n++;
+    }
+    gzclose(f);
+    return d->n > 0 ? 0 : -1;
+}
+
+/* splitmix64: small, seedable, the same on every platform */
+static uint64_t rng_state;
+static uint64_t rng_next(void) {
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static float rng_uniform(void) { return (float)((rng_next() >> 40) * (1.0 / 16777216.0)); }
+static void shuffle(int *idx, int n) {
+    for (int i = n - 1; i > 0; i--) {
+        int j = (int)(rng_next() % (uint64_t)(i + 1));
+        int t = idx[i]; idx[i] = idx[j]; idx[j] = t;
+    }
+}
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+typedef struct {
+    const char *backend, *path;
+    int devices, epochs, batch, seed, hidden;
+    float lr, momentum;
+    /* extra integer flags of one example: names and destinations */
+    const char *extra_name[4];
+    int *extra_val[4];
+} digits_opts;
+
+/* Parses the train_digits flags plus the example's extras; 0 on success. */
+static int digits_parse(const char *prog, int argc, char **argv, digits_opts *o) {
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!v) { fprintf(stderr, "%s: %s needs a value\n", prog, a); return 2; }
+        int used = 1;
+        if (!strcmp(a, "--backend")) o->backend = v;
+        else if (!strcmp(a, "--devices")) o->devices = atoi(v);
+        else if (!strcmp(a, "--epochs")) o->epochs = atoi(v);
+        else if (!strcmp(a, "--batch")) o->batch = atoi(v);
+        else if (!strcmp(a, "--lr")) o->lr = (float)atof(v);
+        else if (!strcmp(a, "--momentum")) o->momentum = (float)atof(v);
+        else if (!strcmp(a, "--seed")) o->seed = atoi(v);
+        else if (!strcmp(a, "--hidden")) o->hidden = atoi(v);
+        else if (!strcmp(a, "--data")) o->path = v;
+        else {
+            used = 0;
+            for (int k = 0; k < 4 && o->extra_name[k]; k++)
+                if (!strcmp(a, o->extra_name[k])) { *o->extra_val[k] = atoi(v); used = 1; }
+        }
+        if (!used) { fprintf(stderr, "%s: unknown flag %s\n", prog, a); return 2; }
+        i++;
+    }
+    if (o->devices < 1 || o->epochs < 1 || o->batch < 1 || o->hidden < 1) {
+        fprintf(stderr, "%s: --devices, --epochs, --batch and --hidden must be >= 1\n", prog);
+        return 2;
+    }
+    return 0;
+}
+
+/* The data, its fixed-seed 80/20 split and the initial weights, drawn in
+   train_digits' order: shuffle, then W1 [64,H], then W2 [H,10] (He-uniform,
+   zero biases). */
+typedef struct {
+    dataset all;
+    int *idx, *train_idx, *test_idx, ntrain, ntest;
+    float *w1, *w2;
+} digits_setup;
+
+static int digits_prepare(const char *prog, const digits_opts *o, digits_setup *s) {
+    if (load_digits(o->path, &s->all)) { fprintf(stderr, "%s: could not read %s (run from the repository root)\n", prog, o->path); return 1; }
+    rng_state = (uint64_t)o->seed;
+    s->idx = malloc((size_t)s->all.n * sizeof(int));
+    for (int i = 0; i < s->all.n; i++) s->idx[i] = i;
+    shuffle(s->idx, s->all.n);
+    s->ntest = s->all.n / 5; s->ntrain = s->all.n - s->ntest;
+    s->train_idx = s->idx + s->ntest; s->test_idx = s->idx;
+    int64_t n1 = (int64_t)NPIX * o->hidden, n2 = (int64_t)o->hidden * NCLASS;
+    s->w1 = malloc((size_t)n1 * sizeof(float));
+    s->w2 = malloc((size_t)n2 * sizeof(float));
+    float b1 = sqrtf(6.0f / (float)NPIX), b2 = sqrtf(6.0f / (float)o->hidden);
+    for (int64_t k = 0; k < n1; k++) s->w1[k] = (2.0f * rng_uniform() - 1.0f) * b1;
+    for (int64_t k = 0; k < n2; k++) s->w2[k] = (2.0f * rng_uniform() - 1.0f) * b2;
+    return 0;
+}
+static void digits_free(digits_setup *s) { free(s->idx); free(s->w1); free(s->w2); free(s->all.x); free(s->all.y); }
+
+/* The rows of training step `step` of the current epoch's order. */
+static void digits_batch(const digits_setup *s, int step, int batch, float *xb, int32_t *yb) {
+    for (int b = 0; b < batch; b++) {
+        int k = s->train_idx[step * batch + b];
+        memcpy(xb + (size_t)b * NPIX, s->all.x + (size_t)k * NPIX, NPIX * sizeof(float));
+        yb[b] = s->all.y[k];
+    }
+}
+/* Test accuracy from logits [ntest (or more), 10]. */
+static double digits_accuracy(const digits_setup *s, const float *logits) {
+    int correct = 0;
+    for (int i = 0; i < s->ntest; i++) {
+        int best = 0;
+        for (int c = 1; c < NCLASS; c++) if (logits[i * NCLASS + c] > logits[i * NCLASS + best]) best = c;
+        correct += best == s->all.y[s->test_idx[i]];
+    }
+    return (double)correct / s->ntest;
+}
+static int digits_backend(const char *name, dpar_backend_kind *k) {
+    if (!strcmp(name, "cpu")) *k = DPAR_BACKEND_CPU;
+    else if (!strcmp(name, "vulkan")) *k = DPAR_BACKEND_VULKAN;
+    else if (!strcmp(name, "cuda")) *k = DPAR_BACKEND_CUDA;
+    else return -1;
+    return 0;
+}
+#endif
