@@ -51,7 +51,7 @@ $(BUILD)/dpar.o: $(IMPL_DEPS) | $(BUILD)
 $(BUILD)/test_%: tests/test_%.c tests/testutil.h $(BUILD)/dpar.o
 	$(CC) $(CSTD) $(CPPFLAGS) $(IMPL_DEFS) $(CFLAGS) $(WARN) $< $(BUILD)/dpar.o -o $@ $(LDFLAGS) $(TEST_LIBS) $(IMPL_LIBS) $(LDLIBS)
 
-$(BUILD)/%: examples/%.c $(BUILD)/dpar.o
+$(BUILD)/%: examples/%.c $(wildcard examples/*.h) $(BUILD)/dpar.o
 	$(CC) $(CSTD) $(CPPFLAGS) $(IMPL_DEFS) $(CFLAGS) $(WARN) $< $(BUILD)/dpar.o -o $@ $(LDFLAGS) $(IMPL_LIBS) -lz $(LDLIBS)
 
 $(BUILD)/%: bench/%.c $(BUILD)/dpar.o

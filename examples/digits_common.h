@@ -20,7 +20,7 @@
 
 typedef struct { int n; float *x; int32_t *y; } dataset;
 
-static int load_digits(const char *path, dataset *d) {
+static inline int load_digits(const char *path, dataset *d) {
     gzFile f = gzopen(path, "rb");
     if (!f) { fprintf(stderr, "cannot open %s\n", path); return -1; }
     int cap = 2048;
@@ -48,20 +48,20 @@ static int load_digits(const char *path, dataset *d) {
 
 /* splitmix64: small, seedable, the same on every platform */
 static uint64_t rng_state;
-static uint64_t rng_next(void) {
+static inline uint64_t rng_next(void) {
     uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
 }
-static float rng_uniform(void) { return (float)((rng_next() >> 40) * (1.0 / 16777216.0)); }
-static void shuffle(int *idx, int n) {
+static inline float rng_uniform(void) { return (float)((rng_next() >> 40) * (1.0 / 16777216.0)); }
+static inline void shuffle(int *idx, int n) {
     for (int i = n - 1; i > 0; i--) {
         int j = (int)(rng_next() % (uint64_t)(i + 1));
         int t = idx[i]; idx[i] = idx[j]; idx[j] = t;
     }
 }
-static double now_s(void) {
+static inline double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
@@ -77,7 +77,7 @@ typedef struct {
 } digits_opts;
 
 /* Parses the train_digits flags plus the example's extras; 0 on success. */
-static int digits_parse(const char *prog, int argc, char **argv, digits_opts *o) {
+static inline int digits_parse(const char *prog, int argc, char **argv, digits_opts *o) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) { fprintf(stderr, "%s: %s needs a value\n", prog, a); return 2; }
@@ -115,7 +115,7 @@ typedef struct {
     float *w1, *w2;
 } digits_setup;
 
-static int digits_prepare(const char *prog, const digits_opts *o, digits_setup *s) {
+static inline int digits_prepare(const char *prog, const digits_opts *o, digits_setup *s) {
     if (load_digits(o->path, &s->all)) { fprintf(stderr, "%s: could not read %s (run from the repository root)\n", prog, o->path); return 1; }
     rng_state = (uint64_t)o->seed;
     s->idx = malloc((size_t)s->all.n * sizeof(int));
@@ -131,10 +131,10 @@ static int digits_prepare(const char *prog, const digits_opts *o, digits_setup *
     for (int64_t k = 0; k < n2; k++) s->w2[k] = (2.0f * rng_uniform() - 1.0f) * b2;
     return 0;
 }
-static void digits_free(digits_setup *s) { free(s->idx); free(s->w1); free(s->w2); free(s->all.x); free(s->all.y); }
+static inline void digits_free(digits_setup *s) { free(s->idx); free(s->w1); free(s->w2); free(s->all.x); free(s->all.y); }
 
 /* The rows of training step `step` of the current epoch's order. */
-static void digits_batch(const digits_setup *s, int step, int batch, float *xb, int32_t *yb) {
+static inline void digits_batch(const digits_setup *s, int step, int batch, float *xb, int32_t *yb) {
     for (int b = 0; b < batch; b++) {
         int k = s->train_idx[step * batch + b];
         memcpy(xb + (size_t)b * NPIX, s->all.x + (size_t)k * NPIX, NPIX * sizeof(float));
@@ -142,7 +142,7 @@ static void digits_batch(const digits_setup *s, int step, int batch, float *xb, 
     }
 }
 /* Test accuracy from logits [ntest (or more), 10]. */
-static double digits_accuracy(const digits_setup *s, const float *logits) {
+static inline double digits_accuracy(const digits_setup *s, const float *logits) {
     int correct = 0;
     for (int i = 0; i < s->ntest; i++) {
         int best = 0;
@@ -151,7 +151,7 @@ static double digits_accuracy(const digits_setup *s, const float *logits) {
     }
     return (double)correct / s->ntest;
 }
-static int digits_backend(const char *name, dpar_backend_kind *k) {
+static inline int digits_backend(const char *name, dpar_backend_kind *k) {
     if (!strcmp(name, "cpu")) *k = DPAR_BACKEND_CPU;
     else if (!strcmp(name, "vulkan")) *k = DPAR_BACKEND_VULKAN;
     else if (!strcmp(name, "cuda")) *k = DPAR_BACKEND_CUDA;

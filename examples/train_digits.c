@@ -16,64 +16,10 @@
    as `mpirun -np P build/train_digits_mpi --devices D`, each of the P
    processes opens D/P devices, loads only its own rows of every batch
    (dpar_array_local_rows + dpar_array_put_rows), and process 0 prints. */
-#include "dpar.h"
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <math.h>
-#include <time.h>
-#include <zlib.h>
+#include "digits_common.h" /* data, fixed-seed split, RNG, init, flags: shared with the other digits examples */
 #ifdef DPAR_MPI
 #include <mpi.h>
 #endif
-
-#define NPIX 64
-#define NCLASS 10
-
-/* ------------------------------------------------------------------ data */
-typedef struct { int n; float *x; int32_t *y; } dataset;
-
-static int load_digits(const char *path, dataset *d) {
-    gzFile f = gzopen(path, "rb");
-    if (!f) { fprintf(stderr, "cannot open %s\n", path); return -1; }
-    int cap = 2048;
-    d->x = malloc((size_t)cap * NPIX * sizeof(float));
-    d->y = malloc((size_t)cap * sizeof(int32_t));
-    d->n = 0;
-    char line[1024];
-    while (gzgets(f, line, sizeof line)) {
-        if (d->n == cap) break;
-        char *p = line;
-        int ok = 1;
-        for (int j = 0; j <= NPIX && ok; j++) {
-            char *end;
-            long v = strtol(p, &end, 10);
-            if (end == p) ok = 0;
-            if (j < NPIX) d->x[d->n * NPIX + j] = (float)v / 16.0f; /* pixels 0..16 -> [0,1] */
-            else d->y[d->n] = (int32_t)v;
-            p = end + (*end == ',');
-        }
-        if (ok) d->n++;
-    }
-    gzclose(f);
-    return d->n > 0 ? 0 : -1;
-}
-
-/* splitmix64: small, seedable, the same on every platform */
-static uint64_t rng_state;
-static uint64_t rng_next(void) {
-    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-static float rng_uniform(void) { return (float)((rng_next() >> 40) * (1.0 / 16777216.0)); }
-static void shuffle(int *idx, int n) {
-    for (int i = n - 1; i > 0; i--) {
-        int j = (int)(rng_next() % (uint64_t)(i + 1));
-        int t = idx[i]; idx[i] = idx[j]; idx[j] = t;
-    }
-}
 
 /* ------------------------------------------------------------------ model */
 enum { W1, B1, W2, B2, NPARAM };
@@ -141,11 +87,6 @@ static dpar_status make_array(dpar_mesh *mesh, dpar_dtype t, int ndim, int64_t d
     return dpar_array_create(mesh, &d, out);
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static int fail(const char *what) {
     fprintf(stderr, "train_digits: %s: %s\n", what, dpar_last_error());
@@ -153,25 +94,12 @@ static int fail(const char *what) {
 }
 
 int main(int argc, char **argv) {
-    const char *backend = "cpu", *path = "examples/data/digits.csv.gz";
-    int devices = 4, epochs = 30, batch = 64, seed = 42, hidden = 128;
-    float lr = 0.1f, momentum = 0.9f;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!v) { fprintf(stderr, "train_digits: %s needs a value\n", a); return 2; }
-        if (!strcmp(a, "--backend")) backend = v;
-        else if (!strcmp(a, "--devices")) devices = atoi(v);
-        else if (!strcmp(a, "--epochs")) epochs = atoi(v);
-        else if (!strcmp(a, "--batch")) batch = atoi(v);
-        else if (!strcmp(a, "--lr")) lr = (float)atof(v);
-        else if (!strcmp(a, "--momentum")) momentum = (float)atof(v);
-        else if (!strcmp(a, "--seed")) seed = atoi(v);
-        else if (!strcmp(a, "--hidden")) hidden = atoi(v);
-        else if (!strcmp(a, "--data")) path = v;
-        else { fprintf(stderr, "train_digits: unknown flag %s\n", a); return 2; }
-        i++;
-    }
-    if (devices < 1 || epochs < 1 || batch < 1 || hidden < 1) { fprintf(stderr, "train_digits: --devices, --epochs, --batch and --hidden must be >= 1\n"); return 2; }
+    digits_opts o = { .backend = "cpu", .path = "examples/data/digits.csv.gz", .devices = 4, .epochs = 30, .batch = 64,
+                      .seed = 42, .hidden = 128, .lr = 0.1f, .momentum = 0.9f };
+    if (digits_parse("train_digits", argc, argv, &o)) return 2;
+    const char *backend = o.backend;
+    int devices = o.devices, epochs = o.epochs, batch = o.batch, hidden = o.hidden;
+    float lr = o.lr, momentum = o.momentum;
     if (batch % devices) { fprintf(stderr, "train_digits: --batch %d is not divisible by --devices %d\n", batch, devices); return 2; }
     int nproc = 1, proc = 0;
 #ifdef DPAR_MPI
@@ -183,15 +111,11 @@ int main(int argc, char **argv) {
     if (devices % nproc) { fprintf(stderr, "train_digits: --devices %d is not divisible by the %d processes\n", devices, nproc); MPI_Finalize(); return 2; }
 #endif
 
-    /* data: fixed-seed 80/20 split */
-    dataset all;
-    if (load_digits(path, &all)) { fprintf(stderr, "train_digits: could not read %s (run from the repository root)\n", path); return 1; }
-    rng_state = (uint64_t)seed;
-    int *idx = malloc((size_t)all.n * sizeof(int));
-    for (int i = 0; i < all.n; i++) idx[i] = i;
-    shuffle(idx, all.n);
-    int ntest = all.n / 5, ntrain = all.n - ntest;
-    int *train_idx = idx + ntest, *test_idx = idx;
+    /* data: fixed-seed 80/20 split and the initial weights (drawn in this order) */
+    digits_setup ds;
+    if (digits_prepare("train_digits", &o, &ds)) return 1;
+    dataset all = ds.all;
+    int ntest = ds.ntest, ntrain = ds.ntrain, *train_idx = ds.train_idx, *test_idx = ds.test_idx;
 
     /* runtime and mesh */
     dpar_runtime_desc rd;
@@ -200,10 +124,7 @@ int main(int argc, char **argv) {
 #ifdef DPAR_MPI
     rd.mpi_comm = &world;
 #endif
-    if (!strcmp(backend, "cpu")) rd.backend = DPAR_BACKEND_CPU;
-    else if (!strcmp(backend, "vulkan")) rd.backend = DPAR_BACKEND_VULKAN;
-    else if (!strcmp(backend, "cuda")) rd.backend = DPAR_BACKEND_CUDA;
-    else { fprintf(stderr, "train_digits: unknown backend '%s' (cpu, vulkan, cuda)\n", backend); return 2; }
+    if (digits_backend(backend, &rd.backend)) { fprintf(stderr, "train_digits: unknown backend '%s' (cpu, vulkan, cuda)\n", backend); return 2; }
     dpar_runtime *rt;
     if (dpar_runtime_create(&rd, &rt)) return fail("runtime");
     dpar_mesh *mesh;
@@ -230,14 +151,8 @@ int main(int argc, char **argv) {
             make_array(mesh, DPAR_F32, nd, pshape[i][0], pshape[i][1], NULL, &m.mom[i]))
             return fail("parameters");
     }
-    /* He-uniform init for weights (fan_in), zero biases; same numbers for any device count */
-    for (int i = 0; i < NPARAM; i += 2) {
-        int64_t n = pshape[i][0] * pshape[i][1];
-        float *w = malloc((size_t)n * sizeof(float)), bound = sqrtf(6.0f / (float)pshape[i][0]);
-        for (int64_t k = 0; k < n; k++) w[k] = (2.0f * rng_uniform() - 1.0f) * bound;
-        if (dpar_array_put(m.param[i], w)) return fail("init");
-        free(w);
-    }
+    /* He-uniform weights from digits_prepare, zero biases: the same numbers for any device count */
+    if (dpar_array_put(m.param[W1], ds.w1) || dpar_array_put(m.param[W2], ds.w2)) return fail("init");
     if (make_array(mesh, DPAR_F32, 2, batch, NPIX, "data", &m.x) || make_array(mesh, DPAR_I32, 1, batch, 0, "data", &m.y) ||
         make_array(mesh, DPAR_F32, 2, batch, hidden, "data", &m.h_pre) || make_array(mesh, DPAR_F32, 2, batch, hidden, "data", &m.h) ||
         make_array(mesh, DPAR_F32, 2, batch, NCLASS, "data", &m.logits) || make_array(mesh, DPAR_F32, 2, batch, NCLASS, "data", &m.dlogits) ||
@@ -283,20 +198,15 @@ int main(int argc, char **argv) {
         double dt = now_s() - t0;
         epoch_loss = sum / steps;
         if (dpar_shard_map(mesh, &eval) || dpar_array_get(tl, lt)) return fail("eval");
-        int correct = 0;
-        for (int i = 0; i < ntest; i++) {
-            int best = 0;
-            for (int c = 1; c < NCLASS; c++) if (lt[i * NCLASS + c] > lt[i * NCLASS + best]) best = c;
-            correct += best == all.y[test_idx[i]];
-        }
-        acc = (double)correct / ntest;
+        acc = digits_accuracy(&ds, lt);
         if (proc == 0) printf("epoch %3d  loss %.8f  test_accuracy %.4f  samples/s %.0f\n", e, epoch_loss, acc, steps * batch / dt);
         fflush(stdout);
     }
     if (proc == 0)
         printf("final: backend=%s devices=%d epochs=%d test_accuracy=%.4f train_loss=%.8f\n", backend, devices, epochs, acc, epoch_loss);
     dpar_runtime_destroy(rt); /* frees the arrays and the mesh too */
-    free(xb); free(yb); free(losses); free(xt); free(lt); free(idx); free(all.x); free(all.y);
+    free(xb); free(yb); free(losses); free(xt); free(lt);
+    digits_free(&ds);
 #ifdef DPAR_MPI
     MPI_Finalize();
 #endif

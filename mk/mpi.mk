@@ -14,7 +14,7 @@ $(BUILD)/dpar_mpi.o: $(IMPL_DEPS) | $(BUILD)
 $(BUILD)/mpi_%: tests/mpi/%.c $(BUILD)/dpar_mpi.o
 	$(MPICC) $(CSTD) $(CPPFLAGS) $(IMPL_DEFS) -DDPAR_MPI $(CFLAGS) $(WARN) $< $(BUILD)/dpar_mpi.o -o $@ $(LDFLAGS) $(IMPL_LIBS) $(LDLIBS)
 
-$(BUILD)/train_digits_mpi: examples/train_digits.c $(BUILD)/dpar_mpi.o
+$(BUILD)/train_digits_mpi: examples/train_digits.c examples/digits_common.h $(BUILD)/dpar_mpi.o
 	$(MPICC) $(CSTD) $(CPPFLAGS) $(IMPL_DEFS) -DDPAR_MPI $(CFLAGS) $(WARN) $< $(BUILD)/dpar_mpi.o -o $@ $(LDFLAGS) $(IMPL_LIBS) -lz $(LDLIBS)
 
 .PHONY: mpi
