@@ -3,6 +3,7 @@
 #   VULKAN=0|1   Vulkan backend (default: 1 when the Vulkan headers exist)
 #   CUDA=0|1     CUDA backend (default 0; needs nvcc, cuBLAS and NCCL headers)
 #   SAN=address|thread   build everything with a sanitizer (into build-$(SAN)/)
+.DEFAULT_GOAL := all   # included mk/*.mk files define rules before `all`
 CC      ?= cc
 CSTD    ?= -std=c99
 OPT     ?= -O2

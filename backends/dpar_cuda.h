@@ -32,9 +32,17 @@
    Semantics
    - Ops are asynchronous on the device's compute stream; dpar_buffer_read,
      dpar_device_sync and dpar_buffer_destroy wait. While NCCL communicators
-     exist, those waits poll ncclCommGetAsyncError and give up after the
-     runtime's timeout (DPAR_TIMEOUT_MS), aborting the communicators
-     (ncclCommAbort) instead of hanging: DPAR_ERR_TIMEOUT / DPAR_ERR_BACKEND.
+     exist, those waits poll instead of blocking: an asynchronous NCCL error
+     (ncclCommGetAsyncError) gives DPAR_ERR_BACKEND, and an NCCL collective
+     whose inputs are ready but which has not finished within the runtime's
+     timeout (DPAR_TIMEOUT_MS) gives DPAR_ERR_TIMEOUT; both abort the
+     device's communicators (ncclCommAbort) instead of hanging. Long compute
+     work never times out.
+   - Collectives run on a per-device communication stream: the compute
+     stream's work so far -> NCCL -> the compute stream's later work, with
+     events, so the host returns at once (dpar_*_start / dpar_wait overlap
+     host work; the GPU streams stay ordered). Each NCCL collective costs one
+     host barrier of the group's worker threads (see dpar__cu_collective).
    - Matrix products: cublasSgemm (f32, no TF32), cublasGemmEx for f16/bf16
      operands with f32 compute. Element-wise kernels, the SGD step and the
      casts do the same IEEE operations as the CPU reference (no FMA
@@ -126,6 +134,7 @@ typedef struct dpar__cu_api {
     dpar__CUresult (*cuEventCreate)(dpar__CUevent *, unsigned);
     dpar__CUresult (*cuEventDestroy)(dpar__CUevent);
     dpar__CUresult (*cuEventRecord)(dpar__CUevent, dpar__CUstream);
+    dpar__CUresult (*cuEventQuery)(dpar__CUevent);
     dpar__CUresult (*cuMemAlloc)(dpar__CUdeviceptr *, size_t);
     dpar__CUresult (*cuMemFree)(dpar__CUdeviceptr);
     dpar__CUresult (*cuMemsetD8Async)(dpar__CUdeviceptr, unsigned char, size_t, dpar__CUstream);
@@ -182,7 +191,8 @@ static const char *const dpar__cuk_names[DPAR__CUK_COUNT] = {
     "dpar_k_reduce_partial_f64"
 };
 
-enum { DPAR__CU_MAXV = 64, DPAR__CU_BLOCK = 256, DPAR__CU_MAX_PARTIALS = 1024, DPAR__CU_NSCRATCH = 3 };
+enum { DPAR__CU_MAXV = 64, DPAR__CU_BLOCK = 256, DPAR__CU_MAX_PARTIALS = 1024, DPAR__CU_NSCRATCH = 3,
+       DPAR__CU_RING = 32 /* NCCL collectives tracked per device for hang detection */ };
 
 /* Same layout as dk_ptrs / dk_nd in kernels/dpar_kernels.cu. */
 typedef struct { dpar__CUdeviceptr in[DPAR__CU_MAXV]; dpar__CUdeviceptr out[DPAR__CU_MAXV]; } dpar__cu_ptrs;
@@ -203,7 +213,14 @@ typedef struct dpar__cu_phys {
 typedef struct dpar__cu_dev {
     int phys;                       /* index into st->phys */
     dpar__CUstream compute, comm;
-    dpar__CUevent ev_c2n, ev_n2c;   /* compute -> comm, comm -> compute */
+    /* NCCL collective k: pre[k % RING] recorded on compute (its inputs are
+       ready; the comm stream waits for it), post[k % RING] on comm after it
+       (compute waits for it). The oldest collective whose pre is done but
+       whose post is not is running in NCCL: that is what the timeout watches. */
+    dpar__CUevent pre[DPAR__CU_RING], post[DPAR__CU_RING];
+    uint64_t ring_head, ring_tail;  /* collectives issued / known complete */
+    pthread_mutex_t ring_mu;
+    int ring_mu_init;
     dpar__CUevent ev_ready, ev_done;/* virtual-device collectives */
     dpar__cublasHandle blas;
     dpar__CUdeviceptr scratch[DPAR__CU_NSCRATCH];
@@ -215,6 +232,8 @@ typedef struct dpar__cu_comm {
     int n;
     int devices[DPAR_MAX_DEVICES];
     dpar__ncclComm comms[DPAR_MAX_DEVICES];
+    int ready;   /* 0 while its creator runs ncclCommInitAll (outside the lock) */
+    int failed;  /* ncclCommInitAll failed */
     int aborted;
 } dpar__cu_comm;
 
@@ -223,6 +242,7 @@ typedef struct dpar__cu_state {
     dpar__cu_phys *phys;
     dpar__cu_dev *dev;
     pthread_mutex_t comm_lock;
+    pthread_cond_t comm_cv;        /* a communicator set finished initializing */
     dpar__cu_comm *comms;
     int ncomms; /* read without the lock as a hint only */
 } dpar__cu_state;
@@ -235,7 +255,6 @@ static dpar__cu_api dpar__cu;
 static pthread_once_t dpar__cu_once = PTHREAD_ONCE_INIT;
 static dpar_status dpar__cu_load_status = DPAR_OK;
 static char dpar__cu_load_text[512];
-static DPAR__TLS dpar__CUcontext dpar__cu_tls_ctx;
 
 /* ---------------------------------------------------------------------------
    Errors
@@ -320,6 +339,7 @@ static void dpar__cu_load(void) {
     DPAR__CU_SYM(l, cuEventCreate, "cuEventCreate", "libcuda.so.1");
     DPAR__CU_SYM(l, cuEventDestroy, "cuEventDestroy_v2", "libcuda.so.1");
     DPAR__CU_SYM(l, cuEventRecord, "cuEventRecord", "libcuda.so.1");
+    DPAR__CU_SYM(l, cuEventQuery, "cuEventQuery", "libcuda.so.1");
     DPAR__CU_SYM(l, cuMemAlloc, "cuMemAlloc_v2", "libcuda.so.1");
     DPAR__CU_SYM(l, cuMemFree, "cuMemFree_v2", "libcuda.so.1");
     DPAR__CU_SYM(l, cuMemsetD8Async, "cuMemsetD8Async", "libcuda.so.1");
@@ -393,12 +413,10 @@ static void dpar__cu_load(void) {
 /* ---------------------------------------------------------------------------
    Small helpers
    ------------------------------------------------------------------------ */
+/* Makes the device's context current on the calling thread. Always set (it is
+   cheap): NCCL, cuBLAS or the user's own CUDA code may change it in between. */
 static dpar_status dpar__cu_bind(dpar__cu_state *st, int dev) {
-    dpar__CUcontext ctx = st->phys[st->dev[dev].phys].ctx;
-    if (dpar__cu_tls_ctx != ctx) {
-        DPAR__CU_TRY(dev, "cuCtxSetCurrent", dpar__cu.cuCtxSetCurrent(ctx));
-        dpar__cu_tls_ctx = ctx;
-    }
+    DPAR__CU_TRY(dev, "cuCtxSetCurrent", dpar__cu.cuCtxSetCurrent(st->phys[st->dev[dev].phys].ctx));
     return DPAR_OK;
 }
 
@@ -433,7 +451,7 @@ static void dpar__cu_abort_comms_of(dpar__cu_state *st, int dev) {
     for (c = st->comms; c; c = c->next) {
         int i, member = 0;
         for (i = 0; i < c->n; i++) member |= c->devices[i] == dev;
-        if (!member || c->aborted) continue;
+        if (!member || c->aborted || !c->ready) continue;
         c->aborted = 1;
         for (i = 0; i < c->n; i++)
             if (c->comms[i]) dpar__cu.ncclCommAbort(c->comms[i]);
@@ -441,12 +459,17 @@ static void dpar__cu_abort_comms_of(dpar__cu_state *st, int dev) {
     pthread_mutex_unlock(&st->comm_lock);
 }
 
-/* Waits for a stream. With NCCL communicators, polls their async errors and
-   gives up after the runtime timeout instead of hanging. */
+/* Waits for a stream. While NCCL communicators exist, polls instead of
+   blocking: an asynchronous NCCL error, or an NCCL collective that has been
+   running (its inputs ready, the communication stream still busy) for longer
+   than the runtime timeout, aborts the device's communicators and returns an
+   error instead of hanging. Long compute work alone never times out. */
 static dpar_status dpar__cu_wait(dpar__cu_state *st, int dev, dpar__CUstream s, const char *what) {
-    double t0, waited;
+    dpar__cu_dev *d = &st->dev[dev];
+    double t0;
+    uint64_t seq, watched = ~(uint64_t)0;
     unsigned spins = 0;
-    if (!DPAR__ATOMIC_LOAD(&st->ncomms)) {
+    if (!DPAR__ATOMIC_LOAD(&st->ncomms) || !d->comm) {
         DPAR__CU_TRY(dev, "cuStreamSynchronize", dpar__cu.cuStreamSynchronize(s));
         return DPAR_OK;
     }
@@ -454,13 +477,14 @@ static dpar_status dpar__cu_wait(dpar__cu_state *st, int dev, dpar__CUstream s, 
     for (;;) {
         dpar__CUresult r = dpar__cu.cuStreamQuery(s);
         dpar__cu_comm *c;
-        int bad = 0, code = 0;
+        int bad = 0, code = 0, in_nccl;
         dpar__ncclComm badcomm = NULL;
         if (r == DPAR__CUDA_SUCCESS) return DPAR_OK;
         if (r != DPAR__CUDA_ERROR_NOT_READY) return dpar__cu_fail(dev, "cuStreamQuery", r);
         pthread_mutex_lock(&st->comm_lock);
         for (c = st->comms; c && !bad; c = c->next) {
             int i;
+            if (!c->ready) continue;
             for (i = 0; i < c->n; i++) {
                 int e = 0;
                 if (c->devices[i] != dev || c->aborted || !c->comms[i]) continue;
@@ -476,17 +500,26 @@ static dpar_status dpar__cu_wait(dpar__cu_state *st, int dev, dpar__CUstream s, 
             dpar__cu_abort_comms_of(st, dev);
             return s2;
         }
-        waited = dpar__cu_now_ms() - t0;
-        if (waited > (double)st->timeout_ms) {
+        /* the oldest unfinished collective has its inputs ready: NCCL is running it */
+        pthread_mutex_lock(&d->ring_mu);
+        while (d->ring_tail < d->ring_head &&
+               dpar__cu.cuEventQuery(d->post[d->ring_tail % DPAR__CU_RING]) == DPAR__CUDA_SUCCESS)
+            d->ring_tail++;
+        in_nccl = d->ring_tail < d->ring_head &&
+                  dpar__cu.cuEventQuery(d->pre[d->ring_tail % DPAR__CU_RING]) == DPAR__CUDA_SUCCESS;
+        seq = d->ring_tail;
+        pthread_mutex_unlock(&d->ring_mu);
+        if (!in_nccl || seq != watched) { t0 = dpar__cu_now_ms(); watched = seq; }
+        else if (dpar__cu_now_ms() - t0 > (double)st->timeout_ms) {
             dpar__cu_abort_comms_of(st, dev);
             return dpar__err(DPAR_ERR_TIMEOUT,
-                             "cuda: device %d: %s did not complete within %d ms (DPAR_TIMEOUT_MS): "
-                             "an NCCL collective is stuck (a member never joined?); the device's "
-                             "NCCL communicators were aborted (ncclCommAbort), destroy the runtime",
-                             dev, what, st->timeout_ms);
+                             "cuda: device %d: %s: NCCL collective #%llu of this device did not complete within %d ms "
+                             "(DPAR_TIMEOUT_MS; a member never joined?); the device's NCCL communicators "
+                             "were aborted (ncclCommAbort): destroy the runtime", dev, what,
+                             (unsigned long long)seq + 1, st->timeout_ms);
         }
-        if (++spins > 64) {
-            struct timespec ts = { 0, 100000 }; /* 0.1 ms */
+        if (++spins > 2000) { /* a few ms of polling, then 20 us naps */
+            struct timespec ts = { 0, 20000 };
             nanosleep(&ts, NULL);
         }
     }
@@ -532,38 +565,64 @@ static dpar_status dpar__cu_scratch(dpar__cu_state *st, int dev, int slot, size_
 /* ---------------------------------------------------------------------------
    Runtime: init / shutdown / info
    ------------------------------------------------------------------------ */
+typedef struct dpar__cu_destroy_arg { dpar__CUcontext ctx; dpar__ncclComm comm; } dpar__cu_destroy_arg;
+static void *dpar__cu_destroy_main(void *p) {
+    dpar__cu_destroy_arg *a = (dpar__cu_destroy_arg *)p;
+    dpar__cu.cuCtxSetCurrent(a->ctx);
+    dpar__cu.ncclCommDestroy(a->comm);
+    return NULL;
+}
+
 static void dpar__cu_shutdown(void *state) {
     dpar__cu_state *st = (dpar__cu_state *)state;
     int i, k;
     if (!st) return;
-    /* communicators first (they use the devices' streams) */
+    /* let queued work finish (NCCL kernels included) */
+    for (i = 0; st->dev && i < st->ndev; i++) {
+        dpar__cu_dev *d = &st->dev[i];
+        if (!st->phys || !st->phys[d->phys].ctx) continue;
+        dpar__cu.cuCtxSetCurrent(st->phys[d->phys].ctx);
+        if (d->compute) dpar__cu.cuStreamSynchronize(d->compute);
+        if (d->comm) dpar__cu.cuStreamSynchronize(d->comm);
+    }
+    /* communicators first (they use the devices' streams); every rank of a
+       set is destroyed from its own thread, at the same time: recent NCCL
+       finalizes collectively inside ncclCommDestroy */
     while (st->comms) {
         dpar__cu_comm *c = st->comms;
         st->comms = c->next;
-        for (i = 0; i < c->n; i++) {
-            if (!c->comms[i]) continue;
-            dpar__cu.cuCtxSetCurrent(st->phys[st->dev[c->devices[i]].phys].ctx);
-            if (c->aborted) continue; /* already aborted (and freed by NCCL) */
-            dpar__cu.ncclCommDestroy(c->comms[i]);
+        if (c->ready && !c->aborted) {
+            pthread_t th[DPAR_MAX_DEVICES];
+            dpar__cu_destroy_arg args[DPAR_MAX_DEVICES];
+            int started[DPAR_MAX_DEVICES];
+            for (i = 0; i < c->n; i++) {
+                args[i].ctx = st->phys[st->dev[c->devices[i]].phys].ctx;
+                args[i].comm = c->comms[i];
+                started[i] = c->comms[i] && pthread_create(&th[i], NULL, dpar__cu_destroy_main, &args[i]) == 0;
+            }
+            for (i = 0; i < c->n; i++)
+                if (started[i]) pthread_join(th[i], NULL);
+                else if (c->comms[i]) dpar__cu_destroy_main(&args[i]); /* could not start a thread */
         }
         DPAR_FREE(c);
     }
     if (st->dev) {
         for (i = 0; i < st->ndev; i++) {
             dpar__cu_dev *d = &st->dev[i];
-            if (!st->phys[d->phys].ctx) continue;
+            if (!st->phys || !st->phys[d->phys].ctx) continue;
             dpar__cu.cuCtxSetCurrent(st->phys[d->phys].ctx);
-            if (d->compute) dpar__cu.cuStreamSynchronize(d->compute);
-            if (d->comm) dpar__cu.cuStreamSynchronize(d->comm);
             if (d->blas) dpar__cu.cublasDestroy(d->blas);
             for (k = 0; k < DPAR__CU_NSCRATCH; k++)
                 if (d->scratch[k]) dpar__cu.cuMemFree(d->scratch[k]);
-            if (d->ev_c2n) dpar__cu.cuEventDestroy(d->ev_c2n);
-            if (d->ev_n2c) dpar__cu.cuEventDestroy(d->ev_n2c);
+            for (k = 0; k < DPAR__CU_RING; k++) {
+                if (d->pre[k]) dpar__cu.cuEventDestroy(d->pre[k]);
+                if (d->post[k]) dpar__cu.cuEventDestroy(d->post[k]);
+            }
             if (d->ev_ready) dpar__cu.cuEventDestroy(d->ev_ready);
             if (d->ev_done) dpar__cu.cuEventDestroy(d->ev_done);
             if (d->compute) dpar__cu.cuStreamDestroy(d->compute);
             if (d->comm) dpar__cu.cuStreamDestroy(d->comm);
+            if (d->ring_mu_init) pthread_mutex_destroy(&d->ring_mu);
         }
         DPAR_FREE(st->dev);
     }
@@ -579,8 +638,8 @@ static void dpar__cu_shutdown(void *state) {
         }
         DPAR_FREE(st->phys);
     }
-    dpar__cu_tls_ctx = NULL;
     pthread_mutex_destroy(&st->comm_lock);
+    pthread_cond_destroy(&st->comm_cv);
     DPAR_FREE(st);
 }
 
@@ -602,7 +661,6 @@ static dpar_status dpar__cu_init_phys(dpar__cu_state *st, int i) {
     DPAR__CU_TRY(-1, "cuDevicePrimaryCtxRetain", dpar__cu.cuDevicePrimaryCtxRetain(&p->ctx, p->dev));
     p->ctx_retained = 1;
     DPAR__CU_TRY(-1, "cuCtxSetCurrent", dpar__cu.cuCtxSetCurrent(p->ctx));
-    dpar__cu_tls_ctx = p->ctx;
     for (k = 0; k < DPAR__CUDA_NUM_MODULES; k++) {
         char log[2048];
         int opts[2] = { DPAR__CU_JIT_ERROR_LOG_BUFFER, DPAR__CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES };
@@ -636,14 +694,17 @@ static dpar_status dpar__cu_init_phys(dpar__cu_state *st, int i) {
 
 static dpar_status dpar__cu_init_dev(dpar__cu_state *st, int i) {
     dpar__cu_dev *d = &st->dev[i];
-    int r;
+    int r, k;
+    pthread_mutex_init(&d->ring_mu, NULL);
+    d->ring_mu_init = 1;
     DPAR__CU_TRY(i, "cuCtxSetCurrent", dpar__cu.cuCtxSetCurrent(st->phys[d->phys].ctx));
-    dpar__cu_tls_ctx = st->phys[d->phys].ctx;
     DPAR__CU_TRY(i, "cuStreamCreate", dpar__cu.cuStreamCreate(&d->compute, DPAR__CU_STREAM_NON_BLOCKING));
     if (!st->virt)
         DPAR__CU_TRY(i, "cuStreamCreate", dpar__cu.cuStreamCreate(&d->comm, DPAR__CU_STREAM_NON_BLOCKING));
-    DPAR__CU_TRY(i, "cuEventCreate", dpar__cu.cuEventCreate(&d->ev_c2n, DPAR__CU_EVENT_DISABLE_TIMING));
-    DPAR__CU_TRY(i, "cuEventCreate", dpar__cu.cuEventCreate(&d->ev_n2c, DPAR__CU_EVENT_DISABLE_TIMING));
+    for (k = 0; k < DPAR__CU_RING && !st->virt; k++) {
+        DPAR__CU_TRY(i, "cuEventCreate", dpar__cu.cuEventCreate(&d->pre[k], DPAR__CU_EVENT_DISABLE_TIMING));
+        DPAR__CU_TRY(i, "cuEventCreate", dpar__cu.cuEventCreate(&d->post[k], DPAR__CU_EVENT_DISABLE_TIMING));
+    }
     DPAR__CU_TRY(i, "cuEventCreate", dpar__cu.cuEventCreate(&d->ev_ready, DPAR__CU_EVENT_DISABLE_TIMING));
     DPAR__CU_TRY(i, "cuEventCreate", dpar__cu.cuEventCreate(&d->ev_done, DPAR__CU_EVENT_DISABLE_TIMING));
     r = dpar__cu.cublasCreate(&d->blas);
@@ -698,6 +759,7 @@ static dpar_status dpar__cu_init(const dpar_runtime_desc *desc, int requested, v
     if (!st) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "cuda: out of host memory");
     memset(st, 0, sizeof *st);
     pthread_mutex_init(&st->comm_lock, NULL);
+    pthread_cond_init(&st->comm_cv, NULL);
     st->nphys_total = nphys;
     st->virt = requested > nphys;
     st->nphys = st->virt ? 1 : requested;
@@ -744,7 +806,6 @@ static dpar_status dpar__cu_device_info(void *state, int dev, dpar_device_info *
 }
 
 static dpar_status dpar__cu_thread_init(void *state, int dev) {
-    dpar__cu_tls_ctx = NULL;
     return dpar__cu_bind((dpar__cu_state *)state, dev);
 }
 
@@ -846,17 +907,20 @@ static dpar_status dpar__cu_matmul(dpar__cu_state *st, int dev, const dpar__op *
         return dpar__err(DPAR_ERR_SHAPE, "cuda: matmul [%lld,%lld]x[%lld,%lld]: dimensions above 2^31-1 "
                          "are not supported by cuBLAS' int API", (long long)M, (long long)K,
                          (long long)K, (long long)N);
-    if (K == 0 && beta == 0.0f) {
-        DPAR__CU_TRY(dev, "cuMemsetD8Async", dpar__cu.cuMemsetD8Async(C, 0, op->dst->nbytes, d->compute));
-        return DPAR_OK;
+    if (K == 0) { /* C = beta C (beta 0 ignores C, even NaN) */
+        int64_t cnt = M * N;
+        void *args[] = { &C, &beta, &cnt };
+        if (beta == 0.0f) {
+            DPAR__CU_TRY(dev, "cuMemsetD8Async", dpar__cu.cuMemsetD8Async(C, 0, op->dst->nbytes, d->compute));
+            return DPAR_OK;
+        }
+        return dpar__cu_launch(st, dev, DPAR__CUK_SCALE, dpar__cu_grid(cnt, 16, 8192), DPAR__CU_BLOCK, d->compute, args);
     }
     /* Row-major C[M,N] = op(A) op(B) is column-major C^T[N,M] = op(B)^T op(A)^T:
        call gemm with the operands swapped; the leading dimensions are the
        row-major row lengths of the stored matrices. */
     lda = (int)(op->trans_a ? M : K);
     ldb = (int)(op->trans_b ? K : N);
-    if (lda < 1) lda = 1;
-    if (ldb < 1) ldb = 1;
     if (op->dst->dtype == DPAR_F32 && op->src0->dtype == DPAR_F32 && op->src1->dtype == DPAR_F32) {
         r = dpar__cu.cublasSgemm(d->blas, tb, ta, (int)N, (int)M, (int)K, &alpha,
                                  (const float *)(uintptr_t)B, ldb, (const float *)(uintptr_t)A, lda,
@@ -1227,7 +1291,9 @@ static dpar_status dpar__cu_coll_virtual(dpar__cu_state *st, dpar__coll *c) {
    ------------------------------------------------------------------------ */
 /* The communicator set of a group, created on first use by whichever member
    arrives first (ncclCommInitAll over the members' GPUs) and cached by the
-   group's device list. */
+   group's device list. The creator runs ncclCommInitAll outside the lock, so
+   members of other groups can keep looking up their (ready) communicators
+   meanwhile; members of this group wait for it (with the runtime timeout). */
 static dpar_status dpar__cu_get_comm(dpar__cu_state *st, dpar__coll *c, dpar__ncclComm *out) {
     dpar__cu_comm *cm;
     int me = c->devices[c->rank], i, r;
@@ -1251,24 +1317,42 @@ static dpar_status dpar__cu_get_comm(dpar__cu_state *st, dpar__coll *c, dpar__nc
             cm->devices[i] = c->devices[i];
             ords[i] = st->phys[st->dev[c->devices[i]].phys].ordinal;
         }
+        cm->next = st->comms;
+        st->comms = cm;
+        pthread_mutex_unlock(&st->comm_lock);
         r = dpar__cu.ncclCommInitAll(cm->comms, c->n, ords);
-        dpar__cu_tls_ctx = NULL; /* NCCL may have switched the current device */
+        pthread_mutex_lock(&st->comm_lock);
         if (r != DPAR__ncclSuccess) {
+            cm->failed = 1;
             s = dpar__nccl_fail(me, "ncclCommInitAll", r, NULL);
-            DPAR_FREE(cm);
-            cm = NULL;
         } else {
-            cm->next = st->comms;
-            st->comms = cm;
+            cm->ready = 1;
             DPAR__ATOMIC_STORE(&st->ncomms, st->ncomms + 1);
         }
+        pthread_cond_broadcast(&st->comm_cv);
+    } else {
+        struct timespec dl;
+        clock_gettime(CLOCK_REALTIME, &dl);
+        dl.tv_sec += st->timeout_ms / 1000;
+        dl.tv_nsec += (long)(st->timeout_ms % 1000) * 1000000L;
+        if (dl.tv_nsec >= 1000000000L) { dl.tv_sec++; dl.tv_nsec -= 1000000000L; }
+        while (!cm->ready && !cm->failed) {
+            if (pthread_cond_timedwait(&st->comm_cv, &st->comm_lock, &dl) == ETIMEDOUT && !cm->ready && !cm->failed) {
+                s = dpar__err(DPAR_ERR_TIMEOUT, "cuda: device %d: ncclCommInitAll for this group did not finish within %d ms "
+                              "(DPAR_TIMEOUT_MS)", me, st->timeout_ms);
+                break;
+            }
+        }
+        if (!s && cm->failed)
+            s = dpar__err(DPAR_ERR_BACKEND, "cuda: device %d: creating the NCCL communicators of this group failed "
+                          "(see the error of the member that created them)", me);
     }
-    if (cm && cm->aborted)
+    if (!s && cm->aborted)
         s = dpar__err(DPAR_ERR_BACKEND, "cuda: device %d: the NCCL communicator of this group was aborted "
                       "after an earlier error or timeout; destroy and recreate the runtime", me);
-    if (cm && !s) *out = cm->comms[c->rank];
+    if (!s) *out = cm->comms[c->rank];
     pthread_mutex_unlock(&st->comm_lock);
-    if (!s) s = dpar__cu_bind(st, me);
+    if (!s) s = dpar__cu_bind(st, me); /* NCCL may have switched the current device */
     return s;
 }
 
@@ -1427,17 +1511,26 @@ static dpar_status dpar__cu_coll_nccl_body(dpar__cu_state *st, dpar__coll *c, dp
 }
 
 static dpar_status dpar__cu_coll_nccl(dpar__cu_state *st, dpar__coll *c) {
-    int me = c->devices[c->rank];
+    int me = c->devices[c->rank], slot;
     dpar__cu_dev *d = &st->dev[me];
     dpar__ncclComm comm = NULL;
     dpar_status e = dpar__cu_get_comm(st, c, &comm);
     if (e) return e;
     /* compute -> comm stream, the collective, comm -> compute stream */
-    DPAR__CU_TRY(me, "cuEventRecord", dpar__cu.cuEventRecord(d->ev_c2n, d->compute));
-    DPAR__CU_TRY(me, "cuStreamWaitEvent", dpar__cu.cuStreamWaitEvent(d->comm, d->ev_c2n, 0));
+    /* collectives of one device are issued one at a time; the lock only
+       guards ring_head / ring_tail against a concurrent dpar__cu_wait */
+    pthread_mutex_lock(&d->ring_mu);
+    slot = (int)(d->ring_head % DPAR__CU_RING);
+    if (d->ring_head - d->ring_tail >= DPAR__CU_RING) d->ring_tail = d->ring_head - DPAR__CU_RING + 1;
+    pthread_mutex_unlock(&d->ring_mu);
+    DPAR__CU_TRY(me, "cuEventRecord", dpar__cu.cuEventRecord(d->pre[slot], d->compute));
+    DPAR__CU_TRY(me, "cuStreamWaitEvent", dpar__cu.cuStreamWaitEvent(d->comm, d->pre[slot], 0));
     e = dpar__cu_coll_nccl_body(st, c, comm, d->comm);
-    DPAR__CU_TRY(me, "cuEventRecord", dpar__cu.cuEventRecord(d->ev_n2c, d->comm));
-    DPAR__CU_TRY(me, "cuStreamWaitEvent", dpar__cu.cuStreamWaitEvent(d->compute, d->ev_n2c, 0));
+    DPAR__CU_TRY(me, "cuEventRecord", dpar__cu.cuEventRecord(d->post[slot], d->comm));
+    DPAR__CU_TRY(me, "cuStreamWaitEvent", dpar__cu.cuStreamWaitEvent(d->compute, d->post[slot], 0));
+    pthread_mutex_lock(&d->ring_mu);
+    d->ring_head++;
+    pthread_mutex_unlock(&d->ring_mu);
     return e;
 }
 
@@ -1454,6 +1547,9 @@ static dpar_status dpar__cu_collective(void *state, dpar__coll *c) {
         return dpar__cu_coll_local(st, me, c);
     }
     if (st->virt) return dpar__cu_coll_virtual(st, c);
+    /* NCCL calls do not synchronize the host threads; the core's barrier
+       after every backend collective keeps a fast member from posting its
+       next call while a slow one still checks this call's records. */
     return dpar__cu_coll_nccl(st, c);
 }
 

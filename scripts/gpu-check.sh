@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# GPU check for the CUDA backend, on a machine with an NVIDIA GPU:
+#   scripts/gpu-check.sh DIR
+# builds with CUDA=1 (and Vulkan when its headers exist), runs the CUDA suite
+# and the backend-parity suite with DPAR_REQUIRE_BACKENDS=cuda (a missing
+# backend fails instead of skipping), trains the digits with --backend cuda
+# on 1 device and on 4 (virtual on a 1-GPU machine), and runs the CUDA
+# benchmark. Every step's output is saved under DIR (DIR/<step>.log, teed to
+# the terminal); a failing step does not stop the others; DIR/summary.txt
+# lists each step's status and time and the key figures. Total under 6 minutes
+# (each step has a timeout, and steps are skipped once the budget is spent).
+# Exit status: 0 when every step passed.
+set -u
+
+if [ $# -ne 1 ]; then
+    echo "usage: $0 DIR   (DIR receives the logs and summary.txt)" >&2
+    exit 2
+fi
+DIR=$1
+mkdir -p "$DIR" || { echo "cannot create $DIR" >&2; exit 2; }
+DIR=$(cd "$DIR" && pwd)
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT" || exit 2
+
+BUDGET=${GPU_CHECK_BUDGET_S:-345}   # seconds for everything
+B=${GPU_CHECK_BUILD:-build}         # build folder (make BUILD=...)
+JOBS=$(nproc 2>/dev/null || echo 4)
+START=$(date +%s)
+SUMMARY="$DIR/summary.txt"
+: >"$SUMMARY"
+FAILED=0
+
+# step NAME MAX_SECONDS COMMAND...: runs with a timeout, tees to DIR/NAME.log
+step() {
+    local name=$1 max=$2
+    shift 2
+    local now left t0 rc secs
+    now=$(date +%s)
+    left=$((BUDGET - (now - START)))
+    if [ "$left" -le 5 ]; then
+        echo "SKIPPED  $name (time budget of ${BUDGET}s spent)" | tee -a "$SUMMARY"
+        FAILED=1
+        return 0
+    fi
+    [ "$max" -gt "$left" ] && max=$left
+    echo "=== $name (timeout ${max}s): $*" | tee "$DIR/$name.log"
+    t0=$(date +%s)
+    timeout --kill-after=5 "$max" "$@" 2>&1 | tee -a "$DIR/$name.log"
+    rc=${PIPESTATUS[0]}
+    secs=$(($(date +%s) - t0))
+    if [ "$rc" -eq 0 ]; then
+        printf 'PASS     %-22s %4ss\n' "$name" "$secs" | tee -a "$SUMMARY"
+    elif [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+        printf 'TIMEOUT  %-22s %4ss (limit %ss)\n' "$name" "$secs" "$max" | tee -a "$SUMMARY"
+        FAILED=1
+    elif [ "${SOFT:-0}" = 1 ]; then
+        printf 'WARN     %-22s %4ss (exit %s; informational, not counted)\n' "$name" "$secs" "$rc" | tee -a "$SUMMARY"
+    else
+        printf 'FAIL     %-22s %4ss (exit %s)\n' "$name" "$secs" "$rc" | tee -a "$SUMMARY"
+        FAILED=1
+    fi
+    return 0
+}
+
+{
+    echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    echo "host: $(uname -a)"
+    echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown) $(git status --porcelain 2>/dev/null | wc -l) changed file(s)"
+    command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv
+    command -v nvcc >/dev/null 2>&1 && nvcc --version | tail -2
+    ls /usr/local/cuda/bin/nvcc 2>/dev/null && /usr/local/cuda/bin/nvcc --version | tail -1
+} >"$DIR/env.txt" 2>&1
+cat "$DIR/env.txt"
+
+export DPAR_REQUIRE_BACKENDS=cuda
+
+step build          200 make -j"$JOBS" BUILD="$B" CUDA=1 all
+# the embedded PTX matches kernels/*.cu (only meaningful with the same nvcc as committed)
+SOFT=1 step check-ptx 30 make BUILD="$B" CUDA=1 check-ptx
+step test_cuda      100 "$B"/test_cuda
+if [ -f tests/test_parity.c ]; then
+    step test_parity 100 "$B"/test_parity
+else
+    echo "SKIPPED  test_parity (tests/test_parity.c not in this tree)" | tee -a "$SUMMARY"
+fi
+step digits_cuda_1   60 "$B"/train_digits --backend cuda --devices 1
+step digits_cuda_4   60 "$B"/train_digits --backend cuda --devices 4
+step bench_cuda     100 "$B"/bench_cuda
+
+{
+    echo
+    echo "--- key figures"
+    grep -h '^final:' "$DIR"/digits_cuda_*.log 2>/dev/null
+    for t in test_cuda test_parity; do
+        [ -f "$DIR/$t.log" ] && grep -HE '^\[ +(PASSED|FAILED|SKIPPED) +\] [0-9]|^parity ' "$DIR/$t.log" | sed "s|^$DIR/||"
+    done
+    grep -hE '^(device|matmul|all-reduce|sgd|axpy|scale|relu|cast|SKIPPED)' "$DIR"/bench_cuda.log 2>/dev/null
+    echo "total: $(($(date +%s) - START))s of ${BUDGET}s"
+} >>"$SUMMARY"
+echo
+echo "=== summary ($SUMMARY)"
+cat "$SUMMARY"
+exit "$FAILED"

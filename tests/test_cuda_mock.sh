@@ -1,0 +1,102 @@
+#!/bin/sh
+# Runs the CUDA backend's host code without a GPU: tests/cuda_mock/mock_cuda.cc
+# stands in for libcuda.so.1, libcublas.so.13 and libnccl.so.2 (host memory;
+# the real kernels compiled for the host), loaded through LD_LIBRARY_PATH.
+# Checks: test_cuda on virtual devices (1 mock GPU) and through the NCCL path
+# (4 mock GPUs), with asynchronous streams and random delays (so missing
+# stream/event waits show up), the "no device" error text, a hung NCCL
+# collective turning into DPAR_ERR_TIMEOUT / an asynchronous NCCL error, and
+# the digits training on 4 devices matching the CPU backend. The PTX itself,
+# real NCCL and timing are NOT exercised: that needs a GPU (scripts/gpu-check.sh).
+# Prints PASS / FAIL / SKIPPED lines for tests/run.sh. Needs a CUDA=1 build.
+BUILD=${BUILD:-build}
+CXX=${CXX:-c++}
+if [ ! -x "$BUILD/test_cuda" ] || ! grep -q dpar_k_vreduce "$BUILD/test_cuda" 2>/dev/null; then
+    echo "SKIPPED cuda_mock: $BUILD/test_cuda is not a CUDA=1 build (run: make CUDA=1 test)"
+    exit 0
+fi
+if ! command -v "$CXX" >/dev/null 2>&1; then
+    echo "SKIPPED cuda_mock: no C++ compiler ($CXX) to build the mock driver"
+    exit 0
+fi
+MOCK=$BUILD/cuda_mock
+mkdir -p "$MOCK"
+if [ ! -f "$MOCK/libdparmock.so" ] ||
+   find tests/cuda_mock/mock_cuda.cc kernels/dpar_kernels.cu -newer "$MOCK/libdparmock.so" | grep -q .; then
+    if ! "$CXX" -std=c++17 -O1 -g -fPIC -shared -Wall -Wextra -Werror -o "$MOCK/libdparmock.so" \
+            tests/cuda_mock/mock_cuda.cc -lpthread; then
+        echo "FAIL cuda_mock: building the mock driver failed"
+        exit 0
+    fi
+fi
+for l in libcuda.so.1 libcublas.so.13 libnccl.so.2; do ln -sf libdparmock.so "$MOCK/$l"; done
+log=$(mktemp)
+unset DPAR_REQUIRE_BACKENDS DPAR_BACKEND DPAR_DEVICES
+
+# LeakSanitizer cannot see the mock's quarantine of freed device memory;
+# device-memory leaks are checked by the mock itself (MOCK_CUDA_REPORT).
+ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
+export ASAN_OPTIONS
+run_suite() { # name gpus
+    if LD_LIBRARY_PATH="$MOCK${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" MOCK_CUDA_GPUS=$2 MOCK_CUDA_REPORT=1 \
+            DPAR_REQUIRE_BACKENDS=cuda ${DPAR_TEST_WRAPPER:-} "$BUILD/test_cuda" >"$log" 2>&1 &&
+            grep -q '^\[  PASSED  \] 12 test' "$log" && grep -q '^mock cuda: 0 allocation(s) never freed' "$log"; then
+        echo "PASS $1 ($(grep '^mock cuda: 0 allocation' "$log"))"
+    else
+        cat "$log"
+        echo "FAIL $1: test_cuda against the mock driver ($2 mock GPU(s))"
+    fi
+}
+run_suite cuda_mock_virtual_devices 1
+run_suite cuda_mock_nccl_path 4
+
+if LD_LIBRARY_PATH="$MOCK" MOCK_CUDA_NO_DEVICE=1 "$BUILD/test_cuda" >"$log" 2>&1; then :; fi
+if grep -q 'SKIPPED: cuda backend unavailable: cuda: cuInit: CUDA_ERROR_NO_DEVICE' "$log" &&
+   grep -q '^\[  SKIPPED \] 12 test' "$log"; then
+    echo "PASS cuda_mock_no_device_skips"
+else
+    cat "$log"
+    echo "FAIL cuda_mock_no_device_skips: expected 12 skips naming cuInit: CUDA_ERROR_NO_DEVICE"
+fi
+
+# a hung NCCL collective must become an error (timeout / asynchronous error), never a hang
+CC=${CC:-cc}
+SANFLAGS=
+if nm "$BUILD/dpar.o" 2>/dev/null | grep -q __asan_init; then SANFLAGS=-fsanitize=address,undefined; fi
+if nm "$BUILD/dpar.o" 2>/dev/null | grep -q __tsan_init; then SANFLAGS=-fsanitize=thread; fi
+if [ -f "$BUILD/dpar.o" ] && "$CC" -std=c99 -Wall -Wextra -Werror -D_GNU_SOURCE -I. $SANFLAGS tests/cuda_mock/stall.c \
+        "$BUILD/dpar.o" -o "$MOCK/stall" $SANFLAGS -lpthread -lm -ldl 2>"$log"; then
+    if LD_LIBRARY_PATH="$MOCK" MOCK_CUDA_GPUS=2 MOCK_NCCL_STALL=3 timeout 60 "$MOCK/stall" >"$log" 2>&1; then
+        echo "PASS cuda_mock_nccl_hang_times_out ($(cat "$log"))"
+    else
+        cat "$log"; echo "FAIL cuda_mock_nccl_hang_times_out"
+    fi
+    if LD_LIBRARY_PATH="$MOCK" MOCK_CUDA_GPUS=2 MOCK_NCCL_STALL=3 MOCK_NCCL_STALL_ERROR=1 timeout 60 "$MOCK/stall" error >"$log" 2>&1; then
+        echo "PASS cuda_mock_nccl_async_error ($(cat "$log"))"
+    else
+        cat "$log"; echo "FAIL cuda_mock_nccl_async_error"
+    fi
+else
+    cat "$log"; echo "FAIL cuda_mock_stall_build: could not build tests/cuda_mock/stall.c against $BUILD/dpar.o"
+fi
+
+if [ -x "$BUILD/bench_cuda" ]; then
+    if LD_LIBRARY_PATH="$MOCK" MOCK_CUDA_JITTER_US=0 timeout 120 "$BUILD/bench_cuda" --quick --mb 1 >"$log" 2>&1 &&
+       grep -q '^all-reduce 1 rank' "$log" && grep -q '^matmul bf16' "$log"; then
+        echo "PASS cuda_mock_bench_smoke (bench_cuda --quick --mb 1 runs end to end; figures meaningless on the mock)"
+    else
+        cat "$log"; echo "FAIL cuda_mock_bench_smoke"
+    fi
+fi
+
+if [ -x "$BUILD/train_digits" ]; then
+    a=$("$BUILD/train_digits" --backend cpu --devices 4 --epochs 1 --batch 256 2>&1 | sed -n 's/.*train_loss=\([0-9.eE+-]*\).*/\1/p')
+    b=$(LD_LIBRARY_PATH="$MOCK" MOCK_CUDA_GPUS=1 "$BUILD/train_digits" --backend cuda --devices 4 --epochs 1 --batch 256 2>&1 |
+        sed -n 's/.*train_loss=\([0-9.eE+-]*\).*/\1/p')
+    if [ -n "$a" ] && [ -n "$b" ] && awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-5 * (a < 0 ? -a : a)) }'; then
+        echo "PASS cuda_mock_digits_matches_cpu (train_loss cpu $a, cuda-mock $b)"
+    else
+        echo "FAIL cuda_mock_digits_matches_cpu: train_loss cpu '$a', cuda-mock '$b'"
+    fi
+fi
+rm -f "$log"
