@@ -309,7 +309,13 @@ int main(int argc, char **argv) {
     }
     long after = rss_kb();
     snprintf(why, sizeof why, "resident memory %ld kB after 10 cycles, %ld kB after 100", before, after);
+#if defined(__SANITIZE_ADDRESS__)
+    /* ASan's quarantine keeps freed memory resident: RSS says nothing here */
+    if (rank == 0) printf("SKIPPED 100 runtime + mesh create/destroy cycles (np=%d): under ASan resident memory includes the allocator's quarantine; the plain build checks it\n", nprocs);
+    (void)check;
+#else
     check("100 runtime + mesh create/destroy cycles do not grow memory (< 1 MB)", after - before < 1024, why);
+#endif
     dpar_runtime_destroy(rt);
 
     /* uneven steps: the ranks still waiting get an error naming rank 0 and the step */
