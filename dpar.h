@@ -1602,6 +1602,8 @@ struct dpar__group {
     dpar_status xstatus;       /* leader's cross-process result, read by the other local members */
     char *xmsg;                /* its error text (DPAR__ERR_LEN) */
     void *mpi;                 /* dpar__mpi_group (DPAR_MPI) */
+    uint64_t ws_ticket, ws_done;            /* shared all-reduce work (atomic), see dpar__ws_allreduce */
+    uint64_t ws_count[DPAR_MAX_DEVICES];    /* per member: shared all-reduces done in this job */
 };
 
 struct dpar_mesh {
@@ -2205,6 +2207,8 @@ static void dpar__reset_groups(dpar_mesh *m) {
             gr->arrived = 0;
             memset(gr->here, 0, (size_t)gr->n);
             gr->gen++;
+            gr->ws_ticket = gr->ws_done = 0; /* (an aborted job may have left them mid-way) */
+            memset(gr->ws_count, 0, sizeof gr->ws_count);
             pthread_mutex_unlock(&gr->mu);
         }
 }
@@ -2737,6 +2741,49 @@ static void dpar__reduce_span(dpar_dtype t, dpar_reduce_op op, int n, const char
     }
 }
 
+/* All-reduce when a group has more members than the machine has CPUs (say 4
+   emulated devices on 2 cores): instead of a fixed 1/n slice per member and a
+   second barrier that needs every member scheduled once more, the members
+   that run take slices from a shared counter until none is left, then wait
+   (spinning, then yielding) until every slice is done. A member the scheduler
+   left out takes fewer slices instead of holding the others up. Per element
+   the arithmetic is that of dpar__reduce_span over the same members in the
+   same order, so the bits are those of the static split.
+   Tickets: every member makes exactly one claim that finds no slice left, so
+   each such all-reduce consumes S + n tickets and member-local counts give
+   every member the same base (reset with the groups after each job). */
+static int dpar__ws_use(const dpar__coll *c, const dpar__group *g, const dpar_runtime *rt) {
+    if (c->kind != DPAR__COLL_ALL_REDUCE || g->cross || g->nlocal != g->n || c->n < 2) return 0;
+    if ((uint64_t)c->count * dpar_dtype_size(c->dtype) < ((uint64_t)64 << 10)) return 0;
+    int nc = DPAR__ATOMIC_LOAD(&dpar__ncpu);
+    if (!nc) { long v = sysconf(_SC_NPROCESSORS_ONLN); nc = v > 0 ? (int)v : 1; DPAR__ATOMIC_STORE(&dpar__ncpu, nc); }
+    return rt->nlocal > nc;
+}
+static int dpar__spin_reached(const void *word, uint64_t target) { return DPAR__ATOMIC_LOAD((const uint64_t *)word) >= target; }
+static void dpar__ws_allreduce(const dpar__coll *c, dpar__group *g, int rank, char *const *in, char *const *out) {
+    int n = c->n;
+    size_t es = dpar_dtype_size(c->dtype);
+    int64_t ch = c->count / (8 * n);                      /* about 8 slices per member */
+    if (ch < 8192) ch = 8192;
+    ch = (ch + 15) / 16 * 16;
+    uint64_t S = (uint64_t)((c->count + ch - 1) / ch);
+    uint64_t k = g->ws_count[rank]++;
+    uint64_t base = k * (S + (uint64_t)n), target = (k + 1) * S;
+    const char *src[DPAR_MAX_DEVICES];
+    char *dst[DPAR_MAX_DEVICES];
+    for (;;) {
+        uint64_t t = __atomic_fetch_add(&g->ws_ticket, 1, __ATOMIC_ACQ_REL) - base;
+        if (t >= S) break;
+        int64_t lo = (int64_t)t * ch, hi = lo + ch < c->count ? lo + ch : c->count;
+        for (int j = 0; j < n; j++) { src[j] = in[j] + (size_t)lo * es; dst[j] = out[j] + (size_t)lo * es; }
+        dpar__reduce_span(c->dtype, c->op, n, src, dst, n, hi - lo);
+        __atomic_fetch_add(&g->ws_done, 1, __ATOMIC_RELEASE);
+    }
+    static const int no_abort = 0;
+    if (!dpar__spin_until(dpar__spin_reached, &g->ws_done, target, &no_abort, g->nlocal))
+        while (!dpar__spin_reached(&g->ws_done, target)) sched_yield(); /* a slice in flight always finishes */
+}
+
 /* The work of member c->rank on host-visible views in[] / out[]; between the
    two barriers of the host path. */
 static void dpar__host_work(const dpar__coll *c, char *const *in, char *const *out, char *scratch) {
@@ -3027,6 +3074,9 @@ static dpar_status dpar__coll_exec(dpar_ctx *ctx, const dpar__cargs *a) {
 #else
         return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_STATE, "%s: the group spans processes but dpar was built without DPAR_MPI", st.what));
 #endif
+    } else if (dpar__ws_use(&c, g, rt)) { /* more members than CPUs: whoever runs does the work */
+        dpar__ws_allreduce(&c, g, rank, (char *const *)g->in_ptr, (char *const *)g->out_ptr);
+        if (rank == L) { pthread_mutex_lock(&g->mu); g->seq++; pthread_mutex_unlock(&g->mu); }
     } else {
         dpar__host_work(&c, (char *const *)g->in_ptr, (char *const *)g->out_ptr, scratch);
         if (rank == L) g->seq++;
@@ -3968,6 +4018,15 @@ static dpar_status dpar__mpi_coll(dpar_ctx *ctx, dpar__group *g, dpar__coll *c, 
             }
             MPI_Op op = c->op == DPAR_MAX ? MPI_MAX : c->op == DPAR_MIN ? MPI_MIN : MPI_SUM;
             DPAR__MPI_CALL(mp, MPI_Iallreduce(MPI_IN_PLACE, acc, (int)cnt, MPI_INT64_T, op, mg->comm, &req));
+        } else if (c->dtype == DPAR_F32) {
+            /* the process's partial result, vectorized, in member order */
+            const char *src[DPAR_MAX_DEVICES];
+            int nl = 0;
+            for (int r = 0; r < n; r++) if (dpar__is_local(rt, g->devices[r])) src[nl++] = (const char *)g->in_ptr[r];
+            char *acc = mg->xbuf;
+            dpar__reduce_span(DPAR_F32, c->op == DPAR_MEAN ? DPAR_SUM : c->op, nl, src, &acc, 1, cnt);
+            MPI_Op op = c->op == DPAR_MAX ? mp->op_max : c->op == DPAR_MIN ? mp->op_min : MPI_SUM;
+            DPAR__MPI_CALL(mp, MPI_Iallreduce(MPI_IN_PLACE, acc, (int)cnt, MPI_FLOAT, op, mg->comm, &req));
         } else {
             float *acc = (float *)mg->xbuf;
             for (int r = 0; r < n; r++) {
@@ -4010,7 +4069,12 @@ static dpar_status dpar__mpi_coll(dpar_ctx *ctx, dpar__group *g, dpar__coll *c, 
                          "finish within %d ms", what, (unsigned long long)job, (unsigned long long)seq, rt->timeout_ms);
     }
     /* 3. hand the result to the local members */
-    if (c->kind == DPAR__COLL_ALL_REDUCE) {
+    if (c->kind == DPAR__COLL_ALL_REDUCE && c->dtype == DPAR_F32) {
+        float *acc = (float *)mg->xbuf;
+        if (c->op == DPAR_MEAN) for (int64_t i = 0; i < c->count; i++) acc[i] /= (float)n;
+        for (int rr = 0; rr < n; rr++)
+            if (dpar__is_local(rt, g->devices[rr]) && c->count) memcpy(g->out_ptr[rr], acc, (size_t)c->count * 4);
+    } else if (c->kind == DPAR__COLL_ALL_REDUCE) {
         for (int rr = 0; rr < n; rr++) {
             if (!dpar__is_local(rt, g->devices[rr])) continue;
             char *o = (char *)g->out_ptr[rr];
