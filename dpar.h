@@ -223,7 +223,8 @@ typedef struct dpar_buffer dpar_buffer;
    negative dim), DPAR_ERR_OUT_OF_MEMORY. */
 DPAR_API dpar_status dpar_buffer_create(dpar_runtime *rt, int device, dpar_dtype dtype,
                                         int ndim, const int64_t *shape, dpar_buffer **out);
-/* Frees the buffer (waits for pending work on it). NULL is a no-op. */
+/* Frees the buffer (waits for pending work on it). NULL is a no-op. A shard
+   of a dpar_array is not freed (the last error says so): destroy the array. */
 DPAR_API void dpar_buffer_destroy(dpar_buffer *b);
 DPAR_API dpar_dtype dpar_buffer_dtype(const dpar_buffer *b);
 DPAR_API int dpar_buffer_ndim(const dpar_buffer *b);
@@ -262,6 +263,9 @@ typedef struct dpar_mesh_desc {
    the text names both), DPAR_ERR_INVALID_ARGUMENT (duplicate, empty or
    malformed axis names, repeated device in `devices`). */
 DPAR_API dpar_status dpar_mesh_create(dpar_runtime *rt, const dpar_mesh_desc *desc, dpar_mesh **out);
+/* Frees the mesh and every dpar_array created on it (their handles become
+   invalid). Not inside a pmap function (then nothing is freed and the last
+   error says so). NULL is a no-op. */
 DPAR_API void dpar_mesh_destroy(dpar_mesh *m);
 DPAR_API int dpar_mesh_ndim(const dpar_mesh *m);
 DPAR_API int dpar_mesh_size(const dpar_mesh *m);                   /* devices in the mesh */
@@ -1003,6 +1007,7 @@ struct dpar_buffer {
     int64_t count;
     size_t nbytes;
     void *mem;                 /* backend handle (CPU: host pointer) */
+    int owned;                 /* a shard of a dpar_array: freed with the array only */
     struct dpar_buffer *prev, *next; /* runtime's list, for cleanup */
 };
 
@@ -1233,6 +1238,7 @@ static dpar_status dpar__mpi_mesh_init(struct dpar_mesh *m, const dpar_mesh_desc
 static void dpar__mpi_mesh_free(struct dpar_mesh *m);
 static dpar_status dpar__mpi_coll(dpar_ctx *ctx, dpar__group *g, dpar__coll *c, const char *what);
 static void dpar__mpi_job_end(struct dpar_mesh *m, dpar__job *job);
+static void dpar__mpi_job_agree(dpar_runtime *rt, dpar__job *job);
 static dpar_status dpar__mpi_share(dpar_runtime *rt, void *buf, size_t n, int owner, dpar_status st);
 #endif
 static void *dpar__worker_main(void *arg);
@@ -1421,11 +1427,17 @@ DPAR_API dpar_status dpar_runtime_create(const dpar_runtime_desc *desc_in, dpar_
 }
 
 static void dpar__mesh_free(struct dpar_mesh *m);
+static void dpar__buffer_free(dpar_buffer *b);
 
 DPAR_API void dpar_runtime_destroy(dpar_runtime *rt) {
     if (!rt) return;
+    if (dpar__self_worker) {
+        dpar__err(DPAR_ERR_STATE, "dpar_runtime_destroy: called inside a pmap/shard_map function; nothing was destroyed "
+                  "(destroy the runtime after the dispatch returns)");
+        return;
+    }
     while (rt->meshes) dpar__mesh_free(rt->meshes);
-    while (rt->buffers) dpar_buffer_destroy(rt->buffers);
+    while (rt->buffers) dpar__buffer_free(rt->buffers);
     dpar__runtime_free(rt);
 }
 DPAR_API int dpar_device_count(const dpar_runtime *rt) { return rt ? rt->ndev : 0; }
@@ -1467,8 +1479,20 @@ static dpar_status dpar__check_shape(const char *where, int ndim, const int64_t 
         if (shape[i] < 0) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: dimension %d is %lld; sizes must be >= 0", where, i, (long long)shape[i]);
         if (shape[i] > ((int64_t)1 << 40)) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: dimension %d is %lld, which is too large", where, i, (long long)shape[i]);
     }
-    if (dpar__prod(shape, ndim) > ((int64_t)1 << 40))
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: %lld elements is too large", where, (long long)dpar__prod(shape, ndim));
+    /* the element count, without overflowing: a zero dim makes it 0 */
+    int zero = 0;
+    for (int i = 0; i < ndim; i++) zero |= shape[i] == 0;
+    if (zero) return DPAR_OK;
+    const int64_t lim = (int64_t)1 << 40;
+    int64_t p = 1;
+    for (int i = 0; i < ndim; i++) {
+        if (p > lim / shape[i]) {
+            char sh[200];
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: shape %s has more than 2^40 elements, which is too large", where,
+                             dpar__shape_str(sh, sizeof sh, ndim, shape));
+        }
+        p *= shape[i];
+    }
     return DPAR_OK;
 }
 
@@ -1511,6 +1535,13 @@ DPAR_API dpar_status dpar_buffer_create(dpar_runtime *rt, int device, dpar_dtype
 
 DPAR_API void dpar_buffer_destroy(dpar_buffer *b) {
     if (!b) return;
+    if (b->owned) {
+        dpar__err(DPAR_ERR_STATE, "dpar_buffer_destroy: the buffer is a shard of a dpar_array and was not freed; destroy the array instead");
+        return;
+    }
+    dpar__buffer_free(b);
+}
+static void dpar__buffer_free(dpar_buffer *b) {
     dpar_runtime *rt = b->rt;
     pthread_mutex_lock(&rt->list_mu);
     if (b->prev) b->prev->next = b->next; else rt->buffers = b->next;
@@ -1602,8 +1633,6 @@ struct dpar__group {
     dpar_status xstatus;       /* leader's cross-process result, read by the other local members */
     char *xmsg;                /* its error text (DPAR__ERR_LEN) */
     void *mpi;                 /* dpar__mpi_group (DPAR_MPI) */
-    uint64_t ws_ticket, ws_done;            /* shared all-reduce work (atomic), see dpar__ws_allreduce */
-    uint64_t ws_count[DPAR_MAX_DEVICES];    /* per member: shared all-reduces done in this job */
 };
 
 struct dpar_mesh {
@@ -1820,7 +1849,13 @@ DPAR_API dpar_status dpar_mesh_create(dpar_runtime *rt, const dpar_mesh_desc *d,
     *out = m;
     return DPAR_OK;
 }
-DPAR_API void dpar_mesh_destroy(dpar_mesh *m) { dpar__mesh_free(m); }
+DPAR_API void dpar_mesh_destroy(dpar_mesh *m) {
+    if (m && dpar__self_worker) {
+        dpar__err(DPAR_ERR_STATE, "dpar_mesh_destroy: called inside a pmap/shard_map function; nothing was destroyed");
+        return;
+    }
+    dpar__mesh_free(m);
+}
 DPAR_API int dpar_mesh_ndim(const dpar_mesh *m) { return m ? m->ndim : 0; }
 DPAR_API int dpar_mesh_size(const dpar_mesh *m) { return m ? m->size : 0; }
 DPAR_API const char *dpar_mesh_axis_name(const dpar_mesh *m, int i) { return (m && i >= 0 && i < m->ndim) ? m->names[i] : NULL; }
@@ -1945,7 +1980,7 @@ DPAR_API void dpar_array_destroy(dpar_array *a) {
     if (a->prev) a->prev->next = a->next; else if (m->arrays == a) m->arrays = a->next;
     if (a->next) a->next->prev = a->prev;
     pthread_mutex_unlock(&m->rt->list_mu);
-    if (a->shards) for (int p = 0; p < a->mesh->size; p++) dpar_buffer_destroy(a->shards[p]);
+    if (a->shards) for (int p = 0; p < a->mesh->size; p++) if (a->shards[p]) dpar__buffer_free(a->shards[p]);
     DPAR_FREE(a->shards);
     DPAR_FREE(a);
 }
@@ -1989,6 +2024,7 @@ DPAR_API dpar_status dpar_array_create(dpar_mesh *m, const dpar_array_desc *d, d
         if (!dpar__is_local(m->rt, m->devices[p])) continue; /* another process holds it */
         s = dpar_buffer_create(m->rt, m->devices[p], d->dtype, d->ndim, a->local, &a->shards[p]);
         if (s) { dpar_array_destroy(a); return s; }
+        a->shards[p]->owned = 1;
     }
     pthread_mutex_lock(&m->rt->list_mu);
     a->next = m->arrays;
@@ -2070,9 +2106,9 @@ DPAR_API dpar_status dpar_array_local_rows(const dpar_array *a, int64_t *begin, 
 DPAR_API dpar_status dpar_array_put_rows(dpar_array *a, int64_t row_begin, int64_t row_count, const void *host) {
     dpar__clear_error();
     if (!a || (!host && row_count) || a->ndim < 1) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_array_put_rows: NULL argument or 0-d array");
-    if (row_begin < 0 || row_count < 0 || row_begin + row_count > a->shape[0])
-        return dpar__err(DPAR_ERR_SHAPE, "dpar_array_put_rows: rows [%lld, %lld) are outside dimension 0 of size %lld", (long long)row_begin,
-                         (long long)(row_begin + row_count), (long long)a->shape[0]);
+    if (row_begin < 0 || row_count < 0 || row_begin > a->shape[0] || row_count > a->shape[0] - row_begin)
+        return dpar__err(DPAR_ERR_SHAPE, "dpar_array_put_rows: %lld rows from row %lld are outside dimension 0 of size %lld",
+                         (long long)row_count, (long long)row_begin, (long long)a->shape[0]);
     size_t es = dpar_dtype_size(a->dtype);
     size_t nb = (size_t)dpar__prod(a->local, a->ndim) * es;
     char *tmp = (char *)DPAR_MALLOC(nb ? nb : 1);
@@ -2187,6 +2223,9 @@ static void *dpar__worker_main(void *arg) {
             dpar_ctx *ctx = &job->ctxs[pos];
             dpar__clear_error();
             dpar_status st = DPAR__ATOMIC_LOAD(&job->abort) ? DPAR_ERR_ABORTED : job->fn(ctx, job->user);
+            if ((int)st < 0 || st > DPAR_ERR_STATE)
+                st = dpar__err(DPAR_ERR_INVALID_ARGUMENT, "the pmap function returned %d, which is not a dpar_status; return DPAR_OK or "
+                               "the status of the call that failed", (int)st);
             if (st != DPAR_OK) dpar__job_fail(job, w->device, st);
             dpar__worker_drain(w);
             DPAR__ATOMIC_STORE(&job->departed[pos], 1);
@@ -2207,8 +2246,6 @@ static void dpar__reset_groups(dpar_mesh *m) {
             gr->arrived = 0;
             memset(gr->here, 0, (size_t)gr->n);
             gr->gen++;
-            gr->ws_ticket = gr->ws_done = 0; /* (an aborted job may have left them mid-way) */
-            memset(gr->ws_count, 0, sizeof gr->ws_count);
             pthread_mutex_unlock(&gr->mu);
         }
 }
@@ -2247,11 +2284,13 @@ static dpar_status dpar__run(dpar_mesh *m, dpar_fn fn, void *user, int nargs, dp
     pthread_mutex_unlock(&rt->mu);
 #ifdef DPAR_MPI
     dpar__mpi_job_end(m, &job);
+    dpar__mpi_job_agree(rt, &job);
 #endif
     dpar__reset_groups(m);
     pthread_mutex_unlock(&rt->dispatch_mu);
     dpar_status s = job.first_status;
-    if (s != DPAR_OK) dpar__err(s, "device %d: %s", job.first_device, job.first_msg);
+    if (s != DPAR_OK && job.first_device >= 0) dpar__err(s, "device %d: %s", job.first_device, job.first_msg);
+    else if (s != DPAR_OK) dpar__err(s, "%s", job.first_msg);
     else dpar__clear_error();
     pthread_mutex_destroy(&job.err_mu);
     DPAR_FREE(job.ctxs);
@@ -2741,49 +2780,6 @@ static void dpar__reduce_span(dpar_dtype t, dpar_reduce_op op, int n, const char
     }
 }
 
-/* All-reduce when a group has more members than the machine has CPUs (say 4
-   emulated devices on 2 cores): instead of a fixed 1/n slice per member and a
-   second barrier that needs every member scheduled once more, the members
-   that run take slices from a shared counter until none is left, then wait
-   (spinning, then yielding) until every slice is done. A member the scheduler
-   left out takes fewer slices instead of holding the others up. Per element
-   the arithmetic is that of dpar__reduce_span over the same members in the
-   same order, so the bits are those of the static split.
-   Tickets: every member makes exactly one claim that finds no slice left, so
-   each such all-reduce consumes S + n tickets and member-local counts give
-   every member the same base (reset with the groups after each job). */
-static int dpar__ws_use(const dpar__coll *c, const dpar__group *g, const dpar_runtime *rt) {
-    if (c->kind != DPAR__COLL_ALL_REDUCE || g->cross || g->nlocal != g->n || c->n < 2) return 0;
-    if ((uint64_t)c->count * dpar_dtype_size(c->dtype) < ((uint64_t)64 << 10)) return 0;
-    int nc = DPAR__ATOMIC_LOAD(&dpar__ncpu);
-    if (!nc) { long v = sysconf(_SC_NPROCESSORS_ONLN); nc = v > 0 ? (int)v : 1; DPAR__ATOMIC_STORE(&dpar__ncpu, nc); }
-    return rt->nlocal > nc;
-}
-static int dpar__spin_reached(const void *word, uint64_t target) { return DPAR__ATOMIC_LOAD((const uint64_t *)word) >= target; }
-static void dpar__ws_allreduce(const dpar__coll *c, dpar__group *g, int rank, char *const *in, char *const *out) {
-    int n = c->n;
-    size_t es = dpar_dtype_size(c->dtype);
-    int64_t ch = c->count / (8 * n);                      /* about 8 slices per member */
-    if (ch < 8192) ch = 8192;
-    ch = (ch + 15) / 16 * 16;
-    uint64_t S = (uint64_t)((c->count + ch - 1) / ch);
-    uint64_t k = g->ws_count[rank]++;
-    uint64_t base = k * (S + (uint64_t)n), target = (k + 1) * S;
-    const char *src[DPAR_MAX_DEVICES];
-    char *dst[DPAR_MAX_DEVICES];
-    for (;;) {
-        uint64_t t = __atomic_fetch_add(&g->ws_ticket, 1, __ATOMIC_ACQ_REL) - base;
-        if (t >= S) break;
-        int64_t lo = (int64_t)t * ch, hi = lo + ch < c->count ? lo + ch : c->count;
-        for (int j = 0; j < n; j++) { src[j] = in[j] + (size_t)lo * es; dst[j] = out[j] + (size_t)lo * es; }
-        dpar__reduce_span(c->dtype, c->op, n, src, dst, n, hi - lo);
-        __atomic_fetch_add(&g->ws_done, 1, __ATOMIC_RELEASE);
-    }
-    static const int no_abort = 0;
-    if (!dpar__spin_until(dpar__spin_reached, &g->ws_done, target, &no_abort, g->nlocal))
-        while (!dpar__spin_reached(&g->ws_done, target)) sched_yield(); /* a slice in flight always finishes */
-}
-
 /* The work of member c->rank on host-visible views in[] / out[]; between the
    two barriers of the host path. */
 static void dpar__host_work(const dpar__coll *c, char *const *in, char *const *out, char *scratch) {
@@ -3074,9 +3070,6 @@ static dpar_status dpar__coll_exec(dpar_ctx *ctx, const dpar__cargs *a) {
 #else
         return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_STATE, "%s: the group spans processes but dpar was built without DPAR_MPI", st.what));
 #endif
-    } else if (dpar__ws_use(&c, g, rt)) { /* more members than CPUs: whoever runs does the work */
-        dpar__ws_allreduce(&c, g, rank, (char *const *)g->in_ptr, (char *const *)g->out_ptr);
-        if (rank == L) { pthread_mutex_lock(&g->mu); g->seq++; pthread_mutex_unlock(&g->mu); }
     } else {
         dpar__host_work(&c, (char *const *)g->in_ptr, (char *const *)g->out_ptr, scratch);
         if (rank == L) g->seq++;
@@ -3169,16 +3162,23 @@ static void dpar__worker_drain(dpar__worker *w) {
     pthread_mutex_unlock(&w->qmu);
     if (leftover && ctx)
         dpar__job_fail(ctx->job, w->device,
-                       dpar__err(DPAR_ERR_STATE, "device %d: the pmap function returned with %d async collective(s) started but never "
-                                 "waited; call dpar_wait on every request before returning", w->device, leftover));
+                       dpar__err(DPAR_ERR_STATE, "the pmap function returned with %d async collective(s) started but never "
+                                 "waited; call dpar_wait on every request before returning", leftover));
 }
 
 DPAR_API dpar_status dpar_wait(dpar_ctx *ctx, dpar_request *r) {
     dpar__clear_error();
     if (!ctx || !r) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_wait: ctx or request is NULL");
-    dpar__worker *w = &ctx->rt->workers[r->ctx->device - ctx->rt->local_base];
+    dpar__worker *w = &ctx->rt->workers[ctx->device - ctx->rt->local_base];
     double t0 = DPAR__ATOMIC_LOAD(&dpar__trace_on) ? dpar__now_us() : 0.0;
     pthread_mutex_lock(&w->qmu);
+    struct dpar_request *it = w->live; /* a pending request of this device? (compared, never dereferenced) */
+    while (it && it != r) it = it->live_next;
+    if (!it) {
+        pthread_mutex_unlock(&w->qmu);
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_wait: the request is not a pending request of device %d (already waited, "
+                         "or started on another device)", ctx->device);
+    }
     while (!r->done) pthread_cond_wait(&w->qcv, &w->qmu);
     if (t0 > 0.0) dpar__trace_event(dpar__trace_pid(ctx->rt), ctx->device, "wait", "wait", t0, dpar__now_us(), -1);
     struct dpar_request **pp = &w->live;
@@ -3247,7 +3247,8 @@ DPAR_API dpar_status dpar_ppermute(dpar_ctx *ctx, dpar_buffer *out, const dpar_b
     dpar__cargs a;
     dpar__cargs_init(&a, DPAR__COLL_PERMUTE, DPAR_SUM, out, in);
     if (num_pairs < 0 || num_pairs > DPAR_MAX_DEVICES || (num_pairs > 0 && !pairs))
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "ppermute: %d pairs (pairs %s)", num_pairs, pairs ? "given" : "NULL");
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "ppermute: num_pairs = %d with pairs %s; give 0..%d (source, destination) pairs",
+                         num_pairs, pairs ? "given" : "NULL", (int)DPAR_MAX_DEVICES);
     a.npairs = num_pairs;
     for (int i = 0; i < 2 * num_pairs; i++) a.pairs[i] = pairs[i];
     return dpar__collective(ctx, &a, axes);
@@ -3592,7 +3593,8 @@ DPAR_API dpar_status dpar_sgd_step(dpar_ctx *ctx, const dpar_sgd_desc *d, dpar_b
     dpar__clear_error();
     dpar_status s = dpar__sgd_check(d);
     if (s) return s;
-    if (n < 0 || (n > 0 && (!params || !grads))) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "sgd_step: params or grads is NULL");
+    if (n < 0) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "sgd_step: n = %d parameters; it must be >= 0", n);
+    if (n > 0 && (!params || !grads)) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "sgd_step: params or grads is NULL");
     /* every buffer is checked before any is updated: a failed step changes nothing */
     for (int i = 0; i < n; i++)
         if ((s = dpar__sgd_check_bufs(d, params[i], grads[i], moms ? moms[i] : NULL))) return s;
@@ -3873,7 +3875,7 @@ static int dpar__mpi_poll(dpar__mpi *mp, MPI_Request *req, const struct timespec
         MPI_Test(req, &flag, MPI_STATUS_IGNORE);
         pthread_mutex_unlock(&mp->mu);
         if (flag) return 1;
-        if (DPAR__ATOMIC_LOAD(&job->abort)) return -1;
+        if (job && DPAR__ATOMIC_LOAD(&job->abort)) return -1;
         struct timespec now;
         clock_gettime(CLOCK_REALTIME, &now);
         if (now.tv_sec > dl->tv_sec || (now.tv_sec == dl->tv_sec && now.tv_nsec >= dl->tv_nsec)) return 0;
@@ -4120,6 +4122,51 @@ static void dpar__mpi_job_end(dpar_mesh *m, dpar__job *job) {
             dpar__mpi_fill_msg(&mm, NULL, rt->job_count, gr->seq, 1);
             dpar__mpi_send_all(mp, mg, &mm);
         }
+}
+
+/* At the end of a dispatch every process learns whether any process failed,
+   so the same pmap returns an error everywhere (the lowest failing process's
+   error is adopted by the processes that did not fail themselves). */
+static void dpar__mpi_job_agree(dpar_runtime *rt, dpar__job *job) {
+    dpar__mpi *mp = (dpar__mpi *)rt->mpi;
+    if (!mp || mp->size < 2) return;
+    int mine = job->first_status ? rt->proc : rt->nproc, lowest = rt->nproc;
+    MPI_Request req = MPI_REQUEST_NULL;
+    pthread_mutex_lock(&mp->mu);
+    int rc = MPI_Iallreduce(&mine, &lowest, 1, MPI_INT, MPI_MIN, mp->comm, &req);
+    pthread_mutex_unlock(&mp->mu);
+    struct timespec dl;
+    dpar__deadline(&dl, rt->timeout_ms * 2);
+    if (rc != MPI_SUCCESS || dpar__mpi_poll(mp, &req, &dl, NULL, 0) != 1) {
+        mp->broken = 1;
+        if (!job->first_status) {
+            job->first_status = DPAR_ERR_TIMEOUT;
+            job->first_device = rt->local_base;
+            snprintf(job->first_msg, sizeof job->first_msg, "pmap #%llu: the other processes did not finish this dispatch within %d ms "
+                     "(DPAR_TIMEOUT_MS); every process must run the same dispatches", (unsigned long long)rt->job_count, 2 * rt->timeout_ms);
+        }
+        return;
+    }
+    if (lowest >= rt->nproc) return; /* everyone succeeded */
+    struct { int status, device; char msg[DPAR__ERR_LEN]; } e;
+    memset(&e, 0, sizeof e);
+    if (lowest == rt->proc) { e.status = job->first_status; e.device = job->first_device; memcpy(e.msg, job->first_msg, sizeof e.msg); }
+    req = MPI_REQUEST_NULL;
+    pthread_mutex_lock(&mp->mu);
+    rc = MPI_Ibcast(&e, (int)sizeof e, MPI_BYTE, lowest, mp->comm, &req);
+    pthread_mutex_unlock(&mp->mu);
+    if (rc != MPI_SUCCESS || dpar__mpi_poll(mp, &req, &dl, NULL, 0) != 1) { /* the failing process gave up waiting for us */
+        mp->broken = 1;
+        e.status = DPAR_ERR_TIMEOUT;
+        e.device = -1;
+        snprintf(e.msg, sizeof e.msg, "pmap #%llu failed on process %d, which stopped waiting for this one (DPAR_TIMEOUT_MS)",
+                 (unsigned long long)rt->job_count, lowest);
+    }
+    if (!job->first_status) {
+        job->first_status = (dpar_status)e.status;
+        job->first_device = e.device;
+        snprintf(job->first_msg, sizeof job->first_msg, "(failed on process %d) %s", lowest, e.msg);
+    }
 }
 
 /* The process `owner` shares `n` bytes (and its status) with every process. */

@@ -1,0 +1,63 @@
+/* bench_mpi_allreduce.c — the peer: MPI_Allreduce (MPI_FLOAT, MPI_SUM, out of
+   place) over the same sizes as bench_collectives, timed like it (warm-up,
+   then the best of 5 trials of `iters` back to back between two barriers,
+   each trial's time the max over ranks).
+   Built with mpicc by bench/run.sh, run as
+       mpirun --allow-run-as-root --oversubscribe -np N build/bench_mpi_allreduce [--min B] [--max B] [--factor F] [--time S]
+   Prints rows like bench_collectives:
+       coll,mpi,allreduce,N,bytes,time_us,algbw_GBps,busbw_GBps
+   with busbw = algbw * 2(N-1)/N (nccl-tests). */
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int main(int argc, char **argv) {
+    MPI_Init(&argc, &argv);
+    int rank, n;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &n);
+    long long lo = 4096, hi = 256LL << 20;
+    int factor = 4;
+    double target = 0.2;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--min")) lo = atoll(argv[i + 1]);
+        else if (!strcmp(argv[i], "--max")) hi = atoll(argv[i + 1]);
+        else if (!strcmp(argv[i], "--factor")) factor = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--time")) target = atof(argv[i + 1]);
+    }
+    if (factor < 2) factor = 2;
+    for (long long bytes = lo; bytes <= hi; bytes *= factor) {
+        long long count = bytes / 4;
+        float *in = (float *)malloc((size_t)count * 4), *out = (float *)malloc((size_t)count * 4);
+        if (!in || !out) { fprintf(stderr, "out of memory at %lld bytes\n", bytes); MPI_Abort(MPI_COMM_WORLD, 1); }
+        for (long long i = 0; i < count; i++) { in[i] = (float)(i % 7); out[i] = 0.0f; }
+        MPI_Allreduce(in, out, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); /* warm-up */
+        MPI_Barrier(MPI_COMM_WORLD);
+        double t0 = MPI_Wtime();
+        MPI_Allreduce(in, out, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        double one = MPI_Wtime() - t0, worst;
+        MPI_Allreduce(&one, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+        int iters = (int)(target / (worst > 1e-7 ? worst : 1e-7));
+        iters = iters < 2 ? 2 : iters > 2000 ? 2000 : iters;
+        iters = iters / 5 < 1 ? 1 : iters / 5;
+        double tmax = 1e30;
+        for (int trial = 0; trial < 5; trial++) { /* best of 5 trials, as bench_collectives */
+            MPI_Barrier(MPI_COMM_WORLD);
+            t0 = MPI_Wtime();
+            for (int i = 0; i < iters; i++) MPI_Allreduce(in, out, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+            MPI_Barrier(MPI_COMM_WORLD);
+            double t = (MPI_Wtime() - t0) / iters, tw;
+            MPI_Allreduce(&t, &tw, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+            if (tw < tmax) tmax = tw;
+        }
+        if (rank == 0) {
+            double alg = (double)count * 4.0 / tmax / 1e9;
+            printf("coll,mpi,allreduce,%d,%lld,%.2f,%.3f,%.3f\n", n, count * 4, tmax * 1e6, alg, alg * 2.0 * (n - 1) / n);
+            fflush(stdout);
+        }
+        free(in); free(out);
+    }
+    MPI_Finalize();
+    return 0;
+}

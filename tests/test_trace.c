@@ -1,0 +1,278 @@
+/* Tracing (DPAR_TRACE / dpar_trace_*): the file is valid JSON in the Chrome
+   trace format with one track per device (ops, collectives, waits) and one per
+   device's communication thread; and the stats call (memory in use, peak,
+   op and collective counts, collective bytes). */
+#include "testutil.h"
+#include <unistd.h>
+#include <ctype.h>
+
+/* ---- a strict JSON validator (RFC 8259), enough to reject a broken file ---- */
+static const char *js_ws(const char *p) { while (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t') p++; return p; }
+static const char *js_value(const char *p, int depth);
+static const char *js_string(const char *p) {
+    if (*p != '"') return NULL;
+    for (p++; *p != '"'; p++) {
+        if (!*p || (unsigned char)*p < 0x20) return NULL;
+        if (*p == '\\') {
+            p++;
+            if (*p == 'u') { for (int i = 1; i <= 4; i++) if (!isxdigit((unsigned char)p[i])) return NULL; p += 4; }
+            else if (!strchr("\"\\/bfnrt", *p) || !*p) return NULL;
+        }
+    }
+    return p + 1;
+}
+static const char *js_number(const char *p) {
+    if (*p == '-') p++;
+    if (*p == '0') p++;
+    else if (*p >= '1' && *p <= '9') while (isdigit((unsigned char)*p)) p++;
+    else return NULL;
+    if (*p == '.') { p++; if (!isdigit((unsigned char)*p)) return NULL; while (isdigit((unsigned char)*p)) p++; }
+    if (*p == 'e' || *p == 'E') {
+        p++;
+        if (*p == '+' || *p == '-') p++;
+        if (!isdigit((unsigned char)*p)) return NULL;
+        while (isdigit((unsigned char)*p)) p++;
+    }
+    return p;
+}
+static const char *js_value(const char *p, int depth) {
+    if (depth > 64) return NULL;
+    p = js_ws(p);
+    if (*p == '{' || *p == '[') {
+        char close = *p == '{' ? '}' : ']';
+        int obj = *p == '{';
+        p = js_ws(p + 1);
+        if (*p == close) return p + 1;
+        for (;;) {
+            if (obj) {
+                p = js_string(js_ws(p));
+                if (!p) return NULL;
+                p = js_ws(p);
+                if (*p != ':') return NULL;
+                p++;
+            }
+            p = js_value(p, depth + 1);
+            if (!p) return NULL;
+            p = js_ws(p);
+            if (*p == ',') { p++; continue; }
+            if (*p == close) return p + 1;
+            return NULL;
+        }
+    }
+    if (*p == '"') return js_string(p);
+    if (!strncmp(p, "true", 4)) return p + 4;
+    if (!strncmp(p, "false", 5)) return p + 5;
+    if (!strncmp(p, "null", 4)) return p + 4;
+    return js_number(p);
+}
+static char *slurp(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = (char *)malloc((size_t)n + 1);
+    size_t got = fread(s, 1, (size_t)n, f);
+    s[got] = 0;
+    fclose(f);
+    return s;
+}
+static void check_json(const char *path, char **text) {
+    char *s = slurp(path);
+    if (!s) fail_msg("trace file %s was not written", path);
+    const char *end = js_value(s, 0);
+    if (!end || *js_ws(end)) fail_msg("trace file %s is not valid JSON (at byte %ld)", path, end ? (long)(end - s) : -1L);
+    assert_non_null(strstr(s, "\"traceEvents\""));
+    /* a second opinion when python3 is around */
+    if (system("command -v python3 >/dev/null 2>&1") == 0) {
+        char cmd[512];
+        snprintf(cmd, sizeof cmd, "python3 -m json.tool '%s' >/dev/null", path);
+        assert_int_equal(system(cmd), 0);
+    }
+    *text = s;
+}
+static int count(const char *s, const char *sub) {
+    int n = 0;
+    for (const char *p = s; (p = strstr(p, sub)); p += strlen(sub)) n++;
+    return n;
+}
+
+/* ---- a small step: ops, a blocking psum, an async psum + wait ---- */
+static dpar_status work(dpar_ctx *ctx, void *user) {
+    (void)user;
+    dpar_buffer *a = dpar_ctx_arg(ctx, 0), *b = dpar_ctx_arg(ctx, 1), *c = dpar_ctx_arg(ctx, 2);
+    dpar_status s;
+    if ((s = dpar_fill(a, 1.0f)) || (s = dpar_fill(b, 2.0f))) return s;
+    if ((s = dpar_matmul(c, a, b, false, false, 1.0f, 0.0f))) return s;
+    if ((s = dpar_psum(ctx, c, c, "data"))) return s;
+    dpar_request *r;
+    if ((s = dpar_preduce_start(ctx, a, a, "data", DPAR_SUM, &r))) return s;
+    return dpar_wait(ctx, r);
+}
+static void run_work(dpar_runtime *rt, int n) {
+    dpar_mesh *m = t_mesh1(rt, n, "data");
+    dpar_array *arr[3];
+    for (int i = 0; i < 3; i++) {
+        dpar_array_desc d;
+        memset(&d, 0, sizeof d);
+        d.dtype = DPAR_F32; d.ndim = 2; d.shape[0] = 8; d.shape[1] = 8;
+        T_OK(dpar_array_create(m, &d, &arr[i]));
+    }
+    dpar_shard_map_desc sd;
+    memset(&sd, 0, sizeof sd);
+    sd.fn = work; sd.num_args = 3;
+    for (int i = 0; i < 3; i++) sd.args[i] = arr[i];
+    for (int k = 0; k < 3; k++) T_OK(dpar_shard_map(m, &sd));
+}
+
+static char tmpdir[64];
+
+/* DPAR_TRACE set before the process's first runtime: written at destroy */
+static void test_env_trace(void **state) {
+    (void)state;
+    char path[128];
+    snprintf(path, sizeof path, "%s/env.json", tmpdir);
+    setenv("DPAR_TRACE", path, 1);
+    dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 2);
+    run_work(rt, 2);
+    dpar_runtime_destroy(rt);
+    unsetenv("DPAR_TRACE");
+    char *s;
+    check_json(path, &s);
+    /* one track per device, plus each device's comm thread */
+    assert_non_null(strstr(s, "\"name\":\"device 0\""));
+    assert_non_null(strstr(s, "\"name\":\"device 1\""));
+    assert_non_null(strstr(s, "\"name\":\"device 0 comm\""));
+    assert_non_null(strstr(s, "\"name\":\"device 1 comm\""));
+    assert_non_null(strstr(s, "\"name\":\"host\""));
+    /* 3 steps x 2 devices: 3 matmuls each, 3 blocking psums, 3 async psums, 3 waits */
+    assert_int_equal(count(s, "\"name\":\"matmul\""), 6);
+    assert_int_equal(count(s, "\"name\":\"fill\""), 12);
+    assert_int_equal(count(s, "\"cat\":\"collective\""), 6);
+    assert_int_equal(count(s, "\"cat\":\"collective async\""), 6);
+    assert_int_equal(count(s, "\"name\":\"wait\""), 6);
+    assert_int_equal(count(s, "\"name\":\"dispatch\""), 3);
+    assert_int_equal(count(s, "\"bytes\":256"), 12); /* 8x8 f32 per collective */
+    assert_non_null(strstr(s, "\"ph\":\"X\""));
+    free(s);
+    T_OK(dpar_trace_end());
+}
+
+/* dpar_trace_begin / flush / end, over two runtimes (two processes in the trace) */
+static void test_api_trace(void **state) {
+    (void)state;
+    char path[128];
+    snprintf(path, sizeof path, "%s/api.json", tmpdir);
+    T_ERR(dpar_trace_flush(), DPAR_ERR_STATE, "DPAR_TRACE");
+    T_ERR(dpar_trace_begin(""), DPAR_ERR_INVALID_ARGUMENT, "path");
+    T_OK(dpar_trace_begin(path));
+    dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 4);
+    run_work(rt, 4);
+    T_OK(dpar_trace_flush());
+    char *s;
+    check_json(path, &s); /* valid while still recording */
+    assert_int_equal(count(s, "\"name\":\"matmul\""), 12);
+    free(s);
+    dpar_runtime *rt2 = t_runtime(DPAR_BACKEND_CPU, 2);
+    run_work(rt2, 2);
+    dpar_runtime_destroy(rt2);
+    dpar_runtime_destroy(rt);
+    T_OK(dpar_trace_end());
+    check_json(path, &s);
+    assert_int_equal(count(s, "\"name\":\"matmul\""), 18);
+    assert_true(count(s, "\"name\":\"process_name\"") >= 2);
+    free(s);
+    T_ERR(dpar_trace_end(), DPAR_ERR_STATE, "not tracing");
+    /* bad path: an IO error naming it */
+    T_OK(dpar_trace_begin("/nonexistent-dir/x/trace.json"));
+    T_ERR(dpar_trace_end(), DPAR_ERR_IO, "/nonexistent-dir/x/trace.json");
+}
+
+/* stats: memory in use and peak per device, op and collective counts and bytes */
+static dpar_status psums(dpar_ctx *ctx, void *user) {
+    (void)user;
+    dpar_buffer *a = dpar_ctx_arg(ctx, 0);
+    dpar_status s;
+    if ((s = dpar_scale(a, 2.0f))) return s;
+    for (int i = 0; i < 3; i++)
+        if ((s = dpar_psum(ctx, a, a, "data"))) return s;
+    return DPAR_OK;
+}
+static void test_stats(void **state) {
+    (void)state;
+    dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 2);
+    dpar_device_stats st;
+    T_OK(dpar_device_stats_get(rt, 0, &st));
+    assert_int_equal((int)st.memory_in_use, 0);
+    assert_int_equal((int)st.buffers, 0);
+    int64_t s1 = 1000, s2 = 2000;
+    dpar_buffer *b1, *b2, *b3;
+    T_OK(dpar_buffer_create(rt, 0, DPAR_F32, 1, &s1, &b1));
+    T_OK(dpar_buffer_create(rt, 0, DPAR_F16, 1, &s2, &b2));
+    T_OK(dpar_buffer_create(rt, 1, DPAR_F32, 1, &s2, &b3));
+    T_OK(dpar_device_stats_get(rt, 0, &st));
+    assert_int_equal((int)st.memory_in_use, 4000 + 4000);
+    assert_int_equal((int)st.memory_peak, 8000);
+    assert_int_equal((int)st.buffers, 2);
+    dpar_buffer_destroy(b1);
+    T_OK(dpar_device_stats_get(rt, 0, &st));
+    assert_int_equal((int)st.memory_in_use, 4000);
+    assert_int_equal((int)st.memory_peak, 8000);
+    assert_int_equal((int)st.buffers, 1);
+    T_OK(dpar_device_stats_get(rt, 1, &st));
+    assert_int_equal((int)st.memory_in_use, 8000);
+    dpar_buffer_destroy(b2);
+    dpar_buffer_destroy(b3);
+    dpar_stats_reset(rt);
+    T_OK(dpar_device_stats_get(rt, 0, &st));
+    assert_int_equal((int)st.memory_peak, 0);
+
+    dpar_mesh *m = t_mesh1(rt, 2, "data");
+    dpar_array *a;
+    dpar_array_desc d;
+    memset(&d, 0, sizeof d);
+    d.dtype = DPAR_F32; d.ndim = 1; d.shape[0] = 250;
+    T_OK(dpar_array_create(m, &d, &a));
+    dpar_shard_map_desc sd;
+    memset(&sd, 0, sizeof sd);
+    sd.fn = psums; sd.num_args = 1; sd.args[0] = a;
+    T_OK(dpar_shard_map(m, &sd));
+    for (int dev = 0; dev < 2; dev++) {
+        T_OK(dpar_device_stats_get(rt, dev, &st));
+        assert_int_equal((int)st.collectives, 3);
+        assert_int_equal((int)st.collective_bytes_in, 3000);
+        assert_int_equal((int)st.collective_bytes_out, 3000);
+        assert_int_equal((int)st.ops, 1);
+        assert_int_equal((int)st.memory_in_use, 1000);
+        assert_true(st.memory_peak >= 1000);
+    }
+    dpar_stats_reset(rt);
+    T_OK(dpar_device_stats_get(rt, 1, &st));
+    assert_int_equal((int)st.collectives, 0);
+    assert_int_equal((int)st.collective_bytes_in, 0);
+    assert_int_equal((int)st.memory_peak, 1000);
+    T_ERR(dpar_device_stats_get(rt, 2, &st), DPAR_ERR_INVALID_ARGUMENT, "device 2");
+    T_ERR(dpar_device_stats_get(NULL, 0, &st), DPAR_ERR_INVALID_ARGUMENT, "NULL");
+    dpar_runtime_destroy(rt);
+}
+
+static int setup(void **state) {
+    (void)state;
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/dpar_trace_XXXXXX");
+    return mkdtemp(tmpdir) ? 0 : -1;
+}
+static int teardown(void **state) {
+    (void)state;
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_env_trace),
+        cmocka_unit_test(test_api_trace),
+        cmocka_unit_test(test_stats),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
