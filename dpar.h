@@ -47,7 +47,9 @@
    collective returns DPAR_ERR_ABORTED). A collective over axis "a" groups the
    devices that share every other mesh coordinate; over "a,b" it groups over
    both. Reductions add in mesh order, so every member gets bitwise the same
-   result, run after run.
+   result, run after run. (Across MPI processes the order is hierarchical:
+   each process adds its own members in mesh order, then MPI combines the
+   processes' partial results; see "Multi-process" in the README.)
 
    ENVIRONMENT
    -----------
