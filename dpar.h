@@ -5347,11 +5347,15 @@ DPAR_API dpar_status dpar_dp_begin(dpar_dp *dp, dpar_ctx *ctx) {
     dpar_status s = dpar__dp_check(dp, ctx, "dpar_dp_begin");
     if (s) return s;
     int pos = ctx->pos;
-    if (dp->active[pos]) return dpar__err(DPAR_ERR_STATE, "dpar_dp_begin: device %d already began a step; call dpar_dp_finish first", ctx->device);
+    int job = (int)(ctx->rt->job_count & 0x3fffffff) + 1; /* this dispatch; a step is open in it only */
+    if (dp->active[pos] == job)
+        return dpar__err(DPAR_ERR_STATE, "dpar_dp_begin: device %d already began a step; call dpar_dp_finish first", ctx->device);
+    /* a step left open by a failed dispatch is dropped: its async requests were freed when that dispatch ended */
+    for (int b = 0; b < dp->nb; b++) dp->req[(size_t)pos * (size_t)dp->nb + (size_t)b] = NULL;
     memset(dp->ready + (size_t)pos * (size_t)dp->np, 0, (size_t)dp->np);
     for (int b = 0; b < dp->nb; b++) dp->left[(size_t)pos * (size_t)dp->nb + (size_t)b] = dp->bparams[b];
     dp->next[pos] = 0;
-    dp->active[pos] = 1;
+    dp->active[pos] = job;
     return DPAR_OK;
 }
 static dpar_status dpar__dp_advance(dpar_dp *dp, dpar_ctx *ctx) {
@@ -5369,7 +5373,8 @@ DPAR_API dpar_status dpar_dp_grad_ready(dpar_dp *dp, dpar_ctx *ctx, int id) {
     dpar_status s = dpar__dp_check(dp, ctx, "dpar_dp_grad_ready");
     if (s) return s;
     int pos = ctx->pos;
-    if (!dp->active[pos]) return dpar__err(DPAR_ERR_STATE, "dpar_dp_grad_ready: no step begun on device %d; call dpar_dp_begin first", ctx->device);
+    if (dp->active[pos] != (int)(ctx->rt->job_count & 0x3fffffff) + 1)
+        return dpar__err(DPAR_ERR_STATE, "dpar_dp_grad_ready: no step begun on device %d in this dispatch; call dpar_dp_begin first", ctx->device);
     if (id < 0 || id >= dp->np) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_dp_grad_ready: parameter id %d is out of range 0..%d", id, dp->np - 1);
     unsigned char *r = &dp->ready[(size_t)pos * (size_t)dp->np + (size_t)id];
     if (*r) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_dp_grad_ready: parameter %d was already marked ready in this step", id);
@@ -5382,7 +5387,8 @@ DPAR_API dpar_status dpar_dp_finish(dpar_dp *dp, dpar_ctx *ctx) {
     dpar_status s = dpar__dp_check(dp, ctx, "dpar_dp_finish");
     if (s) return s;
     int pos = ctx->pos, nb = dp->nb;
-    if (!dp->active[pos]) return dpar__err(DPAR_ERR_STATE, "dpar_dp_finish: no step begun on device %d; call dpar_dp_begin first", ctx->device);
+    if (dp->active[pos] != (int)(ctx->rt->job_count & 0x3fffffff) + 1)
+        return dpar__err(DPAR_ERR_STATE, "dpar_dp_finish: no step begun on device %d in this dispatch; call dpar_dp_begin first", ctx->device);
     for (int b = dp->next[pos]; b < nb; b++) dp->left[(size_t)pos * (size_t)nb + (size_t)b] = 0;
     s = dpar__dp_advance(dp, ctx);
     char msg[DPAR__ERR_LEN];

@@ -444,6 +444,45 @@ static void test_errors(void **state) {
     dpar_runtime_destroy(rt);
 }
 
+/* A dispatch that fails between begin and finish leaves no step open: the
+   next dispatch's step works (regression: every later begin used to fail). */
+static dpar_status fail_mid_step(dpar_ctx *ctx, void *user) {
+    dpar_dp *dp = (dpar_dp *)user;
+    dpar_status s = dpar_dp_begin(dp, ctx);
+    if (s) return s;
+    if (dpar_ctx_device(ctx) == 1) return DPAR_ERR_BACKEND; /* a failure in the middle of the backward pass */
+    return dpar_dp_finish(dp, ctx);
+}
+static dpar_status full_step(dpar_ctx *ctx, void *user) {
+    dpar_dp *dp = (dpar_dp *)user;
+    dpar_status s = dpar_dp_begin(dp, ctx);
+    if (!s) s = dpar_dp_grad_ready(dp, ctx, 0);
+    if (!s) s = dpar_dp_finish(dp, ctx);
+    return s;
+}
+static void test_recovers_after_failed_step(void **state) {
+    (void)state;
+    dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 2);
+    dpar_mesh *m = t_mesh1(rt, 2, "data");
+    dpar_dp_desc dd;
+    memset(&dd, 0, sizeof dd);
+    dd.axes = "data";
+    dpar_dp *dp = NULL;
+    T_OK(dpar_dp_create(m, &dd, &dp));
+    dpar_array *g = garr(m, 0);
+    T_OK(dpar_dp_add(dp, g, NULL));
+    dpar_shard_map_desc sd;
+    memset(&sd, 0, sizeof sd);
+    sd.user = dp;
+    sd.fn = fail_mid_step;
+    assert_int_not_equal(dpar_shard_map(m, &sd), DPAR_OK);
+    sd.fn = full_step;
+    T_OK(dpar_shard_map(m, &sd));
+    T_OK(dpar_shard_map(m, &sd));
+    dpar_dp_destroy(dp);
+    dpar_runtime_destroy(rt);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_default_one_bucket),
@@ -457,6 +496,7 @@ int main(void) {
         cmocka_unit_test(test_f16_bits_match_scalar),
         cmocka_unit_test(test_threads_bitwise),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_recovers_after_failed_step),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
