@@ -789,6 +789,59 @@ static void test_concurrent_dispatch(void **st) {
     dpar_runtime_destroy(rt2);
 }
 
+/* Review regressions: element counts that overflow int64, row ranges that
+   overflow, a second wait on one request, destroying shards or meshes from the
+   wrong place. Each must be an error, never a crash or a silent OK. */
+static dpar_status wait_twice(dpar_ctx *ctx, void *user) {
+    (void)user;
+    int64_t n = 4;
+    dpar_buffer *b;
+    dpar_status s = dpar_ctx_buffer(ctx, DPAR_F32, 1, &n, &b);
+    if (s) return s;
+    dpar_request *r;
+    if ((s = dpar_preduce_start(ctx, b, b, "data", DPAR_SUM, &r))) return s;
+    if ((s = dpar_wait(ctx, r))) return s;
+    T_ERR(dpar_wait(ctx, r), DPAR_ERR_INVALID_ARGUMENT, "not a pending request");
+    dpar_runtime_destroy(dpar_ctx_runtime(ctx)); /* refused inside fn */
+    assert_non_null(strstr(dpar_last_error(), "inside a pmap"));
+    dpar_mesh_destroy(dpar_ctx_mesh(ctx));
+    assert_non_null(strstr(dpar_last_error(), "inside a pmap"));
+    dpar_buffer_destroy(b);
+    return DPAR_OK;
+}
+static void test_review_regressions(void **st) {
+    (void)st;
+    dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 2);
+    dpar_buffer *b = NULL;
+    int64_t big2[2] = { (int64_t)1 << 24, (int64_t)1 << 40 }, big3[3] = { (int64_t)1 << 22, (int64_t)1 << 21, (int64_t)1 << 21 };
+    T_ERR(dpar_buffer_create(rt, 0, DPAR_F32, 2, big2, &b), DPAR_ERR_INVALID_ARGUMENT, "too large");
+    assert_null(b);
+    T_ERR(dpar_buffer_create(rt, 0, DPAR_F32, 3, big3, &b), DPAR_ERR_INVALID_ARGUMENT, "too large");
+    int64_t zero_big[3] = { 0, (int64_t)1 << 40, (int64_t)1 << 40 };
+    T_OK(dpar_buffer_create(rt, 0, DPAR_F32, 3, zero_big, &b)); /* zero-size is fine */
+    assert_int_equal(dpar_buffer_count(b), 0);
+    dpar_buffer_destroy(b);
+    dpar_mesh *m = t_mesh1(rt, 2, "data");
+    dpar_array_desc ad;
+    memset(&ad, 0, sizeof ad);
+    ad.dtype = DPAR_F32; ad.ndim = 2; ad.shape[0] = (int64_t)1 << 40; ad.shape[1] = (int64_t)1 << 24; ad.spec[0] = "data";
+    dpar_array *a = NULL;
+    T_ERR(dpar_array_create(m, &ad, &a), DPAR_ERR_INVALID_ARGUMENT, "too large");
+    ad.shape[0] = 8; ad.shape[1] = 2;
+    T_OK(dpar_array_create(m, &ad, &a));
+    float h[16] = { 0 };
+    T_ERR(dpar_array_put_rows(a, INT64_MAX, 2, h), DPAR_ERR_SHAPE, "outside");
+    T_ERR(dpar_array_put_rows(a, 2, INT64_MAX, h), DPAR_ERR_SHAPE, "outside");
+    dpar_buffer_destroy(dpar_array_shard(a, 0)); /* a shard: refused, the array keeps it */
+    assert_non_null(strstr(dpar_last_error(), "shard"));
+    T_OK(dpar_array_put(a, h));
+    dpar_shard_map_desc sd;
+    memset(&sd, 0, sizeof sd);
+    sd.fn = wait_twice;
+    T_OK(dpar_shard_map(m, &sd));
+    dpar_runtime_destroy(rt);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_names, setup),
@@ -809,6 +862,7 @@ int main(void) {
         cmocka_unit_test_setup(test_first_error_wins, setup),
         cmocka_unit_test_setup(test_two_meshes, setup),
         cmocka_unit_test_setup(test_concurrent_dispatch, setup),
+        cmocka_unit_test_setup(test_review_regressions, setup),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
