@@ -3942,7 +3942,7 @@ static dpar_status dpar__mpi_coll(dpar_ctx *ctx, dpar__group *g, dpar__coll *c, 
     for (int q = 0; q < mg->nprocs; q++) {
         if (q == mg->me) continue;
         for (;;) {
-            int r = dpar__mpi_poll(mp, &mg->rreq[q], &dl, ctx->job, 0);
+            int r = dpar__mpi_poll(mp, &mg->rreq[q], &dl, ctx->job, 1);
             if (r == 1 && mg->rbuf[q].type == 1 && mg->rbuf[q].job < job) { /* stale "pmap returned": skip it */
                 DPAR__MPI_CALL(mp, MPI_Irecv(&mg->rbuf[q], (int)sizeof mine, MPI_BYTE, q, DPAR__MPI_TAG, mg->comm, &mg->rreq[q]));
                 continue;
