@@ -26,6 +26,17 @@ for np in 2 4; do
     grep -q "^mpi_collectives np=$np: 0 failed checks" "$out" || { [ "$rc" -ne 0 ] && ! grep -q '^FAIL' "$out" && echo "FAIL mpi_collectives np=$np: exit status $rc"; }
     rm -f "$out"
 done
+# Two ranks that resolve to the same GPU on one node: an immediate error on every rank.
+# (llvmpipe is one physical Vulkan device, so two ranks on it collide.)
+dup=$(mktemp)
+if "$BUILD/train_digits" --backend vulkan --devices 1 --epochs 1 >/dev/null 2>&1; then
+    timeout 300 mpirun $OVER -np 2 "$BUILD/train_digits_mpi" --backend vulkan --devices 2 --epochs 1 >"$dup" 2>&1
+    n=$(grep -c "ranks 0 and 1 both resolve to physical vulkan device 0" "$dup")
+    [ "$n" -eq 2 ] && echo "PASS two ranks on one physical device: both ranks get an error naming ranks 0 and 1 and the device"         || { echo "FAIL two ranks on one physical device: $n of 2 ranks reported it"; cat "$dup"; }
+else
+    echo "SKIPPED two ranks on one physical device: no Vulkan device in this build/machine"
+fi
+rm -f "$dup"
 one=$(mktemp); two=$(mktemp)
 "$BUILD/train_digits" --devices 4 --epochs 10 >"$one" 2>&1
 timeout 600 mpirun $OVER -np 2 "$BUILD/train_digits_mpi" --devices 4 --epochs 10 >"$two" 2>&1
