@@ -18,3 +18,32 @@ worst=$(paste "$out1" "$out4" | awk '/^epoch/ { for (i = 1; i <= NF; i++) if ($i
     r = (a - b) / a; if (r < 0) r = -r; if (r > w) w = r; n++; a = ""; b = "" } END { if (!n) print "none"; else printf "%.3g\n", w }')
 echo "max relative loss difference 1 vs 4 devices over $EPOCHS epochs: $worst"
 awk -v w="$worst" 'BEGIN { exit !(w != "none" && w + 0 <= 1e-5) }' && echo "PASS train_digits 1 vs 4 devices loss within 1e-5" || echo "FAIL train_digits 1 vs 4 devices loss differs by $worst (> 1e-5)"
+
+# The same job on the Vulkan backend (4 logical devices): accuracy >= 0.95 and
+# per-epoch loss within 1e-3 relative of the CPU backend's 4-device run.
+# A missing Vulkan device is SKIPPED, or a FAIL when DPAR_REQUIRE_BACKENDS lists vulkan.
+VEPOCHS=$EPOCHS
+case "$BUILD" in *build-*) VEPOCHS=5;; esac   # sanitizer builds: llvmpipe is slow there
+outv=$(mktemp); outc=$(mktemp)
+"$BIN" --backend vulkan --devices 4 --epochs "$VEPOCHS" >"$outv" 2>&1
+rc=$?
+if [ "$rc" -ne 0 ] && grep -q "DPAR_ERR_BACKEND_UNAVAILABLE\|not compiled in\|backend unavailable\|vulkan:" "$outv" && \
+   ! echo ",${DPAR_REQUIRE_BACKENDS:-}," | grep -q ",vulkan,"; then
+    echo "SKIPPED train_digits --backend vulkan: $(tail -n 1 "$outv")"
+elif [ "$rc" -ne 0 ]; then
+    echo "FAIL train_digits --backend vulkan --devices 4: exit status $rc"; cat "$outv"
+else
+    "$BIN" --devices 4 --epochs "$VEPOCHS" >"$outc" 2>&1
+    tail -n 1 "$outv"
+    vacc=$(sed -n 's/^final:.*test_accuracy=\([0-9.]*\).*/\1/p' "$outv")
+    if [ "$VEPOCHS" -ge 30 ]; then
+        awk -v a="$vacc" 'BEGIN { exit !(a >= 0.95) }' && echo "PASS train_digits vulkan test_accuracy $vacc >= 0.95" \
+            || echo "FAIL train_digits vulkan test_accuracy '$vacc' < 0.95"
+    fi
+    vw=$(paste "$outc" "$outv" | awk '/^epoch/ { a = ""; b = ""; for (i = 1; i <= NF; i++) if ($i == "loss") { if (a == "") a = $(i+1); else b = $(i+1) }
+        r = (a - b) / a; if (r < 0) r = -r; if (r > w) w = r; n++ } END { if (!n) print "none"; else printf "%.3g\n", w }')
+    echo "max relative loss difference vulkan vs cpu (4 devices, $VEPOCHS epochs): $vw"
+    awk -v w="$vw" 'BEGIN { exit !(w != "none" && w + 0 <= 1e-3) }' && echo "PASS train_digits vulkan loss within 1e-3 of the cpu backend" \
+        || echo "FAIL train_digits vulkan loss differs from cpu by $vw (> 1e-3)"
+fi
+rm -f "$outv" "$outc"
