@@ -3629,6 +3629,10 @@ typedef struct dpar__mpi {
     pthread_mutex_t mu;     /* serializes MPI calls: MPI_THREAD_SERIALIZED is enough */
     MPI_Op op_max, op_min;  /* NaN-propagating float max/min */
     int broken;             /* a cross-process collective timed out: destroy the runtime */
+    /* the end-of-dispatch agreement's buffers: they outlive a request that is
+       given up on after a timeout (MPI may still write them later) */
+    int agree_mine, agree_lowest, agree_abandoned;
+    struct { int status, device; char msg[DPAR__ERR_LEN]; } agree_e;
 } dpar__mpi;
 
 typedef struct dpar__mpi_msg {
@@ -4132,15 +4136,26 @@ static void dpar__mpi_job_end(dpar_mesh *m, dpar__job *job) {
 static void dpar__mpi_job_agree(dpar_runtime *rt, dpar__job *job) {
     dpar__mpi *mp = (dpar__mpi *)rt->mpi;
     if (!mp || mp->size < 2) return;
-    int mine = job->first_status ? rt->proc : rt->nproc, lowest = rt->nproc;
+    if (mp->agree_abandoned) { /* an earlier agreement was given up on: its buffers may still be written */
+        if (!job->first_status) {
+            job->first_status = DPAR_ERR_STATE;
+            job->first_device = -1;
+            snprintf(job->first_msg, sizeof job->first_msg, "the processes are out of step since an earlier dispatch timed out; "
+                     "destroy the runtime on every process");
+        }
+        return;
+    }
+    mp->agree_mine = job->first_status ? rt->proc : rt->nproc;
+    mp->agree_lowest = rt->nproc;
     MPI_Request req = MPI_REQUEST_NULL;
     pthread_mutex_lock(&mp->mu);
-    int rc = MPI_Iallreduce(&mine, &lowest, 1, MPI_INT, MPI_MIN, mp->comm, &req);
+    int rc = MPI_Iallreduce(&mp->agree_mine, &mp->agree_lowest, 1, MPI_INT, MPI_MIN, mp->comm, &req);
     pthread_mutex_unlock(&mp->mu);
     struct timespec dl;
     dpar__deadline(&dl, rt->timeout_ms * 2);
     if (rc != MPI_SUCCESS || dpar__mpi_poll(mp, &req, &dl, NULL, 0) != 1) {
         mp->broken = 1;
+        mp->agree_abandoned = 1;
         if (!job->first_status) {
             job->first_status = DPAR_ERR_TIMEOUT;
             job->first_device = rt->local_base;
@@ -4149,25 +4164,35 @@ static void dpar__mpi_job_agree(dpar_runtime *rt, dpar__job *job) {
         }
         return;
     }
+    int lowest = mp->agree_lowest;
     if (lowest >= rt->nproc) return; /* everyone succeeded */
-    struct { int status, device; char msg[DPAR__ERR_LEN]; } e;
-    memset(&e, 0, sizeof e);
-    if (lowest == rt->proc) { e.status = job->first_status; e.device = job->first_device; memcpy(e.msg, job->first_msg, sizeof e.msg); }
+    memset(&mp->agree_e, 0, sizeof mp->agree_e);
+    if (lowest == rt->proc) {
+        mp->agree_e.status = job->first_status;
+        mp->agree_e.device = job->first_device;
+        memcpy(mp->agree_e.msg, job->first_msg, sizeof mp->agree_e.msg);
+    }
     req = MPI_REQUEST_NULL;
     pthread_mutex_lock(&mp->mu);
-    rc = MPI_Ibcast(&e, (int)sizeof e, MPI_BYTE, lowest, mp->comm, &req);
+    rc = MPI_Ibcast(&mp->agree_e, (int)sizeof mp->agree_e, MPI_BYTE, lowest, mp->comm, &req);
     pthread_mutex_unlock(&mp->mu);
+    int st = DPAR_ERR_TIMEOUT, dev = -1;
+    char msg[DPAR__ERR_LEN];
     if (rc != MPI_SUCCESS || dpar__mpi_poll(mp, &req, &dl, NULL, 0) != 1) { /* the failing process gave up waiting for us */
         mp->broken = 1;
-        e.status = DPAR_ERR_TIMEOUT;
-        e.device = -1;
-        snprintf(e.msg, sizeof e.msg, "pmap #%llu failed on process %d, which stopped waiting for this one (DPAR_TIMEOUT_MS)",
+        mp->agree_abandoned = 1;
+        snprintf(msg, sizeof msg, "pmap #%llu failed on process %d, which stopped waiting for this one (DPAR_TIMEOUT_MS)",
                  (unsigned long long)rt->job_count, lowest);
+    } else {
+        st = mp->agree_e.status;
+        dev = mp->agree_e.device;
+        memcpy(msg, mp->agree_e.msg, sizeof msg);
+        msg[sizeof msg - 1] = 0;
     }
     if (!job->first_status) {
-        job->first_status = (dpar_status)e.status;
-        job->first_device = e.device;
-        snprintf(job->first_msg, sizeof job->first_msg, "(failed on process %d) %s", lowest, e.msg);
+        job->first_status = (dpar_status)st;
+        job->first_device = dev;
+        snprintf(job->first_msg, sizeof job->first_msg, "(failed on process %d) %s", lowest, msg);
     }
 }
 
