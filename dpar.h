@@ -209,6 +209,8 @@ typedef struct dpar_device_info {
     int index;               /* device index in this runtime, 0..count-1 */
     int physical_index;      /* index of the physical device it runs on */
     uint64_t memory_bytes;   /* device memory (CPU: physical RAM) in bytes */
+    int runs_on_cpu;         /* 1: the work runs on host CPU cores (the CPU backend's
+                                emulated devices, or a software GPU such as llvmpipe) */
 } dpar_device_info;
 
 /* Errors: DPAR_ERR_INVALID_ARGUMENT when device is out of range. */
@@ -1356,7 +1358,14 @@ DPAR_API dpar_status dpar_runtime_create(const dpar_runtime_desc *desc_in, dpar_
             if (!cand) continue;
             if (order[i] == DPAR_BACKEND_CPU) { be = cand; break; }
             void *st = NULL; int cnt = 0;
-            if (cand->init(&desc, 0, &st, &cnt) == DPAR_OK) { cand->shutdown(st); be = cand; }
+            if (cand->init(&desc, 0, &st, &cnt) == DPAR_OK) {
+                /* a software GPU (llvmpipe) is slower than the CPU backend on the same cores: not "best" */
+                dpar_device_info info;
+                memset(&info, 0, sizeof info);
+                int soft = cnt > 0 && cand->device_info(st, 0, &info) == DPAR_OK && info.runs_on_cpu;
+                cand->shutdown(st);
+                if (!soft) be = cand;
+            }
         }
         dpar__clear_error();
     } else {
@@ -5569,6 +5578,7 @@ static dpar_status dpar__cpu_info(void *st, int dev, dpar_device_info *o) {
     snprintf(o->name, sizeof o->name, "cpu:%d (emulated device %d of %d)", dev, dev + 1, c->ndev);
     snprintf(o->vendor, sizeof o->vendor, "host");
     snprintf(o->driver, sizeof o->driver, "dpar cpu reference");
+    o->runs_on_cpu = 1;
     o->physical_index = 0;
     long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
     o->memory_bytes = (pages > 0 && psz > 0) ? (uint64_t)pages * (uint64_t)psz : 0;

@@ -1149,6 +1149,7 @@ static dpar_status dpar__vk_device_info(void *state, int dev, dpar_device_info *
     out->backend = DPAR_BACKEND_VULKAN;
     out->index = dev;
     out->physical_index = ph->index;
+    out->runs_on_cpu = ph->props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU;
     uint64_t mem = 0;
     for (uint32_t i = 0; i < ph->memprops.memoryHeapCount; i++)
         if ((ph->memprops.memoryHeaps[i].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT) &&

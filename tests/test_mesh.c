@@ -842,6 +842,22 @@ static void test_review_regressions(void **st) {
     dpar_runtime_destroy(rt);
 }
 
+/* The default backend is never a software GPU (llvmpipe) when the CPU backend
+   runs on the same cores; the CPU backend's devices say they run on the CPU. */
+static void test_default_backend_not_software(void **st) {
+    (void)st;
+    dpar_runtime_desc d;
+    memset(&d, 0, sizeof d);
+    d.num_devices = 1;
+    dpar_runtime *rt = NULL;
+    T_OK(dpar_runtime_create(&d, &rt));
+    dpar_device_info info;
+    T_OK(dpar_device_info_get(rt, 0, &info));
+    if (dpar_runtime_backend(rt) == DPAR_BACKEND_CPU) assert_int_equal(info.runs_on_cpu, 1);
+    else assert_int_equal(info.runs_on_cpu, 0);
+    dpar_runtime_destroy(rt);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_names, setup),
@@ -863,6 +879,7 @@ int main(void) {
         cmocka_unit_test_setup(test_two_meshes, setup),
         cmocka_unit_test_setup(test_concurrent_dispatch, setup),
         cmocka_unit_test_setup(test_review_regressions, setup),
+        cmocka_unit_test_setup(test_default_backend_not_software, setup),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
