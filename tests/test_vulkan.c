@@ -4,24 +4,7 @@
 #include "testutil.h"
 #include <unistd.h>
 
-/* Mesa's lavapipe (llvmpipe) leaks about 128 bytes per VkDevice from its
-   JIT-compiled code, which LeakSanitizer reports from an "unknown module" and
-   no suppression pattern can match. Leak checking is therefore turned off for
-   this binary once a lavapipe device has been opened (ASan's other checks stay
-   on); on every other driver it stays on. */
-static int g_lavapipe;
-#if defined(__SANITIZE_ADDRESS__)
-#  define T_LSAN_HOOK 1
-#elif defined(__has_feature)
-#  if __has_feature(address_sanitizer)
-#    define T_LSAN_HOOK 1
-#  endif
-#endif
-/* (the LeakSanitizer hook itself is in testutil.h) */
-static void note_driver(dpar_runtime *rt) {
-    dpar_device_info info;
-    if (rt && dpar_device_info_get(rt, 0, &info) == DPAR_OK && strstr(info.name, "llvmpipe")) g_lavapipe = 1;
-}
+/* llvmpipe's unattributable JIT leak under LeakSanitizer: see the hook in testutil.h */
 
 /* ---- helpers ---------------------------------------------------------- */
 typedef dpar_status (*dev_fn)(dpar_ctx *ctx, int dev, void *user);
@@ -49,7 +32,7 @@ static dpar_runtime *vk_runtime(int n, int noncoherent) {
     d.vulkan_force_noncoherent = noncoherent;
     dpar_runtime *rt = NULL;
     dpar_status s = dpar_runtime_create(&d, &rt);
-    if (s == DPAR_OK) { note_driver(rt); return rt; }
+    if (s == DPAR_OK) return rt;
     if (s == DPAR_ERR_BACKEND_UNAVAILABLE && !t_required("vulkan")) {
         printf("SKIPPED: vulkan backend unavailable: %s\n", dpar_last_error());
         fflush(stdout);
