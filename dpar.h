@@ -5640,6 +5640,24 @@ static void dpar__ukr_c(int64_t kc, const float *a, int64_t ars, int64_t acs, co
         for (int j = 0; j < nr; j++) c[i * ldc + j] = (ow ? 0.0f : c[i * ldc + j]) + alpha * acc[i][j];
 }
 #ifdef DPAR__X86_SIMD
+/* C[mr, nr] (row stride ldc) = alpha * r + (ow ? 0 : C): the microkernels' write-back */
+__attribute__((target("avx2"))) static inline void dpar__ukr_store(__m256 r[DPAR__MR][2], float *c, int64_t ldc, float alpha, int mr, int nr,
+                                                                   int ow) {
+    __m256 al = _mm256_set1_ps(alpha);
+    if (mr == DPAR__MR && nr == DPAR__NR) {
+        const __m256 z = _mm256_setzero_ps();
+        for (int i = 0; i < DPAR__MR; i++) {
+            float *ci = c + i * ldc;
+            _mm256_storeu_ps(ci, _mm256_add_ps(ow ? z : _mm256_loadu_ps(ci), _mm256_mul_ps(al, r[i][0])));
+            _mm256_storeu_ps(ci + 8, _mm256_add_ps(ow ? z : _mm256_loadu_ps(ci + 8), _mm256_mul_ps(al, r[i][1])));
+        }
+        return;
+    }
+    float t[DPAR__MR][DPAR__NR];
+    for (int i = 0; i < DPAR__MR; i++) { _mm256_storeu_ps(t[i], r[i][0]); _mm256_storeu_ps(t[i] + 8, r[i][1]); }
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) c[i * ldc + j] = (ow ? 0.0f : c[i * ldc + j]) + alpha * t[i][j];
+}
 __attribute__((target("avx2"))) static void dpar__ukr_avx2(int64_t kc, const float *a, int64_t ars, int64_t acs, const float *b,
                                                                float *c, int64_t ldc, float alpha, int mr, int nr, int ow) {
     __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
@@ -5654,21 +5672,8 @@ __attribute__((target("avx2"))) static void dpar__ukr_avx2(int64_t kc, const flo
         x = _mm256_broadcast_ss(a4); c40 = _mm256_add_ps(c40, _mm256_mul_ps(x, b0)); c41 = _mm256_add_ps(c41, _mm256_mul_ps(x, b1));
         x = _mm256_broadcast_ss(a5); c50 = _mm256_add_ps(c50, _mm256_mul_ps(x, b0)); c51 = _mm256_add_ps(c51, _mm256_mul_ps(x, b1));
     }
-    __m256 al = _mm256_set1_ps(alpha);
     __m256 r[DPAR__MR][2] = { { c00, c01 }, { c10, c11 }, { c20, c21 }, { c30, c31 }, { c40, c41 }, { c50, c51 } };
-    if (mr == DPAR__MR && nr == DPAR__NR) {
-        const __m256 z = _mm256_setzero_ps();
-        for (int i = 0; i < DPAR__MR; i++) {
-            float *ci = c + i * ldc;
-            _mm256_storeu_ps(ci, _mm256_add_ps(ow ? z : _mm256_loadu_ps(ci), _mm256_mul_ps(al, r[i][0])));
-            _mm256_storeu_ps(ci + 8, _mm256_add_ps(ow ? z : _mm256_loadu_ps(ci + 8), _mm256_mul_ps(al, r[i][1])));
-        }
-        return;
-    }
-    float t[DPAR__MR][DPAR__NR];
-    for (int i = 0; i < DPAR__MR; i++) { _mm256_storeu_ps(t[i], r[i][0]); _mm256_storeu_ps(t[i] + 8, r[i][1]); }
-    for (int i = 0; i < mr; i++)
-        for (int j = 0; j < nr; j++) c[i * ldc + j] = (ow ? 0.0f : c[i * ldc + j]) + alpha * t[i][j];
+    dpar__ukr_store(r, c, ldc, alpha, mr, nr, ow);
 }
 /* the same with fused multiply-adds: twice the throughput of the separate
    multiply and add here, used for large products (see dpar__sgemm_cols) */
@@ -5686,21 +5691,8 @@ __attribute__((target("avx2,fma"))) static void dpar__ukr_fma(int64_t kc, const 
         x = _mm256_broadcast_ss(a4); c40 = _mm256_fmadd_ps(x, b0, c40); c41 = _mm256_fmadd_ps(x, b1, c41);
         x = _mm256_broadcast_ss(a5); c50 = _mm256_fmadd_ps(x, b0, c50); c51 = _mm256_fmadd_ps(x, b1, c51);
     }
-    __m256 al = _mm256_set1_ps(alpha);
     __m256 r[DPAR__MR][2] = { { c00, c01 }, { c10, c11 }, { c20, c21 }, { c30, c31 }, { c40, c41 }, { c50, c51 } };
-    if (mr == DPAR__MR && nr == DPAR__NR) {
-        const __m256 z = _mm256_setzero_ps();
-        for (int i = 0; i < DPAR__MR; i++) {
-            float *ci = c + i * ldc;
-            _mm256_storeu_ps(ci, _mm256_add_ps(ow ? z : _mm256_loadu_ps(ci), _mm256_mul_ps(al, r[i][0])));
-            _mm256_storeu_ps(ci + 8, _mm256_add_ps(ow ? z : _mm256_loadu_ps(ci + 8), _mm256_mul_ps(al, r[i][1])));
-        }
-        return;
-    }
-    float t[DPAR__MR][DPAR__NR];
-    for (int i = 0; i < DPAR__MR; i++) { _mm256_storeu_ps(t[i], r[i][0]); _mm256_storeu_ps(t[i] + 8, r[i][1]); }
-    for (int i = 0; i < mr; i++)
-        for (int j = 0; j < nr; j++) c[i * ldc + j] = (ow ? 0.0f : c[i * ldc + j]) + alpha * t[i][j];
+    dpar__ukr_store(r, c, ldc, alpha, mr, nr, ow);
 }
 #endif
 /* Columns j0..j1-1 of C[M,N] = alpha op(A) op(B) + beta C, f32, row-major. */

@@ -1089,7 +1089,7 @@ static dpar_status dpar__cu_op(void *state, int dev, const dpar__op *op) {
         return dpar__cu_launch(st, dev, DPAR__CUK_SGD, dpar__cu_grid(n, 16, 8192), DPAR__CU_BLOCK, s, args);
     }
     default:
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "cuda: op kind %d not implemented", (int)op->kind);
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "cuda: unknown op kind %d (internal error: the core passes only dpar__op_kind values)", (int)op->kind);
     }
 }
 
@@ -1281,7 +1281,7 @@ static dpar_status dpar__cu_coll_virtual(dpar__cu_state *st, dpar__coll *c) {
         return DPAR_OK; /* nobody else touches out[r] */
     }
     default:
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "cuda: collective kind %d not implemented", (int)c->kind);
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "cuda: unknown collective kind %d (internal error: the core passes only dpar__coll_kind values)", (int)c->kind);
     }
     return dpar__cu_vphase(st, c, 1);
 }
@@ -1506,7 +1506,7 @@ static dpar_status dpar__cu_coll_nccl_body(dpar__cu_state *st, dpar__coll *c, dp
         return DPAR_OK;
     }
     default:
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "cuda: collective kind %d not implemented", (int)c->kind);
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "cuda: unknown collective kind %d (internal error: the core passes only dpar__coll_kind values)", (int)c->kind);
     }
 }
 
