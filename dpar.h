@@ -769,7 +769,10 @@ DPAR_API void dpar_dp_destroy(dpar_dp *dp);
 DPAR_API dpar_status dpar_dp_add(dpar_dp *dp, dpar_array *grad, int *id);
 /* Number of buckets (forms them if not yet done); -1 for NULL. */
 DPAR_API int dpar_dp_bucket_count(dpar_dp *dp);
-/* Inside fn: starts a step on this device (no gradient ready yet). */
+/* Inside fn: starts a step on this device (no gradient ready yet). A step
+   left open by a failed dispatch is dropped.
+   Errors: DPAR_ERR_INVALID_ARGUMENT (NULL, other mesh), DPAR_ERR_STATE (a
+   step already begun in this dispatch). */
 DPAR_API dpar_status dpar_dp_begin(dpar_dp *dp, dpar_ctx *ctx);
 /* Inside fn: gradient `id` of this device is final. Launches every bucket
    that became complete, in bucket order (async unless desc.blocking).
@@ -778,7 +781,9 @@ DPAR_API dpar_status dpar_dp_begin(dpar_dp *dp, dpar_ctx *ctx);
 DPAR_API dpar_status dpar_dp_grad_ready(dpar_dp *dp, dpar_ctx *ctx, int id);
 /* Inside fn: launches the buckets not launched yet (their gradients are
    taken as final), waits for all, and writes the averaged (summed) values
-   back into the gradient arrays' shards of this device. */
+   back into the gradient arrays' shards of this device.
+   Errors: DPAR_ERR_STATE (no dpar_dp_begin in this dispatch), and the
+   collectives' errors (the step is closed either way). */
 DPAR_API dpar_status dpar_dp_finish(dpar_dp *dp, dpar_ctx *ctx);
 /* Inside fn: dpar_dp_begin + dpar_dp_finish: all gradients at once. */
 DPAR_API dpar_status dpar_dp_allreduce(dpar_dp *dp, dpar_ctx *ctx);
@@ -795,7 +800,8 @@ DPAR_API dpar_status dpar_dp_allreduce(dpar_dp *dp, dpar_ctx *ctx);
    file.rankP.json), or call these. While tracing is
    off, each op and collective pays one predictable branch. */
 /* Starts recording; the trace goes to `path` (copied). Restarting drops the
-   events recorded so far. Errors: DPAR_ERR_INVALID_ARGUMENT (NULL/empty). */
+   events recorded so far. Errors: DPAR_ERR_INVALID_ARGUMENT (NULL/empty),
+   DPAR_ERR_IO (the file cannot be opened for writing; nothing starts). */
 DPAR_API dpar_status dpar_trace_begin(const char *path);
 /* Writes everything recorded so far (valid JSON) and keeps recording.
    Errors: DPAR_ERR_STATE (not tracing), DPAR_ERR_IO naming the path. */
@@ -5038,6 +5044,9 @@ static void dpar__obs_free(dpar_runtime *rt) {
 DPAR_API dpar_status dpar_trace_begin(const char *path) {
     dpar__clear_error();
     if (!path || !*path) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_trace_begin: path is NULL or empty; give a file name such as \"trace.json\"");
+    FILE *probe = fopen(path, "a"); /* fail now, not when the trace is written */
+    if (!probe) return dpar__err(DPAR_ERR_IO, "dpar_trace_begin: cannot write '%s': %s", path, strerror(errno));
+    fclose(probe);
     size_t len = strlen(path);
     char *p = (char *)DPAR_MALLOC(len + 1);
     if (!p) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_trace_begin: out of host memory");
