@@ -183,9 +183,9 @@ static void test_api_trace(void **state) {
     assert_true(count(s, "\"name\":\"process_name\"") >= 2);
     free(s);
     T_ERR(dpar_trace_end(), DPAR_ERR_STATE, "not tracing");
-    /* bad path: an IO error naming it */
-    T_OK(dpar_trace_begin("/nonexistent-dir/x/trace.json"));
-    T_ERR(dpar_trace_end(), DPAR_ERR_IO, "/nonexistent-dir/x/trace.json");
+    /* bad path: an IO error naming it, at once, and nothing starts */
+    T_ERR(dpar_trace_begin("/nonexistent-dir/x/trace.json"), DPAR_ERR_IO, "/nonexistent-dir/x/trace.json");
+    T_ERR(dpar_trace_end(), DPAR_ERR_STATE, "not tracing");
 }
 
 /* stats: memory in use and peak per device, op and collective counts and bytes */
