@@ -14,21 +14,56 @@
 // wrong data; events and cuStreamWaitEvent order streams; NCCL operations run
 // on their streams and rendezvous there; cuMemFree poisons (0xFF, NaN) and
 // quarantines the memory, so work still queued on it yields NaN.
+// NCCL: ncclCommInitAll communicators live in one process (one thread per
+// rank, each rank reading the others' buffers). ncclCommInitRank (with
+// ncclGetUniqueId) builds communicators whose ranks live in several
+// processes, several ranks per process too (inside ncclGroupStart/End the
+// init runs at ncclGroupEnd, so one thread can initialize all its ranks):
+// data moves in fixed-size chunks through a POSIX shared-memory segment named
+// by the unique id (unlinked as soon as every rank attached), with the same
+// numeric results as the in-process path (rank-order reductions, f16/bf16
+// through f32, i32 wrap-around, NaN-ignoring max/min). Two ranks of one
+// communicator on the same physical GPU are refused (ncclInvalidUsage), as
+// real NCCL does. Every NCCL wait is timed: a rank that never arrives makes
+// the init fail (ncclSystemError) or sets the asynchronous error
+// (ncclCommGetAsyncError) instead of hanging; ncclCommAbort ends any wait.
 // Not emulated: the PTX itself (the kernels run as host C++), timing, and
 // concurrency inside one kernel launch beyond what __syncthreads needs.
 //
 // Environment: MOCK_CUDA_GPUS=N (default 1) physical GPUs;
+// CUDA_VISIBLE_DEVICES=i,j,... (physical ids; as CUDA, the list ends at the
+// first invalid entry, and an empty list means no device) maps ordinal k to
+// physical GPU list[k] (cuDeviceGetName "Mock GPU <physical id>";
+// cuDeviceGetUuid is the same for one physical GPU in every process);
 // MOCK_CUDA_NO_DEVICE=1 makes cuInit fail with CUDA_ERROR_NO_DEVICE;
-// MOCK_CUDA_SYNC=1 runs every operation at enqueue instead (no streams).
+// MOCK_CUDA_SYNC=1 runs every operation at enqueue instead (no streams);
+// MOCK_CUDA_JITTER_US (default 20) the random delay before stream operations;
+// MOCK_CUDA_REPORT=1 prints at exit the device allocations never freed and
+// "mock nccl: N communicator rank(s) spanning processes, M collective(s)
+// through shared memory" (ncclCommInitRank ranks of this process whose
+// communicator has ranks in other processes, and the collectives / p2p
+// groups they ran); MOCK_NCCL_TIMEOUT_MS (default 10000) bounds every wait of
+// a cross-process communicator; MOCK_NCCL_STALL=k (MOCK_NCCL_STALL_ERROR=1)
+// hangs the k-th collective of every rank until ncclCommAbort (and reports
+// ncclSystemError asynchronously); MOCK_NCCL_TRACE=1 logs NCCL operations.
 // Checks: a current context for allocations, copies and launches; guard
 // bytes after every allocation (checked on free); frees of unknown pointers;
 // BLAS leading-dimension rules; kernel names.
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
 #include <deque>
 #include <functional>
 #include <map>
@@ -221,7 +256,9 @@ static std::mutex g_mu;
 static std::map<uintptr_t, size_t> g_allocs;
 static std::vector<void *> g_quarantine;
 static int g_inited, g_ngpu = 1;
-struct mock_ctx { int dev; int refs; };
+static int g_phys[16] = { 0 };              /* ordinal -> physical mock GPU (CUDA_VISIBLE_DEVICES) */
+struct CUuuid { char bytes[16]; };
+struct mock_ctx { int dev; int refs; };     /* dev: the ordinal */
 static mock_ctx g_ctx[16];
 static thread_local mock_ctx *t_cur;
 
@@ -243,7 +280,28 @@ CUresult cuInit(unsigned flags) {
     const char *nd = getenv("MOCK_CUDA_NO_DEVICE");
     if (nd && *nd == '1') return ERR_NO_DEVICE;
     const char *g = getenv("MOCK_CUDA_GPUS");
-    if (g && atoi(g) > 0 && atoi(g) <= 16) g_ngpu = atoi(g);
+    int nphys = g && atoi(g) > 0 && atoi(g) <= 16 ? atoi(g) : 1;
+    /* CUDA_VISIBLE_DEVICES: physical ids, comma-separated; like CUDA, the list
+       ends at the first invalid entry (not a number, out of range, repeated) */
+    int n = 0;
+    const char *v = getenv("CUDA_VISIBLE_DEVICES");
+    if (!v) {
+        for (n = 0; n < nphys; n++) g_phys[n] = n;
+    } else {
+        const char *p = v;
+        while (*p && n < nphys) {
+            char *end;
+            long id = strtol(p, &end, 10);
+            bool bad = end == p || id < 0 || id >= nphys || (*end && *end != ',');
+            for (int i = 0; i < n && !bad; i++) bad = g_phys[i] == id;
+            if (bad) break;
+            g_phys[n++] = (int)id;
+            if (!*end) break;
+            p = end + 1;
+        }
+    }
+    if (n == 0) return ERR_NO_DEVICE;
+    g_ngpu = n;
     g_inited = 1;
     return OK;
 }
@@ -270,7 +328,21 @@ CUresult cuGetErrorString(CUresult r, const char **s) {
 }
 CUresult cuDeviceGetCount(int *n) { if (!g_inited) return ERR_NOT_INIT; *n = g_ngpu; return OK; }
 CUresult cuDeviceGet(int *d, int i) { if (i < 0 || i >= g_ngpu) return ERR_INVALID_DEVICE; *d = i; return OK; }
-CUresult cuDeviceGetName(char *s, int len, int d) { snprintf(s, (size_t)len, "Mock GPU %d", d); return OK; }
+CUresult cuDeviceGetName(char *s, int len, int d) {
+    if (d < 0 || d >= g_ngpu) return ERR_INVALID_DEVICE;
+    snprintf(s, (size_t)len, "Mock GPU %d", g_phys[d]);
+    return OK;
+}
+/* the same 16 bytes for one physical mock GPU in every process */
+CUresult cuDeviceGetUuid(CUuuid *u, int d) {
+    if (!u) return ERR_INVALID_VALUE;
+    if (d < 0 || d >= g_ngpu) return ERR_INVALID_DEVICE;
+    char b[17];
+    snprintf(b, sizeof b, "MOCKGPU%09u", (unsigned)g_phys[d] % 1000000000u);
+    memcpy(u->bytes, b, 16);
+    return OK;
+}
+CUresult cuDeviceGetUuid_v2(CUuuid *u, int d) { return cuDeviceGetUuid(u, d); }
 CUresult cuDeviceTotalMem_v2(size_t *b, int d) { (void)d; *b = (size_t)1 << 34; return OK; }
 CUresult cuDeviceGetAttribute(int *v, int attr, int d) {
     (void)d;
@@ -488,7 +560,10 @@ int cublasGemmEx(void *h, int ta, int tb, int m, int n, int k, const void *alpha
 }
 
 // ---------------------------------------------------------------------------
-// NCCL (one process, one thread per rank)
+// NCCL. ncclCommInitAll: ranks in one process, one thread per rank (a
+// clique: the ranks read each other's buffers directly). ncclCommInitRank:
+// ranks in any processes, several per process too, through a POSIX
+// shared-memory segment (see "NCCL across processes" below).
 // ---------------------------------------------------------------------------
 struct p2p { int src, dst; const void *buf; size_t bytes; bool taken; };
 struct clique {
@@ -503,7 +578,28 @@ struct clique {
     bool aborted = false;
     std::vector<int> ncoll; /* collectives run per rank (MOCK_NCCL_STALL) */
 };
-struct mcomm { clique *c; int rank; };
+struct xseg;
+struct mcomm {
+    clique *c;              /* ncclCommInitAll; NULL for ncclCommInitRank */
+    int rank, n;
+    int dev = -1;           /* the ordinal of its GPU */
+    /* ncclCommInitRank only */
+    std::string xname;      /* the shared-memory segment */
+    xseg *x = nullptr;      /* attached: from a successful init until the last reference goes */
+    int phys = -1;          /* physical mock GPU */
+    int ready = 0;          /* the init completed */
+    int err = 0;            /* asynchronous error (atomic) */
+    int aborted = 0;        /* ncclCommAbort (atomic) */
+    bool spans = false;     /* has ranks in other processes */
+    bool destroyed = false; /* ncclCommDestroy ran */
+    bool handle_ref = true; /* the handle's reference is still held (g_xmu) */
+    int refs = 1;           /* the handle + queued operations (g_xmu) */
+    unsigned seq = 0;       /* collective rounds run (slot parity); its stream's thread only */
+    int ncoll = 0;          /* MOCK_NCCL_STALL */
+    std::mutex smu;
+    std::condition_variable scv;
+    mcomm(clique *c_, int rank_, int n_) : c(c_), rank(rank_), n(n_) {}
+};
 static size_t nccl_es(int t) { return t == 6 || t == 9 ? 2 : t == 2 || t == 7 ? 4 : 0; }
 static float nccl_ld(const void *p, int t, size_t i) {
     switch (t) {
@@ -520,8 +616,369 @@ static void nccl_st(void *p, int t, size_t i, float v) {
     case 9: ((uint16_t *)p)[i] = dk_f32_to_bf16(v); break;
     }
 }
+/* dst[i] = src[0][off+i] op ... op src[n-1][off+i], in rank order (both paths) */
+static void reduce_elems(const void *const *src, int n, void *dst, size_t count, int t, int op, size_t off) {
+    for (size_t i = 0; i < count; i++) {
+        if (t == 2) {
+            int64_t acc = ((const int32_t *)src[0])[off + i];
+            for (int s = 1; s < n; s++) {
+                int32_t v = ((const int32_t *)src[s])[off + i];
+                if (op == 2) acc = v > acc ? v : acc;
+                else if (op == 3) acc = v < acc ? v : acc;
+                else acc = (int32_t)((uint32_t)acc + (uint32_t)v);
+            }
+            if (op == 4) acc /= n;
+            ((int32_t *)dst)[i] = (int32_t)acc;
+        } else {
+            float acc = nccl_ld(src[0], t, off + i);
+            for (int s = 1; s < n; s++) {
+                float v = nccl_ld(src[s], t, off + i);
+                if (op == 2) acc = fmaxf(acc, v);       // NCCL: NaN does not propagate
+                else if (op == 3) acc = fminf(acc, v);
+                else acc += v;
+            }
+            if (op == 4) acc /= (float)n;
+            nccl_st(dst, t, i, acc);
+        }
+    }
+}
+static int trace_on() { static int t = -1; if (t < 0) t = getenv("MOCK_NCCL_TRACE") != NULL; return t; }
+
+// ---------------------------------------------------------------------------
+// NCCL across processes (ncclCommInitRank). ncclGetUniqueId names a POSIX
+// shared-memory segment; the first rank to arrive creates it (O_EXCL), the
+// last one to attach unlinks the name, so nothing stays in /dev/shm. Layout:
+// header | two XSLOT slots per rank (collectives: every rank copies its chunk
+// in, one barrier, every rank reads all slots and writes its own output; the
+// slots alternate, so one barrier per chunk suffices) | an XRING ring per
+// ordered pair of ranks (grouped send/recv: a byte stream, every message led
+// by its 8-byte size). Waits use a futex "doorbell" word that every change
+// bumps; every wait is timed (MOCK_NCCL_TIMEOUT_MS) and ncclCommAbort ends it.
+// ---------------------------------------------------------------------------
+enum { XMAXR = 64 };
+static const size_t XSLOT = 128 << 10, XRING = 64 << 10, XRINGHDR = 128, XHDR = 4096;
+static const uint32_t XMAGIC = 0x584d434bu;
+static const char XIDMAGIC[8] = { 'D', 'P', 'A', 'R', 'M', 'O', 'C', 'K' };
+struct xhdr {
+    uint32_t magic;         /* XMAGIC once the creator initialized it */
+    int32_t nranks;
+    uint32_t bell, waiters; /* futex doorbell; threads sleeping on it */
+    uint32_t njoined;
+    int32_t failed;         /* the init failed for everyone (an NCCL error code) */
+    uint32_t aborted;       /* some rank aborted or failed a wait: the others stop waiting */
+    uint32_t bar_count, bar_gen;
+    uint32_t joined[XMAXR];
+    int32_t gpu[XMAXR], pid[XMAXR];
+};
+static_assert(sizeof(xhdr) <= XHDR, "xhdr too big");
+struct xseg { std::string name; unsigned char *base; size_t size; int refs; bool warned; };
+static std::mutex g_xmu;                /* the segments attached here; mcomm refs */
+static std::vector<xseg *> g_xsegs;
+static std::vector<mcomm *> g_xdead;    /* aborted handles stay valid */
+static int g_xranks, g_xops;            /* MOCK_CUDA_REPORT */
+#define XLD(p) __atomic_load_n((p), __ATOMIC_SEQ_CST)
+#define XST(p, v) __atomic_store_n((p), (v), __ATOMIC_SEQ_CST)
+#define XADD(p, v) __atomic_add_fetch((p), (v), __ATOMIC_SEQ_CST)
+#define XSUB(p, v) __atomic_sub_fetch((p), (v), __ATOMIC_SEQ_CST)
+
+static size_t xsize(int n) { return XHDR + (size_t)n * 2 * XSLOT + (size_t)n * (size_t)n * (XRINGHDR + XRING); }
+static xhdr *xh(mcomm *m) { return (xhdr *)m->x->base; }
+static unsigned char *xslot(mcomm *m, int r, unsigned par) { return m->x->base + XHDR + ((size_t)r * 2 + par) * XSLOT; }
+/* ring src -> dst: head (bytes written, by src) at 0, tail (bytes read, by dst) at 64, data at XRINGHDR */
+static unsigned char *xring(mcomm *m, int src, int dst) {
+    return m->x->base + XHDR + (size_t)m->n * 2 * XSLOT + ((size_t)src * (size_t)m->n + (size_t)dst) * (XRINGHDR + XRING);
+}
+static long xtimeout_ms() {
+    const char *e = getenv("MOCK_NCCL_TIMEOUT_MS");
+    long v = e ? atol(e) : 0;
+    return v > 0 ? v : 10000;
+}
+static double xnow_ms() {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+/* ThreadSanitizer cannot see the futexes and atomics of this (uninstrumented)
+   library: tell it about the orderings, so ranks of one process copying
+   through the segment on their stream threads are not reported as races */
+extern "C" void __tsan_acquire(void *addr) __attribute__((weak));
+extern "C" void __tsan_release(void *addr) __attribute__((weak));
+static void xacq(void *a) { if (__tsan_acquire) __tsan_acquire(a); }
+static void xrel(void *a) { if (__tsan_release) __tsan_release(a); }
+static void xbell(xhdr *h) {
+    XADD(&h->bell, 1u);
+    if (XLD(&h->waiters)) syscall(SYS_futex, &h->bell, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+static void xsleep(xhdr *h, uint32_t bell, double left_ms) { /* until the bell moves from `bell`, at most left_ms */
+    if (left_ms > 100) left_ms = 100;
+    struct timespec ts = { 0, (long)(left_ms * 1e6) };
+    XADD(&h->waiters, 1u);
+    syscall(SYS_futex, &h->bell, FUTEX_WAIT, bell, &ts, NULL, 0);
+    XSUB(&h->waiters, 1u);
+}
+enum { XW_OK, XW_ABORTED, XW_TIMEOUT, XW_PEER };
+/* waits until ready(); m (may be NULL): its ncclCommAbort ends the wait */
+extern "C++" { /* templates */
+template <class P> static int xwait(xhdr *h, mcomm *m, double deadline, P ready) {
+    for (;;) {
+        uint32_t b = XLD(&h->bell);
+        if (ready()) return XW_OK;
+        if (m && XLD(&m->aborted)) return XW_ABORTED;
+        if (XLD(&h->aborted) || XLD(&h->failed)) return XW_PEER;
+        double left = deadline - xnow_ms();
+        if (left <= 0) return XW_TIMEOUT;
+        xsleep(h, b, left);
+    }
+}
+}
+/* a failed wait: the asynchronous error, and the communicator is broken for
+   every rank (the others stop waiting instead of using stale data) */
+static void xfail(mcomm *m, int r, const char *what) {
+    if (r == XW_ABORTED) return;
+    if (r == XW_TIMEOUT)
+        fprintf(stderr, "mock NCCL: rank %d waited %ld ms %s (a real GPU would hang)\n", m->rank, xtimeout_ms(), what);
+    else
+        fprintf(stderr, "mock NCCL: rank %d: another rank failed or aborted the communicator (%s)\n", m->rank, what);
+    XST(&m->err, 2);
+    XST(&xh(m)->aborted, 1u);
+    xbell(xh(m));
+}
+static bool xbarrier(mcomm *m, const char *what) {
+    xhdr *h = xh(m);
+    if (XLD(&h->aborted)) { xfail(m, XLD(&m->aborted) ? XW_ABORTED : XW_PEER, what); return false; }
+    uint32_t g = XLD(&h->bar_gen);
+    xrel(&h->bar_gen);
+    if (XADD(&h->bar_count, 1u) == (uint32_t)m->n) {
+        XST(&h->bar_count, 0u);
+        XADD(&h->bar_gen, 1u);
+        xbell(h);
+    } else {
+        int r = xwait(h, m, xnow_ms() + (double)xtimeout_ms(), [&] { return XLD(&h->bar_gen) != g; });
+        if (r) { xfail(m, r, what); return false; }
+    }
+    xacq(&h->bar_gen);
+    return true;
+}
+static void xseg_release(xseg *s) {
+    std::lock_guard<std::mutex> l(g_xmu);
+    if (--s->refs > 0) return;
+    munmap(s->base, s->size);
+    for (size_t i = 0; i < g_xsegs.size(); i++)
+        if (g_xsegs[i] == s) { g_xsegs.erase(g_xsegs.begin() + (long)i); break; }
+    delete s;
+}
+static void xforget_dead(mcomm *m) { /* g_xmu held */
+    for (size_t i = 0; i < g_xdead.size(); i++)
+        if (g_xdead[i] == m) { g_xdead.erase(g_xdead.begin() + (long)i); break; }
+}
+static void xhold(mcomm *m) { std::lock_guard<std::mutex> l(g_xmu); m->refs++; }
+static void xdrop(mcomm *m) { /* the last reference unmaps (last local rank) and frees a destroyed handle */
+    xseg *s;
+    bool del;
+    {
+        std::lock_guard<std::mutex> l(g_xmu);
+        if (--m->refs > 0) return;
+        s = m->x;
+        m->x = NULL;
+        del = m->destroyed;
+        if (del) xforget_dead(m);
+    }
+    if (s) xseg_release(s);
+    if (del) delete m;
+}
+static int stall_at() {
+    static int at = -1;
+    if (at < 0) { const char *e = getenv("MOCK_NCCL_STALL"); at = e ? atoi(e) : 0; }
+    return at;
+}
+static bool xstalled(mcomm *m) { /* MOCK_NCCL_STALL, as for ncclCommInitAll communicators */
+    int at = stall_at();
+    std::unique_lock<std::mutex> l(m->smu);
+    if (XLD(&m->aborted)) return true;
+    if (at <= 0 || ++m->ncoll != at) return false;
+    if (getenv("MOCK_NCCL_STALL_ERROR")) XST(&m->err, 2);
+    m->scv.wait(l, [&] { return XLD(&m->aborted) != 0; });
+    return true;
+}
+static bool xusable(mcomm *m) { return m->x && m->ready && !XLD(&m->aborted) && !XLD(&m->err); }
+static int xready(mcomm *m, const char *fn) {
+    if (m->ready || XLD(&m->aborted)) return 0;
+    fprintf(stderr, "mock NCCL: %s on a communicator whose ncclCommInitRank did not succeed\n", fn);
+    return 5;
+}
+/* runs body on the stream, holding the communicator (and its mapping) */
+extern "C++" {
+template <class F> static void xenqueue(mcomm *m, void *st, const char *what, F body) {
+    xhold(m);
+    enqueue(st, [m, what, body]() mutable {
+        if (!xstalled(m) && xusable(m)) {
+            if (trace_on()) fprintf(stderr, "mock nccl: %s rank %d %s\n", m->xname.c_str(), m->rank, what);
+            if (m->spans) XADD(&g_xops, 1);
+            body();
+        }
+        xdrop(m);
+    });
+}
+}
+static int xallreduce(const void *s, void *r, size_t count, int t, int op, mcomm *m, void *st) {
+    if (int e = xready(m, "ncclAllReduce")) return e;
+    xenqueue(m, st, "all-reduce", [=] {
+        size_t es = nccl_es(t), chunk = XSLOT / es;
+        const void *src[XMAXR];
+        for (size_t off = 0; off < count; off += chunk) {
+            size_t len = count - off < chunk ? count - off : chunk;
+            unsigned par = m->seq++ & 1;
+            memcpy(xslot(m, m->rank, par), (const unsigned char *)s + off * es, len * es);
+            if (!xbarrier(m, "in ncclAllReduce")) return;
+            for (int i = 0; i < m->n; i++) src[i] = xslot(m, i, par);
+            reduce_elems(src, m->n, (unsigned char *)r + off * es, len, t, op, 0);
+        }
+    });
+    return 0;
+}
+static int xbroadcast(const void *s, void *r, size_t count, int t, int root, mcomm *m, void *st) {
+    if (int e = xready(m, "ncclBroadcast")) return e;
+    xenqueue(m, st, "broadcast", [=] {
+        size_t b = count * nccl_es(t);
+        for (size_t off = 0; off < b; off += XSLOT) {
+            size_t len = b - off < XSLOT ? b - off : XSLOT;
+            unsigned par = m->seq++ & 1;
+            if (m->rank == root) memcpy(xslot(m, root, par), (const unsigned char *)s + off, len);
+            if (!xbarrier(m, "in ncclBroadcast")) return;
+            memcpy((unsigned char *)r + off, xslot(m, root, par), len);
+        }
+    });
+    return 0;
+}
+static int xallgather(const void *s, void *r, size_t count, int t, mcomm *m, void *st) {
+    if (int e = xready(m, "ncclAllGather")) return e;
+    xenqueue(m, st, "all-gather", [=] {
+        size_t b = count * nccl_es(t);
+        for (size_t off = 0; off < b; off += XSLOT) { /* in place (s == r + rank * b) too */
+            size_t len = b - off < XSLOT ? b - off : XSLOT;
+            unsigned par = m->seq++ & 1;
+            memcpy(xslot(m, m->rank, par), (const unsigned char *)s + off, len);
+            if (!xbarrier(m, "in ncclAllGather")) return;
+            for (int i = 0; i < m->n; i++) memcpy((unsigned char *)r + b * (size_t)i + off, xslot(m, i, par), len);
+        }
+    });
+    return 0;
+}
+static int xreducescatter(const void *s, void *r, size_t count, int t, int op, mcomm *m, void *st) {
+    if (int e = xready(m, "ncclReduceScatter")) return e;
+    xenqueue(m, st, "reduce-scatter", [=] {
+        size_t es = nccl_es(t), sub = XSLOT / (size_t)m->n / es; /* elements per destination and round */
+        const void *src[XMAXR];
+        for (size_t off = 0; off < count; off += sub) { /* in place (r == s + rank * count) too */
+            size_t len = count - off < sub ? count - off : sub;
+            unsigned par = m->seq++ & 1;
+            for (int d = 0; d < m->n; d++)
+                memcpy(xslot(m, m->rank, par) + (size_t)d * sub * es,
+                       (const unsigned char *)s + ((size_t)d * count + off) * es, len * es);
+            if (!xbarrier(m, "in ncclReduceScatter")) return;
+            for (int i = 0; i < m->n; i++) src[i] = xslot(m, i, par) + (size_t)m->rank * sub * es;
+            reduce_elems(src, m->n, (unsigned char *)r + off * es, len, t, op, 0);
+        }
+    });
+    return 0;
+}
+
+/* one pending send or receive of a group: a stream of its 8-byte size, then the data */
+struct xp { mcomm *m; bool send; unsigned char *buf; uint64_t bytes, total, done, size; int peer; };
+static void xvcopy(xp &p, uint64_t o, unsigned char *ring, uint64_t n) { /* stream bytes [o, o+n) <-> ring */
+    while (n) {
+        uint64_t k;
+        unsigned char *v;
+        if (o < 8) { k = 8 - o < n ? 8 - o : n; v = (unsigned char *)&p.size + o; }
+        else { k = n; v = p.buf + (o - 8); }
+        if (p.send) memcpy(ring, v, k); else memcpy(v, ring, k);
+        o += k; ring += k; n -= k;
+    }
+}
+static bool xstep(xp &p) { /* moves what fits; true if anything moved */
+    unsigned char *rg = p.send ? xring(p.m, p.m->rank, p.peer) : xring(p.m, p.peer, p.m->rank);
+    uint64_t *head = (uint64_t *)rg, *tail = (uint64_t *)(rg + 64);
+    uint64_t hd = XLD(head), tl = XLD(tail);
+    xacq(rg);
+    uint64_t avail = p.send ? XRING - (hd - tl) : hd - tl, n = p.total - p.done;
+    if (n > avail) n = avail;
+    if (!n) return false;
+    uint64_t pos = (p.send ? hd : tl) % XRING, first = XRING - pos < n ? XRING - pos : n;
+    xvcopy(p, p.done, rg + XRINGHDR + pos, first);
+    xvcopy(p, p.done + first, rg + XRINGHDR, n - first);
+    uint64_t before = p.done;
+    p.done += n;
+    xrel(rg);
+    if (p.send) XST(head, hd + n); else XST(tail, tl + n);
+    if (!p.send && before < 8 && p.done >= 8 && p.size != p.bytes) {
+        fprintf(stderr, "mock NCCL: rank %d receives %llu bytes from rank %d, which sends %llu\n", p.m->rank,
+                (unsigned long long)p.bytes, p.peer, (unsigned long long)p.size);
+        abort();
+    }
+    return true;
+}
+struct pending { bool send; mcomm *m; const void *sb; void *rb; size_t bytes; int peer; void *stream; };
+/* progresses all sends and receives of the group together (no deadlock however large);
+   the messages between one pair of ranks match in order */
+static void xrun_p2p(std::vector<pending> &ops) {
+    std::vector<xp> ps;
+    bool one = true;
+    for (pending &o : ops) {
+        ps.push_back(xp{ o.m, o.send, o.send ? (unsigned char *)o.sb : (unsigned char *)o.rb, o.bytes, o.bytes + 8, 0,
+                         o.send ? (uint64_t)o.bytes : ~(uint64_t)0, o.peer });
+        one = one && o.m->x == ops[0].m->x;
+        if (trace_on())
+            fprintf(stderr, "mock nccl: %s rank %d %s peer %d %zu bytes\n", o.m->xname.c_str(), o.m->rank,
+                    o.send ? "send" : "recv", o.peer, o.bytes);
+    }
+    xhdr *h0 = xh(ps[0].m);
+    double deadline = xnow_ms() + (double)xtimeout_ms();
+    for (;;) {
+        uint32_t b = XLD(&h0->bell);
+        bool moved = false;
+        int stuck = -1;
+        for (size_t i = 0; i < ps.size(); i++) {
+            xp &p = ps[i];
+            if (p.done == p.total) continue;
+            bool blocked = false; /* an earlier message on the same ring comes first */
+            for (size_t j = 0; j < i && !blocked; j++)
+                blocked = ps[j].done != ps[j].total && ps[j].m == p.m && ps[j].send == p.send && ps[j].peer == p.peer;
+            if (blocked) continue;
+            if (stuck < 0) stuck = (int)i;
+            if (xstep(p)) { moved = true; xbell(xh(p.m)); }
+        }
+        if (stuck < 0) return; /* all done */
+        if (moved) { deadline = xnow_ms() + (double)xtimeout_ms(); continue; }
+        for (xp &p : ps)
+            if (XLD(&p.m->aborted)) return;
+        int r = XW_OK;
+        for (xp &p : ps)
+            if (XLD(&xh(p.m)->aborted)) r = XW_PEER;
+        double left = deadline - xnow_ms();
+        if (!r && left <= 0) r = XW_TIMEOUT;
+        if (r) {
+            xp &p = ps[(size_t)stuck];
+            char what[96];
+            if (p.send) snprintf(what, sizeof what, "for rank %d to receive", p.peer);
+            else snprintf(what, sizeof what, "for a send from rank %d", p.peer);
+            xfail(p.m, r, what);
+            for (xp &q : ps) XST(&q.m->err, 2);
+            return;
+        }
+        if (one) xsleep(h0, b, left);
+        else usleep(200);
+    }
+}
+
 int ncclGetVersion(int *v) { *v = 22809; return 0; }
-const char *ncclGetErrorString(int r) { return r == 4 ? "invalid argument (mock)" : "mock NCCL error"; }
+const char *ncclGetErrorString(int r) {
+    switch (r) {
+    case 2: return "unhandled system error (mock)";
+    case 4: return "invalid argument (mock)";
+    case 5: return "invalid usage (mock)";
+    default: return "mock NCCL error";
+    }
+}
 const char *ncclGetLastError(void *c) { (void)c; return ""; }
 int ncclCommInitAll(void **comms, int n, const int *devs) {
     if (n < 1) return 4;
@@ -535,24 +992,236 @@ int ncclCommInitAll(void **comms, int n, const int *devs) {
     c->n = n;
     pthread_barrier_init(&c->bar, NULL, (unsigned)n);
     c->send.resize(n); c->recv.resize(n); c->ncoll.resize(n);
-    for (int i = 0; i < n; i++) comms[i] = new mcomm{ c, i };
+    for (int i = 0; i < n; i++) { comms[i] = new mcomm(c, i, n); ((mcomm *)comms[i])->dev = devs[i]; }
     return 0;
 }
-static std::vector<mcomm *> g_dead_comms; /* aborted handles stay valid for stalled work */
-int ncclCommDestroy(void *c) { delete (mcomm *)c; return 0; }
+
+struct ncclUniqueId { char internal[128]; };
+int ncclGetUniqueId(ncclUniqueId *id) {
+    static unsigned counter;
+    if (!id) return 4;
+    unsigned k = __atomic_add_fetch(&counter, 1u, __ATOMIC_SEQ_CST);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    unsigned rnd = ((unsigned)ts.tv_nsec ^ ((unsigned)ts.tv_sec << 11) ^ (unsigned)(uintptr_t)&ts) * 2654435761u + k;
+    memset(id, 0, sizeof *id);
+    memcpy(id->internal, XIDMAGIC, sizeof XIDMAGIC);
+    snprintf(id->internal + 8, sizeof id->internal - 8, "/dparmock-%d-%u-%08x", (int)getpid(), k, rnd);
+    return 0;
+}
+/* attaches m to its segment (creating it if first) and registers its rank */
+static int xjoin(mcomm *m, double deadline) {
+    const char *name = m->xname.c_str();
+    xseg *s = NULL;
+    {
+        std::lock_guard<std::mutex> l(g_xmu);
+        for (xseg *q : g_xsegs)
+            if (q->name == m->xname) { s = q; s->refs++; break; }
+        if (!s) {
+            size_t size = xsize(m->n);
+            unsigned char *base;
+            int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+            if (fd >= 0) {
+                base = (unsigned char *)MAP_FAILED;
+                if (ftruncate(fd, (off_t)size) == 0)
+                    base = (unsigned char *)mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+                int e = errno;
+                close(fd);
+                if (base == (unsigned char *)MAP_FAILED) {
+                    fprintf(stderr, "mock NCCL: creating shared memory %s (%zu bytes): %s\n", name, size, strerror(e));
+                    shm_unlink(name);
+                    return 2;
+                }
+                ((xhdr *)base)->nranks = m->n;
+                XST(&((xhdr *)base)->magic, XMAGIC);
+            } else if (errno == EEXIST && (fd = shm_open(name, O_RDWR, 0600)) >= 0) {
+                struct stat sb;
+                for (;;) { /* the creator sizes it, then initializes it */
+                    if (fstat(fd, &sb) == 0 && sb.st_size > 0) break;
+                    if (xnow_ms() > deadline) {
+                        close(fd);
+                        fprintf(stderr, "mock NCCL: ncclCommInitRank: shared memory %s was never sized\n", name);
+                        return 2;
+                    }
+                    usleep(1000);
+                }
+                size = (size_t)sb.st_size;
+                base = (unsigned char *)mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+                int e = errno;
+                close(fd);
+                if (base == (unsigned char *)MAP_FAILED) {
+                    fprintf(stderr, "mock NCCL: mapping shared memory %s: %s\n", name, strerror(e));
+                    return 2;
+                }
+                while (XLD(&((xhdr *)base)->magic) != XMAGIC) {
+                    if (xnow_ms() > deadline) {
+                        munmap(base, size);
+                        fprintf(stderr, "mock NCCL: ncclCommInitRank: shared memory %s was never initialized\n", name);
+                        return 2;
+                    }
+                    usleep(1000);
+                }
+            } else if (errno == ENOENT) {
+                fprintf(stderr, "mock NCCL: ncclCommInitRank: rank %d came after its communicator was complete "
+                        "(a rank joined twice?)\n", m->rank);
+                return 5;
+            } else {
+                fprintf(stderr, "mock NCCL: shm_open %s: %s\n", name, strerror(errno));
+                return 2;
+            }
+            s = new xseg{ m->xname, base, size, 1, false };
+            g_xsegs.push_back(s);
+        }
+    }
+    xhdr *h = (xhdr *)s->base;
+    int e = 0;
+    uint32_t zero = 0;
+    if (h->nranks != m->n) {
+        fprintf(stderr, "mock NCCL: ncclCommInitRank: rank %d says %d ranks, an earlier rank %d\n", m->rank, m->n, h->nranks);
+        e = 5;
+    } else if (!__atomic_compare_exchange_n(&h->joined[m->rank], &zero, 1u, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+        fprintf(stderr, "mock NCCL: ncclCommInitRank: rank %d of the communicator joined twice\n", m->rank);
+        e = 5;
+    }
+    if (e) {
+        int32_t z = 0;
+        __atomic_compare_exchange_n(&h->failed, &z, e, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+        xbell(h);
+        shm_unlink(name); /* the communicator failed: nothing stays in /dev/shm */
+        xseg_release(s);
+        return e;
+    }
+    m->x = s;
+    h->gpu[m->rank] = m->phys;
+    h->pid[m->rank] = (int32_t)getpid();
+    if (XADD(&h->njoined, 1u) == (uint32_t)m->n) shm_unlink(name); /* all attached: nothing stays in /dev/shm */
+    xbell(h);
+    return 0;
+}
+/* joins every rank first, then waits for all (one thread may hold several ranks) */
+static int xinit(std::vector<mcomm *> &ms) {
+    int rc = 0;
+    double deadline = xnow_ms() + (double)xtimeout_ms();
+    for (mcomm *m : ms) {
+        int r = xjoin(m, deadline);
+        if (r && !rc) rc = r;
+    }
+    if (rc) /* this group cannot complete: neither can the other communicators of its ranks */
+        for (mcomm *m : ms)
+            if (m->x) {
+                int32_t z = 0;
+                __atomic_compare_exchange_n(&xh(m)->failed, &z, rc, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+                xbell(xh(m));
+            }
+    for (mcomm *m : ms) {
+        if (!m->x) continue;
+        xhdr *h = xh(m);
+        int e = 0, r = xwait(h, NULL, deadline, [&] { return XLD(&h->njoined) == (uint32_t)m->n || XLD(&h->failed) != 0; });
+        if (r == XW_TIMEOUT) {
+            fprintf(stderr, "mock NCCL: ncclCommInitRank: rank %d: %u of %d ranks joined within %ld ms\n", m->rank,
+                    XLD(&h->njoined), m->n, xtimeout_ms());
+            int32_t z = 0;
+            __atomic_compare_exchange_n(&h->failed, &z, 2, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+            xbell(h);
+            e = 2;
+        } else if (r != XW_OK) {
+            e = 2;
+        } else if ((e = XLD(&h->failed)) == 0) {
+            for (int i = 0; i < m->n && !e; i++)
+                for (int j = i + 1; j < m->n && !e; j++)
+                    if (h->gpu[i] == h->gpu[j]) { /* as real NCCL: one GPU, one rank */
+                        std::lock_guard<std::mutex> l(g_xmu);
+                        if (!m->x->warned) fprintf(stderr, "mock NCCL: ranks %d and %d on the same GPU %d\n", i, j, h->gpu[i]);
+                        m->x->warned = true;
+                        e = 5;
+                    }
+        }
+        if (e) {
+            if (!rc) rc = e;
+            shm_unlink(m->xname.c_str()); /* (ENOENT when unlinked already) */
+            xseg *s = m->x;
+            m->x = NULL;
+            xseg_release(s);
+            continue;
+        }
+        for (int i = 0; i < m->n; i++) m->spans = m->spans || h->pid[i] != (int32_t)getpid();
+        if (m->spans) XADD(&g_xranks, 1);
+        m->ready = 1;
+    }
+    return rc;
+}
+static thread_local int t_depth;
+static thread_local std::vector<mcomm *> t_inits; /* ncclCommInitRank inside a group: done at ncclGroupEnd */
+int ncclCommInitRank(void **comm, int nranks, ncclUniqueId id, int rank) {
+    if (!comm) return 4;
+    *comm = NULL;
+    if (nranks < 1 || nranks > XMAXR || rank < 0 || rank >= nranks) {
+        fprintf(stderr, "mock NCCL: ncclCommInitRank: rank %d of %d ranks\n", rank, nranks);
+        return 4;
+    }
+    if (memcmp(id.internal, XIDMAGIC, sizeof XIDMAGIC) != 0 || !memchr(id.internal + 8, 0, sizeof id.internal - 8)) {
+        fprintf(stderr, "mock NCCL: ncclCommInitRank: the id does not come from ncclGetUniqueId\n");
+        return 4;
+    }
+    if (!t_cur) { fprintf(stderr, "mock NCCL: ncclCommInitRank without a current context\n"); return 5; }
+    mcomm *m = new mcomm(NULL, rank, nranks);
+    m->dev = t_cur->dev;
+    m->phys = g_phys[t_cur->dev];
+    m->xname = id.internal + 8;
+    *comm = m;
+    if (t_depth) { t_inits.push_back(m); return 0; }
+    std::vector<mcomm *> one(1, m);
+    int r = xinit(one);
+    if (r) { *comm = NULL; delete m; }
+    return r;
+}
+int ncclCommCount(void *c, int *n) { *n = ((mcomm *)c)->n; return 0; }
+int ncclCommUserRank(void *c, int *r) { *r = ((mcomm *)c)->rank; return 0; }
+int ncclCommCuDevice(void *c, int *d) { *d = ((mcomm *)c)->dev; return 0; }
+int ncclCommDestroy(void *c) {
+    mcomm *m = (mcomm *)c;
+    if (!m) return 4;
+    if (m->c) { delete m; return 0; }
+    bool drop, del = false;
+    {
+        std::lock_guard<std::mutex> l(g_xmu);
+        m->destroyed = true;
+        drop = m->handle_ref;
+        m->handle_ref = false;
+        if (!drop && m->refs == 0) { del = true; xforget_dead(m); } /* aborted earlier */
+    }
+    if (drop) xdrop(m);
+    else if (del) delete m;
+    return 0;
+}
 int ncclCommAbort(void *c) { /* releases stalled operations; the handle stays valid for them */
-    clique *q = ((mcomm *)c)->c;
-    std::lock_guard<std::mutex> l(q->mu);
-    q->aborted = true;
-    q->cv.notify_all();
+    mcomm *m = (mcomm *)c;
+    if (!m) return 4;
+    if (m->c) {
+        clique *q = m->c;
+        std::lock_guard<std::mutex> l(q->mu);
+        q->aborted = true;
+        q->cv.notify_all();
+        return 0;
+    }
+    { std::lock_guard<std::mutex> l(m->smu); XST(&m->aborted, 1); m->scv.notify_all(); }
+    bool drop;
+    {
+        std::lock_guard<std::mutex> l(g_xmu);
+        drop = m->handle_ref;
+        m->handle_ref = false;
+        if (drop) g_xdead.push_back(m);
+        if (m->x) { XST(&xh(m)->aborted, 1u); xbell(xh(m)); } /* wakes the waiters, here and in the other processes */
+    }
+    if (drop) xdrop(m);
     return 0;
 }
 /* MOCK_NCCL_STALL=k: the k-th collective of every rank of a communicator set
    never completes (as a hung NCCL kernel) until ncclCommAbort; with
    MOCK_NCCL_STALL_ERROR=1 it also reports ncclSystemError asynchronously. */
 static bool stalled(mcomm *m) {
-    static int at = -1;
-    if (at < 0) { const char *e = getenv("MOCK_NCCL_STALL"); at = e ? atoi(e) : 0; }
+    if (!m->c) return xstalled(m);
+    int at = stall_at();
     clique *c = m->c;
     std::unique_lock<std::mutex> l(c->mu);
     if (c->aborted) return true;
@@ -561,12 +1230,16 @@ static bool stalled(mcomm *m) {
     c->cv.wait(l, [&] { return c->aborted; });
     return true;
 }
-int ncclCommGetAsyncError(void *c, int *e) { *e = ((mcomm *)c)->c->err; return 0; }
+int ncclCommGetAsyncError(void *c, int *e) {
+    mcomm *m = (mcomm *)c;
+    *e = m->c ? m->c->err : XLD(&m->err);
+    return 0;
+}
 
 // every rank publishes its buffers, then computes its own output into a
 // temporary, waits for everyone to finish reading, then writes it
 static void publish(mcomm *m, const void *s, void *r) {
-    if (getenv("MOCK_NCCL_TRACE")) fprintf(stderr, "mock nccl: clique %p rank %d collective\n", (void *)m->c, m->rank);
+    if (trace_on()) fprintf(stderr, "mock nccl: clique %p rank %d collective\n", (void *)m->c, m->rank);
     m->c->send[m->rank] = s; m->c->recv[m->rank] = r;
     pthread_barrier_wait(&m->c->bar);
 }
@@ -574,29 +1247,7 @@ static int reduce_into(mcomm *m, std::vector<unsigned char> &tmp, size_t count, 
     size_t es = nccl_es(t);
     if (!es) return 4;
     tmp.resize(count * es + 1);
-    for (size_t i = 0; i < count; i++) {
-        if (t == 2) {
-            int64_t acc = ((const int32_t *)m->c->send[0])[off + i];
-            for (int s = 1; s < m->c->n; s++) {
-                int32_t v = ((const int32_t *)m->c->send[s])[off + i];
-                if (op == 2) acc = v > acc ? v : acc;
-                else if (op == 3) acc = v < acc ? v : acc;
-                else acc = (int32_t)((uint32_t)acc + (uint32_t)v);
-            }
-            if (op == 4) acc /= m->c->n;
-            ((int32_t *)tmp.data())[i] = (int32_t)acc;
-        } else {
-            float acc = nccl_ld(m->c->send[0], t, off + i);
-            for (int s = 1; s < m->c->n; s++) {
-                float v = nccl_ld(m->c->send[s], t, off + i);
-                if (op == 2) acc = fmaxf(acc, v);       // NCCL: NaN does not propagate
-                else if (op == 3) acc = fminf(acc, v);
-                else acc += v;
-            }
-            if (op == 4) acc /= (float)m->c->n;
-            nccl_st(tmp.data(), t, i, acc);
-        }
-    }
+    reduce_elems(m->c->send.data(), m->c->n, tmp.data(), count, t, op, off);
     return 0;
 }
 static void finish(mcomm *m, void *dst, const std::vector<unsigned char> &tmp, size_t bytes) {
@@ -608,6 +1259,7 @@ static int nccl_check(int t, int op) { return !nccl_es(t) || op < 0 || op > 4 ? 
 int ncclAllReduce(const void *s, void *r, size_t count, int t, int op, void *c, void *st) {
     if (nccl_check(t, op)) return 4;
     mcomm *m = (mcomm *)c;
+    if (!m->c) return xallreduce(s, r, count, t, op, m, st);
     enqueue(st, [=] {
         if (stalled(m)) return;
         std::vector<unsigned char> tmp;
@@ -619,7 +1271,8 @@ int ncclAllReduce(const void *s, void *r, size_t count, int t, int op, void *c, 
 }
 int ncclBroadcast(const void *s, void *r, size_t count, int t, int root, void *c, void *st) {
     mcomm *m = (mcomm *)c;
-    if (nccl_check(t, 0) || root < 0 || root >= m->c->n) return 4;
+    if (nccl_check(t, 0) || root < 0 || root >= m->n) return 4;
+    if (!m->c) return xbroadcast(s, r, count, t, root, m, st);
     enqueue(st, [=] {
         if (stalled(m)) return;
         publish(m, s, r);
@@ -633,6 +1286,7 @@ int ncclBroadcast(const void *s, void *r, size_t count, int t, int root, void *c
 int ncclAllGather(const void *s, void *r, size_t count, int t, void *c, void *st) {
     if (nccl_check(t, 0)) return 4;
     mcomm *m = (mcomm *)c;
+    if (!m->c) return xallgather(s, r, count, t, m, st);
     enqueue(st, [=] {
         if (stalled(m)) return;
         publish(m, s, r);
@@ -646,6 +1300,7 @@ int ncclAllGather(const void *s, void *r, size_t count, int t, void *c, void *st
 int ncclReduceScatter(const void *s, void *r, size_t count, int t, int op, void *c, void *st) {
     if (nccl_check(t, op)) return 4;
     mcomm *m = (mcomm *)c;
+    if (!m->c) return xreducescatter(s, r, count, t, op, m, st);
     enqueue(st, [=] {
         if (stalled(m)) return;
         std::vector<unsigned char> tmp;
@@ -655,20 +1310,25 @@ int ncclReduceScatter(const void *s, void *r, size_t count, int t, int op, void 
     });
     return 0;
 }
-static thread_local int t_depth;
-struct pending { bool send; mcomm *m; const void *sb; void *rb; size_t bytes; int peer; void *stream; };
 static thread_local std::vector<pending> t_group;
 int ncclSend(const void *b, size_t count, int t, int peer, void *c, void *st) {
     if (!t_depth) { fail_bad("ncclSend outside a group (the mock supports grouped p2p only)"); return 4; }
-    t_group.push_back(pending{ true, (mcomm *)c, b, NULL, count * nccl_es(t), peer, st });
+    mcomm *m = (mcomm *)c;
+    if (!nccl_es(t) || peer < 0 || peer >= m->n) return 4;
+    if (!m->c)
+        if (int e = xready(m, "ncclSend")) return e;
+    t_group.push_back(pending{ true, m, b, NULL, count * nccl_es(t), peer, st });
     return 0;
 }
 int ncclRecv(void *b, size_t count, int t, int peer, void *c, void *st) {
     if (!t_depth) { fail_bad("ncclRecv outside a group"); return 4; }
-    t_group.push_back(pending{ false, (mcomm *)c, NULL, b, count * nccl_es(t), peer, st });
+    mcomm *m = (mcomm *)c;
+    if (!nccl_es(t) || peer < 0 || peer >= m->n) return 4;
+    if (!m->c)
+        if (int e = xready(m, "ncclRecv")) return e;
+    t_group.push_back(pending{ false, m, NULL, b, count * nccl_es(t), peer, st });
     return 0;
 }
-static int trace_on() { static int t = -1; if (t < 0) t = getenv("MOCK_NCCL_TRACE") != NULL; return t; }
 int ncclGroupStart(void) { t_depth++; return 0; }
 static int run_p2p(std::vector<pending> &t_group) {
     if (trace_on())
@@ -729,25 +1389,64 @@ static int run_p2p(std::vector<pending> &t_group) {
         }
     return 0;
 }
+/* ncclGroupEnd: first the deferred ncclCommInitRank calls, then the grouped
+   sends and receives, one task per stream (one thread may drive several
+   ranks, as with real NCCL) */
 int ncclGroupEnd(void) {
+    if (t_depth <= 0) { fprintf(stderr, "mock NCCL: ncclGroupEnd without ncclGroupStart\n"); return 5; }
     if (--t_depth > 0) return 0;
-    if (t_group.empty()) return 0;
-    void *st = t_group[0].stream;
-    for (pending &p : t_group)
-        if (p.stream != st) { fprintf(stderr, "mock NCCL: one group on several streams is not supported\n"); abort(); }
-    std::vector<pending> ops = std::move(t_group);
-    t_group.clear();
-    enqueue(st, [ops]() mutable { if (!stalled(ops[0].m)) run_p2p(ops); });
-    return 0;
+    int rc = 0;
+    if (!t_inits.empty()) {
+        std::vector<mcomm *> in;
+        in.swap(t_inits);
+        rc = xinit(in);
+    }
+    std::vector<pending> all;
+    all.swap(t_group);
+    while (!all.empty()) {
+        void *st = all[0].stream;
+        std::vector<pending> ops, rest;
+        for (pending &p : all) (p.stream == st ? ops : rest).push_back(p);
+        all.swap(rest);
+        bool x = !ops[0].m->c, mixed = false;
+        for (pending &p : ops) mixed = mixed || (p.m->c == NULL) != x;
+        if (mixed) {
+            fprintf(stderr, "mock NCCL: a group mixes ncclCommInitAll and ncclCommInitRank communicators on one stream\n");
+            rc = 5;
+            continue;
+        }
+        if (!x) {
+            enqueue(st, [ops]() mutable { if (!stalled(ops[0].m)) run_p2p(ops); });
+            continue;
+        }
+        for (pending &p : ops) xhold(p.m);
+        enqueue(st, [ops]() mutable {
+            bool ok = !xstalled(ops[0].m);
+            for (size_t i = 0; i < ops.size() && ok; i++) ok = xusable(ops[i].m);
+            if (ok) {
+                for (size_t i = 0; i < ops.size(); i++) {
+                    bool first = true; /* counted once per rank */
+                    for (size_t j = 0; j < i; j++) first = first && ops[j].m != ops[i].m;
+                    if (first && ops[i].m->spans) XADD(&g_xops, 1);
+                }
+                xrun_p2p(ops);
+            }
+            for (pending &p : ops) xdrop(p.m);
+        });
+    }
+    return rc;
 }
 
 int mock_cuda_launches(void) { return g_launches; }
 } // extern "C"
 
-// MOCK_CUDA_REPORT=1: at exit, print the allocations never freed (by size).
+// MOCK_CUDA_REPORT=1: at exit, print the allocations never freed (by size)
+// and how much NCCL work crossed processes.
 __attribute__((destructor)) static void mock_report(void) {
     if (!getenv("MOCK_CUDA_REPORT")) return;
     std::lock_guard<std::mutex> lock(g_mu);
     fprintf(stderr, "mock cuda: %zu allocation(s) never freed, %zu freed\n", g_allocs.size(), g_quarantine.size());
     for (auto &a : g_allocs) fprintf(stderr, "mock cuda:   live allocation of %zu bytes\n", a.second);
+    fprintf(stderr, "mock nccl: %d communicator rank(s) spanning processes, %d collective(s) through shared memory\n",
+            XLD(&g_xranks), XLD(&g_xops));
 }
