@@ -49,7 +49,8 @@
    both. Reductions add in mesh order, so every member gets bitwise the same
    result, run after run. (Across MPI processes the order is hierarchical:
    each process adds its own members in mesh order, then MPI combines the
-   processes' partial results; see "Multi-process" in the README.)
+   processes' partial results; on CUDA, NCCL across processes orders it as
+   NCCL does; see "Multi-process" in the README.)
 
    ENVIRONMENT
    -----------
@@ -62,6 +63,9 @@
        DPAR_CPU_THREADS=N             CPU backend: threads per device for large
                                       matrix products and SGD steps (default
                                       CPUs / devices; 1: none)
+       DPAR_ALLOW_SHARED_DEVICE=1     MPI: let two ranks on a node open one device
+       DPAR_MPI_BACKEND_COLLECTIVES=0 MPI + CUDA: groups across processes on the
+                                      host-staged MPI path instead of NCCL
 
    ERRORS
    ------
@@ -175,7 +179,8 @@ typedef struct dpar_runtime_desc {
     int vulkan_force_noncoherent; /* Vulkan: treat host-visible memory as non-coherent
                                      (flush/invalidate on every host access); 0: env
                                      DPAR_VK_NONCOHERENT */
-    int vulkan_physical_device;   /* Vulkan: index of the physical device; -1 or 0: first */
+    int vulkan_physical_device;   /* Vulkan: index of the physical device; -1 or 0: every device
+                                     of the best kind (with MPI: this process's node-local share) */
     const void *mpi_comm;      /* DPAR_MPI builds: address of the MPI_Comm whose processes share
                                   the runtime (NULL: MPI_COMM_WORLD when MPI is initialized,
                                   else one process). Ignored without DPAR_MPI. */
@@ -211,6 +216,10 @@ typedef struct dpar_device_info {
     uint64_t memory_bytes;   /* device memory (CPU: physical RAM) in bytes */
     int runs_on_cpu;         /* 1: the work runs on host CPU cores (the CPU backend's
                                 emulated devices, or a software GPU such as llvmpipe) */
+    unsigned char uuid[16];  /* the physical device's UUID (CUDA: cuDeviceGetUuid, Vulkan:
+                                VkPhysicalDeviceIDProperties::deviceUUID); all zero when
+                                unknown (CPU). Equal UUIDs are the same physical device,
+                                whatever CUDA_VISIBLE_DEVICES numbered it. */
 } dpar_device_info;
 
 /* Errors: DPAR_ERR_INVALID_ARGUMENT when device is out of range. */
@@ -1086,6 +1095,14 @@ typedef struct dpar__coll {
     int64_t in_shape[DPAR_MAX_DIMS];
     const int *src_of;             /* PERMUTE [n] */
     int root;                      /* BROADCAST */
+    /* a group that spans processes (only for backends with cross_id_size):
+       devices[j] is -1 for members on other processes, gdevices[] the
+       members' global device ids (the same list on every process) and xid
+       the backend's bootstrap id made by cross_id on the process holding
+       member 0 and broadcast over MPI (the same bytes on every process) */
+    int cross;
+    const int *gdevices;
+    const void *xid;
     dpar__group *group;
     void *ctx;                     /* core's per-call state */
 } dpar__coll;
@@ -1098,8 +1115,11 @@ typedef struct dpar__backend_iface {
     const char *name;
     dpar_backend_kind kind;
     /* Opens `requested` devices (0: the backend's default). Sets *state, *count.
+       local_index / local_count: this process's index among the processes
+       of its node, and their count (0 / 1 without MPI); a GPU backend opens
+       this process's share of the node's devices (see each backend).
        Errors set the last error and return a status (nothing to shut down). */
-    dpar_status (*init)(const dpar_runtime_desc *desc, int requested, void **state, int *count);
+    dpar_status (*init)(const dpar_runtime_desc *desc, int requested, int local_index, int local_count, void **state, int *count);
     void (*shutdown)(void *state);
     dpar_status (*device_info)(void *state, int dev, dpar_device_info *out);
     dpar_status (*thread_init)(void *state, int dev);                 /* optional */
@@ -1117,6 +1137,12 @@ typedef struct dpar__backend_iface {
     dpar_status (*op)(void *state, int dev, const dpar__op *op);
     /* optional: the whole collective for member c->rank; NULL: the core's host path */
     dpar_status (*collective)(void *state, dpar__coll *c);
+    /* optional (DPAR_MPI): collectives over groups that span processes.
+       cross_id_size: bytes of the bootstrap id, 0 when this runtime cannot
+       (then such groups take the core's host-staged MPI path); cross_id
+       makes a new id. `collective` then gets c->cross, c->gdevices, c->xid. */
+    size_t (*cross_id_size)(void *state);
+    dpar_status (*cross_id)(void *state, void *id);
 } dpar__backend_iface;
 
 static const dpar__backend_iface *dpar__cpu_iface(void);
@@ -1196,6 +1222,9 @@ struct dpar_runtime {
     int ndev;                     /* global device count (nproc * nlocal) */
     int nlocal, local_base;       /* this process's devices: local_base .. local_base+nlocal-1 */
     int proc, nproc, local_rank;  /* MPI process index, count, rank on this node */
+    int local_size;               /* processes on this node (1 without MPI) */
+    int xbackend;                 /* cross-process groups use the backend's collective (every process agreed) */
+    size_t xid_size;              /* its bootstrap id's bytes */
     uint64_t job_count;           /* dispatches so far (the same on every process) */
     void *mpi;                    /* dpar__mpi state (DPAR_MPI), else NULL */
     int timeout_ms;
@@ -1242,11 +1271,14 @@ static int dpar__is_local(const dpar_runtime *rt, int device) {
 #ifdef DPAR_MPI
 struct dpar_mesh;
 struct dpar_mesh_desc;
-static dpar_status dpar__mpi_runtime_init(dpar_runtime *rt, const void *comm_ptr);
+static dpar_status dpar__mpi_runtime_pre(dpar_runtime *rt, const void *comm_ptr);
+static dpar_status dpar__mpi_runtime_init(dpar_runtime *rt, dpar_status opened);
 static void dpar__mpi_runtime_free(dpar_runtime *rt);
 static dpar_status dpar__mpi_mesh_init(struct dpar_mesh *m, const dpar_mesh_desc *d);
 static void dpar__mpi_mesh_free(struct dpar_mesh *m);
 static dpar_status dpar__mpi_coll(dpar_ctx *ctx, dpar__group *g, dpar__coll *c, const char *what);
+static dpar_status dpar__mpi_coll_agree(dpar_ctx *ctx, dpar__group *g, const char *what);
+static const void *dpar__mpi_group_xid(const dpar__group *g);
 static void dpar__mpi_job_end(struct dpar_mesh *m, dpar__job *job);
 static void dpar__mpi_job_agree(dpar_runtime *rt, dpar__job *job);
 static dpar_status dpar__mpi_share(dpar_runtime *rt, void *buf, size_t n, int owner, dpar_status st);
@@ -1364,7 +1396,7 @@ DPAR_API dpar_status dpar_runtime_create(const dpar_runtime_desc *desc_in, dpar_
             if (!cand) continue;
             if (order[i] == DPAR_BACKEND_CPU) { be = cand; break; }
             void *st = NULL; int cnt = 0;
-            if (cand->init(&desc, 0, &st, &cnt) == DPAR_OK) {
+            if (cand->init(&desc, 0, 0, 1, &st, &cnt) == DPAR_OK) {
                 /* a software GPU (llvmpipe) is slower than the CPU backend on the same cores: not "best" */
                 dpar_device_info info;
                 memset(&info, 0, sizeof info);
@@ -1393,17 +1425,11 @@ DPAR_API dpar_status dpar_runtime_create(const dpar_runtime_desc *desc_in, dpar_
     rt->timeout_ms = timeout;
     rt->desc = desc;
     int count = 0;
-    dpar_status s = be->init(&desc, requested, &rt->bstate, &count);
-    if (s != DPAR_OK) { rt->bstate = NULL; dpar__runtime_free(rt); return s; }
-    if (requested && count != requested) {
-        dpar__runtime_free(rt);
-        return dpar__err(DPAR_ERR_DEVICE_COUNT, "dpar_runtime_create: %d devices requested but the %s backend has %d",
-                         requested, be->name, count);
-    }
-    rt->ndev = rt->nlocal = count;
-    rt->nproc = 1;
+    dpar_status s = DPAR_OK;
+    rt->local_size = 1;
 #ifdef DPAR_MPI
-    s = dpar__mpi_runtime_init(rt, desc_in ? desc_in->mpi_comm : NULL);
+    /* the node-local rank picks this process's share of the node's devices */
+    s = dpar__mpi_runtime_pre(rt, desc_in ? desc_in->mpi_comm : NULL);
     if (s != DPAR_OK) {
         char msg[DPAR__ERR_LEN];
         memcpy(msg, dpar__err_text, sizeof msg);
@@ -1411,6 +1437,23 @@ DPAR_API dpar_status dpar_runtime_create(const dpar_runtime_desc *desc_in, dpar_
         return dpar__err(s, "%s", msg);
     }
 #endif
+    s = be->init(&desc, requested, rt->local_rank, rt->local_size, &rt->bstate, &count);
+    if (s != DPAR_OK) rt->bstate = NULL;
+    else if (requested && count != requested)
+        s = dpar__err(DPAR_ERR_DEVICE_COUNT, "dpar_runtime_create: %d devices requested but the %s backend has %d",
+                      requested, be->name, count);
+    rt->ndev = rt->nlocal = s ? 0 : count;
+    rt->nproc = 1;
+#ifdef DPAR_MPI
+    /* every process learns whether all opened their devices */
+    s = dpar__mpi_runtime_init(rt, s);
+#endif
+    if (s != DPAR_OK) {
+        char msg[DPAR__ERR_LEN];
+        memcpy(msg, dpar__err_text, sizeof msg);
+        dpar__runtime_free(rt);
+        return dpar__err(s, "%s", msg);
+    }
     rt->workers = (dpar__worker *)dpar__calloc((size_t)count, sizeof(dpar__worker));
     if (!rt->workers) { dpar__runtime_free(rt); return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_runtime_create: out of host memory"); }
     for (int i = 0; i < count; i++) {
@@ -3004,7 +3047,9 @@ static dpar_status dpar__coll_exec(dpar_ctx *ctx, const dpar__cargs *a) {
     const dpar__backend_iface *be = rt->be;
     void *bs = rt->bstate;
     int dev = in->device; /* backend-local index */
-    int use_backend = be->collective != NULL && !g->cross;
+    /* a group across processes runs on the backend only where every process's
+       backend can (CUDA: NCCL across processes), else on the host over MPI */
+    int use_backend = be->collective != NULL && (!g->cross || rt->xbackend);
     /* host path: make this member's data host visible */
     char *in_h = NULL, *out_h = NULL, *scratch = NULL;
     int in_mapped = 0, out_mapped = 0;
@@ -3057,8 +3102,30 @@ static dpar_status dpar__coll_exec(dpar_ctx *ctx, const dpar__cargs *a) {
     }
     if (use_backend) {
         int ldevs[DPAR_MAX_DEVICES];
-        for (int j = 0; j < n; j++) ldevs[j] = g->devices[j] - rt->local_base;
+        for (int j = 0; j < n; j++) ldevs[j] = dpar__is_local(rt, g->devices[j]) ? g->devices[j] - rt->local_base : -1;
         c.devices = ldevs;
+        if (g->cross) {
+#ifdef DPAR_MPI
+            /* the leader checks the call against the other processes (and
+               sends the backend's bootstrap id on first use); then every
+               member runs it on the backend */
+            if (rank == L) {
+                g->xstatus = dpar__mpi_coll_agree(ctx, g, st.what);
+                if (g->xstatus) { snprintf(g->xmsg, DPAR__ERR_LEN, "%s", dpar__err_text); g->seq++; }
+            }
+            s = dpar__barrier_t(g, rank, ctx, st.what, 3);
+            if (s) return s;
+            if (g->xstatus) {
+                dpar__err(g->xstatus, "%s", g->xmsg);
+                return dpar__coll_fail(ctx, g->xstatus);
+            }
+            c.cross = 1;
+            c.gdevices = g->devices;
+            c.xid = dpar__mpi_group_xid(g);
+#else
+            return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_STATE, "%s: the group spans processes but dpar was built without DPAR_MPI", st.what));
+#endif
+        }
         s = be->collective(bs, &c);
         if (s) return dpar__coll_fail(ctx, s);
         if (rank == L) g->seq++;
@@ -3673,6 +3740,8 @@ typedef struct dpar__mpi_group {
     dpar__mpi_msg *sbuf, *rbuf; /* [nprocs] */
     MPI_Request *sreq, *rreq;   /* [nprocs] */
     int sends_pending;
+    unsigned char *xid;     /* the backend's bootstrap id (+ status), once sent */
+    int xid_ready;
 } dpar__mpi_group;
 
 static void dpar__mpi_fmax(void *in, void *inout, int *len, MPI_Datatype *dt) {
@@ -3696,7 +3765,9 @@ static dpar_status dpar__mpi_errstr(int rc, const char *call) {
 #define DPAR__MPI_CALL(mp, call) do { pthread_mutex_lock(&(mp)->mu); int rc__ = (call); pthread_mutex_unlock(&(mp)->mu); \
     if (rc__ != MPI_SUCCESS) return dpar__mpi_errstr(rc__, #call); } while (0)
 
-static dpar_status dpar__mpi_runtime_init(dpar_runtime *rt, const void *comm_ptr) {
+/* Before the backend opens its devices: the communicator, this process's
+   rank, and its rank / the process count on its node (shared-memory split). */
+static dpar_status dpar__mpi_runtime_pre(dpar_runtime *rt, const void *comm_ptr) {
     int inited = 0, fin = 0;
     MPI_Initialized(&inited);
     MPI_Finalized(&fin);
@@ -3721,48 +3792,94 @@ static dpar_status dpar__mpi_runtime_init(dpar_runtime *rt, const void *comm_ptr
     MPI_Op_create(dpar__mpi_fmax, 1, &mp->op_max);
     MPI_Op_create(dpar__mpi_fmin, 1, &mp->op_min);
     MPI_Comm node;
-    MPI_Comm_split_type(mp->comm, MPI_COMM_TYPE_SHARED, mp->rank, MPI_INFO_NULL, &node);
+    rc = MPI_Comm_split_type(mp->comm, MPI_COMM_TYPE_SHARED, mp->rank, MPI_INFO_NULL, &node);
+    if (rc != MPI_SUCCESS) return dpar__mpi_errstr(rc, "MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)");
     MPI_Comm_rank(node, &rt->local_rank);
+    MPI_Comm_size(node, &rt->local_size);
     MPI_Comm_free(&node);
-    /* same local device count everywhere; physical devices not shared */
+    return DPAR_OK;
+}
+/* After the backend opened its devices: the same local device count on every
+   process, no physical device opened by two processes, and whether every
+   process's backend can run collectives across processes itself. */
+static dpar_status dpar__mpi_runtime_init(dpar_runtime *rt, dpar_status opened) {
+    dpar__mpi *mp = (dpar__mpi *)rt->mpi;
+    if (!mp) return opened; /* one process */
+    /* every process reports, including one whose backend failed to open
+       (so the others get an error instead of waiting here forever) */
     char host[MPI_MAX_PROCESSOR_NAME];
     int hl = 0;
     MPI_Get_processor_name(host, &hl);
     uint64_t hh = 1469598103934665603ull;
     for (int i = 0; i < hl; i++) hh = (hh ^ (unsigned char)host[i]) * 1099511628211ull;
-    enum { W = 2 + 8 };
+    enum { HEAD = 4, PER = 3, W = HEAD + PER * DPAR_MAX_DEVICES };
     int64_t mine[W];
     for (int i = 0; i < W; i++) mine[i] = -1;
-    mine[0] = rt->nlocal;
+    mine[0] = opened ? -1 : rt->nlocal;
     mine[1] = (int64_t)(hh >> 1);
-    for (int i = 0; i < rt->nlocal && i < W - 2; i++) {
-        dpar_device_info info;
-        memset(&info, 0, sizeof info);
-        rt->be->device_info(rt->bstate, i, &info);
-        mine[2 + i] = info.physical_index;
+    mine[2] = opened ? (int64_t)opened : 0;
+    mine[3] = 0;
+    if (!opened) {
+        const char *xe = getenv("DPAR_MPI_BACKEND_COLLECTIVES");
+        if (rt->be->cross_id_size && !(xe && *xe == '0')) mine[3] = (int64_t)rt->be->cross_id_size(rt->bstate);
+        for (int i = 0; i < rt->nlocal && i < DPAR_MAX_DEVICES; i++) {
+            dpar_device_info info;
+            memset(&info, 0, sizeof info);
+            rt->be->device_info(rt->bstate, i, &info);
+            uint64_t lo = 0, hi = 0;
+            for (int b = 0; b < 8; b++) { lo = lo << 8 | info.uuid[b]; hi = hi << 8 | info.uuid[8 + b]; }
+            mine[HEAD + PER * i] = info.physical_index;
+            mine[HEAD + PER * i + 1] = (int64_t)lo;
+            mine[HEAD + PER * i + 2] = (int64_t)hi;
+        }
     }
     int64_t *all = (int64_t *)dpar__calloc((size_t)mp->size * W, sizeof(int64_t));
-    if (!all) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_runtime_create: out of host memory");
-    MPI_Allgather(mine, W, MPI_INT64_T, all, W, MPI_INT64_T, mp->comm);
+    if (!all) return opened ? opened : dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_runtime_create: out of host memory");
+    char keep[DPAR__ERR_LEN];
+    memcpy(keep, dpar__err_text, sizeof keep);
+    int rc = MPI_Allgather(mine, W, MPI_INT64_T, all, W, MPI_INT64_T, mp->comm);
+    if (opened) { DPAR_FREE(all); return dpar__err(opened, "%s", keep); }
+    if (rc != MPI_SUCCESS) { DPAR_FREE(all); return dpar__mpi_errstr(rc, "MPI_Allgather (dpar_runtime_create)"); }
     dpar_status s = DPAR_OK;
+    for (int q = 0; q < mp->size && !s; q++)
+        if (all[(size_t)q * W] < 0)
+            s = dpar__err(DPAR_ERR_BACKEND, "dpar_runtime_create: process %d could not open its %s devices (%s; see that rank's error), "
+                          "so no process gets a runtime", q, rt->be->name, dpar_status_string((dpar_status)all[(size_t)q * W + 2]));
     for (int q = 0; q < mp->size && !s; q++)
         if (all[(size_t)q * W] != all[0])
             s = dpar__err(DPAR_ERR_DEVICE_COUNT, "dpar_runtime_create: process 0 has %lld local devices but process %d has %lld; every process "
                           "must open the same number (set num_devices or DPAR_DEVICES the same on every rank)",
                           (long long)all[0], q, (long long)all[(size_t)q * W]);
     const char *allow = getenv("DPAR_ALLOW_SHARED_DEVICE");
-    if (!s && rt->be->kind != DPAR_BACKEND_CPU && !(allow && *allow == '1'))
-        for (int a = 0; a < mp->size && !s; a++)
-            for (int b = a + 1; b < mp->size && !s; b++) {
-                if (all[(size_t)a * W + 1] != all[(size_t)b * W + 1]) continue; /* other node */
-                for (int i = 2; i < W && !s; i++)
-                    for (int j = 2; j < W && !s; j++)
-                        if (all[(size_t)a * W + i] >= 0 && all[(size_t)a * W + i] == all[(size_t)b * W + j])
-                            s = dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_runtime_create: ranks %d and %d both resolve to physical %s device %lld on "
-                                          "the same node; give each rank its own device (e.g. select it by the node-local rank) or set "
-                                          "DPAR_ALLOW_SHARED_DEVICE=1 to share it deliberately", a, b, rt->be->name,
-                                          (long long)all[(size_t)a * W + i]);
-            }
+    int nl = rt->nlocal < DPAR_MAX_DEVICES ? rt->nlocal : DPAR_MAX_DEVICES, shared = 0;
+    if (!s && rt->be->kind != DPAR_BACKEND_CPU)
+        for (int a = 0; a < mp->size && !s && !shared; a++)
+            for (int b = a + 1; b < mp->size && !s && !shared; b++)
+                for (int i = 0; i < nl && !s && !shared; i++)
+                    for (int j = 0; j < nl && !s && !shared; j++) {
+                        const int64_t *x = &all[(size_t)a * W + HEAD + PER * i], *y = &all[(size_t)b * W + HEAD + PER * j];
+                        int has_uuid = x[1] || x[2], same;
+                        /* a UUID names one physical device anywhere; without one, the same index on the same node */
+                        if (has_uuid) same = x[1] == y[1] && x[2] == y[2];
+                        else same = all[(size_t)a * W + 1] == all[(size_t)b * W + 1] && x[0] >= 0 && x[0] == y[0];
+                        if (!same) continue;
+                        if (allow && *allow == '1') { shared = 1; break; } /* allowed, but NCCL cannot span it */
+                        char u[48] = "";
+                        if (has_uuid)
+                            snprintf(u, sizeof u, " (UUID %016llx%016llx)", (unsigned long long)x[1], (unsigned long long)x[2]);
+                        s = dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_runtime_create: ranks %d and %d both resolve to physical %s device %lld%s on "
+                                      "the same node (rank %d's device %d, rank %d's device %d); give each rank its own device: by default a rank "
+                                      "opens its node-local share (node-local rank x devices per process), so run fewer ranks or devices per "
+                                      "node, or pick devices per rank (CUDA_VISIBLE_DEVICES, DPAR_VK_DEVICE), or set DPAR_ALLOW_SHARED_DEVICE=1 "
+                                      "to share it deliberately",
+                                      a, b, rt->be->name, (long long)x[0], u, a, i, b, j);
+                    }
+    /* the backend runs cross-process groups itself only if every process can,
+       and no device is shared between processes (NCCL refuses two ranks on one GPU) */
+    int64_t xs = shared ? 0 : all[3];
+    for (int q = 1; q < mp->size; q++) if (all[(size_t)q * W + 3] != xs) xs = 0;
+    rt->xbackend = !s && xs > 0;
+    rt->xid_size = rt->xbackend ? (size_t)xs : 0;
     DPAR_FREE(all);
     if (s) return s;
     rt->proc = mp->rank;
@@ -3809,7 +3926,7 @@ static void dpar__mpi_group_free(dpar__mpi *mp, dpar__mpi_group *mg) {
     (void)mp;
     DPAR_FREE(mg->procs); DPAR_FREE(mg->cr_of); DPAR_FREE(mg->slot_of); DPAR_FREE(mg->nmem);
     DPAR_FREE(mg->rcounts); DPAR_FREE(mg->rdispls); DPAR_FREE(mg->xbuf); DPAR_FREE(mg->xrecv);
-    DPAR_FREE(mg->sbuf); DPAR_FREE(mg->rbuf); DPAR_FREE(mg->sreq); DPAR_FREE(mg->rreq);
+    DPAR_FREE(mg->sbuf); DPAR_FREE(mg->rbuf); DPAR_FREE(mg->sreq); DPAR_FREE(mg->rreq); DPAR_FREE(mg->xid);
     DPAR_FREE(mg);
 }
 static void dpar__mpi_mesh_free(dpar_mesh *m) {
@@ -3934,9 +4051,11 @@ static const char *dpar__mpi_devs(const dpar__group *g, const dpar__mpi_group *m
     return buf;
 }
 
-/* The cross-process part of one collective, run by the group's leader on
-   each process; the local members' host views are in g->in_ptr/out_ptr. */
-static dpar_status dpar__mpi_coll(dpar_ctx *ctx, dpar__group *g, dpar__coll *c, const char *what) {
+/* Step 1 of every collective across processes, run by the group's leader on
+   each process: every process tells the others what it calls, so a
+   mismatch, a rank that returned from its pmap function, or one that never
+   arrives is named (within the runtime's timeout) instead of hanging. */
+static dpar_status dpar__mpi_describe(dpar_ctx *ctx, dpar__group *g, const char *what, const struct timespec *dlp) {
     dpar_runtime *rt = ctx->rt;
     dpar__mpi *mp = (dpar__mpi *)rt->mpi;
     dpar__mpi_group *mg = (dpar__mpi_group *)g->mpi;
@@ -3944,11 +4063,9 @@ static dpar_status dpar__mpi_coll(dpar_ctx *ctx, dpar__group *g, dpar__coll *c, 
     if (mp->broken)
         return dpar__err(DPAR_ERR_STATE, "%s: an earlier collective across processes failed, so the processes are out of step; destroy the "
                          "runtime (dpar_runtime_destroy) on every process", what);
-    const int L = g->leader, n = g->n;
+    const int L = g->leader;
     uint64_t job = rt->job_count, seq = g->seq;
-    struct timespec dl;
-    dpar__deadline(&dl, rt->timeout_ms);
-    /* 1. every process tells the others what it calls */
+    struct timespec dl = *dlp;
     dpar__mpi_msg mine;
     dpar__mpi_fill_msg(&mine, &g->posts[L], job, seq, 0);
     dpar_status s = dpar__mpi_send_all(mp, mg, &mine);
@@ -4015,6 +4132,73 @@ static dpar_status dpar__mpi_coll(dpar_ctx *ctx, dpar__group *g, dpar__coll *c, 
                              dpar__mpi_devs(g, mg, q, devs, sizeof devs), y, (unsigned long long)o->job, (unsigned long long)o->seq);
         }
     }
+    return DPAR_OK;
+}
+
+/* A collective across processes that the backend runs itself (CUDA: NCCL
+   across processes): step 1, then, on the group's first such call, the
+   backend's bootstrap id (ncclGetUniqueId on the process holding member 0)
+   travels to the group's other processes by MPI_Ibcast, polled with the
+   runtime's timeout. A failure to make the id is sent along, so every
+   process gets the error. */
+static dpar_status dpar__mpi_coll_agree(dpar_ctx *ctx, dpar__group *g, const char *what) {
+    dpar_runtime *rt = ctx->rt;
+    dpar__mpi *mp = (dpar__mpi *)rt->mpi;
+    dpar__mpi_group *mg = (dpar__mpi_group *)g->mpi;
+    struct timespec dl;
+    dpar__deadline(&dl, rt->timeout_ms);
+    dpar_status s = dpar__mpi_describe(ctx, g, what, &dl);
+    if (s || mg->xid_ready) return s;
+    size_t bytes = rt->xid_size + 8;
+    if (!mg->xid) mg->xid = (unsigned char *)dpar__calloc(1, bytes);
+    if (!mg->xid) { mp->broken = 1; return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "%s: out of host memory", what); }
+    int root = mg->cr_of[0];
+    unsigned char *hdr = mg->xid + rt->xid_size; /* status after the id */
+    char keep[DPAR__ERR_LEN] = "";
+    if (mg->me == root) {
+        int32_t made = (int32_t)rt->be->cross_id(rt->bstate, mg->xid);
+        if (made) memcpy(keep, dpar__err_text, sizeof keep);
+        memcpy(hdr, &made, 4);
+    }
+    MPI_Request req = MPI_REQUEST_NULL;
+    DPAR__MPI_CALL(mp, MPI_Ibcast(mg->xid, (int)bytes, MPI_BYTE, root, mg->comm, &req));
+    int r = dpar__mpi_poll(mp, &req, &dl, ctx->job, 1);
+    if (r != 1) {
+        mp->broken = 1;
+        if (r < 0) return dpar__err(DPAR_ERR_ABORTED, "%s: stopped because another device failed first", what);
+        return dpar__err(DPAR_ERR_TIMEOUT, "%s: sending the %s backend's bootstrap id across processes did not finish within %d ms",
+                         what, rt->be->name, rt->timeout_ms);
+    }
+    int32_t made;
+    memcpy(&made, hdr, 4);
+    if (made) {
+        mp->broken = 1;
+        if (mg->me == root) return dpar__err((dpar_status)made, "%s", keep);
+        return dpar__err((dpar_status)made, "%s: rank %d could not make the %s backend's bootstrap id for this group (see that rank's error)",
+                         what, mg->procs[root], rt->be->name);
+    }
+    mg->xid_ready = 1;
+    return DPAR_OK;
+}
+
+static const void *dpar__mpi_group_xid(const dpar__group *g) {
+    const dpar__mpi_group *mg = (const dpar__mpi_group *)g->mpi;
+    return mg ? mg->xid : NULL;
+}
+
+/* The cross-process part of one collective on the host path, run by the
+   group's leader on each process; the local members' host views are in
+   g->in_ptr/out_ptr. */
+static dpar_status dpar__mpi_coll(dpar_ctx *ctx, dpar__group *g, dpar__coll *c, const char *what) {
+    dpar_runtime *rt = ctx->rt;
+    dpar__mpi *mp = (dpar__mpi *)rt->mpi;
+    dpar__mpi_group *mg = (dpar__mpi_group *)g->mpi;
+    const int n = g->n;
+    uint64_t job = rt->job_count, seq = g->seq;
+    struct timespec dl;
+    dpar__deadline(&dl, rt->timeout_ms);
+    dpar_status s = dpar__mpi_describe(ctx, g, what, &dl);
+    if (s) return s;
     /* 2. the data */
     size_t es = dpar_dtype_size(c->dtype);
     size_t inbytes = (size_t)c->count * es;
@@ -5542,8 +5726,11 @@ static void dpar__cpu_shutdown(void *st) {
     DPAR_FREE(st);
 }
 
-static dpar_status dpar__cpu_init(const dpar_runtime_desc *desc, int requested, void **state, int *count) {
+static dpar_status dpar__cpu_init(const dpar_runtime_desc *desc, int requested, int local_index, int local_count, void **state,
+                                  int *count) {
     DPAR__UNUSED(desc);
+    DPAR__UNUSED(local_index); /* emulated devices: nothing physical to share out */
+    DPAR__UNUSED(local_count);
     dpar__cpu *c = (dpar__cpu *)dpar__calloc(1, sizeof *c);
     if (!c) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "cpu backend: out of host memory");
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
@@ -6071,7 +6258,8 @@ static dpar_status dpar__cpu_op(void *st, int dev, const dpar__op *op) {
 static const dpar__backend_iface dpar__cpu_backend = {
     "cpu", DPAR_BACKEND_CPU, dpar__cpu_init, dpar__cpu_shutdown, dpar__cpu_info, NULL /* thread_init */,
     dpar__cpu_alloc, dpar__cpu_free, dpar__cpu_write, dpar__cpu_read, dpar__cpu_sync,
-    dpar__cpu_host_ptr, NULL /* host_acquire */, NULL /* host_release */, dpar__cpu_op, NULL /* collective: core host path */
+    dpar__cpu_host_ptr, NULL /* host_acquire */, NULL /* host_release */, dpar__cpu_op, NULL /* collective: core host path */,
+    NULL /* cross_id_size */, NULL /* cross_id */
 };
 static const dpar__backend_iface *dpar__cpu_iface(void) { return &dpar__cpu_backend; }
 

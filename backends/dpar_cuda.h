@@ -18,7 +18,7 @@
    GPU, dpar_runtime_create returns DPAR_ERR_BACKEND_UNAVAILABLE saying why.
 
    Devices
-   - num_devices <= physical GPUs: device i is GPU i, collectives go through
+   - num_devices <= physical GPUs: device i is GPU i (see MPI below), collectives go through
      NCCL, one communicator per mesh-axis group (created on first use with
      ncclCommInitAll, cached by the group's device list), on a per-device
      communication stream ordered against the compute stream with events.
@@ -28,6 +28,13 @@
      kernels in device memory, adding in member order with f32 accumulation
      (bitwise identical on every member, and equal to the CPU reference's
      order). At most 64 virtual devices.
+   - MPI (DPAR_MPI): each process opens its node-local share of the GPUs
+     (node-local rank x devices per process, or what CUDA_VISIBLE_DEVICES
+     leaves it). A group spanning processes gets one NCCL communicator
+     across them: ncclGetUniqueId on the process holding member 0, the id
+     sent by MPI_Bcast (by the core), ncclCommInitRank for each local member
+     inside ncclGroupStart/End. The core first checks every such call
+     against the other processes (mismatch, departed or missing ranks).
 
    Semantics
    - Ops are asynchronous on the device's compute stream; dpar_buffer_read,
@@ -76,6 +83,7 @@ typedef void *dpar__CUfunction;
 typedef void *dpar__cublasHandle;
 typedef void *dpar__ncclComm;
 typedef struct { char internal[128]; } dpar__ncclUniqueId;
+typedef struct { char bytes[16]; } dpar__CUuuid;
 
 enum {
     DPAR__CUDA_SUCCESS = 0,
@@ -123,6 +131,7 @@ typedef struct dpar__cu_api {
     dpar__CUresult (*cuDeviceGetName)(char *, int, dpar__CUdevice);
     dpar__CUresult (*cuDeviceTotalMem)(size_t *, dpar__CUdevice);
     dpar__CUresult (*cuDeviceGetAttribute)(int *, int, dpar__CUdevice);
+    dpar__CUresult (*cuDeviceGetUuid)(dpar__CUuuid *, dpar__CUdevice);
     dpar__CUresult (*cuDevicePrimaryCtxRetain)(dpar__CUcontext *, dpar__CUdevice);
     dpar__CUresult (*cuDevicePrimaryCtxRelease)(dpar__CUdevice);
     dpar__CUresult (*cuCtxSetCurrent)(dpar__CUcontext);
@@ -162,6 +171,8 @@ typedef struct dpar__cu_api {
     const char *(*ncclGetErrorString)(int);
     const char *(*ncclGetLastError)(dpar__ncclComm);
     int (*ncclCommInitAll)(dpar__ncclComm *, int, const int *);
+    int (*ncclGetUniqueId)(dpar__ncclUniqueId *);
+    int (*ncclCommInitRank)(dpar__ncclComm *, int, dpar__ncclUniqueId, int);
     int (*ncclCommDestroy)(dpar__ncclComm);
     int (*ncclCommAbort)(dpar__ncclComm);
     int (*ncclCommGetAsyncError)(dpar__ncclComm, int *);
@@ -206,6 +217,7 @@ typedef struct dpar__cu_phys {
     dpar__CUmodule mod[DPAR__CUDA_NUM_MODULES];
     dpar__CUfunction fn[DPAR__CUK_COUNT];
     char name[100];
+    dpar__CUuuid uuid;
     size_t mem;
     int cc_major, cc_minor, sms;
 } dpar__cu_phys;
@@ -230,7 +242,9 @@ typedef struct dpar__cu_dev {
 typedef struct dpar__cu_comm {
     struct dpar__cu_comm *next;
     int n;
+    int cross;   /* spans processes: devices[i] is -1 for members elsewhere, gdevices the key */
     int devices[DPAR_MAX_DEVICES];
+    int gdevices[DPAR_MAX_DEVICES];
     dpar__ncclComm comms[DPAR_MAX_DEVICES];
     int ready;   /* 0 while its creator runs ncclCommInitAll (outside the lock) */
     int failed;  /* ncclCommInitAll failed */
@@ -239,6 +253,7 @@ typedef struct dpar__cu_comm {
 
 typedef struct dpar__cu_state {
     int nphys_total, nphys, ndev, virt, timeout_ms;
+    int first;                     /* ordinal of this process's first GPU (its node-local share) */
     dpar__cu_phys *phys;
     dpar__cu_dev *dev;
     pthread_mutex_t comm_lock;
@@ -287,6 +302,9 @@ static dpar_status dpar__blas_fail(int dev, const char *call, int r) {
 static dpar_status dpar__nccl_fail(int dev, const char *call, int r, dpar__ncclComm comm) {
     const char *msg = dpar__cu.ncclGetErrorString ? dpar__cu.ncclGetErrorString(r) : NULL;
     const char *last = dpar__cu.ncclGetLastError ? dpar__cu.ncclGetLastError(comm) : NULL;
+    if (dev < 0)
+        return dpar__err(DPAR_ERR_BACKEND, "cuda: %s: NCCL error %d (%s)%s%s", call, r,
+                         msg ? msg : "unknown", last && last[0] ? ": " : "", last && last[0] ? last : "");
     return dpar__err(DPAR_ERR_BACKEND, "cuda: device %d: %s: NCCL error %d (%s)%s%s", dev, call, r,
                      msg ? msg : "unknown", last && last[0] ? ": " : "", last && last[0] ? last : "");
 }
@@ -328,6 +346,7 @@ static void dpar__cu_load(void) {
     DPAR__CU_SYM(l, cuDeviceGetName, "cuDeviceGetName", "libcuda.so.1");
     DPAR__CU_SYM(l, cuDeviceTotalMem, "cuDeviceTotalMem_v2", "libcuda.so.1");
     DPAR__CU_SYM(l, cuDeviceGetAttribute, "cuDeviceGetAttribute", "libcuda.so.1");
+    DPAR__CU_SYM(l, cuDeviceGetUuid, "cuDeviceGetUuid_v2", "libcuda.so.1");
     DPAR__CU_SYM(l, cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", "libcuda.so.1");
     DPAR__CU_SYM(l, cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2", "libcuda.so.1");
     DPAR__CU_SYM(l, cuCtxSetCurrent, "cuCtxSetCurrent", "libcuda.so.1");
@@ -389,6 +408,8 @@ static void dpar__cu_load(void) {
         DPAR__CU_SYM(l, ncclGetErrorString, "ncclGetErrorString", "libnccl.so.2");
         DPAR__CU_SYM(l, ncclGetLastError, "ncclGetLastError", "libnccl.so.2");
         DPAR__CU_SYM(l, ncclCommInitAll, "ncclCommInitAll", "libnccl.so.2");
+        DPAR__CU_SYM(l, ncclGetUniqueId, "ncclGetUniqueId", "libnccl.so.2");
+        DPAR__CU_SYM(l, ncclCommInitRank, "ncclCommInitRank", "libnccl.so.2");
         DPAR__CU_SYM(l, ncclCommDestroy, "ncclCommDestroy", "libnccl.so.2");
         DPAR__CU_SYM(l, ncclCommAbort, "ncclCommAbort", "libnccl.so.2");
         DPAR__CU_SYM(l, ncclCommGetAsyncError, "ncclCommGetAsyncError", "libnccl.so.2");
@@ -596,7 +617,7 @@ static void dpar__cu_shutdown(void *state) {
             dpar__cu_destroy_arg args[DPAR_MAX_DEVICES];
             int started[DPAR_MAX_DEVICES];
             for (i = 0; i < c->n; i++) {
-                args[i].ctx = st->phys[st->dev[c->devices[i]].phys].ctx;
+                args[i].ctx = c->devices[i] >= 0 ? st->phys[st->dev[c->devices[i]].phys].ctx : NULL;
                 args[i].comm = c->comms[i];
                 started[i] = c->comms[i] && pthread_create(&th[i], NULL, dpar__cu_destroy_main, &args[i]) == 0;
             }
@@ -646,8 +667,10 @@ static void dpar__cu_shutdown(void *state) {
 static dpar_status dpar__cu_init_phys(dpar__cu_state *st, int i) {
     dpar__cu_phys *p = &st->phys[i];
     int k, j;
-    p->ordinal = i;
+    p->ordinal = (st->first + i) % st->nphys_total;
+    i = p->ordinal;
     DPAR__CU_TRY(-1, "cuDeviceGet", dpar__cu.cuDeviceGet(&p->dev, i));
+    if (dpar__cu.cuDeviceGetUuid(&p->uuid, p->dev) != DPAR__CUDA_SUCCESS) memset(&p->uuid, 0, sizeof p->uuid);
     if (dpar__cu.cuDeviceGetName(p->name, (int)sizeof p->name, p->dev) != 0)
         snprintf(p->name, sizeof p->name, "NVIDIA GPU %d", i);
     dpar__cu.cuDeviceTotalMem(&p->mem, p->dev);
@@ -723,10 +746,11 @@ static int dpar__cu_env_int(const char *name, int def) {
     return def;
 }
 
-static dpar_status dpar__cu_init(const dpar_runtime_desc *desc, int requested, void **state, int *count) {
+static dpar_status dpar__cu_init(const dpar_runtime_desc *desc, int requested, int local_index, int local_count, void **state,
+                                 int *count) {
     dpar__cu_state *st;
     dpar__CUresult r;
-    int nphys = 0, i;
+    int nphys = 0, i, share, first = 0;
     dpar_status s;
     *state = NULL;
     *count = 0;
@@ -744,7 +768,17 @@ static dpar_status dpar__cu_init(const dpar_runtime_desc *desc, int requested, v
     if (nphys <= 0)
         return dpar__err(DPAR_ERR_BACKEND_UNAVAILABLE, "cuda: cuDeviceGetCount: no NVIDIA GPU found");
     if (requested < 0) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "cuda: negative device count %d", requested);
-    if (requested == 0) requested = nphys;
+    /* several processes on this node (MPI): each opens its own share of the
+       GPUs, by node-local rank; with fewer GPUs than processes (or more
+       devices asked than the share) ranks would share a GPU, and
+       dpar_runtime_create names them. CUDA_VISIBLE_DEVICES per rank also works:
+       then each process sees only its GPUs. */
+    share = nphys;
+    if (local_count > 1) {
+        if (nphys >= local_count) { share = nphys / local_count; first = local_index * share; }
+        else { share = 1; first = local_index % nphys; }
+    }
+    if (requested == 0) requested = share;
     if (requested > nphys && requested > DPAR__CU_MAXV)
         return dpar__err(DPAR_ERR_DEVICE_COUNT,
                          "cuda: asked for %d devices but there are %d GPUs, and at most %d virtual "
@@ -761,6 +795,7 @@ static dpar_status dpar__cu_init(const dpar_runtime_desc *desc, int requested, v
     pthread_mutex_init(&st->comm_lock, NULL);
     pthread_cond_init(&st->comm_cv, NULL);
     st->nphys_total = nphys;
+    st->first = first;
     st->virt = requested > nphys;
     st->nphys = st->virt ? 1 : requested;
     st->ndev = requested;
@@ -801,6 +836,7 @@ static dpar_status dpar__cu_device_info(void *state, int dev, dpar_device_info *
     out->backend = DPAR_BACKEND_CUDA;
     out->index = dev;
     out->physical_index = p->ordinal;
+    memcpy(out->uuid, p->uuid.bytes, sizeof out->uuid);
     out->memory_bytes = (uint64_t)p->mem;
     return DPAR_OK;
 }
@@ -1290,22 +1326,47 @@ static dpar_status dpar__cu_coll_virtual(dpar__cu_state *st, dpar__coll *c) {
    Collectives across GPUs through NCCL
    ------------------------------------------------------------------------ */
 /* The communicator set of a group, created on first use by whichever member
-   arrives first (ncclCommInitAll over the members' GPUs) and cached by the
-   group's device list. The creator runs ncclCommInitAll outside the lock, so
-   members of other groups can keep looking up their (ready) communicators
-   meanwhile; members of this group wait for it (with the runtime timeout). */
+   arrives first and cached by the group's device list. Inside one process:
+   ncclCommInitAll over the members' GPUs. Across processes (c->cross): every
+   process creates its local members' ranks with ncclCommInitRank from the
+   bootstrap id the core broadcast over MPI (c->xid, made by cross_id on the
+   process holding member 0), in one ncclGroupStart/End, as NCCL requires
+   when one thread initializes several ranks; NCCL connects the processes.
+   The creator runs the init outside the lock, so members of other groups
+   can keep looking up their (ready) communicators meanwhile; members of
+   this group wait for it (with the runtime timeout). */
+static int dpar__cu_comm_init_cross(dpar__cu_state *st, dpar__cu_comm *cm, const dpar__coll *c, int *failed_member) {
+    dpar__ncclUniqueId id;
+    int i, r, r2;
+    memcpy(&id, c->xid, sizeof id);
+    *failed_member = -1;
+    r = dpar__cu.ncclGroupStart();
+    if (r != DPAR__ncclSuccess) return r;
+    for (i = 0; i < c->n; i++) {
+        if (c->devices[i] < 0) continue;
+        dpar__cu.cuCtxSetCurrent(st->phys[st->dev[c->devices[i]].phys].ctx); /* NCCL binds the rank to the current GPU */
+        r = dpar__cu.ncclCommInitRank(&cm->comms[i], c->n, id, i);
+        if (r != DPAR__ncclSuccess && r != DPAR__ncclInProgress) { *failed_member = i; break; }
+        r = DPAR__ncclSuccess;
+    }
+    r2 = dpar__cu.ncclGroupEnd();
+    return r != DPAR__ncclSuccess ? r : r2;
+}
+
 static dpar_status dpar__cu_get_comm(dpar__cu_state *st, dpar__coll *c, dpar__ncclComm *out) {
     dpar__cu_comm *cm;
     int me = c->devices[c->rank], i, r;
+    const int *key = c->cross ? c->gdevices : c->devices;
     dpar_status s = DPAR_OK;
     pthread_mutex_lock(&st->comm_lock);
     for (cm = st->comms; cm; cm = cm->next) {
-        if (cm->n != c->n) continue;
-        for (i = 0; i < c->n && cm->devices[i] == c->devices[i]; i++) {}
+        const int *ck = cm->cross ? cm->gdevices : cm->devices;
+        if (cm->n != c->n || cm->cross != c->cross) continue;
+        for (i = 0; i < c->n && ck[i] == key[i]; i++) {}
         if (i == c->n) break;
     }
     if (!cm) {
-        int ords[DPAR_MAX_DEVICES];
+        int ords[DPAR_MAX_DEVICES], bad = -1;
         cm = (dpar__cu_comm *)DPAR_MALLOC(sizeof *cm);
         if (!cm) {
             pthread_mutex_unlock(&st->comm_lock);
@@ -1313,18 +1374,26 @@ static dpar_status dpar__cu_get_comm(dpar__cu_state *st, dpar__coll *c, dpar__nc
         }
         memset(cm, 0, sizeof *cm);
         cm->n = c->n;
+        cm->cross = c->cross;
         for (i = 0; i < c->n; i++) {
             cm->devices[i] = c->devices[i];
-            ords[i] = st->phys[st->dev[c->devices[i]].phys].ordinal;
+            cm->gdevices[i] = c->cross ? c->gdevices[i] : c->devices[i];
+            if (!c->cross) ords[i] = st->phys[st->dev[c->devices[i]].phys].ordinal;
         }
         cm->next = st->comms;
         st->comms = cm;
         pthread_mutex_unlock(&st->comm_lock);
-        r = dpar__cu.ncclCommInitAll(cm->comms, c->n, ords);
+        r = c->cross ? dpar__cu_comm_init_cross(st, cm, c, &bad) : dpar__cu.ncclCommInitAll(cm->comms, c->n, ords);
         pthread_mutex_lock(&st->comm_lock);
         if (r != DPAR__ncclSuccess) {
             cm->failed = 1;
-            s = dpar__nccl_fail(me, "ncclCommInitAll", r, NULL);
+            if (c->cross) {
+                char call[96];
+                snprintf(call, sizeof call, "ncclCommInitRank (rank %d of %d, across processes)", bad >= 0 ? bad : c->rank, c->n);
+                s = dpar__nccl_fail(me, call, r, NULL);
+            } else {
+                s = dpar__nccl_fail(me, "ncclCommInitAll", r, NULL);
+            }
         } else {
             cm->ready = 1;
             DPAR__ATOMIC_STORE(&st->ncomms, st->ncomms + 1);
@@ -1338,8 +1407,8 @@ static dpar_status dpar__cu_get_comm(dpar__cu_state *st, dpar__coll *c, dpar__nc
         if (dl.tv_nsec >= 1000000000L) { dl.tv_sec++; dl.tv_nsec -= 1000000000L; }
         while (!cm->ready && !cm->failed) {
             if (pthread_cond_timedwait(&st->comm_cv, &st->comm_lock, &dl) == ETIMEDOUT && !cm->ready && !cm->failed) {
-                s = dpar__err(DPAR_ERR_TIMEOUT, "cuda: device %d: ncclCommInitAll for this group did not finish within %d ms "
-                              "(DPAR_TIMEOUT_MS)", me, st->timeout_ms);
+                s = dpar__err(DPAR_ERR_TIMEOUT, "cuda: device %d: %s for this group did not finish within %d ms "
+                              "(DPAR_TIMEOUT_MS)", me, c->cross ? "ncclCommInitRank" : "ncclCommInitAll", st->timeout_ms);
                 break;
             }
         }
@@ -1354,6 +1423,22 @@ static dpar_status dpar__cu_get_comm(dpar__cu_state *st, dpar__coll *c, dpar__nc
     pthread_mutex_unlock(&st->comm_lock);
     if (!s) s = dpar__cu_bind(st, me); /* NCCL may have switched the current device */
     return s;
+}
+
+/* Collectives over groups that span processes: NCCL across processes, on
+   real GPUs only (NCCL cannot put two ranks on one GPU, so not with virtual
+   devices); the core falls back to its host-staged MPI path unless every
+   process can. */
+static size_t dpar__cu_cross_id_size(void *state) {
+    dpar__cu_state *st = (dpar__cu_state *)state;
+    return !st->virt && dpar__cu.lib_nccl ? sizeof(dpar__ncclUniqueId) : 0;
+}
+static dpar_status dpar__cu_cross_id(void *state, void *id) {
+    int r;
+    (void)state;
+    r = dpar__cu.ncclGetUniqueId((dpar__ncclUniqueId *)id);
+    if (r != DPAR__ncclSuccess) return dpar__nccl_fail(-1, "ncclGetUniqueId", r, NULL);
+    return DPAR_OK;
 }
 
 #define DPAR__NCCL_TRY(dev, call, comm, expr) do { int r_ = (expr); \
@@ -1570,7 +1655,9 @@ static const dpar__backend_iface *dpar__cuda_iface(void) {
         NULL, /* host_acquire */
         NULL, /* host_release */
         dpar__cu_op,
-        dpar__cu_collective
+        dpar__cu_collective,
+        dpar__cu_cross_id_size,
+        dpar__cu_cross_id
     };
     return &iface;
 }

@@ -145,6 +145,7 @@ typedef struct dpar__vkphys {
     VkDeviceSize max_alloc;    /* maxMemoryAllocationSize */
     VkDeviceSize atom;         /* nonCoherentAtomSize */
     char driver[64];
+    uint8_t uuid[VK_UUID_SIZE]; /* VkPhysicalDeviceIDProperties::deviceUUID */
     int prefer_mappable;       /* map device memory in place */
     VkDevice device;
     uint32_t family;
@@ -813,15 +814,20 @@ static dpar_status dpar__vk_init_phys(dpar__vk *st, const dpar_runtime_desc *des
     VkPhysicalDeviceMaintenance3Properties m3;
     memset(&m3, 0, sizeof m3);
     m3.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_3_PROPERTIES;
+    VkPhysicalDeviceIDProperties idp;
+    memset(&idp, 0, sizeof idp);
+    idp.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_ID_PROPERTIES;
+    idp.pNext = &m3;
     VkPhysicalDeviceProperties2 p2;
     memset(&p2, 0, sizeof p2);
     p2.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2;
-    p2.pNext = &m3;
+    p2.pNext = &idp;
     st->vkGetPhysicalDeviceProperties(ph->pd, &ph->props);
     int has_drv = (uint32_t)st->api_version >= VK_API_VERSION_1_2 && ph->props.apiVersion >= VK_API_VERSION_1_2;
     if (has_drv) m3.pNext = &drv;
     st->vkGetPhysicalDeviceProperties2(ph->pd, &p2);
     ph->max_alloc = m3.maxMemoryAllocationSize ? m3.maxMemoryAllocationSize : ~(VkDeviceSize)0;
+    memcpy(ph->uuid, idp.deviceUUID, sizeof ph->uuid);
     if (has_drv && drv.driverName[0])
         snprintf(ph->driver, sizeof ph->driver, "%.31s %.31s", drv.driverName, drv.driverInfo);
     else
@@ -917,7 +923,8 @@ static dpar_status dpar__vk_init_phys(dpar__vk *st, const dpar_runtime_desc *des
     return dpar__vk_create_vkbuf(st, ph, 0, 16, 0, &ph->dummy);
 }
 
-static dpar_status dpar__vk_init_impl(dpar__vk *st, const dpar_runtime_desc *desc, int requested, int *count) {
+static dpar_status dpar__vk_init_impl(dpar__vk *st, const dpar_runtime_desc *desc, int requested, int local_index,
+                                      int local_count, int *count) {
     VkResult vr;
     const char *libname = getenv("DPAR_VK_LOADER");
     if (!libname || !libname[0]) libname = "libvulkan.so.1";
@@ -1054,8 +1061,22 @@ static dpar_status dpar__vk_init_impl(dpar__vk *st, const dpar_runtime_desc *des
                          "DPAR_VK_DEVICE), but only %d usable Vulkan device(s) exist (0..%d)", want, nusable, nusable - 1);
     }
     int first = explicit_dev ? want : 0, nbest = 1;
-    if (!explicit_dev)
+    if (!explicit_dev) {
         while (nbest < nusable && kinds[nbest] == kinds[0]) nbest++;
+        /* several processes on this node (MPI): each opens its own share of
+           the best devices, by node-local rank (with fewer devices than
+           processes, ranks share one and dpar_runtime_create names them) */
+        if (local_count > 1) {
+            if (nbest >= local_count) {
+                int per = nbest / local_count;
+                first = local_index * per;
+                nbest = per;
+            } else {
+                first = local_index % nbest;
+                nbest = 1;
+            }
+        }
+    }
     int n = requested > 0 ? requested : nbest;
     if (n > DPAR_MAX_DEVICES) {
         DPAR_FREE(usable); DPAR_FREE(kinds);
@@ -1101,13 +1122,14 @@ static dpar_status dpar__vk_init_impl(dpar__vk *st, const dpar_runtime_desc *des
     return DPAR_OK;
 }
 
-static dpar_status dpar__vk_init(const dpar_runtime_desc *desc, int requested, void **state, int *count) {
+static dpar_status dpar__vk_init(const dpar_runtime_desc *desc, int requested, int local_index, int local_count, void **state,
+                                 int *count) {
     *state = NULL;
     *count = 0;
     dpar__vk *st = (dpar__vk *)DPAR_MALLOC(sizeof *st);
     if (!st) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "vulkan: out of host memory");
     memset(st, 0, sizeof *st);
-    dpar_status s = dpar__vk_init_impl(st, desc, requested, count);
+    dpar_status s = dpar__vk_init_impl(st, desc, requested, local_index, local_count, count);
     if (s) {
         char saved[DPAR__ERR_LEN];
         snprintf(saved, sizeof saved, "%s", dpar_last_error());
@@ -1149,6 +1171,7 @@ static dpar_status dpar__vk_device_info(void *state, int dev, dpar_device_info *
     out->backend = DPAR_BACKEND_VULKAN;
     out->index = dev;
     out->physical_index = ph->index;
+    memcpy(out->uuid, ph->uuid, sizeof out->uuid);
     out->runs_on_cpu = ph->props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU;
     uint64_t mem = 0;
     for (uint32_t i = 0; i < ph->memprops.memoryHeapCount; i++)
@@ -1630,6 +1653,8 @@ static const dpar__backend_iface *dpar__vulkan_iface(void) {
         dpar__vk_host_release,
         dpar__vk_op,
         dpar__vk_collective,
+        NULL, /* cross_id_size: groups across processes take the core's host-staged MPI path */
+        NULL, /* cross_id */
     };
     return &iface;
 }

@@ -39,6 +39,7 @@ ABI(DPAR__ncclMax, ncclMax);
 ABI(DPAR__ncclMin, ncclMin);
 ABI(DPAR__ncclAvg, ncclAvg);
 ABI(sizeof(dpar__ncclUniqueId), sizeof(ncclUniqueId));
+ABI(sizeof(dpar__CUuuid), sizeof(CUuuid));
 ABI(sizeof(dpar__CUdeviceptr), sizeof(CUdeviceptr));
 ABI(sizeof(dpar__CUdevice), sizeof(CUdevice));
 ABI(sizeof(dpar__CUresult), sizeof(CUresult));
