@@ -5,7 +5,8 @@
 # Checks: test_cuda on virtual devices (1 mock GPU) and through the NCCL path
 # (4 mock GPUs), with asynchronous streams and random delays (so missing
 # stream/event waits show up), the "no device" error text, a hung NCCL
-# collective turning into DPAR_ERR_TIMEOUT / an asynchronous NCCL error, and
+# collective turning into DPAR_ERR_TIMEOUT / an asynchronous NCCL error, the
+# mock's NCCL communicators spanning processes (tests/cuda_mock/xproc.c), and
 # the digits training on 4 devices matching the CPU backend. The PTX itself,
 # real NCCL and timing are NOT exercised: that needs a GPU (scripts/gpu-check.sh).
 # Prints PASS / FAIL / SKIPPED lines for tests/run.sh. Needs a CUDA=1 build.
@@ -80,6 +81,23 @@ else
     cat "$log"; echo "FAIL cuda_mock_stall_build: could not build tests/cuda_mock/stall.c against $BUILD/dpar.o"
 fi
 
+# NCCL communicators spanning processes (ncclGetUniqueId + ncclCommInitRank,
+# through shared memory): tests/cuda_mock/xproc.c forks 2 and 3 processes
+# holding 1 or 2 ranks each and checks every collective with exact data
+if "$CC" -std=c99 -Wall -Wextra -Werror -D_GNU_SOURCE $SANFLAGS tests/cuda_mock/xproc.c -o "$MOCK/xproc" \
+        -L"$MOCK" -ldparmock $SANFLAGS -lpthread 2>"$log"; then
+    if LD_LIBRARY_PATH="$MOCK" MOCK_CUDA_GPUS=4 MOCK_CUDA_REPORT=1 timeout 120 "$MOCK/xproc" >"$log" 2>&1 &&
+       ! grep -q '^FAIL' "$log" &&
+       grep -q '^mock nccl: [1-9][0-9]* communicator rank(s) spanning processes, [1-9][0-9]* collective(s) through shared memory' "$log"; then
+        x=$(awk '/^mock nccl: .* spanning processes/ { r += $3; c += $8 } END { print r " rank(s) spanning processes ran " c }' "$log")
+        echo "PASS cuda_mock_nccl_across_processes ($(grep -c '^PASS xproc_' "$log") checks in forked processes; $x collective(s) through shared memory)"
+    else
+        cat "$log"; echo "FAIL cuda_mock_nccl_across_processes: tests/cuda_mock/xproc.c against the mock driver"
+    fi
+else
+    cat "$log"; echo "FAIL cuda_mock_nccl_across_processes: could not build tests/cuda_mock/xproc.c"
+fi
+
 if [ -x "$BUILD/bench_cuda" ]; then
     if LD_LIBRARY_PATH="$MOCK" MOCK_CUDA_JITTER_US=0 timeout 120 "$BUILD/bench_cuda" --quick --mb 1 >"$log" 2>&1 &&
        grep -q '^all-reduce 1 rank' "$log" && grep -q '^matmul bf16' "$log"; then
@@ -100,3 +118,6 @@ if [ -x "$BUILD/train_digits" ]; then
     fi
 fi
 rm -f "$log"
+
+# the CUDA backend across MPI processes (NCCL across processes) on this mock
+BUILD=$BUILD sh tests/test_mpi_cuda_mock.sh

@@ -37,7 +37,8 @@ static void check(const char *name, int ok, const char *why) {
 static dpar_runtime *runtime(int timeout_ms) {
     dpar_runtime_desc d;
     memset(&d, 0, sizeof d);
-    d.backend = DPAR_BACKEND_CPU;
+    /* the CPU backend unless DPAR_BACKEND names another (tests/test_cuda_mock.sh: cuda) */
+    d.backend = getenv("DPAR_BACKEND") && *getenv("DPAR_BACKEND") ? DPAR_BACKEND_DEFAULT : DPAR_BACKEND_CPU;
     d.num_devices = LOCAL;
     d.timeout_ms = timeout_ms;
     MPI_Comm world = MPI_COMM_WORLD;
