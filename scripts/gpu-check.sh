@@ -86,11 +86,28 @@ fi
 step digits_cuda_1   60 "$B"/train_digits --backend cuda --devices 1
 step digits_cuda_4   60 "$B"/train_digits --backend cuda --devices 4
 step bench_cuda     100 "$B"/bench_cuda
+# MPI on the real driver (where mpirun exists): with 2+ GPUs, 2 processes x 1
+# GPU with NCCL across processes (the mock tests this path in CI); with one GPU,
+# the two ranks must share it, so the host-staged MPI path runs on it.
+if command -v mpirun >/dev/null 2>&1 && [ -x "$B"/mpi_collectives ]; then
+    NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+    if [ "${NGPU:-0}" -ge 4 ]; then
+        DPAR_BACKEND=cuda step mpi_cuda_nccl 120 mpirun --oversubscribe -np 2 "$B"/mpi_collectives
+    else
+        echo "NOTE     mpi_cuda_nccl needs 4 GPUs (2 processes x 2 devices); this machine has ${NGPU:-0}" | tee -a "$SUMMARY"
+        DPAR_BACKEND=cuda DPAR_DEVICES=2 DPAR_ALLOW_SHARED_DEVICE=1 step mpi_cuda_shared 120 \
+            mpirun --oversubscribe -np 2 "$B"/mpi_collectives
+    fi
+else
+    echo "SKIPPED  mpi_cuda (no mpirun or $B/mpi_collectives on this machine)" | tee -a "$SUMMARY"
+fi
 
 {
     echo
     echo "--- key figures"
     grep -h '^final:' "$DIR"/digits_cuda_*.log 2>/dev/null
+    grep -h '^mpi_collectives np=' "$DIR"/mpi_cuda_*.log 2>/dev/null
     for t in test_cuda test_parity; do
         [ -f "$DIR/$t.log" ] && grep -HE '^\[ +(PASSED|FAILED|SKIPPED) +\] [0-9]|^parity ' "$DIR/$t.log" | sed "s|^$DIR/||"
     done
