@@ -1346,8 +1346,10 @@ static void dpar__runtime_free(dpar_runtime *rt) {
     DPAR_FREE(rt);
 }
 
-DPAR_API dpar_status dpar_runtime_create(const dpar_runtime_desc *desc_in, dpar_runtime **out) {
+/* *met: set once this process reached the other processes (DPAR_MPI) */
+static dpar_status dpar__runtime_create(const dpar_runtime_desc *desc_in, dpar_runtime **out, int *met) {
     dpar__clear_error();
+    DPAR__UNUSED(met);
     if (!out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_runtime_create: `out` is NULL; pass the address of a dpar_runtime pointer");
     *out = NULL;
     dpar_runtime_desc desc;
@@ -1429,6 +1431,7 @@ DPAR_API dpar_status dpar_runtime_create(const dpar_runtime_desc *desc_in, dpar_
     rt->local_size = 1;
 #ifdef DPAR_MPI
     /* the node-local rank picks this process's share of the node's devices */
+    *met = 1;
     s = dpar__mpi_runtime_pre(rt, desc_in ? desc_in->mpi_comm : NULL);
     if (s != DPAR_OK) {
         char msg[DPAR__ERR_LEN];
@@ -1484,6 +1487,27 @@ DPAR_API dpar_status dpar_runtime_create(const dpar_runtime_desc *desc_in, dpar_
     if ((s = dpar__obs_init(rt))) { dpar__runtime_free(rt); return s; }
     *out = rt;
     return DPAR_OK;
+}
+DPAR_API dpar_status dpar_runtime_create(const dpar_runtime_desc *desc, dpar_runtime **out) {
+    int met = 0;
+    dpar_status s = dpar__runtime_create(desc, out, &met);
+#ifdef DPAR_MPI
+    if (s && !met) {
+        /* failed before meeting the other processes (bad argument on this
+           rank only?): meet them now with the failure, so that they return
+           an error too instead of waiting in MPI forever */
+        char msg[DPAR__ERR_LEN];
+        memcpy(msg, dpar__err_text, sizeof msg);
+        dpar_runtime tmp;
+        memset(&tmp, 0, sizeof tmp);
+        if (dpar__mpi_runtime_pre(&tmp, desc ? desc->mpi_comm : NULL) == DPAR_OK) dpar__mpi_runtime_init(&tmp, s);
+        dpar__mpi_runtime_free(&tmp);
+        dpar__err(s, "%s", msg);
+    }
+#else
+    (void)met;
+#endif
+    return s;
 }
 
 static void dpar__mesh_free(struct dpar_mesh *m);
@@ -3843,8 +3867,8 @@ static dpar_status dpar__mpi_runtime_init(dpar_runtime *rt, dpar_status opened) 
     dpar_status s = DPAR_OK;
     for (int q = 0; q < mp->size && !s; q++)
         if (all[(size_t)q * W] < 0)
-            s = dpar__err(DPAR_ERR_BACKEND, "dpar_runtime_create: process %d could not open its %s devices (%s; see that rank's error), "
-                          "so no process gets a runtime", q, rt->be->name, dpar_status_string((dpar_status)all[(size_t)q * W + 2]));
+            s = dpar__err(DPAR_ERR_BACKEND, "dpar_runtime_create: it failed on process %d (%s; see that rank's error), so no process "
+                          "gets a runtime", q, dpar_status_string((dpar_status)all[(size_t)q * W + 2]));
     for (int q = 0; q < mp->size && !s; q++)
         if (all[(size_t)q * W] != all[0])
             s = dpar__err(DPAR_ERR_DEVICE_COUNT, "dpar_runtime_create: process 0 has %lld local devices but process %d has %lld; every process "
