@@ -4250,14 +4250,46 @@ static dpar_status dpar__mpi_coll(dpar_ctx *ctx, dpar__group *g, dpar__coll *c, 
             MPI_Op op = c->op == DPAR_MAX ? MPI_MAX : c->op == DPAR_MIN ? MPI_MIN : MPI_SUM;
             DPAR__MPI_CALL(mp, MPI_Iallreduce(MPI_IN_PLACE, acc, (int)cnt, MPI_INT64_T, op, mg->comm, &req));
         } else if (c->dtype == DPAR_F32) {
-            /* the process's partial result, vectorized, in member order */
-            const char *src[DPAR_MAX_DEVICES];
+            /* In chunks of 1 MB, so that the process's partial result (vectorized,
+               in member order), MPI's exchange of it and the copies back to the
+               members stay in cache; the next chunk's local sum is computed
+               while the current chunk's exchange is in flight. */
+            enum { CH = 1 << 18 };
+            const char *src[DPAR_MAX_DEVICES], *sp[DPAR_MAX_DEVICES];
+            char *dst[DPAR_MAX_DEVICES];
             int nl = 0;
-            for (int r = 0; r < n; r++) if (dpar__is_local(rt, g->devices[r])) src[nl++] = (const char *)g->in_ptr[r];
-            char *acc = mg->xbuf;
-            dpar__reduce_span(DPAR_F32, c->op == DPAR_MEAN ? DPAR_SUM : c->op, nl, src, &acc, 1, cnt);
+            for (int r = 0; r < n; r++)
+                if (dpar__is_local(rt, g->devices[r])) { src[nl] = (const char *)g->in_ptr[r]; dst[nl++] = (char *)g->out_ptr[r]; }
+            float *acc = (float *)mg->xbuf;
             MPI_Op op = c->op == DPAR_MAX ? mp->op_max : c->op == DPAR_MIN ? mp->op_min : MPI_SUM;
-            DPAR__MPI_CALL(mp, MPI_Iallreduce(MPI_IN_PLACE, acc, (int)cnt, MPI_FLOAT, op, mg->comm, &req));
+            dpar_reduce_op lop = c->op == DPAR_MEAN ? DPAR_SUM : c->op;
+            int64_t nch = cnt ? (cnt + CH - 1) / CH : 1;
+            for (int64_t k = 0; k < nch; k++) {
+                int64_t off = k * CH, len = cnt - off < CH ? cnt - off : CH;
+                if (k == 0 && len) {
+                    char *a0 = (char *)acc;
+                    dpar__reduce_span(DPAR_F32, lop, nl, src, &a0, 1, len);
+                }
+                DPAR__MPI_CALL(mp, MPI_Iallreduce(MPI_IN_PLACE, acc + off, (int)len, MPI_FLOAT, op, mg->comm, &req));
+                if (k + 1 < nch) { /* overlap: the next chunk's local part */
+                    int64_t o2 = off + CH, l2 = cnt - o2 < CH ? cnt - o2 : CH;
+                    char *a2 = (char *)(acc + o2);
+                    for (int j = 0; j < nl; j++) sp[j] = src[j] + o2 * 4;
+                    dpar__reduce_span(DPAR_F32, lop, nl, sp, &a2, 1, l2);
+                }
+                int r = dpar__mpi_poll(mp, &req, &dl, ctx->job, 1);
+                if (r != 1) {
+                    mp->broken = 1; /* a collective cannot be cancelled: the runtime is out of step now */
+                    if (r < 0) return dpar__err(DPAR_ERR_ABORTED, "%s: stopped because another device failed first", what);
+                    return dpar__err(DPAR_ERR_TIMEOUT, "%s (step: pmap #%llu, collective #%llu of this group): the data exchange across "
+                                     "processes did not finish within %d ms", what, (unsigned long long)job, (unsigned long long)seq,
+                                     rt->timeout_ms);
+                }
+                if (c->op == DPAR_MEAN) for (int64_t i = off; i < off + len; i++) acc[i] /= (float)n;
+                for (int j = 0; j < nl; j++)
+                    if (len) memcpy(dst[j] + off * 4, acc + off, (size_t)len * 4);
+            }
+            return DPAR_OK;
         } else {
             float *acc = (float *)mg->xbuf;
             for (int r = 0; r < n; r++) {
@@ -4299,13 +4331,8 @@ static dpar_status dpar__mpi_coll(dpar_ctx *ctx, dpar__group *g, dpar__coll *c, 
         return dpar__err(DPAR_ERR_TIMEOUT, "%s (step: pmap #%llu, collective #%llu of this group): the data exchange across processes did not "
                          "finish within %d ms", what, (unsigned long long)job, (unsigned long long)seq, rt->timeout_ms);
     }
-    /* 3. hand the result to the local members */
-    if (c->kind == DPAR__COLL_ALL_REDUCE && c->dtype == DPAR_F32) {
-        float *acc = (float *)mg->xbuf;
-        if (c->op == DPAR_MEAN) for (int64_t i = 0; i < c->count; i++) acc[i] /= (float)n;
-        for (int rr = 0; rr < n; rr++)
-            if (dpar__is_local(rt, g->devices[rr]) && c->count) memcpy(g->out_ptr[rr], acc, (size_t)c->count * 4);
-    } else if (c->kind == DPAR__COLL_ALL_REDUCE) {
+    /* 3. hand the result to the local members (f32 all-reduce did it per chunk) */
+    if (c->kind == DPAR__COLL_ALL_REDUCE) {
         for (int rr = 0; rr < n; rr++) {
             if (!dpar__is_local(rt, g->devices[rr])) continue;
             char *o = (char *)g->out_ptr[rr];

@@ -165,6 +165,48 @@ static void test_all_collectives(dpar_runtime *rt, dpar_mesh *m, const char *mes
     (void)rt;
 }
 
+/* ---- large all-reduce: several 1 MB chunks of the cross-process pipeline plus a tail ---- */
+enum { BIG = 3 * (1 << 18) + 1234 };
+typedef struct { dpar_dtype t; int bad; char why[256]; } big_arg;
+static dpar_status big_fn(dpar_ctx *ctx, void *user) {
+    big_arg *a = user;
+    int k, n;
+    dpar_status s;
+    if ((s = dpar_axis_index(ctx, "data", &k)) || (s = dpar_axis_size(ctx, "data", &n))) return s;
+    int64_t sh[1] = { BIG };
+    dpar_buffer *x, *y;
+    if ((s = dpar_ctx_buffer(ctx, a->t, 1, sh, &x)) || (s = dpar_ctx_buffer(ctx, a->t, 1, sh, &y))) return s;
+    size_t nb = dpar_buffer_nbytes(x);
+    char *hx = malloc(nb), *hy = malloc(nb);
+    if (!hx || !hy) { free(hx); free(hy); return DPAR_ERR_OUT_OF_MEMORY; }
+    /* member k holds (k+1) * (i % 7): sums, means, maxima and minima are exact in every dtype */
+    for (int i = 0; i < BIG; i++) from_f(hx, a->t, i, (float)((k + 1) * (i % 7)));
+    dpar_buffer_write(x, 0, hx, nb);
+    const char *names[4] = { "psum", "pmean", "pmax", "pmin" };
+    for (int op = 0; op < 4 && !s && !a->bad; op++) {
+        for (int inplace = 0; inplace < 2 && !s && !a->bad; inplace++) {
+            dpar_buffer *out = y, *in = inplace ? y : x;
+            if (inplace) dpar_buffer_write(y, 0, hx, nb);
+            s = op == 0 ? dpar_psum(ctx, out, in, "data") : op == 1 ? dpar_pmean(ctx, out, in, "data")
+              : op == 2 ? dpar_pmax(ctx, out, in, "data") : dpar_pmin(ctx, out, in, "data");
+            if (s) break;
+            dpar_buffer_read(out, 0, hy, nb);
+            for (int i = 0; i < BIG; i++) {
+                int m = i % 7;
+                float want = op == 0 ? (float)(n * (n + 1) / 2 * m) : op == 2 ? (float)(n * m) : op == 3 ? (float)m
+                           : a->t == DPAR_I32 ? (float)(n * (n + 1) / 2 * m / n) : (float)(n + 1) / 2.0f * (float)m;
+                if (as_f(hy, a->t, i) != want) {
+                    BAD("%s%s[%d] = %g, want %g", names[op], inplace ? " (in place)" : "", i, as_f(hy, a->t, i), want);
+                    break;
+                }
+            }
+        }
+    }
+    free(hx); free(hy);
+    dpar_buffer_destroy(x); dpar_buffer_destroy(y);
+    return s;
+}
+
 /* ---- NaN in pmax whichever process holds it ---- */
 static int nan_holder;
 static dpar_status nan_fn(dpar_ctx *ctx, void *u) {
@@ -247,7 +289,7 @@ int main(int argc, char **argv) {
     /* (data, model) with model inside a process and data across: 2x2 for np=2, 4x2 for np=4 */
     dpar_mesh *m2 = mesh2(rt, nprocs, LOCAL, "data", "model");
     const char *ax2[] = { "data", "model", "data,model", NULL };
-    char nm[64];
+    char nm[160];
     snprintf(nm, sizeof nm, "a %dx%d (data, model) mesh", nprocs, LOCAL);
     test_all_collectives(rt, m2, nm, ax2);
     /* model across processes, data inside and across: 2 x (N/2) */
@@ -255,6 +297,22 @@ int main(int argc, char **argv) {
     snprintf(nm, sizeof nm, "a 2x%d (data, model) mesh", N / 2);
     test_all_collectives(rt, m3, nm, ax2);
 
+    {
+        dpar_dtype types[4] = { DPAR_F32, DPAR_F16, DPAR_BF16, DPAR_I32 };
+        for (int ti = 0; ti < 4; ti++) {
+            big_arg a;
+            memset(&a, 0, sizeof a);
+            a.t = types[ti];
+            dpar_shard_map_desc sd;
+            memset(&sd, 0, sizeof sd);
+            sd.fn = big_fn; sd.user = &a;
+            dpar_status s = dpar_shard_map(m1, &sd);
+            snprintf(nm, sizeof nm, "psum/pmean/pmax/pmin of %d %s elements across processes (chunked), in place and not", (int)BIG,
+                     dpar_dtype_name(types[ti]));
+            snprintf(why, sizeof why, "%s", s ? dpar_last_error() : a.why);
+            check(nm, !s && !a.bad, why);
+        }
+    }
     for (nan_holder = 0; nan_holder < N; nan_holder += N - 1) {
         int bad = 0;
         dpar_shard_map_desc sd;
