@@ -658,6 +658,17 @@ static void make_pipes(pipes *p, int n) {
 static void close_pipes(pipes *p, int n) {
     for (int q = 0; q < n; q++) { close(p->rfd[q]); close(p->wfd[q]); }
 }
+/* `nproc` forked processes run fn(q, in_fd, out_fd) over one pair of pipes; one PASS/FAIL line */
+static int scenario(const char *name, int nproc, int (*fn)(int, int, int), const char *what) {
+    pipes pp;
+    pid_t pids[3];
+    char why[200];
+    make_pipes(&pp, 2);
+    for (int q = 0; q < nproc; q++)
+        if ((pids[q] = spawn()) == 0) exit(fn(q, pp.rfd[1], pp.wfd[1]));
+    close_pipes(&pp, 2);
+    return report(name, wait_all(pids, nproc, why, sizeof why), why, what);
+}
 
 int main(void) {
     int failed = 0;
@@ -684,33 +695,10 @@ int main(void) {
         failed |= report(cf->name, bad, why, what);
     }
 
-    {
-        pipes pp;
-        make_pipes(&pp, 2);
-        for (int q = 0; q < 3; q++)
-            if ((pids[q] = spawn()) == 0) exit(run_visible(q, pp.rfd[1], pp.wfd[1]));
-        close_pipes(&pp, 2);
-        failed |= report("visible_devices_and_uuids", wait_all(pids, 3, why, sizeof why), why,
-                         "CUDA_VISIBLE_DEVICES=3,1,7,2 gives GPUs 3 and 1 with their uuids; empty: no device");
-    }
-    {
-        pipes pp;
-        make_pipes(&pp, 2);
-        for (int q = 0; q < 2; q++)
-            if ((pids[q] = spawn()) == 0) exit(run_same_gpu(q, pp.rfd[1], pp.wfd[1]));
-        close_pipes(&pp, 2);
-        failed |= report("same_gpu_refused", wait_all(pids, 2, why, sizeof why), why,
-                         "two processes' ranks on physical GPU 0: ncclInvalidUsage in both");
-    }
-    {
-        pipes pp;
-        make_pipes(&pp, 2);
-        for (int q = 0; q < 2; q++)
-            if ((pids[q] = spawn()) == 0) exit(run_rank_twice(q, pp.rfd[1], pp.wfd[1]));
-        close_pipes(&pp, 2);
-        failed |= report("rank_joined_twice_refused", wait_all(pids, 2, why, sizeof why), why,
-                         "two processes claim rank 0: ncclInvalidUsage in both");
-    }
+    failed |= scenario("visible_devices_and_uuids", 3, run_visible,
+                       "CUDA_VISIBLE_DEVICES=3,1,7,2 gives GPUs 3 and 1 with their uuids; empty: no device");
+    failed |= scenario("same_gpu_refused", 2, run_same_gpu, "two processes' ranks on physical GPU 0: ncclInvalidUsage in both");
+    failed |= scenario("rank_joined_twice_refused", 2, run_rank_twice, "two processes claim rank 0: ncclInvalidUsage in both");
     if ((pids[0] = spawn()) == 0) exit(run_missing_rank());
     failed |= report("missing_rank_fails_init", wait_all(pids, 1, why, sizeof why), why,
                      "ncclCommInitRank gives ncclSystemError after MOCK_NCCL_TIMEOUT_MS");
