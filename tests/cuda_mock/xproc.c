@@ -159,6 +159,17 @@ static double ar_in(int op, int n, int r, size_t i) {
     }
     return (double)((int)((i * 7 + (size_t)r * 3) % 13) - 6);
 }
+/* reads every local rank's output r (count elements of t), compares it with
+   want, frees r and, unless in place (then s is r or lies inside it), s */
+static void collect(child *c, const char *check, CUdeviceptr *s, CUdeviceptr *r, int inplace, unsigned char *out,
+                    const unsigned char *want, size_t count, int t) {
+    for (int l = 0; l < c->nl; l++) {
+        d2h(c, l, out, r[l], count * esize(t));
+        compare(c, check, c->rank[l], out, want, count, t);
+        dfree(c, l, r[l]);
+        if (!inplace) dfree(c, l, s[l]);
+    }
+}
 static void check_allreduce(child *c, int t, int op, size_t count) {
     char check[64];
     size_t es = esize(t), b = count * es;
@@ -197,12 +208,7 @@ static void check_allreduce(child *c, int t, int op, size_t count) {
         }
         put(want, t, i, acc);
     }
-    for (int l = 0; l < c->nl; l++) {
-        d2h(c, l, out, r[l], b);
-        compare(c, check, c->rank[l], out, want, count, t);
-        dfree(c, l, s[l]);
-        if (!inplace) dfree(c, l, r[l]);
-    }
+    collect(c, check, s, r, inplace, out, want, count, t);
     free(in); free(out); free(want);
 }
 
@@ -223,12 +229,7 @@ static void check_broadcast(child *c, int t, size_t count, int inplace) {
         if (e) fail(c, check, rk, "ncclBroadcast returned %d", e);
     }
     for (size_t i = 0; i < count; i++) put(want, t, i, (double)((int)((i + (size_t)root * 17) % 201) - 100));
-    for (int l = 0; l < c->nl; l++) {
-        d2h(c, l, out, r[l], b);
-        compare(c, check, c->rank[l], out, want, count, t);
-        dfree(c, l, s[l]);
-        if (!inplace) dfree(c, l, r[l]);
-    }
+    collect(c, check, s, r, inplace, out, want, count, t);
     free(in); free(out); free(want);
 }
 
@@ -251,12 +252,7 @@ static void check_allgather(child *c, int t, size_t count, int inplace) {
     }
     for (int q = 0; q < c->n; q++)
         for (size_t i = 0; i < count; i++) put(want, t, (size_t)q * count + i, ag_in(q, i));
-    for (int l = 0; l < c->nl; l++) {
-        d2h(c, l, out, r[l], bt);
-        compare(c, check, c->rank[l], out, want, count * (size_t)c->n, t);
-        dfree(c, l, r[l]);
-        if (!inplace) dfree(c, l, s[l]);
-    }
+    collect(c, check, s, r, inplace, out, want, count * (size_t)c->n, t);
     free(in); free(out); free(want);
 }
 
