@@ -120,4 +120,4 @@ fi
 rm -f "$log"
 
 # the CUDA backend across MPI processes (NCCL across processes) on this mock
-BUILD=$BUILD sh tests/test_mpi_cuda_mock.sh
+BUILD=$BUILD sh tests/cuda_mock/mpi.sh

@@ -1,5 +1,6 @@
 #!/bin/sh
-# The CUDA backend across MPI processes, without a GPU: the mock driver /
+# The CUDA backend across MPI processes, without a GPU (called by
+# tests/test_cuda_mock.sh for CUDA=1 builds): the mock driver /
 # cuBLAS / NCCL (tests/cuda_mock/mock_cuda.cc, built by tests/test_cuda_mock.sh,
 # which calls this script) under mpirun on this machine. NCCL communicators
 # span the processes (ncclGetUniqueId on the process holding member 0, the id
