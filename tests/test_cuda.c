@@ -65,8 +65,10 @@ static void test_device_info(void **state) {
         assert_true(info.name[0] != 0);
         assert_true(info.memory_bytes > 0);
         if (!on_cpu()) {
+            static const unsigned char zero[16];
             assert_string_equal(info.vendor, "NVIDIA");
             assert_int_equal(info.backend, DPAR_BACKEND_CUDA);
+            assert_memory_not_equal(info.uuid, zero, 16); /* cuDeviceGetUuid */
         }
         printf("device %d: %s (%s, %s), %llu MiB, physical %d\n", d, info.name, info.vendor, info.driver,
                (unsigned long long)(info.memory_bytes >> 20), info.physical_index);

@@ -47,6 +47,8 @@ static void test_runtime_basic(void **st) {
         assert_int_equal(info.index, d);
         assert_true(info.memory_bytes > 0);
         assert_true(info.vendor[0] != 0);
+        static const unsigned char zero[16];
+        assert_memory_equal(info.uuid, zero, 16); /* emulated devices: no UUID */
     }
     dpar_device_info info;
     T_ERR(dpar_device_info_get(rt, 3, &info), DPAR_ERR_INVALID_ARGUMENT, "device 3", "3 devices");

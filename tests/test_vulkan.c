@@ -55,6 +55,12 @@ static void test_device_info(void **state) {
         assert_int_equal(info.index, i);
         assert_true(info.memory_bytes > 0);
         assert_non_null(strstr(info.name, "[logical"));
+        /* the physical device's UUID: set, and the same for every logical device on it */
+        static const unsigned char zero[16];
+        static unsigned char first[16];
+        assert_memory_not_equal(info.uuid, zero, 16);
+        if (i == 0) memcpy(first, info.uuid, 16);
+        else assert_memory_equal(info.uuid, first, 16);
         if (i == 0) printf("vulkan device: %s | vendor %s | driver %s | %llu MiB\n", info.name, info.vendor,
                            info.driver, (unsigned long long)(info.memory_bytes >> 20));
     }
