@@ -888,12 +888,23 @@ static void dpar__cu_free(void *state, int dev, void *mem) {
     DPAR_FREE(m);
 }
 
+/* A copy between device memory and pageable host memory can block the
+   calling thread until the stream's earlier work is done (device to host
+   always does), and no timeout applies inside the driver: while NCCL
+   communicators exist, first wait for that work with dpar__cu_wait, which
+   turns a hung collective into DPAR_ERR_TIMEOUT. */
+static dpar_status dpar__cu_wait_before_copy(dpar__cu_state *st, int dev, const char *what) {
+    if (!DPAR__ATOMIC_LOAD(&st->ncomms)) return DPAR_OK;
+    return dpar__cu_wait(st, dev, st->dev[dev].compute, what);
+}
+
 static dpar_status dpar__cu_write(void *state, int dev, void *mem, size_t off, const void *src, size_t nbytes) {
     dpar__cu_state *st = (dpar__cu_state *)state;
     dpar__cu_mem *m = (dpar__cu_mem *)mem;
     dpar_status s;
     if (!nbytes) return DPAR_OK;
     if ((s = dpar__cu_bind(st, dev))) return s;
+    if ((s = dpar__cu_wait_before_copy(st, dev, "buffer write"))) return s;
     DPAR__CU_TRY(dev, "cuMemcpyHtoDAsync",
                  dpar__cu.cuMemcpyHtoDAsync(m->ptr + off, src, nbytes, st->dev[dev].compute));
     /* the caller may reuse src at once */
@@ -906,6 +917,7 @@ static dpar_status dpar__cu_read(void *state, int dev, void *mem, size_t off, vo
     dpar_status s;
     if (!nbytes) return DPAR_OK;
     if ((s = dpar__cu_bind(st, dev))) return s;
+    if ((s = dpar__cu_wait_before_copy(st, dev, "buffer read"))) return s;
     DPAR__CU_TRY(dev, "cuMemcpyDtoHAsync",
                  dpar__cu.cuMemcpyDtoHAsync(dst, m->ptr + off, nbytes, st->dev[dev].compute));
     return dpar__cu_wait(st, dev, st->dev[dev].compute, "buffer read");

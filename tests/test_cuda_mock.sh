@@ -77,6 +77,12 @@ if [ -f "$BUILD/dpar.o" ] && "$CC" -std=c99 -Wall -Wextra -Werror -D_GNU_SOURCE 
     else
         cat "$log"; echo "FAIL cuda_mock_nccl_async_error"
     fi
+    # a buffer read behind a hung collective (the copy itself blocks in the driver)
+    if LD_LIBRARY_PATH="$MOCK" MOCK_CUDA_GPUS=2 MOCK_NCCL_STALL=3 timeout 60 "$MOCK/stall" read >"$log" 2>&1; then
+        echo "PASS cuda_mock_nccl_hang_read_times_out ($(cat "$log"))"
+    else
+        cat "$log"; echo "FAIL cuda_mock_nccl_hang_read_times_out (exit status $?; 124: hung)"
+    fi
 else
     cat "$log"; echo "FAIL cuda_mock_stall_build: could not build tests/cuda_mock/stall.c against $BUILD/dpar.o"
 fi

@@ -3,23 +3,32 @@
    back as an error (DPAR_ERR_TIMEOUT after DPAR_TIMEOUT_MS, or
    DPAR_ERR_BACKEND naming ncclCommGetAsyncError when NCCL reports an
    asynchronous error), never a hang, and the runtime must still shut down.
+   Modes: (none) waits in dpar_device_sync; "error": NCCL reports an
+   asynchronous error; "read": waits in dpar_buffer_read (a device-to-host
+   copy, which blocks in the driver until the stream's work is done).
    Prints "ok: <status>: <text>" and exits 0 on the expected outcome. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "dpar.h"
 
+static int read_mode;
 static dpar_status fn(dpar_ctx *ctx, void *user) {
     (void)user;
     dpar_buffer *x = dpar_ctx_arg(ctx, 0);
     dpar_status s;
     for (int i = 0; i < 5; i++)
         if ((s = dpar_psum(ctx, x, x, "data"))) return s;
+    if (read_mode) {
+        float h[64];
+        return dpar_buffer_read(x, 0, h, sizeof h);
+    }
     return dpar_device_sync(dpar_ctx_runtime(ctx), dpar_ctx_device(ctx));
 }
 
 int main(int argc, char **argv) {
     dpar_status want = argc > 1 && strcmp(argv[1], "error") == 0 ? DPAR_ERR_BACKEND : DPAR_ERR_TIMEOUT;
+    read_mode = argc > 1 && strcmp(argv[1], "read") == 0;
     const char *needle = want == DPAR_ERR_BACKEND ? "ncclCommGetAsyncError" : "did not complete";
     dpar_runtime_desc rd;
     memset(&rd, 0, sizeof rd);
