@@ -3737,7 +3737,7 @@ typedef struct dpar__mpi {
     int broken;             /* a cross-process collective timed out: destroy the runtime */
     /* the end-of-dispatch agreement's buffers: they outlive a request that is
        given up on after a timeout (MPI may still write them later) */
-    int agree_mine, agree_lowest, agree_abandoned;
+    int agree_mine[2], agree_lowest[2], agree_abandoned; /* [lowest failing process, -(any process broken)] */
     struct { int status, device; char msg[DPAR__ERR_LEN]; } agree_e;
 } dpar__mpi;
 
@@ -3749,7 +3749,7 @@ typedef struct dpar__mpi_msg {
     uint64_t pairs_hash;
 } dpar__mpi_msg;
 
-enum { DPAR__MPI_TAG = 7071 };
+enum { DPAR__MPI_TAG = 7071, DPAR__MPI_TAG_GAVE_UP = 7072 };
 
 typedef struct dpar__mpi_group {
     MPI_Comm comm;
@@ -3766,6 +3766,9 @@ typedef struct dpar__mpi_group {
     int sends_pending;
     unsigned char *xid;     /* the backend's bootstrap id (+ status), once sent */
     int xid_ready;
+    int abandoned;          /* a data request was given up on (timeout): MPI may still
+                               use comm, xbuf, xrecv, xid and nbuf, so they are never freed */
+    dpar__mpi_msg *nbuf;    /* [nprocs] "gave up waiting for you" notices (tag DPAR__MPI_TAG_GAVE_UP) */
 } dpar__mpi_group;
 
 static void dpar__mpi_fmax(void *in, void *inout, int *len, MPI_Datatype *dt) {
@@ -3918,6 +3921,11 @@ static dpar_status dpar__mpi_runtime_init(dpar_runtime *rt, dpar_status opened) 
 static void dpar__mpi_runtime_free(dpar_runtime *rt) {
     dpar__mpi *mp = (dpar__mpi *)rt->mpi;
     if (!mp) return;
+    rt->mpi = NULL;
+    /* an abandoned end-of-dispatch agreement may still use mp's buffers and
+       communicator, and a group's abandoned all-reduce its MPI_Ops: keep them
+       (see dpar__mpi_group_free) */
+    if (mp->broken) return;
     int fin = 0;
     MPI_Finalized(&fin);
     if (!fin) {
@@ -3932,6 +3940,11 @@ static void dpar__mpi_runtime_free(dpar_runtime *rt) {
 
 static void dpar__mpi_group_free(dpar__mpi *mp, dpar__mpi_group *mg) {
     if (!mg) return;
+    /* a collective that was given up on stays active inside MPI (it cannot be
+       cancelled) and may still read or write these buffers, even during
+       MPI_Finalize: leave the group's communicator and buffers alone (a
+       deliberate, bounded leak after a failure across processes) */
+    if (mg->abandoned) return;
     int fin = 0;
     MPI_Finalized(&fin);
     if (!fin && mg->comm != MPI_COMM_NULL) {
@@ -4075,6 +4088,31 @@ static const char *dpar__mpi_devs(const dpar__group *g, const dpar__mpi_group *m
     return buf;
 }
 
+/* Did a process of this group give up waiting for this one (its timeout
+   passed before this process arrived)? Then say so, instead of waiting for
+   it in turn and reporting a vaguer timeout later. */
+static dpar_status dpar__mpi_gave_up(dpar__mpi *mp, dpar__mpi_group *mg, const dpar__group *g, const char *what, uint64_t job,
+                                     uint64_t seq, int timeout_ms) {
+    int flag = 0;
+    MPI_Status st;
+    pthread_mutex_lock(&mp->mu);
+    /* a probe that finds nothing makes progress afterwards: ask a few times */
+    for (int i = 0; i < 3 && !flag; i++) MPI_Iprobe(MPI_ANY_SOURCE, DPAR__MPI_TAG_GAVE_UP, mg->comm, &flag, &st);
+    dpar__mpi_msg o;
+    memset(&o, 0, sizeof o);
+    if (flag) MPI_Recv(&o, (int)sizeof o, MPI_BYTE, st.MPI_SOURCE, DPAR__MPI_TAG_GAVE_UP, mg->comm, MPI_STATUS_IGNORE);
+    pthread_mutex_unlock(&mp->mu);
+    if (!flag) return DPAR_OK;
+    char devs[128];
+    mp->broken = 1;
+    return dpar__err(DPAR_ERR_TIMEOUT, "%s (step: pmap #%llu, collective #%llu of this group): rank %d (devices %s) gave up waiting for "
+                     "this process at pmap #%llu, collective #%llu of this group, after its timeout (%d ms here; DPAR_TIMEOUT_MS): this "
+                     "process arrived too late, so the processes are out of step; destroy the runtime on every process",
+                     what, (unsigned long long)job, (unsigned long long)seq, mg->procs[st.MPI_SOURCE],
+                     dpar__mpi_devs(g, mg, st.MPI_SOURCE, devs, sizeof devs), (unsigned long long)o.job, (unsigned long long)o.seq,
+                     timeout_ms);
+}
+
 /* Step 1 of every collective across processes, run by the group's leader on
    each process: every process tells the others what it calls, so a
    mismatch, a rank that returned from its pmap function, or one that never
@@ -4090,9 +4128,10 @@ static dpar_status dpar__mpi_describe(dpar_ctx *ctx, dpar__group *g, const char 
     const int L = g->leader;
     uint64_t job = rt->job_count, seq = g->seq;
     struct timespec dl = *dlp;
+    dpar_status s;
     dpar__mpi_msg mine;
     dpar__mpi_fill_msg(&mine, &g->posts[L], job, seq, 0);
-    dpar_status s = dpar__mpi_send_all(mp, mg, &mine);
+    s = dpar__mpi_send_all(mp, mg, &mine);
     if (s) return s;
     for (int q = 0; q < mg->nprocs; q++) {
         mg->rreq[q] = MPI_REQUEST_NULL;
@@ -4122,6 +4161,18 @@ static dpar_status dpar__mpi_describe(dpar_ctx *ctx, dpar__group *g, const char 
                 if (!done && at < sizeof who)
                     at += (size_t)snprintf(who + at, sizeof who - at, "%srank %d (devices %s)", at ? ", " : "", mg->procs[k],
                                            dpar__mpi_devs(g, mg, k, devs, sizeof devs));
+                if (!done && r == 0) { /* tell it, should it arrive later */
+                    if (!mg->nbuf) mg->nbuf = (dpar__mpi_msg *)dpar__calloc((size_t)mg->nprocs, sizeof(dpar__mpi_msg));
+                    if (mg->nbuf) {
+                        MPI_Request nr = MPI_REQUEST_NULL;
+                        dpar__mpi_fill_msg(&mg->nbuf[k], NULL, job, seq, 2);
+                        pthread_mutex_lock(&mp->mu);
+                        if (MPI_Isend(&mg->nbuf[k], (int)sizeof mine, MPI_BYTE, k, DPAR__MPI_TAG_GAVE_UP, mg->comm, &nr) == MPI_SUCCESS)
+                            MPI_Request_free(&nr); /* completes on its own; nbuf is kept (abandoned) */
+                        pthread_mutex_unlock(&mp->mu);
+                        mg->abandoned = 1;
+                    }
+                }
             }
             mp->broken = 1;
             if (r < 0) return dpar__err(DPAR_ERR_ABORTED, "%s: stopped because another device failed first", what);
@@ -4130,6 +4181,7 @@ static dpar_status dpar__mpi_describe(dpar_ctx *ctx, dpar__group *g, const char 
                              what, (unsigned long long)job, (unsigned long long)seq, rt->timeout_ms, who);
         }
     }
+    if ((s = dpar__mpi_gave_up(mp, mg, g, what, job, seq, rt->timeout_ms))) return s;
     for (int q = 0; q < mg->nprocs; q++) {
         if (q == mg->me) continue;
         const dpar__mpi_msg *o = &mg->rbuf[q];
@@ -4189,6 +4241,7 @@ static dpar_status dpar__mpi_coll_agree(dpar_ctx *ctx, dpar__group *g, const cha
     int r = dpar__mpi_poll(mp, &req, &dl, ctx->job, 1);
     if (r != 1) {
         mp->broken = 1;
+        mg->abandoned = 1; /* MPI may still write mg->xid */
         if (r < 0) return dpar__err(DPAR_ERR_ABORTED, "%s: stopped because another device failed first", what);
         return dpar__err(DPAR_ERR_TIMEOUT, "%s: sending the %s backend's bootstrap id across processes did not finish within %d ms",
                          what, rt->be->name, rt->timeout_ms);
@@ -4280,6 +4333,7 @@ static dpar_status dpar__mpi_coll(dpar_ctx *ctx, dpar__group *g, dpar__coll *c, 
                 int r = dpar__mpi_poll(mp, &req, &dl, ctx->job, 1);
                 if (r != 1) {
                     mp->broken = 1; /* a collective cannot be cancelled: the runtime is out of step now */
+                    mg->abandoned = 1;
                     if (r < 0) return dpar__err(DPAR_ERR_ABORTED, "%s: stopped because another device failed first", what);
                     return dpar__err(DPAR_ERR_TIMEOUT, "%s (step: pmap #%llu, collective #%llu of this group): the data exchange across "
                                      "processes did not finish within %d ms", what, (unsigned long long)job, (unsigned long long)seq,
@@ -4310,8 +4364,9 @@ static dpar_status dpar__mpi_coll(dpar_ctx *ctx, dpar__group *g, dpar__coll *c, 
         int cr = mg->cr_of[c->root];
         if (inbytes > (size_t)INT32_MAX) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: %zu bytes exceed MPI's int count", what, inbytes);
         if (!dpar__grow((void **)&mg->xbuf, &mg->xcap, inbytes + 8)) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "%s: out of host memory", what);
-        char *buf = cr == mg->me ? (char *)g->in_ptr[c->root] : mg->xbuf;
-        DPAR__MPI_CALL(mp, MPI_Ibcast(buf, (int)inbytes, MPI_BYTE, cr, mg->comm, &req));
+        /* the root sends a copy: MPI only ever holds mg's buffers (see mg->abandoned) */
+        if (cr == mg->me && inbytes) memcpy(mg->xbuf, g->in_ptr[c->root], inbytes);
+        DPAR__MPI_CALL(mp, MPI_Ibcast(mg->xbuf, (int)inbytes, MPI_BYTE, cr, mg->comm, &req));
     } else {
         size_t total = inbytes * (size_t)n;
         if (total > (size_t)INT32_MAX) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: %zu bytes exceed MPI's int count", what, total);
@@ -4327,6 +4382,7 @@ static dpar_status dpar__mpi_coll(dpar_ctx *ctx, dpar__group *g, dpar__coll *c, 
     int r = dpar__mpi_poll(mp, &req, &dl, ctx->job, 1);
     if (r != 1) {
         mp->broken = 1; /* a collective cannot be cancelled: the runtime is out of step now */
+        mg->abandoned = 1;
         if (r < 0) return dpar__err(DPAR_ERR_ABORTED, "%s: stopped because another device failed first", what);
         return dpar__err(DPAR_ERR_TIMEOUT, "%s (step: pmap #%llu, collective #%llu of this group): the data exchange across processes did not "
                          "finish within %d ms", what, (unsigned long long)job, (unsigned long long)seq, rt->timeout_ms);
@@ -4350,8 +4406,7 @@ static dpar_status dpar__mpi_coll(dpar_ctx *ctx, dpar__group *g, dpar__coll *c, 
             }
         }
     } else if (c->kind == DPAR__COLL_BROADCAST) {
-        int cr = mg->cr_of[c->root];
-        const char *buf = cr == mg->me ? (const char *)g->in_ptr[c->root] : mg->xbuf;
+        const char *buf = mg->xbuf;
         for (int rr = 0; rr < n; rr++)
             if (dpar__is_local(rt, g->devices[rr]) && g->out_ptr[rr] != buf && inbytes) memcpy(g->out_ptr[rr], buf, inbytes);
     } else {
@@ -4395,11 +4450,13 @@ static void dpar__mpi_job_agree(dpar_runtime *rt, dpar__job *job) {
         }
         return;
     }
-    mp->agree_mine = job->first_status ? rt->proc : rt->nproc;
-    mp->agree_lowest = rt->nproc;
+    mp->agree_mine[0] = job->first_status ? rt->proc : rt->nproc;
+    mp->agree_mine[1] = -mp->broken; /* so that every process knows it must be destroyed */
+    mp->agree_lowest[0] = rt->nproc;
+    mp->agree_lowest[1] = 0;
     MPI_Request req = MPI_REQUEST_NULL;
     pthread_mutex_lock(&mp->mu);
-    int rc = MPI_Iallreduce(&mp->agree_mine, &mp->agree_lowest, 1, MPI_INT, MPI_MIN, mp->comm, &req);
+    int rc = MPI_Iallreduce(mp->agree_mine, mp->agree_lowest, 2, MPI_INT, MPI_MIN, mp->comm, &req);
     pthread_mutex_unlock(&mp->mu);
     struct timespec dl;
     dpar__deadline(&dl, rt->timeout_ms * 2);
@@ -4414,7 +4471,8 @@ static void dpar__mpi_job_agree(dpar_runtime *rt, dpar__job *job) {
         }
         return;
     }
-    int lowest = mp->agree_lowest;
+    int lowest = mp->agree_lowest[0];
+    if (mp->agree_lowest[1] < 0) mp->broken = 1; /* some process is out of step: so is this one */
     if (lowest >= rt->nproc) return; /* everyone succeeded */
     memset(&mp->agree_e, 0, sizeof mp->agree_e);
     if (lowest == rt->proc) {

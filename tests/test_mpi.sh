@@ -8,8 +8,8 @@
 BUILD=${BUILD:-build}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 if ! command -v mpirun >/dev/null 2>&1; then echo "FAIL mpi: mpirun not found (apt-get install openmpi-bin libopenmpi-dev)"; exit 1; fi
-if [ ! -x "$BUILD/mpi_collectives" ] || [ ! -x "$BUILD/train_digits_mpi" ]; then
-    echo "FAIL mpi: $BUILD/mpi_collectives or $BUILD/train_digits_mpi not built (needs mpicc: make mpi)"; exit 1
+if [ ! -x "$BUILD/mpi_collectives" ] || [ ! -x "$BUILD/mpi_late" ] || [ ! -x "$BUILD/train_digits_mpi" ]; then
+    echo "FAIL mpi: $BUILD/mpi_collectives, mpi_late or train_digits_mpi not built (needs mpicc: make mpi)"; exit 1
 fi
 case "$BUILD" in *thread*)
     echo "SKIPPED mpi under TSan: Open MPI's own threads are not instrumented (the MPI tests run in the plain and ASan runs)"; exit 0;;
@@ -26,6 +26,16 @@ for np in 2 4; do
     grep -q "^mpi_collectives np=$np: 0 failed checks" "$out" || { [ "$rc" -ne 0 ] && ! grep -q '^FAIL' "$out" && echo "FAIL mpi_collectives np=$np: exit status $rc"; }
     rm -f "$out"
 done
+# A rank far later than the timeout: clear errors on both ranks, then no crash in destroy / MPI_Finalize.
+late=$(mktemp)
+timeout 120 mpirun $OVER -np 2 ${DPAR_TEST_WRAPPER:-} "$BUILD/mpi_late" >"$late" 2>&1
+rc=$?
+if [ "$rc" -eq 0 ] && [ "$(grep -c '^rank [01]: ok$' "$late")" -eq 2 ]; then
+    echo "PASS a rank 3.5x the timeout late: both ranks report it clearly, destroy their runtimes and finalize MPI"
+else
+    cat "$late"; echo "FAIL mpi_late: exit status $rc"
+fi
+rm -f "$late"
 # Two ranks that resolve to the same GPU on one node: an immediate error on every rank.
 # (llvmpipe is one physical Vulkan device, so two ranks on it collide.)
 dup=$(mktemp)

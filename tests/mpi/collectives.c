@@ -247,6 +247,18 @@ static dpar_status uneven_fn(dpar_ctx *ctx, void *u) {
     dpar_buffer_destroy(b);
     return s;
 }
+/* ---- a rank that arrives after the others gave up on it ---- */
+static dpar_status very_late_fn(dpar_ctx *ctx, void *u) {
+    (void)u;
+    int64_t sh[1] = { 16 };
+    dpar_buffer *b;
+    dpar_status s = dpar_ctx_buffer(ctx, DPAR_F32, 1, sh, &b);
+    if (s) return s;
+    if (dpar_ctx_device(ctx) >= LOCAL && dpar_ctx_device(ctx) < 2 * LOCAL) usleep(1500 * 1000); /* rank 1: 5x the timeout */
+    s = dpar_psum(ctx, b, b, "data");
+    dpar_buffer_destroy(b);
+    return s;
+}
 /* ---- a rank that never arrives ---- */
 static dpar_status late_fn(dpar_ctx *ctx, void *u) {
     (void)u;
@@ -394,6 +406,32 @@ int main(int argc, char **argv) {
         check("uneven steps (rank 0: 3, others: 4): every rank's dispatch fails, naming rank 0 and the step, before the timeout", ok, why);
         if (rank == 0 || rank == 1) printf("  rank %d saw: %s\n", rank, e);
         dpar_runtime_destroy(r3);
+    }
+    /* a rank that arrives after the others timed out: every rank gets an error saying so (the late one
+       hears that the others gave up on it), and the MPI requests given up on do not crash the
+       runtimes and MPI_Finalize that follow (they keep their buffers) */
+    {
+        dpar_runtime *r5 = runtime(300);
+        dpar_mesh *mm = mesh2(r5, N, 0, "data", NULL);
+        dpar_shard_map_desc sd;
+        memset(&sd, 0, sizeof sd);
+        sd.fn = very_late_fn;
+        dpar_status s = dpar_shard_map(mm, &sd);
+        const char *e = dpar_last_error();
+        int ok = s == DPAR_ERR_TIMEOUT && (rank == 1 ? strstr(e, "gave up waiting for this process") != NULL
+                                                     : strstr(e, "rank 1") && strstr(e, "never"));
+        snprintf(why, sizeof why, "%s: %s", dpar_status_string(s), e);
+        check("a rank 5x the timeout late: the others name it, it hears they gave up on it", ok, why);
+        if (rank == 1) printf("  rank 1 saw: %s\n", e);
+        /* the runtime must be destroyed now; the next dispatch says so on every rank */
+        s = dpar_shard_map(mm, &sd);
+        check("after that, every rank's next dispatch says to destroy the runtime", s != DPAR_OK && strstr(dpar_last_error(), "destroy"),
+              dpar_last_error());
+        /* destroyed at once, and the next runtime is made while rank 1 may still be on its way: the
+           waiting ranks' given-up MPI requests complete only when it arrives (they must still find
+           their buffers and communicators; this crashed in MPI_Comm_dup or MPI_Finalize before) */
+        dpar_mesh_destroy(mm);
+        dpar_runtime_destroy(r5);
     }
     /* a rank that never arrives: timeout naming it */
     {

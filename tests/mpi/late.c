@@ -1,0 +1,54 @@
+/* A rank that arrives long after the others gave up on it (mpirun -np 2,
+   run by tests/test_mpi.sh): rank 1 reaches its psum 3.5 s late with a 1 s
+   timeout. Both ranks must get a clear error (rank 1 hears that rank 0 gave
+   up on it), and then destroy the runtime and finalize MPI without a crash:
+   rank 0's given-up MPI requests complete only when rank 1 arrives, after
+   rank 0 destroyed its runtime, so their buffers and communicators must
+   outlive it. Prints "rank R: ok" per rank after MPI_Finalize. */
+#include <mpi.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+#include "dpar.h"
+
+static dpar_status fn(dpar_ctx *ctx, void *u) {
+    (void)u;
+    int64_t sh[1] = { 8 };
+    dpar_buffer *b;
+    dpar_status s = dpar_ctx_buffer(ctx, DPAR_F32, 1, sh, &b);
+    if (s) return s;
+    if (dpar_ctx_device(ctx) >= 2) usleep(3500 * 1000); /* rank 1's devices */
+    s = dpar_psum(ctx, b, b, "x");
+    dpar_buffer_destroy(b);
+    return s;
+}
+
+int main(int argc, char **argv) {
+    int prov, rank;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &prov);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm world = MPI_COMM_WORLD;
+    dpar_runtime_desc rd;
+    memset(&rd, 0, sizeof rd);
+    rd.backend = DPAR_BACKEND_CPU; rd.num_devices = 2; rd.timeout_ms = 1000; rd.mpi_comm = &world;
+    dpar_runtime *rt = NULL;
+    dpar_mesh *m = NULL;
+    if (dpar_runtime_create(&rd, &rt)) { fprintf(stderr, "rank %d: %s\n", rank, dpar_last_error()); MPI_Abort(MPI_COMM_WORLD, 2); }
+    dpar_mesh_desc md;
+    memset(&md, 0, sizeof md);
+    md.ndim = 1; md.shape[0] = 4; md.axis_names[0] = "x";
+    if (dpar_mesh_create(rt, &md, &m)) { fprintf(stderr, "rank %d: %s\n", rank, dpar_last_error()); MPI_Abort(MPI_COMM_WORLD, 2); }
+    dpar_shard_map_desc sd;
+    memset(&sd, 0, sizeof sd);
+    sd.fn = fn;
+    dpar_status s = dpar_shard_map(m, &sd);
+    const char *e = dpar_last_error();
+    int ok = s == DPAR_ERR_TIMEOUT && strstr(e, rank == 1 ? "gave up waiting for this process" : "never called it") != NULL;
+    printf("rank %d: %s: %s\n", rank, dpar_status_string(s), e);
+    fflush(stdout);
+    dpar_mesh_destroy(m);
+    dpar_runtime_destroy(rt);
+    MPI_Finalize();
+    printf("rank %d: %s\n", rank, ok ? "ok" : "UNEXPECTED ERROR");
+    return ok ? 0 : 1;
+}
