@@ -1223,6 +1223,7 @@ struct dpar_runtime {
     int nlocal, local_base;       /* this process's devices: local_base .. local_base+nlocal-1 */
     int proc, nproc, local_rank;  /* MPI process index, count, rank on this node */
     int local_size;               /* processes on this node (1 without MPI) */
+    int share_index, share_count; /* this process's share of the node's devices: share_index of share_count */
     int xbackend;                 /* cross-process groups use the backend's collective (every process agreed) */
     size_t xid_size;              /* its bootstrap id's bytes */
     uint64_t job_count;           /* dispatches so far (the same on every process) */
@@ -1429,6 +1430,7 @@ static dpar_status dpar__runtime_create(const dpar_runtime_desc *desc_in, dpar_r
     int count = 0;
     dpar_status s = DPAR_OK;
     rt->local_size = 1;
+    rt->share_count = 1;
 #ifdef DPAR_MPI
     /* the node-local rank picks this process's share of the node's devices */
     *met = 1;
@@ -1440,7 +1442,7 @@ static dpar_status dpar__runtime_create(const dpar_runtime_desc *desc_in, dpar_r
         return dpar__err(s, "%s", msg);
     }
 #endif
-    s = be->init(&desc, requested, rt->local_rank, rt->local_size, &rt->bstate, &count);
+    s = be->init(&desc, requested, rt->share_index, rt->share_count, &rt->bstate, &count);
     if (s != DPAR_OK) rt->bstate = NULL;
     else if (requested && count != requested)
         s = dpar__err(DPAR_ERR_DEVICE_COUNT, "dpar_runtime_create: %d devices requested but the %s backend has %d",
@@ -3738,6 +3740,11 @@ typedef struct dpar__mpi {
     /* the end-of-dispatch agreement's buffers: they outlive a request that is
        given up on after a timeout (MPI may still write them later) */
     int agree_mine[2], agree_lowest[2], agree_abandoned; /* [lowest failing process, -(any process broken)] */
+    /* the backend bootstrap ids sent so far, by the group's device list: a group
+       of devices in a second mesh reuses its id (and so the backend's cached
+       communicator) instead of making a new one (an unused NCCL id leaves a
+       bootstrap thread and socket behind) */
+    struct dpar__mpi_xid { struct dpar__mpi_xid *next; int n; int *devices; unsigned char *id; } *xids;
     struct { int status, device; char msg[DPAR__ERR_LEN]; } agree_e;
 } dpar__mpi;
 
@@ -3823,6 +3830,22 @@ static dpar_status dpar__mpi_runtime_pre(dpar_runtime *rt, const void *comm_ptr)
     if (rc != MPI_SUCCESS) return dpar__mpi_errstr(rc, "MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)");
     MPI_Comm_rank(node, &rt->local_rank);
     MPI_Comm_size(node, &rt->local_size);
+    rt->share_index = rt->local_rank;
+    rt->share_count = rt->local_size;
+    if (rt->local_size > 1) { /* (every process of the node takes part, whatever its backend) */
+        /* CUDA_VISIBLE_DEVICES set differently per rank (Slurm --gpus-per-task, a
+           wrapper script): each process already sees only its own GPUs, so it
+           opens all it sees instead of a share of them */
+        const char *v = getenv("CUDA_VISIBLE_DEVICES");
+        uint64_t h = v ? 1469598103934665603ull : 0;
+        for (const char *c = v; c && *c; c++) h = (h ^ (unsigned char)*c) * 1099511628211ull;
+        uint64_t mine[2] = { h, ~h }, mx[2] = { 0, 0 };
+        rc = MPI_Allreduce(mine, mx, 2, MPI_UINT64_T, MPI_MAX, node);
+        if (rc == MPI_SUCCESS && (mx[0] != h || mx[1] != ~h) && rt->be && rt->be->kind == DPAR_BACKEND_CUDA) {
+            rt->share_index = 0;
+            rt->share_count = 1;
+        }
+    }
     MPI_Comm_free(&node);
     return DPAR_OK;
 }
@@ -3839,13 +3862,14 @@ static dpar_status dpar__mpi_runtime_init(dpar_runtime *rt, dpar_status opened) 
     MPI_Get_processor_name(host, &hl);
     uint64_t hh = 1469598103934665603ull;
     for (int i = 0; i < hl; i++) hh = (hh ^ (unsigned char)host[i]) * 1099511628211ull;
-    enum { HEAD = 4, PER = 3, W = HEAD + PER * DPAR_MAX_DEVICES };
+    enum { HEAD = 5, PER = 3, W = HEAD + PER * DPAR_MAX_DEVICES };
     int64_t mine[W];
     for (int i = 0; i < W; i++) mine[i] = -1;
     mine[0] = opened ? -1 : rt->nlocal;
     mine[1] = (int64_t)(hh >> 1);
     mine[2] = opened ? (int64_t)opened : 0;
     mine[3] = 0;
+    mine[4] = rt->be ? (int64_t)rt->be->kind : -1;
     if (!opened) {
         const char *xe = getenv("DPAR_MPI_BACKEND_COLLECTIVES");
         if (rt->be->cross_id_size && !(xe && *xe == '0')) mine[3] = (int64_t)rt->be->cross_id_size(rt->bstate);
@@ -3869,9 +3893,14 @@ static dpar_status dpar__mpi_runtime_init(dpar_runtime *rt, dpar_status opened) 
     if (rc != MPI_SUCCESS) { DPAR_FREE(all); return dpar__mpi_errstr(rc, "MPI_Allgather (dpar_runtime_create)"); }
     dpar_status s = DPAR_OK;
     for (int q = 0; q < mp->size && !s; q++)
-        if (all[(size_t)q * W] < 0)
-            s = dpar__err(DPAR_ERR_BACKEND, "dpar_runtime_create: it failed on process %d (%s; see that rank's error), so no process "
-                          "gets a runtime", q, dpar_status_string((dpar_status)all[(size_t)q * W + 2]));
+        if (all[(size_t)q * W] < 0) /* the same status as the failing process, with its rank */
+            s = dpar__err((dpar_status)all[(size_t)q * W + 2], "dpar_runtime_create: it failed on process %d (%s; see that rank's error), "
+                          "so no process gets a runtime", q, dpar_status_string((dpar_status)all[(size_t)q * W + 2]));
+    for (int q = 1; q < mp->size && !s; q++)
+        if (all[(size_t)q * W + 4] != all[4])
+            s = dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_runtime_create: process 0 uses the %s backend but process %d uses %s; every "
+                          "process must use the same backend (desc.backend / DPAR_BACKEND)", dpar_backend_name((dpar_backend_kind)all[4]), q,
+                          dpar_backend_name((dpar_backend_kind)all[(size_t)q * W + 4]));
     for (int q = 0; q < mp->size && !s; q++)
         if (all[(size_t)q * W] != all[0])
             s = dpar__err(DPAR_ERR_DEVICE_COUNT, "dpar_runtime_create: process 0 has %lld local devices but process %d has %lld; every process "
@@ -3895,10 +3924,10 @@ static dpar_status dpar__mpi_runtime_init(dpar_runtime *rt, dpar_status opened) 
                         if (has_uuid)
                             snprintf(u, sizeof u, " (UUID %016llx%016llx)", (unsigned long long)x[1], (unsigned long long)x[2]);
                         s = dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_runtime_create: ranks %d and %d both resolve to physical %s device %lld%s on "
-                                      "the same node (rank %d's device %d, rank %d's device %d); give each rank its own device: by default a rank "
-                                      "opens its node-local share (node-local rank x devices per process), so run fewer ranks or devices per "
-                                      "node, or pick devices per rank (CUDA_VISIBLE_DEVICES, DPAR_VK_DEVICE), or set DPAR_ALLOW_SHARED_DEVICE=1 "
-                                      "to share it deliberately",
+                                      "the same node (rank %d's device %d, rank %d's device %d); give each rank its own device: by default the "
+                                      "node's devices are split evenly between its processes, in node-local rank order, so run fewer ranks or "
+                                      "devices per node, or pick devices per rank (CUDA_VISIBLE_DEVICES, DPAR_VK_DEVICE), or set "
+                                      "DPAR_ALLOW_SHARED_DEVICE=1 to share it deliberately",
                                       a, b, rt->be->name, (long long)x[0], u, a, i, b, j);
                     }
     /* the backend runs cross-process groups itself only if every process can,
@@ -3932,6 +3961,11 @@ static void dpar__mpi_runtime_free(dpar_runtime *rt) {
         if (mp->op_max != MPI_OP_NULL && mp->op_max) MPI_Op_free(&mp->op_max);
         if (mp->op_min != MPI_OP_NULL && mp->op_min) MPI_Op_free(&mp->op_min);
         if (mp->comm != MPI_COMM_NULL) MPI_Comm_free(&mp->comm);
+    }
+    while (mp->xids) {
+        struct dpar__mpi_xid *x = mp->xids;
+        mp->xids = x->next;
+        DPAR_FREE(x->devices); DPAR_FREE(x->id); DPAR_FREE(x);
     }
     pthread_mutex_destroy(&mp->mu);
     DPAR_FREE(mp);
@@ -4228,6 +4262,16 @@ static dpar_status dpar__mpi_coll_agree(dpar_ctx *ctx, dpar__group *g, const cha
     size_t bytes = rt->xid_size + 8;
     if (!mg->xid) mg->xid = (unsigned char *)dpar__calloc(1, bytes);
     if (!mg->xid) { mp->broken = 1; return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "%s: out of host memory", what); }
+    /* the same devices in an earlier mesh: every process of the group has the
+       same meshes, so all find it (or none does) */
+    pthread_mutex_lock(&mp->mu); /* leaders of other groups may look too */
+    for (struct dpar__mpi_xid *x = mp->xids; x && !mg->xid_ready; x = x->next) {
+        if (x->n != g->n || memcmp(x->devices, g->devices, sizeof(int) * (size_t)g->n)) continue;
+        memcpy(mg->xid, x->id, rt->xid_size);
+        mg->xid_ready = 1;
+    }
+    pthread_mutex_unlock(&mp->mu);
+    if (mg->xid_ready) return DPAR_OK;
     int root = mg->cr_of[0];
     unsigned char *hdr = mg->xid + rt->xid_size; /* status after the id */
     char keep[DPAR__ERR_LEN] = "";
@@ -4255,6 +4299,20 @@ static dpar_status dpar__mpi_coll_agree(dpar_ctx *ctx, dpar__group *g, const cha
                          what, mg->procs[root], rt->be->name);
     }
     mg->xid_ready = 1;
+    struct dpar__mpi_xid *x = (struct dpar__mpi_xid *)dpar__calloc(1, sizeof *x);
+    if (x) {
+        x->devices = (int *)dpar__calloc((size_t)g->n, sizeof(int));
+        x->id = (unsigned char *)dpar__calloc(1, rt->xid_size);
+        if (!x->devices || !x->id) { DPAR_FREE(x->devices); DPAR_FREE(x->id); DPAR_FREE(x); x = NULL; }
+    }
+    if (!x) { mp->broken = 1; return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "%s: out of host memory", what); }
+    x->n = g->n;
+    memcpy(x->devices, g->devices, sizeof(int) * (size_t)g->n);
+    memcpy(x->id, mg->xid, rt->xid_size);
+    pthread_mutex_lock(&mp->mu);
+    x->next = mp->xids;
+    mp->xids = x;
+    pthread_mutex_unlock(&mp->mu);
     return DPAR_OK;
 }
 

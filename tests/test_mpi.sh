@@ -8,8 +8,8 @@
 BUILD=${BUILD:-build}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 if ! command -v mpirun >/dev/null 2>&1; then echo "FAIL mpi: mpirun not found (apt-get install openmpi-bin libopenmpi-dev)"; exit 1; fi
-if [ ! -x "$BUILD/mpi_collectives" ] || [ ! -x "$BUILD/mpi_late" ] || [ ! -x "$BUILD/train_digits_mpi" ]; then
-    echo "FAIL mpi: $BUILD/mpi_collectives, mpi_late or train_digits_mpi not built (needs mpicc: make mpi)"; exit 1
+if [ ! -x "$BUILD/mpi_collectives" ] || [ ! -x "$BUILD/mpi_late" ] || [ ! -x "$BUILD/mpi_remesh" ] || [ ! -x "$BUILD/train_digits_mpi" ]; then
+    echo "FAIL mpi: $BUILD/mpi_collectives, mpi_late, mpi_remesh or train_digits_mpi not built (needs mpicc: make mpi)"; exit 1
 fi
 case "$BUILD" in *thread*)
     echo "SKIPPED mpi under TSan: Open MPI's own threads are not instrumented (the MPI tests run in the plain and ASan runs)"; exit 0;;
@@ -26,6 +26,12 @@ for np in 2 4; do
     grep -q "^mpi_collectives np=$np: 0 failed checks" "$out" || { [ "$rc" -ne 0 ] && ! grep -q '^FAIL' "$out" && echo "FAIL mpi_collectives np=$np: exit status $rc"; }
     rm -f "$out"
 done
+# Meshes made again over the same devices.
+if timeout 120 mpirun $OVER -np 2 ${DPAR_TEST_WRAPPER:-} "$BUILD/mpi_remesh" 2>&1 | grep -q '^remesh: ok'; then
+    echo "PASS 6 meshes made one after another over the same devices across 2 processes: every psum right"
+else
+    echo "FAIL mpi_remesh"
+fi
 # A rank far later than the timeout: clear errors on both ranks, then no crash in destroy / MPI_Finalize.
 late=$(mktemp)
 timeout 120 mpirun $OVER -np 2 ${DPAR_TEST_WRAPPER:-} "$BUILD/mpi_late" >"$late" 2>&1

@@ -42,7 +42,8 @@
 // "mock nccl: N communicator rank(s) spanning processes, M collective(s)
 // through shared memory" (ncclCommInitRank ranks of this process whose
 // communicator has ranks in other processes, and the collectives / p2p
-// groups they ran); MOCK_NCCL_TIMEOUT_MS (default 10000) bounds every wait of
+// groups they ran) and "mock nccl: K unique id(s) made" (ncclGetUniqueId
+// calls); MOCK_NCCL_TIMEOUT_MS (default 10000) bounds every wait of
 // a cross-process communicator; MOCK_NCCL_STALL=k (MOCK_NCCL_STALL_ERROR=1)
 // hangs the k-th collective of every rank until ncclCommAbort (and reports
 // ncclSystemError asynchronously); MOCK_NCCL_TRACE=1 logs NCCL operations.
@@ -997,10 +998,10 @@ int ncclCommInitAll(void **comms, int n, const int *devs) {
 }
 
 struct ncclUniqueId { char internal[128]; };
+static unsigned g_unique_ids; /* ncclGetUniqueId calls (MOCK_CUDA_REPORT) */
 int ncclGetUniqueId(ncclUniqueId *id) {
-    static unsigned counter;
     if (!id) return 4;
-    unsigned k = __atomic_add_fetch(&counter, 1u, __ATOMIC_SEQ_CST);
+    unsigned k = __atomic_add_fetch(&g_unique_ids, 1u, __ATOMIC_SEQ_CST);
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     unsigned rnd = ((unsigned)ts.tv_nsec ^ ((unsigned)ts.tv_sec << 11) ^ (unsigned)(uintptr_t)&ts) * 2654435761u + k;
@@ -1449,4 +1450,5 @@ __attribute__((destructor)) static void mock_report(void) {
     for (auto &a : g_allocs) fprintf(stderr, "mock cuda:   live allocation of %zu bytes\n", a.second);
     fprintf(stderr, "mock nccl: %d communicator rank(s) spanning processes, %d collective(s) through shared memory\n",
             XLD(&g_xranks), XLD(&g_xops));
+    fprintf(stderr, "mock nccl: %u unique id(s) made\n", __atomic_load_n(&g_unique_ids, __ATOMIC_SEQ_CST));
 }

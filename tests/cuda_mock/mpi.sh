@@ -92,6 +92,22 @@ else
     echo "$n"
 fi
 
+# a group across processes in 6 meshes, one after another: one NCCL unique id in all, not one per mesh
+env LD_LIBRARY_PATH="$LIBS" MOCK_CUDA_GPUS=4 MOCK_CUDA_REPORT=1 DPAR_BACKEND=cuda timeout 300 mpirun $OVER -np 2 "$BUILD/mpi_remesh" >"$log" 2>&1
+ids=$(sed -n 's/^mock nccl: \([0-9]*\) unique id(s) made/\1/p' "$log" | awk '{ s += $1 } END { print s + 0 }')
+if grep -q '^remesh: ok, 4 devices' "$log" && [ "$ids" -eq 1 ]; then
+    echo "PASS mpi_cuda_mock_remesh (6 meshes over the same devices: every psum right, 1 NCCL unique id made in all)"
+else
+    cat "$log"; echo "FAIL mpi_cuda_mock_remesh: $ids NCCL unique ids for one group of devices (want 1), or not 4 devices"
+fi
+# the default device count with CUDA_VISIBLE_DEVICES per rank: each rank opens both GPUs it sees (not half)
+env LD_LIBRARY_PATH="$LIBS" MOCK_CUDA_GPUS=4 DPAR_BACKEND=cuda timeout 300 mpirun $OVER -np 2 "$vis" "$BUILD/mpi_remesh" >"$log" 2>&1
+if grep -q '^remesh: ok, 4 devices' "$log"; then
+    echo "PASS mpi_cuda_mock_visible_default_count (CUDA_VISIBLE_DEVICES per rank, num_devices 0: 2 GPUs per rank, 4 in all)"
+else
+    cat "$log"; echo "FAIL mpi_cuda_mock_visible_default_count: want 4 devices in all"
+fi
+
 # two ranks, 2 devices each, 2 GPUs on the node: they would share both GPUs
 env LD_LIBRARY_PATH="$LIBS" MOCK_CUDA_GPUS=2 timeout 300 mpirun $OVER -np 2 "$BUILD/train_digits_mpi" --backend cuda --devices 4 --epochs 1 >"$log" 2>&1
 n=$(grep -c "ranks 0 and 1 both resolve to physical cuda device .* (UUID " "$log")

@@ -451,7 +451,7 @@ int main(int argc, char **argv) {
         dpar_runtime_destroy(r4);
     }
     /* dpar_runtime_create failing on one rank only: every rank returns an error (no rank waits in MPI forever) */
-    for (int kind = 0; kind < 2; kind++) {
+    for (int kind = 0; kind < 3; kind++) {
         dpar_runtime_desc d;
         memset(&d, 0, sizeof d);
         d.backend = getenv("DPAR_BACKEND") && *getenv("DPAR_BACKEND") ? DPAR_BACKEND_DEFAULT : DPAR_BACKEND_CPU;
@@ -460,17 +460,20 @@ int main(int argc, char **argv) {
         d.mpi_comm = &world;
         if (rank == 1) {
             if (kind == 0) d.timeout_ms = -5;      /* rejected before this rank meets the others */
-            else d.num_devices = LOCAL + 1;        /* opens, but differs from the others */
+            else if (kind == 1) d.num_devices = LOCAL + 1; /* opens, but differs from the others */
+            else d.backend = d.backend == DPAR_BACKEND_CPU ? DPAR_BACKEND_VULKAN : DPAR_BACKEND_CPU; /* another backend */
         }
         dpar_runtime *bad = NULL;
         dpar_status s = dpar_runtime_create(&d, &bad);
         const char *e = dpar_last_error();
         int ok = s != DPAR_OK && bad == NULL;
-        if (kind == 0) ok = ok && (rank == 1 ? s == DPAR_ERR_INVALID_ARGUMENT && strstr(e, "timeout_ms") : strstr(e, "failed on process 1") != NULL);
-        else ok = ok && s == DPAR_ERR_DEVICE_COUNT && strstr(e, "process 1 has 3");
+        if (kind == 0) ok = ok && s == DPAR_ERR_INVALID_ARGUMENT && strstr(e, rank == 1 ? "timeout_ms" : "failed on process 1");
+        else if (kind == 1) ok = ok && s == DPAR_ERR_DEVICE_COUNT && strstr(e, "process 1 has 3");
+        else ok = ok && s == DPAR_ERR_INVALID_ARGUMENT && strstr(e, "but process 1 uses");
         snprintf(why, sizeof why, "%s: %s", dpar_status_string(s), e);
-        check(kind == 0 ? "dpar_runtime_create rejected on rank 1 only: every rank gets an error naming process 1"
-                        : "different local device counts: every rank gets DPAR_ERR_DEVICE_COUNT naming both", ok, why);
+        check(kind == 0 ? "dpar_runtime_create rejected on rank 1 only: every rank gets its status, naming process 1"
+              : kind == 1 ? "different local device counts: every rank gets DPAR_ERR_DEVICE_COUNT naming both"
+                          : "another backend on rank 1: every rank gets an error naming both backends", ok, why);
         if (rank == 0) printf("  rank 0 saw: %s\n", e);
         dpar_runtime_destroy(bad);
     }
