@@ -1693,6 +1693,8 @@ typedef struct dpar__post {   /* what one member asked for, checked against the 
     int64_t in_count, out_count;
     int dim, tiled, split_dim, concat_dim, root;
     uint64_t pairs_hash;
+    int ndim;                  /* the input's shape: all_gather, psum_scatter and */
+    int64_t shape[DPAR_MAX_DIMS]; /* all_to_all lay data out by it, so members must agree */
     const char *name;
 } dpar__post;
 
@@ -2575,8 +2577,14 @@ static const char *dpar__coll_name(dpar__coll_kind k, dpar_reduce_op op) {
     default: return "collective";
     }
 }
+static int dpar__post_by_shape(int kind) {
+    return kind == DPAR__COLL_ALL_GATHER || kind == DPAR__COLL_REDUCE_SCATTER || kind == DPAR__COLL_ALL_TO_ALL;
+}
 static void dpar__post_str(const dpar__post *p, char *buf, size_t cap) {
-    int at = snprintf(buf, cap, "%s of %lld %s elements", p->name, (long long)p->in_count, dpar_dtype_name((dpar_dtype)p->dtype));
+    char sh[96];
+    int at = dpar__post_by_shape(p->kind)
+           ? snprintf(buf, cap, "%s of shape %s %s", p->name, dpar__shape_str(sh, sizeof sh, p->ndim, p->shape), dpar_dtype_name((dpar_dtype)p->dtype))
+           : snprintf(buf, cap, "%s of %lld %s elements", p->name, (long long)p->in_count, dpar_dtype_name((dpar_dtype)p->dtype));
     if (at < 0 || (size_t)at >= cap) return;
     if (p->kind == DPAR__COLL_ALL_GATHER || p->kind == DPAR__COLL_REDUCE_SCATTER)
         snprintf(buf + at, cap - (size_t)at, " (dim %d, %s)", p->dim, p->tiled ? "tiled" : "stacked");
@@ -2590,7 +2598,9 @@ static void dpar__post_str(const dpar__post *p, char *buf, size_t cap) {
 static int dpar__post_eq(const dpar__post *a, const dpar__post *b) {
     return a->kind == b->kind && a->op == b->op && a->dtype == b->dtype && a->in_count == b->in_count &&
            a->out_count == b->out_count && a->dim == b->dim && a->tiled == b->tiled && a->split_dim == b->split_dim &&
-           a->concat_dim == b->concat_dim && a->root == b->root && a->pairs_hash == b->pairs_hash;
+           a->concat_dim == b->concat_dim && a->root == b->root && a->pairs_hash == b->pairs_hash &&
+           (!dpar__post_by_shape(a->kind) ||
+            (a->ndim == b->ndim && !memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)(a->ndim > 0 ? a->ndim : 0))));
 }
 
 /* Waits a short while for done(word, seen) without sleeping: a spin
@@ -3066,6 +3076,8 @@ static dpar_status dpar__coll_exec(dpar_ctx *ctx, const dpar__cargs *a) {
             return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: cannot run in place; give a separate output buffer", st.what));
     }
     post.kind = a->kind; post.op = a->op; post.dtype = in->dtype; post.in_count = in->count; post.out_count = out->count;
+    post.ndim = in->ndim;
+    for (int d = 0; d < in->ndim && d < DPAR_MAX_DIMS; d++) post.shape[d] = in->shape[d];
     post.dim = a->dim; post.tiled = a->tiled; post.split_dim = a->split_dim; post.concat_dim = a->concat_dim; post.name = name;
     if (a->kind == DPAR__COLL_ALL_REDUCE || a->kind == DPAR__COLL_BROADCAST || a->kind == DPAR__COLL_PERMUTE) { post.dim = 0; post.tiled = 0; }
 
@@ -3121,7 +3133,8 @@ static dpar_status dpar__coll_exec(dpar_ctx *ctx, const dpar__cargs *a) {
             dpar__post_str(&g->posts[j], y, sizeof y);
             s = dpar__err(DPAR_ERR_COLLECTIVE_MISMATCH,
                           "%s (collective #%llu of this group): device %d called %s but device %d called %s; every member of a group "
-                          "must call the same collective, in the same order, with the same dtype and element count",
+                          "must call the same collective, in the same order, with the same dtype and element count (all_gather, "
+                          "psum_scatter, all_to_all: the same shape)",
                           st.what, (unsigned long long)g->seq, g->devices[L], x, g->devices[j], y);
             return dpar__coll_fail(ctx, s);
         }
@@ -3754,6 +3767,7 @@ typedef struct dpar__mpi_msg {
     int32_t kind, op, dtype, dim, tiled, split_dim, concat_dim, root, pad;
     int64_t in_count, out_count;
     uint64_t pairs_hash;
+    int64_t ndim, shape[DPAR_MAX_DIMS];
 } dpar__mpi_msg;
 
 enum { DPAR__MPI_TAG = 7071, DPAR__MPI_TAG_GAVE_UP = 7072 };
@@ -4098,6 +4112,8 @@ static void dpar__mpi_fill_msg(dpar__mpi_msg *mm, const dpar__post *p, uint64_t 
         mm->kind = p->kind; mm->op = p->op; mm->dtype = p->dtype; mm->dim = p->dim; mm->tiled = p->tiled;
         mm->split_dim = p->split_dim; mm->concat_dim = p->concat_dim; mm->root = p->root;
         mm->in_count = p->in_count; mm->out_count = p->out_count; mm->pairs_hash = p->pairs_hash;
+        mm->ndim = p->ndim;
+        for (int d = 0; d < DPAR_MAX_DIMS; d++) mm->shape[d] = p->shape[d];
     }
 }
 static dpar_status dpar__mpi_send_all(dpar__mpi *mp, dpar__mpi_group *mg, const dpar__mpi_msg *mm) {
@@ -4232,6 +4248,8 @@ static dpar_status dpar__mpi_describe(dpar_ctx *ctx, dpar__group *g, const char 
         op.kind = o->kind; op.op = o->op; op.dtype = o->dtype; op.in_count = o->in_count; op.out_count = o->out_count; op.dim = o->dim;
         op.tiled = o->tiled; op.split_dim = o->split_dim; op.concat_dim = o->concat_dim; op.root = o->root; op.pairs_hash = o->pairs_hash;
         op.name = dpar__coll_name((dpar__coll_kind)op.kind, (dpar_reduce_op)op.op);
+        op.ndim = (int)o->ndim;
+        for (int d = 0; d < DPAR_MAX_DIMS; d++) op.shape[d] = o->shape[d];
         if (o->job != job || o->seq != seq || !dpar__post_eq(&op, &g->posts[L])) {
             char x[200], y[200];
             dpar__post_str(&g->posts[L], x, sizeof x);

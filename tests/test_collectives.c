@@ -588,6 +588,12 @@ static dpar_status mismatch_fn(dpar_ctx *ctx, void *user) {
         dpar_buffer *y;
         s = dpar_ctx_buffer(ctx, DPAR_F32, 1, &big, &y);
         if (!s) s = dpar_all_gather(ctx, y, x, "data", 0, true);
+    } else if (w->variant == 6) { /* all_gather of [2,6] on device 2, [3,4] elsewhere: same count, other layout */
+        int64_t shp[2] = { d == 2 ? 2 : 3, d == 2 ? 6 : 4 }, outs[2] = { shp[0], shp[1] * 4 };
+        dpar_buffer *a2, *y;
+        s = dpar_ctx_buffer(ctx, DPAR_F32, 2, shp, &a2);
+        if (!s) s = dpar_ctx_buffer(ctx, DPAR_F32, 2, outs, &y);
+        if (!s) s = dpar_all_gather(ctx, y, a2, "data", 1, true);
     } else s = dpar_psum(ctx, x, x, "data");
     return rec(w, d, s);
 }
@@ -595,9 +601,9 @@ static void test_mismatch(void **st) {
     (void)st;
     dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 4);
     dpar_mesh *m = t_mesh1(rt, 4, "data");
-    const char *needles[6][2] = { { "2560", "5120" }, { "psum", "pmax" }, { "f32", "i32" }, { "ppermute", "pairs" },
-                                  { "root 0", "root 1" }, { "all_gather", "psum" } };
-    for (int v = 0; v < 6; v++) {
+    const char *needles[7][2] = { { "2560", "5120" }, { "psum", "pmax" }, { "f32", "i32" }, { "ppermute", "pairs" },
+                                  { "root 0", "root 1" }, { "all_gather", "psum" }, { "[3, 4]", "[2, 6]" } };
+    for (int v = 0; v < 7; v++) {
         small w;
         memset(&w, 0, sizeof w);
         w.variant = v;

@@ -235,6 +235,20 @@ static dpar_status mismatch_fn(dpar_ctx *ctx, void *u) {
     dpar_buffer_destroy(b);
     return s;
 }
+/* ---- same count, other shape across processes (all_gather lays data out by shape) ---- */
+static dpar_status shape_mismatch_fn(dpar_ctx *ctx, void *u) {
+    (void)u;
+    int first = dpar_ctx_device(ctx) < LOCAL, n;
+    dpar_status s = dpar_axis_size(ctx, "data", &n);
+    if (s) return s;
+    int64_t sh[2] = { first ? 2 : 3, first ? 6 : 4 }, so[2] = { sh[0], sh[1] * n };
+    dpar_buffer *a, *b;
+    if ((s = dpar_ctx_buffer(ctx, DPAR_F32, 2, sh, &a)) || (s = dpar_ctx_buffer(ctx, DPAR_F32, 2, so, &b))) return s;
+    s = dpar_all_gather(ctx, b, a, "data", 1, true);
+    dpar_buffer_destroy(a);
+    dpar_buffer_destroy(b);
+    return s;
+}
 /* ---- uneven step counts: rank 0 runs 3 steps, the others 4 ---- */
 static dpar_status uneven_fn(dpar_ctx *ctx, void *u) {
     (void)u;
@@ -363,6 +377,16 @@ int main(int argc, char **argv) {
         snprintf(why, sizeof why, "%s: %s", dpar_status_string(s), e);
         check("mismatched element counts across processes: every rank gets an error naming 2560 and 5120",
               s == DPAR_ERR_COLLECTIVE_MISMATCH && strstr(e, "2560") && strstr(e, "5120"), why);
+    }
+    {
+        dpar_shard_map_desc sd;
+        memset(&sd, 0, sizeof sd);
+        sd.fn = shape_mismatch_fn;
+        dpar_status s = dpar_shard_map(m1, &sd);
+        const char *e = dpar_last_error();
+        snprintf(why, sizeof why, "%s: %s", dpar_status_string(s), e);
+        check("all_gather of [2, 6] on rank 0, [3, 4] elsewhere (same count): every rank gets an error naming both shapes",
+              s == DPAR_ERR_COLLECTIVE_MISMATCH && strstr(e, "[2, 6]") && strstr(e, "[3, 4]"), why);
     }
     /* the runtime is still usable after a mismatch */
     {
