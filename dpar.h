@@ -1143,6 +1143,10 @@ typedef struct dpar__backend_iface {
        makes a new id. `collective` then gets c->cross, c->gdevices, c->xid. */
     size_t (*cross_id_size)(void *state);
     dpar_status (*cross_id)(void *state, void *id);
+    /* optional: an asynchronous error the device ran into earlier (a hung or
+       failed collective found while waiting), without waiting; it stays set
+       (the runtime must be destroyed). Sets the error text. */
+    dpar_status (*device_status)(void *state, int dev);
 } dpar__backend_iface;
 
 static const dpar__backend_iface *dpar__cpu_iface(void);
@@ -1279,6 +1283,8 @@ static dpar_status dpar__mpi_mesh_init(struct dpar_mesh *m, const dpar_mesh_desc
 static void dpar__mpi_mesh_free(struct dpar_mesh *m);
 static dpar_status dpar__mpi_coll(dpar_ctx *ctx, dpar__group *g, dpar__coll *c, const char *what);
 static dpar_status dpar__mpi_coll_agree(dpar_ctx *ctx, dpar__group *g, const char *what);
+static dpar_status dpar__mpi_out_of_step(dpar_runtime *rt);
+static void dpar__mpi_mark_broken(dpar_runtime *rt, const char *why);
 static const void *dpar__mpi_group_xid(const dpar__group *g);
 static void dpar__mpi_job_end(struct dpar_mesh *m, dpar__job *job);
 static void dpar__mpi_job_agree(dpar_runtime *rt, dpar__job *job);
@@ -2338,9 +2344,30 @@ static void dpar__reset_groups(dpar_mesh *m) {
         }
 }
 
+/* The first asynchronous error a local device ran into (a hung or failed
+   collective found while waiting, e.g. while freeing a dispatch's buffers). */
+static dpar_status dpar__devices_status(dpar_runtime *rt, int *device) {
+    if (!rt->be->device_status) return DPAR_OK;
+    for (int i = 0; i < rt->nlocal; i++) {
+        dpar_status s = rt->be->device_status(rt->bstate, i);
+        if (s) { if (device) *device = rt->local_base + i; return s; }
+    }
+    return DPAR_OK;
+}
+
 /* Runs fn on every device of the mesh with args[pos * nargs + i]. */
 static dpar_status dpar__run(dpar_mesh *m, dpar_fn fn, void *user, int nargs, dpar_buffer **args) {
     dpar_runtime *rt = m->rt;
+    int bad_dev = -1;
+    dpar_status early = dpar__devices_status(rt, &bad_dev);
+    if (early) {
+        char msg[DPAR__ERR_LEN];
+        memcpy(msg, dpar__err_text, sizeof msg);
+        return dpar__err(early, "device %d: %s (from an earlier dispatch; destroy the runtime)", bad_dev, msg);
+    }
+#ifdef DPAR_MPI
+    if ((early = dpar__mpi_out_of_step(rt))) return early;
+#endif
     dpar__job job;
     memset(&job, 0, sizeof job);
     job.mesh = m; job.fn = fn; job.user = user;
@@ -2370,7 +2397,13 @@ static dpar_status dpar__run(dpar_mesh *m, dpar_fn fn, void *user, int nargs, dp
     while (rt->job_remaining > 0) pthread_cond_wait(&rt->cv_done, &rt->mu);
     rt->job = NULL;
     pthread_mutex_unlock(&rt->mu);
+    if (dpar__devices_status(rt, &bad_dev) && !job.first_status) { /* e.g. found while the workers freed their buffers */
+        job.first_status = dpar__devices_status(rt, &bad_dev);
+        job.first_device = bad_dev;
+        snprintf(job.first_msg, sizeof job.first_msg, "%s", dpar__err_text);
+    }
 #ifdef DPAR_MPI
+    if (dpar__devices_status(rt, NULL)) dpar__mpi_mark_broken(rt, "a device's NCCL communicator timed out or failed");
     dpar__mpi_job_end(m, &job);
     dpar__mpi_job_agree(rt, &job);
 #endif
@@ -2505,6 +2538,14 @@ DPAR_API dpar_status dpar_pmap(dpar_mesh *m, const dpar_pmap_desc *d) {
     for (int i = 0; i < nargs; i++) dpar_array_destroy(arrs[i]);
     DPAR_FREE(tab);
     memcpy(dpar__err_text, saved, sizeof saved);
+    if (!s) { /* freeing the buffers waited for the devices: a collective that hung shows up here */
+        int dv = -1;
+        dpar_status e = dpar__devices_status(m->rt, &dv);
+        if (e) {
+            memcpy(saved, dpar__err_text, sizeof saved);
+            s = dpar__err(e, "device %d: %s", dv, saved);
+        }
+    }
     return s;
 }
 
@@ -3750,6 +3791,8 @@ typedef struct dpar__mpi {
     pthread_mutex_t mu;     /* serializes MPI calls: MPI_THREAD_SERIALIZED is enough */
     MPI_Op op_max, op_min;  /* NaN-propagating float max/min */
     int broken;             /* a cross-process collective timed out: destroy the runtime */
+    char broken_why[DPAR__ERR_LEN]; /* what put the processes out of step (for later dispatches) */
+    int agree_notice[2];    /* "gave up on the end-of-dispatch agreement" (job, process), kept for MPI */
     /* the end-of-dispatch agreement's buffers: they outlive a request that is
        given up on after a timeout (MPI may still write them later) */
     int agree_mine[2], agree_lowest[2], agree_abandoned; /* [lowest failing process, -(any process broken)] */
@@ -4511,6 +4554,41 @@ static void dpar__mpi_job_end(dpar_mesh *m, dpar__job *job) {
         }
 }
 
+static void dpar__mpi_mark_broken(dpar_runtime *rt, const char *why) {
+    dpar__mpi *mp = (dpar__mpi *)rt->mpi;
+    if (!mp) return;
+    if (!mp->broken_why[0]) snprintf(mp->broken_why, sizeof mp->broken_why, "%s", why);
+    mp->broken = 1;
+}
+/* Before a dispatch: did another process give up waiting for this one at the
+   end of an earlier dispatch? Is the runtime out of step? Then fail at once,
+   on every process, instead of running into timeouts again. */
+/* A "gave up waiting for you at the end of pmap #job" notice from another
+   process, if one came: 1 and got[] = { job, process }. */
+static int dpar__mpi_take_notice(dpar__mpi *mp, int got[2]) {
+    int flag = 0;
+    MPI_Status st;
+    pthread_mutex_lock(&mp->mu);
+    /* a probe that finds nothing makes progress afterwards: ask a few times */
+    for (int i = 0; i < 3 && !flag; i++) MPI_Iprobe(MPI_ANY_SOURCE, DPAR__MPI_TAG_GAVE_UP, mp->comm, &flag, &st);
+    if (flag) MPI_Recv(got, 2, MPI_INT, st.MPI_SOURCE, DPAR__MPI_TAG_GAVE_UP, mp->comm, MPI_STATUS_IGNORE);
+    pthread_mutex_unlock(&mp->mu);
+    return flag;
+}
+static dpar_status dpar__mpi_out_of_step(dpar_runtime *rt) {
+    dpar__mpi *mp = (dpar__mpi *)rt->mpi;
+    if (!mp) return DPAR_OK;
+    int got[2] = { 0, 0 };
+    if (dpar__mpi_take_notice(mp, got)) {
+        char why[160];
+        snprintf(why, sizeof why, "process %d gave up waiting for this one at the end of pmap #%d (DPAR_TIMEOUT_MS)", got[1], got[0]);
+        dpar__mpi_mark_broken(rt, why);
+    }
+    if (!mp->broken) return DPAR_OK;
+    return dpar__err(DPAR_ERR_STATE, "pmap #%llu: the processes are out of step (%s); destroy the runtime (dpar_runtime_destroy) on "
+                     "every process", (unsigned long long)rt->job_count + 1, mp->broken_why[0] ? mp->broken_why : "an earlier collective or dispatch across processes failed or timed out");
+}
+
 /* At the end of a dispatch every process learns whether any process failed,
    so the same pmap returns an error everywhere (the lowest failing process's
    error is adopted by the processes that did not fail themselves). */
@@ -4523,6 +4601,23 @@ static void dpar__mpi_job_agree(dpar_runtime *rt, dpar__job *job) {
             job->first_device = -1;
             snprintf(job->first_msg, sizeof job->first_msg, "the processes are out of step since an earlier dispatch timed out; "
                      "destroy the runtime on every process");
+        }
+        return;
+    }
+    int got[2] = { 0, 0 };
+    if (dpar__mpi_take_notice(mp, got)) {
+        /* the others gave up on this dispatch's agreement already: joining it
+           now would match their abandoned one (and read as a success) */
+        char why[160];
+        snprintf(why, sizeof why, "process %d gave up waiting for this one at the end of pmap #%d (DPAR_TIMEOUT_MS)", got[1], got[0]);
+        dpar__mpi_mark_broken(rt, why);
+        mp->agree_abandoned = 1;
+        if (!job->first_status) {
+            job->first_status = DPAR_ERR_TIMEOUT;
+            job->first_device = -1;
+            snprintf(job->first_msg, sizeof job->first_msg, "pmap #%llu: process %d gave up waiting for this process to finish the "
+                     "dispatch (it came more than 2 x DPAR_TIMEOUT_MS = %d ms later); the processes are out of step: destroy the runtime "
+                     "on every process", (unsigned long long)rt->job_count, got[1], 2 * rt->timeout_ms);
         }
         return;
     }
@@ -4539,6 +4634,16 @@ static void dpar__mpi_job_agree(dpar_runtime *rt, dpar__job *job) {
     if (rc != MPI_SUCCESS || dpar__mpi_poll(mp, &req, &dl, NULL, 0) != 1) {
         mp->broken = 1;
         mp->agree_abandoned = 1;
+        /* tell the others (the late one reads it before its next dispatch) */
+        mp->agree_notice[0] = (int)rt->job_count;
+        mp->agree_notice[1] = rt->proc;
+        pthread_mutex_lock(&mp->mu);
+        for (int q = 0; q < mp->size; q++) {
+            MPI_Request nr = MPI_REQUEST_NULL;
+            if (q != rt->proc && MPI_Isend(mp->agree_notice, 2, MPI_INT, q, DPAR__MPI_TAG_GAVE_UP, mp->comm, &nr) == MPI_SUCCESS)
+                MPI_Request_free(&nr);
+        }
+        pthread_mutex_unlock(&mp->mu);
         if (!job->first_status) {
             job->first_status = DPAR_ERR_TIMEOUT;
             job->first_device = rt->local_base;
@@ -6444,7 +6549,7 @@ static const dpar__backend_iface dpar__cpu_backend = {
     "cpu", DPAR_BACKEND_CPU, dpar__cpu_init, dpar__cpu_shutdown, dpar__cpu_info, NULL /* thread_init */,
     dpar__cpu_alloc, dpar__cpu_free, dpar__cpu_write, dpar__cpu_read, dpar__cpu_sync,
     dpar__cpu_host_ptr, NULL /* host_acquire */, NULL /* host_release */, dpar__cpu_op, NULL /* collective: core host path */,
-    NULL /* cross_id_size */, NULL /* cross_id */
+    NULL /* cross_id_size */, NULL /* cross_id */, NULL /* device_status */
 };
 static const dpar__backend_iface *dpar__cpu_iface(void) { return &dpar__cpu_backend; }
 

@@ -235,6 +235,8 @@ typedef struct dpar__cu_dev {
     int ring_mu_init;
     dpar__CUevent ev_ready, ev_done;/* virtual-device collectives */
     dpar__cublasHandle blas;
+    int sticky;                     /* an NCCL timeout / asynchronous error hit this device (status) */
+    char sticky_msg[DPAR__ERR_LEN]; /* its text; the runtime must be destroyed */
     dpar__CUdeviceptr scratch[DPAR__CU_NSCRATCH];
     size_t scratch_cap[DPAR__CU_NSCRATCH];
 } dpar__cu_dev;
@@ -485,11 +487,36 @@ static void dpar__cu_abort_comms_of(dpar__cu_state *st, int dev) {
    running (its inputs ready, the communication stream still busy) for longer
    than the runtime timeout, aborts the device's communicators and returns an
    error instead of hanging. Long compute work alone never times out. */
+/* Remembers a device's first NCCL timeout / asynchronous error (its
+   communicators are aborted: later waits and dispatches report it at once). */
+static dpar_status dpar__cu_stick(dpar__cu_state *st, int dev, dpar_status s) {
+    dpar__cu_dev *d = &st->dev[dev];
+    pthread_mutex_lock(&d->ring_mu);
+    if (!d->sticky) {
+        snprintf(d->sticky_msg, sizeof d->sticky_msg, "%s", dpar__err_text);
+        DPAR__ATOMIC_STORE(&d->sticky, (int)s);
+    }
+    pthread_mutex_unlock(&d->ring_mu);
+    return s;
+}
+static dpar_status dpar__cu_device_status(void *state, int dev) {
+    dpar__cu_state *st = (dpar__cu_state *)state;
+    dpar__cu_dev *d = &st->dev[dev];
+    int s = DPAR__ATOMIC_LOAD(&d->sticky);
+    char msg[DPAR__ERR_LEN];
+    if (!s) return DPAR_OK;
+    pthread_mutex_lock(&d->ring_mu);
+    memcpy(msg, d->sticky_msg, sizeof msg);
+    pthread_mutex_unlock(&d->ring_mu);
+    return dpar__err((dpar_status)s, "%s", msg);
+}
+
 static dpar_status dpar__cu_wait(dpar__cu_state *st, int dev, dpar__CUstream s, const char *what) {
     dpar__cu_dev *d = &st->dev[dev];
     double t0;
     uint64_t seq, watched = ~(uint64_t)0;
     unsigned spins = 0;
+    if (DPAR__ATOMIC_LOAD(&d->sticky)) return dpar__cu_device_status(st, dev);
     if (!DPAR__ATOMIC_LOAD(&st->ncomms) || !d->comm) {
         DPAR__CU_TRY(dev, "cuStreamSynchronize", dpar__cu.cuStreamSynchronize(s));
         return DPAR_OK;
@@ -519,7 +546,7 @@ static dpar_status dpar__cu_wait(dpar__cu_state *st, int dev, dpar__CUstream s, 
         if (bad) {
             dpar_status s2 = dpar__nccl_fail(dev, "ncclCommGetAsyncError (asynchronous NCCL error)", code, badcomm);
             dpar__cu_abort_comms_of(st, dev);
-            return s2;
+            return dpar__cu_stick(st, dev, s2);
         }
         /* the oldest unfinished collective has its inputs ready: NCCL is running it */
         pthread_mutex_lock(&d->ring_mu);
@@ -533,11 +560,11 @@ static dpar_status dpar__cu_wait(dpar__cu_state *st, int dev, dpar__CUstream s, 
         if (!in_nccl || seq != watched) { t0 = dpar__cu_now_ms(); watched = seq; }
         else if (dpar__cu_now_ms() - t0 > (double)st->timeout_ms) {
             dpar__cu_abort_comms_of(st, dev);
-            return dpar__err(DPAR_ERR_TIMEOUT,
+            return dpar__cu_stick(st, dev, dpar__err(DPAR_ERR_TIMEOUT,
                              "cuda: device %d: %s: NCCL collective #%llu of this device did not complete within %d ms "
                              "(DPAR_TIMEOUT_MS; a member never joined?); the device's NCCL communicators "
                              "were aborted (ncclCommAbort): destroy the runtime", dev, what,
-                             (unsigned long long)seq + 1, st->timeout_ms);
+                             (unsigned long long)seq + 1, st->timeout_ms));
         }
         if (++spins > 2000) { /* a few ms of polling, then 20 us naps */
             struct timespec ts = { 0, 20000 };
@@ -603,6 +630,12 @@ static void dpar__cu_shutdown(void *state) {
         dpar__cu_dev *d = &st->dev[i];
         if (!st->phys || !st->phys[d->phys].ctx) continue;
         dpar__cu.cuCtxSetCurrent(st->phys[d->phys].ctx);
+        /* a hung NCCL collective times out and its communicators are aborted
+           instead of hanging here; aborted NCCL work ends, so then the streams drain */
+        if (st->ncomms && d->ring_mu_init && !DPAR__ATOMIC_LOAD(&d->sticky)) {
+            if (d->compute) dpar__cu_wait(st, i, d->compute, "runtime destroy");
+            if (d->comm) dpar__cu_wait(st, i, d->comm, "runtime destroy");
+        }
         if (d->compute) dpar__cu.cuStreamSynchronize(d->compute);
         if (d->comm) dpar__cu.cuStreamSynchronize(d->comm);
     }
@@ -1669,7 +1702,8 @@ static const dpar__backend_iface *dpar__cuda_iface(void) {
         dpar__cu_op,
         dpar__cu_collective,
         dpar__cu_cross_id_size,
-        dpar__cu_cross_id
+        dpar__cu_cross_id,
+        dpar__cu_device_status
     };
     return &iface;
 }

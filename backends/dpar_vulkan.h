@@ -1655,6 +1655,7 @@ static const dpar__backend_iface *dpar__vulkan_iface(void) {
         dpar__vk_collective,
         NULL, /* cross_id_size: groups across processes take the core's host-staged MPI path */
         NULL, /* cross_id */
+        NULL, /* device_status: every wait reports its own error */
     };
     return &iface;
 }

@@ -83,6 +83,12 @@ if [ -f "$BUILD/dpar.o" ] && "$CC" -std=c99 -Wall -Wextra -Werror -D_GNU_SOURCE 
     else
         cat "$log"; echo "FAIL cuda_mock_nccl_hang_read_times_out (exit status $?; 124: hung)"
     fi
+    # the function returns without waiting: the pmap's clean-up finds the hang and the pmap returns it
+    if LD_LIBRARY_PATH="$MOCK" MOCK_CUDA_GPUS=2 MOCK_NCCL_STALL=3 timeout 60 "$MOCK/stall" none >"$log" 2>&1; then
+        echo "PASS cuda_mock_nccl_hang_seen_by_pmap ($(cat "$log"))"
+    else
+        cat "$log"; echo "FAIL cuda_mock_nccl_hang_seen_by_pmap (a pmap over a hung collective returned without its error)"
+    fi
 else
     cat "$log"; echo "FAIL cuda_mock_stall_build: could not build tests/cuda_mock/stall.c against $BUILD/dpar.o"
 fi

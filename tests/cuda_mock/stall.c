@@ -5,14 +5,16 @@
    asynchronous error), never a hang, and the runtime must still shut down.
    Modes: (none) waits in dpar_device_sync; "error": NCCL reports an
    asynchronous error; "read": waits in dpar_buffer_read (a device-to-host
-   copy, which blocks in the driver until the stream's work is done).
+   copy, which blocks in the driver until the stream's work is done);
+   "none": the function returns without waiting (the pmap's own clean-up
+   finds the hang, and the pmap must still return it).
    Prints "ok: <status>: <text>" and exits 0 on the expected outcome. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "dpar.h"
 
-static int read_mode;
+static int read_mode, none_mode;
 static dpar_status fn(dpar_ctx *ctx, void *user) {
     (void)user;
     dpar_buffer *x = dpar_ctx_arg(ctx, 0);
@@ -23,12 +25,14 @@ static dpar_status fn(dpar_ctx *ctx, void *user) {
         float h[64];
         return dpar_buffer_read(x, 0, h, sizeof h);
     }
+    if (none_mode) return DPAR_OK;
     return dpar_device_sync(dpar_ctx_runtime(ctx), dpar_ctx_device(ctx));
 }
 
 int main(int argc, char **argv) {
     dpar_status want = argc > 1 && strcmp(argv[1], "error") == 0 ? DPAR_ERR_BACKEND : DPAR_ERR_TIMEOUT;
     read_mode = argc > 1 && strcmp(argv[1], "read") == 0;
+    none_mode = argc > 1 && strcmp(argv[1], "none") == 0;
     const char *needle = want == DPAR_ERR_BACKEND ? "ncclCommGetAsyncError" : "did not complete";
     dpar_runtime_desc rd;
     memset(&rd, 0, sizeof rd);

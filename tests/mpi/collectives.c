@@ -273,6 +273,12 @@ static dpar_status very_late_fn(dpar_ctx *ctx, void *u) {
     dpar_buffer_destroy(b);
     return s;
 }
+/* ---- a rank that finishes its dispatch (no collective) long after the others ---- */
+static dpar_status end_late_fn(dpar_ctx *ctx, void *u) {
+    (void)u;
+    if (dpar_ctx_device(ctx) >= LOCAL && dpar_ctx_device(ctx) < 2 * LOCAL) usleep(1500 * 1000); /* rank 1 */
+    return DPAR_OK;
+}
 /* ---- a rank that never arrives ---- */
 static dpar_status late_fn(dpar_ctx *ctx, void *u) {
     (void)u;
@@ -456,6 +462,25 @@ int main(int argc, char **argv) {
            their buffers and communicators; this crashed in MPI_Comm_dup or MPI_Finalize before) */
         dpar_mesh_destroy(mm);
         dpar_runtime_destroy(r5);
+    }
+    /* a rank that finishes the dispatch after the others gave up on the end-of-dispatch agreement:
+       it hears so (joining their abandoned agreement would read as a success) */
+    {
+        dpar_runtime *r6 = runtime(300);
+        dpar_mesh *mm = mesh2(r6, N, 0, "data", NULL);
+        dpar_shard_map_desc sd;
+        memset(&sd, 0, sizeof sd);
+        sd.fn = end_late_fn;
+        dpar_status s = dpar_shard_map(mm, &sd);
+        const char *e = dpar_last_error();
+        int ok = s == DPAR_ERR_TIMEOUT && strstr(e, rank == 1 ? "gave up waiting for this process to finish" : "did not finish this dispatch");
+        snprintf(why, sizeof why, "%s: %s", dpar_status_string(s), e);
+        check("a rank finishing its dispatch 5x the timeout late: every rank's dispatch fails, the late one hears why", ok, why);
+        s = dpar_shard_map(mm, &sd);
+        check("and every rank's next dispatch fails at once, saying to destroy the runtime", s == DPAR_ERR_STATE && strstr(dpar_last_error(), "destroy"),
+              dpar_last_error());
+        dpar_mesh_destroy(mm);
+        dpar_runtime_destroy(r6);
     }
     /* a rank that never arrives: timeout naming it */
     {
