@@ -43,8 +43,12 @@
      (ncclCommGetAsyncError) gives DPAR_ERR_BACKEND, and an NCCL collective
      whose inputs are ready but which has not finished within the runtime's
      timeout (DPAR_TIMEOUT_MS) gives DPAR_ERR_TIMEOUT; both abort the
-     device's communicators (ncclCommAbort) instead of hanging. Long compute
-     work never times out.
+     device's communicators (ncclCommAbort) instead of hanging. The error
+     then sticks to the device: later waits and dispatches return it at
+     once, and a dispatch returns it even when it was found while freeing
+     the dispatch's buffers; destroy the runtime. Long compute work never
+     times out. Reads and writes wait for the stream the same way first
+     (a copy with pageable host memory would block inside the driver).
    - Collectives run on a per-device communication stream: the compute
      stream's work so far -> NCCL -> the compute stream's later work, with
      events, so the host returns at once (dpar_*_start / dpar_wait overlap
