@@ -4382,6 +4382,21 @@ static const void *dpar__mpi_group_xid(const dpar__group *g) {
     return mg ? mg->xid : NULL;
 }
 
+/* Waits for the data phase's MPI request. A collective cannot be cancelled:
+   after a timeout the runtime is out of step, and the request stays active
+   inside MPI with the group's buffers (mg->abandoned keeps them). */
+static dpar_status dpar__mpi_data_wait(dpar_ctx *ctx, dpar__mpi_group *mg, MPI_Request *req, const struct timespec *dl,
+                                       const char *what, uint64_t job, uint64_t seq) {
+    dpar__mpi *mp = (dpar__mpi *)ctx->rt->mpi;
+    int r = dpar__mpi_poll(mp, req, dl, ctx->job, 1);
+    if (r == 1) return DPAR_OK;
+    mp->broken = 1;
+    mg->abandoned = 1;
+    if (r < 0) return dpar__err(DPAR_ERR_ABORTED, "%s: stopped because another device failed first", what);
+    return dpar__err(DPAR_ERR_TIMEOUT, "%s (step: pmap #%llu, collective #%llu of this group): the data exchange across processes did not "
+                     "finish within %d ms", what, (unsigned long long)job, (unsigned long long)seq, ctx->rt->timeout_ms);
+}
+
 /* The cross-process part of one collective on the host path, run by the
    group's leader on each process; the local members' host views are in
    g->in_ptr/out_ptr. */
@@ -4449,15 +4464,7 @@ static dpar_status dpar__mpi_coll(dpar_ctx *ctx, dpar__group *g, dpar__coll *c, 
                     for (int j = 0; j < nl; j++) sp[j] = src[j] + o2 * 4;
                     dpar__reduce_span(DPAR_F32, lop, nl, sp, &a2, 1, l2);
                 }
-                int r = dpar__mpi_poll(mp, &req, &dl, ctx->job, 1);
-                if (r != 1) {
-                    mp->broken = 1; /* a collective cannot be cancelled: the runtime is out of step now */
-                    mg->abandoned = 1;
-                    if (r < 0) return dpar__err(DPAR_ERR_ABORTED, "%s: stopped because another device failed first", what);
-                    return dpar__err(DPAR_ERR_TIMEOUT, "%s (step: pmap #%llu, collective #%llu of this group): the data exchange across "
-                                     "processes did not finish within %d ms", what, (unsigned long long)job, (unsigned long long)seq,
-                                     rt->timeout_ms);
-                }
+                if ((s = dpar__mpi_data_wait(ctx, mg, &req, &dl, what, job, seq))) return s;
                 if (c->op == DPAR_MEAN) for (int64_t i = off; i < off + len; i++) acc[i] /= (float)n;
                 for (int j = 0; j < nl; j++)
                     if (len) memcpy(dst[j] + off * 4, acc + off, (size_t)len * 4);
@@ -4498,14 +4505,7 @@ static dpar_status dpar__mpi_coll(dpar_ctx *ctx, dpar__group *g, dpar__coll *c, 
         for (int q = 0; q < mg->nprocs; q++) { mg->rcounts[q] = (int)((size_t)mg->nmem[q] * inbytes); mg->rdispls[q] = disp; disp += mg->rcounts[q]; }
         DPAR__MPI_CALL(mp, MPI_Iallgatherv(mg->xbuf, (int)at, MPI_BYTE, mg->xrecv, mg->rcounts, mg->rdispls, MPI_BYTE, mg->comm, &req));
     }
-    int r = dpar__mpi_poll(mp, &req, &dl, ctx->job, 1);
-    if (r != 1) {
-        mp->broken = 1; /* a collective cannot be cancelled: the runtime is out of step now */
-        mg->abandoned = 1;
-        if (r < 0) return dpar__err(DPAR_ERR_ABORTED, "%s: stopped because another device failed first", what);
-        return dpar__err(DPAR_ERR_TIMEOUT, "%s (step: pmap #%llu, collective #%llu of this group): the data exchange across processes did not "
-                         "finish within %d ms", what, (unsigned long long)job, (unsigned long long)seq, rt->timeout_ms);
-    }
+    if ((s = dpar__mpi_data_wait(ctx, mg, &req, &dl, what, job, seq))) return s;
     /* 3. hand the result to the local members (f32 all-reduce did it per chunk) */
     if (c->kind == DPAR__COLL_ALL_REDUCE) {
         for (int rr = 0; rr < n; rr++) {
