@@ -191,6 +191,10 @@ typedef struct dpar_runtime_desc {
    Errors: DPAR_ERR_BACKEND_UNAVAILABLE (backend not compiled in / no driver),
    DPAR_ERR_DEVICE_COUNT (asked for more devices than the backend has; the
    text names both numbers), DPAR_ERR_INVALID_ARGUMENT, DPAR_ERR_OUT_OF_MEMORY.
+   With MPI every process returns an error if any fails (that process's
+   status, naming it); processes with different local device counts give
+   DPAR_ERR_DEVICE_COUNT, different backends or two ranks on one physical
+   device DPAR_ERR_INVALID_ARGUMENT (naming both ranks).
    On error *out is NULL and nothing is leaked. */
 DPAR_API dpar_status dpar_runtime_create(const dpar_runtime_desc *desc, dpar_runtime **out);
 /* Stops the workers and frees the runtime. Buffers, arrays and meshes of the
@@ -2397,13 +2401,14 @@ static dpar_status dpar__run(dpar_mesh *m, dpar_fn fn, void *user, int nargs, dp
     while (rt->job_remaining > 0) pthread_cond_wait(&rt->cv_done, &rt->mu);
     rt->job = NULL;
     pthread_mutex_unlock(&rt->mu);
-    if (dpar__devices_status(rt, &bad_dev) && !job.first_status) { /* e.g. found while the workers freed their buffers */
-        job.first_status = dpar__devices_status(rt, &bad_dev);
+    dpar_status late = dpar__devices_status(rt, &bad_dev); /* e.g. found while the workers freed their buffers */
+    if (late && !job.first_status) {
+        job.first_status = late;
         job.first_device = bad_dev;
         snprintf(job.first_msg, sizeof job.first_msg, "%s", dpar__err_text);
     }
 #ifdef DPAR_MPI
-    if (dpar__devices_status(rt, NULL)) dpar__mpi_mark_broken(rt, "a device's NCCL communicator timed out or failed");
+    if (late) dpar__mpi_mark_broken(rt, "a device's NCCL communicator timed out or failed");
     dpar__mpi_job_end(m, &job);
     dpar__mpi_job_agree(rt, &job);
 #endif
@@ -3791,6 +3796,8 @@ typedef struct dpar__mpi {
     pthread_mutex_t mu;     /* serializes MPI calls: MPI_THREAD_SERIALIZED is enough */
     MPI_Op op_max, op_min;  /* NaN-propagating float max/min */
     int broken;             /* a cross-process collective timed out: destroy the runtime */
+    int keep;               /* an MPI request given up on may still use this state's communicator,
+                               buffers and MPI_Ops: never free them */
     char broken_why[DPAR__ERR_LEN]; /* what put the processes out of step (for later dispatches) */
     int agree_notice[2];    /* "gave up on the end-of-dispatch agreement" (job, process), kept for MPI */
     /* the end-of-dispatch agreement's buffers: they outlive a request that is
@@ -4010,8 +4017,8 @@ static void dpar__mpi_runtime_free(dpar_runtime *rt) {
     rt->mpi = NULL;
     /* an abandoned end-of-dispatch agreement may still use mp's buffers and
        communicator, and a group's abandoned all-reduce its MPI_Ops: keep them
-       (see dpar__mpi_group_free) */
-    if (mp->broken) return;
+       (a deliberate, bounded leak after such a failure; see dpar__mpi_group_free) */
+    if (mp->keep) return;
     int fin = 0;
     MPI_Finalized(&fin);
     if (!fin) {
@@ -4263,7 +4270,7 @@ static dpar_status dpar__mpi_describe(dpar_ctx *ctx, dpar__group *g, const char 
                         if (MPI_Isend(&mg->nbuf[k], (int)sizeof mine, MPI_BYTE, k, DPAR__MPI_TAG_GAVE_UP, mg->comm, &nr) == MPI_SUCCESS)
                             MPI_Request_free(&nr); /* completes on its own; nbuf is kept (abandoned) */
                         pthread_mutex_unlock(&mp->mu);
-                        mg->abandoned = 1;
+                        mg->abandoned = 1; /* nbuf stays in use */
                     }
                 }
             }
@@ -4347,6 +4354,7 @@ static dpar_status dpar__mpi_coll_agree(dpar_ctx *ctx, dpar__group *g, const cha
     if (r != 1) {
         mp->broken = 1;
         mg->abandoned = 1; /* MPI may still write mg->xid */
+        mp->keep = 1;
         if (r < 0) return dpar__err(DPAR_ERR_ABORTED, "%s: stopped because another device failed first", what);
         return dpar__err(DPAR_ERR_TIMEOUT, "%s: sending the %s backend's bootstrap id across processes did not finish within %d ms",
                          what, rt->be->name, rt->timeout_ms);
@@ -4392,6 +4400,7 @@ static dpar_status dpar__mpi_data_wait(dpar_ctx *ctx, dpar__mpi_group *mg, MPI_R
     if (r == 1) return DPAR_OK;
     mp->broken = 1;
     mg->abandoned = 1;
+    mp->keep = 1; /* the all-reduce may use mp's MPI_Ops */
     if (r < 0) return dpar__err(DPAR_ERR_ABORTED, "%s: stopped because another device failed first", what);
     return dpar__err(DPAR_ERR_TIMEOUT, "%s (step: pmap #%llu, collective #%llu of this group): the data exchange across processes did not "
                      "finish within %d ms", what, (unsigned long long)job, (unsigned long long)seq, ctx->rt->timeout_ms);
@@ -4634,6 +4643,7 @@ static void dpar__mpi_job_agree(dpar_runtime *rt, dpar__job *job) {
     if (rc != MPI_SUCCESS || dpar__mpi_poll(mp, &req, &dl, NULL, 0) != 1) {
         mp->broken = 1;
         mp->agree_abandoned = 1;
+        mp->keep = 1;
         /* tell the others (the late one reads it before its next dispatch) */
         mp->agree_notice[0] = (int)rt->job_count;
         mp->agree_notice[1] = rt->proc;
@@ -4670,6 +4680,7 @@ static void dpar__mpi_job_agree(dpar_runtime *rt, dpar__job *job) {
     if (rc != MPI_SUCCESS || dpar__mpi_poll(mp, &req, &dl, NULL, 0) != 1) { /* the failing process gave up waiting for us */
         mp->broken = 1;
         mp->agree_abandoned = 1;
+        mp->keep = 1;
         snprintf(msg, sizeof msg, "pmap #%llu failed on process %d, which stopped waiting for this one (DPAR_TIMEOUT_MS)",
                  (unsigned long long)rt->job_count, lowest);
     } else {
