@@ -47,6 +47,14 @@ static dpar_runtime *runtime(int timeout_ms) {
     if (dpar_runtime_create(&d, &rt)) { fprintf(stderr, "rank %d: runtime: %s\n", rank, dpar_last_error()); MPI_Abort(MPI_COMM_WORLD, 2); }
     return rt;
 }
+/* shard_map of fn over m with no array arguments */
+static dpar_status smap(dpar_mesh *m, dpar_fn fn, void *user) {
+    dpar_shard_map_desc sd;
+    memset(&sd, 0, sizeof sd);
+    sd.fn = fn;
+    sd.user = user;
+    return dpar_shard_map(m, &sd);
+}
 static dpar_mesh *mesh2(dpar_runtime *rt, int a, int b, const char *na, const char *nb) {
     dpar_mesh_desc d;
     memset(&d, 0, sizeof d);
@@ -153,10 +161,7 @@ static void test_all_collectives(dpar_runtime *rt, dpar_mesh *m, const char *mes
             coll_arg a;
             memset(&a, 0, sizeof a);
             a.axes = axes_list[ai]; a.t = types[ti];
-            dpar_shard_map_desc sd;
-            memset(&sd, 0, sizeof sd);
-            sd.fn = coll_fn; sd.user = &a;
-            dpar_status s = dpar_shard_map(m, &sd);
+            dpar_status s = smap(m, coll_fn, &a);
             char name[160], why[512];
             snprintf(name, sizeof name, "every collective over '%s' of %s, %s", axes_list[ai], mesh_name, dpar_dtype_name(types[ti]));
             snprintf(why, sizeof why, "%s", s ? dpar_last_error() : a.why);
@@ -335,10 +340,7 @@ int main(int argc, char **argv) {
             big_arg a;
             memset(&a, 0, sizeof a);
             a.t = types[ti];
-            dpar_shard_map_desc sd;
-            memset(&sd, 0, sizeof sd);
-            sd.fn = big_fn; sd.user = &a;
-            dpar_status s = dpar_shard_map(m1, &sd);
+            dpar_status s = smap(m1, big_fn, &a);
             snprintf(nm, sizeof nm, "psum/pmean/pmax/pmin of %d %s elements across processes (chunked), in place and not", (int)BIG,
                      dpar_dtype_name(types[ti]));
             snprintf(why, sizeof why, "%s", s ? dpar_last_error() : a.why);
@@ -347,10 +349,7 @@ int main(int argc, char **argv) {
     }
     for (nan_holder = 0; nan_holder < N; nan_holder += N - 1) {
         int bad = 0;
-        dpar_shard_map_desc sd;
-        memset(&sd, 0, sizeof sd);
-        sd.fn = nan_fn; sd.user = &bad;
-        dpar_status s = dpar_shard_map(m1, &sd);
+        dpar_status s = smap(m1, nan_fn, &bad);
         snprintf(nm, sizeof nm, "pmax across processes propagates NaN held by device %d", nan_holder);
         check(nm, !s && !bad, s ? dpar_last_error() : "NaN lost");
     }
@@ -375,20 +374,14 @@ int main(int argc, char **argv) {
 
     /* mismatched counts across processes: every rank gets an error naming both */
     {
-        dpar_shard_map_desc sd;
-        memset(&sd, 0, sizeof sd);
-        sd.fn = mismatch_fn;
-        dpar_status s = dpar_shard_map(m1, &sd);
+        dpar_status s = smap(m1, mismatch_fn, NULL);
         const char *e = dpar_last_error();
         snprintf(why, sizeof why, "%s: %s", dpar_status_string(s), e);
         check("mismatched element counts across processes: every rank gets an error naming 2560 and 5120",
               s == DPAR_ERR_COLLECTIVE_MISMATCH && strstr(e, "2560") && strstr(e, "5120"), why);
     }
     {
-        dpar_shard_map_desc sd;
-        memset(&sd, 0, sizeof sd);
-        sd.fn = shape_mismatch_fn;
-        dpar_status s = dpar_shard_map(m1, &sd);
+        dpar_status s = smap(m1, shape_mismatch_fn, NULL);
         const char *e = dpar_last_error();
         snprintf(why, sizeof why, "%s: %s", dpar_status_string(s), e);
         check("all_gather of [2, 6] on rank 0, [3, 4] elsewhere (same count): every rank gets an error naming both shapes",
@@ -423,11 +416,8 @@ int main(int argc, char **argv) {
     {
         dpar_runtime *r3 = runtime(10000);
         dpar_mesh *mm = mesh2(r3, N, 0, "data", NULL);
-        dpar_shard_map_desc sd;
-        memset(&sd, 0, sizeof sd);
-        sd.fn = uneven_fn;
         double t0 = MPI_Wtime();
-        dpar_status s = dpar_shard_map(mm, &sd);
+        dpar_status s = smap(mm, uneven_fn, NULL);
         double dt = MPI_Wtime() - t0;
         const char *e = dpar_last_error();
         /* every process's dispatch fails, with the waiting ranks' error naming rank 0 and the step */
@@ -443,10 +433,7 @@ int main(int argc, char **argv) {
     {
         dpar_runtime *r5 = runtime(300);
         dpar_mesh *mm = mesh2(r5, N, 0, "data", NULL);
-        dpar_shard_map_desc sd;
-        memset(&sd, 0, sizeof sd);
-        sd.fn = very_late_fn;
-        dpar_status s = dpar_shard_map(mm, &sd);
+        dpar_status s = smap(mm, very_late_fn, NULL);
         const char *e = dpar_last_error();
         int ok = s == DPAR_ERR_TIMEOUT && (rank == 1 ? strstr(e, "gave up waiting for this process") != NULL
                                                      : strstr(e, "rank 1") && strstr(e, "never"));
@@ -454,7 +441,7 @@ int main(int argc, char **argv) {
         check("a rank 5x the timeout late: the others name it, it hears they gave up on it", ok, why);
         if (rank == 1) printf("  rank 1 saw: %s\n", e);
         /* the runtime must be destroyed now; the next dispatch says so on every rank */
-        s = dpar_shard_map(mm, &sd);
+        s = smap(mm, very_late_fn, NULL);
         check("after that, every rank's next dispatch says to destroy the runtime", s != DPAR_OK && strstr(dpar_last_error(), "destroy"),
               dpar_last_error());
         /* destroyed at once, and the next runtime is made while rank 1 may still be on its way: the
@@ -468,15 +455,12 @@ int main(int argc, char **argv) {
     {
         dpar_runtime *r6 = runtime(300);
         dpar_mesh *mm = mesh2(r6, N, 0, "data", NULL);
-        dpar_shard_map_desc sd;
-        memset(&sd, 0, sizeof sd);
-        sd.fn = end_late_fn;
-        dpar_status s = dpar_shard_map(mm, &sd);
+        dpar_status s = smap(mm, end_late_fn, NULL);
         const char *e = dpar_last_error();
         int ok = s == DPAR_ERR_TIMEOUT && strstr(e, rank == 1 ? "gave up waiting for this process to finish" : "did not finish this dispatch");
         snprintf(why, sizeof why, "%s: %s", dpar_status_string(s), e);
         check("a rank finishing its dispatch 5x the timeout late: every rank's dispatch fails, the late one hears why", ok, why);
-        s = dpar_shard_map(mm, &sd);
+        s = smap(mm, end_late_fn, NULL);
         check("and every rank's next dispatch fails at once, saying to destroy the runtime", s == DPAR_ERR_STATE && strstr(dpar_last_error(), "destroy"),
               dpar_last_error());
         dpar_mesh_destroy(mm);
@@ -486,10 +470,7 @@ int main(int argc, char **argv) {
     {
         dpar_runtime *r4 = runtime(300);
         dpar_mesh *mm = mesh2(r4, N, 0, "data", NULL);
-        dpar_shard_map_desc sd;
-        memset(&sd, 0, sizeof sd);
-        sd.fn = late_fn;
-        dpar_status s = dpar_shard_map(mm, &sd);
+        dpar_status s = smap(mm, late_fn, NULL);
         const char *e = dpar_last_error();
         /* the waiting ranks name rank 1; rank 1's own dispatch fails too (the status is agreed) */
         int ok = s == DPAR_ERR_TIMEOUT && (rank == 1 || (strstr(e, "rank 1") && strstr(e, "never")));
