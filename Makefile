@@ -42,7 +42,7 @@ TESTS    := $(patsubst tests/%.c,$(BUILD)/%,$(TEST_SRCS))
 EXAMPLES := $(patsubst examples/%.c,$(BUILD)/%,$(EXAMPLE_SRCS))
 BENCHES  := $(patsubst bench/%.c,$(BUILD)/%,$(BENCH_SRCS))
 
-.PHONY: all run test examples bench clean check-cxx deps-run deps-test
+.PHONY: all run test test-build examples bench clean check-cxx deps-run deps-test
 all: $(EXAMPLES) $(TESTS) $(BENCHES) $(if $(HAVE_MPICC),$(MPI_BINS) $(MPI_BENCHES))
 examples: $(EXAMPLES)
 
@@ -68,14 +68,18 @@ deps-test:
 	@sh tools/deps.sh test
 
 # The main job: data-parallel MLP on the UCI digits, 4 emulated CPU devices.
+# The build runs in a sub-make so that what deps-run/deps-test just installed
+# (mpicc, the Vulkan headers) is seen: this make parsed the Makefile before.
 run: deps-run
 	$(MAKE) $(BUILD)/train_digits
 	./$(BUILD)/train_digits --devices 4 $(ARGS)
 
 # The suite: every test binary, one closing line "N passed, N failed, N skipped".
 test: deps-test
-	$(MAKE) $(TESTS) $(EXAMPLES) $(if $(HAVE_MPICC),$(MPI_BINS)) check-cxx
+	$(MAKE) test-build
 	sh tests/run.sh $(BUILD)
+
+test-build: $(TESTS) $(EXAMPLES) $(if $(HAVE_MPICC),$(MPI_BINS)) check-cxx
 
 # The header must also compile as C++ (and with clang when present).
 check-cxx: | $(BUILD)
