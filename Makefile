@@ -42,7 +42,7 @@ TESTS    := $(patsubst tests/%.c,$(BUILD)/%,$(TEST_SRCS))
 EXAMPLES := $(patsubst examples/%.c,$(BUILD)/%,$(EXAMPLE_SRCS))
 BENCHES  := $(patsubst bench/%.c,$(BUILD)/%,$(BENCH_SRCS))
 
-.PHONY: all run test test-build examples bench clean check-cxx deps-run deps-test
+.PHONY: all run test test-build examples bench clean check-cxx deps-run deps-test amalgamate
 all: $(EXAMPLES) $(TESTS) $(BENCHES) $(if $(HAVE_MPICC),$(MPI_BINS) $(MPI_BENCHES))
 examples: $(EXAMPLES)
 
@@ -85,6 +85,13 @@ test-build: $(TESTS) $(EXAMPLES) $(if $(HAVE_MPICC),$(MPI_BINS)) check-cxx
 check-cxx: | $(BUILD)
 	$(CXX) -x c++ -std=c++11 $(CPPFLAGS) $(IMPL_DEFS) $(WARN) -DDPAR_IMPLEMENTATION -fsyntax-only dpar.h
 	if command -v clang >/dev/null 2>&1; then clang -std=c99 -x c $(CPPFLAGS) $(IMPL_DEFS) $(WARN) -DDPAR_IMPLEMENTATION -fsyntax-only dpar.h; fi
+
+# The single-file distribution: dpar.h with backends/ (SPIR-V and PTX included)
+# and util/ inlined, for users who want one file (tests/test_amalgamate.sh
+# builds every example against it).
+amalgamate: $(BUILD)/dpar_single.h
+$(BUILD)/dpar_single.h: dpar.h $(wildcard backends/*.h util/*.h) tools/amalgamate.py | $(BUILD)
+	python3 tools/amalgamate.py -o $@
 
 bench: $(BENCHES)
 	sh bench/run.sh $(BUILD)
