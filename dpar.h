@@ -171,19 +171,34 @@ DPAR_API const char *dpar_backend_name(dpar_backend_kind k); /* "cpu", "vulkan",
 
 typedef struct dpar_runtime dpar_runtime;
 
+/* Vulkan backend settings (read only by backends/dpar_vulkan.h); zero means default. */
+typedef struct dpar_vulkan_desc {
+    int physical_device;    /* 1-based index of the one physical device to use, counting the usable
+                               devices GPUs first (discrete, integrated, virtual, other, then CPU
+                               implementations such as llvmpipe): 1 is the first. 0: env DPAR_VK_DEVICE
+                               (0-based) if set, else every device of the best kind (with MPI: this
+                               process's node-local share). Errors: DPAR_ERR_DEVICE_COUNT when there
+                               are fewer usable devices, DPAR_ERR_INVALID_ARGUMENT when negative. */
+    bool force_noncoherent; /* treat host-visible memory as non-coherent (flush/invalidate on every
+                               host access); false: env DPAR_VK_NONCOHERENT */
+} dpar_vulkan_desc;
+
 typedef struct dpar_runtime_desc {
     dpar_backend_kind backend; /* 0: DPAR_BACKEND env, else best available */
     int num_devices;           /* 0: DPAR_DEVICES env, else all the backend has
                                   (CPU: 1 device per core, at most 8) */
     int timeout_ms;            /* collective timeout; 0: DPAR_TIMEOUT_MS env, else 60000 */
-    int vulkan_force_noncoherent; /* Vulkan: treat host-visible memory as non-coherent
-                                     (flush/invalidate on every host access); 0: env
-                                     DPAR_VK_NONCOHERENT */
-    int vulkan_physical_device;   /* Vulkan: index of the physical device; -1 or 0: every device
-                                     of the best kind (with MPI: this process's node-local share) */
+#ifndef DPAR_NO_DEPRECATED
+    int vulkan_force_noncoherent; /* deprecated: use .vulkan.force_noncoherent (nonzero: the same) */
+    int vulkan_physical_device;   /* deprecated: use .vulkan.physical_device, which is 1-based. Here
+                                     k > 0 picks usable device k; -1 or 0: the default */
+#else
+    int dpar__reserved_vk[2];     /* keeps the layout of builds that have the deprecated names */
+#endif
     const void *mpi_comm;      /* DPAR_MPI builds: address of the MPI_Comm whose processes share
                                   the runtime (NULL: MPI_COMM_WORLD when MPI is initialized,
                                   else one process). Ignored without DPAR_MPI. */
+    dpar_vulkan_desc vulkan;   /* Vulkan settings, e.g. .vulkan = { .physical_device = 1 } */
 } dpar_runtime_desc;
 
 /* Creates a runtime: picks the backend, opens `num_devices` devices and
@@ -1398,7 +1413,6 @@ static dpar_status dpar__runtime_create(const dpar_runtime_desc *desc_in, dpar_r
         if (timeout <= 0) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_runtime_create: DPAR_TIMEOUT_MS='%s' is not a positive number of milliseconds", getenv("DPAR_TIMEOUT_MS"));
     }
     if (timeout < 0) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_runtime_create: desc.timeout_ms = %d is negative", timeout);
-    if (!desc.vulkan_force_noncoherent) desc.vulkan_force_noncoherent = dpar__env_int("DPAR_VK_NONCOHERENT", 0) > 0;
 
     const dpar__backend_iface *be = NULL;
     if (kind == DPAR_BACKEND_DEFAULT) {

@@ -18,7 +18,8 @@
    compute queue, ordered GPUs first (discrete, integrated, virtual, then CPU
    implementations such as llvmpipe). By default dpar uses every device of
    the best kind (all discrete GPUs, say, but never llvmpipe next to a GPU);
-   desc.vulkan_physical_device (or DPAR_VK_DEVICE) picks one by index. N
+   desc.vulkan.physical_device (1-based; or DPAR_VK_DEVICE, 0-based) picks
+   one. N
    logical devices (desc.num_devices / DPAR_DEVICES; default: one per
    physical device used) are dealt round-robin over them, so 2-, 4- and
    8-device meshes run on a single GPU or on llvmpipe. Each physical device
@@ -46,11 +47,12 @@
 
    Environment:
        DPAR_VK_NONCOHERENT=1   treat host-visible memory as non-coherent (also
-                               dpar_runtime_desc.vulkan_force_noncoherent)
+                               dpar_runtime_desc.vulkan.force_noncoherent)
        DPAR_VK_FORCE_STAGING=1 never map buffers: use the staging path even
                                where memory is host-visible (tests it anywhere)
        DPAR_VK_LOADER=path     loader library to dlopen (default libvulkan.so.1)
-       DPAR_VK_DEVICE=i        use only physical device i (when the desc leaves it 0)
+       DPAR_VK_DEVICE=i        use only usable device i, 0-based (when desc.vulkan.physical_device,
+                               1-based, is 0)
 
    Limits: one buffer may be at most maxStorageBufferRange bytes for ops
    (llvmpipe: 128 MiB; copies, fills and collectives have no such limit);
@@ -266,6 +268,49 @@ static dpar_status dpar__vk_check_lost(dpar__vk *st) {
 static int dpar__vk_env_flag(const char *name) {
     const char *v = getenv(name);
     return v && v[0] && v[0] != '0';
+}
+
+/* >>vulkan settings ==========================================================
+   desc.vulkan (and its deprecated flat names), then the environment: the only
+   place this backend reads either. */
+typedef struct dpar__vk_settings {
+    int device;             /* 0-based index among the usable devices; -1: every device of the best kind */
+    char device_from[64];   /* where `device` came from, for error messages */
+    bool force_noncoherent; /* desc.vulkan.force_noncoherent or DPAR_VK_NONCOHERENT */
+    bool force_staging;     /* DPAR_VK_FORCE_STAGING */
+} dpar__vk_settings;
+
+static dpar_status dpar__vk_settings_get(const dpar_runtime_desc *desc, dpar__vk_settings *out) {
+    dpar_runtime_desc zero;
+    memset(&zero, 0, sizeof zero);
+    if (!desc) desc = &zero;
+#ifndef DPAR_NO_DEPRECATED
+    int old_noncoherent = desc->vulkan_force_noncoherent, old_device = desc->vulkan_physical_device;
+#else
+    int old_noncoherent = desc->dpar__reserved_vk[0], old_device = desc->dpar__reserved_vk[1];
+#endif
+    const char *env_dev = getenv("DPAR_VK_DEVICE");
+    memset(out, 0, sizeof *out);
+    out->device = -1;
+    if (desc->vulkan.physical_device < 0)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "vulkan: desc.vulkan.physical_device = %d is negative; use 1 for "
+                         "the first usable device, 2 for the second, ..., or 0 for every device of the best kind",
+                         desc->vulkan.physical_device);
+    if (desc->vulkan.physical_device > 0) {
+        out->device = desc->vulkan.physical_device - 1;
+        snprintf(out->device_from, sizeof out->device_from, "desc.vulkan.physical_device = %d (1-based)",
+                 desc->vulkan.physical_device);
+    } else if (old_device > 0) {
+        out->device = old_device;
+        snprintf(out->device_from, sizeof out->device_from, "desc.vulkan_physical_device = %d", old_device);
+    } else if (env_dev && env_dev[0]) {
+        out->device = atoi(env_dev);
+        snprintf(out->device_from, sizeof out->device_from, "DPAR_VK_DEVICE=%.32s", env_dev);
+    }
+    out->force_noncoherent = desc->vulkan.force_noncoherent || old_noncoherent ||
+                             dpar__env_int("DPAR_VK_NONCOHERENT", 0) > 0 || dpar__vk_env_flag("DPAR_VK_NONCOHERENT");
+    out->force_staging = dpar__vk_env_flag("DPAR_VK_FORCE_STAGING");
+    return DPAR_OK;
 }
 
 /* ---------------------------------------------------------------------------
@@ -926,6 +971,9 @@ static dpar_status dpar__vk_init_phys(dpar__vk *st, const dpar_runtime_desc *des
 static dpar_status dpar__vk_init_impl(dpar__vk *st, const dpar_runtime_desc *desc, int requested, int local_index,
                                       int local_count, int *count) {
     VkResult vr;
+    dpar__vk_settings set;
+    dpar_status ss = dpar__vk_settings_get(desc, &set);
+    if (ss) return ss;
     const char *libname = getenv("DPAR_VK_LOADER");
     if (!libname || !libname[0]) libname = "libvulkan.so.1";
     st->lib = dlopen(libname, RTLD_NOW | RTLD_LOCAL);
@@ -1003,8 +1051,8 @@ static dpar_status dpar__vk_init_impl(dpar__vk *st, const dpar_runtime_desc *des
         return dpar__err(DPAR_ERR_BACKEND_UNAVAILABLE, "vulkan: the loader lacks %s", #name);
     DPAR__VK_DEVICE_FNS(DPAR__VK_LOAD_D)
 #undef DPAR__VK_LOAD_D
-    st->force_noncoherent = (desc && desc->vulkan_force_noncoherent) || dpar__vk_env_flag("DPAR_VK_NONCOHERENT");
-    st->force_staging = dpar__vk_env_flag("DPAR_VK_FORCE_STAGING");
+    st->force_noncoherent = set.force_noncoherent;
+    st->force_staging = set.force_staging;
 
     /* physical devices with Vulkan >= 1.1 and a compute queue, GPUs first:
        discrete, integrated, virtual, other, then CPU implementations (llvmpipe,
@@ -1051,14 +1099,12 @@ static dpar_status dpar__vk_init_impl(dpar__vk *st, const dpar_runtime_desc *des
                          "with a compute queue", npd);
     }
     /* which physical devices: the one asked for, else every device of the best kind */
-    const char *env_dev = getenv("DPAR_VK_DEVICE");
-    int explicit_dev = (desc && desc->vulkan_physical_device > 0) || (env_dev && env_dev[0]);
-    int want = desc && desc->vulkan_physical_device > 0 ? desc->vulkan_physical_device
-             : env_dev && env_dev[0] ? atoi(env_dev) : 0;
+    int explicit_dev = set.device_from[0] != 0;
+    int want = explicit_dev ? set.device : 0;
     if (explicit_dev && (want < 0 || want >= nusable)) {
         DPAR_FREE(usable); DPAR_FREE(kinds);
-        return dpar__err(DPAR_ERR_DEVICE_COUNT, "vulkan: physical device %d asked (vulkan_physical_device or "
-                         "DPAR_VK_DEVICE), but only %d usable Vulkan device(s) exist (0..%d)", want, nusable, nusable - 1);
+        return dpar__err(DPAR_ERR_DEVICE_COUNT, "vulkan: %s asks for usable device %d (0-based), but only %d usable "
+                         "Vulkan device(s) exist (0..%d)", set.device_from, want, nusable, nusable - 1);
     }
     int first = explicit_dev ? want : 0, nbest = 1;
     if (!explicit_dev) {

@@ -548,7 +548,7 @@ static dpar_runtime *rt_for(dpar_backend_kind k, int n, int noncoherent) {
     d.backend = k;
     d.num_devices = n;
     d.timeout_ms = 30000;
-    d.vulkan_force_noncoherent = noncoherent;
+    d.vulkan.force_noncoherent = noncoherent;
     dpar_runtime *rt = NULL;
     dpar_status s = dpar_runtime_create(&d, &rt);
     if (s == DPAR_OK) return rt;

@@ -29,7 +29,7 @@ static dpar_runtime *vk_runtime(int n, int noncoherent) {
     d.backend = DPAR_BACKEND_VULKAN;
     d.num_devices = n;
     d.timeout_ms = 20000;
-    d.vulkan_force_noncoherent = noncoherent;
+    d.vulkan.force_noncoherent = noncoherent;
     dpar_runtime *rt = NULL;
     dpar_status s = dpar_runtime_create(&d, &rt);
     if (s == DPAR_OK) return rt;
@@ -266,37 +266,47 @@ static dpar_status multi_fn(dpar_ctx *ctx, int dev, void *user) {
     dpar_buffer_destroy(big);
     return DPAR_OK;
 }
-static void check_two_physical(int staging) {
+/* Makes the loader see lavapipe twice (skips when it cannot); two_icds_end undoes it. */
+typedef struct { char dir[64], link[600], json2[600]; char *saved, *saved2; } two_icds;
+static void two_icds_begin(two_icds *t) {
     dpar_runtime *probe = vk_runtime(1, 0); /* skips when there is no Vulkan */
     dpar_runtime_destroy(probe);
-    char json[512], lib[512], dir[] = "/tmp/dpar_vk_icd_XXXXXX";
+    char json[512], lib[512], both[1300];
     if (!lvp_icd(json, sizeof json, lib, sizeof lib)) {
         printf("SKIPPED: lavapipe's ICD file was not found (Debian: mesa-vulkan-drivers)\n");
         skip();
     }
-    assert_non_null(mkdtemp(dir));
-    char link[600], json2[600], both[1300];
-    snprintf(link, sizeof link, "%s/libvulkan_lvp_second.so", dir);
-    snprintf(json2, sizeof json2, "%s/second.json", dir);
-    assert_int_equal(symlink(lib, link), 0);
-    FILE *f = fopen(json2, "w");
+    snprintf(t->dir, sizeof t->dir, "/tmp/dpar_vk_icd_XXXXXX");
+    assert_non_null(mkdtemp(t->dir));
+    snprintf(t->link, sizeof t->link, "%s/libvulkan_lvp_second.so", t->dir);
+    snprintf(t->json2, sizeof t->json2, "%s/second.json", t->dir);
+    assert_int_equal(symlink(lib, t->link), 0);
+    FILE *f = fopen(t->json2, "w");
     assert_non_null(f);
-    fprintf(f, "{ \"file_format_version\": \"1.0.0\", \"ICD\": { \"library_path\": \"%s\", \"api_version\": \"1.1.0\" } }\n", link);
+    fprintf(f, "{ \"file_format_version\": \"1.0.0\", \"ICD\": { \"library_path\": \"%s\", \"api_version\": \"1.1.0\" } }\n", t->link);
     fclose(f);
-    snprintf(both, sizeof both, "%s:%s", json, json2);
+    snprintf(both, sizeof both, "%s:%s", json, t->json2);
     /* VK_DRIVER_FILES takes precedence over VK_ICD_FILENAMES in newer loaders: set both */
     const char *old = getenv("VK_ICD_FILENAMES"), *old2 = getenv("VK_DRIVER_FILES");
-    char *saved = old ? strdup(old) : NULL, *saved2 = old2 ? strdup(old2) : NULL;
+    t->saved = old ? strdup(old) : NULL;
+    t->saved2 = old2 ? strdup(old2) : NULL;
     setenv("VK_ICD_FILENAMES", both, 1);
     setenv("VK_DRIVER_FILES", both, 1);
+}
+static void two_icds_end(two_icds *t) {
+    if (t->saved) { setenv("VK_ICD_FILENAMES", t->saved, 1); free(t->saved); } else unsetenv("VK_ICD_FILENAMES");
+    if (t->saved2) { setenv("VK_DRIVER_FILES", t->saved2, 1); free(t->saved2); } else unsetenv("VK_DRIVER_FILES");
+    unlink(t->json2);
+    unlink(t->link);
+    rmdir(t->dir);
+}
+static void check_two_physical(int staging) {
+    two_icds t;
+    two_icds_begin(&t);
     if (staging) setenv("DPAR_VK_FORCE_STAGING", "1", 1);
     dpar_runtime *rt = vk_runtime(4, staging);
-    if (saved) { setenv("VK_ICD_FILENAMES", saved, 1); free(saved); } else unsetenv("VK_ICD_FILENAMES");
-    if (saved2) { setenv("VK_DRIVER_FILES", saved2, 1); free(saved2); } else unsetenv("VK_DRIVER_FILES");
     unsetenv("DPAR_VK_FORCE_STAGING");
-    unlink(json2);
-    unlink(link);
-    rmdir(dir);
+    two_icds_end(&t);
     int phys[4];
     for (int i = 0; i < 4; i++) {
         dpar_device_info info;
@@ -323,6 +333,49 @@ static void check_two_physical(int staging) {
 }
 static void test_two_physical_devices(void **state) { (void)state; check_two_physical(0); }
 static void test_two_physical_devices_staged(void **state) { (void)state; check_two_physical(1); }
+
+/* .vulkan.physical_device is 1-based, so the first device alone can be chosen (0 is the default:
+   every device of the best kind); the deprecated flat field keeps its old 0-based meaning. */
+static int all_on_physical(const dpar_runtime_desc *d, int want) {
+    dpar_runtime *rt = NULL;
+    dpar_status s = dpar_runtime_create(d, &rt);
+    if (s) fail_msg("runtime: %s: %s", dpar_status_string(s), dpar_last_error());
+    int n = dpar_device_count(rt), ok = n == d->num_devices;
+    for (int i = 0; i < n; i++) {
+        dpar_device_info info;
+        T_OK(dpar_device_info_get(rt, i, &info));
+        printf("physical_device %d: logical %d on physical %d\n", d->vulkan.physical_device, i, info.physical_index);
+        ok = ok && info.physical_index == want;
+    }
+    dpar_runtime_destroy(rt);
+    return ok;
+}
+static void test_choose_physical_device(void **state) {
+    (void)state;
+    two_icds t;
+    two_icds_begin(&t);
+    dpar_runtime_desc d = { .backend = DPAR_BACKEND_VULKAN, .num_devices = 2, .timeout_ms = 20000 };
+    d.vulkan.physical_device = 1;
+    int first_alone = all_on_physical(&d, 0);
+    d.vulkan.physical_device = 2;
+    int second_alone = all_on_physical(&d, 1);
+    d.vulkan.physical_device = 0;
+    d.vulkan_physical_device = 1; /* deprecated name, 0-based */
+    int old_name = all_on_physical(&d, 1);
+    d.vulkan_physical_device = 0;
+    d.vulkan.physical_device = 3;
+    dpar_runtime *rt = NULL;
+    dpar_status too_far = dpar_runtime_create(&d, &rt);
+    d.vulkan.physical_device = -1;
+    dpar_status negative = dpar_runtime_create(&d, &rt);
+    two_icds_end(&t);
+    assert_true(first_alone);
+    assert_true(second_alone);
+    assert_true(old_name);
+    assert_int_equal(too_far, DPAR_ERR_DEVICE_COUNT);
+    assert_int_equal(negative, DPAR_ERR_INVALID_ARGUMENT);
+    assert_null(rt);
+}
 
 /* ---- small ops with known answers --------------------------------------- */
 typedef struct { int failed; char msg[256]; } op_res;
@@ -525,7 +578,7 @@ static void test_bad_physical_device(void **state) {
     memset(&d, 0, sizeof d);
     d.backend = DPAR_BACKEND_VULKAN;
     d.num_devices = 1;
-    d.vulkan_physical_device = 99;
+    d.vulkan.physical_device = 99;
     T_ERR(dpar_runtime_create(&d, &rt), DPAR_ERR_DEVICE_COUNT, "99");
 }
 static dpar_status oom_fn(dpar_ctx *ctx, int dev, void *user) {
@@ -610,6 +663,7 @@ int main(void) {
         cmocka_unit_test(test_allreduce_large_pipelined),
         cmocka_unit_test(test_two_physical_devices),
         cmocka_unit_test(test_two_physical_devices_staged),
+        cmocka_unit_test(test_choose_physical_device),
         cmocka_unit_test(test_ops_known_values),
         cmocka_unit_test(test_many_ops_deterministic),
         cmocka_unit_test(test_missing_loader),
