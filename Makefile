@@ -52,6 +52,10 @@ $(BUILD)/dpar.o: $(IMPL_DEPS) | $(BUILD)
 $(BUILD)/test_%: tests/test_%.c tests/testutil.h $(BUILD)/dpar.o
 	$(CC) $(CSTD) $(CPPFLAGS) $(IMPL_DEFS) $(CFLAGS) $(WARN) $< $(BUILD)/dpar.o -o $@ $(LDFLAGS) $(TEST_LIBS) $(IMPL_LIBS) $(LDLIBS)
 
+# test_alloc holds its own implementation (CPU backend) with counting DPAR_MALLOC hooks
+$(BUILD)/test_alloc: tests/test_alloc.c tests/testutil.h dpar.h | $(BUILD)
+	$(CC) $(CSTD) $(CPPFLAGS) $(CFLAGS) $(WARN) $< -o $@ $(LDFLAGS) $(TEST_LIBS) $(LDLIBS)
+
 $(BUILD)/%: examples/%.c $(wildcard examples/*.h) $(BUILD)/dpar.o
 	$(CC) $(CSTD) $(CPPFLAGS) $(IMPL_DEFS) $(CFLAGS) $(WARN) $< $(BUILD)/dpar.o -o $@ $(LDFLAGS) $(IMPL_LIBS) -lz $(LDLIBS)
 

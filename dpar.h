@@ -23,7 +23,10 @@
    Overrides (define before the implementation):
        DPAR_STATIC            make every API function static
        DPAR_ASSERT(c)         internal invariant checks (default assert.h)
-       DPAR_MALLOC(sz) / DPAR_FREE(p) / DPAR_REALLOC(p, sz)   allocator
+       DPAR_MALLOC(sz) / DPAR_FREE(p) / DPAR_REALLOC(p, sz)   allocator (every host allocation)
+       DPAR_ALIGNED_MALLOC(sz, align) / DPAR_ALIGNED_FREE(p)  aligned allocator (CPU-backend
+                              device buffers, matmul packing; align: a power of two, 64).
+                              Default: through DPAR_MALLOC / DPAR_FREE, so one hook sees all
        DPAR_LOG(msg)          log sink for warnings (default: stderr, only if DPAR_VERBOSE=1)
        DPAR_USE_CBLAS         CPU matrix products through cblas_sgemm
 
@@ -76,7 +79,7 @@
    License: MIT, at the end of this file.
 */
 #if defined(DPAR_IMPLEMENTATION) && !defined(_GNU_SOURCE) && !defined(__cplusplus)
-#define _GNU_SOURCE /* clock_gettime, posix_memalign, fileno in the implementation */
+#define _GNU_SOURCE /* clock_gettime, fileno in the implementation */
 #endif
 #ifndef DPAR_H_INCLUDED
 #define DPAR_H_INCLUDED
@@ -888,6 +891,10 @@ DPAR_API void dpar_stats_reset(dpar_runtime *rt);
 #  define DPAR_FREE(p) free(p)
 #  define DPAR_REALLOC(p, sz) realloc(p, sz)
 #endif
+#ifndef DPAR_ALIGNED_MALLOC
+#  define DPAR_ALIGNED_MALLOC(sz, align) dpar__aligned_malloc(sz, align)
+#  define DPAR_ALIGNED_FREE(p) dpar__aligned_free(p)
+#endif
 #ifndef DPAR_LOG
 #  define DPAR_LOG(msg) do { if (dpar__verbose()) fprintf(stderr, "dpar: %s\n", (msg)); } while (0)
 #endif
@@ -1179,6 +1186,25 @@ static const dpar__backend_iface *dpar__cuda_iface(void);
 /* ---------------------------------------------------------------------------
    Small helpers
    ------------------------------------------------------------------------ */
+/* `sz` bytes aligned to `align` (a power of two) from DPAR_MALLOC: the block
+   is over-allocated and the pointer DPAR_MALLOC returned is kept just below
+   the aligned address, for dpar__aligned_free. NULL when out of memory. */
+static void *dpar__aligned_malloc(size_t sz, size_t align) {
+    DPAR_ASSERT(align && (align & (align - 1)) == 0);
+    if (align < sizeof(void *)) align = sizeof(void *);
+    if (sz > (size_t)-1 - align - sizeof(void *)) return NULL;
+    char *raw = (char *)DPAR_MALLOC(sz + align + sizeof(void *));
+    if (!raw) return NULL;
+    uintptr_t at = ((uintptr_t)(raw + sizeof(void *)) + align - 1) & ~(uintptr_t)(align - 1);
+    memcpy((char *)at - sizeof(void *), &raw, sizeof raw);
+    return (void *)at;
+}
+static void dpar__aligned_free(void *p) {
+    if (!p) return;
+    void *raw;
+    memcpy(&raw, (char *)p - sizeof(void *), sizeof raw);
+    DPAR_FREE(raw);
+}
 static void *dpar__calloc(size_t n, size_t sz) {
     size_t total = n * sz;
     if (sz && total / sz != n) return NULL;
@@ -6099,13 +6125,17 @@ static dpar_status dpar__cpu_alloc(void *st, int dev, size_t nbytes, void **mem)
     DPAR__UNUSED(st);
     void *p = NULL;
     size_t sz = (nbytes + 63) & ~(size_t)63;
-    if (posix_memalign(&p, 64, sz ? sz : 64) != 0 || !p)
+    if (!(p = DPAR_ALIGNED_MALLOC(sz ? sz : 64, 64)))
         return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "cpu backend: could not allocate %zu bytes for device %d", nbytes, dev);
     memset(p, 0, sz ? sz : 64);
     *mem = p;
     return DPAR_OK;
 }
-static void dpar__cpu_free(void *st, int dev, void *mem) { DPAR__UNUSED(st); DPAR__UNUSED(dev); free(mem); }
+static void dpar__cpu_free(void *st, int dev, void *mem) {
+    DPAR__UNUSED(st);
+    DPAR__UNUSED(dev);
+    DPAR_ALIGNED_FREE(mem);
+}
 static dpar_status dpar__cpu_write(void *st, int dev, void *mem, size_t off, const void *src, size_t n) {
     DPAR__UNUSED(st); DPAR__UNUSED(dev);
     memcpy((char *)mem + off, src, n);
@@ -6223,7 +6253,7 @@ static void dpar__sgemm_cols(int64_t M, int64_t N, int64_t K, int ta, int tb, fl
     size_t bsz = (size_t)((ncmax + DPAR__NR - 1) / DPAR__NR * DPAR__NR) * (size_t)kcmax;
     size_t asz = (size_t)((mcmax + DPAR__MR - 1) / DPAR__MR * DPAR__MR) * (size_t)kcmax;
     float *ws = NULL;
-    if (posix_memalign((void **)&ws, 64, (bsz + asz) * sizeof(float) + 64) != 0 || !ws) {
+    if (!(ws = (float *)DPAR_ALIGNED_MALLOC((bsz + asz) * sizeof(float) + 64, 64))) {
         /* no memory for the packs: the plain triple loop (same k order) */
         for (int64_t i = 0; i < M; i++)
             for (int64_t j = j0; j < j1; j++) {
@@ -6280,7 +6310,7 @@ static void dpar__sgemm_cols(int64_t M, int64_t N, int64_t K, int ta, int tb, fl
             }
         }
     }
-    free(ws);
+    DPAR_ALIGNED_FREE(ws);
 }
 typedef struct dpar__sgemm_args {
     int64_t M, N, K;
