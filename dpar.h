@@ -39,7 +39,7 @@
        dpar_pmap(mesh, &(dpar_pmap_desc){ .axis = "data", .fn = my_fn, ... });
 
    Inside my_fn(dpar_ctx *ctx, void *user) every device sees its own shard
-   (dpar_ctx_arg), its position (dpar_axis_index), and calls ops and
+   (dpar_ctx_arg), its position (dpar_ctx_axis_index), and calls ops and
    collectives, which block until every member of the group has arrived.
 
    EXECUTION MODEL
@@ -171,6 +171,11 @@ typedef enum dpar_backend_kind {
 } dpar_backend_kind;
 
 DPAR_API const char *dpar_backend_name(dpar_backend_kind k); /* "cpu", "vulkan", "cuda" */
+/* The backend named "cpu", "vulkan" or "cuda" (as dpar_backend_name gives them;
+   "default" or "" gives DPAR_BACKEND_DEFAULT), into *out. Case-sensitive.
+   Errors: DPAR_ERR_INVALID_ARGUMENT (NULL, or not a backend name; *out is
+   left unchanged and the text lists the names). */
+DPAR_API dpar_status dpar_backend_from_name(const char *name, dpar_backend_kind *out);
 
 typedef struct dpar_runtime dpar_runtime;
 
@@ -216,16 +221,18 @@ typedef struct dpar_runtime_desc {
    On error *out is NULL and nothing is leaked. */
 DPAR_API dpar_status dpar_runtime_create(const dpar_runtime_desc *desc, dpar_runtime **out);
 /* Stops the workers and frees the runtime. Buffers, arrays and meshes of the
-   runtime must be destroyed first (leftovers are freed here too). NULL is a no-op. */
-DPAR_API void dpar_runtime_destroy(dpar_runtime *rt);
+   runtime must be destroyed first (leftovers are freed here too). NULL is a
+   no-op (DPAR_OK). Errors: DPAR_ERR_STATE when called from inside a
+   pmap/shard_map function (nothing is freed). */
+DPAR_API dpar_status dpar_runtime_destroy(dpar_runtime *rt);
 /* Global device count: processes x local devices (the same on every process). */
-DPAR_API int dpar_device_count(const dpar_runtime *rt);
+DPAR_API int dpar_runtime_device_count(const dpar_runtime *rt);
 /* Multi-process (DPAR_MPI): this process's index and the process count
    (0 and 1 without MPI). Global device d lives on process d / local count. */
-DPAR_API int dpar_process_index(const dpar_runtime *rt);
-DPAR_API int dpar_process_count(const dpar_runtime *rt);
+DPAR_API int dpar_runtime_process_index(const dpar_runtime *rt);
+DPAR_API int dpar_runtime_process_count(const dpar_runtime *rt);
 /* This process's devices are first .. first+count-1 (global ids). */
-DPAR_API void dpar_local_devices(const dpar_runtime *rt, int *first, int *count);
+DPAR_API void dpar_runtime_local_devices(const dpar_runtime *rt, int *first, int *count);
 DPAR_API dpar_backend_kind dpar_runtime_backend(const dpar_runtime *rt);
 
 typedef struct dpar_device_info {
@@ -236,7 +243,7 @@ typedef struct dpar_device_info {
     int index;               /* device index in this runtime, 0..count-1 */
     int physical_index;      /* index of the physical device it runs on */
     uint64_t memory_bytes;   /* device memory (CPU: physical RAM) in bytes */
-    int runs_on_cpu;         /* 1: the work runs on host CPU cores (the CPU backend's
+    bool runs_on_cpu;        /* true: the work runs on host CPU cores (the CPU backend's
                                 emulated devices, or a software GPU such as llvmpipe) */
     unsigned char uuid[16];  /* the physical device's UUID (CUDA: cuDeviceGetUuid, Vulkan:
                                 VkPhysicalDeviceIDProperties::deviceUUID); all zero when
@@ -244,8 +251,9 @@ typedef struct dpar_device_info {
                                 whatever CUDA_VISIBLE_DEVICES numbered it. */
 } dpar_device_info;
 
-/* Errors: DPAR_ERR_INVALID_ARGUMENT when device is out of range. */
-DPAR_API dpar_status dpar_device_info_get(const dpar_runtime *rt, int device, dpar_device_info *out);
+/* Describes `device` (a global device index of the runtime) into *out.
+   Errors: DPAR_ERR_INVALID_ARGUMENT (NULL, device out of range). */
+DPAR_API dpar_status dpar_runtime_device_info(const dpar_runtime *rt, int device, dpar_device_info *out);
 
 /* ---------------------------------------------------------------------------
    Device buffers: a typed, shaped, contiguous row-major array on one device
@@ -258,9 +266,10 @@ typedef struct dpar_buffer dpar_buffer;
    negative dim), DPAR_ERR_OUT_OF_MEMORY. */
 DPAR_API dpar_status dpar_buffer_create(dpar_runtime *rt, int device, dpar_dtype dtype,
                                         int ndim, const int64_t *shape, dpar_buffer **out);
-/* Frees the buffer (waits for pending work on it). NULL is a no-op. A shard
-   of a dpar_array is not freed (the last error says so): destroy the array. */
-DPAR_API void dpar_buffer_destroy(dpar_buffer *b);
+/* Frees the buffer (waits for pending work on it). NULL is a no-op (DPAR_OK).
+   Errors: DPAR_ERR_STATE for a shard of a dpar_array (not freed: destroy the
+   array). */
+DPAR_API dpar_status dpar_buffer_destroy(dpar_buffer *b);
 DPAR_API dpar_dtype dpar_buffer_dtype(const dpar_buffer *b);
 DPAR_API int dpar_buffer_ndim(const dpar_buffer *b);
 /* Dimension i (0 <= i < ndim); -1 when i is out of range. */
@@ -277,7 +286,7 @@ DPAR_API dpar_status dpar_buffer_write(dpar_buffer *b, size_t offset, const void
 /* Copies device -> host; waits for pending work on the device first. */
 DPAR_API dpar_status dpar_buffer_read(const dpar_buffer *b, size_t offset, void *dst, size_t nbytes);
 /* Waits until all work queued on `device` has finished (no-op on CPU). */
-DPAR_API dpar_status dpar_device_sync(dpar_runtime *rt, int device);
+DPAR_API dpar_status dpar_runtime_device_sync(dpar_runtime *rt, int device);
 
 /* ---------------------------------------------------------------------------
    Mesh
@@ -299,9 +308,9 @@ typedef struct dpar_mesh_desc {
    malformed axis names, repeated device in `devices`). */
 DPAR_API dpar_status dpar_mesh_create(dpar_runtime *rt, const dpar_mesh_desc *desc, dpar_mesh **out);
 /* Frees the mesh and every dpar_array created on it (their handles become
-   invalid). Not inside a pmap function (then nothing is freed and the last
-   error says so). NULL is a no-op. */
-DPAR_API void dpar_mesh_destroy(dpar_mesh *m);
+   invalid). NULL is a no-op (DPAR_OK). Errors: DPAR_ERR_STATE when called
+   inside a pmap/shard_map function (nothing is freed). */
+DPAR_API dpar_status dpar_mesh_destroy(dpar_mesh *m);
 DPAR_API int dpar_mesh_ndim(const dpar_mesh *m);
 DPAR_API int dpar_mesh_size(const dpar_mesh *m);                   /* devices in the mesh */
 DPAR_API const char *dpar_mesh_axis_name(const dpar_mesh *m, int i); /* NULL if out of range */
@@ -434,8 +443,8 @@ DPAR_API dpar_mesh *dpar_ctx_mesh(const dpar_ctx *ctx);
 DPAR_API dpar_buffer *dpar_ctx_arg(const dpar_ctx *ctx, int i);
 /* JAX axis_index / axis_size for "a" or "a,b" (index row-major over the axes).
    Errors: DPAR_ERR_UNKNOWN_AXIS naming the axis and listing the mesh axes. */
-DPAR_API dpar_status dpar_axis_index(const dpar_ctx *ctx, const char *axes, int *out);
-DPAR_API dpar_status dpar_axis_size(const dpar_ctx *ctx, const char *axes, int *out);
+DPAR_API dpar_status dpar_ctx_axis_index(const dpar_ctx *ctx, const char *axes, int *out);
+DPAR_API dpar_status dpar_ctx_axis_size(const dpar_ctx *ctx, const char *axes, int *out);
 /* Allocates a buffer on this device (see dpar_buffer_create). */
 DPAR_API dpar_status dpar_ctx_buffer(dpar_ctx *ctx, dpar_dtype dtype, int ndim,
                                      const int64_t *shape, dpar_buffer **out);
@@ -492,16 +501,35 @@ DPAR_API dpar_status dpar_all_to_all(dpar_ctx *ctx, dpar_buffer *out, const dpar
 DPAR_API dpar_status dpar_pbroadcast(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in,
                                      const char *axes, int root);
 
-/* Async form: *_start returns at once with a handle; the buffers must not be
-   touched until dpar_wait(handle) returns (which returns the collective's
-   status and frees the handle). Collectives of one device run in issue order. */
+/* Async forms, one per collective: dpar_X_start takes dpar_X's arguments
+   plus `req`, returns at once with a handle in *req (NULL on error), and
+   gives the same result bit for bit as dpar_X. The buffers must not be
+   touched until dpar_wait(req) returns (which returns the collective's
+   status and frees the handle). Collectives of one device run in issue
+   order, blocking and async alike. Errors: as the blocking form, reported
+   by the start call (argument checks) or by dpar_wait (everything else);
+   DPAR_ERR_INVALID_ARGUMENT when req is NULL. */
 typedef struct dpar_request dpar_request;
+DPAR_API dpar_status dpar_psum_start(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes,
+                                     dpar_request **req);
+DPAR_API dpar_status dpar_pmean_start(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes,
+                                      dpar_request **req);
+DPAR_API dpar_status dpar_pmax_start(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes,
+                                     dpar_request **req);
+DPAR_API dpar_status dpar_pmin_start(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes,
+                                     dpar_request **req);
 DPAR_API dpar_status dpar_preduce_start(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in,
                                         const char *axes, dpar_reduce_op op, dpar_request **req);
 DPAR_API dpar_status dpar_all_gather_start(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in,
                                            const char *axes, int dim, bool tiled, dpar_request **req);
 DPAR_API dpar_status dpar_psum_scatter_start(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in,
                                              const char *axes, int dim, bool tiled, dpar_request **req);
+DPAR_API dpar_status dpar_ppermute_start(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in,
+                                         const char *axes, const int *pairs, int num_pairs, dpar_request **req);
+DPAR_API dpar_status dpar_all_to_all_start(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in,
+                                           const char *axes, int split_dim, int concat_dim, dpar_request **req);
+DPAR_API dpar_status dpar_pbroadcast_start(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in,
+                                           const char *axes, int root, dpar_request **req);
 DPAR_API dpar_status dpar_wait(dpar_ctx *ctx, dpar_request *req);
 
 /* ---------------------------------------------------------------------------
@@ -852,10 +880,65 @@ typedef struct dpar_device_stats {
 } dpar_device_stats;
 /* Stats of `device` (a device of this process).
    Errors: DPAR_ERR_INVALID_ARGUMENT (NULL, device out of range). */
-DPAR_API dpar_status dpar_device_stats_get(const dpar_runtime *rt, int device, dpar_device_stats *out);
+DPAR_API dpar_status dpar_runtime_device_stats(const dpar_runtime *rt, int device, dpar_device_stats *out);
 /* Sets every device's memory_peak to its memory_in_use, and zeroes the op
    and collective counters. */
-DPAR_API void dpar_stats_reset(dpar_runtime *rt);
+DPAR_API void dpar_runtime_stats_reset(dpar_runtime *rt);
+
+/* >>deprecated ===============================================================
+   Names of version 0.1, kept for one release as wrappers of the new names
+   (CHANGELOG.md lists them). A call warns (-Wdeprecated-declarations) naming
+   the replacement; tools/rename_api.sh rewrites a source tree to the new names.
+   Define DPAR_NO_DEPRECATED to drop them, or DPAR_DEPRECATED(msg) as empty to
+   keep them without the warning. */
+#ifndef DPAR_DEPRECATED
+#  if defined(__GNUC__) || defined(__clang__)
+#    define DPAR_DEPRECATED(msg) __attribute__((deprecated(msg)))
+#  elif defined(_MSC_VER)
+#    define DPAR_DEPRECATED(msg) __declspec(deprecated(msg))
+#  else
+#    define DPAR_DEPRECATED(msg)
+#  endif
+#endif
+#if defined(__GNUC__) || defined(__clang__)
+#  define DPAR__ALIAS static inline __attribute__((unused)) /* no unused-function warning for dpar.h itself */
+#else
+#  define DPAR__ALIAS static inline
+#endif
+#ifndef DPAR_NO_DEPRECATED
+/* BEGIN DEPRECATED NAMES (tools/rename_api.sh leaves this block alone) */
+DPAR_DEPRECATED("use dpar_runtime_device_count")
+DPAR__ALIAS int dpar_device_count(const dpar_runtime *rt) { return dpar_runtime_device_count(rt); }
+DPAR_DEPRECATED("use dpar_runtime_process_index")
+DPAR__ALIAS int dpar_process_index(const dpar_runtime *rt) { return dpar_runtime_process_index(rt); }
+DPAR_DEPRECATED("use dpar_runtime_process_count")
+DPAR__ALIAS int dpar_process_count(const dpar_runtime *rt) { return dpar_runtime_process_count(rt); }
+DPAR_DEPRECATED("use dpar_runtime_local_devices")
+DPAR__ALIAS void dpar_local_devices(const dpar_runtime *rt, int *first, int *count) {
+    dpar_runtime_local_devices(rt, first, count);
+}
+DPAR_DEPRECATED("use dpar_runtime_device_sync")
+DPAR__ALIAS dpar_status dpar_device_sync(dpar_runtime *rt, int device) { return dpar_runtime_device_sync(rt, device); }
+DPAR_DEPRECATED("use dpar_runtime_device_info")
+DPAR__ALIAS dpar_status dpar_device_info_get(const dpar_runtime *rt, int device, dpar_device_info *out) {
+    return dpar_runtime_device_info(rt, device, out);
+}
+DPAR_DEPRECATED("use dpar_runtime_device_stats")
+DPAR__ALIAS dpar_status dpar_device_stats_get(const dpar_runtime *rt, int device, dpar_device_stats *out) {
+    return dpar_runtime_device_stats(rt, device, out);
+}
+DPAR_DEPRECATED("use dpar_runtime_stats_reset")
+DPAR__ALIAS void dpar_stats_reset(dpar_runtime *rt) { dpar_runtime_stats_reset(rt); }
+DPAR_DEPRECATED("use dpar_ctx_axis_index")
+DPAR__ALIAS dpar_status dpar_axis_index(const dpar_ctx *ctx, const char *axes, int *out) {
+    return dpar_ctx_axis_index(ctx, axes, out);
+}
+DPAR_DEPRECATED("use dpar_ctx_axis_size")
+DPAR__ALIAS dpar_status dpar_axis_size(const dpar_ctx *ctx, const char *axes, int *out) {
+    return dpar_ctx_axis_size(ctx, axes, out);
+}
+/* END DEPRECATED NAMES */
+#endif /* DPAR_NO_DEPRECATED */
 
 #ifdef __cplusplus
 }
@@ -1347,6 +1430,16 @@ DPAR_API const char *dpar_backend_name(dpar_backend_kind k) {
     }
     return "invalid";
 }
+DPAR_API dpar_status dpar_backend_from_name(const char *name, dpar_backend_kind *out) {
+    dpar__clear_error();
+    if (!name || !out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_backend_from_name: name or out is NULL");
+    static const dpar_backend_kind kinds[] = {DPAR_BACKEND_DEFAULT, DPAR_BACKEND_CPU, DPAR_BACKEND_VULKAN, DPAR_BACKEND_CUDA};
+    if (!*name) { *out = DPAR_BACKEND_DEFAULT; return DPAR_OK; }
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
+        if (!strcmp(name, dpar_backend_name(kinds[i]))) { *out = kinds[i]; return DPAR_OK; }
+    return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_backend_from_name: '%s' is not a backend; use cpu, vulkan, cuda or default",
+                     name);
+}
 
 static const dpar__backend_iface *dpar__backend_by_kind(dpar_backend_kind k) {
     switch (k) {
@@ -1412,13 +1505,9 @@ static dpar_status dpar__runtime_create(const dpar_runtime_desc *desc_in, dpar_r
     dpar_backend_kind kind = desc.backend;
     if (kind == DPAR_BACKEND_DEFAULT) {
         const char *env = getenv("DPAR_BACKEND");
-        if (env && *env) {
-            if (!strcmp(env, "cpu")) kind = DPAR_BACKEND_CPU;
-            else if (!strcmp(env, "vulkan")) kind = DPAR_BACKEND_VULKAN;
-            else if (!strcmp(env, "cuda")) kind = DPAR_BACKEND_CUDA;
-            else return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
-                                  "dpar_runtime_create: DPAR_BACKEND='%s' is not a backend; use cpu, vulkan or cuda", env);
-        }
+        if (env && *env && dpar_backend_from_name(env, &kind) != DPAR_OK)
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                             "dpar_runtime_create: DPAR_BACKEND='%s' is not a backend; use cpu, vulkan or cuda", env);
     }
     if ((int)kind < 0 || kind > DPAR_BACKEND_CUDA)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_runtime_create: desc.backend = %d is not a dpar_backend_kind", (int)kind);
@@ -1565,31 +1654,30 @@ DPAR_API dpar_status dpar_runtime_create(const dpar_runtime_desc *desc, dpar_run
 static void dpar__mesh_free(struct dpar_mesh *m);
 static void dpar__buffer_free(dpar_buffer *b);
 
-DPAR_API void dpar_runtime_destroy(dpar_runtime *rt) {
-    if (!rt) return;
-    if (dpar__self_worker) {
-        dpar__err(DPAR_ERR_STATE, "dpar_runtime_destroy: called inside a pmap/shard_map function; nothing was destroyed "
-                  "(destroy the runtime after the dispatch returns)");
-        return;
-    }
+DPAR_API dpar_status dpar_runtime_destroy(dpar_runtime *rt) {
+    if (!rt) return DPAR_OK;
+    if (dpar__self_worker)
+        return dpar__err(DPAR_ERR_STATE, "dpar_runtime_destroy: called inside a pmap/shard_map function; nothing was destroyed "
+                         "(destroy the runtime after the dispatch returns)");
     while (rt->meshes) dpar__mesh_free(rt->meshes);
     while (rt->buffers) dpar__buffer_free(rt->buffers);
     dpar__runtime_free(rt);
+    return DPAR_OK;
 }
-DPAR_API int dpar_device_count(const dpar_runtime *rt) { return rt ? rt->ndev : 0; }
-DPAR_API int dpar_process_index(const dpar_runtime *rt) { return rt ? rt->proc : 0; }
-DPAR_API int dpar_process_count(const dpar_runtime *rt) { return rt ? rt->nproc : 1; }
-DPAR_API void dpar_local_devices(const dpar_runtime *rt, int *first, int *count) {
+DPAR_API int dpar_runtime_device_count(const dpar_runtime *rt) { return rt ? rt->ndev : 0; }
+DPAR_API int dpar_runtime_process_index(const dpar_runtime *rt) { return rt ? rt->proc : 0; }
+DPAR_API int dpar_runtime_process_count(const dpar_runtime *rt) { return rt ? rt->nproc : 1; }
+DPAR_API void dpar_runtime_local_devices(const dpar_runtime *rt, int *first, int *count) {
     if (first) *first = rt ? rt->local_base : 0;
     if (count) *count = rt ? rt->nlocal : 0;
 }
 DPAR_API dpar_backend_kind dpar_runtime_backend(const dpar_runtime *rt) { return rt ? rt->be->kind : DPAR_BACKEND_DEFAULT; }
 
-DPAR_API dpar_status dpar_device_info_get(const dpar_runtime *rt, int device, dpar_device_info *out) {
+DPAR_API dpar_status dpar_runtime_device_info(const dpar_runtime *rt, int device, dpar_device_info *out) {
     dpar__clear_error();
-    if (!rt || !out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_device_info_get: runtime or out is NULL");
+    if (!rt || !out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_runtime_device_info: runtime or out is NULL");
     if (device < 0 || device >= rt->ndev)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_device_info_get: device %d is out of range; the runtime has %d devices (0..%d)",
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_runtime_device_info: device %d is out of range; the runtime has %d devices (0..%d)",
                          device, rt->ndev, rt->ndev - 1);
     memset(out, 0, sizeof *out);
     dpar_status s = DPAR_OK;
@@ -1669,13 +1757,13 @@ DPAR_API dpar_status dpar_buffer_create(dpar_runtime *rt, int device, dpar_dtype
     return DPAR_OK;
 }
 
-DPAR_API void dpar_buffer_destroy(dpar_buffer *b) {
-    if (!b) return;
-    if (b->owned) {
-        dpar__err(DPAR_ERR_STATE, "dpar_buffer_destroy: the buffer is a shard of a dpar_array and was not freed; destroy the array instead");
-        return;
-    }
+DPAR_API dpar_status dpar_buffer_destroy(dpar_buffer *b) {
+    if (!b) return DPAR_OK;
+    if (b->owned)
+        return dpar__err(DPAR_ERR_STATE, "dpar_buffer_destroy: the buffer is a shard of a dpar_array and was not freed; "
+                         "destroy the array instead");
     dpar__buffer_free(b);
+    return DPAR_OK;
 }
 static void dpar__buffer_free(dpar_buffer *b) {
     dpar_runtime *rt = b->rt;
@@ -1727,10 +1815,10 @@ DPAR_API dpar_status dpar_buffer_read(const dpar_buffer *b, size_t offset, void 
     if (!nbytes) return DPAR_OK;
     return b->rt->be->read(b->rt->bstate, b->device, b->mem, offset, dst, nbytes);
 }
-DPAR_API dpar_status dpar_device_sync(dpar_runtime *rt, int device) {
+DPAR_API dpar_status dpar_runtime_device_sync(dpar_runtime *rt, int device) {
     dpar__clear_error();
     if (!rt || device < rt->local_base || device >= rt->local_base + rt->nlocal)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_device_sync: device %d is not a device of this process", device);
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_runtime_device_sync: device %d is not a device of this process", device);
     return rt->be->sync(rt->bstate, device - rt->local_base);
 }
 /* ---------------------------------------------------------------------------
@@ -1987,12 +2075,11 @@ DPAR_API dpar_status dpar_mesh_create(dpar_runtime *rt, const dpar_mesh_desc *d,
     *out = m;
     return DPAR_OK;
 }
-DPAR_API void dpar_mesh_destroy(dpar_mesh *m) {
-    if (m && dpar__self_worker) {
-        dpar__err(DPAR_ERR_STATE, "dpar_mesh_destroy: called inside a pmap/shard_map function; nothing was destroyed");
-        return;
-    }
+DPAR_API dpar_status dpar_mesh_destroy(dpar_mesh *m) {
+    if (m && dpar__self_worker)
+        return dpar__err(DPAR_ERR_STATE, "dpar_mesh_destroy: called inside a pmap/shard_map function; nothing was destroyed");
     dpar__mesh_free(m);
+    return DPAR_OK;
 }
 DPAR_API int dpar_mesh_ndim(const dpar_mesh *m) { return m ? m->ndim : 0; }
 DPAR_API int dpar_mesh_size(const dpar_mesh *m) { return m ? m->size : 0; }
@@ -2604,7 +2691,7 @@ DPAR_API dpar_buffer *dpar_ctx_arg(const dpar_ctx *ctx, int i) {
     }
     return ctx->args[i];
 }
-DPAR_API dpar_status dpar_axis_index(const dpar_ctx *ctx, const char *axes, int *out) {
+DPAR_API dpar_status dpar_ctx_axis_index(const dpar_ctx *ctx, const char *axes, int *out) {
     dpar__clear_error();
     if (!ctx || !out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "axis_index: ctx or out is NULL");
     unsigned mask;
@@ -2614,7 +2701,7 @@ DPAR_API dpar_status dpar_axis_index(const dpar_ctx *ctx, const char *axes, int 
     dpar__group_of(ctx->mesh, mask, ctx->pos, &gid, out);
     return DPAR_OK;
 }
-DPAR_API dpar_status dpar_axis_size(const dpar_ctx *ctx, const char *axes, int *out) {
+DPAR_API dpar_status dpar_ctx_axis_size(const dpar_ctx *ctx, const char *axes, int *out) {
     dpar__clear_error();
     if (!ctx || !out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "axis_size: ctx or out is NULL");
     unsigned mask;
@@ -3430,11 +3517,48 @@ static void dpar__cargs_init(dpar__cargs *a, dpar__coll_kind k, dpar_reduce_op o
     memset(a, 0, sizeof *a);
     a->kind = k; a->op = op; a->out = out; a->in = in;
 }
+/* Each collective's arguments are packed once by a dpar__*_args helper; the
+   blocking form runs them through dpar__collective, the async form through
+   dpar__collective_start, so both check and behave alike. */
+static dpar_status dpar__preduce_args(dpar__cargs *a, dpar_buffer *out, const dpar_buffer *in, dpar_reduce_op op,
+                                      const char *fn) {
+    dpar__cargs_init(a, DPAR__COLL_ALL_REDUCE, op, out, in);
+    if ((int)op < 0 || op > DPAR_MIN)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: op %d is not a dpar_reduce_op", fn, (int)op);
+    return DPAR_OK;
+}
+static void dpar__all_gather_args(dpar__cargs *a, dpar_buffer *out, const dpar_buffer *in, int dim, bool tiled) {
+    dpar__cargs_init(a, DPAR__COLL_ALL_GATHER, DPAR_SUM, out, in);
+    a->dim = dim; a->tiled = tiled;
+}
+static void dpar__psum_scatter_args(dpar__cargs *a, dpar_buffer *out, const dpar_buffer *in, int dim, bool tiled) {
+    dpar__cargs_init(a, DPAR__COLL_REDUCE_SCATTER, DPAR_SUM, out, in);
+    a->dim = dim; a->tiled = tiled;
+}
+static dpar_status dpar__ppermute_args(dpar__cargs *a, dpar_buffer *out, const dpar_buffer *in, const int *pairs,
+                                       int num_pairs, const char *fn) {
+    dpar__cargs_init(a, DPAR__COLL_PERMUTE, DPAR_SUM, out, in);
+    if (num_pairs < 0 || num_pairs > DPAR_MAX_DEVICES || (num_pairs > 0 && !pairs))
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: num_pairs = %d with pairs %s; give 0..%d (source, destination) pairs",
+                         fn, num_pairs, pairs ? "given" : "NULL", (int)DPAR_MAX_DEVICES);
+    a->npairs = num_pairs;
+    for (int i = 0; i < 2 * num_pairs; i++) a->pairs[i] = pairs[i];
+    return DPAR_OK;
+}
+static void dpar__all_to_all_args(dpar__cargs *a, dpar_buffer *out, const dpar_buffer *in, int split_dim, int concat_dim) {
+    dpar__cargs_init(a, DPAR__COLL_ALL_TO_ALL, DPAR_SUM, out, in);
+    a->split_dim = split_dim; a->concat_dim = concat_dim;
+}
+static void dpar__pbroadcast_args(dpar__cargs *a, dpar_buffer *out, const dpar_buffer *in, int root) {
+    dpar__cargs_init(a, DPAR__COLL_BROADCAST, DPAR_SUM, out, in);
+    a->root = root;
+}
+
+/* blocking forms */
 DPAR_API dpar_status dpar_preduce(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes, dpar_reduce_op op) {
     dpar__cargs a;
-    if ((int)op < 0 || op > DPAR_MIN) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "preduce: op %d is not a dpar_reduce_op", (int)op);
-    dpar__cargs_init(&a, DPAR__COLL_ALL_REDUCE, op, out, in);
-    return dpar__collective(ctx, &a, axes);
+    dpar_status s = dpar__preduce_args(&a, out, in, op, "dpar_preduce");
+    return s ? s : dpar__collective(ctx, &a, axes);
 }
 DPAR_API dpar_status dpar_psum(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes) { return dpar_preduce(ctx, out, in, axes, DPAR_SUM); }
 DPAR_API dpar_status dpar_pmean(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes) { return dpar_preduce(ctx, out, in, axes, DPAR_MEAN); }
@@ -3442,53 +3566,77 @@ DPAR_API dpar_status dpar_pmax(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffe
 DPAR_API dpar_status dpar_pmin(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes) { return dpar_preduce(ctx, out, in, axes, DPAR_MIN); }
 DPAR_API dpar_status dpar_all_gather(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes, int dim, bool tiled) {
     dpar__cargs a;
-    dpar__cargs_init(&a, DPAR__COLL_ALL_GATHER, DPAR_SUM, out, in);
-    a.dim = dim; a.tiled = tiled;
+    dpar__all_gather_args(&a, out, in, dim, tiled);
     return dpar__collective(ctx, &a, axes);
 }
 DPAR_API dpar_status dpar_psum_scatter(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes, int dim, bool tiled) {
     dpar__cargs a;
-    dpar__cargs_init(&a, DPAR__COLL_REDUCE_SCATTER, DPAR_SUM, out, in);
-    a.dim = dim; a.tiled = tiled;
+    dpar__psum_scatter_args(&a, out, in, dim, tiled);
     return dpar__collective(ctx, &a, axes);
 }
 DPAR_API dpar_status dpar_ppermute(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes, const int *pairs, int num_pairs) {
     dpar__cargs a;
-    dpar__cargs_init(&a, DPAR__COLL_PERMUTE, DPAR_SUM, out, in);
-    if (num_pairs < 0 || num_pairs > DPAR_MAX_DEVICES || (num_pairs > 0 && !pairs))
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "ppermute: num_pairs = %d with pairs %s; give 0..%d (source, destination) pairs",
-                         num_pairs, pairs ? "given" : "NULL", (int)DPAR_MAX_DEVICES);
-    a.npairs = num_pairs;
-    for (int i = 0; i < 2 * num_pairs; i++) a.pairs[i] = pairs[i];
-    return dpar__collective(ctx, &a, axes);
+    dpar_status s = dpar__ppermute_args(&a, out, in, pairs, num_pairs, "dpar_ppermute");
+    return s ? s : dpar__collective(ctx, &a, axes);
 }
 DPAR_API dpar_status dpar_all_to_all(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes, int split_dim, int concat_dim) {
     dpar__cargs a;
-    dpar__cargs_init(&a, DPAR__COLL_ALL_TO_ALL, DPAR_SUM, out, in);
-    a.split_dim = split_dim; a.concat_dim = concat_dim;
+    dpar__all_to_all_args(&a, out, in, split_dim, concat_dim);
     return dpar__collective(ctx, &a, axes);
 }
 DPAR_API dpar_status dpar_pbroadcast(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes, int root) {
     dpar__cargs a;
-    dpar__cargs_init(&a, DPAR__COLL_BROADCAST, DPAR_SUM, out, in);
-    a.root = root;
+    dpar__pbroadcast_args(&a, out, in, root);
     return dpar__collective(ctx, &a, axes);
 }
-DPAR_API dpar_status dpar_preduce_start(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes, dpar_reduce_op op, dpar_request **req) {
+
+/* async forms */
+DPAR_API dpar_status dpar_preduce_start(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes,
+                                        dpar_reduce_op op, dpar_request **req) {
     dpar__cargs a;
-    dpar__cargs_init(&a, DPAR__COLL_ALL_REDUCE, op, out, in);
-    return dpar__collective_start(ctx, &a, axes, req);
+    if (req) *req = NULL;
+    dpar_status s = dpar__preduce_args(&a, out, in, op, "dpar_preduce_start");
+    return s ? s : dpar__collective_start(ctx, &a, axes, req);
+}
+DPAR_API dpar_status dpar_psum_start(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes, dpar_request **req) {
+    return dpar_preduce_start(ctx, out, in, axes, DPAR_SUM, req);
+}
+DPAR_API dpar_status dpar_pmean_start(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes, dpar_request **req) {
+    return dpar_preduce_start(ctx, out, in, axes, DPAR_MEAN, req);
+}
+DPAR_API dpar_status dpar_pmax_start(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes, dpar_request **req) {
+    return dpar_preduce_start(ctx, out, in, axes, DPAR_MAX, req);
+}
+DPAR_API dpar_status dpar_pmin_start(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes, dpar_request **req) {
+    return dpar_preduce_start(ctx, out, in, axes, DPAR_MIN, req);
 }
 DPAR_API dpar_status dpar_all_gather_start(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes, int dim, bool tiled, dpar_request **req) {
     dpar__cargs a;
-    dpar__cargs_init(&a, DPAR__COLL_ALL_GATHER, DPAR_SUM, out, in);
-    a.dim = dim; a.tiled = tiled;
+    dpar__all_gather_args(&a, out, in, dim, tiled);
     return dpar__collective_start(ctx, &a, axes, req);
 }
 DPAR_API dpar_status dpar_psum_scatter_start(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes, int dim, bool tiled, dpar_request **req) {
     dpar__cargs a;
-    dpar__cargs_init(&a, DPAR__COLL_REDUCE_SCATTER, DPAR_SUM, out, in);
-    a.dim = dim; a.tiled = tiled;
+    dpar__psum_scatter_args(&a, out, in, dim, tiled);
+    return dpar__collective_start(ctx, &a, axes, req);
+}
+DPAR_API dpar_status dpar_ppermute_start(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes,
+                                         const int *pairs, int num_pairs, dpar_request **req) {
+    dpar__cargs a;
+    if (req) *req = NULL;
+    dpar_status s = dpar__ppermute_args(&a, out, in, pairs, num_pairs, "dpar_ppermute_start");
+    return s ? s : dpar__collective_start(ctx, &a, axes, req);
+}
+DPAR_API dpar_status dpar_all_to_all_start(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes,
+                                           int split_dim, int concat_dim, dpar_request **req) {
+    dpar__cargs a;
+    dpar__all_to_all_args(&a, out, in, split_dim, concat_dim);
+    return dpar__collective_start(ctx, &a, axes, req);
+}
+DPAR_API dpar_status dpar_pbroadcast_start(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes, int root,
+                                           dpar_request **req) {
+    dpar__cargs a;
+    dpar__pbroadcast_args(&a, out, in, root);
     return dpar__collective_start(ctx, &a, axes, req);
 }
 /* ---------------------------------------------------------------------------
@@ -5646,12 +5794,12 @@ DPAR_API dpar_status dpar_trace_end(void) {
     return s;
 }
 
-DPAR_API dpar_status dpar_device_stats_get(const dpar_runtime *rt, int device, dpar_device_stats *out) {
+DPAR_API dpar_status dpar_runtime_device_stats(const dpar_runtime *rt, int device, dpar_device_stats *out) {
     dpar__clear_error();
-    if (!rt || !out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_device_stats_get: runtime or out is NULL");
+    if (!rt || !out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_runtime_device_stats: runtime or out is NULL");
     int li = device - rt->local_base;
     if (!rt->obs || li < 0 || li >= rt->obs->nlocal)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_device_stats_get: device %d is not a device of this process (%d..%d)", device,
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_runtime_device_stats: device %d is not a device of this process (%d..%d)", device,
                          rt->local_base, rt->local_base + rt->nlocal - 1);
     const dpar__devstats *d = &rt->obs->dev[li];
     memset(out, 0, sizeof *out);
@@ -5664,7 +5812,7 @@ DPAR_API dpar_status dpar_device_stats_get(const dpar_runtime *rt, int device, d
     out->collective_bytes_out = __atomic_load_n(&d->bytes_out, __ATOMIC_RELAXED);
     return DPAR_OK;
 }
-DPAR_API void dpar_stats_reset(dpar_runtime *rt) {
+DPAR_API void dpar_runtime_stats_reset(dpar_runtime *rt) {
     if (!rt || !rt->obs) return;
     pthread_mutex_lock(&rt->list_mu);
     for (int i = 0; i < rt->obs->nlocal; i++) {
@@ -6115,7 +6263,7 @@ static dpar_status dpar__cpu_info(void *st, int dev, dpar_device_info *o) {
     snprintf(o->name, sizeof o->name, "cpu:%d (emulated device %d of %d)", dev, dev + 1, c->ndev);
     snprintf(o->vendor, sizeof o->vendor, "host");
     snprintf(o->driver, sizeof o->driver, "dpar cpu reference");
-    o->runs_on_cpu = 1;
+    o->runs_on_cpu = true;
     o->physical_index = 0;
     long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
     o->memory_bytes = (pages > 0 && psz > 0) ? (uint64_t)pages * (uint64_t)psz : 0;

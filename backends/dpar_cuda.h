@@ -38,7 +38,7 @@
 
    Semantics
    - Ops are asynchronous on the device's compute stream; dpar_buffer_read,
-     dpar_device_sync and dpar_buffer_destroy wait. While NCCL communicators
+     dpar_runtime_device_sync and dpar_buffer_destroy wait. While NCCL communicators
      exist, those waits poll instead of blocking: an asynchronous NCCL error
      (ncclCommGetAsyncError) gives DPAR_ERR_BACKEND, and an NCCL collective
      whose inputs are ready but which has not finished within the runtime's

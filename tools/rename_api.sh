@@ -1,0 +1,35 @@
+#!/bin/sh
+# Rewrites sources to the public names of dpar 0.2 (CHANGELOG.md lists every
+# rename). Rerunnable: each rename is a whole-word sed substitution, so a file
+# already on the new names is left as it is. Arguments: files to rewrite;
+# none: every tracked C/C++ source, header, script and Markdown file except
+# CHANGELOG.md and the old-names compatibility test. In dpar.h the block
+# between "BEGIN DEPRECATED NAMES" and "END DEPRECATED NAMES" (the aliases
+# themselves) is left alone.
+#   sh tools/rename_api.sh            # whole tree
+#   sh tools/rename_api.sh my_app.c   # your program
+set -eu
+RENAMES='
+dpar_device_count      dpar_runtime_device_count
+dpar_process_index     dpar_runtime_process_index
+dpar_process_count     dpar_runtime_process_count
+dpar_local_devices     dpar_runtime_local_devices
+dpar_device_sync       dpar_runtime_device_sync
+dpar_device_info_get   dpar_runtime_device_info
+dpar_device_stats_get  dpar_runtime_device_stats
+dpar_stats_reset       dpar_runtime_stats_reset
+dpar_axis_index        dpar_ctx_axis_index
+dpar_axis_size         dpar_ctx_axis_size
+'
+script=$(echo "$RENAMES" | awk 'NF == 2 { printf "s/\\<%s\\>/%s/g;", $1, $2 }')
+if [ $# -eq 0 ]; then
+    cd "$(dirname "$0")/.."
+    set -- $(git ls-files '*.c' '*.h' '*.cpp' '*.cu' '*.sh' '*.py' '*.md' |
+             grep -v -e '^CHANGELOG.md$' -e '^tests/api_compat/old_names.c$' -e '^tools/rename_api.sh$')
+fi
+for f in "$@"; do
+    [ -f "$f" ] || continue
+    # the aliases block keeps the old names; everything else gets the new ones
+    sed -e "/BEGIN DEPRECATED NAMES/,/END DEPRECATED NAMES/b" -e "$script" "$f" >"$f.rename.tmp"
+    if cmp -s "$f" "$f.rename.tmp"; then rm -f "$f.rename.tmp"; else cat "$f.rename.tmp" >"$f"; rm -f "$f.rename.tmp"; echo "renamed: $f"; fi
+done
