@@ -1,0 +1,36 @@
+#!/bin/sh
+# The API's compatibility promise (CHANGELOG.md): a program on the 0.1 names
+# still builds (with deprecation warnings naming the new names) and runs; a
+# program on the 0.2 names builds with DPAR_NO_DEPRECATED, as C and as C++,
+# and the old names are gone under that define.
+BUILD=${BUILD:-build}
+CC=${CC:-cc}
+CXX=${CXX:-c++}
+DIR=tests/api_compat
+if [ ! -f "$BUILD/dpar.o" ]; then echo "FAIL api_compat: $BUILD/dpar.o not built (make test-build)"; exit 1; fi
+export LC_ALL=C # plain quotes in compiler messages
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+LIBS="-lpthread -lm -ldl"
+FLAGS="-std=c99 -D_GNU_SOURCE -I. -Wall -Wextra -Werror"
+
+if $CC $FLAGS -Wno-error=deprecated-declarations "$DIR/old_names.c" "$BUILD/dpar.o" -o "$tmp/old" $LIBS 2>"$tmp/old.log" &&
+   "$tmp/old" >/dev/null; then echo "PASS api_compat: old names build and run"
+else cat "$tmp/old.log"; echo "FAIL api_compat: old names do not build or run"; fi
+
+want=$(grep -c '^DPAR_DEPRECATED(' dpar.h)
+got=$(grep -o "dpar_[a-z_]*' is deprecated" "$tmp/old.log" | sort -u | wc -l)
+if [ "$got" -eq "$want" ]; then echo "PASS api_compat: each of the $want old names warns as deprecated"
+else cat "$tmp/old.log"; echo "FAIL api_compat: $got of $want old names warned as deprecated"; fi
+
+if $CC $FLAGS -DDPAR_NO_DEPRECATED "$DIR/new_names.c" "$BUILD/dpar.o" -o "$tmp/new" $LIBS 2>"$tmp/new.log" &&
+   "$tmp/new" >/dev/null; then echo "PASS api_compat: new names build with DPAR_NO_DEPRECATED and run"
+else cat "$tmp/new.log"; echo "FAIL api_compat: new names do not build or run"; fi
+
+if $CXX -std=c++11 -D_GNU_SOURCE -I. -Wall -Wextra -Werror -DDPAR_NO_DEPRECATED -x c++ -fsyntax-only \
+       "$DIR/new_names.c" 2>"$tmp/cxx.log"; then echo "PASS api_compat: new names compile as C++"
+else cat "$tmp/cxx.log"; echo "FAIL api_compat: new names do not compile as C++"; fi
+
+if $CC $FLAGS -DDPAR_NO_DEPRECATED -fsyntax-only "$DIR/old_names.c" 2>/dev/null; then
+    echo "FAIL api_compat: old names still compile under DPAR_NO_DEPRECATED"
+else echo "PASS api_compat: DPAR_NO_DEPRECATED removes the old names"; fi
