@@ -237,9 +237,11 @@ int main(int argc, char **argv) {
         size_t len = strcspn(q, ",");
         snprintf(b, sizeof b, "%.*s", (int)(len < sizeof b ? len : sizeof b - 1), q);
         q += len + (q[len] == ',');
-        dpar_backend_kind k = !strcmp(b, "cpu") ? DPAR_BACKEND_CPU : !strcmp(b, "vulkan") ? DPAR_BACKEND_VULKAN
-                            : !strcmp(b, "cuda") ? DPAR_BACKEND_CUDA : DPAR_BACKEND_DEFAULT;
-        if (k == DPAR_BACKEND_DEFAULT) { fprintf(stderr, "bench_collectives: unknown backend %s\n", b); return 2; }
+        dpar_backend_kind k = DPAR_BACKEND_DEFAULT;
+        if (dpar_backend_from_name(b, &k) || k == DPAR_BACKEND_DEFAULT) {
+            fprintf(stderr, "bench_collectives: unknown backend %s (cpu, vulkan, cuda)\n", b);
+            return 2;
+        }
         const char *p = devs;
         while (*p) {
             int n = atoi(p);

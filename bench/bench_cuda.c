@@ -123,7 +123,7 @@ static double dpar_op_bw(dpar_runtime *rt, opk k, int64_t n) {
     d.momentum = k == OP_SGD_MOM ? 0.9f : 0.0f;
     double best = 1e30;
     for (int trial = 0; trial < 4; trial++) {
-        CHECK(dpar_device_sync(rt, 0));
+        CHECK(dpar_runtime_device_sync(rt, 0));
         double t0 = now();
         for (int i = 0; i < reps; i++) {
             switch (k) {
@@ -135,7 +135,7 @@ static double dpar_op_bw(dpar_runtime *rt, opk k, int64_t n) {
             case OP_CAST_BF16: CHECK(dpar_cast(h, g)); break;
             }
         }
-        CHECK(dpar_device_sync(rt, 0));
+        CHECK(dpar_runtime_device_sync(rt, 0));
         double t = (now() - t0) / reps;
         if (trial > 0 && t < best) best = t; /* trial 0 warms up */
     }
@@ -155,10 +155,10 @@ static void bench_matmul(dpar_runtime *rt, dpar_dtype t, int nsz) {
     int r = nsz >= 8192 ? reps / 4 + 1 : reps;
     double flops = 2.0 * (double)nsz * nsz * nsz, best_d = 1e30, best_r = 1e30;
     for (int trial = 0; trial < 3; trial++) {
-        CHECK(dpar_device_sync(rt, 0));
+        CHECK(dpar_runtime_device_sync(rt, 0));
         double t0 = now();
         for (int i = 0; i < r; i++) CHECK(dpar_matmul(C, A, B, false, false, 1.0f, 0.0f));
-        CHECK(dpar_device_sync(rt, 0));
+        CHECK(dpar_runtime_device_sync(rt, 0));
         double tt = (now() - t0) / r;
         if (trial > 0 && tt < best_d) best_d = tt;
     }
@@ -208,11 +208,11 @@ static dpar_status ar_fn(dpar_ctx *ctx, void *user) {
     dpar_status s;
     double best = 1e30;
     for (int trial = 0; trial < 3; trial++) {
-        if ((s = dpar_device_sync(dpar_ctx_runtime(ctx), dpar_ctx_device(ctx)))) return s;
+        if ((s = dpar_runtime_device_sync(dpar_ctx_runtime(ctx), dpar_ctx_device(ctx)))) return s;
         double t0 = now();
         for (int i = 0; i < j->reps; i++)
             if ((s = dpar_psum(ctx, out, in, "data"))) return s;
-        if ((s = dpar_device_sync(dpar_ctx_runtime(ctx), dpar_ctx_device(ctx)))) return s;
+        if ((s = dpar_runtime_device_sync(dpar_ctx_runtime(ctx), dpar_ctx_device(ctx)))) return s;
         double t = (now() - t0) / j->reps;
         if (trial > 0 && t < best) best = t;
     }
@@ -287,7 +287,7 @@ int main(int argc, char **argv) {
     CHECK(s);
     if (!load_raw()) { printf("SKIPPED: could not open the CUDA driver directly for the reference figures\n"); return 0; }
     dpar_device_info info;
-    CHECK(dpar_device_info_get(rt, 0, &info));
+    CHECK(dpar_runtime_device_info(rt, 0, &info));
     printf("device: %s (%s), %.1f GiB\n", info.name, info.driver, (double)info.memory_bytes / (1 << 30));
 
     const int64_t n = (int64_t)mb << 18; /* mb MB of f32 */

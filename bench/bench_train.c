@@ -220,7 +220,8 @@ int main(int argc, char **argv) {
         if (*p == ',') p++;
     }
     if (nl < 1) { fprintf(stderr, "bench_train: --layers needs at least two sizes\n"); return 2; }
-    dpar_backend_kind kind = !strcmp(backend, "vulkan") ? DPAR_BACKEND_VULKAN : !strcmp(backend, "cuda") ? DPAR_BACKEND_CUDA : DPAR_BACKEND_CPU;
+    dpar_backend_kind kind;
+    if (dpar_backend_from_name(backend, &kind)) { fprintf(stderr, "bench_train: %s\n", dpar_last_error()); return 2; }
     int use_dp = strcmp(grads, "pmean") != 0;
     for (const char *p = devs; *p;) {
         int n = atoi(p);

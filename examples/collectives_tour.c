@@ -41,8 +41,8 @@ static dpar_status read1(const dpar_buffer *b, float *v) { return dpar_buffer_re
 static dpar_status tour_fn(dpar_ctx *ctx, void *user) {
     result *r = (result *)user + dpar_ctx_device(ctx);
     int di, mi;
-    TRY(dpar_axis_index(ctx, "data", &di));
-    TRY(dpar_axis_index(ctx, "model", &mi));
+    TRY(dpar_ctx_axis_index(ctx, "data", &di));
+    TRY(dpar_ctx_axis_index(ctx, "model", &mi));
     r->x = (float)(10 * di + mi);
 
     const int64_t one[1] = { 1 };
@@ -51,7 +51,7 @@ static dpar_status tour_fn(dpar_ctx *ctx, void *user) {
     if (!s) s = dpar_ctx_buffer(ctx, DPAR_F32, 1, one, &y);
     if (!s) s = dpar_buffer_write(x, 0, &r->x, sizeof r->x);
     for (int k = 0; k < NSETS && !s; k++) {
-        s = dpar_axis_size(ctx, AXES[k], &r->n[k]);
+        s = dpar_ctx_axis_size(ctx, AXES[k], &r->n[k]);
         if (!s) s = dpar_psum(ctx, y, x, AXES[k]);
         if (!s) s = read1(y, &r->sum[k]);
         if (!s) s = dpar_pmean(ctx, y, x, AXES[k]);
@@ -71,10 +71,9 @@ static dpar_status tour_fn(dpar_ctx *ctx, void *user) {
 }
 
 static dpar_backend_kind parse_backend(const char *s) {
-    if (strcmp(s, "cpu") == 0) return DPAR_BACKEND_CPU;
-    if (strcmp(s, "vulkan") == 0) return DPAR_BACKEND_VULKAN;
-    if (strcmp(s, "cuda") == 0) return DPAR_BACKEND_CUDA;
-    fprintf(stderr, "unknown backend '%s' (cpu, vulkan, cuda)\n", s);
+    dpar_backend_kind k;
+    if (dpar_backend_from_name(s, &k) == DPAR_OK) return k;
+    fprintf(stderr, "%s\n", dpar_last_error());
     exit(2);
 }
 

@@ -152,10 +152,6 @@ static inline double digits_accuracy(const digits_setup *s, const float *logits)
     return (double)correct / s->ntest;
 }
 static inline int digits_backend(const char *name, dpar_backend_kind *k) {
-    if (!strcmp(name, "cpu")) *k = DPAR_BACKEND_CPU;
-    else if (!strcmp(name, "vulkan")) *k = DPAR_BACKEND_VULKAN;
-    else if (!strcmp(name, "cuda")) *k = DPAR_BACKEND_CUDA;
-    else return -1;
-    return 0;
+    return dpar_backend_from_name(name, k) == DPAR_OK ? 0 : -1;
 }
 #endif

@@ -42,10 +42,9 @@ static void print_mat(const float *a, int rows) {
 }
 
 static dpar_backend_kind parse_backend(const char *s) {
-    if (strcmp(s, "cpu") == 0) return DPAR_BACKEND_CPU;
-    if (strcmp(s, "vulkan") == 0) return DPAR_BACKEND_VULKAN;
-    if (strcmp(s, "cuda") == 0) return DPAR_BACKEND_CUDA;
-    fprintf(stderr, "unknown backend '%s' (cpu, vulkan, cuda)\n", s);
+    dpar_backend_kind k;
+    if (dpar_backend_from_name(s, &k) == DPAR_OK) return k;
+    fprintf(stderr, "%s\n", dpar_last_error());
     exit(2);
 }
 

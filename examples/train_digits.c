@@ -133,7 +133,7 @@ int main(int argc, char **argv) {
     md.ndim = 1; md.shape[0] = devices; md.axis_names[0] = "data";
     if (dpar_mesh_create(rt, &md, &mesh)) return fail("mesh");
     dpar_device_info info;
-    dpar_device_info_get(rt, 0, &info);
+    dpar_runtime_device_info(rt, 0, &info);
     if (proc == 0) {
         printf("backend %s, %d device(s) in %d process(es): %s\n", backend, devices, nproc, info.name);
         printf("data: %d train, %d test images; MLP 64-%d-10, batch %d (%d per device), lr %g, momentum %g\n",

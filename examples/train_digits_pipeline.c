@@ -54,7 +54,7 @@ static dpar_status stage1_microbatch(pipe_model *p, int k) {
 static dpar_status train_step(dpar_ctx *ctx, void *user) {
     pipe_model *p = user;
     int stage;
-    dpar_status s = dpar_axis_index(ctx, "stage", &stage);
+    dpar_status s = dpar_ctx_axis_index(ctx, "stage", &stage);
     if (s) return s;
     /* forward (and stage 1's backward), M + 1 ticks */
     for (int t = 0; t <= p->M; t++) {
@@ -97,7 +97,7 @@ static dpar_status train_step(dpar_ctx *ctx, void *user) {
 static dpar_status eval_step(dpar_ctx *ctx, void *user) {
     pipe_model *p = user;
     int stage;
-    dpar_status s = dpar_axis_index(ctx, "stage", &stage);
+    dpar_status s = dpar_ctx_axis_index(ctx, "stage", &stage);
     if (s) return s;
     if (stage == 0) {
         if ((s = dpar_matmul(p->th0, p->tx, p->w1, false, false, 1.0f, 0.0f))) return s;

@@ -147,8 +147,8 @@ static dpar_status sweep_fn(dpar_ctx *ctx, void *user) {
     int dev = dpar_ctx_device(ctx), n = w->n;
     dpar_status s;
 #define CK(x) do { s = (x); if (s) goto fail; } while (0)
-    CK(dpar_axis_index(ctx, w->axes, &w->idx[dev]));
-    CK(dpar_axis_size(ctx, w->axes, &w->size[dev]));
+    CK(dpar_ctx_axis_index(ctx, w->axes, &w->idx[dev]));
+    CK(dpar_ctx_axis_size(ctx, w->axes, &w->size[dev]));
     for (int v = 0; v <= V_BCAST_IP; v++) {
         int64_t is[2], os[3];
         in_shape(v, n, is);
@@ -480,7 +480,7 @@ static dpar_status nan_fn(dpar_ctx *ctx, void *user) {
     int d = dpar_ctx_device(ctx), idx;
     int64_t three = 3;
     dpar_buffer *x, *y;
-    dpar_status s = dpar_axis_index(ctx, "data", &idx);
+    dpar_status s = dpar_ctx_axis_index(ctx, "data", &idx);
     if (!s) s = dpar_ctx_buffer(ctx, w->dt, 1, &three, &x);
     if (!s) s = dpar_ctx_buffer(ctx, w->dt, 1, &three, &y);
     float v[3] = { 1.0f, idx == w->holder ? NAN : 2.0f, 3.0f };
@@ -726,7 +726,7 @@ static void test_f16_accumulates_in_f32(void **st) {
 static dpar_status zero_fn(dpar_ctx *ctx, void *user) {
     small *w = (small *)user;
     int d = dpar_ctx_device(ctx), n;
-    dpar_status s = dpar_axis_size(ctx, "data", &n);
+    dpar_status s = dpar_ctx_axis_size(ctx, "data", &n);
     const dpar_dtype dts[4] = { DPAR_F32, DPAR_F16, DPAR_BF16, DPAR_I32 };
     for (int t = 0; t < 4 && !s; t++) {
         dpar_dtype dt = dts[t];

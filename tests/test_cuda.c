@@ -14,7 +14,8 @@
 
 static dpar_backend_kind backend(void) {
     const char *e = getenv("DPAR_CUDA_TEST_BACKEND");
-    if (e && strcmp(e, "cpu") == 0) return DPAR_BACKEND_CPU;
+    dpar_backend_kind k;
+    if (e && dpar_backend_from_name(e, &k) == DPAR_OK && k == DPAR_BACKEND_CPU) return DPAR_BACKEND_CPU;
     return DPAR_BACKEND_CUDA;
 }
 static int on_cpu(void) { return backend() == DPAR_BACKEND_CPU; }
@@ -56,11 +57,11 @@ static void expect_near(const float *got, const double *want, int n, double rel,
 static void test_device_info(void **state) {
     (void)state;
     dpar_runtime *rt = rt_or_skip(2);
-    assert_int_equal(dpar_device_count(rt), 2);
+    assert_int_equal(dpar_runtime_device_count(rt), 2);
     assert_int_equal(dpar_runtime_backend(rt), backend());
     for (int d = 0; d < 2; d++) {
         dpar_device_info info;
-        T_OK(dpar_device_info_get(rt, d, &info));
+        T_OK(dpar_runtime_device_info(rt, d, &info));
         assert_int_equal(info.index, d);
         assert_true(info.name[0] != 0);
         assert_true(info.memory_bytes > 0);
@@ -110,7 +111,7 @@ static void test_memory(void **state) {
         float mid[3];
         T_OK(dpar_buffer_read(b, 4 * 998, mid, 8));
         assert_true(mid[0] == (float)(998 * 3 + dev) && mid[1] == (float)(999 * 3 + dev));
-        T_OK(dpar_device_sync(rt, dev));
+        T_OK(dpar_runtime_device_sync(rt, dev));
         dpar_buffer_destroy(b);
         dpar_buffer *e = buf(rt, dev, DPAR_F32, 1, 0, 0); /* zero-size */
         assert_int_equal(dpar_buffer_nbytes(e), 0);
@@ -681,7 +682,7 @@ static dpar_status chain_fn(dpar_ctx *ctx, void *user) {
     dpar_buffer *x = dpar_ctx_arg(ctx, 0), *out = dpar_ctx_arg(ctx, 1);
     int d = dpar_ctx_device(ctx), n;
     dpar_status s;
-    if ((s = dpar_axis_size(ctx, "data", &n))) return s;
+    if ((s = dpar_ctx_axis_size(ctx, "data", &n))) return s;
     if ((s = dpar_fill(x, (float)(d + 1)))) return s;
     for (int it = 0; it < 50; it++) {
         if ((s = dpar_pmean(ctx, x, x, "data"))) return s;   /* everyone: mean */

@@ -97,7 +97,7 @@ static void run_case(int n, size_t cap, int order, int blocking, int sum, int pa
     }
     /* one all-reduce per bucket per step */
     dpar_device_stats st;
-    T_OK(dpar_device_stats_get(rt, 0, &st));
+    T_OK(dpar_runtime_device_stats(rt, 0, &st));
     assert_int_equal((int)st.collectives, 3 * dpar_dp_bucket_count(j.dp));
     dpar_dp_destroy(j.dp);
     dpar_runtime_destroy(rt);
@@ -259,7 +259,7 @@ static void test_async_buckets(void **state) {
             }
     }
     dpar_device_stats st;
-    T_OK(dpar_device_stats_get(rt, 3, &st));
+    T_OK(dpar_runtime_device_stats(rt, 3, &st));
     assert_int_equal((int)st.collectives, 8);
     dpar_dp_destroy(j.dp);
     dpar_runtime_destroy(rt);

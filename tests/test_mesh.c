@@ -28,6 +28,16 @@ static void test_names(void **st) {
     assert_string_equal(dpar_backend_name(DPAR_BACKEND_CPU), "cpu");
     assert_string_equal(dpar_backend_name(DPAR_BACKEND_VULKAN), "vulkan");
     assert_string_equal(dpar_backend_name(DPAR_BACKEND_CUDA), "cuda");
+    /* dpar_backend_from_name inverts dpar_backend_name */
+    for (int k = DPAR_BACKEND_DEFAULT; k <= DPAR_BACKEND_CUDA; k++) {
+        dpar_backend_kind got = DPAR_BACKEND_CUDA + 1;
+        T_OK(dpar_backend_from_name(dpar_backend_name((dpar_backend_kind)k), &got));
+        assert_int_equal(got, k);
+    }
+    dpar_backend_kind keep = DPAR_BACKEND_CPU;
+    T_ERR(dpar_backend_from_name("gpu", &keep), DPAR_ERR_INVALID_ARGUMENT, "dpar_backend_from_name", "'gpu'", "cpu, vulkan");
+    assert_int_equal(keep, DPAR_BACKEND_CPU);
+    T_ERR(dpar_backend_from_name(NULL, &keep), DPAR_ERR_INVALID_ARGUMENT, "NULL");
 }
 
 /* ---- runtime and devices ---- */
@@ -35,11 +45,11 @@ static void test_runtime_basic(void **st) {
     (void)st;
     dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 3);
     assert_string_equal(dpar_last_error(), "");
-    assert_int_equal(dpar_device_count(rt), 3);
+    assert_int_equal(dpar_runtime_device_count(rt), 3);
     assert_int_equal(dpar_runtime_backend(rt), DPAR_BACKEND_CPU);
     for (int d = 0; d < 3; d++) {
         dpar_device_info info;
-        T_OK(dpar_device_info_get(rt, d, &info));
+        T_OK(dpar_runtime_device_info(rt, d, &info));
         char want[16];
         snprintf(want, sizeof want, "cpu:%d", d);
         assert_non_null(strstr(info.name, want));
@@ -51,12 +61,12 @@ static void test_runtime_basic(void **st) {
         assert_memory_equal(info.uuid, zero, 16); /* emulated devices: no UUID */
     }
     dpar_device_info info;
-    T_ERR(dpar_device_info_get(rt, 3, &info), DPAR_ERR_INVALID_ARGUMENT, "device 3", "3 devices");
-    T_ERR(dpar_device_info_get(rt, -1, &info), DPAR_ERR_INVALID_ARGUMENT, "-1");
-    T_ERR(dpar_device_info_get(rt, 0, NULL), DPAR_ERR_INVALID_ARGUMENT, "");
+    T_ERR(dpar_runtime_device_info(rt, 3, &info), DPAR_ERR_INVALID_ARGUMENT, "device 3", "3 devices");
+    T_ERR(dpar_runtime_device_info(rt, -1, &info), DPAR_ERR_INVALID_ARGUMENT, "-1");
+    T_ERR(dpar_runtime_device_info(rt, 0, NULL), DPAR_ERR_INVALID_ARGUMENT, "");
     dpar_runtime_destroy(rt);
     dpar_runtime_destroy(NULL); /* no-op */
-    assert_int_equal(dpar_device_count(NULL), 0);
+    assert_int_equal(dpar_runtime_device_count(NULL), 0);
 }
 
 static void test_runtime_errors(void **st) {
@@ -96,16 +106,16 @@ static void test_env_backend_and_devices(void **st) {
     setenv("DPAR_DEVICES", "5", 1);
     T_OK(dpar_runtime_create(&d, &rt));
     assert_int_equal(dpar_runtime_backend(rt), DPAR_BACKEND_CPU);
-    assert_int_equal(dpar_device_count(rt), 5);
+    assert_int_equal(dpar_runtime_device_count(rt), 5);
     dpar_runtime_destroy(rt);
     /* NULL desc means all defaults too */
     T_OK(dpar_runtime_create(NULL, &rt));
-    assert_int_equal(dpar_device_count(rt), 5);
+    assert_int_equal(dpar_runtime_device_count(rt), 5);
     dpar_runtime_destroy(rt);
     /* the desc wins over the environment */
     d.num_devices = 2;
     T_OK(dpar_runtime_create(&d, &rt));
-    assert_int_equal(dpar_device_count(rt), 2);
+    assert_int_equal(dpar_runtime_device_count(rt), 2);
     dpar_runtime_destroy(rt);
     d.num_devices = 0;
     /* default count without DPAR_DEVICES: CPU gives 1 device per core, at most 8 */
@@ -113,7 +123,7 @@ static void test_env_backend_and_devices(void **st) {
     T_OK(dpar_runtime_create(&d, &rt));
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     int want = cores < 1 ? 1 : cores > 8 ? 8 : (int)cores;
-    assert_int_equal(dpar_device_count(rt), want);
+    assert_int_equal(dpar_runtime_device_count(rt), want);
     dpar_runtime_destroy(rt);
     setenv("DPAR_DEVICES", "four", 1);
     T_ERR(dpar_runtime_create(&d, &rt), DPAR_ERR_INVALID_ARGUMENT, "DPAR_DEVICES", "four");
@@ -125,7 +135,7 @@ static void test_env_backend_and_devices(void **st) {
     /* an explicit backend in the desc ignores DPAR_BACKEND */
     d.backend = DPAR_BACKEND_CPU;
     T_OK(dpar_runtime_create(&d, &rt));
-    assert_int_equal(dpar_device_count(rt), 2);
+    assert_int_equal(dpar_runtime_device_count(rt), 2);
     dpar_runtime_destroy(rt);
     setenv("DPAR_TIMEOUT_MS", "-3", 1);
     T_ERR(dpar_runtime_create(&d, &rt), DPAR_ERR_INVALID_ARGUMENT, "DPAR_TIMEOUT_MS");
@@ -172,8 +182,8 @@ static void test_buffers(void **st) {
     T_OK(dpar_buffer_create(rt, 0, DPAR_BF16, 2, zs, &x));
     assert_int_equal(dpar_buffer_count(x), 0);
     T_OK(dpar_buffer_write(x, 0, NULL, 0));
-    T_OK(dpar_device_sync(rt, 0));
-    T_ERR(dpar_device_sync(rt, 5), DPAR_ERR_INVALID_ARGUMENT, "");
+    T_OK(dpar_runtime_device_sync(rt, 0));
+    T_ERR(dpar_runtime_device_sync(rt, 5), DPAR_ERR_INVALID_ARGUMENT, "");
     dpar_buffer_destroy(x);
     dpar_buffer_destroy(NULL);
     dpar_runtime_destroy(rt); /* frees b too */
@@ -501,7 +511,7 @@ static dpar_status double_fn(dpar_ctx *ctx, void *user) {
     pm *p = (pm *)user;
     __atomic_add_fetch(&p->ran, 1, __ATOMIC_SEQ_CST);
     int d = dpar_ctx_device(ctx), i;
-    dpar_status s = dpar_axis_index(ctx, "data", &i);
+    dpar_status s = dpar_ctx_axis_index(ctx, "data", &i);
     if (s) return s;
     p->idx[d] = i;
     p->dev[d] = d;
@@ -614,7 +624,7 @@ static dpar_status scale_shard_fn(dpar_ctx *ctx, void *user) {
     dpar_buffer *b = dpar_ctx_arg(ctx, 0);
     if (!b || dpar_buffer_dim(b, 0) != 2) return DPAR_ERR_SHAPE;
     int i;
-    dpar_status s = dpar_axis_index(ctx, "data", &i);
+    dpar_status s = dpar_ctx_axis_index(ctx, "data", &i);
     if (s) return s;
     return dpar_scale(b, (float)(i + 1));
 }
@@ -650,8 +660,8 @@ static void test_shard_map(void **st) {
 static dpar_status model_fn(dpar_ctx *ctx, void *user) {
     (void)user;
     int di, mi;
-    dpar_status s = dpar_axis_index(ctx, "data", &di);
-    if (!s) s = dpar_axis_index(ctx, "model", &mi);
+    dpar_status s = dpar_ctx_axis_index(ctx, "data", &di);
+    if (!s) s = dpar_ctx_axis_index(ctx, "model", &mi);
     if (s) return s;
     float v = (float)(di * 100 + mi);
     return dpar_fill(dpar_ctx_arg(ctx, 0), v);
@@ -718,10 +728,10 @@ static void test_first_error_wins(void **st) {
 static dpar_status idx_fn(dpar_ctx *ctx, void *user) {
     pm *p = (pm *)user;
     int i;
-    dpar_status s = dpar_axis_index(ctx, dpar_mesh_axis_name(dpar_ctx_mesh(ctx), 0), &i);
+    dpar_status s = dpar_ctx_axis_index(ctx, dpar_mesh_axis_name(dpar_ctx_mesh(ctx), 0), &i);
     p->idx[dpar_ctx_device(ctx)] = i;
     p->dev[dpar_ctx_device(ctx)] = 1;
-    if (!s) { int bad; s = dpar_axis_index(ctx, "nope", &bad) == DPAR_ERR_UNKNOWN_AXIS ? DPAR_OK : DPAR_ERR_STATE; }
+    if (!s) { int bad; s = dpar_ctx_axis_index(ctx, "nope", &bad) == DPAR_ERR_UNKNOWN_AXIS ? DPAR_OK : DPAR_ERR_STATE; }
     return s;
 }
 static void test_two_meshes(void **st) {
@@ -755,14 +765,14 @@ static dpar_status psum_fn(dpar_ctx *ctx, void *user) {
     int64_t one = 1;
     dpar_buffer *x;
     int i;
-    dpar_status s = dpar_axis_index(ctx, dpar_mesh_axis_name(dpar_ctx_mesh(ctx), 0), &i);
+    dpar_status s = dpar_ctx_axis_index(ctx, dpar_mesh_axis_name(dpar_ctx_mesh(ctx), 0), &i);
     if (!s) s = dpar_ctx_buffer(ctx, DPAR_F32, 1, &one, &x);
     if (!s) s = dpar_fill(x, c->base + (float)i);
     if (!s) s = dpar_psum(ctx, x, x, dpar_mesh_axis_name(dpar_ctx_mesh(ctx), 0));
     float v = 0;
     if (!s) s = dpar_buffer_read(x, 0, &v, 4);
     int n = 0;
-    if (!s) s = dpar_axis_size(ctx, dpar_mesh_axis_name(dpar_ctx_mesh(ctx), 0), &n);
+    if (!s) s = dpar_ctx_axis_size(ctx, dpar_mesh_axis_name(dpar_ctx_mesh(ctx), 0), &n);
     if (!s && v != c->base * (float)n + (float)(n * (n - 1) / 2)) __atomic_add_fetch(&c->bad, 1, __ATOMIC_SEQ_CST);
     dpar_buffer_destroy(x);
     return s;
@@ -854,7 +864,7 @@ static void test_default_backend_not_software(void **st) {
     dpar_runtime *rt = NULL;
     T_OK(dpar_runtime_create(&d, &rt));
     dpar_device_info info;
-    T_OK(dpar_device_info_get(rt, 0, &info));
+    T_OK(dpar_runtime_device_info(rt, 0, &info));
     if (dpar_runtime_backend(rt) == DPAR_BACKEND_CPU) assert_int_equal(info.runs_on_cpu, 1);
     else assert_int_equal(info.runs_on_cpu, 0);
     dpar_runtime_destroy(rt);

@@ -304,7 +304,7 @@ static dpar_status c_reduce(dpar_ctx *ctx, devio *d, const pcase *c, int dev) {
 }
 static dpar_status c_gather(dpar_ctx *ctx, devio *d, const pcase *c, int dev) {
     int g;
-    TRY(dpar_axis_size(ctx, c->axes, &g));
+    TRY(dpar_ctx_axis_size(ctx, c->axes, &g));
     int64_t R = c->p[0], C = c->p[1];
     dpar_buffer *in, *st, *t0, *t1;
     MK(in, c->dt, 2, D_INT, 0, R, C);
@@ -322,7 +322,7 @@ static dpar_status c_gather(dpar_ctx *ctx, devio *d, const pcase *c, int dev) {
 }
 static dpar_status c_scatter(dpar_ctx *ctx, devio *d, const pcase *c, int dev) {
     int g;
-    TRY(dpar_axis_size(ctx, c->axes, &g));
+    TRY(dpar_ctx_axis_size(ctx, c->axes, &g));
     int64_t R = c->p[0], C = c->p[1];
     dpar_buffer *in, *in3, *o0, *o1, *o2;
     MK(in, c->dt, 2, D_INT, 0, g * R, C);
@@ -341,7 +341,7 @@ static dpar_status c_scatter(dpar_ctx *ctx, devio *d, const pcase *c, int dev) {
 }
 static dpar_status c_permute(dpar_ctx *ctx, devio *d, const pcase *c, int dev) {
     int g;
-    TRY(dpar_axis_size(ctx, c->axes, &g));
+    TRY(dpar_ctx_axis_size(ctx, c->axes, &g));
     dpar_buffer *in, *out;
     MK(in, c->dt, 2, D_INT, 0, c->p[0], c->p[1]);
     MK(out, c->dt, 2, D_RAND, 0, c->p[0], c->p[1]);
@@ -357,7 +357,7 @@ static dpar_status c_permute(dpar_ctx *ctx, devio *d, const pcase *c, int dev) {
 }
 static dpar_status c_all_to_all(dpar_ctx *ctx, devio *d, const pcase *c, int dev) {
     int g;
-    TRY(dpar_axis_size(ctx, c->axes, &g));
+    TRY(dpar_ctx_axis_size(ctx, c->axes, &g));
     int64_t R = c->p[0], C = c->p[1];
     dpar_buffer *in, *o1, *o2;
     MK(in, c->dt, 2, D_INT, 0, g * R, C);

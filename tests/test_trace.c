@@ -202,7 +202,7 @@ static void test_stats(void **state) {
     (void)state;
     dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 2);
     dpar_device_stats st;
-    T_OK(dpar_device_stats_get(rt, 0, &st));
+    T_OK(dpar_runtime_device_stats(rt, 0, &st));
     assert_int_equal((int)st.memory_in_use, 0);
     assert_int_equal((int)st.buffers, 0);
     int64_t s1 = 1000, s2 = 2000;
@@ -210,21 +210,21 @@ static void test_stats(void **state) {
     T_OK(dpar_buffer_create(rt, 0, DPAR_F32, 1, &s1, &b1));
     T_OK(dpar_buffer_create(rt, 0, DPAR_F16, 1, &s2, &b2));
     T_OK(dpar_buffer_create(rt, 1, DPAR_F32, 1, &s2, &b3));
-    T_OK(dpar_device_stats_get(rt, 0, &st));
+    T_OK(dpar_runtime_device_stats(rt, 0, &st));
     assert_int_equal((int)st.memory_in_use, 4000 + 4000);
     assert_int_equal((int)st.memory_peak, 8000);
     assert_int_equal((int)st.buffers, 2);
     dpar_buffer_destroy(b1);
-    T_OK(dpar_device_stats_get(rt, 0, &st));
+    T_OK(dpar_runtime_device_stats(rt, 0, &st));
     assert_int_equal((int)st.memory_in_use, 4000);
     assert_int_equal((int)st.memory_peak, 8000);
     assert_int_equal((int)st.buffers, 1);
-    T_OK(dpar_device_stats_get(rt, 1, &st));
+    T_OK(dpar_runtime_device_stats(rt, 1, &st));
     assert_int_equal((int)st.memory_in_use, 8000);
     dpar_buffer_destroy(b2);
     dpar_buffer_destroy(b3);
-    dpar_stats_reset(rt);
-    T_OK(dpar_device_stats_get(rt, 0, &st));
+    dpar_runtime_stats_reset(rt);
+    T_OK(dpar_runtime_device_stats(rt, 0, &st));
     assert_int_equal((int)st.memory_peak, 0);
 
     dpar_mesh *m = t_mesh1(rt, 2, "data");
@@ -238,7 +238,7 @@ static void test_stats(void **state) {
     sd.fn = psums; sd.num_args = 1; sd.args[0] = a;
     T_OK(dpar_shard_map(m, &sd));
     for (int dev = 0; dev < 2; dev++) {
-        T_OK(dpar_device_stats_get(rt, dev, &st));
+        T_OK(dpar_runtime_device_stats(rt, dev, &st));
         assert_int_equal((int)st.collectives, 3);
         assert_int_equal((int)st.collective_bytes_in, 3000);
         assert_int_equal((int)st.collective_bytes_out, 3000);
@@ -246,13 +246,13 @@ static void test_stats(void **state) {
         assert_int_equal((int)st.memory_in_use, 1000);
         assert_true(st.memory_peak >= 1000);
     }
-    dpar_stats_reset(rt);
-    T_OK(dpar_device_stats_get(rt, 1, &st));
+    dpar_runtime_stats_reset(rt);
+    T_OK(dpar_runtime_device_stats(rt, 1, &st));
     assert_int_equal((int)st.collectives, 0);
     assert_int_equal((int)st.collective_bytes_in, 0);
     assert_int_equal((int)st.memory_peak, 1000);
-    T_ERR(dpar_device_stats_get(rt, 2, &st), DPAR_ERR_INVALID_ARGUMENT, "device 2");
-    T_ERR(dpar_device_stats_get(NULL, 0, &st), DPAR_ERR_INVALID_ARGUMENT, "NULL");
+    T_ERR(dpar_runtime_device_stats(rt, 2, &st), DPAR_ERR_INVALID_ARGUMENT, "device 2");
+    T_ERR(dpar_runtime_device_stats(NULL, 0, &st), DPAR_ERR_INVALID_ARGUMENT, "NULL");
     dpar_runtime_destroy(rt);
 }
 

@@ -46,11 +46,11 @@ static dpar_runtime *vk_runtime(int n, int noncoherent) {
 static void test_device_info(void **state) {
     (void)state;
     dpar_runtime *rt = vk_runtime(4, 0);
-    assert_int_equal(dpar_device_count(rt), 4);
+    assert_int_equal(dpar_runtime_device_count(rt), 4);
     assert_int_equal(dpar_runtime_backend(rt), DPAR_BACKEND_VULKAN);
     for (int i = 0; i < 4; i++) {
         dpar_device_info info;
-        T_OK(dpar_device_info_get(rt, i, &info));
+        T_OK(dpar_runtime_device_info(rt, i, &info));
         assert_int_equal(info.backend, DPAR_BACKEND_VULKAN);
         assert_int_equal(info.index, i);
         assert_true(info.memory_bytes > 0);
@@ -161,7 +161,7 @@ static dpar_status big_fn(dpar_ctx *ctx, int dev, void *user) {
     dpar_buffer *in, *out;
     dpar_status s;
     int n;
-    if ((s = dpar_axis_size(ctx, "data", &n))) return s;
+    if ((s = dpar_ctx_axis_size(ctx, "data", &n))) return s;
     if ((s = dpar_ctx_buffer(ctx, r->dt, 1, sh, &in)) || (s = dpar_ctx_buffer(ctx, r->dt, 1, sh, &out))) return s;
     size_t es = dpar_dtype_size(r->dt);
     unsigned char *h = (unsigned char *)malloc((size_t)r->count * es);
@@ -310,7 +310,7 @@ static void check_two_physical(int staging) {
     int phys[4];
     for (int i = 0; i < 4; i++) {
         dpar_device_info info;
-        T_OK(dpar_device_info_get(rt, i, &info));
+        T_OK(dpar_runtime_device_info(rt, i, &info));
         phys[i] = info.physical_index;
     }
     printf("logical devices on physical devices %d %d %d %d\n", phys[0], phys[1], phys[2], phys[3]);
@@ -635,7 +635,7 @@ static void test_zero_size_and_bad_args(void **state) {
     T_OK(dpar_buffer_create(rt, 0, DPAR_F32, 2, z, &a));
     T_OK(dpar_scale(a, 2.0f));
     T_OK(dpar_relu(a, a));
-    T_OK(dpar_device_sync(rt, 0));
+    T_OK(dpar_runtime_device_sync(rt, 0));
     dpar_buffer_destroy(a);
     T_OK(dpar_buffer_create(rt, 0, DPAR_F32, 2, sh, &a));
     T_OK(dpar_buffer_create(rt, 0, DPAR_F32, 2, sh2, &b));
@@ -644,7 +644,7 @@ static void test_zero_size_and_bad_args(void **state) {
     assert_int_not_equal(dpar_buffer_write(a, 4, big, sizeof(float) * 6), DPAR_OK); /* past the end */
     assert_int_not_equal(dpar_matmul(a, a, b, false, false, 1, 0), DPAR_OK);        /* shapes */
     assert_int_not_equal(dpar_axpy(a, 1.0f, c), DPAR_OK);                           /* devices */
-    T_OK(dpar_device_sync(rt, 1));
+    T_OK(dpar_runtime_device_sync(rt, 1));
     dpar_buffer_destroy(a);
     dpar_buffer_destroy(b);
     dpar_buffer_destroy(c);

@@ -48,10 +48,10 @@ int main(int argc, char **argv) {
         if (dpar_runtime_create(&rd, &rt)) { fprintf(stderr, "%s\n", dpar_last_error()); MPI_Abort(MPI_COMM_WORLD, 1); }
         dpar_mesh_desc md;
         memset(&md, 0, sizeof md);
-        md.ndim = 1; md.shape[0] = dpar_device_count(rt); md.axis_names[0] = "data";
+        md.ndim = 1; md.shape[0] = dpar_runtime_device_count(rt); md.axis_names[0] = "data";
         if (dpar_mesh_create(rt, &md, &mesh)) { fprintf(stderr, "%s\n", dpar_last_error()); MPI_Abort(MPI_COMM_WORLD, 1); }
     }
-    int ndev = rt ? dpar_device_count(rt) : nprocs;
+    int ndev = rt ? dpar_runtime_device_count(rt) : nprocs;
     for (size_t bytes = 4096; bytes <= maxb; bytes *= 4) {
         int iters = bytes <= (1 << 20) ? 50 : bytes <= (16 << 20) ? 10 : 4;
         double *times = calloc((size_t)iters, sizeof(double));

@@ -3,7 +3,7 @@
    back as an error (DPAR_ERR_TIMEOUT after DPAR_TIMEOUT_MS, or
    DPAR_ERR_BACKEND naming ncclCommGetAsyncError when NCCL reports an
    asynchronous error), never a hang, and the runtime must still shut down.
-   Modes: (none) waits in dpar_device_sync; "error": NCCL reports an
+   Modes: (none) waits in dpar_runtime_device_sync; "error": NCCL reports an
    asynchronous error; "read": waits in dpar_buffer_read (a device-to-host
    copy, which blocks in the driver until the stream's work is done);
    "none": the function returns without waiting (the pmap's own clean-up
@@ -26,7 +26,7 @@ static dpar_status fn(dpar_ctx *ctx, void *user) {
         return dpar_buffer_read(x, 0, h, sizeof h);
     }
     if (none_mode) return DPAR_OK;
-    return dpar_device_sync(dpar_ctx_runtime(ctx), dpar_ctx_device(ctx));
+    return dpar_runtime_device_sync(dpar_ctx_runtime(ctx), dpar_ctx_device(ctx));
 }
 
 int main(int argc, char **argv) {

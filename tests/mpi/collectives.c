@@ -85,7 +85,7 @@ static dpar_status coll_fn(dpar_ctx *ctx, void *user) {
     coll_arg *a = user;
     int k, n;
     dpar_status s;
-    if ((s = dpar_axis_index(ctx, a->axes, &k)) || (s = dpar_axis_size(ctx, a->axes, &n))) return s;
+    if ((s = dpar_ctx_axis_index(ctx, a->axes, &k)) || (s = dpar_ctx_axis_size(ctx, a->axes, &n))) return s;
     enum { C = 8 };
     int64_t sh[1] = { C }, shn[1] = { (int64_t)C * n }, sh2[2] = { n, C };
     dpar_buffer *x, *y, *g;
@@ -177,7 +177,7 @@ static dpar_status big_fn(dpar_ctx *ctx, void *user) {
     big_arg *a = user;
     int k, n;
     dpar_status s;
-    if ((s = dpar_axis_index(ctx, "data", &k)) || (s = dpar_axis_size(ctx, "data", &n))) return s;
+    if ((s = dpar_ctx_axis_index(ctx, "data", &k)) || (s = dpar_ctx_axis_size(ctx, "data", &n))) return s;
     int64_t sh[1] = { BIG };
     dpar_buffer *x, *y;
     if ((s = dpar_ctx_buffer(ctx, a->t, 1, sh, &x)) || (s = dpar_ctx_buffer(ctx, a->t, 1, sh, &y))) return s;
@@ -244,7 +244,7 @@ static dpar_status mismatch_fn(dpar_ctx *ctx, void *u) {
 static dpar_status shape_mismatch_fn(dpar_ctx *ctx, void *u) {
     (void)u;
     int first = dpar_ctx_device(ctx) < LOCAL, n;
-    dpar_status s = dpar_axis_size(ctx, "data", &n);
+    dpar_status s = dpar_ctx_axis_size(ctx, "data", &n);
     if (s) return s;
     int64_t sh[2] = { first ? 2 : 3, first ? 6 : 4 }, so[2] = { sh[0], sh[1] * n };
     dpar_buffer *a, *b;
@@ -314,10 +314,10 @@ int main(int argc, char **argv) {
 
     dpar_runtime *rt = runtime(20000);
     int first, cnt;
-    dpar_local_devices(rt, &first, &cnt);
-    snprintf(why, sizeof why, "count %d, process %d/%d, local %d..+%d", dpar_device_count(rt), dpar_process_index(rt), dpar_process_count(rt), first, cnt);
-    check("global device list is processes x local devices", dpar_device_count(rt) == N && dpar_process_index(rt) == rank &&
-          dpar_process_count(rt) == nprocs && first == rank * LOCAL && cnt == LOCAL, why);
+    dpar_runtime_local_devices(rt, &first, &cnt);
+    snprintf(why, sizeof why, "count %d, process %d/%d, local %d..+%d", dpar_runtime_device_count(rt), dpar_runtime_process_index(rt), dpar_runtime_process_count(rt), first, cnt);
+    check("global device list is processes x local devices", dpar_runtime_device_count(rt) == N && dpar_runtime_process_index(rt) == rank &&
+          dpar_runtime_process_count(rt) == nprocs && first == rank * LOCAL && cnt == LOCAL, why);
 
     /* 1-d mesh over every device: groups across processes */
     dpar_mesh *m1 = mesh2(rt, N, 0, "data", NULL);

@@ -17,7 +17,7 @@ static dpar_status fn(dpar_ctx *ctx, void *u) {
     int64_t sh[1] = { 5 };
     dpar_buffer *b;
     dpar_status s;
-    if ((s = dpar_axis_index(ctx, "x", &k)) || (s = dpar_axis_size(ctx, "x", &n))) return s;
+    if ((s = dpar_ctx_axis_index(ctx, "x", &k)) || (s = dpar_ctx_axis_size(ctx, "x", &n))) return s;
     if ((s = dpar_ctx_buffer(ctx, DPAR_F32, 1, sh, &b))) return s;
     float v[5];
     for (int i = 0; i < 5; i++) v[i] = (float)((k + 1) * (i + 1));
@@ -46,7 +46,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < 6 && !failed; i++) {
         dpar_mesh_desc md;
         memset(&md, 0, sizeof md);
-        md.ndim = 1; md.shape[0] = dpar_device_count(rt); md.axis_names[0] = "x";
+        md.ndim = 1; md.shape[0] = dpar_runtime_device_count(rt); md.axis_names[0] = "x";
         dpar_mesh *m = NULL;
         if (dpar_mesh_create(rt, &md, &m)) { fprintf(stderr, "rank %d: %s\n", rank, dpar_last_error()); failed = 1; break; }
         dpar_shard_map_desc sd;
@@ -58,7 +58,7 @@ int main(int argc, char **argv) {
     }
     int any = 0;
     MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-    if (rank == 0) printf("remesh: %s, %d devices\n", any ? "FAILED" : "ok", dpar_device_count(rt));
+    if (rank == 0) printf("remesh: %s, %d devices\n", any ? "FAILED" : "ok", dpar_runtime_device_count(rt));
     dpar_runtime_destroy(rt);
     MPI_Finalize();
     return any;
