@@ -340,10 +340,10 @@ static int all_on_physical(const dpar_runtime_desc *d, int want) {
     dpar_runtime *rt = NULL;
     dpar_status s = dpar_runtime_create(d, &rt);
     if (s) fail_msg("runtime: %s: %s", dpar_status_string(s), dpar_last_error());
-    int n = dpar_device_count(rt), ok = n == d->num_devices;
+    int n = dpar_runtime_device_count(rt), ok = n == d->num_devices;
     for (int i = 0; i < n; i++) {
         dpar_device_info info;
-        T_OK(dpar_device_info_get(rt, i, &info));
+        T_OK(dpar_runtime_device_info(rt, i, &info));
         printf("physical_device %d: logical %d on physical %d\n", d->vulkan.physical_device, i, info.physical_index);
         ok = ok && info.physical_index == want;
     }
