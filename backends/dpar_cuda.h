@@ -878,6 +878,15 @@ static dpar_status dpar__cu_device_info(void *state, int dev, dpar_device_info *
     return DPAR_OK;
 }
 
+/* MPI ranks given different CUDA_VISIBLE_DEVICES each open every GPU they see */
+static const char *dpar__cu_visible_devices(void) { return getenv("CUDA_VISIBLE_DEVICES"); }
+static void dpar__cu_physical_device(void *state, int dev, int *index, unsigned char uuid[16]) {
+    dpar__cu_state *st = (dpar__cu_state *)state;
+    const dpar__cu_phys *p = &st->phys[st->dev[dev].phys];
+    *index = p->ordinal;
+    memcpy(uuid, p->uuid.bytes, 16);
+}
+
 static dpar_status dpar__cu_thread_init(void *state, int dev) {
     return dpar__cu_bind((dpar__cu_state *)state, dev);
 }
@@ -1707,7 +1716,9 @@ static const dpar__backend_iface *dpar__cuda_iface(void) {
         dpar__cu_collective,
         dpar__cu_cross_id_size,
         dpar__cu_cross_id,
-        dpar__cu_device_status
+        dpar__cu_device_status,
+        dpar__cu_visible_devices,
+        dpar__cu_physical_device
     };
     return &iface;
 }

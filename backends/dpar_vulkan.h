@@ -1228,6 +1228,12 @@ static dpar_status dpar__vk_device_info(void *state, int dev, dpar_device_info *
     return DPAR_OK;
 }
 
+static void dpar__vk_physical_device(void *state, int dev, int *index, unsigned char uuid[16]) {
+    const dpar__vkphys *ph = ((dpar__vk *)state)->devs[dev].ph;
+    *index = ph->index;
+    memcpy(uuid, ph->uuid, 16);
+}
+
 static dpar_status dpar__vk_alloc(void *state, int dev, size_t nbytes, void **mem) {
     dpar__vk *st = (dpar__vk *)state;
     *mem = NULL;
@@ -1702,6 +1708,8 @@ static const dpar__backend_iface *dpar__vulkan_iface(void) {
         NULL, /* cross_id_size: groups across processes take the core's host-staged MPI path */
         NULL, /* cross_id */
         NULL, /* device_status: every wait reports its own error */
+        NULL, /* visible_devices */
+        dpar__vk_physical_device,
     };
     return &iface;
 }

@@ -8,7 +8,7 @@ MPI_SRCS := $(wildcard tests/mpi/*.c)
 MPI_BINS := $(patsubst tests/mpi/%.c,$(BUILD)/mpi_%,$(MPI_SRCS)) $(BUILD)/train_digits_mpi
 HAVE_MPICC := $(shell command -v $(MPICC) 2>/dev/null)
 
-$(BUILD)/dpar_mpi.o: $(IMPL_DEPS) | $(BUILD)
+$(BUILD)/dpar_mpi.o: $(IMPL_DEPS) backends/dpar_mpi.h | $(BUILD)
 	$(MPICC) $(CSTD) $(CPPFLAGS) $(IMPL_DEFS) -DDPAR_MPI $(CFLAGS) $(WARN) -c tools/dpar_impl.c -o $@
 
 $(BUILD)/mpi_%: tests/mpi/%.c $(BUILD)/dpar_mpi.o
