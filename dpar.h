@@ -295,7 +295,8 @@ DPAR_API dpar_status dpar_runtime_device_sync(dpar_runtime *rt, int device);
 typedef struct dpar_mesh dpar_mesh;
 
 typedef struct dpar_mesh_desc {
-    int ndim;                               /* 1..DPAR_MAX_AXES */
+    int ndim;                               /* 1..DPAR_MAX_AXES; 0: inferred, the number of
+                                               leading axes with a nonzero shape or a name */
     int shape[DPAR_MAX_AXES];               /* devices along each axis */
     const char *axis_names[DPAR_MAX_AXES];  /* unique, non-empty, < DPAR_NAME_LEN chars,
                                                no ',' or spaces */
@@ -403,7 +404,8 @@ typedef struct dpar_pmap_desc {
     const char *axis;            /* mesh axis to map over (JAX axis_name) */
     dpar_fn fn;
     void *user;
-    int num_inputs, num_outputs; /* each <= DPAR_MAX_ARGS/2 */
+    int num_inputs, num_outputs; /* each <= DPAR_MAX_ARGS/2; 0: inferred, the number of
+                                    leading inputs / outputs whose data is non-NULL */
     dpar_pmap_input inputs[DPAR_MAX_ARGS / 2];
     dpar_pmap_output outputs[DPAR_MAX_ARGS / 2];
 } dpar_pmap_desc;
@@ -425,7 +427,8 @@ DPAR_API dpar_status dpar_pmap(dpar_mesh *m, const dpar_pmap_desc *desc);
 typedef struct dpar_shard_map_desc {
     dpar_fn fn;
     void *user;
-    int num_args;                  /* <= DPAR_MAX_ARGS */
+    int num_args;                  /* <= DPAR_MAX_ARGS; 0: inferred, the number of leading
+                                      non-NULL args (none: fn gets no arguments) */
     dpar_array *args[DPAR_MAX_ARGS];/* arrays of this mesh; fn sees each device's shard */
 } dpar_shard_map_desc;
 
@@ -675,7 +678,7 @@ DPAR_API dpar_status dpar_array_reshard(dpar_array *dst, const dpar_array *src);
 typedef struct dpar_shard_map_specs_desc {
     dpar_fn fn;
     void *user;
-    int num_inputs, num_outputs;
+    int num_inputs, num_outputs; /* 0: inferred, the number of leading non-NULL inputs / outputs */
     dpar_array *inputs[DPAR_MAX_ARGS];
     const char *in_specs[DPAR_MAX_ARGS][DPAR_MAX_DIMS];
     dpar_array *outputs[DPAR_MAX_ARGS];
@@ -1966,13 +1969,18 @@ static void dpar__mesh_free(dpar_mesh *m) {
     DPAR_FREE(m);
 }
 
-DPAR_API dpar_status dpar_mesh_create(dpar_runtime *rt, const dpar_mesh_desc *d, dpar_mesh **out) {
+DPAR_API dpar_status dpar_mesh_create(dpar_runtime *rt, const dpar_mesh_desc *desc, dpar_mesh **out) {
     dpar__clear_error();
     if (!out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_mesh_create: `out` is NULL");
     *out = NULL;
-    if (!rt || !d) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_mesh_create: runtime or desc is NULL");
+    if (!rt || !desc) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_mesh_create: runtime or desc is NULL");
+    dpar_mesh_desc resolved = *desc;
+    if (resolved.ndim == 0) /* inferred: the leading axes given a size or a name */
+        while (resolved.ndim < DPAR_MAX_AXES && (desc->shape[resolved.ndim] || desc->axis_names[resolved.ndim])) resolved.ndim++;
+    const dpar_mesh_desc *d = &resolved;
     if (d->ndim < 1 || d->ndim > DPAR_MAX_AXES)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_mesh_create: ndim = %d; a mesh has 1..%d axes", d->ndim, (int)DPAR_MAX_AXES);
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_mesh_create: ndim = %d; a mesh has 1..%d axes (0: as many as "
+                         "shape / axis_names give)", d->ndim, (int)DPAR_MAX_AXES);
     long long size = 1;
     for (int a = 0; a < d->ndim; a++) {
         const char *nm = d->axis_names[a];
@@ -2539,8 +2547,15 @@ static dpar_status dpar__run(dpar_mesh *m, dpar_fn fn, void *user, int nargs, dp
     return s;
 }
 
-DPAR_API dpar_status dpar_shard_map(dpar_mesh *m, const dpar_shard_map_desc *d) {
+DPAR_API dpar_status dpar_shard_map(dpar_mesh *m, const dpar_shard_map_desc *desc) {
     dpar__clear_error();
+    dpar_shard_map_desc resolved;
+    const dpar_shard_map_desc *d = desc ? &resolved : NULL;
+    if (desc) {
+        resolved = *desc;
+        if (resolved.num_args == 0) /* inferred: the leading non-NULL args */
+            while (resolved.num_args < DPAR_MAX_ARGS && resolved.args[resolved.num_args]) resolved.num_args++;
+    }
     if (!m || !d || !d->fn) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "shard_map: mesh, desc or desc->fn is NULL");
     if (dpar__self_worker) return dpar__err(DPAR_ERR_STATE, "shard_map: called from inside a pmap/shard_map function; nested dispatch is not supported");
     if (d->num_args < 0 || d->num_args > DPAR_MAX_ARGS)
@@ -2558,8 +2573,17 @@ DPAR_API dpar_status dpar_shard_map(dpar_mesh *m, const dpar_shard_map_desc *d) 
     return s;
 }
 
-DPAR_API dpar_status dpar_pmap(dpar_mesh *m, const dpar_pmap_desc *d) {
+DPAR_API dpar_status dpar_pmap(dpar_mesh *m, const dpar_pmap_desc *desc) {
     dpar__clear_error();
+    dpar_pmap_desc resolved;
+    const dpar_pmap_desc *d = desc ? &resolved : NULL;
+    if (desc) { /* counts of 0 inferred: the leading inputs / outputs with non-NULL data */
+        resolved = *desc;
+        if (resolved.num_inputs == 0)
+            while (resolved.num_inputs < DPAR_MAX_ARGS / 2 && resolved.inputs[resolved.num_inputs].data) resolved.num_inputs++;
+        if (resolved.num_outputs == 0)
+            while (resolved.num_outputs < DPAR_MAX_ARGS / 2 && resolved.outputs[resolved.num_outputs].data) resolved.num_outputs++;
+    }
     if (!m || !d || !d->fn) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "pmap: mesh, desc or desc->fn is NULL");
     if (dpar__self_worker) return dpar__err(DPAR_ERR_STATE, "pmap: called from inside a pmap/shard_map function; nested dispatch is not supported");
     unsigned mask;
@@ -4112,8 +4136,17 @@ static dpar_status dpar__prefix_err(dpar_status s, const char *prefix) {
     return dpar__err(s, "%s: %s", prefix, saved);
 }
 
-DPAR_API dpar_status dpar_shard_map_specs(dpar_mesh *m, const dpar_shard_map_specs_desc *d) {
+DPAR_API dpar_status dpar_shard_map_specs(dpar_mesh *m, const dpar_shard_map_specs_desc *desc) {
     dpar__clear_error();
+    dpar_shard_map_specs_desc resolved;
+    const dpar_shard_map_specs_desc *d = desc ? &resolved : NULL;
+    if (desc) { /* counts of 0 inferred: the leading non-NULL inputs / outputs */
+        resolved = *desc;
+        if (resolved.num_inputs == 0)
+            while (resolved.num_inputs < DPAR_MAX_ARGS && resolved.inputs[resolved.num_inputs]) resolved.num_inputs++;
+        if (resolved.num_outputs == 0)
+            while (resolved.num_outputs < DPAR_MAX_ARGS && resolved.outputs[resolved.num_outputs]) resolved.num_outputs++;
+    }
     if (!m || !d || !d->fn) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "shard_map_specs: mesh, desc or desc->fn is NULL");
     if (d->num_inputs < 0 || d->num_outputs < 0 || d->num_inputs + d->num_outputs > DPAR_MAX_ARGS)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "shard_map_specs: num_inputs = %d, num_outputs = %d; each >= 0 and together at most %d",
