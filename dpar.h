@@ -1935,6 +1935,7 @@ static int dpar__mask_size(const dpar_mesh *m, unsigned mask) {
 /* Group id (row-major over the axes outside mask) and rank (row-major over mask). */
 static void dpar__group_of(const dpar_mesh *m, unsigned mask, int pos, int *gid, int *rank) {
     int c[DPAR_MAX_AXES], g = 0, r = 0;
+    DPAR_ASSERT(pos >= 0 && pos < m->size);
     dpar__pos_to_coords(m, pos, c);
     for (int a = 0; a < m->ndim; a++) {
         if (mask & (1u << a)) r = r * m->shape[a] + c[a];
@@ -2842,6 +2843,7 @@ static dpar_status dpar__barrier_t(dpar__group *g, int rank, dpar_ctx *ctx, cons
     dpar__job *job = ctx->job;
     dpar_runtime *rt = ctx->rt;
     dpar_status s = DPAR_OK;
+    DPAR_ASSERT(rank >= 0 && rank < g->n && g->devices[rank] == ctx->device); /* the caller is this member */
     pthread_mutex_lock(&g->mu);
     uint64_t my = g->gen;
     g->here[rank] = 1;
@@ -3391,6 +3393,7 @@ static void dpar__req_run(dpar__worker *w, struct dpar_request *r) {
     dpar__clear_error();
     dpar_status s = dpar__coll_run(r->ctx, &r->args, 1);
     pthread_mutex_lock(&w->qmu);
+    DPAR_ASSERT(!r->done && w->pending > 0); /* queued -> done, once */
     r->status = s;
     if (s) snprintf(r->msg, sizeof r->msg, "%s", dpar__err_text);
     r->done = 1;
@@ -5667,162 +5670,218 @@ static void dpar__sgd_part(void *arg, int part, int nparts) { /* work items of `
     }
 }
 
+/* >>cpu ops ===================================================================
+   One function per op kind (shapes and dtypes are checked by the core before
+   dispatch; see dpar__op_kind), looked up in dpar__cpu_ops by kind. */
+#define DPAR__CPU_OP_ARGS dpar__cpu *c, int dev, const dpar__op *op, float *y, const float *x0, const float *x1
+#define DPAR__CPU_OP_UNUSED DPAR__UNUSED(c); DPAR__UNUSED(dev); DPAR__UNUSED(op); DPAR__UNUSED(y); \
+                            DPAR__UNUSED(x0); DPAR__UNUSED(x1)
+typedef dpar_status (*dpar__cpu_op_fn)(DPAR__CPU_OP_ARGS);
+
+static dpar_status dpar__cpu_op_matmul(DPAR__CPU_OP_ARGS) {
+    if (op->src0->dtype == DPAR_F32) {
+        dpar__cpu_sgemm(c, dev, op->m, op->n, op->k, op->trans_a, op->trans_b, op->f[0], x0, x1, op->f[1], y);
+        return DPAR_OK;
+    }
+    /* f16/bf16 operands: widen to f32, accumulate in f32 */
+    float *a = (float *)DPAR_MALLOC((size_t)(op->src0->count + 1) * 4);
+    float *b = (float *)DPAR_MALLOC((size_t)(op->src1->count + 1) * 4);
+    if (!a || !b) { DPAR_FREE(a); DPAR_FREE(b); return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "matmul: out of host memory"); }
+    for (int64_t i = 0; i < op->src0->count; i++) a[i] = dpar__load_f(op->src0->mem, op->src0->dtype, i);
+    for (int64_t i = 0; i < op->src1->count; i++) b[i] = dpar__load_f(op->src1->mem, op->src1->dtype, i);
+    dpar__cpu_sgemm(c, dev, op->m, op->n, op->k, op->trans_a, op->trans_b, op->f[0], a, b, op->f[1], y);
+    DPAR_FREE(a); DPAR_FREE(b);
+    return DPAR_OK;
+}
+static dpar_status dpar__cpu_op_bias_add(DPAR__CPU_OP_ARGS) {
+    DPAR__CPU_OP_UNUSED;
+    int64_t j0 = 0;
+#ifdef DPAR__X86_SIMD
+    if (__builtin_cpu_supports("avx2")) j0 = dpar__bias_add_avx2(y, x0, op->m, op->n);
+#endif
+    for (int64_t i = 0; i < op->m; i++)
+        for (int64_t j = j0; j < op->n; j++) y[i * op->n + j] += x0[j];
+    return DPAR_OK;
+}
+static dpar_status dpar__cpu_op_bias_grad(DPAR__CPU_OP_ARGS) {
+    DPAR__CPU_OP_UNUSED;
+    int64_t j0 = 0;
+#ifdef DPAR__X86_SIMD
+    if (__builtin_cpu_supports("avx2")) j0 = dpar__bias_grad_avx2(y, x0, op->m, op->n, op->f[1]);
+#endif
+    for (int64_t j = j0; j < op->n; j++) {
+        float s = 0.0f;
+        for (int64_t i = 0; i < op->m; i++) s += x0[i * op->n + j];
+        y[j] = (op->f[1] == 0.0f ? 0.0f : op->f[1] * y[j]) + s;
+    }
+    return DPAR_OK;
+}
+static dpar_status dpar__cpu_op_relu(DPAR__CPU_OP_ARGS) {
+    DPAR__CPU_OP_UNUSED;
+    int64_t i = 0, n = op->n;
+#ifdef DPAR__X86_SIMD
+    if (__builtin_cpu_supports("avx2")) i = dpar__relu_avx2(y, x0, n);
+#endif
+    for (; i < n; i++) y[i] = x0[i] > 0.0f ? x0[i] : (x0[i] != x0[i] ? x0[i] : 0.0f);
+    return DPAR_OK;
+}
+static dpar_status dpar__cpu_op_relu_bwd(DPAR__CPU_OP_ARGS) {
+    DPAR__CPU_OP_UNUSED;
+    int64_t i = 0, n = op->n;
+#ifdef DPAR__X86_SIMD
+    if (__builtin_cpu_supports("avx2")) i = dpar__relu_bwd_avx2(y, x0, x1, n);
+#endif
+    for (; i < n; i++) y[i] = x1[i] > 0.0f ? x0[i] : 0.0f;
+    return DPAR_OK;
+}
+static dpar_status dpar__cpu_op_softmax_xent(DPAR__CPU_OP_ARGS) {
+    DPAR__CPU_OP_UNUSED;
+    const int32_t *lab = (const int32_t *)op->src1->mem;
+    float *g = op->dst2 ? (float *)op->dst2->mem : NULL;
+    int64_t M = op->m, C = op->n;
+    double total = 0.0;
+    for (int64_t i = 0; i < M; i++) {
+        const float *z = x0 + i * C;
+        float mx = -INFINITY;
+        for (int64_t j = 0; j < C; j++) mx = (z[j] > mx || z[j] != z[j]) ? z[j] : mx;
+        double se = 0.0;
+        for (int64_t j = 0; j < C; j++) se += exp((double)z[j] - (double)mx);
+        /* relative to the max: (mx - z_l) + log(se) and exp(z - mx) / se stay exact for
+           huge logits, where mx + log(se) would absorb log(se) (|z| ~ 1e30 and up) */
+        double lse_rel = log(se);
+        int32_t l = lab[i];
+        int ok = l >= 0 && l < C;
+        total += ok ? ((double)mx - (double)z[l]) + lse_rel : NAN;
+        if (g)
+            for (int64_t j = 0; j < C; j++) {
+                double p = exp((double)z[j] - (double)mx) / se;
+                g[i * C + j] = ok ? (float)((p - (j == l ? 1.0 : 0.0)) / (double)M) : NAN;
+            }
+    }
+    y[0] = M ? (float)(total / (double)M) : 0.0f;
+    return DPAR_OK;
+}
+static dpar_status dpar__cpu_op_mse(DPAR__CPU_OP_ARGS) {
+    DPAR__CPU_OP_UNUSED;
+    float *g = op->dst2 ? (float *)op->dst2->mem : NULL;
+    int64_t n = op->n;
+    double total = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = (double)x0[i] - (double)x1[i];
+        total += d * d;
+        if (g) g[i] = (float)(2.0 * d / (double)n);
+    }
+    y[0] = n ? (float)(total / (double)n) : 0.0f;
+    return DPAR_OK;
+}
+static dpar_status dpar__cpu_op_axpy(DPAR__CPU_OP_ARGS) {
+    DPAR__CPU_OP_UNUSED;
+    for (int64_t i = 0; i < op->n; i++) y[i] += op->f[0] * x0[i];
+    return DPAR_OK;
+}
+static dpar_status dpar__cpu_op_scale(DPAR__CPU_OP_ARGS) {
+    DPAR__CPU_OP_UNUSED;
+    for (int64_t i = 0; i < op->n; i++) y[i] *= op->f[0];
+    return DPAR_OK;
+}
+static dpar_status dpar__cpu_op_fill(DPAR__CPU_OP_ARGS) {
+    DPAR__CPU_OP_UNUSED;
+    dpar_dtype t = op->dst->dtype;
+    int64_t n = op->n;
+    if (t == DPAR_F32) {
+        for (int64_t i = 0; i < n; i++) y[i] = op->f[0];
+    } else if (t == DPAR_I32) { /* saturating like dpar_cast: (int32_t) of NaN / out-of-range floats is undefined in C */
+        float f = op->f[0];
+        int32_t v = f != f ? 0 : f >= 2147483647.0f ? INT32_MAX : f <= -2147483648.0f ? INT32_MIN : (int32_t)f;
+        for (int64_t i = 0; i < n; i++) ((int32_t *)y)[i] = v;
+    } else {
+        uint16_t v = t == DPAR_F16 ? dpar_f32_to_f16(op->f[0]) : dpar_f32_to_bf16(op->f[0]);
+        for (int64_t i = 0; i < n; i++) ((uint16_t *)y)[i] = v;
+    }
+    return DPAR_OK;
+}
+static dpar_status dpar__cpu_op_copy(DPAR__CPU_OP_ARGS) {
+    DPAR__CPU_OP_UNUSED;
+    memmove(y, x0, op->dst->nbytes);
+    return DPAR_OK;
+}
+static dpar_status dpar__cpu_op_cast(DPAR__CPU_OP_ARGS) {
+    DPAR__CPU_OP_UNUSED;
+    dpar_dtype ts = op->src0->dtype, td = op->dst->dtype;
+    for (int64_t i = 0; i < op->n; i++) {
+        if (ts == DPAR_I32 && td == DPAR_I32) { ((int32_t *)y)[i] = ((const int32_t *)x0)[i]; continue; }
+        float v = dpar__load_f(x0, ts, i);
+        switch (td) {
+        case DPAR_F32: y[i] = v; break;
+        case DPAR_F16: ((uint16_t *)y)[i] = dpar_f32_to_f16(v); break;
+        case DPAR_BF16: ((uint16_t *)y)[i] = dpar_f32_to_bf16(v); break;
+        case DPAR_I32:
+            ((int32_t *)y)[i] = v != v ? 0 : v >= 2147483647.0f ? INT32_MAX : v <= -2147483648.0f ? INT32_MIN : (int32_t)v;
+            break;
+        default: break;
+        }
+    }
+    return DPAR_OK;
+}
+static dpar_status dpar__cpu_op_sum(DPAR__CPU_OP_ARGS) {
+    DPAR__CPU_OP_UNUSED;
+    double s = 0.0;
+    for (int64_t i = 0; i < op->n; i++) s += (double)x0[i];
+    y[0] = (float)s;
+    return DPAR_OK;
+}
+static dpar_status dpar__cpu_op_sumsq(DPAR__CPU_OP_ARGS) {
+    DPAR__CPU_OP_UNUSED;
+    double s = 0.0;
+    for (int64_t i = 0; i < op->n; i++) s += (double)x0[i] * (double)x0[i];
+    y[0] = (float)s;
+    return DPAR_OK;
+}
+static dpar_status dpar__cpu_op_sgd(DPAR__CPU_OP_ARGS) {
+    DPAR__CPU_OP_UNUSED;
+    int64_t n = op->n;
+    int parts = c && c->pools && dev >= 0 && dev < c->ndev && n >= ((int64_t)1 << 18) ? c->threads : 1;
+    if (parts > 1) { /* element-wise: split anywhere (multiples of 64 keep the vector loop whole) */
+        dpar__sgd_args g;
+        g.op = op; g.next = 0;
+        g.chunk = (n / (8 * parts) + 63) / 64 * 64;
+        dpar__cpu_fork(&c->pools[dev], parts, dpar__sgd_part, &g);
+    } else {
+        dpar__sgd_range(op, 0, n);
+    }
+    return DPAR_OK;
+}
+#undef DPAR__CPU_OP_ARGS
+#undef DPAR__CPU_OP_UNUSED
+
+/* in dpar__op_kind order (C++ has no array designators; the size is checked below) */
+static const dpar__cpu_op_fn dpar__cpu_ops[] = {
+    dpar__cpu_op_matmul,        /* DPAR__OP_MATMUL */
+    dpar__cpu_op_bias_add,      /* DPAR__OP_BIAS_ADD */
+    dpar__cpu_op_bias_grad,     /* DPAR__OP_BIAS_GRAD */
+    dpar__cpu_op_relu,          /* DPAR__OP_RELU */
+    dpar__cpu_op_relu_bwd,      /* DPAR__OP_RELU_BWD */
+    dpar__cpu_op_softmax_xent,  /* DPAR__OP_SOFTMAX_XENT */
+    dpar__cpu_op_mse,           /* DPAR__OP_MSE */
+    dpar__cpu_op_axpy,          /* DPAR__OP_AXPY */
+    dpar__cpu_op_scale,         /* DPAR__OP_SCALE */
+    dpar__cpu_op_fill,          /* DPAR__OP_FILL */
+    dpar__cpu_op_copy,          /* DPAR__OP_COPY */
+    dpar__cpu_op_cast,          /* DPAR__OP_CAST */
+    dpar__cpu_op_sum,           /* DPAR__OP_SUM */
+    dpar__cpu_op_sumsq,         /* DPAR__OP_SUMSQ */
+    dpar__cpu_op_sgd,           /* DPAR__OP_SGD */
+};
+typedef char dpar__cpu_ops_cover_every_kind[sizeof dpar__cpu_ops / sizeof dpar__cpu_ops[0] == DPAR__OP_COUNT ? 1 : -1];
+
 static dpar_status dpar__cpu_op(void *st, int dev, const dpar__op *op) {
-    DPAR__UNUSED(st); DPAR__UNUSED(dev);
+    DPAR_ASSERT((int)op->kind >= 0 && op->kind < DPAR__OP_COUNT);
+    if ((int)op->kind < 0 || op->kind >= DPAR__OP_COUNT)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "cpu backend: unknown op %d", (int)op->kind);
     float *y = (float *)op->dst->mem;
     const float *x0 = op->src0 ? (const float *)op->src0->mem : NULL;
     const float *x1 = op->src1 ? (const float *)op->src1->mem : NULL;
-    int64_t n = op->n;
-    switch (op->kind) {
-    case DPAR__OP_MATMUL: {
-        if (op->src0->dtype == DPAR_F32) {
-            dpar__cpu_sgemm((dpar__cpu *)st, dev, op->m, op->n, op->k, op->trans_a, op->trans_b, op->f[0], x0, x1, op->f[1], y);
-            return DPAR_OK;
-        }
-        /* f16/bf16 operands: widen to f32, accumulate in f32 */
-        float *a = (float *)DPAR_MALLOC((size_t)(op->src0->count + 1) * 4), *b = (float *)DPAR_MALLOC((size_t)(op->src1->count + 1) * 4);
-        if (!a || !b) { DPAR_FREE(a); DPAR_FREE(b); return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "matmul: out of host memory"); }
-        for (int64_t i = 0; i < op->src0->count; i++) a[i] = dpar__load_f(op->src0->mem, op->src0->dtype, i);
-        for (int64_t i = 0; i < op->src1->count; i++) b[i] = dpar__load_f(op->src1->mem, op->src1->dtype, i);
-        dpar__cpu_sgemm((dpar__cpu *)st, dev, op->m, op->n, op->k, op->trans_a, op->trans_b, op->f[0], a, b, op->f[1], y);
-        DPAR_FREE(a); DPAR_FREE(b);
-        return DPAR_OK;
-    }
-    case DPAR__OP_BIAS_ADD: {
-        int64_t j0 = 0;
-#ifdef DPAR__X86_SIMD
-        if (__builtin_cpu_supports("avx2")) j0 = dpar__bias_add_avx2(y, x0, op->m, op->n);
-#endif
-        for (int64_t i = 0; i < op->m; i++)
-            for (int64_t j = j0; j < op->n; j++) y[i * op->n + j] += x0[j];
-        return DPAR_OK;
-    }
-    case DPAR__OP_BIAS_GRAD: {
-        int64_t j0 = 0;
-#ifdef DPAR__X86_SIMD
-        if (__builtin_cpu_supports("avx2")) j0 = dpar__bias_grad_avx2(y, x0, op->m, op->n, op->f[1]);
-#endif
-        for (int64_t j = j0; j < op->n; j++) {
-            float s = 0.0f;
-            for (int64_t i = 0; i < op->m; i++) s += x0[i * op->n + j];
-            y[j] = (op->f[1] == 0.0f ? 0.0f : op->f[1] * y[j]) + s;
-        }
-        return DPAR_OK;
-    }
-    case DPAR__OP_RELU: {
-        int64_t i = 0;
-#ifdef DPAR__X86_SIMD
-        if (__builtin_cpu_supports("avx2")) i = dpar__relu_avx2(y, x0, n);
-#endif
-        for (; i < n; i++) y[i] = x0[i] > 0.0f ? x0[i] : (x0[i] != x0[i] ? x0[i] : 0.0f);
-        return DPAR_OK;
-    }
-    case DPAR__OP_RELU_BWD: {
-        int64_t i = 0;
-#ifdef DPAR__X86_SIMD
-        if (__builtin_cpu_supports("avx2")) i = dpar__relu_bwd_avx2(y, x0, x1, n);
-#endif
-        for (; i < n; i++) y[i] = x1[i] > 0.0f ? x0[i] : 0.0f;
-        return DPAR_OK;
-    }
-    case DPAR__OP_SOFTMAX_XENT: {
-        const int32_t *lab = (const int32_t *)op->src1->mem;
-        float *g = op->dst2 ? (float *)op->dst2->mem : NULL;
-        int64_t M = op->m, C = op->n;
-        double total = 0.0;
-        for (int64_t i = 0; i < M; i++) {
-            const float *z = x0 + i * C;
-            float mx = -INFINITY;
-            for (int64_t j = 0; j < C; j++) mx = (z[j] > mx || z[j] != z[j]) ? z[j] : mx;
-            double se = 0.0;
-            for (int64_t j = 0; j < C; j++) se += exp((double)z[j] - (double)mx);
-            /* relative to the max: (mx - z_l) + log(se) and exp(z - mx) / se stay exact for
-               huge logits, where mx + log(se) would absorb log(se) (|z| ~ 1e30 and up) */
-            double lse_rel = log(se);
-            int32_t l = lab[i];
-            int ok = l >= 0 && l < C;
-            total += ok ? ((double)mx - (double)z[l]) + lse_rel : NAN;
-            if (g)
-                for (int64_t j = 0; j < C; j++) {
-                    double p = exp((double)z[j] - (double)mx) / se;
-                    g[i * C + j] = ok ? (float)((p - (j == l ? 1.0 : 0.0)) / (double)M) : NAN;
-                }
-        }
-        y[0] = M ? (float)(total / (double)M) : 0.0f;
-        return DPAR_OK;
-    }
-    case DPAR__OP_MSE: {
-        float *g = op->dst2 ? (float *)op->dst2->mem : NULL;
-        double total = 0.0;
-        for (int64_t i = 0; i < n; i++) {
-            double d = (double)x0[i] - (double)x1[i];
-            total += d * d;
-            if (g) g[i] = (float)(2.0 * d / (double)n);
-        }
-        y[0] = n ? (float)(total / (double)n) : 0.0f;
-        return DPAR_OK;
-    }
-    case DPAR__OP_AXPY:
-        for (int64_t i = 0; i < n; i++) y[i] += op->f[0] * x0[i];
-        return DPAR_OK;
-    case DPAR__OP_SCALE:
-        for (int64_t i = 0; i < n; i++) y[i] *= op->f[0];
-        return DPAR_OK;
-    case DPAR__OP_FILL: {
-        dpar_dtype t = op->dst->dtype;
-        if (t == DPAR_F32) for (int64_t i = 0; i < n; i++) y[i] = op->f[0];
-        else if (t == DPAR_I32) { /* saturating like dpar_cast: (int32_t) of NaN / out-of-range floats is undefined in C */
-            float f = op->f[0];
-            int32_t v = f != f ? 0 : f >= 2147483647.0f ? INT32_MAX : f <= -2147483648.0f ? INT32_MIN : (int32_t)f;
-            for (int64_t i = 0; i < n; i++) ((int32_t *)y)[i] = v; }
-        else {
-            uint16_t v = t == DPAR_F16 ? dpar_f32_to_f16(op->f[0]) : dpar_f32_to_bf16(op->f[0]);
-            for (int64_t i = 0; i < n; i++) ((uint16_t *)y)[i] = v;
-        }
-        return DPAR_OK;
-    }
-    case DPAR__OP_COPY:
-        memmove(y, x0, op->dst->nbytes);
-        return DPAR_OK;
-    case DPAR__OP_CAST: {
-        dpar_dtype ts = op->src0->dtype, td = op->dst->dtype;
-        for (int64_t i = 0; i < n; i++) {
-            if (ts == DPAR_I32 && td == DPAR_I32) { ((int32_t *)y)[i] = ((const int32_t *)x0)[i]; continue; }
-            float v = dpar__load_f(x0, ts, i);
-            switch (td) {
-            case DPAR_F32: y[i] = v; break;
-            case DPAR_F16: ((uint16_t *)y)[i] = dpar_f32_to_f16(v); break;
-            case DPAR_BF16: ((uint16_t *)y)[i] = dpar_f32_to_bf16(v); break;
-            case DPAR_I32: ((int32_t *)y)[i] = v != v ? 0 : v >= 2147483647.0f ? INT32_MAX : v <= -2147483648.0f ? INT32_MIN : (int32_t)v; break;
-            default: break;
-            }
-        }
-        return DPAR_OK;
-    }
-    case DPAR__OP_SUM:
-    case DPAR__OP_SUMSQ: {
-        double s = 0.0;
-        if (op->kind == DPAR__OP_SUM) for (int64_t i = 0; i < n; i++) s += (double)x0[i];
-        else for (int64_t i = 0; i < n; i++) s += (double)x0[i] * (double)x0[i];
-        y[0] = (float)s;
-        return DPAR_OK;
-    }
-    case DPAR__OP_SGD: {
-        dpar__cpu *c = (dpar__cpu *)st;
-        int parts = c && c->pools && dev >= 0 && dev < c->ndev && n >= ((int64_t)1 << 18) ? c->threads : 1;
-        if (parts > 1) { /* element-wise: split anywhere (multiples of 64 keep the vector loop whole) */
-            dpar__sgd_args g;
-            g.op = op; g.next = 0;
-            g.chunk = (n / (8 * parts) + 63) / 64 * 64;
-            dpar__cpu_fork(&c->pools[dev], parts, dpar__sgd_part, &g);
-        } else {
-            dpar__sgd_range(op, 0, n);
-        }
-        return DPAR_OK;
-    }
-    default:
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "cpu backend: unknown op %d", (int)op->kind);
-    }
+    return dpar__cpu_ops[op->kind]((dpar__cpu *)st, dev, op, y, x0, x1);
 }
 
 static const dpar__backend_iface dpar__cpu_backend = {
