@@ -50,6 +50,7 @@ static void test_cpu_buffer_through_hooks(void **state) {
     dpar_buffer *b = NULL;
     T_OK(dpar_buffer_create(rt, 0, DPAR_F32, 1, shape, &b));
     size_t seen = __atomic_load_n(&t_total, __ATOMIC_RELAXED) - total0;
+    size_t live1 = __atomic_load_n(&t_live, __ATOMIC_RELAXED);
     printf("64 MiB CPU buffer: the hooks saw %zu bytes\n", seen);
     assert_true(seen >= (size_t)64 << 20);
     float v = 1.0f;
@@ -57,7 +58,9 @@ static void test_cpu_buffer_through_hooks(void **state) {
     T_OK(dpar_buffer_read(b, ((size_t)16 << 20) * 4 - 4, &v, 4));
     assert_true(v == 2.5f);
     dpar_buffer_destroy(b);
-    assert_int_equal(__atomic_load_n(&t_live, __ATOMIC_RELAXED), live0);
+    /* given back (the workers may free small blocks of their own meanwhile: no equality here) */
+    assert_true(live1 >= live0 + ((size_t)64 << 20));
+    assert_true(__atomic_load_n(&t_live, __ATOMIC_RELAXED) + ((size_t)64 << 20) <= live1);
     dpar_runtime_destroy(rt);
 }
 
