@@ -8,7 +8,7 @@ CC      ?= cc
 CSTD    ?= -std=c99
 OPT     ?= -O2
 CFLAGS  ?= $(OPT) -g
-WARN     = -Wall -Wextra -Werror -Wno-error=deprecated-declarations
+WARN     = -Wall -Wextra -Wshadow -Wconversion -Wpedantic -Werror -Wno-error=deprecated-declarations
 CPPFLAGS = -I. -D_GNU_SOURCE
 LDLIBS   = -lpthread -lm -ldl
 ifeq ($(SAN),)

@@ -3205,7 +3205,7 @@ static dpar_status dpar__coll_exec(dpar_ctx *ctx, const dpar__cargs *a) {
                                                           "each may appear once", st.what, i, sidx, didx));
                 is_src[sidx] = 1;
                 src_of[didx] = sidx;
-                h = (h ^ (uint64_t)(sidx * 1024 + didx)) * 1099511628211ull;
+                h = (h ^ (uint64_t)(sidx * 1024 + didx)) * UINT64_C(1099511628211);
             }
             post.pairs_hash = h;
             c.src_of = src_of;
@@ -3262,7 +3262,7 @@ static dpar_status dpar__coll_exec(dpar_ctx *ctx, const dpar__cargs *a) {
         if (out == in && in->count > 0)
             return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: cannot run in place; give a separate output buffer", st.what));
     }
-    post.kind = a->kind; post.op = a->op; post.dtype = in->dtype; post.in_count = in->count; post.out_count = out->count;
+    post.kind = (int)a->kind; post.op = (int)a->op; post.dtype = (int)in->dtype; post.in_count = in->count; post.out_count = out->count;
     post.ndim = in->ndim;
     for (int d = 0; d < in->ndim && d < DPAR_MAX_DIMS; d++) post.shape[d] = in->shape[d];
     post.dim = a->dim; post.tiled = a->tiled; post.split_dim = a->split_dim; post.concat_dim = a->concat_dim; post.name = name;

@@ -218,7 +218,8 @@ static dpar_status dpar__mpi_runtime_init(dpar_runtime *rt, dpar_status opened) 
             for (int b = a + 1; b < mp->size && !s && !shared; b++)
                 for (int i = 0; i < nl && !s && !shared; i++)
                     for (int j = 0; j < nl && !s && !shared; j++) {
-                        const int64_t *x = &all[(size_t)a * W + HEAD + PER * i], *y = &all[(size_t)b * W + HEAD + PER * j];
+                        const int64_t *x = &all[(size_t)a * W + (size_t)(HEAD + PER * i)];
+                        const int64_t *y = &all[(size_t)b * W + (size_t)(HEAD + PER * j)];
                         int has_uuid = x[1] || x[2], same;
                         /* a UUID names one physical device anywhere; without one, the same index on the same node */
                         if (has_uuid) same = x[1] == y[1] && x[2] == y[2];
@@ -321,7 +322,7 @@ static dpar_status dpar__mpi_mesh_init(dpar_mesh *m) {
     if (!mp) return DPAR_OK;
     /* every process must create the same mesh */
     uint64_t h = 1469598103934665603ull;
-#define DPAR__MIX(v) (h = (h ^ (uint64_t)(v)) * 1099511628211ull)
+#define DPAR__MIX(v) (h = (h ^ (uint64_t)(v)) * UINT64_C(1099511628211))
     DPAR__MIX(m->ndim);
     for (int a = 0; a < m->ndim; a++) {
         DPAR__MIX(m->shape[a]);
@@ -907,7 +908,7 @@ static void dpar__mpi_job_agree(dpar_runtime *rt, dpar__job *job) {
     if (lowest >= rt->nproc) return; /* everyone succeeded */
     memset(&mp->agree_e, 0, sizeof mp->agree_e);
     if (lowest == rt->proc) {
-        mp->agree_e.status = job->first_status;
+        mp->agree_e.status = (int)job->first_status;
         mp->agree_e.device = job->first_device;
         memcpy(mp->agree_e.msg, job->first_msg, sizeof mp->agree_e.msg);
     }

@@ -1597,7 +1597,7 @@ static dpar_status dpar__vk_allreduce_pipelined(dpar__vk *st, dpar__coll *c) {
         if (k + 1 < nchunks) { /* prefetch chunk k+1 into the other slot once its upload is done */
             size_t off1 = off + chunk, len1 = total - off1 < chunk ? total - off1 : chunk;
             if (up_serial[nxt] && (s = dpar__vk_wait(d, up_serial[nxt])) != DPAR_OK) break;
-            if ((s = dpar__vk_stage_copy(d, bin, off1, nxt * slot, len1, 1, &down_serial[nxt])) != DPAR_OK) break;
+            if ((s = dpar__vk_stage_copy(d, bin, off1, (size_t)nxt * slot, len1, 1, &down_serial[nxt])) != DPAR_OK) break;
         }
         if ((s = dpar__vk_wait(d, down_serial[cur])) != DPAR_OK) break;
         unsigned char *mine = d->cstage.map + (size_t)cur * slot;

@@ -45,7 +45,7 @@ static struct {
     int (*ncclAllReduce)(const void *, void *, size_t, int, int, void *, void *);
     int (*ncclCommDestroy)(void *);
 } R;
-static void *ctx, *stream;
+static void *cu_ctx, *stream;
 static int have_blas, have_nccl;
 
 static double now(void) {
@@ -65,7 +65,7 @@ static int load_raw(void) {
         !SYM(cu, cuMemsetD32Async, "cuMemsetD32Async") || !SYM(cu, cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2"))
         return 0;
     int dev;
-    if (R.cuInit(0) || R.cuDeviceGet(&dev, 0) || R.cuDevicePrimaryCtxRetain(&ctx, dev) || R.cuCtxSetCurrent(ctx) ||
+    if (R.cuInit(0) || R.cuDeviceGet(&dev, 0) || R.cuDevicePrimaryCtxRetain(&cu_ctx, dev) || R.cuCtxSetCurrent(cu_ctx) ||
         R.cuStreamCreate(&stream, 1))
         return 0;
     void *bl = dlopen("libcublas.so.13", RTLD_NOW | RTLD_LOCAL);
@@ -167,13 +167,13 @@ static void bench_matmul(dpar_runtime *rt, dpar_dtype t, int nsz) {
         void *h;
         size_t es = t == DPAR_F32 ? 4 : 2;
         cuptr a, b, c;
-        if (R.cublasCreate(&h) || R.cublasSetStream(h, stream) || R.cuMemAlloc(&a, (size_t)nsz * nsz * es) ||
-            R.cuMemAlloc(&b, (size_t)nsz * nsz * es) || R.cuMemAlloc(&c, (size_t)nsz * nsz * 4)) {
+        if (R.cublasCreate(&h) || R.cublasSetStream(h, stream) || R.cuMemAlloc(&a, (size_t)nsz * (size_t)nsz * es) ||
+            R.cuMemAlloc(&b, (size_t)nsz * (size_t)nsz * es) || R.cuMemAlloc(&c, (size_t)nsz * (size_t)nsz * 4)) {
             printf("matmul: raw cuBLAS setup failed\n");
             return;
         }
-        R.cuMemsetD32Async(a, 0x3c003c00u, (size_t)nsz * nsz * es / 4, stream);
-        R.cuMemsetD32Async(b, 0x3c003c00u, (size_t)nsz * nsz * es / 4, stream);
+        R.cuMemsetD32Async(a, 0x3c003c00u, (size_t)nsz * (size_t)nsz * es / 4, stream);
+        R.cuMemsetD32Async(b, 0x3c003c00u, (size_t)nsz * (size_t)nsz * es / 4, stream);
         float al = 1.0f, be = 0.0f;
         for (int trial = 0; trial < 3; trial++) {
             R.cuStreamSynchronize(stream);
@@ -246,7 +246,7 @@ static void bench_allreduce(dpar_runtime *rt, int64_t n) {
             printf("allreduce: raw NCCL setup failed\n");
             return;
         }
-        R.cuCtxSetCurrent(ctx);
+        R.cuCtxSetCurrent(cu_ctx);
         double best = 1e30;
         for (int trial = 0; trial < 3; trial++) {
             R.cuStreamSynchronize(stream);

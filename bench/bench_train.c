@@ -42,7 +42,7 @@ static uint64_t rnd(void) {
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
 }
-static float urand(void) { return (float)((rnd() >> 40) * (1.0 / 16777216.0)); }
+static float urand(void) { return (float)((double)(rnd() >> 40) * (1.0 / 16777216.0)); }
 
 typedef struct {
     int nl, sizes[MAXL + 1], use_dp;
@@ -136,7 +136,7 @@ static int run(dpar_backend_kind kind, const char *bname, const char *name, int 
     }
     for (int i = 0; i <= nl && !bad; i++) {
         bad |= arr(mesh, DPAR_F32, 2, batch, sizes[i], "data", &m.act[i]) || arr(mesh, DPAR_F32, 2, batch, sizes[i], "data", &m.d[i]);
-        if (i < nl - 1) bad |= arr(mesh, DPAR_F32, 2, batch, sizes[i + 1], "data", &m.pre[i]);
+        if (i < nl - 1) bad |= arr(mesh, DPAR_F32, 2, batch, sizes[i + 1], "data", &m.pre[i]) != DPAR_OK;
     }
     bad = bad || arr(mesh, DPAR_I32, 1, batch, 0, "data", &m.y) || arr(mesh, DPAR_F32, 1, n, 0, "data", &m.loss);
     if (bad) { fprintf(stderr, "bench_train: setup: %s\n", dpar_last_error()); return 1; }
@@ -156,7 +156,7 @@ static int run(dpar_backend_kind kind, const char *bname, const char *name, int 
     float *xs[NB];
     int32_t *ys[NB];
     for (int k = 0; k < NB; k++) {
-        xs[k] = (float *)malloc((size_t)batch * sizes[0] * 4);
+        xs[k] = (float *)malloc((size_t)batch * (size_t)sizes[0] * 4);
         ys[k] = (int32_t *)malloc((size_t)batch * 4);
         for (int64_t i = 0; i < (int64_t)batch * sizes[0]; i++) xs[k][i] = urand() * 2.0f - 1.0f;
         for (int i = 0; i < batch; i++) ys[k][i] = (int32_t)(rnd() % (uint64_t)sizes[nl]);

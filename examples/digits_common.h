@@ -54,7 +54,7 @@ static inline uint64_t rng_next(void) {
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
 }
-static inline float rng_uniform(void) { return (float)((rng_next() >> 40) * (1.0 / 16777216.0)); }
+static inline float rng_uniform(void) { return (float)((double)(rng_next() >> 40) * (1.0 / 16777216.0)); }
 static inline void shuffle(int *idx, int n) {
     for (int i = n - 1; i > 0; i--) {
         int j = (int)(rng_next() % (uint64_t)(i + 1));

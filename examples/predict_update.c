@@ -136,7 +136,7 @@ int main(int argc, char **argv) {
         float best_z = 0.0f;
         for (int c = 0; c < OUT; c++) {
             float z = 0.0f;
-            for (int k = 0; k < IN; k++) z += (x[r * IN + k] - 0.5f) * T[(size_t)k * OUT + c];
+            for (int k = 0; k < IN; k++) z += (x[r * IN + (size_t)k] - 0.5f) * T[(size_t)k * OUT + (size_t)c];
             if (c == 0 || z > best_z) { best = c; best_z = z; }
         }
         labels[r] = best;

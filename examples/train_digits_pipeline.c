@@ -166,7 +166,7 @@ int main(int argc, char **argv) {
             buf(rt, d1, DPAR_I32, mb, 0, &p.y[k]) || buf(rt, d1, DPAR_F32, mb, hidden, &p.hin[k]) ||
             buf(rt, d1, DPAR_F32, mb, hidden, &p.dhout[k]) || buf(rt, d1, DPAR_F32, 1, 0, &p.loss[k]))
             return fail("activations");
-    if (dpar_buffer_write(p.w1, 0, ds.w1, (size_t)NPIX * hidden * 4) || dpar_buffer_write(p.w2, 0, ds.w2, (size_t)hidden * NCLASS * 4))
+    if (dpar_buffer_write(p.w1, 0, ds.w1, (size_t)NPIX * (size_t)hidden * 4) || dpar_buffer_write(p.w2, 0, ds.w2, (size_t)hidden * NCLASS * 4))
         return fail("init");
     p.sgd.learning_rate = o.lr;
     p.sgd.momentum = o.momentum;
@@ -190,8 +190,8 @@ int main(int argc, char **argv) {
         for (int s = 0; s < steps; s++) {
             digits_batch(&ds, s, batch, xb, yb);
             for (int k = 0; k < M; k++)  /* inputs to stage 0, labels to stage 1 */
-                if (dpar_buffer_write(p.x[k], 0, xb + (size_t)k * mb * NPIX, (size_t)mb * NPIX * 4) ||
-                    dpar_buffer_write(p.y[k], 0, yb + (size_t)k * mb, (size_t)mb * 4))
+                if (dpar_buffer_write(p.x[k], 0, xb + (size_t)k * (size_t)mb * NPIX, (size_t)mb * NPIX * 4) ||
+                    dpar_buffer_write(p.y[k], 0, yb + (size_t)k * (size_t)mb, (size_t)mb * 4))
                     return fail("batch upload");
             if (dpar_shard_map(mesh, &train)) return fail("train step");
             double l = 0.0;

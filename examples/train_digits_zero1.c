@@ -202,7 +202,7 @@ int main(int argc, char **argv) {
             saved_rng = rng_state;
             if (dpar_checkpoint_save(ckpt, ent, n, (uint64_t)e)) return fail("checkpoint save");
             dpar_zero1_destroy(m.zero);
-            float *junk = calloc((size_t)NPIX * hidden, sizeof(float));
+            float *junk = calloc((size_t)NPIX * (size_t)hidden, sizeof(float));
             for (int i = 0; i < NPARAM; i++) if (dpar_array_put(m.param[i], junk)) return fail("wipe");
             free(junk);
             if (dpar_zero1_create(&zd, &m.zero)) return fail("zero1 (again)");

@@ -48,7 +48,7 @@ check-ptx:
 	     echo "check-ptx: $(CU_PTX_H) is stale (or made by another nvcc: $$($(NVCC) --version | tail -1)): run 'make CUDA=1 cuda-kernels' and commit it"; exit 1; fi
 
 check-cuda-abi: backends/dpar_cuda.h $(CU_PTX_H) dpar.h tools/cuda_abi_check.c
-	$(CC) $(CSTD) $(CPPFLAGS) -I$(CUDA_HOME)/include $(WARN) -fsyntax-only tools/cuda_abi_check.c
+	$(CC) $(CSTD) $(CPPFLAGS) -isystem $(CUDA_HOME)/include $(WARN) -fsyntax-only tools/cuda_abi_check.c
 	@echo "check-cuda-abi: backends/dpar_cuda.h matches the CUDA, cuBLAS and NCCL headers in $(CUDA_HOME)/include"
 
 # Rebuild the implementation object when the backend switches or flags change

@@ -453,7 +453,7 @@ static dpar_status psum_d_fn(dpar_ctx *ctx, void *user) {
     int64_t three = 3;
     dpar_buffer *x;
     dpar_status s = dpar_ctx_buffer(ctx, DPAR_F32, 1, &three, &x);
-    float v[3] = { (float)d, 2.0f * d, 3.0f * d };
+    float v[3] = { (float)d, 2.0f * (float)d, 3.0f * (float)d };
     if (!s) s = dpar_buffer_write(x, 0, v, sizeof v);
     if (!s) s = dpar_psum(ctx, x, x, "data");
     if (!s) s = dpar_buffer_read(x, 0, w->out[d], sizeof v);
@@ -781,7 +781,7 @@ static void test_zero_size(void **st) {
 /* Reductions add in mesh order, so the result is bitwise the sequential
    f32 sum x0 + x1 + ... in group order, the same on every member and every run. */
 static float rnd_val(int dev, int i) {
-    uint32_t h = (uint32_t)(dev * 2654435761u) ^ (uint32_t)(i * 40503u + 12345u);
+    uint32_t h = ((uint32_t)dev * 2654435761u) ^ ((uint32_t)i * 40503u + 12345u);
     h ^= h >> 13; h *= 0x5bd1e995u; h ^= h >> 15;
     return ((float)(h % 2000000u) - 1000000.0f) / 7777.0f;
 }

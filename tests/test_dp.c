@@ -362,7 +362,7 @@ static void mt_run(const char *threads, float *c_out, float *p_out) {
     dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 1);
     unsetenv("DPAR_CPU_THREADS");
     dpar_mesh *m = t_mesh1(rt, 1, "data");
-    enum { K = 300, MN = 300, NP = 300 * 1000 };
+    enum { K = 300, MN = 300, NBIG = 300 * 1000 };
     int64_t sa[2] = { K, MN }, sc[2] = { MN, 1000 }, sg[2] = { MN, 1000 };
     mt_job j;
     T_OK(dpar_buffer_create(rt, 0, DPAR_F32, 2, sa, &j.a));
@@ -371,29 +371,29 @@ static void mt_run(const char *threads, float *c_out, float *p_out) {
     T_OK(dpar_buffer_create(rt, 0, DPAR_F32, 2, sg, &j.p));
     T_OK(dpar_buffer_create(rt, 0, DPAR_F32, 2, sg, &j.g));
     T_OK(dpar_buffer_create(rt, 0, DPAR_F32, 2, sg, &j.v));
-    float *h = (float *)malloc(NP * 4);
+    float *h = (float *)malloc(NBIG * 4);
     uint64_t st = 1;
-    for (int i = 0; i < NP; i++) { st = st * 6364136223846793005ull + 1442695040888963407ull; h[i] = (float)((int)(st >> 40) % 2001 - 1000) / 997.0f; }
+    for (int i = 0; i < NBIG; i++) { st = st * 6364136223846793005ull + 1442695040888963407ull; h[i] = (float)((int)(st >> 40) % 2001 - 1000) / 997.0f; }
     T_OK(dpar_buffer_write(j.a, 0, h, (size_t)K * MN * 4));
-    T_OK(dpar_buffer_write(j.b, 0, h + 7, (size_t)NP * 4 - 28));
-    T_OK(dpar_buffer_write(j.p, 0, h, (size_t)NP * 4));
+    T_OK(dpar_buffer_write(j.b, 0, h + 7, (size_t)NBIG * 4 - 28));
+    T_OK(dpar_buffer_write(j.p, 0, h, (size_t)NBIG * 4));
     free(h);
     dpar_shard_map_desc sd;
     memset(&sd, 0, sizeof sd);
     sd.fn = mt_step; sd.user = &j;
     T_OK(dpar_shard_map(m, &sd));
-    T_OK(dpar_buffer_read(j.c, 0, c_out, (size_t)NP * 4));
-    T_OK(dpar_buffer_read(j.p, 0, p_out, (size_t)NP * 4));
+    T_OK(dpar_buffer_read(j.c, 0, c_out, (size_t)NBIG * 4));
+    T_OK(dpar_buffer_read(j.p, 0, p_out, (size_t)NBIG * 4));
     dpar_runtime_destroy(rt);
 }
 static void test_threads_bitwise(void **state) {
     (void)state;
-    enum { NP = 300 * 1000 };
-    float *c1 = (float *)malloc(NP * 4), *p1 = (float *)malloc(NP * 4), *c3 = (float *)malloc(NP * 4), *p3 = (float *)malloc(NP * 4);
+    enum { NBIG = 300 * 1000 };
+    float *c1 = (float *)malloc(NBIG * 4), *p1 = (float *)malloc(NBIG * 4), *c3 = (float *)malloc(NBIG * 4), *p3 = (float *)malloc(NBIG * 4);
     mt_run("1", c1, p1);
     mt_run("3", c3, p3);
-    assert_memory_equal(c1, c3, (size_t)NP * 4);
-    assert_memory_equal(p1, p3, (size_t)NP * 4);
+    assert_memory_equal(c1, c3, (size_t)NBIG * 4);
+    assert_memory_equal(p1, p3, (size_t)NBIG * 4);
     free(c1); free(p1); free(c3); free(p3);
 }
 

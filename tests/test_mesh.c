@@ -452,7 +452,7 @@ static void array_specs_on(dpar_mesh *m) {
             T_OK(dpar_array_create(m, &ad, &a));
             size_t es = dpar_dtype_size(dts[t]), cnt = (size_t)(cases[ci].s0 * cases[ci].s1);
             unsigned char host[256], back[256];
-            for (size_t i = 0; i < cnt * es; i++) host[i] = (unsigned char)(i * 37 + 11 + t);
+            for (size_t i = 0; i < cnt * es; i++) host[i] = (unsigned char)(i * 37 + 11 + (size_t)t);
             T_OK(dpar_array_put(a, host));
             memset(back, 0, sizeof back);
             T_OK(dpar_array_get(a, back));

@@ -560,7 +560,7 @@ static void test_ops_in_pmap(void **st) {
     memset(&sd, 0, sizeof sd);
     sd.fn = op_fn; sd.user = res;
     T_OK(dpar_shard_map(m, &sd));
-    for (int d = 0; d < 2; d++) for (int k = 0; k < 4; k++) assert_true(res[d * 4 + k] == 2.0f * (d + 1) * (d + 1));
+    for (int d = 0; d < 2; d++) for (int k = 0; k < 4; k++) assert_true(res[d * 4 + k] == 2.0f * (float)(d + 1) * (float)(d + 1));
     dpar_mesh_destroy(m);
 }
 

@@ -142,7 +142,7 @@ static dpar_status clip_fn(dpar_ctx *ctx, void *user) {
     cl *w = (cl *)user;
     int d = dpar_ctx_device(ctx);
     /* two gradient buffers per device: [3, 4] * (d+1) and [12] * (d+1) (norm 5 (d+1), 13 (d+1)) */
-    float g1[2] = { 3.0f * (d + 1), 4.0f * (d + 1) }, g2[1] = { 12.0f * (d + 1) };
+    float g1[2] = { 3.0f * (float)(d + 1), 4.0f * (float)(d + 1) }, g2[1] = { 12.0f * (float)(d + 1) };
     if (w->variant == 1 && d == 2) g2[0] = NAN;
     dpar_buffer *a = NULL, *b = NULL, *p1 = NULL, *p2 = NULL;
     int64_t two = 2, one = 1;
@@ -186,13 +186,13 @@ static void test_clip_global_norm(void **st) {
     run_clip(m, &w);
     for (int d = 0; d < 4; d++) {
         assert_int_equal(w.st[d], DPAR_OK);
-        assert_true(w.norm[d] == 13.0f * (d + 1));
-        float want = d == 0 ? 1.0f : 26.0f / (13.0f * (d + 1)); /* norm 26 == clip -> clip/norm = 1 */
+        assert_true(w.norm[d] == 13.0f * (float)(d + 1));
+        float want = d == 0 ? 1.0f : 26.0f / (13.0f * (float)(d + 1)); /* norm 26 == clip -> clip/norm = 1 */
         assert_true(w.scale[d] == want);
         /* param = 1 - lr * scale * grad */
-        assert_true(w.params[d][0] == 1.0f - (3.0f * (d + 1)) * want);
-        assert_true(w.params[d][1] == 1.0f - (4.0f * (d + 1)) * want);
-        assert_true(w.params[d][2] == 1.0f - (12.0f * (d + 1)) * want);
+        assert_true(w.params[d][0] == 1.0f - (3.0f * (float)(d + 1)) * want);
+        assert_true(w.params[d][1] == 1.0f - (4.0f * (float)(d + 1)) * want);
+        assert_true(w.params[d][2] == 1.0f - (12.0f * (float)(d + 1)) * want);
     }
     /* sharded gradients: squared norms psum'd over 'data': 169 (1 + 4 + 9 + 16) = 5070 */
     memset(&w, 0, sizeof w);
@@ -210,7 +210,7 @@ static void test_clip_global_norm(void **st) {
     memset(&w, 0, sizeof w);
     w.clip = 1000.0f; w.axes = "data";
     run_clip(m, &w);
-    for (int d = 0; d < 4; d++) { assert_true(w.scale[d] == 1.0f); assert_true(w.params[d][0] == 1.0f - 3.0f * (d + 1)); }
+    for (int d = 0; d < 4; d++) { assert_true(w.scale[d] == 1.0f); assert_true(w.params[d][0] == 1.0f - 3.0f * (float)(d + 1)); }
     /* clipping off: scale 1 whatever the norm */
     memset(&w, 0, sizeof w);
     w.clip = 0.0f;

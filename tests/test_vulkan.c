@@ -101,9 +101,9 @@ static void check_psum(int staging) {
     T_OK(run_all(m, psum_fn, res));
     for (int d = 0; d < 2; d++)
         for (int i = 0; i < PSUM_N; i++) {
-            if (res[d * 2 * PSUM_N + i] != 2.0f * (i + 1))
+            if (res[d * 2 * PSUM_N + i] != 2.0f * (float)(i + 1))
                 fail_msg("device %d out[%d] = %g, want %g", d, i, res[d * 2 * PSUM_N + i], 2.0 * (i + 1));
-            if (i >= 17 && res[d * 2 * PSUM_N + PSUM_N + i] != 2.0f * (i + 1))
+            if (i >= 17 && res[d * 2 * PSUM_N + PSUM_N + i] != 2.0f * (float)(i + 1))
                 fail_msg("device %d in-place[%d] = %g, want %g", d, i, res[d * 2 * PSUM_N + PSUM_N + i], 2.0 * (i + 1));
         }
     free(res);
@@ -180,7 +180,7 @@ static dpar_status big_fn(dpar_ctx *ctx, int dev, void *user) {
         if ((s = dpar_buffer_read(out, 0, h, (size_t)r->count * es))) { free(h); return s; }
         for (int64_t i = 0; i < r->count && !r->bad; i += 1) {
             double want = op == DPAR_SUM ? (double)((i % 97) * n + n * (n - 1) / 2) : (double)(i % 97 + n - 1);
-            double got = r->dt == DPAR_F32 ? ((float *)h)[i] : r->dt == DPAR_I32 ? ((int32_t *)h)[i]
+            double got = r->dt == DPAR_F32 ? ((float *)h)[i] : r->dt == DPAR_I32 ? (float)((int32_t *)h)[i]
                        : r->dt == DPAR_F16 ? dpar_f16_to_f32(((uint16_t *)h)[i]) : dpar_bf16_to_f32(((uint16_t *)h)[i]);
             if (r->dt == DPAR_BF16 && want > 256) want = dpar_bf16_to_f32(dpar_f32_to_bf16((float)want));
             if (got != want) { r->bad = 1; r->bad_index = i; r->got = got; r->want = want; }
@@ -326,7 +326,7 @@ static void check_two_physical(int staging) {
     for (int d = 0; d < 4; d++)
         for (int i = 0; i < 8; i++) {
             assert_true(r.got[d][i] == 20.0f);               /* 2 * (1 + 2 + 3 + 4) */
-            if (i < 4) assert_true(r.gathered[d][i] == 2.0f * (i + 1));
+            if (i < 4) assert_true(r.gathered[d][i] == 2.0f * (float)(i + 1));
         }
     dpar_mesh_destroy(m);
     dpar_runtime_destroy(rt);
