@@ -3139,253 +3139,352 @@ static dpar_status dpar__coll_fail(dpar_ctx *ctx, dpar_status s) {
     return s;
 }
 
-/* Executes one collective for one member (blocking). */
-static dpar_status dpar__coll_exec(dpar_ctx *ctx, const dpar__cargs *a) {
+/* One member's call as it moves through the phases of dpar__coll_exec. */
+typedef struct dpar__call {
+    dpar__coll c;                   /* what the backend / the host work sees */
+    dpar__coll_state st;            /* c.ctx points here */
+    dpar__post post;                /* what this member asked for, checked against the others */
+    int src_of[DPAR_MAX_DEVICES];   /* PERMUTE: c.src_of points here */
+    dpar__group *g;
+    const dpar_buffer *in;
+    dpar_buffer *out;
+    int use_backend;                /* the backend's collective, else the core's host path */
+} dpar__call;
+
+/* Host path: this member's data as host-visible views (mapped or staged). */
+typedef struct dpar__stage {
+    char *in_h, *out_h, *scratch;   /* scratch: PERMUTE in place, the result before copy-back */
+    int in_mapped, out_mapped;
+} dpar__stage;
+
+/* The group of the call and the checks every kind shares: buffers on this
+   device, one dtype. Fills k->c and k->post with what every kind uses. */
+static dpar_status dpar__coll_begin(dpar_ctx *ctx, const dpar__cargs *a, dpar__call *k) {
     const char *name = dpar__coll_name(a->kind, a->op);
-    dpar__coll_state st;
-    st.ctx = ctx;
-    snprintf(st.what, sizeof st.what, "%s over axis '%s'", name, a->axes);
+    k->st.ctx = ctx;
+    snprintf(k->st.what, sizeof k->st.what, "%s over axis '%s'", name, a->axes);
     if (DPAR__ATOMIC_LOAD(&ctx->job->abort))
-        return dpar__err(DPAR_ERR_ABORTED, "%s: stopped because another device failed first", st.what);
+        return dpar__err(DPAR_ERR_ABORTED, "%s: stopped because another device failed first", k->st.what);
     dpar_mesh *m = ctx->mesh;
     unsigned mask;
     dpar_status s = dpar__parse_axes(m, name, a->axes, &mask, NULL, NULL);
     if (s) return dpar__coll_fail(ctx, s);
     int gid, rank;
     dpar__group_of(m, mask, ctx->pos, &gid, &rank);
-    dpar__group *g = &m->groups[mask][gid];
-    int n = g->n;
-    const dpar_buffer *in = a->in;
-    dpar_buffer *out = a->out;
-    if (!in || !out) return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: input or output buffer is NULL", st.what));
+    dpar__group *g = k->g = &m->groups[mask][gid];
+    const dpar_buffer *in = k->in = a->in;
+    dpar_buffer *out = k->out = a->out;
+    if (!in || !out)
+        return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: input or output buffer is NULL", k->st.what));
     if (in->gdev != ctx->device || out->gdev != ctx->device || in->rt != ctx->rt || out->rt != ctx->rt)
-        return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s on device %d: the buffers live on devices %d (in) and %d (out); "
-                                              "use this device's buffers", st.what, ctx->device, in->gdev, out->gdev));
+        return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s on device %d: the buffers live on devices %d (in) "
+                                              "and %d (out); use this device's buffers", k->st.what, ctx->device, in->gdev, out->gdev));
     if (in->dtype != out->dtype)
-        return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_DTYPE, "%s: input is %s but output is %s; they must match", st.what,
+        return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_DTYPE, "%s: input is %s but output is %s; they must match", k->st.what,
                                               dpar_dtype_name(in->dtype), dpar_dtype_name(out->dtype)));
-    dpar__coll c;
-    memset(&c, 0, sizeof c);
-    c.kind = a->kind; c.op = a->op; c.dtype = in->dtype; c.n = n; c.rank = rank; c.devices = g->devices;
-    c.in = (dpar_buffer *const *)g->in_bufs; c.out = (dpar_buffer *const *)g->out_bufs;
-    c.count = in->count; c.group = g; c.ctx = &st; c.ndim = in->ndim;
-    for (int d = 0; d < in->ndim; d++) c.in_shape[d] = in->shape[d];
-    int64_t want[DPAR_MAX_DIMS];
-    int want_nd = in->ndim;
-    for (int d = 0; d < in->ndim; d++) want[d] = in->shape[d];
-    int src_of[DPAR_MAX_DEVICES];
-    dpar__post post;
-    memset(&post, 0, sizeof post);
+    dpar__coll *c = &k->c;
+    c->kind = a->kind; c->op = a->op; c->dtype = in->dtype; c->n = g->n; c->rank = rank; c->devices = g->devices;
+    c->in = (dpar_buffer *const *)g->in_bufs; c->out = (dpar_buffer *const *)g->out_bufs;
+    c->count = in->count; c->group = g; c->ctx = &k->st; c->ndim = in->ndim;
+    for (int d = 0; d < in->ndim; d++) c->in_shape[d] = in->shape[d];
+    dpar__post *p = &k->post;
+    p->kind = (int)a->kind; p->op = (int)a->op; p->dtype = (int)in->dtype; p->in_count = in->count; p->out_count = out->count;
+    p->ndim = in->ndim;
+    for (int d = 0; d < in->ndim && d < DPAR_MAX_DIMS; d++) p->shape[d] = in->shape[d];
+    p->dim = a->dim; p->tiled = a->tiled; p->split_dim = a->split_dim; p->concat_dim = a->concat_dim; p->name = name;
+    return DPAR_OK;
+}
+
+/* PERMUTE: the pairs name group positions, each source and destination at
+   most once; members compare their pairs by hash. */
+static dpar_status dpar__coll_check_pairs(dpar_ctx *ctx, const dpar__cargs *a, dpar__call *k) {
+    int n = k->c.n, is_src[DPAR_MAX_DEVICES];
+    for (int i = 0; i < n; i++) { k->src_of[i] = -1; is_src[i] = 0; }
+    uint64_t h = 1469598103934665603ull;
+    if (a->npairs < 0 || a->npairs > n)
+        return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: %d pairs for a %d-device group", k->st.what, a->npairs, n));
+    for (int i = 0; i < a->npairs; i++) {
+        int sidx = a->pairs[2 * i], didx = a->pairs[2 * i + 1];
+        if (sidx < 0 || sidx >= n || didx < 0 || didx >= n)
+            return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: pair %d (%d -> %d) is outside the group positions "
+                                                  "0..%d", k->st.what, i, sidx, didx, n - 1));
+        if (is_src[sidx] || k->src_of[didx] >= 0)
+            return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: pair %d (%d -> %d) repeats a source or "
+                                                  "destination; each may appear once", k->st.what, i, sidx, didx));
+        is_src[sidx] = 1;
+        k->src_of[didx] = sidx;
+        h = (h ^ (uint64_t)(sidx * 1024 + didx)) * UINT64_C(1099511628211);
+    }
+    k->post.pairs_hash = h;
+    k->c.src_of = k->src_of;
+    return DPAR_OK;
+}
+
+/* The kinds whose output has the input's element count: ALL_REDUCE,
+   BROADCAST, PERMUTE. */
+static dpar_status dpar__coll_check_same(dpar_ctx *ctx, const dpar__cargs *a, dpar__call *k) {
+    const dpar_buffer *in = k->in, *out = k->out;
+    int n = k->c.n;
+    if (out->count != in->count) {
+        char x[160], y[160];
+        return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_SHAPE, "%s: output %s has %lld elements but input %s has %lld; they must "
+                                              "match", k->st.what, dpar__shape_str(x, sizeof x, out->ndim, out->shape),
+                                              (long long)out->count, dpar__shape_str(y, sizeof y, in->ndim, in->shape),
+                                              (long long)in->count));
+    }
+    if (a->kind == DPAR__COLL_BROADCAST && (a->root < 0 || a->root >= n))
+        return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: root %d is not a position in the %d-device group",
+                                              k->st.what, a->root, n));
+    if (a->kind == DPAR__COLL_PERMUTE) {
+        dpar_status s = dpar__coll_check_pairs(ctx, a, k);
+        if (s) return s;
+    }
+    k->c.root = a->root;
+    k->post.root = a->root;
+    k->post.dim = 0; k->post.tiled = 0;
+    return DPAR_OK;
+}
+
+/* ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL: dims in range and dividing the
+   group; want / *want_nd: the output shape the group needs. */
+static dpar_status dpar__coll_check_layout(dpar_ctx *ctx, const dpar__cargs *a, dpar__call *k, int64_t *want, int *want_nd) {
+    const dpar_buffer *in = k->in;
+    const char *what = k->st.what;
+    int n = k->c.n;
+    dpar__coll *c = &k->c;
     switch (a->kind) {
-    case DPAR__COLL_ALL_REDUCE:
-    case DPAR__COLL_BROADCAST:
-    case DPAR__COLL_PERMUTE:
-        if (out->count != in->count) {
-            char x[160], y[160];
-            return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_SHAPE, "%s: output %s has %lld elements but input %s has %lld; they must match", st.what,
-                                                  dpar__shape_str(x, sizeof x, out->ndim, out->shape), (long long)out->count,
-                                                  dpar__shape_str(y, sizeof y, in->ndim, in->shape), (long long)in->count));
-        }
-        want_nd = -1;
-        if (a->kind == DPAR__COLL_BROADCAST && (a->root < 0 || a->root >= n))
-            return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: root %d is not a position in the %d-device group", st.what, a->root, n));
-        if (a->kind == DPAR__COLL_PERMUTE) {
-            int is_src[DPAR_MAX_DEVICES];
-            for (int i = 0; i < n; i++) { src_of[i] = -1; is_src[i] = 0; }
-            uint64_t h = 1469598103934665603ull;
-            if (a->npairs < 0 || a->npairs > n)
-                return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: %d pairs for a %d-device group", st.what, a->npairs, n));
-            for (int i = 0; i < a->npairs; i++) {
-                int sidx = a->pairs[2 * i], didx = a->pairs[2 * i + 1];
-                if (sidx < 0 || sidx >= n || didx < 0 || didx >= n)
-                    return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: pair %d (%d -> %d) is outside the group positions 0..%d",
-                                                          st.what, i, sidx, didx, n - 1));
-                if (is_src[sidx] || src_of[didx] >= 0)
-                    return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: pair %d (%d -> %d) repeats a source or destination; "
-                                                          "each may appear once", st.what, i, sidx, didx));
-                is_src[sidx] = 1;
-                src_of[didx] = sidx;
-                h = (h ^ (uint64_t)(sidx * 1024 + didx)) * UINT64_C(1099511628211);
-            }
-            post.pairs_hash = h;
-            c.src_of = src_of;
-        }
-        c.root = a->root;
-        post.root = a->root;
-        break;
     case DPAR__COLL_ALL_GATHER: {
         int lim = a->tiled ? in->ndim - 1 : in->ndim;
         if (a->dim < 0 || a->dim > lim)
-            return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: dim %d is out of range 0..%d for a %d-d input", st.what, a->dim, lim, in->ndim));
+            return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: dim %d is out of range 0..%d for a %d-d input",
+                                                  what, a->dim, lim, in->ndim));
         if (!a->tiled && in->ndim + 1 > DPAR_MAX_DIMS)
-            return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: stacking would exceed %d dims", st.what, (int)DPAR_MAX_DIMS));
-        c.outer = dpar__prod(in->shape, a->dim);
-        c.inner = a->dim < in->ndim ? dpar__prod(in->shape + a->dim, in->ndim - a->dim) : 1;
+            return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: stacking would exceed %d dims", what,
+                                                  (int)DPAR_MAX_DIMS));
+        c->outer = dpar__prod(in->shape, a->dim);
+        c->inner = a->dim < in->ndim ? dpar__prod(in->shape + a->dim, in->ndim - a->dim) : 1;
         if (a->tiled) want[a->dim] *= n;
-        else { for (int d = in->ndim; d > a->dim; d--) want[d] = want[d - 1]; want[a->dim] = n; want_nd = in->ndim + 1; }
-        break;
+        else { for (int d = in->ndim; d > a->dim; d--) want[d] = want[d - 1]; want[a->dim] = n; *want_nd = in->ndim + 1; }
+        return DPAR_OK;
     }
     case DPAR__COLL_REDUCE_SCATTER:
         if (a->dim < 0 || a->dim >= in->ndim)
-            return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: dim %d is out of range 0..%d for a %d-d input", st.what, a->dim, in->ndim - 1, in->ndim));
+            return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: dim %d is out of range 0..%d for a %d-d input",
+                                                  what, a->dim, in->ndim - 1, in->ndim));
         if (a->tiled ? (in->shape[a->dim] % n != 0) : (in->shape[a->dim] != n))
-            return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_SHAPE, "%s: dimension %d has size %lld, which %s the %d devices of the group; %s", st.what, a->dim,
-                                                  (long long)in->shape[a->dim], a->tiled ? "is not divisible by" : "is not equal to", n,
-                                                  a->tiled ? "pad it to a multiple of the group size" : "use tiled = true to split a longer dimension"));
-        c.outer = dpar__prod(in->shape, a->dim);
-        c.inner = dpar__prod(in->shape + a->dim, in->ndim - a->dim) / (n ? n : 1);
+            return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_SHAPE, "%s: dimension %d has size %lld, which %s the %d devices of the "
+                                                  "group; %s", what, a->dim, (long long)in->shape[a->dim],
+                                                  a->tiled ? "is not divisible by" : "is not equal to", n,
+                                                  a->tiled ? "pad it to a multiple of the group size"
+                                                           : "use tiled = true to split a longer dimension"));
+        c->outer = dpar__prod(in->shape, a->dim);
+        c->inner = dpar__prod(in->shape + a->dim, in->ndim - a->dim) / (n ? n : 1);
         if (a->tiled) want[a->dim] /= n;
-        else { for (int d = a->dim; d < in->ndim - 1; d++) want[d] = want[d + 1]; want_nd = in->ndim - 1; }
-        break;
+        else { for (int d = a->dim; d < in->ndim - 1; d++) want[d] = want[d + 1]; *want_nd = in->ndim - 1; }
+        return DPAR_OK;
     case DPAR__COLL_ALL_TO_ALL:
         if (a->split_dim < 0 || a->split_dim >= in->ndim || a->concat_dim < 0 || a->concat_dim >= in->ndim)
-            return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: split_dim %d / concat_dim %d out of range for a %d-d input", st.what,
-                                                  a->split_dim, a->concat_dim, in->ndim));
+            return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: split_dim %d / concat_dim %d out of range for a "
+                                                  "%d-d input", what, a->split_dim, a->concat_dim, in->ndim));
         if (in->shape[a->split_dim] % n)
-            return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_SHAPE, "%s: split dimension %d has size %lld, which is not divisible by the %d devices of the group",
-                                                  st.what, a->split_dim, (long long)in->shape[a->split_dim], n));
-        c.split_dim = a->split_dim; c.concat_dim = a->concat_dim;
+            return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_SHAPE, "%s: split dimension %d has size %lld, which is not divisible by "
+                                                  "the %d devices of the group", what, a->split_dim,
+                                                  (long long)in->shape[a->split_dim], n));
+        c->split_dim = a->split_dim; c->concat_dim = a->concat_dim;
         want[a->split_dim] /= n;
         want[a->concat_dim] *= n;
-        break;
+        return DPAR_OK;
     default:
         return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_INVALID_ARGUMENT, "collective: unknown kind %d", (int)a->kind));
     }
-    if (want_nd >= 0) {
-        int ok = out->ndim == want_nd;
-        for (int d = 0; ok && d < want_nd; d++) ok = out->shape[d] == want[d];
-        if (!ok) {
-            char x[160], y[160];
-            return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_SHAPE, "%s: output has shape %s but a %d-device group needs %s", st.what,
-                                                  dpar__shape_str(x, sizeof x, out->ndim, out->shape), n, dpar__shape_str(y, sizeof y, want_nd, want)));
-        }
-        if (out == in && in->count > 0)
-            return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: cannot run in place; give a separate output buffer", st.what));
-    }
-    post.kind = (int)a->kind; post.op = (int)a->op; post.dtype = (int)in->dtype; post.in_count = in->count; post.out_count = out->count;
-    post.ndim = in->ndim;
-    for (int d = 0; d < in->ndim && d < DPAR_MAX_DIMS; d++) post.shape[d] = in->shape[d];
-    post.dim = a->dim; post.tiled = a->tiled; post.split_dim = a->split_dim; post.concat_dim = a->concat_dim; post.name = name;
-    if (a->kind == DPAR__COLL_ALL_REDUCE || a->kind == DPAR__COLL_BROADCAST || a->kind == DPAR__COLL_PERMUTE) { post.dim = 0; post.tiled = 0; }
+}
 
-    dpar_runtime *rt = ctx->rt;
-    const dpar__backend_iface *be = rt->be;
-    void *bs = rt->bstate;
-    int dev = in->device; /* backend-local index */
-    /* a group across processes runs on the backend only where every process's
-       backend can (CUDA: NCCL across processes), else on the host over MPI */
-    int use_backend = be->collective != NULL && (!g->cross || rt->xbackend);
-    /* host path: make this member's data host visible */
-    char *in_h = NULL, *out_h = NULL, *scratch = NULL;
-    int in_mapped = 0, out_mapped = 0;
-    if (!use_backend) {
-        in_h = be->host_ptr ? (char *)be->host_ptr(bs, dev, in->mem) : NULL;
-        out_h = be->host_ptr ? (char *)be->host_ptr(bs, dev, out->mem) : NULL;
-        in_mapped = in_h != NULL;
-        out_mapped = out == in ? in_mapped : out_h != NULL;
-        size_t need = (in_mapped ? 0 : in->nbytes) + ((out_mapped || out == in) ? 0 : out->nbytes) +
-                      (a->kind == DPAR__COLL_PERMUTE ? out->nbytes : 0);
-        if (!dpar__grow(&g->stage[rank], &g->stage_cap[rank], need ? need : 1))
-            return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_OUT_OF_MEMORY, "%s: out of host memory for %zu staging bytes", st.what, need));
-        char *sp = (char *)g->stage[rank];
-        if (in_mapped) {
-            if (be->host_acquire && in->nbytes) { s = be->host_acquire(bs, dev, in->mem, 0, in->nbytes); if (s) return dpar__coll_fail(ctx, s); }
-        } else {
-            in_h = sp; sp += in->nbytes;
-            if (in->nbytes) { s = be->read(bs, dev, in->mem, 0, in_h, in->nbytes); if (s) return dpar__coll_fail(ctx, s); }
-        }
-        if (out == in) {
-            out_h = in_h;
-        } else if (out_mapped) {
-            if (be->host_acquire && out->nbytes) { s = be->host_acquire(bs, dev, out->mem, 0, out->nbytes); if (s) return dpar__coll_fail(ctx, s); }
-        } else {
-            out_h = sp; sp += out->nbytes;
-        }
-        if (a->kind == DPAR__COLL_PERMUTE && out_h == in_h) scratch = sp;
-    }
-    g->posts[rank] = post;
-    g->in_bufs[rank] = (dpar_buffer *)in;
-    g->out_bufs[rank] = out;
-    g->in_ptr[rank] = in_h;
-    g->out_ptr[rank] = out_h;
-    s = dpar__barrier(g, rank, ctx, st.what);
+/* Per-kind validation: arguments, then the output's shape. */
+static dpar_status dpar__coll_check(dpar_ctx *ctx, const dpar__cargs *a, dpar__call *k) {
+    const dpar_buffer *in = k->in, *out = k->out;
+    if (a->kind == DPAR__COLL_ALL_REDUCE || a->kind == DPAR__COLL_BROADCAST || a->kind == DPAR__COLL_PERMUTE)
+        return dpar__coll_check_same(ctx, a, k);
+    int64_t want[DPAR_MAX_DIMS];
+    int want_nd = in->ndim;
+    for (int d = 0; d < in->ndim; d++) want[d] = in->shape[d];
+    dpar_status s = dpar__coll_check_layout(ctx, a, k, want, &want_nd);
     if (s) return s;
-    /* every member checks every post the same way, so all get the same verdict */
-    const int L = g->leader;
-    for (int j = 0; j < n; j++) {
-        if (j == L || !dpar__is_local(rt, g->devices[j])) continue;
-        if (!dpar__post_eq(&g->posts[L], &g->posts[j])) {
-            char x[200], y[200];
-            dpar__post_str(&g->posts[L], x, sizeof x);
-            dpar__post_str(&g->posts[j], y, sizeof y);
-            s = dpar__err(DPAR_ERR_COLLECTIVE_MISMATCH,
-                          "%s (collective #%llu of this group): device %d called %s but device %d called %s; every member of a group "
-                          "must call the same collective, in the same order, with the same dtype and element count (all_gather, "
-                          "psum_scatter, all_to_all: the same shape)",
-                          st.what, (unsigned long long)g->seq, g->devices[L], x, g->devices[j], y);
-            return dpar__coll_fail(ctx, s);
-        }
+    int ok = out->ndim == want_nd;
+    for (int d = 0; ok && d < want_nd; d++) ok = out->shape[d] == want[d];
+    if (!ok) {
+        char x[160], y[160];
+        return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_SHAPE, "%s: output has shape %s but a %d-device group needs %s", k->st.what,
+                                              dpar__shape_str(x, sizeof x, out->ndim, out->shape), k->c.n,
+                                              dpar__shape_str(y, sizeof y, want_nd, want)));
     }
-    if (use_backend) {
-        int ldevs[DPAR_MAX_DEVICES];
-        for (int j = 0; j < n; j++) ldevs[j] = dpar__is_local(rt, g->devices[j]) ? g->devices[j] - rt->local_base : -1;
-        c.devices = ldevs;
-        if (g->cross) {
-            /* the leader checks the call against the other processes (and
-               sends the backend's bootstrap id on first use); then every
-               member runs it on the backend */
-            if (rank == L) {
-                g->xstatus = dpar__transport_get()->coll_agree(ctx, g, st.what);
-                if (g->xstatus) { snprintf(g->xmsg, DPAR__ERR_LEN, "%s", dpar__err_text); g->seq++; }
-            }
-            s = dpar__barrier_t(g, rank, ctx, st.what, 3);
-            if (s) return s;
-            if (g->xstatus) {
-                dpar__err(g->xstatus, "%s", g->xmsg);
-                return dpar__coll_fail(ctx, g->xstatus);
-            }
-            c.cross = 1;
-            c.gdevices = g->devices;
-            c.xid = dpar__transport_get()->group_xid(g);
-        }
-        s = be->collective(bs, &c);
-        if (s) return dpar__coll_fail(ctx, s);
-        if (rank == L) g->seq++;
-        /* nobody may post the next call while a member still reads this one's records */
-        return dpar__barrier(g, rank, ctx, st.what);
-    }
-    if (g->cross) {
-        /* the leader runs the part across processes; the others wait for it */
-        if (rank == L) {
-            g->xstatus = dpar__transport_get()->coll(ctx, g, &c, st.what);
-            if (g->xstatus) snprintf(g->xmsg, DPAR__ERR_LEN, "%s", dpar__err_text);
-            g->seq++;
-        }
-        s = dpar__barrier_t(g, rank, ctx, st.what, 3);
-        if (s) return s;
-        if (g->xstatus) {
-            dpar__err(g->xstatus, "%s", g->xmsg);
-            return dpar__coll_fail(ctx, g->xstatus);
-        }
-        if (c.kind != DPAR__COLL_ALL_REDUCE && c.kind != DPAR__COLL_BROADCAST) {
-            dpar__host_work(&c, (char *const *)g->xin_ptr, (char *const *)g->out_ptr, scratch);
-            s = dpar__barrier(g, rank, ctx, st.what);
-            if (s) return s;
-        }
+    if (out == in && in->count > 0)
+        return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: cannot run in place; give a separate output buffer",
+                                              k->st.what));
+    return DPAR_OK;
+}
+
+/* Host path: makes this member's input and output host visible (mapped in
+   place, else copied into the member's staging memory). */
+static dpar_status dpar__coll_stage_in(dpar_ctx *ctx, dpar__call *k, dpar__stage *io) {
+    const dpar__backend_iface *be = ctx->rt->be;
+    void *bs = ctx->rt->bstate;
+    const dpar_buffer *in = k->in;
+    dpar_buffer *out = k->out;
+    dpar__group *g = k->g;
+    int dev = in->device, rank = k->c.rank; /* backend-local index */
+    dpar_status s;
+    io->in_h = be->host_ptr ? (char *)be->host_ptr(bs, dev, in->mem) : NULL;
+    io->out_h = be->host_ptr ? (char *)be->host_ptr(bs, dev, out->mem) : NULL;
+    io->in_mapped = io->in_h != NULL;
+    io->out_mapped = out == in ? io->in_mapped : io->out_h != NULL;
+    size_t need = (io->in_mapped ? 0 : in->nbytes) + ((io->out_mapped || out == in) ? 0 : out->nbytes) +
+                  (k->c.kind == DPAR__COLL_PERMUTE ? out->nbytes : 0);
+    if (!dpar__grow(&g->stage[rank], &g->stage_cap[rank], need ? need : 1))
+        return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_OUT_OF_MEMORY, "%s: out of host memory for %zu staging bytes", k->st.what,
+                                              need));
+    char *sp = (char *)g->stage[rank];
+    if (io->in_mapped) {
+        if (be->host_acquire && in->nbytes && (s = be->host_acquire(bs, dev, in->mem, 0, in->nbytes))) return dpar__coll_fail(ctx, s);
     } else {
-        dpar__host_work(&c, (char *const *)g->in_ptr, (char *const *)g->out_ptr, scratch);
-        if (rank == L) g->seq++;
-        s = dpar__barrier(g, rank, ctx, st.what);
-        if (s) return s;
+        io->in_h = sp; sp += in->nbytes;
+        if (in->nbytes && (s = be->read(bs, dev, in->mem, 0, io->in_h, in->nbytes))) return dpar__coll_fail(ctx, s);
     }
-    if (scratch && out->nbytes) memcpy(out_h, scratch, out->nbytes);
-    if (out_mapped) {
-        if (be->host_release && out->nbytes) s = be->host_release(bs, dev, out->mem, 0, out->nbytes);
+    if (out == in) {
+        io->out_h = io->in_h;
+    } else if (io->out_mapped) {
+        if (be->host_acquire && out->nbytes && (s = be->host_acquire(bs, dev, out->mem, 0, out->nbytes)))
+            return dpar__coll_fail(ctx, s);
+    } else {
+        io->out_h = sp; sp += out->nbytes;
+    }
+    if (k->c.kind == DPAR__COLL_PERMUTE && io->out_h == io->in_h) io->scratch = sp;
+    return DPAR_OK;
+}
+
+/* Posts this member's call and views in the group, waits for every member,
+   then checks every post against the leader's (every member checks the same
+   way, so all get the same verdict). */
+static dpar_status dpar__coll_match(dpar_ctx *ctx, dpar__call *k, const dpar__stage *io) {
+    dpar__group *g = k->g;
+    int rank = k->c.rank;
+    g->posts[rank] = k->post;
+    g->in_bufs[rank] = (dpar_buffer *)k->in;
+    g->out_bufs[rank] = k->out;
+    g->in_ptr[rank] = io->in_h;
+    g->out_ptr[rank] = io->out_h;
+    dpar_status s = dpar__barrier(g, rank, ctx, k->st.what);
+    if (s) return s;
+    const int L = g->leader;
+    for (int j = 0; j < g->n; j++) {
+        if (j == L || !dpar__is_local(ctx->rt, g->devices[j])) continue;
+        if (dpar__post_eq(&g->posts[L], &g->posts[j])) continue;
+        char x[200], y[200];
+        dpar__post_str(&g->posts[L], x, sizeof x);
+        dpar__post_str(&g->posts[j], y, sizeof y);
+        s = dpar__err(DPAR_ERR_COLLECTIVE_MISMATCH,
+                      "%s (collective #%llu of this group): device %d called %s but device %d called %s; every member of a group "
+                      "must call the same collective, in the same order, with the same dtype and element count (all_gather, "
+                      "psum_scatter, all_to_all: the same shape)",
+                      k->st.what, (unsigned long long)g->seq, g->devices[L], x, g->devices[j], y);
+        return dpar__coll_fail(ctx, s);
+    }
+    return DPAR_OK;
+}
+
+/* A group across processes: the leader runs the transport's part (the
+   call's check with the other processes, or with agree_only == 0 the host
+   collective across them), the others wait; every member returns its status. */
+static dpar_status dpar__coll_cross(dpar_ctx *ctx, dpar__call *k, int agree_only) {
+    dpar__group *g = k->g;
+    int rank = k->c.rank;
+    if (rank == g->leader) {
+        const dpar__transport *t = dpar__transport_get();
+        g->xstatus = agree_only ? t->coll_agree(ctx, g, k->st.what) : t->coll(ctx, g, &k->c, k->st.what);
+        if (g->xstatus) snprintf(g->xmsg, DPAR__ERR_LEN, "%s", dpar__err_text);
+        if (g->xstatus || !agree_only) g->seq++;
+    }
+    dpar_status s = dpar__barrier_t(g, rank, ctx, k->st.what, 3);
+    if (s) return s;
+    if (g->xstatus) {
+        dpar__err(g->xstatus, "%s", g->xmsg);
+        return dpar__coll_fail(ctx, g->xstatus);
+    }
+    return DPAR_OK;
+}
+
+/* The backend runs the collective (across processes: after the leader
+   checked the call with the other processes and sent the bootstrap id). */
+static dpar_status dpar__coll_backend(dpar_ctx *ctx, dpar__call *k) {
+    dpar_runtime *rt = ctx->rt;
+    dpar__group *g = k->g;
+    dpar__coll *c = &k->c;
+    int ldevs[DPAR_MAX_DEVICES];
+    for (int j = 0; j < g->n; j++) ldevs[j] = dpar__is_local(rt, g->devices[j]) ? g->devices[j] - rt->local_base : -1;
+    c->devices = ldevs;
+    dpar_status s;
+    if (g->cross) {
+        if ((s = dpar__coll_cross(ctx, k, 1))) return s;
+        c->cross = 1;
+        c->gdevices = g->devices;
+        c->xid = dpar__transport_get()->group_xid(g);
+    }
+    s = rt->be->collective(rt->bstate, c);
+    if (s) return dpar__coll_fail(ctx, s);
+    if (c->rank == g->leader) g->seq++;
+    /* nobody may post the next call while a member still reads this one's records */
+    return dpar__barrier(g, c->rank, ctx, k->st.what);
+}
+
+/* The core's host path between the barriers: the local members share the
+   work; across processes the leader's transport part comes first. */
+static dpar_status dpar__coll_host(dpar_ctx *ctx, dpar__call *k, const dpar__stage *io) {
+    dpar__group *g = k->g;
+    const dpar__coll *c = &k->c;
+    dpar_status s;
+    if (g->cross) {
+        if ((s = dpar__coll_cross(ctx, k, 0))) return s;
+        if (c->kind == DPAR__COLL_ALL_REDUCE || c->kind == DPAR__COLL_BROADCAST) return DPAR_OK;
+        dpar__host_work(c, (char *const *)g->xin_ptr, (char *const *)g->out_ptr, io->scratch);
+        return dpar__barrier(g, c->rank, ctx, k->st.what);
+    }
+    dpar__host_work(c, (char *const *)g->in_ptr, (char *const *)g->out_ptr, io->scratch);
+    if (c->rank == g->leader) g->seq++;
+    return dpar__barrier(g, c->rank, ctx, k->st.what);
+}
+
+/* Host path: the result back to the device (release the mapping, or write). */
+static dpar_status dpar__coll_stage_out(dpar_ctx *ctx, const dpar__call *k, const dpar__stage *io) {
+    const dpar__backend_iface *be = ctx->rt->be;
+    void *bs = ctx->rt->bstate;
+    dpar_buffer *out = k->out;
+    dpar_status s = DPAR_OK;
+    if (io->scratch && out->nbytes) memcpy(io->out_h, io->scratch, out->nbytes);
+    if (io->out_mapped) {
+        if (be->host_release && out->nbytes) s = be->host_release(bs, k->in->device, out->mem, 0, out->nbytes);
     } else if (out->nbytes) {
-        s = be->write(bs, dev, out->mem, 0, out_h, out->nbytes);
+        s = be->write(bs, k->in->device, out->mem, 0, io->out_h, out->nbytes);
     }
     if (s) return dpar__coll_fail(ctx, s);
     return DPAR_OK;
+}
+
+/* Executes one collective for one member (blocking), phase by phase. */
+static dpar_status dpar__coll_exec(dpar_ctx *ctx, const dpar__cargs *a) {
+    dpar__call k;
+    dpar__stage io;
+    memset(&k, 0, sizeof k);
+    memset(&io, 0, sizeof io);
+    dpar_status s;
+    if ((s = dpar__coll_begin(ctx, a, &k))) return s;  /* group, buffers, dtype */
+    if ((s = dpar__coll_check(ctx, a, &k))) return s;  /* per-kind arguments and output shape */
+    /* a group across processes runs on the backend only where every process's
+       backend can (CUDA: NCCL across processes), else on the host over MPI */
+    k.use_backend = ctx->rt->be->collective != NULL && (!k.g->cross || ctx->rt->xbackend);
+    if (!k.use_backend && (s = dpar__coll_stage_in(ctx, &k, &io))) return s;  /* device -> host */
+    if ((s = dpar__coll_match(ctx, &k, &io))) return s;  /* post, barrier, every member called the same */
+    if (k.use_backend) return dpar__coll_backend(ctx, &k);
+    if ((s = dpar__coll_host(ctx, &k, &io))) return s;
+    return dpar__coll_stage_out(ctx, &k, &io);  /* host -> device */
 }
 
 /* --- async machinery --- */
