@@ -33,6 +33,7 @@ TEST_LIBS := -lcmocka
 include mk/vulkan.mk
 include mk/cuda.mk
 include mk/mpi.mk
+include mk/install.mk
 
 TEST_SRCS    := $(wildcard tests/test_*.c)
 EXAMPLE_SRCS := $(wildcard examples/*.c)
