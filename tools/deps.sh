@@ -23,6 +23,8 @@ if [ "$mode" = test ]; then
     need vulkan-validationlayers sh -c 'ls /usr/share/vulkan/explicit_layer.d/VkLayer_khronos_validation.json'
     need libopenmpi-dev command -v mpicc
     need openmpi-bin command -v mpirun
+    need cmake command -v cmake           # tests/test_packaging.sh: CMake and pkg-config consumers
+    need pkg-config command -v pkg-config
 fi
 [ -z "$missing" ] && exit 0
 echo "deps: installing:$missing"
