@@ -968,12 +968,12 @@ static dpar_status dpar__vk_init_phys(dpar__vk *st, const dpar_runtime_desc *des
     return dpar__vk_create_vkbuf(st, ph, 0, 16, 0, &ph->dummy);
 }
 
-static dpar_status dpar__vk_init_impl(dpar__vk *st, const dpar_runtime_desc *desc, int requested, int local_index,
-                                      int local_count, int *count) {
-    VkResult vr;
-    dpar__vk_settings set;
-    dpar_status ss = dpar__vk_settings_get(desc, &set);
-    if (ss) return ss;
+/* >>vulkan init ==============================================================
+   dpar__vk_init_impl reads as its phases: settings, loader, instance, the
+   usable physical devices, which of them to use, then open them. */
+
+/* dlopen the loader and check it offers Vulkan 1.1; *iver: its instance version. */
+static dpar_status dpar__vk_open_loader(dpar__vk *st, uint32_t *iver) {
     const char *libname = getenv("DPAR_VK_LOADER");
     if (!libname || !libname[0]) libname = "libvulkan.so.1";
     st->lib = dlopen(libname, RTLD_NOW | RTLD_LOCAL);
@@ -994,13 +994,17 @@ static dpar_status dpar__vk_init_impl(dpar__vk *st, const dpar_runtime_desc *des
         (PFN_vkEnumerateInstanceVersion)st->gipa(VK_NULL_HANDLE, "vkEnumerateInstanceVersion");
     if (!st->vkCreateInstance || !st->vkEnumerateInstanceExtensionProperties)
         return dpar__err(DPAR_ERR_BACKEND_UNAVAILABLE, "vulkan: the loader %s lacks vkCreateInstance", libname);
-    uint32_t iver = VK_API_VERSION_1_0;
-    if (st->vkEnumerateInstanceVersion) st->vkEnumerateInstanceVersion(&iver);
-    if (iver < VK_API_VERSION_1_1)
+    *iver = VK_API_VERSION_1_0;
+    if (st->vkEnumerateInstanceVersion) st->vkEnumerateInstanceVersion(iver);
+    if (*iver < VK_API_VERSION_1_1)
         return dpar__err(DPAR_ERR_BACKEND_UNAVAILABLE, "vulkan: the loader supports Vulkan %u.%u; dpar needs 1.1",
-                         VK_VERSION_MAJOR(iver), VK_VERSION_MINOR(iver));
+                         VK_VERSION_MAJOR(*iver), VK_VERSION_MINOR(*iver));
+    return DPAR_OK;
+}
 
-    /* instance (with portability enumeration where the loader offers it, e.g. MoltenVK) */
+/* The instance (with portability enumeration where the loader offers it,
+   e.g. MoltenVK) and every instance- and device-level entry point. */
+static dpar_status dpar__vk_create_instance(dpar__vk *st, uint32_t iver) {
     uint32_t next = 0;
     st->vkEnumerateInstanceExtensionProperties(NULL, &next, NULL);
     VkExtensionProperties *iexts = (VkExtensionProperties *)DPAR_MALLOC((next ? next : 1) * sizeof *iexts);
@@ -1026,7 +1030,7 @@ static dpar_status dpar__vk_init_impl(dpar__vk *st, const dpar_runtime_desc *des
         ici.enabledExtensionCount = 1;
         ici.ppEnabledExtensionNames = inst_exts;
     }
-    vr = st->vkCreateInstance(&ici, NULL, &st->instance);
+    VkResult vr = st->vkCreateInstance(&ici, NULL, &st->instance);
     if (vr != VK_SUCCESS) {
         st->instance = VK_NULL_HANDLE;
         if (vr == VK_ERROR_INCOMPATIBLE_DRIVER || vr == VK_ERROR_INITIALIZATION_FAILED ||
@@ -1051,36 +1055,52 @@ static dpar_status dpar__vk_init_impl(dpar__vk *st, const dpar_runtime_desc *des
         return dpar__err(DPAR_ERR_BACKEND_UNAVAILABLE, "vulkan: the loader lacks %s", #name);
     DPAR__VK_DEVICE_FNS(DPAR__VK_LOAD_D)
 #undef DPAR__VK_LOAD_D
-    st->force_noncoherent = set.force_noncoherent;
-    st->force_staging = set.force_staging;
+    return DPAR_OK;
+}
 
-    /* physical devices with Vulkan >= 1.1 and a compute queue, GPUs first:
-       discrete, integrated, virtual, other, then CPU implementations (llvmpipe,
-       SwiftShader); enumeration order within a kind */
+/* The usable physical devices (Vulkan >= 1.1 and a compute queue), GPUs first. */
+typedef struct dpar__vk_usable {
+    int n;
+    VkPhysicalDevice *pd; /* [n] */
+    int *kind;            /* [n] 0 discrete, 1 integrated, 2 virtual, 3 other, 4 CPU */
+} dpar__vk_usable;
+
+static void dpar__vk_usable_free(dpar__vk_usable *u) {
+    DPAR_FREE(u->pd);
+    DPAR_FREE(u->kind);
+    memset(u, 0, sizeof *u);
+}
+
+/* Fills *u with the physical devices with Vulkan >= 1.1 and a compute queue,
+   GPUs first: discrete, integrated, virtual, other, then CPU implementations
+   (llvmpipe, SwiftShader); enumeration order within a kind. */
+static dpar_status dpar__vk_list_usable(dpar__vk *st, dpar__vk_usable *u) {
+    memset(u, 0, sizeof *u);
     uint32_t npd = 0;
-    vr = st->vkEnumeratePhysicalDevices(st->instance, &npd, NULL);
+    VkResult vr = st->vkEnumeratePhysicalDevices(st->instance, &npd, NULL);
     if (vr != VK_SUCCESS && vr != VK_INCOMPLETE)
         return dpar__vk_fail(st, vr, "vkEnumeratePhysicalDevices", "instance");
     if (npd == 0)
         return dpar__err(DPAR_ERR_BACKEND_UNAVAILABLE, "vulkan: no Vulkan physical device found (the loader found no "
                          "working driver; install one, e.g. mesa-vulkan-drivers, or use the cpu backend)");
     VkPhysicalDevice *pds = (VkPhysicalDevice *)DPAR_MALLOC(npd * sizeof *pds);
-    VkPhysicalDevice *usable = (VkPhysicalDevice *)DPAR_MALLOC(npd * sizeof *usable);
-    int *kinds = (int *)DPAR_MALLOC(npd * sizeof *kinds);
-    if (!pds || !usable || !kinds) {
-        DPAR_FREE(pds); DPAR_FREE(usable); DPAR_FREE(kinds);
+    u->pd = (VkPhysicalDevice *)DPAR_MALLOC(npd * sizeof *u->pd);
+    u->kind = (int *)DPAR_MALLOC(npd * sizeof *u->kind);
+    if (!pds || !u->pd || !u->kind) {
+        DPAR_FREE(pds);
+        dpar__vk_usable_free(u);
         return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "vulkan: out of host memory");
     }
     vr = st->vkEnumeratePhysicalDevices(st->instance, &npd, pds);
     if (vr != VK_SUCCESS && vr != VK_INCOMPLETE) {
-        DPAR_FREE(pds); DPAR_FREE(usable); DPAR_FREE(kinds);
+        DPAR_FREE(pds);
+        dpar__vk_usable_free(u);
         return dpar__vk_fail(st, vr, "vkEnumeratePhysicalDevices", "instance");
     }
     static const VkPhysicalDeviceType order[5] = { VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU,
                                                    VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU,
                                                    VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU, VK_PHYSICAL_DEVICE_TYPE_OTHER,
                                                    VK_PHYSICAL_DEVICE_TYPE_CPU };
-    int nusable = 0;
     for (int o = 0; o < 5; o++)
         for (uint32_t i = 0; i < npd; i++) {
             VkPhysicalDeviceProperties p;
@@ -1089,58 +1109,66 @@ static dpar_status dpar__vk_init_impl(dpar__vk *st, const dpar_runtime_desc *des
             for (int q = 0; q < 5; q++)
                 if (p.deviceType == order[q]) kind = q;
             if (kind != o || p.apiVersion < VK_API_VERSION_1_1 || dpar__vk_compute_family(st, pds[i], NULL) < 0) continue;
-            kinds[nusable] = kind;
-            usable[nusable++] = pds[i];
+            u->kind[u->n] = kind;
+            u->pd[u->n++] = pds[i];
         }
     DPAR_FREE(pds);
-    if (nusable == 0) {
-        DPAR_FREE(usable); DPAR_FREE(kinds);
+    if (u->n == 0) {
+        dpar__vk_usable_free(u);
         return dpar__err(DPAR_ERR_BACKEND_UNAVAILABLE, "vulkan: none of the %u Vulkan devices supports Vulkan 1.1 "
                          "with a compute queue", npd);
     }
-    /* which physical devices: the one asked for, else every device of the best kind */
-    int explicit_dev = set.device_from[0] != 0;
-    int want = explicit_dev ? set.device : 0;
-    if (explicit_dev && (want < 0 || want >= nusable)) {
-        DPAR_FREE(usable); DPAR_FREE(kinds);
+    return DPAR_OK;
+}
+
+/* Which usable devices to open: [*first, *first + *nphys), and *n logical
+   devices over them. The one asked for, else every device of the best kind
+   (with MPI: this process's node-local share). */
+static dpar_status dpar__vk_pick(const dpar__vk_settings *set, const dpar__vk_usable *u, int requested,
+                                 int local_index, int local_count, int *first, int *nphys, int *n) {
+    int explicit_dev = set->device_from[0] != 0;
+    int want = explicit_dev ? set->device : 0;
+    if (explicit_dev && (want < 0 || want >= u->n))
         return dpar__err(DPAR_ERR_DEVICE_COUNT, "vulkan: %s asks for usable device %d (0-based), but only %d usable "
-                         "Vulkan device(s) exist (0..%d)", set.device_from, want, nusable, nusable - 1);
-    }
-    int first = explicit_dev ? want : 0, nbest = 1;
+                         "Vulkan device(s) exist (0..%d)", set->device_from, want, u->n, u->n - 1);
+    int nbest = 1;
+    *first = explicit_dev ? want : 0;
     if (!explicit_dev) {
-        while (nbest < nusable && kinds[nbest] == kinds[0]) nbest++;
+        while (nbest < u->n && u->kind[nbest] == u->kind[0]) nbest++;
         /* several processes on this node (MPI): each opens its own share of
            the best devices, by node-local rank (with fewer devices than
            processes, ranks share one and dpar_runtime_create names them) */
         if (local_count > 1) {
             if (nbest >= local_count) {
                 int per = nbest / local_count;
-                first = local_index * per;
+                *first = local_index * per;
                 nbest = per;
             } else {
-                first = local_index % nbest;
+                *first = local_index % nbest;
                 nbest = 1;
             }
         }
     }
-    int n = requested > 0 ? requested : nbest;
-    if (n > DPAR_MAX_DEVICES) {
-        DPAR_FREE(usable); DPAR_FREE(kinds);
+    *n = requested > 0 ? requested : nbest;
+    if (*n > DPAR_MAX_DEVICES)
         return dpar__err(DPAR_ERR_DEVICE_COUNT, "vulkan: %d devices asked, at most %d logical devices are supported",
-                         n, (int)DPAR_MAX_DEVICES);
-    }
-    int nphys = n < nbest ? n : nbest;
+                         *n, (int)DPAR_MAX_DEVICES);
+    *nphys = *n < nbest ? *n : nbest;
+    return DPAR_OK;
+}
+
+/* Opens physical devices pd[0..nphys) and n logical devices dealt
+   round-robin over them (logical device i runs on physical device i % nphys). */
+static dpar_status dpar__vk_open(dpar__vk *st, const dpar_runtime_desc *desc, const VkPhysicalDevice *pd, int first,
+                                 int nphys, int n) {
     st->phys = (dpar__vkphys *)DPAR_MALLOC((size_t)nphys * sizeof *st->phys);
-    if (!st->phys) { DPAR_FREE(usable); DPAR_FREE(kinds); return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "vulkan: out of host memory"); }
+    if (!st->phys) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "vulkan: out of host memory");
     memset(st->phys, 0, (size_t)nphys * sizeof *st->phys);
     st->nphys = nphys;
     for (int p = 0; p < nphys; p++) {
         st->phys[p].index = first + p;
-        st->phys[p].pd = usable[first + p];
+        st->phys[p].pd = pd[p];
     }
-    DPAR_FREE(usable);
-    DPAR_FREE(kinds);
-    /* logical device i runs on physical device i % nphys */
     for (int p = 0; p < nphys; p++) {
         int on_p = n / nphys + (p < n % nphys ? 1 : 0);
         dpar_status s = dpar__vk_init_phys(st, desc, &st->phys[p], on_p);
@@ -1164,6 +1192,26 @@ static dpar_status dpar__vk_init_impl(dpar__vk *st, const dpar_runtime_desc *des
         dpar_status s = dpar__vk_init_device(st, &st->devs[i]);
         if (s) return s;
     }
+    return DPAR_OK;
+}
+
+static dpar_status dpar__vk_init_impl(dpar__vk *st, const dpar_runtime_desc *desc, int requested, int local_index,
+                                      int local_count, int *count) {
+    dpar__vk_settings set;
+    dpar__vk_usable u;
+    uint32_t iver = 0;
+    int first = 0, nphys = 0, n = 0;
+    dpar_status s;
+    if ((s = dpar__vk_settings_get(desc, &set))) return s;
+    st->force_noncoherent = set.force_noncoherent;
+    st->force_staging = set.force_staging;
+    if ((s = dpar__vk_open_loader(st, &iver))) return s;
+    if ((s = dpar__vk_create_instance(st, iver))) return s;
+    if ((s = dpar__vk_list_usable(st, &u))) return s;
+    s = dpar__vk_pick(&set, &u, requested, local_index, local_count, &first, &nphys, &n);
+    if (!s) s = dpar__vk_open(st, desc, u.pd + first, first, nphys, n);
+    dpar__vk_usable_free(&u);
+    if (s) return s;
     *count = n;
     return DPAR_OK;
 }
