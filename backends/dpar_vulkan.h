@@ -1437,6 +1437,40 @@ static uint32_t dpar__vk_groups(const dpar__vkphys *ph, uint64_t n) {
     return (uint32_t)(g ? g : 1);
 }
 
+/* The 32-bit pattern that fills a buffer of dtype t with v (vkCmdFillBuffer). */
+static uint32_t dpar__vk_fill_pattern(dpar_dtype t, float v) {
+    uint32_t pat;
+    switch (t) {
+    case DPAR_F16: pat = dpar_f32_to_f16(v); pat |= pat << 16; break;
+    case DPAR_BF16: pat = dpar_f32_to_bf16(v); pat |= pat << 16; break;
+    case DPAR_I32: {
+        int32_t i = v != v ? 0 : v >= 2147483648.0f ? INT32_MAX : v <= -2147483648.0f ? INT32_MIN : (int32_t)v;
+        memcpy(&pat, &i, 4);
+        break;
+    }
+    default: memcpy(&pat, &v, 4); break;
+    }
+    return pat;
+}
+
+/* RELU, RELU_BWD, AXPY, SCALE, SGD: one thread per element of dst (b[0]). */
+static dpar_status dpar__vk_op_elementwise(dpar__vk *st, int dev, const dpar__op *op, dpar__vkbuf **b, dpar__vkpc *pc) {
+    int64_t n = op->dst->count;
+    pc->n = (uint32_t)n;
+    b[2] = op->src0 ? (dpar__vkbuf *)op->src0->mem : NULL;
+    int id = DPAR__SPV_RELU;
+    if (op->kind == DPAR__OP_RELU_BWD) { id = DPAR__SPV_RELU_BWD; b[3] = (dpar__vkbuf *)op->src1->mem; }
+    else if (op->kind == DPAR__OP_AXPY) id = DPAR__SPV_AXPY;
+    else if (op->kind == DPAR__OP_SCALE) { id = DPAR__SPV_SCALE; b[2] = NULL; }
+    else if (op->kind == DPAR__OP_SGD) {
+        id = DPAR__SPV_SGD;
+        int mom = op->dst2 != NULL && op->f[1] != 0.0f;
+        pc->flags = (op->nesterov && mom ? 1u : 0u) | (mom ? 2u : 0u);
+        b[1] = mom ? (dpar__vkbuf *)op->dst2->mem : NULL;
+    }
+    return dpar__vk_dispatch(st, dev, id, b, pc, dpar__vk_groups(st->devs[dev].ph, (uint64_t)n), 1);
+}
+
 static dpar_status dpar__vk_op(void *state, int dev, const dpar__op *op) {
     dpar__vk *st = (dpar__vk *)state;
     dpar__vkbuf *dst = op->dst ? (dpar__vkbuf *)op->dst->mem : NULL;
@@ -1455,6 +1489,7 @@ static dpar_status dpar__vk_op(void *state, int dev, const dpar__op *op) {
     if (big > U32 || op->m > U32 || op->n > U32 || op->k > U32)
         return dpar__err(DPAR_ERR_BACKEND, "vulkan: op on %lld elements: the Vulkan backend handles at most 2^32-1 "
                          "elements per buffer", (long long)big);
+    DPAR_ASSERT((int)op->kind >= 0 && op->kind < DPAR__OP_COUNT);
     switch (op->kind) {
     case DPAR__OP_MATMUL: {
         if (op->m == 0 || op->n == 0) return DPAR_OK;
@@ -1487,22 +1522,9 @@ static dpar_status dpar__vk_op(void *state, int dev, const dpar__op *op) {
     case DPAR__OP_RELU_BWD:
     case DPAR__OP_AXPY:
     case DPAR__OP_SCALE:
-    case DPAR__OP_SGD: {
+    case DPAR__OP_SGD:
         if (n == 0) return DPAR_OK;
-        pc.n = (uint32_t)n;
-        b[2] = src0;
-        int id = DPAR__SPV_RELU;
-        if (op->kind == DPAR__OP_RELU_BWD) { id = DPAR__SPV_RELU_BWD; b[3] = src1; }
-        else if (op->kind == DPAR__OP_AXPY) id = DPAR__SPV_AXPY;
-        else if (op->kind == DPAR__OP_SCALE) { id = DPAR__SPV_SCALE; b[2] = NULL; }
-        else if (op->kind == DPAR__OP_SGD) {
-            id = DPAR__SPV_SGD;
-            int mom = dst2 != NULL && op->f[1] != 0.0f;
-            pc.flags = (op->nesterov && mom ? 1u : 0u) | (mom ? 2u : 0u);
-            b[1] = mom ? dst2 : NULL;
-        }
-        return dpar__vk_dispatch(st, dev, id, b, &pc, dpar__vk_groups(st->devs[dev].ph, (uint64_t)n), 1);
-    }
+        return dpar__vk_op_elementwise(st, dev, op, b, &pc);
     case DPAR__OP_SOFTMAX_XENT: {
         int64_t rows = op->src1->count, cols = rows ? op->src0->count / rows : 0;
         pc.m = (uint32_t)rows;
@@ -1526,22 +1548,9 @@ static dpar_status dpar__vk_op(void *state, int dev, const dpar__op *op) {
         pc.flags = op->kind == DPAR__OP_SUMSQ ? 1u : 0u;
         b[2] = src0;
         return dpar__vk_dispatch(st, dev, DPAR__SPV_REDUCE, b, &pc, 1, 1);
-    case DPAR__OP_FILL: {
+    case DPAR__OP_FILL:
         if (n == 0) return DPAR_OK;
-        float v = op->f[0];
-        uint32_t pat;
-        switch (op->dst->dtype) {
-        case DPAR_F16: pat = dpar_f32_to_f16(v); pat |= pat << 16; break;
-        case DPAR_BF16: pat = dpar_f32_to_bf16(v); pat |= pat << 16; break;
-        case DPAR_I32: {
-            int32_t i = v != v ? 0 : v >= 2147483648.0f ? INT32_MAX : v <= -2147483648.0f ? INT32_MIN : (int32_t)v;
-            memcpy(&pat, &i, 4);
-            break;
-        }
-        default: memcpy(&pat, &v, 4); break;
-        }
-        return dpar__vk_transfer(st, dev, dst, NULL, dst->size, pat);
-    }
+        return dpar__vk_transfer(st, dev, dst, NULL, dst->size, dpar__vk_fill_pattern(op->dst->dtype, op->f[0]));
     case DPAR__OP_COPY:
         if (op->dst->nbytes == 0 || dst == src0) return DPAR_OK;
         return dpar__vk_transfer(st, dev, dst, src0, op->dst->nbytes, 0);
