@@ -6,6 +6,7 @@
 .DEFAULT_GOAL := all   # included mk/*.mk files define rules before `all`
 CC      ?= cc
 CSTD    ?= -std=c99
+CXXSTD  ?= -std=c++17
 OPT     ?= -O2
 CFLAGS  ?= $(OPT) -g
 WARN     = -Wall -Wextra -Wshadow -Wconversion -Wpedantic -Werror -Wno-error=deprecated-declarations
@@ -40,7 +41,7 @@ EXAMPLE_SRCS := $(wildcard examples/*.c)
 # bench_mpi_allreduce.c is the MPI peer: bench/run.sh builds it with mpicc
 BENCH_SRCS   := $(filter-out bench/bench_mpi_allreduce.c,$(wildcard bench/*.c))
 TESTS    := $(patsubst tests/%.c,$(BUILD)/%,$(TEST_SRCS))
-EXAMPLES := $(patsubst examples/%.c,$(BUILD)/%,$(EXAMPLE_SRCS))
+EXAMPLES := $(patsubst examples/%.c,$(BUILD)/%,$(EXAMPLE_SRCS)) $(BUILD)/cpp_example
 BENCHES  := $(patsubst bench/%.c,$(BUILD)/%,$(BENCH_SRCS))
 
 .PHONY: all run test test-build examples bench clean check-cxx deps-run deps-test amalgamate
@@ -59,6 +60,10 @@ $(BUILD)/test_alloc: tests/test_alloc.c tests/testutil.h dpar.h | $(BUILD)
 
 $(BUILD)/%: examples/%.c $(wildcard examples/*.h) $(BUILD)/dpar.o
 	$(CC) $(CSTD) $(CPPFLAGS) $(IMPL_DEFS) $(CFLAGS) $(WARN) $< $(BUILD)/dpar.o -o $@ $(LDFLAGS) $(IMPL_LIBS) -lz $(LDLIBS)
+
+# The C++17 example: how a C++ program fills descs (see its header comment).
+$(BUILD)/cpp_example: examples/cpp_example.cpp $(BUILD)/dpar.o
+	$(CXX) $(CXXSTD) $(CPPFLAGS) $(IMPL_DEFS) $(CFLAGS) $(WARN) $< $(BUILD)/dpar.o -o $@ $(LDFLAGS) $(IMPL_LIBS) $(LDLIBS)
 
 $(BUILD)/%: bench/%.c $(BUILD)/dpar.o
 	$(CC) $(CSTD) $(CPPFLAGS) $(IMPL_DEFS) $(CFLAGS) $(WARN) $< $(BUILD)/dpar.o -o $@ $(LDFLAGS) $(IMPL_LIBS) -lz $(LDLIBS)

@@ -31,15 +31,44 @@
        DPAR_LOG(msg)          log sink for warnings (default: stderr, only if DPAR_VERBOSE=1)
        DPAR_USE_CBLAS         CPU matrix products through cblas_sgemm
 
-   A FIRST PROGRAM
+   A FIRST PROGRAM   (tests/test_first_programs.sh builds it as C99 and C++20 and runs it)
    ---------------
-       dpar_runtime *rt;  dpar_mesh *mesh;
-       dpar_runtime_create(&(dpar_runtime_desc){ .num_devices = 4 }, &rt);
-       dpar_mesh_create(rt, &(dpar_mesh_desc){ .ndim = 1, .shape = {4},
-                                               .axis_names = {"data"} }, &mesh);
-       dpar_pmap(mesh, &(dpar_pmap_desc){ .axis = "data", .fn = my_fn, ... });
+   BEGIN FIRST PROGRAM
+       #define DPAR_IMPLEMENTATION   // in exactly one .c file
+       #include "dpar.h"
+       #include <stdio.h>
 
-   Inside my_fn(dpar_ctx *ctx, void *user) every device sees its own shard
+       // Runs once per device on its row of x [4, 3]: y = 2 x.
+       static dpar_status twice(dpar_ctx *ctx, void *user) {
+           (void)user;
+           dpar_buffer *x = dpar_ctx_arg(ctx, 0), *y = dpar_ctx_arg(ctx, 1);
+           dpar_status s = dpar_copy(y, x);
+           return s ? s : dpar_scale(y, 2.0f);
+       }
+
+       int main(void) {
+           float x[4][3] = { {0, 1, 2}, {3, 4, 5}, {6, 7, 8}, {9, 10, 11} }, y[4][3];
+           dpar_runtime *rt = NULL;  dpar_mesh *mesh = NULL;
+           dpar_runtime_desc rd = { .num_devices = 4 };
+           dpar_mesh_desc md = { .ndim = 1, .shape = {4}, .axis_names = {"data"} };
+           dpar_pmap_desc pd = { .axis = "data", .fn = twice,   // row d to device d, stacked back
+               .inputs = { { .data = x, .dtype = DPAR_F32, .ndim = 2, .shape = {4, 3} } },
+               .outputs = { { .data = y, .dtype = DPAR_F32, .ndim = 1, .shape = {3} } } };
+           dpar_status s = dpar_runtime_create(&rd, &rt);
+           if (!s) s = dpar_mesh_create(rt, &md, &mesh);
+           if (!s) s = dpar_pmap(mesh, &pd);
+           if (s) fprintf(stderr, "%s\n", dpar_last_error());
+           else printf("y[3] = %g %g %g\n", (double)y[3][0], (double)y[3][1], (double)y[3][2]);
+           dpar_runtime_destroy(rt);
+           return s != DPAR_OK;
+       }
+   END FIRST PROGRAM
+   In C the descs can be compound literals passed in place,
+   dpar_runtime_create(&(dpar_runtime_desc){ .num_devices = 4 }, &rt); the
+   named descs above are also valid C++20 (C++17: value-initialize, then
+   assign; see examples/cpp_example.cpp).
+
+   Inside a pmap/shard_map function every device sees its own shard
    (dpar_ctx_arg), its position (dpar_ctx_axis_index), and calls ops and
    collectives, which block until every member of the group has arrived.
 
