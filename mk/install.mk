@@ -1,9 +1,10 @@
 # Install dpar for other projects (included by the Makefile). Header-only:
-#   make install   PREFIX=/usr/local DESTDIR=   headers and the amalgamated dpar_single.h
-#                  (make amalgamate; needs python3) into $(INCLUDEDIR)/dpar/, dpar.pc into
-#                  $(DATADIR)/pkgconfig/, the CMake package (find_package(dpar CONFIG)) into
-#                  $(DATADIR)/cmake/dpar/ -- the same files as `cmake --install` (CMakeLists.txt)
-#   make uninstall the same variables: removes what install wrote
+#   make install   PREFIX=/usr/local DESTDIR=
+#       headers and the amalgamated dpar_single.h (written afresh, as make amalgamate
+#       does; needs python3) into $(INCLUDEDIR)/dpar/, dpar.pc into $(DATADIR)/pkgconfig/,
+#       the CMake package (find_package(dpar CONFIG)) into $(DATADIR)/cmake/dpar/: the
+#       same files as `cmake --install` (CMakeLists.txt)
+#   make uninstall   the same variables: removes what install wrote
 #   INCLUDEDIR (default $(PREFIX)/include), DATADIR (default $(PREFIX)/share)
 PREFIX     ?= /usr/local
 INCLUDEDIR ?= $(PREFIX)/include
@@ -27,13 +28,14 @@ PKG_SED = sed -e 's|@DPAR_VERSION@|$(DPAR_VERSION)|g' \
               -e "s|@DPAR_CONFIG_TO_INCLUDE@|$$(realpath -m --relative-to=$(PKG_CMAKEDIR) $(PKG_INCLUDEDIR)/dpar)|g"
 
 .PHONY: install uninstall
-install: $(BUILD)/dpar_single.h
+install:
 	rm -rf $(PKG_GEN) && mkdir -p $(PKG_GEN)
+	python3 tools/amalgamate.py -o $(PKG_GEN)/dpar_single.h
 	$(PKG_SED) tools/package/dpar.pc.in >$(PKG_GEN)/dpar.pc
 	$(PKG_SED) tools/package/dparConfig.cmake.in >$(PKG_GEN)/dparConfig.cmake
 	$(PKG_SED) tools/package/dparConfigVersion.cmake.in >$(PKG_GEN)/dparConfigVersion.cmake
 	install -d $(DESTDIR)$(INCLUDEDIR)/dpar/backends $(DESTDIR)$(DATADIR)/pkgconfig $(DESTDIR)$(DATADIR)/cmake/dpar
-	install -m 644 dpar.h $(BUILD)/dpar_single.h $(DESTDIR)$(INCLUDEDIR)/dpar/
+	install -m 644 dpar.h $(PKG_GEN)/dpar_single.h $(DESTDIR)$(INCLUDEDIR)/dpar/
 	install -m 644 $(wildcard backends/*.h) $(DESTDIR)$(INCLUDEDIR)/dpar/backends/
 	$(if $(wildcard util/*.h),install -d $(DESTDIR)$(INCLUDEDIR)/dpar/util && \
 	    install -m 644 $(wildcard util/*.h) $(DESTDIR)$(INCLUDEDIR)/dpar/util/)
