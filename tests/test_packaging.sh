@@ -2,7 +2,8 @@
 # Packaging for C and C++ projects: every consumer (tests/consumers/) runs a
 # psum over 4 CPU devices and checks it exactly.
 #  - `make install PREFIX=P` and `cmake --install --prefix P` write the same
-#    tree; DESTDIR stages it and `make uninstall` removes it again;
+#    tree; DESTDIR stages it and `make uninstall` removes it again; each
+#    installed util/*.h compiles from P;
 #  - CMake add_subdirectory: the C++17 and C programs, with DPAR_VULKAN and DPAR_CUDA on;
 #  - CMake find_package(dpar 0.1 CONFIG) from P: the same two programs, and
 #    the C one again with DPAR_MPI on (MPI found through CMake); older and
@@ -58,6 +59,19 @@ if step "make install" "$work/install.log" mk install PREFIX="$prefix"; then
         fail "make install PREFIX=P" "missing files or a wrong prefix in dpar.pc:"
         find "$prefix" -type f | sed 's/^/    /'
     fi
+fi
+# Every installed util/ header compiles on its own from the prefix (C99 and C++17).
+if [ "$installed" -eq 1 ]; then
+    for h in "$prefix"/include/dpar/util/*.h; do
+        [ -f "$h" ] || continue
+        u="util/$(basename "$h")"
+        if printf '#include "dpar.h"\n#include "%s"\n' "$u" | ${CC:-cc} -std=c99 -Wall -Wextra -Werror \
+               -I"$prefix/include/dpar" -fsyntax-only -x c - >"$work/util.log" 2>&1 &&
+           printf '#include "%s"\n' "$u" | ${CXX:-c++} -std=c++17 -Wall -Wextra -Werror \
+               -I"$prefix/include/dpar" -fsyntax-only -x c++ - >>"$work/util.log" 2>&1; then
+            pass "installed $u compiles from the prefix (C99, C++17)"
+        else fail "installed $u" "does not compile from the prefix:"; sed 's/^/    /' "$work/util.log"; fi
+    done
 fi
 stage="$work/stage"
 if step "make install DESTDIR" "$work/destdir.log" mk install PREFIX=/usr/local DESTDIR="$stage"; then
