@@ -1544,68 +1544,141 @@ static void dpar__runtime_free(dpar_runtime *rt) {
 }
 
 /* *met: set once this process reached the other processes (the transport) */
-static dpar_status dpar__runtime_create(const dpar_runtime_desc *desc_in, dpar_runtime **out, int *met) {
-    dpar__clear_error();
-    if (!out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_runtime_create: `out` is NULL; pass the address of a dpar_runtime pointer");
-    *out = NULL;
-    dpar_runtime_desc desc;
-    memset(&desc, 0, sizeof desc);
-    if (desc_in) desc = *desc_in;
+/* >>runtime create ==========================================================
+   Defaults (one place), the backend, its devices (with the other processes
+   through the transport), then one worker thread per local device. */
 
-    /* backend */
-    dpar_backend_kind kind = desc.backend;
-    if (kind == DPAR_BACKEND_DEFAULT) {
+/* *out = *in (or zeros) with every zero the core owns resolved: backend from
+   DPAR_BACKEND (still DEFAULT: the best available), num_devices from
+   DPAR_DEVICES (still 0: all the backend has), timeout_ms from DPAR_TIMEOUT_MS
+   else 60000. Backend settings (.vulkan, ...) are resolved by their backend. */
+static dpar_status dpar__runtime_desc_defaults(const dpar_runtime_desc *in, dpar_runtime_desc *out) {
+    memset(out, 0, sizeof *out);
+    if (in) *out = *in;
+    if (out->backend == DPAR_BACKEND_DEFAULT) {
         const char *env = getenv("DPAR_BACKEND");
-        if (env && *env && dpar_backend_from_name(env, &kind) != DPAR_OK)
+        if (env && *env && dpar_backend_from_name(env, &out->backend) != DPAR_OK)
             return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
                              "dpar_runtime_create: DPAR_BACKEND='%s' is not a backend; use cpu, vulkan or cuda", env);
     }
-    if ((int)kind < 0 || kind > DPAR_BACKEND_CUDA)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_runtime_create: desc.backend = %d is not a dpar_backend_kind", (int)kind);
-
-    int requested = desc.num_devices;
-    if (requested == 0) {
+    if ((int)out->backend < 0 || out->backend > DPAR_BACKEND_CUDA)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_runtime_create: desc.backend = %d is not a dpar_backend_kind",
+                         (int)out->backend);
+    if (out->num_devices == 0) {
         int e = dpar__env_int("DPAR_DEVICES", 0);
-        if (e < 0) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_runtime_create: DPAR_DEVICES='%s' is not a device count; use a positive integer such as 4", getenv("DPAR_DEVICES"));
-        requested = e;
+        if (e < 0)
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_runtime_create: DPAR_DEVICES='%s' is not a device count; "
+                             "use a positive integer such as 4", getenv("DPAR_DEVICES"));
+        out->num_devices = e;
     }
-    if (requested < 0)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_runtime_create: desc.num_devices = %d is negative; use 0 (default) or a positive count", requested);
-    if (requested > DPAR_MAX_DEVICES)
-        return dpar__err(DPAR_ERR_DEVICE_COUNT, "dpar_runtime_create: %d devices requested but at most %d are supported (DPAR_MAX_DEVICES)", requested, (int)DPAR_MAX_DEVICES);
-    int timeout = desc.timeout_ms;
-    if (timeout == 0) {
-        timeout = dpar__env_int("DPAR_TIMEOUT_MS", 60000);
-        if (timeout <= 0) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_runtime_create: DPAR_TIMEOUT_MS='%s' is not a positive number of milliseconds", getenv("DPAR_TIMEOUT_MS"));
+    if (out->num_devices < 0)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_runtime_create: desc.num_devices = %d is negative; use 0 "
+                         "(default) or a positive count", out->num_devices);
+    if (out->num_devices > DPAR_MAX_DEVICES)
+        return dpar__err(DPAR_ERR_DEVICE_COUNT, "dpar_runtime_create: %d devices requested but at most %d are supported "
+                         "(DPAR_MAX_DEVICES)", out->num_devices, (int)DPAR_MAX_DEVICES);
+    if (out->timeout_ms == 0) {
+        out->timeout_ms = dpar__env_int("DPAR_TIMEOUT_MS", 60000);
+        if (out->timeout_ms <= 0)
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_runtime_create: DPAR_TIMEOUT_MS='%s' is not a positive "
+                             "number of milliseconds", getenv("DPAR_TIMEOUT_MS"));
     }
-    if (timeout < 0) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_runtime_create: desc.timeout_ms = %d is negative", timeout);
+    if (out->timeout_ms < 0)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_runtime_create: desc.timeout_ms = %d is negative",
+                         out->timeout_ms);
+    return DPAR_OK;
+}
 
-    const dpar__backend_iface *be = NULL;
-    if (kind == DPAR_BACKEND_DEFAULT) {
-        /* best available: cuda, vulkan, then cpu */
-        dpar_backend_kind order[3] = { DPAR_BACKEND_CUDA, DPAR_BACKEND_VULKAN, DPAR_BACKEND_CPU };
-        for (int i = 0; i < 3 && !be; i++) {
-            const dpar__backend_iface *cand = dpar__backend_by_kind(order[i]);
-            if (!cand) continue;
-            if (order[i] == DPAR_BACKEND_CPU) { be = cand; break; }
-            void *st = NULL; int cnt = 0;
-            if (cand->init(&desc, 0, 0, 1, &st, &cnt) == DPAR_OK) {
-                /* a software GPU (llvmpipe) is slower than the CPU backend on the same cores: not "best" */
-                dpar_device_info info;
-                memset(&info, 0, sizeof info);
-                int soft = cnt > 0 && cand->device_info(st, 0, &info) == DPAR_OK && info.runs_on_cpu;
-                cand->shutdown(st);
-                if (!soft) be = cand;
-            }
-        }
-        dpar__clear_error();
-    } else {
-        be = dpar__backend_by_kind(kind);
-        if (!be) return dpar__err(DPAR_ERR_BACKEND_UNAVAILABLE,
-                                  "dpar_runtime_create: the %s backend is not compiled in; define DPAR_%s before the implementation "
-                                  "(build this project with `make %s=1`)", dpar_backend_name(kind),
-                                  kind == DPAR_BACKEND_VULKAN ? "VULKAN" : "CUDA", kind == DPAR_BACKEND_VULKAN ? "VULKAN" : "CUDA");
+/* The backend of desc->backend, or for DEFAULT the best available: CUDA, then
+   Vulkan on a hardware GPU, then the CPU. */
+static dpar_status dpar__runtime_pick_backend(const dpar_runtime_desc *desc, const dpar__backend_iface **out) {
+    dpar_backend_kind kind = desc->backend;
+    *out = NULL;
+    if (kind != DPAR_BACKEND_DEFAULT) {
+        *out = dpar__backend_by_kind(kind);
+        if (!*out)
+            return dpar__err(DPAR_ERR_BACKEND_UNAVAILABLE, "dpar_runtime_create: the %s backend is not compiled in; "
+                             "define DPAR_%s before the implementation (build this project with `make %s=1`)",
+                             dpar_backend_name(kind), kind == DPAR_BACKEND_VULKAN ? "VULKAN" : "CUDA",
+                             kind == DPAR_BACKEND_VULKAN ? "VULKAN" : "CUDA");
+        return DPAR_OK;
     }
+    dpar_backend_kind order[3] = { DPAR_BACKEND_CUDA, DPAR_BACKEND_VULKAN, DPAR_BACKEND_CPU };
+    for (int i = 0; i < 3 && !*out; i++) {
+        const dpar__backend_iface *cand = dpar__backend_by_kind(order[i]);
+        if (!cand) continue;
+        if (order[i] == DPAR_BACKEND_CPU) { *out = cand; break; }
+        void *st = NULL; int cnt = 0;
+        if (cand->init(desc, 0, 0, 1, &st, &cnt) == DPAR_OK) {
+            /* a software GPU (llvmpipe) is slower than the CPU backend on the same cores: not "best" */
+            dpar_device_info info;
+            memset(&info, 0, sizeof info);
+            int soft = cnt > 0 && cand->device_info(st, 0, &info) == DPAR_OK && info.runs_on_cpu;
+            cand->shutdown(st);
+            if (!soft) *out = cand;
+        }
+    }
+    dpar__clear_error();
+    return DPAR_OK;
+}
+
+/* Opens this process's share of the backend's devices; with the transport,
+   every process learns whether all did. *count: local devices. */
+static dpar_status dpar__runtime_open(dpar_runtime *rt, int *count, int *met) {
+    const dpar_runtime_desc *desc = &rt->desc;
+    int requested = desc->num_devices;
+    /* the node-local rank picks this process's share of the node's devices */
+    *met = 1;
+    dpar_status s = dpar__transport_get()->runtime_pre(rt, desc);
+    if (s != DPAR_OK) return s;
+    s = rt->be->init(desc, requested, rt->share_index, rt->share_count, &rt->bstate, count);
+    if (s != DPAR_OK) rt->bstate = NULL;
+    else if (requested && *count != requested)
+        s = dpar__err(DPAR_ERR_DEVICE_COUNT, "dpar_runtime_create: %d devices requested but the %s backend has %d",
+                      requested, rt->be->name, *count);
+    rt->ndev = rt->nlocal = s ? 0 : *count;
+    rt->nproc = 1;
+    /* every process learns whether all opened their devices */
+    return dpar__transport_get()->runtime_init(rt, s);
+}
+
+/* One worker thread per local device; returns once each ran its thread_init. */
+static dpar_status dpar__runtime_start_workers(dpar_runtime *rt, int count) {
+    rt->workers = (dpar__worker *)dpar__calloc((size_t)count, sizeof(dpar__worker));
+    if (!rt->workers) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_runtime_create: out of host memory");
+    for (int i = 0; i < count; i++) {
+        rt->workers[i].rt = rt;
+        rt->workers[i].device = rt->local_base + i;
+        pthread_mutex_init(&rt->workers[i].qmu, NULL);
+        pthread_cond_init(&rt->workers[i].qcv, NULL);
+    }
+    for (int i = 0; i < count; i++) {
+        if (pthread_create(&rt->workers[i].thread, NULL, dpar__worker_main, &rt->workers[i]) != 0)
+            return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_runtime_create: could not start worker thread %d", i);
+        rt->threads_started = i + 1;
+    }
+    /* wait for each worker's thread_init */
+    pthread_mutex_lock(&rt->mu);
+    while (rt->job_remaining < count && !rt->thread_init_failed) pthread_cond_wait(&rt->cv_done, &rt->mu);
+    rt->job_remaining = 0;
+    int failed = rt->thread_init_failed;
+    pthread_mutex_unlock(&rt->mu);
+    if (failed) return dpar__err(DPAR_ERR_BACKEND, "%s", rt->thread_init_msg);
+    return DPAR_OK;
+}
+
+/* *met: set once this process reached the other processes (transport) */
+static dpar_status dpar__runtime_create(const dpar_runtime_desc *desc_in, dpar_runtime **out, int *met) {
+    dpar__clear_error();
+    if (!out)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_runtime_create: `out` is NULL; pass the address of a "
+                         "dpar_runtime pointer");
+    *out = NULL;
+    dpar_runtime_desc desc;
+    const dpar__backend_iface *be = NULL;
+    dpar_status s = dpar__runtime_desc_defaults(desc_in, &desc);
+    if (!s) s = dpar__runtime_pick_backend(&desc, &be);
+    if (s) return s;
 
     dpar_runtime *rt = (dpar_runtime *)dpar__calloc(1, sizeof *rt);
     if (!rt) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_runtime_create: out of host memory");
@@ -1615,64 +1688,21 @@ static dpar_status dpar__runtime_create(const dpar_runtime_desc *desc_in, dpar_r
     pthread_mutex_init(&rt->dispatch_mu, NULL);
     pthread_mutex_init(&rt->list_mu, NULL);
     rt->be = be;
-    rt->timeout_ms = timeout;
+    rt->timeout_ms = desc.timeout_ms;
     rt->desc = desc;
-    int count = 0;
-    dpar_status s = DPAR_OK;
     rt->local_size = 1;
     rt->share_count = 1;
-    /* the node-local rank picks this process's share of the node's devices */
-    *met = 1;
-    s = dpar__transport_get()->runtime_pre(rt, &rt->desc);
-    if (s != DPAR_OK) {
+    int count = 0;
+    s = dpar__runtime_open(rt, &count, met);
+    if (!s) s = dpar__runtime_start_workers(rt, count);
+    if (!s) s = dpar__obs_init(rt);
+    if (s) {
+        /* freeing may overwrite the error text (worker shutdown, the transport): keep it */
         char msg[DPAR__ERR_LEN];
         memcpy(msg, dpar__err_text, sizeof msg);
         dpar__runtime_free(rt);
         return dpar__err(s, "%s", msg);
     }
-    s = be->init(&desc, requested, rt->share_index, rt->share_count, &rt->bstate, &count);
-    if (s != DPAR_OK) rt->bstate = NULL;
-    else if (requested && count != requested)
-        s = dpar__err(DPAR_ERR_DEVICE_COUNT, "dpar_runtime_create: %d devices requested but the %s backend has %d",
-                      requested, be->name, count);
-    rt->ndev = rt->nlocal = s ? 0 : count;
-    rt->nproc = 1;
-    /* every process learns whether all opened their devices */
-    s = dpar__transport_get()->runtime_init(rt, s);
-    if (s != DPAR_OK) {
-        char msg[DPAR__ERR_LEN];
-        memcpy(msg, dpar__err_text, sizeof msg);
-        dpar__runtime_free(rt);
-        return dpar__err(s, "%s", msg);
-    }
-    rt->workers = (dpar__worker *)dpar__calloc((size_t)count, sizeof(dpar__worker));
-    if (!rt->workers) { dpar__runtime_free(rt); return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_runtime_create: out of host memory"); }
-    for (int i = 0; i < count; i++) {
-        rt->workers[i].rt = rt;
-        rt->workers[i].device = rt->local_base + i;
-        pthread_mutex_init(&rt->workers[i].qmu, NULL);
-        pthread_cond_init(&rt->workers[i].qcv, NULL);
-    }
-    for (int i = 0; i < count; i++) {
-        if (pthread_create(&rt->workers[i].thread, NULL, dpar__worker_main, &rt->workers[i]) != 0) {
-            dpar__runtime_free(rt);
-            return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_runtime_create: could not start worker thread %d", i);
-        }
-        rt->threads_started = i + 1;
-    }
-    /* wait for each worker's thread_init */
-    pthread_mutex_lock(&rt->mu);
-    while (rt->job_remaining < count && !rt->thread_init_failed) pthread_cond_wait(&rt->cv_done, &rt->mu);
-    rt->job_remaining = 0;
-    int failed = rt->thread_init_failed;
-    pthread_mutex_unlock(&rt->mu);
-    if (failed) {
-        char msg[DPAR__ERR_LEN];
-        memcpy(msg, rt->thread_init_msg, sizeof msg);
-        dpar__runtime_free(rt);
-        return dpar__err(DPAR_ERR_BACKEND, "%s", msg);
-    }
-    if ((s = dpar__obs_init(rt))) { dpar__runtime_free(rt); return s; }
     *out = rt;
     return DPAR_OK;
 }
