@@ -1,6 +1,8 @@
 /* digits_common.h — what the digits examples share with train_digits.c: the
    data (UCI handwritten digits, examples/data), the fixed-seed split, the
-   splitmix64 generator, the He-uniform initialisation and the flags. Every
+   splitmix64 generator, the He-uniform initialisation, the flags, and the
+   small helpers every example needs (arrays, the MLP forward pass, the
+   test-set step, error exits). Every
    example draws the same random numbers in the same order, so with the same
    seed and global batch they see the same batches and start from the same
    weights as build/train_digits, and their losses can be compared epoch by
@@ -76,8 +78,18 @@ typedef struct {
     int *extra_val[4];
 } digits_opts;
 
+/* The example's name, for messages (set by digits_parse). */
+static const char *digits_prog = "digits";
+
+/* Prints "<example>: <what>: <the library's last error>"; returns 1 (main's exit status). */
+static inline int digits_fail(const char *what) {
+    fprintf(stderr, "%s: %s: %s\n", digits_prog, what, dpar_last_error());
+    return 1;
+}
+
 /* Parses the train_digits flags plus the example's extras; 0 on success. */
 static inline int digits_parse(const char *prog, int argc, char **argv, digits_opts *o) {
+    digits_prog = prog;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) { fprintf(stderr, "%s: %s needs a value\n", prog, a); return 2; }
@@ -151,6 +163,38 @@ static inline double digits_accuracy(const digits_setup *s, const float *logits)
     }
     return (double)correct / s->ntest;
 }
+/* A [d0] (ndim 1) or [d0, d1] (ndim 2) array of the mesh; spec0, spec1: the
+   axes each dimension is split over (NULL: replicated). */
+static inline dpar_status digits_array(dpar_mesh *mesh, dpar_dtype t, int ndim, int64_t d0, int64_t d1,
+                                       const char *spec0, const char *spec1, dpar_array **out) {
+    return dpar_array_create(mesh, &(dpar_array_desc){ .dtype = t, .ndim = ndim, .shape = { d0, d1 },
+                                                       .spec = { spec0, spec1 } }, out);
+}
+
+/* The MLP 64-H-10 forward pass on this device's rows:
+   h_pre = x W1 + b1, h = relu(h_pre), logits = h W2 + b2.
+   x [b, 64]; p: W1 [64, H], b1 [H], W2 [H, 10], b2 [10]; h_pre, h [b, H]
+   (h may be h_pre: relu in place); logits [b, 10]; all f32. */
+static inline dpar_status digits_forward(dpar_buffer *const p[4], dpar_buffer *x, dpar_buffer *h_pre, dpar_buffer *h,
+                                         dpar_buffer *logits) {
+    dpar_status s;
+    if ((s = dpar_matmul(h_pre, x, p[0], false, false, 1.0f, 0.0f))) return s; /* [b,64] @ [64,H] */
+    if ((s = dpar_bias_add(h_pre, p[1]))) return s;
+    if ((s = dpar_relu(h, h_pre))) return s;
+    if ((s = dpar_matmul(logits, h, p[2], false, false, 1.0f, 0.0f))) return s; /* [b,H] @ [H,10] */
+    return dpar_bias_add(logits, p[3]);
+}
+
+/* shard_map function for the test set: logits of this device's rows.
+   user: the replicated parameter arrays W1, b1, W2, b2; args: x, h, logits. */
+static inline dpar_status digits_eval_step(dpar_ctx *ctx, void *user) {
+    dpar_array *const *param = (dpar_array *const *)user;
+    int dev = dpar_ctx_device(ctx);
+    dpar_buffer *p[4], *h = dpar_ctx_arg(ctx, 1);
+    for (int i = 0; i < 4; i++) p[i] = dpar_array_shard(param[i], dev);
+    return digits_forward(p, dpar_ctx_arg(ctx, 0), h, h, dpar_ctx_arg(ctx, 2));
+}
+
 static inline int digits_backend(const char *name, dpar_backend_kind *k) {
     return dpar_backend_from_name(name, k) == DPAR_OK ? 0 : -1;
 }

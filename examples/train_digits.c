@@ -46,11 +46,7 @@ static dpar_status train_step(dpar_ctx *ctx, void *user) {
     dpar_status s;
 #define CHECK(call) do { if ((s = (call)) != DPAR_OK) return s; } while (0)
     /* forward */
-    CHECK(dpar_matmul(h_pre, x, p[W1], false, false, 1.0f, 0.0f)); /* [b,64] @ [64,H] */
-    CHECK(dpar_bias_add(h_pre, p[B1]));
-    CHECK(dpar_relu(h, h_pre));
-    CHECK(dpar_matmul(logits, h, p[W2], false, false, 1.0f, 0.0f)); /* [b,H] @ [H,10] */
-    CHECK(dpar_bias_add(logits, p[B2]));
+    CHECK(digits_forward(p, x, h_pre, h, logits));
     CHECK(dpar_softmax_xent(loss, dlogits, logits, y)); /* local mean loss, dlogits / b */
     /* backward */
     CHECK(dpar_matmul(g[W2], h, dlogits, true, false, 1.0f, 0.0f)); /* h^T @ dlogits */
@@ -65,32 +61,6 @@ static dpar_status train_step(dpar_ctx *ctx, void *user) {
     CHECK(dpar_sgd_step(ctx, &m->sgd, p, g, v, NPARAM));
 #undef CHECK
     return DPAR_OK;
-}
-
-/* Forward only, for the test set: logits of this device's rows. */
-static dpar_status eval_step(dpar_ctx *ctx, void *user) {
-    model *m = user;
-    int dev = dpar_ctx_device(ctx);
-    dpar_buffer *x = dpar_ctx_arg(ctx, 0), *h_pre = dpar_ctx_arg(ctx, 1), *logits = dpar_ctx_arg(ctx, 2);
-    dpar_status s;
-    if ((s = dpar_matmul(h_pre, x, dpar_array_shard(m->param[W1], dev), false, false, 1.0f, 0.0f))) return s;
-    if ((s = dpar_bias_add(h_pre, dpar_array_shard(m->param[B1], dev)))) return s;
-    if ((s = dpar_relu(h_pre, h_pre))) return s;
-    if ((s = dpar_matmul(logits, h_pre, dpar_array_shard(m->param[W2], dev), false, false, 1.0f, 0.0f))) return s;
-    return dpar_bias_add(logits, dpar_array_shard(m->param[B2], dev));
-}
-
-static dpar_status make_array(dpar_mesh *mesh, dpar_dtype t, int ndim, int64_t d0, int64_t d1, const char *spec0, dpar_array **out) {
-    dpar_array_desc d;
-    memset(&d, 0, sizeof d);
-    d.dtype = t; d.ndim = ndim; d.shape[0] = d0; d.shape[1] = d1; d.spec[0] = spec0;
-    return dpar_array_create(mesh, &d, out);
-}
-
-
-static int fail(const char *what) {
-    fprintf(stderr, "train_digits: %s: %s\n", what, dpar_last_error());
-    return 1;
 }
 
 int main(int argc, char **argv) {
@@ -118,20 +88,16 @@ int main(int argc, char **argv) {
     int ntest = ds.ntest, ntrain = ds.ntrain, *train_idx = ds.train_idx, *test_idx = ds.test_idx;
 
     /* runtime and mesh */
-    dpar_runtime_desc rd;
-    memset(&rd, 0, sizeof rd);
-    rd.num_devices = devices / nproc; /* this process's devices */
+    dpar_runtime_desc rd = { .num_devices = devices / nproc }; /* this process's devices */
 #ifdef DPAR_MPI
     rd.mpi_comm = &world;
 #endif
     if (digits_backend(backend, &rd.backend)) { fprintf(stderr, "train_digits: unknown backend '%s' (cpu, vulkan, cuda)\n", backend); return 2; }
     dpar_runtime *rt;
-    if (dpar_runtime_create(&rd, &rt)) return fail("runtime");
+    if (dpar_runtime_create(&rd, &rt)) return digits_fail("runtime");
     dpar_mesh *mesh;
-    dpar_mesh_desc md;
-    memset(&md, 0, sizeof md);
-    md.ndim = 1; md.shape[0] = devices; md.axis_names[0] = "data";
-    if (dpar_mesh_create(rt, &md, &mesh)) return fail("mesh");
+    if (dpar_mesh_create(rt, &(dpar_mesh_desc){ .ndim = 1, .shape = { devices }, .axis_names = { "data" } }, &mesh))
+        return digits_fail("mesh");
     dpar_device_info info;
     dpar_runtime_device_info(rt, 0, &info);
     if (proc == 0) {
@@ -146,18 +112,22 @@ int main(int argc, char **argv) {
     int64_t pshape[NPARAM][2] = { { NPIX, hidden }, { hidden, 0 }, { hidden, NCLASS }, { NCLASS, 0 } };
     for (int i = 0; i < NPARAM; i++) {
         int nd = pshape[i][1] ? 2 : 1;
-        if (make_array(mesh, DPAR_F32, nd, pshape[i][0], pshape[i][1], NULL, &m.param[i]) ||
-            make_array(mesh, DPAR_F32, nd, pshape[i][0], pshape[i][1], NULL, &m.grad[i]) ||
-            make_array(mesh, DPAR_F32, nd, pshape[i][0], pshape[i][1], NULL, &m.mom[i]))
-            return fail("parameters");
+        if (digits_array(mesh, DPAR_F32, nd, pshape[i][0], pshape[i][1], NULL, NULL, &m.param[i]) ||
+            digits_array(mesh, DPAR_F32, nd, pshape[i][0], pshape[i][1], NULL, NULL, &m.grad[i]) ||
+            digits_array(mesh, DPAR_F32, nd, pshape[i][0], pshape[i][1], NULL, NULL, &m.mom[i]))
+            return digits_fail("parameters");
     }
     /* He-uniform weights from digits_prepare, zero biases: the same numbers for any device count */
-    if (dpar_array_put(m.param[W1], ds.w1) || dpar_array_put(m.param[W2], ds.w2)) return fail("init");
-    if (make_array(mesh, DPAR_F32, 2, batch, NPIX, "data", &m.x) || make_array(mesh, DPAR_I32, 1, batch, 0, "data", &m.y) ||
-        make_array(mesh, DPAR_F32, 2, batch, hidden, "data", &m.h_pre) || make_array(mesh, DPAR_F32, 2, batch, hidden, "data", &m.h) ||
-        make_array(mesh, DPAR_F32, 2, batch, NCLASS, "data", &m.logits) || make_array(mesh, DPAR_F32, 2, batch, NCLASS, "data", &m.dlogits) ||
-        make_array(mesh, DPAR_F32, 2, batch, hidden, "data", &m.dh) || make_array(mesh, DPAR_F32, 1, devices, 0, "data", &m.loss))
-        return fail("activations");
+    if (dpar_array_put(m.param[W1], ds.w1) || dpar_array_put(m.param[W2], ds.w2)) return digits_fail("init");
+    if (digits_array(mesh, DPAR_F32, 2, batch, NPIX, "data", NULL, &m.x) ||
+        digits_array(mesh, DPAR_I32, 1, batch, 0, "data", NULL, &m.y) ||
+        digits_array(mesh, DPAR_F32, 2, batch, hidden, "data", NULL, &m.h_pre) ||
+        digits_array(mesh, DPAR_F32, 2, batch, hidden, "data", NULL, &m.h) ||
+        digits_array(mesh, DPAR_F32, 2, batch, NCLASS, "data", NULL, &m.logits) ||
+        digits_array(mesh, DPAR_F32, 2, batch, NCLASS, "data", NULL, &m.dlogits) ||
+        digits_array(mesh, DPAR_F32, 2, batch, hidden, "data", NULL, &m.dh) ||
+        digits_array(mesh, DPAR_F32, 1, devices, 0, "data", NULL, &m.loss))
+        return digits_fail("activations");
     m.sgd.learning_rate = lr;
     m.sgd.momentum = momentum;
 
@@ -166,38 +136,40 @@ int main(int argc, char **argv) {
     float *xt = calloc((size_t)tpad * NPIX, sizeof(float)), *lt = malloc((size_t)tpad * NCLASS * sizeof(float));
     dpar_array *tx, *th, *tl;
     int64_t r0, rn; /* the rows of every split array that live on this process */
-    if (make_array(mesh, DPAR_F32, 2, tpad, NPIX, "data", &tx) || make_array(mesh, DPAR_F32, 2, tpad, hidden, "data", &th) ||
-        make_array(mesh, DPAR_F32, 2, tpad, NCLASS, "data", &tl) || dpar_array_local_rows(tx, &r0, &rn))
-        return fail("test set");
+    if (digits_array(mesh, DPAR_F32, 2, tpad, NPIX, "data", NULL, &tx) ||
+        digits_array(mesh, DPAR_F32, 2, tpad, hidden, "data", NULL, &th) ||
+        digits_array(mesh, DPAR_F32, 2, tpad, NCLASS, "data", NULL, &tl) || dpar_array_local_rows(tx, &r0, &rn))
+        return digits_fail("test set");
     for (int64_t i = r0; i < r0 + rn && i < ntest; i++)
         memcpy(xt + (size_t)(i - r0) * NPIX, all.x + (size_t)test_idx[i] * NPIX, NPIX * sizeof(float));
-    if (dpar_array_put_rows(tx, r0, rn, xt)) return fail("test set");
+    if (dpar_array_put_rows(tx, r0, rn, xt)) return digits_fail("test set");
 
     float *xb = malloc((size_t)batch * NPIX * sizeof(float)), *losses = malloc((size_t)devices * sizeof(float));
     int32_t *yb = malloc((size_t)batch * sizeof(int32_t));
     int steps = ntrain / batch; /* drop the last partial batch: the global batch is constant */
     dpar_shard_map_desc train = { .fn = train_step, .user = &m };
-    dpar_shard_map_desc eval = { .fn = eval_step, .user = &m, .num_args = 3, .args = { tx, th, tl } };
+    dpar_shard_map_desc eval = { .fn = digits_eval_step, .user = m.param, .num_args = 3, .args = { tx, th, tl } };
     double epoch_loss = 0.0, acc = 0.0;
     for (int e = 1; e <= epochs; e++) {
         shuffle(train_idx, ntrain);
         double t0 = now_s(), sum = 0.0;
         int64_t b0, bn; /* this process's rows of the global batch */
-        if (dpar_array_local_rows(m.x, &b0, &bn)) return fail("batch rows");
+        if (dpar_array_local_rows(m.x, &b0, &bn)) return digits_fail("batch rows");
         for (int s = 0; s < steps; s++) {
             for (int64_t b = b0; b < b0 + bn; b++) {
                 int k = train_idx[s * batch + b];
                 memcpy(xb + (size_t)(b - b0) * NPIX, all.x + (size_t)k * NPIX, NPIX * sizeof(float));
                 yb[b - b0] = all.y[k];
             }
-            if (dpar_array_put_rows(m.x, b0, bn, xb) || dpar_array_put_rows(m.y, b0, bn, yb)) return fail("batch upload");
-            if (dpar_shard_map(mesh, &train)) return fail("train step");
-            if (dpar_array_get(m.loss, losses)) return fail("loss");
+            if (dpar_array_put_rows(m.x, b0, bn, xb) || dpar_array_put_rows(m.y, b0, bn, yb))
+                return digits_fail("batch upload");
+            if (dpar_shard_map(mesh, &train)) return digits_fail("train step");
+            if (dpar_array_get(m.loss, losses)) return digits_fail("loss");
             sum += losses[0];
         }
         double dt = now_s() - t0;
         epoch_loss = sum / steps;
-        if (dpar_shard_map(mesh, &eval) || dpar_array_get(tl, lt)) return fail("eval");
+        if (dpar_shard_map(mesh, &eval) || dpar_array_get(tl, lt)) return digits_fail("eval");
         acc = digits_accuracy(&ds, lt);
         if (proc == 0) printf("epoch %3d  loss %.8f  test_accuracy %.4f  samples/s %.0f\n", e, epoch_loss, acc, steps * batch / dt);
         fflush(stdout);

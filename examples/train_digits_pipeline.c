@@ -110,10 +110,6 @@ static dpar_status eval_step(dpar_ctx *ctx, void *user) {
     return dpar_bias_add(p->tl, p->b2);
 }
 
-static int fail(const char *what) {
-    fprintf(stderr, "train_digits_pipeline: %s: %s\n", what, dpar_last_error());
-    return 1;
-}
 static int buf(dpar_runtime *rt, int dev, dpar_dtype t, int64_t d0, int64_t d1, dpar_buffer **out) {
     int64_t shape[2] = { d0, d1 };
     return dpar_buffer_create(rt, dev, t, d1 ? 2 : 1, shape, out) != DPAR_OK;
@@ -136,12 +132,12 @@ int main(int argc, char **argv) {
     rd.num_devices = 2;
     if (digits_backend(o.backend, &rd.backend)) { fprintf(stderr, "train_digits_pipeline: unknown backend '%s'\n", o.backend); return 2; }
     dpar_runtime *rt;
-    if (dpar_runtime_create(&rd, &rt)) return fail("runtime");
+    if (dpar_runtime_create(&rd, &rt)) return digits_fail("runtime");
     dpar_mesh *mesh;
     dpar_mesh_desc md;
     memset(&md, 0, sizeof md);
     md.ndim = 1; md.shape[0] = 2; md.axis_names[0] = "stage";
-    if (dpar_mesh_create(rt, &md, &mesh)) return fail("mesh");
+    if (dpar_mesh_create(rt, &md, &mesh)) return digits_fail("mesh");
     printf("backend %s, 2 devices: 2 pipeline stages along \"stage\", GPipe with %d micro-batches of %d\n", o.backend, M, mb);
     printf("data: %d train, %d test images; MLP 64-%d-10, batch %d, lr %g, momentum %g\n",
            ds.ntrain, ds.ntest, hidden, batch, (double)o.lr, (double)o.momentum);
@@ -149,7 +145,7 @@ int main(int argc, char **argv) {
     pipe_model p;
     memset(&p, 0, sizeof p);
     p.M = M; p.mb = mb; p.hidden = hidden;
-    for (int st = 0; st < 2; st++) { int c = st; if (dpar_mesh_device(mesh, &c, &p.dev[st])) return fail("mesh device"); }
+    for (int st = 0; st < 2; st++) { int c = st; if (dpar_mesh_device(mesh, &c, &p.dev[st])) return digits_fail("mesh device"); }
     int d0 = p.dev[0], d1 = p.dev[1];
     if (buf(rt, d0, DPAR_F32, NPIX, hidden, &p.w1) || buf(rt, d0, DPAR_F32, hidden, 0, &p.b1) ||
         buf(rt, d0, DPAR_F32, NPIX, hidden, &p.gw1) || buf(rt, d0, DPAR_F32, hidden, 0, &p.gb1) ||
@@ -159,15 +155,15 @@ int main(int argc, char **argv) {
         buf(rt, d1, DPAR_F32, hidden, NCLASS, &p.vw2) || buf(rt, d1, DPAR_F32, NCLASS, 0, &p.vb2) ||
         buf(rt, d0, DPAR_F32, mb, hidden, &p.send0) || buf(rt, d1, DPAR_F32, mb, hidden, &p.send1) ||
         buf(rt, d1, DPAR_F32, mb, NCLASS, &p.logits) || buf(rt, d1, DPAR_F32, mb, NCLASS, &p.dlogits))
-        return fail("parameters");
+        return digits_fail("parameters");
     for (int k = 0; k < M; k++)
         if (buf(rt, d0, DPAR_F32, mb, NPIX, &p.x[k]) || buf(rt, d0, DPAR_F32, mb, hidden, &p.h_pre[k]) ||
             buf(rt, d0, DPAR_F32, mb, hidden, &p.h[k]) || buf(rt, d0, DPAR_F32, mb, hidden, &p.dh[k]) ||
             buf(rt, d1, DPAR_I32, mb, 0, &p.y[k]) || buf(rt, d1, DPAR_F32, mb, hidden, &p.hin[k]) ||
             buf(rt, d1, DPAR_F32, mb, hidden, &p.dhout[k]) || buf(rt, d1, DPAR_F32, 1, 0, &p.loss[k]))
-            return fail("activations");
+            return digits_fail("activations");
     if (dpar_buffer_write(p.w1, 0, ds.w1, (size_t)NPIX * (size_t)hidden * 4) || dpar_buffer_write(p.w2, 0, ds.w2, (size_t)hidden * NCLASS * 4))
-        return fail("init");
+        return digits_fail("init");
     p.sgd.learning_rate = o.lr;
     p.sgd.momentum = o.momentum;
 
@@ -177,7 +173,7 @@ int main(int argc, char **argv) {
     if (buf(rt, d0, DPAR_F32, p.tpad, NPIX, &p.tx) || buf(rt, d0, DPAR_F32, p.tpad, hidden, &p.th0) ||
         buf(rt, d0, DPAR_F32, p.tpad, hidden, &p.tsend) || buf(rt, d1, DPAR_F32, p.tpad, hidden, &p.th1) ||
         buf(rt, d1, DPAR_F32, p.tpad, NCLASS, &p.tl) || dpar_buffer_write(p.tx, 0, xt, (size_t)p.tpad * NPIX * 4))
-        return fail("test set");
+        return digits_fail("test set");
 
     float *xb = malloc((size_t)batch * NPIX * sizeof(float));
     int32_t *yb = malloc((size_t)batch * sizeof(int32_t));
@@ -192,19 +188,19 @@ int main(int argc, char **argv) {
             for (int k = 0; k < M; k++)  /* inputs to stage 0, labels to stage 1 */
                 if (dpar_buffer_write(p.x[k], 0, xb + (size_t)k * (size_t)mb * NPIX, (size_t)mb * NPIX * 4) ||
                     dpar_buffer_write(p.y[k], 0, yb + (size_t)k * (size_t)mb, (size_t)mb * 4))
-                    return fail("batch upload");
-            if (dpar_shard_map(mesh, &train)) return fail("train step");
+                    return digits_fail("batch upload");
+            if (dpar_shard_map(mesh, &train)) return digits_fail("train step");
             double l = 0.0;
             for (int k = 0; k < M; k++) {
                 float v;
-                if (dpar_buffer_read(p.loss[k], 0, &v, 4)) return fail("loss");
+                if (dpar_buffer_read(p.loss[k], 0, &v, 4)) return digits_fail("loss");
                 l += v;
             }
             sum += l / M;
         }
         double dt = now_s() - t0;
         epoch_loss = sum / steps;
-        if (dpar_shard_map(mesh, &eval) || dpar_buffer_read(p.tl, 0, lt, (size_t)p.tpad * NCLASS * 4)) return fail("eval");
+        if (dpar_shard_map(mesh, &eval) || dpar_buffer_read(p.tl, 0, lt, (size_t)p.tpad * NCLASS * 4)) return digits_fail("eval");
         acc = digits_accuracy(&ds, lt);
         printf("epoch %3d  loss %.8f  test_accuracy %.4f  samples/s %.0f\n", e, epoch_loss, acc, steps * batch / dt);
         fflush(stdout);

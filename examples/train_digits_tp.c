@@ -87,17 +87,6 @@ static dpar_status eval_step(dpar_ctx *ctx, void *user) {
     return tp_forward(ctx, p, dpar_ctx_arg(ctx, 0), h, h, dpar_ctx_arg(ctx, 2));
 }
 
-static dpar_status make_array(dpar_mesh *mesh, dpar_dtype t, int ndim, int64_t d0, int64_t d1, const char *s0, const char *s1, dpar_array **out) {
-    dpar_array_desc d;
-    memset(&d, 0, sizeof d);
-    d.dtype = t; d.ndim = ndim; d.shape[0] = d0; d.shape[1] = d1; d.spec[0] = s0; d.spec[1] = s1;
-    return dpar_array_create(mesh, &d, out);
-}
-static int fail(const char *what) {
-    fprintf(stderr, "train_digits_tp: %s: %s\n", what, dpar_last_error());
-    return 1;
-}
-
 /* Are the replicas of every shard of `a` bitwise identical across the mesh? */
 static int replicas_identical(dpar_mesh *mesh, dpar_array *a) {
     int n = dpar_mesh_size(mesh), ok = 1;
@@ -145,12 +134,12 @@ int main(int argc, char **argv) {
     rd.num_devices = devices;
     if (digits_backend(o.backend, &rd.backend)) { fprintf(stderr, "train_digits_tp: unknown backend '%s'\n", o.backend); return 2; }
     dpar_runtime *rt;
-    if (dpar_runtime_create(&rd, &rt)) return fail("runtime");
+    if (dpar_runtime_create(&rd, &rt)) return digits_fail("runtime");
     dpar_mesh *mesh;
     dpar_mesh_desc md;
     memset(&md, 0, sizeof md);
     md.ndim = 2; md.shape[0] = dp; md.shape[1] = tp; md.axis_names[0] = "data"; md.axis_names[1] = "model";
-    if (dpar_mesh_create(rt, &md, &mesh)) return fail("mesh");
+    if (dpar_mesh_create(rt, &md, &mesh)) return digits_fail("mesh");
     printf("backend %s, %d devices: mesh %dx%d (data, model), Megatron column- then row-parallel MLP\n", o.backend, devices, dp, tp);
     printf("data: %d train, %d test images; MLP 64-%d-10 (%d hidden units per device), batch %d (%d per data shard), lr %g, momentum %g\n",
            ds.ntrain, ds.ntest, hidden, hidden / tp, batch, batch / dp, (double)o.lr, (double)o.momentum);
@@ -162,18 +151,18 @@ int main(int argc, char **argv) {
     const char *pspec[NPARAM][2] = { { NULL, "model" }, { "model", NULL }, { "model", NULL }, { NULL, NULL } };
     for (int i = 0; i < NPARAM; i++) {
         int nd = pshape[i][1] ? 2 : 1;
-        if (make_array(mesh, DPAR_F32, nd, pshape[i][0], pshape[i][1], pspec[i][0], pspec[i][1], &m.param[i]) ||
-            make_array(mesh, DPAR_F32, nd, pshape[i][0], pshape[i][1], pspec[i][0], pspec[i][1], &m.grad[i]) ||
-            make_array(mesh, DPAR_F32, nd, pshape[i][0], pshape[i][1], pspec[i][0], pspec[i][1], &m.mom[i]))
-            return fail("parameters");
+        if (digits_array(mesh, DPAR_F32, nd, pshape[i][0], pshape[i][1], pspec[i][0], pspec[i][1], &m.param[i]) ||
+            digits_array(mesh, DPAR_F32, nd, pshape[i][0], pshape[i][1], pspec[i][0], pspec[i][1], &m.grad[i]) ||
+            digits_array(mesh, DPAR_F32, nd, pshape[i][0], pshape[i][1], pspec[i][0], pspec[i][1], &m.mom[i]))
+            return digits_fail("parameters");
     }
-    if (dpar_array_put(m.param[W1], ds.w1) || dpar_array_put(m.param[W2], ds.w2)) return fail("init");
-    if (make_array(mesh, DPAR_F32, 2, batch, NPIX, "data", NULL, &m.x) || make_array(mesh, DPAR_I32, 1, batch, 0, "data", NULL, &m.y) ||
-        make_array(mesh, DPAR_F32, 2, batch, hidden, "data", "model", &m.h_pre) || make_array(mesh, DPAR_F32, 2, batch, hidden, "data", "model", &m.h) ||
-        make_array(mesh, DPAR_F32, 2, batch, NCLASS, "data", NULL, &m.logits) || make_array(mesh, DPAR_F32, 2, batch, NCLASS, "data", NULL, &m.dlogits) ||
-        make_array(mesh, DPAR_F32, 2, batch, hidden, "data", "model", &m.dh) || make_array(mesh, DPAR_F32, 2, batch, NPIX, "data", NULL, &m.dx) ||
-        make_array(mesh, DPAR_F32, 1, dp, 0, "data", NULL, &m.loss))
-        return fail("activations");
+    if (dpar_array_put(m.param[W1], ds.w1) || dpar_array_put(m.param[W2], ds.w2)) return digits_fail("init");
+    if (digits_array(mesh, DPAR_F32, 2, batch, NPIX, "data", NULL, &m.x) || digits_array(mesh, DPAR_I32, 1, batch, 0, "data", NULL, &m.y) ||
+        digits_array(mesh, DPAR_F32, 2, batch, hidden, "data", "model", &m.h_pre) || digits_array(mesh, DPAR_F32, 2, batch, hidden, "data", "model", &m.h) ||
+        digits_array(mesh, DPAR_F32, 2, batch, NCLASS, "data", NULL, &m.logits) || digits_array(mesh, DPAR_F32, 2, batch, NCLASS, "data", NULL, &m.dlogits) ||
+        digits_array(mesh, DPAR_F32, 2, batch, hidden, "data", "model", &m.dh) || digits_array(mesh, DPAR_F32, 2, batch, NPIX, "data", NULL, &m.dx) ||
+        digits_array(mesh, DPAR_F32, 1, dp, 0, "data", NULL, &m.loss))
+        return digits_fail("activations");
     m.sgd.learning_rate = o.lr;
     m.sgd.momentum = o.momentum;
 
@@ -181,9 +170,9 @@ int main(int argc, char **argv) {
     float *xt = calloc((size_t)tpad * NPIX, sizeof(float)), *lt = malloc((size_t)tpad * NCLASS * sizeof(float));
     for (int i = 0; i < ds.ntest; i++) memcpy(xt + (size_t)i * NPIX, ds.all.x + (size_t)ds.test_idx[i] * NPIX, NPIX * sizeof(float));
     dpar_array *tx, *th, *tl;
-    if (make_array(mesh, DPAR_F32, 2, tpad, NPIX, "data", NULL, &tx) || make_array(mesh, DPAR_F32, 2, tpad, hidden, "data", "model", &th) ||
-        make_array(mesh, DPAR_F32, 2, tpad, NCLASS, "data", NULL, &tl) || dpar_array_put(tx, xt))
-        return fail("test set");
+    if (digits_array(mesh, DPAR_F32, 2, tpad, NPIX, "data", NULL, &tx) || digits_array(mesh, DPAR_F32, 2, tpad, hidden, "data", "model", &th) ||
+        digits_array(mesh, DPAR_F32, 2, tpad, NCLASS, "data", NULL, &tl) || dpar_array_put(tx, xt))
+        return digits_fail("test set");
 
     float *xb = malloc((size_t)batch * NPIX * sizeof(float)), *losses = malloc((size_t)dp * sizeof(float));
     int32_t *yb = malloc((size_t)batch * sizeof(int32_t));
@@ -196,14 +185,14 @@ int main(int argc, char **argv) {
         double t0 = now_s(), sum = 0.0;
         for (int s = 0; s < steps; s++) {
             digits_batch(&ds, s, batch, xb, yb);
-            if (dpar_array_put(m.x, xb) || dpar_array_put(m.y, yb)) return fail("batch upload");
-            if (dpar_shard_map(mesh, &train)) return fail("train step");
-            if (dpar_array_get(m.loss, losses)) return fail("loss");
+            if (dpar_array_put(m.x, xb) || dpar_array_put(m.y, yb)) return digits_fail("batch upload");
+            if (dpar_shard_map(mesh, &train)) return digits_fail("train step");
+            if (dpar_array_get(m.loss, losses)) return digits_fail("loss");
             sum += losses[0];
         }
         double dt = now_s() - t0;
         epoch_loss = sum / steps;
-        if (dpar_shard_map(mesh, &eval) || dpar_array_get(tl, lt)) return fail("eval");
+        if (dpar_shard_map(mesh, &eval) || dpar_array_get(tl, lt)) return digits_fail("eval");
         acc = digits_accuracy(&ds, lt);
         printf("epoch %3d  loss %.8f  test_accuracy %.4f  samples/s %.0f\n", e, epoch_loss, acc, steps * batch / dt);
         fflush(stdout);

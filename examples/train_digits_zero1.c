@@ -38,11 +38,7 @@ static dpar_status train_step(dpar_ctx *ctx, void *user) {
     dpar_buffer *dh = dpar_array_shard(m->dh, dev), *loss = dpar_array_shard(m->loss, dev);
     dpar_status s;
 #define CHECK(call) do { if ((s = (call)) != DPAR_OK) return s; } while (0)
-    CHECK(dpar_matmul(h_pre, x, p[W1], false, false, 1.0f, 0.0f));
-    CHECK(dpar_bias_add(h_pre, p[B1]));
-    CHECK(dpar_relu(h, h_pre));
-    CHECK(dpar_matmul(logits, h, p[W2], false, false, 1.0f, 0.0f));
-    CHECK(dpar_bias_add(logits, p[B2]));
+    CHECK(digits_forward(p, x, h_pre, h, logits));
     CHECK(dpar_softmax_xent(loss, dlogits, logits, y));
     CHECK(dpar_matmul(g[W2], h, dlogits, true, false, 1.0f, 0.0f));
     CHECK(dpar_bias_grad(g[B2], dlogits, 0.0f));
@@ -55,29 +51,6 @@ static dpar_status train_step(dpar_ctx *ctx, void *user) {
     CHECK(dpar_zero1_step(ctx, m->zero, g));
 #undef CHECK
     return DPAR_OK;
-}
-
-static dpar_status eval_step(dpar_ctx *ctx, void *user) {
-    model *m = user;
-    int dev = dpar_ctx_device(ctx);
-    dpar_buffer *x = dpar_ctx_arg(ctx, 0), *h_pre = dpar_ctx_arg(ctx, 1), *logits = dpar_ctx_arg(ctx, 2);
-    dpar_status s;
-    if ((s = dpar_matmul(h_pre, x, dpar_array_shard(m->param[W1], dev), false, false, 1.0f, 0.0f))) return s;
-    if ((s = dpar_bias_add(h_pre, dpar_array_shard(m->param[B1], dev)))) return s;
-    if ((s = dpar_relu(h_pre, h_pre))) return s;
-    if ((s = dpar_matmul(logits, h_pre, dpar_array_shard(m->param[W2], dev), false, false, 1.0f, 0.0f))) return s;
-    return dpar_bias_add(logits, dpar_array_shard(m->param[B2], dev));
-}
-
-static dpar_status make_array(dpar_mesh *mesh, dpar_dtype t, int ndim, int64_t d0, int64_t d1, const char *spec0, dpar_array **out) {
-    dpar_array_desc d;
-    memset(&d, 0, sizeof d);
-    d.dtype = t; d.ndim = ndim; d.shape[0] = d0; d.shape[1] = d1; d.spec[0] = spec0;
-    return dpar_array_create(mesh, &d, out);
-}
-static int fail(const char *what) {
-    fprintf(stderr, "train_digits_zero1: %s: %s\n", what, dpar_last_error());
-    return 1;
 }
 
 /* The checkpoint: parameters (replicated) and ZeRO-1 state (sharded, padded). */
@@ -113,12 +86,12 @@ int main(int argc, char **argv) {
     rd.num_devices = devices;
     if (digits_backend(o.backend, &rd.backend)) { fprintf(stderr, "train_digits_zero1: unknown backend '%s'\n", o.backend); return 2; }
     dpar_runtime *rt;
-    if (dpar_runtime_create(&rd, &rt)) return fail("runtime");
+    if (dpar_runtime_create(&rd, &rt)) return digits_fail("runtime");
     dpar_mesh *mesh;
     dpar_mesh_desc md;
     memset(&md, 0, sizeof md);
     md.ndim = 1; md.shape[0] = devices; md.axis_names[0] = "data";
-    if (dpar_mesh_create(rt, &md, &mesh)) return fail("mesh");
+    if (dpar_mesh_create(rt, &md, &mesh)) return digits_fail("mesh");
     printf("backend %s, %d device(s), ZeRO-1 over \"data\"\n", o.backend, devices);
     printf("data: %d train, %d test images; MLP 64-%d-10, batch %d (%d per device), lr %g, momentum %g\n",
            ds.ntrain, ds.ntest, hidden, batch, batch / devices, (double)o.lr, (double)o.momentum);
@@ -128,26 +101,26 @@ int main(int argc, char **argv) {
     int64_t pshape[NPARAM][2] = { { NPIX, hidden }, { hidden, 0 }, { hidden, NCLASS }, { NCLASS, 0 } };
     for (int i = 0; i < NPARAM; i++) {
         int nd = pshape[i][1] ? 2 : 1;
-        if (make_array(mesh, DPAR_F32, nd, pshape[i][0], pshape[i][1], NULL, &m.param[i]) ||
-            make_array(mesh, DPAR_F32, nd, pshape[i][0], pshape[i][1], NULL, &m.grad[i]))
-            return fail("parameters");
+        if (digits_array(mesh, DPAR_F32, nd, pshape[i][0], pshape[i][1], NULL, NULL, &m.param[i]) ||
+            digits_array(mesh, DPAR_F32, nd, pshape[i][0], pshape[i][1], NULL, NULL, &m.grad[i]))
+            return digits_fail("parameters");
     }
-    if (dpar_array_put(m.param[W1], ds.w1) || dpar_array_put(m.param[W2], ds.w2)) return fail("init");
+    if (dpar_array_put(m.param[W1], ds.w1) || dpar_array_put(m.param[W2], ds.w2)) return digits_fail("init");
     dpar_zero1_desc zd;
     memset(&zd, 0, sizeof zd);
     zd.sgd.learning_rate = o.lr; zd.sgd.momentum = o.momentum;
     zd.axis = "data"; zd.num_params = NPARAM;
     for (int i = 0; i < NPARAM; i++) zd.params[i] = m.param[i];
-    if (dpar_zero1_create(&zd, &m.zero)) return fail("zero1");
+    if (dpar_zero1_create(&zd, &m.zero)) return digits_fail("zero1");
 
     /* momentum memory per device: measured from the buffers each holds */
     {
         size_t zbytes = dpar_zero1_momentum_bytes(m.zero, 0), pbytes = 0;
-        for (int d = 1; d < devices; d++) if (dpar_zero1_momentum_bytes(m.zero, d) != zbytes) return fail("uneven momentum shards");
+        for (int d = 1; d < devices; d++) if (dpar_zero1_momentum_bytes(m.zero, d) != zbytes) return digits_fail("uneven momentum shards");
         for (int i = 0; i < NPARAM; i++) { /* what plain data parallelism allocates: a full replica per device */
             int nd = pshape[i][1] ? 2 : 1;
             dpar_array *rep;
-            if (make_array(mesh, DPAR_F32, nd, pshape[i][0], pshape[i][1], NULL, &rep)) return fail("replica");
+            if (digits_array(mesh, DPAR_F32, nd, pshape[i][0], pshape[i][1], NULL, NULL, &rep)) return digits_fail("replica");
             pbytes += dpar_buffer_nbytes(dpar_array_shard(rep, 0));
             dpar_array_destroy(rep);
         }
@@ -156,25 +129,25 @@ int main(int argc, char **argv) {
         for (int i = 0; i < NPARAM; i++) printf(" %lld", (long long)dpar_zero1_padded_count(m.zero, i));
         printf("\n");
     }
-    if (make_array(mesh, DPAR_F32, 2, batch, NPIX, "data", &m.x) || make_array(mesh, DPAR_I32, 1, batch, 0, "data", &m.y) ||
-        make_array(mesh, DPAR_F32, 2, batch, hidden, "data", &m.h_pre) || make_array(mesh, DPAR_F32, 2, batch, hidden, "data", &m.h) ||
-        make_array(mesh, DPAR_F32, 2, batch, NCLASS, "data", &m.logits) || make_array(mesh, DPAR_F32, 2, batch, NCLASS, "data", &m.dlogits) ||
-        make_array(mesh, DPAR_F32, 2, batch, hidden, "data", &m.dh) || make_array(mesh, DPAR_F32, 1, devices, 0, "data", &m.loss))
-        return fail("activations");
+    if (digits_array(mesh, DPAR_F32, 2, batch, NPIX, "data", NULL, &m.x) || digits_array(mesh, DPAR_I32, 1, batch, 0, "data", NULL, &m.y) ||
+        digits_array(mesh, DPAR_F32, 2, batch, hidden, "data", NULL, &m.h_pre) || digits_array(mesh, DPAR_F32, 2, batch, hidden, "data", NULL, &m.h) ||
+        digits_array(mesh, DPAR_F32, 2, batch, NCLASS, "data", NULL, &m.logits) || digits_array(mesh, DPAR_F32, 2, batch, NCLASS, "data", NULL, &m.dlogits) ||
+        digits_array(mesh, DPAR_F32, 2, batch, hidden, "data", NULL, &m.dh) || digits_array(mesh, DPAR_F32, 1, devices, 0, "data", NULL, &m.loss))
+        return digits_fail("activations");
 
     int tpad = (ds.ntest + devices - 1) / devices * devices;
     float *xt = calloc((size_t)tpad * NPIX, sizeof(float)), *lt = malloc((size_t)tpad * NCLASS * sizeof(float));
     for (int i = 0; i < ds.ntest; i++) memcpy(xt + (size_t)i * NPIX, ds.all.x + (size_t)ds.test_idx[i] * NPIX, NPIX * sizeof(float));
     dpar_array *tx, *th, *tl;
-    if (make_array(mesh, DPAR_F32, 2, tpad, NPIX, "data", &tx) || make_array(mesh, DPAR_F32, 2, tpad, hidden, "data", &th) ||
-        make_array(mesh, DPAR_F32, 2, tpad, NCLASS, "data", &tl) || dpar_array_put(tx, xt))
-        return fail("test set");
+    if (digits_array(mesh, DPAR_F32, 2, tpad, NPIX, "data", NULL, &tx) || digits_array(mesh, DPAR_F32, 2, tpad, hidden, "data", NULL, &th) ||
+        digits_array(mesh, DPAR_F32, 2, tpad, NCLASS, "data", NULL, &tl) || dpar_array_put(tx, xt))
+        return digits_fail("test set");
 
     float *xb = malloc((size_t)batch * NPIX * sizeof(float)), *losses = malloc((size_t)devices * sizeof(float));
     int32_t *yb = malloc((size_t)batch * sizeof(int32_t));
     int steps = ds.ntrain / batch;
     dpar_shard_map_desc train = { .fn = train_step, .user = &m };
-    dpar_shard_map_desc eval = { .fn = eval_step, .user = &m, .num_args = 3, .args = { tx, th, tl } };
+    dpar_shard_map_desc eval = { .fn = digits_eval_step, .user = m.param, .num_args = 3, .args = { tx, th, tl } };
     double epoch_loss = 0.0, acc = 0.0;
     char ckpt[512];
     snprintf(ckpt, sizeof ckpt, "%s/dpar_zero1_%ld.ckpt", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (long)getpid());
@@ -184,14 +157,14 @@ int main(int argc, char **argv) {
         double t0 = now_s(), sum = 0.0;
         for (int s = 0; s < steps; s++) {
             digits_batch(&ds, s, batch, xb, yb);
-            if (dpar_array_put(m.x, xb) || dpar_array_put(m.y, yb)) return fail("batch upload");
-            if (dpar_shard_map(mesh, &train)) return fail("train step");
-            if (dpar_array_get(m.loss, losses)) return fail("loss");
+            if (dpar_array_put(m.x, xb) || dpar_array_put(m.y, yb)) return digits_fail("batch upload");
+            if (dpar_shard_map(mesh, &train)) return digits_fail("train step");
+            if (dpar_array_get(m.loss, losses)) return digits_fail("loss");
             sum += losses[0];
         }
         double dt = now_s() - t0;
         epoch_loss = sum / steps;
-        if (dpar_shard_map(mesh, &eval) || dpar_array_get(tl, lt)) return fail("eval");
+        if (dpar_shard_map(mesh, &eval) || dpar_array_get(tl, lt)) return digits_fail("eval");
         acc = digits_accuracy(&ds, lt);
         printf("epoch %3d  loss %.8f  test_accuracy %.4f  samples/s %.0f\n", e, epoch_loss, acc, steps * batch / dt);
         fflush(stdout);
@@ -200,15 +173,15 @@ int main(int argc, char **argv) {
             dpar_checkpoint_entry ent[3 * NPARAM];
             int n = checkpoint_entries(&m, ent);
             saved_rng = rng_state;
-            if (dpar_checkpoint_save(ckpt, ent, n, (uint64_t)e)) return fail("checkpoint save");
+            if (dpar_checkpoint_save(ckpt, ent, n, (uint64_t)e)) return digits_fail("checkpoint save");
             dpar_zero1_destroy(m.zero);
             float *junk = calloc((size_t)NPIX * (size_t)hidden, sizeof(float));
-            for (int i = 0; i < NPARAM; i++) if (dpar_array_put(m.param[i], junk)) return fail("wipe");
+            for (int i = 0; i < NPARAM; i++) if (dpar_array_put(m.param[i], junk)) return digits_fail("wipe");
             free(junk);
-            if (dpar_zero1_create(&zd, &m.zero)) return fail("zero1 (again)");
+            if (dpar_zero1_create(&zd, &m.zero)) return digits_fail("zero1 (again)");
             n = checkpoint_entries(&m, ent);
             uint64_t step = 0;
-            if (dpar_checkpoint_restore(ckpt, ent, n, &step)) return fail("checkpoint restore");
+            if (dpar_checkpoint_restore(ckpt, ent, n, &step)) return digits_fail("checkpoint restore");
             rng_state = saved_rng;
             printf("checkpoint: saved after epoch %d to %s (%d entries), restored into fresh state (step %llu)\n",
                    e, ckpt, n, (unsigned long long)step);
