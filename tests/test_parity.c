@@ -32,8 +32,15 @@ typedef struct pcase {
     const char *name;
     case_fn fn;
     dpar_dtype dt;
-    int64_t p[4];      /* sizes */
-    float f[4];        /* scalars */
+    int64_t shape[3];  /* matmul: M K N; bias: [B, R, C]; 2-D cases: rows, cols; 1-D cases: n */
+    int trans;         /* matmul: bit 0 transposes A, bit 1 B */
+    float alpha, beta; /* matmul: alpha, beta; bias: beta of bias_grad; axpy: alpha */
+    float scale;       /* axpy: then y *= scale */
+    float value;       /* fill: the value */
+    int data;          /* cast, sum: the input's values (D_RAND, D_INT, D_SPECIAL) */
+    dpar_dtype to;     /* cast: the output dtype */
+    dpar_sgd_desc sgd; /* sgd: learning_rate, momentum, nesterov, weight_decay */
+    float clip_scale;  /* sgd: the clip scale given to dpar_sgd_update */
     double rtol, atol; /* 0, 0: exact */
     const char *axes;  /* collectives: axis set ("x", "a", "b", "a,b") */
 } pcase;
@@ -164,30 +171,30 @@ static void free_io(devio *io) {
 
 /* ---- op cases ---------------------------------------------------------- */
 static dpar_status c_matmul(dpar_ctx *ctx, devio *d, const pcase *c, int dev) {
-    int64_t M = c->p[0], K = c->p[1], N = c->p[2];
-    int ta = (int)(c->p[3] & 1), tb = (int)(c->p[3] >> 1 & 1);
+    int64_t M = c->shape[0], K = c->shape[1], N = c->shape[2];
+    int ta = c->trans & 1, tb = c->trans >> 1 & 1;
     dpar_buffer *A, *B, *C;
     if (ta) MK(A, c->dt, 2, D_RAND, 0, K, M); else MK(A, c->dt, 2, D_RAND, 0, M, K);
     if (tb) MK(B, c->dt, 2, D_RAND, 0, N, K); else MK(B, c->dt, 2, D_RAND, 0, K, N);
     MK(C, DPAR_F32, 2, D_RAND, 0, M, N);
-    TRY(dpar_matmul(C, A, B, ta, tb, c->f[0], c->f[1]));
+    TRY(dpar_matmul(C, A, B, ta, tb, c->alpha, c->beta));
     return rec_buf(d, C);
 }
 static dpar_status c_bias(dpar_ctx *ctx, devio *d, const pcase *c, int dev) {
     dpar_buffer *y, *b, *db;
-    MK(y, DPAR_F32, 3, D_RAND, 0, c->p[0], c->p[1], c->p[2]);
-    MK(b, DPAR_F32, 1, D_RAND, 0, c->p[2]);
-    MK(db, DPAR_F32, 1, D_RAND, 0, c->p[2]);
+    MK(y, DPAR_F32, 3, D_RAND, 0, c->shape[0], c->shape[1], c->shape[2]);
+    MK(b, DPAR_F32, 1, D_RAND, 0, c->shape[2]);
+    MK(db, DPAR_F32, 1, D_RAND, 0, c->shape[2]);
     TRY(dpar_bias_add(y, b));
     TRY(rec_buf(d, y));
-    int64_t two[2] = { c->p[0] * c->p[1], c->p[2] };
+    int64_t two[2] = { c->shape[0] * c->shape[1], c->shape[2] };
     TRY(dpar_buffer_reshape(y, 2, two));
-    TRY(dpar_bias_grad(db, y, c->f[0]));
+    TRY(dpar_bias_grad(db, y, c->beta));
     return rec_buf(d, db);
 }
 static dpar_status c_relu(dpar_ctx *ctx, devio *d, const pcase *c, int dev) {
     dpar_buffer *x, *y, *dy, *dx;
-    int64_t n = c->p[0];
+    int64_t n = c->shape[0];
     MK(x, DPAR_F32, 1, D_RAND, 0, n);
     MK(y, DPAR_F32, 1, D_ZERO, 0, n);
     MK(dy, DPAR_F32, 1, D_RAND, 0, n);
@@ -203,7 +210,7 @@ static dpar_status c_relu(dpar_ctx *ctx, devio *d, const pcase *c, int dev) {
 }
 static dpar_status c_xent(dpar_ctx *ctx, devio *d, const pcase *c, int dev) {
     dpar_buffer *z, *lab, *loss, *g;
-    int64_t M = c->p[0], C = c->p[1];
+    int64_t M = c->shape[0], C = c->shape[1];
     MK(z, DPAR_F32, 2, D_RAND, 0, M, C);
     TRY(dpar_scale(z, 4.0f));
     MK(lab, DPAR_I32, 1, D_LABEL, C, M);
@@ -217,10 +224,10 @@ static dpar_status c_xent(dpar_ctx *ctx, devio *d, const pcase *c, int dev) {
 }
 static dpar_status c_mse(dpar_ctx *ctx, devio *d, const pcase *c, int dev) {
     dpar_buffer *p, *t, *loss, *g;
-    MK(p, DPAR_F32, 2, D_RAND, 0, c->p[0], c->p[1]);
-    MK(t, DPAR_F32, 2, D_RAND, 0, c->p[0], c->p[1]);
+    MK(p, DPAR_F32, 2, D_RAND, 0, c->shape[0], c->shape[1]);
+    MK(t, DPAR_F32, 2, D_RAND, 0, c->shape[0], c->shape[1]);
     MK(loss, DPAR_F32, 0, D_ZERO, 0, 1);
-    MK(g, DPAR_F32, 2, D_ZERO, 0, c->p[0], c->p[1]);
+    MK(g, DPAR_F32, 2, D_ZERO, 0, c->shape[0], c->shape[1]);
     TRY(dpar_mse(loss, g, p, t));
     TRY(rec_buf(d, loss));
     TRY(rec_buf(d, g));
@@ -229,37 +236,36 @@ static dpar_status c_mse(dpar_ctx *ctx, devio *d, const pcase *c, int dev) {
 }
 static dpar_status c_axpy_scale(dpar_ctx *ctx, devio *d, const pcase *c, int dev) {
     dpar_buffer *x, *y;
-    MK(x, DPAR_F32, 1, D_RAND, 0, c->p[0]);
-    MK(y, DPAR_F32, 1, D_RAND, 0, c->p[0]);
-    TRY(dpar_axpy(y, c->f[0], x));
+    MK(x, DPAR_F32, 1, D_RAND, 0, c->shape[0]);
+    MK(y, DPAR_F32, 1, D_RAND, 0, c->shape[0]);
+    TRY(dpar_axpy(y, c->alpha, x));
     TRY(rec_buf(d, y));
-    TRY(dpar_scale(y, c->f[1]));
+    TRY(dpar_scale(y, c->scale));
     TRY(rec_buf(d, y));
     TRY(dpar_axpy(y, -1.0f, y)); /* aliasing: y = 0 */
     return rec_buf(d, y);
 }
 static dpar_status c_fill_copy(dpar_ctx *ctx, devio *d, const pcase *c, int dev) {
     dpar_buffer *x, *y;
-    MK(x, c->dt, 2, D_INT, 0, c->p[0], c->p[1]);
-    MK(y, c->dt, 1, D_ZERO, 0, c->p[0] * c->p[1]);
+    MK(x, c->dt, 2, D_INT, 0, c->shape[0], c->shape[1]);
+    MK(y, c->dt, 1, D_ZERO, 0, c->shape[0] * c->shape[1]);
     TRY(dpar_copy(y, x));
     TRY(rec_buf(d, y));
-    TRY(dpar_fill(x, c->f[0]));
+    TRY(dpar_fill(x, c->value));
     TRY(rec_buf(d, x));
     TRY(dpar_copy(x, x));
     return rec_buf(d, x);
 }
 static dpar_status c_cast(dpar_ctx *ctx, devio *d, const pcase *c, int dev) {
     dpar_buffer *x, *y;
-    dpar_dtype to = (dpar_dtype)c->p[1];
-    MK(x, c->dt, 1, (int)c->p[2], 0, c->p[0]);
-    MK(y, to, 1, D_ZERO, 0, c->p[0]);
+    MK(x, c->dt, 1, c->data, 0, c->shape[0]);
+    MK(y, c->to, 1, D_ZERO, 0, c->shape[0]);
     TRY(dpar_cast(y, x));
     return rec_buf(d, y);
 }
 static dpar_status c_sum(dpar_ctx *ctx, devio *d, const pcase *c, int dev) {
     dpar_buffer *x, *s;
-    MK(x, DPAR_F32, 1, (int)c->p[1], 0, c->p[0]);
+    MK(x, DPAR_F32, 1, c->data, 0, c->shape[0]);
     MK(s, DPAR_F32, 1, D_ZERO, 0, 1);
     TRY(dpar_sum(s, x));
     TRY(rec_buf(d, s));
@@ -268,16 +274,11 @@ static dpar_status c_sum(dpar_ctx *ctx, devio *d, const pcase *c, int dev) {
 }
 static dpar_status c_sgd(dpar_ctx *ctx, devio *d, const pcase *c, int dev) {
     dpar_buffer *p, *g, *v;
-    MK(p, DPAR_F32, 1, D_RAND, 0, c->p[0]);
-    MK(g, DPAR_F32, 1, D_RAND, 0, c->p[0]);
-    MK(v, DPAR_F32, 1, D_RAND, 0, c->p[0]);
-    dpar_sgd_desc sd;
-    memset(&sd, 0, sizeof sd);
-    sd.learning_rate = c->f[0];
-    sd.momentum = c->f[1];
-    sd.weight_decay = c->f[2];
-    sd.nesterov = c->p[1] != 0;
-    for (int step = 0; step < 3; step++) TRY(dpar_sgd_update(&sd, p, g, sd.momentum > 0 ? v : NULL, c->f[3]));
+    MK(p, DPAR_F32, 1, D_RAND, 0, c->shape[0]);
+    MK(g, DPAR_F32, 1, D_RAND, 0, c->shape[0]);
+    MK(v, DPAR_F32, 1, D_RAND, 0, c->shape[0]);
+    dpar_sgd_desc sd = c->sgd;
+    for (int step = 0; step < 3; step++) TRY(dpar_sgd_update(&sd, p, g, sd.momentum > 0 ? v : NULL, c->clip_scale));
     TRY(rec_buf(d, p));
     if (sd.momentum > 0) TRY(rec_buf(d, v));
     /* the full step with clipping by the global norm over the mesh */
@@ -291,8 +292,8 @@ static dpar_status c_sgd(dpar_ctx *ctx, devio *d, const pcase *c, int dev) {
 /* ---- collective cases (c->dt, c->axes) ------------------------------------ */
 static dpar_status c_reduce(dpar_ctx *ctx, devio *d, const pcase *c, int dev) {
     dpar_buffer *in, *out;
-    MK(in, c->dt, 2, D_INT, 0, c->p[0], c->p[1]);
-    MK(out, c->dt, 2, D_ZERO, 0, c->p[0], c->p[1]);
+    MK(in, c->dt, 2, D_INT, 0, c->shape[0], c->shape[1]);
+    MK(out, c->dt, 2, D_ZERO, 0, c->shape[0], c->shape[1]);
     for (int op = DPAR_SUM; op <= DPAR_MIN; op++) {
         TRY(dpar_preduce(ctx, out, in, c->axes, (dpar_reduce_op)op));
         TRY(rec_buf(d, out));
@@ -305,7 +306,7 @@ static dpar_status c_reduce(dpar_ctx *ctx, devio *d, const pcase *c, int dev) {
 static dpar_status c_gather(dpar_ctx *ctx, devio *d, const pcase *c, int dev) {
     int g;
     TRY(dpar_ctx_axis_size(ctx, c->axes, &g));
-    int64_t R = c->p[0], C = c->p[1];
+    int64_t R = c->shape[0], C = c->shape[1];
     dpar_buffer *in, *st, *t0, *t1;
     MK(in, c->dt, 2, D_INT, 0, R, C);
     MK(st, c->dt, 3, D_ZERO, 0, g, R, C);
@@ -323,7 +324,7 @@ static dpar_status c_gather(dpar_ctx *ctx, devio *d, const pcase *c, int dev) {
 static dpar_status c_scatter(dpar_ctx *ctx, devio *d, const pcase *c, int dev) {
     int g;
     TRY(dpar_ctx_axis_size(ctx, c->axes, &g));
-    int64_t R = c->p[0], C = c->p[1];
+    int64_t R = c->shape[0], C = c->shape[1];
     dpar_buffer *in, *in3, *o0, *o1, *o2;
     MK(in, c->dt, 2, D_INT, 0, g * R, C);
     MK(in3, c->dt, 3, D_INT, 0, R, g, C);
@@ -343,8 +344,8 @@ static dpar_status c_permute(dpar_ctx *ctx, devio *d, const pcase *c, int dev) {
     int g;
     TRY(dpar_ctx_axis_size(ctx, c->axes, &g));
     dpar_buffer *in, *out;
-    MK(in, c->dt, 2, D_INT, 0, c->p[0], c->p[1]);
-    MK(out, c->dt, 2, D_RAND, 0, c->p[0], c->p[1]);
+    MK(in, c->dt, 2, D_INT, 0, c->shape[0], c->shape[1]);
+    MK(out, c->dt, 2, D_RAND, 0, c->shape[0], c->shape[1]);
     int pairs[2 * MAXDEV], np = 0;
     for (int i = 0; i < g; i++) { pairs[2 * np] = i; pairs[2 * np + 1] = (i + 1) % g; np++; }
     TRY(dpar_ppermute(ctx, out, in, c->axes, pairs, np));          /* ring shift */
@@ -358,7 +359,7 @@ static dpar_status c_permute(dpar_ctx *ctx, devio *d, const pcase *c, int dev) {
 static dpar_status c_all_to_all(dpar_ctx *ctx, devio *d, const pcase *c, int dev) {
     int g;
     TRY(dpar_ctx_axis_size(ctx, c->axes, &g));
-    int64_t R = c->p[0], C = c->p[1];
+    int64_t R = c->shape[0], C = c->shape[1];
     dpar_buffer *in, *o1, *o2;
     MK(in, c->dt, 2, D_INT, 0, g * R, C);
     MK(o1, c->dt, 2, D_ZERO, 0, R, g * C);   /* split 0, concat 1 */
@@ -422,45 +423,61 @@ static int compare(const pcase *c, int ndev, const devio *want, const devio *got
 }
 
 /* ---- the case lists ------------------------------------------------------ */
-#define OPC(nm, fn, dt, p0, p1, p2, p3, f0, f1, f2, f3, rt, at) \
-    { nm, fn, dt, { p0, p1, p2, p3 }, { f0, f1, f2, f3 }, rt, at, NULL }
 static const pcase op_cases[] = {
     /* matmul: M K N, transposes (bit0 A, bit1 B), alpha beta */
-    OPC("matmul 1x1x1", c_matmul, DPAR_F32, 1, 1, 1, 0, 1, 0, 0, 0, 1e-6, 1e-6),
-    OPC("matmul 5x7x3", c_matmul, DPAR_F32, 5, 7, 3, 0, 1, 0, 0, 0, 1e-5, 1e-5),
-    OPC("matmul 5x7x3 tA", c_matmul, DPAR_F32, 5, 7, 3, 1, 1, 0, 0, 0, 1e-5, 1e-5),
-    OPC("matmul 5x7x3 tB", c_matmul, DPAR_F32, 5, 7, 3, 2, 1, 0, 0, 0, 1e-5, 1e-5),
-    OPC("matmul 5x7x3 tA tB", c_matmul, DPAR_F32, 5, 7, 3, 3, 0.5f, 2.0f, 0, 0, 1e-5, 1e-5),
-    OPC("matmul 33x17x65 beta", c_matmul, DPAR_F32, 33, 17, 65, 0, 1.5f, -0.5f, 0, 0, 1e-5, 2e-5),
-    OPC("matmul 64x200x10 tB", c_matmul, DPAR_F32, 64, 200, 10, 2, 1, 0, 0, 0, 1e-5, 1e-4),
-    OPC("matmul 70x64x128 tA", c_matmul, DPAR_F32, 70, 64, 128, 1, 1, 1, 0, 0, 1e-5, 1e-4),
-    OPC("matmul 8x0x4 (K=0)", c_matmul, DPAR_F32, 8, 0, 4, 0, 1, 0.5f, 0, 0, 0, 0),
-    OPC("matmul 0x3x4 (M=0)", c_matmul, DPAR_F32, 0, 3, 4, 0, 1, 0, 0, 0, 0, 0),
-    OPC("matmul f16 9x33x17", c_matmul, DPAR_F16, 9, 33, 17, 0, 1, 0, 0, 0, 1e-5, 2e-5),
-    OPC("matmul bf16 9x33x17 tA tB", c_matmul, DPAR_BF16, 9, 33, 17, 3, 1, 0, 0, 0, 1e-5, 2e-5),
-    OPC("bias 2x3x5", c_bias, DPAR_F32, 2, 3, 5, 0, 0.0f, 0, 0, 0, 1e-6, 1e-6),
-    OPC("bias 4x50x130 beta", c_bias, DPAR_F32, 4, 50, 130, 0, 0.5f, 0, 0, 0, 1e-5, 1e-5),
-    OPC("relu 1000", c_relu, DPAR_F32, 1000, 0, 0, 0, 0, 0, 0, 0, 0, 0),
-    OPC("relu 70000", c_relu, DPAR_F32, 70000, 0, 0, 0, 0, 0, 0, 0, 0, 0),
-    OPC("softmax_xent 1x3", c_xent, DPAR_F32, 1, 3, 0, 0, 0, 0, 0, 0, 1e-5, 1e-6),
-    OPC("softmax_xent 64x10", c_xent, DPAR_F32, 64, 10, 0, 0, 0, 0, 0, 0, 1e-5, 1e-6),
-    OPC("softmax_xent 300x37", c_xent, DPAR_F32, 300, 37, 0, 0, 0, 0, 0, 0, 1e-5, 1e-6),
-    OPC("mse 7x3", c_mse, DPAR_F32, 7, 3, 0, 0, 0, 0, 0, 0, 1e-6, 1e-7),
-    OPC("mse 128x32", c_mse, DPAR_F32, 128, 32, 0, 0, 0, 0, 0, 0, 1e-5, 1e-7),
-    OPC("axpy/scale 1", c_axpy_scale, DPAR_F32, 1, 0, 0, 0, 0.25f, -3.0f, 0, 0, 0, 0),
-    OPC("axpy/scale 4099", c_axpy_scale, DPAR_F32, 4099, 0, 0, 0, -1.7f, 0.3f, 0, 0, 1e-7, 0),
-    OPC("fill/copy f32", c_fill_copy, DPAR_F32, 7, 9, 0, 0, -2.75f, 0, 0, 0, 0, 0),
-    OPC("fill/copy f16 odd", c_fill_copy, DPAR_F16, 7, 9, 0, 0, 0.1f, 0, 0, 0, 0, 0),
-    OPC("fill/copy bf16 odd", c_fill_copy, DPAR_BF16, 3, 1, 0, 0, -1e30f, 0, 0, 0, 0, 0),
-    OPC("fill/copy i32", c_fill_copy, DPAR_I32, 5, 5, 0, 0, -7.9f, 0, 0, 0, 0, 0),
-    OPC("fill/copy empty", c_fill_copy, DPAR_F32, 0, 5, 0, 0, 1.0f, 0, 0, 0, 0, 0),
-    OPC("sum 0", c_sum, DPAR_F32, 0, D_RAND, 0, 0, 0, 0, 0, 0, 0, 0),
-    OPC("sum 1", c_sum, DPAR_F32, 1, D_RAND, 0, 0, 0, 0, 0, 0, 0, 0),
-    OPC("sum 1000 int", c_sum, DPAR_F32, 1000, D_INT, 0, 0, 0, 0, 0, 0, 0, 0),
-    OPC("sum 100003", c_sum, DPAR_F32, 100003, D_RAND, 0, 0, 0, 0, 0, 0, 1e-5, 1e-4),
-    OPC("sgd plain", c_sgd, DPAR_F32, 1000, 0, 0, 0, 0.1f, 0, 0, 1, 1e-6, 1e-7),
-    OPC("sgd momentum wd clip", c_sgd, DPAR_F32, 1001, 0, 0, 0, 0.05f, 0.9f, 1e-3f, 0.7f, 1e-6, 1e-7),
-    OPC("sgd nesterov", c_sgd, DPAR_F32, 333, 1, 0, 0, 0.05f, 0.9f, 0, 1, 1e-6, 1e-7),
+    { .name = "matmul 1x1x1", .fn = c_matmul, .dt = DPAR_F32,
+      .shape = { 1, 1, 1 }, .alpha = 1, .rtol = 1e-6, .atol = 1e-6 },
+    { .name = "matmul 5x7x3", .fn = c_matmul, .dt = DPAR_F32,
+      .shape = { 5, 7, 3 }, .alpha = 1, .rtol = 1e-5, .atol = 1e-5 },
+    { .name = "matmul 5x7x3 tA", .fn = c_matmul, .dt = DPAR_F32,
+      .shape = { 5, 7, 3 }, .trans = 1, .alpha = 1, .rtol = 1e-5, .atol = 1e-5 },
+    { .name = "matmul 5x7x3 tB", .fn = c_matmul, .dt = DPAR_F32,
+      .shape = { 5, 7, 3 }, .trans = 2, .alpha = 1, .rtol = 1e-5, .atol = 1e-5 },
+    { .name = "matmul 5x7x3 tA tB", .fn = c_matmul, .dt = DPAR_F32,
+      .shape = { 5, 7, 3 }, .trans = 3, .alpha = 0.5f, .beta = 2.0f, .rtol = 1e-5, .atol = 1e-5 },
+    { .name = "matmul 33x17x65 beta", .fn = c_matmul, .dt = DPAR_F32,
+      .shape = { 33, 17, 65 }, .alpha = 1.5f, .beta = -0.5f, .rtol = 1e-5, .atol = 2e-5 },
+    { .name = "matmul 64x200x10 tB", .fn = c_matmul, .dt = DPAR_F32,
+      .shape = { 64, 200, 10 }, .trans = 2, .alpha = 1, .rtol = 1e-5, .atol = 1e-4 },
+    { .name = "matmul 70x64x128 tA", .fn = c_matmul, .dt = DPAR_F32,
+      .shape = { 70, 64, 128 }, .trans = 1, .alpha = 1, .beta = 1, .rtol = 1e-5, .atol = 1e-4 },
+    { .name = "matmul 8x0x4 (K=0)", .fn = c_matmul, .dt = DPAR_F32, .shape = { 8, 0, 4 }, .alpha = 1, .beta = 0.5f },
+    { .name = "matmul 0x3x4 (M=0)", .fn = c_matmul, .dt = DPAR_F32, .shape = { 0, 3, 4 }, .alpha = 1 },
+    { .name = "matmul f16 9x33x17", .fn = c_matmul, .dt = DPAR_F16,
+      .shape = { 9, 33, 17 }, .alpha = 1, .rtol = 1e-5, .atol = 2e-5 },
+    { .name = "matmul bf16 9x33x17 tA tB", .fn = c_matmul, .dt = DPAR_BF16,
+      .shape = { 9, 33, 17 }, .trans = 3, .alpha = 1, .rtol = 1e-5, .atol = 2e-5 },
+    { .name = "bias 2x3x5", .fn = c_bias, .dt = DPAR_F32, .shape = { 2, 3, 5 }, .rtol = 1e-6, .atol = 1e-6 },
+    { .name = "bias 4x50x130 beta", .fn = c_bias, .dt = DPAR_F32,
+      .shape = { 4, 50, 130 }, .beta = 0.5f, .rtol = 1e-5, .atol = 1e-5 },
+    { .name = "relu 1000", .fn = c_relu, .dt = DPAR_F32, .shape = { 1000 } },
+    { .name = "relu 70000", .fn = c_relu, .dt = DPAR_F32, .shape = { 70000 } },
+    { .name = "softmax_xent 1x3", .fn = c_xent, .dt = DPAR_F32, .shape = { 1, 3 }, .rtol = 1e-5, .atol = 1e-6 },
+    { .name = "softmax_xent 64x10", .fn = c_xent, .dt = DPAR_F32, .shape = { 64, 10 }, .rtol = 1e-5, .atol = 1e-6 },
+    { .name = "softmax_xent 300x37", .fn = c_xent, .dt = DPAR_F32, .shape = { 300, 37 }, .rtol = 1e-5, .atol = 1e-6 },
+    { .name = "mse 7x3", .fn = c_mse, .dt = DPAR_F32, .shape = { 7, 3 }, .rtol = 1e-6, .atol = 1e-7 },
+    { .name = "mse 128x32", .fn = c_mse, .dt = DPAR_F32, .shape = { 128, 32 }, .rtol = 1e-5, .atol = 1e-7 },
+    { .name = "axpy/scale 1", .fn = c_axpy_scale, .dt = DPAR_F32, .shape = { 1 }, .alpha = 0.25f, .scale = -3.0f },
+    { .name = "axpy/scale 4099", .fn = c_axpy_scale, .dt = DPAR_F32,
+      .shape = { 4099 }, .alpha = -1.7f, .scale = 0.3f, .rtol = 1e-7, .atol = 0 },
+    { .name = "fill/copy f32", .fn = c_fill_copy, .dt = DPAR_F32, .shape = { 7, 9 }, .value = -2.75f },
+    { .name = "fill/copy f16 odd", .fn = c_fill_copy, .dt = DPAR_F16, .shape = { 7, 9 }, .value = 0.1f },
+    { .name = "fill/copy bf16 odd", .fn = c_fill_copy, .dt = DPAR_BF16, .shape = { 3, 1 }, .value = -1e30f },
+    { .name = "fill/copy i32", .fn = c_fill_copy, .dt = DPAR_I32, .shape = { 5, 5 }, .value = -7.9f },
+    { .name = "fill/copy empty", .fn = c_fill_copy, .dt = DPAR_F32, .shape = { 0, 5 }, .value = 1.0f },
+    { .name = "sum 0", .fn = c_sum, .dt = DPAR_F32, .shape = { 0 }, .data = D_RAND },
+    { .name = "sum 1", .fn = c_sum, .dt = DPAR_F32, .shape = { 1 }, .data = D_RAND },
+    { .name = "sum 1000 int", .fn = c_sum, .dt = DPAR_F32, .shape = { 1000 }, .data = D_INT },
+    { .name = "sum 100003", .fn = c_sum, .dt = DPAR_F32,
+      .shape = { 100003 }, .data = D_RAND, .rtol = 1e-5, .atol = 1e-4 },
+    { .name = "sgd plain", .fn = c_sgd, .dt = DPAR_F32,
+      .shape = { 1000 }, .sgd = { .learning_rate = 0.1f }, .clip_scale = 1, .rtol = 1e-6, .atol = 1e-7 },
+    { .name = "sgd momentum wd clip", .fn = c_sgd, .dt = DPAR_F32,
+      .shape = { 1001 }, .sgd = { .learning_rate = 0.05f, .momentum = 0.9f, .weight_decay = 1e-3f },
+      .clip_scale = 0.7f, .rtol = 1e-6, .atol = 1e-7 },
+    { .name = "sgd nesterov", .fn = c_sgd, .dt = DPAR_F32,
+      .shape = { 333 }, .sgd = { .learning_rate = 0.05f, .momentum = 0.9f, .nesterov = true },
+      .clip_scale = 1, .rtol = 1e-6, .atol = 1e-7 },
 };
 static const dpar_dtype all_dtypes[] = { DPAR_F32, DPAR_F16, DPAR_BF16, DPAR_I32 };
 
@@ -501,17 +518,16 @@ static void run_pair(dpar_runtime *cpu, dpar_runtime *gpu, int ndim, const int *
                     static char names_buf[4][4][2][48];
                     snprintf(names_buf[a][b][kind], 48, "cast %s->%s %s", dpar_dtype_name(all_dtypes[a]),
                              dpar_dtype_name(all_dtypes[b]), kind ? "special" : "random");
-                    pcase c = OPC(names_buf[a][b][kind], c_cast, all_dtypes[a], kind ? 1001 : 37, all_dtypes[b],
-                                  kind ? D_SPECIAL : D_RAND, 0, 0, 0, 0, 0, 0, 0);
+                    pcase c = { .name = names_buf[a][b][kind], .fn = c_cast, .dt = all_dtypes[a],
+                                .shape = { kind ? 1001 : 37 }, .to = all_dtypes[b], .data = kind ? D_SPECIAL : D_RAND };
                     list[n++] = c;
                 }
     }
     for (size_t k = 0; k < sizeof coll_kinds / sizeof coll_kinds[0]; k++)
         for (int a = 0; a < naxsets; a++)
             for (int di = 0; di < 4; di++) {
-                pcase c = OPC(coll_kinds[k].name, coll_kinds[k].fn, all_dtypes[di], coll_kinds[k].r, coll_kinds[k].c,
-                              0, 0, 0, 0, 0, 0, 0, 0);
-                c.axes = axsets[a];
+                pcase c = { .name = coll_kinds[k].name, .fn = coll_kinds[k].fn, .dt = all_dtypes[di],
+                            .shape = { coll_kinds[k].r, coll_kinds[k].c }, .axes = axsets[a] };
                 list[n++] = c;
             }
     for (int i = 0; i < n; i++) {
