@@ -2563,7 +2563,7 @@ static dpar_status dpar__run(dpar_mesh *m, dpar_fn fn, void *user, int nargs, dp
     memset(&job, 0, sizeof job);
     job.mesh = m; job.fn = fn; job.user = user;
     job.ctxs = (dpar_ctx *)dpar__calloc((size_t)m->size, sizeof(dpar_ctx));
-    if (!job.ctxs) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "pmap: out of host memory");
+    if (!job.ctxs) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_pmap: out of host memory");
     pthread_mutex_init(&job.err_mu, NULL);
     for (int p = 0; p < m->size; p++) {
         dpar_ctx *c = &job.ctxs[p];
@@ -2616,16 +2616,16 @@ DPAR_API dpar_status dpar_shard_map(dpar_mesh *m, const dpar_shard_map_desc *des
         if (resolved.num_args == 0) /* inferred: the leading non-NULL args */
             while (resolved.num_args < DPAR_MAX_ARGS && resolved.args[resolved.num_args]) resolved.num_args++;
     }
-    if (!m || !d || !d->fn) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "shard_map: mesh, desc or desc->fn is NULL");
-    if (dpar__self_worker) return dpar__err(DPAR_ERR_STATE, "shard_map: called from inside a pmap/shard_map function; nested dispatch is not supported");
+    if (!m || !d || !d->fn) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_shard_map: mesh, desc or desc->fn is NULL");
+    if (dpar__self_worker) return dpar__err(DPAR_ERR_STATE, "dpar_shard_map: called from inside a pmap/shard_map function; nested dispatch is not supported");
     if (d->num_args < 0 || d->num_args > DPAR_MAX_ARGS)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "shard_map: num_args = %d is out of range 0..%d", d->num_args, (int)DPAR_MAX_ARGS);
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_shard_map: num_args = %d is out of range 0..%d", d->num_args, (int)DPAR_MAX_ARGS);
     for (int i = 0; i < d->num_args; i++) {
-        if (!d->args[i]) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "shard_map: args[%d] is NULL", i);
-        if (d->args[i]->mesh != m) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "shard_map: args[%d] was created on another mesh", i);
+        if (!d->args[i]) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_shard_map: args[%d] is NULL", i);
+        if (d->args[i]->mesh != m) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_shard_map: args[%d] was created on another mesh", i);
     }
     dpar_buffer **tab = (dpar_buffer **)dpar__calloc((size_t)m->size * (size_t)(d->num_args ? d->num_args : 1), sizeof(dpar_buffer *));
-    if (!tab) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "shard_map: out of host memory");
+    if (!tab) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_shard_map: out of host memory");
     for (int p = 0; p < m->size; p++)
         for (int i = 0; i < d->num_args; i++) tab[(size_t)p * (size_t)d->num_args + (size_t)i] = d->args[i]->shards[p]; /* NULL if remote */
     dpar_status s = dpar__run(m, d->fn, d->user, d->num_args, tab);
@@ -2644,19 +2644,19 @@ DPAR_API dpar_status dpar_pmap(dpar_mesh *m, const dpar_pmap_desc *desc) {
         if (resolved.num_outputs == 0)
             while (resolved.num_outputs < DPAR_MAX_ARGS / 2 && resolved.outputs[resolved.num_outputs].data) resolved.num_outputs++;
     }
-    if (!m || !d || !d->fn) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "pmap: mesh, desc or desc->fn is NULL");
-    if (dpar__self_worker) return dpar__err(DPAR_ERR_STATE, "pmap: called from inside a pmap/shard_map function; nested dispatch is not supported");
+    if (!m || !d || !d->fn) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_pmap: mesh, desc or desc->fn is NULL");
+    if (dpar__self_worker) return dpar__err(DPAR_ERR_STATE, "dpar_pmap: called from inside a pmap/shard_map function; nested dispatch is not supported");
     unsigned mask;
-    dpar_status s = dpar__parse_axes(m, "pmap", d->axis, &mask, NULL, NULL);
+    dpar_status s = dpar__parse_axes(m, "dpar_pmap", d->axis, &mask, NULL, NULL);
     if (s) return s;
     if (d->num_inputs < 0 || d->num_outputs < 0 || d->num_inputs > DPAR_MAX_ARGS / 2 || d->num_outputs > DPAR_MAX_ARGS / 2)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "pmap: num_inputs/num_outputs must be in 0..%d", (int)DPAR_MAX_ARGS / 2);
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_pmap: num_inputs/num_outputs must be in 0..%d", (int)DPAR_MAX_ARGS / 2);
     int n = dpar__mask_size(m, mask);
     /* validate everything before anything runs */
     for (int i = 0; i < d->num_inputs; i++) {
         const dpar_pmap_input *in = &d->inputs[i];
         char where[48];
-        snprintf(where, sizeof where, "pmap: input %d", i);
+        snprintf(where, sizeof where, "dpar_pmap: input %d", i);
         if (dpar_dtype_size(in->dtype) == 0) return dpar__err(DPAR_ERR_DTYPE, "%s: dtype %d is not a dpar_dtype", where, (int)in->dtype);
         s = dpar__check_shape(where, in->ndim, in->shape);
         if (s) return s;
@@ -2665,7 +2665,7 @@ DPAR_API dpar_status dpar_pmap(dpar_mesh *m, const dpar_pmap_desc *desc) {
             if (in->ndim < 1)
                 return dpar__err(DPAR_ERR_SHAPE, "%s is a scalar but is mapped over axis '%s'; use in_axis = DPAR_REPLICATED", where, d->axis);
             if (in->shape[0] != n)
-                return dpar__err(DPAR_ERR_SHAPE, "pmap: input %d has leading dimension %lld but mesh axis '%s' has %d devices; "
+                return dpar__err(DPAR_ERR_SHAPE, "dpar_pmap: input %d has leading dimension %lld but mesh axis '%s' has %d devices; "
                                  "give it a leading dimension of %d, or use dpar_shard_map to split %lld rows over %d devices",
                                  i, (long long)in->shape[0], d->axis, n, n, (long long)in->shape[0], n);
         } else if (in->in_axis != DPAR_REPLICATED) {
@@ -2675,7 +2675,7 @@ DPAR_API dpar_status dpar_pmap(dpar_mesh *m, const dpar_pmap_desc *desc) {
     for (int j = 0; j < d->num_outputs; j++) {
         const dpar_pmap_output *o = &d->outputs[j];
         char where[48];
-        snprintf(where, sizeof where, "pmap: output %d", j);
+        snprintf(where, sizeof where, "dpar_pmap: output %d", j);
         if (dpar_dtype_size(o->dtype) == 0) return dpar__err(DPAR_ERR_DTYPE, "%s: dtype %d is not a dpar_dtype", where, (int)o->dtype);
         s = dpar__check_shape(where, o->ndim, o->shape);
         if (s) return s;
@@ -2718,7 +2718,7 @@ DPAR_API dpar_status dpar_pmap(dpar_mesh *m, const dpar_pmap_desc *desc) {
     dpar_buffer **tab = NULL;
     if (!s) {
         tab = (dpar_buffer **)dpar__calloc((size_t)m->size * (size_t)(nargs ? nargs : 1), sizeof(dpar_buffer *));
-        if (!tab) s = dpar__err(DPAR_ERR_OUT_OF_MEMORY, "pmap: out of host memory");
+        if (!tab) s = dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_pmap: out of host memory");
     }
     if (!s) {
         for (int p = 0; p < m->size; p++)
@@ -2765,9 +2765,9 @@ DPAR_API dpar_buffer *dpar_ctx_arg(const dpar_ctx *ctx, int i) {
 }
 DPAR_API dpar_status dpar_ctx_axis_index(const dpar_ctx *ctx, const char *axes, int *out) {
     dpar__clear_error();
-    if (!ctx || !out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "axis_index: ctx or out is NULL");
+    if (!ctx || !out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_ctx_axis_index: ctx or out is NULL");
     unsigned mask;
-    dpar_status s = dpar__parse_axes(ctx->mesh, "axis_index", axes, &mask, NULL, NULL);
+    dpar_status s = dpar__parse_axes(ctx->mesh, "dpar_ctx_axis_index", axes, &mask, NULL, NULL);
     if (s) return s;
     int gid;
     dpar__group_of(ctx->mesh, mask, ctx->pos, &gid, out);
@@ -2775,9 +2775,9 @@ DPAR_API dpar_status dpar_ctx_axis_index(const dpar_ctx *ctx, const char *axes, 
 }
 DPAR_API dpar_status dpar_ctx_axis_size(const dpar_ctx *ctx, const char *axes, int *out) {
     dpar__clear_error();
-    if (!ctx || !out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "axis_size: ctx or out is NULL");
+    if (!ctx || !out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_ctx_axis_size: ctx or out is NULL");
     unsigned mask;
-    dpar_status s = dpar__parse_axes(ctx->mesh, "axis_size", axes, &mask, NULL, NULL);
+    dpar_status s = dpar__parse_axes(ctx->mesh, "dpar_ctx_axis_size", axes, &mask, NULL, NULL);
     if (s) return s;
     *out = dpar__mask_size(ctx->mesh, mask);
     return DPAR_OK;
@@ -3583,7 +3583,9 @@ static dpar_status dpar__coll_start(dpar_ctx *ctx, const dpar__cargs *a, struct 
     *out = NULL;
     dpar__worker *w = &ctx->rt->workers[ctx->device - ctx->rt->local_base];
     struct dpar_request *r = (struct dpar_request *)dpar__calloc(1, sizeof *r);
-    if (!r) return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_OUT_OF_MEMORY, "collective start: out of host memory"));
+    if (!r)
+        return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_%s: out of host memory for the request",
+                                              dpar__coll_name(a->kind, a->op)));
     r->ctx = ctx;
     r->args = *a;
     pthread_mutex_lock(&w->qmu);
@@ -3591,7 +3593,9 @@ static dpar_status dpar__coll_start(dpar_ctx *ctx, const dpar__cargs *a, struct 
         if (pthread_create(&w->comm_thread, NULL, dpar__comm_main, w) != 0) {
             pthread_mutex_unlock(&w->qmu);
             DPAR_FREE(r);
-            return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_OUT_OF_MEMORY, "collective start: could not start the communication thread of device %d", ctx->device));
+            return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_OUT_OF_MEMORY,
+                                                  "dpar_%s: could not start the communication thread of device %d",
+                                                  dpar__coll_name(a->kind, a->op), ctx->device));
         }
         w->comm_started = 1;
     }
@@ -3656,7 +3660,9 @@ DPAR_API dpar_status dpar_wait(dpar_ctx *ctx, dpar_request *r) {
    else queued behind the pending ones (issue order is kept). */
 static dpar_status dpar__collective(dpar_ctx *ctx, dpar__cargs *a, const char *axes) {
     dpar__clear_error();
-    if (!ctx) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "collective: ctx is NULL (collectives are called inside a pmap/shard_map function)");
+    if (!ctx)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_%s: ctx is NULL (collectives are called inside a pmap/shard_map function)",
+                         dpar__coll_name(a->kind, a->op));
     if (!axes) axes = "";
     snprintf(a->axes, sizeof a->axes, "%s", axes);
     dpar__worker *w = &ctx->rt->workers[ctx->device - ctx->rt->local_base];
@@ -3671,9 +3677,9 @@ static dpar_status dpar__collective(dpar_ctx *ctx, dpar__cargs *a, const char *a
 }
 static dpar_status dpar__collective_start(dpar_ctx *ctx, dpar__cargs *a, const char *axes, dpar_request **req) {
     dpar__clear_error();
-    if (!req) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "collective start: `req` is NULL");
+    if (!req) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_%s_start: `req` is NULL", dpar__coll_name(a->kind, a->op));
     *req = NULL;
-    if (!ctx) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "collective start: ctx is NULL");
+    if (!ctx) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_%s_start: ctx is NULL", dpar__coll_name(a->kind, a->op));
     snprintf(a->axes, sizeof a->axes, "%s", axes ? axes : "");
     return dpar__coll_start(ctx, a, req);
 }
@@ -3862,23 +3868,23 @@ static void dpar__op_init(dpar__op *op, dpar__op_kind k, dpar_buffer *dst) {
 DPAR_API dpar_status dpar_matmul(dpar_buffer *C, const dpar_buffer *A, const dpar_buffer *B, bool ta, bool tb, float alpha, float beta) {
     dpar__clear_error();
     const dpar_buffer *ops[2] = { A, B };
-    dpar_status s = dpar__op_check("matmul", C, ops, 2);
+    dpar_status s = dpar__op_check("dpar_matmul", C, ops, 2);
     if (s) return s;
     if (A->ndim != 2 || B->ndim != 2 || C->ndim != 2)
-        return dpar__err(DPAR_ERR_SHAPE, "matmul: A, B and C must be 2-d (they are %d-d, %d-d, %d-d); reshape with dpar_buffer_reshape", A->ndim, B->ndim, C->ndim);
+        return dpar__err(DPAR_ERR_SHAPE, "dpar_matmul: A, B and C must be 2-d (they are %d-d, %d-d, %d-d); reshape with dpar_buffer_reshape", A->ndim, B->ndim, C->ndim);
     if (A->dtype != B->dtype || C->dtype != DPAR_F32 || (A->dtype != DPAR_F32 && A->dtype != DPAR_F16 && A->dtype != DPAR_BF16))
-        return dpar__err(DPAR_ERR_DTYPE, "matmul: A is %s, B is %s, C is %s; A and B must share a float dtype and C must be f32",
+        return dpar__err(DPAR_ERR_DTYPE, "dpar_matmul: A is %s, B is %s, C is %s; A and B must share a float dtype and C must be f32",
                          dpar_dtype_name(A->dtype), dpar_dtype_name(B->dtype), dpar_dtype_name(C->dtype));
     int64_t M = ta ? A->shape[1] : A->shape[0], K = ta ? A->shape[0] : A->shape[1];
     int64_t K2 = tb ? B->shape[1] : B->shape[0], N = tb ? B->shape[0] : B->shape[1];
     if (K != K2 || C->shape[0] != M || C->shape[1] != N) {
         char a[64], b[64], c[64];
-        return dpar__err(DPAR_ERR_SHAPE, "matmul: op(A) is [%lld, %lld] (A %s%s), op(B) is [%lld, %lld] (B %s%s), C is %s; need op(A) [M,K] @ op(B) [K,N] = C [M,N]",
+        return dpar__err(DPAR_ERR_SHAPE, "dpar_matmul: op(A) is [%lld, %lld] (A %s%s), op(B) is [%lld, %lld] (B %s%s), C is %s; need op(A) [M,K] @ op(B) [K,N] = C [M,N]",
                          (long long)M, (long long)K, dpar__shape_str(a, sizeof a, 2, A->shape), ta ? " transposed" : "",
                          (long long)K2, (long long)N, dpar__shape_str(b, sizeof b, 2, B->shape), tb ? " transposed" : "",
                          dpar__shape_str(c, sizeof c, 2, C->shape));
     }
-    if (C == A || C == B) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "matmul: C must not alias A or B");
+    if (C == A || C == B) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_matmul: C must not alias A or B");
     dpar__op op;
     dpar__op_init(&op, DPAR__OP_MATMUL, C);
     op.src0 = A; op.src1 = B; op.m = M; op.n = N; op.k = K; op.trans_a = ta; op.trans_b = tb;
@@ -3888,11 +3894,11 @@ DPAR_API dpar_status dpar_matmul(dpar_buffer *C, const dpar_buffer *A, const dpa
 /* y [..., N] and b [N] */
 DPAR_API dpar_status dpar_bias_add(dpar_buffer *y, const dpar_buffer *b) {
     dpar__clear_error();
-    dpar_status s = dpar__op_check("bias_add", y, &b, 1);
-    if (s || (s = dpar__need_f32("bias_add", y, "y")) || (s = dpar__need_f32("bias_add", b, "bias"))) return s;
+    dpar_status s = dpar__op_check("dpar_bias_add", y, &b, 1);
+    if (s || (s = dpar__need_f32("dpar_bias_add", y, "y")) || (s = dpar__need_f32("dpar_bias_add", b, "bias"))) return s;
     if (y->ndim < 1 || b->ndim != 1 || b->shape[0] != y->shape[y->ndim - 1]) {
         char x[160], z[160];
-        return dpar__err(DPAR_ERR_SHAPE, "bias_add: bias %s must be 1-d with the size of y's last dimension (y is %s)",
+        return dpar__err(DPAR_ERR_SHAPE, "dpar_bias_add: bias %s must be 1-d with the size of y's last dimension (y is %s)",
                          dpar__shape_str(z, sizeof z, b->ndim, b->shape), dpar__shape_str(x, sizeof x, y->ndim, y->shape));
     }
     dpar__op op;
@@ -3902,11 +3908,11 @@ DPAR_API dpar_status dpar_bias_add(dpar_buffer *y, const dpar_buffer *b) {
 }
 DPAR_API dpar_status dpar_bias_grad(dpar_buffer *db, const dpar_buffer *dy, float beta) {
     dpar__clear_error();
-    dpar_status s = dpar__op_check("bias_grad", db, &dy, 1);
-    if (s || (s = dpar__need_f32("bias_grad", db, "db")) || (s = dpar__need_f32("bias_grad", dy, "dy"))) return s;
+    dpar_status s = dpar__op_check("dpar_bias_grad", db, &dy, 1);
+    if (s || (s = dpar__need_f32("dpar_bias_grad", db, "db")) || (s = dpar__need_f32("dpar_bias_grad", dy, "dy"))) return s;
     if (dy->ndim < 1 || db->ndim != 1 || db->shape[0] != dy->shape[dy->ndim - 1]) {
         char x[160], z[160];
-        return dpar__err(DPAR_ERR_SHAPE, "bias_grad: db %s must be 1-d with the size of dy's last dimension (dy is %s)",
+        return dpar__err(DPAR_ERR_SHAPE, "dpar_bias_grad: db %s must be 1-d with the size of dy's last dimension (dy is %s)",
                          dpar__shape_str(z, sizeof z, db->ndim, db->shape), dpar__shape_str(x, sizeof x, dy->ndim, dy->shape));
     }
     dpar__op op;
@@ -3916,8 +3922,8 @@ DPAR_API dpar_status dpar_bias_grad(dpar_buffer *db, const dpar_buffer *dy, floa
 }
 DPAR_API dpar_status dpar_relu(dpar_buffer *y, const dpar_buffer *x) {
     dpar__clear_error();
-    dpar_status s = dpar__op_check("relu", y, &x, 1);
-    if (s || (s = dpar__need_f32("relu", y, "y")) || (s = dpar__need_f32("relu", x, "x")) || (s = dpar__same_shape("relu", y, "y", x, "x"))) return s;
+    dpar_status s = dpar__op_check("dpar_relu", y, &x, 1);
+    if (s || (s = dpar__need_f32("dpar_relu", y, "y")) || (s = dpar__need_f32("dpar_relu", x, "x")) || (s = dpar__same_shape("dpar_relu", y, "y", x, "x"))) return s;
     dpar__op op;
     dpar__op_init(&op, DPAR__OP_RELU, y);
     op.src0 = x;
@@ -3926,10 +3932,10 @@ DPAR_API dpar_status dpar_relu(dpar_buffer *y, const dpar_buffer *x) {
 DPAR_API dpar_status dpar_relu_backward(dpar_buffer *dx, const dpar_buffer *dy, const dpar_buffer *x) {
     dpar__clear_error();
     const dpar_buffer *ops[2] = { dy, x };
-    dpar_status s = dpar__op_check("relu_backward", dx, ops, 2);
-    if (s || (s = dpar__need_f32("relu_backward", dx, "dx")) || (s = dpar__need_f32("relu_backward", dy, "dy")) ||
-        (s = dpar__need_f32("relu_backward", x, "x")) || (s = dpar__same_shape("relu_backward", dx, "dx", dy, "dy")) ||
-        (s = dpar__same_shape("relu_backward", x, "x", dy, "dy")))
+    dpar_status s = dpar__op_check("dpar_relu_backward", dx, ops, 2);
+    if (s || (s = dpar__need_f32("dpar_relu_backward", dx, "dx")) || (s = dpar__need_f32("dpar_relu_backward", dy, "dy")) ||
+        (s = dpar__need_f32("dpar_relu_backward", x, "x")) || (s = dpar__same_shape("dpar_relu_backward", dx, "dx", dy, "dy")) ||
+        (s = dpar__same_shape("dpar_relu_backward", x, "x", dy, "dy")))
         return s;
     dpar__op op;
     dpar__op_init(&op, DPAR__OP_RELU_BWD, dx);
@@ -3939,20 +3945,20 @@ DPAR_API dpar_status dpar_relu_backward(dpar_buffer *dx, const dpar_buffer *dy, 
 DPAR_API dpar_status dpar_softmax_xent(dpar_buffer *loss, dpar_buffer *dlogits, const dpar_buffer *logits, const dpar_buffer *labels) {
     dpar__clear_error();
     const dpar_buffer *ops[3] = { logits, labels, dlogits ? dlogits : logits };
-    dpar_status s = dpar__op_check("softmax_xent", loss, ops, 3);
-    if (s || (s = dpar__scalar_out("softmax_xent", loss)) || (s = dpar__need_f32("softmax_xent", logits, "logits"))) return s;
+    dpar_status s = dpar__op_check("dpar_softmax_xent", loss, ops, 3);
+    if (s || (s = dpar__scalar_out("dpar_softmax_xent", loss)) || (s = dpar__need_f32("dpar_softmax_xent", logits, "logits"))) return s;
     if (logits->ndim != 2) {
         char x[160];
-        return dpar__err(DPAR_ERR_SHAPE, "softmax_xent: logits must be 2-d [M, C] (got %s)", dpar__shape_str(x, sizeof x, logits->ndim, logits->shape));
+        return dpar__err(DPAR_ERR_SHAPE, "dpar_softmax_xent: logits must be 2-d [M, C] (got %s)", dpar__shape_str(x, sizeof x, logits->ndim, logits->shape));
     }
-    if (labels->dtype != DPAR_I32) return dpar__err(DPAR_ERR_DTYPE, "softmax_xent: labels are %s but must be i32 class indices", dpar_dtype_name(labels->dtype));
+    if (labels->dtype != DPAR_I32) return dpar__err(DPAR_ERR_DTYPE, "dpar_softmax_xent: labels are %s but must be i32 class indices", dpar_dtype_name(labels->dtype));
     if (labels->count != logits->shape[0]) {
         char x[160], y[160];
-        return dpar__err(DPAR_ERR_SHAPE, "softmax_xent: labels %s must hold one label per row of logits %s",
+        return dpar__err(DPAR_ERR_SHAPE, "dpar_softmax_xent: labels %s must hold one label per row of logits %s",
                          dpar__shape_str(y, sizeof y, labels->ndim, labels->shape), dpar__shape_str(x, sizeof x, logits->ndim, logits->shape));
     }
-    if (dlogits && ((s = dpar__need_f32("softmax_xent", dlogits, "dlogits")) || (s = dpar__same_shape("softmax_xent", dlogits, "dlogits", logits, "logits")))) return s;
-    if (dlogits == logits) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "softmax_xent: dlogits must not alias logits");
+    if (dlogits && ((s = dpar__need_f32("dpar_softmax_xent", dlogits, "dlogits")) || (s = dpar__same_shape("dpar_softmax_xent", dlogits, "dlogits", logits, "logits")))) return s;
+    if (dlogits == logits) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_softmax_xent: dlogits must not alias logits");
     dpar__op op;
     dpar__op_init(&op, DPAR__OP_SOFTMAX_XENT, loss);
     op.dst2 = dlogits; op.src0 = logits; op.src1 = labels; op.m = logits->shape[0]; op.n = logits->shape[1];
@@ -3961,11 +3967,11 @@ DPAR_API dpar_status dpar_softmax_xent(dpar_buffer *loss, dpar_buffer *dlogits, 
 DPAR_API dpar_status dpar_mse(dpar_buffer *loss, dpar_buffer *dpred, const dpar_buffer *pred, const dpar_buffer *target) {
     dpar__clear_error();
     const dpar_buffer *ops[3] = { pred, target, dpred ? dpred : pred };
-    dpar_status s = dpar__op_check("mse", loss, ops, 3);
-    if (s || (s = dpar__scalar_out("mse", loss)) || (s = dpar__need_f32("mse", pred, "pred")) || (s = dpar__need_f32("mse", target, "target")) ||
-        (s = dpar__same_shape("mse", pred, "pred", target, "target")))
+    dpar_status s = dpar__op_check("dpar_mse", loss, ops, 3);
+    if (s || (s = dpar__scalar_out("dpar_mse", loss)) || (s = dpar__need_f32("dpar_mse", pred, "pred")) || (s = dpar__need_f32("dpar_mse", target, "target")) ||
+        (s = dpar__same_shape("dpar_mse", pred, "pred", target, "target")))
         return s;
-    if (dpred && ((s = dpar__need_f32("mse", dpred, "dpred")) || (s = dpar__same_shape("mse", dpred, "dpred", pred, "pred")))) return s;
+    if (dpred && ((s = dpar__need_f32("dpar_mse", dpred, "dpred")) || (s = dpar__same_shape("dpar_mse", dpred, "dpred", pred, "pred")))) return s;
     dpar__op op;
     dpar__op_init(&op, DPAR__OP_MSE, loss);
     op.dst2 = dpred; op.src0 = pred; op.src1 = target; op.n = pred->count;
@@ -3973,8 +3979,8 @@ DPAR_API dpar_status dpar_mse(dpar_buffer *loss, dpar_buffer *dpred, const dpar_
 }
 DPAR_API dpar_status dpar_axpy(dpar_buffer *y, float alpha, const dpar_buffer *x) {
     dpar__clear_error();
-    dpar_status s = dpar__op_check("axpy", y, &x, 1);
-    if (s || (s = dpar__need_f32("axpy", y, "y")) || (s = dpar__need_f32("axpy", x, "x")) || (s = dpar__same_count("axpy", y, "y", x, "x"))) return s;
+    dpar_status s = dpar__op_check("dpar_axpy", y, &x, 1);
+    if (s || (s = dpar__need_f32("dpar_axpy", y, "y")) || (s = dpar__need_f32("dpar_axpy", x, "x")) || (s = dpar__same_count("dpar_axpy", y, "y", x, "x"))) return s;
     dpar__op op;
     dpar__op_init(&op, DPAR__OP_AXPY, y);
     op.src0 = x; op.f[0] = alpha;
@@ -3982,8 +3988,8 @@ DPAR_API dpar_status dpar_axpy(dpar_buffer *y, float alpha, const dpar_buffer *x
 }
 DPAR_API dpar_status dpar_scale(dpar_buffer *x, float alpha) {
     dpar__clear_error();
-    dpar_status s = dpar__op_check("scale", x, NULL, 0);
-    if (s || (s = dpar__need_f32("scale", x, "x"))) return s;
+    dpar_status s = dpar__op_check("dpar_scale", x, NULL, 0);
+    if (s || (s = dpar__need_f32("dpar_scale", x, "x"))) return s;
     dpar__op op;
     dpar__op_init(&op, DPAR__OP_SCALE, x);
     op.f[0] = alpha;
@@ -3991,7 +3997,7 @@ DPAR_API dpar_status dpar_scale(dpar_buffer *x, float alpha) {
 }
 DPAR_API dpar_status dpar_fill(dpar_buffer *x, float value) {
     dpar__clear_error();
-    dpar_status s = dpar__op_check("fill", x, NULL, 0);
+    dpar_status s = dpar__op_check("dpar_fill", x, NULL, 0);
     if (s) return s;
     dpar__op op;
     dpar__op_init(&op, DPAR__OP_FILL, x);
@@ -4000,10 +4006,10 @@ DPAR_API dpar_status dpar_fill(dpar_buffer *x, float value) {
 }
 DPAR_API dpar_status dpar_copy(dpar_buffer *dst, const dpar_buffer *src) {
     dpar__clear_error();
-    dpar_status s = dpar__op_check("copy", dst, &src, 1);
-    if (s || (s = dpar__same_count("copy", dst, "dst", src, "src"))) return s;
+    dpar_status s = dpar__op_check("dpar_copy", dst, &src, 1);
+    if (s || (s = dpar__same_count("dpar_copy", dst, "dst", src, "src"))) return s;
     if (dst->dtype != src->dtype)
-        return dpar__err(DPAR_ERR_DTYPE, "copy: dst is %s but src is %s; use dpar_cast to convert", dpar_dtype_name(dst->dtype), dpar_dtype_name(src->dtype));
+        return dpar__err(DPAR_ERR_DTYPE, "dpar_copy: dst is %s but src is %s; use dpar_cast to convert", dpar_dtype_name(dst->dtype), dpar_dtype_name(src->dtype));
     if (dst == src) return DPAR_OK;
     dpar__op op;
     dpar__op_init(&op, DPAR__OP_COPY, dst);
@@ -4012,8 +4018,8 @@ DPAR_API dpar_status dpar_copy(dpar_buffer *dst, const dpar_buffer *src) {
 }
 DPAR_API dpar_status dpar_cast(dpar_buffer *dst, const dpar_buffer *src) {
     dpar__clear_error();
-    dpar_status s = dpar__op_check("cast", dst, &src, 1);
-    if (s || (s = dpar__same_count("cast", dst, "dst", src, "src"))) return s;
+    dpar_status s = dpar__op_check("dpar_cast", dst, &src, 1);
+    if (s || (s = dpar__same_count("dpar_cast", dst, "dst", src, "src"))) return s;
     if (dst == src) return DPAR_OK;
     dpar__op op;
     dpar__op_init(&op, DPAR__OP_CAST, dst);
@@ -4029,46 +4035,47 @@ static dpar_status dpar__reduce_op(const char *name, dpar__op_kind k, dpar_buffe
     op.src0 = x; op.n = x->count;
     return dpar__op_run(&op);
 }
-DPAR_API dpar_status dpar_sum(dpar_buffer *out, const dpar_buffer *x) { return dpar__reduce_op("sum", DPAR__OP_SUM, out, x); }
-DPAR_API dpar_status dpar_sum_squares(dpar_buffer *out, const dpar_buffer *x) { return dpar__reduce_op("sum_squares", DPAR__OP_SUMSQ, out, x); }
+DPAR_API dpar_status dpar_sum(dpar_buffer *out, const dpar_buffer *x) { return dpar__reduce_op("dpar_sum", DPAR__OP_SUM, out, x); }
+DPAR_API dpar_status dpar_sum_squares(dpar_buffer *out, const dpar_buffer *x) { return dpar__reduce_op("dpar_sum_squares", DPAR__OP_SUMSQ, out, x); }
 
 /* ---------------------------------------------------------------------------
    SGD
    ------------------------------------------------------------------------ */
-static dpar_status dpar__sgd_check(const dpar_sgd_desc *d) {
-    if (!d) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "sgd: desc is NULL");
+static dpar_status dpar__sgd_check(const char *fn, const dpar_sgd_desc *d) {
+    if (!d) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: desc is NULL", fn);
     if (!(d->learning_rate > 0.0f) || !isfinite(d->learning_rate))
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "sgd: learning_rate = %g; it must be a finite number > 0", (double)d->learning_rate);
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: learning_rate = %g; it must be a finite number > 0", fn, (double)d->learning_rate);
     if (!(d->momentum >= 0.0f && d->momentum < 1.0f))
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "sgd: momentum = %g; it must be in [0, 1)", (double)d->momentum);
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: momentum = %g; it must be in [0, 1)", fn, (double)d->momentum);
     if (d->nesterov && d->momentum == 0.0f)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "sgd: nesterov needs momentum > 0");
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: nesterov needs momentum > 0", fn);
     if (!(d->weight_decay >= 0.0f) || !isfinite(d->weight_decay))
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "sgd: weight_decay = %g; it must be >= 0", (double)d->weight_decay);
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: weight_decay = %g; it must be >= 0", fn, (double)d->weight_decay);
     if (!(d->clip_norm >= 0.0f) || !isfinite(d->clip_norm))
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "sgd: clip_norm = %g; use 0 (off) or a positive norm", (double)d->clip_norm);
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: clip_norm = %g; use 0 (off) or a positive norm", fn, (double)d->clip_norm);
     return DPAR_OK;
 }
 /* the buffer checks of one update (dpar_sgd_step runs them for every buffer first) */
-static dpar_status dpar__sgd_check_bufs(const dpar_sgd_desc *d, const dpar_buffer *param, const dpar_buffer *grad, const dpar_buffer *mom) {
+static dpar_status dpar__sgd_check_bufs(const char *fn, const dpar_sgd_desc *d, const dpar_buffer *param, const dpar_buffer *grad,
+                                        const dpar_buffer *mom) {
     dpar_status s;
     const dpar_buffer *ops[2] = { grad, mom ? mom : grad };
-    if ((s = dpar__op_check("sgd", param, ops, 2))) return s;
-    if ((s = dpar__need_f32("sgd", param, "param")) || (s = dpar__need_f32("sgd", grad, "grad")) || (s = dpar__same_count("sgd", param, "param", grad, "grad")))
+    if ((s = dpar__op_check(fn, param, ops, 2))) return s;
+    if ((s = dpar__need_f32(fn, param, "param")) || (s = dpar__need_f32(fn, grad, "grad")) || (s = dpar__same_count(fn, param, "param", grad, "grad")))
         return s;
     if (d->momentum > 0.0f) {
-        if (!mom) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "sgd: momentum = %g but no momentum buffer was given", (double)d->momentum);
-        if ((s = dpar__need_f32("sgd", mom, "momentum")) || (s = dpar__same_count("sgd", param, "param", mom, "momentum"))) return s;
-        if (mom == param || mom == grad) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "sgd: the momentum buffer must not alias param or grad");
+        if (!mom) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: momentum = %g but no momentum buffer was given", fn, (double)d->momentum);
+        if ((s = dpar__need_f32(fn, mom, "momentum")) || (s = dpar__same_count(fn, param, "param", mom, "momentum"))) return s;
+        if (mom == param || mom == grad) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: the momentum buffer must not alias param or grad", fn);
     }
-    if (grad == param) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "sgd: grad must not alias param");
+    if (grad == param) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: grad must not alias param", fn);
     return DPAR_OK;
 }
 DPAR_API dpar_status dpar_sgd_update(const dpar_sgd_desc *d, dpar_buffer *param, const dpar_buffer *grad, dpar_buffer *mom, float clip_scale) {
     dpar__clear_error();
-    dpar_status s = dpar__sgd_check(d);
-    if (s || (s = dpar__sgd_check_bufs(d, param, grad, mom))) return s;
-    if (!isfinite(clip_scale) || clip_scale < 0.0f) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "sgd: clip_scale = %g is not a finite scale >= 0", (double)clip_scale);
+    dpar_status s = dpar__sgd_check("dpar_sgd_update", d);
+    if (s || (s = dpar__sgd_check_bufs("dpar_sgd_update", d, param, grad, mom))) return s;
+    if (!isfinite(clip_scale) || clip_scale < 0.0f) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_sgd_update: clip_scale = %g is not a finite scale >= 0", (double)clip_scale);
     dpar__op op;
     dpar__op_init(&op, DPAR__OP_SGD, param);
     op.dst2 = d->momentum > 0.0f ? mom : NULL;
@@ -4079,8 +4086,8 @@ DPAR_API dpar_status dpar_sgd_update(const dpar_sgd_desc *d, dpar_buffer *param,
 }
 DPAR_API dpar_status dpar_sgd_clip_scale(dpar_ctx *ctx, const dpar_sgd_desc *d, dpar_buffer *const *grads, int n, float *scale, float *norm_out) {
     dpar__clear_error();
-    if (!ctx || !scale || (n > 0 && !grads) || n < 0) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "sgd_clip_scale: NULL or invalid argument");
-    dpar_status s = dpar__sgd_check(d);
+    if (!ctx || !scale || (n > 0 && !grads) || n < 0) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_sgd_clip_scale: NULL or invalid argument");
+    dpar_status s = dpar__sgd_check("dpar_sgd_clip_scale", d);
     if (s) return s;
     dpar_buffer *tmp = NULL;
     int64_t one = 1;
@@ -4105,7 +4112,7 @@ DPAR_API dpar_status dpar_sgd_clip_scale(dpar_ctx *ctx, const dpar_sgd_desc *d, 
     float norm = (float)sqrt(total);
     if (norm_out) *norm_out = norm;
     if (!isfinite(norm))
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "sgd: the global gradient norm is %g: the gradients hold NaN or Inf "
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_sgd_clip_scale: the global gradient norm is %g: the gradients hold NaN or Inf "
                          "(lower the learning rate or check the loss); no parameter was changed", (double)norm);
     *scale = (d->clip_norm > 0.0f && !(norm < d->clip_norm)) ? d->clip_norm / norm : 1.0f;
     return DPAR_OK;
@@ -4113,13 +4120,13 @@ DPAR_API dpar_status dpar_sgd_clip_scale(dpar_ctx *ctx, const dpar_sgd_desc *d, 
 DPAR_API dpar_status dpar_sgd_step(dpar_ctx *ctx, const dpar_sgd_desc *d, dpar_buffer *const *params, dpar_buffer *const *grads,
                                    dpar_buffer *const *moms, int n) {
     dpar__clear_error();
-    dpar_status s = dpar__sgd_check(d);
+    dpar_status s = dpar__sgd_check("dpar_sgd_step", d);
     if (s) return s;
-    if (n < 0) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "sgd_step: n = %d parameters; it must be >= 0", n);
-    if (n > 0 && (!params || !grads)) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "sgd_step: params or grads is NULL");
+    if (n < 0) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_sgd_step: n = %d parameters; it must be >= 0", n);
+    if (n > 0 && (!params || !grads)) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_sgd_step: params or grads is NULL");
     /* every buffer is checked before any is updated: a failed step changes nothing */
     for (int i = 0; i < n; i++)
-        if ((s = dpar__sgd_check_bufs(d, params[i], grads[i], moms ? moms[i] : NULL))) return s;
+        if ((s = dpar__sgd_check_bufs("dpar_sgd_step", d, params[i], grads[i], moms ? moms[i] : NULL))) return s;
     float scale = 1.0f;
     if (d->clip_norm > 0.0f) {
         s = dpar_sgd_clip_scale(ctx, d, grads, n, &scale, NULL);
@@ -4191,20 +4198,20 @@ static dpar_status dpar__reshard_fn(dpar_ctx *ctx, void *user) {
 
 DPAR_API dpar_status dpar_array_reshard(dpar_array *dst, const dpar_array *src) {
     dpar__clear_error();
-    if (!dst || !src) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "reshard: dst or src is NULL");
-    if (dpar__self_worker) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "reshard: called from inside a pmap/shard_map function; call it between dispatches");
+    if (!dst || !src) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_array_reshard: dst or src is NULL");
+    if (dpar__self_worker) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_array_reshard: called from inside a pmap/shard_map function; call it between dispatches");
     if (dst == src) return DPAR_OK;
     if (dst->mesh != src->mesh)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "reshard: dst and src live on different meshes; reshard works within one mesh "
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_array_reshard: dst and src live on different meshes; reshard works within one mesh "
                          "(across meshes use dpar_array_get + dpar_array_put, or a checkpoint)");
     if (dst->dtype != src->dtype)
-        return dpar__err(DPAR_ERR_DTYPE, "reshard: dst is %s but src is %s; they must match (use dpar_cast inside a shard_map to convert)",
+        return dpar__err(DPAR_ERR_DTYPE, "dpar_array_reshard: dst is %s but src is %s; they must match (use dpar_cast inside a shard_map to convert)",
                          dpar_dtype_name(dst->dtype), dpar_dtype_name(src->dtype));
     int same_shape = dst->ndim == src->ndim;
     for (int d = 0; same_shape && d < dst->ndim; d++) same_shape = dst->shape[d] == src->shape[d];
     if (!same_shape) {
         char x[160], y[160];
-        return dpar__err(DPAR_ERR_SHAPE, "reshard: dst has global shape %s but src has %s; they must match",
+        return dpar__err(DPAR_ERR_SHAPE, "dpar_array_reshard: dst has global shape %s but src has %s; they must match",
                          dpar__shape_str(x, sizeof x, dst->ndim, dst->shape), dpar__shape_str(y, sizeof y, src->ndim, src->shape));
     }
     dpar_mesh *m = dst->mesh;
@@ -4249,7 +4256,7 @@ DPAR_API dpar_status dpar_array_reshard(dpar_array *dst, const dpar_array *src) 
     if (contains) {
         size_t snb = (size_t)dpar__prod(src->local, nd) * es, dnb = (size_t)dpar__prod(dst->local, nd) * es;
         char *ts = (char *)DPAR_MALLOC(snb ? snb : 1), *td = (char *)DPAR_MALLOC(dnb ? dnb : 1);
-        dpar_status s = (ts && td) ? DPAR_OK : dpar__err(DPAR_ERR_OUT_OF_MEMORY, "reshard: out of host memory (%zu bytes)", snb + dnb);
+        dpar_status s = (ts && td) ? DPAR_OK : dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_array_reshard: out of host memory (%zu bytes)", snb + dnb);
         int64_t zero[DPAR_MAX_DIMS] = {0}, so[DPAR_MAX_DIMS], dof[DPAR_MAX_DIMS], rel[DPAR_MAX_DIMS];
         for (int p = 0; p < m->size && !s; p++) {
             if (!src->shards[p] || !dst->shards[p]) continue; /* held by another process */
@@ -4267,7 +4274,7 @@ DPAR_API dpar_status dpar_array_reshard(dpar_array *dst, const dpar_array *src) 
     /* general case: through one global host copy */
     size_t gnb = (size_t)dpar__prod(src->shape, nd) * es;
     void *g = DPAR_MALLOC(gnb ? gnb : 1);
-    if (!g) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "reshard: out of host memory (%zu bytes for the global array)", gnb);
+    if (!g) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_array_reshard: out of host memory (%zu bytes for the global array)", gnb);
     dpar_status s = dpar_array_get(src, g);
     if (!s) s = dpar_array_put(dst, g);
     DPAR_FREE(g);
@@ -4308,19 +4315,19 @@ DPAR_API dpar_status dpar_shard_map_specs(dpar_mesh *m, const dpar_shard_map_spe
         if (resolved.num_outputs == 0)
             while (resolved.num_outputs < DPAR_MAX_ARGS && resolved.outputs[resolved.num_outputs]) resolved.num_outputs++;
     }
-    if (!m || !d || !d->fn) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "shard_map_specs: mesh, desc or desc->fn is NULL");
+    if (!m || !d || !d->fn) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_shard_map_specs: mesh, desc or desc->fn is NULL");
     if (d->num_inputs < 0 || d->num_outputs < 0 || d->num_inputs + d->num_outputs > DPAR_MAX_ARGS)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "shard_map_specs: num_inputs = %d, num_outputs = %d; each >= 0 and together at most %d",
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_shard_map_specs: num_inputs = %d, num_outputs = %d; each >= 0 and together at most %d",
                          d->num_inputs, d->num_outputs, (int)DPAR_MAX_ARGS);
     int ni = d->num_inputs, no = d->num_outputs;
     for (int k = 0; k < ni + no; k++) {
         dpar_array *a = k < ni ? d->inputs[k] : d->outputs[k - ni];
         const char *kind = k < ni ? "input" : "output";
         int idx = k < ni ? k : k - ni;
-        if (!a) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "shard_map_specs: %s %d is NULL", kind, idx);
-        if (a->mesh != m) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "shard_map_specs: %s %d was created on another mesh", kind, idx);
+        if (!a) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_shard_map_specs: %s %d is NULL", kind, idx);
+        if (a->mesh != m) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_shard_map_specs: %s %d was created on another mesh", kind, idx);
         for (int j = 0; j < k - ni && k >= ni; j++)
-            if (d->outputs[j] == a) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "shard_map_specs: outputs %d and %d are the same array", j, idx);
+            if (d->outputs[j] == a) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_shard_map_specs: outputs %d and %d are the same array", j, idx);
     }
     dpar_array *tmp[DPAR_MAX_ARGS];
     memset(tmp, 0, sizeof tmp);
@@ -4332,7 +4339,7 @@ DPAR_API dpar_status dpar_shard_map_specs(dpar_mesh *m, const dpar_shard_map_spe
         dpar_array *a = k < ni ? d->inputs[k] : d->outputs[k - ni];
         const char *const *spec = k < ni ? d->in_specs[k] : d->out_specs[k - ni];
         char where[64];
-        snprintf(where, sizeof where, "shard_map_specs: %s %d", k < ni ? "input" : "output", k < ni ? k : k - ni);
+        snprintf(where, sizeof where, "dpar_shard_map_specs: %s %d", k < ni ? "input" : "output", k < ni ? k : k - ni);
         int eq;
         s = dpar__spec_matches(a, spec, where, &eq);
         if (s) break;
@@ -4411,7 +4418,7 @@ DPAR_API dpar_status dpar_zero1_create(const dpar_zero1_desc *d, dpar_zero1 **ou
     if (!d) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "zero1_create: desc is NULL");
     if (d->num_params < 1 || d->num_params > DPAR_MAX_ARGS)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "zero1_create: num_params = %d is out of range 1..%d", d->num_params, (int)DPAR_MAX_ARGS);
-    dpar_status s = dpar__sgd_check(&d->sgd);
+    dpar_status s = dpar__sgd_check("dpar_zero1_create", &d->sgd);
     if (s) return s;
     if (!d->params[0]) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "zero1_create: params[0] is NULL");
     dpar_mesh *m = d->params[0]->mesh;
@@ -5844,7 +5851,7 @@ static dpar_status dpar__cpu_op_matmul(DPAR__CPU_OP_ARGS) {
     /* f16/bf16 operands: widen to f32, accumulate in f32 */
     float *a = (float *)DPAR_MALLOC((size_t)(op->src0->count + 1) * 4);
     float *b = (float *)DPAR_MALLOC((size_t)(op->src1->count + 1) * 4);
-    if (!a || !b) { DPAR_FREE(a); DPAR_FREE(b); return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "matmul: out of host memory"); }
+    if (!a || !b) { DPAR_FREE(a); DPAR_FREE(b); return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_matmul: out of host memory"); }
     for (int64_t i = 0; i < op->src0->count; i++) a[i] = dpar__load_f(op->src0->mem, op->src0->dtype, i);
     for (int64_t i = 0; i < op->src1->count; i++) b[i] = dpar__load_f(op->src1->mem, op->src1->dtype, i);
     dpar__cpu_sgemm(c, dev, op->m, op->n, op->k, op->trans_a, op->trans_b, op->f[0], a, b, op->f[1], y);

@@ -39,7 +39,7 @@ run pmap_basics
 if ran pmap_basics; then
     has "pmap_basics doubles each device's slice" \
         "pmap(2*x) [4, 3] = [[0, 2, 4], [6, 8, 10], [12, 14, 16], [18, 20, 22]]"
-    has_all "pmap_basics error for 8 rows on 4 devices names 8 and 4" "error DPAR_ERR_SHAPE: pmap:" \
+    has_all "pmap_basics error for 8 rows on 4 devices names 8 and 4" "error DPAR_ERR_SHAPE: dpar_pmap:" \
         "input 0" "leading dimension 8" "axis 'data' has 4 devices"
     has "pmap_basics shard_map device 0 gets 2 rows" "device 0: 2 rows, x = [[0, 1, 2], [3, 4, 5]] -> 2*x = [[0, 2, 4], [6, 8, 10]]"
     has "pmap_basics shard_map device 1 gets 2 rows" "device 1: 2 rows, x = [[6, 7, 8], [9, 10, 11]] -> 2*x = [[12, 14, 16], [18, 20, 22]]"
@@ -57,7 +57,7 @@ if ran dp_regression; then
     has "dp_regression w after SGD is 1 - 0.01 * 3.9375" "w[0][0] after one SGD step (lr 0.01): 0.960625"
     has "dp_regression loss after is 60.48^2" "loss after the update: 3657.83"
     has "dp_regression replicas identical" "replicas identical after the step: yes"
-    has_all "dp_regression (128,) targets vs (128, 32) is a shape error" "error DPAR_ERR_SHAPE: mse:" "[128, 32]" "[128]"
+    has_all "dp_regression (128,) targets vs (128, 32) is a shape error" "error DPAR_ERR_SHAPE: dpar_mse:" "[128, 32]" "[128]"
 fi
 for n in 1 8; do  # same data on every device: the same step for any device count
     run dp_regression --devices $n
