@@ -89,9 +89,7 @@ static double best(const double *v, int n) {
 }
 
 static int make_arr(dpar_mesh *m, int64_t global, dpar_array **out) {
-    dpar_array_desc d;
-    memset(&d, 0, sizeof d);
-    d.dtype = DPAR_F32; d.ndim = 1; d.shape[0] = global; d.spec[0] = "data";
+    dpar_array_desc d = { .dtype = DPAR_F32, .ndim = 1, .shape = { global }, .spec = { "data" } };
     return dpar_array_create(m, &d, out) == DPAR_OK ? 0 : -1;
 }
 
@@ -104,9 +102,7 @@ static int has(const char *list, const char *name) {
 
 static int run_backend(const char *bname, dpar_backend_kind kind, int n, const char *ops, int64_t lo, int64_t hi, int factor,
                        double target) {
-    dpar_runtime_desc rd;
-    memset(&rd, 0, sizeof rd);
-    rd.backend = kind; rd.num_devices = n;
+    dpar_runtime_desc rd = { .backend = kind, .num_devices = n };
     dpar_runtime *rt = NULL;
     if (dpar_runtime_create(&rd, &rt)) {
         printf("skip,%s,%d devices: %s\n", bname, n, dpar_last_error());
@@ -114,9 +110,7 @@ static int run_backend(const char *bname, dpar_backend_kind kind, int n, const c
         return 0;
     }
     dpar_mesh *m = NULL;
-    dpar_mesh_desc md;
-    memset(&md, 0, sizeof md);
-    md.ndim = 1; md.shape[0] = n; md.axis_names[0] = "data";
+    dpar_mesh_desc md = { .ndim = 1, .shape = { n }, .axis_names = { "data" } };
     if (dpar_mesh_create(rt, &md, &m)) { fprintf(stderr, "mesh: %s\n", dpar_last_error()); dpar_runtime_destroy(rt); return -1; }
     for (int op = 0; op < OP_COUNT; op++) {
         if (!has(ops, op_names[op])) continue;
@@ -134,9 +128,7 @@ static int run_backend(const char *bname, dpar_backend_kind kind, int n, const c
                 dpar_array_destroy(j.in); dpar_array_destroy(j.out); dpar_array_destroy(j.tiny);
                 break;
             }
-            dpar_shard_map_desc sd;
-            memset(&sd, 0, sizeof sd);
-            sd.fn = bench_fn; sd.user = &j;
+            dpar_shard_map_desc sd = { .fn = bench_fn, .user = &j };
             /* calibrate: 1 iteration, then enough to fill `target` seconds */
             j.iters = 1; j.trials = 3;
             if (dpar_shard_map(m, &sd)) { fprintf(stderr, "%s: %s\n", op_names[op], dpar_last_error()); return -1; }

@@ -117,10 +117,7 @@ static double dpar_op_bw(dpar_runtime *rt, opk k, int64_t n) {
     CHECK(dpar_buffer_create(rt, 0, DPAR_BF16, 1, shape, &h));
     CHECK(dpar_fill(p, 1.0f));
     CHECK(dpar_fill(g, 0.001f));
-    dpar_sgd_desc d;
-    memset(&d, 0, sizeof d);
-    d.learning_rate = 0.01f;
-    d.momentum = k == OP_SGD_MOM ? 0.9f : 0.0f;
+    dpar_sgd_desc d = { .learning_rate = 0.01f, .momentum = k == OP_SGD_MOM ? 0.9f : 0.0f };
     double best = 1e30;
     for (int trial = 0; trial < 4; trial++) {
         CHECK(dpar_runtime_device_sync(rt, 0));
@@ -221,19 +218,17 @@ static dpar_status ar_fn(dpar_ctx *ctx, void *user) {
 }
 static void bench_allreduce(dpar_runtime *rt, int64_t n) {
     dpar_mesh *m;
-    dpar_mesh_desc md;
-    memset(&md, 0, sizeof md);
-    md.ndim = 1; md.shape[0] = 1; md.axis_names[0] = "data";
+    dpar_mesh_desc md = { .ndim = 1, .shape = { 1 }, .axis_names = { "data" } };
     CHECK(dpar_mesh_create(rt, &md, &m));
     float *host = (float *)calloc((size_t)n, 4);
     float *res = (float *)calloc((size_t)n, 4);
     ar_job j = { reps, 0 };
-    dpar_pmap_desc d;
-    memset(&d, 0, sizeof d);
-    d.axis = "data"; d.fn = ar_fn; d.user = &j; d.num_inputs = 1; d.num_outputs = 1;
-    d.inputs[0].data = host; d.inputs[0].dtype = DPAR_F32; d.inputs[0].ndim = 2;
-    d.inputs[0].shape[0] = 1; d.inputs[0].shape[1] = n; d.inputs[0].in_axis = DPAR_MAPPED;
-    d.outputs[0].data = res; d.outputs[0].dtype = DPAR_F32; d.outputs[0].ndim = 1; d.outputs[0].shape[0] = n;
+    dpar_pmap_desc d = {
+        .axis = "data", .fn = ar_fn, .user = &j, .num_inputs = 1, .num_outputs = 1, .inputs[0].data = host,
+        .inputs[0].dtype = DPAR_F32, .inputs[0].ndim = 2, .inputs[0].shape[0] = 1, .inputs[0].shape[1] = n,
+        .inputs[0].in_axis = DPAR_MAPPED, .outputs[0].data = res, .outputs[0].dtype = DPAR_F32, .outputs[0].ndim = 1,
+        .outputs[0].shape[0] = n
+    };
     CHECK(dpar_pmap(m, &d));
     free(host); free(res);
     dpar_mesh_destroy(m);
@@ -274,10 +269,7 @@ int main(int argc, char **argv) {
         else if (strcmp(argv[i], "--mb") == 0 && i + 1 < argc && atoi(argv[i + 1]) > 0) mb = atoi(argv[++i]);
         else { printf("usage: %s [--quick] [--mb N]\n", argv[0]); return 2; }
     }
-    dpar_runtime_desc rd;
-    memset(&rd, 0, sizeof rd);
-    rd.backend = DPAR_BACKEND_CUDA;
-    rd.num_devices = 1;
+    dpar_runtime_desc rd = { .backend = DPAR_BACKEND_CUDA, .num_devices = 1 };
     dpar_runtime *rt = NULL;
     dpar_status s = dpar_runtime_create(&rd, &rt);
     if (s == DPAR_ERR_BACKEND_UNAVAILABLE) {

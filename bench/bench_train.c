@@ -98,24 +98,18 @@ static dpar_status step_fn(dpar_ctx *ctx, void *user) {
 }
 
 static dpar_status arr(dpar_mesh *mesh, dpar_dtype t, int ndim, int64_t d0, int64_t d1, const char *spec0, dpar_array **out) {
-    dpar_array_desc d;
-    memset(&d, 0, sizeof d);
-    d.dtype = t; d.ndim = ndim; d.shape[0] = d0; d.shape[1] = d1; d.spec[0] = spec0;
+    dpar_array_desc d = { .dtype = t, .ndim = ndim, .shape = { d0, d1 }, .spec = { spec0 } };
     return dpar_array_create(mesh, &d, out);
 }
 
 static size_t bucket_bytes; /* --bucket-bytes; 0: the helper's default (25 MiB) */
 static int run(dpar_backend_kind kind, const char *bname, const char *name, int nl, const int *sizes, int batch, int n,
                int steps, double target, int use_dp) {
-    dpar_runtime_desc rd;
-    memset(&rd, 0, sizeof rd);
-    rd.backend = kind; rd.num_devices = n;
+    dpar_runtime_desc rd = { .backend = kind, .num_devices = n };
     dpar_runtime *rt;
     if (dpar_runtime_create(&rd, &rt)) { printf("skip,%s,%s,%d: %s\n", bname, name, n, dpar_last_error()); return 0; }
     dpar_mesh *mesh;
-    dpar_mesh_desc md;
-    memset(&md, 0, sizeof md);
-    md.ndim = 1; md.shape[0] = n; md.axis_names[0] = "data";
+    dpar_mesh_desc md = { .ndim = 1, .shape = { n }, .axis_names = { "data" } };
     if (dpar_mesh_create(rt, &md, &mesh)) { fprintf(stderr, "mesh: %s\n", dpar_last_error()); return 1; }
     net m;
     memset(&m, 0, sizeof m);
@@ -143,9 +137,7 @@ static int run(dpar_backend_kind kind, const char *bname, const char *name, int 
     m.sgd.learning_rate = 0.1f;
     m.sgd.momentum = 0.9f;
     if (use_dp) {
-        dpar_dp_desc dd;
-        memset(&dd, 0, sizeof dd);
-        dd.axes = "data"; dd.bucket_bytes = bucket_bytes;
+        dpar_dp_desc dd = { .axes = "data", .bucket_bytes = bucket_bytes };
         if (dpar_dp_create(mesh, &dd, &m.dp)) { fprintf(stderr, "dp_create: %s\n", dpar_last_error()); return 1; }
         for (int i = 0; i < nl && !bad; i++) /* parameter ids 2i (weights), 2i+1 (bias) */
             bad |= dpar_dp_add(m.dp, m.gw[i], NULL) != DPAR_OK || dpar_dp_add(m.dp, m.gb[i], NULL) != DPAR_OK;
@@ -161,9 +153,7 @@ static int run(dpar_backend_kind kind, const char *bname, const char *name, int 
         for (int64_t i = 0; i < (int64_t)batch * sizes[0]; i++) xs[k][i] = urand() * 2.0f - 1.0f;
         for (int i = 0; i < batch; i++) ys[k][i] = (int32_t)(rnd() % (uint64_t)sizes[nl]);
     }
-    dpar_shard_map_desc sd;
-    memset(&sd, 0, sizeof sd);
-    sd.fn = step_fn; sd.user = &m;
+    dpar_shard_map_desc sd = { .fn = step_fn, .user = &m };
     int it = 0;
 #define STEP() do { \
         if (dpar_array_put(m.act[0], xs[it % NB]) || dpar_array_put(m.y, ys[it % NB]) || dpar_shard_map(mesh, &sd)) { \

@@ -127,16 +127,12 @@ int main(int argc, char **argv) {
     if (digits_prepare("train_digits_pipeline", &o, &ds)) return 1;
     int batch = o.batch, hidden = o.hidden, mb = batch / M;
 
-    dpar_runtime_desc rd;
-    memset(&rd, 0, sizeof rd);
-    rd.num_devices = 2;
+    dpar_runtime_desc rd = { .num_devices = 2 };
     if (digits_backend(o.backend, &rd.backend)) { fprintf(stderr, "train_digits_pipeline: unknown backend '%s'\n", o.backend); return 2; }
     dpar_runtime *rt;
     if (dpar_runtime_create(&rd, &rt)) return digits_fail("runtime");
     dpar_mesh *mesh;
-    dpar_mesh_desc md;
-    memset(&md, 0, sizeof md);
-    md.ndim = 1; md.shape[0] = 2; md.axis_names[0] = "stage";
+    dpar_mesh_desc md = { .ndim = 1, .shape = { 2 }, .axis_names = { "stage" } };
     if (dpar_mesh_create(rt, &md, &mesh)) return digits_fail("mesh");
     printf("backend %s, 2 devices: 2 pipeline stages along \"stage\", GPipe with %d micro-batches of %d\n", o.backend, M, mb);
     printf("data: %d train, %d test images; MLP 64-%d-10, batch %d, lr %g, momentum %g\n",

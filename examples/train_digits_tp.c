@@ -129,16 +129,12 @@ int main(int argc, char **argv) {
     if (digits_prepare("train_digits_tp", &o, &ds)) return 1;
     int devices = dp * tp, batch = o.batch, hidden = o.hidden;
 
-    dpar_runtime_desc rd;
-    memset(&rd, 0, sizeof rd);
-    rd.num_devices = devices;
+    dpar_runtime_desc rd = { .num_devices = devices };
     if (digits_backend(o.backend, &rd.backend)) { fprintf(stderr, "train_digits_tp: unknown backend '%s'\n", o.backend); return 2; }
     dpar_runtime *rt;
     if (dpar_runtime_create(&rd, &rt)) return digits_fail("runtime");
     dpar_mesh *mesh;
-    dpar_mesh_desc md;
-    memset(&md, 0, sizeof md);
-    md.ndim = 2; md.shape[0] = dp; md.shape[1] = tp; md.axis_names[0] = "data"; md.axis_names[1] = "model";
+    dpar_mesh_desc md = { .ndim = 2, .shape = { dp, tp }, .axis_names = { "data", "model" } };
     if (dpar_mesh_create(rt, &md, &mesh)) return digits_fail("mesh");
     printf("backend %s, %d devices: mesh %dx%d (data, model), Megatron column- then row-parallel MLP\n", o.backend, devices, dp, tp);
     printf("data: %d train, %d test images; MLP 64-%d-10 (%d hidden units per device), batch %d (%d per data shard), lr %g, momentum %g\n",

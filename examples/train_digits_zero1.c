@@ -81,16 +81,12 @@ int main(int argc, char **argv) {
     if (digits_prepare("train_digits_zero1", &o, &ds)) return 1;
     int devices = o.devices, batch = o.batch, hidden = o.hidden;
 
-    dpar_runtime_desc rd;
-    memset(&rd, 0, sizeof rd);
-    rd.num_devices = devices;
+    dpar_runtime_desc rd = { .num_devices = devices };
     if (digits_backend(o.backend, &rd.backend)) { fprintf(stderr, "train_digits_zero1: unknown backend '%s'\n", o.backend); return 2; }
     dpar_runtime *rt;
     if (dpar_runtime_create(&rd, &rt)) return digits_fail("runtime");
     dpar_mesh *mesh;
-    dpar_mesh_desc md;
-    memset(&md, 0, sizeof md);
-    md.ndim = 1; md.shape[0] = devices; md.axis_names[0] = "data";
+    dpar_mesh_desc md = { .ndim = 1, .shape = { devices }, .axis_names = { "data" } };
     if (dpar_mesh_create(rt, &md, &mesh)) return digits_fail("mesh");
     printf("backend %s, %d device(s), ZeRO-1 over \"data\"\n", o.backend, devices);
     printf("data: %d train, %d test images; MLP 64-%d-10, batch %d (%d per device), lr %g, momentum %g\n",
@@ -106,10 +102,9 @@ int main(int argc, char **argv) {
             return digits_fail("parameters");
     }
     if (dpar_array_put(m.param[W1], ds.w1) || dpar_array_put(m.param[W2], ds.w2)) return digits_fail("init");
-    dpar_zero1_desc zd;
-    memset(&zd, 0, sizeof zd);
-    zd.sgd.learning_rate = o.lr; zd.sgd.momentum = o.momentum;
-    zd.axis = "data"; zd.num_params = NPARAM;
+    dpar_zero1_desc zd = {
+        .sgd.learning_rate = o.lr, .sgd.momentum = o.momentum, .axis = "data", .num_params = NPARAM
+    };
     for (int i = 0; i < NPARAM; i++) zd.params[i] = m.param[i];
     if (dpar_zero1_create(&zd, &m.zero)) return digits_fail("zero1");
 

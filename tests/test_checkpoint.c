@@ -26,9 +26,7 @@ static int teardown(void **st) {
     return system(cmd) == 0 ? 0 : -1;
 }
 static dpar_array *arr(dpar_mesh *m, dpar_dtype t, int nd, int64_t d0, int64_t d1, const char *s0, const char *s1) {
-    dpar_array_desc d;
-    memset(&d, 0, sizeof d);
-    d.dtype = t; d.ndim = nd; d.shape[0] = d0; d.shape[1] = d1; d.spec[0] = s0; d.spec[1] = s1;
+    dpar_array_desc d = { .dtype = t, .ndim = nd, .shape = { d0, d1 }, .spec = { s0, s1 } };
     dpar_array *a = NULL;
     T_OK(dpar_array_create(m, &d, &a));
     return a;
@@ -243,10 +241,10 @@ static void reg_make(dpar_mesh *m, int ndev, reg *r) {
     float w0[IN * OUT];
     for (int i = 0; i < IN * OUT; i++) w0[i] = sinf((float)i);
     T_OK(dpar_array_put(r->w[0], w0));
-    dpar_zero1_desc zd;
-    memset(&zd, 0, sizeof zd);
-    zd.sgd.learning_rate = 0.05f; zd.sgd.momentum = 0.9f; zd.sgd.nesterov = true; zd.sgd.weight_decay = 1e-3f;
-    zd.num_params = NP; zd.params[0] = r->w[0]; zd.params[1] = r->w[1];
+    dpar_zero1_desc zd = {
+        .sgd.learning_rate = 0.05f, .sgd.momentum = 0.9f, .sgd.nesterov = true, .sgd.weight_decay = 1e-3f,
+        .num_params = NP, .params = { r->w[0], r->w[1] }
+    };
     T_OK(dpar_zero1_create(&zd, &r->z));
 }
 static float reg_run(dpar_mesh *m, reg *r, int ndev) {

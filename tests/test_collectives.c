@@ -318,9 +318,7 @@ static void run_sweep(dpar_mesh *m, const char *axes, int nexpect) {
         w->axes = axes; w->dt = dts[t];
         T_OK(dpar_mesh_axis_size(m, axes, &w->n));
         assert_int_equal(w->n, nexpect);
-        dpar_shard_map_desc sd;
-        memset(&sd, 0, sizeof sd);
-        sd.fn = sweep_fn; sd.user = w;
+        dpar_shard_map_desc sd = { .fn = sweep_fn, .user = w };
         dpar_status s = dpar_shard_map(m, &sd);
         if (s != DPAR_OK) {
             for (int d = 0; d < N; d++) if (w->st[d]) print_error("device %d: %s: %s\n", d, dpar_status_string(w->st[d]), w->err[d]);
@@ -408,9 +406,7 @@ static void test_sweep_explicit_order(void **st) {
     (void)st;
     dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 8);
     int order[8] = { 5, 2, 7, 0, 3, 6, 1, 4 };
-    dpar_mesh_desc md;
-    memset(&md, 0, sizeof md);
-    md.ndim = 2; md.shape[0] = 2; md.shape[1] = 4; md.axis_names[0] = "x"; md.axis_names[1] = "y"; md.devices = order;
+    dpar_mesh_desc md = { .ndim = 2, .shape = { 2, 4 }, .axis_names = { "x", "y" }, .devices = order };
     dpar_mesh *m = NULL;
     T_OK(dpar_mesh_create(rt, &md, &m));
     run_sweep(m, "y", 4);
@@ -440,9 +436,7 @@ static dpar_status rec(small *w, int dev, dpar_status s) {
 enum { NEVER_RAN = -1 }; /* status slot of a device whose fn never ran (stopped before it started) */
 static dpar_status run_small(dpar_mesh *m, dpar_fn fn, small *w) {
     for (int d = 0; d < MAXD; d++) w->st[d] = (dpar_status)NEVER_RAN;
-    dpar_shard_map_desc sd;
-    memset(&sd, 0, sizeof sd);
-    sd.fn = fn; sd.user = w;
+    dpar_shard_map_desc sd = { .fn = fn, .user = w };
     return dpar_shard_map(m, &sd);
 }
 
@@ -642,9 +636,7 @@ static double now_s(void) {
 }
 static void test_timeout_names_missing_device(void **st) {
     (void)st;
-    dpar_runtime_desc rd;
-    memset(&rd, 0, sizeof rd);
-    rd.backend = DPAR_BACKEND_CPU; rd.num_devices = 4; rd.timeout_ms = 300;
+    dpar_runtime_desc rd = { .backend = DPAR_BACKEND_CPU, .num_devices = 4, .timeout_ms = 300 };
     dpar_runtime *rt = NULL;
     T_OK(dpar_runtime_create(&rd, &rt));
     dpar_mesh *m = t_mesh1(rt, 4, "data");
@@ -809,9 +801,7 @@ static void test_deterministic_mesh_order(void **st) {
     const dpar_dtype dts[3] = { DPAR_F32, DPAR_F16, DPAR_BF16 };
     for (int t = 0; t < 3; t++) {
         a->dt = b->dt = dts[t];
-        dpar_shard_map_desc sd;
-        memset(&sd, 0, sizeof sd);
-        sd.fn = det_fn; sd.user = a;
+        dpar_shard_map_desc sd = { .fn = det_fn, .user = a };
         T_OK(dpar_shard_map(m, &sd));
         sd.user = b;
         T_OK(dpar_shard_map(m, &sd));
@@ -934,9 +924,7 @@ static void test_i32_wrap(void **st) {
     dpar_mesh *m = t_mesh1(rt, 2, "data");
     iw w;
     memset(&w, 0, sizeof w);
-    dpar_shard_map_desc sd;
-    memset(&sd, 0, sizeof sd);
-    sd.fn = i32_fn; sd.user = &w;
+    dpar_shard_map_desc sd = { .fn = i32_fn, .user = &w };
     T_OK(dpar_shard_map(m, &sd));
     for (int d = 0; d < 2; d++) {
         assert_int_equal(w.out[DPAR_SUM][d][0], INT32_MIN);  /* INT32_MAX + 1 wraps */
@@ -1009,9 +997,7 @@ static void test_large_psum_bitwise(void **st) {
     dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 8);
     dpar_mesh *m = t_mesh1(rt, 8, "data");
     big *w = (big *)calloc(1, sizeof *w);
-    dpar_shard_map_desc sd;
-    memset(&sd, 0, sizeof sd);
-    sd.fn = big_fn; sd.user = w;
+    dpar_shard_map_desc sd = { .fn = big_fn, .user = w };
     T_OK(dpar_shard_map(m, &sd));
     for (int64_t i = 0; i < BIGN; i++) {
         volatile float acc = big_val(0, i);
@@ -1063,9 +1049,7 @@ static void test_async_over_axes(void **st) {
     const char *names[2] = { "data", "model" };
     dpar_mesh *m = t_mesh(rt, 2, shape, names);
     ax *w = (ax *)calloc(1, sizeof *w);
-    dpar_shard_map_desc sd;
-    memset(&sd, 0, sizeof sd);
-    sd.fn = axes_fn; sd.user = w;
+    dpar_shard_map_desc sd = { .fn = axes_fn, .user = w };
     for (int rep = 0; rep < 3; rep++) {
         T_OK(dpar_shard_map(m, &sd));
         for (int dev = 0; dev < 8; dev++) {
@@ -1101,9 +1085,7 @@ static void test_async_mismatch(void **st) {
     dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 4);
     dpar_mesh *m = t_mesh1(rt, 4, "data");
     ax *w = (ax *)calloc(1, sizeof *w);
-    dpar_shard_map_desc sd;
-    memset(&sd, 0, sizeof sd);
-    sd.fn = async_mis_fn; sd.user = w;
+    dpar_shard_map_desc sd = { .fn = async_mis_fn, .user = w };
     T_ERR(dpar_shard_map(m, &sd), DPAR_ERR_COLLECTIVE_MISMATCH, "2560", "5120");
     for (int d = 0; d < 4; d++) {
         assert_int_equal(w->st[d], DPAR_ERR_COLLECTIVE_MISMATCH);
@@ -1140,9 +1122,7 @@ static void test_async_abort(void **st) {
     dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 4);
     dpar_mesh *m = t_mesh1(rt, 4, "data");
     ax *w = (ax *)calloc(1, sizeof *w);
-    dpar_shard_map_desc sd;
-    memset(&sd, 0, sizeof sd);
-    sd.fn = async_abort_fn; sd.user = w;
+    dpar_shard_map_desc sd = { .fn = async_abort_fn, .user = w };
     double t0 = now_s();
     T_ERR(dpar_shard_map(m, &sd), DPAR_ERR_INVALID_ARGUMENT, "device 2: ", "scale");
     assert_true(now_s() - t0 < 10.0);

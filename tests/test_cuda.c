@@ -82,9 +82,7 @@ static void test_too_many_virtual_devices(void **state) {
     dpar_runtime *rt = rt_or_skip(1);
     dpar_runtime_destroy(rt);
     if (on_cpu()) { printf("SKIPPED: CUDA-specific limit\n"); skip(); }
-    dpar_runtime_desc d;
-    memset(&d, 0, sizeof d);
-    d.backend = DPAR_BACKEND_CUDA;
+    dpar_runtime_desc d = { .backend = DPAR_BACKEND_CUDA };
     d.num_devices = 200; /* > 64 virtual devices on one GPU (unless 200 GPUs) */
     T_ERR(dpar_runtime_create(&d, &rt), DPAR_ERR_DEVICE_COUNT, "200", "virtual");
 }
@@ -407,9 +405,7 @@ static void test_sgd(void **state) {
         memcpy(hp, p, sizeof p);
         memset(hv, 0, sizeof hv);
         dpar_buffer *pb = fbuf(rt, 1, L, 0, p), *gb = fbuf(rt, 1, L, 0, g), *vb = fbuf(rt, 1, L, 0, v);
-        dpar_sgd_desc d;
-        memset(&d, 0, sizeof d);
-        d.learning_rate = lr; d.momentum = mu; d.nesterov = nesterov; d.weight_decay = wd;
+        dpar_sgd_desc d = { .learning_rate = lr, .momentum = mu, .nesterov = nesterov, .weight_decay = wd };
         for (int step = 0; step < 3; step++) {
             T_OK(dpar_sgd_update(&d, pb, gb, mu != 0 ? vb : NULL, clip));
             for (int i = 0; i < L; i++) {
@@ -498,8 +494,7 @@ static void run_coll(dpar_runtime *rt, int n, int kind, dpar_dtype t, int in_nd,
         else if (t == DPAR_I32) { int32_t x = (int32_t)v; memcpy(hin + 4 * i, &x, 4); }
         else { uint16_t h = t == DPAR_F16 ? dpar_f32_to_f16(v) : dpar_f32_to_bf16(v); memcpy(hin + 2 * i, &h, 2); }
     }
-    dpar_pmap_desc d;
-    memset(&d, 0, sizeof d);
+    dpar_pmap_desc d = { 0 };
     cjob job = { kind, n };
     d.axis = "data"; d.fn = coll_fn; d.user = &job; d.num_inputs = 1; d.num_outputs = 1;
     d.inputs[0].data = hin; d.inputs[0].dtype = t; d.inputs[0].ndim = in_nd + 1; d.inputs[0].shape[0] = n;
@@ -701,12 +696,12 @@ static void test_chain(void **state) {
         dpar_mesh *m = t_mesh1(rt, n, "data");
         float xin[4 * 256], res[4 * 256];
         memset(xin, 0, sizeof xin);
-        dpar_pmap_desc d;
-        memset(&d, 0, sizeof d);
-        d.axis = "data"; d.fn = chain_fn; d.num_inputs = 1; d.num_outputs = 1;
-        d.inputs[0].data = xin; d.inputs[0].dtype = DPAR_F32; d.inputs[0].ndim = 2;
-        d.inputs[0].shape[0] = n; d.inputs[0].shape[1] = 256; d.inputs[0].in_axis = DPAR_MAPPED;
-        d.outputs[0].data = res; d.outputs[0].dtype = DPAR_F32; d.outputs[0].ndim = 1; d.outputs[0].shape[0] = 256;
+        dpar_pmap_desc d = {
+            .axis = "data", .fn = chain_fn, .num_inputs = 1, .num_outputs = 1, .inputs[0].data = xin,
+            .inputs[0].dtype = DPAR_F32, .inputs[0].ndim = 2, .inputs[0].shape[0] = n, .inputs[0].shape[1] = 256,
+            .inputs[0].in_axis = DPAR_MAPPED, .outputs[0].data = res, .outputs[0].dtype = DPAR_F32,
+            .outputs[0].ndim = 1, .outputs[0].shape[0] = 256
+        };
         T_OK(dpar_pmap(m, &d));
         for (int i = 0; i < n * 256; i++)
             if (res[i] != (float)(n * (n + 1) / 2)) fail_msg("chain: element %d: %g", i, (double)res[i]);

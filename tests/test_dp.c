@@ -19,11 +19,7 @@ typedef struct {
 static float val(int dev, int p, int64_t i) { return (float)((p * 7 + i % 11 + 1) * (dev + 1)); }
 
 static dpar_array *garr(dpar_mesh *m, int p) {
-    dpar_array_desc d;
-    memset(&d, 0, sizeof d);
-    d.dtype = DPAR_F32;
-    d.ndim = shapes[p][1] ? 2 : 1;
-    d.shape[0] = shapes[p][0]; d.shape[1] = shapes[p][1];
+    dpar_array_desc d = { .dtype = DPAR_F32, .ndim = shapes[p][1] ? 2 : 1, .shape = { shapes[p][0], shapes[p][1] } };
     dpar_array *a = NULL;
     T_OK(dpar_array_create(m, &d, &a));
     return a;
@@ -77,9 +73,7 @@ static void run_case(int n, size_t cap, int order, int blocking, int sum, int pa
     dp_job j;
     memset(&j, 0, sizeof j);
     j.nparams = NP; j.order_by_device = order; j.blocking_calls = partial;
-    dpar_dp_desc dd;
-    memset(&dd, 0, sizeof dd);
-    dd.axes = "data"; dd.bucket_bytes = cap; dd.blocking = blocking; dd.sum = sum;
+    dpar_dp_desc dd = { .axes = "data", .bucket_bytes = cap, .blocking = blocking, .sum = sum };
     T_OK(dpar_dp_create(m, &dd, &j.dp));
     for (int p = 0; p < NP; p++) {
         int id = -1;
@@ -88,9 +82,7 @@ static void run_case(int n, size_t cap, int order, int blocking, int sum, int pa
         assert_int_equal(id, p);
     }
     if (expect_buckets > 0) assert_int_equal(dpar_dp_bucket_count(j.dp), expect_buckets);
-    dpar_shard_map_desc sd;
-    memset(&sd, 0, sizeof sd);
-    sd.fn = step; sd.user = &j;
+    dpar_shard_map_desc sd = { .fn = step, .user = &j };
     for (int rep = 0; rep < 3; rep++) {
         T_OK(dpar_shard_map(m, &sd));
         check_mean(&j, m, n, sum);
@@ -118,9 +110,7 @@ static void test_bucket_assignment(void **state) {
     dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 2);
     dpar_mesh *m = t_mesh1(rt, 2, "data");
     dpar_dp *dp;
-    dpar_dp_desc dd;
-    memset(&dd, 0, sizeof dd);
-    dd.axes = "data"; dd.bucket_bytes = 32 * 4;
+    dpar_dp_desc dd = { .axes = "data", .bucket_bytes = 32 * 4 };
     T_OK(dpar_dp_create(m, &dd, &dp));
     for (int p = 0; p < NP; p++) T_OK(dpar_dp_add(dp, garr(m, p), NULL));
     /* reverse registration order, 32 floats a bucket: [99] [1] [100] [7 + 15] */
@@ -149,14 +139,10 @@ static void f16_case(dpar_dtype comm, int sum, float want) {
     dp_job j;
     memset(&j, 0, sizeof j);
     j.nparams = 2; j.use_value = 1; j.value = 10000.0f;
-    dpar_dp_desc dd;
-    memset(&dd, 0, sizeof dd);
-    dd.axes = "data"; dd.comm_dtype = comm; dd.sum = sum;
+    dpar_dp_desc dd = { .axes = "data", .comm_dtype = comm, .sum = sum };
     T_OK(dpar_dp_create(m, &dd, &j.dp));
     for (int p = 0; p < 2; p++) { j.g[p] = garr(m, p); T_OK(dpar_dp_add(j.dp, j.g[p], NULL)); }
-    dpar_shard_map_desc sd;
-    memset(&sd, 0, sizeof sd);
-    sd.fn = step; sd.user = &j;
+    dpar_shard_map_desc sd = { .fn = step, .user = &j };
     T_OK(dpar_shard_map(m, &sd));
     for (int dev = 0; dev < 8; dev++)
         for (int p = 0; p < 2; p++) {
@@ -187,14 +173,10 @@ static void test_f16_values(void **state) {
     dp_job j;
     memset(&j, 0, sizeof j);
     j.nparams = NP;
-    dpar_dp_desc dd;
-    memset(&dd, 0, sizeof dd);
-    dd.axes = "data"; dd.comm_dtype = DPAR_F16; dd.bucket_bytes = 100;
+    dpar_dp_desc dd = { .axes = "data", .comm_dtype = DPAR_F16, .bucket_bytes = 100 };
     T_OK(dpar_dp_create(m, &dd, &j.dp));
     for (int p = 0; p < NP; p++) { j.g[p] = garr(m, p); T_OK(dpar_dp_add(j.dp, j.g[p], NULL)); }
-    dpar_shard_map_desc sd;
-    memset(&sd, 0, sizeof sd);
-    sd.fn = step_vals; sd.user = &j;
+    dpar_shard_map_desc sd = { .fn = step_vals, .user = &j };
     T_OK(dpar_shard_map(m, &sd));
     for (int p = 0; p < NP; p++) {
         dpar_buffer *b = dpar_array_shard(j.g[p], 3);
@@ -234,21 +216,15 @@ static void test_async_buckets(void **state) {
     dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 4);
     dpar_mesh *m = t_mesh1(rt, 4, "data");
     big_job j;
-    dpar_dp_desc dd;
-    memset(&dd, 0, sizeof dd);
-    dd.axes = "data"; dd.bucket_bytes = 300000;
+    dpar_dp_desc dd = { .axes = "data", .bucket_bytes = 300000 };
     T_OK(dpar_dp_create(m, &dd, &j.dp));
     for (int p = 0; p < 2; p++) {
-        dpar_array_desc d;
-        memset(&d, 0, sizeof d);
-        d.dtype = DPAR_F32; d.ndim = 1; d.shape[0] = 70000;
+        dpar_array_desc d = { .dtype = DPAR_F32, .ndim = 1, .shape = { 70000 } };
         T_OK(dpar_array_create(m, &d, &j.g[p]));
         T_OK(dpar_dp_add(j.dp, j.g[p], NULL));
     }
     assert_int_equal(dpar_dp_bucket_count(j.dp), 2);
-    dpar_shard_map_desc sd;
-    memset(&sd, 0, sizeof sd);
-    sd.fn = big_step; sd.user = &j;
+    dpar_shard_map_desc sd = { .fn = big_step, .user = &j };
     for (int rep = 0; rep < 4; rep++) {
         T_OK(dpar_shard_map(m, &sd));
         for (int dev = 0; dev < 4; dev++)
@@ -292,9 +268,7 @@ static void test_f16_bits_match_scalar(void **state) {
     }
     T_OK(dpar_buffer_write(j.in[0], 0, a, N * 2));
     T_OK(dpar_buffer_write(j.in[1], 0, b, N * 2));
-    dpar_shard_map_desc sd;
-    memset(&sd, 0, sizeof sd);
-    sd.fn = bits_step; sd.user = &j;
+    dpar_shard_map_desc sd = { .fn = bits_step, .user = &j };
     T_OK(dpar_shard_map(m, &sd));
     T_OK(dpar_buffer_read(j.out[1], 0, r, N * 2));
     for (int i = 0; i < N; i++) {
@@ -314,15 +288,11 @@ static void test_f16_bits_match_scalar(void **state) {
         g[i] = i < (int)(sizeof specials / sizeof specials[0]) ? specials[i] : u2f((uint32_t)(st >> 32) & 0xc7ffffffu);
     }
     dpar_dp *dp;
-    dpar_dp_desc dd;
-    memset(&dd, 0, sizeof dd);
-    dd.axes = "data"; dd.comm_dtype = DPAR_F16; dd.sum = true;
+    dpar_dp_desc dd = { .axes = "data", .comm_dtype = DPAR_F16, .sum = true };
     T_OK(dpar_dp_create(m, &dd, &dp));
     dp_job dj;
     memset(&dj, 0, sizeof dj);
-    dpar_array_desc ad;
-    memset(&ad, 0, sizeof ad);
-    ad.dtype = DPAR_F32; ad.ndim = 1; ad.shape[0] = M;
+    dpar_array_desc ad = { .dtype = DPAR_F32, .ndim = 1, .shape = { M } };
     T_OK(dpar_array_create(m, &ad, &dj.g[0]));
     T_OK(dpar_dp_add(dp, dj.g[0], NULL));
     T_OK(dpar_buffer_write(dpar_array_shard(dj.g[0], 0), 0, g, M * 4));
@@ -346,9 +316,7 @@ typedef struct { dpar_buffer *a, *b, *c, *p, *g, *v; } mt_job;
 static dpar_status mt_step(dpar_ctx *ctx, void *user) {
     mt_job *j = (mt_job *)user;
     (void)ctx;
-    dpar_sgd_desc sd;
-    memset(&sd, 0, sizeof sd);
-    sd.learning_rate = 0.01f; sd.momentum = 0.9f; sd.nesterov = true; sd.weight_decay = 1e-4f;
+    dpar_sgd_desc sd = { .learning_rate = 0.01f, .momentum = 0.9f, .nesterov = true, .weight_decay = 1e-4f };
     dpar_status s;
     for (int t = 0; t < 2; t++) {
         if ((s = dpar_matmul(j->c, j->a, j->b, t == 1, false, 0.5f, t ? 1.0f : 0.0f))) return s;
@@ -378,9 +346,7 @@ static void mt_run(const char *threads, float *c_out, float *p_out) {
     T_OK(dpar_buffer_write(j.b, 0, h + 7, (size_t)NBIG * 4 - 28));
     T_OK(dpar_buffer_write(j.p, 0, h, (size_t)NBIG * 4));
     free(h);
-    dpar_shard_map_desc sd;
-    memset(&sd, 0, sizeof sd);
-    sd.fn = mt_step; sd.user = &j;
+    dpar_shard_map_desc sd = { .fn = mt_step, .user = &j };
     T_OK(dpar_shard_map(m, &sd));
     T_OK(dpar_buffer_read(j.c, 0, c_out, (size_t)NBIG * 4));
     T_OK(dpar_buffer_read(j.p, 0, p_out, (size_t)NBIG * 4));
@@ -413,8 +379,7 @@ static void test_errors(void **state) {
     dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 2);
     dpar_mesh *m = t_mesh1(rt, 2, "data");
     dpar_dp *dp = NULL;
-    dpar_dp_desc dd;
-    memset(&dd, 0, sizeof dd);
+    dpar_dp_desc dd = { 0 };
     T_ERR(dpar_dp_create(m, &dd, &dp), DPAR_ERR_UNKNOWN_AXIS, "axes: data");
     dd.axes = "batch";
     T_ERR(dpar_dp_create(m, &dd, &dp), DPAR_ERR_UNKNOWN_AXIS, "batch", "data");
@@ -422,9 +387,7 @@ static void test_errors(void **state) {
     T_ERR(dpar_dp_create(m, &dd, &dp), DPAR_ERR_INVALID_ARGUMENT, "i32");
     dd.comm_dtype = DPAR_F32;
     T_OK(dpar_dp_create(m, &dd, &dp));
-    dpar_array_desc ad;
-    memset(&ad, 0, sizeof ad);
-    ad.dtype = DPAR_I32; ad.ndim = 1; ad.shape[0] = 4;
+    dpar_array_desc ad = { .dtype = DPAR_I32, .ndim = 1, .shape = { 4 } };
     dpar_array *ia, *split, *g;
     T_OK(dpar_array_create(m, &ad, &ia));
     T_ERR(dpar_dp_add(dp, ia, NULL), DPAR_ERR_DTYPE, "i32");
@@ -434,9 +397,7 @@ static void test_errors(void **state) {
     ad.spec[0] = NULL;
     T_OK(dpar_array_create(m, &ad, &g));
     T_OK(dpar_dp_add(dp, g, NULL));
-    dpar_shard_map_desc sd;
-    memset(&sd, 0, sizeof sd);
-    sd.fn = bad_calls; sd.user = dp;
+    dpar_shard_map_desc sd = { .fn = bad_calls, .user = dp };
     T_OK(dpar_shard_map(m, &sd));
     T_ERR(dpar_dp_add(dp, g, NULL), DPAR_ERR_STATE, "formed");
     dpar_dp_destroy(dp);
@@ -464,17 +425,12 @@ static void test_recovers_after_failed_step(void **state) {
     (void)state;
     dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 2);
     dpar_mesh *m = t_mesh1(rt, 2, "data");
-    dpar_dp_desc dd;
-    memset(&dd, 0, sizeof dd);
-    dd.axes = "data";
+    dpar_dp_desc dd = { .axes = "data" };
     dpar_dp *dp = NULL;
     T_OK(dpar_dp_create(m, &dd, &dp));
     dpar_array *g = garr(m, 0);
     T_OK(dpar_dp_add(dp, g, NULL));
-    dpar_shard_map_desc sd;
-    memset(&sd, 0, sizeof sd);
-    sd.user = dp;
-    sd.fn = fail_mid_step;
+    dpar_shard_map_desc sd = { .user = dp, .fn = fail_mid_step };
     assert_int_not_equal(dpar_shard_map(m, &sd), DPAR_OK);
     sd.fn = full_step;
     T_OK(dpar_shard_map(m, &sd));

@@ -100,8 +100,7 @@ static void test_runtime_errors(void **st) {
 static void test_env_backend_and_devices(void **st) {
     (void)st;
     dpar_runtime *rt = NULL;
-    dpar_runtime_desc d;
-    memset(&d, 0, sizeof d);
+    dpar_runtime_desc d = { 0 };
     setenv("DPAR_BACKEND", "cpu", 1);
     setenv("DPAR_DEVICES", "5", 1);
     T_OK(dpar_runtime_create(&d, &rt));
@@ -191,9 +190,7 @@ static void test_buffers(void **st) {
 
 /* ---- mesh ---- */
 static dpar_status try_mesh(dpar_runtime *rt, int ndim, const int *shape, const char *const *names, const int *devs) {
-    dpar_mesh_desc d;
-    memset(&d, 0, sizeof d);
-    d.ndim = ndim;
+    dpar_mesh_desc d = { .ndim = ndim };
     for (int i = 0; i < ndim && i < DPAR_MAX_AXES; i++) { d.shape[i] = shape[i]; d.axis_names[i] = names[i]; }
     d.devices = devs;
     dpar_mesh *m = (dpar_mesh *)&d;
@@ -310,9 +307,7 @@ static void test_mesh_explicit_order(void **st) {
     (void)st;
     dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 8);
     int order[8] = { 7, 6, 5, 4, 3, 2, 1, 0 };
-    dpar_mesh_desc d;
-    memset(&d, 0, sizeof d);
-    d.ndim = 2; d.shape[0] = 2; d.shape[1] = 4; d.axis_names[0] = "data"; d.axis_names[1] = "model"; d.devices = order;
+    dpar_mesh_desc d = { .ndim = 2, .shape = { 2, 4 }, .axis_names = { "data", "model" }, .devices = order };
     dpar_mesh *m;
     T_OK(dpar_mesh_create(rt, &d, &m));
     int c[2], dev, mem[DPAR_MAX_DEVICES], n, idx;
@@ -326,9 +321,7 @@ static void test_mesh_explicit_order(void **st) {
     assert_int_equal(mem[0], 3); assert_int_equal(mem[1], 2); assert_int_equal(mem[2], 1); assert_int_equal(mem[3], 0);
     /* a mesh over a subset of the devices: the others are not in it */
     int sub[2] = { 6, 3 };
-    dpar_mesh_desc d2;
-    memset(&d2, 0, sizeof d2);
-    d2.ndim = 1; d2.shape[0] = 2; d2.axis_names[0] = "data"; d2.devices = sub;
+    dpar_mesh_desc d2 = { .ndim = 1, .shape = { 2 }, .axis_names = { "data" }, .devices = sub };
     dpar_mesh *m2;
     T_OK(dpar_mesh_create(rt, &d2, &m2));
     T_ERR(dpar_mesh_coords(m2, 0, c), DPAR_ERR_INVALID_ARGUMENT, "not in the mesh");
@@ -343,9 +336,7 @@ static void test_array_rows_over_4(void **st) {
     (void)st;
     dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 4);
     dpar_mesh *m = t_mesh1(rt, 4, "data");
-    dpar_array_desc ad;
-    memset(&ad, 0, sizeof ad);
-    ad.dtype = DPAR_F32; ad.ndim = 2; ad.shape[0] = 8; ad.shape[1] = 6; ad.spec[0] = "data";
+    dpar_array_desc ad = { .dtype = DPAR_F32, .ndim = 2, .shape = { 8, 6 }, .spec = { "data" } };
     dpar_array *a;
     T_OK(dpar_array_create(m, &ad, &a));
     assert_int_equal(dpar_array_ndim(a), 2);
@@ -444,10 +435,10 @@ static void array_specs_on(dpar_mesh *m) {
     };
     for (int t = 0; t < 4; t++)
         for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
-            dpar_array_desc ad;
-            memset(&ad, 0, sizeof ad);
-            ad.dtype = dts[t]; ad.ndim = 2; ad.shape[0] = cases[ci].s0; ad.shape[1] = cases[ci].s1;
-            ad.spec[0] = cases[ci].p0; ad.spec[1] = cases[ci].p1;
+            dpar_array_desc ad = {
+                .dtype = dts[t], .ndim = 2, .shape = { cases[ci].s0, cases[ci].s1 },
+                .spec = { cases[ci].p0, cases[ci].p1 }
+            };
             dpar_array *a;
             T_OK(dpar_array_create(m, &ad, &a));
             size_t es = dpar_dtype_size(dts[t]), cnt = (size_t)(cases[ci].s0 * cases[ci].s1);
@@ -490,9 +481,7 @@ static void test_array_2x4_specs(void **st) {
     array_specs_on(t_mesh(rt, 2, shape, names));
     /* the same over a mesh with an explicit device order */
     int order[8] = { 6, 1, 4, 3, 0, 7, 2, 5 };
-    dpar_mesh_desc md;
-    memset(&md, 0, sizeof md);
-    md.ndim = 2; md.shape[0] = 2; md.shape[1] = 4; md.axis_names[0] = "data"; md.axis_names[1] = "model"; md.devices = order;
+    dpar_mesh_desc md = { .ndim = 2, .shape = { 2, 4 }, .axis_names = { "data", "model" }, .devices = order };
     dpar_mesh *m2;
     T_OK(dpar_mesh_create(rt, &md, &m2));
     array_specs_on(m2);
@@ -607,9 +596,7 @@ static void test_pmap_errors_before_running(void **st) {
         assert_int_equal(p.ran, 0);
         for (int i = 0; i < 12; i++) assert_true(out[i] == -1.0f);
         /* ... and 2 rows each in shard_map */
-        dpar_array_desc ad;
-        memset(&ad, 0, sizeof ad);
-        ad.dtype = DPAR_F32; ad.ndim = 2; ad.shape[0] = 8; ad.shape[1] = 3; ad.spec[0] = "data";
+        dpar_array_desc ad = { .dtype = DPAR_F32, .ndim = 2, .shape = { 8, 3 }, .spec = { "data" } };
         dpar_array *a;
         T_OK(dpar_array_create(m, &ad, &a));
         T_OK(dpar_array_put(a, x));
@@ -632,9 +619,7 @@ static void test_shard_map(void **st) {
     (void)st;
     dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 4);
     dpar_mesh *m = t_mesh1(rt, 4, "data");
-    dpar_array_desc ad;
-    memset(&ad, 0, sizeof ad);
-    ad.dtype = DPAR_F32; ad.ndim = 2; ad.shape[0] = 8; ad.shape[1] = 3; ad.spec[0] = "data";
+    dpar_array_desc ad = { .dtype = DPAR_F32, .ndim = 2, .shape = { 8, 3 }, .spec = { "data" } };
     dpar_array *a;
     T_OK(dpar_array_create(m, &ad, &a));
     float x[24], y[24];
@@ -642,9 +627,7 @@ static void test_shard_map(void **st) {
     T_OK(dpar_array_put(a, x));
     pm p;
     memset(&p, 0, sizeof p);
-    dpar_shard_map_desc sd;
-    memset(&sd, 0, sizeof sd);
-    sd.fn = scale_shard_fn; sd.user = &p; sd.num_args = 1; sd.args[0] = a;
+    dpar_shard_map_desc sd = { .fn = scale_shard_fn, .user = &p, .num_args = 1, .args = { a } };
     T_OK(dpar_shard_map(m, &sd));
     T_OK(dpar_array_get(a, y));
     for (int i = 0; i < 24; i++) assert_true(y[i] == (float)(i / 6 + 1));
@@ -673,10 +656,10 @@ static void test_pmap_on_2x4(void **st) {
     const char *names[2] = { "data", "model" };
     dpar_mesh *m = t_mesh(rt, 2, shape, names);
     float out[8] = { 0 };
-    dpar_pmap_desc d;
-    memset(&d, 0, sizeof d);
-    d.axis = "model"; d.fn = model_fn; d.num_outputs = 1;
-    d.outputs[0].data = out; d.outputs[0].dtype = DPAR_F32; d.outputs[0].ndim = 1; d.outputs[0].shape[0] = 2;
+    dpar_pmap_desc d = {
+        .axis = "model", .fn = model_fn, .num_outputs = 1, .outputs[0].data = out, .outputs[0].dtype = DPAR_F32,
+        .outputs[0].ndim = 1, .outputs[0].shape[0] = 2
+    };
     T_OK(dpar_pmap(m, &d));
     for (int k = 0; k < 4; k++) { assert_true(out[2 * k] == (float)k); assert_true(out[2 * k + 1] == (float)k); }
     dpar_runtime_destroy(rt);
@@ -699,9 +682,7 @@ static dpar_status fail_fn(dpar_ctx *ctx, void *user) {
 }
 static dpar_status nested_fn(dpar_ctx *ctx, void *user) {
     (void)user;
-    dpar_shard_map_desc sd;
-    memset(&sd, 0, sizeof sd);
-    sd.fn = nested_fn;
+    dpar_shard_map_desc sd = { .fn = nested_fn };
     dpar_status s = dpar_shard_map(dpar_ctx_mesh(ctx), &sd);
     return s == DPAR_ERR_STATE ? DPAR_OK : DPAR_ERR_BACKEND;
 }
@@ -712,9 +693,7 @@ static void test_first_error_wins(void **st) {
     pm p;
     memset(&p, 0, sizeof p);
     p.fail_dev = 2;
-    dpar_shard_map_desc sd;
-    memset(&sd, 0, sizeof sd);
-    sd.fn = fail_fn; sd.user = &p;
+    dpar_shard_map_desc sd = { .fn = fail_fn, .user = &p };
     T_ERR(dpar_shard_map(m, &sd), DPAR_ERR_SHAPE, "device 2: ", "axpy", "[3]", "[2]");
     /* and the runtime keeps working */
     sd.fn = nested_fn;
@@ -738,16 +717,12 @@ static void test_two_meshes(void **st) {
     (void)st;
     dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 4);
     int sub[2] = { 3, 1 };
-    dpar_mesh_desc md;
-    memset(&md, 0, sizeof md);
-    md.ndim = 1; md.shape[0] = 2; md.axis_names[0] = "pair"; md.devices = sub;
+    dpar_mesh_desc md = { .ndim = 1, .shape = { 2 }, .axis_names = { "pair" }, .devices = sub };
     dpar_mesh *m2, *m4 = t_mesh1(rt, 4, "data");
     T_OK(dpar_mesh_create(rt, &md, &m2));
     pm p;
     memset(&p, 0, sizeof p);
-    dpar_shard_map_desc sd;
-    memset(&sd, 0, sizeof sd);
-    sd.fn = idx_fn; sd.user = &p;
+    dpar_shard_map_desc sd = { .fn = idx_fn, .user = &p };
     T_OK(dpar_shard_map(m2, &sd));
     assert_int_equal(p.dev[0], 0); assert_int_equal(p.dev[2], 0); /* not in the mesh: did not run */
     assert_int_equal(p.idx[3], 0); assert_int_equal(p.idx[1], 1);
@@ -779,9 +754,7 @@ static dpar_status psum_fn(dpar_ctx *ctx, void *user) {
 }
 static void *cc_thread(void *arg) {
     cc *c = (cc *)arg;
-    dpar_shard_map_desc sd;
-    memset(&sd, 0, sizeof sd);
-    sd.fn = psum_fn; sd.user = c;
+    dpar_shard_map_desc sd = { .fn = psum_fn, .user = c };
     for (int k = 0; k < c->iters; k++)
         if (dpar_shard_map(c->m, &sd) != DPAR_OK) __atomic_add_fetch(&c->bad, 1000, __ATOMIC_SEQ_CST);
     return NULL;
@@ -834,9 +807,9 @@ static void test_review_regressions(void **st) {
     assert_int_equal(dpar_buffer_count(b), 0);
     dpar_buffer_destroy(b);
     dpar_mesh *m = t_mesh1(rt, 2, "data");
-    dpar_array_desc ad;
-    memset(&ad, 0, sizeof ad);
-    ad.dtype = DPAR_F32; ad.ndim = 2; ad.shape[0] = (int64_t)1 << 40; ad.shape[1] = (int64_t)1 << 24; ad.spec[0] = "data";
+    dpar_array_desc ad = {
+        .dtype = DPAR_F32, .ndim = 2, .shape = { (int64_t)1 << 40, (int64_t)1 << 24 }, .spec = { "data" }
+    };
     dpar_array *a = NULL;
     T_ERR(dpar_array_create(m, &ad, &a), DPAR_ERR_INVALID_ARGUMENT, "too large");
     ad.shape[0] = 8; ad.shape[1] = 2;
@@ -847,9 +820,7 @@ static void test_review_regressions(void **st) {
     dpar_buffer_destroy(dpar_array_shard(a, 0)); /* a shard: refused, the array keeps it */
     assert_non_null(strstr(dpar_last_error(), "shard"));
     T_OK(dpar_array_put(a, h));
-    dpar_shard_map_desc sd;
-    memset(&sd, 0, sizeof sd);
-    sd.fn = wait_twice;
+    dpar_shard_map_desc sd = { .fn = wait_twice };
     T_OK(dpar_shard_map(m, &sd));
     dpar_runtime_destroy(rt);
 }
@@ -858,9 +829,7 @@ static void test_review_regressions(void **st) {
    runs on the same cores; the CPU backend's devices say they run on the CPU. */
 static void test_default_backend_not_software(void **st) {
     (void)st;
-    dpar_runtime_desc d;
-    memset(&d, 0, sizeof d);
-    d.num_devices = 1;
+    dpar_runtime_desc d = { .num_devices = 1 };
     dpar_runtime *rt = NULL;
     T_OK(dpar_runtime_create(&d, &rt));
     dpar_device_info info;

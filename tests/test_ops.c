@@ -556,9 +556,7 @@ static void test_ops_in_pmap(void **st) {
     (void)st;
     dpar_mesh *m = t_mesh1(RT, 2, "data");
     float res[8];
-    dpar_shard_map_desc sd;
-    memset(&sd, 0, sizeof sd);
-    sd.fn = op_fn; sd.user = res;
+    dpar_shard_map_desc sd = { .fn = op_fn, .user = res };
     T_OK(dpar_shard_map(m, &sd));
     for (int d = 0; d < 2; d++) for (int k = 0; k < 4; k++) assert_true(res[d * 4 + k] == 2.0f * (float)(d + 1) * (float)(d + 1));
     dpar_mesh_destroy(m);

@@ -381,10 +381,7 @@ static dpar_status run_fn(dpar_ctx *ctx, void *user) {
 }
 static int run_case(dpar_mesh *m, const pcase *c, devio *io, char *why, size_t whylen) {
     run_ctx rc = { c, io };
-    dpar_shard_map_desc sd;
-    memset(&sd, 0, sizeof sd);
-    sd.fn = run_fn;
-    sd.user = &rc;
+    dpar_shard_map_desc sd = { .fn = run_fn, .user = &rc };
     dpar_status s = dpar_shard_map(m, &sd);
     if (s) { snprintf(why, whylen, "%s: %s", dpar_status_string(s), dpar_last_error()); return 0; }
     for (int dv = 0; dv < MAXDEV; dv++)
@@ -559,12 +556,9 @@ static void run_pair(dpar_runtime *cpu, dpar_runtime *gpu, int ndim, const int *
 }
 
 static dpar_runtime *rt_for(dpar_backend_kind k, int n, int noncoherent) {
-    dpar_runtime_desc d;
-    memset(&d, 0, sizeof d);
-    d.backend = k;
-    d.num_devices = n;
-    d.timeout_ms = 30000;
-    d.vulkan.force_noncoherent = noncoherent;
+    dpar_runtime_desc d = {
+        .backend = k, .num_devices = n, .timeout_ms = 30000, .vulkan.force_noncoherent = noncoherent
+    };
     dpar_runtime *rt = NULL;
     dpar_status s = dpar_runtime_create(&d, &rt);
     if (s == DPAR_OK) return rt;

@@ -36,9 +36,7 @@ static void run_update(hp h, int exact) {
         p[i] = p0[i]; v[i] = 0;
     }
     dpar_buffer *bp = mk1(0, N, p0), *bg = mk1(0, N, NULL), *bm = h.mu != 0 ? mk1(0, N, NULL) : NULL;
-    dpar_sgd_desc d;
-    memset(&d, 0, sizeof d);
-    d.learning_rate = h.lr; d.momentum = h.mu; d.nesterov = h.nesterov; d.weight_decay = h.wd;
+    dpar_sgd_desc d = { .learning_rate = h.lr, .momentum = h.mu, .nesterov = h.nesterov, .weight_decay = h.wd };
     for (int s = 0; s < STEPS; s++) {
         for (int i = 0; i < N; i++) { g0[i] = (float)(((i * 5 + s * 3) % 9) - 4) * 0.25f; gd[i] = g0[i]; }
         T_OK(dpar_buffer_write(bg, 0, g0, sizeof g0));
@@ -82,9 +80,7 @@ static void test_invalid_rejected(void **st) {
     dpar_buffer *gi = NULL;
     int64_t four = 4;
     T_OK(dpar_buffer_create(RT, 0, DPAR_I32, 1, &four, &gi));
-    dpar_sgd_desc ok;
-    memset(&ok, 0, sizeof ok);
-    ok.learning_rate = 0.1f; ok.momentum = 0.9f;
+    dpar_sgd_desc ok = { .learning_rate = 0.1f, .momentum = 0.9f };
     struct { dpar_sgd_desc d; const char *needle; } bad[12];
     int nb = 0;
 #define BAD(field, value, text) do { bad[nb].d = ok; bad[nb].d.field = value; bad[nb].needle = text; nb++; } while (0)
@@ -155,9 +151,7 @@ static dpar_status clip_fn(dpar_ctx *ctx, void *user) {
     float pinit[3] = { 1, 1, 1 };
     if (!s) s = dpar_buffer_write(p1, 0, pinit, 8);
     if (!s) s = dpar_buffer_write(p2, 0, pinit, 4);
-    dpar_sgd_desc sd;
-    memset(&sd, 0, sizeof sd);
-    sd.learning_rate = 1.0f; sd.clip_norm = w->clip; sd.norm_axes = w->axes;
+    dpar_sgd_desc sd = { .learning_rate = 1.0f, .clip_norm = w->clip, .norm_axes = w->axes };
     dpar_buffer *gs[2] = { a, b }, *ps[2] = { p1, p2 };
     if (!s) s = dpar_sgd_clip_scale(ctx, &sd, gs, 2, &w->scale[d], &w->norm[d]);
     if (!s || w->variant == 1) {
@@ -171,9 +165,7 @@ static dpar_status clip_fn(dpar_ctx *ctx, void *user) {
     return DPAR_OK; /* statuses are checked per device */
 }
 static void run_clip(dpar_mesh *m, cl *w) {
-    dpar_shard_map_desc sd;
-    memset(&sd, 0, sizeof sd);
-    sd.fn = clip_fn; sd.user = w;
+    dpar_shard_map_desc sd = { .fn = clip_fn, .user = w };
     T_OK(dpar_shard_map(m, &sd));
 }
 static void test_clip_global_norm(void **st) {
@@ -243,9 +235,9 @@ static dpar_status rep_fn(dpar_ctx *ctx, void *user) {
     float init[40];
     for (int i = 0; i < 40; i++) init[i] = sinf((float)i) * 0.3f;
     if ((s = dpar_buffer_write(p1, 0, init, 160)) || (s = dpar_buffer_write(p2, 0, init, 96))) return s;
-    dpar_sgd_desc sd;
-    memset(&sd, 0, sizeof sd);
-    sd.learning_rate = 0.037f; sd.momentum = 0.9f; sd.nesterov = true; sd.weight_decay = 1e-3f; sd.clip_norm = 0.5f;
+    dpar_sgd_desc sd = {
+        .learning_rate = 0.037f, .momentum = 0.9f, .nesterov = true, .weight_decay = 1e-3f, .clip_norm = 0.5f
+    };
     dpar_buffer *ps[2] = { p1, p2 }, *gs[2] = { g1, g2 }, *ms[2] = { m1, m2 };
     for (int step = 0; step < w->steps; step++) {
         float g[40];
@@ -264,9 +256,7 @@ static void test_replicas_identical(void **st) {
     dpar_mesh *m = t_mesh1(RT, 4, "data");
     rep *a = (rep *)calloc(1, sizeof *a), *b = (rep *)calloc(1, sizeof *b);
     a->steps = b->steps = 5;
-    dpar_shard_map_desc sd;
-    memset(&sd, 0, sizeof sd);
-    sd.fn = rep_fn; sd.user = a;
+    dpar_shard_map_desc sd = { .fn = rep_fn, .user = a };
     T_OK(dpar_shard_map(m, &sd));
     sd.user = b;
     T_OK(dpar_shard_map(m, &sd));
@@ -292,9 +282,7 @@ static void test_step_all_or_nothing(void **st) {
     dpar_buffer *p2 = mk1(0, 3, p0), *g2 = mk1(0, 4, g0), *m2 = mk1(0, 3, NULL), *g2i = NULL;
     int64_t three = 3;
     T_OK(dpar_buffer_create(RT, 0, DPAR_I32, 1, &three, &g2i));
-    dpar_sgd_desc d;
-    memset(&d, 0, sizeof d);
-    d.learning_rate = 0.5f; d.momentum = 0.5f;
+    dpar_sgd_desc d = { .learning_rate = 0.5f, .momentum = 0.5f };
     dpar_buffer *ps[2] = { p1, p2 }, *gs[2] = { g1, g2 }, *ms[2] = { m1, m2 };
     T_ERR(dpar_sgd_step(NULL, &d, ps, gs, ms, 2), DPAR_ERR_SHAPE, "[3]", "[4]");
     gs[1] = g2i;

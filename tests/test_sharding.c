@@ -3,9 +3,7 @@
 #include "testutil.h"
 
 static dpar_array *arr2(dpar_mesh *m, dpar_dtype t, int64_t d0, int64_t d1, const char *s0, const char *s1) {
-    dpar_array_desc d;
-    memset(&d, 0, sizeof d);
-    d.dtype = t; d.ndim = 2; d.shape[0] = d0; d.shape[1] = d1; d.spec[0] = s0; d.spec[1] = s1;
+    dpar_array_desc d = { .dtype = t, .ndim = 2, .shape = { d0, d1 }, .spec = { s0, s1 } };
     dpar_array *a = NULL;
     T_OK(dpar_array_create(m, &d, &a));
     return a;
@@ -150,9 +148,7 @@ static dpar_status double_it(dpar_ctx *ctx, void *user) {
 static void test_shard_map_specs(void **st) {
     dpar_runtime *rt = rt_for(st, 4);
     dpar_mesh *m = t_mesh1(rt, 4, "batch");
-    dpar_array_desc d;
-    memset(&d, 0, sizeof d);
-    d.dtype = DPAR_F32; d.ndim = 3; d.shape[0] = 4; d.shape[1] = 3; d.shape[2] = 2;
+    dpar_array_desc d = { .dtype = DPAR_F32, .ndim = 3, .shape = { 4, 3, 2 } };
     dpar_array *x = NULL, *y = NULL, *ys = NULL;
     T_OK(dpar_array_create(m, &d, &x));   /* replicated */
     T_OK(dpar_array_create(m, &d, &y));   /* replicated output */
@@ -162,11 +158,10 @@ static void test_shard_map_specs(void **st) {
     iota(h, 24);
     T_OK(dpar_array_put(x, h));
     int bad = 0;
-    dpar_shard_map_specs_desc sd;
-    memset(&sd, 0, sizeof sd);
-    sd.fn = double_it; sd.user = &bad; sd.num_inputs = 1; sd.num_outputs = 1;
-    sd.inputs[0] = x; sd.in_specs[0][0] = "batch";
-    sd.outputs[0] = y; sd.out_specs[0][0] = "batch";
+    dpar_shard_map_specs_desc sd = {
+        .fn = double_it, .user = &bad, .num_inputs = 1, .num_outputs = 1, .inputs = { x }, .in_specs[0][0] = "batch",
+        .outputs = { y }, .out_specs[0][0] = "batch"
+    };
     T_OK(dpar_shard_map_specs(m, &sd));
     assert_int_equal(bad, 0);
     T_OK(dpar_array_get(y, r));
@@ -257,9 +252,7 @@ static void zero_run(void **st, float clip, int mode) {
     }
     c.sgd.learning_rate = 0.05f; c.sgd.momentum = 0.9f; c.sgd.weight_decay = 0.01f; c.sgd.clip_norm = clip;
     c.sgd.norm_axes = NULL;
-    dpar_zero1_desc zd;
-    memset(&zd, 0, sizeof zd);
-    zd.sgd = c.sgd; zd.axis = c.axis; zd.num_params = ZP; zd.params[0] = c.pz[0]; zd.params[1] = c.pz[1];
+    dpar_zero1_desc zd = { .sgd = c.sgd, .axis = c.axis, .num_params = ZP, .params = { c.pz[0], c.pz[1] } };
     T_OK(dpar_zero1_create(&zd, &c.z));
     int64_t p0 = (10 + n - 1) / n * n;
     assert_int_equal(dpar_zero1_padded_count(c.z, 0), p0);
@@ -307,9 +300,7 @@ static void test_zero1_errors(void **st) {
     (void)st;
     dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 4);
     dpar_mesh *m = t_mesh1(rt, 4, "data");
-    dpar_zero1_desc zd;
-    memset(&zd, 0, sizeof zd);
-    zd.sgd.learning_rate = 0.1f; zd.num_params = 1;
+    dpar_zero1_desc zd = { .sgd.learning_rate = 0.1f, .num_params = 1 };
     dpar_zero1 *z = NULL;
     zd.params[0] = arr2(m, DPAR_F32, 8, 4, "data", NULL);
     T_ERR(dpar_zero1_create(&zd, &z), DPAR_ERR_INVALID_ARGUMENT, "split");
@@ -393,17 +384,13 @@ static void test_megatron_exact(void **st) {
     dpar_array *ay = arr2(m, DPAR_F32, TB, TO, NULL, NULL), *adx = arr2(m, DPAR_F32, TB, TI, NULL, NULL);
     dpar_array *adw1 = arr2(m, DPAR_F32, TI, TH, NULL, NULL), *adw2 = arr2(m, DPAR_F32, TH, TO, NULL, NULL);
     T_OK(dpar_array_put(ax, x)); T_OK(dpar_array_put(aw1, w1)); T_OK(dpar_array_put(aw2, w2)); T_OK(dpar_array_put(ady, dy));
-    dpar_shard_map_specs_desc d;
-    memset(&d, 0, sizeof d);
-    d.fn = tp_fn; d.num_inputs = 4; d.num_outputs = 4;
-    d.inputs[0] = ax;  d.in_specs[0][0] = "data";
-    d.inputs[1] = aw1; d.in_specs[1][1] = "model";
-    d.inputs[2] = aw2; d.in_specs[2][0] = "model";
-    d.inputs[3] = ady; d.in_specs[3][0] = "data";
-    d.outputs[0] = ay;   d.out_specs[0][0] = "data";
-    d.outputs[1] = adx;  d.out_specs[1][0] = "data";
-    d.outputs[2] = adw1; d.out_specs[2][1] = "model";
-    d.outputs[3] = adw2; d.out_specs[3][0] = "model";
+    dpar_shard_map_specs_desc d = {
+        .fn = tp_fn, .num_inputs = 4, .num_outputs = 4, .inputs[0] = ax, .in_specs[0][0] = "data", .inputs[1] = aw1,
+        .in_specs[1][1] = "model", .inputs[2] = aw2, .in_specs[2][0] = "model", .inputs[3] = ady,
+        .in_specs[3][0] = "data", .outputs[0] = ay, .out_specs[0][0] = "data", .outputs[1] = adx,
+        .out_specs[1][0] = "data", .outputs[2] = adw1, .out_specs[2][1] = "model", .outputs[3] = adw2,
+        .out_specs[3][0] = "model"
+    };
     T_OK(dpar_shard_map_specs(m, &d));
     float r[TB * TH];
     const struct { dpar_array *a; const double *ref; int n; const char *name; } cmp[4] = {

@@ -113,14 +113,10 @@ static void run_work(dpar_runtime *rt, int n) {
     dpar_mesh *m = t_mesh1(rt, n, "data");
     dpar_array *arr[3];
     for (int i = 0; i < 3; i++) {
-        dpar_array_desc d;
-        memset(&d, 0, sizeof d);
-        d.dtype = DPAR_F32; d.ndim = 2; d.shape[0] = 8; d.shape[1] = 8;
+        dpar_array_desc d = { .dtype = DPAR_F32, .ndim = 2, .shape = { 8, 8 } };
         T_OK(dpar_array_create(m, &d, &arr[i]));
     }
-    dpar_shard_map_desc sd;
-    memset(&sd, 0, sizeof sd);
-    sd.fn = work; sd.num_args = 3;
+    dpar_shard_map_desc sd = { .fn = work, .num_args = 3 };
     for (int i = 0; i < 3; i++) sd.args[i] = arr[i];
     for (int k = 0; k < 3; k++) T_OK(dpar_shard_map(m, &sd));
 }
@@ -229,13 +225,9 @@ static void test_stats(void **state) {
 
     dpar_mesh *m = t_mesh1(rt, 2, "data");
     dpar_array *a;
-    dpar_array_desc d;
-    memset(&d, 0, sizeof d);
-    d.dtype = DPAR_F32; d.ndim = 1; d.shape[0] = 250;
+    dpar_array_desc d = { .dtype = DPAR_F32, .ndim = 1, .shape = { 250 } };
     T_OK(dpar_array_create(m, &d, &a));
-    dpar_shard_map_desc sd;
-    memset(&sd, 0, sizeof sd);
-    sd.fn = psums; sd.num_args = 1; sd.args[0] = a;
+    dpar_shard_map_desc sd = { .fn = psums, .num_args = 1, .args = { a } };
     T_OK(dpar_shard_map(m, &sd));
     for (int dev = 0; dev < 2; dev++) {
         T_OK(dpar_runtime_device_stats(rt, dev, &st));

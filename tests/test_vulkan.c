@@ -16,20 +16,14 @@ static dpar_status run_trampoline(dpar_ctx *ctx, void *user) {
 /* Runs fn once on every device of the mesh, concurrently (shard_map, no args). */
 static dpar_status run_all(dpar_mesh *m, dev_fn fn, void *user) {
     run_args a = { fn, user };
-    dpar_shard_map_desc d;
-    memset(&d, 0, sizeof d);
-    d.fn = run_trampoline;
-    d.user = &a;
+    dpar_shard_map_desc d = { .fn = run_trampoline, .user = &a };
     return dpar_shard_map(m, &d);
 }
 
 static dpar_runtime *vk_runtime(int n, int noncoherent) {
-    dpar_runtime_desc d;
-    memset(&d, 0, sizeof d);
-    d.backend = DPAR_BACKEND_VULKAN;
-    d.num_devices = n;
-    d.timeout_ms = 20000;
-    d.vulkan.force_noncoherent = noncoherent;
+    dpar_runtime_desc d = {
+        .backend = DPAR_BACKEND_VULKAN, .num_devices = n, .timeout_ms = 20000, .vulkan.force_noncoherent = noncoherent
+    };
     dpar_runtime *rt = NULL;
     dpar_status s = dpar_runtime_create(&d, &rt);
     if (s == DPAR_OK) return rt;
@@ -535,10 +529,7 @@ static void test_many_ops_deterministic(void **state) {
 static void test_missing_loader(void **state) {
     (void)state;
     setenv("DPAR_VK_LOADER", "/nonexistent/libvulkan.so.1", 1);
-    dpar_runtime_desc d;
-    memset(&d, 0, sizeof d);
-    d.backend = DPAR_BACKEND_VULKAN;
-    d.num_devices = 1;
+    dpar_runtime_desc d = { .backend = DPAR_BACKEND_VULKAN, .num_devices = 1 };
     dpar_runtime *rt = NULL;
     dpar_status s = dpar_runtime_create(&d, &rt);
     unsetenv("DPAR_VK_LOADER");
@@ -555,10 +546,7 @@ static void test_missing_icd(void **state) {
     char *saved = old ? strdup(old) : NULL, *saved2 = old2 ? strdup(old2) : NULL;
     setenv("VK_ICD_FILENAMES", "/nonexistent/icd.json", 1);
     setenv("VK_DRIVER_FILES", "/nonexistent/icd.json", 1);
-    dpar_runtime_desc d;
-    memset(&d, 0, sizeof d);
-    d.backend = DPAR_BACKEND_VULKAN;
-    d.num_devices = 2;
+    dpar_runtime_desc d = { .backend = DPAR_BACKEND_VULKAN, .num_devices = 2 };
     dpar_runtime *rt = NULL;
     dpar_status s = dpar_runtime_create(&d, &rt);
     if (saved) { setenv("VK_ICD_FILENAMES", saved, 1); free(saved); } else unsetenv("VK_ICD_FILENAMES");
@@ -574,11 +562,7 @@ static void test_bad_physical_device(void **state) {
     (void)state;
     dpar_runtime *rt = vk_runtime(1, 0); /* skips when there is no Vulkan */
     dpar_runtime_destroy(rt);
-    dpar_runtime_desc d;
-    memset(&d, 0, sizeof d);
-    d.backend = DPAR_BACKEND_VULKAN;
-    d.num_devices = 1;
-    d.vulkan.physical_device = 99;
+    dpar_runtime_desc d = { .backend = DPAR_BACKEND_VULKAN, .num_devices = 1, .vulkan.physical_device = 99 };
     T_ERR(dpar_runtime_create(&d, &rt), DPAR_ERR_DEVICE_COUNT, "99");
 }
 static dpar_status oom_fn(dpar_ctx *ctx, int dev, void *user) {

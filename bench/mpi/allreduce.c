@@ -42,13 +42,9 @@ int main(int argc, char **argv) {
     dpar_mesh *mesh = NULL;
     if (!strcmp(mode, "dpar")) {
         MPI_Comm world = MPI_COMM_WORLD;
-        dpar_runtime_desc rd;
-        memset(&rd, 0, sizeof rd);
-        rd.backend = DPAR_BACKEND_CPU; rd.num_devices = local; rd.mpi_comm = &world;
+        dpar_runtime_desc rd = { .backend = DPAR_BACKEND_CPU, .num_devices = local, .mpi_comm = &world };
         if (dpar_runtime_create(&rd, &rt)) { fprintf(stderr, "%s\n", dpar_last_error()); MPI_Abort(MPI_COMM_WORLD, 1); }
-        dpar_mesh_desc md;
-        memset(&md, 0, sizeof md);
-        md.ndim = 1; md.shape[0] = dpar_runtime_device_count(rt); md.axis_names[0] = "data";
+        dpar_mesh_desc md = { .ndim = 1, .shape = { dpar_runtime_device_count(rt) }, .axis_names = { "data" } };
         if (dpar_mesh_create(rt, &md, &mesh)) { fprintf(stderr, "%s\n", dpar_last_error()); MPI_Abort(MPI_COMM_WORLD, 1); }
     }
     int ndev = rt ? dpar_runtime_device_count(rt) : nprocs;
@@ -57,15 +53,11 @@ int main(int argc, char **argv) {
         double *times = calloc((size_t)iters, sizeof(double));
         int64_t count = (int64_t)(bytes / 4);
         if (rt) {
-            dpar_array_desc ad;
-            memset(&ad, 0, sizeof ad);
-            ad.dtype = DPAR_F32; ad.ndim = 2; ad.shape[0] = ndev; ad.shape[1] = count; ad.spec[0] = "data";
+            dpar_array_desc ad = { .dtype = DPAR_F32, .ndim = 2, .shape = { ndev, count }, .spec = { "data" } };
             dpar_array *arr;
             if (dpar_array_create(mesh, &ad, &arr)) { fprintf(stderr, "%s\n", dpar_last_error()); MPI_Abort(MPI_COMM_WORLD, 1); }
             bench_arg a = { iters, times };
-            dpar_shard_map_desc sd;
-            memset(&sd, 0, sizeof sd);
-            sd.fn = psum_loop; sd.user = &a; sd.num_args = 1; sd.args[0] = arr;
+            dpar_shard_map_desc sd = { .fn = psum_loop, .user = &a, .num_args = 1, .args = { arr } };
             if (dpar_shard_map(mesh, &sd)) { fprintf(stderr, "%s\n", dpar_last_error()); MPI_Abort(MPI_COMM_WORLD, 1); }
             dpar_array_destroy(arr);
         } else {

@@ -35,8 +35,7 @@ static void check(const char *name, int ok, const char *why) {
 }
 
 static dpar_runtime *runtime(int timeout_ms) {
-    dpar_runtime_desc d;
-    memset(&d, 0, sizeof d);
+    dpar_runtime_desc d = { 0 };
     /* the CPU backend unless DPAR_BACKEND names another (tests/test_cuda_mock.sh: cuda) */
     d.backend = getenv("DPAR_BACKEND") && *getenv("DPAR_BACKEND") ? DPAR_BACKEND_DEFAULT : DPAR_BACKEND_CPU;
     d.num_devices = LOCAL;
@@ -49,16 +48,11 @@ static dpar_runtime *runtime(int timeout_ms) {
 }
 /* shard_map of fn over m with no array arguments */
 static dpar_status smap(dpar_mesh *m, dpar_fn fn, void *user) {
-    dpar_shard_map_desc sd;
-    memset(&sd, 0, sizeof sd);
-    sd.fn = fn;
-    sd.user = user;
+    dpar_shard_map_desc sd = { .fn = fn, .user = user };
     return dpar_shard_map(m, &sd);
 }
 static dpar_mesh *mesh2(dpar_runtime *rt, int a, int b, const char *na, const char *nb) {
-    dpar_mesh_desc d;
-    memset(&d, 0, sizeof d);
-    d.ndim = b ? 2 : 1; d.shape[0] = a; d.shape[1] = b; d.axis_names[0] = na; d.axis_names[1] = nb;
+    dpar_mesh_desc d = { .ndim = b ? 2 : 1, .shape = { a, b }, .axis_names = { na, nb } };
     dpar_mesh *m = NULL;
     if (dpar_mesh_create(rt, &d, &m)) { fprintf(stderr, "rank %d: mesh: %s\n", rank, dpar_last_error()); MPI_Abort(MPI_COMM_WORLD, 2); }
     return m;
@@ -356,9 +350,7 @@ int main(int argc, char **argv) {
 
     /* host data: each process loads only its rows, the gather sees all */
     {
-        dpar_array_desc ad;
-        memset(&ad, 0, sizeof ad);
-        ad.dtype = DPAR_F32; ad.ndim = 2; ad.shape[0] = 2 * N; ad.shape[1] = 3; ad.spec[0] = "data";
+        dpar_array_desc ad = { .dtype = DPAR_F32, .ndim = 2, .shape = { 2 * N, 3 }, .spec = { "data" } };
         dpar_array *a;
         int ok = !dpar_array_create(m1, &ad, &a);
         int64_t b0 = 0, bc = 0;
@@ -482,10 +474,10 @@ int main(int argc, char **argv) {
     }
     /* dpar_runtime_create failing on one rank only: every rank returns an error (no rank waits in MPI forever) */
     for (int kind = 0; kind < 3; kind++) {
-        dpar_runtime_desc d;
-        memset(&d, 0, sizeof d);
-        d.backend = getenv("DPAR_BACKEND") && *getenv("DPAR_BACKEND") ? DPAR_BACKEND_DEFAULT : DPAR_BACKEND_CPU;
-        d.num_devices = LOCAL;
+        dpar_runtime_desc d = {
+            .backend = getenv("DPAR_BACKEND") && *getenv("DPAR_BACKEND") ? DPAR_BACKEND_DEFAULT : DPAR_BACKEND_CPU,
+            .num_devices = LOCAL
+        };
         MPI_Comm world = MPI_COMM_WORLD;
         d.mpi_comm = &world;
         if (rank == 1) {

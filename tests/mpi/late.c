@@ -28,19 +28,13 @@ int main(int argc, char **argv) {
     MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &prov);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm world = MPI_COMM_WORLD;
-    dpar_runtime_desc rd;
-    memset(&rd, 0, sizeof rd);
-    rd.backend = DPAR_BACKEND_CPU; rd.num_devices = 2; rd.timeout_ms = 1000; rd.mpi_comm = &world;
+    dpar_runtime_desc rd = { .backend = DPAR_BACKEND_CPU, .num_devices = 2, .timeout_ms = 1000, .mpi_comm = &world };
     dpar_runtime *rt = NULL;
     dpar_mesh *m = NULL;
     if (dpar_runtime_create(&rd, &rt)) { fprintf(stderr, "rank %d: %s\n", rank, dpar_last_error()); MPI_Abort(MPI_COMM_WORLD, 2); }
-    dpar_mesh_desc md;
-    memset(&md, 0, sizeof md);
-    md.ndim = 1; md.shape[0] = 4; md.axis_names[0] = "x";
+    dpar_mesh_desc md = { .ndim = 1, .shape = { 4 }, .axis_names = { "x" } };
     if (dpar_mesh_create(rt, &md, &m)) { fprintf(stderr, "rank %d: %s\n", rank, dpar_last_error()); MPI_Abort(MPI_COMM_WORLD, 2); }
-    dpar_shard_map_desc sd;
-    memset(&sd, 0, sizeof sd);
-    sd.fn = fn;
+    dpar_shard_map_desc sd = { .fn = fn };
     dpar_status s = dpar_shard_map(m, &sd);
     const char *e = dpar_last_error();
     int ok = s == DPAR_ERR_TIMEOUT && strstr(e, rank == 1 ? "gave up waiting for this process" : "never called it") != NULL;

@@ -35,23 +35,19 @@ int main(int argc, char **argv) {
     MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &prov);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm world = MPI_COMM_WORLD;
-    dpar_runtime_desc rd;
-    memset(&rd, 0, sizeof rd);
-    rd.backend = getenv("DPAR_BACKEND") && *getenv("DPAR_BACKEND") ? DPAR_BACKEND_DEFAULT : DPAR_BACKEND_CPU;
+    dpar_runtime_desc rd = {
+        .backend = getenv("DPAR_BACKEND") && *getenv("DPAR_BACKEND") ? DPAR_BACKEND_DEFAULT : DPAR_BACKEND_CPU
+    };
     rd.num_devices = 0; /* the default: this process's share of the node's devices */
     rd.mpi_comm = &world;
     dpar_runtime *rt = NULL;
     if (dpar_runtime_create(&rd, &rt)) { fprintf(stderr, "rank %d: %s\n", rank, dpar_last_error()); MPI_Abort(MPI_COMM_WORLD, 2); }
     int bad = 0, failed = 0;
     for (int i = 0; i < 6 && !failed; i++) {
-        dpar_mesh_desc md;
-        memset(&md, 0, sizeof md);
-        md.ndim = 1; md.shape[0] = dpar_runtime_device_count(rt); md.axis_names[0] = "x";
+        dpar_mesh_desc md = { .ndim = 1, .shape = { dpar_runtime_device_count(rt) }, .axis_names = { "x" } };
         dpar_mesh *m = NULL;
         if (dpar_mesh_create(rt, &md, &m)) { fprintf(stderr, "rank %d: %s\n", rank, dpar_last_error()); failed = 1; break; }
-        dpar_shard_map_desc sd;
-        memset(&sd, 0, sizeof sd);
-        sd.fn = fn; sd.user = &bad;
+        dpar_shard_map_desc sd = { .fn = fn, .user = &bad };
         if (dpar_shard_map(m, &sd)) { fprintf(stderr, "rank %d: mesh %d: %s\n", rank, i, dpar_last_error()); failed = 1; }
         if (bad) { fprintf(stderr, "rank %d: mesh %d: wrong psum\n", rank, i); failed = 1; }
         dpar_mesh_destroy(m);
