@@ -60,28 +60,68 @@ static double t_load(const void *p, dpar_dtype t, int64_t i) {
 /* small integers in [-8, 8], different per device and element */
 static double gen(int dev, int64_t i) { return (double)(((dev * 5 + i * 3 + 1) % 17) - 8); }
 
-/* ---- the sweep: every collective variant in one shard_map per (mesh, axes, dtype) ---- */
-enum {
-    V_PSUM, V_PMEAN, V_PMAX, V_PMIN,           /* out of place, in [R, C] */
-    V_PSUM_IP, V_PMEAN_IP, V_PMAX_IP, V_PMIN_IP, /* in place */
-    V_AG_STACK0, V_AG_TILE0, V_AG_TILE1, V_AG_STACK1,
-    V_RS_TILE0, V_RS_STACK0, V_RS_TILE1,
-    V_PERM_CYCLE, V_PERM_PARTIAL, V_PERM_IP,
-    V_A2A_01, V_A2A_10, V_A2A_00, V_RS_STACK1, V_PERM_IP_PARTIAL,
-    V_BCAST, V_BCAST_IP,
-    V_ASYNC_PSUM, V_ASYNC_AG, V_ASYNC_RS, V_AFTER_ASYNC,
-    V_COUNT
+/* ---- the sweep: every collective variant in one shard_map per (mesh, axes, dtype) ----
+   One row per variant: the call, its input and output shapes and what each output
+   element must be. Shapes are in terms of the group size n (dims below); C = 3. */
+enum { C = 3 };
+#define N(k) (-(k))         /* k * n */
+#define NN(k) (-100 * (k))  /* k * n * n */
+static int64_t dim_of(int d, int n) { return d >= 0 ? d : d > -100 ? (int64_t)-d * n : (int64_t)(-d / 100) * n * n; }
+
+typedef enum { PSUM, PMEAN, PMAX, PMIN, ALL_GATHER, PSUM_SCATTER, PPERMUTE, ALL_TO_ALL, PBROADCAST } coll_op;
+typedef struct coll_case {
+    const char *name;
+    coll_op op;
+    bool in_place;
+    int dim;
+    bool tiled;          /* all_gather, psum_scatter */
+    int split, concat;   /* all_to_all */
+    bool partial;        /* ppermute: only 0 -> n-1; else the cycle i -> i+1 */
+    bool root_last;      /* pbroadcast: root n-1; else 0 */
+    bool async;          /* started together, waited in reverse order after the behind_async row */
+    bool behind_async;   /* a blocking in-place psum issued while the async ones may be pending */
+    int in[2], out[3];   /* dims (N(k), NN(k) or a number); 0 ends out; in defaults to [2n, C] */
+    bool same_bits;      /* every member of a group gets the same bits */
+} coll_case;
+
+static const coll_case cases[] = {
+    { .name = "psum", .op = PSUM, .out = { N(2), C }, .same_bits = true },
+    { .name = "pmean", .op = PMEAN, .out = { N(2), C }, .same_bits = true },
+    { .name = "pmax", .op = PMAX, .out = { N(2), C }, .same_bits = true },
+    { .name = "pmin", .op = PMIN, .out = { N(2), C }, .same_bits = true },
+    { .name = "psum in place", .op = PSUM, .in_place = true, .out = { N(2), C }, .same_bits = true },
+    { .name = "pmean in place", .op = PMEAN, .in_place = true, .out = { N(2), C }, .same_bits = true },
+    { .name = "pmax in place", .op = PMAX, .in_place = true, .out = { N(2), C }, .same_bits = true },
+    { .name = "pmin in place", .op = PMIN, .in_place = true, .out = { N(2), C }, .same_bits = true },
+    { .name = "all_gather stacked dim 0", .op = ALL_GATHER, .dim = 0, .out = { N(1), N(2), C }, .same_bits = true },
+    { .name = "all_gather tiled dim 0", .op = ALL_GATHER, .dim = 0, .tiled = true, .out = { NN(2), C },
+      .same_bits = true },
+    { .name = "all_gather tiled dim 1", .op = ALL_GATHER, .dim = 1, .tiled = true, .out = { N(2), N(C) },
+      .same_bits = true },
+    { .name = "all_gather stacked dim 1", .op = ALL_GATHER, .dim = 1, .out = { N(2), N(1), C }, .same_bits = true },
+    { .name = "psum_scatter tiled dim 0", .op = PSUM_SCATTER, .dim = 0, .tiled = true, .out = { 2, C } },
+    { .name = "psum_scatter stacked dim 0", .op = PSUM_SCATTER, .dim = 0, .in = { N(1), C }, .out = { C } },
+    { .name = "psum_scatter tiled dim 1", .op = PSUM_SCATTER, .dim = 1, .tiled = true, .in = { C, N(2) },
+      .out = { C, 2 } },
+    { .name = "ppermute cycle", .op = PPERMUTE, .out = { N(2), C } },
+    { .name = "ppermute partial", .op = PPERMUTE, .partial = true, .out = { N(2), C } },
+    { .name = "ppermute in place", .op = PPERMUTE, .in_place = true, .out = { N(2), C } },
+    { .name = "all_to_all split 0 concat 1", .op = ALL_TO_ALL, .split = 0, .concat = 1, .out = { 2, N(C) } },
+    { .name = "all_to_all split 1 concat 0", .op = ALL_TO_ALL, .split = 1, .concat = 0, .in = { C, N(2) },
+      .out = { N(C), 2 } },
+    { .name = "all_to_all split 0 concat 0", .op = ALL_TO_ALL, .split = 0, .concat = 0, .out = { N(2), C } },
+    { .name = "psum_scatter stacked dim 1", .op = PSUM_SCATTER, .dim = 1, .in = { C, N(1) }, .out = { C } },
+    { .name = "ppermute in place partial", .op = PPERMUTE, .in_place = true, .partial = true, .out = { N(2), C } },
+    { .name = "pbroadcast root n-1", .op = PBROADCAST, .root_last = true, .out = { N(2), C }, .same_bits = true },
+    { .name = "pbroadcast in place root 0", .op = PBROADCAST, .in_place = true, .out = { N(2), C }, .same_bits = true },
+    { .name = "async psum", .op = PSUM, .async = true, .out = { N(2), C }, .same_bits = true },
+    { .name = "async all_gather", .op = ALL_GATHER, .async = true, .dim = 0, .out = { N(1), N(2), C },
+      .same_bits = true },
+    { .name = "async psum_scatter", .op = PSUM_SCATTER, .async = true, .dim = 0, .tiled = true, .out = { 2, C } },
+    { .name = "blocking psum behind async", .op = PSUM, .in_place = true, .behind_async = true, .out = { N(2), C },
+      .same_bits = true },
 };
-static const char *vname[V_COUNT] = {
-    "psum", "pmean", "pmax", "pmin", "psum in place", "pmean in place", "pmax in place", "pmin in place",
-    "all_gather stacked dim 0", "all_gather tiled dim 0", "all_gather tiled dim 1", "all_gather stacked dim 1",
-    "psum_scatter tiled dim 0", "psum_scatter stacked dim 0", "psum_scatter tiled dim 1",
-    "ppermute cycle", "ppermute partial", "ppermute in place",
-    "all_to_all split 0 concat 1", "all_to_all split 1 concat 0", "all_to_all split 0 concat 0",
-    "psum_scatter stacked dim 1", "ppermute in place partial",
-    "pbroadcast root n-1", "pbroadcast in place root 0",
-    "async psum", "async all_gather", "async psum_scatter", "blocking psum behind async"
-};
+enum { NCASES = sizeof cases / sizeof cases[0] };
 
 typedef struct sweep {
     const char *axes;
@@ -90,36 +130,19 @@ typedef struct sweep {
     dpar_status st[MAXD];
     char err[MAXD][256];
     int idx[MAXD], size[MAXD];     /* axis_index / axis_size seen inside */
-    void *res[V_COUNT][MAXD];      /* host copies of outputs */
-    int ndim[V_COUNT][MAXD];
-    int64_t shape[V_COUNT][MAXD][3];
+    void *res[NCASES][MAXD];       /* host copies of outputs */
+    int ndim[NCASES][MAXD];
+    int64_t shape[NCASES][MAXD][3];
 } sweep;
 
-static const int C = 3;
-
-static void in_shape(int v, int n, int64_t *s) {
-    switch (v) {
-    case V_RS_STACK0: s[0] = n; s[1] = C; break;
-    case V_RS_TILE1: case V_A2A_10: s[0] = C; s[1] = 2 * n; break;
-    case V_RS_STACK1: s[0] = C; s[1] = n; break;
-    default: s[0] = 2 * n; s[1] = C; break;
-    }
+static void in_shape(const coll_case *c, int n, int64_t *s) {
+    s[0] = c->in[0] ? dim_of(c->in[0], n) : 2 * n;
+    s[1] = c->in[0] ? dim_of(c->in[1], n) : C;
 }
-static int out_shape(int v, int n, int64_t *o) {
-    int64_t R = 2 * n;
-    switch (v) {
-    case V_AG_STACK0: case V_ASYNC_AG: o[0] = n; o[1] = R; o[2] = C; return 3;
-    case V_AG_TILE0: o[0] = n * R; o[1] = C; return 2;
-    case V_AG_TILE1: o[0] = R; o[1] = n * C; return 2;
-    case V_AG_STACK1: o[0] = R; o[1] = n; o[2] = C; return 3;
-    case V_RS_TILE0: case V_ASYNC_RS: o[0] = 2; o[1] = C; return 2;
-    case V_RS_STACK0: o[0] = C; return 1;
-    case V_RS_TILE1: o[0] = C; o[1] = 2; return 2;
-    case V_A2A_01: o[0] = 2; o[1] = n * C; return 2;
-    case V_A2A_10: o[0] = n * C; o[1] = 2; return 2;
-    case V_RS_STACK1: o[0] = C; return 1;
-    default: o[0] = R; o[1] = C; return 2;
-    }
+static int out_shape(const coll_case *c, int n, int64_t *o) {
+    int nd = 0;
+    while (nd < 3 && c->out[nd]) { o[nd] = dim_of(c->out[nd], n); nd++; }
+    return nd;
 }
 
 static dpar_status make_input(dpar_ctx *ctx, dpar_dtype dt, const int64_t *shape, int ndim, dpar_buffer **out) {
@@ -142,81 +165,71 @@ static dpar_status save(sweep *w, int v, int dev, dpar_buffer *b) {
     return dpar_buffer_read(b, 0, w->res[v][dev], nb);
 }
 
+/* Issues row c's collective (blocking, or its start when req is not NULL). */
+static dpar_status issue(dpar_ctx *ctx, const coll_case *c, const sweep *w, dpar_buffer *out, dpar_buffer *in,
+                         dpar_request **req) {
+    int n = w->n, cyc[2 * MAXD], part[2] = { 0, n - 1 };
+    for (int i = 0; i < n; i++) { cyc[2 * i] = i; cyc[2 * i + 1] = (i + 1) % n; }
+    switch (c->op) {
+    case PSUM: return req ? dpar_preduce_start(ctx, out, in, w->axes, DPAR_SUM, req) : dpar_psum(ctx, out, in, w->axes);
+    case PMEAN: return dpar_pmean(ctx, out, in, w->axes);
+    case PMAX: return dpar_pmax(ctx, out, in, w->axes);
+    case PMIN: return dpar_pmin(ctx, out, in, w->axes);
+    case ALL_GATHER:
+        return req ? dpar_all_gather_start(ctx, out, in, w->axes, c->dim, c->tiled, req)
+                   : dpar_all_gather(ctx, out, in, w->axes, c->dim, c->tiled);
+    case PSUM_SCATTER:
+        return req ? dpar_psum_scatter_start(ctx, out, in, w->axes, c->dim, c->tiled, req)
+                   : dpar_psum_scatter(ctx, out, in, w->axes, c->dim, c->tiled);
+    case PPERMUTE: return c->partial ? dpar_ppermute(ctx, out, in, w->axes, part, 1)
+                                     : dpar_ppermute(ctx, out, in, w->axes, cyc, n);
+    case ALL_TO_ALL: return dpar_all_to_all(ctx, out, in, w->axes, c->split, c->concat);
+    case PBROADCAST: return dpar_pbroadcast(ctx, out, in, w->axes, c->root_last ? n - 1 : 0);
+    }
+    return DPAR_ERR_INVALID_ARGUMENT;
+}
+
 static dpar_status sweep_fn(dpar_ctx *ctx, void *user) {
     sweep *w = (sweep *)user;
     int dev = dpar_ctx_device(ctx), n = w->n;
     dpar_status s;
+    dpar_buffer *async_in = NULL, *async_out[NCASES] = { 0 };
+    dpar_request *req[NCASES] = { 0 };
 #define CK(x) do { s = (x); if (s) goto fail; } while (0)
     CK(dpar_ctx_axis_index(ctx, w->axes, &w->idx[dev]));
     CK(dpar_ctx_axis_size(ctx, w->axes, &w->size[dev]));
-    for (int v = 0; v <= V_BCAST_IP; v++) {
+    for (int v = 0; v < NCASES; v++) {
+        const coll_case *c = &cases[v];
         int64_t is[2], os[3];
-        in_shape(v, n, is);
-        int ond = out_shape(v, n, os);
+        in_shape(c, n, is);
+        int ond = out_shape(c, n, os);
         dpar_buffer *in = NULL, *out = NULL;
+        if (c->async) { /* one input shared by the async rows; their outputs are saved after the waits */
+            if (!async_in) CK(make_input(ctx, w->dt, is, 2, &async_in));
+            CK(dpar_ctx_buffer(ctx, w->dt, ond, os, &async_out[v]));
+            CK(issue(ctx, c, w, async_out[v], async_in, &req[v]));
+            continue;
+        }
         CK(make_input(ctx, w->dt, is, 2, &in));
-        int inplace = v == V_PSUM_IP || v == V_PMEAN_IP || v == V_PMAX_IP || v == V_PMIN_IP || v == V_PERM_IP || v == V_BCAST_IP || v == V_PERM_IP_PARTIAL;
-        if (inplace) out = in;
+        if (c->in_place) out = in;
         else {
             CK(dpar_ctx_buffer(ctx, w->dt, ond, os, &out));
             CK(dpar_fill(out, 77)); /* stale contents must be overwritten */
         }
-        int cyc[2 * MAXD], part[2] = { 0, n - 1 };
-        for (int i = 0; i < n; i++) { cyc[2 * i] = i; cyc[2 * i + 1] = (i + 1) % n; }
-        switch (v) {
-        case V_PSUM: case V_PSUM_IP: CK(dpar_psum(ctx, out, in, w->axes)); break;
-        case V_PMEAN: case V_PMEAN_IP: CK(dpar_pmean(ctx, out, in, w->axes)); break;
-        case V_PMAX: case V_PMAX_IP: CK(dpar_pmax(ctx, out, in, w->axes)); break;
-        case V_PMIN: case V_PMIN_IP: CK(dpar_pmin(ctx, out, in, w->axes)); break;
-        case V_AG_STACK0: CK(dpar_all_gather(ctx, out, in, w->axes, 0, false)); break;
-        case V_AG_TILE0: CK(dpar_all_gather(ctx, out, in, w->axes, 0, true)); break;
-        case V_AG_TILE1: CK(dpar_all_gather(ctx, out, in, w->axes, 1, true)); break;
-        case V_AG_STACK1: CK(dpar_all_gather(ctx, out, in, w->axes, 1, false)); break;
-        case V_RS_TILE0: CK(dpar_psum_scatter(ctx, out, in, w->axes, 0, true)); break;
-        case V_RS_STACK0: CK(dpar_psum_scatter(ctx, out, in, w->axes, 0, false)); break;
-        case V_RS_TILE1: CK(dpar_psum_scatter(ctx, out, in, w->axes, 1, true)); break;
-        case V_PERM_CYCLE: case V_PERM_IP: CK(dpar_ppermute(ctx, out, in, w->axes, cyc, n)); break;
-        case V_PERM_PARTIAL: CK(dpar_ppermute(ctx, out, in, w->axes, part, 1)); break;
-        case V_A2A_01: CK(dpar_all_to_all(ctx, out, in, w->axes, 0, 1)); break;
-        case V_A2A_10: CK(dpar_all_to_all(ctx, out, in, w->axes, 1, 0)); break;
-        case V_A2A_00: CK(dpar_all_to_all(ctx, out, in, w->axes, 0, 0)); break;
-        case V_RS_STACK1: CK(dpar_psum_scatter(ctx, out, in, w->axes, 1, false)); break;
-        case V_PERM_IP_PARTIAL: CK(dpar_ppermute(ctx, out, in, w->axes, part, 1)); break;
-        case V_BCAST: CK(dpar_pbroadcast(ctx, out, in, w->axes, n - 1)); break;
-        case V_BCAST_IP: CK(dpar_pbroadcast(ctx, out, in, w->axes, 0)); break;
-        }
+        CK(issue(ctx, c, w, out, in, NULL));
+        if (c->behind_async) /* the async rows, waited in reverse order */
+            for (int a = NCASES - 1; a >= 0; a--) if (req[a]) { CK(dpar_wait(ctx, req[a])); req[a] = NULL; }
+        for (int a = 0; c->behind_async && a < NCASES; a++)
+            if (async_out[a]) {
+                CK(save(w, a, dev, async_out[a]));
+                dpar_buffer_destroy(async_out[a]);
+                async_out[a] = NULL;
+            }
         CK(save(w, v, dev, out));
         dpar_buffer_destroy(in);
-        if (!inplace) dpar_buffer_destroy(out);
+        if (!c->in_place) dpar_buffer_destroy(out);
     }
-    /* async: three collectives in flight, waited in reverse order, then a
-       blocking one issued while they may still be pending */
-    {
-        int64_t is[2], os[3];
-        dpar_buffer *in, *o1, *o2, *o3, *in4;
-        dpar_request *r1, *r2, *r3;
-        in_shape(V_PSUM, n, is);
-        CK(make_input(ctx, w->dt, is, 2, &in));
-        CK(make_input(ctx, w->dt, is, 2, &in4));
-        CK(dpar_ctx_buffer(ctx, w->dt, 2, is, &o1));
-        int ond = out_shape(V_ASYNC_AG, n, os);
-        CK(dpar_ctx_buffer(ctx, w->dt, ond, os, &o2));
-        ond = out_shape(V_ASYNC_RS, n, os);
-        CK(dpar_ctx_buffer(ctx, w->dt, ond, os, &o3));
-        CK(dpar_preduce_start(ctx, o1, in, w->axes, DPAR_SUM, &r1));
-        CK(dpar_all_gather_start(ctx, o2, in, w->axes, 0, false, &r2));
-        CK(dpar_psum_scatter_start(ctx, o3, in, w->axes, 0, true, &r3));
-        CK(dpar_psum(ctx, in4, in4, w->axes));
-        CK(dpar_wait(ctx, r3));
-        CK(dpar_wait(ctx, r2));
-        CK(dpar_wait(ctx, r1));
-        CK(save(w, V_ASYNC_PSUM, dev, o1));
-        CK(save(w, V_ASYNC_AG, dev, o2));
-        CK(save(w, V_ASYNC_RS, dev, o3));
-        CK(save(w, V_AFTER_ASYNC, dev, in4));
-        dpar_buffer_destroy(in); dpar_buffer_destroy(in4);
-        dpar_buffer_destroy(o1); dpar_buffer_destroy(o2); dpar_buffer_destroy(o3);
-    }
+    if (async_in) dpar_buffer_destroy(async_in);
     w->st[dev] = DPAR_OK;
     return DPAR_OK;
 fail:
@@ -226,88 +239,68 @@ fail:
 #undef CK
 }
 
-/* expected value of element (flat index e) of variant v on group rank r;
-   x(k, i) = input element i of member k */
-static double expect(const sweep *w, int v, const int *mem, int r, int64_t e) {
+/* expected value of element (flat index e) of row c on group rank r;
+   X(k, i) = input element i of member k */
+static double expect(const sweep *w, const coll_case *c, const int *mem, int r, int64_t e) {
     int n = w->n;
-    dpar_dtype dt = w->dt;
 #define X(k, i) gen(mem[k], (i))
-    switch (v) {
-    case V_PSUM: case V_PSUM_IP: case V_ASYNC_PSUM: case V_AFTER_ASYNC:
-    case V_PMEAN: case V_PMEAN_IP: {
+    switch (c->op) {
+    case PSUM: case PMEAN: {
         double s = 0;
         for (int k = 0; k < n; k++) s += X(k, e);
-        if (v == V_PMEAN || v == V_PMEAN_IP) {
-            if (dt == DPAR_I32) return (double)((long long)s / n); /* truncation toward zero */
+        if (c->op == PMEAN) {
+            if (w->dt == DPAR_I32) return (double)((long long)s / n); /* truncation toward zero */
             return s / n;
         }
         return s;
     }
-    case V_PMAX: case V_PMAX_IP: case V_PMIN: case V_PMIN_IP: {
+    case PMAX: case PMIN: {
         double m = X(0, e);
         for (int k = 1; k < n; k++) {
             double x = X(k, e);
-            if (v == V_PMAX || v == V_PMAX_IP) m = x > m ? x : m; else m = x < m ? x : m;
+            if (c->op == PMAX) m = x > m ? x : m; else m = x < m ? x : m;
         }
         return m;
     }
-    case V_AG_STACK0: case V_AG_TILE0: case V_ASYNC_AG: { /* [n, R*C] */
-        int64_t per = 2 * n * C;
-        return X(e / per, e % per);
-    }
-    case V_AG_TILE1: case V_AG_STACK1: { /* [R, n, C] */
-        int64_t i = e / (n * C), k = (e / C) % n, j = e % C;
-        return X(k, i * C + j);
-    }
-    case V_RS_TILE0: case V_ASYNC_RS: { /* out [2, C] from in [2n, C] */
-        int64_t i = e / C, j = e % C;
+    case ALL_GATHER:
+        if (c->dim == 0) { /* [n, R*C] */
+            int64_t per = 2 * n * C;
+            return X(e / per, e % per);
+        } else { /* [R, n, C] */
+            int64_t i = e / (n * C), k = (e / C) % n, j = e % C;
+            return X(k, i * C + j);
+        }
+    case PSUM_SCATTER: { /* blocks of bs rows (dim 0) or columns (dim 1) of the input, summed */
+        int64_t bs = c->tiled ? 2 : 1;
         double s = 0;
-        for (int k = 0; k < n; k++) s += X(k, (r * 2 + i) * C + j);
+        if (c->dim == 0) { /* out [bs, C] (tiled) or [C] from in [n*bs, C] */
+            int64_t i = e / C, j = e % C;
+            for (int k = 0; k < n; k++) s += X(k, (r * bs + i) * C + j);
+        } else {           /* out [C, bs] (tiled) or [C] from in [C, n*bs] */
+            int64_t i = e / bs, j = e % bs;
+            for (int k = 0; k < n; k++) s += X(k, i * n * bs + r * bs + j);
+        }
         return s;
     }
-    case V_RS_STACK0: { /* out [C] from in [n, C] */
-        double s = 0;
-        for (int k = 0; k < n; k++) s += X(k, r * C + e);
-        return s;
-    }
-    case V_RS_TILE1: { /* out [C, 2] from in [C, 2n] */
-        int64_t i = e / 2, j = e % 2;
-        double s = 0;
-        for (int k = 0; k < n; k++) s += X(k, i * 2 * n + r * 2 + j);
-        return s;
-    }
-    case V_PERM_CYCLE: case V_PERM_IP:
+    case PPERMUTE:
+        if (c->partial) return r == n - 1 ? X(0, e) : 0.0;
         return X((r + n - 1) % n, e);
-    case V_PERM_PARTIAL: case V_PERM_IP_PARTIAL:
-        return r == n - 1 ? X(0, e) : 0.0;
-    case V_A2A_00: { /* out [2n, C]: out[k*2 + i, c] = x_k[(r*2+i)*C + c] */
-        int64_t row = e / C, c = e % C, k = row / 2, i = row % 2;
-        return X(k, (r * 2 + i) * C + c);
-    }
-    case V_RS_STACK1: { /* out [C] from in [C, n]: out[i] = sum_k x_k[i*n + r] */
-        double s = 0;
-        for (int k = 0; k < n; k++) s += X(k, e * n + r);
-        return s;
-    }
-    case V_A2A_01: { /* out [2, nC]: out[i, k*C + c] = x_k[(r*2+i)*C + c] */
-        int64_t i = e / (n * C), k = (e % (n * C)) / C, c = e % C;
-        return X(k, (r * 2 + i) * C + c);
-    }
-    case V_A2A_10: { /* out [nC, 2]: out[k*C + i, c] = x_k[i*2n + r*2 + c] */
-        int64_t row = e / 2, c = e % 2, k = row / C, i = row % C;
-        return X(k, i * 2 * n + r * 2 + c);
-    }
-    case V_BCAST: return X(n - 1, e);
-    case V_BCAST_IP: return X(0, e);
+    case ALL_TO_ALL:
+        if (c->split == 0 && c->concat == 0) { /* out [2n, C]: out[k*2 + i, c] = x_k[(r*2+i)*C + c] */
+            int64_t row = e / C, cc = e % C, k = row / 2, i = row % 2;
+            return X(k, (r * 2 + i) * C + cc);
+        }
+        if (c->split == 0) { /* out [2, nC]: out[i, k*C + c] = x_k[(r*2+i)*C + c] */
+            int64_t i = e / (n * C), k = (e % (n * C)) / C, cc = e % C;
+            return X(k, (r * 2 + i) * C + cc);
+        } else {             /* out [nC, 2]: out[k*C + i, c] = x_k[i*2n + r*2 + c] */
+            int64_t row = e / 2, cc = e % 2, k = row / C, i = row % C;
+            return X(k, i * 2 * n + r * 2 + cc);
+        }
+    case PBROADCAST: return X(c->root_last ? n - 1 : 0, e);
     }
 #undef X
     return NAN;
-}
-
-static int is_reduction(int v) {
-    return v <= V_PMIN_IP || v == V_ASYNC_PSUM || v == V_AFTER_ASYNC || v == V_RS_TILE0 || v == V_RS_STACK0 ||
-           v == V_RS_TILE1 || v == V_ASYNC_RS || v == V_AG_STACK0 || v == V_AG_TILE0 || v == V_AG_TILE1 ||
-           v == V_AG_STACK1 || v == V_ASYNC_AG || v == V_BCAST || v == V_BCAST_IP;
 }
 
 static void run_sweep(dpar_mesh *m, const char *axes, int nexpect) {
@@ -331,26 +324,27 @@ static void run_sweep(dpar_mesh *m, const char *axes, int nexpect) {
             assert_int_equal(gn, w->n);
             assert_int_equal(w->idx[d], r);
             assert_int_equal(w->size[d], w->n);
-            for (int v = 0; v < V_COUNT; v++) {
+            for (int v = 0; v < NCASES; v++) {
+                const coll_case *c = &cases[v];
                 int64_t os[3];
-                int ond = out_shape(v, w->n, os);
+                int ond = out_shape(c, w->n, os);
                 assert_int_equal(w->ndim[v][d], ond);
                 int64_t cnt = 1;
                 for (int k = 0; k < ond; k++) { assert_int_equal(w->shape[v][d][k], os[k]); cnt *= os[k]; }
                 for (int64_t e = 0; e < cnt; e++) {
-                    double want = expect(w, v, mem, r, e), got = t_load(w->res[v][d], w->dt, e);
+                    double want = expect(w, c, mem, r, e), got = t_load(w->res[v][d], w->dt, e);
                     if (!(got == want))
-                        fail_msg("%s over '%s' (%d devices) in %s, device %d (rank %d), element %lld: got %g, want %g", vname[v], axes,
+                        fail_msg("%s over '%s' (%d devices) in %s, device %d (rank %d), element %lld: got %g, want %g", c->name, axes,
                                  w->n, dpar_dtype_name(w->dt), d, r, (long long)e, got, want);
                 }
                 /* members of a group that get the same value get the same bits */
-                if (is_reduction(v) && v != V_RS_TILE0 && v != V_RS_STACK0 && v != V_RS_TILE1 && v != V_ASYNC_RS)
+                if (c->same_bits)
                     for (int k = 0; k < gn; k++)
                         if (memcmp(w->res[v][d], w->res[v][mem[k]], (size_t)cnt * es))
-                            fail_msg("%s over '%s': devices %d and %d differ bitwise", vname[v], axes, d, mem[k]);
+                            fail_msg("%s over '%s': devices %d and %d differ bitwise", c->name, axes, d, mem[k]);
             }
         }
-        for (int v = 0; v < V_COUNT; v++) for (int d = 0; d < MAXD; d++) free(w->res[v][d]);
+        for (int v = 0; v < NCASES; v++) for (int d = 0; d < MAXD; d++) free(w->res[v][d]);
         free(w);
     }
 }
