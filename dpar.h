@@ -96,8 +96,8 @@
        DPAR_CPU_THREADS=N             CPU backend: threads per device for large
                                       matrix products and SGD steps (default
                                       CPUs / devices; 1: none)
-       DPAR_ALLOW_SHARED_DEVICE=1     MPI: let two ranks on a node open one device
-       DPAR_MPI_BACKEND_COLLECTIVES=0 MPI + CUDA: groups across processes on the
+       DPAR_ALLOW_SHARED_DEVICE=1     MPI: let two ranks on a node open one device (.mpi.allow_shared_device)
+       DPAR_MPI_BACKEND_COLLECTIVES=0 MPI + CUDA (.mpi.host_collectives): groups across processes on the
                                       host-staged MPI path instead of NCCL
 
    ERRORS
@@ -221,6 +221,17 @@ typedef struct dpar_vulkan_desc {
                                host access); false: env DPAR_VK_NONCOHERENT */
 } dpar_vulkan_desc;
 
+/* Multi-process settings (DPAR_MPI builds; read only by backends/dpar_mpi.h); zero means default. */
+typedef struct dpar_mpi_desc {
+    const void *comm;         /* address of the MPI_Comm whose processes share the runtime; NULL:
+                                 MPI_COMM_WORLD when MPI is initialized, else one process */
+    bool allow_shared_device; /* let two ranks of a node open one physical device (their groups
+                                 then take the host-staged path); false: env DPAR_ALLOW_SHARED_DEVICE=1 */
+    bool host_collectives;    /* groups across processes on the host-staged MPI path even where the
+                                 backend could run them (CUDA: NCCL); false: env
+                                 DPAR_MPI_BACKEND_COLLECTIVES=0 */
+} dpar_mpi_desc;
+
 typedef struct dpar_runtime_desc {
     dpar_backend_kind backend; /* 0: DPAR_BACKEND env, else best available */
     int num_devices;           /* 0: DPAR_DEVICES env, else all the backend has
@@ -233,10 +244,13 @@ typedef struct dpar_runtime_desc {
 #else
     int dpar__reserved_vk[2];     /* keeps the layout of builds that have the deprecated names */
 #endif
-    const void *mpi_comm;      /* DPAR_MPI builds: address of the MPI_Comm whose processes share
-                                  the runtime (NULL: MPI_COMM_WORLD when MPI is initialized,
-                                  else one process). Ignored without DPAR_MPI. */
+#ifndef DPAR_NO_DEPRECATED
+    const void *mpi_comm;      /* deprecated: use .mpi.comm (used when .mpi.comm is NULL) */
+#else
+    const void *dpar__reserved_mpi; /* keeps the layout of builds that have the deprecated name */
+#endif
     dpar_vulkan_desc vulkan;   /* Vulkan settings, e.g. .vulkan = { .physical_device = 1 } */
+    dpar_mpi_desc mpi;         /* multi-process settings, e.g. .mpi = { .comm = &world }; ignored without DPAR_MPI */
 } dpar_runtime_desc;
 
 /* Creates a runtime: picks the backend, opens `num_devices` devices and

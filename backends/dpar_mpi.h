@@ -29,6 +29,7 @@
 
 /* >>mpi-state ================================================================ */
 typedef struct dpar__mpi {
+    dpar_mpi_desc desc;     /* the settings, defaults resolved (dpar__mpi_settings_get) */
     MPI_Comm comm;          /* dup of the user's communicator */
     int rank, size;
     pthread_mutex_t mu;     /* serializes MPI calls: MPI_THREAD_SERIALIZED is enough */
@@ -101,16 +102,33 @@ static dpar_status dpar__mpi_errstr(int rc, const char *call) {
 #define DPAR__MPI_CALL(mp, call) do { pthread_mutex_lock(&(mp)->mu); int rc__ = (call); pthread_mutex_unlock(&(mp)->mu); \
     if (rc__ != MPI_SUCCESS) return dpar__mpi_errstr(rc__, #call); } while (0)
 
+/* desc->mpi with its defaults: the deprecated flat mpi_comm, then the
+   environment. The one place the transport reads its settings. */
+static void dpar__mpi_settings_get(const dpar_runtime_desc *desc, dpar_mpi_desc *out) {
+    memset(out, 0, sizeof *out);
+    if (!desc) return;
+    *out = desc->mpi;
+#ifndef DPAR_NO_DEPRECATED
+    if (!out->comm) out->comm = desc->mpi_comm;
+#endif
+    const char *allow = getenv("DPAR_ALLOW_SHARED_DEVICE");
+    if (!out->allow_shared_device) out->allow_shared_device = allow && *allow == '1';
+    const char *xe = getenv("DPAR_MPI_BACKEND_COLLECTIVES");
+    if (!out->host_collectives) out->host_collectives = xe && *xe == '0';
+}
+
 /* Before the backend opens its devices: the communicator, this process's
    rank, and its rank / the process count on its node (shared-memory split). */
 static dpar_status dpar__mpi_runtime_pre(dpar_runtime *rt, const dpar_runtime_desc *desc) {
-    const void *comm_ptr = desc ? desc->mpi_comm : NULL;
+    dpar_mpi_desc set;
+    dpar__mpi_settings_get(desc, &set);
+    const void *comm_ptr = set.comm;
     int inited = 0, fin = 0;
     MPI_Initialized(&inited);
     MPI_Finalized(&fin);
     if (!comm_ptr && (!inited || fin)) return DPAR_OK; /* one process */
     if (!inited || fin)
-        return dpar__err(DPAR_ERR_STATE, "dpar_runtime_create: desc.mpi_comm is set but MPI is %s; call MPI_Init_thread(&argc, &argv, "
+        return dpar__err(DPAR_ERR_STATE, "dpar_runtime_create: desc.mpi.comm is set but MPI is %s; call MPI_Init_thread(&argc, &argv, "
                          "MPI_THREAD_MULTIPLE, &provided) first", fin ? "finalized" : "not initialized");
     int prov = 0;
     MPI_Query_thread(&prov);
@@ -120,6 +138,7 @@ static dpar_status dpar__mpi_runtime_pre(dpar_runtime *rt, const dpar_runtime_de
     dpar__mpi *mp = (dpar__mpi *)dpar__calloc(1, sizeof *mp);
     if (!mp) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_runtime_create: out of host memory");
     pthread_mutex_init(&mp->mu, NULL);
+    mp->desc = set;
     rt->mpi = mp;
     MPI_Comm base = comm_ptr ? *(const MPI_Comm *)comm_ptr : MPI_COMM_WORLD;
     int rc = MPI_Comm_dup(base, &mp->comm);
@@ -176,8 +195,7 @@ static dpar_status dpar__mpi_runtime_init(dpar_runtime *rt, dpar_status opened) 
     mine[3] = 0;
     mine[4] = rt->be ? (int64_t)rt->be->kind : -1;
     if (!opened) {
-        const char *xe = getenv("DPAR_MPI_BACKEND_COLLECTIVES");
-        if (rt->be->cross_id_size && !(xe && *xe == '0')) mine[3] = (int64_t)rt->be->cross_id_size(rt->bstate);
+        if (rt->be->cross_id_size && !mp->desc.host_collectives) mine[3] = (int64_t)rt->be->cross_id_size(rt->bstate);
         for (int i = 0; i < rt->nlocal && i < DPAR_MAX_DEVICES && rt->be->physical_device; i++) {
             int phys = 0;
             unsigned char uuid[16] = {0};
@@ -211,7 +229,6 @@ static dpar_status dpar__mpi_runtime_init(dpar_runtime *rt, dpar_status opened) 
             s = dpar__err(DPAR_ERR_DEVICE_COUNT, "dpar_runtime_create: process 0 has %lld local devices but process %d has %lld; every process "
                           "must open the same number (set num_devices or DPAR_DEVICES the same on every rank)",
                           (long long)all[0], q, (long long)all[(size_t)q * W]);
-    const char *allow = getenv("DPAR_ALLOW_SHARED_DEVICE");
     int nl = rt->nlocal < DPAR_MAX_DEVICES ? rt->nlocal : DPAR_MAX_DEVICES, shared = 0;
     if (!s && rt->be->physical_device) /* else emulated devices (CPU): any process may share them */
         for (int a = 0; a < mp->size && !s && !shared; a++)
@@ -225,7 +242,7 @@ static dpar_status dpar__mpi_runtime_init(dpar_runtime *rt, dpar_status opened) 
                         if (has_uuid) same = x[1] == y[1] && x[2] == y[2];
                         else same = all[(size_t)a * W + 1] == all[(size_t)b * W + 1] && x[0] >= 0 && x[0] == y[0];
                         if (!same) continue;
-                        if (allow && *allow == '1') { shared = 1; break; } /* allowed, but NCCL cannot span it */
+                        if (mp->desc.allow_shared_device) { shared = 1; break; } /* allowed, but NCCL cannot span it */
                         char u[48] = "";
                         if (has_uuid)
                             snprintf(u, sizeof u, " (UUID %016llx%016llx)", (unsigned long long)x[1], (unsigned long long)x[2]);

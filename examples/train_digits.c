@@ -90,7 +90,7 @@ int main(int argc, char **argv) {
     /* runtime and mesh */
     dpar_runtime_desc rd = { .num_devices = devices / nproc }; /* this process's devices */
 #ifdef DPAR_MPI
-    rd.mpi_comm = &world;
+    rd.mpi.comm = &world;
 #endif
     if (digits_backend(backend, &rd.backend)) { fprintf(stderr, "train_digits: unknown backend '%s' (cpu, vulkan, cuda)\n", backend); return 2; }
     dpar_runtime *rt;

@@ -42,7 +42,7 @@ int main(int argc, char **argv) {
     dpar_mesh *mesh = NULL;
     if (!strcmp(mode, "dpar")) {
         MPI_Comm world = MPI_COMM_WORLD;
-        dpar_runtime_desc rd = { .backend = DPAR_BACKEND_CPU, .num_devices = local, .mpi_comm = &world };
+        dpar_runtime_desc rd = { .backend = DPAR_BACKEND_CPU, .num_devices = local, .mpi = { .comm = &world } };
         if (dpar_runtime_create(&rd, &rt)) { fprintf(stderr, "%s\n", dpar_last_error()); MPI_Abort(MPI_COMM_WORLD, 1); }
         dpar_mesh_desc md = { .ndim = 1, .shape = { dpar_runtime_device_count(rt) }, .axis_names = { "data" } };
         if (dpar_mesh_create(rt, &md, &mesh)) { fprintf(stderr, "%s\n", dpar_last_error()); MPI_Abort(MPI_COMM_WORLD, 1); }

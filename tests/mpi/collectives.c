@@ -41,7 +41,7 @@ static dpar_runtime *runtime(int timeout_ms) {
     d.num_devices = LOCAL;
     d.timeout_ms = timeout_ms;
     MPI_Comm world = MPI_COMM_WORLD;
-    d.mpi_comm = &world;
+    d.mpi.comm = &world;
     dpar_runtime *rt = NULL;
     if (dpar_runtime_create(&d, &rt)) { fprintf(stderr, "rank %d: runtime: %s\n", rank, dpar_last_error()); MPI_Abort(MPI_COMM_WORLD, 2); }
     return rt;
@@ -479,7 +479,7 @@ int main(int argc, char **argv) {
             .num_devices = LOCAL
         };
         MPI_Comm world = MPI_COMM_WORLD;
-        d.mpi_comm = &world;
+        d.mpi.comm = &world;
         if (rank == 1) {
             if (kind == 0) d.timeout_ms = -5;      /* rejected before this rank meets the others */
             else if (kind == 1) d.num_devices = LOCAL + 1; /* opens, but differs from the others */

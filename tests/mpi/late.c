@@ -28,6 +28,7 @@ int main(int argc, char **argv) {
     MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &prov);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm world = MPI_COMM_WORLD;
+    /* .mpi_comm: the deprecated flat name of .mpi.comm still works */
     dpar_runtime_desc rd = { .backend = DPAR_BACKEND_CPU, .num_devices = 2, .timeout_ms = 1000, .mpi_comm = &world };
     dpar_runtime *rt = NULL;
     dpar_mesh *m = NULL;

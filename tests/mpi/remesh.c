@@ -39,7 +39,7 @@ int main(int argc, char **argv) {
         .backend = getenv("DPAR_BACKEND") && *getenv("DPAR_BACKEND") ? DPAR_BACKEND_DEFAULT : DPAR_BACKEND_CPU
     };
     rd.num_devices = 0; /* the default: this process's share of the node's devices */
-    rd.mpi_comm = &world;
+    rd.mpi.comm = &world;
     dpar_runtime *rt = NULL;
     if (dpar_runtime_create(&rd, &rt)) { fprintf(stderr, "rank %d: %s\n", rank, dpar_last_error()); MPI_Abort(MPI_COMM_WORLD, 2); }
     int bad = 0, failed = 0;
