@@ -1053,6 +1053,63 @@ static dpar_status dpar__cu_final(dpar__cu_state *st, int dev, dpar__CUdeviceptr
     return dpar__cu_launch(st, dev, DPAR__CUK_REDUCE_FINAL, 1, 1024, st->dev[dev].compute, args);
 }
 
+/* softmax cross-entropy: per-row losses (and dlogits) in one kernel, then a
+   fixed-order f64 reduction of the row losses to their mean. */
+static dpar_status dpar__cu_op_xent(dpar__cu_state *st, int dev, const dpar__op *op) {
+    dpar__CUstream s = st->dev[dev].compute;
+    dpar__CUdeviceptr dst = DPAR__CU_PTR(op->dst), dst2 = op->dst2 ? DPAR__CU_PTR(op->dst2) : 0;
+    dpar__CUdeviceptr a = DPAR__CU_PTR(op->src0), b = DPAR__CU_PTR(op->src1);
+    int64_t n = op->n, m = op->m;
+    /* scratch 0: [partials (1024 doubles) | row losses (m doubles)] */
+    dpar__CUdeviceptr scr, rowloss;
+    int64_t parts;
+    unsigned g;
+    dpar_status e = dpar__cu_scratch(st, dev, 0, (size_t)(DPAR__CU_MAX_PARTIALS + m) * 8, &scr);
+    if (e) return e;
+    rowloss = scr + DPAR__CU_MAX_PARTIALS * 8;
+    if (m > 0) {
+        void *args[] = { &a, &b, &m, &n, &rowloss, &dst2 };
+        g = dpar__cu_grid(m * 32, 1, 8192);
+        if ((e = dpar__cu_launch(st, dev, DPAR__CUK_XENT_ROWS, g, DPAR__CU_BLOCK, s, args))) return e;
+    }
+    {
+        void *args[] = { &rowloss, &m, &scr };
+        g = dpar__cu_grid(m, 8, DPAR__CU_MAX_PARTIALS);
+        parts = g;
+        if ((e = dpar__cu_launch(st, dev, DPAR__CUK_REDUCE_PARTIAL_F64, g, DPAR__CU_BLOCK, s, args))) return e;
+    }
+    return dpar__cu_final(st, dev, scr, parts, (double)m, dst);
+}
+
+/* fill: a 32- or 16-bit memset of the value's bit pattern in dst's dtype. */
+static dpar_status dpar__cu_op_fill(dpar__cu_state *st, int dev, const dpar__op *op) {
+    dpar__CUstream s = st->dev[dev].compute;
+    dpar__CUdeviceptr dst = DPAR__CU_PTR(op->dst);
+    float f0 = op->f[0];
+    int64_t cnt = op->dst->count;
+    if (cnt == 0) return DPAR_OK;
+    switch (op->dst->dtype) {
+    case DPAR_F32: {
+        uint32_t u;
+        memcpy(&u, &f0, 4);
+        DPAR__CU_TRY(dev, "cuMemsetD32Async", dpar__cu.cuMemsetD32Async(dst, u, (size_t)cnt, s));
+        break;
+    }
+    case DPAR_I32: {
+        /* same conversion as the CPU backend's (int32_t)value, made safe */
+        int32_t v = f0 != f0 ? 0 : f0 >= 2147483648.0f ? 2147483647
+                  : f0 <= -2147483648.0f ? (-2147483647 - 1) : (int32_t)f0;
+        DPAR__CU_TRY(dev, "cuMemsetD32Async", dpar__cu.cuMemsetD32Async(dst, (uint32_t)v, (size_t)cnt, s));
+        break;
+    }
+    default: {
+        unsigned short h = op->dst->dtype == DPAR_F16 ? dpar_f32_to_f16(f0) : dpar_f32_to_bf16(f0);
+        DPAR__CU_TRY(dev, "cuMemsetD16Async", dpar__cu.cuMemsetD16Async(dst, h, (size_t)cnt, s));
+    }
+    }
+    return DPAR_OK;
+}
+
 static dpar_status dpar__cu_op(void *state, int dev, const dpar__op *op) {
     dpar__cu_state *st = (dpar__cu_state *)state;
     dpar__cu_dev *d = &st->dev[dev];
@@ -1065,6 +1122,7 @@ static dpar_status dpar__cu_op(void *state, int dev, const dpar__op *op) {
     float f0 = op->f[0], f1 = op->f[1], f2 = op->f[2], f3 = op->f[3];
     dpar_status st2 = dpar__cu_bind(st, dev);
     if (st2) return st2;
+    DPAR_ASSERT((int)op->kind >= 0 && op->kind < DPAR__OP_COUNT);
 
     switch (op->kind) {
     case DPAR__OP_MATMUL:
@@ -1090,27 +1148,8 @@ static dpar_status dpar__cu_op(void *state, int dev, const dpar__op *op) {
         if (n == 0) return DPAR_OK;
         return dpar__cu_launch(st, dev, DPAR__CUK_RELU_BWD, dpar__cu_grid(n, 4, 8192), DPAR__CU_BLOCK, s, args);
     }
-    case DPAR__OP_SOFTMAX_XENT: {
-        /* scratch 0: [partials (1024 doubles) | row losses (m doubles)] */
-        dpar__CUdeviceptr scr, rowloss;
-        int64_t parts;
-        unsigned g;
-        dpar_status e = dpar__cu_scratch(st, dev, 0, (size_t)(DPAR__CU_MAX_PARTIALS + m) * 8, &scr);
-        if (e) return e;
-        rowloss = scr + DPAR__CU_MAX_PARTIALS * 8;
-        if (m > 0) {
-            void *args[] = { &a, &b, &m, &n, &rowloss, &dst2 };
-            g = dpar__cu_grid(m * 32, 1, 8192);
-            if ((e = dpar__cu_launch(st, dev, DPAR__CUK_XENT_ROWS, g, DPAR__CU_BLOCK, s, args))) return e;
-        }
-        {
-            void *args[] = { &rowloss, &m, &scr };
-            g = dpar__cu_grid(m, 8, DPAR__CU_MAX_PARTIALS);
-            parts = g;
-            if ((e = dpar__cu_launch(st, dev, DPAR__CUK_REDUCE_PARTIAL_F64, g, DPAR__CU_BLOCK, s, args))) return e;
-        }
-        return dpar__cu_final(st, dev, scr, parts, (double)m, dst);
-    }
+    case DPAR__OP_SOFTMAX_XENT:
+        return dpar__cu_op_xent(st, dev, op);
     case DPAR__OP_MSE: {
         dpar__CUdeviceptr scr;
         unsigned g = dpar__cu_grid(n, 8, DPAR__CU_MAX_PARTIALS);
@@ -1143,30 +1182,8 @@ static dpar_status dpar__cu_op(void *state, int dev, const dpar__op *op) {
         if (n == 0) return DPAR_OK;
         return dpar__cu_launch(st, dev, DPAR__CUK_SCALE, dpar__cu_grid(n, 16, 8192), DPAR__CU_BLOCK, s, args);
     }
-    case DPAR__OP_FILL: {
-        int64_t cnt = op->dst->count;
-        if (cnt == 0) return DPAR_OK;
-        switch (op->dst->dtype) {
-        case DPAR_F32: {
-            uint32_t u;
-            memcpy(&u, &f0, 4);
-            DPAR__CU_TRY(dev, "cuMemsetD32Async", dpar__cu.cuMemsetD32Async(dst, u, (size_t)cnt, s));
-            break;
-        }
-        case DPAR_I32: {
-            /* same conversion as the CPU backend's (int32_t)value, made safe */
-            int32_t v = f0 != f0 ? 0 : f0 >= 2147483648.0f ? 2147483647
-                      : f0 <= -2147483648.0f ? (-2147483647 - 1) : (int32_t)f0;
-            DPAR__CU_TRY(dev, "cuMemsetD32Async", dpar__cu.cuMemsetD32Async(dst, (uint32_t)v, (size_t)cnt, s));
-            break;
-        }
-        default: {
-            unsigned short h = op->dst->dtype == DPAR_F16 ? dpar_f32_to_f16(f0) : dpar_f32_to_bf16(f0);
-            DPAR__CU_TRY(dev, "cuMemsetD16Async", dpar__cu.cuMemsetD16Async(dst, h, (size_t)cnt, s));
-        }
-        }
-        return DPAR_OK;
-    }
+    case DPAR__OP_FILL:
+        return dpar__cu_op_fill(st, dev, op);
     case DPAR__OP_COPY: {
         size_t nb = op->src0->nbytes < op->dst->nbytes ? op->src0->nbytes : op->dst->nbytes;
         if (!nb || dst == a) return DPAR_OK;
@@ -1511,8 +1528,128 @@ static dpar_status dpar__cu_cross_id(void *state, void *id) {
 #define DPAR__NCCL_TRY(dev, call, comm, expr) do { int r_ = (expr); \
     if (r_ != DPAR__ncclSuccess && r_ != DPAR__ncclInProgress) return dpar__nccl_fail((dev), (call), r_, (comm)); } while (0)
 
+/* all-reduce: NCCL sum/avg; i32 mean as a sum then a truncating division; float
+   max/min through order-preserving i32 keys so NaN propagates. */
+static dpar_status dpar__cu_nccl_all_reduce(dpar__cu_state *st, dpar__coll *c, dpar__ncclComm comm, dpar__CUstream s) {
+    int me = c->devices[c->rank], r = c->rank, n = c->n, nt = dpar__cu_nccl_type(c->dtype);
+    dpar__CUdeviceptr in = DPAR__CU_PTR(c->in[r]), out = DPAR__CU_PTR(c->out[r]);
+    void *inp = (void *)(uintptr_t)in, *outp = (void *)(uintptr_t)out;
+    dpar_status e;
+    size_t cnt = (size_t)c->count;
+    if (c->op == DPAR_SUM || (c->op == DPAR_MEAN && c->dtype != DPAR_I32)) {
+        DPAR__NCCL_TRY(me, "ncclAllReduce", comm,
+                       dpar__cu.ncclAllReduce(inp, outp, cnt, nt, c->op == DPAR_SUM ? DPAR__ncclSum : DPAR__ncclAvg, comm, s));
+    } else if (c->op == DPAR_MEAN) { /* i32: wrap-around sum, then truncating division */
+        int64_t n64 = c->count;
+        int32_t div = n;
+        void *args[] = { &out, &n64, &div };
+        DPAR__NCCL_TRY(me, "ncclAllReduce", comm, dpar__cu.ncclAllReduce(inp, outp, cnt, nt, DPAR__ncclSum, comm, s));
+        if (cnt && (e = dpar__cu_launch(st, me, DPAR__CUK_DIV_I32, dpar__cu_grid(n64, 4, 8192), DPAR__CU_BLOCK, s, args))) return e;
+    } else if (c->dtype == DPAR_I32) {
+        DPAR__NCCL_TRY(me, "ncclAllReduce", comm,
+                       dpar__cu.ncclAllReduce(inp, outp, cnt, nt, c->op == DPAR_MAX ? DPAR__ncclMax : DPAR__ncclMin, comm, s));
+    } else { /* float max/min: order-preserving i32 keys, NaN as the extreme key */
+        dpar__CUdeviceptr keys = out;
+        int64_t n64 = c->count;
+        int is_max = c->op == DPAR_MAX, stt = (int)c->dtype, dt = (int)c->dtype;
+        if (c->dtype != DPAR_F32 && (e = dpar__cu_scratch(st, me, 1, cnt * 4, &keys))) return e;
+        if (cnt) {
+            void *a1[] = { &keys, &in, &stt, &n64, &is_max };
+            if ((e = dpar__cu_launch(st, me, DPAR__CUK_TO_KEY, dpar__cu_grid(n64, 4, 8192), DPAR__CU_BLOCK, s, a1))) return e;
+        }
+        DPAR__NCCL_TRY(me, "ncclAllReduce", comm,
+                       dpar__cu.ncclAllReduce((void *)(uintptr_t)keys, (void *)(uintptr_t)keys, cnt, DPAR__ncclInt32,
+                                              is_max ? DPAR__ncclMax : DPAR__ncclMin, comm, s));
+        if (cnt) {
+            void *a2[] = { &out, &dt, &keys, &n64, &is_max };
+            if ((e = dpar__cu_launch(st, me, DPAR__CUK_FROM_KEY, dpar__cu_grid(n64, 4, 8192), DPAR__CU_BLOCK, s, a2))) return e;
+        }
+    }
+    return DPAR_OK;
+}
+
+/* ppermute: grouped send/recv; zeros where no member sends. */
+static dpar_status dpar__cu_nccl_permute(dpar__cu_state *st, dpar__coll *c, dpar__ncclComm comm, dpar__CUstream s) {
+    int me = c->devices[c->rank], r = c->rank, n = c->n, i, nt = dpar__cu_nccl_type(c->dtype);
+    size_t es = dpar_dtype_size(c->dtype);
+    dpar__CUdeviceptr in = DPAR__CU_PTR(c->in[r]), out = DPAR__CU_PTR(c->out[r]);
+    void *inp = (void *)(uintptr_t)in;
+    dpar_status e;
+    size_t cnt = (size_t)c->count, nb = cnt * es;
+    int src = c->src_of[r], dst_member = -1;
+    dpar__CUdeviceptr recv = out;
+    for (i = 0; i < n; i++)
+        if (c->src_of[i] == r && i != r) dst_member = i;
+    if (src >= 0 && src != r && dst_member >= 0 && in == out) {
+        if ((e = dpar__cu_scratch(st, me, 1, nb, &recv))) return e;
+    }
+    if (cnt) {
+        DPAR__NCCL_TRY(me, "ncclGroupStart", comm, dpar__cu.ncclGroupStart());
+        if (dst_member >= 0) {
+            int rs = dpar__cu.ncclSend(inp, cnt, nt, dst_member, comm, s);
+            if (rs != DPAR__ncclSuccess && rs != DPAR__ncclInProgress) {
+                dpar__cu.ncclGroupEnd();
+                return dpar__nccl_fail(me, "ncclSend", rs, comm);
+            }
+        }
+        if (src >= 0 && src != r) {
+            int rr = dpar__cu.ncclRecv((void *)(uintptr_t)recv, cnt, nt, src, comm, s);
+            if (rr != DPAR__ncclSuccess && rr != DPAR__ncclInProgress) {
+                dpar__cu.ncclGroupEnd();
+                return dpar__nccl_fail(me, "ncclRecv", rr, comm);
+            }
+        }
+        DPAR__NCCL_TRY(me, "ncclGroupEnd", comm, dpar__cu.ncclGroupEnd());
+    }
+    if (!nb) return DPAR_OK;
+    if (src < 0) DPAR__CU_TRY(me, "cuMemsetD8Async", dpar__cu.cuMemsetD8Async(out, 0, nb, s));
+    else if (src == r) { if (in != out) DPAR__CU_TRY(me, "cuMemcpyDtoDAsync", dpar__cu.cuMemcpyDtoDAsync(out, in, nb, s)); }
+    else if (recv != out) DPAR__CU_TRY(me, "cuMemcpyDtoDAsync", dpar__cu.cuMemcpyDtoDAsync(out, recv, nb, s));
+    return DPAR_OK;
+}
+
+/* all_to_all: pack blocks contiguously, exchange with grouped send/recv, unpack. */
+static dpar_status dpar__cu_nccl_all_to_all(dpar__cu_state *st, dpar__coll *c, dpar__ncclComm comm, dpar__CUstream s) {
+    int me = c->devices[c->rank], r = c->rank, n = c->n, i, nt = dpar__cu_nccl_type(c->dtype);
+    size_t es = dpar_dtype_size(c->dtype);
+    int esi = (int)es;
+    dpar__CUdeviceptr in = DPAR__CU_PTR(c->in[r]), out = DPAR__CU_PTR(c->out[r]);
+    dpar_status e;
+    /* pack blocks contiguously, exchange with grouped send/recv, unpack */
+    dpar__cu_a2a g;
+    dpar__CUdeviceptr sbuf, rbuf;
+    size_t bb;
+    dpar__cu_a2a_geom(c, &g);
+    bb = (size_t)g.blk_count * es;
+    if (!bb) return DPAR_OK;
+    if ((e = dpar__cu_scratch(st, me, 1, bb * (size_t)n, &sbuf))) return e;
+    if ((e = dpar__cu_scratch(st, me, 2, bb * (size_t)n, &rbuf))) return e;
+    for (i = 0; i < n; i++)
+        if ((e = dpar__cu_copy_nd(st, me, s, sbuf + bb * (size_t)i, in + (size_t)(g.in_step * i) * es, esi,
+                                  g.nd, g.blk, g.in_st, g.blk_st))) return e;
+    DPAR__NCCL_TRY(me, "ncclGroupStart", comm, dpar__cu.ncclGroupStart());
+    for (i = 0; i < n; i++) {
+        int rs, rr;
+        if (i == r) continue;
+        rs = dpar__cu.ncclSend((void *)(uintptr_t)(sbuf + bb * (size_t)i), (size_t)g.blk_count, nt, i, comm, s);
+        rr = rs == DPAR__ncclSuccess || rs == DPAR__ncclInProgress
+             ? dpar__cu.ncclRecv((void *)(uintptr_t)(rbuf + bb * (size_t)i), (size_t)g.blk_count, nt, i, comm, s) : rs;
+        if (rr != DPAR__ncclSuccess && rr != DPAR__ncclInProgress) {
+            dpar__cu.ncclGroupEnd();
+            return dpar__nccl_fail(me, "ncclSend/ncclRecv (all_to_all)", rr, comm);
+        }
+    }
+    DPAR__NCCL_TRY(me, "ncclGroupEnd", comm, dpar__cu.ncclGroupEnd());
+    DPAR__CU_TRY(me, "cuMemcpyDtoDAsync",
+                 dpar__cu.cuMemcpyDtoDAsync(rbuf + bb * (size_t)r, sbuf + bb * (size_t)r, bb, s));
+    for (i = 0; i < n; i++)
+        if ((e = dpar__cu_copy_nd(st, me, s, out + (size_t)(g.out_step * i) * es, rbuf + bb * (size_t)i, esi,
+                                  g.nd, g.blk, g.blk_st, g.out_st))) return e;
+    return DPAR_OK;
+}
+
 static dpar_status dpar__cu_coll_nccl_body(dpar__cu_state *st, dpar__coll *c, dpar__ncclComm comm, dpar__CUstream s) {
-    int me = c->devices[c->rank], r = c->rank, n = c->n, i;
+    int me = c->devices[c->rank], r = c->rank, n = c->n;
     size_t es = dpar_dtype_size(c->dtype);
     int esi = (int)es, nt = dpar__cu_nccl_type(c->dtype);
     dpar__CUdeviceptr in = DPAR__CU_PTR(c->in[r]), out = DPAR__CU_PTR(c->out[r]);
@@ -1520,39 +1657,8 @@ static dpar_status dpar__cu_coll_nccl_body(dpar__cu_state *st, dpar__coll *c, dp
     dpar_status e;
 
     switch (c->kind) {
-    case DPAR__COLL_ALL_REDUCE: {
-        size_t cnt = (size_t)c->count;
-        if (c->op == DPAR_SUM || (c->op == DPAR_MEAN && c->dtype != DPAR_I32)) {
-            DPAR__NCCL_TRY(me, "ncclAllReduce", comm,
-                           dpar__cu.ncclAllReduce(inp, outp, cnt, nt, c->op == DPAR_SUM ? DPAR__ncclSum : DPAR__ncclAvg, comm, s));
-        } else if (c->op == DPAR_MEAN) { /* i32: wrap-around sum, then truncating division */
-            int64_t n64 = c->count;
-            int32_t div = n;
-            void *args[] = { &out, &n64, &div };
-            DPAR__NCCL_TRY(me, "ncclAllReduce", comm, dpar__cu.ncclAllReduce(inp, outp, cnt, nt, DPAR__ncclSum, comm, s));
-            if (cnt && (e = dpar__cu_launch(st, me, DPAR__CUK_DIV_I32, dpar__cu_grid(n64, 4, 8192), DPAR__CU_BLOCK, s, args))) return e;
-        } else if (c->dtype == DPAR_I32) {
-            DPAR__NCCL_TRY(me, "ncclAllReduce", comm,
-                           dpar__cu.ncclAllReduce(inp, outp, cnt, nt, c->op == DPAR_MAX ? DPAR__ncclMax : DPAR__ncclMin, comm, s));
-        } else { /* float max/min: order-preserving i32 keys, NaN as the extreme key */
-            dpar__CUdeviceptr keys = out;
-            int64_t n64 = c->count;
-            int is_max = c->op == DPAR_MAX, stt = (int)c->dtype, dt = (int)c->dtype;
-            if (c->dtype != DPAR_F32 && (e = dpar__cu_scratch(st, me, 1, cnt * 4, &keys))) return e;
-            if (cnt) {
-                void *a1[] = { &keys, &in, &stt, &n64, &is_max };
-                if ((e = dpar__cu_launch(st, me, DPAR__CUK_TO_KEY, dpar__cu_grid(n64, 4, 8192), DPAR__CU_BLOCK, s, a1))) return e;
-            }
-            DPAR__NCCL_TRY(me, "ncclAllReduce", comm,
-                           dpar__cu.ncclAllReduce((void *)(uintptr_t)keys, (void *)(uintptr_t)keys, cnt, DPAR__ncclInt32,
-                                                  is_max ? DPAR__ncclMax : DPAR__ncclMin, comm, s));
-            if (cnt) {
-                void *a2[] = { &out, &dt, &keys, &n64, &is_max };
-                if ((e = dpar__cu_launch(st, me, DPAR__CUK_FROM_KEY, dpar__cu_grid(n64, 4, 8192), DPAR__CU_BLOCK, s, a2))) return e;
-            }
-        }
-        return DPAR_OK;
-    }
+    case DPAR__COLL_ALL_REDUCE:
+        return dpar__cu_nccl_all_reduce(st, c, comm, s);
     case DPAR__COLL_BROADCAST:
         DPAR__NCCL_TRY(me, "ncclBroadcast", comm, dpar__cu.ncclBroadcast(inp, outp, (size_t)c->count, nt, c->root, comm, s));
         return DPAR_OK;
@@ -1591,72 +1697,10 @@ static dpar_status dpar__cu_coll_nccl_body(dpar__cu_state *st, dpar__coll *c, dp
         }
         return DPAR_OK;
     }
-    case DPAR__COLL_PERMUTE: {
-        size_t cnt = (size_t)c->count, nb = cnt * es;
-        int src = c->src_of[r], dst_member = -1;
-        dpar__CUdeviceptr recv = out;
-        for (i = 0; i < n; i++)
-            if (c->src_of[i] == r && i != r) dst_member = i;
-        if (src >= 0 && src != r && dst_member >= 0 && in == out) {
-            if ((e = dpar__cu_scratch(st, me, 1, nb, &recv))) return e;
-        }
-        if (cnt) {
-            DPAR__NCCL_TRY(me, "ncclGroupStart", comm, dpar__cu.ncclGroupStart());
-            if (dst_member >= 0) {
-                int rs = dpar__cu.ncclSend(inp, cnt, nt, dst_member, comm, s);
-                if (rs != DPAR__ncclSuccess && rs != DPAR__ncclInProgress) {
-                    dpar__cu.ncclGroupEnd();
-                    return dpar__nccl_fail(me, "ncclSend", rs, comm);
-                }
-            }
-            if (src >= 0 && src != r) {
-                int rr = dpar__cu.ncclRecv((void *)(uintptr_t)recv, cnt, nt, src, comm, s);
-                if (rr != DPAR__ncclSuccess && rr != DPAR__ncclInProgress) {
-                    dpar__cu.ncclGroupEnd();
-                    return dpar__nccl_fail(me, "ncclRecv", rr, comm);
-                }
-            }
-            DPAR__NCCL_TRY(me, "ncclGroupEnd", comm, dpar__cu.ncclGroupEnd());
-        }
-        if (!nb) return DPAR_OK;
-        if (src < 0) DPAR__CU_TRY(me, "cuMemsetD8Async", dpar__cu.cuMemsetD8Async(out, 0, nb, s));
-        else if (src == r) { if (in != out) DPAR__CU_TRY(me, "cuMemcpyDtoDAsync", dpar__cu.cuMemcpyDtoDAsync(out, in, nb, s)); }
-        else if (recv != out) DPAR__CU_TRY(me, "cuMemcpyDtoDAsync", dpar__cu.cuMemcpyDtoDAsync(out, recv, nb, s));
-        return DPAR_OK;
-    }
-    case DPAR__COLL_ALL_TO_ALL: {
-        /* pack blocks contiguously, exchange with grouped send/recv, unpack */
-        dpar__cu_a2a g;
-        dpar__CUdeviceptr sbuf, rbuf;
-        size_t bb;
-        dpar__cu_a2a_geom(c, &g);
-        bb = (size_t)g.blk_count * es;
-        if (!bb) return DPAR_OK;
-        if ((e = dpar__cu_scratch(st, me, 1, bb * (size_t)n, &sbuf))) return e;
-        if ((e = dpar__cu_scratch(st, me, 2, bb * (size_t)n, &rbuf))) return e;
-        for (i = 0; i < n; i++)
-            if ((e = dpar__cu_copy_nd(st, me, s, sbuf + bb * (size_t)i, in + (size_t)(g.in_step * i) * es, esi,
-                                      g.nd, g.blk, g.in_st, g.blk_st))) return e;
-        DPAR__NCCL_TRY(me, "ncclGroupStart", comm, dpar__cu.ncclGroupStart());
-        for (i = 0; i < n; i++) {
-            int rs, rr;
-            if (i == r) continue;
-            rs = dpar__cu.ncclSend((void *)(uintptr_t)(sbuf + bb * (size_t)i), (size_t)g.blk_count, nt, i, comm, s);
-            rr = rs == DPAR__ncclSuccess || rs == DPAR__ncclInProgress
-                 ? dpar__cu.ncclRecv((void *)(uintptr_t)(rbuf + bb * (size_t)i), (size_t)g.blk_count, nt, i, comm, s) : rs;
-            if (rr != DPAR__ncclSuccess && rr != DPAR__ncclInProgress) {
-                dpar__cu.ncclGroupEnd();
-                return dpar__nccl_fail(me, "ncclSend/ncclRecv (all_to_all)", rr, comm);
-            }
-        }
-        DPAR__NCCL_TRY(me, "ncclGroupEnd", comm, dpar__cu.ncclGroupEnd());
-        DPAR__CU_TRY(me, "cuMemcpyDtoDAsync",
-                     dpar__cu.cuMemcpyDtoDAsync(rbuf + bb * (size_t)r, sbuf + bb * (size_t)r, bb, s));
-        for (i = 0; i < n; i++)
-            if ((e = dpar__cu_copy_nd(st, me, s, out + (size_t)(g.out_step * i) * es, rbuf + bb * (size_t)i, esi,
-                                      g.nd, g.blk, g.blk_st, g.out_st))) return e;
-        return DPAR_OK;
-    }
+    case DPAR__COLL_PERMUTE:
+        return dpar__cu_nccl_permute(st, c, comm, s);
+    case DPAR__COLL_ALL_TO_ALL:
+        return dpar__cu_nccl_all_to_all(st, c, comm, s);
     default:
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "cuda: unknown collective kind %d (internal error: the core passes only dpar__coll_kind values)", (int)c->kind);
     }
