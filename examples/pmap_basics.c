@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "dpar.h"
+#include "example_util.h"
 
 /* On the host: print the failing call and the library's error, then exit. */
 #define CHECK(call) do { dpar_status s_ = (call); if (s_ != DPAR_OK) { \
@@ -39,13 +40,6 @@ static void print_mat(const float *a, int rows) {
         printf("]");
     }
     printf("]");
-}
-
-static dpar_backend_kind parse_backend(const char *s) {
-    dpar_backend_kind k;
-    if (dpar_backend_from_name(s, &k) == DPAR_OK) return k;
-    fprintf(stderr, "%s\n", dpar_last_error());
-    exit(2);
 }
 
 int main(int argc, char **argv) {

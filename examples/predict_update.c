@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "dpar.h"
+#include "example_util.h"
 
 #define CHECK(call) do { dpar_status s_ = (call); if (s_ != DPAR_OK) { \
     fprintf(stderr, "%s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #call, \
@@ -94,13 +95,6 @@ static dpar_status update_fn(dpar_ctx *ctx, void *user) {
     dpar_buffer_destroy(dlogits);
     dpar_buffer_destroy(logits);
     return s;
-}
-
-static dpar_backend_kind parse_backend(const char *s) {
-    dpar_backend_kind k;
-    if (dpar_backend_from_name(s, &k) == DPAR_OK) return k;
-    fprintf(stderr, "%s\n", dpar_last_error());
-    exit(2);
 }
 
 int main(int argc, char **argv) {
