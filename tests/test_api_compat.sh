@@ -12,7 +12,7 @@ export LC_ALL=C # plain quotes in compiler messages
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 LIBS="-lpthread -lm -ldl"
-FLAGS="-std=c99 -D_GNU_SOURCE -I. -Wall -Wextra -Werror"
+FLAGS="-std=c99 -D_GNU_SOURCE -I. -Wall -Wextra -Wshadow -Wconversion -Wpedantic -Werror"
 
 if $CC $FLAGS -Wno-error=deprecated-declarations "$DIR/old_names.c" "$BUILD/dpar.o" -o "$tmp/old" $LIBS 2>"$tmp/old.log" &&
    "$tmp/old" >/dev/null; then echo "PASS api_compat: old names build and run"
@@ -27,7 +27,7 @@ if $CC $FLAGS -DDPAR_NO_DEPRECATED "$DIR/new_names.c" "$BUILD/dpar.o" -o "$tmp/n
    "$tmp/new" >/dev/null; then echo "PASS api_compat: new names build with DPAR_NO_DEPRECATED and run"
 else cat "$tmp/new.log"; echo "FAIL api_compat: new names do not build or run"; fi
 
-if $CXX -std=c++11 -D_GNU_SOURCE -I. -Wall -Wextra -Werror -DDPAR_NO_DEPRECATED -x c++ -fsyntax-only \
+if $CXX -std=c++11 -D_GNU_SOURCE -I. -Wall -Wextra -Wshadow -Wconversion -Wpedantic -Werror -DDPAR_NO_DEPRECATED -x c++ -fsyntax-only \
        "$DIR/new_names.c" 2>"$tmp/cxx.log"; then echo "PASS api_compat: new names compile as C++"
 else cat "$tmp/cxx.log"; echo "FAIL api_compat: new names do not compile as C++"; fi
 
