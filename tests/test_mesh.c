@@ -361,8 +361,7 @@ static void test_array_rows_over_4(void **st) {
     assert_memory_equal(host, back, sizeof host);
     dpar_array_destroy(a);
     /* columns split: [4, 8] with spec (None, data) -> [4, 2] shards */
-    memset(&ad, 0, sizeof ad);
-    ad.dtype = DPAR_I32; ad.ndim = 2; ad.shape[0] = 4; ad.shape[1] = 8; ad.spec[1] = "data";
+    ad = (dpar_array_desc){ .dtype = DPAR_I32, .ndim = 2, .shape = { 4, 8 }, .spec = { NULL, "data" } };
     T_OK(dpar_array_create(m, &ad, &a));
     int32_t ih[32], ib[32];
     for (int i = 0; i < 32; i++) ih[i] = i * 7 - 100;
@@ -374,8 +373,7 @@ static void test_array_rows_over_4(void **st) {
     assert_memory_equal(ih, ib, sizeof ih);
     dpar_array_destroy(a);
     /* not divisible: an error naming both numbers */
-    memset(&ad, 0, sizeof ad);
-    ad.dtype = DPAR_F32; ad.ndim = 1; ad.shape[0] = 6; ad.spec[0] = "data";
+    ad = (dpar_array_desc){ .dtype = DPAR_F32, .ndim = 1, .shape = { 6 }, .spec = { "data" } };
     a = (dpar_array *)&ad;
     T_ERR(dpar_array_create(m, &ad, &a), DPAR_ERR_SHAPE, "size 6", "4 devices");
     assert_null(a);
@@ -386,8 +384,7 @@ static void test_array_rows_over_4(void **st) {
     ad.ndim = 1; ad.spec[1] = NULL; ad.dtype = (dpar_dtype)17;
     T_ERR(dpar_array_create(m, &ad, &a), DPAR_ERR_DTYPE, "");
     /* a scalar (ndim 0) is replicated everywhere */
-    memset(&ad, 0, sizeof ad);
-    ad.dtype = DPAR_F32; ad.ndim = 0;
+    ad = (dpar_array_desc){ .dtype = DPAR_F32, .ndim = 0 };
     T_OK(dpar_array_create(m, &ad, &a));
     float sc = 42.5f, scb = 0;
     T_OK(dpar_array_put(a, &sc));
@@ -397,8 +394,7 @@ static void test_array_rows_over_4(void **st) {
     assert_true(scb == 42.5f);
     dpar_array_destroy(a);
     /* 3-d with the middle dimension split: [2, 8, 3] over data -> [2, 2, 3] */
-    memset(&ad, 0, sizeof ad);
-    ad.dtype = DPAR_I32; ad.ndim = 3; ad.shape[0] = 2; ad.shape[1] = 8; ad.shape[2] = 3; ad.spec[1] = "data";
+    ad = (dpar_array_desc){ .dtype = DPAR_I32, .ndim = 3, .shape = { 2, 8, 3 }, .spec = { NULL, "data" } };
     T_OK(dpar_array_create(m, &ad, &a));
     int32_t g3[48], b3[48], s3d[12];
     for (int i = 0; i < 48; i++) g3[i] = i;
@@ -411,8 +407,7 @@ static void test_array_rows_over_4(void **st) {
     assert_memory_equal(g3, b3, sizeof g3);
     dpar_array_destroy(a);
     /* zero-size */
-    memset(&ad, 0, sizeof ad);
-    ad.dtype = DPAR_F16; ad.ndim = 2; ad.shape[0] = 0; ad.shape[1] = 4; ad.spec[0] = "data";
+    ad = (dpar_array_desc){ .dtype = DPAR_F16, .ndim = 2, .shape = { 0, 4 }, .spec = { "data" } };
     T_OK(dpar_array_create(m, &ad, &a));
     uint16_t dummy[1] = { 0 };
     T_OK(dpar_array_put(a, dummy));
