@@ -221,6 +221,15 @@ typedef struct dpar_vulkan_desc {
                                host access); false: env DPAR_VK_NONCOHERENT */
 } dpar_vulkan_desc;
 
+/* CUDA backend settings (read only by backends/dpar_cuda.h); zero means default. */
+typedef struct dpar_cuda_desc {
+    int physical_device; /* 1-based CUDA ordinal of the one GPU to use (as numbered after
+                            CUDA_VISIBLE_DEVICES): 1 is GPU 0; num_devices > 1 then gives virtual
+                            devices on it. 0: every GPU (with MPI: this process's node-local share).
+                            Errors: DPAR_ERR_DEVICE_COUNT when there are fewer GPUs,
+                            DPAR_ERR_INVALID_ARGUMENT when negative. */
+} dpar_cuda_desc;
+
 /* Multi-process settings (DPAR_MPI builds; read only by backends/dpar_mpi.h); zero means default. */
 typedef struct dpar_mpi_desc {
     const void *comm;         /* address of the MPI_Comm whose processes share the runtime; NULL:
@@ -250,6 +259,7 @@ typedef struct dpar_runtime_desc {
     const void *dpar__reserved_mpi; /* keeps the layout of builds that have the deprecated name */
 #endif
     dpar_vulkan_desc vulkan;   /* Vulkan settings, e.g. .vulkan = { .physical_device = 1 } */
+    dpar_cuda_desc cuda;       /* CUDA settings, e.g. .cuda = { .physical_device = 2 } */
     dpar_mpi_desc mpi;         /* multi-process settings, e.g. .mpi = { .comm = &world }; ignored without DPAR_MPI */
 } dpar_runtime_desc;
 

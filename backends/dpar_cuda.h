@@ -28,6 +28,8 @@
      kernels in device memory, adding in member order with f32 accumulation
      (bitwise identical on every member, and equal to the CPU reference's
      order). At most 64 virtual devices.
+   - desc.cuda.physical_device = g + 1 uses GPU g alone (1-based, so 1 is GPU 0); the
+     devices are then virtual ones on it (one device: GPU g itself). 0: every GPU.
    - MPI (DPAR_MPI): each process opens its node-local share of the GPUs
      (node-local rank x devices per process, or what CUDA_VISIBLE_DEVICES
      leaves it). A group spanning processes gets one NCCL communicator
@@ -796,7 +798,7 @@ static dpar_status dpar__cu_init(const dpar_runtime_desc *desc, int requested, i
                                  int *count) {
     dpar__cu_state *st;
     dpar__CUresult r;
-    int nphys = 0, i, share, first = 0;
+    int nphys = 0, i, share, first = 0, pick, avail;
     dpar_status s;
     *state = NULL;
     *count = 0;
@@ -819,18 +821,30 @@ static dpar_status dpar__cu_init(const dpar_runtime_desc *desc, int requested, i
        devices asked than the share) ranks would share a GPU, and
        dpar_runtime_create names them. CUDA_VISIBLE_DEVICES per rank also works:
        then each process sees only its GPUs. */
+    /* desc.cuda.physical_device (1-based) pins one GPU: the devices are virtual ones on it */
+    pick = desc ? desc->cuda.physical_device : 0;
+    if (pick < 0)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "cuda: desc.cuda.physical_device = %d is negative; use 1 for "
+                         "GPU 0, 2 for GPU 1, ..., or 0 for every GPU", pick);
+    if (pick > nphys)
+        return dpar__err(DPAR_ERR_DEVICE_COUNT, "cuda: desc.cuda.physical_device = %d (1-based) asks for GPU %d, but "
+                         "only %d GPU(s) are visible (0..%d)", pick, pick - 1, nphys, nphys - 1);
     share = nphys;
-    if (local_count > 1) {
+    avail = pick ? 1 : nphys;
+    if (pick) {
+        first = pick - 1;
+        share = 1;
+    } else if (local_count > 1) {
         if (nphys >= local_count) { share = nphys / local_count; first = local_index * share; }
         else { share = 1; first = local_index % nphys; }
     }
     if (requested == 0) requested = share;
-    if (requested > nphys && requested > DPAR__CU_MAXV)
+    if (requested > avail && requested > DPAR__CU_MAXV)
         return dpar__err(DPAR_ERR_DEVICE_COUNT,
                          "cuda: asked for %d devices but there are %d GPUs, and at most %d virtual "
                          "devices fit on one GPU; ask for at most %d (or %d)",
-                         requested, nphys, DPAR__CU_MAXV, nphys, DPAR__CU_MAXV);
-    if (requested <= nphys && requested > 1 && !dpar__cu.lib_nccl)
+                         requested, avail, DPAR__CU_MAXV, avail, DPAR__CU_MAXV);
+    if (requested <= avail && requested > 1 && !dpar__cu.lib_nccl)
         return dpar__err(DPAR_ERR_BACKEND_UNAVAILABLE,
                          "cuda: %d GPUs need NCCL for collectives but libnccl.so.2 was not found "
                          "(install NCCL 2.12+ and add it to LD_LIBRARY_PATH)", requested);
@@ -842,7 +856,7 @@ static dpar_status dpar__cu_init(const dpar_runtime_desc *desc, int requested, i
     pthread_cond_init(&st->comm_cv, NULL);
     st->nphys_total = nphys;
     st->first = first;
-    st->virt = requested > nphys;
+    st->virt = requested > avail;
     st->nphys = st->virt ? 1 : requested;
     st->ndev = requested;
     st->timeout_ms = desc && desc->timeout_ms > 0 ? desc->timeout_ms : dpar__cu_env_int("DPAR_TIMEOUT_MS", 60000);

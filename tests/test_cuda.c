@@ -87,6 +87,37 @@ static void test_too_many_virtual_devices(void **state) {
     T_ERR(dpar_runtime_create(&d, &rt), DPAR_ERR_DEVICE_COUNT, "200", "virtual");
 }
 
+/* .cuda.physical_device is 1-based, so GPU 0 alone can be chosen (1), and the last GPU
+   (its count); the devices are then virtual ones on that GPU. 0 keeps every GPU. */
+static void test_choose_gpu(void **state) {
+    (void)state;
+    dpar_runtime *rt = rt_or_skip(1);
+    dpar_runtime_destroy(rt);
+    if (on_cpu()) { printf("SKIPPED: CUDA-specific setting\n"); skip(); }
+    dpar_runtime_desc d = { .backend = DPAR_BACKEND_CUDA, .timeout_ms = 20000 };
+    T_OK(dpar_runtime_create(&d, &rt));
+    int ngpu = dpar_runtime_device_count(rt);
+    dpar_runtime_destroy(rt);
+    int picks[2] = { 1, ngpu };
+    for (int k = 0; k < 2; k++) {
+        d.num_devices = 2;
+        d.cuda.physical_device = picks[k];
+        T_OK(dpar_runtime_create(&d, &rt));
+        assert_int_equal(dpar_runtime_device_count(rt), 2);
+        for (int i = 0; i < 2; i++) {
+            dpar_device_info info;
+            T_OK(dpar_runtime_device_info(rt, i, &info));
+            printf("physical_device %d: device %d is %s on GPU %d\n", picks[k], i, info.name, info.physical_index);
+            assert_int_equal(info.physical_index, picks[k] - 1);
+        }
+        dpar_runtime_destroy(rt);
+    }
+    d.cuda.physical_device = ngpu + 1;
+    T_ERR(dpar_runtime_create(&d, &rt), DPAR_ERR_DEVICE_COUNT, "physical_device");
+    d.cuda.physical_device = -1;
+    T_ERR(dpar_runtime_create(&d, &rt), DPAR_ERR_INVALID_ARGUMENT, "negative");
+}
+
 static void test_memory(void **state) {
     (void)state;
     dpar_runtime *rt = rt_or_skip(2);
@@ -714,6 +745,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_device_info),
         cmocka_unit_test(test_too_many_virtual_devices),
+        cmocka_unit_test(test_choose_gpu),
         cmocka_unit_test(test_memory),
         cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_elementwise),

@@ -41,7 +41,7 @@ export ASAN_OPTIONS
 run_suite() { # name gpus
     if LD_LIBRARY_PATH="$MOCK${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" MOCK_CUDA_GPUS=$2 MOCK_CUDA_REPORT=1 \
             DPAR_REQUIRE_BACKENDS=cuda ${DPAR_TEST_WRAPPER:-} "$BUILD/test_cuda" >"$log" 2>&1 &&
-            grep -q '^\[  PASSED  \] 12 test' "$log" && grep -q '^mock cuda: 0 allocation(s) never freed' "$log"; then
+            grep -q '^\[  PASSED  \] 13 test' "$log" && grep -q '^mock cuda: 0 allocation(s) never freed' "$log"; then
         echo "PASS $1 ($(grep '^mock cuda: 0 allocation' "$log"))"
     else
         cat "$log"
@@ -53,11 +53,11 @@ run_suite cuda_mock_nccl_path 4
 
 if LD_LIBRARY_PATH="$MOCK" MOCK_CUDA_NO_DEVICE=1 "$BUILD/test_cuda" >"$log" 2>&1; then :; fi
 if grep -q 'SKIPPED: cuda backend unavailable: cuda: cuInit: CUDA_ERROR_NO_DEVICE' "$log" &&
-   grep -q '^\[  SKIPPED \] 12 test' "$log"; then
+   grep -q '^\[  SKIPPED \] 13 test' "$log"; then
     echo "PASS cuda_mock_no_device_skips"
 else
     cat "$log"
-    echo "FAIL cuda_mock_no_device_skips: expected 12 skips naming cuInit: CUDA_ERROR_NO_DEVICE"
+    echo "FAIL cuda_mock_no_device_skips: expected 13 skips naming cuInit: CUDA_ERROR_NO_DEVICE"
 fi
 
 # a hung NCCL collective must become an error (timeout / asynchronous error), never a hang
