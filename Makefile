@@ -27,7 +27,7 @@ endif
 ARGS    ?=
 
 IMPL_DEFS :=
-IMPL_DEPS := dpar.h tools/dpar_impl.c
+IMPL_DEPS := dpar.h util/dpar_train.h tools/dpar_impl.c
 IMPL_LIBS :=
 TEST_LIBS := -lcmocka
 
@@ -51,21 +51,21 @@ examples: $(EXAMPLES)
 $(BUILD)/dpar.o: $(IMPL_DEPS) | $(BUILD)
 	$(CC) $(CSTD) $(CPPFLAGS) $(IMPL_DEFS) $(CFLAGS) $(WARN) -c tools/dpar_impl.c -o $@
 
-$(BUILD)/test_%: tests/test_%.c tests/testutil.h $(BUILD)/dpar.o
+$(BUILD)/test_%: tests/test_%.c tests/testutil.h util/dpar_train.h $(BUILD)/dpar.o
 	$(CC) $(CSTD) $(CPPFLAGS) $(IMPL_DEFS) $(CFLAGS) $(WARN) $< $(BUILD)/dpar.o -o $@ $(LDFLAGS) $(TEST_LIBS) $(IMPL_LIBS) $(LDLIBS)
 
 # test_alloc holds its own implementation (CPU backend) with counting DPAR_MALLOC hooks
 $(BUILD)/test_alloc: tests/test_alloc.c tests/testutil.h dpar.h | $(BUILD)
 	$(CC) $(CSTD) $(CPPFLAGS) $(CFLAGS) $(WARN) $< -o $@ $(LDFLAGS) $(TEST_LIBS) $(LDLIBS)
 
-$(BUILD)/%: examples/%.c $(wildcard examples/*.h) $(BUILD)/dpar.o
+$(BUILD)/%: examples/%.c $(wildcard examples/*.h) util/dpar_train.h $(BUILD)/dpar.o
 	$(CC) $(CSTD) $(CPPFLAGS) $(IMPL_DEFS) $(CFLAGS) $(WARN) $< $(BUILD)/dpar.o -o $@ $(LDFLAGS) $(IMPL_LIBS) -lz $(LDLIBS)
 
 # The C++17 example: how a C++ program fills descs (see its header comment).
 $(BUILD)/cpp_example: examples/cpp_example.cpp $(BUILD)/dpar.o
 	$(CXX) $(CXXSTD) $(CPPFLAGS) $(IMPL_DEFS) $(CFLAGS) $(WARN) $< $(BUILD)/dpar.o -o $@ $(LDFLAGS) $(IMPL_LIBS) $(LDLIBS)
 
-$(BUILD)/%: bench/%.c $(BUILD)/dpar.o
+$(BUILD)/%: bench/%.c util/dpar_train.h $(BUILD)/dpar.o
 	$(CC) $(CSTD) $(CPPFLAGS) $(IMPL_DEFS) $(CFLAGS) $(WARN) $< $(BUILD)/dpar.o -o $@ $(LDFLAGS) $(IMPL_LIBS) -lz $(LDLIBS)
 
 $(BUILD):
@@ -94,7 +94,9 @@ test-build: $(TESTS) $(EXAMPLES) $(if $(HAVE_MPICC),$(MPI_BINS)) check-cxx
 # The header must also compile as C++ (and with clang when present).
 check-cxx: | $(BUILD)
 	$(CXX) -x c++ -std=c++11 $(CPPFLAGS) $(IMPL_DEFS) $(WARN) -DDPAR_IMPLEMENTATION -fsyntax-only dpar.h
+	$(CXX) -x c++ -std=c++11 $(CPPFLAGS) $(IMPL_DEFS) $(WARN) -DDPAR_IMPLEMENTATION -fsyntax-only util/dpar_train.h
 	if command -v clang >/dev/null 2>&1; then clang -std=c99 -x c $(CPPFLAGS) $(IMPL_DEFS) $(WARN) -DDPAR_IMPLEMENTATION -fsyntax-only dpar.h; fi
+	if command -v clang >/dev/null 2>&1; then clang -std=c99 -x c $(CPPFLAGS) $(IMPL_DEFS) $(WARN) -DDPAR_IMPLEMENTATION -fsyntax-only util/dpar_train.h; fi
 
 # The single-file distribution: dpar.h with backends/ (SPIR-V and PTX included)
 # and util/ inlined, for users who want one file (tests/test_amalgamate.sh

@@ -13,6 +13,11 @@
        #include "dpar.h"
 
    Everywhere else just #include "dpar.h". Link with -lpthread -lm.
+   The training helpers (data-parallel gradient buckets, ZeRO-1, checkpoints)
+   are in util/dpar_train.h, on this header's public API: include it where
+   they are used, and also in the file above to compile them.
+   build/dpar_single.h (`make amalgamate`) is this header with backends/ and
+   util/ inlined: one file to drop in.
    Optional backends are compiled into the implementation file:
 
        #define DPAR_VULKAN            // Vulkan backend, see backends/dpar_vulkan.h
@@ -167,6 +172,16 @@ DPAR_API const char *dpar_status_string(dpar_status s);
    Empty string ("") when the last call succeeded or nothing failed yet.
    Valid until the next dpar call on this thread. */
 DPAR_API const char *dpar_last_error(void);
+/* Sets the calling thread's last error to the printf-style text and returns
+   `code`, for helpers built on the API (util/dpar_train.h):
+       return dpar_set_last_error(DPAR_ERR_SHAPE, "fn: x has %d rows; ...", n);
+   Text beyond 1023 bytes is cut. dpar_set_last_error(DPAR_OK, "%s", "")
+   clears it. Never fails. */
+DPAR_API dpar_status dpar_set_last_error(dpar_status code, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
 
 /* ---------------------------------------------------------------------------
    Dtypes
@@ -189,6 +204,10 @@ DPAR_API uint16_t dpar_f32_to_f16(float f);
 DPAR_API float    dpar_f16_to_f32(uint16_t h);
 DPAR_API uint16_t dpar_f32_to_bf16(float f);
 DPAR_API float    dpar_bf16_to_f32(uint16_t h);
+/* The f16 conversions over n elements (F16C where the CPU has it), bit for
+   bit the scalar ones; n <= 0 does nothing. */
+DPAR_API void dpar_f32_to_f16_n(uint16_t *dst, const float *src, int64_t n);
+DPAR_API void dpar_f16_to_f32_n(float *dst, const uint16_t *src, int64_t n);
 
 /* ---------------------------------------------------------------------------
    Runtime and devices
@@ -339,6 +358,19 @@ DPAR_API dpar_status dpar_buffer_reshape(dpar_buffer *b, int ndim, const int64_t
 DPAR_API dpar_status dpar_buffer_write(dpar_buffer *b, size_t offset, const void *src, size_t nbytes);
 /* Copies device -> host; waits for pending work on the device first. */
 DPAR_API dpar_status dpar_buffer_read(const dpar_buffer *b, size_t offset, void *dst, size_t nbytes);
+/* Host access without a copy where the backend keeps the memory host-visible
+   (the CPU backend; not CUDA). *ptr gets the address of byte `offset` of b,
+   valid for `nbytes` bytes until dpar_buffer_unmap, or NULL (and DPAR_OK)
+   when the memory is not host-visible: use dpar_buffer_read / _write then.
+   read = true: the host will read the range (waits for pending device work
+   and makes the device's writes visible). Outside or inside fn, on the
+   buffer's own device only from its worker. Errors: DPAR_ERR_INVALID_ARGUMENT
+   (NULL, bytes outside the buffer), the backend's errors. */
+DPAR_API dpar_status dpar_buffer_map(dpar_buffer *b, size_t offset, size_t nbytes, bool read, void **ptr);
+/* Ends dpar_buffer_map of the same range; written = true makes the host's
+   writes visible to the device. No-op for memory that is not host-visible.
+   Errors: as dpar_buffer_map. */
+DPAR_API dpar_status dpar_buffer_unmap(dpar_buffer *b, size_t offset, size_t nbytes, bool written);
 /* Waits until all work queued on `device` has finished (no-op on CPU). */
 DPAR_API dpar_status dpar_runtime_device_sync(dpar_runtime *rt, int device);
 
@@ -496,6 +528,17 @@ DPAR_API dpar_status dpar_shard_map(dpar_mesh *m, const dpar_shard_map_desc *des
 DPAR_API int dpar_ctx_device(const dpar_ctx *ctx);          /* device index */
 DPAR_API dpar_runtime *dpar_ctx_runtime(const dpar_ctx *ctx);
 DPAR_API dpar_mesh *dpar_ctx_mesh(const dpar_ctx *ctx);
+/* This device's position in the mesh, 0..dpar_mesh_size - 1 (row-major over
+   the mesh axes: dpar_ctx_axis_index over every axis); -1 for NULL. */
+DPAR_API int dpar_ctx_position(const dpar_ctx *ctx);
+/* Number of the dispatch ctx runs in: the runtime's pmap/shard_map calls
+   counted from 1, the same on every device (and process) of the dispatch.
+   Helpers key per-dispatch state on it; 0 for NULL. */
+DPAR_API uint64_t dpar_ctx_dispatch_id(const dpar_ctx *ctx);
+/* Whether the calling thread runs a pmap/shard_map function (a device's
+   worker or communication thread): calls allowed only between dispatches
+   check it. */
+DPAR_API bool dpar_in_dispatch(void);
 /* Argument i's buffer on this device; NULL (and last error set) if out of range. */
 DPAR_API dpar_buffer *dpar_ctx_arg(const dpar_ctx *ctx, int i);
 /* JAX axis_index / axis_size for "a" or "a,b" (index row-major over the axes).
@@ -657,6 +700,9 @@ typedef struct dpar_sgd_desc {
    clip_scale from dpar_sgd_clip_scale (1 when not clipping).
    Errors: DPAR_ERR_INVALID_ARGUMENT (bad hyper-parameters, missing momentum
    buffer when momentum > 0), DPAR_ERR_SHAPE, DPAR_ERR_DTYPE. */
+/* Checks the hyper-parameters alone (every SGD call does it first).
+   Errors: DPAR_ERR_INVALID_ARGUMENT naming the field and its valid range. */
+DPAR_API dpar_status dpar_sgd_check(const dpar_sgd_desc *d);
 DPAR_API dpar_status dpar_sgd_update(const dpar_sgd_desc *d, dpar_buffer *param,
                                      const dpar_buffer *grad, dpar_buffer *momentum,
                                      float clip_scale);
@@ -673,9 +719,9 @@ DPAR_API dpar_status dpar_sgd_step(dpar_ctx *ctx, const dpar_sgd_desc *d,
                                    dpar_buffer *const *moms, int n);
 
 /* ---------------------------------------------------------------------------
-   Sharding, resharding, checkpoints
-   (model parallelism: JAX NamedSharding / reshard, shard_map in/out specs,
-   ZeRO-1, and a versioned checkpoint file format)
+   Sharding, resharding
+   (model parallelism: JAX NamedSharding / reshard, shard_map in/out specs;
+   ZeRO-1 and checkpoints are in util/dpar_train.h)
    ------------------------------------------------------------------------ */
 DPAR_API dpar_dtype dpar_array_dtype(const dpar_array *a);  /* DPAR_DTYPE_COUNT for NULL */
 DPAR_API dpar_mesh *dpar_array_mesh(const dpar_array *a);
@@ -739,171 +785,9 @@ typedef struct dpar_shard_map_specs_desc {
 } dpar_shard_map_specs_desc;
 DPAR_API dpar_status dpar_shard_map_specs(dpar_mesh *m, const dpar_shard_map_specs_desc *desc);
 
-/* ZeRO-1 for SGD (Rajbhandari et al. 2020, "ZeRO", stage 1; llm.c): the
-   optimizer state is sharded over the data-parallel axis. Each step, inside
-   fn, every device
-     1. reduce-scatters (psum_scatter, tiled) its local gradient of each
-        parameter, flattened and zero-padded to a multiple of the axis size n,
-        and scales its block by 1/n (the pmean of plain data parallelism),
-     2. updates only its block of the parameter (an f32 master shard) and of
-        the momentum with the fused SGD step (clipping by global norm psums the
-        squared norms of the blocks over the axis),
-     3. all_gathers (tiled) the updated blocks back into the full parameter.
-   A parameter of L elements is padded to Lp = ceil(L / n) * n, so each device
-   holds Lp / n elements of momentum and master parameter: optimizer memory
-   per device falls by n. Padding is never dropped (no silent un-sharding).
-   Data movement: a parameter whose L is a multiple of n moves only through
-   the two collectives (its buffers are viewed flat, no copy); one that needs
-   padding is staged into a per-device [Lp] buffer and copied back with
-   dpar_buffer_write/read (a host round trip of L elements per step on GPU
-   backends: small for biases, avoid it for large tensors by choosing sizes).
-   Parameters must be f32 arrays replicated on the whole mesh (no dim split). */
-typedef struct dpar_zero1 dpar_zero1;
-typedef struct dpar_zero1_desc {
-    dpar_sgd_desc sgd;       /* optimizer; sgd.norm_axes is ignored (the axis is used) */
-    const char *axis;        /* data-parallel axis or axes ("data" or "data,model"); NULL: "data" */
-    int num_params;          /* 1..DPAR_MAX_ARGS */
-    dpar_array *params[DPAR_MAX_ARGS];
-} dpar_zero1_desc;
-/* Creates the sharded state on the params' mesh: per parameter i a master
-   array and (momentum > 0) a momentum array, both f32 [Lp_i] split over the
-   axis, the master initialised from the parameter's current value (read from
-   the host with dpar_array_get), the momentum zero. Outside fn.
-   Errors: DPAR_ERR_INVALID_ARGUMENT (NULL, count out of range, params of
-   different meshes, a split param), DPAR_ERR_DTYPE (not f32),
-   DPAR_ERR_UNKNOWN_AXIS, the SGD desc checks, DPAR_ERR_OUT_OF_MEMORY. */
-DPAR_API dpar_status dpar_zero1_create(const dpar_zero1_desc *desc, dpar_zero1 **out);
-/* Frees the state (arrays included). NULL is a no-op. */
-DPAR_API void dpar_zero1_destroy(dpar_zero1 *z);
-/* One step, inside fn on every device of the mesh: grads[i] is this device's
-   local (not yet averaged) f32 gradient of params[i], same element count; it
-   is read only (reshaped for the call and restored). Afterwards every device
-   holds the same updated parameters (bitwise). Errors: those of the
-   collectives and of dpar_sgd_update; DPAR_ERR_SHAPE when a gradient's count
-   differs from its parameter's. */
-DPAR_API dpar_status dpar_zero1_step(dpar_ctx *ctx, dpar_zero1 *z, dpar_buffer *const *grads);
-/* Re-initialises the master shards from the parameters' current values
-   (after the parameters were changed from outside, e.g. restored). Outside fn. */
-DPAR_API dpar_status dpar_zero1_reload(dpar_zero1 *z);
-/* The state of parameter i as arrays f32 [Lp] split over the axis (for
-   checkpoints: save them with padded = true). NULL when i is out of range
-   (momentum: also when momentum == 0). */
-DPAR_API dpar_array *dpar_zero1_master(const dpar_zero1 *z, int i);
-DPAR_API dpar_array *dpar_zero1_momentum(const dpar_zero1 *z, int i);
-/* Padded length Lp of parameter i; -1 when out of range. */
-DPAR_API int64_t dpar_zero1_padded_count(const dpar_zero1 *z, int i);
-/* Bytes of momentum that `device` holds (sum over parameters of its
-   momentum shard buffers); 0 when the device is not in the mesh. */
-DPAR_API size_t dpar_zero1_momentum_bytes(const dpar_zero1 *z, int device);
-
-/* Checkpoints: named global arrays (parameters, optimizer state, sharded or
-   not) in one file. Format version 1, little-endian:
-     header  "DPARCKPT" | u32 version | u32 entry count | u64 file bytes | u64 step
-     entry   u32 name bytes | name | u32 dtype | u32 ndim | u64 shape[ndim] |
-             u32 flags (1 = padded) | u64 data bytes | data (the global array,
-             row-major, as dpar_array_get gives it)
-     trailer u32 CRC-32 (IEEE 802.3, reflected, poly 0xEDB88320; zlib's crc32)
-             of every byte before it.
-   The file stores global arrays, so a checkpoint restores onto any mesh and
-   any spec (saved on 4 devices, restored on 2). */
-typedef struct dpar_checkpoint_entry {
-    const char *name;   /* unique in the file, 1..255 bytes */
-    dpar_array *array;
-    bool padded;        /* a 1-d array zero-padded at the end (ZeRO-1 state):
-                           restore accepts a stored length that differs, as long
-                           as every element beyond the shorter length is zero */
-} dpar_checkpoint_entry;
-#define DPAR_CHECKPOINT_VERSION 1
-/* Saves `n` entries and a step counter to `path` atomically: written to
-   "<path>.tmp.<pid>", fsync'ed, renamed over `path` (and the directory
-   fsync'ed), so a crash leaves either the old file or the new one, never a
-   half-written one. Outside fn.
-   Errors: DPAR_ERR_INVALID_ARGUMENT (NULL, bad or duplicate name),
-   DPAR_ERR_IO (naming the path and the system error; the temporary is
-   removed), DPAR_ERR_OUT_OF_MEMORY. */
-DPAR_API dpar_status dpar_checkpoint_save(const char *path, const dpar_checkpoint_entry *entries,
-                                          int n, uint64_t step);
-/* Restores the `n` entries by name (entries of the file not asked for are
-   skipped) and the step counter (*step, may be NULL). The whole file is
-   checked before any array changes: on any error nothing was modified.
-   Errors: DPAR_ERR_IO for a missing, truncated or corrupted file (bad magic,
-   wrong format version, length differing from the header, CRC-32 mismatch,
-   malformed entry; the text names the path and what is wrong);
-   DPAR_ERR_INVALID_ARGUMENT (an asked name not in the file), DPAR_ERR_DTYPE,
-   DPAR_ERR_SHAPE (stored and wanted shapes, both named), DPAR_ERR_OUT_OF_MEMORY. */
-DPAR_API dpar_status dpar_checkpoint_restore(const char *path, const dpar_checkpoint_entry *entries,
-                                             int n, uint64_t *step);
-/* CRC-32 (as zlib crc32): crc = dpar_crc32(0, data, n), chainable. */
-DPAR_API uint32_t dpar_crc32(uint32_t crc, const void *data, size_t n);
-
 /* ---------------------------------------------------------------------------
-   Data-parallel helper, tracing, stats
+   Tracing, stats (the data-parallel helper is in util/dpar_train.h)
    ------------------------------------------------------------------------ */
-/* The data-parallel gradient exchange of PyTorch DDP (Li et al., "PyTorch
-   Distributed", VLDB 2020): gradients registered once, fused into buckets
-   (one all-reduce per bucket instead of one per tensor), and a bucket's
-   all-reduce started asynchronously as soon as all its gradients are final,
-   so it overlaps the backward pass of the earlier layers.
-   Buckets are keyed by parameter: parameters are assigned to buckets at the
-   first use, in reverse registration order (the last layer's gradients are
-   usually final first), up to bucket_bytes each; a bucket is launched when
-   all its parameters are ready AND every earlier bucket was launched, so
-   every device issues the same collectives in the same order whatever order
-   its gradients arrive in. Optional f16/bf16 communication: gradients are
-   cast once to the narrow type, all-reduced with f32 accumulation (and the
-   mean taken in f32), rounded once, and cast back to f32. When the axes span
-   a single device there is nothing to exchange and the gradients are left
-   as they are.
-
-   Per step, inside fn:            dpar_dp_begin(dp, ctx);
-     after each gradient is final: dpar_dp_grad_ready(dp, ctx, id);
-     before the optimizer step:    dpar_dp_finish(dp, ctx);   (waits, unpacks)
-   or all at once after the backward pass: dpar_dp_allreduce(dp, ctx). */
-typedef struct dpar_dp dpar_dp;
-
-typedef struct dpar_dp_desc {
-    const char *axes;       /* mesh axes the replicas span, e.g. "data" (required) */
-    bool sum;               /* false: gradients are averaged (pmean); true: summed */
-    size_t bucket_bytes;    /* bucket capacity in bytes of comm_dtype; 0: 25 MiB (DDP's bucket_cap_mb) */
-    dpar_dtype comm_dtype;  /* DPAR_F32 (0, default), DPAR_F16 or DPAR_BF16 */
-    bool blocking;          /* true: each bucket is all-reduced when launched, no overlap
-                               (buckets under 256 KiB always are: handing them to the
-                               communication thread costs more than their all-reduce) */
-} dpar_dp_desc;
-
-/* Creates a helper for mesh m. Outside fn.
-   Errors: DPAR_ERR_INVALID_ARGUMENT (NULL, comm_dtype not f32/f16/bf16),
-   DPAR_ERR_UNKNOWN_AXIS, DPAR_ERR_OUT_OF_MEMORY. */
-DPAR_API dpar_status dpar_dp_create(dpar_mesh *m, const dpar_dp_desc *desc, dpar_dp **out);
-/* Frees the helper and its bucket buffers. NULL is a no-op. */
-DPAR_API void dpar_dp_destroy(dpar_dp *dp);
-/* Registers a gradient: an f32 array of dp's mesh, replicated over the axes.
-   *id (may be NULL) gets its parameter id: 0, 1, 2, ... in registration
-   order. Outside fn, before the first dpar_dp_begin / dpar_dp_allreduce.
-   Errors: DPAR_ERR_INVALID_ARGUMENT (other mesh, split over dp's axes),
-   DPAR_ERR_DTYPE (not f32), DPAR_ERR_STATE (buckets already formed). */
-DPAR_API dpar_status dpar_dp_add(dpar_dp *dp, dpar_array *grad, int *id);
-/* Number of buckets (forms them if not yet done); -1 for NULL. */
-DPAR_API int dpar_dp_bucket_count(dpar_dp *dp);
-/* Inside fn: starts a step on this device (no gradient ready yet). A step
-   left open by a failed dispatch is dropped.
-   Errors: DPAR_ERR_INVALID_ARGUMENT (NULL, other mesh), DPAR_ERR_STATE (a
-   step already begun in this dispatch). */
-DPAR_API dpar_status dpar_dp_begin(dpar_dp *dp, dpar_ctx *ctx);
-/* Inside fn: gradient `id` of this device is final. Launches every bucket
-   that became complete, in bucket order (async unless desc.blocking).
-   Errors: DPAR_ERR_INVALID_ARGUMENT (id out of range or already ready),
-   DPAR_ERR_STATE (no dpar_dp_begin), and the collective's errors. */
-DPAR_API dpar_status dpar_dp_grad_ready(dpar_dp *dp, dpar_ctx *ctx, int id);
-/* Inside fn: launches the buckets not launched yet (their gradients are
-   taken as final), waits for all, and writes the averaged (summed) values
-   back into the gradient arrays' shards of this device.
-   Errors: DPAR_ERR_STATE (no dpar_dp_begin in this dispatch), and the
-   collectives' errors (the step is closed either way). */
-DPAR_API dpar_status dpar_dp_finish(dpar_dp *dp, dpar_ctx *ctx);
-/* Inside fn: dpar_dp_begin + dpar_dp_finish: all gradients at once. */
-DPAR_API dpar_status dpar_dp_allreduce(dpar_dp *dp, dpar_ctx *ctx);
-
 /* Tracing: a Chrome / Perfetto trace (JSON "traceEvents", open it in
    ui.perfetto.dev or chrome://tracing). One process per runtime, one track
    per device for its worker thread (ops, blocking collectives, waits for
@@ -924,6 +808,17 @@ DPAR_API dpar_status dpar_trace_begin(const char *path);
 DPAR_API dpar_status dpar_trace_flush(void);
 /* Writes the trace and stops recording. Errors: as dpar_trace_flush. */
 DPAR_API dpar_status dpar_trace_end(void);
+/* Events of helpers built on the API (util/dpar_train.h traces its staging
+   copies and waits with them). dpar_trace_active: whether a trace is being
+   recorded (one atomic load). dpar_trace_clock_us: the trace clock
+   (monotonic, microseconds). dpar_trace_event: one complete event from t0_us
+   to t1_us on runtime rt's track of `device` (its worker), or the host track
+   (device -1); name and cat are kept, not copied (pass string literals);
+   bytes < 0: none. Nothing is recorded while not tracing. */
+DPAR_API bool dpar_trace_active(void);
+DPAR_API double dpar_trace_clock_us(void);
+DPAR_API void dpar_trace_event(const dpar_runtime *rt, int device, const char *name, const char *cat,
+                               double t0_us, double t1_us, int64_t bytes);
 
 /* Per-device statistics, counted from the runtime's creation. */
 typedef struct dpar_device_stats {
@@ -1085,6 +980,14 @@ static dpar_status dpar__err(dpar_status s, const char *fmt, ...) {
 static void dpar__clear_error(void) { dpar__err_text[0] = 0; }
 
 DPAR_API const char *dpar_last_error(void) { return dpar__err_text; }
+DPAR_API dpar_status dpar_set_last_error(dpar_status code, const char *fmt, ...) {
+    va_list ap;
+    if (!fmt) { dpar__clear_error(); return code; }
+    va_start(ap, fmt);
+    vsnprintf(dpar__err_text, sizeof dpar__err_text, fmt, ap);
+    va_end(ap);
+    return code;
+}
 
 DPAR_API const char *dpar_status_string(dpar_status s) {
     switch (s) {
@@ -1902,6 +1805,37 @@ DPAR_API dpar_status dpar_buffer_read(const dpar_buffer *b, size_t offset, void 
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_buffer_read: bytes [%zu, %zu) are outside the %zu-byte buffer", offset, offset + nbytes, b->nbytes);
     if (!nbytes) return DPAR_OK;
     return b->rt->be->read(b->rt->bstate, b->device, b->mem, offset, dst, nbytes);
+}
+/* map / unmap: the checks, then the backend's host view (NULL: not host-visible) */
+static dpar_status dpar__buffer_view(const dpar_buffer *b, size_t offset, size_t nbytes, const char *fn, char **host) {
+    *host = NULL;
+    if (!b) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: buffer is NULL", fn);
+    if (offset > b->nbytes || nbytes > b->nbytes - offset)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: bytes [%zu, %zu) are outside the %zu-byte buffer", fn, offset,
+                         offset + nbytes, b->nbytes);
+    const dpar__backend_iface *be = b->rt->be;
+    *host = be->host_ptr ? (char *)be->host_ptr(b->rt->bstate, b->device, b->mem) : NULL;
+    return DPAR_OK;
+}
+DPAR_API dpar_status dpar_buffer_map(dpar_buffer *b, size_t offset, size_t nbytes, bool read, void **ptr) {
+    dpar__clear_error();
+    if (!ptr) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_buffer_map: ptr is NULL");
+    *ptr = NULL;
+    char *h;
+    dpar_status s = dpar__buffer_view(b, offset, nbytes, "dpar_buffer_map", &h);
+    if (s || !h) return s;
+    const dpar__backend_iface *be = b->rt->be;
+    if (read && nbytes && be->host_acquire) s = be->host_acquire(b->rt->bstate, b->device, b->mem, offset, nbytes);
+    if (s) return s;
+    *ptr = h + offset;
+    return DPAR_OK;
+}
+DPAR_API dpar_status dpar_buffer_unmap(dpar_buffer *b, size_t offset, size_t nbytes, bool written) {
+    dpar__clear_error();
+    char *h;
+    dpar_status s = dpar__buffer_view(b, offset, nbytes, "dpar_buffer_unmap", &h);
+    if (s || !h || !written || !nbytes || !b->rt->be->host_release) return s;
+    return b->rt->be->host_release(b->rt->bstate, b->device, b->mem, offset, nbytes);
 }
 DPAR_API dpar_status dpar_runtime_device_sync(dpar_runtime *rt, int device) {
     dpar__clear_error();
@@ -2778,6 +2712,9 @@ DPAR_API dpar_status dpar_pmap(dpar_mesh *m, const dpar_pmap_desc *desc) {
 }
 
 DPAR_API int dpar_ctx_device(const dpar_ctx *ctx) { return ctx ? ctx->device : -1; }
+DPAR_API int dpar_ctx_position(const dpar_ctx *ctx) { return ctx ? ctx->pos : -1; }
+DPAR_API uint64_t dpar_ctx_dispatch_id(const dpar_ctx *ctx) { return ctx ? ctx->rt->job_count : 0; }
+DPAR_API bool dpar_in_dispatch(void) { return dpar__self_worker != NULL; }
 DPAR_API dpar_runtime *dpar_ctx_runtime(const dpar_ctx *ctx) { return ctx ? ctx->rt : NULL; }
 DPAR_API dpar_mesh *dpar_ctx_mesh(const dpar_ctx *ctx) { return ctx ? ctx->mesh : NULL; }
 DPAR_API dpar_buffer *dpar_ctx_arg(const dpar_ctx *ctx, int i) {
@@ -3082,6 +3019,34 @@ __attribute__((target("avx2,f16c"))) static int64_t dpar__sum_f16_f16c(int n, co
     return i;
 }
 #endif
+
+/* f32 <-> f16 arrays, the same bits as dpar_f32_to_f16 / dpar_f16_to_f32 */
+#ifdef DPAR__X86_SIMD
+__attribute__((target("avx2,f16c"))) static int64_t dpar__to_f16_f16c(uint16_t *d, const float *x, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm_storeu_si128((__m128i *)(d + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+    return i;
+}
+__attribute__((target("avx2,f16c"))) static int64_t dpar__from_f16_f16c(float *y, const uint16_t *h, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
+    return i;
+}
+#endif
+DPAR_API void dpar_f32_to_f16_n(uint16_t *d, const float *x, int64_t n) {
+    int64_t i = 0;
+#ifdef DPAR__X86_SIMD
+    if (__builtin_cpu_supports("avx2") /* every AVX2 CPU has F16C */) i = dpar__to_f16_f16c(d, x, n);
+#endif
+    for (; i < n; i++) d[i] = dpar_f32_to_f16(x[i]);
+}
+DPAR_API void dpar_f16_to_f32_n(float *y, const uint16_t *h, int64_t n) {
+    int64_t i = 0;
+#ifdef DPAR__X86_SIMD
+    if (__builtin_cpu_supports("avx2") /* every AVX2 CPU has F16C */) i = dpar__from_f16_f16c(y, h, n);
+#endif
+    for (; i < n; i++) y[i] = dpar_f16_to_f32(h[i]);
+}
 
 /* reduce `len` elements of the n sources into every destination */
 static void dpar__reduce_span(dpar_dtype t, dpar_reduce_op op, int n, const char *const *src, char *const *dst, int ndst,
@@ -4079,6 +4044,10 @@ static dpar_status dpar__sgd_check(const char *fn, const dpar_sgd_desc *d) {
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: clip_norm = %g; use 0 (off) or a positive norm", fn, (double)d->clip_norm);
     return DPAR_OK;
 }
+DPAR_API dpar_status dpar_sgd_check(const dpar_sgd_desc *d) {
+    dpar__clear_error();
+    return dpar__sgd_check("dpar_sgd_check", d);
+}
 /* the buffer checks of one update (dpar_sgd_step runs them for every buffer first) */
 static dpar_status dpar__sgd_check_bufs(const char *fn, const dpar_sgd_desc *d, const dpar_buffer *param, const dpar_buffer *grad,
                                         const dpar_buffer *mom) {
@@ -4163,10 +4132,9 @@ DPAR_API dpar_status dpar_sgd_step(dpar_ctx *ctx, const dpar_sgd_desc *d, dpar_b
     return DPAR_OK;
 }
 
-/* ---------------------------------------------------------------------------
-   Sharding, resharding, checkpoints
-   ------------------------------------------------------------------------ */
-#include <fcntl.h>
+/* >>sharding =================================================================
+   Array specs, resharding between specs, shard_map with in/out specs (built on
+   arrays, dispatch and the collectives above). */
 
 DPAR_API dpar_dtype dpar_array_dtype(const dpar_array *a) { return a ? a->dtype : DPAR_DTYPE_COUNT; }
 DPAR_API dpar_mesh *dpar_array_mesh(const dpar_array *a) { return a ? a->mesh : NULL; }
@@ -4387,467 +4355,9 @@ DPAR_API dpar_status dpar_shard_map_specs(dpar_mesh *m, const dpar_shard_map_spe
     return s;
 }
 
-/* --- ZeRO-1 ------------------------------------------------------------- */
-struct dpar_zero1 {
-    dpar_mesh *mesh;
-    dpar_sgd_desc sgd;
-    char axis[128];
-    int n, np;
-    dpar_array *params[DPAR_MAX_ARGS];
-    int64_t count[DPAR_MAX_ARGS], padded[DPAR_MAX_ARGS];
-    dpar_array *master[DPAR_MAX_ARGS], *mom[DPAR_MAX_ARGS];
-    dpar_array *gshard[DPAR_MAX_ARGS]; /* [Lp] split: this device's reduced gradient block */
-    dpar_array *pad[DPAR_MAX_ARGS];    /* [n * Lp] split: a per-device [Lp] staging buffer, when L % n != 0 */
-};
-
-/* dst[doff..] = src[soff..], nbytes, one device, through the host (any backend) */
-static dpar_status dpar__region_copy(dpar_buffer *dst, size_t doff, const dpar_buffer *src, size_t soff, size_t nbytes) {
-    if (!nbytes) return DPAR_OK;
-    void *t = DPAR_MALLOC(nbytes);
-    if (!t) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "zero1: out of host memory (%zu bytes)", nbytes);
-    dpar_status s = dpar_buffer_read(src, soff, t, nbytes);
-    if (!s) s = dpar_buffer_write(dst, doff, t, nbytes);
-    DPAR_FREE(t);
-    return s;
-}
-
-DPAR_API void dpar_zero1_destroy(dpar_zero1 *z) {
-    if (!z) return;
-    for (int i = 0; i < z->np; i++) {
-        dpar_array_destroy(z->master[i]); dpar_array_destroy(z->mom[i]);
-        dpar_array_destroy(z->gshard[i]); dpar_array_destroy(z->pad[i]);
-    }
-    DPAR_FREE(z);
-}
-
-DPAR_API dpar_status dpar_zero1_reload(dpar_zero1 *z) {
-    dpar__clear_error();
-    if (!z) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "zero1_reload: z is NULL");
-    if (dpar__self_worker) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "zero1_reload: called from inside a pmap/shard_map function");
-    dpar_status s = DPAR_OK;
-    for (int i = 0; i < z->np && !s; i++) {
-        float *h = (float *)dpar__calloc((size_t)z->padded[i], sizeof(float));
-        if (!h) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "zero1: out of host memory");
-        s = dpar_array_get(z->params[i], h);
-        if (!s) s = dpar_array_put(z->master[i], h);
-        DPAR_FREE(h);
-    }
-    return s;
-}
-
-DPAR_API dpar_status dpar_zero1_create(const dpar_zero1_desc *d, dpar_zero1 **out) {
-    dpar__clear_error();
-    if (!out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "zero1_create: `out` is NULL");
-    *out = NULL;
-    if (!d) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "zero1_create: desc is NULL");
-    if (d->num_params < 1 || d->num_params > DPAR_MAX_ARGS)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "zero1_create: num_params = %d is out of range 1..%d", d->num_params, (int)DPAR_MAX_ARGS);
-    dpar_status s = dpar__sgd_check("dpar_zero1_create", &d->sgd);
-    if (s) return s;
-    if (!d->params[0]) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "zero1_create: params[0] is NULL");
-    dpar_mesh *m = d->params[0]->mesh;
-    const char *axis = d->axis ? d->axis : "data";
-    unsigned mask;
-    if ((s = dpar__parse_axes(m, "zero1_create", axis, &mask, NULL, NULL))) return s;
-    if (strlen(axis) >= sizeof ((dpar_zero1 *)0)->axis) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "zero1_create: axis string is too long");
-    for (int i = 0; i < d->num_params; i++) {
-        const dpar_array *p = d->params[i];
-        if (!p) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "zero1_create: params[%d] is NULL", i);
-        if (p->mesh != m) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "zero1_create: params[%d] lives on another mesh than params[0]", i);
-        if (p->dtype != DPAR_F32) return dpar__err(DPAR_ERR_DTYPE, "zero1_create: params[%d] is %s; ZeRO-1 keeps f32 parameters", i, dpar_dtype_name(p->dtype));
-        if (p->used_mask)
-            return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "zero1_create: params[%d] is split over mesh axes; ZeRO-1 shards replicated parameters "
-                             "(give it a spec of all NULL)", i);
-    }
-    dpar_zero1 *z = (dpar_zero1 *)dpar__calloc(1, sizeof *z);
-    if (!z) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "zero1_create: out of host memory");
-    z->mesh = m; z->sgd = d->sgd; z->sgd.norm_axes = NULL; z->np = d->num_params;
-    snprintf(z->axis, sizeof z->axis, "%s", axis);
-    z->n = dpar__mask_size(m, mask);
-    for (int i = 0; i < z->np && !s; i++) {
-        z->params[i] = d->params[i];
-        z->count[i] = dpar__prod(d->params[i]->shape, d->params[i]->ndim);
-        z->padded[i] = (z->count[i] + z->n - 1) / z->n * z->n;
-        dpar_array_desc ad;
-        memset(&ad, 0, sizeof ad);
-        ad.dtype = DPAR_F32; ad.ndim = 1; ad.shape[0] = z->padded[i]; ad.spec[0] = z->axis;
-        s = dpar_array_create(m, &ad, &z->master[i]);
-        if (!s) s = dpar_array_create(m, &ad, &z->gshard[i]);
-        if (!s && d->sgd.momentum > 0.0f) s = dpar_array_create(m, &ad, &z->mom[i]);
-        if (!s && z->padded[i] != z->count[i]) {
-            ad.shape[0] = z->padded[i] * z->n;
-            s = dpar_array_create(m, &ad, &z->pad[i]);
-        }
-    }
-    if (!s) s = dpar_zero1_reload(z);
-    if (s) {
-        char saved[DPAR__ERR_LEN];
-        memcpy(saved, dpar__err_text, sizeof saved);
-        dpar_zero1_destroy(z);
-        memcpy(dpar__err_text, saved, sizeof saved);
-        return s;
-    }
-    *out = z;
-    return DPAR_OK;
-}
-
-DPAR_API dpar_status dpar_zero1_step(dpar_ctx *ctx, dpar_zero1 *z, dpar_buffer *const *grads) {
-    dpar__clear_error();
-    if (!ctx || !z || !grads) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "zero1_step: ctx, z or grads is NULL");
-    if (ctx->mesh != z->mesh) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "zero1_step: called in a dispatch over another mesh than the parameters'");
-    int dev = ctx->device;
-    dpar_status s = DPAR_OK;
-    dpar_buffer *gs[DPAR_MAX_ARGS];
-    /* 1. reduce-scatter the gradients, then the mean */
-    for (int i = 0; i < z->np && !s; i++) {
-        dpar_buffer *g = grads[i];
-        gs[i] = z->gshard[i]->shards[ctx->pos];
-        if (!g) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "zero1_step: grads[%d] is NULL", i);
-        if (g->dtype != DPAR_F32) return dpar__err(DPAR_ERR_DTYPE, "zero1_step: grads[%d] is %s; it must be f32", i, dpar_dtype_name(g->dtype));
-        if (g->device != dev) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "zero1_step: grads[%d] lives on device %d, not on this device %d", i, g->device, dev);
-        if (g->count != z->count[i])
-            return dpar__err(DPAR_ERR_SHAPE, "zero1_step: grads[%d] has %lld elements but its parameter has %lld", i, (long long)g->count, (long long)z->count[i]);
-        if (z->pad[i]) {
-            dpar_buffer *pb = z->pad[i]->shards[ctx->pos];
-            s = dpar__region_copy(pb, 0, g, 0, (size_t)z->count[i] * 4);
-            if (!s) s = dpar_psum_scatter(ctx, gs[i], pb, z->axis, 0, true);
-        } else {
-            int nd = g->ndim;
-            int64_t shape[DPAR_MAX_DIMS], flat = g->count;
-            for (int k = 0; k < nd; k++) shape[k] = g->shape[k];
-            s = dpar_buffer_reshape(g, 1, &flat);
-            if (!s) s = dpar_psum_scatter(ctx, gs[i], g, z->axis, 0, true);
-            dpar_status s2 = dpar_buffer_reshape(g, nd, shape);
-            if (!s) s = s2;
-        }
-        if (!s && z->n > 1) s = dpar_scale(gs[i], 1.0f / (float)z->n);
-    }
-    if (s) return s;
-    /* 2. update this device's block */
-    float scale = 1.0f;
-    if (z->sgd.clip_norm > 0.0f) {
-        dpar_sgd_desc sd = z->sgd;
-        sd.norm_axes = z->axis;
-        if ((s = dpar_sgd_clip_scale(ctx, &sd, gs, z->np, &scale, NULL))) return s;
-    }
-    for (int i = 0; i < z->np && !s; i++)
-        s = dpar_sgd_update(&z->sgd, z->master[i]->shards[ctx->pos], gs[i], z->mom[i] ? z->mom[i]->shards[ctx->pos] : NULL, scale);
-    /* 3. all-gather the parameters */
-    for (int i = 0; i < z->np && !s; i++) {
-        dpar_buffer *p = z->params[i]->shards[ctx->pos], *ms = z->master[i]->shards[ctx->pos];
-        if (z->pad[i]) {
-            dpar_buffer *pb = z->pad[i]->shards[ctx->pos];
-            s = dpar_all_gather(ctx, pb, ms, z->axis, 0, true);
-            if (!s) s = dpar__region_copy(p, 0, pb, 0, (size_t)z->count[i] * 4);
-        } else {
-            int nd = p->ndim;
-            int64_t shape[DPAR_MAX_DIMS], flat = p->count;
-            for (int k = 0; k < nd; k++) shape[k] = p->shape[k];
-            s = dpar_buffer_reshape(p, 1, &flat);
-            if (!s) s = dpar_all_gather(ctx, p, ms, z->axis, 0, true);
-            dpar_status s2 = dpar_buffer_reshape(p, nd, shape);
-            if (!s) s = s2;
-        }
-    }
-    return s;
-}
-DPAR_API dpar_array *dpar_zero1_master(const dpar_zero1 *z, int i) { return (z && i >= 0 && i < z->np) ? z->master[i] : NULL; }
-DPAR_API dpar_array *dpar_zero1_momentum(const dpar_zero1 *z, int i) { return (z && i >= 0 && i < z->np) ? z->mom[i] : NULL; }
-DPAR_API int64_t dpar_zero1_padded_count(const dpar_zero1 *z, int i) { return (z && i >= 0 && i < z->np) ? z->padded[i] : -1; }
-DPAR_API size_t dpar_zero1_momentum_bytes(const dpar_zero1 *z, int device) {
-    size_t t = 0;
-    if (!z) return 0;
-    for (int i = 0; i < z->np; i++) if (z->mom[i]) t += dpar_buffer_nbytes(dpar_array_shard(z->mom[i], device));
-    return t;
-}
-
-/* --- checkpoints ---------------------------------------------------------- */
-static uint32_t dpar__crc_table[256];
-static pthread_once_t dpar__crc_once = PTHREAD_ONCE_INIT;
-static void dpar__crc_init(void) {
-    for (uint32_t i = 0; i < 256; i++) {
-        uint32_t c = i;
-        for (int k = 0; k < 8; k++) c = (c & 1u) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-        dpar__crc_table[i] = c;
-    }
-}
-DPAR_API uint32_t dpar_crc32(uint32_t crc, const void *data, size_t n) {
-    pthread_once(&dpar__crc_once, dpar__crc_init);
-    const unsigned char *p = (const unsigned char *)data;
-    crc = ~crc;
-    for (size_t i = 0; i < n; i++) crc = dpar__crc_table[(crc ^ p[i]) & 0xffu] ^ (crc >> 8);
-    return ~crc;
-}
-
-#define DPAR__CKPT_MAGIC "DPARCKPT"
-enum { DPAR__CKPT_HEADER = 32, DPAR__CKPT_NAME_MAX = 255 };
-
-static void dpar__le32(unsigned char *b, uint32_t v) { for (int i = 0; i < 4; i++) b[i] = (unsigned char)(v >> (8 * i)); }
-static void dpar__le64(unsigned char *b, uint64_t v) { for (int i = 0; i < 8; i++) b[i] = (unsigned char)(v >> (8 * i)); }
-static uint32_t dpar__rd32(const unsigned char *b) { uint32_t v = 0; for (int i = 3; i >= 0; i--) v = (v << 8) | b[i]; return v; }
-static uint64_t dpar__rd64(const unsigned char *b) { uint64_t v = 0; for (int i = 7; i >= 0; i--) v = (v << 8) | b[i]; return v; }
-/* element data <-> little-endian, in place (no-op on little-endian hosts) */
-static void dpar__to_le(void *data, size_t count, size_t es) {
-    const uint16_t one = 1;
-    unsigned char probe;
-    memcpy(&probe, &one, 1);
-    if (probe) return;
-    unsigned char *p = (unsigned char *)data;
-    for (size_t i = 0; i < count; i++, p += es)
-        for (size_t a = 0, b = es - 1; a < b; a++, b--) { unsigned char t = p[a]; p[a] = p[b]; p[b] = t; }
-}
-
-typedef struct dpar__ckpt_writer { FILE *f; uint32_t crc; int err; } dpar__ckpt_writer;
-static void dpar__ckpt_put(dpar__ckpt_writer *w, const void *p, size_t n) {
-    if (w->err || !n) return;
-    if (fwrite(p, 1, n, w->f) != n) { w->err = errno ? errno : EIO; return; }
-    w->crc = dpar_crc32(w->crc, p, n);
-}
-
-static dpar_status dpar__ckpt_check_entries(const char *fn, const dpar_checkpoint_entry *e, int n) {
-    if (n < 0 || (n > 0 && !e)) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: %d entries with entries = %p", fn, n, (const void *)e);
-    for (int i = 0; i < n; i++) {
-        if (!e[i].name || !e[i].name[0] || strlen(e[i].name) > DPAR__CKPT_NAME_MAX)
-            return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: entry %d has no name or a name longer than %d bytes", fn, i, (int)DPAR__CKPT_NAME_MAX);
-        if (!e[i].array) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: entry %d ('%s') has no array", fn, i, e[i].name);
-        if (e[i].padded && e[i].array->ndim != 1)
-            return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: entry '%s' is marked padded but is %d-d; padded entries are 1-d", fn, e[i].name, e[i].array->ndim);
-        for (int j = 0; j < i; j++)
-            if (!strcmp(e[i].name, e[j].name)) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: entries %d and %d are both named '%s'", fn, j, i, e[i].name);
-    }
-    return DPAR_OK;
-}
-
-DPAR_API dpar_status dpar_checkpoint_save(const char *path, const dpar_checkpoint_entry *e, int n, uint64_t step) {
-    dpar__clear_error();
-    if (!path || !*path) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "checkpoint_save: path is NULL or empty");
-    if (dpar__self_worker) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "checkpoint_save: called from inside a pmap/shard_map function");
-    dpar_status s = dpar__ckpt_check_entries("checkpoint_save", e, n);
-    if (s) return s;
-    uint64_t total = DPAR__CKPT_HEADER + 4;
-    size_t maxnb = 1;
-    for (int i = 0; i < n; i++) {
-        const dpar_array *a = e[i].array;
-        size_t nb = (size_t)dpar__prod(a->shape, a->ndim) * dpar_dtype_size(a->dtype);
-        total += 4 + strlen(e[i].name) + 4 + 4 + 8 * (uint64_t)a->ndim + 4 + 8 + nb;
-        if (nb > maxnb) maxnb = nb;
-    }
-    size_t plen = strlen(path);
-    char *tmp = (char *)DPAR_MALLOC(plen + 32);
-    void *data = DPAR_MALLOC(maxnb);
-    if (!tmp || !data) { DPAR_FREE(tmp); DPAR_FREE(data); return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "checkpoint_save: out of host memory (%zu bytes)", maxnb); }
-    snprintf(tmp, plen + 32, "%s.tmp.%ld", path, (long)getpid());
-    dpar__ckpt_writer w;
-    w.crc = 0; w.err = 0;
-    w.f = fopen(tmp, "wb");
-    if (!w.f) {
-        s = dpar__err(DPAR_ERR_IO, "checkpoint_save: cannot create '%s': %s", tmp, strerror(errno));
-        DPAR_FREE(tmp); DPAR_FREE(data);
-        return s;
-    }
-    unsigned char hdr[DPAR__CKPT_HEADER];
-    memcpy(hdr, DPAR__CKPT_MAGIC, 8);
-    dpar__le32(hdr + 8, DPAR_CHECKPOINT_VERSION);
-    dpar__le32(hdr + 12, (uint32_t)n);
-    dpar__le64(hdr + 16, total);
-    dpar__le64(hdr + 24, step);
-    errno = 0;
-    dpar__ckpt_put(&w, hdr, sizeof hdr);
-    for (int i = 0; i < n && !w.err && !s; i++) {
-        const dpar_array *a = e[i].array;
-        size_t es = dpar_dtype_size(a->dtype), cnt = (size_t)dpar__prod(a->shape, a->ndim), nb = cnt * es;
-        unsigned char b[8];
-        uint32_t nl = (uint32_t)strlen(e[i].name);
-        dpar__le32(b, nl); dpar__ckpt_put(&w, b, 4);
-        dpar__ckpt_put(&w, e[i].name, nl);
-        dpar__le32(b, (uint32_t)a->dtype); dpar__ckpt_put(&w, b, 4);
-        dpar__le32(b, (uint32_t)a->ndim); dpar__ckpt_put(&w, b, 4);
-        for (int d = 0; d < a->ndim; d++) { dpar__le64(b, (uint64_t)a->shape[d]); dpar__ckpt_put(&w, b, 8); }
-        dpar__le32(b, e[i].padded ? 1u : 0u); dpar__ckpt_put(&w, b, 4);
-        dpar__le64(b, (uint64_t)nb); dpar__ckpt_put(&w, b, 8);
-        s = dpar_array_get(a, data);
-        if (!s) { dpar__to_le(data, cnt, es); dpar__ckpt_put(&w, data, nb); }
-    }
-    if (!s && !w.err) {
-        unsigned char b[4];
-        uint32_t crc = w.crc;
-        dpar__le32(b, crc);
-        dpar__ckpt_put(&w, b, 4);
-    }
-    if (!s && !w.err && fflush(w.f) != 0) w.err = errno ? errno : EIO;
-    if (!s && !w.err && fsync(fileno(w.f)) != 0) w.err = errno ? errno : EIO;
-    if (fclose(w.f) != 0 && !w.err) w.err = errno ? errno : EIO;
-    if (!s && w.err) s = dpar__err(DPAR_ERR_IO, "checkpoint_save: writing '%s' failed: %s (the old checkpoint, if any, is untouched)", tmp, strerror(w.err));
-    if (!s && rename(tmp, path) != 0)
-        s = dpar__err(DPAR_ERR_IO, "checkpoint_save: cannot rename '%s' to '%s': %s", tmp, path, strerror(errno));
-    if (s) {
-        char saved[DPAR__ERR_LEN];
-        memcpy(saved, dpar__err_text, sizeof saved);
-        remove(tmp);
-        memcpy(dpar__err_text, saved, sizeof saved);
-    } else {
-        /* make the rename durable: fsync the directory (best effort) */
-        const char *slash = strrchr(path, '/');
-        char *dir = tmp;
-        if (slash) { memcpy(dir, path, (size_t)(slash - path) + 1); dir[slash - path + 1] = 0; } else strcpy(dir, ".");
-        int fd = open(dir, O_RDONLY);
-        if (fd >= 0) { (void)fsync(fd); close(fd); }
-    }
-    DPAR_FREE(tmp); DPAR_FREE(data);
-    return s;
-}
-
-typedef struct dpar__ckpt_rec {
-    const char *name; uint32_t name_len;
-    uint32_t dtype, ndim, flags;
-    int64_t shape[DPAR_MAX_DIMS];
-    const unsigned char *data; uint64_t nbytes;
-} dpar__ckpt_rec;
-
-/* Checks a whole checkpoint image (magic, version, length, CRC-32, entries). */
-static dpar_status dpar__ckpt_parse(const char *path, const unsigned char *buf, size_t len, int rerr,
-                                    dpar__ckpt_rec **recs_out, uint32_t *nrec_out) {
-    dpar_status s = DPAR_OK;
-    if (rerr) return dpar__err(DPAR_ERR_IO, "checkpoint_restore: reading '%s' failed", path);
-    if (len < 8 || memcmp(buf, DPAR__CKPT_MAGIC, 8) != 0) {
-        s = dpar__err(DPAR_ERR_IO, "checkpoint_restore: '%s' is not a dpar checkpoint (it does not start with \"%s\")", path, DPAR__CKPT_MAGIC);
-        return s;
-    }
-    if (len < DPAR__CKPT_HEADER + 4) {
-        s = dpar__err(DPAR_ERR_IO, "checkpoint_restore: '%s' is truncated: %zu bytes, less than the %d of an empty checkpoint", path, len, (int)DPAR__CKPT_HEADER + 4);
-        return s;
-    }
-    uint32_t ver = dpar__rd32(buf + 8);
-    if (ver != DPAR_CHECKPOINT_VERSION) {
-        s = dpar__err(DPAR_ERR_IO, "checkpoint_restore: '%s' has format version %u but this dpar.h reads version %d; "
-                      "restore it with a matching dpar.h", path, ver, (int)DPAR_CHECKPOINT_VERSION);
-        return s;
-    }
-    uint64_t want = dpar__rd64(buf + 16);
-    if (want != (uint64_t)len) {
-        s = dpar__err(DPAR_ERR_IO, "checkpoint_restore: '%s' is %zu bytes but its header says %llu: %s", path, len, (unsigned long long)want,
-                      (uint64_t)len < want ? "the file is truncated (an interrupted copy?)" : "the file is corrupted or has trailing data");
-        return s;
-    }
-    uint32_t stored = dpar__rd32(buf + len - 4), crc = dpar_crc32(0, buf, len - 4);
-    if (stored != crc) {
-        s = dpar__err(DPAR_ERR_IO, "checkpoint_restore: '%s' is corrupted: CRC-32 of the contents is 0x%08x but the file records 0x%08x",
-                      path, crc, stored);
-        return s;
-    }
-    uint32_t nrec = *nrec_out = dpar__rd32(buf + 12);
-    dpar__ckpt_rec *recs = *recs_out = (dpar__ckpt_rec *)dpar__calloc(nrec ? nrec : 1, sizeof *recs);
-    if (!recs) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "checkpoint_restore: out of host memory");
-    {
-        size_t at = DPAR__CKPT_HEADER, end = len - 4;
-#define DPAR__NEED(k) do { if ((uint64_t)(k) > (uint64_t)(end - at)) { \
-            s = dpar__err(DPAR_ERR_IO, "checkpoint_restore: '%s': entry %u runs past the end of the data (malformed file)", path, r); return s; } } while (0)
-        for (uint32_t r = 0; r < nrec; r++) {
-            dpar__ckpt_rec *c = &recs[r];
-            DPAR__NEED(4); c->name_len = dpar__rd32(buf + at); at += 4;
-            DPAR__NEED(c->name_len); c->name = (const char *)buf + at; at += c->name_len;
-            DPAR__NEED(8); c->dtype = dpar__rd32(buf + at); c->ndim = dpar__rd32(buf + at + 4); at += 8;
-            if (c->dtype >= DPAR_DTYPE_COUNT || c->ndim > DPAR_MAX_DIMS) {
-                s = dpar__err(DPAR_ERR_IO, "checkpoint_restore: '%s': entry %u has dtype %u / ndim %u (malformed file)", path, r, c->dtype, c->ndim);
-                return s;
-            }
-            DPAR__NEED(8 * (uint64_t)c->ndim);
-            uint64_t cnt = 1;
-            for (uint32_t d = 0; d < c->ndim; d++) { c->shape[d] = (int64_t)dpar__rd64(buf + at); cnt *= (uint64_t)c->shape[d]; at += 8; }
-            DPAR__NEED(12); c->flags = dpar__rd32(buf + at); c->nbytes = dpar__rd64(buf + at + 4); at += 12;
-            if (c->nbytes != cnt * dpar_dtype_size((dpar_dtype)c->dtype)) {
-                s = dpar__err(DPAR_ERR_IO, "checkpoint_restore: '%s': entry %u holds %llu bytes but its shape needs %llu (malformed file)", path, r,
-                              (unsigned long long)c->nbytes, (unsigned long long)(cnt * dpar_dtype_size((dpar_dtype)c->dtype)));
-                return s;
-            }
-            DPAR__NEED(c->nbytes); c->data = buf + at; at += (size_t)c->nbytes;
-        }
-#undef DPAR__NEED
-        if (at != end) { s = dpar__err(DPAR_ERR_IO, "checkpoint_restore: '%s': %zu bytes after the last entry (malformed file)", path, end - at); return s; }
-    }
-    return s;
-}
-
-DPAR_API dpar_status dpar_checkpoint_restore(const char *path, const dpar_checkpoint_entry *e, int n, uint64_t *step) {
-    dpar__clear_error();
-    if (!path || !*path) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "checkpoint_restore: path is NULL or empty");
-    if (dpar__self_worker) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "checkpoint_restore: called from inside a pmap/shard_map function");
-    dpar_status s = dpar__ckpt_check_entries("checkpoint_restore", e, n);
-    if (s) return s;
-    FILE *f = fopen(path, "rb");
-    if (!f) return dpar__err(DPAR_ERR_IO, "checkpoint_restore: cannot open '%s': %s", path, strerror(errno));
-    unsigned char *buf = NULL;
-    size_t len = 0, cap = 0;
-    for (;;) {
-        if (len == cap) {
-            size_t nc = cap ? cap * 2 : 65536;
-            unsigned char *nb = (unsigned char *)DPAR_REALLOC(buf, nc);
-            if (!nb) { fclose(f); DPAR_FREE(buf); return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "checkpoint_restore: out of host memory reading '%s'", path); }
-            buf = nb; cap = nc;
-        }
-        size_t got = fread(buf + len, 1, cap - len, f);
-        len += got;
-        if (got == 0) break;
-    }
-    int rerr = ferror(f);
-    fclose(f);
-    dpar__ckpt_rec *recs = NULL;
-    uint32_t nrec = 0;
-    s = dpar__ckpt_parse(path, buf, len, rerr, &recs, &nrec);
-    /* match every asked entry before changing anything */
-    for (int i = 0; i < n && !s; i++) {
-        const dpar_array *a = e[i].array;
-        const dpar__ckpt_rec *c = NULL;
-        size_t nl = strlen(e[i].name);
-        for (uint32_t r = 0; r < nrec && !c; r++) if (recs[r].name_len == nl && !memcmp(recs[r].name, e[i].name, nl)) c = &recs[r];
-        if (!c) { s = dpar__err(DPAR_ERR_INVALID_ARGUMENT, "checkpoint_restore: '%s' has no entry named '%s'", path, e[i].name); break; }
-        if (c->dtype != (uint32_t)a->dtype) {
-            s = dpar__err(DPAR_ERR_DTYPE, "checkpoint_restore: entry '%s' is %s in '%s' but the array is %s", e[i].name,
-                          dpar_dtype_name((dpar_dtype)c->dtype), path, dpar_dtype_name(a->dtype));
-            break;
-        }
-        int same = c->ndim == (uint32_t)a->ndim;
-        for (int d = 0; same && d < a->ndim; d++) same = c->shape[d] == a->shape[d];
-        if (!same && e[i].padded && c->ndim == 1) {
-            /* accept another padding as long as what is cut off is zero */
-            size_t es = dpar_dtype_size(a->dtype);
-            for (uint64_t k = (uint64_t)a->shape[0] * es; k < c->nbytes && same == 0; k++) if (c->data[k]) same = -1;
-            if (same == 0) same = 1; else same = 0;
-            if (!same) {
-                s = dpar__err(DPAR_ERR_SHAPE, "checkpoint_restore: padded entry '%s' has %lld elements in '%s', more than the array's %lld, "
-                              "and the extra elements are not zero padding", e[i].name, (long long)c->shape[0], path, (long long)a->shape[0]);
-                break;
-            }
-        }
-        if (!same) {
-            char x[160], y[160];
-            s = dpar__err(DPAR_ERR_SHAPE, "checkpoint_restore: entry '%s' has shape %s in '%s' but the array has %s", e[i].name,
-                          dpar__shape_str(x, sizeof x, (int)c->ndim, c->shape), path, dpar__shape_str(y, sizeof y, a->ndim, a->shape));
-            break;
-        }
-    }
-    for (int i = 0; i < n && !s; i++) {
-        dpar_array *a = e[i].array;
-        const dpar__ckpt_rec *c = NULL;
-        size_t nl = strlen(e[i].name);
-        for (uint32_t r = 0; r < nrec && !c; r++) if (recs[r].name_len == nl && !memcmp(recs[r].name, e[i].name, nl)) c = &recs[r];
-        size_t es = dpar_dtype_size(a->dtype), cnt = (size_t)dpar__prod(a->shape, a->ndim), nb = cnt * es;
-        unsigned char *h = (unsigned char *)dpar__calloc(nb ? nb : 1, 1);
-        if (!h) { s = dpar__err(DPAR_ERR_OUT_OF_MEMORY, "checkpoint_restore: out of host memory (%zu bytes)", nb); break; }
-        memcpy(h, c->data, (size_t)c->nbytes < nb ? (size_t)c->nbytes : nb);
-        dpar__to_le(h, cnt, es); /* the same swap both ways */
-        s = dpar_array_put(a, h);
-        DPAR_FREE(h);
-    }
-    if (!s && step) *step = dpar__rd64(buf + 24);
-    DPAR_FREE(recs);
-    DPAR_FREE(buf);
-    return s;
-}
-
-/* ---------------------------------------------------------------------------
-   Data-parallel helper, tracing, stats
-   ------------------------------------------------------------------------ */
+/* >>trace-stats ==============================================================
+   Per-device stats and the Chrome/Perfetto trace: the hooks the core calls
+   (ops, collectives, buffers, dispatches) and the public trace calls. */
 static double dpar__now_us(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -5063,6 +4573,14 @@ DPAR_API dpar_status dpar_trace_end(void) {
     return s;
 }
 
+DPAR_API bool dpar_trace_active(void) { return DPAR__ATOMIC_LOAD(&dpar__trace_on) != 0; }
+DPAR_API double dpar_trace_clock_us(void) { return dpar__now_us(); }
+DPAR_API void dpar_trace_event(const dpar_runtime *rt, int device, const char *name, const char *cat,
+                               double t0_us, double t1_us, int64_t bytes) {
+    if (!DPAR__ATOMIC_LOAD(&dpar__trace_on) || !name || !cat) return;
+    dpar__trace_event(dpar__trace_pid(rt), device < 0 ? -1 : device, name, cat, t0_us, t1_us, bytes);
+}
+
 DPAR_API dpar_status dpar_runtime_device_stats(const dpar_runtime *rt, int device, dpar_device_stats *out) {
     dpar__clear_error();
     if (!rt || !out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_runtime_device_stats: runtime or out is NULL");
@@ -5093,318 +4611,6 @@ DPAR_API void dpar_runtime_stats_reset(dpar_runtime *rt) {
         __atomic_store_n(&d->bytes_out, 0, __ATOMIC_RELAXED);
     }
     pthread_mutex_unlock(&rt->list_mu);
-}
-
-/* --- the data-parallel helper --- */
-struct dpar_dp {
-    dpar_mesh *mesh;
-    char axes[128];
-    int sum, blocking;
-    int gsize;               /* devices the axes span: 1 means nothing to exchange */
-    dpar_dtype comm;
-    size_t cap;
-    pthread_mutex_t mu;      /* forming the buckets */
-    int formed;              /* atomic */
-    int np, pcap;
-    dpar_array **grads;      /* [np] */
-    int *bucket_of;          /* [np] */
-    int64_t *offset;         /* [np] element offset in its bucket */
-    int nb;
-    int64_t *bcount;         /* [nb] elements */
-    int *bparams;            /* [nb] parameters in the bucket */
-    int *order;              /* [np] parameters in bucket order */
-    int *bfirst;             /* [nb + 1] index into order */
-    /* per mesh position */
-    dpar_buffer **buf;       /* [size * nb] this device's bucket buffers (comm dtype), made on first use */
-    dpar_request **req;      /* [size * nb] */
-    unsigned char *ready;    /* [size * np] */
-    int *left;               /* [size * nb] */
-    int *next;               /* [size] next bucket to launch */
-    int *active;             /* [size] between begin and finish */
-};
-
-DPAR_API dpar_status dpar_dp_create(dpar_mesh *m, const dpar_dp_desc *d, dpar_dp **out) {
-    dpar__clear_error();
-    if (!out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_dp_create: `out` is NULL");
-    *out = NULL;
-    if (!m || !d) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_dp_create: mesh or desc is NULL");
-    unsigned mask;
-    dpar_status s = dpar__parse_axes(m, "dpar_dp_create", d->axes, &mask, NULL, NULL);
-    if (s) return s;
-    if (d->comm_dtype != DPAR_F32 && d->comm_dtype != DPAR_F16 && d->comm_dtype != DPAR_BF16)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_dp_create: comm_dtype %s; use DPAR_F32, DPAR_F16 or DPAR_BF16", dpar_dtype_name(d->comm_dtype));
-    dpar_dp *dp = (dpar_dp *)dpar__calloc(1, sizeof *dp);
-    if (!dp) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_dp_create: out of host memory");
-    dp->mesh = m;
-    snprintf(dp->axes, sizeof dp->axes, "%s", d->axes);
-    dp->sum = d->sum; dp->blocking = d->blocking; dp->comm = d->comm_dtype;
-    dp->gsize = dpar__mask_size(m, mask);
-    dp->cap = d->bucket_bytes ? d->bucket_bytes : (size_t)25 << 20;
-    pthread_mutex_init(&dp->mu, NULL);
-    *out = dp;
-    return DPAR_OK;
-}
-DPAR_API void dpar_dp_destroy(dpar_dp *dp) {
-    if (!dp) return;
-    if (dp->buf)
-        for (int i = 0; i < dp->mesh->size * dp->nb; i++) dpar_buffer_destroy(dp->buf[i]);
-    DPAR_FREE(dp->grads); DPAR_FREE(dp->bucket_of); DPAR_FREE(dp->offset); DPAR_FREE(dp->bcount); DPAR_FREE(dp->bparams);
-    DPAR_FREE(dp->order); DPAR_FREE(dp->bfirst); DPAR_FREE(dp->buf); DPAR_FREE(dp->req); DPAR_FREE(dp->ready);
-    DPAR_FREE(dp->left); DPAR_FREE(dp->next); DPAR_FREE(dp->active);
-    pthread_mutex_destroy(&dp->mu);
-    DPAR_FREE(dp);
-}
-DPAR_API dpar_status dpar_dp_add(dpar_dp *dp, dpar_array *g, int *id) {
-    dpar__clear_error();
-    if (!dp || !g) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_dp_add: helper or gradient array is NULL");
-    if (DPAR__ATOMIC_LOAD(&dp->formed)) return dpar__err(DPAR_ERR_STATE, "dpar_dp_add: the buckets are formed (first step ran); register every gradient before");
-    if (g->mesh != dp->mesh) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_dp_add: the gradient array was created on another mesh");
-    if (g->dtype != DPAR_F32) return dpar__err(DPAR_ERR_DTYPE, "dpar_dp_add: the gradient is %s; gradients are f32", dpar_dtype_name(g->dtype));
-    unsigned mask;
-    dpar__parse_axes(dp->mesh, "dpar_dp_add", dp->axes, &mask, NULL, NULL);
-    if (g->used_mask & mask)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_dp_add: the gradient is split over axes '%s' that the replicas span; register replicated gradients", dp->axes);
-    if (dp->np == dp->pcap) {
-        int nc = dp->pcap ? 2 * dp->pcap : 16;
-        dpar_array **ng = (dpar_array **)DPAR_REALLOC(dp->grads, (size_t)nc * sizeof *ng);
-        if (!ng) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_dp_add: out of host memory");
-        dp->grads = ng;
-        dp->pcap = nc;
-    }
-    if (id) *id = dp->np;
-    dp->grads[dp->np++] = g;
-    return DPAR_OK;
-}
-/* Assigns parameters to buckets (reverse registration order), once. */
-static dpar_status dpar__dp_form(dpar_dp *dp) {
-    if (DPAR__ATOMIC_LOAD(&dp->formed)) return DPAR_OK;
-    pthread_mutex_lock(&dp->mu);
-    dpar_status s = DPAR_OK;
-    if (!dp->formed) {
-        int np = dp->np, size = dp->mesh->size;
-        size_t es = dpar_dtype_size(dp->comm);
-        dp->bucket_of = (int *)dpar__calloc((size_t)(np ? np : 1), sizeof(int));
-        dp->offset = (int64_t *)dpar__calloc((size_t)(np ? np : 1), sizeof(int64_t));
-        dp->order = (int *)dpar__calloc((size_t)(np ? np : 1), sizeof(int));
-        dp->bcount = (int64_t *)dpar__calloc((size_t)(np ? np : 1), sizeof(int64_t));
-        dp->bparams = (int *)dpar__calloc((size_t)(np ? np : 1), sizeof(int));
-        dp->bfirst = (int *)dpar__calloc((size_t)np + 1, sizeof(int));
-        if (!dp->bucket_of || !dp->offset || !dp->order || !dp->bcount || !dp->bparams || !dp->bfirst) s = DPAR_ERR_OUT_OF_MEMORY;
-        int nb = 0;
-        for (int k = 0; k < np && !s; k++) {
-            int p = np - 1 - k;
-            int64_t cnt = dpar__prod(dp->grads[p]->local, dp->grads[p]->ndim);
-            if (nb == 0 || (dp->bcount[nb - 1] > 0 && (size_t)(dp->bcount[nb - 1] + cnt) * es > dp->cap)) {
-                dp->bfirst[nb] = k;
-                nb++;
-            }
-            dp->bucket_of[p] = nb - 1;
-            dp->offset[p] = dp->bcount[nb - 1];
-            dp->bcount[nb - 1] += cnt;
-            dp->bparams[nb - 1]++;
-            dp->order[k] = p;
-        }
-        dp->nb = nb;
-        dp->bfirst[nb] = np;
-        if (!s) {
-            size_t cells = (size_t)size * (size_t)(nb ? nb : 1);
-            dp->buf = (dpar_buffer **)dpar__calloc(cells, sizeof(dpar_buffer *));
-            dp->req = (dpar_request **)dpar__calloc(cells, sizeof(dpar_request *));
-            dp->left = (int *)dpar__calloc(cells, sizeof(int));
-            dp->ready = (unsigned char *)dpar__calloc((size_t)size * (size_t)(np ? np : 1), 1);
-            dp->next = (int *)dpar__calloc((size_t)size, sizeof(int));
-            dp->active = (int *)dpar__calloc((size_t)size, sizeof(int));
-            if (!dp->buf || !dp->req || !dp->left || !dp->ready || !dp->next || !dp->active) s = DPAR_ERR_OUT_OF_MEMORY;
-        }
-        if (!s) DPAR__ATOMIC_STORE(&dp->formed, 1);
-    }
-    pthread_mutex_unlock(&dp->mu);
-    if (s) return dpar__err(s, "dpar_dp: out of host memory forming the buckets");
-    return DPAR_OK;
-}
-DPAR_API int dpar_dp_bucket_count(dpar_dp *dp) {
-    if (!dp || dpar__dp_form(dp)) return -1;
-    return dp->nb;
-}
-
-/* f32 <-> f16 arrays, the same bits as dpar_f32_to_f16 / dpar_f16_to_f32 */
-#ifdef DPAR__X86_SIMD
-__attribute__((target("avx2,f16c"))) static int64_t dpar__to_f16_f16c(uint16_t *d, const float *x, int64_t n) {
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) _mm_storeu_si128((__m128i *)(d + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
-    return i;
-}
-__attribute__((target("avx2,f16c"))) static int64_t dpar__from_f16_f16c(float *y, const uint16_t *h, int64_t n) {
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
-    return i;
-}
-#endif
-static void dpar__to_f16_n(uint16_t *d, const float *x, int64_t n) {
-    int64_t i = 0;
-#ifdef DPAR__X86_SIMD
-    if (__builtin_cpu_supports("avx2") /* every AVX2 CPU has F16C */) i = dpar__to_f16_f16c(d, x, n);
-#endif
-    for (; i < n; i++) d[i] = dpar_f32_to_f16(x[i]);
-}
-static void dpar__from_f16_n(float *y, const uint16_t *h, int64_t n) {
-    int64_t i = 0;
-#ifdef DPAR__X86_SIMD
-    if (__builtin_cpu_supports("avx2") /* every AVX2 CPU has F16C */) i = dpar__from_f16_f16c(y, h, n);
-#endif
-    for (; i < n; i++) y[i] = dpar_f16_to_f32(h[i]);
-}
-
-/* Copies gradient <-> bucket range (casting f32 <-> comm dtype) through host
-   views: in place when the backend maps its memory, else staged through
-   read/write. Traced as a staging copy. */
-static dpar_status dpar__dp_xfer(dpar_dp *dp, dpar_buffer *grad, dpar_buffer *bucket, int64_t off, int to_bucket) {
-    dpar_runtime *rt = grad->rt;
-    const dpar__backend_iface *be = rt->be;
-    void *bs = rt->bstate;
-    int64_t n = grad->count;
-    size_t es = dpar_dtype_size(dp->comm), gbytes = (size_t)n * 4, bbytes = (size_t)n * es, boff = (size_t)off * es;
-    if (n == 0) return DPAR_OK;
-    char *g = be->host_ptr ? (char *)be->host_ptr(bs, grad->device, grad->mem) : NULL;
-    char *b = be->host_ptr ? (char *)be->host_ptr(bs, bucket->device, bucket->mem) : NULL;
-    char *gtmp = NULL, *btmp = NULL;
-    dpar_status s = DPAR_OK;
-    if (b) b += boff;
-    if (!g) { gtmp = (char *)DPAR_MALLOC(gbytes); g = gtmp; }
-    if (!b) { btmp = (char *)DPAR_MALLOC(bbytes); b = btmp; }
-    if (!g || !b) { DPAR_FREE(gtmp); DPAR_FREE(btmp); return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_dp: out of host memory for staging"); }
-    if (to_bucket) {
-        if (gtmp) s = be->read(bs, grad->device, grad->mem, 0, g, gbytes);
-        else if (be->host_acquire) s = be->host_acquire(bs, grad->device, grad->mem, 0, gbytes);
-        if (!s) {
-            const float *x = (const float *)g;
-            if (dp->comm == DPAR_F32) memcpy(b, x, gbytes);
-            else if (dp->comm == DPAR_F16) dpar__to_f16_n((uint16_t *)b, x, n);
-            else for (int64_t i = 0; i < n; i++) ((uint16_t *)b)[i] = dpar_f32_to_bf16(x[i]);
-            if (btmp) s = be->write(bs, bucket->device, bucket->mem, boff, b, bbytes);
-            else if (be->host_release) s = be->host_release(bs, bucket->device, bucket->mem, boff, bbytes);
-        }
-    } else {
-        if (btmp) s = be->read(bs, bucket->device, bucket->mem, boff, b, bbytes);
-        else if (be->host_acquire) s = be->host_acquire(bs, bucket->device, bucket->mem, boff, bbytes);
-        if (!s) {
-            float *y = (float *)g;
-            if (dp->comm == DPAR_F32) memcpy(y, b, gbytes);
-            else if (dp->comm == DPAR_F16) dpar__from_f16_n(y, (const uint16_t *)b, n);
-            else for (int64_t i = 0; i < n; i++) y[i] = dpar_bf16_to_f32(((const uint16_t *)b)[i]);
-            if (gtmp) s = be->write(bs, grad->device, grad->mem, 0, g, gbytes);
-            else if (be->host_release) s = be->host_release(bs, grad->device, grad->mem, 0, gbytes);
-        }
-    }
-    DPAR_FREE(gtmp); DPAR_FREE(btmp);
-    return s;
-}
-
-static dpar_status dpar__dp_launch(dpar_dp *dp, dpar_ctx *ctx, int b) {
-    int pos = ctx->pos, nb = dp->nb;
-    dpar_buffer **bb = &dp->buf[(size_t)pos * (size_t)nb + (size_t)b];
-    dpar_status s;
-    if (!*bb) {
-        int64_t c = dp->bcount[b];
-        if ((s = dpar_buffer_create(ctx->rt, ctx->device, dp->comm, 1, &c, bb))) return s;
-    }
-    double t0 = DPAR__ATOMIC_LOAD(&dpar__trace_on) ? dpar__now_us() : 0.0;
-    for (int k = dp->bfirst[b]; k < dp->bfirst[b + 1]; k++) {
-        int p = dp->order[k];
-        dpar_buffer *g = dpar_array_shard(dp->grads[p], ctx->device);
-        if (!g) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_dp: gradient %d has no shard on device %d", p, ctx->device);
-        if ((s = dpar__dp_xfer(dp, g, *bb, dp->offset[p], 1))) return s;
-    }
-    if (t0 > 0.0) dpar__trace_event(dpar__trace_pid(ctx->rt), ctx->device, "dp_pack", "staging", t0, dpar__now_us(), (int64_t)(*bb)->nbytes);
-    dpar_reduce_op op = dp->sum ? DPAR_SUM : DPAR_MEAN;
-    /* small buckets inline: handing them to the comm thread (two thread
-       wake-ups, 10-40 us) costs more than their whole all-reduce */
-    if (dp->blocking || (*bb)->nbytes < ((size_t)256 << 10)) return dpar_preduce(ctx, *bb, *bb, dp->axes, op);
-    return dpar_preduce_start(ctx, *bb, *bb, dp->axes, op, &dp->req[(size_t)pos * (size_t)nb + (size_t)b]);
-}
-static dpar_status dpar__dp_check(dpar_dp *dp, dpar_ctx *ctx, const char *where) {
-    if (!dp || !ctx) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: helper or ctx is NULL (call it inside the pmap/shard_map function)", where);
-    if (ctx->mesh != dp->mesh) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: the helper was made for another mesh", where);
-    return dpar__dp_form(dp);
-}
-DPAR_API dpar_status dpar_dp_begin(dpar_dp *dp, dpar_ctx *ctx) {
-    dpar__clear_error();
-    dpar_status s = dpar__dp_check(dp, ctx, "dpar_dp_begin");
-    if (s) return s;
-    int pos = ctx->pos;
-    int job = (int)(ctx->rt->job_count & 0x3fffffff) + 1; /* this dispatch; a step is open in it only */
-    if (dp->active[pos] == job)
-        return dpar__err(DPAR_ERR_STATE, "dpar_dp_begin: device %d already began a step; call dpar_dp_finish first", ctx->device);
-    /* a step left open by a failed dispatch is dropped: its async requests were freed when that dispatch ended */
-    for (int b = 0; b < dp->nb; b++) dp->req[(size_t)pos * (size_t)dp->nb + (size_t)b] = NULL;
-    memset(dp->ready + (size_t)pos * (size_t)dp->np, 0, (size_t)dp->np);
-    for (int b = 0; b < dp->nb; b++) dp->left[(size_t)pos * (size_t)dp->nb + (size_t)b] = dp->bparams[b];
-    dp->next[pos] = 0;
-    dp->active[pos] = job;
-    return DPAR_OK;
-}
-static dpar_status dpar__dp_advance(dpar_dp *dp, dpar_ctx *ctx) {
-    int pos = ctx->pos;
-    if (dp->gsize == 1) { dp->next[pos] = dp->nb; return DPAR_OK; } /* the mean / sum over one device is the gradient */
-    while (dp->next[pos] < dp->nb && dp->left[(size_t)pos * (size_t)dp->nb + (size_t)dp->next[pos]] == 0) {
-        dpar_status s = dpar__dp_launch(dp, ctx, dp->next[pos]);
-        dp->next[pos]++;
-        if (s) return s;
-    }
-    return DPAR_OK;
-}
-DPAR_API dpar_status dpar_dp_grad_ready(dpar_dp *dp, dpar_ctx *ctx, int id) {
-    dpar__clear_error();
-    dpar_status s = dpar__dp_check(dp, ctx, "dpar_dp_grad_ready");
-    if (s) return s;
-    int pos = ctx->pos;
-    if (dp->active[pos] != (int)(ctx->rt->job_count & 0x3fffffff) + 1)
-        return dpar__err(DPAR_ERR_STATE, "dpar_dp_grad_ready: no step begun on device %d in this dispatch; call dpar_dp_begin first", ctx->device);
-    if (id < 0 || id >= dp->np) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_dp_grad_ready: parameter id %d is out of range 0..%d", id, dp->np - 1);
-    unsigned char *r = &dp->ready[(size_t)pos * (size_t)dp->np + (size_t)id];
-    if (*r) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_dp_grad_ready: parameter %d was already marked ready in this step", id);
-    *r = 1;
-    dp->left[(size_t)pos * (size_t)dp->nb + (size_t)dp->bucket_of[id]]--;
-    return dpar__dp_advance(dp, ctx);
-}
-DPAR_API dpar_status dpar_dp_finish(dpar_dp *dp, dpar_ctx *ctx) {
-    dpar__clear_error();
-    dpar_status s = dpar__dp_check(dp, ctx, "dpar_dp_finish");
-    if (s) return s;
-    int pos = ctx->pos, nb = dp->nb;
-    if (dp->active[pos] != (int)(ctx->rt->job_count & 0x3fffffff) + 1)
-        return dpar__err(DPAR_ERR_STATE, "dpar_dp_finish: no step begun on device %d in this dispatch; call dpar_dp_begin first", ctx->device);
-    for (int b = dp->next[pos]; b < nb; b++) dp->left[(size_t)pos * (size_t)nb + (size_t)b] = 0;
-    s = dpar__dp_advance(dp, ctx);
-    char msg[DPAR__ERR_LEN];
-    msg[0] = 0;
-    if (s) snprintf(msg, sizeof msg, "%s", dpar__err_text);
-    for (int b = 0; b < nb; b++) {
-        dpar_request **rq = &dp->req[(size_t)pos * (size_t)nb + (size_t)b];
-        if (*rq) {
-            double t0 = DPAR__ATOMIC_LOAD(&dpar__trace_on) ? dpar__now_us() : 0.0;
-            dpar_status w = dpar_wait(ctx, *rq);
-            *rq = NULL;
-            if (t0 > 0.0) dpar__trace_event(dpar__trace_pid(ctx->rt), ctx->device, "dp_wait", "wait", t0, dpar__now_us(), -1);
-            if (w && !s) { s = w; snprintf(msg, sizeof msg, "%s", dpar__err_text); }
-        }
-        if (s || dp->gsize == 1) continue;
-        double t0 = DPAR__ATOMIC_LOAD(&dpar__trace_on) ? dpar__now_us() : 0.0;
-        dpar_buffer *bb = dp->buf[(size_t)pos * (size_t)nb + (size_t)b];
-        for (int k = dp->bfirst[b]; k < dp->bfirst[b + 1] && !s; k++) {
-            int p = dp->order[k];
-            s = dpar__dp_xfer(dp, dpar_array_shard(dp->grads[p], ctx->device), bb, dp->offset[p], 0);
-            if (s) snprintf(msg, sizeof msg, "%s", dpar__err_text);
-        }
-        if (t0 > 0.0) dpar__trace_event(dpar__trace_pid(ctx->rt), ctx->device, "dp_unpack", "staging", t0, dpar__now_us(), bb ? (int64_t)bb->nbytes : 0);
-    }
-    dp->active[pos] = 0;
-    if (s) return dpar__err(s, "%s", msg);
-    return DPAR_OK;
-}
-DPAR_API dpar_status dpar_dp_allreduce(dpar_dp *dp, dpar_ctx *ctx) {
-    dpar_status s = dpar_dp_begin(dp, ctx);
-    return s ? s : dpar_dp_finish(dp, ctx);
 }
 
 /* ---------------------------------------------------------------------------

@@ -22,6 +22,7 @@
    step_ms is the best of 3 trials of the mean step time (as jax_peer.py).
    DPAR_TRACE=file.json traces the run. */
 #include "dpar.h"
+#include "util/dpar_train.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

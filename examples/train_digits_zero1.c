@@ -18,6 +18,7 @@
    after epoch E ($TMPDIR or /tmp, dpar_zero1_<pid>.ckpt, removed afterwards), then restores them into fresh state and
    continues from there: the later epochs must be the same bit for bit. */
 #include "digits_common.h"
+#include "util/dpar_train.h"
 #include <unistd.h>
 
 enum { W1, B1, W2, B2, NPARAM };

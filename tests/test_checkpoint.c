@@ -3,6 +3,7 @@
    corruption cases (truncated, flipped byte, wrong version, bad magic),
    atomic write, and training resumed from a checkpoint bit for bit. */
 #include "testutil.h"
+#include "util/dpar_train.h"
 #include <unistd.h>
 
 static char g_dir[256];

@@ -2,6 +2,7 @@
    parameter, async bucket all-reduce overlapping the backward pass, f16/bf16
    communication with f32 accumulation, and its errors. */
 #include "testutil.h"
+#include "util/dpar_train.h"
 
 enum { NP = 5 };
 static const int64_t shapes[NP][2] = { { 3, 5 }, { 7, 0 }, { 100, 0 }, { 1, 0 }, { 33, 3 } };

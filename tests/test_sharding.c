@@ -1,6 +1,7 @@
 /* Sharded arrays: reshard between specs (all_to_all, all_gather, local
    slices, host fallback), shard_map with in/out specs, ZeRO-1. */
 #include "testutil.h"
+#include "util/dpar_train.h"
 
 static dpar_array *arr2(dpar_mesh *m, dpar_dtype t, int64_t d0, int64_t d1, const char *s0, const char *s1) {
     dpar_array_desc d = { .dtype = t, .ndim = 2, .shape = { d0, d1 }, .spec = { s0, s1 } };
