@@ -664,6 +664,84 @@ static dpar_status dpar__mpi_data_wait(dpar_ctx *ctx, dpar__mpi_group *mg, MPI_R
                      "finish within %d ms", what, (unsigned long long)job, (unsigned long long)seq, ctx->rt->timeout_ms);
 }
 
+/* f32 all-reduce across processes, in chunks of 1 MB, so that the process's
+   partial result (vectorized, in member order), MPI's exchange of it and the
+   copies back to the members stay in cache; the next chunk's local sum is
+   computed while the current chunk's exchange is in flight. */
+static dpar_status dpar__mpi_allreduce_f32(dpar_ctx *ctx, dpar__group *g, const dpar__coll *c, const struct timespec *dlp,
+                                           const char *what) {
+    dpar_runtime *rt = ctx->rt;
+    dpar__mpi *mp = (dpar__mpi *)rt->mpi;
+    dpar__mpi_group *mg = (dpar__mpi_group *)g->mpi;
+    const int n = g->n;
+    uint64_t job = rt->job_count, seq = g->seq;
+    int64_t cnt = c->count;
+    MPI_Request req = MPI_REQUEST_NULL;
+    dpar_status s;
+    enum { CH = 1 << 18 };
+    const char *src[DPAR_MAX_DEVICES], *sp[DPAR_MAX_DEVICES];
+    char *dst[DPAR_MAX_DEVICES];
+    int nl = 0;
+    for (int r = 0; r < n; r++)
+        if (dpar__is_local(rt, g->devices[r])) { src[nl] = (const char *)g->in_ptr[r]; dst[nl++] = (char *)g->out_ptr[r]; }
+    float *acc = (float *)mg->xbuf;
+    MPI_Op op = c->op == DPAR_MAX ? mp->op_max : c->op == DPAR_MIN ? mp->op_min : MPI_SUM;
+    dpar_reduce_op lop = c->op == DPAR_MEAN ? DPAR_SUM : c->op;
+    int64_t nch = cnt ? (cnt + CH - 1) / CH : 1;
+    for (int64_t k = 0; k < nch; k++) {
+        int64_t off = k * CH, len = cnt - off < CH ? cnt - off : CH;
+        if (k == 0 && len) {
+            char *a0 = (char *)acc;
+            dpar__reduce_span(DPAR_F32, lop, nl, src, &a0, 1, len);
+        }
+        DPAR__MPI_CALL(mp, MPI_Iallreduce(MPI_IN_PLACE, acc + off, (int)len, MPI_FLOAT, op, mg->comm, &req));
+        if (k + 1 < nch) { /* overlap: the next chunk's local part */
+            int64_t o2 = off + CH, l2 = cnt - o2 < CH ? cnt - o2 : CH;
+            char *a2 = (char *)(acc + o2);
+            for (int j = 0; j < nl; j++) sp[j] = src[j] + o2 * 4;
+            dpar__reduce_span(DPAR_F32, lop, nl, sp, &a2, 1, l2);
+        }
+        if ((s = dpar__mpi_data_wait(ctx, mg, &req, dlp, what, job, seq))) return s;
+        if (c->op == DPAR_MEAN) for (int64_t i = off; i < off + len; i++) acc[i] /= (float)n;
+        for (int j = 0; j < nl; j++)
+            if (len) memcpy(dst[j] + off * 4, acc + off, (size_t)len * 4);
+    }
+    return DPAR_OK;
+}
+
+/* After the data phase: the result to the local members' host views
+   (all-reduce: converted and divided for a mean; broadcast: copied; the
+   gathers: every member's input as seen by this process, in g->xin_ptr). */
+static void dpar__mpi_coll_out(dpar_runtime *rt, dpar__group *g, const dpar__coll *c, size_t inbytes) {
+    dpar__mpi_group *mg = (dpar__mpi_group *)g->mpi;
+    const int n = g->n;
+    if (c->kind == DPAR__COLL_ALL_REDUCE) {
+        for (int rr = 0; rr < n; rr++) {
+            if (!dpar__is_local(rt, g->devices[rr])) continue;
+            char *o = (char *)g->out_ptr[rr];
+            for (int64_t i = 0; i < c->count; i++) {
+                if (c->dtype == DPAR_I32) {
+                    int64_t v = ((int64_t *)mg->xbuf)[i];
+                    if (c->op == DPAR_MEAN) v /= n;
+                    ((int32_t *)o)[i] = (int32_t)(uint32_t)(uint64_t)v;
+                } else {
+                    float v = ((float *)mg->xbuf)[i];
+                    if (c->op == DPAR_MEAN) v /= (float)n;
+                    if (c->dtype == DPAR_F32) ((float *)o)[i] = v;
+                    else ((uint16_t *)o)[i] = c->dtype == DPAR_F16 ? dpar_f32_to_f16(v) : dpar_f32_to_bf16(v);
+                }
+            }
+        }
+    } else if (c->kind == DPAR__COLL_BROADCAST) {
+        const char *buf = mg->xbuf;
+        for (int rr = 0; rr < n; rr++)
+            if (dpar__is_local(rt, g->devices[rr]) && g->out_ptr[rr] != buf && inbytes) memcpy(g->out_ptr[rr], buf, inbytes);
+    } else {
+        for (int rr = 0; rr < n; rr++)
+            g->xin_ptr[rr] = mg->xrecv + mg->rdispls[mg->cr_of[rr]] + (size_t)mg->slot_of[rr] * inbytes;
+    }
+}
+
 /* The cross-process part of one collective on the host path, run by the
    group's leader on each process; the local members' host views are in
    g->in_ptr/out_ptr. */
@@ -704,39 +782,7 @@ static dpar_status dpar__mpi_coll(dpar_ctx *ctx, dpar__group *g, dpar__coll *c, 
             MPI_Op op = c->op == DPAR_MAX ? MPI_MAX : c->op == DPAR_MIN ? MPI_MIN : MPI_SUM;
             DPAR__MPI_CALL(mp, MPI_Iallreduce(MPI_IN_PLACE, acc, (int)cnt, MPI_INT64_T, op, mg->comm, &req));
         } else if (c->dtype == DPAR_F32) {
-            /* In chunks of 1 MB, so that the process's partial result (vectorized,
-               in member order), MPI's exchange of it and the copies back to the
-               members stay in cache; the next chunk's local sum is computed
-               while the current chunk's exchange is in flight. */
-            enum { CH = 1 << 18 };
-            const char *src[DPAR_MAX_DEVICES], *sp[DPAR_MAX_DEVICES];
-            char *dst[DPAR_MAX_DEVICES];
-            int nl = 0;
-            for (int r = 0; r < n; r++)
-                if (dpar__is_local(rt, g->devices[r])) { src[nl] = (const char *)g->in_ptr[r]; dst[nl++] = (char *)g->out_ptr[r]; }
-            float *acc = (float *)mg->xbuf;
-            MPI_Op op = c->op == DPAR_MAX ? mp->op_max : c->op == DPAR_MIN ? mp->op_min : MPI_SUM;
-            dpar_reduce_op lop = c->op == DPAR_MEAN ? DPAR_SUM : c->op;
-            int64_t nch = cnt ? (cnt + CH - 1) / CH : 1;
-            for (int64_t k = 0; k < nch; k++) {
-                int64_t off = k * CH, len = cnt - off < CH ? cnt - off : CH;
-                if (k == 0 && len) {
-                    char *a0 = (char *)acc;
-                    dpar__reduce_span(DPAR_F32, lop, nl, src, &a0, 1, len);
-                }
-                DPAR__MPI_CALL(mp, MPI_Iallreduce(MPI_IN_PLACE, acc + off, (int)len, MPI_FLOAT, op, mg->comm, &req));
-                if (k + 1 < nch) { /* overlap: the next chunk's local part */
-                    int64_t o2 = off + CH, l2 = cnt - o2 < CH ? cnt - o2 : CH;
-                    char *a2 = (char *)(acc + o2);
-                    for (int j = 0; j < nl; j++) sp[j] = src[j] + o2 * 4;
-                    dpar__reduce_span(DPAR_F32, lop, nl, sp, &a2, 1, l2);
-                }
-                if ((s = dpar__mpi_data_wait(ctx, mg, &req, &dl, what, job, seq))) return s;
-                if (c->op == DPAR_MEAN) for (int64_t i = off; i < off + len; i++) acc[i] /= (float)n;
-                for (int j = 0; j < nl; j++)
-                    if (len) memcpy(dst[j] + off * 4, acc + off, (size_t)len * 4);
-            }
-            return DPAR_OK;
+            return dpar__mpi_allreduce_f32(ctx, g, c, &dl, what);
         } else {
             float *acc = (float *)mg->xbuf;
             for (int r = 0; r < n; r++) {
@@ -773,32 +819,7 @@ static dpar_status dpar__mpi_coll(dpar_ctx *ctx, dpar__group *g, dpar__coll *c, 
         DPAR__MPI_CALL(mp, MPI_Iallgatherv(mg->xbuf, (int)at, MPI_BYTE, mg->xrecv, mg->rcounts, mg->rdispls, MPI_BYTE, mg->comm, &req));
     }
     if ((s = dpar__mpi_data_wait(ctx, mg, &req, &dl, what, job, seq))) return s;
-    /* 3. hand the result to the local members (f32 all-reduce did it per chunk) */
-    if (c->kind == DPAR__COLL_ALL_REDUCE) {
-        for (int rr = 0; rr < n; rr++) {
-            if (!dpar__is_local(rt, g->devices[rr])) continue;
-            char *o = (char *)g->out_ptr[rr];
-            for (int64_t i = 0; i < c->count; i++) {
-                if (c->dtype == DPAR_I32) {
-                    int64_t v = ((int64_t *)mg->xbuf)[i];
-                    if (c->op == DPAR_MEAN) v /= n;
-                    ((int32_t *)o)[i] = (int32_t)(uint32_t)(uint64_t)v;
-                } else {
-                    float v = ((float *)mg->xbuf)[i];
-                    if (c->op == DPAR_MEAN) v /= (float)n;
-                    if (c->dtype == DPAR_F32) ((float *)o)[i] = v;
-                    else ((uint16_t *)o)[i] = c->dtype == DPAR_F16 ? dpar_f32_to_f16(v) : dpar_f32_to_bf16(v);
-                }
-            }
-        }
-    } else if (c->kind == DPAR__COLL_BROADCAST) {
-        const char *buf = mg->xbuf;
-        for (int rr = 0; rr < n; rr++)
-            if (dpar__is_local(rt, g->devices[rr]) && g->out_ptr[rr] != buf && inbytes) memcpy(g->out_ptr[rr], buf, inbytes);
-    } else {
-        for (int rr = 0; rr < n; rr++)
-            g->xin_ptr[rr] = mg->xrecv + mg->rdispls[mg->cr_of[rr]] + (size_t)mg->slot_of[rr] * inbytes;
-    }
+    dpar__mpi_coll_out(rt, g, c, inbytes); /* the result to the local members */
     return DPAR_OK;
 }
 
