@@ -662,13 +662,13 @@ DPAR_API void dpar_zero1_destroy(dpar_zero1 *z) {
 
 DPAR_API dpar_status dpar_zero1_reload(dpar_zero1 *z) {
     dpar_train__clear_error();
-    if (!z) return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "zero1_reload: z is NULL");
+    if (!z) return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_zero1_reload: z is NULL");
     if (dpar_in_dispatch())
-        return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "zero1_reload: called from inside a pmap/shard_map function");
+        return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_zero1_reload: called from inside a pmap/shard_map function");
     dpar_status s = DPAR_OK;
     for (int i = 0; i < z->np && !s; i++) {
         float *h = (float *)dpar_train__calloc((size_t)z->padded[i], sizeof(float));
-        if (!h) return dpar_set_last_error(DPAR_ERR_OUT_OF_MEMORY, "zero1: out of host memory");
+        if (!h) return dpar_set_last_error(DPAR_ERR_OUT_OF_MEMORY, "dpar_zero1_reload: out of host memory");
         s = dpar_array_get(z->params[i], h);
         if (!s) s = dpar_array_put(z->master[i], h);
         DPAR_FREE(h);
@@ -679,27 +679,27 @@ DPAR_API dpar_status dpar_zero1_reload(dpar_zero1 *z) {
 /* The checks of dpar_zero1_create on the desc and its parameters. */
 static dpar_status dpar_zero1__check(const dpar_zero1_desc *d, const char *axis, int *n) {
     if (d->num_params < 1 || d->num_params > DPAR_MAX_ARGS)
-        return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "zero1_create: num_params = %d is out of range 1..%d", d->num_params,
+        return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_zero1_create: num_params = %d is out of range 1..%d", d->num_params,
                                    (int)DPAR_MAX_ARGS);
     dpar_status s = dpar_train__reprefix(dpar_sgd_check(&d->sgd), "dpar_zero1_create");
     if (s) return s;
-    if (!d->params[0]) return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "zero1_create: params[0] is NULL");
+    if (!d->params[0]) return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_zero1_create: params[0] is NULL");
     dpar_mesh *m = dpar_array_mesh(d->params[0]);
     if ((s = dpar_train__axes_size(m, "zero1_create", axis, n))) return s;
     if (strlen(axis) >= sizeof ((dpar_zero1 *)0)->axis)
-        return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "zero1_create: axis string is too long");
+        return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_zero1_create: axis string is too long");
     for (int i = 0; i < d->num_params; i++) {
         const dpar_array *p = d->params[i];
         int split;
-        if (!p) return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "zero1_create: params[%d] is NULL", i);
+        if (!p) return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_zero1_create: params[%d] is NULL", i);
         if (dpar_array_mesh(p) != m)
-            return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "zero1_create: params[%d] lives on another mesh than params[0]", i);
+            return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_zero1_create: params[%d] lives on another mesh than params[0]", i);
         if (dpar_array_dtype(p) != DPAR_F32)
-            return dpar_set_last_error(DPAR_ERR_DTYPE, "zero1_create: params[%d] is %s; ZeRO-1 keeps f32 parameters", i,
+            return dpar_set_last_error(DPAR_ERR_DTYPE, "dpar_zero1_create: params[%d] is %s; ZeRO-1 keeps f32 parameters", i,
                                        dpar_dtype_name(dpar_array_dtype(p)));
         if ((s = dpar_train__split_over(p, NULL, &split))) return s;
         if (split)
-            return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "zero1_create: params[%d] is split over mesh axes; ZeRO-1 shards "
+            return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_zero1_create: params[%d] is split over mesh axes; ZeRO-1 shards "
                                        "replicated parameters (give it a spec of all NULL)", i);
     }
     return DPAR_OK;
@@ -707,16 +707,16 @@ static dpar_status dpar_zero1__check(const dpar_zero1_desc *d, const char *axis,
 
 DPAR_API dpar_status dpar_zero1_create(const dpar_zero1_desc *d, dpar_zero1 **out) {
     dpar_train__clear_error();
-    if (!out) return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "zero1_create: `out` is NULL");
+    if (!out) return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_zero1_create: `out` is NULL");
     *out = NULL;
-    if (!d) return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "zero1_create: desc is NULL");
+    if (!d) return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_zero1_create: desc is NULL");
     const char *axis = d->axis ? d->axis : "data";
     int n;
     dpar_status s = dpar_zero1__check(d, axis, &n);
     if (s) return s;
     dpar_mesh *m = dpar_array_mesh(d->params[0]);
     dpar_zero1 *z = (dpar_zero1 *)dpar_train__calloc(1, sizeof *z);
-    if (!z) return dpar_set_last_error(DPAR_ERR_OUT_OF_MEMORY, "zero1_create: out of host memory");
+    if (!z) return dpar_set_last_error(DPAR_ERR_OUT_OF_MEMORY, "dpar_zero1_create: out of host memory");
     z->mesh = m; z->sgd = d->sgd; z->sgd.norm_axes = NULL; z->np = d->num_params;
     snprintf(z->axis, sizeof z->axis, "%s", axis);
     z->n = n;
@@ -760,14 +760,14 @@ static dpar_status dpar_zero1__flat(dpar_ctx *ctx, dpar_zero1__flat_fn fn, dpar_
 static dpar_status dpar_zero1__scatter(dpar_ctx *ctx, dpar_zero1 *z, int i, dpar_buffer *g, dpar_buffer *gs) {
     int dev = dpar_ctx_device(ctx);
     dpar_status s;
-    if (!g) return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "zero1_step: grads[%d] is NULL", i);
+    if (!g) return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_zero1_step: grads[%d] is NULL", i);
     if (dpar_buffer_dtype(g) != DPAR_F32)
-        return dpar_set_last_error(DPAR_ERR_DTYPE, "zero1_step: grads[%d] is %s; it must be f32", i, dpar_dtype_name(dpar_buffer_dtype(g)));
+        return dpar_set_last_error(DPAR_ERR_DTYPE, "dpar_zero1_step: grads[%d] is %s; it must be f32", i, dpar_dtype_name(dpar_buffer_dtype(g)));
     if (dpar_buffer_device(g) != dev)
-        return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "zero1_step: grads[%d] lives on device %d, not on this device %d", i,
+        return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_zero1_step: grads[%d] lives on device %d, not on this device %d", i,
                                    dpar_buffer_device(g), dev);
     if (dpar_buffer_count(g) != z->count[i])
-        return dpar_set_last_error(DPAR_ERR_SHAPE, "zero1_step: grads[%d] has %lld elements but its parameter has %lld", i,
+        return dpar_set_last_error(DPAR_ERR_SHAPE, "dpar_zero1_step: grads[%d] has %lld elements but its parameter has %lld", i,
                                    (long long)dpar_buffer_count(g), (long long)z->count[i]);
     if (z->pad[i]) {
         dpar_buffer *pb = dpar_array_shard(z->pad[i], dev);
@@ -792,9 +792,9 @@ static dpar_status dpar_zero1__gather(dpar_ctx *ctx, dpar_zero1 *z, int i) {
 
 DPAR_API dpar_status dpar_zero1_step(dpar_ctx *ctx, dpar_zero1 *z, dpar_buffer *const *grads) {
     dpar_train__clear_error();
-    if (!ctx || !z || !grads) return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "zero1_step: ctx, z or grads is NULL");
+    if (!ctx || !z || !grads) return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_zero1_step: ctx, z or grads is NULL");
     if (dpar_ctx_mesh(ctx) != z->mesh)
-        return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "zero1_step: called in a dispatch over another mesh than the parameters'");
+        return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_zero1_step: called in a dispatch over another mesh than the parameters'");
     int dev = dpar_ctx_device(ctx);
     dpar_status s = DPAR_OK;
     dpar_buffer *gs[DPAR_MAX_ARGS];
@@ -885,8 +885,8 @@ static dpar_status dpar_ckpt__check_entries(const char *fn, const dpar_checkpoin
 
 DPAR_API dpar_status dpar_checkpoint_save(const char *path, const dpar_checkpoint_entry *e, int n, uint64_t step) {
     dpar_train__clear_error();
-    if (!path || !*path) return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "checkpoint_save: path is NULL or empty");
-    if (dpar_in_dispatch()) return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "checkpoint_save: called from inside a pmap/shard_map function");
+    if (!path || !*path) return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_checkpoint_save: path is NULL or empty");
+    if (dpar_in_dispatch()) return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_checkpoint_save: called from inside a pmap/shard_map function");
     dpar_status s = dpar_ckpt__check_entries("checkpoint_save", e, n);
     if (s) return s;
     uint64_t total = DPAR_CKPT__HEADER + 4;
@@ -900,13 +900,13 @@ DPAR_API dpar_status dpar_checkpoint_save(const char *path, const dpar_checkpoin
     size_t plen = strlen(path);
     char *tmp = (char *)DPAR_MALLOC(plen + 32);
     void *data = DPAR_MALLOC(maxnb);
-    if (!tmp || !data) { DPAR_FREE(tmp); DPAR_FREE(data); return dpar_set_last_error(DPAR_ERR_OUT_OF_MEMORY, "checkpoint_save: out of host memory (%zu bytes)", maxnb); }
+    if (!tmp || !data) { DPAR_FREE(tmp); DPAR_FREE(data); return dpar_set_last_error(DPAR_ERR_OUT_OF_MEMORY, "dpar_checkpoint_save: out of host memory (%zu bytes)", maxnb); }
     snprintf(tmp, plen + 32, "%s.tmp.%ld", path, (long)getpid());
     dpar_ckpt__writer w;
     w.crc = 0; w.err = 0;
     w.f = fopen(tmp, "wb");
     if (!w.f) {
-        s = dpar_set_last_error(DPAR_ERR_IO, "checkpoint_save: cannot create '%s': %s", tmp, strerror(errno));
+        s = dpar_set_last_error(DPAR_ERR_IO, "dpar_checkpoint_save: cannot create '%s': %s", tmp, strerror(errno));
         DPAR_FREE(tmp); DPAR_FREE(data);
         return s;
     }
@@ -942,9 +942,9 @@ DPAR_API dpar_status dpar_checkpoint_save(const char *path, const dpar_checkpoin
     if (!s && !w.err && fflush(w.f) != 0) w.err = errno ? errno : EIO;
     if (!s && !w.err && fsync(fileno(w.f)) != 0) w.err = errno ? errno : EIO;
     if (fclose(w.f) != 0 && !w.err) w.err = errno ? errno : EIO;
-    if (!s && w.err) s = dpar_set_last_error(DPAR_ERR_IO, "checkpoint_save: writing '%s' failed: %s (the old checkpoint, if any, is untouched)", tmp, strerror(w.err));
+    if (!s && w.err) s = dpar_set_last_error(DPAR_ERR_IO, "dpar_checkpoint_save: writing '%s' failed: %s (the old checkpoint, if any, is untouched)", tmp, strerror(w.err));
     if (!s && rename(tmp, path) != 0)
-        s = dpar_set_last_error(DPAR_ERR_IO, "checkpoint_save: cannot rename '%s' to '%s': %s", tmp, path, strerror(errno));
+        s = dpar_set_last_error(DPAR_ERR_IO, "dpar_checkpoint_save: cannot rename '%s' to '%s': %s", tmp, path, strerror(errno));
     if (s) {
         DPAR_TRAIN__KEEP_ERROR(remove(tmp));
     } else {
@@ -970,47 +970,47 @@ typedef struct dpar_ckpt__rec {
 static dpar_status dpar_ckpt__parse(const char *path, const unsigned char *buf, size_t len, int rerr,
                                     dpar_ckpt__rec **recs_out, uint32_t *nrec_out) {
     dpar_status s = DPAR_OK;
-    if (rerr) return dpar_set_last_error(DPAR_ERR_IO, "checkpoint_restore: reading '%s' failed", path);
+    if (rerr) return dpar_set_last_error(DPAR_ERR_IO, "dpar_checkpoint_restore: reading '%s' failed", path);
     if (len < 8 || memcmp(buf, DPAR_CKPT__MAGIC, 8) != 0) {
-        s = dpar_set_last_error(DPAR_ERR_IO, "checkpoint_restore: '%s' is not a dpar checkpoint (it does not start with \"%s\")", path, DPAR_CKPT__MAGIC);
+        s = dpar_set_last_error(DPAR_ERR_IO, "dpar_checkpoint_restore: '%s' is not a dpar checkpoint (it does not start with \"%s\")", path, DPAR_CKPT__MAGIC);
         return s;
     }
     if (len < DPAR_CKPT__HEADER + 4) {
-        s = dpar_set_last_error(DPAR_ERR_IO, "checkpoint_restore: '%s' is truncated: %zu bytes, less than the %d of an empty checkpoint", path, len, (int)DPAR_CKPT__HEADER + 4);
+        s = dpar_set_last_error(DPAR_ERR_IO, "dpar_checkpoint_restore: '%s' is truncated: %zu bytes, less than the %d of an empty checkpoint", path, len, (int)DPAR_CKPT__HEADER + 4);
         return s;
     }
     uint32_t ver = dpar_ckpt__rd32(buf + 8);
     if (ver != DPAR_CHECKPOINT_VERSION) {
-        s = dpar_set_last_error(DPAR_ERR_IO, "checkpoint_restore: '%s' has format version %u but this dpar.h reads version %d; "
+        s = dpar_set_last_error(DPAR_ERR_IO, "dpar_checkpoint_restore: '%s' has format version %u but this dpar.h reads version %d; "
                       "restore it with a matching dpar.h", path, ver, (int)DPAR_CHECKPOINT_VERSION);
         return s;
     }
     uint64_t want = dpar_ckpt__rd64(buf + 16);
     if (want != (uint64_t)len) {
-        s = dpar_set_last_error(DPAR_ERR_IO, "checkpoint_restore: '%s' is %zu bytes but its header says %llu: %s", path, len, (unsigned long long)want,
+        s = dpar_set_last_error(DPAR_ERR_IO, "dpar_checkpoint_restore: '%s' is %zu bytes but its header says %llu: %s", path, len, (unsigned long long)want,
                       (uint64_t)len < want ? "the file is truncated (an interrupted copy?)" : "the file is corrupted or has trailing data");
         return s;
     }
     uint32_t stored = dpar_ckpt__rd32(buf + len - 4), crc = dpar_crc32(0, buf, len - 4);
     if (stored != crc) {
-        s = dpar_set_last_error(DPAR_ERR_IO, "checkpoint_restore: '%s' is corrupted: CRC-32 of the contents is 0x%08x but the file records 0x%08x",
+        s = dpar_set_last_error(DPAR_ERR_IO, "dpar_checkpoint_restore: '%s' is corrupted: CRC-32 of the contents is 0x%08x but the file records 0x%08x",
                       path, crc, stored);
         return s;
     }
     uint32_t nrec = *nrec_out = dpar_ckpt__rd32(buf + 12);
     dpar_ckpt__rec *recs = *recs_out = (dpar_ckpt__rec *)dpar_train__calloc(nrec ? nrec : 1, sizeof *recs);
-    if (!recs) return dpar_set_last_error(DPAR_ERR_OUT_OF_MEMORY, "checkpoint_restore: out of host memory");
+    if (!recs) return dpar_set_last_error(DPAR_ERR_OUT_OF_MEMORY, "dpar_checkpoint_restore: out of host memory");
     {
         size_t at = DPAR_CKPT__HEADER, end = len - 4;
 #define DPAR_CKPT__NEED(k) do { if ((uint64_t)(k) > (uint64_t)(end - at)) { \
-            s = dpar_set_last_error(DPAR_ERR_IO, "checkpoint_restore: '%s': entry %u runs past the end of the data (malformed file)", path, r); return s; } } while (0)
+            s = dpar_set_last_error(DPAR_ERR_IO, "dpar_checkpoint_restore: '%s': entry %u runs past the end of the data (malformed file)", path, r); return s; } } while (0)
         for (uint32_t r = 0; r < nrec; r++) {
             dpar_ckpt__rec *c = &recs[r];
             DPAR_CKPT__NEED(4); c->name_len = dpar_ckpt__rd32(buf + at); at += 4;
             DPAR_CKPT__NEED(c->name_len); c->name = (const char *)buf + at; at += c->name_len;
             DPAR_CKPT__NEED(8); c->dtype = dpar_ckpt__rd32(buf + at); c->ndim = dpar_ckpt__rd32(buf + at + 4); at += 8;
             if (c->dtype >= DPAR_DTYPE_COUNT || c->ndim > DPAR_MAX_DIMS) {
-                s = dpar_set_last_error(DPAR_ERR_IO, "checkpoint_restore: '%s': entry %u has dtype %u / ndim %u (malformed file)", path, r, c->dtype, c->ndim);
+                s = dpar_set_last_error(DPAR_ERR_IO, "dpar_checkpoint_restore: '%s': entry %u has dtype %u / ndim %u (malformed file)", path, r, c->dtype, c->ndim);
                 return s;
             }
             DPAR_CKPT__NEED(8 * (uint64_t)c->ndim);
@@ -1018,33 +1018,33 @@ static dpar_status dpar_ckpt__parse(const char *path, const unsigned char *buf, 
             for (uint32_t d = 0; d < c->ndim; d++) { c->shape[d] = (int64_t)dpar_ckpt__rd64(buf + at); cnt *= (uint64_t)c->shape[d]; at += 8; }
             DPAR_CKPT__NEED(12); c->flags = dpar_ckpt__rd32(buf + at); c->nbytes = dpar_ckpt__rd64(buf + at + 4); at += 12;
             if (c->nbytes != cnt * dpar_dtype_size((dpar_dtype)c->dtype)) {
-                s = dpar_set_last_error(DPAR_ERR_IO, "checkpoint_restore: '%s': entry %u holds %llu bytes but its shape needs %llu (malformed file)", path, r,
+                s = dpar_set_last_error(DPAR_ERR_IO, "dpar_checkpoint_restore: '%s': entry %u holds %llu bytes but its shape needs %llu (malformed file)", path, r,
                               (unsigned long long)c->nbytes, (unsigned long long)(cnt * dpar_dtype_size((dpar_dtype)c->dtype)));
                 return s;
             }
             DPAR_CKPT__NEED(c->nbytes); c->data = buf + at; at += (size_t)c->nbytes;
         }
 #undef DPAR_CKPT__NEED
-        if (at != end) { s = dpar_set_last_error(DPAR_ERR_IO, "checkpoint_restore: '%s': %zu bytes after the last entry (malformed file)", path, end - at); return s; }
+        if (at != end) { s = dpar_set_last_error(DPAR_ERR_IO, "dpar_checkpoint_restore: '%s': %zu bytes after the last entry (malformed file)", path, end - at); return s; }
     }
     return s;
 }
 
 DPAR_API dpar_status dpar_checkpoint_restore(const char *path, const dpar_checkpoint_entry *e, int n, uint64_t *step) {
     dpar_train__clear_error();
-    if (!path || !*path) return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "checkpoint_restore: path is NULL or empty");
-    if (dpar_in_dispatch()) return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "checkpoint_restore: called from inside a pmap/shard_map function");
+    if (!path || !*path) return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_checkpoint_restore: path is NULL or empty");
+    if (dpar_in_dispatch()) return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_checkpoint_restore: called from inside a pmap/shard_map function");
     dpar_status s = dpar_ckpt__check_entries("checkpoint_restore", e, n);
     if (s) return s;
     FILE *f = fopen(path, "rb");
-    if (!f) return dpar_set_last_error(DPAR_ERR_IO, "checkpoint_restore: cannot open '%s': %s", path, strerror(errno));
+    if (!f) return dpar_set_last_error(DPAR_ERR_IO, "dpar_checkpoint_restore: cannot open '%s': %s", path, strerror(errno));
     unsigned char *buf = NULL;
     size_t len = 0, cap = 0;
     for (;;) {
         if (len == cap) {
             size_t nc = cap ? cap * 2 : 65536;
             unsigned char *nb = (unsigned char *)DPAR_REALLOC(buf, nc);
-            if (!nb) { fclose(f); DPAR_FREE(buf); return dpar_set_last_error(DPAR_ERR_OUT_OF_MEMORY, "checkpoint_restore: out of host memory reading '%s'", path); }
+            if (!nb) { fclose(f); DPAR_FREE(buf); return dpar_set_last_error(DPAR_ERR_OUT_OF_MEMORY, "dpar_checkpoint_restore: out of host memory reading '%s'", path); }
             buf = nb; cap = nc;
         }
         size_t got = fread(buf + len, 1, cap - len, f);
@@ -1062,9 +1062,9 @@ DPAR_API dpar_status dpar_checkpoint_restore(const char *path, const dpar_checkp
         const dpar_ckpt__rec *c = NULL;
         size_t nl = strlen(e[i].name);
         for (uint32_t r = 0; r < nrec && !c; r++) if (recs[r].name_len == nl && !memcmp(recs[r].name, e[i].name, nl)) c = &recs[r];
-        if (!c) { s = dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "checkpoint_restore: '%s' has no entry named '%s'", path, e[i].name); break; }
+        if (!c) { s = dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_checkpoint_restore: '%s' has no entry named '%s'", path, e[i].name); break; }
         if (c->dtype != (uint32_t)dpar_array_dtype(a)) {
-            s = dpar_set_last_error(DPAR_ERR_DTYPE, "checkpoint_restore: entry '%s' is %s in '%s' but the array is %s", e[i].name,
+            s = dpar_set_last_error(DPAR_ERR_DTYPE, "dpar_checkpoint_restore: entry '%s' is %s in '%s' but the array is %s", e[i].name,
                           dpar_dtype_name((dpar_dtype)c->dtype), path, dpar_dtype_name(dpar_array_dtype(a)));
             break;
         }
@@ -1076,14 +1076,14 @@ DPAR_API dpar_status dpar_checkpoint_restore(const char *path, const dpar_checkp
             for (uint64_t k = (uint64_t)dpar_array_dim(a, 0) * es; k < c->nbytes && same == 0; k++) if (c->data[k]) same = -1;
             if (same == 0) same = 1; else same = 0;
             if (!same) {
-                s = dpar_set_last_error(DPAR_ERR_SHAPE, "checkpoint_restore: padded entry '%s' has %lld elements in '%s', more than the array's %lld, "
+                s = dpar_set_last_error(DPAR_ERR_SHAPE, "dpar_checkpoint_restore: padded entry '%s' has %lld elements in '%s', more than the array's %lld, "
                               "and the extra elements are not zero padding", e[i].name, (long long)c->shape[0], path, (long long)dpar_array_dim(a, 0));
                 break;
             }
         }
         if (!same) {
             char x[160], y[160];
-            s = dpar_set_last_error(DPAR_ERR_SHAPE, "checkpoint_restore: entry '%s' has shape %s in '%s' but the array has %s", e[i].name,
+            s = dpar_set_last_error(DPAR_ERR_SHAPE, "dpar_checkpoint_restore: entry '%s' has shape %s in '%s' but the array has %s", e[i].name,
                           dpar_train__shape_str(x, sizeof x, (int)c->ndim, c->shape), path, dpar_train__array_shape_str(y, sizeof y, a));
             break;
         }
@@ -1095,7 +1095,7 @@ DPAR_API dpar_status dpar_checkpoint_restore(const char *path, const dpar_checkp
         for (uint32_t r = 0; r < nrec && !c; r++) if (recs[r].name_len == nl && !memcmp(recs[r].name, e[i].name, nl)) c = &recs[r];
         size_t es = dpar_dtype_size(dpar_array_dtype(a)), cnt = (size_t)dpar_train__count(a), nb = cnt * es;
         unsigned char *h = (unsigned char *)dpar_train__calloc(nb ? nb : 1, 1);
-        if (!h) { s = dpar_set_last_error(DPAR_ERR_OUT_OF_MEMORY, "checkpoint_restore: out of host memory (%zu bytes)", nb); break; }
+        if (!h) { s = dpar_set_last_error(DPAR_ERR_OUT_OF_MEMORY, "dpar_checkpoint_restore: out of host memory (%zu bytes)", nb); break; }
         memcpy(h, c->data, (size_t)c->nbytes < nb ? (size_t)c->nbytes : nb);
         dpar_ckpt__to_le(h, cnt, es); /* the same swap both ways */
         s = dpar_array_put(a, h);
