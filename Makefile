@@ -44,7 +44,7 @@ TESTS    := $(patsubst tests/%.c,$(BUILD)/%,$(TEST_SRCS))
 EXAMPLES := $(patsubst examples/%.c,$(BUILD)/%,$(EXAMPLE_SRCS)) $(BUILD)/cpp_example
 BENCHES  := $(patsubst bench/%.c,$(BUILD)/%,$(BENCH_SRCS))
 
-.PHONY: all run test test-build examples bench clean check-cxx deps-run deps-test amalgamate
+.PHONY: all run test test-build examples bench clean check-cxx deps-run deps-test amalgamate format check-format
 all: $(EXAMPLES) $(TESTS) $(BENCHES) $(if $(HAVE_MPICC),$(MPI_BINS) $(MPI_BENCHES))
 examples: $(EXAMPLES)
 
@@ -101,6 +101,13 @@ check-cxx: | $(BUILD)
 # The single-file distribution: dpar.h with backends/ (SPIR-V and PTX included)
 # and util/ inlined, for users who want one file (tests/test_amalgamate.sh
 # builds every example against it).
+# clang-format (.clang-format: 4 spaces, 120 columns) over every C/C++ source.
+format:
+	sh tools/format.sh
+
+check-format:
+	sh tools/format.sh --check
+
 amalgamate: $(BUILD)/dpar_single.h
 $(BUILD)/dpar_single.h: dpar.h $(wildcard backends/*.h util/*.h) tools/amalgamate.py | $(BUILD)
 	python3 tools/amalgamate.py -o $@

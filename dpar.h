@@ -124,11 +124,11 @@
 #include <stdbool.h>
 
 #ifndef DPAR_API
-#  ifdef DPAR_STATIC
-#    define DPAR_API static
-#  else
-#    define DPAR_API extern
-#  endif
+#ifdef DPAR_STATIC
+#define DPAR_API static
+#else
+#define DPAR_API extern
+#endif
 #endif
 
 #ifdef __cplusplus
@@ -151,19 +151,19 @@ enum {
    ------------------------------------------------------------------------ */
 typedef enum dpar_status {
     DPAR_OK = 0,
-    DPAR_ERR_INVALID_ARGUMENT,   /* a NULL, out-of-range or malformed argument */
-    DPAR_ERR_SHAPE,              /* shapes do not match / do not divide */
-    DPAR_ERR_DTYPE,              /* dtype not supported by the op or mismatched */
-    DPAR_ERR_UNKNOWN_AXIS,       /* axis name not in the mesh */
-    DPAR_ERR_DEVICE_COUNT,       /* more devices asked than the backend has */
-    DPAR_ERR_OUT_OF_MEMORY,      /* host or device allocation failed */
-    DPAR_ERR_BACKEND_UNAVAILABLE,/* backend not compiled in, no driver or no device */
-    DPAR_ERR_BACKEND,            /* the backend's driver/library reported an error */
-    DPAR_ERR_COLLECTIVE_MISMATCH,/* members of a group called different collectives */
-    DPAR_ERR_TIMEOUT,            /* a member never arrived within DPAR_TIMEOUT_MS */
-    DPAR_ERR_ABORTED,            /* another device failed first; this one stopped */
-    DPAR_ERR_IO,                 /* file read/write failed */
-    DPAR_ERR_STATE               /* call not allowed in this state (e.g. outside pmap) */
+    DPAR_ERR_INVALID_ARGUMENT,    /* a NULL, out-of-range or malformed argument */
+    DPAR_ERR_SHAPE,               /* shapes do not match / do not divide */
+    DPAR_ERR_DTYPE,               /* dtype not supported by the op or mismatched */
+    DPAR_ERR_UNKNOWN_AXIS,        /* axis name not in the mesh */
+    DPAR_ERR_DEVICE_COUNT,        /* more devices asked than the backend has */
+    DPAR_ERR_OUT_OF_MEMORY,       /* host or device allocation failed */
+    DPAR_ERR_BACKEND_UNAVAILABLE, /* backend not compiled in, no driver or no device */
+    DPAR_ERR_BACKEND,             /* the backend's driver/library reported an error */
+    DPAR_ERR_COLLECTIVE_MISMATCH, /* members of a group called different collectives */
+    DPAR_ERR_TIMEOUT,             /* a member never arrived within DPAR_TIMEOUT_MS */
+    DPAR_ERR_ABORTED,             /* another device failed first; this one stopped */
+    DPAR_ERR_IO,                  /* file read/write failed */
+    DPAR_ERR_STATE                /* call not allowed in this state (e.g. outside pmap) */
 } dpar_status;
 
 /* Short name of a status ("DPAR_ERR_SHAPE"), never NULL. */
@@ -187,10 +187,10 @@ DPAR_API dpar_status dpar_set_last_error(dpar_status code, const char *fmt, ...)
    Dtypes
    ------------------------------------------------------------------------ */
 typedef enum dpar_dtype {
-    DPAR_F32 = 0,   /* IEEE 754 binary32 */
-    DPAR_F16,       /* IEEE 754 binary16 */
-    DPAR_BF16,      /* bfloat16: the upper 16 bits of a binary32 */
-    DPAR_I32,       /* two's complement int32 */
+    DPAR_F32 = 0, /* IEEE 754 binary32 */
+    DPAR_F16,     /* IEEE 754 binary16 */
+    DPAR_BF16,    /* bfloat16: the upper 16 bits of a binary32 */
+    DPAR_I32,     /* two's complement int32 */
     DPAR_DTYPE_COUNT
 } dpar_dtype;
 
@@ -201,9 +201,9 @@ DPAR_API const char *dpar_dtype_name(dpar_dtype t);
 /* Scalar conversions with round-to-nearest-even (IEEE 754-2008 sec. 4.3.1);
    NaN stays NaN, overflow gives +-Inf. */
 DPAR_API uint16_t dpar_f32_to_f16(float f);
-DPAR_API float    dpar_f16_to_f32(uint16_t h);
+DPAR_API float dpar_f16_to_f32(uint16_t h);
 DPAR_API uint16_t dpar_f32_to_bf16(float f);
-DPAR_API float    dpar_bf16_to_f32(uint16_t h);
+DPAR_API float dpar_bf16_to_f32(uint16_t h);
 /* The f16 conversions over n elements (F16C where the CPU has it), bit for
    bit the scalar ones; n <= 0 does nothing. */
 DPAR_API void dpar_f32_to_f16_n(uint16_t *dst, const float *src, int64_t n);
@@ -270,16 +270,16 @@ typedef struct dpar_runtime_desc {
     int vulkan_physical_device;   /* deprecated: use .vulkan.physical_device, which is 1-based. Here
                                      k > 0 picks usable device k; -1 or 0: the default */
 #else
-    int dpar__reserved_vk[2];     /* keeps the layout of builds that have the deprecated names */
+    int dpar__reserved_vk[2];       /* keeps the layout of builds that have the deprecated names */
 #endif
 #ifndef DPAR_NO_DEPRECATED
-    const void *mpi_comm;      /* deprecated: use .mpi.comm (used when .mpi.comm is NULL) */
+    const void *mpi_comm; /* deprecated: use .mpi.comm (used when .mpi.comm is NULL) */
 #else
     const void *dpar__reserved_mpi; /* keeps the layout of builds that have the deprecated name */
 #endif
-    dpar_vulkan_desc vulkan;   /* Vulkan settings, e.g. .vulkan = { .physical_device = 1 } */
-    dpar_cuda_desc cuda;       /* CUDA settings, e.g. .cuda = { .physical_device = 2 } */
-    dpar_mpi_desc mpi;         /* multi-process settings, e.g. .mpi = { .comm = &world }; ignored without DPAR_MPI */
+    dpar_vulkan_desc vulkan; /* Vulkan settings, e.g. .vulkan = { .physical_device = 1 } */
+    dpar_cuda_desc cuda;     /* CUDA settings, e.g. .cuda = { .physical_device = 2 } */
+    dpar_mpi_desc mpi;       /* multi-process settings, e.g. .mpi = { .comm = &world }; ignored without DPAR_MPI */
 } dpar_runtime_desc;
 
 /* Creates a runtime: picks the backend, opens `num_devices` devices and
@@ -309,19 +309,19 @@ DPAR_API void dpar_runtime_local_devices(const dpar_runtime *rt, int *first, int
 DPAR_API dpar_backend_kind dpar_runtime_backend(const dpar_runtime *rt);
 
 typedef struct dpar_device_info {
-    char name[128];          /* e.g. "cpu:2", "llvmpipe (LLVM 15.0.6, 256 bits) [logical 1/4]" */
-    char vendor[64];         /* e.g. "host", "NVIDIA", "Mesa" */
-    char driver[64];         /* driver name and version where known */
+    char name[128];  /* e.g. "cpu:2", "llvmpipe (LLVM 15.0.6, 256 bits) [logical 1/4]" */
+    char vendor[64]; /* e.g. "host", "NVIDIA", "Mesa" */
+    char driver[64]; /* driver name and version where known */
     dpar_backend_kind backend;
-    int index;               /* device index in this runtime, 0..count-1 */
-    int physical_index;      /* index of the physical device it runs on */
-    uint64_t memory_bytes;   /* device memory (CPU: physical RAM) in bytes */
-    bool runs_on_cpu;        /* true: the work runs on host CPU cores (the CPU backend's
-                                emulated devices, or a software GPU such as llvmpipe) */
-    unsigned char uuid[16];  /* the physical device's UUID (CUDA: cuDeviceGetUuid, Vulkan:
-                                VkPhysicalDeviceIDProperties::deviceUUID); all zero when
-                                unknown (CPU). Equal UUIDs are the same physical device,
-                                whatever CUDA_VISIBLE_DEVICES numbered it. */
+    int index;              /* device index in this runtime, 0..count-1 */
+    int physical_index;     /* index of the physical device it runs on */
+    uint64_t memory_bytes;  /* device memory (CPU: physical RAM) in bytes */
+    bool runs_on_cpu;       /* true: the work runs on host CPU cores (the CPU backend's
+                               emulated devices, or a software GPU such as llvmpipe) */
+    unsigned char uuid[16]; /* the physical device's UUID (CUDA: cuDeviceGetUuid, Vulkan:
+                               VkPhysicalDeviceIDProperties::deviceUUID); all zero when
+                               unknown (CPU). Equal UUIDs are the same physical device,
+                               whatever CUDA_VISIBLE_DEVICES numbered it. */
 } dpar_device_info;
 
 /* Describes `device` (a global device index of the runtime) into *out.
@@ -337,8 +337,8 @@ typedef struct dpar_buffer dpar_buffer;
    a scalar) on `device`. Contents are zero. Zero-size dims are allowed.
    Errors: DPAR_ERR_INVALID_ARGUMENT (device, dtype or ndim out of range,
    negative dim), DPAR_ERR_OUT_OF_MEMORY. */
-DPAR_API dpar_status dpar_buffer_create(dpar_runtime *rt, int device, dpar_dtype dtype,
-                                        int ndim, const int64_t *shape, dpar_buffer **out);
+DPAR_API dpar_status dpar_buffer_create(dpar_runtime *rt, int device, dpar_dtype dtype, int ndim, const int64_t *shape,
+                                        dpar_buffer **out);
 /* Frees the buffer (waits for pending work on it). NULL is a no-op (DPAR_OK).
    Errors: DPAR_ERR_STATE for a shard of a dpar_array (not freed: destroy the
    array). */
@@ -380,13 +380,13 @@ DPAR_API dpar_status dpar_runtime_device_sync(dpar_runtime *rt, int device);
 typedef struct dpar_mesh dpar_mesh;
 
 typedef struct dpar_mesh_desc {
-    int ndim;                               /* 1..DPAR_MAX_AXES; 0: inferred, the number of
-                                               leading axes with a nonzero shape or a name */
-    int shape[DPAR_MAX_AXES];               /* devices along each axis */
-    const char *axis_names[DPAR_MAX_AXES];  /* unique, non-empty, < DPAR_NAME_LEN chars,
-                                               no ',' or spaces */
-    const int *devices;  /* optional explicit order: devices[i] is the device at
-                            row-major position i; NULL: device i at position i */
+    int ndim;                              /* 1..DPAR_MAX_AXES; 0: inferred, the number of
+                                              leading axes with a nonzero shape or a name */
+    int shape[DPAR_MAX_AXES];              /* devices along each axis */
+    const char *axis_names[DPAR_MAX_AXES]; /* unique, non-empty, < DPAR_NAME_LEN chars,
+                                              no ',' or spaces */
+    const int *devices;                    /* optional explicit order: devices[i] is the device at
+                                              row-major position i; NULL: device i at position i */
 } dpar_mesh_desc;
 
 /* Creates a mesh over prod(shape) devices of the runtime.
@@ -399,7 +399,7 @@ DPAR_API dpar_status dpar_mesh_create(dpar_runtime *rt, const dpar_mesh_desc *de
    inside a pmap/shard_map function (nothing is freed). */
 DPAR_API dpar_status dpar_mesh_destroy(dpar_mesh *m);
 DPAR_API int dpar_mesh_ndim(const dpar_mesh *m);
-DPAR_API int dpar_mesh_size(const dpar_mesh *m);                   /* devices in the mesh */
+DPAR_API int dpar_mesh_size(const dpar_mesh *m);                     /* devices in the mesh */
 DPAR_API const char *dpar_mesh_axis_name(const dpar_mesh *m, int i); /* NULL if out of range */
 /* Size of an axis set: "data" or "data,model" (product of sizes).
    Errors: DPAR_ERR_UNKNOWN_AXIS naming the axis and listing the mesh axes. */
@@ -413,8 +413,8 @@ DPAR_API dpar_status dpar_mesh_coords(const dpar_mesh *m, int device, int *coord
    reduction order (row-major over the named axes, in mesh-axis order),
    written to members[] (capacity DPAR_MAX_DEVICES), their count to *n, and
    the device's own position in the group to *index (may be NULL). */
-DPAR_API dpar_status dpar_mesh_group(const dpar_mesh *m, const char *axes, int device,
-                                     int *members, int *n, int *index);
+DPAR_API dpar_status dpar_mesh_group(const dpar_mesh *m, const char *axes, int device, int *members, int *n,
+                                     int *index);
 
 /* ---------------------------------------------------------------------------
    Global arrays with a sharding spec (JAX's PartitionSpec / NamedSharding)
@@ -467,26 +467,26 @@ typedef struct dpar_ctx dpar_ctx;
 /* The per-device function. Return DPAR_OK or the status of the failing call. */
 typedef dpar_status (*dpar_fn)(dpar_ctx *ctx, void *user);
 
-#define DPAR_MAPPED 0        /* pmap in_axes: split the leading dimension */
+#define DPAR_MAPPED     0    /* pmap in_axes: split the leading dimension */
 #define DPAR_REPLICATED (-1) /* pmap in_axes: every device gets the whole array (JAX None) */
 
 typedef struct dpar_pmap_input {
-    const void *data;            /* host data, row-major */
+    const void *data; /* host data, row-major */
     dpar_dtype dtype;
     int ndim;
-    int64_t shape[DPAR_MAX_DIMS];/* global shape; DPAR_MAPPED: shape[0] = axis size */
-    int in_axis;                 /* DPAR_MAPPED (0) or DPAR_REPLICATED (-1) */
+    int64_t shape[DPAR_MAX_DIMS]; /* global shape; DPAR_MAPPED: shape[0] = axis size */
+    int in_axis;                  /* DPAR_MAPPED (0) or DPAR_REPLICATED (-1) */
 } dpar_pmap_input;
 
 typedef struct dpar_pmap_output {
-    void *data;                  /* host destination: [axis_size, shape...] stacked */
+    void *data; /* host destination: [axis_size, shape...] stacked */
     dpar_dtype dtype;
     int ndim;
-    int64_t shape[DPAR_MAX_DIMS];/* per-device shape */
+    int64_t shape[DPAR_MAX_DIMS]; /* per-device shape */
 } dpar_pmap_output;
 
 typedef struct dpar_pmap_desc {
-    const char *axis;            /* mesh axis to map over (JAX axis_name) */
+    const char *axis; /* mesh axis to map over (JAX axis_name) */
     dpar_fn fn;
     void *user;
     int num_inputs, num_outputs; /* each <= DPAR_MAX_ARGS/2; 0: inferred, the number of
@@ -512,9 +512,9 @@ DPAR_API dpar_status dpar_pmap(dpar_mesh *m, const dpar_pmap_desc *desc);
 typedef struct dpar_shard_map_desc {
     dpar_fn fn;
     void *user;
-    int num_args;                  /* <= DPAR_MAX_ARGS; 0: inferred, the number of leading
-                                      non-NULL args (none: fn gets no arguments) */
-    dpar_array *args[DPAR_MAX_ARGS];/* arrays of this mesh; fn sees each device's shard */
+    int num_args;                    /* <= DPAR_MAX_ARGS; 0: inferred, the number of leading
+                                        non-NULL args (none: fn gets no arguments) */
+    dpar_array *args[DPAR_MAX_ARGS]; /* arrays of this mesh; fn sees each device's shard */
 } dpar_shard_map_desc;
 
 /* shard_map over device-resident arrays: fn runs once per device of the mesh
@@ -525,7 +525,7 @@ typedef struct dpar_shard_map_desc {
 DPAR_API dpar_status dpar_shard_map(dpar_mesh *m, const dpar_shard_map_desc *desc);
 
 /* --- inside fn --- */
-DPAR_API int dpar_ctx_device(const dpar_ctx *ctx);          /* device index */
+DPAR_API int dpar_ctx_device(const dpar_ctx *ctx); /* device index */
 DPAR_API dpar_runtime *dpar_ctx_runtime(const dpar_ctx *ctx);
 DPAR_API dpar_mesh *dpar_ctx_mesh(const dpar_ctx *ctx);
 /* This device's position in the mesh, 0..dpar_mesh_size - 1 (row-major over
@@ -546,8 +546,8 @@ DPAR_API dpar_buffer *dpar_ctx_arg(const dpar_ctx *ctx, int i);
 DPAR_API dpar_status dpar_ctx_axis_index(const dpar_ctx *ctx, const char *axes, int *out);
 DPAR_API dpar_status dpar_ctx_axis_size(const dpar_ctx *ctx, const char *axes, int *out);
 /* Allocates a buffer on this device (see dpar_buffer_create). */
-DPAR_API dpar_status dpar_ctx_buffer(dpar_ctx *ctx, dpar_dtype dtype, int ndim,
-                                     const int64_t *shape, dpar_buffer **out);
+DPAR_API dpar_status dpar_ctx_buffer(dpar_ctx *ctx, dpar_dtype dtype, int ndim, const int64_t *shape,
+                                     dpar_buffer **out);
 
 /* ---------------------------------------------------------------------------
    Collectives (inside fn). Every member of the group (the devices that share
@@ -570,36 +570,36 @@ DPAR_API dpar_status dpar_psum(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffe
 DPAR_API dpar_status dpar_pmean(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes);
 DPAR_API dpar_status dpar_pmax(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes);
 DPAR_API dpar_status dpar_pmin(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes);
-DPAR_API dpar_status dpar_preduce(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in,
-                                  const char *axes, dpar_reduce_op op);
+DPAR_API dpar_status dpar_preduce(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes,
+                                  dpar_reduce_op op);
 /* all_gather along dimension `dim` of in (group size n).
    tiled = false: out.shape = in.shape with n inserted at dim (JAX stacked);
    tiled = true:  out.shape[dim] = n * in.shape[dim]. Member k's data goes to
    position k. Not in place. */
-DPAR_API dpar_status dpar_all_gather(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in,
-                                     const char *axes, int dim, bool tiled);
+DPAR_API dpar_status dpar_all_gather(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes, int dim,
+                                     bool tiled);
 /* psum_scatter (reduce-scatter) along dimension `dim`: the sum over the group
    is split in n blocks along dim and member k keeps block k.
    tiled = false: in.shape[dim] must equal n and out drops that dim;
    tiled = true:  in.shape[dim] must be divisible by n, out.shape[dim] = in/n.
    Not divisible -> DPAR_ERR_SHAPE naming the size and n (no padding). Not in place. */
-DPAR_API dpar_status dpar_psum_scatter(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in,
-                                       const char *axes, int dim, bool tiled);
+DPAR_API dpar_status dpar_psum_scatter(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes,
+                                       int dim, bool tiled);
 /* ppermute: pairs[2i] = source, pairs[2i+1] = destination, as positions in the
    group (axis_index). Each source and each destination at most once; members
    that are no destination get zeros (JAX semantics). In place allowed. */
-DPAR_API dpar_status dpar_ppermute(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in,
-                                   const char *axes, const int *pairs, int num_pairs);
+DPAR_API dpar_status dpar_ppermute(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes,
+                                   const int *pairs, int num_pairs);
 /* all_to_all (JAX, tiled): in.shape[split_dim] divisible by n; block j along
    split_dim goes to member j; received blocks are concatenated along
    concat_dim in member order. out.shape = in.shape with shape[split_dim] / n
    and shape[concat_dim] * n. Not in place. */
-DPAR_API dpar_status dpar_all_to_all(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in,
-                                     const char *axes, int split_dim, int concat_dim);
+DPAR_API dpar_status dpar_all_to_all(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes,
+                                     int split_dim, int concat_dim);
 /* pbroadcast: every member gets the value of the member at position `root`
    (NCCL broadcast). In place allowed. */
-DPAR_API dpar_status dpar_pbroadcast(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in,
-                                     const char *axes, int root);
+DPAR_API dpar_status dpar_pbroadcast(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes,
+                                     int root);
 
 /* Async forms, one per collective: dpar_X_start takes dpar_X's arguments
    plus `req`, returns at once with a handle in *req (NULL on error), and
@@ -618,18 +618,18 @@ DPAR_API dpar_status dpar_pmax_start(dpar_ctx *ctx, dpar_buffer *out, const dpar
                                      dpar_request **req);
 DPAR_API dpar_status dpar_pmin_start(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes,
                                      dpar_request **req);
-DPAR_API dpar_status dpar_preduce_start(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in,
-                                        const char *axes, dpar_reduce_op op, dpar_request **req);
-DPAR_API dpar_status dpar_all_gather_start(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in,
-                                           const char *axes, int dim, bool tiled, dpar_request **req);
-DPAR_API dpar_status dpar_psum_scatter_start(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in,
-                                             const char *axes, int dim, bool tiled, dpar_request **req);
-DPAR_API dpar_status dpar_ppermute_start(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in,
-                                         const char *axes, const int *pairs, int num_pairs, dpar_request **req);
-DPAR_API dpar_status dpar_all_to_all_start(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in,
-                                           const char *axes, int split_dim, int concat_dim, dpar_request **req);
-DPAR_API dpar_status dpar_pbroadcast_start(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in,
-                                           const char *axes, int root, dpar_request **req);
+DPAR_API dpar_status dpar_preduce_start(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes,
+                                        dpar_reduce_op op, dpar_request **req);
+DPAR_API dpar_status dpar_all_gather_start(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes,
+                                           int dim, bool tiled, dpar_request **req);
+DPAR_API dpar_status dpar_psum_scatter_start(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes,
+                                             int dim, bool tiled, dpar_request **req);
+DPAR_API dpar_status dpar_ppermute_start(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes,
+                                         const int *pairs, int num_pairs, dpar_request **req);
+DPAR_API dpar_status dpar_all_to_all_start(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes,
+                                           int split_dim, int concat_dim, dpar_request **req);
+DPAR_API dpar_status dpar_pbroadcast_start(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes,
+                                           int root, dpar_request **req);
 DPAR_API dpar_status dpar_wait(dpar_ctx *ctx, dpar_request *req);
 
 /* ---------------------------------------------------------------------------
@@ -641,8 +641,8 @@ DPAR_API dpar_status dpar_wait(dpar_ctx *ctx, dpar_request *req);
    op(A) [M,K], op(B) [K,N], C [M,N]. beta = 0 ignores C's old contents
    (even NaN). f32 (f16/bf16 operands with f32 accumulation where the backend
    supports it; CPU: f32 only). */
-DPAR_API dpar_status dpar_matmul(dpar_buffer *C, const dpar_buffer *A, const dpar_buffer *B,
-                                 bool trans_a, bool trans_b, float alpha, float beta);
+DPAR_API dpar_status dpar_matmul(dpar_buffer *C, const dpar_buffer *A, const dpar_buffer *B, bool trans_a, bool trans_b,
+                                 float alpha, float beta);
 /* y[M,N] += b[N] (broadcast over rows). y may be any rank >= 1; last dim N. */
 DPAR_API dpar_status dpar_bias_add(dpar_buffer *y, const dpar_buffer *b);
 /* db[N] = beta * db + sum over rows of dy[M,N]. */
@@ -656,12 +656,12 @@ DPAR_API dpar_status dpar_relu_backward(dpar_buffer *dx, const dpar_buffer *dy, 
    dlogits (may be NULL) [M,C] = (softmax(z_i) - onehot(label_i)) / M.
    Numerically stable (max subtracted). Labels out of range -> row loss NaN
    and NaN gradient row (caught by the caller's NaN checks, never UB). */
-DPAR_API dpar_status dpar_softmax_xent(dpar_buffer *loss, dpar_buffer *dlogits,
-                                       const dpar_buffer *logits, const dpar_buffer *labels);
+DPAR_API dpar_status dpar_softmax_xent(dpar_buffer *loss, dpar_buffer *dlogits, const dpar_buffer *logits,
+                                       const dpar_buffer *labels);
 /* Mean squared error: loss (1 element) = mean((pred - target)^2); dpred (may be
    NULL) = 2 (pred - target) / count. pred and target same shape (no broadcast). */
-DPAR_API dpar_status dpar_mse(dpar_buffer *loss, dpar_buffer *dpred,
-                              const dpar_buffer *pred, const dpar_buffer *target);
+DPAR_API dpar_status dpar_mse(dpar_buffer *loss, dpar_buffer *dpred, const dpar_buffer *pred,
+                              const dpar_buffer *target);
 /* y += alpha * x (same count). */
 DPAR_API dpar_status dpar_axpy(dpar_buffer *y, float alpha, const dpar_buffer *x);
 /* x *= alpha. */
@@ -703,27 +703,24 @@ typedef struct dpar_sgd_desc {
 /* Checks the hyper-parameters alone (every SGD call does it first).
    Errors: DPAR_ERR_INVALID_ARGUMENT naming the field and its valid range. */
 DPAR_API dpar_status dpar_sgd_check(const dpar_sgd_desc *d);
-DPAR_API dpar_status dpar_sgd_update(const dpar_sgd_desc *d, dpar_buffer *param,
-                                     const dpar_buffer *grad, dpar_buffer *momentum,
-                                     float clip_scale);
+DPAR_API dpar_status dpar_sgd_update(const dpar_sgd_desc *d, dpar_buffer *param, const dpar_buffer *grad,
+                                     dpar_buffer *momentum, float clip_scale);
 /* Global norm of `n` gradient buffers of this device (psum'd over
    d->norm_axes when set) and the clip factor; *norm may be NULL. */
-DPAR_API dpar_status dpar_sgd_clip_scale(dpar_ctx *ctx, const dpar_sgd_desc *d,
-                                         dpar_buffer *const *grads, int n,
+DPAR_API dpar_status dpar_sgd_clip_scale(dpar_ctx *ctx, const dpar_sgd_desc *d, dpar_buffer *const *grads, int n,
                                          float *scale, float *norm);
 /* Full step over `n` parameters (inside fn): clipping (if on) then the fused
    update for each. After the same step on replicas with identical gradients,
    the replicas stay bitwise identical. moms may be NULL when momentum == 0. */
-DPAR_API dpar_status dpar_sgd_step(dpar_ctx *ctx, const dpar_sgd_desc *d,
-                                   dpar_buffer *const *params, dpar_buffer *const *grads,
-                                   dpar_buffer *const *moms, int n);
+DPAR_API dpar_status dpar_sgd_step(dpar_ctx *ctx, const dpar_sgd_desc *d, dpar_buffer *const *params,
+                                   dpar_buffer *const *grads, dpar_buffer *const *moms, int n);
 
 /* ---------------------------------------------------------------------------
    Sharding, resharding
    (model parallelism: JAX NamedSharding / reshard, shard_map in/out specs;
    ZeRO-1 and checkpoints are in util/dpar_train.h)
    ------------------------------------------------------------------------ */
-DPAR_API dpar_dtype dpar_array_dtype(const dpar_array *a);  /* DPAR_DTYPE_COUNT for NULL */
+DPAR_API dpar_dtype dpar_array_dtype(const dpar_array *a); /* DPAR_DTYPE_COUNT for NULL */
 DPAR_API dpar_mesh *dpar_array_mesh(const dpar_array *a);
 /* Dimension i of every shard (shape[i] / size of the axes splitting dim i);
    -1 when i is out of range. */
@@ -817,16 +814,16 @@ DPAR_API dpar_status dpar_trace_end(void);
    bytes < 0: none. Nothing is recorded while not tracing. */
 DPAR_API bool dpar_trace_active(void);
 DPAR_API double dpar_trace_clock_us(void);
-DPAR_API void dpar_trace_event(const dpar_runtime *rt, int device, const char *name, const char *cat,
-                               double t0_us, double t1_us, int64_t bytes);
+DPAR_API void dpar_trace_event(const dpar_runtime *rt, int device, const char *name, const char *cat, double t0_us,
+                               double t1_us, int64_t bytes);
 
 /* Per-device statistics, counted from the runtime's creation. */
 typedef struct dpar_device_stats {
-    uint64_t memory_in_use;      /* bytes of the device's live buffers */
-    uint64_t memory_peak;        /* high-water mark of memory_in_use */
-    uint64_t buffers;            /* live buffers */
-    uint64_t ops;                /* ops run */
-    uint64_t collectives;        /* collectives this device took part in */
+    uint64_t memory_in_use;        /* bytes of the device's live buffers */
+    uint64_t memory_peak;          /* high-water mark of memory_in_use */
+    uint64_t buffers;              /* live buffers */
+    uint64_t ops;                  /* ops run */
+    uint64_t collectives;          /* collectives this device took part in */
     uint64_t collective_bytes_in;  /* sum of their input buffers' bytes */
     uint64_t collective_bytes_out; /* sum of their output buffers' bytes */
 } dpar_device_stats;
@@ -844,33 +841,41 @@ DPAR_API void dpar_runtime_stats_reset(dpar_runtime *rt);
    Define DPAR_NO_DEPRECATED to drop them, or DPAR_DEPRECATED(msg) as empty to
    keep them without the warning. */
 #ifndef DPAR_DEPRECATED
-#  if defined(__GNUC__) || defined(__clang__)
-#    define DPAR_DEPRECATED(msg) __attribute__((deprecated(msg)))
-#  elif defined(_MSC_VER)
-#    define DPAR_DEPRECATED(msg) __declspec(deprecated(msg))
-#  else
-#    define DPAR_DEPRECATED(msg)
-#  endif
+#if defined(__GNUC__) || defined(__clang__)
+#define DPAR_DEPRECATED(msg) __attribute__((deprecated(msg)))
+#elif defined(_MSC_VER)
+#define DPAR_DEPRECATED(msg) __declspec(deprecated(msg))
+#else
+#define DPAR_DEPRECATED(msg)
+#endif
 #endif
 #if defined(__GNUC__) || defined(__clang__)
-#  define DPAR__ALIAS static inline __attribute__((unused)) /* no unused-function warning for dpar.h itself */
+#define DPAR__ALIAS static inline __attribute__((unused)) /* no unused-function warning for dpar.h itself */
 #else
-#  define DPAR__ALIAS static inline
+#define DPAR__ALIAS static inline
 #endif
 #ifndef DPAR_NO_DEPRECATED
 /* BEGIN DEPRECATED NAMES (tools/rename_api.sh leaves this block alone) */
 DPAR_DEPRECATED("use dpar_runtime_device_count")
-DPAR__ALIAS int dpar_device_count(const dpar_runtime *rt) { return dpar_runtime_device_count(rt); }
+DPAR__ALIAS int dpar_device_count(const dpar_runtime *rt) {
+    return dpar_runtime_device_count(rt);
+}
 DPAR_DEPRECATED("use dpar_runtime_process_index")
-DPAR__ALIAS int dpar_process_index(const dpar_runtime *rt) { return dpar_runtime_process_index(rt); }
+DPAR__ALIAS int dpar_process_index(const dpar_runtime *rt) {
+    return dpar_runtime_process_index(rt);
+}
 DPAR_DEPRECATED("use dpar_runtime_process_count")
-DPAR__ALIAS int dpar_process_count(const dpar_runtime *rt) { return dpar_runtime_process_count(rt); }
+DPAR__ALIAS int dpar_process_count(const dpar_runtime *rt) {
+    return dpar_runtime_process_count(rt);
+}
 DPAR_DEPRECATED("use dpar_runtime_local_devices")
 DPAR__ALIAS void dpar_local_devices(const dpar_runtime *rt, int *first, int *count) {
     dpar_runtime_local_devices(rt, first, count);
 }
 DPAR_DEPRECATED("use dpar_runtime_device_sync")
-DPAR__ALIAS dpar_status dpar_device_sync(dpar_runtime *rt, int device) { return dpar_runtime_device_sync(rt, device); }
+DPAR__ALIAS dpar_status dpar_device_sync(dpar_runtime *rt, int device) {
+    return dpar_runtime_device_sync(rt, device);
+}
 DPAR_DEPRECATED("use dpar_runtime_device_info")
 DPAR__ALIAS dpar_status dpar_device_info_get(const dpar_runtime *rt, int device, dpar_device_info *out) {
     return dpar_runtime_device_info(rt, device, out);
@@ -880,7 +885,9 @@ DPAR__ALIAS dpar_status dpar_device_stats_get(const dpar_runtime *rt, int device
     return dpar_runtime_device_stats(rt, device, out);
 }
 DPAR_DEPRECATED("use dpar_runtime_stats_reset")
-DPAR__ALIAS void dpar_stats_reset(dpar_runtime *rt) { dpar_runtime_stats_reset(rt); }
+DPAR__ALIAS void dpar_stats_reset(dpar_runtime *rt) {
+    dpar_runtime_stats_reset(rt);
+}
 DPAR_DEPRECATED("use dpar_ctx_axis_index")
 DPAR__ALIAS dpar_status dpar_axis_index(const dpar_ctx *ctx, const char *axes, int *out) {
     return dpar_ctx_axis_index(ctx, axes, out);
@@ -905,7 +912,7 @@ DPAR__ALIAS dpar_status dpar_axis_size(const dpar_ctx *ctx, const char *axes, in
 #define DPAR_IMPLEMENTATION_DONE
 
 #if !defined(_GNU_SOURCE) && !defined(__cplusplus)
-#  define _GNU_SOURCE
+#define _GNU_SOURCE
 #endif
 #include <pthread.h>
 #include <stdarg.h>
@@ -918,39 +925,42 @@ DPAR__ALIAS dpar_status dpar_axis_size(const dpar_ctx *ctx, const char *axes, in
 #include <unistd.h>
 #include <sched.h>
 #ifndef DPAR_ASSERT
-#  include <assert.h>
-#  define DPAR_ASSERT(c) assert(c)
+#include <assert.h>
+#define DPAR_ASSERT(c) assert(c)
 #endif
 #ifndef DPAR_MALLOC
-#  define DPAR_MALLOC(sz) malloc(sz)
-#  define DPAR_FREE(p) free(p)
-#  define DPAR_REALLOC(p, sz) realloc(p, sz)
+#define DPAR_MALLOC(sz)     malloc(sz)
+#define DPAR_FREE(p)        free(p)
+#define DPAR_REALLOC(p, sz) realloc(p, sz)
 #endif
 #ifndef DPAR_ALIGNED_MALLOC
-#  define DPAR_ALIGNED_MALLOC(sz, align) dpar__aligned_malloc(sz, align)
-#  define DPAR_ALIGNED_FREE(p) dpar__aligned_free(p)
+#define DPAR_ALIGNED_MALLOC(sz, align) dpar__aligned_malloc(sz, align)
+#define DPAR_ALIGNED_FREE(p)           dpar__aligned_free(p)
 #endif
 #ifndef DPAR_LOG
-#  define DPAR_LOG(msg) do { if (dpar__verbose()) fprintf(stderr, "dpar: %s\n", (msg)); } while (0)
+#define DPAR_LOG(msg)                                              \
+    do {                                                           \
+        if (dpar__verbose()) fprintf(stderr, "dpar: %s\n", (msg)); \
+    } while (0)
 #endif
 #ifdef DPAR_USE_CBLAS
-#  include <cblas.h>
+#include <cblas.h>
 #endif
 
 #if defined(__cplusplus)
-#  define DPAR__TLS thread_local
+#define DPAR__TLS thread_local
 #elif defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L
-#  define DPAR__TLS _Thread_local
+#define DPAR__TLS _Thread_local
 #else
-#  define DPAR__TLS __thread
+#define DPAR__TLS __thread
 #endif
-#define DPAR__ATOMIC_LOAD(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+#define DPAR__ATOMIC_LOAD(p)     __atomic_load_n((p), __ATOMIC_ACQUIRE)
 #define DPAR__ATOMIC_STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
-#define DPAR__UNUSED(x) (void)(x)
+#define DPAR__UNUSED(x)          (void)(x)
 #if defined(__GNUC__)
-#  define DPAR__MAYBE_UNUSED __attribute__((unused))
+#define DPAR__MAYBE_UNUSED __attribute__((unused))
 #else
-#  define DPAR__MAYBE_UNUSED
+#define DPAR__MAYBE_UNUSED
 #endif
 
 /* ---------------------------------------------------------------------------
@@ -977,12 +987,19 @@ static dpar_status dpar__err(dpar_status s, const char *fmt, ...) {
     va_end(ap);
     return s;
 }
-static void dpar__clear_error(void) { dpar__err_text[0] = 0; }
+static void dpar__clear_error(void) {
+    dpar__err_text[0] = 0;
+}
 
-DPAR_API const char *dpar_last_error(void) { return dpar__err_text; }
+DPAR_API const char *dpar_last_error(void) {
+    return dpar__err_text;
+}
 DPAR_API dpar_status dpar_set_last_error(dpar_status code, const char *fmt, ...) {
     va_list ap;
-    if (!fmt) { dpar__clear_error(); return code; }
+    if (!fmt) {
+        dpar__clear_error();
+        return code;
+    }
     va_start(ap, fmt);
     vsnprintf(dpar__err_text, sizeof dpar__err_text, fmt, ap);
     va_end(ap);
@@ -1014,8 +1031,10 @@ DPAR_API const char *dpar_status_string(dpar_status s) {
    ------------------------------------------------------------------------ */
 DPAR_API size_t dpar_dtype_size(dpar_dtype t) {
     switch (t) {
-    case DPAR_F32: case DPAR_I32: return 4;
-    case DPAR_F16: case DPAR_BF16: return 2;
+    case DPAR_F32:
+    case DPAR_I32: return 4;
+    case DPAR_F16:
+    case DPAR_BF16: return 2;
     default: return 0;
     }
 }
@@ -1028,8 +1047,16 @@ DPAR_API const char *dpar_dtype_name(dpar_dtype t) {
     default: return "invalid";
     }
 }
-static uint32_t dpar__f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-static float dpar__u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static uint32_t dpar__f2u(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+static float dpar__u2f(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
 
 DPAR_API uint16_t dpar_f32_to_f16(float f) {
     uint32_t x = dpar__f2u(f);
@@ -1037,8 +1064,8 @@ DPAR_API uint16_t dpar_f32_to_f16(float f) {
     uint32_t e = (x >> 23) & 0xffu, m = x & 0x7fffffu;
     if (e == 0xff) return (uint16_t)(sign | 0x7c00u | (m ? 0x200u | (m >> 13) : 0)); /* Inf/NaN (quiet) */
     int32_t ee = (int32_t)e - 127 + 15;
-    if (ee >= 31) return (uint16_t)(sign | 0x7c00u);                              /* overflow -> Inf */
-    if (ee <= 0) {                                                                /* subnormal / zero */
+    if (ee >= 31) return (uint16_t)(sign | 0x7c00u); /* overflow -> Inf */
+    if (ee <= 0) {                                   /* subnormal / zero */
         if (ee < -10) return (uint16_t)sign;
         m |= 0x800000u;
         uint32_t shift = (uint32_t)(14 - ee);
@@ -1066,7 +1093,9 @@ DPAR_API uint16_t dpar_f32_to_bf16(float f) {
     x += 0x7fffu + ((x >> 16) & 1u);
     return (uint16_t)(x >> 16);
 }
-DPAR_API float dpar_bf16_to_f32(uint16_t h) { return dpar__u2f((uint32_t)h << 16); }
+DPAR_API float dpar_bf16_to_f32(uint16_t h) {
+    return dpar__u2f((uint32_t)h << 16);
+}
 
 static float dpar__load_f(const void *p, dpar_dtype t, int64_t i) {
     switch (t) {
@@ -1083,36 +1112,36 @@ static float dpar__load_f(const void *p, dpar_dtype t, int64_t i) {
    ------------------------------------------------------------------------ */
 struct dpar_buffer {
     dpar_runtime *rt;
-    int device;                /* the backend's (process-local) device index: what backends use */
-    int gdev;                  /* global device id (== device without MPI) */
+    int device; /* the backend's (process-local) device index: what backends use */
+    int gdev;   /* global device id (== device without MPI) */
     dpar_dtype dtype;
     int ndim;
     int64_t shape[DPAR_MAX_DIMS];
     int64_t count;
     size_t nbytes;
-    void *mem;                 /* backend handle (CPU: host pointer) */
-    int owned;                 /* a shard of a dpar_array: freed with the array only */
+    void *mem;                       /* backend handle (CPU: host pointer) */
+    int owned;                       /* a shard of a dpar_array: freed with the array only */
     struct dpar_buffer *prev, *next; /* runtime's list, for cleanup */
 };
 
 /* One op, checked by the core; backends execute it. Shapes are resolved. */
 typedef enum dpar__op_kind {
-    DPAR__OP_MATMUL = 0,  /* dst[M,N] = f[0]*op(src0)[M,K] op(src1)[K,N] + f[1]*dst; ta, tb */
-    DPAR__OP_BIAS_ADD,    /* dst[M,N] += src0[N] */
-    DPAR__OP_BIAS_GRAD,   /* dst[N] = f[1]*dst + sum_m src0[M,N] */
-    DPAR__OP_RELU,        /* dst = max(src0, 0), n elements */
-    DPAR__OP_RELU_BWD,    /* dst = src0 (dy) where src1 (x) > 0 else 0 */
-    DPAR__OP_SOFTMAX_XENT,/* dst (loss[1]), dst2 (dlogits [M,N] or NULL), src0 logits [M,N], src1 labels[M] i32 */
-    DPAR__OP_MSE,         /* dst (loss[1]), dst2 (dpred or NULL), src0 pred, src1 target; n elements */
-    DPAR__OP_AXPY,        /* dst += f[0] * src0 */
-    DPAR__OP_SCALE,       /* dst *= f[0] */
-    DPAR__OP_FILL,        /* dst = f[0] (any dtype) */
-    DPAR__OP_COPY,        /* dst = src0 (same dtype, byte copy) */
-    DPAR__OP_CAST,        /* dst = cast(src0) */
-    DPAR__OP_SUM,         /* dst[1] = sum(src0) */
-    DPAR__OP_SUMSQ,       /* dst[1] = sum(src0^2) */
-    DPAR__OP_SGD,         /* dst param, dst2 momentum (NULL if f[1]==0), src0 grad;
-                             f[0]=lr f[1]=momentum f[2]=weight_decay f[3]=clip_scale; nesterov */
+    DPAR__OP_MATMUL = 0,   /* dst[M,N] = f[0]*op(src0)[M,K] op(src1)[K,N] + f[1]*dst; ta, tb */
+    DPAR__OP_BIAS_ADD,     /* dst[M,N] += src0[N] */
+    DPAR__OP_BIAS_GRAD,    /* dst[N] = f[1]*dst + sum_m src0[M,N] */
+    DPAR__OP_RELU,         /* dst = max(src0, 0), n elements */
+    DPAR__OP_RELU_BWD,     /* dst = src0 (dy) where src1 (x) > 0 else 0 */
+    DPAR__OP_SOFTMAX_XENT, /* dst (loss[1]), dst2 (dlogits [M,N] or NULL), src0 logits [M,N], src1 labels[M] i32 */
+    DPAR__OP_MSE,          /* dst (loss[1]), dst2 (dpred or NULL), src0 pred, src1 target; n elements */
+    DPAR__OP_AXPY,         /* dst += f[0] * src0 */
+    DPAR__OP_SCALE,        /* dst *= f[0] */
+    DPAR__OP_FILL,         /* dst = f[0] (any dtype) */
+    DPAR__OP_COPY,         /* dst = src0 (same dtype, byte copy) */
+    DPAR__OP_CAST,         /* dst = cast(src0) */
+    DPAR__OP_SUM,          /* dst[1] = sum(src0) */
+    DPAR__OP_SUMSQ,        /* dst[1] = sum(src0^2) */
+    DPAR__OP_SGD,          /* dst param, dst2 momentum (NULL if f[1]==0), src0 grad;
+                              f[0]=lr f[1]=momentum f[2]=weight_decay f[3]=clip_scale; nesterov */
     DPAR__OP_COUNT
 } dpar__op_kind;
 
@@ -1120,7 +1149,7 @@ typedef struct dpar__op {
     dpar__op_kind kind;
     dpar_buffer *dst, *dst2;
     const dpar_buffer *src0, *src1;
-    int64_t m, n, k;      /* matmul M,N,K; row ops M (rows), N (cols); element ops n = count */
+    int64_t m, n, k; /* matmul M,N,K; row ops M (rows), N (cols); element ops n = count */
     bool trans_a, trans_b, nesterov;
     float f[4];
 } dpar__op;
@@ -1151,15 +1180,15 @@ typedef struct dpar__coll {
     dpar_reduce_op op;
     dpar_dtype dtype;
     int n, rank;
-    const int *devices;            /* group members' device ids, in reduction order */
-    dpar_buffer *const *in;        /* [n] */
-    dpar_buffer *const *out;       /* [n] */
-    int64_t count;                 /* elements of each in (ALL_REDUCE, BROADCAST, PERMUTE) */
-    int64_t outer, inner;          /* ALL_GATHER / REDUCE_SCATTER */
+    const int *devices;      /* group members' device ids, in reduction order */
+    dpar_buffer *const *in;  /* [n] */
+    dpar_buffer *const *out; /* [n] */
+    int64_t count;           /* elements of each in (ALL_REDUCE, BROADCAST, PERMUTE) */
+    int64_t outer, inner;    /* ALL_GATHER / REDUCE_SCATTER */
     int ndim, split_dim, concat_dim;
     int64_t in_shape[DPAR_MAX_DIMS];
-    const int *src_of;             /* PERMUTE [n] */
-    int root;                      /* BROADCAST */
+    const int *src_of; /* PERMUTE [n] */
+    int root;          /* BROADCAST */
     /* a group that spans processes (only for backends with cross_id_size):
        devices[j] is -1 for members on other processes, gdevices[] the
        members' global device ids (the same list on every process) and xid
@@ -1169,7 +1198,7 @@ typedef struct dpar__coll {
     const int *gdevices;
     const void *xid;
     dpar__group *group;
-    void *ctx;                     /* core's per-call state */
+    void *ctx; /* core's per-call state */
 } dpar__coll;
 
 /* Barrier of all members of the collective's group (with the runtime's
@@ -1184,10 +1213,11 @@ typedef struct dpar__backend_iface {
        of its node, and their count (0 / 1 without MPI); a GPU backend opens
        this process's share of the node's devices (see each backend).
        Errors set the last error and return a status (nothing to shut down). */
-    dpar_status (*init)(const dpar_runtime_desc *desc, int requested, int local_index, int local_count, void **state, int *count);
+    dpar_status (*init)(const dpar_runtime_desc *desc, int requested, int local_index, int local_count, void **state,
+                        int *count);
     void (*shutdown)(void *state);
     dpar_status (*device_info)(void *state, int dev, dpar_device_info *out);
-    dpar_status (*thread_init)(void *state, int dev);                 /* optional */
+    dpar_status (*thread_init)(void *state, int dev);                      /* optional */
     dpar_status (*alloc)(void *state, int dev, size_t nbytes, void **mem); /* zeroed; nbytes may be 0 */
     void (*free)(void *state, int dev, void *mem);
     dpar_status (*write)(void *state, int dev, void *mem, size_t off, const void *src, size_t nbytes);
@@ -1286,7 +1316,10 @@ static void dpar__deadline(struct timespec *ts, int ms) {
     clock_gettime(CLOCK_REALTIME, ts);
     ts->tv_sec += ms / 1000;
     ts->tv_nsec += (long)(ms % 1000) * 1000000L;
-    if (ts->tv_nsec >= 1000000000L) { ts->tv_sec++; ts->tv_nsec -= 1000000000L; }
+    if (ts->tv_nsec >= 1000000000L) {
+        ts->tv_sec++;
+        ts->tv_nsec -= 1000000000L;
+    }
 }
 
 /* ---------------------------------------------------------------------------
@@ -1308,8 +1341,8 @@ struct dpar__worker {
     pthread_mutex_t qmu;
     pthread_cond_t qcv;
     dpar__req_queue queue;
-    int pending;                  /* started and not finished */
-    struct dpar_request *live;    /* started and not waited */
+    int pending;               /* started and not finished */
+    struct dpar_request *live; /* started and not waited */
     int stop;
 };
 
@@ -1335,19 +1368,19 @@ struct dpar_runtime {
     int job_remaining;
     dpar__job *job;
     int shutting_down;
-    pthread_mutex_t dispatch_mu;  /* one pmap at a time */
-    pthread_mutex_t list_mu;      /* buffers list */
+    pthread_mutex_t dispatch_mu; /* one pmap at a time */
+    pthread_mutex_t list_mu;     /* buffers list */
     dpar_buffer *buffers;
     struct dpar_mesh *meshes;
     int thread_init_failed;
     char thread_init_msg[DPAR__ERR_LEN];
-    struct dpar__obs *obs;        /* stats and trace ids (Data-parallel helper, tracing, stats) */
+    struct dpar__obs *obs; /* stats and trace ids (Data-parallel helper, tracing, stats) */
 };
 
 /* Hooks into the core, defined in "Data-parallel helper, tracing, stats". */
 typedef struct dpar__obs dpar__obs;
 struct dpar__cargs;
-static int dpar__trace_on;        /* recording a trace (atomic): the one branch on the hot paths */
+static int dpar__trace_on; /* recording a trace (atomic): the one branch on the hot paths */
 static double dpar__now_us(void);
 static dpar_status dpar__obs_init(dpar_runtime *rt);
 static void dpar__obs_free(dpar_runtime *rt);
@@ -1360,7 +1393,8 @@ static int dpar__trace_pid(const dpar_runtime *rt);
 /* the short spin before a sleep (defined with the collectives' barrier) */
 static int dpar__spin_moved(const void *word, uint64_t seen);
 static int dpar__spin_zero(const void *word, uint64_t unused);
-static int dpar__spin_until(int (*done)(const void *, uint64_t), const void *word, uint64_t seen, const int *abort_flag, int nthreads);
+static int dpar__spin_until(int (*done)(const void *, uint64_t), const void *word, uint64_t seen, const int *abort_flag,
+                            int nthreads);
 
 static DPAR__TLS dpar__worker *dpar__self_worker; /* non-NULL on a worker / comm thread */
 static int dpar__is_local(const dpar_runtime *rt, int device) {
@@ -1414,12 +1448,19 @@ DPAR_API const char *dpar_backend_name(dpar_backend_kind k) {
 DPAR_API dpar_status dpar_backend_from_name(const char *name, dpar_backend_kind *out) {
     dpar__clear_error();
     if (!name || !out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_backend_from_name: name or out is NULL");
-    static const dpar_backend_kind kinds[] = {DPAR_BACKEND_DEFAULT, DPAR_BACKEND_CPU, DPAR_BACKEND_VULKAN, DPAR_BACKEND_CUDA};
-    if (!*name) { *out = DPAR_BACKEND_DEFAULT; return DPAR_OK; }
+    static const dpar_backend_kind kinds[] = { DPAR_BACKEND_DEFAULT, DPAR_BACKEND_CPU, DPAR_BACKEND_VULKAN,
+                                               DPAR_BACKEND_CUDA };
+    if (!*name) {
+        *out = DPAR_BACKEND_DEFAULT;
+        return DPAR_OK;
+    }
     for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
-        if (!strcmp(name, dpar_backend_name(kinds[i]))) { *out = kinds[i]; return DPAR_OK; }
-    return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_backend_from_name: '%s' is not a backend; use cpu, vulkan, cuda or default",
-                     name);
+        if (!strcmp(name, dpar_backend_name(kinds[i]))) {
+            *out = kinds[i];
+            return DPAR_OK;
+        }
+    return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                     "dpar_backend_from_name: '%s' is not a backend; use cpu, vulkan, cuda or default", name);
 }
 
 static const dpar__backend_iface *dpar__backend_by_kind(dpar_backend_kind k) {
@@ -1494,21 +1535,29 @@ static dpar_status dpar__runtime_desc_defaults(const dpar_runtime_desc *in, dpar
     if (out->num_devices == 0) {
         int e = dpar__env_int("DPAR_DEVICES", 0);
         if (e < 0)
-            return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_runtime_create: DPAR_DEVICES='%s' is not a device count; "
-                             "use a positive integer such as 4", getenv("DPAR_DEVICES"));
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                             "dpar_runtime_create: DPAR_DEVICES='%s' is not a device count; "
+                             "use a positive integer such as 4",
+                             getenv("DPAR_DEVICES"));
         out->num_devices = e;
     }
     if (out->num_devices < 0)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_runtime_create: desc.num_devices = %d is negative; use 0 "
-                         "(default) or a positive count", out->num_devices);
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                         "dpar_runtime_create: desc.num_devices = %d is negative; use 0 "
+                         "(default) or a positive count",
+                         out->num_devices);
     if (out->num_devices > DPAR_MAX_DEVICES)
-        return dpar__err(DPAR_ERR_DEVICE_COUNT, "dpar_runtime_create: %d devices requested but at most %d are supported "
-                         "(DPAR_MAX_DEVICES)", out->num_devices, (int)DPAR_MAX_DEVICES);
+        return dpar__err(DPAR_ERR_DEVICE_COUNT,
+                         "dpar_runtime_create: %d devices requested but at most %d are supported "
+                         "(DPAR_MAX_DEVICES)",
+                         out->num_devices, (int)DPAR_MAX_DEVICES);
     if (out->timeout_ms == 0) {
         out->timeout_ms = dpar__env_int("DPAR_TIMEOUT_MS", 60000);
         if (out->timeout_ms <= 0)
-            return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_runtime_create: DPAR_TIMEOUT_MS='%s' is not a positive "
-                             "number of milliseconds", getenv("DPAR_TIMEOUT_MS"));
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                             "dpar_runtime_create: DPAR_TIMEOUT_MS='%s' is not a positive "
+                             "number of milliseconds",
+                             getenv("DPAR_TIMEOUT_MS"));
     }
     if (out->timeout_ms < 0)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_runtime_create: desc.timeout_ms = %d is negative",
@@ -1524,7 +1573,8 @@ static dpar_status dpar__runtime_pick_backend(const dpar_runtime_desc *desc, con
     if (kind != DPAR_BACKEND_DEFAULT) {
         *out = dpar__backend_by_kind(kind);
         if (!*out)
-            return dpar__err(DPAR_ERR_BACKEND_UNAVAILABLE, "dpar_runtime_create: the %s backend is not compiled in; "
+            return dpar__err(DPAR_ERR_BACKEND_UNAVAILABLE,
+                             "dpar_runtime_create: the %s backend is not compiled in; "
                              "define DPAR_%s before the implementation (build this project with `make %s=1`)",
                              dpar_backend_name(kind), kind == DPAR_BACKEND_VULKAN ? "VULKAN" : "CUDA",
                              kind == DPAR_BACKEND_VULKAN ? "VULKAN" : "CUDA");
@@ -1534,8 +1584,12 @@ static dpar_status dpar__runtime_pick_backend(const dpar_runtime_desc *desc, con
     for (int i = 0; i < 3 && !*out; i++) {
         const dpar__backend_iface *cand = dpar__backend_by_kind(order[i]);
         if (!cand) continue;
-        if (order[i] == DPAR_BACKEND_CPU) { *out = cand; break; }
-        void *st = NULL; int cnt = 0;
+        if (order[i] == DPAR_BACKEND_CPU) {
+            *out = cand;
+            break;
+        }
+        void *st = NULL;
+        int cnt = 0;
         if (cand->init(desc, 0, 0, 1, &st, &cnt) == DPAR_OK) {
             /* a software GPU (llvmpipe) is slower than the CPU backend on the same cores: not "best" */
             dpar_device_info info;
@@ -1559,7 +1613,8 @@ static dpar_status dpar__runtime_open(dpar_runtime *rt, int *count, int *met) {
     dpar_status s = dpar__transport_get()->runtime_pre(rt, desc);
     if (s != DPAR_OK) return s;
     s = rt->be->init(desc, requested, rt->share_index, rt->share_count, &rt->bstate, count);
-    if (s != DPAR_OK) rt->bstate = NULL;
+    if (s != DPAR_OK)
+        rt->bstate = NULL;
     else if (requested && *count != requested)
         s = dpar__err(DPAR_ERR_DEVICE_COUNT, "dpar_runtime_create: %d devices requested but the %s backend has %d",
                       requested, rt->be->name, *count);
@@ -1599,7 +1654,7 @@ static dpar_status dpar__runtime_create(const dpar_runtime_desc *desc_in, dpar_r
     dpar__clear_error();
     if (!out)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_runtime_create: `out` is NULL; pass the address of a "
-                         "dpar_runtime pointer");
+                                                    "dpar_runtime pointer");
     *out = NULL;
     dpar_runtime_desc desc;
     const dpar__backend_iface *be = NULL;
@@ -1648,34 +1703,45 @@ static void dpar__buffer_free(dpar_buffer *b);
 DPAR_API dpar_status dpar_runtime_destroy(dpar_runtime *rt) {
     if (!rt) return DPAR_OK;
     if (dpar__self_worker)
-        return dpar__err(DPAR_ERR_STATE, "dpar_runtime_destroy: called inside a pmap/shard_map function; nothing was destroyed "
+        return dpar__err(DPAR_ERR_STATE,
+                         "dpar_runtime_destroy: called inside a pmap/shard_map function; nothing was destroyed "
                          "(destroy the runtime after the dispatch returns)");
     while (rt->meshes) dpar__mesh_free(rt->meshes);
     while (rt->buffers) dpar__buffer_free(rt->buffers);
     dpar__runtime_free(rt);
     return DPAR_OK;
 }
-DPAR_API int dpar_runtime_device_count(const dpar_runtime *rt) { return rt ? rt->ndev : 0; }
-DPAR_API int dpar_runtime_process_index(const dpar_runtime *rt) { return rt ? rt->proc : 0; }
-DPAR_API int dpar_runtime_process_count(const dpar_runtime *rt) { return rt ? rt->nproc : 1; }
+DPAR_API int dpar_runtime_device_count(const dpar_runtime *rt) {
+    return rt ? rt->ndev : 0;
+}
+DPAR_API int dpar_runtime_process_index(const dpar_runtime *rt) {
+    return rt ? rt->proc : 0;
+}
+DPAR_API int dpar_runtime_process_count(const dpar_runtime *rt) {
+    return rt ? rt->nproc : 1;
+}
 DPAR_API void dpar_runtime_local_devices(const dpar_runtime *rt, int *first, int *count) {
     if (first) *first = rt ? rt->local_base : 0;
     if (count) *count = rt ? rt->nlocal : 0;
 }
-DPAR_API dpar_backend_kind dpar_runtime_backend(const dpar_runtime *rt) { return rt ? rt->be->kind : DPAR_BACKEND_DEFAULT; }
+DPAR_API dpar_backend_kind dpar_runtime_backend(const dpar_runtime *rt) {
+    return rt ? rt->be->kind : DPAR_BACKEND_DEFAULT;
+}
 
 DPAR_API dpar_status dpar_runtime_device_info(const dpar_runtime *rt, int device, dpar_device_info *out) {
     dpar__clear_error();
     if (!rt || !out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_runtime_device_info: runtime or out is NULL");
     if (device < 0 || device >= rt->ndev)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_runtime_device_info: device %d is out of range; the runtime has %d devices (0..%d)",
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                         "dpar_runtime_device_info: device %d is out of range; the runtime has %d devices (0..%d)",
                          device, rt->ndev, rt->ndev - 1);
     memset(out, 0, sizeof *out);
     dpar_status s = DPAR_OK;
     if (device >= rt->local_base && device < rt->local_base + rt->nlocal) {
         s = rt->be->device_info(rt->bstate, device - rt->local_base, out);
     } else {
-        snprintf(out->name, sizeof out->name, "%s device %d of process %d", rt->be->name, device % rt->nlocal, device / rt->nlocal);
+        snprintf(out->name, sizeof out->name, "%s device %d of process %d", rt->be->name, device % rt->nlocal,
+                 device / rt->nlocal);
         snprintf(out->vendor, sizeof out->vendor, "remote");
     }
     out->backend = rt->be->kind;
@@ -1688,11 +1754,16 @@ DPAR_API dpar_status dpar_runtime_device_info(const dpar_runtime *rt, int device
    ------------------------------------------------------------------------ */
 static dpar_status dpar__check_shape(const char *where, int ndim, const int64_t *shape) {
     if (ndim < 0 || ndim > DPAR_MAX_DIMS)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: ndim = %d is out of range 0..%d", where, ndim, (int)DPAR_MAX_DIMS);
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: ndim = %d is out of range 0..%d", where, ndim,
+                         (int)DPAR_MAX_DIMS);
     if (ndim > 0 && !shape) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: shape is NULL but ndim = %d", where, ndim);
     for (int i = 0; i < ndim; i++) {
-        if (shape[i] < 0) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: dimension %d is %lld; sizes must be >= 0", where, i, (long long)shape[i]);
-        if (shape[i] > ((int64_t)1 << 40)) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: dimension %d is %lld, which is too large", where, i, (long long)shape[i]);
+        if (shape[i] < 0)
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: dimension %d is %lld; sizes must be >= 0", where, i,
+                             (long long)shape[i]);
+        if (shape[i] > ((int64_t)1 << 40))
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: dimension %d is %lld, which is too large", where, i,
+                             (long long)shape[i]);
     }
     /* the element count, without overflowing: a zero dim makes it 0 */
     int zero = 0;
@@ -1703,31 +1774,39 @@ static dpar_status dpar__check_shape(const char *where, int ndim, const int64_t 
     for (int i = 0; i < ndim; i++) {
         if (p > lim / shape[i]) {
             char sh[200];
-            return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: shape %s has more than 2^40 elements, which is too large", where,
-                             dpar__shape_str(sh, sizeof sh, ndim, shape));
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: shape %s has more than 2^40 elements, which is too large",
+                             where, dpar__shape_str(sh, sizeof sh, ndim, shape));
         }
         p *= shape[i];
     }
     return DPAR_OK;
 }
 
-DPAR_API dpar_status dpar_buffer_create(dpar_runtime *rt, int device, dpar_dtype dtype, int ndim,
-                                        const int64_t *shape, dpar_buffer **out) {
+DPAR_API dpar_status dpar_buffer_create(dpar_runtime *rt, int device, dpar_dtype dtype, int ndim, const int64_t *shape,
+                                        dpar_buffer **out) {
     dpar__clear_error();
     if (!out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_buffer_create: `out` is NULL");
     *out = NULL;
     if (!rt) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_buffer_create: runtime is NULL");
     if (device < 0 || device >= rt->ndev)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_buffer_create: device %d is out of range; the runtime has %d devices", device, rt->ndev);
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                         "dpar_buffer_create: device %d is out of range; the runtime has %d devices", device, rt->ndev);
     if (device < rt->local_base || device >= rt->local_base + rt->nlocal)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_buffer_create: device %d belongs to process %d, not to this process (%d, devices %d..%d)",
-                         device, device / rt->nlocal, rt->proc, rt->local_base, rt->local_base + rt->nlocal - 1);
-    if (dpar_dtype_size(dtype) == 0) return dpar__err(DPAR_ERR_DTYPE, "dpar_buffer_create: dtype %d is not a dpar_dtype", (int)dtype);
+        return dpar__err(
+            DPAR_ERR_INVALID_ARGUMENT,
+            "dpar_buffer_create: device %d belongs to process %d, not to this process (%d, devices %d..%d)", device,
+            device / rt->nlocal, rt->proc, rt->local_base, rt->local_base + rt->nlocal - 1);
+    if (dpar_dtype_size(dtype) == 0)
+        return dpar__err(DPAR_ERR_DTYPE, "dpar_buffer_create: dtype %d is not a dpar_dtype", (int)dtype);
     dpar_status s = dpar__check_shape("dpar_buffer_create", ndim, shape);
     if (s) return s;
     dpar_buffer *b = (dpar_buffer *)dpar__calloc(1, sizeof *b);
     if (!b) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_buffer_create: out of host memory");
-    b->rt = rt; b->device = device - rt->local_base; b->gdev = device; b->dtype = dtype; b->ndim = ndim;
+    b->rt = rt;
+    b->device = device - rt->local_base;
+    b->gdev = device;
+    b->dtype = dtype;
+    b->ndim = ndim;
     for (int i = 0; i < ndim; i++) b->shape[i] = shape[i];
     b->count = dpar__prod(shape, ndim);
     b->nbytes = (size_t)b->count * dpar_dtype_size(dtype);
@@ -1735,7 +1814,9 @@ DPAR_API dpar_status dpar_buffer_create(dpar_runtime *rt, int device, dpar_dtype
     if (s != DPAR_OK) {
         size_t nb = b->nbytes;
         DPAR_FREE(b);
-        if (!dpar__err_text[0]) dpar__err(s, "dpar_buffer_create: %s backend could not allocate %zu bytes on device %d", rt->be->name, nb, device);
+        if (!dpar__err_text[0])
+            dpar__err(s, "dpar_buffer_create: %s backend could not allocate %zu bytes on device %d", rt->be->name, nb,
+                      device);
         return s;
     }
     pthread_mutex_lock(&rt->list_mu);
@@ -1751,7 +1832,8 @@ DPAR_API dpar_status dpar_buffer_create(dpar_runtime *rt, int device, dpar_dtype
 DPAR_API dpar_status dpar_buffer_destroy(dpar_buffer *b) {
     if (!b) return DPAR_OK;
     if (b->owned)
-        return dpar__err(DPAR_ERR_STATE, "dpar_buffer_destroy: the buffer is a shard of a dpar_array and was not freed; "
+        return dpar__err(DPAR_ERR_STATE,
+                         "dpar_buffer_destroy: the buffer is a shard of a dpar_array and was not freed; "
                          "destroy the array instead");
     dpar__buffer_free(b);
     return DPAR_OK;
@@ -1759,19 +1841,34 @@ DPAR_API dpar_status dpar_buffer_destroy(dpar_buffer *b) {
 static void dpar__buffer_free(dpar_buffer *b) {
     dpar_runtime *rt = b->rt;
     pthread_mutex_lock(&rt->list_mu);
-    if (b->prev) b->prev->next = b->next; else rt->buffers = b->next;
+    if (b->prev)
+        b->prev->next = b->next;
+    else
+        rt->buffers = b->next;
     if (b->next) b->next->prev = b->prev;
     dpar__obs_mem(rt, b->device, -(int64_t)b->nbytes);
     pthread_mutex_unlock(&rt->list_mu);
     rt->be->free(rt->bstate, b->device, b->mem);
     DPAR_FREE(b);
 }
-DPAR_API dpar_dtype dpar_buffer_dtype(const dpar_buffer *b) { return b ? b->dtype : DPAR_DTYPE_COUNT; }
-DPAR_API int dpar_buffer_ndim(const dpar_buffer *b) { return b ? b->ndim : -1; }
-DPAR_API int64_t dpar_buffer_dim(const dpar_buffer *b, int i) { return (b && i >= 0 && i < b->ndim) ? b->shape[i] : -1; }
-DPAR_API int64_t dpar_buffer_count(const dpar_buffer *b) { return b ? b->count : 0; }
-DPAR_API size_t dpar_buffer_nbytes(const dpar_buffer *b) { return b ? b->nbytes : 0; }
-DPAR_API int dpar_buffer_device(const dpar_buffer *b) { return b ? b->gdev : -1; }
+DPAR_API dpar_dtype dpar_buffer_dtype(const dpar_buffer *b) {
+    return b ? b->dtype : DPAR_DTYPE_COUNT;
+}
+DPAR_API int dpar_buffer_ndim(const dpar_buffer *b) {
+    return b ? b->ndim : -1;
+}
+DPAR_API int64_t dpar_buffer_dim(const dpar_buffer *b, int i) {
+    return (b && i >= 0 && i < b->ndim) ? b->shape[i] : -1;
+}
+DPAR_API int64_t dpar_buffer_count(const dpar_buffer *b) {
+    return b ? b->count : 0;
+}
+DPAR_API size_t dpar_buffer_nbytes(const dpar_buffer *b) {
+    return b ? b->nbytes : 0;
+}
+DPAR_API int dpar_buffer_device(const dpar_buffer *b) {
+    return b ? b->gdev : -1;
+}
 
 DPAR_API dpar_status dpar_buffer_reshape(dpar_buffer *b, int ndim, const int64_t *shape) {
     dpar__clear_error();
@@ -1781,7 +1878,8 @@ DPAR_API dpar_status dpar_buffer_reshape(dpar_buffer *b, int ndim, const int64_t
     int64_t c = dpar__prod(shape, ndim);
     if (c != b->count) {
         char a[160], bb[160];
-        return dpar__err(DPAR_ERR_SHAPE, "dpar_buffer_reshape: new shape %s has %lld elements but the buffer %s has %lld",
+        return dpar__err(DPAR_ERR_SHAPE,
+                         "dpar_buffer_reshape: new shape %s has %lld elements but the buffer %s has %lld",
                          dpar__shape_str(a, sizeof a, ndim, shape), (long long)c,
                          dpar__shape_str(bb, sizeof bb, b->ndim, b->shape), (long long)b->count);
     }
@@ -1792,17 +1890,23 @@ DPAR_API dpar_status dpar_buffer_reshape(dpar_buffer *b, int ndim, const int64_t
 
 DPAR_API dpar_status dpar_buffer_write(dpar_buffer *b, size_t offset, const void *src, size_t nbytes) {
     dpar__clear_error();
-    if (!b || (!src && nbytes)) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_buffer_write: buffer or source is NULL");
+    if (!b || (!src && nbytes))
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_buffer_write: buffer or source is NULL");
     if (offset > b->nbytes || nbytes > b->nbytes - offset)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_buffer_write: bytes [%zu, %zu) are outside the %zu-byte buffer", offset, offset + nbytes, b->nbytes);
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                         "dpar_buffer_write: bytes [%zu, %zu) are outside the %zu-byte buffer", offset, offset + nbytes,
+                         b->nbytes);
     if (!nbytes) return DPAR_OK;
     return b->rt->be->write(b->rt->bstate, b->device, b->mem, offset, src, nbytes);
 }
 DPAR_API dpar_status dpar_buffer_read(const dpar_buffer *b, size_t offset, void *dst, size_t nbytes) {
     dpar__clear_error();
-    if (!b || (!dst && nbytes)) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_buffer_read: buffer or destination is NULL");
+    if (!b || (!dst && nbytes))
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_buffer_read: buffer or destination is NULL");
     if (offset > b->nbytes || nbytes > b->nbytes - offset)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_buffer_read: bytes [%zu, %zu) are outside the %zu-byte buffer", offset, offset + nbytes, b->nbytes);
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                         "dpar_buffer_read: bytes [%zu, %zu) are outside the %zu-byte buffer", offset, offset + nbytes,
+                         b->nbytes);
     if (!nbytes) return DPAR_OK;
     return b->rt->be->read(b->rt->bstate, b->device, b->mem, offset, dst, nbytes);
 }
@@ -1840,7 +1944,8 @@ DPAR_API dpar_status dpar_buffer_unmap(dpar_buffer *b, size_t offset, size_t nby
 DPAR_API dpar_status dpar_runtime_device_sync(dpar_runtime *rt, int device) {
     dpar__clear_error();
     if (!rt || device < rt->local_base || device >= rt->local_base + rt->nlocal)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_runtime_device_sync: device %d is not a device of this process", device);
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                         "dpar_runtime_device_sync: device %d is not a device of this process", device);
     return rt->be->sync(rt->bstate, device - rt->local_base);
 }
 /* ---------------------------------------------------------------------------
@@ -1848,12 +1953,12 @@ DPAR_API dpar_status dpar_runtime_device_sync(dpar_runtime *rt, int device) {
    ------------------------------------------------------------------------ */
 enum { DPAR__MASKS = 1 << DPAR_MAX_AXES };
 
-typedef struct dpar__post {   /* what one member asked for, checked against the others */
+typedef struct dpar__post { /* what one member asked for, checked against the others */
     int kind, op, dtype;
     int64_t in_count, out_count;
     int dim, tiled, split_dim, concat_dim, root;
     uint64_t pairs_hash;
-    int ndim;                  /* the input's shape: all_gather, psum_scatter and */
+    int ndim;                     /* the input's shape: all_gather, psum_scatter and */
     int64_t shape[DPAR_MAX_DIMS]; /* all_to_all lay data out by it, so members must agree */
     const char *name;
 } dpar__post;
@@ -1863,24 +1968,24 @@ struct dpar__group {
     pthread_cond_t cv;
     struct dpar_mesh *mesh;
     int n;
-    int *devices;              /* [n] in reduction order */
-    uint64_t gen;              /* barrier generation (atomic: waiters spin on it) */
+    int *devices; /* [n] in reduction order */
+    uint64_t gen; /* barrier generation (atomic: waiters spin on it) */
     int arrived;
-    int sleepers;              /* members blocked in the condition wait */
-    unsigned char *here;       /* [n] arrived in the current barrier */
-    uint64_t seq;              /* collectives completed, for messages */
-    dpar__post *posts;         /* [n] */
+    int sleepers;                      /* members blocked in the condition wait */
+    unsigned char *here;               /* [n] arrived in the current barrier */
+    uint64_t seq;                      /* collectives completed, for messages */
+    dpar__post *posts;                 /* [n] */
     dpar_buffer **in_bufs, **out_bufs; /* [n] */
-    void **in_ptr, **out_ptr;  /* [n] host-visible views used by the host path */
-    void **stage;              /* [n] per-member host staging (grown on demand) */
-    size_t *stage_cap;         /* [n] */
-    int nlocal;                /* members on this process (== n without MPI) */
-    int leader;                /* first local member's rank: does the cross-process part */
-    int cross;                 /* members on more than one process */
-    void **xin_ptr;            /* [n] every member's input as seen by this process (cross path) */
-    dpar_status xstatus;       /* leader's cross-process result, read by the other local members */
-    char *xmsg;                /* its error text (DPAR__ERR_LEN) */
-    void *mpi;                 /* the transport's per-group state (backends/dpar_mpi.h) */
+    void **in_ptr, **out_ptr;          /* [n] host-visible views used by the host path */
+    void **stage;                      /* [n] per-member host staging (grown on demand) */
+    size_t *stage_cap;                 /* [n] */
+    int nlocal;                        /* members on this process (== n without MPI) */
+    int leader;                        /* first local member's rank: does the cross-process part */
+    int cross;                         /* members on more than one process */
+    void **xin_ptr;                    /* [n] every member's input as seen by this process (cross path) */
+    dpar_status xstatus;               /* leader's cross-process result, read by the other local members */
+    char *xmsg;                        /* its error text (DPAR__ERR_LEN) */
+    void *mpi;                         /* the transport's per-group state (backends/dpar_mpi.h) */
 };
 
 struct dpar_mesh {
@@ -1889,16 +1994,19 @@ struct dpar_mesh {
     int shape[DPAR_MAX_AXES];
     char names[DPAR_MAX_AXES][DPAR_NAME_LEN];
     int size;
-    int devices[DPAR_MAX_DEVICES];     /* position -> device */
-    int pos_of[DPAR_MAX_DEVICES];      /* device -> position, -1 if absent */
-    dpar__group *groups[DPAR__MASKS];  /* per axis mask: size / group size groups */
+    int devices[DPAR_MAX_DEVICES];    /* position -> device */
+    int pos_of[DPAR_MAX_DEVICES];     /* device -> position, -1 if absent */
+    dpar__group *groups[DPAR__MASKS]; /* per axis mask: size / group size groups */
     int ngroups[DPAR__MASKS];
-    struct dpar_array *arrays;         /* arrays of this mesh, freed with it */
+    struct dpar_array *arrays; /* arrays of this mesh, freed with it */
     struct dpar_mesh *prev, *next;
 };
 
 static void dpar__pos_to_coords(const dpar_mesh *m, int pos, int *coords) {
-    for (int a = m->ndim - 1; a >= 0; a--) { coords[a] = pos % m->shape[a]; pos /= m->shape[a]; }
+    for (int a = m->ndim - 1; a >= 0; a--) {
+        coords[a] = pos % m->shape[a];
+        pos /= m->shape[a];
+    }
 }
 static int dpar__coords_to_pos(const dpar_mesh *m, const int *coords) {
     int pos = 0;
@@ -1908,13 +2016,14 @@ static int dpar__coords_to_pos(const dpar_mesh *m, const int *coords) {
 static const char *dpar__axes_list(const dpar_mesh *m, char *buf, size_t cap) {
     size_t at = 0;
     buf[0] = 0;
-    for (int a = 0; a < m->ndim && at < cap; a++) at += (size_t)snprintf(buf + at, cap - at, a ? ", %s" : "%s", m->names[a]);
+    for (int a = 0; a < m->ndim && at < cap; a++)
+        at += (size_t)snprintf(buf + at, cap - at, a ? ", %s" : "%s", m->names[a]);
     return buf;
 }
 /* Parses "a" or "a,b" (spaces allowed) into a mask; order[] gets the axes in
    the order written (may be NULL). Errors name the axis and list the mesh axes. */
-static dpar_status dpar__parse_axes(const dpar_mesh *m, const char *where, const char *axes, unsigned *mask,
-                                    int *order, int *norder) {
+static dpar_status dpar__parse_axes(const dpar_mesh *m, const char *where, const char *axes, unsigned *mask, int *order,
+                                    int *norder) {
     char list[160];
     *mask = 0;
     if (norder) *norder = 0;
@@ -1935,18 +2044,21 @@ static dpar_status dpar__parse_axes(const dpar_mesh *m, const char *where, const
             return dpar__err(DPAR_ERR_UNKNOWN_AXIS, "%s: axis '%.*s' is not in the mesh (axes: %s)", where, (int)len, p,
                              dpar__axes_list(m, list, sizeof list));
         if (*mask & (1u << found))
-            return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: axis '%s' is named twice in \"%s\"", where, m->names[found], axes);
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: axis '%s' is named twice in \"%s\"", where,
+                             m->names[found], axes);
         *mask |= 1u << found;
         if (order) order[(*norder)++] = found;
         p = q;
     }
     if (!*mask)
-        return dpar__err(DPAR_ERR_UNKNOWN_AXIS, "%s: no axis name in \"%s\" (axes: %s)", where, axes, dpar__axes_list(m, list, sizeof list));
+        return dpar__err(DPAR_ERR_UNKNOWN_AXIS, "%s: no axis name in \"%s\" (axes: %s)", where, axes,
+                         dpar__axes_list(m, list, sizeof list));
     return DPAR_OK;
 }
 static int dpar__mask_size(const dpar_mesh *m, unsigned mask) {
     int s = 1;
-    for (int a = 0; a < m->ndim; a++) if (mask & (1u << a)) s *= m->shape[a];
+    for (int a = 0; a < m->ndim; a++)
+        if (mask & (1u << a)) s *= m->shape[a];
     return s;
 }
 /* Group id (row-major over the axes outside mask) and rank (row-major over mask). */
@@ -1955,10 +2067,13 @@ static void dpar__group_of(const dpar_mesh *m, unsigned mask, int pos, int *gid,
     DPAR_ASSERT(pos >= 0 && pos < m->size);
     dpar__pos_to_coords(m, pos, c);
     for (int a = 0; a < m->ndim; a++) {
-        if (mask & (1u << a)) r = r * m->shape[a] + c[a];
-        else g = g * m->shape[a] + c[a];
+        if (mask & (1u << a))
+            r = r * m->shape[a] + c[a];
+        else
+            g = g * m->shape[a] + c[a];
     }
-    *gid = g; *rank = r;
+    *gid = g;
+    *rank = r;
 }
 
 DPAR_API void dpar_array_destroy(dpar_array *a);
@@ -1968,7 +2083,10 @@ static void dpar__mesh_free(dpar_mesh *m) {
     while (m->arrays) dpar_array_destroy(m->arrays);
     dpar__transport_get()->mesh_free(m);
     pthread_mutex_lock(&rt->list_mu);
-    if (m->prev) m->prev->next = m->next; else if (rt->meshes == m) rt->meshes = m->next;
+    if (m->prev)
+        m->prev->next = m->next;
+    else if (rt->meshes == m)
+        rt->meshes = m->next;
     if (m->next) m->next->prev = m->prev;
     pthread_mutex_unlock(&rt->list_mu);
     for (int k = 0; k < DPAR__MASKS; k++) {
@@ -1977,10 +2095,19 @@ static void dpar__mesh_free(dpar_mesh *m) {
             dpar__group *gr = &m->groups[k][g];
             pthread_mutex_destroy(&gr->mu);
             pthread_cond_destroy(&gr->cv);
-            if (gr->stage) for (int i = 0; i < gr->n; i++) DPAR_FREE(gr->stage[i]);
-            DPAR_FREE(gr->devices); DPAR_FREE(gr->here); DPAR_FREE(gr->posts);
-            DPAR_FREE(gr->in_bufs); DPAR_FREE(gr->out_bufs); DPAR_FREE(gr->in_ptr); DPAR_FREE(gr->out_ptr);
-            DPAR_FREE(gr->stage); DPAR_FREE(gr->stage_cap); DPAR_FREE(gr->xin_ptr); DPAR_FREE(gr->xmsg);
+            if (gr->stage)
+                for (int i = 0; i < gr->n; i++) DPAR_FREE(gr->stage[i]);
+            DPAR_FREE(gr->devices);
+            DPAR_FREE(gr->here);
+            DPAR_FREE(gr->posts);
+            DPAR_FREE(gr->in_bufs);
+            DPAR_FREE(gr->out_bufs);
+            DPAR_FREE(gr->in_ptr);
+            DPAR_FREE(gr->out_ptr);
+            DPAR_FREE(gr->stage);
+            DPAR_FREE(gr->stage_cap);
+            DPAR_FREE(gr->xin_ptr);
+            DPAR_FREE(gr->xmsg);
         }
         DPAR_FREE(m->groups[k]);
     }
@@ -1994,48 +2121,71 @@ DPAR_API dpar_status dpar_mesh_create(dpar_runtime *rt, const dpar_mesh_desc *de
     if (!rt || !desc) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_mesh_create: runtime or desc is NULL");
     dpar_mesh_desc resolved = *desc;
     if (resolved.ndim == 0) /* inferred: the leading axes given a size or a name */
-        while (resolved.ndim < DPAR_MAX_AXES && (desc->shape[resolved.ndim] || desc->axis_names[resolved.ndim])) resolved.ndim++;
+        while (resolved.ndim < DPAR_MAX_AXES && (desc->shape[resolved.ndim] || desc->axis_names[resolved.ndim]))
+            resolved.ndim++;
     const dpar_mesh_desc *d = &resolved;
     if (d->ndim < 1 || d->ndim > DPAR_MAX_AXES)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_mesh_create: ndim = %d; a mesh has 1..%d axes (0: as many as "
-                         "shape / axis_names give)", d->ndim, (int)DPAR_MAX_AXES);
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                         "dpar_mesh_create: ndim = %d; a mesh has 1..%d axes (0: as many as "
+                         "shape / axis_names give)",
+                         d->ndim, (int)DPAR_MAX_AXES);
     long long size = 1;
     for (int a = 0; a < d->ndim; a++) {
         const char *nm = d->axis_names[a];
         if (d->shape[a] < 1)
-            return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_mesh_create: axis %d has size %d; sizes must be >= 1", a, d->shape[a]);
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_mesh_create: axis %d has size %d; sizes must be >= 1", a,
+                             d->shape[a]);
         size *= d->shape[a];
-        if (!nm || !*nm) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_mesh_create: axis %d has an empty name; give every axis a name such as \"data\"", a);
-        if (strlen(nm) >= DPAR_NAME_LEN) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_mesh_create: axis name '%s' is longer than %d characters", nm, (int)DPAR_NAME_LEN - 1);
-        if (strpbrk(nm, ", \t")) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_mesh_create: axis name '%s' contains ',' or a space, which separate axis names", nm);
+        if (!nm || !*nm)
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                             "dpar_mesh_create: axis %d has an empty name; give every axis a name such as \"data\"", a);
+        if (strlen(nm) >= DPAR_NAME_LEN)
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_mesh_create: axis name '%s' is longer than %d characters",
+                             nm, (int)DPAR_NAME_LEN - 1);
+        if (strpbrk(nm, ", \t"))
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                             "dpar_mesh_create: axis name '%s' contains ',' or a space, which separate axis names", nm);
         for (int b = 0; b < a; b++)
             if (!strcmp(nm, d->axis_names[b]))
-                return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_mesh_create: axis name '%s' is used for axes %d and %d; names must be unique", nm, b, a);
+                return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                                 "dpar_mesh_create: axis name '%s' is used for axes %d and %d; names must be unique",
+                                 nm, b, a);
     }
     if (size > rt->ndev) {
-        char sh[96]; size_t at = 0;
-        for (int a = 0; a < d->ndim; a++) at += (size_t)snprintf(sh + at, sizeof sh - at, a ? " x %d" : "%d", d->shape[a]);
-        return dpar__err(DPAR_ERR_DEVICE_COUNT, "dpar_mesh_create: a mesh of shape (%s) needs %lld devices but the runtime has %d; "
-                         "create the runtime with num_devices = %lld (or DPAR_DEVICES=%lld)", sh, size, rt->ndev, size, size);
+        char sh[96];
+        size_t at = 0;
+        for (int a = 0; a < d->ndim; a++)
+            at += (size_t)snprintf(sh + at, sizeof sh - at, a ? " x %d" : "%d", d->shape[a]);
+        return dpar__err(DPAR_ERR_DEVICE_COUNT,
+                         "dpar_mesh_create: a mesh of shape (%s) needs %lld devices but the runtime has %d; "
+                         "create the runtime with num_devices = %lld (or DPAR_DEVICES=%lld)",
+                         sh, size, rt->ndev, size, size);
     }
-    if (!d->devices && size != rt->ndev) {
-        /* allowed: a mesh over the first `size` devices */
-    }
+    /* size < rt->ndev without a device list is allowed: the mesh takes the first `size` devices */
     dpar_mesh *m = (dpar_mesh *)dpar__calloc(1, sizeof *m);
     if (!m) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_mesh_create: out of host memory");
-    m->rt = rt; m->ndim = d->ndim; m->size = (int)size;
-    for (int a = 0; a < d->ndim; a++) { m->shape[a] = d->shape[a]; strcpy(m->names[a], d->axis_names[a]); }
+    m->rt = rt;
+    m->ndim = d->ndim;
+    m->size = (int)size;
+    for (int a = 0; a < d->ndim; a++) {
+        m->shape[a] = d->shape[a];
+        strcpy(m->names[a], d->axis_names[a]);
+    }
     for (int i = 0; i < DPAR_MAX_DEVICES; i++) m->pos_of[i] = -1;
     for (int p = 0; p < m->size; p++) {
         int dev = d->devices ? d->devices[p] : p;
         if (dev < 0 || dev >= rt->ndev) {
             DPAR_FREE(m);
-            return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_mesh_create: devices[%d] = %d is not a device of the runtime (0..%d)", p, dev, rt->ndev - 1);
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                             "dpar_mesh_create: devices[%d] = %d is not a device of the runtime (0..%d)", p, dev,
+                             rt->ndev - 1);
         }
         if (m->pos_of[dev] >= 0) {
             int prev = m->pos_of[dev];
             DPAR_FREE(m);
-            return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_mesh_create: device %d appears twice in devices[] (positions %d and %d)", dev, prev, p);
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                             "dpar_mesh_create: device %d appears twice in devices[] (positions %d and %d)", dev, prev,
+                             p);
         }
         m->devices[p] = dev;
         m->pos_of[dev] = p;
@@ -2044,13 +2194,17 @@ DPAR_API dpar_status dpar_mesh_create(dpar_runtime *rt, const dpar_mesh_desc *de
     for (unsigned mask = 1; mask < (1u << m->ndim); mask++) {
         int gs = dpar__mask_size(m, mask), ng = m->size / gs;
         m->groups[mask] = (dpar__group *)dpar__calloc((size_t)ng, sizeof(dpar__group));
-        if (!m->groups[mask]) { dpar__mesh_free(m); return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_mesh_create: out of host memory"); }
+        if (!m->groups[mask]) {
+            dpar__mesh_free(m);
+            return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_mesh_create: out of host memory");
+        }
         m->ngroups[mask] = ng;
         for (int g = 0; g < ng; g++) {
             dpar__group *gr = &m->groups[mask][g];
             pthread_mutex_init(&gr->mu, NULL);
             pthread_cond_init(&gr->cv, NULL);
-            gr->mesh = m; gr->n = gs;
+            gr->mesh = m;
+            gr->n = gs;
             gr->devices = (int *)dpar__calloc((size_t)gs, sizeof(int));
             gr->here = (unsigned char *)dpar__calloc((size_t)gs, 1);
             gr->posts = (dpar__post *)dpar__calloc((size_t)gs, sizeof(dpar__post));
@@ -2077,7 +2231,10 @@ DPAR_API dpar_status dpar_mesh_create(dpar_runtime *rt, const dpar_mesh_desc *de
             dpar__group *gr = &m->groups[mask][g];
             gr->leader = -1;
             for (int r = 0; r < gr->n; r++) {
-                if (dpar__is_local(rt, gr->devices[r])) { gr->nlocal++; if (gr->leader < 0) gr->leader = r; }
+                if (dpar__is_local(rt, gr->devices[r])) {
+                    gr->nlocal++;
+                    if (gr->leader < 0) gr->leader = r;
+                }
             }
             gr->cross = gr->nlocal != gr->n;
         }
@@ -2099,13 +2256,20 @@ DPAR_API dpar_status dpar_mesh_create(dpar_runtime *rt, const dpar_mesh_desc *de
 }
 DPAR_API dpar_status dpar_mesh_destroy(dpar_mesh *m) {
     if (m && dpar__self_worker)
-        return dpar__err(DPAR_ERR_STATE, "dpar_mesh_destroy: called inside a pmap/shard_map function; nothing was destroyed");
+        return dpar__err(DPAR_ERR_STATE,
+                         "dpar_mesh_destroy: called inside a pmap/shard_map function; nothing was destroyed");
     dpar__mesh_free(m);
     return DPAR_OK;
 }
-DPAR_API int dpar_mesh_ndim(const dpar_mesh *m) { return m ? m->ndim : 0; }
-DPAR_API int dpar_mesh_size(const dpar_mesh *m) { return m ? m->size : 0; }
-DPAR_API const char *dpar_mesh_axis_name(const dpar_mesh *m, int i) { return (m && i >= 0 && i < m->ndim) ? m->names[i] : NULL; }
+DPAR_API int dpar_mesh_ndim(const dpar_mesh *m) {
+    return m ? m->ndim : 0;
+}
+DPAR_API int dpar_mesh_size(const dpar_mesh *m) {
+    return m ? m->size : 0;
+}
+DPAR_API const char *dpar_mesh_axis_name(const dpar_mesh *m, int i) {
+    return (m && i >= 0 && i < m->ndim) ? m->names[i] : NULL;
+}
 
 DPAR_API dpar_status dpar_mesh_axis_size(const dpar_mesh *m, const char *axes, int *out) {
     dpar__clear_error();
@@ -2121,7 +2285,9 @@ DPAR_API dpar_status dpar_mesh_device(const dpar_mesh *m, const int *coords, int
     if (!m || !coords || !device) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_mesh_device: NULL argument");
     for (int a = 0; a < m->ndim; a++)
         if (coords[a] < 0 || coords[a] >= m->shape[a])
-            return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_mesh_device: coordinate %d on axis '%s' is out of range 0..%d", coords[a], m->names[a], m->shape[a] - 1);
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                             "dpar_mesh_device: coordinate %d on axis '%s' is out of range 0..%d", coords[a],
+                             m->names[a], m->shape[a] - 1);
     *device = m->devices[dpar__coords_to_pos(m, coords)];
     return DPAR_OK;
 }
@@ -2133,7 +2299,8 @@ DPAR_API dpar_status dpar_mesh_coords(const dpar_mesh *m, int device, int *coord
     dpar__pos_to_coords(m, m->pos_of[device], coords);
     return DPAR_OK;
 }
-DPAR_API dpar_status dpar_mesh_group(const dpar_mesh *m, const char *axes, int device, int *members, int *n, int *index) {
+DPAR_API dpar_status dpar_mesh_group(const dpar_mesh *m, const char *axes, int device, int *members, int *n,
+                                     int *index) {
     dpar__clear_error();
     if (!m || !members || !n) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_mesh_group: NULL argument");
     if (device < 0 || device >= DPAR_MAX_DEVICES || m->pos_of[device] < 0)
@@ -2155,11 +2322,14 @@ DPAR_API dpar_status dpar_mesh_group(const dpar_mesh *m, const char *axes, int d
    ------------------------------------------------------------------------ */
 /* Copies the block of extent ext[ndim] from src (shape sshape, at soff) to
    dst (shape dshape, at doff). esize bytes per element. */
-static void dpar__copy_block(char *dst, const int64_t *dshape, const int64_t *doff,
-                             const char *src, const int64_t *sshape, const int64_t *soff,
-                             const int64_t *ext, int ndim, size_t esize) {
-    if (ndim == 0) { memcpy(dst, src, esize); return; }
-    for (int i = 0; i < ndim; i++) if (ext[i] == 0) return;
+static void dpar__copy_block(char *dst, const int64_t *dshape, const int64_t *doff, const char *src,
+                             const int64_t *sshape, const int64_t *soff, const int64_t *ext, int ndim, size_t esize) {
+    if (ndim == 0) {
+        memcpy(dst, src, esize);
+        return;
+    }
+    for (int i = 0; i < ndim; i++)
+        if (ext[i] == 0) return;
     /* merge trailing dims that are whole in both */
     int last = ndim - 1;
     size_t run = (size_t)ext[last] * esize;
@@ -2168,10 +2338,15 @@ static void dpar__copy_block(char *dst, const int64_t *dshape, const int64_t *do
         run *= (size_t)ext[last];
     }
     /* iterate over dims 0..last-1, copying `run` bytes at dim `last` */
-    int64_t idx[DPAR_MAX_DIMS] = {0};
+    int64_t idx[DPAR_MAX_DIMS] = { 0 };
     int64_t dstride[DPAR_MAX_DIMS], sstride[DPAR_MAX_DIMS];
     int64_t ds = 1, ss = 1;
-    for (int i = ndim - 1; i >= 0; i--) { dstride[i] = ds; sstride[i] = ss; ds *= dshape[i]; ss *= sshape[i]; }
+    for (int i = ndim - 1; i >= 0; i--) {
+        dstride[i] = ds;
+        sstride[i] = ss;
+        ds *= dshape[i];
+        ss *= sshape[i];
+    }
     for (;;) {
         int64_t dpos = 0, spos = 0;
         for (int i = 0; i <= last; i++) {
@@ -2202,8 +2377,8 @@ struct dpar_array {
     int spec_axes[DPAR_MAX_DIMS][DPAR_MAX_AXES]; /* axes splitting each dim, in written order */
     int spec_n[DPAR_MAX_DIMS];
     unsigned used_mask;
-    dpar_buffer **shards;                        /* [mesh size] by position */
-    struct dpar_array *prev, *next;              /* mesh's list */
+    dpar_buffer **shards;           /* [mesh size] by position */
+    struct dpar_array *prev, *next; /* mesh's list */
 };
 
 /* offsets of the shard of mesh position pos */
@@ -2224,10 +2399,15 @@ DPAR_API void dpar_array_destroy(dpar_array *a) {
     if (!a) return;
     dpar_mesh *m = a->mesh;
     pthread_mutex_lock(&m->rt->list_mu);
-    if (a->prev) a->prev->next = a->next; else if (m->arrays == a) m->arrays = a->next;
+    if (a->prev)
+        a->prev->next = a->next;
+    else if (m->arrays == a)
+        m->arrays = a->next;
     if (a->next) a->next->prev = a->prev;
     pthread_mutex_unlock(&m->rt->list_mu);
-    if (a->shards) for (int p = 0; p < a->mesh->size; p++) if (a->shards[p]) dpar__buffer_free(a->shards[p]);
+    if (a->shards)
+        for (int p = 0; p < a->mesh->size; p++)
+            if (a->shards[p]) dpar__buffer_free(a->shards[p]);
     DPAR_FREE(a->shards);
     DPAR_FREE(a);
 }
@@ -2237,12 +2417,15 @@ DPAR_API dpar_status dpar_array_create(dpar_mesh *m, const dpar_array_desc *d, d
     if (!out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_array_create: `out` is NULL");
     *out = NULL;
     if (!m || !d) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_array_create: mesh or desc is NULL");
-    if (dpar_dtype_size(d->dtype) == 0) return dpar__err(DPAR_ERR_DTYPE, "dpar_array_create: dtype %d is not a dpar_dtype", (int)d->dtype);
+    if (dpar_dtype_size(d->dtype) == 0)
+        return dpar__err(DPAR_ERR_DTYPE, "dpar_array_create: dtype %d is not a dpar_dtype", (int)d->dtype);
     dpar_status s = dpar__check_shape("dpar_array_create", d->ndim, d->shape);
     if (s) return s;
     dpar_array *a = (dpar_array *)dpar__calloc(1, sizeof *a);
     if (!a) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_array_create: out of host memory");
-    a->mesh = m; a->dtype = d->dtype; a->ndim = d->ndim;
+    a->mesh = m;
+    a->dtype = d->dtype;
+    a->ndim = d->ndim;
     for (int i = 0; i < d->ndim; i++) {
         a->shape[i] = d->shape[i];
         a->local[i] = d->shape[i];
@@ -2251,26 +2434,41 @@ DPAR_API dpar_status dpar_array_create(dpar_mesh *m, const dpar_array_desc *d, d
         char where[64];
         snprintf(where, sizeof where, "dpar_array_create: spec of dimension %d", i);
         s = dpar__parse_axes(m, where, d->spec[i], &mask, a->spec_axes[i], &a->spec_n[i]);
-        if (s) { DPAR_FREE(a); return s; }
+        if (s) {
+            DPAR_FREE(a);
+            return s;
+        }
         if (mask & a->used_mask) {
             DPAR_FREE(a);
-            return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_array_create: spec \"%s\" of dimension %d uses an axis already used by another dimension", d->spec[i], i);
+            return dpar__err(
+                DPAR_ERR_INVALID_ARGUMENT,
+                "dpar_array_create: spec \"%s\" of dimension %d uses an axis already used by another dimension",
+                d->spec[i], i);
         }
         a->used_mask |= mask;
         int n = dpar__mask_size(m, mask);
         if (d->shape[i] % n) {
             DPAR_FREE(a);
-            return dpar__err(DPAR_ERR_SHAPE, "dpar_array_create: dimension %d has size %lld, which is not divisible by the %d devices of axis '%s'; "
-                             "pad it to a multiple of %d", i, (long long)d->shape[i], n, d->spec[i], n);
+            return dpar__err(
+                DPAR_ERR_SHAPE,
+                "dpar_array_create: dimension %d has size %lld, which is not divisible by the %d devices of axis '%s'; "
+                "pad it to a multiple of %d",
+                i, (long long)d->shape[i], n, d->spec[i], n);
         }
         a->local[i] = d->shape[i] / n;
     }
     a->shards = (dpar_buffer **)dpar__calloc((size_t)m->size, sizeof(dpar_buffer *));
-    if (!a->shards) { DPAR_FREE(a); return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_array_create: out of host memory"); }
+    if (!a->shards) {
+        DPAR_FREE(a);
+        return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_array_create: out of host memory");
+    }
     for (int p = 0; p < m->size; p++) {
         if (!dpar__is_local(m->rt, m->devices[p])) continue; /* another process holds it */
         s = dpar_buffer_create(m->rt, m->devices[p], d->dtype, d->ndim, a->local, &a->shards[p]);
-        if (s) { dpar_array_destroy(a); return s; }
+        if (s) {
+            dpar_array_destroy(a);
+            return s;
+        }
         a->shards[p]->owned = 1;
     }
     pthread_mutex_lock(&m->rt->list_mu);
@@ -2289,7 +2487,7 @@ DPAR_API dpar_status dpar_array_put(dpar_array *a, const void *host) {
     size_t nb = (size_t)dpar__prod(a->local, a->ndim) * es;
     char *tmp = (char *)DPAR_MALLOC(nb ? nb : 1);
     if (!tmp) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_array_put: out of host memory (%zu bytes)", nb);
-    int64_t zero[DPAR_MAX_DIMS] = {0}, off[DPAR_MAX_DIMS];
+    int64_t zero[DPAR_MAX_DIMS] = { 0 }, off[DPAR_MAX_DIMS];
     dpar_status s = DPAR_OK;
     for (int p = 0; p < a->mesh->size && !s; p++) {
         if (!a->shards[p]) continue;
@@ -2308,18 +2506,20 @@ DPAR_API dpar_status dpar_array_get(const dpar_array *a, void *host) {
     size_t nb = (size_t)dpar__prod(a->local, a->ndim) * es;
     char *tmp = (char *)DPAR_MALLOC(nb ? nb : 1);
     if (!tmp) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_array_get: out of host memory (%zu bytes)", nb);
-    int64_t zero[DPAR_MAX_DIMS] = {0}, off[DPAR_MAX_DIMS];
+    int64_t zero[DPAR_MAX_DIMS] = { 0 }, off[DPAR_MAX_DIMS];
     dpar_status s = DPAR_OK;
     for (int p = 0; p < a->mesh->size && !s; p++) {
         /* the canonical holder of a shard: coordinate 0 on every axis the spec does not use */
         int c[DPAR_MAX_AXES], canon = 1;
         dpar__pos_to_coords(a->mesh, p, c);
-        for (int ax = 0; ax < a->mesh->ndim; ax++) if (!(a->used_mask & (1u << ax)) && c[ax] != 0) canon = 0;
+        for (int ax = 0; ax < a->mesh->ndim; ax++)
+            if (!(a->used_mask & (1u << ax)) && c[ax] != 0) canon = 0;
         if (!canon) continue;
         if (a->shards[p]) s = dpar_buffer_read(a->shards[p], 0, tmp, nb);
         if (a->mesh->rt->nproc > 1) {
             /* the owner broadcasts its status and the shard to every process */
-            dpar_status s2 = dpar__transport_get()->share(a->mesh->rt, tmp, nb, a->mesh->devices[p] / a->mesh->rt->nlocal, s);
+            dpar_status s2 =
+                dpar__transport_get()->share(a->mesh->rt, tmp, nb, a->mesh->devices[p] / a->mesh->rt->nlocal, s);
             if (s2) s = s2;
         }
         if (s) break;
@@ -2350,15 +2550,17 @@ DPAR_API dpar_status dpar_array_local_rows(const dpar_array *a, int64_t *begin, 
 }
 DPAR_API dpar_status dpar_array_put_rows(dpar_array *a, int64_t row_begin, int64_t row_count, const void *host) {
     dpar__clear_error();
-    if (!a || (!host && row_count) || a->ndim < 1) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_array_put_rows: NULL argument or 0-d array");
+    if (!a || (!host && row_count) || a->ndim < 1)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_array_put_rows: NULL argument or 0-d array");
     if (row_begin < 0 || row_count < 0 || row_begin > a->shape[0] || row_count > a->shape[0] - row_begin)
-        return dpar__err(DPAR_ERR_SHAPE, "dpar_array_put_rows: %lld rows from row %lld are outside dimension 0 of size %lld",
+        return dpar__err(DPAR_ERR_SHAPE,
+                         "dpar_array_put_rows: %lld rows from row %lld are outside dimension 0 of size %lld",
                          (long long)row_count, (long long)row_begin, (long long)a->shape[0]);
     size_t es = dpar_dtype_size(a->dtype);
     size_t nb = (size_t)dpar__prod(a->local, a->ndim) * es;
     char *tmp = (char *)DPAR_MALLOC(nb ? nb : 1);
     if (!tmp) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_array_put_rows: out of host memory (%zu bytes)", nb);
-    int64_t zero[DPAR_MAX_DIMS] = {0}, off[DPAR_MAX_DIMS], hshape[DPAR_MAX_DIMS];
+    int64_t zero[DPAR_MAX_DIMS] = { 0 }, off[DPAR_MAX_DIMS], hshape[DPAR_MAX_DIMS];
     for (int d = 0; d < a->ndim; d++) hshape[d] = a->shape[d];
     hshape[0] = row_count;
     dpar_status s = DPAR_OK;
@@ -2368,9 +2570,12 @@ DPAR_API dpar_status dpar_array_put_rows(dpar_array *a, int64_t row_begin, int64
         int64_t b = off[0], e = off[0] + a->local[0];
         if (e <= row_begin || b >= row_begin + row_count) continue; /* not covered */
         if (b < row_begin || e > row_begin + row_count) {
-            s = dpar__err(DPAR_ERR_SHAPE, "dpar_array_put_rows: the shard on device %d holds rows [%lld, %lld), only partly inside [%lld, %lld); "
-                          "pass whole shards (dpar_array_local_rows gives this process's rows)", a->mesh->devices[p], (long long)b, (long long)e,
-                          (long long)row_begin, (long long)(row_begin + row_count));
+            s = dpar__err(
+                DPAR_ERR_SHAPE,
+                "dpar_array_put_rows: the shard on device %d holds rows [%lld, %lld), only partly inside [%lld, %lld); "
+                "pass whole shards (dpar_array_local_rows gives this process's rows)",
+                a->mesh->devices[p], (long long)b, (long long)e, (long long)row_begin,
+                (long long)(row_begin + row_count));
             break;
         }
         off[0] -= row_begin;
@@ -2380,8 +2585,12 @@ DPAR_API dpar_status dpar_array_put_rows(dpar_array *a, int64_t row_begin, int64
     DPAR_FREE(tmp);
     return s;
 }
-DPAR_API int dpar_array_ndim(const dpar_array *a) { return a ? a->ndim : -1; }
-DPAR_API int64_t dpar_array_dim(const dpar_array *a, int i) { return (a && i >= 0 && i < a->ndim) ? a->shape[i] : -1; }
+DPAR_API int dpar_array_ndim(const dpar_array *a) {
+    return a ? a->ndim : -1;
+}
+DPAR_API int64_t dpar_array_dim(const dpar_array *a, int i) {
+    return (a && i >= 0 && i < a->ndim) ? a->shape[i] : -1;
+}
 /* ---------------------------------------------------------------------------
    Dispatch: jobs, workers, pmap, shard_map
    ------------------------------------------------------------------------ */
@@ -2392,15 +2601,15 @@ struct dpar_ctx {
     int device, pos;
     int coords[DPAR_MAX_AXES];
     int nargs;
-    dpar_buffer **args;      /* [nargs] this device's shards */
+    dpar_buffer **args; /* [nargs] this device's shards */
 };
 
 struct dpar__job {
     dpar_mesh *mesh;
     dpar_fn fn;
     void *user;
-    dpar_ctx *ctxs;          /* [mesh size] by position */
-    int abort;               /* atomic */
+    dpar_ctx *ctxs; /* [mesh size] by position */
+    int abort;      /* atomic */
     pthread_mutex_t err_mu;
     dpar_status first_status;
     int first_device;
@@ -2426,7 +2635,8 @@ static void dpar__job_fail(dpar__job *job, int device, dpar_status s) {
     if (job->first_status == DPAR_OK || (job->first_status == DPAR_ERR_ABORTED && s != DPAR_ERR_ABORTED)) {
         job->first_status = s;
         job->first_device = device;
-        snprintf(job->first_msg, sizeof job->first_msg, "%s", dpar__err_text[0] ? dpar__err_text : dpar_status_string(s));
+        snprintf(job->first_msg, sizeof job->first_msg, "%s",
+                 dpar__err_text[0] ? dpar__err_text : dpar_status_string(s));
     }
     pthread_mutex_unlock(&job->err_mu);
     if (!DPAR__ATOMIC_LOAD(&job->abort)) {
@@ -2469,8 +2679,10 @@ static void *dpar__worker_main(void *arg) {
             dpar__clear_error();
             dpar_status st = DPAR__ATOMIC_LOAD(&job->abort) ? DPAR_ERR_ABORTED : job->fn(ctx, job->user);
             if ((int)st < 0 || st > DPAR_ERR_STATE)
-                st = dpar__err(DPAR_ERR_INVALID_ARGUMENT, "the pmap function returned %d, which is not a dpar_status; return DPAR_OK or "
-                               "the status of the call that failed", (int)st);
+                st = dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                               "the pmap function returned %d, which is not a dpar_status; return DPAR_OK or "
+                               "the status of the call that failed",
+                               (int)st);
             if (st != DPAR_OK) dpar__job_fail(job, w->device, st);
             dpar__worker_drain(w);
             DPAR__ATOMIC_STORE(&job->departed[pos], 1);
@@ -2501,7 +2713,10 @@ static dpar_status dpar__devices_status(dpar_runtime *rt, int *device) {
     if (!rt->be->device_status) return DPAR_OK;
     for (int i = 0; i < rt->nlocal; i++) {
         dpar_status s = rt->be->device_status(rt->bstate, i);
-        if (s) { if (device) *device = rt->local_base + i; return s; }
+        if (s) {
+            if (device) *device = rt->local_base + i;
+            return s;
+        }
     }
     return DPAR_OK;
 }
@@ -2519,13 +2734,19 @@ static dpar_status dpar__run(dpar_mesh *m, dpar_fn fn, void *user, int nargs, dp
     if ((early = dpar__transport_get()->dispatch_begin(rt))) return early;
     dpar__job job;
     memset(&job, 0, sizeof job);
-    job.mesh = m; job.fn = fn; job.user = user;
+    job.mesh = m;
+    job.fn = fn;
+    job.user = user;
     job.ctxs = (dpar_ctx *)dpar__calloc((size_t)m->size, sizeof(dpar_ctx));
     if (!job.ctxs) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_pmap: out of host memory");
     pthread_mutex_init(&job.err_mu, NULL);
     for (int p = 0; p < m->size; p++) {
         dpar_ctx *c = &job.ctxs[p];
-        c->job = &job; c->rt = rt; c->mesh = m; c->device = m->devices[p]; c->pos = p;
+        c->job = &job;
+        c->rt = rt;
+        c->mesh = m;
+        c->device = m->devices[p];
+        c->pos = p;
         dpar__pos_to_coords(m, p, c->coords);
         c->nargs = nargs;
         c->args = args ? args + (size_t)p * (size_t)nargs : NULL;
@@ -2556,9 +2777,12 @@ static dpar_status dpar__run(dpar_mesh *m, dpar_fn fn, void *user, int nargs, dp
     dpar__reset_groups(m);
     pthread_mutex_unlock(&rt->dispatch_mu);
     dpar_status s = job.first_status;
-    if (s != DPAR_OK && job.first_device >= 0) dpar__err(s, "device %d: %s", job.first_device, job.first_msg);
-    else if (s != DPAR_OK) dpar__err(s, "%s", job.first_msg);
-    else dpar__clear_error();
+    if (s != DPAR_OK && job.first_device >= 0)
+        dpar__err(s, "device %d: %s", job.first_device, job.first_msg);
+    else if (s != DPAR_OK)
+        dpar__err(s, "%s", job.first_msg);
+    else
+        dpar__clear_error();
     pthread_mutex_destroy(&job.err_mu);
     DPAR_FREE(job.ctxs);
     if (t0 > 0.0) dpar__trace_event(dpar__trace_pid(rt), -1, "dispatch", "host", t0, dpar__now_us(), -1);
@@ -2574,18 +2798,26 @@ DPAR_API dpar_status dpar_shard_map(dpar_mesh *m, const dpar_shard_map_desc *des
         if (resolved.num_args == 0) /* inferred: the leading non-NULL args */
             while (resolved.num_args < DPAR_MAX_ARGS && resolved.args[resolved.num_args]) resolved.num_args++;
     }
-    if (!m || !d || !d->fn) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_shard_map: mesh, desc or desc->fn is NULL");
-    if (dpar__self_worker) return dpar__err(DPAR_ERR_STATE, "dpar_shard_map: called from inside a pmap/shard_map function; nested dispatch is not supported");
+    if (!m || !d || !d->fn)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_shard_map: mesh, desc or desc->fn is NULL");
+    if (dpar__self_worker)
+        return dpar__err(
+            DPAR_ERR_STATE,
+            "dpar_shard_map: called from inside a pmap/shard_map function; nested dispatch is not supported");
     if (d->num_args < 0 || d->num_args > DPAR_MAX_ARGS)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_shard_map: num_args = %d is out of range 0..%d", d->num_args, (int)DPAR_MAX_ARGS);
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_shard_map: num_args = %d is out of range 0..%d", d->num_args,
+                         (int)DPAR_MAX_ARGS);
     for (int i = 0; i < d->num_args; i++) {
         if (!d->args[i]) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_shard_map: args[%d] is NULL", i);
-        if (d->args[i]->mesh != m) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_shard_map: args[%d] was created on another mesh", i);
+        if (d->args[i]->mesh != m)
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_shard_map: args[%d] was created on another mesh", i);
     }
-    dpar_buffer **tab = (dpar_buffer **)dpar__calloc((size_t)m->size * (size_t)(d->num_args ? d->num_args : 1), sizeof(dpar_buffer *));
+    dpar_buffer **tab =
+        (dpar_buffer **)dpar__calloc((size_t)m->size * (size_t)(d->num_args ? d->num_args : 1), sizeof(dpar_buffer *));
     if (!tab) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_shard_map: out of host memory");
     for (int p = 0; p < m->size; p++)
-        for (int i = 0; i < d->num_args; i++) tab[(size_t)p * (size_t)d->num_args + (size_t)i] = d->args[i]->shards[p]; /* NULL if remote */
+        for (int i = 0; i < d->num_args; i++)
+            tab[(size_t)p * (size_t)d->num_args + (size_t)i] = d->args[i]->shards[p]; /* NULL if remote */
     dpar_status s = dpar__run(m, d->fn, d->user, d->num_args, tab);
     DPAR_FREE(tab);
     return s;
@@ -2598,47 +2830,64 @@ DPAR_API dpar_status dpar_pmap(dpar_mesh *m, const dpar_pmap_desc *desc) {
     if (desc) { /* counts of 0 inferred: the leading inputs / outputs with non-NULL data */
         resolved = *desc;
         if (resolved.num_inputs == 0)
-            while (resolved.num_inputs < DPAR_MAX_ARGS / 2 && resolved.inputs[resolved.num_inputs].data) resolved.num_inputs++;
+            while (resolved.num_inputs < DPAR_MAX_ARGS / 2 && resolved.inputs[resolved.num_inputs].data)
+                resolved.num_inputs++;
         if (resolved.num_outputs == 0)
-            while (resolved.num_outputs < DPAR_MAX_ARGS / 2 && resolved.outputs[resolved.num_outputs].data) resolved.num_outputs++;
+            while (resolved.num_outputs < DPAR_MAX_ARGS / 2 && resolved.outputs[resolved.num_outputs].data)
+                resolved.num_outputs++;
     }
     if (!m || !d || !d->fn) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_pmap: mesh, desc or desc->fn is NULL");
-    if (dpar__self_worker) return dpar__err(DPAR_ERR_STATE, "dpar_pmap: called from inside a pmap/shard_map function; nested dispatch is not supported");
+    if (dpar__self_worker)
+        return dpar__err(DPAR_ERR_STATE,
+                         "dpar_pmap: called from inside a pmap/shard_map function; nested dispatch is not supported");
     unsigned mask;
     dpar_status s = dpar__parse_axes(m, "dpar_pmap", d->axis, &mask, NULL, NULL);
     if (s) return s;
-    if (d->num_inputs < 0 || d->num_outputs < 0 || d->num_inputs > DPAR_MAX_ARGS / 2 || d->num_outputs > DPAR_MAX_ARGS / 2)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_pmap: num_inputs/num_outputs must be in 0..%d", (int)DPAR_MAX_ARGS / 2);
+    if (d->num_inputs < 0 || d->num_outputs < 0 || d->num_inputs > DPAR_MAX_ARGS / 2 ||
+        d->num_outputs > DPAR_MAX_ARGS / 2)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_pmap: num_inputs/num_outputs must be in 0..%d",
+                         (int)DPAR_MAX_ARGS / 2);
     int n = dpar__mask_size(m, mask);
     /* validate everything before anything runs */
     for (int i = 0; i < d->num_inputs; i++) {
         const dpar_pmap_input *in = &d->inputs[i];
         char where[48];
         snprintf(where, sizeof where, "dpar_pmap: input %d", i);
-        if (dpar_dtype_size(in->dtype) == 0) return dpar__err(DPAR_ERR_DTYPE, "%s: dtype %d is not a dpar_dtype", where, (int)in->dtype);
+        if (dpar_dtype_size(in->dtype) == 0)
+            return dpar__err(DPAR_ERR_DTYPE, "%s: dtype %d is not a dpar_dtype", where, (int)in->dtype);
         s = dpar__check_shape(where, in->ndim, in->shape);
         if (s) return s;
-        if (!in->data && dpar__prod(in->shape, in->ndim) > 0) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: data is NULL", where);
+        if (!in->data && dpar__prod(in->shape, in->ndim) > 0)
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: data is NULL", where);
         if (in->in_axis == DPAR_MAPPED) {
             if (in->ndim < 1)
-                return dpar__err(DPAR_ERR_SHAPE, "%s is a scalar but is mapped over axis '%s'; use in_axis = DPAR_REPLICATED", where, d->axis);
+                return dpar__err(DPAR_ERR_SHAPE,
+                                 "%s is a scalar but is mapped over axis '%s'; use in_axis = DPAR_REPLICATED", where,
+                                 d->axis);
             if (in->shape[0] != n)
-                return dpar__err(DPAR_ERR_SHAPE, "dpar_pmap: input %d has leading dimension %lld but mesh axis '%s' has %d devices; "
-                                 "give it a leading dimension of %d, or use dpar_shard_map to split %lld rows over %d devices",
-                                 i, (long long)in->shape[0], d->axis, n, n, (long long)in->shape[0], n);
+                return dpar__err(
+                    DPAR_ERR_SHAPE,
+                    "dpar_pmap: input %d has leading dimension %lld but mesh axis '%s' has %d devices; "
+                    "give it a leading dimension of %d, or use dpar_shard_map to split %lld rows over %d devices",
+                    i, (long long)in->shape[0], d->axis, n, n, (long long)in->shape[0], n);
         } else if (in->in_axis != DPAR_REPLICATED) {
-            return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: in_axis = %d; use DPAR_MAPPED (0) or DPAR_REPLICATED (-1)", where, in->in_axis);
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: in_axis = %d; use DPAR_MAPPED (0) or DPAR_REPLICATED (-1)",
+                             where, in->in_axis);
         }
     }
     for (int j = 0; j < d->num_outputs; j++) {
         const dpar_pmap_output *o = &d->outputs[j];
         char where[48];
         snprintf(where, sizeof where, "dpar_pmap: output %d", j);
-        if (dpar_dtype_size(o->dtype) == 0) return dpar__err(DPAR_ERR_DTYPE, "%s: dtype %d is not a dpar_dtype", where, (int)o->dtype);
+        if (dpar_dtype_size(o->dtype) == 0)
+            return dpar__err(DPAR_ERR_DTYPE, "%s: dtype %d is not a dpar_dtype", where, (int)o->dtype);
         s = dpar__check_shape(where, o->ndim, o->shape);
         if (s) return s;
-        if (o->ndim + 1 > DPAR_MAX_DIMS) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: ndim %d leaves no room for the stacked dimension", where, o->ndim);
-        if (!o->data && dpar__prod(o->shape, o->ndim) > 0) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: data is NULL", where);
+        if (o->ndim + 1 > DPAR_MAX_DIMS)
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: ndim %d leaves no room for the stacked dimension", where,
+                             o->ndim);
+        if (!o->data && dpar__prod(o->shape, o->ndim) > 0)
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: data is NULL", where);
     }
     /* the mapped axis name(s) as a spec */
     int nargs = d->num_inputs + d->num_outputs;
@@ -2648,12 +2897,13 @@ DPAR_API dpar_status dpar_pmap(dpar_mesh *m, const dpar_pmap_desc *desc) {
         const dpar_pmap_input *in = &d->inputs[i];
         dpar_array_desc ad;
         memset(&ad, 0, sizeof ad);
-        ad.dtype = in->dtype; ad.ndim = in->ndim;
+        ad.dtype = in->dtype;
+        ad.ndim = in->ndim;
         for (int k = 0; k < in->ndim; k++) ad.shape[k] = in->shape[k];
         if (in->in_axis == DPAR_MAPPED) ad.spec[0] = d->axis;
         s = dpar_array_create(m, &ad, &arrs[i]);
         if (!s) s = dpar_array_put(arrs[i], in->data);
-        if (!s && in->in_axis == DPAR_MAPPED)  /* drop the mapped dimension of size 1 */
+        if (!s && in->in_axis == DPAR_MAPPED) /* drop the mapped dimension of size 1 */
             for (int p = 0; p < m->size; p++) {
                 dpar_buffer *b = arrs[i]->shards[p];
                 if (b) s = dpar_buffer_reshape(b, b->ndim - 1, b->shape + 1);
@@ -2663,15 +2913,17 @@ DPAR_API dpar_status dpar_pmap(dpar_mesh *m, const dpar_pmap_desc *desc) {
         const dpar_pmap_output *o = &d->outputs[j];
         dpar_array_desc ad;
         memset(&ad, 0, sizeof ad);
-        ad.dtype = o->dtype; ad.ndim = o->ndim + 1;
+        ad.dtype = o->dtype;
+        ad.ndim = o->ndim + 1;
         ad.shape[0] = n;
         for (int k = 0; k < o->ndim; k++) ad.shape[k + 1] = o->shape[k];
         ad.spec[0] = d->axis;
         s = dpar_array_create(m, &ad, &arrs[d->num_inputs + j]);
-        if (!s) for (int p = 0; p < m->size; p++) {
-            dpar_buffer *b = arrs[d->num_inputs + j]->shards[p];
-            if (b) s = dpar_buffer_reshape(b, b->ndim - 1, b->shape + 1);
-        }
+        if (!s)
+            for (int p = 0; p < m->size; p++) {
+                dpar_buffer *b = arrs[d->num_inputs + j]->shards[p];
+                if (b) s = dpar_buffer_reshape(b, b->ndim - 1, b->shape + 1);
+            }
     }
     dpar_buffer **tab = NULL;
     if (!s) {
@@ -2711,15 +2963,28 @@ DPAR_API dpar_status dpar_pmap(dpar_mesh *m, const dpar_pmap_desc *desc) {
     return s;
 }
 
-DPAR_API int dpar_ctx_device(const dpar_ctx *ctx) { return ctx ? ctx->device : -1; }
-DPAR_API int dpar_ctx_position(const dpar_ctx *ctx) { return ctx ? ctx->pos : -1; }
-DPAR_API uint64_t dpar_ctx_dispatch_id(const dpar_ctx *ctx) { return ctx ? ctx->rt->job_count : 0; }
-DPAR_API bool dpar_in_dispatch(void) { return dpar__self_worker != NULL; }
-DPAR_API dpar_runtime *dpar_ctx_runtime(const dpar_ctx *ctx) { return ctx ? ctx->rt : NULL; }
-DPAR_API dpar_mesh *dpar_ctx_mesh(const dpar_ctx *ctx) { return ctx ? ctx->mesh : NULL; }
+DPAR_API int dpar_ctx_device(const dpar_ctx *ctx) {
+    return ctx ? ctx->device : -1;
+}
+DPAR_API int dpar_ctx_position(const dpar_ctx *ctx) {
+    return ctx ? ctx->pos : -1;
+}
+DPAR_API uint64_t dpar_ctx_dispatch_id(const dpar_ctx *ctx) {
+    return ctx ? ctx->rt->job_count : 0;
+}
+DPAR_API bool dpar_in_dispatch(void) {
+    return dpar__self_worker != NULL;
+}
+DPAR_API dpar_runtime *dpar_ctx_runtime(const dpar_ctx *ctx) {
+    return ctx ? ctx->rt : NULL;
+}
+DPAR_API dpar_mesh *dpar_ctx_mesh(const dpar_ctx *ctx) {
+    return ctx ? ctx->mesh : NULL;
+}
 DPAR_API dpar_buffer *dpar_ctx_arg(const dpar_ctx *ctx, int i) {
     if (!ctx || i < 0 || i >= ctx->nargs) {
-        dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_ctx_arg: argument %d is out of range; this call has %d arguments", i, ctx ? ctx->nargs : 0);
+        dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_ctx_arg: argument %d is out of range; this call has %d arguments", i,
+                  ctx ? ctx->nargs : 0);
         return NULL;
     }
     return ctx->args[i];
@@ -2743,8 +3008,12 @@ DPAR_API dpar_status dpar_ctx_axis_size(const dpar_ctx *ctx, const char *axes, i
     *out = dpar__mask_size(ctx->mesh, mask);
     return DPAR_OK;
 }
-DPAR_API dpar_status dpar_ctx_buffer(dpar_ctx *ctx, dpar_dtype dtype, int ndim, const int64_t *shape, dpar_buffer **out) {
-    if (!ctx) { if (out) *out = NULL; return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_ctx_buffer: ctx is NULL"); }
+DPAR_API dpar_status dpar_ctx_buffer(dpar_ctx *ctx, dpar_dtype dtype, int ndim, const int64_t *shape,
+                                     dpar_buffer **out) {
+    if (!ctx) {
+        if (out) *out = NULL;
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_ctx_buffer: ctx is NULL");
+    }
     return dpar_buffer_create(ctx->rt, ctx->device, dtype, ndim, shape, out);
 }
 /* ---------------------------------------------------------------------------
@@ -2762,8 +3031,8 @@ typedef struct dpar__cargs {
 } dpar__cargs;
 
 struct dpar_request {
-    struct dpar_request *next;       /* queue link */
-    struct dpar_request *live_next;  /* worker's list of un-waited requests */
+    struct dpar_request *next;      /* queue link */
+    struct dpar_request *live_next; /* worker's list of un-waited requests */
     dpar_ctx *ctx;
     dpar__cargs args;
     int done;
@@ -2789,8 +3058,10 @@ static int dpar__post_by_shape(int kind) {
 static void dpar__post_str(const dpar__post *p, char *buf, size_t cap) {
     char sh[96];
     int at = dpar__post_by_shape(p->kind)
-           ? snprintf(buf, cap, "%s of shape %s %s", p->name, dpar__shape_str(sh, sizeof sh, p->ndim, p->shape), dpar_dtype_name((dpar_dtype)p->dtype))
-           : snprintf(buf, cap, "%s of %lld %s elements", p->name, (long long)p->in_count, dpar_dtype_name((dpar_dtype)p->dtype));
+                 ? snprintf(buf, cap, "%s of shape %s %s", p->name, dpar__shape_str(sh, sizeof sh, p->ndim, p->shape),
+                            dpar_dtype_name((dpar_dtype)p->dtype))
+                 : snprintf(buf, cap, "%s of %lld %s elements", p->name, (long long)p->in_count,
+                            dpar_dtype_name((dpar_dtype)p->dtype));
     if (at < 0 || (size_t)at >= cap) return;
     if (p->kind == DPAR__COLL_ALL_GATHER || p->kind == DPAR__COLL_REDUCE_SCATTER)
         snprintf(buf + at, cap - (size_t)at, " (dim %d, %s)", p->dim, p->tiled ? "tiled" : "stacked");
@@ -2818,9 +3089,15 @@ static int dpar__post_eq(const dpar__post *a, const dpar__post *b) {
    back to the condition wait (also on abort). A futex wake-up costs 5-50 us;
    most rendezvous of a training step complete within the spin. */
 static int dpar__spin_env = -2, dpar__ncpu = 0;
-static int dpar__spin_moved(const void *word, uint64_t seen) { return DPAR__ATOMIC_LOAD((const uint64_t *)word) != seen; }
-static int dpar__spin_zero(const void *word, uint64_t unused) { (void)unused; return DPAR__ATOMIC_LOAD((const int *)word) == 0; }
-static int dpar__spin_until(int (*done)(const void *, uint64_t), const void *word, uint64_t seen, const int *abort_flag, int nthreads) {
+static int dpar__spin_moved(const void *word, uint64_t seen) {
+    return DPAR__ATOMIC_LOAD((const uint64_t *)word) != seen;
+}
+static int dpar__spin_zero(const void *word, uint64_t unused) {
+    (void)unused;
+    return DPAR__ATOMIC_LOAD((const int *)word) == 0;
+}
+static int dpar__spin_until(int (*done)(const void *, uint64_t), const void *word, uint64_t seen, const int *abort_flag,
+                            int nthreads) {
     int us = DPAR__ATOMIC_LOAD(&dpar__spin_env);
     if (us == -2) {
         us = dpar__env_int("DPAR_SPIN_US", -1);
@@ -2829,8 +3106,11 @@ static int dpar__spin_until(int (*done)(const void *, uint64_t), const void *wor
         DPAR__ATOMIC_STORE(&dpar__spin_env, us);
     }
     int yield_us = 0;
-    if (us < 0) { us = 2; yield_us = nthreads <= DPAR__ATOMIC_LOAD(&dpar__ncpu) ? 100 : 20; }
-    else yield_us = 10 * us;
+    if (us < 0) {
+        us = 2;
+        yield_us = nthreads <= DPAR__ATOMIC_LOAD(&dpar__ncpu) ? 100 : 20;
+    } else
+        yield_us = 10 * us;
     if (us == 0) return 0;
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -2888,13 +3168,15 @@ static dpar_status dpar__barrier_t(dpar__group *g, int rank, dpar_ctx *ctx, cons
         }
         int gone = -1;
         for (int r = 0; r < g->n && gone < 0; r++)
-            if (!g->here[r] && dpar__is_local(rt, g->devices[r]) && DPAR__ATOMIC_LOAD(&job->departed[g->mesh->pos_of[g->devices[r]]]))
+            if (!g->here[r] && dpar__is_local(rt, g->devices[r]) &&
+                DPAR__ATOMIC_LOAD(&job->departed[g->mesh->pos_of[g->devices[r]]]))
                 gone = g->devices[r];
         if (gone >= 0) {
-            s = dpar__err(DPAR_ERR_COLLECTIVE_MISMATCH,
-                          "%s (collective #%llu of this group): device %d returned from the pmap function without calling it; "
-                          "every device of the group must make the same collective calls (uneven step counts?)",
-                          what, (unsigned long long)g->seq, gone);
+            s = dpar__err(
+                DPAR_ERR_COLLECTIVE_MISMATCH,
+                "%s (collective #%llu of this group): device %d returned from the pmap function without calling it; "
+                "every device of the group must make the same collective calls (uneven step counts?)",
+                what, (unsigned long long)g->seq, gone);
             break;
         }
         int rc = pthread_cond_timedwait(&g->cv, &g->mu, &dl);
@@ -2906,7 +3188,8 @@ static dpar_status dpar__barrier_t(dpar__group *g, int rank, dpar_ctx *ctx, cons
                 if (!g->here[r] && dpar__is_local(rt, g->devices[r]))
                     at += (size_t)snprintf(list + at, sizeof list - at, at ? ", %d" : "%d", g->devices[r]);
             s = dpar__err(DPAR_ERR_TIMEOUT,
-                          "%s (collective #%llu of this group): timed out after %d ms waiting for device(s) %s, which never arrived; "
+                          "%s (collective #%llu of this group): timed out after %d ms waiting for device(s) %s, which "
+                          "never arrived; "
                           "check that every device makes the same collective calls (DPAR_TIMEOUT_MS sets the timeout)",
                           what, (unsigned long long)g->seq, rt->timeout_ms, list);
             break;
@@ -2923,7 +3206,10 @@ static dpar_status dpar__barrier_t(dpar__group *g, int rank, dpar_ctx *ctx, cons
     return s;
 }
 
-typedef struct dpar__coll_state { dpar_ctx *ctx; char what[160]; } dpar__coll_state;
+typedef struct dpar__coll_state {
+    dpar_ctx *ctx;
+    char what[160];
+} dpar__coll_state;
 
 DPAR__MAYBE_UNUSED static dpar_status dpar__coll_barrier(dpar__coll *c) {
     dpar__coll_state *st = (dpar__coll_state *)c->ctx;
@@ -2935,7 +3221,8 @@ DPAR__MAYBE_UNUSED static dpar_status dpar__coll_barrier(dpar__coll *c) {
    scalar loop, so results stay bitwise reproducible. `nt`: non-temporal
    stores (large spans: the outputs bypass the cache instead of evicting the
    inputs and paying a read-for-ownership per line). */
-static int64_t dpar__sum_f32_scalar(int n, const float *const *src, float *const *dst, int ndst, int64_t lo, int64_t hi, int mean) {
+static int64_t dpar__sum_f32_scalar(int n, const float *const *src, float *const *dst, int ndst, int64_t lo, int64_t hi,
+                                    int mean) {
     for (int64_t i = lo; i < hi; i++) {
         float a = src[0][i];
         for (int j = 1; j < n; j++) a += src[j][i];
@@ -2947,13 +3234,14 @@ static int64_t dpar__sum_f32_scalar(int n, const float *const *src, float *const
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && !defined(DPAR_NO_SIMD)
 #include <immintrin.h>
 #define DPAR__X86_SIMD 1
-__attribute__((target("avx2"))) static void dpar__sum_f32_avx2(int n, const float *const *src, float *const *dst, int ndst,
-                                                               int64_t len, int mean, int nt) {
+__attribute__((target("avx2"))) static void dpar__sum_f32_avx2(int n, const float *const *src, float *const *dst,
+                                                               int ndst, int64_t len, int mean, int nt) {
     int64_t i = 0;
     if (nt) { /* align the stores; every destination must share the alignment */
         int64_t head = (int64_t)((32 - ((uintptr_t)dst[0] & 31)) & 31);
         if (head % 4) nt = 0;
-        for (int k = 1; k < ndst && nt; k++) if (((uintptr_t)dst[k] & 31) != ((uintptr_t)dst[0] & 31)) nt = 0;
+        for (int k = 1; k < ndst && nt; k++)
+            if (((uintptr_t)dst[k] & 31) != ((uintptr_t)dst[0] & 31)) nt = 0;
         if (nt) i = dpar__sum_f32_scalar(n, src, dst, ndst, 0, head / 4 < len ? head / 4 : len, mean);
     }
     const __m256 dn = _mm256_set1_ps((float)n);
@@ -2963,9 +3251,20 @@ __attribute__((target("avx2"))) static void dpar__sum_f32_avx2(int n, const floa
             a0 = _mm256_add_ps(a0, _mm256_loadu_ps(src[j] + i));
             a1 = _mm256_add_ps(a1, _mm256_loadu_ps(src[j] + i + 8));
         }
-        if (mean) { a0 = _mm256_div_ps(a0, dn); a1 = _mm256_div_ps(a1, dn); }
-        if (nt) for (int k = 0; k < ndst; k++) { _mm256_stream_ps(dst[k] + i, a0); _mm256_stream_ps(dst[k] + i + 8, a1); }
-        else for (int k = 0; k < ndst; k++) { _mm256_storeu_ps(dst[k] + i, a0); _mm256_storeu_ps(dst[k] + i + 8, a1); }
+        if (mean) {
+            a0 = _mm256_div_ps(a0, dn);
+            a1 = _mm256_div_ps(a1, dn);
+        }
+        if (nt)
+            for (int k = 0; k < ndst; k++) {
+                _mm256_stream_ps(dst[k] + i, a0);
+                _mm256_stream_ps(dst[k] + i + 8, a1);
+            }
+        else
+            for (int k = 0; k < ndst; k++) {
+                _mm256_storeu_ps(dst[k] + i, a0);
+                _mm256_storeu_ps(dst[k] + i + 8, a1);
+            }
     }
     if (nt) _mm_sfence();
     dpar__sum_f32_scalar(n, src, dst, ndst, i, len, mean);
@@ -2985,7 +3284,10 @@ static void dpar__sum_f32(int n, const float *const *src, float *const *dst, int
     }
     int nt = (uint64_t)len * 4u * (uint64_t)(ndst + n) * (uint64_t)n > (uint64_t)c / 4u * 3u;
 #ifdef DPAR__X86_SIMD
-    if (__builtin_cpu_supports("avx2")) { dpar__sum_f32_avx2(n, src, dst, ndst, len, mean, nt); return; }
+    if (__builtin_cpu_supports("avx2")) {
+        dpar__sum_f32_avx2(n, src, dst, ndst, len, mean, nt);
+        return;
+    }
 #endif
     (void)nt;
     /* portable: blocks of 16, which compilers vectorize */
@@ -2993,8 +3295,10 @@ static void dpar__sum_f32(int n, const float *const *src, float *const *dst, int
     for (; i + 16 <= len; i += 16) {
         float a[16];
         for (int e = 0; e < 16; e++) a[e] = src[0][i + e];
-        for (int j = 1; j < n; j++) for (int e = 0; e < 16; e++) a[e] += src[j][i + e];
-        if (mean) for (int e = 0; e < 16; e++) a[e] /= (float)n;
+        for (int j = 1; j < n; j++)
+            for (int e = 0; e < 16; e++) a[e] += src[j][i + e];
+        if (mean)
+            for (int e = 0; e < 16; e++) a[e] /= (float)n;
         for (int k = 0; k < ndst; k++) memcpy(dst[k] + i, a, sizeof a);
     }
     dpar__sum_f32_scalar(n, src, dst, ndst, i, len, mean);
@@ -3005,13 +3309,14 @@ static void dpar__sum_f32(int n, const float *const *src, float *const *dst, int
    path (exact widening, one round-to-nearest-even narrowing; NaN stays a
    quiet NaN with its payload's top bits, overflow gives Inf). Returns the
    elements done (a multiple of 8). */
-__attribute__((target("avx2,f16c"))) static int64_t dpar__sum_f16_f16c(int n, const uint16_t *const *src, uint16_t *const *dst, int ndst,
-                                                                        int64_t len, int mean) {
+__attribute__((target("avx2,f16c"))) static int64_t
+dpar__sum_f16_f16c(int n, const uint16_t *const *src, uint16_t *const *dst, int ndst, int64_t len, int mean) {
     int64_t i = 0;
     const __m256 dn = _mm256_set1_ps((float)n);
     for (; i + 8 <= len; i += 8) {
         __m256 a = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src[0] + i)));
-        for (int j = 1; j < n; j++) a = _mm256_add_ps(a, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src[j] + i))));
+        for (int j = 1; j < n; j++)
+            a = _mm256_add_ps(a, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src[j] + i))));
         if (mean) a = _mm256_div_ps(a, dn);
         __m128i h = _mm256_cvtps_ph(a, _MM_FROUND_TO_NEAREST_INT);
         for (int k = 0; k < ndst; k++) _mm_storeu_si128((__m128i *)(dst[k] + i), h);
@@ -3024,7 +3329,8 @@ __attribute__((target("avx2,f16c"))) static int64_t dpar__sum_f16_f16c(int n, co
 #ifdef DPAR__X86_SIMD
 __attribute__((target("avx2,f16c"))) static int64_t dpar__to_f16_f16c(uint16_t *d, const float *x, int64_t n) {
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8) _mm_storeu_si128((__m128i *)(d + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(d + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
     return i;
 }
 __attribute__((target("avx2,f16c"))) static int64_t dpar__from_f16_f16c(float *y, const uint16_t *h, int64_t n) {
@@ -3049,8 +3355,8 @@ DPAR_API void dpar_f16_to_f32_n(float *y, const uint16_t *h, int64_t n) {
 }
 
 /* reduce `len` elements of the n sources into every destination */
-static void dpar__reduce_span(dpar_dtype t, dpar_reduce_op op, int n, const char *const *src, char *const *dst, int ndst,
-                              int64_t len) {
+static void dpar__reduce_span(dpar_dtype t, dpar_reduce_op op, int n, const char *const *src, char *const *dst,
+                              int ndst, int64_t len) {
     enum { CH = 1024 };
     size_t es = dpar_dtype_size(t);
     if (t == DPAR_F32 && (op == DPAR_SUM || op == DPAR_MEAN)) {
@@ -3059,13 +3365,18 @@ static void dpar__reduce_span(dpar_dtype t, dpar_reduce_op op, int n, const char
     }
     const char *s2[DPAR_MAX_DEVICES]; /* the tail's pointers; outlive the block below */
     char *d2[DPAR_MAX_DEVICES];
-    (void)s2; (void)d2;
+    (void)s2;
+    (void)d2;
 #ifdef DPAR__X86_SIMD
-    if (t == DPAR_F16 && (op == DPAR_SUM || op == DPAR_MEAN) && __builtin_cpu_supports("avx2") /* every AVX2 CPU has F16C */) {
-        int64_t done = dpar__sum_f16_f16c(n, (const uint16_t *const *)src, (uint16_t *const *)dst, ndst, len, op == DPAR_MEAN);
+    if (t == DPAR_F16 && (op == DPAR_SUM || op == DPAR_MEAN) &&
+        __builtin_cpu_supports("avx2") /* every AVX2 CPU has F16C */) {
+        int64_t done =
+            dpar__sum_f16_f16c(n, (const uint16_t *const *)src, (uint16_t *const *)dst, ndst, len, op == DPAR_MEAN);
         for (int j = 0; j < n; j++) s2[j] = src[j] + (size_t)done * 2;
         for (int k = 0; k < ndst; k++) d2[k] = dst[k] + (size_t)done * 2;
-        src = (const char *const *)s2; dst = d2; len -= done; /* the tail: the scalar loop below */
+        src = (const char *const *)s2;
+        dst = d2;
+        len -= done; /* the tail: the scalar loop below */
     }
 #endif
     for (int64_t base = 0; base < len; base += CH) {
@@ -3076,31 +3387,52 @@ static void dpar__reduce_span(dpar_dtype t, dpar_reduce_op op, int n, const char
             for (int64_t i = 0; i < m; i++) acc[i] = p0[i];
             for (int j = 1; j < n; j++) {
                 const int32_t *pj = (const int32_t *)src[j] + base;
-                if (op == DPAR_SUM || op == DPAR_MEAN) for (int64_t i = 0; i < m; i++) acc[i] += pj[i];
-                else if (op == DPAR_MAX) for (int64_t i = 0; i < m; i++) acc[i] = pj[i] > acc[i] ? pj[i] : acc[i];
-                else for (int64_t i = 0; i < m; i++) acc[i] = pj[i] < acc[i] ? pj[i] : acc[i];
+                if (op == DPAR_SUM || op == DPAR_MEAN)
+                    for (int64_t i = 0; i < m; i++) acc[i] += pj[i];
+                else if (op == DPAR_MAX)
+                    for (int64_t i = 0; i < m; i++) acc[i] = pj[i] > acc[i] ? pj[i] : acc[i];
+                else
+                    for (int64_t i = 0; i < m; i++) acc[i] = pj[i] < acc[i] ? pj[i] : acc[i];
             }
             int32_t res[CH];
             for (int64_t i = 0; i < m; i++) {
-                if (op == DPAR_MEAN) res[i] = (int32_t)(acc[i] / n);
-                else res[i] = (int32_t)(uint32_t)(uint64_t)acc[i]; /* wrap-around */
+                if (op == DPAR_MEAN)
+                    res[i] = (int32_t)(acc[i] / n);
+                else
+                    res[i] = (int32_t)(uint32_t)(uint64_t)acc[i]; /* wrap-around */
             }
             for (int k = 0; k < ndst; k++) memcpy(dst[k] + (size_t)base * es, res, (size_t)m * es);
             continue;
         }
         float acc[CH];
-        if (t == DPAR_F32) memcpy(acc, (const float *)src[0] + base, (size_t)m * 4);
-        else for (int64_t i = 0; i < m; i++) acc[i] = dpar__load_f(src[0], t, base + i);
+        if (t == DPAR_F32)
+            memcpy(acc, (const float *)src[0] + base, (size_t)m * 4);
+        else
+            for (int64_t i = 0; i < m; i++) acc[i] = dpar__load_f(src[0], t, base + i);
         for (int j = 1; j < n; j++) {
             float tmp[CH];
             const float *pj;
-            if (t == DPAR_F32) pj = (const float *)src[j] + base;
-            else { for (int64_t i = 0; i < m; i++) tmp[i] = dpar__load_f(src[j], t, base + i); pj = tmp; }
-            if (op == DPAR_SUM || op == DPAR_MEAN) for (int64_t i = 0; i < m; i++) acc[i] += pj[i];
-            else if (op == DPAR_MAX) for (int64_t i = 0; i < m; i++) { float x = pj[i]; acc[i] = (x > acc[i] || x != x) ? x : acc[i]; }
-            else for (int64_t i = 0; i < m; i++) { float x = pj[i]; acc[i] = (x < acc[i] || x != x) ? x : acc[i]; }
+            if (t == DPAR_F32)
+                pj = (const float *)src[j] + base;
+            else {
+                for (int64_t i = 0; i < m; i++) tmp[i] = dpar__load_f(src[j], t, base + i);
+                pj = tmp;
+            }
+            if (op == DPAR_SUM || op == DPAR_MEAN)
+                for (int64_t i = 0; i < m; i++) acc[i] += pj[i];
+            else if (op == DPAR_MAX)
+                for (int64_t i = 0; i < m; i++) {
+                    float x = pj[i];
+                    acc[i] = (x > acc[i] || x != x) ? x : acc[i];
+                }
+            else
+                for (int64_t i = 0; i < m; i++) {
+                    float x = pj[i];
+                    acc[i] = (x < acc[i] || x != x) ? x : acc[i];
+                }
         }
-        if (op == DPAR_MEAN) for (int64_t i = 0; i < m; i++) acc[i] /= (float)n;
+        if (op == DPAR_MEAN)
+            for (int64_t i = 0; i < m; i++) acc[i] /= (float)n;
         if (t == DPAR_F32) {
             for (int k = 0; k < ndst; k++) memcpy(dst[k] + (size_t)base * 4, acc, (size_t)m * 4);
         } else {
@@ -3121,21 +3453,26 @@ static void dpar__host_work(const dpar__coll *c, char *const *in, char *const *o
         int64_t lo = c->count * r / n, hi = c->count * (r + 1) / n;
         const char *src[DPAR_MAX_DEVICES];
         char *dst[DPAR_MAX_DEVICES];
-        for (int j = 0; j < n; j++) { src[j] = in[j] + (size_t)lo * es; dst[j] = out[j] + (size_t)lo * es; }
+        for (int j = 0; j < n; j++) {
+            src[j] = in[j] + (size_t)lo * es;
+            dst[j] = out[j] + (size_t)lo * es;
+        }
         dpar__reduce_span(c->dtype, c->op, n, src, dst, n, hi - lo);
         break;
     }
     case DPAR__COLL_BROADCAST: {
         int64_t lo = c->count * r / n, hi = c->count * (r + 1) / n;
         for (int j = 0; j < n; j++)
-            if (out[j] != in[c->root] && hi > lo) memcpy(out[j] + (size_t)lo * es, in[c->root] + (size_t)lo * es, (size_t)(hi - lo) * es);
+            if (out[j] != in[c->root] && hi > lo)
+                memcpy(out[j] + (size_t)lo * es, in[c->root] + (size_t)lo * es, (size_t)(hi - lo) * es);
         break;
     }
     case DPAR__COLL_ALL_GATHER:
         for (int k = 0; k < n; k++)
             for (int64_t o = 0; o < c->outer; o++)
                 if (c->inner)
-                    memcpy(out[r] + (size_t)((o * n + k) * c->inner) * es, in[k] + (size_t)(o * c->inner) * es, (size_t)c->inner * es);
+                    memcpy(out[r] + (size_t)((o * n + k) * c->inner) * es, in[k] + (size_t)(o * c->inner) * es,
+                           (size_t)c->inner * es);
         break;
     case DPAR__COLL_REDUCE_SCATTER: {
         const char *src[DPAR_MAX_DEVICES];
@@ -3150,19 +3487,27 @@ static void dpar__host_work(const dpar__coll *c, char *const *in, char *const *o
         char *dst = scratch ? scratch : out[r];
         int s = c->src_of[r];
         if (c->count) {
-            if (s < 0) memset(dst, 0, (size_t)c->count * es);
-            else memcpy(dst, in[s], (size_t)c->count * es);
+            if (s < 0)
+                memset(dst, 0, (size_t)c->count * es);
+            else
+                memcpy(dst, in[s], (size_t)c->count * es);
         }
         break;
     }
     case DPAR__COLL_ALL_TO_ALL: {
         int64_t oshape[DPAR_MAX_DIMS], ext[DPAR_MAX_DIMS], soff[DPAR_MAX_DIMS], doff[DPAR_MAX_DIMS];
-        for (int d = 0; d < c->ndim; d++) { oshape[d] = c->in_shape[d]; ext[d] = c->in_shape[d]; }
+        for (int d = 0; d < c->ndim; d++) {
+            oshape[d] = c->in_shape[d];
+            ext[d] = c->in_shape[d];
+        }
         ext[c->split_dim] = c->in_shape[c->split_dim] / n;
         oshape[c->split_dim] /= n;
         oshape[c->concat_dim] *= n;
         for (int i = 0; i < n; i++) {
-            for (int d = 0; d < c->ndim; d++) { soff[d] = 0; doff[d] = 0; }
+            for (int d = 0; d < c->ndim; d++) {
+                soff[d] = 0;
+                doff[d] = 0;
+            }
             soff[c->split_dim] = (int64_t)r * ext[c->split_dim];
             doff[c->concat_dim] = (int64_t)i * ext[c->concat_dim];
             dpar__copy_block(out[r], oshape, doff, in[i], c->in_shape, soff, ext, c->ndim, es);
@@ -3189,19 +3534,19 @@ static dpar_status dpar__coll_fail(dpar_ctx *ctx, dpar_status s) {
 
 /* One member's call as it moves through the phases of dpar__coll_exec. */
 typedef struct dpar__call {
-    dpar__coll c;                   /* what the backend / the host work sees */
-    dpar__coll_state st;            /* c.ctx points here */
-    dpar__post post;                /* what this member asked for, checked against the others */
-    int src_of[DPAR_MAX_DEVICES];   /* PERMUTE: c.src_of points here */
+    dpar__coll c;                 /* what the backend / the host work sees */
+    dpar__coll_state st;          /* c.ctx points here */
+    dpar__post post;              /* what this member asked for, checked against the others */
+    int src_of[DPAR_MAX_DEVICES]; /* PERMUTE: c.src_of points here */
     dpar__group *g;
     const dpar_buffer *in;
     dpar_buffer *out;
-    int use_backend;                /* the backend's collective, else the core's host path */
+    int use_backend; /* the backend's collective, else the core's host path */
 } dpar__call;
 
 /* Host path: this member's data as host-visible views (mapped or staged). */
 typedef struct dpar__stage {
-    char *in_h, *out_h, *scratch;   /* scratch: PERMUTE in place, the result before copy-back */
+    char *in_h, *out_h, *scratch; /* scratch: PERMUTE in place, the result before copy-back */
     int in_mapped, out_mapped;
 } dpar__stage;
 
@@ -3223,23 +3568,43 @@ static dpar_status dpar__coll_begin(dpar_ctx *ctx, const dpar__cargs *a, dpar__c
     const dpar_buffer *in = k->in = a->in;
     dpar_buffer *out = k->out = a->out;
     if (!in || !out)
-        return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: input or output buffer is NULL", k->st.what));
+        return dpar__coll_fail(ctx,
+                               dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: input or output buffer is NULL", k->st.what));
     if (in->gdev != ctx->device || out->gdev != ctx->device || in->rt != ctx->rt || out->rt != ctx->rt)
-        return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s on device %d: the buffers live on devices %d (in) "
-                                              "and %d (out); use this device's buffers", k->st.what, ctx->device, in->gdev, out->gdev));
+        return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                                              "%s on device %d: the buffers live on devices %d (in) "
+                                              "and %d (out); use this device's buffers",
+                                              k->st.what, ctx->device, in->gdev, out->gdev));
     if (in->dtype != out->dtype)
-        return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_DTYPE, "%s: input is %s but output is %s; they must match", k->st.what,
-                                              dpar_dtype_name(in->dtype), dpar_dtype_name(out->dtype)));
+        return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_DTYPE, "%s: input is %s but output is %s; they must match",
+                                              k->st.what, dpar_dtype_name(in->dtype), dpar_dtype_name(out->dtype)));
     dpar__coll *c = &k->c;
-    c->kind = a->kind; c->op = a->op; c->dtype = in->dtype; c->n = g->n; c->rank = rank; c->devices = g->devices;
-    c->in = (dpar_buffer *const *)g->in_bufs; c->out = (dpar_buffer *const *)g->out_bufs;
-    c->count = in->count; c->group = g; c->ctx = &k->st; c->ndim = in->ndim;
+    c->kind = a->kind;
+    c->op = a->op;
+    c->dtype = in->dtype;
+    c->n = g->n;
+    c->rank = rank;
+    c->devices = g->devices;
+    c->in = (dpar_buffer *const *)g->in_bufs;
+    c->out = (dpar_buffer *const *)g->out_bufs;
+    c->count = in->count;
+    c->group = g;
+    c->ctx = &k->st;
+    c->ndim = in->ndim;
     for (int d = 0; d < in->ndim; d++) c->in_shape[d] = in->shape[d];
     dpar__post *p = &k->post;
-    p->kind = (int)a->kind; p->op = (int)a->op; p->dtype = (int)in->dtype; p->in_count = in->count; p->out_count = out->count;
+    p->kind = (int)a->kind;
+    p->op = (int)a->op;
+    p->dtype = (int)in->dtype;
+    p->in_count = in->count;
+    p->out_count = out->count;
     p->ndim = in->ndim;
     for (int d = 0; d < in->ndim && d < DPAR_MAX_DIMS; d++) p->shape[d] = in->shape[d];
-    p->dim = a->dim; p->tiled = a->tiled; p->split_dim = a->split_dim; p->concat_dim = a->concat_dim; p->name = name;
+    p->dim = a->dim;
+    p->tiled = a->tiled;
+    p->split_dim = a->split_dim;
+    p->concat_dim = a->concat_dim;
+    p->name = name;
     return DPAR_OK;
 }
 
@@ -3247,18 +3612,26 @@ static dpar_status dpar__coll_begin(dpar_ctx *ctx, const dpar__cargs *a, dpar__c
    most once; members compare their pairs by hash. */
 static dpar_status dpar__coll_check_pairs(dpar_ctx *ctx, const dpar__cargs *a, dpar__call *k) {
     int n = k->c.n, is_src[DPAR_MAX_DEVICES];
-    for (int i = 0; i < n; i++) { k->src_of[i] = -1; is_src[i] = 0; }
+    for (int i = 0; i < n; i++) {
+        k->src_of[i] = -1;
+        is_src[i] = 0;
+    }
     uint64_t h = 1469598103934665603ull;
     if (a->npairs < 0 || a->npairs > n)
-        return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: %d pairs for a %d-device group", k->st.what, a->npairs, n));
+        return dpar__coll_fail(
+            ctx, dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: %d pairs for a %d-device group", k->st.what, a->npairs, n));
     for (int i = 0; i < a->npairs; i++) {
         int sidx = a->pairs[2 * i], didx = a->pairs[2 * i + 1];
         if (sidx < 0 || sidx >= n || didx < 0 || didx >= n)
-            return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: pair %d (%d -> %d) is outside the group positions "
-                                                  "0..%d", k->st.what, i, sidx, didx, n - 1));
+            return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                                                  "%s: pair %d (%d -> %d) is outside the group positions "
+                                                  "0..%d",
+                                                  k->st.what, i, sidx, didx, n - 1));
         if (is_src[sidx] || k->src_of[didx] >= 0)
-            return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: pair %d (%d -> %d) repeats a source or "
-                                                  "destination; each may appear once", k->st.what, i, sidx, didx));
+            return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                                                  "%s: pair %d (%d -> %d) repeats a source or "
+                                                  "destination; each may appear once",
+                                                  k->st.what, i, sidx, didx));
         is_src[sidx] = 1;
         k->src_of[didx] = sidx;
         h = (h ^ (uint64_t)(sidx * 1024 + didx)) * UINT64_C(1099511628211);
@@ -3275,27 +3648,32 @@ static dpar_status dpar__coll_check_same(dpar_ctx *ctx, const dpar__cargs *a, dp
     int n = k->c.n;
     if (out->count != in->count) {
         char x[160], y[160];
-        return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_SHAPE, "%s: output %s has %lld elements but input %s has %lld; they must "
-                                              "match", k->st.what, dpar__shape_str(x, sizeof x, out->ndim, out->shape),
+        return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_SHAPE,
+                                              "%s: output %s has %lld elements but input %s has %lld; they must "
+                                              "match",
+                                              k->st.what, dpar__shape_str(x, sizeof x, out->ndim, out->shape),
                                               (long long)out->count, dpar__shape_str(y, sizeof y, in->ndim, in->shape),
                                               (long long)in->count));
     }
     if (a->kind == DPAR__COLL_BROADCAST && (a->root < 0 || a->root >= n))
-        return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: root %d is not a position in the %d-device group",
-                                              k->st.what, a->root, n));
+        return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                                              "%s: root %d is not a position in the %d-device group", k->st.what,
+                                              a->root, n));
     if (a->kind == DPAR__COLL_PERMUTE) {
         dpar_status s = dpar__coll_check_pairs(ctx, a, k);
         if (s) return s;
     }
     k->c.root = a->root;
     k->post.root = a->root;
-    k->post.dim = 0; k->post.tiled = 0;
+    k->post.dim = 0;
+    k->post.tiled = 0;
     return DPAR_OK;
 }
 
 /* ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL: dims in range and dividing the
    group; want / *want_nd: the output shape the group needs. */
-static dpar_status dpar__coll_check_layout(dpar_ctx *ctx, const dpar__cargs *a, dpar__call *k, int64_t *want, int *want_nd) {
+static dpar_status dpar__coll_check_layout(dpar_ctx *ctx, const dpar__cargs *a, dpar__call *k, int64_t *want,
+                                           int *want_nd) {
     const dpar_buffer *in = k->in;
     const char *what = k->st.what;
     int n = k->c.n;
@@ -3304,41 +3682,58 @@ static dpar_status dpar__coll_check_layout(dpar_ctx *ctx, const dpar__cargs *a, 
     case DPAR__COLL_ALL_GATHER: {
         int lim = a->tiled ? in->ndim - 1 : in->ndim;
         if (a->dim < 0 || a->dim > lim)
-            return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: dim %d is out of range 0..%d for a %d-d input",
-                                                  what, a->dim, lim, in->ndim));
+            return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                                                  "%s: dim %d is out of range 0..%d for a %d-d input", what, a->dim,
+                                                  lim, in->ndim));
         if (!a->tiled && in->ndim + 1 > DPAR_MAX_DIMS)
             return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: stacking would exceed %d dims", what,
                                                   (int)DPAR_MAX_DIMS));
         c->outer = dpar__prod(in->shape, a->dim);
         c->inner = a->dim < in->ndim ? dpar__prod(in->shape + a->dim, in->ndim - a->dim) : 1;
-        if (a->tiled) want[a->dim] *= n;
-        else { for (int d = in->ndim; d > a->dim; d--) want[d] = want[d - 1]; want[a->dim] = n; *want_nd = in->ndim + 1; }
+        if (a->tiled)
+            want[a->dim] *= n;
+        else {
+            for (int d = in->ndim; d > a->dim; d--) want[d] = want[d - 1];
+            want[a->dim] = n;
+            *want_nd = in->ndim + 1;
+        }
         return DPAR_OK;
     }
     case DPAR__COLL_REDUCE_SCATTER:
         if (a->dim < 0 || a->dim >= in->ndim)
-            return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: dim %d is out of range 0..%d for a %d-d input",
-                                                  what, a->dim, in->ndim - 1, in->ndim));
+            return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                                                  "%s: dim %d is out of range 0..%d for a %d-d input", what, a->dim,
+                                                  in->ndim - 1, in->ndim));
         if (a->tiled ? (in->shape[a->dim] % n != 0) : (in->shape[a->dim] != n))
-            return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_SHAPE, "%s: dimension %d has size %lld, which %s the %d devices of the "
-                                                  "group; %s", what, a->dim, (long long)in->shape[a->dim],
+            return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_SHAPE,
+                                                  "%s: dimension %d has size %lld, which %s the %d devices of the "
+                                                  "group; %s",
+                                                  what, a->dim, (long long)in->shape[a->dim],
                                                   a->tiled ? "is not divisible by" : "is not equal to", n,
                                                   a->tiled ? "pad it to a multiple of the group size"
                                                            : "use tiled = true to split a longer dimension"));
         c->outer = dpar__prod(in->shape, a->dim);
         c->inner = dpar__prod(in->shape + a->dim, in->ndim - a->dim) / (n ? n : 1);
-        if (a->tiled) want[a->dim] /= n;
-        else { for (int d = a->dim; d < in->ndim - 1; d++) want[d] = want[d + 1]; *want_nd = in->ndim - 1; }
+        if (a->tiled)
+            want[a->dim] /= n;
+        else {
+            for (int d = a->dim; d < in->ndim - 1; d++) want[d] = want[d + 1];
+            *want_nd = in->ndim - 1;
+        }
         return DPAR_OK;
     case DPAR__COLL_ALL_TO_ALL:
         if (a->split_dim < 0 || a->split_dim >= in->ndim || a->concat_dim < 0 || a->concat_dim >= in->ndim)
-            return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: split_dim %d / concat_dim %d out of range for a "
-                                                  "%d-d input", what, a->split_dim, a->concat_dim, in->ndim));
+            return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                                                  "%s: split_dim %d / concat_dim %d out of range for a "
+                                                  "%d-d input",
+                                                  what, a->split_dim, a->concat_dim, in->ndim));
         if (in->shape[a->split_dim] % n)
-            return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_SHAPE, "%s: split dimension %d has size %lld, which is not divisible by "
-                                                  "the %d devices of the group", what, a->split_dim,
-                                                  (long long)in->shape[a->split_dim], n));
-        c->split_dim = a->split_dim; c->concat_dim = a->concat_dim;
+            return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_SHAPE,
+                                                  "%s: split dimension %d has size %lld, which is not divisible by "
+                                                  "the %d devices of the group",
+                                                  what, a->split_dim, (long long)in->shape[a->split_dim], n));
+        c->split_dim = a->split_dim;
+        c->concat_dim = a->concat_dim;
         want[a->split_dim] /= n;
         want[a->concat_dim] *= n;
         return DPAR_OK;
@@ -3361,13 +3756,13 @@ static dpar_status dpar__coll_check(dpar_ctx *ctx, const dpar__cargs *a, dpar__c
     for (int d = 0; ok && d < want_nd; d++) ok = out->shape[d] == want[d];
     if (!ok) {
         char x[160], y[160];
-        return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_SHAPE, "%s: output has shape %s but a %d-device group needs %s", k->st.what,
-                                              dpar__shape_str(x, sizeof x, out->ndim, out->shape), k->c.n,
+        return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_SHAPE, "%s: output has shape %s but a %d-device group needs %s",
+                                              k->st.what, dpar__shape_str(x, sizeof x, out->ndim, out->shape), k->c.n,
                                               dpar__shape_str(y, sizeof y, want_nd, want)));
     }
     if (out == in && in->count > 0)
-        return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: cannot run in place; give a separate output buffer",
-                                              k->st.what));
+        return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                                              "%s: cannot run in place; give a separate output buffer", k->st.what));
     return DPAR_OK;
 }
 
@@ -3388,13 +3783,15 @@ static dpar_status dpar__coll_stage_in(dpar_ctx *ctx, dpar__call *k, dpar__stage
     size_t need = (io->in_mapped ? 0 : in->nbytes) + ((io->out_mapped || out == in) ? 0 : out->nbytes) +
                   (k->c.kind == DPAR__COLL_PERMUTE ? out->nbytes : 0);
     if (!dpar__grow(&g->stage[rank], &g->stage_cap[rank], need ? need : 1))
-        return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_OUT_OF_MEMORY, "%s: out of host memory for %zu staging bytes", k->st.what,
-                                              need));
+        return dpar__coll_fail(
+            ctx, dpar__err(DPAR_ERR_OUT_OF_MEMORY, "%s: out of host memory for %zu staging bytes", k->st.what, need));
     char *sp = (char *)g->stage[rank];
     if (io->in_mapped) {
-        if (be->host_acquire && in->nbytes && (s = be->host_acquire(bs, dev, in->mem, 0, in->nbytes))) return dpar__coll_fail(ctx, s);
+        if (be->host_acquire && in->nbytes && (s = be->host_acquire(bs, dev, in->mem, 0, in->nbytes)))
+            return dpar__coll_fail(ctx, s);
     } else {
-        io->in_h = sp; sp += in->nbytes;
+        io->in_h = sp;
+        sp += in->nbytes;
         if (in->nbytes && (s = be->read(bs, dev, in->mem, 0, io->in_h, in->nbytes))) return dpar__coll_fail(ctx, s);
     }
     if (out == in) {
@@ -3403,7 +3800,8 @@ static dpar_status dpar__coll_stage_in(dpar_ctx *ctx, dpar__call *k, dpar__stage
         if (be->host_acquire && out->nbytes && (s = be->host_acquire(bs, dev, out->mem, 0, out->nbytes)))
             return dpar__coll_fail(ctx, s);
     } else {
-        io->out_h = sp; sp += out->nbytes;
+        io->out_h = sp;
+        sp += out->nbytes;
     }
     if (k->c.kind == DPAR__COLL_PERMUTE && io->out_h == io->in_h) io->scratch = sp;
     return DPAR_OK;
@@ -3429,11 +3827,12 @@ static dpar_status dpar__coll_match(dpar_ctx *ctx, dpar__call *k, const dpar__st
         char x[200], y[200];
         dpar__post_str(&g->posts[L], x, sizeof x);
         dpar__post_str(&g->posts[j], y, sizeof y);
-        s = dpar__err(DPAR_ERR_COLLECTIVE_MISMATCH,
-                      "%s (collective #%llu of this group): device %d called %s but device %d called %s; every member of a group "
-                      "must call the same collective, in the same order, with the same dtype and element count (all_gather, "
-                      "psum_scatter, all_to_all: the same shape)",
-                      k->st.what, (unsigned long long)g->seq, g->devices[L], x, g->devices[j], y);
+        s = dpar__err(
+            DPAR_ERR_COLLECTIVE_MISMATCH,
+            "%s (collective #%llu of this group): device %d called %s but device %d called %s; every member of a group "
+            "must call the same collective, in the same order, with the same dtype and element count (all_gather, "
+            "psum_scatter, all_to_all: the same shape)",
+            k->st.what, (unsigned long long)g->seq, g->devices[L], x, g->devices[j], y);
         return dpar__coll_fail(ctx, s);
     }
     return DPAR_OK;
@@ -3523,16 +3922,16 @@ static dpar_status dpar__coll_exec(dpar_ctx *ctx, const dpar__cargs *a) {
     memset(&k, 0, sizeof k);
     memset(&io, 0, sizeof io);
     dpar_status s;
-    if ((s = dpar__coll_begin(ctx, a, &k))) return s;  /* group, buffers, dtype */
-    if ((s = dpar__coll_check(ctx, a, &k))) return s;  /* per-kind arguments and output shape */
+    if ((s = dpar__coll_begin(ctx, a, &k))) return s; /* group, buffers, dtype */
+    if ((s = dpar__coll_check(ctx, a, &k))) return s; /* per-kind arguments and output shape */
     /* a group across processes runs on the backend only where every process's
        backend can (CUDA: NCCL across processes), else on the host over MPI */
     k.use_backend = ctx->rt->be->collective != NULL && (!k.g->cross || ctx->rt->xbackend);
-    if (!k.use_backend && (s = dpar__coll_stage_in(ctx, &k, &io))) return s;  /* device -> host */
-    if ((s = dpar__coll_match(ctx, &k, &io))) return s;  /* post, barrier, every member called the same */
+    if (!k.use_backend && (s = dpar__coll_stage_in(ctx, &k, &io))) return s; /* device -> host */
+    if ((s = dpar__coll_match(ctx, &k, &io))) return s; /* post, barrier, every member called the same */
     if (k.use_backend) return dpar__coll_backend(ctx, &k);
     if ((s = dpar__coll_host(ctx, &k, &io))) return s;
-    return dpar__coll_stage_out(ctx, &k, &io);  /* host -> device */
+    return dpar__coll_stage_out(ctx, &k, &io); /* host -> device */
 }
 
 /* --- async machinery --- */
@@ -3589,7 +3988,10 @@ static dpar_status dpar__coll_start(dpar_ctx *ctx, const dpar__cargs *a, struct 
         w->comm_started = 1;
     }
     w->pending++;
-    if (w->queue.tail) w->queue.tail->next = r; else w->queue.head = r;
+    if (w->queue.tail)
+        w->queue.tail->next = r;
+    else
+        w->queue.head = r;
     w->queue.tail = r;
     r->live_next = w->live;
     w->live = r;
@@ -3616,8 +4018,10 @@ static void dpar__worker_drain(dpar__worker *w) {
     pthread_mutex_unlock(&w->qmu);
     if (leftover && ctx)
         dpar__job_fail(ctx->job, w->device,
-                       dpar__err(DPAR_ERR_STATE, "the pmap function returned with %d async collective(s) started but never "
-                                 "waited; call dpar_wait on every request before returning", leftover));
+                       dpar__err(DPAR_ERR_STATE,
+                                 "the pmap function returned with %d async collective(s) started but never "
+                                 "waited; call dpar_wait on every request before returning",
+                                 leftover));
 }
 
 DPAR_API dpar_status dpar_wait(dpar_ctx *ctx, dpar_request *r) {
@@ -3630,8 +4034,10 @@ DPAR_API dpar_status dpar_wait(dpar_ctx *ctx, dpar_request *r) {
     while (it && it != r) it = it->live_next;
     if (!it) {
         pthread_mutex_unlock(&w->qmu);
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_wait: the request is not a pending request of device %d (already waited, "
-                         "or started on another device)", ctx->device);
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                         "dpar_wait: the request is not a pending request of device %d (already waited, "
+                         "or started on another device)",
+                         ctx->device);
     }
     while (!r->done) pthread_cond_wait(&w->qcv, &w->qmu);
     if (t0 > 0.0) dpar__trace_event(dpar__trace_pid(ctx->rt), ctx->device, "wait", "wait", t0, dpar__now_us(), -1);
@@ -3650,7 +4056,8 @@ DPAR_API dpar_status dpar_wait(dpar_ctx *ctx, dpar_request *r) {
 static dpar_status dpar__collective(dpar_ctx *ctx, dpar__cargs *a, const char *axes) {
     dpar__clear_error();
     if (!ctx)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_%s: ctx is NULL (collectives are called inside a pmap/shard_map function)",
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                         "dpar_%s: ctx is NULL (collectives are called inside a pmap/shard_map function)",
                          dpar__coll_name(a->kind, a->op));
     if (!axes) axes = "";
     snprintf(a->axes, sizeof a->axes, "%s", axes);
@@ -3666,16 +4073,22 @@ static dpar_status dpar__collective(dpar_ctx *ctx, dpar__cargs *a, const char *a
 }
 static dpar_status dpar__collective_start(dpar_ctx *ctx, dpar__cargs *a, const char *axes, dpar_request **req) {
     dpar__clear_error();
-    if (!req) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_%s_start: `req` is NULL", dpar__coll_name(a->kind, a->op));
+    if (!req)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_%s_start: `req` is NULL", dpar__coll_name(a->kind, a->op));
     *req = NULL;
-    if (!ctx) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_%s_start: ctx is NULL", dpar__coll_name(a->kind, a->op));
+    if (!ctx)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_%s_start: ctx is NULL", dpar__coll_name(a->kind, a->op));
     snprintf(a->axes, sizeof a->axes, "%s", axes ? axes : "");
     return dpar__coll_start(ctx, a, req);
 }
 
-static void dpar__cargs_init(dpar__cargs *a, dpar__coll_kind k, dpar_reduce_op op, dpar_buffer *out, const dpar_buffer *in) {
+static void dpar__cargs_init(dpar__cargs *a, dpar__coll_kind k, dpar_reduce_op op, dpar_buffer *out,
+                             const dpar_buffer *in) {
     memset(a, 0, sizeof *a);
-    a->kind = k; a->op = op; a->out = out; a->in = in;
+    a->kind = k;
+    a->op = op;
+    a->out = out;
+    a->in = in;
 }
 /* Each collective's arguments are packed once by a dpar__*_args helper; the
    blocking form runs them through dpar__collective, the async form through
@@ -3689,25 +4102,30 @@ static dpar_status dpar__preduce_args(dpar__cargs *a, dpar_buffer *out, const dp
 }
 static void dpar__all_gather_args(dpar__cargs *a, dpar_buffer *out, const dpar_buffer *in, int dim, bool tiled) {
     dpar__cargs_init(a, DPAR__COLL_ALL_GATHER, DPAR_SUM, out, in);
-    a->dim = dim; a->tiled = tiled;
+    a->dim = dim;
+    a->tiled = tiled;
 }
 static void dpar__psum_scatter_args(dpar__cargs *a, dpar_buffer *out, const dpar_buffer *in, int dim, bool tiled) {
     dpar__cargs_init(a, DPAR__COLL_REDUCE_SCATTER, DPAR_SUM, out, in);
-    a->dim = dim; a->tiled = tiled;
+    a->dim = dim;
+    a->tiled = tiled;
 }
 static dpar_status dpar__ppermute_args(dpar__cargs *a, dpar_buffer *out, const dpar_buffer *in, const int *pairs,
                                        int num_pairs, const char *fn) {
     dpar__cargs_init(a, DPAR__COLL_PERMUTE, DPAR_SUM, out, in);
     if (num_pairs < 0 || num_pairs > DPAR_MAX_DEVICES || (num_pairs > 0 && !pairs))
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: num_pairs = %d with pairs %s; give 0..%d (source, destination) pairs",
-                         fn, num_pairs, pairs ? "given" : "NULL", (int)DPAR_MAX_DEVICES);
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                         "%s: num_pairs = %d with pairs %s; give 0..%d (source, destination) pairs", fn, num_pairs,
+                         pairs ? "given" : "NULL", (int)DPAR_MAX_DEVICES);
     a->npairs = num_pairs;
     for (int i = 0; i < 2 * num_pairs; i++) a->pairs[i] = pairs[i];
     return DPAR_OK;
 }
-static void dpar__all_to_all_args(dpar__cargs *a, dpar_buffer *out, const dpar_buffer *in, int split_dim, int concat_dim) {
+static void dpar__all_to_all_args(dpar__cargs *a, dpar_buffer *out, const dpar_buffer *in, int split_dim,
+                                  int concat_dim) {
     dpar__cargs_init(a, DPAR__COLL_ALL_TO_ALL, DPAR_SUM, out, in);
-    a->split_dim = split_dim; a->concat_dim = concat_dim;
+    a->split_dim = split_dim;
+    a->concat_dim = concat_dim;
 }
 static void dpar__pbroadcast_args(dpar__cargs *a, dpar_buffer *out, const dpar_buffer *in, int root) {
     dpar__cargs_init(a, DPAR__COLL_BROADCAST, DPAR_SUM, out, in);
@@ -3715,36 +4133,50 @@ static void dpar__pbroadcast_args(dpar__cargs *a, dpar_buffer *out, const dpar_b
 }
 
 /* blocking forms */
-DPAR_API dpar_status dpar_preduce(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes, dpar_reduce_op op) {
+DPAR_API dpar_status dpar_preduce(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes,
+                                  dpar_reduce_op op) {
     dpar__cargs a;
     dpar_status s = dpar__preduce_args(&a, out, in, op, "dpar_preduce");
     return s ? s : dpar__collective(ctx, &a, axes);
 }
-DPAR_API dpar_status dpar_psum(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes) { return dpar_preduce(ctx, out, in, axes, DPAR_SUM); }
-DPAR_API dpar_status dpar_pmean(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes) { return dpar_preduce(ctx, out, in, axes, DPAR_MEAN); }
-DPAR_API dpar_status dpar_pmax(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes) { return dpar_preduce(ctx, out, in, axes, DPAR_MAX); }
-DPAR_API dpar_status dpar_pmin(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes) { return dpar_preduce(ctx, out, in, axes, DPAR_MIN); }
-DPAR_API dpar_status dpar_all_gather(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes, int dim, bool tiled) {
+DPAR_API dpar_status dpar_psum(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes) {
+    return dpar_preduce(ctx, out, in, axes, DPAR_SUM);
+}
+DPAR_API dpar_status dpar_pmean(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes) {
+    return dpar_preduce(ctx, out, in, axes, DPAR_MEAN);
+}
+DPAR_API dpar_status dpar_pmax(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes) {
+    return dpar_preduce(ctx, out, in, axes, DPAR_MAX);
+}
+DPAR_API dpar_status dpar_pmin(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes) {
+    return dpar_preduce(ctx, out, in, axes, DPAR_MIN);
+}
+DPAR_API dpar_status dpar_all_gather(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes, int dim,
+                                     bool tiled) {
     dpar__cargs a;
     dpar__all_gather_args(&a, out, in, dim, tiled);
     return dpar__collective(ctx, &a, axes);
 }
-DPAR_API dpar_status dpar_psum_scatter(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes, int dim, bool tiled) {
+DPAR_API dpar_status dpar_psum_scatter(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes,
+                                       int dim, bool tiled) {
     dpar__cargs a;
     dpar__psum_scatter_args(&a, out, in, dim, tiled);
     return dpar__collective(ctx, &a, axes);
 }
-DPAR_API dpar_status dpar_ppermute(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes, const int *pairs, int num_pairs) {
+DPAR_API dpar_status dpar_ppermute(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes,
+                                   const int *pairs, int num_pairs) {
     dpar__cargs a;
     dpar_status s = dpar__ppermute_args(&a, out, in, pairs, num_pairs, "dpar_ppermute");
     return s ? s : dpar__collective(ctx, &a, axes);
 }
-DPAR_API dpar_status dpar_all_to_all(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes, int split_dim, int concat_dim) {
+DPAR_API dpar_status dpar_all_to_all(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes,
+                                     int split_dim, int concat_dim) {
     dpar__cargs a;
     dpar__all_to_all_args(&a, out, in, split_dim, concat_dim);
     return dpar__collective(ctx, &a, axes);
 }
-DPAR_API dpar_status dpar_pbroadcast(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes, int root) {
+DPAR_API dpar_status dpar_pbroadcast(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes,
+                                     int root) {
     dpar__cargs a;
     dpar__pbroadcast_args(&a, out, in, root);
     return dpar__collective(ctx, &a, axes);
@@ -3758,24 +4190,30 @@ DPAR_API dpar_status dpar_preduce_start(dpar_ctx *ctx, dpar_buffer *out, const d
     dpar_status s = dpar__preduce_args(&a, out, in, op, "dpar_preduce_start");
     return s ? s : dpar__collective_start(ctx, &a, axes, req);
 }
-DPAR_API dpar_status dpar_psum_start(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes, dpar_request **req) {
+DPAR_API dpar_status dpar_psum_start(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes,
+                                     dpar_request **req) {
     return dpar_preduce_start(ctx, out, in, axes, DPAR_SUM, req);
 }
-DPAR_API dpar_status dpar_pmean_start(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes, dpar_request **req) {
+DPAR_API dpar_status dpar_pmean_start(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes,
+                                      dpar_request **req) {
     return dpar_preduce_start(ctx, out, in, axes, DPAR_MEAN, req);
 }
-DPAR_API dpar_status dpar_pmax_start(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes, dpar_request **req) {
+DPAR_API dpar_status dpar_pmax_start(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes,
+                                     dpar_request **req) {
     return dpar_preduce_start(ctx, out, in, axes, DPAR_MAX, req);
 }
-DPAR_API dpar_status dpar_pmin_start(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes, dpar_request **req) {
+DPAR_API dpar_status dpar_pmin_start(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes,
+                                     dpar_request **req) {
     return dpar_preduce_start(ctx, out, in, axes, DPAR_MIN, req);
 }
-DPAR_API dpar_status dpar_all_gather_start(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes, int dim, bool tiled, dpar_request **req) {
+DPAR_API dpar_status dpar_all_gather_start(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes,
+                                           int dim, bool tiled, dpar_request **req) {
     dpar__cargs a;
     dpar__all_gather_args(&a, out, in, dim, tiled);
     return dpar__collective_start(ctx, &a, axes, req);
 }
-DPAR_API dpar_status dpar_psum_scatter_start(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes, int dim, bool tiled, dpar_request **req) {
+DPAR_API dpar_status dpar_psum_scatter_start(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes,
+                                             int dim, bool tiled, dpar_request **req) {
     dpar__cargs a;
     dpar__psum_scatter_args(&a, out, in, dim, tiled);
     return dpar__collective_start(ctx, &a, axes, req);
@@ -3793,8 +4231,8 @@ DPAR_API dpar_status dpar_all_to_all_start(dpar_ctx *ctx, dpar_buffer *out, cons
     dpar__all_to_all_args(&a, out, in, split_dim, concat_dim);
     return dpar__collective_start(ctx, &a, axes, req);
 }
-DPAR_API dpar_status dpar_pbroadcast_start(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes, int root,
-                                           dpar_request **req) {
+DPAR_API dpar_status dpar_pbroadcast_start(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes,
+                                           int root, dpar_request **req) {
     dpar__cargs a;
     dpar__pbroadcast_args(&a, out, in, root);
     return dpar__collective_start(ctx, &a, axes, req);
@@ -3807,38 +4245,44 @@ static dpar_status dpar__op_check(const char *name, const dpar_buffer *first, co
     for (int i = 0; i < nb; i++) {
         if (!bufs[i]) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: operand %d is NULL", name, i);
         if (bufs[i]->rt != first->rt || bufs[i]->device != first->device)
-            return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: operands live on devices %d and %d; every operand of an op must be on one device",
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                             "%s: operands live on devices %d and %d; every operand of an op must be on one device",
                              name, first->gdev, bufs[i]->gdev);
     }
     return DPAR_OK;
 }
 static dpar_status dpar__need_f32(const char *name, const dpar_buffer *b, const char *which) {
     if (b->dtype != DPAR_F32)
-        return dpar__err(DPAR_ERR_DTYPE, "%s: %s is %s but this op takes f32; convert with dpar_cast", name, which, dpar_dtype_name(b->dtype));
+        return dpar__err(DPAR_ERR_DTYPE, "%s: %s is %s but this op takes f32; convert with dpar_cast", name, which,
+                         dpar_dtype_name(b->dtype));
     return DPAR_OK;
 }
-static dpar_status dpar__same_count(const char *name, const dpar_buffer *a, const char *an, const dpar_buffer *b, const char *bn) {
+static dpar_status dpar__same_count(const char *name, const dpar_buffer *a, const char *an, const dpar_buffer *b,
+                                    const char *bn) {
     if (a->count != b->count) {
         char x[160], y[160];
-        return dpar__err(DPAR_ERR_SHAPE, "%s: %s %s has %lld elements but %s %s has %lld; they must match", name,
-                         an, dpar__shape_str(x, sizeof x, a->ndim, a->shape), (long long)a->count,
-                         bn, dpar__shape_str(y, sizeof y, b->ndim, b->shape), (long long)b->count);
+        return dpar__err(DPAR_ERR_SHAPE, "%s: %s %s has %lld elements but %s %s has %lld; they must match", name, an,
+                         dpar__shape_str(x, sizeof x, a->ndim, a->shape), (long long)a->count, bn,
+                         dpar__shape_str(y, sizeof y, b->ndim, b->shape), (long long)b->count);
     }
     return DPAR_OK;
 }
-static dpar_status dpar__same_shape(const char *name, const dpar_buffer *a, const char *an, const dpar_buffer *b, const char *bn) {
+static dpar_status dpar__same_shape(const char *name, const dpar_buffer *a, const char *an, const dpar_buffer *b,
+                                    const char *bn) {
     int ok = a->ndim == b->ndim;
     for (int i = 0; ok && i < a->ndim; i++) ok = a->shape[i] == b->shape[i];
     if (!ok) {
         char x[160], y[160];
-        return dpar__err(DPAR_ERR_SHAPE, "%s: %s has shape %s but %s has shape %s; they must be equal (no broadcasting)", name,
-                         an, dpar__shape_str(x, sizeof x, a->ndim, a->shape), bn, dpar__shape_str(y, sizeof y, b->ndim, b->shape));
+        return dpar__err(
+            DPAR_ERR_SHAPE, "%s: %s has shape %s but %s has shape %s; they must be equal (no broadcasting)", name, an,
+            dpar__shape_str(x, sizeof x, a->ndim, a->shape), bn, dpar__shape_str(y, sizeof y, b->ndim, b->shape));
     }
     return DPAR_OK;
 }
 static dpar_status dpar__scalar_out(const char *name, const dpar_buffer *b) {
     if (b->count != 1 || b->dtype != DPAR_F32)
-        return dpar__err(DPAR_ERR_SHAPE, "%s: the result buffer must hold 1 f32 element (it has %lld %s)", name, (long long)b->count, dpar_dtype_name(b->dtype));
+        return dpar__err(DPAR_ERR_SHAPE, "%s: the result buffer must hold 1 f32 element (it has %lld %s)", name,
+                         (long long)b->count, dpar_dtype_name(b->dtype));
     return DPAR_OK;
 }
 static dpar_status dpar__op_run(dpar__op *op) {
@@ -3854,65 +4298,91 @@ static void dpar__op_init(dpar__op *op, dpar__op_kind k, dpar_buffer *dst) {
     if (dst) op->n = dst->count;
 }
 
-DPAR_API dpar_status dpar_matmul(dpar_buffer *C, const dpar_buffer *A, const dpar_buffer *B, bool ta, bool tb, float alpha, float beta) {
+DPAR_API dpar_status dpar_matmul(dpar_buffer *C, const dpar_buffer *A, const dpar_buffer *B, bool ta, bool tb,
+                                 float alpha, float beta) {
     dpar__clear_error();
     const dpar_buffer *ops[2] = { A, B };
     dpar_status s = dpar__op_check("dpar_matmul", C, ops, 2);
     if (s) return s;
     if (A->ndim != 2 || B->ndim != 2 || C->ndim != 2)
-        return dpar__err(DPAR_ERR_SHAPE, "dpar_matmul: A, B and C must be 2-d (they are %d-d, %d-d, %d-d); reshape with dpar_buffer_reshape", A->ndim, B->ndim, C->ndim);
-    if (A->dtype != B->dtype || C->dtype != DPAR_F32 || (A->dtype != DPAR_F32 && A->dtype != DPAR_F16 && A->dtype != DPAR_BF16))
-        return dpar__err(DPAR_ERR_DTYPE, "dpar_matmul: A is %s, B is %s, C is %s; A and B must share a float dtype and C must be f32",
+        return dpar__err(
+            DPAR_ERR_SHAPE,
+            "dpar_matmul: A, B and C must be 2-d (they are %d-d, %d-d, %d-d); reshape with dpar_buffer_reshape",
+            A->ndim, B->ndim, C->ndim);
+    if (A->dtype != B->dtype || C->dtype != DPAR_F32 ||
+        (A->dtype != DPAR_F32 && A->dtype != DPAR_F16 && A->dtype != DPAR_BF16))
+        return dpar__err(DPAR_ERR_DTYPE,
+                         "dpar_matmul: A is %s, B is %s, C is %s; A and B must share a float dtype and C must be f32",
                          dpar_dtype_name(A->dtype), dpar_dtype_name(B->dtype), dpar_dtype_name(C->dtype));
     int64_t M = ta ? A->shape[1] : A->shape[0], K = ta ? A->shape[0] : A->shape[1];
     int64_t K2 = tb ? B->shape[1] : B->shape[0], N = tb ? B->shape[0] : B->shape[1];
     if (K != K2 || C->shape[0] != M || C->shape[1] != N) {
         char a[64], b[64], c[64];
-        return dpar__err(DPAR_ERR_SHAPE, "dpar_matmul: op(A) is [%lld, %lld] (A %s%s), op(B) is [%lld, %lld] (B %s%s), C is %s; need op(A) [M,K] @ op(B) [K,N] = C [M,N]",
+        return dpar__err(DPAR_ERR_SHAPE,
+                         "dpar_matmul: op(A) is [%lld, %lld] (A %s%s), op(B) is [%lld, %lld] (B %s%s), C is %s; need "
+                         "op(A) [M,K] @ op(B) [K,N] = C [M,N]",
                          (long long)M, (long long)K, dpar__shape_str(a, sizeof a, 2, A->shape), ta ? " transposed" : "",
-                         (long long)K2, (long long)N, dpar__shape_str(b, sizeof b, 2, B->shape), tb ? " transposed" : "",
-                         dpar__shape_str(c, sizeof c, 2, C->shape));
+                         (long long)K2, (long long)N, dpar__shape_str(b, sizeof b, 2, B->shape),
+                         tb ? " transposed" : "", dpar__shape_str(c, sizeof c, 2, C->shape));
     }
     if (C == A || C == B) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_matmul: C must not alias A or B");
     dpar__op op;
     dpar__op_init(&op, DPAR__OP_MATMUL, C);
-    op.src0 = A; op.src1 = B; op.m = M; op.n = N; op.k = K; op.trans_a = ta; op.trans_b = tb;
-    op.f[0] = alpha; op.f[1] = beta;
+    op.src0 = A;
+    op.src1 = B;
+    op.m = M;
+    op.n = N;
+    op.k = K;
+    op.trans_a = ta;
+    op.trans_b = tb;
+    op.f[0] = alpha;
+    op.f[1] = beta;
     return dpar__op_run(&op);
 }
 /* y [..., N] and b [N] */
 DPAR_API dpar_status dpar_bias_add(dpar_buffer *y, const dpar_buffer *b) {
     dpar__clear_error();
     dpar_status s = dpar__op_check("dpar_bias_add", y, &b, 1);
-    if (s || (s = dpar__need_f32("dpar_bias_add", y, "y")) || (s = dpar__need_f32("dpar_bias_add", b, "bias"))) return s;
+    if (s || (s = dpar__need_f32("dpar_bias_add", y, "y")) || (s = dpar__need_f32("dpar_bias_add", b, "bias")))
+        return s;
     if (y->ndim < 1 || b->ndim != 1 || b->shape[0] != y->shape[y->ndim - 1]) {
         char x[160], z[160];
-        return dpar__err(DPAR_ERR_SHAPE, "dpar_bias_add: bias %s must be 1-d with the size of y's last dimension (y is %s)",
-                         dpar__shape_str(z, sizeof z, b->ndim, b->shape), dpar__shape_str(x, sizeof x, y->ndim, y->shape));
+        return dpar__err(
+            DPAR_ERR_SHAPE, "dpar_bias_add: bias %s must be 1-d with the size of y's last dimension (y is %s)",
+            dpar__shape_str(z, sizeof z, b->ndim, b->shape), dpar__shape_str(x, sizeof x, y->ndim, y->shape));
     }
     dpar__op op;
     dpar__op_init(&op, DPAR__OP_BIAS_ADD, y);
-    op.src0 = b; op.n = b->shape[0]; op.m = b->shape[0] ? y->count / b->shape[0] : 0;
+    op.src0 = b;
+    op.n = b->shape[0];
+    op.m = b->shape[0] ? y->count / b->shape[0] : 0;
     return dpar__op_run(&op);
 }
 DPAR_API dpar_status dpar_bias_grad(dpar_buffer *db, const dpar_buffer *dy, float beta) {
     dpar__clear_error();
     dpar_status s = dpar__op_check("dpar_bias_grad", db, &dy, 1);
-    if (s || (s = dpar__need_f32("dpar_bias_grad", db, "db")) || (s = dpar__need_f32("dpar_bias_grad", dy, "dy"))) return s;
+    if (s || (s = dpar__need_f32("dpar_bias_grad", db, "db")) || (s = dpar__need_f32("dpar_bias_grad", dy, "dy")))
+        return s;
     if (dy->ndim < 1 || db->ndim != 1 || db->shape[0] != dy->shape[dy->ndim - 1]) {
         char x[160], z[160];
-        return dpar__err(DPAR_ERR_SHAPE, "dpar_bias_grad: db %s must be 1-d with the size of dy's last dimension (dy is %s)",
-                         dpar__shape_str(z, sizeof z, db->ndim, db->shape), dpar__shape_str(x, sizeof x, dy->ndim, dy->shape));
+        return dpar__err(
+            DPAR_ERR_SHAPE, "dpar_bias_grad: db %s must be 1-d with the size of dy's last dimension (dy is %s)",
+            dpar__shape_str(z, sizeof z, db->ndim, db->shape), dpar__shape_str(x, sizeof x, dy->ndim, dy->shape));
     }
     dpar__op op;
     dpar__op_init(&op, DPAR__OP_BIAS_GRAD, db);
-    op.src0 = dy; op.n = db->shape[0]; op.m = db->shape[0] ? dy->count / db->shape[0] : 0; op.f[1] = beta;
+    op.src0 = dy;
+    op.n = db->shape[0];
+    op.m = db->shape[0] ? dy->count / db->shape[0] : 0;
+    op.f[1] = beta;
     return dpar__op_run(&op);
 }
 DPAR_API dpar_status dpar_relu(dpar_buffer *y, const dpar_buffer *x) {
     dpar__clear_error();
     dpar_status s = dpar__op_check("dpar_relu", y, &x, 1);
-    if (s || (s = dpar__need_f32("dpar_relu", y, "y")) || (s = dpar__need_f32("dpar_relu", x, "x")) || (s = dpar__same_shape("dpar_relu", y, "y", x, "x"))) return s;
+    if (s || (s = dpar__need_f32("dpar_relu", y, "y")) || (s = dpar__need_f32("dpar_relu", x, "x")) ||
+        (s = dpar__same_shape("dpar_relu", y, "y", x, "x")))
+        return s;
     dpar__op op;
     dpar__op_init(&op, DPAR__OP_RELU, y);
     op.src0 = x;
@@ -3922,57 +4392,83 @@ DPAR_API dpar_status dpar_relu_backward(dpar_buffer *dx, const dpar_buffer *dy, 
     dpar__clear_error();
     const dpar_buffer *ops[2] = { dy, x };
     dpar_status s = dpar__op_check("dpar_relu_backward", dx, ops, 2);
-    if (s || (s = dpar__need_f32("dpar_relu_backward", dx, "dx")) || (s = dpar__need_f32("dpar_relu_backward", dy, "dy")) ||
-        (s = dpar__need_f32("dpar_relu_backward", x, "x")) || (s = dpar__same_shape("dpar_relu_backward", dx, "dx", dy, "dy")) ||
+    if (s || (s = dpar__need_f32("dpar_relu_backward", dx, "dx")) ||
+        (s = dpar__need_f32("dpar_relu_backward", dy, "dy")) || (s = dpar__need_f32("dpar_relu_backward", x, "x")) ||
+        (s = dpar__same_shape("dpar_relu_backward", dx, "dx", dy, "dy")) ||
         (s = dpar__same_shape("dpar_relu_backward", x, "x", dy, "dy")))
         return s;
     dpar__op op;
     dpar__op_init(&op, DPAR__OP_RELU_BWD, dx);
-    op.src0 = dy; op.src1 = x;
+    op.src0 = dy;
+    op.src1 = x;
     return dpar__op_run(&op);
 }
-DPAR_API dpar_status dpar_softmax_xent(dpar_buffer *loss, dpar_buffer *dlogits, const dpar_buffer *logits, const dpar_buffer *labels) {
+DPAR_API dpar_status dpar_softmax_xent(dpar_buffer *loss, dpar_buffer *dlogits, const dpar_buffer *logits,
+                                       const dpar_buffer *labels) {
     dpar__clear_error();
     const dpar_buffer *ops[3] = { logits, labels, dlogits ? dlogits : logits };
     dpar_status s = dpar__op_check("dpar_softmax_xent", loss, ops, 3);
-    if (s || (s = dpar__scalar_out("dpar_softmax_xent", loss)) || (s = dpar__need_f32("dpar_softmax_xent", logits, "logits"))) return s;
+    if (s || (s = dpar__scalar_out("dpar_softmax_xent", loss)) ||
+        (s = dpar__need_f32("dpar_softmax_xent", logits, "logits")))
+        return s;
     if (logits->ndim != 2) {
         char x[160];
-        return dpar__err(DPAR_ERR_SHAPE, "dpar_softmax_xent: logits must be 2-d [M, C] (got %s)", dpar__shape_str(x, sizeof x, logits->ndim, logits->shape));
+        return dpar__err(DPAR_ERR_SHAPE, "dpar_softmax_xent: logits must be 2-d [M, C] (got %s)",
+                         dpar__shape_str(x, sizeof x, logits->ndim, logits->shape));
     }
-    if (labels->dtype != DPAR_I32) return dpar__err(DPAR_ERR_DTYPE, "dpar_softmax_xent: labels are %s but must be i32 class indices", dpar_dtype_name(labels->dtype));
+    if (labels->dtype != DPAR_I32)
+        return dpar__err(DPAR_ERR_DTYPE, "dpar_softmax_xent: labels are %s but must be i32 class indices",
+                         dpar_dtype_name(labels->dtype));
     if (labels->count != logits->shape[0]) {
         char x[160], y[160];
         return dpar__err(DPAR_ERR_SHAPE, "dpar_softmax_xent: labels %s must hold one label per row of logits %s",
-                         dpar__shape_str(y, sizeof y, labels->ndim, labels->shape), dpar__shape_str(x, sizeof x, logits->ndim, logits->shape));
+                         dpar__shape_str(y, sizeof y, labels->ndim, labels->shape),
+                         dpar__shape_str(x, sizeof x, logits->ndim, logits->shape));
     }
-    if (dlogits && ((s = dpar__need_f32("dpar_softmax_xent", dlogits, "dlogits")) || (s = dpar__same_shape("dpar_softmax_xent", dlogits, "dlogits", logits, "logits")))) return s;
-    if (dlogits == logits) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_softmax_xent: dlogits must not alias logits");
+    if (dlogits && ((s = dpar__need_f32("dpar_softmax_xent", dlogits, "dlogits")) ||
+                    (s = dpar__same_shape("dpar_softmax_xent", dlogits, "dlogits", logits, "logits"))))
+        return s;
+    if (dlogits == logits)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_softmax_xent: dlogits must not alias logits");
     dpar__op op;
     dpar__op_init(&op, DPAR__OP_SOFTMAX_XENT, loss);
-    op.dst2 = dlogits; op.src0 = logits; op.src1 = labels; op.m = logits->shape[0]; op.n = logits->shape[1];
+    op.dst2 = dlogits;
+    op.src0 = logits;
+    op.src1 = labels;
+    op.m = logits->shape[0];
+    op.n = logits->shape[1];
     return dpar__op_run(&op);
 }
-DPAR_API dpar_status dpar_mse(dpar_buffer *loss, dpar_buffer *dpred, const dpar_buffer *pred, const dpar_buffer *target) {
+DPAR_API dpar_status dpar_mse(dpar_buffer *loss, dpar_buffer *dpred, const dpar_buffer *pred,
+                              const dpar_buffer *target) {
     dpar__clear_error();
     const dpar_buffer *ops[3] = { pred, target, dpred ? dpred : pred };
     dpar_status s = dpar__op_check("dpar_mse", loss, ops, 3);
-    if (s || (s = dpar__scalar_out("dpar_mse", loss)) || (s = dpar__need_f32("dpar_mse", pred, "pred")) || (s = dpar__need_f32("dpar_mse", target, "target")) ||
+    if (s || (s = dpar__scalar_out("dpar_mse", loss)) || (s = dpar__need_f32("dpar_mse", pred, "pred")) ||
+        (s = dpar__need_f32("dpar_mse", target, "target")) ||
         (s = dpar__same_shape("dpar_mse", pred, "pred", target, "target")))
         return s;
-    if (dpred && ((s = dpar__need_f32("dpar_mse", dpred, "dpred")) || (s = dpar__same_shape("dpar_mse", dpred, "dpred", pred, "pred")))) return s;
+    if (dpred && ((s = dpar__need_f32("dpar_mse", dpred, "dpred")) ||
+                  (s = dpar__same_shape("dpar_mse", dpred, "dpred", pred, "pred"))))
+        return s;
     dpar__op op;
     dpar__op_init(&op, DPAR__OP_MSE, loss);
-    op.dst2 = dpred; op.src0 = pred; op.src1 = target; op.n = pred->count;
+    op.dst2 = dpred;
+    op.src0 = pred;
+    op.src1 = target;
+    op.n = pred->count;
     return dpar__op_run(&op);
 }
 DPAR_API dpar_status dpar_axpy(dpar_buffer *y, float alpha, const dpar_buffer *x) {
     dpar__clear_error();
     dpar_status s = dpar__op_check("dpar_axpy", y, &x, 1);
-    if (s || (s = dpar__need_f32("dpar_axpy", y, "y")) || (s = dpar__need_f32("dpar_axpy", x, "x")) || (s = dpar__same_count("dpar_axpy", y, "y", x, "x"))) return s;
+    if (s || (s = dpar__need_f32("dpar_axpy", y, "y")) || (s = dpar__need_f32("dpar_axpy", x, "x")) ||
+        (s = dpar__same_count("dpar_axpy", y, "y", x, "x")))
+        return s;
     dpar__op op;
     dpar__op_init(&op, DPAR__OP_AXPY, y);
-    op.src0 = x; op.f[0] = alpha;
+    op.src0 = x;
+    op.f[0] = alpha;
     return dpar__op_run(&op);
 }
 DPAR_API dpar_status dpar_scale(dpar_buffer *x, float alpha) {
@@ -3998,7 +4494,8 @@ DPAR_API dpar_status dpar_copy(dpar_buffer *dst, const dpar_buffer *src) {
     dpar_status s = dpar__op_check("dpar_copy", dst, &src, 1);
     if (s || (s = dpar__same_count("dpar_copy", dst, "dst", src, "src"))) return s;
     if (dst->dtype != src->dtype)
-        return dpar__err(DPAR_ERR_DTYPE, "dpar_copy: dst is %s but src is %s; use dpar_cast to convert", dpar_dtype_name(dst->dtype), dpar_dtype_name(src->dtype));
+        return dpar__err(DPAR_ERR_DTYPE, "dpar_copy: dst is %s but src is %s; use dpar_cast to convert",
+                         dpar_dtype_name(dst->dtype), dpar_dtype_name(src->dtype));
     if (dst == src) return DPAR_OK;
     dpar__op op;
     dpar__op_init(&op, DPAR__OP_COPY, dst);
@@ -4021,11 +4518,16 @@ static dpar_status dpar__reduce_op(const char *name, dpar__op_kind k, dpar_buffe
     if (s || (s = dpar__scalar_out(name, out)) || (s = dpar__need_f32(name, x, "x"))) return s;
     dpar__op op;
     dpar__op_init(&op, k, out);
-    op.src0 = x; op.n = x->count;
+    op.src0 = x;
+    op.n = x->count;
     return dpar__op_run(&op);
 }
-DPAR_API dpar_status dpar_sum(dpar_buffer *out, const dpar_buffer *x) { return dpar__reduce_op("dpar_sum", DPAR__OP_SUM, out, x); }
-DPAR_API dpar_status dpar_sum_squares(dpar_buffer *out, const dpar_buffer *x) { return dpar__reduce_op("dpar_sum_squares", DPAR__OP_SUMSQ, out, x); }
+DPAR_API dpar_status dpar_sum(dpar_buffer *out, const dpar_buffer *x) {
+    return dpar__reduce_op("dpar_sum", DPAR__OP_SUM, out, x);
+}
+DPAR_API dpar_status dpar_sum_squares(dpar_buffer *out, const dpar_buffer *x) {
+    return dpar__reduce_op("dpar_sum_squares", DPAR__OP_SUMSQ, out, x);
+}
 
 /* ---------------------------------------------------------------------------
    SGD
@@ -4033,15 +4535,18 @@ DPAR_API dpar_status dpar_sum_squares(dpar_buffer *out, const dpar_buffer *x) { 
 static dpar_status dpar__sgd_check(const char *fn, const dpar_sgd_desc *d) {
     if (!d) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: desc is NULL", fn);
     if (!(d->learning_rate > 0.0f) || !isfinite(d->learning_rate))
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: learning_rate = %g; it must be a finite number > 0", fn, (double)d->learning_rate);
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: learning_rate = %g; it must be a finite number > 0", fn,
+                         (double)d->learning_rate);
     if (!(d->momentum >= 0.0f && d->momentum < 1.0f))
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: momentum = %g; it must be in [0, 1)", fn, (double)d->momentum);
     if (d->nesterov && d->momentum == 0.0f)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: nesterov needs momentum > 0", fn);
     if (!(d->weight_decay >= 0.0f) || !isfinite(d->weight_decay))
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: weight_decay = %g; it must be >= 0", fn, (double)d->weight_decay);
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: weight_decay = %g; it must be >= 0", fn,
+                         (double)d->weight_decay);
     if (!(d->clip_norm >= 0.0f) || !isfinite(d->clip_norm))
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: clip_norm = %g; use 0 (off) or a positive norm", fn, (double)d->clip_norm);
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: clip_norm = %g; use 0 (off) or a positive norm", fn,
+                         (double)d->clip_norm);
     return DPAR_OK;
 }
 DPAR_API dpar_status dpar_sgd_check(const dpar_sgd_desc *d) {
@@ -4049,37 +4554,50 @@ DPAR_API dpar_status dpar_sgd_check(const dpar_sgd_desc *d) {
     return dpar__sgd_check("dpar_sgd_check", d);
 }
 /* the buffer checks of one update (dpar_sgd_step runs them for every buffer first) */
-static dpar_status dpar__sgd_check_bufs(const char *fn, const dpar_sgd_desc *d, const dpar_buffer *param, const dpar_buffer *grad,
-                                        const dpar_buffer *mom) {
+static dpar_status dpar__sgd_check_bufs(const char *fn, const dpar_sgd_desc *d, const dpar_buffer *param,
+                                        const dpar_buffer *grad, const dpar_buffer *mom) {
     dpar_status s;
     const dpar_buffer *ops[2] = { grad, mom ? mom : grad };
     if ((s = dpar__op_check(fn, param, ops, 2))) return s;
-    if ((s = dpar__need_f32(fn, param, "param")) || (s = dpar__need_f32(fn, grad, "grad")) || (s = dpar__same_count(fn, param, "param", grad, "grad")))
+    if ((s = dpar__need_f32(fn, param, "param")) || (s = dpar__need_f32(fn, grad, "grad")) ||
+        (s = dpar__same_count(fn, param, "param", grad, "grad")))
         return s;
     if (d->momentum > 0.0f) {
-        if (!mom) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: momentum = %g but no momentum buffer was given", fn, (double)d->momentum);
-        if ((s = dpar__need_f32(fn, mom, "momentum")) || (s = dpar__same_count(fn, param, "param", mom, "momentum"))) return s;
-        if (mom == param || mom == grad) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: the momentum buffer must not alias param or grad", fn);
+        if (!mom)
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: momentum = %g but no momentum buffer was given", fn,
+                             (double)d->momentum);
+        if ((s = dpar__need_f32(fn, mom, "momentum")) || (s = dpar__same_count(fn, param, "param", mom, "momentum")))
+            return s;
+        if (mom == param || mom == grad)
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: the momentum buffer must not alias param or grad", fn);
     }
     if (grad == param) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: grad must not alias param", fn);
     return DPAR_OK;
 }
-DPAR_API dpar_status dpar_sgd_update(const dpar_sgd_desc *d, dpar_buffer *param, const dpar_buffer *grad, dpar_buffer *mom, float clip_scale) {
+DPAR_API dpar_status dpar_sgd_update(const dpar_sgd_desc *d, dpar_buffer *param, const dpar_buffer *grad,
+                                     dpar_buffer *mom, float clip_scale) {
     dpar__clear_error();
     dpar_status s = dpar__sgd_check("dpar_sgd_update", d);
     if (s || (s = dpar__sgd_check_bufs("dpar_sgd_update", d, param, grad, mom))) return s;
-    if (!isfinite(clip_scale) || clip_scale < 0.0f) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_sgd_update: clip_scale = %g is not a finite scale >= 0", (double)clip_scale);
+    if (!isfinite(clip_scale) || clip_scale < 0.0f)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_sgd_update: clip_scale = %g is not a finite scale >= 0",
+                         (double)clip_scale);
     dpar__op op;
     dpar__op_init(&op, DPAR__OP_SGD, param);
     op.dst2 = d->momentum > 0.0f ? mom : NULL;
     op.src0 = grad;
-    op.f[0] = d->learning_rate; op.f[1] = d->momentum; op.f[2] = d->weight_decay; op.f[3] = clip_scale;
+    op.f[0] = d->learning_rate;
+    op.f[1] = d->momentum;
+    op.f[2] = d->weight_decay;
+    op.f[3] = clip_scale;
     op.nesterov = d->nesterov;
     return dpar__op_run(&op);
 }
-DPAR_API dpar_status dpar_sgd_clip_scale(dpar_ctx *ctx, const dpar_sgd_desc *d, dpar_buffer *const *grads, int n, float *scale, float *norm_out) {
+DPAR_API dpar_status dpar_sgd_clip_scale(dpar_ctx *ctx, const dpar_sgd_desc *d, dpar_buffer *const *grads, int n,
+                                         float *scale, float *norm_out) {
     dpar__clear_error();
-    if (!ctx || !scale || (n > 0 && !grads) || n < 0) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_sgd_clip_scale: NULL or invalid argument");
+    if (!ctx || !scale || (n > 0 && !grads) || n < 0)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_sgd_clip_scale: NULL or invalid argument");
     dpar_status s = dpar__sgd_check("dpar_sgd_clip_scale", d);
     if (s) return s;
     dpar_buffer *tmp = NULL;
@@ -4105,18 +4623,21 @@ DPAR_API dpar_status dpar_sgd_clip_scale(dpar_ctx *ctx, const dpar_sgd_desc *d, 
     float norm = (float)sqrt(total);
     if (norm_out) *norm_out = norm;
     if (!isfinite(norm))
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_sgd_clip_scale: the global gradient norm is %g: the gradients hold NaN or Inf "
-                         "(lower the learning rate or check the loss); no parameter was changed", (double)norm);
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                         "dpar_sgd_clip_scale: the global gradient norm is %g: the gradients hold NaN or Inf "
+                         "(lower the learning rate or check the loss); no parameter was changed",
+                         (double)norm);
     *scale = (d->clip_norm > 0.0f && !(norm < d->clip_norm)) ? d->clip_norm / norm : 1.0f;
     return DPAR_OK;
 }
-DPAR_API dpar_status dpar_sgd_step(dpar_ctx *ctx, const dpar_sgd_desc *d, dpar_buffer *const *params, dpar_buffer *const *grads,
-                                   dpar_buffer *const *moms, int n) {
+DPAR_API dpar_status dpar_sgd_step(dpar_ctx *ctx, const dpar_sgd_desc *d, dpar_buffer *const *params,
+                                   dpar_buffer *const *grads, dpar_buffer *const *moms, int n) {
     dpar__clear_error();
     dpar_status s = dpar__sgd_check("dpar_sgd_step", d);
     if (s) return s;
     if (n < 0) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_sgd_step: n = %d parameters; it must be >= 0", n);
-    if (n > 0 && (!params || !grads)) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_sgd_step: params or grads is NULL");
+    if (n > 0 && (!params || !grads))
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_sgd_step: params or grads is NULL");
     /* every buffer is checked before any is updated: a failed step changes nothing */
     for (int i = 0; i < n; i++)
         if ((s = dpar__sgd_check_bufs("dpar_sgd_step", d, params[i], grads[i], moms ? moms[i] : NULL))) return s;
@@ -4136,20 +4657,30 @@ DPAR_API dpar_status dpar_sgd_step(dpar_ctx *ctx, const dpar_sgd_desc *d, dpar_b
    Array specs, resharding between specs, shard_map with in/out specs (built on
    arrays, dispatch and the collectives above). */
 
-DPAR_API dpar_dtype dpar_array_dtype(const dpar_array *a) { return a ? a->dtype : DPAR_DTYPE_COUNT; }
-DPAR_API dpar_mesh *dpar_array_mesh(const dpar_array *a) { return a ? a->mesh : NULL; }
-DPAR_API int64_t dpar_array_shard_dim(const dpar_array *a, int i) { return (a && i >= 0 && i < a->ndim) ? a->local[i] : -1; }
+DPAR_API dpar_dtype dpar_array_dtype(const dpar_array *a) {
+    return a ? a->dtype : DPAR_DTYPE_COUNT;
+}
+DPAR_API dpar_mesh *dpar_array_mesh(const dpar_array *a) {
+    return a ? a->mesh : NULL;
+}
+DPAR_API int64_t dpar_array_shard_dim(const dpar_array *a, int i) {
+    return (a && i >= 0 && i < a->ndim) ? a->local[i] : -1;
+}
 DPAR_API dpar_status dpar_array_spec(const dpar_array *a, int i, char *buf, size_t cap) {
     dpar__clear_error();
-    if (!a || !buf || cap == 0) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_array_spec: array or buf is NULL, or cap is 0");
+    if (!a || !buf || cap == 0)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_array_spec: array or buf is NULL, or cap is 0");
     buf[0] = 0;
-    if (i < 0 || i >= a->ndim) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_array_spec: dimension %d is out of range for a %d-d array", i, a->ndim);
+    if (i < 0 || i >= a->ndim)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_array_spec: dimension %d is out of range for a %d-d array", i,
+                         a->ndim);
     size_t at = 0;
     for (int j = 0; j < a->spec_n[i]; j++) {
         int w = snprintf(buf + at, cap - at, j ? ",%s" : "%s", a->mesh->names[a->spec_axes[i][j]]);
         if (w < 0 || (size_t)w >= cap - at) {
             buf[0] = 0;
-            return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_array_spec: buffer of %zu bytes is too small for the spec of dimension %d", cap, i);
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                             "dpar_array_spec: buffer of %zu bytes is too small for the spec of dimension %d", cap, i);
         }
         at += (size_t)w;
     }
@@ -4159,7 +4690,8 @@ DPAR_API dpar_status dpar_array_spec(const dpar_array *a, int i, char *buf, size
 /* Same axes list (same order) on dimension d of a and dimension e of b. */
 static int dpar__spec_dim_eq(const dpar_array *a, int d, const dpar_array *b, int e) {
     if (a->spec_n[d] != b->spec_n[e]) return 0;
-    for (int j = 0; j < a->spec_n[d]; j++) if (a->spec_axes[d][j] != b->spec_axes[e][j]) return 0;
+    for (int j = 0; j < a->spec_n[d]; j++)
+        if (a->spec_axes[d][j] != b->spec_axes[e][j]) return 0;
     return 1;
 }
 /* "a,b" of dimension d's axes into buf; 1 when they are in mesh order (the
@@ -4176,7 +4708,10 @@ static int dpar__spec_axes_str(const dpar_array *a, int d, char *buf, size_t cap
 }
 
 enum { DPAR__RESHARD_COPY, DPAR__RESHARD_A2A, DPAR__RESHARD_GATHER };
-typedef struct dpar__reshard_plan { int kind, i, j; char axes[128]; } dpar__reshard_plan;
+typedef struct dpar__reshard_plan {
+    int kind, i, j;
+    char axes[128];
+} dpar__reshard_plan;
 
 static dpar_status dpar__reshard_fn(dpar_ctx *ctx, void *user) {
     const dpar__reshard_plan *p = (const dpar__reshard_plan *)user;
@@ -4191,25 +4726,35 @@ static dpar_status dpar__reshard_fn(dpar_ctx *ctx, void *user) {
 DPAR_API dpar_status dpar_array_reshard(dpar_array *dst, const dpar_array *src) {
     dpar__clear_error();
     if (!dst || !src) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_array_reshard: dst or src is NULL");
-    if (dpar__self_worker) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_array_reshard: called from inside a pmap/shard_map function; call it between dispatches");
+    if (dpar__self_worker)
+        return dpar__err(
+            DPAR_ERR_INVALID_ARGUMENT,
+            "dpar_array_reshard: called from inside a pmap/shard_map function; call it between dispatches");
     if (dst == src) return DPAR_OK;
     if (dst->mesh != src->mesh)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_array_reshard: dst and src live on different meshes; reshard works within one mesh "
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                         "dpar_array_reshard: dst and src live on different meshes; reshard works within one mesh "
                          "(across meshes use dpar_array_get + dpar_array_put, or a checkpoint)");
     if (dst->dtype != src->dtype)
-        return dpar__err(DPAR_ERR_DTYPE, "dpar_array_reshard: dst is %s but src is %s; they must match (use dpar_cast inside a shard_map to convert)",
+        return dpar__err(DPAR_ERR_DTYPE,
+                         "dpar_array_reshard: dst is %s but src is %s; they must match (use dpar_cast inside a "
+                         "shard_map to convert)",
                          dpar_dtype_name(dst->dtype), dpar_dtype_name(src->dtype));
     int same_shape = dst->ndim == src->ndim;
     for (int d = 0; same_shape && d < dst->ndim; d++) same_shape = dst->shape[d] == src->shape[d];
     if (!same_shape) {
         char x[160], y[160];
         return dpar__err(DPAR_ERR_SHAPE, "dpar_array_reshard: dst has global shape %s but src has %s; they must match",
-                         dpar__shape_str(x, sizeof x, dst->ndim, dst->shape), dpar__shape_str(y, sizeof y, src->ndim, src->shape));
+                         dpar__shape_str(x, sizeof x, dst->ndim, dst->shape),
+                         dpar__shape_str(y, sizeof y, src->ndim, src->shape));
     }
     dpar_mesh *m = dst->mesh;
     int nd = dst->ndim, ndiff = 0, diff[2] = { -1, -1 };
     for (int d = 0; d < nd; d++)
-        if (!dpar__spec_dim_eq(dst, d, src, d)) { if (ndiff < 2) diff[ndiff] = d; ndiff++; }
+        if (!dpar__spec_dim_eq(dst, d, src, d)) {
+            if (ndiff < 2) diff[ndiff] = d;
+            ndiff++;
+        }
     dpar__reshard_plan plan;
     memset(&plan, 0, sizeof plan);
     plan.kind = -1;
@@ -4221,20 +4766,26 @@ DPAR_API dpar_status dpar_array_reshard(dpar_array *dst, const dpar_array *src) 
             int i = diff[t], j = diff[1 - t];
             if (src->spec_n[i] > 0 && dst->spec_n[i] == 0 && src->spec_n[j] == 0 && dpar__spec_dim_eq(src, i, dst, j) &&
                 dpar__spec_axes_str(src, i, plan.axes, sizeof plan.axes)) {
-                plan.kind = DPAR__RESHARD_A2A; plan.i = i; plan.j = j;
+                plan.kind = DPAR__RESHARD_A2A;
+                plan.i = i;
+                plan.j = j;
             }
         }
     } else if (ndiff == 1) {
         int i = diff[0];
         if (src->spec_n[i] > 0 && dst->spec_n[i] == 0 && dpar__spec_axes_str(src, i, plan.axes, sizeof plan.axes)) {
-            plan.kind = DPAR__RESHARD_GATHER; plan.i = i;
+            plan.kind = DPAR__RESHARD_GATHER;
+            plan.i = i;
         }
     }
     if (plan.kind >= 0) {
         dpar_shard_map_desc sd;
         memset(&sd, 0, sizeof sd);
-        sd.fn = dpar__reshard_fn; sd.user = &plan; sd.num_args = 2;
-        sd.args[0] = (dpar_array *)src; sd.args[1] = dst;
+        sd.fn = dpar__reshard_fn;
+        sd.user = &plan;
+        sd.num_args = 2;
+        sd.args[0] = (dpar_array *)src;
+        sd.args[1] = dst;
         return dpar_shard_map(m, &sd);
     }
     size_t es = dpar_dtype_size(src->dtype);
@@ -4248,8 +4799,10 @@ DPAR_API dpar_status dpar_array_reshard(dpar_array *dst, const dpar_array *src) 
     if (contains) {
         size_t snb = (size_t)dpar__prod(src->local, nd) * es, dnb = (size_t)dpar__prod(dst->local, nd) * es;
         char *ts = (char *)DPAR_MALLOC(snb ? snb : 1), *td = (char *)DPAR_MALLOC(dnb ? dnb : 1);
-        dpar_status s = (ts && td) ? DPAR_OK : dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_array_reshard: out of host memory (%zu bytes)", snb + dnb);
-        int64_t zero[DPAR_MAX_DIMS] = {0}, so[DPAR_MAX_DIMS], dof[DPAR_MAX_DIMS], rel[DPAR_MAX_DIMS];
+        dpar_status s = (ts && td) ? DPAR_OK
+                                   : dpar__err(DPAR_ERR_OUT_OF_MEMORY,
+                                               "dpar_array_reshard: out of host memory (%zu bytes)", snb + dnb);
+        int64_t zero[DPAR_MAX_DIMS] = { 0 }, so[DPAR_MAX_DIMS], dof[DPAR_MAX_DIMS], rel[DPAR_MAX_DIMS];
         for (int p = 0; p < m->size && !s; p++) {
             if (!src->shards[p] || !dst->shards[p]) continue; /* held by another process */
             s = dpar_buffer_read(src->shards[p], 0, ts, snb);
@@ -4260,13 +4813,16 @@ DPAR_API dpar_status dpar_array_reshard(dpar_array *dst, const dpar_array *src) 
             dpar__copy_block(td, dst->local, zero, ts, src->local, rel, dst->local, nd, es);
             s = dpar_buffer_write(dst->shards[p], 0, td, dnb);
         }
-        DPAR_FREE(ts); DPAR_FREE(td);
+        DPAR_FREE(ts);
+        DPAR_FREE(td);
         return s;
     }
     /* general case: through one global host copy */
     size_t gnb = (size_t)dpar__prod(src->shape, nd) * es;
     void *g = DPAR_MALLOC(gnb ? gnb : 1);
-    if (!g) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_array_reshard: out of host memory (%zu bytes for the global array)", gnb);
+    if (!g)
+        return dpar__err(DPAR_ERR_OUT_OF_MEMORY,
+                         "dpar_array_reshard: out of host memory (%zu bytes for the global array)", gnb);
     dpar_status s = dpar_array_get(src, g);
     if (!s) s = dpar_array_put(dst, g);
     DPAR_FREE(g);
@@ -4285,8 +4841,12 @@ static dpar_status dpar__spec_matches(const dpar_array *a, const char *const *sp
             dpar_status s = dpar__parse_axes(a->mesh, w, spec[d], &mask, order, &no);
             if (s) return s;
         }
-        if (no != a->spec_n[d]) { *eq = 0; continue; }
-        for (int j = 0; j < no; j++) if (order[j] != a->spec_axes[d][j]) *eq = 0;
+        if (no != a->spec_n[d]) {
+            *eq = 0;
+            continue;
+        }
+        for (int j = 0; j < no; j++)
+            if (order[j] != a->spec_axes[d][j]) *eq = 0;
     }
     return DPAR_OK;
 }
@@ -4305,11 +4865,14 @@ DPAR_API dpar_status dpar_shard_map_specs(dpar_mesh *m, const dpar_shard_map_spe
         if (resolved.num_inputs == 0)
             while (resolved.num_inputs < DPAR_MAX_ARGS && resolved.inputs[resolved.num_inputs]) resolved.num_inputs++;
         if (resolved.num_outputs == 0)
-            while (resolved.num_outputs < DPAR_MAX_ARGS && resolved.outputs[resolved.num_outputs]) resolved.num_outputs++;
+            while (resolved.num_outputs < DPAR_MAX_ARGS && resolved.outputs[resolved.num_outputs])
+                resolved.num_outputs++;
     }
-    if (!m || !d || !d->fn) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_shard_map_specs: mesh, desc or desc->fn is NULL");
+    if (!m || !d || !d->fn)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_shard_map_specs: mesh, desc or desc->fn is NULL");
     if (d->num_inputs < 0 || d->num_outputs < 0 || d->num_inputs + d->num_outputs > DPAR_MAX_ARGS)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_shard_map_specs: num_inputs = %d, num_outputs = %d; each >= 0 and together at most %d",
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                         "dpar_shard_map_specs: num_inputs = %d, num_outputs = %d; each >= 0 and together at most %d",
                          d->num_inputs, d->num_outputs, (int)DPAR_MAX_ARGS);
     int ni = d->num_inputs, no = d->num_outputs;
     for (int k = 0; k < ni + no; k++) {
@@ -4317,15 +4880,21 @@ DPAR_API dpar_status dpar_shard_map_specs(dpar_mesh *m, const dpar_shard_map_spe
         const char *kind = k < ni ? "input" : "output";
         int idx = k < ni ? k : k - ni;
         if (!a) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_shard_map_specs: %s %d is NULL", kind, idx);
-        if (a->mesh != m) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_shard_map_specs: %s %d was created on another mesh", kind, idx);
+        if (a->mesh != m)
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_shard_map_specs: %s %d was created on another mesh", kind,
+                             idx);
         for (int j = 0; j < k - ni && k >= ni; j++)
-            if (d->outputs[j] == a) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_shard_map_specs: outputs %d and %d are the same array", j, idx);
+            if (d->outputs[j] == a)
+                return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                                 "dpar_shard_map_specs: outputs %d and %d are the same array", j, idx);
     }
     dpar_array *tmp[DPAR_MAX_ARGS];
     memset(tmp, 0, sizeof tmp);
     dpar_shard_map_desc sd;
     memset(&sd, 0, sizeof sd);
-    sd.fn = d->fn; sd.user = d->user; sd.num_args = ni + no;
+    sd.fn = d->fn;
+    sd.user = d->user;
+    sd.num_args = ni + no;
     dpar_status s = DPAR_OK;
     for (int k = 0; k < ni + no && !s; k++) {
         dpar_array *a = k < ni ? d->inputs[k] : d->outputs[k - ni];
@@ -4335,14 +4904,24 @@ DPAR_API dpar_status dpar_shard_map_specs(dpar_mesh *m, const dpar_shard_map_spe
         int eq;
         s = dpar__spec_matches(a, spec, where, &eq);
         if (s) break;
-        if (eq) { sd.args[k] = a; continue; }
+        if (eq) {
+            sd.args[k] = a;
+            continue;
+        }
         dpar_array_desc ad;
         memset(&ad, 0, sizeof ad);
-        ad.dtype = a->dtype; ad.ndim = a->ndim;
-        for (int i = 0; i < a->ndim; i++) { ad.shape[i] = a->shape[i]; ad.spec[i] = spec[i]; }
+        ad.dtype = a->dtype;
+        ad.ndim = a->ndim;
+        for (int i = 0; i < a->ndim; i++) {
+            ad.shape[i] = a->shape[i];
+            ad.spec[i] = spec[i];
+        }
         s = dpar_array_create(m, &ad, &tmp[k]);
         if (!s && k < ni) s = dpar_array_reshard(tmp[k], a);
-        if (s) { s = dpar__prefix_err(s, where); break; }
+        if (s) {
+            s = dpar__prefix_err(s, where);
+            break;
+        }
         sd.args[k] = tmp[k];
     }
     if (!s) s = dpar_shard_map(m, &sd);
@@ -4366,21 +4945,21 @@ static double dpar__now_us(void) {
 
 /* --- stats: per runtime, per local device --- */
 typedef struct dpar__devstats {
-    uint64_t in_use, peak, buffers;          /* under rt->list_mu */
+    uint64_t in_use, peak, buffers;           /* under rt->list_mu */
     uint64_t ops, colls, bytes_in, bytes_out; /* atomic (worker and comm threads) */
 } dpar__devstats;
 struct dpar__obs {
-    int pid;                 /* trace process id of this runtime */
+    int pid; /* trace process id of this runtime */
     int nlocal;
-    dpar__devstats dev[1];   /* [nlocal] */
+    dpar__devstats dev[1]; /* [nlocal] */
 };
 
 /* --- trace events: process wide, appended under a mutex --- */
 typedef struct dpar__tev {
-    const char *name, *cat;  /* static strings */
-    int pid, tid;            /* tid: global device id; DPAR__TID_COMM + id for its comm thread; -1 host */
-    double ts, dur;          /* microseconds */
-    int64_t bytes;           /* -1: none */
+    const char *name, *cat; /* static strings */
+    int pid, tid;           /* tid: global device id; DPAR__TID_COMM + id for its comm thread; -1 host */
+    double ts, dur;         /* microseconds */
+    int64_t bytes;          /* -1: none */
 } dpar__tev;
 enum { DPAR__TID_COMM = 100000, DPAR__TRACE_MAX_EVENTS = 4 << 20 };
 static pthread_mutex_t dpar__trace_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -4389,32 +4968,44 @@ static size_t dpar__tev_n, dpar__tev_cap, dpar__tev_dropped;
 static char *dpar__trace_path;
 static double dpar__trace_t0;
 static int dpar__trace_pids, dpar__trace_env_done, dpar__trace_atexit;
-static char dpar__trace_pname[64][96];   /* process names by pid (first 64 runtimes) */
+static char dpar__trace_pname[64][96]; /* process names by pid (first 64 runtimes) */
 
-static void dpar__trace_event(int pid, int tid, const char *name, const char *cat, double t0, double t1, int64_t bytes) {
+static void dpar__trace_event(int pid, int tid, const char *name, const char *cat, double t0, double t1,
+                              int64_t bytes) {
     pthread_mutex_lock(&dpar__trace_mu);
     if (DPAR__ATOMIC_LOAD(&dpar__trace_on)) {
         if (dpar__tev_n == dpar__tev_cap && dpar__tev_cap < DPAR__TRACE_MAX_EVENTS) {
             size_t nc = dpar__tev_cap ? dpar__tev_cap * 2 : 4096;
             dpar__tev *nb = (dpar__tev *)DPAR_REALLOC(dpar__tev_buf, nc * sizeof *nb);
-            if (nb) { dpar__tev_buf = nb; dpar__tev_cap = nc; }
+            if (nb) {
+                dpar__tev_buf = nb;
+                dpar__tev_cap = nc;
+            }
         }
         if (dpar__tev_n < dpar__tev_cap) {
             dpar__tev *e = &dpar__tev_buf[dpar__tev_n++];
-            e->name = name; e->cat = cat; e->pid = pid; e->tid = tid;
-            e->ts = t0 - dpar__trace_t0; e->dur = t1 - t0; e->bytes = bytes;
+            e->name = name;
+            e->cat = cat;
+            e->pid = pid;
+            e->tid = tid;
+            e->ts = t0 - dpar__trace_t0;
+            e->dur = t1 - t0;
+            e->bytes = bytes;
         } else {
             dpar__tev_dropped++;
         }
     }
     pthread_mutex_unlock(&dpar__trace_mu);
 }
-static int dpar__trace_pid(const dpar_runtime *rt) { return rt && rt->obs ? rt->obs->pid : 0; }
+static int dpar__trace_pid(const dpar_runtime *rt) {
+    return rt && rt->obs ? rt->obs->pid : 0;
+}
 
 static const char *dpar__op_name(dpar__op_kind k) {
-    static const char *const names[DPAR__OP_COUNT + 1] = {
-        "matmul", "bias_add", "bias_grad", "relu", "relu_backward", "softmax_xent", "mse", "axpy", "scale",
-        "fill", "copy", "cast", "sum", "sum_squares", "sgd", "op" };
+    static const char *const names[DPAR__OP_COUNT + 1] = { "matmul",        "bias_add",     "bias_grad", "relu",
+                                                           "relu_backward", "softmax_xent", "mse",       "axpy",
+                                                           "scale",         "fill",         "copy",      "cast",
+                                                           "sum",           "sum_squares",  "sgd",       "op" };
     return (int)k >= 0 && (int)k < (int)DPAR__OP_COUNT && names[k] ? names[k] : "op";
 }
 
@@ -4440,8 +5031,9 @@ static dpar_status dpar__coll_run(dpar_ctx *ctx, const struct dpar__cargs *a, in
         }
     }
     if (t0 > 0.0)
-        dpar__trace_event(dpar__trace_pid(rt), comm ? DPAR__TID_COMM + ctx->device : ctx->device, dpar__coll_name(a->kind, a->op),
-                          comm ? "collective async" : "collective", t0, dpar__now_us(), a->in ? (int64_t)a->in->nbytes : 0);
+        dpar__trace_event(dpar__trace_pid(rt), comm ? DPAR__TID_COMM + ctx->device : ctx->device,
+                          dpar__coll_name(a->kind, a->op), comm ? "collective async" : "collective", t0, dpar__now_us(),
+                          a->in ? (int64_t)a->in->nbytes : 0);
     return s;
 }
 static void dpar__obs_mem(dpar_runtime *rt, int dev, int64_t delta) { /* under rt->list_mu */
@@ -4455,10 +5047,13 @@ static void dpar__obs_count_op(dpar_runtime *rt, int dev) {
     if (rt->obs && dev >= 0 && dev < rt->obs->nlocal) __atomic_fetch_add(&rt->obs->dev[dev].ops, 1, __ATOMIC_RELAXED);
 }
 
-static void dpar__trace_atexit_fn(void) { if (DPAR__ATOMIC_LOAD(&dpar__trace_on)) dpar_trace_end(); }
+static void dpar__trace_atexit_fn(void) {
+    if (DPAR__ATOMIC_LOAD(&dpar__trace_on)) dpar_trace_end();
+}
 
 static dpar_status dpar__obs_init(dpar_runtime *rt) {
-    dpar__obs *o = (dpar__obs *)dpar__calloc(1, sizeof(dpar__obs) + (size_t)(rt->nlocal > 0 ? rt->nlocal : 1) * sizeof(dpar__devstats));
+    dpar__obs *o = (dpar__obs *)dpar__calloc(1, sizeof(dpar__obs) +
+                                                    (size_t)(rt->nlocal > 0 ? rt->nlocal : 1) * sizeof(dpar__devstats));
     if (!o) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_runtime_create: out of host memory");
     o->nlocal = rt->nlocal;
     pthread_mutex_lock(&dpar__trace_mu);
@@ -4466,20 +5061,25 @@ static dpar_status dpar__obs_init(dpar_runtime *rt) {
     dpar__trace_env_done = 1;
     o->pid = ++dpar__trace_pids;
     if (o->pid <= 64)
-        snprintf(dpar__trace_pname[o->pid - 1], sizeof dpar__trace_pname[0], "dpar runtime %d (%s, %d devices)", o->pid, rt->be->name, rt->ndev);
+        snprintf(dpar__trace_pname[o->pid - 1], sizeof dpar__trace_pname[0], "dpar runtime %d (%s, %d devices)", o->pid,
+                 rt->be->name, rt->ndev);
     pthread_mutex_unlock(&dpar__trace_mu);
     rt->obs = o;
     const char *env = getenv("DPAR_TRACE");
     if (first && env && *env && !DPAR__ATOMIC_LOAD(&dpar__trace_on)) {
         char path[1024];
         if (rt->nproc > 1) /* one file per MPI process: trace.json -> trace.rank3.json */
-            snprintf(path, sizeof path, "%.*s.rank%d%s", (int)(strlen(env) > 5 && !strcmp(env + strlen(env) - 5, ".json") ? strlen(env) - 5 : strlen(env)),
+            snprintf(path, sizeof path, "%.*s.rank%d%s",
+                     (int)(strlen(env) > 5 && !strcmp(env + strlen(env) - 5, ".json") ? strlen(env) - 5 : strlen(env)),
                      env, rt->proc, strlen(env) > 5 && !strcmp(env + strlen(env) - 5, ".json") ? ".json" : "");
         else
             snprintf(path, sizeof path, "%s", env);
         if (dpar_trace_begin(path) == DPAR_OK) {
             pthread_mutex_lock(&dpar__trace_mu);
-            if (!dpar__trace_atexit) { dpar__trace_atexit = 1; atexit(dpar__trace_atexit_fn); }
+            if (!dpar__trace_atexit) {
+                dpar__trace_atexit = 1;
+                atexit(dpar__trace_atexit_fn);
+            }
             pthread_mutex_unlock(&dpar__trace_mu);
         }
         dpar__clear_error();
@@ -4488,14 +5088,19 @@ static dpar_status dpar__obs_init(dpar_runtime *rt) {
 }
 static void dpar__obs_free(dpar_runtime *rt) {
     if (!rt->obs) return;
-    if (DPAR__ATOMIC_LOAD(&dpar__trace_on)) { dpar_trace_flush(); dpar__clear_error(); }
+    if (DPAR__ATOMIC_LOAD(&dpar__trace_on)) {
+        dpar_trace_flush();
+        dpar__clear_error();
+    }
     DPAR_FREE(rt->obs);
     rt->obs = NULL;
 }
 
 DPAR_API dpar_status dpar_trace_begin(const char *path) {
     dpar__clear_error();
-    if (!path || !*path) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_trace_begin: path is NULL or empty; give a file name such as \"trace.json\"");
+    if (!path || !*path)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                         "dpar_trace_begin: path is NULL or empty; give a file name such as \"trace.json\"");
     FILE *probe = fopen(path, "a"); /* fail now, not when the trace is written */
     if (!probe) return dpar__err(DPAR_ERR_IO, "dpar_trace_begin: cannot write '%s': %s", path, strerror(errno));
     fclose(probe);
@@ -4517,13 +5122,15 @@ DPAR_API dpar_status dpar_trace_begin(const char *path) {
 static dpar_status dpar__trace_write_locked(void) {
     FILE *f = fopen(dpar__trace_path, "w");
     if (!f) return dpar__err(DPAR_ERR_IO, "dpar trace: cannot write '%s': %s", dpar__trace_path, strerror(errno));
-    fprintf(f, "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"producer\":\"dpar.h\",\"dropped_events\":%llu},\"traceEvents\":[\n",
+    fprintf(f,
+            "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"producer\":\"dpar.h\",\"dropped_events\":%llu},"
+            "\"traceEvents\":[\n",
             (unsigned long long)dpar__tev_dropped);
     /* metadata: process and thread names, for every (pid, tid) seen */
     int first = 1;
     for (int pid = 1; pid <= dpar__trace_pids && pid <= 64; pid++) {
-        fprintf(f, "%s{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%d,\"tid\":0,\"args\":{\"name\":\"%s\"}}", first ? "" : ",\n", pid,
-                dpar__trace_pname[pid - 1]);
+        fprintf(f, "%s{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%d,\"tid\":0,\"args\":{\"name\":\"%s\"}}",
+                first ? "" : ",\n", pid, dpar__trace_pname[pid - 1]);
         first = 0;
     }
     for (size_t i = 0; i < dpar__tev_n; i++) {
@@ -4531,34 +5138,45 @@ static dpar_status dpar__trace_write_locked(void) {
         int seen = 0;
         for (size_t j = 0; j < i && !seen; j++) seen = dpar__tev_buf[j].pid == e->pid && dpar__tev_buf[j].tid == e->tid;
         if (seen) continue;
-        int tid = e->tid < 0 ? 0 : e->tid + 1, sort = e->tid < 0 ? 0 : e->tid >= DPAR__TID_COMM ? 2 * (e->tid - DPAR__TID_COMM) + 2 : 2 * e->tid + 1;
+        int tid = e->tid < 0 ? 0 : e->tid + 1, sort = e->tid < 0                 ? 0
+                                                      : e->tid >= DPAR__TID_COMM ? 2 * (e->tid - DPAR__TID_COMM) + 2
+                                                                                 : 2 * e->tid + 1;
         char nm[64];
-        if (e->tid < 0) snprintf(nm, sizeof nm, "host");
-        else if (e->tid >= DPAR__TID_COMM) snprintf(nm, sizeof nm, "device %d comm", e->tid - DPAR__TID_COMM);
-        else snprintf(nm, sizeof nm, "device %d", e->tid);
-        fprintf(f, "%s{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":\"%s\"}}", first ? "" : ",\n", e->pid, tid, nm);
-        fprintf(f, ",\n{\"ph\":\"M\",\"name\":\"thread_sort_index\",\"pid\":%d,\"tid\":%d,\"args\":{\"sort_index\":%d}}", e->pid, tid, sort);
+        if (e->tid < 0)
+            snprintf(nm, sizeof nm, "host");
+        else if (e->tid >= DPAR__TID_COMM)
+            snprintf(nm, sizeof nm, "device %d comm", e->tid - DPAR__TID_COMM);
+        else
+            snprintf(nm, sizeof nm, "device %d", e->tid);
+        fprintf(f, "%s{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":\"%s\"}}",
+                first ? "" : ",\n", e->pid, tid, nm);
+        fprintf(f,
+                ",\n{\"ph\":\"M\",\"name\":\"thread_sort_index\",\"pid\":%d,\"tid\":%d,\"args\":{\"sort_index\":%d}}",
+                e->pid, tid, sort);
         first = 0;
         if (i > 4096) break; /* tracks appear early; bound the quadratic scan */
     }
     for (size_t i = 0; i < dpar__tev_n; i++) {
         const dpar__tev *e = &dpar__tev_buf[i];
         int tid = e->tid < 0 ? 0 : e->tid + 1;
-        fprintf(f, "%s{\"ph\":\"X\",\"name\":\"%s\",\"cat\":\"%s\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f", first ? "" : ",\n",
-                e->name, e->cat, e->pid, tid, e->ts, e->dur > 0.0 ? e->dur : 0.0);
+        fprintf(f, "%s{\"ph\":\"X\",\"name\":\"%s\",\"cat\":\"%s\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f",
+                first ? "" : ",\n", e->name, e->cat, e->pid, tid, e->ts, e->dur > 0.0 ? e->dur : 0.0);
         if (e->bytes >= 0) fprintf(f, ",\"args\":{\"bytes\":%lld}", (long long)e->bytes);
         fputc('}', f);
         first = 0;
     }
     fprintf(f, "\n]}\n");
-    if (fclose(f) != 0) return dpar__err(DPAR_ERR_IO, "dpar trace: error writing '%s': %s", dpar__trace_path, strerror(errno));
+    if (fclose(f) != 0)
+        return dpar__err(DPAR_ERR_IO, "dpar trace: error writing '%s': %s", dpar__trace_path, strerror(errno));
     return DPAR_OK;
 }
 DPAR_API dpar_status dpar_trace_flush(void) {
     dpar__clear_error();
     pthread_mutex_lock(&dpar__trace_mu);
-    dpar_status s = DPAR__ATOMIC_LOAD(&dpar__trace_on) && dpar__trace_path ? dpar__trace_write_locked()
-                  : dpar__err(DPAR_ERR_STATE, "dpar_trace_flush: not tracing; call dpar_trace_begin or set DPAR_TRACE=file.json");
+    dpar_status s = DPAR__ATOMIC_LOAD(&dpar__trace_on) && dpar__trace_path
+                        ? dpar__trace_write_locked()
+                        : dpar__err(DPAR_ERR_STATE,
+                                    "dpar_trace_flush: not tracing; call dpar_trace_begin or set DPAR_TRACE=file.json");
     pthread_mutex_unlock(&dpar__trace_mu);
     return s;
 }
@@ -4573,10 +5191,14 @@ DPAR_API dpar_status dpar_trace_end(void) {
     return s;
 }
 
-DPAR_API bool dpar_trace_active(void) { return DPAR__ATOMIC_LOAD(&dpar__trace_on) != 0; }
-DPAR_API double dpar_trace_clock_us(void) { return dpar__now_us(); }
-DPAR_API void dpar_trace_event(const dpar_runtime *rt, int device, const char *name, const char *cat,
-                               double t0_us, double t1_us, int64_t bytes) {
+DPAR_API bool dpar_trace_active(void) {
+    return DPAR__ATOMIC_LOAD(&dpar__trace_on) != 0;
+}
+DPAR_API double dpar_trace_clock_us(void) {
+    return dpar__now_us();
+}
+DPAR_API void dpar_trace_event(const dpar_runtime *rt, int device, const char *name, const char *cat, double t0_us,
+                               double t1_us, int64_t bytes) {
     if (!DPAR__ATOMIC_LOAD(&dpar__trace_on) || !name || !cat) return;
     dpar__trace_event(dpar__trace_pid(rt), device < 0 ? -1 : device, name, cat, t0_us, t1_us, bytes);
 }
@@ -4586,12 +5208,15 @@ DPAR_API dpar_status dpar_runtime_device_stats(const dpar_runtime *rt, int devic
     if (!rt || !out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_runtime_device_stats: runtime or out is NULL");
     int li = device - rt->local_base;
     if (!rt->obs || li < 0 || li >= rt->obs->nlocal)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_runtime_device_stats: device %d is not a device of this process (%d..%d)", device,
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                         "dpar_runtime_device_stats: device %d is not a device of this process (%d..%d)", device,
                          rt->local_base, rt->local_base + rt->nlocal - 1);
     const dpar__devstats *d = &rt->obs->dev[li];
     memset(out, 0, sizeof *out);
     pthread_mutex_lock((pthread_mutex_t *)&rt->list_mu);
-    out->memory_in_use = d->in_use; out->memory_peak = d->peak; out->buffers = d->buffers;
+    out->memory_in_use = d->in_use;
+    out->memory_peak = d->peak;
+    out->buffers = d->buffers;
     pthread_mutex_unlock((pthread_mutex_t *)&rt->list_mu);
     out->ops = __atomic_load_n(&d->ops, __ATOMIC_RELAXED);
     out->collectives = __atomic_load_n(&d->colls, __ATOMIC_RELAXED);
@@ -4622,7 +5247,7 @@ DPAR_API void dpar_runtime_stats_reset(dpar_runtime *rt) {
    device. The split is over columns of C, which does not change any
    element's arithmetic: results are the same bits for any thread count. */
 typedef struct dpar__cpu_pool {
-    int n;                        /* helper threads */
+    int n; /* helper threads */
     pthread_t *th;
     pthread_mutex_t mu;
     pthread_cond_t cv, done;
@@ -4631,9 +5256,15 @@ typedef struct dpar__cpu_pool {
     void (*fn)(void *arg, int part, int nparts);
     void *arg;
 } dpar__cpu_pool;
-typedef struct dpar__cpu { int ndev, threads; dpar__cpu_pool *pools; /* [ndev] when threads > 1 */ } dpar__cpu;
+typedef struct dpar__cpu {
+    int ndev, threads;
+    dpar__cpu_pool *pools; /* [ndev] when threads > 1 */
+} dpar__cpu;
 
-typedef struct dpar__cpu_helper { dpar__cpu_pool *p; int idx; } dpar__cpu_helper;
+typedef struct dpar__cpu_helper {
+    dpar__cpu_pool *p;
+    int idx;
+} dpar__cpu_helper;
 static void *dpar__cpu_helper_main(void *arg) {
     dpar__cpu_helper h = *(dpar__cpu_helper *)arg;
     DPAR_FREE(arg);
@@ -4661,7 +5292,10 @@ static void *dpar__cpu_helper_main(void *arg) {
    part 0 on the calling thread, the others on the device's helpers. */
 static void dpar__cpu_fork(dpar__cpu_pool *p, int nparts, void (*fn)(void *, int, int), void *arg) {
     pthread_mutex_lock(&p->mu);
-    p->fn = fn; p->arg = arg; p->nparts = nparts; p->left = p->n;
+    p->fn = fn;
+    p->arg = arg;
+    p->nparts = nparts;
+    p->left = p->n;
     p->gen++;
     pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
@@ -4690,8 +5324,8 @@ static void dpar__cpu_shutdown(void *st) {
     DPAR_FREE(st);
 }
 
-static dpar_status dpar__cpu_init(const dpar_runtime_desc *desc, int requested, int local_index, int local_count, void **state,
-                                  int *count) {
+static dpar_status dpar__cpu_init(const dpar_runtime_desc *desc, int requested, int local_index, int local_count,
+                                  void **state, int *count) {
     DPAR__UNUSED(desc);
     DPAR__UNUSED(local_index); /* emulated devices: nothing physical to share out */
     DPAR__UNUSED(local_count);
@@ -4708,22 +5342,33 @@ static dpar_status dpar__cpu_init(const dpar_runtime_desc *desc, int requested, 
     if (c->threads < 1) c->threads = 1;
     if (c->threads > 1) {
         c->pools = (dpar__cpu_pool *)dpar__calloc((size_t)requested, sizeof(dpar__cpu_pool));
-        if (!c->pools) { DPAR_FREE(c); return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "cpu backend: out of host memory"); }
+        if (!c->pools) {
+            DPAR_FREE(c);
+            return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "cpu backend: out of host memory");
+        }
         for (int d = 0; d < requested; d++) {
             dpar__cpu_pool *p = &c->pools[d];
             pthread_mutex_init(&p->mu, NULL);
             pthread_cond_init(&p->cv, NULL);
             pthread_cond_init(&p->done, NULL);
             p->th = (pthread_t *)dpar__calloc((size_t)(c->threads - 1), sizeof(pthread_t));
-            if (!p->th) { c->ndev = d + 1; dpar__cpu_shutdown(c); return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "cpu backend: out of host memory"); }
+            if (!p->th) {
+                c->ndev = d + 1;
+                dpar__cpu_shutdown(c);
+                return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "cpu backend: out of host memory");
+            }
             for (int i = 0; i < c->threads - 1; i++) {
                 dpar__cpu_helper *h = (dpar__cpu_helper *)DPAR_MALLOC(sizeof *h);
-                if (h) { h->p = p; h->idx = i; }
+                if (h) {
+                    h->p = p;
+                    h->idx = i;
+                }
                 if (!h || pthread_create(&p->th[i], NULL, dpar__cpu_helper_main, h) != 0) {
                     DPAR_FREE(h);
                     c->ndev = d + 1;
                     dpar__cpu_shutdown(c);
-                    return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "cpu backend: could not start helper thread %d of device %d", i, d);
+                    return dpar__err(DPAR_ERR_OUT_OF_MEMORY,
+                                     "cpu backend: could not start helper thread %d of device %d", i, d);
                 }
                 p->n = i + 1;
             }
@@ -4749,7 +5394,8 @@ static dpar_status dpar__cpu_alloc(void *st, int dev, size_t nbytes, void **mem)
     void *p = NULL;
     size_t sz = (nbytes + 63) & ~(size_t)63;
     if (!(p = DPAR_ALIGNED_MALLOC(sz ? sz : 64, 64)))
-        return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "cpu backend: could not allocate %zu bytes for device %d", nbytes, dev);
+        return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "cpu backend: could not allocate %zu bytes for device %d", nbytes,
+                         dev);
     memset(p, 0, sz ? sz : 64);
     *mem = p;
     return DPAR_OK;
@@ -4760,17 +5406,27 @@ static void dpar__cpu_free(void *st, int dev, void *mem) {
     DPAR_ALIGNED_FREE(mem);
 }
 static dpar_status dpar__cpu_write(void *st, int dev, void *mem, size_t off, const void *src, size_t n) {
-    DPAR__UNUSED(st); DPAR__UNUSED(dev);
+    DPAR__UNUSED(st);
+    DPAR__UNUSED(dev);
     memcpy((char *)mem + off, src, n);
     return DPAR_OK;
 }
 static dpar_status dpar__cpu_read(void *st, int dev, void *mem, size_t off, void *dst, size_t n) {
-    DPAR__UNUSED(st); DPAR__UNUSED(dev);
+    DPAR__UNUSED(st);
+    DPAR__UNUSED(dev);
     memcpy(dst, (const char *)mem + off, n);
     return DPAR_OK;
 }
-static dpar_status dpar__cpu_sync(void *st, int dev) { DPAR__UNUSED(st); DPAR__UNUSED(dev); return DPAR_OK; }
-static void *dpar__cpu_host_ptr(void *st, int dev, void *mem) { DPAR__UNUSED(st); DPAR__UNUSED(dev); return mem; }
+static dpar_status dpar__cpu_sync(void *st, int dev) {
+    DPAR__UNUSED(st);
+    DPAR__UNUSED(dev);
+    return DPAR_OK;
+}
+static void *dpar__cpu_host_ptr(void *st, int dev, void *mem) {
+    DPAR__UNUSED(st);
+    DPAR__UNUSED(dev);
+    return mem;
+}
 
 /* Cache-blocked f32 GEMM in the BLIS layout (Van Zee & van de Geijn, "BLIS",
    ACM TOMS 2015): op(B) packed in KC x NR strips, op(A) in MC x KC blocks of
@@ -4793,8 +5449,8 @@ static void *dpar__cpu_host_ptr(void *st, int dev, void *mem) { DPAR__UNUSED(st)
 /* ow: C starts as +0 (beta = 0, first k block): C = 0 + alpha * acc, without reading C.
    a: element (i, k) of the A micro-panel at a[i * ars + k * acs] (packed: ars 1, acs MR;
    unpacked rows of a non-transposed A: ars lda, acs 1). */
-static void dpar__ukr_c(int64_t kc, const float *a, int64_t ars, int64_t acs, const float *b, float *c, int64_t ldc, float alpha,
-                        int mr, int nr, int ow) {
+static void dpar__ukr_c(int64_t kc, const float *a, int64_t ars, int64_t acs, const float *b, float *c, int64_t ldc,
+                        float alpha, int mr, int nr, int ow) {
     float acc[DPAR__MR][DPAR__NR];
     memset(acc, 0, sizeof acc);
     for (int64_t k = 0; k < kc; k++, a += acs, b += DPAR__NR)
@@ -4805,8 +5461,8 @@ static void dpar__ukr_c(int64_t kc, const float *a, int64_t ars, int64_t acs, co
 }
 #ifdef DPAR__X86_SIMD
 /* C[mr, nr] (row stride ldc) = alpha * r + (ow ? 0 : C): the microkernels' write-back */
-__attribute__((target("avx2"))) static inline void dpar__ukr_store(__m256 r[DPAR__MR][2], float *c, int64_t ldc, float alpha, int mr, int nr,
-                                                                   int ow) {
+__attribute__((target("avx2"))) static inline void dpar__ukr_store(__m256 r[DPAR__MR][2], float *c, int64_t ldc,
+                                                                   float alpha, int mr, int nr, int ow) {
     __m256 al = _mm256_set1_ps(alpha);
     if (mr == DPAR__MR && nr == DPAR__NR) {
         const __m256 z = _mm256_setzero_ps();
@@ -4818,61 +5474,93 @@ __attribute__((target("avx2"))) static inline void dpar__ukr_store(__m256 r[DPAR
         return;
     }
     float t[DPAR__MR][DPAR__NR];
-    for (int i = 0; i < DPAR__MR; i++) { _mm256_storeu_ps(t[i], r[i][0]); _mm256_storeu_ps(t[i] + 8, r[i][1]); }
+    for (int i = 0; i < DPAR__MR; i++) {
+        _mm256_storeu_ps(t[i], r[i][0]);
+        _mm256_storeu_ps(t[i] + 8, r[i][1]);
+    }
     for (int i = 0; i < mr; i++)
         for (int j = 0; j < nr; j++) c[i * ldc + j] = (ow ? 0.0f : c[i * ldc + j]) + alpha * t[i][j];
 }
-__attribute__((target("avx2"))) static void dpar__ukr_avx2(int64_t kc, const float *a, int64_t ars, int64_t acs, const float *b,
-                                                               float *c, int64_t ldc, float alpha, int mr, int nr, int ow) {
+__attribute__((target("avx2"))) static void dpar__ukr_avx2(int64_t kc, const float *a, int64_t ars, int64_t acs,
+                                                           const float *b, float *c, int64_t ldc, float alpha, int mr,
+                                                           int nr, int ow) {
     __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
     __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
     const float *a1 = a + ars, *a2 = a + 2 * ars, *a3 = a + 3 * ars, *a4 = a + 4 * ars, *a5 = a + 5 * ars;
     for (int64_t k = 0; k < kc; k++, a += acs, a1 += acs, a2 += acs, a3 += acs, a4 += acs, a5 += acs, b += DPAR__NR) {
         __m256 b0 = _mm256_load_ps(b), b1 = _mm256_load_ps(b + 8), x;
-        x = _mm256_broadcast_ss(a); c00 = _mm256_add_ps(c00, _mm256_mul_ps(x, b0)); c01 = _mm256_add_ps(c01, _mm256_mul_ps(x, b1));
-        x = _mm256_broadcast_ss(a1); c10 = _mm256_add_ps(c10, _mm256_mul_ps(x, b0)); c11 = _mm256_add_ps(c11, _mm256_mul_ps(x, b1));
-        x = _mm256_broadcast_ss(a2); c20 = _mm256_add_ps(c20, _mm256_mul_ps(x, b0)); c21 = _mm256_add_ps(c21, _mm256_mul_ps(x, b1));
-        x = _mm256_broadcast_ss(a3); c30 = _mm256_add_ps(c30, _mm256_mul_ps(x, b0)); c31 = _mm256_add_ps(c31, _mm256_mul_ps(x, b1));
-        x = _mm256_broadcast_ss(a4); c40 = _mm256_add_ps(c40, _mm256_mul_ps(x, b0)); c41 = _mm256_add_ps(c41, _mm256_mul_ps(x, b1));
-        x = _mm256_broadcast_ss(a5); c50 = _mm256_add_ps(c50, _mm256_mul_ps(x, b0)); c51 = _mm256_add_ps(c51, _mm256_mul_ps(x, b1));
+        x = _mm256_broadcast_ss(a);
+        c00 = _mm256_add_ps(c00, _mm256_mul_ps(x, b0));
+        c01 = _mm256_add_ps(c01, _mm256_mul_ps(x, b1));
+        x = _mm256_broadcast_ss(a1);
+        c10 = _mm256_add_ps(c10, _mm256_mul_ps(x, b0));
+        c11 = _mm256_add_ps(c11, _mm256_mul_ps(x, b1));
+        x = _mm256_broadcast_ss(a2);
+        c20 = _mm256_add_ps(c20, _mm256_mul_ps(x, b0));
+        c21 = _mm256_add_ps(c21, _mm256_mul_ps(x, b1));
+        x = _mm256_broadcast_ss(a3);
+        c30 = _mm256_add_ps(c30, _mm256_mul_ps(x, b0));
+        c31 = _mm256_add_ps(c31, _mm256_mul_ps(x, b1));
+        x = _mm256_broadcast_ss(a4);
+        c40 = _mm256_add_ps(c40, _mm256_mul_ps(x, b0));
+        c41 = _mm256_add_ps(c41, _mm256_mul_ps(x, b1));
+        x = _mm256_broadcast_ss(a5);
+        c50 = _mm256_add_ps(c50, _mm256_mul_ps(x, b0));
+        c51 = _mm256_add_ps(c51, _mm256_mul_ps(x, b1));
     }
     __m256 r[DPAR__MR][2] = { { c00, c01 }, { c10, c11 }, { c20, c21 }, { c30, c31 }, { c40, c41 }, { c50, c51 } };
     dpar__ukr_store(r, c, ldc, alpha, mr, nr, ow);
 }
 /* the same with fused multiply-adds: twice the throughput of the separate
    multiply and add here, used for large products (see dpar__sgemm_cols) */
-__attribute__((target("avx2,fma"))) static void dpar__ukr_fma(int64_t kc, const float *a, int64_t ars, int64_t acs, const float *b,
-                                                               float *c, int64_t ldc, float alpha, int mr, int nr, int ow) {
+__attribute__((target("avx2,fma"))) static void dpar__ukr_fma(int64_t kc, const float *a, int64_t ars, int64_t acs,
+                                                              const float *b, float *c, int64_t ldc, float alpha,
+                                                              int mr, int nr, int ow) {
     __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
     __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
     const float *a1 = a + ars, *a2 = a + 2 * ars, *a3 = a + 3 * ars, *a4 = a + 4 * ars, *a5 = a + 5 * ars;
     for (int64_t k = 0; k < kc; k++, a += acs, a1 += acs, a2 += acs, a3 += acs, a4 += acs, a5 += acs, b += DPAR__NR) {
         __m256 b0 = _mm256_load_ps(b), b1 = _mm256_load_ps(b + 8), x;
-        x = _mm256_broadcast_ss(a); c00 = _mm256_fmadd_ps(x, b0, c00); c01 = _mm256_fmadd_ps(x, b1, c01);
-        x = _mm256_broadcast_ss(a1); c10 = _mm256_fmadd_ps(x, b0, c10); c11 = _mm256_fmadd_ps(x, b1, c11);
-        x = _mm256_broadcast_ss(a2); c20 = _mm256_fmadd_ps(x, b0, c20); c21 = _mm256_fmadd_ps(x, b1, c21);
-        x = _mm256_broadcast_ss(a3); c30 = _mm256_fmadd_ps(x, b0, c30); c31 = _mm256_fmadd_ps(x, b1, c31);
-        x = _mm256_broadcast_ss(a4); c40 = _mm256_fmadd_ps(x, b0, c40); c41 = _mm256_fmadd_ps(x, b1, c41);
-        x = _mm256_broadcast_ss(a5); c50 = _mm256_fmadd_ps(x, b0, c50); c51 = _mm256_fmadd_ps(x, b1, c51);
+        x = _mm256_broadcast_ss(a);
+        c00 = _mm256_fmadd_ps(x, b0, c00);
+        c01 = _mm256_fmadd_ps(x, b1, c01);
+        x = _mm256_broadcast_ss(a1);
+        c10 = _mm256_fmadd_ps(x, b0, c10);
+        c11 = _mm256_fmadd_ps(x, b1, c11);
+        x = _mm256_broadcast_ss(a2);
+        c20 = _mm256_fmadd_ps(x, b0, c20);
+        c21 = _mm256_fmadd_ps(x, b1, c21);
+        x = _mm256_broadcast_ss(a3);
+        c30 = _mm256_fmadd_ps(x, b0, c30);
+        c31 = _mm256_fmadd_ps(x, b1, c31);
+        x = _mm256_broadcast_ss(a4);
+        c40 = _mm256_fmadd_ps(x, b0, c40);
+        c41 = _mm256_fmadd_ps(x, b1, c41);
+        x = _mm256_broadcast_ss(a5);
+        c50 = _mm256_fmadd_ps(x, b0, c50);
+        c51 = _mm256_fmadd_ps(x, b1, c51);
     }
     __m256 r[DPAR__MR][2] = { { c00, c01 }, { c10, c11 }, { c20, c21 }, { c30, c31 }, { c40, c41 }, { c50, c51 } };
     dpar__ukr_store(r, c, ldc, alpha, mr, nr, ow);
 }
 #endif
 /* Columns j0..j1-1 of C[M,N] = alpha op(A) op(B) + beta C, f32, row-major. */
-static void dpar__sgemm_cols(int64_t M, int64_t N, int64_t K, int ta, int tb, float alpha, const float *A, const float *B,
-                             float beta, float *C, int64_t j0, int64_t j1) {
+static void dpar__sgemm_cols(int64_t M, int64_t N, int64_t K, int ta, int tb, float alpha, const float *A,
+                             const float *B, float beta, float *C, int64_t j0, int64_t j1) {
     int trivial = K == 0 || alpha == 0.0f || M == 0 || j1 <= j0;
     if (trivial || (beta != 0.0f && beta != 1.0f)) /* beta = 0: the first k block overwrites C */
         for (int64_t i = 0; i < M; i++)
             for (int64_t j = j0; j < j1; j++) C[i * N + j] = beta == 0.0f ? 0.0f : beta * C[i * N + j];
     if (trivial) return;
-    void (*ukr)(int64_t, const float *, int64_t, int64_t, const float *, float *, int64_t, float, int, int, int) = dpar__ukr_c;
+    void (*ukr)(int64_t, const float *, int64_t, int64_t, const float *, float *, int64_t, float, int, int, int) =
+        dpar__ukr_c;
 #ifdef DPAR__X86_SIMD
     if (__builtin_cpu_supports("avx2"))
-        ukr = (double)M * (double)N * (double)K >= 16777216.0 && __builtin_cpu_supports("fma") ? dpar__ukr_fma : dpar__ukr_avx2;
+        ukr = (double)M * (double)N * (double)K >= 16777216.0 && __builtin_cpu_supports("fma") ? dpar__ukr_fma
+                                                                                               : dpar__ukr_avx2;
 #endif
-    int64_t ncmax = j1 - j0 < DPAR__NC ? j1 - j0 : DPAR__NC, kcmax = K < DPAR__KC ? K : DPAR__KC, mcmax = M < DPAR__MC ? M : DPAR__MC;
+    int64_t ncmax = j1 - j0 < DPAR__NC ? j1 - j0 : DPAR__NC, kcmax = K < DPAR__KC ? K : DPAR__KC,
+            mcmax = M < DPAR__MC ? M : DPAR__MC;
     size_t bsz = (size_t)((ncmax + DPAR__NR - 1) / DPAR__NR * DPAR__NR) * (size_t)kcmax;
     size_t asz = (size_t)((mcmax + DPAR__MR - 1) / DPAR__MR * DPAR__MR) * (size_t)kcmax;
     float *ws = NULL;
@@ -4881,7 +5569,8 @@ static void dpar__sgemm_cols(int64_t M, int64_t N, int64_t K, int ta, int tb, fl
         for (int64_t i = 0; i < M; i++)
             for (int64_t j = j0; j < j1; j++) {
                 float acc = 0.0f;
-                for (int64_t k = 0; k < K; k++) acc += (ta ? A[k * M + i] : A[i * K + k]) * (tb ? B[j * K + k] : B[k * N + j]);
+                for (int64_t k = 0; k < K; k++)
+                    acc += (ta ? A[k * M + i] : A[i * K + k]) * (tb ? B[j * K + k] : B[k * N + j]);
                 C[i * N + j] = (beta == 0.0f ? 0.0f : C[i * N + j]) + alpha * acc;
             }
         return;
@@ -4925,7 +5614,8 @@ static void dpar__sgemm_cols(int64_t M, int64_t N, int64_t K, int ta, int tb, fl
                 }
                 for (int64_t jr = 0; jr < nc; jr += DPAR__NR)
                     for (int64_t ir = 0; ir < mc; ir += DPAR__MR) {
-                        int mr = (int)(mc - ir < DPAR__MR ? mc - ir : DPAR__MR), nr = (int)(nc - jr < DPAR__NR ? nc - jr : DPAR__NR);
+                        int mr = (int)(mc - ir < DPAR__MR ? mc - ir : DPAR__MR),
+                            nr = (int)(nc - jr < DPAR__NR ? nc - jr : DPAR__NR);
                         int direct = !ta && mr == DPAR__MR;
                         ukr(kc, direct ? A + (ic + ir) * K + pc : ap + ir * kc, direct ? K : 1, direct ? 1 : DPAR__MR,
                             bp + jr * kc, C + (ic + ir) * N + jc + jr, N, alpha, mr, nr, pc == 0 && beta == 0.0f);
@@ -4941,13 +5631,14 @@ typedef struct dpar__sgemm_args {
     float alpha, beta;
     const float *A, *B;
     float *C;
-    int64_t chunk;   /* columns per work item (a multiple of NR) */
-    int64_t next;    /* next work item (atomic): threads take items until none is left, so
-                        a thread slowed by another process on its core takes fewer */
+    int64_t chunk; /* columns per work item (a multiple of NR) */
+    int64_t next;  /* next work item (atomic): threads take items until none is left, so
+                      a thread slowed by another process on its core takes fewer */
 } dpar__sgemm_args;
 DPAR__MAYBE_UNUSED static void dpar__sgemm_part(void *arg, int part, int nparts) {
     dpar__sgemm_args *g = (dpar__sgemm_args *)arg;
-    (void)part; (void)nparts;
+    (void)part;
+    (void)nparts;
     for (;;) {
         int64_t j0 = __atomic_fetch_add(&g->next, 1, __ATOMIC_RELAXED) * g->chunk;
         if (j0 >= g->N) break;
@@ -4957,23 +5648,35 @@ DPAR__MAYBE_UNUSED static void dpar__sgemm_part(void *arg, int part, int nparts)
 }
 /* C[M,N] = alpha op(A) op(B) + beta C, f32, row-major; on the device's
    helper threads too when it has them and the product is large. */
-static void dpar__cpu_sgemm(dpar__cpu *c, int dev, int64_t M, int64_t N, int64_t K, int ta, int tb, float alpha, const float *A,
-                            const float *B, float beta, float *C) {
+static void dpar__cpu_sgemm(dpar__cpu *c, int dev, int64_t M, int64_t N, int64_t K, int ta, int tb, float alpha,
+                            const float *A, const float *B, float beta, float *C) {
 #ifdef DPAR_USE_CBLAS
-    DPAR__UNUSED(c); DPAR__UNUSED(dev);
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)M, (int)N, (int)K, alpha, A,
-                ta ? (int)M : (int)K, B, tb ? (int)K : (int)N, beta, C, (int)N);
+    DPAR__UNUSED(c);
+    DPAR__UNUSED(dev);
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)M, (int)N, (int)K,
+                alpha, A, ta ? (int)M : (int)K, B, tb ? (int)K : (int)N, beta, C, (int)N);
 #else
     dpar__sgemm_args g;
-    g.M = M; g.N = N; g.K = K; g.ta = ta; g.tb = tb; g.alpha = alpha; g.beta = beta; g.A = A; g.B = B; g.C = C;
+    g.M = M;
+    g.N = N;
+    g.K = K;
+    g.ta = ta;
+    g.tb = tb;
+    g.alpha = alpha;
+    g.beta = beta;
+    g.A = A;
+    g.B = B;
+    g.C = C;
     int64_t strips = (N + DPAR__NR - 1) / DPAR__NR;
     int parts = c && c->pools && dev >= 0 && dev < c->ndev ? c->threads : 1;
     if (parts > strips) parts = (int)strips;
     int64_t per = strips / (4 * (parts > 0 ? parts : 1)); /* about 4 items per thread, at least 8 strips each */
     g.chunk = (per < 8 ? 8 : per) * DPAR__NR;
     g.next = 0;
-    if (parts > 1 && (double)M * (double)N * (double)K >= 4e6) dpar__cpu_fork(&c->pools[dev], parts, dpar__sgemm_part, &g);
-    else dpar__sgemm_cols(M, N, K, ta, tb, alpha, A, B, beta, C, 0, N);
+    if (parts > 1 && (double)M * (double)N * (double)K >= 4e6)
+        dpar__cpu_fork(&c->pools[dev], parts, dpar__sgemm_part, &g);
+    else
+        dpar__sgemm_cols(M, N, K, ta, tb, alpha, A, B, beta, C, 0, N);
 #endif
 }
 
@@ -4990,15 +5693,17 @@ __attribute__((target("avx2"))) static int64_t dpar__relu_avx2(float *y, const f
     }
     return i;
 }
-__attribute__((target("avx2"))) static int64_t dpar__relu_bwd_avx2(float *y, const float *dy, const float *x, int64_t n) {
+__attribute__((target("avx2"))) static int64_t dpar__relu_bwd_avx2(float *y, const float *dy, const float *x,
+                                                                   int64_t n) {
     int64_t i = 0;
     const __m256 z = _mm256_setzero_ps();
     for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(y + i, _mm256_and_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), z, _CMP_GT_OQ), _mm256_loadu_ps(dy + i)));
+        _mm256_storeu_ps(y + i,
+                         _mm256_and_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), z, _CMP_GT_OQ), _mm256_loadu_ps(dy + i)));
     return i;
 }
-__attribute__((target("avx2"))) static int64_t dpar__sgd_avx2(float *p, float *v, const float *g, int64_t n, float lr, float mu, float wd,
-                                                              float cs, int nesterov) {
+__attribute__((target("avx2"))) static int64_t dpar__sgd_avx2(float *p, float *v, const float *g, int64_t n, float lr,
+                                                              float mu, float wd, float cs, int nesterov) {
     int64_t i = 0;
     const __m256 vlr = _mm256_set1_ps(lr), vmu = _mm256_set1_ps(mu), vwd = _mm256_set1_ps(wd), vcs = _mm256_set1_ps(cs);
     for (; i + 8 <= n; i += 8) {
@@ -5023,7 +5728,8 @@ __attribute__((target("avx2"))) static int64_t dpar__bias_add_avx2(float *y, con
     return n8;
 }
 /* column sums s[j] = ((0 + x[0][j]) + x[1][j]) + ..., then y[j] = (beta ? beta y[j] : 0) + s[j], for j < n8 */
-__attribute__((target("avx2"))) static int64_t dpar__bias_grad_avx2(float *y, const float *x, int64_t m, int64_t n, float beta) {
+__attribute__((target("avx2"))) static int64_t dpar__bias_grad_avx2(float *y, const float *x, int64_t m, int64_t n,
+                                                                    float beta) {
     int64_t n8 = n / 8 * 8;
     for (int64_t j = 0; j < n8; j += 8) {
         __m256 acc = _mm256_setzero_ps();
@@ -5054,10 +5760,14 @@ static void dpar__sgd_range(const dpar__op *op, int64_t lo, int64_t hi) {
         y[i] -= lr * u;
     }
 }
-typedef struct dpar__sgd_args { const dpar__op *op; int64_t chunk, next; } dpar__sgd_args;
+typedef struct dpar__sgd_args {
+    const dpar__op *op;
+    int64_t chunk, next;
+} dpar__sgd_args;
 static void dpar__sgd_part(void *arg, int part, int nparts) { /* work items of `chunk` elements */
     dpar__sgd_args *g = (dpar__sgd_args *)arg;
-    (void)part; (void)nparts;
+    (void)part;
+    (void)nparts;
     for (;;) {
         int64_t lo = __atomic_fetch_add(&g->next, 1, __ATOMIC_RELAXED) * g->chunk;
         if (lo >= g->op->n) break;
@@ -5069,8 +5779,13 @@ static void dpar__sgd_part(void *arg, int part, int nparts) { /* work items of `
    One function per op kind (shapes and dtypes are checked by the core before
    dispatch; see dpar__op_kind), looked up in dpar__cpu_ops by kind. */
 #define DPAR__CPU_OP_ARGS dpar__cpu *c, int dev, const dpar__op *op, float *y, const float *x0, const float *x1
-#define DPAR__CPU_OP_UNUSED DPAR__UNUSED(c); DPAR__UNUSED(dev); DPAR__UNUSED(op); DPAR__UNUSED(y); \
-                            DPAR__UNUSED(x0); DPAR__UNUSED(x1)
+#define DPAR__CPU_OP_UNUSED \
+    DPAR__UNUSED(c);        \
+    DPAR__UNUSED(dev);      \
+    DPAR__UNUSED(op);       \
+    DPAR__UNUSED(y);        \
+    DPAR__UNUSED(x0);       \
+    DPAR__UNUSED(x1)
 typedef dpar_status (*dpar__cpu_op_fn)(DPAR__CPU_OP_ARGS);
 
 static dpar_status dpar__cpu_op_matmul(DPAR__CPU_OP_ARGS) {
@@ -5081,11 +5796,16 @@ static dpar_status dpar__cpu_op_matmul(DPAR__CPU_OP_ARGS) {
     /* f16/bf16 operands: widen to f32, accumulate in f32 */
     float *a = (float *)DPAR_MALLOC((size_t)(op->src0->count + 1) * 4);
     float *b = (float *)DPAR_MALLOC((size_t)(op->src1->count + 1) * 4);
-    if (!a || !b) { DPAR_FREE(a); DPAR_FREE(b); return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_matmul: out of host memory"); }
+    if (!a || !b) {
+        DPAR_FREE(a);
+        DPAR_FREE(b);
+        return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_matmul: out of host memory");
+    }
     for (int64_t i = 0; i < op->src0->count; i++) a[i] = dpar__load_f(op->src0->mem, op->src0->dtype, i);
     for (int64_t i = 0; i < op->src1->count; i++) b[i] = dpar__load_f(op->src1->mem, op->src1->dtype, i);
     dpar__cpu_sgemm(c, dev, op->m, op->n, op->k, op->trans_a, op->trans_b, op->f[0], a, b, op->f[1], y);
-    DPAR_FREE(a); DPAR_FREE(b);
+    DPAR_FREE(a);
+    DPAR_FREE(b);
     return DPAR_OK;
 }
 static dpar_status dpar__cpu_op_bias_add(DPAR__CPU_OP_ARGS) {
@@ -5185,7 +5905,8 @@ static dpar_status dpar__cpu_op_fill(DPAR__CPU_OP_ARGS) {
     int64_t n = op->n;
     if (t == DPAR_F32) {
         for (int64_t i = 0; i < n; i++) y[i] = op->f[0];
-    } else if (t == DPAR_I32) { /* saturating like dpar_cast: (int32_t) of NaN / out-of-range floats is undefined in C */
+    } else if (t ==
+               DPAR_I32) { /* saturating like dpar_cast: (int32_t) of NaN / out-of-range floats is undefined in C */
         float f = op->f[0];
         int32_t v = f != f ? 0 : f >= 2147483647.0f ? INT32_MAX : f <= -2147483648.0f ? INT32_MIN : (int32_t)f;
         for (int64_t i = 0; i < n; i++) ((int32_t *)y)[i] = v;
@@ -5204,14 +5925,20 @@ static dpar_status dpar__cpu_op_cast(DPAR__CPU_OP_ARGS) {
     DPAR__CPU_OP_UNUSED;
     dpar_dtype ts = op->src0->dtype, td = op->dst->dtype;
     for (int64_t i = 0; i < op->n; i++) {
-        if (ts == DPAR_I32 && td == DPAR_I32) { ((int32_t *)y)[i] = ((const int32_t *)x0)[i]; continue; }
+        if (ts == DPAR_I32 && td == DPAR_I32) {
+            ((int32_t *)y)[i] = ((const int32_t *)x0)[i];
+            continue;
+        }
         float v = dpar__load_f(x0, ts, i);
         switch (td) {
         case DPAR_F32: y[i] = v; break;
         case DPAR_F16: ((uint16_t *)y)[i] = dpar_f32_to_f16(v); break;
         case DPAR_BF16: ((uint16_t *)y)[i] = dpar_f32_to_bf16(v); break;
         case DPAR_I32:
-            ((int32_t *)y)[i] = v != v ? 0 : v >= 2147483647.0f ? INT32_MAX : v <= -2147483648.0f ? INT32_MIN : (int32_t)v;
+            ((int32_t *)y)[i] = v != v                ? 0
+                                : v >= 2147483647.0f  ? INT32_MAX
+                                : v <= -2147483648.0f ? INT32_MIN
+                                                      : (int32_t)v;
             break;
         default: break;
         }
@@ -5238,7 +5965,8 @@ static dpar_status dpar__cpu_op_sgd(DPAR__CPU_OP_ARGS) {
     int parts = c && c->pools && dev >= 0 && dev < c->ndev && n >= ((int64_t)1 << 18) ? c->threads : 1;
     if (parts > 1) { /* element-wise: split anywhere (multiples of 64 keep the vector loop whole) */
         dpar__sgd_args g;
-        g.op = op; g.next = 0;
+        g.op = op;
+        g.next = 0;
         g.chunk = (n / (8 * parts) + 63) / 64 * 64;
         dpar__cpu_fork(&c->pools[dev], parts, dpar__sgd_part, &g);
     } else {
@@ -5251,21 +5979,21 @@ static dpar_status dpar__cpu_op_sgd(DPAR__CPU_OP_ARGS) {
 
 /* in dpar__op_kind order (C++ has no array designators; the size is checked below) */
 static const dpar__cpu_op_fn dpar__cpu_ops[] = {
-    dpar__cpu_op_matmul,        /* DPAR__OP_MATMUL */
-    dpar__cpu_op_bias_add,      /* DPAR__OP_BIAS_ADD */
-    dpar__cpu_op_bias_grad,     /* DPAR__OP_BIAS_GRAD */
-    dpar__cpu_op_relu,          /* DPAR__OP_RELU */
-    dpar__cpu_op_relu_bwd,      /* DPAR__OP_RELU_BWD */
-    dpar__cpu_op_softmax_xent,  /* DPAR__OP_SOFTMAX_XENT */
-    dpar__cpu_op_mse,           /* DPAR__OP_MSE */
-    dpar__cpu_op_axpy,          /* DPAR__OP_AXPY */
-    dpar__cpu_op_scale,         /* DPAR__OP_SCALE */
-    dpar__cpu_op_fill,          /* DPAR__OP_FILL */
-    dpar__cpu_op_copy,          /* DPAR__OP_COPY */
-    dpar__cpu_op_cast,          /* DPAR__OP_CAST */
-    dpar__cpu_op_sum,           /* DPAR__OP_SUM */
-    dpar__cpu_op_sumsq,         /* DPAR__OP_SUMSQ */
-    dpar__cpu_op_sgd,           /* DPAR__OP_SGD */
+    dpar__cpu_op_matmul,       /* DPAR__OP_MATMUL */
+    dpar__cpu_op_bias_add,     /* DPAR__OP_BIAS_ADD */
+    dpar__cpu_op_bias_grad,    /* DPAR__OP_BIAS_GRAD */
+    dpar__cpu_op_relu,         /* DPAR__OP_RELU */
+    dpar__cpu_op_relu_bwd,     /* DPAR__OP_RELU_BWD */
+    dpar__cpu_op_softmax_xent, /* DPAR__OP_SOFTMAX_XENT */
+    dpar__cpu_op_mse,          /* DPAR__OP_MSE */
+    dpar__cpu_op_axpy,         /* DPAR__OP_AXPY */
+    dpar__cpu_op_scale,        /* DPAR__OP_SCALE */
+    dpar__cpu_op_fill,         /* DPAR__OP_FILL */
+    dpar__cpu_op_copy,         /* DPAR__OP_COPY */
+    dpar__cpu_op_cast,         /* DPAR__OP_CAST */
+    dpar__cpu_op_sum,          /* DPAR__OP_SUM */
+    dpar__cpu_op_sumsq,        /* DPAR__OP_SUMSQ */
+    dpar__cpu_op_sgd,          /* DPAR__OP_SGD */
 };
 typedef char dpar__cpu_ops_cover_every_kind[sizeof dpar__cpu_ops / sizeof dpar__cpu_ops[0] == DPAR__OP_COUNT ? 1 : -1];
 
@@ -5280,13 +6008,31 @@ static dpar_status dpar__cpu_op(void *st, int dev, const dpar__op *op) {
 }
 
 static const dpar__backend_iface dpar__cpu_backend = {
-    "cpu", DPAR_BACKEND_CPU, dpar__cpu_init, dpar__cpu_shutdown, dpar__cpu_info, NULL /* thread_init */,
-    dpar__cpu_alloc, dpar__cpu_free, dpar__cpu_write, dpar__cpu_read, dpar__cpu_sync,
-    dpar__cpu_host_ptr, NULL /* host_acquire */, NULL /* host_release */, dpar__cpu_op, NULL /* collective: core host path */,
-    NULL /* cross_id_size */, NULL /* cross_id */, NULL /* device_status */,
-    NULL /* visible_devices */, NULL /* physical_device: emulated devices */
+    "cpu",
+    DPAR_BACKEND_CPU,
+    dpar__cpu_init,
+    dpar__cpu_shutdown,
+    dpar__cpu_info,
+    NULL /* thread_init */,
+    dpar__cpu_alloc,
+    dpar__cpu_free,
+    dpar__cpu_write,
+    dpar__cpu_read,
+    dpar__cpu_sync,
+    dpar__cpu_host_ptr,
+    NULL /* host_acquire */,
+    NULL /* host_release */,
+    dpar__cpu_op,
+    NULL /* collective: core host path */,
+    NULL /* cross_id_size */,
+    NULL /* cross_id */,
+    NULL /* device_status */,
+    NULL /* visible_devices */,
+    NULL /* physical_device: emulated devices */
 };
-static const dpar__backend_iface *dpar__cpu_iface(void) { return &dpar__cpu_backend; }
+static const dpar__backend_iface *dpar__cpu_iface(void) {
+    return &dpar__cpu_backend;
+}
 
 #ifdef DPAR_VULKAN
 #include "backends/dpar_vulkan.h"
@@ -5301,43 +6047,67 @@ static const dpar__backend_iface *dpar__cpu_iface(void) { return &dpar__cpu_back
 /* >>transport-none ===========================================================
    One process: the transport's hooks do nothing (no group spans processes). */
 static dpar_status dpar__one_runtime_pre(dpar_runtime *rt, const dpar_runtime_desc *desc) {
-    DPAR__UNUSED(rt); DPAR__UNUSED(desc);
+    DPAR__UNUSED(rt);
+    DPAR__UNUSED(desc);
     return DPAR_OK;
 }
 static dpar_status dpar__one_runtime_init(dpar_runtime *rt, dpar_status opened) {
     DPAR__UNUSED(rt);
     return opened;
 }
-static void dpar__one_runtime_free(dpar_runtime *rt) { DPAR__UNUSED(rt); }
-static void dpar__one_runtime_failed(const dpar_runtime_desc *desc, dpar_status s) { DPAR__UNUSED(desc); DPAR__UNUSED(s); }
-static dpar_status dpar__one_mesh_init(dpar_mesh *m) { DPAR__UNUSED(m); return DPAR_OK; }
-static void dpar__one_mesh_free(dpar_mesh *m) { DPAR__UNUSED(m); }
-static dpar_status dpar__one_dispatch_begin(dpar_runtime *rt) { DPAR__UNUSED(rt); return DPAR_OK; }
+static void dpar__one_runtime_free(dpar_runtime *rt) {
+    DPAR__UNUSED(rt);
+}
+static void dpar__one_runtime_failed(const dpar_runtime_desc *desc, dpar_status s) {
+    DPAR__UNUSED(desc);
+    DPAR__UNUSED(s);
+}
+static dpar_status dpar__one_mesh_init(dpar_mesh *m) {
+    DPAR__UNUSED(m);
+    return DPAR_OK;
+}
+static void dpar__one_mesh_free(dpar_mesh *m) {
+    DPAR__UNUSED(m);
+}
+static dpar_status dpar__one_dispatch_begin(dpar_runtime *rt) {
+    DPAR__UNUSED(rt);
+    return DPAR_OK;
+}
 static void dpar__one_dispatch_end(dpar_mesh *m, dpar__job *job, dpar_status late) {
-    DPAR__UNUSED(m); DPAR__UNUSED(job); DPAR__UNUSED(late);
+    DPAR__UNUSED(m);
+    DPAR__UNUSED(job);
+    DPAR__UNUSED(late);
 }
 static dpar_status dpar__one_cross(const char *what) {
     return dpar__err(DPAR_ERR_STATE, "%s: the group spans processes but dpar was built without DPAR_MPI", what);
 }
 static dpar_status dpar__one_coll_agree(dpar_ctx *ctx, dpar__group *g, const char *what) {
-    DPAR__UNUSED(ctx); DPAR__UNUSED(g);
+    DPAR__UNUSED(ctx);
+    DPAR__UNUSED(g);
     return dpar__one_cross(what);
 }
-static const void *dpar__one_group_xid(const dpar__group *g) { DPAR__UNUSED(g); return NULL; }
+static const void *dpar__one_group_xid(const dpar__group *g) {
+    DPAR__UNUSED(g);
+    return NULL;
+}
 static dpar_status dpar__one_coll(dpar_ctx *ctx, dpar__group *g, dpar__coll *c, const char *what) {
-    DPAR__UNUSED(ctx); DPAR__UNUSED(g); DPAR__UNUSED(c);
+    DPAR__UNUSED(ctx);
+    DPAR__UNUSED(g);
+    DPAR__UNUSED(c);
     return dpar__one_cross(what);
 }
 static dpar_status dpar__one_share(dpar_runtime *rt, void *buf, size_t n, int owner, dpar_status st) {
-    DPAR__UNUSED(rt); DPAR__UNUSED(buf); DPAR__UNUSED(n); DPAR__UNUSED(owner);
+    DPAR__UNUSED(rt);
+    DPAR__UNUSED(buf);
+    DPAR__UNUSED(n);
+    DPAR__UNUSED(owner);
     return st;
 }
 static const dpar__transport *dpar__transport_get(void) {
-    static const dpar__transport one = {
-        dpar__one_runtime_pre, dpar__one_runtime_init, dpar__one_runtime_free, dpar__one_runtime_failed,
-        dpar__one_mesh_init, dpar__one_mesh_free, dpar__one_dispatch_begin, dpar__one_dispatch_end,
-        dpar__one_coll_agree, dpar__one_group_xid, dpar__one_coll, dpar__one_share
-    };
+    static const dpar__transport one = { dpar__one_runtime_pre,    dpar__one_runtime_init, dpar__one_runtime_free,
+                                         dpar__one_runtime_failed, dpar__one_mesh_init,    dpar__one_mesh_free,
+                                         dpar__one_dispatch_begin, dpar__one_dispatch_end, dpar__one_coll_agree,
+                                         dpar__one_group_xid,      dpar__one_coll,         dpar__one_share };
     return &one;
 }
 #endif

@@ -97,8 +97,12 @@ typedef void *dpar__CUmodule;
 typedef void *dpar__CUfunction;
 typedef void *dpar__cublasHandle;
 typedef void *dpar__ncclComm;
-typedef struct { char internal[128]; } dpar__ncclUniqueId;
-typedef struct { char bytes[16]; } dpar__CUuuid;
+typedef struct {
+    char internal[128];
+} dpar__ncclUniqueId;
+typedef struct {
+    char bytes[16];
+} dpar__CUuuid;
 
 enum {
     DPAR__CUDA_SUCCESS = 0,
@@ -170,17 +174,17 @@ typedef struct dpar__cu_api {
     dpar__CUresult (*cuModuleLoadDataEx)(dpar__CUmodule *, const void *, unsigned, int *, void **);
     dpar__CUresult (*cuModuleUnload)(dpar__CUmodule);
     dpar__CUresult (*cuModuleGetFunction)(dpar__CUfunction *, dpar__CUmodule, const char *);
-    dpar__CUresult (*cuLaunchKernel)(dpar__CUfunction, unsigned, unsigned, unsigned, unsigned,
-                                     unsigned, unsigned, unsigned, dpar__CUstream, void **, void **);
+    dpar__CUresult (*cuLaunchKernel)(dpar__CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                     unsigned, dpar__CUstream, void **, void **);
     /* cuBLAS */
     int (*cublasCreate)(dpar__cublasHandle *);
     int (*cublasDestroy)(dpar__cublasHandle);
     int (*cublasSetStream)(dpar__cublasHandle, dpar__CUstream);
     const char *(*cublasGetStatusString)(int);
-    int (*cublasSgemm)(dpar__cublasHandle, int, int, int, int, int, const float *, const float *,
-                       int, const float *, int, const float *, float *, int);
-    int (*cublasGemmEx)(dpar__cublasHandle, int, int, int, int, int, const void *, const void *,
-                        int, int, const void *, int, int, const void *, void *, int, int, int, int);
+    int (*cublasSgemm)(dpar__cublasHandle, int, int, int, int, int, const float *, const float *, int, const float *,
+                       int, const float *, float *, int);
+    int (*cublasGemmEx)(dpar__cublasHandle, int, int, int, int, int, const void *, const void *, int, int, const void *,
+                        int, int, const void *, void *, int, int, int, int);
     /* NCCL (optional) */
     int (*ncclGetVersion)(int *);
     const char *(*ncclGetErrorString)(int);
@@ -203,26 +207,51 @@ typedef struct dpar__cu_api {
 
 /* Kernels of kernels/dpar_kernels.cu, in this order. */
 typedef enum {
-    DPAR__CUK_SCALE = 0, DPAR__CUK_AXPY, DPAR__CUK_RELU, DPAR__CUK_RELU_BWD, DPAR__CUK_BIAS_ADD,
-    DPAR__CUK_BIAS_GRAD, DPAR__CUK_CAST, DPAR__CUK_SGD, DPAR__CUK_REDUCE_PARTIAL,
-    DPAR__CUK_MSE_PARTIAL, DPAR__CUK_REDUCE_FINAL, DPAR__CUK_XENT_ROWS, DPAR__CUK_VREDUCE,
-    DPAR__CUK_TO_KEY, DPAR__CUK_FROM_KEY, DPAR__CUK_DIV_I32, DPAR__CUK_COPY_ND,
-    DPAR__CUK_REDUCE_PARTIAL_F64, DPAR__CUK_COUNT
+    DPAR__CUK_SCALE = 0,
+    DPAR__CUK_AXPY,
+    DPAR__CUK_RELU,
+    DPAR__CUK_RELU_BWD,
+    DPAR__CUK_BIAS_ADD,
+    DPAR__CUK_BIAS_GRAD,
+    DPAR__CUK_CAST,
+    DPAR__CUK_SGD,
+    DPAR__CUK_REDUCE_PARTIAL,
+    DPAR__CUK_MSE_PARTIAL,
+    DPAR__CUK_REDUCE_FINAL,
+    DPAR__CUK_XENT_ROWS,
+    DPAR__CUK_VREDUCE,
+    DPAR__CUK_TO_KEY,
+    DPAR__CUK_FROM_KEY,
+    DPAR__CUK_DIV_I32,
+    DPAR__CUK_COPY_ND,
+    DPAR__CUK_REDUCE_PARTIAL_F64,
+    DPAR__CUK_COUNT
 } dpar__cuk;
 static const char *const dpar__cuk_names[DPAR__CUK_COUNT] = {
-    "dpar_k_scale", "dpar_k_axpy", "dpar_k_relu", "dpar_k_relu_bwd", "dpar_k_bias_add",
-    "dpar_k_bias_grad", "dpar_k_cast", "dpar_k_sgd", "dpar_k_reduce_partial",
-    "dpar_k_mse_partial", "dpar_k_reduce_final", "dpar_k_xent_rows", "dpar_k_vreduce",
-    "dpar_k_to_key", "dpar_k_from_key", "dpar_k_div_i32", "dpar_k_copy_nd",
-    "dpar_k_reduce_partial_f64"
+    "dpar_k_scale",       "dpar_k_axpy",         "dpar_k_relu",
+    "dpar_k_relu_bwd",    "dpar_k_bias_add",     "dpar_k_bias_grad",
+    "dpar_k_cast",        "dpar_k_sgd",          "dpar_k_reduce_partial",
+    "dpar_k_mse_partial", "dpar_k_reduce_final", "dpar_k_xent_rows",
+    "dpar_k_vreduce",     "dpar_k_to_key",       "dpar_k_from_key",
+    "dpar_k_div_i32",     "dpar_k_copy_nd",      "dpar_k_reduce_partial_f64"
 };
 
-enum { DPAR__CU_MAXV = 64, DPAR__CU_BLOCK = 256, DPAR__CU_MAX_PARTIALS = 1024, DPAR__CU_NSCRATCH = 3,
-       DPAR__CU_RING = 32 /* NCCL collectives tracked per device for hang detection */ };
+enum {
+    DPAR__CU_MAXV = 64,
+    DPAR__CU_BLOCK = 256,
+    DPAR__CU_MAX_PARTIALS = 1024,
+    DPAR__CU_NSCRATCH = 3,
+    DPAR__CU_RING = 32 /* NCCL collectives tracked per device for hang detection */
+};
 
 /* Same layout as dk_ptrs / dk_nd in kernels/dpar_kernels.cu. */
-typedef struct { dpar__CUdeviceptr in[DPAR__CU_MAXV]; dpar__CUdeviceptr out[DPAR__CU_MAXV]; } dpar__cu_ptrs;
-typedef struct { int64_t shape[8], ss[8], ds[8]; } dpar__cu_nd;
+typedef struct {
+    dpar__CUdeviceptr in[DPAR__CU_MAXV];
+    dpar__CUdeviceptr out[DPAR__CU_MAXV];
+} dpar__cu_ptrs;
+typedef struct {
+    int64_t shape[8], ss[8], ds[8];
+} dpar__cu_nd;
 
 typedef struct dpar__cu_phys {
     int ordinal;
@@ -238,17 +267,17 @@ typedef struct dpar__cu_phys {
 } dpar__cu_phys;
 
 typedef struct dpar__cu_dev {
-    int phys;                       /* index into st->phys */
+    int phys; /* index into st->phys */
     dpar__CUstream compute, comm;
     /* NCCL collective k: pre[k % RING] recorded on compute (its inputs are
        ready; the comm stream waits for it), post[k % RING] on comm after it
        (compute waits for it). The oldest collective whose pre is done but
        whose post is not is running in NCCL: that is what the timeout watches. */
     dpar__CUevent pre[DPAR__CU_RING], post[DPAR__CU_RING];
-    uint64_t ring_head, ring_tail;  /* collectives issued / known complete */
+    uint64_t ring_head, ring_tail; /* collectives issued / known complete */
     pthread_mutex_t ring_mu;
     int ring_mu_init;
-    dpar__CUevent ev_ready, ev_done;/* virtual-device collectives */
+    dpar__CUevent ev_ready, ev_done; /* virtual-device collectives */
     dpar__cublasHandle blas;
     int sticky;                     /* an NCCL timeout / asynchronous error hit this device (status) */
     char sticky_msg[DPAR__ERR_LEN]; /* its text; the runtime must be destroyed */
@@ -259,28 +288,31 @@ typedef struct dpar__cu_dev {
 typedef struct dpar__cu_comm {
     struct dpar__cu_comm *next;
     int n;
-    int cross;   /* spans processes: devices[i] is -1 for members elsewhere, gdevices the key */
+    int cross; /* spans processes: devices[i] is -1 for members elsewhere, gdevices the key */
     int devices[DPAR_MAX_DEVICES];
     int gdevices[DPAR_MAX_DEVICES];
     dpar__ncclComm comms[DPAR_MAX_DEVICES];
-    int ready;   /* 0 while its creator runs ncclCommInitAll (outside the lock) */
-    int failed;  /* ncclCommInitAll failed */
+    int ready;  /* 0 while its creator runs ncclCommInitAll (outside the lock) */
+    int failed; /* ncclCommInitAll failed */
     int aborted;
 } dpar__cu_comm;
 
 typedef struct dpar__cu_state {
     int nphys_total, nphys, ndev, virt, timeout_ms;
-    int first;                     /* ordinal of this process's first GPU (its node-local share) */
+    int first; /* ordinal of this process's first GPU (its node-local share) */
     dpar__cu_phys *phys;
     dpar__cu_dev *dev;
     pthread_mutex_t comm_lock;
-    pthread_cond_t comm_cv;        /* a communicator set finished initializing */
+    pthread_cond_t comm_cv; /* a communicator set finished initializing */
     dpar__cu_comm *comms;
     int ncomms; /* read without the lock as a hint only */
 } dpar__cu_state;
 
 /* device memory handle given to the core */
-typedef struct dpar__cu_mem { dpar__CUdeviceptr ptr; size_t nbytes; } dpar__cu_mem;
+typedef struct dpar__cu_mem {
+    dpar__CUdeviceptr ptr;
+    size_t nbytes;
+} dpar__cu_mem;
 #define DPAR__CU_PTR(b) (((const dpar__cu_mem *)(b)->mem)->ptr)
 
 static dpar__cu_api dpar__cu;
@@ -308,8 +340,11 @@ static dpar_status dpar__cu_fail(int dev, const char *call, dpar__CUresult r) {
         return dpar__err(s, "cuda: device %d: %s: %s (%s)", dev, call, dpar__cu_errname(r), dpar__cu_errstr(r));
     return dpar__err(s, "cuda: %s: %s (%s)", call, dpar__cu_errname(r), dpar__cu_errstr(r));
 }
-#define DPAR__CU_TRY(dev, call, expr) do { dpar__CUresult r_ = (expr); \
-    if (r_ != DPAR__CUDA_SUCCESS) return dpar__cu_fail((dev), (call), r_); } while (0)
+#define DPAR__CU_TRY(dev, call, expr)                                          \
+    do {                                                                       \
+        dpar__CUresult r_ = (expr);                                            \
+        if (r_ != DPAR__CUDA_SUCCESS) return dpar__cu_fail((dev), (call), r_); \
+    } while (0)
 
 static dpar_status dpar__blas_fail(int dev, const char *call, int r) {
     const char *msg = dpar__cu.cublasGetStatusString ? dpar__cu.cublasGetStatusString(r) : NULL;
@@ -320,8 +355,8 @@ static dpar_status dpar__nccl_fail(int dev, const char *call, int r, dpar__ncclC
     const char *msg = dpar__cu.ncclGetErrorString ? dpar__cu.ncclGetErrorString(r) : NULL;
     const char *last = dpar__cu.ncclGetLastError ? dpar__cu.ncclGetLastError(comm) : NULL;
     if (dev < 0)
-        return dpar__err(DPAR_ERR_BACKEND, "cuda: %s: NCCL error %d (%s)%s%s", call, r,
-                         msg ? msg : "unknown", last && last[0] ? ": " : "", last && last[0] ? last : "");
+        return dpar__err(DPAR_ERR_BACKEND, "cuda: %s: NCCL error %d (%s)%s%s", call, r, msg ? msg : "unknown",
+                         last && last[0] ? ": " : "", last && last[0] ? last : "");
     return dpar__err(DPAR_ERR_BACKEND, "cuda: device %d: %s: NCCL error %d (%s)%s%s", dev, call, r,
                      msg ? msg : "unknown", last && last[0] ? ": " : "", last && last[0] ? last : "");
 }
@@ -335,7 +370,8 @@ static void *dpar__cu_sym(void *lib, const char *name, const char *libname, int 
         *missing = 1;
         snprintf(dpar__cu_load_text, sizeof dpar__cu_load_text,
                  "cuda: %s has no symbol %s: the installed version is too old "
-                 "(dpar needs the CUDA 13 driver, cuBLAS 12+, NCCL 2.12+)", libname, name);
+                 "(dpar needs the CUDA 13 driver, cuBLAS 12+, NCCL 2.12+)",
+                 libname, name);
     }
     return p;
 }
@@ -349,7 +385,8 @@ static void dpar__cu_load(void) {
         const char *e = dlerror();
         snprintf(dpar__cu_load_text, sizeof dpar__cu_load_text,
                  "cuda: libcuda.so.1 not found: no NVIDIA driver is installed (dlopen: %s). "
-                 "Install the NVIDIA driver, or use DPAR_BACKEND=cpu", e ? e : "?");
+                 "Install the NVIDIA driver, or use DPAR_BACKEND=cpu",
+                 e ? e : "?");
         dpar__cu_load_status = DPAR_ERR_BACKEND_UNAVAILABLE;
         return;
     }
@@ -388,7 +425,10 @@ static void dpar__cu_load(void) {
     DPAR__CU_SYM(l, cuModuleUnload, "cuModuleUnload", "libcuda.so.1");
     DPAR__CU_SYM(l, cuModuleGetFunction, "cuModuleGetFunction", "libcuda.so.1");
     DPAR__CU_SYM(l, cuLaunchKernel, "cuLaunchKernel", "libcuda.so.1");
-    if (missing) { dpar__cu_load_status = DPAR_ERR_BACKEND_UNAVAILABLE; return; }
+    if (missing) {
+        dpar__cu_load_status = DPAR_ERR_BACKEND_UNAVAILABLE;
+        return;
+    }
 
     /* cuBLAS is required (matrix products) */
     {
@@ -403,7 +443,8 @@ static void dpar__cu_load(void) {
             snprintf(dpar__cu_load_text, sizeof dpar__cu_load_text,
                      "cuda: cuBLAS not found (libcublas.so.13 / .12; dlopen: %s). Install the CUDA "
                      "libraries (e.g. the cuda-libraries package) and add their directory to "
-                     "LD_LIBRARY_PATH", e ? e : "?");
+                     "LD_LIBRARY_PATH",
+                     e ? e : "?");
             dpar__cu_load_status = DPAR_ERR_BACKEND_UNAVAILABLE;
             return;
         }
@@ -414,7 +455,10 @@ static void dpar__cu_load(void) {
         DPAR__CU_SYM(l, cublasGetStatusString, "cublasGetStatusString", "libcublas");
         DPAR__CU_SYM(l, cublasSgemm, "cublasSgemm_v2", "libcublas");
         DPAR__CU_SYM(l, cublasGemmEx, "cublasGemmEx", "libcublas");
-        if (missing) { dpar__cu_load_status = DPAR_ERR_BACKEND_UNAVAILABLE; return; }
+        if (missing) {
+            dpar__cu_load_status = DPAR_ERR_BACKEND_UNAVAILABLE;
+            return;
+        }
     }
 
     /* NCCL is optional: only needed for collectives across several GPUs */
@@ -465,8 +509,8 @@ static unsigned dpar__cu_grid(int64_t n, int per_thread, unsigned cap) {
     return (unsigned)g;
 }
 
-static dpar_status dpar__cu_launch(dpar__cu_state *st, int dev, dpar__cuk k, unsigned grid,
-                                   unsigned block, dpar__CUstream s, void **args) {
+static dpar_status dpar__cu_launch(dpar__cu_state *st, int dev, dpar__cuk k, unsigned grid, unsigned block,
+                                   dpar__CUstream s, void **args) {
     dpar__CUfunction f = st->phys[st->dev[dev].phys].fn[k];
     dpar__CUresult r = dpar__cu.cuLaunchKernel(f, grid, 1, 1, block, 1, 1, 0, s, args, NULL);
     if (r != DPAR__CUDA_SUCCESS) {
@@ -551,9 +595,11 @@ static dpar_status dpar__cu_wait(dpar__cu_state *st, int dev, dpar__CUstream s, 
             for (i = 0; i < c->n; i++) {
                 int e = 0;
                 if (c->devices[i] != dev || c->aborted || !c->comms[i]) continue;
-                if (dpar__cu.ncclCommGetAsyncError(c->comms[i], &e) == DPAR__ncclSuccess &&
-                    e != DPAR__ncclSuccess && e != DPAR__ncclInProgress) {
-                    bad = 1; code = e; badcomm = c->comms[i];
+                if (dpar__cu.ncclCommGetAsyncError(c->comms[i], &e) == DPAR__ncclSuccess && e != DPAR__ncclSuccess &&
+                    e != DPAR__ncclInProgress) {
+                    bad = 1;
+                    code = e;
+                    badcomm = c->comms[i];
                 }
             }
         }
@@ -572,14 +618,18 @@ static dpar_status dpar__cu_wait(dpar__cu_state *st, int dev, dpar__CUstream s, 
                   dpar__cu.cuEventQuery(d->pre[d->ring_tail % DPAR__CU_RING]) == DPAR__CUDA_SUCCESS;
         seq = d->ring_tail;
         pthread_mutex_unlock(&d->ring_mu);
-        if (!in_nccl || seq != watched) { t0 = dpar__cu_now_ms(); watched = seq; }
-        else if (dpar__cu_now_ms() - t0 > (double)st->timeout_ms) {
+        if (!in_nccl || seq != watched) {
+            t0 = dpar__cu_now_ms();
+            watched = seq;
+        } else if (dpar__cu_now_ms() - t0 > (double)st->timeout_ms) {
             dpar__cu_abort_comms_of(st, dev);
-            return dpar__cu_stick(st, dev, dpar__err(DPAR_ERR_TIMEOUT,
-                             "cuda: device %d: %s: NCCL collective #%llu of this device did not complete within %d ms "
-                             "(DPAR_TIMEOUT_MS; a member never joined?); the device's NCCL communicators "
-                             "were aborted (ncclCommAbort): destroy the runtime", dev, what,
-                             (unsigned long long)seq + 1, st->timeout_ms));
+            return dpar__cu_stick(
+                st, dev,
+                dpar__err(DPAR_ERR_TIMEOUT,
+                          "cuda: device %d: %s: NCCL collective #%llu of this device did not complete within %d ms "
+                          "(DPAR_TIMEOUT_MS; a member never joined?); the device's NCCL communicators "
+                          "were aborted (ncclCommAbort): destroy the runtime",
+                          dev, what, (unsigned long long)seq + 1, st->timeout_ms));
         }
         if (++spins > 2000) { /* a few ms of polling, then 20 us naps */
             struct timespec ts = { 0, 20000 };
@@ -596,8 +646,7 @@ static dpar_status dpar__cu_wait_dev(dpar__cu_state *st, int dev, const char *wh
 
 /* Per-device scratch slot of at least `bytes` (grows; old one freed after
    the device's streams are idle). */
-static dpar_status dpar__cu_scratch(dpar__cu_state *st, int dev, int slot, size_t bytes,
-                                    dpar__CUdeviceptr *out) {
+static dpar_status dpar__cu_scratch(dpar__cu_state *st, int dev, int slot, size_t bytes, dpar__CUdeviceptr *out) {
     dpar__cu_dev *d = &st->dev[dev];
     if (bytes == 0) bytes = 4;
     if (d->scratch_cap[slot] < bytes) {
@@ -628,7 +677,10 @@ static dpar_status dpar__cu_scratch(dpar__cu_state *st, int dev, int slot, size_
 /* ---------------------------------------------------------------------------
    Runtime: init / shutdown / info
    ------------------------------------------------------------------------ */
-typedef struct dpar__cu_destroy_arg { dpar__CUcontext ctx; dpar__ncclComm comm; } dpar__cu_destroy_arg;
+typedef struct dpar__cu_destroy_arg {
+    dpar__CUcontext ctx;
+    dpar__ncclComm comm;
+} dpar__cu_destroy_arg;
 static void *dpar__cu_destroy_main(void *p) {
     dpar__cu_destroy_arg *a = (dpar__cu_destroy_arg *)p;
     dpar__cu.cuCtxSetCurrent(a->ctx);
@@ -670,8 +722,10 @@ static void dpar__cu_shutdown(void *state) {
                 started[i] = c->comms[i] && pthread_create(&th[i], NULL, dpar__cu_destroy_main, &args[i]) == 0;
             }
             for (i = 0; i < c->n; i++)
-                if (started[i]) pthread_join(th[i], NULL);
-                else if (c->comms[i]) dpar__cu_destroy_main(&args[i]); /* could not start a thread */
+                if (started[i])
+                    pthread_join(th[i], NULL);
+                else if (c->comms[i])
+                    dpar__cu_destroy_main(&args[i]); /* could not start a thread */
         }
         DPAR_FREE(c);
     }
@@ -727,8 +781,8 @@ static dpar_status dpar__cu_init_phys(dpar__cu_state *st, int i) {
     dpar__cu.cuDeviceGetAttribute(&p->sms, DPAR__CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, p->dev);
     if (p->cc_major * 10 + p->cc_minor < 75)
         return dpar__err(DPAR_ERR_BACKEND_UNAVAILABLE,
-                         "cuda: GPU %d (%s) has compute capability %d.%d; the dpar kernels need 7.5 or newer",
-                         i, p->name, p->cc_major, p->cc_minor);
+                         "cuda: GPU %d (%s) has compute capability %d.%d; the dpar kernels need 7.5 or newer", i,
+                         p->name, p->cc_major, p->cc_minor);
     DPAR__CU_TRY(-1, "cuDevicePrimaryCtxRetain", dpar__cu.cuDevicePrimaryCtxRetain(&p->ctx, p->dev));
     p->ctx_retained = 1;
     DPAR__CU_TRY(-1, "cuCtxSetCurrent", dpar__cu.cuCtxSetCurrent(p->ctx));
@@ -743,11 +797,9 @@ static dpar_status dpar__cu_init_phys(dpar__cu_state *st, int i) {
         r = dpar__cu.cuModuleLoadDataEx(&p->mod[k], dpar__cuda_modules[k].ptx, 2, opts, vals);
         if (r != DPAR__CUDA_SUCCESS) {
             log[sizeof log - 1] = 0;
-            return dpar__err(DPAR_ERR_BACKEND,
-                             "cuda: GPU %d: cuModuleLoadDataEx(kernels '%s'): %s (%s)%s%s%s", i,
-                             dpar__cuda_modules[k].name, dpar__cu_errname(r), dpar__cu_errstr(r),
-                             log[0] ? ": " : "", log,
-                             dpar__cu.driver_version < 13000 ? " (the embedded PTX needs a CUDA 13 driver)" : "");
+            return dpar__err(DPAR_ERR_BACKEND, "cuda: GPU %d: cuModuleLoadDataEx(kernels '%s'): %s (%s)%s%s%s", i,
+                             dpar__cuda_modules[k].name, dpar__cu_errname(r), dpar__cu_errstr(r), log[0] ? ": " : "",
+                             log, dpar__cu.driver_version < 13000 ? " (the embedded PTX needs a CUDA 13 driver)" : "");
         }
     }
     for (j = 0; j < DPAR__CUK_COUNT; j++) {
@@ -770,8 +822,7 @@ static dpar_status dpar__cu_init_dev(dpar__cu_state *st, int i) {
     d->ring_mu_init = 1;
     DPAR__CU_TRY(i, "cuCtxSetCurrent", dpar__cu.cuCtxSetCurrent(st->phys[d->phys].ctx));
     DPAR__CU_TRY(i, "cuStreamCreate", dpar__cu.cuStreamCreate(&d->compute, DPAR__CU_STREAM_NON_BLOCKING));
-    if (!st->virt)
-        DPAR__CU_TRY(i, "cuStreamCreate", dpar__cu.cuStreamCreate(&d->comm, DPAR__CU_STREAM_NON_BLOCKING));
+    if (!st->virt) DPAR__CU_TRY(i, "cuStreamCreate", dpar__cu.cuStreamCreate(&d->comm, DPAR__CU_STREAM_NON_BLOCKING));
     for (k = 0; k < DPAR__CU_RING && !st->virt; k++) {
         DPAR__CU_TRY(i, "cuEventCreate", dpar__cu.cuEventCreate(&d->pre[k], DPAR__CU_EVENT_DISABLE_TIMING));
         DPAR__CU_TRY(i, "cuEventCreate", dpar__cu.cuEventCreate(&d->post[k], DPAR__CU_EVENT_DISABLE_TIMING));
@@ -779,7 +830,10 @@ static dpar_status dpar__cu_init_dev(dpar__cu_state *st, int i) {
     DPAR__CU_TRY(i, "cuEventCreate", dpar__cu.cuEventCreate(&d->ev_ready, DPAR__CU_EVENT_DISABLE_TIMING));
     DPAR__CU_TRY(i, "cuEventCreate", dpar__cu.cuEventCreate(&d->ev_done, DPAR__CU_EVENT_DISABLE_TIMING));
     r = dpar__cu.cublasCreate(&d->blas);
-    if (r != 0) { d->blas = NULL; return dpar__blas_fail(i, "cublasCreate", r); }
+    if (r != 0) {
+        d->blas = NULL;
+        return dpar__blas_fail(i, "cublasCreate", r);
+    }
     r = dpar__cu.cublasSetStream(d->blas, d->compute);
     if (r != 0) return dpar__blas_fail(i, "cublasSetStream", r);
     return DPAR_OK;
@@ -794,8 +848,8 @@ static int dpar__cu_env_int(const char *name, int def) {
     return def;
 }
 
-static dpar_status dpar__cu_init(const dpar_runtime_desc *desc, int requested, int local_index, int local_count, void **state,
-                                 int *count) {
+static dpar_status dpar__cu_init(const dpar_runtime_desc *desc, int requested, int local_index, int local_count,
+                                 void **state, int *count) {
     dpar__cu_state *st;
     dpar__CUresult r;
     int nphys = 0, i, share, first = 0, pick, avail;
@@ -806,15 +860,14 @@ static dpar_status dpar__cu_init(const dpar_runtime_desc *desc, int requested, i
     if (dpar__cu_load_status != DPAR_OK) return dpar__err(dpar__cu_load_status, "%s", dpar__cu_load_text);
     r = dpar__cu.cuInit(0);
     if (r != DPAR__CUDA_SUCCESS)
-        return dpar__err(DPAR_ERR_BACKEND_UNAVAILABLE,
-                         "cuda: cuInit: %s (%s)%s", dpar__cu_errname(r), dpar__cu_errstr(r),
+        return dpar__err(DPAR_ERR_BACKEND_UNAVAILABLE, "cuda: cuInit: %s (%s)%s", dpar__cu_errname(r),
+                         dpar__cu_errstr(r),
                          r == DPAR__CUDA_ERROR_NO_DEVICE
                              ? ": no NVIDIA GPU is visible (check CUDA_VISIBLE_DEVICES), or use DPAR_BACKEND=cpu"
                              : "");
     r = dpar__cu.cuDeviceGetCount(&nphys);
     if (r != DPAR__CUDA_SUCCESS) return dpar__cu_fail(-1, "cuDeviceGetCount", r);
-    if (nphys <= 0)
-        return dpar__err(DPAR_ERR_BACKEND_UNAVAILABLE, "cuda: cuDeviceGetCount: no NVIDIA GPU found");
+    if (nphys <= 0) return dpar__err(DPAR_ERR_BACKEND_UNAVAILABLE, "cuda: cuDeviceGetCount: no NVIDIA GPU found");
     if (requested < 0) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "cuda: negative device count %d", requested);
     /* several processes on this node (MPI): each opens its own share of the
        GPUs, by node-local rank; with fewer GPUs than processes (or more
@@ -824,19 +877,28 @@ static dpar_status dpar__cu_init(const dpar_runtime_desc *desc, int requested, i
     /* desc.cuda.physical_device (1-based) pins one GPU: the devices are virtual ones on it */
     pick = desc ? desc->cuda.physical_device : 0;
     if (pick < 0)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "cuda: desc.cuda.physical_device = %d is negative; use 1 for "
-                         "GPU 0, 2 for GPU 1, ..., or 0 for every GPU", pick);
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                         "cuda: desc.cuda.physical_device = %d is negative; use 1 for "
+                         "GPU 0, 2 for GPU 1, ..., or 0 for every GPU",
+                         pick);
     if (pick > nphys)
-        return dpar__err(DPAR_ERR_DEVICE_COUNT, "cuda: desc.cuda.physical_device = %d (1-based) asks for GPU %d, but "
-                         "only %d GPU(s) are visible (0..%d)", pick, pick - 1, nphys, nphys - 1);
+        return dpar__err(DPAR_ERR_DEVICE_COUNT,
+                         "cuda: desc.cuda.physical_device = %d (1-based) asks for GPU %d, but "
+                         "only %d GPU(s) are visible (0..%d)",
+                         pick, pick - 1, nphys, nphys - 1);
     share = nphys;
     avail = pick ? 1 : nphys;
     if (pick) {
         first = pick - 1;
         share = 1;
     } else if (local_count > 1) {
-        if (nphys >= local_count) { share = nphys / local_count; first = local_index * share; }
-        else { share = 1; first = local_index % nphys; }
+        if (nphys >= local_count) {
+            share = nphys / local_count;
+            first = local_index * share;
+        } else {
+            share = 1;
+            first = local_index % nphys;
+        }
     }
     if (requested == 0) requested = share;
     if (requested > avail && requested > DPAR__CU_MAXV)
@@ -847,7 +909,8 @@ static dpar_status dpar__cu_init(const dpar_runtime_desc *desc, int requested, i
     if (requested <= avail && requested > 1 && !dpar__cu.lib_nccl)
         return dpar__err(DPAR_ERR_BACKEND_UNAVAILABLE,
                          "cuda: %d GPUs need NCCL for collectives but libnccl.so.2 was not found "
-                         "(install NCCL 2.12+ and add it to LD_LIBRARY_PATH)", requested);
+                         "(install NCCL 2.12+ and add it to LD_LIBRARY_PATH)",
+                         requested);
 
     st = (dpar__cu_state *)DPAR_MALLOC(sizeof *st);
     if (!st) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "cuda: out of host memory");
@@ -871,11 +934,17 @@ static dpar_status dpar__cu_init(const dpar_runtime_desc *desc, int requested, i
     for (i = 0; i < st->ndev; i++) st->dev[i].phys = st->virt ? 0 : i;
     for (i = 0; i < st->nphys; i++) {
         s = dpar__cu_init_phys(st, i);
-        if (s) { dpar__cu_shutdown(st); return s; }
+        if (s) {
+            dpar__cu_shutdown(st);
+            return s;
+        }
     }
     for (i = 0; i < st->ndev; i++) {
         s = dpar__cu_init_dev(st, i);
-        if (s) { dpar__cu_shutdown(st); return s; }
+        if (s) {
+            dpar__cu_shutdown(st);
+            return s;
+        }
     }
     *state = st;
     *count = st->ndev;
@@ -902,7 +971,9 @@ static dpar_status dpar__cu_device_info(void *state, int dev, dpar_device_info *
 }
 
 /* MPI ranks given different CUDA_VISIBLE_DEVICES each open every GPU they see */
-static const char *dpar__cu_visible_devices(void) { return getenv("CUDA_VISIBLE_DEVICES"); }
+static const char *dpar__cu_visible_devices(void) {
+    return getenv("CUDA_VISIBLE_DEVICES");
+}
 static void dpar__cu_physical_device(void *state, int dev, int *index, unsigned char uuid[16]) {
     dpar__cu_state *st = (dpar__cu_state *)state;
     const dpar__cu_phys *p = &st->phys[st->dev[dev].phys];
@@ -974,8 +1045,7 @@ static dpar_status dpar__cu_write(void *state, int dev, void *mem, size_t off, c
     if (!nbytes) return DPAR_OK;
     if ((s = dpar__cu_bind(st, dev))) return s;
     if ((s = dpar__cu_wait_before_copy(st, dev, "buffer write"))) return s;
-    DPAR__CU_TRY(dev, "cuMemcpyHtoDAsync",
-                 dpar__cu.cuMemcpyHtoDAsync(m->ptr + off, src, nbytes, st->dev[dev].compute));
+    DPAR__CU_TRY(dev, "cuMemcpyHtoDAsync", dpar__cu.cuMemcpyHtoDAsync(m->ptr + off, src, nbytes, st->dev[dev].compute));
     /* the caller may reuse src at once */
     return dpar__cu_wait(st, dev, st->dev[dev].compute, "buffer write");
 }
@@ -987,8 +1057,7 @@ static dpar_status dpar__cu_read(void *state, int dev, void *mem, size_t off, vo
     if (!nbytes) return DPAR_OK;
     if ((s = dpar__cu_bind(st, dev))) return s;
     if ((s = dpar__cu_wait_before_copy(st, dev, "buffer read"))) return s;
-    DPAR__CU_TRY(dev, "cuMemcpyDtoHAsync",
-                 dpar__cu.cuMemcpyDtoHAsync(dst, m->ptr + off, nbytes, st->dev[dev].compute));
+    DPAR__CU_TRY(dev, "cuMemcpyDtoHAsync", dpar__cu.cuMemcpyDtoHAsync(dst, m->ptr + off, nbytes, st->dev[dev].compute));
     return dpar__cu_wait(st, dev, st->dev[dev].compute, "buffer read");
 }
 
@@ -1000,7 +1069,9 @@ static dpar_status dpar__cu_sync(void *state, int dev) {
 }
 
 static void *dpar__cu_host_ptr(void *state, int dev, void *mem) {
-    DPAR__UNUSED(state); DPAR__UNUSED(dev); DPAR__UNUSED(mem);
+    DPAR__UNUSED(state);
+    DPAR__UNUSED(dev);
+    DPAR__UNUSED(mem);
     return NULL; /* device memory is not host addressable */
 }
 
@@ -1021,9 +1092,10 @@ static dpar_status dpar__cu_matmul(dpar__cu_state *st, int dev, const dpar__op *
     int lda, ldb, r;
     if (M == 0 || N == 0) return DPAR_OK;
     if (M > 0x7fffffff || N > 0x7fffffff || K > 0x7fffffff)
-        return dpar__err(DPAR_ERR_SHAPE, "cuda: matmul [%lld,%lld]x[%lld,%lld]: dimensions above 2^31-1 "
-                         "are not supported by cuBLAS' int API", (long long)M, (long long)K,
-                         (long long)K, (long long)N);
+        return dpar__err(DPAR_ERR_SHAPE,
+                         "cuda: matmul [%lld,%lld]x[%lld,%lld]: dimensions above 2^31-1 "
+                         "are not supported by cuBLAS' int API",
+                         (long long)M, (long long)K, (long long)K, (long long)N);
     if (K == 0) { /* C = beta C (beta 0 ignores C, even NaN) */
         int64_t cnt = M * N;
         void *args[] = { &C, &beta, &cnt };
@@ -1031,7 +1103,8 @@ static dpar_status dpar__cu_matmul(dpar__cu_state *st, int dev, const dpar__op *
             DPAR__CU_TRY(dev, "cuMemsetD8Async", dpar__cu.cuMemsetD8Async(C, 0, op->dst->nbytes, d->compute));
             return DPAR_OK;
         }
-        return dpar__cu_launch(st, dev, DPAR__CUK_SCALE, dpar__cu_grid(cnt, 16, 8192), DPAR__CU_BLOCK, d->compute, args);
+        return dpar__cu_launch(st, dev, DPAR__CUK_SCALE, dpar__cu_grid(cnt, 16, 8192), DPAR__CU_BLOCK, d->compute,
+                               args);
     }
     /* Row-major C[M,N] = op(A) op(B) is column-major C^T[N,M] = op(B)^T op(A)^T:
        call gemm with the operands swapped; the leading dimensions are the
@@ -1039,21 +1112,19 @@ static dpar_status dpar__cu_matmul(dpar__cu_state *st, int dev, const dpar__op *
     lda = (int)(op->trans_a ? M : K);
     ldb = (int)(op->trans_b ? K : N);
     if (op->dst->dtype == DPAR_F32 && op->src0->dtype == DPAR_F32 && op->src1->dtype == DPAR_F32) {
-        r = dpar__cu.cublasSgemm(d->blas, tb, ta, (int)N, (int)M, (int)K, &alpha,
-                                 (const float *)(uintptr_t)B, ldb, (const float *)(uintptr_t)A, lda,
-                                 &beta, (float *)(uintptr_t)C, (int)N);
+        r = dpar__cu.cublasSgemm(d->blas, tb, ta, (int)N, (int)M, (int)K, &alpha, (const float *)(uintptr_t)B, ldb,
+                                 (const float *)(uintptr_t)A, lda, &beta, (float *)(uintptr_t)C, (int)N);
         if (r != 0) return dpar__blas_fail(dev, "cublasSgemm", r);
     } else {
-        r = dpar__cu.cublasGemmEx(d->blas, tb, ta, (int)N, (int)M, (int)K, &alpha,
-                                  (const void *)(uintptr_t)B, dpar__cu_blas_type(op->src1->dtype), ldb,
-                                  (const void *)(uintptr_t)A, dpar__cu_blas_type(op->src0->dtype), lda,
-                                  &beta, (void *)(uintptr_t)C, dpar__cu_blas_type(op->dst->dtype), (int)N,
-                                  DPAR__CUBLAS_COMPUTE_32F, DPAR__CUBLAS_GEMM_DEFAULT);
+        r = dpar__cu.cublasGemmEx(d->blas, tb, ta, (int)N, (int)M, (int)K, &alpha, (const void *)(uintptr_t)B,
+                                  dpar__cu_blas_type(op->src1->dtype), ldb, (const void *)(uintptr_t)A,
+                                  dpar__cu_blas_type(op->src0->dtype), lda, &beta, (void *)(uintptr_t)C,
+                                  dpar__cu_blas_type(op->dst->dtype), (int)N, DPAR__CUBLAS_COMPUTE_32F,
+                                  DPAR__CUBLAS_GEMM_DEFAULT);
         if (r != 0) {
             char call[96];
-            snprintf(call, sizeof call, "cublasGemmEx(A %s, B %s, C %s, compute f32)",
-                     dpar_dtype_name(op->src0->dtype), dpar_dtype_name(op->src1->dtype),
-                     dpar_dtype_name(op->dst->dtype));
+            snprintf(call, sizeof call, "cublasGemmEx(A %s, B %s, C %s, compute f32)", dpar_dtype_name(op->src0->dtype),
+                     dpar_dtype_name(op->src1->dtype), dpar_dtype_name(op->dst->dtype));
             return dpar__blas_fail(dev, call, r);
         }
     }
@@ -1061,8 +1132,8 @@ static dpar_status dpar__cu_matmul(dpar__cu_state *st, int dev, const dpar__op *
 }
 
 /* out[0] = (float)(sum of the double partials / div), 0 when div == 0 */
-static dpar_status dpar__cu_final(dpar__cu_state *st, int dev, dpar__CUdeviceptr partials, int64_t parts,
-                                  double div, dpar__CUdeviceptr out) {
+static dpar_status dpar__cu_final(dpar__cu_state *st, int dev, dpar__CUdeviceptr partials, int64_t parts, double div,
+                                  dpar__CUdeviceptr out) {
     void *args[] = { &partials, &parts, &div, &out };
     return dpar__cu_launch(st, dev, DPAR__CUK_REDUCE_FINAL, 1, 1024, st->dev[dev].compute, args);
 }
@@ -1111,8 +1182,10 @@ static dpar_status dpar__cu_op_fill(dpar__cu_state *st, int dev, const dpar__op 
     }
     case DPAR_I32: {
         /* same conversion as the CPU backend's (int32_t)value, made safe */
-        int32_t v = f0 != f0 ? 0 : f0 >= 2147483648.0f ? 2147483647
-                  : f0 <= -2147483648.0f ? (-2147483647 - 1) : (int32_t)f0;
+        int32_t v = f0 != f0               ? 0
+                    : f0 >= 2147483648.0f  ? 2147483647
+                    : f0 <= -2147483648.0f ? (-2147483647 - 1)
+                                           : (int32_t)f0;
         DPAR__CU_TRY(dev, "cuMemsetD32Async", dpar__cu.cuMemsetD32Async(dst, (uint32_t)v, (size_t)cnt, s));
         break;
     }
@@ -1139,8 +1212,7 @@ static dpar_status dpar__cu_op(void *state, int dev, const dpar__op *op) {
     DPAR_ASSERT((int)op->kind >= 0 && op->kind < DPAR__OP_COUNT);
 
     switch (op->kind) {
-    case DPAR__OP_MATMUL:
-        return dpar__cu_matmul(st, dev, op);
+    case DPAR__OP_MATMUL: return dpar__cu_matmul(st, dev, op);
     case DPAR__OP_BIAS_ADD: {
         int64_t total = m * n;
         void *args[] = { &dst, &a, &m, &n };
@@ -1162,8 +1234,7 @@ static dpar_status dpar__cu_op(void *state, int dev, const dpar__op *op) {
         if (n == 0) return DPAR_OK;
         return dpar__cu_launch(st, dev, DPAR__CUK_RELU_BWD, dpar__cu_grid(n, 4, 8192), DPAR__CU_BLOCK, s, args);
     }
-    case DPAR__OP_SOFTMAX_XENT:
-        return dpar__cu_op_xent(st, dev, op);
+    case DPAR__OP_SOFTMAX_XENT: return dpar__cu_op_xent(st, dev, op);
     case DPAR__OP_MSE: {
         dpar__CUdeviceptr scr;
         unsigned g = dpar__cu_grid(n, 8, DPAR__CU_MAX_PARTIALS);
@@ -1196,8 +1267,7 @@ static dpar_status dpar__cu_op(void *state, int dev, const dpar__op *op) {
         if (n == 0) return DPAR_OK;
         return dpar__cu_launch(st, dev, DPAR__CUK_SCALE, dpar__cu_grid(n, 16, 8192), DPAR__CU_BLOCK, s, args);
     }
-    case DPAR__OP_FILL:
-        return dpar__cu_op_fill(st, dev, op);
+    case DPAR__OP_FILL: return dpar__cu_op_fill(st, dev, op);
     case DPAR__OP_COPY: {
         size_t nb = op->src0->nbytes < op->dst->nbytes ? op->src0->nbytes : op->dst->nbytes;
         if (!nb || dst == a) return DPAR_OK;
@@ -1223,7 +1293,9 @@ static dpar_status dpar__cu_op(void *state, int dev, const dpar__op *op) {
         return dpar__cu_launch(st, dev, DPAR__CUK_SGD, dpar__cu_grid(n, 16, 8192), DPAR__CU_BLOCK, s, args);
     }
     default:
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "cuda: unknown op kind %d (internal error: the core passes only dpar__op_kind values)", (int)op->kind);
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                         "cuda: unknown op kind %d (internal error: the core passes only dpar__op_kind values)",
+                         (int)op->kind);
     }
 }
 
@@ -1241,8 +1313,8 @@ static int dpar__cu_nccl_type(dpar_dtype t) {
 
 /* Strided copy of one block (elements of size es), see dpar_k_copy_nd. */
 static dpar_status dpar__cu_copy_nd(dpar__cu_state *st, int dev, dpar__CUstream s, dpar__CUdeviceptr dst,
-                                    dpar__CUdeviceptr src, int es, int nd, const int64_t *shape,
-                                    const int64_t *ss, const int64_t *ds) {
+                                    dpar__CUdeviceptr src, int es, int nd, const int64_t *shape, const int64_t *ss,
+                                    const int64_t *ds) {
     dpar__cu_nd g;
     int64_t total = 1;
     int k;
@@ -1261,7 +1333,10 @@ static dpar_status dpar__cu_copy_nd(dpar__cu_state *st, int dev, dpar__CUstream 
 static void dpar__cu_strides(int nd, const int64_t *shape, int64_t *strides) {
     int64_t acc = 1;
     int k;
-    for (k = nd - 1; k >= 0; k--) { strides[k] = acc; acc *= shape[k]; }
+    for (k = nd - 1; k >= 0; k--) {
+        strides[k] = acc;
+        acc *= shape[k];
+    }
 }
 
 /* all_to_all geometry: block shape (split dim / n), strides of in and out */
@@ -1365,8 +1440,9 @@ static dpar_status dpar__cu_coll_virtual(dpar__cu_state *st, dpar__coll *c) {
         }
         if (end > begin) {
             void *args[] = { &p, &nin, &nout, &begin, &end, &inner, &in_stride, &in_off, &dt, &op };
-            if ((e = dpar__cu_launch(st, me, DPAR__CUK_VREDUCE, dpar__cu_grid(end - begin, 4, 8192),
-                                     DPAR__CU_BLOCK, s, args))) return e;
+            if ((e = dpar__cu_launch(st, me, DPAR__CUK_VREDUCE, dpar__cu_grid(end - begin, 4, 8192), DPAR__CU_BLOCK, s,
+                                     args)))
+                return e;
         }
         break;
     }
@@ -1404,18 +1480,22 @@ static dpar_status dpar__cu_coll_virtual(dpar__cu_state *st, dpar__coll *c) {
         int src = c->src_of[r];
         if (nb && src >= 0) {
             if ((e = dpar__cu_scratch(st, me, 1, nb, &scr))) return e;
-            DPAR__CU_TRY(me, "cuMemcpyDtoDAsync",
-                         dpar__cu.cuMemcpyDtoDAsync(scr, DPAR__CU_PTR(c->in[src]), nb, s));
+            DPAR__CU_TRY(me, "cuMemcpyDtoDAsync", dpar__cu.cuMemcpyDtoDAsync(scr, DPAR__CU_PTR(c->in[src]), nb, s));
         }
         if ((e = dpar__cu_vphase(st, c, 1))) return e;
         if (nb) {
-            if (src >= 0) DPAR__CU_TRY(me, "cuMemcpyDtoDAsync", dpar__cu.cuMemcpyDtoDAsync(dst, scr, nb, s));
-            else DPAR__CU_TRY(me, "cuMemsetD8Async", dpar__cu.cuMemsetD8Async(dst, 0, nb, s));
+            if (src >= 0)
+                DPAR__CU_TRY(me, "cuMemcpyDtoDAsync", dpar__cu.cuMemcpyDtoDAsync(dst, scr, nb, s));
+            else
+                DPAR__CU_TRY(me, "cuMemsetD8Async", dpar__cu.cuMemsetD8Async(dst, 0, nb, s));
         }
         return DPAR_OK; /* nobody else touches out[r] */
     }
     default:
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "cuda: unknown collective kind %d (internal error: the core passes only dpar__coll_kind values)", (int)c->kind);
+        return dpar__err(
+            DPAR_ERR_INVALID_ARGUMENT,
+            "cuda: unknown collective kind %d (internal error: the core passes only dpar__coll_kind values)",
+            (int)c->kind);
     }
     return dpar__cu_vphase(st, c, 1);
 }
@@ -1442,9 +1522,13 @@ static int dpar__cu_comm_init_cross(dpar__cu_state *st, dpar__cu_comm *cm, const
     if (r != DPAR__ncclSuccess) return r;
     for (i = 0; i < c->n; i++) {
         if (c->devices[i] < 0) continue;
-        dpar__cu.cuCtxSetCurrent(st->phys[st->dev[c->devices[i]].phys].ctx); /* NCCL binds the rank to the current GPU */
+        dpar__cu.cuCtxSetCurrent(
+            st->phys[st->dev[c->devices[i]].phys].ctx); /* NCCL binds the rank to the current GPU */
         r = dpar__cu.ncclCommInitRank(&cm->comms[i], c->n, id, i);
-        if (r != DPAR__ncclSuccess && r != DPAR__ncclInProgress) { *failed_member = i; break; }
+        if (r != DPAR__ncclSuccess && r != DPAR__ncclInProgress) {
+            *failed_member = i;
+            break;
+        }
         r = DPAR__ncclSuccess;
     }
     r2 = dpar__cu.ncclGroupEnd();
@@ -1487,7 +1571,8 @@ static dpar_status dpar__cu_get_comm(dpar__cu_state *st, dpar__coll *c, dpar__nc
             cm->failed = 1;
             if (c->cross) {
                 char call[96];
-                snprintf(call, sizeof call, "ncclCommInitRank (rank %d of %d, across processes)", bad >= 0 ? bad : c->rank, c->n);
+                snprintf(call, sizeof call, "ncclCommInitRank (rank %d of %d, across processes)",
+                         bad >= 0 ? bad : c->rank, c->n);
                 s = dpar__nccl_fail(me, call, r, NULL);
             } else {
                 s = dpar__nccl_fail(me, "ncclCommInitAll", r, NULL);
@@ -1502,21 +1587,30 @@ static dpar_status dpar__cu_get_comm(dpar__cu_state *st, dpar__coll *c, dpar__nc
         clock_gettime(CLOCK_REALTIME, &dl);
         dl.tv_sec += st->timeout_ms / 1000;
         dl.tv_nsec += (long)(st->timeout_ms % 1000) * 1000000L;
-        if (dl.tv_nsec >= 1000000000L) { dl.tv_sec++; dl.tv_nsec -= 1000000000L; }
+        if (dl.tv_nsec >= 1000000000L) {
+            dl.tv_sec++;
+            dl.tv_nsec -= 1000000000L;
+        }
         while (!cm->ready && !cm->failed) {
             if (pthread_cond_timedwait(&st->comm_cv, &st->comm_lock, &dl) == ETIMEDOUT && !cm->ready && !cm->failed) {
-                s = dpar__err(DPAR_ERR_TIMEOUT, "cuda: device %d: %s for this group did not finish within %d ms "
-                              "(DPAR_TIMEOUT_MS)", me, c->cross ? "ncclCommInitRank" : "ncclCommInitAll", st->timeout_ms);
+                s = dpar__err(DPAR_ERR_TIMEOUT,
+                              "cuda: device %d: %s for this group did not finish within %d ms "
+                              "(DPAR_TIMEOUT_MS)",
+                              me, c->cross ? "ncclCommInitRank" : "ncclCommInitAll", st->timeout_ms);
                 break;
             }
         }
         if (!s && cm->failed)
-            s = dpar__err(DPAR_ERR_BACKEND, "cuda: device %d: creating the NCCL communicators of this group failed "
-                          "(see the error of the member that created them)", me);
+            s = dpar__err(DPAR_ERR_BACKEND,
+                          "cuda: device %d: creating the NCCL communicators of this group failed "
+                          "(see the error of the member that created them)",
+                          me);
     }
     if (!s && cm->aborted)
-        s = dpar__err(DPAR_ERR_BACKEND, "cuda: device %d: the NCCL communicator of this group was aborted "
-                      "after an earlier error or timeout; destroy and recreate the runtime", me);
+        s = dpar__err(DPAR_ERR_BACKEND,
+                      "cuda: device %d: the NCCL communicator of this group was aborted "
+                      "after an earlier error or timeout; destroy and recreate the runtime",
+                      me);
     if (!s) *out = cm->comms[c->rank];
     pthread_mutex_unlock(&st->comm_lock);
     if (!s) s = dpar__cu_bind(st, me); /* NCCL may have switched the current device */
@@ -1539,8 +1633,11 @@ static dpar_status dpar__cu_cross_id(void *state, void *id) {
     return DPAR_OK;
 }
 
-#define DPAR__NCCL_TRY(dev, call, comm, expr) do { int r_ = (expr); \
-    if (r_ != DPAR__ncclSuccess && r_ != DPAR__ncclInProgress) return dpar__nccl_fail((dev), (call), r_, (comm)); } while (0)
+#define DPAR__NCCL_TRY(dev, call, comm, expr)                                                                         \
+    do {                                                                                                              \
+        int r_ = (expr);                                                                                              \
+        if (r_ != DPAR__ncclSuccess && r_ != DPAR__ncclInProgress) return dpar__nccl_fail((dev), (call), r_, (comm)); \
+    } while (0)
 
 /* all-reduce: NCCL sum/avg; i32 mean as a sum then a truncating division; float
    max/min through order-preserving i32 keys so NaN propagates. */
@@ -1551,17 +1648,21 @@ static dpar_status dpar__cu_nccl_all_reduce(dpar__cu_state *st, dpar__coll *c, d
     dpar_status e;
     size_t cnt = (size_t)c->count;
     if (c->op == DPAR_SUM || (c->op == DPAR_MEAN && c->dtype != DPAR_I32)) {
-        DPAR__NCCL_TRY(me, "ncclAllReduce", comm,
-                       dpar__cu.ncclAllReduce(inp, outp, cnt, nt, c->op == DPAR_SUM ? DPAR__ncclSum : DPAR__ncclAvg, comm, s));
+        DPAR__NCCL_TRY(
+            me, "ncclAllReduce", comm,
+            dpar__cu.ncclAllReduce(inp, outp, cnt, nt, c->op == DPAR_SUM ? DPAR__ncclSum : DPAR__ncclAvg, comm, s));
     } else if (c->op == DPAR_MEAN) { /* i32: wrap-around sum, then truncating division */
         int64_t n64 = c->count;
         int32_t div = n;
         void *args[] = { &out, &n64, &div };
         DPAR__NCCL_TRY(me, "ncclAllReduce", comm, dpar__cu.ncclAllReduce(inp, outp, cnt, nt, DPAR__ncclSum, comm, s));
-        if (cnt && (e = dpar__cu_launch(st, me, DPAR__CUK_DIV_I32, dpar__cu_grid(n64, 4, 8192), DPAR__CU_BLOCK, s, args))) return e;
+        if (cnt &&
+            (e = dpar__cu_launch(st, me, DPAR__CUK_DIV_I32, dpar__cu_grid(n64, 4, 8192), DPAR__CU_BLOCK, s, args)))
+            return e;
     } else if (c->dtype == DPAR_I32) {
-        DPAR__NCCL_TRY(me, "ncclAllReduce", comm,
-                       dpar__cu.ncclAllReduce(inp, outp, cnt, nt, c->op == DPAR_MAX ? DPAR__ncclMax : DPAR__ncclMin, comm, s));
+        DPAR__NCCL_TRY(
+            me, "ncclAllReduce", comm,
+            dpar__cu.ncclAllReduce(inp, outp, cnt, nt, c->op == DPAR_MAX ? DPAR__ncclMax : DPAR__ncclMin, comm, s));
     } else { /* float max/min: order-preserving i32 keys, NaN as the extreme key */
         dpar__CUdeviceptr keys = out;
         int64_t n64 = c->count;
@@ -1569,14 +1670,16 @@ static dpar_status dpar__cu_nccl_all_reduce(dpar__cu_state *st, dpar__coll *c, d
         if (c->dtype != DPAR_F32 && (e = dpar__cu_scratch(st, me, 1, cnt * 4, &keys))) return e;
         if (cnt) {
             void *a1[] = { &keys, &in, &stt, &n64, &is_max };
-            if ((e = dpar__cu_launch(st, me, DPAR__CUK_TO_KEY, dpar__cu_grid(n64, 4, 8192), DPAR__CU_BLOCK, s, a1))) return e;
+            if ((e = dpar__cu_launch(st, me, DPAR__CUK_TO_KEY, dpar__cu_grid(n64, 4, 8192), DPAR__CU_BLOCK, s, a1)))
+                return e;
         }
         DPAR__NCCL_TRY(me, "ncclAllReduce", comm,
                        dpar__cu.ncclAllReduce((void *)(uintptr_t)keys, (void *)(uintptr_t)keys, cnt, DPAR__ncclInt32,
                                               is_max ? DPAR__ncclMax : DPAR__ncclMin, comm, s));
         if (cnt) {
             void *a2[] = { &out, &dt, &keys, &n64, &is_max };
-            if ((e = dpar__cu_launch(st, me, DPAR__CUK_FROM_KEY, dpar__cu_grid(n64, 4, 8192), DPAR__CU_BLOCK, s, a2))) return e;
+            if ((e = dpar__cu_launch(st, me, DPAR__CUK_FROM_KEY, dpar__cu_grid(n64, 4, 8192), DPAR__CU_BLOCK, s, a2)))
+                return e;
         }
     }
     return DPAR_OK;
@@ -1616,9 +1719,12 @@ static dpar_status dpar__cu_nccl_permute(dpar__cu_state *st, dpar__coll *c, dpar
         DPAR__NCCL_TRY(me, "ncclGroupEnd", comm, dpar__cu.ncclGroupEnd());
     }
     if (!nb) return DPAR_OK;
-    if (src < 0) DPAR__CU_TRY(me, "cuMemsetD8Async", dpar__cu.cuMemsetD8Async(out, 0, nb, s));
-    else if (src == r) { if (in != out) DPAR__CU_TRY(me, "cuMemcpyDtoDAsync", dpar__cu.cuMemcpyDtoDAsync(out, in, nb, s)); }
-    else if (recv != out) DPAR__CU_TRY(me, "cuMemcpyDtoDAsync", dpar__cu.cuMemcpyDtoDAsync(out, recv, nb, s));
+    if (src < 0)
+        DPAR__CU_TRY(me, "cuMemsetD8Async", dpar__cu.cuMemsetD8Async(out, 0, nb, s));
+    else if (src == r) {
+        if (in != out) DPAR__CU_TRY(me, "cuMemcpyDtoDAsync", dpar__cu.cuMemcpyDtoDAsync(out, in, nb, s));
+    } else if (recv != out)
+        DPAR__CU_TRY(me, "cuMemcpyDtoDAsync", dpar__cu.cuMemcpyDtoDAsync(out, recv, nb, s));
     return DPAR_OK;
 }
 
@@ -1639,15 +1745,17 @@ static dpar_status dpar__cu_nccl_all_to_all(dpar__cu_state *st, dpar__coll *c, d
     if ((e = dpar__cu_scratch(st, me, 1, bb * (size_t)n, &sbuf))) return e;
     if ((e = dpar__cu_scratch(st, me, 2, bb * (size_t)n, &rbuf))) return e;
     for (i = 0; i < n; i++)
-        if ((e = dpar__cu_copy_nd(st, me, s, sbuf + bb * (size_t)i, in + (size_t)(g.in_step * i) * es, esi,
-                                  g.nd, g.blk, g.in_st, g.blk_st))) return e;
+        if ((e = dpar__cu_copy_nd(st, me, s, sbuf + bb * (size_t)i, in + (size_t)(g.in_step * i) * es, esi, g.nd, g.blk,
+                                  g.in_st, g.blk_st)))
+            return e;
     DPAR__NCCL_TRY(me, "ncclGroupStart", comm, dpar__cu.ncclGroupStart());
     for (i = 0; i < n; i++) {
         int rs, rr;
         if (i == r) continue;
         rs = dpar__cu.ncclSend((void *)(uintptr_t)(sbuf + bb * (size_t)i), (size_t)g.blk_count, nt, i, comm, s);
         rr = rs == DPAR__ncclSuccess || rs == DPAR__ncclInProgress
-             ? dpar__cu.ncclRecv((void *)(uintptr_t)(rbuf + bb * (size_t)i), (size_t)g.blk_count, nt, i, comm, s) : rs;
+                 ? dpar__cu.ncclRecv((void *)(uintptr_t)(rbuf + bb * (size_t)i), (size_t)g.blk_count, nt, i, comm, s)
+                 : rs;
         if (rr != DPAR__ncclSuccess && rr != DPAR__ncclInProgress) {
             dpar__cu.ncclGroupEnd();
             return dpar__nccl_fail(me, "ncclSend/ncclRecv (all_to_all)", rr, comm);
@@ -1657,8 +1765,9 @@ static dpar_status dpar__cu_nccl_all_to_all(dpar__cu_state *st, dpar__coll *c, d
     DPAR__CU_TRY(me, "cuMemcpyDtoDAsync",
                  dpar__cu.cuMemcpyDtoDAsync(rbuf + bb * (size_t)r, sbuf + bb * (size_t)r, bb, s));
     for (i = 0; i < n; i++)
-        if ((e = dpar__cu_copy_nd(st, me, s, out + (size_t)(g.out_step * i) * es, rbuf + bb * (size_t)i, esi,
-                                  g.nd, g.blk, g.blk_st, g.out_st))) return e;
+        if ((e = dpar__cu_copy_nd(st, me, s, out + (size_t)(g.out_step * i) * es, rbuf + bb * (size_t)i, esi, g.nd,
+                                  g.blk, g.blk_st, g.out_st)))
+            return e;
     return DPAR_OK;
 }
 
@@ -1671,10 +1780,10 @@ static dpar_status dpar__cu_coll_nccl_body(dpar__cu_state *st, dpar__coll *c, dp
     dpar_status e;
 
     switch (c->kind) {
-    case DPAR__COLL_ALL_REDUCE:
-        return dpar__cu_nccl_all_reduce(st, c, comm, s);
+    case DPAR__COLL_ALL_REDUCE: return dpar__cu_nccl_all_reduce(st, c, comm, s);
     case DPAR__COLL_BROADCAST:
-        DPAR__NCCL_TRY(me, "ncclBroadcast", comm, dpar__cu.ncclBroadcast(inp, outp, (size_t)c->count, nt, c->root, comm, s));
+        DPAR__NCCL_TRY(me, "ncclBroadcast", comm,
+                       dpar__cu.ncclBroadcast(inp, outp, (size_t)c->count, nt, c->root, comm, s));
         return DPAR_OK;
     case DPAR__COLL_ALL_GATHER: {
         size_t piece = (size_t)(c->outer * c->inner);
@@ -1693,7 +1802,9 @@ static dpar_status dpar__cu_coll_nccl_body(dpar__cu_state *st, dpar__coll *c, dp
     case DPAR__COLL_REDUCE_SCATTER: {
         size_t piece = (size_t)(c->outer * c->inner);
         int rop = c->op == DPAR_MEAN && c->dtype != DPAR_I32 ? DPAR__ncclAvg
-                : c->op == DPAR_MAX ? DPAR__ncclMax : c->op == DPAR_MIN ? DPAR__ncclMin : DPAR__ncclSum;
+                  : c->op == DPAR_MAX                        ? DPAR__ncclMax
+                  : c->op == DPAR_MIN                        ? DPAR__ncclMin
+                                                             : DPAR__ncclSum;
         dpar__CUdeviceptr src = in;
         if (c->outer != 1) { /* [outer, n, inner] -> [n, outer, inner] */
             int64_t shape[3] = { c->outer, n, c->inner };
@@ -1711,12 +1822,13 @@ static dpar_status dpar__cu_coll_nccl_body(dpar__cu_state *st, dpar__coll *c, dp
         }
         return DPAR_OK;
     }
-    case DPAR__COLL_PERMUTE:
-        return dpar__cu_nccl_permute(st, c, comm, s);
-    case DPAR__COLL_ALL_TO_ALL:
-        return dpar__cu_nccl_all_to_all(st, c, comm, s);
+    case DPAR__COLL_PERMUTE: return dpar__cu_nccl_permute(st, c, comm, s);
+    case DPAR__COLL_ALL_TO_ALL: return dpar__cu_nccl_all_to_all(st, c, comm, s);
     default:
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "cuda: unknown collective kind %d (internal error: the core passes only dpar__coll_kind values)", (int)c->kind);
+        return dpar__err(
+            DPAR_ERR_INVALID_ARGUMENT,
+            "cuda: unknown collective kind %d (internal error: the core passes only dpar__coll_kind values)",
+            (int)c->kind);
     }
 }
 
@@ -1750,7 +1862,8 @@ static dpar_status dpar__cu_collective(void *state, dpar__coll *c) {
     dpar_status e = dpar__cu_bind(st, me);
     if (e) return e;
     if (c->n > DPAR__CU_MAXV && st->virt)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "cuda: a group of %d virtual devices exceeds %d", c->n, DPAR__CU_MAXV);
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "cuda: a group of %d virtual devices exceeds %d", c->n,
+                         DPAR__CU_MAXV);
     if (c->n == 1) {
         /* a 1-rank NCCL all-reduce on a real GPU (what a 1-GPU job runs), else a copy */
         if (!st->virt && dpar__cu.lib_nccl && c->kind == DPAR__COLL_ALL_REDUCE) return dpar__cu_coll_nccl(st, c);
@@ -1764,29 +1877,27 @@ static dpar_status dpar__cu_collective(void *state, dpar__coll *c) {
 }
 
 static const dpar__backend_iface *dpar__cuda_iface(void) {
-    static const dpar__backend_iface iface = {
-        "cuda",
-        DPAR_BACKEND_CUDA,
-        dpar__cu_init,
-        dpar__cu_shutdown,
-        dpar__cu_device_info,
-        dpar__cu_thread_init,
-        dpar__cu_alloc,
-        dpar__cu_free,
-        dpar__cu_write,
-        dpar__cu_read,
-        dpar__cu_sync,
-        dpar__cu_host_ptr,
-        NULL, /* host_acquire */
-        NULL, /* host_release */
-        dpar__cu_op,
-        dpar__cu_collective,
-        dpar__cu_cross_id_size,
-        dpar__cu_cross_id,
-        dpar__cu_device_status,
-        dpar__cu_visible_devices,
-        dpar__cu_physical_device
-    };
+    static const dpar__backend_iface iface = { "cuda",
+                                               DPAR_BACKEND_CUDA,
+                                               dpar__cu_init,
+                                               dpar__cu_shutdown,
+                                               dpar__cu_device_info,
+                                               dpar__cu_thread_init,
+                                               dpar__cu_alloc,
+                                               dpar__cu_free,
+                                               dpar__cu_write,
+                                               dpar__cu_read,
+                                               dpar__cu_sync,
+                                               dpar__cu_host_ptr,
+                                               NULL, /* host_acquire */
+                                               NULL, /* host_release */
+                                               dpar__cu_op,
+                                               dpar__cu_collective,
+                                               dpar__cu_cross_id_size,
+                                               dpar__cu_cross_id,
+                                               dpar__cu_device_status,
+                                               dpar__cu_visible_devices,
+                                               dpar__cu_physical_device };
     return &iface;
 }
 

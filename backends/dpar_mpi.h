@@ -29,16 +29,16 @@
 
 /* >>mpi-state ================================================================ */
 typedef struct dpar__mpi {
-    dpar_mpi_desc desc;     /* the settings, defaults resolved (dpar__mpi_settings_get) */
-    MPI_Comm comm;          /* dup of the user's communicator */
+    dpar_mpi_desc desc; /* the settings, defaults resolved (dpar__mpi_settings_get) */
+    MPI_Comm comm;      /* dup of the user's communicator */
     int rank, size;
-    pthread_mutex_t mu;     /* serializes MPI calls: MPI_THREAD_SERIALIZED is enough */
-    MPI_Op op_max, op_min;  /* NaN-propagating float max/min */
-    int broken;             /* a cross-process collective timed out: destroy the runtime */
-    int keep;               /* an MPI request given up on may still use this state's communicator,
-                               buffers and MPI_Ops: never free them */
+    pthread_mutex_t mu;             /* serializes MPI calls: MPI_THREAD_SERIALIZED is enough */
+    MPI_Op op_max, op_min;          /* NaN-propagating float max/min */
+    int broken;                     /* a cross-process collective timed out: destroy the runtime */
+    int keep;                       /* an MPI request given up on may still use this state's communicator,
+                                       buffers and MPI_Ops: never free them */
     char broken_why[DPAR__ERR_LEN]; /* what put the processes out of step (for later dispatches) */
-    int agree_notice[2];    /* "gave up on the end-of-dispatch agreement" (job, process), kept for MPI */
+    int agree_notice[2];            /* "gave up on the end-of-dispatch agreement" (job, process), kept for MPI */
     /* the end-of-dispatch agreement's buffers: they outlive a request that is
        given up on after a timeout (MPI may still write them later) */
     int agree_mine[2], agree_lowest[2], agree_abandoned; /* [lowest failing process, -(any process broken)] */
@@ -46,13 +46,21 @@ typedef struct dpar__mpi {
        of devices in a second mesh reuses its id (and so the backend's cached
        communicator) instead of making a new one (an unused NCCL id leaves a
        bootstrap thread and socket behind) */
-    struct dpar__mpi_xid { struct dpar__mpi_xid *next; int n; int *devices; unsigned char *id; } *xids;
-    struct { int status, device; char msg[DPAR__ERR_LEN]; } agree_e;
+    struct dpar__mpi_xid {
+        struct dpar__mpi_xid *next;
+        int n;
+        int *devices;
+        unsigned char *id;
+    } * xids;
+    struct {
+        int status, device;
+        char msg[DPAR__ERR_LEN];
+    } agree_e;
 } dpar__mpi;
 
 typedef struct dpar__mpi_msg {
     uint64_t job, seq;
-    int32_t type;           /* 0: a collective's description, 1: "my pmap returned" */
+    int32_t type; /* 0: a collective's description, 1: "my pmap returned" */
     int32_t kind, op, dtype, dim, tiled, split_dim, concat_dim, root, pad;
     int64_t in_count, out_count;
     uint64_t pairs_hash;
@@ -69,29 +77,33 @@ typedef struct dpar__mpi_group {
     int *slot_of;           /* [n] position of the member among its process's members */
     int *nmem;              /* [nprocs] members per comm rank */
     int *rcounts, *rdispls; /* [nprocs] bytes, for MPI_Iallgatherv */
-    char *xbuf; size_t xcap;
-    char *xrecv; size_t xrcap;
+    char *xbuf;
+    size_t xcap;
+    char *xrecv;
+    size_t xrcap;
     dpar__mpi_msg *sbuf, *rbuf; /* [nprocs] */
     MPI_Request *sreq, *rreq;   /* [nprocs] */
     int sends_pending;
-    unsigned char *xid;     /* the backend's bootstrap id (+ status), once sent */
+    unsigned char *xid; /* the backend's bootstrap id (+ status), once sent */
     int xid_ready;
-    int abandoned;          /* a data request was given up on (timeout): MPI may still
-                               use comm, xbuf, xrecv, xid and nbuf, so they are never freed */
-    dpar__mpi_msg *nbuf;    /* [nprocs] "gave up waiting for you" notices (tag DPAR__MPI_TAG_GAVE_UP) */
+    int abandoned;       /* a data request was given up on (timeout): MPI may still
+                            use comm, xbuf, xrecv, xid and nbuf, so they are never freed */
+    dpar__mpi_msg *nbuf; /* [nprocs] "gave up waiting for you" notices (tag DPAR__MPI_TAG_GAVE_UP) */
 } dpar__mpi_group;
 
 static void dpar__mpi_fmax(void *in, void *inout, int *len, MPI_Datatype *dt) {
     (void)dt;
     const float *x = (const float *)in;
     float *y = (float *)inout;
-    for (int i = 0; i < *len; i++) if (x[i] > y[i] || x[i] != x[i]) y[i] = x[i];
+    for (int i = 0; i < *len; i++)
+        if (x[i] > y[i] || x[i] != x[i]) y[i] = x[i];
 }
 static void dpar__mpi_fmin(void *in, void *inout, int *len, MPI_Datatype *dt) {
     (void)dt;
     const float *x = (const float *)in;
     float *y = (float *)inout;
-    for (int i = 0; i < *len; i++) if (x[i] < y[i] || x[i] != x[i]) y[i] = x[i];
+    for (int i = 0; i < *len; i++)
+        if (x[i] < y[i] || x[i] != x[i]) y[i] = x[i];
 }
 static dpar_status dpar__mpi_errstr(int rc, const char *call) {
     char msg[MPI_MAX_ERROR_STRING];
@@ -99,8 +111,13 @@ static dpar_status dpar__mpi_errstr(int rc, const char *call) {
     MPI_Error_string(rc, msg, &len);
     return dpar__err(DPAR_ERR_BACKEND, "%s failed: %s", call, msg);
 }
-#define DPAR__MPI_CALL(mp, call) do { pthread_mutex_lock(&(mp)->mu); int rc__ = (call); pthread_mutex_unlock(&(mp)->mu); \
-    if (rc__ != MPI_SUCCESS) return dpar__mpi_errstr(rc__, #call); } while (0)
+#define DPAR__MPI_CALL(mp, call)                                       \
+    do {                                                               \
+        pthread_mutex_lock(&(mp)->mu);                                 \
+        int rc__ = (call);                                             \
+        pthread_mutex_unlock(&(mp)->mu);                               \
+        if (rc__ != MPI_SUCCESS) return dpar__mpi_errstr(rc__, #call); \
+    } while (0)
 
 /* desc->mpi with its defaults: the deprecated flat mpi_comm, then the
    environment. The one place the transport reads its settings. */
@@ -128,13 +145,18 @@ static dpar_status dpar__mpi_runtime_pre(dpar_runtime *rt, const dpar_runtime_de
     MPI_Finalized(&fin);
     if (!comm_ptr && (!inited || fin)) return DPAR_OK; /* one process */
     if (!inited || fin)
-        return dpar__err(DPAR_ERR_STATE, "dpar_runtime_create: desc.mpi.comm is set but MPI is %s; call MPI_Init_thread(&argc, &argv, "
-                         "MPI_THREAD_MULTIPLE, &provided) first", fin ? "finalized" : "not initialized");
+        return dpar__err(DPAR_ERR_STATE,
+                         "dpar_runtime_create: desc.mpi.comm is set but MPI is %s; call MPI_Init_thread(&argc, &argv, "
+                         "MPI_THREAD_MULTIPLE, &provided) first",
+                         fin ? "finalized" : "not initialized");
     int prov = 0;
     MPI_Query_thread(&prov);
     if (prov < MPI_THREAD_SERIALIZED)
-        return dpar__err(DPAR_ERR_STATE, "dpar_runtime_create: MPI was initialized with thread level %d; dpar's device threads need at least "
-                         "MPI_THREAD_SERIALIZED: use MPI_Init_thread with MPI_THREAD_MULTIPLE", prov);
+        return dpar__err(
+            DPAR_ERR_STATE,
+            "dpar_runtime_create: MPI was initialized with thread level %d; dpar's device threads need at least "
+            "MPI_THREAD_SERIALIZED: use MPI_Init_thread with MPI_THREAD_MULTIPLE",
+            prov);
     dpar__mpi *mp = (dpar__mpi *)dpar__calloc(1, sizeof *mp);
     if (!mp) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_runtime_create: out of host memory");
     pthread_mutex_init(&mp->mu, NULL);
@@ -142,7 +164,10 @@ static dpar_status dpar__mpi_runtime_pre(dpar_runtime *rt, const dpar_runtime_de
     rt->mpi = mp;
     MPI_Comm base = comm_ptr ? *(const MPI_Comm *)comm_ptr : MPI_COMM_WORLD;
     int rc = MPI_Comm_dup(base, &mp->comm);
-    if (rc != MPI_SUCCESS) { mp->comm = MPI_COMM_NULL; return dpar__mpi_errstr(rc, "MPI_Comm_dup"); }
+    if (rc != MPI_SUCCESS) {
+        mp->comm = MPI_COMM_NULL;
+        return dpar__mpi_errstr(rc, "MPI_Comm_dup");
+    }
     MPI_Comm_rank(mp->comm, &mp->rank);
     MPI_Comm_size(mp->comm, &mp->size);
     MPI_Op_create(dpar__mpi_fmax, 1, &mp->op_max);
@@ -198,10 +223,13 @@ static dpar_status dpar__mpi_runtime_init(dpar_runtime *rt, dpar_status opened) 
         if (rt->be->cross_id_size && !mp->desc.host_collectives) mine[3] = (int64_t)rt->be->cross_id_size(rt->bstate);
         for (int i = 0; i < rt->nlocal && i < DPAR_MAX_DEVICES && rt->be->physical_device; i++) {
             int phys = 0;
-            unsigned char uuid[16] = {0};
+            unsigned char uuid[16] = { 0 };
             rt->be->physical_device(rt->bstate, i, &phys, uuid);
             uint64_t lo = 0, hi = 0;
-            for (int b = 0; b < 8; b++) { lo = lo << 8 | uuid[b]; hi = hi << 8 | uuid[8 + b]; }
+            for (int b = 0; b < 8; b++) {
+                lo = lo << 8 | uuid[b];
+                hi = hi << 8 | uuid[8 + b];
+            }
             mine[HEAD + PER * i] = phys;
             mine[HEAD + PER * i + 1] = (int64_t)lo;
             mine[HEAD + PER * i + 2] = (int64_t)hi;
@@ -212,23 +240,35 @@ static dpar_status dpar__mpi_runtime_init(dpar_runtime *rt, dpar_status opened) 
     char keep[DPAR__ERR_LEN];
     memcpy(keep, dpar__err_text, sizeof keep);
     int rc = MPI_Allgather(mine, W, MPI_INT64_T, all, W, MPI_INT64_T, mp->comm);
-    if (opened) { DPAR_FREE(all); return dpar__err(opened, "%s", keep); }
-    if (rc != MPI_SUCCESS) { DPAR_FREE(all); return dpar__mpi_errstr(rc, "MPI_Allgather (dpar_runtime_create)"); }
+    if (opened) {
+        DPAR_FREE(all);
+        return dpar__err(opened, "%s", keep);
+    }
+    if (rc != MPI_SUCCESS) {
+        DPAR_FREE(all);
+        return dpar__mpi_errstr(rc, "MPI_Allgather (dpar_runtime_create)");
+    }
     dpar_status s = DPAR_OK;
     for (int q = 0; q < mp->size && !s; q++)
         if (all[(size_t)q * W] < 0) /* the same status as the failing process, with its rank */
-            s = dpar__err((dpar_status)all[(size_t)q * W + 2], "dpar_runtime_create: it failed on process %d (%s; see that rank's error), "
-                          "so no process gets a runtime", q, dpar_status_string((dpar_status)all[(size_t)q * W + 2]));
+            s = dpar__err((dpar_status)all[(size_t)q * W + 2],
+                          "dpar_runtime_create: it failed on process %d (%s; see that rank's error), "
+                          "so no process gets a runtime",
+                          q, dpar_status_string((dpar_status)all[(size_t)q * W + 2]));
     for (int q = 1; q < mp->size && !s; q++)
         if (all[(size_t)q * W + 4] != all[4])
-            s = dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_runtime_create: process 0 uses the %s backend but process %d uses %s; every "
-                          "process must use the same backend (desc.backend / DPAR_BACKEND)", dpar_backend_name((dpar_backend_kind)all[4]), q,
+            s = dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                          "dpar_runtime_create: process 0 uses the %s backend but process %d uses %s; every "
+                          "process must use the same backend (desc.backend / DPAR_BACKEND)",
+                          dpar_backend_name((dpar_backend_kind)all[4]), q,
                           dpar_backend_name((dpar_backend_kind)all[(size_t)q * W + 4]));
     for (int q = 0; q < mp->size && !s; q++)
         if (all[(size_t)q * W] != all[0])
-            s = dpar__err(DPAR_ERR_DEVICE_COUNT, "dpar_runtime_create: process 0 has %lld local devices but process %d has %lld; every process "
-                          "must open the same number (set num_devices or DPAR_DEVICES the same on every rank)",
-                          (long long)all[0], q, (long long)all[(size_t)q * W]);
+            s = dpar__err(
+                DPAR_ERR_DEVICE_COUNT,
+                "dpar_runtime_create: process 0 has %lld local devices but process %d has %lld; every process "
+                "must open the same number (set num_devices or DPAR_DEVICES the same on every rank)",
+                (long long)all[0], q, (long long)all[(size_t)q * W]);
     int nl = rt->nlocal < DPAR_MAX_DEVICES ? rt->nlocal : DPAR_MAX_DEVICES, shared = 0;
     if (!s && rt->be->physical_device) /* else emulated devices (CPU): any process may share them */
         for (int a = 0; a < mp->size && !s && !shared; a++)
@@ -239,24 +279,35 @@ static dpar_status dpar__mpi_runtime_init(dpar_runtime *rt, dpar_status opened) 
                         const int64_t *y = &all[(size_t)b * W + (size_t)(HEAD + PER * j)];
                         int has_uuid = x[1] || x[2], same;
                         /* a UUID names one physical device anywhere; without one, the same index on the same node */
-                        if (has_uuid) same = x[1] == y[1] && x[2] == y[2];
-                        else same = all[(size_t)a * W + 1] == all[(size_t)b * W + 1] && x[0] >= 0 && x[0] == y[0];
+                        if (has_uuid)
+                            same = x[1] == y[1] && x[2] == y[2];
+                        else
+                            same = all[(size_t)a * W + 1] == all[(size_t)b * W + 1] && x[0] >= 0 && x[0] == y[0];
                         if (!same) continue;
-                        if (mp->desc.allow_shared_device) { shared = 1; break; } /* allowed, but NCCL cannot span it */
+                        if (mp->desc.allow_shared_device) {
+                            shared = 1;
+                            break;
+                        } /* allowed, but NCCL cannot span it */
                         char u[48] = "";
                         if (has_uuid)
-                            snprintf(u, sizeof u, " (UUID %016llx%016llx)", (unsigned long long)x[1], (unsigned long long)x[2]);
-                        s = dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_runtime_create: ranks %d and %d both resolve to physical %s device %lld%s on "
-                                      "the same node (rank %d's device %d, rank %d's device %d); give each rank its own device: by default the "
-                                      "node's devices are split evenly between its processes, in node-local rank order, so run fewer ranks or "
-                                      "devices per node, or pick devices per rank (CUDA_VISIBLE_DEVICES, DPAR_VK_DEVICE), or set "
-                                      "DPAR_ALLOW_SHARED_DEVICE=1 to share it deliberately",
-                                      a, b, rt->be->name, (long long)x[0], u, a, i, b, j);
+                            snprintf(u, sizeof u, " (UUID %016llx%016llx)", (unsigned long long)x[1],
+                                     (unsigned long long)x[2]);
+                        s = dpar__err(
+                            DPAR_ERR_INVALID_ARGUMENT,
+                            "dpar_runtime_create: ranks %d and %d both resolve to physical %s device %lld%s on "
+                            "the same node (rank %d's device %d, rank %d's device %d); give each rank its own device: "
+                            "by default the "
+                            "node's devices are split evenly between its processes, in node-local rank order, so run "
+                            "fewer ranks or "
+                            "devices per node, or pick devices per rank (CUDA_VISIBLE_DEVICES, DPAR_VK_DEVICE), or set "
+                            "DPAR_ALLOW_SHARED_DEVICE=1 to share it deliberately",
+                            a, b, rt->be->name, (long long)x[0], u, a, i, b, j);
                     }
     /* the backend runs cross-process groups itself only if every process can,
        and no device is shared between processes (NCCL refuses two ranks on one GPU) */
     int64_t xs = shared ? 0 : all[3];
-    for (int q = 1; q < mp->size; q++) if (all[(size_t)q * W + 3] != xs) xs = 0;
+    for (int q = 1; q < mp->size; q++)
+        if (all[(size_t)q * W + 3] != xs) xs = 0;
     rt->xbackend = !s && xs > 0;
     rt->xid_size = rt->xbackend ? (size_t)xs : 0;
     DPAR_FREE(all);
@@ -266,8 +317,9 @@ static dpar_status dpar__mpi_runtime_init(dpar_runtime *rt, dpar_status opened) 
     rt->local_base = mp->rank * rt->nlocal;
     rt->ndev = mp->size * rt->nlocal;
     if (rt->ndev > DPAR_MAX_DEVICES)
-        return dpar__err(DPAR_ERR_DEVICE_COUNT, "dpar_runtime_create: %d processes x %d devices = %d exceeds DPAR_MAX_DEVICES (%d)",
-                         mp->size, rt->nlocal, rt->ndev, (int)DPAR_MAX_DEVICES);
+        return dpar__err(DPAR_ERR_DEVICE_COUNT,
+                         "dpar_runtime_create: %d processes x %d devices = %d exceeds DPAR_MAX_DEVICES (%d)", mp->size,
+                         rt->nlocal, rt->ndev, (int)DPAR_MAX_DEVICES);
     return DPAR_OK;
 }
 static void dpar__mpi_runtime_free(dpar_runtime *rt) {
@@ -288,7 +340,9 @@ static void dpar__mpi_runtime_free(dpar_runtime *rt) {
     while (mp->xids) {
         struct dpar__mpi_xid *x = mp->xids;
         mp->xids = x->next;
-        DPAR_FREE(x->devices); DPAR_FREE(x->id); DPAR_FREE(x);
+        DPAR_FREE(x->devices);
+        DPAR_FREE(x->id);
+        DPAR_FREE(x);
     }
     pthread_mutex_destroy(&mp->mu);
     DPAR_FREE(mp);
@@ -318,9 +372,19 @@ static void dpar__mpi_group_free(dpar__mpi *mp, dpar__mpi_group *mg) {
         MPI_Comm_free(&mg->comm);
     }
     (void)mp;
-    DPAR_FREE(mg->procs); DPAR_FREE(mg->cr_of); DPAR_FREE(mg->slot_of); DPAR_FREE(mg->nmem);
-    DPAR_FREE(mg->rcounts); DPAR_FREE(mg->rdispls); DPAR_FREE(mg->xbuf); DPAR_FREE(mg->xrecv);
-    DPAR_FREE(mg->sbuf); DPAR_FREE(mg->rbuf); DPAR_FREE(mg->sreq); DPAR_FREE(mg->rreq); DPAR_FREE(mg->xid);
+    DPAR_FREE(mg->procs);
+    DPAR_FREE(mg->cr_of);
+    DPAR_FREE(mg->slot_of);
+    DPAR_FREE(mg->nmem);
+    DPAR_FREE(mg->rcounts);
+    DPAR_FREE(mg->rdispls);
+    DPAR_FREE(mg->xbuf);
+    DPAR_FREE(mg->xrecv);
+    DPAR_FREE(mg->sbuf);
+    DPAR_FREE(mg->rbuf);
+    DPAR_FREE(mg->sreq);
+    DPAR_FREE(mg->rreq);
+    DPAR_FREE(mg->xid);
     DPAR_FREE(mg);
 }
 static void dpar__mpi_mesh_free(dpar_mesh *m) {
@@ -350,8 +414,10 @@ static dpar_status dpar__mpi_mesh_init(dpar_mesh *m) {
     uint64_t mine[2] = { h, ~h }, mx[2];
     DPAR__MPI_CALL(mp, MPI_Allreduce(mine, mx, 2, MPI_UINT64_T, MPI_MAX, mp->comm));
     if (mx[0] != h || mx[1] != ~h)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_mesh_create: the processes created different meshes (shape, axis names or device "
-                         "order differ); every process must call dpar_mesh_create with the same desc, in the same order");
+        return dpar__err(
+            DPAR_ERR_INVALID_ARGUMENT,
+            "dpar_mesh_create: the processes created different meshes (shape, axis names or device "
+            "order differ); every process must call dpar_mesh_create with the same desc, in the same order");
     for (int k = 1; k < (1 << m->ndim); k++)
         for (int g = 0; g < m->ngroups[k]; g++) {
             dpar__group *gr = &m->groups[k][g];
@@ -363,12 +429,19 @@ static dpar_status dpar__mpi_mesh_init(dpar_mesh *m) {
             }
             if (np < 2) continue;
             for (int i = 1; i < np; i++) /* sort: comm ranks follow process order */
-                for (int j = i; j > 0 && procs[j - 1] > procs[j]; j--) { int t = procs[j]; procs[j] = procs[j - 1]; procs[j - 1] = t; }
+                for (int j = i; j > 0 && procs[j - 1] > procs[j]; j--) {
+                    int t = procs[j];
+                    procs[j] = procs[j - 1];
+                    procs[j - 1] = t;
+                }
             MPI_Comm comm = MPI_COMM_NULL;
             DPAR__MPI_CALL(mp, MPI_Comm_split(mp->comm, gr->nlocal > 0 ? 0 : MPI_UNDEFINED, mp->rank, &comm));
             if (gr->nlocal == 0) continue;
             dpar__mpi_group *mg = (dpar__mpi_group *)dpar__calloc(1, sizeof *mg);
-            if (!mg) { MPI_Comm_free(&comm); return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_mesh_create: out of host memory"); }
+            if (!mg) {
+                MPI_Comm_free(&comm);
+                return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_mesh_create: out of host memory");
+            }
             gr->mpi = mg;
             mg->comm = comm;
             mg->nprocs = np;
@@ -382,10 +455,14 @@ static dpar_status dpar__mpi_mesh_init(dpar_mesh *m) {
             mg->rbuf = (dpar__mpi_msg *)dpar__calloc((size_t)np, sizeof(dpar__mpi_msg));
             mg->sreq = (MPI_Request *)dpar__calloc((size_t)np, sizeof(MPI_Request));
             mg->rreq = (MPI_Request *)dpar__calloc((size_t)np, sizeof(MPI_Request));
-            if (!mg->procs || !mg->nmem || !mg->rcounts || !mg->rdispls || !mg->cr_of || !mg->slot_of || !mg->sbuf || !mg->rbuf ||
-                !mg->sreq || !mg->rreq)
+            if (!mg->procs || !mg->nmem || !mg->rcounts || !mg->rdispls || !mg->cr_of || !mg->slot_of || !mg->sbuf ||
+                !mg->rbuf || !mg->sreq || !mg->rreq)
                 return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_mesh_create: out of host memory");
-            for (int i = 0; i < np; i++) { mg->procs[i] = procs[i]; if (procs[i] == rt->proc) mg->me = i; mg->sreq[i] = MPI_REQUEST_NULL; }
+            for (int i = 0; i < np; i++) {
+                mg->procs[i] = procs[i];
+                if (procs[i] == rt->proc) mg->me = i;
+                mg->sreq[i] = MPI_REQUEST_NULL;
+            }
             for (int r = 0; r < gr->n; r++) {
                 int pr = gr->devices[r] / rt->nlocal, cr = 0;
                 while (mg->procs[cr] != pr) cr++;
@@ -410,16 +487,30 @@ static int dpar__mpi_poll(dpar__mpi *mp, MPI_Request *req, const struct timespec
         struct timespec now;
         clock_gettime(CLOCK_REALTIME, &now);
         if (now.tv_sec > dl->tv_sec || (now.tv_sec == dl->tv_sec && now.tv_nsec >= dl->tv_nsec)) return 0;
-        if (!busy && spins > 64) { struct timespec ts = { 0, 20000 }; nanosleep(&ts, NULL); } else sched_yield();
+        if (!busy && spins > 64) {
+            struct timespec ts = { 0, 20000 };
+            nanosleep(&ts, NULL);
+        } else
+            sched_yield();
     }
 }
 static void dpar__mpi_fill_msg(dpar__mpi_msg *mm, const dpar__post *p, uint64_t job, uint64_t seq, int type) {
     memset(mm, 0, sizeof *mm);
-    mm->job = job; mm->seq = seq; mm->type = type;
+    mm->job = job;
+    mm->seq = seq;
+    mm->type = type;
     if (p) {
-        mm->kind = p->kind; mm->op = p->op; mm->dtype = p->dtype; mm->dim = p->dim; mm->tiled = p->tiled;
-        mm->split_dim = p->split_dim; mm->concat_dim = p->concat_dim; mm->root = p->root;
-        mm->in_count = p->in_count; mm->out_count = p->out_count; mm->pairs_hash = p->pairs_hash;
+        mm->kind = p->kind;
+        mm->op = p->op;
+        mm->dtype = p->dtype;
+        mm->dim = p->dim;
+        mm->tiled = p->tiled;
+        mm->split_dim = p->split_dim;
+        mm->concat_dim = p->concat_dim;
+        mm->root = p->root;
+        mm->in_count = p->in_count;
+        mm->out_count = p->out_count;
+        mm->pairs_hash = p->pairs_hash;
         mm->ndim = p->ndim;
         for (int d = 0; d < DPAR_MAX_DIMS; d++) mm->shape[d] = p->shape[d];
     }
@@ -433,7 +524,8 @@ static dpar_status dpar__mpi_send_all(dpar__mpi *mp, dpar__mpi_group *mg, const 
         mg->sreq[q] = MPI_REQUEST_NULL;
         if (q == mg->me) continue;
         mg->sbuf[q] = *mm;
-        DPAR__MPI_CALL(mp, MPI_Isend(&mg->sbuf[q], (int)sizeof *mm, MPI_BYTE, q, DPAR__MPI_TAG, mg->comm, &mg->sreq[q]));
+        DPAR__MPI_CALL(mp,
+                       MPI_Isend(&mg->sbuf[q], (int)sizeof *mm, MPI_BYTE, q, DPAR__MPI_TAG, mg->comm, &mg->sreq[q]));
     }
     mg->sends_pending = 1;
     return DPAR_OK;
@@ -449,8 +541,8 @@ static const char *dpar__mpi_devs(const dpar__group *g, const dpar__mpi_group *m
 /* Did a process of this group give up waiting for this one (its timeout
    passed before this process arrived)? Then say so, instead of waiting for
    it in turn and reporting a vaguer timeout later. */
-static dpar_status dpar__mpi_gave_up(dpar__mpi *mp, dpar__mpi_group *mg, const dpar__group *g, const char *what, uint64_t job,
-                                     uint64_t seq, int timeout_ms) {
+static dpar_status dpar__mpi_gave_up(dpar__mpi *mp, dpar__mpi_group *mg, const dpar__group *g, const char *what,
+                                     uint64_t job, uint64_t seq, int timeout_ms) {
     int flag = 0;
     MPI_Status st;
     pthread_mutex_lock(&mp->mu);
@@ -463,12 +555,14 @@ static dpar_status dpar__mpi_gave_up(dpar__mpi *mp, dpar__mpi_group *mg, const d
     if (!flag) return DPAR_OK;
     char devs[128];
     mp->broken = 1;
-    return dpar__err(DPAR_ERR_TIMEOUT, "%s (step: pmap #%llu, collective #%llu of this group): rank %d (devices %s) gave up waiting for "
-                     "this process at pmap #%llu, collective #%llu of this group, after its timeout (%d ms here; DPAR_TIMEOUT_MS): this "
+    return dpar__err(DPAR_ERR_TIMEOUT,
+                     "%s (step: pmap #%llu, collective #%llu of this group): rank %d (devices %s) gave up waiting for "
+                     "this process at pmap #%llu, collective #%llu of this group, after its timeout (%d ms here; "
+                     "DPAR_TIMEOUT_MS): this "
                      "process arrived too late, so the processes are out of step; destroy the runtime on every process",
                      what, (unsigned long long)job, (unsigned long long)seq, mg->procs[st.MPI_SOURCE],
-                     dpar__mpi_devs(g, mg, st.MPI_SOURCE, devs, sizeof devs), (unsigned long long)o.job, (unsigned long long)o.seq,
-                     timeout_ms);
+                     dpar__mpi_devs(g, mg, st.MPI_SOURCE, devs, sizeof devs), (unsigned long long)o.job,
+                     (unsigned long long)o.seq, timeout_ms);
 }
 
 /* Step 1 of every collective across processes, run by the group's leader on
@@ -481,8 +575,11 @@ static dpar_status dpar__mpi_describe(dpar_ctx *ctx, dpar__group *g, const char 
     dpar__mpi_group *mg = (dpar__mpi_group *)g->mpi;
     if (!mp || !mg) return dpar__err(DPAR_ERR_STATE, "%s: group spans processes but has no MPI communicator", what);
     if (mp->broken)
-        return dpar__err(DPAR_ERR_STATE, "%s: an earlier collective across processes failed, so the processes are out of step; destroy the "
-                         "runtime (dpar_runtime_destroy) on every process", what);
+        return dpar__err(
+            DPAR_ERR_STATE,
+            "%s: an earlier collective across processes failed, so the processes are out of step; destroy the "
+            "runtime (dpar_runtime_destroy) on every process",
+            what);
     const int L = g->leader;
     uint64_t job = rt->job_count, seq = g->seq;
     struct timespec dl = *dlp;
@@ -494,14 +591,16 @@ static dpar_status dpar__mpi_describe(dpar_ctx *ctx, dpar__group *g, const char 
     for (int q = 0; q < mg->nprocs; q++) {
         mg->rreq[q] = MPI_REQUEST_NULL;
         if (q == mg->me) continue;
-        DPAR__MPI_CALL(mp, MPI_Irecv(&mg->rbuf[q], (int)sizeof mine, MPI_BYTE, q, DPAR__MPI_TAG, mg->comm, &mg->rreq[q]));
+        DPAR__MPI_CALL(mp,
+                       MPI_Irecv(&mg->rbuf[q], (int)sizeof mine, MPI_BYTE, q, DPAR__MPI_TAG, mg->comm, &mg->rreq[q]));
     }
     for (int q = 0; q < mg->nprocs; q++) {
         if (q == mg->me) continue;
         for (;;) {
             int r = dpar__mpi_poll(mp, &mg->rreq[q], &dl, ctx->job, 1);
             if (r == 1 && mg->rbuf[q].type == 1 && mg->rbuf[q].job < job) { /* stale "pmap returned": skip it */
-                DPAR__MPI_CALL(mp, MPI_Irecv(&mg->rbuf[q], (int)sizeof mine, MPI_BYTE, q, DPAR__MPI_TAG, mg->comm, &mg->rreq[q]));
+                DPAR__MPI_CALL(
+                    mp, MPI_Irecv(&mg->rbuf[q], (int)sizeof mine, MPI_BYTE, q, DPAR__MPI_TAG, mg->comm, &mg->rreq[q]));
                 continue;
             }
             if (r == 1) break;
@@ -514,18 +613,22 @@ static dpar_status dpar__mpi_describe(dpar_ctx *ctx, dpar__group *g, const char 
                 int done = 0;
                 pthread_mutex_lock(&mp->mu);
                 MPI_Test(&mg->rreq[k], &done, MPI_STATUS_IGNORE);
-                if (!done) { MPI_Cancel(&mg->rreq[k]); MPI_Wait(&mg->rreq[k], MPI_STATUS_IGNORE); }
+                if (!done) {
+                    MPI_Cancel(&mg->rreq[k]);
+                    MPI_Wait(&mg->rreq[k], MPI_STATUS_IGNORE);
+                }
                 pthread_mutex_unlock(&mp->mu);
                 if (!done && at < sizeof who)
-                    at += (size_t)snprintf(who + at, sizeof who - at, "%srank %d (devices %s)", at ? ", " : "", mg->procs[k],
-                                           dpar__mpi_devs(g, mg, k, devs, sizeof devs));
+                    at += (size_t)snprintf(who + at, sizeof who - at, "%srank %d (devices %s)", at ? ", " : "",
+                                           mg->procs[k], dpar__mpi_devs(g, mg, k, devs, sizeof devs));
                 if (!done && r == 0) { /* tell it, should it arrive later */
                     if (!mg->nbuf) mg->nbuf = (dpar__mpi_msg *)dpar__calloc((size_t)mg->nprocs, sizeof(dpar__mpi_msg));
                     if (mg->nbuf) {
                         MPI_Request nr = MPI_REQUEST_NULL;
                         dpar__mpi_fill_msg(&mg->nbuf[k], NULL, job, seq, 2);
                         pthread_mutex_lock(&mp->mu);
-                        if (MPI_Isend(&mg->nbuf[k], (int)sizeof mine, MPI_BYTE, k, DPAR__MPI_TAG_GAVE_UP, mg->comm, &nr) == MPI_SUCCESS)
+                        if (MPI_Isend(&mg->nbuf[k], (int)sizeof mine, MPI_BYTE, k, DPAR__MPI_TAG_GAVE_UP, mg->comm,
+                                      &nr) == MPI_SUCCESS)
                             MPI_Request_free(&nr); /* completes on its own; nbuf is kept (abandoned) */
                         pthread_mutex_unlock(&mp->mu);
                         mg->abandoned = 1; /* nbuf stays in use */
@@ -534,9 +637,12 @@ static dpar_status dpar__mpi_describe(dpar_ctx *ctx, dpar__group *g, const char 
             }
             mp->broken = 1;
             if (r < 0) return dpar__err(DPAR_ERR_ABORTED, "%s: stopped because another device failed first", what);
-            return dpar__err(DPAR_ERR_TIMEOUT, "%s (step: pmap #%llu, collective #%llu of this group): timed out after %d ms waiting for %s, "
-                             "which never called it; every process must make the same collective calls (DPAR_TIMEOUT_MS sets the timeout)",
-                             what, (unsigned long long)job, (unsigned long long)seq, rt->timeout_ms, who);
+            return dpar__err(
+                DPAR_ERR_TIMEOUT,
+                "%s (step: pmap #%llu, collective #%llu of this group): timed out after %d ms waiting for %s, "
+                "which never called it; every process must make the same collective calls (DPAR_TIMEOUT_MS sets the "
+                "timeout)",
+                what, (unsigned long long)job, (unsigned long long)seq, rt->timeout_ms, who);
         }
     }
     if ((s = dpar__mpi_gave_up(mp, mg, g, what, job, seq, rt->timeout_ms))) return s;
@@ -546,15 +652,26 @@ static dpar_status dpar__mpi_describe(dpar_ctx *ctx, dpar__group *g, const char 
         char devs[128];
         if (o->type == 1) {
             mp->broken = 1;
-            return dpar__err(DPAR_ERR_COLLECTIVE_MISMATCH, "%s (step: pmap #%llu, collective #%llu of this group): rank %d (devices %s) returned "
-                             "from the pmap function after %llu collectives on this group, without calling this one (uneven step counts?)",
-                             what, (unsigned long long)job, (unsigned long long)seq, mg->procs[q], dpar__mpi_devs(g, mg, q, devs, sizeof devs),
-                             (unsigned long long)o->seq);
+            return dpar__err(DPAR_ERR_COLLECTIVE_MISMATCH,
+                             "%s (step: pmap #%llu, collective #%llu of this group): rank %d (devices %s) returned "
+                             "from the pmap function after %llu collectives on this group, without calling this one "
+                             "(uneven step counts?)",
+                             what, (unsigned long long)job, (unsigned long long)seq, mg->procs[q],
+                             dpar__mpi_devs(g, mg, q, devs, sizeof devs), (unsigned long long)o->seq);
         }
         dpar__post op;
         memset(&op, 0, sizeof op);
-        op.kind = o->kind; op.op = o->op; op.dtype = o->dtype; op.in_count = o->in_count; op.out_count = o->out_count; op.dim = o->dim;
-        op.tiled = o->tiled; op.split_dim = o->split_dim; op.concat_dim = o->concat_dim; op.root = o->root; op.pairs_hash = o->pairs_hash;
+        op.kind = o->kind;
+        op.op = o->op;
+        op.dtype = o->dtype;
+        op.in_count = o->in_count;
+        op.out_count = o->out_count;
+        op.dim = o->dim;
+        op.tiled = o->tiled;
+        op.split_dim = o->split_dim;
+        op.concat_dim = o->concat_dim;
+        op.root = o->root;
+        op.pairs_hash = o->pairs_hash;
         op.name = dpar__coll_name((dpar__coll_kind)op.kind, (dpar_reduce_op)op.op);
         op.ndim = (int)o->ndim;
         for (int d = 0; d < DPAR_MAX_DIMS; d++) op.shape[d] = o->shape[d];
@@ -562,10 +679,12 @@ static dpar_status dpar__mpi_describe(dpar_ctx *ctx, dpar__group *g, const char 
             char x[200], y[200];
             dpar__post_str(&g->posts[L], x, sizeof x);
             dpar__post_str(&op, y, sizeof y);
-            return dpar__err(DPAR_ERR_COLLECTIVE_MISMATCH, "%s: rank %d called %s at pmap #%llu collective #%llu, but rank %d (devices %s) called %s "
-                             "at pmap #%llu collective #%llu; every process must make the same collective calls in the same order",
-                             what, rt->proc, x, (unsigned long long)job, (unsigned long long)seq, mg->procs[q],
-                             dpar__mpi_devs(g, mg, q, devs, sizeof devs), y, (unsigned long long)o->job, (unsigned long long)o->seq);
+            return dpar__err(
+                DPAR_ERR_COLLECTIVE_MISMATCH,
+                "%s: rank %d called %s at pmap #%llu collective #%llu, but rank %d (devices %s) called %s "
+                "at pmap #%llu collective #%llu; every process must make the same collective calls in the same order",
+                what, rt->proc, x, (unsigned long long)job, (unsigned long long)seq, mg->procs[q],
+                dpar__mpi_devs(g, mg, q, devs, sizeof devs), y, (unsigned long long)o->job, (unsigned long long)o->seq);
         }
     }
     return DPAR_OK;
@@ -587,7 +706,10 @@ static dpar_status dpar__mpi_coll_agree(dpar_ctx *ctx, dpar__group *g, const cha
     if (s || mg->xid_ready) return s;
     size_t bytes = rt->xid_size + 8;
     if (!mg->xid) mg->xid = (unsigned char *)dpar__calloc(1, bytes);
-    if (!mg->xid) { mp->broken = 1; return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "%s: out of host memory", what); }
+    if (!mg->xid) {
+        mp->broken = 1;
+        return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "%s: out of host memory", what);
+    }
     /* the same devices in an earlier mesh: every process of the group has the
        same meshes, so all find it (or none does) */
     pthread_mutex_lock(&mp->mu); /* leaders of other groups may look too */
@@ -614,25 +736,36 @@ static dpar_status dpar__mpi_coll_agree(dpar_ctx *ctx, dpar__group *g, const cha
         mg->abandoned = 1; /* MPI may still write mg->xid */
         mp->keep = 1;
         if (r < 0) return dpar__err(DPAR_ERR_ABORTED, "%s: stopped because another device failed first", what);
-        return dpar__err(DPAR_ERR_TIMEOUT, "%s: sending the %s backend's bootstrap id across processes did not finish within %d ms",
-                         what, rt->be->name, rt->timeout_ms);
+        return dpar__err(DPAR_ERR_TIMEOUT,
+                         "%s: sending the %s backend's bootstrap id across processes did not finish within %d ms", what,
+                         rt->be->name, rt->timeout_ms);
     }
     int32_t made;
     memcpy(&made, hdr, 4);
     if (made) {
         mp->broken = 1;
         if (mg->me == root) return dpar__err((dpar_status)made, "%s", keep);
-        return dpar__err((dpar_status)made, "%s: rank %d could not make the %s backend's bootstrap id for this group (see that rank's error)",
-                         what, mg->procs[root], rt->be->name);
+        return dpar__err(
+            (dpar_status)made,
+            "%s: rank %d could not make the %s backend's bootstrap id for this group (see that rank's error)", what,
+            mg->procs[root], rt->be->name);
     }
     mg->xid_ready = 1;
     struct dpar__mpi_xid *x = (struct dpar__mpi_xid *)dpar__calloc(1, sizeof *x);
     if (x) {
         x->devices = (int *)dpar__calloc((size_t)g->n, sizeof(int));
         x->id = (unsigned char *)dpar__calloc(1, rt->xid_size);
-        if (!x->devices || !x->id) { DPAR_FREE(x->devices); DPAR_FREE(x->id); DPAR_FREE(x); x = NULL; }
+        if (!x->devices || !x->id) {
+            DPAR_FREE(x->devices);
+            DPAR_FREE(x->id);
+            DPAR_FREE(x);
+            x = NULL;
+        }
     }
-    if (!x) { mp->broken = 1; return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "%s: out of host memory", what); }
+    if (!x) {
+        mp->broken = 1;
+        return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "%s: out of host memory", what);
+    }
     x->n = g->n;
     memcpy(x->devices, g->devices, sizeof(int) * (size_t)g->n);
     memcpy(x->id, mg->xid, rt->xid_size);
@@ -660,16 +793,19 @@ static dpar_status dpar__mpi_data_wait(dpar_ctx *ctx, dpar__mpi_group *mg, MPI_R
     mg->abandoned = 1;
     mp->keep = 1; /* the all-reduce may use mp's MPI_Ops */
     if (r < 0) return dpar__err(DPAR_ERR_ABORTED, "%s: stopped because another device failed first", what);
-    return dpar__err(DPAR_ERR_TIMEOUT, "%s (step: pmap #%llu, collective #%llu of this group): the data exchange across processes did not "
-                     "finish within %d ms", what, (unsigned long long)job, (unsigned long long)seq, ctx->rt->timeout_ms);
+    return dpar__err(
+        DPAR_ERR_TIMEOUT,
+        "%s (step: pmap #%llu, collective #%llu of this group): the data exchange across processes did not "
+        "finish within %d ms",
+        what, (unsigned long long)job, (unsigned long long)seq, ctx->rt->timeout_ms);
 }
 
 /* f32 all-reduce across processes, in chunks of 1 MB, so that the process's
    partial result (vectorized, in member order), MPI's exchange of it and the
    copies back to the members stay in cache; the next chunk's local sum is
    computed while the current chunk's exchange is in flight. */
-static dpar_status dpar__mpi_allreduce_f32(dpar_ctx *ctx, dpar__group *g, const dpar__coll *c, const struct timespec *dlp,
-                                           const char *what) {
+static dpar_status dpar__mpi_allreduce_f32(dpar_ctx *ctx, dpar__group *g, const dpar__coll *c,
+                                           const struct timespec *dlp, const char *what) {
     dpar_runtime *rt = ctx->rt;
     dpar__mpi *mp = (dpar__mpi *)rt->mpi;
     dpar__mpi_group *mg = (dpar__mpi_group *)g->mpi;
@@ -683,7 +819,10 @@ static dpar_status dpar__mpi_allreduce_f32(dpar_ctx *ctx, dpar__group *g, const 
     char *dst[DPAR_MAX_DEVICES];
     int nl = 0;
     for (int r = 0; r < n; r++)
-        if (dpar__is_local(rt, g->devices[r])) { src[nl] = (const char *)g->in_ptr[r]; dst[nl++] = (char *)g->out_ptr[r]; }
+        if (dpar__is_local(rt, g->devices[r])) {
+            src[nl] = (const char *)g->in_ptr[r];
+            dst[nl++] = (char *)g->out_ptr[r];
+        }
     float *acc = (float *)mg->xbuf;
     MPI_Op op = c->op == DPAR_MAX ? mp->op_max : c->op == DPAR_MIN ? mp->op_min : MPI_SUM;
     dpar_reduce_op lop = c->op == DPAR_MEAN ? DPAR_SUM : c->op;
@@ -702,7 +841,8 @@ static dpar_status dpar__mpi_allreduce_f32(dpar_ctx *ctx, dpar__group *g, const 
             dpar__reduce_span(DPAR_F32, lop, nl, sp, &a2, 1, l2);
         }
         if ((s = dpar__mpi_data_wait(ctx, mg, &req, dlp, what, job, seq))) return s;
-        if (c->op == DPAR_MEAN) for (int64_t i = off; i < off + len; i++) acc[i] /= (float)n;
+        if (c->op == DPAR_MEAN)
+            for (int64_t i = off; i < off + len; i++) acc[i] /= (float)n;
         for (int j = 0; j < nl; j++)
             if (len) memcpy(dst[j] + off * 4, acc + off, (size_t)len * 4);
     }
@@ -727,15 +867,18 @@ static void dpar__mpi_coll_out(dpar_runtime *rt, dpar__group *g, const dpar__col
                 } else {
                     float v = ((float *)mg->xbuf)[i];
                     if (c->op == DPAR_MEAN) v /= (float)n;
-                    if (c->dtype == DPAR_F32) ((float *)o)[i] = v;
-                    else ((uint16_t *)o)[i] = c->dtype == DPAR_F16 ? dpar_f32_to_f16(v) : dpar_f32_to_bf16(v);
+                    if (c->dtype == DPAR_F32)
+                        ((float *)o)[i] = v;
+                    else
+                        ((uint16_t *)o)[i] = c->dtype == DPAR_F16 ? dpar_f32_to_f16(v) : dpar_f32_to_bf16(v);
                 }
             }
         }
     } else if (c->kind == DPAR__COLL_BROADCAST) {
         const char *buf = mg->xbuf;
         for (int rr = 0; rr < n; rr++)
-            if (dpar__is_local(rt, g->devices[rr]) && g->out_ptr[rr] != buf && inbytes) memcpy(g->out_ptr[rr], buf, inbytes);
+            if (dpar__is_local(rt, g->devices[rr]) && g->out_ptr[rr] != buf && inbytes)
+                memcpy(g->out_ptr[rr], buf, inbytes);
     } else {
         for (int rr = 0; rr < n; rr++)
             g->xin_ptr[rr] = mg->xrecv + mg->rdispls[mg->cr_of[rr]] + (size_t)mg->slot_of[rr] * inbytes;
@@ -761,9 +904,12 @@ static dpar_status dpar__mpi_coll(dpar_ctx *ctx, dpar__group *g, dpar__coll *c, 
     MPI_Request req = MPI_REQUEST_NULL;
     if (c->kind == DPAR__COLL_ALL_REDUCE) {
         int64_t cnt = c->count;
-        if (cnt > INT32_MAX) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: %lld elements exceed MPI's int count", what, (long long)cnt);
+        if (cnt > INT32_MAX)
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: %lld elements exceed MPI's int count", what,
+                             (long long)cnt);
         size_t need = (size_t)cnt * 8 + 8;
-        if (!dpar__grow((void **)&mg->xbuf, &mg->xcap, need)) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "%s: out of host memory", what);
+        if (!dpar__grow((void **)&mg->xbuf, &mg->xcap, need))
+            return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "%s: out of host memory", what);
         int first = 1;
         if (c->dtype == DPAR_I32) {
             int64_t *acc = (int64_t *)mg->xbuf;
@@ -772,10 +918,14 @@ static dpar_status dpar__mpi_coll(dpar_ctx *ctx, dpar__group *g, dpar__coll *c, 
                 const int32_t *p = (const int32_t *)g->in_ptr[r];
                 for (int64_t i = 0; i < cnt; i++) {
                     int64_t v = p[i];
-                    if (first) acc[i] = v;
-                    else if (c->op == DPAR_MAX) acc[i] = v > acc[i] ? v : acc[i];
-                    else if (c->op == DPAR_MIN) acc[i] = v < acc[i] ? v : acc[i];
-                    else acc[i] += v;
+                    if (first)
+                        acc[i] = v;
+                    else if (c->op == DPAR_MAX)
+                        acc[i] = v > acc[i] ? v : acc[i];
+                    else if (c->op == DPAR_MIN)
+                        acc[i] = v < acc[i] ? v : acc[i];
+                    else
+                        acc[i] += v;
                 }
                 first = 0;
             }
@@ -789,10 +939,14 @@ static dpar_status dpar__mpi_coll(dpar_ctx *ctx, dpar__group *g, dpar__coll *c, 
                 if (!dpar__is_local(rt, g->devices[r])) continue;
                 for (int64_t i = 0; i < cnt; i++) {
                     float v = dpar__load_f(g->in_ptr[r], c->dtype, i);
-                    if (first) acc[i] = v;
-                    else if (c->op == DPAR_MAX) acc[i] = (v > acc[i] || v != v) ? v : acc[i];
-                    else if (c->op == DPAR_MIN) acc[i] = (v < acc[i] || v != v) ? v : acc[i];
-                    else acc[i] += v;
+                    if (first)
+                        acc[i] = v;
+                    else if (c->op == DPAR_MAX)
+                        acc[i] = (v > acc[i] || v != v) ? v : acc[i];
+                    else if (c->op == DPAR_MIN)
+                        acc[i] = (v < acc[i] || v != v) ? v : acc[i];
+                    else
+                        acc[i] += v;
                 }
                 first = 0;
             }
@@ -801,22 +955,34 @@ static dpar_status dpar__mpi_coll(dpar_ctx *ctx, dpar__group *g, dpar__coll *c, 
         }
     } else if (c->kind == DPAR__COLL_BROADCAST) {
         int cr = mg->cr_of[c->root];
-        if (inbytes > (size_t)INT32_MAX) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: %zu bytes exceed MPI's int count", what, inbytes);
-        if (!dpar__grow((void **)&mg->xbuf, &mg->xcap, inbytes + 8)) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "%s: out of host memory", what);
+        if (inbytes > (size_t)INT32_MAX)
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: %zu bytes exceed MPI's int count", what, inbytes);
+        if (!dpar__grow((void **)&mg->xbuf, &mg->xcap, inbytes + 8))
+            return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "%s: out of host memory", what);
         /* the root sends a copy: MPI only ever holds mg's buffers (see mg->abandoned) */
         if (cr == mg->me && inbytes) memcpy(mg->xbuf, g->in_ptr[c->root], inbytes);
         DPAR__MPI_CALL(mp, MPI_Ibcast(mg->xbuf, (int)inbytes, MPI_BYTE, cr, mg->comm, &req));
     } else {
         size_t total = inbytes * (size_t)n;
-        if (total > (size_t)INT32_MAX) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: %zu bytes exceed MPI's int count", what, total);
-        if (!dpar__grow((void **)&mg->xbuf, &mg->xcap, inbytes * (size_t)g->nlocal + 8) || !dpar__grow((void **)&mg->xrecv, &mg->xrcap, total + 8))
+        if (total > (size_t)INT32_MAX)
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: %zu bytes exceed MPI's int count", what, total);
+        if (!dpar__grow((void **)&mg->xbuf, &mg->xcap, inbytes * (size_t)g->nlocal + 8) ||
+            !dpar__grow((void **)&mg->xrecv, &mg->xrcap, total + 8))
             return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "%s: out of host memory", what);
         size_t at = 0;
         for (int r = 0; r < n; r++)
-            if (dpar__is_local(rt, g->devices[r])) { if (inbytes) memcpy(mg->xbuf + at, g->in_ptr[r], inbytes); at += inbytes; }
+            if (dpar__is_local(rt, g->devices[r])) {
+                if (inbytes) memcpy(mg->xbuf + at, g->in_ptr[r], inbytes);
+                at += inbytes;
+            }
         int disp = 0;
-        for (int q = 0; q < mg->nprocs; q++) { mg->rcounts[q] = (int)((size_t)mg->nmem[q] * inbytes); mg->rdispls[q] = disp; disp += mg->rcounts[q]; }
-        DPAR__MPI_CALL(mp, MPI_Iallgatherv(mg->xbuf, (int)at, MPI_BYTE, mg->xrecv, mg->rcounts, mg->rdispls, MPI_BYTE, mg->comm, &req));
+        for (int q = 0; q < mg->nprocs; q++) {
+            mg->rcounts[q] = (int)((size_t)mg->nmem[q] * inbytes);
+            mg->rdispls[q] = disp;
+            disp += mg->rcounts[q];
+        }
+        DPAR__MPI_CALL(mp, MPI_Iallgatherv(mg->xbuf, (int)at, MPI_BYTE, mg->xrecv, mg->rcounts, mg->rdispls, MPI_BYTE,
+                                           mg->comm, &req));
     }
     if ((s = dpar__mpi_data_wait(ctx, mg, &req, &dl, what, job, seq))) return s;
     dpar__mpi_coll_out(rt, g, c, inbytes); /* the result to the local members */
@@ -869,12 +1035,17 @@ static dpar_status dpar__mpi_out_of_step(dpar_runtime *rt) {
     int got[2] = { 0, 0 };
     if (dpar__mpi_take_notice(mp, got)) {
         char why[160];
-        snprintf(why, sizeof why, "process %d gave up waiting for this one at the end of pmap #%d (DPAR_TIMEOUT_MS)", got[1], got[0]);
+        snprintf(why, sizeof why, "process %d gave up waiting for this one at the end of pmap #%d (DPAR_TIMEOUT_MS)",
+                 got[1], got[0]);
         dpar__mpi_mark_broken(rt, why);
     }
     if (!mp->broken) return DPAR_OK;
-    return dpar__err(DPAR_ERR_STATE, "pmap #%llu: the processes are out of step (%s); destroy the runtime (dpar_runtime_destroy) on "
-                     "every process", (unsigned long long)rt->job_count + 1, mp->broken_why[0] ? mp->broken_why : "an earlier collective or dispatch across processes failed or timed out");
+    return dpar__err(DPAR_ERR_STATE,
+                     "pmap #%llu: the processes are out of step (%s); destroy the runtime (dpar_runtime_destroy) on "
+                     "every process",
+                     (unsigned long long)rt->job_count + 1,
+                     mp->broken_why[0] ? mp->broken_why
+                                       : "an earlier collective or dispatch across processes failed or timed out");
 }
 
 /* At the end of a dispatch every process learns whether any process failed,
@@ -887,7 +1058,8 @@ static void dpar__mpi_job_agree(dpar_runtime *rt, dpar__job *job) {
         if (!job->first_status) {
             job->first_status = DPAR_ERR_STATE;
             job->first_device = -1;
-            snprintf(job->first_msg, sizeof job->first_msg, "the processes are out of step since an earlier dispatch timed out; "
+            snprintf(job->first_msg, sizeof job->first_msg,
+                     "the processes are out of step since an earlier dispatch timed out; "
                      "destroy the runtime on every process");
         }
         return;
@@ -897,15 +1069,19 @@ static void dpar__mpi_job_agree(dpar_runtime *rt, dpar__job *job) {
         /* the others gave up on this dispatch's agreement already: joining it
            now would match their abandoned one (and read as a success) */
         char why[160];
-        snprintf(why, sizeof why, "process %d gave up waiting for this one at the end of pmap #%d (DPAR_TIMEOUT_MS)", got[1], got[0]);
+        snprintf(why, sizeof why, "process %d gave up waiting for this one at the end of pmap #%d (DPAR_TIMEOUT_MS)",
+                 got[1], got[0]);
         dpar__mpi_mark_broken(rt, why);
         mp->agree_abandoned = 1;
         if (!job->first_status) {
             job->first_status = DPAR_ERR_TIMEOUT;
             job->first_device = -1;
-            snprintf(job->first_msg, sizeof job->first_msg, "pmap #%llu: process %d gave up waiting for this process to finish the "
-                     "dispatch (it came more than 2 x DPAR_TIMEOUT_MS = %d ms later); the processes are out of step: destroy the runtime "
-                     "on every process", (unsigned long long)rt->job_count, got[1], 2 * rt->timeout_ms);
+            snprintf(job->first_msg, sizeof job->first_msg,
+                     "pmap #%llu: process %d gave up waiting for this process to finish the "
+                     "dispatch (it came more than 2 x DPAR_TIMEOUT_MS = %d ms later); the processes are out of step: "
+                     "destroy the runtime "
+                     "on every process",
+                     (unsigned long long)rt->job_count, got[1], 2 * rt->timeout_ms);
         }
         return;
     }
@@ -929,21 +1105,24 @@ static void dpar__mpi_job_agree(dpar_runtime *rt, dpar__job *job) {
         pthread_mutex_lock(&mp->mu);
         for (int q = 0; q < mp->size; q++) {
             MPI_Request nr = MPI_REQUEST_NULL;
-            if (q != rt->proc && MPI_Isend(mp->agree_notice, 2, MPI_INT, q, DPAR__MPI_TAG_GAVE_UP, mp->comm, &nr) == MPI_SUCCESS)
+            if (q != rt->proc &&
+                MPI_Isend(mp->agree_notice, 2, MPI_INT, q, DPAR__MPI_TAG_GAVE_UP, mp->comm, &nr) == MPI_SUCCESS)
                 MPI_Request_free(&nr);
         }
         pthread_mutex_unlock(&mp->mu);
         if (!job->first_status) {
             job->first_status = DPAR_ERR_TIMEOUT;
             job->first_device = rt->local_base;
-            snprintf(job->first_msg, sizeof job->first_msg, "pmap #%llu: the other processes did not finish this dispatch within %d ms "
-                     "(DPAR_TIMEOUT_MS); every process must run the same dispatches", (unsigned long long)rt->job_count, 2 * rt->timeout_ms);
+            snprintf(job->first_msg, sizeof job->first_msg,
+                     "pmap #%llu: the other processes did not finish this dispatch within %d ms "
+                     "(DPAR_TIMEOUT_MS); every process must run the same dispatches",
+                     (unsigned long long)rt->job_count, 2 * rt->timeout_ms);
         }
         return;
     }
     int lowest = mp->agree_lowest[0];
     if (mp->agree_lowest[1] < 0) mp->broken = 1; /* some process is out of step: so is this one */
-    if (lowest >= rt->nproc) return; /* everyone succeeded */
+    if (lowest >= rt->nproc) return;             /* everyone succeeded */
     memset(&mp->agree_e, 0, sizeof mp->agree_e);
     if (lowest == rt->proc) {
         mp->agree_e.status = (int)job->first_status;
@@ -956,11 +1135,13 @@ static void dpar__mpi_job_agree(dpar_runtime *rt, dpar__job *job) {
     pthread_mutex_unlock(&mp->mu);
     int st = DPAR_ERR_TIMEOUT, dev = -1;
     char msg[DPAR__ERR_LEN];
-    if (rc != MPI_SUCCESS || dpar__mpi_poll(mp, &req, &dl, NULL, 0) != 1) { /* the failing process gave up waiting for us */
+    if (rc != MPI_SUCCESS ||
+        dpar__mpi_poll(mp, &req, &dl, NULL, 0) != 1) { /* the failing process gave up waiting for us */
         mp->broken = 1;
         mp->agree_abandoned = 1;
         mp->keep = 1;
-        snprintf(msg, sizeof msg, "pmap #%llu failed on process %d, which stopped waiting for this one (DPAR_TIMEOUT_MS)",
+        snprintf(msg, sizeof msg,
+                 "pmap #%llu failed on process %d, which stopped waiting for this one (DPAR_TIMEOUT_MS)",
                  (unsigned long long)rt->job_count, lowest);
     } else {
         st = mp->agree_e.status;
@@ -1012,11 +1193,10 @@ static void dpar__mpi_dispatch_end(dpar_mesh *m, dpar__job *job, dpar_status lat
 }
 
 static const dpar__transport *dpar__transport_get(void) {
-    static const dpar__transport mpi = {
-        dpar__mpi_runtime_pre, dpar__mpi_runtime_init, dpar__mpi_runtime_free, dpar__mpi_runtime_failed,
-        dpar__mpi_mesh_init, dpar__mpi_mesh_free, dpar__mpi_out_of_step, dpar__mpi_dispatch_end,
-        dpar__mpi_coll_agree, dpar__mpi_group_xid, dpar__mpi_coll, dpar__mpi_share
-    };
+    static const dpar__transport mpi = { dpar__mpi_runtime_pre,    dpar__mpi_runtime_init, dpar__mpi_runtime_free,
+                                         dpar__mpi_runtime_failed, dpar__mpi_mesh_init,    dpar__mpi_mesh_free,
+                                         dpar__mpi_out_of_step,    dpar__mpi_dispatch_end, dpar__mpi_coll_agree,
+                                         dpar__mpi_group_xid,      dpar__mpi_coll,         dpar__mpi_share };
     return &mpi;
 }
 

@@ -68,7 +68,7 @@
 #define DPAR_VULKAN_H_INCLUDED
 
 #ifndef VK_NO_PROTOTYPES
-#  define VK_NO_PROTOTYPES
+#define VK_NO_PROTOTYPES
 #endif
 #include <vulkan/vulkan.h>
 #include <dlfcn.h>
@@ -77,6 +77,8 @@
 /* ---------------------------------------------------------------------------
    Vulkan entry points (loaded at run time, volk-style)
    ------------------------------------------------------------------------ */
+/* one X() per Vulkan entry point, packed rather than one per line */
+/* clang-format off */
 #define DPAR__VK_INSTANCE_FNS(X) \
     X(vkDestroyInstance) X(vkEnumeratePhysicalDevices) X(vkGetPhysicalDeviceProperties) \
     X(vkGetPhysicalDeviceProperties2) X(vkGetPhysicalDeviceQueueFamilyProperties) \
@@ -99,27 +101,28 @@
     X(vkCreateComputePipelines) X(vkDestroyPipeline) \
     X(vkCreateDescriptorPool) X(vkDestroyDescriptorPool) X(vkResetDescriptorPool) \
     X(vkAllocateDescriptorSets) X(vkUpdateDescriptorSets)
+/* clang-format on */
 
 enum {
-    DPAR__VK_FRAMES = 3,       /* command buffers in flight per logical device */
-    DPAR__VK_FRAME_OPS = 128,  /* ops recorded before a command buffer is submitted */
-    DPAR__VK_BINDINGS = 4,     /* dst, dst2, src0, src1 */
-    DPAR__VK_WG = 256          /* 1-D workgroup size of the element-wise shaders */
+    DPAR__VK_FRAMES = 3,      /* command buffers in flight per logical device */
+    DPAR__VK_FRAME_OPS = 128, /* ops recorded before a command buffer is submitted */
+    DPAR__VK_BINDINGS = 4,    /* dst, dst2, src0, src1 */
+    DPAR__VK_WG = 256         /* 1-D workgroup size of the element-wise shaders */
 };
-#define DPAR__VK_CHUNK ((VkDeviceSize)16 << 20)   /* staging chunk */
+#define DPAR__VK_CHUNK            ((VkDeviceSize)16 << 20) /* staging chunk */
 #define DPAR__VK_FENCE_TIMEOUT_NS ((uint64_t)600 * 1000000000ull)
 
 typedef struct dpar__vkqueue {
     VkQueue queue;
-    pthread_mutex_t lock;      /* VkQueue is externally synchronized */
+    pthread_mutex_t lock; /* VkQueue is externally synchronized */
 } dpar__vkqueue;
 
 typedef struct dpar__vkframe {
     VkCommandBuffer cb;
     VkFence fence;
     VkDescriptorPool pool;
-    uint64_t serial;           /* serial of the batch it holds (0: never used) */
-    int state;                 /* 0 idle, 1 recording, 2 submitted */
+    uint64_t serial; /* serial of the batch it holds (0: never used) */
+    int state;       /* 0 idle, 1 recording, 2 submitted */
     int nops;
 } dpar__vkframe;
 
@@ -127,28 +130,28 @@ struct dpar__vk;
 struct dpar__vkphys;
 
 typedef struct dpar__vkbuf {
-    struct dpar__vkphys *ph;   /* the physical device (VkDevice) it lives on */
+    struct dpar__vkphys *ph; /* the physical device (VkDevice) it lives on */
     VkBuffer buf;
     VkDeviceMemory mem;
-    VkDeviceSize size;         /* buffer size (nbytes rounded up to 4, at least 4) */
-    VkDeviceSize alloc_size;   /* allocation size, multiple of nonCoherentAtomSize */
+    VkDeviceSize size;       /* buffer size (nbytes rounded up to 4, at least 4) */
+    VkDeviceSize alloc_size; /* allocation size, multiple of nonCoherentAtomSize */
     size_t nbytes;
-    unsigned char *map;        /* persistent mapping (NULL: staging path) */
-    int coherent;              /* no flush/invalidate needed */
-    uint64_t last_serial;      /* last batch of its device that used it */
+    unsigned char *map;   /* persistent mapping (NULL: staging path) */
+    int coherent;         /* no flush/invalidate needed */
+    uint64_t last_serial; /* last batch of its device that used it */
 } dpar__vkbuf;
 
 /* One physical device in use: its VkDevice, queues and pipelines. */
 typedef struct dpar__vkphys {
-    int index;                 /* among the usable physical devices (GPUs first) */
+    int index; /* among the usable physical devices (GPUs first) */
     VkPhysicalDevice pd;
     VkPhysicalDeviceProperties props;
     VkPhysicalDeviceMemoryProperties memprops;
-    VkDeviceSize max_alloc;    /* maxMemoryAllocationSize */
-    VkDeviceSize atom;         /* nonCoherentAtomSize */
+    VkDeviceSize max_alloc; /* maxMemoryAllocationSize */
+    VkDeviceSize atom;      /* nonCoherentAtomSize */
     char driver[64];
     uint8_t uuid[VK_UUID_SIZE]; /* VkPhysicalDeviceIDProperties::deviceUUID */
-    int prefer_mappable;       /* map device memory in place */
+    int prefer_mappable;        /* map device memory in place */
     VkDevice device;
     uint32_t family;
     int nqueues;
@@ -158,33 +161,32 @@ typedef struct dpar__vkphys {
     pthread_mutex_t pipe_lock;
     int pipe_lock_init;
     VkPipeline pipes[DPAR__SPV_COUNT];
-    dpar__vkbuf dummy;         /* bound to unused bindings */
+    dpar__vkbuf dummy; /* bound to unused bindings */
 } dpar__vkphys;
 
 typedef struct dpar__vkdev {
     struct dpar__vk *st;
     dpar__vkphys *ph;
     int index;
-    pthread_mutex_t lock;      /* command pool, frames, staging, serials */
+    pthread_mutex_t lock; /* command pool, frames, staging, serials */
     dpar__vkqueue *queue;
     VkCommandPool cmd_pool;
     dpar__vkframe frames[DPAR__VK_FRAMES];
-    int cur;                   /* recording frame or -1 */
-    uint64_t next_serial;      /* serial of the next batch (starts at 1) */
-    uint64_t completed;        /* every batch <= completed has finished */
-    VkBuffer staging;          /* persistent, grows on demand */
+    int cur;              /* recording frame or -1 */
+    uint64_t next_serial; /* serial of the next batch (starts at 1) */
+    uint64_t completed;   /* every batch <= completed has finished */
+    VkBuffer staging;     /* persistent, grows on demand */
     VkDeviceMemory staging_mem;
     VkDeviceSize staging_size, staging_alloc;
     unsigned char *staging_map;
     int staging_coherent;
-    dpar__vkbuf cstage;        /* collective staging: two chunk slots, grows on demand */
-    void *hbuf[2];             /* host copies for the unpipelined collective path */
+    dpar__vkbuf cstage; /* collective staging: two chunk slots, grows on demand */
+    void *hbuf[2];      /* host copies for the unpipelined collective path */
     size_t hcap[2];
-    char *coll_in, *coll_out;  /* this member's host views, published to the group */
+    char *coll_in, *coll_out; /* this member's host views, published to the group */
 } dpar__vkdev;
 
-
-typedef struct dpar__vkpc {   /* push constants shared by every shader (32 bytes) */
+typedef struct dpar__vkpc { /* push constants shared by every shader (32 bytes) */
     uint32_t n, m, k, flags;
     float f[4];
 } dpar__vkpc;
@@ -200,13 +202,13 @@ typedef struct dpar__vk {
     DPAR__VK_DEVICE_FNS(DPAR__VK_DECL)
 #undef DPAR__VK_DECL
     VkInstance instance;
-    int api_version;           /* instance API version asked for */
+    int api_version; /* instance API version asked for */
     int nphys;
-    dpar__vkphys *phys;        /* [nphys] physical devices in use */
+    dpar__vkphys *phys; /* [nphys] physical devices in use */
     int ndev;
-    dpar__vkdev *devs;         /* [ndev] logical devices, round-robin over phys */
+    dpar__vkdev *devs; /* [ndev] logical devices, round-robin over phys */
     int force_noncoherent, force_staging;
-    int lost;                  /* VK_ERROR_DEVICE_LOST seen */
+    int lost; /* VK_ERROR_DEVICE_LOST seen */
 } dpar__vk;
 
 /* ---------------------------------------------------------------------------
@@ -214,6 +216,7 @@ typedef struct dpar__vk {
    ------------------------------------------------------------------------ */
 static const char *dpar__vk_result_name(VkResult r) {
     switch (r) {
+/* clang-format off */
 #define DPAR__VK_R(x) case x: return #x;
     DPAR__VK_R(VK_SUCCESS) DPAR__VK_R(VK_NOT_READY) DPAR__VK_R(VK_TIMEOUT)
     DPAR__VK_R(VK_EVENT_SET) DPAR__VK_R(VK_EVENT_RESET) DPAR__VK_R(VK_INCOMPLETE)
@@ -228,7 +231,8 @@ static const char *dpar__vk_result_name(VkResult r) {
     DPAR__VK_R(VK_ERROR_INVALID_OPAQUE_CAPTURE_ADDRESS) DPAR__VK_R(VK_PIPELINE_COMPILE_REQUIRED)
     DPAR__VK_R(VK_ERROR_INVALID_SHADER_NV)
 #undef DPAR__VK_R
-    default: return "VK_RESULT_UNKNOWN";
+            /* clang-format on */
+            default : return "VK_RESULT_UNKNOWN";
     }
 }
 
@@ -261,7 +265,7 @@ static dpar_status dpar__vk_fail(dpar__vk *st, VkResult r, const char *call, con
 static dpar_status dpar__vk_check_lost(dpar__vk *st) {
     if (DPAR__ATOMIC_LOAD(&st->lost))
         return dpar__err(DPAR_ERR_BACKEND, "vulkan: the device was lost earlier (VK_ERROR_DEVICE_LOST); "
-                         "destroy the runtime and create a new one");
+                                           "destroy the runtime and create a new one");
     return DPAR_OK;
 }
 
@@ -293,7 +297,8 @@ static dpar_status dpar__vk_settings_get(const dpar_runtime_desc *desc, dpar__vk
     memset(out, 0, sizeof *out);
     out->device = -1;
     if (desc->vulkan.physical_device < 0)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "vulkan: desc.vulkan.physical_device = %d is negative; use 1 for "
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                         "vulkan: desc.vulkan.physical_device = %d is negative; use 1 for "
                          "the first usable device, 2 for the second, ..., or 0 for every device of the best kind",
                          desc->vulkan.physical_device);
     if (desc->vulkan.physical_device > 0) {
@@ -316,7 +321,9 @@ static dpar_status dpar__vk_settings_get(const dpar_runtime_desc *desc, dpar__vk
 /* ---------------------------------------------------------------------------
    Memory
    ------------------------------------------------------------------------ */
-static VkDeviceSize dpar__vk_round_up(VkDeviceSize x, VkDeviceSize a) { return (x + a - 1) / a * a; }
+static VkDeviceSize dpar__vk_round_up(VkDeviceSize x, VkDeviceSize a) {
+    return (x + a - 1) / a * a;
+}
 
 /* First memory type allowed by `bits` that has all of `want`; -1 if none. */
 static int dpar__vk_find_type(const dpar__vkphys *ph, uint32_t bits, VkMemoryPropertyFlags want) {
@@ -327,8 +334,8 @@ static int dpar__vk_find_type(const dpar__vkphys *ph, uint32_t bits, VkMemoryPro
 
 /* Flush (after host writes) or invalidate (before host reads) [off, off+n) of
    a mapped allocation, widened to nonCoherentAtomSize. */
-static dpar_status dpar__vk_map_range(dpar__vk *st, const dpar__vkphys *ph, VkDeviceMemory mem,
-                                      VkDeviceSize alloc_size, size_t off, size_t n, int invalidate) {
+static dpar_status dpar__vk_map_range(dpar__vk *st, const dpar__vkphys *ph, VkDeviceMemory mem, VkDeviceSize alloc_size,
+                                      size_t off, size_t n, int invalidate) {
     if (n == 0) return DPAR_OK;
     VkDeviceSize start = (VkDeviceSize)off / ph->atom * ph->atom;
     VkDeviceSize end = dpar__vk_round_up((VkDeviceSize)off + n, ph->atom);
@@ -343,8 +350,7 @@ static dpar_status dpar__vk_map_range(dpar__vk *st, const dpar__vkphys *ph, VkDe
                              : st->vkFlushMappedMemoryRanges(ph->device, 1, &r);
     if (vr != VK_SUCCESS)
         return dpar__vk_fail(st, vr, invalidate ? "vkInvalidateMappedMemoryRanges" : "vkFlushMappedMemoryRanges",
-                             "offset %llu, %llu bytes", (unsigned long long)start,
-                             (unsigned long long)(end - start));
+                             "offset %llu, %llu bytes", (unsigned long long)start, (unsigned long long)(end - start));
     return DPAR_OK;
 }
 
@@ -450,9 +456,10 @@ static dpar_status dpar__vk_wait_serial(dpar__vkdev *d, uint64_t s) {
         VkResult vr = st->vkWaitForFences(d->ph->device, 1, &f->fence, VK_TRUE, DPAR__VK_FENCE_TIMEOUT_NS);
         if (vr != VK_SUCCESS) {
             if (vr == VK_TIMEOUT)
-                return dpar__err(DPAR_ERR_BACKEND, "vulkan: vkWaitForFences failed: VK_TIMEOUT (device %d did not "
-                                 "finish its work in %llu s)", d->index,
-                                 (unsigned long long)(DPAR__VK_FENCE_TIMEOUT_NS / 1000000000ull));
+                return dpar__err(DPAR_ERR_BACKEND,
+                                 "vulkan: vkWaitForFences failed: VK_TIMEOUT (device %d did not "
+                                 "finish its work in %llu s)",
+                                 d->index, (unsigned long long)(DPAR__VK_FENCE_TIMEOUT_NS / 1000000000ull));
             return dpar__vk_fail(st, vr, "vkWaitForFences", "device %d", d->index);
         }
         f->state = 0;
@@ -469,8 +476,8 @@ static void dpar__vk_cmd_barrier(dpar__vk *st, VkCommandBuffer cb) {
     memset(&mb, 0, sizeof mb);
     mb.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER;
     mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
-    mb.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT |
-                       VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
+    mb.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_READ_BIT |
+                       VK_ACCESS_TRANSFER_WRITE_BIT;
     VkPipelineStageFlags stages = VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT;
     st->vkCmdPipelineBarrier(cb, stages, stages, 0, 1, &mb, 0, NULL, 0, NULL);
 }
@@ -478,7 +485,10 @@ static void dpar__vk_cmd_barrier(dpar__vk *st, VkCommandBuffer cb) {
 /* The recording batch of d, begun when none is open. Lock held. */
 static dpar_status dpar__vk_begin(dpar__vkdev *d, dpar__vkframe **out) {
     dpar__vk *st = d->st;
-    if (d->cur >= 0) { *out = &d->frames[d->cur]; return DPAR_OK; }
+    if (d->cur >= 0) {
+        *out = &d->frames[d->cur];
+        return DPAR_OK;
+    }
     dpar_status s = dpar__vk_check_lost(st);
     if (s) return s;
     uint64_t serial = d->next_serial;
@@ -530,7 +540,10 @@ static dpar_status dpar__vk_submit(dpar__vkdev *d) {
         pthread_mutex_lock(&d->queue->lock);
         vr = st->vkQueueSubmit(d->queue->queue, 1, &si, f->fence);
         pthread_mutex_unlock(&d->queue->lock);
-        if (vr == VK_SUCCESS) { f->state = 2; return DPAR_OK; }
+        if (vr == VK_SUCCESS) {
+            f->state = 2;
+            return DPAR_OK;
+        }
         f->state = 0;
         if (f->serial > d->completed) d->completed = f->serial;
         return dpar__vk_fail(st, vr, "vkQueueSubmit", "device %d", d->index);
@@ -645,12 +658,15 @@ static dpar_status dpar__vk_dispatch(dpar__vk *st, int dev, int id, dpar__vkbuf 
     dpar__vkphys *ph = st->devs[dev].ph;
     if (gx == 0 || gy == 0) return DPAR_OK;
     if (gx > ph->props.limits.maxComputeWorkGroupCount[0] || gy > ph->props.limits.maxComputeWorkGroupCount[1])
-        return dpar__err(DPAR_ERR_BACKEND, "vulkan: %s needs %u x %u workgroups, more than the device allows "
-                         "(%u x %u); split the op", dpar__spv_table[id].name, gx, gy,
-                         ph->props.limits.maxComputeWorkGroupCount[0], ph->props.limits.maxComputeWorkGroupCount[1]);
+        return dpar__err(DPAR_ERR_BACKEND,
+                         "vulkan: %s needs %u x %u workgroups, more than the device allows "
+                         "(%u x %u); split the op",
+                         dpar__spv_table[id].name, gx, gy, ph->props.limits.maxComputeWorkGroupCount[0],
+                         ph->props.limits.maxComputeWorkGroupCount[1]);
     for (int i = 0; i < DPAR__VK_BINDINGS; i++)
         if (b[i] && b[i]->size > ph->props.limits.maxStorageBufferRange)
-            return dpar__err(DPAR_ERR_BACKEND, "vulkan: %s: a buffer of %llu bytes exceeds maxStorageBufferRange "
+            return dpar__err(DPAR_ERR_BACKEND,
+                             "vulkan: %s: a buffer of %llu bytes exceeds maxStorageBufferRange "
                              "(%u bytes) of device %d; shard it over more devices or use smaller buffers",
                              dpar__spv_table[id].name, (unsigned long long)b[i]->size,
                              ph->props.limits.maxStorageBufferRange, dev);
@@ -660,7 +676,10 @@ static dpar_status dpar__vk_dispatch(dpar__vk *st, int dev, int id, dpar__vkbuf 
     dpar__vkdev *d = &st->devs[dev];
     pthread_mutex_lock(&d->lock);
     dpar__vkframe *f;
-    if ((s = dpar__vk_begin(d, &f)) != DPAR_OK) { pthread_mutex_unlock(&d->lock); return s; }
+    if ((s = dpar__vk_begin(d, &f)) != DPAR_OK) {
+        pthread_mutex_unlock(&d->lock);
+        return s;
+    }
     VkDescriptorSetAllocateInfo ai;
     memset(&ai, 0, sizeof ai);
     ai.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO;
@@ -702,13 +721,16 @@ static dpar_status dpar__vk_dispatch(dpar__vk *st, int dev, int id, dpar__vkbuf 
 }
 
 /* Records vkCmdFillBuffer (src == NULL) or vkCmdCopyBuffer src -> dst. */
-static dpar_status dpar__vk_transfer(dpar__vk *st, int dev, dpar__vkbuf *dst, dpar__vkbuf *src,
-                                     VkDeviceSize size, uint32_t pattern) {
+static dpar_status dpar__vk_transfer(dpar__vk *st, int dev, dpar__vkbuf *dst, dpar__vkbuf *src, VkDeviceSize size,
+                                     uint32_t pattern) {
     dpar__vkdev *d = &st->devs[dev];
     pthread_mutex_lock(&d->lock);
     dpar__vkframe *f;
     dpar_status s = dpar__vk_begin(d, &f);
-    if (s) { pthread_mutex_unlock(&d->lock); return s; }
+    if (s) {
+        pthread_mutex_unlock(&d->lock);
+        return s;
+    }
     dpar__vk_cmd_barrier(st, f->cb);
     if (src) {
         VkBufferCopy r;
@@ -888,8 +910,8 @@ static dpar_status dpar__vk_init_phys(dpar__vk *st, const dpar_runtime_desc *des
             (f & VK_MEMORY_PROPERTY_HOST_CACHED_BIT))
             cached_dl = 1;
     }
-    ph->prefer_mappable = !st->force_staging &&
-                          (ph->props.deviceType != VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU || cached_dl);
+    ph->prefer_mappable =
+        !st->force_staging && (ph->props.deviceType != VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU || cached_dl);
     DPAR__UNUSED(desc);
 
     uint32_t qcount = 0;
@@ -907,7 +929,10 @@ static dpar_status dpar__vk_init_phys(dpar__vk *st, const dpar_runtime_desc *des
     uint32_t ndext = 0;
     st->vkEnumerateDeviceExtensionProperties(ph->pd, NULL, &ndext, NULL);
     VkExtensionProperties *dexts = (VkExtensionProperties *)DPAR_MALLOC((ndext ? ndext : 1) * sizeof *dexts);
-    if (!dexts) { DPAR_FREE(prio); return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "vulkan: out of host memory"); }
+    if (!dexts) {
+        DPAR_FREE(prio);
+        return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "vulkan: out of host memory");
+    }
     st->vkEnumerateDeviceExtensionProperties(ph->pd, NULL, &ndext, dexts);
     const char *dev_exts[1] = { "VK_KHR_portability_subset" };
     int subset = dpar__vk_has_ext(dexts, ndext, dev_exts[0]);
@@ -981,15 +1006,16 @@ static dpar_status dpar__vk_open_loader(dpar__vk *st, uint32_t *iver) {
         const char *e = dlerror();
         return dpar__err(DPAR_ERR_BACKEND_UNAVAILABLE,
                          "vulkan: cannot load the Vulkan loader %s (%s); install it (Debian: libvulkan1 and a "
-                         "driver such as mesa-vulkan-drivers) or use the cpu backend", libname, e ? e : "dlopen failed");
+                         "driver such as mesa-vulkan-drivers) or use the cpu backend",
+                         libname, e ? e : "dlopen failed");
     }
     st->gipa = (PFN_vkGetInstanceProcAddr)(uintptr_t)dlsym(st->lib, "vkGetInstanceProcAddr");
     if (!st->gipa)
         return dpar__err(DPAR_ERR_BACKEND_UNAVAILABLE, "vulkan: %s has no vkGetInstanceProcAddr; not a Vulkan loader",
                          libname);
     st->vkCreateInstance = (PFN_vkCreateInstance)st->gipa(VK_NULL_HANDLE, "vkCreateInstance");
-    st->vkEnumerateInstanceExtensionProperties = (PFN_vkEnumerateInstanceExtensionProperties)st->gipa(
-        VK_NULL_HANDLE, "vkEnumerateInstanceExtensionProperties");
+    st->vkEnumerateInstanceExtensionProperties =
+        (PFN_vkEnumerateInstanceExtensionProperties)st->gipa(VK_NULL_HANDLE, "vkEnumerateInstanceExtensionProperties");
     st->vkEnumerateInstanceVersion =
         (PFN_vkEnumerateInstanceVersion)st->gipa(VK_NULL_HANDLE, "vkEnumerateInstanceVersion");
     if (!st->vkCreateInstance || !st->vkEnumerateInstanceExtensionProperties)
@@ -1038,11 +1064,12 @@ static dpar_status dpar__vk_create_instance(dpar__vk *st, uint32_t iver) {
             return dpar__err(DPAR_ERR_BACKEND_UNAVAILABLE,
                              "vulkan: vkCreateInstance failed: %s (no usable Vulkan driver (ICD) or layer; install "
                              "one, e.g. mesa-vulkan-drivers, check VK_ICD_FILENAMES / VK_INSTANCE_LAYERS, or use the "
-                             "cpu backend)", dpar__vk_result_name(vr));
+                             "cpu backend)",
+                             dpar__vk_result_name(vr));
         return dpar__vk_fail(st, vr, "vkCreateInstance", "Vulkan %u.%u", VK_VERSION_MAJOR(app.apiVersion),
                              VK_VERSION_MINOR(app.apiVersion));
     }
-#define DPAR__VK_LOAD_I(name) \
+#define DPAR__VK_LOAD_I(name)                                    \
     if (!(st->name = (PFN_##name)st->gipa(st->instance, #name))) \
         return dpar__err(DPAR_ERR_BACKEND_UNAVAILABLE, "vulkan: the loader lacks %s", #name);
     DPAR__VK_INSTANCE_FNS(DPAR__VK_LOAD_I)
@@ -1050,7 +1077,7 @@ static dpar_status dpar__vk_create_instance(dpar__vk *st, uint32_t iver) {
 
     /* device-level entry points through the loader's trampolines: valid for
        every VkDevice of this instance */
-#define DPAR__VK_LOAD_D(name) \
+#define DPAR__VK_LOAD_D(name)                                    \
     if (!(st->name = (PFN_##name)st->gipa(st->instance, #name))) \
         return dpar__err(DPAR_ERR_BACKEND_UNAVAILABLE, "vulkan: the loader lacks %s", #name);
     DPAR__VK_DEVICE_FNS(DPAR__VK_LOAD_D)
@@ -1078,10 +1105,10 @@ static dpar_status dpar__vk_list_usable(dpar__vk *st, dpar__vk_usable *u) {
     memset(u, 0, sizeof *u);
     uint32_t npd = 0;
     VkResult vr = st->vkEnumeratePhysicalDevices(st->instance, &npd, NULL);
-    if (vr != VK_SUCCESS && vr != VK_INCOMPLETE)
-        return dpar__vk_fail(st, vr, "vkEnumeratePhysicalDevices", "instance");
+    if (vr != VK_SUCCESS && vr != VK_INCOMPLETE) return dpar__vk_fail(st, vr, "vkEnumeratePhysicalDevices", "instance");
     if (npd == 0)
-        return dpar__err(DPAR_ERR_BACKEND_UNAVAILABLE, "vulkan: no Vulkan physical device found (the loader found no "
+        return dpar__err(DPAR_ERR_BACKEND_UNAVAILABLE,
+                         "vulkan: no Vulkan physical device found (the loader found no "
                          "working driver; install one, e.g. mesa-vulkan-drivers, or use the cpu backend)");
     VkPhysicalDevice *pds = (VkPhysicalDevice *)DPAR_MALLOC(npd * sizeof *pds);
     u->pd = (VkPhysicalDevice *)DPAR_MALLOC(npd * sizeof *u->pd);
@@ -1108,15 +1135,18 @@ static dpar_status dpar__vk_list_usable(dpar__vk *st, dpar__vk_usable *u) {
             int kind = 3;
             for (int q = 0; q < 5; q++)
                 if (p.deviceType == order[q]) kind = q;
-            if (kind != o || p.apiVersion < VK_API_VERSION_1_1 || dpar__vk_compute_family(st, pds[i], NULL) < 0) continue;
+            if (kind != o || p.apiVersion < VK_API_VERSION_1_1 || dpar__vk_compute_family(st, pds[i], NULL) < 0)
+                continue;
             u->kind[u->n] = kind;
             u->pd[u->n++] = pds[i];
         }
     DPAR_FREE(pds);
     if (u->n == 0) {
         dpar__vk_usable_free(u);
-        return dpar__err(DPAR_ERR_BACKEND_UNAVAILABLE, "vulkan: none of the %u Vulkan devices supports Vulkan 1.1 "
-                         "with a compute queue", npd);
+        return dpar__err(DPAR_ERR_BACKEND_UNAVAILABLE,
+                         "vulkan: none of the %u Vulkan devices supports Vulkan 1.1 "
+                         "with a compute queue",
+                         npd);
     }
     return DPAR_OK;
 }
@@ -1124,13 +1154,15 @@ static dpar_status dpar__vk_list_usable(dpar__vk *st, dpar__vk_usable *u) {
 /* Which usable devices to open: [*first, *first + *nphys), and *n logical
    devices over them. The one asked for, else every device of the best kind
    (with MPI: this process's node-local share). */
-static dpar_status dpar__vk_pick(const dpar__vk_settings *set, const dpar__vk_usable *u, int requested,
-                                 int local_index, int local_count, int *first, int *nphys, int *n) {
+static dpar_status dpar__vk_pick(const dpar__vk_settings *set, const dpar__vk_usable *u, int requested, int local_index,
+                                 int local_count, int *first, int *nphys, int *n) {
     int explicit_dev = set->device_from[0] != 0;
     int want = explicit_dev ? set->device : 0;
     if (explicit_dev && (want < 0 || want >= u->n))
-        return dpar__err(DPAR_ERR_DEVICE_COUNT, "vulkan: %s asks for usable device %d (0-based), but only %d usable "
-                         "Vulkan device(s) exist (0..%d)", set->device_from, want, u->n, u->n - 1);
+        return dpar__err(DPAR_ERR_DEVICE_COUNT,
+                         "vulkan: %s asks for usable device %d (0-based), but only %d usable "
+                         "Vulkan device(s) exist (0..%d)",
+                         set->device_from, want, u->n, u->n - 1);
     int nbest = 1;
     *first = explicit_dev ? want : 0;
     if (!explicit_dev) {
@@ -1216,8 +1248,8 @@ static dpar_status dpar__vk_init_impl(dpar__vk *st, const dpar_runtime_desc *des
     return DPAR_OK;
 }
 
-static dpar_status dpar__vk_init(const dpar_runtime_desc *desc, int requested, int local_index, int local_count, void **state,
-                                 int *count) {
+static dpar_status dpar__vk_init(const dpar_runtime_desc *desc, int requested, int local_index, int local_count,
+                                 void **state, int *count) {
     *state = NULL;
     *count = 0;
     dpar__vk *st = (dpar__vk *)DPAR_MALLOC(sizeof *st);
@@ -1259,8 +1291,10 @@ static dpar_status dpar__vk_device_info(void *state, int dev, dpar_device_info *
     else
         snprintf(out->name, sizeof out->name, "%.127s", ph->props.deviceName);
     const char *v = dpar__vk_vendor(ph->props.vendorID);
-    if (v) snprintf(out->vendor, sizeof out->vendor, "%s", v);
-    else snprintf(out->vendor, sizeof out->vendor, "vendor 0x%x", ph->props.vendorID);
+    if (v)
+        snprintf(out->vendor, sizeof out->vendor, "%s", v);
+    else
+        snprintf(out->vendor, sizeof out->vendor, "vendor 0x%x", ph->props.vendorID);
     snprintf(out->driver, sizeof out->driver, "%s", ph->driver);
     out->backend = DPAR_BACKEND_VULKAN;
     out->index = dev;
@@ -1289,10 +1323,14 @@ static dpar_status dpar__vk_alloc(void *state, int dev, size_t nbytes, void **me
     if (s) return s;
     dpar__vkbuf *b = (dpar__vkbuf *)DPAR_MALLOC(sizeof *b);
     if (!b) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "vulkan: out of host memory");
-    if ((s = dpar__vk_create_vkbuf(st, st->devs[dev].ph, dev, nbytes, 0, b)) != DPAR_OK) { DPAR_FREE(b); return s; }
+    if ((s = dpar__vk_create_vkbuf(st, st->devs[dev].ph, dev, nbytes, 0, b)) != DPAR_OK) {
+        DPAR_FREE(b);
+        return s;
+    }
     if (b->map) { /* zero in place */
         memset(b->map, 0, (size_t)b->size);
-        if (!b->coherent && (s = dpar__vk_map_range(st, b->ph, b->mem, b->alloc_size, 0, (size_t)b->size, 0)) != DPAR_OK) {
+        if (!b->coherent &&
+            (s = dpar__vk_map_range(st, b->ph, b->mem, b->alloc_size, 0, (size_t)b->size, 0)) != DPAR_OK) {
             dpar__vk_destroy_vkbuf(st, b);
             DPAR_FREE(b);
             return s;
@@ -1328,7 +1366,7 @@ static dpar_status dpar__vk_write(void *state, int dev, void *mem, size_t off, c
     if (nbytes == 0) return DPAR_OK;
     pthread_mutex_lock(&d->lock);
     dpar_status s = dpar__vk_check_lost(st);
-    if (!s) s = dpar__vk_buf_idle(d, b);   /* no queued work may still read or write b */
+    if (!s) s = dpar__vk_buf_idle(d, b); /* no queued work may still read or write b */
     if (!s && b->map) {
         memcpy(b->map + off, src, nbytes);
         if (!b->coherent) s = dpar__vk_map_range(st, b->ph, b->mem, b->alloc_size, off, nbytes, 0);
@@ -1349,7 +1387,7 @@ static dpar_status dpar__vk_write(void *state, int dev, void *mem, size_t off, c
             r.size = c;
             st->vkCmdCopyBuffer(f->cb, d->staging, b->buf, 1, &r);
             b->last_serial = f->serial;
-            s = dpar__vk_drain(d);  /* the staging buffer is reused by the next chunk */
+            s = dpar__vk_drain(d); /* the staging buffer is reused by the next chunk */
             done += c;
         }
     }
@@ -1382,8 +1420,9 @@ static dpar_status dpar__vk_read(void *state, int dev, void *mem, size_t off, vo
             r.size = c;
             st->vkCmdCopyBuffer(f->cb, b->buf, d->staging, 1, &r);
             b->last_serial = f->serial;
-            s = dpar__vk_drain(d);  /* ends with the transfer -> host barrier */
-            if (!s && !d->staging_coherent) s = dpar__vk_map_range(st, d->ph, d->staging_mem, d->staging_alloc, 0, c, 1);
+            s = dpar__vk_drain(d); /* ends with the transfer -> host barrier */
+            if (!s && !d->staging_coherent)
+                s = dpar__vk_map_range(st, d->ph, d->staging_mem, d->staging_alloc, 0, c, 1);
             if (!s) memcpy((unsigned char *)dst + done, d->staging_map, c);
             done += c;
         }
@@ -1441,8 +1480,14 @@ static uint32_t dpar__vk_groups(const dpar__vkphys *ph, uint64_t n) {
 static uint32_t dpar__vk_fill_pattern(dpar_dtype t, float v) {
     uint32_t pat;
     switch (t) {
-    case DPAR_F16: pat = dpar_f32_to_f16(v); pat |= pat << 16; break;
-    case DPAR_BF16: pat = dpar_f32_to_bf16(v); pat |= pat << 16; break;
+    case DPAR_F16:
+        pat = dpar_f32_to_f16(v);
+        pat |= pat << 16;
+        break;
+    case DPAR_BF16:
+        pat = dpar_f32_to_bf16(v);
+        pat |= pat << 16;
+        break;
     case DPAR_I32: {
         int32_t i = v != v ? 0 : v >= 2147483648.0f ? INT32_MAX : v <= -2147483648.0f ? INT32_MIN : (int32_t)v;
         memcpy(&pat, &i, 4);
@@ -1459,10 +1504,15 @@ static dpar_status dpar__vk_op_elementwise(dpar__vk *st, int dev, const dpar__op
     pc->n = (uint32_t)n;
     b[2] = op->src0 ? (dpar__vkbuf *)op->src0->mem : NULL;
     int id = DPAR__SPV_RELU;
-    if (op->kind == DPAR__OP_RELU_BWD) { id = DPAR__SPV_RELU_BWD; b[3] = (dpar__vkbuf *)op->src1->mem; }
-    else if (op->kind == DPAR__OP_AXPY) id = DPAR__SPV_AXPY;
-    else if (op->kind == DPAR__OP_SCALE) { id = DPAR__SPV_SCALE; b[2] = NULL; }
-    else if (op->kind == DPAR__OP_SGD) {
+    if (op->kind == DPAR__OP_RELU_BWD) {
+        id = DPAR__SPV_RELU_BWD;
+        b[3] = (dpar__vkbuf *)op->src1->mem;
+    } else if (op->kind == DPAR__OP_AXPY)
+        id = DPAR__SPV_AXPY;
+    else if (op->kind == DPAR__OP_SCALE) {
+        id = DPAR__SPV_SCALE;
+        b[2] = NULL;
+    } else if (op->kind == DPAR__OP_SGD) {
         id = DPAR__SPV_SGD;
         int mom = op->dst2 != NULL && op->f[1] != 0.0f;
         pc->flags = (op->nesterov && mom ? 1u : 0u) | (mom ? 2u : 0u);
@@ -1487,8 +1537,10 @@ static dpar_status dpar__vk_op(void *state, int dev, const dpar__op *op) {
     if (op->src0 && op->src0->count > big) big = op->src0->count;
     if (op->src1 && op->src1->count > big) big = op->src1->count;
     if (big > U32 || op->m > U32 || op->n > U32 || op->k > U32)
-        return dpar__err(DPAR_ERR_BACKEND, "vulkan: op on %lld elements: the Vulkan backend handles at most 2^32-1 "
-                         "elements per buffer", (long long)big);
+        return dpar__err(DPAR_ERR_BACKEND,
+                         "vulkan: op on %lld elements: the Vulkan backend handles at most 2^32-1 "
+                         "elements per buffer",
+                         (long long)big);
     DPAR_ASSERT((int)op->kind >= 0 && op->kind < DPAR__OP_COUNT);
     switch (op->kind) {
     case DPAR__OP_MATMUL: {
@@ -1497,7 +1549,10 @@ static dpar_status dpar__vk_op(void *state, int dev, const dpar__op *op) {
         pc.n = (uint32_t)op->n;
         pc.k = (uint32_t)op->k;
         pc.flags = (op->trans_a ? 1u : 0u) | (op->trans_b ? 2u : 0u) | (op->f[1] == 0.0f ? 4u : 0u) |
-                   ((uint32_t)(op->src0->dtype == DPAR_F16 ? 1 : op->src0->dtype == DPAR_BF16 ? 2 : 0) << 3);
+                   ((uint32_t)(op->src0->dtype == DPAR_F16    ? 1
+                               : op->src0->dtype == DPAR_BF16 ? 2
+                                                              : 0)
+                    << 3);
         b[2] = src0;
         b[3] = src1;
         return dpar__vk_dispatch(st, dev, DPAR__SPV_MATMUL, b, &pc, (uint32_t)((op->n + 31) / 32),
@@ -1509,14 +1564,16 @@ static dpar_status dpar__vk_op(void *state, int dev, const dpar__op *op) {
         pc.n = (uint32_t)n;
         pc.m = (uint32_t)cols;
         b[2] = src0;
-        return dpar__vk_dispatch(st, dev, DPAR__SPV_BIAS_ADD, b, &pc, dpar__vk_groups(st->devs[dev].ph, (uint64_t)n), 1);
+        return dpar__vk_dispatch(st, dev, DPAR__SPV_BIAS_ADD, b, &pc, dpar__vk_groups(st->devs[dev].ph, (uint64_t)n),
+                                 1);
     }
     case DPAR__OP_BIAS_GRAD: {
         if (n == 0) return DPAR_OK;
         pc.n = (uint32_t)n;
         pc.m = (uint32_t)(op->src0->count / n);
         b[2] = src0;
-        return dpar__vk_dispatch(st, dev, DPAR__SPV_BIAS_GRAD, b, &pc, dpar__vk_groups(st->devs[dev].ph, (uint64_t)n), 1);
+        return dpar__vk_dispatch(st, dev, DPAR__SPV_BIAS_GRAD, b, &pc, dpar__vk_groups(st->devs[dev].ph, (uint64_t)n),
+                                 1);
     }
     case DPAR__OP_RELU:
     case DPAR__OP_RELU_BWD:
@@ -1567,8 +1624,7 @@ static dpar_status dpar__vk_op(void *state, int dev, const dpar__op *op) {
         return dpar__vk_dispatch(st, dev, DPAR__SPV_CAST, b, &pc,
                                  dpar__vk_groups(st->devs[dev].ph, half ? ((uint64_t)n + 1) / 2 : (uint64_t)n), 1);
     }
-    default:
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "vulkan: unknown op kind %d", (int)op->kind);
+    default: return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "vulkan: unknown op kind %d", (int)op->kind);
     }
 }
 
@@ -1581,7 +1637,8 @@ static dpar_status dpar__vk_grow_host(dpar__vkdev *d, int i, size_t need) {
     if (need == 0) need = 1;
     if (d->hcap[i] >= need) return DPAR_OK;
     void *p = DPAR_REALLOC(d->hbuf[i], need);
-    if (!p) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "vulkan: collective: out of host memory for %zu staging bytes", need);
+    if (!p)
+        return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "vulkan: collective: out of host memory for %zu staging bytes", need);
     d->hbuf[i] = p;
     d->hcap[i] = need;
     return DPAR_OK;
@@ -1601,11 +1658,13 @@ static dpar_status dpar__vk_stage_copy(dpar__vkdev *d, dpar__vkbuf *b, VkDeviceS
         r.srcOffset = to_staging ? boff : soff;
         r.dstOffset = to_staging ? soff : boff;
         r.size = n;
-        if (to_staging) st->vkCmdCopyBuffer(f->cb, b->buf, d->cstage.buf, 1, &r);
-        else st->vkCmdCopyBuffer(f->cb, d->cstage.buf, b->buf, 1, &r);
+        if (to_staging)
+            st->vkCmdCopyBuffer(f->cb, b->buf, d->cstage.buf, 1, &r);
+        else
+            st->vkCmdCopyBuffer(f->cb, d->cstage.buf, b->buf, 1, &r);
         b->last_serial = f->serial;
         *serial = f->serial;
-        s = dpar__vk_submit(d);  /* ends with the transfer -> host barrier */
+        s = dpar__vk_submit(d); /* ends with the transfer -> host barrier */
     }
     pthread_mutex_unlock(&d->lock);
     return s;
@@ -1654,12 +1713,13 @@ static dpar_status dpar__vk_allreduce_pipelined(dpar__vk *st, dpar__coll *c) {
         if (k + 1 < nchunks) { /* prefetch chunk k+1 into the other slot once its upload is done */
             size_t off1 = off + chunk, len1 = total - off1 < chunk ? total - off1 : chunk;
             if (up_serial[nxt] && (s = dpar__vk_wait(d, up_serial[nxt])) != DPAR_OK) break;
-            if ((s = dpar__vk_stage_copy(d, bin, off1, (size_t)nxt * slot, len1, 1, &down_serial[nxt])) != DPAR_OK) break;
+            if ((s = dpar__vk_stage_copy(d, bin, off1, (size_t)nxt * slot, len1, 1, &down_serial[nxt])) != DPAR_OK)
+                break;
         }
         if ((s = dpar__vk_wait(d, down_serial[cur])) != DPAR_OK) break;
         unsigned char *mine = d->cstage.map + (size_t)cur * slot;
-        if (!d->cstage.coherent &&
-            (s = dpar__vk_map_range(st, d->ph, d->cstage.mem, d->cstage.alloc_size, (size_t)cur * slot, len, 1)) != DPAR_OK)
+        if (!d->cstage.coherent && (s = dpar__vk_map_range(st, d->ph, d->cstage.mem, d->cstage.alloc_size,
+                                                           (size_t)cur * slot, len, 1)) != DPAR_OK)
             break;
         if ((s = dpar__coll_barrier(c)) != DPAR_OK) return s; /* every member's chunk k is on the host */
         int64_t m = (int64_t)(len / es), lo = m * r / n, hi = m * (r + 1) / n;
@@ -1672,8 +1732,8 @@ static dpar_status dpar__vk_allreduce_pipelined(dpar__vk *st, dpar__coll *c) {
         }
         if (hi > lo) dpar__reduce_span(c->dtype, c->op, n, src, dst, n, hi - lo);
         if ((s = dpar__coll_barrier(c)) != DPAR_OK) return s; /* chunk k reduced everywhere */
-        if (!d->cstage.coherent &&
-            (s = dpar__vk_map_range(st, d->ph, d->cstage.mem, d->cstage.alloc_size, (size_t)cur * slot, len, 0)) != DPAR_OK)
+        if (!d->cstage.coherent && (s = dpar__vk_map_range(st, d->ph, d->cstage.mem, d->cstage.alloc_size,
+                                                           (size_t)cur * slot, len, 0)) != DPAR_OK)
             break;
         (void)mine;
         s = dpar__vk_stage_copy(d, bout, off, (size_t)cur * slot, len, 0, &up_serial[cur]);

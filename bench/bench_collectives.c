@@ -68,7 +68,8 @@ static dpar_status one(dpar_ctx *ctx, bench_job *j, dpar_buffer *in, dpar_buffer
 static dpar_status bench_fn(dpar_ctx *ctx, void *user) {
     bench_job *j = (bench_job *)user;
     int dev = dpar_ctx_device(ctx);
-    dpar_buffer *in = dpar_array_shard(j->in, dev), *out = dpar_array_shard(j->out, dev), *t = dpar_array_shard(j->tiny, dev);
+    dpar_buffer *in = dpar_array_shard(j->in, dev), *out = dpar_array_shard(j->out, dev),
+                *t = dpar_array_shard(j->tiny, dev);
     dpar_status s;
     if ((s = one(ctx, j, in, out))) return s; /* warm-up */
     for (int k = 0; k < j->trials; k++) {
@@ -84,7 +85,8 @@ static dpar_status bench_fn(dpar_ctx *ctx, void *user) {
 
 static double best(const double *v, int n) {
     double b = v[0];
-    for (int i = 1; i < n; i++) if (v[i] < b) b = v[i];
+    for (int i = 1; i < n; i++)
+        if (v[i] < b) b = v[i];
     return b;
 }
 
@@ -100,8 +102,8 @@ static int has(const char *list, const char *name) {
     return 0;
 }
 
-static int run_backend(const char *bname, dpar_backend_kind kind, int n, const char *ops, int64_t lo, int64_t hi, int factor,
-                       double target) {
+static int run_backend(const char *bname, dpar_backend_kind kind, int n, const char *ops, int64_t lo, int64_t hi,
+                       int factor, double target) {
     dpar_runtime_desc rd = { .backend = kind, .num_devices = n };
     dpar_runtime *rt = NULL;
     if (dpar_runtime_create(&rd, &rt)) {
@@ -111,42 +113,63 @@ static int run_backend(const char *bname, dpar_backend_kind kind, int n, const c
     }
     dpar_mesh *m = NULL;
     dpar_mesh_desc md = { .ndim = 1, .shape = { n }, .axis_names = { "data" } };
-    if (dpar_mesh_create(rt, &md, &m)) { fprintf(stderr, "mesh: %s\n", dpar_last_error()); dpar_runtime_destroy(rt); return -1; }
+    if (dpar_mesh_create(rt, &md, &m)) {
+        fprintf(stderr, "mesh: %s\n", dpar_last_error());
+        dpar_runtime_destroy(rt);
+        return -1;
+    }
     for (int op = 0; op < OP_COUNT; op++) {
         if (!has(ops, op_names[op])) continue;
         for (int64_t bytes = lo; bytes <= hi; bytes *= factor) {
             int64_t count = bytes / 4;
-            count -= count % n;            /* divisible for gather/scatter */
+            count -= count % n; /* divisible for gather/scatter */
             int64_t in_local = count, out_local = count;
             if (op == OP_ALLGATHER) in_local = count / n;
             if (op == OP_REDUCESCATTER) out_local = count / n;
             bench_job j;
             memset(&j, 0, sizeof j);
-            j.op = op; j.n = n;
+            j.op = op;
+            j.n = n;
             if (make_arr(m, in_local * n, &j.in) || make_arr(m, out_local * n, &j.out) || make_arr(m, n, &j.tiny)) {
-                fprintf(stderr, "%s %s n=%d %lld bytes: %s\n", bname, op_names[op], n, (long long)bytes, dpar_last_error());
-                dpar_array_destroy(j.in); dpar_array_destroy(j.out); dpar_array_destroy(j.tiny);
+                fprintf(stderr, "%s %s n=%d %lld bytes: %s\n", bname, op_names[op], n, (long long)bytes,
+                        dpar_last_error());
+                dpar_array_destroy(j.in);
+                dpar_array_destroy(j.out);
+                dpar_array_destroy(j.tiny);
                 break;
             }
             dpar_shard_map_desc sd = { .fn = bench_fn, .user = &j };
             /* calibrate: 1 iteration, then enough to fill `target` seconds */
-            j.iters = 1; j.trials = 3;
-            if (dpar_shard_map(m, &sd)) { fprintf(stderr, "%s: %s\n", op_names[op], dpar_last_error()); return -1; }
+            j.iters = 1;
+            j.trials = 3;
+            if (dpar_shard_map(m, &sd)) {
+                fprintf(stderr, "%s: %s\n", op_names[op], dpar_last_error());
+                return -1;
+            }
             double per = best(j.elapsed, 3);
             if (per < 1e-7) per = 1e-7;
             int iters = (int)(target / TRIALS / per);
             j.iters = iters < 1 ? 1 : iters > 2000 ? 2000 : iters;
             j.trials = TRIALS;
-            if (dpar_shard_map(m, &sd)) { fprintf(stderr, "%s: %s\n", op_names[op], dpar_last_error()); return -1; }
+            if (dpar_shard_map(m, &sd)) {
+                fprintf(stderr, "%s: %s\n", op_names[op], dpar_last_error());
+                return -1;
+            }
             double t = best(j.elapsed, TRIALS) / j.iters;
             double b = (double)count * 4.0;
             double alg = b / t / 1e9, bus;
-            if (op == OP_ALLREDUCE) bus = alg * 2.0 * (n - 1) / n;
-            else if (op == OP_BROADCAST) bus = alg;
-            else bus = alg * (double)(n - 1) / n;
-            printf("coll,%s,%s,%d,%lld,%.2f,%.3f,%.3f\n", bname, op_names[op], n, (long long)(count * 4), t * 1e6, alg, bus);
+            if (op == OP_ALLREDUCE)
+                bus = alg * 2.0 * (n - 1) / n;
+            else if (op == OP_BROADCAST)
+                bus = alg;
+            else
+                bus = alg * (double)(n - 1) / n;
+            printf("coll,%s,%s,%d,%lld,%.2f,%.3f,%.3f\n", bname, op_names[op], n, (long long)(count * 4), t * 1e6, alg,
+                   bus);
             fflush(stdout);
-            dpar_array_destroy(j.in); dpar_array_destroy(j.out); dpar_array_destroy(j.tiny);
+            dpar_array_destroy(j.in);
+            dpar_array_destroy(j.out);
+            dpar_array_destroy(j.tiny);
         }
     }
     dpar_runtime_destroy(rt);
@@ -154,7 +177,13 @@ static int run_backend(const char *bname, dpar_backend_kind kind, int n, const c
 }
 
 /* ---- memcpy: 1 thread, and 2 threads each copying its own pair of buffers */
-typedef struct { char *dst, *src; size_t bytes; int iters; pthread_barrier_t *bar; double t; } cp_arg;
+typedef struct {
+    char *dst, *src;
+    size_t bytes;
+    int iters;
+    pthread_barrier_t *bar;
+    double t;
+} cp_arg;
 static void *cp_main(void *p) {
     cp_arg *a = (cp_arg *)p;
     memcpy(a->dst, a->src, a->bytes); /* warm-up, faults the pages in */
@@ -175,7 +204,8 @@ static void run_memcpy(int threads, int64_t lo, int64_t hi, int factor, double t
         pthread_barrier_init(&bar, NULL, (unsigned)threads);
         /* calibrate with one thread */
         char *s0 = (char *)malloc((size_t)bytes), *d0 = (char *)malloc((size_t)bytes);
-        memset(s0, 1, (size_t)bytes); memset(d0, 0, (size_t)bytes);
+        memset(s0, 1, (size_t)bytes);
+        memset(d0, 0, (size_t)bytes);
         double t0 = now_s();
         memcpy(d0, s0, (size_t)bytes);
         double per = now_s() - t0;
@@ -183,19 +213,30 @@ static void run_memcpy(int threads, int64_t lo, int64_t hi, int factor, double t
         int iters = (int)(target / per);
         iters = iters < 2 ? 2 : iters > 20000 ? 20000 : iters;
         for (int i = 0; i < threads; i++) {
-            a[i].bytes = (size_t)bytes; a[i].iters = iters; a[i].bar = &bar;
+            a[i].bytes = (size_t)bytes;
+            a[i].iters = iters;
+            a[i].bar = &bar;
             a[i].src = i ? (char *)malloc((size_t)bytes) : s0;
             a[i].dst = i ? (char *)malloc((size_t)bytes) : d0;
-            if (i) { memset(a[i].src, 1, (size_t)bytes); memset(a[i].dst, 0, (size_t)bytes); }
+            if (i) {
+                memset(a[i].src, 1, (size_t)bytes);
+                memset(a[i].dst, 0, (size_t)bytes);
+            }
         }
         for (int i = 0; i < threads; i++) pthread_create(&th[i], NULL, cp_main, &a[i]);
         double tmax = 0;
-        for (int i = 0; i < threads; i++) { pthread_join(th[i], NULL); if (a[i].t > tmax) tmax = a[i].t; }
+        for (int i = 0; i < threads; i++) {
+            pthread_join(th[i], NULL);
+            if (a[i].t > tmax) tmax = a[i].t;
+        }
         double t = tmax / iters;
         double bw = (double)bytes * threads / t / 1e9;
         printf("memcpy,host,memcpy,%d,%lld,%.2f,%.3f,%.3f\n", threads, (long long)bytes, t * 1e6, bw, bw);
         fflush(stdout);
-        for (int i = 0; i < threads; i++) { free(a[i].src); free(a[i].dst); }
+        for (int i = 0; i < threads; i++) {
+            free(a[i].src);
+            free(a[i].dst);
+        }
         pthread_barrier_destroy(&bar);
     }
 }
@@ -207,22 +248,47 @@ int main(int argc, char **argv) {
     double target = 0.2;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--memcpy")) { memcpy_rows = 1; continue; }
-        if (!strcmp(a, "--no-dpar")) { dpar_rows = 0; continue; }
-        if (!v) { fprintf(stderr, "bench_collectives: %s needs a value\n", a); return 2; }
-        if (!strcmp(a, "--backend")) backends = v;
-        else if (!strcmp(a, "--devices")) devs = v;
-        else if (!strcmp(a, "--ops")) ops = v;
-        else if (!strcmp(a, "--min")) lo = atoll(v);
-        else if (!strcmp(a, "--max")) hi = atoll(v);
-        else if (!strcmp(a, "--factor")) factor = atoi(v);
-        else if (!strcmp(a, "--time")) target = atof(v);
-        else { fprintf(stderr, "bench_collectives: unknown flag %s\n", a); return 2; }
+        if (!strcmp(a, "--memcpy")) {
+            memcpy_rows = 1;
+            continue;
+        }
+        if (!strcmp(a, "--no-dpar")) {
+            dpar_rows = 0;
+            continue;
+        }
+        if (!v) {
+            fprintf(stderr, "bench_collectives: %s needs a value\n", a);
+            return 2;
+        }
+        if (!strcmp(a, "--backend"))
+            backends = v;
+        else if (!strcmp(a, "--devices"))
+            devs = v;
+        else if (!strcmp(a, "--ops"))
+            ops = v;
+        else if (!strcmp(a, "--min"))
+            lo = atoll(v);
+        else if (!strcmp(a, "--max"))
+            hi = atoll(v);
+        else if (!strcmp(a, "--factor"))
+            factor = atoi(v);
+        else if (!strcmp(a, "--time"))
+            target = atof(v);
+        else {
+            fprintf(stderr, "bench_collectives: unknown flag %s\n", a);
+            return 2;
+        }
         i++;
     }
-    if (lo < 64 || hi < lo || factor < 2 || target <= 0) { fprintf(stderr, "bench_collectives: bad --min/--max/--factor/--time\n"); return 2; }
+    if (lo < 64 || hi < lo || factor < 2 || target <= 0) {
+        fprintf(stderr, "bench_collectives: bad --min/--max/--factor/--time\n");
+        return 2;
+    }
     printf("kind,backend,op,devices,bytes,time_us,algbw_GBps,busbw_GBps\n");
-    if (memcpy_rows) { run_memcpy(1, lo, hi, factor, target); run_memcpy(2, lo, hi, factor, target); }
+    if (memcpy_rows) {
+        run_memcpy(1, lo, hi, factor, target);
+        run_memcpy(2, lo, hi, factor, target);
+    }
     if (!dpar_rows) return 0;
     for (const char *q = backends; *q;) { /* (not strtok: drivers use it too) */
         char b[32];

@@ -39,8 +39,8 @@ static struct {
     int (*cublasSetStream)(void *, void *);
     int (*cublasSgemm)(void *, int, int, int, int, int, const float *, const float *, int, const float *, int,
                        const float *, float *, int);
-    int (*cublasGemmEx)(void *, int, int, int, int, int, const void *, const void *, int, int, const void *, int,
-                        int, const void *, void *, int, int, int, int);
+    int (*cublasGemmEx)(void *, int, int, int, int, int, const void *, const void *, int, int, const void *, int, int,
+                        const void *, void *, int, int, int, int);
     int (*ncclCommInitAll)(void **, int, const int *);
     int (*ncclAllReduce)(const void *, void *, size_t, int, int, void *, void *);
     int (*ncclCommDestroy)(void *);
@@ -59,14 +59,15 @@ static int load_raw(void) {
     void *cu = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!cu) return 0;
     if (!SYM(cu, cuInit, "cuInit") || !SYM(cu, cuDeviceGet, "cuDeviceGet") ||
-        !SYM(cu, cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain") || !SYM(cu, cuCtxSetCurrent, "cuCtxSetCurrent") ||
-        !SYM(cu, cuStreamCreate, "cuStreamCreate") || !SYM(cu, cuStreamSynchronize, "cuStreamSynchronize") ||
-        !SYM(cu, cuMemAlloc, "cuMemAlloc_v2") || !SYM(cu, cuMemFree, "cuMemFree_v2") ||
-        !SYM(cu, cuMemsetD32Async, "cuMemsetD32Async") || !SYM(cu, cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2"))
+        !SYM(cu, cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain") ||
+        !SYM(cu, cuCtxSetCurrent, "cuCtxSetCurrent") || !SYM(cu, cuStreamCreate, "cuStreamCreate") ||
+        !SYM(cu, cuStreamSynchronize, "cuStreamSynchronize") || !SYM(cu, cuMemAlloc, "cuMemAlloc_v2") ||
+        !SYM(cu, cuMemFree, "cuMemFree_v2") || !SYM(cu, cuMemsetD32Async, "cuMemsetD32Async") ||
+        !SYM(cu, cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2"))
         return 0;
     int dev;
-    if (R.cuInit(0) || R.cuDeviceGet(&dev, 0) || R.cuDevicePrimaryCtxRetain(&cu_ctx, dev) || R.cuCtxSetCurrent(cu_ctx) ||
-        R.cuStreamCreate(&stream, 1))
+    if (R.cuInit(0) || R.cuDeviceGet(&dev, 0) || R.cuDevicePrimaryCtxRetain(&cu_ctx, dev) ||
+        R.cuCtxSetCurrent(cu_ctx) || R.cuStreamCreate(&stream, 1))
         return 0;
     void *bl = dlopen("libcublas.so.13", RTLD_NOW | RTLD_LOCAL);
     if (!bl) bl = dlopen("libcublas.so.12", RTLD_NOW | RTLD_LOCAL);
@@ -79,15 +80,24 @@ static int load_raw(void) {
     return 1;
 }
 
-#define CHECK(expr) do { dpar_status s_ = (expr); if (s_) { \
-    printf("FAILED: %s: %s: %s\n", #expr, dpar_status_string(s_), dpar_last_error()); exit(1); } } while (0)
+#define CHECK(expr)                                                                           \
+    do {                                                                                      \
+        dpar_status s_ = (expr);                                                              \
+        if (s_) {                                                                             \
+            printf("FAILED: %s: %s: %s\n", #expr, dpar_status_string(s_), dpar_last_error()); \
+            exit(1);                                                                          \
+        }                                                                                     \
+    } while (0)
 
 static int reps = 20;
 
 /* ---- 1. device copy ---- */
 static double copy_bw(size_t bytes) {
     cuptr a, b;
-    if (R.cuMemAlloc(&a, bytes) || R.cuMemAlloc(&b, bytes)) { printf("copy: cuMemAlloc failed\n"); return 0; }
+    if (R.cuMemAlloc(&a, bytes) || R.cuMemAlloc(&b, bytes)) {
+        printf("copy: cuMemAlloc failed\n");
+        return 0;
+    }
     R.cuMemsetD32Async(a, 0x3f800000u, bytes / 4, stream);
     R.cuMemcpyDtoDAsync(b, a, bytes, stream);
     R.cuStreamSynchronize(stream);
@@ -99,13 +109,15 @@ static double copy_bw(size_t bytes) {
         double t = (now() - t0) / reps;
         if (t < best) best = t;
     }
-    R.cuMemFree(a); R.cuMemFree(b);
+    R.cuMemFree(a);
+    R.cuMemFree(b);
     return 2.0 * (double)bytes / best; /* read + write */
 }
 
 /* ---- 2. dpar memory-bound ops ---- */
 typedef enum { OP_SGD_MOM, OP_SGD, OP_AXPY, OP_SCALE, OP_RELU, OP_CAST_BF16 } opk;
-static const char *op_name[] = { "sgd step (momentum 0.9)", "sgd step (no momentum)", "axpy", "scale", "relu", "cast f32->bf16" };
+static const char *op_name[] = { "sgd step (momentum 0.9)", "sgd step (no momentum)", "axpy", "scale", "relu",
+                                 "cast f32->bf16" };
 static const double op_traffic[] = { 5, 3, 3, 2, 2, 1.5 }; /* x buffer bytes read + written */
 
 static double dpar_op_bw(dpar_runtime *rt, opk k, int64_t n) {
@@ -136,7 +148,10 @@ static double dpar_op_bw(dpar_runtime *rt, opk k, int64_t n) {
         double t = (now() - t0) / reps;
         if (trial > 0 && t < best) best = t; /* trial 0 warms up */
     }
-    dpar_buffer_destroy(p); dpar_buffer_destroy(g); dpar_buffer_destroy(v); dpar_buffer_destroy(h);
+    dpar_buffer_destroy(p);
+    dpar_buffer_destroy(g);
+    dpar_buffer_destroy(v);
+    dpar_buffer_destroy(h);
     return op_traffic[k] * 4.0 * (double)n / best;
 }
 
@@ -159,7 +174,9 @@ static void bench_matmul(dpar_runtime *rt, dpar_dtype t, int nsz) {
         double tt = (now() - t0) / r;
         if (trial > 0 && tt < best_d) best_d = tt;
     }
-    dpar_buffer_destroy(A); dpar_buffer_destroy(B); dpar_buffer_destroy(C);
+    dpar_buffer_destroy(A);
+    dpar_buffer_destroy(B);
+    dpar_buffer_destroy(C);
     if (have_blas) {
         void *h;
         size_t es = t == DPAR_F32 ? 4 : 2;
@@ -177,8 +194,8 @@ static void bench_matmul(dpar_runtime *rt, dpar_dtype t, int nsz) {
             double t0 = now();
             for (int i = 0; i < r; i++) {
                 if (t == DPAR_F32)
-                    R.cublasSgemm(h, 0, 0, nsz, nsz, nsz, &al, (const float *)(size_t)b, nsz, (const float *)(size_t)a, nsz,
-                                  &be, (float *)(size_t)c, nsz);
+                    R.cublasSgemm(h, 0, 0, nsz, nsz, nsz, &al, (const float *)(size_t)b, nsz, (const float *)(size_t)a,
+                                  nsz, &be, (float *)(size_t)c, nsz);
                 else
                     R.cublasGemmEx(h, 0, 0, nsz, nsz, nsz, &al, (const void *)(size_t)b, t == DPAR_F16 ? 2 : 14, nsz,
                                    (const void *)(size_t)a, t == DPAR_F16 ? 2 : 14, nsz, &be, (void *)(size_t)c, 0, nsz,
@@ -188,7 +205,9 @@ static void bench_matmul(dpar_runtime *rt, dpar_dtype t, int nsz) {
             double tt = (now() - t0) / r;
             if (trial > 0 && tt < best_r) best_r = tt;
         }
-        R.cuMemFree(a); R.cuMemFree(b); R.cuMemFree(c);
+        R.cuMemFree(a);
+        R.cuMemFree(b);
+        R.cuMemFree(c);
     }
     printf("matmul %-4s %5d^3: dpar %8.1f TFLOP/s", dpar_dtype_name(t), nsz, flops / best_d * 1e-12);
     if (have_blas)
@@ -198,7 +217,10 @@ static void bench_matmul(dpar_runtime *rt, dpar_dtype t, int nsz) {
 }
 
 /* ---- 4. 1-rank all-reduce ---- */
-typedef struct { int reps; double t; } ar_job;
+typedef struct {
+    int reps;
+    double t;
+} ar_job;
 static dpar_status ar_fn(dpar_ctx *ctx, void *user) {
     ar_job *j = (ar_job *)user;
     dpar_buffer *in = dpar_ctx_arg(ctx, 0), *out = dpar_ctx_arg(ctx, 1);
@@ -223,14 +245,24 @@ static void bench_allreduce(dpar_runtime *rt, int64_t n) {
     float *host = (float *)calloc((size_t)n, 4);
     float *res = (float *)calloc((size_t)n, 4);
     ar_job j = { reps, 0 };
-    dpar_pmap_desc d = {
-        .axis = "data", .fn = ar_fn, .user = &j, .num_inputs = 1, .num_outputs = 1, .inputs[0].data = host,
-        .inputs[0].dtype = DPAR_F32, .inputs[0].ndim = 2, .inputs[0].shape[0] = 1, .inputs[0].shape[1] = n,
-        .inputs[0].in_axis = DPAR_MAPPED, .outputs[0].data = res, .outputs[0].dtype = DPAR_F32, .outputs[0].ndim = 1,
-        .outputs[0].shape[0] = n
-    };
+    dpar_pmap_desc d = { .axis = "data",
+                         .fn = ar_fn,
+                         .user = &j,
+                         .num_inputs = 1,
+                         .num_outputs = 1,
+                         .inputs[0].data = host,
+                         .inputs[0].dtype = DPAR_F32,
+                         .inputs[0].ndim = 2,
+                         .inputs[0].shape[0] = 1,
+                         .inputs[0].shape[1] = n,
+                         .inputs[0].in_axis = DPAR_MAPPED,
+                         .outputs[0].data = res,
+                         .outputs[0].dtype = DPAR_F32,
+                         .outputs[0].ndim = 1,
+                         .outputs[0].shape[0] = n };
     CHECK(dpar_pmap(m, &d));
-    free(host); free(res);
+    free(host);
+    free(res);
     dpar_mesh_destroy(m);
     double bytes = 4.0 * (double)n, raw = 0;
     if (have_nccl) {
@@ -246,18 +278,22 @@ static void bench_allreduce(dpar_runtime *rt, int64_t n) {
         for (int trial = 0; trial < 3; trial++) {
             R.cuStreamSynchronize(stream);
             double t0 = now();
-            for (int i = 0; i < reps; i++) R.ncclAllReduce((void *)(size_t)a, (void *)(size_t)b, (size_t)n, 7, 0, comm, stream);
+            for (int i = 0; i < reps; i++)
+                R.ncclAllReduce((void *)(size_t)a, (void *)(size_t)b, (size_t)n, 7, 0, comm, stream);
             R.cuStreamSynchronize(stream);
             double t = (now() - t0) / reps;
             if (trial > 0 && t < best) best = t;
         }
         raw = best;
         R.ncclCommDestroy(comm);
-        R.cuMemFree(a); R.cuMemFree(b);
+        R.cuMemFree(a);
+        R.cuMemFree(b);
     }
-    printf("all-reduce 1 rank %7.1f MB: dpar psum %9.1f us (algbw %7.1f GB/s)", bytes / 1e6, j.t * 1e6, bytes / j.t * 1e-9);
+    printf("all-reduce 1 rank %7.1f MB: dpar psum %9.1f us (algbw %7.1f GB/s)", bytes / 1e6, j.t * 1e6,
+           bytes / j.t * 1e-9);
     if (have_nccl)
-        printf("   ncclAllReduce %9.1f us (algbw %7.1f GB/s)   dpar/raw time = %.3f\n", raw * 1e6, bytes / raw * 1e-9, j.t / raw);
+        printf("   ncclAllReduce %9.1f us (algbw %7.1f GB/s)   dpar/raw time = %.3f\n", raw * 1e6, bytes / raw * 1e-9,
+               j.t / raw);
     else
         printf("   (raw NCCL: libnccl.so.2 not loadable)\n");
 }
@@ -265,9 +301,15 @@ static void bench_allreduce(dpar_runtime *rt, int64_t n) {
 int main(int argc, char **argv) {
     int quick = 0, mb = 256;
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--quick") == 0) { quick = 1; reps = 3; }
-        else if (strcmp(argv[i], "--mb") == 0 && i + 1 < argc && atoi(argv[i + 1]) > 0) mb = atoi(argv[++i]);
-        else { printf("usage: %s [--quick] [--mb N]\n", argv[0]); return 2; }
+        if (strcmp(argv[i], "--quick") == 0) {
+            quick = 1;
+            reps = 3;
+        } else if (strcmp(argv[i], "--mb") == 0 && i + 1 < argc && atoi(argv[i + 1]) > 0)
+            mb = atoi(argv[++i]);
+        else {
+            printf("usage: %s [--quick] [--mb N]\n", argv[0]);
+            return 2;
+        }
     }
     dpar_runtime_desc rd = { .backend = DPAR_BACKEND_CUDA, .num_devices = 1 };
     dpar_runtime *rt = NULL;
@@ -277,7 +319,10 @@ int main(int argc, char **argv) {
         return 0;
     }
     CHECK(s);
-    if (!load_raw()) { printf("SKIPPED: could not open the CUDA driver directly for the reference figures\n"); return 0; }
+    if (!load_raw()) {
+        printf("SKIPPED: could not open the CUDA driver directly for the reference figures\n");
+        return 0;
+    }
     dpar_device_info info;
     CHECK(dpar_runtime_device_info(rt, 0, &info));
     printf("device: %s (%s), %.1f GiB\n", info.name, info.driver, (double)info.memory_bytes / (1 << 30));

@@ -21,17 +21,27 @@ int main(int argc, char **argv) {
     int factor = 4;
     double target = 0.2;
     for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--min")) lo = atoll(argv[i + 1]);
-        else if (!strcmp(argv[i], "--max")) hi = atoll(argv[i + 1]);
-        else if (!strcmp(argv[i], "--factor")) factor = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--time")) target = atof(argv[i + 1]);
+        if (!strcmp(argv[i], "--min"))
+            lo = atoll(argv[i + 1]);
+        else if (!strcmp(argv[i], "--max"))
+            hi = atoll(argv[i + 1]);
+        else if (!strcmp(argv[i], "--factor"))
+            factor = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--time"))
+            target = atof(argv[i + 1]);
     }
     if (factor < 2) factor = 2;
     for (long long bytes = lo; bytes <= hi; bytes *= factor) {
         long long count = bytes / 4;
         float *in = (float *)malloc((size_t)count * 4), *out = (float *)malloc((size_t)count * 4);
-        if (!in || !out) { fprintf(stderr, "out of memory at %lld bytes\n", bytes); MPI_Abort(MPI_COMM_WORLD, 1); }
-        for (long long i = 0; i < count; i++) { in[i] = (float)(i % 7); out[i] = 0.0f; }
+        if (!in || !out) {
+            fprintf(stderr, "out of memory at %lld bytes\n", bytes);
+            MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+        for (long long i = 0; i < count; i++) {
+            in[i] = (float)(i % 7);
+            out[i] = 0.0f;
+        }
         MPI_Allreduce(in, out, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); /* warm-up */
         MPI_Barrier(MPI_COMM_WORLD);
         double t0 = MPI_Wtime();
@@ -53,10 +63,12 @@ int main(int argc, char **argv) {
         }
         if (rank == 0) {
             double alg = (double)count * 4.0 / tmax / 1e9;
-            printf("coll,mpi,allreduce,%d,%lld,%.2f,%.3f,%.3f\n", n, count * 4, tmax * 1e6, alg, alg * 2.0 * (n - 1) / n);
+            printf("coll,mpi,allreduce,%d,%lld,%.2f,%.3f,%.3f\n", n, count * 4, tmax * 1e6, alg,
+                   alg * 2.0 * (n - 1) / n);
             fflush(stdout);
         }
-        free(in); free(out);
+        free(in);
+        free(out);
     }
     MPI_Finalize();
     return 0;

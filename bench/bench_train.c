@@ -43,7 +43,9 @@ static uint64_t rnd(void) {
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
 }
-static float urand(void) { return (float)((double)(rnd() >> 40) * (1.0 / 16777216.0)); }
+static float urand(void) {
+    return (float)((double)(rnd() >> 40) * (1.0 / 16777216.0));
+}
 
 typedef struct {
     int nl, sizes[MAXL + 1], use_dp;
@@ -53,7 +55,11 @@ typedef struct {
     dpar_dp *dp;
 } net;
 
-#define CK(call) do { dpar_status s_ = (call); if (s_ != DPAR_OK) return s_; } while (0)
+#define CK(call)                      \
+    do {                              \
+        dpar_status s_ = (call);      \
+        if (s_ != DPAR_OK) return s_; \
+    } while (0)
 
 static dpar_status step_fn(dpar_ctx *ctx, void *user) {
     net *m = (net *)user;
@@ -81,7 +87,8 @@ static dpar_status step_fn(dpar_ctx *ctx, void *user) {
             CK(dpar_relu_backward(SH(m->d[i]), SH(m->d[i]), SH(m->pre[i - 1])));
         }
     }
-    if (m->use_dp) CK(dpar_dp_finish(m->dp, ctx));
+    if (m->use_dp)
+        CK(dpar_dp_finish(m->dp, ctx));
     else
         for (int i = 0; i < L; i++) {
             CK(dpar_pmean(ctx, SH(m->gw[i]), SH(m->gw[i]), "data"));
@@ -89,16 +96,20 @@ static dpar_status step_fn(dpar_ctx *ctx, void *user) {
         }
     dpar_buffer *p[2 * MAXL], *g[2 * MAXL], *v[2 * MAXL];
     for (int i = 0; i < L; i++) {
-        p[2 * i] = SH(m->w[i]); p[2 * i + 1] = SH(m->b[i]);
-        g[2 * i] = SH(m->gw[i]); g[2 * i + 1] = SH(m->gb[i]);
-        v[2 * i] = SH(m->mw[i]); v[2 * i + 1] = SH(m->mb[i]);
+        p[2 * i] = SH(m->w[i]);
+        p[2 * i + 1] = SH(m->b[i]);
+        g[2 * i] = SH(m->gw[i]);
+        g[2 * i + 1] = SH(m->gb[i]);
+        v[2 * i] = SH(m->mw[i]);
+        v[2 * i + 1] = SH(m->mb[i]);
     }
     CK(dpar_sgd_step(ctx, &m->sgd, p, g, v, 2 * L));
 #undef SH
     return DPAR_OK;
 }
 
-static dpar_status arr(dpar_mesh *mesh, dpar_dtype t, int ndim, int64_t d0, int64_t d1, const char *spec0, dpar_array **out) {
+static dpar_status arr(dpar_mesh *mesh, dpar_dtype t, int ndim, int64_t d0, int64_t d1, const char *spec0,
+                       dpar_array **out) {
     dpar_array_desc d = { .dtype = t, .ndim = ndim, .shape = { d0, d1 }, .spec = { spec0 } };
     return dpar_array_create(mesh, &d, out);
 }
@@ -108,19 +119,29 @@ static int run(dpar_backend_kind kind, const char *bname, const char *name, int 
                int steps, double target, int use_dp) {
     dpar_runtime_desc rd = { .backend = kind, .num_devices = n };
     dpar_runtime *rt;
-    if (dpar_runtime_create(&rd, &rt)) { printf("skip,%s,%s,%d: %s\n", bname, name, n, dpar_last_error()); return 0; }
+    if (dpar_runtime_create(&rd, &rt)) {
+        printf("skip,%s,%s,%d: %s\n", bname, name, n, dpar_last_error());
+        return 0;
+    }
     dpar_mesh *mesh;
     dpar_mesh_desc md = { .ndim = 1, .shape = { n }, .axis_names = { "data" } };
-    if (dpar_mesh_create(rt, &md, &mesh)) { fprintf(stderr, "mesh: %s\n", dpar_last_error()); return 1; }
+    if (dpar_mesh_create(rt, &md, &mesh)) {
+        fprintf(stderr, "mesh: %s\n", dpar_last_error());
+        return 1;
+    }
     net m;
     memset(&m, 0, sizeof m);
-    m.nl = nl; m.use_dp = use_dp;
+    m.nl = nl;
+    m.use_dp = use_dp;
     for (int i = 0; i <= nl; i++) m.sizes[i] = sizes[i];
     int bad = 0;
     for (int i = 0; i < nl && !bad; i++) {
-        bad |= arr(mesh, DPAR_F32, 2, sizes[i], sizes[i + 1], NULL, &m.w[i]) || arr(mesh, DPAR_F32, 1, sizes[i + 1], 0, NULL, &m.b[i]) ||
-               arr(mesh, DPAR_F32, 2, sizes[i], sizes[i + 1], NULL, &m.gw[i]) || arr(mesh, DPAR_F32, 1, sizes[i + 1], 0, NULL, &m.gb[i]) ||
-               arr(mesh, DPAR_F32, 2, sizes[i], sizes[i + 1], NULL, &m.mw[i]) || arr(mesh, DPAR_F32, 1, sizes[i + 1], 0, NULL, &m.mb[i]);
+        bad |= arr(mesh, DPAR_F32, 2, sizes[i], sizes[i + 1], NULL, &m.w[i]) ||
+               arr(mesh, DPAR_F32, 1, sizes[i + 1], 0, NULL, &m.b[i]) ||
+               arr(mesh, DPAR_F32, 2, sizes[i], sizes[i + 1], NULL, &m.gw[i]) ||
+               arr(mesh, DPAR_F32, 1, sizes[i + 1], 0, NULL, &m.gb[i]) ||
+               arr(mesh, DPAR_F32, 2, sizes[i], sizes[i + 1], NULL, &m.mw[i]) ||
+               arr(mesh, DPAR_F32, 1, sizes[i + 1], 0, NULL, &m.mb[i]);
         if (!bad) {
             int64_t cnt = (int64_t)sizes[i] * sizes[i + 1];
             float *w = (float *)malloc((size_t)cnt * 4), bound = sqrtf(6.0f / (float)sizes[i]);
@@ -130,19 +151,29 @@ static int run(dpar_backend_kind kind, const char *bname, const char *name, int 
         }
     }
     for (int i = 0; i <= nl && !bad; i++) {
-        bad |= arr(mesh, DPAR_F32, 2, batch, sizes[i], "data", &m.act[i]) || arr(mesh, DPAR_F32, 2, batch, sizes[i], "data", &m.d[i]);
+        bad |= arr(mesh, DPAR_F32, 2, batch, sizes[i], "data", &m.act[i]) ||
+               arr(mesh, DPAR_F32, 2, batch, sizes[i], "data", &m.d[i]);
         if (i < nl - 1) bad |= arr(mesh, DPAR_F32, 2, batch, sizes[i + 1], "data", &m.pre[i]) != DPAR_OK;
     }
     bad = bad || arr(mesh, DPAR_I32, 1, batch, 0, "data", &m.y) || arr(mesh, DPAR_F32, 1, n, 0, "data", &m.loss);
-    if (bad) { fprintf(stderr, "bench_train: setup: %s\n", dpar_last_error()); return 1; }
+    if (bad) {
+        fprintf(stderr, "bench_train: setup: %s\n", dpar_last_error());
+        return 1;
+    }
     m.sgd.learning_rate = 0.1f;
     m.sgd.momentum = 0.9f;
     if (use_dp) {
         dpar_dp_desc dd = { .axes = "data", .bucket_bytes = bucket_bytes };
-        if (dpar_dp_create(mesh, &dd, &m.dp)) { fprintf(stderr, "dp_create: %s\n", dpar_last_error()); return 1; }
+        if (dpar_dp_create(mesh, &dd, &m.dp)) {
+            fprintf(stderr, "dp_create: %s\n", dpar_last_error());
+            return 1;
+        }
         for (int i = 0; i < nl && !bad; i++) /* parameter ids 2i (weights), 2i+1 (bias) */
             bad |= dpar_dp_add(m.dp, m.gw[i], NULL) != DPAR_OK || dpar_dp_add(m.dp, m.gb[i], NULL) != DPAR_OK;
-        if (bad) { fprintf(stderr, "dp_add: %s\n", dpar_last_error()); return 1; }
+        if (bad) {
+            fprintf(stderr, "dp_add: %s\n", dpar_last_error());
+            return 1;
+        }
     }
     /* 8 host batches, cycled, uploaded every step */
     enum { NB = 8 };
@@ -156,10 +187,14 @@ static int run(dpar_backend_kind kind, const char *bname, const char *name, int 
     }
     dpar_shard_map_desc sd = { .fn = step_fn, .user = &m };
     int it = 0;
-#define STEP() do { \
+#define STEP()                                                                                                        \
+    do {                                                                                                              \
         if (dpar_array_put(m.act[0], xs[it % NB]) || dpar_array_put(m.y, ys[it % NB]) || dpar_shard_map(mesh, &sd)) { \
-            fprintf(stderr, "bench_train: step: %s\n", dpar_last_error()); return 1; } \
-        it++; } while (0)
+            fprintf(stderr, "bench_train: step: %s\n", dpar_last_error());                                            \
+            return 1;                                                                                                 \
+        }                                                                                                             \
+        it++;                                                                                                         \
+    } while (0)
     double t0 = now_s();
     for (int i = 0; i < 3; i++) STEP(); /* warm-up */
     double per = (now_s() - t0) / 3;
@@ -177,9 +212,13 @@ static int run(dpar_backend_kind kind, const char *bname, const char *name, int 
     if (dpar_array_get(m.loss, losses) == DPAR_OK) loss = losses[0];
     free(losses);
     printf("train,dpar,%s,%d,%d,%.4f,%.1f\n", name, n, batch, bestt * 1e3, batch / bestt);
-    fprintf(stderr, "bench_train: %s devices=%d loss after %d steps %.4f (%s)\n", name, n, it, (double)loss, use_dp ? "dp helper" : "pmean");
+    fprintf(stderr, "bench_train: %s devices=%d loss after %d steps %.4f (%s)\n", name, n, it, (double)loss,
+            use_dp ? "dp helper" : "pmean");
     fflush(stdout);
-    for (int k = 0; k < NB; k++) { free(xs[k]); free(ys[k]); }
+    for (int k = 0; k < NB; k++) {
+        free(xs[k]);
+        free(ys[k]);
+    }
     dpar_dp_destroy(m.dp);
     dpar_runtime_destroy(rt);
     return 0;
@@ -191,17 +230,32 @@ int main(int argc, char **argv) {
     double target = 2.0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!v) { fprintf(stderr, "bench_train: %s needs a value\n", a); return 2; }
-        if (!strcmp(a, "--name")) name = v;
-        else if (!strcmp(a, "--layers")) layers = v;
-        else if (!strcmp(a, "--batch")) batch = atoi(v);
-        else if (!strcmp(a, "--devices")) devs = v;
-        else if (!strcmp(a, "--steps")) steps = atoi(v);
-        else if (!strcmp(a, "--time")) target = atof(v);
-        else if (!strcmp(a, "--grads")) grads = v;
-        else if (!strcmp(a, "--backend")) backend = v;
-        else if (!strcmp(a, "--bucket-bytes")) bucket_bytes = (size_t)atoll(v);
-        else { fprintf(stderr, "bench_train: unknown flag %s\n", a); return 2; }
+        if (!v) {
+            fprintf(stderr, "bench_train: %s needs a value\n", a);
+            return 2;
+        }
+        if (!strcmp(a, "--name"))
+            name = v;
+        else if (!strcmp(a, "--layers"))
+            layers = v;
+        else if (!strcmp(a, "--batch"))
+            batch = atoi(v);
+        else if (!strcmp(a, "--devices"))
+            devs = v;
+        else if (!strcmp(a, "--steps"))
+            steps = atoi(v);
+        else if (!strcmp(a, "--time"))
+            target = atof(v);
+        else if (!strcmp(a, "--grads"))
+            grads = v;
+        else if (!strcmp(a, "--backend"))
+            backend = v;
+        else if (!strcmp(a, "--bucket-bytes"))
+            bucket_bytes = (size_t)atoll(v);
+        else {
+            fprintf(stderr, "bench_train: unknown flag %s\n", a);
+            return 2;
+        }
         i++;
     }
     int sizes[MAXL + 1], nl = -1;
@@ -210,14 +264,23 @@ int main(int argc, char **argv) {
         while (*p && *p != ',') p++;
         if (*p == ',') p++;
     }
-    if (nl < 1) { fprintf(stderr, "bench_train: --layers needs at least two sizes\n"); return 2; }
+    if (nl < 1) {
+        fprintf(stderr, "bench_train: --layers needs at least two sizes\n");
+        return 2;
+    }
     dpar_backend_kind kind;
-    if (dpar_backend_from_name(backend, &kind)) { fprintf(stderr, "bench_train: %s\n", dpar_last_error()); return 2; }
+    if (dpar_backend_from_name(backend, &kind)) {
+        fprintf(stderr, "bench_train: %s\n", dpar_last_error());
+        return 2;
+    }
     int use_dp = strcmp(grads, "pmean") != 0;
     for (const char *p = devs; *p;) {
         int n = atoi(p);
         if (n >= 1) {
-            if (batch % n) { fprintf(stderr, "bench_train: batch %d not divisible by %d devices\n", batch, n); return 2; }
+            if (batch % n) {
+                fprintf(stderr, "bench_train: batch %d not divisible by %d devices\n", batch, n);
+                return 2;
+            }
             if (run(kind, backend, name, nl, sizes, batch, n, steps, target, use_dp)) return 1;
         }
         while (*p && *p != ',') p++;

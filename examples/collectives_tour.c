@@ -20,10 +20,20 @@
 #include "dpar.h"
 #include "example_util.h"
 
-#define CHECK(call) do { dpar_status s_ = (call); if (s_ != DPAR_OK) { \
-    fprintf(stderr, "%s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #call, \
-            dpar_status_string(s_), dpar_last_error()); exit(1); } } while (0)
-#define TRY(call) do { dpar_status s_ = (call); if (s_ != DPAR_OK) return s_; } while (0)
+#define CHECK(call)                                                                                     \
+    do {                                                                                                \
+        dpar_status s_ = (call);                                                                        \
+        if (s_ != DPAR_OK) {                                                                            \
+            fprintf(stderr, "%s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #call, dpar_status_string(s_), \
+                    dpar_last_error());                                                                 \
+            exit(1);                                                                                    \
+        }                                                                                               \
+    } while (0)
+#define TRY(call)                     \
+    do {                              \
+        dpar_status s_ = (call);      \
+        if (s_ != DPAR_OK) return s_; \
+    } while (0)
 
 enum { NDATA = 2, NMODEL = 4, NDEV = NDATA * NMODEL, NSETS = 3 };
 static const char *AXES[NSETS] = { "data", "model", "data,model" };
@@ -37,7 +47,9 @@ typedef struct {
 } result;
 
 /* Reads a 1-element f32 buffer. */
-static dpar_status read1(const dpar_buffer *b, float *v) { return dpar_buffer_read(b, 0, v, sizeof *v); }
+static dpar_status read1(const dpar_buffer *b, float *v) {
+    return dpar_buffer_read(b, 0, v, sizeof *v);
+}
 
 static dpar_status tour_fn(dpar_ctx *ctx, void *user) {
     result *r = (result *)user + dpar_ctx_device(ctx);
@@ -74,17 +86,21 @@ static dpar_status tour_fn(dpar_ctx *ctx, void *user) {
 int main(int argc, char **argv) {
     dpar_backend_kind backend = DPAR_BACKEND_CPU;
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc) backend = parse_backend(argv[++i]);
-        else { fprintf(stderr, "usage: %s [--backend cpu|vulkan|cuda]\n", argv[0]); return 2; }
+        if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc)
+            backend = parse_backend(argv[++i]);
+        else {
+            fprintf(stderr, "usage: %s [--backend cpu|vulkan|cuda]\n", argv[0]);
+            return 2;
+        }
     }
 
     dpar_runtime *rt = NULL;
     dpar_mesh *mesh = NULL;
     CHECK(dpar_runtime_create(&(dpar_runtime_desc){ .backend = backend, .num_devices = NDEV }, &rt));
-    CHECK(dpar_mesh_create(rt, &(dpar_mesh_desc){ .ndim = 2, .shape = { NDATA, NMODEL },
-                                                  .axis_names = { "data", "model" } }, &mesh));
-    printf("2x4 mesh (data=%d, model=%d) of %d %s devices; x = 10 * axis_index('data') + axis_index('model')\n",
-           NDATA, NMODEL, NDEV, dpar_backend_name(dpar_runtime_backend(rt)));
+    CHECK(dpar_mesh_create(
+        rt, &(dpar_mesh_desc){ .ndim = 2, .shape = { NDATA, NMODEL }, .axis_names = { "data", "model" } }, &mesh));
+    printf("2x4 mesh (data=%d, model=%d) of %d %s devices; x = 10 * axis_index('data') + axis_index('model')\n", NDATA,
+           NMODEL, NDEV, dpar_backend_name(dpar_runtime_backend(rt)));
 
     result res[NDEV];
     memset(res, 0, sizeof res);
@@ -97,8 +113,8 @@ int main(int argc, char **argv) {
             const result *r = &res[d];
             int c[2];
             CHECK(dpar_mesh_coords(mesh, d, c));
-            printf("%3d  %4d %5d  %3g | %5g %6g %5g | [", d, c[0], c[1], (double)r->x,
-                   (double)r->sum[k], (double)r->mean[k], (double)r->max[k]);
+            printf("%3d  %4d %5d  %3g | %5g %6g %5g | [", d, c[0], c[1], (double)r->x, (double)r->sum[k],
+                   (double)r->mean[k], (double)r->max[k]);
             for (int i = 0; i < r->n[k]; i++) printf("%s%g", i ? ", " : "", (double)r->gather[k][i]);
             printf("]\n");
         }

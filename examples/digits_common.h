@@ -17,14 +17,21 @@
 #include <time.h>
 #include <zlib.h>
 
-#define NPIX 64
+#define NPIX   64
 #define NCLASS 10
 
-typedef struct { int n; float *x; int32_t *y; } dataset;
+typedef struct {
+    int n;
+    float *x;
+    int32_t *y;
+} dataset;
 
 static inline int load_digits(const char *path, dataset *d) {
     gzFile f = gzopen(path, "rb");
-    if (!f) { fprintf(stderr, "cannot open %s\n", path); return -1; }
+    if (!f) {
+        fprintf(stderr, "cannot open %s\n", path);
+        return -1;
+    }
     int cap = 2048;
     d->x = malloc((size_t)cap * NPIX * sizeof(float));
     d->y = malloc((size_t)cap * sizeof(int32_t));
@@ -38,8 +45,10 @@ static inline int load_digits(const char *path, dataset *d) {
             char *end;
             long v = strtol(p, &end, 10);
             if (end == p) ok = 0;
-            if (j < NPIX) d->x[d->n * NPIX + j] = (float)v / 16.0f; /* pixels 0..16 -> [0,1] */
-            else d->y[d->n] = (int32_t)v;
+            if (j < NPIX)
+                d->x[d->n * NPIX + j] = (float)v / 16.0f; /* pixels 0..16 -> [0,1] */
+            else
+                d->y[d->n] = (int32_t)v;
             p = end + (*end == ',');
         }
         if (ok) d->n++;
@@ -56,11 +65,15 @@ static inline uint64_t rng_next(void) {
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
 }
-static inline float rng_uniform(void) { return (float)((double)(rng_next() >> 40) * (1.0 / 16777216.0)); }
+static inline float rng_uniform(void) {
+    return (float)((double)(rng_next() >> 40) * (1.0 / 16777216.0));
+}
 static inline void shuffle(int *idx, int n) {
     for (int i = n - 1; i > 0; i--) {
         int j = (int)(rng_next() % (uint64_t)(i + 1));
-        int t = idx[i]; idx[i] = idx[j]; idx[j] = t;
+        int t = idx[i];
+        idx[i] = idx[j];
+        idx[j] = t;
     }
 }
 static inline double now_s(void) {
@@ -92,23 +105,41 @@ static inline int digits_parse(const char *prog, int argc, char **argv, digits_o
     digits_prog = prog;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!v) { fprintf(stderr, "%s: %s needs a value\n", prog, a); return 2; }
+        if (!v) {
+            fprintf(stderr, "%s: %s needs a value\n", prog, a);
+            return 2;
+        }
         int used = 1;
-        if (!strcmp(a, "--backend")) o->backend = v;
-        else if (!strcmp(a, "--devices")) o->devices = atoi(v);
-        else if (!strcmp(a, "--epochs")) o->epochs = atoi(v);
-        else if (!strcmp(a, "--batch")) o->batch = atoi(v);
-        else if (!strcmp(a, "--lr")) o->lr = (float)atof(v);
-        else if (!strcmp(a, "--momentum")) o->momentum = (float)atof(v);
-        else if (!strcmp(a, "--seed")) o->seed = atoi(v);
-        else if (!strcmp(a, "--hidden")) o->hidden = atoi(v);
-        else if (!strcmp(a, "--data")) o->path = v;
+        if (!strcmp(a, "--backend"))
+            o->backend = v;
+        else if (!strcmp(a, "--devices"))
+            o->devices = atoi(v);
+        else if (!strcmp(a, "--epochs"))
+            o->epochs = atoi(v);
+        else if (!strcmp(a, "--batch"))
+            o->batch = atoi(v);
+        else if (!strcmp(a, "--lr"))
+            o->lr = (float)atof(v);
+        else if (!strcmp(a, "--momentum"))
+            o->momentum = (float)atof(v);
+        else if (!strcmp(a, "--seed"))
+            o->seed = atoi(v);
+        else if (!strcmp(a, "--hidden"))
+            o->hidden = atoi(v);
+        else if (!strcmp(a, "--data"))
+            o->path = v;
         else {
             used = 0;
             for (int k = 0; k < 4 && o->extra_name[k]; k++)
-                if (!strcmp(a, o->extra_name[k])) { *o->extra_val[k] = atoi(v); used = 1; }
+                if (!strcmp(a, o->extra_name[k])) {
+                    *o->extra_val[k] = atoi(v);
+                    used = 1;
+                }
         }
-        if (!used) { fprintf(stderr, "%s: unknown flag %s\n", prog, a); return 2; }
+        if (!used) {
+            fprintf(stderr, "%s: unknown flag %s\n", prog, a);
+            return 2;
+        }
         i++;
     }
     if (o->devices < 1 || o->epochs < 1 || o->batch < 1 || o->hidden < 1) {
@@ -128,13 +159,18 @@ typedef struct {
 } digits_setup;
 
 static inline int digits_prepare(const char *prog, const digits_opts *o, digits_setup *s) {
-    if (load_digits(o->path, &s->all)) { fprintf(stderr, "%s: could not read %s (run from the repository root)\n", prog, o->path); return 1; }
+    if (load_digits(o->path, &s->all)) {
+        fprintf(stderr, "%s: could not read %s (run from the repository root)\n", prog, o->path);
+        return 1;
+    }
     rng_state = (uint64_t)o->seed;
     s->idx = malloc((size_t)s->all.n * sizeof(int));
     for (int i = 0; i < s->all.n; i++) s->idx[i] = i;
     shuffle(s->idx, s->all.n);
-    s->ntest = s->all.n / 5; s->ntrain = s->all.n - s->ntest;
-    s->train_idx = s->idx + s->ntest; s->test_idx = s->idx;
+    s->ntest = s->all.n / 5;
+    s->ntrain = s->all.n - s->ntest;
+    s->train_idx = s->idx + s->ntest;
+    s->test_idx = s->idx;
     int64_t n1 = (int64_t)NPIX * o->hidden, n2 = (int64_t)o->hidden * NCLASS;
     s->w1 = malloc((size_t)n1 * sizeof(float));
     s->w2 = malloc((size_t)n2 * sizeof(float));
@@ -143,7 +179,13 @@ static inline int digits_prepare(const char *prog, const digits_opts *o, digits_
     for (int64_t k = 0; k < n2; k++) s->w2[k] = (2.0f * rng_uniform() - 1.0f) * b2;
     return 0;
 }
-static inline void digits_free(digits_setup *s) { free(s->idx); free(s->w1); free(s->w2); free(s->all.x); free(s->all.y); }
+static inline void digits_free(digits_setup *s) {
+    free(s->idx);
+    free(s->w1);
+    free(s->w2);
+    free(s->all.x);
+    free(s->all.y);
+}
 
 /* The rows of training step `step` of the current epoch's order. */
 static inline void digits_batch(const digits_setup *s, int step, int batch, float *xb, int32_t *yb) {
@@ -158,7 +200,8 @@ static inline double digits_accuracy(const digits_setup *s, const float *logits)
     int correct = 0;
     for (int i = 0; i < s->ntest; i++) {
         int best = 0;
-        for (int c = 1; c < NCLASS; c++) if (logits[i * NCLASS + c] > logits[i * NCLASS + best]) best = c;
+        for (int c = 1; c < NCLASS; c++)
+            if (logits[i * NCLASS + c] > logits[i * NCLASS + best]) best = c;
         correct += best == s->all.y[s->test_idx[i]];
     }
     return (double)correct / s->ntest;
@@ -167,8 +210,8 @@ static inline double digits_accuracy(const digits_setup *s, const float *logits)
    axes each dimension is split over (NULL: replicated). */
 static inline dpar_status digits_array(dpar_mesh *mesh, dpar_dtype t, int ndim, int64_t d0, int64_t d1,
                                        const char *spec0, const char *spec1, dpar_array **out) {
-    return dpar_array_create(mesh, &(dpar_array_desc){ .dtype = t, .ndim = ndim, .shape = { d0, d1 },
-                                                       .spec = { spec0, spec1 } }, out);
+    return dpar_array_create(
+        mesh, &(dpar_array_desc){ .dtype = t, .ndim = ndim, .shape = { d0, d1 }, .spec = { spec0, spec1 } }, out);
 }
 
 /* The MLP 64-H-10 forward pass on this device's rows:

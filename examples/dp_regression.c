@@ -28,10 +28,20 @@
 #include "dpar.h"
 #include "example_util.h"
 
-#define CHECK(call) do { dpar_status s_ = (call); if (s_ != DPAR_OK) { \
-    fprintf(stderr, "%s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #call, \
-            dpar_status_string(s_), dpar_last_error()); exit(1); } } while (0)
-#define TRY(call) do { dpar_status s_ = (call); if (s_ != DPAR_OK) return s_; } while (0)
+#define CHECK(call)                                                                                     \
+    do {                                                                                                \
+        dpar_status s_ = (call);                                                                        \
+        if (s_ != DPAR_OK) {                                                                            \
+            fprintf(stderr, "%s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #call, dpar_status_string(s_), \
+                    dpar_last_error());                                                                 \
+            exit(1);                                                                                    \
+        }                                                                                               \
+    } while (0)
+#define TRY(call)                     \
+    do {                              \
+        dpar_status s_ = (call);      \
+        if (s_ != DPAR_OK) return s_; \
+    } while (0)
 
 enum { B = 128, IN = 64, OUT = 32 };
 static const float LR = 0.01f;
@@ -60,7 +70,7 @@ static dpar_status step_fn(dpar_ctx *ctx, void *user) {
     if (!s) s = dpar_ctx_buffer(ctx, DPAR_F32, 2, act, &dpred);
     /* forward and backward */
     if (!s) s = forward(loss0, dpred, z, pred, x, w, y);
-    if (!s) s = dpar_relu_backward(dpred, dpred, z);                 /* d loss / d z */
+    if (!s) s = dpar_relu_backward(dpred, dpred, z);                  /* d loss / d z */
     if (!s) s = dpar_matmul(grad, x, dpred, true, false, 1.0f, 0.0f); /* x^T @ dz */
     /* average the gradients (and the loss) over the data-parallel axis */
     if (!s) s = dpar_pmean(ctx, grad, grad, "data");
@@ -85,11 +95,19 @@ int main(int argc, char **argv) {
     dpar_backend_kind backend = DPAR_BACKEND_CPU;
     int ndev = 4;
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc) backend = parse_backend(argv[++i]);
-        else if (strcmp(argv[i], "--devices") == 0 && i + 1 < argc) ndev = atoi(argv[++i]);
-        else { fprintf(stderr, "usage: %s [--devices N] [--backend cpu|vulkan|cuda]\n", argv[0]); return 2; }
+        if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc)
+            backend = parse_backend(argv[++i]);
+        else if (strcmp(argv[i], "--devices") == 0 && i + 1 < argc)
+            ndev = atoi(argv[++i]);
+        else {
+            fprintf(stderr, "usage: %s [--devices N] [--backend cpu|vulkan|cuda]\n", argv[0]);
+            return 2;
+        }
     }
-    if (ndev < 1) { fprintf(stderr, "--devices must be >= 1\n"); return 2; }
+    if (ndev < 1) {
+        fprintf(stderr, "--devices must be >= 1\n");
+        return 2;
+    }
 
     dpar_runtime *rt = NULL;
     dpar_mesh *mesh = NULL;
@@ -102,7 +120,10 @@ int main(int argc, char **argv) {
     float *w = malloc(nw * sizeof *w), *x = malloc(nx * sizeof *x), *y = malloc(ny * sizeof *y);
     float *w_new = malloc((size_t)ndev * nw * sizeof *w_new), *grad = malloc((size_t)ndev * nw * sizeof *grad);
     float *loss0 = malloc((size_t)ndev * sizeof *loss0), *loss1 = malloc((size_t)ndev * sizeof *loss1);
-    if (!w || !x || !y || !w_new || !grad || !loss0 || !loss1) { fprintf(stderr, "out of memory\n"); return 1; }
+    if (!w || !x || !y || !w_new || !grad || !loss0 || !loss1) {
+        fprintf(stderr, "out of memory\n");
+        return 1;
+    }
     for (size_t i = 0; i < nw; i++) w[i] = 1.0f;
     for (size_t i = 0; i < nx; i++) x[i] = 1.0f;
     for (size_t i = 0; i < ny; i++) y[i] = 1.0f;
@@ -152,7 +173,13 @@ int main(int argc, char **argv) {
     dpar_buffer_destroy(loss);
     dpar_buffer_destroy(bad_y);
     dpar_buffer_destroy(pred);
-    free(w); free(x); free(y); free(w_new); free(grad); free(loss0); free(loss1);
+    free(w);
+    free(x);
+    free(y);
+    free(w_new);
+    free(grad);
+    free(loss0);
+    free(loss1);
     dpar_mesh_destroy(mesh);
     dpar_runtime_destroy(rt);
     return 0;

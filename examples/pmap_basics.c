@@ -15,11 +15,21 @@
 #include "example_util.h"
 
 /* On the host: print the failing call and the library's error, then exit. */
-#define CHECK(call) do { dpar_status s_ = (call); if (s_ != DPAR_OK) { \
-    fprintf(stderr, "%s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #call, \
-            dpar_status_string(s_), dpar_last_error()); exit(1); } } while (0)
+#define CHECK(call)                                                                                     \
+    do {                                                                                                \
+        dpar_status s_ = (call);                                                                        \
+        if (s_ != DPAR_OK) {                                                                            \
+            fprintf(stderr, "%s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #call, dpar_status_string(s_), \
+                    dpar_last_error());                                                                 \
+            exit(1);                                                                                    \
+        }                                                                                               \
+    } while (0)
 /* Inside a per-device function: return the status, pmap reports it. */
-#define TRY(call) do { dpar_status s_ = (call); if (s_ != DPAR_OK) return s_; } while (0)
+#define TRY(call)                     \
+    do {                              \
+        dpar_status s_ = (call);      \
+        if (s_ != DPAR_OK) return s_; \
+    } while (0)
 
 enum { NDEV = 4, COLS = 3 };
 
@@ -45,8 +55,12 @@ static void print_mat(const float *a, int rows) {
 int main(int argc, char **argv) {
     dpar_backend_kind backend = DPAR_BACKEND_CPU;
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc) backend = parse_backend(argv[++i]);
-        else { fprintf(stderr, "usage: %s [--backend cpu|vulkan|cuda]\n", argv[0]); return 2; }
+        if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc)
+            backend = parse_backend(argv[++i]);
+        else {
+            fprintf(stderr, "usage: %s [--backend cpu|vulkan|cuda]\n", argv[0]);
+            return 2;
+        }
     }
 
     dpar_runtime *rt = NULL;
@@ -59,14 +73,21 @@ int main(int argc, char **argv) {
     float x[8 * COLS], y[8 * COLS];
     for (int i = 0; i < 8 * COLS; i++) x[i] = (float)i;
     dpar_pmap_desc pd = {
-        .axis = "data", .fn = double_fn, .num_inputs = 1, .num_outputs = 1,
+        .axis = "data",
+        .fn = double_fn,
+        .num_inputs = 1,
+        .num_outputs = 1,
         .inputs = { { .data = x, .dtype = DPAR_F32, .ndim = 2, .shape = { NDEV, COLS }, .in_axis = DPAR_MAPPED } },
         .outputs = { { .data = y, .dtype = DPAR_F32, .ndim = 1, .shape = { COLS } } },
     };
     printf("\n== pmap: each device doubles its slice (row d on device d)\n");
     CHECK(dpar_pmap(mesh, &pd));
-    printf("x [4, 3]         = "); print_mat(x, NDEV); printf("\n");
-    printf("pmap(2*x) [4, 3] = "); print_mat(y, NDEV); printf("\n");
+    printf("x [4, 3]         = ");
+    print_mat(x, NDEV);
+    printf("\n");
+    printf("pmap(2*x) [4, 3] = ");
+    print_mat(y, NDEV);
+    printf("\n");
 
     /* 2. the same call with 8 rows: pmap wants one row per device */
     printf("\n== pmap with 8 rows on 4 devices\n");
@@ -92,11 +113,16 @@ int main(int argc, char **argv) {
         CHECK(dpar_buffer_read(xs, 0, xh, dpar_buffer_nbytes(xs)));
         CHECK(dpar_buffer_read(ys, 0, yh, dpar_buffer_nbytes(ys)));
         int rows = (int)dpar_buffer_dim(xs, 0);
-        printf("device %d: %d rows, x = ", d, rows); print_mat(xh, rows);
-        printf(" -> 2*x = "); print_mat(yh, rows); printf("\n");
+        printf("device %d: %d rows, x = ", d, rows);
+        print_mat(xh, rows);
+        printf(" -> 2*x = ");
+        print_mat(yh, rows);
+        printf("\n");
     }
     CHECK(dpar_array_get(ya, y));
-    printf("gathered shard_map(2*x) [8, 3] = "); print_mat(y, 8); printf("\n");
+    printf("gathered shard_map(2*x) [8, 3] = ");
+    print_mat(y, 8);
+    printf("\n");
 
     dpar_array_destroy(ya);
     dpar_array_destroy(xa);

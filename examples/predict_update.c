@@ -25,10 +25,20 @@
 #include "dpar.h"
 #include "example_util.h"
 
-#define CHECK(call) do { dpar_status s_ = (call); if (s_ != DPAR_OK) { \
-    fprintf(stderr, "%s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #call, \
-            dpar_status_string(s_), dpar_last_error()); exit(1); } } while (0)
-#define TRY(call) do { dpar_status s_ = (call); if (s_ != DPAR_OK) return s_; } while (0)
+#define CHECK(call)                                                                                     \
+    do {                                                                                                \
+        dpar_status s_ = (call);                                                                        \
+        if (s_ != DPAR_OK) {                                                                            \
+            fprintf(stderr, "%s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #call, dpar_status_string(s_), \
+                    dpar_last_error());                                                                 \
+            exit(1);                                                                                    \
+        }                                                                                               \
+    } while (0)
+#define TRY(call)                     \
+    do {                              \
+        dpar_status s_ = (call);      \
+        if (s_ != DPAR_OK) return s_; \
+    } while (0)
 
 enum { BATCH = 100, IN = 784, OUT = 10 };
 static const float LR = 0.01f;
@@ -101,12 +111,21 @@ int main(int argc, char **argv) {
     dpar_backend_kind backend = DPAR_BACKEND_CPU;
     int ndev = 4, steps = 5;
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc) backend = parse_backend(argv[++i]);
-        else if (strcmp(argv[i], "--devices") == 0 && i + 1 < argc) ndev = atoi(argv[++i]);
-        else if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc) steps = atoi(argv[++i]);
-        else { fprintf(stderr, "usage: %s [--devices N] [--steps N] [--backend cpu|vulkan|cuda]\n", argv[0]); return 2; }
+        if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc)
+            backend = parse_backend(argv[++i]);
+        else if (strcmp(argv[i], "--devices") == 0 && i + 1 < argc)
+            ndev = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc)
+            steps = atoi(argv[++i]);
+        else {
+            fprintf(stderr, "usage: %s [--devices N] [--steps N] [--backend cpu|vulkan|cuda]\n", argv[0]);
+            return 2;
+        }
     }
-    if (ndev < 1 || steps < 1) { fprintf(stderr, "--devices and --steps must be >= 1\n"); return 2; }
+    if (ndev < 1 || steps < 1) {
+        fprintf(stderr, "--devices and --steps must be >= 1\n");
+        return 2;
+    }
 
     dpar_runtime *rt = NULL;
     dpar_mesh *mesh = NULL;
@@ -122,7 +141,10 @@ int main(int argc, char **argv) {
     float *W = calloc(nw, sizeof *W), *b = calloc(OUT, sizeof *b); /* params start at zero */
     float *W_out = malloc((size_t)ndev * nw * sizeof *W_out), *b_out = malloc((size_t)ndev * OUT * sizeof *b_out);
     float *loss = malloc((size_t)ndev * sizeof *loss);
-    if (!x || !T || !labels || !W || !b || !W_out || !b_out || !loss) { fprintf(stderr, "out of memory\n"); return 1; }
+    if (!x || !T || !labels || !W || !b || !W_out || !b_out || !loss) {
+        fprintf(stderr, "out of memory\n");
+        return 1;
+    }
     for (size_t i = 0; i < nx; i++) x[i] = rng_uniform();
     for (size_t i = 0; i < nw; i++) T[i] = 2.0f * rng_uniform() - 1.0f;
     for (size_t r = 0; r < nrows; r++) {
@@ -131,7 +153,10 @@ int main(int argc, char **argv) {
         for (int c = 0; c < OUT; c++) {
             float z = 0.0f;
             for (int k = 0; k < IN; k++) z += (x[r * IN + (size_t)k] - 0.5f) * T[(size_t)k * OUT + (size_t)c];
-            if (c == 0 || z > best_z) { best = c; best_z = z; }
+            if (c == 0 || z > best_z) {
+                best = c;
+                best_z = z;
+            }
         }
         labels[r] = best;
     }
@@ -174,7 +199,14 @@ int main(int argc, char **argv) {
     printf("loss after %d steps: %.6f (%s)\n", steps, (double)loss[0], loss[0] < loss_before ? "down" : "NOT down");
     int ok = loss[0] < loss_before;
 
-    free(x); free(T); free(labels); free(W); free(b); free(W_out); free(b_out); free(loss);
+    free(x);
+    free(T);
+    free(labels);
+    free(W);
+    free(b);
+    free(W_out);
+    free(b_out);
+    free(loss);
     dpar_mesh_destroy(mesh);
     dpar_runtime_destroy(rt);
     return ok ? 0 : 1;

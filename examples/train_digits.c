@@ -24,7 +24,7 @@
 /* ------------------------------------------------------------------ model */
 enum { W1, B1, W2, B2, NPARAM };
 typedef struct {
-    dpar_array *param[NPARAM], *grad[NPARAM], *mom[NPARAM]; /* replicated */
+    dpar_array *param[NPARAM], *grad[NPARAM], *mom[NPARAM];       /* replicated */
     dpar_array *x, *y, *h_pre, *h, *logits, *dlogits, *dh, *loss; /* split over "data" */
     dpar_sgd_desc sgd;
 } model;
@@ -44,7 +44,10 @@ static dpar_status train_step(dpar_ctx *ctx, void *user) {
     dpar_buffer *logits = dpar_array_shard(m->logits, dev), *dlogits = dpar_array_shard(m->dlogits, dev);
     dpar_buffer *dh = dpar_array_shard(m->dh, dev), *loss = dpar_array_shard(m->loss, dev);
     dpar_status s;
-#define CHECK(call) do { if ((s = (call)) != DPAR_OK) return s; } while (0)
+#define CHECK(call)                            \
+    do {                                       \
+        if ((s = (call)) != DPAR_OK) return s; \
+    } while (0)
     /* forward */
     CHECK(digits_forward(p, x, h_pre, h, logits));
     CHECK(dpar_softmax_xent(loss, dlogits, logits, y)); /* local mean loss, dlogits / b */
@@ -64,13 +67,23 @@ static dpar_status train_step(dpar_ctx *ctx, void *user) {
 }
 
 int main(int argc, char **argv) {
-    digits_opts o = { .backend = "cpu", .path = "examples/data/digits.csv.gz", .devices = 4, .epochs = 30, .batch = 64,
-                      .seed = 42, .hidden = 128, .lr = 0.1f, .momentum = 0.9f };
+    digits_opts o = { .backend = "cpu",
+                      .path = "examples/data/digits.csv.gz",
+                      .devices = 4,
+                      .epochs = 30,
+                      .batch = 64,
+                      .seed = 42,
+                      .hidden = 128,
+                      .lr = 0.1f,
+                      .momentum = 0.9f };
     if (digits_parse("train_digits", argc, argv, &o)) return 2;
     const char *backend = o.backend;
     int devices = o.devices, epochs = o.epochs, batch = o.batch, hidden = o.hidden;
     float lr = o.lr, momentum = o.momentum;
-    if (batch % devices) { fprintf(stderr, "train_digits: --batch %d is not divisible by --devices %d\n", batch, devices); return 2; }
+    if (batch % devices) {
+        fprintf(stderr, "train_digits: --batch %d is not divisible by --devices %d\n", batch, devices);
+        return 2;
+    }
     int nproc = 1, proc = 0;
 #ifdef DPAR_MPI
     int provided;
@@ -78,7 +91,11 @@ int main(int argc, char **argv) {
     MPI_Comm_size(MPI_COMM_WORLD, &nproc);
     MPI_Comm_rank(MPI_COMM_WORLD, &proc);
     MPI_Comm world = MPI_COMM_WORLD;
-    if (devices % nproc) { fprintf(stderr, "train_digits: --devices %d is not divisible by the %d processes\n", devices, nproc); MPI_Finalize(); return 2; }
+    if (devices % nproc) {
+        fprintf(stderr, "train_digits: --devices %d is not divisible by the %d processes\n", devices, nproc);
+        MPI_Finalize();
+        return 2;
+    }
 #endif
 
     /* data: fixed-seed 80/20 split and the initial weights (drawn in this order) */
@@ -92,7 +109,10 @@ int main(int argc, char **argv) {
 #ifdef DPAR_MPI
     rd.mpi.comm = &world;
 #endif
-    if (digits_backend(backend, &rd.backend)) { fprintf(stderr, "train_digits: unknown backend '%s' (cpu, vulkan, cuda)\n", backend); return 2; }
+    if (digits_backend(backend, &rd.backend)) {
+        fprintf(stderr, "train_digits: unknown backend '%s' (cpu, vulkan, cuda)\n", backend);
+        return 2;
+    }
     dpar_runtime *rt;
     if (dpar_runtime_create(&rd, &rt)) return digits_fail("runtime");
     dpar_mesh *mesh;
@@ -102,8 +122,8 @@ int main(int argc, char **argv) {
     dpar_runtime_device_info(rt, 0, &info);
     if (proc == 0) {
         printf("backend %s, %d device(s) in %d process(es): %s\n", backend, devices, nproc, info.name);
-        printf("data: %d train, %d test images; MLP 64-%d-10, batch %d (%d per device), lr %g, momentum %g\n",
-               ntrain, ntest, hidden, batch, batch / devices, (double)lr, (double)momentum);
+        printf("data: %d train, %d test images; MLP 64-%d-10, batch %d (%d per device), lr %g, momentum %g\n", ntrain,
+               ntest, hidden, batch, batch / devices, (double)lr, (double)momentum);
     }
 
     /* model: replicated parameters, momentum and gradients; batch-split activations */
@@ -171,13 +191,20 @@ int main(int argc, char **argv) {
         epoch_loss = sum / steps;
         if (dpar_shard_map(mesh, &eval) || dpar_array_get(tl, lt)) return digits_fail("eval");
         acc = digits_accuracy(&ds, lt);
-        if (proc == 0) printf("epoch %3d  loss %.8f  test_accuracy %.4f  samples/s %.0f\n", e, epoch_loss, acc, steps * batch / dt);
+        if (proc == 0)
+            printf("epoch %3d  loss %.8f  test_accuracy %.4f  samples/s %.0f\n", e, epoch_loss, acc,
+                   steps * batch / dt);
         fflush(stdout);
     }
     if (proc == 0)
-        printf("final: backend=%s devices=%d epochs=%d test_accuracy=%.4f train_loss=%.8f\n", backend, devices, epochs, acc, epoch_loss);
+        printf("final: backend=%s devices=%d epochs=%d test_accuracy=%.4f train_loss=%.8f\n", backend, devices, epochs,
+               acc, epoch_loss);
     dpar_runtime_destroy(rt); /* frees the arrays and the mesh too */
-    free(xb); free(yb); free(losses); free(xt); free(lt);
+    free(xb);
+    free(yb);
+    free(losses);
+    free(xt);
+    free(lt);
     digits_free(&ds);
 #ifdef DPAR_MPI
     MPI_Finalize();

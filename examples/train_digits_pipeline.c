@@ -24,7 +24,7 @@
 enum { MAXMB = 64 };
 typedef struct {
     int M, mb, hidden;
-    int dev[2];                       /* device of each stage */
+    int dev[2]; /* device of each stage */
     /* stage 0 */
     dpar_buffer *w1, *b1, *gw1, *gb1, *vw1, *vb1;
     dpar_buffer *x[MAXMB], *h_pre[MAXMB], *h[MAXMB], *dh[MAXMB], *send0;
@@ -45,7 +45,7 @@ static dpar_status stage1_microbatch(pipe_model *p, int k) {
     if ((s = dpar_matmul(p->logits, p->hin[k], p->w2, false, false, 1.0f, 0.0f))) return s;
     if ((s = dpar_bias_add(p->logits, p->b2))) return s;
     if ((s = dpar_softmax_xent(p->loss[k], p->dlogits, p->logits, p->y[k]))) return s; /* dlogits / mb */
-    if ((s = dpar_scale(p->dlogits, 1.0f / (float)p->M))) return s;                  /* -> / global batch */
+    if ((s = dpar_scale(p->dlogits, 1.0f / (float)p->M))) return s;                    /* -> / global batch */
     if ((s = dpar_matmul(p->gw2, p->hin[k], p->dlogits, true, false, 1.0f, beta))) return s;
     if ((s = dpar_bias_grad(p->gb2, p->dlogits, beta))) return s;
     return dpar_matmul(p->dhout[k], p->dlogits, p->w2, false, true, 1.0f, 0.0f);
@@ -65,8 +65,10 @@ static dpar_status train_step(dpar_ctx *ctx, void *user) {
         }
         if (stage == 1 && t >= 1 && (s = stage1_microbatch(p, t - 1))) return s;
         if (t < p->M) {
-            if (stage == 0) s = dpar_ppermute(ctx, p->send0, p->h[t], "stage", FWD, 1);
-            else s = dpar_ppermute(ctx, p->hin[t], p->hin[t], "stage", FWD, 1);
+            if (stage == 0)
+                s = dpar_ppermute(ctx, p->send0, p->h[t], "stage", FWD, 1);
+            else
+                s = dpar_ppermute(ctx, p->hin[t], p->hin[t], "stage", FWD, 1);
             if (s) return s;
         }
     }
@@ -80,8 +82,10 @@ static dpar_status train_step(dpar_ctx *ctx, void *user) {
             if ((s = dpar_bias_grad(p->gb1, p->dh[k], beta))) return s;
         }
         if (t < p->M) {
-            if (stage == 1) s = dpar_ppermute(ctx, p->send1, p->dhout[t], "stage", BWD, 1);
-            else s = dpar_ppermute(ctx, p->dh[t], p->dh[t], "stage", BWD, 1);
+            if (stage == 1)
+                s = dpar_ppermute(ctx, p->send1, p->dhout[t], "stage", BWD, 1);
+            else
+                s = dpar_ppermute(ctx, p->dh[t], p->dh[t], "stage", BWD, 1);
             if (s) return s;
         }
     }
@@ -117,31 +121,47 @@ static int buf(dpar_runtime *rt, int dev, dpar_dtype t, int64_t d0, int64_t d1, 
 
 int main(int argc, char **argv) {
     int M = 4;
-    digits_opts o = { "cpu", "examples/data/digits.csv.gz", 2, 30, 64, 42, 128, 0.1f, 0.9f,
-                      { "--microbatches" }, { &M } };
+    digits_opts o = {
+        "cpu", "examples/data/digits.csv.gz", 2, 30, 64, 42, 128, 0.1f, 0.9f, { "--microbatches" }, { &M }
+    };
     int rc = digits_parse("train_digits_pipeline", argc, argv, &o);
     if (rc) return rc;
-    if (o.devices != 2) { fprintf(stderr, "train_digits_pipeline: 2 stages use 2 devices (--devices 2)\n"); return 2; }
-    if (M < 1 || M > MAXMB || o.batch % M) { fprintf(stderr, "train_digits_pipeline: --microbatches must be 1..%d and divide --batch %d\n", MAXMB, o.batch); return 2; }
+    if (o.devices != 2) {
+        fprintf(stderr, "train_digits_pipeline: 2 stages use 2 devices (--devices 2)\n");
+        return 2;
+    }
+    if (M < 1 || M > MAXMB || o.batch % M) {
+        fprintf(stderr, "train_digits_pipeline: --microbatches must be 1..%d and divide --batch %d\n", MAXMB, o.batch);
+        return 2;
+    }
     digits_setup ds;
     if (digits_prepare("train_digits_pipeline", &o, &ds)) return 1;
     int batch = o.batch, hidden = o.hidden, mb = batch / M;
 
     dpar_runtime_desc rd = { .num_devices = 2 };
-    if (digits_backend(o.backend, &rd.backend)) { fprintf(stderr, "train_digits_pipeline: unknown backend '%s'\n", o.backend); return 2; }
+    if (digits_backend(o.backend, &rd.backend)) {
+        fprintf(stderr, "train_digits_pipeline: unknown backend '%s'\n", o.backend);
+        return 2;
+    }
     dpar_runtime *rt;
     if (dpar_runtime_create(&rd, &rt)) return digits_fail("runtime");
     dpar_mesh *mesh;
     dpar_mesh_desc md = { .ndim = 1, .shape = { 2 }, .axis_names = { "stage" } };
     if (dpar_mesh_create(rt, &md, &mesh)) return digits_fail("mesh");
-    printf("backend %s, 2 devices: 2 pipeline stages along \"stage\", GPipe with %d micro-batches of %d\n", o.backend, M, mb);
-    printf("data: %d train, %d test images; MLP 64-%d-10, batch %d, lr %g, momentum %g\n",
-           ds.ntrain, ds.ntest, hidden, batch, (double)o.lr, (double)o.momentum);
+    printf("backend %s, 2 devices: 2 pipeline stages along \"stage\", GPipe with %d micro-batches of %d\n", o.backend,
+           M, mb);
+    printf("data: %d train, %d test images; MLP 64-%d-10, batch %d, lr %g, momentum %g\n", ds.ntrain, ds.ntest, hidden,
+           batch, (double)o.lr, (double)o.momentum);
 
     pipe_model p;
     memset(&p, 0, sizeof p);
-    p.M = M; p.mb = mb; p.hidden = hidden;
-    for (int st = 0; st < 2; st++) { int c = st; if (dpar_mesh_device(mesh, &c, &p.dev[st])) return digits_fail("mesh device"); }
+    p.M = M;
+    p.mb = mb;
+    p.hidden = hidden;
+    for (int st = 0; st < 2; st++) {
+        int c = st;
+        if (dpar_mesh_device(mesh, &c, &p.dev[st])) return digits_fail("mesh device");
+    }
     int d0 = p.dev[0], d1 = p.dev[1];
     if (buf(rt, d0, DPAR_F32, NPIX, hidden, &p.w1) || buf(rt, d0, DPAR_F32, hidden, 0, &p.b1) ||
         buf(rt, d0, DPAR_F32, NPIX, hidden, &p.gw1) || buf(rt, d0, DPAR_F32, hidden, 0, &p.gb1) ||
@@ -158,14 +178,16 @@ int main(int argc, char **argv) {
             buf(rt, d1, DPAR_I32, mb, 0, &p.y[k]) || buf(rt, d1, DPAR_F32, mb, hidden, &p.hin[k]) ||
             buf(rt, d1, DPAR_F32, mb, hidden, &p.dhout[k]) || buf(rt, d1, DPAR_F32, 1, 0, &p.loss[k]))
             return digits_fail("activations");
-    if (dpar_buffer_write(p.w1, 0, ds.w1, (size_t)NPIX * (size_t)hidden * 4) || dpar_buffer_write(p.w2, 0, ds.w2, (size_t)hidden * NCLASS * 4))
+    if (dpar_buffer_write(p.w1, 0, ds.w1, (size_t)NPIX * (size_t)hidden * 4) ||
+        dpar_buffer_write(p.w2, 0, ds.w2, (size_t)hidden * NCLASS * 4))
         return digits_fail("init");
     p.sgd.learning_rate = o.lr;
     p.sgd.momentum = o.momentum;
 
     p.tpad = ds.ntest;
     float *xt = calloc((size_t)p.tpad * NPIX, sizeof(float)), *lt = malloc((size_t)p.tpad * NCLASS * sizeof(float));
-    for (int i = 0; i < ds.ntest; i++) memcpy(xt + (size_t)i * NPIX, ds.all.x + (size_t)ds.test_idx[i] * NPIX, NPIX * sizeof(float));
+    for (int i = 0; i < ds.ntest; i++)
+        memcpy(xt + (size_t)i * NPIX, ds.all.x + (size_t)ds.test_idx[i] * NPIX, NPIX * sizeof(float));
     if (buf(rt, d0, DPAR_F32, p.tpad, NPIX, &p.tx) || buf(rt, d0, DPAR_F32, p.tpad, hidden, &p.th0) ||
         buf(rt, d0, DPAR_F32, p.tpad, hidden, &p.tsend) || buf(rt, d1, DPAR_F32, p.tpad, hidden, &p.th1) ||
         buf(rt, d1, DPAR_F32, p.tpad, NCLASS, &p.tl) || dpar_buffer_write(p.tx, 0, xt, (size_t)p.tpad * NPIX * 4))
@@ -181,7 +203,7 @@ int main(int argc, char **argv) {
         double t0 = now_s(), sum = 0.0;
         for (int s = 0; s < steps; s++) {
             digits_batch(&ds, s, batch, xb, yb);
-            for (int k = 0; k < M; k++)  /* inputs to stage 0, labels to stage 1 */
+            for (int k = 0; k < M; k++) /* inputs to stage 0, labels to stage 1 */
                 if (dpar_buffer_write(p.x[k], 0, xb + (size_t)k * (size_t)mb * NPIX, (size_t)mb * NPIX * 4) ||
                     dpar_buffer_write(p.y[k], 0, yb + (size_t)k * (size_t)mb, (size_t)mb * 4))
                     return digits_fail("batch upload");
@@ -196,14 +218,19 @@ int main(int argc, char **argv) {
         }
         double dt = now_s() - t0;
         epoch_loss = sum / steps;
-        if (dpar_shard_map(mesh, &eval) || dpar_buffer_read(p.tl, 0, lt, (size_t)p.tpad * NCLASS * 4)) return digits_fail("eval");
+        if (dpar_shard_map(mesh, &eval) || dpar_buffer_read(p.tl, 0, lt, (size_t)p.tpad * NCLASS * 4))
+            return digits_fail("eval");
         acc = digits_accuracy(&ds, lt);
         printf("epoch %3d  loss %.8f  test_accuracy %.4f  samples/s %.0f\n", e, epoch_loss, acc, steps * batch / dt);
         fflush(stdout);
     }
-    printf("final: backend=%s devices=2 epochs=%d test_accuracy=%.4f train_loss=%.8f\n", o.backend, o.epochs, acc, epoch_loss);
+    printf("final: backend=%s devices=2 epochs=%d test_accuracy=%.4f train_loss=%.8f\n", o.backend, o.epochs, acc,
+           epoch_loss);
     dpar_runtime_destroy(rt); /* frees the buffers too */
-    free(xb); free(yb); free(xt); free(lt);
+    free(xb);
+    free(yb);
+    free(xt);
+    free(lt);
     digits_free(&ds);
     return 0;
 }

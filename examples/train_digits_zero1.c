@@ -23,7 +23,7 @@
 
 enum { W1, B1, W2, B2, NPARAM };
 typedef struct {
-    dpar_array *param[NPARAM], *grad[NPARAM];                   /* replicated */
+    dpar_array *param[NPARAM], *grad[NPARAM];                     /* replicated */
     dpar_array *x, *y, *h_pre, *h, *logits, *dlogits, *dh, *loss; /* split over "data" */
     dpar_zero1 *zero;
 } model;
@@ -32,13 +32,19 @@ static dpar_status train_step(dpar_ctx *ctx, void *user) {
     model *m = user;
     int dev = dpar_ctx_device(ctx);
     dpar_buffer *p[NPARAM], *g[NPARAM];
-    for (int i = 0; i < NPARAM; i++) { p[i] = dpar_array_shard(m->param[i], dev); g[i] = dpar_array_shard(m->grad[i], dev); }
+    for (int i = 0; i < NPARAM; i++) {
+        p[i] = dpar_array_shard(m->param[i], dev);
+        g[i] = dpar_array_shard(m->grad[i], dev);
+    }
     dpar_buffer *x = dpar_array_shard(m->x, dev), *y = dpar_array_shard(m->y, dev);
     dpar_buffer *h_pre = dpar_array_shard(m->h_pre, dev), *h = dpar_array_shard(m->h, dev);
     dpar_buffer *logits = dpar_array_shard(m->logits, dev), *dlogits = dpar_array_shard(m->dlogits, dev);
     dpar_buffer *dh = dpar_array_shard(m->dh, dev), *loss = dpar_array_shard(m->loss, dev);
     dpar_status s;
-#define CHECK(call) do { if ((s = (call)) != DPAR_OK) return s; } while (0)
+#define CHECK(call)                            \
+    do {                                       \
+        if ((s = (call)) != DPAR_OK) return s; \
+    } while (0)
     CHECK(digits_forward(p, x, h_pre, h, logits));
     CHECK(dpar_softmax_xent(loss, dlogits, logits, y));
     CHECK(dpar_matmul(g[W2], h, dlogits, true, false, 1.0f, 0.0f));
@@ -59,13 +65,24 @@ static int checkpoint_entries(model *m, dpar_checkpoint_entry *e) {
     static const char *pn[NPARAM] = { "w1", "b1", "w2", "b2" };
     static char names[2 * NPARAM][16];
     int n = 0;
-    for (int i = 0; i < NPARAM; i++) { e[n].name = pn[i]; e[n].array = m->param[i]; e[n].padded = false; n++; }
+    for (int i = 0; i < NPARAM; i++) {
+        e[n].name = pn[i];
+        e[n].array = m->param[i];
+        e[n].padded = false;
+        n++;
+    }
     for (int i = 0; i < NPARAM; i++) {
         snprintf(names[2 * i], sizeof names[0], "%s.master", pn[i]);
-        e[n].name = names[2 * i]; e[n].array = dpar_zero1_master(m->zero, i); e[n].padded = true; n++;
+        e[n].name = names[2 * i];
+        e[n].array = dpar_zero1_master(m->zero, i);
+        e[n].padded = true;
+        n++;
         if (dpar_zero1_momentum(m->zero, i)) {
             snprintf(names[2 * i + 1], sizeof names[0], "%s.momentum", pn[i]);
-            e[n].name = names[2 * i + 1]; e[n].array = dpar_zero1_momentum(m->zero, i); e[n].padded = true; n++;
+            e[n].name = names[2 * i + 1];
+            e[n].array = dpar_zero1_momentum(m->zero, i);
+            e[n].padded = true;
+            n++;
         }
     }
     return n;
@@ -73,25 +90,32 @@ static int checkpoint_entries(model *m, dpar_checkpoint_entry *e) {
 
 int main(int argc, char **argv) {
     int ckpt_epoch = 0;
-    digits_opts o = { "cpu", "examples/data/digits.csv.gz", 4, 30, 64, 42, 128, 0.1f, 0.9f,
-                      { "--checkpoint-epoch" }, { &ckpt_epoch } };
+    digits_opts o = {
+        "cpu", "examples/data/digits.csv.gz", 4, 30, 64, 42, 128, 0.1f, 0.9f, { "--checkpoint-epoch" }, { &ckpt_epoch }
+    };
     int rc = digits_parse("train_digits_zero1", argc, argv, &o);
     if (rc) return rc;
-    if (o.batch % o.devices) { fprintf(stderr, "train_digits_zero1: --batch %d is not divisible by --devices %d\n", o.batch, o.devices); return 2; }
+    if (o.batch % o.devices) {
+        fprintf(stderr, "train_digits_zero1: --batch %d is not divisible by --devices %d\n", o.batch, o.devices);
+        return 2;
+    }
     digits_setup ds;
     if (digits_prepare("train_digits_zero1", &o, &ds)) return 1;
     int devices = o.devices, batch = o.batch, hidden = o.hidden;
 
     dpar_runtime_desc rd = { .num_devices = devices };
-    if (digits_backend(o.backend, &rd.backend)) { fprintf(stderr, "train_digits_zero1: unknown backend '%s'\n", o.backend); return 2; }
+    if (digits_backend(o.backend, &rd.backend)) {
+        fprintf(stderr, "train_digits_zero1: unknown backend '%s'\n", o.backend);
+        return 2;
+    }
     dpar_runtime *rt;
     if (dpar_runtime_create(&rd, &rt)) return digits_fail("runtime");
     dpar_mesh *mesh;
     dpar_mesh_desc md = { .ndim = 1, .shape = { devices }, .axis_names = { "data" } };
     if (dpar_mesh_create(rt, &md, &mesh)) return digits_fail("mesh");
     printf("backend %s, %d device(s), ZeRO-1 over \"data\"\n", o.backend, devices);
-    printf("data: %d train, %d test images; MLP 64-%d-10, batch %d (%d per device), lr %g, momentum %g\n",
-           ds.ntrain, ds.ntest, hidden, batch, batch / devices, (double)o.lr, (double)o.momentum);
+    printf("data: %d train, %d test images; MLP 64-%d-10, batch %d (%d per device), lr %g, momentum %g\n", ds.ntrain,
+           ds.ntest, hidden, batch, batch / devices, (double)o.lr, (double)o.momentum);
 
     model m;
     memset(&m, 0, sizeof m);
@@ -112,30 +136,38 @@ int main(int argc, char **argv) {
     /* momentum memory per device: measured from the buffers each holds */
     {
         size_t zbytes = dpar_zero1_momentum_bytes(m.zero, 0), pbytes = 0;
-        for (int d = 1; d < devices; d++) if (dpar_zero1_momentum_bytes(m.zero, d) != zbytes) return digits_fail("uneven momentum shards");
+        for (int d = 1; d < devices; d++)
+            if (dpar_zero1_momentum_bytes(m.zero, d) != zbytes) return digits_fail("uneven momentum shards");
         for (int i = 0; i < NPARAM; i++) { /* what plain data parallelism allocates: a full replica per device */
             int nd = pshape[i][1] ? 2 : 1;
             dpar_array *rep;
-            if (digits_array(mesh, DPAR_F32, nd, pshape[i][0], pshape[i][1], NULL, NULL, &rep)) return digits_fail("replica");
+            if (digits_array(mesh, DPAR_F32, nd, pshape[i][0], pshape[i][1], NULL, NULL, &rep))
+                return digits_fail("replica");
             pbytes += dpar_buffer_nbytes(dpar_array_shard(rep, 0));
             dpar_array_destroy(rep);
         }
-        printf("momentum per device: %zu bytes with ZeRO-1, %zu bytes replicated (%.2fx less); padded sizes:",
-               zbytes, pbytes, (double)pbytes / (double)(zbytes ? zbytes : 1));
+        printf("momentum per device: %zu bytes with ZeRO-1, %zu bytes replicated (%.2fx less); padded sizes:", zbytes,
+               pbytes, (double)pbytes / (double)(zbytes ? zbytes : 1));
         for (int i = 0; i < NPARAM; i++) printf(" %lld", (long long)dpar_zero1_padded_count(m.zero, i));
         printf("\n");
     }
-    if (digits_array(mesh, DPAR_F32, 2, batch, NPIX, "data", NULL, &m.x) || digits_array(mesh, DPAR_I32, 1, batch, 0, "data", NULL, &m.y) ||
-        digits_array(mesh, DPAR_F32, 2, batch, hidden, "data", NULL, &m.h_pre) || digits_array(mesh, DPAR_F32, 2, batch, hidden, "data", NULL, &m.h) ||
-        digits_array(mesh, DPAR_F32, 2, batch, NCLASS, "data", NULL, &m.logits) || digits_array(mesh, DPAR_F32, 2, batch, NCLASS, "data", NULL, &m.dlogits) ||
-        digits_array(mesh, DPAR_F32, 2, batch, hidden, "data", NULL, &m.dh) || digits_array(mesh, DPAR_F32, 1, devices, 0, "data", NULL, &m.loss))
+    if (digits_array(mesh, DPAR_F32, 2, batch, NPIX, "data", NULL, &m.x) ||
+        digits_array(mesh, DPAR_I32, 1, batch, 0, "data", NULL, &m.y) ||
+        digits_array(mesh, DPAR_F32, 2, batch, hidden, "data", NULL, &m.h_pre) ||
+        digits_array(mesh, DPAR_F32, 2, batch, hidden, "data", NULL, &m.h) ||
+        digits_array(mesh, DPAR_F32, 2, batch, NCLASS, "data", NULL, &m.logits) ||
+        digits_array(mesh, DPAR_F32, 2, batch, NCLASS, "data", NULL, &m.dlogits) ||
+        digits_array(mesh, DPAR_F32, 2, batch, hidden, "data", NULL, &m.dh) ||
+        digits_array(mesh, DPAR_F32, 1, devices, 0, "data", NULL, &m.loss))
         return digits_fail("activations");
 
     int tpad = (ds.ntest + devices - 1) / devices * devices;
     float *xt = calloc((size_t)tpad * NPIX, sizeof(float)), *lt = malloc((size_t)tpad * NCLASS * sizeof(float));
-    for (int i = 0; i < ds.ntest; i++) memcpy(xt + (size_t)i * NPIX, ds.all.x + (size_t)ds.test_idx[i] * NPIX, NPIX * sizeof(float));
+    for (int i = 0; i < ds.ntest; i++)
+        memcpy(xt + (size_t)i * NPIX, ds.all.x + (size_t)ds.test_idx[i] * NPIX, NPIX * sizeof(float));
     dpar_array *tx, *th, *tl;
-    if (digits_array(mesh, DPAR_F32, 2, tpad, NPIX, "data", NULL, &tx) || digits_array(mesh, DPAR_F32, 2, tpad, hidden, "data", NULL, &th) ||
+    if (digits_array(mesh, DPAR_F32, 2, tpad, NPIX, "data", NULL, &tx) ||
+        digits_array(mesh, DPAR_F32, 2, tpad, hidden, "data", NULL, &th) ||
         digits_array(mesh, DPAR_F32, 2, tpad, NCLASS, "data", NULL, &tl) || dpar_array_put(tx, xt))
         return digits_fail("test set");
 
@@ -172,22 +204,28 @@ int main(int argc, char **argv) {
             if (dpar_checkpoint_save(ckpt, ent, n, (uint64_t)e)) return digits_fail("checkpoint save");
             dpar_zero1_destroy(m.zero);
             float *junk = calloc((size_t)NPIX * (size_t)hidden, sizeof(float));
-            for (int i = 0; i < NPARAM; i++) if (dpar_array_put(m.param[i], junk)) return digits_fail("wipe");
+            for (int i = 0; i < NPARAM; i++)
+                if (dpar_array_put(m.param[i], junk)) return digits_fail("wipe");
             free(junk);
             if (dpar_zero1_create(&zd, &m.zero)) return digits_fail("zero1 (again)");
             n = checkpoint_entries(&m, ent);
             uint64_t step = 0;
             if (dpar_checkpoint_restore(ckpt, ent, n, &step)) return digits_fail("checkpoint restore");
             rng_state = saved_rng;
-            printf("checkpoint: saved after epoch %d to %s (%d entries), restored into fresh state (step %llu)\n",
-                   e, ckpt, n, (unsigned long long)step);
+            printf("checkpoint: saved after epoch %d to %s (%d entries), restored into fresh state (step %llu)\n", e,
+                   ckpt, n, (unsigned long long)step);
             remove(ckpt);
         }
     }
-    printf("final: backend=%s devices=%d epochs=%d test_accuracy=%.4f train_loss=%.8f\n", o.backend, devices, o.epochs, acc, epoch_loss);
+    printf("final: backend=%s devices=%d epochs=%d test_accuracy=%.4f train_loss=%.8f\n", o.backend, devices, o.epochs,
+           acc, epoch_loss);
     dpar_zero1_destroy(m.zero);
     dpar_runtime_destroy(rt);
-    free(xb); free(yb); free(losses); free(xt); free(lt);
+    free(xb);
+    free(yb);
+    free(losses);
+    free(xt);
+    free(lt);
     digits_free(&ds);
     return 0;
 }

@@ -35,8 +35,8 @@ static void *t_realloc(void *q, size_t n) {
     if (r) t_free(q);
     return r;
 }
-#define DPAR_MALLOC(sz) t_malloc(sz)
-#define DPAR_FREE(p) t_free(p)
+#define DPAR_MALLOC(sz)     t_malloc(sz)
+#define DPAR_FREE(p)        t_free(p)
 #define DPAR_REALLOC(p, sz) t_realloc(p, sz)
 #define DPAR_IMPLEMENTATION
 #include "testutil.h"

@@ -8,20 +8,22 @@ static void test_mesh_ndim_inferred(void **st) {
     (void)st;
     dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 4);
     dpar_mesh *m = NULL;
-    T_OK(dpar_mesh_create(rt, &(dpar_mesh_desc){ .shape = {2, 2}, .axis_names = {"data", "model"} }, &m));
+    T_OK(dpar_mesh_create(rt, &(dpar_mesh_desc){ .shape = { 2, 2 }, .axis_names = { "data", "model" } }, &m));
     assert_int_equal(dpar_mesh_ndim(m), 2);
     int n = 0;
     T_OK(dpar_mesh_axis_size(m, "model", &n));
     assert_int_equal(n, 2);
     T_OK(dpar_mesh_destroy(m));
     /* a size without a name is still caught, naming the axis */
-    T_ERR(dpar_mesh_create(rt, &(dpar_mesh_desc){ .shape = {4} }, &m), DPAR_ERR_INVALID_ARGUMENT, "axis 0", "name");
+    T_ERR(dpar_mesh_create(rt, &(dpar_mesh_desc){ .shape = { 4 } }, &m), DPAR_ERR_INVALID_ARGUMENT, "axis 0", "name");
     /* nothing given: ndim stays 0, an error */
     T_ERR(dpar_mesh_create(rt, &(dpar_mesh_desc){ .ndim = 0 }, &m), DPAR_ERR_INVALID_ARGUMENT, "ndim = 0");
     T_OK(dpar_runtime_destroy(rt));
 }
 
-typedef struct seen { int nargs[4]; } seen;
+typedef struct seen {
+    int nargs[4];
+} seen;
 
 /* records how many arguments fn sees: the first index whose dpar_ctx_arg is NULL */
 static dpar_status count_args(dpar_ctx *ctx, void *user) {
@@ -37,15 +39,17 @@ static void test_shard_map_num_args_inferred(void **st) {
     dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 2);
     dpar_mesh *m = t_mesh1(rt, 2, "data");
     dpar_array *a = NULL, *b = NULL;
-    T_OK(dpar_array_create(m, &(dpar_array_desc){ .dtype = DPAR_F32, .ndim = 1, .shape = {4}, .spec = {"data"} }, &a));
-    T_OK(dpar_array_create(m, &(dpar_array_desc){ .dtype = DPAR_F32, .ndim = 1, .shape = {4} }, &b));
-    seen s = {{0}};
-    T_OK(dpar_shard_map(m, &(dpar_shard_map_desc){ .fn = count_args, .user = &s, .args = {a, b} }));
+    T_OK(dpar_array_create(m, &(dpar_array_desc){ .dtype = DPAR_F32, .ndim = 1, .shape = { 4 }, .spec = { "data" } },
+                           &a));
+    T_OK(dpar_array_create(m, &(dpar_array_desc){ .dtype = DPAR_F32, .ndim = 1, .shape = { 4 } }, &b));
+    seen s = { { 0 } };
+    T_OK(dpar_shard_map(m, &(dpar_shard_map_desc){ .fn = count_args, .user = &s, .args = { a, b } }));
     assert_int_equal(s.nargs[0], 2);
     assert_int_equal(s.nargs[1], 2);
     memset(&s, 0, sizeof s);
-    T_OK(dpar_shard_map_specs(m, &(dpar_shard_map_specs_desc){ .fn = count_args, .user = &s, .inputs = {a},
-                                                                .in_specs = {{"data"}}, .outputs = {b} }));
+    T_OK(dpar_shard_map_specs(
+        m, &(dpar_shard_map_specs_desc){
+               .fn = count_args, .user = &s, .inputs = { a }, .in_specs = { { "data" } }, .outputs = { b } }));
     assert_int_equal(s.nargs[0], 2);
     assert_int_equal(s.nargs[1], 2);
     memset(&s, 0, sizeof s);
@@ -65,11 +69,12 @@ static void test_pmap_counts_inferred(void **st) {
     (void)st;
     dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 2);
     dpar_mesh *m = t_mesh1(rt, 2, "data");
-    float in[2][3] = {{1, 2, 3}, {4, 5, 6}}, out[2][3] = {{0}};
-    T_OK(dpar_pmap(m, &(dpar_pmap_desc){
-        .axis = "data", .fn = twice,
-        .inputs = {{ .data = in, .dtype = DPAR_F32, .ndim = 2, .shape = {2, 3} }},
-        .outputs = {{ .data = out, .dtype = DPAR_F32, .ndim = 1, .shape = {3} }} }));
+    float in[2][3] = { { 1, 2, 3 }, { 4, 5, 6 } }, out[2][3] = { { 0 } };
+    T_OK(dpar_pmap(m,
+                   &(dpar_pmap_desc){ .axis = "data",
+                                      .fn = twice,
+                                      .inputs = { { .data = in, .dtype = DPAR_F32, .ndim = 2, .shape = { 2, 3 } } },
+                                      .outputs = { { .data = out, .dtype = DPAR_F32, .ndim = 1, .shape = { 3 } } } }));
     for (int i = 0; i < 2; i++)
         for (int j = 0; j < 3; j++) assert_true(out[i][j] == 2.0f * in[i][j]);
     T_OK(dpar_mesh_destroy(m));
@@ -77,7 +82,11 @@ static void test_pmap_counts_inferred(void **st) {
 }
 
 /* ---- destroys return a status ---- */
-typedef struct handles { dpar_runtime *rt; dpar_mesh *m; dpar_status mesh_s[2], rt_s[2]; } handles;
+typedef struct handles {
+    dpar_runtime *rt;
+    dpar_mesh *m;
+    dpar_status mesh_s[2], rt_s[2];
+} handles;
 
 static dpar_status destroy_inside(dpar_ctx *ctx, void *user) {
     handles *h = (handles *)user;
@@ -95,7 +104,7 @@ static void test_destroy_status(void **st) {
     handles h = { .rt = t_runtime(DPAR_BACKEND_CPU, 2) };
     h.m = t_mesh1(h.rt, 2, "data");
     dpar_array *a = NULL;
-    T_OK(dpar_array_create(h.m, &(dpar_array_desc){ .dtype = DPAR_F32, .ndim = 1, .shape = {2} }, &a));
+    T_OK(dpar_array_create(h.m, &(dpar_array_desc){ .dtype = DPAR_F32, .ndim = 1, .shape = { 2 } }, &a));
     T_ERR(dpar_buffer_destroy(dpar_array_shard(a, 0)), DPAR_ERR_STATE, "dpar_buffer_destroy", "destroy the array");
     T_OK(dpar_shard_map(h.m, &(dpar_shard_map_desc){ .fn = destroy_inside, .user = &h }));
     for (int d = 0; d < 2; d++) {
@@ -103,7 +112,7 @@ static void test_destroy_status(void **st) {
         assert_int_equal(h.rt_s[d], DPAR_ERR_STATE);
     }
     dpar_buffer *b = NULL;
-    T_OK(dpar_buffer_create(h.rt, 1, DPAR_F32, 1, (const int64_t[]){8}, &b));
+    T_OK(dpar_buffer_create(h.rt, 1, DPAR_F32, 1, (const int64_t[]){ 8 }, &b));
     T_OK(dpar_buffer_destroy(b));
     T_OK(dpar_mesh_destroy(h.m)); /* the mesh and the runtime survived the calls inside fn */
     T_OK(dpar_runtime_destroy(h.rt));

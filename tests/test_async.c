@@ -5,8 +5,18 @@
    order is exercised too), waits, and compares the two outputs byte for byte. */
 #include "testutil.h"
 
-enum { KIND_PREDUCE, KIND_PSUM, KIND_PMEAN, KIND_PMAX, KIND_PMIN, KIND_ALL_GATHER, KIND_PSUM_SCATTER,
-       KIND_PPERMUTE, KIND_ALL_TO_ALL, KIND_PBROADCAST };
+enum {
+    KIND_PREDUCE,
+    KIND_PSUM,
+    KIND_PMEAN,
+    KIND_PMAX,
+    KIND_PMIN,
+    KIND_ALL_GATHER,
+    KIND_PSUM_SCATTER,
+    KIND_PPERMUTE,
+    KIND_ALL_TO_ALL,
+    KIND_PBROADCAST
+};
 
 typedef struct acase {
     const char *name;
@@ -16,7 +26,7 @@ typedef struct acase {
     dpar_reduce_op op; /* KIND_PREDUCE */
     int dim;           /* all_gather / psum_scatter */
     bool tiled;
-    int root;          /* pbroadcast */
+    int root; /* pbroadcast */
 } acase;
 
 static const acase cases[] = {
@@ -29,11 +39,22 @@ static const acase cases[] = {
     { .name = "pmax f16 both", .kind = KIND_PMAX, .axes = "data,model", .dtype = DPAR_F16 },
     { .name = "pmin f32 model", .kind = KIND_PMIN, .axes = "model", .dtype = DPAR_F32 },
     { .name = "all_gather stacked dim 0", .kind = KIND_ALL_GATHER, .axes = "data,model", .dtype = DPAR_F32, .dim = 0 },
-    { .name = "all_gather tiled dim 1", .kind = KIND_ALL_GATHER, .axes = "data", .dtype = DPAR_F32, .dim = 1,
+    { .name = "all_gather tiled dim 1",
+      .kind = KIND_ALL_GATHER,
+      .axes = "data",
+      .dtype = DPAR_F32,
+      .dim = 1,
       .tiled = true },
-    { .name = "psum_scatter stacked dim 0", .kind = KIND_PSUM_SCATTER, .axes = "data,model", .dtype = DPAR_F32,
+    { .name = "psum_scatter stacked dim 0",
+      .kind = KIND_PSUM_SCATTER,
+      .axes = "data,model",
+      .dtype = DPAR_F32,
       .dim = 0 },
-    { .name = "psum_scatter tiled dim 1", .kind = KIND_PSUM_SCATTER, .axes = "model", .dtype = DPAR_F32, .dim = 1,
+    { .name = "psum_scatter tiled dim 1",
+      .kind = KIND_PSUM_SCATTER,
+      .axes = "model",
+      .dtype = DPAR_F32,
+      .dim = 1,
       .tiled = true },
     { .name = "ppermute ring f32 both", .kind = KIND_PPERMUTE, .axes = "data,model", .dtype = DPAR_F32 },
     { .name = "ppermute ring i32 data", .kind = KIND_PPERMUTE, .axes = "data", .dtype = DPAR_I32 },
@@ -52,24 +73,35 @@ typedef struct job {
 /* Input shape of case c for group size n: [n*ROWS, n*COLS] (divisible along
    both dims for every kind); a stacked psum_scatter needs n along its dim. */
 static void in_shape(const acase *c, int n, int64_t *is) {
-    is[0] = (int64_t)n * ROWS; is[1] = (int64_t)n * COLS;
+    is[0] = (int64_t)n * ROWS;
+    is[1] = (int64_t)n * COLS;
     if (c->kind == KIND_PSUM_SCATTER && !c->tiled) is[c->dim] = n;
 }
 
 /* Output shape (rank returned) of case c for input shape is, group size n. */
 static int out_shape(const acase *c, int n, const int64_t *is, int64_t *os) {
-    os[0] = is[0]; os[1] = is[1];
+    os[0] = is[0];
+    os[1] = is[1];
     switch (c->kind) {
     case KIND_ALL_GATHER:
-        if (c->tiled) { os[c->dim] *= n; return 2; }
+        if (c->tiled) {
+            os[c->dim] *= n;
+            return 2;
+        }
         for (int d = 2; d > c->dim; d--) os[d] = is[d - 1];
         os[c->dim] = n;
         return 3;
     case KIND_PSUM_SCATTER:
-        if (c->tiled) { os[c->dim] /= n; return 2; }
+        if (c->tiled) {
+            os[c->dim] /= n;
+            return 2;
+        }
         os[0] = is[1 - c->dim];
         return 1;
-    case KIND_ALL_TO_ALL: os[0] /= n; os[1] *= n; return 2;
+    case KIND_ALL_TO_ALL:
+        os[0] /= n;
+        os[1] *= n;
+        return 2;
     default: return 2;
     }
 }
@@ -84,9 +116,12 @@ static dpar_status make_input(dpar_ctx *ctx, const acase *c, const int64_t *shap
     int dev = dpar_ctx_device(ctx);
     for (int64_t i = 0; i < count; i++) {
         float v = (float)(sin(0.37 * (double)i + 1.3 * dev) * 1000.0 + 1e-3 * (double)(i % 7));
-        if (c->dtype == DPAR_F32) memcpy(host + 4 * i, &v, 4);
-        else if (c->dtype == DPAR_I32) { int32_t k = (int32_t)(v * 1000.0f); memcpy(host + 4 * i, &k, 4); }
-        else {
+        if (c->dtype == DPAR_F32)
+            memcpy(host + 4 * i, &v, 4);
+        else if (c->dtype == DPAR_I32) {
+            int32_t k = (int32_t)(v * 1000.0f);
+            memcpy(host + 4 * i, &k, 4);
+        } else {
             uint16_t h = c->dtype == DPAR_F16 ? dpar_f32_to_f16(v / 16.0f) : dpar_f32_to_bf16(v);
             memcpy(host + 2 * i, &h, 2);
         }
@@ -100,7 +135,10 @@ static dpar_status make_input(dpar_ctx *ctx, const acase *c, const int64_t *shap
 static dpar_status issue(dpar_ctx *ctx, const acase *c, dpar_buffer *out, const dpar_buffer *in, int n,
                          dpar_request **req) {
     int pairs[2 * NDEV];
-    for (int k = 0; k < n; k++) { pairs[2 * k] = k; pairs[2 * k + 1] = (k + 1) % n; }
+    for (int k = 0; k < n; k++) {
+        pairs[2 * k] = k;
+        pairs[2 * k + 1] = (k + 1) % n;
+    }
     switch (c->kind) {
     case KIND_PREDUCE:
         return req ? dpar_preduce_start(ctx, out, in, c->axes, c->op, req) : dpar_preduce(ctx, out, in, c->axes, c->op);
@@ -135,7 +173,8 @@ static dpar_status compare(job *j, int dev, const dpar_buffer *a, const dpar_buf
     if (!s) s = dpar_buffer_read(b, 0, hb, nb);
     for (size_t i = 0; !s && i < nb && !j->mismatch[dev]; i++)
         if (ha[i] != hb[i]) j->mismatch[dev] = (int)i + 1;
-    free(ha); free(hb);
+    free(ha);
+    free(hb);
     return s;
 }
 
@@ -155,24 +194,29 @@ static dpar_status run_case(dpar_ctx *ctx, void *user) {
     if (!s) s = dpar_ctx_buffer(ctx, c->dtype, ond, os, &out_sync);
     if (!s) s = issue(ctx, c, out_async, in, n, &req);
     if (!s) s = issue(ctx, c, out_sync, in, n, NULL); /* queued behind the async one */
-    if (req) { dpar_status w = dpar_wait(ctx, req); if (!s) s = w; }
+    if (req) {
+        dpar_status w = dpar_wait(ctx, req);
+        if (!s) s = w;
+    }
     if (!s) s = compare(j, dev, out_async, out_sync);
     dpar_buffer_destroy(in);
-    dpar_buffer_destroy(out_async); dpar_buffer_destroy(out_sync);
+    dpar_buffer_destroy(out_async);
+    dpar_buffer_destroy(out_sync);
     return s;
 }
 
 static void test_async_equals_blocking(void **state) {
     (void)state;
     dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, NDEV);
-    dpar_mesh *m = t_mesh(rt, 2, (const int[]){2, 2}, (const char *const[]){"data", "model"});
+    dpar_mesh *m = t_mesh(rt, 2, (const int[]){ 2, 2 }, (const char *const[]){ "data", "model" });
     for (int i = 0; i < NCASES; i++) {
         job j = { .c = &cases[i] };
         dpar_status s = dpar_shard_map(m, &(dpar_shard_map_desc){ .fn = run_case, .user = &j });
         if (s) fail_msg("%s: %s: %s", cases[i].name, dpar_status_string(s), dpar_last_error());
         for (int d = 0; d < NDEV; d++)
-            if (j.mismatch[d]) fail_msg("%s: device %d: async and blocking results differ at byte %d", cases[i].name, d,
-                                        j.mismatch[d] - 1);
+            if (j.mismatch[d])
+                fail_msg("%s: device %d: async and blocking results differ at byte %d", cases[i].name, d,
+                         j.mismatch[d] - 1);
     }
     T_OK(dpar_mesh_destroy(m));
     T_OK(dpar_runtime_destroy(rt));
@@ -183,7 +227,7 @@ static dpar_status run_bad_args(dpar_ctx *ctx, void *user) {
     (void)user;
     dpar_buffer *b = NULL;
     dpar_request *req = (dpar_request *)&req;
-    dpar_status s = dpar_ctx_buffer(ctx, DPAR_F32, 1, (const int64_t[]){4}, &b);
+    dpar_status s = dpar_ctx_buffer(ctx, DPAR_F32, 1, (const int64_t[]){ 4 }, &b);
     if (s) return s;
     dpar_status e1 = dpar_ppermute_start(ctx, b, b, "data", NULL, 1, &req);
     int ok = e1 == DPAR_ERR_INVALID_ARGUMENT && req == NULL && strstr(dpar_last_error(), "dpar_ppermute_start");

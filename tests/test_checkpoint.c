@@ -58,10 +58,10 @@ static void spit(const char *p, const unsigned char *b, long n) {
 
 static void test_crc32(void **st) {
     (void)st;
-    assert_int_equal(dpar_crc32(0, "123456789", 9), 0xCBF43926u);   /* the CRC-32 check value */
+    assert_int_equal(dpar_crc32(0, "123456789", 9), 0xCBF43926u); /* the CRC-32 check value */
     assert_int_equal(dpar_crc32(0, "", 0), 0u);
     uint32_t c = dpar_crc32(0, "12345", 5);
-    assert_int_equal(dpar_crc32(c, "6789", 4), 0xCBF43926u);         /* chainable */
+    assert_int_equal(dpar_crc32(c, "6789", 4), 0xCBF43926u); /* chainable */
 }
 
 /* Saved from a 4-device mesh (replicated, rows split, columns split over a 2x2
@@ -73,7 +73,10 @@ static void test_roundtrip_other_mesh(void **st) {
     uint16_t hb[8], hb2[8];
     for (int i = 0; i < 48; i++) w[i] = (float)i * 0.37f - 3.0f;
     for (int i = 0; i < 6; i++) b[i] = -(float)i;
-    for (int i = 0; i < 8; i++) { ids[i] = i * i - 9; hb[i] = dpar_f32_to_bf16((float)i / 3.0f); }
+    for (int i = 0; i < 8; i++) {
+        ids[i] = i * i - 9;
+        hb[i] = dpar_f32_to_bf16((float)i / 3.0f);
+    }
     const char *path = tpath("rt.ckpt");
     {
         dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 4);
@@ -82,8 +85,13 @@ static void test_roundtrip_other_mesh(void **st) {
         dpar_mesh *m = t_mesh(rt, 2, sh, nm);
         dpar_array *aw = arr(m, DPAR_F32, 2, 8, 6, "data,model", NULL), *ab = arr(m, DPAR_F32, 1, 6, 0, NULL, NULL);
         dpar_array *ai = arr(m, DPAR_I32, 1, 8, 0, "model", NULL), *ah = arr(m, DPAR_BF16, 2, 4, 2, "data", "model");
-        T_OK(dpar_array_put(aw, w)); T_OK(dpar_array_put(ab, b)); T_OK(dpar_array_put(ai, ids)); T_OK(dpar_array_put(ah, hb));
-        dpar_checkpoint_entry e[4] = { { "w", aw, false }, { "b", ab, false }, { "ids", ai, false }, { "half", ah, false } };
+        T_OK(dpar_array_put(aw, w));
+        T_OK(dpar_array_put(ab, b));
+        T_OK(dpar_array_put(ai, ids));
+        T_OK(dpar_array_put(ah, hb));
+        dpar_checkpoint_entry e[4] = {
+            { "w", aw, false }, { "b", ab, false }, { "ids", ai, false }, { "half", ah, false }
+        };
         T_OK(dpar_checkpoint_save(path, e, 4, 1234));
         dpar_runtime_destroy(rt);
     }
@@ -91,11 +99,16 @@ static void test_roundtrip_other_mesh(void **st) {
     dpar_mesh *m = t_mesh1(rt, 2, "data");
     dpar_array *aw = arr(m, DPAR_F32, 2, 8, 6, NULL, "data"), *ab = arr(m, DPAR_F32, 1, 6, 0, "data", NULL);
     dpar_array *ai = arr(m, DPAR_I32, 1, 8, 0, NULL, NULL), *ah = arr(m, DPAR_BF16, 2, 4, 2, NULL, "data");
-    dpar_checkpoint_entry e[4] = { { "b", ab, false }, { "w", aw, false }, { "half", ah, false }, { "ids", ai, false } };
+    dpar_checkpoint_entry e[4] = {
+        { "b", ab, false }, { "w", aw, false }, { "half", ah, false }, { "ids", ai, false }
+    };
     uint64_t step = 0;
     T_OK(dpar_checkpoint_restore(path, e, 4, &step));
     assert_int_equal(step, 1234);
-    T_OK(dpar_array_get(aw, w2)); T_OK(dpar_array_get(ab, b2)); T_OK(dpar_array_get(ai, ids2)); T_OK(dpar_array_get(ah, hb2));
+    T_OK(dpar_array_get(aw, w2));
+    T_OK(dpar_array_get(ab, b2));
+    T_OK(dpar_array_get(ai, ids2));
+    T_OK(dpar_array_get(ah, hb2));
     assert_memory_equal(w, w2, sizeof w);
     assert_memory_equal(b, b2, sizeof b);
     assert_memory_equal(ids, ids2, sizeof ids);
@@ -104,11 +117,12 @@ static void test_roundtrip_other_mesh(void **st) {
     T_OK(dpar_checkpoint_restore(path, e, 1, NULL));
     dpar_array *wrong = arr(m, DPAR_F32, 2, 6, 8, NULL, NULL), *wrongt = arr(m, DPAR_I32, 1, 6, 0, NULL, NULL);
     dpar_checkpoint_entry bad[2] = { { "b", ab, false }, { "w", wrong, false } };
-    T_OK(dpar_array_put(ab, w));  /* sentinel */
+    T_OK(dpar_array_put(ab, w)); /* sentinel */
     T_ERR(dpar_checkpoint_restore(path, bad, 2, NULL), DPAR_ERR_SHAPE, "'w'", "[8, 6]", "[6, 8]");
     T_OK(dpar_array_get(ab, b2));
-    assert_memory_equal(b2, w, sizeof b2);   /* "b" untouched: nothing is restored when one entry fails */
-    bad[1].name = "b"; bad[1].array = wrongt;
+    assert_memory_equal(b2, w, sizeof b2); /* "b" untouched: nothing is restored when one entry fails */
+    bad[1].name = "b";
+    bad[1].array = wrongt;
     T_ERR(dpar_checkpoint_restore(path, bad + 1, 1, NULL), DPAR_ERR_DTYPE, "f32", "i32");
     bad[1].name = "nope";
     T_ERR(dpar_checkpoint_restore(path, bad + 1, 1, NULL), DPAR_ERR_INVALID_ARGUMENT, "nope");
@@ -123,7 +137,10 @@ static void test_corruption(void **st) {
     dpar_mesh *m = t_mesh1(rt, 2, "data");
     dpar_array *a = arr(m, DPAR_F32, 2, 4, 4, "data", NULL);
     float x[16], y[16], keep[16];
-    for (int i = 0; i < 16; i++) { x[i] = (float)i; keep[i] = 100.0f + (float)i; }
+    for (int i = 0; i < 16; i++) {
+        x[i] = (float)i;
+        keep[i] = 100.0f + (float)i;
+    }
     T_OK(dpar_array_put(a, x));
     dpar_checkpoint_entry e[1] = { { "a", a, false } };
     const char *path = tpath("c.ckpt"), *bad = tpath("bad.ckpt");
@@ -223,7 +240,8 @@ static dpar_status reg_step(dpar_ctx *ctx, void *user) {
     dpar_buffer *w = dpar_array_shard(r->w[0], dev), *b = dpar_array_shard(r->w[1], dev);
     dpar_buffer *gw = dpar_array_shard(r->g[0], dev), *gb = dpar_array_shard(r->g[1], dev);
     dpar_buffer *x = dpar_array_shard(r->x, dev), *y = dpar_array_shard(r->y, dev);
-    dpar_buffer *pred = dpar_array_shard(r->pred, dev), *dpred = dpar_array_shard(r->dpred, dev), *loss = dpar_array_shard(r->loss, dev);
+    dpar_buffer *pred = dpar_array_shard(r->pred, dev), *dpred = dpar_array_shard(r->dpred, dev),
+                *loss = dpar_array_shard(r->loss, dev);
     dpar_status s;
     if ((s = dpar_matmul(pred, x, w, false, false, 1.0f, 0.0f)) || (s = dpar_bias_add(pred, b)) ||
         (s = dpar_mse(loss, dpred, pred, y)) || (s = dpar_matmul(gw, x, dpred, true, false, 1.0f, 0.0f)) ||
@@ -234,18 +252,24 @@ static dpar_status reg_step(dpar_ctx *ctx, void *user) {
 }
 static void reg_make(dpar_mesh *m, int ndev, reg *r) {
     memset(r, 0, sizeof *r);
-    r->w[0] = arr(m, DPAR_F32, 2, IN, OUT, NULL, NULL); r->w[1] = arr(m, DPAR_F32, 1, OUT, 0, NULL, NULL);
-    r->g[0] = arr(m, DPAR_F32, 2, IN, OUT, NULL, NULL); r->g[1] = arr(m, DPAR_F32, 1, OUT, 0, NULL, NULL);
-    r->x = arr(m, DPAR_F32, 2, B, IN, "data", NULL); r->y = arr(m, DPAR_F32, 2, B, OUT, "data", NULL);
-    r->pred = arr(m, DPAR_F32, 2, B, OUT, "data", NULL); r->dpred = arr(m, DPAR_F32, 2, B, OUT, "data", NULL);
+    r->w[0] = arr(m, DPAR_F32, 2, IN, OUT, NULL, NULL);
+    r->w[1] = arr(m, DPAR_F32, 1, OUT, 0, NULL, NULL);
+    r->g[0] = arr(m, DPAR_F32, 2, IN, OUT, NULL, NULL);
+    r->g[1] = arr(m, DPAR_F32, 1, OUT, 0, NULL, NULL);
+    r->x = arr(m, DPAR_F32, 2, B, IN, "data", NULL);
+    r->y = arr(m, DPAR_F32, 2, B, OUT, "data", NULL);
+    r->pred = arr(m, DPAR_F32, 2, B, OUT, "data", NULL);
+    r->dpred = arr(m, DPAR_F32, 2, B, OUT, "data", NULL);
     r->loss = arr(m, DPAR_F32, 1, ndev, 0, "data", NULL);
     float w0[IN * OUT];
     for (int i = 0; i < IN * OUT; i++) w0[i] = sinf((float)i);
     T_OK(dpar_array_put(r->w[0], w0));
-    dpar_zero1_desc zd = {
-        .sgd.learning_rate = 0.05f, .sgd.momentum = 0.9f, .sgd.nesterov = true, .sgd.weight_decay = 1e-3f,
-        .num_params = NP, .params = { r->w[0], r->w[1] }
-    };
+    dpar_zero1_desc zd = { .sgd.learning_rate = 0.05f,
+                           .sgd.momentum = 0.9f,
+                           .sgd.nesterov = true,
+                           .sgd.weight_decay = 1e-3f,
+                           .num_params = NP,
+                           .params = { r->w[0], r->w[1] } };
     T_OK(dpar_zero1_create(&zd, &r->z));
 }
 static float reg_run(dpar_mesh *m, reg *r, int ndev) {
@@ -264,9 +288,15 @@ static float reg_run(dpar_mesh *m, reg *r, int ndev) {
 static int reg_entries(reg *r, dpar_checkpoint_entry *e) {
     static const char *names[] = { "w", "b", "w.master", "b.master", "w.mom", "b.mom" };
     for (int i = 0; i < NP; i++) {
-        e[i].name = names[i]; e[i].array = r->w[i]; e[i].padded = false;
-        e[2 + i].name = names[2 + i]; e[2 + i].array = dpar_zero1_master(r->z, i); e[2 + i].padded = true;
-        e[4 + i].name = names[4 + i]; e[4 + i].array = dpar_zero1_momentum(r->z, i); e[4 + i].padded = true;
+        e[i].name = names[i];
+        e[i].array = r->w[i];
+        e[i].padded = false;
+        e[2 + i].name = names[2 + i];
+        e[2 + i].array = dpar_zero1_master(r->z, i);
+        e[2 + i].padded = true;
+        e[4 + i].name = names[4 + i];
+        e[4 + i].array = dpar_zero1_momentum(r->z, i);
+        e[4 + i].padded = true;
     }
     return 3 * NP;
 }
@@ -278,7 +308,7 @@ static void test_resume_bitwise(void **st) {
     dpar_mesh *m = t_mesh1(rt, 4, "data");
     reg r;
     reg_make(m, 4, &r);
-    assert_int_equal(dpar_zero1_padded_count(r.z, 1), 4);   /* 3 -> 4 on 4 devices */
+    assert_int_equal(dpar_zero1_padded_count(r.z, 1), 4); /* 3 -> 4 on 4 devices */
     for (int i = 0; i < 6; i++) full[i] = reg_run(m, &r, 4);
     dpar_zero1_destroy(r.z);
     reg_make(m, 4, &r);
@@ -295,7 +325,8 @@ static void test_resume_bitwise(void **st) {
     r.step = (int)step;
     for (int i = 3; i < 6; i++) resumed[i] = reg_run(m, &r, 4);
     for (int i = 0; i < 6; i++)
-        if (memcmp(&full[i], &resumed[i], 4)) fail_msg("step %d: uninterrupted loss %.9g, resumed %.9g", i, (double)full[i], (double)resumed[i]);
+        if (memcmp(&full[i], &resumed[i], 4))
+            fail_msg("step %d: uninterrupted loss %.9g, resumed %.9g", i, (double)full[i], (double)resumed[i]);
     dpar_zero1_destroy(r.z);
     dpar_runtime_destroy(rt);
 
@@ -303,7 +334,7 @@ static void test_resume_bitwise(void **st) {
     rt = t_runtime(DPAR_BACKEND_CPU, 2);
     m = t_mesh1(rt, 2, "data");
     reg_make(m, 2, &r);
-    assert_int_equal(dpar_zero1_padded_count(r.z, 1), 4);  /* 3 -> 4 on 2 devices too */
+    assert_int_equal(dpar_zero1_padded_count(r.z, 1), 4); /* 3 -> 4 on 2 devices too */
     assert_int_equal(dpar_zero1_padded_count(r.z, 0), 18);
     n = reg_entries(&r, e);
     T_OK(dpar_checkpoint_restore(path, e, n, &step));
@@ -383,12 +414,9 @@ static void test_cross_backend(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_crc32),
-        cmocka_unit_test(test_roundtrip_other_mesh),
-        cmocka_unit_test(test_corruption),
-        cmocka_unit_test(test_atomic_write),
-        cmocka_unit_test(test_resume_bitwise),
-        cmocka_unit_test(test_padded_rule),
+        cmocka_unit_test(test_crc32),          cmocka_unit_test(test_roundtrip_other_mesh),
+        cmocka_unit_test(test_corruption),     cmocka_unit_test(test_atomic_write),
+        cmocka_unit_test(test_resume_bitwise), cmocka_unit_test(test_padded_rule),
         cmocka_unit_test(test_cross_backend),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

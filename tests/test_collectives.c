@@ -15,10 +15,21 @@ static double t_f16_val(uint16_t h) {
     double v = e == 0 ? ldexp(m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexp(1024 + m, e - 25);
     return s ? -v : v;
 }
-static double t_bf16_val(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
+static double t_bf16_val(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
 /* encodes a small integer / dyadic value that is exactly representable; used on
    worker threads, where cmocka's asserts cannot be used, so a bad value aborts */
-#define T_NEED(c) do { if (!(c)) { fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, #c); abort(); } } while (0)
+#define T_NEED(c)                                                   \
+    do {                                                            \
+        if (!(c)) {                                                 \
+            fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, #c); \
+            abort();                                                \
+        }                                                           \
+    } while (0)
 static uint16_t t_f16_bits(double v) {
     if (v == 0) return signbit(v) ? 0x8000 : 0;
     uint16_t s = v < 0 ? 0x8000 : 0;
@@ -58,15 +69,19 @@ static double t_load(const void *p, dpar_dtype t, int64_t i) {
     }
 }
 /* small integers in [-8, 8], different per device and element */
-static double gen(int dev, int64_t i) { return (double)(((dev * 5 + i * 3 + 1) % 17) - 8); }
+static double gen(int dev, int64_t i) {
+    return (double)(((dev * 5 + i * 3 + 1) % 17) - 8);
+}
 
 /* ---- the sweep: every collective variant in one shard_map per (mesh, axes, dtype) ----
    One row per variant: the call, its input and output shapes and what each output
    element must be. Shapes are in terms of the group size n (dims below); C = 3. */
 enum { C = 3 };
-#define N(k) (-(k))         /* k * n */
-#define NN(k) (-100 * (k))  /* k * n * n */
-static int64_t dim_of(int d, int n) { return d >= 0 ? d : d > -100 ? (int64_t)-d * n : (int64_t)(-d / 100) * n * n; }
+#define N(k)  (-(k))       /* k * n */
+#define NN(k) (-100 * (k)) /* k * n * n */
+static int64_t dim_of(int d, int n) {
+    return d >= 0 ? d : d > -100 ? (int64_t)-d * n : (int64_t)(-d / 100) * n * n;
+}
 
 typedef enum { PSUM, PMEAN, PMAX, PMIN, ALL_GATHER, PSUM_SCATTER, PPERMUTE, ALL_TO_ALL, PBROADCAST } coll_op;
 typedef struct coll_case {
@@ -74,14 +89,14 @@ typedef struct coll_case {
     coll_op op;
     bool in_place;
     int dim;
-    bool tiled;          /* all_gather, psum_scatter */
-    int split, concat;   /* all_to_all */
-    bool partial;        /* ppermute: only 0 -> n-1; else the cycle i -> i+1 */
-    bool root_last;      /* pbroadcast: root n-1; else 0 */
-    bool async;          /* started together, waited in reverse order after the behind_async row */
-    bool behind_async;   /* a blocking in-place psum issued while the async ones may be pending */
-    int in[2], out[3];   /* dims (N(k), NN(k) or a number); 0 ends out; in defaults to [2n, C] */
-    bool same_bits;      /* every member of a group gets the same bits */
+    bool tiled;        /* all_gather, psum_scatter */
+    int split, concat; /* all_to_all */
+    bool partial;      /* ppermute: only 0 -> n-1; else the cycle i -> i+1 */
+    bool root_last;    /* pbroadcast: root n-1; else 0 */
+    bool async;        /* started together, waited in reverse order after the behind_async row */
+    bool behind_async; /* a blocking in-place psum issued while the async ones may be pending */
+    int in[2], out[3]; /* dims (N(k), NN(k) or a number); 0 ends out; in defaults to [2n, C] */
+    bool same_bits;    /* every member of a group gets the same bits */
 } coll_case;
 
 static const coll_case cases[] = {
@@ -94,20 +109,36 @@ static const coll_case cases[] = {
     { .name = "pmax in place", .op = PMAX, .in_place = true, .out = { N(2), C }, .same_bits = true },
     { .name = "pmin in place", .op = PMIN, .in_place = true, .out = { N(2), C }, .same_bits = true },
     { .name = "all_gather stacked dim 0", .op = ALL_GATHER, .dim = 0, .out = { N(1), N(2), C }, .same_bits = true },
-    { .name = "all_gather tiled dim 0", .op = ALL_GATHER, .dim = 0, .tiled = true, .out = { NN(2), C },
+    { .name = "all_gather tiled dim 0",
+      .op = ALL_GATHER,
+      .dim = 0,
+      .tiled = true,
+      .out = { NN(2), C },
       .same_bits = true },
-    { .name = "all_gather tiled dim 1", .op = ALL_GATHER, .dim = 1, .tiled = true, .out = { N(2), N(C) },
+    { .name = "all_gather tiled dim 1",
+      .op = ALL_GATHER,
+      .dim = 1,
+      .tiled = true,
+      .out = { N(2), N(C) },
       .same_bits = true },
     { .name = "all_gather stacked dim 1", .op = ALL_GATHER, .dim = 1, .out = { N(2), N(1), C }, .same_bits = true },
     { .name = "psum_scatter tiled dim 0", .op = PSUM_SCATTER, .dim = 0, .tiled = true, .out = { 2, C } },
     { .name = "psum_scatter stacked dim 0", .op = PSUM_SCATTER, .dim = 0, .in = { N(1), C }, .out = { C } },
-    { .name = "psum_scatter tiled dim 1", .op = PSUM_SCATTER, .dim = 1, .tiled = true, .in = { C, N(2) },
+    { .name = "psum_scatter tiled dim 1",
+      .op = PSUM_SCATTER,
+      .dim = 1,
+      .tiled = true,
+      .in = { C, N(2) },
       .out = { C, 2 } },
     { .name = "ppermute cycle", .op = PPERMUTE, .out = { N(2), C } },
     { .name = "ppermute partial", .op = PPERMUTE, .partial = true, .out = { N(2), C } },
     { .name = "ppermute in place", .op = PPERMUTE, .in_place = true, .out = { N(2), C } },
     { .name = "all_to_all split 0 concat 1", .op = ALL_TO_ALL, .split = 0, .concat = 1, .out = { 2, N(C) } },
-    { .name = "all_to_all split 1 concat 0", .op = ALL_TO_ALL, .split = 1, .concat = 0, .in = { C, N(2) },
+    { .name = "all_to_all split 1 concat 0",
+      .op = ALL_TO_ALL,
+      .split = 1,
+      .concat = 0,
+      .in = { C, N(2) },
       .out = { N(C), 2 } },
     { .name = "all_to_all split 0 concat 0", .op = ALL_TO_ALL, .split = 0, .concat = 0, .out = { N(2), C } },
     { .name = "psum_scatter stacked dim 1", .op = PSUM_SCATTER, .dim = 1, .in = { C, N(1) }, .out = { C } },
@@ -115,10 +146,18 @@ static const coll_case cases[] = {
     { .name = "pbroadcast root n-1", .op = PBROADCAST, .root_last = true, .out = { N(2), C }, .same_bits = true },
     { .name = "pbroadcast in place root 0", .op = PBROADCAST, .in_place = true, .out = { N(2), C }, .same_bits = true },
     { .name = "async psum", .op = PSUM, .async = true, .out = { N(2), C }, .same_bits = true },
-    { .name = "async all_gather", .op = ALL_GATHER, .async = true, .dim = 0, .out = { N(1), N(2), C },
+    { .name = "async all_gather",
+      .op = ALL_GATHER,
+      .async = true,
+      .dim = 0,
+      .out = { N(1), N(2), C },
       .same_bits = true },
     { .name = "async psum_scatter", .op = PSUM_SCATTER, .async = true, .dim = 0, .tiled = true, .out = { 2, C } },
-    { .name = "blocking psum behind async", .op = PSUM, .in_place = true, .behind_async = true, .out = { N(2), C },
+    { .name = "blocking psum behind async",
+      .op = PSUM,
+      .in_place = true,
+      .behind_async = true,
+      .out = { N(2), C },
       .same_bits = true },
 };
 enum { NCASES = sizeof cases / sizeof cases[0] };
@@ -126,11 +165,11 @@ enum { NCASES = sizeof cases / sizeof cases[0] };
 typedef struct sweep {
     const char *axes;
     dpar_dtype dt;
-    int n;                         /* group size */
+    int n; /* group size */
     dpar_status st[MAXD];
     char err[MAXD][256];
-    int idx[MAXD], size[MAXD];     /* axis_index / axis_size seen inside */
-    void *res[NCASES][MAXD];       /* host copies of outputs */
+    int idx[MAXD], size[MAXD]; /* axis_index / axis_size seen inside */
+    void *res[NCASES][MAXD];   /* host copies of outputs */
     int ndim[NCASES][MAXD];
     int64_t shape[NCASES][MAXD][3];
 } sweep;
@@ -141,7 +180,10 @@ static void in_shape(const coll_case *c, int n, int64_t *s) {
 }
 static int out_shape(const coll_case *c, int n, int64_t *o) {
     int nd = 0;
-    while (nd < 3 && c->out[nd]) { o[nd] = dim_of(c->out[nd], n); nd++; }
+    while (nd < 3 && c->out[nd]) {
+        o[nd] = dim_of(c->out[nd], n);
+        nd++;
+    }
     return nd;
 }
 
@@ -169,7 +211,10 @@ static dpar_status save(sweep *w, int v, int dev, dpar_buffer *b) {
 static dpar_status issue(dpar_ctx *ctx, const coll_case *c, const sweep *w, dpar_buffer *out, dpar_buffer *in,
                          dpar_request **req) {
     int n = w->n, cyc[2 * MAXD], part[2] = { 0, n - 1 };
-    for (int i = 0; i < n; i++) { cyc[2 * i] = i; cyc[2 * i + 1] = (i + 1) % n; }
+    for (int i = 0; i < n; i++) {
+        cyc[2 * i] = i;
+        cyc[2 * i + 1] = (i + 1) % n;
+    }
     switch (c->op) {
     case PSUM: return req ? dpar_preduce_start(ctx, out, in, w->axes, DPAR_SUM, req) : dpar_psum(ctx, out, in, w->axes);
     case PMEAN: return dpar_pmean(ctx, out, in, w->axes);
@@ -181,8 +226,9 @@ static dpar_status issue(dpar_ctx *ctx, const coll_case *c, const sweep *w, dpar
     case PSUM_SCATTER:
         return req ? dpar_psum_scatter_start(ctx, out, in, w->axes, c->dim, c->tiled, req)
                    : dpar_psum_scatter(ctx, out, in, w->axes, c->dim, c->tiled);
-    case PPERMUTE: return c->partial ? dpar_ppermute(ctx, out, in, w->axes, part, 1)
-                                     : dpar_ppermute(ctx, out, in, w->axes, cyc, n);
+    case PPERMUTE:
+        return c->partial ? dpar_ppermute(ctx, out, in, w->axes, part, 1)
+                          : dpar_ppermute(ctx, out, in, w->axes, cyc, n);
     case ALL_TO_ALL: return dpar_all_to_all(ctx, out, in, w->axes, c->split, c->concat);
     case PBROADCAST: return dpar_pbroadcast(ctx, out, in, w->axes, c->root_last ? n - 1 : 0);
     }
@@ -195,7 +241,11 @@ static dpar_status sweep_fn(dpar_ctx *ctx, void *user) {
     dpar_status s;
     dpar_buffer *async_in = NULL, *async_out[NCASES] = { 0 };
     dpar_request *req[NCASES] = { 0 };
-#define CK(x) do { s = (x); if (s) goto fail; } while (0)
+#define CK(x)             \
+    do {                  \
+        s = (x);          \
+        if (s) goto fail; \
+    } while (0)
     CK(dpar_ctx_axis_index(ctx, w->axes, &w->idx[dev]));
     CK(dpar_ctx_axis_size(ctx, w->axes, &w->size[dev]));
     for (int v = 0; v < NCASES; v++) {
@@ -211,14 +261,19 @@ static dpar_status sweep_fn(dpar_ctx *ctx, void *user) {
             continue;
         }
         CK(make_input(ctx, w->dt, is, 2, &in));
-        if (c->in_place) out = in;
+        if (c->in_place)
+            out = in;
         else {
             CK(dpar_ctx_buffer(ctx, w->dt, ond, os, &out));
             CK(dpar_fill(out, 77)); /* stale contents must be overwritten */
         }
         CK(issue(ctx, c, w, out, in, NULL));
         if (c->behind_async) /* the async rows, waited in reverse order */
-            for (int a = NCASES - 1; a >= 0; a--) if (req[a]) { CK(dpar_wait(ctx, req[a])); req[a] = NULL; }
+            for (int a = NCASES - 1; a >= 0; a--)
+                if (req[a]) {
+                    CK(dpar_wait(ctx, req[a]));
+                    req[a] = NULL;
+                }
         for (int a = 0; c->behind_async && a < NCASES; a++)
             if (async_out[a]) {
                 CK(save(w, a, dev, async_out[a]));
@@ -245,7 +300,8 @@ static double expect(const sweep *w, const coll_case *c, const int *mem, int r, 
     int n = w->n;
 #define X(k, i) gen(mem[k], (i))
     switch (c->op) {
-    case PSUM: case PMEAN: {
+    case PSUM:
+    case PMEAN: {
         double s = 0;
         for (int k = 0; k < n; k++) s += X(k, e);
         if (c->op == PMEAN) {
@@ -254,11 +310,15 @@ static double expect(const sweep *w, const coll_case *c, const int *mem, int r, 
         }
         return s;
     }
-    case PMAX: case PMIN: {
+    case PMAX:
+    case PMIN: {
         double m = X(0, e);
         for (int k = 1; k < n; k++) {
             double x = X(k, e);
-            if (c->op == PMAX) m = x > m ? x : m; else m = x < m ? x : m;
+            if (c->op == PMAX)
+                m = x > m ? x : m;
+            else
+                m = x < m ? x : m;
         }
         return m;
     }
@@ -276,7 +336,7 @@ static double expect(const sweep *w, const coll_case *c, const int *mem, int r, 
         if (c->dim == 0) { /* out [bs, C] (tiled) or [C] from in [n*bs, C] */
             int64_t i = e / C, j = e % C;
             for (int k = 0; k < n; k++) s += X(k, (r * bs + i) * C + j);
-        } else {           /* out [C, bs] (tiled) or [C] from in [C, n*bs] */
+        } else { /* out [C, bs] (tiled) or [C] from in [C, n*bs] */
             int64_t i = e / bs, j = e % bs;
             for (int k = 0; k < n; k++) s += X(k, i * n * bs + r * bs + j);
         }
@@ -293,7 +353,7 @@ static double expect(const sweep *w, const coll_case *c, const int *mem, int r, 
         if (c->split == 0) { /* out [2, nC]: out[i, k*C + c] = x_k[(r*2+i)*C + c] */
             int64_t i = e / (n * C), k = (e % (n * C)) / C, cc = e % C;
             return X(k, (r * 2 + i) * C + cc);
-        } else {             /* out [nC, 2]: out[k*C + i, c] = x_k[i*2n + r*2 + c] */
+        } else { /* out [nC, 2]: out[k*C + i, c] = x_k[i*2n + r*2 + c] */
             int64_t row = e / 2, cc = e % 2, k = row / C, i = row % C;
             return X(k, i * 2 * n + r * 2 + cc);
         }
@@ -308,14 +368,17 @@ static void run_sweep(dpar_mesh *m, const char *axes, int nexpect) {
     int N = dpar_mesh_size(m);
     for (int t = 0; t < 4; t++) {
         sweep *w = (sweep *)calloc(1, sizeof *w);
-        w->axes = axes; w->dt = dts[t];
+        w->axes = axes;
+        w->dt = dts[t];
         T_OK(dpar_mesh_axis_size(m, axes, &w->n));
         assert_int_equal(w->n, nexpect);
         dpar_shard_map_desc sd = { .fn = sweep_fn, .user = w };
         dpar_status s = dpar_shard_map(m, &sd);
         if (s != DPAR_OK) {
-            for (int d = 0; d < N; d++) if (w->st[d]) print_error("device %d: %s: %s\n", d, dpar_status_string(w->st[d]), w->err[d]);
-            fail_msg("sweep over '%s' in %s: %s: %s", axes, dpar_dtype_name(dts[t]), dpar_status_string(s), dpar_last_error());
+            for (int d = 0; d < N; d++)
+                if (w->st[d]) print_error("device %d: %s: %s\n", d, dpar_status_string(w->st[d]), w->err[d]);
+            fail_msg("sweep over '%s' in %s: %s: %s", axes, dpar_dtype_name(dts[t]), dpar_status_string(s),
+                     dpar_last_error());
         }
         size_t es = dpar_dtype_size(w->dt);
         for (int d = 0; d < N; d++) {
@@ -330,12 +393,15 @@ static void run_sweep(dpar_mesh *m, const char *axes, int nexpect) {
                 int ond = out_shape(c, w->n, os);
                 assert_int_equal(w->ndim[v][d], ond);
                 int64_t cnt = 1;
-                for (int k = 0; k < ond; k++) { assert_int_equal(w->shape[v][d][k], os[k]); cnt *= os[k]; }
+                for (int k = 0; k < ond; k++) {
+                    assert_int_equal(w->shape[v][d][k], os[k]);
+                    cnt *= os[k];
+                }
                 for (int64_t e = 0; e < cnt; e++) {
                     double want = expect(w, c, mem, r, e), got = t_load(w->res[v][d], w->dt, e);
                     if (!(got == want))
-                        fail_msg("%s over '%s' (%d devices) in %s, device %d (rank %d), element %lld: got %g, want %g", c->name, axes,
-                                 w->n, dpar_dtype_name(w->dt), d, r, (long long)e, got, want);
+                        fail_msg("%s over '%s' (%d devices) in %s, device %d (rank %d), element %lld: got %g, want %g",
+                                 c->name, axes, w->n, dpar_dtype_name(w->dt), d, r, (long long)e, got, want);
                 }
                 /* members of a group that get the same value get the same bits */
                 if (c->same_bits)
@@ -344,7 +410,8 @@ static void run_sweep(dpar_mesh *m, const char *axes, int nexpect) {
                             fail_msg("%s over '%s': devices %d and %d differ bitwise", c->name, axes, d, mem[k]);
             }
         }
-        for (int v = 0; v < NCASES; v++) for (int d = 0; d < MAXD; d++) free(w->res[v][d]);
+        for (int v = 0; v < NCASES; v++)
+            for (int d = 0; d < MAXD; d++) free(w->res[v][d]);
         free(w);
     }
 }
@@ -355,10 +422,22 @@ static void sweep_1d(int n) {
     run_sweep(m, "data", n);
     dpar_runtime_destroy(rt);
 }
-static void test_sweep_1(void **st) { (void)st; sweep_1d(1); }
-static void test_sweep_2(void **st) { (void)st; sweep_1d(2); }
-static void test_sweep_4(void **st) { (void)st; sweep_1d(4); }
-static void test_sweep_8(void **st) { (void)st; sweep_1d(8); }
+static void test_sweep_1(void **st) {
+    (void)st;
+    sweep_1d(1);
+}
+static void test_sweep_2(void **st) {
+    (void)st;
+    sweep_1d(2);
+}
+static void test_sweep_4(void **st) {
+    (void)st;
+    sweep_1d(4);
+}
+static void test_sweep_8(void **st) {
+    (void)st;
+    sweep_1d(8);
+}
 static void test_sweep_2x4(void **st) {
     (void)st;
     dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 8);
@@ -414,11 +493,11 @@ typedef struct small {
     char err[MAXD][512];
     float out[MAXD][8];
     uint16_t out16[MAXD][8];
-    int holder;       /* for NaN tests */
-    int op;           /* DPAR_MAX / DPAR_MIN */
+    int holder; /* for NaN tests */
+    int op;     /* DPAR_MAX / DPAR_MIN */
     dpar_dtype dt;
-    int sleeper;      /* timeout test: this device does not arrive */
-    int skip;         /* ... and skips the call instead of sleeping */
+    int sleeper; /* timeout test: this device does not arrive */
+    int skip;    /* ... and skips the call instead of sleeping */
     int variant;
 } small;
 
@@ -476,7 +555,9 @@ static dpar_status nan_fn(dpar_ctx *ctx, void *user) {
     for (int i = 0; i < 3; i++) h[i] = w->dt == DPAR_F16 ? dpar_f32_to_f16(v[i]) : dpar_f32_to_bf16(v[i]);
     if (!s) s = dpar_buffer_write(x, 0, w->dt == DPAR_F32 ? (void *)v : (void *)h, 3 * dpar_dtype_size(w->dt));
     if (!s) s = dpar_preduce(ctx, y, x, "data", (dpar_reduce_op)w->op);
-    if (!s) s = dpar_buffer_read(y, 0, w->dt == DPAR_F32 ? (void *)w->out[d] : (void *)w->out16[d], 3 * dpar_dtype_size(w->dt));
+    if (!s)
+        s = dpar_buffer_read(y, 0, w->dt == DPAR_F32 ? (void *)w->out[d] : (void *)w->out16[d],
+                             3 * dpar_dtype_size(w->dt));
     return rec(w, d, s);
 }
 static void test_pmax_pmin_nan(void **st) {
@@ -490,15 +571,21 @@ static void test_pmax_pmin_nan(void **st) {
                 for (int holder = 0; holder < n; holder++) {
                     small w;
                     memset(&w, 0, sizeof w);
-                    w.holder = holder; w.op = op; w.dt = dts[t];
+                    w.holder = holder;
+                    w.op = op;
+                    w.dt = dts[t];
                     T_OK(run_small(m, nan_fn, &w));
                     for (int d = 0; d < n; d++) {
                         double r[3];
                         for (int i = 0; i < 3; i++)
-                            r[i] = w.dt == DPAR_F32 ? w.out[d][i] : w.dt == DPAR_F16 ? t_f16_val(w.out16[d][i]) : t_bf16_val(w.out16[d][i]);
+                            r[i] = w.dt == DPAR_F32   ? w.out[d][i]
+                                   : w.dt == DPAR_F16 ? t_f16_val(w.out16[d][i])
+                                                      : t_bf16_val(w.out16[d][i]);
                         if (!(r[0] == 1.0 && isnan(r[1]) && r[2] == 3.0))
-                            fail_msg("%s in %s on %d devices, NaN on device %d: device %d got [%g, %g, %g], want [1, nan, 3]",
-                                     op == DPAR_MAX ? "pmax" : "pmin", dpar_dtype_name(w.dt), n, holder, d, r[0], r[1], r[2]);
+                            fail_msg("%s in %s on %d devices, NaN on device %d: device %d got [%g, %g, %g], want [1, "
+                                     "nan, 3]",
+                                     op == DPAR_MAX ? "pmax" : "pmin", dpar_dtype_name(w.dt), n, holder, d, r[0], r[1],
+                                     r[2]);
                     }
                 }
         dpar_runtime_destroy(rt);
@@ -530,7 +617,10 @@ static void test_psum_scatter_not_divisible(void **st) {
         int shape_errs = 0;
         for (int d = 0; d < 4; d++) {
             assert_true(w.st[d] == DPAR_ERR_SHAPE || w.st[d] == DPAR_ERR_ABORTED || (int)w.st[d] == NEVER_RAN);
-            if (w.st[d] == DPAR_ERR_SHAPE) { shape_errs++; assert_non_null(strstr(w.err[d], "size 5")); }
+            if (w.st[d] == DPAR_ERR_SHAPE) {
+                shape_errs++;
+                assert_non_null(strstr(w.err[d], "size 5"));
+            }
         }
         assert_true(shape_errs >= 1);
     }
@@ -554,7 +644,8 @@ static void test_unknown_axis(void **st) {
     small w;
     memset(&w, 0, sizeof w);
     T_ERR(run_small(m, batch_fn, &w), DPAR_ERR_UNKNOWN_AXIS, "'batch'", "(axes: data)");
-    for (int d = 0; d < 2; d++) assert_true(w.st[d] == DPAR_ERR_UNKNOWN_AXIS || w.st[d] == DPAR_ERR_ABORTED || (int)w.st[d] == NEVER_RAN);
+    for (int d = 0; d < 2; d++)
+        assert_true(w.st[d] == DPAR_ERR_UNKNOWN_AXIS || w.st[d] == DPAR_ERR_ABORTED || (int)w.st[d] == NEVER_RAN);
     dpar_runtime_destroy(rt);
 }
 
@@ -568,10 +659,13 @@ static dpar_status mismatch_fn(dpar_ctx *ctx, void *user) {
     dpar_status s = dpar_ctx_buffer(ctx, dt, 1, &cnt, &x);
     if (s) return rec(w, d, s);
     int fwd[8] = { 0, 1, 1, 2, 2, 3, 3, 0 }, bwd[8] = { 1, 0, 2, 1, 3, 2, 0, 3 };
-    if (w->variant == 1 && d == 2) s = dpar_pmax(ctx, x, x, "data");
-    else if (w->variant == 3) s = dpar_ppermute(ctx, x, x, "data", d == 3 ? bwd : fwd, 4); /* different pairs */
-    else if (w->variant == 4) s = dpar_pbroadcast(ctx, x, x, "data", d == 1 ? 1 : 0);      /* different roots */
-    else if (w->variant == 5 && d == 0) {                                                   /* all_gather vs psum */
+    if (w->variant == 1 && d == 2)
+        s = dpar_pmax(ctx, x, x, "data");
+    else if (w->variant == 3)
+        s = dpar_ppermute(ctx, x, x, "data", d == 3 ? bwd : fwd, 4); /* different pairs */
+    else if (w->variant == 4)
+        s = dpar_pbroadcast(ctx, x, x, "data", d == 1 ? 1 : 0); /* different roots */
+    else if (w->variant == 5 && d == 0) {                       /* all_gather vs psum */
         int64_t big = 64;
         dpar_buffer *y;
         s = dpar_ctx_buffer(ctx, DPAR_F32, 1, &big, &y);
@@ -582,15 +676,17 @@ static dpar_status mismatch_fn(dpar_ctx *ctx, void *user) {
         s = dpar_ctx_buffer(ctx, DPAR_F32, 2, shp, &a2);
         if (!s) s = dpar_ctx_buffer(ctx, DPAR_F32, 2, outs, &y);
         if (!s) s = dpar_all_gather(ctx, y, a2, "data", 1, true);
-    } else s = dpar_psum(ctx, x, x, "data");
+    } else
+        s = dpar_psum(ctx, x, x, "data");
     return rec(w, d, s);
 }
 static void test_mismatch(void **st) {
     (void)st;
     dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 4);
     dpar_mesh *m = t_mesh1(rt, 4, "data");
-    const char *needles[7][2] = { { "2560", "5120" }, { "psum", "pmax" }, { "f32", "i32" }, { "ppermute", "pairs" },
-                                  { "root 0", "root 1" }, { "all_gather", "psum" }, { "[3, 4]", "[2, 6]" } };
+    const char *needles[7][2] = { { "2560", "5120" },      { "psum", "pmax" },     { "f32", "i32" },
+                                  { "ppermute", "pairs" }, { "root 0", "root 1" }, { "all_gather", "psum" },
+                                  { "[3, 4]", "[2, 6]" } };
     for (int v = 0; v < 7; v++) {
         small w;
         memset(&w, 0, sizeof w);
@@ -646,7 +742,10 @@ static void test_timeout_names_missing_device(void **st) {
     for (int d = 0; d < 4; d++) {
         if (d == 2) continue;
         assert_true(w.st[d] == DPAR_ERR_TIMEOUT || w.st[d] == DPAR_ERR_ABORTED || (int)w.st[d] == NEVER_RAN);
-        if (w.st[d] == DPAR_ERR_TIMEOUT) { timeouts++; assert_non_null(strstr(w.err[d], "device(s) 2")); }
+        if (w.st[d] == DPAR_ERR_TIMEOUT) {
+            timeouts++;
+            assert_non_null(strstr(w.err[d], "device(s) 2"));
+        }
     }
     assert_true(timeouts >= 1);
     /* the runtime is still usable afterwards */
@@ -656,14 +755,18 @@ static void test_timeout_names_missing_device(void **st) {
     assert_true(ok.out[3][2] == 18.0f);
     /* a device that returns without calling: every waiting member is told which */
     memset(&w, 0, sizeof w);
-    w.sleeper = 1; w.skip = 1;
+    w.sleeper = 1;
+    w.skip = 1;
     T_ERR(run_small(m, late_fn, &w), DPAR_ERR_COLLECTIVE_MISMATCH, "device 1");
     for (int d = 0; d < 4; d++)
-        if (d != 1) assert_true(w.st[d] == DPAR_ERR_COLLECTIVE_MISMATCH || w.st[d] == DPAR_ERR_ABORTED || (int)w.st[d] == NEVER_RAN);
+        if (d != 1)
+            assert_true(w.st[d] == DPAR_ERR_COLLECTIVE_MISMATCH || w.st[d] == DPAR_ERR_ABORTED ||
+                        (int)w.st[d] == NEVER_RAN);
     dpar_runtime_destroy(rt);
     /* the timeout from DPAR_TIMEOUT_MS when the desc leaves it 0 */
     setenv("DPAR_TIMEOUT_MS", "200", 1);
-    rd.timeout_ms = 0; rd.num_devices = 2;
+    rd.timeout_ms = 0;
+    rd.num_devices = 2;
     T_OK(dpar_runtime_create(&rd, &rt));
     unsetenv("DPAR_TIMEOUT_MS");
     m = t_mesh1(rt, 2, "data");
@@ -700,10 +803,10 @@ static void test_f16_accumulates_in_f32(void **st) {
     memset(&w, 0, sizeof w);
     T_OK(run_small(m, f16_fn, &w));
     for (int d = 0; d < 8; d++) {
-        assert_int_equal(w.out16[d][0], 0x70E2);   /* pmean 10000 */
-        assert_int_equal(w.out16[d][1], 0x3C00);   /* pmean 1 */
-        assert_int_equal(w.out16[d][2], 0x7C00);   /* psum 80000 -> +Inf (f16 max 65504) */
-        assert_int_equal(w.out16[d][3], 0x4800);   /* psum 8 */
+        assert_int_equal(w.out16[d][0], 0x70E2); /* pmean 10000 */
+        assert_int_equal(w.out16[d][1], 0x3C00); /* pmean 1 */
+        assert_int_equal(w.out16[d][2], 0x7C00); /* psum 80000 -> +Inf (f16 max 65504) */
+        assert_int_equal(w.out16[d][3], 0x4800); /* psum 8 */
     }
     dpar_runtime_destroy(rt);
 }
@@ -716,7 +819,8 @@ static dpar_status zero_fn(dpar_ctx *ctx, void *user) {
     const dpar_dtype dts[4] = { DPAR_F32, DPAR_F16, DPAR_BF16, DPAR_I32 };
     for (int t = 0; t < 4 && !s; t++) {
         dpar_dtype dt = dts[t];
-        int64_t z[2] = { 0, 3 }, zn[3] = { (int64_t)n, 0, 3 }, zt[2] = { 0, 3 * (int64_t)n }, sc[2] = { (int64_t)n, 0 }, e0 = 0;
+        int64_t z[2] = { 0, 3 }, zn[3] = { (int64_t)n, 0, 3 }, zt[2] = { 0, 3 * (int64_t)n }, sc[2] = { (int64_t)n, 0 },
+                e0 = 0;
         dpar_buffer *a = NULL, *b = NULL, *g = NULL, *g2 = NULL, *sin = NULL, *sout = NULL, *r1 = NULL;
         s = dpar_ctx_buffer(ctx, dt, 2, z, &a);
         if (!s) s = dpar_ctx_buffer(ctx, dt, 2, z, &b);
@@ -730,12 +834,12 @@ static dpar_status zero_fn(dpar_ctx *ctx, void *user) {
         }
         if (!s) s = dpar_all_gather(ctx, g, a, "data", 0, false);
         if (!s) s = dpar_all_gather(ctx, g2, a, "data", 1, true);
-        if (!s) s = dpar_psum_scatter(ctx, b, a, "data", 0, true);   /* [0,3] -> [0,3] */
+        if (!s) s = dpar_psum_scatter(ctx, b, a, "data", 0, true);       /* [0,3] -> [0,3] */
         if (!s) s = dpar_psum_scatter(ctx, sout, sin, "data", 0, false); /* [n,0] -> [0] */
         int pairs[2] = { 0, n - 1 };
         if (!s) s = dpar_ppermute(ctx, b, a, "data", pairs, 1);
         if (!s) s = dpar_ppermute(ctx, a, a, "data", pairs, 1);
-        if (!s) s = dpar_all_to_all(ctx, g2, a, "data", 0, 1);       /* [0,3] -> [0,3n] */
+        if (!s) s = dpar_all_to_all(ctx, g2, a, "data", 0, 1); /* [0,3] -> [0,3n] */
         if (!s) s = dpar_pbroadcast(ctx, b, a, "data", n - 1);
         if (!s) s = dpar_pbroadcast(ctx, a, a, "data", 0);
         dpar_request *rq;
@@ -746,8 +850,12 @@ static dpar_status zero_fn(dpar_ctx *ctx, void *user) {
         if (!s) s = dpar_psum_scatter_start(ctx, b, a, "data", 0, true, &rq);
         if (!s) s = dpar_wait(ctx, rq);
         (void)r1;
-        dpar_buffer_destroy(a); dpar_buffer_destroy(b); dpar_buffer_destroy(g); dpar_buffer_destroy(g2);
-        dpar_buffer_destroy(sin); dpar_buffer_destroy(sout);
+        dpar_buffer_destroy(a);
+        dpar_buffer_destroy(b);
+        dpar_buffer_destroy(g);
+        dpar_buffer_destroy(g2);
+        dpar_buffer_destroy(sin);
+        dpar_buffer_destroy(sout);
     }
     return rec(w, d, s);
 }
@@ -768,11 +876,17 @@ static void test_zero_size(void **st) {
    f32 sum x0 + x1 + ... in group order, the same on every member and every run. */
 static float rnd_val(int dev, int i) {
     uint32_t h = ((uint32_t)dev * 2654435761u) ^ ((uint32_t)i * 40503u + 12345u);
-    h ^= h >> 13; h *= 0x5bd1e995u; h ^= h >> 15;
+    h ^= h >> 13;
+    h *= 0x5bd1e995u;
+    h ^= h >> 15;
     return ((float)(h % 2000000u) - 1000000.0f) / 7777.0f;
 }
 enum { RN = 1000 };
-typedef struct det { float out[MAXD][RN]; uint16_t out16[MAXD][RN]; dpar_dtype dt; } det;
+typedef struct det {
+    float out[MAXD][RN];
+    uint16_t out16[MAXD][RN];
+    dpar_dtype dt;
+} det;
 static dpar_status det_fn(dpar_ctx *ctx, void *user) {
     det *w = (det *)user;
     int d = dpar_ctx_device(ctx);
@@ -781,10 +895,15 @@ static dpar_status det_fn(dpar_ctx *ctx, void *user) {
     dpar_status s = dpar_ctx_buffer(ctx, w->dt, 1, &n, &x);
     float v[RN];
     uint16_t h[RN];
-    for (int i = 0; i < RN; i++) { v[i] = rnd_val(d, i); h[i] = w->dt == DPAR_F16 ? dpar_f32_to_f16(v[i] / 64) : dpar_f32_to_bf16(v[i]); }
+    for (int i = 0; i < RN; i++) {
+        v[i] = rnd_val(d, i);
+        h[i] = w->dt == DPAR_F16 ? dpar_f32_to_f16(v[i] / 64) : dpar_f32_to_bf16(v[i]);
+    }
     if (!s) s = dpar_buffer_write(x, 0, w->dt == DPAR_F32 ? (void *)v : (void *)h, (size_t)RN * dpar_dtype_size(w->dt));
     if (!s) s = dpar_psum(ctx, x, x, "data");
-    if (!s) s = dpar_buffer_read(x, 0, w->dt == DPAR_F32 ? (void *)w->out[d] : (void *)w->out16[d], (size_t)RN * dpar_dtype_size(w->dt));
+    if (!s)
+        s = dpar_buffer_read(x, 0, w->dt == DPAR_F32 ? (void *)w->out[d] : (void *)w->out16[d],
+                             (size_t)RN * dpar_dtype_size(w->dt));
     return s;
 }
 static void test_deterministic_mesh_order(void **st) {
@@ -803,22 +922,29 @@ static void test_deterministic_mesh_order(void **st) {
             volatile float acc = 0.0f;
             for (int k = 0; k < 8; k++) {
                 float x = rnd_val(k, i);
-                float xv = dts[t] == DPAR_F32 ? x : dts[t] == DPAR_F16 ? dpar_f16_to_f32(dpar_f32_to_f16(x / 64)) : dpar_bf16_to_f32(dpar_f32_to_bf16(x));
+                float xv = dts[t] == DPAR_F32   ? x
+                           : dts[t] == DPAR_F16 ? dpar_f16_to_f32(dpar_f32_to_f16(x / 64))
+                                                : dpar_bf16_to_f32(dpar_f32_to_bf16(x));
                 acc = k == 0 ? xv : acc + xv;
             }
             for (int d = 0; d < 8; d++) {
                 if (dts[t] == DPAR_F32) {
-                    if (memcmp(&a->out[d][i], (const void *)&acc, 4)) fail_msg("f32 psum element %d on device %d: %.9g, sequential sum %.9g", i, d, a->out[d][i], acc);
+                    if (memcmp(&a->out[d][i], (const void *)&acc, 4))
+                        fail_msg("f32 psum element %d on device %d: %.9g, sequential sum %.9g", i, d, a->out[d][i],
+                                 acc);
                 } else {
                     uint16_t want = dts[t] == DPAR_F16 ? dpar_f32_to_f16(acc) : dpar_f32_to_bf16(acc);
-                    if (a->out16[d][i] != want) fail_msg("%s psum element %d on device %d: %04x, want %04x", dpar_dtype_name(dts[t]), i, d, a->out16[d][i], want);
+                    if (a->out16[d][i] != want)
+                        fail_msg("%s psum element %d on device %d: %04x, want %04x", dpar_dtype_name(dts[t]), i, d,
+                                 a->out16[d][i], want);
                 }
             }
         }
         assert_memory_equal(a->out, b->out, sizeof a->out);
         assert_memory_equal(a->out16, b->out16, sizeof a->out16);
     }
-    free(a); free(b);
+    free(a);
+    free(b);
     dpar_runtime_destroy(rt);
 }
 
@@ -834,15 +960,22 @@ static dpar_status local_err_fn(dpar_ctx *ctx, void *user) {
     if (!s) s = dpar_ctx_buffer(ctx, DPAR_F16, 1, &four, &h);
     if (s) return rec(w, d, s);
     switch (w->variant) {
-    case 0: s = dpar_all_gather(ctx, y, y, "data", 0, true); break;   /* in place: out cannot have the gathered shape */
-    case 1: s = dpar_psum(ctx, z, x, "data"); break;                  /* count mismatch */
-    case 2: s = dpar_psum(ctx, h, x, "data"); break;                  /* dtype mismatch */
-    case 3: s = dpar_all_gather(ctx, z, x, "data", 0, true); break;   /* wrong output shape */
-    case 4: s = dpar_pbroadcast(ctx, x, x, "data", 2); break;         /* root out of range */
-    case 5: { int p[4] = { 0, 1, 1, 1 }; s = dpar_ppermute(ctx, x, x, "data", p, 2); break; } /* repeated destination */
-    case 6: s = dpar_all_to_all(ctx, x, z, "data", 0, 0); break;      /* 3 not divisible by 2 */
+    case 0: s = dpar_all_gather(ctx, y, y, "data", 0, true); break; /* in place: out cannot have the gathered shape */
+    case 1: s = dpar_psum(ctx, z, x, "data"); break;                /* count mismatch */
+    case 2: s = dpar_psum(ctx, h, x, "data"); break;                /* dtype mismatch */
+    case 3: s = dpar_all_gather(ctx, z, x, "data", 0, true); break; /* wrong output shape */
+    case 4: s = dpar_pbroadcast(ctx, x, x, "data", 2); break;       /* root out of range */
+    case 5: {
+        int p[4] = { 0, 1, 1, 1 };
+        s = dpar_ppermute(ctx, x, x, "data", p, 2);
+        break;
+    }                                                            /* repeated destination */
+    case 6: s = dpar_all_to_all(ctx, x, z, "data", 0, 0); break; /* 3 not divisible by 2 */
     case 7: s = dpar_psum(ctx, x, NULL, "data"); break;
-    case 8: s = dpar_psum(NULL, x, x, "data"); w->st[d] = s; return DPAR_OK;
+    case 8:
+        s = dpar_psum(NULL, x, x, "data");
+        w->st[d] = s;
+        return DPAR_OK;
     }
     return rec(w, d, s);
 }
@@ -850,17 +983,30 @@ static void test_local_errors(void **st) {
     (void)st;
     dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 2);
     dpar_mesh *m = t_mesh1(rt, 2, "data");
-    const dpar_status want[9] = { DPAR_ERR_SHAPE, DPAR_ERR_SHAPE, DPAR_ERR_DTYPE, DPAR_ERR_SHAPE,
-                                  DPAR_ERR_INVALID_ARGUMENT, DPAR_ERR_INVALID_ARGUMENT, DPAR_ERR_SHAPE,
-                                  DPAR_ERR_INVALID_ARGUMENT, DPAR_ERR_INVALID_ARGUMENT };
+    const dpar_status want[9] = { DPAR_ERR_SHAPE,
+                                  DPAR_ERR_SHAPE,
+                                  DPAR_ERR_DTYPE,
+                                  DPAR_ERR_SHAPE,
+                                  DPAR_ERR_INVALID_ARGUMENT,
+                                  DPAR_ERR_INVALID_ARGUMENT,
+                                  DPAR_ERR_SHAPE,
+                                  DPAR_ERR_INVALID_ARGUMENT,
+                                  DPAR_ERR_INVALID_ARGUMENT };
     for (int v = 0; v < 9; v++) {
         small w;
         memset(&w, 0, sizeof w);
         w.variant = v;
         dpar_status s = run_small(m, local_err_fn, &w);
-        if (v == 8) { assert_int_equal(s, DPAR_OK); assert_int_equal(w.st[0], want[v]); continue; }
-        if (s != want[v]) fail_msg("variant %d: %s (wanted %s): %s", v, dpar_status_string(s), dpar_status_string(want[v]), dpar_last_error());
-        for (int d = 0; d < 2; d++) assert_true(w.st[d] == want[v] || w.st[d] == DPAR_ERR_ABORTED || (int)w.st[d] == NEVER_RAN);
+        if (v == 8) {
+            assert_int_equal(s, DPAR_OK);
+            assert_int_equal(w.st[0], want[v]);
+            continue;
+        }
+        if (s != want[v])
+            fail_msg("variant %d: %s (wanted %s): %s", v, dpar_status_string(s), dpar_status_string(want[v]),
+                     dpar_last_error());
+        for (int d = 0; d < 2; d++)
+            assert_true(w.st[d] == want[v] || w.st[d] == DPAR_ERR_ABORTED || (int)w.st[d] == NEVER_RAN);
     }
     /* a collective outside any pmap: an error, not a crash */
     int64_t four = 4;
@@ -896,7 +1042,9 @@ static void test_unwaited_request(void **st) {
 
 /* i32 sums wrap around (two's complement); pmean of i32 truncates toward zero;
    pmax/pmin see the extremes */
-typedef struct iw { int32_t out[4][4][4]; } iw;
+typedef struct iw {
+    int32_t out[4][4][4];
+} iw;
 static dpar_status i32_fn(dpar_ctx *ctx, void *user) {
     iw *w = (iw *)user;
     int d = dpar_ctx_device(ctx);
@@ -921,11 +1069,11 @@ static void test_i32_wrap(void **st) {
     dpar_shard_map_desc sd = { .fn = i32_fn, .user = &w };
     T_OK(dpar_shard_map(m, &sd));
     for (int d = 0; d < 2; d++) {
-        assert_int_equal(w.out[DPAR_SUM][d][0], INT32_MIN);  /* INT32_MAX + 1 wraps */
-        assert_int_equal(w.out[DPAR_SUM][d][1], INT32_MAX);  /* INT32_MIN - 1 wraps */
-        assert_int_equal(w.out[DPAR_MEAN][d][0], 1073741824); /* exact (2^31) / 2, no overflow */
+        assert_int_equal(w.out[DPAR_SUM][d][0], INT32_MIN);        /* INT32_MAX + 1 wraps */
+        assert_int_equal(w.out[DPAR_SUM][d][1], INT32_MAX);        /* INT32_MIN - 1 wraps */
+        assert_int_equal(w.out[DPAR_MEAN][d][0], 1073741824);      /* exact (2^31) / 2, no overflow */
         assert_int_equal(w.out[DPAR_MEAN][d][1], -1073741824 - 0); /* (-2^31 - 1) / 2 = -1073741824.5 -> toward zero */
-        assert_int_equal(w.out[DPAR_MEAN][d][2], -3);        /* -7 / 2 = -3.5 -> -3 */
+        assert_int_equal(w.out[DPAR_MEAN][d][2], -3);              /* -7 / 2 = -3.5 -> -3 */
         assert_int_equal(w.out[DPAR_MEAN][d][3], 3);
         assert_int_equal(w.out[DPAR_MAX][d][0], INT32_MAX);
         assert_int_equal(w.out[DPAR_MIN][d][1], INT32_MIN);
@@ -939,7 +1087,8 @@ static dpar_status inplace_gather_fn(dpar_ctx *ctx, void *user) {
     int64_t s2[2] = { 2, 3 };
     dpar_buffer *x;
     dpar_status s = dpar_ctx_buffer(ctx, DPAR_F32, 2, s2, &x);
-    if (!s) s = w->variant ? dpar_psum_scatter(ctx, x, x, "data", 0, true) : dpar_all_gather(ctx, x, x, "data", 0, true);
+    if (!s)
+        s = w->variant ? dpar_psum_scatter(ctx, x, x, "data", 0, true) : dpar_all_gather(ctx, x, x, "data", 0, true);
     return rec(w, dpar_ctx_device(ctx), s);
 }
 static void test_not_in_place(void **st) {
@@ -959,8 +1108,12 @@ static void test_not_in_place(void **st) {
    backend): still bitwise the sequential mesh-order sum, odd length, in and out
    of place, and pmean = that sum / n. */
 enum { BIGN = 1000003 };
-typedef struct big { float *res[8][3]; } big;
-static float big_val(int dev, int64_t i) { return (float)((i * 31 + dev * 977) % 2003) * 0.001f - 1.0f + (float)dev * 1e-4f; }
+typedef struct big {
+    float *res[8][3];
+} big;
+static float big_val(int dev, int64_t i) {
+    return (float)((i * 31 + dev * 977) % 2003) * 0.001f - 1.0f + (float)dev * 1e-4f;
+}
 static dpar_status big_fn(dpar_ctx *ctx, void *user) {
     big *w = (big *)user;
     int d = dpar_ctx_device(ctx);
@@ -983,7 +1136,9 @@ static dpar_status big_fn(dpar_ctx *ctx, void *user) {
         w->res[d][k] = (float *)malloc((size_t)BIGN * 4);
         s = dpar_buffer_read(outs[k], 0, w->res[d][k], (size_t)BIGN * 4);
     }
-    dpar_buffer_destroy(x); dpar_buffer_destroy(y); dpar_buffer_destroy(z);
+    dpar_buffer_destroy(x);
+    dpar_buffer_destroy(y);
+    dpar_buffer_destroy(z);
     return s;
 }
 static void test_large_psum_bitwise(void **st) {
@@ -998,19 +1153,27 @@ static void test_large_psum_bitwise(void **st) {
         for (int k = 1; k < 8; k++) acc = acc + big_val(k, i);
         float sum = acc, mean = sum / 8.0f;
         for (int d = 0; d < 8; d++) {
-            if (memcmp(&w->res[d][0][i], &sum, 4) || memcmp(&w->res[d][2][i], &sum, 4) || memcmp(&w->res[d][1][i], &mean, 4))
-                fail_msg("element %lld on device %d: psum %.9g / in place %.9g / pmean %.9g, sequential sum %.9g (mean %.9g)", (long long)i, d,
-                         w->res[d][0][i], w->res[d][2][i], w->res[d][1][i], sum, mean);
+            if (memcmp(&w->res[d][0][i], &sum, 4) || memcmp(&w->res[d][2][i], &sum, 4) ||
+                memcmp(&w->res[d][1][i], &mean, 4))
+                fail_msg("element %lld on device %d: psum %.9g / in place %.9g / pmean %.9g, sequential sum %.9g (mean "
+                         "%.9g)",
+                         (long long)i, d, w->res[d][0][i], w->res[d][2][i], w->res[d][1][i], sum, mean);
         }
     }
-    for (int d = 0; d < 8; d++) for (int k = 0; k < 3; k++) free(w->res[d][k]);
+    for (int d = 0; d < 8; d++)
+        for (int k = 0; k < 3; k++) free(w->res[d][k]);
     free(w);
     dpar_runtime_destroy(rt);
 }
 
 /* async collectives over different axes in flight at once (2x4 mesh), a
    blocking one over both axes behind them, waited out of order */
-typedef struct ax { float d[8][3][4]; dpar_status st[8], mis[8]; char err[8][512]; int variant; } ax;
+typedef struct ax {
+    float d[8][3][4];
+    dpar_status st[8], mis[8];
+    char err[8][512];
+    int variant;
+} ax;
 static dpar_status axes_fn(dpar_ctx *ctx, void *user) {
     ax *w = (ax *)user;
     int dev = dpar_ctx_device(ctx);
@@ -1049,8 +1212,8 @@ static void test_async_over_axes(void **st) {
         for (int dev = 0; dev < 8; dev++) {
             int col = dev % 4, row = dev / 4;
             for (int i = 0; i < 4; i++) {
-                assert_true(w->d[dev][0][i] == (float)(col + col + 4));        /* psum over data: col + (col + 4) */
-                assert_true(w->d[dev][1][i] == (float)((row * 4 + 3) * 10));   /* pmax over model */
+                assert_true(w->d[dev][0][i] == (float)(col + col + 4));      /* psum over data: col + (col + 4) */
+                assert_true(w->d[dev][1][i] == (float)((row * 4 + 3) * 10)); /* pmax over model */
                 assert_true(w->d[dev][2][i] == 8.0f);
             }
         }
@@ -1120,7 +1283,8 @@ static void test_async_abort(void **st) {
     double t0 = now_s();
     T_ERR(dpar_shard_map(m, &sd), DPAR_ERR_INVALID_ARGUMENT, "device 2: ", "scale");
     assert_true(now_s() - t0 < 10.0);
-    for (int d = 0; d < 4; d++) if (d != 2) assert_int_equal(w->st[d], DPAR_ERR_ABORTED);
+    for (int d = 0; d < 4; d++)
+        if (d != 2) assert_int_equal(w->st[d], DPAR_ERR_ABORTED);
     free(w);
     dpar_runtime_destroy(rt);
 }

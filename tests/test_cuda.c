@@ -18,9 +18,13 @@ static dpar_backend_kind backend(void) {
     if (e && dpar_backend_from_name(e, &k) == DPAR_OK && k == DPAR_BACKEND_CPU) return DPAR_BACKEND_CPU;
     return DPAR_BACKEND_CUDA;
 }
-static int on_cpu(void) { return backend() == DPAR_BACKEND_CPU; }
+static int on_cpu(void) {
+    return backend() == DPAR_BACKEND_CPU;
+}
 
-static dpar_runtime *rt_or_skip(int n) { return t_runtime_or_skip(backend(), n); }
+static dpar_runtime *rt_or_skip(int n) {
+    return t_runtime_or_skip(backend(), n);
+}
 
 static dpar_buffer *buf(dpar_runtime *rt, int dev, dpar_dtype t, int ndim, int64_t d0, int64_t d1) {
     int64_t shape[2] = { d0, d1 };
@@ -33,8 +37,14 @@ static dpar_buffer *fbuf(dpar_runtime *rt, int ndim, int64_t d0, int64_t d1, con
     if (v) T_OK(dpar_buffer_write(b, 0, v, dpar_buffer_nbytes(b)));
     return b;
 }
-static void fread_(const dpar_buffer *b, float *out) { T_OK(dpar_buffer_read(b, 0, out, dpar_buffer_nbytes(b))); }
-static uint32_t bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static void fread_(const dpar_buffer *b, float *out) {
+    T_OK(dpar_buffer_read(b, 0, out, dpar_buffer_nbytes(b)));
+}
+static uint32_t bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
 
 /* exact float comparison (NaN equals NaN) */
 static void expect_f(const float *got, const float *want, int n, const char *what) {
@@ -46,7 +56,10 @@ static void expect_f(const float *got, const float *want, int n, const char *wha
 static void expect_near(const float *got, const double *want, int n, double rel, const char *what) {
     for (int i = 0; i < n; i++) {
         double g = got[i], w = want[i];
-        if (w != w) { if (g == g) fail_msg("%s[%d]: got %.9g, want NaN", what, i, g); continue; }
+        if (w != w) {
+            if (g == g) fail_msg("%s[%d]: got %.9g, want NaN", what, i, g);
+            continue;
+        }
         if (fabs(g - w) > rel * (fabs(w) + 1e-30) + 1e-7) fail_msg("%s[%d]: got %.9g, want %.9g", what, i, g, w);
     }
 }
@@ -81,7 +94,10 @@ static void test_too_many_virtual_devices(void **state) {
     (void)state;
     dpar_runtime *rt = rt_or_skip(1);
     dpar_runtime_destroy(rt);
-    if (on_cpu()) { printf("SKIPPED: CUDA-specific limit\n"); skip(); }
+    if (on_cpu()) {
+        printf("SKIPPED: CUDA-specific limit\n");
+        skip();
+    }
     dpar_runtime_desc d = { .backend = DPAR_BACKEND_CUDA };
     d.num_devices = 200; /* > 64 virtual devices on one GPU (unless 200 GPUs) */
     T_ERR(dpar_runtime_create(&d, &rt), DPAR_ERR_DEVICE_COUNT, "200", "virtual");
@@ -93,7 +109,10 @@ static void test_choose_gpu(void **state) {
     (void)state;
     dpar_runtime *rt = rt_or_skip(1);
     dpar_runtime_destroy(rt);
-    if (on_cpu()) { printf("SKIPPED: CUDA-specific setting\n"); skip(); }
+    if (on_cpu()) {
+        printf("SKIPPED: CUDA-specific setting\n");
+        skip();
+    }
     dpar_runtime_desc d = { .backend = DPAR_BACKEND_CUDA, .timeout_ms = 20000 };
     T_OK(dpar_runtime_create(&d, &rt));
     int ngpu = dpar_runtime_device_count(rt);
@@ -130,7 +149,7 @@ static void test_memory(void **state) {
         for (int i = 0; i < 1000; i++) h[i] = (float)(i * 3 + dev);
         T_OK(dpar_buffer_write(b, 0, h, sizeof h));
         float part[10] = { -1, -2, -3, -4, -5, -6, -7, -8, -9, -10 };
-        T_OK(dpar_buffer_write(b, 40, part, sizeof part));   /* elements 10..19 */
+        T_OK(dpar_buffer_write(b, 40, part, sizeof part)); /* elements 10..19 */
         float back[1000];
         fread_(b, back);
         for (int i = 0; i < 1000; i++) {
@@ -196,7 +215,9 @@ static void matmul_case(dpar_runtime *rt, dpar_dtype t) {
             fread_(c, got);
             const float want[4] = { 44.5f, 56.5f, 98.5f, 128.5f };
             expect_f(got, want, 4, "matmul alpha=2 beta=0.5");
-            dpar_buffer_destroy(a); dpar_buffer_destroy(b); dpar_buffer_destroy(c);
+            dpar_buffer_destroy(a);
+            dpar_buffer_destroy(b);
+            dpar_buffer_destroy(c);
         }
 }
 
@@ -204,7 +225,10 @@ static void test_matmul(void **state) {
     (void)state;
     dpar_runtime *rt = rt_or_skip(1);
     matmul_case(rt, DPAR_F32);
-    if (!on_cpu()) { matmul_case(rt, DPAR_F16); matmul_case(rt, DPAR_BF16); }
+    if (!on_cpu()) {
+        matmul_case(rt, DPAR_F16);
+        matmul_case(rt, DPAR_BF16);
+    }
     /* K = 0: C = beta C */
     dpar_buffer *a = buf(rt, 0, DPAR_F32, 2, 2, 0), *b = buf(rt, 0, DPAR_F32, 2, 0, 2);
     const float c0[4] = { 1, 2, 3, 4 };
@@ -214,7 +238,9 @@ static void test_matmul(void **state) {
     fread_(c, got);
     const float zeros[4] = { 0, 0, 0, 0 };
     expect_f(got, zeros, 4, "matmul K=0");
-    dpar_buffer_destroy(a); dpar_buffer_destroy(b); dpar_buffer_destroy(c);
+    dpar_buffer_destroy(a);
+    dpar_buffer_destroy(b);
+    dpar_buffer_destroy(c);
     /* a larger product against a host loop (exact: small integers) */
     enum { M = 67, K = 129, N = 33 };
     static float ha[M * K], hb[K * N], hc[M * N], ref[M * N];
@@ -226,11 +252,15 @@ static void test_matmul(void **state) {
             for (int k = 0; k < K; k++) s += ha[i * K + k] * hb[k * N + j];
             ref[i * N + j] = s;
         }
-    a = fbuf(rt, 2, M, K, ha); b = fbuf(rt, 2, K, N, hb); c = fbuf(rt, 2, M, N, NULL);
+    a = fbuf(rt, 2, M, K, ha);
+    b = fbuf(rt, 2, K, N, hb);
+    c = fbuf(rt, 2, M, N, NULL);
     T_OK(dpar_matmul(c, a, b, false, false, 1.0f, 0.0f));
     fread_(c, hc);
     expect_f(hc, ref, M * N, "matmul 67x129x33");
-    dpar_buffer_destroy(a); dpar_buffer_destroy(b); dpar_buffer_destroy(c);
+    dpar_buffer_destroy(a);
+    dpar_buffer_destroy(b);
+    dpar_buffer_destroy(c);
     dpar_runtime_destroy(rt);
 }
 
@@ -255,7 +285,8 @@ static void test_elementwise(void **state) {
     fread_(b, got);
     const float bg2[3] = { 50, 94, 138 };
     expect_f(got, bg2, 3, "bias_grad beta=1");
-    dpar_buffer_destroy(y); dpar_buffer_destroy(b);
+    dpar_buffer_destroy(y);
+    dpar_buffer_destroy(b);
 
     /* relu / relu_backward (NaN propagates, -0 -> 0) */
     const float x[6] = { -1, 0, 2, NAN, -0.0f, 3.5f };
@@ -306,8 +337,12 @@ static void test_elementwise(void **state) {
         dpar_buffer_destroy(lb);
         free(h);
     }
-    dpar_buffer_destroy(xb); dpar_buffer_destroy(r); dpar_buffer_destroy(dyb);
-    dpar_buffer_destroy(ya); dpar_buffer_destroy(xa); dpar_buffer_destroy(s1);
+    dpar_buffer_destroy(xb);
+    dpar_buffer_destroy(r);
+    dpar_buffer_destroy(dyb);
+    dpar_buffer_destroy(ya);
+    dpar_buffer_destroy(xa);
+    dpar_buffer_destroy(s1);
     dpar_runtime_destroy(rt);
 }
 
@@ -322,10 +357,17 @@ static void test_fill_cast(void **state) {
         unsigned char h[20];
         T_OK(dpar_buffer_read(b, 0, h, dpar_buffer_nbytes(b)));
         for (int i = 0; i < 5; i++) {
-            if (ts[t] == DPAR_F32) { float v; memcpy(&v, h + 4 * i, 4); assert_true(v == -2.5f); }
-            else if (ts[t] == DPAR_I32) { int32_t v; memcpy(&v, h + 4 * i, 4); assert_int_equal(v, -2); }
-            else {
-                uint16_t v; memcpy(&v, h + 2 * i, 2);
+            if (ts[t] == DPAR_F32) {
+                float v;
+                memcpy(&v, h + 4 * i, 4);
+                assert_true(v == -2.5f);
+            } else if (ts[t] == DPAR_I32) {
+                int32_t v;
+                memcpy(&v, h + 4 * i, 4);
+                assert_int_equal(v, -2);
+            } else {
+                uint16_t v;
+                memcpy(&v, h + 2 * i, 2);
                 assert_int_equal(v, ts[t] == DPAR_F16 ? dpar_f32_to_f16(-2.5f) : dpar_f32_to_bf16(-2.5f));
             }
         }
@@ -346,10 +388,13 @@ static void test_fill_cast(void **state) {
             for (int i = 0; i < 6; i++) {
                 float want = v[i];
                 if (ts[s] == DPAR_I32 || ts[d] == DPAR_I32) want = (float)(int32_t)v[i];
-                if (got[i] != want) fail_msg("cast %s -> %s, element %d: %g != %g", dpar_dtype_name(ts[s]),
-                                             dpar_dtype_name(ts[d]), i, (double)got[i], (double)want);
+                if (got[i] != want)
+                    fail_msg("cast %s -> %s, element %d: %g != %g", dpar_dtype_name(ts[s]), dpar_dtype_name(ts[d]), i,
+                             (double)got[i], (double)want);
             }
-            dpar_buffer_destroy(src); dpar_buffer_destroy(dst); dpar_buffer_destroy(f);
+            dpar_buffer_destroy(src);
+            dpar_buffer_destroy(dst);
+            dpar_buffer_destroy(f);
         }
     const float sp[6] = { 2.7f, -2.7f, NAN, 1e10f, -1e10f, 1.0009765625f /* 1 + 2^-10 */ };
     dpar_buffer *f = fbuf(rt, 1, 6, 0, sp), *i32 = buf(rt, 0, DPAR_I32, 1, 6, 0);
@@ -365,10 +410,13 @@ static void test_fill_cast(void **state) {
     const int32_t wi[6] = { 2, -2, 0, INT32_MAX, INT32_MIN, 1 };
     for (int i = 0; i < 6; i++) {
         assert_int_equal(gi[i], wi[i]);
-        assert_int_equal(gh[i], dpar_f32_to_f16(sp[i]));  /* same bits as the host conversion, NaN included */
+        assert_int_equal(gh[i], dpar_f32_to_f16(sp[i])); /* same bits as the host conversion, NaN included */
         assert_int_equal(gb[i], dpar_f32_to_bf16(sp[i]));
     }
-    dpar_buffer_destroy(f); dpar_buffer_destroy(i32); dpar_buffer_destroy(h16); dpar_buffer_destroy(b16);
+    dpar_buffer_destroy(f);
+    dpar_buffer_destroy(i32);
+    dpar_buffer_destroy(h16);
+    dpar_buffer_destroy(b16);
     dpar_runtime_destroy(rt);
 }
 
@@ -417,8 +465,13 @@ static void test_losses(void **state) {
     assert_true(gl == 1.25f);
     const float wd[4] = { 0.5f, 0, -1, 0 };
     expect_f(gd, wd, 4, "mse dpred");
-    dpar_buffer_destroy(zb); dpar_buffer_destroy(g); dpar_buffer_destroy(loss); dpar_buffer_destroy(lb);
-    dpar_buffer_destroy(pb); dpar_buffer_destroy(tb); dpar_buffer_destroy(dp);
+    dpar_buffer_destroy(zb);
+    dpar_buffer_destroy(g);
+    dpar_buffer_destroy(loss);
+    dpar_buffer_destroy(lb);
+    dpar_buffer_destroy(pb);
+    dpar_buffer_destroy(tb);
+    dpar_buffer_destroy(dp);
     dpar_runtime_destroy(rt);
 }
 
@@ -429,7 +482,11 @@ static void test_sgd(void **state) {
     dpar_runtime *rt = rt_or_skip(1);
     enum { L = 11 };
     float p[L], g[L], v[L], hp[L], hv[L];
-    for (int i = 0; i < L; i++) { p[i] = 0.1f * (float)i - 0.3f; g[i] = 0.37f * (float)(i % 4) - 0.5f; v[i] = 0; }
+    for (int i = 0; i < L; i++) {
+        p[i] = 0.1f * (float)i - 0.3f;
+        g[i] = 0.37f * (float)(i % 4) - 0.5f;
+        v[i] = 0;
+    }
     for (int variant = 0; variant < 3; variant++) {
         float lr = 0.05f, mu = variant == 0 ? 0.0f : 0.9f, wd = 0.01f, clip = 0.75f;
         bool nesterov = variant == 2;
@@ -454,7 +511,9 @@ static void test_sgd(void **state) {
         for (int i = 0; i < L; i++)
             if (bits(got[i]) != bits(hp[i]))
                 fail_msg("sgd variant %d element %d: %.9g != %.9g", variant, i, (double)got[i], (double)hp[i]);
-        dpar_buffer_destroy(pb); dpar_buffer_destroy(gb); dpar_buffer_destroy(vb);
+        dpar_buffer_destroy(pb);
+        dpar_buffer_destroy(gb);
+        dpar_buffer_destroy(vb);
     }
     dpar_runtime_destroy(rt);
 }
@@ -462,10 +521,27 @@ static void test_sgd(void **state) {
 /* ---------------------------------------------------------------------------
    Collectives (through pmap over a 1-d mesh "data" of n devices)
    ------------------------------------------------------------------------ */
-enum { C_PSUM, C_PMEAN, C_PMAX, C_PMIN, C_GATHER, C_GATHER_TILED1, C_SCATTER, C_SCATTER_DIM1,
-       C_PERMUTE_RING, C_PERMUTE_ONE, C_A2A_00, C_A2A_10, C_BCAST, C_ASYNC_PSUM };
+enum {
+    C_PSUM,
+    C_PMEAN,
+    C_PMAX,
+    C_PMIN,
+    C_GATHER,
+    C_GATHER_TILED1,
+    C_SCATTER,
+    C_SCATTER_DIM1,
+    C_PERMUTE_RING,
+    C_PERMUTE_ONE,
+    C_A2A_00,
+    C_A2A_10,
+    C_BCAST,
+    C_ASYNC_PSUM
+};
 
-typedef struct cjob { int kind; int n; } cjob;
+typedef struct cjob {
+    int kind;
+    int n;
+} cjob;
 
 static dpar_status coll_fn(dpar_ctx *ctx, void *user) {
     const cjob *j = (const cjob *)user;
@@ -482,7 +558,10 @@ static dpar_status coll_fn(dpar_ctx *ctx, void *user) {
     case C_SCATTER_DIM1: return dpar_psum_scatter(ctx, out, in, "data", 1, true);
     case C_PERMUTE_RING: {
         int pairs[2 * 8];
-        for (int i = 0; i < n; i++) { pairs[2 * i] = i; pairs[2 * i + 1] = (i + 1) % n; }
+        for (int i = 0; i < n; i++) {
+            pairs[2 * i] = i;
+            pairs[2 * i + 1] = (i + 1) % n;
+        }
         dpar_status s = dpar_copy(out, in);
         if (s) return s;
         return dpar_ppermute(ctx, out, out, "data", pairs, n); /* in place */
@@ -521,25 +600,49 @@ static void run_coll(dpar_runtime *rt, int n, int kind, dpar_dtype t, int in_nd,
     unsigned char *hout = (unsigned char *)calloc((size_t)(n * out_count) + 1, es);
     for (int64_t i = 0; i < n * in_count; i++) {
         float v = in_vals[i];
-        if (t == DPAR_F32) memcpy(hin + 4 * i, &v, 4);
-        else if (t == DPAR_I32) { int32_t x = (int32_t)v; memcpy(hin + 4 * i, &x, 4); }
-        else { uint16_t h = t == DPAR_F16 ? dpar_f32_to_f16(v) : dpar_f32_to_bf16(v); memcpy(hin + 2 * i, &h, 2); }
+        if (t == DPAR_F32)
+            memcpy(hin + 4 * i, &v, 4);
+        else if (t == DPAR_I32) {
+            int32_t x = (int32_t)v;
+            memcpy(hin + 4 * i, &x, 4);
+        } else {
+            uint16_t h = t == DPAR_F16 ? dpar_f32_to_f16(v) : dpar_f32_to_bf16(v);
+            memcpy(hin + 2 * i, &h, 2);
+        }
     }
     dpar_pmap_desc d = { 0 };
     cjob job = { kind, n };
-    d.axis = "data"; d.fn = coll_fn; d.user = &job; d.num_inputs = 1; d.num_outputs = 1;
-    d.inputs[0].data = hin; d.inputs[0].dtype = t; d.inputs[0].ndim = in_nd + 1; d.inputs[0].shape[0] = n;
+    d.axis = "data";
+    d.fn = coll_fn;
+    d.user = &job;
+    d.num_inputs = 1;
+    d.num_outputs = 1;
+    d.inputs[0].data = hin;
+    d.inputs[0].dtype = t;
+    d.inputs[0].ndim = in_nd + 1;
+    d.inputs[0].shape[0] = n;
     for (int i = 0; i < in_nd; i++) d.inputs[0].shape[i + 1] = ind[i];
     d.inputs[0].in_axis = DPAR_MAPPED;
-    d.outputs[0].data = hout; d.outputs[0].dtype = t; d.outputs[0].ndim = out_nd;
+    d.outputs[0].data = hout;
+    d.outputs[0].dtype = t;
+    d.outputs[0].ndim = out_nd;
     for (int i = 0; i < out_nd; i++) d.outputs[0].shape[i] = outd[i];
     T_OK(dpar_pmap(m, &d));
     for (int64_t i = 0; i < n * out_count; i++) {
-        if (t == DPAR_F32) memcpy(&out_vals[i], hout + 4 * i, 4);
-        else if (t == DPAR_I32) { int32_t x; memcpy(&x, hout + 4 * i, 4); out_vals[i] = (float)x; }
-        else { uint16_t h; memcpy(&h, hout + 2 * i, 2); out_vals[i] = t == DPAR_F16 ? dpar_f16_to_f32(h) : dpar_bf16_to_f32(h); }
+        if (t == DPAR_F32)
+            memcpy(&out_vals[i], hout + 4 * i, 4);
+        else if (t == DPAR_I32) {
+            int32_t x;
+            memcpy(&x, hout + 4 * i, 4);
+            out_vals[i] = (float)x;
+        } else {
+            uint16_t h;
+            memcpy(&h, hout + 2 * i, 2);
+            out_vals[i] = t == DPAR_F16 ? dpar_f16_to_f32(h) : dpar_bf16_to_f32(h);
+        }
     }
-    free(hin); free(hout);
+    free(hin);
+    free(hout);
     dpar_mesh_destroy(m);
 }
 
@@ -555,34 +658,57 @@ static void test_reductions(void **state) {
             dpar_dtype t = ts[ti];
             int64_t shp[1] = { 3 };
             float in[4 * 3], out[4 * 3], want[3];
-            for (int d = 0; d < n; d++) for (int i = 0; i < 3; i++) in[d * 3 + i] = (float)(d * (i + 1)); /* [d, 2d, 3d] */
+            for (int d = 0; d < n; d++)
+                for (int i = 0; i < 3; i++) in[d * 3 + i] = (float)(d * (i + 1)); /* [d, 2d, 3d] */
             run_coll(rt, n, C_PSUM, t, 1, shp, in, 1, shp, out);
             for (int i = 0; i < 3; i++) want[i] = (float)(n * (n - 1) / 2 * (i + 1)); /* n=4: [6,12,18] */
             for (int d = 0; d < n; d++) expect_f(out + 3 * d, want, 3, "psum");
             run_coll(rt, n, C_ASYNC_PSUM, t, 1, shp, in, 1, shp, out);
             for (int d = 0; d < n; d++) expect_f(out + 3 * d, want, 3, "async psum");
             /* pmean of [d+1, 2(d+1), 7]: i32 truncates */
-            for (int d = 0; d < n; d++) { in[d * 3] = (float)(d + 1); in[d * 3 + 1] = (float)(2 * d + 2); in[d * 3 + 2] = (float)(7 + d % 2); }
+            for (int d = 0; d < n; d++) {
+                in[d * 3] = (float)(d + 1);
+                in[d * 3 + 1] = (float)(2 * d + 2);
+                in[d * 3 + 2] = (float)(7 + d % 2);
+            }
             run_coll(rt, n, C_PMEAN, t, 1, shp, in, 1, shp, out);
             {
                 double s0 = 0, s1 = 0, s2 = 0;
-                for (int d = 0; d < n; d++) { s0 += in[d * 3]; s1 += in[d * 3 + 1]; s2 += in[d * 3 + 2]; }
-                want[0] = (float)(s0 / n); want[1] = (float)(s1 / n); want[2] = (float)(s2 / n);
-                if (t == DPAR_I32) for (int i = 0; i < 3; i++) want[i] = (float)(int)want[i];
+                for (int d = 0; d < n; d++) {
+                    s0 += in[d * 3];
+                    s1 += in[d * 3 + 1];
+                    s2 += in[d * 3 + 2];
+                }
+                want[0] = (float)(s0 / n);
+                want[1] = (float)(s1 / n);
+                want[2] = (float)(s2 / n);
+                if (t == DPAR_I32)
+                    for (int i = 0; i < 3; i++) want[i] = (float)(int)want[i];
                 if (t == DPAR_F16 || t == DPAR_BF16)
                     for (int i = 0; i < 3; i++)
-                        want[i] = t == DPAR_F16 ? dpar_f16_to_f32(dpar_f32_to_f16(want[i])) : dpar_bf16_to_f32(dpar_f32_to_bf16(want[i]));
+                        want[i] = t == DPAR_F16 ? dpar_f16_to_f32(dpar_f32_to_f16(want[i]))
+                                                : dpar_bf16_to_f32(dpar_f32_to_bf16(want[i]));
                 for (int d = 0; d < n; d++) expect_f(out + 3 * d, want, 3, "pmean");
             }
             /* pmax / pmin, NaN on the last device propagates (floats) */
-            for (int d = 0; d < n; d++) { in[d * 3] = (float)d; in[d * 3 + 1] = (float)(-d); in[d * 3 + 2] = 3; }
+            for (int d = 0; d < n; d++) {
+                in[d * 3] = (float)d;
+                in[d * 3 + 1] = (float)(-d);
+                in[d * 3 + 2] = 3;
+            }
             if (t != DPAR_I32) in[(n - 1) * 3 + 2] = NAN;
             run_coll(rt, n, C_PMAX, t, 1, shp, in, 1, shp, out);
-            want[0] = (float)(n - 1); want[1] = 0; want[2] = t != DPAR_I32 ? NAN : 3;
+            want[0] = (float)(n - 1);
+            want[1] = 0;
+            want[2] = t != DPAR_I32 ? NAN : 3;
             for (int d = 0; d < n; d++) expect_f(out + 3 * d, want, 3, "pmax");
-            if (t != DPAR_I32) { in[(n - 1) * 3 + 2] = 3; in[2] = NAN; } /* NaN on the first device */
+            if (t != DPAR_I32) {
+                in[(n - 1) * 3 + 2] = 3;
+                in[2] = NAN;
+            } /* NaN on the first device */
             run_coll(rt, n, C_PMIN, t, 1, shp, in, 1, shp, out);
-            want[0] = 0; want[1] = (float)(-(n - 1));
+            want[0] = 0;
+            want[1] = (float)(-(n - 1));
             for (int d = 0; d < n; d++) expect_f(out + 3 * d, want, 3, "pmin");
         }
         /* zero-size */
@@ -596,14 +722,17 @@ static void test_reductions(void **state) {
             enum { L = 1001 };
             int64_t shp[1] = { L };
             float *in = (float *)malloc(sizeof(float) * 4 * L), *out = (float *)malloc(sizeof(float) * 4 * L);
-            for (int d = 0; d < n; d++) for (int i = 0; i < L; i++) in[d * L + i] = (float)(i % 17 + d);
+            for (int d = 0; d < n; d++)
+                for (int i = 0; i < L; i++) in[d * L + i] = (float)(i % 17 + d);
             run_coll(rt, n, C_PSUM, DPAR_F32, 1, shp, in, 1, shp, out);
             for (int d = 0; d < n; d++)
                 for (int i = 0; i < L; i++) {
                     float w = (float)(n * (i % 17) + n * (n - 1) / 2);
-                    if (out[d * L + i] != w) fail_msg("long psum device %d element %d: %g != %g", d, i, (double)out[d * L + i], (double)w);
+                    if (out[d * L + i] != w)
+                        fail_msg("long psum device %d element %d: %g != %g", d, i, (double)out[d * L + i], (double)w);
                 }
-            free(in); free(out);
+            free(in);
+            free(out);
         }
         dpar_runtime_destroy(rt);
     }
@@ -620,35 +749,49 @@ static void test_gather_scatter(void **state) {
             float in[64], out[64];
             /* all_gather stacked: [d, 10+d] -> [n, 2] */
             int64_t i2[1] = { 2 }, o2[2] = { n, 2 };
-            for (int d = 0; d < n; d++) { in[2 * d] = (float)d; in[2 * d + 1] = (float)(10 + d); }
+            for (int d = 0; d < n; d++) {
+                in[2 * d] = (float)d;
+                in[2 * d + 1] = (float)(10 + d);
+            }
             run_coll(rt, n, C_GATHER, t, 1, i2, in, 2, o2, out);
             for (int d = 0; d < n; d++) expect_f(out + 2 * n * d, in, 2 * n, "all_gather");
             /* all_gather tiled along dim 1 of [2,1] (outer = 2): out [2, n], out[i][j] = in_j[i] */
             int64_t i21[2] = { 2, 1 }, o2n[2] = { 2, n };
-            for (int d = 0; d < n; d++) { in[2 * d] = (float)(d + 1); in[2 * d + 1] = (float)(100 + d); }
+            for (int d = 0; d < n; d++) {
+                in[2 * d] = (float)(d + 1);
+                in[2 * d + 1] = (float)(100 + d);
+            }
             run_coll(rt, n, C_GATHER_TILED1, t, 2, i21, in, 2, o2n, out);
             for (int d = 0; d < n; d++)
                 for (int i = 0; i < 2; i++)
                     for (int j = 0; j < n; j++) {
                         float w = in[2 * j + i], g = out[d * 2 * n + i * n + j];
-                        if (g != w) fail_msg("all_gather tiled dim 1: device %d [%d][%d]: %g != %g", d, i, j, (double)g, (double)w);
+                        if (g != w)
+                            fail_msg("all_gather tiled dim 1: device %d [%d][%d]: %g != %g", d, i, j, (double)g,
+                                     (double)w);
                     }
             /* psum_scatter tiled: [2n] of (d+1) -> [2] of n(n+1)/2 */
             int64_t i2n[1] = { 2 * n };
-            for (int d = 0; d < n; d++) for (int i = 0; i < 2 * n; i++) in[d * 2 * n + i] = (float)(d + 1 + i);
+            for (int d = 0; d < n; d++)
+                for (int i = 0; i < 2 * n; i++) in[d * 2 * n + i] = (float)(d + 1 + i);
             run_coll(rt, n, C_SCATTER, t, 1, i2n, in, 1, i2, out);
             for (int d = 0; d < n; d++)
                 for (int i = 0; i < 2; i++) {
                     float w = (float)(n * (n + 1) / 2 + n * (2 * d + i));
-                    if (out[2 * d + i] != w) fail_msg("psum_scatter device %d [%d]: %g != %g", d, i, (double)out[2 * d + i], (double)w);
+                    if (out[2 * d + i] != w)
+                        fail_msg("psum_scatter device %d [%d]: %g != %g", d, i, (double)out[2 * d + i], (double)w);
                 }
             /* psum_scatter along dim 1 of [2, n] (outer = 2): out_r [2, 1] = sum_d in_d[i][r] */
-            for (int d = 0; d < n; d++) for (int i = 0; i < 2; i++) for (int j = 0; j < n; j++) in[d * 2 * n + i * n + j] = (float)(10 * i + j + d);
+            for (int d = 0; d < n; d++)
+                for (int i = 0; i < 2; i++)
+                    for (int j = 0; j < n; j++) in[d * 2 * n + i * n + j] = (float)(10 * i + j + d);
             run_coll(rt, n, C_SCATTER_DIM1, t, 2, o2n, in, 2, i21, out);
             for (int r = 0; r < n; r++)
                 for (int i = 0; i < 2; i++) {
                     float w = (float)(n * (10 * i + r) + n * (n - 1) / 2);
-                    if (out[2 * r + i] != w) fail_msg("psum_scatter dim 1 device %d [%d]: %g != %g", r, i, (double)out[2 * r + i], (double)w);
+                    if (out[2 * r + i] != w)
+                        fail_msg("psum_scatter dim 1 device %d [%d]: %g != %g", r, i, (double)out[2 * r + i],
+                                 (double)w);
                 }
         }
         dpar_runtime_destroy(rt);
@@ -665,7 +808,8 @@ static void test_permute_a2a_bcast(void **state) {
             dpar_dtype t = ts[ti];
             float in[64], out[64];
             int64_t s3[1] = { 3 };
-            for (int d = 0; d < n; d++) for (int i = 0; i < 3; i++) in[3 * d + i] = (float)(10 * d + i + 1);
+            for (int d = 0; d < n; d++)
+                for (int i = 0; i < 3; i++) in[3 * d + i] = (float)(10 * d + i + 1);
             /* ring shift in place: device d gets device d-1's data */
             run_coll(rt, n, C_PERMUTE_RING, t, 1, s3, in, 1, s3, out);
             for (int d = 0; d < n; d++) expect_f(out + 3 * d, in + 3 * ((d + n - 1) % n), 3, "ppermute ring");
@@ -681,21 +825,31 @@ static void test_permute_a2a_bcast(void **state) {
             /* all_to_all split 0 concat 0: in_d [n, 2], in_d[j][k] = 100d + 10j + k;
                out_r[s][k] = in_s[r][k] */
             int64_t sn2[2] = { n, 2 };
-            for (int d = 0; d < n; d++) for (int j = 0; j < n; j++) for (int k = 0; k < 2; k++) in[d * 2 * n + j * 2 + k] = (float)(100 * d + 10 * j + k);
+            for (int d = 0; d < n; d++)
+                for (int j = 0; j < n; j++)
+                    for (int k = 0; k < 2; k++) in[d * 2 * n + j * 2 + k] = (float)(100 * d + 10 * j + k);
             run_coll(rt, n, C_A2A_00, t, 2, sn2, in, 2, sn2, out);
-            for (int r = 0; r < n; r++) for (int s = 0; s < n; s++) for (int k = 0; k < 2; k++) {
-                float w = (float)(100 * s + 10 * r + k), g = out[r * 2 * n + s * 2 + k];
-                if (g != w) fail_msg("all_to_all(0,0) device %d [%d][%d]: %g != %g", r, s, k, (double)g, (double)w);
-            }
+            for (int r = 0; r < n; r++)
+                for (int s = 0; s < n; s++)
+                    for (int k = 0; k < 2; k++) {
+                        float w = (float)(100 * s + 10 * r + k), g = out[r * 2 * n + s * 2 + k];
+                        if (g != w)
+                            fail_msg("all_to_all(0,0) device %d [%d][%d]: %g != %g", r, s, k, (double)g, (double)w);
+                    }
             /* all_to_all split 1 concat 0: in_d [2, n], in_d[i][j] = 100d + 10i + j;
                block j = column j; out_r [2n, 1], out_r[2s + i] = in_s[i][r] */
             int64_t s2n[2] = { 2, n }, o2n1[2] = { 2 * n, 1 };
-            for (int d = 0; d < n; d++) for (int i = 0; i < 2; i++) for (int j = 0; j < n; j++) in[d * 2 * n + i * n + j] = (float)(100 * d + 10 * i + j);
+            for (int d = 0; d < n; d++)
+                for (int i = 0; i < 2; i++)
+                    for (int j = 0; j < n; j++) in[d * 2 * n + i * n + j] = (float)(100 * d + 10 * i + j);
             run_coll(rt, n, C_A2A_10, t, 2, s2n, in, 2, o2n1, out);
-            for (int r = 0; r < n; r++) for (int s = 0; s < n; s++) for (int i = 0; i < 2; i++) {
-                float w = (float)(100 * s + 10 * i + r), g = out[r * 2 * n + 2 * s + i];
-                if (g != w) fail_msg("all_to_all(1,0) device %d [%d]: %g != %g", r, 2 * s + i, (double)g, (double)w);
-            }
+            for (int r = 0; r < n; r++)
+                for (int s = 0; s < n; s++)
+                    for (int i = 0; i < 2; i++) {
+                        float w = (float)(100 * s + 10 * i + r), g = out[r * 2 * n + 2 * s + i];
+                        if (g != w)
+                            fail_msg("all_to_all(1,0) device %d [%d]: %g != %g", r, 2 * s + i, (double)g, (double)w);
+                    }
         }
         dpar_runtime_destroy(rt);
     }
@@ -711,9 +865,9 @@ static dpar_status chain_fn(dpar_ctx *ctx, void *user) {
     if ((s = dpar_ctx_axis_size(ctx, "data", &n))) return s;
     if ((s = dpar_fill(x, (float)(d + 1)))) return s;
     for (int it = 0; it < 50; it++) {
-        if ((s = dpar_pmean(ctx, x, x, "data"))) return s;   /* everyone: mean */
+        if ((s = dpar_pmean(ctx, x, x, "data"))) return s; /* everyone: mean */
         if ((s = dpar_scale(x, 2.0f))) return s;
-        if ((s = dpar_axpy(x, -1.0f, x))) return s;          /* x = 0 */
+        if ((s = dpar_axpy(x, -1.0f, x))) return s; /* x = 0 */
         if ((s = dpar_fill(x, (float)(d + 1)))) return s;
     }
     if ((s = dpar_psum(ctx, out, x, "data"))) return s;
@@ -727,12 +881,20 @@ static void test_chain(void **state) {
         dpar_mesh *m = t_mesh1(rt, n, "data");
         float xin[4 * 256], res[4 * 256];
         memset(xin, 0, sizeof xin);
-        dpar_pmap_desc d = {
-            .axis = "data", .fn = chain_fn, .num_inputs = 1, .num_outputs = 1, .inputs[0].data = xin,
-            .inputs[0].dtype = DPAR_F32, .inputs[0].ndim = 2, .inputs[0].shape[0] = n, .inputs[0].shape[1] = 256,
-            .inputs[0].in_axis = DPAR_MAPPED, .outputs[0].data = res, .outputs[0].dtype = DPAR_F32,
-            .outputs[0].ndim = 1, .outputs[0].shape[0] = 256
-        };
+        dpar_pmap_desc d = { .axis = "data",
+                             .fn = chain_fn,
+                             .num_inputs = 1,
+                             .num_outputs = 1,
+                             .inputs[0].data = xin,
+                             .inputs[0].dtype = DPAR_F32,
+                             .inputs[0].ndim = 2,
+                             .inputs[0].shape[0] = n,
+                             .inputs[0].shape[1] = 256,
+                             .inputs[0].in_axis = DPAR_MAPPED,
+                             .outputs[0].data = res,
+                             .outputs[0].dtype = DPAR_F32,
+                             .outputs[0].ndim = 1,
+                             .outputs[0].shape[0] = 256 };
         T_OK(dpar_pmap(m, &d));
         for (int i = 0; i < n * 256; i++)
             if (res[i] != (float)(n * (n + 1) / 2)) fail_msg("chain: element %d: %g", i, (double)res[i]);

@@ -12,12 +12,14 @@ typedef struct {
     dpar_array *g[NP];
     int order_by_device; /* odd devices mark gradients ready in reverse order */
     int nparams;
-    float value;         /* fill value for the f16 test (all devices) */
+    float value; /* fill value for the f16 test (all devices) */
     int use_value;
-    int blocking_calls;  /* call grad_ready for only some parameters, finish does the rest */
+    int blocking_calls; /* call grad_ready for only some parameters, finish does the rest */
 } dp_job;
 
-static float val(int dev, int p, int64_t i) { return (float)((p * 7 + i % 11 + 1) * (dev + 1)); }
+static float val(int dev, int p, int64_t i) {
+    return (float)((p * 7 + i % 11 + 1) * (dev + 1));
+}
 
 static dpar_array *garr(dpar_mesh *m, int p) {
     dpar_array_desc d = { .dtype = DPAR_F32, .ndim = shapes[p][1] ? 2 : 1, .shape = { shapes[p][0], shapes[p][1] } };
@@ -73,7 +75,9 @@ static void run_case(int n, size_t cap, int order, int blocking, int sum, int pa
     dpar_mesh *m = t_mesh1(rt, n, "data");
     dp_job j;
     memset(&j, 0, sizeof j);
-    j.nparams = NP; j.order_by_device = order; j.blocking_calls = partial;
+    j.nparams = NP;
+    j.order_by_device = order;
+    j.blocking_calls = partial;
     dpar_dp_desc dd = { .axes = "data", .bucket_bytes = cap, .blocking = blocking, .sum = sum };
     T_OK(dpar_dp_create(m, &dd, &j.dp));
     for (int p = 0; p < NP; p++) {
@@ -97,7 +101,10 @@ static void run_case(int n, size_t cap, int order, int blocking, int sum, int pa
 }
 
 /* default 25 MiB: all five gradients in one bucket, one collective a step */
-static void test_default_one_bucket(void **state) { (void)state; run_case(4, 0, 0, 0, 0, 0, 1); }
+static void test_default_one_bucket(void **state) {
+    (void)state;
+    run_case(4, 0, 0, 0, 0, 0, 1);
+}
 /* 200-byte buckets: (33x3) alone, then (1)+(100), (7)+(3x5)... several buckets */
 static void test_small_buckets(void **state) {
     (void)state;
@@ -139,10 +146,15 @@ static void f16_case(dpar_dtype comm, int sum, float want) {
     dpar_mesh *m = t_mesh1(rt, 8, "data");
     dp_job j;
     memset(&j, 0, sizeof j);
-    j.nparams = 2; j.use_value = 1; j.value = 10000.0f;
+    j.nparams = 2;
+    j.use_value = 1;
+    j.value = 10000.0f;
     dpar_dp_desc dd = { .axes = "data", .comm_dtype = comm, .sum = sum };
     T_OK(dpar_dp_create(m, &dd, &j.dp));
-    for (int p = 0; p < 2; p++) { j.g[p] = garr(m, p); T_OK(dpar_dp_add(j.dp, j.g[p], NULL)); }
+    for (int p = 0; p < 2; p++) {
+        j.g[p] = garr(m, p);
+        T_OK(dpar_dp_add(j.dp, j.g[p], NULL));
+    }
     dpar_shard_map_desc sd = { .fn = step, .user = &j };
     T_OK(dpar_shard_map(m, &sd));
     for (int dev = 0; dev < 8; dev++)
@@ -151,8 +163,11 @@ static void f16_case(dpar_dtype comm, int sum, float want) {
             dpar_buffer *b = dpar_array_shard(j.g[p], dev);
             T_OK(dpar_buffer_read(b, 0, h, (size_t)dpar_buffer_count(b) * 4));
             for (int64_t i = 0; i < dpar_buffer_count(b); i++) {
-                if (isinf(want)) assert_true(isinf(h[i]) && h[i] > 0);
-                else if (h[i] != want) fail_msg("%s dev %d param %d: %g, want %g", dpar_dtype_name(comm), dev, p, (double)h[i], (double)want);
+                if (isinf(want))
+                    assert_true(isinf(h[i]) && h[i] > 0);
+                else if (h[i] != want)
+                    fail_msg("%s dev %d param %d: %g, want %g", dpar_dtype_name(comm), dev, p, (double)h[i],
+                             (double)want);
             }
         }
     dpar_dp_destroy(j.dp);
@@ -166,7 +181,9 @@ static void test_f16_mean_no_overflow(void **state) {
     f16_case(DPAR_BF16, 1, 79872.0f);
 }
 /* f16 communication of non-trivial values: within f16 rounding of the f32 mean */
-static dpar_status step_vals(dpar_ctx *ctx, void *user) { return step(ctx, user); }
+static dpar_status step_vals(dpar_ctx *ctx, void *user) {
+    return step(ctx, user);
+}
 static void test_f16_values(void **state) {
     (void)state;
     dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 4);
@@ -176,7 +193,10 @@ static void test_f16_values(void **state) {
     j.nparams = NP;
     dpar_dp_desc dd = { .axes = "data", .comm_dtype = DPAR_F16, .bucket_bytes = 100 };
     T_OK(dpar_dp_create(m, &dd, &j.dp));
-    for (int p = 0; p < NP; p++) { j.g[p] = garr(m, p); T_OK(dpar_dp_add(j.dp, j.g[p], NULL)); }
+    for (int p = 0; p < NP; p++) {
+        j.g[p] = garr(m, p);
+        T_OK(dpar_dp_add(j.dp, j.g[p], NULL));
+    }
     dpar_shard_map_desc sd = { .fn = step_vals, .user = &j };
     T_OK(dpar_shard_map(m, &sd));
     for (int p = 0; p < NP; p++) {
@@ -198,7 +218,10 @@ static void test_f16_values(void **state) {
 
 /* buckets of 256 KiB and more go to the communication thread (async): two
    280 KB gradients in two buckets, marked ready in opposite orders */
-typedef struct { dpar_dp *dp; dpar_array *g[2]; } big_job;
+typedef struct {
+    dpar_dp *dp;
+    dpar_array *g[2];
+} big_job;
 static dpar_status big_step(dpar_ctx *ctx, void *user) {
     big_job *j = (big_job *)user;
     int dev = dpar_ctx_device(ctx);
@@ -246,14 +269,24 @@ static void test_async_buckets(void **state) {
    the scalar conversions: an f16 psum over every one of the 65536 f16 bit
    patterns (paired with a reversed copy), and f32 -> f16 -> f32 gradient
    packing of special and random values through the helper. */
-typedef struct { dpar_buffer *in[2], *out[2]; } bits_job;
+typedef struct {
+    dpar_buffer *in[2], *out[2];
+} bits_job;
 static dpar_status bits_step(dpar_ctx *ctx, void *user) {
     bits_job *j = (bits_job *)user;
     int d = dpar_ctx_device(ctx);
     return dpar_psum(ctx, j->out[d], j->in[d], "data");
 }
-static uint32_t f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-static float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static uint32_t f2u(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+static float u2f(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
 static void test_f16_bits_match_scalar(void **state) {
     (void)state;
     dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 2);
@@ -262,7 +295,10 @@ static void test_f16_bits_match_scalar(void **state) {
     int64_t n = N;
     bits_job j;
     uint16_t *a = (uint16_t *)malloc(N * 2), *b = (uint16_t *)malloc(N * 2), *r = (uint16_t *)malloc(N * 2);
-    for (int i = 0; i < N; i++) { a[i] = (uint16_t)i; b[i] = (uint16_t)(N - 1 - i) ^ 0x5a5a; }
+    for (int i = 0; i < N; i++) {
+        a[i] = (uint16_t)i;
+        b[i] = (uint16_t)(N - 1 - i) ^ 0x5a5a;
+    }
     for (int d = 0; d < 2; d++) {
         T_OK(dpar_buffer_create(rt, d, DPAR_F16, 1, &n, &j.in[d]));
         T_OK(dpar_buffer_create(rt, d, DPAR_F16, 1, &n, &j.out[d]));
@@ -281,8 +317,10 @@ static void test_f16_bits_match_scalar(void **state) {
        use the 2-device mesh with zeros on device 1 and sum */
     enum { M = 4099 };
     float *g = (float *)malloc(M * 4), *back = (float *)malloc(M * 4);
-    const float specials[] = { 0.0f, -0.0f, 1.0f, -1.0f, 65504.0f, 65519.99f, 65520.0f, 1e30f, -1e30f, INFINITY, -INFINITY, NAN,
-                               5.96e-8f, 2.98e-8f, 2.99e-8f, 6.1e-5f, 6.103515625e-05f, 1e-10f, 0.1f, 1.0009765625f, 1.00048828125f };
+    const float specials[] = { 0.0f,     -0.0f,         1.0f,          -1.0f,    65504.0f,         65519.99f,
+                               65520.0f, 1e30f,         -1e30f,        INFINITY, -INFINITY,        NAN,
+                               5.96e-8f, 2.98e-8f,      2.99e-8f,      6.1e-5f,  6.103515625e-05f, 1e-10f,
+                               0.1f,     1.0009765625f, 1.00048828125f };
     uint64_t st = 7;
     for (int i = 0; i < M; i++) {
         st = st * 6364136223846793005ull + 1442695040888963407ull;
@@ -297,23 +335,32 @@ static void test_f16_bits_match_scalar(void **state) {
     T_OK(dpar_array_create(m, &ad, &dj.g[0]));
     T_OK(dpar_dp_add(dp, dj.g[0], NULL));
     T_OK(dpar_buffer_write(dpar_array_shard(dj.g[0], 0), 0, g, M * 4));
-    dj.dp = dp; dj.nparams = 0; /* the step writes nothing: device 1 keeps zeros */
-    sd.fn = step; sd.user = &dj;
+    dj.dp = dp;
+    dj.nparams = 0; /* the step writes nothing: device 1 keeps zeros */
+    sd.fn = step;
+    sd.user = &dj;
     T_OK(dpar_shard_map(m, &sd));
     T_OK(dpar_buffer_read(dpar_array_shard(dj.g[0], 1), 0, back, M * 4));
     for (int i = 0; i < M; i++) {
         float want = dpar_f16_to_f32(dpar_f32_to_f16(dpar_f16_to_f32(dpar_f32_to_f16(g[i])) + 0.0f));
-        if (f2u(back[i]) != f2u(want)) fail_msg("f16 comm of %a (0x%08x): %a, scalar %a", (double)g[i], f2u(g[i]), (double)back[i], (double)want);
+        if (f2u(back[i]) != f2u(want))
+            fail_msg("f16 comm of %a (0x%08x): %a, scalar %a", (double)g[i], f2u(g[i]), (double)back[i], (double)want);
     }
     dpar_dp_destroy(dp);
-    free(a); free(b); free(r); free(g); free(back);
+    free(a);
+    free(b);
+    free(r);
+    free(g);
+    free(back);
     dpar_runtime_destroy(rt);
 }
 
 /* The CPU backend's intra-op threads (DPAR_CPU_THREADS) split large matrix
    products by columns and SGD steps by elements, with work taken
    dynamically: the bits must not depend on the thread count. */
-typedef struct { dpar_buffer *a, *b, *c, *p, *g, *v; } mt_job;
+typedef struct {
+    dpar_buffer *a, *b, *c, *p, *g, *v;
+} mt_job;
 static dpar_status mt_step(dpar_ctx *ctx, void *user) {
     mt_job *j = (mt_job *)user;
     (void)ctx;
@@ -342,7 +389,10 @@ static void mt_run(const char *threads, float *c_out, float *p_out) {
     T_OK(dpar_buffer_create(rt, 0, DPAR_F32, 2, sg, &j.v));
     float *h = (float *)malloc(NBIG * 4);
     uint64_t st = 1;
-    for (int i = 0; i < NBIG; i++) { st = st * 6364136223846793005ull + 1442695040888963407ull; h[i] = (float)((int)(st >> 40) % 2001 - 1000) / 997.0f; }
+    for (int i = 0; i < NBIG; i++) {
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        h[i] = (float)((int)(st >> 40) % 2001 - 1000) / 997.0f;
+    }
     T_OK(dpar_buffer_write(j.a, 0, h, (size_t)K * MN * 4));
     T_OK(dpar_buffer_write(j.b, 0, h + 7, (size_t)NBIG * 4 - 28));
     T_OK(dpar_buffer_write(j.p, 0, h, (size_t)NBIG * 4));
@@ -356,12 +406,16 @@ static void mt_run(const char *threads, float *c_out, float *p_out) {
 static void test_threads_bitwise(void **state) {
     (void)state;
     enum { NBIG = 300 * 1000 };
-    float *c1 = (float *)malloc(NBIG * 4), *p1 = (float *)malloc(NBIG * 4), *c3 = (float *)malloc(NBIG * 4), *p3 = (float *)malloc(NBIG * 4);
+    float *c1 = (float *)malloc(NBIG * 4), *p1 = (float *)malloc(NBIG * 4), *c3 = (float *)malloc(NBIG * 4),
+          *p3 = (float *)malloc(NBIG * 4);
     mt_run("1", c1, p1);
     mt_run("3", c3, p3);
     assert_memory_equal(c1, c3, (size_t)NBIG * 4);
     assert_memory_equal(p1, p3, (size_t)NBIG * 4);
-    free(c1); free(p1); free(c3); free(p3);
+    free(c1);
+    free(p1);
+    free(c3);
+    free(p3);
 }
 
 static dpar_status bad_calls(dpar_ctx *ctx, void *user) {
@@ -384,7 +438,8 @@ static void test_errors(void **state) {
     T_ERR(dpar_dp_create(m, &dd, &dp), DPAR_ERR_UNKNOWN_AXIS, "axes: data");
     dd.axes = "batch";
     T_ERR(dpar_dp_create(m, &dd, &dp), DPAR_ERR_UNKNOWN_AXIS, "batch", "data");
-    dd.axes = "data"; dd.comm_dtype = DPAR_I32;
+    dd.axes = "data";
+    dd.comm_dtype = DPAR_I32;
     T_ERR(dpar_dp_create(m, &dd, &dp), DPAR_ERR_INVALID_ARGUMENT, "i32");
     dd.comm_dtype = DPAR_F32;
     T_OK(dpar_dp_create(m, &dd, &dp));
@@ -392,7 +447,8 @@ static void test_errors(void **state) {
     dpar_array *ia, *split, *g;
     T_OK(dpar_array_create(m, &ad, &ia));
     T_ERR(dpar_dp_add(dp, ia, NULL), DPAR_ERR_DTYPE, "i32");
-    ad.dtype = DPAR_F32; ad.spec[0] = "data";
+    ad.dtype = DPAR_F32;
+    ad.spec[0] = "data";
     T_OK(dpar_array_create(m, &ad, &split));
     T_ERR(dpar_dp_add(dp, split, NULL), DPAR_ERR_INVALID_ARGUMENT, "split");
     ad.spec[0] = NULL;

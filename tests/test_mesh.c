@@ -9,7 +9,11 @@ static void clear_env(void) {
     unsetenv("DPAR_DEVICES");
     unsetenv("DPAR_TIMEOUT_MS");
 }
-static int setup(void **st) { (void)st; clear_env(); return 0; }
+static int setup(void **st) {
+    (void)st;
+    clear_env();
+    return 0;
+}
 
 /* ---- status, dtype and backend names ---- */
 static void test_names(void **st) {
@@ -35,7 +39,8 @@ static void test_names(void **st) {
         assert_int_equal(got, k);
     }
     dpar_backend_kind keep = DPAR_BACKEND_CPU;
-    T_ERR(dpar_backend_from_name("gpu", &keep), DPAR_ERR_INVALID_ARGUMENT, "dpar_backend_from_name", "'gpu'", "cpu, vulkan");
+    T_ERR(dpar_backend_from_name("gpu", &keep), DPAR_ERR_INVALID_ARGUMENT, "dpar_backend_from_name", "'gpu'",
+          "cpu, vulkan");
     assert_int_equal(keep, DPAR_BACKEND_CPU);
     T_ERR(dpar_backend_from_name(NULL, &keep), DPAR_ERR_INVALID_ARGUMENT, "NULL");
 }
@@ -75,21 +80,25 @@ static void test_runtime_errors(void **st) {
     dpar_runtime *rt = (dpar_runtime *)&d; /* must be reset to NULL on error */
     memset(&d, 0, sizeof d);
     T_ERR(dpar_runtime_create(&d, NULL), DPAR_ERR_INVALID_ARGUMENT, "out");
-    d.backend = DPAR_BACKEND_CPU; d.num_devices = -2;
+    d.backend = DPAR_BACKEND_CPU;
+    d.num_devices = -2;
     T_ERR(dpar_runtime_create(&d, &rt), DPAR_ERR_INVALID_ARGUMENT, "-2");
     assert_null(rt);
     d.num_devices = 300;
     T_ERR(dpar_runtime_create(&d, &rt), DPAR_ERR_DEVICE_COUNT, "300", "256");
     assert_null(rt);
-    d.num_devices = 2; d.timeout_ms = -5;
+    d.num_devices = 2;
+    d.timeout_ms = -5;
     T_ERR(dpar_runtime_create(&d, &rt), DPAR_ERR_INVALID_ARGUMENT, "-5");
-    d.timeout_ms = 0; d.backend = (dpar_backend_kind)42;
+    d.timeout_ms = 0;
+    d.backend = (dpar_backend_kind)42;
     T_ERR(dpar_runtime_create(&d, &rt), DPAR_ERR_INVALID_ARGUMENT, "42");
     assert_null(rt);
     /* a backend that is not built in (or has no device here) is unavailable, never a crash */
     d.backend = DPAR_BACKEND_CUDA;
     dpar_status s = dpar_runtime_create(&d, &rt);
-    if (s == DPAR_OK) dpar_runtime_destroy(rt);
+    if (s == DPAR_OK)
+        dpar_runtime_destroy(rt);
     else {
         assert_int_equal(s, DPAR_ERR_BACKEND_UNAVAILABLE);
         assert_non_null(strstr(dpar_last_error(), "cuda"));
@@ -156,7 +165,10 @@ static void test_buffers(void **st) {
     assert_int_equal(dpar_buffer_dim(b, 2), -1);
     float z[12], v[12];
     T_OK(dpar_buffer_read(b, 0, z, sizeof z));
-    for (int i = 0; i < 12; i++) { assert_true(z[i] == 0.0f); v[i] = (float)i; }
+    for (int i = 0; i < 12; i++) {
+        assert_true(z[i] == 0.0f);
+        v[i] = (float)i;
+    }
     T_OK(dpar_buffer_write(b, 0, v, sizeof v));
     T_OK(dpar_buffer_read(b, 16, z, 8));
     assert_true(z[0] == 4.0f && z[1] == 5.0f);
@@ -191,20 +203,25 @@ static void test_buffers(void **st) {
 /* ---- mesh ---- */
 static dpar_status try_mesh(dpar_runtime *rt, int ndim, const int *shape, const char *const *names, const int *devs) {
     dpar_mesh_desc d = { .ndim = ndim };
-    for (int i = 0; i < ndim && i < DPAR_MAX_AXES; i++) { d.shape[i] = shape[i]; d.axis_names[i] = names[i]; }
+    for (int i = 0; i < ndim && i < DPAR_MAX_AXES; i++) {
+        d.shape[i] = shape[i];
+        d.axis_names[i] = names[i];
+    }
     d.devices = devs;
     dpar_mesh *m = (dpar_mesh *)&d;
     dpar_status s = dpar_mesh_create(rt, &d, &m);
-    if (s == DPAR_OK) dpar_mesh_destroy(m);
-    else assert_null(m);
+    if (s == DPAR_OK)
+        dpar_mesh_destroy(m);
+    else
+        assert_null(m);
     return s;
 }
 static void test_mesh_errors(void **st) {
     (void)st;
     dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 2);
     int s8[1] = { 8 }, s2[1] = { 2 }, s22[2] = { 2, 1 }, s0[1] = { 0 }, s11111[5] = { 1, 1, 1, 1, 1 };
-    const char *data[1] = { "data" }, *dup[2] = { "x", "x" }, *empty[1] = { "" }, *null[1] = { NULL }, *comma[1] = { "a,b" },
-               *space[1] = { "a b" }, *five[5] = { "a", "b", "c", "d", "e" };
+    const char *data[1] = { "data" }, *dup[2] = { "x", "x" }, *empty[1] = { "" }, *null[1] = { NULL },
+               *comma[1] = { "a,b" }, *space[1] = { "a b" }, *five[5] = { "a", "b", "c", "d", "e" };
     const char *longname[1] = { "an_axis_name_that_is_far_too_long_for_dpar" };
     /* asking for an 8-device mesh when 2 devices exist */
     T_ERR(try_mesh(rt, 1, s8, data, NULL), DPAR_ERR_DEVICE_COUNT, "8", "2");
@@ -237,9 +254,12 @@ static void test_mesh_coords_2x4(void **st) {
     assert_string_equal(dpar_mesh_axis_name(m, 1), "model");
     assert_null(dpar_mesh_axis_name(m, 2));
     int n;
-    T_OK(dpar_mesh_axis_size(m, "model", &n)); assert_int_equal(n, 4);
-    T_OK(dpar_mesh_axis_size(m, "data,model", &n)); assert_int_equal(n, 8);
-    T_OK(dpar_mesh_axis_size(m, "model, data", &n)); assert_int_equal(n, 8);
+    T_OK(dpar_mesh_axis_size(m, "model", &n));
+    assert_int_equal(n, 4);
+    T_OK(dpar_mesh_axis_size(m, "data,model", &n));
+    assert_int_equal(n, 8);
+    T_OK(dpar_mesh_axis_size(m, "model, data", &n));
+    assert_int_equal(n, 8);
     T_ERR(dpar_mesh_axis_size(m, "batch", &n), DPAR_ERR_UNKNOWN_AXIS, "'batch'", "data, model");
     T_ERR(dpar_mesh_axis_size(m, "data,data", &n), DPAR_ERR_INVALID_ARGUMENT, "twice");
     T_ERR(dpar_mesh_axis_size(m, "", &n), DPAR_ERR_UNKNOWN_AXIS, "");
@@ -258,12 +278,17 @@ static void test_mesh_coords_2x4(void **st) {
     /* groups: over data from device 5 = (1,1): {1,5}; over model: {4..7}; both: all */
     int mem[DPAR_MAX_DEVICES], idx;
     T_OK(dpar_mesh_group(m, "data", 5, mem, &n, &idx));
-    assert_int_equal(n, 2); assert_int_equal(mem[0], 1); assert_int_equal(mem[1], 5); assert_int_equal(idx, 1);
+    assert_int_equal(n, 2);
+    assert_int_equal(mem[0], 1);
+    assert_int_equal(mem[1], 5);
+    assert_int_equal(idx, 1);
     T_OK(dpar_mesh_group(m, "model", 5, mem, &n, &idx));
-    assert_int_equal(n, 4); assert_int_equal(idx, 1);
+    assert_int_equal(n, 4);
+    assert_int_equal(idx, 1);
     for (int i = 0; i < 4; i++) assert_int_equal(mem[i], 4 + i);
     T_OK(dpar_mesh_group(m, "data,model", 5, mem, &n, &idx));
-    assert_int_equal(n, 8); assert_int_equal(idx, 5);
+    assert_int_equal(n, 8);
+    assert_int_equal(idx, 5);
     for (int i = 0; i < 8; i++) assert_int_equal(mem[i], i);
     T_OK(dpar_mesh_group(m, "model,data", 6, mem, &n, NULL)); /* mesh-axis order, whatever the written order */
     for (int i = 0; i < 8; i++) assert_int_equal(mem[i], i);
@@ -287,8 +312,12 @@ static void test_mesh_groups_2x2x2(void **st) {
             int c0[3] = { dev >> 2, (dev >> 1) & 1, dev & 1 };
             for (int o = 0; o < 8; o++) { /* row-major over the mesh: o ascending keeps mesh order */
                 int c[3] = { o >> 2, (o >> 1) & 1, o & 1 }, same = 1;
-                for (int a = 0; a < 3; a++) if (!(masks[si] & (1u << a)) && c[a] != c0[a]) same = 0;
-                if (same) { if (o == dev) widx = wn; want[wn++] = o; }
+                for (int a = 0; a < 3; a++)
+                    if (!(masks[si] & (1u << a)) && c[a] != c0[a]) same = 0;
+                if (same) {
+                    if (o == dev) widx = wn;
+                    want[wn++] = o;
+                }
             }
             T_OK(dpar_mesh_group(m, sets[si], dev, mem, &n, &idx));
             assert_int_equal(n, wn);
@@ -298,8 +327,12 @@ static void test_mesh_groups_2x2x2(void **st) {
     /* the worked example: over (a,c) from device 3 = (0,1,1): {2,3,6,7}, index 1 */
     int mem[DPAR_MAX_DEVICES], n, idx;
     T_OK(dpar_mesh_group(m, "a,c", 3, mem, &n, &idx));
-    assert_int_equal(n, 4); assert_int_equal(idx, 1);
-    assert_int_equal(mem[0], 2); assert_int_equal(mem[1], 3); assert_int_equal(mem[2], 6); assert_int_equal(mem[3], 7);
+    assert_int_equal(n, 4);
+    assert_int_equal(idx, 1);
+    assert_int_equal(mem[0], 2);
+    assert_int_equal(mem[1], 3);
+    assert_int_equal(mem[2], 6);
+    assert_int_equal(mem[3], 7);
     dpar_runtime_destroy(rt);
 }
 
@@ -312,13 +345,19 @@ static void test_mesh_explicit_order(void **st) {
     T_OK(dpar_mesh_create(rt, &d, &m));
     int c[2], dev, mem[DPAR_MAX_DEVICES], n, idx;
     T_OK(dpar_mesh_coords(m, 7, c));
-    assert_int_equal(c[0], 0); assert_int_equal(c[1], 0);
-    c[0] = 1; c[1] = 2;
+    assert_int_equal(c[0], 0);
+    assert_int_equal(c[1], 0);
+    c[0] = 1;
+    c[1] = 2;
     T_OK(dpar_mesh_device(m, c, &dev));
     assert_int_equal(dev, 1);
     T_OK(dpar_mesh_group(m, "model", 2, mem, &n, &idx));
-    assert_int_equal(n, 4); assert_int_equal(idx, 1);
-    assert_int_equal(mem[0], 3); assert_int_equal(mem[1], 2); assert_int_equal(mem[2], 1); assert_int_equal(mem[3], 0);
+    assert_int_equal(n, 4);
+    assert_int_equal(idx, 1);
+    assert_int_equal(mem[0], 3);
+    assert_int_equal(mem[1], 2);
+    assert_int_equal(mem[2], 1);
+    assert_int_equal(mem[3], 0);
     /* a mesh over a subset of the devices: the others are not in it */
     int sub[2] = { 6, 3 };
     dpar_mesh_desc d2 = { .ndim = 1, .shape = { 2 }, .axis_names = { "data" }, .devices = sub };
@@ -368,7 +407,8 @@ static void test_array_rows_over_4(void **st) {
     T_OK(dpar_array_put(a, ih));
     int32_t s3[8];
     T_OK(dpar_buffer_read(dpar_array_shard(a, 3), 0, s3, sizeof s3));
-    for (int r = 0; r < 4; r++) for (int c = 0; c < 2; c++) assert_int_equal(s3[r * 2 + c], ih[r * 8 + 6 + c]);
+    for (int r = 0; r < 4; r++)
+        for (int c = 0; c < 2; c++) assert_int_equal(s3[r * 2 + c], ih[r * 8 + 6 + c]);
     T_OK(dpar_array_get(a, ib));
     assert_memory_equal(ih, ib, sizeof ih);
     dpar_array_destroy(a);
@@ -377,11 +417,17 @@ static void test_array_rows_over_4(void **st) {
     a = (dpar_array *)&ad;
     T_ERR(dpar_array_create(m, &ad, &a), DPAR_ERR_SHAPE, "size 6", "4 devices");
     assert_null(a);
-    ad.shape[0] = 8; ad.spec[0] = "batch";
+    ad.shape[0] = 8;
+    ad.spec[0] = "batch";
     T_ERR(dpar_array_create(m, &ad, &a), DPAR_ERR_UNKNOWN_AXIS, "'batch'", "(axes: data)");
-    ad.ndim = 2; ad.shape[1] = 4; ad.spec[0] = "data"; ad.spec[1] = "data";
+    ad.ndim = 2;
+    ad.shape[1] = 4;
+    ad.spec[0] = "data";
+    ad.spec[1] = "data";
     T_ERR(dpar_array_create(m, &ad, &a), DPAR_ERR_INVALID_ARGUMENT, "");
-    ad.ndim = 1; ad.spec[1] = NULL; ad.dtype = (dpar_dtype)17;
+    ad.ndim = 1;
+    ad.spec[1] = NULL;
+    ad.dtype = (dpar_dtype)17;
     T_ERR(dpar_array_create(m, &ad, &a), DPAR_ERR_DTYPE, "");
     /* a scalar (ndim 0) is replicated everywhere */
     ad = (dpar_array_desc){ .dtype = DPAR_F32, .ndim = 0 };
@@ -402,7 +448,8 @@ static void test_array_rows_over_4(void **st) {
     T_OK(dpar_buffer_read(dpar_array_shard(a, 1), 0, s3d, sizeof s3d));
     for (int i0 = 0; i0 < 2; i0++)
         for (int i1 = 0; i1 < 2; i1++)
-            for (int i2 = 0; i2 < 3; i2++) assert_int_equal(s3d[(i0 * 2 + i1) * 3 + i2], g3[(i0 * 8 + 2 + i1) * 3 + i2]);
+            for (int i2 = 0; i2 < 3; i2++)
+                assert_int_equal(s3d[(i0 * 2 + i1) * 3 + i2], g3[(i0 * 8 + 2 + i1) * 3 + i2]);
     T_OK(dpar_array_get(a, b3));
     assert_memory_equal(g3, b3, sizeof g3);
     dpar_array_destroy(a);
@@ -420,20 +467,22 @@ static void test_array_rows_over_4(void **st) {
 /* 2x4 mesh: both dims split, a combined axis, replication over the unused axis, every dtype */
 static void array_specs_on(dpar_mesh *m) {
     const dpar_dtype dts[4] = { DPAR_F32, DPAR_F16, DPAR_BF16, DPAR_I32 };
-    struct { int64_t s0, s1; const char *p0, *p1; int64_t l0, l1; } cases[] = {
-        { 4, 8, "data", "model", 2, 2 },
-        { 8, 3, "data,model", NULL, 1, 3 },
-        { 8, 3, "model,data", NULL, 1, 3 },
-        { 4, 6, "data", NULL, 2, 6 },   /* replicated over model */
-        { 4, 8, NULL, "model", 4, 2 },  /* replicated over data */
-        { 3, 5, NULL, NULL, 3, 5 },     /* fully replicated */
+    struct {
+        int64_t s0, s1;
+        const char *p0, *p1;
+        int64_t l0, l1;
+    } cases[] = {
+        { 4, 8, "data", "model", 2, 2 },    { 8, 3, "data,model", NULL, 1, 3 },
+        { 8, 3, "model,data", NULL, 1, 3 }, { 4, 6, "data", NULL, 2, 6 }, /* replicated over model */
+        { 4, 8, NULL, "model", 4, 2 },                                    /* replicated over data */
+        { 3, 5, NULL, NULL, 3, 5 },                                       /* fully replicated */
     };
     for (int t = 0; t < 4; t++)
         for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
-            dpar_array_desc ad = {
-                .dtype = dts[t], .ndim = 2, .shape = { cases[ci].s0, cases[ci].s1 },
-                .spec = { cases[ci].p0, cases[ci].p1 }
-            };
+            dpar_array_desc ad = { .dtype = dts[t],
+                                   .ndim = 2,
+                                   .shape = { cases[ci].s0, cases[ci].s1 },
+                                   .spec = { cases[ci].p0, cases[ci].p1 } };
             dpar_array *a;
             T_OK(dpar_array_create(m, &ad, &a));
             size_t es = dpar_dtype_size(dts[t]), cnt = (size_t)(cases[ci].s0 * cases[ci].s1);
@@ -460,9 +509,11 @@ static void array_specs_on(dpar_mesh *m) {
                 for (int64_t i = 0; i < cases[ci].l0; i++)
                     for (int64_t j = 0; j < cases[ci].l1; j++) {
                         int64_t gi = k0 * cases[ci].l0 + i, gj = k1 * cases[ci].l1 + j;
-                        if (memcmp(sh + (size_t)(i * cases[ci].l1 + j) * es, host + (size_t)(gi * cases[ci].s1 + gj) * es, es))
+                        if (memcmp(sh + (size_t)(i * cases[ci].l1 + j) * es,
+                                   host + (size_t)(gi * cases[ci].s1 + gj) * es, es))
                             fail_msg("case %zu %s: device %d shard element (%lld,%lld) is not global (%lld,%lld)", ci,
-                                     dpar_dtype_name(dts[t]), dev, (long long)i, (long long)j, (long long)gi, (long long)gj);
+                                     dpar_dtype_name(dts[t]), dev, (long long)i, (long long)j, (long long)gi,
+                                     (long long)gj);
                     }
             }
             dpar_array_destroy(a);
@@ -485,7 +536,7 @@ static void test_array_2x4_specs(void **st) {
 
 /* ---- pmap ---- */
 typedef struct pm {
-    int ran;                 /* atomic: how many devices ran fn */
+    int ran; /* atomic: how many devices ran fn */
     int idx[8], dev[8];
     dpar_status st;
     int fail_dev;
@@ -514,12 +565,26 @@ static dpar_status double_fn(dpar_ctx *ctx, void *user) {
 }
 static void set_pmap(dpar_pmap_desc *d, pm *p, const float *x, int64_t lead, const float *rep, float *out, int nout) {
     memset(d, 0, sizeof *d);
-    d->axis = "data"; d->fn = double_fn; d->user = p; d->num_inputs = 2; d->num_outputs = 1;
-    d->inputs[0].data = x; d->inputs[0].dtype = DPAR_F32; d->inputs[0].ndim = 2;
-    d->inputs[0].shape[0] = lead; d->inputs[0].shape[1] = 3; d->inputs[0].in_axis = DPAR_MAPPED;
-    d->inputs[1].data = rep; d->inputs[1].dtype = DPAR_F32; d->inputs[1].ndim = 1; d->inputs[1].shape[0] = 5;
+    d->axis = "data";
+    d->fn = double_fn;
+    d->user = p;
+    d->num_inputs = 2;
+    d->num_outputs = 1;
+    d->inputs[0].data = x;
+    d->inputs[0].dtype = DPAR_F32;
+    d->inputs[0].ndim = 2;
+    d->inputs[0].shape[0] = lead;
+    d->inputs[0].shape[1] = 3;
+    d->inputs[0].in_axis = DPAR_MAPPED;
+    d->inputs[1].data = rep;
+    d->inputs[1].dtype = DPAR_F32;
+    d->inputs[1].ndim = 1;
+    d->inputs[1].shape[0] = 5;
     d->inputs[1].in_axis = DPAR_REPLICATED;
-    d->outputs[0].data = out; d->outputs[0].dtype = DPAR_F32; d->outputs[0].ndim = 1; d->outputs[0].shape[0] = nout;
+    d->outputs[0].data = out;
+    d->outputs[0].dtype = DPAR_F32;
+    d->outputs[0].ndim = 1;
+    d->outputs[0].shape[0] = nout;
 }
 static void test_pmap_basics(void **st) {
     (void)st;
@@ -651,12 +716,18 @@ static void test_pmap_on_2x4(void **st) {
     const char *names[2] = { "data", "model" };
     dpar_mesh *m = t_mesh(rt, 2, shape, names);
     float out[8] = { 0 };
-    dpar_pmap_desc d = {
-        .axis = "model", .fn = model_fn, .num_outputs = 1, .outputs[0].data = out, .outputs[0].dtype = DPAR_F32,
-        .outputs[0].ndim = 1, .outputs[0].shape[0] = 2
-    };
+    dpar_pmap_desc d = { .axis = "model",
+                         .fn = model_fn,
+                         .num_outputs = 1,
+                         .outputs[0].data = out,
+                         .outputs[0].dtype = DPAR_F32,
+                         .outputs[0].ndim = 1,
+                         .outputs[0].shape[0] = 2 };
     T_OK(dpar_pmap(m, &d));
-    for (int k = 0; k < 4; k++) { assert_true(out[2 * k] == (float)k); assert_true(out[2 * k + 1] == (float)k); }
+    for (int k = 0; k < 4; k++) {
+        assert_true(out[2 * k] == (float)k);
+        assert_true(out[2 * k + 1] == (float)k);
+    }
     dpar_runtime_destroy(rt);
 }
 
@@ -705,7 +776,10 @@ static dpar_status idx_fn(dpar_ctx *ctx, void *user) {
     dpar_status s = dpar_ctx_axis_index(ctx, dpar_mesh_axis_name(dpar_ctx_mesh(ctx), 0), &i);
     p->idx[dpar_ctx_device(ctx)] = i;
     p->dev[dpar_ctx_device(ctx)] = 1;
-    if (!s) { int bad; s = dpar_ctx_axis_index(ctx, "nope", &bad) == DPAR_ERR_UNKNOWN_AXIS ? DPAR_OK : DPAR_ERR_STATE; }
+    if (!s) {
+        int bad;
+        s = dpar_ctx_axis_index(ctx, "nope", &bad) == DPAR_ERR_UNKNOWN_AXIS ? DPAR_OK : DPAR_ERR_STATE;
+    }
     return s;
 }
 static void test_two_meshes(void **st) {
@@ -719,17 +793,27 @@ static void test_two_meshes(void **st) {
     memset(&p, 0, sizeof p);
     dpar_shard_map_desc sd = { .fn = idx_fn, .user = &p };
     T_OK(dpar_shard_map(m2, &sd));
-    assert_int_equal(p.dev[0], 0); assert_int_equal(p.dev[2], 0); /* not in the mesh: did not run */
-    assert_int_equal(p.idx[3], 0); assert_int_equal(p.idx[1], 1);
+    assert_int_equal(p.dev[0], 0);
+    assert_int_equal(p.dev[2], 0); /* not in the mesh: did not run */
+    assert_int_equal(p.idx[3], 0);
+    assert_int_equal(p.idx[1], 1);
     memset(&p, 0, sizeof p);
     T_OK(dpar_shard_map(m4, &sd));
-    for (int k = 0; k < 4; k++) { assert_int_equal(p.dev[k], 1); assert_int_equal(p.idx[k], k); }
+    for (int k = 0; k < 4; k++) {
+        assert_int_equal(p.dev[k], 1);
+        assert_int_equal(p.idx[k], k);
+    }
     dpar_runtime_destroy(rt);
 }
 
 /* pmap / shard_map called from several host threads: one dispatch at a time
    per runtime, every result right, no deadlock; two runtimes side by side */
-typedef struct cc { dpar_mesh *m; int bad; int iters; float base; } cc;
+typedef struct cc {
+    dpar_mesh *m;
+    int bad;
+    int iters;
+    float base;
+} cc;
 static dpar_status psum_fn(dpar_ctx *ctx, void *user) {
     cc *c = (cc *)user;
     int64_t one = 1;
@@ -759,8 +843,10 @@ static void test_concurrent_dispatch(void **st) {
     dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 4), *rt2 = t_runtime(DPAR_BACKEND_CPU, 2);
     int shape[2] = { 2, 2 };
     const char *names[2] = { "x", "y" };
-    cc c[4] = { { t_mesh1(rt, 4, "data"), 0, 10, 1.0f }, { t_mesh(rt, 2, shape, names), 0, 10, 10.0f },
-                { t_mesh1(rt, 4, "data"), 0, 10, 100.0f }, { t_mesh1(rt2, 2, "data"), 0, 10, 5.0f } };
+    cc c[4] = { { t_mesh1(rt, 4, "data"), 0, 10, 1.0f },
+                { t_mesh(rt, 2, shape, names), 0, 10, 10.0f },
+                { t_mesh1(rt, 4, "data"), 0, 10, 100.0f },
+                { t_mesh1(rt2, 2, "data"), 0, 10, 5.0f } };
     pthread_t th[4];
     for (int i = 0; i < 4; i++) assert_int_equal(pthread_create(&th[i], NULL, cc_thread, &c[i]), 0);
     for (int i = 0; i < 4; i++) pthread_join(th[i], NULL);
@@ -793,7 +879,8 @@ static void test_review_regressions(void **st) {
     (void)st;
     dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 2);
     dpar_buffer *b = NULL;
-    int64_t big2[2] = { (int64_t)1 << 24, (int64_t)1 << 40 }, big3[3] = { (int64_t)1 << 22, (int64_t)1 << 21, (int64_t)1 << 21 };
+    int64_t big2[2] = { (int64_t)1 << 24, (int64_t)1 << 40 },
+            big3[3] = { (int64_t)1 << 22, (int64_t)1 << 21, (int64_t)1 << 21 };
     T_ERR(dpar_buffer_create(rt, 0, DPAR_F32, 2, big2, &b), DPAR_ERR_INVALID_ARGUMENT, "too large");
     assert_null(b);
     T_ERR(dpar_buffer_create(rt, 0, DPAR_F32, 3, big3, &b), DPAR_ERR_INVALID_ARGUMENT, "too large");
@@ -807,7 +894,8 @@ static void test_review_regressions(void **st) {
     };
     dpar_array *a = NULL;
     T_ERR(dpar_array_create(m, &ad, &a), DPAR_ERR_INVALID_ARGUMENT, "too large");
-    ad.shape[0] = 8; ad.shape[1] = 2;
+    ad.shape[0] = 8;
+    ad.shape[1] = 2;
     T_OK(dpar_array_create(m, &ad, &a));
     float h[16] = { 0 };
     T_ERR(dpar_array_put_rows(a, INT64_MAX, 2, h), DPAR_ERR_SHAPE, "outside");
@@ -829,8 +917,10 @@ static void test_default_backend_not_software(void **st) {
     T_OK(dpar_runtime_create(&d, &rt));
     dpar_device_info info;
     T_OK(dpar_runtime_device_info(rt, 0, &info));
-    if (dpar_runtime_backend(rt) == DPAR_BACKEND_CPU) assert_int_equal(info.runs_on_cpu, 1);
-    else assert_int_equal(info.runs_on_cpu, 0);
+    if (dpar_runtime_backend(rt) == DPAR_BACKEND_CPU)
+        assert_int_equal(info.runs_on_cpu, 1);
+    else
+        assert_int_equal(info.runs_on_cpu, 0);
     dpar_runtime_destroy(rt);
 }
 

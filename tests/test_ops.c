@@ -7,8 +7,17 @@
 #include "testutil.h"
 
 static dpar_runtime *RT;
-static int setup(void **st) { (void)st; RT = t_runtime(DPAR_BACKEND_CPU, 2); return RT ? 0 : -1; }
-static int teardown(void **st) { (void)st; dpar_runtime_destroy(RT); RT = NULL; return 0; }
+static int setup(void **st) {
+    (void)st;
+    RT = t_runtime(DPAR_BACKEND_CPU, 2);
+    return RT ? 0 : -1;
+}
+static int teardown(void **st) {
+    (void)st;
+    dpar_runtime_destroy(RT);
+    RT = NULL;
+    return 0;
+}
 
 static dpar_buffer *mk(int dev, dpar_dtype t, int ndim, const int64_t *shape, const void *data) {
     dpar_buffer *b = NULL;
@@ -16,21 +25,48 @@ static dpar_buffer *mk(int dev, dpar_dtype t, int ndim, const int64_t *shape, co
     if (data) T_OK(dpar_buffer_write(b, 0, data, dpar_buffer_nbytes(b)));
     return b;
 }
-static dpar_buffer *mkf(int ndim, const int64_t *shape, const float *data) { return mk(0, DPAR_F32, ndim, shape, data); }
-static dpar_buffer *mk1(int64_t n, const float *data) { return mkf(1, &n, data); }
-static void rd(const dpar_buffer *b, void *out) { T_OK(dpar_buffer_read(b, 0, out, dpar_buffer_nbytes(b))); }
-static float rd1(const dpar_buffer *b) { float v; rd(b, &v); return v; }
-static float ival(int i, int salt) { return (float)(((i * 7 + salt * 13 + 3) % 11) - 5); }
-static uint32_t f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-static float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static dpar_buffer *mkf(int ndim, const int64_t *shape, const float *data) {
+    return mk(0, DPAR_F32, ndim, shape, data);
+}
+static dpar_buffer *mk1(int64_t n, const float *data) {
+    return mkf(1, &n, data);
+}
+static void rd(const dpar_buffer *b, void *out) {
+    T_OK(dpar_buffer_read(b, 0, out, dpar_buffer_nbytes(b)));
+}
+static float rd1(const dpar_buffer *b) {
+    float v;
+    rd(b, &v);
+    return v;
+}
+static float ival(int i, int salt) {
+    return (float)(((i * 7 + salt * 13 + 3) % 11) - 5);
+}
+static uint32_t f2u(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+static float u2f(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
 
 /* ---- matmul ---- */
 static void matmul_case(int64_t M, int64_t K, int64_t N, int ta, int tb, float alpha, float beta, dpar_dtype ab) {
     int64_t as[2] = { ta ? K : M, ta ? M : K }, bs[2] = { tb ? N : K, tb ? K : N }, cs[2] = { M, N };
-    float *A = malloc((size_t)(M * K) * 4), *B = malloc((size_t)(K * N) * 4), *C0 = malloc((size_t)(M * N) * 4), *Cr = malloc((size_t)(M * N) * 4);
+    float *A = malloc((size_t)(M * K) * 4), *B = malloc((size_t)(K * N) * 4), *C0 = malloc((size_t)(M * N) * 4),
+          *Cr = malloc((size_t)(M * N) * 4);
     uint16_t *A16 = malloc((size_t)(M * K) * 2), *B16 = malloc((size_t)(K * N) * 2);
-    for (int64_t i = 0; i < M * K; i++) { A[i] = ival((int)i, 1); A16[i] = ab == DPAR_F16 ? dpar_f32_to_f16(A[i]) : dpar_f32_to_bf16(A[i]); }
-    for (int64_t i = 0; i < K * N; i++) { B[i] = ival((int)i, 2); B16[i] = ab == DPAR_F16 ? dpar_f32_to_f16(B[i]) : dpar_f32_to_bf16(B[i]); }
+    for (int64_t i = 0; i < M * K; i++) {
+        A[i] = ival((int)i, 1);
+        A16[i] = ab == DPAR_F16 ? dpar_f32_to_f16(A[i]) : dpar_f32_to_bf16(A[i]);
+    }
+    for (int64_t i = 0; i < K * N; i++) {
+        B[i] = ival((int)i, 2);
+        B16[i] = ab == DPAR_F16 ? dpar_f32_to_f16(B[i]) : dpar_f32_to_bf16(B[i]);
+    }
     for (int64_t i = 0; i < M * N; i++) C0[i] = beta == 0.0f ? NAN : ival((int)i, 3);
     dpar_buffer *a = mk(0, ab, 2, as, ab == DPAR_F32 ? (void *)A : (void *)A16);
     dpar_buffer *b = mk(0, ab, 2, bs, ab == DPAR_F32 ? (void *)B : (void *)B16);
@@ -46,11 +82,19 @@ static void matmul_case(int64_t M, int64_t K, int64_t N, int ta, int tb, float a
             }
             double want = alpha * acc + (beta == 0.0f ? 0.0 : beta * C0[i * N + j]);
             if ((double)Cr[i * N + j] != want)
-                fail_msg("matmul %s M%lld K%lld N%lld ta%d tb%d alpha %g beta %g: C[%lld,%lld] = %g, want %g", dpar_dtype_name(ab),
-                         (long long)M, (long long)K, (long long)N, ta, tb, alpha, beta, (long long)i, (long long)j, Cr[i * N + j], want);
+                fail_msg("matmul %s M%lld K%lld N%lld ta%d tb%d alpha %g beta %g: C[%lld,%lld] = %g, want %g",
+                         dpar_dtype_name(ab), (long long)M, (long long)K, (long long)N, ta, tb, alpha, beta,
+                         (long long)i, (long long)j, Cr[i * N + j], want);
         }
-    dpar_buffer_destroy(a); dpar_buffer_destroy(b); dpar_buffer_destroy(c);
-    free(A); free(B); free(C0); free(Cr); free(A16); free(B16);
+    dpar_buffer_destroy(a);
+    dpar_buffer_destroy(b);
+    dpar_buffer_destroy(c);
+    free(A);
+    free(B);
+    free(C0);
+    free(Cr);
+    free(A16);
+    free(B16);
 }
 static void test_matmul(void **st) {
     (void)st;
@@ -64,10 +108,10 @@ static void test_matmul(void **st) {
             matmul_case(4, 6, 5, ta, tb, 1.0f, 0.0f, DPAR_F16);
             matmul_case(4, 6, 5, ta, tb, 2.0f, 1.0f, DPAR_BF16);
         }
-    matmul_case(3, 0, 4, 0, 0, 1.0f, 0.5f, DPAR_F32);  /* K = 0: C = beta C */
-    matmul_case(3, 0, 4, 0, 0, 1.0f, 0.0f, DPAR_F32);  /* ... and beta 0 clears NaN */
-    matmul_case(0, 5, 4, 1, 0, 1.0f, 0.0f, DPAR_F32);  /* empty result */
-    matmul_case(4, 5, 3, 0, 1, 0.0f, 0.0f, DPAR_F32);  /* alpha 0, beta 0: zeros, NaN in C ignored */
+    matmul_case(3, 0, 4, 0, 0, 1.0f, 0.5f, DPAR_F32); /* K = 0: C = beta C */
+    matmul_case(3, 0, 4, 0, 0, 1.0f, 0.0f, DPAR_F32); /* ... and beta 0 clears NaN */
+    matmul_case(0, 5, 4, 1, 0, 1.0f, 0.0f, DPAR_F32); /* empty result */
+    matmul_case(4, 5, 3, 0, 1, 0.0f, 0.0f, DPAR_F32); /* alpha 0, beta 0: zeros, NaN in C ignored */
     /* IEEE products: 0 * NaN and 0 * Inf are NaN, so a NaN/Inf in B reaches C even
        where A holds zeros (relu outputs); skipping zero products would hide it */
     int64_t s22[2] = { 2, 2 };
@@ -77,7 +121,9 @@ static void test_matmul(void **st) {
     rd(c, Cv);
     /* row 0: 0*NaN + 0*Inf = NaN, 0*1 + 0*2 = 0; row 1: 1*NaN + 0*Inf = NaN, 1*1 + 0*2 = 1 */
     assert_true(isnan(Cv[0]) && Cv[1] == 0.0f && isnan(Cv[2]) && Cv[3] == 1.0f);
-    dpar_buffer_destroy(a); dpar_buffer_destroy(b); dpar_buffer_destroy(c);
+    dpar_buffer_destroy(a);
+    dpar_buffer_destroy(b);
+    dpar_buffer_destroy(c);
 }
 /* the blocked CPU kernel's edges: M over the row block and not a multiple of the
    micro-tile, K over the k block, N over the column block and not a multiple of
@@ -91,9 +137,9 @@ static void test_matmul_blocked(void **st) {
     unsetenv("DPAR_CPU_THREADS");
     for (int ta = 0; ta < 2; ta++)
         for (int tb = 0; tb < 2; tb++) matmul_case(97, 261, 530, ta, tb, 2.0f, 0.5f, DPAR_F32);
-    matmul_case(97, 261, 530, 0, 0, 1.0f, 0.0f, DPAR_F32);  /* beta 0: NaN in C ignored */
+    matmul_case(97, 261, 530, 0, 0, 1.0f, 0.0f, DPAR_F32); /* beta 0: NaN in C ignored */
     matmul_case(97, 261, 530, 1, 1, -1.0f, 1.0f, DPAR_F32);
-    matmul_case(7, 600, 33, 0, 1, 1.0f, 0.0f, DPAR_F32);    /* several k blocks, one strip and a bit */
+    matmul_case(7, 600, 33, 0, 1, 1.0f, 0.0f, DPAR_F32); /* several k blocks, one strip and a bit */
     dpar_runtime_destroy(RT);
     /* a large product right after the runtime starts, before its helper
        threads first ran: the fork must not be lost (it used to hang here) */
@@ -109,8 +155,10 @@ static void test_matmul_blocked(void **st) {
 static void test_matmul_errors(void **st) {
     (void)st;
     int64_t s23[2] = { 2, 3 }, s34[2] = { 3, 4 }, s24[2] = { 2, 4 }, s44[2] = { 4, 4 }, s6 = 6;
-    dpar_buffer *a = mkf(2, s23, NULL), *b = mkf(2, s34, NULL), *c = mkf(2, s24, NULL), *bad = mkf(2, s44, NULL), *v = mk1(6, NULL);
-    dpar_buffer *c16 = mk(0, DPAR_F16, 2, s24, NULL), *a32 = mk(0, DPAR_I32, 2, s23, NULL), *b1 = mk(1, DPAR_F32, 2, s34, NULL);
+    dpar_buffer *a = mkf(2, s23, NULL), *b = mkf(2, s34, NULL), *c = mkf(2, s24, NULL), *bad = mkf(2, s44, NULL),
+                *v = mk1(6, NULL);
+    dpar_buffer *c16 = mk(0, DPAR_F16, 2, s24, NULL), *a32 = mk(0, DPAR_I32, 2, s23, NULL),
+                *b1 = mk(1, DPAR_F32, 2, s34, NULL);
     dpar_buffer *b16 = mk(0, DPAR_F16, 2, s34, NULL), *sq = mkf(2, s44, NULL);
     (void)s6;
     T_OK(dpar_matmul(c, a, b, false, false, 1, 0));
@@ -153,7 +201,8 @@ static void test_bias(void **st) {
     rd(g, db2);
     for (int j = 0; j < 3; j++) assert_true(db2[j] == 0.5f * db[j] + db[j]);
     int64_t s4 = 4, s23[2] = { 2, 3 };
-    dpar_buffer *b4 = mk1(4, NULL), *b2d = mkf(2, s23, NULL), *bi = mk(0, DPAR_I32, 1, ys + 2, NULL), *bo = mk(1, DPAR_F32, 1, ys + 2, NULL);
+    dpar_buffer *b4 = mk1(4, NULL), *b2d = mkf(2, s23, NULL), *bi = mk(0, DPAR_I32, 1, ys + 2, NULL),
+                *bo = mk(1, DPAR_F32, 1, ys + 2, NULL);
     (void)s4;
     T_ERR(dpar_bias_add(y, b4), DPAR_ERR_SHAPE, "[4]", "[2, 2, 3]");
     T_ERR(dpar_bias_add(y, b2d), DPAR_ERR_SHAPE, "[2, 3]");
@@ -174,8 +223,10 @@ static void test_relu(void **st) {
     T_OK(dpar_relu(o, x));
     rd(o, y);
     for (int i = 0; i < 8; i++) {
-        if (isnan(want[i])) assert_true(isnan(y[i]));
-        else assert_true(y[i] == want[i]);
+        if (isnan(want[i]))
+            assert_true(isnan(y[i]));
+        else
+            assert_true(y[i] == want[i]);
     }
     assert_false(signbit(y[1])); /* relu(-0) = +0 */
     T_OK(dpar_relu(x, x));       /* in place */
@@ -202,7 +253,8 @@ static void test_relu(void **st) {
 /* ---- softmax cross-entropy against a double-precision reference ---- */
 static void xent_check(int M, int Cn, const float *z, const int32_t *lab, double tol) {
     int64_t zs[2] = { M, Cn }, ls = M, one = 1;
-    dpar_buffer *bz = mkf(2, zs, z), *bl = mk(0, DPAR_I32, 1, &ls, lab), *loss = mkf(1, &one, NULL), *g = mkf(2, zs, NULL);
+    dpar_buffer *bz = mkf(2, zs, z), *bl = mk(0, DPAR_I32, 1, &ls, lab), *loss = mkf(1, &one, NULL),
+                *g = mkf(2, zs, NULL);
     T_OK(dpar_softmax_xent(loss, g, bz, bl));
     float L = rd1(loss), *G = malloc((size_t)(M * Cn) * 4);
     rd(g, G);
@@ -228,7 +280,10 @@ static void xent_check(int M, int Cn, const float *z, const int32_t *lab, double
     T_OK(dpar_softmax_xent(loss, NULL, bz, bl));
     assert_true(rd1(loss) == L);
     free(G);
-    dpar_buffer_destroy(bz); dpar_buffer_destroy(bl); dpar_buffer_destroy(loss); dpar_buffer_destroy(g);
+    dpar_buffer_destroy(bz);
+    dpar_buffer_destroy(bl);
+    dpar_buffer_destroy(loss);
+    dpar_buffer_destroy(g);
 }
 static void test_softmax_xent(void **st) {
     (void)st;
@@ -248,7 +303,8 @@ static void test_softmax_xent(void **st) {
     float eq[2] = { 5.0f, 5.0f };
     int32_t el[1] = { 0 };
     int64_t zs[2] = { 1, 2 }, one = 1;
-    dpar_buffer *bz = mkf(2, zs, eq), *bl1 = mk(0, DPAR_I32, 1, &one, el), *loss = mkf(1, &one, NULL), *g = mkf(2, zs, NULL);
+    dpar_buffer *bz = mkf(2, zs, eq), *bl1 = mk(0, DPAR_I32, 1, &one, el), *loss = mkf(1, &one, NULL),
+                *g = mkf(2, zs, NULL);
     T_OK(dpar_softmax_xent(loss, g, bz, bl1));
     float G[2];
     rd(g, G);
@@ -266,7 +322,8 @@ static void test_softmax_xent(void **st) {
     assert_true(isnan(rd1(loss)));
     /* errors */
     int64_t two = 2, s3 = 3;
-    dpar_buffer *lf = mkf(1, &one, NULL), *l2 = mk1(2, NULL), *labf = mk1(1, NULL), *lab2 = mk(0, DPAR_I32, 1, &two, NULL), *z1 = mk1(3, NULL);
+    dpar_buffer *lf = mkf(1, &one, NULL), *l2 = mk1(2, NULL), *labf = mk1(1, NULL),
+                *lab2 = mk(0, DPAR_I32, 1, &two, NULL), *z1 = mk1(3, NULL);
     dpar_buffer *g13 = mkf(1, &s3, NULL);
     T_ERR(dpar_softmax_xent(l2, g, bz, bl1), DPAR_ERR_SHAPE, "1 f32 element");
     T_ERR(dpar_softmax_xent(lf, g, bz, labf), DPAR_ERR_DTYPE, "f32", "i32");
@@ -282,7 +339,10 @@ static void test_mse(void **st) {
     (void)st;
     int64_t s[2] = { 128, 32 }, s1 = 128, one = 1;
     float *p = malloc(128 * 32 * 4), *t = malloc(128 * 32 * 4), *g = malloc(128 * 32 * 4);
-    for (int i = 0; i < 128 * 32; i++) { p[i] = ival(i, 5) * 0.5f; t[i] = 1.0f; }
+    for (int i = 0; i < 128 * 32; i++) {
+        p[i] = ival(i, 5) * 0.5f;
+        t[i] = 1.0f;
+    }
     dpar_buffer *bp = mkf(2, s, p), *bt = mkf(2, s, t), *loss = mkf(1, &one, NULL), *bg = mkf(2, s, NULL);
     T_OK(dpar_mse(loss, bg, bp, bt));
     rd(bg, g);
@@ -304,7 +364,9 @@ static void test_mse(void **st) {
     T_ERR(dpar_mse(loss, NULL, bp, ti), DPAR_ERR_DTYPE, "i32");
     T_ERR(dpar_mse(loss, NULL, bp, t_other), DPAR_ERR_INVALID_ARGUMENT, "devices 0 and 1");
     T_ERR(dpar_mse(NULL, NULL, bp, bt), DPAR_ERR_INVALID_ARGUMENT, "NULL");
-    free(p); free(t); free(g);
+    free(p);
+    free(t);
+    free(g);
 }
 
 /* ---- axpy / scale / fill / copy ---- */
@@ -323,18 +385,35 @@ static void test_elementwise(void **st) {
     for (int i = 0; i < 5; i++) assert_true(y[i] == 0.75f);
     /* fill in every dtype */
     int64_t four = 4;
-    dpar_buffer *h = mk(0, DPAR_F16, 1, &four, NULL), *bh = mk(0, DPAR_BF16, 1, &four, NULL), *ib = mk(0, DPAR_I32, 1, &four, NULL);
+    dpar_buffer *h = mk(0, DPAR_F16, 1, &four, NULL), *bh = mk(0, DPAR_BF16, 1, &four, NULL),
+                *ib = mk(0, DPAR_I32, 1, &four, NULL);
     uint16_t hv[4];
     int32_t iv[4];
-    T_OK(dpar_fill(h, 1.5f)); rd(h, hv); assert_int_equal(hv[3], 0x3E00);
-    T_OK(dpar_fill(bh, -1.5f)); rd(bh, hv); assert_int_equal(hv[0], 0xBFC0);
-    T_OK(dpar_fill(ib, 3.9f)); rd(ib, iv); assert_int_equal(iv[2], 3);
-    T_OK(dpar_fill(ib, -3.9f)); rd(ib, iv); assert_int_equal(iv[1], -3);
+    T_OK(dpar_fill(h, 1.5f));
+    rd(h, hv);
+    assert_int_equal(hv[3], 0x3E00);
+    T_OK(dpar_fill(bh, -1.5f));
+    rd(bh, hv);
+    assert_int_equal(hv[0], 0xBFC0);
+    T_OK(dpar_fill(ib, 3.9f));
+    rd(ib, iv);
+    assert_int_equal(iv[2], 3);
+    T_OK(dpar_fill(ib, -3.9f));
+    rd(ib, iv);
+    assert_int_equal(iv[1], -3);
     /* out of range / NaN: the same saturating conversion as dpar_cast, never C's undefined (int32_t) of them */
-    T_OK(dpar_fill(ib, 3e9f)); rd(ib, iv); assert_int_equal(iv[0], INT32_MAX);
-    T_OK(dpar_fill(ib, -3e9f)); rd(ib, iv); assert_int_equal(iv[0], INT32_MIN);
-    T_OK(dpar_fill(ib, INFINITY)); rd(ib, iv); assert_int_equal(iv[0], INT32_MAX);
-    T_OK(dpar_fill(ib, NAN)); rd(ib, iv); assert_int_equal(iv[3], 0);
+    T_OK(dpar_fill(ib, 3e9f));
+    rd(ib, iv);
+    assert_int_equal(iv[0], INT32_MAX);
+    T_OK(dpar_fill(ib, -3e9f));
+    rd(ib, iv);
+    assert_int_equal(iv[0], INT32_MIN);
+    T_OK(dpar_fill(ib, INFINITY));
+    rd(ib, iv);
+    assert_int_equal(iv[0], INT32_MAX);
+    T_OK(dpar_fill(ib, NAN));
+    rd(ib, iv);
+    assert_int_equal(iv[3], 0);
     /* copy: same dtype and count, shapes may differ; dtype mismatch is an error */
     int64_t s5[2] = { 5, 1 };
     dpar_buffer *c = mkf(2, s5, NULL);
@@ -357,7 +436,11 @@ static void test_elementwise(void **st) {
     /* zero-size buffers are fine */
     int64_t z = 0;
     dpar_buffer *e1 = mkf(1, &z, NULL), *e2 = mkf(1, &z, NULL);
-    T_OK(dpar_axpy(e1, 1, e2)); T_OK(dpar_scale(e1, 3)); T_OK(dpar_fill(e1, 1)); T_OK(dpar_copy(e1, e2)); T_OK(dpar_relu(e1, e2));
+    T_OK(dpar_axpy(e1, 1, e2));
+    T_OK(dpar_scale(e1, 3));
+    T_OK(dpar_fill(e1, 1));
+    T_OK(dpar_copy(e1, e2));
+    T_OK(dpar_relu(e1, e2));
 }
 
 /* ---- casts: independent references for round-to-nearest-even ---- */
@@ -389,15 +472,34 @@ static int is_nan16(uint16_t h, int mant_bits) {
 }
 static void test_scalar_conversions(void **st) {
     (void)st;
-    struct { float f; uint16_t h; } f16c[] = {
-        { 1.0f, 0x3C00 }, { -2.0f, 0xC000 }, { 65504.0f, 0x7BFF }, { 65519.99f, 0x7BFF }, { 65520.0f, 0x7C00 },
-        { 1e6f, 0x7C00 }, { -1e6f, 0xFC00 }, { INFINITY, 0x7C00 }, { -INFINITY, 0xFC00 }, { -0.0f, 0x8000 },
+    struct {
+        float f;
+        uint16_t h;
+    } f16c[] = {
+        { 1.0f, 0x3C00 },
+        { -2.0f, 0xC000 },
+        { 65504.0f, 0x7BFF },
+        { 65519.99f, 0x7BFF },
+        { 65520.0f, 0x7C00 },
+        { 1e6f, 0x7C00 },
+        { -1e6f, 0xFC00 },
+        { INFINITY, 0x7C00 },
+        { -INFINITY, 0xFC00 },
+        { -0.0f, 0x8000 },
         { 1.0f + 0x1p-11f, 0x3C00 },            /* tie -> even (down) */
         { 1.0f + 3 * 0x1p-11f, 0x3C02 },        /* tie -> even (up) */
         { 1.0f + 0x1p-11f + 0x1p-20f, 0x3C01 }, /* above the tie */
-        { 0x1p-24f, 0x0001 }, { 0x1p-25f, 0x0000 }, { 1.5f * 0x1p-25f, 0x0001 }, { 3 * 0x1p-25f, 0x0002 },
-        { 0x1p-14f, 0x0400 }, { 1023.5f * 0x1p-24f, 0x0400 }, { 1022.5f * 0x1p-24f, 0x03FE }, { 1e-40f, 0x0000 },
-        { -0x1p-24f, 0x8001 }, { 2049.0f, 0x6800 }, { 2051.0f, 0x6802 },
+        { 0x1p-24f, 0x0001 },
+        { 0x1p-25f, 0x0000 },
+        { 1.5f * 0x1p-25f, 0x0001 },
+        { 3 * 0x1p-25f, 0x0002 },
+        { 0x1p-14f, 0x0400 },
+        { 1023.5f * 0x1p-24f, 0x0400 },
+        { 1022.5f * 0x1p-24f, 0x03FE },
+        { 1e-40f, 0x0000 },
+        { -0x1p-24f, 0x8001 },
+        { 2049.0f, 0x6800 },
+        { 2051.0f, 0x6802 },
     };
     for (size_t i = 0; i < sizeof f16c / sizeof f16c[0]; i++)
         if (dpar_f32_to_f16(f16c[i].f) != f16c[i].h)
@@ -406,11 +508,23 @@ static void test_scalar_conversions(void **st) {
     assert_true(is_nan16(dpar_f32_to_f16(u2f(0x7F800001u)), 10)); /* signalling NaN with low payload stays NaN */
     assert_true(is_nan16(dpar_f32_to_bf16(u2f(0x7F800001u)), 7));
     assert_true(is_nan16(dpar_f32_to_bf16(u2f(0xFFC00000u)), 7));
-    struct { float f; uint16_t h; } bfc[] = {
-        { 1.0f, 0x3F80 }, { 1.0f + 0x1p-8f, 0x3F80 }, { 1.0f + 3 * 0x1p-8f, 0x3F82 }, { 1.0f + 0x1p-8f + 0x1p-20f, 0x3F81 },
+    struct {
+        float f;
+        uint16_t h;
+    } bfc[] = {
+        { 1.0f, 0x3F80 },
+        { 1.0f + 0x1p-8f, 0x3F80 },
+        { 1.0f + 3 * 0x1p-8f, 0x3F82 },
+        { 1.0f + 0x1p-8f + 0x1p-20f, 0x3F81 },
         { 3.4028235e38f, 0x7F80 }, /* max f32 rounds up past the largest bf16 -> Inf */
-        { 3.38e38f, 0x7F7E }, { INFINITY, 0x7F80 }, { -0.0f, 0x8000 }, { 0x1p-133f, 0x0001 }, { 0x1p-134f, 0x0000 },
-        { 0x1p-126f, 0x0080 }, { u2f(0x00008000u), 0x0000 }, { u2f(0x00018000u), 0x0002 },
+        { 3.38e38f, 0x7F7E },
+        { INFINITY, 0x7F80 },
+        { -0.0f, 0x8000 },
+        { 0x1p-133f, 0x0001 },
+        { 0x1p-134f, 0x0000 },
+        { 0x1p-126f, 0x0080 },
+        { u2f(0x00008000u), 0x0000 },
+        { u2f(0x00018000u), 0x0002 },
     };
     for (size_t i = 0; i < sizeof bfc / sizeof bfc[0]; i++)
         if (dpar_f32_to_bf16(bfc[i].f) != bfc[i].h)
@@ -425,22 +539,32 @@ static void test_scalar_conversions(void **st) {
     assert_true(dpar_bf16_to_f32(0x0001) == 0x1p-133f);
     /* every f16 round-trips exactly */
     for (uint32_t h = 0; h < 0x10000; h++) {
-        if (is_nan16((uint16_t)h, 10)) { assert_true(isnan(dpar_f16_to_f32((uint16_t)h))); continue; }
+        if (is_nan16((uint16_t)h, 10)) {
+            assert_true(isnan(dpar_f16_to_f32((uint16_t)h)));
+            continue;
+        }
         if (dpar_f32_to_f16(dpar_f16_to_f32((uint16_t)h)) != h) fail_msg("f16 0x%04x does not round-trip", h);
     }
     /* a sweep of f32 bit patterns against the reference rounding */
     uint32_t u = 12345;
     for (int i = 0; i < 300000; i++) {
         u = u * 1664525u + 1013904223u;
-        uint32_t bits = i < 100000 ? u : (i < 200000 ? (u & 0x807FFFFFu) | ((uint32_t)(100 + (u >> 7) % 50) << 23) /* near f16 range */
-                                                    : (u & 0x80FFFFFFu) | 0x30000000u);
+        uint32_t bits =
+            i < 100000 ? u
+                       : (i < 200000 ? (u & 0x807FFFFFu) | ((uint32_t)(100 + (u >> 7) % 50) << 23) /* near f16 range */
+                                     : (u & 0x80FFFFFFu) | 0x30000000u);
         float f = u2f(bits);
         uint16_t want = ref_half(f, 10, -14, 15), got = dpar_f32_to_f16(f);
-        if (isnan(f)) assert_true(is_nan16(got, 10));
-        else if (got != want) fail_msg("f32_to_f16(%a [0x%08x]) = 0x%04x, want 0x%04x", (double)f, bits, got, want);
-        want = ref_half(f, 7, -126, 127); got = dpar_f32_to_bf16(f);
-        if (isnan(f)) assert_true(is_nan16(got, 7));
-        else if (got != want) fail_msg("f32_to_bf16(%a [0x%08x]) = 0x%04x, want 0x%04x", (double)f, bits, got, want);
+        if (isnan(f))
+            assert_true(is_nan16(got, 10));
+        else if (got != want)
+            fail_msg("f32_to_f16(%a [0x%08x]) = 0x%04x, want 0x%04x", (double)f, bits, got, want);
+        want = ref_half(f, 7, -126, 127);
+        got = dpar_f32_to_bf16(f);
+        if (isnan(f))
+            assert_true(is_nan16(got, 7));
+        else if (got != want)
+            fail_msg("f32_to_bf16(%a [0x%08x]) = 0x%04x, want 0x%04x", (double)f, bits, got, want);
     }
     (void)f2u;
 }
@@ -448,45 +572,64 @@ static void test_scalar_conversions(void **st) {
 static void test_cast_op(void **st) {
     (void)st;
     enum { N = 12 };
-    float src[N] = { 1.0f, -2.5f, 65520.0f, 1.0f + 0x1p-11f, 0x1p-25f * 3, NAN, INFINITY, -0.0f, 2.7f, -2.7f, 3e9f, -3e9f };
+    float src[N] = { 1.0f,     -2.5f, 65520.0f, 1.0f + 0x1p-11f, 0x1p-25f * 3, NAN,
+                     INFINITY, -0.0f, 2.7f,     -2.7f,           3e9f,         -3e9f };
     int64_t n = N;
-    dpar_buffer *f = mk1(N, src), *h = mk(0, DPAR_F16, 1, &n, NULL), *b = mk(0, DPAR_BF16, 1, &n, NULL), *i = mk(0, DPAR_I32, 1, &n, NULL);
+    dpar_buffer *f = mk1(N, src), *h = mk(0, DPAR_F16, 1, &n, NULL), *b = mk(0, DPAR_BF16, 1, &n, NULL),
+                *i = mk(0, DPAR_I32, 1, &n, NULL);
     dpar_buffer *back = mk1(N, NULL);
     uint16_t hv[N], bv[N];
     int32_t iv[N];
-    T_OK(dpar_cast(h, f)); rd(h, hv);
-    T_OK(dpar_cast(b, f)); rd(b, bv);
-    T_OK(dpar_cast(i, f)); rd(i, iv);
+    T_OK(dpar_cast(h, f));
+    rd(h, hv);
+    T_OK(dpar_cast(b, f));
+    rd(b, bv);
+    T_OK(dpar_cast(i, f));
+    rd(i, iv);
     for (int k = 0; k < N; k++) {
-        if (isnan(src[k])) { assert_true(is_nan16(hv[k], 10)); assert_true(is_nan16(bv[k], 7)); continue; }
+        if (isnan(src[k])) {
+            assert_true(is_nan16(hv[k], 10));
+            assert_true(is_nan16(bv[k], 7));
+            continue;
+        }
         assert_int_equal(hv[k], ref_half(src[k], 10, -14, 15));
         assert_int_equal(bv[k], ref_half(src[k], 7, -126, 127));
     }
     /* float -> i32 truncates toward zero, NaN -> 0, saturating */
     const int32_t iw[N] = { 1, -2, 65520, 1, 0, 0, INT32_MAX, 0, 2, -2, INT32_MAX, INT32_MIN };
-    for (int k = 0; k < N; k++) if (iv[k] != iw[k]) fail_msg("cast f32 %g -> i32 = %d, want %d", src[k], iv[k], iw[k]);
+    for (int k = 0; k < N; k++)
+        if (iv[k] != iw[k]) fail_msg("cast f32 %g -> i32 = %d, want %d", src[k], iv[k], iw[k]);
     /* f16 -> f32 and bf16 -> f32 give the decoded values exactly */
     float fv[N];
-    T_OK(dpar_cast(back, h)); rd(back, fv);
+    T_OK(dpar_cast(back, h));
+    rd(back, fv);
     for (int k = 0; k < N; k++) {
-        if (isnan(src[k])) { assert_true(isnan(fv[k])); continue; }
+        if (isnan(src[k])) {
+            assert_true(isnan(fv[k]));
+            continue;
+        }
         assert_true(fv[k] == dpar_f16_to_f32(hv[k]));
     }
-    T_OK(dpar_cast(back, b)); rd(back, fv);
-    for (int k = 0; k < N; k++) if (!isnan(src[k])) assert_true(fv[k] == dpar_bf16_to_f32(bv[k]));
+    T_OK(dpar_cast(back, b));
+    rd(back, fv);
+    for (int k = 0; k < N; k++)
+        if (!isnan(src[k])) assert_true(fv[k] == dpar_bf16_to_f32(bv[k]));
     /* i32 -> f32 rounds to nearest even; i32 -> f16 overflows to Inf */
     int32_t is[4] = { 16777217, -16777219, 70000, 7 };
     int64_t four = 4;
     dpar_buffer *ib = mk(0, DPAR_I32, 1, &four, is), *fb = mk1(4, NULL), *hb = mk(0, DPAR_F16, 1, &four, NULL);
     float fo[4];
     uint16_t ho[4];
-    T_OK(dpar_cast(fb, ib)); rd(fb, fo);
+    T_OK(dpar_cast(fb, ib));
+    rd(fb, fo);
     assert_true(fo[0] == 16777216.0f && fo[1] == -16777220.0f && fo[2] == 70000.0f && fo[3] == 7.0f);
-    T_OK(dpar_cast(hb, ib)); rd(hb, ho);
+    T_OK(dpar_cast(hb, ib));
+    rd(hb, ho);
     assert_int_equal(ho[2], 0x7C00);
     assert_int_equal(ho[3], 0x4700);
     /* f16 -> bf16 directly, and i32 -> i32 keeps every bit */
-    T_OK(dpar_cast(b, h)); rd(b, bv);
+    T_OK(dpar_cast(b, h));
+    rd(b, bv);
     assert_int_equal(bv[0], 0x3F80);
     assert_int_equal(bv[2], 0x7F80); /* f16 Inf stays Inf */
     dpar_buffer *ib2 = mk(0, DPAR_I32, 1, &four, NULL);
@@ -507,7 +650,11 @@ static void test_sum(void **st) {
     enum { N = 1000 };
     float x[N];
     double s = 0, s2 = 0;
-    for (int i = 0; i < N; i++) { x[i] = ival(i, 6) * 0.25f; s += x[i]; s2 += (double)x[i] * x[i]; }
+    for (int i = 0; i < N; i++) {
+        x[i] = ival(i, 6) * 0.25f;
+        s += x[i];
+        s2 += (double)x[i] * x[i];
+    }
     int64_t one = 1, n = N;
     dpar_buffer *bx = mk1(N, x), *o = mkf(1, &one, NULL);
     T_OK(dpar_sum(o, bx));
@@ -517,8 +664,12 @@ static void test_sum(void **st) {
     /* non-dyadic data: the order may differ from the reference, so a tolerance */
     for (int i = 0; i < N; i++) x[i] = sinf((float)i) * 1.1f;
     T_OK(dpar_buffer_write(bx, 0, x, sizeof x));
-    s = 0; s2 = 0;
-    for (int i = 0; i < N; i++) { s += x[i]; s2 += (double)x[i] * x[i]; }
+    s = 0;
+    s2 = 0;
+    for (int i = 0; i < N; i++) {
+        s += x[i];
+        s2 += (double)x[i] * x[i];
+    }
     T_OK(dpar_sum(o, bx));
     assert_true(fabs(rd1(o) - s) <= 1e-5 * (fabs(s) + 1));
     T_OK(dpar_sum_squares(o, bx));
@@ -531,7 +682,8 @@ static void test_sum(void **st) {
     dpar_buffer *e = mk1(z, NULL);
     T_OK(dpar_sum(o, e));
     assert_true(rd1(o) == 0.0f);
-    dpar_buffer *h = mk(0, DPAR_F16, 1, &n, NULL), *o2 = mk1(2, NULL), *oi = mk(0, DPAR_I32, 1, &one, NULL), *oo = mk(1, DPAR_F32, 1, &one, NULL);
+    dpar_buffer *h = mk(0, DPAR_F16, 1, &n, NULL), *o2 = mk1(2, NULL), *oi = mk(0, DPAR_I32, 1, &one, NULL),
+                *oo = mk(1, DPAR_F32, 1, &one, NULL);
     T_ERR(dpar_sum(o, h), DPAR_ERR_DTYPE, "f16");
     T_ERR(dpar_sum(o2, bx), DPAR_ERR_SHAPE, "1 f32 element");
     T_ERR(dpar_sum_squares(oi, bx), DPAR_ERR_SHAPE, "i32");
@@ -558,7 +710,8 @@ static void test_ops_in_pmap(void **st) {
     float res[8];
     dpar_shard_map_desc sd = { .fn = op_fn, .user = res };
     T_OK(dpar_shard_map(m, &sd));
-    for (int d = 0; d < 2; d++) for (int k = 0; k < 4; k++) assert_true(res[d * 4 + k] == 2.0f * (float)(d + 1) * (float)(d + 1));
+    for (int d = 0; d < 2; d++)
+        for (int k = 0; k < 4; k++) assert_true(res[d * 4 + k] == 2.0f * (float)(d + 1) * (float)(d + 1));
     dpar_mesh_destroy(m);
 }
 

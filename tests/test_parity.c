@@ -16,11 +16,15 @@
 enum { MAXDEV = 8, MAXREC = 16, MAXBUF = 24, GUARD = 29, NCOMPARE_PRINT = 5 };
 
 /* ---- per-device record of one case run -------------------------------- */
-typedef struct rec { dpar_dtype dt; int64_t count; void *data; } rec;
+typedef struct rec {
+    dpar_dtype dt;
+    int64_t count;
+    void *data;
+} rec;
 typedef struct devio {
     rec recs[MAXREC];
     int nrec;
-    dpar_buffer *bufs[MAXBUF];      /* operands, destroyed after the case */
+    dpar_buffer *bufs[MAXBUF]; /* operands, destroyed after the case */
     dpar_buffer *guards[2 * MAXBUF];
     int nbuf, nguard, nalloc;
     char err[300];
@@ -45,7 +49,10 @@ typedef struct pcase {
     const char *axes;  /* collectives: axis set ("x", "a", "b", "a,b") */
 } pcase;
 
-typedef struct run_ctx { const pcase *c; devio *io; } run_ctx;
+typedef struct run_ctx {
+    const pcase *c;
+    devio *io;
+} run_ctx;
 
 static int g_verbose;
 static int g_case_seq; /* data seed of the current case */
@@ -53,7 +60,11 @@ static int g_case_seq; /* data seed of the current case */
 /* ---- deterministic data ---------------------------------------------------- */
 static uint32_t hash3(uint32_t a, uint32_t b, uint32_t c) {
     uint32_t h = a * 0x9E3779B1u ^ (b + 0x7F4A7C15u) * 0x85EBCA77u ^ (c + 0x165667B1u) * 0xC2B2AE3Du;
-    h ^= h >> 15; h *= 0x2C1B3C6Du; h ^= h >> 12; h *= 0x297A2D39u; h ^= h >> 15;
+    h ^= h >> 15;
+    h *= 0x2C1B3C6Du;
+    h ^= h >> 12;
+    h *= 0x297A2D39u;
+    h ^= h >> 15;
     return h;
 }
 enum { D_RAND, D_INT, D_POS, D_LABEL, D_SPECIAL, D_ZERO };
@@ -66,10 +77,34 @@ static float gen(int kind, uint32_t seed, int64_t i, int64_t param) {
     case D_POS: return 0.5f + u;
     case D_LABEL: return (float)(h % (uint32_t)param);
     case D_SPECIAL: {
-        static const float sp[] = { 0.0f, -0.0f, 1.0f, -1.0f, 65504.0f, 65520.0f, -70000.0f, 1e-8f, -6.1e-5f, 5.96e-8f,
-                                    3.0e38f, -3.4e38f, 2147483520.0f, -2147483648.0f, 4.5e9f, 0.5f, 1.5f, 2.5f,
-                                    -2.5f, 1.00048828125f /* f16 tie */, 1.0009765625f, 3.14159265f, 1e-40f /* f32 subnormal */,
-                                    16777217.0f, 0.0f, 0.0f, 0.0f, 0.0f };
+        static const float sp[] = { 0.0f,
+                                    -0.0f,
+                                    1.0f,
+                                    -1.0f,
+                                    65504.0f,
+                                    65520.0f,
+                                    -70000.0f,
+                                    1e-8f,
+                                    -6.1e-5f,
+                                    5.96e-8f,
+                                    3.0e38f,
+                                    -3.4e38f,
+                                    2147483520.0f,
+                                    -2147483648.0f,
+                                    4.5e9f,
+                                    0.5f,
+                                    1.5f,
+                                    2.5f,
+                                    -2.5f,
+                                    1.00048828125f /* f16 tie */,
+                                    1.0009765625f,
+                                    3.14159265f,
+                                    1e-40f /* f32 subnormal */,
+                                    16777217.0f,
+                                    0.0f,
+                                    0.0f,
+                                    0.0f,
+                                    0.0f };
         float v = sp[h % (sizeof sp / sizeof sp[0])];
         if (h % 31 == 0) v = INFINITY;
         if (h % 37 == 0) v = -INFINITY;
@@ -111,7 +146,10 @@ static dpar_status guard_buf(dpar_ctx *ctx, devio *d, dpar_dtype dt) {
     if (s) return s;
     unsigned char pat[GUARD * 4];
     memset(pat, GUARD_BYTE, sizeof pat);
-    if ((s = dpar_buffer_write(g, 0, pat, dpar_buffer_nbytes(g)))) { dpar_buffer_destroy(g); return s; }
+    if ((s = dpar_buffer_write(g, 0, pat, dpar_buffer_nbytes(g)))) {
+        dpar_buffer_destroy(g);
+        return s;
+    }
     d->guards[d->nguard++] = g;
     return DPAR_OK;
 }
@@ -165,17 +203,30 @@ static void free_io(devio *io) {
     }
 }
 
-#define TRY(x) do { dpar_status t__ = (x); if (t__) return t__; } while (0)
-#define MK(b, dt, nd, kind, param, ...) do { int64_t sh__[] = { __VA_ARGS__ }; \
-    TRY(mk(ctx, d, dev, dt, nd, sh__, kind, param, &(b))); } while (0)
+#define TRY(x)                 \
+    do {                       \
+        dpar_status t__ = (x); \
+        if (t__) return t__;   \
+    } while (0)
+#define MK(b, dt, nd, kind, param, ...)                        \
+    do {                                                       \
+        int64_t sh__[] = { __VA_ARGS__ };                      \
+        TRY(mk(ctx, d, dev, dt, nd, sh__, kind, param, &(b))); \
+    } while (0)
 
 /* ---- op cases ---------------------------------------------------------- */
 static dpar_status c_matmul(dpar_ctx *ctx, devio *d, const pcase *c, int dev) {
     int64_t M = c->shape[0], K = c->shape[1], N = c->shape[2];
     int ta = c->trans & 1, tb = c->trans >> 1 & 1;
     dpar_buffer *A, *B, *C;
-    if (ta) MK(A, c->dt, 2, D_RAND, 0, K, M); else MK(A, c->dt, 2, D_RAND, 0, M, K);
-    if (tb) MK(B, c->dt, 2, D_RAND, 0, N, K); else MK(B, c->dt, 2, D_RAND, 0, K, N);
+    if (ta)
+        MK(A, c->dt, 2, D_RAND, 0, K, M);
+    else
+        MK(A, c->dt, 2, D_RAND, 0, M, K);
+    if (tb)
+        MK(B, c->dt, 2, D_RAND, 0, N, K);
+    else
+        MK(B, c->dt, 2, D_RAND, 0, K, N);
     MK(C, DPAR_F32, 2, D_RAND, 0, M, N);
     TRY(dpar_matmul(C, A, B, ta, tb, c->alpha, c->beta));
     return rec_buf(d, C);
@@ -347,11 +398,15 @@ static dpar_status c_permute(dpar_ctx *ctx, devio *d, const pcase *c, int dev) {
     MK(in, c->dt, 2, D_INT, 0, c->shape[0], c->shape[1]);
     MK(out, c->dt, 2, D_RAND, 0, c->shape[0], c->shape[1]);
     int pairs[2 * MAXDEV], np = 0;
-    for (int i = 0; i < g; i++) { pairs[2 * np] = i; pairs[2 * np + 1] = (i + 1) % g; np++; }
-    TRY(dpar_ppermute(ctx, out, in, c->axes, pairs, np));          /* ring shift */
+    for (int i = 0; i < g; i++) {
+        pairs[2 * np] = i;
+        pairs[2 * np + 1] = (i + 1) % g;
+        np++;
+    }
+    TRY(dpar_ppermute(ctx, out, in, c->axes, pairs, np)); /* ring shift */
     TRY(rec_buf(d, out));
     int half[2] = { 0, g - 1 };
-    TRY(dpar_ppermute(ctx, in, in, c->axes, half, 1));              /* one pair, in place: others get zeros */
+    TRY(dpar_ppermute(ctx, in, in, c->axes, half, 1)); /* one pair, in place: others get zeros */
     TRY(rec_buf(d, in));
     TRY(dpar_pbroadcast(ctx, out, out, c->axes, g - 1));
     return rec_buf(d, out);
@@ -362,8 +417,8 @@ static dpar_status c_all_to_all(dpar_ctx *ctx, devio *d, const pcase *c, int dev
     int64_t R = c->shape[0], C = c->shape[1];
     dpar_buffer *in, *o1, *o2;
     MK(in, c->dt, 2, D_INT, 0, g * R, C);
-    MK(o1, c->dt, 2, D_ZERO, 0, R, g * C);   /* split 0, concat 1 */
-    MK(o2, c->dt, 2, D_ZERO, 0, g * R, C);   /* split 0, concat 0 */
+    MK(o1, c->dt, 2, D_ZERO, 0, R, g * C); /* split 0, concat 1 */
+    MK(o2, c->dt, 2, D_ZERO, 0, g * R, C); /* split 0, concat 0 */
     TRY(dpar_all_to_all(ctx, o1, in, c->axes, 0, 1));
     TRY(rec_buf(d, o1));
     TRY(dpar_all_to_all(ctx, o2, in, c->axes, 0, 0));
@@ -383,9 +438,15 @@ static int run_case(dpar_mesh *m, const pcase *c, devio *io, char *why, size_t w
     run_ctx rc = { c, io };
     dpar_shard_map_desc sd = { .fn = run_fn, .user = &rc };
     dpar_status s = dpar_shard_map(m, &sd);
-    if (s) { snprintf(why, whylen, "%s: %s", dpar_status_string(s), dpar_last_error()); return 0; }
+    if (s) {
+        snprintf(why, whylen, "%s: %s", dpar_status_string(s), dpar_last_error());
+        return 0;
+    }
     for (int dv = 0; dv < MAXDEV; dv++)
-        if (io[dv].err[0]) { snprintf(why, whylen, "device %d: %s", dv, io[dv].err); return 0; }
+        if (io[dv].err[0]) {
+            snprintf(why, whylen, "device %d: %s", dv, io[dv].err);
+            return 0;
+        }
     return 1;
 }
 /* 0 when equal within tolerance; else prints the first mismatches. */
@@ -398,14 +459,21 @@ static int compare(const pcase *c, int ndev, const devio *want, const devio *got
         }
         for (int r = 0; r < want[dv].nrec; r++) {
             const rec *a = &want[dv].recs[r], *b = &got[dv].recs[r];
-            if (a->count != b->count || a->dt != b->dt) { printf("  %s: output %d differs in size/dtype\n", label, r); return 1; }
+            if (a->count != b->count || a->dt != b->dt) {
+                printf("  %s: output %d differs in size/dtype\n", label, r);
+                return 1;
+            }
             for (int64_t i = 0; i < a->count; i++) {
                 double x = load(a->dt, a->data, i), y = load(b->dt, b->data, i);
                 int ok;
-                if (x != x || y != y) ok = (x != x) && (y != y);            /* NaN only where the CPU has NaN */
-                else if (isinf(x) || isinf(y)) ok = x == y;                /* Inf only where the CPU has it */
-                else if (c->rtol == 0 && c->atol == 0) ok = x == y;
-                else ok = fabs(x - y) <= c->atol + c->rtol * fabs(x);
+                if (x != x || y != y)
+                    ok = (x != x) && (y != y); /* NaN only where the CPU has NaN */
+                else if (isinf(x) || isinf(y))
+                    ok = x == y; /* Inf only where the CPU has it */
+                else if (c->rtol == 0 && c->atol == 0)
+                    ok = x == y;
+                else
+                    ok = fabs(x - y) <= c->atol + c->rtol * fabs(x);
                 if (!ok) {
                     if (bad < NCOMPARE_PRINT)
                         printf("  %s: device %d output %d [%lld]: cpu %.9g, backend %.9g (|d| %.3g, rtol %g atol %g)\n",
@@ -422,31 +490,95 @@ static int compare(const pcase *c, int ndev, const devio *want, const devio *got
 /* ---- the case lists ------------------------------------------------------ */
 static const pcase op_cases[] = {
     /* matmul: M K N, transposes (bit0 A, bit1 B), alpha beta */
-    { .name = "matmul 1x1x1", .fn = c_matmul, .dt = DPAR_F32,
-      .shape = { 1, 1, 1 }, .alpha = 1, .rtol = 1e-6, .atol = 1e-6 },
-    { .name = "matmul 5x7x3", .fn = c_matmul, .dt = DPAR_F32,
-      .shape = { 5, 7, 3 }, .alpha = 1, .rtol = 1e-5, .atol = 1e-5 },
-    { .name = "matmul 5x7x3 tA", .fn = c_matmul, .dt = DPAR_F32,
-      .shape = { 5, 7, 3 }, .trans = 1, .alpha = 1, .rtol = 1e-5, .atol = 1e-5 },
-    { .name = "matmul 5x7x3 tB", .fn = c_matmul, .dt = DPAR_F32,
-      .shape = { 5, 7, 3 }, .trans = 2, .alpha = 1, .rtol = 1e-5, .atol = 1e-5 },
-    { .name = "matmul 5x7x3 tA tB", .fn = c_matmul, .dt = DPAR_F32,
-      .shape = { 5, 7, 3 }, .trans = 3, .alpha = 0.5f, .beta = 2.0f, .rtol = 1e-5, .atol = 1e-5 },
-    { .name = "matmul 33x17x65 beta", .fn = c_matmul, .dt = DPAR_F32,
-      .shape = { 33, 17, 65 }, .alpha = 1.5f, .beta = -0.5f, .rtol = 1e-5, .atol = 2e-5 },
-    { .name = "matmul 64x200x10 tB", .fn = c_matmul, .dt = DPAR_F32,
-      .shape = { 64, 200, 10 }, .trans = 2, .alpha = 1, .rtol = 1e-5, .atol = 1e-4 },
-    { .name = "matmul 70x64x128 tA", .fn = c_matmul, .dt = DPAR_F32,
-      .shape = { 70, 64, 128 }, .trans = 1, .alpha = 1, .beta = 1, .rtol = 1e-5, .atol = 1e-4 },
+    { .name = "matmul 1x1x1",
+      .fn = c_matmul,
+      .dt = DPAR_F32,
+      .shape = { 1, 1, 1 },
+      .alpha = 1,
+      .rtol = 1e-6,
+      .atol = 1e-6 },
+    { .name = "matmul 5x7x3",
+      .fn = c_matmul,
+      .dt = DPAR_F32,
+      .shape = { 5, 7, 3 },
+      .alpha = 1,
+      .rtol = 1e-5,
+      .atol = 1e-5 },
+    { .name = "matmul 5x7x3 tA",
+      .fn = c_matmul,
+      .dt = DPAR_F32,
+      .shape = { 5, 7, 3 },
+      .trans = 1,
+      .alpha = 1,
+      .rtol = 1e-5,
+      .atol = 1e-5 },
+    { .name = "matmul 5x7x3 tB",
+      .fn = c_matmul,
+      .dt = DPAR_F32,
+      .shape = { 5, 7, 3 },
+      .trans = 2,
+      .alpha = 1,
+      .rtol = 1e-5,
+      .atol = 1e-5 },
+    { .name = "matmul 5x7x3 tA tB",
+      .fn = c_matmul,
+      .dt = DPAR_F32,
+      .shape = { 5, 7, 3 },
+      .trans = 3,
+      .alpha = 0.5f,
+      .beta = 2.0f,
+      .rtol = 1e-5,
+      .atol = 1e-5 },
+    { .name = "matmul 33x17x65 beta",
+      .fn = c_matmul,
+      .dt = DPAR_F32,
+      .shape = { 33, 17, 65 },
+      .alpha = 1.5f,
+      .beta = -0.5f,
+      .rtol = 1e-5,
+      .atol = 2e-5 },
+    { .name = "matmul 64x200x10 tB",
+      .fn = c_matmul,
+      .dt = DPAR_F32,
+      .shape = { 64, 200, 10 },
+      .trans = 2,
+      .alpha = 1,
+      .rtol = 1e-5,
+      .atol = 1e-4 },
+    { .name = "matmul 70x64x128 tA",
+      .fn = c_matmul,
+      .dt = DPAR_F32,
+      .shape = { 70, 64, 128 },
+      .trans = 1,
+      .alpha = 1,
+      .beta = 1,
+      .rtol = 1e-5,
+      .atol = 1e-4 },
     { .name = "matmul 8x0x4 (K=0)", .fn = c_matmul, .dt = DPAR_F32, .shape = { 8, 0, 4 }, .alpha = 1, .beta = 0.5f },
     { .name = "matmul 0x3x4 (M=0)", .fn = c_matmul, .dt = DPAR_F32, .shape = { 0, 3, 4 }, .alpha = 1 },
-    { .name = "matmul f16 9x33x17", .fn = c_matmul, .dt = DPAR_F16,
-      .shape = { 9, 33, 17 }, .alpha = 1, .rtol = 1e-5, .atol = 2e-5 },
-    { .name = "matmul bf16 9x33x17 tA tB", .fn = c_matmul, .dt = DPAR_BF16,
-      .shape = { 9, 33, 17 }, .trans = 3, .alpha = 1, .rtol = 1e-5, .atol = 2e-5 },
+    { .name = "matmul f16 9x33x17",
+      .fn = c_matmul,
+      .dt = DPAR_F16,
+      .shape = { 9, 33, 17 },
+      .alpha = 1,
+      .rtol = 1e-5,
+      .atol = 2e-5 },
+    { .name = "matmul bf16 9x33x17 tA tB",
+      .fn = c_matmul,
+      .dt = DPAR_BF16,
+      .shape = { 9, 33, 17 },
+      .trans = 3,
+      .alpha = 1,
+      .rtol = 1e-5,
+      .atol = 2e-5 },
     { .name = "bias 2x3x5", .fn = c_bias, .dt = DPAR_F32, .shape = { 2, 3, 5 }, .rtol = 1e-6, .atol = 1e-6 },
-    { .name = "bias 4x50x130 beta", .fn = c_bias, .dt = DPAR_F32,
-      .shape = { 4, 50, 130 }, .beta = 0.5f, .rtol = 1e-5, .atol = 1e-5 },
+    { .name = "bias 4x50x130 beta",
+      .fn = c_bias,
+      .dt = DPAR_F32,
+      .shape = { 4, 50, 130 },
+      .beta = 0.5f,
+      .rtol = 1e-5,
+      .atol = 1e-5 },
     { .name = "relu 1000", .fn = c_relu, .dt = DPAR_F32, .shape = { 1000 } },
     { .name = "relu 70000", .fn = c_relu, .dt = DPAR_F32, .shape = { 70000 } },
     { .name = "softmax_xent 1x3", .fn = c_xent, .dt = DPAR_F32, .shape = { 1, 3 }, .rtol = 1e-5, .atol = 1e-6 },
@@ -455,8 +587,14 @@ static const pcase op_cases[] = {
     { .name = "mse 7x3", .fn = c_mse, .dt = DPAR_F32, .shape = { 7, 3 }, .rtol = 1e-6, .atol = 1e-7 },
     { .name = "mse 128x32", .fn = c_mse, .dt = DPAR_F32, .shape = { 128, 32 }, .rtol = 1e-5, .atol = 1e-7 },
     { .name = "axpy/scale 1", .fn = c_axpy_scale, .dt = DPAR_F32, .shape = { 1 }, .alpha = 0.25f, .scale = -3.0f },
-    { .name = "axpy/scale 4099", .fn = c_axpy_scale, .dt = DPAR_F32,
-      .shape = { 4099 }, .alpha = -1.7f, .scale = 0.3f, .rtol = 1e-7, .atol = 0 },
+    { .name = "axpy/scale 4099",
+      .fn = c_axpy_scale,
+      .dt = DPAR_F32,
+      .shape = { 4099 },
+      .alpha = -1.7f,
+      .scale = 0.3f,
+      .rtol = 1e-7,
+      .atol = 0 },
     { .name = "fill/copy f32", .fn = c_fill_copy, .dt = DPAR_F32, .shape = { 7, 9 }, .value = -2.75f },
     { .name = "fill/copy f16 odd", .fn = c_fill_copy, .dt = DPAR_F16, .shape = { 7, 9 }, .value = 0.1f },
     { .name = "fill/copy bf16 odd", .fn = c_fill_copy, .dt = DPAR_BF16, .shape = { 3, 1 }, .value = -1e30f },
@@ -465,31 +603,55 @@ static const pcase op_cases[] = {
     { .name = "sum 0", .fn = c_sum, .dt = DPAR_F32, .shape = { 0 }, .data = D_RAND },
     { .name = "sum 1", .fn = c_sum, .dt = DPAR_F32, .shape = { 1 }, .data = D_RAND },
     { .name = "sum 1000 int", .fn = c_sum, .dt = DPAR_F32, .shape = { 1000 }, .data = D_INT },
-    { .name = "sum 100003", .fn = c_sum, .dt = DPAR_F32,
-      .shape = { 100003 }, .data = D_RAND, .rtol = 1e-5, .atol = 1e-4 },
-    { .name = "sgd plain", .fn = c_sgd, .dt = DPAR_F32,
-      .shape = { 1000 }, .sgd = { .learning_rate = 0.1f }, .clip_scale = 1, .rtol = 1e-6, .atol = 1e-7 },
-    { .name = "sgd momentum wd clip", .fn = c_sgd, .dt = DPAR_F32,
-      .shape = { 1001 }, .sgd = { .learning_rate = 0.05f, .momentum = 0.9f, .weight_decay = 1e-3f },
-      .clip_scale = 0.7f, .rtol = 1e-6, .atol = 1e-7 },
-    { .name = "sgd nesterov", .fn = c_sgd, .dt = DPAR_F32,
-      .shape = { 333 }, .sgd = { .learning_rate = 0.05f, .momentum = 0.9f, .nesterov = true },
-      .clip_scale = 1, .rtol = 1e-6, .atol = 1e-7 },
+    { .name = "sum 100003",
+      .fn = c_sum,
+      .dt = DPAR_F32,
+      .shape = { 100003 },
+      .data = D_RAND,
+      .rtol = 1e-5,
+      .atol = 1e-4 },
+    { .name = "sgd plain",
+      .fn = c_sgd,
+      .dt = DPAR_F32,
+      .shape = { 1000 },
+      .sgd = { .learning_rate = 0.1f },
+      .clip_scale = 1,
+      .rtol = 1e-6,
+      .atol = 1e-7 },
+    { .name = "sgd momentum wd clip",
+      .fn = c_sgd,
+      .dt = DPAR_F32,
+      .shape = { 1001 },
+      .sgd = { .learning_rate = 0.05f, .momentum = 0.9f, .weight_decay = 1e-3f },
+      .clip_scale = 0.7f,
+      .rtol = 1e-6,
+      .atol = 1e-7 },
+    { .name = "sgd nesterov",
+      .fn = c_sgd,
+      .dt = DPAR_F32,
+      .shape = { 333 },
+      .sgd = { .learning_rate = 0.05f, .momentum = 0.9f, .nesterov = true },
+      .clip_scale = 1,
+      .rtol = 1e-6,
+      .atol = 1e-7 },
 };
 static const dpar_dtype all_dtypes[] = { DPAR_F32, DPAR_F16, DPAR_BF16, DPAR_I32 };
 
-typedef struct coll_kind { const char *name; case_fn fn; int64_t r, c; } coll_kind;
+typedef struct coll_kind {
+    const char *name;
+    case_fn fn;
+    int64_t r, c;
+} coll_kind;
 static const coll_kind coll_kinds[] = {
-    { "psum/pmean/pmax/pmin", c_reduce, 3, 5 },
-    { "all_gather", c_gather, 2, 3 },
-    { "psum_scatter", c_scatter, 2, 3 },
-    { "ppermute/pbroadcast", c_permute, 3, 3 },
-    { "all_to_all", c_all_to_all, 2, 3 },
-    { "psum/pmean/pmax/pmin empty", c_reduce, 0, 4 },
+    { "psum/pmean/pmax/pmin", c_reduce, 3, 5 }, { "all_gather", c_gather, 2, 3 },
+    { "psum_scatter", c_scatter, 2, 3 },        { "ppermute/pbroadcast", c_permute, 3, 3 },
+    { "all_to_all", c_all_to_all, 2, 3 },       { "psum/pmean/pmax/pmin empty", c_reduce, 0, 4 },
 };
 
 /* ---- one backend against the CPU, every mesh size ------------------------- */
-typedef struct { int cases, failed; } tally;
+typedef struct {
+    int cases, failed;
+} tally;
 
 static void run_pair(dpar_runtime *cpu, dpar_runtime *gpu, int ndim, const int *shape, const char *const *names,
                      tally *t, const char *bname) {
@@ -515,24 +677,32 @@ static void run_pair(dpar_runtime *cpu, dpar_runtime *gpu, int ndim, const int *
                     static char names_buf[4][4][2][48];
                     snprintf(names_buf[a][b][kind], 48, "cast %s->%s %s", dpar_dtype_name(all_dtypes[a]),
                              dpar_dtype_name(all_dtypes[b]), kind ? "special" : "random");
-                    pcase c = { .name = names_buf[a][b][kind], .fn = c_cast, .dt = all_dtypes[a],
-                                .shape = { kind ? 1001 : 37 }, .to = all_dtypes[b], .data = kind ? D_SPECIAL : D_RAND };
+                    pcase c = { .name = names_buf[a][b][kind],
+                                .fn = c_cast,
+                                .dt = all_dtypes[a],
+                                .shape = { kind ? 1001 : 37 },
+                                .to = all_dtypes[b],
+                                .data = kind ? D_SPECIAL : D_RAND };
                     list[n++] = c;
                 }
     }
     for (size_t k = 0; k < sizeof coll_kinds / sizeof coll_kinds[0]; k++)
         for (int a = 0; a < naxsets; a++)
             for (int di = 0; di < 4; di++) {
-                pcase c = { .name = coll_kinds[k].name, .fn = coll_kinds[k].fn, .dt = all_dtypes[di],
-                            .shape = { coll_kinds[k].r, coll_kinds[k].c }, .axes = axsets[a] };
+                pcase c = { .name = coll_kinds[k].name,
+                            .fn = coll_kinds[k].fn,
+                            .dt = all_dtypes[di],
+                            .shape = { coll_kinds[k].r, coll_kinds[k].c },
+                            .axes = axsets[a] };
                 list[n++] = c;
             }
     for (int i = 0; i < n; i++) {
         const pcase *c = &list[i];
         char label[200];
-        snprintf(label, sizeof label, "%s %s [%s] mesh %d%s%d axes %s", bname, c->name, dpar_dtype_name(c->dt), shape[0],
-                 ndim > 1 ? "x" : "", ndim > 1 ? shape[1] : 0, c->axes ? c->axes : "-");
-        if (ndim == 1) snprintf(label, sizeof label, "%s %s [%s] mesh %d", bname, c->name, dpar_dtype_name(c->dt), shape[0]);
+        snprintf(label, sizeof label, "%s %s [%s] mesh %d%s%d axes %s", bname, c->name, dpar_dtype_name(c->dt),
+                 shape[0], ndim > 1 ? "x" : "", ndim > 1 ? shape[1] : 0, c->axes ? c->axes : "-");
+        if (ndim == 1)
+            snprintf(label, sizeof label, "%s %s [%s] mesh %d", bname, c->name, dpar_dtype_name(c->dt), shape[0]);
         t->cases++;
         g_case_seq = i * 7919 + ndev;
         int ok = run_case(mc, c, want, why, sizeof why);
@@ -600,9 +770,18 @@ static void parity(dpar_backend_kind k, int staged) {
     if (t.failed) fail_msg("%s: %d of %d parity cases failed (see above)", label, t.failed, t.cases);
 }
 
-static void test_parity_vulkan(void **state) { (void)state; parity(DPAR_BACKEND_VULKAN, 0); }
-static void test_parity_vulkan_staged(void **state) { (void)state; parity(DPAR_BACKEND_VULKAN, 1); }
-static void test_parity_cuda(void **state) { (void)state; parity(DPAR_BACKEND_CUDA, 0); }
+static void test_parity_vulkan(void **state) {
+    (void)state;
+    parity(DPAR_BACKEND_VULKAN, 0);
+}
+static void test_parity_vulkan_staged(void **state) {
+    (void)state;
+    parity(DPAR_BACKEND_VULKAN, 1);
+}
+static void test_parity_cuda(void **state) {
+    (void)state;
+    parity(DPAR_BACKEND_CUDA, 0);
+}
 
 int main(void) {
     const struct CMUnitTest tests[] = {

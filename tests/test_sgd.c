@@ -5,8 +5,17 @@
 #include "testutil.h"
 
 static dpar_runtime *RT;
-static int setup(void **st) { (void)st; RT = t_runtime(DPAR_BACKEND_CPU, 4); return RT ? 0 : -1; }
-static int teardown(void **st) { (void)st; dpar_runtime_destroy(RT); RT = NULL; return 0; }
+static int setup(void **st) {
+    (void)st;
+    RT = t_runtime(DPAR_BACKEND_CPU, 4);
+    return RT ? 0 : -1;
+}
+static int teardown(void **st) {
+    (void)st;
+    dpar_runtime_destroy(RT);
+    RT = NULL;
+    return 0;
+}
 
 static dpar_buffer *mk1(int dev, int64_t n, const float *data) {
     dpar_buffer *b = NULL;
@@ -14,18 +23,27 @@ static dpar_buffer *mk1(int dev, int64_t n, const float *data) {
     if (data) T_OK(dpar_buffer_write(b, 0, data, (size_t)n * 4));
     return b;
 }
-static void rd(const dpar_buffer *b, float *out) { T_OK(dpar_buffer_read(b, 0, out, dpar_buffer_nbytes(b))); }
+static void rd(const dpar_buffer *b, float *out) {
+    T_OK(dpar_buffer_read(b, 0, out, dpar_buffer_nbytes(b)));
+}
 
 /* reference in double: PyTorch SGD with dampening 0 */
-static void ref_step(int n, double *p, double *v, const double *grad, double lr, double mu, int nesterov, double wd, double cs) {
+static void ref_step(int n, double *p, double *v, const double *grad, double lr, double mu, int nesterov, double wd,
+                     double cs) {
     for (int i = 0; i < n; i++) {
         double g = grad[i] * cs + wd * p[i], u = g;
-        if (mu != 0) { v[i] = mu * v[i] + g; u = nesterov ? g + mu * v[i] : v[i]; }
+        if (mu != 0) {
+            v[i] = mu * v[i] + g;
+            u = nesterov ? g + mu * v[i] : v[i];
+        }
         p[i] -= lr * u;
     }
 }
 
-typedef struct hp { float lr, mu, wd, cs; int nesterov; } hp;
+typedef struct hp {
+    float lr, mu, wd, cs;
+    int nesterov;
+} hp;
 
 static void run_update(hp h, int exact) {
     enum { N = 16, STEPS = 4 };
@@ -33,12 +51,16 @@ static void run_update(hp h, int exact) {
     double p[N], v[N], gd[N];
     for (int i = 0; i < N; i++) {
         p0[i] = (float)((i % 7) - 3) * 0.5f;
-        p[i] = p0[i]; v[i] = 0;
+        p[i] = p0[i];
+        v[i] = 0;
     }
     dpar_buffer *bp = mk1(0, N, p0), *bg = mk1(0, N, NULL), *bm = h.mu != 0 ? mk1(0, N, NULL) : NULL;
     dpar_sgd_desc d = { .learning_rate = h.lr, .momentum = h.mu, .nesterov = h.nesterov, .weight_decay = h.wd };
     for (int s = 0; s < STEPS; s++) {
-        for (int i = 0; i < N; i++) { g0[i] = (float)(((i * 5 + s * 3) % 9) - 4) * 0.25f; gd[i] = g0[i]; }
+        for (int i = 0; i < N; i++) {
+            g0[i] = (float)(((i * 5 + s * 3) % 9) - 4) * 0.25f;
+            gd[i] = g0[i];
+        }
         T_OK(dpar_buffer_write(bg, 0, g0, sizeof g0));
         T_OK(dpar_sgd_update(&d, bp, bg, bm, h.cs));
         ref_step(N, p, v, gd, h.lr, h.mu, h.nesterov, h.wd, h.cs);
@@ -48,27 +70,32 @@ static void run_update(hp h, int exact) {
         for (int i = 0; i < N; i++) {
             double tol = exact ? 0.0 : 1e-6 * (fabs(p[i]) + 1e-3);
             if (fabs((double)got[i] - p[i]) > tol)
-                fail_msg("sgd lr %g mu %g nesterov %d wd %g clip %g, step %d, param %d: %.9g, want %.9g", h.lr, h.mu, h.nesterov, h.wd,
-                         h.cs, s, i, got[i], p[i]);
+                fail_msg("sgd lr %g mu %g nesterov %d wd %g clip %g, step %d, param %d: %.9g, want %.9g", h.lr, h.mu,
+                         h.nesterov, h.wd, h.cs, s, i, got[i], p[i]);
             if (bm && fabs((double)gm[i] - v[i]) > (exact ? 0.0 : 1e-6 * (fabs(v[i]) + 1e-3)))
                 fail_msg("sgd momentum buffer step %d [%d]: %.9g, want %.9g", s, i, gm[i], v[i]);
         }
     }
-    dpar_buffer_destroy(bp); dpar_buffer_destroy(bg); dpar_buffer_destroy(bm);
+    dpar_buffer_destroy(bp);
+    dpar_buffer_destroy(bg);
+    dpar_buffer_destroy(bm);
 }
 static void test_update_formulas(void **st) {
     (void)st;
     /* dyadic hyper-parameters and data: every intermediate is exact, so equality is exact */
     const hp exact[] = {
-        { 0.5f, 0, 0, 1, 0 },         /* plain */
-        { 0.25f, 0.5f, 0, 1, 0 },     /* momentum */
-        { 0.25f, 0.5f, 0, 1, 1 },     /* Nesterov */
-        { 0.5f, 0, 0.25f, 1, 0 },     /* weight decay */
-        { 0.5f, 0.5f, 0.25f, 0, 0 },  /* clip scale 0: only decay moves params */
+        { 0.5f, 0, 0, 1, 0 },        /* plain */
+        { 0.25f, 0.5f, 0, 1, 0 },    /* momentum */
+        { 0.25f, 0.5f, 0, 1, 1 },    /* Nesterov */
+        { 0.5f, 0, 0.25f, 1, 0 },    /* weight decay */
+        { 0.5f, 0.5f, 0.25f, 0, 0 }, /* clip scale 0: only decay moves params */
     };
     for (size_t i = 0; i < sizeof exact / sizeof exact[0]; i++) run_update(exact[i], 1);
     /* usual values: the reference is double, so a relative tolerance */
-    const hp usual[] = { { 0.125f, 0.75f, 0.5f, 0.5f, 1 } /* all of it, with a clip scale: bits outgrow f32 */, { 0.01f, 0.9f, 0, 1, 0 }, { 0.01f, 0.9f, 1e-4f, 0.37f, 1 }, { 0.1f, 0, 5e-4f, 1, 0 } };
+    const hp usual[] = { { 0.125f, 0.75f, 0.5f, 0.5f, 1 } /* all of it, with a clip scale: bits outgrow f32 */,
+                         { 0.01f, 0.9f, 0, 1, 0 },
+                         { 0.01f, 0.9f, 1e-4f, 0.37f, 1 },
+                         { 0.1f, 0, 5e-4f, 1, 0 } };
     for (size_t i = 0; i < sizeof usual / sizeof usual[0]; i++) run_update(usual[i], 0);
 }
 
@@ -76,14 +103,24 @@ static void test_update_formulas(void **st) {
 static void test_invalid_rejected(void **st) {
     (void)st;
     float p0[4] = { 1, 2, 3, 4 }, g0[4] = { 1, 1, 1, 1 }, m0[4] = { 0.5f, 0.5f, 0.5f, 0.5f };
-    dpar_buffer *p = mk1(0, 4, p0), *g = mk1(0, 4, g0), *m = mk1(0, 4, m0), *g5 = mk1(0, 5, NULL), *pother = mk1(1, 4, NULL);
+    dpar_buffer *p = mk1(0, 4, p0), *g = mk1(0, 4, g0), *m = mk1(0, 4, m0), *g5 = mk1(0, 5, NULL),
+                *pother = mk1(1, 4, NULL);
     dpar_buffer *gi = NULL;
     int64_t four = 4;
     T_OK(dpar_buffer_create(RT, 0, DPAR_I32, 1, &four, &gi));
     dpar_sgd_desc ok = { .learning_rate = 0.1f, .momentum = 0.9f };
-    struct { dpar_sgd_desc d; const char *needle; } bad[12];
+    struct {
+        dpar_sgd_desc d;
+        const char *needle;
+    } bad[12];
     int nb = 0;
-#define BAD(field, value, text) do { bad[nb].d = ok; bad[nb].d.field = value; bad[nb].needle = text; nb++; } while (0)
+#define BAD(field, value, text)  \
+    do {                         \
+        bad[nb].d = ok;          \
+        bad[nb].d.field = value; \
+        bad[nb].needle = text;   \
+        nb++;                    \
+    } while (0)
     BAD(learning_rate, 0.0f, "learning_rate");
     BAD(learning_rate, -0.1f, "learning_rate");
     BAD(learning_rate, NAN, "learning_rate");
@@ -95,7 +132,11 @@ static void test_invalid_rejected(void **st) {
     BAD(weight_decay, NAN, "weight_decay");
     BAD(clip_norm, -1.0f, "clip_norm");
     BAD(clip_norm, NAN, "clip_norm");
-    bad[nb].d = ok; bad[nb].d.momentum = 0; bad[nb].d.nesterov = true; bad[nb].needle = "nesterov"; nb++;
+    bad[nb].d = ok;
+    bad[nb].d.momentum = 0;
+    bad[nb].d.nesterov = true;
+    bad[nb].needle = "nesterov";
+    nb++;
 #undef BAD
     for (int i = 0; i < nb; i++) {
         T_ERR(dpar_sgd_update(&bad[i].d, p, g, m, 1.0f), DPAR_ERR_INVALID_ARGUMENT, bad[i].needle);
@@ -188,7 +229,8 @@ static void test_clip_global_norm(void **st) {
     }
     /* sharded gradients: squared norms psum'd over 'data': 169 (1 + 4 + 9 + 16) = 5070 */
     memset(&w, 0, sizeof w);
-    w.clip = 13.0f; w.axes = "data";
+    w.clip = 13.0f;
+    w.axes = "data";
     run_clip(m, &w);
     float gn = sqrtf(5070.0f);
     for (int d = 0; d < 4; d++) {
@@ -200,9 +242,13 @@ static void test_clip_global_norm(void **st) {
     }
     /* clip larger than the norm: scale 1 */
     memset(&w, 0, sizeof w);
-    w.clip = 1000.0f; w.axes = "data";
+    w.clip = 1000.0f;
+    w.axes = "data";
     run_clip(m, &w);
-    for (int d = 0; d < 4; d++) { assert_true(w.scale[d] == 1.0f); assert_true(w.params[d][0] == 1.0f - 3.0f * (float)(d + 1)); }
+    for (int d = 0; d < 4; d++) {
+        assert_true(w.scale[d] == 1.0f);
+        assert_true(w.params[d][0] == 1.0f - 3.0f * (float)(d + 1));
+    }
     /* clipping off: scale 1 whatever the norm */
     memset(&w, 0, sizeof w);
     w.clip = 0.0f;
@@ -210,7 +256,9 @@ static void test_clip_global_norm(void **st) {
     for (int d = 0; d < 4; d++) assert_true(w.scale[d] == 1.0f);
     /* a NaN gradient on device 2 with a global norm: an error on every device, no parameter changed */
     memset(&w, 0, sizeof w);
-    w.clip = 1.0f; w.axes = "data"; w.variant = 1;
+    w.clip = 1.0f;
+    w.axes = "data";
+    w.variant = 1;
     run_clip(m, &w);
     for (int d = 0; d < 4; d++) {
         assert_int_equal(w.st[d], DPAR_ERR_INVALID_ARGUMENT);
@@ -222,7 +270,10 @@ static void test_clip_global_norm(void **st) {
 
 /* data-parallel steps on 4 devices: gradients pmean'd, SGD with everything on;
    every replica stays bitwise identical */
-typedef struct rep { float params[4][64], moms[4][64]; int steps; } rep;
+typedef struct rep {
+    float params[4][64], moms[4][64];
+    int steps;
+} rep;
 static dpar_status rep_fn(dpar_ctx *ctx, void *user) {
     rep *w = (rep *)user;
     int d = dpar_ctx_device(ctx);
@@ -246,7 +297,8 @@ static dpar_status rep_fn(dpar_ctx *ctx, void *user) {
         if ((s = dpar_pmean(ctx, g1, g1, "data")) || (s = dpar_pmean(ctx, g2, g2, "data"))) return s;
         if ((s = dpar_sgd_step(ctx, &sd, ps, gs, ms, 2))) return s;
     }
-    if ((s = dpar_buffer_read(p1, 0, w->params[d], 160)) || (s = dpar_buffer_read(p2, 0, w->params[d] + 40, 96))) return s;
+    if ((s = dpar_buffer_read(p1, 0, w->params[d], 160)) || (s = dpar_buffer_read(p2, 0, w->params[d] + 40, 96)))
+        return s;
     if ((s = dpar_buffer_read(m1, 0, w->moms[d], 160)) || (s = dpar_buffer_read(m2, 0, w->moms[d] + 40, 96))) return s;
     for (int i = 0; i < 6; i++) dpar_buffer_destroy(*all[i]);
     return DPAR_OK;
@@ -269,7 +321,8 @@ static void test_replicas_identical(void **st) {
     int moved = 0;
     for (int i = 0; i < 40; i++) moved += a->params[0][i] != sinf((float)i) * 0.3f;
     assert_true(moved > 30);
-    free(a); free(b);
+    free(a);
+    free(b);
     dpar_mesh_destroy(m);
 }
 
@@ -288,7 +341,8 @@ static void test_step_all_or_nothing(void **st) {
     gs[1] = g2i;
     T_ERR(dpar_sgd_step(NULL, &d, ps, gs, ms, 2), DPAR_ERR_DTYPE, "i32");
     dpar_buffer *g2ok = mk1(0, 3, g0);
-    gs[1] = g2ok; ms[1] = NULL;
+    gs[1] = g2ok;
+    ms[1] = NULL;
     T_ERR(dpar_sgd_step(NULL, &d, ps, gs, ms, 2), DPAR_ERR_INVALID_ARGUMENT, "momentum");
     T_ERR(dpar_sgd_step(NULL, &d, ps, gs, NULL, 2), DPAR_ERR_INVALID_ARGUMENT, "momentum");
     float pv[4], mv[4];
@@ -308,10 +362,8 @@ static void test_step_all_or_nothing(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_update_formulas),
-        cmocka_unit_test(test_invalid_rejected),
-        cmocka_unit_test(test_step_all_or_nothing),
-        cmocka_unit_test(test_clip_global_norm),
+        cmocka_unit_test(test_update_formulas),     cmocka_unit_test(test_invalid_rejected),
+        cmocka_unit_test(test_step_all_or_nothing), cmocka_unit_test(test_clip_global_norm),
         cmocka_unit_test(test_replicas_identical),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -9,7 +9,9 @@ static dpar_array *arr2(dpar_mesh *m, dpar_dtype t, int64_t d0, int64_t d1, cons
     T_OK(dpar_array_create(m, &d, &a));
     return a;
 }
-static void iota(float *x, int n) { for (int i = 0; i < n; i++) x[i] = (float)i + 0.25f; }
+static void iota(float *x, int n) {
+    for (int i = 0; i < n; i++) x[i] = (float)i + 0.25f;
+}
 /* The backend of a test comes from its state (CPU, or Vulkan / CUDA when
    present: skipped, never passed, when missing). */
 static dpar_runtime *rt_for(void **st, int n) {
@@ -65,8 +67,9 @@ static void test_reshard_paths(void **st) {
     int32_t x[R * C], y[R * C];
     for (int i = 0; i < R * C; i++) x[i] = i * 7 - 3;
     const char *specs[][2] = {
-        { NULL, NULL }, { "data", NULL }, { NULL, "model" }, { "data", "model" }, { "model", "data" },
-        { "data,model", NULL }, { NULL, "data,model" }, { "model,data", NULL }, { "model", NULL },
+        { NULL, NULL },         { "data", NULL },       { NULL, "model" },
+        { "data", "model" },    { "model", "data" },    { "data,model", NULL },
+        { NULL, "data,model" }, { "model,data", NULL }, { "model", NULL },
     };
     int ns = (int)(sizeof specs / sizeof specs[0]);
     for (int a = 0; a < ns; a++)
@@ -77,8 +80,10 @@ static void test_reshard_paths(void **st) {
             T_OK(dpar_array_reshard(dst, src));
             memset(y, 0, sizeof y);
             T_OK(dpar_array_get(dst, y));
-            if (memcmp(x, y, sizeof x)) fail_msg("reshard (%s,%s) -> (%s,%s) changed the data", specs[a][0] ? specs[a][0] : "-",
-                                                 specs[a][1] ? specs[a][1] : "-", specs[b][0] ? specs[b][0] : "-", specs[b][1] ? specs[b][1] : "-");
+            if (memcmp(x, y, sizeof x))
+                fail_msg("reshard (%s,%s) -> (%s,%s) changed the data", specs[a][0] ? specs[a][0] : "-",
+                         specs[a][1] ? specs[a][1] : "-", specs[b][0] ? specs[b][0] : "-",
+                         specs[b][1] ? specs[b][1] : "-");
             /* every replica holds its block, not just the canonical one */
             for (int dev = 0; dev < 8; dev++) {
                 dpar_buffer *sh = dpar_array_shard(dst, dev);
@@ -93,17 +98,22 @@ static void test_reshard_paths(void **st) {
                     const char *sp = specs[b][d];
                     int64_t k = 0;
                     if (sp) {
-                        if (!strcmp(sp, "data")) k = coords[0];
-                        else if (!strcmp(sp, "model")) k = coords[1];
-                        else if (!strcmp(sp, "data,model")) k = coords[0] * 4 + coords[1];
-                        else k = coords[1] * 2 + coords[0];
+                        if (!strcmp(sp, "data"))
+                            k = coords[0];
+                        else if (!strcmp(sp, "model"))
+                            k = coords[1];
+                        else if (!strcmp(sp, "data,model"))
+                            k = coords[0] * 4 + coords[1];
+                        else
+                            k = coords[1] * 2 + coords[0];
                     }
                     off[d] = k * (d ? c0 : r0);
                 }
                 for (int i = 0; i < r0; i++)
                     for (int j = 0; j < c0; j++)
-                        if (blk[i * c0 + j] != x[(off[0] + i) * C + off[1] + j]) fail_msg("reshard to (%s,%s): device %d has a wrong block",
-                                                                                          specs[b][0] ? specs[b][0] : "-", specs[b][1] ? specs[b][1] : "-", dev);
+                        if (blk[i * c0 + j] != x[(off[0] + i) * C + off[1] + j])
+                            fail_msg("reshard to (%s,%s): device %d has a wrong block", specs[b][0] ? specs[b][0] : "-",
+                                     specs[b][1] ? specs[b][1] : "-", dev);
             }
             dpar_array_destroy(src);
             dpar_array_destroy(dst);
@@ -142,7 +152,8 @@ static void test_reshard_errors(void **st) {
 static dpar_status double_it(dpar_ctx *ctx, void *user) {
     int *bad = (int *)user;
     dpar_buffer *in = dpar_ctx_arg(ctx, 0), *out = dpar_ctx_arg(ctx, 1);
-    if (dpar_buffer_dim(in, 0) != 1 || dpar_buffer_dim(in, 1) != 3 || dpar_buffer_dim(in, 2) != 2) __atomic_store_n(bad, 1, __ATOMIC_RELAXED);
+    if (dpar_buffer_dim(in, 0) != 1 || dpar_buffer_dim(in, 1) != 3 || dpar_buffer_dim(in, 2) != 2)
+        __atomic_store_n(bad, 1, __ATOMIC_RELAXED);
     dpar_status s = dpar_copy(out, in);
     return s ? s : dpar_scale(out, 2.0f);
 }
@@ -151,18 +162,22 @@ static void test_shard_map_specs(void **st) {
     dpar_mesh *m = t_mesh1(rt, 4, "batch");
     dpar_array_desc d = { .dtype = DPAR_F32, .ndim = 3, .shape = { 4, 3, 2 } };
     dpar_array *x = NULL, *y = NULL, *ys = NULL;
-    T_OK(dpar_array_create(m, &d, &x));   /* replicated */
-    T_OK(dpar_array_create(m, &d, &y));   /* replicated output */
+    T_OK(dpar_array_create(m, &d, &x)); /* replicated */
+    T_OK(dpar_array_create(m, &d, &y)); /* replicated output */
     d.spec[0] = "batch";
-    T_OK(dpar_array_create(m, &d, &ys));  /* output already in the out spec: written in place */
+    T_OK(dpar_array_create(m, &d, &ys)); /* output already in the out spec: written in place */
     float h[24], r[24];
     iota(h, 24);
     T_OK(dpar_array_put(x, h));
     int bad = 0;
-    dpar_shard_map_specs_desc sd = {
-        .fn = double_it, .user = &bad, .num_inputs = 1, .num_outputs = 1, .inputs = { x }, .in_specs[0][0] = "batch",
-        .outputs = { y }, .out_specs[0][0] = "batch"
-    };
+    dpar_shard_map_specs_desc sd = { .fn = double_it,
+                                     .user = &bad,
+                                     .num_inputs = 1,
+                                     .num_outputs = 1,
+                                     .inputs = { x },
+                                     .in_specs[0][0] = "batch",
+                                     .outputs = { y },
+                                     .out_specs[0][0] = "batch" };
     T_OK(dpar_shard_map_specs(m, &sd));
     assert_int_equal(bad, 0);
     T_OK(dpar_array_get(y, r));
@@ -182,7 +197,8 @@ static void test_shard_map_specs(void **st) {
     sd.in_specs[0][1] = "batch";
     T_ERR(dpar_shard_map_specs(m, &sd), DPAR_ERR_INVALID_ARGUMENT, "input 0");
     sd.in_specs[0][1] = NULL;
-    sd.out_specs[0][1] = "batch"; sd.out_specs[0][0] = NULL;
+    sd.out_specs[0][1] = "batch";
+    sd.out_specs[0][0] = NULL;
     T_ERR(dpar_shard_map_specs(m, &sd), DPAR_ERR_SHAPE, "output 0", "3");
     sd.num_inputs = DPAR_MAX_ARGS;
     T_ERR(dpar_shard_map_specs(m, &sd), DPAR_ERR_INVALID_ARGUMENT, "num_inputs");
@@ -217,7 +233,9 @@ static dpar_status dp_step(dpar_ctx *ctx, void *user) {
     dpar_status s = fill_grads(ctx, c->g, c->step);
     dpar_buffer *p[ZP], *g[ZP], *v[ZP];
     for (int i = 0; i < ZP && !s; i++) {
-        p[i] = dpar_array_shard(c->p[i], dev); g[i] = dpar_array_shard(c->g[i], dev); v[i] = dpar_array_shard(c->v[i], dev);
+        p[i] = dpar_array_shard(c->p[i], dev);
+        g[i] = dpar_array_shard(c->g[i], dev);
+        v[i] = dpar_array_shard(c->v[i], dev);
         s = dpar_pmean(ctx, g[i], g[i], c->axis);
     }
     return s ? s : dpar_sgd_step(ctx, &c->sgd, p, g, v, ZP);
@@ -244,14 +262,19 @@ static void zero_run(void **st, float clip, int mode) {
     int64_t shp[ZP][2] = { { 10, 1 }, { 8, 4 } };
     float init[32];
     for (int i = 0; i < ZP; i++) {
-        c.p[i] = arr2(m, DPAR_F32, shp[i][0], shp[i][1], NULL, NULL); c.g[i] = arr2(m, DPAR_F32, shp[i][0], shp[i][1], NULL, NULL);
-        c.v[i] = arr2(m, DPAR_F32, shp[i][0], shp[i][1], NULL, NULL); c.pz[i] = arr2(m, DPAR_F32, shp[i][0], shp[i][1], NULL, NULL);
+        c.p[i] = arr2(m, DPAR_F32, shp[i][0], shp[i][1], NULL, NULL);
+        c.g[i] = arr2(m, DPAR_F32, shp[i][0], shp[i][1], NULL, NULL);
+        c.v[i] = arr2(m, DPAR_F32, shp[i][0], shp[i][1], NULL, NULL);
+        c.pz[i] = arr2(m, DPAR_F32, shp[i][0], shp[i][1], NULL, NULL);
         c.gz[i] = arr2(m, DPAR_F32, shp[i][0], shp[i][1], NULL, NULL);
         for (int k = 0; k < 32; k++) init[k] = cosf((float)(k + i));
         T_OK(dpar_array_put(c.p[i], init));
         T_OK(dpar_array_put(c.pz[i], init));
     }
-    c.sgd.learning_rate = 0.05f; c.sgd.momentum = 0.9f; c.sgd.weight_decay = 0.01f; c.sgd.clip_norm = clip;
+    c.sgd.learning_rate = 0.05f;
+    c.sgd.momentum = 0.9f;
+    c.sgd.weight_decay = 0.01f;
+    c.sgd.clip_norm = clip;
     c.sgd.norm_axes = NULL;
     dpar_zero1_desc zd = { .sgd = c.sgd, .axis = c.axis, .num_params = ZP, .params = { c.pz[0], c.pz[1] } };
     T_OK(dpar_zero1_create(&zd, &c.z));
@@ -261,11 +284,14 @@ static void zero_run(void **st, float clip, int mode) {
     /* momentum per device: (12 + 32) / 4 floats instead of 10 + 32 on 4 devices */
     for (int d = 0; d < 4; d++) assert_int_equal(dpar_zero1_momentum_bytes(c.z, d), (size_t)(p0 + 32) / (size_t)n * 4);
     dpar_shard_map_desc a = { .fn = dp_step, .user = &c }, b = { .fn = z_step, .user = &c };
-    for (c.step = 0; c.step < 5; c.step++) { T_OK(dpar_shard_map(m, &a)); T_OK(dpar_shard_map(m, &b)); }
+    for (c.step = 0; c.step < 5; c.step++) {
+        T_OK(dpar_shard_map(m, &a));
+        T_OK(dpar_shard_map(m, &b));
+    }
     for (int i = 0; i < ZP; i++) {
         float x[32], y[32], y0[32];
         int cnt = (int)(shp[i][0] * shp[i][1]);
-        for (int d = 0; d < 4; d++) {  /* each device's copy (mode 2: differs along "model") */
+        for (int d = 0; d < 4; d++) { /* each device's copy (mode 2: differs along "model") */
             T_OK(dpar_buffer_read(dpar_array_shard(c.p[i], d), 0, x, (size_t)cnt * 4));
             T_OK(dpar_buffer_read(dpar_array_shard(c.pz[i], d), 0, y, (size_t)cnt * 4));
             for (int k = 0; k < cnt; k++)
@@ -273,25 +299,44 @@ static void zero_run(void **st, float clip, int mode) {
                    both ways for n = 2, 4); a GPU library's all-reduce may add in another
                    order than its reduce-scatter */
                 if ((clip > 0 || !on_cpu) ? fabsf(x[k] - y[k]) > 1e-6f * (1 + fabsf(x[k])) : x[k] != y[k])
-                    fail_msg("device %d param %d[%d]: data parallel %.9g, ZeRO-1 %.9g", d, i, k, (double)x[k], (double)y[k]);
+                    fail_msg("device %d param %d[%d]: data parallel %.9g, ZeRO-1 %.9g", d, i, k, (double)x[k],
+                             (double)y[k]);
             /* the replicas over the ZeRO axis are bitwise the same */
-            if (d == 0) memcpy(y0, y, sizeof y0);
-            else if (mode != 2) assert_memory_equal(y0, y, (size_t)cnt * 4);
+            if (d == 0)
+                memcpy(y0, y, sizeof y0);
+            else if (mode != 2)
+                assert_memory_equal(y0, y, (size_t)cnt * 4);
         }
         /* the padding stays zero */
         float pm[12];
-        if (i == 0 && p0 == 12) { T_OK(dpar_array_get(dpar_zero1_master(c.z, 0), pm)); assert_true(pm[10] == 0.0f && pm[11] == 0.0f);
-                      T_OK(dpar_array_get(dpar_zero1_momentum(c.z, 0), pm)); assert_true(pm[10] == 0.0f && pm[11] == 0.0f); }
+        if (i == 0 && p0 == 12) {
+            T_OK(dpar_array_get(dpar_zero1_master(c.z, 0), pm));
+            assert_true(pm[10] == 0.0f && pm[11] == 0.0f);
+            T_OK(dpar_array_get(dpar_zero1_momentum(c.z, 0), pm));
+            assert_true(pm[10] == 0.0f && pm[11] == 0.0f);
+        }
     }
     dpar_zero1_destroy(c.z);
     dpar_runtime_destroy(rt);
 }
-static void test_zero1_matches_dp(void **st) { zero_run(st, 0.0f, 0); }
-static void test_zero1_clipped(void **st) { zero_run(st, 0.5f, 0); }
-static void test_zero1_two_axes(void **st) { zero_run(st, 0.0f, 1); }
-static void test_zero1_sub_axis(void **st) { zero_run(st, 0.0f, 2); zero_run(st, 0.5f, 2); }
+static void test_zero1_matches_dp(void **st) {
+    zero_run(st, 0.0f, 0);
+}
+static void test_zero1_clipped(void **st) {
+    zero_run(st, 0.5f, 0);
+}
+static void test_zero1_two_axes(void **st) {
+    zero_run(st, 0.0f, 1);
+}
+static void test_zero1_sub_axis(void **st) {
+    zero_run(st, 0.0f, 2);
+    zero_run(st, 0.5f, 2);
+}
 
-typedef struct { dpar_zero1 *z; dpar_array *g; } bad_step;
+typedef struct {
+    dpar_zero1 *z;
+    dpar_array *g;
+} bad_step;
 static dpar_status zero_bad_step(dpar_ctx *ctx, void *user) {
     bad_step *b = (bad_step *)user;
     dpar_buffer *g = dpar_array_shard(b->g, dpar_ctx_device(ctx));
@@ -311,9 +356,11 @@ static void test_zero1_errors(void **st) {
     zd.params[0] = arr2(m, DPAR_F32, 8, 4, NULL, NULL);
     zd.axis = "model";
     T_ERR(dpar_zero1_create(&zd, &z), DPAR_ERR_UNKNOWN_AXIS, "model", "data");
-    zd.axis = NULL; zd.num_params = 0;
+    zd.axis = NULL;
+    zd.num_params = 0;
     T_ERR(dpar_zero1_create(&zd, &z), DPAR_ERR_INVALID_ARGUMENT, "num_params");
-    zd.num_params = 1; zd.sgd.learning_rate = -1.0f;
+    zd.num_params = 1;
+    zd.sgd.learning_rate = -1.0f;
     T_ERR(dpar_zero1_create(&zd, &z), DPAR_ERR_INVALID_ARGUMENT, "learning_rate");
     /* a gradient of the wrong size: every device fails, named */
     zd.sgd.learning_rate = 0.1f;
@@ -333,26 +380,30 @@ static void test_zero1_errors(void **st) {
 enum { TB = 4, TI = 3, TH = 4, TO = 2 };
 static dpar_status tp_fn(dpar_ctx *ctx, void *user) {
     (void)user;
-    dpar_buffer *x = dpar_ctx_arg(ctx, 0), *w1 = dpar_ctx_arg(ctx, 1), *w2 = dpar_ctx_arg(ctx, 2), *dy = dpar_ctx_arg(ctx, 3);
-    dpar_buffer *y = dpar_ctx_arg(ctx, 4), *dx = dpar_ctx_arg(ctx, 5), *dw1 = dpar_ctx_arg(ctx, 6), *dw2 = dpar_ctx_arg(ctx, 7);
+    dpar_buffer *x = dpar_ctx_arg(ctx, 0), *w1 = dpar_ctx_arg(ctx, 1), *w2 = dpar_ctx_arg(ctx, 2),
+                *dy = dpar_ctx_arg(ctx, 3);
+    dpar_buffer *y = dpar_ctx_arg(ctx, 4), *dx = dpar_ctx_arg(ctx, 5), *dw1 = dpar_ctx_arg(ctx, 6),
+                *dw2 = dpar_ctx_arg(ctx, 7);
     int64_t hs[2] = { dpar_buffer_dim(x, 0), dpar_buffer_dim(w1, 1) };
     dpar_buffer *hp = NULL, *h = NULL, *dh = NULL;
     dpar_status s = dpar_ctx_buffer(ctx, DPAR_F32, 2, hs, &hp);
     if (!s) s = dpar_ctx_buffer(ctx, DPAR_F32, 2, hs, &h);
     if (!s) s = dpar_ctx_buffer(ctx, DPAR_F32, 2, hs, &dh);
-    if (!s) s = dpar_matmul(hp, x, w1, false, false, 1.0f, 0.0f);   /* column-parallel: no communication */
+    if (!s) s = dpar_matmul(hp, x, w1, false, false, 1.0f, 0.0f); /* column-parallel: no communication */
     if (!s) s = dpar_relu(h, hp);
-    if (!s) s = dpar_matmul(y, h, w2, false, false, 1.0f, 0.0f);    /* row-parallel: partial sums */
-    if (!s) s = dpar_psum(ctx, y, y, "model");                      /* the forward all-reduce */
+    if (!s) s = dpar_matmul(y, h, w2, false, false, 1.0f, 0.0f); /* row-parallel: partial sums */
+    if (!s) s = dpar_psum(ctx, y, y, "model");                   /* the forward all-reduce */
     if (!s) s = dpar_matmul(dw2, h, dy, true, false, 1.0f, 0.0f);
     if (!s) s = dpar_matmul(dh, dy, w2, false, true, 1.0f, 0.0f);
     if (!s) s = dpar_relu_backward(dh, dh, hp);
     if (!s) s = dpar_matmul(dw1, x, dh, true, false, 1.0f, 0.0f);
     if (!s) s = dpar_matmul(dx, dh, w1, false, true, 1.0f, 0.0f);
-    if (!s) s = dpar_psum(ctx, dx, dx, "model");                    /* the backward all-reduce */
+    if (!s) s = dpar_psum(ctx, dx, dx, "model"); /* the backward all-reduce */
     if (!s) s = dpar_psum(ctx, dw1, dw1, "data");
     if (!s) s = dpar_psum(ctx, dw2, dw2, "data");
-    dpar_buffer_destroy(hp); dpar_buffer_destroy(h); dpar_buffer_destroy(dh);
+    dpar_buffer_destroy(hp);
+    dpar_buffer_destroy(h);
+    dpar_buffer_destroy(dh);
     return s;
 }
 static void test_megatron_exact(void **st) {
@@ -366,46 +417,81 @@ static void test_megatron_exact(void **st) {
     for (int i = 0; i < TH * TO; i++) w2[i] = (float)((i * 7) % 9 - 4);
     for (int i = 0; i < TB * TO; i++) dy[i] = (float)(i % 3 - 1);
     /* host reference */
-    double hp[TB * TH], y[TB * TO] = {0}, dh[TB * TH] = {0}, dx[TB * TI] = {0}, dw1[TI * TH] = {0}, dw2[TH * TO] = {0};
+    double hp[TB * TH], y[TB * TO] = { 0 }, dh[TB * TH] = { 0 }, dx[TB * TI] = { 0 }, dw1[TI * TH] = { 0 },
+                               dw2[TH * TO] = { 0 };
     for (int b = 0; b < TB; b++)
-        for (int j = 0; j < TH; j++) { hp[b * TH + j] = 0; for (int i = 0; i < TI; i++) hp[b * TH + j] += x[b * TI + i] * w1[i * TH + j]; }
+        for (int j = 0; j < TH; j++) {
+            hp[b * TH + j] = 0;
+            for (int i = 0; i < TI; i++) hp[b * TH + j] += x[b * TI + i] * w1[i * TH + j];
+        }
     for (int b = 0; b < TB; b++)
-        for (int o = 0; o < TO; o++) for (int j = 0; j < TH; j++) y[b * TO + o] += (hp[b * TH + j] > 0 ? hp[b * TH + j] : 0) * w2[j * TO + o];
+        for (int o = 0; o < TO; o++)
+            for (int j = 0; j < TH; j++) y[b * TO + o] += (hp[b * TH + j] > 0 ? hp[b * TH + j] : 0) * w2[j * TO + o];
     for (int j = 0; j < TH; j++)
-        for (int o = 0; o < TO; o++) for (int b = 0; b < TB; b++) dw2[j * TO + o] += (hp[b * TH + j] > 0 ? hp[b * TH + j] : 0) * dy[b * TO + o];
+        for (int o = 0; o < TO; o++)
+            for (int b = 0; b < TB; b++) dw2[j * TO + o] += (hp[b * TH + j] > 0 ? hp[b * TH + j] : 0) * dy[b * TO + o];
     for (int b = 0; b < TB; b++)
-        for (int j = 0; j < TH; j++) { for (int o = 0; o < TO; o++) dh[b * TH + j] += dy[b * TO + o] * w2[j * TO + o]; if (hp[b * TH + j] <= 0) dh[b * TH + j] = 0; }
+        for (int j = 0; j < TH; j++) {
+            for (int o = 0; o < TO; o++) dh[b * TH + j] += dy[b * TO + o] * w2[j * TO + o];
+            if (hp[b * TH + j] <= 0) dh[b * TH + j] = 0;
+        }
     for (int i = 0; i < TI; i++)
-        for (int j = 0; j < TH; j++) for (int b = 0; b < TB; b++) dw1[i * TH + j] += x[b * TI + i] * dh[b * TH + j];
+        for (int j = 0; j < TH; j++)
+            for (int b = 0; b < TB; b++) dw1[i * TH + j] += x[b * TI + i] * dh[b * TH + j];
     for (int b = 0; b < TB; b++)
-        for (int i = 0; i < TI; i++) for (int j = 0; j < TH; j++) dx[b * TI + i] += dh[b * TH + j] * w1[i * TH + j];
+        for (int i = 0; i < TI; i++)
+            for (int j = 0; j < TH; j++) dx[b * TI + i] += dh[b * TH + j] * w1[i * TH + j];
     /* device arrays: stored replicated, seen through in/out specs */
     dpar_array *ax = arr2(m, DPAR_F32, TB, TI, NULL, NULL), *aw1 = arr2(m, DPAR_F32, TI, TH, NULL, NULL);
     dpar_array *aw2 = arr2(m, DPAR_F32, TH, TO, NULL, NULL), *ady = arr2(m, DPAR_F32, TB, TO, NULL, NULL);
     dpar_array *ay = arr2(m, DPAR_F32, TB, TO, NULL, NULL), *adx = arr2(m, DPAR_F32, TB, TI, NULL, NULL);
     dpar_array *adw1 = arr2(m, DPAR_F32, TI, TH, NULL, NULL), *adw2 = arr2(m, DPAR_F32, TH, TO, NULL, NULL);
-    T_OK(dpar_array_put(ax, x)); T_OK(dpar_array_put(aw1, w1)); T_OK(dpar_array_put(aw2, w2)); T_OK(dpar_array_put(ady, dy));
-    dpar_shard_map_specs_desc d = {
-        .fn = tp_fn, .num_inputs = 4, .num_outputs = 4, .inputs[0] = ax, .in_specs[0][0] = "data", .inputs[1] = aw1,
-        .in_specs[1][1] = "model", .inputs[2] = aw2, .in_specs[2][0] = "model", .inputs[3] = ady,
-        .in_specs[3][0] = "data", .outputs[0] = ay, .out_specs[0][0] = "data", .outputs[1] = adx,
-        .out_specs[1][0] = "data", .outputs[2] = adw1, .out_specs[2][1] = "model", .outputs[3] = adw2,
-        .out_specs[3][0] = "model"
-    };
+    T_OK(dpar_array_put(ax, x));
+    T_OK(dpar_array_put(aw1, w1));
+    T_OK(dpar_array_put(aw2, w2));
+    T_OK(dpar_array_put(ady, dy));
+    dpar_shard_map_specs_desc d = { .fn = tp_fn,
+                                    .num_inputs = 4,
+                                    .num_outputs = 4,
+                                    .inputs[0] = ax,
+                                    .in_specs[0][0] = "data",
+                                    .inputs[1] = aw1,
+                                    .in_specs[1][1] = "model",
+                                    .inputs[2] = aw2,
+                                    .in_specs[2][0] = "model",
+                                    .inputs[3] = ady,
+                                    .in_specs[3][0] = "data",
+                                    .outputs[0] = ay,
+                                    .out_specs[0][0] = "data",
+                                    .outputs[1] = adx,
+                                    .out_specs[1][0] = "data",
+                                    .outputs[2] = adw1,
+                                    .out_specs[2][1] = "model",
+                                    .outputs[3] = adw2,
+                                    .out_specs[3][0] = "model" };
     T_OK(dpar_shard_map_specs(m, &d));
     float r[TB * TH];
-    const struct { dpar_array *a; const double *ref; int n; const char *name; } cmp[4] = {
-        { ay, y, TB * TO, "y" }, { adx, dx, TB * TI, "dx" }, { adw1, dw1, TI * TH, "dW1" }, { adw2, dw2, TH * TO, "dW2" } };
+    const struct {
+        dpar_array *a;
+        const double *ref;
+        int n;
+        const char *name;
+    } cmp[4] = { { ay, y, TB * TO, "y" },
+                 { adx, dx, TB * TI, "dx" },
+                 { adw1, dw1, TI * TH, "dW1" },
+                 { adw2, dw2, TH * TO, "dW2" } };
     for (int k = 0; k < 4; k++) {
         T_OK(dpar_array_get(cmp[k].a, r));
         for (int i = 0; i < cmp[k].n; i++)
-            if ((double)r[i] != cmp[k].ref[i]) fail_msg("%s[%d] = %g, reference %g", cmp[k].name, i, (double)r[i], cmp[k].ref[i]);
+            if ((double)r[i] != cmp[k].ref[i])
+                fail_msg("%s[%d] = %g, reference %g", cmp[k].name, i, (double)r[i], cmp[k].ref[i]);
     }
     dpar_runtime_destroy(rt);
 }
 
 static dpar_backend_kind cpu = DPAR_BACKEND_CPU, vulkan = DPAR_BACKEND_VULKAN, cuda = DPAR_BACKEND_CUDA;
-#define ON(f, k) { #f "/" #k, f, NULL, NULL, &k }
+#define ON(f, k) \
+    { #f "/" #k, f, NULL, NULL, &k }
 int main(void) {
     const struct CMUnitTest tests[] = {
         ON(test_rows_to_columns, cpu),

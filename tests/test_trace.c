@@ -7,7 +7,10 @@
 #include <ctype.h>
 
 /* ---- a strict JSON validator (RFC 8259), enough to reject a broken file ---- */
-static const char *js_ws(const char *p) { while (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t') p++; return p; }
+static const char *js_ws(const char *p) {
+    while (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t') p++;
+    return p;
+}
 static const char *js_value(const char *p, int depth);
 static const char *js_string(const char *p) {
     if (*p != '"') return NULL;
@@ -15,18 +18,29 @@ static const char *js_string(const char *p) {
         if (!*p || (unsigned char)*p < 0x20) return NULL;
         if (*p == '\\') {
             p++;
-            if (*p == 'u') { for (int i = 1; i <= 4; i++) if (!isxdigit((unsigned char)p[i])) return NULL; p += 4; }
-            else if (!strchr("\"\\/bfnrt", *p) || !*p) return NULL;
+            if (*p == 'u') {
+                for (int i = 1; i <= 4; i++)
+                    if (!isxdigit((unsigned char)p[i])) return NULL;
+                p += 4;
+            } else if (!strchr("\"\\/bfnrt", *p) || !*p)
+                return NULL;
         }
     }
     return p + 1;
 }
 static const char *js_number(const char *p) {
     if (*p == '-') p++;
-    if (*p == '0') p++;
-    else if (*p >= '1' && *p <= '9') while (isdigit((unsigned char)*p)) p++;
-    else return NULL;
-    if (*p == '.') { p++; if (!isdigit((unsigned char)*p)) return NULL; while (isdigit((unsigned char)*p)) p++; }
+    if (*p == '0')
+        p++;
+    else if (*p >= '1' && *p <= '9')
+        while (isdigit((unsigned char)*p)) p++;
+    else
+        return NULL;
+    if (*p == '.') {
+        p++;
+        if (!isdigit((unsigned char)*p)) return NULL;
+        while (isdigit((unsigned char)*p)) p++;
+    }
     if (*p == 'e' || *p == 'E') {
         p++;
         if (*p == '+' || *p == '-') p++;
@@ -54,7 +68,10 @@ static const char *js_value(const char *p, int depth) {
             p = js_value(p, depth + 1);
             if (!p) return NULL;
             p = js_ws(p);
-            if (*p == ',') { p++; continue; }
+            if (*p == ',') {
+                p++;
+                continue;
+            }
             if (*p == close) return p + 1;
             return NULL;
         }
@@ -81,7 +98,8 @@ static void check_json(const char *path, char **text) {
     char *s = slurp(path);
     if (!s) fail_msg("trace file %s was not written", path);
     const char *end = js_value(s, 0);
-    if (!end || *js_ws(end)) fail_msg("trace file %s is not valid JSON (at byte %ld)", path, end ? (long)(end - s) : -1L);
+    if (!end || *js_ws(end))
+        fail_msg("trace file %s is not valid JSON (at byte %ld)", path, end ? (long)(end - s) : -1L);
     assert_non_null(strstr(s, "\"traceEvents\""));
     /* a second opinion when python3 is around */
     if (system("command -v python3 >/dev/null 2>&1") == 0) {

@@ -8,7 +8,10 @@
 
 /* ---- helpers ---------------------------------------------------------- */
 typedef dpar_status (*dev_fn)(dpar_ctx *ctx, int dev, void *user);
-typedef struct { dev_fn fn; void *user; } run_args;
+typedef struct {
+    dev_fn fn;
+    void *user;
+} run_args;
 static dpar_status run_trampoline(dpar_ctx *ctx, void *user) {
     run_args *a = (run_args *)user;
     return a->fn(ctx, dpar_ctx_device(ctx), a->user);
@@ -53,10 +56,13 @@ static void test_device_info(void **state) {
         static const unsigned char zero[16];
         static unsigned char first[16];
         assert_memory_not_equal(info.uuid, zero, 16);
-        if (i == 0) memcpy(first, info.uuid, 16);
-        else assert_memory_equal(info.uuid, first, 16);
-        if (i == 0) printf("vulkan device: %s | vendor %s | driver %s | %llu MiB\n", info.name, info.vendor,
-                           info.driver, (unsigned long long)(info.memory_bytes >> 20));
+        if (i == 0)
+            memcpy(first, info.uuid, 16);
+        else
+            assert_memory_equal(info.uuid, first, 16);
+        if (i == 0)
+            printf("vulkan device: %s | vendor %s | driver %s | %llu MiB\n", info.name, info.vendor, info.driver,
+                   (unsigned long long)(info.memory_bytes >> 20));
     }
     dpar_runtime_destroy(rt);
 }
@@ -104,11 +110,22 @@ static void check_psum(int staging) {
     dpar_mesh_destroy(m);
     dpar_runtime_destroy(rt);
 }
-static void test_psum_noncoherent(void **state) { (void)state; check_psum(0); }
-static void test_psum_noncoherent_staged(void **state) { (void)state; check_psum(1); }
+static void test_psum_noncoherent(void **state) {
+    (void)state;
+    check_psum(0);
+}
+static void test_psum_noncoherent_staged(void **state) {
+    (void)state;
+    check_psum(1);
+}
 
 /* ---- a shader scales [1..1024] by 2, psum over 1 device: exactly [2..2048], 1000 times ---- */
-typedef struct { int iters; int bad_iter; int bad_index; float bad_value; } scale_res;
+typedef struct {
+    int iters;
+    int bad_iter;
+    int bad_index;
+    float bad_value;
+} scale_res;
 static dpar_status scale_fn(dpar_ctx *ctx, int dev, void *user) {
     (void)dev;
     scale_res *r = (scale_res *)user;
@@ -122,10 +139,15 @@ static dpar_status scale_fn(dpar_ctx *ctx, int dev, void *user) {
     for (int it = 0; it < r->iters && r->bad_iter < 0; it++) {
         if ((s = dpar_buffer_write(b, 0, x, sizeof x))) return s;
         if ((s = dpar_scale(b, 2.0f))) return s;         /* compute write ... */
-        if ((s = dpar_psum(ctx, o, b, "one"))) return s;  /* ... staged to the host and back */
+        if ((s = dpar_psum(ctx, o, b, "one"))) return s; /* ... staged to the host and back */
         if ((s = dpar_buffer_read(o, 0, y, sizeof y))) return s;
         for (int i = 0; i < 1024; i++)
-            if (y[i] != 2.0f * (float)(i + 1)) { r->bad_iter = it; r->bad_index = i; r->bad_value = y[i]; break; }
+            if (y[i] != 2.0f * (float)(i + 1)) {
+                r->bad_iter = it;
+                r->bad_index = i;
+                r->bad_value = y[i];
+                break;
+            }
     }
     dpar_buffer_destroy(b);
     dpar_buffer_destroy(o);
@@ -143,12 +165,27 @@ static void check_scale(int staging, int noncoherent, int iters) {
     dpar_mesh_destroy(m);
     dpar_runtime_destroy(rt);
 }
-static void test_scale_psum_1000(void **state) { (void)state; check_scale(0, 0, 1000); }
-static void test_scale_psum_noncoherent(void **state) { (void)state; check_scale(0, 1, 300); }
-static void test_scale_psum_staged(void **state) { (void)state; check_scale(1, 1, 300); }
+static void test_scale_psum_1000(void **state) {
+    (void)state;
+    check_scale(0, 0, 1000);
+}
+static void test_scale_psum_noncoherent(void **state) {
+    (void)state;
+    check_scale(0, 1, 300);
+}
+static void test_scale_psum_staged(void **state) {
+    (void)state;
+    check_scale(1, 1, 300);
+}
 
 /* ---- large all-reduce: several pipelined chunks through the staging slots ---- */
-typedef struct { int64_t count; dpar_dtype dt; int bad; int64_t bad_index; double got, want; } big_res;
+typedef struct {
+    int64_t count;
+    dpar_dtype dt;
+    int bad;
+    int64_t bad_index;
+    double got, want;
+} big_res;
 static dpar_status big_fn(dpar_ctx *ctx, int dev, void *user) {
     big_res *r = (big_res *)user;
     int64_t sh[1] = { r->count };
@@ -163,21 +200,43 @@ static dpar_status big_fn(dpar_ctx *ctx, int dev, void *user) {
     /* member d holds (i % 97) + d: integers, exact in every dtype after the sum */
     for (int64_t i = 0; i < r->count; i++) {
         float v = (float)(i % 97 + dev);
-        if (r->dt == DPAR_F32) ((float *)h)[i] = v;
-        else if (r->dt == DPAR_I32) ((int32_t *)h)[i] = (int32_t)v;
-        else ((uint16_t *)h)[i] = r->dt == DPAR_F16 ? dpar_f32_to_f16(v) : dpar_f32_to_bf16(v);
+        if (r->dt == DPAR_F32)
+            ((float *)h)[i] = v;
+        else if (r->dt == DPAR_I32)
+            ((int32_t *)h)[i] = (int32_t)v;
+        else
+            ((uint16_t *)h)[i] = r->dt == DPAR_F16 ? dpar_f32_to_f16(v) : dpar_f32_to_bf16(v);
     }
-    if ((s = dpar_buffer_write(in, 0, h, (size_t)r->count * es))) { free(h); return s; }
-    if ((s = dpar_scale(in, 1.0f)) && r->dt == DPAR_F32) { free(h); return s; } /* queued compute before the copy */
+    if ((s = dpar_buffer_write(in, 0, h, (size_t)r->count * es))) {
+        free(h);
+        return s;
+    }
+    if ((s = dpar_scale(in, 1.0f)) && r->dt == DPAR_F32) {
+        free(h);
+        return s;
+    } /* queued compute before the copy */
     for (int op = DPAR_SUM; op <= DPAR_MAX; op += 2) {
-        if ((s = dpar_preduce(ctx, out, in, "data", (dpar_reduce_op)op))) { free(h); return s; }
-        if ((s = dpar_buffer_read(out, 0, h, (size_t)r->count * es))) { free(h); return s; }
+        if ((s = dpar_preduce(ctx, out, in, "data", (dpar_reduce_op)op))) {
+            free(h);
+            return s;
+        }
+        if ((s = dpar_buffer_read(out, 0, h, (size_t)r->count * es))) {
+            free(h);
+            return s;
+        }
         for (int64_t i = 0; i < r->count && !r->bad; i += 1) {
             double want = op == DPAR_SUM ? (double)((i % 97) * n + n * (n - 1) / 2) : (double)(i % 97 + n - 1);
-            double got = r->dt == DPAR_F32 ? ((float *)h)[i] : r->dt == DPAR_I32 ? (float)((int32_t *)h)[i]
-                       : r->dt == DPAR_F16 ? dpar_f16_to_f32(((uint16_t *)h)[i]) : dpar_bf16_to_f32(((uint16_t *)h)[i]);
+            double got = r->dt == DPAR_F32   ? ((float *)h)[i]
+                         : r->dt == DPAR_I32 ? (float)((int32_t *)h)[i]
+                         : r->dt == DPAR_F16 ? dpar_f16_to_f32(((uint16_t *)h)[i])
+                                             : dpar_bf16_to_f32(((uint16_t *)h)[i]);
             if (r->dt == DPAR_BF16 && want > 256) want = dpar_bf16_to_f32(dpar_f32_to_bf16((float)want));
-            if (got != want) { r->bad = 1; r->bad_index = i; r->got = got; r->want = want; }
+            if (got != want) {
+                r->bad = 1;
+                r->bad_index = i;
+                r->got = got;
+                r->want = want;
+            }
         }
     }
     free(h);
@@ -205,16 +264,24 @@ static void check_big(int staging) {
     dpar_mesh_destroy(m);
     dpar_runtime_destroy(rt);
 }
-static void test_allreduce_large_mapped(void **state) { (void)state; check_big(0); }
-static void test_allreduce_large_pipelined(void **state) { (void)state; check_big(1); }
+static void test_allreduce_large_mapped(void **state) {
+    (void)state;
+    check_big(0);
+}
+static void test_allreduce_large_pipelined(void **state) {
+    (void)state;
+    check_big(1);
+}
 
 /* ---- logical devices spread over two physical devices ------------------------
    Two physical devices are made from lavapipe by listing its ICD twice (the
    second entry through a symlink), so the multi-GPU paths (one VkDevice per
    physical device, collectives across them) run on any machine with Mesa. */
 static int lvp_icd(char *json, size_t jn, char *lib, size_t ln) {
-    static const char *cands[] = { "/usr/share/vulkan/icd.d/lvp_icd.x86_64.json", "/usr/share/vulkan/icd.d/lvp_icd.aarch64.json",
-                                   "/usr/share/vulkan/icd.d/lvp_icd.json", "/usr/local/share/vulkan/icd.d/lvp_icd.x86_64.json" };
+    static const char *cands[] = { "/usr/share/vulkan/icd.d/lvp_icd.x86_64.json",
+                                   "/usr/share/vulkan/icd.d/lvp_icd.aarch64.json",
+                                   "/usr/share/vulkan/icd.d/lvp_icd.json",
+                                   "/usr/local/share/vulkan/icd.d/lvp_icd.x86_64.json" };
     for (size_t i = 0; i < sizeof cands / sizeof cands[0]; i++) {
         FILE *f = fopen(cands[i], "rb");
         if (!f) continue;
@@ -233,7 +300,10 @@ static int lvp_icd(char *json, size_t jn, char *lib, size_t ln) {
     }
     return 0;
 }
-typedef struct { float got[4][8]; float gathered[4][8]; } multi_res;
+typedef struct {
+    float got[4][8];
+    float gathered[4][8];
+} multi_res;
 static dpar_status multi_fn(dpar_ctx *ctx, int dev, void *user) {
     multi_res *r = (multi_res *)user;
     int64_t sh[1] = { 8 }, sg[1] = { 32 }, sbig[1] = { 1500000 };
@@ -243,7 +313,8 @@ static dpar_status multi_fn(dpar_ctx *ctx, int dev, void *user) {
         (s = dpar_ctx_buffer(ctx, DPAR_F32, 1, sg, &g)) || (s = dpar_ctx_buffer(ctx, DPAR_F32, 1, sbig, &big)))
         return s;
     if ((s = dpar_fill(x, (float)(dev + 1))) || (s = dpar_scale(x, 2.0f)) || (s = dpar_psum(ctx, y, x, "data")) ||
-        (s = dpar_all_gather(ctx, g, x, "data", 0, true)) || (s = dpar_buffer_read(y, 0, r->got[dev], sizeof r->got[dev])))
+        (s = dpar_all_gather(ctx, g, x, "data", 0, true)) ||
+        (s = dpar_buffer_read(y, 0, r->got[dev], sizeof r->got[dev])))
         return s;
     float gg[32];
     if ((s = dpar_buffer_read(g, 0, gg, sizeof gg))) return s;
@@ -261,7 +332,10 @@ static dpar_status multi_fn(dpar_ctx *ctx, int dev, void *user) {
     return DPAR_OK;
 }
 /* Makes the loader see lavapipe twice (skips when it cannot); two_icds_end undoes it. */
-typedef struct { char dir[64], link[600], json2[600]; char *saved, *saved2; } two_icds;
+typedef struct {
+    char dir[64], link[600], json2[600];
+    char *saved, *saved2;
+} two_icds;
 static void two_icds_begin(two_icds *t) {
     dpar_runtime *probe = vk_runtime(1, 0); /* skips when there is no Vulkan */
     dpar_runtime_destroy(probe);
@@ -277,7 +351,10 @@ static void two_icds_begin(two_icds *t) {
     assert_int_equal(symlink(lib, t->link), 0);
     FILE *f = fopen(t->json2, "w");
     assert_non_null(f);
-    fprintf(f, "{ \"file_format_version\": \"1.0.0\", \"ICD\": { \"library_path\": \"%s\", \"api_version\": \"1.1.0\" } }\n", t->link);
+    fprintf(
+        f,
+        "{ \"file_format_version\": \"1.0.0\", \"ICD\": { \"library_path\": \"%s\", \"api_version\": \"1.1.0\" } }\n",
+        t->link);
     fclose(f);
     snprintf(both, sizeof both, "%s:%s", json, t->json2);
     /* VK_DRIVER_FILES takes precedence over VK_ICD_FILENAMES in newer loaders: set both */
@@ -288,8 +365,16 @@ static void two_icds_begin(two_icds *t) {
     setenv("VK_DRIVER_FILES", both, 1);
 }
 static void two_icds_end(two_icds *t) {
-    if (t->saved) { setenv("VK_ICD_FILENAMES", t->saved, 1); free(t->saved); } else unsetenv("VK_ICD_FILENAMES");
-    if (t->saved2) { setenv("VK_DRIVER_FILES", t->saved2, 1); free(t->saved2); } else unsetenv("VK_DRIVER_FILES");
+    if (t->saved) {
+        setenv("VK_ICD_FILENAMES", t->saved, 1);
+        free(t->saved);
+    } else
+        unsetenv("VK_ICD_FILENAMES");
+    if (t->saved2) {
+        setenv("VK_DRIVER_FILES", t->saved2, 1);
+        free(t->saved2);
+    } else
+        unsetenv("VK_DRIVER_FILES");
     unlink(t->json2);
     unlink(t->link);
     rmdir(t->dir);
@@ -319,14 +404,20 @@ static void check_two_physical(int staging) {
     if (s) fail_msg("collectives across two physical devices: %s: %s", dpar_status_string(s), dpar_last_error());
     for (int d = 0; d < 4; d++)
         for (int i = 0; i < 8; i++) {
-            assert_true(r.got[d][i] == 20.0f);               /* 2 * (1 + 2 + 3 + 4) */
+            assert_true(r.got[d][i] == 20.0f); /* 2 * (1 + 2 + 3 + 4) */
             if (i < 4) assert_true(r.gathered[d][i] == 2.0f * (float)(i + 1));
         }
     dpar_mesh_destroy(m);
     dpar_runtime_destroy(rt);
 }
-static void test_two_physical_devices(void **state) { (void)state; check_two_physical(0); }
-static void test_two_physical_devices_staged(void **state) { (void)state; check_two_physical(1); }
+static void test_two_physical_devices(void **state) {
+    (void)state;
+    check_two_physical(0);
+}
+static void test_two_physical_devices_staged(void **state) {
+    (void)state;
+    check_two_physical(1);
+}
 
 /* .vulkan.physical_device is 1-based, so the first device alone can be chosen (0 is the default:
    every device of the best kind); the deprecated flat field keeps its old 0-based meaning. */
@@ -372,8 +463,18 @@ static void test_choose_physical_device(void **state) {
 }
 
 /* ---- small ops with known answers --------------------------------------- */
-typedef struct { int failed; char msg[256]; } op_res;
-#define OP_CHECK(cond, ...) do { if (!(cond)) { r->failed = 1; snprintf(r->msg, sizeof r->msg, __VA_ARGS__); return DPAR_OK; } } while (0)
+typedef struct {
+    int failed;
+    char msg[256];
+} op_res;
+#define OP_CHECK(cond, ...)                               \
+    do {                                                  \
+        if (!(cond)) {                                    \
+            r->failed = 1;                                \
+            snprintf(r->msg, sizeof r->msg, __VA_ARGS__); \
+            return DPAR_OK;                               \
+        }                                                 \
+    } while (0)
 static dpar_status ops_fn(dpar_ctx *ctx, int dev, void *user) {
     (void)dev;
     op_res *r = (op_res *)user;
@@ -388,13 +489,14 @@ static dpar_status ops_fn(dpar_ctx *ctx, int dev, void *user) {
     if ((s = dpar_buffer_write(A, 0, a, sizeof a)) || (s = dpar_buffer_write(B, 0, bm, sizeof bm)) ||
         (s = dpar_buffer_write(At, 0, at, sizeof at)))
         return s;
-    if ((s = dpar_fill(C, NAN))) return s;  /* beta = 0 ignores NaN */
+    if ((s = dpar_fill(C, NAN))) return s; /* beta = 0 ignores NaN */
     if ((s = dpar_matmul(C, A, B, false, false, 1.0f, 0.0f))) return s;
     if ((s = dpar_buffer_read(C, 0, c, sizeof c))) return s;
     OP_CHECK(c[0] == 58 && c[1] == 64 && c[2] == 139 && c[3] == 154, "matmul: %g %g %g %g", c[0], c[1], c[2], c[3]);
     if ((s = dpar_matmul(C, At, B, true, false, 2.0f, 1.0f))) return s; /* C = 2 A B + C = 3 A B */
     if ((s = dpar_buffer_read(C, 0, c, sizeof c))) return s;
-    OP_CHECK(c[0] == 174 && c[1] == 192 && c[2] == 417 && c[3] == 462, "matmul ta: %g %g %g %g", c[0], c[1], c[2], c[3]);
+    OP_CHECK(c[0] == 174 && c[1] == 192 && c[2] == 417 && c[3] == 462, "matmul ta: %g %g %g %g", c[0], c[1], c[2],
+             c[3]);
     /* cast f32 -> f16 -> f32, f32 -> bf16, f32 -> i32 (odd count: the packed last word) */
     int64_t s5[1] = { 5 };
     dpar_buffer *f, *h, *bf, *i32, *back;
@@ -404,7 +506,8 @@ static dpar_status ops_fn(dpar_ctx *ctx, int dev, void *user) {
         (s = dpar_ctx_buffer(ctx, DPAR_F32, 1, s5, &back)))
         return s;
     if ((s = dpar_buffer_write(f, 0, fv, sizeof fv))) return s;
-    if ((s = dpar_cast(h, f)) || (s = dpar_cast(bf, f)) || (s = dpar_cast(i32, f)) || (s = dpar_cast(back, h))) return s;
+    if ((s = dpar_cast(h, f)) || (s = dpar_cast(bf, f)) || (s = dpar_cast(i32, f)) || (s = dpar_cast(back, h)))
+        return s;
     uint16_t hv[5], bv[5];
     int32_t iv[5];
     float bk[5];
@@ -412,8 +515,10 @@ static dpar_status ops_fn(dpar_ctx *ctx, int dev, void *user) {
         (s = dpar_buffer_read(i32, 0, iv, sizeof iv)) || (s = dpar_buffer_read(back, 0, bk, sizeof bk)))
         return s;
     for (int i = 0; i < 5; i++) {
-        OP_CHECK(hv[i] == dpar_f32_to_f16(fv[i]), "cast f16[%d] = 0x%04x, want 0x%04x", i, hv[i], dpar_f32_to_f16(fv[i]));
-        OP_CHECK(bv[i] == dpar_f32_to_bf16(fv[i]), "cast bf16[%d] = 0x%04x, want 0x%04x", i, bv[i], dpar_f32_to_bf16(fv[i]));
+        OP_CHECK(hv[i] == dpar_f32_to_f16(fv[i]), "cast f16[%d] = 0x%04x, want 0x%04x", i, hv[i],
+                 dpar_f32_to_f16(fv[i]));
+        OP_CHECK(bv[i] == dpar_f32_to_bf16(fv[i]), "cast bf16[%d] = 0x%04x, want 0x%04x", i, bv[i],
+                 dpar_f32_to_bf16(fv[i]));
         OP_CHECK(iv[i] == (int32_t)fv[i] || (i == 2 && iv[i] == 65520), "cast i32[%d] = %d", i, iv[i]);
         float want = dpar_f16_to_f32(dpar_f32_to_f16(fv[i]));
         OP_CHECK(memcmp(&bk[i], &want, 4) == 0, "cast f16->f32[%d] = %g, want %g", i, bk[i], want);
@@ -487,12 +592,18 @@ static dpar_status many_fn(dpar_ctx *ctx, int dev, void *user) {
     float *h = (float *)malloc(sizeof(float) << 16);
     if (!h) return DPAR_ERR_OUT_OF_MEMORY;
     uint32_t seed = 12345;
-    for (int i = 0; i < (1 << 16); i++) { seed = seed * 1664525u + 1013904223u; h[i] = (float)(seed >> 8) / 16777216.0f - 0.5f; }
-    if ((s = dpar_buffer_write(x, 0, h, sizeof(float) << 16))) { free(h); return s; }
+    for (int i = 0; i < (1 << 16); i++) {
+        seed = seed * 1664525u + 1013904223u;
+        h[i] = (float)(seed >> 8) / 16777216.0f - 0.5f;
+    }
+    if ((s = dpar_buffer_write(x, 0, h, sizeof(float) << 16))) {
+        free(h);
+        return s;
+    }
     free(h);
     if ((s = dpar_fill(y, 1.0f))) return s;
     for (int i = 0; i < 1000; i++)
-        if ((s = dpar_axpy(y, 0.001f, x))) return s;  /* 1000 ops queued without a read */
+        if ((s = dpar_axpy(y, 0.001f, x))) return s; /* 1000 ops queued without a read */
     float sums[4];
     for (int rep = 0; rep < 2; rep++) {
         if ((s = dpar_sum(sum, y)) || (s = dpar_buffer_read(sum, 0, &sums[rep], 4))) return s;
@@ -549,8 +660,16 @@ static void test_missing_icd(void **state) {
     dpar_runtime_desc d = { .backend = DPAR_BACKEND_VULKAN, .num_devices = 2 };
     dpar_runtime *rt = NULL;
     dpar_status s = dpar_runtime_create(&d, &rt);
-    if (saved) { setenv("VK_ICD_FILENAMES", saved, 1); free(saved); } else unsetenv("VK_ICD_FILENAMES");
-    if (saved2) { setenv("VK_DRIVER_FILES", saved2, 1); free(saved2); } else unsetenv("VK_DRIVER_FILES");
+    if (saved) {
+        setenv("VK_ICD_FILENAMES", saved, 1);
+        free(saved);
+    } else
+        unsetenv("VK_ICD_FILENAMES");
+    if (saved2) {
+        setenv("VK_DRIVER_FILES", saved2, 1);
+        free(saved2);
+    } else
+        unsetenv("VK_DRIVER_FILES");
     assert_int_equal(s, DPAR_ERR_BACKEND_UNAVAILABLE);
     assert_null(rt);
     printf("missing ICD: %s\n", dpar_last_error());
@@ -569,7 +688,7 @@ static dpar_status oom_fn(dpar_ctx *ctx, int dev, void *user) {
     (void)dev;
     (void)user;
     dpar_buffer *b = NULL;
-    int64_t huge[1] = { (int64_t)1 << 40 };  /* 4 TiB of f32 */
+    int64_t huge[1] = { (int64_t)1 << 40 }; /* 4 TiB of f32 */
     dpar_status s = dpar_ctx_buffer(ctx, DPAR_F32, 1, huge, &b);
     if (s != DPAR_ERR_OUT_OF_MEMORY || b) {
         printf("4 TiB buffer: %s: %s\n", dpar_status_string(s), dpar_last_error());
@@ -577,10 +696,10 @@ static dpar_status oom_fn(dpar_ctx *ctx, int dev, void *user) {
     }
     printf("4 TiB buffer: %s\n", dpar_last_error());
     /* an op on a buffer larger than maxStorageBufferRange is an error, not a crash */
-    int64_t big[1] = { (int64_t)(160u << 20) / 4 };  /* 160 MiB (llvmpipe allows 128 MiB) */
+    int64_t big[1] = { (int64_t)(160u << 20) / 4 };                       /* 160 MiB (llvmpipe allows 128 MiB) */
     if ((s = dpar_ctx_buffer(ctx, DPAR_F32, 1, big, &b))) return DPAR_OK; /* not enough memory: fine */
     s = dpar_scale(b, 2.0f);
-    dpar_status s2 = dpar_fill(b, 3.0f);  /* transfers have no such limit */
+    dpar_status s2 = dpar_fill(b, 3.0f); /* transfers have no such limit */
     float v = 0;
     dpar_status s3 = dpar_buffer_read(b, (size_t)(big[0] - 1) * 4, &v, 4);
     dpar_buffer_destroy(b);

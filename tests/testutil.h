@@ -13,20 +13,31 @@
 #include "dpar.h"
 
 /* Fails the test with the status and dpar_last_error() when s != DPAR_OK. */
-#define T_OK(expr) do { dpar_status t__s = (expr); \
-    if (t__s != DPAR_OK) fail_msg("%s -> %s: %s", #expr, dpar_status_string(t__s), dpar_last_error()); } while (0)
+#define T_OK(expr)                                                                                         \
+    do {                                                                                                   \
+        dpar_status t__s = (expr);                                                                         \
+        if (t__s != DPAR_OK) fail_msg("%s -> %s: %s", #expr, dpar_status_string(t__s), dpar_last_error()); \
+    } while (0)
 /* Expects status `want` and that the last error contains every given substring. */
-#define T_ERR(expr, want, ...) do { dpar_status t__s = (expr); \
-    if (t__s != (want)) fail_msg("%s -> %s (wanted %s): %s", #expr, dpar_status_string(t__s), dpar_status_string(want), dpar_last_error()); \
-    const char *t__subs[] = { __VA_ARGS__, NULL }; \
-    for (int t__i = 0; t__subs[t__i]; t__i++) if (!strstr(dpar_last_error(), t__subs[t__i])) \
-        fail_msg("%s: error text lacks \"%s\": %s", #expr, t__subs[t__i], dpar_last_error()); } while (0)
+#define T_ERR(expr, want, ...)                                                                              \
+    do {                                                                                                    \
+        dpar_status t__s = (expr);                                                                          \
+        if (t__s != (want))                                                                                 \
+            fail_msg("%s -> %s (wanted %s): %s", #expr, dpar_status_string(t__s), dpar_status_string(want), \
+                     dpar_last_error());                                                                    \
+        const char *t__subs[] = { __VA_ARGS__, NULL };                                                      \
+        for (int t__i = 0; t__subs[t__i]; t__i++)                                                           \
+            if (!strstr(dpar_last_error(), t__subs[t__i]))                                                  \
+                fail_msg("%s: error text lacks \"%s\": %s", #expr, t__subs[t__i], dpar_last_error());       \
+    } while (0)
 
 /* Runtime with n devices of backend k (CPU unless said) and a 1-d mesh "data". */
 static inline dpar_runtime *t_runtime(dpar_backend_kind k, int n) {
     dpar_runtime_desc d;
     memset(&d, 0, sizeof d);
-    d.backend = k; d.num_devices = n; d.timeout_ms = 20000;
+    d.backend = k;
+    d.num_devices = n;
+    d.timeout_ms = 20000;
     dpar_runtime *rt = NULL;
     T_OK(dpar_runtime_create(&d, &rt));
     return rt;
@@ -34,7 +45,9 @@ static inline dpar_runtime *t_runtime(dpar_backend_kind k, int n) {
 static inline dpar_mesh *t_mesh1(dpar_runtime *rt, int n, const char *axis) {
     dpar_mesh_desc d;
     memset(&d, 0, sizeof d);
-    d.ndim = 1; d.shape[0] = n; d.axis_names[0] = axis;
+    d.ndim = 1;
+    d.shape[0] = n;
+    d.axis_names[0] = axis;
     dpar_mesh *m = NULL;
     T_OK(dpar_mesh_create(rt, &d, &m));
     return m;
@@ -43,7 +56,10 @@ static inline dpar_mesh *t_mesh(dpar_runtime *rt, int ndim, const int *shape, co
     dpar_mesh_desc d;
     memset(&d, 0, sizeof d);
     d.ndim = ndim;
-    for (int i = 0; i < ndim; i++) { d.shape[i] = shape[i]; d.axis_names[i] = names[i]; }
+    for (int i = 0; i < ndim; i++) {
+        d.shape[i] = shape[i];
+        d.axis_names[i] = names[i];
+    }
     dpar_mesh *m = NULL;
     T_OK(dpar_mesh_create(rt, &d, &m));
     return m;
@@ -63,7 +79,9 @@ static inline int t_required(const char *name) {
 static inline dpar_runtime *t_runtime_or_skip(dpar_backend_kind k, int n) {
     dpar_runtime_desc d;
     memset(&d, 0, sizeof d);
-    d.backend = k; d.num_devices = n; d.timeout_ms = 20000;
+    d.backend = k;
+    d.num_devices = n;
+    d.timeout_ms = 20000;
     dpar_runtime *rt = NULL;
     dpar_status s = dpar_runtime_create(&d, &rt);
     if (s == DPAR_OK) return rt;
@@ -84,11 +102,11 @@ static inline dpar_runtime *t_runtime_or_skip(dpar_backend_kind k, int n) {
    unloaded; seen in /proc/self/maps); binaries that never opened a Vulkan
    device keep the check, and every other ASan/UBSan check stays on. */
 #if defined(__SANITIZE_ADDRESS__)
-#  define T_LSAN_HOOK 1
+#define T_LSAN_HOOK 1
 #elif defined(__has_feature)
-#  if __has_feature(address_sanitizer)
-#    define T_LSAN_HOOK 1
-#  endif
+#if __has_feature(address_sanitizer)
+#define T_LSAN_HOOK 1
+#endif
 #endif
 #ifdef T_LSAN_HOOK
 int __lsan_is_turned_off(void);

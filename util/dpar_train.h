@@ -62,13 +62,13 @@ extern "C" {
 typedef struct dpar_dp dpar_dp;
 
 typedef struct dpar_dp_desc {
-    const char *axes;       /* mesh axes the replicas span, e.g. "data" (required) */
-    bool sum;               /* false: gradients are averaged (pmean); true: summed */
-    size_t bucket_bytes;    /* bucket capacity in bytes of comm_dtype; 0: 25 MiB (DDP's bucket_cap_mb) */
-    dpar_dtype comm_dtype;  /* DPAR_F32 (0, default), DPAR_F16 or DPAR_BF16 */
-    bool blocking;          /* true: each bucket is all-reduced when launched, no overlap
-                               (buckets under 256 KiB always are: handing them to the
-                               communication thread costs more than their all-reduce) */
+    const char *axes;      /* mesh axes the replicas span, e.g. "data" (required) */
+    bool sum;              /* false: gradients are averaged (pmean); true: summed */
+    size_t bucket_bytes;   /* bucket capacity in bytes of comm_dtype; 0: 25 MiB (DDP's bucket_cap_mb) */
+    dpar_dtype comm_dtype; /* DPAR_F32 (0, default), DPAR_F16 or DPAR_BF16 */
+    bool blocking;         /* true: each bucket is all-reduced when launched, no overlap
+                              (buckets under 256 KiB always are: handing them to the
+                              communication thread costs more than their all-reduce) */
 } dpar_dp_desc;
 
 /* Creates a helper for mesh m. Outside fn.
@@ -125,9 +125,9 @@ DPAR_API dpar_status dpar_dp_allreduce(dpar_dp *dp, dpar_ctx *ctx);
    Parameters must be f32 arrays replicated on the whole mesh (no dim split). */
 typedef struct dpar_zero1 dpar_zero1;
 typedef struct dpar_zero1_desc {
-    dpar_sgd_desc sgd;       /* optimizer; sgd.norm_axes is ignored (the axis is used) */
-    const char *axis;        /* data-parallel axis or axes ("data" or "data,model"); NULL: "data" */
-    int num_params;          /* 1..DPAR_MAX_ARGS */
+    dpar_sgd_desc sgd; /* optimizer; sgd.norm_axes is ignored (the axis is used) */
+    const char *axis;  /* data-parallel axis or axes ("data" or "data,model"); NULL: "data" */
+    int num_params;    /* 1..DPAR_MAX_ARGS */
     dpar_array *params[DPAR_MAX_ARGS];
 } dpar_zero1_desc;
 /* Creates the sharded state on the params' mesh: per parameter i a master
@@ -172,11 +172,11 @@ DPAR_API size_t dpar_zero1_momentum_bytes(const dpar_zero1 *z, int device);
    The file stores global arrays, so a checkpoint restores onto any mesh and
    any spec (saved on 4 devices, restored on 2). */
 typedef struct dpar_checkpoint_entry {
-    const char *name;   /* unique in the file, 1..255 bytes */
+    const char *name; /* unique in the file, 1..255 bytes */
     dpar_array *array;
-    bool padded;        /* a 1-d array zero-padded at the end (ZeRO-1 state):
-                           restore accepts a stored length that differs, as long
-                           as every element beyond the shorter length is zero */
+    bool padded; /* a 1-d array zero-padded at the end (ZeRO-1 state):
+                    restore accepts a stored length that differs, as long
+                    as every element beyond the shorter length is zero */
 } dpar_checkpoint_entry;
 #define DPAR_CHECKPOINT_VERSION 1
 /* Saves `n` entries and a step counter to `path` atomically: written to
@@ -186,8 +186,7 @@ typedef struct dpar_checkpoint_entry {
    Errors: DPAR_ERR_INVALID_ARGUMENT (NULL, bad or duplicate name),
    DPAR_ERR_IO (naming the path and the system error; the temporary is
    removed), DPAR_ERR_OUT_OF_MEMORY. */
-DPAR_API dpar_status dpar_checkpoint_save(const char *path, const dpar_checkpoint_entry *entries,
-                                          int n, uint64_t step);
+DPAR_API dpar_status dpar_checkpoint_save(const char *path, const dpar_checkpoint_entry *entries, int n, uint64_t step);
 /* Restores the `n` entries by name (entries of the file not asked for are
    skipped) and the step counter (*step, may be NULL). The whole file is
    checked before any array changes: on any error nothing was modified.
@@ -196,8 +195,8 @@ DPAR_API dpar_status dpar_checkpoint_save(const char *path, const dpar_checkpoin
    malformed entry; the text names the path and what is wrong);
    DPAR_ERR_INVALID_ARGUMENT (an asked name not in the file), DPAR_ERR_DTYPE,
    DPAR_ERR_SHAPE (stored and wanted shapes, both named), DPAR_ERR_OUT_OF_MEMORY. */
-DPAR_API dpar_status dpar_checkpoint_restore(const char *path, const dpar_checkpoint_entry *entries,
-                                             int n, uint64_t *step);
+DPAR_API dpar_status dpar_checkpoint_restore(const char *path, const dpar_checkpoint_entry *entries, int n,
+                                             uint64_t *step);
 /* CRC-32 (as zlib crc32): crc = dpar_crc32(0, data, n), chainable. */
 DPAR_API uint32_t dpar_crc32(uint32_t crc, const void *data, size_t n);
 
@@ -221,9 +220,9 @@ DPAR_API uint32_t dpar_crc32(uint32_t crc, const void *data, size_t n);
 #include <unistd.h>
 
 #ifndef DPAR_MALLOC
-#  define DPAR_MALLOC(sz) malloc(sz)
-#  define DPAR_FREE(p) free(p)
-#  define DPAR_REALLOC(p, sz) realloc(p, sz)
+#define DPAR_MALLOC(sz)     malloc(sz)
+#define DPAR_FREE(p)        free(p)
+#define DPAR_REALLOC(p, sz) realloc(p, sz)
 #endif
 
 /* >>train-common =============================================================
@@ -231,7 +230,9 @@ DPAR_API uint32_t dpar_crc32(uint32_t crc, const void *data, size_t n);
    ======================================================================== */
 enum { DPAR_TRAIN__ERR_LEN = 1024 }; /* dpar's last-error capacity */
 
-static void dpar_train__clear_error(void) { (void)dpar_set_last_error(DPAR_OK, "%s", ""); }
+static void dpar_train__clear_error(void) {
+    (void)dpar_set_last_error(DPAR_OK, "%s", "");
+}
 /* Sets the last error to "<prefix>: <the last error>" and returns s. */
 static dpar_status dpar_train__prefix_err(dpar_status s, const char *prefix, const char *text) {
     char saved[DPAR_TRAIN__ERR_LEN];
@@ -239,11 +240,12 @@ static dpar_status dpar_train__prefix_err(dpar_status s, const char *prefix, con
     return dpar_set_last_error(s, "%s: %s", prefix, saved);
 }
 /* Runs cleanup-style code without losing the error text s was returned with. */
-#define DPAR_TRAIN__KEEP_ERROR(stmt) do { \
-        char dpar_train__saved[DPAR_TRAIN__ERR_LEN]; \
+#define DPAR_TRAIN__KEEP_ERROR(stmt)                                                    \
+    do {                                                                                \
+        char dpar_train__saved[DPAR_TRAIN__ERR_LEN];                                    \
         snprintf(dpar_train__saved, sizeof dpar_train__saved, "%s", dpar_last_error()); \
-        stmt; \
-        (void)dpar_set_last_error(DPAR_OK, "%s", dpar_train__saved); \
+        stmt;                                                                           \
+        (void)dpar_set_last_error(DPAR_OK, "%s", dpar_train__saved);                    \
     } while (0)
 
 static void *dpar_train__calloc(size_t n, size_t sz) {
@@ -324,28 +326,28 @@ struct dpar_dp {
     dpar_mesh *mesh;
     char axes[128];
     int sum, blocking;
-    int size;                /* devices in the mesh */
-    int gsize;               /* devices the axes span: 1 means nothing to exchange */
+    int size;  /* devices in the mesh */
+    int gsize; /* devices the axes span: 1 means nothing to exchange */
     dpar_dtype comm;
     size_t cap;
-    pthread_mutex_t mu;      /* forming the buckets */
-    int formed;              /* atomic */
+    pthread_mutex_t mu; /* forming the buckets */
+    int formed;         /* atomic */
     int np, pcap;
-    dpar_array **grads;      /* [np] */
-    int *bucket_of;          /* [np] */
-    int64_t *offset;         /* [np] element offset in its bucket */
+    dpar_array **grads; /* [np] */
+    int *bucket_of;     /* [np] */
+    int64_t *offset;    /* [np] element offset in its bucket */
     int nb;
-    int64_t *bcount;         /* [nb] elements */
-    int *bparams;            /* [nb] parameters in the bucket */
-    int *order;              /* [np] parameters in bucket order */
-    int *bfirst;             /* [nb + 1] index into order */
+    int64_t *bcount; /* [nb] elements */
+    int *bparams;    /* [nb] parameters in the bucket */
+    int *order;      /* [np] parameters in bucket order */
+    int *bfirst;     /* [nb + 1] index into order */
     /* per mesh position */
-    dpar_buffer **buf;       /* [size * nb] this device's bucket buffers (comm dtype), made on first use */
-    dpar_request **req;      /* [size * nb] */
-    unsigned char *ready;    /* [size * np] */
-    int *left;               /* [size * nb] */
-    int *next;               /* [size] next bucket to launch */
-    int *active;             /* [size] between begin and finish: the dispatch's tag */
+    dpar_buffer **buf;    /* [size * nb] this device's bucket buffers (comm dtype), made on first use */
+    dpar_request **req;   /* [size * nb] */
+    unsigned char *ready; /* [size * np] */
+    int *left;            /* [size * nb] */
+    int *next;            /* [size] next bucket to launch */
+    int *active;          /* [size] between begin and finish: the dispatch's tag */
 };
 
 DPAR_API dpar_status dpar_dp_create(dpar_mesh *m, const dpar_dp_desc *d, dpar_dp **out) {
@@ -357,13 +359,16 @@ DPAR_API dpar_status dpar_dp_create(dpar_mesh *m, const dpar_dp_desc *d, dpar_dp
     dpar_status s = dpar_train__axes_size(m, "dpar_dp_create", d->axes, &gsize);
     if (s) return s;
     if (d->comm_dtype != DPAR_F32 && d->comm_dtype != DPAR_F16 && d->comm_dtype != DPAR_BF16)
-        return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_dp_create: comm_dtype %s; use DPAR_F32, DPAR_F16 or DPAR_BF16",
+        return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT,
+                                   "dpar_dp_create: comm_dtype %s; use DPAR_F32, DPAR_F16 or DPAR_BF16",
                                    dpar_dtype_name(d->comm_dtype));
     dpar_dp *dp = (dpar_dp *)dpar_train__calloc(1, sizeof *dp);
     if (!dp) return dpar_set_last_error(DPAR_ERR_OUT_OF_MEMORY, "dpar_dp_create: out of host memory");
     dp->mesh = m;
     snprintf(dp->axes, sizeof dp->axes, "%s", d->axes);
-    dp->sum = d->sum; dp->blocking = d->blocking; dp->comm = d->comm_dtype;
+    dp->sum = d->sum;
+    dp->blocking = d->blocking;
+    dp->comm = d->comm_dtype;
     dp->size = dpar_mesh_size(m);
     dp->gsize = gsize;
     dp->cap = d->bucket_bytes ? d->bucket_bytes : (size_t)25 << 20;
@@ -375,27 +380,43 @@ DPAR_API void dpar_dp_destroy(dpar_dp *dp) {
     if (!dp) return;
     if (dp->buf)
         for (int i = 0; i < dp->size * dp->nb; i++) dpar_buffer_destroy(dp->buf[i]);
-    DPAR_FREE(dp->grads); DPAR_FREE(dp->bucket_of); DPAR_FREE(dp->offset); DPAR_FREE(dp->bcount); DPAR_FREE(dp->bparams);
-    DPAR_FREE(dp->order); DPAR_FREE(dp->bfirst); DPAR_FREE(dp->buf); DPAR_FREE(dp->req); DPAR_FREE(dp->ready);
-    DPAR_FREE(dp->left); DPAR_FREE(dp->next); DPAR_FREE(dp->active);
+    DPAR_FREE(dp->grads);
+    DPAR_FREE(dp->bucket_of);
+    DPAR_FREE(dp->offset);
+    DPAR_FREE(dp->bcount);
+    DPAR_FREE(dp->bparams);
+    DPAR_FREE(dp->order);
+    DPAR_FREE(dp->bfirst);
+    DPAR_FREE(dp->buf);
+    DPAR_FREE(dp->req);
+    DPAR_FREE(dp->ready);
+    DPAR_FREE(dp->left);
+    DPAR_FREE(dp->next);
+    DPAR_FREE(dp->active);
     pthread_mutex_destroy(&dp->mu);
     DPAR_FREE(dp);
 }
 DPAR_API dpar_status dpar_dp_add(dpar_dp *dp, dpar_array *g, int *id) {
     dpar_train__clear_error();
-    if (!dp || !g) return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_dp_add: helper or gradient array is NULL");
+    if (!dp || !g)
+        return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_dp_add: helper or gradient array is NULL");
     if (__atomic_load_n(&dp->formed, __ATOMIC_ACQUIRE))
-        return dpar_set_last_error(DPAR_ERR_STATE, "dpar_dp_add: the buckets are formed (first step ran); register every gradient before");
+        return dpar_set_last_error(
+            DPAR_ERR_STATE, "dpar_dp_add: the buckets are formed (first step ran); register every gradient before");
     if (dpar_array_mesh(g) != dp->mesh)
-        return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_dp_add: the gradient array was created on another mesh");
+        return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT,
+                                   "dpar_dp_add: the gradient array was created on another mesh");
     if (dpar_array_dtype(g) != DPAR_F32)
-        return dpar_set_last_error(DPAR_ERR_DTYPE, "dpar_dp_add: the gradient is %s; gradients are f32", dpar_dtype_name(dpar_array_dtype(g)));
+        return dpar_set_last_error(DPAR_ERR_DTYPE, "dpar_dp_add: the gradient is %s; gradients are f32",
+                                   dpar_dtype_name(dpar_array_dtype(g)));
     int split;
     dpar_status s = dpar_train__split_over(g, dp->axes, &split);
     if (s) return s;
     if (split)
-        return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_dp_add: the gradient is split over axes '%s' that the replicas span; "
-                                   "register replicated gradients", dp->axes);
+        return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT,
+                                   "dpar_dp_add: the gradient is split over axes '%s' that the replicas span; "
+                                   "register replicated gradients",
+                                   dp->axes);
     if (dp->np == dp->pcap) {
         int nc = dp->pcap ? 2 * dp->pcap : 16;
         dpar_array **ng = (dpar_array **)DPAR_REALLOC(dp->grads, (size_t)nc * sizeof *ng);
@@ -417,7 +438,8 @@ static dpar_status dpar_dp__assign(dpar_dp *dp) {
     dp->bcount = (int64_t *)dpar_train__calloc((size_t)(np ? np : 1), sizeof(int64_t));
     dp->bparams = (int *)dpar_train__calloc((size_t)(np ? np : 1), sizeof(int));
     dp->bfirst = (int *)dpar_train__calloc((size_t)np + 1, sizeof(int));
-    if (!dp->bucket_of || !dp->offset || !dp->order || !dp->bcount || !dp->bparams || !dp->bfirst) return DPAR_ERR_OUT_OF_MEMORY;
+    if (!dp->bucket_of || !dp->offset || !dp->order || !dp->bcount || !dp->bparams || !dp->bfirst)
+        return DPAR_ERR_OUT_OF_MEMORY;
     int nb = 0;
     for (int k = 0; k < np; k++) {
         int p = np - 1 - k;
@@ -465,11 +487,16 @@ DPAR_API int dpar_dp_bucket_count(dpar_dp *dp) {
 /* n f32 values at x -> comm dtype at b, or back (to_bucket = 0) */
 static void dpar_dp__convert(dpar_dtype comm, float *x, void *b, int64_t n, int to_bucket) {
     uint16_t *h = (uint16_t *)b;
-    if (comm == DPAR_F32) memcpy(to_bucket ? b : (void *)x, to_bucket ? (const void *)x : b, (size_t)n * 4);
-    else if (comm == DPAR_F16 && to_bucket) dpar_f32_to_f16_n(h, x, n);
-    else if (comm == DPAR_F16) dpar_f16_to_f32_n(x, h, n);
-    else if (to_bucket) for (int64_t i = 0; i < n; i++) h[i] = dpar_f32_to_bf16(x[i]);
-    else for (int64_t i = 0; i < n; i++) x[i] = dpar_bf16_to_f32(h[i]);
+    if (comm == DPAR_F32)
+        memcpy(to_bucket ? b : (void *)x, to_bucket ? (const void *)x : b, (size_t)n * 4);
+    else if (comm == DPAR_F16 && to_bucket)
+        dpar_f32_to_f16_n(h, x, n);
+    else if (comm == DPAR_F16)
+        dpar_f16_to_f32_n(x, h, n);
+    else if (to_bucket)
+        for (int64_t i = 0; i < n; i++) h[i] = dpar_f32_to_bf16(x[i]);
+    else
+        for (int64_t i = 0; i < n; i++) x[i] = dpar_bf16_to_f32(h[i]);
 }
 /* Copies gradient <-> bucket range (casting f32 <-> comm dtype) through host
    views: in place where the backend maps its memory (dpar_buffer_map), else
@@ -484,10 +511,17 @@ static dpar_status dpar_dp__xfer(dpar_dp *dp, dpar_buffer *grad, dpar_buffer *bu
     if (!s) s = dpar_buffer_map(bucket, boff, bbytes, !to_bucket, &bv);
     if (s) return s;
     char *g = (char *)gv, *b = (char *)bv, *gtmp = NULL, *btmp = NULL;
-    if (!g) { gtmp = (char *)DPAR_MALLOC(gbytes); g = gtmp; }
-    if (!b) { btmp = (char *)DPAR_MALLOC(bbytes); b = btmp; }
+    if (!g) {
+        gtmp = (char *)DPAR_MALLOC(gbytes);
+        g = gtmp;
+    }
+    if (!b) {
+        btmp = (char *)DPAR_MALLOC(bbytes);
+        b = btmp;
+    }
     if (!g || !b) {
-        DPAR_FREE(gtmp); DPAR_FREE(btmp);
+        DPAR_FREE(gtmp);
+        DPAR_FREE(btmp);
         return dpar_set_last_error(DPAR_ERR_OUT_OF_MEMORY, "dpar_dp: out of host memory for staging");
     }
     if (to_bucket) {
@@ -499,7 +533,8 @@ static dpar_status dpar_dp__xfer(dpar_dp *dp, dpar_buffer *grad, dpar_buffer *bu
         if (!s) dpar_dp__convert(dp->comm, (float *)g, b, n, 0);
         if (!s) s = gtmp ? dpar_buffer_write(grad, 0, g, gbytes) : dpar_buffer_unmap(grad, 0, gbytes, true);
     }
-    DPAR_FREE(gtmp); DPAR_FREE(btmp);
+    DPAR_FREE(gtmp);
+    DPAR_FREE(btmp);
     return s;
 }
 
@@ -515,11 +550,14 @@ static dpar_status dpar_dp__launch(dpar_dp *dp, dpar_ctx *ctx, int b) {
     for (int k = dp->bfirst[b]; k < dp->bfirst[b + 1]; k++) {
         int p = dp->order[k];
         dpar_buffer *g = dpar_array_shard(dp->grads[p], dev);
-        if (!g) return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_dp: gradient %d has no shard on device %d", p, dev);
+        if (!g)
+            return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_dp: gradient %d has no shard on device %d", p,
+                                       dev);
         if ((s = dpar_dp__xfer(dp, g, *bb, dp->offset[p], 1))) return s;
     }
     if (t0 > 0.0)
-        dpar_trace_event(dpar_ctx_runtime(ctx), dev, "dp_pack", "staging", t0, dpar_trace_clock_us(), (int64_t)dpar_buffer_nbytes(*bb));
+        dpar_trace_event(dpar_ctx_runtime(ctx), dev, "dp_pack", "staging", t0, dpar_trace_clock_us(),
+                         (int64_t)dpar_buffer_nbytes(*bb));
     dpar_reduce_op op = dp->sum ? DPAR_SUM : DPAR_MEAN;
     /* small buckets inline: handing them to the comm thread (two thread
        wake-ups, 10-40 us) costs more than their whole all-reduce */
@@ -528,12 +566,16 @@ static dpar_status dpar_dp__launch(dpar_dp *dp, dpar_ctx *ctx, int b) {
 }
 static dpar_status dpar_dp__check(dpar_dp *dp, dpar_ctx *ctx, const char *where) {
     if (!dp || !ctx)
-        return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "%s: helper or ctx is NULL (call it inside the pmap/shard_map function)", where);
-    if (dpar_ctx_mesh(ctx) != dp->mesh) return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "%s: the helper was made for another mesh", where);
+        return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT,
+                                   "%s: helper or ctx is NULL (call it inside the pmap/shard_map function)", where);
+    if (dpar_ctx_mesh(ctx) != dp->mesh)
+        return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "%s: the helper was made for another mesh", where);
     return dpar_dp__form(dp);
 }
 /* Tag of ctx's dispatch: a step is open in that dispatch only. */
-static int dpar_dp__job(const dpar_ctx *ctx) { return (int)(dpar_ctx_dispatch_id(ctx) & 0x3fffffff) + 1; }
+static int dpar_dp__job(const dpar_ctx *ctx) {
+    return (int)(dpar_ctx_dispatch_id(ctx) & 0x3fffffff) + 1;
+}
 
 DPAR_API dpar_status dpar_dp_begin(dpar_dp *dp, dpar_ctx *ctx) {
     dpar_train__clear_error();
@@ -541,7 +583,8 @@ DPAR_API dpar_status dpar_dp_begin(dpar_dp *dp, dpar_ctx *ctx) {
     if (s) return s;
     int pos = dpar_ctx_position(ctx), job = dpar_dp__job(ctx);
     if (dp->active[pos] == job)
-        return dpar_set_last_error(DPAR_ERR_STATE, "dpar_dp_begin: device %d already began a step; call dpar_dp_finish first",
+        return dpar_set_last_error(DPAR_ERR_STATE,
+                                   "dpar_dp_begin: device %d already began a step; call dpar_dp_finish first",
                                    dpar_ctx_device(ctx));
     /* a step left open by a failed dispatch is dropped: its async requests were freed when that dispatch ended */
     for (int b = 0; b < dp->nb; b++) dp->req[(size_t)pos * (size_t)dp->nb + (size_t)b] = NULL;
@@ -554,7 +597,10 @@ DPAR_API dpar_status dpar_dp_begin(dpar_dp *dp, dpar_ctx *ctx) {
 /* Launches, in bucket order, every bucket whose gradients are all ready. */
 static dpar_status dpar_dp__advance(dpar_dp *dp, dpar_ctx *ctx) {
     int pos = dpar_ctx_position(ctx);
-    if (dp->gsize == 1) { dp->next[pos] = dp->nb; return DPAR_OK; } /* the mean / sum over one device is the gradient */
+    if (dp->gsize == 1) {
+        dp->next[pos] = dp->nb;
+        return DPAR_OK;
+    } /* the mean / sum over one device is the gradient */
     while (dp->next[pos] < dp->nb && dp->left[(size_t)pos * (size_t)dp->nb + (size_t)dp->next[pos]] == 0) {
         dpar_status s = dpar_dp__launch(dp, ctx, dp->next[pos]);
         dp->next[pos]++;
@@ -568,12 +614,16 @@ DPAR_API dpar_status dpar_dp_grad_ready(dpar_dp *dp, dpar_ctx *ctx, int id) {
     if (s) return s;
     int pos = dpar_ctx_position(ctx);
     if (dp->active[pos] != dpar_dp__job(ctx))
-        return dpar_set_last_error(DPAR_ERR_STATE, "dpar_dp_grad_ready: no step begun on device %d in this dispatch; call dpar_dp_begin first",
-                                   dpar_ctx_device(ctx));
+        return dpar_set_last_error(
+            DPAR_ERR_STATE, "dpar_dp_grad_ready: no step begun on device %d in this dispatch; call dpar_dp_begin first",
+            dpar_ctx_device(ctx));
     if (id < 0 || id >= dp->np)
-        return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_dp_grad_ready: parameter id %d is out of range 0..%d", id, dp->np - 1);
+        return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT,
+                                   "dpar_dp_grad_ready: parameter id %d is out of range 0..%d", id, dp->np - 1);
     unsigned char *r = &dp->ready[(size_t)pos * (size_t)dp->np + (size_t)id];
-    if (*r) return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_dp_grad_ready: parameter %d was already marked ready in this step", id);
+    if (*r)
+        return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT,
+                                   "dpar_dp_grad_ready: parameter %d was already marked ready in this step", id);
     *r = 1;
     dp->left[(size_t)pos * (size_t)dp->nb + (size_t)dp->bucket_of[id]]--;
     return dpar_dp__advance(dp, ctx);
@@ -589,7 +639,10 @@ static dpar_status dpar_dp__complete(dpar_dp *dp, dpar_ctx *ctx, int b, dpar_sta
         dpar_status w = dpar_wait(ctx, *rq);
         *rq = NULL;
         if (t0 > 0.0) dpar_trace_event(rt, dev, "dp_wait", "wait", t0, dpar_trace_clock_us(), -1);
-        if (w && !s) { s = w; snprintf(msg, cap, "%s", dpar_last_error()); }
+        if (w && !s) {
+            s = w;
+            snprintf(msg, cap, "%s", dpar_last_error());
+        }
     }
     if (s || dp->gsize == 1) return s;
     double t0 = dpar_trace_active() ? dpar_trace_clock_us() : 0.0;
@@ -599,7 +652,9 @@ static dpar_status dpar_dp__complete(dpar_dp *dp, dpar_ctx *ctx, int b, dpar_sta
         s = dpar_dp__xfer(dp, dpar_array_shard(dp->grads[p], dev), bb, dp->offset[p], 0);
         if (s) snprintf(msg, cap, "%s", dpar_last_error());
     }
-    if (t0 > 0.0) dpar_trace_event(rt, dev, "dp_unpack", "staging", t0, dpar_trace_clock_us(), bb ? (int64_t)dpar_buffer_nbytes(bb) : 0);
+    if (t0 > 0.0)
+        dpar_trace_event(rt, dev, "dp_unpack", "staging", t0, dpar_trace_clock_us(),
+                         bb ? (int64_t)dpar_buffer_nbytes(bb) : 0);
     return s;
 }
 DPAR_API dpar_status dpar_dp_finish(dpar_dp *dp, dpar_ctx *ctx) {
@@ -608,8 +663,9 @@ DPAR_API dpar_status dpar_dp_finish(dpar_dp *dp, dpar_ctx *ctx) {
     if (s) return s;
     int pos = dpar_ctx_position(ctx), nb = dp->nb;
     if (dp->active[pos] != dpar_dp__job(ctx))
-        return dpar_set_last_error(DPAR_ERR_STATE, "dpar_dp_finish: no step begun on device %d in this dispatch; call dpar_dp_begin first",
-                                   dpar_ctx_device(ctx));
+        return dpar_set_last_error(
+            DPAR_ERR_STATE, "dpar_dp_finish: no step begun on device %d in this dispatch; call dpar_dp_begin first",
+            dpar_ctx_device(ctx));
     for (int b = dp->next[pos]; b < nb; b++) dp->left[(size_t)pos * (size_t)nb + (size_t)b] = 0;
     s = dpar_dp__advance(dp, ctx);
     char msg[DPAR_TRAIN__ERR_LEN];
@@ -641,7 +697,8 @@ struct dpar_zero1 {
 };
 
 /* dst[doff..] = src[soff..], nbytes, one device, through the host (any backend) */
-static dpar_status dpar_zero1__region_copy(dpar_buffer *dst, size_t doff, const dpar_buffer *src, size_t soff, size_t nbytes) {
+static dpar_status dpar_zero1__region_copy(dpar_buffer *dst, size_t doff, const dpar_buffer *src, size_t soff,
+                                           size_t nbytes) {
     if (!nbytes) return DPAR_OK;
     void *t = DPAR_MALLOC(nbytes);
     if (!t) return dpar_set_last_error(DPAR_ERR_OUT_OF_MEMORY, "zero1: out of host memory (%zu bytes)", nbytes);
@@ -654,8 +711,10 @@ static dpar_status dpar_zero1__region_copy(dpar_buffer *dst, size_t doff, const 
 DPAR_API void dpar_zero1_destroy(dpar_zero1 *z) {
     if (!z) return;
     for (int i = 0; i < z->np; i++) {
-        dpar_array_destroy(z->master[i]); dpar_array_destroy(z->mom[i]);
-        dpar_array_destroy(z->gshard[i]); dpar_array_destroy(z->pad[i]);
+        dpar_array_destroy(z->master[i]);
+        dpar_array_destroy(z->mom[i]);
+        dpar_array_destroy(z->gshard[i]);
+        dpar_array_destroy(z->pad[i]);
     }
     DPAR_FREE(z);
 }
@@ -664,7 +723,8 @@ DPAR_API dpar_status dpar_zero1_reload(dpar_zero1 *z) {
     dpar_train__clear_error();
     if (!z) return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_zero1_reload: z is NULL");
     if (dpar_in_dispatch())
-        return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_zero1_reload: called from inside a pmap/shard_map function");
+        return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT,
+                                   "dpar_zero1_reload: called from inside a pmap/shard_map function");
     dpar_status s = DPAR_OK;
     for (int i = 0; i < z->np && !s; i++) {
         float *h = (float *)dpar_train__calloc((size_t)z->padded[i], sizeof(float));
@@ -679,28 +739,33 @@ DPAR_API dpar_status dpar_zero1_reload(dpar_zero1 *z) {
 /* The checks of dpar_zero1_create on the desc and its parameters. */
 static dpar_status dpar_zero1__check(const dpar_zero1_desc *d, const char *axis, int *n) {
     if (d->num_params < 1 || d->num_params > DPAR_MAX_ARGS)
-        return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_zero1_create: num_params = %d is out of range 1..%d", d->num_params,
+        return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT,
+                                   "dpar_zero1_create: num_params = %d is out of range 1..%d", d->num_params,
                                    (int)DPAR_MAX_ARGS);
     dpar_status s = dpar_train__reprefix(dpar_sgd_check(&d->sgd), "dpar_zero1_create");
     if (s) return s;
     if (!d->params[0]) return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_zero1_create: params[0] is NULL");
     dpar_mesh *m = dpar_array_mesh(d->params[0]);
     if ((s = dpar_train__axes_size(m, "zero1_create", axis, n))) return s;
-    if (strlen(axis) >= sizeof ((dpar_zero1 *)0)->axis)
+    if (strlen(axis) >= sizeof((dpar_zero1 *)0)->axis)
         return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_zero1_create: axis string is too long");
     for (int i = 0; i < d->num_params; i++) {
         const dpar_array *p = d->params[i];
         int split;
         if (!p) return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_zero1_create: params[%d] is NULL", i);
         if (dpar_array_mesh(p) != m)
-            return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_zero1_create: params[%d] lives on another mesh than params[0]", i);
+            return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT,
+                                       "dpar_zero1_create: params[%d] lives on another mesh than params[0]", i);
         if (dpar_array_dtype(p) != DPAR_F32)
-            return dpar_set_last_error(DPAR_ERR_DTYPE, "dpar_zero1_create: params[%d] is %s; ZeRO-1 keeps f32 parameters", i,
+            return dpar_set_last_error(DPAR_ERR_DTYPE,
+                                       "dpar_zero1_create: params[%d] is %s; ZeRO-1 keeps f32 parameters", i,
                                        dpar_dtype_name(dpar_array_dtype(p)));
         if ((s = dpar_train__split_over(p, NULL, &split))) return s;
         if (split)
-            return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_zero1_create: params[%d] is split over mesh axes; ZeRO-1 shards "
-                                       "replicated parameters (give it a spec of all NULL)", i);
+            return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT,
+                                       "dpar_zero1_create: params[%d] is split over mesh axes; ZeRO-1 shards "
+                                       "replicated parameters (give it a spec of all NULL)",
+                                       i);
     }
     return DPAR_OK;
 }
@@ -717,7 +782,10 @@ DPAR_API dpar_status dpar_zero1_create(const dpar_zero1_desc *d, dpar_zero1 **ou
     dpar_mesh *m = dpar_array_mesh(d->params[0]);
     dpar_zero1 *z = (dpar_zero1 *)dpar_train__calloc(1, sizeof *z);
     if (!z) return dpar_set_last_error(DPAR_ERR_OUT_OF_MEMORY, "dpar_zero1_create: out of host memory");
-    z->mesh = m; z->sgd = d->sgd; z->sgd.norm_axes = NULL; z->np = d->num_params;
+    z->mesh = m;
+    z->sgd = d->sgd;
+    z->sgd.norm_axes = NULL;
+    z->np = d->num_params;
     snprintf(z->axis, sizeof z->axis, "%s", axis);
     z->n = n;
     for (int i = 0; i < z->np && !s; i++) {
@@ -726,7 +794,10 @@ DPAR_API dpar_status dpar_zero1_create(const dpar_zero1_desc *d, dpar_zero1 **ou
         z->padded[i] = (z->count[i] + z->n - 1) / z->n * z->n;
         dpar_array_desc ad;
         memset(&ad, 0, sizeof ad);
-        ad.dtype = DPAR_F32; ad.ndim = 1; ad.shape[0] = z->padded[i]; ad.spec[0] = z->axis;
+        ad.dtype = DPAR_F32;
+        ad.ndim = 1;
+        ad.shape[0] = z->padded[i];
+        ad.spec[0] = z->axis;
         s = dpar_array_create(m, &ad, &z->master[i]);
         if (!s) s = dpar_array_create(m, &ad, &z->gshard[i]);
         if (!s && d->sgd.momentum > 0.0f) s = dpar_array_create(m, &ad, &z->mom[i]);
@@ -745,9 +816,10 @@ DPAR_API dpar_status dpar_zero1_create(const dpar_zero1_desc *d, dpar_zero1 **ou
 }
 
 /* Runs a collective on buffer b viewed flat (1-d), restoring its shape. */
-typedef dpar_status (*dpar_zero1__flat_fn)(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes, int dim, bool tiled);
-static dpar_status dpar_zero1__flat(dpar_ctx *ctx, dpar_zero1__flat_fn fn, dpar_buffer *out, dpar_buffer *in, dpar_buffer *b,
-                                    const char *axes) {
+typedef dpar_status (*dpar_zero1__flat_fn)(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes,
+                                           int dim, bool tiled);
+static dpar_status dpar_zero1__flat(dpar_ctx *ctx, dpar_zero1__flat_fn fn, dpar_buffer *out, dpar_buffer *in,
+                                    dpar_buffer *b, const char *axes) {
     int nd = dpar_buffer_ndim(b);
     int64_t shape[DPAR_MAX_DIMS], flat = dpar_buffer_count(b);
     for (int k = 0; k < nd; k++) shape[k] = dpar_buffer_dim(b, k);
@@ -762,12 +834,15 @@ static dpar_status dpar_zero1__scatter(dpar_ctx *ctx, dpar_zero1 *z, int i, dpar
     dpar_status s;
     if (!g) return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_zero1_step: grads[%d] is NULL", i);
     if (dpar_buffer_dtype(g) != DPAR_F32)
-        return dpar_set_last_error(DPAR_ERR_DTYPE, "dpar_zero1_step: grads[%d] is %s; it must be f32", i, dpar_dtype_name(dpar_buffer_dtype(g)));
+        return dpar_set_last_error(DPAR_ERR_DTYPE, "dpar_zero1_step: grads[%d] is %s; it must be f32", i,
+                                   dpar_dtype_name(dpar_buffer_dtype(g)));
     if (dpar_buffer_device(g) != dev)
-        return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_zero1_step: grads[%d] lives on device %d, not on this device %d", i,
+        return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT,
+                                   "dpar_zero1_step: grads[%d] lives on device %d, not on this device %d", i,
                                    dpar_buffer_device(g), dev);
     if (dpar_buffer_count(g) != z->count[i])
-        return dpar_set_last_error(DPAR_ERR_SHAPE, "dpar_zero1_step: grads[%d] has %lld elements but its parameter has %lld", i,
+        return dpar_set_last_error(DPAR_ERR_SHAPE,
+                                   "dpar_zero1_step: grads[%d] has %lld elements but its parameter has %lld", i,
                                    (long long)dpar_buffer_count(g), (long long)z->count[i]);
     if (z->pad[i]) {
         dpar_buffer *pb = dpar_array_shard(z->pad[i], dev);
@@ -792,9 +867,11 @@ static dpar_status dpar_zero1__gather(dpar_ctx *ctx, dpar_zero1 *z, int i) {
 
 DPAR_API dpar_status dpar_zero1_step(dpar_ctx *ctx, dpar_zero1 *z, dpar_buffer *const *grads) {
     dpar_train__clear_error();
-    if (!ctx || !z || !grads) return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_zero1_step: ctx, z or grads is NULL");
+    if (!ctx || !z || !grads)
+        return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_zero1_step: ctx, z or grads is NULL");
     if (dpar_ctx_mesh(ctx) != z->mesh)
-        return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_zero1_step: called in a dispatch over another mesh than the parameters'");
+        return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT,
+                                   "dpar_zero1_step: called in a dispatch over another mesh than the parameters'");
     int dev = dpar_ctx_device(ctx);
     dpar_status s = DPAR_OK;
     dpar_buffer *gs[DPAR_MAX_ARGS];
@@ -810,17 +887,25 @@ DPAR_API dpar_status dpar_zero1_step(dpar_ctx *ctx, dpar_zero1 *z, dpar_buffer *
         if ((s = dpar_sgd_clip_scale(ctx, &sd, gs, z->np, &scale, NULL))) return s;
     }
     for (int i = 0; i < z->np && !s; i++)
-        s = dpar_sgd_update(&z->sgd, dpar_array_shard(z->master[i], dev), gs[i], z->mom[i] ? dpar_array_shard(z->mom[i], dev) : NULL, scale);
+        s = dpar_sgd_update(&z->sgd, dpar_array_shard(z->master[i], dev), gs[i],
+                            z->mom[i] ? dpar_array_shard(z->mom[i], dev) : NULL, scale);
     for (int i = 0; i < z->np && !s; i++) s = dpar_zero1__gather(ctx, z, i); /* 3. all-gather */
     return s;
 }
-DPAR_API dpar_array *dpar_zero1_master(const dpar_zero1 *z, int i) { return (z && i >= 0 && i < z->np) ? z->master[i] : NULL; }
-DPAR_API dpar_array *dpar_zero1_momentum(const dpar_zero1 *z, int i) { return (z && i >= 0 && i < z->np) ? z->mom[i] : NULL; }
-DPAR_API int64_t dpar_zero1_padded_count(const dpar_zero1 *z, int i) { return (z && i >= 0 && i < z->np) ? z->padded[i] : -1; }
+DPAR_API dpar_array *dpar_zero1_master(const dpar_zero1 *z, int i) {
+    return (z && i >= 0 && i < z->np) ? z->master[i] : NULL;
+}
+DPAR_API dpar_array *dpar_zero1_momentum(const dpar_zero1 *z, int i) {
+    return (z && i >= 0 && i < z->np) ? z->mom[i] : NULL;
+}
+DPAR_API int64_t dpar_zero1_padded_count(const dpar_zero1 *z, int i) {
+    return (z && i >= 0 && i < z->np) ? z->padded[i] : -1;
+}
 DPAR_API size_t dpar_zero1_momentum_bytes(const dpar_zero1 *z, int device) {
     size_t t = 0;
     if (!z) return 0;
-    for (int i = 0; i < z->np; i++) if (z->mom[i]) t += dpar_buffer_nbytes(dpar_array_shard(z->mom[i], device));
+    for (int i = 0; i < z->np; i++)
+        if (z->mom[i]) t += dpar_buffer_nbytes(dpar_array_shard(z->mom[i], device));
     return t;
 }
 
@@ -847,10 +932,22 @@ DPAR_API uint32_t dpar_crc32(uint32_t crc, const void *data, size_t n) {
 #define DPAR_CKPT__MAGIC "DPARCKPT"
 enum { DPAR_CKPT__HEADER = 32, DPAR_CKPT__NAME_MAX = 255 };
 
-static void dpar_ckpt__le32(unsigned char *b, uint32_t v) { for (int i = 0; i < 4; i++) b[i] = (unsigned char)(v >> (8 * i)); }
-static void dpar_ckpt__le64(unsigned char *b, uint64_t v) { for (int i = 0; i < 8; i++) b[i] = (unsigned char)(v >> (8 * i)); }
-static uint32_t dpar_ckpt__rd32(const unsigned char *b) { uint32_t v = 0; for (int i = 3; i >= 0; i--) v = (v << 8) | b[i]; return v; }
-static uint64_t dpar_ckpt__rd64(const unsigned char *b) { uint64_t v = 0; for (int i = 7; i >= 0; i--) v = (v << 8) | b[i]; return v; }
+static void dpar_ckpt__le32(unsigned char *b, uint32_t v) {
+    for (int i = 0; i < 4; i++) b[i] = (unsigned char)(v >> (8 * i));
+}
+static void dpar_ckpt__le64(unsigned char *b, uint64_t v) {
+    for (int i = 0; i < 8; i++) b[i] = (unsigned char)(v >> (8 * i));
+}
+static uint32_t dpar_ckpt__rd32(const unsigned char *b) {
+    uint32_t v = 0;
+    for (int i = 3; i >= 0; i--) v = (v << 8) | b[i];
+    return v;
+}
+static uint64_t dpar_ckpt__rd64(const unsigned char *b) {
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = (v << 8) | b[i];
+    return v;
+}
 /* element data <-> little-endian, in place (no-op on little-endian hosts) */
 static void dpar_ckpt__to_le(void *data, size_t count, size_t es) {
     const uint16_t one = 1;
@@ -859,34 +956,57 @@ static void dpar_ckpt__to_le(void *data, size_t count, size_t es) {
     if (probe) return;
     unsigned char *p = (unsigned char *)data;
     for (size_t i = 0; i < count; i++, p += es)
-        for (size_t a = 0, b = es - 1; a < b; a++, b--) { unsigned char t = p[a]; p[a] = p[b]; p[b] = t; }
+        for (size_t a = 0, b = es - 1; a < b; a++, b--) {
+            unsigned char t = p[a];
+            p[a] = p[b];
+            p[b] = t;
+        }
 }
 
-typedef struct dpar_ckpt__writer { FILE *f; uint32_t crc; int err; } dpar_ckpt__writer;
+typedef struct dpar_ckpt__writer {
+    FILE *f;
+    uint32_t crc;
+    int err;
+} dpar_ckpt__writer;
 static void dpar_ckpt__put(dpar_ckpt__writer *w, const void *p, size_t n) {
     if (w->err || !n) return;
-    if (fwrite(p, 1, n, w->f) != n) { w->err = errno ? errno : EIO; return; }
+    if (fwrite(p, 1, n, w->f) != n) {
+        w->err = errno ? errno : EIO;
+        return;
+    }
     w->crc = dpar_crc32(w->crc, p, n);
 }
 
 static dpar_status dpar_ckpt__check_entries(const char *fn, const dpar_checkpoint_entry *e, int n) {
-    if (n < 0 || (n > 0 && !e)) return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "%s: %d entries with entries = %p", fn, n, (const void *)e);
+    if (n < 0 || (n > 0 && !e))
+        return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "%s: %d entries with entries = %p", fn, n,
+                                   (const void *)e);
     for (int i = 0; i < n; i++) {
         if (!e[i].name || !e[i].name[0] || strlen(e[i].name) > DPAR_CKPT__NAME_MAX)
-            return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "%s: entry %d has no name or a name longer than %d bytes", fn, i, (int)DPAR_CKPT__NAME_MAX);
-        if (!e[i].array) return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "%s: entry %d ('%s') has no array", fn, i, e[i].name);
+            return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT,
+                                       "%s: entry %d has no name or a name longer than %d bytes", fn, i,
+                                       (int)DPAR_CKPT__NAME_MAX);
+        if (!e[i].array)
+            return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "%s: entry %d ('%s') has no array", fn, i, e[i].name);
         if (e[i].padded && dpar_array_ndim(e[i].array) != 1)
-            return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "%s: entry '%s' is marked padded but is %d-d; padded entries are 1-d", fn, e[i].name, dpar_array_ndim(e[i].array));
+            return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT,
+                                       "%s: entry '%s' is marked padded but is %d-d; padded entries are 1-d", fn,
+                                       e[i].name, dpar_array_ndim(e[i].array));
         for (int j = 0; j < i; j++)
-            if (!strcmp(e[i].name, e[j].name)) return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "%s: entries %d and %d are both named '%s'", fn, j, i, e[i].name);
+            if (!strcmp(e[i].name, e[j].name))
+                return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "%s: entries %d and %d are both named '%s'", fn,
+                                           j, i, e[i].name);
     }
     return DPAR_OK;
 }
 
 DPAR_API dpar_status dpar_checkpoint_save(const char *path, const dpar_checkpoint_entry *e, int n, uint64_t step) {
     dpar_train__clear_error();
-    if (!path || !*path) return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_checkpoint_save: path is NULL or empty");
-    if (dpar_in_dispatch()) return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_checkpoint_save: called from inside a pmap/shard_map function");
+    if (!path || !*path)
+        return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_checkpoint_save: path is NULL or empty");
+    if (dpar_in_dispatch())
+        return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT,
+                                   "dpar_checkpoint_save: called from inside a pmap/shard_map function");
     dpar_status s = dpar_ckpt__check_entries("checkpoint_save", e, n);
     if (s) return s;
     uint64_t total = DPAR_CKPT__HEADER + 4;
@@ -900,14 +1020,21 @@ DPAR_API dpar_status dpar_checkpoint_save(const char *path, const dpar_checkpoin
     size_t plen = strlen(path);
     char *tmp = (char *)DPAR_MALLOC(plen + 32);
     void *data = DPAR_MALLOC(maxnb);
-    if (!tmp || !data) { DPAR_FREE(tmp); DPAR_FREE(data); return dpar_set_last_error(DPAR_ERR_OUT_OF_MEMORY, "dpar_checkpoint_save: out of host memory (%zu bytes)", maxnb); }
+    if (!tmp || !data) {
+        DPAR_FREE(tmp);
+        DPAR_FREE(data);
+        return dpar_set_last_error(DPAR_ERR_OUT_OF_MEMORY, "dpar_checkpoint_save: out of host memory (%zu bytes)",
+                                   maxnb);
+    }
     snprintf(tmp, plen + 32, "%s.tmp.%ld", path, (long)getpid());
     dpar_ckpt__writer w;
-    w.crc = 0; w.err = 0;
+    w.crc = 0;
+    w.err = 0;
     w.f = fopen(tmp, "wb");
     if (!w.f) {
         s = dpar_set_last_error(DPAR_ERR_IO, "dpar_checkpoint_save: cannot create '%s': %s", tmp, strerror(errno));
-        DPAR_FREE(tmp); DPAR_FREE(data);
+        DPAR_FREE(tmp);
+        DPAR_FREE(data);
         return s;
     }
     unsigned char hdr[DPAR_CKPT__HEADER];
@@ -923,15 +1050,26 @@ DPAR_API dpar_status dpar_checkpoint_save(const char *path, const dpar_checkpoin
         size_t es = dpar_dtype_size(dpar_array_dtype(a)), cnt = (size_t)dpar_train__count(a), nb = cnt * es;
         unsigned char b[8];
         uint32_t nl = (uint32_t)strlen(e[i].name);
-        dpar_ckpt__le32(b, nl); dpar_ckpt__put(&w, b, 4);
+        dpar_ckpt__le32(b, nl);
+        dpar_ckpt__put(&w, b, 4);
         dpar_ckpt__put(&w, e[i].name, nl);
-        dpar_ckpt__le32(b, (uint32_t)dpar_array_dtype(a)); dpar_ckpt__put(&w, b, 4);
-        dpar_ckpt__le32(b, (uint32_t)dpar_array_ndim(a)); dpar_ckpt__put(&w, b, 4);
-        for (int d = 0; d < dpar_array_ndim(a); d++) { dpar_ckpt__le64(b, (uint64_t)dpar_array_dim(a, d)); dpar_ckpt__put(&w, b, 8); }
-        dpar_ckpt__le32(b, e[i].padded ? 1u : 0u); dpar_ckpt__put(&w, b, 4);
-        dpar_ckpt__le64(b, (uint64_t)nb); dpar_ckpt__put(&w, b, 8);
+        dpar_ckpt__le32(b, (uint32_t)dpar_array_dtype(a));
+        dpar_ckpt__put(&w, b, 4);
+        dpar_ckpt__le32(b, (uint32_t)dpar_array_ndim(a));
+        dpar_ckpt__put(&w, b, 4);
+        for (int d = 0; d < dpar_array_ndim(a); d++) {
+            dpar_ckpt__le64(b, (uint64_t)dpar_array_dim(a, d));
+            dpar_ckpt__put(&w, b, 8);
+        }
+        dpar_ckpt__le32(b, e[i].padded ? 1u : 0u);
+        dpar_ckpt__put(&w, b, 4);
+        dpar_ckpt__le64(b, (uint64_t)nb);
+        dpar_ckpt__put(&w, b, 8);
         s = dpar_array_get(a, data);
-        if (!s) { dpar_ckpt__to_le(data, cnt, es); dpar_ckpt__put(&w, data, nb); }
+        if (!s) {
+            dpar_ckpt__to_le(data, cnt, es);
+            dpar_ckpt__put(&w, data, nb);
+        }
     }
     if (!s && !w.err) {
         unsigned char b[4];
@@ -942,28 +1080,42 @@ DPAR_API dpar_status dpar_checkpoint_save(const char *path, const dpar_checkpoin
     if (!s && !w.err && fflush(w.f) != 0) w.err = errno ? errno : EIO;
     if (!s && !w.err && fsync(fileno(w.f)) != 0) w.err = errno ? errno : EIO;
     if (fclose(w.f) != 0 && !w.err) w.err = errno ? errno : EIO;
-    if (!s && w.err) s = dpar_set_last_error(DPAR_ERR_IO, "dpar_checkpoint_save: writing '%s' failed: %s (the old checkpoint, if any, is untouched)", tmp, strerror(w.err));
+    if (!s && w.err)
+        s = dpar_set_last_error(
+            DPAR_ERR_IO, "dpar_checkpoint_save: writing '%s' failed: %s (the old checkpoint, if any, is untouched)",
+            tmp, strerror(w.err));
     if (!s && rename(tmp, path) != 0)
-        s = dpar_set_last_error(DPAR_ERR_IO, "dpar_checkpoint_save: cannot rename '%s' to '%s': %s", tmp, path, strerror(errno));
+        s = dpar_set_last_error(DPAR_ERR_IO, "dpar_checkpoint_save: cannot rename '%s' to '%s': %s", tmp, path,
+                                strerror(errno));
     if (s) {
         DPAR_TRAIN__KEEP_ERROR(remove(tmp));
     } else {
         /* make the rename durable: fsync the directory (best effort) */
         const char *slash = strrchr(path, '/');
         char *dir = tmp;
-        if (slash) { memcpy(dir, path, (size_t)(slash - path) + 1); dir[slash - path + 1] = 0; } else strcpy(dir, ".");
+        if (slash) {
+            memcpy(dir, path, (size_t)(slash - path) + 1);
+            dir[slash - path + 1] = 0;
+        } else
+            strcpy(dir, ".");
         int fd = open(dir, O_RDONLY);
-        if (fd >= 0) { (void)fsync(fd); close(fd); }
+        if (fd >= 0) {
+            (void)fsync(fd);
+            close(fd);
+        }
     }
-    DPAR_FREE(tmp); DPAR_FREE(data);
+    DPAR_FREE(tmp);
+    DPAR_FREE(data);
     return s;
 }
 
 typedef struct dpar_ckpt__rec {
-    const char *name; uint32_t name_len;
+    const char *name;
+    uint32_t name_len;
     uint32_t dtype, ndim, flags;
     int64_t shape[DPAR_MAX_DIMS];
-    const unsigned char *data; uint64_t nbytes;
+    const unsigned char *data;
+    uint64_t nbytes;
 } dpar_ckpt__rec;
 
 /* Checks a whole checkpoint image (magic, version, length, CRC-32, entries). */
@@ -972,29 +1124,40 @@ static dpar_status dpar_ckpt__parse(const char *path, const unsigned char *buf, 
     dpar_status s = DPAR_OK;
     if (rerr) return dpar_set_last_error(DPAR_ERR_IO, "dpar_checkpoint_restore: reading '%s' failed", path);
     if (len < 8 || memcmp(buf, DPAR_CKPT__MAGIC, 8) != 0) {
-        s = dpar_set_last_error(DPAR_ERR_IO, "dpar_checkpoint_restore: '%s' is not a dpar checkpoint (it does not start with \"%s\")", path, DPAR_CKPT__MAGIC);
+        s = dpar_set_last_error(
+            DPAR_ERR_IO, "dpar_checkpoint_restore: '%s' is not a dpar checkpoint (it does not start with \"%s\")", path,
+            DPAR_CKPT__MAGIC);
         return s;
     }
     if (len < DPAR_CKPT__HEADER + 4) {
-        s = dpar_set_last_error(DPAR_ERR_IO, "dpar_checkpoint_restore: '%s' is truncated: %zu bytes, less than the %d of an empty checkpoint", path, len, (int)DPAR_CKPT__HEADER + 4);
+        s = dpar_set_last_error(
+            DPAR_ERR_IO,
+            "dpar_checkpoint_restore: '%s' is truncated: %zu bytes, less than the %d of an empty checkpoint", path, len,
+            (int)DPAR_CKPT__HEADER + 4);
         return s;
     }
     uint32_t ver = dpar_ckpt__rd32(buf + 8);
     if (ver != DPAR_CHECKPOINT_VERSION) {
-        s = dpar_set_last_error(DPAR_ERR_IO, "dpar_checkpoint_restore: '%s' has format version %u but this dpar.h reads version %d; "
-                      "restore it with a matching dpar.h", path, ver, (int)DPAR_CHECKPOINT_VERSION);
+        s = dpar_set_last_error(DPAR_ERR_IO,
+                                "dpar_checkpoint_restore: '%s' has format version %u but this dpar.h reads version %d; "
+                                "restore it with a matching dpar.h",
+                                path, ver, (int)DPAR_CHECKPOINT_VERSION);
         return s;
     }
     uint64_t want = dpar_ckpt__rd64(buf + 16);
     if (want != (uint64_t)len) {
-        s = dpar_set_last_error(DPAR_ERR_IO, "dpar_checkpoint_restore: '%s' is %zu bytes but its header says %llu: %s", path, len, (unsigned long long)want,
-                      (uint64_t)len < want ? "the file is truncated (an interrupted copy?)" : "the file is corrupted or has trailing data");
+        s = dpar_set_last_error(DPAR_ERR_IO, "dpar_checkpoint_restore: '%s' is %zu bytes but its header says %llu: %s",
+                                path, len, (unsigned long long)want,
+                                (uint64_t)len < want ? "the file is truncated (an interrupted copy?)"
+                                                     : "the file is corrupted or has trailing data");
         return s;
     }
     uint32_t stored = dpar_ckpt__rd32(buf + len - 4), crc = dpar_crc32(0, buf, len - 4);
     if (stored != crc) {
-        s = dpar_set_last_error(DPAR_ERR_IO, "dpar_checkpoint_restore: '%s' is corrupted: CRC-32 of the contents is 0x%08x but the file records 0x%08x",
-                      path, crc, stored);
+        s = dpar_set_last_error(
+            DPAR_ERR_IO,
+            "dpar_checkpoint_restore: '%s' is corrupted: CRC-32 of the contents is 0x%08x but the file records 0x%08x",
+            path, crc, stored);
         return s;
     }
     uint32_t nrec = *nrec_out = dpar_ckpt__rd32(buf + 12);
@@ -1002,50 +1165,93 @@ static dpar_status dpar_ckpt__parse(const char *path, const unsigned char *buf, 
     if (!recs) return dpar_set_last_error(DPAR_ERR_OUT_OF_MEMORY, "dpar_checkpoint_restore: out of host memory");
     {
         size_t at = DPAR_CKPT__HEADER, end = len - 4;
-#define DPAR_CKPT__NEED(k) do { if ((uint64_t)(k) > (uint64_t)(end - at)) { \
-            s = dpar_set_last_error(DPAR_ERR_IO, "dpar_checkpoint_restore: '%s': entry %u runs past the end of the data (malformed file)", path, r); return s; } } while (0)
+#define DPAR_CKPT__NEED(k)                                                                                             \
+    do {                                                                                                               \
+        if ((uint64_t)(k) > (uint64_t)(end - at)) {                                                                    \
+            s = dpar_set_last_error(                                                                                   \
+                DPAR_ERR_IO, "dpar_checkpoint_restore: '%s': entry %u runs past the end of the data (malformed file)", \
+                path, r);                                                                                              \
+            return s;                                                                                                  \
+        }                                                                                                              \
+    } while (0)
         for (uint32_t r = 0; r < nrec; r++) {
             dpar_ckpt__rec *c = &recs[r];
-            DPAR_CKPT__NEED(4); c->name_len = dpar_ckpt__rd32(buf + at); at += 4;
-            DPAR_CKPT__NEED(c->name_len); c->name = (const char *)buf + at; at += c->name_len;
-            DPAR_CKPT__NEED(8); c->dtype = dpar_ckpt__rd32(buf + at); c->ndim = dpar_ckpt__rd32(buf + at + 4); at += 8;
+            DPAR_CKPT__NEED(4);
+            c->name_len = dpar_ckpt__rd32(buf + at);
+            at += 4;
+            DPAR_CKPT__NEED(c->name_len);
+            c->name = (const char *)buf + at;
+            at += c->name_len;
+            DPAR_CKPT__NEED(8);
+            c->dtype = dpar_ckpt__rd32(buf + at);
+            c->ndim = dpar_ckpt__rd32(buf + at + 4);
+            at += 8;
             if (c->dtype >= DPAR_DTYPE_COUNT || c->ndim > DPAR_MAX_DIMS) {
-                s = dpar_set_last_error(DPAR_ERR_IO, "dpar_checkpoint_restore: '%s': entry %u has dtype %u / ndim %u (malformed file)", path, r, c->dtype, c->ndim);
+                s = dpar_set_last_error(
+                    DPAR_ERR_IO, "dpar_checkpoint_restore: '%s': entry %u has dtype %u / ndim %u (malformed file)",
+                    path, r, c->dtype, c->ndim);
                 return s;
             }
             DPAR_CKPT__NEED(8 * (uint64_t)c->ndim);
             uint64_t cnt = 1;
-            for (uint32_t d = 0; d < c->ndim; d++) { c->shape[d] = (int64_t)dpar_ckpt__rd64(buf + at); cnt *= (uint64_t)c->shape[d]; at += 8; }
-            DPAR_CKPT__NEED(12); c->flags = dpar_ckpt__rd32(buf + at); c->nbytes = dpar_ckpt__rd64(buf + at + 4); at += 12;
+            for (uint32_t d = 0; d < c->ndim; d++) {
+                c->shape[d] = (int64_t)dpar_ckpt__rd64(buf + at);
+                cnt *= (uint64_t)c->shape[d];
+                at += 8;
+            }
+            DPAR_CKPT__NEED(12);
+            c->flags = dpar_ckpt__rd32(buf + at);
+            c->nbytes = dpar_ckpt__rd64(buf + at + 4);
+            at += 12;
             if (c->nbytes != cnt * dpar_dtype_size((dpar_dtype)c->dtype)) {
-                s = dpar_set_last_error(DPAR_ERR_IO, "dpar_checkpoint_restore: '%s': entry %u holds %llu bytes but its shape needs %llu (malformed file)", path, r,
-                              (unsigned long long)c->nbytes, (unsigned long long)(cnt * dpar_dtype_size((dpar_dtype)c->dtype)));
+                s = dpar_set_last_error(DPAR_ERR_IO,
+                                        "dpar_checkpoint_restore: '%s': entry %u holds %llu bytes but its shape needs "
+                                        "%llu (malformed file)",
+                                        path, r, (unsigned long long)c->nbytes,
+                                        (unsigned long long)(cnt * dpar_dtype_size((dpar_dtype)c->dtype)));
                 return s;
             }
-            DPAR_CKPT__NEED(c->nbytes); c->data = buf + at; at += (size_t)c->nbytes;
+            DPAR_CKPT__NEED(c->nbytes);
+            c->data = buf + at;
+            at += (size_t)c->nbytes;
         }
 #undef DPAR_CKPT__NEED
-        if (at != end) { s = dpar_set_last_error(DPAR_ERR_IO, "dpar_checkpoint_restore: '%s': %zu bytes after the last entry (malformed file)", path, end - at); return s; }
+        if (at != end) {
+            s = dpar_set_last_error(DPAR_ERR_IO,
+                                    "dpar_checkpoint_restore: '%s': %zu bytes after the last entry (malformed file)",
+                                    path, end - at);
+            return s;
+        }
     }
     return s;
 }
 
 DPAR_API dpar_status dpar_checkpoint_restore(const char *path, const dpar_checkpoint_entry *e, int n, uint64_t *step) {
     dpar_train__clear_error();
-    if (!path || !*path) return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_checkpoint_restore: path is NULL or empty");
-    if (dpar_in_dispatch()) return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_checkpoint_restore: called from inside a pmap/shard_map function");
+    if (!path || !*path)
+        return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_checkpoint_restore: path is NULL or empty");
+    if (dpar_in_dispatch())
+        return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT,
+                                   "dpar_checkpoint_restore: called from inside a pmap/shard_map function");
     dpar_status s = dpar_ckpt__check_entries("checkpoint_restore", e, n);
     if (s) return s;
     FILE *f = fopen(path, "rb");
-    if (!f) return dpar_set_last_error(DPAR_ERR_IO, "dpar_checkpoint_restore: cannot open '%s': %s", path, strerror(errno));
+    if (!f)
+        return dpar_set_last_error(DPAR_ERR_IO, "dpar_checkpoint_restore: cannot open '%s': %s", path, strerror(errno));
     unsigned char *buf = NULL;
     size_t len = 0, cap = 0;
     for (;;) {
         if (len == cap) {
             size_t nc = cap ? cap * 2 : 65536;
             unsigned char *nb = (unsigned char *)DPAR_REALLOC(buf, nc);
-            if (!nb) { fclose(f); DPAR_FREE(buf); return dpar_set_last_error(DPAR_ERR_OUT_OF_MEMORY, "dpar_checkpoint_restore: out of host memory reading '%s'", path); }
-            buf = nb; cap = nc;
+            if (!nb) {
+                fclose(f);
+                DPAR_FREE(buf);
+                return dpar_set_last_error(DPAR_ERR_OUT_OF_MEMORY,
+                                           "dpar_checkpoint_restore: out of host memory reading '%s'", path);
+            }
+            buf = nb;
+            cap = nc;
         }
         size_t got = fread(buf + len, 1, cap - len, f);
         len += got;
@@ -1061,11 +1267,17 @@ DPAR_API dpar_status dpar_checkpoint_restore(const char *path, const dpar_checkp
         const dpar_array *a = e[i].array;
         const dpar_ckpt__rec *c = NULL;
         size_t nl = strlen(e[i].name);
-        for (uint32_t r = 0; r < nrec && !c; r++) if (recs[r].name_len == nl && !memcmp(recs[r].name, e[i].name, nl)) c = &recs[r];
-        if (!c) { s = dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_checkpoint_restore: '%s' has no entry named '%s'", path, e[i].name); break; }
+        for (uint32_t r = 0; r < nrec && !c; r++)
+            if (recs[r].name_len == nl && !memcmp(recs[r].name, e[i].name, nl)) c = &recs[r];
+        if (!c) {
+            s = dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_checkpoint_restore: '%s' has no entry named '%s'",
+                                    path, e[i].name);
+            break;
+        }
         if (c->dtype != (uint32_t)dpar_array_dtype(a)) {
-            s = dpar_set_last_error(DPAR_ERR_DTYPE, "dpar_checkpoint_restore: entry '%s' is %s in '%s' but the array is %s", e[i].name,
-                          dpar_dtype_name((dpar_dtype)c->dtype), path, dpar_dtype_name(dpar_array_dtype(a)));
+            s = dpar_set_last_error(DPAR_ERR_DTYPE,
+                                    "dpar_checkpoint_restore: entry '%s' is %s in '%s' but the array is %s", e[i].name,
+                                    dpar_dtype_name((dpar_dtype)c->dtype), path, dpar_dtype_name(dpar_array_dtype(a)));
             break;
         }
         int same = c->ndim == (uint32_t)dpar_array_ndim(a);
@@ -1073,18 +1285,27 @@ DPAR_API dpar_status dpar_checkpoint_restore(const char *path, const dpar_checkp
         if (!same && e[i].padded && c->ndim == 1) {
             /* accept another padding as long as what is cut off is zero */
             size_t es = dpar_dtype_size(dpar_array_dtype(a));
-            for (uint64_t k = (uint64_t)dpar_array_dim(a, 0) * es; k < c->nbytes && same == 0; k++) if (c->data[k]) same = -1;
-            if (same == 0) same = 1; else same = 0;
+            for (uint64_t k = (uint64_t)dpar_array_dim(a, 0) * es; k < c->nbytes && same == 0; k++)
+                if (c->data[k]) same = -1;
+            if (same == 0)
+                same = 1;
+            else
+                same = 0;
             if (!same) {
-                s = dpar_set_last_error(DPAR_ERR_SHAPE, "dpar_checkpoint_restore: padded entry '%s' has %lld elements in '%s', more than the array's %lld, "
-                              "and the extra elements are not zero padding", e[i].name, (long long)c->shape[0], path, (long long)dpar_array_dim(a, 0));
+                s = dpar_set_last_error(
+                    DPAR_ERR_SHAPE,
+                    "dpar_checkpoint_restore: padded entry '%s' has %lld elements in '%s', more than the array's %lld, "
+                    "and the extra elements are not zero padding",
+                    e[i].name, (long long)c->shape[0], path, (long long)dpar_array_dim(a, 0));
                 break;
             }
         }
         if (!same) {
             char x[160], y[160];
-            s = dpar_set_last_error(DPAR_ERR_SHAPE, "dpar_checkpoint_restore: entry '%s' has shape %s in '%s' but the array has %s", e[i].name,
-                          dpar_train__shape_str(x, sizeof x, (int)c->ndim, c->shape), path, dpar_train__array_shape_str(y, sizeof y, a));
+            s = dpar_set_last_error(DPAR_ERR_SHAPE,
+                                    "dpar_checkpoint_restore: entry '%s' has shape %s in '%s' but the array has %s",
+                                    e[i].name, dpar_train__shape_str(x, sizeof x, (int)c->ndim, c->shape), path,
+                                    dpar_train__array_shape_str(y, sizeof y, a));
             break;
         }
     }
@@ -1092,10 +1313,15 @@ DPAR_API dpar_status dpar_checkpoint_restore(const char *path, const dpar_checkp
         dpar_array *a = e[i].array;
         const dpar_ckpt__rec *c = NULL;
         size_t nl = strlen(e[i].name);
-        for (uint32_t r = 0; r < nrec && !c; r++) if (recs[r].name_len == nl && !memcmp(recs[r].name, e[i].name, nl)) c = &recs[r];
+        for (uint32_t r = 0; r < nrec && !c; r++)
+            if (recs[r].name_len == nl && !memcmp(recs[r].name, e[i].name, nl)) c = &recs[r];
         size_t es = dpar_dtype_size(dpar_array_dtype(a)), cnt = (size_t)dpar_train__count(a), nb = cnt * es;
         unsigned char *h = (unsigned char *)dpar_train__calloc(nb ? nb : 1, 1);
-        if (!h) { s = dpar_set_last_error(DPAR_ERR_OUT_OF_MEMORY, "dpar_checkpoint_restore: out of host memory (%zu bytes)", nb); break; }
+        if (!h) {
+            s = dpar_set_last_error(DPAR_ERR_OUT_OF_MEMORY, "dpar_checkpoint_restore: out of host memory (%zu bytes)",
+                                    nb);
+            break;
+        }
         memcpy(h, c->data, (size_t)c->nbytes < nb ? (size_t)c->nbytes : nb);
         dpar_ckpt__to_le(h, cnt, es); /* the same swap both ways */
         s = dpar_array_put(a, h);

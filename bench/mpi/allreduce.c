@@ -12,10 +12,19 @@
 #include "dpar.h"
 
 static int rank, nprocs;
-typedef struct { int iters; double *times; } bench_arg;
+typedef struct {
+    int iters;
+    double *times;
+} bench_arg;
 
-static int cmp(const void *a, const void *b) { double x = *(const double *)a, y = *(const double *)b; return x < y ? -1 : x > y; }
-static double median(double *t, int n) { qsort(t, (size_t)n, sizeof *t, cmp); return t[n / 2]; }
+static int cmp(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+static double median(double *t, int n) {
+    qsort(t, (size_t)n, sizeof *t, cmp);
+    return t[n / 2];
+}
 
 static dpar_status psum_loop(dpar_ctx *ctx, void *user) {
     bench_arg *a = user;
@@ -43,9 +52,15 @@ int main(int argc, char **argv) {
     if (!strcmp(mode, "dpar")) {
         MPI_Comm world = MPI_COMM_WORLD;
         dpar_runtime_desc rd = { .backend = DPAR_BACKEND_CPU, .num_devices = local, .mpi = { .comm = &world } };
-        if (dpar_runtime_create(&rd, &rt)) { fprintf(stderr, "%s\n", dpar_last_error()); MPI_Abort(MPI_COMM_WORLD, 1); }
+        if (dpar_runtime_create(&rd, &rt)) {
+            fprintf(stderr, "%s\n", dpar_last_error());
+            MPI_Abort(MPI_COMM_WORLD, 1);
+        }
         dpar_mesh_desc md = { .ndim = 1, .shape = { dpar_runtime_device_count(rt) }, .axis_names = { "data" } };
-        if (dpar_mesh_create(rt, &md, &mesh)) { fprintf(stderr, "%s\n", dpar_last_error()); MPI_Abort(MPI_COMM_WORLD, 1); }
+        if (dpar_mesh_create(rt, &md, &mesh)) {
+            fprintf(stderr, "%s\n", dpar_last_error());
+            MPI_Abort(MPI_COMM_WORLD, 1);
+        }
     }
     int ndev = rt ? dpar_runtime_device_count(rt) : nprocs;
     for (size_t bytes = 4096; bytes <= maxb; bytes *= 4) {
@@ -55,10 +70,16 @@ int main(int argc, char **argv) {
         if (rt) {
             dpar_array_desc ad = { .dtype = DPAR_F32, .ndim = 2, .shape = { ndev, count }, .spec = { "data" } };
             dpar_array *arr;
-            if (dpar_array_create(mesh, &ad, &arr)) { fprintf(stderr, "%s\n", dpar_last_error()); MPI_Abort(MPI_COMM_WORLD, 1); }
+            if (dpar_array_create(mesh, &ad, &arr)) {
+                fprintf(stderr, "%s\n", dpar_last_error());
+                MPI_Abort(MPI_COMM_WORLD, 1);
+            }
             bench_arg a = { iters, times };
             dpar_shard_map_desc sd = { .fn = psum_loop, .user = &a, .num_args = 1, .args = { arr } };
-            if (dpar_shard_map(mesh, &sd)) { fprintf(stderr, "%s\n", dpar_last_error()); MPI_Abort(MPI_COMM_WORLD, 1); }
+            if (dpar_shard_map(mesh, &sd)) {
+                fprintf(stderr, "%s\n", dpar_last_error());
+                MPI_Abort(MPI_COMM_WORLD, 1);
+            }
             dpar_array_destroy(arr);
         } else {
             float *buf = calloc((size_t)count, sizeof(float));
@@ -75,8 +96,8 @@ int main(int argc, char **argv) {
         MPI_Bcast(&t, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
         double alg = (double)bytes / t / 1e9, bus = alg * 2.0 * (ndev - 1) / ndev;
         if (rank == 0)
-            printf("allreduce %s devices=%d processes=%d bytes=%zu time_us=%.1f algbw_GBps=%.3f busbw_GBps=%.3f\n", mode, ndev, nprocs, bytes,
-                   t * 1e6, alg, bus);
+            printf("allreduce %s devices=%d processes=%d bytes=%zu time_us=%.1f algbw_GBps=%.3f busbw_GBps=%.3f\n",
+                   mode, ndev, nprocs, bytes, t * 1e6, alg, bus);
         fflush(stdout);
         free(times);
     }

@@ -20,30 +20,39 @@ int main(void) {
     rd.backend = DPAR_BACKEND_CPU;
     rd.num_devices = 2;
     dpar_runtime *rt = NULL;
-    if (dpar_runtime_create(&rd, &rt)) { fprintf(stderr, "%s\n", dpar_last_error()); return 1; }
+    if (dpar_runtime_create(&rd, &rt)) {
+        fprintf(stderr, "%s\n", dpar_last_error());
+        return 1;
+    }
     int first = -1, count = -1;
     dpar_local_devices(rt, &first, &count);
     dpar_device_info info;
     dpar_device_stats st;
-    int bad = dpar_device_count(rt) != 2 || dpar_process_index(rt) != 0 || dpar_process_count(rt) != 1 ||
-              first != 0 || count != 2 || dpar_device_info_get(rt, 1, &info) != DPAR_OK ||
-              dpar_device_sync(rt, 0) != DPAR_OK || dpar_device_stats_get(rt, 0, &st) != DPAR_OK;
+    int bad = dpar_device_count(rt) != 2 || dpar_process_index(rt) != 0 || dpar_process_count(rt) != 1 || first != 0 ||
+              count != 2 || dpar_device_info_get(rt, 1, &info) != DPAR_OK || dpar_device_sync(rt, 0) != DPAR_OK ||
+              dpar_device_stats_get(rt, 0, &st) != DPAR_OK;
     dpar_stats_reset(rt);
     dpar_mesh_desc md;
     memset(&md, 0, sizeof md);
-    md.ndim = 1; md.shape[0] = 2; md.axis_names[0] = "data";
+    md.ndim = 1;
+    md.shape[0] = 2;
+    md.axis_names[0] = "data";
     dpar_mesh *m = NULL;
-    int got[2] = {0, 0};
+    int got[2] = { 0, 0 };
     dpar_shard_map_desc sd;
     memset(&sd, 0, sizeof sd);
-    sd.fn = fn; sd.user = got;
+    sd.fn = fn;
+    sd.user = got;
     bad = bad || dpar_mesh_create(rt, &md, &m) || dpar_shard_map(m, &sd) || got[0] != 2 || got[1] != 12;
     dpar_buffer *b = NULL;
-    int64_t shape[1] = {4};
+    int64_t shape[1] = { 4 };
     if (dpar_buffer_create(rt, 0, DPAR_F32, 1, shape, &b) == DPAR_OK) dpar_buffer_destroy(b);
     dpar_mesh_destroy(m);
     dpar_runtime_destroy(rt);
-    if (bad) { fprintf(stderr, "old names: wrong result: %s\n", dpar_last_error()); return 1; }
+    if (bad) {
+        fprintf(stderr, "old names: wrong result: %s\n", dpar_last_error());
+        return 1;
+    }
     printf("old names: ok\n");
     return 0;
 }

@@ -81,23 +81,41 @@
 // ---------------------------------------------------------------------------
 // Kernel shim
 // ---------------------------------------------------------------------------
-struct dim3 { unsigned x, y, z; };
+struct dim3 {
+    unsigned x, y, z;
+};
 static thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
-struct float4 { float x, y, z, w; };
-static inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
-static inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
+struct float4 {
+    float x, y, z, w;
+};
+static inline unsigned __float_as_uint(float f) {
+    unsigned u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+static inline float __uint_as_float(unsigned u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
 
-static pthread_barrier_t g_block_bar;       // all threads of the running block
-static pthread_barrier_t g_warp_bar[32];    // per warp
+static pthread_barrier_t g_block_bar;    // all threads of the running block
+static pthread_barrier_t g_warp_bar[32]; // per warp
 static double g_warp_val[32][32];
-static bool g_threaded;                      // running a block with real threads
+static bool g_threaded; // running a block with real threads
 
 static void mock_syncthreads() {
-    if (!g_threaded) { fprintf(stderr, "mock: __syncthreads in a kernel not marked threaded\n"); abort(); }
+    if (!g_threaded) {
+        fprintf(stderr, "mock: __syncthreads in a kernel not marked threaded\n");
+        abort();
+    }
     pthread_barrier_wait(&g_block_bar);
 }
 template <typename T> static T mock_shfl_xor(T v, int o) {
-    if (!g_threaded) { fprintf(stderr, "mock: warp shuffle in a kernel not marked threaded\n"); abort(); }
+    if (!g_threaded) {
+        fprintf(stderr, "mock: warp shuffle in a kernel not marked threaded\n");
+        abort();
+    }
     unsigned lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     g_warp_val[w][lane] = (double)v;
     pthread_barrier_wait(&g_warp_bar[w]);
@@ -107,9 +125,9 @@ template <typename T> static T mock_shfl_xor(T v, int o) {
 }
 #define __global__
 #define __device__
-#define __forceinline__ inline
-#define __shared__ static
-#define __syncthreads() mock_syncthreads()
+#define __forceinline__             inline
+#define __shared__                  static
+#define __syncthreads()             mock_syncthreads()
 #define __shfl_xor_sync(mask, v, o) mock_shfl_xor((v), (o))
 
 #include "../../kernels/dpar_kernels.cu"
@@ -118,14 +136,15 @@ template <typename T> static T mock_shfl_xor(T v, int o) {
 // Kernel table and launcher
 // ---------------------------------------------------------------------------
 typedef void (*launch_fn)(void *f, void **args);
-template <typename... A, size_t... I>
-static void call_with(void (*f)(A...), void **args, std::index_sequence<I...>) {
+template <typename... A, size_t... I> static void call_with(void (*f)(A...), void **args, std::index_sequence<I...>) {
     f(*(typename std::remove_reference<A>::type *)args[I]...);
 }
 template <typename... A> static void invoke(void *f, void **args) {
     call_with((void (*)(A...))f, args, std::index_sequence_for<A...>{});
 }
-template <typename... A> static launch_fn launcher_of(void (*)(A...)) { return &invoke<A...>; }
+template <typename... A> static launch_fn launcher_of(void (*)(A...)) {
+    return &invoke<A...>;
+}
 
 typedef std::vector<std::string> (*capture_fn)(void **args);
 template <typename... A, size_t... I>
@@ -135,22 +154,43 @@ static std::vector<std::string> capture_with(void **args, std::index_sequence<I.
 template <typename... A> static std::vector<std::string> capture_args(void **args) {
     return capture_with<A...>(args, std::index_sequence_for<A...>{});
 }
-template <typename... A> static capture_fn capture_of(void (*)(A...)) { return &capture_args<A...>; }
+template <typename... A> static capture_fn capture_of(void (*)(A...)) {
+    return &capture_args<A...>;
+}
 
-struct kinfo { const char *name; void *fn; launch_fn run; bool threaded; capture_fn capture; };
-#define K(name, thr) { #name, (void *)&name, launcher_of(&name), thr, capture_of(&name) }
+struct kinfo {
+    const char *name;
+    void *fn;
+    launch_fn run;
+    bool threaded;
+    capture_fn capture;
+};
+#define K(name, thr) \
+    { #name, (void *)&name, launcher_of(&name), thr, capture_of(&name) }
 static const kinfo g_kernels[] = {
-    K(dpar_k_scale, false), K(dpar_k_axpy, false), K(dpar_k_relu, false), K(dpar_k_relu_bwd, false),
-    K(dpar_k_bias_add, false), K(dpar_k_bias_grad, false), K(dpar_k_cast, false), K(dpar_k_sgd, false),
-    K(dpar_k_reduce_partial, true), K(dpar_k_reduce_partial_f64, true), K(dpar_k_mse_partial, true),
-    K(dpar_k_reduce_final, true), K(dpar_k_xent_rows, true), K(dpar_k_vreduce, false),
-    K(dpar_k_to_key, false), K(dpar_k_from_key, false), K(dpar_k_div_i32, false), K(dpar_k_copy_nd, false),
+    K(dpar_k_scale, false),         K(dpar_k_axpy, false),
+    K(dpar_k_relu, false),          K(dpar_k_relu_bwd, false),
+    K(dpar_k_bias_add, false),      K(dpar_k_bias_grad, false),
+    K(dpar_k_cast, false),          K(dpar_k_sgd, false),
+    K(dpar_k_reduce_partial, true), K(dpar_k_reduce_partial_f64, true),
+    K(dpar_k_mse_partial, true),    K(dpar_k_reduce_final, true),
+    K(dpar_k_xent_rows, true),      K(dpar_k_vreduce, false),
+    K(dpar_k_to_key, false),        K(dpar_k_from_key, false),
+    K(dpar_k_div_i32, false),       K(dpar_k_copy_nd, false),
 };
 
-struct thr_arg { const kinfo *k; void **args; dim3 b, bd, gd; unsigned t; };
+struct thr_arg {
+    const kinfo *k;
+    void **args;
+    dim3 b, bd, gd;
+    unsigned t;
+};
 static void *thr_main(void *p) {
     thr_arg *a = (thr_arg *)p;
-    threadIdx = dim3{ a->t, 0, 0 }; blockIdx = a->b; blockDim = a->bd; gridDim = a->gd;
+    threadIdx = dim3{ a->t, 0, 0 };
+    blockIdx = a->b;
+    blockDim = a->bd;
+    gridDim = a->gd;
     a->k->run(a->k->fn, a->args);
     return NULL;
 }
@@ -165,12 +205,18 @@ static void run_kernel(const kinfo *k, unsigned gx, unsigned bx, void **args) {
     if (!k->threaded) {
         for (unsigned b = 0; b < gx; b++)
             for (unsigned t = 0; t < bx; t++) {
-                threadIdx = dim3{ t, 0, 0 }; blockIdx = dim3{ b, 0, 0 }; blockDim = bd; gridDim = gd;
+                threadIdx = dim3{ t, 0, 0 };
+                blockIdx = dim3{ b, 0, 0 };
+                blockDim = bd;
+                gridDim = gd;
                 k->run(k->fn, args);
             }
         return;
     }
-    if (bx % 32) { fprintf(stderr, "mock: threaded kernel %s with block %u\n", k->name, bx); abort(); }
+    if (bx % 32) {
+        fprintf(stderr, "mock: threaded kernel %s with block %u\n", k->name, bx);
+        abort();
+    }
     g_threaded = true;
     std::vector<pthread_t> th(bx);
     std::vector<thr_arg> ta(bx);
@@ -182,7 +228,10 @@ static void run_kernel(const kinfo *k, unsigned gx, unsigned bx, void **args) {
         for (unsigned w = 0; w < bx / 32; w++) pthread_barrier_init(&g_warp_bar[w], NULL, 32);
         for (unsigned t = 0; t < bx; t++) {
             ta[t] = thr_arg{ k, args, dim3{ b, 0, 0 }, bd, gd, t };
-            if (pthread_create(&th[t], &attr, thr_main, &ta[t])) { fprintf(stderr, "mock: pthread_create\n"); abort(); }
+            if (pthread_create(&th[t], &attr, thr_main, &ta[t])) {
+                fprintf(stderr, "mock: pthread_create\n");
+                abort();
+            }
         }
         for (unsigned t = 0; t < bx; t++) pthread_join(th[t], NULL);
         pthread_barrier_destroy(&g_block_bar);
@@ -191,7 +240,6 @@ static void run_kernel(const kinfo *k, unsigned gx, unsigned bx, void **args) {
     pthread_attr_destroy(&attr);
     g_threaded = false;
 }
-
 
 // ---------------------------------------------------------------------------
 // Streams and events
@@ -211,10 +259,17 @@ struct mevent {
 };
 static int jitter_us() {
     static int j = -1;
-    if (j < 0) { const char *e = getenv("MOCK_CUDA_JITTER_US"); j = e ? atoi(e) : 20; }
+    if (j < 0) {
+        const char *e = getenv("MOCK_CUDA_JITTER_US");
+        j = e ? atoi(e) : 20;
+    }
     return j;
 }
-static bool sync_mode() { static int m = -1; if (m < 0) m = getenv("MOCK_CUDA_SYNC") != NULL; return m; }
+static bool sync_mode() {
+    static int m = -1;
+    if (m < 0) m = getenv("MOCK_CUDA_SYNC") != NULL;
+    return m;
+}
 static void stream_loop(mstream *s) {
     unsigned seed = (unsigned)(uintptr_t)s;
     std::unique_lock<std::mutex> l(s->mu);
@@ -233,7 +288,10 @@ static void stream_loop(mstream *s) {
 }
 static void enqueue(void *sv, std::function<void()> f) {
     mstream *s = (mstream *)sv;
-    if (!s || sync_mode()) { f(); return; }
+    if (!s || sync_mode()) {
+        f();
+        return;
+    }
     std::lock_guard<std::mutex> l(s->mu);
     s->q.push_back(std::move(f));
     s->enq++;
@@ -250,21 +308,43 @@ static void stream_sync(void *sv) {
 // ---------------------------------------------------------------------------
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
-enum { OK = 0, ERR_INVALID_VALUE = 1, ERR_OOM = 2, ERR_NOT_INIT = 3, ERR_NO_DEVICE = 100,
-       ERR_INVALID_DEVICE = 101, ERR_INVALID_CONTEXT = 201, ERR_NOT_FOUND = 500 };
+enum {
+    OK = 0,
+    ERR_INVALID_VALUE = 1,
+    ERR_OOM = 2,
+    ERR_NOT_INIT = 3,
+    ERR_NO_DEVICE = 100,
+    ERR_INVALID_DEVICE = 101,
+    ERR_INVALID_CONTEXT = 201,
+    ERR_NOT_FOUND = 500
+};
 static const size_t GUARD = 64;
 static std::mutex g_mu;
 static std::map<uintptr_t, size_t> g_allocs;
 static std::vector<void *> g_quarantine;
 static int g_inited, g_ngpu = 1;
-static int g_phys[16] = { 0 };              /* ordinal -> physical mock GPU (CUDA_VISIBLE_DEVICES) */
-struct CUuuid { char bytes[16]; };
-struct mock_ctx { int dev; int refs; };     /* dev: the ordinal */
+static int g_phys[16] = { 0 }; /* ordinal -> physical mock GPU (CUDA_VISIBLE_DEVICES) */
+struct CUuuid {
+    char bytes[16];
+};
+struct mock_ctx {
+    int dev;
+    int refs;
+}; /* dev: the ordinal */
 static mock_ctx g_ctx[16];
 static thread_local mock_ctx *t_cur;
 
-static int fail_bad(const char *what) { fprintf(stderr, "mock cuda: %s\n", what); return ERR_INVALID_VALUE; }
-#define NEED_CTX() do { if (!t_cur) { fprintf(stderr, "mock cuda: %s without a current context\n", __func__); return ERR_INVALID_CONTEXT; } } while (0)
+static int fail_bad(const char *what) {
+    fprintf(stderr, "mock cuda: %s\n", what);
+    return ERR_INVALID_VALUE;
+}
+#define NEED_CTX()                                                                  \
+    do {                                                                            \
+        if (!t_cur) {                                                               \
+            fprintf(stderr, "mock cuda: %s without a current context\n", __func__); \
+            return ERR_INVALID_CONTEXT;                                             \
+        }                                                                           \
+    } while (0)
 
 // checks [p, p+n) lies inside one allocation
 static bool in_alloc(CUdeviceptr p, size_t n) {
@@ -306,7 +386,10 @@ CUresult cuInit(unsigned flags) {
     g_inited = 1;
     return OK;
 }
-CUresult cuDriverGetVersion(int *v) { *v = 13000; return OK; }
+CUresult cuDriverGetVersion(int *v) {
+    *v = 13000;
+    return OK;
+}
 CUresult cuGetErrorName(CUresult r, const char **s) {
     switch (r) {
     case OK: *s = "CUDA_SUCCESS"; break;
@@ -327,8 +410,16 @@ CUresult cuGetErrorString(CUresult r, const char **s) {
     }
     return OK;
 }
-CUresult cuDeviceGetCount(int *n) { if (!g_inited) return ERR_NOT_INIT; *n = g_ngpu; return OK; }
-CUresult cuDeviceGet(int *d, int i) { if (i < 0 || i >= g_ngpu) return ERR_INVALID_DEVICE; *d = i; return OK; }
+CUresult cuDeviceGetCount(int *n) {
+    if (!g_inited) return ERR_NOT_INIT;
+    *n = g_ngpu;
+    return OK;
+}
+CUresult cuDeviceGet(int *d, int i) {
+    if (i < 0 || i >= g_ngpu) return ERR_INVALID_DEVICE;
+    *d = i;
+    return OK;
+}
 CUresult cuDeviceGetName(char *s, int len, int d) {
     if (d < 0 || d >= g_ngpu) return ERR_INVALID_DEVICE;
     snprintf(s, (size_t)len, "Mock GPU %d", g_phys[d]);
@@ -343,8 +434,14 @@ CUresult cuDeviceGetUuid(CUuuid *u, int d) {
     memcpy(u->bytes, b, 16);
     return OK;
 }
-CUresult cuDeviceGetUuid_v2(CUuuid *u, int d) { return cuDeviceGetUuid(u, d); }
-CUresult cuDeviceTotalMem_v2(size_t *b, int d) { (void)d; *b = (size_t)1 << 34; return OK; }
+CUresult cuDeviceGetUuid_v2(CUuuid *u, int d) {
+    return cuDeviceGetUuid(u, d);
+}
+CUresult cuDeviceTotalMem_v2(size_t *b, int d) {
+    (void)d;
+    *b = (size_t)1 << 34;
+    return OK;
+}
 CUresult cuDeviceGetAttribute(int *v, int attr, int d) {
     (void)d;
     *v = attr == 75 ? 9 : attr == 76 ? 0 : attr == 16 ? 132 : 0;
@@ -353,7 +450,8 @@ CUresult cuDeviceGetAttribute(int *v, int attr, int d) {
 CUresult cuDevicePrimaryCtxRetain(void **c, int d) {
     if (d < 0 || d >= g_ngpu) return ERR_INVALID_DEVICE;
     std::lock_guard<std::mutex> lock(g_mu);
-    g_ctx[d].dev = d; g_ctx[d].refs++;
+    g_ctx[d].dev = d;
+    g_ctx[d].refs++;
     *c = &g_ctx[d];
     return OK;
 }
@@ -363,9 +461,13 @@ CUresult cuDevicePrimaryCtxRelease_v2(int d) {
     g_ctx[d].refs--;
     return OK;
 }
-CUresult cuCtxSetCurrent(void *c) { t_cur = (mock_ctx *)c; return OK; }
+CUresult cuCtxSetCurrent(void *c) {
+    t_cur = (mock_ctx *)c;
+    return OK;
+}
 CUresult cuStreamCreate(void **s, unsigned f) {
-    NEED_CTX(); (void)f;
+    NEED_CTX();
+    (void)f;
     mstream *m = new mstream();
     m->th = std::thread(stream_loop, m);
     *s = m;
@@ -374,25 +476,47 @@ CUresult cuStreamCreate(void **s, unsigned f) {
 CUresult cuStreamDestroy_v2(void *s) {
     mstream *m = (mstream *)s;
     stream_sync(m);
-    { std::lock_guard<std::mutex> l(m->mu); m->stop = true; m->cv.notify_all(); }
+    {
+        std::lock_guard<std::mutex> l(m->mu);
+        m->stop = true;
+        m->cv.notify_all();
+    }
     m->th.join();
     delete m;
     return OK;
 }
-CUresult cuStreamSynchronize(void *s) { stream_sync(s); return OK; }
+CUresult cuStreamSynchronize(void *s) {
+    stream_sync(s);
+    return OK;
+}
 CUresult cuStreamQuery(void *s) {
     mstream *m = (mstream *)s;
     std::lock_guard<std::mutex> l(m->mu);
     return m->done == m->enq ? OK : 600;
 }
-CUresult cuEventCreate(void **e, unsigned f) { NEED_CTX(); (void)f; *e = new mevent(); return OK; }
-CUresult cuEventDestroy_v2(void *e) { delete (mevent *)e; return OK; }
+CUresult cuEventCreate(void **e, unsigned f) {
+    NEED_CTX();
+    (void)f;
+    *e = new mevent();
+    return OK;
+}
+CUresult cuEventDestroy_v2(void *e) {
+    delete (mevent *)e;
+    return OK;
+}
 CUresult cuEventRecord(void *ev, void *s) {
     mevent *e = (mevent *)ev;
     if (!e) return ERR_INVALID_VALUE;
     uint64_t g;
-    { std::lock_guard<std::mutex> l(e->mu); g = ++e->rec; }
-    enqueue(s, [e, g] { std::lock_guard<std::mutex> l(e->mu); if (e->comp < g) e->comp = g; e->cv.notify_all(); });
+    {
+        std::lock_guard<std::mutex> l(e->mu);
+        g = ++e->rec;
+    }
+    enqueue(s, [e, g] {
+        std::lock_guard<std::mutex> l(e->mu);
+        if (e->comp < g) e->comp = g;
+        e->cv.notify_all();
+    });
     return OK;
 }
 CUresult cuEventQuery(void *ev) {
@@ -405,8 +529,14 @@ CUresult cuStreamWaitEvent(void *s, void *ev, unsigned f) {
     mevent *e = (mevent *)ev;
     if (!e) return ERR_INVALID_VALUE;
     uint64_t g;
-    { std::lock_guard<std::mutex> l(e->mu); g = e->rec; }
-    enqueue(s, [e, g] { std::unique_lock<std::mutex> l(e->mu); e->cv.wait(l, [&] { return e->comp >= g; }); });
+    {
+        std::lock_guard<std::mutex> l(e->mu);
+        g = e->rec;
+    }
+    enqueue(s, [e, g] {
+        std::unique_lock<std::mutex> l(e->mu);
+        e->cv.wait(l, [&] { return e->comp >= g; });
+    });
     return OK;
 }
 CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
@@ -414,7 +544,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
     if (n == 0) return ERR_INVALID_VALUE; // as the real driver
     unsigned char *m = (unsigned char *)aligned_alloc(256, (n + GUARD + 255) / 256 * 256);
     if (!m) return ERR_OOM;
-    memset(m, 0xA5, n);          // not zeroed, like device memory
+    memset(m, 0xA5, n); // not zeroed, like device memory
     memset(m + n, 0x5A, GUARD);
     std::lock_guard<std::mutex> lock(g_mu);
     g_allocs[(uintptr_t)m] = n;
@@ -425,7 +555,10 @@ CUresult cuMemFree_v2(CUdeviceptr p) {
     NEED_CTX();
     std::lock_guard<std::mutex> lock(g_mu);
     auto it = g_allocs.find((uintptr_t)p);
-    if (it == g_allocs.end()) { fprintf(stderr, "mock cuda: cuMemFree of unknown pointer %llx\n", p); abort(); }
+    if (it == g_allocs.end()) {
+        fprintf(stderr, "mock cuda: cuMemFree of unknown pointer %llx\n", p);
+        abort();
+    }
     unsigned char *m = (unsigned char *)(uintptr_t)p;
     for (size_t i = 0; i < GUARD; i++)
         if (m[it->second + i] != 0x5A) {
@@ -433,62 +566,88 @@ CUresult cuMemFree_v2(CUdeviceptr p) {
             abort();
         }
     memset(m, 0xFF, it->second); /* poisoned and never reused: late readers see NaN */
-    g_quarantine.push_back(m);    /* kept reachable (not a leak for LeakSanitizer) */
+    g_quarantine.push_back(m);   /* kept reachable (not a leak for LeakSanitizer) */
     g_allocs.erase(it);
     return OK;
 }
-#define CHECK_RANGE(p, n) do { if ((n) != 0 && !in_alloc((p), (n))) { \
-    fprintf(stderr, "mock cuda: %s: [%llx, +%zu) is outside every allocation\n", __func__, (p), (size_t)(n)); abort(); } } while (0)
+#define CHECK_RANGE(p, n)                                                                                             \
+    do {                                                                                                              \
+        if ((n) != 0 && !in_alloc((p), (n))) {                                                                        \
+            fprintf(stderr, "mock cuda: %s: [%llx, +%zu) is outside every allocation\n", __func__, (p), (size_t)(n)); \
+            abort();                                                                                                  \
+        }                                                                                                             \
+    } while (0)
 CUresult cuMemsetD8Async(CUdeviceptr p, unsigned char v, size_t n, void *s) {
-    NEED_CTX(); CHECK_RANGE(p, n);
+    NEED_CTX();
+    CHECK_RANGE(p, n);
     enqueue(s, [=] { memset((void *)(uintptr_t)p, v, n); });
     return OK;
 }
 CUresult cuMemsetD16Async(CUdeviceptr p, unsigned short v, size_t n, void *s) {
-    NEED_CTX(); CHECK_RANGE(p, 2 * n);
-    enqueue(s, [=] { for (size_t i = 0; i < n; i++) ((unsigned short *)(uintptr_t)p)[i] = v; });
+    NEED_CTX();
+    CHECK_RANGE(p, 2 * n);
+    enqueue(s, [=] {
+        for (size_t i = 0; i < n; i++) ((unsigned short *)(uintptr_t)p)[i] = v;
+    });
     return OK;
 }
 CUresult cuMemsetD32Async(CUdeviceptr p, unsigned v, size_t n, void *s) {
-    NEED_CTX(); CHECK_RANGE(p, 4 * n);
-    enqueue(s, [=] { for (size_t i = 0; i < n; i++) ((unsigned *)(uintptr_t)p)[i] = v; });
+    NEED_CTX();
+    CHECK_RANGE(p, 4 * n);
+    enqueue(s, [=] {
+        for (size_t i = 0; i < n; i++) ((unsigned *)(uintptr_t)p)[i] = v;
+    });
     return OK;
 }
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *h, size_t n, void *s) {
-    NEED_CTX(); CHECK_RANGE(d, n);
+    NEED_CTX();
+    CHECK_RANGE(d, n);
     /* pageable source: staged at the call, as the driver does */
     std::vector<unsigned char> data((const unsigned char *)h, (const unsigned char *)h + n);
     enqueue(s, [=] { memcpy((void *)(uintptr_t)d, data.data(), n); });
     return OK;
 }
 CUresult cuMemcpyDtoHAsync_v2(void *h, CUdeviceptr d, size_t n, void *s) {
-    NEED_CTX(); CHECK_RANGE(d, n);
+    NEED_CTX();
+    CHECK_RANGE(d, n);
     /* pageable destination: returns when the copy is done, as the driver does */
     enqueue(s, [=] { memcpy(h, (const void *)(uintptr_t)d, n); });
     stream_sync(s);
     return OK;
 }
 CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr sp, size_t n, void *s) {
-    NEED_CTX(); CHECK_RANGE(d, n); CHECK_RANGE(sp, n);
+    NEED_CTX();
+    CHECK_RANGE(d, n);
+    CHECK_RANGE(sp, n);
     enqueue(s, [=] { memmove((void *)(uintptr_t)d, (const void *)(uintptr_t)sp, n); });
     return OK;
 }
 CUresult cuModuleLoadDataEx(void **m, const void *img, unsigned n, int *opts, void **vals) {
-    NEED_CTX(); (void)n; (void)opts; (void)vals;
+    NEED_CTX();
+    (void)n;
+    (void)opts;
+    (void)vals;
     if (!strstr((const char *)img, ".visible .entry dpar_k_")) return fail_bad("module image is not the dpar PTX");
     *m = malloc(8);
     return OK;
 }
-CUresult cuModuleUnload(void *m) { free(m); return OK; }
+CUresult cuModuleUnload(void *m) {
+    free(m);
+    return OK;
+}
 CUresult cuModuleGetFunction(void **f, void *m, const char *name) {
     (void)m;
     for (const kinfo &k : g_kernels)
-        if (strcmp(k.name, name) == 0) { *f = (void *)&k; return OK; }
+        if (strcmp(k.name, name) == 0) {
+            *f = (void *)&k;
+            return OK;
+        }
     return ERR_NOT_FOUND;
 }
 CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                         unsigned shmem, void *s, void **args, void **extra) {
-    NEED_CTX(); (void)shmem;
+    NEED_CTX();
+    (void)shmem;
     if (!f || gy != 1 || gz != 1 || by != 1 || bz != 1 || extra || !args || gx == 0 || bx == 0 || bx > 1024)
         return fail_bad("cuLaunchKernel: unexpected launch configuration");
     const kinfo *k = (const kinfo *)f;
@@ -504,11 +663,25 @@ CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned
 // ---------------------------------------------------------------------------
 // cuBLAS (column major, as the real one)
 // ---------------------------------------------------------------------------
-struct mblas { void *stream; };
-int cublasCreate_v2(void **h) { if (!t_cur) return 1; *h = new mblas{ NULL }; return 0; }
-int cublasDestroy_v2(void *h) { delete (mblas *)h; return 0; }
-int cublasSetStream_v2(void *h, void *s) { ((mblas *)h)->stream = s; return 0; }
-const char *cublasGetStatusString(int s) { return s == 7 ? "CUBLAS_STATUS_INVALID_VALUE" : "mock cuBLAS status"; }
+struct mblas {
+    void *stream;
+};
+int cublasCreate_v2(void **h) {
+    if (!t_cur) return 1;
+    *h = new mblas{ NULL };
+    return 0;
+}
+int cublasDestroy_v2(void *h) {
+    delete (mblas *)h;
+    return 0;
+}
+int cublasSetStream_v2(void *h, void *s) {
+    ((mblas *)h)->stream = s;
+    return 0;
+}
+const char *cublasGetStatusString(int s) {
+    return s == 7 ? "CUBLAS_STATUS_INVALID_VALUE" : "mock cuBLAS status";
+}
 static float ld_elem(const void *p, int t, size_t i) { /* t: CUDA_R_32F 0, _16F 2, _16BF 14 */
     if (t == 0) return ((const float *)p)[i];
     uint16_t h = ((const uint16_t *)p)[i];
@@ -517,9 +690,18 @@ static float ld_elem(const void *p, int t, size_t i) { /* t: CUDA_R_32F 0, _16F 
 static int gemm(int ta, int tb, int m, int n, int k, float alpha, const void *A, int at, int lda, const void *B, int bt,
                 int ldb, float beta, void *C, int ct, int ldc) {
     if (m < 0 || n < 0 || k < 0) return 7;
-    if (lda < (ta ? (k > 1 ? k : 1) : (m > 1 ? m : 1))) { fprintf(stderr, "mock cuBLAS: lda %d too small\n", lda); return 7; }
-    if (ldb < (tb ? (n > 1 ? n : 1) : (k > 1 ? k : 1))) { fprintf(stderr, "mock cuBLAS: ldb %d too small\n", ldb); return 7; }
-    if (ldc < (m > 1 ? m : 1)) { fprintf(stderr, "mock cuBLAS: ldc %d too small\n", ldc); return 7; }
+    if (lda < (ta ? (k > 1 ? k : 1) : (m > 1 ? m : 1))) {
+        fprintf(stderr, "mock cuBLAS: lda %d too small\n", lda);
+        return 7;
+    }
+    if (ldb < (tb ? (n > 1 ? n : 1) : (k > 1 ? k : 1))) {
+        fprintf(stderr, "mock cuBLAS: ldb %d too small\n", ldb);
+        return 7;
+    }
+    if (ldc < (m > 1 ? m : 1)) {
+        fprintf(stderr, "mock cuBLAS: ldc %d too small\n", ldc);
+        return 7;
+    }
     if (ct != 0) return 7;
     for (int i = 0; i < m; i++)
         for (int j = 0; j < n; j++) {
@@ -536,9 +718,18 @@ static int gemm(int ta, int tb, int m, int n, int k, float alpha, const void *A,
 }
 static int gemm_check(int ta, int tb, int m, int n, int k, int lda, int ldb, int ldc, int ct) {
     if (m < 0 || n < 0 || k < 0) return 7;
-    if (lda < (ta ? (k > 1 ? k : 1) : (m > 1 ? m : 1))) { fprintf(stderr, "mock cuBLAS: lda %d too small\n", lda); return 7; }
-    if (ldb < (tb ? (n > 1 ? n : 1) : (k > 1 ? k : 1))) { fprintf(stderr, "mock cuBLAS: ldb %d too small\n", ldb); return 7; }
-    if (ldc < (m > 1 ? m : 1)) { fprintf(stderr, "mock cuBLAS: ldc %d too small\n", ldc); return 7; }
+    if (lda < (ta ? (k > 1 ? k : 1) : (m > 1 ? m : 1))) {
+        fprintf(stderr, "mock cuBLAS: lda %d too small\n", lda);
+        return 7;
+    }
+    if (ldb < (tb ? (n > 1 ? n : 1) : (k > 1 ? k : 1))) {
+        fprintf(stderr, "mock cuBLAS: ldb %d too small\n", ldb);
+        return 7;
+    }
+    if (ldc < (m > 1 ? m : 1)) {
+        fprintf(stderr, "mock cuBLAS: ldc %d too small\n", ldc);
+        return 7;
+    }
     return ct != 0 ? 7 : 0;
 }
 int cublasSgemm_v2(void *h, int ta, int tb, int m, int n, int k, const float *alpha, const float *A, int lda,
@@ -566,7 +757,12 @@ int cublasGemmEx(void *h, int ta, int tb, int m, int n, int k, const void *alpha
 // ranks in any processes, several per process too, through a POSIX
 // shared-memory segment (see "NCCL across processes" below).
 // ---------------------------------------------------------------------------
-struct p2p { int src, dst; const void *buf; size_t bytes; bool taken; };
+struct p2p {
+    int src, dst;
+    const void *buf;
+    size_t bytes;
+    bool taken;
+};
 struct clique {
     int n;
     pthread_barrier_t bar;
@@ -581,9 +777,9 @@ struct clique {
 };
 struct xseg;
 struct mcomm {
-    clique *c;              /* ncclCommInitAll; NULL for ncclCommInitRank */
+    clique *c; /* ncclCommInitAll; NULL for ncclCommInitRank */
     int rank, n;
-    int dev = -1;           /* the ordinal of its GPU */
+    int dev = -1; /* the ordinal of its GPU */
     /* ncclCommInitRank only */
     std::string xname;      /* the shared-memory segment */
     xseg *x = nullptr;      /* attached: from a successful init until the last reference goes */
@@ -601,7 +797,9 @@ struct mcomm {
     std::condition_variable scv;
     mcomm(clique *c_, int rank_, int n_) : c(c_), rank(rank_), n(n_) {}
 };
-static size_t nccl_es(int t) { return t == 6 || t == 9 ? 2 : t == 2 || t == 7 ? 4 : 0; }
+static size_t nccl_es(int t) {
+    return t == 6 || t == 9 ? 2 : t == 2 || t == 7 ? 4 : 0;
+}
 static float nccl_ld(const void *p, int t, size_t i) {
     switch (t) {
     case 7: return ((const float *)p)[i];
@@ -624,9 +822,12 @@ static void reduce_elems(const void *const *src, int n, void *dst, size_t count,
             int64_t acc = ((const int32_t *)src[0])[off + i];
             for (int s = 1; s < n; s++) {
                 int32_t v = ((const int32_t *)src[s])[off + i];
-                if (op == 2) acc = v > acc ? v : acc;
-                else if (op == 3) acc = v < acc ? v : acc;
-                else acc = (int32_t)((uint32_t)acc + (uint32_t)v);
+                if (op == 2)
+                    acc = v > acc ? v : acc;
+                else if (op == 3)
+                    acc = v < acc ? v : acc;
+                else
+                    acc = (int32_t)((uint32_t)acc + (uint32_t)v);
             }
             if (op == 4) acc /= n;
             ((int32_t *)dst)[i] = (int32_t)acc;
@@ -634,16 +835,23 @@ static void reduce_elems(const void *const *src, int n, void *dst, size_t count,
             float acc = nccl_ld(src[0], t, off + i);
             for (int s = 1; s < n; s++) {
                 float v = nccl_ld(src[s], t, off + i);
-                if (op == 2) acc = fmaxf(acc, v);       // NCCL: NaN does not propagate
-                else if (op == 3) acc = fminf(acc, v);
-                else acc += v;
+                if (op == 2)
+                    acc = fmaxf(acc, v); // NCCL: NaN does not propagate
+                else if (op == 3)
+                    acc = fminf(acc, v);
+                else
+                    acc += v;
             }
             if (op == 4) acc /= (float)n;
             nccl_st(dst, t, i, acc);
         }
     }
 }
-static int trace_on() { static int t = -1; if (t < 0) t = getenv("MOCK_NCCL_TRACE") != NULL; return t; }
+static int trace_on() {
+    static int t = -1;
+    if (t < 0) t = getenv("MOCK_NCCL_TRACE") != NULL;
+    return t;
+}
 
 // ---------------------------------------------------------------------------
 // NCCL across processes (ncclCommInitRank). ncclGetUniqueId names a POSIX
@@ -661,33 +869,46 @@ static const size_t XSLOT = 128 << 10, XRING = 64 << 10, XRINGHDR = 128, XHDR = 
 static const uint32_t XMAGIC = 0x584d434bu;
 static const char XIDMAGIC[8] = { 'D', 'P', 'A', 'R', 'M', 'O', 'C', 'K' };
 struct xhdr {
-    uint32_t magic;         /* XMAGIC once the creator initialized it */
+    uint32_t magic; /* XMAGIC once the creator initialized it */
     int32_t nranks;
     uint32_t bell, waiters; /* futex doorbell; threads sleeping on it */
     uint32_t njoined;
-    int32_t failed;         /* the init failed for everyone (an NCCL error code) */
-    uint32_t aborted;       /* some rank aborted or failed a wait: the others stop waiting */
+    int32_t failed;   /* the init failed for everyone (an NCCL error code) */
+    uint32_t aborted; /* some rank aborted or failed a wait: the others stop waiting */
     uint32_t bar_count, bar_gen;
     uint32_t joined[XMAXR];
     int32_t gpu[XMAXR], pid[XMAXR];
 };
 static_assert(sizeof(xhdr) <= XHDR, "xhdr too big");
-struct xseg { std::string name; unsigned char *base; size_t size; int refs; bool warned; };
-static std::mutex g_xmu;                /* the segments attached here; mcomm refs */
+struct xseg {
+    std::string name;
+    unsigned char *base;
+    size_t size;
+    int refs;
+    bool warned;
+};
+static std::mutex g_xmu; /* the segments attached here; mcomm refs */
 static std::vector<xseg *> g_xsegs;
-static std::vector<mcomm *> g_xdead;    /* aborted handles stay valid */
-static int g_xranks, g_xops;            /* MOCK_CUDA_REPORT */
-#define XLD(p) __atomic_load_n((p), __ATOMIC_SEQ_CST)
-#define XST(p, v) __atomic_store_n((p), (v), __ATOMIC_SEQ_CST)
+static std::vector<mcomm *> g_xdead; /* aborted handles stay valid */
+static int g_xranks, g_xops;         /* MOCK_CUDA_REPORT */
+#define XLD(p)     __atomic_load_n((p), __ATOMIC_SEQ_CST)
+#define XST(p, v)  __atomic_store_n((p), (v), __ATOMIC_SEQ_CST)
 #define XADD(p, v) __atomic_add_fetch((p), (v), __ATOMIC_SEQ_CST)
 #define XSUB(p, v) __atomic_sub_fetch((p), (v), __ATOMIC_SEQ_CST)
 
-static size_t xsize(int n) { return XHDR + (size_t)n * 2 * XSLOT + (size_t)n * (size_t)n * (XRINGHDR + XRING); }
-static xhdr *xh(mcomm *m) { return (xhdr *)m->x->base; }
-static unsigned char *xslot(mcomm *m, int r, unsigned par) { return m->x->base + XHDR + ((size_t)r * 2 + par) * XSLOT; }
+static size_t xsize(int n) {
+    return XHDR + (size_t)n * 2 * XSLOT + (size_t)n * (size_t)n * (XRINGHDR + XRING);
+}
+static xhdr *xh(mcomm *m) {
+    return (xhdr *)m->x->base;
+}
+static unsigned char *xslot(mcomm *m, int r, unsigned par) {
+    return m->x->base + XHDR + ((size_t)r * 2 + par) * XSLOT;
+}
 /* ring src -> dst: head (bytes written, by src) at 0, tail (bytes read, by dst) at 64, data at XRINGHDR */
 static unsigned char *xring(mcomm *m, int src, int dst) {
-    return m->x->base + XHDR + (size_t)m->n * 2 * XSLOT + ((size_t)src * (size_t)m->n + (size_t)dst) * (XRINGHDR + XRING);
+    return m->x->base + XHDR + (size_t)m->n * 2 * XSLOT +
+           ((size_t)src * (size_t)m->n + (size_t)dst) * (XRINGHDR + XRING);
 }
 static long xtimeout_ms() {
     const char *e = getenv("MOCK_NCCL_TIMEOUT_MS");
@@ -704,8 +925,12 @@ static double xnow_ms() {
    through the segment on their stream threads are not reported as races */
 extern "C" void __tsan_acquire(void *addr) __attribute__((weak));
 extern "C" void __tsan_release(void *addr) __attribute__((weak));
-static void xacq(void *a) { if (__tsan_acquire) __tsan_acquire(a); }
-static void xrel(void *a) { if (__tsan_release) __tsan_release(a); }
+static void xacq(void *a) {
+    if (__tsan_acquire) __tsan_acquire(a);
+}
+static void xrel(void *a) {
+    if (__tsan_release) __tsan_release(a);
+}
 static void xbell(xhdr *h) {
     XADD(&h->bell, 1u);
     if (XLD(&h->waiters)) syscall(SYS_futex, &h->bell, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
@@ -746,7 +971,10 @@ static void xfail(mcomm *m, int r, const char *what) {
 }
 static bool xbarrier(mcomm *m, const char *what) {
     xhdr *h = xh(m);
-    if (XLD(&h->aborted)) { xfail(m, XLD(&m->aborted) ? XW_ABORTED : XW_PEER, what); return false; }
+    if (XLD(&h->aborted)) {
+        xfail(m, XLD(&m->aborted) ? XW_ABORTED : XW_PEER, what);
+        return false;
+    }
     uint32_t g = XLD(&h->bar_gen);
     xrel(&h->bar_gen);
     if (XADD(&h->bar_count, 1u) == (uint32_t)m->n) {
@@ -755,7 +983,10 @@ static bool xbarrier(mcomm *m, const char *what) {
         xbell(h);
     } else {
         int r = xwait(h, m, xnow_ms() + (double)xtimeout_ms(), [&] { return XLD(&h->bar_gen) != g; });
-        if (r) { xfail(m, r, what); return false; }
+        if (r) {
+            xfail(m, r, what);
+            return false;
+        }
     }
     xacq(&h->bar_gen);
     return true;
@@ -765,14 +996,23 @@ static void xseg_release(xseg *s) {
     if (--s->refs > 0) return;
     munmap(s->base, s->size);
     for (size_t i = 0; i < g_xsegs.size(); i++)
-        if (g_xsegs[i] == s) { g_xsegs.erase(g_xsegs.begin() + (long)i); break; }
+        if (g_xsegs[i] == s) {
+            g_xsegs.erase(g_xsegs.begin() + (long)i);
+            break;
+        }
     delete s;
 }
 static void xforget_dead(mcomm *m) { /* g_xmu held */
     for (size_t i = 0; i < g_xdead.size(); i++)
-        if (g_xdead[i] == m) { g_xdead.erase(g_xdead.begin() + (long)i); break; }
+        if (g_xdead[i] == m) {
+            g_xdead.erase(g_xdead.begin() + (long)i);
+            break;
+        }
 }
-static void xhold(mcomm *m) { std::lock_guard<std::mutex> l(g_xmu); m->refs++; }
+static void xhold(mcomm *m) {
+    std::lock_guard<std::mutex> l(g_xmu);
+    m->refs++;
+}
 static void xdrop(mcomm *m) { /* the last reference unmaps (last local rank) and frees a destroyed handle */
     xseg *s;
     bool del;
@@ -789,7 +1029,10 @@ static void xdrop(mcomm *m) { /* the last reference unmaps (last local rank) and
 }
 static int stall_at() {
     static int at = -1;
-    if (at < 0) { const char *e = getenv("MOCK_NCCL_STALL"); at = e ? atoi(e) : 0; }
+    if (at < 0) {
+        const char *e = getenv("MOCK_NCCL_STALL");
+        at = e ? atoi(e) : 0;
+    }
     return at;
 }
 static bool xstalled(mcomm *m) { /* MOCK_NCCL_STALL, as for ncclCommInitAll communicators */
@@ -801,7 +1044,9 @@ static bool xstalled(mcomm *m) { /* MOCK_NCCL_STALL, as for ncclCommInitAll comm
     m->scv.wait(l, [&] { return XLD(&m->aborted) != 0; });
     return true;
 }
-static bool xusable(mcomm *m) { return m->x && m->ready && !XLD(&m->aborted) && !XLD(&m->err); }
+static bool xusable(mcomm *m) {
+    return m->x && m->ready && !XLD(&m->aborted) && !XLD(&m->err);
+}
 static int xready(mcomm *m, const char *fn) {
     if (m->ready || XLD(&m->aborted)) return 0;
     fprintf(stderr, "mock NCCL: %s on a communicator whose ncclCommInitRank did not succeed\n", fn);
@@ -885,15 +1130,31 @@ static int xreducescatter(const void *s, void *r, size_t count, int t, int op, m
 }
 
 /* one pending send or receive of a group: a stream of its 8-byte size, then the data */
-struct xp { mcomm *m; bool send; unsigned char *buf; uint64_t bytes, total, done, size; int peer; };
+struct xp {
+    mcomm *m;
+    bool send;
+    unsigned char *buf;
+    uint64_t bytes, total, done, size;
+    int peer;
+};
 static void xvcopy(xp &p, uint64_t o, unsigned char *ring, uint64_t n) { /* stream bytes [o, o+n) <-> ring */
     while (n) {
         uint64_t k;
         unsigned char *v;
-        if (o < 8) { k = 8 - o < n ? 8 - o : n; v = (unsigned char *)&p.size + o; }
-        else { k = n; v = p.buf + (o - 8); }
-        if (p.send) memcpy(ring, v, k); else memcpy(v, ring, k);
-        o += k; ring += k; n -= k;
+        if (o < 8) {
+            k = 8 - o < n ? 8 - o : n;
+            v = (unsigned char *)&p.size + o;
+        } else {
+            k = n;
+            v = p.buf + (o - 8);
+        }
+        if (p.send)
+            memcpy(ring, v, k);
+        else
+            memcpy(v, ring, k);
+        o += k;
+        ring += k;
+        n -= k;
     }
 }
 static bool xstep(xp &p) { /* moves what fits; true if anything moved */
@@ -910,7 +1171,10 @@ static bool xstep(xp &p) { /* moves what fits; true if anything moved */
     uint64_t before = p.done;
     p.done += n;
     xrel(rg);
-    if (p.send) XST(head, hd + n); else XST(tail, tl + n);
+    if (p.send)
+        XST(head, hd + n);
+    else
+        XST(tail, tl + n);
     if (!p.send && before < 8 && p.done >= 8 && p.size != p.bytes) {
         fprintf(stderr, "mock NCCL: rank %d receives %llu bytes from rank %d, which sends %llu\n", p.m->rank,
                 (unsigned long long)p.bytes, p.peer, (unsigned long long)p.size);
@@ -918,7 +1182,15 @@ static bool xstep(xp &p) { /* moves what fits; true if anything moved */
     }
     return true;
 }
-struct pending { bool send; mcomm *m; const void *sb; void *rb; size_t bytes; int peer; void *stream; };
+struct pending {
+    bool send;
+    mcomm *m;
+    const void *sb;
+    void *rb;
+    size_t bytes;
+    int peer;
+    void *stream;
+};
 /* progresses all sends and receives of the group together (no deadlock however large);
    the messages between one pair of ranks match in order */
 static void xrun_p2p(std::vector<pending> &ops) {
@@ -946,10 +1218,16 @@ static void xrun_p2p(std::vector<pending> &ops) {
                 blocked = ps[j].done != ps[j].total && ps[j].m == p.m && ps[j].send == p.send && ps[j].peer == p.peer;
             if (blocked) continue;
             if (stuck < 0) stuck = (int)i;
-            if (xstep(p)) { moved = true; xbell(xh(p.m)); }
+            if (xstep(p)) {
+                moved = true;
+                xbell(xh(p.m));
+            }
         }
         if (stuck < 0) return; /* all done */
-        if (moved) { deadline = xnow_ms() + (double)xtimeout_ms(); continue; }
+        if (moved) {
+            deadline = xnow_ms() + (double)xtimeout_ms();
+            continue;
+        }
         for (xp &p : ps)
             if (XLD(&p.m->aborted)) return;
         int r = XW_OK;
@@ -960,18 +1238,25 @@ static void xrun_p2p(std::vector<pending> &ops) {
         if (r) {
             xp &p = ps[(size_t)stuck];
             char what[96];
-            if (p.send) snprintf(what, sizeof what, "for rank %d to receive", p.peer);
-            else snprintf(what, sizeof what, "for a send from rank %d", p.peer);
+            if (p.send)
+                snprintf(what, sizeof what, "for rank %d to receive", p.peer);
+            else
+                snprintf(what, sizeof what, "for a send from rank %d", p.peer);
             xfail(p.m, r, what);
             for (xp &q : ps) XST(&q.m->err, 2);
             return;
         }
-        if (one) xsleep(h0, b, left);
-        else usleep(200);
+        if (one)
+            xsleep(h0, b, left);
+        else
+            usleep(200);
     }
 }
 
-int ncclGetVersion(int *v) { *v = 22809; return 0; }
+int ncclGetVersion(int *v) {
+    *v = 22809;
+    return 0;
+}
 const char *ncclGetErrorString(int r) {
     switch (r) {
     case 2: return "unhandled system error (mock)";
@@ -980,24 +1265,40 @@ const char *ncclGetErrorString(int r) {
     default: return "mock NCCL error";
     }
 }
-const char *ncclGetLastError(void *c) { (void)c; return ""; }
+const char *ncclGetLastError(void *c) {
+    (void)c;
+    return "";
+}
 int ncclCommInitAll(void **comms, int n, const int *devs) {
     if (n < 1) return 4;
     for (int i = 0; i < n; i++)
         for (int j = 0; j < i; j++)
-            if (devs[i] == devs[j]) { fprintf(stderr, "mock NCCL: two ranks on GPU %d\n", devs[i]); return 4; }
+            if (devs[i] == devs[j]) {
+                fprintf(stderr, "mock NCCL: two ranks on GPU %d\n", devs[i]);
+                return 4;
+            }
     static std::mutex cmu;
     static std::vector<clique *> all; /* cliques live for the process (stalled work may hold them) */
     clique *c = new clique();
-    { std::lock_guard<std::mutex> l(cmu); all.push_back(c); }
+    {
+        std::lock_guard<std::mutex> l(cmu);
+        all.push_back(c);
+    }
     c->n = n;
     pthread_barrier_init(&c->bar, NULL, (unsigned)n);
-    c->send.resize(n); c->recv.resize(n); c->ncoll.resize(n);
-    for (int i = 0; i < n; i++) { comms[i] = new mcomm(c, i, n); ((mcomm *)comms[i])->dev = devs[i]; }
+    c->send.resize(n);
+    c->recv.resize(n);
+    c->ncoll.resize(n);
+    for (int i = 0; i < n; i++) {
+        comms[i] = new mcomm(c, i, n);
+        ((mcomm *)comms[i])->dev = devs[i];
+    }
     return 0;
 }
 
-struct ncclUniqueId { char internal[128]; };
+struct ncclUniqueId {
+    char internal[128];
+};
 static unsigned g_unique_ids; /* ncclGetUniqueId calls (MOCK_CUDA_REPORT) */
 int ncclGetUniqueId(ncclUniqueId *id) {
     if (!id) return 4;
@@ -1017,7 +1318,11 @@ static int xjoin(mcomm *m, double deadline) {
     {
         std::lock_guard<std::mutex> l(g_xmu);
         for (xseg *q : g_xsegs)
-            if (q->name == m->xname) { s = q; s->refs++; break; }
+            if (q->name == m->xname) {
+                s = q;
+                s->refs++;
+                break;
+            }
         if (!s) {
             size_t size = xsize(m->n);
             unsigned char *base;
@@ -1063,8 +1368,10 @@ static int xjoin(mcomm *m, double deadline) {
                     usleep(1000);
                 }
             } else if (errno == ENOENT) {
-                fprintf(stderr, "mock NCCL: ncclCommInitRank: rank %d came after its communicator was complete "
-                        "(a rank joined twice?)\n", m->rank);
+                fprintf(stderr,
+                        "mock NCCL: ncclCommInitRank: rank %d came after its communicator was complete "
+                        "(a rank joined twice?)\n",
+                        m->rank);
                 return 5;
             } else {
                 fprintf(stderr, "mock NCCL: shm_open %s: %s\n", name, strerror(errno));
@@ -1078,9 +1385,11 @@ static int xjoin(mcomm *m, double deadline) {
     int e = 0;
     uint32_t zero = 0;
     if (h->nranks != m->n) {
-        fprintf(stderr, "mock NCCL: ncclCommInitRank: rank %d says %d ranks, an earlier rank %d\n", m->rank, m->n, h->nranks);
+        fprintf(stderr, "mock NCCL: ncclCommInitRank: rank %d says %d ranks, an earlier rank %d\n", m->rank, m->n,
+                h->nranks);
         e = 5;
-    } else if (!__atomic_compare_exchange_n(&h->joined[m->rank], &zero, 1u, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+    } else if (!__atomic_compare_exchange_n(&h->joined[m->rank], &zero, 1u, false, __ATOMIC_SEQ_CST,
+                                            __ATOMIC_SEQ_CST)) {
         fprintf(stderr, "mock NCCL: ncclCommInitRank: rank %d of the communicator joined twice\n", m->rank);
         e = 5;
     }
@@ -1117,7 +1426,8 @@ static int xinit(std::vector<mcomm *> &ms) {
     for (mcomm *m : ms) {
         if (!m->x) continue;
         xhdr *h = xh(m);
-        int e = 0, r = xwait(h, NULL, deadline, [&] { return XLD(&h->njoined) == (uint32_t)m->n || XLD(&h->failed) != 0; });
+        int e = 0,
+            r = xwait(h, NULL, deadline, [&] { return XLD(&h->njoined) == (uint32_t)m->n || XLD(&h->failed) != 0; });
         if (r == XW_TIMEOUT) {
             fprintf(stderr, "mock NCCL: ncclCommInitRank: rank %d: %u of %d ranks joined within %ld ms\n", m->rank,
                     XLD(&h->njoined), m->n, xtimeout_ms());
@@ -1132,7 +1442,8 @@ static int xinit(std::vector<mcomm *> &ms) {
                 for (int j = i + 1; j < m->n && !e; j++)
                     if (h->gpu[i] == h->gpu[j]) { /* as real NCCL: one GPU, one rank */
                         std::lock_guard<std::mutex> l(g_xmu);
-                        if (!m->x->warned) fprintf(stderr, "mock NCCL: ranks %d and %d on the same GPU %d\n", i, j, h->gpu[i]);
+                        if (!m->x->warned)
+                            fprintf(stderr, "mock NCCL: ranks %d and %d on the same GPU %d\n", i, j, h->gpu[i]);
                         m->x->warned = true;
                         e = 5;
                     }
@@ -1164,35 +1475,61 @@ int ncclCommInitRank(void **comm, int nranks, ncclUniqueId id, int rank) {
         fprintf(stderr, "mock NCCL: ncclCommInitRank: the id does not come from ncclGetUniqueId\n");
         return 4;
     }
-    if (!t_cur) { fprintf(stderr, "mock NCCL: ncclCommInitRank without a current context\n"); return 5; }
+    if (!t_cur) {
+        fprintf(stderr, "mock NCCL: ncclCommInitRank without a current context\n");
+        return 5;
+    }
     mcomm *m = new mcomm(NULL, rank, nranks);
     m->dev = t_cur->dev;
     m->phys = g_phys[t_cur->dev];
     m->xname = id.internal + 8;
     *comm = m;
-    if (t_depth) { t_inits.push_back(m); return 0; }
+    if (t_depth) {
+        t_inits.push_back(m);
+        return 0;
+    }
     std::vector<mcomm *> one(1, m);
     int r = xinit(one);
-    if (r) { *comm = NULL; delete m; }
+    if (r) {
+        *comm = NULL;
+        delete m;
+    }
     return r;
 }
-int ncclCommCount(void *c, int *n) { *n = ((mcomm *)c)->n; return 0; }
-int ncclCommUserRank(void *c, int *r) { *r = ((mcomm *)c)->rank; return 0; }
-int ncclCommCuDevice(void *c, int *d) { *d = ((mcomm *)c)->dev; return 0; }
+int ncclCommCount(void *c, int *n) {
+    *n = ((mcomm *)c)->n;
+    return 0;
+}
+int ncclCommUserRank(void *c, int *r) {
+    *r = ((mcomm *)c)->rank;
+    return 0;
+}
+int ncclCommCuDevice(void *c, int *d) {
+    *d = ((mcomm *)c)->dev;
+    return 0;
+}
 int ncclCommDestroy(void *c) {
     mcomm *m = (mcomm *)c;
     if (!m) return 4;
-    if (m->c) { delete m; return 0; }
+    if (m->c) {
+        delete m;
+        return 0;
+    }
     bool drop, del = false;
     {
         std::lock_guard<std::mutex> l(g_xmu);
         m->destroyed = true;
         drop = m->handle_ref;
         m->handle_ref = false;
-        if (!drop && m->refs == 0) { del = true; xforget_dead(m); } /* aborted earlier */
+        if (!drop && m->refs == 0) {
+            del = true;
+            xforget_dead(m);
+        } /* aborted earlier */
     }
-    if (drop) xdrop(m);
-    else if (del) delete m;
+    if (drop)
+        xdrop(m);
+    else if (del)
+        delete m;
     return 0;
 }
 int ncclCommAbort(void *c) { /* releases stalled operations; the handle stays valid for them */
@@ -1205,14 +1542,21 @@ int ncclCommAbort(void *c) { /* releases stalled operations; the handle stays va
         q->cv.notify_all();
         return 0;
     }
-    { std::lock_guard<std::mutex> l(m->smu); XST(&m->aborted, 1); m->scv.notify_all(); }
+    {
+        std::lock_guard<std::mutex> l(m->smu);
+        XST(&m->aborted, 1);
+        m->scv.notify_all();
+    }
     bool drop;
     {
         std::lock_guard<std::mutex> l(g_xmu);
         drop = m->handle_ref;
         m->handle_ref = false;
         if (drop) g_xdead.push_back(m);
-        if (m->x) { XST(&xh(m)->aborted, 1u); xbell(xh(m)); } /* wakes the waiters, here and in the other processes */
+        if (m->x) {
+            XST(&xh(m)->aborted, 1u);
+            xbell(xh(m));
+        } /* wakes the waiters, here and in the other processes */
     }
     if (drop) xdrop(m);
     return 0;
@@ -1241,7 +1585,8 @@ int ncclCommGetAsyncError(void *c, int *e) {
 // temporary, waits for everyone to finish reading, then writes it
 static void publish(mcomm *m, const void *s, void *r) {
     if (trace_on()) fprintf(stderr, "mock nccl: clique %p rank %d collective\n", (void *)m->c, m->rank);
-    m->c->send[m->rank] = s; m->c->recv[m->rank] = r;
+    m->c->send[m->rank] = s;
+    m->c->recv[m->rank] = r;
     pthread_barrier_wait(&m->c->bar);
 }
 static int reduce_into(mcomm *m, std::vector<unsigned char> &tmp, size_t count, int t, int op, size_t off) {
@@ -1256,7 +1601,9 @@ static void finish(mcomm *m, void *dst, const std::vector<unsigned char> &tmp, s
     if (bytes) memcpy(dst, tmp.data(), bytes);
     pthread_barrier_wait(&m->c->bar);
 }
-static int nccl_check(int t, int op) { return !nccl_es(t) || op < 0 || op > 4 ? 4 : 0; }
+static int nccl_check(int t, int op) {
+    return !nccl_es(t) || op < 0 || op > 4 ? 4 : 0;
+}
 int ncclAllReduce(const void *s, void *r, size_t count, int t, int op, void *c, void *st) {
     if (nccl_check(t, op)) return 4;
     mcomm *m = (mcomm *)c;
@@ -1293,7 +1640,8 @@ int ncclAllGather(const void *s, void *r, size_t count, int t, void *c, void *st
         publish(m, s, r);
         size_t b = count * nccl_es(t);
         std::vector<unsigned char> tmp(b * (size_t)m->c->n + 1);
-        for (int i = 0; i < m->c->n; i++) if (b) memcpy(tmp.data() + b * (size_t)i, m->c->send[i], b);
+        for (int i = 0; i < m->c->n; i++)
+            if (b) memcpy(tmp.data() + b * (size_t)i, m->c->send[i], b);
         finish(m, r, tmp, b * (size_t)m->c->n);
     });
     return 0;
@@ -1313,7 +1661,10 @@ int ncclReduceScatter(const void *s, void *r, size_t count, int t, int op, void 
 }
 static thread_local std::vector<pending> t_group;
 int ncclSend(const void *b, size_t count, int t, int peer, void *c, void *st) {
-    if (!t_depth) { fail_bad("ncclSend outside a group (the mock supports grouped p2p only)"); return 4; }
+    if (!t_depth) {
+        fail_bad("ncclSend outside a group (the mock supports grouped p2p only)");
+        return 4;
+    }
     mcomm *m = (mcomm *)c;
     if (!nccl_es(t) || peer < 0 || peer >= m->n) return 4;
     if (!m->c)
@@ -1322,7 +1673,10 @@ int ncclSend(const void *b, size_t count, int t, int peer, void *c, void *st) {
     return 0;
 }
 int ncclRecv(void *b, size_t count, int t, int peer, void *c, void *st) {
-    if (!t_depth) { fail_bad("ncclRecv outside a group"); return 4; }
+    if (!t_depth) {
+        fail_bad("ncclRecv outside a group");
+        return 4;
+    }
     mcomm *m = (mcomm *)c;
     if (!nccl_es(t) || peer < 0 || peer >= m->n) return 4;
     if (!m->c)
@@ -1330,7 +1684,10 @@ int ncclRecv(void *b, size_t count, int t, int peer, void *c, void *st) {
     t_group.push_back(pending{ false, m, NULL, b, count * nccl_es(t), peer, st });
     return 0;
 }
-int ncclGroupStart(void) { t_depth++; return 0; }
+int ncclGroupStart(void) {
+    t_depth++;
+    return 0;
+}
 static int run_p2p(std::vector<pending> &t_group) {
     if (trace_on())
         for (pending &p : t_group)
@@ -1351,7 +1708,10 @@ static int run_p2p(std::vector<pending> &t_group) {
                 bool got = false;
                 for (p2p &x : c->mail)
                     if (!x.taken && x.src == p.peer && x.dst == p.m->rank) {
-                        if (x.bytes != p.bytes) { fprintf(stderr, "mock NCCL: send/recv sizes differ\n"); abort(); }
+                        if (x.bytes != p.bytes) {
+                            fprintf(stderr, "mock NCCL: send/recv sizes differ\n");
+                            abort();
+                        }
                         if (p.bytes) memcpy(p.rb, x.buf, p.bytes);
                         x.taken = true;
                         got = true;
@@ -1374,7 +1734,8 @@ static int run_p2p(std::vector<pending> &t_group) {
             for (;;) {
                 bool done = false;
                 for (size_t i = 0; i < c->mail.size(); i++)
-                    if (c->mail[i].taken && c->mail[i].src == p.m->rank && c->mail[i].dst == p.peer && c->mail[i].buf == p.sb) {
+                    if (c->mail[i].taken && c->mail[i].src == p.m->rank && c->mail[i].dst == p.peer &&
+                        c->mail[i].buf == p.sb) {
                         c->mail.erase(c->mail.begin() + (long)i);
                         done = true;
                         break;
@@ -1394,7 +1755,10 @@ static int run_p2p(std::vector<pending> &t_group) {
    sends and receives, one task per stream (one thread may drive several
    ranks, as with real NCCL) */
 int ncclGroupEnd(void) {
-    if (t_depth <= 0) { fprintf(stderr, "mock NCCL: ncclGroupEnd without ncclGroupStart\n"); return 5; }
+    if (t_depth <= 0) {
+        fprintf(stderr, "mock NCCL: ncclGroupEnd without ncclGroupStart\n");
+        return 5;
+    }
     if (--t_depth > 0) return 0;
     int rc = 0;
     if (!t_inits.empty()) {
@@ -1412,12 +1776,15 @@ int ncclGroupEnd(void) {
         bool x = !ops[0].m->c, mixed = false;
         for (pending &p : ops) mixed = mixed || (p.m->c == NULL) != x;
         if (mixed) {
-            fprintf(stderr, "mock NCCL: a group mixes ncclCommInitAll and ncclCommInitRank communicators on one stream\n");
+            fprintf(stderr,
+                    "mock NCCL: a group mixes ncclCommInitAll and ncclCommInitRank communicators on one stream\n");
             rc = 5;
             continue;
         }
         if (!x) {
-            enqueue(st, [ops]() mutable { if (!stalled(ops[0].m)) run_p2p(ops); });
+            enqueue(st, [ops]() mutable {
+                if (!stalled(ops[0].m)) run_p2p(ops);
+            });
             continue;
         }
         for (pending &p : ops) xhold(p.m);
@@ -1438,7 +1805,9 @@ int ncclGroupEnd(void) {
     return rc;
 }
 
-int mock_cuda_launches(void) { return g_launches; }
+int mock_cuda_launches(void) {
+    return g_launches;
+}
 } // extern "C"
 
 // MOCK_CUDA_REPORT=1: at exit, print the allocations never freed (by size)

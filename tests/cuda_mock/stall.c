@@ -41,18 +41,32 @@ int main(int argc, char **argv) {
     rd.timeout_ms = 1500;
     dpar_runtime *rt = NULL;
     dpar_status s = dpar_runtime_create(&rd, &rt);
-    if (s) { printf("runtime: %s: %s\n", dpar_status_string(s), dpar_last_error()); return 1; }
+    if (s) {
+        printf("runtime: %s: %s\n", dpar_status_string(s), dpar_last_error());
+        return 1;
+    }
     dpar_mesh *m = NULL;
     dpar_mesh_desc md;
     memset(&md, 0, sizeof md);
-    md.ndim = 1; md.shape[0] = 2; md.axis_names[0] = "data";
-    if ((s = dpar_mesh_create(rt, &md, &m))) { printf("mesh: %s\n", dpar_last_error()); return 1; }
+    md.ndim = 1;
+    md.shape[0] = 2;
+    md.axis_names[0] = "data";
+    if ((s = dpar_mesh_create(rt, &md, &m))) {
+        printf("mesh: %s\n", dpar_last_error());
+        return 1;
+    }
     float data[2 * 64] = { 0 };
     dpar_pmap_desc d;
     memset(&d, 0, sizeof d);
-    d.axis = "data"; d.fn = fn; d.num_inputs = 1;
-    d.inputs[0].data = data; d.inputs[0].dtype = DPAR_F32; d.inputs[0].ndim = 2;
-    d.inputs[0].shape[0] = 2; d.inputs[0].shape[1] = 64; d.inputs[0].in_axis = DPAR_MAPPED;
+    d.axis = "data";
+    d.fn = fn;
+    d.num_inputs = 1;
+    d.inputs[0].data = data;
+    d.inputs[0].dtype = DPAR_F32;
+    d.inputs[0].ndim = 2;
+    d.inputs[0].shape[0] = 2;
+    d.inputs[0].shape[1] = 64;
+    d.inputs[0].in_axis = DPAR_MAPPED;
     s = dpar_pmap(m, &d);
     int ok = s == want && strstr(dpar_last_error(), needle) != NULL;
     printf("%s: %s: %s\n", ok ? "ok" : "UNEXPECTED", dpar_status_string(s), dpar_last_error());

@@ -34,8 +34,12 @@ typedef int CUdevice;
 typedef void *CUcontext;
 typedef void *CUstream;
 typedef unsigned long long CUdeviceptr;
-typedef struct { char bytes[16]; } CUuuid;
-typedef struct { char internal[128]; } ncclUniqueId;
+typedef struct {
+    char bytes[16];
+} CUuuid;
+typedef struct {
+    char internal[128];
+} ncclUniqueId;
 typedef void *ncclComm_t;
 CUresult cuInit(unsigned flags);
 CUresult cuDeviceGetCount(int *n);
@@ -69,8 +73,12 @@ int ncclGroupEnd(void);
 
 enum { I32 = 2, F16 = 6, F32 = 7, BF16 = 9 };
 enum { SUM = 0, MAX = 2, MIN = 3, AVG = 4 };
-static const char *tname(int t) { return t == I32 ? "i32" : t == F16 ? "f16" : t == F32 ? "f32" : "bf16"; }
-static const char *oname(int op) { return op == SUM ? "sum" : op == MAX ? "max" : op == MIN ? "min" : "avg"; }
+static const char *tname(int t) {
+    return t == I32 ? "i32" : t == F16 ? "f16" : t == F32 ? "f32" : "bf16";
+}
+static const char *oname(int op) {
+    return op == SUM ? "sum" : op == MAX ? "max" : op == MIN ? "min" : "avg";
+}
 
 /* ---- one process of a communicator ------------------------------------- */
 typedef struct {
@@ -96,7 +104,11 @@ static void die(const char *what, int r) {
     printf("FAIL xproc: %s returned %d\n", what, r);
     exit(2);
 }
-#define CK(call) do { int r_ = (call); if (r_) die(#call, r_); } while (0)
+#define CK(call)                \
+    do {                        \
+        int r_ = (call);        \
+        if (r_) die(#call, r_); \
+    } while (0)
 
 static CUdeviceptr dalloc(child *c, int l, size_t bytes) {
     CUdeviceptr p = 0;
@@ -104,7 +116,10 @@ static CUdeviceptr dalloc(child *c, int l, size_t bytes) {
     CK(cuMemAlloc_v2(&p, bytes ? bytes : 1));
     return p;
 }
-static void dfree(child *c, int l, CUdeviceptr p) { CK(cuCtxSetCurrent(c->ctx[l])); CK(cuMemFree_v2(p)); }
+static void dfree(child *c, int l, CUdeviceptr p) {
+    CK(cuCtxSetCurrent(c->ctx[l]));
+    CK(cuMemFree_v2(p));
+}
 static void h2d(child *c, int l, CUdeviceptr d, const void *h, size_t n) {
     CK(cuCtxSetCurrent(c->ctx[l]));
     CK(cuMemcpyHtoDAsync_v2(d, h, n, c->st[l]));
@@ -116,12 +131,17 @@ static void d2h(child *c, int l, void *h, CUdeviceptr d, size_t n) {
 }
 static void *xmalloc(size_t n) {
     void *p = malloc(n ? n : 1);
-    if (!p) { printf("FAIL xproc: out of memory (%zu bytes)\n", n); exit(2); }
+    if (!p) {
+        printf("FAIL xproc: out of memory (%zu bytes)\n", n);
+        exit(2);
+    }
     return p;
 }
 
 /* exact encodings of small integers */
-static size_t esize(int t) { return t == F16 || t == BF16 ? 2 : 4; }
+static size_t esize(int t) {
+    return t == F16 || t == BF16 ? 2 : 4;
+}
 static uint16_t f16_of(float f) {
     uint32_t b;
     memcpy(&b, &f, 4);
@@ -135,7 +155,10 @@ static void put(void *p, int t, size_t i, double v) {
     case F32: ((float *)p)[i] = f; break;
     case I32: ((int32_t *)p)[i] = (int32_t)v; break;
     case F16: ((uint16_t *)p)[i] = f16_of(f); break;
-    default: memcpy(&b, &f, 4); ((uint16_t *)p)[i] = (uint16_t)(b >> 16); break;
+    default:
+        memcpy(&b, &f, 4);
+        ((uint16_t *)p)[i] = (uint16_t)(b >> 16);
+        break;
     }
 }
 static int compare(child *c, const char *check, int rank, const void *got, const void *want, size_t count, int t) {
@@ -182,8 +205,10 @@ static void check_allreduce(child *c, int t, int op, size_t count) {
         s[l] = dalloc(c, l, b);
         r[l] = inplace ? s[l] : dalloc(c, l, b);
         for (size_t i = 0; i < count; i++) {
-            if (wrap) ((uint32_t *)in)[i] = 0x7fff0000u + (uint32_t)(i * 977 + (size_t)rk * 131071);
-            else put(in, t, i, ar_in(op, c->n, rk, i));
+            if (wrap)
+                ((uint32_t *)in)[i] = 0x7fff0000u + (uint32_t)(i * 977 + (size_t)rk * 131071);
+            else
+                put(in, t, i, ar_in(op, c->n, rk, i));
         }
         if (rk == nanr) ((float *)in)[0] = NAN;
         h2d(c, l, s[l], in, b);
@@ -202,14 +227,18 @@ static void check_allreduce(child *c, int t, int op, size_t count) {
         for (int q = 0; q < c->n && op != AVG; q++) {
             double v = ar_in(op, c->n, q, i);
             if (q == nanr && i == 0) continue; /* NaN: ignored by max/min */
-            if (op == SUM) acc += v;
-            else if (first || (op == MAX ? v > acc : v < acc)) acc = v;
+            if (op == SUM)
+                acc += v;
+            else if (first || (op == MAX ? v > acc : v < acc))
+                acc = v;
             first = 0;
         }
         put(want, t, i, acc);
     }
     collect(c, check, s, r, inplace, out, want, count, t);
-    free(in); free(out); free(want);
+    free(in);
+    free(out);
+    free(want);
 }
 
 static void check_broadcast(child *c, int t, size_t count, int inplace) {
@@ -230,10 +259,14 @@ static void check_broadcast(child *c, int t, size_t count, int inplace) {
     }
     for (size_t i = 0; i < count; i++) put(want, t, i, (double)((int)((i + (size_t)root * 17) % 201) - 100));
     collect(c, check, s, r, inplace, out, want, count, t);
-    free(in); free(out); free(want);
+    free(in);
+    free(out);
+    free(want);
 }
 
-static double ag_in(int r, size_t i) { return (double)((int)(((size_t)r * 37 + i) % 201) - 100); }
+static double ag_in(int r, size_t i) {
+    return (double)((int)(((size_t)r * 37 + i) % 201) - 100);
+}
 static void check_allgather(child *c, int t, size_t count, int inplace) {
     char check[64];
     size_t es = esize(t), b = count * es, bt = b * (size_t)c->n;
@@ -244,7 +277,10 @@ static void check_allgather(child *c, int t, size_t count, int inplace) {
         int rk = c->rank[l];
         r[l] = dalloc(c, l, bt);
         s[l] = inplace ? r[l] + (CUdeviceptr)(b * (size_t)rk) : dalloc(c, l, b);
-        if (inplace) { memset(out, 0x7f, bt); h2d(c, l, r[l], out, bt); }
+        if (inplace) {
+            memset(out, 0x7f, bt);
+            h2d(c, l, r[l], out, bt);
+        }
         for (size_t i = 0; i < count; i++) put(in, t, i, ag_in(rk, i));
         h2d(c, l, s[l], in, b);
         int e = ncclAllGather((void *)(uintptr_t)s[l], (void *)(uintptr_t)r[l], count, t, c->comm[l], c->st[l]);
@@ -253,10 +289,14 @@ static void check_allgather(child *c, int t, size_t count, int inplace) {
     for (int q = 0; q < c->n; q++)
         for (size_t i = 0; i < count; i++) put(want, t, (size_t)q * count + i, ag_in(q, i));
     collect(c, check, s, r, inplace, out, want, count * (size_t)c->n, t);
-    free(in); free(out); free(want);
+    free(in);
+    free(out);
+    free(want);
 }
 
-static double rs_in(int r, size_t k) { return (double)((int)(((size_t)r * 5 + k * 3) % 9) - 4); }
+static double rs_in(int r, size_t k) {
+    return (double)((int)(((size_t)r * 5 + k * 3) % 9) - 4);
+}
 static void check_reducescatter(child *c, int t, int op, size_t count, int inplace) {
     char check[64];
     size_t es = esize(t), b = count * es, bt = b * (size_t)c->n;
@@ -288,7 +328,9 @@ static void check_reducescatter(child *c, int t, int op, size_t count, int inpla
         dfree(c, l, s[l]);
         if (!inplace) dfree(c, l, r[l]);
     }
-    free(in); free(out); free(want);
+    free(in);
+    free(out);
+    free(want);
 }
 
 /* every rank sends two f32 messages to rank+1 and receives two from rank-1 */
@@ -296,7 +338,9 @@ static size_t ring_count(int big, int sender, int msg) {
     if (msg == 1) return 3 + (size_t)sender;
     return big ? ((size_t)64 << 20) / 4 : 70000 + 1000 * (size_t)sender; /* 64 MB; else > one ring */
 }
-static float ring_val(int sender, int msg, size_t i) { return (float)(((size_t)sender * 1000003u + (size_t)msg * 7919u + i) % 1000003u); }
+static float ring_val(int sender, int msg, size_t i) {
+    return (float)(((size_t)sender * 1000003u + (size_t)msg * 7919u + i) % 1000003u);
+}
 static void check_ring(child *c, int big) {
     const char *check = big ? "send/recv ring (64 MB each way)" : "send/recv ring";
     CUdeviceptr s[2][2], r[2][2];
@@ -346,19 +390,32 @@ typedef struct {
 static const config configs[] = {
     { "p2_ranks_1+1", 2, 2, { 1, 1 }, { { 0 }, { 1 } }, { { 0 }, { 1 } }, { NULL, NULL }, 1 },
     { "p2_ranks_2+1", 2, 3, { 2, 1 }, { { 0, 2 }, { 1 } }, { { 1, 0 }, { 1 } }, { "2,0", NULL }, 0 },
-    { "p3_ranks_1+2+1", 3, 4, { 1, 2, 1 }, { { 0 }, { 1, 3 }, { 2 } }, { { 0 }, { 1, 0 }, { 0 } }, { NULL, "3,1", "2" }, 0 },
+    { "p3_ranks_1+2+1",
+      3,
+      4,
+      { 1, 2, 1 },
+      { { 0 }, { 1, 3 }, { 2 } },
+      { { 0 }, { 1, 0 }, { 0 } },
+      { NULL, "3,1", "2" },
+      0 },
 };
 
 static void read_all(int fd, void *p, size_t n) {
     size_t got = 0;
     while (got < n) {
         ssize_t k = read(fd, (char *)p + got, n - got);
-        if (k <= 0) { printf("FAIL xproc: reading a pipe\n"); exit(2); }
+        if (k <= 0) {
+            printf("FAIL xproc: reading a pipe\n");
+            exit(2);
+        }
         got += (size_t)k;
     }
 }
 static void write_all(int fd, const void *p, size_t n) {
-    if (write(fd, p, n) != (ssize_t)n) { printf("FAIL xproc: writing a pipe\n"); exit(2); }
+    if (write(fd, p, n) != (ssize_t)n) {
+        printf("FAIL xproc: writing a pipe\n");
+        exit(2);
+    }
 }
 
 static int run_config(const config *cf, int p, int in_fd, const int *out_fds) {
@@ -369,15 +426,18 @@ static int run_config(const config *cf, int p, int in_fd, const int *out_fds) {
     c.cfg = cf->name;
     c.n = cf->n;
     c.nl = cf->nl[p];
-    if (cf->cvd[p]) setenv("CUDA_VISIBLE_DEVICES", cf->cvd[p], 1);
-    else unsetenv("CUDA_VISIBLE_DEVICES");
+    if (cf->cvd[p])
+        setenv("CUDA_VISIBLE_DEVICES", cf->cvd[p], 1);
+    else
+        unsetenv("CUDA_VISIBLE_DEVICES");
     CK(cuInit(0));
     for (int l = 0; l < c.nl; l++) {
         c.rank[l] = cf->rank[p][l];
         CK(cuDeviceGet(&c.dev[l], cf->ord[p][l]));
         CK(cuDeviceGetName(name, sizeof name, c.dev[l]));
         snprintf(want, sizeof want, "Mock GPU %d", c.rank[l]);
-        if (strcmp(name, want) != 0) fail(&c, "CUDA_VISIBLE_DEVICES", c.rank[l], "ordinal %d is \"%s\", want \"%s\"", cf->ord[p][l], name, want);
+        if (strcmp(name, want) != 0)
+            fail(&c, "CUDA_VISIBLE_DEVICES", c.rank[l], "ordinal %d is \"%s\", want \"%s\"", cf->ord[p][l], name, want);
         CK(cuDevicePrimaryCtxRetain(&c.ctx[l], c.dev[l]));
         CK(cuCtxSetCurrent(c.ctx[l]));
         CK(cuStreamCreate(&c.st[l], 0));
@@ -391,7 +451,10 @@ static int run_config(const config *cf, int p, int in_fd, const int *out_fds) {
     if (c.nl == 1) {
         CK(cuCtxSetCurrent(c.ctx[0]));
         int e = ncclCommInitRank(&c.comm[0], c.n, id, c.rank[0]);
-        if (e) { fail(&c, "ncclCommInitRank", c.rank[0], "returned %d", e); return 1; }
+        if (e) {
+            fail(&c, "ncclCommInitRank", c.rank[0], "returned %d", e);
+            return 1;
+        }
     } else {
         CK(ncclGroupStart());
         for (int l = 0; l < c.nl; l++) {
@@ -399,7 +462,10 @@ static int run_config(const config *cf, int p, int in_fd, const int *out_fds) {
             CK(ncclCommInitRank(&c.comm[l], c.n, id, c.rank[l]));
         }
         int e = ncclGroupEnd();
-        if (e) { fail(&c, "ncclCommInitRank in a group", c.rank[0], "ncclGroupEnd returned %d", e); return 1; }
+        if (e) {
+            fail(&c, "ncclCommInitRank in a group", c.rank[0], "ncclGroupEnd returned %d", e);
+            return 1;
+        }
     }
     static const int types[] = { F32, I32, F16, BF16 }, ops[] = { SUM, AVG, MAX, MIN };
     for (int ti = 0; ti < 4; ti++)
@@ -446,15 +512,21 @@ static void teardown1(child *c) {
     CK(cuDevicePrimaryCtxRelease_v2(c->dev[0]));
 }
 static void get_id(int rank, int in_fd, int out_fd, ncclUniqueId *id) {
-    if (rank == 0) { CK(ncclGetUniqueId(id)); write_all(out_fd, id, sizeof *id); }
-    else read_all(in_fd, id, sizeof *id);
+    if (rank == 0) {
+        CK(ncclGetUniqueId(id));
+        write_all(out_fd, id, sizeof *id);
+    } else
+        read_all(in_fd, id, sizeof *id);
 }
 /* ncclCommInitRank with stderr captured; returns the result, *text the message */
 static int init_captured(ncclComm_t *comm, int n, ncclUniqueId id, int rank, char *text, size_t len, double *ms) {
     FILE *tf = tmpfile();
     int saved = dup(2), r;
     size_t k;
-    if (!tf || saved < 0) { printf("FAIL xproc: tmpfile/dup\n"); exit(2); }
+    if (!tf || saved < 0) {
+        printf("FAIL xproc: tmpfile/dup\n");
+        exit(2);
+    }
     fflush(stderr);
     dup2(fileno(tf), 2);
     double t0 = now_ms();
@@ -580,7 +652,8 @@ static int run_visible(int which, int in_fd, int out_fd) {
         for (int i = 0; i < 4; i++) CK(cuDeviceGetUuid_v2(&u[i], i));
         for (int i = 0; i < 4; i++)
             for (int j = 0; j < i; j++)
-                if (!memcmp(&u[i], &u[j], sizeof u[i])) fail(&c, "cuDeviceGetUuid_v2", -1, "GPUs %d and %d share a uuid", i, j);
+                if (!memcmp(&u[i], &u[j], sizeof u[i]))
+                    fail(&c, "cuDeviceGetUuid_v2", -1, "GPUs %d and %d share a uuid", i, j);
         write_all(out_fd, u, sizeof u);
     } else if (which == 1) {
         setenv("CUDA_VISIBLE_DEVICES", "3,1,7,2", 1);
@@ -604,7 +677,8 @@ static int run_visible(int which, int in_fd, int out_fd) {
     } else {
         setenv("CUDA_VISIBLE_DEVICES", "", 1);
         int r = cuInit(0);
-        if (r != 100) fail(&c, "cuInit", -1, "returned %d with CUDA_VISIBLE_DEVICES empty, want 100 (CUDA_ERROR_NO_DEVICE)", r);
+        if (r != 100)
+            fail(&c, "cuInit", -1, "returned %d with CUDA_VISIBLE_DEVICES empty, want 100 (CUDA_ERROR_NO_DEVICE)", r);
     }
     return c.fails != 0;
 }
@@ -616,9 +690,14 @@ static pid_t spawn(void) {
     fflush(stdout);
     fflush(stderr);
     pid_t pid = fork();
-    if (pid < 0) { printf("FAIL xproc: fork\n"); exit(1); }
-    if (pid == 0) alarm(60); /* never hang the test suite */
-    else g_pids[g_npids++] = pid;
+    if (pid < 0) {
+        printf("FAIL xproc: fork\n");
+        exit(1);
+    }
+    if (pid == 0)
+        alarm(60); /* never hang the test suite */
+    else
+        g_pids[g_npids++] = pid;
     return pid;
 }
 static int wait_all(const pid_t *pids, int n, char *why, size_t len) {
@@ -637,22 +716,32 @@ static int wait_all(const pid_t *pids, int n, char *why, size_t len) {
     return bad;
 }
 static int report(const char *name, int bad, const char *why, const char *what) {
-    if (bad) printf("FAIL xproc_%s: %s\n", name, why);
-    else printf("PASS xproc_%s (%s)\n", name, what);
+    if (bad)
+        printf("FAIL xproc_%s: %s\n", name, why);
+    else
+        printf("PASS xproc_%s (%s)\n", name, what);
     return bad;
 }
 /* P processes connected by pipes: fds[q] is q's read end, wfd[q] its write end */
-typedef struct { int rfd[3], wfd[3]; } pipes;
+typedef struct {
+    int rfd[3], wfd[3];
+} pipes;
 static void make_pipes(pipes *p, int n) {
     for (int q = 0; q < n; q++) {
         int fd[2];
-        if (pipe(fd)) { printf("FAIL xproc: pipe\n"); exit(1); }
+        if (pipe(fd)) {
+            printf("FAIL xproc: pipe\n");
+            exit(1);
+        }
         p->rfd[q] = fd[0];
         p->wfd[q] = fd[1];
     }
 }
 static void close_pipes(pipes *p, int n) {
-    for (int q = 0; q < n; q++) { close(p->rfd[q]); close(p->wfd[q]); }
+    for (int q = 0; q < n; q++) {
+        close(p->rfd[q]);
+        close(p->wfd[q]);
+    }
 }
 /* `nproc` forked processes run fn(q, in_fd, out_fd) over one pair of pipes; one PASS/FAIL line */
 static int scenario(const char *name, int nproc, int (*fn)(int, int, int), const char *what) {
@@ -672,7 +761,10 @@ int main(void) {
     pid_t pids[3];
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (!getenv("MOCK_CUDA_GPUS")) setenv("MOCK_CUDA_GPUS", "4", 1);
-    if (atoi(getenv("MOCK_CUDA_GPUS")) < 4) { printf("FAIL xproc: needs MOCK_CUDA_GPUS=4\n"); return 1; }
+    if (atoi(getenv("MOCK_CUDA_GPUS")) < 4) {
+        printf("FAIL xproc: needs MOCK_CUDA_GPUS=4\n");
+        return 1;
+    }
     unsetenv("MOCK_NCCL_TIMEOUT_MS");
 
     for (size_t k = 0; k < sizeof configs / sizeof configs[0]; k++) {
@@ -685,16 +777,19 @@ int main(void) {
         close_pipes(&pp, cf->nproc);
         int bad = wait_all(pids, cf->nproc, why, sizeof why);
         char what[200];
-        snprintf(what, sizeof what, "%d ranks in %d processes: all-reduce sum/avg/max/min f32/i32/f16/bf16, broadcast, "
-                 "all-gather, reduce-scatter, send/recv ring%s; %.1f s", cf->n, cf->nproc,
-                 cf->big ? " with 64 MB each way" : "", (now_ms() - t0) / 1e3);
+        snprintf(what, sizeof what,
+                 "%d ranks in %d processes: all-reduce sum/avg/max/min f32/i32/f16/bf16, broadcast, "
+                 "all-gather, reduce-scatter, send/recv ring%s; %.1f s",
+                 cf->n, cf->nproc, cf->big ? " with 64 MB each way" : "", (now_ms() - t0) / 1e3);
         failed |= report(cf->name, bad, why, what);
     }
 
     failed |= scenario("visible_devices_and_uuids", 3, run_visible,
                        "CUDA_VISIBLE_DEVICES=3,1,7,2 gives GPUs 3 and 1 with their uuids; empty: no device");
-    failed |= scenario("same_gpu_refused", 2, run_same_gpu, "two processes' ranks on physical GPU 0: ncclInvalidUsage in both");
-    failed |= scenario("rank_joined_twice_refused", 2, run_rank_twice, "two processes claim rank 0: ncclInvalidUsage in both");
+    failed |= scenario("same_gpu_refused", 2, run_same_gpu,
+                       "two processes' ranks on physical GPU 0: ncclInvalidUsage in both");
+    failed |= scenario("rank_joined_twice_refused", 2, run_rank_twice,
+                       "two processes claim rank 0: ncclInvalidUsage in both");
     if ((pids[0] = spawn()) == 0) exit(run_missing_rank());
     failed |= report("missing_rank_fails_init", wait_all(pids, 1, why, sizeof why), why,
                      "ncclCommInitRank gives ncclSystemError after MOCK_NCCL_TIMEOUT_MS");
@@ -716,7 +811,10 @@ int main(void) {
         int pid;
         if (sscanf(de->d_name, "dparmock-%d-", &pid) != 1) continue;
         for (int i = 0; i < g_npids; i++)
-            if (pid == g_pids[i]) { printf("FAIL xproc_shm_cleanup: /dev/shm/%s was left behind\n", de->d_name); left = 1; }
+            if (pid == g_pids[i]) {
+                printf("FAIL xproc_shm_cleanup: /dev/shm/%s was left behind\n", de->d_name);
+                left = 1;
+            }
     }
     if (dir) closedir(dir);
     if (!left) printf("PASS xproc_shm_cleanup (nothing left in /dev/shm)\n");

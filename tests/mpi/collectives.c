@@ -27,8 +27,10 @@ static void check(const char *name, int ok, const char *why) {
         MPI_Bcast(first, sizeof first, MPI_CHAR, lowest, MPI_COMM_WORLD);
     }
     if (rank == 0) {
-        if (all) printf("PASS %s (np=%d)\n", name, nprocs);
-        else printf("FAIL %s (np=%d): %s\n", name, nprocs, first);
+        if (all)
+            printf("PASS %s (np=%d)\n", name, nprocs);
+        else
+            printf("FAIL %s (np=%d): %s\n", name, nprocs, first);
         fflush(stdout);
     }
     if (!all) failures++;
@@ -43,7 +45,10 @@ static dpar_runtime *runtime(int timeout_ms) {
     MPI_Comm world = MPI_COMM_WORLD;
     d.mpi.comm = &world;
     dpar_runtime *rt = NULL;
-    if (dpar_runtime_create(&d, &rt)) { fprintf(stderr, "rank %d: runtime: %s\n", rank, dpar_last_error()); MPI_Abort(MPI_COMM_WORLD, 2); }
+    if (dpar_runtime_create(&d, &rt)) {
+        fprintf(stderr, "rank %d: runtime: %s\n", rank, dpar_last_error());
+        MPI_Abort(MPI_COMM_WORLD, 2);
+    }
     return rt;
 }
 /* shard_map of fn over m with no array arguments */
@@ -54,13 +59,27 @@ static dpar_status smap(dpar_mesh *m, dpar_fn fn, void *user) {
 static dpar_mesh *mesh2(dpar_runtime *rt, int a, int b, const char *na, const char *nb) {
     dpar_mesh_desc d = { .ndim = b ? 2 : 1, .shape = { a, b }, .axis_names = { na, nb } };
     dpar_mesh *m = NULL;
-    if (dpar_mesh_create(rt, &d, &m)) { fprintf(stderr, "rank %d: mesh: %s\n", rank, dpar_last_error()); MPI_Abort(MPI_COMM_WORLD, 2); }
+    if (dpar_mesh_create(rt, &d, &m)) {
+        fprintf(stderr, "rank %d: mesh: %s\n", rank, dpar_last_error());
+        MPI_Abort(MPI_COMM_WORLD, 2);
+    }
     return m;
 }
 
 /* ---- every collective with exact integer data ---- */
-typedef struct { const char *axes; dpar_dtype t; int bad; char why[256]; } coll_arg;
-#define BAD(...) do { if (!a->bad) { a->bad = 1; snprintf(a->why, sizeof a->why, __VA_ARGS__); } } while (0)
+typedef struct {
+    const char *axes;
+    dpar_dtype t;
+    int bad;
+    char why[256];
+} coll_arg;
+#define BAD(...)                                          \
+    do {                                                  \
+        if (!a->bad) {                                    \
+            a->bad = 1;                                   \
+            snprintf(a->why, sizeof a->why, __VA_ARGS__); \
+        }                                                 \
+    } while (0)
 
 static float as_f(const void *p, dpar_dtype t, int i) {
     if (t == DPAR_F32) return ((const float *)p)[i];
@@ -69,10 +88,14 @@ static float as_f(const void *p, dpar_dtype t, int i) {
     return dpar_bf16_to_f32(((const uint16_t *)p)[i]);
 }
 static void from_f(void *p, dpar_dtype t, int i, float v) {
-    if (t == DPAR_F32) ((float *)p)[i] = v;
-    else if (t == DPAR_I32) ((int32_t *)p)[i] = (int32_t)v;
-    else if (t == DPAR_F16) ((uint16_t *)p)[i] = dpar_f32_to_f16(v);
-    else ((uint16_t *)p)[i] = dpar_f32_to_bf16(v);
+    if (t == DPAR_F32)
+        ((float *)p)[i] = v;
+    else if (t == DPAR_I32)
+        ((int32_t *)p)[i] = (int32_t)v;
+    else if (t == DPAR_F16)
+        ((uint16_t *)p)[i] = dpar_f32_to_f16(v);
+    else
+        ((uint16_t *)p)[i] = dpar_f32_to_bf16(v);
 }
 
 static dpar_status coll_fn(dpar_ctx *ctx, void *user) {
@@ -83,7 +106,8 @@ static dpar_status coll_fn(dpar_ctx *ctx, void *user) {
     enum { C = 8 };
     int64_t sh[1] = { C }, shn[1] = { (int64_t)C * n }, sh2[2] = { n, C };
     dpar_buffer *x, *y, *g;
-    if ((s = dpar_ctx_buffer(ctx, a->t, 1, sh, &x)) || (s = dpar_ctx_buffer(ctx, a->t, 1, sh, &y)) || (s = dpar_ctx_buffer(ctx, a->t, 1, shn, &g)))
+    if ((s = dpar_ctx_buffer(ctx, a->t, 1, sh, &x)) || (s = dpar_ctx_buffer(ctx, a->t, 1, sh, &y)) ||
+        (s = dpar_ctx_buffer(ctx, a->t, 1, shn, &g)))
         return s;
     char hx[C * 4], hy[C * 4 * 8];
     /* device at position k holds [k+1, 2(k+1), ...] */
@@ -93,27 +117,35 @@ static dpar_status coll_fn(dpar_ctx *ctx, void *user) {
     /* psum */
     if ((s = dpar_psum(ctx, y, x, a->axes))) return s;
     dpar_buffer_read(y, 0, hy, dpar_buffer_nbytes(y));
-    for (int i = 0; i < C; i++) if (as_f(hy, a->t, i) != (float)(sum * (i + 1))) BAD("psum[%d] = %g, want %d", i, as_f(hy, a->t, i), sum * (i + 1));
+    for (int i = 0; i < C; i++)
+        if (as_f(hy, a->t, i) != (float)(sum * (i + 1)))
+            BAD("psum[%d] = %g, want %d", i, as_f(hy, a->t, i), sum * (i + 1));
     /* pmax / pmin */
     if ((s = dpar_pmax(ctx, y, x, a->axes))) return s;
     dpar_buffer_read(y, 0, hy, dpar_buffer_nbytes(y));
-    for (int i = 0; i < C; i++) if (as_f(hy, a->t, i) != (float)(n * (i + 1))) BAD("pmax[%d] = %g", i, as_f(hy, a->t, i));
+    for (int i = 0; i < C; i++)
+        if (as_f(hy, a->t, i) != (float)(n * (i + 1))) BAD("pmax[%d] = %g", i, as_f(hy, a->t, i));
     if ((s = dpar_pmin(ctx, y, x, a->axes))) return s;
     dpar_buffer_read(y, 0, hy, dpar_buffer_nbytes(y));
-    for (int i = 0; i < C; i++) if (as_f(hy, a->t, i) != (float)(i + 1)) BAD("pmin[%d] = %g", i, as_f(hy, a->t, i));
+    for (int i = 0; i < C; i++)
+        if (as_f(hy, a->t, i) != (float)(i + 1)) BAD("pmin[%d] = %g", i, as_f(hy, a->t, i));
     /* pmean of n*(k+1)... : use psum value / n exactness: values k*n -> mean n*(n-1)/2 */
     for (int i = 0; i < C; i++) from_f(hx, a->t, i, (float)(k * n));
     dpar_buffer_write(y, 0, hx, dpar_buffer_nbytes(y));
     if ((s = dpar_pmean(ctx, y, y, a->axes))) return s; /* in place */
     dpar_buffer_read(y, 0, hy, dpar_buffer_nbytes(y));
-    for (int i = 0; i < C; i++) if (as_f(hy, a->t, i) != (float)(n * (n - 1) / 2)) BAD("pmean[%d] = %g, want %d", i, as_f(hy, a->t, i), n * (n - 1) / 2);
+    for (int i = 0; i < C; i++)
+        if (as_f(hy, a->t, i) != (float)(n * (n - 1) / 2))
+            BAD("pmean[%d] = %g, want %d", i, as_f(hy, a->t, i), n * (n - 1) / 2);
     for (int i = 0; i < C; i++) from_f(hx, a->t, i, (float)((k + 1) * (i + 1)));
     dpar_buffer_write(x, 0, hx, dpar_buffer_nbytes(x));
     /* all_gather tiled: block j = [j+1, 2(j+1), ...] */
     if ((s = dpar_all_gather(ctx, g, x, a->axes, 0, true))) return s;
     dpar_buffer_read(g, 0, hy, dpar_buffer_nbytes(g));
     for (int j = 0; j < n; j++)
-        for (int i = 0; i < C; i++) if (as_f(hy, a->t, j * C + i) != (float)((j + 1) * (i + 1))) BAD("all_gather[%d][%d] = %g", j, i, as_f(hy, a->t, j * C + i));
+        for (int i = 0; i < C; i++)
+            if (as_f(hy, a->t, j * C + i) != (float)((j + 1) * (i + 1)))
+                BAD("all_gather[%d][%d] = %g", j, i, as_f(hy, a->t, j * C + i));
     /* psum_scatter (tiled) of the gathered [n*C]: each position gets sum over members of its block */
     if ((s = dpar_buffer_reshape(g, 2, sh2))) return s;
     dpar_buffer *rs;
@@ -124,27 +156,42 @@ static dpar_status coll_fn(dpar_ctx *ctx, void *user) {
     if ((s = dpar_ctx_buffer(ctx, a->t, 2, shr, &rs2))) return s;
     if ((s = dpar_psum_scatter(ctx, rs2, g, a->axes, 0, true))) return s;
     dpar_buffer_read(rs2, 0, hy, dpar_buffer_nbytes(rs2));
-    for (int i = 0; i < C; i++) if (as_f(hy, a->t, i) != (float)(n * (k + 1) * (i + 1))) BAD("psum_scatter[%d] = %g", i, as_f(hy, a->t, i));
+    for (int i = 0; i < C; i++)
+        if (as_f(hy, a->t, i) != (float)(n * (k + 1) * (i + 1))) BAD("psum_scatter[%d] = %g", i, as_f(hy, a->t, i));
     /* ppermute: ring shift k -> k+1 */
     int pairs[2 * 64];
-    for (int j = 0; j < n; j++) { pairs[2 * j] = j; pairs[2 * j + 1] = (j + 1) % n; }
+    for (int j = 0; j < n; j++) {
+        pairs[2 * j] = j;
+        pairs[2 * j + 1] = (j + 1) % n;
+    }
     if ((s = dpar_ppermute(ctx, y, x, a->axes, pairs, n))) return s;
     dpar_buffer_read(y, 0, hy, dpar_buffer_nbytes(y));
     int from = (k + n - 1) % n;
-    for (int i = 0; i < C; i++) if (as_f(hy, a->t, i) != (float)((from + 1) * (i + 1))) BAD("ppermute[%d] = %g", i, as_f(hy, a->t, i));
+    for (int i = 0; i < C; i++)
+        if (as_f(hy, a->t, i) != (float)((from + 1) * (i + 1))) BAD("ppermute[%d] = %g", i, as_f(hy, a->t, i));
     /* all_to_all on [n, C]: row j of member k = 10k + j; out row i = 10i + k (exact in bf16) */
-    for (int j = 0; j < n; j++) for (int i = 0; i < C; i++) from_f(hy, a->t, j * C + i, (float)(10 * k + j));
+    for (int j = 0; j < n; j++)
+        for (int i = 0; i < C; i++) from_f(hy, a->t, j * C + i, (float)(10 * k + j));
     dpar_buffer *t2;
     if ((s = dpar_ctx_buffer(ctx, a->t, 2, sh2, &t2))) return s;
     dpar_buffer_write(g, 0, hy, dpar_buffer_nbytes(g));
     if ((s = dpar_all_to_all(ctx, t2, g, a->axes, 0, 0))) return s;
     dpar_buffer_read(t2, 0, hy, dpar_buffer_nbytes(t2));
-    for (int j = 0; j < n; j++) for (int i = 0; i < C; i++) if (as_f(hy, a->t, j * C + i) != (float)(10 * j + k)) BAD("all_to_all[%d][%d] = %g", j, i, as_f(hy, a->t, j * C + i));
+    for (int j = 0; j < n; j++)
+        for (int i = 0; i < C; i++)
+            if (as_f(hy, a->t, j * C + i) != (float)(10 * j + k))
+                BAD("all_to_all[%d][%d] = %g", j, i, as_f(hy, a->t, j * C + i));
     /* pbroadcast from the last position */
     if ((s = dpar_pbroadcast(ctx, y, x, a->axes, n - 1))) return s;
     dpar_buffer_read(y, 0, hy, dpar_buffer_nbytes(y));
-    for (int i = 0; i < C; i++) if (as_f(hy, a->t, i) != (float)(n * (i + 1))) BAD("pbroadcast[%d] = %g", i, as_f(hy, a->t, i));
-    dpar_buffer_destroy(x); dpar_buffer_destroy(y); dpar_buffer_destroy(g); dpar_buffer_destroy(rs); dpar_buffer_destroy(rs2); dpar_buffer_destroy(t2);
+    for (int i = 0; i < C; i++)
+        if (as_f(hy, a->t, i) != (float)(n * (i + 1))) BAD("pbroadcast[%d] = %g", i, as_f(hy, a->t, i));
+    dpar_buffer_destroy(x);
+    dpar_buffer_destroy(y);
+    dpar_buffer_destroy(g);
+    dpar_buffer_destroy(rs);
+    dpar_buffer_destroy(rs2);
+    dpar_buffer_destroy(t2);
     return DPAR_OK;
 }
 
@@ -154,10 +201,12 @@ static void test_all_collectives(dpar_runtime *rt, dpar_mesh *m, const char *mes
         for (int ti = 0; ti < 4; ti++) {
             coll_arg a;
             memset(&a, 0, sizeof a);
-            a.axes = axes_list[ai]; a.t = types[ti];
+            a.axes = axes_list[ai];
+            a.t = types[ti];
             dpar_status s = smap(m, coll_fn, &a);
             char name[160], why[512];
-            snprintf(name, sizeof name, "every collective over '%s' of %s, %s", axes_list[ai], mesh_name, dpar_dtype_name(types[ti]));
+            snprintf(name, sizeof name, "every collective over '%s' of %s, %s", axes_list[ai], mesh_name,
+                     dpar_dtype_name(types[ti]));
             snprintf(why, sizeof why, "%s", s ? dpar_last_error() : a.why);
             check(name, s == DPAR_OK && !a.bad, why);
         }
@@ -166,7 +215,11 @@ static void test_all_collectives(dpar_runtime *rt, dpar_mesh *m, const char *mes
 
 /* ---- large all-reduce: several 1 MB chunks of the cross-process pipeline plus a tail ---- */
 enum { BIG = 3 * (1 << 18) + 1234 };
-typedef struct { dpar_dtype t; int bad; char why[256]; } big_arg;
+typedef struct {
+    dpar_dtype t;
+    int bad;
+    char why[256];
+} big_arg;
 static dpar_status big_fn(dpar_ctx *ctx, void *user) {
     big_arg *a = user;
     int k, n;
@@ -177,7 +230,11 @@ static dpar_status big_fn(dpar_ctx *ctx, void *user) {
     if ((s = dpar_ctx_buffer(ctx, a->t, 1, sh, &x)) || (s = dpar_ctx_buffer(ctx, a->t, 1, sh, &y))) return s;
     size_t nb = dpar_buffer_nbytes(x);
     char *hx = malloc(nb), *hy = malloc(nb);
-    if (!hx || !hy) { free(hx); free(hy); return DPAR_ERR_OUT_OF_MEMORY; }
+    if (!hx || !hy) {
+        free(hx);
+        free(hy);
+        return DPAR_ERR_OUT_OF_MEMORY;
+    }
     /* member k holds (k+1) * (i % 7): sums, means, maxima and minima are exact in every dtype */
     for (int i = 0; i < BIG; i++) from_f(hx, a->t, i, (float)((k + 1) * (i % 7)));
     dpar_buffer_write(x, 0, hx, nb);
@@ -186,14 +243,19 @@ static dpar_status big_fn(dpar_ctx *ctx, void *user) {
         for (int inplace = 0; inplace < 2 && !s && !a->bad; inplace++) {
             dpar_buffer *out = y, *in = inplace ? y : x;
             if (inplace) dpar_buffer_write(y, 0, hx, nb);
-            s = op == 0 ? dpar_psum(ctx, out, in, "data") : op == 1 ? dpar_pmean(ctx, out, in, "data")
-              : op == 2 ? dpar_pmax(ctx, out, in, "data") : dpar_pmin(ctx, out, in, "data");
+            s = op == 0   ? dpar_psum(ctx, out, in, "data")
+                : op == 1 ? dpar_pmean(ctx, out, in, "data")
+                : op == 2 ? dpar_pmax(ctx, out, in, "data")
+                          : dpar_pmin(ctx, out, in, "data");
             if (s) break;
             dpar_buffer_read(out, 0, hy, nb);
             for (int i = 0; i < BIG; i++) {
                 int m = i % 7;
-                float want = op == 0 ? (float)(n * (n + 1) / 2 * m) : op == 2 ? (float)(n * m) : op == 3 ? (float)m
-                           : a->t == DPAR_I32 ? (float)(n * (n + 1) / 2 * m / n) : (float)(n + 1) / 2.0f * (float)m;
+                float want = op == 0            ? (float)(n * (n + 1) / 2 * m)
+                             : op == 2          ? (float)(n * m)
+                             : op == 3          ? (float)m
+                             : a->t == DPAR_I32 ? (float)(n * (n + 1) / 2 * m / n)
+                                                : (float)(n + 1) / 2.0f * (float)m;
                 if (as_f(hy, a->t, i) != want) {
                     BAD("%s%s[%d] = %g, want %g", names[op], inplace ? " (in place)" : "", i, as_f(hy, a->t, i), want);
                     break;
@@ -201,8 +263,10 @@ static dpar_status big_fn(dpar_ctx *ctx, void *user) {
             }
         }
     }
-    free(hx); free(hy);
-    dpar_buffer_destroy(x); dpar_buffer_destroy(y);
+    free(hx);
+    free(hy);
+    dpar_buffer_destroy(x);
+    dpar_buffer_destroy(y);
     return s;
 }
 
@@ -267,7 +331,8 @@ static dpar_status very_late_fn(dpar_ctx *ctx, void *u) {
     dpar_buffer *b;
     dpar_status s = dpar_ctx_buffer(ctx, DPAR_F32, 1, sh, &b);
     if (s) return s;
-    if (dpar_ctx_device(ctx) >= LOCAL && dpar_ctx_device(ctx) < 2 * LOCAL) usleep(1500 * 1000); /* rank 1: 5x the timeout */
+    if (dpar_ctx_device(ctx) >= LOCAL && dpar_ctx_device(ctx) < 2 * LOCAL)
+        usleep(1500 * 1000); /* rank 1: 5x the timeout */
     s = dpar_psum(ctx, b, b, "data");
     dpar_buffer_destroy(b);
     return s;
@@ -281,7 +346,10 @@ static dpar_status end_late_fn(dpar_ctx *ctx, void *u) {
 /* ---- a rank that never arrives ---- */
 static dpar_status late_fn(dpar_ctx *ctx, void *u) {
     (void)u;
-    if (dpar_ctx_device(ctx) >= LOCAL && dpar_ctx_device(ctx) < 2 * LOCAL) { usleep(900 * 1000); return DPAR_OK; } /* rank 1 */
+    if (dpar_ctx_device(ctx) >= LOCAL && dpar_ctx_device(ctx) < 2 * LOCAL) {
+        usleep(900 * 1000);
+        return DPAR_OK;
+    } /* rank 1 */
     int64_t sh[1] = { 16 };
     dpar_buffer *b;
     dpar_status s = dpar_ctx_buffer(ctx, DPAR_F32, 1, sh, &b);
@@ -294,7 +362,10 @@ static dpar_status late_fn(dpar_ctx *ctx, void *u) {
 static long rss_kb(void) {
     FILE *f = fopen("/proc/self/statm", "r");
     long pages = 0, res = 0;
-    if (f) { if (fscanf(f, "%ld %ld", &pages, &res) != 2) res = 0; fclose(f); }
+    if (f) {
+        if (fscanf(f, "%ld %ld", &pages, &res) != 2) res = 0;
+        fclose(f);
+    }
     return res * (sysconf(_SC_PAGESIZE) / 1024);
 }
 
@@ -309,9 +380,12 @@ int main(int argc, char **argv) {
     dpar_runtime *rt = runtime(20000);
     int first, cnt;
     dpar_runtime_local_devices(rt, &first, &cnt);
-    snprintf(why, sizeof why, "count %d, process %d/%d, local %d..+%d", dpar_runtime_device_count(rt), dpar_runtime_process_index(rt), dpar_runtime_process_count(rt), first, cnt);
-    check("global device list is processes x local devices", dpar_runtime_device_count(rt) == N && dpar_runtime_process_index(rt) == rank &&
-          dpar_runtime_process_count(rt) == nprocs && first == rank * LOCAL && cnt == LOCAL, why);
+    snprintf(why, sizeof why, "count %d, process %d/%d, local %d..+%d", dpar_runtime_device_count(rt),
+             dpar_runtime_process_index(rt), dpar_runtime_process_count(rt), first, cnt);
+    check("global device list is processes x local devices",
+          dpar_runtime_device_count(rt) == N && dpar_runtime_process_index(rt) == rank &&
+              dpar_runtime_process_count(rt) == nprocs && first == rank * LOCAL && cnt == LOCAL,
+          why);
 
     /* 1-d mesh over every device: groups across processes */
     dpar_mesh *m1 = mesh2(rt, N, 0, "data", NULL);
@@ -335,7 +409,8 @@ int main(int argc, char **argv) {
             memset(&a, 0, sizeof a);
             a.t = types[ti];
             dpar_status s = smap(m1, big_fn, &a);
-            snprintf(nm, sizeof nm, "psum/pmean/pmax/pmin of %d %s elements across processes (chunked), in place and not", (int)BIG,
+            snprintf(nm, sizeof nm,
+                     "psum/pmean/pmax/pmin of %d %s elements across processes (chunked), in place and not", (int)BIG,
                      dpar_dtype_name(types[ti]));
             snprintf(why, sizeof why, "%s", s ? dpar_last_error() : a.why);
             check(nm, !s && !a.bad, why);
@@ -357,7 +432,8 @@ int main(int argc, char **argv) {
         ok = ok && !dpar_array_local_rows(a, &b0, &bc);
         float rows[64 * 3], all[64 * 3];
         for (int i = 0; i < bc * 3; i++) rows[i] = (float)(b0 * 3 + i);
-        ok = ok && b0 == 2 * rank * LOCAL && bc == 2 * LOCAL && !dpar_array_put_rows(a, b0, bc, rows) && !dpar_array_get(a, all);
+        ok = ok && b0 == 2 * rank * LOCAL && bc == 2 * LOCAL && !dpar_array_put_rows(a, b0, bc, rows) &&
+             !dpar_array_get(a, all);
         for (int i = 0; ok && i < 2 * N * 3; i++) ok = all[i] == (float)i;
         snprintf(why, sizeof why, "rows [%lld, +%lld): %s", (long long)b0, (long long)bc, dpar_last_error());
         check("each process puts its own rows; array_get gathers every process's shards", ok, why);
@@ -376,7 +452,8 @@ int main(int argc, char **argv) {
         dpar_status s = smap(m1, shape_mismatch_fn, NULL);
         const char *e = dpar_last_error();
         snprintf(why, sizeof why, "%s: %s", dpar_status_string(s), e);
-        check("all_gather of [2, 6] on rank 0, [3, 4] elsewhere (same count): every rank gets an error naming both shapes",
+        check("all_gather of [2, 6] on rank 0, [3, 4] elsewhere (same count): every rank gets an error naming both "
+              "shapes",
               s == DPAR_ERR_COLLECTIVE_MISMATCH && strstr(e, "[2, 6]") && strstr(e, "[3, 4]"), why);
     }
     /* the runtime is still usable after a mismatch */
@@ -397,7 +474,10 @@ int main(int argc, char **argv) {
     snprintf(why, sizeof why, "resident memory %ld kB after 10 cycles, %ld kB after 100", before, after);
 #if defined(__SANITIZE_ADDRESS__)
     /* ASan's quarantine keeps freed memory resident: RSS says nothing here */
-    if (rank == 0) printf("SKIPPED 100 runtime + mesh create/destroy cycles (np=%d): under ASan resident memory includes the allocator's quarantine; the plain build checks it\n", nprocs);
+    if (rank == 0)
+        printf("SKIPPED 100 runtime + mesh create/destroy cycles (np=%d): under ASan resident memory includes the "
+               "allocator's quarantine; the plain build checks it\n",
+               nprocs);
     (void)check;
 #else
     check("100 runtime + mesh create/destroy cycles do not grow memory (< 1 MB)", after - before < 1024, why);
@@ -415,7 +495,9 @@ int main(int argc, char **argv) {
         /* every process's dispatch fails, with the waiting ranks' error naming rank 0 and the step */
         int ok = s == DPAR_ERR_COLLECTIVE_MISMATCH && strstr(e, "rank 0") && strstr(e, "collective #3") && dt < 10.0;
         snprintf(why, sizeof why, "%s after %.2f s: %s", dpar_status_string(s), dt, e);
-        check("uneven steps (rank 0: 3, others: 4): every rank's dispatch fails, naming rank 0 and the step, before the timeout", ok, why);
+        check("uneven steps (rank 0: 3, others: 4): every rank's dispatch fails, naming rank 0 and the step, before "
+              "the timeout",
+              ok, why);
         if (rank == 0 || rank == 1) printf("  rank %d saw: %s\n", rank, e);
         dpar_runtime_destroy(r3);
     }
@@ -434,8 +516,8 @@ int main(int argc, char **argv) {
         if (rank == 1) printf("  rank 1 saw: %s\n", e);
         /* the runtime must be destroyed now; the next dispatch says so on every rank */
         s = smap(mm, very_late_fn, NULL);
-        check("after that, every rank's next dispatch says to destroy the runtime", s != DPAR_OK && strstr(dpar_last_error(), "destroy"),
-              dpar_last_error());
+        check("after that, every rank's next dispatch says to destroy the runtime",
+              s != DPAR_OK && strstr(dpar_last_error(), "destroy"), dpar_last_error());
         /* destroyed at once, and the next runtime is made while rank 1 may still be on its way: the
            waiting ranks' given-up MPI requests complete only when it arrives (they must still find
            their buffers and communicators; this crashed in MPI_Comm_dup or MPI_Finalize before) */
@@ -449,12 +531,14 @@ int main(int argc, char **argv) {
         dpar_mesh *mm = mesh2(r6, N, 0, "data", NULL);
         dpar_status s = smap(mm, end_late_fn, NULL);
         const char *e = dpar_last_error();
-        int ok = s == DPAR_ERR_TIMEOUT && strstr(e, rank == 1 ? "gave up waiting for this process to finish" : "did not finish this dispatch");
+        int ok = s == DPAR_ERR_TIMEOUT &&
+                 strstr(e, rank == 1 ? "gave up waiting for this process to finish" : "did not finish this dispatch");
         snprintf(why, sizeof why, "%s: %s", dpar_status_string(s), e);
-        check("a rank finishing its dispatch 5x the timeout late: every rank's dispatch fails, the late one hears why", ok, why);
+        check("a rank finishing its dispatch 5x the timeout late: every rank's dispatch fails, the late one hears why",
+              ok, why);
         s = smap(mm, end_late_fn, NULL);
-        check("and every rank's next dispatch fails at once, saying to destroy the runtime", s == DPAR_ERR_STATE && strstr(dpar_last_error(), "destroy"),
-              dpar_last_error());
+        check("and every rank's next dispatch fails at once, saying to destroy the runtime",
+              s == DPAR_ERR_STATE && strstr(dpar_last_error(), "destroy"), dpar_last_error());
         dpar_mesh_destroy(mm);
         dpar_runtime_destroy(r6);
     }
@@ -474,28 +558,35 @@ int main(int argc, char **argv) {
     }
     /* dpar_runtime_create failing on one rank only: every rank returns an error (no rank waits in MPI forever) */
     for (int kind = 0; kind < 3; kind++) {
-        dpar_runtime_desc d = {
-            .backend = getenv("DPAR_BACKEND") && *getenv("DPAR_BACKEND") ? DPAR_BACKEND_DEFAULT : DPAR_BACKEND_CPU,
-            .num_devices = LOCAL
-        };
+        dpar_runtime_desc d = { .backend = getenv("DPAR_BACKEND") && *getenv("DPAR_BACKEND") ? DPAR_BACKEND_DEFAULT
+                                                                                             : DPAR_BACKEND_CPU,
+                                .num_devices = LOCAL };
         MPI_Comm world = MPI_COMM_WORLD;
         d.mpi.comm = &world;
         if (rank == 1) {
-            if (kind == 0) d.timeout_ms = -5;      /* rejected before this rank meets the others */
-            else if (kind == 1) d.num_devices = LOCAL + 1; /* opens, but differs from the others */
-            else d.backend = d.backend == DPAR_BACKEND_CPU ? DPAR_BACKEND_VULKAN : DPAR_BACKEND_CPU; /* another backend */
+            if (kind == 0)
+                d.timeout_ms = -5; /* rejected before this rank meets the others */
+            else if (kind == 1)
+                d.num_devices = LOCAL + 1; /* opens, but differs from the others */
+            else
+                d.backend =
+                    d.backend == DPAR_BACKEND_CPU ? DPAR_BACKEND_VULKAN : DPAR_BACKEND_CPU; /* another backend */
         }
         dpar_runtime *bad = NULL;
         dpar_status s = dpar_runtime_create(&d, &bad);
         const char *e = dpar_last_error();
         int ok = s != DPAR_OK && bad == NULL;
-        if (kind == 0) ok = ok && s == DPAR_ERR_INVALID_ARGUMENT && strstr(e, rank == 1 ? "timeout_ms" : "failed on process 1");
-        else if (kind == 1) ok = ok && s == DPAR_ERR_DEVICE_COUNT && strstr(e, "process 1 has 3");
-        else ok = ok && s == DPAR_ERR_INVALID_ARGUMENT && strstr(e, "but process 1 uses");
+        if (kind == 0)
+            ok = ok && s == DPAR_ERR_INVALID_ARGUMENT && strstr(e, rank == 1 ? "timeout_ms" : "failed on process 1");
+        else if (kind == 1)
+            ok = ok && s == DPAR_ERR_DEVICE_COUNT && strstr(e, "process 1 has 3");
+        else
+            ok = ok && s == DPAR_ERR_INVALID_ARGUMENT && strstr(e, "but process 1 uses");
         snprintf(why, sizeof why, "%s: %s", dpar_status_string(s), e);
-        check(kind == 0 ? "dpar_runtime_create rejected on rank 1 only: every rank gets its status, naming process 1"
+        check(kind == 0   ? "dpar_runtime_create rejected on rank 1 only: every rank gets its status, naming process 1"
               : kind == 1 ? "different local device counts: every rank gets DPAR_ERR_DEVICE_COUNT naming both"
-                          : "another backend on rank 1: every rank gets an error naming both backends", ok, why);
+                          : "another backend on rank 1: every rank gets an error naming both backends",
+              ok, why);
         if (rank == 0) printf("  rank 0 saw: %s\n", e);
         dpar_runtime_destroy(bad);
     }

@@ -32,13 +32,20 @@ int main(int argc, char **argv) {
     dpar_runtime_desc rd = { .backend = DPAR_BACKEND_CPU, .num_devices = 2, .timeout_ms = 1000, .mpi_comm = &world };
     dpar_runtime *rt = NULL;
     dpar_mesh *m = NULL;
-    if (dpar_runtime_create(&rd, &rt)) { fprintf(stderr, "rank %d: %s\n", rank, dpar_last_error()); MPI_Abort(MPI_COMM_WORLD, 2); }
+    if (dpar_runtime_create(&rd, &rt)) {
+        fprintf(stderr, "rank %d: %s\n", rank, dpar_last_error());
+        MPI_Abort(MPI_COMM_WORLD, 2);
+    }
     dpar_mesh_desc md = { .ndim = 1, .shape = { 4 }, .axis_names = { "x" } };
-    if (dpar_mesh_create(rt, &md, &m)) { fprintf(stderr, "rank %d: %s\n", rank, dpar_last_error()); MPI_Abort(MPI_COMM_WORLD, 2); }
+    if (dpar_mesh_create(rt, &md, &m)) {
+        fprintf(stderr, "rank %d: %s\n", rank, dpar_last_error());
+        MPI_Abort(MPI_COMM_WORLD, 2);
+    }
     dpar_shard_map_desc sd = { .fn = fn };
     dpar_status s = dpar_shard_map(m, &sd);
     const char *e = dpar_last_error();
-    int ok = s == DPAR_ERR_TIMEOUT && strstr(e, rank == 1 ? "gave up waiting for this process" : "never called it") != NULL;
+    int ok =
+        s == DPAR_ERR_TIMEOUT && strstr(e, rank == 1 ? "gave up waiting for this process" : "never called it") != NULL;
     printf("rank %d: %s: %s\n", rank, dpar_status_string(s), e);
     fflush(stdout);
     dpar_mesh_destroy(m);

@@ -24,7 +24,8 @@ static dpar_status fn(dpar_ctx *ctx, void *u) {
     dpar_buffer_write(b, 0, v, sizeof v);
     if (!(s = dpar_psum(ctx, b, b, "x"))) {
         dpar_buffer_read(b, 0, v, sizeof v);
-        for (int i = 0; i < 5; i++) if (v[i] != (float)(n * (n + 1) / 2 * (i + 1))) *bad = 1;
+        for (int i = 0; i < 5; i++)
+            if (v[i] != (float)(n * (n + 1) / 2 * (i + 1))) *bad = 1;
     }
     dpar_buffer_destroy(b);
     return s;
@@ -35,21 +36,33 @@ int main(int argc, char **argv) {
     MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &prov);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm world = MPI_COMM_WORLD;
-    dpar_runtime_desc rd = {
-        .backend = getenv("DPAR_BACKEND") && *getenv("DPAR_BACKEND") ? DPAR_BACKEND_DEFAULT : DPAR_BACKEND_CPU
-    };
+    dpar_runtime_desc rd = { .backend = getenv("DPAR_BACKEND") && *getenv("DPAR_BACKEND") ? DPAR_BACKEND_DEFAULT
+                                                                                          : DPAR_BACKEND_CPU };
     rd.num_devices = 0; /* the default: this process's share of the node's devices */
     rd.mpi.comm = &world;
     dpar_runtime *rt = NULL;
-    if (dpar_runtime_create(&rd, &rt)) { fprintf(stderr, "rank %d: %s\n", rank, dpar_last_error()); MPI_Abort(MPI_COMM_WORLD, 2); }
+    if (dpar_runtime_create(&rd, &rt)) {
+        fprintf(stderr, "rank %d: %s\n", rank, dpar_last_error());
+        MPI_Abort(MPI_COMM_WORLD, 2);
+    }
     int bad = 0, failed = 0;
     for (int i = 0; i < 6 && !failed; i++) {
         dpar_mesh_desc md = { .ndim = 1, .shape = { dpar_runtime_device_count(rt) }, .axis_names = { "x" } };
         dpar_mesh *m = NULL;
-        if (dpar_mesh_create(rt, &md, &m)) { fprintf(stderr, "rank %d: %s\n", rank, dpar_last_error()); failed = 1; break; }
+        if (dpar_mesh_create(rt, &md, &m)) {
+            fprintf(stderr, "rank %d: %s\n", rank, dpar_last_error());
+            failed = 1;
+            break;
+        }
         dpar_shard_map_desc sd = { .fn = fn, .user = &bad };
-        if (dpar_shard_map(m, &sd)) { fprintf(stderr, "rank %d: mesh %d: %s\n", rank, i, dpar_last_error()); failed = 1; }
-        if (bad) { fprintf(stderr, "rank %d: mesh %d: wrong psum\n", rank, i); failed = 1; }
+        if (dpar_shard_map(m, &sd)) {
+            fprintf(stderr, "rank %d: mesh %d: %s\n", rank, i, dpar_last_error());
+            failed = 1;
+        }
+        if (bad) {
+            fprintf(stderr, "rank %d: mesh %d: wrong psum\n", rank, i);
+            failed = 1;
+        }
         dpar_mesh_destroy(m);
     }
     int any = 0;

@@ -19,7 +19,7 @@ int fail(const char *what, dpar_status s) {
     return 1;
 }
 
-}  // namespace
+} // namespace
 
 int main() {
     dpar_runtime_desc rd{};
@@ -57,10 +57,10 @@ int main() {
     int bad = 0;
     for (int d = 0; d < kDevices; d++)
         for (int i = 0; i < kCols; i++) {
-            float want = float(600 + 4 * i);  // (0 + 100 + 200 + 300) + 4 i, exact in f32
+            float want = float(600 + 4 * i); // (0 + 100 + 200 + 300) + 4 i, exact in f32
             if (y[d * kCols + i] != want) {
-                std::fprintf(stderr, "psum4: device %d element %d: got %g, want %g\n", d, i,
-                             double(y[d * kCols + i]), double(want));
+                std::fprintf(stderr, "psum4: device %d element %d: got %g, want %g\n", d, i, double(y[d * kCols + i]),
+                             double(want));
                 bad++;
             }
         }

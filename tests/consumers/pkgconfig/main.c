@@ -32,12 +32,20 @@ int main(void) {
     if (s) return fail("dpar_mesh_create", s);
 
     float x[NDEV * COLS], y[NDEV * COLS];
-    for (int i = 0; i < NDEV * COLS; i++) { x[i] = (float)(i / COLS * 100 + i % COLS); y[i] = -1.0f; }
-    s = dpar_pmap(mesh, &(dpar_pmap_desc){
-        .axis = "data", .fn = psum_fn, .num_inputs = 1, .num_outputs = 1,
-        .inputs = { { .data = x, .dtype = DPAR_F32, .ndim = 2, .shape = { NDEV, COLS }, .in_axis = DPAR_MAPPED } },
-        .outputs = { { .data = y, .dtype = DPAR_F32, .ndim = 1, .shape = { COLS } } },
-    });
+    for (int i = 0; i < NDEV * COLS; i++) {
+        x[i] = (float)(i / COLS * 100 + i % COLS);
+        y[i] = -1.0f;
+    }
+    s = dpar_pmap(
+        mesh,
+        &(dpar_pmap_desc){
+            .axis = "data",
+            .fn = psum_fn,
+            .num_inputs = 1,
+            .num_outputs = 1,
+            .inputs = { { .data = x, .dtype = DPAR_F32, .ndim = 2, .shape = { NDEV, COLS }, .in_axis = DPAR_MAPPED } },
+            .outputs = { { .data = y, .dtype = DPAR_F32, .ndim = 1, .shape = { COLS } } },
+        });
     if (s) return fail("dpar_pmap", s);
 
     int bad = 0;
