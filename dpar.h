@@ -2114,16 +2114,15 @@ static void dpar__mesh_free(dpar_mesh *m) {
     DPAR_FREE(m);
 }
 
-DPAR_API dpar_status dpar_mesh_create(dpar_runtime *rt, const dpar_mesh_desc *desc, dpar_mesh **out) {
-    dpar__clear_error();
-    if (!out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_mesh_create: `out` is NULL");
-    *out = NULL;
-    if (!rt || !desc) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_mesh_create: runtime or desc is NULL");
-    dpar_mesh_desc resolved = *desc;
-    if (resolved.ndim == 0) /* inferred: the leading axes given a size or a name */
-        while (resolved.ndim < DPAR_MAX_AXES && (desc->shape[resolved.ndim] || desc->axis_names[resolved.ndim]))
-            resolved.ndim++;
-    const dpar_mesh_desc *d = &resolved;
+/* Checks a mesh desc against the runtime: infers ndim when 0, validates the axes
+   (size >= 1, unique non-empty names without separators) and the device count. */
+static dpar_status dpar__mesh_desc_check(const dpar_runtime *rt, const dpar_mesh_desc *desc, dpar_mesh_desc *resolved,
+                                         long long *size_out) {
+    *resolved = *desc;
+    if (resolved->ndim == 0) /* inferred: the leading axes given a size or a name */
+        while (resolved->ndim < DPAR_MAX_AXES && (desc->shape[resolved->ndim] || desc->axis_names[resolved->ndim]))
+            resolved->ndim++;
+    const dpar_mesh_desc *d = resolved;
     if (d->ndim < 1 || d->ndim > DPAR_MAX_AXES)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
                          "dpar_mesh_create: ndim = %d; a mesh has 1..%d axes (0: as many as "
@@ -2161,28 +2160,23 @@ DPAR_API dpar_status dpar_mesh_create(dpar_runtime *rt, const dpar_mesh_desc *de
                          "create the runtime with num_devices = %lld (or DPAR_DEVICES=%lld)",
                          sh, size, rt->ndev, size, size);
     }
-    /* size < rt->ndev without a device list is allowed: the mesh takes the first `size` devices */
-    dpar_mesh *m = (dpar_mesh *)dpar__calloc(1, sizeof *m);
-    if (!m) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_mesh_create: out of host memory");
-    m->rt = rt;
-    m->ndim = d->ndim;
-    m->size = (int)size;
-    for (int a = 0; a < d->ndim; a++) {
-        m->shape[a] = d->shape[a];
-        strcpy(m->names[a], d->axis_names[a]);
-    }
+    *size_out = size;
+    return DPAR_OK;
+}
+
+/* Puts device d->devices[p] (or p) at mesh position p; rejects unknown or repeated devices. */
+static dpar_status dpar__mesh_place_devices(dpar_mesh *m, const dpar_mesh_desc *d) {
+    const dpar_runtime *rt = m->rt;
     for (int i = 0; i < DPAR_MAX_DEVICES; i++) m->pos_of[i] = -1;
     for (int p = 0; p < m->size; p++) {
         int dev = d->devices ? d->devices[p] : p;
         if (dev < 0 || dev >= rt->ndev) {
-            DPAR_FREE(m);
             return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
                              "dpar_mesh_create: devices[%d] = %d is not a device of the runtime (0..%d)", p, dev,
                              rt->ndev - 1);
         }
         if (m->pos_of[dev] >= 0) {
             int prev = m->pos_of[dev];
-            DPAR_FREE(m);
             return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
                              "dpar_mesh_create: device %d appears twice in devices[] (positions %d and %d)", dev, prev,
                              p);
@@ -2190,14 +2184,17 @@ DPAR_API dpar_status dpar_mesh_create(dpar_runtime *rt, const dpar_mesh_desc *de
         m->devices[p] = dev;
         m->pos_of[dev] = p;
     }
-    /* groups for every non-empty axis mask */
+    return DPAR_OK;
+}
+
+/* The collective groups of every non-empty axis mask: members, leader, and
+   whether the group spans processes. On failure the caller frees the mesh. */
+static dpar_status dpar__mesh_build_groups(dpar_mesh *m) {
+    const dpar_runtime *rt = m->rt;
     for (unsigned mask = 1; mask < (1u << m->ndim); mask++) {
         int gs = dpar__mask_size(m, mask), ng = m->size / gs;
         m->groups[mask] = (dpar__group *)dpar__calloc((size_t)ng, sizeof(dpar__group));
-        if (!m->groups[mask]) {
-            dpar__mesh_free(m);
-            return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_mesh_create: out of host memory");
-        }
+        if (!m->groups[mask]) { return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_mesh_create: out of host memory"); }
         m->ngroups[mask] = ng;
         for (int g = 0; g < ng; g++) {
             dpar__group *gr = &m->groups[mask][g];
@@ -2218,7 +2215,6 @@ DPAR_API dpar_status dpar_mesh_create(dpar_runtime *rt, const dpar_mesh_desc *de
             gr->xmsg = (char *)dpar__calloc(DPAR__ERR_LEN, 1);
             if (!gr->devices || !gr->here || !gr->posts || !gr->in_bufs || !gr->out_bufs || !gr->in_ptr ||
                 !gr->out_ptr || !gr->stage || !gr->stage_cap || !gr->xin_ptr || !gr->xmsg) {
-                dpar__mesh_free(m);
                 return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_mesh_create: out of host memory");
             }
         }
@@ -2238,6 +2234,35 @@ DPAR_API dpar_status dpar_mesh_create(dpar_runtime *rt, const dpar_mesh_desc *de
             }
             gr->cross = gr->nlocal != gr->n;
         }
+    }
+    return DPAR_OK;
+}
+
+DPAR_API dpar_status dpar_mesh_create(dpar_runtime *rt, const dpar_mesh_desc *desc, dpar_mesh **out) {
+    dpar__clear_error();
+    if (!out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_mesh_create: `out` is NULL");
+    *out = NULL;
+    if (!rt || !desc) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_mesh_create: runtime or desc is NULL");
+    dpar_mesh_desc resolved;
+    long long size = 0;
+    dpar_status s = dpar__mesh_desc_check(rt, desc, &resolved, &size);
+    if (s != DPAR_OK) return s;
+    const dpar_mesh_desc *d = &resolved;
+    /* size < rt->ndev without a device list is allowed: the mesh takes the first `size` devices */
+    dpar_mesh *m = (dpar_mesh *)dpar__calloc(1, sizeof *m);
+    if (!m) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_mesh_create: out of host memory");
+    m->rt = rt;
+    m->ndim = d->ndim;
+    m->size = (int)size;
+    for (int a = 0; a < d->ndim; a++) {
+        m->shape[a] = d->shape[a];
+        strcpy(m->names[a], d->axis_names[a]);
+    }
+    s = dpar__mesh_place_devices(m, d);
+    if (s == DPAR_OK) s = dpar__mesh_build_groups(m);
+    if (s != DPAR_OK) {
+        dpar__mesh_free(m);
+        return s;
     }
     dpar_status ms = dpar__transport_get()->mesh_init(m);
     if (ms != DPAR_OK) {
@@ -2823,32 +2848,10 @@ DPAR_API dpar_status dpar_shard_map(dpar_mesh *m, const dpar_shard_map_desc *des
     return s;
 }
 
-DPAR_API dpar_status dpar_pmap(dpar_mesh *m, const dpar_pmap_desc *desc) {
-    dpar__clear_error();
-    dpar_pmap_desc resolved;
-    const dpar_pmap_desc *d = desc ? &resolved : NULL;
-    if (desc) { /* counts of 0 inferred: the leading inputs / outputs with non-NULL data */
-        resolved = *desc;
-        if (resolved.num_inputs == 0)
-            while (resolved.num_inputs < DPAR_MAX_ARGS / 2 && resolved.inputs[resolved.num_inputs].data)
-                resolved.num_inputs++;
-        if (resolved.num_outputs == 0)
-            while (resolved.num_outputs < DPAR_MAX_ARGS / 2 && resolved.outputs[resolved.num_outputs].data)
-                resolved.num_outputs++;
-    }
-    if (!m || !d || !d->fn) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_pmap: mesh, desc or desc->fn is NULL");
-    if (dpar__self_worker)
-        return dpar__err(DPAR_ERR_STATE,
-                         "dpar_pmap: called from inside a pmap/shard_map function; nested dispatch is not supported");
-    unsigned mask;
-    dpar_status s = dpar__parse_axes(m, "dpar_pmap", d->axis, &mask, NULL, NULL);
-    if (s) return s;
-    if (d->num_inputs < 0 || d->num_outputs < 0 || d->num_inputs > DPAR_MAX_ARGS / 2 ||
-        d->num_outputs > DPAR_MAX_ARGS / 2)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_pmap: num_inputs/num_outputs must be in 0..%d",
-                         (int)DPAR_MAX_ARGS / 2);
-    int n = dpar__mask_size(m, mask);
-    /* validate everything before anything runs */
+/* dpar_pmap's argument checks, all before anything runs: dtypes, shapes, data
+   pointers, and mapped inputs whose leading dimension is the n devices of the axis. */
+static dpar_status dpar__pmap_check(const dpar_pmap_desc *d, int n) {
+    dpar_status s;
     for (int i = 0; i < d->num_inputs; i++) {
         const dpar_pmap_input *in = &d->inputs[i];
         char where[48];
@@ -2889,6 +2892,36 @@ DPAR_API dpar_status dpar_pmap(dpar_mesh *m, const dpar_pmap_desc *desc) {
         if (!o->data && dpar__prod(o->shape, o->ndim) > 0)
             return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: data is NULL", where);
     }
+    return DPAR_OK;
+}
+
+DPAR_API dpar_status dpar_pmap(dpar_mesh *m, const dpar_pmap_desc *desc) {
+    dpar__clear_error();
+    dpar_pmap_desc resolved;
+    const dpar_pmap_desc *d = desc ? &resolved : NULL;
+    if (desc) { /* counts of 0 inferred: the leading inputs / outputs with non-NULL data */
+        resolved = *desc;
+        if (resolved.num_inputs == 0)
+            while (resolved.num_inputs < DPAR_MAX_ARGS / 2 && resolved.inputs[resolved.num_inputs].data)
+                resolved.num_inputs++;
+        if (resolved.num_outputs == 0)
+            while (resolved.num_outputs < DPAR_MAX_ARGS / 2 && resolved.outputs[resolved.num_outputs].data)
+                resolved.num_outputs++;
+    }
+    if (!m || !d || !d->fn) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_pmap: mesh, desc or desc->fn is NULL");
+    if (dpar__self_worker)
+        return dpar__err(DPAR_ERR_STATE,
+                         "dpar_pmap: called from inside a pmap/shard_map function; nested dispatch is not supported");
+    unsigned mask;
+    dpar_status s = dpar__parse_axes(m, "dpar_pmap", d->axis, &mask, NULL, NULL);
+    if (s) return s;
+    if (d->num_inputs < 0 || d->num_outputs < 0 || d->num_inputs > DPAR_MAX_ARGS / 2 ||
+        d->num_outputs > DPAR_MAX_ARGS / 2)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_pmap: num_inputs/num_outputs must be in 0..%d",
+                         (int)DPAR_MAX_ARGS / 2);
+    int n = dpar__mask_size(m, mask);
+    s = dpar__pmap_check(d, n); /* everything is validated before anything runs */
+    if (s) return s;
     /* the mapped axis name(s) as a spec */
     int nargs = d->num_inputs + d->num_outputs;
     dpar_array *arrs[DPAR_MAX_ARGS];
