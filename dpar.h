@@ -980,10 +980,17 @@ static dpar_status dpar__err(dpar_status s, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)))
 #endif
     ;
+/* Formats into a temporary first: an argument may be the last error itself
+   (dpar_set_last_error(s, "f: %s", dpar_last_error()) adds context). */
+static void dpar__err_vset(const char *fmt, va_list ap) {
+    char t[DPAR__ERR_LEN];
+    vsnprintf(t, sizeof t, fmt, ap);
+    memcpy(dpar__err_text, t, sizeof t);
+}
 static dpar_status dpar__err(dpar_status s, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(dpar__err_text, sizeof dpar__err_text, fmt, ap);
+    dpar__err_vset(fmt, ap);
     va_end(ap);
     return s;
 }
@@ -1001,7 +1008,7 @@ DPAR_API dpar_status dpar_set_last_error(dpar_status code, const char *fmt, ...)
         return code;
     }
     va_start(ap, fmt);
-    vsnprintf(dpar__err_text, sizeof dpar__err_text, fmt, ap);
+    dpar__err_vset(fmt, ap);
     va_end(ap);
     return code;
 }

@@ -118,12 +118,22 @@ static void test_destroy_status(void **st) {
     T_OK(dpar_runtime_destroy(h.rt));
 }
 
+/* The last error may be an argument of the text that replaces it (context added
+   around a callee's error); it was formatted in place and came out garbled. */
+static void test_set_last_error_wraps_itself(void **st) {
+    (void)st;
+    dpar_set_last_error(DPAR_ERR_SHAPE, "inner: rows %d != %d", 3, 4);
+    assert_int_equal(dpar_set_last_error(DPAR_ERR_SHAPE, "outer: loading w: %s", dpar_last_error()), DPAR_ERR_SHAPE);
+    assert_string_equal(dpar_last_error(), "outer: loading w: inner: rows 3 != 4");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mesh_ndim_inferred),
         cmocka_unit_test(test_shard_map_num_args_inferred),
         cmocka_unit_test(test_pmap_counts_inferred),
         cmocka_unit_test(test_destroy_status),
+        cmocka_unit_test(test_set_last_error_wraps_itself),
     };
     return cmocka_run_group_tests_name("api", tests, NULL, NULL);
 }
