@@ -436,7 +436,10 @@ typedef struct dpar_array_desc {
    DPAR_ERR_UNKNOWN_AXIS, DPAR_ERR_INVALID_ARGUMENT (an axis used twice),
    DPAR_ERR_OUT_OF_MEMORY. Contents are zero. */
 DPAR_API dpar_status dpar_array_create(dpar_mesh *m, const dpar_array_desc *desc, dpar_array **out);
-DPAR_API void dpar_array_destroy(dpar_array *a);
+/* Frees the array and its shards. NULL is a no-op (DPAR_OK). Errors:
+   DPAR_ERR_STATE inside a pmap/shard_map function (the dispatch may be using
+   the shards; nothing is freed). */
+DPAR_API dpar_status dpar_array_destroy(dpar_array *a);
 /* device_put: scatters (split dims) / replicates a host array in row-major
    order of the global shape, `host` holding prod(shape) elements of dtype. */
 DPAR_API dpar_status dpar_array_put(dpar_array *a, const void *host);
@@ -2083,7 +2086,7 @@ static void dpar__group_of(const dpar_mesh *m, unsigned mask, int pos, int *gid,
     *rank = r;
 }
 
-DPAR_API void dpar_array_destroy(dpar_array *a);
+DPAR_API dpar_status dpar_array_destroy(dpar_array *a);
 static void dpar__mesh_free(dpar_mesh *m) {
     if (!m) return;
     dpar_runtime *rt = m->rt;
@@ -2427,8 +2430,12 @@ static void dpar__array_offsets(const dpar_array *a, int pos, int64_t *off) {
     }
 }
 
-DPAR_API void dpar_array_destroy(dpar_array *a) {
-    if (!a) return;
+DPAR_API dpar_status dpar_array_destroy(dpar_array *a) {
+    if (!a) return DPAR_OK;
+    if (dpar__self_worker)
+        return dpar__err(DPAR_ERR_STATE,
+                         "dpar_array_destroy: called inside a pmap/shard_map function; nothing was destroyed "
+                         "(destroy the array after the dispatch returns)");
     dpar_mesh *m = a->mesh;
     pthread_mutex_lock(&m->rt->list_mu);
     if (a->prev)
@@ -2442,6 +2449,7 @@ DPAR_API void dpar_array_destroy(dpar_array *a) {
             if (a->shards[p]) dpar__buffer_free(a->shards[p]);
     DPAR_FREE(a->shards);
     DPAR_FREE(a);
+    return DPAR_OK;
 }
 
 DPAR_API dpar_status dpar_array_create(dpar_mesh *m, const dpar_array_desc *d, dpar_array **out) {

@@ -85,12 +85,14 @@ static void test_pmap_counts_inferred(void **st) {
 typedef struct handles {
     dpar_runtime *rt;
     dpar_mesh *m;
-    dpar_status mesh_s[2], rt_s[2];
+    dpar_array *a;
+    dpar_status mesh_s[2], rt_s[2], arr_s[2];
 } handles;
 
 static dpar_status destroy_inside(dpar_ctx *ctx, void *user) {
     handles *h = (handles *)user;
     int d = dpar_ctx_device(ctx);
+    h->arr_s[d] = dpar_array_destroy(h->a); /* freeing shards another device may be using */
     h->mesh_s[d] = dpar_mesh_destroy(h->m);
     h->rt_s[d] = dpar_runtime_destroy(h->rt);
     return DPAR_OK;
@@ -103,14 +105,23 @@ static void test_destroy_status(void **st) {
     assert_int_equal(dpar_buffer_destroy(NULL), DPAR_OK);
     handles h = { .rt = t_runtime(DPAR_BACKEND_CPU, 2) };
     h.m = t_mesh1(h.rt, 2, "data");
+    assert_int_equal(dpar_array_destroy(NULL), DPAR_OK);
     dpar_array *a = NULL;
     T_OK(dpar_array_create(h.m, &(dpar_array_desc){ .dtype = DPAR_F32, .ndim = 1, .shape = { 2 } }, &a));
+    h.a = a;
     T_ERR(dpar_buffer_destroy(dpar_array_shard(a, 0)), DPAR_ERR_STATE, "dpar_buffer_destroy", "destroy the array");
     T_OK(dpar_shard_map(h.m, &(dpar_shard_map_desc){ .fn = destroy_inside, .user = &h }));
     for (int d = 0; d < 2; d++) {
         assert_int_equal(h.mesh_s[d], DPAR_ERR_STATE);
         assert_int_equal(h.rt_s[d], DPAR_ERR_STATE);
+        assert_int_equal(h.arr_s[d], DPAR_ERR_STATE);
     }
+    const float x[2] = { 1.5f, -2.0f };
+    float y[2] = { 0 };
+    T_OK(dpar_array_put(a, x)); /* the array survived the destroys inside fn */
+    T_OK(dpar_array_get(a, y));
+    assert_memory_equal(x, y, sizeof x);
+    T_OK(dpar_array_destroy(a));
     dpar_buffer *b = NULL;
     T_OK(dpar_buffer_create(h.rt, 1, DPAR_F32, 1, (const int64_t[]){ 8 }, &b));
     T_OK(dpar_buffer_destroy(b));
@@ -129,10 +140,8 @@ static void test_set_last_error_wraps_itself(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_mesh_ndim_inferred),
-        cmocka_unit_test(test_shard_map_num_args_inferred),
-        cmocka_unit_test(test_pmap_counts_inferred),
-        cmocka_unit_test(test_destroy_status),
+        cmocka_unit_test(test_mesh_ndim_inferred),          cmocka_unit_test(test_shard_map_num_args_inferred),
+        cmocka_unit_test(test_pmap_counts_inferred),        cmocka_unit_test(test_destroy_status),
         cmocka_unit_test(test_set_last_error_wraps_itself),
     };
     return cmocka_run_group_tests_name("api", tests, NULL, NULL);
