@@ -205,7 +205,9 @@ DPAR_API float dpar_f16_to_f32(uint16_t h);
 DPAR_API uint16_t dpar_f32_to_bf16(float f);
 DPAR_API float dpar_bf16_to_f32(uint16_t h);
 /* The f16 conversions over n elements (F16C where the CPU has it), bit for
-   bit the scalar ones; n <= 0 does nothing. */
+   bit the scalar ones except signalling NaNs, which F16C returns quieted
+   (f16 0x7c01 -> f32 0x7fc02000, the scalar form gives 0x7f802000);
+   n <= 0 does nothing. */
 DPAR_API void dpar_f32_to_f16_n(uint16_t *dst, const float *src, int64_t n);
 DPAR_API void dpar_f16_to_f32_n(float *dst, const uint16_t *src, int64_t n);
 
