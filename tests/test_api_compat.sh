@@ -12,9 +12,13 @@ export LC_ALL=C # plain quotes in compiler messages
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 LIBS="-lpthread -lm -ldl"
+# link against a sanitizer build of dpar.o with its runtime (make SAN=address|thread test)
+SANFLAGS=
+if nm "$BUILD/dpar.o" 2>/dev/null | grep -q __asan_init; then SANFLAGS=-fsanitize=address,undefined; fi
+if nm "$BUILD/dpar.o" 2>/dev/null | grep -q __tsan_init; then SANFLAGS=-fsanitize=thread; fi
 FLAGS="-std=c99 -D_GNU_SOURCE -I. -Wall -Wextra -Wshadow -Wconversion -Wpedantic -Werror"
 
-if $CC $FLAGS -Wno-error=deprecated-declarations "$DIR/old_names.c" "$BUILD/dpar.o" -o "$tmp/old" $LIBS 2>"$tmp/old.log" &&
+if $CC $FLAGS -Wno-error=deprecated-declarations $SANFLAGS "$DIR/old_names.c" "$BUILD/dpar.o" -o "$tmp/old" $LIBS 2>"$tmp/old.log" &&
    "$tmp/old" >/dev/null; then echo "PASS api_compat: old names build and run"
 else cat "$tmp/old.log"; echo "FAIL api_compat: old names do not build or run"; fi
 
@@ -23,7 +27,7 @@ got=$(grep -o "dpar_[a-z_]*' is deprecated" "$tmp/old.log" | sort -u | wc -l)
 if [ "$got" -eq "$want" ]; then echo "PASS api_compat: each of the $want old names warns as deprecated"
 else cat "$tmp/old.log"; echo "FAIL api_compat: $got of $want old names warned as deprecated"; fi
 
-if $CC $FLAGS -DDPAR_NO_DEPRECATED "$DIR/new_names.c" "$BUILD/dpar.o" -o "$tmp/new" $LIBS 2>"$tmp/new.log" &&
+if $CC $FLAGS -DDPAR_NO_DEPRECATED $SANFLAGS "$DIR/new_names.c" "$BUILD/dpar.o" -o "$tmp/new" $LIBS 2>"$tmp/new.log" &&
    "$tmp/new" >/dev/null; then echo "PASS api_compat: new names build with DPAR_NO_DEPRECATED and run"
 else cat "$tmp/new.log"; echo "FAIL api_compat: new names do not build or run"; fi
 
