@@ -201,6 +201,54 @@ static dpar_status dpar__mpi_runtime_pre(dpar_runtime *rt, const dpar_runtime_de
 /* After the backend opened its devices: the same local device count on every
    process, no physical device opened by two processes, and whether every
    process's backend can run collectives across processes itself. */
+enum { DPAR__MPI_HEAD = 5, DPAR__MPI_PER = 3, DPAR__MPI_W = DPAR__MPI_HEAD + DPAR__MPI_PER * DPAR_MAX_DEVICES };
+
+/* Two ranks on one physical device (same UUID, or same index on the same node
+   without one) is an error unless .mpi.allow_shared_device; *shared says it was
+   allowed (then NCCL cannot span processes). all: every rank's record, as
+   dpar__mpi_runtime_init gathers it. */
+static dpar_status dpar__mpi_check_shared(const dpar_runtime *rt, const dpar__mpi *mp, const int64_t *all,
+                                          int *shared_out) {
+    enum { HEAD = DPAR__MPI_HEAD, PER = DPAR__MPI_PER, W = DPAR__MPI_W };
+    int nl = rt->nlocal < DPAR_MAX_DEVICES ? rt->nlocal : DPAR_MAX_DEVICES, shared = 0;
+    dpar_status s = DPAR_OK;
+    if (rt->be->physical_device) /* else emulated devices (CPU): any process may share them */
+        for (int a = 0; a < mp->size && !s && !shared; a++)
+            for (int b = a + 1; b < mp->size && !s && !shared; b++)
+                for (int i = 0; i < nl && !s && !shared; i++)
+                    for (int j = 0; j < nl && !s && !shared; j++) {
+                        const int64_t *x = &all[(size_t)a * W + (size_t)(HEAD + PER * i)];
+                        const int64_t *y = &all[(size_t)b * W + (size_t)(HEAD + PER * j)];
+                        int has_uuid = x[1] || x[2], same;
+                        /* a UUID names one physical device anywhere; without one, the same index on the same node */
+                        if (has_uuid)
+                            same = x[1] == y[1] && x[2] == y[2];
+                        else
+                            same = all[(size_t)a * W + 1] == all[(size_t)b * W + 1] && x[0] >= 0 && x[0] == y[0];
+                        if (!same) continue;
+                        if (mp->desc.allow_shared_device) {
+                            shared = 1;
+                            break;
+                        } /* allowed, but NCCL cannot span it */
+                        char u[48] = "";
+                        if (has_uuid)
+                            snprintf(u, sizeof u, " (UUID %016llx%016llx)", (unsigned long long)x[1],
+                                     (unsigned long long)x[2]);
+                        s = dpar__err(
+                            DPAR_ERR_INVALID_ARGUMENT,
+                            "dpar_runtime_create: ranks %d and %d both resolve to physical %s device %lld%s on "
+                            "the same node (rank %d's device %d, rank %d's device %d); give each rank its own device: "
+                            "by default the "
+                            "node's devices are split evenly between its processes, in node-local rank order, so run "
+                            "fewer ranks or "
+                            "devices per node, or pick devices per rank (CUDA_VISIBLE_DEVICES, DPAR_VK_DEVICE), or set "
+                            "DPAR_ALLOW_SHARED_DEVICE=1 to share it deliberately",
+                            a, b, rt->be->name, (long long)x[0], u, a, i, b, j);
+                    }
+    *shared_out = shared;
+    return s;
+}
+
 static dpar_status dpar__mpi_runtime_init(dpar_runtime *rt, dpar_status opened) {
     dpar__mpi *mp = (dpar__mpi *)rt->mpi;
     if (!mp) return opened; /* one process */
@@ -211,7 +259,7 @@ static dpar_status dpar__mpi_runtime_init(dpar_runtime *rt, dpar_status opened) 
     MPI_Get_processor_name(host, &hl);
     uint64_t hh = 1469598103934665603ull;
     for (int i = 0; i < hl; i++) hh = (hh ^ (unsigned char)host[i]) * 1099511628211ull;
-    enum { HEAD = 5, PER = 3, W = HEAD + PER * DPAR_MAX_DEVICES };
+    enum { HEAD = DPAR__MPI_HEAD, PER = DPAR__MPI_PER, W = DPAR__MPI_W };
     int64_t mine[W];
     for (int i = 0; i < W; i++) mine[i] = -1;
     mine[0] = opened ? -1 : rt->nlocal;
@@ -269,40 +317,8 @@ static dpar_status dpar__mpi_runtime_init(dpar_runtime *rt, dpar_status opened) 
                 "dpar_runtime_create: process 0 has %lld local devices but process %d has %lld; every process "
                 "must open the same number (set num_devices or DPAR_DEVICES the same on every rank)",
                 (long long)all[0], q, (long long)all[(size_t)q * W]);
-    int nl = rt->nlocal < DPAR_MAX_DEVICES ? rt->nlocal : DPAR_MAX_DEVICES, shared = 0;
-    if (!s && rt->be->physical_device) /* else emulated devices (CPU): any process may share them */
-        for (int a = 0; a < mp->size && !s && !shared; a++)
-            for (int b = a + 1; b < mp->size && !s && !shared; b++)
-                for (int i = 0; i < nl && !s && !shared; i++)
-                    for (int j = 0; j < nl && !s && !shared; j++) {
-                        const int64_t *x = &all[(size_t)a * W + (size_t)(HEAD + PER * i)];
-                        const int64_t *y = &all[(size_t)b * W + (size_t)(HEAD + PER * j)];
-                        int has_uuid = x[1] || x[2], same;
-                        /* a UUID names one physical device anywhere; without one, the same index on the same node */
-                        if (has_uuid)
-                            same = x[1] == y[1] && x[2] == y[2];
-                        else
-                            same = all[(size_t)a * W + 1] == all[(size_t)b * W + 1] && x[0] >= 0 && x[0] == y[0];
-                        if (!same) continue;
-                        if (mp->desc.allow_shared_device) {
-                            shared = 1;
-                            break;
-                        } /* allowed, but NCCL cannot span it */
-                        char u[48] = "";
-                        if (has_uuid)
-                            snprintf(u, sizeof u, " (UUID %016llx%016llx)", (unsigned long long)x[1],
-                                     (unsigned long long)x[2]);
-                        s = dpar__err(
-                            DPAR_ERR_INVALID_ARGUMENT,
-                            "dpar_runtime_create: ranks %d and %d both resolve to physical %s device %lld%s on "
-                            "the same node (rank %d's device %d, rank %d's device %d); give each rank its own device: "
-                            "by default the "
-                            "node's devices are split evenly between its processes, in node-local rank order, so run "
-                            "fewer ranks or "
-                            "devices per node, or pick devices per rank (CUDA_VISIBLE_DEVICES, DPAR_VK_DEVICE), or set "
-                            "DPAR_ALLOW_SHARED_DEVICE=1 to share it deliberately",
-                            a, b, rt->be->name, (long long)x[0], u, a, i, b, j);
-                    }
+    int shared = 0;
+    if (!s) s = dpar__mpi_check_shared(rt, mp, all, &shared);
     /* the backend runs cross-process groups itself only if every process can,
        and no device is shared between processes (NCCL refuses two ranks on one GPU) */
     int64_t xs = shared ? 0 : all[3];
