@@ -20,21 +20,6 @@
 #include "dpar.h"
 #include "example_util.h"
 
-#define CHECK(call)                                                                                     \
-    do {                                                                                                \
-        dpar_status s_ = (call);                                                                        \
-        if (s_ != DPAR_OK) {                                                                            \
-            fprintf(stderr, "%s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #call, dpar_status_string(s_), \
-                    dpar_last_error());                                                                 \
-            exit(1);                                                                                    \
-        }                                                                                               \
-    } while (0)
-#define TRY(call)                     \
-    do {                              \
-        dpar_status s_ = (call);      \
-        if (s_ != DPAR_OK) return s_; \
-    } while (0)
-
 enum { NDATA = 2, NMODEL = 4, NDEV = NDATA * NMODEL, NSETS = 3 };
 static const char *AXES[NSETS] = { "data", "model", "data,model" };
 

@@ -28,21 +28,6 @@
 #include "dpar.h"
 #include "example_util.h"
 
-#define CHECK(call)                                                                                     \
-    do {                                                                                                \
-        dpar_status s_ = (call);                                                                        \
-        if (s_ != DPAR_OK) {                                                                            \
-            fprintf(stderr, "%s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #call, dpar_status_string(s_), \
-                    dpar_last_error());                                                                 \
-            exit(1);                                                                                    \
-        }                                                                                               \
-    } while (0)
-#define TRY(call)                     \
-    do {                              \
-        dpar_status s_ = (call);      \
-        if (s_ != DPAR_OK) return s_; \
-    } while (0)
-
 enum { B = 128, IN = 64, OUT = 32 };
 static const float LR = 0.01f;
 

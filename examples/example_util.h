@@ -1,5 +1,5 @@
 /* example_util.h — what the small examples (pmap_basics, collectives_tour,
-   dp_regression, predict_update) share: their --backend flag. The digits
+   dp_regression, predict_update) share: CHECK, TRY and their --backend flag. The digits
    examples have theirs in digits_common.h. Included by the examples (not
    compiled on its own). */
 #ifndef EXAMPLE_UTIL_H
@@ -16,5 +16,22 @@ static inline dpar_backend_kind parse_backend(const char *s) {
     fprintf(stderr, "%s\n", dpar_last_error());
     exit(2);
 }
+
+/* Host code: a failing call prints where, the status and the library's text, and exits. */
+#define CHECK(call)                                                                                     \
+    do {                                                                                                \
+        dpar_status s_ = (call);                                                                        \
+        if (s_ != DPAR_OK) {                                                                            \
+            fprintf(stderr, "%s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #call, dpar_status_string(s_), \
+                    dpar_last_error());                                                                 \
+            exit(1);                                                                                    \
+        }                                                                                               \
+    } while (0)
+/* Inside a per-device function: return the status, pmap reports it. */
+#define TRY(call)                     \
+    do {                              \
+        dpar_status s_ = (call);      \
+        if (s_ != DPAR_OK) return s_; \
+    } while (0)
 
 #endif

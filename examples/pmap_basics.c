@@ -15,21 +15,6 @@
 #include "example_util.h"
 
 /* On the host: print the failing call and the library's error, then exit. */
-#define CHECK(call)                                                                                     \
-    do {                                                                                                \
-        dpar_status s_ = (call);                                                                        \
-        if (s_ != DPAR_OK) {                                                                            \
-            fprintf(stderr, "%s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #call, dpar_status_string(s_), \
-                    dpar_last_error());                                                                 \
-            exit(1);                                                                                    \
-        }                                                                                               \
-    } while (0)
-/* Inside a per-device function: return the status, pmap reports it. */
-#define TRY(call)                     \
-    do {                              \
-        dpar_status s_ = (call);      \
-        if (s_ != DPAR_OK) return s_; \
-    } while (0)
 
 enum { NDEV = 4, COLS = 3 };
 
