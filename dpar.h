@@ -1159,11 +1159,12 @@ typedef enum dpar__op_kind {
 
 typedef struct dpar__op {
     dpar__op_kind kind;
-    dpar_buffer *dst, *dst2;
-    const dpar_buffer *src0, *src1;
+    dpar_buffer *dst, *dst2, *dst3;
+    const dpar_buffer *src0, *src1, *src2, *src3;
     int64_t m, n, k; /* matmul M,N,K; row ops M (rows), N (cols); element ops n = count */
     bool trans_a, trans_b, nesterov;
-    float f[4];
+    float f[8];
+    int64_t p[16]; /* integer parameters of the layer ops (geometry, axes, strides); see each kind */
 } dpar__op;
 
 typedef enum dpar__coll_kind {

@@ -186,9 +186,12 @@ typedef struct dpar__vkdev {
     char *coll_in, *coll_out; /* this member's host views, published to the group */
 } dpar__vkdev;
 
-typedef struct dpar__vkpc { /* push constants shared by every shader (32 bytes) */
+/* Push constants shared by every shader (112 bytes; Vulkan guarantees 128). A shader declares the
+   prefix it reads: the first 32 bytes for the original ops, p[] for the layer ops' geometry. */
+typedef struct dpar__vkpc {
     uint32_t n, m, k, flags;
-    float f[4];
+    float f[8];
+    uint32_t p[16];
 } dpar__vkpc;
 
 typedef struct dpar__vk {
