@@ -721,6 +721,67 @@ DPAR_API dpar_status dpar_sgd_step(dpar_ctx *ctx, const dpar_sgd_desc *d, dpar_b
                                    dpar_buffer *const *grads, dpar_buffer *const *moms, int n);
 
 /* ---------------------------------------------------------------------------
+   Layers: layer norm, RMS norm, batched matmul, causal attention
+   (all operands on one device, f32; "rows" are all leading dims flattened)
+   ------------------------------------------------------------------------ */
+/* Layer norm over the last axis (Ba, Kiros, Hinton 2016; torch.nn.LayerNorm, flax.linen.LayerNorm):
+     mean_i = sum_j x_ij / N;  var_i = sum_j (x_ij - mean_i)^2 / N;  rstd_i = 1 / sqrt(var_i + eps)
+     y_ij = (x_ij - mean_i) * rstd_i * w_j + b_j
+   x, y: [..., N] (same shape; y may alias x); w, b: [N] or NULL (ones / zeros); eps > 0 (1e-5 usual).
+   stats: NULL, or M*2 f32 ([..., 2] with x's leading dims), (mean_i, rstd_i) per row, saved for the
+   backward. A constant row gives y = b exactly (no NaN). M or N may be 0.
+   Errors: DPAR_ERR_SHAPE (text names both shapes), DPAR_ERR_DTYPE (not f32), DPAR_ERR_INVALID_ARGUMENT
+   (NULL x/y, eps <= 0 or not finite, operands on different devices). */
+DPAR_API dpar_status dpar_layer_norm(dpar_buffer *y, dpar_buffer *stats, const dpar_buffer *x, const dpar_buffer *w,
+                                     const dpar_buffer *b, float eps);
+/* Gradients of dpar_layer_norm, with xhat = (x - mean) rstd and g = dy * w:
+     dx_ij = rstd_i (g_ij - mean_j(g_ij) - xhat_ij mean_j(g_ij xhat_ij))
+     dw_j = sum_i dy_ij xhat_ij;  db_j = sum_i dy_ij   (overwritten, summed in a fixed row order)
+   dx: [..., N] like x (may alias dy); dw, db: [N] or NULL (not computed); w: as given to the forward
+   (NULL: ones); stats: the forward's. Errors: as dpar_layer_norm. */
+DPAR_API dpar_status dpar_layer_norm_backward(dpar_buffer *dx, dpar_buffer *dw, dpar_buffer *db, const dpar_buffer *dy,
+                                              const dpar_buffer *x, const dpar_buffer *w, const dpar_buffer *stats);
+/* RMS norm over the last axis (Zhang & Sennrich 2019; torch.nn.RMSNorm):
+     rstd_i = 1 / sqrt(sum_j x_ij^2 / N + eps);  y_ij = x_ij rstd_i w_j + b_j
+   Operands, stats and errors as dpar_layer_norm (stats holds (0, rstd_i) per row). */
+DPAR_API dpar_status dpar_rms_norm(dpar_buffer *y, dpar_buffer *stats, const dpar_buffer *x, const dpar_buffer *w,
+                                   const dpar_buffer *b, float eps);
+/* Gradients of dpar_rms_norm (xhat = x rstd, g = dy w): dx_ij = rstd_i (g_ij - xhat_ij mean_j(g_ij xhat_ij)),
+   dw_j = sum_i dy_ij xhat_ij, db_j = sum_i dy_ij. Operands and errors as dpar_layer_norm_backward. */
+DPAR_API dpar_status dpar_rms_norm_backward(dpar_buffer *dx, dpar_buffer *dw, dpar_buffer *db, const dpar_buffer *dy,
+                                            const dpar_buffer *x, const dpar_buffer *w, const dpar_buffer *stats);
+/* Batched matmul: C[b] = alpha * op(A[b]) @ op(B[b]) + beta * C[b] for every batch index b, as dpar_matmul
+   on each (numpy.matmul / jnp.matmul batching, no broadcasting except a 2-d B shared by every batch).
+   A: [..., M, K] ([..., K, M] with trans_a), B: [..., K, N] ([..., N, K] with trans_b) or 2-d,
+   C: [..., M, N]; the leading dims of A and C (and B unless 2-d) hold the same batch count.
+   beta = 0 ignores C's old contents. f32. Errors: DPAR_ERR_SHAPE, DPAR_ERR_DTYPE,
+   DPAR_ERR_INVALID_ARGUMENT (C aliases A or B). */
+DPAR_API dpar_status dpar_matmul_batched(dpar_buffer *C, const dpar_buffer *A, const dpar_buffer *B, bool trans_a,
+                                         bool trans_b, float alpha, float beta);
+/* Scaled dot-product attention (Vaswani et al. 2017; jax.nn.dot_product_attention,
+   torch.nn.functional.scaled_dot_product_attention), per batch-head row of the leading dims:
+     s_ij = scale q_i . k_j  (j <= i when causal);  lse_i = log sum_j exp(s_ij)
+     out_i = sum_j exp(s_ij - lse_i) v_j
+   q: [..., Tq, D], k: [..., Tk, D], v: [..., Tk, Dv], out: [..., Tq, Dv] (heads in the leading dims:
+   [batch, heads, T, D]); causal needs Tq == Tk. scale = 0 means 1 / sqrt(D). stats: NULL or
+   [..., Tq, 2] f32: lse_i in [.., 0] (the backward needs it; [.., 1] is the backward's scratch).
+   Fused on every backend: no Tq x Tk matrix is stored; extra memory is 8 bytes per query row (stats)
+   plus, on the CPU, one row of Tk floats per worker. A row with no key (Tk = 0) gives zeros.
+   Errors: DPAR_ERR_SHAPE, DPAR_ERR_DTYPE, DPAR_ERR_INVALID_ARGUMENT (NULL, aliasing, scale < 0). */
+DPAR_API dpar_status dpar_attention(dpar_buffer *out, dpar_buffer *stats, const dpar_buffer *q, const dpar_buffer *k,
+                                    const dpar_buffer *v, float scale, bool causal);
+/* Gradients of dpar_attention (recomputing P_ij = exp(s_ij - lse_i) from q, k and the saved lse):
+     dp_ij = dout_i . v_j;  D_i = sum_j P_ij dp_ij;  ds_ij = P_ij (dp_ij - D_i)
+     dq_i = scale sum_j ds_ij k_j;  dk_j = scale sum_i ds_ij q_i;  dv_j = sum_i P_ij dout_i
+   dq, dk, dv shaped like q, k, v (any may be NULL: not computed, but not all three); stats: the
+   forward's (its [.., 1] column is overwritten with D_i); dout like out; scale and causal as given to
+   the forward. Two passes (one over query rows for dq and D, one over key rows for dk, dv), no
+   Tq x Tk matrix, deterministic (no atomics). Errors: as dpar_attention. */
+DPAR_API dpar_status dpar_attention_backward(dpar_buffer *dq, dpar_buffer *dk, dpar_buffer *dv, dpar_buffer *stats,
+                                             const dpar_buffer *dout, const dpar_buffer *q, const dpar_buffer *k,
+                                             const dpar_buffer *v, float scale, bool causal);
+
+/* ---------------------------------------------------------------------------
    Sharding, resharding
    (model parallelism: JAX NamedSharding / reshard, shard_map in/out specs;
    ZeRO-1 and checkpoints are in util/dpar_train.h)
@@ -1154,6 +1215,15 @@ typedef enum dpar__op_kind {
     DPAR__OP_SUMSQ,        /* dst[1] = sum(src0^2) */
     DPAR__OP_SGD,          /* dst param, dst2 momentum (NULL if f[1]==0), src0 grad;
                               f[0]=lr f[1]=momentum f[2]=weight_decay f[3]=clip_scale; nesterov */
+    /* >>norm-attn kinds (see >>layers-norm-attn) */
+    DPAR__OP_NORM,            /* dst y, dst2 stats[M,2] or NULL, src0 x[M,N], src1 w, src2 b (NULL: none); f[0] eps,
+                                 p[0] 1 = rms */
+    DPAR__OP_NORM_BWD,        /* dst dx, dst2 dw, dst3 db (NULL: skip), src0 dy, src1 x, src2 w, src3 stats; p[0] rms */
+    DPAR__OP_MATMUL_BATCHED,  /* as MATMUL per batch; p[0] batches, p[1..3] batch strides of A, B (0: shared), C */
+    DPAR__OP_ATTN,            /* dst out, dst2 stats or NULL, src0 q, src1 k, src2 v; f[0] scale,
+                                 p[0] batch, p[1] Tq, p[2] Tk, p[3] D, p[4] Dv, p[5] causal */
+    DPAR__OP_ATTN_BWD_Q,      /* dst stats (reads lse, writes D), dst2 dq or NULL, src0 dout, src1 q, src2 k, src3 v */
+    DPAR__OP_ATTN_BWD_KV,     /* dst stats (read), dst2 dk, dst3 dv (NULL: skip), src0..3 as ATTN_BWD_Q */
     DPAR__OP_COUNT
 } dpar__op_kind;
 
@@ -4704,6 +4774,254 @@ DPAR_API dpar_status dpar_sgd_step(dpar_ctx *ctx, const dpar_sgd_desc *d, dpar_b
     return DPAR_OK;
 }
 
+/* >>layers-norm-attn =========================================================
+   layer_norm / rms_norm, batched matmul, causal attention: checks, then one op
+   record each (the CPU reference is in >>cpu norm-attn, Vulkan in
+   shaders/layernorm*.comp + attention*.comp, CUDA in kernels/norm_attn.cu). */
+static dpar_status dpar__f32_operands(const char *fn, const dpar_buffer *const *b, const char *const *names, int n) {
+    dpar_status s = DPAR_OK;
+    for (int i = 0; i < n && !s; i++)
+        if (b[i]) s = dpar__need_f32(fn, b[i], names[i]);
+    return s;
+}
+/* x [..., N] as rows x cols; v (if given) must be [N] */
+static dpar_status dpar__norm_vec(const char *fn, const dpar_buffer *v, const char *vn, const dpar_buffer *x) {
+    if (!v || (v->ndim == 1 && x->ndim >= 1 && v->shape[0] == x->shape[x->ndim - 1])) return DPAR_OK;
+    char a[160], b[160];
+    return dpar__err(DPAR_ERR_SHAPE, "%s: %s %s must be 1-d with the size of x's last dimension (x is %s)", fn, vn,
+                     dpar__shape_str(a, sizeof a, v->ndim, v->shape), dpar__shape_str(b, sizeof b, x->ndim, x->shape));
+}
+static dpar_status dpar__stats_count(const char *fn, const dpar_buffer *st, int64_t rows, const char *what) {
+    if (!st || st->count == 2 * rows) return DPAR_OK;
+    char a[160];
+    return dpar__err(DPAR_ERR_SHAPE, "%s: stats %s has %lld elements but %s needs 2 per row (%lld); shape it [..., 2]",
+                     fn, dpar__shape_str(a, sizeof a, st->ndim, st->shape), (long long)st->count, what,
+                     (long long)(2 * rows));
+}
+static dpar_status dpar__norm_fwd(const char *fn, int rms, dpar_buffer *y, dpar_buffer *stats, const dpar_buffer *x,
+                                  const dpar_buffer *w, const dpar_buffer *b, float eps) {
+    dpar__clear_error();
+    if (!x) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: x is NULL", fn);
+    const dpar_buffer *ops[4] = { x, w ? w : x, b ? b : x, stats ? stats : x };
+    const dpar_buffer *f32[5] = { y, stats, x, w, b };
+    const char *names[5] = { "y", "stats", "x", "w", "b" };
+    dpar_status s = dpar__op_check(fn, y, ops, 4);
+    if (s || (s = dpar__f32_operands(fn, f32, names, 5)) || (s = dpar__same_shape(fn, y, "y", x, "x"))) return s;
+    if (x->ndim < 1) return dpar__err(DPAR_ERR_SHAPE, "%s: x is a scalar; it needs a last axis to normalize", fn);
+    if ((s = dpar__norm_vec(fn, w, "w", x)) || (s = dpar__norm_vec(fn, b, "b", x))) return s;
+    int64_t n = x->shape[x->ndim - 1], m = n ? x->count / n : 0;
+    if ((s = dpar__stats_count(fn, stats, m, "x"))) return s;
+    if (!(eps > 0.0f) || !isfinite(eps))
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: eps = %g; it must be a finite number > 0 (1e-5 is usual)", fn,
+                         (double)eps);
+    if (stats == y || stats == x)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: stats must not alias x or y", fn);
+    dpar__op op;
+    dpar__op_init(&op, DPAR__OP_NORM, y);
+    op.dst2 = stats;
+    op.src0 = x;
+    op.src1 = w;
+    op.src2 = b;
+    op.m = m;
+    op.n = n;
+    op.f[0] = eps;
+    op.p[0] = rms;
+    return dpar__op_run(&op);
+}
+static dpar_status dpar__norm_bwd(const char *fn, int rms, dpar_buffer *dx, dpar_buffer *dw, dpar_buffer *db,
+                                  const dpar_buffer *dy, const dpar_buffer *x, const dpar_buffer *w,
+                                  const dpar_buffer *stats) {
+    dpar__clear_error();
+    if (!dy || !x || !stats) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: dy, x or stats is NULL", fn);
+    const dpar_buffer *ops[6] = { dy, x, stats, w ? w : x, dw ? dw : x, db ? db : x };
+    const dpar_buffer *f32[7] = { dx, dw, db, dy, x, w, stats };
+    const char *names[7] = { "dx", "dw", "db", "dy", "x", "w", "stats" };
+    dpar_status s = dpar__op_check(fn, dx, ops, 6);
+    if (s || (s = dpar__f32_operands(fn, f32, names, 7)) || (s = dpar__same_shape(fn, dx, "dx", x, "x")) ||
+        (s = dpar__same_shape(fn, dy, "dy", x, "x")))
+        return s;
+    if (x->ndim < 1) return dpar__err(DPAR_ERR_SHAPE, "%s: x is a scalar; it needs a last axis to normalize", fn);
+    if ((s = dpar__norm_vec(fn, w, "w", x)) || (s = dpar__norm_vec(fn, dw, "dw", x)) ||
+        (s = dpar__norm_vec(fn, db, "db", x)))
+        return s;
+    int64_t n = x->shape[x->ndim - 1], m = n ? x->count / n : 0;
+    if ((s = dpar__stats_count(fn, stats, m, "x"))) return s;
+    if (dx == x || (dw && (dw == dx || dw == db || dw == dy)) || (db && (db == dx || db == dy)))
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: dx must not alias x, nor dw/db any other operand", fn);
+    dpar__op op;
+    dpar__op_init(&op, DPAR__OP_NORM_BWD, dx);
+    op.dst2 = dw;
+    op.dst3 = db;
+    op.src0 = dy;
+    op.src1 = x;
+    op.src2 = w;
+    op.src3 = stats;
+    op.m = m;
+    op.n = n;
+    op.p[0] = rms;
+    return dpar__op_run(&op);
+}
+DPAR_API dpar_status dpar_layer_norm(dpar_buffer *y, dpar_buffer *stats, const dpar_buffer *x, const dpar_buffer *w,
+                                     const dpar_buffer *b, float eps) {
+    return dpar__norm_fwd("dpar_layer_norm", 0, y, stats, x, w, b, eps);
+}
+DPAR_API dpar_status dpar_rms_norm(dpar_buffer *y, dpar_buffer *stats, const dpar_buffer *x, const dpar_buffer *w,
+                                   const dpar_buffer *b, float eps) {
+    return dpar__norm_fwd("dpar_rms_norm", 1, y, stats, x, w, b, eps);
+}
+DPAR_API dpar_status dpar_layer_norm_backward(dpar_buffer *dx, dpar_buffer *dw, dpar_buffer *db, const dpar_buffer *dy,
+                                              const dpar_buffer *x, const dpar_buffer *w, const dpar_buffer *stats) {
+    return dpar__norm_bwd("dpar_layer_norm_backward", 0, dx, dw, db, dy, x, w, stats);
+}
+DPAR_API dpar_status dpar_rms_norm_backward(dpar_buffer *dx, dpar_buffer *dw, dpar_buffer *db, const dpar_buffer *dy,
+                                            const dpar_buffer *x, const dpar_buffer *w, const dpar_buffer *stats) {
+    return dpar__norm_bwd("dpar_rms_norm_backward", 1, dx, dw, db, dy, x, w, stats);
+}
+
+/* the batch count of b's leading dims (all but the last two) */
+static int64_t dpar__batch_of(const dpar_buffer *b) {
+    int64_t n = 1;
+    for (int i = 0; i + 2 < b->ndim; i++) n *= b->shape[i];
+    return n;
+}
+DPAR_API dpar_status dpar_matmul_batched(dpar_buffer *C, const dpar_buffer *A, const dpar_buffer *B, bool ta, bool tb,
+                                         float alpha, float beta) {
+    const char *fn = "dpar_matmul_batched";
+    dpar__clear_error();
+    const dpar_buffer *ops[2] = { A, B };
+    const char *names[3] = { "C", "A", "B" };
+    const dpar_buffer *f32[3] = { C, A, B };
+    dpar_status s = dpar__op_check(fn, C, ops, 2);
+    if (s || (s = dpar__f32_operands(fn, f32, names, 3))) return s;
+    char a[160], b[160], c[160];
+    int ok = A->ndim >= 2 && B->ndim >= 2 && C->ndim == A->ndim;
+    int64_t nb = ok ? dpar__batch_of(A) : 0, M = 0, K = 0, K2 = 0, N = 0;
+    if (ok) {
+        M = A->shape[A->ndim - (ta ? 1 : 2)], K = A->shape[A->ndim - (ta ? 2 : 1)];
+        K2 = B->shape[B->ndim - (tb ? 1 : 2)], N = B->shape[B->ndim - (tb ? 2 : 1)];
+        ok = K == K2 && C->shape[C->ndim - 2] == M && C->shape[C->ndim - 1] == N && dpar__batch_of(C) == nb &&
+             (B->ndim == 2 || dpar__batch_of(B) == nb);
+        for (int i = 0; ok && i + 2 < A->ndim; i++) ok = A->shape[i] == C->shape[i];
+    }
+    if (!ok)
+        return dpar__err(DPAR_ERR_SHAPE,
+                         "%s: A %s%s, B %s%s, C %s; need A [..., M, K] @ B [..., K, N] (or 2-d B) = C [..., M, N] "
+                         "with A's and C's leading dims equal",
+                         fn, dpar__shape_str(a, sizeof a, A->ndim, A->shape), ta ? " transposed" : "",
+                         dpar__shape_str(b, sizeof b, B->ndim, B->shape), tb ? " transposed" : "",
+                         dpar__shape_str(c, sizeof c, C->ndim, C->shape));
+    if (C == A || C == B) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: C must not alias A or B", fn);
+    dpar__op op;
+    dpar__op_init(&op, DPAR__OP_MATMUL_BATCHED, C);
+    op.src0 = A;
+    op.src1 = B;
+    op.m = M;
+    op.n = N;
+    op.k = K;
+    op.trans_a = ta;
+    op.trans_b = tb;
+    op.f[0] = alpha;
+    op.f[1] = beta;
+    op.p[0] = nb;
+    op.p[1] = M * K;                    /* batch strides in elements: A, B (0: shared), C */
+    op.p[2] = B->ndim == 2 ? 0 : K * N;
+    op.p[3] = M * N;
+    return dpar__op_run(&op);
+}
+
+/* q [..., Tq, D], k [..., Tk, D], v [..., Tk, Dv], out [..., Tq, Dv] -> op.p geometry */
+static dpar_status dpar__attn_check(const char *fn, dpar__op *op, const dpar_buffer *out, const dpar_buffer *q,
+                                    const dpar_buffer *k, const dpar_buffer *v, const dpar_buffer *stats, float scale,
+                                    bool causal) {
+    char sq[160], sk[160], sv[160], so[160];
+    int ok = q->ndim >= 2 && k->ndim == q->ndim && v->ndim == q->ndim && out->ndim == q->ndim;
+    for (int i = 0; ok && i + 2 < q->ndim; i++)
+        ok = k->shape[i] == q->shape[i] && v->shape[i] == q->shape[i] && out->shape[i] == q->shape[i];
+    int r = q->ndim;
+    int64_t tq = ok ? q->shape[r - 2] : 0, d = ok ? q->shape[r - 1] : 0, tk = ok ? k->shape[r - 2] : 0;
+    int64_t dv = ok ? v->shape[r - 1] : 0;
+    ok = ok && k->shape[r - 1] == d && v->shape[r - 2] == tk && out->shape[r - 2] == tq && out->shape[r - 1] == dv;
+    if (!ok)
+        return dpar__err(DPAR_ERR_SHAPE,
+                         "%s: q %s, k %s, v %s, out %s; need q [..., Tq, D], k [..., Tk, D], v [..., Tk, Dv], "
+                         "out [..., Tq, Dv] with equal leading dims",
+                         fn, dpar__shape_str(sq, sizeof sq, q->ndim, q->shape),
+                         dpar__shape_str(sk, sizeof sk, k->ndim, k->shape),
+                         dpar__shape_str(sv, sizeof sv, v->ndim, v->shape),
+                         dpar__shape_str(so, sizeof so, out->ndim, out->shape));
+    if (causal && tq != tk)
+        return dpar__err(DPAR_ERR_SHAPE, "%s: causal attention needs as many queries as keys (Tq %lld, Tk %lld)", fn,
+                         (long long)tq, (long long)tk);
+    dpar_status s = dpar__stats_count(fn, stats, dpar__batch_of(q) * tq, "q");
+    if (s) return s;
+    if (!(scale >= 0.0f) || !isfinite(scale))
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: scale = %g; use 0 (1/sqrt(D)) or a finite number > 0", fn,
+                         (double)scale);
+    op->p[0] = dpar__batch_of(q);
+    op->p[1] = tq;
+    op->p[2] = tk;
+    op->p[3] = d;
+    op->p[4] = dv;
+    op->p[5] = causal ? 1 : 0;
+    op->f[0] = scale > 0.0f ? scale : (d > 0 ? (float)(1.0 / sqrt((double)d)) : 1.0f);
+    return DPAR_OK;
+}
+DPAR_API dpar_status dpar_attention(dpar_buffer *out, dpar_buffer *stats, const dpar_buffer *q, const dpar_buffer *k,
+                                    const dpar_buffer *v, float scale, bool causal) {
+    const char *fn = "dpar_attention";
+    dpar__clear_error();
+    const dpar_buffer *ops[4] = { q, k, v, stats ? stats : q };
+    const dpar_buffer *f32[5] = { out, stats, q, k, v };
+    const char *names[5] = { "out", "stats", "q", "k", "v" };
+    dpar_status s = dpar__op_check(fn, out, ops, 4);
+    if (s || (s = dpar__f32_operands(fn, f32, names, 5))) return s;
+    dpar__op op;
+    dpar__op_init(&op, DPAR__OP_ATTN, out);
+    if ((s = dpar__attn_check(fn, &op, out, q, k, v, stats, scale, causal))) return s;
+    if (out == q || out == k || out == v || (stats && (stats == out || stats == q || stats == k || stats == v)))
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: out and stats must not alias q, k, v or each other", fn);
+    op.dst2 = stats;
+    op.src0 = q;
+    op.src1 = k;
+    op.src2 = v;
+    return dpar__op_run(&op);
+}
+DPAR_API dpar_status dpar_attention_backward(dpar_buffer *dq, dpar_buffer *dk, dpar_buffer *dv, dpar_buffer *stats,
+                                             const dpar_buffer *dout, const dpar_buffer *q, const dpar_buffer *k,
+                                             const dpar_buffer *v, float scale, bool causal) {
+    const char *fn = "dpar_attention_backward";
+    dpar__clear_error();
+    if (!stats) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: stats is NULL; pass the forward's stats", fn);
+    if (!dq && !dk && !dv) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: dq, dk and dv are all NULL", fn);
+    const dpar_buffer *ops[7] = { dout, q, k, v, dq ? dq : stats, dk ? dk : stats, dv ? dv : stats };
+    const dpar_buffer *f32[8] = { dq, dk, dv, stats, dout, q, k, v };
+    const char *names[8] = { "dq", "dk", "dv", "stats", "dout", "q", "k", "v" };
+    dpar_status s = dpar__op_check(fn, stats, ops, 7);
+    if (s || (s = dpar__f32_operands(fn, f32, names, 8))) return s;
+    dpar__op op;
+    dpar__op_init(&op, DPAR__OP_ATTN_BWD_Q, stats);
+    if ((s = dpar__attn_check(fn, &op, dout, q, k, v, stats, scale, causal)) ||
+        (dq && (s = dpar__same_shape(fn, dq, "dq", q, "q"))) || (dk && (s = dpar__same_shape(fn, dk, "dk", k, "k"))) ||
+        (dv && (s = dpar__same_shape(fn, dv, "dv", v, "v"))))
+        return s;
+    const dpar_buffer *ins[5] = { dout, q, k, v, stats };
+    for (int i = 0; i < 5; i++)
+        if ((dq && dq == ins[i]) || (dk && dk == ins[i]) || (dv && dv == ins[i]) || (dq && (dq == dk || dq == dv)) ||
+            (dk && dk == dv))
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: dq, dk, dv must not alias each other or an input", fn);
+    op.dst2 = dq; /* pass 1, over query rows: D_i into stats[.., 1], dq */
+    op.src0 = dout;
+    op.src1 = q;
+    op.src2 = k;
+    op.src3 = v;
+    if ((s = dpar__op_run(&op))) return s;
+    if (!dk && !dv) return DPAR_OK;
+    op.kind = DPAR__OP_ATTN_BWD_KV; /* pass 2, over key rows: dk, dv (stats only read) */
+    op.dst2 = dk;
+    op.dst3 = dv;
+    return dpar__op_run(&op);
+}
+
 /* >>sharding =================================================================
    Array specs, resharding between specs, shard_map with in/out specs (built on
    arrays, dispatch and the collectives above). */
@@ -5056,7 +5374,10 @@ static const char *dpar__op_name(dpar__op_kind k) {
     static const char *const names[DPAR__OP_COUNT + 1] = { "matmul",        "bias_add",     "bias_grad", "relu",
                                                            "relu_backward", "softmax_xent", "mse",       "axpy",
                                                            "scale",         "fill",         "copy",      "cast",
-                                                           "sum",           "sum_squares",  "sgd",       "op" };
+                                                           "sum",           "sum_squares",  "sgd",
+                                                           /* >>norm-attn kinds */
+                                                           "norm", "norm_backward", "matmul_batched", "attention",
+                                                           "attention_backward_q", "attention_backward_kv", "op" };
     return (int)k >= 0 && (int)k < (int)DPAR__OP_COUNT && names[k] ? names[k] : "op";
 }
 
@@ -6025,6 +6346,185 @@ static dpar_status dpar__cpu_op_sgd(DPAR__CPU_OP_ARGS) {
     }
     return DPAR_OK;
 }
+/* >>cpu norm-attn =============================================================
+   CPU reference of the layer ops (double accumulation, fixed order). */
+/* per row: mean (shifted by x[0], so a constant row gives exactly x[0] and a zero variance) and rstd */
+static void dpar__cpu_norm_row(const float *x, int64_t n, int rms, float eps, double *mean, double *rstd) {
+    double mu = 0.0, ss = 0.0;
+    if (!rms && n > 0) {
+        double sh = 0.0;
+        for (int64_t j = 0; j < n; j++) sh += (double)x[j] - (double)x[0];
+        mu = (double)x[0] + sh / (double)n;
+    }
+    for (int64_t j = 0; j < n; j++) ss += ((double)x[j] - mu) * ((double)x[j] - mu);
+    *mean = mu;
+    *rstd = 1.0 / sqrt((n ? ss / (double)n : 0.0) + (double)eps);
+}
+static dpar_status dpar__cpu_op_norm(DPAR__CPU_OP_ARGS) {
+    DPAR__CPU_OP_UNUSED;
+    const float *w = op->src1 ? (const float *)op->src1->mem : NULL, *b = op->src2 ? (const float *)op->src2->mem : NULL;
+    float *st = op->dst2 ? (float *)op->dst2->mem : NULL;
+    int64_t n = op->n;
+    for (int64_t i = 0; i < op->m; i++) {
+        const float *xr = x0 + i * n;
+        float *yr = y + i * n;
+        double mu, rs;
+        dpar__cpu_norm_row(xr, n, (int)op->p[0], op->f[0], &mu, &rs);
+        for (int64_t j = 0; j < n; j++) {
+            float xh = (float)(((double)xr[j] - mu) * rs);
+            yr[j] = (w ? xh * w[j] : xh) + (b ? b[j] : 0.0f);
+        }
+        if (st) {
+            st[2 * i] = (float)mu;
+            st[2 * i + 1] = (float)rs;
+        }
+    }
+    return DPAR_OK;
+}
+static dpar_status dpar__cpu_op_norm_bwd(DPAR__CPU_OP_ARGS) {
+    DPAR__CPU_OP_UNUSED;
+    const float *w = op->src2 ? (const float *)op->src2->mem : NULL, *st = (const float *)op->src3->mem;
+    float *dw = op->dst2 ? (float *)op->dst2->mem : NULL, *db = op->dst3 ? (float *)op->dst3->mem : NULL;
+    int64_t n = op->n;
+    double *acc = (double *)DPAR_MALLOC((size_t)(2 * n + 1) * sizeof(double)); /* dw, db sums */
+    if (!acc) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "norm backward: out of host memory (%lld columns)", (long long)n);
+    memset(acc, 0, (size_t)(2 * n + 1) * sizeof(double));
+    for (int64_t i = 0; i < op->m; i++) { /* row i of dy is read before row i of dx is written (dx may alias dy) */
+        const float *dyr = x0 + i * n, *xr = x1 + i * n;
+        double mu = (double)st[2 * i], rs = (double)st[2 * i + 1], mg = 0.0, mgx = 0.0;
+        for (int64_t j = 0; j < n; j++) {
+            double xh = ((double)xr[j] - mu) * rs, g = (double)dyr[j] * (w ? (double)w[j] : 1.0);
+            mg += g;
+            mgx += g * xh;
+            acc[j] += (double)dyr[j] * xh;
+            acc[n + j] += (double)dyr[j];
+        }
+        mg = op->p[0] ? 0.0 : mg / (double)n;
+        mgx /= (double)n;
+        for (int64_t j = 0; j < n; j++) {
+            double xh = ((double)xr[j] - mu) * rs, g = (double)dyr[j] * (w ? (double)w[j] : 1.0);
+            y[i * n + j] = (float)(rs * (g - mg - xh * mgx));
+        }
+    }
+    for (int64_t j = 0; j < n; j++) {
+        if (dw) dw[j] = (float)acc[j];
+        if (db) db[j] = (float)acc[n + j];
+    }
+    DPAR_FREE(acc);
+    return DPAR_OK;
+}
+static dpar_status dpar__cpu_op_matmul_batched(DPAR__CPU_OP_ARGS) {
+    DPAR__CPU_OP_UNUSED;
+    for (int64_t b = 0; b < op->p[0]; b++)
+        dpar__cpu_sgemm(c, dev, op->m, op->n, op->k, op->trans_a, op->trans_b, op->f[0], x0 + b * op->p[1],
+                        x1 + b * op->p[2], op->f[1], y + b * op->p[3]);
+    return DPAR_OK;
+}
+/* Attention geometry of an op and the scores of one query row: s[j] = scale q_i . k_j, j < nk */
+typedef struct dpar__attn_geo {
+    int64_t bh, tq, tk, d, dv;
+    int causal;
+    float scale;
+} dpar__attn_geo;
+static dpar__attn_geo dpar__attn_geo_of(const dpar__op *op) {
+    dpar__attn_geo g;
+    g.bh = op->p[0], g.tq = op->p[1], g.tk = op->p[2], g.d = op->p[3], g.dv = op->p[4];
+    g.causal = (int)op->p[5];
+    g.scale = op->f[0];
+    return g;
+}
+static double dpar__dot_d(const float *a, const float *b, int64_t n) {
+    double s = 0.0;
+    for (int64_t t = 0; t < n; t++) s += (double)a[t] * (double)b[t];
+    return s;
+}
+static dpar_status dpar__cpu_op_attn(DPAR__CPU_OP_ARGS) {
+    DPAR__CPU_OP_UNUSED;
+    dpar__attn_geo g = dpar__attn_geo_of(op);
+    const float *K = x1, *V = (const float *)op->src2->mem;
+    float *st = op->dst2 ? (float *)op->dst2->mem : NULL;
+    double *p = (double *)DPAR_MALLOC((size_t)(g.tk + g.dv + 1) * sizeof(double)), *o = p + g.tk;
+    if (!p) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "attention: out of host memory (Tk %lld)", (long long)g.tk);
+    for (int64_t b = 0; b < g.bh; b++)
+        for (int64_t i = 0; i < g.tq; i++) {
+            const float *qi = x0 + (b * g.tq + i) * g.d, *kb = K + b * g.tk * g.d, *vb = V + b * g.tk * g.dv;
+            int64_t nk = g.causal ? i + 1 : g.tk;
+            double mx = -INFINITY, se = 0.0;
+            for (int64_t j = 0; j < nk; j++) {
+                p[j] = (double)g.scale * dpar__dot_d(qi, kb + j * g.d, g.d);
+                mx = p[j] > mx ? p[j] : mx;
+            }
+            for (int64_t j = 0; j < nk; j++) se += (p[j] = exp(p[j] - mx));
+            for (int64_t t = 0; t < g.dv; t++) o[t] = 0.0;
+            for (int64_t j = 0; j < nk; j++)
+                for (int64_t t = 0; t < g.dv; t++) o[t] += p[j] * (double)vb[j * g.dv + t];
+            float *yr = y + (b * g.tq + i) * g.dv;
+            for (int64_t t = 0; t < g.dv; t++) yr[t] = nk ? (float)(o[t] / se) : 0.0f;
+            if (st) {
+                st[2 * (b * g.tq + i)] = (float)(mx + log(se));
+                st[2 * (b * g.tq + i) + 1] = 0.0f;
+            }
+        }
+    DPAR_FREE(p);
+    return DPAR_OK;
+}
+/* pass 1 over query rows: D_i = sum_j P_ij dp_ij into stats[.., 1], dq_i = scale sum_j ds_ij k_j */
+static dpar_status dpar__cpu_op_attn_bwd_q(DPAR__CPU_OP_ARGS) {
+    DPAR__CPU_OP_UNUSED;
+    dpar__attn_geo g = dpar__attn_geo_of(op);
+    const float *dO = x0, *Q = x1, *K = (const float *)op->src2->mem, *V = (const float *)op->src3->mem;
+    float *st = y, *dq = op->dst2 ? (float *)op->dst2->mem : NULL;
+    double *p = (double *)DPAR_MALLOC((size_t)(2 * g.tk + g.d + 1) * sizeof(double)), *dp = p + g.tk, *acc = dp + g.tk;
+    if (!p) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "attention backward: out of host memory (Tk %lld)", (long long)g.tk);
+    for (int64_t b = 0; b < g.bh; b++)
+        for (int64_t i = 0; i < g.tq; i++) {
+            int64_t row = b * g.tq + i, nk = g.causal ? i + 1 : g.tk;
+            const float *qi = Q + row * g.d, *doi = dO + row * g.dv, *kb = K + b * g.tk * g.d, *vb = V + b * g.tk * g.dv;
+            double lse = (double)st[2 * row], D = 0.0;
+            for (int64_t j = 0; j < nk; j++) {
+                p[j] = exp((double)g.scale * dpar__dot_d(qi, kb + j * g.d, g.d) - lse);
+                dp[j] = dpar__dot_d(doi, vb + j * g.dv, g.dv);
+                D += p[j] * dp[j];
+            }
+            st[2 * row + 1] = (float)D;
+            if (!dq) continue;
+            for (int64_t t = 0; t < g.d; t++) acc[t] = 0.0;
+            for (int64_t j = 0; j < nk; j++) {
+                double ds = p[j] * (dp[j] - D);
+                for (int64_t t = 0; t < g.d; t++) acc[t] += ds * (double)kb[j * g.d + t];
+            }
+            for (int64_t t = 0; t < g.d; t++) dq[row * g.d + t] = (float)((double)g.scale * acc[t]);
+        }
+    DPAR_FREE(p);
+    return DPAR_OK;
+}
+/* pass 2 over key rows: dk_j = scale sum_i ds_ij q_i, dv_j = sum_i P_ij dout_i */
+static dpar_status dpar__cpu_op_attn_bwd_kv(DPAR__CPU_OP_ARGS) {
+    DPAR__CPU_OP_UNUSED;
+    dpar__attn_geo g = dpar__attn_geo_of(op);
+    const float *dO = x0, *Q = x1, *K = (const float *)op->src2->mem, *V = (const float *)op->src3->mem, *st = y;
+    float *dk = op->dst2 ? (float *)op->dst2->mem : NULL, *dv = op->dst3 ? (float *)op->dst3->mem : NULL;
+    double *ak = (double *)DPAR_MALLOC((size_t)(g.d + g.dv + 1) * sizeof(double)), *av = ak + g.d;
+    if (!ak) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "attention backward: out of host memory");
+    for (int64_t b = 0; b < g.bh; b++)
+        for (int64_t j = 0; j < g.tk; j++) {
+            const float *kj = K + (b * g.tk + j) * g.d, *vj = V + (b * g.tk + j) * g.dv;
+            for (int64_t t = 0; t < g.d; t++) ak[t] = 0.0;
+            for (int64_t t = 0; t < g.dv; t++) av[t] = 0.0;
+            for (int64_t i = g.causal ? j : 0; i < g.tq; i++) {
+                int64_t row = b * g.tq + i;
+                const float *qi = Q + row * g.d, *doi = dO + row * g.dv;
+                double p = exp((double)g.scale * dpar__dot_d(qi, kj, g.d) - (double)st[2 * row]);
+                double ds = p * (dpar__dot_d(doi, vj, g.dv) - (double)st[2 * row + 1]);
+                for (int64_t t = 0; t < g.d; t++) ak[t] += ds * (double)qi[t];
+                for (int64_t t = 0; t < g.dv; t++) av[t] += p * (double)doi[t];
+            }
+            for (int64_t t = 0; dk && t < g.d; t++) dk[(b * g.tk + j) * g.d + t] = (float)((double)g.scale * ak[t]);
+            for (int64_t t = 0; dv && t < g.dv; t++) dv[(b * g.tk + j) * g.dv + t] = (float)av[t];
+        }
+    DPAR_FREE(ak);
+    return DPAR_OK;
+}
 #undef DPAR__CPU_OP_ARGS
 #undef DPAR__CPU_OP_UNUSED
 
@@ -6045,6 +6545,13 @@ static const dpar__cpu_op_fn dpar__cpu_ops[] = {
     dpar__cpu_op_sum,          /* DPAR__OP_SUM */
     dpar__cpu_op_sumsq,        /* DPAR__OP_SUMSQ */
     dpar__cpu_op_sgd,          /* DPAR__OP_SGD */
+    /* >>norm-attn kinds */
+    dpar__cpu_op_norm,           /* DPAR__OP_NORM */
+    dpar__cpu_op_norm_bwd,       /* DPAR__OP_NORM_BWD */
+    dpar__cpu_op_matmul_batched, /* DPAR__OP_MATMUL_BATCHED */
+    dpar__cpu_op_attn,           /* DPAR__OP_ATTN */
+    dpar__cpu_op_attn_bwd_q,     /* DPAR__OP_ATTN_BWD_Q */
+    dpar__cpu_op_attn_bwd_kv,    /* DPAR__OP_ATTN_BWD_KV */
 };
 typedef char dpar__cpu_ops_cover_every_kind[sizeof dpar__cpu_ops / sizeof dpar__cpu_ops[0] == DPAR__OP_COUNT ? 1 : -1];
 
