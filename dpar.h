@@ -659,8 +659,10 @@ DPAR_API dpar_status dpar_relu_backward(dpar_buffer *dx, const dpar_buffer *dy, 
 /* Softmax cross-entropy with integer labels, logits [M,C] f32, labels [M] i32
    in 0..C-1. loss (f32, 1 element) = mean_i(logsumexp(z_i) - z_i[label_i]);
    dlogits (may be NULL) [M,C] = (softmax(z_i) - onehot(label_i)) / M.
-   Numerically stable (max subtracted). Labels out of range -> row loss NaN
-   and NaN gradient row (caught by the caller's NaN checks, never UB). */
+   Numerically stable (max subtracted). A label out of range gives
+   DPAR_ERR_INVALID_ARGUMENT naming the first bad row and its value (CPU: at
+   once, nothing written; GPUs: NaN rows, and the error at the next sync or
+   read of that device). dpar_cross_entropy adds an ignore label and smoothing. */
 DPAR_API dpar_status dpar_softmax_xent(dpar_buffer *loss, dpar_buffer *dlogits, const dpar_buffer *logits,
                                        const dpar_buffer *labels);
 /* Mean squared error: loss (1 element) = mean((pred - target)^2); dpred (may be
@@ -719,6 +721,151 @@ DPAR_API dpar_status dpar_sgd_clip_scale(dpar_ctx *ctx, const dpar_sgd_desc *d, 
    the replicas stay bitwise identical. moms may be NULL when momentum == 0. */
 DPAR_API dpar_status dpar_sgd_step(dpar_ctx *ctx, const dpar_sgd_desc *d, dpar_buffer *const *params,
                                    dpar_buffer *const *grads, dpar_buffer *const *moms, int n);
+
+/* >>optim api ================================================================
+   AdamW, learning-rate schedules, dynamic loss scaling, cross-entropy with an
+   ignore label and label smoothing, embedding, dropout (issue 13). */
+
+/* AdamW (Loshchilov & Hutter 2019, "Decoupled Weight Decay Regularization",
+   arXiv:1711.05101, exactly as optax.adamw = chain(scale_by_adam,
+   add_decayed_weights, scale_by_learning_rate); torch.optim.AdamW is the same
+   formula rounded differently). With t = step (1 for the first update):
+     g  = grad * clip
+     m  = b1 m + (1 - b1) g              v  = b2 v + (1 - b2) g^2
+     m^ = m / (1 - b1^t)                 v^ = v / (1 - b2^t)
+     param -= lr (m^ / (sqrt(v^) + eps) + weight_decay param)
+   The decay is multiplied by lr (optax), not applied alone. Moments m, v are
+   f32 state buffers, zero before step 1. clip = 1, or with clip_norm > 0 the
+   global-norm factor of dpar_sgd_clip_scale (optax.clip_by_global_norm). */
+typedef struct dpar_adamw_desc {
+    float learning_rate;   /* > 0 (a schedule: set it each step from dpar_lr_at) */
+    float b1, b2;          /* in (0, 1); 0: optax's defaults 0.9 and 0.999 */
+    float eps;             /* > 0; 0: 1e-8 */
+    float weight_decay;    /* >= 0; 0: no decay (optax's default is 1e-4: pass it) */
+    float clip_norm;       /* > 0: clip by global norm; 0: off */
+    const char *norm_axes; /* axes over which grads are sharded (squared norms psum'd); NULL: replicated */
+} dpar_adamw_desc;
+/* Checks the hyper-parameters alone. Errors: DPAR_ERR_INVALID_ARGUMENT naming the field and its range. */
+DPAR_API dpar_status dpar_adamw_check(const dpar_adamw_desc *d);
+/* One fused update of one buffer: param, grad, m, v f32 of one count on one
+   device; step >= 1 counts updates including this one; clip_scale finite >= 0
+   (1 when not clipping). Deterministic: replicas given identical inputs stay
+   bitwise identical. Errors: DPAR_ERR_INVALID_ARGUMENT (hyper-parameters, step
+   < 1, aliasing, NULL), DPAR_ERR_SHAPE (counts differ, naming both), DPAR_ERR_DTYPE. */
+DPAR_API dpar_status dpar_adamw_update(const dpar_adamw_desc *d, dpar_buffer *param, const dpar_buffer *grad,
+                                       dpar_buffer *m, dpar_buffer *v, int64_t step, float clip_scale);
+/* Full step over `n` parameters (inside fn): every buffer is checked first (a
+   failed step changes nothing), then clipping (if on), then the fused update
+   of each. Errors: as dpar_adamw_update and dpar_sgd_clip_scale. */
+DPAR_API dpar_status dpar_adamw_step(dpar_ctx *ctx, const dpar_adamw_desc *d, dpar_buffer *const *params,
+                                     dpar_buffer *const *grads, dpar_buffer *const *ms, dpar_buffer *const *vs, int n,
+                                     int64_t step);
+
+/* Learning-rate schedules, pure functions of the step (0-based), as optax's:
+     warm-up (steps < warmup_steps): init_lr + (peak_lr - init_lr) step / warmup_steps
+                                     (optax.linear_schedule)
+     then, with s = step - warmup_steps:
+     DPAR_LR_CONSTANT: peak_lr
+     DPAR_LR_COSINE:   end_lr + (peak_lr - end_lr) (1 + cos(pi min(s, D) / D)) / 2,
+                       D = decay_steps - warmup_steps (optax.warmup_cosine_decay_schedule:
+                       decay_steps counts the warm-up too)
+     DPAR_LR_STEP:     peak_lr gamma^floor(s / step_every) (optax.exponential_decay, staircase) */
+typedef enum dpar_lr_kind { DPAR_LR_CONSTANT = 0, DPAR_LR_COSINE, DPAR_LR_STEP } dpar_lr_kind;
+typedef struct dpar_lr_schedule_desc {
+    dpar_lr_kind kind;
+    float peak_lr;        /* > 0 */
+    float init_lr;        /* >= 0, the rate at step 0 of the warm-up */
+    int64_t warmup_steps; /* >= 0; 0: no warm-up */
+    int64_t decay_steps;  /* COSINE: > warmup_steps */
+    float end_lr;         /* COSINE: >= 0 */
+    int64_t step_every;   /* STEP: > 0 */
+    float gamma;          /* STEP: in (0, 1] */
+} dpar_lr_schedule_desc;
+/* *lr = the rate at `step` (>= 0), computed in double and rounded once.
+   Errors: DPAR_ERR_INVALID_ARGUMENT naming the field (or step < 0, NULL). */
+DPAR_API dpar_status dpar_lr_at(const dpar_lr_schedule_desc *d, int64_t step, float *lr);
+
+/* Dynamic loss scaling for f16 training (torch.cuda.amp.GradScaler, jmp's
+   DynamicLossScale): the loss is multiplied by `scale` before the backward
+   pass; dpar_loss_scaler_unscale divides the gradients by it and says whether
+   they are finite. A step with an Inf/NaN gradient must be skipped (the
+   optimizer is not called, so an overflow never reaches the f32 master
+   weights); the scale is then multiplied by backoff_factor (not below
+   min_scale). After growth_interval finite steps in a row it is multiplied by
+   growth_factor. The state is host memory; keep one per device inside fn. */
+typedef struct dpar_loss_scale_desc {
+    float init_scale;     /* > 0; 0: 65536 */
+    int growth_interval;  /* > 0; 0: 2000 */
+    float growth_factor;  /* > 1; 0: 2 */
+    float backoff_factor; /* in (0, 1); 0: 0.5 */
+    float min_scale;      /* > 0; 0: 1 */
+} dpar_loss_scale_desc;
+typedef struct dpar_loss_scaler {
+    float scale;           /* multiply the loss by this */
+    int good_steps;        /* finite steps since the last change of scale */
+    int64_t skipped_steps; /* steps skipped so far */
+    dpar_loss_scale_desc desc;
+} dpar_loss_scaler;
+/* Errors: DPAR_ERR_INVALID_ARGUMENT (NULL, a field out of range, named). */
+DPAR_API dpar_status dpar_loss_scaler_init(dpar_loss_scaler *ls, const dpar_loss_scale_desc *d);
+/* Multiplies the n f32 gradient buffers (one device) by 1/scale, sets *finite
+   (every element of every buffer finite; with `axes`, over every device of
+   those axes, so replicas agree: ctx is then needed), and updates the scale
+   as described above. Errors: DPAR_ERR_INVALID_ARGUMENT, DPAR_ERR_DTYPE, and
+   the collectives' errors (the scaler is then unchanged). */
+DPAR_API dpar_status dpar_loss_scaler_unscale(dpar_ctx *ctx, dpar_loss_scaler *ls, dpar_buffer *const *grads, int n,
+                                              const char *axes, bool *finite);
+
+/* Cross-entropy with integer labels (torch.nn.functional.cross_entropy with
+   ignore_index and label_smoothing; optax.smooth_labels):
+   logits [M,C] f32, labels [M] i32, loss 1 f32 element.
+   With q_i = (1 - a) onehot(label_i) + a / C (a = label_smoothing):
+     loss = sum over counted rows of (logsumexp(z_i) - q_i . z_i) / (counted rows)
+     dlogits (may be NULL) [M,C] = (softmax(z_i) - q_i) / (counted rows)
+   A row whose label is ignore_label (when use_ignore) is not counted and gets a
+   zero gradient row; no counted row: loss 0. Max subtracted (stable).
+   Errors: as dpar_softmax_xent; DPAR_ERR_INVALID_ARGUMENT for smoothing outside
+   [0, 1) or a label outside 0..C-1 that is not the ignore label, naming the
+   first bad row and its value (CPU: at once; GPUs: the flag set by the op is
+   reported by the next sync or read of that device). */
+typedef struct dpar_xent_desc {
+    bool use_ignore;       /* skip rows labelled ignore_label (padding) */
+    int32_t ignore_label;  /* PyTorch's ignore_index, -100 there */
+    float label_smoothing; /* in [0, 1) */
+} dpar_xent_desc;
+DPAR_API dpar_status dpar_cross_entropy(dpar_buffer *loss, dpar_buffer *dlogits, const dpar_buffer *logits,
+                                        const dpar_buffer *labels, const dpar_xent_desc *d);
+
+/* Embedding lookup: out[i, :] = table[idx[i], :]. table [V,D] f32; idx i32,
+   any shape, K elements; out f32 with K*D elements (shape idx.shape + [D] is
+   natural). Errors: DPAR_ERR_SHAPE, DPAR_ERR_DTYPE, DPAR_ERR_INVALID_ARGUMENT
+   for an index outside 0..V-1, naming the first bad position and its value
+   (GPUs: reported at the next sync, as dpar_cross_entropy). */
+DPAR_API dpar_status dpar_embedding(dpar_buffer *out, const dpar_buffer *table, const dpar_buffer *idx);
+/* Its gradient: dtable = beta dtable, then dtable[idx[i], :] += dout[i, :]
+   for i = 0, 1, ..., K-1 in that order (repeated indices sum; deterministic,
+   the same on every backend). beta = 0 ignores dtable's old contents.
+   Shapes, dtypes and errors as dpar_embedding. */
+DPAR_API dpar_status dpar_embedding_backward(dpar_buffer *dtable, const dpar_buffer *dout, const dpar_buffer *idx,
+                                             float beta);
+
+/* Dropout (inverted, as flax.linen.Dropout): y = keep ? x / (1 - rate) : 0,
+   computed as x * (float)(1 / (1 - rate)). keep is decided by Philox-4x32-10
+   (Salmon et al. 2011, "Parallel random numbers: as easy as 1, 2, 3"; the
+   generator of JAX and cuRAND) with key (seed low, seed high) and counter
+   (element / 4, stream, step low, step high); element e uses output word
+   e % 4, r, and keeps when (r >> 8) >= round(rate 2^24). So a mask is a pure
+   function of (seed, step, stream, element), bit-identical on every backend.
+   stream: pass dpar_ctx_device(ctx) for a different mask per device, or an
+   axis index for one mask across the other axes. rate 0: y = x; rate 1: y = 0.
+   The gradient is the same call on dy (same seed, step, stream). x, y f32 of
+   one count; in place allowed. Errors: DPAR_ERR_INVALID_ARGUMENT (rate
+   outside [0, 1]), DPAR_ERR_SHAPE, DPAR_ERR_DTYPE. */
+DPAR_API dpar_status dpar_dropout(dpar_buffer *y, const dpar_buffer *x, float rate, uint64_t seed, uint64_t step,
+                                  uint32_t stream);
+/* The 4 words of Philox-4x32-10 for counter ctr and key (exposed for tests and
+   for host code that must draw the same numbers). Never fails. */
+DPAR_API void dpar_philox4x32(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
 
 /* ---------------------------------------------------------------------------
    Layers: layer norm, RMS norm, batched matmul, causal attention
@@ -1204,7 +1351,8 @@ typedef enum dpar__op_kind {
     DPAR__OP_BIAS_GRAD,    /* dst[N] = f[1]*dst + sum_m src0[M,N] */
     DPAR__OP_RELU,         /* dst = max(src0, 0), n elements */
     DPAR__OP_RELU_BWD,     /* dst = src0 (dy) where src1 (x) > 0 else 0 */
-    DPAR__OP_SOFTMAX_XENT, /* dst (loss[1]), dst2 (dlogits [M,N] or NULL), src0 logits [M,N], src1 labels[M] i32 */
+    DPAR__OP_SOFTMAX_XENT, /* dst (loss[1]), dst2 (dlogits [M,N] or NULL), src0 logits [M,N], src1 labels[M] i32;
+                              p[0] use_ignore, p[1] ignore_label, p[2] public fn (dpar__idx_fn), f[0] smoothing */
     DPAR__OP_MSE,          /* dst (loss[1]), dst2 (dpred or NULL), src0 pred, src1 target; n elements */
     DPAR__OP_AXPY,         /* dst += f[0] * src0 */
     DPAR__OP_SCALE,        /* dst *= f[0] */
@@ -1224,6 +1372,13 @@ typedef enum dpar__op_kind {
                                  p[0] batch, p[1] Tq, p[2] Tk, p[3] D, p[4] Dv, p[5] causal */
     DPAR__OP_ATTN_BWD_Q,      /* dst stats (reads lse, writes D), dst2 dq or NULL, src0 dout, src1 q, src2 k, src3 v */
     DPAR__OP_ATTN_BWD_KV,     /* dst stats (read), dst2 dk, dst3 dv (NULL: skip), src0..3 as ATTN_BWD_Q */
+    /* >>optim kinds (see >>optim) */
+    DPAR__OP_ADAMW,        /* dst param, dst2 m, dst3 v, src0 grad; f[0]=lr f[1]=b1 f[2]=b2 f[3]=eps
+                              f[4]=weight_decay f[5]=clip_scale f[6]=1/(1-b1^t) f[7]=1/(1-b2^t) */
+    DPAR__OP_EMBED,        /* dst out [K,D], src0 table [V,D], src1 idx [K] i32; m=K n=D k=V */
+    DPAR__OP_EMBED_BWD,    /* dst dtable [V,D] += rows of src0 dout [K,D] at src1 idx [K], i ascending; m n k */
+    DPAR__OP_DROPOUT,      /* dst = src0 * f[0] where kept; p[0..1] seed, p[2..3] step, p[4] stream,
+                              p[5] threshold (keep when philox word >> 8 >= it) */
     DPAR__OP_COUNT
 } dpar__op_kind;
 
@@ -4524,33 +4679,35 @@ DPAR_API dpar_status dpar_relu_backward(dpar_buffer *dx, const dpar_buffer *dy, 
     op.src1 = x;
     return dpar__op_run(&op);
 }
-DPAR_API dpar_status dpar_softmax_xent(dpar_buffer *loss, dpar_buffer *dlogits, const dpar_buffer *logits,
-                                       const dpar_buffer *labels) {
-    dpar__clear_error();
+/* public names of the ops that check indices, by p[2] of their op record */
+static const char *const dpar__idx_fn[] = { "dpar_softmax_xent", "dpar_cross_entropy", "dpar_embedding",
+                                            "dpar_embedding_backward" };
+enum { DPAR__IDX_SOFTMAX_XENT = 0, DPAR__IDX_XENT, DPAR__IDX_EMBED, DPAR__IDX_EMBED_BWD };
+/* softmax cross-entropy of dpar_softmax_xent / dpar_cross_entropy (fn_id: dpar__idx_fn; d NULL: plain) */
+static dpar_status dpar__xent(int fn_id, dpar_buffer *loss, dpar_buffer *dlogits, const dpar_buffer *logits,
+                              const dpar_buffer *labels, const dpar_xent_desc *d) {
+    const char *fn = dpar__idx_fn[fn_id];
     const dpar_buffer *ops[3] = { logits, labels, dlogits ? dlogits : logits };
-    dpar_status s = dpar__op_check("dpar_softmax_xent", loss, ops, 3);
-    if (s || (s = dpar__scalar_out("dpar_softmax_xent", loss)) ||
-        (s = dpar__need_f32("dpar_softmax_xent", logits, "logits")))
-        return s;
+    dpar_status s = dpar__op_check(fn, loss, ops, 3);
+    if (s || (s = dpar__scalar_out(fn, loss)) || (s = dpar__need_f32(fn, logits, "logits"))) return s;
     if (logits->ndim != 2) {
         char x[160];
-        return dpar__err(DPAR_ERR_SHAPE, "dpar_softmax_xent: logits must be 2-d [M, C] (got %s)",
+        return dpar__err(DPAR_ERR_SHAPE, "%s: logits must be 2-d [M, C] (got %s)", fn,
                          dpar__shape_str(x, sizeof x, logits->ndim, logits->shape));
     }
     if (labels->dtype != DPAR_I32)
-        return dpar__err(DPAR_ERR_DTYPE, "dpar_softmax_xent: labels are %s but must be i32 class indices",
+        return dpar__err(DPAR_ERR_DTYPE, "%s: labels are %s but must be i32 class indices", fn,
                          dpar_dtype_name(labels->dtype));
     if (labels->count != logits->shape[0]) {
         char x[160], y[160];
-        return dpar__err(DPAR_ERR_SHAPE, "dpar_softmax_xent: labels %s must hold one label per row of logits %s",
+        return dpar__err(DPAR_ERR_SHAPE, "%s: labels %s must hold one label per row of logits %s", fn,
                          dpar__shape_str(y, sizeof y, labels->ndim, labels->shape),
                          dpar__shape_str(x, sizeof x, logits->ndim, logits->shape));
     }
-    if (dlogits && ((s = dpar__need_f32("dpar_softmax_xent", dlogits, "dlogits")) ||
-                    (s = dpar__same_shape("dpar_softmax_xent", dlogits, "dlogits", logits, "logits"))))
+    if (dlogits && ((s = dpar__need_f32(fn, dlogits, "dlogits")) ||
+                    (s = dpar__same_shape(fn, dlogits, "dlogits", logits, "logits"))))
         return s;
-    if (dlogits == logits)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_softmax_xent: dlogits must not alias logits");
+    if (dlogits == logits) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: dlogits must not alias logits", fn);
     dpar__op op;
     dpar__op_init(&op, DPAR__OP_SOFTMAX_XENT, loss);
     op.dst2 = dlogits;
@@ -4558,7 +4715,16 @@ DPAR_API dpar_status dpar_softmax_xent(dpar_buffer *loss, dpar_buffer *dlogits, 
     op.src1 = labels;
     op.m = logits->shape[0];
     op.n = logits->shape[1];
+    op.p[0] = d && d->use_ignore;
+    op.p[1] = d ? d->ignore_label : 0;
+    op.p[2] = fn_id;
+    op.f[0] = d ? d->label_smoothing : 0.0f;
     return dpar__op_run(&op);
+}
+DPAR_API dpar_status dpar_softmax_xent(dpar_buffer *loss, dpar_buffer *dlogits, const dpar_buffer *logits,
+                                       const dpar_buffer *labels) {
+    dpar__clear_error();
+    return dpar__xent(DPAR__IDX_SOFTMAX_XENT, loss, dlogits, logits, labels, NULL);
 }
 DPAR_API dpar_status dpar_mse(dpar_buffer *loss, dpar_buffer *dpred, const dpar_buffer *pred,
                               const dpar_buffer *target) {
@@ -4714,16 +4880,13 @@ DPAR_API dpar_status dpar_sgd_update(const dpar_sgd_desc *d, dpar_buffer *param,
     op.nesterov = d->nesterov;
     return dpar__op_run(&op);
 }
-DPAR_API dpar_status dpar_sgd_clip_scale(dpar_ctx *ctx, const dpar_sgd_desc *d, dpar_buffer *const *grads, int n,
-                                         float *scale, float *norm_out) {
-    dpar__clear_error();
-    if (!ctx || !scale || (n > 0 && !grads) || n < 0)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_sgd_clip_scale: NULL or invalid argument");
-    dpar_status s = dpar__sgd_check("dpar_sgd_clip_scale", d);
-    if (s) return s;
+/* the global norm of n gradient buffers of ctx's device (psum'd over axes
+   when set) and the clip factor for clip_norm (0: off -> 1); fn names the caller */
+static dpar_status dpar__clip_scale(const char *fn, dpar_ctx *ctx, float clip_norm, const char *axes,
+                                    dpar_buffer *const *grads, int n, float *scale, float *norm_out) {
     dpar_buffer *tmp = NULL;
     int64_t one = 1;
-    s = dpar_buffer_create(ctx->rt, ctx->device, DPAR_F32, 1, &one, &tmp);
+    dpar_status s = dpar_buffer_create(ctx->rt, ctx->device, DPAR_F32, 1, &one, &tmp);
     if (s) return s;
     double total = 0.0;
     for (int i = 0; i < n && !s; i++) {
@@ -4732,10 +4895,10 @@ DPAR_API dpar_status dpar_sgd_clip_scale(dpar_ctx *ctx, const dpar_sgd_desc *d, 
         if (!s) s = dpar_buffer_read(tmp, 0, &v, 4);
         total += (double)v;
     }
-    if (!s && d->norm_axes && *d->norm_axes) {
+    if (!s && axes && *axes) {
         float v = (float)total;
         s = dpar_buffer_write(tmp, 0, &v, 4);
-        if (!s) s = dpar_psum(ctx, tmp, tmp, d->norm_axes);
+        if (!s) s = dpar_psum(ctx, tmp, tmp, axes);
         if (!s) s = dpar_buffer_read(tmp, 0, &v, 4);
         total = (double)v;
     }
@@ -4745,11 +4908,20 @@ DPAR_API dpar_status dpar_sgd_clip_scale(dpar_ctx *ctx, const dpar_sgd_desc *d, 
     if (norm_out) *norm_out = norm;
     if (!isfinite(norm))
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
-                         "dpar_sgd_clip_scale: the global gradient norm is %g: the gradients hold NaN or Inf "
+                         "%s: the global gradient norm is %g: the gradients hold NaN or Inf "
                          "(lower the learning rate or check the loss); no parameter was changed",
-                         (double)norm);
-    *scale = (d->clip_norm > 0.0f && !(norm < d->clip_norm)) ? d->clip_norm / norm : 1.0f;
+                         fn, (double)norm);
+    *scale = (clip_norm > 0.0f && !(norm < clip_norm)) ? clip_norm / norm : 1.0f;
     return DPAR_OK;
+}
+DPAR_API dpar_status dpar_sgd_clip_scale(dpar_ctx *ctx, const dpar_sgd_desc *d, dpar_buffer *const *grads, int n,
+                                         float *scale, float *norm_out) {
+    dpar__clear_error();
+    if (!ctx || !scale || (n > 0 && !grads) || n < 0)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_sgd_clip_scale: NULL or invalid argument");
+    dpar_status s = dpar__sgd_check("dpar_sgd_clip_scale", d);
+    if (s) return s;
+    return dpar__clip_scale("dpar_sgd_clip_scale", ctx, d->clip_norm, d->norm_axes, grads, n, scale, norm_out);
 }
 DPAR_API dpar_status dpar_sgd_step(dpar_ctx *ctx, const dpar_sgd_desc *d, dpar_buffer *const *params,
                                    dpar_buffer *const *grads, dpar_buffer *const *moms, int n) {
@@ -5020,6 +5192,368 @@ DPAR_API dpar_status dpar_attention_backward(dpar_buffer *dq, dpar_buffer *dk, d
     op.dst2 = dk;
     op.dst3 = dv;
     return dpar__op_run(&op);
+}
+
+/* >>optim ====================================================================
+   AdamW, learning-rate schedules, loss scaling, cross-entropy with an ignore
+   label, embedding, dropout: argument checks and op records (the kernels are
+   in each backend). */
+/* The error of an index out of range, for every backend: fn from dpar__idx_fn,
+   pos the first bad position, value its index, bound the number of classes/rows. */
+static dpar_status dpar__bad_index(int fn, int64_t pos, int32_t value, int64_t bound) {
+    int lab = fn == DPAR__IDX_SOFTMAX_XENT || fn == DPAR__IDX_XENT;
+    return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                     "%s: %s[%lld] = %d is outside 0..%lld%s (first bad position); fix the data%s",
+                     dpar__idx_fn[fn >= 0 && fn < 4 ? fn : 1], lab ? "labels" : "idx", (long long)pos, (int)value,
+                     (long long)bound - 1, fn == DPAR__IDX_XENT ? " and is not the ignore label" : "",
+                     lab ? " or mark padding with dpar_xent_desc.ignore_label" : "");
+}
+/* first position of idx[0..n) outside 0..bound-1 (ignore skipped when use_ignore), or -1 */
+static int64_t dpar__first_bad_index(const int32_t *idx, int64_t n, int64_t bound, int use_ignore, int32_t ignore) {
+    for (int64_t i = 0; i < n; i++)
+        if ((idx[i] < 0 || idx[i] >= bound) && !(use_ignore && idx[i] == ignore)) return i;
+    return -1;
+}
+
+/* zero fields -> optax's defaults; then the ranges */
+static dpar_status dpar__adamw_resolve(const char *fn, const dpar_adamw_desc *d, dpar_adamw_desc *r) {
+    if (!d) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: desc is NULL", fn);
+    *r = *d;
+    if (r->b1 == 0.0f) r->b1 = 0.9f;
+    if (r->b2 == 0.0f) r->b2 = 0.999f;
+    if (r->eps == 0.0f) r->eps = 1e-8f;
+    if (!(r->learning_rate > 0.0f) || !isfinite(r->learning_rate))
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: learning_rate = %g; it must be a finite number > 0", fn,
+                         (double)r->learning_rate);
+    if (!(r->b1 > 0.0f && r->b1 < 1.0f) || !(r->b2 > 0.0f && r->b2 < 1.0f))
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: b1 = %g, b2 = %g; both must be in (0, 1) (0: default)", fn,
+                         (double)r->b1, (double)r->b2);
+    if (!(r->eps > 0.0f) || !isfinite(r->eps))
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: eps = %g; it must be a finite number > 0", fn, (double)r->eps);
+    if (!(r->weight_decay >= 0.0f) || !isfinite(r->weight_decay))
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: weight_decay = %g; it must be >= 0", fn,
+                         (double)r->weight_decay);
+    if (!(r->clip_norm >= 0.0f) || !isfinite(r->clip_norm))
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: clip_norm = %g; use 0 (off) or a positive norm", fn,
+                         (double)r->clip_norm);
+    return DPAR_OK;
+}
+DPAR_API dpar_status dpar_adamw_check(const dpar_adamw_desc *d) {
+    dpar__clear_error();
+    dpar_adamw_desc r;
+    return dpar__adamw_resolve("dpar_adamw_check", d, &r);
+}
+static dpar_status dpar__adamw_check_bufs(const char *fn, const dpar_buffer *param, const dpar_buffer *grad,
+                                          const dpar_buffer *m, const dpar_buffer *v) {
+    dpar_status s;
+    const dpar_buffer *ops[3] = { grad, m, v };
+    if ((s = dpar__op_check(fn, param, ops, 3))) return s;
+    if ((s = dpar__need_f32(fn, param, "param")) || (s = dpar__need_f32(fn, grad, "grad")) ||
+        (s = dpar__need_f32(fn, m, "m")) || (s = dpar__need_f32(fn, v, "v")) ||
+        (s = dpar__same_count(fn, param, "param", grad, "grad")) ||
+        (s = dpar__same_count(fn, param, "param", m, "m")) || (s = dpar__same_count(fn, param, "param", v, "v")))
+        return s;
+    if (grad == param || m == param || v == param || m == grad || v == grad || m == v)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: param, grad, m and v must be four distinct buffers", fn);
+    return DPAR_OK;
+}
+static dpar_status dpar__adamw_run(const dpar_adamw_desc *r, dpar_buffer *param, const dpar_buffer *grad,
+                                   dpar_buffer *m, dpar_buffer *v, int64_t step, float clip_scale) {
+    dpar__op op;
+    dpar__op_init(&op, DPAR__OP_ADAMW, param);
+    op.dst2 = m;
+    op.dst3 = v;
+    op.src0 = grad;
+    op.f[0] = r->learning_rate;
+    op.f[1] = r->b1;
+    op.f[2] = r->b2;
+    op.f[3] = r->eps;
+    op.f[4] = r->weight_decay;
+    op.f[5] = clip_scale;
+    /* bias corrections in double, rounded once: the same on every backend and replica */
+    op.f[6] = (float)(1.0 / (1.0 - pow((double)r->b1, (double)step)));
+    op.f[7] = (float)(1.0 / (1.0 - pow((double)r->b2, (double)step)));
+    return dpar__op_run(&op);
+}
+DPAR_API dpar_status dpar_adamw_update(const dpar_adamw_desc *d, dpar_buffer *param, const dpar_buffer *grad,
+                                       dpar_buffer *m, dpar_buffer *v, int64_t step, float clip_scale) {
+    dpar__clear_error();
+    dpar_adamw_desc r;
+    dpar_status s = dpar__adamw_resolve("dpar_adamw_update", d, &r);
+    if (s || (s = dpar__adamw_check_bufs("dpar_adamw_update", param, grad, m, v))) return s;
+    if (step < 1)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_adamw_update: step = %lld; count updates from 1",
+                         (long long)step);
+    if (!isfinite(clip_scale) || clip_scale < 0.0f)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_adamw_update: clip_scale = %g is not a finite scale >= 0",
+                         (double)clip_scale);
+    return dpar__adamw_run(&r, param, grad, m, v, step, clip_scale);
+}
+DPAR_API dpar_status dpar_adamw_step(dpar_ctx *ctx, const dpar_adamw_desc *d, dpar_buffer *const *params,
+                                     dpar_buffer *const *grads, dpar_buffer *const *ms, dpar_buffer *const *vs, int n,
+                                     int64_t step) {
+    dpar__clear_error();
+    dpar_adamw_desc r;
+    dpar_status s = dpar__adamw_resolve("dpar_adamw_step", d, &r);
+    if (s) return s;
+    if (n < 0 || step < 1)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_adamw_step: n = %d, step = %lld; need n >= 0 and step >= 1",
+                         n, (long long)step);
+    if (n > 0 && (!params || !grads || !ms || !vs))
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_adamw_step: params, grads, ms or vs is NULL");
+    for (int i = 0; i < n; i++) /* every buffer first: a failed step changes nothing */
+        if ((s = dpar__adamw_check_bufs("dpar_adamw_step", params[i], grads[i], ms[i], vs[i]))) return s;
+    float scale = 1.0f;
+    if (r.clip_norm > 0.0f) {
+        if (!ctx)
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_adamw_step: clipping needs ctx (call it inside fn)");
+        if ((s = dpar__clip_scale("dpar_adamw_step", ctx, r.clip_norm, r.norm_axes, grads, n, &scale, NULL))) return s;
+    }
+    for (int i = 0; i < n; i++)
+        if ((s = dpar__adamw_run(&r, params[i], grads[i], ms[i], vs[i], step, scale))) return s;
+    return DPAR_OK;
+}
+
+static dpar_status dpar__lr_check(const dpar_lr_schedule_desc *d) {
+    const char *fn = "dpar_lr_at";
+    if (!(d->peak_lr > 0.0f) || !isfinite(d->peak_lr) || !(d->init_lr >= 0.0f) || !isfinite(d->init_lr))
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: peak_lr = %g, init_lr = %g; need peak_lr > 0, init_lr >= 0",
+                         fn, (double)d->peak_lr, (double)d->init_lr);
+    if (d->warmup_steps < 0)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: warmup_steps = %lld; it must be >= 0", fn,
+                         (long long)d->warmup_steps);
+    if (d->kind == DPAR_LR_COSINE && (d->decay_steps <= d->warmup_steps || !(d->end_lr >= 0.0f)))
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                         "%s: cosine needs decay_steps (%lld, warm-up included) > warmup_steps (%lld) and end_lr "
+                         "(%g) >= 0",
+                         fn, (long long)d->decay_steps, (long long)d->warmup_steps, (double)d->end_lr);
+    if (d->kind == DPAR_LR_STEP && (d->step_every <= 0 || !(d->gamma > 0.0f && d->gamma <= 1.0f)))
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                         "%s: step decay needs step_every (%lld) > 0 and gamma (%g) in (0, 1]", fn,
+                         (long long)d->step_every, (double)d->gamma);
+    if ((int)d->kind < 0 || d->kind > DPAR_LR_STEP)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: kind = %d is not a dpar_lr_kind", fn, (int)d->kind);
+    return DPAR_OK;
+}
+DPAR_API dpar_status dpar_lr_at(const dpar_lr_schedule_desc *d, int64_t step, float *lr) {
+    dpar__clear_error();
+    if (!d || !lr) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_lr_at: desc or lr is NULL");
+    if (step < 0)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_lr_at: step = %lld; it must be >= 0", (long long)step);
+    dpar_status s = dpar__lr_check(d);
+    if (s) return s;
+    double peak = d->peak_lr, r = peak;
+    if (step < d->warmup_steps) {
+        *lr = (float)(d->init_lr + (peak - d->init_lr) * (double)step / (double)d->warmup_steps);
+        return DPAR_OK;
+    }
+    int64_t t = step - d->warmup_steps;
+    if (d->kind == DPAR_LR_COSINE) {
+        double len = (double)(d->decay_steps - d->warmup_steps), x = (double)t < len ? (double)t : len;
+        r = d->end_lr + (peak - d->end_lr) * 0.5 * (1.0 + cos(3.14159265358979323846 * x / len));
+    } else if (d->kind == DPAR_LR_STEP) {
+        r = peak * pow((double)d->gamma, (double)(t / d->step_every));
+    }
+    *lr = (float)r;
+    return DPAR_OK;
+}
+
+DPAR_API dpar_status dpar_loss_scaler_init(dpar_loss_scaler *ls, const dpar_loss_scale_desc *d) {
+    dpar__clear_error();
+    if (!ls) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_loss_scaler_init: ls is NULL");
+    dpar_loss_scale_desc r;
+    memset(&r, 0, sizeof r);
+    if (d) r = *d;
+    if (r.init_scale == 0.0f) r.init_scale = 65536.0f;
+    if (r.growth_interval == 0) r.growth_interval = 2000;
+    if (r.growth_factor == 0.0f) r.growth_factor = 2.0f;
+    if (r.backoff_factor == 0.0f) r.backoff_factor = 0.5f;
+    if (r.min_scale == 0.0f) r.min_scale = 1.0f;
+    if (!(r.init_scale > 0.0f) || !isfinite(r.init_scale) || r.growth_interval < 0 || !(r.growth_factor > 1.0f) ||
+        !isfinite(r.growth_factor) || !(r.backoff_factor > 0.0f && r.backoff_factor < 1.0f) || !(r.min_scale > 0.0f) ||
+        !isfinite(r.min_scale))
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                         "dpar_loss_scaler_init: init_scale %g, growth_interval %d, growth_factor %g, backoff_factor "
+                         "%g, min_scale %g; need > 0, > 0, > 1, in (0, 1), > 0 (0: default)",
+                         (double)r.init_scale, r.growth_interval, (double)r.growth_factor, (double)r.backoff_factor,
+                         (double)r.min_scale);
+    memset(ls, 0, sizeof *ls);
+    ls->desc = r;
+    ls->scale = r.init_scale;
+    return DPAR_OK;
+}
+/* unscales the grads and sums them (finite sum <=> every element finite, up to
+   an overflow of the sum itself, which after unscaling needs values near FLT_MAX) */
+static dpar_status dpar__unscale_sum(dpar_ctx *ctx, float inv, dpar_buffer *const *grads, int n, const char *axes,
+                                     double *sum) {
+    dpar_buffer *tmp = NULL;
+    int64_t one = 1;
+    dpar_status s = dpar_buffer_create(grads[0]->rt, grads[0]->device, DPAR_F32, 1, &one, &tmp);
+    *sum = 0.0;
+    for (int i = 0; i < n && !s; i++) {
+        float v = 0.0f;
+        s = dpar_scale(grads[i], inv);
+        if (!s) s = dpar_sum(tmp, grads[i]);
+        if (!s) s = dpar_buffer_read(tmp, 0, &v, 4);
+        *sum += isfinite(v) ? 0.0 : 1.0; /* count the non-finite buffers */
+    }
+    if (!s && axes && *axes) {
+        float v = (float)*sum;
+        s = dpar_buffer_write(tmp, 0, &v, 4);
+        if (!s) s = dpar_psum(ctx, tmp, tmp, axes);
+        if (!s) s = dpar_buffer_read(tmp, 0, &v, 4);
+        *sum = (double)v;
+    }
+    dpar_buffer_destroy(tmp);
+    return s;
+}
+DPAR_API dpar_status dpar_loss_scaler_unscale(dpar_ctx *ctx, dpar_loss_scaler *ls, dpar_buffer *const *grads, int n,
+                                              const char *axes, bool *finite) {
+    dpar__clear_error();
+    const char *fn = "dpar_loss_scaler_unscale";
+    if (!ls || !finite || n < 0 || (n > 0 && !grads))
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: ls, finite or grads is NULL (or n < 0)", fn);
+    if (axes && *axes && !ctx) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: axes need ctx (call it inside fn)", fn);
+    if (!(ls->scale > 0.0f) || ls->desc.growth_interval <= 0)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: the scaler is not initialized (dpar_loss_scaler_init)", fn);
+    dpar_status s;
+    for (int i = 0; i < n; i++) {
+        if (!grads[i]) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: grads[%d] is NULL", fn, i);
+        if ((s = dpar__need_f32(fn, grads[i], "grad"))) return s;
+    }
+    double bad = 0.0;
+    if (n > 0 && (s = dpar__unscale_sum(ctx, 1.0f / ls->scale, grads, n, axes, &bad))) return s;
+    *finite = bad == 0.0;
+    if (*finite && ++ls->good_steps >= ls->desc.growth_interval) {
+        float g = ls->scale * ls->desc.growth_factor;
+        if (isfinite(g)) ls->scale = g;
+        ls->good_steps = 0;
+    } else if (!*finite) {
+        float b = ls->scale * ls->desc.backoff_factor;
+        ls->scale = b > ls->desc.min_scale ? b : ls->desc.min_scale;
+        ls->good_steps = 0;
+        ls->skipped_steps++;
+    }
+    return DPAR_OK;
+}
+
+DPAR_API dpar_status dpar_cross_entropy(dpar_buffer *loss, dpar_buffer *dlogits, const dpar_buffer *logits,
+                                        const dpar_buffer *labels, const dpar_xent_desc *d) {
+    dpar__clear_error();
+    if (d && !(d->label_smoothing >= 0.0f && d->label_smoothing < 1.0f))
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_cross_entropy: label_smoothing = %g; it must be in [0, 1)",
+                         (double)d->label_smoothing);
+    return dpar__xent(DPAR__IDX_XENT, loss, dlogits, logits, labels, d);
+}
+
+static dpar_status dpar__embed_check(int fn_id, dpar_buffer *dst, const dpar_buffer *src, const dpar_buffer *idx,
+                                     int bwd) {
+    const char *fn = dpar__idx_fn[fn_id];
+    const dpar_buffer *ops[2] = { src, idx };
+    dpar_status s = dpar__op_check(fn, dst, ops, 2);
+    if (s || (s = dpar__need_f32(fn, dst, bwd ? "dtable" : "out")) ||
+        (s = dpar__need_f32(fn, src, bwd ? "dout" : "table")))
+        return s;
+    if (idx->dtype != DPAR_I32)
+        return dpar__err(DPAR_ERR_DTYPE, "%s: idx is %s but must be i32 row indices", fn, dpar_dtype_name(idx->dtype));
+    const dpar_buffer *table = bwd ? dst : src, *rows = bwd ? src : dst;
+    if (table->ndim != 2 || rows->count != idx->count * table->shape[1]) {
+        char x[160], y[160], z[160];
+        return dpar__err(DPAR_ERR_SHAPE, "%s: %s %s must be [V, D] and %s %s must hold idx %s count x D elements", fn,
+                         bwd ? "dtable" : "table", dpar__shape_str(x, sizeof x, table->ndim, table->shape),
+                         bwd ? "dout" : "out", dpar__shape_str(y, sizeof y, rows->ndim, rows->shape),
+                         dpar__shape_str(z, sizeof z, idx->ndim, idx->shape));
+    }
+    if (dst == src) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: the table and the rows must not alias", fn);
+    return DPAR_OK;
+}
+static void dpar__embed_op(dpar__op *op, dpar__op_kind k, int fn_id, dpar_buffer *dst, const dpar_buffer *src,
+                           const dpar_buffer *idx, const dpar_buffer *table) {
+    dpar__op_init(op, k, dst);
+    op->src0 = src;
+    op->src1 = idx;
+    op->m = idx->count;
+    op->n = table->shape[1];
+    op->k = table->shape[0];
+    op->p[2] = fn_id;
+}
+DPAR_API dpar_status dpar_embedding(dpar_buffer *out, const dpar_buffer *table, const dpar_buffer *idx) {
+    dpar__clear_error();
+    dpar_status s = dpar__embed_check(DPAR__IDX_EMBED, out, table, idx, 0);
+    if (s) return s;
+    dpar__op op;
+    dpar__embed_op(&op, DPAR__OP_EMBED, DPAR__IDX_EMBED, out, table, idx, table);
+    return dpar__op_run(&op);
+}
+DPAR_API dpar_status dpar_embedding_backward(dpar_buffer *dtable, const dpar_buffer *dout, const dpar_buffer *idx,
+                                             float beta) {
+    dpar__clear_error();
+    dpar_status s = dpar__embed_check(DPAR__IDX_EMBED_BWD, dtable, dout, idx, 1);
+    if (s) return s;
+    if (!isfinite(beta))
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_embedding_backward: beta = %g must be finite", (double)beta);
+    /* beta first, as its own op, so every backend adds the rows to the same values */
+    if (beta == 0.0f)
+        s = dpar_fill(dtable, 0.0f);
+    else if (beta != 1.0f)
+        s = dpar_scale(dtable, beta);
+    if (s) return s;
+    dpar__op op;
+    dpar__embed_op(&op, DPAR__OP_EMBED_BWD, DPAR__IDX_EMBED_BWD, dtable, dout, idx, dtable);
+    return dpar__op_run(&op);
+}
+
+/* Philox-4x32-10 (Random123's philox4x32, 10 rounds) */
+static void dpar__philox(const uint32_t c_in[4], const uint32_t k_in[2], uint32_t out[4]) {
+    uint32_t c0 = c_in[0], c1 = c_in[1], c2 = c_in[2], c3 = c_in[3], k0 = k_in[0], k1 = k_in[1];
+    for (int r = 0; r < 10; r++) {
+        uint64_t p0 = (uint64_t)0xD2511F53u * c0, p1 = (uint64_t)0xCD9E8D57u * c2;
+        uint32_t h0 = (uint32_t)(p0 >> 32), l0 = (uint32_t)p0, h1 = (uint32_t)(p1 >> 32), l1 = (uint32_t)p1;
+        c0 = h1 ^ c1 ^ k0;
+        c1 = l1;
+        c2 = h0 ^ c3 ^ k1;
+        c3 = l0;
+        k0 += 0x9E3779B9u;
+        k1 += 0xBB67AE85u;
+    }
+    out[0] = c0;
+    out[1] = c1;
+    out[2] = c2;
+    out[3] = c3;
+}
+DPAR_API void dpar_philox4x32(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]) {
+    dpar__philox(ctr, key, out);
+}
+DPAR_API dpar_status dpar_dropout(dpar_buffer *y, const dpar_buffer *x, float rate, uint64_t seed, uint64_t step,
+                                  uint32_t stream) {
+    dpar__clear_error();
+    const char *fn = "dpar_dropout";
+    dpar_status s = dpar__op_check(fn, y, &x, 1);
+    if (s || (s = dpar__need_f32(fn, y, "y")) || (s = dpar__need_f32(fn, x, "x")) ||
+        (s = dpar__same_count(fn, y, "y", x, "x")))
+        return s;
+    if (!(rate >= 0.0f && rate <= 1.0f))
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: rate = %g; it must be in [0, 1]", fn, (double)rate);
+    dpar__op op;
+    dpar__op_init(&op, DPAR__OP_DROPOUT, y);
+    op.src0 = x;
+    op.f[0] = rate < 1.0f ? (float)(1.0 / (1.0 - (double)rate)) : 0.0f;
+    op.p[0] = (int64_t)(uint32_t)seed;
+    op.p[1] = (int64_t)(uint32_t)(seed >> 32);
+    op.p[2] = (int64_t)(uint32_t)step;
+    op.p[3] = (int64_t)(uint32_t)(step >> 32);
+    op.p[4] = (int64_t)stream;
+    op.p[5] = (int64_t)llround((double)rate * 16777216.0); /* 0 .. 2^24 */
+    return dpar__op_run(&op);
+}
+/* keep mask of element e under op's key (the CPU reference of every backend's kernel) */
+static int dpar__dropout_keep(const dpar__op *op, const uint32_t w[4], int64_t e) {
+    return (w[e & 3] >> 8) >= (uint32_t)op->p[5];
+}
+static void dpar__dropout_words(const dpar__op *op, int64_t block, uint32_t w[4]) {
+    uint32_t c[4] = { (uint32_t)block, (uint32_t)op->p[4], (uint32_t)op->p[2], (uint32_t)op->p[3] };
+    uint32_t k[2] = { (uint32_t)op->p[0], (uint32_t)op->p[1] };
+    dpar__philox(c, k, w);
 }
 
 /* >>sharding =================================================================
@@ -5377,7 +5911,10 @@ static const char *dpar__op_name(dpar__op_kind k) {
                                                            "sum",           "sum_squares",  "sgd",
                                                            /* >>norm-attn kinds */
                                                            "norm", "norm_backward", "matmul_batched", "attention",
-                                                           "attention_backward_q", "attention_backward_kv", "op" };
+                                                           "attention_backward_q", "attention_backward_kv",
+                                                           /* >>optim kinds */
+                                                           "adamw", "embedding", "embedding_backward", "dropout",
+                                                           "op" };
     return (int)k >= 0 && (int)k < (int)DPAR__OP_COUNT && names[k] ? names[k] : "op";
 }
 
@@ -6225,27 +6762,41 @@ static dpar_status dpar__cpu_op_softmax_xent(DPAR__CPU_OP_ARGS) {
     DPAR__CPU_OP_UNUSED;
     const int32_t *lab = (const int32_t *)op->src1->mem;
     float *g = op->dst2 ? (float *)op->dst2->mem : NULL;
-    int64_t M = op->m, C = op->n;
+    int64_t M = op->m, C = op->n, counted = 0;
+    int ign = (int)op->p[0];
+    int32_t ignore = (int32_t)op->p[1];
+    int64_t bad = dpar__first_bad_index(lab, M, C, ign, ignore);
+    if (bad >= 0) return dpar__bad_index((int)op->p[2], bad, lab[bad], C);
+    for (int64_t i = 0; i < M; i++) counted += !(ign && lab[i] == ignore);
+    const double a = (double)op->f[0]; /* label smoothing: q = (1 - a) onehot + a / C */
     double total = 0.0;
     for (int64_t i = 0; i < M; i++) {
         const float *z = x0 + i * C;
+        int32_t l = lab[i];
+        if (ign && l == ignore) {
+            if (g) memset(g + i * C, 0, (size_t)C * sizeof(float));
+            continue;
+        }
         float mx = -INFINITY;
         for (int64_t j = 0; j < C; j++) mx = (z[j] > mx || z[j] != z[j]) ? z[j] : mx;
-        double se = 0.0;
+        double se = 0.0, zsum = 0.0;
         for (int64_t j = 0; j < C; j++) se += exp((double)z[j] - (double)mx);
+        if (a != 0.0)
+            for (int64_t j = 0; j < C; j++) zsum += (double)z[j] - (double)mx;
         /* relative to the max: (mx - z_l) + log(se) and exp(z - mx) / se stay exact for
            huge logits, where mx + log(se) would absorb log(se) (|z| ~ 1e30 and up) */
         double lse_rel = log(se);
-        int32_t l = lab[i];
-        int ok = l >= 0 && l < C;
-        total += ok ? ((double)mx - (double)z[l]) + lse_rel : NAN;
+        if (a == 0.0)
+            total += ((double)mx - (double)z[l]) + lse_rel;
+        else
+            total += (1.0 - a) * (((double)mx - (double)z[l]) + lse_rel) + a * (lse_rel - zsum / (double)C);
         if (g)
             for (int64_t j = 0; j < C; j++) {
-                double p = exp((double)z[j] - (double)mx) / se;
-                g[i * C + j] = ok ? (float)((p - (j == l ? 1.0 : 0.0)) / (double)M) : NAN;
+                double p = exp((double)z[j] - (double)mx) / se, q = (j == l ? 1.0 - a : 0.0) + a / (double)C;
+                g[i * C + j] = (float)((p - q) / (double)counted);
             }
     }
-    y[0] = M ? (float)(total / (double)M) : 0.0f;
+    y[0] = counted ? (float)(total / (double)counted) : 0.0f;
     return DPAR_OK;
 }
 static dpar_status dpar__cpu_op_mse(DPAR__CPU_OP_ARGS) {
@@ -6525,6 +7076,56 @@ static dpar_status dpar__cpu_op_attn_bwd_kv(DPAR__CPU_OP_ARGS) {
     DPAR_FREE(ak);
     return DPAR_OK;
 }
+/* the fused AdamW update on elements [lo, hi) (formula at dpar_adamw_desc) */
+static void dpar__adamw_range(const dpar__op *op, int64_t lo, int64_t hi) {
+    const float lr = op->f[0], b1 = op->f[1], b2 = op->f[2], eps = op->f[3], wd = op->f[4], cs = op->f[5];
+    const float c1 = op->f[6], c2 = op->f[7], ob1 = 1.0f - b1, ob2 = 1.0f - b2;
+    float *p = (float *)op->dst->mem, *m = (float *)op->dst2->mem, *v = (float *)op->dst3->mem;
+    const float *gr = (const float *)op->src0->mem;
+    for (int64_t i = lo; i < hi; i++) {
+        float g = gr[i] * cs;
+        float mi = b1 * m[i] + ob1 * g, vi = b2 * v[i] + ob2 * (g * g);
+        m[i] = mi;
+        v[i] = vi;
+        float u = (mi * c1) / (sqrtf(vi * c2) + eps) + wd * p[i];
+        p[i] = p[i] - lr * u;
+    }
+}
+static dpar_status dpar__cpu_op_adamw(DPAR__CPU_OP_ARGS) {
+    DPAR__CPU_OP_UNUSED;
+    dpar__adamw_range(op, 0, op->n);
+    return DPAR_OK;
+}
+static dpar_status dpar__cpu_op_embed(DPAR__CPU_OP_ARGS) {
+    DPAR__CPU_OP_UNUSED;
+    const int32_t *idx = (const int32_t *)x1;
+    int64_t K = op->m, D = op->n, bad = dpar__first_bad_index(idx, K, op->k, 0, 0);
+    if (bad >= 0) return dpar__bad_index((int)op->p[2], bad, idx[bad], op->k);
+    for (int64_t i = 0; i < K && D > 0; i++) memcpy(y + i * D, x0 + (int64_t)idx[i] * D, (size_t)D * sizeof(float));
+    return DPAR_OK;
+}
+static dpar_status dpar__cpu_op_embed_bwd(DPAR__CPU_OP_ARGS) {
+    DPAR__CPU_OP_UNUSED;
+    const int32_t *idx = (const int32_t *)x1;
+    int64_t K = op->m, D = op->n, bad = dpar__first_bad_index(idx, K, op->k, 0, 0);
+    if (bad >= 0) return dpar__bad_index((int)op->p[2], bad, idx[bad], op->k);
+    for (int64_t i = 0; i < K; i++) { /* positions in order: the GPU kernels add in the same order */
+        float *row = y + (int64_t)idx[i] * D;
+        for (int64_t d = 0; d < D; d++) row[d] += x0[i * D + d];
+    }
+    return DPAR_OK;
+}
+static dpar_status dpar__cpu_op_dropout(DPAR__CPU_OP_ARGS) {
+    DPAR__CPU_OP_UNUSED;
+    const float scale = op->f[0];
+    for (int64_t b = 0; b * 4 < op->n; b++) {
+        uint32_t w[4];
+        dpar__dropout_words(op, b, w);
+        for (int64_t e = b * 4; e < b * 4 + 4 && e < op->n; e++)
+            y[e] = dpar__dropout_keep(op, w, e) ? x0[e] * scale : 0.0f;
+    }
+    return DPAR_OK;
+}
 #undef DPAR__CPU_OP_ARGS
 #undef DPAR__CPU_OP_UNUSED
 
@@ -6552,6 +7153,11 @@ static const dpar__cpu_op_fn dpar__cpu_ops[] = {
     dpar__cpu_op_attn,           /* DPAR__OP_ATTN */
     dpar__cpu_op_attn_bwd_q,     /* DPAR__OP_ATTN_BWD_Q */
     dpar__cpu_op_attn_bwd_kv,    /* DPAR__OP_ATTN_BWD_KV */
+    /* >>optim kinds */
+    dpar__cpu_op_adamw,        /* DPAR__OP_ADAMW */
+    dpar__cpu_op_embed,        /* DPAR__OP_EMBED */
+    dpar__cpu_op_embed_bwd,    /* DPAR__OP_EMBED_BWD */
+    dpar__cpu_op_dropout,      /* DPAR__OP_DROPOUT */
 };
 typedef char dpar__cpu_ops_cover_every_kind[sizeof dpar__cpu_ops / sizeof dpar__cpu_ops[0] == DPAR__OP_COUNT ? 1 : -1];
 

@@ -1234,7 +1234,11 @@ static dpar_status dpar__cu_op(void *state, int dev, const dpar__op *op) {
         if (n == 0) return DPAR_OK;
         return dpar__cu_launch(st, dev, DPAR__CUK_RELU_BWD, dpar__cu_grid(n, 4, 8192), DPAR__CU_BLOCK, s, args);
     }
-    case DPAR__OP_SOFTMAX_XENT: return dpar__cu_op_xent(st, dev, op);
+    case DPAR__OP_SOFTMAX_XENT:
+        if (op->p[0] || op->f[0] != 0.0f)
+            return dpar__err(DPAR_ERR_BACKEND, "cuda: dpar_cross_entropy with an ignore label or label smoothing is "
+                                               "not implemented on this backend; use the cpu backend");
+        return dpar__cu_op_xent(st, dev, op);
     case DPAR__OP_MSE: {
         dpar__CUdeviceptr scr;
         unsigned g = dpar__cu_grid(n, 8, DPAR__CU_MAX_PARTIALS);
@@ -1293,9 +1297,9 @@ static dpar_status dpar__cu_op(void *state, int dev, const dpar__op *op) {
         return dpar__cu_launch(st, dev, DPAR__CUK_SGD, dpar__cu_grid(n, 16, 8192), DPAR__CU_BLOCK, s, args);
     }
     default:
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
-                         "cuda: unknown op kind %d (internal error: the core passes only dpar__op_kind values)",
-                         (int)op->kind);
+        return dpar__err(DPAR_ERR_BACKEND,
+                         "cuda: op %s (kind %d) is not implemented on this backend; use the cpu backend",
+                         dpar__op_name(op->kind), (int)op->kind);
     }
 }
 

@@ -1586,6 +1586,9 @@ static dpar_status dpar__vk_op(void *state, int dev, const dpar__op *op) {
         if (n == 0) return DPAR_OK;
         return dpar__vk_op_elementwise(st, dev, op, b, &pc);
     case DPAR__OP_SOFTMAX_XENT: {
+        if (op->p[0] || op->f[0] != 0.0f)
+            return dpar__err(DPAR_ERR_BACKEND, "vulkan: dpar_cross_entropy with an ignore label or label smoothing is "
+                                               "not implemented on this backend; use the cpu backend");
         int64_t rows = op->src1->count, cols = rows ? op->src0->count / rows : 0;
         pc.m = (uint32_t)rows;
         pc.n = (uint32_t)cols;
@@ -1627,7 +1630,10 @@ static dpar_status dpar__vk_op(void *state, int dev, const dpar__op *op) {
         return dpar__vk_dispatch(st, dev, DPAR__SPV_CAST, b, &pc,
                                  dpar__vk_groups(st->devs[dev].ph, half ? ((uint64_t)n + 1) / 2 : (uint64_t)n), 1);
     }
-    default: return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "vulkan: unknown op kind %d", (int)op->kind);
+    default:
+        return dpar__err(DPAR_ERR_BACKEND,
+                         "vulkan: op %s (kind %d) is not implemented on this backend; use the cpu backend",
+                         dpar__op_name(op->kind), (int)op->kind);
     }
 }
 
