@@ -1,9 +1,15 @@
 /* Checkpoints: round trip of replicated and sharded arrays, restore onto a
    different mesh (4 devices saved, 2 restored), ZeRO-1 padded state,
    corruption cases (truncated, flipped byte, wrong version, bad magic),
-   atomic write, and training resumed from a checkpoint bit for bit. */
+   atomic write, and training resumed from a checkpoint bit for bit.
+   Untrusted files, one test per kind: an entry count the file cannot hold,
+   count x dtype size overflow, duplicate names, unknown flags, /dev/zero and
+   a FIFO, and 2 threads x 25 saves to one path. */
 #include "testutil.h"
 #include "util/dpar_train.h"
+#include <dirent.h>
+#include <pthread.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static char g_dir[256];
@@ -54,6 +60,15 @@ static void spit(const char *p, const unsigned char *b, long n) {
     assert_non_null(f);
     assert_int_equal(fwrite(b, 1, (size_t)n, f), (size_t)n);
     fclose(f);
+}
+
+static int count_tmp_files(void) { /* "<name>.tmp.*" left in the test folder */
+    int k = 0;
+    DIR *d = opendir(g_dir);
+    assert_non_null(d);
+    for (struct dirent *de; (de = readdir(d));) k += strstr(de->d_name, ".tmp.") != NULL;
+    closedir(d);
+    return k;
 }
 
 static void test_crc32(void **st) {
@@ -209,9 +224,7 @@ static void test_atomic_write(void **st) {
     T_OK(dpar_checkpoint_save(path, e, 1, 2));
     long n2 = file_size(path);
     assert_true(n2 > 0 && n2 < n1);
-    char tmp[600];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    assert_int_equal(file_size(tmp), -1);
+    assert_int_equal(count_tmp_files(), 0);
     uint64_t step = 0;
     T_OK(dpar_checkpoint_restore(path, e, 1, &step));
     assert_int_equal(step, 2);
@@ -412,12 +425,238 @@ static void test_cross_backend(void **st) {
     dpar_runtime_destroy(rt);
 }
 
+/* >>untrusted files ==========================================================
+   Hand-made checkpoint images: a byte writer, then the header's length and the
+   CRC-32 trailer made valid, so what is tested is the check behind the CRC. */
+typedef struct {
+    unsigned char b[4096];
+    size_t n;
+} img_t;
+static void put32(img_t *m, uint32_t v) {
+    for (int i = 0; i < 4; i++) m->b[m->n++] = (unsigned char)(v >> (8 * i));
+}
+static void put64(img_t *m, uint64_t v) {
+    for (int i = 0; i < 8; i++) m->b[m->n++] = (unsigned char)(v >> (8 * i));
+}
+static void img_header(img_t *m, uint32_t count) {
+    m->n = 0;
+    memcpy(m->b, "DPARCKPT", 8);
+    m->n = 8;
+    put32(m, DPAR_CHECKPOINT_VERSION);
+    put32(m, count);
+    put64(m, 0); /* length: img_finish */
+    put64(m, 5); /* step */
+}
+/* name, dtype, ndim, shape, flags, data bytes (zeros) */
+static void img_entry(img_t *m, const char *name, dpar_dtype t, int nd, const uint64_t *shape, uint32_t flags,
+                      uint64_t nbytes, size_t zeros) {
+    put32(m, (uint32_t)strlen(name));
+    memcpy(m->b + m->n, name, strlen(name));
+    m->n += strlen(name);
+    put32(m, (uint32_t)t);
+    put32(m, (uint32_t)nd);
+    for (int d = 0; d < nd; d++) put64(m, shape[d]);
+    put32(m, flags);
+    put64(m, nbytes);
+    memset(m->b + m->n, 0, zeros);
+    m->n += zeros;
+}
+static void img_finish(img_t *m, const char *path) {
+    size_t len = m->n + 4;
+    for (int i = 0; i < 8; i++) m->b[16 + i] = (unsigned char)((uint64_t)len >> (8 * i));
+    uint32_t crc = dpar_crc32(0, m->b, m->n);
+    put32(m, crc);
+    spit(path, m->b, (long)m->n);
+}
+
+/* 36 bytes with a valid CRC asking for 4 billion entries: refused as
+   malformed before any allocation, not "out of host memory". Also an entry
+   count one more than the file holds. */
+static void test_huge_entry_count(void **st) {
+    (void)st;
+    dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 1);
+    dpar_mesh *m = t_mesh1(rt, 1, "data");
+    dpar_checkpoint_entry e[1] = { { "a", arr(m, DPAR_F32, 1, 2, 0, NULL, NULL), false } };
+    const char *p = tpath("huge.ckpt");
+    img_t im;
+    img_header(&im, 0xFFFFFFFFu);
+    img_finish(&im, p);
+    assert_int_equal(file_size(p), 36);
+    T_ERR(dpar_checkpoint_restore(p, e, 1, NULL), DPAR_ERR_IO, "4294967295 entries", "36 bytes", "malformed");
+    assert_null(strstr(dpar_last_error(), "memory"));
+    T_ERR(dpar_checkpoint_restore(p, NULL, 0, NULL), DPAR_ERR_IO, "4294967295 entries");
+    const uint64_t sh[1] = { 2 };
+    img_header(&im, 2); /* one entry written, two counted */
+    img_entry(&im, "a", DPAR_F32, 1, sh, 0, 8, 8);
+    img_finish(&im, p);
+    T_ERR(dpar_checkpoint_restore(p, e, 1, NULL), DPAR_ERR_IO, "counts 2 entries", "at most 1");
+    img_header(&im, 0); /* an empty checkpoint is fine */
+    img_finish(&im, p);
+    uint64_t step = 0;
+    T_OK(dpar_checkpoint_restore(p, NULL, 0, &step));
+    assert_int_equal(step, 5);
+    T_ERR(dpar_checkpoint_restore(p, e, 1, NULL), DPAR_ERR_INVALID_ARGUMENT, "no entry named 'a'");
+    dpar_runtime_destroy(rt);
+}
+
+/* CRC-valid entries whose element count x dtype size overflows 64 bits (the
+   stored byte count is the wrapped product), a dimension above INT64_MAX, a
+   data size past the end, name lengths 0 and 256: each refused by kind. */
+static void test_malformed_entries(void **st) {
+    (void)st;
+    dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 1);
+    dpar_mesh *m = t_mesh1(rt, 1, "data");
+    dpar_array *a = arr(m, DPAR_F32, 2, 2, 2, NULL, NULL);
+    dpar_checkpoint_entry e[1] = { { "x", a, false } };
+    float keep[4] = { 1, 2, 3, 4 }, y[4];
+    T_OK(dpar_array_put(a, keep));
+    const char *p = tpath("over.ckpt");
+    img_t im;
+    const uint64_t big[2] = { 1ull << 62, 8 };   /* count 2^65: wraps to 0 */
+    const uint64_t bytes[2] = { 1ull << 62, 1 }; /* count 2^62, x 4 bytes = 2^64: wraps to 0 */
+    const uint64_t neg[2] = { 1ull << 63, 1 };
+    img_header(&im, 1);
+    img_entry(&im, "x", DPAR_F32, 2, big, 0, 0, 0);
+    img_finish(&im, p);
+    T_ERR(dpar_checkpoint_restore(p, e, 1, NULL), DPAR_ERR_IO, "overflows", "entry 0");
+    img_header(&im, 1);
+    img_entry(&im, "x", DPAR_F32, 2, bytes, 0, 0, 0);
+    img_finish(&im, p);
+    T_ERR(dpar_checkpoint_restore(p, e, 1, NULL), DPAR_ERR_IO, "overflows");
+    img_header(&im, 1);
+    img_entry(&im, "x", DPAR_F32, 2, neg, 0, 0, 0);
+    img_finish(&im, p);
+    T_ERR(dpar_checkpoint_restore(p, e, 1, NULL), DPAR_ERR_IO, "dimension 0", "malformed");
+    const uint64_t sh[2] = { 2, 2 };
+    img_header(&im, 1); /* 16 bytes announced, 8 present */
+    img_entry(&im, "x", DPAR_F32, 2, sh, 0, 16, 8);
+    img_finish(&im, p);
+    T_ERR(dpar_checkpoint_restore(p, e, 1, NULL), DPAR_ERR_IO, "past the end");
+    img_header(&im, 1);
+    img_entry(&im, "", DPAR_F32, 2, sh, 0, 16, 16);
+    img_finish(&im, p);
+    T_ERR(dpar_checkpoint_restore(p, e, 1, NULL), DPAR_ERR_IO, "name of 0 bytes");
+    char longname[300];
+    memset(longname, 'n', 256);
+    longname[256] = 0;
+    img_header(&im, 1);
+    img_entry(&im, longname, DPAR_F32, 2, sh, 0, 16, 16);
+    img_finish(&im, p);
+    T_ERR(dpar_checkpoint_restore(p, e, 1, NULL), DPAR_ERR_IO, "name of 256 bytes");
+    img_header(&im, 1);
+    img_entry(&im, "x", (dpar_dtype)99, 2, sh, 0, 16, 16);
+    img_finish(&im, p);
+    T_ERR(dpar_checkpoint_restore(p, e, 1, NULL), DPAR_ERR_IO, "dtype 99");
+    img_header(&im, 1); /* and the well-formed one restores */
+    img_entry(&im, "x", DPAR_F32, 2, sh, 0, 16, 16);
+    img_finish(&im, p);
+    T_OK(dpar_array_get(a, y));
+    assert_memory_equal(y, keep, sizeof y);
+    T_OK(dpar_checkpoint_restore(p, e, 1, NULL));
+    T_OK(dpar_array_get(a, y));
+    assert_true(y[0] == 0.0f && y[3] == 0.0f);
+    dpar_runtime_destroy(rt);
+}
+
+/* Duplicate names and unknown flags are refused even with a valid CRC. */
+static void test_duplicates_and_flags(void **st) {
+    (void)st;
+    dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 1);
+    dpar_mesh *m = t_mesh1(rt, 1, "data");
+    dpar_checkpoint_entry e[1] = { { "w", arr(m, DPAR_F32, 1, 2, 0, NULL, NULL), false } };
+    const char *p = tpath("dup.ckpt");
+    const uint64_t sh[1] = { 2 };
+    img_t im;
+    img_header(&im, 3);
+    img_entry(&im, "w", DPAR_F32, 1, sh, 0, 8, 8);
+    img_entry(&im, "b", DPAR_F32, 1, sh, 0, 8, 8);
+    img_entry(&im, "w", DPAR_F32, 1, sh, 0, 8, 8);
+    img_finish(&im, p);
+    T_ERR(dpar_checkpoint_restore(p, e, 1, NULL), DPAR_ERR_IO, "two entries named 'w'");
+    T_ERR(dpar_checkpoint_restore(p, NULL, 0, NULL), DPAR_ERR_IO, "two entries named 'w'"); /* even if not asked */
+    img_header(&im, 2);
+    img_entry(&im, "w", DPAR_F32, 1, sh, 0, 8, 8);
+    img_entry(&im, "b", DPAR_F32, 1, sh, 0x2, 8, 8);
+    img_finish(&im, p);
+    T_ERR(dpar_checkpoint_restore(p, e, 1, NULL), DPAR_ERR_IO, "unknown flags 0x2", "entry 1");
+    img_header(&im, 1);
+    img_entry(&im, "w", DPAR_F32, 1, sh, 0x80000001u, 8, 8);
+    img_finish(&im, p);
+    T_ERR(dpar_checkpoint_restore(p, e, 1, NULL), DPAR_ERR_IO, "unknown flags 0x80000001");
+    dpar_runtime_destroy(rt);
+}
+
+/* Only regular files are read: /dev/zero, a FIFO without a writer (would
+   hang on open) and a directory are refused at once. */
+static void test_not_regular_files(void **st) {
+    (void)st;
+    dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 1);
+    dpar_mesh *m = t_mesh1(rt, 1, "data");
+    dpar_checkpoint_entry e[1] = { { "a", arr(m, DPAR_F32, 1, 2, 0, NULL, NULL), false } };
+    T_ERR(dpar_checkpoint_restore("/dev/zero", e, 1, NULL), DPAR_ERR_IO, "/dev/zero", "not a regular file",
+          "character device");
+    const char *fifo = tpath("fifo.ckpt");
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    T_ERR(dpar_checkpoint_restore(fifo, e, 1, NULL), DPAR_ERR_IO, "fifo.ckpt", "FIFO", "regular files only");
+    T_ERR(dpar_checkpoint_restore(g_dir, e, 1, NULL), DPAR_ERR_IO, "directory");
+    remove(fifo);
+    dpar_runtime_destroy(rt);
+}
+
+/* Two threads each save 25 times to one path: every save succeeds, no
+   temporary is left, and the file restores whole (one thread's array). */
+typedef struct {
+    dpar_array *a;
+    const char *path;
+    int failed;
+    char err[256];
+} saver_t;
+static void *saver(void *arg) {
+    saver_t *s = (saver_t *)arg;
+    dpar_checkpoint_entry e[1] = { { "v", s->a, false } };
+    for (int i = 0; i < 25; i++)
+        if (dpar_checkpoint_save(s->path, e, 1, (uint64_t)i) != DPAR_OK && !s->failed++)
+            snprintf(s->err, sizeof s->err, "%s", dpar_last_error());
+    return NULL;
+}
+static void test_concurrent_saves(void **st) {
+    (void)st;
+    const char *path = tpath("shared.ckpt");
+    dpar_runtime *rt[2];
+    saver_t sv[2];
+    pthread_t th[2];
+    float x[2][64], y[64];
+    for (int t = 0; t < 2; t++) {
+        rt[t] = t_runtime(DPAR_BACKEND_CPU, 1);
+        dpar_mesh *m = t_mesh1(rt[t], 1, "data");
+        for (int i = 0; i < 64; i++) x[t][i] = (float)(t * 1000 + i);
+        memset(&sv[t], 0, sizeof sv[t]);
+        sv[t].a = arr(m, DPAR_F32, 1, 64, 0, NULL, NULL);
+        sv[t].path = path;
+        T_OK(dpar_array_put(sv[t].a, x[t]));
+    }
+    for (int t = 0; t < 2; t++) assert_int_equal(pthread_create(&th[t], NULL, saver, &sv[t]), 0);
+    for (int t = 0; t < 2; t++) pthread_join(th[t], NULL);
+    for (int t = 0; t < 2; t++)
+        if (sv[t].failed) fail_msg("thread %d: %d of 25 saves failed: %s", t, sv[t].failed, sv[t].err);
+    assert_int_equal(count_tmp_files(), 0);
+    dpar_checkpoint_entry e[1] = { { "v", sv[0].a, false } };
+    uint64_t step = 0;
+    T_OK(dpar_checkpoint_restore(path, e, 1, &step));
+    assert_int_equal(step, 24);
+    T_OK(dpar_array_get(sv[0].a, y));
+    assert_true(!memcmp(y, x[0], sizeof y) || !memcmp(y, x[1], sizeof y));
+    for (int t = 0; t < 2; t++) dpar_runtime_destroy(rt[t]);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_crc32),          cmocka_unit_test(test_roundtrip_other_mesh),
         cmocka_unit_test(test_corruption),     cmocka_unit_test(test_atomic_write),
         cmocka_unit_test(test_resume_bitwise), cmocka_unit_test(test_padded_rule),
-        cmocka_unit_test(test_cross_backend),
+        cmocka_unit_test(test_cross_backend),  cmocka_unit_test(test_huge_entry_count),
+        cmocka_unit_test(test_malformed_entries), cmocka_unit_test(test_duplicates_and_flags),
+        cmocka_unit_test(test_not_regular_files), cmocka_unit_test(test_concurrent_saves),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -179,20 +179,30 @@ typedef struct dpar_checkpoint_entry {
                     as every element beyond the shorter length is zero */
 } dpar_checkpoint_entry;
 #define DPAR_CHECKPOINT_VERSION 1
-/* Saves `n` entries and a step counter to `path` atomically: written to
-   "<path>.tmp.<pid>", fsync'ed, renamed over `path` (and the directory
-   fsync'ed), so a crash leaves either the old file or the new one, never a
-   half-written one. Outside fn.
+/* Saves `n` entries and a step counter to `path` atomically: written to a
+   temporary "<path>.tmp.<pid>.<k>" created exclusively (k unique in the
+   process), fsync'ed, renamed over `path`, and the directory fsync'ed, so a
+   crash leaves either the old file or the new one, never a half-written one.
+   Concurrent saves to one path (threads or processes) each succeed, and the
+   file is whole: the last rename wins. Outside fn.
    Errors: DPAR_ERR_INVALID_ARGUMENT (NULL, bad or duplicate name),
    DPAR_ERR_IO (naming the path and the system error; the temporary is
    removed), DPAR_ERR_OUT_OF_MEMORY. */
 DPAR_API dpar_status dpar_checkpoint_save(const char *path, const dpar_checkpoint_entry *entries, int n, uint64_t step);
 /* Restores the `n` entries by name (entries of the file not asked for are
    skipped) and the step counter (*step, may be NULL). The whole file is
-   checked before any array changes: on any error nothing was modified.
-   Errors: DPAR_ERR_IO for a missing, truncated or corrupted file (bad magic,
-   wrong format version, length differing from the header, CRC-32 mismatch,
-   malformed entry; the text names the path and what is wrong);
+   checked before any array changes: on any error nothing was modified
+   (unless the file changes during the restore: then the error says so).
+   The file is untrusted input: only a regular file is read (a FIFO or a
+   device is refused without reading), every length is checked against the
+   file's size before use, and it is streamed: memory is a 64 KiB window,
+   24 bytes per entry and the asked arrays, whatever the file claims.
+   Errors: DPAR_ERR_IO for a missing, non-regular, truncated or corrupted
+   file (bad magic, wrong format version, length differing from the header,
+   CRC-32 mismatch, malformed entry: an entry count, name length, shape or
+   data size the file cannot hold, element count x dtype size overflowing,
+   unknown flags, two entries of one name; the text names the path and what
+   is wrong);
    DPAR_ERR_INVALID_ARGUMENT (an asked name not in the file), DPAR_ERR_DTYPE,
    DPAR_ERR_SHAPE (stored and wanted shapes, both named), DPAR_ERR_OUT_OF_MEMORY. */
 DPAR_API dpar_status dpar_checkpoint_restore(const char *path, const dpar_checkpoint_entry *entries, int n,
@@ -217,6 +227,7 @@ DPAR_API uint32_t dpar_crc32(uint32_t crc, const void *data, size_t n);
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #ifndef DPAR_MALLOC
@@ -1000,6 +1011,36 @@ static dpar_status dpar_ckpt__check_entries(const char *fn, const dpar_checkpoin
     return DPAR_OK;
 }
 
+/* Creates "<path>.tmp.<pid>.<k>" exclusively (O_EXCL), k unique in the
+   process, so concurrent saves to one path never share a temporary. NULL with
+   errno set when it cannot; tmp holds the last name tried. */
+static FILE *dpar_ckpt__create_tmp(const char *path, char *tmp, size_t cap) {
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    static unsigned long seq;
+    int flags = O_WRONLY | O_CREAT | O_EXCL;
+#ifdef O_CLOEXEC
+    flags |= O_CLOEXEC;
+#endif
+    for (int tries = 0; tries < 100; tries++) { /* a name left by a crashed process of the same pid is skipped */
+        pthread_mutex_lock(&mu);
+        unsigned long k = seq++;
+        pthread_mutex_unlock(&mu);
+        snprintf(tmp, cap, "%s.tmp.%ld.%lu", path, (long)getpid(), k);
+        int fd = open(tmp, flags, 0666);
+        if (fd < 0 && errno == EEXIST) continue;
+        if (fd < 0) return NULL;
+        FILE *f = fdopen(fd, "wb");
+        if (!f) {
+            int err = errno;
+            close(fd);
+            remove(tmp);
+            errno = err;
+        }
+        return f;
+    }
+    return NULL;
+}
+
 DPAR_API dpar_status dpar_checkpoint_save(const char *path, const dpar_checkpoint_entry *e, int n, uint64_t step) {
     dpar_train__clear_error();
     if (!path || !*path)
@@ -1018,7 +1059,7 @@ DPAR_API dpar_status dpar_checkpoint_save(const char *path, const dpar_checkpoin
         if (nb > maxnb) maxnb = nb;
     }
     size_t plen = strlen(path);
-    char *tmp = (char *)DPAR_MALLOC(plen + 32);
+    char *tmp = (char *)DPAR_MALLOC(plen + 48);
     void *data = DPAR_MALLOC(maxnb);
     if (!tmp || !data) {
         DPAR_FREE(tmp);
@@ -1026,11 +1067,10 @@ DPAR_API dpar_status dpar_checkpoint_save(const char *path, const dpar_checkpoin
         return dpar_set_last_error(DPAR_ERR_OUT_OF_MEMORY, "dpar_checkpoint_save: out of host memory (%zu bytes)",
                                    maxnb);
     }
-    snprintf(tmp, plen + 32, "%s.tmp.%ld", path, (long)getpid());
     dpar_ckpt__writer w;
     w.crc = 0;
     w.err = 0;
-    w.f = fopen(tmp, "wb");
+    w.f = dpar_ckpt__create_tmp(path, tmp, plen + 48);
     if (!w.f) {
         s = dpar_set_last_error(DPAR_ERR_IO, "dpar_checkpoint_save: cannot create '%s': %s", tmp, strerror(errno));
         DPAR_FREE(tmp);
@@ -1109,119 +1149,377 @@ DPAR_API dpar_status dpar_checkpoint_save(const char *path, const dpar_checkpoin
     return s;
 }
 
-typedef struct dpar_ckpt__rec {
-    const char *name;
-    uint32_t name_len;
-    uint32_t dtype, ndim, flags;
-    int64_t shape[DPAR_MAX_DIMS];
-    const unsigned char *data;
-    uint64_t nbytes;
-} dpar_ckpt__rec;
+/* The reader: a regular file streamed front to back through a 64 KiB window
+   with the CRC-32 of every byte consumed, so memory stays bounded whatever
+   the file claims. Only the asked entries' data is read a second time. */
+enum { DPAR_CKPT__WINDOW = 65536, DPAR_CKPT__MIN_ENTRY = 4 + 1 + 4 + 4 + 4 + 8 };
+typedef struct dpar_ckpt__in {
+    const char *path;
+    int fd;
+    uint64_t size, pos, end; /* file bytes; bytes consumed; where the entries end (size - 4) */
+    unsigned char *win;
+    size_t have, off; /* bytes in the window; of them consumed */
+    uint32_t crc;
+    int err;   /* errno of a failed read (EIO: the file got shorter while read) */
+    int ended; /* a read went past the end of the entries (or failed) */
+} dpar_ckpt__in;
 
-/* Checks a whole checkpoint image (magic, version, length, CRC-32, entries). */
-static dpar_status dpar_ckpt__parse(const char *path, const unsigned char *buf, size_t len, int rerr,
-                                    dpar_ckpt__rec **recs_out, uint32_t *nrec_out) {
-    dpar_status s = DPAR_OK;
-    if (rerr) return dpar_set_last_error(DPAR_ERR_IO, "dpar_checkpoint_restore: reading '%s' failed", path);
-    if (len < 8 || memcmp(buf, DPAR_CKPT__MAGIC, 8) != 0) {
-        s = dpar_set_last_error(
+/* Consumes up to `want` (> 0) of the next bytes; *p points at them in the
+   window. Returns how many: 0 at the end of the entries or on a read error. */
+static size_t dpar_ckpt__next(dpar_ckpt__in *in, uint64_t want, const unsigned char **p) {
+    if (in->err || in->pos >= in->end) return 0;
+    if (in->off == in->have) {
+        uint64_t left = in->end - in->pos;
+        size_t ask = left < DPAR_CKPT__WINDOW ? (size_t)left : (size_t)DPAR_CKPT__WINDOW;
+        ssize_t got;
+        do
+            got = read(in->fd, in->win, ask);
+        while (got < 0 && errno == EINTR);
+        if (got <= 0) {
+            in->err = got < 0 ? errno : EIO;
+            return 0;
+        }
+        in->have = (size_t)got;
+        in->off = 0;
+    }
+    size_t k = in->have - in->off;
+    if (want < k) k = (size_t)want;
+    *p = in->win + in->off;
+    in->off += k;
+    in->pos += k;
+    in->crc = dpar_crc32(in->crc, *p, k);
+    return k;
+}
+/* Copies the next n bytes to dst (NULL: skips them). 0 when all were there. */
+static int dpar_ckpt__get(dpar_ckpt__in *in, void *dst, uint64_t n) {
+    unsigned char *d = (unsigned char *)dst;
+    while (n) {
+        const unsigned char *p;
+        size_t k = dpar_ckpt__next(in, n, &p);
+        if (!k) {
+            in->ended = 1;
+            return -1;
+        }
+        if (d) {
+            memcpy(d, p, k);
+            d += k;
+        }
+        n -= k;
+    }
+    return 0;
+}
+/* pread of exactly n bytes at off; 0 when all were read */
+static int dpar_ckpt__pread(int fd, void *dst, size_t n, uint64_t off) {
+    unsigned char *d = (unsigned char *)dst;
+    while (n) {
+        ssize_t got = pread(fd, d, n, (off_t)off);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) return -1;
+        d += got;
+        n -= (size_t)got;
+        off += (uint64_t)got;
+    }
+    return 0;
+}
+
+/* Opens `path` for reading if it is a regular file. O_NONBLOCK: opening a
+   FIFO must not wait for a writer (it is refused right after). */
+static dpar_status dpar_ckpt__open(const char *path, int *fd_out, uint64_t *size) {
+    int flags = O_RDONLY | O_NONBLOCK;
+#ifdef O_CLOEXEC
+    flags |= O_CLOEXEC;
+#endif
+    int fd = *fd_out = open(path, flags);
+    if (fd < 0)
+        return dpar_set_last_error(DPAR_ERR_IO, "dpar_checkpoint_restore: cannot open '%s': %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0)
+        return dpar_set_last_error(DPAR_ERR_IO, "dpar_checkpoint_restore: cannot stat '%s': %s", path, strerror(errno));
+    if (!S_ISREG(st.st_mode))
+        return dpar_set_last_error(DPAR_ERR_IO,
+                                   "dpar_checkpoint_restore: '%s' is not a regular file (a %s); checkpoints are read "
+                                   "from regular files only",
+                                   path,
+                                   S_ISDIR(st.st_mode)    ? "directory"
+                                   : S_ISFIFO(st.st_mode) ? "FIFO"
+                                   : S_ISCHR(st.st_mode)  ? "character device"
+                                   : S_ISBLK(st.st_mode)  ? "block device"
+                                   : S_ISSOCK(st.st_mode) ? "socket"
+                                                          : "special file");
+    *size = (uint64_t)st.st_size;
+    return DPAR_OK;
+}
+
+/* Magic, size, version and length of the header, read into hdr; afterwards
+   the stream stands at the first entry. */
+static dpar_status dpar_ckpt__header(dpar_ckpt__in *in, unsigned char *hdr) {
+    const char *path = in->path;
+    unsigned char magic[8];
+    if (in->size < 8 || dpar_ckpt__pread(in->fd, magic, 8, 0) || memcmp(magic, DPAR_CKPT__MAGIC, 8) != 0)
+        return dpar_set_last_error(
             DPAR_ERR_IO, "dpar_checkpoint_restore: '%s' is not a dpar checkpoint (it does not start with \"%s\")", path,
             DPAR_CKPT__MAGIC);
-        return s;
+    if (in->size < DPAR_CKPT__HEADER + 4)
+        return dpar_set_last_error(
+            DPAR_ERR_IO, "dpar_checkpoint_restore: '%s' is truncated: %llu bytes, less than the %d of an empty checkpoint",
+            path, (unsigned long long)in->size, (int)DPAR_CKPT__HEADER + 4);
+    in->end = in->size - 4;
+    if (dpar_ckpt__get(in, hdr, DPAR_CKPT__HEADER))
+        return dpar_set_last_error(DPAR_ERR_IO, "dpar_checkpoint_restore: reading '%s' failed: %s", path,
+                                   strerror(in->err));
+    uint32_t ver = dpar_ckpt__rd32(hdr + 8);
+    if (ver != DPAR_CHECKPOINT_VERSION)
+        return dpar_set_last_error(DPAR_ERR_IO,
+                                   "dpar_checkpoint_restore: '%s' has format version %u but this dpar.h reads version "
+                                   "%d; restore it with a matching dpar.h",
+                                   path, ver, (int)DPAR_CHECKPOINT_VERSION);
+    uint64_t want = dpar_ckpt__rd64(hdr + 16);
+    if (want != in->size)
+        return dpar_set_last_error(DPAR_ERR_IO,
+                                   "dpar_checkpoint_restore: '%s' is %llu bytes but its header says %llu: %s", path,
+                                   (unsigned long long)in->size, (unsigned long long)want,
+                                   in->size < want ? "the file is truncated (an interrupted copy?)"
+                                                   : "the file is corrupted or has trailing data");
+    return DPAR_OK;
+}
+
+/* What the file holds for one asked entry. */
+typedef struct dpar_ckpt__want {
+    int found, tail_nonzero; /* tail: a byte beyond the array's size is not zero */
+    uint32_t dtype, ndim;
+    int64_t shape[DPAR_MAX_DIMS];
+    uint64_t nbytes, off; /* stored data bytes, where they start */
+    uint64_t take;        /* bytes restored: min(nbytes, the array's bytes) */
+    uint32_t crc;         /* CRC-32 of those bytes */
+} dpar_ckpt__want;
+/* Every entry's name, by hash, to find duplicates without keeping names. */
+typedef struct dpar_ckpt__name {
+    uint64_t hash, off;
+    uint32_t len;
+} dpar_ckpt__name;
+static int dpar_ckpt__name_cmp(const void *x, const void *y) {
+    const dpar_ckpt__name *a = (const dpar_ckpt__name *)x, *b = (const dpar_ckpt__name *)y;
+    return a->hash != b->hash ? (a->hash < b->hash ? -1 : 1) : a->len != b->len ? (a->len < b->len ? -1 : 1) : 0;
+}
+
+#define DPAR_CKPT__BAD(...) dpar_set_last_error(DPAR_ERR_IO, "dpar_checkpoint_restore: " __VA_ARGS__)
+/* Dtype, shape, flags and data size of the entry at the stream, checked
+   (count x dtype size without overflow, data within the file). When the
+   stream ends first: DPAR_ERR_IO with in->ended set and no text. */
+static dpar_status dpar_ckpt__entry_meta(dpar_ckpt__in *in, uint32_t r, dpar_ckpt__want *w) {
+    unsigned char b[12];
+    if (dpar_ckpt__get(in, b, 8)) return DPAR_ERR_IO;
+    w->dtype = dpar_ckpt__rd32(b);
+    w->ndim = dpar_ckpt__rd32(b + 4);
+    size_t es = w->dtype < (uint32_t)DPAR_DTYPE_COUNT ? dpar_dtype_size((dpar_dtype)w->dtype) : 0;
+    if (!es || w->ndim > DPAR_MAX_DIMS)
+        return DPAR_CKPT__BAD("'%s': entry %u has dtype %u / ndim %u (malformed file)", in->path, r, w->dtype, w->ndim);
+    uint64_t cnt = 1;
+    int over = 0;
+    for (uint32_t d = 0; d < w->ndim; d++) {
+        if (dpar_ckpt__get(in, b, 8)) return DPAR_ERR_IO;
+        uint64_t x = dpar_ckpt__rd64(b);
+        if (x > (uint64_t)INT64_MAX)
+            return DPAR_CKPT__BAD("'%s': entry %u has dimension %u of %llu (malformed file)", in->path, r, d,
+                                  (unsigned long long)x);
+        w->shape[d] = (int64_t)x;
+        if (x && cnt > UINT64_MAX / x) over = 1;
+        cnt *= x;
     }
-    if (len < DPAR_CKPT__HEADER + 4) {
-        s = dpar_set_last_error(
-            DPAR_ERR_IO,
-            "dpar_checkpoint_restore: '%s' is truncated: %zu bytes, less than the %d of an empty checkpoint", path, len,
-            (int)DPAR_CKPT__HEADER + 4);
-        return s;
+    if (!over && cnt > UINT64_MAX / es) over = 1;
+    if (dpar_ckpt__get(in, b, 12)) return DPAR_ERR_IO;
+    uint32_t flags = dpar_ckpt__rd32(b);
+    w->nbytes = dpar_ckpt__rd64(b + 4);
+    if (flags & ~1u)
+        return DPAR_CKPT__BAD("'%s': entry %u has unknown flags 0x%x (only 0x1, padded, is defined; malformed file "
+                              "or a newer format)",
+                              in->path, r, flags);
+    if (over)
+        return DPAR_CKPT__BAD("'%s': entry %u: its element count times %zu bytes overflows 64 bits (malformed file)",
+                              in->path, r, es);
+    if (w->nbytes != cnt * es)
+        return DPAR_CKPT__BAD("'%s': entry %u holds %llu bytes but its shape needs %llu (malformed file)", in->path, r,
+                              (unsigned long long)w->nbytes, (unsigned long long)(cnt * es));
+    if (w->nbytes > in->end - in->pos) {
+        in->ended = 1;
+        return DPAR_ERR_IO;
     }
-    uint32_t ver = dpar_ckpt__rd32(buf + 8);
-    if (ver != DPAR_CHECKPOINT_VERSION) {
-        s = dpar_set_last_error(DPAR_ERR_IO,
-                                "dpar_checkpoint_restore: '%s' has format version %u but this dpar.h reads version %d; "
-                                "restore it with a matching dpar.h",
-                                path, ver, (int)DPAR_CHECKPOINT_VERSION);
-        return s;
-    }
-    uint64_t want = dpar_ckpt__rd64(buf + 16);
-    if (want != (uint64_t)len) {
-        s = dpar_set_last_error(DPAR_ERR_IO, "dpar_checkpoint_restore: '%s' is %zu bytes but its header says %llu: %s",
-                                path, len, (unsigned long long)want,
-                                (uint64_t)len < want ? "the file is truncated (an interrupted copy?)"
-                                                     : "the file is corrupted or has trailing data");
-        return s;
-    }
-    uint32_t stored = dpar_ckpt__rd32(buf + len - 4), crc = dpar_crc32(0, buf, len - 4);
-    if (stored != crc) {
-        s = dpar_set_last_error(
-            DPAR_ERR_IO,
-            "dpar_checkpoint_restore: '%s' is corrupted: CRC-32 of the contents is 0x%08x but the file records 0x%08x",
-            path, crc, stored);
-        return s;
-    }
-    uint32_t nrec = *nrec_out = dpar_ckpt__rd32(buf + 12);
-    dpar_ckpt__rec *recs = *recs_out = (dpar_ckpt__rec *)dpar_train__calloc(nrec ? nrec : 1, sizeof *recs);
-    if (!recs) return dpar_set_last_error(DPAR_ERR_OUT_OF_MEMORY, "dpar_checkpoint_restore: out of host memory");
-    {
-        size_t at = DPAR_CKPT__HEADER, end = len - 4;
-#define DPAR_CKPT__NEED(k)                                                                                             \
-    do {                                                                                                               \
-        if ((uint64_t)(k) > (uint64_t)(end - at)) {                                                                    \
-            s = dpar_set_last_error(                                                                                   \
-                DPAR_ERR_IO, "dpar_checkpoint_restore: '%s': entry %u runs past the end of the data (malformed file)", \
-                path, r);                                                                                              \
-            return s;                                                                                                  \
-        }                                                                                                              \
-    } while (0)
-        for (uint32_t r = 0; r < nrec; r++) {
-            dpar_ckpt__rec *c = &recs[r];
-            DPAR_CKPT__NEED(4);
-            c->name_len = dpar_ckpt__rd32(buf + at);
-            at += 4;
-            DPAR_CKPT__NEED(c->name_len);
-            c->name = (const char *)buf + at;
-            at += c->name_len;
-            DPAR_CKPT__NEED(8);
-            c->dtype = dpar_ckpt__rd32(buf + at);
-            c->ndim = dpar_ckpt__rd32(buf + at + 4);
-            at += 8;
-            if (c->dtype >= DPAR_DTYPE_COUNT || c->ndim > DPAR_MAX_DIMS) {
-                s = dpar_set_last_error(
-                    DPAR_ERR_IO, "dpar_checkpoint_restore: '%s': entry %u has dtype %u / ndim %u (malformed file)",
-                    path, r, c->dtype, c->ndim);
-                return s;
-            }
-            DPAR_CKPT__NEED(8 * (uint64_t)c->ndim);
-            uint64_t cnt = 1;
-            for (uint32_t d = 0; d < c->ndim; d++) {
-                c->shape[d] = (int64_t)dpar_ckpt__rd64(buf + at);
-                cnt *= (uint64_t)c->shape[d];
-                at += 8;
-            }
-            DPAR_CKPT__NEED(12);
-            c->flags = dpar_ckpt__rd32(buf + at);
-            c->nbytes = dpar_ckpt__rd64(buf + at + 4);
-            at += 12;
-            if (c->nbytes != cnt * dpar_dtype_size((dpar_dtype)c->dtype)) {
-                s = dpar_set_last_error(DPAR_ERR_IO,
-                                        "dpar_checkpoint_restore: '%s': entry %u holds %llu bytes but its shape needs "
-                                        "%llu (malformed file)",
-                                        path, r, (unsigned long long)c->nbytes,
-                                        (unsigned long long)(cnt * dpar_dtype_size((dpar_dtype)c->dtype)));
-                return s;
-            }
-            DPAR_CKPT__NEED(c->nbytes);
-            c->data = buf + at;
-            at += (size_t)c->nbytes;
+    return DPAR_OK;
+}
+/* Streams the data of an entry: its CRC (first w->take bytes) and whether
+   anything after them is non-zero. */
+static int dpar_ckpt__entry_data(dpar_ckpt__in *in, dpar_ckpt__want *w) {
+    uint64_t k = 0;
+    w->crc = 0;
+    w->tail_nonzero = 0;
+    while (k < w->nbytes) {
+        const unsigned char *p;
+        size_t got = dpar_ckpt__next(in, w->nbytes - k, &p), head = 0;
+        if (!got) {
+            in->ended = 1;
+            return -1;
         }
-#undef DPAR_CKPT__NEED
-        if (at != end) {
+        if (k < w->take) {
+            head = w->take - k < got ? (size_t)(w->take - k) : got;
+            w->crc = dpar_crc32(w->crc, p, head);
+        }
+        for (size_t i = head; i < got && !w->tail_nonzero; i++) w->tail_nonzero = p[i] != 0;
+        k += got;
+    }
+    return 0;
+}
+
+/* One entry at the stream: its name recorded for the duplicate check; when
+   it is asked for (e[0..n)) described in want[]. in->ended as for _entry_meta. */
+static dpar_status dpar_ckpt__scan_one(dpar_ckpt__in *in, uint32_t r, const dpar_checkpoint_entry *e, int n,
+                                       dpar_ckpt__want *want, dpar_ckpt__name *nm) {
+    unsigned char b[4];
+    char name[DPAR_CKPT__NAME_MAX + 1];
+    dpar_ckpt__want tmp, *w = &tmp;
+    if (dpar_ckpt__get(in, b, 4)) return DPAR_ERR_IO;
+    uint32_t nl = dpar_ckpt__rd32(b);
+    if (nl == 0 || nl > DPAR_CKPT__NAME_MAX)
+        return DPAR_CKPT__BAD("'%s': entry %u has a name of %u bytes; names have 1 to %d (malformed file)", in->path,
+                              r, nl, (int)DPAR_CKPT__NAME_MAX);
+    nm->off = in->pos;
+    nm->len = nl;
+    if (dpar_ckpt__get(in, name, nl)) return DPAR_ERR_IO;
+    name[nl] = 0;
+    nm->hash = 1469598103934665603ull; /* FNV-1a */
+    for (uint32_t i = 0; i < nl; i++) nm->hash = (nm->hash ^ (unsigned char)name[i]) * 1099511628211ull;
+    for (int i = 0; i < n; i++)
+        if (strlen(e[i].name) == nl && !memcmp(e[i].name, name, nl)) w = &want[i];
+    dpar_status s = dpar_ckpt__entry_meta(in, r, w);
+    if (s) return s;
+    w->found = 1;
+    w->off = in->pos;
+    if (w == &tmp) return dpar_ckpt__get(in, NULL, w->nbytes) ? DPAR_ERR_IO : DPAR_OK;
+    const dpar_array *a = e[w - want].array;
+    uint64_t nb = (uint64_t)dpar_train__count(a) * dpar_dtype_size(dpar_array_dtype(a));
+    w->take = w->nbytes < nb ? w->nbytes : nb;
+    return dpar_ckpt__entry_data(in, w) ? DPAR_ERR_IO : DPAR_OK;
+}
+/* Walks the nrec entries; a stream that ends early is malformed. */
+static dpar_status dpar_ckpt__scan(dpar_ckpt__in *in, uint32_t nrec, const dpar_checkpoint_entry *e, int n,
+                                   dpar_ckpt__want *want, dpar_ckpt__name *names) {
+    for (uint32_t r = 0; r < nrec; r++) {
+        dpar_status s = dpar_ckpt__scan_one(in, r, e, n, want, &names[r]);
+        if (s && !in->ended) return s;
+        if (s && in->err) return DPAR_CKPT__BAD("reading '%s' failed: %s", in->path, strerror(in->err));
+        if (s) return DPAR_CKPT__BAD("'%s': entry %u runs past the end of the data (malformed file)", in->path, r);
+    }
+    if (in->pos != in->end)
+        return DPAR_CKPT__BAD("'%s': %llu bytes after the last entry (malformed file)", in->path,
+                              (unsigned long long)(in->end - in->pos));
+    return DPAR_OK;
+}
+
+/* Refuses two entries of one name (sorted by hash; equal hashes compared). */
+static dpar_status dpar_ckpt__no_duplicates(dpar_ckpt__in *in, dpar_ckpt__name *names, uint32_t nrec) {
+    qsort(names, nrec, sizeof *names, dpar_ckpt__name_cmp);
+    for (uint32_t r = 1; r < nrec; r++) {
+        char x[DPAR_CKPT__NAME_MAX + 1], y[DPAR_CKPT__NAME_MAX + 1];
+        if (dpar_ckpt__name_cmp(&names[r - 1], &names[r])) continue;
+        if (dpar_ckpt__pread(in->fd, x, names[r].len, names[r].off) ||
+            dpar_ckpt__pread(in->fd, y, names[r].len, names[r - 1].off))
+            return DPAR_CKPT__BAD("reading '%s' failed: %s", in->path, strerror(errno ? errno : EIO));
+        x[names[r].len] = y[names[r].len] = 0;
+        if (!memcmp(x, y, names[r].len))
+            return DPAR_CKPT__BAD("'%s' has two entries named '%s' (malformed file)", in->path, x);
+    }
+    return DPAR_OK;
+}
+
+/* Reads and checks the whole file: header, entries, CRC-32, duplicates.
+   A CRC mismatch is reported before what it may have caused. */
+static dpar_status dpar_ckpt__check_file(dpar_ckpt__in *in, const dpar_checkpoint_entry *e, int n,
+                                         dpar_ckpt__want *want, unsigned char *hdr) {
+    const char *path = in->path;
+    dpar_status s = dpar_ckpt__header(in, hdr);
+    if (s) return s;
+    uint32_t nrec = dpar_ckpt__rd32(hdr + 12);
+    uint64_t most = (in->end - DPAR_CKPT__HEADER) / DPAR_CKPT__MIN_ENTRY;
+    dpar_ckpt__name *names = NULL;
+    if (nrec > most)
+        s = DPAR_CKPT__BAD("'%s' counts %u entries in its header but %llu bytes hold at most %llu (malformed file)",
+                           path, nrec, (unsigned long long)in->size, (unsigned long long)most);
+    else if (!(names = (dpar_ckpt__name *)dpar_train__calloc(nrec ? nrec : 1, sizeof *names)))
+        return dpar_set_last_error(DPAR_ERR_OUT_OF_MEMORY, "dpar_checkpoint_restore: out of host memory (%u entries)",
+                                   nrec);
+    if (!s) s = dpar_ckpt__scan(in, nrec, e, n, want, names);
+    if (!in->err) (void)dpar_ckpt__get(in, NULL, in->end - in->pos); /* the rest, for the CRC */
+    unsigned char b[4];
+    if (in->err || dpar_ckpt__pread(in->fd, b, 4, in->end)) {
+        s = DPAR_CKPT__BAD("reading '%s' failed: %s", path, strerror(in->err ? in->err : EIO));
+    } else if (dpar_ckpt__rd32(b) != in->crc) {
+        s = DPAR_CKPT__BAD("'%s' is corrupted: CRC-32 of the contents is 0x%08x but the file records 0x%08x", path,
+                           in->crc, dpar_ckpt__rd32(b));
+    } else if (!s)
+        s = dpar_ckpt__no_duplicates(in, names, nrec);
+    DPAR_FREE(names);
+    return s;
+}
+#undef DPAR_CKPT__BAD
+
+/* Every asked entry against what the file holds for it; nothing changes. */
+static dpar_status dpar_ckpt__match(const char *path, const dpar_checkpoint_entry *e, int n,
+                                    const dpar_ckpt__want *want) {
+    for (int i = 0; i < n; i++) {
+        const dpar_array *a = e[i].array;
+        const dpar_ckpt__want *c = &want[i];
+        if (!c->found)
+            return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT,
+                                       "dpar_checkpoint_restore: '%s' has no entry named '%s'", path, e[i].name);
+        if (c->dtype != (uint32_t)dpar_array_dtype(a))
+            return dpar_set_last_error(DPAR_ERR_DTYPE,
+                                       "dpar_checkpoint_restore: entry '%s' is %s in '%s' but the array is %s",
+                                       e[i].name, dpar_dtype_name((dpar_dtype)c->dtype), path,
+                                       dpar_dtype_name(dpar_array_dtype(a)));
+        int same = c->ndim == (uint32_t)dpar_array_ndim(a);
+        for (int d = 0; same && d < dpar_array_ndim(a); d++) same = c->shape[d] == dpar_array_dim(a, d);
+        if (!same && e[i].padded && c->ndim == 1) {
+            /* accept another padding as long as what is cut off is zero */
+            if (c->tail_nonzero)
+                return dpar_set_last_error(DPAR_ERR_SHAPE,
+                                           "dpar_checkpoint_restore: padded entry '%s' has %lld elements in '%s', more "
+                                           "than the array's %lld, and the extra elements are not zero padding",
+                                           e[i].name, (long long)c->shape[0], path, (long long)dpar_array_dim(a, 0));
+            same = 1;
+        }
+        if (!same) {
+            char x[160], y[160];
+            return dpar_set_last_error(DPAR_ERR_SHAPE,
+                                       "dpar_checkpoint_restore: entry '%s' has shape %s in '%s' but the array has %s",
+                                       e[i].name, dpar_train__shape_str(x, sizeof x, (int)c->ndim, c->shape), path,
+                                       dpar_train__array_shape_str(y, sizeof y, a));
+        }
+    }
+    return DPAR_OK;
+}
+
+/* Reads each asked entry's data again, checks it against the CRC of the
+   first pass (the file must not change meanwhile) and puts it. */
+static dpar_status dpar_ckpt__load(const char *path, int fd, const dpar_checkpoint_entry *e, int n,
+                                   const dpar_ckpt__want *want) {
+    dpar_status s = DPAR_OK;
+    for (int i = 0; i < n && !s; i++) {
+        dpar_array *a = e[i].array;
+        const dpar_ckpt__want *c = &want[i];
+        size_t es = dpar_dtype_size(dpar_array_dtype(a)), cnt = (size_t)dpar_train__count(a), nb = cnt * es;
+        unsigned char *h = (unsigned char *)dpar_train__calloc(nb ? nb : 1, 1);
+        if (!h)
+            return dpar_set_last_error(DPAR_ERR_OUT_OF_MEMORY,
+                                       "dpar_checkpoint_restore: out of host memory (%zu bytes)", nb);
+        if (dpar_ckpt__pread(fd, h, (size_t)c->take, c->off) || dpar_crc32(0, h, (size_t)c->take) != c->crc)
             s = dpar_set_last_error(DPAR_ERR_IO,
-                                    "dpar_checkpoint_restore: '%s': %zu bytes after the last entry (malformed file)",
-                                    path, end - at);
-            return s;
+                                    "dpar_checkpoint_restore: '%s' changed while it was restored (entry '%s'; the "
+                                    "entries before it were restored); restore again from a file nothing writes to",
+                                    path, e[i].name);
+        if (!s) {
+            dpar_ckpt__to_le(h, cnt, es); /* the same swap both ways */
+            s = dpar_array_put(a, h);
         }
+        DPAR_FREE(h);
     }
     return s;
 }
@@ -1235,101 +1533,26 @@ DPAR_API dpar_status dpar_checkpoint_restore(const char *path, const dpar_checkp
                                    "dpar_checkpoint_restore: called from inside a pmap/shard_map function");
     dpar_status s = dpar_ckpt__check_entries("checkpoint_restore", e, n);
     if (s) return s;
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return dpar_set_last_error(DPAR_ERR_IO, "dpar_checkpoint_restore: cannot open '%s': %s", path, strerror(errno));
-    unsigned char *buf = NULL;
-    size_t len = 0, cap = 0;
-    for (;;) {
-        if (len == cap) {
-            size_t nc = cap ? cap * 2 : 65536;
-            unsigned char *nb = (unsigned char *)DPAR_REALLOC(buf, nc);
-            if (!nb) {
-                fclose(f);
-                DPAR_FREE(buf);
-                return dpar_set_last_error(DPAR_ERR_OUT_OF_MEMORY,
-                                           "dpar_checkpoint_restore: out of host memory reading '%s'", path);
-            }
-            buf = nb;
-            cap = nc;
-        }
-        size_t got = fread(buf + len, 1, cap - len, f);
-        len += got;
-        if (got == 0) break;
+    dpar_ckpt__in in;
+    memset(&in, 0, sizeof in);
+    in.path = path;
+    s = dpar_ckpt__open(path, &in.fd, &in.size);
+    if (s) {
+        if (in.fd >= 0) close(in.fd);
+        return s;
     }
-    int rerr = ferror(f);
-    fclose(f);
-    dpar_ckpt__rec *recs = NULL;
-    uint32_t nrec = 0;
-    s = dpar_ckpt__parse(path, buf, len, rerr, &recs, &nrec);
-    /* match every asked entry before changing anything */
-    for (int i = 0; i < n && !s; i++) {
-        const dpar_array *a = e[i].array;
-        const dpar_ckpt__rec *c = NULL;
-        size_t nl = strlen(e[i].name);
-        for (uint32_t r = 0; r < nrec && !c; r++)
-            if (recs[r].name_len == nl && !memcmp(recs[r].name, e[i].name, nl)) c = &recs[r];
-        if (!c) {
-            s = dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_checkpoint_restore: '%s' has no entry named '%s'",
-                                    path, e[i].name);
-            break;
-        }
-        if (c->dtype != (uint32_t)dpar_array_dtype(a)) {
-            s = dpar_set_last_error(DPAR_ERR_DTYPE,
-                                    "dpar_checkpoint_restore: entry '%s' is %s in '%s' but the array is %s", e[i].name,
-                                    dpar_dtype_name((dpar_dtype)c->dtype), path, dpar_dtype_name(dpar_array_dtype(a)));
-            break;
-        }
-        int same = c->ndim == (uint32_t)dpar_array_ndim(a);
-        for (int d = 0; same && d < dpar_array_ndim(a); d++) same = c->shape[d] == dpar_array_dim(a, d);
-        if (!same && e[i].padded && c->ndim == 1) {
-            /* accept another padding as long as what is cut off is zero */
-            size_t es = dpar_dtype_size(dpar_array_dtype(a));
-            for (uint64_t k = (uint64_t)dpar_array_dim(a, 0) * es; k < c->nbytes && same == 0; k++)
-                if (c->data[k]) same = -1;
-            if (same == 0)
-                same = 1;
-            else
-                same = 0;
-            if (!same) {
-                s = dpar_set_last_error(
-                    DPAR_ERR_SHAPE,
-                    "dpar_checkpoint_restore: padded entry '%s' has %lld elements in '%s', more than the array's %lld, "
-                    "and the extra elements are not zero padding",
-                    e[i].name, (long long)c->shape[0], path, (long long)dpar_array_dim(a, 0));
-                break;
-            }
-        }
-        if (!same) {
-            char x[160], y[160];
-            s = dpar_set_last_error(DPAR_ERR_SHAPE,
-                                    "dpar_checkpoint_restore: entry '%s' has shape %s in '%s' but the array has %s",
-                                    e[i].name, dpar_train__shape_str(x, sizeof x, (int)c->ndim, c->shape), path,
-                                    dpar_train__array_shape_str(y, sizeof y, a));
-            break;
-        }
-    }
-    for (int i = 0; i < n && !s; i++) {
-        dpar_array *a = e[i].array;
-        const dpar_ckpt__rec *c = NULL;
-        size_t nl = strlen(e[i].name);
-        for (uint32_t r = 0; r < nrec && !c; r++)
-            if (recs[r].name_len == nl && !memcmp(recs[r].name, e[i].name, nl)) c = &recs[r];
-        size_t es = dpar_dtype_size(dpar_array_dtype(a)), cnt = (size_t)dpar_train__count(a), nb = cnt * es;
-        unsigned char *h = (unsigned char *)dpar_train__calloc(nb ? nb : 1, 1);
-        if (!h) {
-            s = dpar_set_last_error(DPAR_ERR_OUT_OF_MEMORY, "dpar_checkpoint_restore: out of host memory (%zu bytes)",
-                                    nb);
-            break;
-        }
-        memcpy(h, c->data, (size_t)c->nbytes < nb ? (size_t)c->nbytes : nb);
-        dpar_ckpt__to_le(h, cnt, es); /* the same swap both ways */
-        s = dpar_array_put(a, h);
-        DPAR_FREE(h);
-    }
-    if (!s && step) *step = dpar_ckpt__rd64(buf + 24);
-    DPAR_FREE(recs);
-    DPAR_FREE(buf);
+    unsigned char hdr[DPAR_CKPT__HEADER];
+    dpar_ckpt__want *want = (dpar_ckpt__want *)dpar_train__calloc(n ? (size_t)n : 1, sizeof *want);
+    in.win = (unsigned char *)DPAR_MALLOC(DPAR_CKPT__WINDOW);
+    if (!want || !in.win)
+        s = dpar_set_last_error(DPAR_ERR_OUT_OF_MEMORY, "dpar_checkpoint_restore: out of host memory");
+    if (!s) s = dpar_ckpt__check_file(&in, e, n, want, hdr);
+    if (!s) s = dpar_ckpt__match(path, e, n, want);
+    if (!s) s = dpar_ckpt__load(path, in.fd, e, n, want);
+    if (!s && step) *step = dpar_ckpt__rd64(hdr + 24);
+    close(in.fd);
+    DPAR_FREE(in.win);
+    DPAR_FREE(want);
     return s;
 }
 
