@@ -1550,8 +1550,25 @@ static int dpar__env_int(const char *name, int dflt) {
     if (!end || *end || x < 0 || x > 1000000000L) return -1;
     return (int)x;
 }
+/* Deadlines run on the monotonic clock, so an NTP step or a resumed VM neither fires nor stalls
+   them; a condition variable that waits on one is made by dpar__cond_init. macOS has no
+   pthread_condattr_setclock, so there both stay on the realtime clock. */
+#if defined(__APPLE__)
+#define DPAR__DEADLINE_CLOCK CLOCK_REALTIME
+#else
+#define DPAR__DEADLINE_CLOCK CLOCK_MONOTONIC
+#endif
+static void dpar__cond_init(pthread_cond_t *cv) {
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+#if !defined(__APPLE__)
+    pthread_condattr_setclock(&attr, DPAR__DEADLINE_CLOCK);
+#endif
+    pthread_cond_init(cv, &attr);
+    pthread_condattr_destroy(&attr);
+}
 static void dpar__deadline(struct timespec *ts, int ms) {
-    clock_gettime(CLOCK_REALTIME, ts);
+    clock_gettime(DPAR__DEADLINE_CLOCK, ts);
     ts->tv_sec += ms / 1000;
     ts->tv_nsec += (long)(ms % 1000) * 1000000L;
     if (ts->tv_nsec >= 1000000000L) {
@@ -2437,7 +2454,7 @@ static dpar_status dpar__mesh_build_groups(dpar_mesh *m) {
         for (int g = 0; g < ng; g++) {
             dpar__group *gr = &m->groups[mask][g];
             pthread_mutex_init(&gr->mu, NULL);
-            pthread_cond_init(&gr->cv, NULL);
+            dpar__cond_init(&gr->cv);
             gr->mesh = m;
             gr->n = gs;
             gr->devices = (int *)dpar__calloc((size_t)gs, sizeof(int));

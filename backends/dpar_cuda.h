@@ -916,7 +916,7 @@ static dpar_status dpar__cu_init(const dpar_runtime_desc *desc, int requested, i
     if (!st) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "cuda: out of host memory");
     memset(st, 0, sizeof *st);
     pthread_mutex_init(&st->comm_lock, NULL);
-    pthread_cond_init(&st->comm_cv, NULL);
+    dpar__cond_init(&st->comm_cv);
     st->nphys_total = nphys;
     st->first = first;
     st->virt = requested > avail;
@@ -1588,13 +1588,7 @@ static dpar_status dpar__cu_get_comm(dpar__cu_state *st, dpar__coll *c, dpar__nc
         pthread_cond_broadcast(&st->comm_cv);
     } else {
         struct timespec dl;
-        clock_gettime(CLOCK_REALTIME, &dl);
-        dl.tv_sec += st->timeout_ms / 1000;
-        dl.tv_nsec += (long)(st->timeout_ms % 1000) * 1000000L;
-        if (dl.tv_nsec >= 1000000000L) {
-            dl.tv_sec++;
-            dl.tv_nsec -= 1000000000L;
-        }
+        dpar__deadline(&dl, st->timeout_ms);
         while (!cm->ready && !cm->failed) {
             if (pthread_cond_timedwait(&st->comm_cv, &st->comm_lock, &dl) == ETIMEDOUT && !cm->ready && !cm->failed) {
                 s = dpar__err(DPAR_ERR_TIMEOUT,

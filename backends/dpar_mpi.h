@@ -501,7 +501,7 @@ static int dpar__mpi_poll(dpar__mpi *mp, MPI_Request *req, const struct timespec
         if (flag) return 1;
         if (job && DPAR__ATOMIC_LOAD(&job->abort)) return -1;
         struct timespec now;
-        clock_gettime(CLOCK_REALTIME, &now);
+        clock_gettime(DPAR__DEADLINE_CLOCK, &now);
         if (now.tv_sec > dl->tv_sec || (now.tv_sec == dl->tv_sec && now.tv_nsec >= dl->tv_nsec)) return 0;
         if (!busy && spins > 64) {
             struct timespec ts = { 0, 20000 };
