@@ -569,8 +569,9 @@ DPAR_API dpar_status dpar_ctx_buffer(dpar_ctx *ctx, dpar_dtype dtype, int ndim, 
 typedef enum dpar_reduce_op { DPAR_SUM = 0, DPAR_MEAN, DPAR_MAX, DPAR_MIN } dpar_reduce_op;
 
 /* out = reduce over the group of in (same shape, same dtype).
-   pmean = psum / n (i32: truncated toward zero). pmax/pmin propagate NaN:
-   if any member holds NaN at an element, every member gets NaN there. */
+   pmean = psum / n; i32 is refused with DPAR_ERR_DTYPE, since JAX's pmean of integers is a float
+   mean (cast to f32 first). pmax/pmin propagate NaN: if any member holds NaN at an element, every
+   member gets NaN there. */
 DPAR_API dpar_status dpar_psum(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes);
 DPAR_API dpar_status dpar_pmean(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes);
 DPAR_API dpar_status dpar_pmax(dpar_ctx *ctx, dpar_buffer *out, const dpar_buffer *in, const char *axes);
@@ -3871,6 +3872,13 @@ static dpar_status dpar__coll_begin(dpar_ctx *ctx, const dpar__cargs *a, dpar__c
     if (in->dtype != out->dtype)
         return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_DTYPE, "%s: input is %s but output is %s; they must match",
                                               k->st.what, dpar_dtype_name(in->dtype), dpar_dtype_name(out->dtype)));
+    /* JAX's pmean is psum / n with true division and a float result; a truncated integer mean would
+       be silently wrong, so it is refused with the two ways to get the float one. */
+    if (a->kind == DPAR__COLL_ALL_REDUCE && a->op == DPAR_MEAN && in->dtype == DPAR_I32)
+        return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_DTYPE,
+                                              "%s: the mean of i32 values is not an integer (JAX returns a float); "
+                                              "dpar_cast the input to f32 first, or psum and divide by the axis size",
+                                              k->st.what));
     dpar__coll *c = &k->c;
     c->kind = a->kind;
     c->op = a->op;

@@ -35,7 +35,7 @@ static const acase cases[] = {
     { .name = "psum f32 both", .kind = KIND_PSUM, .axes = "data,model", .dtype = DPAR_F32 },
     { .name = "psum bf16 model", .kind = KIND_PSUM, .axes = "model", .dtype = DPAR_BF16 },
     { .name = "pmean f32 both", .kind = KIND_PMEAN, .axes = "data,model", .dtype = DPAR_F32 },
-    { .name = "pmean i32 data", .kind = KIND_PMEAN, .axes = "data", .dtype = DPAR_I32 },
+    { .name = "pmean bf16 data", .kind = KIND_PMEAN, .axes = "data", .dtype = DPAR_BF16 },
     { .name = "pmax f16 both", .kind = KIND_PMAX, .axes = "data,model", .dtype = DPAR_F16 },
     { .name = "pmin f32 model", .kind = KIND_PMIN, .axes = "model", .dtype = DPAR_F32 },
     { .name = "all_gather stacked dim 0", .kind = KIND_ALL_GATHER, .axes = "data,model", .dtype = DPAR_F32, .dim = 0 },

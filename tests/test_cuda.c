@@ -665,14 +665,14 @@ static void test_reductions(void **state) {
             for (int d = 0; d < n; d++) expect_f(out + 3 * d, want, 3, "psum");
             run_coll(rt, n, C_ASYNC_PSUM, t, 1, shp, in, 1, shp, out);
             for (int d = 0; d < n; d++) expect_f(out + 3 * d, want, 3, "async psum");
-            /* pmean of [d+1, 2(d+1), 7]: i32 truncates */
+            /* pmean of [d+1, 2(d+1), 7] (i32 is refused in the core, before the backend) */
             for (int d = 0; d < n; d++) {
                 in[d * 3] = (float)(d + 1);
                 in[d * 3 + 1] = (float)(2 * d + 2);
                 in[d * 3 + 2] = (float)(7 + d % 2);
             }
-            run_coll(rt, n, C_PMEAN, t, 1, shp, in, 1, shp, out);
-            {
+            if (t != DPAR_I32) {
+                run_coll(rt, n, C_PMEAN, t, 1, shp, in, 1, shp, out);
                 double s0 = 0, s1 = 0, s2 = 0;
                 for (int d = 0; d < n; d++) {
                     s0 += in[d * 3];
@@ -682,8 +682,6 @@ static void test_reductions(void **state) {
                 want[0] = (float)(s0 / n);
                 want[1] = (float)(s1 / n);
                 want[2] = (float)(s2 / n);
-                if (t == DPAR_I32)
-                    for (int i = 0; i < 3; i++) want[i] = (float)(int)want[i];
                 if (t == DPAR_F16 || t == DPAR_BF16)
                     for (int i = 0; i < 3; i++)
                         want[i] = t == DPAR_F16 ? dpar_f16_to_f32(dpar_f32_to_f16(want[i]))

@@ -346,6 +346,7 @@ static dpar_status c_reduce(dpar_ctx *ctx, devio *d, const pcase *c, int dev) {
     MK(in, c->dt, 2, D_INT, 0, c->shape[0], c->shape[1]);
     MK(out, c->dt, 2, D_ZERO, 0, c->shape[0], c->shape[1]);
     for (int op = DPAR_SUM; op <= DPAR_MIN; op++) {
+        if (op == DPAR_MEAN && c->dt == DPAR_I32) continue; /* refused: see test_collectives */
         TRY(dpar_preduce(ctx, out, in, c->axes, (dpar_reduce_op)op));
         TRY(rec_buf(d, out));
     }

@@ -132,11 +132,13 @@ static dpar_status coll_fn(dpar_ctx *ctx, void *user) {
     /* pmean of n*(k+1)... : use psum value / n exactness: values k*n -> mean n*(n-1)/2 */
     for (int i = 0; i < C; i++) from_f(hx, a->t, i, (float)(k * n));
     dpar_buffer_write(y, 0, hx, dpar_buffer_nbytes(y));
-    if ((s = dpar_pmean(ctx, y, y, a->axes))) return s; /* in place */
-    dpar_buffer_read(y, 0, hy, dpar_buffer_nbytes(y));
-    for (int i = 0; i < C; i++)
-        if (as_f(hy, a->t, i) != (float)(n * (n - 1) / 2))
-            BAD("pmean[%d] = %g, want %d", i, as_f(hy, a->t, i), n * (n - 1) / 2);
+    if (a->t != DPAR_I32) { /* i32 pmean is refused (test_collectives) */
+        if ((s = dpar_pmean(ctx, y, y, a->axes))) return s; /* in place */
+        dpar_buffer_read(y, 0, hy, dpar_buffer_nbytes(y));
+        for (int i = 0; i < C; i++)
+            if (as_f(hy, a->t, i) != (float)(n * (n - 1) / 2))
+                BAD("pmean[%d] = %g, want %d", i, as_f(hy, a->t, i), n * (n - 1) / 2);
+    }
     for (int i = 0; i < C; i++) from_f(hx, a->t, i, (float)((k + 1) * (i + 1)));
     dpar_buffer_write(x, 0, hx, dpar_buffer_nbytes(x));
     /* all_gather tiled: block j = [j+1, 2(j+1), ...] */
@@ -240,6 +242,7 @@ static dpar_status big_fn(dpar_ctx *ctx, void *user) {
     dpar_buffer_write(x, 0, hx, nb);
     const char *names[4] = { "psum", "pmean", "pmax", "pmin" };
     for (int op = 0; op < 4 && !s && !a->bad; op++) {
+        if (op == 1 && a->t == DPAR_I32) continue; /* i32 pmean is refused */
         for (int inplace = 0; inplace < 2 && !s && !a->bad; inplace++) {
             dpar_buffer *out = y, *in = inplace ? y : x;
             if (inplace) dpar_buffer_write(y, 0, hx, nb);
@@ -254,7 +257,6 @@ static dpar_status big_fn(dpar_ctx *ctx, void *user) {
                 float want = op == 0            ? (float)(n * (n + 1) / 2 * m)
                              : op == 2          ? (float)(n * m)
                              : op == 3          ? (float)m
-                             : a->t == DPAR_I32 ? (float)(n * (n + 1) / 2 * m / n)
                                                 : (float)(n + 1) / 2.0f * (float)m;
                 if (as_f(hy, a->t, i) != want) {
                     BAD("%s%s[%d] = %g, want %g", names[op], inplace ? " (in place)" : "", i, as_f(hy, a->t, i), want);
