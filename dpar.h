@@ -1048,6 +1048,187 @@ DPAR_API dpar_status dpar_runtime_device_stats(const dpar_runtime *rt, int devic
    and collective counters. */
 DPAR_API void dpar_runtime_stats_reset(dpar_runtime *rt);
 
+/* ---------------------------------------------------------------------------
+   Graphs and gradients (JAX jit + grad inside shard_map; ggml's cgraph)
+   Build the per-device (SPMD) program once from values, append its backward
+   pass and an optimizer step, compile, then run it every step:
+
+       dpar_graph *g;  dpar_graph_create(mesh, &g);
+       dpar_value x = dpar_g_feed(g, "x", &(dpar_array_desc){ DPAR_F32, 2, {B, 64}, {"data"} });
+       dpar_value y = dpar_g_feed(g, "y", &(dpar_array_desc){ DPAR_I32, 1, {B}, {"data"} });
+       dpar_value w = dpar_g_param(g, "w", w_array), b = dpar_g_param(g, "b", b_array);
+       dpar_value loss = dpar_g_softmax_xent(g, dpar_g_bias_add(g, dpar_g_matmul(g, x, w, 0, 0), b), y);
+       dpar_value grads[2], params[2] = { w, b };
+       dpar_graph_value_and_grad(g, loss, params, 2, grads);
+       dpar_graph_sgd(g, &sgd, params, grads, 2);
+       dpar_graph_compile(g, NULL);
+       for (...) dpar_graph_run(g, (dpar_graph_feed[]){ { x, xb }, { y, yb } }, 2, &loss_host);
+
+   - Values are per-device and functional (every op returns a new value).
+     Shapes given to and reported by the graph are per-device shapes, except
+     feeds, which take a global shape and a PartitionSpec (the per-device
+     shard shape is derived), and params, which are dpar_arrays of the mesh.
+   - Builder calls (dpar_g_*) return a value, or the invalid value {0} on
+     error: the first error is kept (dpar_graph_status), its text names the
+     node, the shapes and the rule broken, and every later call that takes the
+     graph returns that status. So a model is built without a check per line.
+   - Every value knows the mesh axes it varies over (JAX's varying manual
+     axes): feeds and params over the axes of their spec, an op's result over
+     the union of its inputs', psum/pmean/all_gather/pbroadcast over A make a
+     value invariant over A, psum_scatter/ppermute/all_to_all/pcast over A
+     make it vary over A.
+   - Gradients follow JAX's shard_map transpose rules: psum -> identity,
+     pcast (pvary, Megatron's "f") -> psum, all_gather <-> own block /
+     psum_scatter, ppermute -> the inverse permutation, all_to_all -> with
+     split and concat swapped, pbroadcast -> the cotangent on the root (zero
+     elsewhere), pmean = psum / n. Where an op combines a value with one that
+     varies over more axes (a replicated weight times a batch shard), the
+     value's cotangent is psum'd over those extra axes, so a parameter's
+     gradient is reduced over every mesh axis it is replicated on and replicas
+     stay bitwise identical by construction.
+   - Pin the scale down (DESIGN.md sec. 7, jax-ml/jax#3970): a loss that still
+     varies over mesh axes (a local mean over a batch shard) is averaged over
+     them (pmean) before it is differentiated and reported; a loss already
+     reduced in the graph is differentiated as written.
+   - pmax / pmin have no gradient (refused, not guessed): value_and_grad
+     through them fails with DPAR_ERR_INVALID_ARGUMENT naming the node (use
+     psum/pmean, or keep them off the differentiated path).
+   - A gradient requested for a value the loss does not depend on is zero.
+   - Destroy a graph before its mesh and runtime.
+   ------------------------------------------------------------------------ */
+typedef struct dpar_graph dpar_graph;
+typedef struct dpar_value {
+    int32_t id; /* 0: invalid (a failed builder call) */
+} dpar_value;
+/* A graph of per-device ops over the devices of `mesh`.
+   Errors: DPAR_ERR_INVALID_ARGUMENT (NULL), DPAR_ERR_OUT_OF_MEMORY. */
+DPAR_API dpar_status dpar_graph_create(dpar_mesh *mesh, dpar_graph **out);
+/* Frees the graph and everything it allocated (feed arrays, gradient arrays,
+   buffers, optimizer state); not the params. NULL is a no-op (DPAR_OK).
+   Errors: DPAR_ERR_STATE inside a pmap/shard_map function. */
+DPAR_API dpar_status dpar_graph_destroy(dpar_graph *g);
+/* The first error of the graph's builder calls (DPAR_OK if none); sets the
+   last error text to that error's text again. */
+DPAR_API dpar_status dpar_graph_status(const dpar_graph *g);
+/* Names a value (copied, < DPAR_NAME_LEN chars) for print, DOT and errors; returns v. */
+DPAR_API dpar_value dpar_g_name(dpar_graph *g, dpar_value v, const char *name);
+/* Per-device shape of v into ndim / shape[DPAR_MAX_DIMS] and its dtype (each may be NULL).
+   Errors: DPAR_ERR_INVALID_ARGUMENT (not a value of g). */
+DPAR_API dpar_status dpar_graph_value_shape(const dpar_graph *g, dpar_value v, dpar_dtype *dtype, int *ndim,
+                                            int64_t *shape);
+
+/* --- leaves --- */
+/* A per-step input: global shape and spec as dpar_array_create takes them
+   (the graph keeps a dpar_array of it; fed by dpar_graph_run). The value is
+   this device's shard. Errors (recorded): those of dpar_array_create. */
+DPAR_API dpar_value dpar_g_feed(dpar_graph *g, const char *name, const dpar_array_desc *desc);
+/* A parameter: the array `a` of the graph's mesh, read (and updated by the
+   optimizer nodes) in place; the value is this device's shard.
+   Errors (recorded): DPAR_ERR_INVALID_ARGUMENT (NULL, array of another mesh). */
+DPAR_API dpar_value dpar_g_param(dpar_graph *g, const char *name, dpar_array *a);
+/* A constant filled with `value` (any dtype, as dpar_fill), invariant over the mesh. */
+DPAR_API dpar_value dpar_g_const(dpar_graph *g, dpar_dtype dtype, int ndim, const int64_t *shape, float value);
+
+/* --- ops (f32 unless said; the eager op of the same name does the work) --- */
+/* op(a) [M,K] @ op(b) [K,N] -> [M,N], op(x) = x or x^T (dpar_matmul, alpha 1, beta 0). */
+DPAR_API dpar_value dpar_g_matmul(dpar_graph *g, dpar_value a, dpar_value b, bool trans_a, bool trans_b);
+/* x [..., N] + b [N] broadcast over the leading dims. */
+DPAR_API dpar_value dpar_g_bias_add(dpar_graph *g, dpar_value x, dpar_value b);
+/* max(x, 0). */
+DPAR_API dpar_value dpar_g_relu(dpar_graph *g, dpar_value x);
+/* Scalar (0-d) mean softmax cross-entropy of logits [M,C] f32 with labels [M] i32 (dpar_softmax_xent). */
+DPAR_API dpar_value dpar_g_softmax_xent(dpar_graph *g, dpar_value logits, dpar_value labels);
+/* Scalar mean((pred - target)^2), same shapes (dpar_mse). */
+DPAR_API dpar_value dpar_g_mse(dpar_graph *g, dpar_value pred, dpar_value target);
+/* a + b (same shape). */
+DPAR_API dpar_value dpar_g_add(dpar_graph *g, dpar_value a, dpar_value b);
+/* alpha * x. */
+DPAR_API dpar_value dpar_g_scale(dpar_graph *g, dpar_value x, float alpha);
+/* s * x with s a 1-element value (a device scalar). */
+DPAR_API dpar_value dpar_g_mul_scalar(dpar_graph *g, dpar_value s, dpar_value x);
+/* Scalar sum(x) / sum(x * x) / sum(a * b) (a, b same count). */
+DPAR_API dpar_value dpar_g_sum(dpar_graph *g, dpar_value x);
+DPAR_API dpar_value dpar_g_sum_squares(dpar_graph *g, dpar_value x);
+DPAR_API dpar_value dpar_g_dot(dpar_graph *g, dpar_value a, dpar_value b);
+/* x converted to dtype (dpar_cast); the gradient is cast back. */
+DPAR_API dpar_value dpar_g_cast(dpar_graph *g, dpar_value x, dpar_dtype dtype);
+/* x with another shape of the same count (a copy). */
+DPAR_API dpar_value dpar_g_reshape(dpar_graph *g, dpar_value x, int ndim, const int64_t *shape);
+
+/* --- collectives over mesh axes "a" or "a,b" (the eager collective of the same name) --- */
+DPAR_API dpar_value dpar_g_psum(dpar_graph *g, dpar_value x, const char *axes);
+DPAR_API dpar_value dpar_g_pmean(dpar_graph *g, dpar_value x, const char *axes);
+DPAR_API dpar_value dpar_g_pmax(dpar_graph *g, dpar_value x, const char *axes); /* no gradient */
+DPAR_API dpar_value dpar_g_pmin(dpar_graph *g, dpar_value x, const char *axes); /* no gradient */
+DPAR_API dpar_value dpar_g_all_gather(dpar_graph *g, dpar_value x, const char *axes, int dim, bool tiled);
+DPAR_API dpar_value dpar_g_psum_scatter(dpar_graph *g, dpar_value x, const char *axes, int dim, bool tiled);
+/* pairs: num_pairs (source, destination) group positions, copied. */
+DPAR_API dpar_value dpar_g_ppermute(dpar_graph *g, dpar_value x, const char *axes, const int *pairs, int num_pairs);
+DPAR_API dpar_value dpar_g_all_to_all(dpar_graph *g, dpar_value x, const char *axes, int split_dim, int concat_dim);
+DPAR_API dpar_value dpar_g_pbroadcast(dpar_graph *g, dpar_value x, const char *axes, int root);
+/* Identity forward that marks x (invariant over axes) as varying over them
+   (JAX pcast/pvary, Megatron's "f"); its gradient is psum'd over axes. */
+DPAR_API dpar_value dpar_g_pcast(dpar_graph *g, dpar_value x, const char *axes);
+
+/* --- gradients, optimizer --- */
+/* Appends the backward pass of the scalar (1-element f32) `loss` with respect
+   to wrt[0..n-1] (params, feeds or any value); grads[i] gets a value of
+   wrt[i]'s shape (zero when the loss does not depend on it). Once per graph.
+   Gradients of params and feeds are read as global arrays (dpar_graph_get).
+   Errors: DPAR_ERR_SHAPE (non-scalar loss, naming its shape), DPAR_ERR_DTYPE,
+   DPAR_ERR_STATE (called twice, after compile), DPAR_ERR_INVALID_ARGUMENT
+   (no gradient rule on the path: pmax/pmin), the recorded builder error. */
+DPAR_API dpar_status dpar_graph_value_and_grad(dpar_graph *g, dpar_value loss, const dpar_value *wrt, int n,
+                                               dpar_value *grads);
+/* Appends one fused SGD step (as dpar_sgd_step; momentum buffers owned by the
+   graph, zero at compile) of params[i] (param values) with grads[i]. Clipping
+   norms are psum'd over the axes that split the params (all the same spec).
+   Errors: those of dpar_sgd_check, DPAR_ERR_INVALID_ARGUMENT (not a param,
+   shapes differ, mixed specs with clipping), DPAR_ERR_STATE (after compile). */
+DPAR_API dpar_status dpar_graph_sgd(dpar_graph *g, const dpar_sgd_desc *d, const dpar_value *params,
+                                    const dpar_value *grads, int n);
+/* Keeps v readable after each run (dpar_graph_get); the loss and the
+   gradients are kept already. Errors: DPAR_ERR_STATE after compile. */
+DPAR_API dpar_status dpar_graph_keep(dpar_graph *g, dpar_value v);
+
+/* --- compile, run, inspect --- */
+typedef struct dpar_graph_stats {
+    int nodes;              /* nodes of the schedule */
+    int buffers;            /* device buffers per device after reuse */
+    uint64_t planned_bytes; /* bytes per device of the node buffers after liveness reuse */
+    uint64_t naive_bytes;   /* bytes per device with one buffer per node */
+} dpar_graph_stats;
+/* Schedules (the order built), plans memory (a buffer reused once its last
+   reader ran; params and feeds not counted) and allocates on every device.
+   stats may be NULL. Errors: the recorded builder error, DPAR_ERR_STATE (twice),
+   DPAR_ERR_OUT_OF_MEMORY. */
+DPAR_API dpar_status dpar_graph_compile(dpar_graph *g, dpar_graph_stats *stats);
+typedef struct dpar_graph_feed {
+    dpar_value value;  /* a feed of the graph */
+    const void *host;  /* row-major global data of the feed's dtype and shape, or NULL and: */
+    dpar_array *array; /* an array of the graph's mesh with the feed's dtype and global shape */
+} dpar_graph_feed;
+/* One step (compiles first if needed): puts the feeds, runs every node on
+   every device in one dispatch, and reads the (pinned) loss into *loss when
+   loss is not NULL (that read waits for the devices).
+   Errors: DPAR_ERR_INVALID_ARGUMENT (a feed missing, given twice, not a feed,
+   an array of another mesh; no loss while loss != NULL), DPAR_ERR_SHAPE /
+   DPAR_ERR_DTYPE (feed array differs, naming both), the errors of the ops, each
+   prefixed with the node that failed. */
+DPAR_API dpar_status dpar_graph_run(dpar_graph *g, const dpar_graph_feed *feeds, int num_feeds, float *loss);
+/* Copies a kept value to host after a run: gradients of params and feeds as
+   their global array (row-major), other values as the shard of the first
+   device of this process. dpar_graph_read_shard: the shard of `device`.
+   Errors: DPAR_ERR_INVALID_ARGUMENT (not kept, not a value, device not local),
+   DPAR_ERR_STATE (not run yet). */
+DPAR_API dpar_status dpar_graph_get(dpar_graph *g, dpar_value v, void *host);
+DPAR_API dpar_status dpar_graph_read_shard(dpar_graph *g, dpar_value v, int device, void *host);
+/* Writes one line per node (id, op, name, inputs, dtype and per-device shape,
+   the axes it varies over, the collective's axes, global shape and spec of
+   feeds/params) to `path`, or stdout when path is NULL. dpar_graph_write_dot:
+   the same graph as Graphviz DOT. Errors: DPAR_ERR_IO naming the path. */
+DPAR_API dpar_status dpar_graph_print(const dpar_graph *g, const char *path);
+DPAR_API dpar_status dpar_graph_write_dot(const dpar_graph *g, const char *path);
 /* >>deprecated ===============================================================
    Names of version 0.1, kept for one release as wrappers of the new names
    (CHANGELOG.md lists them). A call warns (-Wdeprecated-declarations) naming
@@ -5860,6 +6041,1392 @@ DPAR_API dpar_status dpar_shard_map_specs(dpar_mesh *m, const dpar_shard_map_spe
     for (int k = 0; k < ni + no; k++) dpar_array_destroy(tmp[k]);
     memcpy(dpar__err_text, saved, sizeof saved);
     return s;
+}
+
+/* >>graph ====================================================================
+   Graphs and gradients: a node table of per-device values (ggml's cgraph),
+   reverse mode by appending nodes (ggml_build_backward_expand, JAX's
+   transpose rules for the collectives), a liveness plan, and a run that
+   replays the node list on every device in one shard_map dispatch, each node
+   lowered to the eager op of the same name (so every backend runs graphs
+   through its vtable with nothing new to implement).
+
+   ADDING AN OP KIND (conv2d, pooling, norms, ...) is four local changes:
+     1. an enum DPAR__G_<KIND> and its row in dpar__g_kinds (name, inputs,
+        whether it is a collective over axes);
+     2. a builder dpar_g_<op>: dpar__g_args (validity) -> shape and dtype
+        rules, failing with dpar__g_fail (names the node and the shapes) ->
+        dpar__g_push (new node; set ip[]/fp[] attributes after it);
+     3. a case in dpar__g_exec (the forward lowering: eager calls on
+        dpar__g_in(...) buffers, already reshaped to the node's shapes);
+     4. a case in dpar__g_grad (the gradient rule: build the cotangents of the
+        inputs from `ct` with dpar_g_* builders and hand each to
+        dpar__g_contrib(g, input, node, value)); leave an input out when it has
+        no gradient (integer labels). The varying-axes bookkeeping and the
+        psum over replicated axes happen in dpar__g_contrib, not in the rule. */
+enum {
+    DPAR__G_NONE = 0,
+    DPAR__G_FEED,
+    DPAR__G_PARAM,
+    DPAR__G_CONST,
+    DPAR__G_MATMUL,
+    DPAR__G_BIAS_ADD,
+    DPAR__G_BIAS_GRAD,
+    DPAR__G_RELU,
+    DPAR__G_RELU_GRAD,
+    DPAR__G_XENT,
+    DPAR__G_XENT_GRAD,
+    DPAR__G_MSE,
+    DPAR__G_MSE_GRAD,
+    DPAR__G_ADD,
+    DPAR__G_SCALE,
+    DPAR__G_MULS,
+    DPAR__G_SUM,
+    DPAR__G_SUMSQ,
+    DPAR__G_DOT,
+    DPAR__G_CAST,
+    DPAR__G_COPY,
+    DPAR__G_PSUM,
+    DPAR__G_PMEAN,
+    DPAR__G_PMAX,
+    DPAR__G_PMIN,
+    DPAR__G_ALL_GATHER,
+    DPAR__G_PSUM_SCATTER,
+    DPAR__G_PPERMUTE,
+    DPAR__G_ALL_TO_ALL,
+    DPAR__G_PBROADCAST,
+    DPAR__G_PCAST,
+    DPAR__G_BLOCK,     /* this member's block of an all_gather'ed value (all_gather's transpose) */
+    DPAR__G_ROOT_ONLY, /* x on the root of the group, zero elsewhere (pbroadcast's transpose) */
+    DPAR__G_SGD,
+    DPAR__G_KINDS
+};
+typedef struct dpar__g_kind {
+    const char *name;
+    int nin;   /* inputs */
+    int coll;  /* 1: a collective over the node's axes */
+} dpar__g_kind;
+static const dpar__g_kind dpar__g_kinds[DPAR__G_KINDS] = {
+    { "none", 0, 0 },         { "feed", 0, 0 },        { "param", 0, 0 },       { "const", 0, 0 },
+    { "matmul", 2, 0 },       { "bias_add", 2, 0 },    { "bias_grad", 1, 0 },   { "relu", 1, 0 },
+    { "relu_grad", 2, 0 },    { "softmax_xent", 2, 0 }, { "xent_grad", 2, 0 },  { "mse", 2, 0 },
+    { "mse_grad", 2, 0 },     { "add", 2, 0 },         { "scale", 1, 0 },       { "mul_scalar", 2, 0 },
+    { "sum", 1, 0 },          { "sum_squares", 1, 0 }, { "dot", 2, 0 },         { "cast", 1, 0 },
+    { "copy", 1, 0 },         { "psum", 1, 1 },        { "pmean", 1, 1 },       { "pmax", 1, 1 },
+    { "pmin", 1, 1 },         { "all_gather", 1, 1 },  { "psum_scatter", 1, 1 }, { "ppermute", 1, 1 },
+    { "all_to_all", 1, 1 },   { "pbroadcast", 1, 1 },  { "pcast", 1, 1 },       { "block", 1, 1 },
+    { "root_only", 1, 1 },    { "sgd", 0, 0 },
+};
+
+typedef struct dpar__gnode {
+    int kind;
+    char name[DPAR_NAME_LEN];
+    int nin, in[4];
+    dpar_dtype dtype;
+    int ndim;
+    int64_t shape[DPAR_MAX_DIMS]; /* per-device */
+    unsigned vary;                /* mesh axes over which the value differs between devices */
+    unsigned axes;                /* collectives: the axes; its text in axes_str */
+    char axes_str[64];
+    int ip[4];   /* integer attributes: trans_a/b, dim/tiled, split/concat, root */
+    float fp;    /* scale, const value */
+    int *pairs;  /* ppermute (source, destination) pairs */
+    int npairs;
+    bool is_one; /* const 1 (the seed): rules skip a multiply by it */
+    bool keep;   /* buffer kept to the end of a run (loss, grads, dpar_graph_keep) */
+    int spec_of; /* grads of feeds/params: the leaf whose global shape and spec it has */
+    dpar_array *array; /* param: the user's; feed, kept grads: the graph's */
+    int slot;          /* compiled: index into the graph's buffers, -1 none */
+} dpar__gnode;
+
+typedef struct dpar__gopt {
+    dpar_sgd_desc d;
+    char norm_axes[64];
+    int n, *params, *grads;
+} dpar__gopt;
+
+struct dpar_graph {
+    dpar_mesh *mesh;
+    dpar_runtime *rt;
+    dpar__gnode *n; /* n[0] unused: id 0 is the invalid value */
+    int count, cap;
+    dpar_status err;
+    char *errtext;
+    int loss, loss_value; /* the differentiated loss and the reported (pinned) one */
+    float gscale;         /* 1 / size of the pinned axes, applied to the gradients */
+    unsigned pin;
+    dpar__gopt opt;
+    bool has_opt, compiled, ran;
+    int first, nlocal;         /* this process's devices */
+    int nslots;
+    dpar_buffer **slots;       /* [slot * nlocal + li] */
+    bool *slot_owned;          /* slot's buffers belong to the graph (not to an array) */
+    dpar_buffer **moms;        /* optimizer: [k * nlocal + li] */
+    dpar_buffer **scratch;     /* one f32 element per device (the discarded loss of xent_grad) */
+    dpar_buffer **sgd_ptrs;    /* [li][3][n] params, grads, moms */
+    dpar_graph_stats stats;
+};
+
+/* ---- building: validity, errors, nodes ---- */
+static const char *dpar__g_label(const dpar_graph *g, int id, char *buf, size_t cap) {
+    const dpar__gnode *nd = &g->n[id];
+    if (nd->name[0])
+        snprintf(buf, cap, "node %d '%s' (%s)", id, nd->name, dpar__g_kinds[nd->kind].name);
+    else
+        snprintf(buf, cap, "node %d (%s)", id, dpar__g_kinds[nd->kind].name);
+    return buf;
+}
+static dpar_value dpar__gv(int id) {
+    dpar_value v;
+    v.id = id;
+    return v;
+}
+/* Records the graph's first error (and sets the thread's); returns the invalid value. */
+static dpar_value dpar__g_fail(dpar_graph *g, dpar_status s, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+static dpar_value dpar__g_fail(dpar_graph *g, dpar_status s, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    dpar__err_vset(fmt, ap);
+    va_end(ap);
+    if (g && !g->err) {
+        g->err = s;
+        memcpy(g->errtext, dpar__err_text, DPAR__ERR_LEN);
+    }
+    return dpar__gv(0);
+}
+/* As dpar__g_fail, returning the status (for the calls that return one). */
+static dpar_status dpar__g_err(dpar_graph *g, dpar_status s, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+static dpar_status dpar__g_err(dpar_graph *g, dpar_status s, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    dpar__err_vset(fmt, ap);
+    va_end(ap);
+    if (g && !g->err) {
+        g->err = s;
+        memcpy(g->errtext, dpar__err_text, DPAR__ERR_LEN);
+    }
+    return s;
+}
+static dpar_status dpar__g_status(const dpar_graph *g) {
+    if (g->err) memcpy(dpar__err_text, g->errtext, DPAR__ERR_LEN);
+    return g->err;
+}
+/* Whether a builder may go on: g valid, no earlier error, every value of g. */
+static bool dpar__g_args(dpar_graph *g, const char *fn, int n, const dpar_value *v) {
+    if (!g) {
+        dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: graph is NULL", fn);
+        return false;
+    }
+    if (g->err) return false;
+    if (g->compiled) {
+        dpar__g_fail(g, DPAR_ERR_STATE, "%s: the graph is compiled; add nodes before dpar_graph_compile", fn);
+        return false;
+    }
+    for (int i = 0; i < n; i++)
+        if (v[i].id <= 0 || v[i].id >= g->count) {
+            dpar__g_fail(g, DPAR_ERR_INVALID_ARGUMENT, "%s: argument %d (id %d) is not a value of this graph", fn,
+                         i + 1, (int)v[i].id);
+            return false;
+        }
+    return true;
+}
+static int dpar__g_push(dpar_graph *g, int kind, int nin, const int *in, dpar_dtype dt, int ndim,
+                        const int64_t *shape) {
+    if (g->count == g->cap) {
+        int cap = g->cap * 2;
+        dpar__gnode *n = (dpar__gnode *)DPAR_REALLOC(g->n, (size_t)cap * sizeof *n);
+        if (!n) {
+            dpar__g_fail(g, DPAR_ERR_OUT_OF_MEMORY, "dpar graph: out of memory for node %d", g->count);
+            return 0;
+        }
+        g->n = n;
+        g->cap = cap;
+    }
+    int id = g->count++;
+    dpar__gnode *nd = &g->n[id];
+    memset(nd, 0, sizeof *nd);
+    nd->kind = kind;
+    nd->nin = nin;
+    nd->dtype = dt;
+    nd->ndim = ndim;
+    nd->slot = -1;
+    for (int d = 0; d < ndim; d++) nd->shape[d] = shape[d];
+    for (int i = 0; i < nin; i++) {
+        nd->in[i] = in[i];
+        nd->vary |= g->n[in[i]].vary;
+    }
+    return id;
+}
+static int64_t dpar__g_count(const dpar__gnode *nd) {
+    return dpar__prod(nd->shape, nd->ndim);
+}
+static const char *dpar__g_shape(const dpar__gnode *nd, char *buf, size_t cap) {
+    return dpar__shape_str(buf, cap, nd->ndim, nd->shape);
+}
+
+DPAR_API dpar_status dpar_graph_create(dpar_mesh *mesh, dpar_graph **out) {
+    dpar__clear_error();
+    if (out) *out = NULL;
+    if (!mesh || !out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_create: mesh or out is NULL");
+    dpar_graph *g = (dpar_graph *)DPAR_MALLOC(sizeof *g);
+    if (g) memset(g, 0, sizeof *g);
+    if (g) g->errtext = (char *)DPAR_MALLOC(DPAR__ERR_LEN);
+    if (g) g->n = (dpar__gnode *)DPAR_MALLOC(64 * sizeof *g->n);
+    if (!g || !g->errtext || !g->n) {
+        if (g) DPAR_FREE(g->errtext);
+        if (g) DPAR_FREE(g->n);
+        DPAR_FREE(g);
+        return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_graph_create: out of memory");
+    }
+    g->errtext[0] = 0;
+    g->mesh = mesh;
+    g->rt = mesh->rt;
+    g->cap = 64;
+    g->count = 1;
+    memset(&g->n[0], 0, sizeof g->n[0]);
+    g->gscale = 1.0f;
+    dpar_runtime_local_devices(g->rt, &g->first, &g->nlocal);
+    *out = g;
+    return DPAR_OK;
+}
+
+DPAR_API dpar_status dpar_graph_status(const dpar_graph *g) {
+    if (!g) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_status: graph is NULL");
+    return dpar__g_status(g);
+}
+
+DPAR_API dpar_value dpar_g_name(dpar_graph *g, dpar_value v, const char *name) {
+    if (!dpar__g_args(g, "dpar_g_name", 1, &v)) return dpar__gv(0);
+    snprintf(g->n[v.id].name, DPAR_NAME_LEN, "%s", name ? name : "");
+    return v;
+}
+
+DPAR_API dpar_status dpar_graph_value_shape(const dpar_graph *g, dpar_value v, dpar_dtype *dtype, int *ndim,
+                                            int64_t *shape) {
+    if (!g || v.id <= 0 || v.id >= g->count)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_value_shape: not a value of this graph");
+    const dpar__gnode *nd = &g->n[v.id];
+    if (dtype) *dtype = nd->dtype;
+    if (ndim) *ndim = nd->ndim;
+    if (shape)
+        for (int d = 0; d < nd->ndim; d++) shape[d] = nd->shape[d];
+    return DPAR_OK;
+}
+
+/* ---- leaves ---- */
+/* The axes an array's spec splits over (what its shards vary over). */
+static unsigned dpar__g_array_vary(const dpar_array *a) {
+    unsigned m = 0;
+    for (int d = 0; d < a->ndim; d++)
+        for (int j = 0; j < a->spec_n[d]; j++) m |= 1u << a->spec_axes[d][j];
+    return m;
+}
+static int dpar__g_leaf(dpar_graph *g, int kind, const char *name, dpar_array *a) {
+    int64_t sh[DPAR_MAX_DIMS];
+    for (int d = 0; d < a->ndim; d++) sh[d] = a->local[d];
+    int id = dpar__g_push(g, kind, 0, NULL, a->dtype, a->ndim, sh);
+    if (!id) return 0;
+    g->n[id].array = a;
+    g->n[id].vary = dpar__g_array_vary(a);
+    snprintf(g->n[id].name, DPAR_NAME_LEN, "%s", name ? name : "");
+    return id;
+}
+DPAR_API dpar_value dpar_g_feed(dpar_graph *g, const char *name, const dpar_array_desc *desc) {
+    if (!dpar__g_args(g, "dpar_g_feed", 0, NULL)) return dpar__gv(0);
+    if (!desc) return dpar__g_fail(g, DPAR_ERR_INVALID_ARGUMENT, "dpar_g_feed: feed '%s': desc is NULL", name);
+    dpar_array *a = NULL;
+    dpar_status s = dpar_array_create(g->mesh, desc, &a);
+    if (s) return dpar__g_fail(g, s, "dpar_g_feed: feed '%s': %s", name ? name : "", dpar_last_error());
+    int id = dpar__g_leaf(g, DPAR__G_FEED, name, a);
+    if (!id) dpar_array_destroy(a);
+    return dpar__gv(id);
+}
+DPAR_API dpar_value dpar_g_param(dpar_graph *g, const char *name, dpar_array *a) {
+    if (!dpar__g_args(g, "dpar_g_param", 0, NULL)) return dpar__gv(0);
+    if (!a) return dpar__g_fail(g, DPAR_ERR_INVALID_ARGUMENT, "dpar_g_param: param '%s': array is NULL", name);
+    if (a->mesh != g->mesh)
+        return dpar__g_fail(g, DPAR_ERR_INVALID_ARGUMENT,
+                            "dpar_g_param: param '%s' is an array of another mesh; create it on the graph's mesh",
+                            name ? name : "");
+    return dpar__gv(dpar__g_leaf(g, DPAR__G_PARAM, name, a));
+}
+DPAR_API dpar_value dpar_g_const(dpar_graph *g, dpar_dtype dtype, int ndim, const int64_t *shape, float value) {
+    if (!dpar__g_args(g, "dpar_g_const", 0, NULL)) return dpar__gv(0);
+    dpar_status s = dpar__check_shape("dpar_g_const", ndim, shape);
+    if (!s && (int)dtype >= (int)DPAR_DTYPE_COUNT)
+        s = dpar__err(DPAR_ERR_DTYPE, "dpar_g_const: dtype %d is not a dpar_dtype", (int)dtype);
+    if (s) return dpar__g_fail(g, s, "%s", dpar_last_error());
+    int id = dpar__g_push(g, DPAR__G_CONST, 0, NULL, dtype, ndim, shape);
+    if (id) g->n[id].fp = value;
+    if (id) g->n[id].is_one = value == 1.0f && dtype == DPAR_F32;
+    return dpar__gv(id);
+}
+
+/* ---- ops: shape and dtype rules ---- */
+static bool dpar__g_f32(dpar_graph *g, const char *fn, int n, const dpar_value *v) {
+    char l[96];
+    for (int i = 0; i < n; i++)
+        if (g->n[v[i].id].dtype != DPAR_F32) {
+            dpar__g_fail(g, DPAR_ERR_DTYPE, "%s: input %s is %s; this op takes f32 (cast it with dpar_g_cast)", fn,
+                         dpar__g_label(g, v[i].id, l, sizeof l), dpar_dtype_name(g->n[v[i].id].dtype));
+            return false;
+        }
+    return true;
+}
+static bool dpar__g_same(dpar_graph *g, const char *fn, dpar_value a, dpar_value b) {
+    const dpar__gnode *x = &g->n[a.id], *y = &g->n[b.id];
+    bool same = x->ndim == y->ndim;
+    for (int d = 0; same && d < x->ndim; d++) same = x->shape[d] == y->shape[d];
+    if (same) return true;
+    char s1[160], s2[160], l1[96], l2[96];
+    dpar__g_fail(g, DPAR_ERR_SHAPE, "%s: %s is %s but %s is %s; they must have the same shape", fn,
+                 dpar__g_label(g, a.id, l1, sizeof l1), dpar__g_shape(x, s1, sizeof s1),
+                 dpar__g_label(g, b.id, l2, sizeof l2), dpar__g_shape(y, s2, sizeof s2));
+    return false;
+}
+/* A node of `kind` on inputs v[0..n-1] with the shape and dtype of node `like`. */
+static dpar_value dpar__g_make(dpar_graph *g, int kind, int n, const dpar_value *v, int like) {
+    int in[4];
+    for (int i = 0; i < n; i++) in[i] = v[i].id;
+    int64_t sh[DPAR_MAX_DIMS];
+    const dpar__gnode *x = &g->n[like];
+    memcpy(sh, x->shape, sizeof sh);
+    return dpar__gv(dpar__g_push(g, kind, n, in, x->dtype, x->ndim, sh));
+}
+/* ... with the shape and dtype of v[0]. */
+static dpar_value dpar__g_like(dpar_graph *g, int kind, int n, const dpar_value *v) {
+    return dpar__g_make(g, kind, n, v, v[0].id);
+}
+static dpar_value dpar__g_scalar(dpar_graph *g, int kind, int n, const dpar_value *v) {
+    int in[4];
+    for (int i = 0; i < n; i++) in[i] = v[i].id;
+    return dpar__gv(dpar__g_push(g, kind, n, in, DPAR_F32, 0, NULL));
+}
+
+DPAR_API dpar_value dpar_g_matmul(dpar_graph *g, dpar_value a, dpar_value b, bool trans_a, bool trans_b) {
+    const char *fn = "dpar_g_matmul";
+    dpar_value v[2] = { a, b };
+    if (!dpar__g_args(g, fn, 2, v) || !dpar__g_f32(g, fn, 2, v)) return dpar__gv(0);
+    const dpar__gnode *x = &g->n[a.id], *y = &g->n[b.id];
+    char s1[160], s2[160], l1[96], l2[96];
+    if (x->ndim != 2 || y->ndim != 2 || x->shape[trans_a ? 0 : 1] != y->shape[trans_b ? 1 : 0])
+        return dpar__g_fail(g, DPAR_ERR_SHAPE,
+                            "%s: %s %s%s and %s %s%s: need 2-d operands whose inner dimensions agree", fn,
+                            dpar__g_label(g, a.id, l1, sizeof l1), dpar__g_shape(x, s1, sizeof s1),
+                            trans_a ? "^T" : "", dpar__g_label(g, b.id, l2, sizeof l2),
+                            dpar__g_shape(y, s2, sizeof s2), trans_b ? "^T" : "");
+    int64_t sh[2] = { x->shape[trans_a ? 1 : 0], y->shape[trans_b ? 0 : 1] };
+    int in[2] = { a.id, b.id };
+    int id = dpar__g_push(g, DPAR__G_MATMUL, 2, in, DPAR_F32, 2, sh);
+    if (id) g->n[id].ip[0] = trans_a, g->n[id].ip[1] = trans_b;
+    return dpar__gv(id);
+}
+DPAR_API dpar_value dpar_g_bias_add(dpar_graph *g, dpar_value x, dpar_value b) {
+    const char *fn = "dpar_g_bias_add";
+    dpar_value v[2] = { x, b };
+    if (!dpar__g_args(g, fn, 2, v) || !dpar__g_f32(g, fn, 2, v)) return dpar__gv(0);
+    const dpar__gnode *xn = &g->n[x.id], *bn = &g->n[b.id];
+    if (xn->ndim < 1 || bn->ndim != 1 || bn->shape[0] != xn->shape[xn->ndim - 1]) {
+        char s1[160], s2[160], l1[96], l2[96];
+        return dpar__g_fail(g, DPAR_ERR_SHAPE, "%s: bias %s %s must be 1-d with the size of the last dim of %s %s", fn,
+                            dpar__g_label(g, b.id, l2, sizeof l2), dpar__g_shape(bn, s2, sizeof s2),
+                            dpar__g_label(g, x.id, l1, sizeof l1), dpar__g_shape(xn, s1, sizeof s1));
+    }
+    return dpar__g_like(g, DPAR__G_BIAS_ADD, 2, v);
+}
+DPAR_API dpar_value dpar_g_relu(dpar_graph *g, dpar_value x) {
+    if (!dpar__g_args(g, "dpar_g_relu", 1, &x) || !dpar__g_f32(g, "dpar_g_relu", 1, &x)) return dpar__gv(0);
+    return dpar__g_like(g, DPAR__G_RELU, 1, &x);
+}
+DPAR_API dpar_value dpar_g_softmax_xent(dpar_graph *g, dpar_value logits, dpar_value labels) {
+    const char *fn = "dpar_g_softmax_xent";
+    dpar_value v[2] = { logits, labels };
+    if (!dpar__g_args(g, fn, 2, v) || !dpar__g_f32(g, fn, 1, v)) return dpar__gv(0);
+    const dpar__gnode *z = &g->n[logits.id], *y = &g->n[labels.id];
+    char s1[160], s2[160], l1[96], l2[96];
+    if (y->dtype != DPAR_I32)
+        return dpar__g_fail(g, DPAR_ERR_DTYPE, "%s: labels %s are %s; they must be i32 class indices", fn,
+                            dpar__g_label(g, labels.id, l2, sizeof l2), dpar_dtype_name(y->dtype));
+    if (z->ndim != 2 || dpar__g_count(y) != z->shape[0])
+        return dpar__g_fail(g, DPAR_ERR_SHAPE, "%s: logits %s %s must be [M,C] and labels %s %s hold M values", fn,
+                            dpar__g_label(g, logits.id, l1, sizeof l1), dpar__g_shape(z, s1, sizeof s1),
+                            dpar__g_label(g, labels.id, l2, sizeof l2), dpar__g_shape(y, s2, sizeof s2));
+    return dpar__g_scalar(g, DPAR__G_XENT, 2, v);
+}
+DPAR_API dpar_value dpar_g_mse(dpar_graph *g, dpar_value pred, dpar_value target) {
+    dpar_value v[2] = { pred, target };
+    if (!dpar__g_args(g, "dpar_g_mse", 2, v) || !dpar__g_f32(g, "dpar_g_mse", 2, v) ||
+        !dpar__g_same(g, "dpar_g_mse", pred, target))
+        return dpar__gv(0);
+    return dpar__g_scalar(g, DPAR__G_MSE, 2, v);
+}
+DPAR_API dpar_value dpar_g_add(dpar_graph *g, dpar_value a, dpar_value b) {
+    dpar_value v[2] = { a, b };
+    if (!dpar__g_args(g, "dpar_g_add", 2, v) || !dpar__g_f32(g, "dpar_g_add", 2, v) ||
+        !dpar__g_same(g, "dpar_g_add", a, b))
+        return dpar__gv(0);
+    return dpar__g_like(g, DPAR__G_ADD, 2, v);
+}
+DPAR_API dpar_value dpar_g_scale(dpar_graph *g, dpar_value x, float alpha) {
+    if (!dpar__g_args(g, "dpar_g_scale", 1, &x) || !dpar__g_f32(g, "dpar_g_scale", 1, &x)) return dpar__gv(0);
+    dpar_value r = dpar__g_like(g, DPAR__G_SCALE, 1, &x);
+    if (r.id) g->n[r.id].fp = alpha;
+    return r;
+}
+DPAR_API dpar_value dpar_g_mul_scalar(dpar_graph *g, dpar_value s, dpar_value x) {
+    const char *fn = "dpar_g_mul_scalar";
+    dpar_value v[2] = { s, x };
+    if (!dpar__g_args(g, fn, 2, v) || !dpar__g_f32(g, fn, 2, v)) return dpar__gv(0);
+    if (dpar__g_count(&g->n[s.id]) != 1) {
+        char s1[160], l1[96];
+        return dpar__g_fail(g, DPAR_ERR_SHAPE, "%s: the scalar %s is %s; it must hold one element", fn,
+                            dpar__g_label(g, s.id, l1, sizeof l1), dpar__g_shape(&g->n[s.id], s1, sizeof s1));
+    }
+    return dpar__g_make(g, DPAR__G_MULS, 2, v, x.id);
+}
+DPAR_API dpar_value dpar_g_sum(dpar_graph *g, dpar_value x) {
+    if (!dpar__g_args(g, "dpar_g_sum", 1, &x) || !dpar__g_f32(g, "dpar_g_sum", 1, &x)) return dpar__gv(0);
+    return dpar__g_scalar(g, DPAR__G_SUM, 1, &x);
+}
+DPAR_API dpar_value dpar_g_sum_squares(dpar_graph *g, dpar_value x) {
+    if (!dpar__g_args(g, "dpar_g_sum_squares", 1, &x) || !dpar__g_f32(g, "dpar_g_sum_squares", 1, &x))
+        return dpar__gv(0);
+    return dpar__g_scalar(g, DPAR__G_SUMSQ, 1, &x);
+}
+DPAR_API dpar_value dpar_g_dot(dpar_graph *g, dpar_value a, dpar_value b) {
+    const char *fn = "dpar_g_dot";
+    dpar_value v[2] = { a, b };
+    if (!dpar__g_args(g, fn, 2, v) || !dpar__g_f32(g, fn, 2, v)) return dpar__gv(0);
+    if (dpar__g_count(&g->n[a.id]) != dpar__g_count(&g->n[b.id])) {
+        char s1[160], s2[160], l1[96], l2[96];
+        return dpar__g_fail(g, DPAR_ERR_SHAPE, "%s: %s %s and %s %s must have the same element count", fn,
+                            dpar__g_label(g, a.id, l1, sizeof l1), dpar__g_shape(&g->n[a.id], s1, sizeof s1),
+                            dpar__g_label(g, b.id, l2, sizeof l2), dpar__g_shape(&g->n[b.id], s2, sizeof s2));
+    }
+    return dpar__g_scalar(g, DPAR__G_DOT, 2, v);
+}
+DPAR_API dpar_value dpar_g_cast(dpar_graph *g, dpar_value x, dpar_dtype dtype) {
+    if (!dpar__g_args(g, "dpar_g_cast", 1, &x)) return dpar__gv(0);
+    if ((int)dtype < 0 || (int)dtype >= (int)DPAR_DTYPE_COUNT)
+        return dpar__g_fail(g, DPAR_ERR_DTYPE, "dpar_g_cast: dtype %d is not a dpar_dtype", (int)dtype);
+    dpar_value r = dpar__g_like(g, DPAR__G_CAST, 1, &x);
+    if (r.id) g->n[r.id].dtype = dtype;
+    return r;
+}
+DPAR_API dpar_value dpar_g_reshape(dpar_graph *g, dpar_value x, int ndim, const int64_t *shape) {
+    if (!dpar__g_args(g, "dpar_g_reshape", 1, &x)) return dpar__gv(0);
+    dpar_status s = dpar__check_shape("dpar_g_reshape", ndim, shape);
+    if (s) return dpar__g_fail(g, s, "%s", dpar_last_error());
+    if (dpar__prod(shape, ndim) != dpar__g_count(&g->n[x.id])) {
+        char s1[160], s2[160], l1[96];
+        return dpar__g_fail(g, DPAR_ERR_SHAPE, "dpar_g_reshape: %s %s cannot become %s (element counts differ)",
+                            dpar__g_label(g, x.id, l1, sizeof l1), dpar__g_shape(&g->n[x.id], s1, sizeof s1),
+                            dpar__shape_str(s2, sizeof s2, ndim, shape));
+    }
+    int in[1] = { x.id };
+    return dpar__gv(dpar__g_push(g, DPAR__G_COPY, 1, in, g->n[x.id].dtype, ndim, shape));
+}
+
+/* ---- collectives: axes, shapes, varying axes ---- */
+static dpar_value dpar__g_coll(dpar_graph *g, int kind, dpar_value x, const char *axes) {
+    const char *fn = dpar__g_kinds[kind].name;
+    if (!dpar__g_args(g, fn, 1, &x)) return dpar__gv(0);
+    unsigned mask = 0;
+    dpar_status s = dpar__parse_axes(g->mesh, fn, axes, &mask, NULL, NULL);
+    if (s) return dpar__g_fail(g, s, "dpar_g_%s", dpar_last_error());
+    if (strlen(axes) >= sizeof g->n[0].axes_str)
+        return dpar__g_fail(g, DPAR_ERR_INVALID_ARGUMENT, "dpar_g_%s: axes \"%s\" too long", fn, axes);
+    dpar_value r = dpar__g_like(g, kind, 1, &x);
+    if (!r.id) return r;
+    dpar__gnode *nd = &g->n[r.id];
+    nd->axes = mask;
+    snprintf(nd->axes_str, sizeof nd->axes_str, "%s", axes);
+    bool reduce = kind == DPAR__G_PSUM || kind == DPAR__G_PMEAN || kind == DPAR__G_PMAX || kind == DPAR__G_PMIN ||
+                  kind == DPAR__G_ALL_GATHER || kind == DPAR__G_PBROADCAST;
+    nd->vary = reduce ? (g->n[x.id].vary & ~mask) : (g->n[x.id].vary | mask);
+    return r;
+}
+static int dpar__g_group_size(const dpar_graph *g, unsigned mask) {
+    return dpar__mask_size(g->mesh, mask);
+}
+DPAR_API dpar_value dpar_g_psum(dpar_graph *g, dpar_value x, const char *axes) {
+    return dpar__g_coll(g, DPAR__G_PSUM, x, axes);
+}
+DPAR_API dpar_value dpar_g_pmean(dpar_graph *g, dpar_value x, const char *axes) {
+    return dpar__g_coll(g, DPAR__G_PMEAN, x, axes);
+}
+DPAR_API dpar_value dpar_g_pmax(dpar_graph *g, dpar_value x, const char *axes) {
+    return dpar__g_coll(g, DPAR__G_PMAX, x, axes);
+}
+DPAR_API dpar_value dpar_g_pmin(dpar_graph *g, dpar_value x, const char *axes) {
+    return dpar__g_coll(g, DPAR__G_PMIN, x, axes);
+}
+DPAR_API dpar_value dpar_g_pcast(dpar_graph *g, dpar_value x, const char *axes) {
+    return dpar__g_coll(g, DPAR__G_PCAST, x, axes);
+}
+/* Checks dim against x's rank (+extra) and gives the group size; 0 on error (recorded). */
+static int dpar__g_coll_dim(dpar_graph *g, const char *fn, dpar_value r, int dim, int extra) {
+    dpar__gnode *nd = &g->n[r.id];
+    if (dim < 0 || dim >= nd->ndim + extra) {
+        char l[96];
+        dpar__g_fail(g, DPAR_ERR_INVALID_ARGUMENT, "%s: %s: dim %d is outside 0..%d", fn,
+                     dpar__g_label(g, nd->in[0], l, sizeof l), dim, nd->ndim + extra - 1);
+        return 0;
+    }
+    return dpar__g_group_size(g, nd->axes);
+}
+DPAR_API dpar_value dpar_g_all_gather(dpar_graph *g, dpar_value x, const char *axes, int dim, bool tiled) {
+    dpar_value r = dpar__g_coll(g, DPAR__G_ALL_GATHER, x, axes);
+    int n = r.id ? dpar__g_coll_dim(g, "dpar_g_all_gather", r, dim, tiled ? 0 : 1) : 0;
+    if (!n) return dpar__gv(0);
+    dpar__gnode *nd = &g->n[r.id];
+    if (tiled) {
+        nd->shape[dim] *= n;
+    } else {
+        if (nd->ndim == DPAR_MAX_DIMS)
+            return dpar__g_fail(g, DPAR_ERR_SHAPE, "dpar_g_all_gather: stacking would exceed %d dims", DPAR_MAX_DIMS);
+        for (int d = nd->ndim; d > dim; d--) nd->shape[d] = nd->shape[d - 1];
+        nd->shape[dim] = n;
+        nd->ndim++;
+    }
+    nd->ip[0] = dim, nd->ip[1] = tiled;
+    return r;
+}
+DPAR_API dpar_value dpar_g_psum_scatter(dpar_graph *g, dpar_value x, const char *axes, int dim, bool tiled) {
+    dpar_value r = dpar__g_coll(g, DPAR__G_PSUM_SCATTER, x, axes);
+    int n = r.id ? dpar__g_coll_dim(g, "dpar_g_psum_scatter", r, dim, 0) : 0;
+    if (!n) return dpar__gv(0);
+    dpar__gnode *nd = &g->n[r.id];
+    char s1[160];
+    if ((tiled && nd->shape[dim] % n) || (!tiled && nd->shape[dim] != n))
+        return dpar__g_fail(g, DPAR_ERR_SHAPE, "dpar_g_psum_scatter: dim %d of %s is %lld; it must be %s %d", dim,
+                            dpar__g_shape(nd, s1, sizeof s1), (long long)nd->shape[dim],
+                            tiled ? "a multiple of the group size" : "the group size", n);
+    if (tiled) {
+        nd->shape[dim] /= n;
+    } else {
+        for (int d = dim; d + 1 < nd->ndim; d++) nd->shape[d] = nd->shape[d + 1];
+        nd->ndim--;
+    }
+    nd->ip[0] = dim, nd->ip[1] = tiled;
+    return r;
+}
+DPAR_API dpar_value dpar_g_ppermute(dpar_graph *g, dpar_value x, const char *axes, const int *pairs, int num_pairs) {
+    dpar_value r = dpar__g_coll(g, DPAR__G_PPERMUTE, x, axes);
+    if (!r.id) return r;
+    if (num_pairs < 0 || (num_pairs && !pairs))
+        return dpar__g_fail(g, DPAR_ERR_INVALID_ARGUMENT, "dpar_g_ppermute: %d pairs and pairs %s", num_pairs,
+                            pairs ? "given" : "NULL");
+    int n = dpar__g_group_size(g, g->n[r.id].axes);
+    for (int i = 0; i < 2 * num_pairs; i++)
+        if (pairs[i] < 0 || pairs[i] >= n)
+            return dpar__g_fail(g, DPAR_ERR_INVALID_ARGUMENT,
+                                "dpar_g_ppermute: pair %d names position %d; the group over \"%s\" has %d members",
+                                i / 2, pairs[i], axes, n);
+    int *p = (int *)DPAR_MALLOC((size_t)(2 * num_pairs + 1) * sizeof(int));
+    if (!p) return dpar__g_fail(g, DPAR_ERR_OUT_OF_MEMORY, "dpar_g_ppermute: out of memory");
+    if (num_pairs) memcpy(p, pairs, (size_t)(2 * num_pairs) * sizeof(int));
+    g->n[r.id].pairs = p;
+    g->n[r.id].npairs = num_pairs;
+    return r;
+}
+DPAR_API dpar_value dpar_g_all_to_all(dpar_graph *g, dpar_value x, const char *axes, int split_dim, int concat_dim) {
+    dpar_value r = dpar__g_coll(g, DPAR__G_ALL_TO_ALL, x, axes);
+    int n = r.id ? dpar__g_coll_dim(g, "dpar_g_all_to_all", r, split_dim, 0) : 0;
+    if (n) n = dpar__g_coll_dim(g, "dpar_g_all_to_all", r, concat_dim, 0);
+    if (!n) return dpar__gv(0);
+    dpar__gnode *nd = &g->n[r.id];
+    char s1[160];
+    if (nd->shape[split_dim] % n)
+        return dpar__g_fail(g, DPAR_ERR_SHAPE, "dpar_g_all_to_all: split dim %d of %s is not divisible by %d",
+                            split_dim, dpar__g_shape(nd, s1, sizeof s1), n);
+    nd->shape[split_dim] /= n;
+    nd->shape[concat_dim] *= n;
+    nd->ip[0] = split_dim, nd->ip[1] = concat_dim;
+    return r;
+}
+DPAR_API dpar_value dpar_g_pbroadcast(dpar_graph *g, dpar_value x, const char *axes, int root) {
+    dpar_value r = dpar__g_coll(g, DPAR__G_PBROADCAST, x, axes);
+    if (!r.id) return r;
+    int n = dpar__g_group_size(g, g->n[r.id].axes);
+    if (root < 0 || root >= n)
+        return dpar__g_fail(g, DPAR_ERR_INVALID_ARGUMENT, "dpar_g_pbroadcast: root %d is outside 0..%d", root, n - 1);
+    g->n[r.id].ip[0] = root;
+    return r;
+}
+/* Internal transposes: this member's block of an all_gather output / the root's copy of x. */
+static dpar_value dpar__g_block(dpar_graph *g, dpar_value ct, const dpar__gnode *ag) {
+    dpar_value r = dpar__g_like(g, DPAR__G_BLOCK, 1, &ct);
+    if (!r.id) return r;
+    dpar__gnode *nd = &g->n[r.id], *x = &g->n[ag->in[0]];
+    nd->ndim = x->ndim;
+    memcpy(nd->shape, x->shape, sizeof nd->shape);
+    nd->axes = ag->axes;
+    memcpy(nd->axes_str, ag->axes_str, sizeof nd->axes_str);
+    nd->ip[0] = ag->ip[0], nd->ip[1] = ag->ip[1];
+    return r;
+}
+static dpar_value dpar__g_root_only(dpar_graph *g, dpar_value ct, const dpar__gnode *pb) {
+    dpar_value r = dpar__g_like(g, DPAR__G_ROOT_ONLY, 1, &ct);
+    if (!r.id) return r;
+    dpar__gnode *nd = &g->n[r.id];
+    nd->axes = pb->axes;
+    memcpy(nd->axes_str, pb->axes_str, sizeof nd->axes_str);
+    nd->ip[0] = pb->ip[0];
+    nd->vary |= pb->axes;
+    return r;
+}
+
+/* ---- reverse mode ---- */
+typedef struct dpar__gback {
+    int *ct;      /* [count] accumulated cotangent of each node (0: none yet) */
+    bool *needed; /* [count] node lies on a path from a wrt value */
+    int *owner;   /* [count] the reduction node made for a contribution to this node (peephole) */
+} dpar__gback;
+
+/* Adds contribution c (as seen by a node whose inputs vary over `eff`) to
+   node v's cotangent. What c varies over beyond v is psum'd away first: the
+   transpose of the implicit pvary of v (a replicated weight used with a batch
+   shard, an invariant value fed to a collective). */
+static void dpar__g_contrib(dpar_graph *g, dpar__gback *bk, int v, unsigned eff, dpar_value c) {
+    if (!c.id || !bk->needed[v]) return;
+    unsigned extra = eff & ~g->n[v].vary;
+    if (extra) {
+        char axes[64] = "";
+        size_t at = 0;
+        for (int a = 0; a < g->mesh->ndim; a++)
+            if (extra & (1u << a))
+                at += (size_t)snprintf(axes + at, sizeof axes - at, at ? ",%s" : "%s", g->mesh->names[a]);
+        c = dpar_g_psum(g, c, axes);
+        if (!c.id) return;
+        bk->owner[c.id] = v;
+    }
+    bk->ct[v] = bk->ct[v] ? dpar_g_add(g, dpar__gv(bk->ct[v]), c).id : c.id;
+}
+/* ct scaled by the device scalar s, unless s is the constant 1. */
+static dpar_value dpar__g_times(dpar_graph *g, dpar_value s, dpar_value x) {
+    return g->n[s.id].is_one ? x : dpar_g_mul_scalar(g, s, x);
+}
+/* The gradient rule of node i with cotangent ct: contributions to its inputs. */
+static dpar_status dpar__g_grad(dpar_graph *g, dpar__gback *bk, int i, dpar_value ct) {
+    dpar__gnode nd = g->n[i]; /* a copy: building nodes may move the table */
+    dpar_value a = dpar__gv(nd.in[0]), b = dpar__gv(nd.in[1]);
+    unsigned eff = nd.vary; /* inputs of an ordinary op are pvary'd to its result's axes */
+    if (dpar__g_kinds[nd.kind].coll) eff = g->n[nd.in[0]].vary | nd.axes;
+    char l[96];
+    switch (nd.kind) {
+    case DPAR__G_MATMUL: {
+        bool ta = nd.ip[0] != 0, tb = nd.ip[1] != 0;
+        if (bk->needed[a.id])
+            dpar__g_contrib(g, bk, a.id, eff, ta ? dpar_g_matmul(g, b, ct, tb, true) : dpar_g_matmul(g, ct, b, false, !tb));
+        if (bk->needed[b.id])
+            dpar__g_contrib(g, bk, b.id, eff, tb ? dpar_g_matmul(g, ct, a, true, ta) : dpar_g_matmul(g, a, ct, !ta, false));
+        break;
+    }
+    case DPAR__G_BIAS_ADD:
+        dpar__g_contrib(g, bk, a.id, eff, ct);
+        if (bk->needed[b.id]) dpar__g_contrib(g, bk, b.id, eff, dpar__g_make(g, DPAR__G_BIAS_GRAD, 1, &ct, b.id));
+        break;
+    case DPAR__G_RELU: {
+        dpar_value v[2] = { ct, a };
+        dpar__g_contrib(g, bk, a.id, eff, dpar__g_like(g, DPAR__G_RELU_GRAD, 2, v));
+        break;
+    }
+    case DPAR__G_XENT:
+    case DPAR__G_MSE: {
+        dpar_value v[2] = { a, b };
+        dpar_value d = dpar__g_like(g, nd.kind == DPAR__G_XENT ? DPAR__G_XENT_GRAD : DPAR__G_MSE_GRAD, 2, v);
+        d = dpar__g_times(g, ct, d);
+        dpar__g_contrib(g, bk, a.id, eff, d);
+        if (nd.kind == DPAR__G_MSE && bk->needed[b.id]) dpar__g_contrib(g, bk, b.id, eff, dpar_g_scale(g, d, -1.0f));
+        break;
+    }
+    case DPAR__G_ADD:
+        dpar__g_contrib(g, bk, a.id, eff, ct);
+        dpar__g_contrib(g, bk, b.id, eff, ct);
+        break;
+    case DPAR__G_SCALE:
+        dpar__g_contrib(g, bk, a.id, eff, dpar_g_scale(g, ct, nd.fp));
+        break;
+    case DPAR__G_MULS:
+        if (bk->needed[a.id]) dpar__g_contrib(g, bk, a.id, eff, dpar_g_reshape(g, dpar_g_dot(g, ct, b), g->n[a.id].ndim,
+                                                                              g->n[a.id].shape));
+        dpar__g_contrib(g, bk, b.id, eff, dpar__g_times(g, a, ct));
+        break;
+    case DPAR__G_SUM:
+    case DPAR__G_SUMSQ: {
+        const dpar__gnode *x = &g->n[a.id];
+        dpar_value d = nd.kind == DPAR__G_SUM ? dpar_g_const(g, DPAR_F32, x->ndim, x->shape, 1.0f)
+                                              : dpar_g_scale(g, a, 2.0f);
+        dpar__g_contrib(g, bk, a.id, eff, dpar__g_times(g, ct, d));
+        break;
+    }
+    case DPAR__G_DOT:
+        dpar__g_contrib(g, bk, a.id, eff, dpar_g_reshape(g, dpar__g_times(g, ct, b), g->n[a.id].ndim, g->n[a.id].shape));
+        dpar__g_contrib(g, bk, b.id, eff, dpar_g_reshape(g, dpar__g_times(g, ct, a), g->n[b.id].ndim, g->n[b.id].shape));
+        break;
+    case DPAR__G_CAST:
+        dpar__g_contrib(g, bk, a.id, eff, dpar_g_cast(g, ct, g->n[a.id].dtype));
+        break;
+    case DPAR__G_COPY:
+        dpar__g_contrib(g, bk, a.id, eff, dpar_g_reshape(g, ct, g->n[a.id].ndim, g->n[a.id].shape));
+        break;
+    case DPAR__G_PSUM:
+    case DPAR__G_PCAST: /* psum's transpose is pvary (identity); pcast's is psum, done by dpar__g_contrib */
+        dpar__g_contrib(g, bk, a.id, eff, ct);
+        break;
+    case DPAR__G_PMEAN:
+        dpar__g_contrib(g, bk, a.id, eff, dpar_g_scale(g, ct, 1.0f / (float)dpar__g_group_size(g, nd.axes)));
+        break;
+    case DPAR__G_ALL_GATHER: /* the cotangent is invariant over the axes: each member takes its block */
+        dpar__g_contrib(g, bk, a.id, eff, dpar__g_block(g, ct, &nd));
+        break;
+    case DPAR__G_PSUM_SCATTER:
+        dpar__g_contrib(g, bk, a.id, eff, dpar_g_all_gather(g, ct, nd.axes_str, nd.ip[0], nd.ip[1] != 0));
+        break;
+    case DPAR__G_PPERMUTE: {
+        int inv[2 * 256];
+        int np = nd.npairs < 256 ? nd.npairs : 256;
+        for (int k = 0; k < np; k++) inv[2 * k] = nd.pairs[2 * k + 1], inv[2 * k + 1] = nd.pairs[2 * k];
+        dpar__g_contrib(g, bk, a.id, eff, dpar_g_ppermute(g, ct, nd.axes_str, inv, np));
+        break;
+    }
+    case DPAR__G_ALL_TO_ALL:
+        dpar__g_contrib(g, bk, a.id, eff, dpar_g_all_to_all(g, ct, nd.axes_str, nd.ip[1], nd.ip[0]));
+        break;
+    case DPAR__G_PBROADCAST:
+        dpar__g_contrib(g, bk, a.id, eff, dpar__g_root_only(g, ct, &nd));
+        break;
+    case DPAR__G_PMAX:
+    case DPAR__G_PMIN:
+        dpar__g_fail(g, DPAR_ERR_INVALID_ARGUMENT,
+                     "dpar_graph_value_and_grad: %s lies on the path to the loss but pmax/pmin have no gradient in "
+                     "dpar graphs (refused: which member gets it is a modelling choice); use psum/pmean there",
+                     dpar__g_label(g, i, l, sizeof l));
+        break;
+    default:
+        break;
+    }
+    return dpar__g_status(g);
+}
+
+/* Marks the nodes on a path from a wrt value (their cotangents are built). */
+static void dpar__g_mark_needed(const dpar_graph *g, dpar__gback *bk, const dpar_value *wrt, int n, int upto) {
+    for (int k = 0; k < n; k++) bk->needed[wrt[k].id] = true;
+    for (int i = 1; i <= upto; i++)
+        for (int j = 0; j < g->n[i].nin; j++)
+            if (bk->needed[g->n[i].in[j]]) bk->needed[i] = true;
+}
+/* The loss as differentiated and reported: a loss that varies over mesh axes is pmean'd over them. */
+static dpar_status dpar__g_pin(dpar_graph *g, int loss) {
+    unsigned pin = g->n[loss].vary;
+    g->loss = loss;
+    g->loss_value = loss;
+    g->pin = pin;
+    if (!pin) return DPAR_OK;
+    char axes[64] = "";
+    size_t at = 0;
+    for (int a = 0; a < g->mesh->ndim; a++)
+        if (pin & (1u << a)) at += (size_t)snprintf(axes + at, sizeof axes - at, at ? ",%s" : "%s", g->mesh->names[a]);
+    g->loss_value = dpar_g_pmean(g, dpar__gv(loss), axes).id;
+    g->gscale = 1.0f / (float)dpar__g_group_size(g, pin);
+    return dpar__g_status(g);
+}
+/* Gradient of wrt value w from its cotangent c: the pinned scale applied (a
+   psum over exactly the pinned axes becomes the pmean the eager code would
+   call), then a node of its own that the plan keeps. */
+static int dpar__g_final_grad(dpar_graph *g, dpar__gback *bk, int w, int c, const int *uses) {
+    const dpar__gnode *wn = &g->n[w];
+    if (!c) {
+        int64_t sh[DPAR_MAX_DIMS];
+        memcpy(sh, wn->shape, sizeof sh);
+        c = dpar_g_const(g, wn->dtype, wn->ndim, sh, 0.0f).id; /* the loss does not depend on w */
+        if (c) g->n[c].vary = g->n[w].vary;
+    } else if (g->gscale != 1.0f) {
+        dpar__gnode *cn = &g->n[c];
+        if (cn->kind == DPAR__G_PSUM && bk->owner[c] == w && cn->axes == g->pin && !uses[c])
+            cn->kind = DPAR__G_PMEAN;
+        else
+            c = dpar_g_scale(g, dpar__gv(c), g->gscale).id;
+    } else if (uses[c] || g->n[c].kind == DPAR__G_FEED || g->n[c].kind == DPAR__G_PARAM ||
+               g->n[c].kind == DPAR__G_CONST || g->n[c].keep) {
+        c = dpar_g_reshape(g, dpar__gv(c), wn->ndim, g->n[w].shape).id; /* a copy the plan can keep */
+    }
+    if (!c) return 0;
+    g->n[c].keep = true;
+    g->n[c].vary = g->n[w].vary;
+    if (g->n[w].kind == DPAR__G_FEED || g->n[w].kind == DPAR__G_PARAM) g->n[c].spec_of = w;
+    return c;
+}
+DPAR_API dpar_status dpar_graph_value_and_grad(dpar_graph *g, dpar_value loss, const dpar_value *wrt, int n,
+                                               dpar_value *grads) {
+    const char *fn = "dpar_graph_value_and_grad";
+    dpar__clear_error();
+    if (!dpar__g_args(g, fn, 1, &loss)) return g ? dpar__g_status(g) : DPAR_ERR_INVALID_ARGUMENT;
+    if (n < 0 || (n && (!wrt || !grads)))
+        return dpar__g_err(g, DPAR_ERR_INVALID_ARGUMENT, "%s: n = %d with wrt or grads NULL", fn, n);
+    if (n && !dpar__g_args(g, fn, n, wrt)) return dpar__g_status(g);
+    if (g->loss) return dpar__g_err(g, DPAR_ERR_STATE, "%s: the graph has a loss already (once per graph)", fn);
+    const dpar__gnode *ln = &g->n[loss.id];
+    char l[96], sh[160];
+    if (dpar__g_count(ln) != 1 || ln->dtype != DPAR_F32)
+        return dpar__g_err(g, dpar__g_count(ln) != 1 ? DPAR_ERR_SHAPE : DPAR_ERR_DTYPE,
+                            "%s: the loss %s is %s %s; it must be a scalar (one f32 element): reduce it first "
+                            "(dpar_g_sum, dpar_g_softmax_xent)",
+                            fn, dpar__g_label(g, loss.id, l, sizeof l), dpar_dtype_name(ln->dtype),
+                            dpar__g_shape(ln, sh, sizeof sh));
+    int upto = g->count;
+    dpar__gback bk;
+    size_t cap = (size_t)(upto * 8 + 64 * (n + 4)) + 4096; /* backward nodes never exceed this many */
+    bk.ct = (int *)DPAR_MALLOC(cap * sizeof(int));
+    bk.owner = (int *)DPAR_MALLOC(cap * sizeof(int));
+    bk.needed = (bool *)DPAR_MALLOC(cap * sizeof(bool));
+    int *uses = (int *)DPAR_MALLOC(cap * sizeof(int));
+    dpar_status s = DPAR_OK;
+    if (!bk.ct || !bk.owner || !bk.needed || !uses) {
+        s = dpar__g_err(g, DPAR_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+    } else {
+        memset(bk.ct, 0, cap * sizeof(int));
+        memset(bk.owner, 0, cap * sizeof(int));
+        memset(bk.needed, 0, cap * sizeof(bool));
+        memset(uses, 0, cap * sizeof(int));
+        dpar__g_mark_needed(g, &bk, wrt, n, loss.id);
+        s = dpar__g_pin(g, loss.id);
+        int seed = s ? 0 : dpar_g_const(g, DPAR_F32, 0, NULL, 1.0f).id;
+        bk.ct[loss.id] = seed;
+        for (int i = loss.id; i > 0 && !s; i--)
+            if (bk.ct[i] && bk.needed[i] && g->count + 64 < (int)cap) s = dpar__g_grad(g, &bk, i, dpar__gv(bk.ct[i]));
+        if (!s && g->count + 64 * (n + 1) >= (int)cap)
+            s = dpar__g_err(g, DPAR_ERR_OUT_OF_MEMORY, "%s: backward pass too large", fn);
+        for (int i = 1; i < g->count; i++)
+            for (int j = 0; j < g->n[i].nin; j++) uses[g->n[i].in[j]]++;
+        for (int k = 0; k < n && !s; k++) {
+            grads[k] = dpar__gv(dpar__g_final_grad(g, &bk, wrt[k].id, bk.ct[wrt[k].id], uses));
+            if (grads[k].id) uses[grads[k].id]++;
+            s = dpar__g_status(g);
+        }
+        if (!s) g->n[g->loss_value].keep = true;
+    }
+    DPAR_FREE(bk.ct);
+    DPAR_FREE(bk.owner);
+    DPAR_FREE(bk.needed);
+    DPAR_FREE(uses);
+    if (s)
+        for (int k = 0; k < n; k++) grads[k] = dpar__gv(0);
+    return s;
+}
+
+DPAR_API dpar_status dpar_graph_keep(dpar_graph *g, dpar_value v) {
+    dpar__clear_error();
+    if (!dpar__g_args(g, "dpar_graph_keep", 1, &v)) return g ? dpar__g_status(g) : DPAR_ERR_INVALID_ARGUMENT;
+    g->n[v.id].keep = true;
+    return DPAR_OK;
+}
+
+/* ---- optimizer nodes ---- */
+DPAR_API dpar_status dpar_graph_sgd(dpar_graph *g, const dpar_sgd_desc *d, const dpar_value *params,
+                                    const dpar_value *grads, int n) {
+    const char *fn = "dpar_graph_sgd";
+    dpar__clear_error();
+    if (!dpar__g_args(g, fn, 0, NULL)) return g ? dpar__g_status(g) : DPAR_ERR_INVALID_ARGUMENT;
+    if (!d || n <= 0 || !params || !grads)
+        return dpar__g_err(g, DPAR_ERR_INVALID_ARGUMENT, "%s: desc, params or grads NULL or n = %d", fn, n);
+    if (g->has_opt) return dpar__g_err(g, DPAR_ERR_STATE, "%s: the graph has an optimizer step already", fn);
+    dpar_status s = dpar_sgd_check(d);
+    if (s) return dpar__g_err(g, s, "%s", dpar_last_error());
+    if (!dpar__g_args(g, fn, n, params) || !dpar__g_args(g, fn, n, grads)) return dpar__g_status(g);
+    unsigned split = 0;
+    char l[96], l2[96];
+    for (int k = 0; k < n; k++) {
+        const dpar__gnode *p = &g->n[params[k].id], *q = &g->n[grads[k].id];
+        if (p->kind != DPAR__G_PARAM)
+            return dpar__g_err(g, DPAR_ERR_INVALID_ARGUMENT, "%s: params[%d] %s is not a param (dpar_g_param)", fn, k,
+                                dpar__g_label(g, params[k].id, l, sizeof l));
+        if (dpar__g_count(p) != dpar__g_count(q) || p->dtype != DPAR_F32 || q->dtype != DPAR_F32)
+            return dpar__g_err(g, DPAR_ERR_INVALID_ARGUMENT, "%s: param %s and gradient %s differ in size or are not f32",
+                                fn, dpar__g_label(g, params[k].id, l, sizeof l),
+                                dpar__g_label(g, grads[k].id, l2, sizeof l2));
+        if (k && d->clip_norm > 0 && p->vary != split)
+            return dpar__g_err(g, DPAR_ERR_INVALID_ARGUMENT,
+                                "%s: clipping by global norm needs every param split over the same axes (%s differs)",
+                                fn, dpar__g_label(g, params[k].id, l, sizeof l));
+        split = p->vary;
+    }
+    dpar__gopt *o = &g->opt;
+    o->params = (int *)DPAR_MALLOC((size_t)n * sizeof(int));
+    o->grads = (int *)DPAR_MALLOC((size_t)n * sizeof(int));
+    if (!o->params || !o->grads) return dpar__g_err(g, DPAR_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+    o->d = *d;
+    o->n = n;
+    size_t at = 0;
+    o->norm_axes[0] = 0;
+    for (int a = 0; a < g->mesh->ndim && d->clip_norm > 0; a++)
+        if (split & (1u << a))
+            at += (size_t)snprintf(o->norm_axes + at, sizeof o->norm_axes - at, at ? ",%s" : "%s", g->mesh->names[a]);
+    o->d.norm_axes = o->norm_axes[0] ? o->norm_axes : NULL;
+    for (int k = 0; k < n; k++) o->params[k] = params[k].id, o->grads[k] = grads[k].id;
+    g->has_opt = true;
+    int id = dpar__g_push(g, DPAR__G_SGD, 0, NULL, DPAR_F32, 0, NULL);
+    return id ? DPAR_OK : dpar__g_status(g);
+}
+
+/* ---- compile: liveness plan, buffers ---- */
+typedef struct dpar__gplan {
+    int *last;      /* [count] last node that reads each node */
+    bool *pooled;   /* [count] its buffer returns to the pool after `last` */
+    int *sdtype;    /* [slots] */
+    int64_t *scount;
+    bool *sfree;
+} dpar__gplan;
+
+static int dpar__g_new_slot(dpar_graph *g, dpar__gplan *p, const dpar__gnode *nd, dpar_array *a, dpar_status *s) {
+    int k = g->nslots++;
+    p->sdtype[k] = (int)nd->dtype;
+    p->scount[k] = dpar__g_count(nd);
+    p->sfree[k] = false;
+    g->slot_owned[k] = a == NULL;
+    for (int li = 0; li < g->nlocal && !*s; li++) {
+        dpar_buffer **b = &g->slots[k * g->nlocal + li];
+        if (a)
+            *b = dpar_array_shard(a, g->first + li);
+        else
+            *s = dpar_buffer_create(g->rt, g->first + li, nd->dtype, nd->ndim, nd->shape, b);
+    }
+    if (!a) g->stats.planned_bytes += (uint64_t)p->scount[k] * dpar_dtype_size(nd->dtype);
+    return k;
+}
+/* An array with the global shape and spec of leaf w (the gradient of a feed or param). */
+static dpar_status dpar__g_grad_array(dpar_graph *g, int w, dpar_array **out) {
+    const dpar_array *src = g->n[w].array;
+    dpar_array_desc d;
+    char spec[DPAR_MAX_DIMS][64];
+    memset(&d, 0, sizeof d);
+    d.dtype = src->dtype;
+    d.ndim = src->ndim;
+    for (int i = 0; i < src->ndim; i++) {
+        d.shape[i] = src->shape[i];
+        dpar_status s = dpar_array_spec(src, i, spec[i], sizeof spec[i]);
+        if (s) return s;
+        d.spec[i] = spec[i][0] ? spec[i] : NULL;
+    }
+    return dpar_array_create(g->mesh, &d, out);
+}
+static dpar_status dpar__g_assign(dpar_graph *g, dpar__gplan *p, int i) {
+    dpar__gnode *nd = &g->n[i];
+    dpar_status s = DPAR_OK;
+    if (nd->kind == DPAR__G_SGD) return DPAR_OK;
+    if (nd->kind == DPAR__G_FEED || nd->kind == DPAR__G_PARAM) {
+        nd->slot = dpar__g_new_slot(g, p, nd, nd->array, &s);
+        return s;
+    }
+    g->stats.naive_bytes += (uint64_t)dpar__g_count(nd) * dpar_dtype_size(nd->dtype);
+    if (nd->keep && nd->spec_of) {
+        if ((s = dpar__g_grad_array(g, nd->spec_of, &nd->array))) return s;
+        g->stats.planned_bytes += (uint64_t)dpar__g_count(nd) * dpar_dtype_size(nd->dtype);
+        nd->slot = dpar__g_new_slot(g, p, nd, nd->array, &s);
+        return s;
+    }
+    p->pooled[i] = !nd->keep && nd->kind != DPAR__G_CONST;
+    if (p->pooled[i])
+        for (int k = 0; k < g->nslots; k++)
+            if (p->sfree[k] && p->sdtype[k] == (int)nd->dtype && p->scount[k] == dpar__g_count(nd)) {
+                p->sfree[k] = false;
+                nd->slot = k;
+                return DPAR_OK;
+            }
+    nd->slot = dpar__g_new_slot(g, p, nd, NULL, &s);
+    for (int li = 0; li < g->nlocal && !s && nd->kind == DPAR__G_CONST; li++)
+        s = dpar_fill(g->slots[nd->slot * g->nlocal + li], nd->fp);
+    return s;
+}
+static void dpar__g_release(const dpar_graph *g, dpar__gplan *p, int j, int i) {
+    if (j > 0 && p->pooled[j] && p->last[j] == i && g->n[j].slot >= 0) p->sfree[g->n[j].slot] = true;
+}
+static dpar_status dpar__g_plan(dpar_graph *g) {
+    int c = g->count;
+    dpar__gplan p;
+    p.last = (int *)DPAR_MALLOC((size_t)c * sizeof(int));
+    p.pooled = (bool *)DPAR_MALLOC((size_t)c * sizeof(bool));
+    p.sdtype = (int *)DPAR_MALLOC((size_t)c * sizeof(int));
+    p.scount = (int64_t *)DPAR_MALLOC((size_t)c * sizeof(int64_t));
+    p.sfree = (bool *)DPAR_MALLOC((size_t)c * sizeof(bool));
+    g->slots = (dpar_buffer **)DPAR_MALLOC((size_t)c * (size_t)g->nlocal * sizeof(dpar_buffer *) + 1);
+    g->slot_owned = (bool *)DPAR_MALLOC((size_t)c * sizeof(bool));
+    dpar_status s = DPAR_OK;
+    if (!p.last || !p.pooled || !p.sdtype || !p.scount || !p.sfree || !g->slots || !g->slot_owned) {
+        s = dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_graph_compile: out of memory");
+    } else {
+        memset(p.pooled, 0, (size_t)c * sizeof(bool));
+        for (int i = 0; i < c; i++) p.last[i] = i;
+        for (int i = 1; i < c; i++)
+            for (int j = 0; j < g->n[i].nin; j++) p.last[g->n[i].in[j]] = i;
+        for (int i = 1; i < c && g->has_opt; i++)
+            if (g->n[i].kind == DPAR__G_SGD)
+                for (int k = 0; k < g->opt.n; k++) p.last[g->opt.grads[k]] = i;
+        for (int i = 1; i < c && !s; i++) {
+            s = dpar__g_assign(g, &p, i);
+            for (int j = 0; j < g->n[i].nin; j++) dpar__g_release(g, &p, g->n[i].in[j], i);
+            for (int k = 0; g->n[i].kind == DPAR__G_SGD && k < g->opt.n; k++) dpar__g_release(g, &p, g->opt.grads[k], i);
+            dpar__g_release(g, &p, i, i);
+        }
+    }
+    DPAR_FREE(p.last);
+    DPAR_FREE(p.pooled);
+    DPAR_FREE(p.sdtype);
+    DPAR_FREE(p.scount);
+    DPAR_FREE(p.sfree);
+    return s;
+}
+/* Momentum buffers, the xent/mse scratch, and the optimizer's pointer lists. */
+static dpar_status dpar__g_state(dpar_graph *g) {
+    int nl = g->nlocal, n = g->has_opt ? g->opt.n : 0;
+    g->scratch = (dpar_buffer **)DPAR_MALLOC((size_t)nl * sizeof(dpar_buffer *));
+    g->moms = (dpar_buffer **)DPAR_MALLOC((size_t)(n * nl + 1) * sizeof(dpar_buffer *));
+    g->sgd_ptrs = (dpar_buffer **)DPAR_MALLOC((size_t)(3 * n * nl + 1) * sizeof(dpar_buffer *));
+    if (!g->scratch || !g->moms || !g->sgd_ptrs) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_graph_compile: out of memory");
+    memset(g->scratch, 0, (size_t)nl * sizeof(dpar_buffer *));
+    memset(g->moms, 0, (size_t)(n * nl + 1) * sizeof(dpar_buffer *));
+    dpar_status s = DPAR_OK;
+    for (int li = 0; li < nl && !s; li++) s = dpar_buffer_create(g->rt, g->first + li, DPAR_F32, 0, NULL, &g->scratch[li]);
+    for (int k = 0; k < n && !s; k++)
+        for (int li = 0; li < nl && !s; li++) {
+            const dpar__gnode *p = &g->n[g->opt.params[k]];
+            dpar_buffer **ptr = g->sgd_ptrs + (size_t)li * 3 * (size_t)n;
+            ptr[k] = g->slots[p->slot * nl + li];
+            ptr[n + k] = g->slots[g->n[g->opt.grads[k]].slot * nl + li];
+            if (g->opt.d.momentum != 0.0f)
+                s = dpar_buffer_create(g->rt, g->first + li, DPAR_F32, p->ndim, p->shape, &g->moms[k * nl + li]);
+            ptr[2 * n + k] = g->moms[k * nl + li];
+        }
+    return s;
+}
+DPAR_API dpar_status dpar_graph_compile(dpar_graph *g, dpar_graph_stats *stats) {
+    dpar__clear_error();
+    if (!g) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_compile: graph is NULL");
+    if (g->err) return dpar__g_status(g);
+    if (g->compiled) return dpar__err(DPAR_ERR_STATE, "dpar_graph_compile: the graph is compiled already");
+    if (dpar_in_dispatch()) return dpar__err(DPAR_ERR_STATE, "dpar_graph_compile: called inside a pmap/shard_map function");
+    memset(&g->stats, 0, sizeof g->stats);
+    dpar_status s = dpar__g_plan(g);
+    if (!s) s = dpar__g_state(g);
+    if (s) return dpar__err(s, "dpar_graph_compile: %s", dpar_last_error());
+    g->stats.nodes = g->count - 1;
+    for (int k = 0; k < g->nslots; k++) g->stats.buffers += g->slot_owned[k];
+    g->compiled = true;
+    if (stats) *stats = g->stats;
+    return DPAR_OK;
+}
+
+/* ---- run: each node lowered to its eager op ---- */
+/* Node id's buffer on local device li, shaped as the node (pooled buffers change shape). */
+static dpar_buffer *dpar__g_buf(const dpar_graph *g, int id, int li) {
+    const dpar__gnode *nd = &g->n[id];
+    dpar_buffer *b = g->slots[nd->slot * g->nlocal + li];
+    b->ndim = nd->ndim;
+    for (int d = 0; d < nd->ndim; d++) b->shape[d] = nd->shape[d];
+    return b;
+}
+static void dpar__g_view2(dpar_buffer *b, int64_t rows, int64_t cols) {
+    b->ndim = 2;
+    b->shape[0] = rows;
+    b->shape[1] = cols;
+}
+/* This member's block of an all_gather'ed x along dim (host-staged: dpar has no device slice op yet). */
+static dpar_status dpar__g_block_run(dpar_ctx *ctx, const dpar__gnode *nd, const dpar__gnode *xn, dpar_buffer *y,
+                                     const dpar_buffer *x) {
+    int k = 0, n = 1, d = nd->ip[0];
+    dpar_status s = dpar_ctx_axis_index(ctx, nd->axes_str, &k);
+    if (!s) s = dpar_ctx_axis_size(ctx, nd->axes_str, &n);
+    if (s) return s;
+    size_t es = dpar_dtype_size(xn->dtype), inner = es;
+    int64_t outer = 1;
+    for (int i = 0; i < d; i++) outer *= xn->shape[i];
+    for (int i = d + 1; i < xn->ndim; i++) inner *= (size_t)xn->shape[i];
+    int64_t rows = xn->shape[d], blk = nd->ip[1] ? rows / n : 1;
+    size_t nin = dpar_buffer_nbytes(x), nout = dpar_buffer_nbytes(y);
+    char *hin = (char *)DPAR_MALLOC(nin + 1), *hout = (char *)DPAR_MALLOC(nout + 1);
+    if (!hin || !hout) s = dpar__err(DPAR_ERR_OUT_OF_MEMORY, "block: out of memory");
+    if (!s) s = dpar_buffer_read(x, 0, hin, nin);
+    for (int64_t o = 0; o < outer && !s; o++)
+        memcpy(hout + (size_t)(o * blk) * inner, hin + (size_t)(o * rows + k * blk) * inner, (size_t)blk * inner);
+    if (!s) s = dpar_buffer_write(y, 0, hout, nout);
+    DPAR_FREE(hin);
+    DPAR_FREE(hout);
+    return s;
+}
+static dpar_status dpar__g_exec(dpar_graph *g, dpar_ctx *ctx, int li, int i) {
+    const dpar__gnode *nd = &g->n[i];
+    if (nd->kind == DPAR__G_FEED || nd->kind == DPAR__G_PARAM || nd->kind == DPAR__G_CONST) return DPAR_OK;
+    if (nd->kind == DPAR__G_SGD) {
+        dpar_buffer **p = g->sgd_ptrs + (size_t)li * 3 * (size_t)g->opt.n;
+        return dpar_sgd_step(ctx, &g->opt.d, p, p + g->opt.n, g->opt.d.momentum != 0.0f ? p + 2 * g->opt.n : NULL,
+                             g->opt.n);
+    }
+    dpar_buffer *y = dpar__g_buf(g, i, li), *a = nd->nin > 0 ? dpar__g_buf(g, nd->in[0], li) : NULL;
+    dpar_buffer *b = nd->nin > 1 ? dpar__g_buf(g, nd->in[1], li) : NULL;
+    const char *ax = nd->axes_str;
+    dpar_status s = DPAR_OK;
+    switch (nd->kind) {
+    case DPAR__G_MATMUL: return dpar_matmul(y, a, b, nd->ip[0] != 0, nd->ip[1] != 0, 1.0f, 0.0f);
+    case DPAR__G_BIAS_ADD: return (s = dpar_copy(y, a)) ? s : dpar_bias_add(y, b);
+    case DPAR__G_BIAS_GRAD: return dpar_bias_grad(y, a, 0.0f);
+    case DPAR__G_RELU: return dpar_relu(y, a);
+    case DPAR__G_RELU_GRAD: return dpar_relu_backward(y, a, b);
+    case DPAR__G_XENT: return dpar_softmax_xent(y, NULL, a, b);
+    case DPAR__G_XENT_GRAD: return dpar_softmax_xent(g->scratch[li], y, a, b);
+    case DPAR__G_MSE: return dpar_mse(y, NULL, a, b);
+    case DPAR__G_MSE_GRAD: return dpar_mse(g->scratch[li], y, a, b);
+    case DPAR__G_ADD: return (s = dpar_copy(y, a)) ? s : dpar_axpy(y, 1.0f, b);
+    case DPAR__G_SCALE: return (s = dpar_copy(y, a)) ? s : dpar_scale(y, nd->fp);
+    case DPAR__G_MULS: /* [1,1] @ [1,n]: a device scalar times x on every backend */
+        dpar__g_view2(a, 1, 1), dpar__g_view2(b, 1, b->count), dpar__g_view2(y, 1, y->count);
+        s = dpar_matmul(y, a, b, false, false, 1.0f, 0.0f);
+        break;
+    case DPAR__G_DOT:
+        dpar__g_view2(a, 1, a->count), dpar__g_view2(b, 1, b->count), dpar__g_view2(y, 1, 1);
+        s = dpar_matmul(y, a, b, false, true, 1.0f, 0.0f);
+        break;
+    case DPAR__G_SUM: return dpar_sum(y, a);
+    case DPAR__G_SUMSQ: return dpar_sum_squares(y, a);
+    case DPAR__G_CAST: return dpar_cast(y, a);
+    case DPAR__G_COPY:
+    case DPAR__G_PCAST: return dpar_copy(y, a);
+    case DPAR__G_PSUM: return dpar_psum(ctx, y, a, ax);
+    case DPAR__G_PMEAN: return dpar_pmean(ctx, y, a, ax);
+    case DPAR__G_PMAX: return dpar_pmax(ctx, y, a, ax);
+    case DPAR__G_PMIN: return dpar_pmin(ctx, y, a, ax);
+    case DPAR__G_ALL_GATHER: return dpar_all_gather(ctx, y, a, ax, nd->ip[0], nd->ip[1] != 0);
+    case DPAR__G_PSUM_SCATTER: return dpar_psum_scatter(ctx, y, a, ax, nd->ip[0], nd->ip[1] != 0);
+    case DPAR__G_PPERMUTE: return dpar_ppermute(ctx, y, a, ax, nd->pairs, nd->npairs);
+    case DPAR__G_ALL_TO_ALL: return dpar_all_to_all(ctx, y, a, ax, nd->ip[0], nd->ip[1]);
+    case DPAR__G_PBROADCAST: return dpar_pbroadcast(ctx, y, a, ax, nd->ip[0]);
+    case DPAR__G_BLOCK: return dpar__g_block_run(ctx, nd, &g->n[nd->in[0]], y, a);
+    case DPAR__G_ROOT_ONLY: {
+        int k = 0;
+        if ((s = dpar_ctx_axis_index(ctx, ax, &k))) return s;
+        return k == nd->ip[0] ? dpar_copy(y, a) : dpar_fill(y, 0.0f);
+    }
+    default: return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "no lowering for op kind %d", nd->kind);
+    }
+    /* the 2-d views back to the nodes' shapes (a param's shard must keep its shape) */
+    dpar__g_buf(g, i, li), dpar__g_buf(g, nd->in[0], li), dpar__g_buf(g, nd->in[1], li);
+    return s;
+}
+static dpar_status dpar__g_dispatch(dpar_ctx *ctx, void *user) {
+    dpar_graph *g = (dpar_graph *)user;
+    int li = dpar_ctx_device(ctx) - g->first;
+    for (int i = 1; i < g->count; i++) {
+        dpar_status s = dpar__g_exec(g, ctx, li, i);
+        char l[96];
+        if (s) return dpar__err(s, "dpar_graph_run: %s: %s", dpar__g_label(g, i, l, sizeof l), dpar_last_error());
+    }
+    return DPAR_OK;
+}
+/* Puts one feed entry into its feed's array. */
+static dpar_status dpar__g_put_feed(dpar_graph *g, const dpar_graph_feed *f) {
+    const dpar__gnode *nd = &g->n[f->value.id];
+    char l[96], s1[160], s2[160];
+    if (!f->host == !f->array)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_run: feed %s: give exactly one of host and array",
+                         dpar__g_label(g, f->value.id, l, sizeof l));
+    if (f->host) return dpar_array_put(nd->array, f->host);
+    const dpar_array *a = f->array, *want = nd->array;
+    if (a->mesh != g->mesh)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_run: feed %s: the array is on another mesh",
+                         dpar__g_label(g, f->value.id, l, sizeof l));
+    if (a->dtype != want->dtype)
+        return dpar__err(DPAR_ERR_DTYPE, "dpar_graph_run: feed %s is %s but the array is %s",
+                         dpar__g_label(g, f->value.id, l, sizeof l), dpar_dtype_name(want->dtype),
+                         dpar_dtype_name(a->dtype));
+    bool same = a->ndim == want->ndim;
+    for (int d = 0; same && d < a->ndim; d++) same = a->shape[d] == want->shape[d];
+    if (!same)
+        return dpar__err(DPAR_ERR_SHAPE, "dpar_graph_run: feed %s has global shape %s but the array is %s",
+                         dpar__g_label(g, f->value.id, l, sizeof l),
+                         dpar__shape_str(s1, sizeof s1, want->ndim, want->shape),
+                         dpar__shape_str(s2, sizeof s2, a->ndim, a->shape));
+    return dpar_array_reshard(nd->array, a);
+}
+static dpar_status dpar__g_feeds(dpar_graph *g, const dpar_graph_feed *feeds, int num) {
+    char l[96];
+    for (int k = 0; k < num; k++) {
+        int id = feeds[k].value.id;
+        if (id <= 0 || id >= g->count || g->n[id].kind != DPAR__G_FEED)
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_run: feeds[%d] is not a feed of this graph", k);
+        for (int j = 0; j < k; j++)
+            if (feeds[j].value.id == id)
+                return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_run: feed %s is given twice",
+                                 dpar__g_label(g, id, l, sizeof l));
+    }
+    for (int i = 1; i < g->count; i++) {
+        if (g->n[i].kind != DPAR__G_FEED) continue;
+        int k = 0;
+        while (k < num && feeds[k].value.id != i) k++;
+        if (k == num)
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_run: feed %s was not given; pass it in feeds",
+                             dpar__g_label(g, i, l, sizeof l));
+        dpar_status s = dpar__g_put_feed(g, &feeds[k]);
+        if (s) return s;
+    }
+    return DPAR_OK;
+}
+DPAR_API dpar_status dpar_graph_run(dpar_graph *g, const dpar_graph_feed *feeds, int num_feeds, float *loss) {
+    dpar__clear_error();
+    if (!g) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_run: graph is NULL");
+    if (g->err) return dpar__g_status(g);
+    if (num_feeds < 0 || (num_feeds && !feeds))
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_run: num_feeds = %d with feeds %s", num_feeds,
+                         feeds ? "given" : "NULL");
+    if (loss && !g->loss_value)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                         "dpar_graph_run: the graph has no loss; call dpar_graph_value_and_grad or pass loss = NULL");
+    dpar_status s = g->compiled ? DPAR_OK : dpar_graph_compile(g, NULL);
+    if (!s) s = dpar__g_feeds(g, feeds, num_feeds);
+    if (s) return s;
+    dpar_shard_map_desc d;
+    memset(&d, 0, sizeof d);
+    d.fn = dpar__g_dispatch;
+    d.user = g;
+    if ((s = dpar_shard_map(g->mesh, &d))) return s;
+    g->ran = true;
+    if (loss) return dpar_buffer_read(dpar__g_buf(g, g->loss_value, 0), 0, loss, sizeof *loss);
+    return DPAR_OK;
+}
+
+/* ---- inspect ---- */
+static dpar_status dpar__g_readable(const dpar_graph *g, const char *fn, dpar_value v) {
+    char l[96];
+    if (!g) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: graph is NULL", fn);
+    if (v.id <= 0 || v.id >= g->count) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: not a value of this graph", fn);
+    if (!g->ran) return dpar__err(DPAR_ERR_STATE, "%s: the graph has not run yet (dpar_graph_run)", fn);
+    const dpar__gnode *nd = &g->n[v.id];
+    if (!nd->keep && nd->kind != DPAR__G_FEED && nd->kind != DPAR__G_PARAM && nd->kind != DPAR__G_CONST)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                         "%s: %s was not kept (its buffer is reused); call dpar_graph_keep before compile", fn,
+                         dpar__g_label(g, v.id, l, sizeof l));
+    return DPAR_OK;
+}
+DPAR_API dpar_status dpar_graph_read_shard(dpar_graph *g, dpar_value v, int device, void *host) {
+    dpar__clear_error();
+    dpar_status s = dpar__g_readable(g, "dpar_graph_read_shard", v);
+    if (s) return s;
+    if (!host || device < g->first || device >= g->first + g->nlocal)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_read_shard: host is NULL or device %d is not local",
+                         device);
+    const dpar_buffer *b = dpar__g_buf(g, v.id, device - g->first);
+    return dpar_buffer_read(b, 0, host, dpar_buffer_nbytes(b));
+}
+DPAR_API dpar_status dpar_graph_get(dpar_graph *g, dpar_value v, void *host) {
+    dpar__clear_error();
+    dpar_status s = dpar__g_readable(g, "dpar_graph_get", v);
+    if (s) return s;
+    if (!host) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_get: host is NULL");
+    if (g->n[v.id].array) return dpar_array_get(g->n[v.id].array, host);
+    return dpar_graph_read_shard(g, v, g->first, host);
+}
+static void dpar__g_axes_text(const dpar_graph *g, unsigned mask, char *buf, size_t cap) {
+    size_t at = 0;
+    buf[0] = 0;
+    for (int a = 0; a < g->mesh->ndim && at < cap; a++)
+        if (mask & (1u << a)) at += (size_t)snprintf(buf + at, cap - at, at ? ",%s" : "%s", g->mesh->names[a]);
+}
+static FILE *dpar__g_open(const char *fn, const char *path) {
+    FILE *f = path ? fopen(path, "w") : stdout;
+    if (!f) dpar__err(DPAR_ERR_IO, "%s: cannot open '%s' for writing", fn, path);
+    return f;
+}
+static dpar_status dpar__g_close(const char *fn, const char *path, FILE *f) {
+    int bad = ferror(f);
+    if (path) bad |= fclose(f);
+    else fflush(f);
+    return bad ? dpar__err(DPAR_ERR_IO, "%s: writing '%s' failed", fn, path ? path : "stdout") : DPAR_OK;
+}
+DPAR_API dpar_status dpar_graph_print(const dpar_graph *g, const char *path) {
+    dpar__clear_error();
+    if (!g) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_print: graph is NULL");
+    FILE *f = dpar__g_open("dpar_graph_print", path);
+    if (!f) return DPAR_ERR_IO;
+    fprintf(f, "graph: %d nodes on a %d-device mesh\n", g->count - 1, g->mesh->size);
+    for (int i = 1; i < g->count; i++) {
+        const dpar__gnode *nd = &g->n[i];
+        char sh[160], v[64], ax[64];
+        dpar__g_axes_text(g, nd->vary, v, sizeof v);
+        dpar__g_axes_text(g, nd->axes, ax, sizeof ax);
+        fprintf(f, "%4d %-13s %-12s in(", i, dpar__g_kinds[nd->kind].name, nd->name);
+        for (int j = 0; j < nd->nin; j++) fprintf(f, j ? ",%d" : "%d", nd->in[j]);
+        fprintf(f, ") %s %s", dpar_dtype_name(nd->dtype), dpar__g_shape(nd, sh, sizeof sh));
+        if (nd->vary) fprintf(f, " varies{%s}", v);
+        if (nd->axes) fprintf(f, " over{%s}", ax);
+        if (nd->array) {
+            fprintf(f, " global %s spec(", dpar__shape_str(sh, sizeof sh, nd->array->ndim, nd->array->shape));
+            for (int d = 0; d < nd->array->ndim; d++) {
+                char sp[64];
+                dpar_array_spec(nd->array, d, sp, sizeof sp);
+                fprintf(f, d ? ", %s" : "%s", sp[0] ? sp : "-");
+            }
+            fprintf(f, ")");
+        }
+        if (nd->keep) fprintf(f, " kept");
+        fprintf(f, "\n");
+    }
+    return dpar__g_close("dpar_graph_print", path, f);
+}
+DPAR_API dpar_status dpar_graph_write_dot(const dpar_graph *g, const char *path) {
+    dpar__clear_error();
+    if (!g) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_write_dot: graph is NULL");
+    FILE *f = dpar__g_open("dpar_graph_write_dot", path);
+    if (!f) return DPAR_ERR_IO;
+    fprintf(f, "digraph dpar {\n  rankdir=TB; node [shape=box, fontname=monospace];\n");
+    for (int i = 1; i < g->count; i++) {
+        const dpar__gnode *nd = &g->n[i];
+        char sh[160], ax[64];
+        dpar__g_axes_text(g, nd->axes, ax, sizeof ax);
+        const char *color = dpar__g_kinds[nd->kind].coll ? "lightblue"
+                            : nd->kind == DPAR__G_PARAM  ? "lightyellow"
+                            : nd->kind == DPAR__G_FEED   ? "palegreen"
+                                                         : "white";
+        fprintf(f, "  n%d [label=\"%d %s%s%s\\n%s %s%s%s\", style=filled, fillcolor=%s];\n", i, i,
+                dpar__g_kinds[nd->kind].name, nd->name[0] ? " " : "", nd->name, dpar_dtype_name(nd->dtype),
+                dpar__g_shape(nd, sh, sizeof sh), nd->axes ? " over " : "", ax, color);
+        for (int j = 0; j < nd->nin; j++) fprintf(f, "  n%d -> n%d;\n", nd->in[j], i);
+        for (int k = 0; nd->kind == DPAR__G_SGD && k < g->opt.n; k++)
+            fprintf(f, "  n%d -> n%d;\n  n%d -> n%d [style=dashed];\n", g->opt.grads[k], i, i, g->opt.params[k]);
+    }
+    fprintf(f, "}\n");
+    return dpar__g_close("dpar_graph_write_dot", path, f);
+}
+
+DPAR_API dpar_status dpar_graph_destroy(dpar_graph *g) {
+    dpar__clear_error();
+    if (!g) return DPAR_OK;
+    if (dpar_in_dispatch()) return dpar__err(DPAR_ERR_STATE, "dpar_graph_destroy: called inside a pmap/shard_map function");
+    for (int k = 0; k < g->nslots; k++)
+        for (int li = 0; li < g->nlocal && g->slot_owned[k]; li++) dpar_buffer_destroy(g->slots[k * g->nlocal + li]);
+    for (int i = 1; i < g->count; i++) {
+        DPAR_FREE(g->n[i].pairs);
+        if (g->n[i].kind != DPAR__G_PARAM && g->n[i].array) dpar_array_destroy(g->n[i].array);
+    }
+    for (int k = 0; g->moms && k < g->opt.n * g->nlocal; k++) dpar_buffer_destroy(g->moms[k]);
+    for (int li = 0; g->scratch && li < g->nlocal; li++) dpar_buffer_destroy(g->scratch[li]);
+    DPAR_FREE(g->moms);
+    DPAR_FREE(g->scratch);
+    DPAR_FREE(g->sgd_ptrs);
+    DPAR_FREE(g->slots);
+    DPAR_FREE(g->slot_owned);
+    DPAR_FREE(g->opt.params);
+    DPAR_FREE(g->opt.grads);
+    DPAR_FREE(g->n);
+    DPAR_FREE(g->errtext);
+    DPAR_FREE(g);
+    return DPAR_OK;
 }
 
 /* >>trace-stats ==============================================================
