@@ -1,8 +1,12 @@
 /* Graphs and gradients (dpar_graph_*): every node kind's gradient against
    central finite differences of a double-precision host reference (h = 1e-4;
    the f32 analytic gradient to 2e-3 relative, the loss to 1e-5), the
-   collectives on 1, 2 and 4 devices, on the CPU backend and on Vulkan
-   (skipped when unavailable). */
+   collectives on 1, 2 and 4 devices; the digits MLP against the hand-written
+   eager step of train_digits.c (per-step losses bit for bit on 1 and 4
+   devices); a Megatron column -> row MLP on a 2x2 (data, model) mesh against
+   the 1-device graph (1e-5; both loss styles: pinned and explicit pmean),
+   replicas bitwise equal after 10 SGD steps; bad input. Each runs on the CPU
+   backend and again on Vulkan (skipped when unavailable). */
 #include "testutil.h"
 
 static uint64_t rng_state = 12345;
@@ -353,12 +357,343 @@ static void test_fd_vulkan(void **st) {
     BK = DPAR_BACKEND_CPU;
 }
 
+/* ---- the digits MLP: graph against the hand-written eager step ---- */
+enum { NPIX = 64, NCLS = 10, HID = 32, BATCH = 64, NROWS = 512, STEPS = 16 };
+typedef struct eager_mlp {
+    dpar_array *p[4], *gr[4], *mom[4], *x, *y, *h_pre, *h, *logits, *dlogits, *dh, *loss;
+    dpar_sgd_desc sgd;
+} eager_mlp;
+/* train_digits.c's step, as it was written by hand before graphs */
+static dpar_status eager_step(dpar_ctx *ctx, void *user) {
+    eager_mlp *m = (eager_mlp *)user;
+    int dev = dpar_ctx_device(ctx);
+    dpar_buffer *p[4], *g[4], *v[4];
+    for (int i = 0; i < 4; i++)
+        p[i] = dpar_array_shard(m->p[i], dev), g[i] = dpar_array_shard(m->gr[i], dev),
+        v[i] = dpar_array_shard(m->mom[i], dev);
+    dpar_buffer *x = dpar_array_shard(m->x, dev), *y = dpar_array_shard(m->y, dev);
+    dpar_buffer *h_pre = dpar_array_shard(m->h_pre, dev), *h = dpar_array_shard(m->h, dev);
+    dpar_buffer *logits = dpar_array_shard(m->logits, dev), *dl = dpar_array_shard(m->dlogits, dev);
+    dpar_buffer *dh = dpar_array_shard(m->dh, dev), *loss = dpar_array_shard(m->loss, dev);
+    dpar_status s;
+    if ((s = dpar_matmul(h_pre, x, p[0], false, false, 1.0f, 0.0f)) || (s = dpar_bias_add(h_pre, p[1])) ||
+        (s = dpar_relu(h, h_pre)) || (s = dpar_matmul(logits, h, p[2], false, false, 1.0f, 0.0f)) ||
+        (s = dpar_bias_add(logits, p[3])) || (s = dpar_softmax_xent(loss, dl, logits, y)) ||
+        (s = dpar_matmul(g[2], h, dl, true, false, 1.0f, 0.0f)) || (s = dpar_bias_grad(g[3], dl, 0.0f)) ||
+        (s = dpar_matmul(dh, dl, p[2], false, true, 1.0f, 0.0f)) || (s = dpar_relu_backward(dh, dh, h_pre)) ||
+        (s = dpar_matmul(g[0], x, dh, true, false, 1.0f, 0.0f)) || (s = dpar_bias_grad(g[1], dh, 0.0f)))
+        return s;
+    for (int i = 0; i < 4; i++)
+        if ((s = dpar_pmean(ctx, g[i], g[i], "data"))) return s;
+    if ((s = dpar_pmean(ctx, loss, loss, "data"))) return s;
+    return dpar_sgd_step(ctx, &m->sgd, p, g, v, 4);
+}
+static dpar_array *arr(dpar_mesh *m, dpar_dtype t, int nd, int64_t d0, int64_t d1, const char *s0, const char *s1) {
+    dpar_array_desc d;
+    memset(&d, 0, sizeof d);
+    d.dtype = t, d.ndim = nd, d.shape[0] = d0, d.shape[1] = d1, d.spec[0] = s0, d.spec[1] = s1;
+    dpar_array *a = NULL;
+    T_OK(dpar_array_create(m, &d, &a));
+    return a;
+}
+typedef struct digits_data {
+    float x[NROWS * NPIX], w1[NPIX * HID], w2[HID * NCLS];
+    int32_t y[NROWS];
+} digits_data;
+static void digits_make(digits_data *d) {
+    rng_state = 777;
+    for (int i = 0; i < NROWS * NPIX; i++) d->x[i] = (float)(rnd() * 0.5 + 0.5);
+    for (int i = 0; i < NROWS; i++) d->y[i] = (int32_t)((rnd() + 1.0) * 5.0) % NCLS;
+    for (int i = 0; i < NPIX * HID; i++) d->w1[i] = (float)(rnd() * 0.3);
+    for (int i = 0; i < HID * NCLS; i++) d->w2[i] = (float)(rnd() * 0.4);
+}
+/* Per-step losses of the eager step and of the graph, on n devices. */
+static void digits_losses(int n, const digits_data *dd, float *eager, float *graph, dpar_graph_stats *st) {
+    dpar_runtime *rt = t_runtime_or_skip(BK, n);
+    dpar_mesh *m = t_mesh1(rt, n, "data");
+    eager_mlp e;
+    memset(&e, 0, sizeof e);
+    int64_t ps[4][2] = { { NPIX, HID }, { HID, 0 }, { HID, NCLS }, { NCLS, 0 } };
+    dpar_array *gp[4];
+    for (int i = 0; i < 4; i++) {
+        int nd = ps[i][1] ? 2 : 1;
+        e.p[i] = arr(m, DPAR_F32, nd, ps[i][0], ps[i][1], NULL, NULL);
+        e.gr[i] = arr(m, DPAR_F32, nd, ps[i][0], ps[i][1], NULL, NULL);
+        e.mom[i] = arr(m, DPAR_F32, nd, ps[i][0], ps[i][1], NULL, NULL);
+        gp[i] = arr(m, DPAR_F32, nd, ps[i][0], ps[i][1], NULL, NULL);
+    }
+    T_OK(dpar_array_put(e.p[0], dd->w1));
+    T_OK(dpar_array_put(e.p[2], dd->w2));
+    T_OK(dpar_array_put(gp[0], dd->w1));
+    T_OK(dpar_array_put(gp[2], dd->w2));
+    e.x = arr(m, DPAR_F32, 2, BATCH, NPIX, "data", NULL), e.y = arr(m, DPAR_I32, 1, BATCH, 0, "data", NULL);
+    e.h_pre = arr(m, DPAR_F32, 2, BATCH, HID, "data", NULL), e.h = arr(m, DPAR_F32, 2, BATCH, HID, "data", NULL);
+    e.logits = arr(m, DPAR_F32, 2, BATCH, NCLS, "data", NULL);
+    e.dlogits = arr(m, DPAR_F32, 2, BATCH, NCLS, "data", NULL);
+    e.dh = arr(m, DPAR_F32, 2, BATCH, HID, "data", NULL), e.loss = arr(m, DPAR_F32, 1, n, 0, "data", NULL);
+    e.sgd.learning_rate = 0.1f, e.sgd.momentum = 0.9f;
+
+    /* the same model as a graph: the forward pass, then grad, pmean and SGD come from the library */
+    dpar_graph *g = NULL;
+    T_OK(dpar_graph_create(m, &g));
+    dpar_array_desc xd = { DPAR_F32, 2, { BATCH, NPIX }, { "data" } }, yd = { DPAR_I32, 1, { BATCH }, { "data" } };
+    dpar_value x = dpar_g_feed(g, "x", &xd), y = dpar_g_feed(g, "y", &yd), p[4], gr[4];
+    const char *names[4] = { "w1", "b1", "w2", "b2" };
+    for (int i = 0; i < 4; i++) p[i] = dpar_g_param(g, names[i], gp[i]);
+    dpar_value h = dpar_g_relu(g, dpar_g_bias_add(g, dpar_g_matmul(g, x, p[0], false, false), p[1]));
+    dpar_value logits = dpar_g_bias_add(g, dpar_g_matmul(g, h, p[2], false, false), p[3]);
+    dpar_value loss = dpar_g_softmax_xent(g, logits, y);
+    T_OK(dpar_graph_value_and_grad(g, loss, p, 4, gr));
+    T_OK(dpar_graph_sgd(g, &e.sgd, p, gr, 4));
+    T_OK(dpar_graph_compile(g, st));
+
+    dpar_shard_map_desc sm;
+    memset(&sm, 0, sizeof sm);
+    sm.fn = eager_step, sm.user = &e;
+    float lh[8];
+    for (int s = 0; s < STEPS; s++) {
+        const float *xb = dd->x + (size_t)(s * BATCH % NROWS) * NPIX;
+        const int32_t *yb = dd->y + s * BATCH % NROWS;
+        T_OK(dpar_array_put(e.x, xb));
+        T_OK(dpar_array_put(e.y, yb));
+        T_OK(dpar_shard_map(m, &sm));
+        T_OK(dpar_array_get(e.loss, lh));
+        eager[s] = lh[0];
+        dpar_graph_feed f[2] = { { x, xb, NULL }, { y, yb, NULL } };
+        T_OK(dpar_graph_run(g, f, 2, &graph[s]));
+    }
+    T_OK(dpar_graph_destroy(g));
+    T_OK(dpar_runtime_destroy(rt));
+}
+static void test_digits_mlp(void **st) {
+    (void)st;
+    digits_data *dd = malloc(sizeof *dd);
+    digits_make(dd);
+    for (int n = 1; n <= 4; n *= 4) {
+        float le[STEPS], lg[STEPS];
+        dpar_graph_stats gs;
+        digits_losses(n, dd, le, lg, &gs);
+        for (int s = 0; s < STEPS; s++)
+            if (memcmp(&le[s], &lg[s], sizeof(float)))
+                fail_msg("%d devices, step %d: eager loss %.9g, graph %.9g (want bit for bit)", n, s, (double)le[s],
+                         (double)lg[s]);
+        assert_true(lg[STEPS - 1] < lg[0]);
+        if (gs.planned_bytes >= gs.naive_bytes)
+            fail_msg("planned %llu bytes, naive %llu", (unsigned long long)gs.planned_bytes,
+                     (unsigned long long)gs.naive_bytes);
+        printf("digits MLP on %d device(s): %d nodes, planned %llu bytes vs naive %llu, losses bit for bit\n", n,
+               gs.nodes, (unsigned long long)gs.planned_bytes, (unsigned long long)gs.naive_bytes);
+    }
+    free(dd);
+}
+
+/* ---- Megatron column -> row MLP on a 2x2 (data, model) mesh against the 1-device graph ---- */
+enum { MB = 8, MD = 6, MH = 8, MC = 5 };
+typedef struct mlp_graph {
+    dpar_graph *g;
+    dpar_array *w[4];
+    dpar_value x, y, p[4], gr[4];
+} mlp_graph;
+static void megatron_build(mlp_graph *t, dpar_mesh *m, bool tp, bool explicit_pmean, const float *const init[4],
+                           bool sgd) {
+    const char *model = tp ? "model" : NULL;
+    t->w[0] = arr(m, DPAR_F32, 2, MD, MH, NULL, model);  /* column-parallel */
+    t->w[1] = arr(m, DPAR_F32, 1, MH, 0, model, NULL);
+    t->w[2] = arr(m, DPAR_F32, 2, MH, MC, model, NULL);  /* row-parallel */
+    t->w[3] = arr(m, DPAR_F32, 1, MC, 0, NULL, NULL);
+    for (int i = 0; i < 4; i++) T_OK(dpar_array_put(t->w[i], init[i]));
+    T_OK(dpar_graph_create(m, &t->g));
+    dpar_graph *g = t->g;
+    dpar_array_desc xd = { DPAR_F32, 2, { MB, MD }, { "data" } }, yd = { DPAR_I32, 1, { MB }, { "data" } };
+    t->x = dpar_g_feed(g, "x", &xd), t->y = dpar_g_feed(g, "y", &yd);
+    for (int i = 0; i < 4; i++) t->p[i] = dpar_g_param(g, "w", t->w[i]);
+    dpar_value h = dpar_g_relu(g, dpar_g_bias_add(g, dpar_g_matmul(g, t->x, t->p[0], false, false), t->p[1]));
+    dpar_value z = dpar_g_matmul(g, h, t->p[2], false, false);
+    if (tp) z = dpar_g_psum(g, z, "model");
+    dpar_value loss = dpar_g_softmax_xent(g, dpar_g_bias_add(g, z, t->p[3]), t->y);
+    if (explicit_pmean) loss = dpar_g_pmean(g, loss, "data");
+    T_OK(dpar_graph_value_and_grad(g, loss, t->p, 4, t->gr));
+    if (sgd) {
+        dpar_sgd_desc sd;
+        memset(&sd, 0, sizeof sd);
+        sd.learning_rate = 0.2f, sd.momentum = 0.9f, sd.weight_decay = 1e-3f;
+        T_OK(dpar_graph_sgd(g, &sd, t->p, t->gr, 4));
+    }
+    T_OK(dpar_graph_compile(g, NULL));
+}
+static void close_rel(const float *a, const float *b, int64_t n, double tol, const char *what) {
+    for (int64_t i = 0; i < n; i++)
+        if (fabs((double)a[i] - (double)b[i]) > tol * fmax(fabs((double)b[i]), 1e-3))
+            fail_msg("%s[%lld]: %.9g vs %.9g", what, (long long)i, (double)a[i], (double)b[i]);
+}
+static void test_megatron(void **st) {
+    (void)st;
+    static float w0[MD * MH], w1[MH], w2[MH * MC], w3[MC], xs[10][MB * MD];
+    static int32_t ys[10][MB];
+    rng_state = 99;
+    for (int i = 0; i < MD * MH; i++) w0[i] = (float)rnd();
+    for (int i = 0; i < MH; i++) w1[i] = (float)(0.1 * rnd());
+    for (int i = 0; i < MH * MC; i++) w2[i] = (float)rnd();
+    for (int i = 0; i < MC; i++) w3[i] = (float)(0.1 * rnd());
+    for (int s = 0; s < 10; s++)
+        for (int i = 0; i < MB * MD; i++) xs[s][i] = (float)rnd(), ys[s][i % MB] = (int32_t)(i * 3 + s) % MC;
+    const float *init[4] = { w0, w1, w2, w3 };
+    int64_t cnt[4] = { MD * MH, MH, MH * MC, MC };
+    dpar_runtime *rt4 = t_runtime_or_skip(BK, 4), *rt1 = t_runtime_or_skip(BK, 1);
+    int shape[2] = { 2, 2 };
+    const char *names[2] = { "data", "model" };
+    dpar_mesh *m4 = t_mesh(rt4, 2, shape, names), *m1 = t_mesh1(rt1, 1, "data");
+    mlp_graph tp, tpe, one;
+    megatron_build(&tp, m4, true, false, init, true);
+    megatron_build(&tpe, m4, true, true, init, false);
+    megatron_build(&one, m1, false, false, init, true);
+    char path[512], text[8192];
+    snprintf(path, sizeof path, "%s/dpar_test_graph_%d.txt", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (int)BK);
+    T_OK(dpar_graph_print(tp.g, path));
+    FILE *pf = fopen(path, "r");
+    size_t got = pf ? fread(text, 1, sizeof text - 1, pf) : 0;
+    text[got] = 0;
+    if (pf) fclose(pf);
+    assert_non_null(strstr(text, "psum"));
+    assert_non_null(strstr(text, "over{model}"));        /* the row-parallel reduction */
+    assert_non_null(strstr(text, "spec(-, model) kept")); /* W1's gradient, split as W1 */
+    T_OK(dpar_graph_write_dot(tp.g, path));
+    remove(path);
+    for (int s = 0; s < 10; s++) {
+        float l4, l4e, l1;
+        dpar_graph_feed f[2] = { { tp.x, xs[s], NULL }, { tp.y, ys[s], NULL } };
+        dpar_graph_feed fe[2] = { { tpe.x, xs[s], NULL }, { tpe.y, ys[s], NULL } };
+        dpar_graph_feed f1[2] = { { one.x, xs[s], NULL }, { one.y, ys[s], NULL } };
+        if (s == 0) T_OK(dpar_graph_run(tpe.g, fe, 2, &l4e)); /* the explicit pmean style, before any update */
+        T_OK(dpar_graph_run(tp.g, f, 2, &l4));
+        T_OK(dpar_graph_run(one.g, f1, 2, &l1));
+        close_rel(&l4, &l1, 1, 1e-5, "loss 2x2 vs 1 device");
+        if (s == 0) close_rel(&l4e, &l1, 1, 1e-5, "explicit pmean loss");
+        for (int i = 0; s == 0 && i < 4; i++) { /* gradients of the first step: both styles against 1 device */
+            float a[MD * MH], b[MD * MH], c[MD * MH];
+            T_OK(dpar_graph_get(tp.g, tp.gr[i], a));
+            T_OK(dpar_graph_get(tpe.g, tpe.gr[i], c));
+            T_OK(dpar_graph_get(one.g, one.gr[i], b));
+            close_rel(a, b, cnt[i], 1e-5, "gradient 2x2 vs 1 device");
+            close_rel(c, b, cnt[i], 1e-5, "gradient (explicit pmean) vs 1 device");
+        }
+    }
+    for (int i = 0; i < 4; i++) { /* parameters after 10 steps; replicas bitwise identical */
+        float a[MD * MH], b[MD * MH], sh[4][MD * MH];
+        T_OK(dpar_array_get(tp.w[i], a));
+        T_OK(dpar_array_get(one.w[i], b));
+        close_rel(a, b, cnt[i], 1e-5, "parameter after 10 steps");
+        size_t bytes = dpar_buffer_nbytes(dpar_array_shard(tp.w[i], 0));
+        for (int d = 0; d < 4; d++) T_OK(dpar_buffer_read(dpar_array_shard(tp.w[i], d), 0, sh[d], bytes));
+        /* devices (data, model) = d/2, d%2: replicas over "data" are d and d^2 (and all four for b2) */
+        for (int d = 0; d < 4; d++) {
+            int peer = i == 3 ? 0 : d ^ 2;
+            if (memcmp(sh[d], sh[peer], bytes)) fail_msg("param %d: device %d differs from its replica %d", i, d, peer);
+        }
+    }
+    T_OK(dpar_graph_destroy(tp.g));
+    T_OK(dpar_graph_destroy(tpe.g));
+    T_OK(dpar_graph_destroy(one.g));
+    T_OK(dpar_runtime_destroy(rt4));
+    T_OK(dpar_runtime_destroy(rt1));
+}
+
+/* ---- bad input: clear errors, never a crash ---- */
+static void test_bad_input(void **st) {
+    (void)st;
+    dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 2);
+    dpar_mesh *m = t_mesh1(rt, 2, "data"), *m2 = t_mesh1(rt, 1, "other");
+    dpar_graph *g = NULL;
+    T_OK(dpar_graph_create(m, &g));
+    dpar_array_desc xd = { DPAR_F32, 2, { 4, 3 }, { "data" } };
+    dpar_value x = dpar_g_feed(g, "x", &xd);
+    dpar_array *w = arr(m, DPAR_F32, 2, 3, 2, NULL, NULL), *unused = arr(m, DPAR_F32, 1, 5, 0, NULL, NULL);
+    dpar_array *wo = arr(m2, DPAR_F32, 1, 2, 0, NULL, NULL);
+    dpar_value pw = dpar_g_param(g, "w", w), pu = dpar_g_param(g, "unused", unused);
+    dpar_value y = dpar_g_matmul(g, x, pw, false, false);
+    T_OK(dpar_graph_status(g));
+    /* a non-scalar loss */
+    dpar_value gr[2], wrt[2] = { pw, pu };
+    T_ERR(dpar_graph_value_and_grad(g, y, wrt, 2, gr), DPAR_ERR_SHAPE, "loss", "scalar", "[2, 2]");
+    T_OK(dpar_graph_destroy(g));
+
+    /* shape errors name the node and both shapes, and stick */
+    T_OK(dpar_graph_create(m, &g));
+    x = dpar_g_feed(g, "x", &xd);
+    pw = dpar_g_param(g, "w", w);
+    dpar_value bad = dpar_g_matmul(g, x, dpar_g_name(g, pw, "w1"), true, false);
+    assert_int_equal(bad.id, 0);
+    T_ERR(dpar_graph_status(g), DPAR_ERR_SHAPE, "dpar_g_matmul", "'x'", "'w1'", "[2, 3]^T", "[3, 2]");
+    assert_int_equal(dpar_g_relu(g, x).id, 0);
+    T_ERR(dpar_graph_compile(g, NULL), DPAR_ERR_SHAPE, "dpar_g_matmul");
+    T_OK(dpar_graph_destroy(g));
+
+    /* param of another mesh, unknown axis */
+    T_OK(dpar_graph_create(m, &g));
+    assert_int_equal(dpar_g_param(g, "wo", wo).id, 0);
+    T_ERR(dpar_graph_status(g), DPAR_ERR_INVALID_ARGUMENT, "another mesh");
+    T_OK(dpar_graph_destroy(g));
+    T_OK(dpar_graph_create(m, &g));
+    x = dpar_g_feed(g, "x", &xd);
+    assert_int_equal(dpar_g_psum(g, x, "model").id, 0);
+    T_ERR(dpar_graph_status(g), DPAR_ERR_UNKNOWN_AXIS, "model");
+    T_OK(dpar_graph_destroy(g));
+
+    /* pmax on the path to the loss is refused; a param the loss ignores gets a zero gradient */
+    T_OK(dpar_graph_create(m, &g));
+    x = dpar_g_feed(g, "x", &xd);
+    pw = dpar_g_param(g, "w", w), pu = dpar_g_param(g, "unused", unused);
+    dpar_value l = dpar_g_sum(g, dpar_g_pmax(g, dpar_g_matmul(g, x, pw, false, false), "data"));
+    wrt[0] = pw, wrt[1] = pu;
+    T_ERR(dpar_graph_value_and_grad(g, l, wrt, 2, gr), DPAR_ERR_INVALID_ARGUMENT, "pmax", "no gradient");
+    T_OK(dpar_graph_destroy(g));
+    T_OK(dpar_graph_create(m, &g));
+    x = dpar_g_feed(g, "x", &xd);
+    pw = dpar_g_param(g, "w", w), pu = dpar_g_param(g, "unused", unused);
+    l = dpar_g_sum(g, dpar_g_matmul(g, x, pw, false, false));
+    wrt[0] = pw, wrt[1] = pu;
+    T_OK(dpar_graph_value_and_grad(g, l, wrt, 2, gr));
+    T_ERR(dpar_graph_get(g, gr[1], NULL), DPAR_ERR_STATE, "not run");
+    /* missing feed, a feed array of the wrong shape / dtype / mesh */
+    float loss, zero[5] = { 1, 1, 1, 1, 1 }, xh[12] = { 0 };
+    T_ERR(dpar_graph_run(g, NULL, 0, &loss), DPAR_ERR_INVALID_ARGUMENT, "feed", "'x'", "not given");
+    dpar_array *xw = arr(m, DPAR_F32, 2, 4, 4, "data", NULL), *xi = arr(m, DPAR_I32, 2, 4, 3, "data", NULL);
+    dpar_graph_feed f = { x, NULL, xw };
+    T_ERR(dpar_graph_run(g, &f, 1, &loss), DPAR_ERR_SHAPE, "'x'", "[4, 3]", "[4, 4]");
+    f.array = xi;
+    T_ERR(dpar_graph_run(g, &f, 1, &loss), DPAR_ERR_DTYPE, "'x'", "i32");
+    f.array = wo;
+    T_ERR(dpar_graph_run(g, &f, 1, &loss), DPAR_ERR_INVALID_ARGUMENT, "another mesh");
+    f.array = NULL, f.host = xh;
+    T_OK(dpar_graph_run(g, &f, 1, &loss));
+    T_OK(dpar_graph_get(g, gr[1], zero));
+    for (int i = 0; i < 5; i++) assert_true(zero[i] == 0.0f);
+    T_OK(dpar_graph_destroy(g));
+    T_OK(dpar_runtime_destroy(rt));
+}
+
+static void test_digits_mlp_vulkan(void **st) {
+    BK = DPAR_BACKEND_VULKAN;
+    test_digits_mlp(st);
+    BK = DPAR_BACKEND_CPU;
+}
+static void test_megatron_vulkan(void **st) {
+    BK = DPAR_BACKEND_VULKAN;
+    test_megatron(st);
+    BK = DPAR_BACKEND_CPU;
+}
+
 int main(void) {
     const char *b = getenv("DPAR_GRAPH_BACKEND");
     if (b && !strcmp(b, "vulkan")) BK = DPAR_BACKEND_VULKAN;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fd_all),
         cmocka_unit_test(test_fd_vulkan),
+        cmocka_unit_test(test_digits_mlp),
+        cmocka_unit_test(test_megatron),
+        cmocka_unit_test(test_digits_mlp_vulkan),
+        cmocka_unit_test(test_megatron_vulkan),
+        cmocka_unit_test(test_bad_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
