@@ -685,6 +685,115 @@ DPAR_API dpar_status dpar_cast(dpar_buffer *dst, const dpar_buffer *src);
 DPAR_API dpar_status dpar_sum(dpar_buffer *out, const dpar_buffer *x);
 DPAR_API dpar_status dpar_sum_squares(dpar_buffer *out, const dpar_buffer *x);
 
+/* >>elementwise api ===========================================================
+   Elementwise ops with NumPy broadcasting, reductions along axes, softmax
+   along the last axis and shape ops, each with its backward where it has a
+   gradient. f32 unless said (shape ops also move i32). Shapes follow NumPy:
+   broadcasting aligns trailing dims; a dim of size 1 stretches to any size
+   (0 included). Errors, for all: DPAR_ERR_INVALID_ARGUMENT (NULL, different
+   devices, op out of range, aliasing), DPAR_ERR_SHAPE (naming the shapes),
+   DPAR_ERR_DTYPE. Backends lacking an op return DPAR_ERR_BACKEND naming it. */
+typedef enum dpar_unary_op {
+    DPAR_UNARY_NEG = 0,    /* -x */
+    DPAR_UNARY_EXP,        /* e^x */
+    DPAR_UNARY_LOG,        /* ln x */
+    DPAR_UNARY_SQRT,       /* sqrt x */
+    DPAR_UNARY_RSQRT,      /* 1 / sqrt x */
+    DPAR_UNARY_TANH,       /* tanh x */
+    DPAR_UNARY_SIGMOID,    /* 1 / (1 + e^-x) */
+    DPAR_UNARY_GELU_TANH,  /* x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (Hendrycks & Gimpel 2016; GPT-2) */
+    DPAR_UNARY_GELU_ERF,   /* x/2 (1 + erf(x / sqrt 2)) (exact GELU, jax.nn.gelu(approximate=False)) */
+    DPAR_UNARY_SILU,       /* x sigmoid(x) (swish) */
+    DPAR_UNARY_SQUARE,     /* x^2 */
+    DPAR_UNARY_ADD_SCALAR, /* x + s (scalar forms: s is dpar_unary's `s`) */
+    DPAR_UNARY_MUL_SCALAR, /* x * s */
+    DPAR_UNARY_RSUB_SCALAR, /* s - x */
+    DPAR_UNARY_DIV_SCALAR, /* x / s */
+    DPAR_UNARY_RDIV_SCALAR, /* s / x */
+    DPAR_UNARY_POW_SCALAR, /* x^s (pow; x < 0 with a non-integer s gives NaN) */
+    DPAR_UNARY_COUNT
+} dpar_unary_op;
+/* y = op(x) (s: the scalar of the *_SCALAR forms, ignored by the others).
+   x, y: same shape, f32; in place allowed. */
+DPAR_API dpar_status dpar_unary(dpar_buffer *y, const dpar_buffer *x, dpar_unary_op op, float s);
+/* dx = dy * op'(x). dx, dy, x: same shape, f32; dx may alias dy. */
+DPAR_API dpar_status dpar_unary_backward(dpar_buffer *dx, const dpar_buffer *dy, const dpar_buffer *x,
+                                         dpar_unary_op op, float s);
+
+typedef enum dpar_binary_op {
+    DPAR_BINARY_ADD = 0,
+    DPAR_BINARY_SUB,
+    DPAR_BINARY_MUL,
+    DPAR_BINARY_DIV,
+    DPAR_BINARY_COUNT
+} dpar_binary_op;
+/* y = a op b with broadcasting: y's shape must be broadcast(a.shape, b.shape).
+   f32. y may alias a or b when that operand has y's shape. */
+DPAR_API dpar_status dpar_binary(dpar_buffer *y, const dpar_buffer *a, const dpar_buffer *b, dpar_binary_op op);
+/* Gradients of dpar_binary, each summed over the dims its operand was
+   broadcast along (reduce-to-shape): da (a's shape, or NULL to skip) and db
+   (b's shape, or NULL). dy: y's shape. add: da = dy, db = dy; sub: db = -dy;
+   mul: da = dy b, db = dy a; div: da = dy / b, db = -dy a / b^2. */
+DPAR_API dpar_status dpar_binary_backward(dpar_buffer *da, dpar_buffer *db, const dpar_buffer *dy,
+                                          const dpar_buffer *a, const dpar_buffer *b, dpar_binary_op op);
+/* y = cond ? a : b elementwise, with broadcasting of cond (f32: nonzero is
+   true, NaN too; or i32: nonzero), a and b to y's shape. a or b NULL: the
+   scalar a_value / b_value instead (e.g. a mask: dpar_where(y, m, x, NULL, 0,
+   -INFINITY)). Its gradient is dpar_where(da, cond, dy, NULL, 0, 0) (then
+   dpar_reduce to a's shape if a was broadcast). At most 4 dims after merging
+   neighbours that broadcast alike (DPAR_ERR_SHAPE otherwise). */
+DPAR_API dpar_status dpar_where(dpar_buffer *y, const dpar_buffer *cond, const dpar_buffer *a, const dpar_buffer *b,
+                                float a_value, float b_value);
+
+typedef enum dpar_reduce_kind {
+    DPAR_REDUCE_SUM = 0, /* CPU sums in double */
+    DPAR_REDUCE_MEAN,    /* sum / count (NaN over 0 elements, as NumPy) */
+    DPAR_REDUCE_MAX,     /* NaN propagates; over 0 elements: DPAR_ERR_SHAPE */
+    DPAR_REDUCE_ARGMAX,  /* y is i32: the flat index over the reduced axes of the first maximum (first NaN) */
+    DPAR_REDUCE_KIND_COUNT
+} dpar_reduce_kind;
+/* y = reduce(x) over `axes` (naxes entries, negative counts from the end;
+   axes NULL: every axis). y's shape is x's without those axes, or with them
+   kept as 1 (keepdims); both are accepted. x f32; y f32 (i32 for ARGMAX).
+   At most 4 dims after merging neighbouring axes that are both reduced or
+   both kept (DPAR_ERR_SHAPE otherwise). */
+DPAR_API dpar_status dpar_reduce(dpar_buffer *y, const dpar_buffer *x, dpar_reduce_kind kind, const int *axes,
+                                 int naxes);
+/* dx (x's shape) = gradient of dpar_reduce SUM (dy broadcast back) or MEAN
+   (dy / count broadcast back); dy: y's shape. MAX/ARGMAX: DPAR_ERR_INVALID_ARGUMENT. */
+DPAR_API dpar_status dpar_reduce_backward(dpar_buffer *dx, const dpar_buffer *dy, dpar_reduce_kind kind,
+                                          const int *axes, int naxes);
+
+/* Softmax (log_softmax when `log`) along the last axis, stable (max
+   subtracted, in double on the CPU): softmax([1000, 1000]) = [0.5, 0.5];
+   entries of -inf get 0 (log: -inf); a row that is all -inf gives NaN (as
+   JAX). x, y same shape, f32; in place allowed. */
+DPAR_API dpar_status dpar_softmax(dpar_buffer *y, const dpar_buffer *x, bool log);
+/* dx from dy and the forward's output y: softmax dx = y (dy - sum(dy y));
+   log_softmax dx = dy - exp(y) sum(dy). Same shapes; dx may alias dy. */
+DPAR_API dpar_status dpar_softmax_backward(dpar_buffer *dx, const dpar_buffer *dy, const dpar_buffer *y, bool log);
+
+/* Shape ops: f32 or i32 (y and x the same dtype), bit-exact copies. */
+/* y = x with its axes permuted: y.shape[i] = x.shape[perm[i]] (perm NULL:
+   reversed). Backward: transpose with the inverse permutation. Not in place. */
+DPAR_API dpar_status dpar_transpose(dpar_buffer *y, const dpar_buffer *x, const int *perm);
+/* y = x broadcast to y's shape (NumPy rules). Backward: dpar_reduce SUM. */
+DPAR_API dpar_status dpar_broadcast_to(dpar_buffer *y, const dpar_buffer *x);
+/* y = x[start[i] : : step[i]] with y.shape[i] elements along axis i (step
+   NULL: 1; steps >= 1); every index read must lie in x. Backward:
+   dpar_slice_backward. */
+DPAR_API dpar_status dpar_slice(dpar_buffer *y, const dpar_buffer *x, const int64_t *start, const int64_t *step);
+/* dx = 0, then dx[start : : step] = dy (the transpose of dpar_slice). */
+DPAR_API dpar_status dpar_slice_backward(dpar_buffer *dx, const dpar_buffer *dy, const int64_t *start,
+                                         const int64_t *step);
+/* y = value everywhere, then y[lo[i] : lo[i] + x.shape[i]] = x (padding
+   after each axis is what y's shape leaves). lo NULL: zeros. Backward:
+   dpar_slice(dx, dy, lo, NULL). */
+DPAR_API dpar_status dpar_pad(dpar_buffer *y, const dpar_buffer *x, const int64_t *lo, float value);
+/* y = the n buffers xs joined along `axis` (negative: from the end); the
+   other dims equal. Backward: one dpar_slice per input. */
+DPAR_API dpar_status dpar_concat(dpar_buffer *y, const dpar_buffer *const *xs, int n, int axis);
+
 /* ---------------------------------------------------------------------------
    SGD (PyTorch torch.optim.SGD with dampening 0 = optax.sgd + add_decayed_weights)
      g = grad * clip + weight_decay * param
@@ -1561,6 +1670,17 @@ typedef enum dpar__op_kind {
     DPAR__OP_EMBED_BWD,    /* dst dtable [V,D] += rows of src0 dout [K,D] at src1 idx [K], i ascending; m n k */
     DPAR__OP_DROPOUT,      /* dst = src0 * f[0] where kept; p[0..1] seed, p[2..3] step, p[4] stream,
                               p[5] threshold (keep when philox word >> 8 >= it) */
+    /* >>elementwise kinds (geometry: see dpar__geo_op; 4-d, strides in elements) */
+    DPAR__OP_UNARY,       /* dst[n] = u(src0), p[0] = dpar_unary_op, f[0] = its scalar */
+    DPAR__OP_UNARY_BWD,   /* dst[n] = src1 (dy) * u'(src0 (x)); p[0], f[0] as UNARY */
+    DPAR__OP_BINARY,      /* dst[p14 + i] = src0[p12 + a(i)] op src1[p13 + b(i)]; p[15] = dpar_binary_op */
+    DPAR__OP_REDUCE,      /* dst[o] = reduce of src0 (dense) over dims in mask p[13]; p[12] = dpar__red; */
+                          /* src1, src2: a, b of a binary backward (strides p[4..7], p[8..11]) */
+    DPAR__OP_WHERE,       /* dst[i] = src0 (cond) ? src1 : src2, strides p[4..7], p[8..11], p[12..15]; */
+                          /* src1/src2 NULL: f[0]/f[1]; k = 1: cond is i32 */
+    DPAR__OP_SOFTMAX,     /* dst[m,n] = softmax rows of src0; p[0] = 1: log_softmax */
+    DPAR__OP_SOFTMAX_BWD, /* dst[m,n] from src0 (dy), src1 (y); p[0] = 1: log_softmax */
+    DPAR__OP_STRIDED,     /* dst[p13 + d(i)] = src0[p12 + s(i)], strides p[4..7] (src), p[8..11] (dst); 4 bytes */
     DPAR__OP_COUNT
 } dpar__op_kind;
 
@@ -5022,6 +5142,560 @@ DPAR_API dpar_status dpar_sum_squares(dpar_buffer *out, const dpar_buffer *x) {
     return dpar__reduce_op("dpar_sum_squares", DPAR__OP_SUMSQ, out, x);
 }
 
+/* >>elementwise ops ===========================================================
+   Checks, then DPAR__OP_* records over a geometry: an iteration shape with one
+   stride array per operand (elements; 0 = broadcast). Neighbouring dims that
+   every operand walks as one merge, so most ops reach a backend with 1-3 dims;
+   backends take 4 (p[0..3]), and dpar__geo_issue loops over any dims beyond. */
+typedef struct dpar__geo {
+    int nd;
+    int64_t shape[DPAR_MAX_DIMS];
+    int64_t st[3][DPAR_MAX_DIMS];
+} dpar__geo;
+
+/* reduction kinds of DPAR__OP_REDUCE: dpar_reduce_kind, then the binary gradients */
+enum { DPAR__RED_NEG = DPAR_REDUCE_KIND_COUNT, DPAR__RED_MUL_B, DPAR__RED_MUL_A, DPAR__RED_DIV_B, DPAR__RED_DIV_B2 };
+
+static void dpar__dense_strides(int nd, const int64_t *shape, int64_t *st) {
+    int64_t acc = 1;
+    for (int i = nd - 1; i >= 0; i--) {
+        st[i] = acc;
+        acc *= shape[i];
+    }
+}
+/* strides of x broadcast to nd dims (NumPy: trailing alignment; size-1 dims get 0) */
+static void dpar__bcast_strides(const dpar_buffer *x, int nd, int64_t *st) {
+    int64_t xs[DPAR_MAX_DIMS];
+    int off = nd - x->ndim;
+    dpar__dense_strides(x->ndim, x->shape, xs);
+    for (int i = 0; i < nd; i++) st[i] = i < off || x->shape[i - off] == 1 ? 0 : xs[i - off];
+}
+static dpar_status dpar__bcast_check(const char *fn, const dpar_buffer *y, const dpar_buffer *x, const char *xn) {
+    int ok = x->ndim <= y->ndim;
+    for (int i = 0; ok && i < x->ndim; i++) {
+        int64_t d = x->shape[x->ndim - 1 - i];
+        ok = d == 1 || d == y->shape[y->ndim - 1 - i];
+    }
+    if (!ok) {
+        char a[160], b[160];
+        return dpar__err(DPAR_ERR_SHAPE,
+                         "%s: %s %s does not broadcast to the result's shape %s (NumPy rules: trailing dims equal "
+                         "or 1); give the result the broadcast shape",
+                         fn, xn, dpar__shape_str(a, sizeof a, x->ndim, x->shape),
+                         dpar__shape_str(b, sizeof b, y->ndim, y->shape));
+    }
+    return DPAR_OK;
+}
+/* drops size-1 dims and merges a dim into the previous one when every operand steps over both as one */
+static void dpar__geo_merge(dpar__geo *g, int nops) {
+    int out = 0;
+    for (int i = 0; i < g->nd; i++) {
+        if (g->shape[i] == 1) continue;
+        int merge = out > 0;
+        for (int k = 0; merge && k < nops; k++) merge = g->st[k][out - 1] == g->st[k][i] * g->shape[i];
+        int at = merge ? out - 1 : out++;
+        g->shape[at] = merge ? g->shape[at] * g->shape[i] : g->shape[i];
+        for (int k = 0; k < nops; k++) g->st[k][at] = g->st[k][i];
+    }
+    g->nd = out;
+}
+/* Writes the innermost 4 dims of g into p[0..3] (shape), p[4..7], p[8..11]
+   (strides of operands 0, 1), leading dims padded with size 1. */
+static void dpar__geo_put(dpar__op *op, const dpar__geo *g) {
+    for (int d = 0; d < 4; d++) {
+        int i = g->nd - 4 + d;
+        op->p[d] = i >= 0 ? g->shape[i] : 1;
+        op->p[4 + d] = i >= 0 ? g->st[0][i] : 0;
+        op->p[8 + d] = i >= 0 ? g->st[1][i] : 0;
+    }
+    op->n = op->p[0] * op->p[1] * op->p[2] * op->p[3];
+}
+/* Runs op over g: once per index of the dims beyond the innermost 4, with
+   p[12..14] the offsets of operands 0..2 (off[] plus that index's). */
+static dpar_status dpar__geo_issue(dpar__op *op, const dpar__geo *g, const int64_t off[3]) {
+    int outer = g->nd > 4 ? g->nd - 4 : 0;
+    int64_t idx[DPAR_MAX_DIMS];
+    if (dpar__prod(g->shape, g->nd) == 0) return DPAR_OK;
+    memset(idx, 0, sizeof idx);
+    dpar__geo_put(op, g);
+    for (;;) {
+        for (int k = 0; k < 3; k++) {
+            op->p[12 + k] = off[k];
+            for (int i = 0; i < outer; i++) op->p[12 + k] += idx[i] * g->st[k][i];
+        }
+        dpar_status s = dpar__op_run(op);
+        if (s) return s;
+        int i = outer - 1;
+        while (i >= 0 && ++idx[i] == g->shape[i]) idx[i--] = 0;
+        if (i < 0) return DPAR_OK;
+    }
+}
+static dpar_status dpar__geo_4d(const char *fn, const dpar__geo *g) {
+    if (g->nd > 4) {
+        char a[160];
+        return dpar__err(DPAR_ERR_SHAPE,
+                         "%s: the operands' layout needs %d dims %s after merging neighbours (at most 4); "
+                         "reshape or split the op",
+                         fn, g->nd, dpar__shape_str(a, sizeof a, g->nd, g->shape));
+    }
+    return DPAR_OK;
+}
+
+DPAR_API dpar_status dpar_unary(dpar_buffer *y, const dpar_buffer *x, dpar_unary_op u, float sc) {
+    dpar__clear_error();
+    dpar_status s = dpar__op_check("dpar_unary", y, &x, 1);
+    if (s || (s = dpar__need_f32("dpar_unary", y, "y")) || (s = dpar__need_f32("dpar_unary", x, "x")) ||
+        (s = dpar__same_shape("dpar_unary", y, "y", x, "x")))
+        return s;
+    if ((int)u < 0 || u >= DPAR_UNARY_COUNT)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_unary: op %d is not a dpar_unary_op (0..%d)", (int)u,
+                         (int)DPAR_UNARY_COUNT - 1);
+    if (y->count == 0) return DPAR_OK;
+    dpar__op op;
+    dpar__op_init(&op, DPAR__OP_UNARY, y);
+    op.src0 = x;
+    op.p[0] = (int64_t)u;
+    op.f[0] = sc;
+    return dpar__op_run(&op);
+}
+DPAR_API dpar_status dpar_unary_backward(dpar_buffer *dx, const dpar_buffer *dy, const dpar_buffer *x,
+                                         dpar_unary_op u, float sc) {
+    const char *fn = "dpar_unary_backward";
+    dpar__clear_error();
+    const dpar_buffer *ops[2] = { dy, x };
+    dpar_status s = dpar__op_check(fn, dx, ops, 2);
+    if (s || (s = dpar__need_f32(fn, dx, "dx")) || (s = dpar__need_f32(fn, dy, "dy")) ||
+        (s = dpar__need_f32(fn, x, "x")) || (s = dpar__same_shape(fn, dx, "dx", dy, "dy")) ||
+        (s = dpar__same_shape(fn, x, "x", dy, "dy")))
+        return s;
+    if ((int)u < 0 || u >= DPAR_UNARY_COUNT)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: op %d is not a dpar_unary_op (0..%d)", fn, (int)u,
+                         (int)DPAR_UNARY_COUNT - 1);
+    if (dx->count == 0) return DPAR_OK;
+    dpar__op op;
+    dpar__op_init(&op, DPAR__OP_UNARY_BWD, dx);
+    op.src0 = x;
+    op.src1 = dy;
+    op.p[0] = (int64_t)u;
+    op.f[0] = sc;
+    return dpar__op_run(&op);
+}
+
+DPAR_API dpar_status dpar_binary(dpar_buffer *y, const dpar_buffer *a, const dpar_buffer *b, dpar_binary_op bop) {
+    const char *fn = "dpar_binary";
+    dpar__clear_error();
+    const dpar_buffer *ops[2] = { a, b };
+    dpar_status s = dpar__op_check(fn, y, ops, 2);
+    if (s || (s = dpar__need_f32(fn, y, "y")) || (s = dpar__need_f32(fn, a, "a")) || (s = dpar__need_f32(fn, b, "b")) ||
+        (s = dpar__bcast_check(fn, y, a, "a")) || (s = dpar__bcast_check(fn, y, b, "b")))
+        return s;
+    if ((int)bop < 0 || bop >= DPAR_BINARY_COUNT)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: op %d is not a dpar_binary_op (0..%d)", fn, (int)bop,
+                         (int)DPAR_BINARY_COUNT - 1);
+    if ((y == a && a->count != y->count) || (y == b && b->count != y->count))
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: y aliases a broadcast operand; write to another buffer", fn);
+    dpar__geo g;
+    g.nd = y->ndim;
+    memcpy(g.shape, y->shape, sizeof g.shape);
+    dpar__bcast_strides(a, y->ndim, g.st[0]);
+    dpar__bcast_strides(b, y->ndim, g.st[1]);
+    dpar__dense_strides(y->ndim, y->shape, g.st[2]);
+    dpar__geo_merge(&g, 3);
+    dpar__op op;
+    dpar__op_init(&op, DPAR__OP_BINARY, y);
+    op.src0 = a;
+    op.src1 = b;
+    op.p[15] = (int64_t)bop;
+    int64_t off[3] = { 0, 0, 0 };
+    return dpar__geo_issue(&op, &g, off);
+}
+
+/* dst = reduction `red` of src0 (dense over g's shape) over the dims where
+   g->st[2] (dst's strides) is 0; a, b (strides g->st[0], g->st[1]) feed the
+   binary gradients. */
+static dpar_status dpar__reduce_issue(const char *fn, dpar_buffer *dst, const dpar_buffer *src0, const dpar_buffer *a,
+                                      const dpar_buffer *b, dpar__geo *g, int red) {
+    dpar__geo_merge(g, 3);
+    dpar_status s = dpar__geo_4d(fn, g);
+    if (s || dst->count == 0) return s;
+    dpar__op op;
+    dpar__op_init(&op, DPAR__OP_REDUCE, dst);
+    op.src0 = src0;
+    op.src1 = a;
+    op.src2 = b;
+    dpar__geo_put(&op, g);
+    op.n = dst->count;
+    op.p[12] = red;
+    for (int d = 0; d < 4; d++) {
+        int i = g->nd - 4 + d;
+        if (i >= 0 && g->st[2][i] == 0) op.p[13] |= (int64_t)1 << d;
+    }
+    return dpar__op_run(&op);
+}
+DPAR_API dpar_status dpar_binary_backward(dpar_buffer *da, dpar_buffer *db, const dpar_buffer *dy,
+                                          const dpar_buffer *a, const dpar_buffer *b, dpar_binary_op bop) {
+    const char *fn = "dpar_binary_backward";
+    dpar__clear_error();
+    const dpar_buffer *ops[3] = { dy, a, b };
+    dpar_status s = dpar__op_check(fn, dy, ops, 3);
+    if (s || (s = dpar__need_f32(fn, dy, "dy")) || (s = dpar__need_f32(fn, a, "a")) ||
+        (s = dpar__need_f32(fn, b, "b")) || (s = dpar__bcast_check(fn, dy, a, "a")) ||
+        (s = dpar__bcast_check(fn, dy, b, "b")))
+        return s;
+    if ((int)bop < 0 || bop >= DPAR_BINARY_COUNT)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: op %d is not a dpar_binary_op (0..%d)", fn, (int)bop,
+                         (int)DPAR_BINARY_COUNT - 1);
+    dpar_buffer *outs[2] = { da, db };
+    const dpar_buffer *ins[2] = { a, b };
+    static const int red[DPAR_BINARY_COUNT][2] = { { DPAR_REDUCE_SUM, DPAR_REDUCE_SUM },
+                                                   { DPAR_REDUCE_SUM, DPAR__RED_NEG },
+                                                   { DPAR__RED_MUL_B, DPAR__RED_MUL_A },
+                                                   { DPAR__RED_DIV_B, DPAR__RED_DIV_B2 } };
+    for (int k = 0; k < 2; k++) {
+        if (!outs[k]) continue;
+        const char *nm = k ? "db" : "da";
+        if ((s = dpar__op_check(fn, outs[k], &dy, 1)) || (s = dpar__need_f32(fn, outs[k], nm)) ||
+            (s = dpar__same_shape(fn, outs[k], nm, ins[k], k ? "b" : "a")))
+            return s;
+        if (outs[k] == dy || outs[k] == a || outs[k] == b || outs[k] == outs[1 - k])
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: %s aliases another operand; give it its own buffer", fn,
+                             nm);
+    }
+    for (int k = 0; k < 2; k++) {
+        if (!outs[k]) continue;
+        dpar__geo g;
+        g.nd = dy->ndim;
+        memcpy(g.shape, dy->shape, sizeof g.shape);
+        dpar__bcast_strides(a, dy->ndim, g.st[0]);
+        dpar__bcast_strides(b, dy->ndim, g.st[1]);
+        memcpy(g.st[2], g.st[k], sizeof g.st[2]);
+        if ((s = dpar__reduce_issue(fn, outs[k], dy, a, b, &g, red[bop][k]))) return s;
+    }
+    return DPAR_OK;
+}
+
+DPAR_API dpar_status dpar_where(dpar_buffer *y, const dpar_buffer *cond, const dpar_buffer *a, const dpar_buffer *b,
+                                float a_value, float b_value) {
+    const char *fn = "dpar_where";
+    dpar__clear_error();
+    const dpar_buffer *ops[3] = { cond, a ? a : cond, b ? b : cond };
+    dpar_status s = dpar__op_check(fn, y, ops, 3);
+    if (s || (s = dpar__need_f32(fn, y, "y")) || (s = dpar__bcast_check(fn, y, cond, "cond")) ||
+        (a && ((s = dpar__need_f32(fn, a, "a")) || (s = dpar__bcast_check(fn, y, a, "a")))) ||
+        (b && ((s = dpar__need_f32(fn, b, "b")) || (s = dpar__bcast_check(fn, y, b, "b")))))
+        return s;
+    if (cond->dtype != DPAR_F32 && cond->dtype != DPAR_I32)
+        return dpar__err(DPAR_ERR_DTYPE, "%s: cond is %s; it must be f32 or i32 (nonzero: true)", fn,
+                         dpar_dtype_name(cond->dtype));
+    if ((y == (const dpar_buffer *)cond && cond->count != y->count) || (y == a && a->count != y->count) ||
+        (y == b && b->count != y->count))
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: y aliases a broadcast operand; write to another buffer", fn);
+    dpar__geo g;
+    g.nd = y->ndim;
+    memcpy(g.shape, y->shape, sizeof g.shape);
+    dpar__bcast_strides(cond, y->ndim, g.st[0]);
+    dpar__bcast_strides(a ? a : cond, y->ndim, g.st[1]);
+    dpar__bcast_strides(b ? b : cond, y->ndim, g.st[2]);
+    dpar__geo_merge(&g, 3);
+    if ((s = dpar__geo_4d(fn, &g)) || y->count == 0) return s;
+    dpar__op op;
+    dpar__op_init(&op, DPAR__OP_WHERE, y);
+    op.src0 = cond;
+    op.src1 = a;
+    op.src2 = b;
+    dpar__geo_put(&op, &g);
+    for (int d = 0; d < 4; d++) op.p[12 + d] = g.nd - 4 + d >= 0 ? g.st[2][g.nd - 4 + d] : 0;
+    op.k = cond->dtype == DPAR_I32;
+    op.f[0] = a_value;
+    op.f[1] = b_value;
+    return dpar__op_run(&op);
+}
+
+/* axes -> bit mask over x's dims (axes NULL: all) */
+static dpar_status dpar__axes_mask(const char *fn, int ndim, const int *axes, int naxes, unsigned *mask) {
+    *mask = 0;
+    if (!axes) {
+        *mask = (1u << ndim) - 1u;
+        return DPAR_OK;
+    }
+    if (naxes < 0 || naxes > ndim)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: naxes = %d; it must be in 0..%d (x's rank)", fn, naxes, ndim);
+    for (int i = 0; i < naxes; i++) {
+        int ax = axes[i] < 0 ? axes[i] + ndim : axes[i];
+        if (ax < 0 || ax >= ndim || (*mask >> ax & 1u))
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                             "%s: axes[%d] = %d is out of range or repeated (x has %d dims; -%d..%d allowed)", fn, i,
+                             axes[i], ndim, ndim, ndim - 1);
+        *mask |= 1u << ax;
+    }
+    return DPAR_OK;
+}
+/* y must be x's shape without the masked dims, or with them as 1; fills g for dpar__reduce_issue */
+static dpar_status dpar__reduce_shape(const char *fn, const dpar_buffer *y, const char *yn, const dpar_buffer *x,
+                                      const char *xn, unsigned mask, dpar__geo *g) {
+    int64_t kept[DPAR_MAX_DIMS], keep1[DPAR_MAX_DIMS];
+    int nk = 0;
+    for (int i = 0; i < x->ndim; i++) {
+        keep1[i] = mask >> i & 1u ? 1 : x->shape[i];
+        if (!(mask >> i & 1u)) kept[nk++] = x->shape[i];
+    }
+    int ok1 = y->ndim == nk, ok2 = y->ndim == x->ndim;
+    for (int i = 0; ok1 && i < nk; i++) ok1 = y->shape[i] == kept[i];
+    for (int i = 0; ok2 && i < x->ndim; i++) ok2 = y->shape[i] == keep1[i];
+    if (!ok1 && !ok2) {
+        char a[160], b[160], c[160], d[160];
+        return dpar__err(DPAR_ERR_SHAPE, "%s: %s is %s; reducing %s %s needs %s or %s (keepdims)", fn, yn,
+                         dpar__shape_str(a, sizeof a, y->ndim, y->shape), xn,
+                         dpar__shape_str(b, sizeof b, x->ndim, x->shape), dpar__shape_str(c, sizeof c, nk, kept),
+                         dpar__shape_str(d, sizeof d, x->ndim, keep1));
+    }
+    int64_t ks[DPAR_MAX_DIMS];
+    dpar__dense_strides(x->ndim, keep1, ks);
+    g->nd = x->ndim;
+    memcpy(g->shape, x->shape, sizeof g->shape);
+    for (int i = 0; i < x->ndim; i++) {
+        g->st[0][i] = g->st[1][i] = 0;
+        g->st[2][i] = mask >> i & 1u ? 0 : ks[i];
+    }
+    return DPAR_OK;
+}
+DPAR_API dpar_status dpar_reduce(dpar_buffer *y, const dpar_buffer *x, dpar_reduce_kind kind, const int *axes,
+                                 int naxes) {
+    const char *fn = "dpar_reduce";
+    dpar__clear_error();
+    unsigned mask;
+    dpar__geo g;
+    dpar_status s = dpar__op_check(fn, y, &x, 1);
+    if (s || (s = dpar__need_f32(fn, x, "x"))) return s;
+    if ((int)kind < 0 || kind >= DPAR_REDUCE_KIND_COUNT)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: kind %d is not a dpar_reduce_kind", fn, (int)kind);
+    if (y->dtype != (kind == DPAR_REDUCE_ARGMAX ? DPAR_I32 : DPAR_F32))
+        return dpar__err(DPAR_ERR_DTYPE, "%s: y is %s; it must be %s for this kind", fn, dpar_dtype_name(y->dtype),
+                         kind == DPAR_REDUCE_ARGMAX ? "i32" : "f32");
+    if ((s = dpar__axes_mask(fn, x->ndim, axes, naxes, &mask)) ||
+        (s = dpar__reduce_shape(fn, y, "y", x, "x", mask, &g)))
+        return s;
+    if ((kind == DPAR_REDUCE_MAX || kind == DPAR_REDUCE_ARGMAX) && y->count > 0 && x->count == 0)
+        return dpar__err(DPAR_ERR_SHAPE, "%s: max/argmax over 0 elements has no value; reduce a non-empty axis", fn);
+    if (y == x && y->count != x->count)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: y must not alias x", fn);
+    return dpar__reduce_issue(fn, y, x, NULL, NULL, &g, (int)kind);
+}
+
+/* dst[doff + i . dst_st] = src[soff + i . src_st] for i over shape (nd dims) */
+static dpar_status dpar__strided(dpar_buffer *dst, const dpar_buffer *src, int nd, const int64_t *shape,
+                                 const int64_t *src_st, int64_t soff, const int64_t *dst_st, int64_t doff) {
+    dpar__geo g;
+    g.nd = nd;
+    for (int i = 0; i < nd; i++) {
+        g.shape[i] = shape[i];
+        g.st[0][i] = src_st[i];
+        g.st[1][i] = dst_st[i];
+        g.st[2][i] = 0;
+    }
+    dpar__geo_merge(&g, 2);
+    dpar__op op;
+    dpar__op_init(&op, DPAR__OP_STRIDED, dst);
+    op.src0 = src;
+    int64_t off[3] = { soff, doff, 0 };
+    return dpar__geo_issue(&op, &g, off);
+}
+static dpar_status dpar__shape_op_check(const char *fn, const dpar_buffer *y, const dpar_buffer *x, int same_rank) {
+    dpar_status s = dpar__op_check(fn, y, &x, 1);
+    if (s) return s;
+    if (y->dtype != x->dtype || (x->dtype != DPAR_F32 && x->dtype != DPAR_I32))
+        return dpar__err(DPAR_ERR_DTYPE, "%s: y is %s and x is %s; both must be f32 or both i32", fn,
+                         dpar_dtype_name(y->dtype), dpar_dtype_name(x->dtype));
+    if (same_rank && y->ndim != x->ndim) {
+        char a[160], b[160];
+        return dpar__err(DPAR_ERR_SHAPE, "%s: y %s and x %s must have the same rank", fn,
+                         dpar__shape_str(a, sizeof a, y->ndim, y->shape),
+                         dpar__shape_str(b, sizeof b, x->ndim, x->shape));
+    }
+    if (y == x) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: y must not alias x (not in place)", fn);
+    return DPAR_OK;
+}
+DPAR_API dpar_status dpar_reduce_backward(dpar_buffer *dx, const dpar_buffer *dy, dpar_reduce_kind kind,
+                                          const int *axes, int naxes) {
+    const char *fn = "dpar_reduce_backward";
+    dpar__clear_error();
+    unsigned mask;
+    dpar__geo g;
+    dpar_status s = dpar__shape_op_check(fn, dx, dy, 0);
+    if (s || (s = dpar__need_f32(fn, dx, "dx"))) return s;
+    if (kind != DPAR_REDUCE_SUM && kind != DPAR_REDUCE_MEAN)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: kind %d has no gradient here (SUM and MEAN do)", fn,
+                         (int)kind);
+    if ((s = dpar__axes_mask(fn, dx->ndim, axes, naxes, &mask)) ||
+        (s = dpar__reduce_shape(fn, dy, "dy", dx, "dx", mask, &g)))
+        return s;
+    int64_t dst_st[DPAR_MAX_DIMS];
+    dpar__dense_strides(dx->ndim, dx->shape, dst_st);
+    if ((s = dpar__strided(dx, dy, dx->ndim, dx->shape, g.st[2], 0, dst_st, 0))) return s;
+    if (kind == DPAR_REDUCE_MEAN && dx->count > 0)
+        return dpar_unary(dx, dx, DPAR_UNARY_MUL_SCALAR, (float)(1.0 / (double)(dx->count / dy->count)));
+    return DPAR_OK;
+}
+
+DPAR_API dpar_status dpar_softmax(dpar_buffer *y, const dpar_buffer *x, bool log) {
+    const char *fn = "dpar_softmax";
+    dpar__clear_error();
+    dpar_status s = dpar__op_check(fn, y, &x, 1);
+    if (s || (s = dpar__need_f32(fn, y, "y")) || (s = dpar__need_f32(fn, x, "x")) ||
+        (s = dpar__same_shape(fn, y, "y", x, "x")))
+        return s;
+    if (x->ndim < 1) return dpar__err(DPAR_ERR_SHAPE, "%s: x is a scalar; it needs a last axis", fn);
+    if (y->count == 0) return DPAR_OK;
+    dpar__op op;
+    dpar__op_init(&op, DPAR__OP_SOFTMAX, y);
+    op.src0 = x;
+    op.n = x->shape[x->ndim - 1];
+    op.m = x->count / op.n;
+    op.p[0] = log;
+    return dpar__op_run(&op);
+}
+DPAR_API dpar_status dpar_softmax_backward(dpar_buffer *dx, const dpar_buffer *dy, const dpar_buffer *y, bool log) {
+    const char *fn = "dpar_softmax_backward";
+    dpar__clear_error();
+    const dpar_buffer *ops[2] = { dy, y };
+    dpar_status s = dpar__op_check(fn, dx, ops, 2);
+    if (s || (s = dpar__need_f32(fn, dx, "dx")) || (s = dpar__need_f32(fn, dy, "dy")) ||
+        (s = dpar__need_f32(fn, y, "y")) || (s = dpar__same_shape(fn, dx, "dx", dy, "dy")) ||
+        (s = dpar__same_shape(fn, y, "y", dy, "dy")))
+        return s;
+    if (y->ndim < 1) return dpar__err(DPAR_ERR_SHAPE, "%s: y is a scalar; it needs a last axis", fn);
+    if (dx == y) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: dx must not alias y", fn);
+    if (dx->count == 0) return DPAR_OK;
+    dpar__op op;
+    dpar__op_init(&op, DPAR__OP_SOFTMAX_BWD, dx);
+    op.src0 = dy;
+    op.src1 = y;
+    op.n = y->shape[y->ndim - 1];
+    op.m = y->count / op.n;
+    op.p[0] = log;
+    return dpar__op_run(&op);
+}
+
+DPAR_API dpar_status dpar_transpose(dpar_buffer *y, const dpar_buffer *x, const int *perm) {
+    const char *fn = "dpar_transpose";
+    dpar__clear_error();
+    dpar_status s = dpar__shape_op_check(fn, y, x, 1);
+    if (s) return s;
+    int64_t xs[DPAR_MAX_DIMS], src_st[DPAR_MAX_DIMS], dst_st[DPAR_MAX_DIMS];
+    unsigned seen = 0;
+    dpar__dense_strides(x->ndim, x->shape, xs);
+    dpar__dense_strides(y->ndim, y->shape, dst_st);
+    for (int i = 0; i < x->ndim; i++) {
+        int p = perm ? perm[i] : x->ndim - 1 - i;
+        if (p < 0 || p >= x->ndim || (seen >> p & 1u))
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                             "%s: perm[%d] = %d; perm must hold each of 0..%d once", fn, i, p, x->ndim - 1);
+        seen |= 1u << p;
+    }
+    for (int i = 0; i < x->ndim; i++) {
+        int p = perm ? perm[i] : x->ndim - 1 - i;
+        if (y->shape[i] != x->shape[p]) {
+            char a[160], b[160];
+            return dpar__err(DPAR_ERR_SHAPE, "%s: y %s: dim %d must be x's dim %d (x is %s)", fn,
+                             dpar__shape_str(a, sizeof a, y->ndim, y->shape), i, p,
+                             dpar__shape_str(b, sizeof b, x->ndim, x->shape));
+        }
+        src_st[i] = xs[p];
+    }
+    return dpar__strided(y, x, y->ndim, y->shape, src_st, 0, dst_st, 0);
+}
+DPAR_API dpar_status dpar_broadcast_to(dpar_buffer *y, const dpar_buffer *x) {
+    const char *fn = "dpar_broadcast_to";
+    dpar__clear_error();
+    dpar_status s = dpar__shape_op_check(fn, y, x, 0);
+    if (s || (s = dpar__bcast_check(fn, y, x, "x"))) return s;
+    int64_t src_st[DPAR_MAX_DIMS], dst_st[DPAR_MAX_DIMS];
+    dpar__bcast_strides(x, y->ndim, src_st);
+    dpar__dense_strides(y->ndim, y->shape, dst_st);
+    return dpar__strided(y, x, y->ndim, y->shape, src_st, 0, dst_st, 0);
+}
+/* big[start : : step] with small's shape: strides and offset into big */
+static dpar_status dpar__slice_geo(const char *fn, const dpar_buffer *big, const dpar_buffer *small,
+                                   const int64_t *start, const int64_t *step, int64_t *st, int64_t *off) {
+    int64_t bs[DPAR_MAX_DIMS];
+    dpar__dense_strides(big->ndim, big->shape, bs);
+    *off = 0;
+    if (!start && big->ndim > 0) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: start is NULL", fn);
+    for (int i = 0; i < big->ndim; i++) {
+        int64_t n = small->shape[i], k = step ? step[i] : 1;
+        if (k < 1 || start[i] < 0 || (n > 0 && start[i] + (n - 1) * k >= big->shape[i]) || start[i] > big->shape[i])
+            return dpar__err(DPAR_ERR_SHAPE,
+                             "%s: axis %d: %lld elements from %lld in steps of %lld do not fit in %lld; steps are "
+                             ">= 1 and every index must lie inside",
+                             fn, i, (long long)n, (long long)start[i], (long long)k, (long long)big->shape[i]);
+        st[i] = bs[i] * k;
+        *off += start[i] * bs[i];
+    }
+    return DPAR_OK;
+}
+DPAR_API dpar_status dpar_slice(dpar_buffer *y, const dpar_buffer *x, const int64_t *start, const int64_t *step) {
+    const char *fn = "dpar_slice";
+    dpar__clear_error();
+    int64_t st[DPAR_MAX_DIMS], dst_st[DPAR_MAX_DIMS], off;
+    dpar_status s = dpar__shape_op_check(fn, y, x, 1);
+    if (s || (s = dpar__slice_geo(fn, x, y, start, step, st, &off))) return s;
+    dpar__dense_strides(y->ndim, y->shape, dst_st);
+    return dpar__strided(y, x, y->ndim, y->shape, st, off, dst_st, 0);
+}
+DPAR_API dpar_status dpar_slice_backward(dpar_buffer *dx, const dpar_buffer *dy, const int64_t *start,
+                                         const int64_t *step) {
+    const char *fn = "dpar_slice_backward";
+    dpar__clear_error();
+    int64_t st[DPAR_MAX_DIMS], src_st[DPAR_MAX_DIMS], off;
+    dpar_status s = dpar__shape_op_check(fn, dx, dy, 1);
+    if (s || (s = dpar__slice_geo(fn, dx, dy, start, step, st, &off)) || (s = dpar_fill(dx, 0.0f))) return s;
+    dpar__dense_strides(dy->ndim, dy->shape, src_st);
+    return dpar__strided(dx, dy, dy->ndim, dy->shape, src_st, 0, st, off);
+}
+DPAR_API dpar_status dpar_pad(dpar_buffer *y, const dpar_buffer *x, const int64_t *lo, float value) {
+    const char *fn = "dpar_pad";
+    dpar__clear_error();
+    int64_t zeros[DPAR_MAX_DIMS], st[DPAR_MAX_DIMS], src_st[DPAR_MAX_DIMS], off;
+    memset(zeros, 0, sizeof zeros);
+    dpar_status s = dpar__shape_op_check(fn, y, x, 1);
+    if (s || (s = dpar__slice_geo(fn, y, x, lo ? lo : zeros, NULL, st, &off)) || (s = dpar_fill(y, value))) return s;
+    dpar__dense_strides(x->ndim, x->shape, src_st);
+    return dpar__strided(y, x, x->ndim, x->shape, src_st, 0, st, off);
+}
+DPAR_API dpar_status dpar_concat(dpar_buffer *y, const dpar_buffer *const *xs, int n, int axis) {
+    const char *fn = "dpar_concat";
+    dpar__clear_error();
+    if (!y || !xs || n < 1) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: y or xs is NULL, or n < 1", fn);
+    int ax = axis < 0 ? axis + y->ndim : axis;
+    if (ax < 0 || ax >= y->ndim)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: axis %d is out of range for y's %d dims", fn, axis, y->ndim);
+    int64_t at = 0, dst_st[DPAR_MAX_DIMS], src_st[DPAR_MAX_DIMS];
+    dpar__dense_strides(y->ndim, y->shape, dst_st);
+    for (int k = 0; k < n; k++) {
+        dpar_status s = dpar__shape_op_check(fn, y, xs[k], 1);
+        if (s) return s;
+        int ok = 1;
+        for (int i = 0; i < y->ndim; i++) ok &= i == ax || xs[k]->shape[i] == y->shape[i];
+        at += xs[k]->shape[ax];
+        if (!ok || at > y->shape[ax] || (k == n - 1 && at != y->shape[ax])) {
+            char a[160], b[160];
+            return dpar__err(DPAR_ERR_SHAPE,
+                             "%s: input %d is %s and y is %s; inputs must match y except along axis %d, where "
+                             "their sizes sum to y's",
+                             fn, k, dpar__shape_str(a, sizeof a, xs[k]->ndim, xs[k]->shape),
+                             dpar__shape_str(b, sizeof b, y->ndim, y->shape), ax);
+        }
+    }
+    at = 0;
+    for (int k = 0; k < n; k++) {
+        dpar__dense_strides(xs[k]->ndim, xs[k]->shape, src_st);
+        dpar_status s = dpar__strided(y, xs[k], y->ndim, xs[k]->shape, src_st, 0, dst_st, at * dst_st[ax]);
+        if (s) return s;
+        at += xs[k]->shape[ax];
+    }
+    return DPAR_OK;
+}
+
 /* ---------------------------------------------------------------------------
    SGD
    ------------------------------------------------------------------------ */
@@ -7506,7 +8180,9 @@ static const char *dpar__op_name(dpar__op_kind k) {
                                                            "attention_backward_q", "attention_backward_kv",
                                                            /* >>optim kinds */
                                                            "adamw", "embedding", "embedding_backward", "dropout",
-                                                           "op" };
+                                                           /* >>elementwise kinds */
+                                                           "unary", "unary_backward", "binary", "reduce", "where",
+                                                           "softmax", "softmax_backward", "strided_copy", "op" };
     return (int)k >= 0 && (int)k < (int)DPAR__OP_COUNT && names[k] ? names[k] : "op";
 }
 
@@ -8276,6 +8952,233 @@ static void dpar__sgd_part(void *arg, int part, int nparts) { /* work items of `
     }
 }
 
+/* >>cpu elementwise ===========================================================
+   CPU reference of the elementwise kinds (see >>elementwise ops): math in
+   double, sums in order, one element after another. */
+#define DPAR__GELU_K 0.7978845608028654 /* sqrt(2 / pi) */
+static double dpar__unary_f(int u, double x, double s) {
+    switch (u) {
+    case DPAR_UNARY_NEG: return -x;
+    case DPAR_UNARY_EXP: return exp(x);
+    case DPAR_UNARY_LOG: return log(x);
+    case DPAR_UNARY_SQRT: return sqrt(x);
+    case DPAR_UNARY_RSQRT: return 1.0 / sqrt(x);
+    case DPAR_UNARY_TANH: return tanh(x);
+    case DPAR_UNARY_SIGMOID: return 1.0 / (1.0 + exp(-x));
+    case DPAR_UNARY_GELU_TANH: return 0.5 * x * (1.0 + tanh(DPAR__GELU_K * (x + 0.044715 * x * x * x)));
+    case DPAR_UNARY_GELU_ERF: return 0.5 * x * (1.0 + erf(x * 0.7071067811865476));
+    case DPAR_UNARY_SILU: return x / (1.0 + exp(-x));
+    case DPAR_UNARY_SQUARE: return x * x;
+    case DPAR_UNARY_ADD_SCALAR: return x + s;
+    case DPAR_UNARY_MUL_SCALAR: return x * s;
+    case DPAR_UNARY_RSUB_SCALAR: return s - x;
+    case DPAR_UNARY_DIV_SCALAR: return x / s;
+    case DPAR_UNARY_RDIV_SCALAR: return s / x;
+    case DPAR_UNARY_POW_SCALAR: return pow(x, s);
+    default: return NAN;
+    }
+}
+/* d op(x) / dx */
+static double dpar__unary_d(int u, double x, double s) {
+    switch (u) {
+    case DPAR_UNARY_NEG: return -1.0;
+    case DPAR_UNARY_EXP: return exp(x);
+    case DPAR_UNARY_LOG: return 1.0 / x;
+    case DPAR_UNARY_SQRT: return 0.5 / sqrt(x);
+    case DPAR_UNARY_RSQRT: return -0.5 / (x * sqrt(x));
+    case DPAR_UNARY_TANH: {
+        double t = tanh(x);
+        return 1.0 - t * t;
+    }
+    case DPAR_UNARY_SIGMOID: {
+        double g = 1.0 / (1.0 + exp(-x));
+        return g * (1.0 - g);
+    }
+    case DPAR_UNARY_GELU_TANH: {
+        double t = tanh(DPAR__GELU_K * (x + 0.044715 * x * x * x));
+        return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * DPAR__GELU_K * (1.0 + 3.0 * 0.044715 * x * x);
+    }
+    case DPAR_UNARY_GELU_ERF:
+        return 0.5 * (1.0 + erf(x * 0.7071067811865476)) + x * exp(-0.5 * x * x) * 0.3989422804014327;
+    case DPAR_UNARY_SILU: {
+        double g = 1.0 / (1.0 + exp(-x));
+        return g * (1.0 + x * (1.0 - g));
+    }
+    case DPAR_UNARY_SQUARE: return 2.0 * x;
+    case DPAR_UNARY_ADD_SCALAR: return 1.0;
+    case DPAR_UNARY_MUL_SCALAR: return s;
+    case DPAR_UNARY_RSUB_SCALAR: return -1.0;
+    case DPAR_UNARY_DIV_SCALAR: return 1.0 / s;
+    case DPAR_UNARY_RDIV_SCALAR: return -s / (x * x);
+    case DPAR_UNARY_POW_SCALAR: return s == 0.0 ? 0.0 : s * pow(x, s - 1.0);
+    default: return NAN;
+    }
+}
+static dpar_status dpar__cpu_op_unary(dpar__cpu *c, int dev, const dpar__op *op, float *y, const float *x0,
+                                      const float *x1) {
+    DPAR__UNUSED(c);
+    DPAR__UNUSED(dev);
+    int u = (int)op->p[0];
+    double s = (double)op->f[0];
+    if (op->kind == DPAR__OP_UNARY)
+        for (int64_t i = 0; i < op->n; i++) y[i] = (float)dpar__unary_f(u, (double)x0[i], s);
+    else
+        for (int64_t i = 0; i < op->n; i++) y[i] = (float)((double)x1[i] * dpar__unary_d(u, (double)x0[i], s));
+    return DPAR_OK;
+}
+/* y[p14 + i] = a[p12 + i.sa] op b[p13 + i.sb] over the 4-d shape p[0..3] */
+static dpar_status dpar__cpu_op_binary(dpar__cpu *c, int dev, const dpar__op *op, float *y, const float *x0,
+                                       const float *x1) {
+    DPAR__UNUSED(c);
+    DPAR__UNUSED(dev);
+    const int64_t *p = op->p;
+    int bop = (int)p[15];
+    float *o = y + p[14];
+    for (int64_t i0 = 0; i0 < p[0]; i0++)
+        for (int64_t i1 = 0; i1 < p[1]; i1++)
+            for (int64_t i2 = 0; i2 < p[2]; i2++) {
+                const float *a = x0 + p[12] + i0 * p[4] + i1 * p[5] + i2 * p[6];
+                const float *b = x1 + p[13] + i0 * p[8] + i1 * p[9] + i2 * p[10];
+                for (int64_t i3 = 0; i3 < p[3]; i3++, o++) {
+                    float va = a[i3 * p[7]], vb = b[i3 * p[11]];
+                    *o = bop == DPAR_BINARY_ADD ? va + vb
+                         : bop == DPAR_BINARY_SUB ? va - vb
+                         : bop == DPAR_BINARY_MUL ? va * vb
+                                                  : va / vb;
+                }
+            }
+    return DPAR_OK;
+}
+/* one element of a REDUCE pass: folds dy (and a, b) into (acc, best) */
+static void dpar__red_step(int red, double *acc, int64_t *best, int64_t r, double v, double a, double b) {
+    switch (red) {
+    case DPAR_REDUCE_SUM:
+    case DPAR_REDUCE_MEAN: *acc += v; break;
+    case DPAR_REDUCE_MAX:
+    case DPAR_REDUCE_ARGMAX:
+        if (*best < 0 || v > *acc || (v != v && *acc == *acc)) {
+            *acc = v;
+            *best = r;
+        }
+        break;
+    case DPAR__RED_NEG: *acc -= v; break;
+    case DPAR__RED_MUL_B: *acc += v * b; break;
+    case DPAR__RED_MUL_A: *acc += v * a; break;
+    case DPAR__RED_DIV_B: *acc += v / b; break;
+    default: *acc += -v * a / (b * b); break; /* DPAR__RED_DIV_B2 */
+    }
+}
+/* y[o] = reduction over the dims in mask p[13] of dense x (shape p[0..3]); o runs over the kept dims */
+static dpar_status dpar__cpu_op_reduce(dpar__cpu *c, int dev, const dpar__op *op, float *y, const float *x0,
+                                       const float *x1) {
+    DPAR__UNUSED(c);
+    DPAR__UNUSED(dev);
+    const int64_t *p = op->p;
+    const float *a = x1, *b = op->src2 ? (const float *)op->src2->mem : NULL;
+    int red = (int)p[12];
+    int64_t xs[4], R = 1;
+    dpar__dense_strides(4, p, xs);
+    for (int d = 0; d < 4; d++) R *= p[13] >> d & 1 ? p[d] : 1;
+    for (int64_t o = 0; o < op->n; o++) {
+        int64_t cd[4], rem = o;
+        for (int d = 3; d >= 0; d--)
+            if (!(p[13] >> d & 1)) {
+                cd[d] = rem % p[d];
+                rem /= p[d];
+            }
+        double acc = 0.0;
+        int64_t best = -1;
+        for (int64_t r = 0; r < R; r++) {
+            rem = r;
+            for (int d = 3; d >= 0; d--)
+                if (p[13] >> d & 1) {
+                    cd[d] = rem % p[d];
+                    rem /= p[d];
+                }
+            int64_t xo = 0, ao = 0, bo = 0;
+            for (int d = 0; d < 4; d++) {
+                xo += cd[d] * xs[d];
+                ao += cd[d] * p[4 + d];
+                bo += cd[d] * p[8 + d];
+            }
+            dpar__red_step(red, &acc, &best, r, (double)x0[xo], a ? (double)a[ao] : 0.0, b ? (double)b[bo] : 0.0);
+        }
+        if (red == DPAR_REDUCE_ARGMAX)
+            ((int32_t *)y)[o] = (int32_t)best;
+        else
+            y[o] = (float)(red == DPAR_REDUCE_MEAN ? acc / (double)R : acc);
+    }
+    return DPAR_OK;
+}
+/* y[i] = cond[i.sc] ? a[i.sa] : b[i.sb] over the 4-d shape p[0..3] (a / b NULL: f[0] / f[1]) */
+static dpar_status dpar__cpu_op_where(dpar__cpu *c, int dev, const dpar__op *op, float *y, const float *x0,
+                                      const float *x1) {
+    DPAR__UNUSED(c);
+    DPAR__UNUSED(dev);
+    const int64_t *p = op->p;
+    const float *b = op->src2 ? (const float *)op->src2->mem : NULL;
+    int64_t i = 0;
+    for (int64_t i0 = 0; i0 < p[0]; i0++)
+        for (int64_t i1 = 0; i1 < p[1]; i1++)
+            for (int64_t i2 = 0; i2 < p[2]; i2++)
+                for (int64_t i3 = 0; i3 < p[3]; i3++, i++) {
+                    int64_t co = i0 * p[4] + i1 * p[5] + i2 * p[6] + i3 * p[7];
+                    int t = op->k ? ((const int32_t *)x0)[co] != 0 : x0[co] != 0.0f;
+                    if (t)
+                        y[i] = x1 ? x1[i0 * p[8] + i1 * p[9] + i2 * p[10] + i3 * p[11]] : op->f[0];
+                    else
+                        y[i] = b ? b[i0 * p[12] + i1 * p[13] + i2 * p[14] + i3 * p[15]] : op->f[1];
+                }
+    return DPAR_OK;
+}
+/* rows of n: softmax / log_softmax (p[0]) and their backward (kind SOFTMAX_BWD: x0 = dy, x1 = y) */
+static dpar_status dpar__cpu_op_softmax(dpar__cpu *c, int dev, const dpar__op *op, float *y, const float *x0,
+                                        const float *x1) {
+    DPAR__UNUSED(c);
+    DPAR__UNUSED(dev);
+    int64_t n = op->n;
+    int lg = op->p[0] != 0;
+    for (int64_t r = 0; r < op->m; r++) {
+        const float *x = x0 + r * n, *yy = x1 ? x1 + r * n : NULL;
+        float *o = y + r * n;
+        double acc = 0.0;
+        if (op->kind == DPAR__OP_SOFTMAX_BWD) {
+            for (int64_t j = 0; j < n; j++) acc += lg ? (double)x[j] : (double)x[j] * (double)yy[j];
+            for (int64_t j = 0; j < n; j++)
+                o[j] = lg ? (float)((double)x[j] - exp((double)yy[j]) * acc)
+                          : (float)((double)yy[j] * ((double)x[j] - acc));
+            continue;
+        }
+        float mx = -INFINITY;
+        for (int64_t j = 0; j < n; j++) mx = (x[j] > mx || x[j] != x[j]) ? x[j] : mx;
+        for (int64_t j = 0; j < n; j++) acc += exp((double)x[j] - (double)mx);
+        double lse = log(acc);
+        for (int64_t j = 0; j < n; j++) {
+            double z = (double)x[j] - (double)mx;
+            o[j] = (float)(lg ? z - lse : exp(z) / acc);
+        }
+    }
+    return DPAR_OK;
+}
+/* dst[p13 + i.ds] = src[p12 + i.ss] over the 4-d shape p[0..3], 4-byte elements */
+static dpar_status dpar__cpu_op_strided(dpar__cpu *c, int dev, const dpar__op *op, float *y, const float *x0,
+                                        const float *x1) {
+    DPAR__UNUSED(c);
+    DPAR__UNUSED(dev);
+    DPAR__UNUSED(x1);
+    const int64_t *p = op->p;
+    const uint32_t *s = (const uint32_t *)(const void *)x0 + p[12];
+    uint32_t *d = (uint32_t *)(void *)y + p[13];
+    for (int64_t i0 = 0; i0 < p[0]; i0++)
+        for (int64_t i1 = 0; i1 < p[1]; i1++)
+            for (int64_t i2 = 0; i2 < p[2]; i2++) {
+                const uint32_t *si = s + i0 * p[4] + i1 * p[5] + i2 * p[6];
+                uint32_t *di = d + i0 * p[8] + i1 * p[9] + i2 * p[10];
+                for (int64_t i3 = 0; i3 < p[3]; i3++) di[i3 * p[11]] = si[i3 * p[7]];
+            }
+    return DPAR_OK;
+}
+
 /* >>cpu ops ===================================================================
    One function per op kind (shapes and dtypes are checked by the core before
    dispatch; see dpar__op_kind), looked up in dpar__cpu_ops by kind. */
@@ -8750,6 +9653,14 @@ static const dpar__cpu_op_fn dpar__cpu_ops[] = {
     dpar__cpu_op_embed,        /* DPAR__OP_EMBED */
     dpar__cpu_op_embed_bwd,    /* DPAR__OP_EMBED_BWD */
     dpar__cpu_op_dropout,      /* DPAR__OP_DROPOUT */
+    dpar__cpu_op_unary,        /* DPAR__OP_UNARY */
+    dpar__cpu_op_unary,        /* DPAR__OP_UNARY_BWD */
+    dpar__cpu_op_binary,       /* DPAR__OP_BINARY */
+    dpar__cpu_op_reduce,       /* DPAR__OP_REDUCE */
+    dpar__cpu_op_where,        /* DPAR__OP_WHERE */
+    dpar__cpu_op_softmax,      /* DPAR__OP_SOFTMAX */
+    dpar__cpu_op_softmax,      /* DPAR__OP_SOFTMAX_BWD */
+    dpar__cpu_op_strided,      /* DPAR__OP_STRIDED */
 };
 typedef char dpar__cpu_ops_cover_every_kind[sizeof dpar__cpu_ops / sizeof dpar__cpu_ops[0] == DPAR__OP_COUNT ? 1 : -1];
 

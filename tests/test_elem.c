@@ -1,0 +1,633 @@
+/* Elementwise, reduction, softmax and shape ops (issue 13): exact small cases,
+   broadcasting shapes (size 0 and size 1 dims included) against a host
+   reference, finite-difference gradient checks in double for every backward
+   (the forward formulas are re-derived here in double, independent of dpar.h),
+   clear errors for bad shapes, and every GPU backend against the CPU
+   reference (skipped backends print SKIPPED). */
+#include "testutil.h"
+
+static dpar_runtime *g_rt; /* CPU, 1 device */
+
+/* ---- buffers ------------------------------------------------------------------- */
+static dpar_buffer *mk(dpar_runtime *rt, dpar_dtype t, int nd, const int64_t *sh) {
+    dpar_buffer *b = NULL;
+    T_OK(dpar_buffer_create(rt, 0, t, nd, sh, &b));
+    return b;
+}
+static int64_t cnt(int nd, const int64_t *sh) {
+    int64_t n = 1;
+    for (int i = 0; i < nd; i++) n *= sh[i];
+    return n;
+}
+static void put(dpar_buffer *b, const void *v) {
+    T_OK(dpar_buffer_write(b, 0, v, (size_t)dpar_buffer_count(b) * 4));
+}
+static void get(const dpar_buffer *b, void *v) {
+    T_OK(dpar_buffer_read(b, 0, v, (size_t)dpar_buffer_count(b) * 4));
+}
+static uint32_t g_seed = 12345u;
+static float rnd(void) { /* uniform in [-1, 1) */
+    g_seed = g_seed * 1664525u + 1013904223u;
+    return (float)((double)(g_seed >> 8) / 8388608.0 - 1.0);
+}
+static void fill_rnd(float *v, int64_t n, float lo, float hi) {
+    for (int64_t i = 0; i < n; i++) v[i] = lo + (hi - lo) * 0.5f * (rnd() + 1.0f);
+}
+static int close_to(double got, double want, double rtol, double atol) {
+    if (isnan(want)) return isnan(got);
+    if (isinf(want)) return got == want;
+    return fabs(got - want) <= atol + rtol * fabs(want);
+}
+#define CHECK_CLOSE(got, want, rtol, atol, ...)                                                        \
+    do {                                                                                               \
+        if (!close_to((double)(got), (double)(want), rtol, atol)) {                                    \
+            printf(__VA_ARGS__);                                                                       \
+            fail_msg(" got %.9g want %.9g (rtol %g atol %g)", (double)(got), (double)(want), rtol, atol); \
+        }                                                                                              \
+    } while (0)
+
+/* flat index into an operand of shape xs broadcast to shape ys, for flat y index i */
+static int64_t bidx(int ynd, const int64_t *ys, int xnd, const int64_t *xs, int64_t i) {
+    int64_t o = 0, st = 1;
+    for (int d = ynd - 1; d >= 0; d--) {
+        int64_t c = i % ys[d];
+        i /= ys[d];
+        int xd = d - (ynd - xnd);
+        if (xd < 0) continue;
+        if (xs[xd] != 1) o += c * st;
+        st *= xs[xd];
+    }
+    return o;
+}
+
+/* ---- the forward formulas in double (independent of dpar.h) --------------- */
+static double ref_unary(dpar_unary_op u, double x, double s) {
+    switch (u) {
+    case DPAR_UNARY_NEG: return -x;
+    case DPAR_UNARY_EXP: return exp(x);
+    case DPAR_UNARY_LOG: return log(x);
+    case DPAR_UNARY_SQRT: return sqrt(x);
+    case DPAR_UNARY_RSQRT: return pow(x, -0.5);
+    case DPAR_UNARY_TANH: return (exp(2 * x) - 1) / (exp(2 * x) + 1);
+    case DPAR_UNARY_SIGMOID: return exp(x) / (1 + exp(x));
+    case DPAR_UNARY_GELU_TANH: return 0.5 * x * (1 + tanh(sqrt(2 / M_PI) * (x + 0.044715 * pow(x, 3))));
+    case DPAR_UNARY_GELU_ERF: return x * 0.5 * erfc(-x / sqrt(2.0));
+    case DPAR_UNARY_SILU: return x * exp(x) / (1 + exp(x));
+    case DPAR_UNARY_SQUARE: return x * x;
+    case DPAR_UNARY_ADD_SCALAR: return x + s;
+    case DPAR_UNARY_MUL_SCALAR: return x * s;
+    case DPAR_UNARY_RSUB_SCALAR: return s - x;
+    case DPAR_UNARY_DIV_SCALAR: return x / s;
+    case DPAR_UNARY_RDIV_SCALAR: return s / x;
+    case DPAR_UNARY_POW_SCALAR: return exp(s * log(x));
+    default: return NAN;
+    }
+}
+static double ref_binary(dpar_binary_op o, double a, double b) {
+    return o == DPAR_BINARY_ADD ? a + b : o == DPAR_BINARY_SUB ? a - b : o == DPAR_BINARY_MUL ? a * b : a / b;
+}
+/* inputs of a unary op inside its domain */
+static void unary_domain(dpar_unary_op u, float *lo, float *hi) {
+    int pos = u == DPAR_UNARY_LOG || u == DPAR_UNARY_SQRT || u == DPAR_UNARY_RSQRT || u == DPAR_UNARY_RDIV_SCALAR ||
+              u == DPAR_UNARY_POW_SCALAR;
+    *lo = pos ? 0.3f : -3.0f;
+    *hi = 3.0f;
+}
+
+/* ---- exact cases ------------------------------------------------------------ */
+static void test_softmax_overflow(void **state) {
+    (void)state;
+    int64_t sh[2] = { 2, 2 };
+    dpar_buffer *x = mk(g_rt, DPAR_F32, 2, sh), *y = mk(g_rt, DPAR_F32, 2, sh);
+    float in[4] = { 1000.0f, 1000.0f, -1000.0f, 1000.0f }, out[4];
+    put(x, in);
+    T_OK(dpar_softmax(y, x, false));
+    get(y, out);
+    assert_true(out[0] == 0.5f && out[1] == 0.5f && out[2] == 0.0f && out[3] == 1.0f);
+    T_OK(dpar_softmax(y, x, true));
+    get(y, out);
+    assert_true(out[0] == (float)-log(2.0) && out[1] == (float)-log(2.0) && out[2] == -2000.0f && out[3] == 0.0f);
+    T_OK(dpar_softmax(x, x, false)); /* in place */
+    get(x, out);
+    assert_true(out[0] == 0.5f && out[3] == 1.0f);
+    dpar_buffer_destroy(x);
+    dpar_buffer_destroy(y);
+}
+static void test_log_softmax_masked(void **state) {
+    (void)state;
+    int64_t sh[2] = { 2, 3 };
+    dpar_buffer *x = mk(g_rt, DPAR_F32, 2, sh), *y = mk(g_rt, DPAR_F32, 2, sh);
+    float in[6] = { 0.0f, -INFINITY, 0.0f, -INFINITY, -INFINITY, -INFINITY }, out[6];
+    put(x, in);
+    T_OK(dpar_softmax(y, x, true));
+    get(y, out);
+    assert_true(out[0] == (float)-log(2.0) && out[1] == -INFINITY && out[2] == (float)-log(2.0));
+    assert_true(isnan(out[3]) && isnan(out[4]) && isnan(out[5])); /* fully masked row: NaN, as JAX */
+    T_OK(dpar_softmax(y, x, false));
+    get(y, out);
+    assert_true(out[0] == 0.5f && out[1] == 0.0f && out[2] == 0.5f);
+    dpar_buffer_destroy(x);
+    dpar_buffer_destroy(y);
+}
+static void test_unary_exact(void **state) {
+    (void)state;
+    struct {
+        dpar_unary_op u;
+        float s, x, y;
+    } rows[] = {
+        { DPAR_UNARY_NEG, 0, 2, -2 },          { DPAR_UNARY_EXP, 0, 0, 1 },
+        { DPAR_UNARY_LOG, 0, 1, 0 },           { DPAR_UNARY_SQRT, 0, 4, 2 },
+        { DPAR_UNARY_RSQRT, 0, 4, 0.5f },      { DPAR_UNARY_TANH, 0, 0, 0 },
+        { DPAR_UNARY_TANH, 0, 100, 1 },        { DPAR_UNARY_SIGMOID, 0, 0, 0.5f },
+        { DPAR_UNARY_SIGMOID, 0, -200, 0 },    { DPAR_UNARY_GELU_TANH, 0, 0, 0 },
+        { DPAR_UNARY_GELU_ERF, 0, 0, 0 },      { DPAR_UNARY_GELU_ERF, 0, 40, 40 },
+        { DPAR_UNARY_SILU, 0, 0, 0 },          { DPAR_UNARY_SQUARE, 0, -3, 9 },
+        { DPAR_UNARY_ADD_SCALAR, 2, 1, 3 },    { DPAR_UNARY_MUL_SCALAR, 3, 2, 6 },
+        { DPAR_UNARY_RSUB_SCALAR, 1, 3, -2 },  { DPAR_UNARY_DIV_SCALAR, 4, 2, 0.5f },
+        { DPAR_UNARY_RDIV_SCALAR, 1, 4, 0.25f }, { DPAR_UNARY_POW_SCALAR, 3, 2, 8 },
+    };
+    int64_t one = 1;
+    dpar_buffer *x = mk(g_rt, DPAR_F32, 1, &one), *y = mk(g_rt, DPAR_F32, 1, &one);
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        float out;
+        put(x, &rows[i].x);
+        T_OK(dpar_unary(y, x, rows[i].u, rows[i].s));
+        get(y, &out);
+        if (out != rows[i].y)
+            fail_msg("unary op %d of %g: got %.9g want %g", (int)rows[i].u, rows[i].x, out, rows[i].y);
+    }
+    dpar_buffer_destroy(x);
+    dpar_buffer_destroy(y);
+}
+
+/* ---- unary: values and finite-difference gradients ---------------------------------- */
+static void test_unary_grad(void **state) {
+    (void)state;
+    enum { N = 37 };
+    int64_t n = N;
+    dpar_buffer *x = mk(g_rt, DPAR_F32, 1, &n), *y = mk(g_rt, DPAR_F32, 1, &n), *dy = mk(g_rt, DPAR_F32, 1, &n);
+    float xv[N], yv[N], wv[N], dxv[N];
+    const float scal = 1.7f;
+    for (int u = 0; u < DPAR_UNARY_COUNT; u++) {
+        float lo, hi;
+        unary_domain((dpar_unary_op)u, &lo, &hi);
+        fill_rnd(xv, N, lo, hi);
+        fill_rnd(wv, N, -1, 1);
+        put(x, xv);
+        put(dy, wv);
+        T_OK(dpar_unary(y, x, (dpar_unary_op)u, scal));
+        get(y, yv);
+        T_OK(dpar_unary_backward(y, dy, x, (dpar_unary_op)u, scal)); /* dx into y: aliasing nothing read later */
+        get(y, dxv);
+        for (int i = 0; i < N; i++) {
+            double xd = xv[i], h = 1e-6 * (fabs(xd) + 1.0);
+            double fp = ref_unary((dpar_unary_op)u, xd + h, scal), fm = ref_unary((dpar_unary_op)u, xd - h, scal);
+            double fd = (fp - fm) / (2 * h);
+            CHECK_CLOSE(yv[i], ref_unary((dpar_unary_op)u, xd, scal), 2e-7, 1e-7, "unary %d forward at x=%g:", u,
+                        xd);
+            CHECK_CLOSE(dxv[i], wv[i] * fd, 1e-5, 1e-6, "unary %d backward at x=%g:", u, xd);
+        }
+    }
+    dpar_buffer_destroy(x);
+    dpar_buffer_destroy(y);
+    dpar_buffer_destroy(dy);
+}
+
+/* ---- binary with broadcasting -------------------------------------------------------- */
+typedef struct bshape {
+    int na, nb, ny;
+    int64_t a[4], b[4], y[4];
+} bshape;
+static const bshape g_bshapes[] = {
+    { 2, 2, 2, { 3, 4 }, { 3, 4 }, { 3, 4 } },                /* same shape */
+    { 2, 1, 2, { 3, 4 }, { 4 }, { 3, 4 } },                   /* bias-like */
+    { 2, 2, 2, { 3, 1 }, { 1, 4 }, { 3, 4 } },                /* outer */
+    { 3, 0, 3, { 2, 3, 5 }, { 0 }, { 2, 3, 5 } },             /* scalar b */
+    { 4, 3, 4, { 2, 1, 3, 1 }, { 5, 1, 2 }, { 2, 5, 3, 2 } }, /* alternating */
+    { 2, 2, 2, { 0, 3 }, { 1, 3 }, { 0, 3 } },                /* size 0 */
+    { 2, 2, 2, { 3, 1 }, { 1, 0 }, { 3, 0 } },                /* size 1 stretched to 0 */
+    { 1, 1, 1, { 1 }, { 1 }, { 1 } },
+    { 3, 3, 3, { 1, 1, 7 }, { 6, 1, 1 }, { 6, 1, 7 } },
+};
+static double bin_loss(dpar_binary_op o, const bshape *s, const double *a, const double *b, const float *w) {
+    double f = 0;
+    int64_t ny = cnt(s->ny, s->y);
+    for (int64_t i = 0; i < ny; i++)
+        f += (double)w[i] * ref_binary(o, a[bidx(s->ny, s->y, s->na, s->a, i)], b[bidx(s->ny, s->y, s->nb, s->b, i)]);
+    return f;
+}
+static void test_binary_broadcast_and_grad(void **state) {
+    (void)state;
+    for (size_t k = 0; k < sizeof g_bshapes / sizeof g_bshapes[0]; k++) {
+        const bshape *s = &g_bshapes[k];
+        int64_t na = cnt(s->na, s->a), nb = cnt(s->nb, s->b), ny = cnt(s->ny, s->y);
+        dpar_buffer *a = mk(g_rt, DPAR_F32, s->na, s->a), *b = mk(g_rt, DPAR_F32, s->nb, s->b);
+        dpar_buffer *y = mk(g_rt, DPAR_F32, s->ny, s->y), *dy = mk(g_rt, DPAR_F32, s->ny, s->y);
+        dpar_buffer *da = mk(g_rt, DPAR_F32, s->na, s->a), *db = mk(g_rt, DPAR_F32, s->nb, s->b);
+        float av[256], bv[256], yv[256], wv[256], dav[256], dbv[256];
+        double ad[256], bd[256];
+        fill_rnd(av, na, 0.5f, 2.0f);
+        fill_rnd(bv, nb, 0.5f, 2.0f);
+        fill_rnd(wv, ny, -1, 1);
+        for (int64_t i = 0; i < na; i++) ad[i] = av[i];
+        for (int64_t i = 0; i < nb; i++) bd[i] = bv[i];
+        put(a, av);
+        put(b, bv);
+        put(dy, wv);
+        for (int o = 0; o < DPAR_BINARY_COUNT; o++) {
+            T_OK(dpar_binary(y, a, b, (dpar_binary_op)o));
+            get(y, yv);
+            for (int64_t i = 0; i < ny; i++)
+                CHECK_CLOSE(yv[i],
+                            (float)ref_binary((dpar_binary_op)o, av[bidx(s->ny, s->y, s->na, s->a, i)],
+                                              bv[bidx(s->ny, s->y, s->nb, s->b, i)]),
+                            0, 0, "shape case %zu op %d element %lld:", k, o, (long long)i);
+            T_OK(dpar_binary_backward(da, db, dy, a, b, (dpar_binary_op)o));
+            get(da, dav);
+            get(db, dbv);
+            for (int side = 0; side < 2; side++) {
+                double *v = side ? bd : ad;
+                for (int64_t j = 0; j < (side ? nb : na); j++) {
+                    double keep = v[j], h = 1e-6;
+                    v[j] = keep + h;
+                    double fp = bin_loss((dpar_binary_op)o, s, ad, bd, wv);
+                    v[j] = keep - h;
+                    double fm = bin_loss((dpar_binary_op)o, s, ad, bd, wv);
+                    v[j] = keep;
+                    CHECK_CLOSE(side ? dbv[j] : dav[j], (fp - fm) / (2 * h), 1e-5, 1e-5,
+                                "shape case %zu op %d d%c[%lld]:", k, o, side ? 'b' : 'a', (long long)j);
+                }
+            }
+        }
+        dpar_buffer *all[6] = { a, b, y, dy, da, db };
+        for (int i = 0; i < 6; i++) dpar_buffer_destroy(all[i]);
+    }
+}
+
+/* ---- reductions ---------------------------------------------------------------------- */
+typedef struct rcase {
+    int nd;
+    int64_t x[4];
+    int naxes, axes[4];
+    int keep;
+} rcase;
+static const rcase g_rcases[] = {
+    { 2, { 3, 4 }, 1, { 1 }, 0 },       { 2, { 3, 4 }, 1, { 0 }, 1 },          { 3, { 2, 3, 4 }, 2, { 0, 2 }, 0 },
+    { 3, { 2, 3, 4 }, 1, { -2 }, 1 },   { 4, { 2, 3, 2, 3 }, 2, { 1, 3 }, 0 }, { 3, { 2, 0, 3 }, 1, { 1 }, 0 },
+    { 2, { 1, 5 }, 1, { 0 }, 0 },       { 3, { 2, 3, 4 }, -1, { 0 }, 0 },      { 1, { 9 }, 1, { 0 }, 1 },
+};
+/* y shape (keepdims or not) and, per x element, the y element it falls into and its index in the reduced set */
+static int rc_shape(const rcase *c, unsigned mask, int64_t *ysh) {
+    int ny = 0;
+    for (int i = 0; i < c->nd; i++)
+        if (!(mask >> i & 1u))
+            ysh[ny++] = c->x[i];
+        else if (c->keep)
+            ysh[ny++] = 1;
+    return ny;
+}
+static void rc_map(const rcase *c, unsigned mask, int64_t i, int64_t *yo, int64_t *ro) {
+    int64_t y = 0, ys = 1, r = 0, rs = 1;
+    for (int d = c->nd - 1; d >= 0; d--) {
+        int64_t cd = i % c->x[d];
+        i /= c->x[d];
+        if (mask >> d & 1u) {
+            r += cd * rs;
+            rs *= c->x[d];
+        } else {
+            y += cd * ys;
+            ys *= c->x[d];
+        }
+    }
+    *yo = y;
+    *ro = r;
+}
+static void test_reduce(void **state) {
+    (void)state;
+    for (size_t k = 0; k < sizeof g_rcases / sizeof g_rcases[0]; k++) {
+        const rcase *c = &g_rcases[k];
+        unsigned mask = 0;
+        for (int i = 0; i < (c->naxes < 0 ? c->nd : c->naxes); i++)
+            mask |= 1u << (c->naxes < 0 ? i : (c->axes[i] + c->nd) % c->nd);
+        int64_t ysh[4], nx = cnt(c->nd, c->x);
+        int ny_d = rc_shape(c, mask, ysh);
+        int64_t ny = cnt(ny_d, ysh);
+        dpar_buffer *x = mk(g_rt, DPAR_F32, c->nd, c->x), *y = mk(g_rt, DPAR_F32, ny_d, ysh);
+        dpar_buffer *yi = mk(g_rt, DPAR_I32, ny_d, ysh), *dx = mk(g_rt, DPAR_F32, c->nd, c->x);
+        float xv[128], yv[128], dxv[128], wv[128];
+        int32_t iv[128];
+        double sum[128], mx[128];
+        int64_t am[128], rcount = ny ? nx / ny : 0;
+        fill_rnd(xv, nx, -2, 2);
+        if (nx > 3) xv[3] = xv[2]; /* a tie */
+        put(x, xv);
+        for (int64_t j = 0; j < ny; j++) sum[j] = 0, mx[j] = -INFINITY, am[j] = -1;
+        for (int64_t i = 0; i < nx; i++) {
+            int64_t yo, ro;
+            rc_map(c, mask, i, &yo, &ro);
+            sum[yo] += xv[i];
+            if (xv[i] > mx[yo]) mx[yo] = xv[i], am[yo] = ro;
+        }
+        const int *axes = c->naxes < 0 ? NULL : c->axes;
+        int naxes = c->naxes < 0 ? 0 : c->naxes;
+        for (int kind = 0; kind < DPAR_REDUCE_KIND_COUNT; kind++) {
+            if ((kind == DPAR_REDUCE_MAX || kind == DPAR_REDUCE_ARGMAX) && nx == 0) {
+                dpar_status want = ny ? DPAR_ERR_SHAPE : DPAR_OK;
+                assert_int_equal(dpar_reduce(kind == DPAR_REDUCE_MAX ? y : yi, x, (dpar_reduce_kind)kind, axes, naxes),
+                                 want);
+                continue;
+            }
+            T_OK(dpar_reduce(kind == DPAR_REDUCE_ARGMAX ? yi : y, x, (dpar_reduce_kind)kind, axes, naxes));
+            get(y, yv);
+            get(yi, iv);
+            for (int64_t j = 0; j < ny; j++) {
+                if (kind == DPAR_REDUCE_ARGMAX) {
+                    if (iv[j] != am[j]) fail_msg("case %zu argmax[%lld] = %d want %lld", k, (long long)j, iv[j],
+                                                 (long long)am[j]);
+                    continue;
+                }
+                double want = kind == DPAR_REDUCE_SUM ? sum[j] : kind == DPAR_REDUCE_MEAN ? sum[j] / (double)rcount
+                                                                                          : mx[j];
+                CHECK_CLOSE(yv[j], (float)want, 0, 0, "case %zu kind %d y[%lld]:", k, kind, (long long)j);
+            }
+        }
+        /* gradients of sum and mean: d/dx sum_j w_j reduce(x)_j */
+        fill_rnd(wv, ny, -1, 1);
+        put(y, wv);
+        for (int kind = 0; kind < 2; kind++) {
+            T_OK(dpar_reduce_backward(dx, y, (dpar_reduce_kind)kind, axes, naxes));
+            get(dx, dxv);
+            for (int64_t i = 0; i < nx; i++) {
+                int64_t yo, ro;
+                rc_map(c, mask, i, &yo, &ro);
+                double fd = (double)wv[yo] * (kind ? 1.0 / (double)rcount : 1.0); /* the loss is linear in x */
+                CHECK_CLOSE(dxv[i], fd, 1e-7, 0, "case %zu kind %d dx[%lld]:", k, kind, (long long)i);
+            }
+        }
+        dpar_buffer_destroy(x);
+        dpar_buffer_destroy(y);
+        dpar_buffer_destroy(yi);
+        dpar_buffer_destroy(dx);
+    }
+}
+static void test_reduce_nan_and_ties(void **state) {
+    (void)state;
+    int64_t sh[2] = { 2, 4 }, two = 2;
+    dpar_buffer *x = mk(g_rt, DPAR_F32, 2, sh), *y = mk(g_rt, DPAR_F32, 1, &two), *yi = mk(g_rt, DPAR_I32, 1, &two);
+    float in[8] = { 1, 3, 3, 2, 1, NAN, 5, NAN }, out[2];
+    int32_t io[2];
+    int ax = 1;
+    put(x, in);
+    T_OK(dpar_reduce(y, x, DPAR_REDUCE_MAX, &ax, 1));
+    T_OK(dpar_reduce(yi, x, DPAR_REDUCE_ARGMAX, &ax, 1));
+    get(y, out);
+    get(yi, io);
+    assert_true(out[0] == 3.0f && isnan(out[1]) && io[0] == 1 && io[1] == 1);
+    dpar_buffer_destroy(x);
+    dpar_buffer_destroy(y);
+    dpar_buffer_destroy(yi);
+}
+
+/* ---- softmax gradients ----------------------------------------------------------------- */
+static double sm_loss(const double *x, const float *w, int64_t m, int64_t n, int lg) {
+    double f = 0;
+    for (int64_t r = 0; r < m; r++) {
+        double mx = -INFINITY, se = 0;
+        for (int64_t j = 0; j < n; j++) mx = fmax(mx, x[r * n + j]);
+        for (int64_t j = 0; j < n; j++) se += exp(x[r * n + j] - mx);
+        for (int64_t j = 0; j < n; j++) {
+            double z = x[r * n + j] - mx;
+            f += (double)w[r * n + j] * (lg ? z - log(se) : exp(z) / se);
+        }
+    }
+    return f;
+}
+static void test_softmax_grad(void **state) {
+    (void)state;
+    enum { M = 3, N = 7 };
+    int64_t sh[2] = { M, N };
+    dpar_buffer *x = mk(g_rt, DPAR_F32, 2, sh), *y = mk(g_rt, DPAR_F32, 2, sh), *dy = mk(g_rt, DPAR_F32, 2, sh);
+    float xv[M * N], yv[M * N], wv[M * N], dxv[M * N];
+    double xd[M * N];
+    fill_rnd(xv, M * N, -3, 3);
+    fill_rnd(wv, M * N, -1, 1);
+    for (int i = 0; i < M * N; i++) xd[i] = xv[i];
+    put(x, xv);
+    put(dy, wv);
+    for (int lg = 0; lg < 2; lg++) {
+        T_OK(dpar_softmax(y, x, lg));
+        get(y, yv);
+        T_OK(dpar_softmax_backward(dy, dy, y, lg)); /* dx in place of dy */
+        get(dy, dxv);
+        put(dy, wv);
+        for (int i = 0; i < M * N; i++) {
+            double keep = xd[i], h = 1e-6;
+            xd[i] = keep + h;
+            double fp = sm_loss(xd, wv, M, N, lg);
+            xd[i] = keep - h;
+            double fm = sm_loss(xd, wv, M, N, lg);
+            xd[i] = keep;
+            CHECK_CLOSE(dxv[i], (fp - fm) / (2 * h), 1e-5, 1e-6, "softmax log=%d dx[%d]:", lg, i);
+        }
+    }
+    dpar_buffer_destroy(x);
+    dpar_buffer_destroy(y);
+    dpar_buffer_destroy(dy);
+}
+
+/* ---- where ---------------------------------------------------------------------------------- */
+static void test_where(void **state) {
+    (void)state;
+    int64_t ysh[2] = { 3, 4 }, csh[2] = { 3, 1 }, ash[1] = { 4 };
+    dpar_buffer *y = mk(g_rt, DPAR_F32, 2, ysh), *cf = mk(g_rt, DPAR_F32, 2, csh), *ci = mk(g_rt, DPAR_I32, 2, csh);
+    dpar_buffer *a = mk(g_rt, DPAR_F32, 1, ash), *b = mk(g_rt, DPAR_F32, 2, ysh), *da = mk(g_rt, DPAR_F32, 1, ash);
+    float cv[3] = { 1, 0, NAN }, av[4] = { 1, 2, 3, 4 }, bv[12], out[12];
+    int32_t iv[3] = { 7, 0, -1 };
+    for (int i = 0; i < 12; i++) bv[i] = (float)(100 + i);
+    put(cf, cv);
+    put(ci, iv);
+    put(a, av);
+    put(b, bv);
+    for (int t = 0; t < 2; t++) {
+        T_OK(dpar_where(y, t ? ci : cf, a, b, 0, 0));
+        get(y, out);
+        for (int i = 0; i < 12; i++) assert_true(out[i] == (i / 4 == 1 ? bv[i] : av[i % 4]));
+    }
+    T_OK(dpar_where(y, cf, NULL, b, 0, -INFINITY)); /* scalar a */
+    get(y, out);
+    assert_true(out[0] == 0.0f && out[4] == 104.0f && out[11] == 0.0f);
+    T_OK(dpar_where(y, cf, a, NULL, 0, -INFINITY)); /* mask to -inf */
+    get(y, out);
+    assert_true(out[1] == 2.0f && out[5] == -INFINITY);
+    /* gradient wrt a: where(cond, dy, 0) reduced over the broadcast rows */
+    float ones[12];
+    for (int i = 0; i < 12; i++) ones[i] = (float)(i + 1);
+    put(b, ones);
+    T_OK(dpar_where(y, cf, b, NULL, 0, 0));
+    int ax = 0;
+    T_OK(dpar_reduce(da, y, DPAR_REDUCE_SUM, &ax, 1));
+    get(da, out);
+    assert_true(out[0] == 1.0f + 9.0f && out[3] == 4.0f + 12.0f);
+    dpar_buffer *all[6] = { y, cf, ci, a, b, da };
+    for (int i = 0; i < 6; i++) dpar_buffer_destroy(all[i]);
+}
+
+/* ---- shape ops ------------------------------------------------------------------------------- */
+static void test_transpose(void **state) {
+    (void)state;
+    int64_t xs[5] = { 2, 3, 2, 2, 3 }, ys[5];
+    int perm[5] = { 4, 2, 0, 3, 1 }, inv[5];
+    for (int i = 0; i < 5; i++) ys[i] = xs[perm[i]], inv[perm[i]] = i;
+    dpar_buffer *x = mk(g_rt, DPAR_F32, 5, xs), *y = mk(g_rt, DPAR_F32, 5, ys), *z = mk(g_rt, DPAR_F32, 5, xs);
+    float xv[72], yv[72], zv[72];
+    for (int i = 0; i < 72; i++) xv[i] = (float)i;
+    put(x, xv);
+    T_OK(dpar_transpose(y, x, perm));
+    get(y, yv);
+    for (int64_t i = 0; i < 72; i++) { /* y[c] = x[c permuted back] */
+        int64_t c[5], r = i, xi = 0;
+        for (int d = 4; d >= 0; d--) c[d] = r % ys[d], r /= ys[d];
+        for (int d = 0; d < 5; d++) xi = xi * xs[d] + c[inv[d]];
+        assert_true(yv[i] == xv[xi]);
+    }
+    T_OK(dpar_transpose(z, y, inv)); /* the backward: the inverse permutation */
+    get(z, zv);
+    assert_memory_equal(zv, xv, sizeof xv);
+    int64_t s2[2] = { 3, 5 }, s2t[2] = { 5, 3 };
+    dpar_buffer *m = mk(g_rt, DPAR_I32, 2, s2), *mt = mk(g_rt, DPAR_I32, 2, s2t);
+    int32_t mv[15], mtv[15];
+    for (int i = 0; i < 15; i++) mv[i] = i;
+    put(m, mv);
+    T_OK(dpar_transpose(mt, m, NULL));
+    get(mt, mtv);
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 5; j++) assert_int_equal(mtv[j * 3 + i], mv[i * 5 + j]);
+    dpar_buffer *all[5] = { x, y, z, m, mt };
+    for (int i = 0; i < 5; i++) dpar_buffer_destroy(all[i]);
+}
+static void test_slice_pad_concat_broadcast(void **state) {
+    (void)state;
+    int64_t xs[2] = { 5, 6 }, ys[2] = { 2, 3 }, start[2] = { 1, 0 }, step[2] = { 3, 2 };
+    dpar_buffer *x = mk(g_rt, DPAR_F32, 2, xs), *y = mk(g_rt, DPAR_F32, 2, ys), *dx = mk(g_rt, DPAR_F32, 2, xs);
+    float xv[30], yv[6], dxv[30];
+    for (int i = 0; i < 30; i++) xv[i] = (float)i;
+    put(x, xv);
+    T_OK(dpar_slice(y, x, start, step));
+    get(y, yv);
+    float want[6] = { 6, 8, 10, 24, 26, 28 };
+    assert_memory_equal(yv, want, sizeof want);
+    T_OK(dpar_slice_backward(dx, y, start, step)); /* the transpose: <slice(x), w> = <x, slice_backward(w)> */
+    get(dx, dxv);
+    for (int i = 0; i < 30; i++) {
+        int r = i / 6, c = i % 6, hit = (r == 1 || r == 4) && c % 2 == 0;
+        assert_true(dxv[i] == (hit ? xv[i] : 0.0f));
+    }
+    /* pad: y[1:3, 2:5] = x, rest -1; its backward is the slice */
+    int64_t ps[2] = { 4, 6 }, lo[2] = { 1, 2 }, s23[2] = { 2, 3 };
+    dpar_buffer *p = mk(g_rt, DPAR_F32, 2, ps), *q = mk(g_rt, DPAR_F32, 2, s23);
+    float pv[24], qv[6];
+    T_OK(dpar_pad(p, y, lo, -1.0f));
+    get(p, pv);
+    for (int i = 0; i < 24; i++) {
+        int r = i / 6, c = i % 6, in = r >= 1 && r < 3 && c >= 2 && c < 5;
+        assert_true(pv[i] == (in ? yv[(r - 1) * 3 + c - 2] : -1.0f));
+    }
+    T_OK(dpar_slice(q, p, lo, NULL));
+    get(q, qv);
+    assert_memory_equal(qv, yv, sizeof yv);
+    /* concat along axis 1 and axis -2 */
+    int64_t c1[2] = { 2, 6 }, c0[2] = { 4, 3 };
+    dpar_buffer *cc1 = mk(g_rt, DPAR_F32, 2, c1), *cc0 = mk(g_rt, DPAR_F32, 2, c0);
+    const dpar_buffer *two[2] = { y, q };
+    float cv[12];
+    T_OK(dpar_concat(cc1, two, 2, 1));
+    get(cc1, cv);
+    for (int i = 0; i < 12; i++) assert_true(cv[i] == yv[(i / 6) * 3 + (i % 6) % 3]);
+    T_OK(dpar_concat(cc0, two, 2, -2));
+    get(cc0, cv);
+    for (int i = 0; i < 12; i++) assert_true(cv[i] == yv[i % 6]);
+    /* broadcast_to [3] -> [2, 0, 3] (empty) and -> [4, 3]; its backward is the sum */
+    int64_t b1[1] = { 3 }, b0[3] = { 2, 0, 3 }, b2[2] = { 4, 3 };
+    dpar_buffer *bx = mk(g_rt, DPAR_F32, 1, b1), *be = mk(g_rt, DPAR_F32, 3, b0), *bb = mk(g_rt, DPAR_F32, 2, b2);
+    float bxv[3] = { 1, 2, 3 }, bbv[12];
+    put(bx, bxv);
+    T_OK(dpar_broadcast_to(be, bx));
+    T_OK(dpar_broadcast_to(bb, bx));
+    get(bb, bbv);
+    for (int i = 0; i < 12; i++) assert_true(bbv[i] == bxv[i % 3]);
+    int ax = 0;
+    T_OK(dpar_reduce(bx, bb, DPAR_REDUCE_SUM, &ax, 1));
+    get(bx, bxv);
+    assert_true(bxv[0] == 4.0f && bxv[2] == 12.0f);
+    dpar_buffer *all[11] = { x, y, dx, p, q, cc1, cc0, bx, be, bb, NULL };
+    for (int i = 0; all[i]; i++) dpar_buffer_destroy(all[i]);
+}
+
+/* ---- errors --------------------------------------------------------------------------------- */
+static void test_errors(void **state) {
+    (void)state;
+    int64_t s34[2] = { 3, 4 }, s3[1] = { 3 }, s43[2] = { 4, 3 }, s6[6] = { 2, 1, 2, 1, 2, 1 };
+    int64_t s6b[6] = { 1, 2, 1, 2, 1, 2 }, s6y[6] = { 2, 2, 2, 2, 2, 2 };
+    dpar_buffer *a = mk(g_rt, DPAR_F32, 2, s34), *b = mk(g_rt, DPAR_F32, 1, s3), *y = mk(g_rt, DPAR_F32, 2, s34);
+    dpar_buffer *t = mk(g_rt, DPAR_F32, 2, s43), *i = mk(g_rt, DPAR_I32, 2, s34);
+    dpar_buffer *c6 = mk(g_rt, DPAR_F32, 6, s6), *c6b = mk(g_rt, DPAR_F32, 6, s6b), *y6 = mk(g_rt, DPAR_F32, 6, s6y);
+    T_ERR(dpar_binary(y, a, b, DPAR_BINARY_ADD), DPAR_ERR_SHAPE, "dpar_binary", "b [3]", "[3, 4]");
+    T_ERR(dpar_binary(y, a, a, DPAR_BINARY_COUNT), DPAR_ERR_INVALID_ARGUMENT, "dpar_binary_op");
+    T_ERR(dpar_binary(i, a, a, DPAR_BINARY_ADD), DPAR_ERR_DTYPE, "dpar_binary", "i32");
+    T_ERR(dpar_unary(t, a, DPAR_UNARY_EXP, 0), DPAR_ERR_SHAPE, "dpar_unary");
+    T_ERR(dpar_unary(y, a, (dpar_unary_op)99, 0), DPAR_ERR_INVALID_ARGUMENT, "dpar_unary_op");
+    int ax = 1, bad = 2, dup[2] = { 0, -2 };
+    T_ERR(dpar_reduce(y, a, DPAR_REDUCE_SUM, &ax, 1), DPAR_ERR_SHAPE, "dpar_reduce", "[3] or [3, 1]");
+    T_ERR(dpar_reduce(b, a, DPAR_REDUCE_SUM, &bad, 1), DPAR_ERR_INVALID_ARGUMENT, "axes[0] = 2");
+    T_ERR(dpar_reduce(b, a, DPAR_REDUCE_SUM, dup, 2), DPAR_ERR_INVALID_ARGUMENT, "repeated");
+    T_ERR(dpar_reduce(b, a, DPAR_REDUCE_ARGMAX, &ax, 1), DPAR_ERR_DTYPE, "i32");
+    T_ERR(dpar_reduce_backward(a, b, DPAR_REDUCE_MAX, &ax, 1), DPAR_ERR_INVALID_ARGUMENT, "SUM and MEAN");
+    int perm[2] = { 0, 0 };
+    T_ERR(dpar_transpose(t, a, perm), DPAR_ERR_INVALID_ARGUMENT, "perm[1] = 0");
+    T_ERR(dpar_transpose(y, a, NULL), DPAR_ERR_SHAPE, "dpar_transpose");
+    T_ERR(dpar_transpose(t, i, NULL), DPAR_ERR_DTYPE, "dpar_transpose");
+    int64_t st[2] = { 2, 0 };
+    T_ERR(dpar_slice(t, a, st, NULL), DPAR_ERR_SHAPE, "axis 0", "do not fit");
+    const dpar_buffer *two[2] = { a, t };
+    T_ERR(dpar_concat(y, two, 2, 0), DPAR_ERR_SHAPE, "input 1 is [4, 3]", "y is [3, 4]");
+    T_ERR(dpar_softmax(t, a, false), DPAR_ERR_SHAPE, "dpar_softmax");
+    T_ERR(dpar_where(y6, c6, c6b, NULL, 0, 0), DPAR_ERR_SHAPE, "dpar_where", "at most 4");
+    T_OK(dpar_binary(y6, c6, c6b, DPAR_BINARY_MUL)); /* 6 merged dims: the core loops over the outer two */
+    float v6[64];
+    for (int k = 0; k < 8; k++) v6[k] = (float)k;
+    put(c6, v6);
+    put(c6b, v6);
+    T_OK(dpar_binary(y6, c6, c6b, DPAR_BINARY_ADD));
+    get(y6, v6);
+    assert_true(v6[0] == 0.0f && v6[63] == 14.0f && v6[21] == 1.0f + 6.0f); /* [1,0,1,0,1,0] -> a 5, b 2 */
+    dpar_buffer *all[8] = { a, b, y, t, i, c6, c6b, y6 };
+    for (int k = 0; k < 8; k++) dpar_buffer_destroy(all[k]);
+}
+
+static int setup(void **state) {
+    (void)state;
+    g_rt = t_runtime(DPAR_BACKEND_CPU, 1);
+    return 0;
+}
+static int teardown(void **state) {
+    (void)state;
+    dpar_runtime_destroy(g_rt);
+    return 0;
+}
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_softmax_overflow),
+        cmocka_unit_test(test_log_softmax_masked),
+        cmocka_unit_test(test_unary_exact),
+        cmocka_unit_test(test_unary_grad),
+        cmocka_unit_test(test_binary_broadcast_and_grad),
+        cmocka_unit_test(test_reduce),
+        cmocka_unit_test(test_reduce_nan_and_ties),
+        cmocka_unit_test(test_softmax_grad),
+        cmocka_unit_test(test_where),
+        cmocka_unit_test(test_transpose),
+        cmocka_unit_test(test_slice_pad_concat_broadcast),
+        cmocka_unit_test(test_errors),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
