@@ -1524,6 +1524,44 @@ static dpar_status dpar__vk_op_elementwise(dpar__vk *st, int dev, const dpar__op
     return dpar__vk_dispatch(st, dev, id, b, pc, dpar__vk_groups(st->devs[dev].ph, (uint64_t)n), 1);
 }
 
+/* >>vulkan elementwise =========================================================
+   The elementwise kinds (see >>elementwise ops in dpar.h): one shader per
+   family, geometry in p[] (uint32: the core's buffers stay below 2^32
+   elements here), one invocation per output element (rows for softmax). */
+static dpar_status dpar__vk_op_elem(dpar__vk *st, int dev, const dpar__op *op, dpar__vkbuf **b, dpar__vkpc *pc) {
+    const dpar__vkphys *ph = st->devs[dev].ph;
+    int id;
+    uint64_t items = (uint64_t)op->n;
+    for (int i = 0; i < 16; i++) pc->p[i] = (uint32_t)op->p[i];
+    pc->n = (uint32_t)op->n;
+    b[2] = op->src0 ? (dpar__vkbuf *)op->src0->mem : NULL;
+    b[3] = op->src1 ? (dpar__vkbuf *)op->src1->mem : NULL;
+    b[1] = op->src2 ? (dpar__vkbuf *)op->src2->mem : NULL;
+    switch (op->kind) {
+    case DPAR__OP_UNARY:
+    case DPAR__OP_UNARY_BWD:
+        id = DPAR__SPV_UNARY;
+        pc->flags = op->kind == DPAR__OP_UNARY_BWD ? 1u : 0u;
+        break;
+    case DPAR__OP_BINARY: id = DPAR__SPV_BINARY; break;
+    case DPAR__OP_REDUCE: id = DPAR__SPV_REDUCE_AXES; break;
+    case DPAR__OP_WHERE:
+        id = DPAR__SPV_WHERE;
+        pc->flags = (op->k ? 1u : 0u) | (op->src1 ? 2u : 0u) | (op->src2 ? 4u : 0u);
+        break;
+    case DPAR__OP_SOFTMAX:
+    case DPAR__OP_SOFTMAX_BWD:
+        id = DPAR__SPV_SOFTMAX;
+        pc->m = (uint32_t)op->m;
+        pc->flags = op->kind == DPAR__OP_SOFTMAX_BWD ? 1u : 0u;
+        items = (uint64_t)op->m;
+        break;
+    default: id = DPAR__SPV_STRIDED; break; /* DPAR__OP_STRIDED */
+    }
+    if (items == 0) return DPAR_OK;
+    return dpar__vk_dispatch(st, dev, id, b, pc, dpar__vk_groups(ph, items), 1);
+}
+
 static dpar_status dpar__vk_op(void *state, int dev, const dpar__op *op) {
     dpar__vk *st = (dpar__vk *)state;
     dpar__vkbuf *dst = op->dst ? (dpar__vkbuf *)op->dst->mem : NULL;
@@ -1630,6 +1668,14 @@ static dpar_status dpar__vk_op(void *state, int dev, const dpar__op *op) {
         return dpar__vk_dispatch(st, dev, DPAR__SPV_CAST, b, &pc,
                                  dpar__vk_groups(st->devs[dev].ph, half ? ((uint64_t)n + 1) / 2 : (uint64_t)n), 1);
     }
+    case DPAR__OP_UNARY:
+    case DPAR__OP_UNARY_BWD:
+    case DPAR__OP_BINARY:
+    case DPAR__OP_REDUCE:
+    case DPAR__OP_WHERE:
+    case DPAR__OP_SOFTMAX:
+    case DPAR__OP_SOFTMAX_BWD:
+    case DPAR__OP_STRIDED: return dpar__vk_op_elem(st, dev, op, b, &pc);
     default:
         return dpar__err(DPAR_ERR_BACKEND,
                          "vulkan: op %s (kind %d) is not implemented on this backend; use the cpu backend",

@@ -604,6 +604,129 @@ static void test_errors(void **state) {
     for (int k = 0; k < 8; k++) dpar_buffer_destroy(all[k]);
 }
 
+/* ---- every backend against the CPU reference ------------------------------------------ */
+/* Runs a fixed program of every op on rt and appends each result to out (floats). */
+static int64_t run_program(dpar_runtime *rt, float *out) {
+    int64_t at = 0;
+    uint32_t keep = g_seed;
+    g_seed = 777u;
+#define OUT(buf)                                                       \
+    do {                                                               \
+        get(buf, out + at);                                            \
+        at += dpar_buffer_count(buf);                                  \
+    } while (0)
+    int64_t sx[3] = { 3, 5, 67 }, sb[2] = { 1, 67 }, sr[2] = { 3, 67 }, s1[3] = { 3, 1, 67 };
+    dpar_buffer *x = mk(rt, DPAR_F32, 3, sx), *y = mk(rt, DPAR_F32, 3, sx), *dy = mk(rt, DPAR_F32, 3, sx);
+    dpar_buffer *xp = mk(rt, DPAR_F32, 3, sx), *b = mk(rt, DPAR_F32, 2, sb), *db = mk(rt, DPAR_F32, 2, sb);
+    dpar_buffer *r = mk(rt, DPAR_F32, 2, sr), *ri = mk(rt, DPAR_I32, 2, sr), *c = mk(rt, DPAR_F32, 3, s1);
+    float v[3 * 5 * 67];
+    fill_rnd(v, 3 * 5 * 67, -3, 3);
+    put(x, v);
+    fill_rnd(v, 3 * 5 * 67, 0.2f, 3);
+    put(xp, v);
+    fill_rnd(v, 3 * 5 * 67, -1, 1);
+    put(dy, v);
+    fill_rnd(v, 67, 0.5f, 2);
+    put(b, v);
+    fill_rnd(v, 3 * 67, -1, 1);
+    put(c, v);
+    for (int u = 0; u < DPAR_UNARY_COUNT; u++) {
+        float lo, hi;
+        unary_domain((dpar_unary_op)u, &lo, &hi);
+        const dpar_buffer *in = lo > 0 ? xp : x;
+        T_OK(dpar_unary(y, in, (dpar_unary_op)u, 1.5f));
+        OUT(y);
+        T_OK(dpar_unary_backward(y, dy, in, (dpar_unary_op)u, 1.5f));
+        OUT(y);
+    }
+    for (int o = 0; o < DPAR_BINARY_COUNT; o++) {
+        T_OK(dpar_binary(y, x, b, (dpar_binary_op)o));
+        OUT(y);
+        T_OK(dpar_binary_backward(y, db, dy, x, b, (dpar_binary_op)o));
+        OUT(y);
+        OUT(db);
+    }
+    int ax = 1;
+    for (int k = 0; k < DPAR_REDUCE_KIND_COUNT; k++) {
+        T_OK(dpar_reduce(k == DPAR_REDUCE_ARGMAX ? ri : r, x, (dpar_reduce_kind)k, &ax, 1));
+        if (k == DPAR_REDUCE_ARGMAX) {
+            int32_t iv[3 * 67];
+            get(ri, iv);
+            for (int i = 0; i < 3 * 67; i++) out[at++] = (float)iv[i];
+        } else {
+            OUT(r);
+        }
+    }
+    T_OK(dpar_reduce_backward(y, r, DPAR_REDUCE_MEAN, &ax, 1));
+    OUT(y);
+    for (int lg = 0; lg < 2; lg++) {
+        T_OK(dpar_softmax(y, x, lg));
+        OUT(y);
+        T_OK(dpar_softmax_backward(xp, dy, y, lg));
+        OUT(xp);
+    }
+    T_OK(dpar_where(y, c, x, b, 0, 0));
+    OUT(y);
+    T_OK(dpar_where(y, c, NULL, x, 2.5f, 0));
+    OUT(y);
+    int perm[3] = { 2, 0, 1 };
+    int64_t st[3] = { 67, 3, 5 }, ss[3] = { 2, 2, 33 }, s0[3] = { 1, 1, 1 }, s2[3] = { 1, 2, 2 }, pp[3] = { 5, 8, 70 };
+    int64_t lo[3] = { 1, 2, 3 };
+    dpar_buffer *t = mk(rt, DPAR_F32, 3, st), *sl = mk(rt, DPAR_F32, 3, ss), *pd = mk(rt, DPAR_F32, 3, pp);
+    T_OK(dpar_transpose(t, x, perm));
+    OUT(t);
+    T_OK(dpar_slice(sl, x, s0, s2));
+    OUT(sl);
+    T_OK(dpar_slice_backward(y, sl, s0, s2));
+    OUT(y);
+    T_OK(dpar_pad(pd, x, lo, -1.0f));
+    OUT(pd);
+    T_OK(dpar_broadcast_to(y, b));
+    OUT(y);
+    int64_t cs[3] = { 3, 10, 67 };
+    dpar_buffer *cc = mk(rt, DPAR_F32, 3, cs);
+    const dpar_buffer *two[2] = { x, y };
+    T_OK(dpar_concat(cc, two, 2, 1));
+    OUT(cc);
+    /* 6 dims that do not merge: the core issues the op once per outer index (offsets p[12..14]) */
+    int64_t s6a[6] = { 2, 1, 3, 1, 2, 5 }, s6b[6] = { 1, 4, 1, 2, 1, 5 }, s6y[6] = { 2, 4, 3, 2, 2, 5 };
+    int64_t s2d[3] = { 4, 2, 5 };
+    dpar_buffer *a6 = mk(rt, DPAR_F32, 6, s6a), *b6 = mk(rt, DPAR_F32, 6, s6b), *y6 = mk(rt, DPAR_F32, 6, s6y);
+    dpar_buffer *r6 = mk(rt, DPAR_F32, 3, s2d);
+    fill_rnd(v, 60, -2, 2);
+    put(a6, v);
+    put(b6, v + 20);
+    T_OK(dpar_binary(y6, a6, b6, DPAR_BINARY_SUB));
+    OUT(y6);
+    int ax6[3] = { 0, 2, -3 };
+    T_OK(dpar_reduce(r6, y6, DPAR_REDUCE_SUM, ax6, 3));
+    OUT(r6);
+#undef OUT
+    dpar_buffer *all[17] = { x, y, dy, xp, b, db, r, ri, c, t, sl, pd, cc, a6, b6, y6, r6 };
+    for (int i = 0; i < 17; i++) dpar_buffer_destroy(all[i]);
+    g_seed = keep;
+    return at;
+}
+enum { PROG_MAX = 200000 };
+static void parity(dpar_backend_kind k) {
+    dpar_runtime *rt = t_runtime_or_skip(k, 1);
+    float *want = (float *)malloc(PROG_MAX * sizeof(float)), *got = (float *)malloc(PROG_MAX * sizeof(float));
+    int64_t n = run_program(g_rt, want), m = run_program(rt, got);
+    assert_int_equal(n, m);
+    assert_true(n < PROG_MAX);
+    for (int64_t i = 0; i < n; i++)
+        CHECK_CLOSE(got[i], want[i], 2e-5, 2e-5, "%s: result %lld of the program:", dpar_backend_name(k),
+                    (long long)i);
+    printf("%s: %lld results within 2e-5 of the cpu backend\n", dpar_backend_name(k), (long long)n);
+    free(want);
+    free(got);
+    dpar_runtime_destroy(rt);
+}
+static void test_parity_vulkan(void **state) {
+    (void)state;
+    parity(DPAR_BACKEND_VULKAN);
+}
+
 static int setup(void **state) {
     (void)state;
     g_rt = t_runtime(DPAR_BACKEND_CPU, 1);
@@ -628,6 +751,7 @@ int main(void) {
         cmocka_unit_test(test_transpose),
         cmocka_unit_test(test_slice_pad_concat_broadcast),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_parity_vulkan),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Runs the Vulkan test binaries (test_vulkan, then test_parity) under the
+# Runs the Vulkan test binaries (test_vulkan, test_parity, test_elem) under the
 # Khronos validation layer with synchronization validation on, and fails if the
 # layer reports any error or warning (or if the tests fail). Called by
 # tests/run.sh with BUILD set; prints "PASS name", "FAIL name" or
@@ -27,7 +27,7 @@ done
 [ "$found" -eq 1 ] || miss "VK_LAYER_KHRONOS_validation not installed (Debian: vulkan-validationlayers)"
 log=$(mktemp)
 total=0
-for t in test_vulkan test_parity; do
+for t in test_vulkan test_parity test_elem; do
     b="$BUILD/$t"
     [ -x "$b" ] || continue
     # VK_LAYER_ENABLES turns on synchronization validation (layer settings, 1.3.2xx);
