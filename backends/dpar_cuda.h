@@ -205,7 +205,7 @@ typedef struct dpar__cu_api {
     int (*ncclGroupEnd)(void);
 } dpar__cu_api;
 
-/* Kernels of kernels/dpar_kernels.cu, in this order. */
+/* Kernels of kernels/dpar_kernels.cu, then kernels/elementwise.cu, in this order. */
 typedef enum {
     DPAR__CUK_SCALE = 0,
     DPAR__CUK_AXPY,
@@ -225,6 +225,12 @@ typedef enum {
     DPAR__CUK_DIV_I32,
     DPAR__CUK_COPY_ND,
     DPAR__CUK_REDUCE_PARTIAL_F64,
+    DPAR__CUK_UNARY, /* kernels/elementwise.cu */
+    DPAR__CUK_BINARY,
+    DPAR__CUK_REDUCE_AXES,
+    DPAR__CUK_WHERE,
+    DPAR__CUK_SOFTMAX,
+    DPAR__CUK_STRIDED,
     DPAR__CUK_COUNT
 } dpar__cuk;
 static const char *const dpar__cuk_names[DPAR__CUK_COUNT] = {
@@ -233,7 +239,9 @@ static const char *const dpar__cuk_names[DPAR__CUK_COUNT] = {
     "dpar_k_cast",        "dpar_k_sgd",          "dpar_k_reduce_partial",
     "dpar_k_mse_partial", "dpar_k_reduce_final", "dpar_k_xent_rows",
     "dpar_k_vreduce",     "dpar_k_to_key",       "dpar_k_from_key",
-    "dpar_k_div_i32",     "dpar_k_copy_nd",      "dpar_k_reduce_partial_f64"
+    "dpar_k_div_i32",     "dpar_k_copy_nd",      "dpar_k_reduce_partial_f64",
+    "dpar_k_unary",       "dpar_k_binary",       "dpar_k_reduce_axes",
+    "dpar_k_where",       "dpar_k_softmax",      "dpar_k_strided"
 };
 
 enum {
@@ -1197,6 +1205,45 @@ static dpar_status dpar__cu_op_fill(dpar__cu_state *st, int dev, const dpar__op 
     return DPAR_OK;
 }
 
+/* >>cuda elementwise ===========================================================
+   The elementwise kinds (see >>elementwise ops in dpar.h) on the kernels of
+   kernels/elementwise.cu; the geometry p[] travels as one by-value struct. */
+typedef struct {
+    int64_t p[16];
+} dpar__cu_geo; /* same layout as dke_geo */
+static dpar_status dpar__cu_op_elem(dpar__cu_state *st, int dev, const dpar__op *op) {
+    dpar__CUstream s = st->dev[dev].compute;
+    dpar__CUdeviceptr y = DPAR__CU_PTR(op->dst);
+    dpar__CUdeviceptr x0 = op->src0 ? DPAR__CU_PTR(op->src0) : 0, x1 = op->src1 ? DPAR__CU_PTR(op->src1) : 0;
+    dpar__CUdeviceptr x2 = op->src2 ? DPAR__CU_PTR(op->src2) : 0;
+    dpar__cu_geo g;
+    int64_t n = op->n, m = op->m, items = n;
+    int u = (int)op->p[0], bwd = op->kind == DPAR__OP_UNARY_BWD || op->kind == DPAR__OP_SOFTMAX_BWD;
+    int lg = (int)op->p[0], ci32 = (int)op->k;
+    float f0 = op->f[0], f1 = op->f[1];
+    memcpy(g.p, op->p, sizeof g.p);
+    void *a_unary[] = { &y, &x0, &x1, &n, &u, &f0, &bwd };
+    void *a_binary[] = { &y, &x0, &x1, &g, &n };
+    void *a_reduce[] = { &y, &x0, &x1, &x2, &g, &n };
+    void *a_where[] = { &y, &x0, &x1, &x2, &g, &n, &ci32, &f0, &f1 };
+    void *a_softmax[] = { &y, &x0, &x1, &m, &n, &lg, &bwd };
+    void *a_strided[] = { &y, &x0, &g, &n };
+    void **args = a_strided;
+    dpar__cuk k = DPAR__CUK_STRIDED;
+    switch (op->kind) {
+    case DPAR__OP_UNARY:
+    case DPAR__OP_UNARY_BWD: k = DPAR__CUK_UNARY, args = a_unary; break;
+    case DPAR__OP_BINARY: k = DPAR__CUK_BINARY, args = a_binary; break;
+    case DPAR__OP_REDUCE: k = DPAR__CUK_REDUCE_AXES, args = a_reduce; break;
+    case DPAR__OP_WHERE: k = DPAR__CUK_WHERE, args = a_where; break;
+    case DPAR__OP_SOFTMAX:
+    case DPAR__OP_SOFTMAX_BWD: k = DPAR__CUK_SOFTMAX, args = a_softmax, items = m; break;
+    default: break; /* DPAR__OP_STRIDED */
+    }
+    if (items == 0) return DPAR_OK;
+    return dpar__cu_launch(st, dev, k, dpar__cu_grid(items, 1, 8192), DPAR__CU_BLOCK, s, args);
+}
+
 static dpar_status dpar__cu_op(void *state, int dev, const dpar__op *op) {
     dpar__cu_state *st = (dpar__cu_state *)state;
     dpar__cu_dev *d = &st->dev[dev];
@@ -1296,6 +1343,14 @@ static dpar_status dpar__cu_op(void *state, int dev, const dpar__op *op) {
         if (n == 0) return DPAR_OK;
         return dpar__cu_launch(st, dev, DPAR__CUK_SGD, dpar__cu_grid(n, 16, 8192), DPAR__CU_BLOCK, s, args);
     }
+    case DPAR__OP_UNARY:
+    case DPAR__OP_UNARY_BWD:
+    case DPAR__OP_BINARY:
+    case DPAR__OP_REDUCE:
+    case DPAR__OP_WHERE:
+    case DPAR__OP_SOFTMAX:
+    case DPAR__OP_SOFTMAX_BWD:
+    case DPAR__OP_STRIDED: return dpar__cu_op_elem(st, dev, op);
     default:
         return dpar__err(DPAR_ERR_BACKEND,
                          "cuda: op %s (kind %d) is not implemented on this backend; use the cpu backend",

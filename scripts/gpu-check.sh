@@ -83,6 +83,7 @@ if [ -f tests/test_parity.c ]; then
 else
     echo "SKIPPED  test_parity (tests/test_parity.c not in this tree)" | tee -a "$SUMMARY"
 fi
+DPAR_REQUIRE_BACKENDS=cuda step test_elem 60 "$B"/test_elem
 step digits_cuda_1   60 "$B"/train_digits --backend cuda --devices 1
 step digits_cuda_4   60 "$B"/train_digits --backend cuda --devices 4
 step bench_cuda     100 "$B"/bench_cuda
@@ -108,8 +109,8 @@ fi
     echo "--- key figures"
     grep -h '^final:' "$DIR"/digits_cuda_*.log 2>/dev/null
     grep -h '^mpi_collectives np=' "$DIR"/mpi_cuda_*.log 2>/dev/null
-    for t in test_cuda test_parity; do
-        [ -f "$DIR/$t.log" ] && grep -HE '^\[ +(PASSED|FAILED|SKIPPED) +\] [0-9]|^parity ' "$DIR/$t.log" | sed "s|^$DIR/||"
+    for t in test_cuda test_parity test_elem; do
+        [ -f "$DIR/$t.log" ] && grep -HE '^\[ +(PASSED|FAILED|SKIPPED) +\] [0-9]|^parity |^cuda: [0-9]* results' "$DIR/$t.log" | sed "s|^$DIR/||"
     done
     grep -hE '^(device|matmul|all-reduce|sgd|axpy|scale|relu|cast|SKIPPED)' "$DIR"/bench_cuda.log 2>/dev/null
     echo "total: $(($(date +%s) - START))s of ${BUDGET}s"

@@ -23,7 +23,7 @@ fi
 MOCK=$BUILD/cuda_mock
 mkdir -p "$MOCK"
 if [ ! -f "$MOCK/libdparmock.so" ] ||
-   find tests/cuda_mock/mock_cuda.cc kernels/dpar_kernels.cu -newer "$MOCK/libdparmock.so" | grep -q .; then
+   find tests/cuda_mock/mock_cuda.cc kernels/*.cu -newer "$MOCK/libdparmock.so" | grep -q .; then
     if ! "$CXX" -std=c++17 -O1 -g -fPIC -shared -Wall -Wextra -Werror -o "$MOCK/libdparmock.so" \
             tests/cuda_mock/mock_cuda.cc -lpthread; then
         echo "FAIL cuda_mock: building the mock driver failed"
@@ -58,6 +58,16 @@ if grep -q 'SKIPPED: cuda backend unavailable: cuda: cuInit: CUDA_ERROR_NO_DEVIC
 else
     cat "$log"
     echo "FAIL cuda_mock_no_device_skips: expected 13 skips naming cuInit: CUDA_ERROR_NO_DEVICE"
+fi
+
+# the elementwise family (kernels/elementwise.cu) against the CPU reference
+if [ -x "$BUILD/test_elem" ]; then
+    if LD_LIBRARY_PATH="$MOCK" MOCK_CUDA_GPUS=1 MOCK_CUDA_REPORT=1 DPAR_REQUIRE_BACKENDS=cuda \
+            "$BUILD/test_elem" >"$log" 2>&1 && grep -q '^cuda: [0-9]* results within' "$log"; then
+        echo "PASS cuda_mock_elementwise_parity ($(grep '^cuda: [0-9]* results within' "$log"))"
+    else
+        cat "$log"; echo "FAIL cuda_mock_elementwise_parity: test_elem against the mock driver"
+    fi
 fi
 
 # a hung NCCL collective must become an error (timeout / asynchronous error), never a hang

@@ -726,6 +726,10 @@ static void test_parity_vulkan(void **state) {
     (void)state;
     parity(DPAR_BACKEND_VULKAN);
 }
+static void test_parity_cuda(void **state) {
+    (void)state;
+    parity(DPAR_BACKEND_CUDA);
+}
 
 static int setup(void **state) {
     (void)state;
@@ -752,6 +756,7 @@ int main(void) {
         cmocka_unit_test(test_slice_pad_concat_broadcast),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_parity_vulkan),
+        cmocka_unit_test(test_parity_cuda),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -131,6 +131,7 @@ template <typename T> static T mock_shfl_xor(T v, int o) {
 #define __shfl_xor_sync(mask, v, o) mock_shfl_xor((v), (o))
 
 #include "../../kernels/dpar_kernels.cu"
+#include "../../kernels/elementwise.cu"
 
 // ---------------------------------------------------------------------------
 // Kernel table and launcher
@@ -177,6 +178,9 @@ static const kinfo g_kernels[] = {
     K(dpar_k_xent_rows, true),      K(dpar_k_vreduce, false),
     K(dpar_k_to_key, false),        K(dpar_k_from_key, false),
     K(dpar_k_div_i32, false),       K(dpar_k_copy_nd, false),
+    K(dpar_k_unary, false),         K(dpar_k_binary, false),
+    K(dpar_k_reduce_axes, false),   K(dpar_k_where, false),
+    K(dpar_k_softmax, false),       K(dpar_k_strided, false),
 };
 
 struct thr_arg {
