@@ -759,10 +759,13 @@ typedef enum dpar_reduce_kind {
    both kept (DPAR_ERR_SHAPE otherwise). */
 DPAR_API dpar_status dpar_reduce(dpar_buffer *y, const dpar_buffer *x, dpar_reduce_kind kind, const int *axes,
                                  int naxes);
-/* dx (x's shape) = gradient of dpar_reduce SUM (dy broadcast back) or MEAN
-   (dy / count broadcast back); dy: y's shape. MAX/ARGMAX: DPAR_ERR_INVALID_ARGUMENT. */
-DPAR_API dpar_status dpar_reduce_backward(dpar_buffer *dx, const dpar_buffer *dy, dpar_reduce_kind kind,
-                                          const int *axes, int naxes);
+/* dx (x's shape) = gradient of dpar_reduce: SUM dy broadcast back; MEAN
+   dy / count broadcast back; MAX dy at the first maximum of each reduced
+   slice (NaN: the first NaN), 0 elsewhere (as max pooling; JAX would split
+   ties evenly). dy: y's shape; x: the forward's input (MAX only; may be NULL
+   for SUM and MEAN). ARGMAX: DPAR_ERR_INVALID_ARGUMENT (no gradient). */
+DPAR_API dpar_status dpar_reduce_backward(dpar_buffer *dx, const dpar_buffer *dy, const dpar_buffer *x,
+                                          dpar_reduce_kind kind, const int *axes, int naxes);
 
 /* Softmax (log_softmax when `log`) along the last axis, stable (max
    subtracted, in double on the CPU): softmax([1000, 1000]) = [0.5, 0.5];
@@ -1670,11 +1673,11 @@ typedef enum dpar__op_kind {
     DPAR__OP_EMBED_BWD,    /* dst dtable [V,D] += rows of src0 dout [K,D] at src1 idx [K], i ascending; m n k */
     DPAR__OP_DROPOUT,      /* dst = src0 * f[0] where kept; p[0..1] seed, p[2..3] step, p[4] stream,
                               p[5] threshold (keep when philox word >> 8 >= it) */
-    /* >>elementwise kinds (geometry: see dpar__geo_op; 4-d, strides in elements) */
+    /* >>elementwise kinds (geometry: see >>elementwise ops; 4-d, strides in elements) */
     DPAR__OP_UNARY,       /* dst[n] = u(src0), p[0] = dpar_unary_op, f[0] = its scalar */
     DPAR__OP_UNARY_BWD,   /* dst[n] = src1 (dy) * u'(src0 (x)); p[0], f[0] as UNARY */
     DPAR__OP_BINARY,      /* dst[p14 + i] = src0[p12 + a(i)] op src1[p13 + b(i)]; p[15] = dpar_binary_op */
-    DPAR__OP_REDUCE,      /* dst[o] = reduce of src0 (dense) over dims in mask p[13]; p[12] = dpar__red; */
+    DPAR__OP_REDUCE,      /* dst[o] = reduce of src0 (dense) over dims in mask p[13]; p[12] = DPAR__RED_*; */
                           /* src1, src2: a, b of a binary backward (strides p[4..7], p[8..11]) */
     DPAR__OP_WHERE,       /* dst[i] = src0 (cond) ? src1 : src2, strides p[4..7], p[8..11], p[12..15]; */
                           /* src1/src2 NULL: f[0]/f[1]; k = 1: cond is i32 */
@@ -5154,7 +5157,14 @@ typedef struct dpar__geo {
 } dpar__geo;
 
 /* reduction kinds of DPAR__OP_REDUCE: dpar_reduce_kind, then the binary gradients */
-enum { DPAR__RED_NEG = DPAR_REDUCE_KIND_COUNT, DPAR__RED_MUL_B, DPAR__RED_MUL_A, DPAR__RED_DIV_B, DPAR__RED_DIV_B2 };
+enum {
+    DPAR__RED_NEG = DPAR_REDUCE_KIND_COUNT,
+    DPAR__RED_MUL_B,
+    DPAR__RED_MUL_A,
+    DPAR__RED_DIV_B,
+    DPAR__RED_DIV_B2,
+    DPAR__RED_MAX_BWD /* dst = dx (dense, src0's shape): src1 (dy)[o] at the first max of slice o, else 0 */
+};
 
 static void dpar__dense_strides(int nd, const int64_t *shape, int64_t *st) {
     int64_t acc = 1;
@@ -5312,19 +5322,19 @@ DPAR_API dpar_status dpar_binary(dpar_buffer *y, const dpar_buffer *a, const dpa
 
 /* dst = reduction `red` of src0 (dense over g's shape) over the dims where
    g->st[2] (dst's strides) is 0; a, b (strides g->st[0], g->st[1]) feed the
-   binary gradients. */
+   binary gradients. DPAR__RED_MAX_BWD writes dst in src0's shape, one slice per element of a (dy). */
 static dpar_status dpar__reduce_issue(const char *fn, dpar_buffer *dst, const dpar_buffer *src0, const dpar_buffer *a,
                                       const dpar_buffer *b, dpar__geo *g, int red) {
     dpar__geo_merge(g, 3);
     dpar_status s = dpar__geo_4d(fn, g);
-    if (s || dst->count == 0) return s;
+    if (s || dst->count == 0 || (a && red == DPAR__RED_MAX_BWD && a->count == 0)) return s;
     dpar__op op;
     dpar__op_init(&op, DPAR__OP_REDUCE, dst);
     op.src0 = src0;
     op.src1 = a;
     op.src2 = b;
     dpar__geo_put(&op, g);
-    op.n = dst->count;
+    op.n = red == DPAR__RED_MAX_BWD ? a->count : dst->count;
     op.p[12] = red;
     for (int d = 0; d < 4; d++) {
         int i = g->nd - 4 + d;
@@ -5515,20 +5525,28 @@ static dpar_status dpar__shape_op_check(const char *fn, const dpar_buffer *y, co
     if (y == x) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: y must not alias x (not in place)", fn);
     return DPAR_OK;
 }
-DPAR_API dpar_status dpar_reduce_backward(dpar_buffer *dx, const dpar_buffer *dy, dpar_reduce_kind kind,
-                                          const int *axes, int naxes) {
+DPAR_API dpar_status dpar_reduce_backward(dpar_buffer *dx, const dpar_buffer *dy, const dpar_buffer *x,
+                                          dpar_reduce_kind kind, const int *axes, int naxes) {
     const char *fn = "dpar_reduce_backward";
     dpar__clear_error();
     unsigned mask;
     dpar__geo g;
     dpar_status s = dpar__shape_op_check(fn, dx, dy, 0);
     if (s || (s = dpar__need_f32(fn, dx, "dx"))) return s;
-    if (kind != DPAR_REDUCE_SUM && kind != DPAR_REDUCE_MEAN)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: kind %d has no gradient here (SUM and MEAN do)", fn,
+    if (kind != DPAR_REDUCE_SUM && kind != DPAR_REDUCE_MEAN && kind != DPAR_REDUCE_MAX)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: kind %d has no gradient (SUM, MEAN and MAX do)", fn,
                          (int)kind);
     if ((s = dpar__axes_mask(fn, dx->ndim, axes, naxes, &mask)) ||
         (s = dpar__reduce_shape(fn, dy, "dy", dx, "dx", mask, &g)))
         return s;
+    if (kind == DPAR_REDUCE_MAX) {
+        if (!x) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: MAX needs the forward's input x (it is NULL)", fn);
+        if ((s = dpar__op_check(fn, dx, &x, 1)) || (s = dpar__need_f32(fn, x, "x")) ||
+            (s = dpar__same_shape(fn, x, "x", dx, "dx")))
+            return s;
+        if (x == dx) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: dx must not alias x", fn);
+        return dpar__reduce_issue(fn, dx, x, dy, NULL, &g, DPAR__RED_MAX_BWD);
+    }
     int64_t dst_st[DPAR_MAX_DIMS];
     dpar__dense_strides(dx->ndim, dx->shape, dst_st);
     if ((s = dpar__strided(dx, dy, dx->ndim, dx->shape, g.st[2], 0, dst_st, 0))) return s;
@@ -9056,6 +9074,7 @@ static void dpar__red_step(int red, double *acc, int64_t *best, int64_t r, doubl
     case DPAR_REDUCE_MEAN: *acc += v; break;
     case DPAR_REDUCE_MAX:
     case DPAR_REDUCE_ARGMAX:
+    case DPAR__RED_MAX_BWD:
         if (*best < 0 || v > *acc || (v != v && *acc == *acc)) {
             *acc = v;
             *best = r;
@@ -9066,6 +9085,30 @@ static void dpar__red_step(int red, double *acc, int64_t *best, int64_t r, doubl
     case DPAR__RED_MUL_A: *acc += v * a; break;
     case DPAR__RED_DIV_B: *acc += v / b; break;
     default: *acc += -v * a / (b * b); break; /* DPAR__RED_DIV_B2 */
+    }
+}
+/* dx over slice o (the reduced dims at kept index o) = v at its element `best`, 0 elsewhere */
+static void dpar__cpu_max_bwd_slice(const dpar__op *op, float *dx, int64_t o, int64_t best, double v) {
+    const int64_t *p = op->p;
+    int64_t xs[4], cd[4], R = 1, rem = o;
+    dpar__dense_strides(4, p, xs);
+    for (int d = 3; d >= 0; d--) {
+        R *= p[13] >> d & 1 ? p[d] : 1;
+        if (!(p[13] >> d & 1)) {
+            cd[d] = rem % p[d];
+            rem /= p[d];
+        }
+    }
+    for (int64_t r = 0; r < R; r++) {
+        int64_t xo = 0;
+        rem = r;
+        for (int d = 3; d >= 0; d--)
+            if (p[13] >> d & 1) {
+                cd[d] = rem % p[d];
+                rem /= p[d];
+            }
+        for (int d = 0; d < 4; d++) xo += cd[d] * xs[d];
+        dx[xo] = r == best ? (float)v : 0.0f;
     }
 }
 /* y[o] = reduction over the dims in mask p[13] of dense x (shape p[0..3]); o runs over the kept dims */
@@ -9103,7 +9146,9 @@ static dpar_status dpar__cpu_op_reduce(dpar__cpu *c, int dev, const dpar__op *op
             }
             dpar__red_step(red, &acc, &best, r, (double)x0[xo], a ? (double)a[ao] : 0.0, b ? (double)b[bo] : 0.0);
         }
-        if (red == DPAR_REDUCE_ARGMAX)
+        if (red == DPAR__RED_MAX_BWD)
+            dpar__cpu_max_bwd_slice(op, y, o, best, (double)x1[o]);
+        else if (red == DPAR_REDUCE_ARGMAX)
             ((int32_t *)y)[o] = (int32_t)best;
         else
             y[o] = (float)(red == DPAR_REDUCE_MEAN ? acc / (double)R : acc);

@@ -100,7 +100,9 @@ __global__ void dpar_k_binary(float *y, const float *a, const float *b, dke_geo 
 
 /* y[o] = fold over the dims in mask p13 of dense x (shape p[0..3]); kind p12:
    0 sum, 1 mean, 2 max, 3 argmax (i32), 4 -sum, 5 sum(dy b), 6 sum(dy a),
-   7 sum(dy / b), 8 sum(-dy a / b^2); a, b at strides p[4..7], p[8..11] */
+   7 sum(dy / b), 8 sum(-dy a / b^2); a, b at strides p[4..7], p[8..11];
+   9 the max backward: y is dx (x's shape), slice o gets a[o] (dy) at its
+   first maximum, 0 elsewhere */
 __global__ void dpar_k_reduce_axes(void *y, const float *x, const float *a, const float *b, dke_geo g, int64_t nout) {
     int64_t mask = g.p[13], kind = g.p[12], xs[4], R = 1;
     xs[3] = 1;
@@ -133,6 +135,7 @@ __global__ void dpar_k_reduce_axes(void *y, const float *x, const float *a, cons
             case 1: acc += v; break;
             case 2:
             case 3:
+            case 9:
                 if (best < 0 || v > acc || (v != v && acc == acc)) {
                     acc = v;
                     best = r;
@@ -145,7 +148,19 @@ __global__ void dpar_k_reduce_axes(void *y, const float *x, const float *a, cons
             default: acc += -v * a[ao] / (b[bo] * b[bo]); break;
             }
         }
-        if (kind == 3)
+        if (kind == 9) {
+            for (int64_t r = 0; r < R; r++) {
+                int64_t xo = 0;
+                rem = r;
+                for (int d = 3; d >= 0; d--)
+                    if (mask >> d & 1) {
+                        c[d] = rem % g.p[d];
+                        rem /= g.p[d];
+                    }
+                for (int d = 0; d < 4; d++) xo += c[d] * xs[d];
+                ((float *)y)[xo] = r == best ? a[o] : 0.0f;
+            }
+        } else if (kind == 3)
             ((int32_t *)y)[o] = (int32_t)best;
         else
             ((float *)y)[o] = kind == 1 ? acc / (float)R : acc;

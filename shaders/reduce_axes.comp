@@ -4,8 +4,9 @@
 // o runs over the kept dims in row-major order. kind p[12]: 0 sum, 1 mean, 2 max
 // (NaN propagates), 3 argmax (i32: flat index over the reduced dims of the first
 // maximum / first NaN), 4 -sum(dy), 5 sum(dy b), 6 sum(dy a), 7 sum(dy / b),
-// 8 sum(-dy a / b^2), with a, b at strides p[4..7], p[8..11]. One invocation per
-// output, summing in order (f32): deterministic.
+// 8 sum(-dy a / b^2), with a, b at strides p[4..7], p[8..11]; 9 the max backward:
+// y is dx (x's shape), slice o gets a[o] (dy) at its first maximum, 0 elsewhere.
+// One invocation per output, summing in order (f32): deterministic.
 layout(local_size_x = 256) in;
 layout(std430, set = 0, binding = 0) buffer Dst { uint y[]; };
 layout(std430, set = 0, binding = 1) readonly buffer B { float b[]; };
@@ -35,7 +36,7 @@ void main() {
             float v = x[xo];
             switch (kind) {
             case 0u: case 1u: acc += v; break;
-            case 2u: case 3u:
+            case 2u: case 3u: case 9u:
                 if (best < 0 || v > acc || (isnan(v) && !isnan(acc))) { acc = v; best = int(r); }
                 break;
             case 4u: acc -= v; break;
@@ -45,7 +46,16 @@ void main() {
             default: { float bb = b[bo]; acc += -v * a[ao] / (bb * bb); break; }
             }
         }
-        if (kind == 3u) y[o] = uint(best);
+        if (kind == 9u) {
+            for (uint r = 0u; r < R; r++) {
+                rem = r;
+                for (int d = 3; d >= 0; d--)
+                    if (((mask >> d) & 1u) != 0u) { c[d] = rem % pc.p[d]; rem /= pc.p[d]; }
+                uint xo = 0u;
+                for (int d = 0; d < 4; d++) xo += c[d] * xs[d];
+                y[xo] = floatBitsToUint(int(r) == best ? a[o] : 0.0);
+            }
+        } else if (kind == 3u) y[o] = uint(best);
         else y[o] = floatBitsToUint(kind == 1u ? acc / float(R) : acc);
     }
 }

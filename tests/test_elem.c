@@ -351,17 +351,35 @@ static void test_reduce(void **state) {
                 CHECK_CLOSE(yv[j], (float)want, 0, 0, "case %zu kind %d y[%lld]:", k, kind, (long long)j);
             }
         }
-        /* gradients of sum and mean: d/dx sum_j w_j reduce(x)_j */
+        /* gradients of sum, mean (the loss sum_j w_j reduce(x)_j is linear in x) and max: central
+           differences of the max in double where the slice's maximum is unique, else the first maximum */
         fill_rnd(wv, ny, -1, 1);
         put(y, wv);
-        for (int kind = 0; kind < 2; kind++) {
-            T_OK(dpar_reduce_backward(dx, y, (dpar_reduce_kind)kind, axes, naxes));
+        for (int kind = 0; kind < 3; kind++) {
+            T_OK(dpar_reduce_backward(dx, y, kind == DPAR_REDUCE_MAX ? x : NULL, (dpar_reduce_kind)kind, axes, naxes));
             get(dx, dxv);
             for (int64_t i = 0; i < nx; i++) {
-                int64_t yo, ro;
+                int64_t yo, ro, ties = 0;
                 rc_map(c, mask, i, &yo, &ro);
-                double fd = (double)wv[yo] * (kind ? 1.0 / (double)rcount : 1.0); /* the loss is linear in x */
-                CHECK_CLOSE(dxv[i], fd, 1e-7, 0, "case %zu kind %d dx[%lld]:", k, kind, (long long)i);
+                double want = (double)wv[yo] * (kind ? 1.0 / (double)rcount : 1.0);
+                if (kind == DPAR_REDUCE_MAX) {
+                    for (int64_t j = 0; j < nx; j++) {
+                        int64_t yj, rj;
+                        rc_map(c, mask, j, &yj, &rj);
+                        ties += yj == yo && xv[j] == mx[yo];
+                    }
+                    double h = 1e-3, fp = fmax(mx[yo], (double)xv[i] + h), fm = xv[i] - h;
+                    if (xv[i] == mx[yo]) /* moving the maximum down: the slice's max follows until the next */
+                        for (int64_t j = 0; j < nx; j++) {
+                            int64_t yj, rj;
+                            rc_map(c, mask, j, &yj, &rj);
+                            if (yj == yo && j != i) fm = fmax(fm, (double)xv[j]);
+                        }
+                    else
+                        fm = mx[yo];
+                    want = ties > 1 ? (ro == am[yo] ? wv[yo] : 0.0) : (double)wv[yo] * (fp - fm) / (2 * h);
+                }
+                CHECK_CLOSE(dxv[i], want, 1e-5, 1e-7, "case %zu kind %d dx[%lld]:", k, kind, (long long)i);
             }
         }
         dpar_buffer_destroy(x);
@@ -581,7 +599,8 @@ static void test_errors(void **state) {
     T_ERR(dpar_reduce(b, a, DPAR_REDUCE_SUM, &bad, 1), DPAR_ERR_INVALID_ARGUMENT, "axes[0] = 2");
     T_ERR(dpar_reduce(b, a, DPAR_REDUCE_SUM, dup, 2), DPAR_ERR_INVALID_ARGUMENT, "repeated");
     T_ERR(dpar_reduce(b, a, DPAR_REDUCE_ARGMAX, &ax, 1), DPAR_ERR_DTYPE, "i32");
-    T_ERR(dpar_reduce_backward(a, b, DPAR_REDUCE_MAX, &ax, 1), DPAR_ERR_INVALID_ARGUMENT, "SUM and MEAN");
+    T_ERR(dpar_reduce_backward(a, b, a, DPAR_REDUCE_ARGMAX, &ax, 1), DPAR_ERR_INVALID_ARGUMENT, "SUM, MEAN and MAX");
+    T_ERR(dpar_reduce_backward(y, b, NULL, DPAR_REDUCE_MAX, &ax, 1), DPAR_ERR_INVALID_ARGUMENT, "needs the forward");
     int perm[2] = { 0, 0 };
     T_ERR(dpar_transpose(t, a, perm), DPAR_ERR_INVALID_ARGUMENT, "perm[1] = 0");
     T_ERR(dpar_transpose(y, a, NULL), DPAR_ERR_SHAPE, "dpar_transpose");
@@ -657,7 +676,9 @@ static int64_t run_program(dpar_runtime *rt, float *out) {
             OUT(r);
         }
     }
-    T_OK(dpar_reduce_backward(y, r, DPAR_REDUCE_MEAN, &ax, 1));
+    T_OK(dpar_reduce_backward(y, r, NULL, DPAR_REDUCE_MEAN, &ax, 1));
+    OUT(y);
+    T_OK(dpar_reduce_backward(y, r, x, DPAR_REDUCE_MAX, &ax, 1));
     OUT(y);
     for (int lg = 0; lg < 2; lg++) {
         T_OK(dpar_softmax(y, x, lg));
