@@ -9087,31 +9087,9 @@ static void dpar__red_step(int red, double *acc, int64_t *best, int64_t r, doubl
     default: *acc += -v * a / (b * b); break; /* DPAR__RED_DIV_B2 */
     }
 }
-/* dx over slice o (the reduced dims at kept index o) = v at its element `best`, 0 elsewhere */
-static void dpar__cpu_max_bwd_slice(const dpar__op *op, float *dx, int64_t o, int64_t best, double v) {
-    const int64_t *p = op->p;
-    int64_t xs[4], cd[4], R = 1, rem = o;
-    dpar__dense_strides(4, p, xs);
-    for (int d = 3; d >= 0; d--) {
-        R *= p[13] >> d & 1 ? p[d] : 1;
-        if (!(p[13] >> d & 1)) {
-            cd[d] = rem % p[d];
-            rem /= p[d];
-        }
-    }
-    for (int64_t r = 0; r < R; r++) {
-        int64_t xo = 0;
-        rem = r;
-        for (int d = 3; d >= 0; d--)
-            if (p[13] >> d & 1) {
-                cd[d] = rem % p[d];
-                rem /= p[d];
-            }
-        for (int d = 0; d < 4; d++) xo += cd[d] * xs[d];
-        dx[xo] = r == best ? (float)v : 0.0f;
-    }
-}
-/* y[o] = reduction over the dims in mask p[13] of dense x (shape p[0..3]); o runs over the kept dims */
+/* y[o] = reduction over the dims in mask p[13] of dense x (shape p[0..3]); o runs over the kept dims.
+   Each output walks its slice with nested loops (extent 1 along kept dims); DPAR__RED_MAX_BWD walks it
+   twice: find the first maximum, then write dx. */
 static dpar_status dpar__cpu_op_reduce(dpar__cpu *c, int dev, const dpar__op *op, float *y, const float *x0,
                                        const float *x1) {
     DPAR__UNUSED(c);
@@ -9119,38 +9097,43 @@ static dpar_status dpar__cpu_op_reduce(dpar__cpu *c, int dev, const dpar__op *op
     const int64_t *p = op->p;
     const float *a = x1, *b = op->src2 ? (const float *)op->src2->mem : NULL;
     int red = (int)p[12];
-    int64_t xs[4], R = 1;
+    int64_t xs[4], e[4], R = 1;
     dpar__dense_strides(4, p, xs);
-    for (int d = 0; d < 4; d++) R *= p[13] >> d & 1 ? p[d] : 1;
+    for (int d = 0; d < 4; d++) {
+        e[d] = p[13] >> d & 1 ? p[d] : 1;
+        R *= e[d];
+    }
     for (int64_t o = 0; o < op->n; o++) {
-        int64_t cd[4], rem = o;
+        int64_t rem = o, x_0 = 0, a_0 = 0, b_0 = 0, best = -1;
         for (int d = 3; d >= 0; d--)
             if (!(p[13] >> d & 1)) {
-                cd[d] = rem % p[d];
+                int64_t cd = rem % p[d];
                 rem /= p[d];
+                x_0 += cd * xs[d];
+                a_0 += cd * p[4 + d];
+                b_0 += cd * p[8 + d];
             }
         double acc = 0.0;
-        int64_t best = -1;
-        for (int64_t r = 0; r < R; r++) {
-            rem = r;
-            for (int d = 3; d >= 0; d--)
-                if (p[13] >> d & 1) {
-                    cd[d] = rem % p[d];
-                    rem /= p[d];
-                }
-            int64_t xo = 0, ao = 0, bo = 0;
-            for (int d = 0; d < 4; d++) {
-                xo += cd[d] * xs[d];
-                ao += cd[d] * p[4 + d];
-                bo += cd[d] * p[8 + d];
-            }
-            dpar__red_step(red, &acc, &best, r, (double)x0[xo], a ? (double)a[ao] : 0.0, b ? (double)b[bo] : 0.0);
+        for (int pass = 0; pass < (red == DPAR__RED_MAX_BWD ? 2 : 1); pass++) {
+            int64_t r = 0;
+            for (int64_t i0 = 0; i0 < e[0]; i0++)
+                for (int64_t i1 = 0; i1 < e[1]; i1++)
+                    for (int64_t i2 = 0; i2 < e[2]; i2++)
+                        for (int64_t i3 = 0; i3 < e[3]; i3++, r++) {
+                            int64_t xo = x_0 + i0 * xs[0] + i1 * xs[1] + i2 * xs[2] + i3;
+                            if (pass) {
+                                y[xo] = r == best ? x1[o] : 0.0f;
+                                continue;
+                            }
+                            int64_t ao = a_0 + i0 * p[4] + i1 * p[5] + i2 * p[6] + i3 * p[7];
+                            int64_t bo = b_0 + i0 * p[8] + i1 * p[9] + i2 * p[10] + i3 * p[11];
+                            dpar__red_step(red, &acc, &best, r, (double)x0[xo], a ? (double)a[ao] : 0.0,
+                                           b ? (double)b[bo] : 0.0);
+                        }
         }
-        if (red == DPAR__RED_MAX_BWD)
-            dpar__cpu_max_bwd_slice(op, y, o, best, (double)x1[o]);
-        else if (red == DPAR_REDUCE_ARGMAX)
+        if (red == DPAR_REDUCE_ARGMAX)
             ((int32_t *)y)[o] = (int32_t)best;
-        else
+        else if (red != DPAR__RED_MAX_BWD)
             y[o] = (float)(red == DPAR_REDUCE_MEAN ? acc / (double)R : acc);
     }
     return DPAR_OK;
