@@ -651,12 +651,18 @@ static void test_concurrent_saves(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_crc32),          cmocka_unit_test(test_roundtrip_other_mesh),
-        cmocka_unit_test(test_corruption),     cmocka_unit_test(test_atomic_write),
-        cmocka_unit_test(test_resume_bitwise), cmocka_unit_test(test_padded_rule),
-        cmocka_unit_test(test_cross_backend),  cmocka_unit_test(test_huge_entry_count),
-        cmocka_unit_test(test_malformed_entries), cmocka_unit_test(test_duplicates_and_flags),
-        cmocka_unit_test(test_not_regular_files), cmocka_unit_test(test_concurrent_saves),
+        cmocka_unit_test(test_crc32),
+        cmocka_unit_test(test_roundtrip_other_mesh),
+        cmocka_unit_test(test_corruption),
+        cmocka_unit_test(test_atomic_write),
+        cmocka_unit_test(test_resume_bitwise),
+        cmocka_unit_test(test_padded_rule),
+        cmocka_unit_test(test_cross_backend),
+        cmocka_unit_test(test_huge_entry_count),
+        cmocka_unit_test(test_malformed_entries),
+        cmocka_unit_test(test_duplicates_and_flags),
+        cmocka_unit_test(test_not_regular_files),
+        cmocka_unit_test(test_concurrent_saves),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

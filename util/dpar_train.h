@@ -1171,10 +1171,8 @@ static size_t dpar_ckpt__next(dpar_ckpt__in *in, uint64_t want, const unsigned c
     if (in->off == in->have) {
         uint64_t left = in->end - in->pos;
         size_t ask = left < DPAR_CKPT__WINDOW ? (size_t)left : (size_t)DPAR_CKPT__WINDOW;
-        ssize_t got;
-        do
-            got = read(in->fd, in->win, ask);
-        while (got < 0 && errno == EINTR);
+        ssize_t got = read(in->fd, in->win, ask);
+        while (got < 0 && errno == EINTR) got = read(in->fd, in->win, ask);
         if (got <= 0) {
             in->err = got < 0 ? errno : EIO;
             return 0;
@@ -1261,8 +1259,9 @@ static dpar_status dpar_ckpt__header(dpar_ckpt__in *in, unsigned char *hdr) {
             DPAR_CKPT__MAGIC);
     if (in->size < DPAR_CKPT__HEADER + 4)
         return dpar_set_last_error(
-            DPAR_ERR_IO, "dpar_checkpoint_restore: '%s' is truncated: %llu bytes, less than the %d of an empty checkpoint",
-            path, (unsigned long long)in->size, (int)DPAR_CKPT__HEADER + 4);
+            DPAR_ERR_IO,
+            "dpar_checkpoint_restore: '%s' is truncated: %llu bytes, less than the %d of an empty checkpoint", path,
+            (unsigned long long)in->size, (int)DPAR_CKPT__HEADER + 4);
     in->end = in->size - 4;
     if (dpar_ckpt__get(in, hdr, DPAR_CKPT__HEADER))
         return dpar_set_last_error(DPAR_ERR_IO, "dpar_checkpoint_restore: reading '%s' failed: %s", path,
@@ -1379,8 +1378,8 @@ static dpar_status dpar_ckpt__scan_one(dpar_ckpt__in *in, uint32_t r, const dpar
     if (dpar_ckpt__get(in, b, 4)) return DPAR_ERR_IO;
     uint32_t nl = dpar_ckpt__rd32(b);
     if (nl == 0 || nl > DPAR_CKPT__NAME_MAX)
-        return DPAR_CKPT__BAD("'%s': entry %u has a name of %u bytes; names have 1 to %d (malformed file)", in->path,
-                              r, nl, (int)DPAR_CKPT__NAME_MAX);
+        return DPAR_CKPT__BAD("'%s': entry %u has a name of %u bytes; names have 1 to %d (malformed file)", in->path, r,
+                              nl, (int)DPAR_CKPT__NAME_MAX);
     nm->off = in->pos;
     nm->len = nl;
     if (dpar_ckpt__get(in, name, nl)) return DPAR_ERR_IO;
@@ -1471,10 +1470,9 @@ static dpar_status dpar_ckpt__match(const char *path, const dpar_checkpoint_entr
             return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT,
                                        "dpar_checkpoint_restore: '%s' has no entry named '%s'", path, e[i].name);
         if (c->dtype != (uint32_t)dpar_array_dtype(a))
-            return dpar_set_last_error(DPAR_ERR_DTYPE,
-                                       "dpar_checkpoint_restore: entry '%s' is %s in '%s' but the array is %s",
-                                       e[i].name, dpar_dtype_name((dpar_dtype)c->dtype), path,
-                                       dpar_dtype_name(dpar_array_dtype(a)));
+            return dpar_set_last_error(
+                DPAR_ERR_DTYPE, "dpar_checkpoint_restore: entry '%s' is %s in '%s' but the array is %s", e[i].name,
+                dpar_dtype_name((dpar_dtype)c->dtype), path, dpar_dtype_name(dpar_array_dtype(a)));
         int same = c->ndim == (uint32_t)dpar_array_ndim(a);
         for (int d = 0; same && d < dpar_array_ndim(a); d++) same = c->shape[d] == dpar_array_dim(a, d);
         if (!same && e[i].padded && c->ndim == 1) {
