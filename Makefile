@@ -44,7 +44,7 @@ TESTS    := $(patsubst tests/%.c,$(BUILD)/%,$(TEST_SRCS))
 EXAMPLES := $(patsubst examples/%.c,$(BUILD)/%,$(EXAMPLE_SRCS)) $(BUILD)/cpp_example
 BENCHES  := $(patsubst bench/%.c,$(BUILD)/%,$(BENCH_SRCS))
 
-.PHONY: all run test test-build examples bench clean check-cxx deps-run deps-test amalgamate format check-format
+.PHONY: all run test test-build examples bench clean check-cxx deps-run deps-test amalgamate format check-format fuzz
 all: $(EXAMPLES) $(TESTS) $(BENCHES) $(if $(HAVE_MPICC),$(MPI_BINS) $(MPI_BENCHES))
 examples: $(EXAMPLES)
 
@@ -115,5 +115,17 @@ $(BUILD)/dpar_single.h: dpar.h $(wildcard backends/*.h util/*.h) tools/amalgamat
 bench: $(BENCHES)
 	sh bench/run.sh $(BUILD)
 
+# libFuzzer harnesses of the parsers of outside input (checkpoint files, axis
+# and spec strings, environment variables): clang with ASan + UBSan, each run
+# FUZZ_SECONDS on its seed corpus tests/fuzz/corpus/<name>/ (CPU backend only).
+FUZZ_SECONDS ?= 60
+FUZZ_NAMES := $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
+FUZZ_CFLAGS = -std=c99 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+build-fuzz/fuzz_%: tests/fuzz/fuzz_%.c dpar.h util/dpar_train.h
+	@mkdir -p build-fuzz
+	clang $(FUZZ_CFLAGS) $(CPPFLAGS) $(WARN) $< -o $@ $(LDLIBS)
+fuzz: $(patsubst %,build-fuzz/fuzz_%,$(FUZZ_NAMES))
+	sh tests/fuzz/run.sh $(FUZZ_SECONDS) $(FUZZ_NAMES)
+
 clean:
-	rm -rf build build-address build-thread
+	rm -rf build build-address build-thread build-fuzz
