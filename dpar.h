@@ -93,17 +93,19 @@
    ENVIRONMENT
    -----------
        DPAR_BACKEND=cpu|vulkan|cuda   backend when the desc leaves it default
-       DPAR_DEVICES=N                 number of (emulated) devices
-       DPAR_TIMEOUT_MS=ms             collective timeout (default 60000)
+       DPAR_DEVICES=N                 number of (emulated) devices, 1..DPAR_MAX_DEVICES
+       DPAR_TIMEOUT_MS=ms             collective timeout (default 60000), 1..10^9
        DPAR_TRACE=file.json           write a Chrome/Perfetto trace (see dpar_trace_begin)
        DPAR_SPIN_US=us                spin before sleeping in a rendezvous (default
-                                      2 us, then yields; 0: sleep at once)
+                                      2 us, then yields; 0: sleep at once), 0..10^6
        DPAR_CPU_THREADS=N             CPU backend: threads per device for large
                                       matrix products and SGD steps (default
-                                      CPUs / devices; 1: none)
+                                      CPUs / devices; 1: none), 1..64
        DPAR_ALLOW_SHARED_DEVICE=1     MPI: let two ranks on a node open one device (.mpi.allow_shared_device)
        DPAR_MPI_BACKEND_COLLECTIVES=0 MPI + CUDA (.mpi.host_collectives): groups across processes on the
                                       host-staged MPI path instead of NCCL
+   dpar_runtime_create refuses a value that is not an integer in its range, or
+   a DPAR_TRACE path it cannot write, with an error naming the variable.
 
    ERRORS
    ------
@@ -288,7 +290,10 @@ typedef struct dpar_runtime_desc {
    starts one worker thread per device.
    Errors: DPAR_ERR_BACKEND_UNAVAILABLE (backend not compiled in / no driver),
    DPAR_ERR_DEVICE_COUNT (asked for more devices than the backend has; the
-   text names both numbers), DPAR_ERR_INVALID_ARGUMENT, DPAR_ERR_OUT_OF_MEMORY.
+   text names both numbers), DPAR_ERR_INVALID_ARGUMENT (also for a DPAR_*
+   variable out of its range, see ENVIRONMENT: the text names it, its value
+   and the range), DPAR_ERR_IO (DPAR_TRACE names a path that cannot be
+   written), DPAR_ERR_OUT_OF_MEMORY.
    With MPI every process returns an error if any fails (that process's
    status, naming it); processes with different local device counts give
    DPAR_ERR_DEVICE_COUNT, different backends or two ranks on one physical
@@ -2076,6 +2081,36 @@ static void dpar__runtime_free(dpar_runtime *rt) {
    Defaults (one place), the backend, its devices (with the other processes
    through the transport), then one worker thread per local device. */
 
+/* The integer DPAR_* variables and their ranges (DPAR_BACKEND and DPAR_TRACE
+   are checked where they are read). dpar_runtime_create checks them all
+   first, so a value read later (the spin loop, the CPU backend) is valid. */
+static const struct dpar__env_range {
+    const char *name, *what;
+    long lo, hi;
+} dpar__env_ranges[] = {
+    { "DPAR_DEVICES", "a device count", 1, DPAR_MAX_DEVICES },
+    { "DPAR_TIMEOUT_MS", "a collective timeout in milliseconds", 1, 1000000000L },
+    { "DPAR_SPIN_US", "microseconds to spin before sleeping", 0, 1000000L },
+    { "DPAR_CPU_THREADS", "CPU backend threads per device", 1, 64 },
+};
+/* DPAR_ERR_INVALID_ARGUMENT naming the first variable set to a value that is
+   not a decimal integer in its range, the value and the range. */
+static dpar_status dpar__env_check(const char *where) {
+    for (size_t i = 0; i < sizeof dpar__env_ranges / sizeof dpar__env_ranges[0]; i++) {
+        const struct dpar__env_range *r = &dpar__env_ranges[i];
+        const char *v = getenv(r->name);
+        if (!v || !*v) continue;
+        char *end = NULL;
+        errno = 0;
+        long x = strtol(v, &end, 10);
+        if (end == v || *end || errno == ERANGE || x < r->lo || x > r->hi)
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                             "%s: %s='%.64s' is not %s in %ld..%ld; set it in that range or unset it for the default",
+                             where, r->name, v, r->what, r->lo, r->hi);
+    }
+    return DPAR_OK;
+}
+
 /* *out = *in (or zeros) with every zero the core owns resolved: backend from
    DPAR_BACKEND (still DEFAULT: the best available), num_devices from
    DPAR_DEVICES (still 0: all the backend has), timeout_ms from DPAR_TIMEOUT_MS
@@ -2083,6 +2118,8 @@ static void dpar__runtime_free(dpar_runtime *rt) {
 static dpar_status dpar__runtime_desc_defaults(const dpar_runtime_desc *in, dpar_runtime_desc *out) {
     memset(out, 0, sizeof *out);
     if (in) *out = *in;
+    dpar_status s = dpar__env_check("dpar_runtime_create");
+    if (s) return s;
     if (out->backend == DPAR_BACKEND_DEFAULT) {
         const char *env = getenv("DPAR_BACKEND");
         if (env && *env && dpar_backend_from_name(env, &out->backend) != DPAR_OK)
@@ -2092,15 +2129,7 @@ static dpar_status dpar__runtime_desc_defaults(const dpar_runtime_desc *in, dpar
     if ((int)out->backend < 0 || out->backend > DPAR_BACKEND_CUDA)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_runtime_create: desc.backend = %d is not a dpar_backend_kind",
                          (int)out->backend);
-    if (out->num_devices == 0) {
-        int e = dpar__env_int("DPAR_DEVICES", 0);
-        if (e < 0)
-            return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
-                             "dpar_runtime_create: DPAR_DEVICES='%s' is not a device count; "
-                             "use a positive integer such as 4",
-                             getenv("DPAR_DEVICES"));
-        out->num_devices = e;
-    }
+    if (out->num_devices == 0) out->num_devices = dpar__env_int("DPAR_DEVICES", 0); /* in range: env_check */
     if (out->num_devices < 0)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
                          "dpar_runtime_create: desc.num_devices = %d is negative; use 0 "
@@ -2111,14 +2140,7 @@ static dpar_status dpar__runtime_desc_defaults(const dpar_runtime_desc *in, dpar
                          "dpar_runtime_create: %d devices requested but at most %d are supported "
                          "(DPAR_MAX_DEVICES)",
                          out->num_devices, (int)DPAR_MAX_DEVICES);
-    if (out->timeout_ms == 0) {
-        out->timeout_ms = dpar__env_int("DPAR_TIMEOUT_MS", 60000);
-        if (out->timeout_ms <= 0)
-            return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
-                             "dpar_runtime_create: DPAR_TIMEOUT_MS='%s' is not a positive "
-                             "number of milliseconds",
-                             getenv("DPAR_TIMEOUT_MS"));
-    }
+    if (out->timeout_ms == 0) out->timeout_ms = dpar__env_int("DPAR_TIMEOUT_MS", 60000);
     if (out->timeout_ms < 0)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_runtime_create: desc.timeout_ms = %d is negative",
                          out->timeout_ms);
@@ -8269,14 +8291,21 @@ static dpar_status dpar__obs_init(dpar_runtime *rt) {
                      env, rt->proc, strlen(env) > 5 && !strcmp(env + strlen(env) - 5, ".json") ? ".json" : "");
         else
             snprintf(path, sizeof path, "%s", env);
-        if (dpar_trace_begin(path) == DPAR_OK) {
+        if (dpar_trace_begin(path) != DPAR_OK) { /* refused, not dropped; the next create tries again */
             pthread_mutex_lock(&dpar__trace_mu);
-            if (!dpar__trace_atexit) {
-                dpar__trace_atexit = 1;
-                atexit(dpar__trace_atexit_fn);
-            }
+            dpar__trace_env_done = 0;
             pthread_mutex_unlock(&dpar__trace_mu);
+            return dpar__err(DPAR_ERR_IO,
+                             "dpar_runtime_create: DPAR_TRACE='%s' cannot be written (%s); set it to a writable file "
+                             "path or unset it",
+                             env, dpar_last_error());
         }
+        pthread_mutex_lock(&dpar__trace_mu);
+        if (!dpar__trace_atexit) {
+            dpar__trace_atexit = 1;
+            atexit(dpar__trace_atexit_fn);
+        }
+        pthread_mutex_unlock(&dpar__trace_mu);
         dpar__clear_error();
     }
     return DPAR_OK;

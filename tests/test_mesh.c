@@ -150,6 +150,40 @@ static void test_env_backend_and_devices(void **st) {
     clear_env();
 }
 
+/* Every integer DPAR_* variable is checked against its range when a runtime
+   is created, even one the desc overrides: non-numeric, negative, zero where
+   1 is the least, absurdly large, trailing garbage. The text names the
+   variable, its value and the range. */
+static void test_env_ranges(void **st) {
+    (void)st;
+    static const struct {
+        const char *var, *value, *range;
+    } bad[] = {
+        { "DPAR_DEVICES", "0", "1..256" },           { "DPAR_DEVICES", "257", "1..256" },
+        { "DPAR_DEVICES", "4x", "1..256" },          { "DPAR_TIMEOUT_MS", "0", "1..1000000000" },
+        { "DPAR_SPIN_US", "-1", "0..1000000" },      { "DPAR_SPIN_US", "fast", "0..1000000" },
+        { "DPAR_SPIN_US", "1000001", "0..1000000" }, { "DPAR_CPU_THREADS", "0", "1..64" },
+        { "DPAR_CPU_THREADS", "-2", "1..64" },       { "DPAR_CPU_THREADS", "99999999999999999999", "1..64" },
+    };
+    dpar_runtime_desc d = { .backend = DPAR_BACKEND_CPU, .num_devices = 1 };
+    dpar_runtime *rt = NULL;
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        setenv(bad[i].var, bad[i].value, 1);
+        T_ERR(dpar_runtime_create(&d, &rt), DPAR_ERR_INVALID_ARGUMENT, bad[i].var, bad[i].value, bad[i].range);
+        assert_null(rt);
+        unsetenv(bad[i].var);
+    }
+    /* the ends of each range are accepted */
+    setenv("DPAR_SPIN_US", "0", 1);
+    setenv("DPAR_CPU_THREADS", "64", 1);
+    setenv("DPAR_TIMEOUT_MS", "1000000000", 1);
+    T_OK(dpar_runtime_create(&d, &rt));
+    dpar_runtime_destroy(rt);
+    unsetenv("DPAR_SPIN_US");
+    unsetenv("DPAR_CPU_THREADS");
+    clear_env();
+}
+
 /* ---- buffers ---- */
 static void test_buffers(void **st) {
     (void)st;
@@ -930,6 +964,7 @@ int main(void) {
         cmocka_unit_test_setup(test_runtime_basic, setup),
         cmocka_unit_test_setup(test_runtime_errors, setup),
         cmocka_unit_test_setup(test_env_backend_and_devices, setup),
+        cmocka_unit_test_setup(test_env_ranges, setup),
         cmocka_unit_test_setup(test_buffers, setup),
         cmocka_unit_test_setup(test_mesh_errors, setup),
         cmocka_unit_test_setup(test_mesh_coords_2x4, setup),

@@ -141,13 +141,21 @@ static void run_work(dpar_runtime *rt, int n) {
 
 static char tmpdir[64];
 
-/* DPAR_TRACE set before the process's first runtime: written at destroy */
+/* DPAR_TRACE set before the process's first runtime: written at destroy.
+   A path that cannot be written is refused by name (not dropped silently),
+   and the next runtime tries DPAR_TRACE again. */
 static void test_env_trace(void **state) {
     (void)state;
     char path[128];
+    dpar_runtime_desc d = { .backend = DPAR_BACKEND_CPU, .num_devices = 2 };
+    dpar_runtime *rt = NULL;
+    snprintf(path, sizeof path, "%s/no/such/dir/env.json", tmpdir);
+    setenv("DPAR_TRACE", path, 1);
+    T_ERR(dpar_runtime_create(&d, &rt), DPAR_ERR_IO, "DPAR_TRACE", "no/such/dir/env.json", "cannot be written");
+    assert_null(rt);
     snprintf(path, sizeof path, "%s/env.json", tmpdir);
     setenv("DPAR_TRACE", path, 1);
-    dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 2);
+    rt = t_runtime(DPAR_BACKEND_CPU, 2);
     run_work(rt, 2);
     dpar_runtime_destroy(rt);
     unsetenv("DPAR_TRACE");
