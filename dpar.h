@@ -803,6 +803,77 @@ DPAR_API dpar_status dpar_pad(dpar_buffer *y, const dpar_buffer *x, const int64_
 DPAR_API dpar_status dpar_concat(dpar_buffer *y, const dpar_buffer *const *xs, int n, int axis);
 
 /* ---------------------------------------------------------------------------
+   Convolution and pooling, 2-D, NHWC (JAX / flax layouts; f32)
+   Window geometry per spatial dim (h, w), as lax.conv_general_dilated and
+   flax.linen.{avg,max}_pool define it:
+     effective window  ek = (k - 1) * dilation + 1
+     VALID             out = floor((in - ek) / stride) + 1, no padding
+     SAME              out = ceil(in / stride); total = max((out - 1) * stride + ek - in, 0),
+                       lo = total / 2, hi = total - lo (XLA's padtype_to_pads)
+     EXPLICIT          out = floor((in + lo + hi - ek) / stride) + 1
+   Zero-filled fields take their defaults (a zeroed desc, or NULL, is valid).
+   ------------------------------------------------------------------------ */
+typedef enum dpar_padding {
+    DPAR_PADDING_DEFAULT = 0, /* conv2d: SAME (flax nn.Conv); pools: VALID (flax pooling) */
+    DPAR_PADDING_SAME,
+    DPAR_PADDING_VALID,
+    DPAR_PADDING_EXPLICIT /* pad[][] below */
+} dpar_padding;
+typedef struct dpar_conv2d_desc {
+    int stride[2];        /* (h, w); 0: 1 */
+    int dilation[2];      /* kernel (rhs) dilation (h, w); 0: 1 */
+    dpar_padding padding; /* 0: SAME */
+    int pad[2][2];        /* EXPLICIT only: {{top, bottom}, {left, right}}, >= 0 */
+} dpar_conv2d_desc;
+typedef struct dpar_pool2d_desc {
+    int window[2];          /* (h, w); 0: 2 */
+    int stride[2];          /* (h, w); 0: the window (PyTorch's default; flax's is 1: set it) */
+    dpar_padding padding;   /* 0: VALID */
+    int pad[2][2];          /* EXPLICIT only: {{top, bottom}, {left, right}}, >= 0 */
+    bool count_exclude_pad; /* avg_pool: divide by the in-image count (flax count_include_pad=False);
+                               false (default): by the window size, as flax's default */
+} dpar_pool2d_desc;
+
+/* Output shape y [N, OH, OW, O] of conv2d of x [N, H, W, C] with kernel
+   w [KH, KW, C, O] (HWIO). Errors: DPAR_ERR_SHAPE (ranks, C mismatch, window
+   larger than the padded input), DPAR_ERR_INVALID_ARGUMENT (bad desc field). */
+DPAR_API dpar_status dpar_conv2d_output_shape(const int64_t x_shape[4], const int64_t w_shape[4],
+                                              const dpar_conv2d_desc *d, int64_t y_shape[4]);
+/* y [N,OH,OW,O] = conv(x [N,H,W,C], w [KH,KW,C,O]) + b [O] (b may be NULL):
+     y[n,i,j,o] = b[o] + sum_{p,q,c} x[n, i*sh - pt + p*dh, j*sw - pl + q*dw, c] w[p,q,c,o]
+   (cross-correlation, as lax.conv_general_dilated with ('NHWC','HWIO','NHWC');
+   out-of-image x reads as 0). All f32, on one device; y must not alias x or w.
+   CPU: blocked im2col + the matrix product (scratch <= 2 MiB per call).
+   Errors: DPAR_ERR_SHAPE (naming the shapes and the expected y), DPAR_ERR_DTYPE,
+   DPAR_ERR_INVALID_ARGUMENT (desc fields, aliasing). */
+DPAR_API dpar_status dpar_conv2d(dpar_buffer *y, const dpar_buffer *x, const dpar_buffer *w, const dpar_buffer *b,
+                                 const dpar_conv2d_desc *d);
+/* dx [N,H,W,C] = d(sum y*dy)/dx for dy [N,OH,OW,O] and w [KH,KW,C,O] (overwrites dx;
+   the transposed convolution). Errors as dpar_conv2d. */
+DPAR_API dpar_status dpar_conv2d_backward_input(dpar_buffer *dx, const dpar_buffer *dy, const dpar_buffer *w,
+                                                const dpar_conv2d_desc *d);
+/* dw [KH,KW,C,O] = d(sum y*dy)/dw for x [N,H,W,C] and dy [N,OH,OW,O] (overwrites dw);
+   db [O] (may be NULL) = sum of dy over N, OH, OW (as dpar_bias_grad with beta 0).
+   Errors as dpar_conv2d. */
+DPAR_API dpar_status dpar_conv2d_backward_kernel(dpar_buffer *dw, dpar_buffer *db, const dpar_buffer *x,
+                                                 const dpar_buffer *dy, const dpar_conv2d_desc *d);
+/* Output shape y [N, OH, OW, C] of a pool over x [N, H, W, C]. Errors as above. */
+DPAR_API dpar_status dpar_pool2d_output_shape(const int64_t x_shape[4], const dpar_pool2d_desc *d, int64_t y_shape[4]);
+/* y [N,OH,OW,C] = mean of each window of x [N,H,W,C] (padding counts as 0 and,
+   unless count_exclude_pad, in the divisor: flax.linen.avg_pool). */
+DPAR_API dpar_status dpar_avg_pool2d(dpar_buffer *y, const dpar_buffer *x, const dpar_pool2d_desc *d);
+/* dx [N,H,W,C] = the gradient of dpar_avg_pool2d for dy [N,OH,OW,C] (overwrites dx). */
+DPAR_API dpar_status dpar_avg_pool2d_backward(dpar_buffer *dx, const dpar_buffer *dy, const dpar_pool2d_desc *d);
+/* y [N,OH,OW,C] = max of each window of x [N,H,W,C] (padding is -inf; NaN
+   wins; a window wholly in the padding gives -inf: flax.linen.max_pool). */
+DPAR_API dpar_status dpar_max_pool2d(dpar_buffer *y, const dpar_buffer *x, const dpar_pool2d_desc *d);
+/* dx [N,H,W,C] = dy routed to the first maximum of each window (row-major in
+   the window; ties go to the first only), summed where windows overlap;
+   x is the forward input. Overwrites dx. */
+DPAR_API dpar_status dpar_max_pool2d_backward(dpar_buffer *dx, const dpar_buffer *dy, const dpar_buffer *x,
+                                              const dpar_pool2d_desc *d);
+
+/* ---------------------------------------------------------------------------
    SGD (PyTorch torch.optim.SGD with dampening 0 = optax.sgd + add_decayed_weights)
      g = grad * clip + weight_decay * param
      v = momentum * v + g                         (if momentum != 0)
@@ -1689,6 +1760,14 @@ typedef enum dpar__op_kind {
     DPAR__OP_SOFTMAX,     /* dst[m,n] = softmax rows of src0; p[0] = 1: log_softmax */
     DPAR__OP_SOFTMAX_BWD, /* dst[m,n] from src0 (dy), src1 (y); p[0] = 1: log_softmax */
     DPAR__OP_STRIDED,     /* dst[p13 + d(i)] = src0[p12 + s(i)], strides p[4..7] (src), p[8..11] (dst); 4 bytes */
+    /* >>conv-pool kinds (see >>conv-pool) */
+    DPAR__OP_CONV2D,            /* dst y, src0 x, src1 w, src2 bias or NULL; p: dpar__win2d */
+    DPAR__OP_CONV2D_BWD_INPUT,  /* dst dx, src0 dy, src1 w; p: dpar__win2d */
+    DPAR__OP_CONV2D_BWD_KERNEL, /* dst dw, src0 dy, src1 x; p: dpar__win2d */
+    DPAR__OP_AVG_POOL,          /* dst y, src0 x; p: dpar__win2d */
+    DPAR__OP_AVG_POOL_BWD,      /* dst dx, src0 dy; p: dpar__win2d */
+    DPAR__OP_MAX_POOL,          /* dst y, src0 x; p: dpar__win2d */
+    DPAR__OP_MAX_POOL_BWD,      /* dst dx, src0 dy, src1 x; p: dpar__win2d */
     DPAR__OP_COUNT
 } dpar__op_kind;
 
@@ -1701,6 +1780,25 @@ typedef struct dpar__op {
     float f[8];
     int64_t p[16]; /* integer parameters of the layer ops (geometry, axes, strides); see each kind */
 } dpar__op;
+
+/* The window geometry of conv2d and the 2-D pools, resolved by the core
+   (defaults, SAME pads), stored in dpar__op.p (see dpar__win2d_put):
+   x [n,h,w,c], y [n,oh,ow,o] (pools: o = c), window kh x kw, strides sh sw,
+   dilations dh dw, leading pads pt pl (the trailing ones follow from oh, ow).
+   flags: DPAR__WIN_EXCLUDE_PAD (avg pool divides by the in-image count). */
+typedef struct dpar__win2d {
+    int64_t n, h, w, c, oh, ow, o, kh, kw, sh, sw, dh, dw, pt, pl, flags;
+} dpar__win2d;
+enum { DPAR__WIN_EXCLUDE_PAD = 1 };
+typedef char dpar__win2d_fits_op_p[sizeof(dpar__win2d) == sizeof(((dpar__op *)0)->p) ? 1 : -1];
+static void dpar__win2d_put(dpar__op *op, const dpar__win2d *g) {
+    memcpy(op->p, g, sizeof *g);
+}
+static dpar__win2d dpar__win2d_get(const dpar__op *op) {
+    dpar__win2d g;
+    memcpy(&g, op->p, sizeof g);
+    return g;
+}
 
 typedef enum dpar__coll_kind {
     DPAR__COLL_ALL_REDUCE = 0,
@@ -5736,6 +5834,236 @@ DPAR_API dpar_status dpar_concat(dpar_buffer *y, const dpar_buffer *const *xs, i
     return DPAR_OK;
 }
 
+/* >>conv-pool ================================================================
+   conv2d and the 2-D pools: the desc's defaults resolved in one place, the
+   window geometry (dpar__win2d), shape checks, then one op record each. */
+/* One spatial dim: output size and leading pad (see the header's formulas). */
+static dpar_status dpar__win_dim(const char *fn, const char *dim, int64_t in, int64_t k, int64_t s, int64_t dil,
+                                 dpar_padding mode, const int lohi[2], int64_t *out, int64_t *lo) {
+    int64_t ek = (k - 1) * dil + 1, plo = 0, phi = 0;
+    if (mode == DPAR_PADDING_SAME) {
+        int64_t o = (in + s - 1) / s, total = (o - 1) * s + ek - in;
+        if (in == 0) total = 0;
+        plo = total > 0 ? total / 2 : 0;
+        phi = total > 0 ? total - plo : 0;
+        if (in == 0) {
+            *out = 0, *lo = 0;
+            return DPAR_OK;
+        }
+    } else if (mode == DPAR_PADDING_EXPLICIT) {
+        plo = lohi[0];
+        phi = lohi[1];
+    }
+    if (in + plo + phi < ek)
+        return dpar__err(DPAR_ERR_SHAPE,
+                         "%s: the window spans %lld in %s (size %lld, dilation %lld) but the padded input is %lld "
+                         "(%lld + pads %lld, %lld); use a smaller window or more padding",
+                         fn, (long long)ek, dim, (long long)k, (long long)dil, (long long)(in + plo + phi),
+                         (long long)in, (long long)plo, (long long)phi);
+    *out = (in + plo + phi - ek) / s + 1;
+    *lo = plo;
+    return DPAR_OK;
+}
+/* Geometry over x [n,h,w,c] for a kh x kw window; s, dl (may be NULL) 0 = 1; mode resolved. */
+static dpar_status dpar__win2d_make(const char *fn, const int64_t xs[4], int64_t kh, int64_t kw, const int s[2],
+                                    const int dl[2], dpar_padding mode, const int pad[2][2], dpar__win2d *g) {
+    if ((int)mode < (int)DPAR_PADDING_DEFAULT || (int)mode > (int)DPAR_PADDING_EXPLICIT)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: padding = %d is not a dpar_padding value", fn, (int)mode);
+    for (int i = 0; i < 2; i++) {
+        if (s[i] < 0 || (dl && dl[i] < 0))
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                             "%s: stride[%d] = %d, dilation[%d] = %d; use 0 (default 1) or a positive value", fn, i,
+                             s[i], i, dl ? dl[i] : 0);
+        if (mode == DPAR_PADDING_EXPLICIT && (pad[i][0] < 0 || pad[i][1] < 0))
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: pad[%d] = {%d, %d}; explicit pads must be >= 0", fn, i,
+                             pad[i][0], pad[i][1]);
+    }
+    for (int i = 0; i < 4; i++)
+        if (xs[i] < 0) return dpar__err(DPAR_ERR_SHAPE, "%s: dimension %d of x is %lld", fn, i, (long long)xs[i]);
+    if (kh < 1 || kw < 1)
+        return dpar__err(DPAR_ERR_SHAPE, "%s: the window is %lld x %lld; it must be at least 1 x 1", fn, (long long)kh,
+                         (long long)kw);
+    memset(g, 0, sizeof *g);
+    g->n = xs[0], g->h = xs[1], g->w = xs[2], g->c = xs[3], g->o = xs[3];
+    g->kh = kh, g->kw = kw;
+    g->sh = s[0] ? s[0] : 1, g->sw = s[1] ? s[1] : 1;
+    g->dh = dl && dl[0] ? dl[0] : 1, g->dw = dl && dl[1] ? dl[1] : 1;
+    dpar_status st = dpar__win_dim(fn, "height", g->h, kh, g->sh, g->dh, mode, pad[0], &g->oh, &g->pt);
+    return st ? st : dpar__win_dim(fn, "width", g->w, kw, g->sw, g->dw, mode, pad[1], &g->ow, &g->pl);
+}
+static dpar_status dpar__conv2d_win(const char *fn, const int64_t xs[4], const int64_t ws[4], const dpar_conv2d_desc *d,
+                                    dpar__win2d *g) {
+    dpar_conv2d_desc z;
+    if (!d) memset(&z, 0, sizeof z), d = &z;
+    if (ws[2] != xs[3]) {
+        char a[96], b[96];
+        return dpar__err(DPAR_ERR_SHAPE,
+                         "%s: x %s has %lld channels but the kernel %s takes %lld; kernels are HWIO [KH, KW, C, O]", fn,
+                         dpar__shape_str(a, sizeof a, 4, xs), (long long)xs[3], dpar__shape_str(b, sizeof b, 4, ws),
+                         (long long)ws[2]);
+    }
+    if (ws[3] < 0) return dpar__err(DPAR_ERR_SHAPE, "%s: the kernel has %lld outputs", fn, (long long)ws[3]);
+    dpar_padding mode = d->padding == DPAR_PADDING_DEFAULT ? DPAR_PADDING_SAME : d->padding;
+    dpar_status s = dpar__win2d_make(fn, xs, ws[0], ws[1], d->stride, d->dilation, mode, d->pad, g);
+    g->o = ws[3];
+    return s;
+}
+static dpar_status dpar__pool2d_win(const char *fn, const int64_t xs[4], const dpar_pool2d_desc *d, dpar__win2d *g) {
+    dpar_pool2d_desc z;
+    if (!d) memset(&z, 0, sizeof z), d = &z;
+    if (d->window[0] < 0 || d->window[1] < 0)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: window = (%d, %d); use 0 (default 2) or a positive size", fn,
+                         d->window[0], d->window[1]);
+    int k[2] = { d->window[0] ? d->window[0] : 2, d->window[1] ? d->window[1] : 2 };
+    int s[2] = { d->stride[0] ? d->stride[0] : k[0], d->stride[1] ? d->stride[1] : k[1] };
+    if (d->stride[0] < 0 || d->stride[1] < 0) s[0] = d->stride[0], s[1] = d->stride[1]; /* reported below */
+    dpar_padding mode = d->padding == DPAR_PADDING_DEFAULT ? DPAR_PADDING_VALID : d->padding;
+    dpar_status st = dpar__win2d_make(fn, xs, k[0], k[1], s, NULL, mode, d->pad, g);
+    g->flags = d->count_exclude_pad ? DPAR__WIN_EXCLUDE_PAD : 0;
+    return st;
+}
+DPAR_API dpar_status dpar_conv2d_output_shape(const int64_t x_shape[4], const int64_t w_shape[4],
+                                              const dpar_conv2d_desc *d, int64_t y_shape[4]) {
+    dpar__clear_error();
+    if (!x_shape || !w_shape || !y_shape)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                         "dpar_conv2d_output_shape: x_shape, w_shape and y_shape are needed");
+    dpar__win2d g;
+    dpar_status s = dpar__conv2d_win("dpar_conv2d_output_shape", x_shape, w_shape, d, &g);
+    if (s) return s;
+    y_shape[0] = g.n, y_shape[1] = g.oh, y_shape[2] = g.ow, y_shape[3] = g.o;
+    return DPAR_OK;
+}
+DPAR_API dpar_status dpar_pool2d_output_shape(const int64_t x_shape[4], const dpar_pool2d_desc *d, int64_t y_shape[4]) {
+    dpar__clear_error();
+    if (!x_shape || !y_shape)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_pool2d_output_shape: x_shape and y_shape are needed");
+    dpar__win2d g;
+    dpar_status s = dpar__pool2d_win("dpar_pool2d_output_shape", x_shape, d, &g);
+    if (s) return s;
+    y_shape[0] = g.n, y_shape[1] = g.oh, y_shape[2] = g.ow, y_shape[3] = g.c;
+    return DPAR_OK;
+}
+/* b: a 4-d f32 buffer */
+static dpar_status dpar__need_4d(const char *fn, const dpar_buffer *b, const char *name, const char *layout) {
+    dpar_status s = dpar__need_f32(fn, b, name);
+    if (s) return s;
+    if (b->ndim != 4) {
+        char x[160];
+        return dpar__err(DPAR_ERR_SHAPE, "%s: %s must be 4-d %s but is %s", fn, name, layout,
+                         dpar__shape_str(x, sizeof x, b->ndim, b->shape));
+    }
+    return DPAR_OK;
+}
+/* The operand on the output side (y or dy) against the geometry; the written
+   buffer dst must not be any of the read operands. */
+static dpar_status dpar__win2d_check_out(const char *fn, const dpar_buffer *y, const char *yn, const dpar__win2d *g,
+                                         const dpar_buffer *dst, const dpar_buffer *const *ops, int nops) {
+    int64_t want[4] = { g->n, g->oh, g->ow, g->o };
+    if (memcmp(y->shape, want, sizeof want) != 0) {
+        char a[160], b[160];
+        return dpar__err(DPAR_ERR_SHAPE,
+                         "%s: %s is %s but the input, window and desc give %s; size it with dpar_conv2d_output_shape "
+                         "or dpar_pool2d_output_shape",
+                         fn, yn, dpar__shape_str(a, sizeof a, 4, y->shape), dpar__shape_str(b, sizeof b, 4, want));
+    }
+    int uses = 0;
+    for (int i = 0; i < nops; i++) uses += ops[i] == dst;
+    if (uses) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: the output buffer must not alias an input", fn);
+    return DPAR_OK;
+}
+/* b (bias or its gradient): f32 [O] */
+static dpar_status dpar__conv2d_bias(const char *fn, const dpar_buffer *b, const char *name, const dpar__win2d *g) {
+    dpar_status s = dpar__need_f32(fn, b, name);
+    if (s || (b->ndim == 1 && b->shape[0] == g->o)) return s;
+    char a[160];
+    return dpar__err(DPAR_ERR_SHAPE, "%s: %s is %s but must be [%lld], one per output channel", fn, name,
+                     dpar__shape_str(a, sizeof a, b->ndim, b->shape), (long long)g->o);
+}
+static dpar_status dpar__conv2d_run(dpar__op_kind k, const dpar__win2d *g, dpar_buffer *dst, const dpar_buffer *s0,
+                                    const dpar_buffer *s1, const dpar_buffer *s2) {
+    dpar__op op;
+    dpar__op_init(&op, k, dst);
+    op.src0 = s0;
+    op.src1 = s1;
+    op.src2 = s2;
+    dpar__win2d_put(&op, g);
+    return dpar__op_run(&op);
+}
+DPAR_API dpar_status dpar_conv2d(dpar_buffer *y, const dpar_buffer *x, const dpar_buffer *w, const dpar_buffer *b,
+                                 const dpar_conv2d_desc *d) {
+    const char *fn = "dpar_conv2d";
+    dpar__clear_error();
+    const dpar_buffer *ops[3] = { x, w, b ? b : x };
+    dpar__win2d g;
+    dpar_status s = dpar__op_check(fn, y, ops, 3);
+    if (s || (s = dpar__need_4d(fn, x, "x", "NHWC")) || (s = dpar__need_4d(fn, w, "w", "HWIO")) ||
+        (s = dpar__need_4d(fn, y, "y", "NHWC")) || (s = dpar__conv2d_win(fn, x->shape, w->shape, d, &g)) ||
+        (s = dpar__win2d_check_out(fn, y, "y", &g, y, ops, 3)))
+        return s;
+    if (b && (s = dpar__conv2d_bias(fn, b, "bias", &g))) return s;
+    return dpar__conv2d_run(DPAR__OP_CONV2D, &g, y, x, w, b);
+}
+DPAR_API dpar_status dpar_conv2d_backward_input(dpar_buffer *dx, const dpar_buffer *dy, const dpar_buffer *w,
+                                                const dpar_conv2d_desc *d) {
+    const char *fn = "dpar_conv2d_backward_input";
+    dpar__clear_error();
+    const dpar_buffer *ops[2] = { dy, w };
+    dpar__win2d g;
+    dpar_status s = dpar__op_check(fn, dx, ops, 2);
+    if (s || (s = dpar__need_4d(fn, dx, "dx", "NHWC")) || (s = dpar__need_4d(fn, w, "w", "HWIO")) ||
+        (s = dpar__need_4d(fn, dy, "dy", "NHWC")) || (s = dpar__conv2d_win(fn, dx->shape, w->shape, d, &g)) ||
+        (s = dpar__win2d_check_out(fn, dy, "dy", &g, dx, ops, 2)))
+        return s;
+    return dpar__conv2d_run(DPAR__OP_CONV2D_BWD_INPUT, &g, dx, dy, w, NULL);
+}
+DPAR_API dpar_status dpar_conv2d_backward_kernel(dpar_buffer *dw, dpar_buffer *db, const dpar_buffer *x,
+                                                 const dpar_buffer *dy, const dpar_conv2d_desc *d) {
+    const char *fn = "dpar_conv2d_backward_kernel";
+    dpar__clear_error();
+    const dpar_buffer *ops[2] = { x, dy };
+    dpar__win2d g;
+    dpar_status s = dpar__op_check(fn, dw, ops, 2);
+    if (s || (s = dpar__need_4d(fn, dw, "dw", "HWIO")) || (s = dpar__need_4d(fn, x, "x", "NHWC")) ||
+        (s = dpar__need_4d(fn, dy, "dy", "NHWC")) || (s = dpar__conv2d_win(fn, x->shape, dw->shape, d, &g)) ||
+        (s = dpar__win2d_check_out(fn, dy, "dy", &g, dw, ops, 2)))
+        return s;
+    const dpar_buffer *dbc = db;
+    if (db && ((s = dpar__op_check(fn, dw, &dbc, 1)) || (s = dpar__conv2d_bias(fn, db, "db", &g)))) return s;
+    if (db && (db == dw || (const dpar_buffer *)db == x || (const dpar_buffer *)db == dy))
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: db must not alias dw, x or dy", fn);
+    if ((s = dpar__conv2d_run(DPAR__OP_CONV2D_BWD_KERNEL, &g, dw, dy, x, NULL)) || !db) return s;
+    return dpar_bias_grad(db, dy, 0.0f);
+}
+/* The pools: dst is written; `in` (x or dx) and `out` (y or dy) give the
+   geometry; src0 and src1 (may be NULL) are what the op reads. */
+static dpar_status dpar__pool2d_op(const char *fn, dpar__op_kind k, dpar_buffer *dst, const dpar_buffer *in,
+                                   const char *inn, const dpar_buffer *out, const char *outn, const dpar_buffer *src0,
+                                   const dpar_buffer *src1, const dpar_pool2d_desc *d) {
+    dpar__clear_error();
+    const dpar_buffer *ops[2] = { src0, src1 ? src1 : src0 };
+    dpar__win2d g;
+    dpar_status s = dpar__op_check(fn, dst, ops, 2);
+    if (s || (s = dpar__need_4d(fn, in, inn, "NHWC")) || (s = dpar__need_4d(fn, out, outn, "NHWC")) ||
+        (src1 && ((s = dpar__need_4d(fn, src1, "x", "NHWC")) || (s = dpar__same_shape(fn, src1, "x", in, inn)))) ||
+        (s = dpar__pool2d_win(fn, in->shape, d, &g)) || (s = dpar__win2d_check_out(fn, out, outn, &g, dst, ops, 2)))
+        return s;
+    return dpar__conv2d_run(k, &g, dst, src0, src1, NULL);
+}
+DPAR_API dpar_status dpar_avg_pool2d(dpar_buffer *y, const dpar_buffer *x, const dpar_pool2d_desc *d) {
+    return dpar__pool2d_op("dpar_avg_pool2d", DPAR__OP_AVG_POOL, y, x, "x", y, "y", x, NULL, d);
+}
+DPAR_API dpar_status dpar_avg_pool2d_backward(dpar_buffer *dx, const dpar_buffer *dy, const dpar_pool2d_desc *d) {
+    return dpar__pool2d_op("dpar_avg_pool2d_backward", DPAR__OP_AVG_POOL_BWD, dx, dx, "dx", dy, "dy", dy, NULL, d);
+}
+DPAR_API dpar_status dpar_max_pool2d(dpar_buffer *y, const dpar_buffer *x, const dpar_pool2d_desc *d) {
+    return dpar__pool2d_op("dpar_max_pool2d", DPAR__OP_MAX_POOL, y, x, "x", y, "y", x, NULL, d);
+}
+DPAR_API dpar_status dpar_max_pool2d_backward(dpar_buffer *dx, const dpar_buffer *dy, const dpar_buffer *x,
+                                              const dpar_pool2d_desc *d) {
+    return dpar__pool2d_op("dpar_max_pool2d_backward", DPAR__OP_MAX_POOL_BWD, dx, dx, "dx", dy, "dy", dy, x, d);
+}
+
 /* ---------------------------------------------------------------------------
    SGD
    ------------------------------------------------------------------------ */
@@ -8222,7 +8550,11 @@ static const char *dpar__op_name(dpar__op_kind k) {
                                                            "adamw", "embedding", "embedding_backward", "dropout",
                                                            /* >>elementwise kinds */
                                                            "unary", "unary_backward", "binary", "reduce", "where",
-                                                           "softmax", "softmax_backward", "strided_copy", "op" };
+                                                           "softmax", "softmax_backward", "strided_copy",
+                                                           /* >>conv-pool kinds */
+                                                           "conv2d", "conv2d_backward_input", "conv2d_backward_kernel",
+                                                           "avg_pool2d", "avg_pool2d_backward", "max_pool2d",
+                                                           "max_pool2d_backward", "op" };
     return (int)k >= 0 && (int)k < (int)DPAR__OP_COUNT && names[k] ? names[k] : "op";
 }
 
@@ -9236,6 +9568,141 @@ static dpar_status dpar__cpu_op_strided(dpar__cpu *c, int dev, const dpar__op *o
     return DPAR_OK;
 }
 
+/* >>cpu conv-pool =============================================================
+   conv2d as blocked im2col + dpar__cpu_sgemm: the im2col matrix [N*OH*OW,
+   KH*KW*C] (row = output pixel, columns in HWI order, so the HWIO kernel is
+   already its [K, O] right-hand side) is built DPAR__CONV_ROWS(K) rows at a
+   time, which bounds the scratch at DPAR__CONV_SCRATCH floats whatever the
+   batch. A 1x1 stride-1 unpadded conv reads x in place. Pools: direct loops,
+   window positions in row-major order (the order every backend sums in). */
+#define DPAR__CONV_SCRATCH ((int64_t)1 << 19) /* floats: 2 MiB */
+static int64_t dpar__conv_rows(int64_t K, int64_t M) {
+    int64_t r = K ? DPAR__CONV_SCRATCH / K / DPAR__MR * DPAR__MR : M;
+    if (r < DPAR__MR) r = DPAR__MR;
+    return r < M ? r : M;
+}
+static int dpar__conv_direct(const dpar__win2d *g) { /* x is its own im2col matrix */
+    return g->kh == 1 && g->kw == 1 && g->sh == 1 && g->sw == 1 && g->pt == 0 && g->pl == 0 && g->oh == g->h &&
+           g->ow == g->w;
+}
+/* rows [r0, r0 + rows) of im2col(x) into col (add = 0), or col added back into x (add = 1: col2im) */
+static void dpar__im2col(const dpar__win2d *g, float *x, int64_t r0, int64_t rows, float *col, int add) {
+    int64_t C = g->c, K = g->kh * g->kw * C, ohw = g->oh * g->ow;
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t q = r0 + r, n = q / ohw, i = q % ohw / g->ow, j = q % g->ow;
+        float *cr = col + r * K;
+        for (int64_t p = 0; p < g->kh; p++) {
+            int64_t ih = i * g->sh - g->pt + p * g->dh;
+            for (int64_t t = 0; t < g->kw; t++, cr += C) {
+                int64_t iw = j * g->sw - g->pl + t * g->dw;
+                int in = ih >= 0 && ih < g->h && iw >= 0 && iw < g->w;
+                float *xp = in ? x + ((n * g->h + ih) * g->w + iw) * C : NULL;
+                if (add && in)
+                    for (int64_t ch = 0; ch < C; ch++) xp[ch] += cr[ch];
+                else if (!add)
+                    for (int64_t ch = 0; ch < C; ch++) cr[ch] = in ? xp[ch] : 0.0f;
+            }
+        }
+    }
+}
+typedef enum { DPAR__CONV_FWD, DPAR__CONV_BWD_INPUT, DPAR__CONV_BWD_KERNEL } dpar__conv_pass;
+/* One pass of conv2d over the im2col blocks; x is the input side (x or dx),
+   k the kernel side (w or dw), y the output side (y or dy). */
+static dpar_status dpar__cpu_conv2d(dpar__cpu *c, int dev, const dpar__op *op, dpar__conv_pass pass, float *x, float *k,
+                                    float *y) {
+    dpar__win2d g = dpar__win2d_get(op);
+    int64_t K = g.kh * g.kw * g.c, M = g.n * g.oh * g.ow, O = g.o, R = dpar__conv_rows(K, M);
+    if (pass == DPAR__CONV_FWD) { /* y = b (or 0), then y += im2col(x) w */
+        const float *b = op->src2 ? (const float *)op->src2->mem : NULL;
+        for (int64_t r = 0; r < M; r++)
+            for (int64_t o = 0; o < O; o++) y[r * O + o] = b ? b[o] : 0.0f;
+    } else if (pass == DPAR__CONV_BWD_INPUT) {
+        memset(x, 0, (size_t)(g.n * g.h * g.w * g.c) * sizeof(float));
+    } else if (M == 0) {
+        memset(k, 0, (size_t)(K * O) * sizeof(float));
+    }
+    if (M == 0 || O == 0 || K == 0) return DPAR_OK;
+    int direct = dpar__conv_direct(&g);
+    float *col = direct ? NULL : (float *)DPAR_ALIGNED_MALLOC((size_t)(R * K) * sizeof(float), 64);
+    if (!direct && !col) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "%s: out of host memory", dpar__op_name(op->kind));
+    for (int64_t r0 = 0; r0 < M; r0 += R) {
+        int64_t rows = M - r0 < R ? M - r0 : R;
+        float *cb = direct ? x + r0 * K : col, *yb = y + r0 * O;
+        if (pass == DPAR__CONV_FWD) {
+            if (!direct) dpar__im2col(&g, x, r0, rows, col, 0);
+            dpar__cpu_sgemm(c, dev, rows, O, K, 0, 0, 1.0f, cb, k, 1.0f, yb); /* [rows,K] [K,O] */
+        } else if (pass == DPAR__CONV_BWD_KERNEL) {
+            if (!direct) dpar__im2col(&g, x, r0, rows, col, 0);
+            dpar__cpu_sgemm(c, dev, K, O, rows, 1, 0, 1.0f, cb, yb, r0 ? 1.0f : 0.0f, k); /* [K,rows] [rows,O] */
+        } else {
+            dpar__cpu_sgemm(c, dev, rows, K, O, 0, 1, 1.0f, yb, k, 0.0f, cb); /* [rows,O] [O,K] */
+            if (!direct) dpar__im2col(&g, x, r0, rows, col, 1);
+        }
+    }
+    DPAR_ALIGNED_FREE(col);
+    return DPAR_OK;
+}
+
+/* The in-image part of window (i, j): rows [*h0, *h1), columns [*w0, *w1). */
+static void dpar__pool_span(const dpar__win2d *g, int64_t i, int64_t j, int64_t *h0, int64_t *h1, int64_t *w0,
+                            int64_t *w1) {
+    int64_t a = i * g->sh - g->pt, b = j * g->sw - g->pl;
+    *h0 = a < 0 ? 0 : a, *w0 = b < 0 ? 0 : b;
+    *h1 = a + g->kh < g->h ? a + g->kh : g->h, *w1 = b + g->kw < g->w ? b + g->kw : g->w;
+    if (*h1 < *h0) *h1 = *h0;
+    if (*w1 < *w0) *w1 = *w0;
+}
+/* Forward (y from x) or backward (dx from dy) of avg or max pool, output
+   pixel by output pixel, channels innermost (contiguous in NHWC). Max: the
+   first maximum of a window in row-major order (NaN beats numbers, the
+   first NaN later ones), tracked per channel in best/arg; -inf (and no
+   gradient) for a window wholly in the padding. Avg: padding counts 0 and,
+   unless DPAR__WIN_EXCLUDE_PAD, in the divisor. */
+static dpar_status dpar__cpu_pool2d(const dpar__op *op, int is_max, int bwd) {
+    dpar__win2d g = dpar__win2d_get(op);
+    const float *src = (const float *)op->src0->mem, *xf = op->src1 ? (const float *)op->src1->mem : src;
+    float *dst = (float *)op->dst->mem, *best = NULL;
+    int64_t C = g.c, *arg = NULL;
+    if (bwd) memset(dst, 0, (size_t)op->dst->count * sizeof(float));
+    if (is_max && C > 0) {
+        best = (float *)DPAR_MALLOC((size_t)C * (sizeof(float) + sizeof(int64_t)));
+        if (!best) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "%s: out of host memory", dpar__op_name(op->kind));
+        arg = (int64_t *)(void *)(best + C);
+    }
+    for (int64_t n = 0; n < g.n; n++)
+        for (int64_t i = 0; i < g.oh; i++)
+            for (int64_t j = 0; j < g.ow; j++) {
+                int64_t h0, h1, w0, w1, at = ((n * g.oh + i) * g.ow + j) * C;
+                dpar__pool_span(&g, i, j, &h0, &h1, &w0, &w1);
+                int64_t cnt = g.flags & DPAR__WIN_EXCLUDE_PAD ? (h1 - h0) * (w1 - w0) : g.kh * g.kw;
+                float *yo = bwd ? NULL : dst + at;
+                const float *go = bwd ? src + at : NULL;
+                for (int64_t ch = 0; is_max && ch < C; ch++) best[ch] = -INFINITY, arg[ch] = -1;
+                for (int64_t ch = 0; !is_max && !bwd && ch < C; ch++) yo[ch] = 0.0f;
+                for (int64_t ih = h0; ih < h1; ih++)
+                    for (int64_t iw = w0; iw < w1; iw++) {
+                        int64_t xi = ((n * g.h + ih) * g.w + iw) * C;
+                        if (is_max) {
+                            const float *xv = xf + xi;
+                            for (int64_t ch = 0; ch < C; ch++) {
+                                float v = xv[ch], bv = best[ch];
+                                if (arg[ch] < 0 || v > bv || (v != v && bv == bv)) best[ch] = v, arg[ch] = xi + ch;
+                            }
+                        } else if (bwd) {
+                            for (int64_t ch = 0; ch < C; ch++) dst[xi + ch] += go[ch] / (float)cnt;
+                        } else {
+                            for (int64_t ch = 0; ch < C; ch++) yo[ch] += src[xi + ch];
+                        }
+                    }
+                for (int64_t ch = 0; is_max && !bwd && ch < C; ch++) yo[ch] = best[ch];
+                for (int64_t ch = 0; is_max && bwd && ch < C; ch++)
+                    if (arg[ch] >= 0) dst[arg[ch]] += go[ch];
+                for (int64_t ch = 0; !is_max && !bwd && ch < C; ch++) yo[ch] = cnt ? yo[ch] / (float)cnt : 0.0f;
+            }
+    DPAR_FREE(best);
+    return DPAR_OK;
+}
+
 /* >>cpu ops ===================================================================
    One function per op kind (shapes and dtypes are checked by the core before
    dispatch; see dpar__op_kind), looked up in dpar__cpu_ops by kind. */
@@ -9678,6 +10145,32 @@ static dpar_status dpar__cpu_op_dropout(DPAR__CPU_OP_ARGS) {
     }
     return DPAR_OK;
 }
+/* >>conv-pool kinds */
+static dpar_status dpar__cpu_op_conv2d(DPAR__CPU_OP_ARGS) {
+    return dpar__cpu_conv2d(c, dev, op, DPAR__CONV_FWD, (float *)(uintptr_t)x0, (float *)(uintptr_t)x1, y);
+}
+static dpar_status dpar__cpu_op_conv2d_bwd_input(DPAR__CPU_OP_ARGS) { /* dx = y, dy = x0, w = x1 */
+    return dpar__cpu_conv2d(c, dev, op, DPAR__CONV_BWD_INPUT, y, (float *)(uintptr_t)x1, (float *)(uintptr_t)x0);
+}
+static dpar_status dpar__cpu_op_conv2d_bwd_kernel(DPAR__CPU_OP_ARGS) { /* dw = y, dy = x0, x = x1 */
+    return dpar__cpu_conv2d(c, dev, op, DPAR__CONV_BWD_KERNEL, (float *)(uintptr_t)x1, y, (float *)(uintptr_t)x0);
+}
+static dpar_status dpar__cpu_op_avg_pool(DPAR__CPU_OP_ARGS) {
+    DPAR__CPU_OP_UNUSED;
+    return dpar__cpu_pool2d(op, 0, 0);
+}
+static dpar_status dpar__cpu_op_avg_pool_bwd(DPAR__CPU_OP_ARGS) {
+    DPAR__CPU_OP_UNUSED;
+    return dpar__cpu_pool2d(op, 0, 1);
+}
+static dpar_status dpar__cpu_op_max_pool(DPAR__CPU_OP_ARGS) {
+    DPAR__CPU_OP_UNUSED;
+    return dpar__cpu_pool2d(op, 1, 0);
+}
+static dpar_status dpar__cpu_op_max_pool_bwd(DPAR__CPU_OP_ARGS) {
+    DPAR__CPU_OP_UNUSED;
+    return dpar__cpu_pool2d(op, 1, 1);
+}
 #undef DPAR__CPU_OP_ARGS
 #undef DPAR__CPU_OP_UNUSED
 
@@ -9718,6 +10211,14 @@ static const dpar__cpu_op_fn dpar__cpu_ops[] = {
     dpar__cpu_op_softmax,      /* DPAR__OP_SOFTMAX */
     dpar__cpu_op_softmax,      /* DPAR__OP_SOFTMAX_BWD */
     dpar__cpu_op_strided,      /* DPAR__OP_STRIDED */
+    /* >>conv-pool kinds */
+    dpar__cpu_op_conv2d,            /* DPAR__OP_CONV2D */
+    dpar__cpu_op_conv2d_bwd_input,  /* DPAR__OP_CONV2D_BWD_INPUT */
+    dpar__cpu_op_conv2d_bwd_kernel, /* DPAR__OP_CONV2D_BWD_KERNEL */
+    dpar__cpu_op_avg_pool,          /* DPAR__OP_AVG_POOL */
+    dpar__cpu_op_avg_pool_bwd,      /* DPAR__OP_AVG_POOL_BWD */
+    dpar__cpu_op_max_pool,          /* DPAR__OP_MAX_POOL */
+    dpar__cpu_op_max_pool_bwd,      /* DPAR__OP_MAX_POOL_BWD */
 };
 typedef char dpar__cpu_ops_cover_every_kind[sizeof dpar__cpu_ops / sizeof dpar__cpu_ops[0] == DPAR__OP_COUNT ? 1 : -1];
 

@@ -1,0 +1,496 @@
+/* conv2d (NHWC input, HWIO kernel) and 2-D avg / max pools with their
+   gradients: exact small cases (a 3x3 image and a known kernel, SAME and
+   VALID; max pool with ties), every op against a double-precision reference
+   computed here (geometry derived here too, from XLA's padding formulas),
+   gradients against central finite differences of that reference in double,
+   and the errors of bad shapes and desc fields. */
+#include "testutil.h"
+
+/* ---- cases: one row each ------------------------------------------------- */
+typedef struct ccase {
+    const char *name;
+    int64_t x[4];      /* N H W C */
+    int64_t kh, kw, o; /* kernel [kh, kw, C, o] */
+    dpar_conv2d_desc d;
+    int bias, fd; /* fd: also check the gradients by finite differences (small cases) */
+} ccase;
+static const ccase CONV[] = {
+    { "3x3 SAME", { 2, 5, 6, 3 }, 3, 3, 4, { { 0, 0 }, { 0, 0 }, DPAR_PADDING_DEFAULT, { { 0, 0 }, { 0, 0 } } }, 1, 1 },
+    { "3x3 VALID stride 2", { 2, 7, 6, 3 }, 3, 3, 5, { { 2, 2 }, { 0, 0 }, DPAR_PADDING_VALID, { { 0 } } }, 1, 1 },
+    { "dilation 2 SAME", { 1, 7, 7, 2 }, 3, 3, 3, { { 0, 0 }, { 2, 2 }, DPAR_PADDING_SAME, { { 0 } } }, 0, 1 },
+    { "explicit pads, stride (2,1), dilation (1,2)",
+      { 2, 6, 5, 3 },
+      2,
+      3,
+      7,
+      { { 2, 1 }, { 1, 2 }, DPAR_PADDING_EXPLICIT, { { 1, 2 }, { 0, 3 } } },
+      1,
+      1 },
+    { "size-1 dims", { 1, 1, 1, 1 }, 1, 1, 1, { { 0 }, { 0 }, DPAR_PADDING_DEFAULT, { { 0 } } }, 1, 1 },
+    { "1x1 conv (x read in place)", { 2, 4, 3, 5 }, 1, 1, 6, { { 0 }, { 0 }, DPAR_PADDING_DEFAULT, { { 0 } } }, 1, 1 },
+    { "1x1 stride 2", { 2, 5, 5, 3 }, 1, 1, 2, { { 2, 2 }, { 0 }, DPAR_PADDING_DEFAULT, { { 0 } } }, 0, 1 },
+    { "kernel wider than the image, SAME",
+      { 1, 2, 3, 2 },
+      5,
+      5,
+      3,
+      { { 0 }, { 0 }, DPAR_PADDING_SAME, { { 0 } } },
+      1,
+      1 },
+    { "SAME stride 2 on an even size",
+      { 1, 6, 6, 2 },
+      3,
+      3,
+      2,
+      { { 2, 2 }, { 0 }, DPAR_PADDING_SAME, { { 0 } } },
+      1,
+      1 },
+    { "5x2 kernel, stride (3,1), C 7, O 13",
+      { 1, 9, 4, 7 },
+      5,
+      2,
+      13,
+      { { 3, 1 }, { 0 }, DPAR_PADDING_SAME, { { 0 } } },
+      1,
+      1 },
+    { "batch 0", { 0, 4, 4, 2 }, 3, 3, 2, { { 0 }, { 0 }, DPAR_PADDING_DEFAULT, { { 0 } } }, 1, 0 },
+    /* more im2col rows than one scratch block (K = 576: 906 rows a block) */
+    { "blocked im2col, 2x28x28x64 -> 8",
+      { 2, 28, 28, 64 },
+      3,
+      3,
+      8,
+      { { 0 }, { 0 }, DPAR_PADDING_SAME, { { 0 } } },
+      1,
+      0 },
+    { "seed CNN conv 2", { 2, 14, 14, 32 }, 3, 3, 64, { { 0 }, { 0 }, DPAR_PADDING_SAME, { { 0 } } }, 1, 0 },
+};
+typedef struct pcase {
+    const char *name;
+    int64_t x[4];
+    dpar_pool2d_desc d;
+} pcase;
+static const pcase POOL[] = {
+    { "2x2 (defaults)", { 2, 4, 6, 3 }, { { 0 }, { 0 }, DPAR_PADDING_DEFAULT, { { 0 } }, false } },
+    { "3x3 stride 2 SAME", { 1, 5, 5, 2 }, { { 3, 3 }, { 2, 2 }, DPAR_PADDING_SAME, { { 0 } }, false } },
+    { "3x3 stride 2 SAME, exclude pad", { 1, 5, 5, 2 }, { { 3, 3 }, { 2, 2 }, DPAR_PADDING_SAME, { { 0 } }, true } },
+    { "3x2 stride 1 overlapping", { 2, 5, 4, 3 }, { { 3, 2 }, { 1, 1 }, DPAR_PADDING_VALID, { { 0 } }, false } },
+    { "explicit pads, exclude pad",
+      { 1, 4, 5, 5 },
+      { { 2, 3 }, { 1, 2 }, DPAR_PADDING_EXPLICIT, { { 1, 2 }, { 2, 1 } }, true } },
+    { "size-1 dims", { 1, 1, 1, 1 }, { { 1, 1 }, { 0 }, DPAR_PADDING_DEFAULT, { { 0 } }, false } },
+    { "batch 0", { 0, 4, 4, 2 }, { { 0 }, { 0 }, DPAR_PADDING_DEFAULT, { { 0 } }, false } },
+    { "seed CNN pool", { 2, 28, 28, 32 }, { { 2, 2 }, { 2, 2 }, DPAR_PADDING_VALID, { { 0 } }, false } },
+};
+#define NCONV (sizeof CONV / sizeof CONV[0])
+#define NPOOL (sizeof POOL / sizeof POOL[0])
+
+/* ---- reference geometry, written from the formulas in lax / XLA ---------- */
+typedef struct geom {
+    int64_t n, h, w, c, oh, ow, o, kh, kw, sh, sw, dh, dw, pt, pl;
+    int excl;
+} geom;
+static void ref_dim(int64_t in, int64_t k, int64_t s, int64_t d, dpar_padding mode, const int *pads, int64_t *out,
+                    int64_t *lo) {
+    int64_t ek = (k - 1) * d + 1;
+    if (mode == DPAR_PADDING_SAME) {
+        *out = (in + s - 1) / s;
+        int64_t tot = (*out - 1) * s + ek - in;
+        *lo = tot > 0 ? tot / 2 : 0;
+    } else if (mode == DPAR_PADDING_VALID) {
+        *out = (in - ek) / s + 1;
+        *lo = 0;
+    } else {
+        *out = (in + pads[0] + pads[1] - ek) / s + 1;
+        *lo = pads[0];
+    }
+}
+static geom conv_geom(const ccase *c) {
+    geom g = { c->x[0], c->x[1], c->x[2], c->x[3], 0, 0, c->o, c->kh, c->kw, 1, 1, 1, 1, 0, 0, 0 };
+    if (c->d.stride[0]) g.sh = c->d.stride[0], g.sw = c->d.stride[1];
+    if (c->d.dilation[0]) g.dh = c->d.dilation[0], g.dw = c->d.dilation[1];
+    dpar_padding m = c->d.padding ? c->d.padding : DPAR_PADDING_SAME;
+    ref_dim(g.h, g.kh, g.sh, g.dh, m, c->d.pad[0], &g.oh, &g.pt);
+    ref_dim(g.w, g.kw, g.sw, g.dw, m, c->d.pad[1], &g.ow, &g.pl);
+    return g;
+}
+static geom pool_geom(const pcase *c) {
+    geom g = { c->x[0], c->x[1], c->x[2], c->x[3], 0, 0, c->x[3], 2, 2, 2, 2, 1, 1, 0, 0, c->d.count_exclude_pad };
+    if (c->d.window[0]) g.kh = c->d.window[0], g.kw = c->d.window[1];
+    g.sh = c->d.stride[0] ? c->d.stride[0] : g.kh;
+    g.sw = c->d.stride[1] ? c->d.stride[1] : g.kw;
+    dpar_padding m = c->d.padding ? c->d.padding : DPAR_PADDING_VALID;
+    ref_dim(g.h, g.kh, g.sh, 1, m, c->d.pad[0], &g.oh, &g.pt);
+    ref_dim(g.w, g.kw, g.sw, 1, m, c->d.pad[1], &g.ow, &g.pl);
+    return g;
+}
+static int64_t nx(const geom *g) {
+    return g->n * g->h * g->w * g->c;
+}
+static int64_t ny(const geom *g) {
+    return g->n * g->oh * g->ow * g->o;
+}
+static int64_t nw(const geom *g) {
+    return g->kh * g->kw * g->c * g->o;
+}
+/* x index of window position (p, q) of output (n, i, j), channel ch; -1 in the padding */
+static int64_t xat(const geom *g, int64_t n, int64_t i, int64_t j, int64_t p, int64_t q, int64_t ch) {
+    int64_t ih = i * g->sh - g->pt + p * g->dh, iw = j * g->sw - g->pl + q * g->dw;
+    if (ih < 0 || ih >= g->h || iw < 0 || iw >= g->w) return -1;
+    return ((n * g->h + ih) * g->w + iw) * g->c + ch;
+}
+
+/* ---- references in double ------------------------------------------------ */
+static void ref_conv(const geom *g, const double *x, const double *w, const double *b, double *y) {
+    for (int64_t n = 0; n < g->n; n++)
+        for (int64_t i = 0; i < g->oh; i++)
+            for (int64_t j = 0; j < g->ow; j++)
+                for (int64_t o = 0; o < g->o; o++) {
+                    double acc = b ? b[o] : 0.0;
+                    for (int64_t p = 0; p < g->kh; p++)
+                        for (int64_t q = 0; q < g->kw; q++)
+                            for (int64_t ch = 0; ch < g->c; ch++) {
+                                int64_t a = xat(g, n, i, j, p, q, ch);
+                                if (a >= 0) acc += x[a] * w[((p * g->kw + q) * g->c + ch) * g->o + o];
+                            }
+                    y[((n * g->oh + i) * g->ow + j) * g->o + o] = acc;
+                }
+}
+/* dx, dw, db of sum(y * dy), by direct scatter */
+static void ref_conv_bwd(const geom *g, const double *x, const double *w, const double *dy, double *dx, double *dw,
+                         double *db) {
+    memset(dx, 0, (size_t)nx(g) * sizeof(double));
+    memset(dw, 0, (size_t)nw(g) * sizeof(double));
+    memset(db, 0, (size_t)g->o * sizeof(double));
+    for (int64_t n = 0; n < g->n; n++)
+        for (int64_t i = 0; i < g->oh; i++)
+            for (int64_t j = 0; j < g->ow; j++)
+                for (int64_t o = 0; o < g->o; o++) {
+                    double gy = dy[((n * g->oh + i) * g->ow + j) * g->o + o];
+                    db[o] += gy;
+                    for (int64_t p = 0; p < g->kh; p++)
+                        for (int64_t q = 0; q < g->kw; q++)
+                            for (int64_t ch = 0; ch < g->c; ch++) {
+                                int64_t a = xat(g, n, i, j, p, q, ch), k = ((p * g->kw + q) * g->c + ch) * g->o + o;
+                                if (a < 0) continue;
+                                dx[a] += w[k] * gy;
+                                dw[k] += x[a] * gy;
+                            }
+                }
+}
+/* avg (is_max 0) or max pool; argmax (may be NULL) gets the first maximum's x index per output */
+static void ref_pool(const geom *g, int is_max, const double *x, double *y, int64_t *argmax) {
+    for (int64_t n = 0; n < g->n; n++)
+        for (int64_t i = 0; i < g->oh; i++)
+            for (int64_t j = 0; j < g->ow; j++)
+                for (int64_t ch = 0; ch < g->c; ch++) {
+                    double acc = 0.0, best = -INFINITY;
+                    int64_t cnt = 0, arg = -1;
+                    for (int64_t p = 0; p < g->kh; p++)
+                        for (int64_t q = 0; q < g->kw; q++) {
+                            int64_t a = xat(g, n, i, j, p, q, ch);
+                            if (a < 0) continue;
+                            cnt++;
+                            acc += x[a];
+                            if (arg < 0 || x[a] > best) best = x[a], arg = a;
+                        }
+                    int64_t yi = ((n * g->oh + i) * g->ow + j) * g->c + ch, div = g->excl ? cnt : g->kh * g->kw;
+                    y[yi] = is_max ? best : div ? acc / (double)div : 0.0;
+                    if (argmax) argmax[yi] = arg;
+                }
+}
+
+/* ---- data and buffers ---------------------------------------------------- */
+static float rnd(uint32_t *s) { /* [-1, 1) */
+    *s = *s * 1664525u + 1013904223u;
+    return (float)(*s >> 8) / 8388608.0f - 1.0f;
+}
+static float *rnd_vec(int64_t n, uint32_t seed) {
+    float *v = malloc((size_t)(n + 1) * sizeof(float));
+    for (int64_t i = 0; i < n; i++) v[i] = rnd(&seed);
+    return v;
+}
+static double *dbl(const float *v, int64_t n) {
+    double *d = malloc((size_t)(n + 1) * sizeof(double));
+    for (int64_t i = 0; i < n; i++) d[i] = v[i];
+    return d;
+}
+static dpar_buffer *mk(dpar_runtime *rt, int ndim, const int64_t *shape, const float *data) {
+    dpar_buffer *b = NULL;
+    T_OK(dpar_buffer_create(rt, 0, DPAR_F32, ndim, shape, &b));
+    if (data && dpar_buffer_nbytes(b)) T_OK(dpar_buffer_write(b, 0, data, dpar_buffer_nbytes(b)));
+    return b;
+}
+static float *rd(const dpar_buffer *b) {
+    size_t nb = dpar_buffer_nbytes(b);
+    float *v = malloc(nb + sizeof(float));
+    if (nb) T_OK(dpar_buffer_read(b, 0, v, nb));
+    return v;
+}
+/* |got - want| <= tol * (1 + |want|) for all, else fail naming the first */
+static void near(const char *what, const char *name, const float *got, const double *want, int64_t n, double tol) {
+    for (int64_t i = 0; i < n; i++)
+        if ((double)got[i] != want[i] && !(fabs((double)got[i] - want[i]) <= tol * (1.0 + fabs(want[i]))))
+            fail_msg("%s %s: element %lld is %.9g, expected %.9g", name, what, (long long)i, (double)got[i], want[i]);
+}
+
+/* ---- running the ops on a runtime ---------------------------------------- */
+typedef struct conv_out {
+    float *y, *dx, *dw, *db;
+} conv_out;
+static void conv_run(dpar_runtime *rt, const ccase *c, const geom *g, const float *x, const float *w, const float *b,
+                     const float *dy, conv_out *r) {
+    int64_t ys[4] = { g->n, g->oh, g->ow, g->o }, ws[4] = { g->kh, g->kw, g->c, g->o }, bs = g->o, got[4];
+    T_OK(dpar_conv2d_output_shape(c->x, ws, &c->d, got));
+    if (memcmp(got, ys, sizeof ys)) fail_msg("%s: dpar_conv2d_output_shape disagrees with the reference", c->name);
+    dpar_buffer *X = mk(rt, 4, c->x, x), *W = mk(rt, 4, ws, w), *B = mk(rt, 1, &bs, b), *Y = mk(rt, 4, ys, NULL);
+    dpar_buffer *DY = mk(rt, 4, ys, dy), *DX = mk(rt, 4, c->x, NULL), *DW = mk(rt, 4, ws, NULL),
+                *DB = mk(rt, 1, &bs, NULL);
+    T_OK(dpar_conv2d(Y, X, W, c->bias ? B : NULL, &c->d));
+    T_OK(dpar_conv2d_backward_input(DX, DY, W, &c->d));
+    T_OK(dpar_conv2d_backward_kernel(DW, DB, X, DY, &c->d));
+    r->y = rd(Y), r->dx = rd(DX), r->dw = rd(DW), r->db = rd(DB);
+    dpar_buffer *all[] = { X, W, B, Y, DY, DX, DW, DB };
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dpar_buffer_destroy(all[i]);
+}
+static void conv_free(conv_out *r) {
+    free(r->y), free(r->dx), free(r->dw), free(r->db);
+}
+typedef struct conv_data {
+    geom g;
+    float *x, *w, *b, *dy;
+} conv_data;
+static conv_data conv_data_make(const ccase *c, uint32_t seed) {
+    conv_data d;
+    d.g = conv_geom(c);
+    d.x = rnd_vec(nx(&d.g), seed), d.w = rnd_vec(nw(&d.g), seed + 1);
+    d.b = rnd_vec(d.g.o, seed + 2), d.dy = rnd_vec(ny(&d.g), seed + 3);
+    return d;
+}
+static void conv_data_free(conv_data *d) {
+    free(d->x), free(d->w), free(d->b), free(d->dy);
+}
+typedef struct pool_out {
+    float *ya, *dxa, *ym, *dxm; /* avg, max */
+} pool_out;
+static void pool_run(dpar_runtime *rt, const pcase *c, const geom *g, const float *x, const float *dy, pool_out *r) {
+    int64_t ys[4] = { g->n, g->oh, g->ow, g->c }, got[4];
+    T_OK(dpar_pool2d_output_shape(c->x, &c->d, got));
+    if (memcmp(got, ys, sizeof ys)) fail_msg("%s: dpar_pool2d_output_shape disagrees with the reference", c->name);
+    dpar_buffer *X = mk(rt, 4, c->x, x), *Y = mk(rt, 4, ys, NULL), *DY = mk(rt, 4, ys, dy), *DX = mk(rt, 4, c->x, NULL);
+    T_OK(dpar_avg_pool2d(Y, X, &c->d));
+    r->ya = rd(Y);
+    T_OK(dpar_avg_pool2d_backward(DX, DY, &c->d));
+    r->dxa = rd(DX);
+    T_OK(dpar_max_pool2d(Y, X, &c->d));
+    r->ym = rd(Y);
+    T_OK(dpar_max_pool2d_backward(DX, DY, X, &c->d));
+    r->dxm = rd(DX);
+    dpar_buffer_destroy(X), dpar_buffer_destroy(Y), dpar_buffer_destroy(DY), dpar_buffer_destroy(DX);
+}
+static void pool_free(pool_out *r) {
+    free(r->ya), free(r->dxa), free(r->ym), free(r->dxm);
+}
+/* distinct values (spaced 1/64, exact in f32) so that argmaxes survive finite differences */
+static float *distinct_vec(int64_t n, uint32_t seed) {
+    float *v = malloc((size_t)(n + 1) * sizeof(float));
+    for (int64_t i = 0; i < n; i++) v[i] = (float)((i * 7919 + seed) % (n ? n : 1)) / 64.0f - 2.0f;
+    return v;
+}
+
+static dpar_runtime *CPU;
+static int setup(void **st) {
+    (void)st;
+    CPU = t_runtime(DPAR_BACKEND_CPU, 1);
+    return CPU ? 0 : -1;
+}
+static int teardown(void **st) {
+    (void)st;
+    dpar_runtime_destroy(CPU);
+    return 0;
+}
+
+/* ---- exact small cases --------------------------------------------------- */
+static void test_conv_exact_3x3(void **st) {
+    (void)st;
+    const float img[9] = { 1, 2, 3, 4, 5, 6, 7, 8, 9 }, ker[9] = { 1, 0, 2, 0, 1, 0, -1, 0, 0 };
+    const float same[9] = { 1, -2, -2, 8, 5, 0, 17, 24, 14 }, bias = 0.5f;
+    int64_t xs[4] = { 1, 3, 3, 1 }, ws[4] = { 3, 3, 1, 1 }, vs[4] = { 1, 1, 1, 1 }, one = 1;
+    dpar_buffer *X = mk(CPU, 4, xs, img), *W = mk(CPU, 4, ws, ker), *Y = mk(CPU, 4, xs, NULL),
+                *V = mk(CPU, 4, vs, NULL);
+    dpar_buffer *B = mk(CPU, 1, &one, &bias);
+    T_OK(dpar_conv2d(Y, X, W, NULL, NULL)); /* NULL desc: SAME, stride 1 */
+    float *y = rd(Y);
+    for (int i = 0; i < 9; i++) assert_true(y[i] == same[i]);
+    free(y);
+    dpar_conv2d_desc valid = { { 0 }, { 0 }, DPAR_PADDING_VALID, { { 0 } } };
+    T_OK(dpar_conv2d(V, X, W, B, &valid));
+    y = rd(V);
+    assert_true(y[0] == 5.5f); /* 1*1 + 3*2 + 5*1 - 7 + 0.5 */
+    free(y);
+    dpar_buffer_destroy(X), dpar_buffer_destroy(W), dpar_buffer_destroy(Y), dpar_buffer_destroy(V);
+    dpar_buffer_destroy(B);
+}
+static void test_pool_exact(void **st) {
+    (void)st;
+    /* overlapping 2x2 windows, stride 1, with ties: the gradient goes to the first maximum only */
+    const float img[9] = { 1, 5, 5, 5, 2, 5, 0, 5, 1 }, dy[4] = { 1, 2, 3, 4 };
+    const float want_dx[9] = { 0, 3, 0, 3, 0, 4, 0, 0, 0 }, want_avg[4] = { 13 / 4.f, 17 / 4.f, 12 / 4.f, 13 / 4.f };
+    int64_t xs[4] = { 1, 3, 3, 1 }, ys[4] = { 1, 2, 2, 1 };
+    dpar_pool2d_desc d = { { 2, 2 }, { 1, 1 }, DPAR_PADDING_VALID, { { 0 } }, false };
+    dpar_buffer *X = mk(CPU, 4, xs, img), *Y = mk(CPU, 4, ys, NULL), *DY = mk(CPU, 4, ys, dy),
+                *DX = mk(CPU, 4, xs, NULL);
+    T_OK(dpar_max_pool2d(Y, X, &d));
+    float *y = rd(Y);
+    for (int i = 0; i < 4; i++) assert_true(y[i] == 5.0f);
+    free(y);
+    T_OK(dpar_max_pool2d_backward(DX, DY, X, &d));
+    float *dx = rd(DX);
+    for (int i = 0; i < 9; i++)
+        if (dx[i] != want_dx[i]) fail_msg("max pool dx[%d] = %g, expected %g", i, (double)dx[i], (double)want_dx[i]);
+    free(dx);
+    T_OK(dpar_avg_pool2d(Y, X, &d));
+    y = rd(Y);
+    for (int i = 0; i < 4; i++) assert_true(y[i] == want_avg[i]);
+    free(y);
+    /* all four equal, 2x2 window, default stride 2: one output, the gradient to element 0 */
+    const float flat[4] = { 3, 3, 3, 3 }, g1 = 7;
+    int64_t x2[4] = { 1, 2, 2, 1 }, y2[4] = { 1, 1, 1, 1 };
+    dpar_buffer *X2 = mk(CPU, 4, x2, flat), *DY2 = mk(CPU, 4, y2, &g1), *DX2 = mk(CPU, 4, x2, NULL);
+    T_OK(dpar_max_pool2d_backward(DX2, DY2, X2, NULL));
+    dx = rd(DX2);
+    assert_true(dx[0] == 7.0f && dx[1] == 0.0f && dx[2] == 0.0f && dx[3] == 0.0f);
+    free(dx);
+    dpar_buffer *all[] = { X, Y, DY, DX, X2, DY2, DX2 };
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dpar_buffer_destroy(all[i]);
+}
+
+/* ---- CPU against the double reference, gradients by finite differences ---- */
+/* d(sum y*dy)/dv[i] by central differences of the double reference (f: which operand) */
+static double fd_conv(const geom *g, double *x, double *w, const double *dy, double *v, int64_t i, double *ybuf) {
+    const double h = 1e-3, v0 = v[i];
+    double lp = 0, lm = 0;
+    v[i] = v0 + h;
+    ref_conv(g, x, w, NULL, ybuf);
+    for (int64_t k = 0; k < ny(g); k++) lp += ybuf[k] * dy[k];
+    v[i] = v0 - h;
+    ref_conv(g, x, w, NULL, ybuf);
+    for (int64_t k = 0; k < ny(g); k++) lm += ybuf[k] * dy[k];
+    v[i] = v0;
+    return (lp - lm) / (2 * h);
+}
+static void test_conv_cpu(void **st) {
+    (void)st;
+    for (size_t ci = 0; ci < NCONV; ci++) {
+        const ccase *c = &CONV[ci];
+        conv_data d = conv_data_make(c, (uint32_t)(100 + ci));
+        const geom *g = &d.g;
+        double *x = dbl(d.x, nx(g)), *w = dbl(d.w, nw(g)), *b = dbl(d.b, g->o), *dy = dbl(d.dy, ny(g));
+        double *y = malloc((size_t)(ny(g) + 1) * 8), *dx = malloc((size_t)(nx(g) + 1) * 8);
+        double *dw = malloc((size_t)(nw(g) + 1) * 8), *db = malloc((size_t)(g->o + 1) * 8);
+        conv_out r;
+        conv_run(CPU, c, g, d.x, d.w, d.b, d.dy, &r);
+        ref_conv(g, x, w, c->bias ? b : NULL, y);
+        ref_conv_bwd(g, x, w, dy, dx, dw, db);
+        near("y", c->name, r.y, y, ny(g), 1e-5);
+        near("dx", c->name, r.dx, dx, nx(g), 1e-5);
+        near("dw", c->name, r.dw, dw, nw(g), 1e-5);
+        near("db", c->name, r.db, db, g->o, 1e-5);
+        if (c->fd) { /* the op's gradients against finite differences (the loss is bilinear: tight) */
+            double *fdx = malloc((size_t)(nx(g) + 1) * 8), *fdw = malloc((size_t)(nw(g) + 1) * 8);
+            for (int64_t i = 0; i < nx(g); i++) fdx[i] = fd_conv(g, x, w, dy, x, i, y);
+            for (int64_t i = 0; i < nw(g); i++) fdw[i] = fd_conv(g, x, w, dy, w, i, y);
+            near("dx vs finite differences", c->name, r.dx, fdx, nx(g), 1e-5);
+            near("dw vs finite differences", c->name, r.dw, fdw, nw(g), 1e-5);
+            free(fdx), free(fdw);
+        }
+        conv_free(&r);
+        conv_data_free(&d);
+        free(x), free(w), free(b), free(dy), free(y), free(dx), free(dw), free(db);
+    }
+}
+static void test_pool_cpu(void **st) {
+    (void)st;
+    for (size_t pi = 0; pi < NPOOL; pi++) {
+        const pcase *c = &POOL[pi];
+        geom g = pool_geom(c);
+        float *xf = distinct_vec(nx(&g), (uint32_t)(3 + pi)), *dyf = rnd_vec(ny(&g), (uint32_t)(7 + pi));
+        double *x = dbl(xf, nx(&g)), *ya = malloc((size_t)(ny(&g) + 1) * 8), *ym = malloc((size_t)(ny(&g) + 1) * 8);
+        double *fda = malloc((size_t)(nx(&g) + 1) * 8), *fdm = malloc((size_t)(nx(&g) + 1) * 8);
+        pool_out r;
+        pool_run(CPU, c, &g, xf, dyf, &r);
+        ref_pool(&g, 0, x, ya, NULL);
+        ref_pool(&g, 1, x, ym, NULL);
+        near("avg y", c->name, r.ya, ya, ny(&g), 1e-6);
+        near("max y", c->name, r.ym, ym, ny(&g), 0);
+        for (int64_t i = 0; i < nx(&g) && nx(&g) <= 4096; i++) { /* central differences, both pools */
+            const double h = 1e-4, x0 = x[i];
+            double l[2][2] = { { 0, 0 }, { 0, 0 } };
+            for (int side = 0; side < 2; side++) {
+                x[i] = x0 + (side ? -h : h);
+                for (int m = 0; m < 2; m++) {
+                    ref_pool(&g, m, x, m ? ym : ya, NULL);
+                    for (int64_t k = 0; k < ny(&g); k++) /* a window wholly in the padding: -inf, no gradient */
+                        if (isfinite((m ? ym : ya)[k])) l[m][side] += (m ? ym : ya)[k] * dyf[k];
+                }
+            }
+            x[i] = x0;
+            fda[i] = (l[0][0] - l[0][1]) / (2 * h);
+            fdm[i] = (l[1][0] - l[1][1]) / (2 * h);
+        }
+        if (nx(&g) <= 4096) {
+            near("avg dx vs finite differences", c->name, r.dxa, fda, nx(&g), 1e-5);
+            near("max dx vs finite differences", c->name, r.dxm, fdm, nx(&g), 1e-5);
+        }
+        pool_free(&r);
+        free(xf), free(dyf), free(x), free(ya), free(ym), free(fda), free(fdm);
+    }
+}
+
+/* ---- errors -------------------------------------------------------------- */
+static void test_errors(void **st) {
+    (void)st;
+    int64_t xs[4] = { 2, 5, 5, 3 }, ws[4] = { 3, 3, 3, 4 }, ys[4] = { 2, 5, 5, 4 }, w2[4] = { 3, 3, 2, 4 };
+    int64_t bad[4] = { 2, 4, 5, 4 }, x3[3] = { 2, 5, 3 }, four = 4, five = 5, big[4] = { 7, 7, 3, 4 }, out[4];
+    dpar_buffer *X = mk(CPU, 4, xs, NULL), *W = mk(CPU, 4, ws, NULL), *Y = mk(CPU, 4, ys, NULL);
+    dpar_buffer *W2 = mk(CPU, 4, w2, NULL), *YB = mk(CPU, 4, bad, NULL), *X3 = mk(CPU, 3, x3, NULL);
+    dpar_buffer *B = mk(CPU, 1, &four, NULL), *B5 = mk(CPU, 1, &five, NULL), *WB = mk(CPU, 4, big, NULL);
+    int64_t w33[4] = { 3, 3, 3, 3 };
+    dpar_buffer *H = NULL, *W33 = mk(CPU, 4, w33, NULL);
+    T_OK(dpar_buffer_create(CPU, 0, DPAR_F16, 4, xs, &H));
+    T_ERR(dpar_conv2d(Y, X, W2, NULL, NULL), DPAR_ERR_SHAPE, "dpar_conv2d", "3 channels", "HWIO");
+    T_ERR(dpar_conv2d(YB, X, W, NULL, NULL), DPAR_ERR_SHAPE, "y is [2, 4, 5, 4]", "[2, 5, 5, 4]");
+    T_ERR(dpar_conv2d(Y, X3, W, NULL, NULL), DPAR_ERR_SHAPE, "x must be 4-d NHWC");
+    T_ERR(dpar_conv2d(Y, X, W, B5, NULL), DPAR_ERR_SHAPE, "bias", "[4]");
+    T_ERR(dpar_conv2d(Y, H, W, NULL, NULL), DPAR_ERR_DTYPE, "f16");
+    T_ERR(dpar_conv2d(Y, X, NULL, NULL, NULL), DPAR_ERR_INVALID_ARGUMENT, "NULL");
+    T_ERR(dpar_conv2d(X, X, W33, NULL, NULL), DPAR_ERR_INVALID_ARGUMENT, "alias");
+    dpar_conv2d_desc d = { { -1, 1 }, { 0 }, DPAR_PADDING_DEFAULT, { { 0 } } };
+    T_ERR(dpar_conv2d(Y, X, W, NULL, &d), DPAR_ERR_INVALID_ARGUMENT, "stride[0] = -1");
+    dpar_conv2d_desc v = { { 0 }, { 0 }, DPAR_PADDING_VALID, { { 0 } } };
+    T_ERR(dpar_conv2d_output_shape(xs, big, &v, out), DPAR_ERR_SHAPE, "window spans 7", "padded input is 5");
+    T_ERR(dpar_conv2d(Y, X, WB, NULL, &v), DPAR_ERR_SHAPE, "window spans 7");
+    dpar_conv2d_desc e = { { 0 }, { 0 }, DPAR_PADDING_EXPLICIT, { { -1, 0 }, { 0, 0 } } };
+    T_ERR(dpar_conv2d(Y, X, W, NULL, &e), DPAR_ERR_INVALID_ARGUMENT, "pad[0] = {-1, 0}");
+    dpar_conv2d_desc m = { { 0 }, { 0 }, (dpar_padding)9, { { 0 } } };
+    T_ERR(dpar_conv2d(Y, X, W, NULL, &m), DPAR_ERR_INVALID_ARGUMENT, "not a dpar_padding");
+    T_ERR(dpar_conv2d_backward_input(X, YB, W, NULL), DPAR_ERR_SHAPE, "dpar_conv2d_backward_input", "dy is");
+    T_ERR(dpar_conv2d_backward_kernel(W, B5, X, Y, NULL), DPAR_ERR_SHAPE, "db is [5]");
+    T_ERR(dpar_conv2d_backward_kernel(W, B, X, YB, NULL), DPAR_ERR_SHAPE, "dpar_conv2d_backward_kernel");
+    dpar_pool2d_desc p = { { 7, 7 }, { 0 }, DPAR_PADDING_DEFAULT, { { 0 } }, false };
+    T_ERR(dpar_avg_pool2d(Y, X, &p), DPAR_ERR_SHAPE, "dpar_avg_pool2d", "window spans 7");
+    T_ERR(dpar_max_pool2d(YB, X, NULL), DPAR_ERR_SHAPE, "dpar_max_pool2d", "y is [2, 4, 5, 4]", "[2, 2, 2, 3]");
+    T_ERR(dpar_max_pool2d_backward(X, Y, YB, NULL), DPAR_ERR_SHAPE, "dpar_max_pool2d_backward");
+    dpar_pool2d_desc pw = { { -2, 2 }, { 0 }, DPAR_PADDING_DEFAULT, { { 0 } }, false };
+    T_ERR(dpar_pool2d_output_shape(xs, &pw, out), DPAR_ERR_INVALID_ARGUMENT, "window = (-2, 2)");
+    dpar_buffer *all[] = { X, W, Y, W2, YB, X3, B, B5, WB, H, W33 };
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dpar_buffer_destroy(all[i]);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_conv_exact_3x3), cmocka_unit_test(test_pool_exact), cmocka_unit_test(test_conv_cpu),
+        cmocka_unit_test(test_pool_cpu),       cmocka_unit_test(test_errors),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
