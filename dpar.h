@@ -84,8 +84,9 @@
    wins and every other worker is told to stop (a worker waiting in a
    collective returns DPAR_ERR_ABORTED). A collective over axis "a" groups the
    devices that share every other mesh coordinate; over "a,b" it groups over
-   both. Reductions add in mesh order, so every member gets bitwise the same
-   result, run after run. (Across MPI processes the order is hierarchical:
+   both, its members ranked row-major over the axes as written (JAX's order
+   for an axis tuple). Reductions add in rank order, so every member gets
+   bitwise the same result, run after run. (Across MPI processes the order is hierarchical:
    each process adds its own members in mesh order, then MPI combines the
    processes' partial results; on CUDA, NCCL across processes orders it as
    NCCL does; see "Multi-process" in the README.)
@@ -417,7 +418,9 @@ DPAR_API dpar_status dpar_mesh_device(const dpar_mesh *m, const int *coords, int
    Errors: DPAR_ERR_INVALID_ARGUMENT when the device is not in the mesh. */
 DPAR_API dpar_status dpar_mesh_coords(const dpar_mesh *m, int device, int *coords);
 /* The group a collective over `axes` spans from `device`: its members in
-   reduction order (row-major over the named axes, in mesh-axis order),
+   rank order (row-major over the named axes in the order written, as JAX
+   ranks an axis tuple: "b,a" differs from "a,b"; ppermute alone uses
+   mesh-axis order, as JAX sorts its groups),
    written to members[] (capacity DPAR_MAX_DEVICES), their count to *n, and
    the device's own position in the group to *index (may be NULL). */
 DPAR_API dpar_status dpar_mesh_group(const dpar_mesh *m, const char *axes, int device, int *members, int *n,
@@ -551,7 +554,9 @@ DPAR_API uint64_t dpar_ctx_dispatch_id(const dpar_ctx *ctx);
 DPAR_API bool dpar_in_dispatch(void);
 /* Argument i's buffer on this device; NULL (and last error set) if out of range. */
 DPAR_API dpar_buffer *dpar_ctx_arg(const dpar_ctx *ctx, int i);
-/* JAX axis_index / axis_size for "a" or "a,b" (index row-major over the axes).
+/* JAX axis_index / axis_size for "a" or "a,b" (index row-major over the axes
+   in the order written: on a 2x4 (a, b) mesh, device (a=0, b=1) has index 1
+   over "a,b" and 2 over "b,a").
    Errors: DPAR_ERR_UNKNOWN_AXIS naming the axis and listing the mesh axes. */
 DPAR_API dpar_status dpar_ctx_axis_index(const dpar_ctx *ctx, const char *axes, int *out);
 DPAR_API dpar_status dpar_ctx_axis_size(const dpar_ctx *ctx, const char *axes, int *out);
@@ -2631,7 +2636,11 @@ DPAR_API dpar_status dpar_runtime_device_sync(dpar_runtime *rt, int device) {
 /* ---------------------------------------------------------------------------
    Mesh and axis groups
    ------------------------------------------------------------------------ */
-enum { DPAR__MASKS = 1 << DPAR_MAX_AXES };
+/* Groups are keyed by the axes as written. Keys below DPAR__MASKS are axis masks (the axes in mesh
+   order); the keys above are the same sets written in another order, because JAX ranks a group
+   row-major over the axis tuple as written: axis_index(("b","a")) differs from axis_index(("a","b")).
+   DPAR__GROUP_KEYS counts the ordered lists of distinct axes: sum over k of 4!/(4-k)! = 65. */
+enum { DPAR__MASKS = 1 << DPAR_MAX_AXES, DPAR__GROUP_KEYS = 65 };
 
 typedef struct dpar__post { /* what one member asked for, checked against the others */
     int kind, op, dtype;
@@ -2676,8 +2685,12 @@ struct dpar_mesh {
     int size;
     int devices[DPAR_MAX_DEVICES];    /* position -> device */
     int pos_of[DPAR_MAX_DEVICES];     /* device -> position, -1 if absent */
-    dpar__group *groups[DPAR__MASKS]; /* per axis mask: size / group size groups */
-    int ngroups[DPAR__MASKS];
+    dpar__group *groups[DPAR__GROUP_KEYS]; /* per group key: size / group size groups */
+    int ngroups[DPAR__GROUP_KEYS];
+    int key_n[DPAR__GROUP_KEYS];                      /* axes of each key, */
+    unsigned char key_axes[DPAR__GROUP_KEYS][DPAR_MAX_AXES]; /* in the order written */
+    unsigned key_mask[DPAR__GROUP_KEYS];
+    int nkeys;
     struct dpar_array *arrays; /* arrays of this mesh, freed with it */
     struct dpar_mesh *prev, *next;
 };
@@ -2741,19 +2754,67 @@ static int dpar__mask_size(const dpar_mesh *m, unsigned mask) {
         if (mask & (1u << a)) s *= m->shape[a];
     return s;
 }
-/* Group id (row-major over the axes outside mask) and rank (row-major over mask). */
-static void dpar__group_of(const dpar_mesh *m, unsigned mask, int pos, int *gid, int *rank) {
+/* Group id (row-major over the axes outside the key's, in mesh order) and rank (row-major over the
+   key's axes in the order written). A mask is its own key. */
+static void dpar__group_of(const dpar_mesh *m, int key, int pos, int *gid, int *rank) {
     int c[DPAR_MAX_AXES], g = 0, r = 0;
-    DPAR_ASSERT(pos >= 0 && pos < m->size);
+    DPAR_ASSERT(pos >= 0 && pos < m->size && key > 0 && key < m->nkeys);
     dpar__pos_to_coords(m, pos, c);
-    for (int a = 0; a < m->ndim; a++) {
-        if (mask & (1u << a))
-            r = r * m->shape[a] + c[a];
-        else
-            g = g * m->shape[a] + c[a];
-    }
+    for (int a = 0; a < m->ndim; a++)
+        if (!(m->key_mask[key] & (1u << a))) g = g * m->shape[a] + c[a];
+    for (int i = 0; i < m->key_n[key]; i++) r = r * m->shape[m->key_axes[key][i]] + c[m->key_axes[key][i]];
     *gid = g;
     *rank = r;
+}
+/* The key of the axes order[0..n) as written (see DPAR__GROUP_KEYS). */
+static int dpar__axes_key(const dpar_mesh *m, const int *order, int n) {
+    unsigned mask = 0;
+    int sorted = 1;
+    for (int i = 0; i < n; i++) {
+        mask |= 1u << order[i];
+        if (i && order[i] < order[i - 1]) sorted = 0;
+    }
+    if (sorted) return (int)mask;
+    for (int k = DPAR__MASKS; k < m->nkeys; k++) {
+        int same = m->key_n[k] == n;
+        for (int i = 0; same && i < n; i++) same = m->key_axes[k][i] == order[i];
+        if (same) return k;
+    }
+    DPAR_ASSERT(0 && "every ordered axis list has a key");
+    return (int)mask;
+}
+/* Fills the key table: masks first (axes ascending), then every other order of each mask's axes,
+   enumerated in lexicographic order. */
+static void dpar__mesh_keys(dpar_mesh *m) {
+    m->nkeys = DPAR__MASKS;
+    for (unsigned mask = 1; mask < (1u << m->ndim); mask++) {
+        int ax[DPAR_MAX_AXES], n = 0;
+        for (int a = 0; a < m->ndim; a++)
+            if (mask & (1u << a)) ax[n++] = a;
+        m->key_mask[mask] = mask;
+        m->key_n[mask] = n;
+        for (int i = 0; i < n; i++) m->key_axes[mask][i] = (unsigned char)ax[i];
+        for (;;) { /* next lexicographic permutation of ax */
+            int i = n - 2;
+            while (i >= 0 && ax[i] > ax[i + 1]) i--;
+            if (i < 0) break;
+            int j = n - 1;
+            while (ax[j] < ax[i]) j--;
+            int t = ax[i];
+            ax[i] = ax[j];
+            ax[j] = t;
+            for (int lo = i + 1, hi = n - 1; lo < hi; lo++, hi--) {
+                t = ax[lo];
+                ax[lo] = ax[hi];
+                ax[hi] = t;
+            }
+            int k = m->nkeys++;
+            DPAR_ASSERT(k < DPAR__GROUP_KEYS);
+            m->key_mask[k] = mask;
+            m->key_n[k] = n;
+            for (int q = 0; q < n; q++) m->key_axes[k][q] = (unsigned char)ax[q];
+        }
+    }
 }
 
 DPAR_API dpar_status dpar_array_destroy(dpar_array *a);
@@ -2769,7 +2830,7 @@ static void dpar__mesh_free(dpar_mesh *m) {
         rt->meshes = m->next;
     if (m->next) m->next->prev = m->prev;
     pthread_mutex_unlock(&rt->list_mu);
-    for (int k = 0; k < DPAR__MASKS; k++) {
+    for (int k = 0; k < DPAR__GROUP_KEYS; k++) {
         if (!m->groups[k]) continue;
         for (int g = 0; g < m->ngroups[k]; g++) {
             dpar__group *gr = &m->groups[k][g];
@@ -2871,13 +2932,15 @@ static dpar_status dpar__mesh_place_devices(dpar_mesh *m, const dpar_mesh_desc *
    whether the group spans processes. On failure the caller frees the mesh. */
 static dpar_status dpar__mesh_build_groups(dpar_mesh *m) {
     const dpar_runtime *rt = m->rt;
-    for (unsigned mask = 1; mask < (1u << m->ndim); mask++) {
-        int gs = dpar__mask_size(m, mask), ng = m->size / gs;
-        m->groups[mask] = (dpar__group *)dpar__calloc((size_t)ng, sizeof(dpar__group));
-        if (!m->groups[mask]) { return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_mesh_create: out of host memory"); }
-        m->ngroups[mask] = ng;
+    dpar__mesh_keys(m);
+    for (int key = 1; key < m->nkeys; key++) {
+        if (!m->key_n[key]) continue; /* a mask naming axes this mesh lacks */
+        int gs = dpar__mask_size(m, m->key_mask[key]), ng = m->size / gs;
+        m->groups[key] = (dpar__group *)dpar__calloc((size_t)ng, sizeof(dpar__group));
+        if (!m->groups[key]) { return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_mesh_create: out of host memory"); }
+        m->ngroups[key] = ng;
         for (int g = 0; g < ng; g++) {
-            dpar__group *gr = &m->groups[mask][g];
+            dpar__group *gr = &m->groups[key][g];
             pthread_mutex_init(&gr->mu, NULL);
             dpar__cond_init(&gr->cv);
             gr->mesh = m;
@@ -2900,11 +2963,11 @@ static dpar_status dpar__mesh_build_groups(dpar_mesh *m) {
         }
         for (int p = 0; p < m->size; p++) {
             int gid, rank;
-            dpar__group_of(m, mask, p, &gid, &rank);
-            m->groups[mask][gid].devices[rank] = m->devices[p];
+            dpar__group_of(m, key, p, &gid, &rank);
+            m->groups[key][gid].devices[rank] = m->devices[p];
         }
         for (int g = 0; g < ng; g++) {
-            dpar__group *gr = &m->groups[mask][g];
+            dpar__group *gr = &m->groups[key][g];
             gr->leader = -1;
             for (int r = 0; r < gr->n; r++) {
                 if (dpar__is_local(rt, gr->devices[r])) {
@@ -3011,11 +3074,12 @@ DPAR_API dpar_status dpar_mesh_group(const dpar_mesh *m, const char *axes, int d
     if (device < 0 || device >= DPAR_MAX_DEVICES || m->pos_of[device] < 0)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_mesh_group: device %d is not in the mesh", device);
     unsigned mask;
-    dpar_status s = dpar__parse_axes(m, "dpar_mesh_group", axes, &mask, NULL, NULL);
+    int order[DPAR_MAX_AXES], norder;
+    dpar_status s = dpar__parse_axes(m, "dpar_mesh_group", axes, &mask, order, &norder);
     if (s) return s;
-    int gid, rank;
-    dpar__group_of(m, mask, m->pos_of[device], &gid, &rank);
-    const dpar__group *g = &m->groups[mask][gid];
+    int gid, rank, key = dpar__axes_key(m, order, norder);
+    dpar__group_of(m, key, m->pos_of[device], &gid, &rank);
+    const dpar__group *g = &m->groups[key][gid];
     for (int i = 0; i < g->n; i++) members[i] = g->devices[i];
     *n = g->n;
     if (index) *index = rank;
@@ -3328,7 +3392,7 @@ struct dpar__job {
 };
 
 static void dpar__wake_all_groups(dpar_mesh *m) {
-    for (int k = 1; k < DPAR__MASKS; k++)
+    for (int k = 1; k < DPAR__GROUP_KEYS; k++)
         for (int g = 0; g < m->ngroups[k]; g++) {
             dpar__group *gr = &m->groups[k][g];
             pthread_mutex_lock(&gr->mu);
@@ -3406,7 +3470,7 @@ static void *dpar__worker_main(void *arg) {
 }
 
 static void dpar__reset_groups(dpar_mesh *m) {
-    for (int k = 1; k < DPAR__MASKS; k++)
+    for (int k = 1; k < DPAR__GROUP_KEYS; k++)
         for (int g = 0; g < m->ngroups[k]; g++) {
             dpar__group *gr = &m->groups[k][g];
             pthread_mutex_lock(&gr->mu);
@@ -3711,10 +3775,11 @@ DPAR_API dpar_status dpar_ctx_axis_index(const dpar_ctx *ctx, const char *axes, 
     dpar__clear_error();
     if (!ctx || !out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_ctx_axis_index: ctx or out is NULL");
     unsigned mask;
-    dpar_status s = dpar__parse_axes(ctx->mesh, "dpar_ctx_axis_index", axes, &mask, NULL, NULL);
+    int order[DPAR_MAX_AXES], norder;
+    dpar_status s = dpar__parse_axes(ctx->mesh, "dpar_ctx_axis_index", axes, &mask, order, &norder);
     if (s) return s;
     int gid;
-    dpar__group_of(ctx->mesh, mask, ctx->pos, &gid, out);
+    dpar__group_of(ctx->mesh, dpar__axes_key(ctx->mesh, order, norder), ctx->pos, &gid, out);
     return DPAR_OK;
 }
 DPAR_API dpar_status dpar_ctx_axis_size(const dpar_ctx *ctx, const char *axes, int *out) {
@@ -4278,11 +4343,13 @@ static dpar_status dpar__coll_begin(dpar_ctx *ctx, const dpar__cargs *a, dpar__c
         return dpar__err(DPAR_ERR_ABORTED, "%s: stopped because another device failed first", k->st.what);
     dpar_mesh *m = ctx->mesh;
     unsigned mask;
-    dpar_status s = dpar__parse_axes(m, name, a->axes, &mask, NULL, NULL);
+    int order[DPAR_MAX_AXES], norder;
+    dpar_status s = dpar__parse_axes(m, name, a->axes, &mask, order, &norder);
     if (s) return dpar__coll_fail(ctx, s);
-    int gid, rank;
-    dpar__group_of(m, mask, ctx->pos, &gid, &rank);
-    dpar__group *g = k->g = &m->groups[mask][gid];
+    /* members rank row-major over the axes as written (JAX), except ppermute: JAX sorts its group */
+    int gid, rank, key = a->kind == DPAR__COLL_PERMUTE ? (int)mask : dpar__axes_key(m, order, norder);
+    dpar__group_of(m, key, ctx->pos, &gid, &rank);
+    dpar__group *g = k->g = &m->groups[key][gid];
     const dpar_buffer *in = k->in = a->in;
     dpar_buffer *out = k->out = a->out;
     if (!in || !out)

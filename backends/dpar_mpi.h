@@ -406,7 +406,7 @@ static void dpar__mpi_group_free(dpar__mpi *mp, dpar__mpi_group *mg) {
 static void dpar__mpi_mesh_free(dpar_mesh *m) {
     dpar__mpi *mp = (dpar__mpi *)m->rt->mpi;
     if (!mp) return;
-    for (int k = 1; k < DPAR__MASKS; k++)
+    for (int k = 1; k < DPAR__GROUP_KEYS; k++)
         for (int g = 0; g < m->ngroups[k]; g++) {
             dpar__mpi_group_free(mp, (dpar__mpi_group *)m->groups[k][g].mpi);
             m->groups[k][g].mpi = NULL;
@@ -1013,7 +1013,7 @@ static void dpar__mpi_job_end(dpar_mesh *m, dpar__job *job) {
     dpar__mpi *mp = (dpar__mpi *)rt->mpi;
     (void)job;
     if (!mp || mp->broken) return;
-    for (int k = 1; k < DPAR__MASKS; k++)
+    for (int k = 1; k < DPAR__GROUP_KEYS; k++)
         for (int g = 0; g < m->ngroups[k]; g++) {
             dpar__group *gr = &m->groups[k][g];
             dpar__mpi_group *mg = (dpar__mpi_group *)gr->mpi;

@@ -364,6 +364,14 @@ static double expect(const sweep *w, const coll_case *c, const int *mem, int r, 
 static void run_sweep(dpar_mesh *m, const char *axes, int nexpect) {
     static const dpar_dtype dts[4] = { DPAR_F32, DPAR_F16, DPAR_BF16, DPAR_I32 };
     int N = dpar_mesh_size(m);
+    char sorted_axes[64] = ""; /* the axes of `axes` in mesh order */
+    for (int a = 0; a < dpar_mesh_ndim(m); a++) {
+        const char *nm = dpar_mesh_axis_name(m, a), *at = strstr(axes, nm);
+        size_t len = strlen(nm);
+        if (at && (at == axes || at[-1] == ',') && (at[len] == 0 || at[len] == ','))
+            snprintf(sorted_axes + strlen(sorted_axes), sizeof sorted_axes - strlen(sorted_axes), "%s%s",
+                     sorted_axes[0] ? "," : "", nm);
+    }
     for (int t = 0; t < 4; t++) {
         sweep *w = (sweep *)calloc(1, sizeof *w);
         w->axes = axes;
@@ -380,8 +388,9 @@ static void run_sweep(dpar_mesh *m, const char *axes, int nexpect) {
         }
         size_t es = dpar_dtype_size(w->dt);
         for (int d = 0; d < N; d++) {
-            int mem[DPAR_MAX_DEVICES], gn = 0, r = -1;
+            int mem[DPAR_MAX_DEVICES], gn = 0, r = -1, smem[DPAR_MAX_DEVICES], sn = 0, sr = -1;
             T_OK(dpar_mesh_group(m, axes, d, mem, &gn, &r));
+            T_OK(dpar_mesh_group(m, sorted_axes, d, smem, &sn, &sr)); /* ppermute's group: mesh order */
             assert_int_equal(gn, w->n);
             assert_int_equal(w->idx[d], r);
             assert_int_equal(w->size[d], w->n);
@@ -397,7 +406,8 @@ static void run_sweep(dpar_mesh *m, const char *axes, int nexpect) {
                     cnt *= os[k];
                 }
                 for (int64_t e = 0; e < cnt; e++) {
-                    double want = expect(w, c, mem, r, e), got = t_load(w->res[v][d], w->dt, e);
+                    double want = c->op == PPERMUTE ? expect(w, c, smem, sr, e) : expect(w, c, mem, r, e);
+                    double got = t_load(w->res[v][d], w->dt, e);
                     if (!(got == want))
                         fail_msg("%s over '%s' (%d devices) in %s, device %d (rank %d), element %lld: got %g, want %g",
                                  c->name, axes, w->n, dpar_dtype_name(w->dt), d, r, (long long)e, got, want);
@@ -1100,6 +1110,111 @@ static void test_i32_pmean_refused(void **st) {
     dpar_runtime_destroy(rt);
 }
 
+/* Axis tuples rank their group row-major over the axes as written (JAX): on a 2x4 (a, b) mesh,
+   axis_index("b,a") of device (a=0, b=1) is 2. all_gather, psum_scatter, all_to_all and
+   pbroadcast follow that order; ppermute sorts its group (mesh order), as JAX's does. */
+typedef struct order_job {
+    const char *axes;
+    int idx[MAXD], gsize;
+    float gather[MAXD][MAXD], scatter[MAXD], a2a[MAXD][MAXD], bcast[MAXD], perm[MAXD];
+} order_job;
+static dpar_status order_fn(dpar_ctx *ctx, void *user) {
+    order_job *j = (order_job *)user;
+    int d = dpar_ctx_device(ctx), n = 0, r = 0;
+    dpar_buffer *x, *g, *sc, *big, *a2a, *b, *p;
+    dpar_status s = dpar_ctx_axis_index(ctx, j->axes, &r);
+    if (!s) s = dpar_ctx_axis_size(ctx, j->axes, &n);
+    if (s) return s;
+    j->idx[d] = r;
+    j->gsize = n;
+    int64_t one = 1, nn = n;
+    float v = (float)(10 * d), vn[MAXD];
+    for (int k = 0; k < n; k++) vn[k] = (float)(100 * d + k); /* block k goes to rank k */
+    int pairs[2 * MAXD];
+    for (int k = 0; k < n; k++) {
+        pairs[2 * k] = k;
+        pairs[2 * k + 1] = (k + 1) % n;
+    }
+    if ((s = dpar_ctx_buffer(ctx, DPAR_F32, 1, &one, &x)) || (s = dpar_ctx_buffer(ctx, DPAR_F32, 1, &nn, &g)) ||
+        (s = dpar_ctx_buffer(ctx, DPAR_F32, 1, &one, &sc)) || (s = dpar_ctx_buffer(ctx, DPAR_F32, 1, &nn, &big)) ||
+        (s = dpar_ctx_buffer(ctx, DPAR_F32, 1, &nn, &a2a)) || (s = dpar_ctx_buffer(ctx, DPAR_F32, 1, &one, &b)) ||
+        (s = dpar_ctx_buffer(ctx, DPAR_F32, 1, &one, &p)) || (s = dpar_buffer_write(x, 0, &v, 4)) ||
+        (s = dpar_buffer_write(big, 0, vn, (size_t)n * 4)) || (s = dpar_all_gather(ctx, g, x, j->axes, 0, true)) ||
+        (s = dpar_psum_scatter(ctx, sc, big, j->axes, 0, true)) || (s = dpar_all_to_all(ctx, a2a, big, j->axes, 0, 0)) ||
+        (s = dpar_pbroadcast(ctx, b, x, j->axes, 1)) || (s = dpar_ppermute(ctx, p, x, j->axes, pairs, n)) ||
+        (s = dpar_buffer_read(g, 0, j->gather[d], (size_t)n * 4)) || (s = dpar_buffer_read(sc, 0, &j->scatter[d], 4)) ||
+        (s = dpar_buffer_read(a2a, 0, j->a2a[d], (size_t)n * 4)) || (s = dpar_buffer_read(b, 0, &j->bcast[d], 4)))
+        return s;
+    return dpar_buffer_read(p, 0, &j->perm[d], 4);
+}
+static void check_axis_order(int ndim, const int *shape, const char *const *names, const char *axes) {
+    int N = 1;
+    for (int a = 0; a < ndim; a++) N *= shape[a];
+    dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, N);
+    dpar_mesh *m = t_mesh(rt, ndim, shape, names);
+    int written[DPAR_MAX_AXES], nw = 0; /* the axes of `axes`, as written */
+    for (const char *c = axes; *c; c++)
+        for (int a = 0; a < ndim; a++)
+            if (*c == names[a][0]) written[nw++] = a;
+    order_job *j = (order_job *)calloc(1, sizeof *j);
+    j->axes = axes;
+    dpar_shard_map_desc sd = { .fn = order_fn, .user = j };
+    T_OK(dpar_shard_map(m, &sd));
+    for (int d = 0; d < N; d++) {
+        int c[DPAR_MAX_AXES], want = 0, sorted = 0, mem[MAXD], gn, gr;
+        T_OK(dpar_mesh_coords(m, d, c));
+        for (int i = 0; i < nw; i++) want = want * shape[written[i]] + c[written[i]];
+        for (int a = 0; a < ndim; a++)
+            for (int i = 0; i < nw; i++)
+                if (written[i] == a) sorted = sorted * shape[a] + c[a];
+        if (j->idx[d] != want) fail_msg("axis_index(\"%s\") on device %d: %d, want %d", axes, d, j->idx[d], want);
+        T_OK(dpar_mesh_group(m, axes, d, mem, &gn, &gr));
+        assert_int_equal(gr, want);
+        assert_int_equal(mem[gr], d);
+        for (int k = 0; k < gn; k++) { /* member k of the group is the device of rank k */
+            assert_int_equal(j->idx[mem[k]], k);
+            assert_true(j->gather[d][k] == (float)(10 * mem[k]));
+            assert_true(j->a2a[d][k] == (float)(100 * mem[k] + want));
+        }
+        float sum = 0;
+        for (int k = 0; k < gn; k++) sum += (float)(100 * mem[k] + want);
+        assert_true(j->scatter[d] == sum);
+        assert_true(j->bcast[d] == (float)(10 * mem[1]));
+        /* ppermute k -> k+1 over mesh-order ranks: device of sorted rank s receives from rank s-1 */
+        int from = -1;
+        for (int k = 0; k < gn; k++) {
+            int ck[DPAR_MAX_AXES], sk = 0;
+            T_OK(dpar_mesh_coords(m, mem[k], ck));
+            for (int a = 0; a < ndim; a++)
+                for (int i = 0; i < nw; i++)
+                    if (written[i] == a) sk = sk * shape[a] + ck[a];
+            if (sk == (sorted + gn - 1) % gn) from = mem[k];
+        }
+        if (j->perm[d] != (float)(10 * from))
+            fail_msg("ppermute over \"%s\" on device %d got %g, want %d (mesh order)", axes, d, (double)j->perm[d],
+                     10 * from);
+    }
+    free(j);
+    dpar_runtime_destroy(rt);
+}
+static void test_axis_tuple_order(void **st) {
+    (void)st;
+    const int s24[2] = { 2, 4 }, s222[3] = { 2, 2, 2 };
+    const char *ab[2] = { "a", "b" }, *abc[3] = { "a", "b", "c" };
+    check_axis_order(2, s24, ab, "b,a");
+    check_axis_order(2, s24, ab, "a,b");
+    const char *orders[] = { "c,a", "b,a", "c,b,a", "b,c,a", "a,c,b", "c,a,b", "a,b,c" };
+    for (int i = 0; i < 7; i++) check_axis_order(3, s222, abc, orders[i]);
+    /* the case from JAX's documentation: device (a=0, b=1) is 2 over ("b", "a") */
+    dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 8);
+    dpar_mesh *m = t_mesh(rt, 2, s24, ab);
+    int coords[2] = { 0, 1 }, dev, mem[8], n, idx;
+    T_OK(dpar_mesh_device(m, coords, &dev));
+    T_OK(dpar_mesh_group(m, "b,a", dev, mem, &n, &idx));
+    assert_int_equal(idx, 2);
+    dpar_runtime_destroy(rt);
+}
+
 /* on a 1-device group out can have the gathered shape: in place is still refused */
 static dpar_status inplace_gather_fn(dpar_ctx *ctx, void *user) {
     small *w = (small *)user;
@@ -1331,6 +1446,7 @@ int main(void) {
         cmocka_unit_test(test_unwaited_request),
         cmocka_unit_test(test_i32_wrap),
         cmocka_unit_test(test_i32_pmean_refused),
+        cmocka_unit_test(test_axis_tuple_order),
         cmocka_unit_test(test_not_in_place),
         cmocka_unit_test(test_large_psum_bitwise),
         cmocka_unit_test(test_async_over_axes),

@@ -324,8 +324,10 @@ static void test_mesh_coords_2x4(void **st) {
     assert_int_equal(n, 8);
     assert_int_equal(idx, 5);
     for (int i = 0; i < 8; i++) assert_int_equal(mem[i], i);
-    T_OK(dpar_mesh_group(m, "model,data", 6, mem, &n, NULL)); /* mesh-axis order, whatever the written order */
-    for (int i = 0; i < 8; i++) assert_int_equal(mem[i], i);
+    /* written order (JAX): rank = model * 2 + data, so member k is device (k % 2) * 4 + k / 2 */
+    T_OK(dpar_mesh_group(m, "model,data", 6, mem, &n, &idx));
+    for (int i = 0; i < 8; i++) assert_int_equal(mem[i], (i % 2) * 4 + i / 2);
+    assert_int_equal(idx, 5); /* device 6 = (data 1, model 2) */
     T_ERR(dpar_mesh_group(m, "batch", 5, mem, &n, &idx), DPAR_ERR_UNKNOWN_AXIS, "'batch'", "(axes: data, model)");
     T_ERR(dpar_mesh_group(m, "data", 9, mem, &n, &idx), DPAR_ERR_INVALID_ARGUMENT, "9");
     dpar_runtime_destroy(rt);
