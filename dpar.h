@@ -105,6 +105,8 @@
        DPAR_ALLOW_SHARED_DEVICE=1     MPI: let two ranks on a node open one device (.mpi.allow_shared_device)
        DPAR_MPI_BACKEND_COLLECTIVES=0 MPI + CUDA (.mpi.host_collectives): groups across processes on the
                                       host-staged MPI path instead of NCCL
+       DPAR_GRAPH_ASYNC_BYTES=n       graphs: gradients of >= n bytes are reduced asynchronously, overlapping
+                                      the rest of the backward pass (default 262144; read at value_and_grad)
    dpar_runtime_create refuses a value that is not an integer in its range, or
    a DPAR_TRACE path it cannot write, with an error naming the variable.
 
@@ -1287,7 +1289,10 @@ DPAR_API void dpar_runtime_stats_reset(dpar_runtime *rt);
      through them fails with DPAR_ERR_INVALID_ARGUMENT naming the node (use
      psum/pmean, or keep them off the differentiated path).
    - A gradient requested for a value the loss does not depend on is zero.
-   - Destroy a graph before its mesh and runtime.
+   - Destroy a graph before its mesh and runtime. Running or reading a graph
+     whose mesh was destroyed gives DPAR_ERR_STATE (destroying it then frees
+     what is left); after its runtime was destroyed, the graph may only be
+     leaked.
    ------------------------------------------------------------------------ */
 typedef struct dpar_graph dpar_graph;
 typedef struct dpar_value {
@@ -1409,6 +1414,12 @@ typedef struct dpar_graph_feed {
    DPAR_ERR_DTYPE (feed array differs, naming both), the errors of the ops, each
    prefixed with the node that failed. */
 DPAR_API dpar_status dpar_graph_run(dpar_graph *g, const dpar_graph_feed *feeds, int num_feeds, float *loss);
+/* The graph's own array behind feed v (the global shape and spec given to
+   dpar_g_feed): fill it in place (dpar_array_put_rows when each process loads
+   only its rows) and pass it as that feed's array, which costs no copy. Owned
+   by the graph. NULL (last error set: DPAR_ERR_INVALID_ARGUMENT) when v is not
+   a feed of g. */
+DPAR_API dpar_array *dpar_graph_feed_array(const dpar_graph *g, dpar_value v);
 /* Copies a kept value to host after a run: gradients of params and feeds as
    their global array (row-major), other values as the shard of the first
    device of this process. dpar_graph_read_shard: the shard of `device`.
@@ -7212,19 +7223,19 @@ enum {
 };
 typedef struct dpar__g_kind {
     const char *name;
-    int nin;   /* inputs */
-    int coll;  /* 1: a collective over the node's axes */
+    int nin;  /* inputs */
+    int coll; /* 1: a collective over the node's axes */
 } dpar__g_kind;
 static const dpar__g_kind dpar__g_kinds[DPAR__G_KINDS] = {
-    { "none", 0, 0 },         { "feed", 0, 0 },        { "param", 0, 0 },       { "const", 0, 0 },
-    { "matmul", 2, 0 },       { "bias_add", 2, 0 },    { "bias_grad", 1, 0 },   { "relu", 1, 0 },
-    { "relu_grad", 2, 0 },    { "softmax_xent", 2, 0 }, { "xent_grad", 2, 0 },  { "mse", 2, 0 },
-    { "mse_grad", 2, 0 },     { "add", 2, 0 },         { "scale", 1, 0 },       { "mul_scalar", 2, 0 },
-    { "sum", 1, 0 },          { "sum_squares", 1, 0 }, { "dot", 2, 0 },         { "cast", 1, 0 },
-    { "copy", 1, 0 },         { "psum", 1, 1 },        { "pmean", 1, 1 },       { "pmax", 1, 1 },
-    { "pmin", 1, 1 },         { "all_gather", 1, 1 },  { "psum_scatter", 1, 1 }, { "ppermute", 1, 1 },
-    { "all_to_all", 1, 1 },   { "pbroadcast", 1, 1 },  { "pcast", 1, 1 },       { "block", 1, 1 },
-    { "root_only", 1, 1 },    { "sgd", 0, 0 },
+    { "none", 0, 0 },       { "feed", 0, 0 },         { "param", 0, 0 },        { "const", 0, 0 },
+    { "matmul", 2, 0 },     { "bias_add", 2, 0 },     { "bias_grad", 1, 0 },    { "relu", 1, 0 },
+    { "relu_grad", 2, 0 },  { "softmax_xent", 2, 0 }, { "xent_grad", 2, 0 },    { "mse", 2, 0 },
+    { "mse_grad", 2, 0 },   { "add", 2, 0 },          { "scale", 1, 0 },        { "mul_scalar", 2, 0 },
+    { "sum", 1, 0 },        { "sum_squares", 1, 0 },  { "dot", 2, 0 },          { "cast", 1, 0 },
+    { "copy", 1, 0 },       { "psum", 1, 1 },         { "pmean", 1, 1 },        { "pmax", 1, 1 },
+    { "pmin", 1, 1 },       { "all_gather", 1, 1 },   { "psum_scatter", 1, 1 }, { "ppermute", 1, 1 },
+    { "all_to_all", 1, 1 }, { "pbroadcast", 1, 1 },   { "pcast", 1, 1 },        { "block", 1, 1 },
+    { "root_only", 1, 1 },  { "sgd", 0, 0 },
 };
 
 typedef struct dpar__gnode {
@@ -7237,13 +7248,14 @@ typedef struct dpar__gnode {
     unsigned vary;                /* mesh axes over which the value differs between devices */
     unsigned axes;                /* collectives: the axes; its text in axes_str */
     char axes_str[64];
-    int ip[4];   /* integer attributes: trans_a/b, dim/tiled, split/concat, root */
-    float fp;    /* scale, const value */
-    int *pairs;  /* ppermute (source, destination) pairs */
+    int ip[4];  /* integer attributes: trans_a/b, dim/tiled, split/concat, root */
+    float fp;   /* scale, const value */
+    int *pairs; /* ppermute (source, destination) pairs */
     int npairs;
-    bool is_one; /* const 1 (the seed): rules skip a multiply by it */
-    bool keep;   /* buffer kept to the end of a run (loss, grads, dpar_graph_keep) */
-    int spec_of; /* grads of feeds/params: the leaf whose global shape and spec it has */
+    bool is_one;       /* const 1 (the seed): rules skip a multiply by it */
+    bool async;        /* a gradient's reduction: started at once, waited for before the optimizer */
+    bool keep;         /* buffer kept to the end of a run (loss, grads, dpar_graph_keep) */
+    int spec_of;       /* grads of feeds/params: the leaf whose global shape and spec it has */
     dpar_array *array; /* param: the user's; feed, kept grads: the graph's */
     int slot;          /* compiled: index into the graph's buffers, -1 none */
 } dpar__gnode;
@@ -7266,13 +7278,14 @@ struct dpar_graph {
     unsigned pin;
     dpar__gopt opt;
     bool has_opt, compiled, ran;
-    int first, nlocal;         /* this process's devices */
+    int first, nlocal; /* this process's devices */
     int nslots;
-    dpar_buffer **slots;       /* [slot * nlocal + li] */
-    bool *slot_owned;          /* slot's buffers belong to the graph (not to an array) */
-    dpar_buffer **moms;        /* optimizer: [k * nlocal + li] */
-    dpar_buffer **scratch;     /* one f32 element per device (the discarded loss of xent_grad) */
-    dpar_buffer **sgd_ptrs;    /* [li][3][n] params, grads, moms */
+    dpar_buffer **slots;    /* [slot * nlocal + li] */
+    bool *slot_owned;       /* slot's buffers belong to the graph (not to an array) */
+    dpar_buffer **moms;     /* optimizer: [k * nlocal + li] */
+    dpar_buffer **scratch;  /* one f32 element per device (the discarded loss of xent_grad) */
+    dpar_buffer **sgd_ptrs; /* [li][3][n] params, grads, moms */
+    dpar_request **reqs;    /* [node * nlocal + li] async reductions in flight */
     dpar_graph_stats stats;
 };
 
@@ -7527,11 +7540,10 @@ DPAR_API dpar_value dpar_g_matmul(dpar_graph *g, dpar_value a, dpar_value b, boo
     const dpar__gnode *x = &g->n[a.id], *y = &g->n[b.id];
     char s1[160], s2[160], l1[96], l2[96];
     if (x->ndim != 2 || y->ndim != 2 || x->shape[trans_a ? 0 : 1] != y->shape[trans_b ? 1 : 0])
-        return dpar__g_fail(g, DPAR_ERR_SHAPE,
-                            "%s: %s %s%s and %s %s%s: need 2-d operands whose inner dimensions agree", fn,
-                            dpar__g_label(g, a.id, l1, sizeof l1), dpar__g_shape(x, s1, sizeof s1),
-                            trans_a ? "^T" : "", dpar__g_label(g, b.id, l2, sizeof l2),
-                            dpar__g_shape(y, s2, sizeof s2), trans_b ? "^T" : "");
+        return dpar__g_fail(
+            g, DPAR_ERR_SHAPE, "%s: %s %s%s and %s %s%s: need 2-d operands whose inner dimensions agree", fn,
+            dpar__g_label(g, a.id, l1, sizeof l1), dpar__g_shape(x, s1, sizeof s1), trans_a ? "^T" : "",
+            dpar__g_label(g, b.id, l2, sizeof l2), dpar__g_shape(y, s2, sizeof s2), trans_b ? "^T" : "");
     int64_t sh[2] = { x->shape[trans_a ? 1 : 0], y->shape[trans_b ? 0 : 1] };
     int in[2] = { a.id, b.id };
     int id = dpar__g_push(g, DPAR__G_MATMUL, 2, in, DPAR_F32, 2, sh);
@@ -7835,9 +7847,11 @@ static dpar_status dpar__g_grad(dpar_graph *g, dpar__gback *bk, int i, dpar_valu
     case DPAR__G_MATMUL: {
         bool ta = nd.ip[0] != 0, tb = nd.ip[1] != 0;
         if (bk->needed[a.id])
-            dpar__g_contrib(g, bk, a.id, eff, ta ? dpar_g_matmul(g, b, ct, tb, true) : dpar_g_matmul(g, ct, b, false, !tb));
+            dpar__g_contrib(g, bk, a.id, eff,
+                            ta ? dpar_g_matmul(g, b, ct, tb, true) : dpar_g_matmul(g, ct, b, false, !tb));
         if (bk->needed[b.id])
-            dpar__g_contrib(g, bk, b.id, eff, tb ? dpar_g_matmul(g, ct, a, true, ta) : dpar_g_matmul(g, a, ct, !ta, false));
+            dpar__g_contrib(g, bk, b.id, eff,
+                            tb ? dpar_g_matmul(g, ct, a, true, ta) : dpar_g_matmul(g, a, ct, !ta, false));
         break;
     }
     case DPAR__G_BIAS_ADD:
@@ -7862,29 +7876,28 @@ static dpar_status dpar__g_grad(dpar_graph *g, dpar__gback *bk, int i, dpar_valu
         dpar__g_contrib(g, bk, a.id, eff, ct);
         dpar__g_contrib(g, bk, b.id, eff, ct);
         break;
-    case DPAR__G_SCALE:
-        dpar__g_contrib(g, bk, a.id, eff, dpar_g_scale(g, ct, nd.fp));
-        break;
+    case DPAR__G_SCALE: dpar__g_contrib(g, bk, a.id, eff, dpar_g_scale(g, ct, nd.fp)); break;
     case DPAR__G_MULS:
-        if (bk->needed[a.id]) dpar__g_contrib(g, bk, a.id, eff, dpar_g_reshape(g, dpar_g_dot(g, ct, b), g->n[a.id].ndim,
-                                                                              g->n[a.id].shape));
+        if (bk->needed[a.id])
+            dpar__g_contrib(g, bk, a.id, eff,
+                            dpar_g_reshape(g, dpar_g_dot(g, ct, b), g->n[a.id].ndim, g->n[a.id].shape));
         dpar__g_contrib(g, bk, b.id, eff, dpar__g_times(g, a, ct));
         break;
     case DPAR__G_SUM:
     case DPAR__G_SUMSQ: {
         const dpar__gnode *x = &g->n[a.id];
-        dpar_value d = nd.kind == DPAR__G_SUM ? dpar_g_const(g, DPAR_F32, x->ndim, x->shape, 1.0f)
-                                              : dpar_g_scale(g, a, 2.0f);
+        dpar_value d =
+            nd.kind == DPAR__G_SUM ? dpar_g_const(g, DPAR_F32, x->ndim, x->shape, 1.0f) : dpar_g_scale(g, a, 2.0f);
         dpar__g_contrib(g, bk, a.id, eff, dpar__g_times(g, ct, d));
         break;
     }
     case DPAR__G_DOT:
-        dpar__g_contrib(g, bk, a.id, eff, dpar_g_reshape(g, dpar__g_times(g, ct, b), g->n[a.id].ndim, g->n[a.id].shape));
-        dpar__g_contrib(g, bk, b.id, eff, dpar_g_reshape(g, dpar__g_times(g, ct, a), g->n[b.id].ndim, g->n[b.id].shape));
+        dpar__g_contrib(g, bk, a.id, eff,
+                        dpar_g_reshape(g, dpar__g_times(g, ct, b), g->n[a.id].ndim, g->n[a.id].shape));
+        dpar__g_contrib(g, bk, b.id, eff,
+                        dpar_g_reshape(g, dpar__g_times(g, ct, a), g->n[b.id].ndim, g->n[b.id].shape));
         break;
-    case DPAR__G_CAST:
-        dpar__g_contrib(g, bk, a.id, eff, dpar_g_cast(g, ct, g->n[a.id].dtype));
-        break;
+    case DPAR__G_CAST: dpar__g_contrib(g, bk, a.id, eff, dpar_g_cast(g, ct, g->n[a.id].dtype)); break;
     case DPAR__G_COPY:
         dpar__g_contrib(g, bk, a.id, eff, dpar_g_reshape(g, ct, g->n[a.id].ndim, g->n[a.id].shape));
         break;
@@ -7911,9 +7924,7 @@ static dpar_status dpar__g_grad(dpar_graph *g, dpar__gback *bk, int i, dpar_valu
     case DPAR__G_ALL_TO_ALL:
         dpar__g_contrib(g, bk, a.id, eff, dpar_g_all_to_all(g, ct, nd.axes_str, nd.ip[1], nd.ip[0]));
         break;
-    case DPAR__G_PBROADCAST:
-        dpar__g_contrib(g, bk, a.id, eff, dpar__g_root_only(g, ct, &nd));
-        break;
+    case DPAR__G_PBROADCAST: dpar__g_contrib(g, bk, a.id, eff, dpar__g_root_only(g, ct, &nd)); break;
     case DPAR__G_PMAX:
     case DPAR__G_PMIN:
         dpar__g_fail(g, DPAR_ERR_INVALID_ARGUMENT,
@@ -7921,8 +7932,7 @@ static dpar_status dpar__g_grad(dpar_graph *g, dpar__gback *bk, int i, dpar_valu
                      "dpar graphs (refused: which member gets it is a modelling choice); use psum/pmean there",
                      dpar__g_label(g, i, l, sizeof l));
         break;
-    default:
-        break;
+    default: break;
     }
     return dpar__g_status(g);
 }
@@ -7949,6 +7959,12 @@ static dpar_status dpar__g_pin(dpar_graph *g, int loss) {
     g->gscale = 1.0f / (float)dpar__g_group_size(g, pin);
     return dpar__g_status(g);
 }
+/* Gradients of at least this many bytes are reduced asynchronously (DPAR_GRAPH_ASYNC_BYTES, default 256 KiB):
+   below it, the hand-off to the communication thread costs more than the overlap saves. */
+static uint64_t dpar__g_async_bytes(void) {
+    const char *e = getenv("DPAR_GRAPH_ASYNC_BYTES");
+    return e && *e ? (uint64_t)strtoull(e, NULL, 10) : (uint64_t)256 << 10;
+}
 /* Gradient of wrt value w from its cotangent c: the pinned scale applied (a
    psum over exactly the pinned axes becomes the pmean the eager code would
    call), then a node of its own that the plan keeps. */
@@ -7970,8 +7986,11 @@ static int dpar__g_final_grad(dpar_graph *g, dpar__gback *bk, int w, int c, cons
         c = dpar_g_reshape(g, dpar__gv(c), wn->ndim, g->n[w].shape).id; /* a copy the plan can keep */
     }
     if (!c) return 0;
-    g->n[c].keep = true;
-    g->n[c].vary = g->n[w].vary;
+    dpar__gnode *cn = &g->n[c];
+    cn->async = (cn->kind == DPAR__G_PSUM || cn->kind == DPAR__G_PMEAN) && bk->owner[c] == w &&
+                (uint64_t)dpar__g_count(cn) * dpar_dtype_size(cn->dtype) >= dpar__g_async_bytes();
+    cn->keep = true;
+    cn->vary = g->n[w].vary;
     if (g->n[w].kind == DPAR__G_FEED || g->n[w].kind == DPAR__G_PARAM) g->n[c].spec_of = w;
     return c;
 }
@@ -7988,10 +8007,10 @@ DPAR_API dpar_status dpar_graph_value_and_grad(dpar_graph *g, dpar_value loss, c
     char l[96], sh[160];
     if (dpar__g_count(ln) != 1 || ln->dtype != DPAR_F32)
         return dpar__g_err(g, dpar__g_count(ln) != 1 ? DPAR_ERR_SHAPE : DPAR_ERR_DTYPE,
-                            "%s: the loss %s is %s %s; it must be a scalar (one f32 element): reduce it first "
-                            "(dpar_g_sum, dpar_g_softmax_xent)",
-                            fn, dpar__g_label(g, loss.id, l, sizeof l), dpar_dtype_name(ln->dtype),
-                            dpar__g_shape(ln, sh, sizeof sh));
+                           "%s: the loss %s is %s %s; it must be a scalar (one f32 element): reduce it first "
+                           "(dpar_g_sum, dpar_g_softmax_xent)",
+                           fn, dpar__g_label(g, loss.id, l, sizeof l), dpar_dtype_name(ln->dtype),
+                           dpar__g_shape(ln, sh, sizeof sh));
     int upto = g->count;
     dpar__gback bk;
     size_t cap = (size_t)(upto * 8 + 64 * (n + 4)) + 4096; /* backward nodes never exceed this many */
@@ -8058,15 +8077,15 @@ DPAR_API dpar_status dpar_graph_sgd(dpar_graph *g, const dpar_sgd_desc *d, const
         const dpar__gnode *p = &g->n[params[k].id], *q = &g->n[grads[k].id];
         if (p->kind != DPAR__G_PARAM)
             return dpar__g_err(g, DPAR_ERR_INVALID_ARGUMENT, "%s: params[%d] %s is not a param (dpar_g_param)", fn, k,
-                                dpar__g_label(g, params[k].id, l, sizeof l));
+                               dpar__g_label(g, params[k].id, l, sizeof l));
         if (dpar__g_count(p) != dpar__g_count(q) || p->dtype != DPAR_F32 || q->dtype != DPAR_F32)
-            return dpar__g_err(g, DPAR_ERR_INVALID_ARGUMENT, "%s: param %s and gradient %s differ in size or are not f32",
-                                fn, dpar__g_label(g, params[k].id, l, sizeof l),
-                                dpar__g_label(g, grads[k].id, l2, sizeof l2));
+            return dpar__g_err(
+                g, DPAR_ERR_INVALID_ARGUMENT, "%s: param %s and gradient %s differ in size or are not f32", fn,
+                dpar__g_label(g, params[k].id, l, sizeof l), dpar__g_label(g, grads[k].id, l2, sizeof l2));
         if (k && d->clip_norm > 0 && p->vary != split)
             return dpar__g_err(g, DPAR_ERR_INVALID_ARGUMENT,
-                                "%s: clipping by global norm needs every param split over the same axes (%s differs)",
-                                fn, dpar__g_label(g, params[k].id, l, sizeof l));
+                               "%s: clipping by global norm needs every param split over the same axes (%s differs)",
+                               fn, dpar__g_label(g, params[k].id, l, sizeof l));
         split = p->vary;
     }
     dpar__gopt *o = &g->opt;
@@ -8089,9 +8108,9 @@ DPAR_API dpar_status dpar_graph_sgd(dpar_graph *g, const dpar_sgd_desc *d, const
 
 /* ---- compile: liveness plan, buffers ---- */
 typedef struct dpar__gplan {
-    int *last;      /* [count] last node that reads each node */
-    bool *pooled;   /* [count] its buffer returns to the pool after `last` */
-    int *sdtype;    /* [slots] */
+    int *last;    /* [count] last node that reads each node */
+    bool *pooled; /* [count] its buffer returns to the pool after `last` */
+    int *sdtype;  /* [slots] */
     int64_t *scount;
     bool *sfree;
 } dpar__gplan;
@@ -8177,13 +8196,16 @@ static dpar_status dpar__g_plan(dpar_graph *g) {
         for (int i = 0; i < c; i++) p.last[i] = i;
         for (int i = 1; i < c; i++)
             for (int j = 0; j < g->n[i].nin; j++) p.last[g->n[i].in[j]] = i;
+        for (int i = 1; i < c; i++) /* an async reduction reads its input until it is waited for */
+            if (g->n[i].async) p.last[g->n[i].in[0]] = c;
         for (int i = 1; i < c && g->has_opt; i++)
             if (g->n[i].kind == DPAR__G_SGD)
                 for (int k = 0; k < g->opt.n; k++) p.last[g->opt.grads[k]] = i;
         for (int i = 1; i < c && !s; i++) {
             s = dpar__g_assign(g, &p, i);
             for (int j = 0; j < g->n[i].nin; j++) dpar__g_release(g, &p, g->n[i].in[j], i);
-            for (int k = 0; g->n[i].kind == DPAR__G_SGD && k < g->opt.n; k++) dpar__g_release(g, &p, g->opt.grads[k], i);
+            for (int k = 0; g->n[i].kind == DPAR__G_SGD && k < g->opt.n; k++)
+                dpar__g_release(g, &p, g->opt.grads[k], i);
             dpar__g_release(g, &p, i, i);
         }
     }
@@ -8200,11 +8222,15 @@ static dpar_status dpar__g_state(dpar_graph *g) {
     g->scratch = (dpar_buffer **)DPAR_MALLOC((size_t)nl * sizeof(dpar_buffer *));
     g->moms = (dpar_buffer **)DPAR_MALLOC((size_t)(n * nl + 1) * sizeof(dpar_buffer *));
     g->sgd_ptrs = (dpar_buffer **)DPAR_MALLOC((size_t)(3 * n * nl + 1) * sizeof(dpar_buffer *));
-    if (!g->scratch || !g->moms || !g->sgd_ptrs) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_graph_compile: out of memory");
+    g->reqs = (dpar_request **)DPAR_MALLOC((size_t)g->count * (size_t)nl * sizeof(dpar_request *));
+    if (g->reqs) memset(g->reqs, 0, (size_t)g->count * (size_t)nl * sizeof(dpar_request *));
+    if (!g->scratch || !g->moms || !g->sgd_ptrs || !g->reqs)
+        return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_graph_compile: out of memory");
     memset(g->scratch, 0, (size_t)nl * sizeof(dpar_buffer *));
     memset(g->moms, 0, (size_t)(n * nl + 1) * sizeof(dpar_buffer *));
     dpar_status s = DPAR_OK;
-    for (int li = 0; li < nl && !s; li++) s = dpar_buffer_create(g->rt, g->first + li, DPAR_F32, 0, NULL, &g->scratch[li]);
+    for (int li = 0; li < nl && !s; li++)
+        s = dpar_buffer_create(g->rt, g->first + li, DPAR_F32, 0, NULL, &g->scratch[li]);
     for (int k = 0; k < n && !s; k++)
         for (int li = 0; li < nl && !s; li++) {
             const dpar__gnode *p = &g->n[g->opt.params[k]];
@@ -8222,7 +8248,8 @@ DPAR_API dpar_status dpar_graph_compile(dpar_graph *g, dpar_graph_stats *stats) 
     if (!g) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_compile: graph is NULL");
     if (g->err) return dpar__g_status(g);
     if (g->compiled) return dpar__err(DPAR_ERR_STATE, "dpar_graph_compile: the graph is compiled already");
-    if (dpar_in_dispatch()) return dpar__err(DPAR_ERR_STATE, "dpar_graph_compile: called inside a pmap/shard_map function");
+    if (dpar_in_dispatch())
+        return dpar__err(DPAR_ERR_STATE, "dpar_graph_compile: called inside a pmap/shard_map function");
     memset(&g->stats, 0, sizeof g->stats);
     dpar_status s = dpar__g_plan(g);
     if (!s) s = dpar__g_state(g);
@@ -8271,10 +8298,27 @@ static dpar_status dpar__g_block_run(dpar_ctx *ctx, const dpar__gnode *nd, const
     DPAR_FREE(hout);
     return s;
 }
+/* Waits for this device's async gradient reductions; the first error is returned, every one is waited for. */
+static dpar_status dpar__g_wait_all(dpar_graph *g, dpar_ctx *ctx, int li) {
+    dpar_status first = DPAR_OK;
+    for (int i = 1; i < g->count; i++) {
+        dpar_request **r = &g->reqs[i * g->nlocal + li];
+        if (!*r) continue;
+        dpar_status s = dpar_wait(ctx, *r);
+        *r = NULL;
+        if (s && !first) first = s;
+    }
+    return first;
+}
 static dpar_status dpar__g_exec(dpar_graph *g, dpar_ctx *ctx, int li, int i) {
     const dpar__gnode *nd = &g->n[i];
     if (nd->kind == DPAR__G_FEED || nd->kind == DPAR__G_PARAM || nd->kind == DPAR__G_CONST) return DPAR_OK;
+    if (nd->async) /* a gradient's reduction overlaps the rest of the backward pass (DDP's buckets, one per grad) */
+        return dpar_preduce_start(ctx, dpar__g_buf(g, i, li), dpar__g_buf(g, nd->in[0], li), nd->axes_str,
+                                  nd->kind == DPAR__G_PMEAN ? DPAR_MEAN : DPAR_SUM, &g->reqs[i * g->nlocal + li]);
     if (nd->kind == DPAR__G_SGD) {
+        dpar_status s = dpar__g_wait_all(g, ctx, li);
+        if (s) return s;
         dpar_buffer **p = g->sgd_ptrs + (size_t)li * 3 * (size_t)g->opt.n;
         return dpar_sgd_step(ctx, &g->opt.d, p, p + g->opt.n, g->opt.d.momentum != 0.0f ? p + 2 * g->opt.n : NULL,
                              g->opt.n);
@@ -8335,9 +8379,21 @@ static dpar_status dpar__g_dispatch(dpar_ctx *ctx, void *user) {
     for (int i = 1; i < g->count; i++) {
         dpar_status s = dpar__g_exec(g, ctx, li, i);
         char l[96];
-        if (s) return dpar__err(s, "dpar_graph_run: %s: %s", dpar__g_label(g, i, l, sizeof l), dpar_last_error());
+        if (!s) continue;
+        dpar__err(s, "dpar_graph_run: %s: %s", dpar__g_label(g, i, l, sizeof l), dpar_last_error());
+        char text[DPAR__ERR_LEN];
+        memcpy(text, dpar__err_text, sizeof text);
+        dpar__g_wait_all(g, ctx, li); /* nothing left in flight; the first error stays */
+        memcpy(dpar__err_text, text, sizeof text);
+        return s;
     }
-    return DPAR_OK;
+    return dpar__g_wait_all(g, ctx, li);
+}
+/* Whether the graph's mesh still exists (its feed and gradient arrays die with it). */
+static bool dpar__g_mesh_alive(const dpar_graph *g) {
+    for (const dpar_mesh *m = g->rt->meshes; m; m = m->next)
+        if (m == g->mesh) return true;
+    return false;
 }
 /* Puts one feed entry into its feed's array. */
 static dpar_status dpar__g_put_feed(dpar_graph *g, const dpar_graph_feed *f) {
@@ -8394,6 +8450,9 @@ DPAR_API dpar_status dpar_graph_run(dpar_graph *g, const dpar_graph_feed *feeds,
     if (num_feeds < 0 || (num_feeds && !feeds))
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_run: num_feeds = %d with feeds %s", num_feeds,
                          feeds ? "given" : "NULL");
+    if (!dpar__g_mesh_alive(g))
+        return dpar__err(DPAR_ERR_STATE,
+                         "dpar_graph_run: the graph's mesh was destroyed; destroy a graph before its mesh");
     if (loss && !g->loss_value)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
                          "dpar_graph_run: the graph has no loss; call dpar_graph_value_and_grad or pass loss = NULL");
@@ -8410,12 +8469,22 @@ DPAR_API dpar_status dpar_graph_run(dpar_graph *g, const dpar_graph_feed *feeds,
     return DPAR_OK;
 }
 
+DPAR_API dpar_array *dpar_graph_feed_array(const dpar_graph *g, dpar_value v) {
+    dpar__clear_error();
+    if (!g || v.id <= 0 || v.id >= g->count || g->n[v.id].kind != DPAR__G_FEED) {
+        dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_feed_array: not a feed of this graph (dpar_g_feed)");
+        return NULL;
+    }
+    return g->n[v.id].array;
+}
+
 /* ---- inspect ---- */
 static dpar_status dpar__g_readable(const dpar_graph *g, const char *fn, dpar_value v) {
     char l[96];
     if (!g) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: graph is NULL", fn);
     if (v.id <= 0 || v.id >= g->count) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: not a value of this graph", fn);
     if (!g->ran) return dpar__err(DPAR_ERR_STATE, "%s: the graph has not run yet (dpar_graph_run)", fn);
+    if (!dpar__g_mesh_alive(g)) return dpar__err(DPAR_ERR_STATE, "%s: the graph's mesh was destroyed", fn);
     const dpar__gnode *nd = &g->n[v.id];
     if (!nd->keep && nd->kind != DPAR__G_FEED && nd->kind != DPAR__G_PARAM && nd->kind != DPAR__G_CONST)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
@@ -8454,8 +8523,10 @@ static FILE *dpar__g_open(const char *fn, const char *path) {
 }
 static dpar_status dpar__g_close(const char *fn, const char *path, FILE *f) {
     int bad = ferror(f);
-    if (path) bad |= fclose(f);
-    else fflush(f);
+    if (path)
+        bad |= fclose(f);
+    else
+        fflush(f);
     return bad ? dpar__err(DPAR_ERR_IO, "%s: writing '%s' failed", fn, path ? path : "stdout") : DPAR_OK;
 }
 DPAR_API dpar_status dpar_graph_print(const dpar_graph *g, const char *path) {
@@ -8484,6 +8555,7 @@ DPAR_API dpar_status dpar_graph_print(const dpar_graph *g, const char *path) {
             fprintf(f, ")");
         }
         if (nd->keep) fprintf(f, " kept");
+        if (nd->async) fprintf(f, " async");
         fprintf(f, "\n");
     }
     return dpar__g_close("dpar_graph_print", path, f);
@@ -8516,18 +8588,21 @@ DPAR_API dpar_status dpar_graph_write_dot(const dpar_graph *g, const char *path)
 DPAR_API dpar_status dpar_graph_destroy(dpar_graph *g) {
     dpar__clear_error();
     if (!g) return DPAR_OK;
-    if (dpar_in_dispatch()) return dpar__err(DPAR_ERR_STATE, "dpar_graph_destroy: called inside a pmap/shard_map function");
+    if (dpar_in_dispatch())
+        return dpar__err(DPAR_ERR_STATE, "dpar_graph_destroy: called inside a pmap/shard_map function");
+    bool alive = dpar__g_mesh_alive(g); /* else its arrays went with it */
     for (int k = 0; k < g->nslots; k++)
         for (int li = 0; li < g->nlocal && g->slot_owned[k]; li++) dpar_buffer_destroy(g->slots[k * g->nlocal + li]);
     for (int i = 1; i < g->count; i++) {
         DPAR_FREE(g->n[i].pairs);
-        if (g->n[i].kind != DPAR__G_PARAM && g->n[i].array) dpar_array_destroy(g->n[i].array);
+        if (g->n[i].kind != DPAR__G_PARAM && g->n[i].array && alive) dpar_array_destroy(g->n[i].array);
     }
     for (int k = 0; g->moms && k < g->opt.n * g->nlocal; k++) dpar_buffer_destroy(g->moms[k]);
     for (int li = 0; g->scratch && li < g->nlocal; li++) dpar_buffer_destroy(g->scratch[li]);
     DPAR_FREE(g->moms);
     DPAR_FREE(g->scratch);
     DPAR_FREE(g->sgd_ptrs);
+    DPAR_FREE(g->reqs);
     DPAR_FREE(g->slots);
     DPAR_FREE(g->slot_owned);
     DPAR_FREE(g->opt.params);

@@ -28,14 +28,14 @@ typedef struct fd_in {
 typedef struct fd_case fd_case;
 struct fd_case {
     const char *name;
-    int ndev;          /* 1-d mesh "data" of ndev devices */
-    int nin;           /* f32 feeds, all differentiated */
+    int ndev; /* 1-d mesh "data" of ndev devices */
+    int nin;  /* f32 feeds, all differentiated */
     fd_in in[MAXIN];
     int labels;        /* > 0: an i32 feed of that many labels (classes = last dim of in[0] @ in[1]) */
     const char *lspec; /* labels' spec */
     dpar_value (*build)(dpar_graph *g, const dpar_value *x, dpar_value labels, const fd_case *c);
     double (*ref)(double *const *x, const int32_t *labels, const fd_case *c);
-    int p0, p1;        /* case parameters (transposes, dims, roots) */
+    int p0, p1; /* case parameters (transposes, dims, roots) */
 };
 
 static int64_t fd_count(const fd_in *in) {
@@ -53,7 +53,8 @@ static void matmul_d(double *C, const double *A, const double *B, int64_t M, int
     for (int64_t i = 0; i < M; i++)
         for (int64_t j = 0; j < N; j++) {
             double s = 0;
-            for (int64_t k = 0; k < K; k++) s += (ta ? A[k * M + i] : A[i * K + k]) * (tb ? B[j * K + k] : B[k * N + j]);
+            for (int64_t k = 0; k < K; k++)
+                s += (ta ? A[k * M + i] : A[i * K + k]) * (tb ? B[j * K + k] : B[k * N + j]);
             C[i * N + j] = s;
         }
 }
@@ -178,8 +179,7 @@ static double r_pcast(double *const *x, const int32_t *l, const fd_case *c) {
 /* all_gather over data (dim p0, tiled p1): mse(gathered, t replicated) */
 static dpar_value b_gather(dpar_graph *g, const dpar_value *x, dpar_value l, const fd_case *c) {
     (void)l;
-    return dpar_g_mse(g, dpar_g_reshape(g, dpar_g_all_gather(g, x[0], "data", c->p0, c->p1), 2, c->in[1].shape),
-                      x[1]);
+    return dpar_g_mse(g, dpar_g_reshape(g, dpar_g_all_gather(g, x[0], "data", c->p0, c->p1), 2, c->in[1].shape), x[1]);
 }
 static double r_gather(double *const *x, const int32_t *l, const fd_case *c) {
     (void)l; /* gathering the row blocks along dim 0 restores x; untiled stacking too (row-major) */
@@ -233,42 +233,59 @@ static double r_bcast(double *const *x, const int32_t *l, const fd_case *c) {
     return mse_d(x[0] + c->p0 * m, x[1], m);
 }
 
-#define M2(a, b) { 2, { a, b }, { NULL } }         /* replicated */
-#define S2(a, b) { 2, { a, b }, { "data" } }       /* rows split over "data" */
-#define C2(a, b) { 2, { a, b }, { NULL, "data" } } /* columns split */
-#define M1(a)    { 1, { a }, { NULL } }
-#define S1(a)    { 1, { a }, { "data" } }
+#define M2(a, b)       \
+    {                  \
+        2, { a, b }, { \
+            NULL       \
+        }              \
+    } /* replicated */
+#define S2(a, b)       \
+    {                  \
+        2, { a, b }, { \
+            "data"     \
+        }              \
+    } /* rows split over "data" */
+#define C2(a, b)         \
+    {                    \
+        2, { a, b }, {   \
+            NULL, "data" \
+        }                \
+    } /* columns split */
+#define M1(a)       \
+    {               \
+        1, { a }, { \
+            NULL    \
+        }           \
+    }
+#define S1(a)       \
+    {               \
+        1, { a }, { \
+            "data"  \
+        }           \
+    }
 static const fd_case fd_cases[] = {
     { "matmul", 1, 3, { M2(5, 3), M2(3, 4), M2(5, 4) }, 0, NULL, b_matmul, r_matmul, 0, 0 },
     { "matmul a^T", 1, 3, { M2(3, 5), M2(3, 4), M2(5, 4) }, 0, NULL, b_matmul, r_matmul, 1, 0 },
     { "matmul b^T", 1, 3, { M2(5, 3), M2(4, 3), M2(5, 4) }, 0, NULL, b_matmul, r_matmul, 0, 1 },
     { "matmul a^T b^T", 1, 3, { M2(3, 5), M2(4, 3), M2(5, 4) }, 0, NULL, b_matmul, r_matmul, 1, 1 },
     { "matmul size 1", 1, 3, { M2(1, 1), M2(1, 1), M2(1, 1) }, 0, NULL, b_matmul, r_matmul, 0, 0 },
-    { "matmul rows split 4", 4, 3, { S2(8, 3), M2(3, 17), S2(8, 17) }, 0, NULL,
-      b_matmul, r_matmul, 0, 0 },
-    { "bias_add relu 2", 2, 3, { S2(6, 5), M1(5), S2(6, 5) }, 0, NULL, b_mlp,
-      r_mlp, 0, 0 },
+    { "matmul rows split 4", 4, 3, { S2(8, 3), M2(3, 17), S2(8, 17) }, 0, NULL, b_matmul, r_matmul, 0, 0 },
+    { "bias_add relu 2", 2, 3, { S2(6, 5), M1(5), S2(6, 5) }, 0, NULL, b_mlp, r_mlp, 0, 0 },
     { "softmax_xent", 1, 3, { M2(7, 4), M2(4, 3), M1(3) }, 7, NULL, b_xent, r_xent, 0, 0 },
-    { "add scale reshape 4", 4, 3, { S2(4, 3), S2(4, 3), S2(4, 3) },
-      0, NULL, b_add, r_add, 0, 0 },
+    { "add scale reshape 4", 4, 3, { S2(4, 3), S2(4, 3), S2(4, 3) }, 0, NULL, b_add, r_add, 0, 0 },
     { "sum dot mul_scalar sum_squares", 1, 2, { M2(3, 2), M2(3, 2) }, 0, NULL, b_scalars, r_scalars, 0, 0 },
     { "scalars split 2", 2, 2, { S1(6), S1(6) }, 0, NULL, b_scalars, r_scalars, 0, 0 },
     { "psum 2", 2, 2, { S2(4, 3), M2(2, 3) }, 0, NULL, b_psum, r_psum, 0, 0 },
     { "psum 4", 4, 2, { S2(4, 3), M2(1, 3) }, 0, NULL, b_psum, r_psum, 0, 0 },
     { "pmean 4", 4, 2, { S2(8, 3), M2(2, 3) }, 0, NULL, b_psum, r_psum, 1, 0 },
     { "psum 1", 1, 2, { S2(2, 3), M2(2, 3) }, 0, NULL, b_psum, r_psum, 0, 0 },
-    { "psum + pcast of replicated 4", 4, 2, { M2(2, 3), S2(8, 3) }, 0, NULL, b_pcast, r_pcast, 0,
-      0 },
+    { "psum + pcast of replicated 4", 4, 2, { M2(2, 3), S2(8, 3) }, 0, NULL, b_pcast, r_pcast, 0, 0 },
     { "all_gather tiled 4", 4, 2, { S2(8, 3), M2(8, 3) }, 0, NULL, b_gather, r_gather, 0, 1 },
     { "all_gather stacked 2", 2, 2, { S2(4, 3), M2(4, 3) }, 0, NULL, b_gather, r_gather, 0, 0 },
-    { "psum_scatter 4", 4, 2, { S2(8, 8), C2(2, 8) }, 0, NULL, b_scatter,
-      r_scatter, 0, 0 },
-    { "ppermute 4", 4, 2, { S2(8, 3), S2(8, 3) }, 0, NULL, b_ppermute, r_ppermute, 0,
-      0 },
-    { "ppermute 2", 2, 2, { S2(2, 3), S2(2, 3) }, 0, NULL, b_ppermute, r_ppermute, 0,
-      0 },
-    { "all_to_all 4", 4, 2, { S2(8, 4), C2(8, 4) }, 0, NULL, b_a2a, r_a2a, 0,
-      0 },
+    { "psum_scatter 4", 4, 2, { S2(8, 8), C2(2, 8) }, 0, NULL, b_scatter, r_scatter, 0, 0 },
+    { "ppermute 4", 4, 2, { S2(8, 3), S2(8, 3) }, 0, NULL, b_ppermute, r_ppermute, 0, 0 },
+    { "ppermute 2", 2, 2, { S2(2, 3), S2(2, 3) }, 0, NULL, b_ppermute, r_ppermute, 0, 0 },
+    { "all_to_all 4", 4, 2, { S2(8, 4), C2(8, 4) }, 0, NULL, b_a2a, r_a2a, 0, 0 },
     { "pbroadcast root 1 of 4", 4, 2, { S2(8, 3), M2(2, 3) }, 0, NULL, b_bcast, r_bcast, 1, 0 },
     { "pbroadcast root 0 of 2", 2, 2, { S2(4, 3), M2(2, 3) }, 0, NULL, b_bcast, r_bcast, 0, 0 },
 };
@@ -344,19 +361,6 @@ static void run_fd_case(const fd_case *c) {
     T_OK(dpar_graph_destroy(g));
     T_OK(dpar_runtime_destroy(rt));
 }
-static void test_fd_all(void **st) {
-    (void)st;
-    for (size_t i = 0; i < sizeof fd_cases / sizeof fd_cases[0]; i++) run_fd_case(&fd_cases[i]);
-}
-static void test_fd_vulkan(void **st) {
-    (void)st;
-    BK = DPAR_BACKEND_VULKAN;
-    dpar_runtime *probe = t_runtime_or_skip(BK, 1);
-    dpar_runtime_destroy(probe);
-    for (size_t i = 0; i < sizeof fd_cases / sizeof fd_cases[0]; i++) run_fd_case(&fd_cases[i]);
-    BK = DPAR_BACKEND_CPU;
-}
-
 /* ---- the digits MLP: graph against the hand-written eager step ---- */
 enum { NPIX = 64, NCLS = 10, HID = 32, BATCH = 64, NROWS = 512, STEPS = 16 };
 typedef struct eager_mlp {
@@ -465,11 +469,11 @@ static void digits_losses(int n, const digits_data *dd, float *eager, float *gra
     T_OK(dpar_graph_destroy(g));
     T_OK(dpar_runtime_destroy(rt));
 }
-static void test_digits_mlp(void **st) {
-    (void)st;
+static void digits_mlp(void) {
     digits_data *dd = malloc(sizeof *dd);
     digits_make(dd);
     for (int n = 1; n <= 4; n *= 4) {
+        setenv("DPAR_GRAPH_ASYNC_BYTES", n == 4 ? "0" : "1000000000", 1); /* 4 devices: every reduction async */
         float le[STEPS], lg[STEPS];
         dpar_graph_stats gs;
         digits_losses(n, dd, le, lg, &gs);
@@ -497,9 +501,9 @@ typedef struct mlp_graph {
 static void megatron_build(mlp_graph *t, dpar_mesh *m, bool tp, bool explicit_pmean, const float *const init[4],
                            bool sgd) {
     const char *model = tp ? "model" : NULL;
-    t->w[0] = arr(m, DPAR_F32, 2, MD, MH, NULL, model);  /* column-parallel */
+    t->w[0] = arr(m, DPAR_F32, 2, MD, MH, NULL, model); /* column-parallel */
     t->w[1] = arr(m, DPAR_F32, 1, MH, 0, model, NULL);
-    t->w[2] = arr(m, DPAR_F32, 2, MH, MC, model, NULL);  /* row-parallel */
+    t->w[2] = arr(m, DPAR_F32, 2, MH, MC, model, NULL); /* row-parallel */
     t->w[3] = arr(m, DPAR_F32, 1, MC, 0, NULL, NULL);
     for (int i = 0; i < 4; i++) T_OK(dpar_array_put(t->w[i], init[i]));
     T_OK(dpar_graph_create(m, &t->g));
@@ -526,8 +530,8 @@ static void close_rel(const float *a, const float *b, int64_t n, double tol, con
         if (fabs((double)a[i] - (double)b[i]) > tol * fmax(fabs((double)b[i]), 1e-3))
             fail_msg("%s[%lld]: %.9g vs %.9g", what, (long long)i, (double)a[i], (double)b[i]);
 }
-static void test_megatron(void **st) {
-    (void)st;
+static void megatron(void) {
+    setenv("DPAR_GRAPH_ASYNC_BYTES", "0", 1); /* every gradient reduction async */
     static float w0[MD * MH], w1[MH], w2[MH * MC], w3[MC], xs[10][MB * MD];
     static int32_t ys[10][MB];
     rng_state = 99;
@@ -555,7 +559,7 @@ static void test_megatron(void **st) {
     text[got] = 0;
     if (pf) fclose(pf);
     assert_non_null(strstr(text, "psum"));
-    assert_non_null(strstr(text, "over{model}"));        /* the row-parallel reduction */
+    assert_non_null(strstr(text, "over{model}"));         /* the row-parallel reduction */
     assert_non_null(strstr(text, "spec(-, model) kept")); /* W1's gradient, split as W1 */
     T_OK(dpar_graph_write_dot(tp.g, path));
     remove(path);
@@ -668,31 +672,56 @@ static void test_bad_input(void **st) {
     T_OK(dpar_graph_run(g, &f, 1, &loss));
     T_OK(dpar_graph_get(g, gr[1], zero));
     for (int i = 0; i < 5; i++) assert_true(zero[i] == 0.0f);
+    /* the feed's own array is fed without a copy; another graph's is refused */
+    f.host = NULL, f.array = dpar_graph_feed_array(g, x);
+    assert_non_null(f.array);
+    T_OK(dpar_graph_run(g, &f, 1, &loss));
+    assert_null(dpar_graph_feed_array(g, pw));
+    /* a graph whose mesh was destroyed: a clear error, then destroy frees the rest */
+    T_OK(dpar_mesh_destroy(m));
+    f.array = NULL, f.host = xh;
+    T_ERR(dpar_graph_run(g, &f, 1, &loss), DPAR_ERR_STATE, "mesh was destroyed");
     T_OK(dpar_graph_destroy(g));
     T_OK(dpar_runtime_destroy(rt));
 }
 
-static void test_digits_mlp_vulkan(void **st) {
-    BK = DPAR_BACKEND_VULKAN;
-    test_digits_mlp(st);
+/* Each case on one backend: BK is set before the body (a skipped Vulkan case leaves it set). */
+static void test_fd_cpu(void **st) {
+    (void)st;
     BK = DPAR_BACKEND_CPU;
+    for (size_t i = 0; i < sizeof fd_cases / sizeof fd_cases[0]; i++) run_fd_case(&fd_cases[i]);
+}
+static void test_fd_vulkan(void **st) {
+    (void)st;
+    BK = DPAR_BACKEND_VULKAN;
+    for (size_t i = 0; i < sizeof fd_cases / sizeof fd_cases[0]; i++) run_fd_case(&fd_cases[i]);
+}
+static void test_digits_mlp_cpu(void **st) {
+    (void)st;
+    BK = DPAR_BACKEND_CPU;
+    digits_mlp();
+}
+static void test_digits_mlp_vulkan(void **st) {
+    (void)st;
+    BK = DPAR_BACKEND_VULKAN;
+    digits_mlp();
+}
+static void test_megatron_cpu(void **st) {
+    (void)st;
+    BK = DPAR_BACKEND_CPU;
+    megatron();
 }
 static void test_megatron_vulkan(void **st) {
+    (void)st;
     BK = DPAR_BACKEND_VULKAN;
-    test_megatron(st);
-    BK = DPAR_BACKEND_CPU;
+    megatron();
 }
 
 int main(void) {
-    const char *b = getenv("DPAR_GRAPH_BACKEND");
-    if (b && !strcmp(b, "vulkan")) BK = DPAR_BACKEND_VULKAN;
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_fd_all),
-        cmocka_unit_test(test_fd_vulkan),
-        cmocka_unit_test(test_digits_mlp),
-        cmocka_unit_test(test_megatron),
-        cmocka_unit_test(test_digits_mlp_vulkan),
-        cmocka_unit_test(test_megatron_vulkan),
+        cmocka_unit_test(test_fd_cpu),         cmocka_unit_test(test_fd_vulkan),
+        cmocka_unit_test(test_digits_mlp_cpu), cmocka_unit_test(test_digits_mlp_vulkan),
+        cmocka_unit_test(test_megatron_cpu),   cmocka_unit_test(test_megatron_vulkan),
         cmocka_unit_test(test_bad_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
