@@ -1,10 +1,12 @@
 /* train_digits.c — the main job: a 64-H-10 MLP on the UCI handwritten digits,
    trained data-parallel over a 1-d mesh axis "data".
 
-   Each step the global batch is split across the devices (dpar_array with
-   spec ("data", None)), every device runs forward and backward on its shard,
-   the gradients are pmean'd over "data", and every device takes the same SGD
-   step with momentum, so the replicas stay bitwise identical.
+   The training step is a graph (dpar_graph): the forward pass on each
+   device's shard of the batch (spec ("data", None)) is written once; the
+   library appends the backward pass, averages the loss and the gradients
+   over "data" (the parameters are replicated over it), and adds the SGD step
+   with momentum, so the replicas stay bitwise identical. Each step is one
+   dpar_graph_run: the batch in, the loss out.
 
    build/train_digits [--backend cpu|vulkan|cuda] [--devices N] [--epochs N]
                       [--batch N] [--lr X] [--momentum X] [--seed N] [--hidden N]
@@ -15,7 +17,8 @@
    Multi-process: built with -DDPAR_MPI (make build/train_digits_mpi) and run
    as `mpirun -np P build/train_digits_mpi --devices D`, each of the P
    processes opens D/P devices, loads only its own rows of every batch
-   (dpar_array_local_rows + dpar_array_put_rows), and process 0 prints. */
+   (dpar_array_local_rows + dpar_array_put_rows into the graph's feed arrays),
+   and process 0 prints. */
 #include "digits_common.h" /* data, fixed-seed split, RNG, init, flags: shared with the other digits examples */
 #ifdef DPAR_MPI
 #include <mpi.h>
@@ -23,47 +26,28 @@
 
 /* ------------------------------------------------------------------ model */
 enum { W1, B1, W2, B2, NPARAM };
-typedef struct {
-    dpar_array *param[NPARAM], *grad[NPARAM], *mom[NPARAM];       /* replicated */
-    dpar_array *x, *y, *h_pre, *h, *logits, *dlogits, *dh, *loss; /* split over "data" */
-    dpar_sgd_desc sgd;
-} model;
 
-/* What every device runs each step, on its own shard of the batch. */
-static dpar_status train_step(dpar_ctx *ctx, void *user) {
-    model *m = user;
-    dpar_buffer *p[NPARAM], *g[NPARAM], *v[NPARAM];
-    for (int i = 0; i < NPARAM; i++) {
-        p[i] = dpar_array_shard(m->param[i], dpar_ctx_device(ctx));
-        g[i] = dpar_array_shard(m->grad[i], dpar_ctx_device(ctx));
-        v[i] = dpar_array_shard(m->mom[i], dpar_ctx_device(ctx));
-    }
-    int dev = dpar_ctx_device(ctx);
-    dpar_buffer *x = dpar_array_shard(m->x, dev), *y = dpar_array_shard(m->y, dev);
-    dpar_buffer *h_pre = dpar_array_shard(m->h_pre, dev), *h = dpar_array_shard(m->h, dev);
-    dpar_buffer *logits = dpar_array_shard(m->logits, dev), *dlogits = dpar_array_shard(m->dlogits, dev);
-    dpar_buffer *dh = dpar_array_shard(m->dh, dev), *loss = dpar_array_shard(m->loss, dev);
-    dpar_status s;
-#define CHECK(call)                            \
-    do {                                       \
-        if ((s = (call)) != DPAR_OK) return s; \
-    } while (0)
-    /* forward */
-    CHECK(digits_forward(p, x, h_pre, h, logits));
-    CHECK(dpar_softmax_xent(loss, dlogits, logits, y)); /* local mean loss, dlogits / b */
-    /* backward */
-    CHECK(dpar_matmul(g[W2], h, dlogits, true, false, 1.0f, 0.0f)); /* h^T @ dlogits */
-    CHECK(dpar_bias_grad(g[B2], dlogits, 0.0f));
-    CHECK(dpar_matmul(dh, dlogits, p[W2], false, true, 1.0f, 0.0f)); /* dlogits @ W2^T */
-    CHECK(dpar_relu_backward(dh, dh, h_pre));
-    CHECK(dpar_matmul(g[W1], x, dh, true, false, 1.0f, 0.0f)); /* x^T @ dh */
-    CHECK(dpar_bias_grad(g[B1], dh, 0.0f));
-    /* the mean of the local means over equal shards is the global-batch mean */
-    for (int i = 0; i < NPARAM; i++) CHECK(dpar_pmean(ctx, g[i], g[i], "data"));
-    CHECK(dpar_pmean(ctx, loss, loss, "data"));
-    CHECK(dpar_sgd_step(ctx, &m->sgd, p, g, v, NPARAM));
-#undef CHECK
-    return DPAR_OK;
+/* The step as a graph: x [batch, 64] f32 and y [batch] i32 split over "data"; the parameters W1 [64, H], b1 [H],
+   W2 [H, 10], b2 [10] replicated. Gradients, their pmean over "data" and the SGD step come from the library. */
+static dpar_status build_step(dpar_mesh *mesh, dpar_array *const param[NPARAM], int batch, const dpar_sgd_desc *sgd,
+                              dpar_graph **out, dpar_value *x, dpar_value *y) {
+    dpar_graph *g;
+    dpar_status s = dpar_graph_create(mesh, &g);
+    if (s) return s;
+    *out = g;
+    *x = dpar_g_feed(g, "x",
+                     &(dpar_array_desc){ .dtype = DPAR_F32, .ndim = 2, .shape = { batch, NPIX }, .spec = { "data" } });
+    *y =
+        dpar_g_feed(g, "y", &(dpar_array_desc){ .dtype = DPAR_I32, .ndim = 1, .shape = { batch }, .spec = { "data" } });
+    const char *names[NPARAM] = { "W1", "b1", "W2", "b2" };
+    dpar_value p[NPARAM], grad[NPARAM];
+    for (int i = 0; i < NPARAM; i++) p[i] = dpar_g_param(g, names[i], param[i]);
+    dpar_value h = dpar_g_relu(g, dpar_g_bias_add(g, dpar_g_matmul(g, *x, p[W1], false, false), p[B1])); /* [b,H] */
+    dpar_value logits = dpar_g_bias_add(g, dpar_g_matmul(g, h, p[W2], false, false), p[B2]);             /* [b,10] */
+    dpar_value loss = dpar_g_softmax_xent(g, logits, *y); /* this shard's mean; the graph averages it over "data" */
+    if ((s = dpar_graph_value_and_grad(g, loss, p, NPARAM, grad))) return s;
+    if ((s = dpar_graph_sgd(g, sgd, p, grad, NPARAM))) return s;
+    return dpar_graph_compile(g, NULL);
 }
 
 int main(int argc, char **argv) {
@@ -126,30 +110,20 @@ int main(int argc, char **argv) {
                ntest, hidden, batch, batch / devices, (double)lr, (double)momentum);
     }
 
-    /* model: replicated parameters, momentum and gradients; batch-split activations */
-    model m;
-    memset(&m, 0, sizeof m);
+    /* model: replicated parameters, He-uniform weights from digits_prepare, zero biases (the same numbers for any
+       device count); the step graph over them */
+    dpar_array *param[NPARAM];
     int64_t pshape[NPARAM][2] = { { NPIX, hidden }, { hidden, 0 }, { hidden, NCLASS }, { NCLASS, 0 } };
-    for (int i = 0; i < NPARAM; i++) {
-        int nd = pshape[i][1] ? 2 : 1;
-        if (digits_array(mesh, DPAR_F32, nd, pshape[i][0], pshape[i][1], NULL, NULL, &m.param[i]) ||
-            digits_array(mesh, DPAR_F32, nd, pshape[i][0], pshape[i][1], NULL, NULL, &m.grad[i]) ||
-            digits_array(mesh, DPAR_F32, nd, pshape[i][0], pshape[i][1], NULL, NULL, &m.mom[i]))
+    for (int i = 0; i < NPARAM; i++)
+        if (digits_array(mesh, DPAR_F32, pshape[i][1] ? 2 : 1, pshape[i][0], pshape[i][1], NULL, NULL, &param[i]))
             return digits_fail("parameters");
-    }
-    /* He-uniform weights from digits_prepare, zero biases: the same numbers for any device count */
-    if (dpar_array_put(m.param[W1], ds.w1) || dpar_array_put(m.param[W2], ds.w2)) return digits_fail("init");
-    if (digits_array(mesh, DPAR_F32, 2, batch, NPIX, "data", NULL, &m.x) ||
-        digits_array(mesh, DPAR_I32, 1, batch, 0, "data", NULL, &m.y) ||
-        digits_array(mesh, DPAR_F32, 2, batch, hidden, "data", NULL, &m.h_pre) ||
-        digits_array(mesh, DPAR_F32, 2, batch, hidden, "data", NULL, &m.h) ||
-        digits_array(mesh, DPAR_F32, 2, batch, NCLASS, "data", NULL, &m.logits) ||
-        digits_array(mesh, DPAR_F32, 2, batch, NCLASS, "data", NULL, &m.dlogits) ||
-        digits_array(mesh, DPAR_F32, 2, batch, hidden, "data", NULL, &m.dh) ||
-        digits_array(mesh, DPAR_F32, 1, devices, 0, "data", NULL, &m.loss))
-        return digits_fail("activations");
-    m.sgd.learning_rate = lr;
-    m.sgd.momentum = momentum;
+    if (dpar_array_put(param[W1], ds.w1) || dpar_array_put(param[W2], ds.w2)) return digits_fail("init");
+    dpar_graph *step = NULL;
+    dpar_value fx, fy;
+    if (build_step(mesh, param, batch, &(dpar_sgd_desc){ .learning_rate = lr, .momentum = momentum }, &step, &fx, &fy))
+        return digits_fail("step graph");
+    dpar_array *bx = dpar_graph_feed_array(step, fx), *by = dpar_graph_feed_array(step, fy);
+    dpar_graph_feed feeds[2] = { { .value = fx, .array = bx }, { .value = fy, .array = by } };
 
     /* test set, padded to a multiple of the device count */
     int tpad = (ntest + devices - 1) / devices * devices;
@@ -164,28 +138,27 @@ int main(int argc, char **argv) {
         memcpy(xt + (size_t)(i - r0) * NPIX, all.x + (size_t)test_idx[i] * NPIX, NPIX * sizeof(float));
     if (dpar_array_put_rows(tx, r0, rn, xt)) return digits_fail("test set");
 
-    float *xb = malloc((size_t)batch * NPIX * sizeof(float)), *losses = malloc((size_t)devices * sizeof(float));
+    float *xb = malloc((size_t)batch * NPIX * sizeof(float));
     int32_t *yb = malloc((size_t)batch * sizeof(int32_t));
     int steps = ntrain / batch; /* drop the last partial batch: the global batch is constant */
-    dpar_shard_map_desc train = { .fn = train_step, .user = &m };
-    dpar_shard_map_desc eval = { .fn = digits_eval_step, .user = m.param, .num_args = 3, .args = { tx, th, tl } };
+    dpar_shard_map_desc eval = { .fn = digits_eval_step, .user = param, .num_args = 3, .args = { tx, th, tl } };
     double epoch_loss = 0.0, acc = 0.0;
     for (int e = 1; e <= epochs; e++) {
         shuffle(train_idx, ntrain);
         double t0 = now_s(), sum = 0.0;
         int64_t b0, bn; /* this process's rows of the global batch */
-        if (dpar_array_local_rows(m.x, &b0, &bn)) return digits_fail("batch rows");
+        if (dpar_array_local_rows(bx, &b0, &bn)) return digits_fail("batch rows");
         for (int s = 0; s < steps; s++) {
             for (int64_t b = b0; b < b0 + bn; b++) {
                 int k = train_idx[s * batch + b];
                 memcpy(xb + (size_t)(b - b0) * NPIX, all.x + (size_t)k * NPIX, NPIX * sizeof(float));
                 yb[b - b0] = all.y[k];
             }
-            if (dpar_array_put_rows(m.x, b0, bn, xb) || dpar_array_put_rows(m.y, b0, bn, yb))
+            if (dpar_array_put_rows(bx, b0, bn, xb) || dpar_array_put_rows(by, b0, bn, yb))
                 return digits_fail("batch upload");
-            if (dpar_shard_map(mesh, &train)) return digits_fail("train step");
-            if (dpar_array_get(m.loss, losses)) return digits_fail("loss");
-            sum += losses[0];
+            float loss;
+            if (dpar_graph_run(step, feeds, 2, &loss)) return digits_fail("train step");
+            sum += loss;
         }
         double dt = now_s() - t0;
         epoch_loss = sum / steps;
@@ -199,10 +172,10 @@ int main(int argc, char **argv) {
     if (proc == 0)
         printf("final: backend=%s devices=%d epochs=%d test_accuracy=%.4f train_loss=%.8f\n", backend, devices, epochs,
                acc, epoch_loss);
+    dpar_graph_destroy(step);
     dpar_runtime_destroy(rt); /* frees the arrays and the mesh too */
     free(xb);
     free(yb);
-    free(losses);
     free(xt);
     free(lt);
     digits_free(&ds);
