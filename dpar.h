@@ -1385,6 +1385,15 @@ DPAR_API dpar_status dpar_graph_value_and_grad(dpar_graph *g, dpar_value loss, c
    shapes differ, mixed specs with clipping), DPAR_ERR_STATE (after compile). */
 DPAR_API dpar_status dpar_graph_sgd(dpar_graph *g, const dpar_sgd_desc *d, const dpar_value *params,
                                     const dpar_value *grads, int n);
+/* Appends one AdamW step (as dpar_adamw_step: moments m, v owned by the
+   graph, zero at compile; the step count is 1 on the first run and advances
+   with every run) of params[i] with grads[i]. Clipping as dpar_graph_sgd.
+   Errors: those of dpar_adamw_check, then as dpar_graph_sgd. */
+DPAR_API dpar_status dpar_graph_adamw(dpar_graph *g, const dpar_adamw_desc *d, const dpar_value *params,
+                                      const dpar_value *grads, int n);
+/* The optimizer node's learning rate from the next run on (a schedule: dpar_lr_at each step).
+   Errors: DPAR_ERR_INVALID_ARGUMENT (no optimizer node, lr not finite and > 0). */
+DPAR_API dpar_status dpar_graph_set_lr(dpar_graph *g, float lr);
 /* Keeps v readable after each run (dpar_graph_get); the loss and the
    gradients are kept already. Errors: DPAR_ERR_STATE after compile. */
 DPAR_API dpar_status dpar_graph_keep(dpar_graph *g, dpar_value v);
@@ -7261,7 +7270,10 @@ typedef struct dpar__gnode {
 } dpar__gnode;
 
 typedef struct dpar__gopt {
-    dpar_sgd_desc d;
+    bool adamw;         /* else SGD */
+    dpar_sgd_desc d;    /* SGD */
+    dpar_adamw_desc ad; /* AdamW */
+    int64_t step;       /* AdamW: updates done (the next run does step + 1) */
     char norm_axes[64];
     int n, *params, *grads;
 } dpar__gopt;
@@ -7284,7 +7296,7 @@ struct dpar_graph {
     bool *slot_owned;       /* slot's buffers belong to the graph (not to an array) */
     dpar_buffer **moms;     /* optimizer: [k * nlocal + li] */
     dpar_buffer **scratch;  /* one f32 element per device (the discarded loss of xent_grad) */
-    dpar_buffer **sgd_ptrs; /* [li][3][n] params, grads, moms */
+    dpar_buffer **sgd_ptrs; /* [li][4][n] params, grads, optimizer state (momentum / AdamW m, v) */
     dpar_request **reqs;    /* [node * nlocal + li] async reductions in flight */
     dpar_graph_stats stats;
 };
@@ -8060,16 +8072,12 @@ DPAR_API dpar_status dpar_graph_keep(dpar_graph *g, dpar_value v) {
 }
 
 /* ---- optimizer nodes ---- */
-DPAR_API dpar_status dpar_graph_sgd(dpar_graph *g, const dpar_sgd_desc *d, const dpar_value *params,
-                                    const dpar_value *grads, int n) {
-    const char *fn = "dpar_graph_sgd";
-    dpar__clear_error();
-    if (!dpar__g_args(g, fn, 0, NULL)) return g ? dpar__g_status(g) : DPAR_ERR_INVALID_ARGUMENT;
-    if (!d || n <= 0 || !params || !grads)
-        return dpar__g_err(g, DPAR_ERR_INVALID_ARGUMENT, "%s: desc, params or grads NULL or n = %d", fn, n);
+/* The optimizer node's params and grads, checked (params, same sizes, one spec when clipping). */
+static dpar_status dpar__g_opt_add(dpar_graph *g, const char *fn, const dpar_value *params, const dpar_value *grads,
+                                   int n, float clip_norm) {
+    if (!params || !grads || n <= 0)
+        return dpar__g_err(g, DPAR_ERR_INVALID_ARGUMENT, "%s: params or grads NULL or n = %d", fn, n);
     if (g->has_opt) return dpar__g_err(g, DPAR_ERR_STATE, "%s: the graph has an optimizer step already", fn);
-    dpar_status s = dpar_sgd_check(d);
-    if (s) return dpar__g_err(g, s, "%s", dpar_last_error());
     if (!dpar__g_args(g, fn, n, params) || !dpar__g_args(g, fn, n, grads)) return dpar__g_status(g);
     unsigned split = 0;
     char l[96], l2[96];
@@ -8082,7 +8090,7 @@ DPAR_API dpar_status dpar_graph_sgd(dpar_graph *g, const dpar_sgd_desc *d, const
             return dpar__g_err(
                 g, DPAR_ERR_INVALID_ARGUMENT, "%s: param %s and gradient %s differ in size or are not f32", fn,
                 dpar__g_label(g, params[k].id, l, sizeof l), dpar__g_label(g, grads[k].id, l2, sizeof l2));
-        if (k && d->clip_norm > 0 && p->vary != split)
+        if (k && clip_norm > 0 && p->vary != split)
             return dpar__g_err(g, DPAR_ERR_INVALID_ARGUMENT,
                                "%s: clipping by global norm needs every param split over the same axes (%s differs)",
                                fn, dpar__g_label(g, params[k].id, l, sizeof l));
@@ -8092,18 +8100,55 @@ DPAR_API dpar_status dpar_graph_sgd(dpar_graph *g, const dpar_sgd_desc *d, const
     o->params = (int *)DPAR_MALLOC((size_t)n * sizeof(int));
     o->grads = (int *)DPAR_MALLOC((size_t)n * sizeof(int));
     if (!o->params || !o->grads) return dpar__g_err(g, DPAR_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
-    o->d = *d;
     o->n = n;
     size_t at = 0;
     o->norm_axes[0] = 0;
-    for (int a = 0; a < g->mesh->ndim && d->clip_norm > 0; a++)
+    for (int a = 0; a < g->mesh->ndim && clip_norm > 0; a++)
         if (split & (1u << a))
             at += (size_t)snprintf(o->norm_axes + at, sizeof o->norm_axes - at, at ? ",%s" : "%s", g->mesh->names[a]);
-    o->d.norm_axes = o->norm_axes[0] ? o->norm_axes : NULL;
     for (int k = 0; k < n; k++) o->params[k] = params[k].id, o->grads[k] = grads[k].id;
     g->has_opt = true;
     int id = dpar__g_push(g, DPAR__G_SGD, 0, NULL, DPAR_F32, 0, NULL);
     return id ? DPAR_OK : dpar__g_status(g);
+}
+DPAR_API dpar_status dpar_graph_sgd(dpar_graph *g, const dpar_sgd_desc *d, const dpar_value *params,
+                                    const dpar_value *grads, int n) {
+    dpar__clear_error();
+    if (!dpar__g_args(g, "dpar_graph_sgd", 0, NULL)) return g ? dpar__g_status(g) : DPAR_ERR_INVALID_ARGUMENT;
+    if (!d) return dpar__g_err(g, DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_sgd: desc is NULL");
+    dpar_status s = dpar_sgd_check(d);
+    if (s) return dpar__g_err(g, s, "%s", dpar_last_error());
+    if ((s = dpar__g_opt_add(g, "dpar_graph_sgd", params, grads, n, d->clip_norm))) return s;
+    g->opt.d = *d;
+    g->opt.d.norm_axes = g->opt.norm_axes[0] ? g->opt.norm_axes : NULL;
+    return DPAR_OK;
+}
+DPAR_API dpar_status dpar_graph_adamw(dpar_graph *g, const dpar_adamw_desc *d, const dpar_value *params,
+                                      const dpar_value *grads, int n) {
+    dpar__clear_error();
+    if (!dpar__g_args(g, "dpar_graph_adamw", 0, NULL)) return g ? dpar__g_status(g) : DPAR_ERR_INVALID_ARGUMENT;
+    if (!d) return dpar__g_err(g, DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_adamw: desc is NULL");
+    dpar_status s = dpar_adamw_check(d);
+    if (s) return dpar__g_err(g, s, "%s", dpar_last_error());
+    if ((s = dpar__g_opt_add(g, "dpar_graph_adamw", params, grads, n, d->clip_norm))) return s;
+    g->opt.adamw = true;
+    g->opt.ad = *d;
+    g->opt.ad.norm_axes = g->opt.norm_axes[0] ? g->opt.norm_axes : NULL;
+    return DPAR_OK;
+}
+DPAR_API dpar_status dpar_graph_set_lr(dpar_graph *g, float lr) {
+    dpar__clear_error();
+    if (!g || !g->has_opt)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_set_lr: %s",
+                         g ? "the graph has no optimizer node (dpar_graph_sgd, dpar_graph_adamw)" : "graph is NULL");
+    if (!(lr > 0.0f) || lr != lr || lr > 3.4e38f)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_set_lr: learning rate %g must be finite and > 0",
+                         (double)lr);
+    if (g->opt.adamw)
+        g->opt.ad.learning_rate = lr;
+    else
+        g->opt.d.learning_rate = lr;
+    return DPAR_OK;
 }
 
 /* ---- compile: liveness plan, buffers ---- */
@@ -8220,26 +8265,29 @@ static dpar_status dpar__g_plan(dpar_graph *g) {
 static dpar_status dpar__g_state(dpar_graph *g) {
     int nl = g->nlocal, n = g->has_opt ? g->opt.n : 0;
     g->scratch = (dpar_buffer **)DPAR_MALLOC((size_t)nl * sizeof(dpar_buffer *));
-    g->moms = (dpar_buffer **)DPAR_MALLOC((size_t)(n * nl + 1) * sizeof(dpar_buffer *));
-    g->sgd_ptrs = (dpar_buffer **)DPAR_MALLOC((size_t)(3 * n * nl + 1) * sizeof(dpar_buffer *));
+    g->moms = (dpar_buffer **)DPAR_MALLOC((size_t)(2 * n * nl + 1) * sizeof(dpar_buffer *));
+    g->sgd_ptrs = (dpar_buffer **)DPAR_MALLOC((size_t)(4 * n * nl + 1) * sizeof(dpar_buffer *));
     g->reqs = (dpar_request **)DPAR_MALLOC((size_t)g->count * (size_t)nl * sizeof(dpar_request *));
     if (g->reqs) memset(g->reqs, 0, (size_t)g->count * (size_t)nl * sizeof(dpar_request *));
     if (!g->scratch || !g->moms || !g->sgd_ptrs || !g->reqs)
         return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_graph_compile: out of memory");
     memset(g->scratch, 0, (size_t)nl * sizeof(dpar_buffer *));
-    memset(g->moms, 0, (size_t)(n * nl + 1) * sizeof(dpar_buffer *));
+    memset(g->moms, 0, (size_t)(2 * n * nl + 1) * sizeof(dpar_buffer *));
     dpar_status s = DPAR_OK;
     for (int li = 0; li < nl && !s; li++)
         s = dpar_buffer_create(g->rt, g->first + li, DPAR_F32, 0, NULL, &g->scratch[li]);
+    int nstate = !g->has_opt ? 0 : g->opt.adamw ? 2 : g->opt.d.momentum != 0.0f ? 1 : 0; /* m, v / momentum */
     for (int k = 0; k < n && !s; k++)
         for (int li = 0; li < nl && !s; li++) {
             const dpar__gnode *p = &g->n[g->opt.params[k]];
-            dpar_buffer **ptr = g->sgd_ptrs + (size_t)li * 3 * (size_t)n;
+            dpar_buffer **ptr = g->sgd_ptrs + (size_t)li * 4 * (size_t)n; /* params, grads, state 0, state 1 */
             ptr[k] = g->slots[p->slot * nl + li];
             ptr[n + k] = g->slots[g->n[g->opt.grads[k]].slot * nl + li];
-            if (g->opt.d.momentum != 0.0f)
-                s = dpar_buffer_create(g->rt, g->first + li, DPAR_F32, p->ndim, p->shape, &g->moms[k * nl + li]);
-            ptr[2 * n + k] = g->moms[k * nl + li];
+            for (int j = 0; j < nstate && !s; j++) {
+                dpar_buffer **b = &g->moms[(j * n + k) * nl + li];
+                s = dpar_buffer_create(g->rt, g->first + li, DPAR_F32, p->ndim, p->shape, b);
+                ptr[(2 + j) * n + k] = *b;
+            }
         }
     return s;
 }
@@ -8319,9 +8367,10 @@ static dpar_status dpar__g_exec(dpar_graph *g, dpar_ctx *ctx, int li, int i) {
     if (nd->kind == DPAR__G_SGD) {
         dpar_status s = dpar__g_wait_all(g, ctx, li);
         if (s) return s;
-        dpar_buffer **p = g->sgd_ptrs + (size_t)li * 3 * (size_t)g->opt.n;
-        return dpar_sgd_step(ctx, &g->opt.d, p, p + g->opt.n, g->opt.d.momentum != 0.0f ? p + 2 * g->opt.n : NULL,
-                             g->opt.n);
+        int n = g->opt.n;
+        dpar_buffer **p = g->sgd_ptrs + (size_t)li * 4 * (size_t)n;
+        if (g->opt.adamw) return dpar_adamw_step(ctx, &g->opt.ad, p, p + n, p + 2 * n, p + 3 * n, n, g->opt.step + 1);
+        return dpar_sgd_step(ctx, &g->opt.d, p, p + n, g->opt.d.momentum != 0.0f ? p + 2 * n : NULL, n);
     }
     dpar_buffer *y = dpar__g_buf(g, i, li), *a = nd->nin > 0 ? dpar__g_buf(g, nd->in[0], li) : NULL;
     dpar_buffer *b = nd->nin > 1 ? dpar__g_buf(g, nd->in[1], li) : NULL;
@@ -8465,6 +8514,7 @@ DPAR_API dpar_status dpar_graph_run(dpar_graph *g, const dpar_graph_feed *feeds,
     d.user = g;
     if ((s = dpar_shard_map(g->mesh, &d))) return s;
     g->ran = true;
+    g->opt.step++;
     if (loss) return dpar_buffer_read(dpar__g_buf(g, g->loss_value, 0), 0, loss, sizeof *loss);
     return DPAR_OK;
 }
@@ -8597,7 +8647,7 @@ DPAR_API dpar_status dpar_graph_destroy(dpar_graph *g) {
         DPAR_FREE(g->n[i].pairs);
         if (g->n[i].kind != DPAR__G_PARAM && g->n[i].array && alive) dpar_array_destroy(g->n[i].array);
     }
-    for (int k = 0; g->moms && k < g->opt.n * g->nlocal; k++) dpar_buffer_destroy(g->moms[k]);
+    for (int k = 0; g->moms && k < 2 * g->opt.n * g->nlocal; k++) dpar_buffer_destroy(g->moms[k]);
     for (int li = 0; g->scratch && li < g->nlocal; li++) dpar_buffer_destroy(g->scratch[li]);
     DPAR_FREE(g->moms);
     DPAR_FREE(g->scratch);

@@ -364,8 +364,10 @@ static void run_fd_case(const fd_case *c) {
 /* ---- the digits MLP: graph against the hand-written eager step ---- */
 enum { NPIX = 64, NCLS = 10, HID = 32, BATCH = 64, NROWS = 512, STEPS = 16 };
 typedef struct eager_mlp {
-    dpar_array *p[4], *gr[4], *mom[4], *x, *y, *h_pre, *h, *logits, *dlogits, *dh, *loss;
+    dpar_array *p[4], *gr[4], *mom[4], *v2[4], *x, *y, *h_pre, *h, *logits, *dlogits, *dh, *loss;
     dpar_sgd_desc sgd;
+    dpar_adamw_desc adamw; /* used when learning_rate > 0 */
+    int64_t step;
 } eager_mlp;
 /* train_digits.c's step, as it was written by hand before graphs */
 static dpar_status eager_step(dpar_ctx *ctx, void *user) {
@@ -390,6 +392,11 @@ static dpar_status eager_step(dpar_ctx *ctx, void *user) {
     for (int i = 0; i < 4; i++)
         if ((s = dpar_pmean(ctx, g[i], g[i], "data"))) return s;
     if ((s = dpar_pmean(ctx, loss, loss, "data"))) return s;
+    if (m->adamw.learning_rate > 0) {
+        dpar_buffer *v2[4];
+        for (int i = 0; i < 4; i++) v2[i] = dpar_array_shard(m->v2[i], dev);
+        return dpar_adamw_step(ctx, &m->adamw, p, g, v, v2, 4, m->step);
+    }
     return dpar_sgd_step(ctx, &m->sgd, p, g, v, 4);
 }
 static dpar_array *arr(dpar_mesh *m, dpar_dtype t, int nd, int64_t d0, int64_t d1, const char *s0, const char *s1) {
@@ -412,7 +419,7 @@ static void digits_make(digits_data *d) {
     for (int i = 0; i < HID * NCLS; i++) d->w2[i] = (float)(rnd() * 0.4);
 }
 /* Per-step losses of the eager step and of the graph, on n devices. */
-static void digits_losses(int n, const digits_data *dd, float *eager, float *graph, dpar_graph_stats *st) {
+static void digits_losses(int n, const digits_data *dd, float *eager, float *graph, dpar_graph_stats *st, bool adamw) {
     dpar_runtime *rt = t_runtime_or_skip(BK, n);
     dpar_mesh *m = t_mesh1(rt, n, "data");
     eager_mlp e;
@@ -424,6 +431,7 @@ static void digits_losses(int n, const digits_data *dd, float *eager, float *gra
         e.p[i] = arr(m, DPAR_F32, nd, ps[i][0], ps[i][1], NULL, NULL);
         e.gr[i] = arr(m, DPAR_F32, nd, ps[i][0], ps[i][1], NULL, NULL);
         e.mom[i] = arr(m, DPAR_F32, nd, ps[i][0], ps[i][1], NULL, NULL);
+        e.v2[i] = arr(m, DPAR_F32, nd, ps[i][0], ps[i][1], NULL, NULL);
         gp[i] = arr(m, DPAR_F32, nd, ps[i][0], ps[i][1], NULL, NULL);
     }
     T_OK(dpar_array_put(e.p[0], dd->w1));
@@ -436,6 +444,7 @@ static void digits_losses(int n, const digits_data *dd, float *eager, float *gra
     e.dlogits = arr(m, DPAR_F32, 2, BATCH, NCLS, "data", NULL);
     e.dh = arr(m, DPAR_F32, 2, BATCH, HID, "data", NULL), e.loss = arr(m, DPAR_F32, 1, n, 0, "data", NULL);
     e.sgd.learning_rate = 0.1f, e.sgd.momentum = 0.9f;
+    if (adamw) e.adamw.learning_rate = 3e-3f, e.adamw.weight_decay = 1e-2f, e.adamw.clip_norm = 1.0f;
 
     /* the same model as a graph: the forward pass, then grad, pmean and SGD come from the library */
     dpar_graph *g = NULL;
@@ -448,7 +457,10 @@ static void digits_losses(int n, const digits_data *dd, float *eager, float *gra
     dpar_value logits = dpar_g_bias_add(g, dpar_g_matmul(g, h, p[2], false, false), p[3]);
     dpar_value loss = dpar_g_softmax_xent(g, logits, y);
     T_OK(dpar_graph_value_and_grad(g, loss, p, 4, gr));
-    T_OK(dpar_graph_sgd(g, &e.sgd, p, gr, 4));
+    if (adamw)
+        T_OK(dpar_graph_adamw(g, &e.adamw, p, gr, 4));
+    else
+        T_OK(dpar_graph_sgd(g, &e.sgd, p, gr, 4));
     T_OK(dpar_graph_compile(g, st));
 
     dpar_shard_map_desc sm;
@@ -460,6 +472,11 @@ static void digits_losses(int n, const digits_data *dd, float *eager, float *gra
         const int32_t *yb = dd->y + s * BATCH % NROWS;
         T_OK(dpar_array_put(e.x, xb));
         T_OK(dpar_array_put(e.y, yb));
+        if (adamw && s == STEPS / 2) { /* a schedule's step: both sides change the rate */
+            e.adamw.learning_rate = 1e-3f;
+            T_OK(dpar_graph_set_lr(g, 1e-3f));
+        }
+        e.step = s + 1;
         T_OK(dpar_shard_map(m, &sm));
         T_OK(dpar_array_get(e.loss, lh));
         eager[s] = lh[0];
@@ -476,7 +493,7 @@ static void digits_mlp(void) {
         setenv("DPAR_GRAPH_ASYNC_BYTES", n == 4 ? "0" : "1000000000", 1); /* 4 devices: every reduction async */
         float le[STEPS], lg[STEPS];
         dpar_graph_stats gs;
-        digits_losses(n, dd, le, lg, &gs);
+        digits_losses(n, dd, le, lg, &gs, false);
         for (int s = 0; s < STEPS; s++)
             if (memcmp(&le[s], &lg[s], sizeof(float)))
                 fail_msg("%d devices, step %d: eager loss %.9g, graph %.9g (want bit for bit)", n, s, (double)le[s],
@@ -487,6 +504,12 @@ static void digits_mlp(void) {
                      (unsigned long long)gs.naive_bytes);
         printf("digits MLP on %d device(s): %d nodes, planned %llu bytes vs naive %llu, losses bit for bit\n", n,
                gs.nodes, (unsigned long long)gs.planned_bytes, (unsigned long long)gs.naive_bytes);
+        if (BK != DPAR_BACKEND_CPU) continue;    /* the eager AdamW is CPU-only so far (issue 13) */
+        digits_losses(n, dd, le, lg, &gs, true); /* AdamW (clipped, decayed, lr changed halfway) */
+        for (int s = 0; s < STEPS; s++)
+            if (memcmp(&le[s], &lg[s], sizeof(float)))
+                fail_msg("AdamW, %d devices, step %d: eager loss %.9g, graph %.9g", n, s, (double)le[s], (double)lg[s]);
+        assert_true(lg[STEPS - 1] < lg[0]);
     }
     free(dd);
 }
