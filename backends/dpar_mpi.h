@@ -39,6 +39,8 @@ typedef struct dpar__mpi {
                                        buffers and MPI_Ops: never free them */
     char broken_why[DPAR__ERR_LEN]; /* what put the processes out of step (for later dispatches) */
     int agree_notice[2];            /* "gave up on the end-of-dispatch agreement" (job, process), kept for MPI */
+    uint64_t waited_out_job;        /* the last dispatch (1-based) in which a collective timed out waiting for
+                                       another process: its end-of-dispatch agreement is not waited for */
     /* the end-of-dispatch agreement's buffers: they outlive a request that is
        given up on after a timeout (MPI may still write them later) */
     int agree_mine[2], agree_lowest[2], agree_abandoned; /* [lowest failing process, -(any process broken)] */
@@ -653,6 +655,7 @@ static dpar_status dpar__mpi_describe(dpar_ctx *ctx, dpar__group *g, const char 
             }
             mp->broken = 1;
             if (r < 0) return dpar__err(DPAR_ERR_ABORTED, "%s: stopped because another device failed first", what);
+            mp->waited_out_job = job;
             return dpar__err(
                 DPAR_ERR_TIMEOUT,
                 "%s (step: pmap #%llu, collective #%llu of this group): timed out after %d ms waiting for %s, "
@@ -1064,6 +1067,23 @@ static dpar_status dpar__mpi_out_of_step(dpar_runtime *rt) {
                                        : "an earlier collective or dispatch across processes failed or timed out");
 }
 
+/* Gives up on this dispatch's agreement: the processes are out of step, and the others are told (a
+   late one reads the notice before it joins an agreement of its own). */
+static void dpar__mpi_agree_abandon(dpar_runtime *rt, dpar__mpi *mp) {
+    mp->broken = 1;
+    mp->agree_abandoned = 1;
+    mp->keep = 1;
+    mp->agree_notice[0] = (int)rt->job_count;
+    mp->agree_notice[1] = rt->proc;
+    pthread_mutex_lock(&mp->mu);
+    for (int q = 0; q < mp->size; q++) {
+        MPI_Request nr = MPI_REQUEST_NULL;
+        if (q != rt->proc && MPI_Isend(mp->agree_notice, 2, MPI_INT, q, DPAR__MPI_TAG_GAVE_UP, mp->comm, &nr) == MPI_SUCCESS)
+            MPI_Request_free(&nr);
+    }
+    pthread_mutex_unlock(&mp->mu);
+}
+
 /* At the end of a dispatch every process learns whether any process failed,
    so the same pmap returns an error everywhere (the lowest failing process's
    error is adopted by the processes that did not fail themselves). */
@@ -1101,6 +1121,12 @@ static void dpar__mpi_job_agree(dpar_runtime *rt, dpar__job *job) {
         }
         return;
     }
+    if (mp->waited_out_job == rt->job_count && job->first_status) {
+        /* a collective of this dispatch already waited the whole timeout for another process, which is
+           that late at least: waiting for it again here would report the error after 3x the timeout */
+        dpar__mpi_agree_abandon(rt, mp);
+        return;
+    }
     mp->agree_mine[0] = job->first_status ? rt->proc : rt->nproc;
     mp->agree_mine[1] = -mp->broken; /* so that every process knows it must be destroyed */
     mp->agree_lowest[0] = rt->nproc;
@@ -1112,20 +1138,7 @@ static void dpar__mpi_job_agree(dpar_runtime *rt, dpar__job *job) {
     struct timespec dl;
     dpar__deadline(&dl, rt->timeout_ms * 2);
     if (rc != MPI_SUCCESS || dpar__mpi_poll(mp, &req, &dl, NULL, 0) != 1) {
-        mp->broken = 1;
-        mp->agree_abandoned = 1;
-        mp->keep = 1;
-        /* tell the others (the late one reads it before its next dispatch) */
-        mp->agree_notice[0] = (int)rt->job_count;
-        mp->agree_notice[1] = rt->proc;
-        pthread_mutex_lock(&mp->mu);
-        for (int q = 0; q < mp->size; q++) {
-            MPI_Request nr = MPI_REQUEST_NULL;
-            if (q != rt->proc &&
-                MPI_Isend(mp->agree_notice, 2, MPI_INT, q, DPAR__MPI_TAG_GAVE_UP, mp->comm, &nr) == MPI_SUCCESS)
-                MPI_Request_free(&nr);
-        }
-        pthread_mutex_unlock(&mp->mu);
+        dpar__mpi_agree_abandon(rt, mp);
         if (!job->first_status) {
             job->first_status = DPAR_ERR_TIMEOUT;
             job->first_device = rt->local_base;
