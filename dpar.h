@@ -345,8 +345,8 @@ typedef struct dpar_buffer dpar_buffer;
 
 /* Allocates a buffer of `dtype` with `ndim` dims (0..DPAR_MAX_DIMS; ndim 0 is
    a scalar) on `device`. Contents are zero. Zero-size dims are allowed.
-   Errors: DPAR_ERR_INVALID_ARGUMENT (device, dtype or ndim out of range,
-   negative dim), DPAR_ERR_OUT_OF_MEMORY. */
+   Errors: DPAR_ERR_INVALID_ARGUMENT (device or ndim out of range, negative
+   dim), DPAR_ERR_DTYPE (dtype not a dpar_dtype), DPAR_ERR_OUT_OF_MEMORY. */
 DPAR_API dpar_status dpar_buffer_create(dpar_runtime *rt, int device, dpar_dtype dtype, int ndim, const int64_t *shape,
                                         dpar_buffer **out);
 /* Frees the buffer (waits for pending work on it). NULL is a no-op (DPAR_OK).
@@ -399,8 +399,9 @@ typedef struct dpar_mesh_desc {
                                               row-major position i; NULL: device i at position i */
 } dpar_mesh_desc;
 
-/* Creates a mesh over prod(shape) devices of the runtime.
-   Errors: DPAR_ERR_DEVICE_COUNT (product differs from / exceeds the devices;
+/* Creates a mesh over prod(shape) devices of the runtime: all of them or a
+   subset (devices 0..prod-1 unless `devices` says which).
+   Errors: DPAR_ERR_DEVICE_COUNT (the product exceeds the runtime's devices;
    the text names both), DPAR_ERR_INVALID_ARGUMENT (duplicate, empty or
    malformed axis names, repeated device in `devices`). */
 DPAR_API dpar_status dpar_mesh_create(dpar_runtime *rt, const dpar_mesh_desc *desc, dpar_mesh **out);
@@ -445,8 +446,8 @@ typedef struct dpar_array_desc {
    shard its mesh coordinates select (dims split over an axis of size n hold
    shape[d]/n elements; over axes not named in the spec the shard is replicated).
    Errors: DPAR_ERR_SHAPE (dim not divisible by its axes' size, text names both),
-   DPAR_ERR_UNKNOWN_AXIS, DPAR_ERR_INVALID_ARGUMENT (an axis used twice),
-   DPAR_ERR_OUT_OF_MEMORY. Contents are zero. */
+   DPAR_ERR_UNKNOWN_AXIS, DPAR_ERR_INVALID_ARGUMENT (an axis used twice, a
+   spec for a dimension >= ndim), DPAR_ERR_OUT_OF_MEMORY. Contents are zero. */
 DPAR_API dpar_status dpar_array_create(dpar_mesh *m, const dpar_array_desc *desc, dpar_array **out);
 /* Frees the array and its shards. NULL is a no-op (DPAR_OK). Errors:
    DPAR_ERR_STATE inside a pmap/shard_map function (the dispatch may be using
@@ -2438,8 +2439,8 @@ DPAR_API dpar_status dpar_runtime_device_info(const dpar_runtime *rt, int device
     if (!rt || !out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_runtime_device_info: runtime or out is NULL");
     if (device < 0 || device >= rt->ndev)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
-                         "dpar_runtime_device_info: device %d is out of range; the runtime has %d devices (0..%d)",
-                         device, rt->ndev, rt->ndev - 1);
+                         "dpar_runtime_device_info: device %d is out of range; the runtime has %d device%s (0..%d)",
+                         device, rt->ndev, rt->ndev == 1 ? "" : "s", rt->ndev - 1);
     memset(out, 0, sizeof *out);
     dpar_status s = DPAR_OK;
     if (device >= rt->local_base && device < rt->local_base + rt->nlocal) {
@@ -2495,7 +2496,8 @@ DPAR_API dpar_status dpar_buffer_create(dpar_runtime *rt, int device, dpar_dtype
     if (!rt) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_buffer_create: runtime is NULL");
     if (device < 0 || device >= rt->ndev)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
-                         "dpar_buffer_create: device %d is out of range; the runtime has %d devices", device, rt->ndev);
+                         "dpar_buffer_create: device %d is out of range; the runtime has %d device%s", device, rt->ndev,
+                         rt->ndev == 1 ? "" : "s");
     if (device < rt->local_base || device >= rt->local_base + rt->nlocal)
         return dpar__err(
             DPAR_ERR_INVALID_ARGUMENT,
@@ -2728,7 +2730,7 @@ static int dpar__coords_to_pos(const dpar_mesh *m, const int *coords) {
 }
 static const char *dpar__axes_list(const dpar_mesh *m, char *buf, size_t cap) {
     size_t at = 0;
-    buf[0] = 0;
+    snprintf(buf, cap, "%s", m->ndim ? "" : "none"); /* not "axes: )" */
     for (int a = 0; a < m->ndim && at < cap; a++)
         at += (size_t)snprintf(buf + at, cap - at, a ? ", %s" : "%s", m->names[a]);
     return buf;
@@ -3215,6 +3217,12 @@ DPAR_API dpar_status dpar_array_create(dpar_mesh *m, const dpar_array_desc *d, d
         return dpar__err(DPAR_ERR_DTYPE, "dpar_array_create: dtype %d is not a dpar_dtype", (int)d->dtype);
     dpar_status s = dpar__check_shape("dpar_array_create", d->ndim, d->shape);
     if (s) return s;
+    for (int i = d->ndim; i < DPAR_MAX_DIMS; i++) /* a spec meant for a dimension the array lacks */
+        if (d->spec[i] && *d->spec[i])
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                             "dpar_array_create: spec[%d] is \"%s\" but the array has %d dimension%s; give a spec "
+                             "only for dimensions 0..ndim-1 (or raise ndim)",
+                             i, d->spec[i], d->ndim, d->ndim == 1 ? "" : "s");
     dpar_array *a = (dpar_array *)dpar__calloc(1, sizeof *a);
     if (!a) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_array_create: out of host memory");
     a->mesh = m;
@@ -3639,9 +3647,9 @@ static dpar_status dpar__pmap_check(const dpar_pmap_desc *d, int n) {
             if (in->shape[0] != n)
                 return dpar__err(
                     DPAR_ERR_SHAPE,
-                    "dpar_pmap: input %d has leading dimension %lld but mesh axis '%s' has %d devices; "
+                    "dpar_pmap: input %d has leading dimension %lld but mesh axis '%s' has %d device%s; "
                     "give it a leading dimension of %d, or use dpar_shard_map to split %lld rows over %d devices",
-                    i, (long long)in->shape[0], d->axis, n, n, (long long)in->shape[0], n);
+                    i, (long long)in->shape[0], d->axis, n, n == 1 ? "" : "s", n, (long long)in->shape[0], n);
         } else if (in->in_axis != DPAR_REPLICATED) {
             return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: in_axis = %d; use DPAR_MAPPED (0) or DPAR_REPLICATED (-1)",
                              where, in->in_axis);

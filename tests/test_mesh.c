@@ -184,6 +184,25 @@ static void test_env_ranges(void **st) {
     clear_env();
 }
 
+/* Texts that misled (issue 15): "has 1 devices", a spec for a dimension the
+   array lacks ignored silently. */
+static void test_messages(void **st) {
+    (void)st;
+    dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 1);
+    dpar_buffer *b = NULL;
+    int64_t sh[1] = { 4 };
+    T_ERR(dpar_buffer_create(rt, 3, DPAR_F32, 1, sh, &b), DPAR_ERR_INVALID_ARGUMENT, "the runtime has 1 device");
+    assert_null(strstr(dpar_last_error(), "1 devices"));
+    dpar_mesh *m = t_mesh1(rt, 1, "data");
+    dpar_array *a = NULL;
+    dpar_array_desc d = { .dtype = DPAR_F32, .ndim = 1, .shape = { 4 }, .spec = { NULL, "data" } };
+    T_ERR(dpar_array_create(m, &d, &a), DPAR_ERR_INVALID_ARGUMENT, "spec[1]", "\"data\"", "1 dimension;");
+    assert_null(a);
+    d.spec[1] = "";
+    T_OK(dpar_array_create(m, &d, &a)); /* an empty spec is no spec */
+    dpar_runtime_destroy(rt);
+}
+
 /* ---- buffers ---- */
 static void test_buffers(void **st) {
     (void)st;
@@ -967,6 +986,7 @@ int main(void) {
         cmocka_unit_test_setup(test_runtime_errors, setup),
         cmocka_unit_test_setup(test_env_backend_and_devices, setup),
         cmocka_unit_test_setup(test_env_ranges, setup),
+        cmocka_unit_test_setup(test_messages, setup),
         cmocka_unit_test_setup(test_buffers, setup),
         cmocka_unit_test_setup(test_mesh_errors, setup),
         cmocka_unit_test_setup(test_mesh_coords_2x4, setup),
