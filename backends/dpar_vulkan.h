@@ -106,7 +106,7 @@
 enum {
     DPAR__VK_FRAMES = 3,      /* command buffers in flight per logical device */
     DPAR__VK_FRAME_OPS = 128, /* ops recorded before a command buffer is submitted */
-    DPAR__VK_BINDINGS = 4,    /* dst, dst2, src0, src1 */
+    DPAR__VK_BINDINGS = 8,    /* dst, dst2, src0, src1, dst3, src2, src3, spare (the layer ops need 7) */
     DPAR__VK_WG = 256         /* 1-D workgroup size of the element-wise shaders */
 };
 #define DPAR__VK_CHUNK            ((VkDeviceSize)16 << 20) /* staging chunk */
@@ -654,18 +654,19 @@ static dpar_status dpar__vk_pipeline(dpar__vk *st, dpar__vkphys *ph, int id, VkP
     return DPAR_OK;
 }
 
-/* Records one dispatch of shader `id` on device dev with buffers
-   b[0..3] = dst, dst2, src0, src1 (NULL: unused). */
-static dpar_status dpar__vk_dispatch(dpar__vk *st, int dev, int id, dpar__vkbuf *const b[DPAR__VK_BINDINGS],
-                                     const dpar__vkpc *pc, uint32_t gx, uint32_t gy) {
+/* Records one dispatch of shader `id` on device dev with buffers b[0..6] = dst, dst2, src0, src1,
+   dst3, src2, src3 (NULL: unused), gx x gy x gz workgroups. */
+static dpar_status dpar__vk_dispatch3(dpar__vk *st, int dev, int id, dpar__vkbuf *const b[DPAR__VK_BINDINGS],
+                                      const dpar__vkpc *pc, uint32_t gx, uint32_t gy, uint32_t gz) {
     dpar__vkphys *ph = st->devs[dev].ph;
-    if (gx == 0 || gy == 0) return DPAR_OK;
-    if (gx > ph->props.limits.maxComputeWorkGroupCount[0] || gy > ph->props.limits.maxComputeWorkGroupCount[1])
+    if (gx == 0 || gy == 0 || gz == 0) return DPAR_OK;
+    if (gx > ph->props.limits.maxComputeWorkGroupCount[0] || gy > ph->props.limits.maxComputeWorkGroupCount[1] ||
+        gz > ph->props.limits.maxComputeWorkGroupCount[2])
         return dpar__err(DPAR_ERR_BACKEND,
-                         "vulkan: %s needs %u x %u workgroups, more than the device allows "
-                         "(%u x %u); split the op",
-                         dpar__spv_table[id].name, gx, gy, ph->props.limits.maxComputeWorkGroupCount[0],
-                         ph->props.limits.maxComputeWorkGroupCount[1]);
+                         "vulkan: %s needs %u x %u x %u workgroups, more than the device allows "
+                         "(%u x %u x %u); split the op",
+                         dpar__spv_table[id].name, gx, gy, gz, ph->props.limits.maxComputeWorkGroupCount[0],
+                         ph->props.limits.maxComputeWorkGroupCount[1], ph->props.limits.maxComputeWorkGroupCount[2]);
     for (int i = 0; i < DPAR__VK_BINDINGS; i++)
         if (b[i] && b[i]->size > ph->props.limits.maxStorageBufferRange)
             return dpar__err(DPAR_ERR_BACKEND,
@@ -715,12 +716,16 @@ static dpar_status dpar__vk_dispatch(dpar__vk *st, int dev, int id, dpar__vkbuf 
     st->vkCmdBindPipeline(f->cb, VK_PIPELINE_BIND_POINT_COMPUTE, pipe);
     st->vkCmdBindDescriptorSets(f->cb, VK_PIPELINE_BIND_POINT_COMPUTE, ph->layout, 0, 1, &set, 0, NULL);
     st->vkCmdPushConstants(f->cb, ph->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof *pc, pc);
-    st->vkCmdDispatch(f->cb, gx, gy, 1);
+    st->vkCmdDispatch(f->cb, gx, gy, gz);
     for (int i = 0; i < DPAR__VK_BINDINGS; i++)
         if (b[i]) b[i]->last_serial = f->serial;
     s = dpar__vk_recorded(d, f);
     pthread_mutex_unlock(&d->lock);
     return s;
+}
+static dpar_status dpar__vk_dispatch(dpar__vk *st, int dev, int id, dpar__vkbuf *const b[DPAR__VK_BINDINGS],
+                                     const dpar__vkpc *pc, uint32_t gx, uint32_t gy) {
+    return dpar__vk_dispatch3(st, dev, id, b, pc, gx, gy, 1);
 }
 
 /* Records vkCmdFillBuffer (src == NULL) or vkCmdCopyBuffer src -> dst. */
@@ -1562,6 +1567,82 @@ static dpar_status dpar__vk_op_elem(dpar__vk *st, int dev, const dpar__op *op, d
     return dpar__vk_dispatch(st, dev, id, b, pc, dpar__vk_groups(ph, items), 1);
 }
 
+/* >>vulkan norm-attn ==========================================================
+   layer/rms norm, batched matmul and attention (shaders/layernorm*.comp, matmul.comp with
+   a batch dimension, attention*.comp). Bindings: 0 dst, 1 dst2, 2 src0, 3 src1, 4 dst3,
+   5 src2, 6 src3. Rows are strided over at most 65535 workgroups. */
+#define DPAR__VK_ATTN_MAX_HEAD 512 /* D and Dv held in shared memory by attention*.comp */
+static dpar__vkbuf *dpar__vk_mem(const dpar_buffer *b) {
+    return b ? (dpar__vkbuf *)b->mem : NULL;
+}
+static uint32_t dpar__vk_rows(int64_t rows) {
+    return rows <= 0 ? 0u : rows > 65535 ? 65535u : (uint32_t)rows;
+}
+static dpar_status dpar__vk_op_norm(dpar__vk *st, int dev, const dpar__op *op, dpar__vkpc *pc) {
+    dpar__vkbuf *b[DPAR__VK_BINDINGS] = { NULL };
+    pc->n = (uint32_t)op->n;
+    pc->m = (uint32_t)op->m;
+    pc->flags = op->p[0] ? 8u : 0u;
+    if (op->kind == DPAR__OP_NORM) {
+        pc->flags |= (op->dst2 ? 1u : 0u) | (op->src1 ? 2u : 0u) | (op->src2 ? 4u : 0u);
+        b[0] = dpar__vk_mem(op->dst), b[1] = dpar__vk_mem(op->dst2), b[2] = dpar__vk_mem(op->src0);
+        b[3] = dpar__vk_mem(op->src1), b[5] = dpar__vk_mem(op->src2);
+        return dpar__vk_dispatch(st, dev, DPAR__SPV_LAYERNORM, b, pc, dpar__vk_rows(op->m), 1);
+    }
+    dpar_status s;
+    b[2] = dpar__vk_mem(op->src0), b[3] = dpar__vk_mem(op->src1), b[6] = dpar__vk_mem(op->src3);
+    if (op->dst2 || op->dst3) { /* dw, db first: dx may alias dy */
+        dpar__vkpc pw = *pc;
+        pw.flags = (op->dst2 ? 1u : 0u) | (op->dst3 ? 2u : 0u);
+        b[1] = dpar__vk_mem(op->dst2), b[4] = dpar__vk_mem(op->dst3);
+        if ((s = dpar__vk_dispatch(st, dev, DPAR__SPV_LAYERNORM_WGRAD, b, &pw,
+                                   dpar__vk_groups(st->devs[dev].ph, (uint64_t)op->n), 1)))
+            return s;
+        b[1] = b[4] = NULL;
+    }
+    pc->flags |= op->src2 ? 2u : 0u;
+    b[0] = dpar__vk_mem(op->dst), b[5] = dpar__vk_mem(op->src2);
+    return dpar__vk_dispatch(st, dev, DPAR__SPV_LAYERNORM_BWD, b, pc, dpar__vk_rows(op->m), 1);
+}
+static dpar_status dpar__vk_op_matmul_batched(dpar__vk *st, int dev, const dpar__op *op, dpar__vkpc *pc) {
+    dpar__vkbuf *b[DPAR__VK_BINDINGS] = { NULL };
+    if (op->m == 0 || op->n == 0 || op->p[0] == 0) return DPAR_OK;
+    pc->m = (uint32_t)op->m;
+    pc->n = (uint32_t)op->n;
+    pc->k = (uint32_t)op->k;
+    pc->flags = (op->trans_a ? 1u : 0u) | (op->trans_b ? 2u : 0u) | (op->f[1] == 0.0f ? 4u : 0u);
+    for (int i = 0; i < 4; i++) pc->p[i] = (uint32_t)op->p[i];
+    b[0] = dpar__vk_mem(op->dst), b[2] = dpar__vk_mem(op->src0), b[3] = dpar__vk_mem(op->src1);
+    return dpar__vk_dispatch3(st, dev, DPAR__SPV_MATMUL, b, pc, (uint32_t)((op->n + 31) / 32),
+                              (uint32_t)((op->m + 31) / 32), dpar__vk_rows(op->p[0]));
+}
+static dpar_status dpar__vk_op_attn(dpar__vk *st, int dev, const dpar__op *op, dpar__vkpc *pc) {
+    dpar__vkbuf *b[DPAR__VK_BINDINGS] = { NULL };
+    if (op->p[3] > DPAR__VK_ATTN_MAX_HEAD || op->p[4] > DPAR__VK_ATTN_MAX_HEAD)
+        return dpar__err(DPAR_ERR_SHAPE,
+                         "vulkan: attention with head sizes D %lld, Dv %lld; this backend handles at most %d "
+                         "(split the heads further)",
+                         (long long)op->p[3], (long long)op->p[4], DPAR__VK_ATTN_MAX_HEAD);
+    for (int i = 0; i < 6; i++) pc->p[i] = (uint32_t)op->p[i];
+    b[2] = dpar__vk_mem(op->src0), b[3] = dpar__vk_mem(op->src1), b[5] = dpar__vk_mem(op->src2);
+    b[6] = dpar__vk_mem(op->src3);
+    b[0] = dpar__vk_mem(op->dst), b[1] = dpar__vk_mem(op->dst2);
+    int id = DPAR__SPV_ATTENTION;
+    int64_t rows = op->p[0] * op->p[1]; /* query rows */
+    if (op->kind == DPAR__OP_ATTN) {
+        pc->flags = op->dst2 ? 1u : 0u;
+    } else if (op->kind == DPAR__OP_ATTN_BWD_Q) {
+        id = DPAR__SPV_ATTENTION_BWD_Q;
+        pc->flags = op->dst2 ? 1u : 0u;
+    } else {
+        id = DPAR__SPV_ATTENTION_BWD_KV;
+        pc->flags = (op->dst2 ? 1u : 0u) | (op->dst3 ? 2u : 0u);
+        b[4] = dpar__vk_mem(op->dst3);
+        rows = op->p[0] * op->p[2]; /* key rows */
+    }
+    return dpar__vk_dispatch(st, dev, id, b, pc, dpar__vk_rows(rows), 1);
+}
+
 static dpar_status dpar__vk_op(void *state, int dev, const dpar__op *op) {
     dpar__vk *st = (dpar__vk *)state;
     dpar__vkbuf *dst = op->dst ? (dpar__vkbuf *)op->dst->mem : NULL;
@@ -1676,6 +1757,13 @@ static dpar_status dpar__vk_op(void *state, int dev, const dpar__op *op) {
     case DPAR__OP_SOFTMAX:
     case DPAR__OP_SOFTMAX_BWD:
     case DPAR__OP_STRIDED: return dpar__vk_op_elem(st, dev, op, b, &pc);
+    /* >>norm-attn kinds */
+    case DPAR__OP_NORM:
+    case DPAR__OP_NORM_BWD: return dpar__vk_op_norm(st, dev, op, &pc);
+    case DPAR__OP_MATMUL_BATCHED: return dpar__vk_op_matmul_batched(st, dev, op, &pc);
+    case DPAR__OP_ATTN:
+    case DPAR__OP_ATTN_BWD_Q:
+    case DPAR__OP_ATTN_BWD_KV: return dpar__vk_op_attn(st, dev, op, &pc);
     default:
         return dpar__err(DPAR_ERR_BACKEND,
                          "vulkan: op %s (kind %d) is not implemented on this backend; use the cpu backend",

@@ -7,11 +7,16 @@
 // Tiled: a 16x16 workgroup computes a 32x32 block of C (2x2 outputs per
 // invocation), staging 32x16 tiles of op(A) and op(B) in shared memory.
 // Each output sums over k in increasing order: deterministic, run after run.
+// Batched (dpar_matmul_batched, f32): p[0] batches (0: one), p[1..3] batch strides of A, B (0: shared),
+// C in elements; batch z of workgroup row z (strided by the workgroup count).
 layout(local_size_x = 16, local_size_y = 16) in;
 layout(std430, set = 0, binding = 0) buffer Dst { float c[]; };
 layout(std430, set = 0, binding = 2) readonly buffer SrcA { uint a[]; };
 layout(std430, set = 0, binding = 3) readonly buffer SrcB { uint b[]; };
-layout(push_constant) uniform PC { uint n; uint m; uint k; uint flags; float f0; float f1; float f2; float f3; } pc;
+layout(push_constant) uniform PC {
+    uint n; uint m; uint k; uint flags; float f0; float f1; float f2; float f3; float f4; float f5; float f6; float f7;
+    uint p[16];
+} pc;
 
 const uint BM = 32u, BN = 32u, BK = 16u;
 shared float As[BK][BM + 1u];
@@ -32,20 +37,25 @@ float widen(uint dt, uint w, uint idx) {
     uint h = (idx & 1u) != 0u ? (w >> 16) : (w & 0xffffu);
     return dt == 1u ? f16_to_f32(h) : uintBitsToFloat(h << 16);
 }
+uint offA = 0u, offB = 0u, offC = 0u;  // this batch's offsets (elements)
 float loadA(uint i, uint kk) {        // op(A)[i, kk]
     if (i >= pc.m || kk >= pc.k) return 0.0;
     uint dt = (pc.flags >> 3) & 3u;
-    uint idx = (pc.flags & 1u) != 0u ? kk * pc.m + i : i * pc.k + kk;
+    uint idx = offA + ((pc.flags & 1u) != 0u ? kk * pc.m + i : i * pc.k + kk);
     return widen(dt, a[dt == 0u ? idx : idx >> 1], idx);
 }
 float loadB(uint kk, uint j) {        // op(B)[kk, j]
     if (kk >= pc.k || j >= pc.n) return 0.0;
     uint dt = (pc.flags >> 3) & 3u;
-    uint idx = (pc.flags & 2u) != 0u ? j * pc.k + kk : kk * pc.n + j;
+    uint idx = offB + ((pc.flags & 2u) != 0u ? j * pc.k + kk : kk * pc.n + j);
     return widen(dt, b[dt == 0u ? idx : idx >> 1], idx);
 }
 
 void main() {
+  for (uint z = gl_WorkGroupID.z; z < max(pc.p[0], 1u); z += gl_NumWorkGroups.z) {
+    offA = z * pc.p[1];
+    offB = z * pc.p[2];
+    offC = z * pc.p[3];
     uint tx = gl_LocalInvocationID.x, ty = gl_LocalInvocationID.y;
     uint row0 = gl_WorkGroupID.y * BM, col0 = gl_WorkGroupID.x * BN;
     uint t = ty * 16u + tx;           // 0..255
@@ -69,8 +79,10 @@ void main() {
     }
     bool zero_beta = (pc.flags & 4u) != 0u;
     uint r0 = row0 + ty, r1 = row0 + ty + 16u, c0 = col0 + tx, c1 = col0 + tx + 16u;
-    if (r0 < pc.m && c0 < pc.n) { uint i = r0 * pc.n + c0; precise float v = pc.f0 == 0.0 ? 0.0 : pc.f0 * acc00; precise float o = zero_beta ? v : v + pc.f1 * c[i]; c[i] = o; }
-    if (r0 < pc.m && c1 < pc.n) { uint i = r0 * pc.n + c1; precise float v = pc.f0 == 0.0 ? 0.0 : pc.f0 * acc01; precise float o = zero_beta ? v : v + pc.f1 * c[i]; c[i] = o; }
-    if (r1 < pc.m && c0 < pc.n) { uint i = r1 * pc.n + c0; precise float v = pc.f0 == 0.0 ? 0.0 : pc.f0 * acc10; precise float o = zero_beta ? v : v + pc.f1 * c[i]; c[i] = o; }
-    if (r1 < pc.m && c1 < pc.n) { uint i = r1 * pc.n + c1; precise float v = pc.f0 == 0.0 ? 0.0 : pc.f0 * acc11; precise float o = zero_beta ? v : v + pc.f1 * c[i]; c[i] = o; }
+    if (r0 < pc.m && c0 < pc.n) { uint i = offC + r0 * pc.n + c0; precise float v = pc.f0 == 0.0 ? 0.0 : pc.f0 * acc00; precise float o = zero_beta ? v : v + pc.f1 * c[i]; c[i] = o; }
+    if (r0 < pc.m && c1 < pc.n) { uint i = offC + r0 * pc.n + c1; precise float v = pc.f0 == 0.0 ? 0.0 : pc.f0 * acc01; precise float o = zero_beta ? v : v + pc.f1 * c[i]; c[i] = o; }
+    if (r1 < pc.m && c0 < pc.n) { uint i = offC + r1 * pc.n + c0; precise float v = pc.f0 == 0.0 ? 0.0 : pc.f0 * acc10; precise float o = zero_beta ? v : v + pc.f1 * c[i]; c[i] = o; }
+    if (r1 < pc.m && c1 < pc.n) { uint i = offC + r1 * pc.n + c1; precise float v = pc.f0 == 0.0 ? 0.0 : pc.f0 * acc11; precise float o = zero_beta ? v : v + pc.f1 * c[i]; c[i] = o; }
+    barrier(); // the next batch reuses the tiles
+  }
 }

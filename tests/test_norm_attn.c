@@ -3,7 +3,10 @@
    one token gives V, the causal mask hides later positions), forwards against
    references computed here in double, every backward against central finite
    differences of the double reference (so the check measures the op, not f32
-   noise), and argument errors. */
+   noise), argument errors, and every GPU backend (Vulkan, CUDA) against the
+   CPU backend on the same inputs, sizes that are not multiples of any tile
+   included. A backend that is not there prints SKIPPED (a failure when
+   DPAR_REQUIRE_BACKENDS lists it). */
 #include "testutil.h"
 #include <signal.h>
 #include <unistd.h>
@@ -38,6 +41,12 @@ static void near(const char *what, const float *got, const double *want, int64_t
         if (!(fabs((double)got[i] - want[i]) <= tol * (1.0 + fabs(want[i]))))
             fail_msg("%s[%lld] = %.9g, want %.9g (tol %g)", what, (long long)i, (double)got[i], want[i], tol);
 }
+static void nearf(const char *what, const float *got, const float *want, int64_t n, double tol) {
+    for (int64_t i = 0; i < n; i++)
+        if (!(fabs((double)got[i] - (double)want[i]) <= tol * (1.0 + fabs((double)want[i]))))
+            fail_msg("%s[%lld] = %.9g, cpu %.9g (tol %g)", what, (long long)i, (double)got[i], (double)want[i], tol);
+}
+
 /* ---- references in double ------------------------------------------------ */
 static void ref_norm(double *y, const double *x, const double *w, const double *b, int64_t m, int64_t n, double eps,
                      int rms) {
@@ -471,6 +480,74 @@ static void test_attention_errors(void **state) {
     for (int i = 0; i < 9; i++) dpar_buffer_destroy(all[i]);
 }
 
+/* ---- every GPU backend against the CPU backend -------------------------------- */
+static void parity(dpar_backend_kind kind) {
+    dpar_runtime *gpu = t_runtime_or_skip(kind, 1);
+    const char *bn = dpar_backend_name(kind);
+    char what[160];
+    const int64_t nshape[][2] = { { 3, 5 }, { 7, 300 }, { 1, 1 }, { 0, 4 }, { 33, 64 } };
+    for (int rms = 0; rms < 2; rms++)
+        for (int c = 0; c < 5; c++)
+            for (int affine = 0; affine < 2; affine++) {
+                norm_io a, b;
+                norm_alloc(&a, rms, nshape[c][0], nshape[c][1], (unsigned)(60 + c), affine);
+                norm_alloc(&b, rms, nshape[c][0], nshape[c][1], (unsigned)(60 + c), affine);
+                norm_run(RT, &a);
+                norm_run(gpu, &b);
+                int64_t cnt = a.m * a.n;
+                snprintf(what, sizeof what, "%s %s m%lld n%lld affine%d", bn, rms ? "rms_norm" : "layer_norm",
+                         (long long)a.m, (long long)a.n, affine);
+                nearf(what, b.y, a.y, cnt, 1e-5);
+                nearf(what, b.st, a.st, 2 * a.m, 1e-5);
+                nearf(what, b.dx, a.dx, cnt, 1e-4);
+                nearf(what, b.dw, a.dw, a.n, 1e-4);
+                nearf(what, b.db, a.db, a.n, 1e-4);
+                norm_free(&a);
+                norm_free(&b);
+            }
+    const int64_t mm[][4] = { { 3, 5, 7, 4 }, { 2, 33, 17, 35 }, { 1, 1, 1, 1 }, { 0, 2, 2, 2 }, { 5, 64, 32, 64 } };
+    for (int c = 0; c < 5; c++)
+        for (int t = 0; t < 8; t++) {
+            bmm_io a, b;
+            int ta = t & 1, tb = (t >> 1) & 1, sh = (t >> 2) & 1;
+            bmm_alloc(&a, mm[c][0], mm[c][1], mm[c][2], mm[c][3], ta, tb, sh, 0.5f, c & 1 ? 1.0f : 0.0f);
+            bmm_alloc(&b, mm[c][0], mm[c][1], mm[c][2], mm[c][3], ta, tb, sh, 0.5f, c & 1 ? 1.0f : 0.0f);
+            bmm_run(RT, &a);
+            bmm_run(gpu, &b);
+            snprintf(what, sizeof what, "%s matmul_batched case %d ta%d tb%d shared%d", bn, c, ta, tb, sh);
+            nearf(what, b.c, a.c, a.nb * a.m * a.n, 1e-5);
+            bmm_free(&a);
+            bmm_free(&b);
+        }
+    const geo gs[] = { { 2, 5, 5, 4, 3, 1, 0.0f }, { 3, 70, 70, 17, 9, 1, 0.0f }, { 2, 4, 6, 3, 2, 0, 0.5f },
+                       { 1, 1, 1, 8, 8, 1, 0.0f }, { 8, 64, 64, 32, 32, 1, 0.0f }, { 1, 3, 300, 5, 4, 0, 0.0f } };
+    for (size_t c = 0; c < sizeof gs / sizeof gs[0]; c++) {
+        attn_io a, b;
+        attn_alloc(&a, gs[c], (unsigned)(70 + c), 1);
+        attn_alloc(&b, gs[c], (unsigned)(70 + c), 1);
+        attn_run(RT, &a);
+        attn_run(gpu, &b);
+        geo g = gs[c];
+        snprintf(what, sizeof what, "%s attention case %zu", bn, c);
+        nearf(what, b.out, a.out, g.bh * g.tq * g.dv, 1e-5);
+        nearf(what, b.st, a.st, g.bh * g.tq * 2, 1e-4);
+        nearf(what, b.dq, a.dq, g.bh * g.tq * g.d, 1e-4);
+        nearf(what, b.dk, a.dk, g.bh * g.tk * g.d, 1e-4);
+        nearf(what, b.dv, a.dv, g.bh * g.tk * g.dv, 1e-4);
+        attn_free(&a);
+        attn_free(&b);
+    }
+    dpar_runtime_destroy(gpu);
+}
+static void test_parity_vulkan(void **state) {
+    (void)state;
+    parity(DPAR_BACKEND_VULKAN);
+}
+static void test_parity_cuda(void **state) {
+    (void)state;
+    parity(DPAR_BACKEND_CUDA);
+}
+
 static int setup(void **st) {
     (void)st;
     RT = t_runtime(DPAR_BACKEND_CPU, 1);
@@ -502,6 +579,8 @@ int main(void) {
         cmocka_unit_test(test_attention_causal_mask),
         cmocka_unit_test(test_attention_gradients),
         cmocka_unit_test(test_attention_errors),
+        cmocka_unit_test(test_parity_vulkan),
+        cmocka_unit_test(test_parity_cuda),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
