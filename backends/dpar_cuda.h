@@ -231,6 +231,13 @@ typedef enum {
     DPAR__CUK_WHERE,
     DPAR__CUK_SOFTMAX,
     DPAR__CUK_STRIDED,
+    /* >>norm-attn kernels (kernels/norm_attn.cu) */
+    DPAR__CUK_NORM_FWD,
+    DPAR__CUK_NORM_BWD,
+    DPAR__CUK_NORM_WGRAD,
+    DPAR__CUK_ATTN_FWD,
+    DPAR__CUK_ATTN_BWD_Q,
+    DPAR__CUK_ATTN_BWD_KV,
     DPAR__CUK_COUNT
 } dpar__cuk;
 static const char *const dpar__cuk_names[DPAR__CUK_COUNT] = {
@@ -241,7 +248,10 @@ static const char *const dpar__cuk_names[DPAR__CUK_COUNT] = {
     "dpar_k_vreduce",     "dpar_k_to_key",       "dpar_k_from_key",
     "dpar_k_div_i32",     "dpar_k_copy_nd",      "dpar_k_reduce_partial_f64",
     "dpar_k_unary",       "dpar_k_binary",       "dpar_k_reduce_axes",
-    "dpar_k_where",       "dpar_k_softmax",      "dpar_k_strided"
+    "dpar_k_where",       "dpar_k_softmax",      "dpar_k_strided",
+    /* >>norm-attn kernels */
+    "dpar_k_norm_fwd", "dpar_k_norm_bwd", "dpar_k_norm_wgrad", "dpar_k_attn_fwd", "dpar_k_attn_bwd_q",
+    "dpar_k_attn_bwd_kv"
 };
 
 enum {
@@ -1244,6 +1254,96 @@ static dpar_status dpar__cu_op_elem(dpar__cu_state *st, int dev, const dpar__op 
     return dpar__cu_launch(st, dev, k, dpar__cu_grid(items, 1, 8192), DPAR__CU_BLOCK, s, args);
 }
 
+/* >>cuda norm-attn ============================================================
+   layer/rms norm and attention (kernels/norm_attn.cu), batched matmul (cuBLAS,
+   one call per batch: no strided-batched entry point is loaded). */
+static unsigned dpar__cu_rows(int64_t rows) {
+    return rows < 1 ? 1u : rows > 65535 ? 65535u : (unsigned)rows;
+}
+static dpar__CUdeviceptr dpar__cu_ptr_or0(const dpar_buffer *b) {
+    return b ? DPAR__CU_PTR(b) : 0;
+}
+static dpar_status dpar__cu_op_norm(dpar__cu_state *st, int dev, const dpar__op *op) {
+    dpar__CUstream s = st->dev[dev].compute;
+    int64_t m = op->m, n = op->n;
+    int rms = (int)op->p[0];
+    float eps = op->f[0];
+    dpar__CUdeviceptr y = DPAR__CU_PTR(op->dst), a = DPAR__CU_PTR(op->src0), b = dpar__cu_ptr_or0(op->src1);
+    dpar__CUdeviceptr w = dpar__cu_ptr_or0(op->src2), x3 = dpar__cu_ptr_or0(op->src3);
+    dpar__CUdeviceptr d2 = dpar__cu_ptr_or0(op->dst2), d3 = dpar__cu_ptr_or0(op->dst3);
+    if (op->kind == DPAR__OP_NORM) { /* src1 w, src2 b */
+        void *args[] = { &a, &b, &w, &y, &d2, &m, &n, &eps, &rms };
+        if (m == 0) return DPAR_OK;
+        return dpar__cu_launch(st, dev, DPAR__CUK_NORM_FWD, dpar__cu_rows(m), 256, s, args);
+    }
+    dpar_status e;
+    if (d2 || d3) { /* dw, db first: dx may alias dy */
+        void *args[] = { &a, &b, &x3, &d2, &d3, &m, &n };
+        if (n > 0 && (e = dpar__cu_launch(st, dev, DPAR__CUK_NORM_WGRAD, dpar__cu_grid(n, 1, 8192), DPAR__CU_BLOCK, s,
+                                          args)))
+            return e;
+    }
+    void *args[] = { &a, &b, &w, &x3, &y, &m, &n, &rms };
+    if (m == 0) return DPAR_OK;
+    return dpar__cu_launch(st, dev, DPAR__CUK_NORM_BWD, dpar__cu_rows(m), 256, s, args);
+}
+static dpar_status dpar__cu_op_matmul_batched(dpar__cu_state *st, int dev, const dpar__op *op) {
+    dpar__cu_dev *d = &st->dev[dev];
+    int64_t M = op->m, N = op->n, K = op->k, nb = op->p[0];
+    float alpha = op->f[0], beta = op->f[1];
+    if (M == 0 || N == 0 || nb == 0) return DPAR_OK;
+    if (M > 0x7fffffff || N > 0x7fffffff || K > 0x7fffffff)
+        return dpar__err(DPAR_ERR_SHAPE, "cuda: matmul_batched: a dimension above 2^31-1 (cuBLAS' int API)");
+    dpar__CUdeviceptr C = DPAR__CU_PTR(op->dst), A = DPAR__CU_PTR(op->src0), B = DPAR__CU_PTR(op->src1);
+    if (K == 0) { /* C = beta C over every batch */
+        int64_t cnt = nb * M * N;
+        void *args[] = { &C, &beta, &cnt };
+        if (beta == 0.0f) {
+            DPAR__CU_TRY(dev, "cuMemsetD8Async", dpar__cu.cuMemsetD8Async(C, 0, op->dst->nbytes, d->compute));
+            return DPAR_OK;
+        }
+        return dpar__cu_launch(st, dev, DPAR__CUK_SCALE, dpar__cu_grid(cnt, 16, 8192), DPAR__CU_BLOCK, d->compute,
+                               args);
+    }
+    int ta = op->trans_a ? DPAR__CUBLAS_OP_T : DPAR__CUBLAS_OP_N, tb = op->trans_b ? DPAR__CUBLAS_OP_T : DPAR__CUBLAS_OP_N;
+    int lda = (int)(op->trans_a ? M : K), ldb = (int)(op->trans_b ? K : N);
+    for (int64_t i = 0; i < nb; i++) { /* row-major via swapped operands, as dpar__cu_matmul */
+        const float *Ai = (const float *)(uintptr_t)A + i * op->p[1], *Bi = (const float *)(uintptr_t)B + i * op->p[2];
+        float *Ci = (float *)(uintptr_t)C + i * op->p[3];
+        int r = dpar__cu.cublasSgemm(d->blas, tb, ta, (int)N, (int)M, (int)K, &alpha, Bi, ldb, Ai, lda, &beta, Ci,
+                                     (int)N);
+        if (r != 0) return dpar__blas_fail(dev, "cublasSgemm (matmul_batched)", r);
+    }
+    return DPAR_OK;
+}
+static dpar_status dpar__cu_op_attn(dpar__cu_state *st, int dev, const dpar__op *op) {
+    dpar__CUstream s = st->dev[dev].compute;
+    int64_t bh = op->p[0], tq = op->p[1], tk = op->p[2], dd = op->p[3], dv = op->p[4];
+    int causal = (int)op->p[5];
+    float scale = op->f[0];
+    if (dd > 512 || dv > 512)
+        return dpar__err(DPAR_ERR_SHAPE,
+                         "cuda: attention with head sizes D %lld, Dv %lld; this backend handles at most 512 "
+                         "(split the heads further)",
+                         (long long)dd, (long long)dv);
+    dpar__CUdeviceptr dst = DPAR__CU_PTR(op->dst), d2 = dpar__cu_ptr_or0(op->dst2), d3 = dpar__cu_ptr_or0(op->dst3);
+    dpar__CUdeviceptr a = DPAR__CU_PTR(op->src0), b = DPAR__CU_PTR(op->src1), c = DPAR__CU_PTR(op->src2);
+    dpar__CUdeviceptr x3 = dpar__cu_ptr_or0(op->src3);
+    if (op->kind == DPAR__OP_ATTN) {
+        void *args[] = { &a, &b, &c, &dst, &d2, &bh, &tq, &tk, &dd, &dv, &causal, &scale };
+        if (bh * tq == 0) return DPAR_OK;
+        return dpar__cu_launch(st, dev, DPAR__CUK_ATTN_FWD, dpar__cu_rows(bh * tq), 64, s, args);
+    }
+    if (op->kind == DPAR__OP_ATTN_BWD_Q) {
+        void *args[] = { &a, &b, &c, &x3, &dst, &d2, &bh, &tq, &tk, &dd, &dv, &causal, &scale };
+        if (bh * tq == 0) return DPAR_OK;
+        return dpar__cu_launch(st, dev, DPAR__CUK_ATTN_BWD_Q, dpar__cu_rows(bh * tq), 64, s, args);
+    }
+    void *args[] = { &a, &b, &c, &x3, &dst, &d2, &d3, &bh, &tq, &tk, &dd, &dv, &causal, &scale };
+    if (bh * tk == 0) return DPAR_OK;
+    return dpar__cu_launch(st, dev, DPAR__CUK_ATTN_BWD_KV, dpar__cu_rows(bh * tk), 64, s, args);
+}
+
 static dpar_status dpar__cu_op(void *state, int dev, const dpar__op *op) {
     dpar__cu_state *st = (dpar__cu_state *)state;
     dpar__cu_dev *d = &st->dev[dev];
@@ -1351,6 +1451,13 @@ static dpar_status dpar__cu_op(void *state, int dev, const dpar__op *op) {
     case DPAR__OP_SOFTMAX:
     case DPAR__OP_SOFTMAX_BWD:
     case DPAR__OP_STRIDED: return dpar__cu_op_elem(st, dev, op);
+    /* >>norm-attn kinds */
+    case DPAR__OP_NORM:
+    case DPAR__OP_NORM_BWD: return dpar__cu_op_norm(st, dev, op);
+    case DPAR__OP_MATMUL_BATCHED: return dpar__cu_op_matmul_batched(st, dev, op);
+    case DPAR__OP_ATTN:
+    case DPAR__OP_ATTN_BWD_Q:
+    case DPAR__OP_ATTN_BWD_KV: return dpar__cu_op_attn(st, dev, op);
     default:
         return dpar__err(DPAR_ERR_BACKEND,
                          "cuda: op %s (kind %d) is not implemented on this backend; use the cpu backend",

@@ -51,6 +51,18 @@ run_suite() { # name gpus
 run_suite cuda_mock_virtual_devices 1
 run_suite cuda_mock_nccl_path 4
 
+# the layer ops (norms, batched matmul, attention) against the CPU backend (tests/test_norm_attn.c)
+if [ -x "$BUILD/test_norm_attn" ]; then
+    if LD_LIBRARY_PATH="$MOCK${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" MOCK_CUDA_GPUS=1 DPAR_REQUIRE_BACKENDS=cuda \
+            ${DPAR_TEST_WRAPPER:-} "$BUILD/test_norm_attn" >"$log" 2>&1 &&
+            grep -q '^\[       OK \] test_parity_cuda' "$log" && ! grep -q '^\[  FAILED  \]' "$log"; then
+        echo "PASS cuda_mock_norm_attn_parity (layer_norm, rms_norm, matmul_batched, attention vs cpu)"
+    else
+        cat "$log"
+        echo "FAIL cuda_mock_norm_attn_parity: test_norm_attn against the mock driver"
+    fi
+fi
+
 if LD_LIBRARY_PATH="$MOCK" MOCK_CUDA_NO_DEVICE=1 "$BUILD/test_cuda" >"$log" 2>&1; then :; fi
 if grep -q 'SKIPPED: cuda backend unavailable: cuda: cuInit: CUDA_ERROR_NO_DEVICE' "$log" &&
    grep -q '^\[  SKIPPED \] 13 test' "$log"; then

@@ -485,7 +485,8 @@ static void parity(dpar_backend_kind kind) {
     dpar_runtime *gpu = t_runtime_or_skip(kind, 1);
     const char *bn = dpar_backend_name(kind);
     char what[160];
-    const int64_t nshape[][2] = { { 3, 5 }, { 7, 300 }, { 1, 1 }, { 0, 4 }, { 33, 64 } };
+    /* small on purpose: the CUDA mock runs every GPU thread as a host thread */
+    const int64_t nshape[][2] = { { 3, 5 }, { 7, 300 }, { 1, 1 }, { 0, 4 }, { 5, 64 } };
     for (int rms = 0; rms < 2; rms++)
         for (int c = 0; c < 5; c++)
             for (int affine = 0; affine < 2; affine++) {
@@ -519,8 +520,8 @@ static void parity(dpar_backend_kind kind) {
             bmm_free(&a);
             bmm_free(&b);
         }
-    const geo gs[] = { { 2, 5, 5, 4, 3, 1, 0.0f }, { 3, 70, 70, 17, 9, 1, 0.0f }, { 2, 4, 6, 3, 2, 0, 0.5f },
-                       { 1, 1, 1, 8, 8, 1, 0.0f }, { 8, 64, 64, 32, 32, 1, 0.0f }, { 1, 3, 300, 5, 4, 0, 0.0f } };
+    const geo gs[] = { { 2, 5, 5, 4, 3, 1, 0.0f }, { 1, 70, 70, 17, 9, 1, 0.0f }, { 2, 4, 6, 3, 2, 0, 0.5f },
+                       { 1, 1, 1, 8, 8, 1, 0.0f }, { 1, 3, 130, 5, 4, 0, 0.0f } };
     for (size_t c = 0; c < sizeof gs / sizeof gs[0]; c++) {
         attn_io a, b;
         attn_alloc(&a, gs[c], (unsigned)(70 + c), 1);

@@ -132,6 +132,7 @@ template <typename T> static T mock_shfl_xor(T v, int o) {
 
 #include "../../kernels/dpar_kernels.cu"
 #include "../../kernels/elementwise.cu"
+#include "../../kernels/norm_attn.cu"
 
 // ---------------------------------------------------------------------------
 // Kernel table and launcher
@@ -181,6 +182,9 @@ static const kinfo g_kernels[] = {
     K(dpar_k_unary, false),         K(dpar_k_binary, false),
     K(dpar_k_reduce_axes, false),   K(dpar_k_where, false),
     K(dpar_k_softmax, false),       K(dpar_k_strided, false),
+    K(dpar_k_norm_fwd, true),       K(dpar_k_norm_bwd, true),
+    K(dpar_k_norm_wgrad, false),    K(dpar_k_attn_fwd, true),
+    K(dpar_k_attn_bwd_q, true),     K(dpar_k_attn_bwd_kv, true),
 };
 
 struct thr_arg {
