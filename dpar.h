@@ -10190,9 +10190,12 @@ static dpar_status dpar__cpu_op_matmul_batched(DPAR__CPU_OP_ARGS) {
                         x1 + b * op->p[2], op->f[1], y + b * op->p[3]);
     return DPAR_OK;
 }
-/* Attention geometry of an op and the scores of one query row: s[j] = scale q_i . k_j, j < nk */
+/* Attention on the CPU: one batch-head at a time, query rows in blocks of rb, each block's
+   scores S = scale Q K^T and products through the GEMM. Scratch: two rb x Tk float blocks
+   (rb x Tk <= 2^15 unless Tk alone is larger: 256 KiB, cache-sized); the keys past a causal
+   block's last row are skipped. */
 typedef struct dpar__attn_geo {
-    int64_t bh, tq, tk, d, dv;
+    int64_t bh, tq, tk, d, dv, rb;
     int causal;
     float scale;
 } dpar__attn_geo;
@@ -10201,98 +10204,123 @@ static dpar__attn_geo dpar__attn_geo_of(const dpar__op *op) {
     g.bh = op->p[0], g.tq = op->p[1], g.tk = op->p[2], g.d = op->p[3], g.dv = op->p[4];
     g.causal = (int)op->p[5];
     g.scale = op->f[0];
+    int64_t cap = ((int64_t)1 << 15) / (g.tk > 0 ? g.tk : 1);
+    g.rb = g.tq < cap ? g.tq : cap > 0 ? cap : 1;
     return g;
 }
-static double dpar__dot_d(const float *a, const float *b, int64_t n) {
-    double s = 0.0;
-    for (int64_t t = 0; t < n; t++) s += (double)a[t] * (double)b[t];
-    return s;
+static float *dpar__attn_scratch(const dpar__attn_geo *g, const char *fn) {
+    float *p = (float *)DPAR_MALLOC((size_t)(2 * g->rb * g->tk + 1) * sizeof(float));
+    if (!p) dpar__err(DPAR_ERR_OUT_OF_MEMORY, "%s: out of host memory (%lld x %lld scores)", fn, (long long)g->rb,
+                      (long long)g->tk);
+    return p;
+}
+/* P[r, j] = exp(scale q_i . k_j - lse_i) for query rows i = i0 + r < i1, keys j < nk (ld nk); zero past
+   row i's last key. lse_i: from st (st_lse) or computed and stored there (P normalized either way). */
+static void dpar__attn_probs(dpar__cpu *c, int dev, const dpar__attn_geo *g, int64_t b, int64_t i0, int64_t i1,
+                             int64_t nk, const float *Q, const float *K, float *st, int st_lse, float *P) {
+    dpar__cpu_sgemm(c, dev, i1 - i0, nk, g->d, 0, 1, g->scale, Q + (b * g->tq + i0) * g->d, K + b * g->tk * g->d, 0.0f,
+                    P);
+    for (int64_t i = i0; i < i1; i++) {
+        float *pr = P + (i - i0) * nk;
+        int64_t nj = g->causal ? i + 1 : nk, row = b * g->tq + i;
+        double lse;
+        if (st_lse) {
+            lse = (double)st[2 * row];
+        } else {
+            float mx = -INFINITY;
+            double se = 0.0;
+            for (int64_t j = 0; j < nj; j++) mx = pr[j] > mx ? pr[j] : mx;
+            for (int64_t j = 0; j < nj; j++) se += (double)expf(pr[j] - mx);
+            lse = (double)mx + log(se);
+            if (st) st[2 * row] = (float)lse, st[2 * row + 1] = 0.0f;
+        }
+        float fl = (float)lse;
+        for (int64_t j = 0; j < nj; j++) pr[j] = expf(pr[j] - fl);
+        for (int64_t j = nj; j < nk; j++) pr[j] = 0.0f;
+    }
 }
 static dpar_status dpar__cpu_op_attn(DPAR__CPU_OP_ARGS) {
     DPAR__CPU_OP_UNUSED;
     dpar__attn_geo g = dpar__attn_geo_of(op);
-    const float *K = x1, *V = (const float *)op->src2->mem;
-    float *st = op->dst2 ? (float *)op->dst2->mem : NULL;
-    double *p = (double *)DPAR_MALLOC((size_t)(g.tk + g.dv + 1) * sizeof(double)), *o = p + g.tk;
-    if (!p) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "attention: out of host memory (Tk %lld)", (long long)g.tk);
+    float *st = op->dst2 ? (float *)op->dst2->mem : NULL, *P = dpar__attn_scratch(&g, "dpar_attention");
+    const float *V = (const float *)op->src2->mem;
+    if (!P) return DPAR_ERR_OUT_OF_MEMORY;
     for (int64_t b = 0; b < g.bh; b++)
-        for (int64_t i = 0; i < g.tq; i++) {
-            const float *qi = x0 + (b * g.tq + i) * g.d, *kb = K + b * g.tk * g.d, *vb = V + b * g.tk * g.dv;
-            int64_t nk = g.causal ? i + 1 : g.tk;
-            double mx = -INFINITY, se = 0.0;
-            for (int64_t j = 0; j < nk; j++) {
-                p[j] = (double)g.scale * dpar__dot_d(qi, kb + j * g.d, g.d);
-                mx = p[j] > mx ? p[j] : mx;
-            }
-            for (int64_t j = 0; j < nk; j++) se += (p[j] = exp(p[j] - mx));
-            for (int64_t t = 0; t < g.dv; t++) o[t] = 0.0;
-            for (int64_t j = 0; j < nk; j++)
-                for (int64_t t = 0; t < g.dv; t++) o[t] += p[j] * (double)vb[j * g.dv + t];
-            float *yr = y + (b * g.tq + i) * g.dv;
-            for (int64_t t = 0; t < g.dv; t++) yr[t] = nk ? (float)(o[t] / se) : 0.0f;
-            if (st) {
-                st[2 * (b * g.tq + i)] = (float)(mx + log(se));
-                st[2 * (b * g.tq + i) + 1] = 0.0f;
-            }
+        for (int64_t i0 = 0; i0 < g.tq; i0 += g.rb) {
+            int64_t i1 = i0 + g.rb < g.tq ? i0 + g.rb : g.tq, nk = g.causal && i1 < g.tk ? i1 : g.tk;
+            dpar__attn_probs(c, dev, &g, b, i0, i1, nk, x0, x1, st, 0, P);
+            dpar__cpu_sgemm(c, dev, i1 - i0, g.dv, nk, 0, 0, 1.0f, P, V + b * g.tk * g.dv, 0.0f,
+                            y + (b * g.tq + i0) * g.dv);
         }
-    DPAR_FREE(p);
+    DPAR_FREE(P);
     return DPAR_OK;
+}
+/* dS = P (dP - D_i) with dP = dout V^T, for one block of query rows; D_i computed (and stored) or read */
+static void dpar__attn_dscores(dpar__cpu *c, int dev, const dpar__attn_geo *g, int64_t b, int64_t i0, int64_t i1,
+                               int64_t nk, const float *dO, const float *V, float *st, int st_d, const float *P,
+                               float *dS) {
+    dpar__cpu_sgemm(c, dev, i1 - i0, nk, g->dv, 0, 1, 1.0f, dO + (b * g->tq + i0) * g->dv, V + b * g->tk * g->dv,
+                    0.0f, dS);
+    for (int64_t i = i0; i < i1; i++) {
+        const float *pr = P + (i - i0) * nk;
+        float *dr = dS + (i - i0) * nk;
+        int64_t row = b * g->tq + i;
+        double D = 0.0;
+        if (st_d) {
+            D = (double)st[2 * row + 1];
+        } else {
+            for (int64_t j = 0; j < nk; j++) D += (double)pr[j] * (double)dr[j];
+            st[2 * row + 1] = (float)D;
+        }
+        for (int64_t j = 0; j < nk; j++) dr[j] = (float)((double)pr[j] * ((double)dr[j] - D));
+    }
 }
 /* pass 1 over query rows: D_i = sum_j P_ij dp_ij into stats[.., 1], dq_i = scale sum_j ds_ij k_j */
 static dpar_status dpar__cpu_op_attn_bwd_q(DPAR__CPU_OP_ARGS) {
     DPAR__CPU_OP_UNUSED;
     dpar__attn_geo g = dpar__attn_geo_of(op);
-    const float *dO = x0, *Q = x1, *K = (const float *)op->src2->mem, *V = (const float *)op->src3->mem;
-    float *st = y, *dq = op->dst2 ? (float *)op->dst2->mem : NULL;
-    double *p = (double *)DPAR_MALLOC((size_t)(2 * g.tk + g.d + 1) * sizeof(double)), *dp = p + g.tk, *acc = dp + g.tk;
-    if (!p) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "attention backward: out of host memory (Tk %lld)", (long long)g.tk);
+    const float *K = (const float *)op->src2->mem, *V = (const float *)op->src3->mem;
+    float *dq = op->dst2 ? (float *)op->dst2->mem : NULL, *P = dpar__attn_scratch(&g, "dpar_attention_backward");
+    if (!P) return DPAR_ERR_OUT_OF_MEMORY;
+    float *dS = P + g.rb * g.tk;
     for (int64_t b = 0; b < g.bh; b++)
-        for (int64_t i = 0; i < g.tq; i++) {
-            int64_t row = b * g.tq + i, nk = g.causal ? i + 1 : g.tk;
-            const float *qi = Q + row * g.d, *doi = dO + row * g.dv, *kb = K + b * g.tk * g.d, *vb = V + b * g.tk * g.dv;
-            double lse = (double)st[2 * row], D = 0.0;
-            for (int64_t j = 0; j < nk; j++) {
-                p[j] = exp((double)g.scale * dpar__dot_d(qi, kb + j * g.d, g.d) - lse);
-                dp[j] = dpar__dot_d(doi, vb + j * g.dv, g.dv);
-                D += p[j] * dp[j];
-            }
-            st[2 * row + 1] = (float)D;
-            if (!dq) continue;
-            for (int64_t t = 0; t < g.d; t++) acc[t] = 0.0;
-            for (int64_t j = 0; j < nk; j++) {
-                double ds = p[j] * (dp[j] - D);
-                for (int64_t t = 0; t < g.d; t++) acc[t] += ds * (double)kb[j * g.d + t];
-            }
-            for (int64_t t = 0; t < g.d; t++) dq[row * g.d + t] = (float)((double)g.scale * acc[t]);
+        for (int64_t i0 = 0; i0 < g.tq; i0 += g.rb) {
+            int64_t i1 = i0 + g.rb < g.tq ? i0 + g.rb : g.tq, nk = g.causal && i1 < g.tk ? i1 : g.tk;
+            dpar__attn_probs(c, dev, &g, b, i0, i1, nk, x1, K, y, 1, P);
+            dpar__attn_dscores(c, dev, &g, b, i0, i1, nk, x0, V, y, 0, P, dS);
+            if (dq)
+                dpar__cpu_sgemm(c, dev, i1 - i0, g.d, nk, 0, 0, g.scale, dS, K + b * g.tk * g.d, 0.0f,
+                                dq + (b * g.tq + i0) * g.d);
         }
-    DPAR_FREE(p);
+    DPAR_FREE(P);
     return DPAR_OK;
 }
-/* pass 2 over key rows: dk_j = scale sum_i ds_ij q_i, dv_j = sum_i P_ij dout_i */
+/* pass 2: dk = scale dS^T q, dv = P^T dout, summed over the query-row blocks in order */
 static dpar_status dpar__cpu_op_attn_bwd_kv(DPAR__CPU_OP_ARGS) {
     DPAR__CPU_OP_UNUSED;
     dpar__attn_geo g = dpar__attn_geo_of(op);
-    const float *dO = x0, *Q = x1, *K = (const float *)op->src2->mem, *V = (const float *)op->src3->mem, *st = y;
+    const float *V = (const float *)op->src3->mem;
     float *dk = op->dst2 ? (float *)op->dst2->mem : NULL, *dv = op->dst3 ? (float *)op->dst3->mem : NULL;
-    double *ak = (double *)DPAR_MALLOC((size_t)(g.d + g.dv + 1) * sizeof(double)), *av = ak + g.d;
-    if (!ak) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "attention backward: out of host memory");
+    float *P = dpar__attn_scratch(&g, "dpar_attention_backward");
+    if (!P) return DPAR_ERR_OUT_OF_MEMORY;
+    float *dS = P + g.rb * g.tk;
+    if (dk) memset(dk, 0, (size_t)(g.bh * g.tk * g.d) * sizeof(float));   /* keys no query sees get 0 */
+    if (dv) memset(dv, 0, (size_t)(g.bh * g.tk * g.dv) * sizeof(float));
     for (int64_t b = 0; b < g.bh; b++)
-        for (int64_t j = 0; j < g.tk; j++) {
-            const float *kj = K + (b * g.tk + j) * g.d, *vj = V + (b * g.tk + j) * g.dv;
-            for (int64_t t = 0; t < g.d; t++) ak[t] = 0.0;
-            for (int64_t t = 0; t < g.dv; t++) av[t] = 0.0;
-            for (int64_t i = g.causal ? j : 0; i < g.tq; i++) {
-                int64_t row = b * g.tq + i;
-                const float *qi = Q + row * g.d, *doi = dO + row * g.dv;
-                double p = exp((double)g.scale * dpar__dot_d(qi, kj, g.d) - (double)st[2 * row]);
-                double ds = p * (dpar__dot_d(doi, vj, g.dv) - (double)st[2 * row + 1]);
-                for (int64_t t = 0; t < g.d; t++) ak[t] += ds * (double)qi[t];
-                for (int64_t t = 0; t < g.dv; t++) av[t] += p * (double)doi[t];
+        for (int64_t i0 = 0; i0 < g.tq; i0 += g.rb) {
+            int64_t i1 = i0 + g.rb < g.tq ? i0 + g.rb : g.tq, nk = g.causal && i1 < g.tk ? i1 : g.tk;
+            dpar__attn_probs(c, dev, &g, b, i0, i1, nk, (const float *)op->src1->mem, (const float *)op->src2->mem, y,
+                             1, P);
+            if (dk) {
+                dpar__attn_dscores(c, dev, &g, b, i0, i1, nk, x0, V, y, 1, P, dS);
+                dpar__cpu_sgemm(c, dev, nk, g.d, i1 - i0, 1, 0, g.scale, dS, x1 + (b * g.tq + i0) * g.d,
+                                i0 ? 1.0f : 0.0f, dk + b * g.tk * g.d);
             }
-            for (int64_t t = 0; dk && t < g.d; t++) dk[(b * g.tk + j) * g.d + t] = (float)((double)g.scale * ak[t]);
-            for (int64_t t = 0; dv && t < g.dv; t++) dv[(b * g.tk + j) * g.dv + t] = (float)av[t];
+            if (dv)
+                dpar__cpu_sgemm(c, dev, nk, g.dv, i1 - i0, 1, 0, 1.0f, P, x0 + (b * g.tq + i0) * g.dv,
+                                i0 ? 1.0f : 0.0f, dv + b * g.tk * g.dv);
         }
-    DPAR_FREE(ak);
+    DPAR_FREE(P);
     return DPAR_OK;
 }
 /* the fused AdamW update on elements [lo, hi) (formula at dpar_adamw_desc) */
