@@ -1081,7 +1081,7 @@ DPAR_API dpar_status dpar_layer_norm(dpar_buffer *y, dpar_buffer *stats, const d
 /* Gradients of dpar_layer_norm, with xhat = (x - mean) rstd and g = dy * w:
      dx_ij = rstd_i (g_ij - mean_j(g_ij) - xhat_ij mean_j(g_ij xhat_ij))
      dw_j = sum_i dy_ij xhat_ij;  db_j = sum_i dy_ij   (overwritten, summed in a fixed row order)
-   dx: [..., N] like x (may alias dy); dw, db: [N] or NULL (not computed); w: as given to the forward
+   dx: [..., N] like x (may alias dy), dw, db: [N]; any may be NULL (not computed), not all three; w: as given to the forward
    (NULL: ones); stats: the forward's. Errors: as dpar_layer_norm. */
 DPAR_API dpar_status dpar_layer_norm_backward(dpar_buffer *dx, dpar_buffer *dw, dpar_buffer *db, const dpar_buffer *dy,
                                               const dpar_buffer *x, const dpar_buffer *w, const dpar_buffer *stats);
@@ -1353,6 +1353,16 @@ DPAR_API dpar_value dpar_g_dot(dpar_graph *g, dpar_value a, dpar_value b);
 DPAR_API dpar_value dpar_g_cast(dpar_graph *g, dpar_value x, dpar_dtype dtype);
 /* x with another shape of the same count (a copy). */
 DPAR_API dpar_value dpar_g_reshape(dpar_graph *g, dpar_value x, int ndim, const int64_t *shape);
+/* --- layers (the eager ops of the same name; >>graph norm-attn) --- */
+/* Layer / RMS norm over the last axis: x [..., N], w [N] (required), b [N] or the invalid value (no
+   bias), eps > 0. Two nodes: the per-row statistics (kept for the backward) and y. Gradients to x,
+   w and b. */
+DPAR_API dpar_value dpar_g_layer_norm(dpar_graph *g, dpar_value x, dpar_value w, dpar_value b, float eps);
+DPAR_API dpar_value dpar_g_rms_norm(dpar_graph *g, dpar_value x, dpar_value w, dpar_value b, float eps);
+/* Batched matmul (dpar_matmul_batched): a [..., M, K] (or [..., K, M] with trans_a), b [..., K, N] or a 2-d
+   b shared by every batch (then trans_a is refused: its gradient would need a transpose). Gradients to
+   both; a shared b's gradient is summed over the batch. */
+DPAR_API dpar_value dpar_g_matmul_batched(dpar_graph *g, dpar_value a, dpar_value b, bool trans_a, bool trans_b);
 
 /* --- collectives over mesh axes "a" or "a,b" (the eager collective of the same name) --- */
 DPAR_API dpar_value dpar_g_psum(dpar_graph *g, dpar_value x, const char *axes);
@@ -1762,7 +1772,8 @@ typedef enum dpar__op_kind {
     /* >>norm-attn kinds (see >>layers-norm-attn) */
     DPAR__OP_NORM,            /* dst y, dst2 stats[M,2] or NULL, src0 x[M,N], src1 w, src2 b (NULL: none); f[0] eps,
                                  p[0] 1 = rms */
-    DPAR__OP_NORM_BWD,        /* dst dx, dst2 dw, dst3 db (NULL: skip), src0 dy, src1 x, src2 w, src3 stats; p[0] rms */
+    DPAR__OP_NORM_BWD,        /* dst dx, dst2 dw, dst3 db (NULL: skip), src0 dy, src1 x, src2 w, src3 stats; p[0] rms,
+                                 p[1] 1: no dx (dst is dw or db then) */
     DPAR__OP_MATMUL_BATCHED,  /* as MATMUL per batch; p[0] batches, p[1..3] batch strides of A, B (0: shared), C */
     DPAR__OP_ATTN,            /* dst out, dst2 stats or NULL, src0 q, src1 k, src2 v; f[0] scale,
                                  p[0] batch, p[1] Tq, p[2] Tk, p[3] D, p[4] Dv, p[5] causal */
@@ -6348,11 +6359,13 @@ static dpar_status dpar__norm_bwd(const char *fn, int rms, dpar_buffer *dx, dpar
                                   const dpar_buffer *stats) {
     dpar__clear_error();
     if (!dy || !x || !stats) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: dy, x or stats is NULL", fn);
+    if (!dx && !dw && !db) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: dx, dw and db are all NULL", fn);
+    dpar_buffer *first = dx ? dx : dw ? dw : db; /* the op's dst: dx, else a parameter gradient (p[1] = 1) */
     const dpar_buffer *ops[6] = { dy, x, stats, w ? w : x, dw ? dw : x, db ? db : x };
     const dpar_buffer *f32[7] = { dx, dw, db, dy, x, w, stats };
     const char *names[7] = { "dx", "dw", "db", "dy", "x", "w", "stats" };
-    dpar_status s = dpar__op_check(fn, dx, ops, 6);
-    if (s || (s = dpar__f32_operands(fn, f32, names, 7)) || (s = dpar__same_shape(fn, dx, "dx", x, "x")) ||
+    dpar_status s = dpar__op_check(fn, first, ops, 6);
+    if (s || (s = dpar__f32_operands(fn, f32, names, 7)) || (dx && (s = dpar__same_shape(fn, dx, "dx", x, "x"))) ||
         (s = dpar__same_shape(fn, dy, "dy", x, "x")))
         return s;
     if (x->ndim < 1) return dpar__err(DPAR_ERR_SHAPE, "%s: x is a scalar; it needs a last axis to normalize", fn);
@@ -6361,10 +6374,11 @@ static dpar_status dpar__norm_bwd(const char *fn, int rms, dpar_buffer *dx, dpar
         return s;
     int64_t n = x->shape[x->ndim - 1], m = n ? x->count / n : 0;
     if ((s = dpar__stats_count(fn, stats, m, "x"))) return s;
-    if (dx == x || (dw && (dw == dx || dw == db || dw == dy)) || (db && (db == dx || db == dy)))
+    if ((dx && dx == x) || (dw && (dw == dx || dw == db || dw == dy)) || (db && (db == dx || db == dy)))
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: dx must not alias x, nor dw/db any other operand", fn);
     dpar__op op;
-    dpar__op_init(&op, DPAR__OP_NORM_BWD, dx);
+    dpar__op_init(&op, DPAR__OP_NORM_BWD, first);
+    op.p[1] = dx ? 0 : 1;
     op.dst2 = dw;
     op.dst3 = db;
     op.src0 = dy;
@@ -7236,6 +7250,12 @@ enum {
     DPAR__G_BLOCK,     /* this member's block of an all_gather'ed value (all_gather's transpose) */
     DPAR__G_ROOT_ONLY, /* x on the root of the group, zero elsewhere (pbroadcast's transpose) */
     DPAR__G_SGD,
+    /* >>graph norm-attn kinds */
+    DPAR__G_NORM_STATS,
+    DPAR__G_NORM,
+    DPAR__G_NORM_DX,
+    DPAR__G_NORM_DW,
+    DPAR__G_MATMUL_BATCHED,
     DPAR__G_KINDS
 };
 typedef struct dpar__g_kind {
@@ -7253,6 +7273,9 @@ static const dpar__g_kind dpar__g_kinds[DPAR__G_KINDS] = {
     { "pmin", 1, 1 },       { "all_gather", 1, 1 },   { "psum_scatter", 1, 1 }, { "ppermute", 1, 1 },
     { "all_to_all", 1, 1 }, { "pbroadcast", 1, 1 },   { "pcast", 1, 1 },        { "block", 1, 1 },
     { "root_only", 1, 1 },  { "sgd", 0, 0 },
+    /* >>graph norm-attn kinds */
+    { "norm_stats", 1, 0 }, { "norm", 4, 0 },         { "norm_dx", 4, 0 },      { "norm_dw", 3, 0 },
+    { "matmul_batched", 2, 0 },
 };
 
 typedef struct dpar__gnode {
@@ -7856,6 +7879,134 @@ static void dpar__g_contrib(dpar_graph *g, dpar__gback *bk, int v, unsigned eff,
 static dpar_value dpar__g_times(dpar_graph *g, dpar_value s, dpar_value x) {
     return g->n[s.id].is_one ? x : dpar_g_mul_scalar(g, s, x);
 }
+/* >>graph norm-attn ===========================================================
+   Graph nodes of layer_norm / rms_norm and the batched matmul (eager ops in
+   >>layers-norm-attn). A norm is two nodes: NORM_STATS (x -> [rows, 2], filled
+   by the NORM node's eager call, so its own lowering does nothing; the planner
+   keeps it alive up to the backward) and NORM (x, w, stats[, b] -> y). Its
+   backward is NORM_DX (ct, x, w, stats -> dx), NORM_DW (ct, x, stats -> dw)
+   and the existing BIAS_GRAD for db. */
+static dpar_buffer *dpar__g_buf(const dpar_graph *g, int id, int li);
+
+static dpar_value dpar__g_norm(dpar_graph *g, const char *fn, int rms, dpar_value x, dpar_value w, dpar_value b,
+                               float eps) {
+    dpar_value v[3] = { x, w, b };
+    int nv = b.id ? 3 : 2;
+    if (!dpar__g_args(g, fn, nv, v) || !dpar__g_f32(g, fn, nv, v)) return dpar__gv(0);
+    int ndim = g->n[x.id].ndim;
+    int64_t sh[DPAR_MAX_DIMS], st[2];
+    memcpy(sh, g->n[x.id].shape, sizeof sh);
+    for (int i = 1; i < nv; i++) {
+        const dpar__gnode *pn = &g->n[v[i].id];
+        if (ndim < 1 || pn->ndim != 1 || pn->shape[0] != sh[ndim - 1]) {
+            char s1[160], s2[160], l1[96], l2[96];
+            return dpar__g_fail(g, DPAR_ERR_SHAPE, "%s: %s %s must be 1-d with the size of the last dim of %s %s", fn,
+                                dpar__g_label(g, v[i].id, l2, sizeof l2), dpar__g_shape(pn, s2, sizeof s2),
+                                dpar__g_label(g, x.id, l1, sizeof l1), dpar__g_shape(&g->n[x.id], s1, sizeof s1));
+        }
+    }
+    if (!(eps > 0.0f) || !isfinite(eps))
+        return dpar__g_fail(g, DPAR_ERR_INVALID_ARGUMENT, "%s: eps = %g; it must be a finite number > 0", fn,
+                            (double)eps);
+    st[0] = sh[ndim - 1] ? dpar__prod(sh, ndim) / sh[ndim - 1] : 0, st[1] = 2;
+    int in[4] = { x.id, w.id, 0, b.id };
+    in[2] = dpar__g_push(g, DPAR__G_NORM_STATS, 1, in, DPAR_F32, 2, st);
+    int id = in[2] ? dpar__g_push(g, DPAR__G_NORM, nv + 1, in, DPAR_F32, ndim, sh) : 0;
+    for (int k = 0; id && k < 2; k++) g->n[in[2] + k].ip[0] = rms, g->n[in[2] + k].fp = eps;
+    return dpar__gv(id);
+}
+DPAR_API dpar_value dpar_g_layer_norm(dpar_graph *g, dpar_value x, dpar_value w, dpar_value b, float eps) {
+    return dpar__g_norm(g, "dpar_g_layer_norm", 0, x, w, b, eps);
+}
+DPAR_API dpar_value dpar_g_rms_norm(dpar_graph *g, dpar_value x, dpar_value w, dpar_value b, float eps) {
+    return dpar__g_norm(g, "dpar_g_rms_norm", 1, x, w, b, eps);
+}
+DPAR_API dpar_value dpar_g_matmul_batched(dpar_graph *g, dpar_value a, dpar_value b, bool trans_a, bool trans_b) {
+    const char *fn = "dpar_g_matmul_batched";
+    dpar_value v[2] = { a, b };
+    if (!dpar__g_args(g, fn, 2, v) || !dpar__g_f32(g, fn, 2, v)) return dpar__gv(0);
+    const dpar__gnode *x = &g->n[a.id], *y = &g->n[b.id];
+    int r = x->ndim, ok = r >= 2 && (y->ndim == r || y->ndim == 2) && !(y->ndim == 2 && r > 2 && trans_a);
+    for (int d = 0; ok && y->ndim == r && d + 2 < r; d++) ok = x->shape[d] == y->shape[d];
+    ok = ok && x->shape[r - (trans_a ? 2 : 1)] == y->shape[y->ndim - (trans_b ? 1 : 2)];
+    if (!ok) {
+        char s1[160], s2[160], l1[96], l2[96];
+        return dpar__g_fail(g, DPAR_ERR_SHAPE,
+                            "%s: %s %s%s and %s %s%s: need [..., M, K] @ [..., K, N] with equal leading dims, or a "
+                            "2-d right operand (then without trans_a)",
+                            fn, dpar__g_label(g, a.id, l1, sizeof l1), dpar__g_shape(x, s1, sizeof s1),
+                            trans_a ? "^T" : "", dpar__g_label(g, b.id, l2, sizeof l2), dpar__g_shape(y, s2, sizeof s2),
+                            trans_b ? "^T" : "");
+    }
+    int64_t sh[DPAR_MAX_DIMS];
+    memcpy(sh, x->shape, sizeof sh);
+    sh[r - 2] = x->shape[r - (trans_a ? 1 : 2)];
+    sh[r - 1] = y->shape[y->ndim - (trans_b ? 2 : 1)];
+    int in[2] = { a.id, b.id };
+    int id = dpar__g_push(g, DPAR__G_MATMUL_BATCHED, 2, in, DPAR_F32, r, sh);
+    if (id) g->n[id].ip[0] = trans_a, g->n[id].ip[1] = trans_b;
+    return dpar__gv(id);
+}
+
+/* the lowering of the kinds above (dpar__g_exec) */
+static dpar_status dpar__g_exec_norm_attn(const dpar_graph *g, const dpar__gnode *nd, int li, dpar_buffer *y) {
+    dpar_buffer *in[4] = { NULL, NULL, NULL, NULL };
+    for (int j = 0; j < nd->nin; j++) in[j] = dpar__g_buf(g, nd->in[j], li);
+    int rms = nd->ip[0];
+    switch (nd->kind) {
+    case DPAR__G_NORM_STATS: return DPAR_OK; /* filled by the NORM node */
+    case DPAR__G_NORM:
+        return rms ? dpar_rms_norm(y, in[2], in[0], in[1], in[3], nd->fp)
+                   : dpar_layer_norm(y, in[2], in[0], in[1], in[3], nd->fp);
+    case DPAR__G_NORM_DX: /* ct, x, w, stats */
+        return rms ? dpar_rms_norm_backward(y, NULL, NULL, in[0], in[1], in[2], in[3])
+                   : dpar_layer_norm_backward(y, NULL, NULL, in[0], in[1], in[2], in[3]);
+    case DPAR__G_NORM_DW: /* ct, x, stats */
+        return rms ? dpar_rms_norm_backward(NULL, y, NULL, in[0], in[1], NULL, in[2])
+                   : dpar_layer_norm_backward(NULL, y, NULL, in[0], in[1], NULL, in[2]);
+    default: /* DPAR__G_MATMUL_BATCHED */
+        return dpar_matmul_batched(y, in[0], in[1], nd->ip[0] != 0, nd->ip[1] != 0, 1.0f, 0.0f);
+    }
+}
+/* sum over the leading (batch) dims of a batched value [..., R, C] -> [R, C] (a ones-row matmul) */
+static dpar_value dpar__g_batch_sum(dpar_graph *g, dpar_value x) {
+    const dpar__gnode *xn = &g->n[x.id];
+    int64_t r = xn->shape[xn->ndim - 2], c = xn->shape[xn->ndim - 1], nb = r * c != 0 ? dpar__g_count(xn) / (r * c) : 0;
+    int64_t s2[2] = { nb, r * c }, s1[2] = { 1, nb }, out[2] = { r, c };
+    dpar_value flat = dpar_g_reshape(g, x, 2, s2), ones = dpar_g_const(g, DPAR_F32, 2, s1, 1.0f);
+    return dpar_g_reshape(g, dpar_g_matmul(g, ones, flat, false, false), 2, out);
+}
+/* the gradient rules of the kinds above (dpar__g_grad) */
+static void dpar__g_grad_norm_attn(dpar_graph *g, dpar__gback *bk, const dpar__gnode *nd, unsigned eff,
+                                   dpar_value ct) {
+    dpar_value a = dpar__gv(nd->in[0]), b = dpar__gv(nd->in[1]);
+    if (nd->kind == DPAR__G_MATMUL_BATCHED) {
+        bool ta = nd->ip[0] != 0, tb = nd->ip[1] != 0, shared = g->n[b.id].ndim == 2 && nd->ndim > 2;
+        if (bk->needed[a.id])
+            dpar__g_contrib(g, bk, a.id, eff,
+                            ta ? dpar_g_matmul_batched(g, b, ct, tb, true) : dpar_g_matmul_batched(g, ct, b, false, !tb));
+        if (bk->needed[b.id]) {
+            dpar_value d = tb ? dpar_g_matmul_batched(g, ct, a, true, ta) : dpar_g_matmul_batched(g, a, ct, !ta, false);
+            dpar__g_contrib(g, bk, b.id, eff, shared ? dpar__g_batch_sum(g, d) : d);
+        }
+        return;
+    }
+    if (nd->kind != DPAR__G_NORM) return;
+    dpar_value st = dpar__gv(nd->in[2]), r;
+    if (bk->needed[a.id]) {
+        dpar_value v[4] = { ct, a, b, st };
+        if ((r = dpar__g_like(g, DPAR__G_NORM_DX, 4, v)).id) g->n[r.id].ip[0] = nd->ip[0];
+        dpar__g_contrib(g, bk, a.id, eff, r);
+    }
+    if (bk->needed[b.id]) {
+        dpar_value v[3] = { ct, a, st };
+        if ((r = dpar__g_make(g, DPAR__G_NORM_DW, 3, v, b.id)).id) g->n[r.id].ip[0] = nd->ip[0];
+        dpar__g_contrib(g, bk, b.id, eff, r);
+    }
+    if (nd->nin > 3 && bk->needed[nd->in[3]])
+        dpar__g_contrib(g, bk, nd->in[3], eff, dpar__g_make(g, DPAR__G_BIAS_GRAD, 1, &ct, nd->in[3]));
+}
+
 /* The gradient rule of node i with cotangent ct: contributions to its inputs. */
 static dpar_status dpar__g_grad(dpar_graph *g, dpar__gback *bk, int i, dpar_value ct) {
     dpar__gnode nd = g->n[i]; /* a copy: building nodes may move the table */
@@ -7945,6 +8096,8 @@ static dpar_status dpar__g_grad(dpar_graph *g, dpar__gback *bk, int i, dpar_valu
         dpar__g_contrib(g, bk, a.id, eff, dpar_g_all_to_all(g, ct, nd.axes_str, nd.ip[1], nd.ip[0]));
         break;
     case DPAR__G_PBROADCAST: dpar__g_contrib(g, bk, a.id, eff, dpar__g_root_only(g, ct, &nd)); break;
+    case DPAR__G_NORM:
+    case DPAR__G_MATMUL_BATCHED: dpar__g_grad_norm_attn(g, bk, &nd, eff, ct); break;
     case DPAR__G_PMAX:
     case DPAR__G_PMIN:
         dpar__g_fail(g, DPAR_ERR_INVALID_ARGUMENT,
@@ -8424,6 +8577,11 @@ static dpar_status dpar__g_exec(dpar_graph *g, dpar_ctx *ctx, int li, int i) {
         if ((s = dpar_ctx_axis_index(ctx, ax, &k))) return s;
         return k == nd->ip[0] ? dpar_copy(y, a) : dpar_fill(y, 0.0f);
     }
+    case DPAR__G_NORM_STATS:
+    case DPAR__G_NORM:
+    case DPAR__G_NORM_DX:
+    case DPAR__G_NORM_DW:
+    case DPAR__G_MATMUL_BATCHED: return dpar__g_exec_norm_attn(g, nd, li, y);
     default: return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "no lowering for op kind %d", nd->kind);
     }
     /* the 2-d views back to the nodes' shapes (a param's shard must keep its shape) */
@@ -10171,7 +10329,7 @@ static dpar_status dpar__cpu_op_norm_bwd(DPAR__CPU_OP_ARGS) {
         }
         mg = op->p[0] ? 0.0 : mg / (double)n;
         mgx /= (double)n;
-        for (int64_t j = 0; j < n; j++) {
+        for (int64_t j = 0; j < n && !op->p[1]; j++) {
             double xh = ((double)xr[j] - mu) * rs, g = (double)dyr[j] * (w ? (double)w[j] : 1.0);
             y[i * n + j] = (float)(rs * (g - mg - xh * mgx));
         }

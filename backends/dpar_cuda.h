@@ -1284,7 +1284,7 @@ static dpar_status dpar__cu_op_norm(dpar__cu_state *st, int dev, const dpar__op 
             return e;
     }
     void *args[] = { &a, &b, &w, &x3, &y, &m, &n, &rms };
-    if (m == 0) return DPAR_OK;
+    if (m == 0 || op->p[1]) return DPAR_OK; /* p[1]: no dx */
     return dpar__cu_launch(st, dev, DPAR__CUK_NORM_BWD, dpar__cu_rows(m), 256, s, args);
 }
 static dpar_status dpar__cu_op_matmul_batched(dpar__cu_state *st, int dev, const dpar__op *op) {

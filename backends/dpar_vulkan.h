@@ -1600,6 +1600,7 @@ static dpar_status dpar__vk_op_norm(dpar__vk *st, int dev, const dpar__op *op, d
             return s;
         b[1] = b[4] = NULL;
     }
+    if (op->p[1]) return DPAR_OK; /* no dx */
     pc->flags |= op->src2 ? 2u : 0u;
     b[0] = dpar__vk_mem(op->dst), b[5] = dpar__vk_mem(op->src2);
     return dpar__vk_dispatch(st, dev, DPAR__SPV_LAYERNORM_BWD, b, pc, dpar__vk_rows(op->m), 1);

@@ -3,7 +3,9 @@
    one token gives V, the causal mask hides later positions), forwards against
    references computed here in double, every backward against central finite
    differences of the double reference (so the check measures the op, not f32
-   noise), argument errors, and every GPU backend (Vulkan, CUDA) against the
+   noise), argument errors, the graph nodes (dpar_g_layer_norm, dpar_g_rms_norm,
+   dpar_g_matmul_batched: loss and gradients against the double references, on
+   CPU and Vulkan), and every GPU backend (Vulkan, CUDA) against the
    CPU backend on the same inputs, sizes that are not multiples of any tile
    included. A backend that is not there prints SKIPPED (a failure when
    DPAR_REQUIRE_BACKENDS lists it). */
@@ -490,6 +492,166 @@ static void test_attention_errors(void **state) {
     for (int i = 0; i < 9; i++) dpar_buffer_destroy(all[i]);
 }
 
+/* ---- graph nodes: dpar_g_layer_norm / rms_norm / matmul_batched -------------- */
+typedef struct gcase {
+    const char *name;
+    int kind; /* 0 layer_norm, 1 rms_norm, 2 matmul_batched */
+    int nin;  /* differentiated feeds (the last feed, r, is the loss weight: loss = dot(out, r)) */
+    int ndim[3];
+    int64_t shape[3][3];
+    int p0, p1; /* trans_a, trans_b */
+} gcase;
+static int64_t gcount(const gcase *c, int i) {
+    int64_t n = 1;
+    for (int d = 0; d < c->ndim[i]; d++) n *= c->shape[i][d];
+    return n;
+}
+static int64_t gout_count(const gcase *c) {
+    if (c->kind < 2) return gcount(c, 0);
+    const int64_t *a = c->shape[0], *b = c->shape[1];
+    int r = c->ndim[0], rb = c->ndim[1];
+    return gcount(c, 0) / (a[r - 1] * a[r - 2]) * a[r - (c->p0 ? 1 : 2)] * b[rb - (c->p1 ? 2 : 1)];
+}
+/* the graph's output in double: out = op(inputs) */
+static void gref(const gcase *c, double *const *x, double *out) {
+    if (c->kind < 2) {
+        int64_t n = c->shape[0][c->ndim[0] - 1];
+        ref_norm(out, x[0], x[1], c->nin > 2 ? x[2] : NULL, gcount(c, 0) / n, n, 1e-5, c->kind);
+        return;
+    }
+    const int64_t *as = c->shape[0], *bs = c->shape[1];
+    int r = c->ndim[0], rb = c->ndim[1];
+    int64_t M = as[r - (c->p0 ? 1 : 2)], K = as[r - (c->p0 ? 2 : 1)], N = bs[rb - (c->p1 ? 2 : 1)];
+    int64_t nb = gcount(c, 0) / (M * K), sb = rb == 2 ? 0 : K * N;
+    for (int64_t bb = 0; bb < nb; bb++)
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < N; j++) {
+                const double *A = x[0] + bb * M * K, *B = x[1] + bb * sb;
+                double s = 0;
+                for (int64_t t = 0; t < K; t++)
+                    s += (c->p0 ? A[t * M + i] : A[i * K + t]) * (c->p1 ? B[j * K + t] : B[t * N + j]);
+                out[(bb * M + i) * N + j] = s;
+            }
+}
+static void graph_case(dpar_backend_kind kind, const gcase *c) {
+    dpar_runtime *rt = t_runtime_or_skip(kind, 1);
+    dpar_mesh *m = t_mesh1(rt, 1, "data");
+    dpar_graph *g = NULL;
+    T_OK(dpar_graph_create(m, &g));
+    dpar_value x[4], gr[3], none = { 0 };
+    double *xd[3], *out = da(gout_count(c));
+    float *xf[4];
+    int64_t no = gout_count(c);
+    for (int i = 0; i <= c->nin; i++) {
+        dpar_array_desc d;
+        memset(&d, 0, sizeof d);
+        d.dtype = DPAR_F32;
+        if (i < c->nin) {
+            d.ndim = c->ndim[i];
+            for (int k = 0; k < d.ndim; k++) d.shape[k] = c->shape[i][k];
+        } else {
+            d.ndim = 1, d.shape[0] = no;
+        }
+        x[i] = dpar_g_feed(g, i < c->nin ? "x" : "r", &d);
+        int64_t n = i < c->nin ? gcount(c, i) : no;
+        xf[i] = fa(n);
+        fill_rand(xf[i], n, (unsigned)(90 + i), i == 1 && c->kind < 2 ? 0.5f : -1.0f, 1.5f);
+        if (i < c->nin) xd[i] = da(n), widen(xd[i], xf[i], n);
+    }
+    dpar_value y = c->kind == 0   ? dpar_g_layer_norm(g, x[0], x[1], c->nin > 2 ? x[2] : none, 1e-5f)
+                   : c->kind == 1 ? dpar_g_rms_norm(g, x[0], x[1], c->nin > 2 ? x[2] : none, 1e-5f)
+                                  : dpar_g_matmul_batched(g, x[0], x[1], c->p0, c->p1);
+    int64_t flat = no;
+    dpar_value loss = dpar_g_dot(g, dpar_g_reshape(g, y, 1, &flat), x[c->nin]);
+    T_OK(dpar_graph_status(g));
+    T_OK(dpar_graph_value_and_grad(g, loss, x, c->nin, gr));
+    T_OK(dpar_graph_compile(g, NULL));
+    dpar_graph_feed f[4];
+    memset(f, 0, sizeof f);
+    for (int i = 0; i <= c->nin; i++) f[i].value = x[i], f[i].host = xf[i];
+    float lossv = 0;
+    T_OK(dpar_graph_run(g, f, c->nin + 1, &lossv));
+    gref(c, xd, out);
+    double want = dot(out, xf[c->nin], no);
+    char what[128];
+    if (fabs((double)lossv - want) > 1e-4 * (1 + fabs(want)))
+        fail_msg("%s %s: loss %.9g, reference %.9g", dpar_backend_name(kind), c->name, (double)lossv, want);
+    for (int i = 0; i < c->nin; i++) {
+        int64_t n = gcount(c, i);
+        float *an = fa(n);
+        double *fd = da(n);
+        T_OK(dpar_graph_get(g, gr[i], an));
+        for (int64_t k = 0; k < n; k++) {
+            double h = 1e-6, keep = xd[i][k], lp, lm;
+            xd[i][k] = keep + h;
+            gref(c, xd, out);
+            lp = dot(out, xf[c->nin], no);
+            xd[i][k] = keep - h;
+            gref(c, xd, out);
+            lm = dot(out, xf[c->nin], no);
+            xd[i][k] = keep;
+            fd[k] = (lp - lm) / (2 * h);
+        }
+        snprintf(what, sizeof what, "%s graph %s: d loss / d input %d", dpar_backend_name(kind), c->name, i);
+        near(what, an, fd, n, 2e-4);
+        free(an), free(fd);
+    }
+    for (int i = 0; i <= c->nin; i++) {
+        free(xf[i]);
+        if (i < c->nin) free(xd[i]);
+    }
+    free(out);
+    T_OK(dpar_graph_destroy(g));
+    T_OK(dpar_mesh_destroy(m));
+    T_OK(dpar_runtime_destroy(rt));
+}
+static const gcase gcases[] = {
+    { "layer_norm x, w, b", 0, 3, { 2, 1, 1 }, { { 3, 5 }, { 5 }, { 5 } }, 0, 0 },
+    { "layer_norm 3-d, no bias", 0, 2, { 3, 1 }, { { 2, 2, 7 }, { 7 } }, 0, 0 },
+    { "rms_norm x, w, b", 1, 3, { 2, 1, 1 }, { { 4, 6 }, { 6 }, { 6 } }, 0, 0 },
+    { "matmul_batched", 2, 2, { 3, 3 }, { { 2, 3, 4 }, { 2, 4, 5 } }, 0, 0 },
+    { "matmul_batched ta tb", 2, 2, { 3, 3 }, { { 2, 4, 3 }, { 2, 5, 4 } }, 1, 1 },
+    { "matmul_batched shared b", 2, 2, { 3, 2 }, { { 3, 2, 4 }, { 4, 5 } }, 0, 0 },
+    { "matmul_batched shared b^T", 2, 2, { 3, 2 }, { { 3, 2, 4 }, { 5, 4 } }, 0, 1 },
+};
+static void graph_all(dpar_backend_kind kind) {
+    for (size_t i = 0; i < sizeof gcases / sizeof gcases[0]; i++) graph_case(kind, &gcases[i]);
+}
+static void test_graph_layers(void **state) {
+    (void)state;
+    graph_all(DPAR_BACKEND_CPU);
+}
+static void test_graph_layers_vulkan(void **state) {
+    (void)state;
+    dpar_runtime *probe = t_runtime_or_skip(DPAR_BACKEND_VULKAN, 1);
+    dpar_runtime_destroy(probe);
+    graph_all(DPAR_BACKEND_VULKAN);
+}
+static void test_graph_layer_errors(void **state) {
+    (void)state;
+    dpar_mesh *m = t_mesh1(RT, 1, "data");
+    dpar_graph *g = NULL;
+    T_OK(dpar_graph_create(m, &g));
+    dpar_array_desc d;
+    memset(&d, 0, sizeof d);
+    d.dtype = DPAR_F32, d.ndim = 2, d.shape[0] = 3, d.shape[1] = 4;
+    dpar_value x = dpar_g_feed(g, "x", &d), none = { 0 };
+    d.ndim = 1, d.shape[0] = 3;
+    dpar_value w3 = dpar_g_feed(g, "w", &d);
+    assert_int_equal(dpar_g_layer_norm(g, x, w3, none, 1e-5f).id, 0);
+    T_ERR(dpar_graph_status(g), DPAR_ERR_SHAPE, "dpar_g_layer_norm", "[3]", "[3, 4]");
+    T_OK(dpar_graph_destroy(g));
+    T_OK(dpar_graph_create(m, &g));
+    d.ndim = 3, d.shape[0] = 2, d.shape[1] = 3, d.shape[2] = 4;
+    dpar_value a = dpar_g_feed(g, "a", &d);
+    d.ndim = 2, d.shape[0] = 3, d.shape[1] = 5;
+    dpar_value b = dpar_g_feed(g, "b", &d);
+    assert_int_equal(dpar_g_matmul_batched(g, a, b, true, false).id, 0); /* shared b with trans_a: refused */
+    T_ERR(dpar_graph_status(g), DPAR_ERR_SHAPE, "dpar_g_matmul_batched");
+    T_OK(dpar_graph_destroy(g));
+    T_OK(dpar_mesh_destroy(m));
+}
+
 /* ---- every GPU backend against the CPU backend -------------------------------- */
 static void parity(dpar_backend_kind kind) {
     dpar_runtime *gpu = t_runtime_or_skip(kind, 1);
@@ -590,6 +752,9 @@ int main(void) {
         cmocka_unit_test(test_attention_causal_mask),
         cmocka_unit_test(test_attention_gradients),
         cmocka_unit_test(test_attention_errors),
+        cmocka_unit_test(test_graph_layers),
+        cmocka_unit_test(test_graph_layers_vulkan),
+        cmocka_unit_test(test_graph_layer_errors),
         cmocka_unit_test(test_parity_vulkan),
         cmocka_unit_test(test_parity_cuda),
     };
