@@ -1363,6 +1363,10 @@ DPAR_API dpar_value dpar_g_rms_norm(dpar_graph *g, dpar_value x, dpar_value w, d
    b shared by every batch (then trans_a is refused: its gradient would need a transpose). Gradients to
    both; a shared b's gradient is summed over the batch. */
 DPAR_API dpar_value dpar_g_matmul_batched(dpar_graph *g, dpar_value a, dpar_value b, bool trans_a, bool trans_b);
+/* Attention (dpar_attention): q [..., Tq, D], k [..., Tk, D], v [..., Tk, Dv] -> [..., Tq, Dv]; scale 0 means
+   1/sqrt(D); causal needs Tq == Tk. Gradients to q, k and v: one node each, every one re-running the eager
+   backward's first pass (and dk, dv the second), about twice the work of one fused backward. */
+DPAR_API dpar_value dpar_g_attention(dpar_graph *g, dpar_value q, dpar_value k, dpar_value v, float scale, bool causal);
 
 /* --- collectives over mesh axes "a" or "a,b" (the eager collective of the same name) --- */
 DPAR_API dpar_value dpar_g_psum(dpar_graph *g, dpar_value x, const char *axes);
@@ -7256,6 +7260,11 @@ enum {
     DPAR__G_NORM_DX,
     DPAR__G_NORM_DW,
     DPAR__G_MATMUL_BATCHED,
+    DPAR__G_ATTN_STATS,
+    DPAR__G_ATTN,
+    DPAR__G_ATTN_DQ,
+    DPAR__G_ATTN_DK,
+    DPAR__G_ATTN_DV,
     DPAR__G_KINDS
 };
 typedef struct dpar__g_kind {
@@ -7275,13 +7284,14 @@ static const dpar__g_kind dpar__g_kinds[DPAR__G_KINDS] = {
     { "root_only", 1, 1 },  { "sgd", 0, 0 },
     /* >>graph norm-attn kinds */
     { "norm_stats", 1, 0 }, { "norm", 4, 0 },         { "norm_dx", 4, 0 },      { "norm_dw", 3, 0 },
-    { "matmul_batched", 2, 0 },
+    { "matmul_batched", 2, 0 }, { "attention_stats", 1, 0 }, { "attention", 4, 0 }, { "attention_dq", 5, 0 },
+    { "attention_dk", 5, 0 }, { "attention_dv", 5, 0 },
 };
 
 typedef struct dpar__gnode {
     int kind;
     char name[DPAR_NAME_LEN];
-    int nin, in[4];
+    int nin, in[5]; /* up to 5: attention's gradient nodes read dout, q, k, v and the statistics */
     dpar_dtype dtype;
     int ndim;
     int64_t shape[DPAR_MAX_DIMS]; /* per-device */
@@ -7559,7 +7569,7 @@ static bool dpar__g_same(dpar_graph *g, const char *fn, dpar_value a, dpar_value
 }
 /* A node of `kind` on inputs v[0..n-1] with the shape and dtype of node `like`. */
 static dpar_value dpar__g_make(dpar_graph *g, int kind, int n, const dpar_value *v, int like) {
-    int in[4];
+    int in[5];
     for (int i = 0; i < n; i++) in[i] = v[i].id;
     int64_t sh[DPAR_MAX_DIMS];
     const dpar__gnode *x = &g->n[like];
@@ -7948,13 +7958,48 @@ DPAR_API dpar_value dpar_g_matmul_batched(dpar_graph *g, dpar_value a, dpar_valu
     return dpar__gv(id);
 }
 
+DPAR_API dpar_value dpar_g_attention(dpar_graph *g, dpar_value q, dpar_value k, dpar_value v, float scale, bool causal) {
+    const char *fn = "dpar_g_attention";
+    dpar_value in3[3] = { q, k, v };
+    if (!dpar__g_args(g, fn, 3, in3) || !dpar__g_f32(g, fn, 3, in3)) return dpar__gv(0);
+    const dpar__gnode *qn = &g->n[q.id], *kn = &g->n[k.id], *vn = &g->n[v.id];
+    int r = qn->ndim, ok = r >= 2 && kn->ndim == r && vn->ndim == r;
+    for (int d = 0; ok && d + 2 < r; d++) ok = kn->shape[d] == qn->shape[d] && vn->shape[d] == qn->shape[d];
+    ok = ok && kn->shape[r - 1] == qn->shape[r - 1] && vn->shape[r - 2] == kn->shape[r - 2] &&
+         (!causal || qn->shape[r - 2] == kn->shape[r - 2]);
+    if (!ok || !(scale >= 0.0f) || !isfinite(scale)) {
+        char s1[160], s2[160], s3[160];
+        return dpar__g_fail(g, ok ? DPAR_ERR_INVALID_ARGUMENT : DPAR_ERR_SHAPE,
+                            "%s: q %s, k %s, v %s, scale %g%s; need q [..., Tq, D], k [..., Tk, D], v [..., Tk, Dv] "
+                            "with equal leading dims (Tq == Tk when causal) and scale >= 0",
+                            fn, dpar__g_shape(qn, s1, sizeof s1), dpar__g_shape(kn, s2, sizeof s2),
+                            dpar__g_shape(vn, s3, sizeof s3), (double)scale, causal ? ", causal" : "");
+    }
+    int64_t sh[DPAR_MAX_DIMS], st[2] = { dpar__g_count(qn) / (qn->shape[r - 1] ? qn->shape[r - 1] : 1), 2 };
+    if (!qn->shape[r - 1]) st[0] = dpar__prod(qn->shape, r - 1);
+    memcpy(sh, qn->shape, sizeof sh);
+    sh[r - 1] = vn->shape[r - 1];
+    int in[4] = { q.id, k.id, v.id, 0 };
+    in[3] = dpar__g_push(g, DPAR__G_ATTN_STATS, 1, in, DPAR_F32, 2, st);
+    int id = in[3] ? dpar__g_push(g, DPAR__G_ATTN, 4, in, DPAR_F32, r, sh) : 0;
+    for (int j = 0; id && j < 2; j++) g->n[in[3] + j].ip[0] = causal, g->n[in[3] + j].fp = scale;
+    return dpar__gv(id);
+}
+
 /* the lowering of the kinds above (dpar__g_exec) */
 static dpar_status dpar__g_exec_norm_attn(const dpar_graph *g, const dpar__gnode *nd, int li, dpar_buffer *y) {
-    dpar_buffer *in[4] = { NULL, NULL, NULL, NULL };
+    dpar_buffer *in[5] = { NULL, NULL, NULL, NULL, NULL };
     for (int j = 0; j < nd->nin; j++) in[j] = dpar__g_buf(g, nd->in[j], li);
     int rms = nd->ip[0];
+    bool causal = nd->ip[0] != 0;
     switch (nd->kind) {
-    case DPAR__G_NORM_STATS: return DPAR_OK; /* filled by the NORM node */
+    case DPAR__G_NORM_STATS:
+    case DPAR__G_ATTN_STATS: return DPAR_OK; /* filled by the NORM / ATTN node */
+    case DPAR__G_ATTN: return dpar_attention(y, in[3], in[0], in[1], in[2], nd->fp, causal);
+    case DPAR__G_ATTN_DQ: /* dout, q, k, v, stats (the backward rewrites its D column, the same each time) */
+        return dpar_attention_backward(y, NULL, NULL, in[4], in[0], in[1], in[2], in[3], nd->fp, causal);
+    case DPAR__G_ATTN_DK: return dpar_attention_backward(NULL, y, NULL, in[4], in[0], in[1], in[2], in[3], nd->fp, causal);
+    case DPAR__G_ATTN_DV: return dpar_attention_backward(NULL, NULL, y, in[4], in[0], in[1], in[2], in[3], nd->fp, causal);
     case DPAR__G_NORM:
         return rms ? dpar_rms_norm(y, in[2], in[0], in[1], in[3], nd->fp)
                    : dpar_layer_norm(y, in[2], in[0], in[1], in[3], nd->fp);
@@ -7988,6 +8033,17 @@ static void dpar__g_grad_norm_attn(dpar_graph *g, dpar__gback *bk, const dpar__g
         if (bk->needed[b.id]) {
             dpar_value d = tb ? dpar_g_matmul_batched(g, ct, a, true, ta) : dpar_g_matmul_batched(g, a, ct, !ta, false);
             dpar__g_contrib(g, bk, b.id, eff, shared ? dpar__g_batch_sum(g, d) : d);
+        }
+        return;
+    }
+    if (nd->kind == DPAR__G_ATTN) {
+        static const int kinds[3] = { DPAR__G_ATTN_DQ, DPAR__G_ATTN_DK, DPAR__G_ATTN_DV };
+        dpar_value v[5] = { ct, a, b, dpar__gv(nd->in[2]), dpar__gv(nd->in[3]) };
+        for (int j = 0; j < 3; j++) {
+            if (!bk->needed[nd->in[j]]) continue;
+            dpar_value d = dpar__g_make(g, kinds[j], 5, v, nd->in[j]);
+            if (d.id) g->n[d.id].ip[0] = nd->ip[0], g->n[d.id].fp = nd->fp;
+            dpar__g_contrib(g, bk, nd->in[j], eff, d);
         }
         return;
     }
@@ -8097,6 +8153,7 @@ static dpar_status dpar__g_grad(dpar_graph *g, dpar__gback *bk, int i, dpar_valu
         break;
     case DPAR__G_PBROADCAST: dpar__g_contrib(g, bk, a.id, eff, dpar__g_root_only(g, ct, &nd)); break;
     case DPAR__G_NORM:
+    case DPAR__G_ATTN:
     case DPAR__G_MATMUL_BATCHED: dpar__g_grad_norm_attn(g, bk, &nd, eff, ct); break;
     case DPAR__G_PMAX:
     case DPAR__G_PMIN:
@@ -8581,7 +8638,12 @@ static dpar_status dpar__g_exec(dpar_graph *g, dpar_ctx *ctx, int li, int i) {
     case DPAR__G_NORM:
     case DPAR__G_NORM_DX:
     case DPAR__G_NORM_DW:
-    case DPAR__G_MATMUL_BATCHED: return dpar__g_exec_norm_attn(g, nd, li, y);
+    case DPAR__G_MATMUL_BATCHED:
+    case DPAR__G_ATTN_STATS:
+    case DPAR__G_ATTN:
+    case DPAR__G_ATTN_DQ:
+    case DPAR__G_ATTN_DK:
+    case DPAR__G_ATTN_DV: return dpar__g_exec_norm_attn(g, nd, li, y);
     default: return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "no lowering for op kind %d", nd->kind);
     }
     /* the 2-d views back to the nodes' shapes (a param's shard must keep its shape) */

@@ -495,10 +495,10 @@ static void test_attention_errors(void **state) {
 /* ---- graph nodes: dpar_g_layer_norm / rms_norm / matmul_batched -------------- */
 typedef struct gcase {
     const char *name;
-    int kind; /* 0 layer_norm, 1 rms_norm, 2 matmul_batched */
+    int kind; /* 0 layer_norm, 1 rms_norm, 2 matmul_batched, 3 attention (p0: causal) */
     int nin;  /* differentiated feeds (the last feed, r, is the loss weight: loss = dot(out, r)) */
     int ndim[3];
-    int64_t shape[3][3];
+    int64_t shape[3][4];
     int p0, p1; /* trans_a, trans_b */
 } gcase;
 static int64_t gcount(const gcase *c, int i) {
@@ -508,12 +508,20 @@ static int64_t gcount(const gcase *c, int i) {
 }
 static int64_t gout_count(const gcase *c) {
     if (c->kind < 2) return gcount(c, 0);
+    if (c->kind == 3) return gcount(c, 0) / c->shape[0][c->ndim[0] - 1] * c->shape[2][c->ndim[2] - 1];
     const int64_t *a = c->shape[0], *b = c->shape[1];
     int r = c->ndim[0], rb = c->ndim[1];
     return gcount(c, 0) / (a[r - 1] * a[r - 2]) * a[r - (c->p0 ? 1 : 2)] * b[rb - (c->p1 ? 2 : 1)];
 }
 /* the graph's output in double: out = op(inputs) */
 static void gref(const gcase *c, double *const *x, double *out) {
+    if (c->kind == 3) {
+        int r = c->ndim[0];
+        geo g = { gcount(c, 0) / (c->shape[0][r - 1] * c->shape[0][r - 2]), c->shape[0][r - 2], c->shape[1][r - 2],
+                  c->shape[0][r - 1], c->shape[2][r - 1], c->p0, (float)(1.0 / sqrt((double)c->shape[0][r - 1])) };
+        ref_attn(out, x[0], x[1], x[2], g);
+        return;
+    }
     if (c->kind < 2) {
         int64_t n = c->shape[0][c->ndim[0] - 1];
         ref_norm(out, x[0], x[1], c->nin > 2 ? x[2] : NULL, gcount(c, 0) / n, n, 1e-5, c->kind);
@@ -539,7 +547,7 @@ static void graph_case(dpar_backend_kind kind, const gcase *c) {
     dpar_graph *g = NULL;
     T_OK(dpar_graph_create(m, &g));
     dpar_value x[4], gr[3], none = { 0 };
-    double *xd[3], *out = da(gout_count(c));
+    double *xd[3] = { NULL, NULL, NULL }, *out = da(gout_count(c));
     float *xf[4];
     int64_t no = gout_count(c);
     for (int i = 0; i <= c->nin; i++) {
@@ -560,7 +568,8 @@ static void graph_case(dpar_backend_kind kind, const gcase *c) {
     }
     dpar_value y = c->kind == 0   ? dpar_g_layer_norm(g, x[0], x[1], c->nin > 2 ? x[2] : none, 1e-5f)
                    : c->kind == 1 ? dpar_g_rms_norm(g, x[0], x[1], c->nin > 2 ? x[2] : none, 1e-5f)
-                                  : dpar_g_matmul_batched(g, x[0], x[1], c->p0, c->p1);
+                   : c->kind == 2 ? dpar_g_matmul_batched(g, x[0], x[1], c->p0, c->p1)
+                                  : dpar_g_attention(g, x[0], x[1], x[2], 0.0f, c->p0);
     int64_t flat = no;
     dpar_value loss = dpar_g_dot(g, dpar_g_reshape(g, y, 1, &flat), x[c->nin]);
     T_OK(dpar_graph_status(g));
@@ -613,6 +622,9 @@ static const gcase gcases[] = {
     { "matmul_batched ta tb", 2, 2, { 3, 3 }, { { 2, 4, 3 }, { 2, 5, 4 } }, 1, 1 },
     { "matmul_batched shared b", 2, 2, { 3, 2 }, { { 3, 2, 4 }, { 4, 5 } }, 0, 0 },
     { "matmul_batched shared b^T", 2, 2, { 3, 2 }, { { 3, 2, 4 }, { 5, 4 } }, 0, 1 },
+    { "attention causal", 3, 3, { 3, 3, 3 }, { { 2, 4, 3 }, { 2, 4, 3 }, { 2, 4, 2 } }, 1, 0 },
+    { "attention 4-d causal", 3, 3, { 4, 4, 4 }, { { 2, 2, 3, 2 }, { 2, 2, 3, 2 }, { 2, 2, 3, 3 } }, 1, 0 },
+    { "attention Tq != Tk", 3, 3, { 3, 3, 3 }, { { 1, 3, 2 }, { 1, 5, 2 }, { 1, 5, 3 } }, 0, 0 },
 };
 static void graph_all(dpar_backend_kind kind) {
     for (size_t i = 0; i < sizeof gcases / sizeof gcases[0]; i++) graph_case(kind, &gcases[i]);
