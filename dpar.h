@@ -1367,6 +1367,13 @@ DPAR_API dpar_value dpar_g_matmul_batched(dpar_graph *g, dpar_value a, dpar_valu
    1/sqrt(D); causal needs Tq == Tk. Gradients to q, k and v: one node each, every one re-running the eager
    backward's first pass (and dk, dv the second), about twice the work of one fused backward. */
 DPAR_API dpar_value dpar_g_attention(dpar_graph *g, dpar_value q, dpar_value k, dpar_value v, float scale, bool causal);
+/* conv2d of x [N,H,W,C] with w [KH,KW,C,O] plus b [O] (b = {0}: no bias) -> [N,OH,OW,O]
+   (dpar_conv2d; d may be NULL, copied). Gradients to x, w and b. */
+DPAR_API dpar_value dpar_g_conv2d(dpar_graph *g, dpar_value x, dpar_value w, dpar_value b, const dpar_conv2d_desc *d);
+/* avg / max pool of x [N,H,W,C] -> [N,OH,OW,C] (dpar_avg_pool2d, dpar_max_pool2d; d may be
+   NULL, copied). max: the gradient goes to the first maximum of each window. */
+DPAR_API dpar_value dpar_g_avg_pool2d(dpar_graph *g, dpar_value x, const dpar_pool2d_desc *d);
+DPAR_API dpar_value dpar_g_max_pool2d(dpar_graph *g, dpar_value x, const dpar_pool2d_desc *d);
 
 /* --- collectives over mesh axes "a" or "a,b" (the eager collective of the same name) --- */
 DPAR_API dpar_value dpar_g_psum(dpar_graph *g, dpar_value x, const char *axes);
@@ -7265,6 +7272,14 @@ enum {
     DPAR__G_ATTN_DQ,
     DPAR__G_ATTN_DK,
     DPAR__G_ATTN_DV,
+    /* >>graph conv-pool kinds */
+    DPAR__G_CONV2D,      /* in x, w[, b]; attr: dpar_conv2d_desc */
+    DPAR__G_CONV2D_DX,   /* in ct, w; attr: dpar_conv2d_desc */
+    DPAR__G_CONV2D_DW,   /* in x, ct; attr: dpar_conv2d_desc */
+    DPAR__G_AVG_POOL,    /* in x; attr: dpar_pool2d_desc */
+    DPAR__G_AVG_POOL_DX, /* in ct; attr: dpar_pool2d_desc */
+    DPAR__G_MAX_POOL,    /* in x; attr: dpar_pool2d_desc */
+    DPAR__G_MAX_POOL_DX, /* in ct, x; attr: dpar_pool2d_desc */
     DPAR__G_KINDS
 };
 typedef struct dpar__g_kind {
@@ -7286,6 +7301,9 @@ static const dpar__g_kind dpar__g_kinds[DPAR__G_KINDS] = {
     { "norm_stats", 1, 0 }, { "norm", 4, 0 },         { "norm_dx", 4, 0 },      { "norm_dw", 3, 0 },
     { "matmul_batched", 2, 0 }, { "attention_stats", 1, 0 }, { "attention", 4, 0 }, { "attention_dq", 5, 0 },
     { "attention_dk", 5, 0 }, { "attention_dv", 5, 0 },
+    /* >>graph conv-pool kinds */
+    { "conv2d", 3, 0 }, { "conv2d_dx", 2, 0 }, { "conv2d_dw", 2, 0 }, { "avg_pool2d", 1, 0 },
+    { "avg_pool2d_dx", 1, 0 }, { "max_pool2d", 1, 0 }, { "max_pool2d_dx", 2, 0 },
 };
 
 typedef struct dpar__gnode {
@@ -7302,6 +7320,7 @@ typedef struct dpar__gnode {
     float fp;   /* scale, const value */
     int *pairs; /* ppermute (source, destination) pairs */
     int npairs;
+    void *attr;        /* the op's desc (conv2d, pools), owned by the node */
     bool is_one;       /* const 1 (the seed): rules skip a multiply by it */
     bool async;        /* a gradient's reduction: started at once, waited for before the optimizer */
     bool keep;         /* buffer kept to the end of a run (loss, grads, dpar_graph_keep) */
@@ -8063,6 +8082,103 @@ static void dpar__g_grad_norm_attn(dpar_graph *g, dpar__gback *bk, const dpar__g
         dpar__g_contrib(g, bk, nd->in[3], eff, dpar__g_make(g, DPAR__G_BIAS_GRAD, 1, &ct, nd->in[3]));
 }
 
+/* >>graph conv-pool ===========================================================
+   Graph nodes of conv2d and the 2-D pools (see >>conv-pool): builders that
+   infer shapes with the eager ops' geometry, the gradient rules (conv2d ->
+   conv2d_dx, conv2d_dw, bias_grad; pools -> their _dx nodes), and the
+   lowering to the eager calls. Each node owns a copy of its desc (attr). */
+static dpar_buffer *dpar__g_buf(const dpar_graph *g, int id, int li);
+/* A 4-d f32 node of `kind` on in[0..n-1] with attr a copy of desc (sz bytes). */
+static dpar_value dpar__g_win_node(dpar_graph *g, int kind, int n, const int *in, const int64_t *shape,
+                                   const void *desc, size_t sz) {
+    int id = dpar__g_push(g, kind, n, in, DPAR_F32, 4, shape);
+    if (!id) return dpar__gv(0);
+    if (!(g->n[id].attr = DPAR_MALLOC(sz)))
+        return dpar__g_fail(g, DPAR_ERR_OUT_OF_MEMORY, "dpar graph: out of memory for node %d", id);
+    memcpy(g->n[id].attr, desc, sz);
+    return dpar__gv(id);
+}
+DPAR_API dpar_value dpar_g_conv2d(dpar_graph *g, dpar_value x, dpar_value w, dpar_value b,
+                                  const dpar_conv2d_desc *d) {
+    const char *fn = "dpar_g_conv2d";
+    dpar_value v[3] = { x, w, b };
+    int n = b.id ? 3 : 2;
+    if (!dpar__g_args(g, fn, n, v) || !dpar__g_f32(g, fn, n, v)) return dpar__gv(0);
+    dpar_conv2d_desc z;
+    if (!d) memset(&z, 0, sizeof z), d = &z;
+    const dpar__gnode *xn = &g->n[x.id], *wn = &g->n[w.id];
+    int64_t ys[4];
+    char s1[160], s2[160], l1[96], l2[96];
+    dpar_status s = xn->ndim != 4 || wn->ndim != 4 ? dpar__err(DPAR_ERR_SHAPE, "x must be 4-d NHWC and w 4-d HWIO")
+                                                   : dpar_conv2d_output_shape(xn->shape, wn->shape, d, ys);
+    if (!s && b.id && (g->n[b.id].ndim != 1 || g->n[b.id].shape[0] != ys[3]))
+        s = dpar__err(DPAR_ERR_SHAPE, "the bias %s must be [%lld]", dpar__g_shape(&g->n[b.id], s1, sizeof s1),
+                      (long long)ys[3]);
+    if (s)
+        return dpar__g_fail(g, s, "%s: x %s %s, w %s %s: %s", fn, dpar__g_label(g, x.id, l1, sizeof l1),
+                            dpar__g_shape(xn, s1, sizeof s1), dpar__g_label(g, w.id, l2, sizeof l2),
+                            dpar__g_shape(wn, s2, sizeof s2), dpar_last_error());
+    int in[3] = { x.id, w.id, b.id };
+    return dpar__g_win_node(g, DPAR__G_CONV2D, n, in, ys, d, sizeof *d);
+}
+static dpar_value dpar__g_pool(dpar_graph *g, const char *fn, int kind, dpar_value x, const dpar_pool2d_desc *d) {
+    if (!dpar__g_args(g, fn, 1, &x) || !dpar__g_f32(g, fn, 1, &x)) return dpar__gv(0);
+    dpar_pool2d_desc z;
+    if (!d) memset(&z, 0, sizeof z), d = &z;
+    const dpar__gnode *xn = &g->n[x.id];
+    int64_t ys[4];
+    char s1[160], l1[96];
+    dpar_status s = xn->ndim != 4 ? dpar__err(DPAR_ERR_SHAPE, "x must be 4-d NHWC")
+                                  : dpar_pool2d_output_shape(xn->shape, d, ys);
+    if (s)
+        return dpar__g_fail(g, s, "%s: x %s %s: %s", fn, dpar__g_label(g, x.id, l1, sizeof l1),
+                            dpar__g_shape(xn, s1, sizeof s1), dpar_last_error());
+    return dpar__g_win_node(g, kind, 1, &x.id, ys, d, sizeof *d);
+}
+DPAR_API dpar_value dpar_g_avg_pool2d(dpar_graph *g, dpar_value x, const dpar_pool2d_desc *d) {
+    return dpar__g_pool(g, "dpar_g_avg_pool2d", DPAR__G_AVG_POOL, x, d);
+}
+DPAR_API dpar_value dpar_g_max_pool2d(dpar_graph *g, dpar_value x, const dpar_pool2d_desc *d) {
+    return dpar__g_pool(g, "dpar_g_max_pool2d", DPAR__G_MAX_POOL, x, d);
+}
+/* The gradient rules: nd is the forward node (a copy), ct its cotangent. */
+static void dpar__g_conv_pool_grad(dpar_graph *g, dpar__gback *bk, const dpar__gnode *nd, unsigned eff,
+                                   dpar_value ct) {
+    int x = nd->in[0], w = nd->in[1], in[2] = { ct.id, x };
+    size_t sz = nd->kind == DPAR__G_CONV2D ? sizeof(dpar_conv2d_desc) : sizeof(dpar_pool2d_desc);
+    int64_t xs[4], ws[4];
+    memcpy(xs, g->n[x].shape, sizeof xs);
+    if (nd->kind == DPAR__G_CONV2D) {
+        memcpy(ws, g->n[w].shape, sizeof ws);
+        int dx_in[2] = { ct.id, w }, dw_in[2] = { x, ct.id };
+        if (bk->needed[x])
+            dpar__g_contrib(g, bk, x, eff, dpar__g_win_node(g, DPAR__G_CONV2D_DX, 2, dx_in, xs, nd->attr, sz));
+        if (bk->needed[w])
+            dpar__g_contrib(g, bk, w, eff, dpar__g_win_node(g, DPAR__G_CONV2D_DW, 2, dw_in, ws, nd->attr, sz));
+        if (nd->nin > 2 && bk->needed[nd->in[2]])
+            dpar__g_contrib(g, bk, nd->in[2], eff, dpar__g_make(g, DPAR__G_BIAS_GRAD, 1, &ct, nd->in[2]));
+        return;
+    }
+    int kind = nd->kind == DPAR__G_AVG_POOL ? DPAR__G_AVG_POOL_DX : DPAR__G_MAX_POOL_DX;
+    if (!bk->needed[x]) return;
+    dpar__g_contrib(g, bk, x, eff, dpar__g_win_node(g, kind, kind == DPAR__G_MAX_POOL_DX ? 2 : 1, in, xs, nd->attr, sz));
+}
+/* The lowering: y the node's buffer, a and b its first two inputs'. */
+static dpar_status dpar__g_conv_pool_exec(const dpar_graph *g, const dpar__gnode *nd, int li, dpar_buffer *y,
+                                          dpar_buffer *a, dpar_buffer *b) {
+    const dpar_conv2d_desc *cd = (const dpar_conv2d_desc *)nd->attr;
+    const dpar_pool2d_desc *pd = (const dpar_pool2d_desc *)nd->attr;
+    switch (nd->kind) {
+    case DPAR__G_CONV2D: return dpar_conv2d(y, a, b, nd->nin > 2 ? dpar__g_buf(g, nd->in[2], li) : NULL, cd);
+    case DPAR__G_CONV2D_DX: return dpar_conv2d_backward_input(y, a, b, cd);
+    case DPAR__G_CONV2D_DW: return dpar_conv2d_backward_kernel(y, NULL, a, b, cd);
+    case DPAR__G_AVG_POOL: return dpar_avg_pool2d(y, a, pd);
+    case DPAR__G_AVG_POOL_DX: return dpar_avg_pool2d_backward(y, a, pd);
+    case DPAR__G_MAX_POOL: return dpar_max_pool2d(y, a, pd);
+    default: return dpar_max_pool2d_backward(y, a, b, pd);
+    }
+}
+
 /* The gradient rule of node i with cotangent ct: contributions to its inputs. */
 static dpar_status dpar__g_grad(dpar_graph *g, dpar__gback *bk, int i, dpar_value ct) {
     dpar__gnode nd = g->n[i]; /* a copy: building nodes may move the table */
@@ -8155,6 +8271,9 @@ static dpar_status dpar__g_grad(dpar_graph *g, dpar__gback *bk, int i, dpar_valu
     case DPAR__G_NORM:
     case DPAR__G_ATTN:
     case DPAR__G_MATMUL_BATCHED: dpar__g_grad_norm_attn(g, bk, &nd, eff, ct); break;
+    case DPAR__G_CONV2D:
+    case DPAR__G_AVG_POOL:
+    case DPAR__G_MAX_POOL: dpar__g_conv_pool_grad(g, bk, &nd, eff, ct); break;
     case DPAR__G_PMAX:
     case DPAR__G_PMIN:
         dpar__g_fail(g, DPAR_ERR_INVALID_ARGUMENT,
@@ -8644,6 +8763,13 @@ static dpar_status dpar__g_exec(dpar_graph *g, dpar_ctx *ctx, int li, int i) {
     case DPAR__G_ATTN_DQ:
     case DPAR__G_ATTN_DK:
     case DPAR__G_ATTN_DV: return dpar__g_exec_norm_attn(g, nd, li, y);
+    case DPAR__G_CONV2D:
+    case DPAR__G_CONV2D_DX:
+    case DPAR__G_CONV2D_DW:
+    case DPAR__G_AVG_POOL:
+    case DPAR__G_AVG_POOL_DX:
+    case DPAR__G_MAX_POOL:
+    case DPAR__G_MAX_POOL_DX: return dpar__g_conv_pool_exec(g, nd, li, y, a, b);
     default: return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "no lowering for op kind %d", nd->kind);
     }
     /* the 2-d views back to the nodes' shapes (a param's shard must keep its shape) */
@@ -8873,6 +8999,7 @@ DPAR_API dpar_status dpar_graph_destroy(dpar_graph *g) {
         for (int li = 0; li < g->nlocal && g->slot_owned[k]; li++) dpar_buffer_destroy(g->slots[k * g->nlocal + li]);
     for (int i = 1; i < g->count; i++) {
         DPAR_FREE(g->n[i].pairs);
+        DPAR_FREE(g->n[i].attr);
         if (g->n[i].kind != DPAR__G_PARAM && g->n[i].array && alive) dpar_array_destroy(g->n[i].array);
     }
     for (int k = 0; g->moms && k < 2 * g->opt.n * g->nlocal; k++) dpar_buffer_destroy(g->moms[k]);

@@ -487,10 +487,129 @@ static void test_errors(void **st) {
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dpar_buffer_destroy(all[i]);
 }
 
+/* ---- graph nodes: a small CNN's gradients against finite differences ---- */
+/* mse(max_pool(conv(avg_pool(conv(x, w1) + b1), w2)), t), batch split over "data" on ndev devices */
+enum { GX, GW1, GB1, GW2, GT, GN };
+static const int64_t GSHAPE[GN][4] = { { 4, 6, 6, 2 }, { 3, 3, 2, 3 }, { 3 }, { 2, 2, 3, 4 }, { 4, 2, 2, 4 } };
+static const int GNDIM[GN] = { 4, 4, 1, 4, 4 };
+static const ccase G_C1 = {
+    "graph conv 1", { 0, 6, 6, 2 }, 3, 3, 3, { { 0 }, { 0 }, DPAR_PADDING_SAME, { { 0 } } }, 1, 0
+};
+static const ccase G_C2 = {
+    "graph conv 2", { 0, 3, 3, 3 }, 2, 2, 4, { { 0 }, { 0 }, DPAR_PADDING_VALID, { { 0 } } }, 0, 0
+};
+static const pcase G_P1 = { "graph avg", { 0, 6, 6, 3 }, { { 0 }, { 0 }, DPAR_PADDING_DEFAULT, { { 0 } }, false } };
+static const pcase G_P2 = { "graph max", { 0, 2, 2, 4 }, { { 2, 2 }, { 1, 1 }, DPAR_PADDING_SAME, { { 0 } }, false } };
+static int64_t gcount(int i) {
+    int64_t n = 1;
+    for (int d = 0; d < GNDIM[i]; d++) n *= GSHAPE[i][d];
+    return n;
+}
+static double g_ref(double *const *in, int ndev) {
+    int64_t per = GSHAPE[GX][0] / ndev;
+    ccase c1 = G_C1, c2 = G_C2;
+    pcase p1 = G_P1, p2 = G_P2;
+    c1.x[0] = c2.x[0] = p1.x[0] = p2.x[0] = per;
+    geom g1 = conv_geom(&c1), q1 = pool_geom(&p1), g2 = conv_geom(&c2), q2 = pool_geom(&p2);
+    double *y1 = malloc((size_t)ny(&g1) * 8), *a1 = malloc((size_t)ny(&q1) * 8), *y2 = malloc((size_t)ny(&g2) * 8);
+    double *m = malloc((size_t)ny(&q2) * 8), total = 0;
+    for (int d = 0; d < ndev; d++) {
+        ref_conv(&g1, in[GX] + d * nx(&g1), in[GW1], in[GB1], y1);
+        ref_pool(&q1, 0, y1, a1, NULL);
+        ref_conv(&g2, a1, in[GW2], NULL, y2);
+        ref_pool(&q2, 1, y2, m, NULL);
+        double s = 0;
+        const double *t = in[GT] + d * ny(&q2);
+        for (int64_t k = 0; k < ny(&q2); k++) s += (m[k] - t[k]) * (m[k] - t[k]);
+        total += s / (double)ny(&q2);
+    }
+    free(y1), free(a1), free(y2), free(m);
+    return total / ndev;
+}
+static void run_graph_cnn(dpar_backend_kind k, int ndev) {
+    dpar_runtime *rt = t_runtime_or_skip(k, ndev);
+    if (!rt) return;
+    dpar_mesh *mesh = t_mesh1(rt, ndev, "data");
+    dpar_graph *g = NULL;
+    T_OK(dpar_graph_create(mesh, &g));
+    dpar_value v[GN], gr[GN];
+    double *xd[GN];
+    float *xf[GN];
+    for (int i = 0; i < GN; i++) {
+        dpar_array_desc d;
+        memset(&d, 0, sizeof d);
+        d.dtype = DPAR_F32, d.ndim = GNDIM[i];
+        for (int k2 = 0; k2 < d.ndim; k2++) d.shape[k2] = GSHAPE[i][k2];
+        if (i == GX || i == GT) d.spec[0] = "data";
+        v[i] = dpar_g_feed(g, "in", &d);
+        xf[i] = rnd_vec(gcount(i), (uint32_t)(77 + i));
+        xd[i] = dbl(xf[i], gcount(i));
+    }
+    dpar_value h = dpar_g_conv2d(g, v[GX], v[GW1], v[GB1], &G_C1.d);
+    h = dpar_g_avg_pool2d(g, h, &G_P1.d);
+    h = dpar_g_conv2d(g, h, v[GW2], (dpar_value){ 0 }, &G_C2.d);
+    dpar_value loss = dpar_g_mse(g, dpar_g_max_pool2d(g, h, &G_P2.d), v[GT]);
+    T_OK(dpar_graph_status(g));
+    T_OK(dpar_graph_value_and_grad(g, loss, v, GN, gr));
+    T_OK(dpar_graph_compile(g, NULL));
+    dpar_graph_feed f[GN];
+    memset(f, 0, sizeof f);
+    for (int i = 0; i < GN; i++) f[i].value = v[i], f[i].host = xf[i];
+    float lossv = 0;
+    T_OK(dpar_graph_run(g, f, GN, &lossv));
+    double want = g_ref(xd, ndev);
+    if (fabs(lossv - want) > 1e-5 * fmax(1.0, fabs(want)))
+        fail_msg("graph CNN on %d devices: loss %.9g, reference %.9g", ndev, (double)lossv, want);
+    for (int i = 0; i < GN; i++) {
+        float *an = malloc((size_t)gcount(i) * sizeof(float));
+        T_OK(dpar_graph_get(g, gr[i], an));
+        for (int64_t e = 0; e < gcount(i); e++) {
+            double hh = 1e-4, keep = xd[i][e];
+            xd[i][e] = keep + hh;
+            double lp = g_ref(xd, ndev);
+            xd[i][e] = keep - hh;
+            double lm = g_ref(xd, ndev);
+            xd[i][e] = keep;
+            double fd = (lp - lm) / (2 * hh);
+            if (fabs(an[e] - fd) > 2e-3 * fmax(fabs(fd), 1e-2))
+                fail_msg("graph CNN on %d devices: d loss / d input %d [%lld]: graph %.7g, finite differences %.7g",
+                         ndev, i, (long long)e, (double)an[e], fd);
+        }
+        free(an);
+    }
+    for (int i = 0; i < GN; i++) free(xd[i]), free(xf[i]);
+    T_OK(dpar_graph_destroy(g));
+    T_OK(dpar_runtime_destroy(rt));
+}
+static void test_graph_cnn(void **st) {
+    (void)st;
+    run_graph_cnn(DPAR_BACKEND_CPU, 1);
+    run_graph_cnn(DPAR_BACKEND_CPU, 2);
+}
+static void test_graph_errors(void **st) {
+    (void)st;
+    dpar_mesh *mesh = t_mesh1(CPU, 1, "data");
+    dpar_graph *g = NULL;
+    T_OK(dpar_graph_create(mesh, &g));
+    dpar_array_desc d = { DPAR_F32, 4, { 1, 5, 5, 3 }, { NULL } }, dw = { DPAR_F32, 4, { 3, 3, 2, 4 }, { NULL } };
+    dpar_value x = dpar_g_feed(g, "x", &d), w = dpar_g_feed(g, "w", &dw);
+    assert_int_equal(dpar_g_conv2d(g, x, w, (dpar_value){ 0 }, NULL).id, 0);
+    T_ERR(dpar_graph_status(g), DPAR_ERR_SHAPE, "dpar_g_conv2d", "'x'", "'w'", "3 channels");
+    T_OK(dpar_graph_destroy(g));
+    T_OK(dpar_graph_create(mesh, &g));
+    x = dpar_g_feed(g, "x", &d);
+    dpar_pool2d_desc p = { { 6, 6 }, { 0 }, DPAR_PADDING_VALID, { { 0 } }, false };
+    assert_int_equal(dpar_g_max_pool2d(g, x, &p).id, 0);
+    T_ERR(dpar_graph_status(g), DPAR_ERR_SHAPE, "dpar_g_max_pool2d", "window spans 6");
+    T_OK(dpar_graph_destroy(g));
+    T_OK(dpar_mesh_destroy(mesh));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_conv_exact_3x3), cmocka_unit_test(test_pool_exact), cmocka_unit_test(test_conv_cpu),
-        cmocka_unit_test(test_pool_cpu),       cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_pool_cpu),       cmocka_unit_test(test_errors),     cmocka_unit_test(test_graph_cnn),
+        cmocka_unit_test(test_graph_errors),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
