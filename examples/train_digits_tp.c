@@ -13,12 +13,14 @@
        both layers are local; ONE all-reduce (psum over "model") completes
        the gradient with respect to the layer's input x, dx = dh @ W1^T —
        what a layer before this block would consume (Megatron's "f" operator).
-   The batch is split over "data"; gradients are pmean'd over "data", and the
-   gradient of the replicated b2 also over "model" — every axis it is
-   replicated on — so its replicas stay bitwise identical (checked at the end);
-   over "data" then "model" rather than over "data,model" at once, because
-   the mean of two equal values is exact while (a + a + b + b) / 4 may round
-   differently from (a + b) / 2, the 1-device arithmetic.
+   The batch is split over "data". The step is a graph (dpar_graph): only the
+   forward pass above is written; the backward pass follows from JAX's
+   shard_map transpose rules (psum's cotangent passes through unchanged), and
+   every gradient is reduced over the axes its parameter is replicated on:
+   "data" for all four (dlogits is already replicated over "model", so b2
+   needs no reduction over it), so the replicas stay bitwise identical
+   (checked at the end). The loss, a mean over this device's rows, is averaged
+   over "data" by the graph.
 
    build/train_digits_tp [--backend B] [--dp N] [--tp M] [--devices N*M] [--epochs N] [--batch N]
                          [--lr X] [--momentum X] [--seed N] [--hidden N] [--data PATH]
@@ -26,13 +28,8 @@
 #include "digits_common.h"
 
 enum { W1, B1, W2, B2, NPARAM };
-typedef struct {
-    dpar_array *param[NPARAM], *grad[NPARAM], *mom[NPARAM];
-    dpar_array *x, *y, *h_pre, *h, *logits, *dlogits, *dh, *dx, *loss;
-    dpar_sgd_desc sgd;
-} model;
 
-/* forward of the two tensor-parallel layers on this device's shards */
+/* forward of the two tensor-parallel layers on this device's shards (the eager test-set pass) */
 static dpar_status tp_forward(dpar_ctx *ctx, dpar_buffer *const *p, dpar_buffer *x, dpar_buffer *h_pre, dpar_buffer *h,
                               dpar_buffer *logits) {
     dpar_status s;
@@ -44,52 +41,33 @@ static dpar_status tp_forward(dpar_ctx *ctx, dpar_buffer *const *p, dpar_buffer 
     return dpar_bias_add(logits, p[B2]);
 }
 
-static dpar_status train_step(dpar_ctx *ctx, void *user) {
-    model *m = user;
-    int dev = dpar_ctx_device(ctx);
-    dpar_buffer *p[NPARAM], *g[NPARAM], *v[NPARAM];
-    for (int i = 0; i < NPARAM; i++) {
-        p[i] = dpar_array_shard(m->param[i], dev);
-        g[i] = dpar_array_shard(m->grad[i], dev);
-        v[i] = dpar_array_shard(m->mom[i], dev);
-    }
-    dpar_buffer *x = dpar_array_shard(m->x, dev), *y = dpar_array_shard(m->y, dev);
-    dpar_buffer *h_pre = dpar_array_shard(m->h_pre, dev), *h = dpar_array_shard(m->h, dev);
-    dpar_buffer *logits = dpar_array_shard(m->logits, dev), *dlogits = dpar_array_shard(m->dlogits, dev);
-    dpar_buffer *dh = dpar_array_shard(m->dh, dev), *dx = dpar_array_shard(m->dx, dev),
-                *loss = dpar_array_shard(m->loss, dev);
-    dpar_status s;
-#define CHECK(call)                            \
-    do {                                       \
-        if ((s = (call)) != DPAR_OK) return s; \
-    } while (0)
-    CHECK(tp_forward(ctx, p, x, h_pre, h, logits));
-    CHECK(dpar_softmax_xent(loss, dlogits, logits, y));             /* replicated over "model" */
-    CHECK(dpar_matmul(g[W2], h, dlogits, true, false, 1.0f, 0.0f)); /* local rows of dW2 */
-    CHECK(dpar_bias_grad(g[B2], dlogits, 0.0f));
-    CHECK(dpar_matmul(dh, dlogits, p[W2], false, true, 1.0f, 0.0f)); /* [b,10] @ [10,H/M]: local */
-    CHECK(dpar_relu_backward(dh, dh, h_pre));
-    CHECK(dpar_matmul(g[W1], x, dh, true, false, 1.0f, 0.0f)); /* local columns of dW1 */
-    CHECK(dpar_bias_grad(g[B1], dh, 0.0f));
-    CHECK(dpar_matmul(dx, dh, p[W1], false, true, 1.0f, 0.0f)); /* partial dx */
-    CHECK(dpar_psum(ctx, dx, dx, "model"));                     /* the backward all-reduce */
-    /* data-parallel reduction: sharded params over "data"; the replicated b2 over every axis */
-    CHECK(dpar_pmean(ctx, g[W1], g[W1], "data"));
-    CHECK(dpar_pmean(ctx, g[B1], g[B1], "data"));
-    CHECK(dpar_pmean(ctx, g[W2], g[W2], "data"));
-    CHECK(dpar_pmean(ctx, g[B2], g[B2], "data"));
-    CHECK(dpar_pmean(ctx, g[B2], g[B2], "model")); /* equal values: (x + x) / 2 = x exactly */
-    CHECK(dpar_pmean(ctx, loss, loss, "data"));
-    CHECK(dpar_sgd_step(ctx, &m->sgd, p, g, v, NPARAM));
-#undef CHECK
-    return DPAR_OK;
+/* The same forward pass as a graph, plus its gradients and the SGD step: x [batch, 64] f32 and y [batch] i32 split
+   over "data"; the parameters' specs are their arrays'. */
+static dpar_status build_step(dpar_mesh *mesh, dpar_array *const param[NPARAM], int batch, const dpar_sgd_desc *sgd,
+                              dpar_graph **out, dpar_value *x, dpar_value *y) {
+    dpar_graph *g;
+    dpar_status s = dpar_graph_create(mesh, &g);
+    if (s) return s;
+    *out = g;
+    *x = dpar_g_feed(g, "x", &(dpar_array_desc){ DPAR_F32, 2, { batch, NPIX }, { "data" } });
+    *y = dpar_g_feed(g, "y", &(dpar_array_desc){ DPAR_I32, 1, { batch }, { "data" } });
+    const char *names[NPARAM] = { "W1", "b1", "W2", "b2" };
+    dpar_value p[NPARAM], grad[NPARAM];
+    for (int i = 0; i < NPARAM; i++) p[i] = dpar_g_param(g, names[i], param[i]);
+    dpar_value h = dpar_g_relu(g, dpar_g_bias_add(g, dpar_g_matmul(g, *x, p[W1], false, false), p[B1])); /* [b,H/M] */
+    dpar_value partial = dpar_g_matmul(g, h, p[W2], false, false);                   /* [b,10], a partial sum */
+    dpar_value logits = dpar_g_bias_add(g, dpar_g_psum(g, partial, "model"), p[B2]); /* the forward all-reduce */
+    dpar_value loss = dpar_g_softmax_xent(g, logits, *y);
+    if ((s = dpar_graph_value_and_grad(g, loss, p, NPARAM, grad))) return s;
+    if ((s = dpar_graph_sgd(g, sgd, p, grad, NPARAM))) return s;
+    return dpar_graph_compile(g, NULL);
 }
 
 static dpar_status eval_step(dpar_ctx *ctx, void *user) {
-    model *m = user;
+    dpar_array *const *param = (dpar_array *const *)user;
     int dev = dpar_ctx_device(ctx);
     dpar_buffer *p[NPARAM];
-    for (int i = 0; i < NPARAM; i++) p[i] = dpar_array_shard(m->param[i], dev);
+    for (int i = 0; i < NPARAM; i++) p[i] = dpar_array_shard(param[i], dev);
     dpar_buffer *h = dpar_ctx_arg(ctx, 1);
     return tp_forward(ctx, p, dpar_ctx_arg(ctx, 0), h, h, dpar_ctx_arg(ctx, 2));
 }
@@ -167,31 +145,20 @@ int main(int argc, char **argv) {
            "lr %g, momentum %g\n",
            ds.ntrain, ds.ntest, hidden, hidden / tp, batch, batch / dp, (double)o.lr, (double)o.momentum);
 
-    model m;
-    memset(&m, 0, sizeof m);
     /* shapes and specs: W1 (None, model), b1 (model), W2 (model, None), b2 replicated */
+    dpar_array *param[NPARAM];
     int64_t pshape[NPARAM][2] = { { NPIX, hidden }, { hidden, 0 }, { hidden, NCLASS }, { NCLASS, 0 } };
     const char *pspec[NPARAM][2] = { { NULL, "model" }, { "model", NULL }, { "model", NULL }, { NULL, NULL } };
-    for (int i = 0; i < NPARAM; i++) {
-        int nd = pshape[i][1] ? 2 : 1;
-        if (digits_array(mesh, DPAR_F32, nd, pshape[i][0], pshape[i][1], pspec[i][0], pspec[i][1], &m.param[i]) ||
-            digits_array(mesh, DPAR_F32, nd, pshape[i][0], pshape[i][1], pspec[i][0], pspec[i][1], &m.grad[i]) ||
-            digits_array(mesh, DPAR_F32, nd, pshape[i][0], pshape[i][1], pspec[i][0], pspec[i][1], &m.mom[i]))
+    for (int i = 0; i < NPARAM; i++)
+        if (digits_array(mesh, DPAR_F32, pshape[i][1] ? 2 : 1, pshape[i][0], pshape[i][1], pspec[i][0], pspec[i][1],
+                         &param[i]))
             return digits_fail("parameters");
-    }
-    if (dpar_array_put(m.param[W1], ds.w1) || dpar_array_put(m.param[W2], ds.w2)) return digits_fail("init");
-    if (digits_array(mesh, DPAR_F32, 2, batch, NPIX, "data", NULL, &m.x) ||
-        digits_array(mesh, DPAR_I32, 1, batch, 0, "data", NULL, &m.y) ||
-        digits_array(mesh, DPAR_F32, 2, batch, hidden, "data", "model", &m.h_pre) ||
-        digits_array(mesh, DPAR_F32, 2, batch, hidden, "data", "model", &m.h) ||
-        digits_array(mesh, DPAR_F32, 2, batch, NCLASS, "data", NULL, &m.logits) ||
-        digits_array(mesh, DPAR_F32, 2, batch, NCLASS, "data", NULL, &m.dlogits) ||
-        digits_array(mesh, DPAR_F32, 2, batch, hidden, "data", "model", &m.dh) ||
-        digits_array(mesh, DPAR_F32, 2, batch, NPIX, "data", NULL, &m.dx) ||
-        digits_array(mesh, DPAR_F32, 1, dp, 0, "data", NULL, &m.loss))
-        return digits_fail("activations");
-    m.sgd.learning_rate = o.lr;
-    m.sgd.momentum = o.momentum;
+    if (dpar_array_put(param[W1], ds.w1) || dpar_array_put(param[W2], ds.w2)) return digits_fail("init");
+    dpar_graph *step = NULL;
+    dpar_value fx, fy;
+    if (build_step(mesh, param, batch, &(dpar_sgd_desc){ .learning_rate = o.lr, .momentum = o.momentum }, &step, &fx,
+                   &fy))
+        return digits_fail("step graph");
 
     int tpad = (ds.ntest + dp - 1) / dp * dp;
     float *xt = calloc((size_t)tpad * NPIX, sizeof(float)), *lt = malloc((size_t)tpad * NCLASS * sizeof(float));
@@ -203,21 +170,20 @@ int main(int argc, char **argv) {
         digits_array(mesh, DPAR_F32, 2, tpad, NCLASS, "data", NULL, &tl) || dpar_array_put(tx, xt))
         return digits_fail("test set");
 
-    float *xb = malloc((size_t)batch * NPIX * sizeof(float)), *losses = malloc((size_t)dp * sizeof(float));
+    float *xb = malloc((size_t)batch * NPIX * sizeof(float));
     int32_t *yb = malloc((size_t)batch * sizeof(int32_t));
     int steps = ds.ntrain / batch;
-    dpar_shard_map_desc train = { .fn = train_step, .user = &m };
-    dpar_shard_map_desc eval = { .fn = eval_step, .user = &m, .num_args = 3, .args = { tx, th, tl } };
+    dpar_shard_map_desc eval = { .fn = eval_step, .user = param, .num_args = 3, .args = { tx, th, tl } };
+    dpar_graph_feed feeds[2] = { { .value = fx, .host = xb }, { .value = fy, .host = yb } };
     double epoch_loss = 0.0, acc = 0.0;
     for (int e = 1; e <= o.epochs; e++) {
         shuffle(ds.train_idx, ds.ntrain);
         double t0 = now_s(), sum = 0.0;
         for (int s = 0; s < steps; s++) {
             digits_batch(&ds, s, batch, xb, yb);
-            if (dpar_array_put(m.x, xb) || dpar_array_put(m.y, yb)) return digits_fail("batch upload");
-            if (dpar_shard_map(mesh, &train)) return digits_fail("train step");
-            if (dpar_array_get(m.loss, losses)) return digits_fail("loss");
-            sum += losses[0];
+            float loss;
+            if (dpar_graph_run(step, feeds, 2, &loss)) return digits_fail("train step");
+            sum += loss;
         }
         double dt = now_s() - t0;
         epoch_loss = sum / steps;
@@ -227,14 +193,14 @@ int main(int argc, char **argv) {
         fflush(stdout);
     }
     int same = 1;
-    for (int i = 0; i < NPARAM; i++) same &= replicas_identical(mesh, m.param[i]);
+    for (int i = 0; i < NPARAM; i++) same &= replicas_identical(mesh, param[i]);
     printf("replicated parameters bitwise identical on every device: %s\n", same ? "yes" : "NO");
     printf("final: backend=%s devices=%d epochs=%d test_accuracy=%.4f train_loss=%.8f\n", o.backend, devices, o.epochs,
            acc, epoch_loss);
+    dpar_graph_destroy(step);
     dpar_runtime_destroy(rt);
     free(xb);
     free(yb);
-    free(losses);
     free(xt);
     free(lt);
     digits_free(&ds);
