@@ -10,9 +10,10 @@
        and gets a partial sum of the logits; ONE all-reduce (psum over
        "model") completes them in forward. b2 [10] is replicated.
      backward: dlogits is replicated over "model", so the weight gradients of
-       both layers are local; ONE all-reduce (psum over "model") completes
-       the gradient with respect to the layer's input x, dx = dh @ W1^T —
-       what a layer before this block would consume (Megatron's "f" operator).
+       both layers are local. A layer before this block would get the
+       gradient of its input x, dx = dh @ W1^T, through ONE all-reduce (psum
+       over "model", Megatron's "f"); the graph adds it only when that
+       gradient is asked for (here nothing consumes it).
    The batch is split over "data". The step is a graph (dpar_graph): only the
    forward pass above is written; the backward pass follows from JAX's
    shard_map transpose rules (psum's cotangent passes through unchanged), and
