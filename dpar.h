@@ -1375,6 +1375,29 @@ DPAR_API dpar_value dpar_g_conv2d(dpar_graph *g, dpar_value x, dpar_value w, dpa
 DPAR_API dpar_value dpar_g_avg_pool2d(dpar_graph *g, dpar_value x, const dpar_pool2d_desc *d);
 DPAR_API dpar_value dpar_g_max_pool2d(dpar_graph *g, dpar_value x, const dpar_pool2d_desc *d);
 
+/* --- the elementwise family (see >>elementwise api; gradients summed back to broadcast operands) --- */
+/* op(x) (dpar_unary; s: the scalar of the *_SCALAR forms). */
+DPAR_API dpar_value dpar_g_unary(dpar_graph *g, dpar_value x, dpar_unary_op op, float s);
+/* a op b with NumPy broadcasting (dpar_binary). */
+DPAR_API dpar_value dpar_g_binary(dpar_graph *g, dpar_value a, dpar_value b, dpar_binary_op op);
+/* cond ? a : b, cond (f32 or i32, no gradient) broadcast to broadcast(a, b) (dpar_where). */
+DPAR_API dpar_value dpar_g_where(dpar_graph *g, dpar_value cond, dpar_value a, dpar_value b);
+/* x reduced over axes (NULL: all; keepdims keeps them as 1) (dpar_reduce). ARGMAX gives i32 and has
+   no gradient; MAX's gradient goes to the first maximum. */
+DPAR_API dpar_value dpar_g_reduce(dpar_graph *g, dpar_value x, dpar_reduce_kind kind, const int *axes, int naxes,
+                                  bool keepdims);
+/* softmax / log_softmax along the last axis (dpar_softmax). */
+DPAR_API dpar_value dpar_g_softmax(dpar_graph *g, dpar_value x, bool log);
+/* Shape ops (f32 or i32): dpar_transpose (perm NULL: reversed), dpar_broadcast_to, dpar_slice (`sizes`
+   elements per axis from start in steps, step NULL: 1), dpar_pad (lo before, hi after each axis, NULL:
+   zeros), dpar_concat (1..4 values). */
+DPAR_API dpar_value dpar_g_transpose(dpar_graph *g, dpar_value x, const int *perm);
+DPAR_API dpar_value dpar_g_broadcast_to(dpar_graph *g, dpar_value x, int ndim, const int64_t *shape);
+DPAR_API dpar_value dpar_g_slice(dpar_graph *g, dpar_value x, const int64_t *start, const int64_t *step,
+                                 const int64_t *sizes);
+DPAR_API dpar_value dpar_g_pad(dpar_graph *g, dpar_value x, const int64_t *lo, const int64_t *hi, float value);
+DPAR_API dpar_value dpar_g_concat(dpar_graph *g, const dpar_value *xs, int n, int axis);
+
 /* --- collectives over mesh axes "a" or "a,b" (the eager collective of the same name) --- */
 DPAR_API dpar_value dpar_g_psum(dpar_graph *g, dpar_value x, const char *axes);
 DPAR_API dpar_value dpar_g_pmean(dpar_graph *g, dpar_value x, const char *axes);
@@ -7280,6 +7303,23 @@ enum {
     DPAR__G_AVG_POOL_DX, /* in ct; attr: dpar_pool2d_desc */
     DPAR__G_MAX_POOL,    /* in x; attr: dpar_pool2d_desc */
     DPAR__G_MAX_POOL_DX, /* in ct, x; attr: dpar_pool2d_desc */
+    /* >>graph elementwise kinds */
+    DPAR__G_UNARY,
+    DPAR__G_UNARY_GRAD,
+    DPAR__G_BINARY,
+    DPAR__G_BINARY_GRAD, /* ip[1]: the side (0 a, 1 b) */
+    DPAR__G_WHERE,
+    DPAR__G_WHERE_GRAD,
+    DPAR__G_REDUCE, /* ip[0] kind, ip[1] axes mask */
+    DPAR__G_REDUCE_GRAD,
+    DPAR__G_SOFTMAX,
+    DPAR__G_SOFTMAX_GRAD,
+    DPAR__G_TRANSPOSE, /* lp: perm */
+    DPAR__G_BROADCAST,
+    DPAR__G_SLICE, /* lp: start, then step */
+    DPAR__G_SLICE_GRAD,
+    DPAR__G_PAD, /* lp: lo; fp: value */
+    DPAR__G_CONCAT, /* ip[0]: axis */
     DPAR__G_KINDS
 };
 typedef struct dpar__g_kind {
@@ -7304,6 +7344,11 @@ static const dpar__g_kind dpar__g_kinds[DPAR__G_KINDS] = {
     /* >>graph conv-pool kinds */
     { "conv2d", 3, 0 }, { "conv2d_dx", 2, 0 }, { "conv2d_dw", 2, 0 }, { "avg_pool2d", 1, 0 },
     { "avg_pool2d_dx", 1, 0 }, { "max_pool2d", 1, 0 }, { "max_pool2d_dx", 2, 0 },
+    /* >>graph elementwise kinds */
+    { "unary", 1, 0 },        { "unary_grad", 2, 0 },  { "binary", 2, 0 },      { "binary_grad", 3, 0 },
+    { "where", 3, 0 },        { "where_grad", 2, 0 },  { "reduce", 1, 0 },      { "reduce_grad", 2, 0 },
+    { "softmax", 1, 0 },      { "softmax_grad", 2, 0 }, { "transpose", 1, 0 },  { "broadcast_to", 1, 0 },
+    { "slice", 1, 0 },        { "slice_grad", 1, 0 },  { "pad", 1, 0 },         { "concat", 4, 0 },
 };
 
 typedef struct dpar__gnode {
@@ -7317,6 +7362,7 @@ typedef struct dpar__gnode {
     unsigned axes;                /* collectives: the axes; its text in axes_str */
     char axes_str[64];
     int ip[4];  /* integer attributes: trans_a/b, dim/tiled, split/concat, root */
+    int64_t lp[2 * DPAR_MAX_DIMS]; /* per-axis attributes: perm, slice start and step, pad lo */
     float fp;   /* scale, const value */
     int *pairs; /* ppermute (source, destination) pairs */
     int npairs;
@@ -7878,6 +7924,266 @@ static dpar_value dpar__g_root_only(dpar_graph *g, dpar_value ct, const dpar__gn
     return r;
 }
 
+/* >>graph elementwise ===========================================================
+   Graph nodes of the elementwise family (>>elementwise ops), each lowered to
+   its eager op; the gradient rules are in dpar__g_grad_elem. */
+#define DPAR__G_ELEM_CASES                                                                                  \
+    case DPAR__G_UNARY:                                                                                     \
+    case DPAR__G_UNARY_GRAD:                                                                                \
+    case DPAR__G_BINARY:                                                                                    \
+    case DPAR__G_BINARY_GRAD:                                                                               \
+    case DPAR__G_WHERE:                                                                                     \
+    case DPAR__G_WHERE_GRAD:                                                                                \
+    case DPAR__G_REDUCE:                                                                                    \
+    case DPAR__G_REDUCE_GRAD:                                                                               \
+    case DPAR__G_SOFTMAX:                                                                                   \
+    case DPAR__G_SOFTMAX_GRAD:                                                                              \
+    case DPAR__G_TRANSPOSE:                                                                                 \
+    case DPAR__G_BROADCAST:                                                                                 \
+    case DPAR__G_SLICE:                                                                                     \
+    case DPAR__G_SLICE_GRAD:                                                                                \
+    case DPAR__G_PAD:                                                                                       \
+    case DPAR__G_CONCAT
+static dpar_buffer *dpar__g_buf(const dpar_graph *g, int id, int li);
+static dpar_value dpar__g_node(dpar_graph *g, int kind, int n, const int *in, dpar_dtype dt, int ndim,
+                               const int64_t *shape) {
+    return dpar__gv(dpar__g_push(g, kind, n, in, dt, ndim, shape));
+}
+/* NumPy broadcast of the shapes of a and b into sh (the rank into *nd); false when they do not broadcast */
+static bool dpar__g_bcast_shape(const dpar__gnode *a, const dpar__gnode *b, int *nd, int64_t *sh) {
+    *nd = a->ndim > b->ndim ? a->ndim : b->ndim;
+    for (int i = 0; i < *nd; i++) {
+        int ia = i - (*nd - a->ndim), ib = i - (*nd - b->ndim);
+        int64_t da = ia >= 0 ? a->shape[ia] : 1, db = ib >= 0 ? b->shape[ib] : 1;
+        if (da != db && da != 1 && db != 1) return false;
+        sh[i] = da == 1 ? db : da;
+    }
+    return true;
+}
+static dpar_value dpar__g_bcast_fail(dpar_graph *g, const char *fn, dpar_value a, dpar_value b) {
+    char s1[160], s2[160], l1[96], l2[96];
+    return dpar__g_fail(g, DPAR_ERR_SHAPE,
+                        "%s: %s %s and %s %s do not broadcast (NumPy rules: trailing dims equal or 1)", fn,
+                        dpar__g_label(g, a.id, l1, sizeof l1), dpar__g_shape(&g->n[a.id], s1, sizeof s1),
+                        dpar__g_label(g, b.id, l2, sizeof l2), dpar__g_shape(&g->n[b.id], s2, sizeof s2));
+}
+DPAR_API dpar_value dpar_g_unary(dpar_graph *g, dpar_value x, dpar_unary_op op, float s) {
+    const char *fn = "dpar_g_unary";
+    if (!dpar__g_args(g, fn, 1, &x) || !dpar__g_f32(g, fn, 1, &x)) return dpar__gv(0);
+    if ((int)op < 0 || op >= DPAR_UNARY_COUNT)
+        return dpar__g_fail(g, DPAR_ERR_INVALID_ARGUMENT, "%s: op %d is not a dpar_unary_op", fn, (int)op);
+    dpar_value r = dpar__g_like(g, DPAR__G_UNARY, 1, &x);
+    if (r.id) g->n[r.id].ip[0] = (int)op, g->n[r.id].fp = s;
+    return r;
+}
+DPAR_API dpar_value dpar_g_binary(dpar_graph *g, dpar_value a, dpar_value b, dpar_binary_op op) {
+    const char *fn = "dpar_g_binary";
+    dpar_value v[2] = { a, b };
+    if (!dpar__g_args(g, fn, 2, v) || !dpar__g_f32(g, fn, 2, v)) return dpar__gv(0);
+    if ((int)op < 0 || op >= DPAR_BINARY_COUNT)
+        return dpar__g_fail(g, DPAR_ERR_INVALID_ARGUMENT, "%s: op %d is not a dpar_binary_op", fn, (int)op);
+    int nd, in[2] = { a.id, b.id };
+    int64_t sh[DPAR_MAX_DIMS];
+    if (!dpar__g_bcast_shape(&g->n[a.id], &g->n[b.id], &nd, sh)) return dpar__g_bcast_fail(g, fn, a, b);
+    dpar_value r = dpar__g_node(g, DPAR__G_BINARY, 2, in, DPAR_F32, nd, sh);
+    if (r.id) g->n[r.id].ip[0] = (int)op;
+    return r;
+}
+DPAR_API dpar_value dpar_g_where(dpar_graph *g, dpar_value cond, dpar_value a, dpar_value b) {
+    const char *fn = "dpar_g_where";
+    dpar_value v[3] = { cond, a, b };
+    if (!dpar__g_args(g, fn, 3, v) || !dpar__g_f32(g, fn, 2, v + 1)) return dpar__gv(0);
+    if (g->n[cond.id].dtype != DPAR_F32 && g->n[cond.id].dtype != DPAR_I32)
+        return dpar__g_fail(g, DPAR_ERR_DTYPE, "%s: cond is %s; it must be f32 or i32", fn,
+                            dpar_dtype_name(g->n[cond.id].dtype));
+    int nd, nd2, in[3] = { cond.id, a.id, b.id };
+    int64_t sh[DPAR_MAX_DIMS], sh2[DPAR_MAX_DIMS];
+    if (!dpar__g_bcast_shape(&g->n[a.id], &g->n[b.id], &nd, sh)) return dpar__g_bcast_fail(g, fn, a, b);
+    dpar_value r = dpar__g_node(g, DPAR__G_WHERE, 3, in, DPAR_F32, nd, sh);
+    if (r.id && !dpar__g_bcast_shape(&g->n[cond.id], &g->n[r.id], &nd2, sh2)) return dpar__g_bcast_fail(g, fn, cond, r);
+    if (r.id && (nd2 != nd || memcmp(sh, sh2, sizeof(int64_t) * (size_t)nd)))
+        return dpar__g_bcast_fail(g, fn, cond, r); /* cond may not grow the result */
+    return r;
+}
+DPAR_API dpar_value dpar_g_reduce(dpar_graph *g, dpar_value x, dpar_reduce_kind kind, const int *axes, int naxes,
+                                  bool keepdims) {
+    const char *fn = "dpar_g_reduce";
+    if (!dpar__g_args(g, fn, 1, &x) || !dpar__g_f32(g, fn, 1, &x)) return dpar__gv(0);
+    const dpar__gnode *xn = &g->n[x.id];
+    unsigned mask;
+    if ((int)kind < 0 || kind >= DPAR_REDUCE_KIND_COUNT)
+        return dpar__g_fail(g, DPAR_ERR_INVALID_ARGUMENT, "%s: kind %d is not a dpar_reduce_kind", fn, (int)kind);
+    dpar_status s = dpar__axes_mask(fn, xn->ndim, axes, naxes, &mask);
+    if (s) return dpar__g_fail(g, s, "%s", dpar_last_error());
+    int64_t sh[DPAR_MAX_DIMS];
+    int nd = 0;
+    for (int i = 0; i < xn->ndim; i++)
+        if (!(mask >> i & 1u) || keepdims) sh[nd++] = mask >> i & 1u ? 1 : xn->shape[i];
+    int in[1] = { x.id };
+    dpar_value r = dpar__g_node(g, DPAR__G_REDUCE, 1, in, kind == DPAR_REDUCE_ARGMAX ? DPAR_I32 : DPAR_F32, nd, sh);
+    if (r.id) g->n[r.id].ip[0] = (int)kind, g->n[r.id].ip[1] = (int)mask;
+    return r;
+}
+DPAR_API dpar_value dpar_g_softmax(dpar_graph *g, dpar_value x, bool log) {
+    if (!dpar__g_args(g, "dpar_g_softmax", 1, &x) || !dpar__g_f32(g, "dpar_g_softmax", 1, &x)) return dpar__gv(0);
+    if (g->n[x.id].ndim < 1) return dpar__g_fail(g, DPAR_ERR_SHAPE, "dpar_g_softmax: x is a scalar; it needs an axis");
+    dpar_value r = dpar__g_like(g, DPAR__G_SOFTMAX, 1, &x);
+    if (r.id) g->n[r.id].ip[0] = log;
+    return r;
+}
+DPAR_API dpar_value dpar_g_transpose(dpar_graph *g, dpar_value x, const int *perm) {
+    const char *fn = "dpar_g_transpose";
+    if (!dpar__g_args(g, fn, 1, &x)) return dpar__gv(0);
+    const dpar__gnode *xn = &g->n[x.id];
+    int64_t sh[DPAR_MAX_DIMS], p[DPAR_MAX_DIMS];
+    unsigned seen = 0;
+    for (int i = 0; i < xn->ndim; i++) {
+        p[i] = perm ? perm[i] : xn->ndim - 1 - i;
+        if (p[i] < 0 || p[i] >= xn->ndim || (seen >> p[i] & 1u))
+            return dpar__g_fail(g, DPAR_ERR_INVALID_ARGUMENT, "%s: perm[%d] = %lld; perm must hold each of 0..%d once",
+                                fn, i, (long long)p[i], xn->ndim - 1);
+        seen |= 1u << p[i];
+        sh[i] = xn->shape[p[i]];
+    }
+    int in[1] = { x.id };
+    dpar_value r = dpar__g_node(g, DPAR__G_TRANSPOSE, 1, in, xn->dtype, xn->ndim, sh);
+    if (r.id) memcpy(g->n[r.id].lp, p, sizeof p);
+    return r;
+}
+DPAR_API dpar_value dpar_g_broadcast_to(dpar_graph *g, dpar_value x, int ndim, const int64_t *shape) {
+    const char *fn = "dpar_g_broadcast_to";
+    if (!dpar__g_args(g, fn, 1, &x)) return dpar__gv(0);
+    dpar_status s = dpar__check_shape(fn, ndim, shape);
+    if (s) return dpar__g_fail(g, s, "%s", dpar_last_error());
+    int in[1] = { x.id };
+    dpar_value r = dpar__g_node(g, DPAR__G_BROADCAST, 1, in, g->n[x.id].dtype, ndim, shape);
+    int nd;
+    int64_t sh[DPAR_MAX_DIMS];
+    if (r.id && (!dpar__g_bcast_shape(&g->n[x.id], &g->n[r.id], &nd, sh) || nd != ndim ||
+                 memcmp(sh, shape, sizeof(int64_t) * (size_t)nd)))
+        return dpar__g_bcast_fail(g, fn, x, r);
+    return r;
+}
+/* x[start : : step] with `sizes` elements per axis (step NULL: 1) */
+DPAR_API dpar_value dpar_g_slice(dpar_graph *g, dpar_value x, const int64_t *start, const int64_t *step,
+                                 const int64_t *sizes) {
+    const char *fn = "dpar_g_slice";
+    if (!dpar__g_args(g, fn, 1, &x)) return dpar__gv(0);
+    const dpar__gnode *xn = &g->n[x.id];
+    if (xn->ndim > 0 && (!start || !sizes))
+        return dpar__g_fail(g, DPAR_ERR_INVALID_ARGUMENT, "%s: start or sizes is NULL", fn);
+    for (int i = 0; i < xn->ndim; i++) {
+        int64_t k = step ? step[i] : 1;
+        if (k < 1 || start[i] < 0 || sizes[i] < 0 || start[i] > xn->shape[i] ||
+            (sizes[i] > 0 && start[i] + (sizes[i] - 1) * k >= xn->shape[i])) {
+            char s1[160], l1[96];
+            return dpar__g_fail(g, DPAR_ERR_SHAPE,
+                                "%s: %s %s: axis %d: %lld elements from %lld in steps of %lld do not fit", fn,
+                                dpar__g_label(g, x.id, l1, sizeof l1), dpar__g_shape(xn, s1, sizeof s1), i,
+                                (long long)sizes[i], (long long)start[i], (long long)k);
+        }
+    }
+    int in[1] = { x.id };
+    dpar_value r = dpar__g_node(g, DPAR__G_SLICE, 1, in, xn->dtype, xn->ndim, sizes);
+    for (int i = 0; r.id && i < g->n[r.id].ndim; i++)
+        g->n[r.id].lp[i] = start[i], g->n[r.id].lp[DPAR_MAX_DIMS + i] = step ? step[i] : 1;
+    return r;
+}
+/* x padded with `value`: lo[i] before and hi[i] after each axis (NULL: zeros) */
+DPAR_API dpar_value dpar_g_pad(dpar_graph *g, dpar_value x, const int64_t *lo, const int64_t *hi, float value) {
+    const char *fn = "dpar_g_pad";
+    if (!dpar__g_args(g, fn, 1, &x)) return dpar__gv(0);
+    const dpar__gnode *xn = &g->n[x.id];
+    int64_t sh[DPAR_MAX_DIMS];
+    for (int i = 0; i < xn->ndim; i++) {
+        int64_t l = lo ? lo[i] : 0, h = hi ? hi[i] : 0;
+        if (l < 0 || h < 0) return dpar__g_fail(g, DPAR_ERR_SHAPE, "%s: axis %d: negative padding", fn, i);
+        sh[i] = xn->shape[i] + l + h;
+    }
+    int in[1] = { x.id };
+    dpar_value r = dpar__g_node(g, DPAR__G_PAD, 1, in, xn->dtype, xn->ndim, sh);
+    for (int i = 0; r.id && i < xn->ndim; i++) g->n[r.id].lp[i] = lo ? lo[i] : 0;
+    if (r.id) g->n[r.id].fp = value;
+    return r;
+}
+/* xs[0..n-1] (n <= 4) joined along axis */
+DPAR_API dpar_value dpar_g_concat(dpar_graph *g, const dpar_value *xs, int n, int axis) {
+    const char *fn = "dpar_g_concat";
+    if (n < 1 || n > 4 || !xs)
+        return dpar__g_fail(g, DPAR_ERR_INVALID_ARGUMENT, "%s: n = %d; a node joins 1..4 values (chain more)", fn, n);
+    if (!dpar__g_args(g, fn, n, xs)) return dpar__gv(0);
+    const dpar__gnode *x0 = &g->n[xs[0].id];
+    int ax = axis < 0 ? axis + x0->ndim : axis, in[4];
+    if (ax < 0 || ax >= x0->ndim)
+        return dpar__g_fail(g, DPAR_ERR_INVALID_ARGUMENT, "%s: axis %d is out of range for %d dims", fn, axis,
+                            x0->ndim);
+    int64_t sh[DPAR_MAX_DIMS];
+    memcpy(sh, x0->shape, sizeof sh);
+    sh[ax] = 0;
+    for (int k = 0; k < n; k++) {
+        const dpar__gnode *xk = &g->n[xs[k].id];
+        bool ok = xk->ndim == x0->ndim && xk->dtype == x0->dtype;
+        for (int i = 0; ok && i < x0->ndim; i++) ok = i == ax || xk->shape[i] == x0->shape[i];
+        if (!ok) {
+            char s1[160], s2[160], l1[96], l2[96];
+            return dpar__g_fail(g, DPAR_ERR_SHAPE, "%s: %s %s and %s %s differ outside axis %d (or in dtype)", fn,
+                                dpar__g_label(g, xs[0].id, l1, sizeof l1), dpar__g_shape(x0, s1, sizeof s1),
+                                dpar__g_label(g, xs[k].id, l2, sizeof l2), dpar__g_shape(xk, s2, sizeof s2), ax);
+        }
+        sh[ax] += xk->shape[ax];
+        in[k] = xs[k].id;
+    }
+    dpar_value r = dpar__g_node(g, DPAR__G_CONCAT, n, in, x0->dtype, x0->ndim, sh);
+    if (r.id) g->n[r.id].ip[0] = ax;
+    return r;
+}
+/* v (of a broadcast shape) summed down to the shape of node `like` (the transpose of broadcasting) */
+static dpar_value dpar__g_sum_to(dpar_graph *g, dpar_value v, int like) {
+    const dpar__gnode *vn = &g->n[v.id], *ln = &g->n[like];
+    int axes[DPAR_MAX_DIMS], na = 0, off = vn->ndim - ln->ndim;
+    for (int i = 0; i < vn->ndim; i++)
+        if (i < off || (ln->shape[i - off] == 1 && vn->shape[i] != 1)) axes[na++] = i;
+    if (!na) return vn->ndim == ln->ndim ? v : dpar_g_reshape(g, v, ln->ndim, ln->shape);
+    int64_t sh[DPAR_MAX_DIMS];
+    memcpy(sh, ln->shape, sizeof sh);
+    dpar_value r = dpar_g_reduce(g, v, DPAR_REDUCE_SUM, axes, na, false);
+    return r.id ? dpar_g_reshape(g, r, g->n[like].ndim, sh) : r;
+}
+/* the forward lowering of the nodes above (y, a, b: the buffers of the node and its inputs 0, 1) */
+static dpar_status dpar__g_exec_elem(const dpar_graph *g, int li, const dpar__gnode *nd, dpar_buffer *y,
+                                     dpar_buffer *a, dpar_buffer *b) {
+    dpar_buffer *c = nd->nin > 2 ? dpar__g_buf(g, nd->in[2], li) : NULL;
+    int axes[DPAR_MAX_DIMS], na = 0, perm[DPAR_MAX_DIMS];
+    for (int i = 0; i < DPAR_MAX_DIMS; i++)
+        if ((unsigned)nd->ip[1] >> i & 1u) axes[na++] = i;
+    switch (nd->kind) {
+    case DPAR__G_UNARY: return dpar_unary(y, a, (dpar_unary_op)nd->ip[0], nd->fp);
+    case DPAR__G_UNARY_GRAD: return dpar_unary_backward(y, a, b, (dpar_unary_op)nd->ip[0], nd->fp);
+    case DPAR__G_BINARY: return dpar_binary(y, a, b, (dpar_binary_op)nd->ip[0]);
+    case DPAR__G_BINARY_GRAD:
+        return dpar_binary_backward(nd->ip[1] ? NULL : y, nd->ip[1] ? y : NULL, a, b, c, (dpar_binary_op)nd->ip[0]);
+    case DPAR__G_WHERE: return dpar_where(y, a, b, c, 0.0f, 0.0f);
+    case DPAR__G_WHERE_GRAD: /* inputs (ct, cond): ct where the side was chosen, else 0 */
+        return nd->ip[1] ? dpar_where(y, b, NULL, a, 0.0f, 0.0f) : dpar_where(y, b, a, NULL, 0.0f, 0.0f);
+    case DPAR__G_REDUCE: return dpar_reduce(y, a, (dpar_reduce_kind)nd->ip[0], axes, na);
+    case DPAR__G_REDUCE_GRAD: return dpar_reduce_backward(y, a, b, (dpar_reduce_kind)nd->ip[0], axes, na);
+    case DPAR__G_SOFTMAX: return dpar_softmax(y, a, nd->ip[0] != 0);
+    case DPAR__G_SOFTMAX_GRAD: return dpar_softmax_backward(y, a, b, nd->ip[0] != 0);
+    case DPAR__G_TRANSPOSE:
+        for (int i = 0; i < nd->ndim; i++) perm[i] = (int)nd->lp[i];
+        return dpar_transpose(y, a, perm);
+    case DPAR__G_BROADCAST: return dpar_broadcast_to(y, a);
+    case DPAR__G_SLICE: return dpar_slice(y, a, nd->lp, nd->lp + DPAR_MAX_DIMS);
+    case DPAR__G_SLICE_GRAD: return dpar_slice_backward(y, a, nd->lp, nd->lp + DPAR_MAX_DIMS);
+    case DPAR__G_PAD: return dpar_pad(y, a, nd->lp, nd->fp);
+    default: { /* DPAR__G_CONCAT */
+        const dpar_buffer *xs[4];
+        for (int k = 0; k < nd->nin; k++) xs[k] = dpar__g_buf(g, nd->in[k], li);
+        return dpar_concat(y, xs, nd->nin, nd->ip[0]);
+    }
+    }
+}
+
 /* ---- reverse mode ---- */
 typedef struct dpar__gback {
     int *ct;      /* [count] accumulated cotangent of each node (0: none yet) */
@@ -8179,6 +8485,83 @@ static dpar_status dpar__g_conv_pool_exec(const dpar_graph *g, const dpar__gnode
     }
 }
 
+/* The gradient rules of the >>graph elementwise nodes (see dpar__g_grad). */
+static void dpar__g_grad_elem(dpar_graph *g, dpar__gback *bk, const dpar__gnode *nd, int i, unsigned eff,
+                              dpar_value ct) {
+    dpar_value a = dpar__gv(nd->in[0]), b = dpar__gv(nd->in[1]), r;
+    switch (nd->kind) {
+    case DPAR__G_UNARY: {
+        dpar_value v[2] = { ct, a };
+        r = dpar__g_like(g, DPAR__G_UNARY_GRAD, 2, v);
+        if (r.id) g->n[r.id].ip[0] = nd->ip[0], g->n[r.id].fp = nd->fp;
+        dpar__g_contrib(g, bk, a.id, eff, r);
+        break;
+    }
+    case DPAR__G_BINARY:
+        for (int side = 0; side < 2; side++) {
+            int x = nd->in[side];
+            if (!bk->needed[x]) continue;
+            dpar_value v[3] = { ct, a, b };
+            r = dpar__g_make(g, DPAR__G_BINARY_GRAD, 3, v, x);
+            if (r.id) g->n[r.id].ip[0] = nd->ip[0], g->n[r.id].ip[1] = side;
+            dpar__g_contrib(g, bk, x, eff, r);
+        }
+        break;
+    case DPAR__G_WHERE: /* cond has no gradient */
+        for (int side = 0; side < 2; side++) {
+            int x = nd->in[1 + side];
+            if (!bk->needed[x]) continue;
+            dpar_value v[2] = { ct, a };
+            r = dpar__g_like(g, DPAR__G_WHERE_GRAD, 2, v);
+            if (r.id) g->n[r.id].ip[1] = side;
+            dpar__g_contrib(g, bk, x, eff, r.id ? dpar__g_sum_to(g, r, x) : r);
+        }
+        break;
+    case DPAR__G_REDUCE: {
+        if (nd->ip[0] == DPAR_REDUCE_ARGMAX) break; /* integer result: no gradient */
+        dpar_value v[2] = { ct, a };
+        r = dpar__g_make(g, DPAR__G_REDUCE_GRAD, nd->ip[0] == DPAR_REDUCE_MAX ? 2 : 1, v, a.id);
+        if (r.id) g->n[r.id].ip[0] = nd->ip[0], g->n[r.id].ip[1] = nd->ip[1];
+        dpar__g_contrib(g, bk, a.id, eff, r);
+        break;
+    }
+    case DPAR__G_SOFTMAX: {
+        dpar_value v[2] = { ct, dpar__gv(i) };
+        r = dpar__g_like(g, DPAR__G_SOFTMAX_GRAD, 2, v);
+        if (r.id) g->n[r.id].ip[0] = nd->ip[0];
+        dpar__g_contrib(g, bk, a.id, eff, r);
+        break;
+    }
+    case DPAR__G_TRANSPOSE: {
+        int inv[DPAR_MAX_DIMS];
+        for (int k = 0; k < nd->ndim; k++) inv[nd->lp[k]] = k;
+        dpar__g_contrib(g, bk, a.id, eff, dpar_g_transpose(g, ct, inv));
+        break;
+    }
+    case DPAR__G_BROADCAST: dpar__g_contrib(g, bk, a.id, eff, dpar__g_sum_to(g, ct, a.id)); break;
+    case DPAR__G_SLICE:
+        r = dpar__g_make(g, DPAR__G_SLICE_GRAD, 1, &ct, a.id);
+        if (r.id) memcpy(g->n[r.id].lp, nd->lp, sizeof nd->lp);
+        dpar__g_contrib(g, bk, a.id, eff, r);
+        break;
+    case DPAR__G_PAD:
+        dpar__g_contrib(g, bk, a.id, eff, dpar_g_slice(g, ct, nd->lp, NULL, g->n[a.id].shape));
+        break;
+    case DPAR__G_CONCAT: {
+        int64_t at[DPAR_MAX_DIMS];
+        memset(at, 0, sizeof at);
+        for (int k = 0; k < nd->nin; k++) {
+            int x = nd->in[k];
+            int64_t sh[DPAR_MAX_DIMS];
+            memcpy(sh, g->n[x].shape, sizeof sh);
+            if (bk->needed[x]) dpar__g_contrib(g, bk, x, eff, dpar_g_slice(g, ct, at, NULL, sh));
+            at[nd->ip[0]] += sh[nd->ip[0]];
+        }
+        break;
+    }
+    default: break;
+    }
+}
 /* The gradient rule of node i with cotangent ct: contributions to its inputs. */
 static dpar_status dpar__g_grad(dpar_graph *g, dpar__gback *bk, int i, dpar_value ct) {
     dpar__gnode nd = g->n[i]; /* a copy: building nodes may move the table */
@@ -8281,7 +8664,11 @@ static dpar_status dpar__g_grad(dpar_graph *g, dpar__gback *bk, int i, dpar_valu
                      "dpar graphs (refused: which member gets it is a modelling choice); use psum/pmean there",
                      dpar__g_label(g, i, l, sizeof l));
         break;
-    default: break;
+    DPAR__G_ELEM_CASES:
+        dpar__g_grad_elem(g, bk, &nd, i, eff, ct);
+        break;
+    default:
+        break;
     }
     return dpar__g_status(g);
 }
@@ -8770,6 +9157,7 @@ static dpar_status dpar__g_exec(dpar_graph *g, dpar_ctx *ctx, int li, int i) {
     case DPAR__G_AVG_POOL_DX:
     case DPAR__G_MAX_POOL:
     case DPAR__G_MAX_POOL_DX: return dpar__g_conv_pool_exec(g, nd, li, y, a, b);
+    DPAR__G_ELEM_CASES: return dpar__g_exec_elem(g, li, nd, y, a, b);
     default: return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "no lowering for op kind %d", nd->kind);
     }
     /* the 2-d views back to the nodes' shapes (a param's shard must keep its shape) */

@@ -752,6 +752,237 @@ static void test_parity_cuda(void **state) {
     parity(DPAR_BACKEND_CUDA);
 }
 
+/* ---- graph nodes: loss = dot(op(inputs), W), gradients against central differences ---------------- */
+typedef struct gcase {
+    const char *name;
+    int nin;            /* f32 inputs, differentiated; cond (i32) of WHERE comes extra */
+    int nd[3];
+    int64_t sh[3][4];
+    int op;             /* the case's dpar_*_op / kind / flag */
+} gcase;
+enum { GC_UNARY, GC_BINARY, GC_WHERE, GC_REDUCE, GC_SOFTMAX, GC_TRANSPOSE, GC_BCAST, GC_SLICE, GC_PAD, GC_CONCAT };
+static const int32_t g_cond[3] = { 1, 0, 1 };
+static const int g_rax[3][2] = { { 1, 0 }, { 0, 2 }, { -1, 0 } };   /* reduce axes of op 0 (sum), 1 (mean), 2 (max) */
+static const int g_perm[3] = { 2, 0, 1 };
+static const int64_t g_start[2] = { 1, 0 }, g_step[2] = { 2, 1 }, g_sizes[2] = { 2, 3 }, g_lo[2] = { 1, 0 },
+                     g_hi[2] = { 0, 2 }, g_b3[2] = { 2, 3 };
+/* the graph of case kind k (op: c->op); x: the inputs */
+static dpar_value g_build(dpar_graph *g, int k, const gcase *c, const dpar_value *x, dpar_value cond) {
+    switch (k) {
+    case GC_UNARY: return dpar_g_unary(g, x[0], (dpar_unary_op)c->op, 1.5f);
+    case GC_BINARY: return dpar_g_binary(g, x[0], x[1], (dpar_binary_op)c->op);
+    case GC_WHERE: return dpar_g_where(g, cond, x[0], x[1]);
+    case GC_REDUCE:
+        return dpar_g_reduce(g, x[0], (dpar_reduce_kind)c->op, g_rax[c->op], c->op == 1 ? 2 : 1, c->op == 1);
+    case GC_SOFTMAX: return dpar_g_softmax(g, x[0], c->op);
+    case GC_TRANSPOSE: return dpar_g_transpose(g, x[0], g_perm);
+    case GC_BCAST: return dpar_g_broadcast_to(g, x[0], 2, g_b3);
+    case GC_SLICE: return dpar_g_slice(g, x[0], g_start, g_step, g_sizes);
+    case GC_PAD: return dpar_g_pad(g, x[0], g_lo, g_hi, -1.0f);
+    default: return dpar_g_concat(g, x, 2, 1);
+    }
+}
+/* out in double, row-major (the same as the graph's), its element count into *n */
+static void g_ref(int k, const gcase *c, double *const *x, double *out, int64_t *n) {
+    const int64_t *s0 = c->sh[0], *s1 = c->sh[1];
+    int64_t n0 = cnt(c->nd[0], s0);
+    switch (k) {
+    case GC_UNARY:
+        for (int64_t i = 0; i < n0; i++) out[i] = ref_unary((dpar_unary_op)c->op, x[0][i], 1.5);
+        *n = n0;
+        return;
+    case GC_BINARY:
+    case GC_WHERE: { /* shapes [3,1,4] op [2,1] -> [3,2,4]; where: cond [3,1], a [3,4], b [4] -> [3,4] */
+        int64_t ys[3] = { 3, 2, 4 }, yw[2] = { 3, 4 }, cs[2] = { 3, 1 };
+        int ynd = k == GC_BINARY ? 3 : 2;
+        const int64_t *yy = k == GC_BINARY ? ys : yw;
+        *n = cnt(ynd, yy);
+        for (int64_t i = 0; i < *n; i++) {
+            double a = x[0][bidx(ynd, yy, c->nd[0], s0, i)], b = x[1][bidx(ynd, yy, c->nd[1], s1, i)];
+            out[i] = k == GC_BINARY ? ref_binary((dpar_binary_op)c->op, a, b)
+                                    : (g_cond[bidx(2, yw, 2, cs, i)] ? a : b);
+        }
+        return;
+    }
+    case GC_REDUCE: { /* x [2,3,4]: sum axis 1 -> [2,4]; mean axes 0,2 keepdims -> [1,3,1]; max axis -1 -> [2,3] */
+        int64_t cnt3[3] = { 8, 3, 6 };
+        *n = cnt3[c->op];
+        for (int64_t j = 0; j < *n; j++) out[j] = c->op == 2 ? -INFINITY : 0.0;
+        for (int64_t i = 0; i < 24; i++) {
+            int64_t a0 = i / 12, a1 = i / 4 % 3, a2 = i % 4;
+            int64_t j = c->op == 0 ? a0 * 4 + a2 : c->op == 1 ? a1 : a0 * 3 + a1;
+            out[j] = c->op == 2 ? fmax(out[j], x[0][i]) : out[j] + x[0][i] / (c->op == 1 ? 8.0 : 1.0);
+        }
+        return;
+    }
+    case GC_SOFTMAX: { /* [3,5] */
+        for (int r = 0; r < 3; r++) {
+            double mx = -INFINITY, se = 0;
+            for (int j = 0; j < 5; j++) mx = fmax(mx, x[0][r * 5 + j]);
+            for (int j = 0; j < 5; j++) se += exp(x[0][r * 5 + j] - mx);
+            for (int j = 0; j < 5; j++)
+                out[r * 5 + j] = c->op ? x[0][r * 5 + j] - mx - log(se) : exp(x[0][r * 5 + j] - mx) / se;
+        }
+        *n = 15;
+        return;
+    }
+    case GC_TRANSPOSE: /* [2,3,4] -> [4,2,3] */
+        for (int64_t i = 0; i < 24; i++) out[(i % 4) * 6 + (i / 12) * 3 + (i / 4 % 3)] = x[0][i];
+        *n = 24;
+        return;
+    case GC_BCAST: /* [3] -> [2,3] */
+        for (int64_t i = 0; i < 6; i++) out[i] = x[0][i % 3];
+        *n = 6;
+        return;
+    case GC_SLICE: /* [5,4][1::2, 0:3] */
+        for (int64_t i = 0; i < 6; i++) out[i] = x[0][(1 + 2 * (i / 3)) * 4 + i % 3];
+        *n = 6;
+        return;
+    case GC_PAD: /* [2,3] -> [3,5], x at [1:3, 0:3] */
+        for (int64_t i = 0; i < 15; i++) {
+            int64_t r = i / 5, q = i % 5;
+            out[i] = r >= 1 && q < 3 ? x[0][(r - 1) * 3 + q] : -1.0;
+        }
+        *n = 15;
+        return;
+    default: /* [2,3] ++ [2,1] along 1 */
+        for (int64_t i = 0; i < 8; i++) out[i] = i % 4 < 3 ? x[0][(i / 4) * 3 + i % 4] : x[1][i / 4];
+        *n = 8;
+        return;
+    }
+}
+static const struct {
+    int kind;
+    gcase c;
+} g_cases[] = {
+    { GC_BINARY, { "binary add", 2, { 3, 2 }, { { 3, 1, 4 }, { 2, 1 } }, DPAR_BINARY_ADD } },
+    { GC_BINARY, { "binary sub", 2, { 3, 2 }, { { 3, 1, 4 }, { 2, 1 } }, DPAR_BINARY_SUB } },
+    { GC_BINARY, { "binary mul", 2, { 3, 2 }, { { 3, 1, 4 }, { 2, 1 } }, DPAR_BINARY_MUL } },
+    { GC_BINARY, { "binary div", 2, { 3, 2 }, { { 3, 1, 4 }, { 2, 1 } }, DPAR_BINARY_DIV } },
+    { GC_WHERE, { "where", 2, { 2, 1 }, { { 3, 4 }, { 4 } }, 0 } },
+    { GC_REDUCE, { "reduce sum axis 1", 1, { 3 }, { { 2, 3, 4 } }, DPAR_REDUCE_SUM } },
+    { GC_REDUCE, { "reduce mean axes 0,2 keepdims", 1, { 3 }, { { 2, 3, 4 } }, DPAR_REDUCE_MEAN } },
+    { GC_REDUCE, { "reduce max axis -1", 1, { 3 }, { { 2, 3, 4 } }, DPAR_REDUCE_MAX } },
+    { GC_SOFTMAX, { "softmax", 1, { 2 }, { { 3, 5 } }, 0 } },
+    { GC_SOFTMAX, { "log_softmax", 1, { 2 }, { { 3, 5 } }, 1 } },
+    { GC_TRANSPOSE, { "transpose", 1, { 3 }, { { 2, 3, 4 } }, 0 } },
+    { GC_BCAST, { "broadcast_to", 1, { 1 }, { { 3 } }, 0 } },
+    { GC_SLICE, { "slice", 1, { 2 }, { { 5, 4 } }, 0 } },
+    { GC_PAD, { "pad", 1, { 2 }, { { 2, 3 } }, 0 } },
+    { GC_CONCAT, { "concat", 2, { 2, 2 }, { { 2, 3 }, { 2, 1 } }, 0 } },
+};
+static double g_loss_ref(int k, const gcase *c, double *const *x, const float *w) {
+    double out[64], s = 0;
+    int64_t n;
+    g_ref(k, c, x, out, &n);
+    for (int64_t i = 0; i < n; i++) s += out[i] * (double)w[i];
+    return s;
+}
+/* Builds, differentiates and runs one case on backend bk; checks the loss and every gradient. */
+static void g_run(dpar_backend_kind bk, int k, const gcase *c) {
+    dpar_runtime *rt = t_runtime_or_skip(bk, 1);
+    dpar_mesh *m = t_mesh1(rt, 1, "data");
+    dpar_graph *g = NULL;
+    T_OK(dpar_graph_create(m, &g));
+    dpar_value x[3], gr[3], cond = { 0 }, w;
+    double *xd[3];
+    float xf[3][64], wv[64];
+    dpar_graph_feed f[5];
+    int nf = c->nin;
+    memset(f, 0, sizeof f);
+    for (int i = 0; i < c->nin; i++) {
+        dpar_array_desc d;
+        memset(&d, 0, sizeof d);
+        d.dtype = DPAR_F32, d.ndim = c->nd[i];
+        for (int q = 0; q < d.ndim; q++) d.shape[q] = c->sh[i][q];
+        x[i] = dpar_g_feed(g, "x", &d);
+        xd[i] = (double *)malloc(64 * sizeof(double));
+        int64_t n = cnt(c->nd[i], c->sh[i]);
+        fill_rnd(xf[i], n, 0.5f, 2.0f);
+        if (k != GC_BINARY || c->op != DPAR_BINARY_DIV || i == 0) fill_rnd(xf[i], n, -2.0f, 2.0f);
+        for (int64_t q = 0; q < n; q++) xd[i][q] = xf[i][q];
+        f[i].value = x[i], f[i].host = xf[i];
+    }
+    if (k == GC_WHERE) {
+        dpar_array_desc d;
+        memset(&d, 0, sizeof d);
+        d.dtype = DPAR_I32, d.ndim = 2, d.shape[0] = 3, d.shape[1] = 1;
+        cond = dpar_g_feed(g, "cond", &d);
+        f[nf].value = cond, f[nf++].host = g_cond;
+    }
+    dpar_value out = g_build(g, k, c, x, cond);
+    T_OK(dpar_graph_status(g));
+    dpar_array_desc wd;
+    memset(&wd, 0, sizeof wd);
+    wd.dtype = DPAR_F32;
+    T_OK(dpar_graph_value_shape(g, out, NULL, &wd.ndim, wd.shape));
+    w = dpar_g_feed(g, "w", &wd);
+    fill_rnd(wv, cnt(wd.ndim, wd.shape), -1, 1);
+    f[nf].value = w, f[nf++].host = wv;
+    dpar_value loss = dpar_g_dot(g, out, w);
+    T_OK(dpar_graph_value_and_grad(g, loss, x, c->nin, gr));
+    float lossv = 0;
+    T_OK(dpar_graph_run(g, f, nf, &lossv));
+    double want = g_loss_ref(k, c, xd, wv);
+    if (fabs(lossv - want) > 1e-5 * fmax(1.0, fabs(want)))
+        fail_msg("%s (%s): loss %.9g, reference %.9g", c->name, dpar_backend_name(bk), (double)lossv, want);
+    for (int i = 0; i < c->nin; i++) {
+        float an[64];
+        T_OK(dpar_graph_get(g, gr[i], an));
+        for (int64_t q = 0; q < cnt(c->nd[i], c->sh[i]); q++) {
+            double h = 1e-5, keep = xd[i][q];
+            xd[i][q] = keep + h;
+            double lp = g_loss_ref(k, c, xd, wv);
+            xd[i][q] = keep - h;
+            double lm = g_loss_ref(k, c, xd, wv);
+            xd[i][q] = keep;
+            double fd = (lp - lm) / (2 * h);
+            if (fabs(an[q] - fd) > 1e-4 * fmax(fabs(fd), 1e-1))
+                fail_msg("%s (%s): d loss / d input %d [%lld]: graph %.7g, finite differences %.7g", c->name,
+                         dpar_backend_name(bk), i, (long long)q, (double)an[q], fd);
+        }
+    }
+    for (int i = 0; i < c->nin; i++) free(xd[i]);
+    T_OK(dpar_graph_destroy(g));
+    T_OK(dpar_mesh_destroy(m));
+    T_OK(dpar_runtime_destroy(rt));
+}
+static void g_all(dpar_backend_kind bk) {
+    for (size_t i = 0; i < sizeof g_cases / sizeof g_cases[0]; i++) g_run(bk, g_cases[i].kind, &g_cases[i].c);
+    for (int u = 0; u < DPAR_UNARY_COUNT; u++) {
+        gcase c = { "unary", 1, { 2 }, { { 3, 4 } }, u };
+        float lo, hi;
+        unary_domain((dpar_unary_op)u, &lo, &hi);
+        if (lo > 0) continue; /* positive-domain ops: the FD inputs of g_run span [-2, 2]; checked eagerly above */
+        g_run(bk, GC_UNARY, &c);
+    }
+}
+static void test_graph_grads(void **state) {
+    (void)state;
+    g_all(DPAR_BACKEND_CPU);
+}
+static void test_graph_grads_vulkan(void **state) {
+    (void)state;
+    g_all(DPAR_BACKEND_VULKAN);
+}
+static void test_graph_errors(void **state) {
+    (void)state;
+    dpar_mesh *m = t_mesh1(g_rt, 1, "data");
+    dpar_graph *g = NULL;
+    T_OK(dpar_graph_create(m, &g));
+    dpar_array_desc d;
+    memset(&d, 0, sizeof d);
+    d.dtype = DPAR_F32, d.ndim = 2, d.shape[0] = 3, d.shape[1] = 4;
+    dpar_value a = dpar_g_feed(g, "a", &d);
+    d.shape[0] = 3, d.shape[1] = 2;
+    dpar_value b = dpar_g_feed(g, "b", &d);
+    dpar_value r = dpar_g_binary(g, a, b, DPAR_BINARY_ADD);
+    assert_int_equal(r.id, 0);
+    T_ERR(dpar_graph_status(g), DPAR_ERR_SHAPE, "dpar_g_binary", "'a'", "[3, 4]", "'b'", "[3, 2]");
+    T_OK(dpar_graph_destroy(g));
+    T_OK(dpar_mesh_destroy(m));
+}
+
 static int setup(void **state) {
     (void)state;
     g_rt = t_runtime(DPAR_BACKEND_CPU, 1);
@@ -778,6 +1009,9 @@ int main(void) {
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_parity_vulkan),
         cmocka_unit_test(test_parity_cuda),
+        cmocka_unit_test(test_graph_grads),
+        cmocka_unit_test(test_graph_grads_vulkan),
+        cmocka_unit_test(test_graph_errors),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
