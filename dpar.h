@@ -10270,6 +10270,39 @@ static void dpar__sgd_part(void *arg, int part, int nparts) { /* work items of `
    CPU reference of the elementwise kinds (see >>elementwise ops): math in
    double, sums in order, one element after another. */
 #define DPAR__GELU_K 0.7978845608028654 /* sqrt(2 / pi) */
+/* fn(op, lo, hi) over items [0, n) of an op, split on the device's intra-op threads when the work
+   (n * cost) is large; items are independent, so the result does not depend on the split */
+typedef void (*dpar__cpu_range_fn)(const dpar__op *op, int64_t lo, int64_t hi);
+typedef struct dpar__cpu_range {
+    dpar__cpu_range_fn fn;
+    const dpar__op *op;
+    int64_t n, chunk, next;
+} dpar__cpu_range;
+static void dpar__cpu_range_part(void *arg, int part, int nparts) {
+    dpar__cpu_range *r = (dpar__cpu_range *)arg;
+    (void)part;
+    (void)nparts;
+    for (;;) {
+        int64_t lo = __atomic_fetch_add(&r->next, 1, __ATOMIC_RELAXED) * r->chunk;
+        if (lo >= r->n) break;
+        r->fn(r->op, lo, lo + r->chunk < r->n ? lo + r->chunk : r->n);
+    }
+}
+static void dpar__cpu_parallel(dpar__cpu *c, int dev, const dpar__op *op, int64_t n, int64_t cost,
+                               dpar__cpu_range_fn fn) {
+    int parts = c && c->pools && dev >= 0 && dev < c->ndev && n > 1 && n * cost >= ((int64_t)1 << 16) ? c->threads : 1;
+    if (parts <= 1) {
+        fn(op, 0, n);
+        return;
+    }
+    dpar__cpu_range r;
+    r.fn = fn;
+    r.op = op;
+    r.n = n;
+    r.next = 0;
+    r.chunk = n / (4 * parts) + 1;
+    dpar__cpu_fork(&c->pools[dev], parts, dpar__cpu_range_part, &r);
+}
 static double dpar__unary_f(int u, double x, double s) {
     switch (u) {
     case DPAR_UNARY_NEG: return -x;
@@ -10328,16 +10361,22 @@ static double dpar__unary_d(int u, double x, double s) {
     default: return NAN;
     }
 }
-static dpar_status dpar__cpu_op_unary(dpar__cpu *c, int dev, const dpar__op *op, float *y, const float *x0,
-                                      const float *x1) {
-    DPAR__UNUSED(c);
-    DPAR__UNUSED(dev);
+static void dpar__cpu_unary_range(const dpar__op *op, int64_t lo, int64_t hi) {
     int u = (int)op->p[0];
     double s = (double)op->f[0];
+    float *y = (float *)op->dst->mem;
+    const float *x = (const float *)op->src0->mem, *dy = op->src1 ? (const float *)op->src1->mem : NULL;
     if (op->kind == DPAR__OP_UNARY)
-        for (int64_t i = 0; i < op->n; i++) y[i] = (float)dpar__unary_f(u, (double)x0[i], s);
+        for (int64_t i = lo; i < hi; i++) y[i] = (float)dpar__unary_f(u, (double)x[i], s);
     else
-        for (int64_t i = 0; i < op->n; i++) y[i] = (float)((double)x1[i] * dpar__unary_d(u, (double)x0[i], s));
+        for (int64_t i = lo; i < hi; i++) y[i] = (float)((double)dy[i] * dpar__unary_d(u, (double)x[i], s));
+}
+static dpar_status dpar__cpu_op_unary(dpar__cpu *c, int dev, const dpar__op *op, float *y, const float *x0,
+                                      const float *x1) {
+    DPAR__UNUSED(y);
+    DPAR__UNUSED(x0);
+    DPAR__UNUSED(x1);
+    dpar__cpu_parallel(c, dev, op, op->n, 16, dpar__cpu_unary_range);
     return DPAR_OK;
 }
 /* y[p14 + i] = a[p12 + i.sa] op b[p13 + i.sb] over the 4-d shape p[0..3] */
@@ -10386,11 +10425,10 @@ static void dpar__red_step(int red, double *acc, int64_t *best, int64_t r, doubl
 /* y[o] = reduction over the dims in mask p[13] of dense x (shape p[0..3]); o runs over the kept dims.
    Each output walks its slice with nested loops (extent 1 along kept dims); DPAR__RED_MAX_BWD walks it
    twice: find the first maximum, then write dx. */
-static dpar_status dpar__cpu_op_reduce(dpar__cpu *c, int dev, const dpar__op *op, float *y, const float *x0,
-                                       const float *x1) {
-    DPAR__UNUSED(c);
-    DPAR__UNUSED(dev);
+static void dpar__cpu_reduce_range(const dpar__op *op, int64_t lo, int64_t hi) {
     const int64_t *p = op->p;
+    float *y = (float *)op->dst->mem;
+    const float *x0 = (const float *)op->src0->mem, *x1 = op->src1 ? (const float *)op->src1->mem : NULL;
     const float *a = x1, *b = op->src2 ? (const float *)op->src2->mem : NULL;
     int red = (int)p[12];
     int64_t xs[4], e[4], R = 1;
@@ -10399,7 +10437,7 @@ static dpar_status dpar__cpu_op_reduce(dpar__cpu *c, int dev, const dpar__op *op
         e[d] = p[13] >> d & 1 ? p[d] : 1;
         R *= e[d];
     }
-    for (int64_t o = 0; o < op->n; o++) {
+    for (int64_t o = lo; o < hi; o++) {
         int64_t rem = o, x_0 = 0, a_0 = 0, b_0 = 0, best = -1;
         for (int d = 3; d >= 0; d--)
             if (!(p[13] >> d & 1)) {
@@ -10432,6 +10470,15 @@ static dpar_status dpar__cpu_op_reduce(dpar__cpu *c, int dev, const dpar__op *op
         else if (red != DPAR__RED_MAX_BWD)
             y[o] = (float)(red == DPAR_REDUCE_MEAN ? acc / (double)R : acc);
     }
+}
+static dpar_status dpar__cpu_op_reduce(dpar__cpu *c, int dev, const dpar__op *op, float *y, const float *x0,
+                                       const float *x1) {
+    DPAR__UNUSED(y);
+    DPAR__UNUSED(x0);
+    DPAR__UNUSED(x1);
+    int64_t R = 1;
+    for (int d = 0; d < 4; d++) R *= op->p[13] >> d & 1 ? op->p[d] : 1;
+    dpar__cpu_parallel(c, dev, op, op->n, R + 1, dpar__cpu_reduce_range);
     return DPAR_OK;
 }
 /* y[i] = cond[i.sc] ? a[i.sa] : b[i.sb] over the 4-d shape p[0..3] (a / b NULL: f[0] / f[1]) */
@@ -10456,13 +10503,12 @@ static dpar_status dpar__cpu_op_where(dpar__cpu *c, int dev, const dpar__op *op,
     return DPAR_OK;
 }
 /* rows of n: softmax / log_softmax (p[0]) and their backward (kind SOFTMAX_BWD: x0 = dy, x1 = y) */
-static dpar_status dpar__cpu_op_softmax(dpar__cpu *c, int dev, const dpar__op *op, float *y, const float *x0,
-                                        const float *x1) {
-    DPAR__UNUSED(c);
-    DPAR__UNUSED(dev);
+static void dpar__cpu_softmax_range(const dpar__op *op, int64_t lo, int64_t hi) {
     int64_t n = op->n;
     int lg = op->p[0] != 0;
-    for (int64_t r = 0; r < op->m; r++) {
+    float *y = (float *)op->dst->mem;
+    const float *x0 = (const float *)op->src0->mem, *x1 = op->src1 ? (const float *)op->src1->mem : NULL;
+    for (int64_t r = lo; r < hi; r++) {
         const float *x = x0 + r * n, *yy = x1 ? x1 + r * n : NULL;
         float *o = y + r * n;
         double acc = 0.0;
@@ -10482,6 +10528,13 @@ static dpar_status dpar__cpu_op_softmax(dpar__cpu *c, int dev, const dpar__op *o
             o[j] = (float)(lg ? z - lse : exp(z) / acc);
         }
     }
+}
+static dpar_status dpar__cpu_op_softmax(dpar__cpu *c, int dev, const dpar__op *op, float *y, const float *x0,
+                                        const float *x1) {
+    DPAR__UNUSED(y);
+    DPAR__UNUSED(x0);
+    DPAR__UNUSED(x1);
+    dpar__cpu_parallel(c, dev, op, op->m, 32 * op->n, dpar__cpu_softmax_range);
     return DPAR_OK;
 }
 /* dst[p13 + i.ds] = src[p12 + i.ss] over the 4-d shape p[0..3], 4-byte elements */

@@ -983,6 +983,54 @@ static void test_graph_errors(void **state) {
     T_OK(dpar_mesh_destroy(m));
 }
 
+/* ---- the CPU backend's intra-op threads split large ops without changing a bit ---- */
+static void threads_program(dpar_runtime *rt, float *out) {
+    int64_t s1[1] = { 1 << 16 }, s2[2] = { 256, 256 }, r0[1] = { 256 };
+    dpar_buffer *x = mk(rt, DPAR_F32, 1, s1), *y = mk(rt, DPAR_F32, 1, s1), *m = mk(rt, DPAR_F32, 2, s2);
+    dpar_buffer *sm = mk(rt, DPAR_F32, 2, s2), *r = mk(rt, DPAR_F32, 1, r0);
+    float *v = (float *)malloc(sizeof(float) << 16);
+    uint32_t keep = g_seed;
+    g_seed = 99u;
+    fill_rnd(v, 1 << 16, -3, 3);
+    put(x, v);
+    put(m, v);
+    T_OK(dpar_unary(y, x, DPAR_UNARY_GELU_ERF, 0));
+    get(y, out);
+    T_OK(dpar_unary_backward(y, x, x, DPAR_UNARY_TANH, 0));
+    get(y, out + (1 << 16));
+    T_OK(dpar_softmax(sm, m, false));
+    get(sm, out + (2 << 16));
+    for (int ax = 0; ax < 2; ax++) {
+        T_OK(dpar_reduce(r, m, DPAR_REDUCE_SUM, &ax, 1));
+        get(r, out + (3 << 16) + ax * 256);
+    }
+    g_seed = keep;
+    free(v);
+    dpar_buffer *all[5] = { x, y, m, sm, r };
+    for (int i = 0; i < 5; i++) dpar_buffer_destroy(all[i]);
+}
+static void test_threads_bitwise(void **state) {
+    (void)state;
+    enum { N = (3 << 16) + 512 };
+    float *a = (float *)malloc(N * sizeof(float)), *b = (float *)malloc(N * sizeof(float));
+    const char *old = getenv("DPAR_CPU_THREADS");
+    char keep[32] = "";
+    if (old) snprintf(keep, sizeof keep, "%s", old);
+    setenv("DPAR_CPU_THREADS", "1", 1);
+    dpar_runtime *r1 = t_runtime(DPAR_BACKEND_CPU, 1);
+    setenv("DPAR_CPU_THREADS", "3", 1);
+    dpar_runtime *r3 = t_runtime(DPAR_BACKEND_CPU, 1);
+    if (old) setenv("DPAR_CPU_THREADS", keep, 1);
+    else unsetenv("DPAR_CPU_THREADS");
+    threads_program(r1, a);
+    threads_program(r3, b);
+    assert_memory_equal(a, b, N * sizeof(float));
+    dpar_runtime_destroy(r1);
+    dpar_runtime_destroy(r3);
+    free(a);
+    free(b);
+}
+
 static int setup(void **state) {
     (void)state;
     g_rt = t_runtime(DPAR_BACKEND_CPU, 1);
@@ -1012,6 +1060,7 @@ int main(void) {
         cmocka_unit_test(test_graph_grads),
         cmocka_unit_test(test_graph_grads_vulkan),
         cmocka_unit_test(test_graph_errors),
+        cmocka_unit_test(test_threads_bitwise),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
