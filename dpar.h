@@ -5109,7 +5109,12 @@ static dpar_status dpar__op_check(const char *name, const dpar_buffer *first, co
     if (!first) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: output buffer is NULL", name);
     for (int i = 0; i < nb; i++) {
         if (!bufs[i]) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: operand %d is NULL", name, i);
-        if (bufs[i]->rt != first->rt || bufs[i]->device != first->device)
+        if (bufs[i]->rt != first->rt)
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                             "%s: operand %d and the output belong to different runtimes; every operand of an op must "
+                             "be a buffer of one runtime, on one device",
+                             name, i);
+        if (bufs[i]->device != first->device)
             return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
                              "%s: operands live on devices %d and %d; every operand of an op must be on one device",
                              name, first->gdev, bufs[i]->gdev);

@@ -138,11 +138,24 @@ static void test_set_last_error_wraps_itself(void **st) {
     assert_string_equal(dpar_last_error(), "outer: loading w: inner: rows 3 != 4");
 }
 
+/* buffers of two runtimes: was "operands live on devices 0 and 0" */
+static void test_two_runtimes_message(void **st) {
+    (void)st;
+    dpar_runtime *r1 = t_runtime(DPAR_BACKEND_CPU, 1), *r2 = t_runtime(DPAR_BACKEND_CPU, 1);
+    int64_t four = 4;
+    dpar_buffer *a, *b;
+    T_OK(dpar_buffer_create(r1, 0, DPAR_F32, 1, &four, &a));
+    T_OK(dpar_buffer_create(r2, 0, DPAR_F32, 1, &four, &b));
+    T_ERR(dpar_copy(a, b), DPAR_ERR_INVALID_ARGUMENT, "different runtimes");
+    T_OK(dpar_runtime_destroy(r1));
+    T_OK(dpar_runtime_destroy(r2));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mesh_ndim_inferred),          cmocka_unit_test(test_shard_map_num_args_inferred),
         cmocka_unit_test(test_pmap_counts_inferred),        cmocka_unit_test(test_destroy_status),
-        cmocka_unit_test(test_set_last_error_wraps_itself),
+        cmocka_unit_test(test_set_last_error_wraps_itself), cmocka_unit_test(test_two_runtimes_message),
     };
     return cmocka_run_group_tests_name("api", tests, NULL, NULL);
 }
