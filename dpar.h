@@ -9052,18 +9052,31 @@ static void dpar__g_view2(dpar_buffer *b, int64_t rows, int64_t cols) {
     b->shape[0] = rows;
     b->shape[1] = cols;
 }
-/* This member's block of an all_gather'ed x along dim (host-staged: dpar has no device slice op yet). */
+/* This member's block of an all_gather'ed x along dim: a dpar_slice (f32, i32) on the device, y viewed with
+   x's rank (size 1 at dim when the gather stacked); other dtypes are staged through the host. */
 static dpar_status dpar__g_block_run(dpar_ctx *ctx, const dpar__gnode *nd, const dpar__gnode *xn, dpar_buffer *y,
                                      const dpar_buffer *x) {
     int k = 0, n = 1, d = nd->ip[0];
     dpar_status s = dpar_ctx_axis_index(ctx, nd->axes_str, &k);
     if (!s) s = dpar_ctx_axis_size(ctx, nd->axes_str, &n);
     if (s) return s;
+    int64_t rows = xn->shape[d], blk = nd->ip[1] ? rows / n : 1;
+    if (xn->dtype == DPAR_F32 || xn->dtype == DPAR_I32) {
+        int ndim = y->ndim;
+        int64_t shape[DPAR_MAX_DIMS], start[DPAR_MAX_DIMS] = { 0 };
+        memcpy(shape, y->shape, sizeof shape);
+        y->ndim = xn->ndim;
+        for (int i = 0; i < xn->ndim; i++) y->shape[i] = i == d ? blk : xn->shape[i];
+        start[d] = k * blk;
+        s = dpar_slice(y, x, start, NULL);
+        y->ndim = ndim; /* y may be a gradient array's shard: its own shape back */
+        memcpy(y->shape, shape, sizeof shape);
+        return s;
+    }
     size_t es = dpar_dtype_size(xn->dtype), inner = es;
     int64_t outer = 1;
     for (int i = 0; i < d; i++) outer *= xn->shape[i];
     for (int i = d + 1; i < xn->ndim; i++) inner *= (size_t)xn->shape[i];
-    int64_t rows = xn->shape[d], blk = nd->ip[1] ? rows / n : 1;
     size_t nin = dpar_buffer_nbytes(x), nout = dpar_buffer_nbytes(y);
     char *hin = (char *)DPAR_MALLOC(nin + 1), *hout = (char *)DPAR_MALLOC(nout + 1);
     if (!hin || !hout) s = dpar__err(DPAR_ERR_OUT_OF_MEMORY, "block: out of memory");
