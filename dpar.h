@@ -1109,9 +1109,12 @@ DPAR_API dpar_status dpar_matmul_batched(dpar_buffer *C, const dpar_buffer *A, c
    q: [..., Tq, D], k: [..., Tk, D], v: [..., Tk, Dv], out: [..., Tq, Dv] (heads in the leading dims:
    [batch, heads, T, D]); causal needs Tq == Tk. scale = 0 means 1 / sqrt(D). stats: NULL or
    [..., Tq, 2] f32: lse_i in [.., 0] (the backward needs it; [.., 1] is the backward's scratch).
-   Fused on every backend: no Tq x Tk matrix is stored; extra memory is 8 bytes per query row (stats)
-   plus, on the CPU, one row of Tk floats per worker. A row with no key (Tk = 0) gives zeros.
-   Errors: DPAR_ERR_SHAPE, DPAR_ERR_DTYPE, DPAR_ERR_INVALID_ARGUMENT (NULL, aliasing, scale < 0). */
+   Fused on every backend: no [..., Tq, Tk] tensor is stored. Extra memory: 8 bytes per query row (stats);
+   the CPU backend also works through its GEMM one batch-head and one block of query rows at a time, with
+   two blocks of scores as scratch (at most 2^15 floats each, or one row of Tk if longer); Vulkan and CUDA
+   keep one row of D and Dv (<= 512 each) in shared memory. A row with no key (Tk = 0) gives zeros.
+   Errors: DPAR_ERR_SHAPE (also: D or Dv above 512 on Vulkan / CUDA), DPAR_ERR_DTYPE,
+   DPAR_ERR_INVALID_ARGUMENT (NULL, aliasing, scale < 0). */
 DPAR_API dpar_status dpar_attention(dpar_buffer *out, dpar_buffer *stats, const dpar_buffer *q, const dpar_buffer *k,
                                     const dpar_buffer *v, float scale, bool causal);
 /* Gradients of dpar_attention (recomputing P_ij = exp(s_ij - lse_i) from q, k and the saved lse):
