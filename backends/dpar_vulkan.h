@@ -969,7 +969,13 @@ static dpar_status dpar__vk_init_phys(dpar__vk *st, const dpar_runtime_desc *des
     pthread_mutex_init(&ph->pipe_lock, NULL);
     ph->pipe_lock_init = 1;
 
-    /* one descriptor set layout / pipeline layout for every shader */
+    /* one descriptor set layout / pipeline layout for every shader; more bindings than the stage
+       allows would be invalid usage, not a reported error */
+    if (ph->props.limits.maxPerStageDescriptorStorageBuffers < DPAR__VK_BINDINGS)
+        return dpar__err(DPAR_ERR_BACKEND,
+                         "vulkan: %s allows %u storage buffers per shader stage; dpar's shaders bind %d "
+                         "(use another device or the cpu backend)",
+                         ph->props.deviceName, ph->props.limits.maxPerStageDescriptorStorageBuffers, DPAR__VK_BINDINGS);
     VkDescriptorSetLayoutBinding lb[DPAR__VK_BINDINGS];
     memset(lb, 0, sizeof lb);
     for (int i = 0; i < DPAR__VK_BINDINGS; i++) {
