@@ -1650,6 +1650,32 @@ static dpar_status dpar__vk_op_attn(dpar__vk *st, int dev, const dpar__op *op, d
     return dpar__vk_dispatch(st, dev, id, b, pc, dpar__vk_rows(rows), 1);
 }
 
+/* >>vulkan conv-pool ==========================================================
+   conv2d and the 2-D pools (shaders/conv2d*.comp, pool2d*.comp): one
+   invocation per output element, each a gather in the CPU's order (no
+   atomics: deterministic). The dpar__win2d geometry goes in the push
+   constants' p[]. Bindings: 0 dst, 2 src0, 3 src1, 5 src2 (the bias). */
+static dpar_status dpar__vk_op_conv_pool(dpar__vk *st, int dev, const dpar__op *op, dpar__vkpc *pc) {
+    static const int ids[] = { DPAR__SPV_CONV2D,  DPAR__SPV_CONV2D_BWD_INPUT, DPAR__SPV_CONV2D_BWD_KERNEL,
+                               DPAR__SPV_POOL2D,  DPAR__SPV_POOL2D_BWD,       DPAR__SPV_POOL2D,
+                               DPAR__SPV_POOL2D_BWD };
+    int k = (int)op->kind - (int)DPAR__OP_CONV2D; /* the seven kinds are consecutive, in this order */
+    dpar__vkbuf *b[DPAR__VK_BINDINGS] = { NULL };
+    for (int i = 0; i < 16; i++) {
+        if (op->p[i] < 0 || op->p[i] > (int64_t)0xffffffff)
+            return dpar__err(DPAR_ERR_BACKEND, "vulkan: %s: geometry value %lld does not fit the shader's 32 bits",
+                             dpar__op_name(op->kind), (long long)op->p[i]);
+        pc->p[i] = (uint32_t)op->p[i];
+    }
+    if (op->dst->count == 0) return DPAR_OK;
+    pc->n = (uint32_t)op->dst->count;
+    pc->flags = op->kind == DPAR__OP_CONV2D ? (op->src2 ? 1u : 0u)
+                                            : (op->kind == DPAR__OP_MAX_POOL || op->kind == DPAR__OP_MAX_POOL_BWD);
+    b[0] = dpar__vk_mem(op->dst), b[2] = dpar__vk_mem(op->src0), b[3] = dpar__vk_mem(op->src1);
+    b[5] = dpar__vk_mem(op->src2);
+    return dpar__vk_dispatch(st, dev, ids[k], b, pc, dpar__vk_groups(st->devs[dev].ph, (uint64_t)op->dst->count), 1);
+}
+
 static dpar_status dpar__vk_op(void *state, int dev, const dpar__op *op) {
     dpar__vk *st = (dpar__vk *)state;
     dpar__vkbuf *dst = op->dst ? (dpar__vkbuf *)op->dst->mem : NULL;
@@ -1771,6 +1797,14 @@ static dpar_status dpar__vk_op(void *state, int dev, const dpar__op *op) {
     case DPAR__OP_ATTN:
     case DPAR__OP_ATTN_BWD_Q:
     case DPAR__OP_ATTN_BWD_KV: return dpar__vk_op_attn(st, dev, op, &pc);
+    /* >>conv-pool kinds */
+    case DPAR__OP_CONV2D:
+    case DPAR__OP_CONV2D_BWD_INPUT:
+    case DPAR__OP_CONV2D_BWD_KERNEL:
+    case DPAR__OP_AVG_POOL:
+    case DPAR__OP_AVG_POOL_BWD:
+    case DPAR__OP_MAX_POOL:
+    case DPAR__OP_MAX_POOL_BWD: return dpar__vk_op_conv_pool(st, dev, op, &pc);
     default:
         return dpar__err(DPAR_ERR_BACKEND,
                          "vulkan: op %s (kind %d) is not implemented on this backend; use the cpu backend",

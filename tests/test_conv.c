@@ -3,7 +3,9 @@
    VALID; max pool with ties), every op against a double-precision reference
    computed here (geometry derived here too, from XLA's padding formulas),
    gradients against central finite differences of that reference in double,
-   and the errors of bad shapes and desc fields. */
+   the GPU backends (Vulkan, CUDA) against the CPU backend, graph nodes'
+   gradients against finite differences (CPU and Vulkan), and the errors of
+   bad shapes and desc fields. A backend that is missing prints SKIPPED. */
 #include "testutil.h"
 
 /* ---- cases: one row each ------------------------------------------------- */
@@ -234,6 +236,12 @@ static void near(const char *what, const char *name, const float *got, const dou
             fail_msg("%s %s: element %lld is %.9g, expected %.9g", name, what, (long long)i, (double)got[i], want[i]);
 }
 
+static void near_f(const char *what, const char *name, const float *got, const float *want, int64_t n, double tol) {
+    double *w = dbl(want, n);
+    near(what, name, got, w, n, tol);
+    free(w);
+}
+
 /* ---- running the ops on a runtime ---------------------------------------- */
 typedef struct conv_out {
     float *y, *dx, *dw, *db;
@@ -447,6 +455,50 @@ static void test_pool_cpu(void **st) {
     }
 }
 
+/* ---- GPU backends against the CPU backend -------------------------------- */
+/* conv tolerance 1e-4: the GPU kernels sum each output in one sequence, the CPU in GEMM blocks */
+static void backend_parity(dpar_backend_kind k) {
+    dpar_runtime *rt = t_runtime_or_skip(k, 1);
+    if (!rt) return;
+    for (size_t ci = 0; ci < NCONV; ci++) {
+        const ccase *c = &CONV[ci];
+        conv_data d = conv_data_make(c, (uint32_t)(300 + ci));
+        conv_out a, b;
+        conv_run(CPU, c, &d.g, d.x, d.w, d.b, d.dy, &a);
+        conv_run(rt, c, &d.g, d.x, d.w, d.b, d.dy, &b);
+        near_f("y", c->name, b.y, a.y, ny(&d.g), 1e-4);
+        near_f("dx", c->name, b.dx, a.dx, nx(&d.g), 1e-4);
+        near_f("dw", c->name, b.dw, a.dw, nw(&d.g), 1e-4);
+        near_f("db", c->name, b.db, a.db, d.g.o, 1e-4);
+        conv_free(&a), conv_free(&b);
+        conv_data_free(&d);
+    }
+    for (size_t pi = 0; pi < NPOOL; pi++) {
+        const pcase *c = &POOL[pi];
+        geom g = pool_geom(c);
+        float *x = rnd_vec(nx(&g), (uint32_t)(5 + pi)), *dy = rnd_vec(ny(&g), (uint32_t)(9 + pi));
+        if (nx(&g) > 1) x[1] = x[0]; /* a tie */
+        pool_out a, b;
+        pool_run(CPU, c, &g, x, dy, &a);
+        pool_run(rt, c, &g, x, dy, &b);
+        near_f("avg y", c->name, b.ya, a.ya, ny(&g), 1e-6);
+        near_f("avg dx", c->name, b.dxa, a.dxa, nx(&g), 1e-6);
+        near_f("max y", c->name, b.ym, a.ym, ny(&g), 0);
+        near_f("max dx", c->name, b.dxm, a.dxm, nx(&g), 0);
+        pool_free(&a), pool_free(&b);
+        free(x), free(dy);
+    }
+    dpar_runtime_destroy(rt);
+}
+static void test_vulkan_vs_cpu(void **st) {
+    (void)st;
+    backend_parity(DPAR_BACKEND_VULKAN);
+}
+static void test_cuda_vs_cpu(void **st) {
+    (void)st;
+    backend_parity(DPAR_BACKEND_CUDA);
+}
+
 /* ---- errors -------------------------------------------------------------- */
 static void test_errors(void **st) {
     (void)st;
@@ -586,6 +638,10 @@ static void test_graph_cnn(void **st) {
     run_graph_cnn(DPAR_BACKEND_CPU, 1);
     run_graph_cnn(DPAR_BACKEND_CPU, 2);
 }
+static void test_graph_cnn_vulkan(void **st) {
+    (void)st;
+    run_graph_cnn(DPAR_BACKEND_VULKAN, 2);
+}
 static void test_graph_errors(void **st) {
     (void)st;
     dpar_mesh *mesh = t_mesh1(CPU, 1, "data");
@@ -607,9 +663,11 @@ static void test_graph_errors(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_conv_exact_3x3), cmocka_unit_test(test_pool_exact), cmocka_unit_test(test_conv_cpu),
-        cmocka_unit_test(test_pool_cpu),       cmocka_unit_test(test_errors),     cmocka_unit_test(test_graph_cnn),
-        cmocka_unit_test(test_graph_errors),
+        cmocka_unit_test(test_conv_exact_3x3), cmocka_unit_test(test_pool_exact),
+        cmocka_unit_test(test_conv_cpu),       cmocka_unit_test(test_pool_cpu),
+        cmocka_unit_test(test_errors),         cmocka_unit_test(test_graph_cnn),
+        cmocka_unit_test(test_graph_errors),   cmocka_unit_test(test_vulkan_vs_cpu),
+        cmocka_unit_test(test_cuda_vs_cpu),    cmocka_unit_test(test_graph_cnn_vulkan),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
