@@ -1,0 +1,257 @@
+/* train_cnn.c — the main job: the seed material's CNN on 5,000 MNIST images,
+   trained data-parallel over a 1-d mesh axis "data" with dpar's graph API.
+
+     Conv(32, 3x3, SAME) -> ReLU -> avg_pool 2x2 -> Conv(64, 3x3, SAME) -> ReLU
+     -> avg_pool 2x2 -> flatten -> Dense(256) -> ReLU -> Dense(10),
+     softmax cross-entropy; NHWC 28x28x1 inputs in [0, 1]; 824,458 parameters.
+
+   The forward pass is written once as a graph of the per-device program; the
+   graph appends the backward pass itself (value_and_grad), reduces every
+   gradient over "data" (the parameters are replicated there) and applies
+   AdamW (or SGD) to every parameter, so a step is one dispatch: batch in,
+   loss out. The replicas stay bitwise identical.
+
+   build/train_cnn [--backend cpu|vulkan|cuda] [--devices N] [--epochs N]
+                   [--batch N] [--lr X] [--weight-decay X] [--momentum X]
+                   [--optimizer adamw|sgd] [--seed N] [--steps N] [--data PATH]
+   Defaults: cpu, 4 devices, 10 epochs, global batch 64, AdamW lr 1e-3 weight
+   decay 1e-4 (optax semantics: the decay is multiplied by lr), seed 42;
+   --optimizer sgd: lr 0.05, momentum 0.9.
+   --steps N caps the steps per epoch (quick checks). Ends with exactly one line
+   "final: backend=cpu devices=4 model=cnn data=mnist epochs=10
+   test_accuracy=... train_loss=...". Exit status 0 on success.
+
+   The data, split, batch order and initial weights come from one splitmix64
+   stream (mnist_common.h); bench/peers/cnn_jax.py and cnn_torch.py draw the
+   same, so the three start from identical weights and see identical batches. */
+#include "mnist_common.h" /* the data, its fixed-seed split, splitmix64, now_s */
+
+/* ------------------------------------------------------------------ flags */
+typedef struct {
+    const char *backend, *path, *optimizer;
+    int devices, epochs, batch, seed, steps;
+    float lr, weight_decay, momentum;
+} cnn_opts;
+
+/* Parses the flags into o (defaults already there); 0 on success, 2 on a usage error. */
+static int cnn_parse(int argc, char **argv, cnn_opts *o) {
+    for (int i = 1; i < argc; i += 2) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!v) {
+            fprintf(stderr, "train_cnn: %s needs a value\n", a);
+            return 2;
+        }
+        if (!strcmp(a, "--backend")) o->backend = v;
+        else if (!strcmp(a, "--data")) o->path = v;
+        else if (!strcmp(a, "--optimizer")) o->optimizer = v;
+        else if (!strcmp(a, "--devices")) o->devices = atoi(v);
+        else if (!strcmp(a, "--epochs")) o->epochs = atoi(v);
+        else if (!strcmp(a, "--batch")) o->batch = atoi(v);
+        else if (!strcmp(a, "--seed")) o->seed = atoi(v);
+        else if (!strcmp(a, "--steps")) o->steps = atoi(v);
+        else if (!strcmp(a, "--lr")) o->lr = (float)atof(v);
+        else if (!strcmp(a, "--weight-decay")) o->weight_decay = (float)atof(v);
+        else if (!strcmp(a, "--momentum")) o->momentum = (float)atof(v);
+        else {
+            fprintf(stderr, "train_cnn: unknown flag %s\n", a);
+            return 2;
+        }
+    }
+    if (o->devices < 1 || o->epochs < 1 || o->batch < 1 || o->steps < 0) {
+        fprintf(stderr, "train_cnn: --devices, --epochs and --batch must be >= 1, --steps >= 0\n");
+        return 2;
+    }
+    if (o->batch % o->devices || MNIST_NTEST % o->devices) {
+        fprintf(stderr, "train_cnn: --batch %d and the %d test images must divide over --devices %d\n", o->batch,
+                MNIST_NTEST, o->devices);
+        return 2;
+    }
+    if (strcmp(o->optimizer, "adamw") && strcmp(o->optimizer, "sgd")) {
+        fprintf(stderr, "train_cnn: --optimizer %s: use adamw or sgd\n", o->optimizer);
+        return 2;
+    }
+    if (o->lr == 0.0f) o->lr = strcmp(o->optimizer, "sgd") ? 1e-3f : 0.05f; /* the optimizer's default */
+    return 0;
+}
+
+/* ------------------------------------------------------------------ model */
+enum { C1W, C1B, C2W, C2B, D1W, D1B, D2W, D2B, NPARAM };
+static const char *const param_name[NPARAM] = { "conv1.w", "conv1.b", "conv2.w", "conv2.b",
+                                                "dense1.w", "dense1.b", "dense2.w", "dense2.b" };
+static const int param_ndim[NPARAM] = { 4, 1, 4, 1, 2, 1, 2, 1 };
+static const int64_t param_shape[NPARAM][4] = { { 3, 3, 1, 32 }, { 32 },  { 3, 3, 32, 64 }, { 64 },
+                                                { 3136, 256 },   { 256 }, { 256, NCLASS },   { NCLASS } };
+
+/* Replicated parameters; weights LeCun-uniform (bound sqrt(3 / fan_in), the
+   variance of flax's lecun_normal) drawn in order from the seeded stream,
+   biases zero. *count gets the number of parameters. */
+static dpar_status cnn_params(dpar_mesh *mesh, dpar_array *p[NPARAM], int64_t *count) {
+    *count = 0;
+    for (int i = 0; i < NPARAM; i++) {
+        dpar_array_desc d = { .dtype = DPAR_F32, .ndim = param_ndim[i] };
+        int64_t n = 1;
+        for (int k = 0; k < d.ndim; k++) n *= d.shape[k] = param_shape[i][k];
+        dpar_status s = dpar_array_create(mesh, &d, &p[i]);
+        if (s) return s;
+        *count += n;
+        if (d.ndim == 1) continue; /* biases: zero */
+        float *w = malloc((size_t)n * sizeof(float));
+        if (!w) return DPAR_ERR_OUT_OF_MEMORY;
+        float bound = sqrtf(3.0f / (float)(n / d.shape[d.ndim - 1]));
+        for (int64_t k = 0; k < n; k++) w[k] = (2.0f * rng_uniform() - 1.0f) * bound;
+        s = dpar_array_put(p[i], w);
+        free(w);
+        if (s) return s;
+    }
+    return DPAR_OK;
+}
+
+/* The logits [b, 10] of this device's images x [b, 28, 28, 1] (NHWC). */
+static dpar_value cnn_forward(dpar_graph *g, const dpar_value p[NPARAM], dpar_value x, int64_t b) {
+    const dpar_pool2d_desc pool = { .window = { 2, 2 }, .stride = { 2, 2 } };
+    dpar_value h = dpar_g_relu(g, dpar_g_conv2d(g, x, p[C1W], p[C1B], NULL)); /* [b, 28, 28, 32], SAME */
+    h = dpar_g_avg_pool2d(g, h, &pool);                                       /* [b, 14, 14, 32] */
+    h = dpar_g_relu(g, dpar_g_conv2d(g, h, p[C2W], p[C2B], NULL));            /* [b, 14, 14, 64] */
+    h = dpar_g_avg_pool2d(g, h, &pool);                                       /* [b, 7, 7, 64] */
+    h = dpar_g_reshape(g, h, 2, (int64_t[]){ b, 7 * 7 * 64 });                /* flatten (h, w, c) */
+    h = dpar_g_relu(g, dpar_g_bias_add(g, dpar_g_matmul(g, h, p[D1W], false, false), p[D1B])); /* [b, 256] */
+    return dpar_g_bias_add(g, dpar_g_matmul(g, h, p[D2W], false, false), p[D2B]);               /* [b, 10] */
+}
+
+/* The training step as a graph: feeds x [batch, 28, 28, 1] and y [batch]
+   split over "data", the mean cross-entropy, its gradients (reduced over
+   "data" by the graph: the parameters are replicated there) and the
+   optimizer's update of every parameter. */
+static dpar_status cnn_train_graph(dpar_mesh *mesh, dpar_array *const param[NPARAM], const cnn_opts *o,
+                                   dpar_graph **out, dpar_value *x, dpar_value *y) {
+    dpar_graph *g;
+    dpar_status s = dpar_graph_create(mesh, &g);
+    if (s) return s;
+    *out = g;
+    *x = dpar_g_feed(g, "x", &(dpar_array_desc){ DPAR_F32, 4, { o->batch, MNIST_SIDE, MNIST_SIDE, 1 }, { "data" } });
+    *y = dpar_g_feed(g, "y", &(dpar_array_desc){ DPAR_I32, 1, { o->batch }, { "data" } });
+    dpar_value p[NPARAM], grad[NPARAM];
+    for (int i = 0; i < NPARAM; i++) p[i] = dpar_g_param(g, param_name[i], param[i]);
+    dpar_value loss = dpar_g_softmax_xent(g, cnn_forward(g, p, *x, o->batch / o->devices), *y);
+    if ((s = dpar_graph_value_and_grad(g, loss, p, NPARAM, grad))) return s;
+    if (!strcmp(o->optimizer, "sgd"))
+        s = dpar_graph_sgd(g, &(dpar_sgd_desc){ .learning_rate = o->lr, .momentum = o->momentum,
+                                               .weight_decay = o->weight_decay }, p, grad, NPARAM);
+    else
+        s = dpar_graph_adamw(g, &(dpar_adamw_desc){ .learning_rate = o->lr, .weight_decay = o->weight_decay }, p,
+                             grad, NPARAM);
+    return s ? s : dpar_graph_compile(g, NULL);
+}
+
+/* The test set's forward pass: feed x [1000, 28, 28, 1] split over "data", kept logits. */
+static dpar_status cnn_eval_graph(dpar_mesh *mesh, dpar_array *const param[NPARAM], int devices, dpar_graph **out,
+                                  dpar_value *x, dpar_value *logits) {
+    dpar_graph *g;
+    dpar_status s = dpar_graph_create(mesh, &g);
+    if (s) return s;
+    *out = g;
+    *x = dpar_g_feed(g, "x_test", &(dpar_array_desc){ DPAR_F32, 4, { MNIST_NTEST, MNIST_SIDE, MNIST_SIDE, 1 },
+                                                     { "data" } });
+    dpar_value p[NPARAM];
+    for (int i = 0; i < NPARAM; i++) p[i] = dpar_g_param(g, param_name[i], param[i]);
+    *logits = cnn_forward(g, p, *x, MNIST_NTEST / devices);
+    if ((s = dpar_graph_keep(g, *logits))) return s;
+    return dpar_graph_compile(g, NULL);
+}
+
+/* Test accuracy: the eval graph on x_test, argmax of every device's logits against the labels. */
+static dpar_status cnn_accuracy(dpar_graph *g, dpar_value x, dpar_value logits, const float *x_test,
+                                const int32_t *y_test, int devices, float *logit_buf, double *acc) {
+    dpar_status s = dpar_graph_run(g, &(dpar_graph_feed){ .value = x, .host = x_test }, 1, NULL);
+    int per = MNIST_NTEST / devices, correct = 0;
+    for (int d = 0; d < devices && !s; d++)
+        s = dpar_graph_read_shard(g, logits, d, logit_buf + (size_t)(d * per * NCLASS));
+    if (s) return s;
+    for (int i = 0; i < MNIST_NTEST; i++) {
+        const float *l = logit_buf + (size_t)i * NCLASS;
+        int best = 0;
+        for (int c = 1; c < NCLASS; c++)
+            if (l[c] > l[best]) best = c;
+        correct += best == y_test[i];
+    }
+    *acc = (double)correct / MNIST_NTEST;
+    return DPAR_OK;
+}
+
+/* ------------------------------------------------------------------ main */
+int main(int argc, char **argv) {
+    cnn_opts o = { .backend = "cpu", .path = "examples/data/mnist_5k.csv.gz", .optimizer = "adamw", .devices = 4,
+                   .epochs = 10, .batch = 64, .seed = 42, .weight_decay = 1e-4f, .momentum = 0.9f };
+    if (cnn_parse(argc, argv, &o)) return 2;
+    digits_prog = "train_cnn";
+    dpar_runtime_desc rd = { .num_devices = o.devices };
+    if (dpar_backend_from_name(o.backend, &rd.backend)) {
+        fprintf(stderr, "train_cnn: %s\n", dpar_last_error());
+        return 2;
+    }
+    /* data: the fixed-seed split, then the weights, then each epoch's order, all from one stream */
+    mnist_data md;
+    if (mnist_prepare("train_cnn", o.path, (uint64_t)o.seed, &md)) return 1;
+    dpar_runtime *rt;
+    dpar_mesh *mesh;
+    if (dpar_runtime_create(&rd, &rt)) return digits_fail("runtime");
+    if (dpar_mesh_create(rt, &(dpar_mesh_desc){ .ndim = 1, .shape = { o.devices }, .axis_names = { "data" } }, &mesh))
+        return digits_fail("mesh");
+    dpar_array *param[NPARAM];
+    int64_t nparam;
+    if (cnn_params(mesh, param, &nparam)) return digits_fail("parameters");
+
+    dpar_graph *train, *eval;
+    dpar_value x, y, xt, logits;
+    if (cnn_train_graph(mesh, param, &o, &train, &x, &y)) return digits_fail("training graph");
+    if (cnn_eval_graph(mesh, param, o.devices, &eval, &xt, &logits)) return digits_fail("test graph");
+    dpar_device_info info;
+    dpar_runtime_device_info(rt, 0, &info);
+    int steps = md.ntrain / o.batch; /* drop the last partial batch: the global batch is constant */
+    if (o.steps && o.steps < steps) steps = o.steps;
+    printf("backend %s, %d device(s): %s\n", o.backend, o.devices, info.name);
+    printf("data: %d train, %d test images; CNN, %lld parameters; batch %d (%d per device), %d steps per epoch; "
+           "%s lr %g weight decay %g\n", md.ntrain, md.ntest, (long long)nparam, o.batch, o.batch / o.devices, steps,
+           o.optimizer, (double)o.lr, (double)o.weight_decay);
+
+    float *xb = malloc((size_t)o.batch * MNIST_PIX * sizeof(float));
+    float *x_test = malloc((size_t)MNIST_NTEST * MNIST_PIX * sizeof(float));
+    float *logit_buf = malloc((size_t)MNIST_NTEST * NCLASS * sizeof(float));
+    int32_t *yb = malloc((size_t)o.batch * sizeof(int32_t)), *y_test = malloc(MNIST_NTEST * sizeof(int32_t));
+    mnist_gather(&md, md.test_idx, MNIST_NTEST, x_test, y_test);
+    double epoch_loss = 0.0, acc = 0.0;
+    for (int e = 1; e <= o.epochs; e++) {
+        shuffle(md.train_idx, md.ntrain);
+        double t0 = now_s(), shown = t0, sum = 0.0;
+        for (int s = 0; s < steps; s++) {
+            float loss;
+            mnist_gather(&md, md.train_idx + (size_t)s * (size_t)o.batch, o.batch, xb, yb);
+            dpar_graph_feed feeds[2] = { { .value = x, .host = xb }, { .value = y, .host = yb } };
+            if (dpar_graph_run(train, feeds, 2, &loss)) return digits_fail("train step");
+            sum += loss;
+            if (now_s() - shown > 5.0) { /* a progress line when an epoch is slow */
+                shown = now_s();
+                printf("  epoch %d step %d/%d  loss %.6f  samples/s %.0f\n", e, s + 1, steps, sum / (s + 1),
+                       (s + 1) * o.batch / (shown - t0));
+                fflush(stdout);
+            }
+        }
+        double dt = now_s() - t0;
+        epoch_loss = sum / steps;
+        if (cnn_accuracy(eval, xt, logits, x_test, y_test, o.devices, logit_buf, &acc)) return digits_fail("test");
+        printf("epoch %3d  loss %.8f  test_accuracy %.4f  samples/s %.0f\n", e, epoch_loss, acc, steps * o.batch / dt);
+        fflush(stdout);
+    }
+    printf("final: backend=%s devices=%d model=cnn data=mnist epochs=%d test_accuracy=%.4f train_loss=%.8f\n",
+           o.backend, o.devices, o.epochs, acc, epoch_loss);
+    dpar_graph_destroy(eval);
+    dpar_graph_destroy(train);
+    dpar_runtime_destroy(rt); /* frees the arrays and the mesh too */
+    free(xb);
+    free(yb);
+    free(x_test);
+    free(y_test);
+    free(logit_buf);
+    mnist_free(&md);
+    return 0;
+}

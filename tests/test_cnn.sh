@@ -1,0 +1,50 @@
+#!/bin/sh
+# The seed CNN (build/train_cnn) in a few steps, as CI can afford:
+#   1 vs 4 devices     the same per-epoch losses within 1e-5 relative (2 epochs x 8 steps)
+#   Vulkan vs CPU      the per-epoch losses within 1e-3 relative (1 epoch x 8 steps, 2 devices;
+#                      SKIPPED when there is no Vulkan device or it lacks an op the CNN needs)
+#   exactly one "final:" line naming backend, devices, model, data, epochs.
+# The accuracy target (>= 0.955 after 10 epochs) is `make run`'s, too long for CI.
+BUILD=${BUILD:-build}
+bin="$BUILD/train_cnn"
+if [ ! -x "$bin" ]; then echo "FAIL train_cnn: $bin is not built (make examples)"; exit 1; fi
+one=$(mktemp); four=$(mktemp); vk=$(mktemp); cpu2=$(mktemp)
+trap 'rm -f "$one" "$four" "$vk" "$cpu2"' EXIT
+# worst A B: the largest relative difference of the per-epoch losses ("none" if the epochs differ)
+worst() {
+    grep '^epoch' "$1" | awk '{ print $4 }' >"$1.e"; grep '^epoch' "$2" | awk '{ print $4 }' >"$2.e"
+    if [ -s "$1.e" ] && [ "$(wc -l <"$1.e")" = "$(wc -l <"$2.e")" ]; then
+        paste "$1.e" "$2.e" | awk '{ r = ($1 - $2) / $1; if (r < 0) r = -r; if (r > w) w = r }
+            END { printf "%.3g\n", w }'
+    else
+        echo none
+    fi
+    rm -f "$1.e" "$2.e"
+}
+check() { # name a b tol
+    w=$(worst "$2" "$3")
+    if awk -v w="$w" -v t="$4" 'BEGIN { exit !(w != "none" && w + 0 <= t + 0) }'; then
+        echo "PASS $1 (max relative difference $w <= $4)"
+    else
+        echo "FAIL $1: max relative difference $w > $4"; paste "$2" "$3" | grep '^epoch'
+    fi
+}
+run() { # out args...
+    o=$1; shift
+    "$bin" "$@" >"$o" 2>&1 || { echo "FAIL train_cnn $*: exit status $?"; sed 's/^/    /' "$o"; return 1; }
+}
+if run "$one" --devices 1 --epochs 2 --steps 8 && run "$four" --devices 4 --epochs 2 --steps 8; then
+    check "train_cnn 1 vs 4 devices: same per-epoch losses over 2 epochs x 8 steps" "$one" "$four" 1e-5
+    want='^final: backend=cpu devices=4 model=cnn data=mnist epochs=2 test_accuracy=[0-9.]* train_loss=[0-9.]*$'
+    n=$(grep -c "$want" "$four")
+    if [ "$n" -eq 1 ]; then echo "PASS train_cnn prints exactly one final: line"
+    else echo "FAIL train_cnn printed $n final: lines like $want"; fi
+fi
+if why=$("$bin" --backend vulkan --devices 1 --epochs 1 --steps 1 2>&1 >/dev/null); then
+    if run "$vk" --backend vulkan --devices 2 --epochs 1 --steps 8 && run "$cpu2" --devices 2 --epochs 1 --steps 8; then
+        check "train_cnn Vulkan vs CPU: per-epoch losses over 1 epoch x 8 steps" "$cpu2" "$vk" 1e-3
+    fi
+else
+    echo "SKIPPED train_cnn Vulkan vs CPU: $(printf '%s\n' "$why" | head -1)"
+fi
+exit 0
