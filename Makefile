@@ -44,7 +44,7 @@ TESTS    := $(patsubst tests/%.c,$(BUILD)/%,$(TEST_SRCS))
 EXAMPLES := $(patsubst examples/%.c,$(BUILD)/%,$(EXAMPLE_SRCS)) $(BUILD)/cpp_example
 BENCHES  := $(patsubst bench/%.c,$(BUILD)/%,$(BENCH_SRCS))
 
-.PHONY: all run test test-build examples bench clean check-cxx deps-run deps-test amalgamate format check-format fuzz
+.PHONY: all run run-digits test test-build examples bench clean check-cxx deps-run deps-test amalgamate format check-format fuzz
 all: $(EXAMPLES) $(TESTS) $(BENCHES) $(if $(HAVE_MPICC),$(MPI_BINS) $(MPI_BENCHES))
 examples: $(EXAMPLES)
 
@@ -77,10 +77,15 @@ deps-run:
 deps-test:
 	@sh tools/deps.sh test
 
-# The main job: data-parallel MLP on the UCI digits, 4 emulated CPU devices.
+# The main job: the seed CNN on 5,000 MNIST images, data-parallel on 4
+# emulated CPU devices (build/train_cnn; `make run-digits`: the digits MLP).
 # The build runs in a sub-make so that what deps-run/deps-test just installed
 # (mpicc, the Vulkan headers) is seen: this make parsed the Makefile before.
 run: deps-run
+	$(MAKE) $(BUILD)/train_cnn
+	./$(BUILD)/train_cnn --devices 4 $(ARGS)
+
+run-digits: deps-run
 	$(MAKE) $(BUILD)/train_digits
 	./$(BUILD)/train_digits --devices 4 $(ARGS)
 
