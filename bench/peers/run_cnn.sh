@@ -19,11 +19,12 @@ py=$(sh "$here/venv.sh" 2>>"$out/venv.log") || { log "no bench/.venv (see bench/
 csv="$out/cnn.csv"
 echo "system,devices,seed,epochs,step_ms,samples_per_s,test_accuracy,train_loss,note" > "$csv"
 row() { # system devices seed note log: one CSV row from the log's final: line (or its last epoch)
+    lf=$5
     f=$(sed -n 's/^final: .*test_accuracy=\([0-9.]*\) train_loss=\([0-9.eE+-]*\)\( step_ms=\([0-9.]*\) samples_per_s=\([0-9.]*\)\)\{0,1\}.*/\1 \2 \4 \5/p' "$5" | tail -1)
     if [ -n "$f" ]; then
         set -- "$1" "$2" "$3" "$4" $f
         if [ -z "${8:-}" ]; then # no step time in the final line (dpar): the median epoch of 2..E
-            sps=$(grep '^epoch' "$5" | sed -n '2,$s/.*samples\/s \([0-9.]*\).*/\1/p' | sort -n |
+            sps=$(grep '^epoch' "$lf" | sed -n '2,$s/.*samples\/s \([0-9.]*\).*/\1/p' | sort -n |
                 awk '{ v[NR] = $1 } END { if (NR) print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }')
             [ -n "$sps" ] && set -- "$1" "$2" "$3" "$4" "$5" "$6" "$(awk -v s="$sps" 'BEGIN { printf "%.3f", 64000 / s }')" "$sps"
         fi
