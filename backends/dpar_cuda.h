@@ -238,6 +238,12 @@ typedef enum {
     DPAR__CUK_ATTN_FWD,
     DPAR__CUK_ATTN_BWD_Q,
     DPAR__CUK_ATTN_BWD_KV,
+    /* >>conv-pool kernels (kernels/conv.cu) */
+    DPAR__CUK_CONV2D,
+    DPAR__CUK_CONV2D_DX,
+    DPAR__CUK_CONV2D_DW,
+    DPAR__CUK_POOL2D,
+    DPAR__CUK_POOL2D_BWD,
     DPAR__CUK_COUNT
 } dpar__cuk;
 static const char *const dpar__cuk_names[DPAR__CUK_COUNT] = {
@@ -251,7 +257,9 @@ static const char *const dpar__cuk_names[DPAR__CUK_COUNT] = {
     "dpar_k_where",       "dpar_k_softmax",      "dpar_k_strided",
     /* >>norm-attn kernels */
     "dpar_k_norm_fwd", "dpar_k_norm_bwd", "dpar_k_norm_wgrad", "dpar_k_attn_fwd", "dpar_k_attn_bwd_q",
-    "dpar_k_attn_bwd_kv"
+    "dpar_k_attn_bwd_kv",
+    /* >>conv-pool kernels */
+    "dpar_k_conv2d", "dpar_k_conv2d_dx", "dpar_k_conv2d_dw", "dpar_k_pool2d", "dpar_k_pool2d_bwd"
 };
 
 enum {
@@ -1344,6 +1352,37 @@ static dpar_status dpar__cu_op_attn(dpar__cu_state *st, int dev, const dpar__op 
     return dpar__cu_launch(st, dev, DPAR__CUK_ATTN_BWD_KV, dpar__cu_rows(bh * tk), 64, s, args);
 }
 
+/* >>cuda conv-pool ============================================================
+   conv2d and the 2-D pools (kernels/conv.cu): one thread per output element,
+   each a gather (deterministic, as the Vulkan shaders); the dpar__win2d
+   geometry travels as one by-value struct (dpar__cu_geo, dkc_win's layout). */
+static dpar_status dpar__cu_op_conv_pool(dpar__cu_state *st, int dev, const dpar__op *op) {
+    dpar__CUstream s = st->dev[dev].compute;
+    dpar__CUdeviceptr y = DPAR__CU_PTR(op->dst), a = DPAR__CU_PTR(op->src0);
+    dpar__CUdeviceptr b = op->src1 ? DPAR__CU_PTR(op->src1) : 0, bias = op->src2 ? DPAR__CU_PTR(op->src2) : 0;
+    dpar__cu_geo g;
+    int64_t total = op->dst->count;
+    int is_max = op->kind == DPAR__OP_MAX_POOL || op->kind == DPAR__OP_MAX_POOL_BWD;
+    memcpy(g.p, op->p, sizeof g.p);
+    void *a_conv[] = { &y, &a, &b, &bias, &g, &total };
+    void *a_grad[] = { &y, &a, &b, &g, &total };
+    void *a_pool[] = { &y, &a, &g, &is_max, &total };
+    void *a_pool_bwd[] = { &y, &a, &b, &g, &is_max, &total };
+    void **args = a_grad;
+    dpar__cuk k;
+    switch (op->kind) {
+    case DPAR__OP_CONV2D: k = DPAR__CUK_CONV2D, args = a_conv; break;
+    case DPAR__OP_CONV2D_BWD_INPUT: k = DPAR__CUK_CONV2D_DX; break;
+    case DPAR__OP_CONV2D_BWD_KERNEL: k = DPAR__CUK_CONV2D_DW; break;
+    case DPAR__OP_AVG_POOL:
+    case DPAR__OP_MAX_POOL: k = DPAR__CUK_POOL2D, args = a_pool; break;
+    default: k = DPAR__CUK_POOL2D_BWD, args = a_pool_bwd; break; /* the pools' backward */
+    }
+    if (op->kind == DPAR__OP_AVG_POOL_BWD) b = a; /* x is unused by avg: any valid pointer */
+    if (total == 0) return DPAR_OK;
+    return dpar__cu_launch(st, dev, k, dpar__cu_grid(total, 1, 8192), DPAR__CU_BLOCK, s, args);
+}
+
 static dpar_status dpar__cu_op(void *state, int dev, const dpar__op *op) {
     dpar__cu_state *st = (dpar__cu_state *)state;
     dpar__cu_dev *d = &st->dev[dev];
@@ -1458,6 +1497,14 @@ static dpar_status dpar__cu_op(void *state, int dev, const dpar__op *op) {
     case DPAR__OP_ATTN:
     case DPAR__OP_ATTN_BWD_Q:
     case DPAR__OP_ATTN_BWD_KV: return dpar__cu_op_attn(st, dev, op);
+    /* >>conv-pool kinds */
+    case DPAR__OP_CONV2D:
+    case DPAR__OP_CONV2D_BWD_INPUT:
+    case DPAR__OP_CONV2D_BWD_KERNEL:
+    case DPAR__OP_AVG_POOL:
+    case DPAR__OP_AVG_POOL_BWD:
+    case DPAR__OP_MAX_POOL:
+    case DPAR__OP_MAX_POOL_BWD: return dpar__cu_op_conv_pool(st, dev, op);
     default:
         return dpar__err(DPAR_ERR_BACKEND,
                          "cuda: op %s (kind %d) is not implemented on this backend; use the cpu backend",

@@ -82,6 +82,16 @@ if [ -x "$BUILD/test_elem" ]; then
     fi
 fi
 
+# conv2d and the pools (kernels/conv.cu) against the CPU backend, eager
+if [ -x "$BUILD/test_conv" ]; then
+    if LD_LIBRARY_PATH="$MOCK" MOCK_CUDA_GPUS=1 MOCK_CUDA_REPORT=1 DPAR_REQUIRE_BACKENDS=cuda \
+            "$BUILD/test_conv" >"$log" 2>&1 && grep -q '^\[       OK \] test_cuda_vs_cpu' "$log"; then
+        echo "PASS cuda_mock_conv_pool_parity (every conv and pool case of test_conv against the CPU backend)"
+    else
+        cat "$log"; echo "FAIL cuda_mock_conv_pool_parity: test_conv against the mock driver"
+    fi
+fi
+
 # a hung NCCL collective must become an error (timeout / asynchronous error), never a hang
 CC=${CC:-cc}
 SANFLAGS=

@@ -133,6 +133,7 @@ template <typename T> static T mock_shfl_xor(T v, int o) {
 #include "../../kernels/dpar_kernels.cu"
 #include "../../kernels/elementwise.cu"
 #include "../../kernels/norm_attn.cu"
+#include "../../kernels/conv.cu"
 
 // ---------------------------------------------------------------------------
 // Kernel table and launcher
@@ -185,6 +186,9 @@ static const kinfo g_kernels[] = {
     K(dpar_k_norm_fwd, true),       K(dpar_k_norm_bwd, true),
     K(dpar_k_norm_wgrad, false),    K(dpar_k_attn_fwd, true),
     K(dpar_k_attn_bwd_q, true),     K(dpar_k_attn_bwd_kv, true),
+    K(dpar_k_conv2d, false),        K(dpar_k_conv2d_dx, false),
+    K(dpar_k_conv2d_dw, false),     K(dpar_k_pool2d, false),
+    K(dpar_k_pool2d_bwd, false),
 };
 
 struct thr_arg {
