@@ -1,7 +1,7 @@
 #!/bin/sh
 # The seed CNN (build/train_cnn) in a few steps, as CI can afford:
 #   1 vs 4 devices     the same per-epoch losses within 1e-5 relative (2 epochs x 8 steps)
-#   Vulkan vs CPU      the per-epoch losses within 1e-3 relative (1 epoch x 8 steps, 2 devices;
+#   Vulkan vs CPU      the per-epoch losses within 1e-3 relative (1 epoch x 2 steps, 2 devices;
 #                      SKIPPED when there is no Vulkan device or it lacks an op the CNN needs)
 #   exactly one "final:" line naming backend, devices, model, data, epochs.
 # The accuracy target (>= 0.955 after 10 epochs) is `make run`'s, too long for CI.
@@ -40,11 +40,13 @@ if run "$one" --devices 1 --epochs 2 --steps 8 && run "$four" --devices 4 --epoc
     if [ "$n" -eq 1 ]; then echo "PASS train_cnn prints exactly one final: line"
     else echo "FAIL train_cnn printed $n final: lines like $want"; fi
 fi
-if why=$("$bin" --backend vulkan --devices 1 --epochs 1 --steps 1 2>&1 >/dev/null); then
-    if run "$vk" --backend vulkan --devices 2 --epochs 1 --steps 8 && run "$cpu2" --devices 2 --epochs 1 --steps 8; then
-        check "train_cnn Vulkan vs CPU: per-epoch losses over 1 epoch x 8 steps" "$cpu2" "$vk" 1e-3
-    fi
+# one short Vulkan run (llvmpipe is slow): SKIPPED when there is no Vulkan device or it lacks an op
+if "$bin" --backend vulkan --devices 2 --epochs 1 --steps 2 >"$vk" 2>&1; then
+    run "$cpu2" --devices 2 --epochs 1 --steps 2 &&
+        check "train_cnn Vulkan vs CPU: per-epoch losses over 1 epoch x 2 steps" "$cpu2" "$vk" 1e-3
+elif grep -q -i -e 'not implemented' -e 'no vulkan' -e 'not compiled in' -e 'libvulkan' -e 'cannot load' "$vk"; then
+    echo "SKIPPED train_cnn Vulkan vs CPU: $(grep 'train_cnn:' "$vk" | head -1)"
 else
-    echo "SKIPPED train_cnn Vulkan vs CPU: $(printf '%s\n' "$why" | head -1)"
+    echo "FAIL train_cnn --backend vulkan: $(tail -1 "$vk")"
 fi
 exit 0
