@@ -4090,6 +4090,32 @@ static int64_t dpar__sum_f32_scalar(int n, const float *const *src, float *const
     }
     return hi;
 }
+#if defined(__aarch64__) && defined(__ARM_NEON) && !defined(DPAR_NO_SIMD)
+/* aarch64: NEON is always there (no run-time check); DPAR_NO_SIMD leaves the scalar loops */
+#include <arm_neon.h>
+#define DPAR__ARM_NEON 1
+/* f32 sum / mean, per element in the scalar loop's order: the same bits */
+static int64_t dpar__sum_f32_neon(int n, const float *const *src, float *const *dst, int ndst, int64_t len, int mean) {
+    int64_t i = 0;
+    const float32x4_t dn = vdupq_n_f32((float)n);
+    for (; i + 8 <= len; i += 8) {
+        float32x4_t a0 = vld1q_f32(src[0] + i), a1 = vld1q_f32(src[0] + i + 4);
+        for (int j = 1; j < n; j++) {
+            a0 = vaddq_f32(a0, vld1q_f32(src[j] + i));
+            a1 = vaddq_f32(a1, vld1q_f32(src[j] + i + 4));
+        }
+        if (mean) {
+            a0 = vdivq_f32(a0, dn);
+            a1 = vdivq_f32(a1, dn);
+        }
+        for (int k = 0; k < ndst; k++) {
+            vst1q_f32(dst[k] + i, a0);
+            vst1q_f32(dst[k] + i + 4, a1);
+        }
+    }
+    return i;
+}
+#endif
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && !defined(DPAR_NO_SIMD)
 #include <immintrin.h>
 #define DPAR__X86_SIMD 1
@@ -4149,8 +4175,11 @@ static void dpar__sum_f32(int n, const float *const *src, float *const *dst, int
     }
 #endif
     (void)nt;
-    /* portable: blocks of 16, which compilers vectorize */
     int64_t i = 0;
+#ifdef DPAR__ARM_NEON
+    i = dpar__sum_f32_neon(n, src, dst, ndst, len, mean);
+#endif
+    /* portable: blocks of 16, which compilers vectorize */
     for (; i + 16 <= len; i += 16) {
         float a[16];
         for (int e = 0; e < 16; e++) a[e] = src[0][i + e];
@@ -4198,10 +4227,38 @@ __attribute__((target("avx2,f16c"))) static int64_t dpar__from_f16_f16c(float *y
     return i;
 }
 #endif
+#ifdef DPAR__ARM_NEON
+/* FCVT rounds to nearest even and keeps subnormals (FPCR.FZ is 0 on Linux);
+   a NaN becomes quiet with its payload's top bits: the scalar bits */
+static int64_t dpar__to_f16_neon(uint16_t *d, const float *x, int64_t n) {
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) vst1_u16(d + i, vreinterpret_u16_f16(vcvt_f16_f32(vld1q_f32(x + i))));
+    return i;
+}
+/* widening is exact, but FCVT quiets a signalling NaN and the scalar path
+   keeps its bits: NaN lanes are rebuilt as the scalar path does */
+static int64_t dpar__from_f16_neon(float *y, const uint16_t *h, int64_t n) {
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        uint16x4_t v = vld1_u16(h + i);
+        uint32x4_t w = vmovl_u16(v);
+        uint32x4_t nan = vcgtq_u32(vandq_u32(w, vdupq_n_u32(0x7fffu)), vdupq_n_u32(0x7c00u));
+        uint32x4_t sign = vshlq_n_u32(vandq_u32(w, vdupq_n_u32(0x8000u)), 16);
+        uint32x4_t mant = vshlq_n_u32(vandq_u32(w, vdupq_n_u32(0x3ffu)), 13);
+        uint32x4_t bits = vorrq_u32(sign, vorrq_u32(vdupq_n_u32(0x7f800000u), mant));
+        float32x4_t f = vcvt_f32_f16(vreinterpret_f16_u16(v));
+        vst1q_f32(y + i, vbslq_f32(nan, vreinterpretq_f32_u32(bits), f));
+    }
+    return i;
+}
+#endif
 DPAR_API void dpar_f32_to_f16_n(uint16_t *d, const float *x, int64_t n) {
     int64_t i = 0;
 #ifdef DPAR__X86_SIMD
     if (__builtin_cpu_supports("avx2") /* every AVX2 CPU has F16C */) i = dpar__to_f16_f16c(d, x, n);
+#endif
+#ifdef DPAR__ARM_NEON
+    i = dpar__to_f16_neon(d, x, n);
 #endif
     for (; i < n; i++) d[i] = dpar_f32_to_f16(x[i]);
 }
@@ -4209,6 +4266,9 @@ DPAR_API void dpar_f16_to_f32_n(float *y, const uint16_t *h, int64_t n) {
     int64_t i = 0;
 #ifdef DPAR__X86_SIMD
     if (__builtin_cpu_supports("avx2") /* every AVX2 CPU has F16C */) i = dpar__from_f16_f16c(y, h, n);
+#endif
+#ifdef DPAR__ARM_NEON
+    i = dpar__from_f16_neon(y, h, n);
 #endif
     for (; i < n; i++) y[i] = dpar_f16_to_f32(h[i]);
 }
