@@ -10031,6 +10031,31 @@ static void dpar__ukr_c(int64_t kc, const float *a, int64_t ars, int64_t acs, co
     for (int i = 0; i < mr; i++)
         for (int j = 0; j < nr; j++) c[i * ldc + j] = (ow ? 0.0f : c[i * ldc + j]) + alpha * acc[i][j];
 }
+#ifdef DPAR__ARM_NEON
+/* dpar__ukr_c with NEON: the same multiply then add per k, in the same
+   order, and the same write-back: the same bits */
+static void dpar__ukr_neon(int64_t kc, const float *a, int64_t ars, int64_t acs, const float *b, float *c, int64_t ldc,
+                           float alpha, int mr, int nr, int ow) {
+    float32x4_t r[DPAR__MR][4];
+    for (int i = 0; i < DPAR__MR; i++)
+        for (int q = 0; q < 4; q++) r[i][q] = vdupq_n_f32(0.0f);
+    for (int64_t k = 0; k < kc; k++, a += acs, b += DPAR__NR) {
+        float32x4_t b0 = vld1q_f32(b), b1 = vld1q_f32(b + 4), b2 = vld1q_f32(b + 8), b3 = vld1q_f32(b + 12);
+        for (int i = 0; i < DPAR__MR; i++) {
+            float32x4_t x = vdupq_n_f32(a[i * ars]);
+            r[i][0] = vaddq_f32(r[i][0], vmulq_f32(x, b0));
+            r[i][1] = vaddq_f32(r[i][1], vmulq_f32(x, b1));
+            r[i][2] = vaddq_f32(r[i][2], vmulq_f32(x, b2));
+            r[i][3] = vaddq_f32(r[i][3], vmulq_f32(x, b3));
+        }
+    }
+    float t[DPAR__MR][DPAR__NR];
+    for (int i = 0; i < DPAR__MR; i++)
+        for (int q = 0; q < 4; q++) vst1q_f32(t[i] + 4 * q, r[i][q]);
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) c[i * ldc + j] = (ow ? 0.0f : c[i * ldc + j]) + alpha * t[i][j];
+}
+#endif
 #ifdef DPAR__X86_SIMD
 /* C[mr, nr] (row stride ldc) = alpha * r + (ow ? 0 : C): the microkernels' write-back */
 __attribute__((target("avx2"))) static inline void dpar__ukr_store(__m256 r[DPAR__MR][2], float *c, int64_t ldc,
@@ -10126,6 +10151,9 @@ static void dpar__sgemm_cols(int64_t M, int64_t N, int64_t K, int ta, int tb, fl
     if (trivial) return;
     void (*ukr)(int64_t, const float *, int64_t, int64_t, const float *, float *, int64_t, float, int, int, int) =
         dpar__ukr_c;
+#ifdef DPAR__ARM_NEON
+    ukr = dpar__ukr_neon;
+#endif
 #ifdef DPAR__X86_SIMD
     if (__builtin_cpu_supports("avx2"))
         ukr = (double)M * (double)N * (double)K >= 16777216.0 && __builtin_cpu_supports("fma") ? dpar__ukr_fma
