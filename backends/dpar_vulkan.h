@@ -184,6 +184,8 @@ typedef struct dpar__vkdev {
     void *hbuf[2];      /* host copies for the unpipelined collective path */
     size_t hcap[2];
     char *coll_in, *coll_out; /* this member's host views, published to the group */
+    dpar__vkbuf *idx_err;     /* error words of the index checks (>>vulkan optim), made on first use */
+    int idx_pending;          /* a check ran since the last report (atomic) */
 } dpar__vkdev;
 
 /* Push constants shared by every shader (112 bytes; Vulkan guarantees 128). A shader declares the
@@ -774,6 +776,8 @@ static void dpar__vk_shutdown(void *state) {
             }
             if (d->cmd_pool != VK_NULL_HANDLE) st->vkDestroyCommandPool(dv, d->cmd_pool, NULL);
             dpar__vk_destroy_vkbuf(st, &d->cstage);
+            if (d->idx_err) dpar__vk_destroy_vkbuf(st, d->idx_err);
+            DPAR_FREE(d->idx_err);
             if (d->staging != VK_NULL_HANDLE) {
                 dpar__vkbuf old;
                 memset(&old, 0, sizeof old);
@@ -1409,6 +1413,7 @@ static dpar_status dpar__vk_write(void *state, int dev, void *mem, size_t off, c
     return s;
 }
 
+static dpar_status dpar__vk_idx_report(dpar__vk *st, int dev);
 static dpar_status dpar__vk_read(void *state, int dev, void *mem, size_t off, void *dst, size_t nbytes) {
     dpar__vk *st = (dpar__vk *)state;
     dpar__vkbuf *b = (dpar__vkbuf *)mem;
@@ -1442,7 +1447,7 @@ static dpar_status dpar__vk_read(void *state, int dev, void *mem, size_t off, vo
         }
     }
     pthread_mutex_unlock(&d->lock);
-    return s;
+    return s || b == d->idx_err ? s : dpar__vk_idx_report(st, dev); /* a bad index found by an earlier op */
 }
 
 static dpar_status dpar__vk_sync(void *state, int dev) {
@@ -1452,7 +1457,7 @@ static dpar_status dpar__vk_sync(void *state, int dev) {
     dpar_status s = dpar__vk_check_lost(st);
     if (!s) s = dpar__vk_drain(d);
     pthread_mutex_unlock(&d->lock);
-    return s;
+    return s ? s : dpar__vk_idx_report(st, dev);
 }
 
 static void *dpar__vk_host_ptr(void *state, int dev, void *mem) {
@@ -1676,6 +1681,74 @@ static dpar_status dpar__vk_op_conv_pool(dpar__vk *st, int dev, const dpar__op *
     return dpar__vk_dispatch(st, dev, ids[k], b, pc, dpar__vk_groups(st->devs[dev].ph, (uint64_t)op->dst->count), 1);
 }
 
+/* >>vulkan optim =============================================================
+   AdamW, embedding, dropout, and the index check of the label/index ops: a
+   shader records the first bad index in the device's error words, reported
+   as the op's error at the next sync or read of that device. */
+static dpar_status dpar__vk_idx_check(dpar__vk *st, int dev, const dpar_buffer *idx, int64_t bound, int use_ignore,
+                                      int32_t ignore, int fn) {
+    dpar__vkdev *d = &st->devs[dev];
+    dpar_status s = DPAR_OK;
+    if (idx->count == 0) return DPAR_OK;
+    if (!d->idx_err) {
+        void *mem = NULL;
+        if ((s = dpar__vk_alloc(st, dev, 32, &mem))) return s; /* zeroed: no error */
+        d->idx_err = (dpar__vkbuf *)mem;
+    }
+    dpar__vkpc pc;
+    memset(&pc, 0, sizeof pc);
+    pc.n = (uint32_t)idx->count;
+    pc.m = (uint32_t)bound;
+    pc.flags = use_ignore ? 1u : 0u;
+    pc.p[0] = (uint32_t)ignore;
+    pc.p[1] = (uint32_t)fn;
+    dpar__vkbuf *b[DPAR__VK_BINDINGS] = { d->idx_err, NULL, NULL, (dpar__vkbuf *)idx->mem };
+    s = dpar__vk_dispatch(st, dev, DPAR__SPV_CHECK_INDEX, b, &pc, 1, 1);
+    if (!s) __atomic_store_n(&d->idx_pending, 1, __ATOMIC_RELEASE);
+    return s;
+}
+/* the error words of the checks run since the last report: the first bad index as the op's error */
+static dpar_status dpar__vk_idx_report(dpar__vk *st, int dev) {
+    dpar__vkdev *d = &st->devs[dev];
+    if (!__atomic_exchange_n(&d->idx_pending, 0, __ATOMIC_ACQ_REL)) return DPAR_OK;
+    uint32_t w[5];
+    static const uint32_t zero[5] = { 0, 0, 0, 0, 0 };
+    dpar_status s = dpar__vk_read(st, dev, d->idx_err, 0, w, sizeof w);
+    if (s || !w[0]) return s;
+    if ((s = dpar__vk_write(st, dev, d->idx_err, 0, zero, sizeof zero))) return s;
+    return dpar__bad_index((int)w[3], (int64_t)w[1], (int32_t)w[2], (int64_t)w[4]);
+}
+static dpar_status dpar__vk_op_optim(dpar__vk *st, int dev, const dpar__op *op, dpar__vkbuf **b, dpar__vkpc *pc) {
+    const dpar__vkphys *ph = st->devs[dev].ph;
+    b[2] = (dpar__vkbuf *)op->src0->mem;
+    switch (op->kind) {
+    case DPAR__OP_ADAMW:
+        if (op->n == 0) return DPAR_OK;
+        pc->n = (uint32_t)op->n;
+        b[1] = (dpar__vkbuf *)op->dst2->mem;
+        b[3] = (dpar__vkbuf *)op->dst3->mem;
+        return dpar__vk_dispatch(st, dev, DPAR__SPV_ADAMW, b, pc, dpar__vk_groups(ph, (uint64_t)op->n), 1);
+    case DPAR__OP_EMBED:
+    case DPAR__OP_EMBED_BWD: {
+        int bwd = op->kind == DPAR__OP_EMBED_BWD;
+        dpar_status s = dpar__vk_idx_check(st, dev, op->src1, op->k, 0, 0, (int)op->p[2]);
+        if (s || op->m == 0 || op->n == 0) return s;
+        pc->n = (uint32_t)(bwd ? op->m : op->m * op->n);
+        pc->m = (uint32_t)op->n;
+        pc->k = (uint32_t)op->k;
+        b[3] = (dpar__vkbuf *)op->src1->mem;
+        return dpar__vk_dispatch(st, dev, bwd ? DPAR__SPV_EMBED_BWD : DPAR__SPV_EMBED, b, pc,
+                                 dpar__vk_groups(ph, bwd ? (uint64_t)op->n : (uint64_t)(op->m * op->n)), 1);
+    }
+    case DPAR__OP_DROPOUT:
+        if (op->n == 0) return DPAR_OK;
+        pc->n = (uint32_t)op->n;
+        for (int i = 0; i < 6; i++) pc->p[i] = (uint32_t)op->p[i];
+        return dpar__vk_dispatch(st, dev, DPAR__SPV_DROPOUT, b, pc, dpar__vk_groups(ph, ((uint64_t)op->n + 3) / 4), 1);
+    default: return dpar__err(DPAR_ERR_BACKEND, "vulkan: op %s is not an optim op", dpar__op_name(op->kind));
+    }
+}
+
 static dpar_status dpar__vk_op(void *state, int dev, const dpar__op *op) {
     dpar__vk *st = (dpar__vk *)state;
     dpar__vkbuf *dst = op->dst ? (dpar__vkbuf *)op->dst->mem : NULL;
@@ -1738,18 +1811,22 @@ static dpar_status dpar__vk_op(void *state, int dev, const dpar__op *op) {
         if (n == 0) return DPAR_OK;
         return dpar__vk_op_elementwise(st, dev, op, b, &pc);
     case DPAR__OP_SOFTMAX_XENT: {
-        if (op->p[0] || op->f[0] != 0.0f)
-            return dpar__err(DPAR_ERR_BACKEND, "vulkan: dpar_cross_entropy with an ignore label or label smoothing is "
-                                               "not implemented on this backend; use the cpu backend");
         int64_t rows = op->src1->count, cols = rows ? op->src0->count / rows : 0;
         pc.m = (uint32_t)rows;
         pc.n = (uint32_t)cols;
         pc.flags = dst2 ? 1u : 0u;
+        pc.p[0] = op->p[0] ? 1u : 0u;
+        pc.p[1] = (uint32_t)op->p[1];
         b[1] = dst2;
         b[2] = src0;
         b[3] = src1;
-        return dpar__vk_dispatch(st, dev, DPAR__SPV_SOFTMAX_XENT, b, &pc, 1, 1);
+        dpar_status s = dpar__vk_dispatch(st, dev, DPAR__SPV_SOFTMAX_XENT, b, &pc, 1, 1);
+        return s ? s : dpar__vk_idx_check(st, dev, op->src1, cols, (int)op->p[0], (int32_t)op->p[1], (int)op->p[2]);
     }
+    case DPAR__OP_ADAMW:
+    case DPAR__OP_EMBED:
+    case DPAR__OP_EMBED_BWD:
+    case DPAR__OP_DROPOUT: return dpar__vk_op_optim(st, dev, op, b, &pc);
     case DPAR__OP_MSE:
         pc.n = (uint32_t)op->src0->count;
         pc.flags = dst2 ? 1u : 0u;

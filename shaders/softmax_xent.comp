@@ -1,40 +1,65 @@
 #version 450
-// Softmax cross-entropy with integer labels (dpar_softmax_xent).
-// logits [M,C] (m = M, n = C), labels [M] i32. loss[0] = mean_i(lse(z_i) - z_i[label_i]);
-// dlogits (flags bit0) = (softmax(z_i) - onehot(label_i)) / M. Max subtracted:
-// row loss (max - z_label) + log(sum exp(z - max)).
-// A label outside 0..C-1 gives a NaN row loss and a NaN gradient row.
+// Softmax cross-entropy with integer labels (dpar_softmax_xent, dpar_cross_entropy).
+// logits [M,C] (m = M, n = C), labels [M] i32. A row labelled p[1] is ignored when p[0] != 0
+// (zero gradient row, not counted); a = f[0] smooths the target: q = (1 - a) onehot + a / C.
+// loss[0] = sum over counted rows of (lse(z_i) - q_i . z_i) / counted;
+// dlogits (flags bit0) = (softmax(z_i) - q_i) / counted. Max subtracted:
+// row loss (max - z_label) + log(sum exp(z - max)) when a = 0.
+// A label outside 0..C-1 gives a NaN row loss and a NaN gradient row (check_index reports it).
 // One workgroup of 256, rows t, t+256, ... per invocation, fixed tree: deterministic.
 layout(local_size_x = 256) in;
 layout(std430, set = 0, binding = 0) buffer Loss { float loss[]; };
 layout(std430, set = 0, binding = 1) buffer Grad { float dz[]; };
 layout(std430, set = 0, binding = 2) readonly buffer Logits { float z[]; };
 layout(std430, set = 0, binding = 3) readonly buffer Labels { int labels[]; };
-layout(push_constant) uniform PC { uint n; uint m; uint k; uint flags; float f0; float f1; float f2; float f3; } pc;
+layout(push_constant) uniform PC { uint n; uint m; uint k; uint flags; float f[8]; uint p[16]; } pc;
 shared float part[256];
+shared uint cnt[256];
 void main() {
     uint t = gl_LocalInvocationID.x;
     uint M = pc.m, C = pc.n;
-    bool grad = (pc.flags & 1u) != 0u;
+    bool grad = (pc.flags & 1u) != 0u, ign = pc.p[0] != 0u;
+    int ignore = int(pc.p[1]);
+    float a = pc.f[0];
     float qnan = uintBitsToFloat(0x7fc00000u);
-    float inv_m = 1.0 / float(M);
+    uint c_own = 0u;
+    for (uint r = t; r < M; r += 256u) c_own += (ign && labels[r] == ignore) ? 0u : 1u;
+    cnt[t] = c_own;
+    barrier();
+    for (uint s = 128u; s > 0u; s >>= 1) {
+        if (t < s) cnt[t] += cnt[t + s];
+        barrier();
+    }
+    uint counted = cnt[0];
+    float inv_m = 1.0 / float(counted);
     precise float acc = 0.0;
     for (uint r = t; r < M; r += 256u) {
         uint base = r * C;
+        int lab = labels[r];
+        if (ign && lab == ignore) {
+            if (grad)
+                for (uint c = 0u; c < C; c++) dz[base + c] = 0.0;
+            continue;
+        }
         float mx = uintBitsToFloat(0xff800000u); // -inf
         bool has_nan = false;
         for (uint c = 0u; c < C; c++) { float v = z[base + c]; has_nan = has_nan || isnan(v); mx = max(mx, v); }
         precise float se = 0.0;
         for (uint c = 0u; c < C; c++) se += exp(z[base + c] - mx);
-        int lab = labels[r];
         bool ok = lab >= 0 && uint(lab) < C && !has_nan;
         // (max - z_label) + log(sum): exact even when |z| is near FLT_MAX
         precise float rl = ok ? (mx - z[base + uint(lab)]) + log(se) : qnan;
+        if (a != 0.0 && ok) {
+            precise float zs = 0.0;
+            for (uint c = 0u; c < C; c++) zs += z[base + c] - mx;
+            rl = (1.0 - a) * rl + a * (log(se) - zs / float(C));
+        }
         acc += rl;
         if (grad) {
             for (uint c = 0u; c < C; c++) {
                 precise float p = exp(z[base + c] - mx) / se;
-                precise float g = (p - (int(c) == lab ? 1.0 : 0.0)) * inv_m;
+                precise float q = (int(c) == lab ? 1.0 - a : 0.0) + a / float(C);
+                precise float g = (p - q) * inv_m;
                 dz[base + c] = ok ? g : qnan;
             }
         }
@@ -45,5 +70,5 @@ void main() {
         if (t < s) { precise float x = part[t] + part[t + s]; part[t] = x; }
         barrier();
     }
-    if (t == 0u) { precise float l = part[0] * inv_m; loss[0] = M == 0u ? 0.0 : l; }
+    if (t == 0u) { precise float l = part[0] * inv_m; loss[0] = counted == 0u ? 0.0 : l; }
 }

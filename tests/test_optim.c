@@ -506,6 +506,153 @@ static void test_dropout(void **st) {
     free(y2);
 }
 
+/* ---- every backend against the CPU reference ---------------------------------- */
+
+static void rdb(const dpar_buffer *b, void *out) {
+    T_OK(dpar_buffer_read(b, 0, out, dpar_buffer_nbytes(b)));
+}
+static void close_enough(const char *what, const float *got, const float *want, int n, double rtol, double atol) {
+    for (int i = 0; i < n; i++)
+        if (!(fabs((double)got[i] - (double)want[i]) <= atol + rtol * fabs((double)want[i])))
+            fail_msg("%s [%d]: %.9g, cpu %.9g", what, i, got[i], want[i]);
+}
+/* AdamW, three steps, n elements (not a multiple of the workgroup) */
+static void parity_adamw(dpar_runtime *rt, int n) {
+    float *p = (float *)calloc((size_t)n + 1, 4), *g = (float *)calloc((size_t)n + 1, 4);
+    float *a = (float *)calloc((size_t)n + 1, 4), *b = (float *)calloc((size_t)n + 1, 4);
+    int64_t sh = n;
+    dpar_runtime *rts[2] = { RT, rt };
+    dpar_buffer *B[2][4];
+    for (int r = 0; r < 2; r++)
+        for (int j = 0; j < 4; j++) B[r][j] = mkb(rts[r], DPAR_F32, 1, &sh, NULL);
+    for (int i = 0; i < n; i++) p[i] = sinf((float)i) * 0.5f;
+    dpar_adamw_desc d = { .learning_rate = 0.01f, .weight_decay = 0.05f };
+    for (int r = 0; r < 2; r++) T_OK(dpar_buffer_write(B[r][0], 0, p, (size_t)n * 4));
+    for (int t = 1; t <= 3; t++) {
+        for (int i = 0; i < n; i++) g[i] = cosf((float)(i * t)) * 0.1f;
+        for (int r = 0; r < 2; r++) {
+            T_OK(dpar_buffer_write(B[r][1], 0, g, (size_t)n * 4));
+            T_OK(dpar_adamw_update(&d, B[r][0], B[r][1], B[r][2], B[r][3], t, 0.75f));
+        }
+    }
+    rdb(B[0][0], a);
+    rdb(B[1][0], b);
+    close_enough("adamw param", b, a, n, 1e-6, 1e-7);
+    for (int r = 0; r < 2; r++)
+        for (int j = 0; j < 4; j++) dpar_buffer_destroy(B[r][j]);
+    free(p);
+    free(g);
+    free(a);
+    free(b);
+}
+static void parity_xent(dpar_runtime *rt, int M, int C, float a) {
+    int64_t zs[2] = { M, C }, ms = M, one = 1;
+    float *z = (float *)malloc((size_t)(M * C) * 4 + 4), *g0 = (float *)malloc((size_t)(M * C) * 4 + 4),
+          *g1 = (float *)malloc((size_t)(M * C) * 4 + 4), l0, l1;
+    int32_t *lab = (int32_t *)malloc((size_t)M * 4 + 4);
+    for (int i = 0; i < M * C; i++) z[i] = sinf((float)i * 0.7f) * 5;
+    for (int i = 0; i < M; i++) lab[i] = i % 3 == 1 ? -100 : (i * 7) % C;
+    dpar_xent_desc d = { .use_ignore = true, .ignore_label = -100, .label_smoothing = a };
+    dpar_runtime *rts[2] = { RT, rt };
+    float *gs[2] = { g0, g1 }, *ls[2] = { &l0, &l1 };
+    for (int r = 0; r < 2; r++) {
+        dpar_buffer *bz = mkb(rts[r], DPAR_F32, 2, zs, z), *bl = mkb(rts[r], DPAR_I32, 1, &ms, lab),
+                    *bg = mkb(rts[r], DPAR_F32, 2, zs, NULL), *bo = mkb(rts[r], DPAR_F32, 1, &one, NULL);
+        T_OK(dpar_cross_entropy(bo, bg, bz, bl, &d));
+        rdb(bo, ls[r]);
+        rdb(bg, gs[r]);
+        dpar_buffer_destroy(bz);
+        dpar_buffer_destroy(bl);
+        dpar_buffer_destroy(bg);
+        dpar_buffer_destroy(bo);
+    }
+    close_enough("xent loss", &l1, &l0, 1, 1e-5, 1e-6);
+    close_enough("xent dlogits", g1, g0, M * C, 1e-4, 1e-6);
+    free(z);
+    free(g0);
+    free(g1);
+    free(lab);
+}
+/* embedding and its gradient (bit for bit: same order), dropout (bit for bit) */
+static void parity_embed_dropout(dpar_runtime *rt, int V, int D, int K, int n) {
+    int64_t ts[2] = { V, D }, os[2] = { K, D }, ks = K, ns = n;
+    float *tab = (float *)malloc((size_t)(V * D) * 4 + 4), *x = (float *)malloc((size_t)n * 4 + 4);
+    float *o[2], *dt[2], *y[2];
+    int32_t *idx = (int32_t *)malloc((size_t)K * 4 + 4);
+    for (int i = 0; i < V * D; i++) tab[i] = cosf((float)i) * 0.3f;
+    for (int i = 0; i < K; i++) idx[i] = (i * i + 3) % V; /* repeats */
+    for (int i = 0; i < n; i++) x[i] = (float)i * 0.001f - 3;
+    dpar_runtime *rts[2] = { RT, rt };
+    for (int r = 0; r < 2; r++) {
+        o[r] = (float *)malloc((size_t)(K * D) * 4 + 4);
+        dt[r] = (float *)malloc((size_t)(V * D) * 4 + 4);
+        y[r] = (float *)malloc((size_t)n * 4 + 4);
+        dpar_buffer *bt = mkb(rts[r], DPAR_F32, 2, ts, tab), *bo = mkb(rts[r], DPAR_F32, 2, os, NULL),
+                    *bi = mkb(rts[r], DPAR_I32, 1, &ks, idx), *bd = mkb(rts[r], DPAR_F32, 2, ts, tab),
+                    *bx = mkb(rts[r], DPAR_F32, 1, &ns, x), *by = mkb(rts[r], DPAR_F32, 1, &ns, NULL);
+        T_OK(dpar_embedding(bo, bt, bi));
+        T_OK(dpar_embedding_backward(bd, bo, bi, 0.5f));
+        T_OK(dpar_dropout(by, bx, 0.3f, 0x123456789abcULL, 77, 3));
+        rdb(bo, o[r]);
+        rdb(bd, dt[r]);
+        rdb(by, y[r]);
+        dpar_buffer *all[6] = { bt, bo, bi, bd, bx, by };
+        for (int j = 0; j < 6; j++) dpar_buffer_destroy(all[j]);
+    }
+    assert_memory_equal(o[1], o[0], (size_t)(K * D) * 4);
+    assert_memory_equal(dt[1], dt[0], (size_t)(V * D) * 4);
+    assert_memory_equal(y[1], y[0], (size_t)n * 4);
+    for (int r = 0; r < 2; r++) {
+        free(o[r]);
+        free(dt[r]);
+        free(y[r]);
+    }
+    free(tab);
+    free(x);
+    free(idx);
+}
+/* a bad label or index: the op returns, the next read of the device names it once */
+static void parity_bad_index(dpar_runtime *rt) {
+    int64_t zs[2] = { 3, 4 }, ms = 3, one = 1, ts[2] = { 4, 2 }, os[2] = { 3, 2 };
+    float z[12] = { 0 }, l;
+    int32_t lab[3] = { 1, -100, 9 };
+    dpar_buffer *bz = mkb(rt, DPAR_F32, 2, zs, z), *bl = mkb(rt, DPAR_I32, 1, &ms, lab),
+                *bo = mkb(rt, DPAR_F32, 1, &one, NULL), *bt = mkb(rt, DPAR_F32, 2, ts, NULL),
+                *be = mkb(rt, DPAR_F32, 2, os, NULL);
+    dpar_xent_desc d = { .use_ignore = true, .ignore_label = -100 };
+    dpar_status s = dpar_cross_entropy(bo, NULL, bz, bl, &d);
+    if (s == DPAR_OK) s = dpar_buffer_read(bo, 0, &l, 4);
+    T_ERR(s, DPAR_ERR_INVALID_ARGUMENT, "dpar_cross_entropy", "labels[2] = 9", "0..3");
+    T_OK(dpar_buffer_read(bo, 0, &l, 4)); /* reported once */
+    s = dpar_embedding(be, bt, bl);
+    if (s == DPAR_OK) s = dpar_buffer_read(be, 0, z, 24);
+    T_ERR(s, DPAR_ERR_INVALID_ARGUMENT, "dpar_embedding", "idx[1] = -100");
+    dpar_buffer *all[5] = { bz, bl, bo, bt, be };
+    for (int j = 0; j < 5; j++) dpar_buffer_destroy(all[j]);
+}
+static void run_parity(dpar_backend_kind k) {
+    dpar_runtime *rt = t_runtime_or_skip(k, 1);
+    if (!rt) return;
+    parity_adamw(rt, 1);
+    parity_adamw(rt, 1000);
+    parity_xent(rt, 1, 1, 0.0f);
+    parity_xent(rt, 37, 11, 0.0f);
+    parity_xent(rt, 300, 5, 0.1f);
+    parity_embed_dropout(rt, 1, 1, 1, 1);
+    parity_embed_dropout(rt, 50, 7, 333, 100003);
+    parity_embed_dropout(rt, 3, 300, 5, 5);
+    parity_bad_index(rt);
+    T_OK(dpar_runtime_destroy(rt));
+}
+static void test_parity_vulkan(void **st) {
+    (void)st;
+    run_parity(DPAR_BACKEND_VULKAN);
+}
+static void test_parity_cuda(void **st) {
+    (void)st;
+    run_parity(DPAR_BACKEND_CUDA);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_adamw_three_steps),
@@ -517,6 +664,8 @@ int main(void) {
         cmocka_unit_test(test_embedding),
         cmocka_unit_test(test_philox_known_answers),
         cmocka_unit_test(test_dropout),
+        cmocka_unit_test(test_parity_vulkan),
+        cmocka_unit_test(test_parity_cuda),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

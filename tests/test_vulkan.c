@@ -547,14 +547,17 @@ static dpar_status ops_fn(dpar_ctx *ctx, int dev, void *user) {
     int64_t sl[2] = { 2, 3 }, s2[1] = { 2 };
     dpar_buffer *logits, *labels, *dl;
     float z[6] = { 0, 0, 0, 1, 2, 3 }, g[6];
-    int32_t lab[2] = { 1, 7 /* out of range -> NaN */ };
+    int32_t lab[2] = { 1, 7 /* out of range -> NaN row, and an error at the next read */ };
     if ((s = dpar_ctx_buffer(ctx, DPAR_F32, 2, sl, &logits)) || (s = dpar_ctx_buffer(ctx, DPAR_I32, 1, s2, &labels)) ||
         (s = dpar_ctx_buffer(ctx, DPAR_F32, 2, sl, &dl)))
         return s;
     if ((s = dpar_buffer_write(logits, 0, z, sizeof z)) || (s = dpar_buffer_write(labels, 0, lab, sizeof lab)) ||
-        (s = dpar_softmax_xent(sum, dl, logits, labels)) || (s = dpar_buffer_read(sum, 0, &one, 4)) ||
-        (s = dpar_buffer_read(dl, 0, g, sizeof g)))
+        (s = dpar_softmax_xent(sum, dl, logits, labels)))
         return s;
+    s = dpar_buffer_read(sum, 0, &one, 4);
+    OP_CHECK(s == DPAR_ERR_INVALID_ARGUMENT && strstr(dpar_last_error(), "labels[1] = 7"),
+             "softmax_xent with a bad label: the next read gave %s: %s", dpar_status_string(s), dpar_last_error());
+    if ((s = dpar_buffer_read(sum, 0, &one, 4)) || (s = dpar_buffer_read(dl, 0, g, sizeof g))) return s;
     OP_CHECK(isnan(one) && isnan(g[3]) && fabsf(g[0] - (1.0f / 3 / 2)) < 1e-6f && fabsf(g[1] + (2.0f / 3 / 2)) < 1e-6f,
              "softmax_xent with a bad label: loss %g, grad %g %g %g", one, g[0], g[1], g[3]);
     lab[1] = 2;
