@@ -244,6 +244,15 @@ typedef enum {
     DPAR__CUK_CONV2D_DW,
     DPAR__CUK_POOL2D,
     DPAR__CUK_POOL2D_BWD,
+    /* kernels/optim.cu */
+    DPAR__CUK_ADAMW,
+    DPAR__CUK_CHECK_INDEX,
+    DPAR__CUK_COUNT_ROWS,
+    DPAR__CUK_XENT_IGNORE_ROWS,
+    DPAR__CUK_DIV_FINAL,
+    DPAR__CUK_EMBED,
+    DPAR__CUK_EMBED_BWD,
+    DPAR__CUK_DROPOUT,
     DPAR__CUK_COUNT
 } dpar__cuk;
 static const char *const dpar__cuk_names[DPAR__CUK_COUNT] = {
@@ -259,7 +268,11 @@ static const char *const dpar__cuk_names[DPAR__CUK_COUNT] = {
     "dpar_k_norm_fwd", "dpar_k_norm_bwd", "dpar_k_norm_wgrad", "dpar_k_attn_fwd", "dpar_k_attn_bwd_q",
     "dpar_k_attn_bwd_kv",
     /* >>conv-pool kernels */
-    "dpar_k_conv2d", "dpar_k_conv2d_dx", "dpar_k_conv2d_dw", "dpar_k_pool2d", "dpar_k_pool2d_bwd"
+    "dpar_k_conv2d", "dpar_k_conv2d_dx", "dpar_k_conv2d_dw", "dpar_k_pool2d", "dpar_k_pool2d_bwd",
+    /* kernels/optim.cu */
+    "dpar_k_adamw",       "dpar_k_check_index",  "dpar_k_count_rows",
+    "dpar_k_xent_ignore_rows", "dpar_k_div_final", "dpar_k_embed",
+    "dpar_k_embed_bwd",   "dpar_k_dropout"
 };
 
 enum {
@@ -309,6 +322,8 @@ typedef struct dpar__cu_dev {
     char sticky_msg[DPAR__ERR_LEN]; /* its text; the runtime must be destroyed */
     dpar__CUdeviceptr scratch[DPAR__CU_NSCRATCH];
     size_t scratch_cap[DPAR__CU_NSCRATCH];
+    dpar__CUdeviceptr idx_err; /* error words of the index checks (>>cuda optim), made on first use */
+    int idx_pending;           /* a check ran since the last report (atomic) */
 } dpar__cu_dev;
 
 typedef struct dpar__cu_comm {
@@ -763,6 +778,7 @@ static void dpar__cu_shutdown(void *state) {
             if (d->blas) dpar__cu.cublasDestroy(d->blas);
             for (k = 0; k < DPAR__CU_NSCRATCH; k++)
                 if (d->scratch[k]) dpar__cu.cuMemFree(d->scratch[k]);
+            if (d->idx_err) dpar__cu.cuMemFree(d->idx_err);
             for (k = 0; k < DPAR__CU_RING; k++) {
                 if (d->pre[k]) dpar__cu.cuEventDestroy(d->pre[k]);
                 if (d->post[k]) dpar__cu.cuEventDestroy(d->post[k]);
@@ -1076,6 +1092,7 @@ static dpar_status dpar__cu_write(void *state, int dev, void *mem, size_t off, c
     return dpar__cu_wait(st, dev, st->dev[dev].compute, "buffer write");
 }
 
+static dpar_status dpar__cu_idx_report(dpar__cu_state *st, int dev);
 static dpar_status dpar__cu_read(void *state, int dev, void *mem, size_t off, void *dst, size_t nbytes) {
     dpar__cu_state *st = (dpar__cu_state *)state;
     dpar__cu_mem *m = (dpar__cu_mem *)mem;
@@ -1084,14 +1101,16 @@ static dpar_status dpar__cu_read(void *state, int dev, void *mem, size_t off, vo
     if ((s = dpar__cu_bind(st, dev))) return s;
     if ((s = dpar__cu_wait_before_copy(st, dev, "buffer read"))) return s;
     DPAR__CU_TRY(dev, "cuMemcpyDtoHAsync", dpar__cu.cuMemcpyDtoHAsync(dst, m->ptr + off, nbytes, st->dev[dev].compute));
-    return dpar__cu_wait(st, dev, st->dev[dev].compute, "buffer read");
+    if ((s = dpar__cu_wait(st, dev, st->dev[dev].compute, "buffer read"))) return s;
+    return dpar__cu_idx_report(st, dev); /* a bad index found by an earlier op */
 }
 
 static dpar_status dpar__cu_sync(void *state, int dev) {
     dpar__cu_state *st = (dpar__cu_state *)state;
     dpar_status s;
     if ((s = dpar__cu_bind(st, dev))) return s;
-    return dpar__cu_wait_dev(st, dev, "device sync");
+    if ((s = dpar__cu_wait_dev(st, dev, "device sync"))) return s;
+    return dpar__cu_idx_report(st, dev);
 }
 
 static void *dpar__cu_host_ptr(void *state, int dev, void *mem) {
@@ -1383,6 +1402,108 @@ static dpar_status dpar__cu_op_conv_pool(dpar__cu_state *st, int dev, const dpar
     return dpar__cu_launch(st, dev, k, dpar__cu_grid(total, 1, 8192), DPAR__CU_BLOCK, s, args);
 }
 
+/* >>cuda optim ===============================================================
+   AdamW, cross-entropy with an ignore label / smoothing, embedding, dropout
+   (kernels/optim.cu), and the index check: a kernel records the first bad
+   label or index in the device's error words, reported as the op's error at
+   the next sync or read of that device. */
+static dpar_status dpar__cu_idx_check(dpar__cu_state *st, int dev, const dpar_buffer *idx, int64_t bound,
+                                      int use_ignore, int32_t ignore, int fn) {
+    dpar__cu_dev *d = &st->dev[dev];
+    dpar__CUdeviceptr p = DPAR__CU_PTR(idx);
+    int64_t n = idx->count;
+    if (n == 0) return DPAR_OK;
+    if (!d->idx_err) {
+        DPAR__CU_TRY(dev, "cuMemAlloc(index check words)", dpar__cu.cuMemAlloc(&d->idx_err, 32));
+        DPAR__CU_TRY(dev, "cuMemsetD8Async", dpar__cu.cuMemsetD8Async(d->idx_err, 0, 32, d->compute));
+    }
+    void *args[] = { &p, &n, &bound, &use_ignore, &ignore, &fn, &d->idx_err };
+    dpar_status s = dpar__cu_launch(st, dev, DPAR__CUK_CHECK_INDEX, 1, 1, d->compute, args);
+    if (!s) __atomic_store_n(&d->idx_pending, 1, __ATOMIC_RELEASE);
+    return s;
+}
+/* the error words of the checks run since the last report: the first bad index as the op's error */
+static dpar_status dpar__cu_idx_report(dpar__cu_state *st, int dev) {
+    dpar__cu_dev *d = &st->dev[dev];
+    uint32_t w[5];
+    if (!__atomic_exchange_n(&d->idx_pending, 0, __ATOMIC_ACQ_REL)) return DPAR_OK;
+    DPAR__CU_TRY(dev, "cuMemcpyDtoHAsync(index check words)",
+                 dpar__cu.cuMemcpyDtoHAsync(w, d->idx_err, sizeof w, d->compute));
+    dpar_status s = dpar__cu_wait(st, dev, d->compute, "index check");
+    if (s || !w[0]) return s;
+    DPAR__CU_TRY(dev, "cuMemsetD8Async", dpar__cu.cuMemsetD8Async(d->idx_err, 0, 32, d->compute));
+    return dpar__bad_index((int)w[3], (int64_t)w[1], (int32_t)w[2], (int64_t)w[4]);
+}
+/* cross-entropy with an ignore label or smoothing: the counted rows on the
+   device, per-row losses in double, a fixed-order reduction divided by the count */
+static dpar_status dpar__cu_op_xent_ignore(dpar__cu_state *st, int dev, const dpar__op *op) {
+    dpar__CUstream s = st->dev[dev].compute;
+    dpar__CUdeviceptr dst = DPAR__CU_PTR(op->dst), dst2 = op->dst2 ? DPAR__CU_PTR(op->dst2) : 0;
+    dpar__CUdeviceptr z = DPAR__CU_PTR(op->src0), lab = DPAR__CU_PTR(op->src1), scr, count, rowloss;
+    int64_t n = op->n, m = op->m, parts;
+    int ign = (int)op->p[0];
+    int32_t ignore = (int32_t)op->p[1];
+    float a = op->f[0];
+    /* scratch 0: [partials (1024 doubles) | count | row losses (m doubles)] */
+    dpar_status e = dpar__cu_scratch(st, dev, 0, (size_t)(DPAR__CU_MAX_PARTIALS + 1 + m) * 8, &scr);
+    if (e) return e;
+    count = scr + DPAR__CU_MAX_PARTIALS * 8;
+    rowloss = count + 8;
+    void *cargs[] = { &lab, &m, &ign, &ignore, &count };
+    if ((e = dpar__cu_launch(st, dev, DPAR__CUK_COUNT_ROWS, 1, 1, s, cargs))) return e;
+    if (m > 0) {
+        void *args[] = { &z, &lab, &m, &n, &ign, &ignore, &a, &count, &rowloss, &dst2 };
+        if ((e = dpar__cu_launch(st, dev, DPAR__CUK_XENT_IGNORE_ROWS, dpar__cu_grid(m, 1, 8192), DPAR__CU_BLOCK, s,
+                                 args)))
+            return e;
+    }
+    unsigned g = dpar__cu_grid(m, 8, DPAR__CU_MAX_PARTIALS);
+    void *rargs[] = { &rowloss, &m, &scr };
+    parts = g;
+    if ((e = dpar__cu_launch(st, dev, DPAR__CUK_REDUCE_PARTIAL_F64, g, DPAR__CU_BLOCK, s, rargs))) return e;
+    void *fargs[] = { &scr, &parts, &count, &dst };
+    return dpar__cu_launch(st, dev, DPAR__CUK_DIV_FINAL, 1, 1, s, fargs);
+}
+static dpar_status dpar__cu_op_optim(dpar__cu_state *st, int dev, const dpar__op *op) {
+    dpar__CUstream s = st->dev[dev].compute;
+    dpar__CUdeviceptr dst = DPAR__CU_PTR(op->dst), a = DPAR__CU_PTR(op->src0);
+    int64_t n = op->n, m = op->m, k = op->k;
+    dpar_status e;
+    switch (op->kind) {
+    case DPAR__OP_SOFTMAX_XENT:
+        e = op->p[0] || op->f[0] != 0.0f ? dpar__cu_op_xent_ignore(st, dev, op) : dpar__cu_op_xent(st, dev, op);
+        return e ? e : dpar__cu_idx_check(st, dev, op->src1, op->n, (int)op->p[0], (int32_t)op->p[1], (int)op->p[2]);
+    case DPAR__OP_ADAMW: {
+        dpar__CUdeviceptr m1 = DPAR__CU_PTR(op->dst2), m2 = DPAR__CU_PTR(op->dst3);
+        const float *f = op->f;
+        void *args[] = { &dst, &m1, &m2, &a, &n, (void *)&f[0], (void *)&f[1], (void *)&f[2], (void *)&f[3],
+                         (void *)&f[4], (void *)&f[5], (void *)&f[6], (void *)&f[7] };
+        if (n == 0) return DPAR_OK;
+        return dpar__cu_launch(st, dev, DPAR__CUK_ADAMW, dpar__cu_grid(n, 4, 8192), DPAR__CU_BLOCK, s, args);
+    }
+    case DPAR__OP_EMBED:
+    case DPAR__OP_EMBED_BWD: {
+        int bwd = op->kind == DPAR__OP_EMBED_BWD;
+        dpar__CUdeviceptr idx = DPAR__CU_PTR(op->src1);
+        void *args[] = { &dst, &a, &idx, &m, &n, &k };
+        if ((e = dpar__cu_idx_check(st, dev, op->src1, k, 0, 0, (int)op->p[2])) || m == 0 || n == 0) return e;
+        return dpar__cu_launch(st, dev, bwd ? DPAR__CUK_EMBED_BWD : DPAR__CUK_EMBED,
+                               dpar__cu_grid(bwd ? n : m * n, bwd ? 1 : 4, 8192), DPAR__CU_BLOCK, s, args);
+    }
+    case DPAR__OP_DROPOUT: {
+        uint32_t w[6];
+        float scale = op->f[0];
+        for (int i = 0; i < 6; i++) w[i] = (uint32_t)op->p[i];
+        /* kernel order: seed lo, seed hi, stream, step lo, step hi, threshold */
+        void *args[] = { &dst, &a, &n, &w[0], &w[1], &w[4], &w[2], &w[3], &w[5], &scale };
+        if (n == 0) return DPAR_OK;
+        return dpar__cu_launch(st, dev, DPAR__CUK_DROPOUT, dpar__cu_grid((n + 3) / 4, 1, 8192), DPAR__CU_BLOCK, s,
+                               args);
+    }
+    default: return dpar__err(DPAR_ERR_BACKEND, "cuda: op %s is not an optim op", dpar__op_name(op->kind));
+    }
+}
+
 static dpar_status dpar__cu_op(void *state, int dev, const dpar__op *op) {
     dpar__cu_state *st = (dpar__cu_state *)state;
     dpar__cu_dev *d = &st->dev[dev];
@@ -1421,10 +1542,10 @@ static dpar_status dpar__cu_op(void *state, int dev, const dpar__op *op) {
         return dpar__cu_launch(st, dev, DPAR__CUK_RELU_BWD, dpar__cu_grid(n, 4, 8192), DPAR__CU_BLOCK, s, args);
     }
     case DPAR__OP_SOFTMAX_XENT:
-        if (op->p[0] || op->f[0] != 0.0f)
-            return dpar__err(DPAR_ERR_BACKEND, "cuda: dpar_cross_entropy with an ignore label or label smoothing is "
-                                               "not implemented on this backend; use the cpu backend");
-        return dpar__cu_op_xent(st, dev, op);
+    case DPAR__OP_ADAMW:
+    case DPAR__OP_EMBED:
+    case DPAR__OP_EMBED_BWD:
+    case DPAR__OP_DROPOUT: return dpar__cu_op_optim(st, dev, op);
     case DPAR__OP_MSE: {
         dpar__CUdeviceptr scr;
         unsigned g = dpar__cu_grid(n, 8, DPAR__CU_MAX_PARTIALS);

@@ -448,9 +448,10 @@ static void test_losses(void **state) {
     T_OK(dpar_softmax_xent(loss, NULL, zb, lb)); /* without gradient */
     fread_(loss, &gl);
     expect_near(&gl, &want_loss, 1, 1e-6, "softmax_xent loss (no grad)");
-    const int32_t bad[3] = { 2, 3, 0 }; /* 3 is out of range */
+    const int32_t bad[3] = { 2, 3, 0 }; /* 3 is out of range: NaN rows, and an error at the next read */
     T_OK(dpar_buffer_write(lb, 0, bad, 12));
     T_OK(dpar_softmax_xent(loss, g, zb, lb));
+    T_ERR(dpar_buffer_read(loss, 0, &gl, 4), DPAR_ERR_INVALID_ARGUMENT, "dpar_softmax_xent", "labels[1] = 3");
     fread_(loss, &gl);
     fread_(g, gg);
     assert_true(gl != gl);

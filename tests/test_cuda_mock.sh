@@ -63,6 +63,19 @@ if [ -x "$BUILD/test_norm_attn" ]; then
     fi
 fi
 
+# the optimizer and training ops (kernels/optim.cu) against the CPU reference
+if [ -x "$BUILD/test_optim" ]; then
+    if LD_LIBRARY_PATH="$MOCK${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" MOCK_CUDA_GPUS=1 MOCK_CUDA_REPORT=1 \
+            DPAR_REQUIRE_BACKENDS=cuda ${DPAR_TEST_WRAPPER:-} "$BUILD/test_optim" >"$log" 2>&1 &&
+            grep -q '^\[       OK \] test_parity_cuda' "$log" &&
+            grep -q '^mock cuda: 0 allocation(s) never freed' "$log"; then
+        echo "PASS cuda_mock_optim_parity (AdamW, xent with ignore/smoothing, embedding, dropout, bad labels vs cpu)"
+    else
+        cat "$log"
+        echo "FAIL cuda_mock_optim_parity: test_optim against the mock driver"
+    fi
+fi
+
 if LD_LIBRARY_PATH="$MOCK" MOCK_CUDA_NO_DEVICE=1 "$BUILD/test_cuda" >"$log" 2>&1; then :; fi
 if grep -q 'SKIPPED: cuda backend unavailable: cuda: cuInit: CUDA_ERROR_NO_DEVICE' "$log" &&
    grep -q '^\[  SKIPPED \] 13 test' "$log"; then

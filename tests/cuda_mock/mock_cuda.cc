@@ -134,6 +134,7 @@ template <typename T> static T mock_shfl_xor(T v, int o) {
 #include "../../kernels/elementwise.cu"
 #include "../../kernels/norm_attn.cu"
 #include "../../kernels/conv.cu"
+#include "../../kernels/optim.cu"
 
 // ---------------------------------------------------------------------------
 // Kernel table and launcher
@@ -189,6 +190,10 @@ static const kinfo g_kernels[] = {
     K(dpar_k_conv2d, false),        K(dpar_k_conv2d_dx, false),
     K(dpar_k_conv2d_dw, false),     K(dpar_k_pool2d, false),
     K(dpar_k_pool2d_bwd, false),
+    K(dpar_k_adamw, false),         K(dpar_k_check_index, false),
+    K(dpar_k_count_rows, false),    K(dpar_k_xent_ignore_rows, false),
+    K(dpar_k_div_final, false),     K(dpar_k_embed, false),
+    K(dpar_k_embed_bwd, false),     K(dpar_k_dropout, false),
 };
 
 struct thr_arg {
