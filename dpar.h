@@ -1490,6 +1490,21 @@ DPAR_API dpar_status dpar_graph_read_shard(dpar_graph *g, dpar_value v, int devi
    the same graph as Graphviz DOT. Errors: DPAR_ERR_IO naming the path. */
 DPAR_API dpar_status dpar_graph_print(const dpar_graph *g, const char *path);
 DPAR_API dpar_status dpar_graph_write_dot(const dpar_graph *g, const char *path);
+/* --- issue 13 ops in graphs (>>graph optim): cross-entropy with an ignore
+   label, embedding, dropout --- */
+/* Scalar cross-entropy of logits [M,C] f32 with labels [M] i32, an ignore
+   label and label smoothing (dpar_cross_entropy; d NULL: plain). Errors
+   (recorded): as dpar_g_softmax_xent, DPAR_ERR_INVALID_ARGUMENT (smoothing). */
+DPAR_API dpar_value dpar_g_cross_entropy(dpar_graph *g, dpar_value logits, dpar_value labels,
+                                         const dpar_xent_desc *d);
+/* Rows of table [V,D] f32 at idx (i32, any shape) -> idx.shape + [D]
+   (dpar_embedding); the gradient goes to the table (scatter-add in position
+   order), none to idx. Errors (recorded): DPAR_ERR_DTYPE, DPAR_ERR_SHAPE. */
+DPAR_API dpar_value dpar_g_embedding(dpar_graph *g, dpar_value table, dpar_value idx);
+/* Dropout of x f32 (dpar_dropout) with `seed`, the number of earlier runs of
+   the graph as the step and the device as the stream; its gradient uses the
+   same mask. Errors (recorded): DPAR_ERR_INVALID_ARGUMENT (rate outside [0, 1]). */
+DPAR_API dpar_value dpar_g_dropout(dpar_graph *g, dpar_value x, float rate, uint64_t seed);
 /* >>deprecated ===============================================================
    Names of version 0.1, kept for one release as wrappers of the new names
    (CHANGELOG.md lists them). A call warns (-Wdeprecated-declarations) naming
@@ -7388,6 +7403,12 @@ enum {
     DPAR__G_SLICE_GRAD,
     DPAR__G_PAD, /* lp: lo; fp: value */
     DPAR__G_CONCAT, /* ip[0]: axis */
+    /* >>graph optim kinds */
+    DPAR__G_XENT_IGN,      /* ip[0] use_ignore, ip[1] ignore label, fp smoothing */
+    DPAR__G_XENT_IGN_GRAD, /* the same attributes */
+    DPAR__G_EMBED,
+    DPAR__G_EMBED_GRAD,
+    DPAR__G_DROPOUT, /* ip[0..1] seed, fp rate */
     DPAR__G_KINDS
 };
 typedef struct dpar__g_kind {
@@ -7417,6 +7438,9 @@ static const dpar__g_kind dpar__g_kinds[DPAR__G_KINDS] = {
     { "where", 3, 0 },        { "where_grad", 2, 0 },  { "reduce", 1, 0 },      { "reduce_grad", 2, 0 },
     { "softmax", 1, 0 },      { "softmax_grad", 2, 0 }, { "transpose", 1, 0 },  { "broadcast_to", 1, 0 },
     { "slice", 1, 0 },        { "slice_grad", 1, 0 },  { "pad", 1, 0 },         { "concat", 4, 0 },
+    /* >>graph optim kinds */
+    { "cross_entropy", 2, 0 }, { "cross_entropy_grad", 2, 0 }, { "embedding", 2, 0 }, { "embedding_grad", 2, 0 },
+    { "dropout", 1, 0 },
 };
 
 typedef struct dpar__gnode {
@@ -8630,6 +8654,7 @@ static void dpar__g_grad_elem(dpar_graph *g, dpar__gback *bk, const dpar__gnode 
     default: break;
     }
 }
+static void dpar__g_grad_optim(dpar_graph *g, dpar__gback *bk, const dpar__gnode *nd, unsigned eff, dpar_value ct);
 /* The gradient rule of node i with cotangent ct: contributions to its inputs. */
 static dpar_status dpar__g_grad(dpar_graph *g, dpar__gback *bk, int i, dpar_value ct) {
     dpar__gnode nd = g->n[i]; /* a copy: building nodes may move the table */
@@ -8657,6 +8682,9 @@ static dpar_status dpar__g_grad(dpar_graph *g, dpar__gback *bk, int i, dpar_valu
         dpar__g_contrib(g, bk, a.id, eff, dpar__g_like(g, DPAR__G_RELU_GRAD, 2, v));
         break;
     }
+    case DPAR__G_XENT_IGN:
+    case DPAR__G_EMBED:
+    case DPAR__G_DROPOUT: dpar__g_grad_optim(g, bk, &nd, eff, ct); break;
     case DPAR__G_XENT:
     case DPAR__G_MSE: {
         dpar_value v[2] = { a, b };
@@ -8943,6 +8971,97 @@ DPAR_API dpar_status dpar_graph_set_lr(dpar_graph *g, float lr) {
     return DPAR_OK;
 }
 
+/* >>graph optim ==============================================================
+   Issue 13's ops in graphs: cross-entropy with an ignore label, embedding,
+   dropout, following the four steps of >>graph (the AdamW node is above). */
+DPAR_API dpar_value dpar_g_cross_entropy(dpar_graph *g, dpar_value logits, dpar_value labels,
+                                         const dpar_xent_desc *d) {
+    if (g && d && !(d->label_smoothing >= 0.0f && d->label_smoothing < 1.0f))
+        return dpar__g_fail(g, DPAR_ERR_INVALID_ARGUMENT, "dpar_g_cross_entropy: label_smoothing = %g; it must be in "
+                            "[0, 1)", (double)d->label_smoothing);
+    dpar_value v = dpar_g_softmax_xent(g, logits, labels); /* the same checks and shape */
+    if (v.id) {
+        dpar__gnode *nd = &g->n[v.id];
+        nd->kind = DPAR__G_XENT_IGN;
+        nd->ip[0] = d && d->use_ignore;
+        nd->ip[1] = d ? d->ignore_label : 0;
+        nd->fp = d ? d->label_smoothing : 0.0f;
+    }
+    return v;
+}
+DPAR_API dpar_value dpar_g_embedding(dpar_graph *g, dpar_value table, dpar_value idx) {
+    const char *fn = "dpar_g_embedding";
+    dpar_value v[2] = { table, idx };
+    if (!dpar__g_args(g, fn, 2, v) || !dpar__g_f32(g, fn, 1, v)) return dpar__gv(0);
+    const dpar__gnode *t = &g->n[table.id], *x = &g->n[idx.id];
+    char s1[160], s2[160], l1[96], l2[96];
+    if (x->dtype != DPAR_I32)
+        return dpar__g_fail(g, DPAR_ERR_DTYPE, "%s: idx %s is %s; it must hold i32 row indices", fn,
+                            dpar__g_label(g, idx.id, l2, sizeof l2), dpar_dtype_name(x->dtype));
+    if (t->ndim != 2 || x->ndim + 1 > DPAR_MAX_DIMS)
+        return dpar__g_fail(g, DPAR_ERR_SHAPE, "%s: table %s %s must be [V,D] and idx %s %s have < %d dims", fn,
+                            dpar__g_label(g, table.id, l1, sizeof l1), dpar__g_shape(t, s1, sizeof s1),
+                            dpar__g_label(g, idx.id, l2, sizeof l2), dpar__g_shape(x, s2, sizeof s2), DPAR_MAX_DIMS);
+    int64_t sh[DPAR_MAX_DIMS];
+    memcpy(sh, x->shape, (size_t)x->ndim * sizeof sh[0]);
+    sh[x->ndim] = t->shape[1];
+    int in[2] = { table.id, idx.id };
+    return dpar__gv(dpar__g_push(g, DPAR__G_EMBED, 2, in, DPAR_F32, x->ndim + 1, sh));
+}
+static dpar_value dpar__g_dropout_node(dpar_graph *g, dpar_value x, int lo, int hi, float rate) {
+    dpar_value v = dpar__g_like(g, DPAR__G_DROPOUT, 1, &x);
+    if (v.id) {
+        g->n[v.id].ip[0] = lo;
+        g->n[v.id].ip[1] = hi;
+        g->n[v.id].fp = rate;
+    }
+    return v;
+}
+DPAR_API dpar_value dpar_g_dropout(dpar_graph *g, dpar_value x, float rate, uint64_t seed) {
+    const char *fn = "dpar_g_dropout";
+    if (!dpar__g_args(g, fn, 1, &x) || !dpar__g_f32(g, fn, 1, &x)) return dpar__gv(0);
+    if (!(rate >= 0.0f && rate <= 1.0f))
+        return dpar__g_fail(g, DPAR_ERR_INVALID_ARGUMENT, "%s: rate = %g; it must be in [0, 1]", fn, (double)rate);
+    return dpar__g_dropout_node(g, x, (int)(uint32_t)seed, (int)(uint32_t)(seed >> 32), rate);
+}
+/* gradient rules of the kinds above (called from dpar__g_grad) */
+static void dpar__g_grad_optim(dpar_graph *g, dpar__gback *bk, const dpar__gnode *nd, unsigned eff, dpar_value ct) {
+    dpar_value a = dpar__gv(nd->in[0]), b = dpar__gv(nd->in[1]);
+    if (nd->kind == DPAR__G_XENT_IGN) {
+        dpar_value v[2] = { a, b };
+        dpar_value d = dpar__g_like(g, DPAR__G_XENT_IGN_GRAD, 2, v);
+        if (d.id) {
+            g->n[d.id].ip[0] = nd->ip[0];
+            g->n[d.id].ip[1] = nd->ip[1];
+            g->n[d.id].fp = nd->fp;
+        }
+        dpar__g_contrib(g, bk, a.id, eff, dpar__g_times(g, ct, d));
+    } else if (nd->kind == DPAR__G_EMBED) {
+        dpar_value v[2] = { ct, b };
+        if (bk->needed[a.id]) dpar__g_contrib(g, bk, a.id, eff, dpar__g_make(g, DPAR__G_EMBED_GRAD, 2, v, a.id));
+    } else if (nd->kind == DPAR__G_DROPOUT) {
+        dpar__g_contrib(g, bk, a.id, eff, dpar__g_dropout_node(g, ct, nd->ip[0], nd->ip[1], nd->fp));
+    }
+}
+/* forward lowerings of the kinds above (called from dpar__g_exec) */
+static dpar_status dpar__g_exec_optim(dpar_graph *g, dpar_ctx *ctx, int li, const dpar__gnode *nd, dpar_buffer *y,
+                                      dpar_buffer *a, dpar_buffer *b) {
+    dpar_xent_desc xd;
+    xd.use_ignore = nd->ip[0] != 0;
+    xd.ignore_label = nd->ip[1];
+    xd.label_smoothing = nd->fp;
+    uint64_t seed = (uint64_t)(uint32_t)nd->ip[0] | ((uint64_t)(uint32_t)nd->ip[1] << 32);
+    switch (nd->kind) {
+    case DPAR__G_XENT_IGN: return dpar_cross_entropy(y, NULL, a, b, &xd);
+    case DPAR__G_XENT_IGN_GRAD: return dpar_cross_entropy(g->scratch[li], y, a, b, &xd);
+    case DPAR__G_EMBED: return dpar_embedding(y, a, b);
+    case DPAR__G_EMBED_GRAD: return dpar_embedding_backward(y, a, b, 0.0f);
+    case DPAR__G_DROPOUT:
+        return dpar_dropout(y, a, nd->fp, seed, (uint64_t)g->opt.step, (uint32_t)dpar_ctx_device(ctx));
+    default: return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_run: node kind %d has no lowering", nd->kind);
+    }
+}
+
 /* ---- compile: liveness plan, buffers ---- */
 typedef struct dpar__gplan {
     int *last;    /* [count] last node that reads each node */
@@ -9182,6 +9301,11 @@ static dpar_status dpar__g_exec(dpar_graph *g, dpar_ctx *ctx, int li, int i) {
     const char *ax = nd->axes_str;
     dpar_status s = DPAR_OK;
     switch (nd->kind) {
+    case DPAR__G_XENT_IGN:
+    case DPAR__G_XENT_IGN_GRAD:
+    case DPAR__G_EMBED:
+    case DPAR__G_EMBED_GRAD:
+    case DPAR__G_DROPOUT: return dpar__g_exec_optim(g, ctx, li, nd, y, a, b);
     case DPAR__G_MATMUL: return dpar_matmul(y, a, b, nd->ip[0] != 0, nd->ip[1] != 0, 1.0f, 0.0f);
     case DPAR__G_BIAS_ADD: return (s = dpar_copy(y, a)) ? s : dpar_bias_add(y, b);
     case DPAR__G_BIAS_GRAD: return dpar_bias_grad(y, a, 0.0f);

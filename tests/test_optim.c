@@ -506,6 +506,101 @@ static void test_dropout(void **st) {
     free(y2);
 }
 
+/* ---- graphs: cross-entropy with ignore, embedding, dropout (with the AdamW node) ---- */
+
+/* the graph of embedding -> dropout -> matmul -> cross-entropy (ignore label,
+   smoothing) with AdamW on 1 device gives the eager ops' results bit for bit,
+   step after step (the same ops in the same order per element) */
+static void test_graph_optim_matches_eager(void **st) {
+    (void)st;
+    enum { V = 6, D = 5, C = 4, B = 7, STEPS = 3 };
+    const uint64_t seed = 99;
+    float table0[V * D], w0[D * C];
+    int32_t idx[B] = { 1, 5, 1, 0, 3, 5, 2 }, lab[B] = { 0, 3, -1, 2, 1, -1, 3 };
+    for (int i = 0; i < V * D; i++) table0[i] = sinf((float)i) * 0.5f;
+    for (int i = 0; i < D * C; i++) w0[i] = cosf((float)i * 0.7f) * 0.5f;
+    dpar_mesh *m = t_mesh1(RT, 1, "data");
+    dpar_array *at, *aw;
+    dpar_array_desc td = { .dtype = DPAR_F32, .ndim = 2, .shape = { V, D } }, wd = td;
+    wd.shape[0] = D;
+    wd.shape[1] = C;
+    T_OK(dpar_array_create(m, &td, &at));
+    T_OK(dpar_array_create(m, &wd, &aw));
+    T_OK(dpar_array_put(at, table0));
+    T_OK(dpar_array_put(aw, w0));
+    dpar_graph *g;
+    T_OK(dpar_graph_create(m, &g));
+    dpar_array_desc fd = { .dtype = DPAR_I32, .ndim = 1, .shape = { B } };
+    dpar_value fi = dpar_g_feed(g, "idx", &fd), fl = dpar_g_feed(g, "labels", &fd);
+    dpar_value pt = dpar_g_param(g, "table", at), pw = dpar_g_param(g, "w", aw);
+    dpar_value h = dpar_g_dropout(g, dpar_g_embedding(g, pt, fi), 0.5f, seed);
+    dpar_xent_desc xd = { .use_ignore = true, .ignore_label = -1, .label_smoothing = 0.1f };
+    dpar_value loss = dpar_g_cross_entropy(g, dpar_g_matmul(g, h, pw, false, false), fl, &xd);
+    dpar_value params[2] = { pt, pw }, grads[2];
+    T_OK(dpar_graph_value_and_grad(g, loss, params, 2, grads));
+    dpar_adamw_desc ad = { .learning_rate = 0.05f, .weight_decay = 0.01f };
+    T_OK(dpar_graph_adamw(g, &ad, params, grads, 2));
+    /* the eager reference on device 0 */
+    int64_t ts[2] = { V, D }, ws[2] = { D, C }, hs[2] = { B, D }, ls[2] = { B, C }, bs = B, one = 1;
+    dpar_buffer *et = mkb(RT, DPAR_F32, 2, ts, table0), *ew = mkb(RT, DPAR_F32, 2, ws, w0);
+    dpar_buffer *ei = mkb(RT, DPAR_I32, 1, &bs, idx), *el = mkb(RT, DPAR_I32, 1, &bs, lab);
+    dpar_buffer *x = mkb(RT, DPAR_F32, 2, hs, NULL), *hh = mkb(RT, DPAR_F32, 2, hs, NULL),
+                *z = mkb(RT, DPAR_F32, 2, ls, NULL);
+    dpar_buffer *dz = mkb(RT, DPAR_F32, 2, ls, NULL), *dh = mkb(RT, DPAR_F32, 2, hs, NULL),
+                *lo = mkb(RT, DPAR_F32, 1, &one, NULL);
+    dpar_buffer *dt = mkb(RT, DPAR_F32, 2, ts, NULL), *dw = mkb(RT, DPAR_F32, 2, ws, NULL);
+    dpar_buffer *mt = mkb(RT, DPAR_F32, 2, ts, NULL), *vt = mkb(RT, DPAR_F32, 2, ts, NULL);
+    dpar_buffer *mw = mkb(RT, DPAR_F32, 2, ws, NULL), *vw = mkb(RT, DPAR_F32, 2, ws, NULL);
+    for (int t = 1; t <= STEPS; t++) {
+        dpar_graph_feed feeds[2] = { { .value = fi, .host = idx }, { .value = fl, .host = lab } };
+        float gl, el1, gt[V * D], gw[D * C], xt[V * D], xw[D * C];
+        T_OK(dpar_graph_run(g, feeds, 2, &gl));
+        T_OK(dpar_embedding(x, et, ei));
+        T_OK(dpar_dropout(hh, x, 0.5f, seed, (uint64_t)(t - 1), 0));
+        T_OK(dpar_matmul(z, hh, ew, false, false, 1, 0));
+        T_OK(dpar_cross_entropy(lo, dz, z, el, &xd));
+        T_OK(dpar_matmul(dw, hh, dz, true, false, 1, 0));
+        T_OK(dpar_matmul(dh, dz, ew, false, true, 1, 0));
+        T_OK(dpar_dropout(dh, dh, 0.5f, seed, (uint64_t)(t - 1), 0));
+        T_OK(dpar_embedding_backward(dt, dh, ei, 0));
+        T_OK(dpar_adamw_update(&ad, et, dt, mt, vt, t, 1));
+        T_OK(dpar_adamw_update(&ad, ew, dw, mw, vw, t, 1));
+        rd(lo, &el1);
+        T_OK(dpar_array_get(at, gt));
+        T_OK(dpar_array_get(aw, gw));
+        rd(et, xt);
+        rd(ew, xw);
+        if (gl != el1) fail_msg("step %d: graph loss %.9g, eager %.9g", t, gl, el1);
+        assert_memory_equal(gt, xt, sizeof gt);
+        assert_memory_equal(gw, xw, sizeof gw);
+        assert_true(memcmp(gt, table0, sizeof gt) != 0);
+    }
+    dpar_buffer *all[15] = { et, ew, ei, el, x, hh, z, dz, dh, lo, dt, dw, mt, vt, mw };
+    for (int i = 0; i < 15; i++) dpar_buffer_destroy(all[i]);
+    dpar_buffer_destroy(vw);
+    T_OK(dpar_graph_destroy(g));
+    dpar_array_destroy(at);
+    dpar_array_destroy(aw);
+    dpar_mesh_destroy(m);
+}
+static void test_graph_optim_rejects(void **st) {
+    (void)st;
+    dpar_mesh *m = t_mesh1(RT, 1, "data");
+    dpar_graph *g;
+    T_OK(dpar_graph_create(m, &g));
+    dpar_array_desc fd = { .dtype = DPAR_F32, .ndim = 2, .shape = { 3, 2 } };
+    dpar_value f = dpar_g_feed(g, "x", &fd);
+    assert_int_equal(dpar_g_embedding(g, f, f).id, 0);
+    T_ERR(dpar_graph_status(g), DPAR_ERR_DTYPE, "dpar_g_embedding", "i32");
+    T_OK(dpar_graph_destroy(g));
+    T_OK(dpar_graph_create(m, &g));
+    f = dpar_g_feed(g, "x", &fd);
+    assert_int_equal(dpar_g_dropout(g, f, 2.0f, 1).id, 0);
+    T_ERR(dpar_graph_status(g), DPAR_ERR_INVALID_ARGUMENT, "dpar_g_dropout", "rate");
+    T_OK(dpar_graph_destroy(g));
+    dpar_mesh_destroy(m);
+}
+
 /* ---- every backend against the CPU reference ---------------------------------- */
 
 static void rdb(const dpar_buffer *b, void *out) {
@@ -664,6 +759,8 @@ int main(void) {
         cmocka_unit_test(test_embedding),
         cmocka_unit_test(test_philox_known_answers),
         cmocka_unit_test(test_dropout),
+        cmocka_unit_test(test_graph_optim_matches_eager),
+        cmocka_unit_test(test_graph_optim_rejects),
         cmocka_unit_test(test_parity_vulkan),
         cmocka_unit_test(test_parity_cuda),
     };
