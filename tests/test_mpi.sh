@@ -37,7 +37,7 @@ late=$(mktemp)
 timeout 120 mpirun $OVER -np 2 ${DPAR_TEST_WRAPPER:-} "$BUILD/mpi_late" >"$late" 2>&1
 rc=$?
 if [ "$rc" -eq 0 ] && [ "$(grep -c '^rank [01]: ok$' "$late")" -eq 2 ]; then
-    echo "PASS a rank 3.5x the timeout late: the waiting rank errs within timeout + 1 s, both report it clearly, destroy their runtimes and finalize MPI"
+    echo "PASS a rank 3.5x the timeout late: the waiting rank errs within timeout + 1.5 s, both report it clearly, destroy their runtimes and finalize MPI"
 else
     cat "$late"; echo "FAIL mpi_late: exit status $rc"
 fi
