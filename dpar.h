@@ -707,31 +707,31 @@ DPAR_API dpar_status dpar_sum_squares(dpar_buffer *out, const dpar_buffer *x);
    devices, op out of range, aliasing), DPAR_ERR_SHAPE (naming the shapes),
    DPAR_ERR_DTYPE. Backends lacking an op return DPAR_ERR_BACKEND naming it. */
 typedef enum dpar_unary_op {
-    DPAR_UNARY_NEG = 0,    /* -x */
-    DPAR_UNARY_EXP,        /* e^x */
-    DPAR_UNARY_LOG,        /* ln x */
-    DPAR_UNARY_SQRT,       /* sqrt x */
-    DPAR_UNARY_RSQRT,      /* 1 / sqrt x */
-    DPAR_UNARY_TANH,       /* tanh x */
-    DPAR_UNARY_SIGMOID,    /* 1 / (1 + e^-x) */
-    DPAR_UNARY_GELU_TANH,  /* x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (Hendrycks & Gimpel 2016; GPT-2) */
-    DPAR_UNARY_GELU_ERF,   /* x/2 (1 + erf(x / sqrt 2)) (exact GELU, jax.nn.gelu(approximate=False)) */
-    DPAR_UNARY_SILU,       /* x sigmoid(x) (swish) */
-    DPAR_UNARY_SQUARE,     /* x^2 */
-    DPAR_UNARY_ADD_SCALAR, /* x + s (scalar forms: s is dpar_unary's `s`) */
-    DPAR_UNARY_MUL_SCALAR, /* x * s */
+    DPAR_UNARY_NEG = 0,     /* -x */
+    DPAR_UNARY_EXP,         /* e^x */
+    DPAR_UNARY_LOG,         /* ln x */
+    DPAR_UNARY_SQRT,        /* sqrt x */
+    DPAR_UNARY_RSQRT,       /* 1 / sqrt x */
+    DPAR_UNARY_TANH,        /* tanh x */
+    DPAR_UNARY_SIGMOID,     /* 1 / (1 + e^-x) */
+    DPAR_UNARY_GELU_TANH,   /* x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (Hendrycks & Gimpel 2016; GPT-2) */
+    DPAR_UNARY_GELU_ERF,    /* x/2 (1 + erf(x / sqrt 2)) (exact GELU, jax.nn.gelu(approximate=False)) */
+    DPAR_UNARY_SILU,        /* x sigmoid(x) (swish) */
+    DPAR_UNARY_SQUARE,      /* x^2 */
+    DPAR_UNARY_ADD_SCALAR,  /* x + s (scalar forms: s is dpar_unary's `s`) */
+    DPAR_UNARY_MUL_SCALAR,  /* x * s */
     DPAR_UNARY_RSUB_SCALAR, /* s - x */
-    DPAR_UNARY_DIV_SCALAR, /* x / s */
+    DPAR_UNARY_DIV_SCALAR,  /* x / s */
     DPAR_UNARY_RDIV_SCALAR, /* s / x */
-    DPAR_UNARY_POW_SCALAR, /* x^s (pow; x < 0 with a non-integer s gives NaN) */
+    DPAR_UNARY_POW_SCALAR,  /* x^s (pow; x < 0 with a non-integer s gives NaN) */
     DPAR_UNARY_COUNT
 } dpar_unary_op;
 /* y = op(x) (s: the scalar of the *_SCALAR forms, ignored by the others).
    x, y: same shape, f32; in place allowed. */
 DPAR_API dpar_status dpar_unary(dpar_buffer *y, const dpar_buffer *x, dpar_unary_op op, float s);
 /* dx = dy * op'(x). dx, dy, x: same shape, f32; dx may alias dy. */
-DPAR_API dpar_status dpar_unary_backward(dpar_buffer *dx, const dpar_buffer *dy, const dpar_buffer *x,
-                                         dpar_unary_op op, float s);
+DPAR_API dpar_status dpar_unary_backward(dpar_buffer *dx, const dpar_buffer *dy, const dpar_buffer *x, dpar_unary_op op,
+                                         float s);
 
 typedef enum dpar_binary_op {
     DPAR_BINARY_ADD = 0,
@@ -747,8 +747,8 @@ DPAR_API dpar_status dpar_binary(dpar_buffer *y, const dpar_buffer *a, const dpa
    broadcast along (reduce-to-shape): da (a's shape, or NULL to skip) and db
    (b's shape, or NULL). dy: y's shape. add: da = dy, db = dy; sub: db = -dy;
    mul: da = dy b, db = dy a; div: da = dy / b, db = -dy a / b^2. */
-DPAR_API dpar_status dpar_binary_backward(dpar_buffer *da, dpar_buffer *db, const dpar_buffer *dy,
-                                          const dpar_buffer *a, const dpar_buffer *b, dpar_binary_op op);
+DPAR_API dpar_status dpar_binary_backward(dpar_buffer *da, dpar_buffer *db, const dpar_buffer *dy, const dpar_buffer *a,
+                                          const dpar_buffer *b, dpar_binary_op op);
 /* y = cond ? a : b elementwise, with broadcasting of cond (f32: nonzero is
    true, NaN too; or i32: nonzero), a and b to y's shape. a or b NULL: the
    scalar a_value / b_value instead (e.g. a mask: dpar_where(y, m, x, NULL, 0,
@@ -1495,8 +1495,7 @@ DPAR_API dpar_status dpar_graph_write_dot(const dpar_graph *g, const char *path)
 /* Scalar cross-entropy of logits [M,C] f32 with labels [M] i32, an ignore
    label and label smoothing (dpar_cross_entropy; d NULL: plain). Errors
    (recorded): as dpar_g_softmax_xent, DPAR_ERR_INVALID_ARGUMENT (smoothing). */
-DPAR_API dpar_value dpar_g_cross_entropy(dpar_graph *g, dpar_value logits, dpar_value labels,
-                                         const dpar_xent_desc *d);
+DPAR_API dpar_value dpar_g_cross_entropy(dpar_graph *g, dpar_value logits, dpar_value labels, const dpar_xent_desc *d);
 /* Rows of table [V,D] f32 at idx (i32, any shape) -> idx.shape + [D]
    (dpar_embedding); the gradient goes to the table (scatter-add in position
    order), none to idx. Errors (recorded): DPAR_ERR_DTYPE, DPAR_ERR_SHAPE. */
@@ -1822,22 +1821,22 @@ typedef enum dpar__op_kind {
     DPAR__OP_SGD,          /* dst param, dst2 momentum (NULL if f[1]==0), src0 grad;
                               f[0]=lr f[1]=momentum f[2]=weight_decay f[3]=clip_scale; nesterov */
     /* >>norm-attn kinds (see >>layers-norm-attn) */
-    DPAR__OP_NORM,            /* dst y, dst2 stats[M,2] or NULL, src0 x[M,N], src1 w, src2 b (NULL: none); f[0] eps,
-                                 p[0] 1 = rms */
-    DPAR__OP_NORM_BWD,        /* dst dx, dst2 dw, dst3 db (NULL: skip), src0 dy, src1 x, src2 w, src3 stats; p[0] rms,
-                                 p[1] 1: no dx (dst is dw or db then) */
-    DPAR__OP_MATMUL_BATCHED,  /* as MATMUL per batch; p[0] batches, p[1..3] batch strides of A, B (0: shared), C */
-    DPAR__OP_ATTN,            /* dst out, dst2 stats or NULL, src0 q, src1 k, src2 v; f[0] scale,
-                                 p[0] batch, p[1] Tq, p[2] Tk, p[3] D, p[4] Dv, p[5] causal */
-    DPAR__OP_ATTN_BWD_Q,      /* dst stats (reads lse, writes D), dst2 dq or NULL, src0 dout, src1 q, src2 k, src3 v */
-    DPAR__OP_ATTN_BWD_KV,     /* dst stats (read), dst2 dk, dst3 dv (NULL: skip), src0..3 as ATTN_BWD_Q */
+    DPAR__OP_NORM,           /* dst y, dst2 stats[M,2] or NULL, src0 x[M,N], src1 w, src2 b (NULL: none); f[0] eps,
+                                p[0] 1 = rms */
+    DPAR__OP_NORM_BWD,       /* dst dx, dst2 dw, dst3 db (NULL: skip), src0 dy, src1 x, src2 w, src3 stats; p[0] rms,
+                                p[1] 1: no dx (dst is dw or db then) */
+    DPAR__OP_MATMUL_BATCHED, /* as MATMUL per batch; p[0] batches, p[1..3] batch strides of A, B (0: shared), C */
+    DPAR__OP_ATTN,           /* dst out, dst2 stats or NULL, src0 q, src1 k, src2 v; f[0] scale,
+                                p[0] batch, p[1] Tq, p[2] Tk, p[3] D, p[4] Dv, p[5] causal */
+    DPAR__OP_ATTN_BWD_Q,     /* dst stats (reads lse, writes D), dst2 dq or NULL, src0 dout, src1 q, src2 k, src3 v */
+    DPAR__OP_ATTN_BWD_KV,    /* dst stats (read), dst2 dk, dst3 dv (NULL: skip), src0..3 as ATTN_BWD_Q */
     /* >>optim kinds (see >>optim) */
-    DPAR__OP_ADAMW,        /* dst param, dst2 m, dst3 v, src0 grad; f[0]=lr f[1]=b1 f[2]=b2 f[3]=eps
-                              f[4]=weight_decay f[5]=clip_scale f[6]=1/(1-b1^t) f[7]=1/(1-b2^t) */
-    DPAR__OP_EMBED,        /* dst out [K,D], src0 table [V,D], src1 idx [K] i32; m=K n=D k=V */
-    DPAR__OP_EMBED_BWD,    /* dst dtable [V,D] += rows of src0 dout [K,D] at src1 idx [K], i ascending; m n k */
-    DPAR__OP_DROPOUT,      /* dst = src0 * f[0] where kept; p[0..1] seed, p[2..3] step, p[4] stream,
-                              p[5] threshold (keep when philox word >> 8 >= it) */
+    DPAR__OP_ADAMW,     /* dst param, dst2 m, dst3 v, src0 grad; f[0]=lr f[1]=b1 f[2]=b2 f[3]=eps
+                           f[4]=weight_decay f[5]=clip_scale f[6]=1/(1-b1^t) f[7]=1/(1-b2^t) */
+    DPAR__OP_EMBED,     /* dst out [K,D], src0 table [V,D], src1 idx [K] i32; m=K n=D k=V */
+    DPAR__OP_EMBED_BWD, /* dst dtable [V,D] += rows of src0 dout [K,D] at src1 idx [K], i ascending; m n k */
+    DPAR__OP_DROPOUT,   /* dst = src0 * f[0] where kept; p[0..1] seed, p[2..3] step, p[4] stream,
+                           p[5] threshold (keep when philox word >> 8 >= it) */
     /* >>elementwise kinds (geometry: see >>elementwise ops; 4-d, strides in elements) */
     DPAR__OP_UNARY,       /* dst[n] = u(src0), p[0] = dpar_unary_op, f[0] = its scalar */
     DPAR__OP_UNARY_BWD,   /* dst[n] = src1 (dy) * u'(src0 (x)); p[0], f[0] as UNARY */
@@ -2768,11 +2767,11 @@ struct dpar_mesh {
     int shape[DPAR_MAX_AXES];
     char names[DPAR_MAX_AXES][DPAR_NAME_LEN];
     int size;
-    int devices[DPAR_MAX_DEVICES];    /* position -> device */
-    int pos_of[DPAR_MAX_DEVICES];     /* device -> position, -1 if absent */
+    int devices[DPAR_MAX_DEVICES];         /* position -> device */
+    int pos_of[DPAR_MAX_DEVICES];          /* device -> position, -1 if absent */
     dpar__group *groups[DPAR__GROUP_KEYS]; /* per group key: size / group size groups */
     int ngroups[DPAR__GROUP_KEYS];
-    int key_n[DPAR__GROUP_KEYS];                      /* axes of each key, */
+    int key_n[DPAR__GROUP_KEYS];                             /* axes of each key, */
     unsigned char key_axes[DPAR__GROUP_KEYS][DPAR_MAX_AXES]; /* in the order written */
     unsigned key_mask[DPAR__GROUP_KEYS];
     int nkeys;
@@ -5611,8 +5610,8 @@ DPAR_API dpar_status dpar_unary(dpar_buffer *y, const dpar_buffer *x, dpar_unary
     op.f[0] = sc;
     return dpar__op_run(&op);
 }
-DPAR_API dpar_status dpar_unary_backward(dpar_buffer *dx, const dpar_buffer *dy, const dpar_buffer *x,
-                                         dpar_unary_op u, float sc) {
+DPAR_API dpar_status dpar_unary_backward(dpar_buffer *dx, const dpar_buffer *dy, const dpar_buffer *x, dpar_unary_op u,
+                                         float sc) {
     const char *fn = "dpar_unary_backward";
     dpar__clear_error();
     const dpar_buffer *ops[2] = { dy, x };
@@ -5685,8 +5684,8 @@ static dpar_status dpar__reduce_issue(const char *fn, dpar_buffer *dst, const dp
     }
     return dpar__op_run(&op);
 }
-DPAR_API dpar_status dpar_binary_backward(dpar_buffer *da, dpar_buffer *db, const dpar_buffer *dy,
-                                          const dpar_buffer *a, const dpar_buffer *b, dpar_binary_op bop) {
+DPAR_API dpar_status dpar_binary_backward(dpar_buffer *da, dpar_buffer *db, const dpar_buffer *dy, const dpar_buffer *a,
+                                          const dpar_buffer *b, dpar_binary_op bop) {
     const char *fn = "dpar_binary_backward";
     dpar__clear_error();
     const dpar_buffer *ops[3] = { dy, a, b };
@@ -5830,8 +5829,7 @@ DPAR_API dpar_status dpar_reduce(dpar_buffer *y, const dpar_buffer *x, dpar_redu
         return s;
     if ((kind == DPAR_REDUCE_MAX || kind == DPAR_REDUCE_ARGMAX) && y->count > 0 && x->count == 0)
         return dpar__err(DPAR_ERR_SHAPE, "%s: max/argmax over 0 elements has no value; reduce a non-empty axis", fn);
-    if (y == x && y->count != x->count)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: y must not alias x", fn);
+    if (y == x && y->count != x->count) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: y must not alias x", fn);
     return dpar__reduce_issue(fn, y, x, NULL, NULL, &g, (int)kind);
 }
 
@@ -5949,8 +5947,8 @@ DPAR_API dpar_status dpar_transpose(dpar_buffer *y, const dpar_buffer *x, const 
     for (int i = 0; i < x->ndim; i++) {
         int p = perm ? perm[i] : x->ndim - 1 - i;
         if (p < 0 || p >= x->ndim || (seen >> p & 1u))
-            return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
-                             "%s: perm[%d] = %d; perm must hold each of 0..%d once", fn, i, p, x->ndim - 1);
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: perm[%d] = %d; perm must hold each of 0..%d once", fn, i,
+                             p, x->ndim - 1);
         seen |= 1u << p;
     }
     for (int i = 0; i < x->ndim; i++) {
@@ -6457,8 +6455,7 @@ static dpar_status dpar__norm_fwd(const char *fn, int rms, dpar_buffer *y, dpar_
     if (!(eps > 0.0f) || !isfinite(eps))
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: eps = %g; it must be a finite number > 0 (1e-5 is usual)", fn,
                          (double)eps);
-    if (stats == y || stats == x)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: stats must not alias x or y", fn);
+    if (stats == y || stats == x) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: stats must not alias x or y", fn);
     dpar__op op;
     dpar__op_init(&op, DPAR__OP_NORM, y);
     op.dst2 = stats;
@@ -6569,7 +6566,7 @@ DPAR_API dpar_status dpar_matmul_batched(dpar_buffer *C, const dpar_buffer *A, c
     op.f[0] = alpha;
     op.f[1] = beta;
     op.p[0] = nb;
-    op.p[1] = M * K;                    /* batch strides in elements: A, B (0: shared), C */
+    op.p[1] = M * K; /* batch strides in elements: A, B (0: shared), C */
     op.p[2] = B->ndim == 2 ? 0 : K * N;
     op.p[3] = M * N;
     return dpar__op_run(&op);
@@ -6588,13 +6585,12 @@ static dpar_status dpar__attn_check(const char *fn, dpar__op *op, const dpar_buf
     int64_t dv = ok ? v->shape[r - 1] : 0;
     ok = ok && k->shape[r - 1] == d && v->shape[r - 2] == tk && out->shape[r - 2] == tq && out->shape[r - 1] == dv;
     if (!ok)
-        return dpar__err(DPAR_ERR_SHAPE,
-                         "%s: q %s, k %s, v %s, out %s; need q [..., Tq, D], k [..., Tk, D], v [..., Tk, Dv], "
-                         "out [..., Tq, Dv] with equal leading dims",
-                         fn, dpar__shape_str(sq, sizeof sq, q->ndim, q->shape),
-                         dpar__shape_str(sk, sizeof sk, k->ndim, k->shape),
-                         dpar__shape_str(sv, sizeof sv, v->ndim, v->shape),
-                         dpar__shape_str(so, sizeof so, out->ndim, out->shape));
+        return dpar__err(
+            DPAR_ERR_SHAPE,
+            "%s: q %s, k %s, v %s, out %s; need q [..., Tq, D], k [..., Tk, D], v [..., Tk, Dv], "
+            "out [..., Tq, Dv] with equal leading dims",
+            fn, dpar__shape_str(sq, sizeof sq, q->ndim, q->shape), dpar__shape_str(sk, sizeof sk, k->ndim, k->shape),
+            dpar__shape_str(sv, sizeof sv, v->ndim, v->shape), dpar__shape_str(so, sizeof so, out->ndim, out->shape));
     if (causal && tq != tk)
         return dpar__err(DPAR_ERR_SHAPE, "%s: causal attention needs as many queries as keys (Tq %lld, Tk %lld)", fn,
                          (long long)tq, (long long)tk);
@@ -7401,7 +7397,7 @@ enum {
     DPAR__G_BROADCAST,
     DPAR__G_SLICE, /* lp: start, then step */
     DPAR__G_SLICE_GRAD,
-    DPAR__G_PAD, /* lp: lo; fp: value */
+    DPAR__G_PAD,    /* lp: lo; fp: value */
     DPAR__G_CONCAT, /* ip[0]: axis */
     /* >>graph optim kinds */
     DPAR__G_XENT_IGN,      /* ip[0] use_ignore, ip[1] ignore label, fp smoothing */
@@ -7417,29 +7413,81 @@ typedef struct dpar__g_kind {
     int coll; /* 1: a collective over the node's axes */
 } dpar__g_kind;
 static const dpar__g_kind dpar__g_kinds[DPAR__G_KINDS] = {
-    { "none", 0, 0 },       { "feed", 0, 0 },         { "param", 0, 0 },        { "const", 0, 0 },
-    { "matmul", 2, 0 },     { "bias_add", 2, 0 },     { "bias_grad", 1, 0 },    { "relu", 1, 0 },
-    { "relu_grad", 2, 0 },  { "softmax_xent", 2, 0 }, { "xent_grad", 2, 0 },    { "mse", 2, 0 },
-    { "mse_grad", 2, 0 },   { "add", 2, 0 },          { "scale", 1, 0 },        { "mul_scalar", 2, 0 },
-    { "sum", 1, 0 },        { "sum_squares", 1, 0 },  { "dot", 2, 0 },          { "cast", 1, 0 },
-    { "copy", 1, 0 },       { "psum", 1, 1 },         { "pmean", 1, 1 },        { "pmax", 1, 1 },
-    { "pmin", 1, 1 },       { "all_gather", 1, 1 },   { "psum_scatter", 1, 1 }, { "ppermute", 1, 1 },
-    { "all_to_all", 1, 1 }, { "pbroadcast", 1, 1 },   { "pcast", 1, 1 },        { "block", 1, 1 },
-    { "root_only", 1, 1 },  { "sgd", 0, 0 },
+    { "none", 0, 0 },
+    { "feed", 0, 0 },
+    { "param", 0, 0 },
+    { "const", 0, 0 },
+    { "matmul", 2, 0 },
+    { "bias_add", 2, 0 },
+    { "bias_grad", 1, 0 },
+    { "relu", 1, 0 },
+    { "relu_grad", 2, 0 },
+    { "softmax_xent", 2, 0 },
+    { "xent_grad", 2, 0 },
+    { "mse", 2, 0 },
+    { "mse_grad", 2, 0 },
+    { "add", 2, 0 },
+    { "scale", 1, 0 },
+    { "mul_scalar", 2, 0 },
+    { "sum", 1, 0 },
+    { "sum_squares", 1, 0 },
+    { "dot", 2, 0 },
+    { "cast", 1, 0 },
+    { "copy", 1, 0 },
+    { "psum", 1, 1 },
+    { "pmean", 1, 1 },
+    { "pmax", 1, 1 },
+    { "pmin", 1, 1 },
+    { "all_gather", 1, 1 },
+    { "psum_scatter", 1, 1 },
+    { "ppermute", 1, 1 },
+    { "all_to_all", 1, 1 },
+    { "pbroadcast", 1, 1 },
+    { "pcast", 1, 1 },
+    { "block", 1, 1 },
+    { "root_only", 1, 1 },
+    { "sgd", 0, 0 },
     /* >>graph norm-attn kinds */
-    { "norm_stats", 1, 0 }, { "norm", 4, 0 },         { "norm_dx", 4, 0 },      { "norm_dw", 3, 0 },
-    { "matmul_batched", 2, 0 }, { "attention_stats", 1, 0 }, { "attention", 4, 0 }, { "attention_dq", 5, 0 },
-    { "attention_dk", 5, 0 }, { "attention_dv", 5, 0 },
+    { "norm_stats", 1, 0 },
+    { "norm", 4, 0 },
+    { "norm_dx", 4, 0 },
+    { "norm_dw", 3, 0 },
+    { "matmul_batched", 2, 0 },
+    { "attention_stats", 1, 0 },
+    { "attention", 4, 0 },
+    { "attention_dq", 5, 0 },
+    { "attention_dk", 5, 0 },
+    { "attention_dv", 5, 0 },
     /* >>graph conv-pool kinds */
-    { "conv2d", 3, 0 }, { "conv2d_dx", 2, 0 }, { "conv2d_dw", 2, 0 }, { "avg_pool2d", 1, 0 },
-    { "avg_pool2d_dx", 1, 0 }, { "max_pool2d", 1, 0 }, { "max_pool2d_dx", 2, 0 },
+    { "conv2d", 3, 0 },
+    { "conv2d_dx", 2, 0 },
+    { "conv2d_dw", 2, 0 },
+    { "avg_pool2d", 1, 0 },
+    { "avg_pool2d_dx", 1, 0 },
+    { "max_pool2d", 1, 0 },
+    { "max_pool2d_dx", 2, 0 },
     /* >>graph elementwise kinds */
-    { "unary", 1, 0 },        { "unary_grad", 2, 0 },  { "binary", 2, 0 },      { "binary_grad", 3, 0 },
-    { "where", 3, 0 },        { "where_grad", 2, 0 },  { "reduce", 1, 0 },      { "reduce_grad", 2, 0 },
-    { "softmax", 1, 0 },      { "softmax_grad", 2, 0 }, { "transpose", 1, 0 },  { "broadcast_to", 1, 0 },
-    { "slice", 1, 0 },        { "slice_grad", 1, 0 },  { "pad", 1, 0 },         { "concat", 4, 0 },
+    { "unary", 1, 0 },
+    { "unary_grad", 2, 0 },
+    { "binary", 2, 0 },
+    { "binary_grad", 3, 0 },
+    { "where", 3, 0 },
+    { "where_grad", 2, 0 },
+    { "reduce", 1, 0 },
+    { "reduce_grad", 2, 0 },
+    { "softmax", 1, 0 },
+    { "softmax_grad", 2, 0 },
+    { "transpose", 1, 0 },
+    { "broadcast_to", 1, 0 },
+    { "slice", 1, 0 },
+    { "slice_grad", 1, 0 },
+    { "pad", 1, 0 },
+    { "concat", 4, 0 },
     /* >>graph optim kinds */
-    { "cross_entropy", 2, 0 }, { "cross_entropy_grad", 2, 0 }, { "embedding", 2, 0 }, { "embedding_grad", 2, 0 },
+    { "cross_entropy", 2, 0 },
+    { "cross_entropy_grad", 2, 0 },
+    { "embedding", 2, 0 },
+    { "embedding_grad", 2, 0 },
     { "dropout", 1, 0 },
 };
 
@@ -7453,10 +7501,10 @@ typedef struct dpar__gnode {
     unsigned vary;                /* mesh axes over which the value differs between devices */
     unsigned axes;                /* collectives: the axes; its text in axes_str */
     char axes_str[64];
-    int ip[4];  /* integer attributes: trans_a/b, dim/tiled, split/concat, root */
+    int ip[4];                     /* integer attributes: trans_a/b, dim/tiled, split/concat, root */
     int64_t lp[2 * DPAR_MAX_DIMS]; /* per-axis attributes: perm, slice start and step, pad lo */
-    float fp;   /* scale, const value */
-    int *pairs; /* ppermute (source, destination) pairs */
+    float fp;                      /* scale, const value */
+    int *pairs;                    /* ppermute (source, destination) pairs */
     int npairs;
     void *attr;        /* the op's desc (conv2d, pools), owned by the node */
     bool is_one;       /* const 1 (the seed): rules skip a multiply by it */
@@ -8019,22 +8067,22 @@ static dpar_value dpar__g_root_only(dpar_graph *g, dpar_value ct, const dpar__gn
 /* >>graph elementwise ===========================================================
    Graph nodes of the elementwise family (>>elementwise ops), each lowered to
    its eager op; the gradient rules are in dpar__g_grad_elem. */
-#define DPAR__G_ELEM_CASES                                                                                  \
-    case DPAR__G_UNARY:                                                                                     \
-    case DPAR__G_UNARY_GRAD:                                                                                \
-    case DPAR__G_BINARY:                                                                                    \
-    case DPAR__G_BINARY_GRAD:                                                                               \
-    case DPAR__G_WHERE:                                                                                     \
-    case DPAR__G_WHERE_GRAD:                                                                                \
-    case DPAR__G_REDUCE:                                                                                    \
-    case DPAR__G_REDUCE_GRAD:                                                                               \
-    case DPAR__G_SOFTMAX:                                                                                   \
-    case DPAR__G_SOFTMAX_GRAD:                                                                              \
-    case DPAR__G_TRANSPOSE:                                                                                 \
-    case DPAR__G_BROADCAST:                                                                                 \
-    case DPAR__G_SLICE:                                                                                     \
-    case DPAR__G_SLICE_GRAD:                                                                                \
-    case DPAR__G_PAD:                                                                                       \
+#define DPAR__G_ELEM_CASES     \
+    case DPAR__G_UNARY:        \
+    case DPAR__G_UNARY_GRAD:   \
+    case DPAR__G_BINARY:       \
+    case DPAR__G_BINARY_GRAD:  \
+    case DPAR__G_WHERE:        \
+    case DPAR__G_WHERE_GRAD:   \
+    case DPAR__G_REDUCE:       \
+    case DPAR__G_REDUCE_GRAD:  \
+    case DPAR__G_SOFTMAX:      \
+    case DPAR__G_SOFTMAX_GRAD: \
+    case DPAR__G_TRANSPOSE:    \
+    case DPAR__G_BROADCAST:    \
+    case DPAR__G_SLICE:        \
+    case DPAR__G_SLICE_GRAD:   \
+    case DPAR__G_PAD:          \
     case DPAR__G_CONCAT
 static dpar_buffer *dpar__g_buf(const dpar_graph *g, int id, int li);
 static dpar_value dpar__g_node(dpar_graph *g, int kind, int n, const int *in, dpar_dtype dt, int ndim,
@@ -8242,8 +8290,8 @@ static dpar_value dpar__g_sum_to(dpar_graph *g, dpar_value v, int like) {
     return r.id ? dpar_g_reshape(g, r, g->n[like].ndim, sh) : r;
 }
 /* the forward lowering of the nodes above (y, a, b: the buffers of the node and its inputs 0, 1) */
-static dpar_status dpar__g_exec_elem(const dpar_graph *g, int li, const dpar__gnode *nd, dpar_buffer *y,
-                                     dpar_buffer *a, dpar_buffer *b) {
+static dpar_status dpar__g_exec_elem(const dpar_graph *g, int li, const dpar__gnode *nd, dpar_buffer *y, dpar_buffer *a,
+                                     dpar_buffer *b) {
     dpar_buffer *c = nd->nin > 2 ? dpar__g_buf(g, nd->in[2], li) : NULL;
     int axes[DPAR_MAX_DIMS], na = 0, perm[DPAR_MAX_DIMS];
     for (int i = 0; i < DPAR_MAX_DIMS; i++)
@@ -8375,7 +8423,8 @@ DPAR_API dpar_value dpar_g_matmul_batched(dpar_graph *g, dpar_value a, dpar_valu
     return dpar__gv(id);
 }
 
-DPAR_API dpar_value dpar_g_attention(dpar_graph *g, dpar_value q, dpar_value k, dpar_value v, float scale, bool causal) {
+DPAR_API dpar_value dpar_g_attention(dpar_graph *g, dpar_value q, dpar_value k, dpar_value v, float scale,
+                                     bool causal) {
     const char *fn = "dpar_g_attention";
     dpar_value in3[3] = { q, k, v };
     if (!dpar__g_args(g, fn, 3, in3) || !dpar__g_f32(g, fn, 3, in3)) return dpar__gv(0);
@@ -8415,8 +8464,10 @@ static dpar_status dpar__g_exec_norm_attn(const dpar_graph *g, const dpar__gnode
     case DPAR__G_ATTN: return dpar_attention(y, in[3], in[0], in[1], in[2], nd->fp, causal);
     case DPAR__G_ATTN_DQ: /* dout, q, k, v, stats (the backward rewrites its D column, the same each time) */
         return dpar_attention_backward(y, NULL, NULL, in[4], in[0], in[1], in[2], in[3], nd->fp, causal);
-    case DPAR__G_ATTN_DK: return dpar_attention_backward(NULL, y, NULL, in[4], in[0], in[1], in[2], in[3], nd->fp, causal);
-    case DPAR__G_ATTN_DV: return dpar_attention_backward(NULL, NULL, y, in[4], in[0], in[1], in[2], in[3], nd->fp, causal);
+    case DPAR__G_ATTN_DK:
+        return dpar_attention_backward(NULL, y, NULL, in[4], in[0], in[1], in[2], in[3], nd->fp, causal);
+    case DPAR__G_ATTN_DV:
+        return dpar_attention_backward(NULL, NULL, y, in[4], in[0], in[1], in[2], in[3], nd->fp, causal);
     case DPAR__G_NORM:
         return rms ? dpar_rms_norm(y, in[2], in[0], in[1], in[3], nd->fp)
                    : dpar_layer_norm(y, in[2], in[0], in[1], in[3], nd->fp);
@@ -8439,14 +8490,14 @@ static dpar_value dpar__g_batch_sum(dpar_graph *g, dpar_value x) {
     return dpar_g_reshape(g, dpar_g_matmul(g, ones, flat, false, false), 2, out);
 }
 /* the gradient rules of the kinds above (dpar__g_grad) */
-static void dpar__g_grad_norm_attn(dpar_graph *g, dpar__gback *bk, const dpar__gnode *nd, unsigned eff,
-                                   dpar_value ct) {
+static void dpar__g_grad_norm_attn(dpar_graph *g, dpar__gback *bk, const dpar__gnode *nd, unsigned eff, dpar_value ct) {
     dpar_value a = dpar__gv(nd->in[0]), b = dpar__gv(nd->in[1]);
     if (nd->kind == DPAR__G_MATMUL_BATCHED) {
         bool ta = nd->ip[0] != 0, tb = nd->ip[1] != 0, shared = g->n[b.id].ndim == 2 && nd->ndim > 2;
         if (bk->needed[a.id])
             dpar__g_contrib(g, bk, a.id, eff,
-                            ta ? dpar_g_matmul_batched(g, b, ct, tb, true) : dpar_g_matmul_batched(g, ct, b, false, !tb));
+                            ta ? dpar_g_matmul_batched(g, b, ct, tb, true)
+                               : dpar_g_matmul_batched(g, ct, b, false, !tb));
         if (bk->needed[b.id]) {
             dpar_value d = tb ? dpar_g_matmul_batched(g, ct, a, true, ta) : dpar_g_matmul_batched(g, a, ct, !ta, false);
             dpar__g_contrib(g, bk, b.id, eff, shared ? dpar__g_batch_sum(g, d) : d);
@@ -8496,8 +8547,7 @@ static dpar_value dpar__g_win_node(dpar_graph *g, int kind, int n, const int *in
     memcpy(g->n[id].attr, desc, sz);
     return dpar__gv(id);
 }
-DPAR_API dpar_value dpar_g_conv2d(dpar_graph *g, dpar_value x, dpar_value w, dpar_value b,
-                                  const dpar_conv2d_desc *d) {
+DPAR_API dpar_value dpar_g_conv2d(dpar_graph *g, dpar_value x, dpar_value w, dpar_value b, const dpar_conv2d_desc *d) {
     const char *fn = "dpar_g_conv2d";
     dpar_value v[3] = { x, w, b };
     int n = b.id ? 3 : 2;
@@ -8526,8 +8576,8 @@ static dpar_value dpar__g_pool(dpar_graph *g, const char *fn, int kind, dpar_val
     const dpar__gnode *xn = &g->n[x.id];
     int64_t ys[4];
     char s1[160], l1[96];
-    dpar_status s = xn->ndim != 4 ? dpar__err(DPAR_ERR_SHAPE, "x must be 4-d NHWC")
-                                  : dpar_pool2d_output_shape(xn->shape, d, ys);
+    dpar_status s =
+        xn->ndim != 4 ? dpar__err(DPAR_ERR_SHAPE, "x must be 4-d NHWC") : dpar_pool2d_output_shape(xn->shape, d, ys);
     if (s)
         return dpar__g_fail(g, s, "%s: x %s %s: %s", fn, dpar__g_label(g, x.id, l1, sizeof l1),
                             dpar__g_shape(xn, s1, sizeof s1), dpar_last_error());
@@ -8540,8 +8590,7 @@ DPAR_API dpar_value dpar_g_max_pool2d(dpar_graph *g, dpar_value x, const dpar_po
     return dpar__g_pool(g, "dpar_g_max_pool2d", DPAR__G_MAX_POOL, x, d);
 }
 /* The gradient rules: nd is the forward node (a copy), ct its cotangent. */
-static void dpar__g_conv_pool_grad(dpar_graph *g, dpar__gback *bk, const dpar__gnode *nd, unsigned eff,
-                                   dpar_value ct) {
+static void dpar__g_conv_pool_grad(dpar_graph *g, dpar__gback *bk, const dpar__gnode *nd, unsigned eff, dpar_value ct) {
     int x = nd->in[0], w = nd->in[1], in[2] = { ct.id, x };
     size_t sz = nd->kind == DPAR__G_CONV2D ? sizeof(dpar_conv2d_desc) : sizeof(dpar_pool2d_desc);
     int64_t xs[4], ws[4];
@@ -8559,7 +8608,8 @@ static void dpar__g_conv_pool_grad(dpar_graph *g, dpar__gback *bk, const dpar__g
     }
     int kind = nd->kind == DPAR__G_AVG_POOL ? DPAR__G_AVG_POOL_DX : DPAR__G_MAX_POOL_DX;
     if (!bk->needed[x]) return;
-    dpar__g_contrib(g, bk, x, eff, dpar__g_win_node(g, kind, kind == DPAR__G_MAX_POOL_DX ? 2 : 1, in, xs, nd->attr, sz));
+    dpar__g_contrib(g, bk, x, eff,
+                    dpar__g_win_node(g, kind, kind == DPAR__G_MAX_POOL_DX ? 2 : 1, in, xs, nd->attr, sz));
 }
 /* The lowering: y the node's buffer, a and b its first two inputs'. */
 static dpar_status dpar__g_conv_pool_exec(const dpar_graph *g, const dpar__gnode *nd, int li, dpar_buffer *y,
@@ -8636,9 +8686,7 @@ static void dpar__g_grad_elem(dpar_graph *g, dpar__gback *bk, const dpar__gnode 
         if (r.id) memcpy(g->n[r.id].lp, nd->lp, sizeof nd->lp);
         dpar__g_contrib(g, bk, a.id, eff, r);
         break;
-    case DPAR__G_PAD:
-        dpar__g_contrib(g, bk, a.id, eff, dpar_g_slice(g, ct, nd->lp, NULL, g->n[a.id].shape));
-        break;
+    case DPAR__G_PAD: dpar__g_contrib(g, bk, a.id, eff, dpar_g_slice(g, ct, nd->lp, NULL, g->n[a.id].shape)); break;
     case DPAR__G_CONCAT: {
         int64_t at[DPAR_MAX_DIMS];
         memset(at, 0, sizeof at);
@@ -8763,8 +8811,7 @@ static dpar_status dpar__g_grad(dpar_graph *g, dpar__gback *bk, int i, dpar_valu
     DPAR__G_ELEM_CASES:
         dpar__g_grad_elem(g, bk, &nd, i, eff, ct);
         break;
-    default:
-        break;
+    default: break;
     }
     return dpar__g_status(g);
 }
@@ -8974,11 +9021,12 @@ DPAR_API dpar_status dpar_graph_set_lr(dpar_graph *g, float lr) {
 /* >>graph optim ==============================================================
    Issue 13's ops in graphs: cross-entropy with an ignore label, embedding,
    dropout, following the four steps of >>graph (the AdamW node is above). */
-DPAR_API dpar_value dpar_g_cross_entropy(dpar_graph *g, dpar_value logits, dpar_value labels,
-                                         const dpar_xent_desc *d) {
+DPAR_API dpar_value dpar_g_cross_entropy(dpar_graph *g, dpar_value logits, dpar_value labels, const dpar_xent_desc *d) {
     if (g && d && !(d->label_smoothing >= 0.0f && d->label_smoothing < 1.0f))
-        return dpar__g_fail(g, DPAR_ERR_INVALID_ARGUMENT, "dpar_g_cross_entropy: label_smoothing = %g; it must be in "
-                            "[0, 1)", (double)d->label_smoothing);
+        return dpar__g_fail(g, DPAR_ERR_INVALID_ARGUMENT,
+                            "dpar_g_cross_entropy: label_smoothing = %g; it must be in "
+                            "[0, 1)",
+                            (double)d->label_smoothing);
     dpar_value v = dpar_g_softmax_xent(g, logits, labels); /* the same checks and shape */
     if (v.id) {
         dpar__gnode *nd = &g->n[v.id];
@@ -9361,8 +9409,10 @@ static dpar_status dpar__g_exec(dpar_graph *g, dpar_ctx *ctx, int li, int i) {
     case DPAR__G_AVG_POOL:
     case DPAR__G_AVG_POOL_DX:
     case DPAR__G_MAX_POOL:
-    case DPAR__G_MAX_POOL_DX: return dpar__g_conv_pool_exec(g, nd, li, y, a, b);
-    DPAR__G_ELEM_CASES: return dpar__g_exec_elem(g, li, nd, y, a, b);
+    case DPAR__G_MAX_POOL_DX:
+        return dpar__g_conv_pool_exec(g, nd, li, y, a, b);
+    DPAR__G_ELEM_CASES:
+        return dpar__g_exec_elem(g, li, nd, y, a, b);
     default: return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "no lowering for op kind %d", nd->kind);
     }
     /* the 2-d views back to the nodes' shapes (a param's shard must keep its shape) */
@@ -9679,22 +9729,19 @@ static int dpar__trace_pid(const dpar_runtime *rt) {
 }
 
 static const char *dpar__op_name(dpar__op_kind k) {
-    static const char *const names[DPAR__OP_COUNT + 1] = { "matmul",        "bias_add",     "bias_grad", "relu",
-                                                           "relu_backward", "softmax_xent", "mse",       "axpy",
-                                                           "scale",         "fill",         "copy",      "cast",
-                                                           "sum",           "sum_squares",  "sgd",
-                                                           /* >>norm-attn kinds */
-                                                           "norm", "norm_backward", "matmul_batched", "attention",
-                                                           "attention_backward_q", "attention_backward_kv",
-                                                           /* >>optim kinds */
-                                                           "adamw", "embedding", "embedding_backward", "dropout",
-                                                           /* >>elementwise kinds */
-                                                           "unary", "unary_backward", "binary", "reduce", "where",
-                                                           "softmax", "softmax_backward", "strided_copy",
-                                                           /* >>conv-pool kinds */
-                                                           "conv2d", "conv2d_backward_input", "conv2d_backward_kernel",
-                                                           "avg_pool2d", "avg_pool2d_backward", "max_pool2d",
-                                                           "max_pool2d_backward", "op" };
+    static const char *const names[DPAR__OP_COUNT + 1] = {
+        "matmul", "bias_add", "bias_grad", "relu", "relu_backward", "softmax_xent", "mse", "axpy", "scale", "fill",
+        "copy", "cast", "sum", "sum_squares", "sgd",
+        /* >>norm-attn kinds */
+        "norm", "norm_backward", "matmul_batched", "attention", "attention_backward_q", "attention_backward_kv",
+        /* >>optim kinds */
+        "adamw", "embedding", "embedding_backward", "dropout",
+        /* >>elementwise kinds */
+        "unary", "unary_backward", "binary", "reduce", "where", "softmax", "softmax_backward", "strided_copy",
+        /* >>conv-pool kinds */
+        "conv2d", "conv2d_backward_input", "conv2d_backward_kernel", "avg_pool2d", "avg_pool2d_backward", "max_pool2d",
+        "max_pool2d_backward", "op"
+    };
     return (int)k >= 0 && (int)k < (int)DPAR__OP_COUNT && names[k] ? names[k] : "op";
 }
 
@@ -10627,7 +10674,7 @@ static dpar_status dpar__cpu_op_binary(dpar__cpu *c, int dev, const dpar__op *op
                 const float *b = x1 + p[13] + i0 * p[8] + i1 * p[9] + i2 * p[10];
                 for (int64_t i3 = 0; i3 < p[3]; i3++, o++) {
                     float va = a[i3 * p[7]], vb = b[i3 * p[11]];
-                    *o = bop == DPAR_BINARY_ADD ? va + vb
+                    *o = bop == DPAR_BINARY_ADD   ? va + vb
                          : bop == DPAR_BINARY_SUB ? va - vb
                          : bop == DPAR_BINARY_MUL ? va * vb
                                                   : va / vb;
@@ -11153,7 +11200,8 @@ static void dpar__cpu_norm_row(const float *x, int64_t n, int rms, float eps, do
 }
 static dpar_status dpar__cpu_op_norm(DPAR__CPU_OP_ARGS) {
     DPAR__CPU_OP_UNUSED;
-    const float *w = op->src1 ? (const float *)op->src1->mem : NULL, *b = op->src2 ? (const float *)op->src2->mem : NULL;
+    const float *w = op->src1 ? (const float *)op->src1->mem : NULL,
+                *b = op->src2 ? (const float *)op->src2->mem : NULL;
     float *st = op->dst2 ? (float *)op->dst2->mem : NULL;
     int64_t n = op->n;
     for (int64_t i = 0; i < op->m; i++) {
@@ -11178,7 +11226,8 @@ static dpar_status dpar__cpu_op_norm_bwd(DPAR__CPU_OP_ARGS) {
     float *dw = op->dst2 ? (float *)op->dst2->mem : NULL, *db = op->dst3 ? (float *)op->dst3->mem : NULL;
     int64_t n = op->n;
     double *acc = (double *)DPAR_MALLOC((size_t)(2 * n + 1) * sizeof(double)); /* dw, db sums */
-    if (!acc) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "norm backward: out of host memory (%lld columns)", (long long)n);
+    if (!acc)
+        return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "norm backward: out of host memory (%lld columns)", (long long)n);
     memset(acc, 0, (size_t)(2 * n + 1) * sizeof(double));
     for (int64_t i = 0; i < op->m; i++) { /* row i of dy is read before row i of dx is written (dx may alias dy) */
         const float *dyr = x0 + i * n, *xr = x1 + i * n;
@@ -11231,8 +11280,9 @@ static dpar__attn_geo dpar__attn_geo_of(const dpar__op *op) {
 }
 static float *dpar__attn_scratch(const dpar__attn_geo *g, const char *fn) {
     float *p = (float *)DPAR_MALLOC((size_t)(2 * g->rb * g->tk + 1) * sizeof(float));
-    if (!p) dpar__err(DPAR_ERR_OUT_OF_MEMORY, "%s: out of host memory (%lld x %lld scores)", fn, (long long)g->rb,
-                      (long long)g->tk);
+    if (!p)
+        dpar__err(DPAR_ERR_OUT_OF_MEMORY, "%s: out of host memory (%lld x %lld scores)", fn, (long long)g->rb,
+                  (long long)g->tk);
     return p;
 }
 /* P[r, j] = exp(scale q_i . k_j - lse_i) for query rows i = i0 + r < i1, keys j < nk (ld nk); zero past
@@ -11280,8 +11330,8 @@ static dpar_status dpar__cpu_op_attn(DPAR__CPU_OP_ARGS) {
 static void dpar__attn_dscores(dpar__cpu *c, int dev, const dpar__attn_geo *g, int64_t b, int64_t i0, int64_t i1,
                                int64_t nk, const float *dO, const float *V, float *st, int st_d, const float *P,
                                float *dS) {
-    dpar__cpu_sgemm(c, dev, i1 - i0, nk, g->dv, 0, 1, 1.0f, dO + (b * g->tq + i0) * g->dv, V + b * g->tk * g->dv,
-                    0.0f, dS);
+    dpar__cpu_sgemm(c, dev, i1 - i0, nk, g->dv, 0, 1, 1.0f, dO + (b * g->tq + i0) * g->dv, V + b * g->tk * g->dv, 0.0f,
+                    dS);
     for (int64_t i = i0; i < i1; i++) {
         const float *pr = P + (i - i0) * nk;
         float *dr = dS + (i - i0) * nk;
@@ -11325,7 +11375,7 @@ static dpar_status dpar__cpu_op_attn_bwd_kv(DPAR__CPU_OP_ARGS) {
     float *P = dpar__attn_scratch(&g, "dpar_attention_backward");
     if (!P) return DPAR_ERR_OUT_OF_MEMORY;
     float *dS = P + g.rb * g.tk;
-    if (dk) memset(dk, 0, (size_t)(g.bh * g.tk * g.d) * sizeof(float));   /* keys no query sees get 0 */
+    if (dk) memset(dk, 0, (size_t)(g.bh * g.tk * g.d) * sizeof(float)); /* keys no query sees get 0 */
     if (dv) memset(dv, 0, (size_t)(g.bh * g.tk * g.dv) * sizeof(float));
     for (int64_t b = 0; b < g.bh; b++)
         for (int64_t i0 = 0; i0 < g.tq; i0 += g.rb) {
@@ -11338,8 +11388,8 @@ static dpar_status dpar__cpu_op_attn_bwd_kv(DPAR__CPU_OP_ARGS) {
                                 i0 ? 1.0f : 0.0f, dk + b * g.tk * g.d);
             }
             if (dv)
-                dpar__cpu_sgemm(c, dev, nk, g.dv, i1 - i0, 1, 0, 1.0f, P, x0 + (b * g.tq + i0) * g.dv,
-                                i0 ? 1.0f : 0.0f, dv + b * g.tk * g.dv);
+                dpar__cpu_sgemm(c, dev, nk, g.dv, i1 - i0, 1, 0, 1.0f, P, x0 + (b * g.tq + i0) * g.dv, i0 ? 1.0f : 0.0f,
+                                dv + b * g.tk * g.dv);
         }
     DPAR_FREE(P);
     return DPAR_OK;
@@ -11448,18 +11498,18 @@ static const dpar__cpu_op_fn dpar__cpu_ops[] = {
     dpar__cpu_op_attn_bwd_q,     /* DPAR__OP_ATTN_BWD_Q */
     dpar__cpu_op_attn_bwd_kv,    /* DPAR__OP_ATTN_BWD_KV */
     /* >>optim kinds */
-    dpar__cpu_op_adamw,        /* DPAR__OP_ADAMW */
-    dpar__cpu_op_embed,        /* DPAR__OP_EMBED */
-    dpar__cpu_op_embed_bwd,    /* DPAR__OP_EMBED_BWD */
-    dpar__cpu_op_dropout,      /* DPAR__OP_DROPOUT */
-    dpar__cpu_op_unary,        /* DPAR__OP_UNARY */
-    dpar__cpu_op_unary,        /* DPAR__OP_UNARY_BWD */
-    dpar__cpu_op_binary,       /* DPAR__OP_BINARY */
-    dpar__cpu_op_reduce,       /* DPAR__OP_REDUCE */
-    dpar__cpu_op_where,        /* DPAR__OP_WHERE */
-    dpar__cpu_op_softmax,      /* DPAR__OP_SOFTMAX */
-    dpar__cpu_op_softmax,      /* DPAR__OP_SOFTMAX_BWD */
-    dpar__cpu_op_strided,      /* DPAR__OP_STRIDED */
+    dpar__cpu_op_adamw,     /* DPAR__OP_ADAMW */
+    dpar__cpu_op_embed,     /* DPAR__OP_EMBED */
+    dpar__cpu_op_embed_bwd, /* DPAR__OP_EMBED_BWD */
+    dpar__cpu_op_dropout,   /* DPAR__OP_DROPOUT */
+    dpar__cpu_op_unary,     /* DPAR__OP_UNARY */
+    dpar__cpu_op_unary,     /* DPAR__OP_UNARY_BWD */
+    dpar__cpu_op_binary,    /* DPAR__OP_BINARY */
+    dpar__cpu_op_reduce,    /* DPAR__OP_REDUCE */
+    dpar__cpu_op_where,     /* DPAR__OP_WHERE */
+    dpar__cpu_op_softmax,   /* DPAR__OP_SOFTMAX */
+    dpar__cpu_op_softmax,   /* DPAR__OP_SOFTMAX_BWD */
+    dpar__cpu_op_strided,   /* DPAR__OP_STRIDED */
     /* >>conv-pool kinds */
     dpar__cpu_op_conv2d,            /* DPAR__OP_CONV2D */
     dpar__cpu_op_conv2d_bwd_input,  /* DPAR__OP_CONV2D_BWD_INPUT */

@@ -256,23 +256,19 @@ typedef enum {
     DPAR__CUK_COUNT
 } dpar__cuk;
 static const char *const dpar__cuk_names[DPAR__CUK_COUNT] = {
-    "dpar_k_scale",       "dpar_k_axpy",         "dpar_k_relu",
-    "dpar_k_relu_bwd",    "dpar_k_bias_add",     "dpar_k_bias_grad",
-    "dpar_k_cast",        "dpar_k_sgd",          "dpar_k_reduce_partial",
-    "dpar_k_mse_partial", "dpar_k_reduce_final", "dpar_k_xent_rows",
-    "dpar_k_vreduce",     "dpar_k_to_key",       "dpar_k_from_key",
-    "dpar_k_div_i32",     "dpar_k_copy_nd",      "dpar_k_reduce_partial_f64",
-    "dpar_k_unary",       "dpar_k_binary",       "dpar_k_reduce_axes",
-    "dpar_k_where",       "dpar_k_softmax",      "dpar_k_strided",
+    "dpar_k_scale", "dpar_k_axpy", "dpar_k_relu", "dpar_k_relu_bwd", "dpar_k_bias_add", "dpar_k_bias_grad",
+    "dpar_k_cast", "dpar_k_sgd", "dpar_k_reduce_partial", "dpar_k_mse_partial", "dpar_k_reduce_final",
+    "dpar_k_xent_rows", "dpar_k_vreduce", "dpar_k_to_key", "dpar_k_from_key", "dpar_k_div_i32", "dpar_k_copy_nd",
+    "dpar_k_reduce_partial_f64", "dpar_k_unary", "dpar_k_binary", "dpar_k_reduce_axes", "dpar_k_where",
+    "dpar_k_softmax", "dpar_k_strided",
     /* >>norm-attn kernels */
     "dpar_k_norm_fwd", "dpar_k_norm_bwd", "dpar_k_norm_wgrad", "dpar_k_attn_fwd", "dpar_k_attn_bwd_q",
     "dpar_k_attn_bwd_kv",
     /* >>conv-pool kernels */
     "dpar_k_conv2d", "dpar_k_conv2d_dx", "dpar_k_conv2d_dw", "dpar_k_pool2d", "dpar_k_pool2d_bwd",
     /* kernels/optim.cu */
-    "dpar_k_adamw",       "dpar_k_check_index",  "dpar_k_count_rows",
-    "dpar_k_xent_ignore_rows", "dpar_k_div_final", "dpar_k_embed",
-    "dpar_k_embed_bwd",   "dpar_k_dropout"
+    "dpar_k_adamw", "dpar_k_check_index", "dpar_k_count_rows", "dpar_k_xent_ignore_rows", "dpar_k_div_final",
+    "dpar_k_embed", "dpar_k_embed_bwd", "dpar_k_dropout"
 };
 
 enum {
@@ -1306,8 +1302,8 @@ static dpar_status dpar__cu_op_norm(dpar__cu_state *st, int dev, const dpar__op 
     dpar_status e;
     if (d2 || d3) { /* dw, db first: dx may alias dy */
         void *args[] = { &a, &b, &x3, &d2, &d3, &m, &n };
-        if (n > 0 && (e = dpar__cu_launch(st, dev, DPAR__CUK_NORM_WGRAD, dpar__cu_grid(n, 1, 8192), DPAR__CU_BLOCK, s,
-                                          args)))
+        if (n > 0 &&
+            (e = dpar__cu_launch(st, dev, DPAR__CUK_NORM_WGRAD, dpar__cu_grid(n, 1, 8192), DPAR__CU_BLOCK, s, args)))
             return e;
     }
     void *args[] = { &a, &b, &w, &x3, &y, &m, &n, &rms };
@@ -1332,13 +1328,14 @@ static dpar_status dpar__cu_op_matmul_batched(dpar__cu_state *st, int dev, const
         return dpar__cu_launch(st, dev, DPAR__CUK_SCALE, dpar__cu_grid(cnt, 16, 8192), DPAR__CU_BLOCK, d->compute,
                                args);
     }
-    int ta = op->trans_a ? DPAR__CUBLAS_OP_T : DPAR__CUBLAS_OP_N, tb = op->trans_b ? DPAR__CUBLAS_OP_T : DPAR__CUBLAS_OP_N;
+    int ta = op->trans_a ? DPAR__CUBLAS_OP_T : DPAR__CUBLAS_OP_N,
+        tb = op->trans_b ? DPAR__CUBLAS_OP_T : DPAR__CUBLAS_OP_N;
     int lda = (int)(op->trans_a ? M : K), ldb = (int)(op->trans_b ? K : N);
     for (int64_t i = 0; i < nb; i++) { /* row-major via swapped operands, as dpar__cu_matmul */
         const float *Ai = (const float *)(uintptr_t)A + i * op->p[1], *Bi = (const float *)(uintptr_t)B + i * op->p[2];
         float *Ci = (float *)(uintptr_t)C + i * op->p[3];
-        int r = dpar__cu.cublasSgemm(d->blas, tb, ta, (int)N, (int)M, (int)K, &alpha, Bi, ldb, Ai, lda, &beta, Ci,
-                                     (int)N);
+        int r =
+            dpar__cu.cublasSgemm(d->blas, tb, ta, (int)N, (int)M, (int)K, &alpha, Bi, ldb, Ai, lda, &beta, Ci, (int)N);
         if (r != 0) return dpar__blas_fail(dev, "cublasSgemm (matmul_batched)", r);
     }
     return DPAR_OK;
@@ -1476,8 +1473,19 @@ static dpar_status dpar__cu_op_optim(dpar__cu_state *st, int dev, const dpar__op
     case DPAR__OP_ADAMW: {
         dpar__CUdeviceptr m1 = DPAR__CU_PTR(op->dst2), m2 = DPAR__CU_PTR(op->dst3);
         const float *f = op->f;
-        void *args[] = { &dst, &m1, &m2, &a, &n, (void *)&f[0], (void *)&f[1], (void *)&f[2], (void *)&f[3],
-                         (void *)&f[4], (void *)&f[5], (void *)&f[6], (void *)&f[7] };
+        void *args[] = { &dst,
+                         &m1,
+                         &m2,
+                         &a,
+                         &n,
+                         (void *)&f[0],
+                         (void *)&f[1],
+                         (void *)&f[2],
+                         (void *)&f[3],
+                         (void *)&f[4],
+                         (void *)&f[5],
+                         (void *)&f[6],
+                         (void *)&f[7] };
         if (n == 0) return DPAR_OK;
         return dpar__cu_launch(st, dev, DPAR__CUK_ADAMW, dpar__cu_grid(n, 4, 8192), DPAR__CU_BLOCK, s, args);
     }

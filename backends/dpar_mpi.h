@@ -1078,7 +1078,8 @@ static void dpar__mpi_agree_abandon(dpar_runtime *rt, dpar__mpi *mp) {
     pthread_mutex_lock(&mp->mu);
     for (int q = 0; q < mp->size; q++) {
         MPI_Request nr = MPI_REQUEST_NULL;
-        if (q != rt->proc && MPI_Isend(mp->agree_notice, 2, MPI_INT, q, DPAR__MPI_TAG_GAVE_UP, mp->comm, &nr) == MPI_SUCCESS)
+        if (q != rt->proc &&
+            MPI_Isend(mp->agree_notice, 2, MPI_INT, q, DPAR__MPI_TAG_GAVE_UP, mp->comm, &nr) == MPI_SUCCESS)
             MPI_Request_free(&nr);
     }
     pthread_mutex_unlock(&mp->mu);

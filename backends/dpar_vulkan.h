@@ -1661,8 +1661,8 @@ static dpar_status dpar__vk_op_attn(dpar__vk *st, int dev, const dpar__op *op, d
    atomics: deterministic). The dpar__win2d geometry goes in the push
    constants' p[]. Bindings: 0 dst, 2 src0, 3 src1, 5 src2 (the bias). */
 static dpar_status dpar__vk_op_conv_pool(dpar__vk *st, int dev, const dpar__op *op, dpar__vkpc *pc) {
-    static const int ids[] = { DPAR__SPV_CONV2D,  DPAR__SPV_CONV2D_BWD_INPUT, DPAR__SPV_CONV2D_BWD_KERNEL,
-                               DPAR__SPV_POOL2D,  DPAR__SPV_POOL2D_BWD,       DPAR__SPV_POOL2D,
+    static const int ids[] = { DPAR__SPV_CONV2D,    DPAR__SPV_CONV2D_BWD_INPUT, DPAR__SPV_CONV2D_BWD_KERNEL,
+                               DPAR__SPV_POOL2D,    DPAR__SPV_POOL2D_BWD,       DPAR__SPV_POOL2D,
                                DPAR__SPV_POOL2D_BWD };
     int k = (int)op->kind - (int)DPAR__OP_CONV2D; /* the seven kinds are consecutive, in this order */
     dpar__vkbuf *b[DPAR__VK_BINDINGS] = { NULL };

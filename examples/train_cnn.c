@@ -41,17 +41,28 @@ static int cnn_parse(int argc, char **argv, cnn_opts *o) {
             fprintf(stderr, "train_cnn: %s needs a value\n", a);
             return 2;
         }
-        if (!strcmp(a, "--backend")) o->backend = v;
-        else if (!strcmp(a, "--data")) o->path = v;
-        else if (!strcmp(a, "--optimizer")) o->optimizer = v;
-        else if (!strcmp(a, "--devices")) o->devices = atoi(v);
-        else if (!strcmp(a, "--epochs")) o->epochs = atoi(v);
-        else if (!strcmp(a, "--batch")) o->batch = atoi(v);
-        else if (!strcmp(a, "--seed")) o->seed = atoi(v);
-        else if (!strcmp(a, "--steps")) o->steps = atoi(v);
-        else if (!strcmp(a, "--lr")) o->lr = (float)atof(v);
-        else if (!strcmp(a, "--weight-decay")) o->weight_decay = (float)atof(v);
-        else if (!strcmp(a, "--momentum")) o->momentum = (float)atof(v);
+        if (!strcmp(a, "--backend"))
+            o->backend = v;
+        else if (!strcmp(a, "--data"))
+            o->path = v;
+        else if (!strcmp(a, "--optimizer"))
+            o->optimizer = v;
+        else if (!strcmp(a, "--devices"))
+            o->devices = atoi(v);
+        else if (!strcmp(a, "--epochs"))
+            o->epochs = atoi(v);
+        else if (!strcmp(a, "--batch"))
+            o->batch = atoi(v);
+        else if (!strcmp(a, "--seed"))
+            o->seed = atoi(v);
+        else if (!strcmp(a, "--steps"))
+            o->steps = atoi(v);
+        else if (!strcmp(a, "--lr"))
+            o->lr = (float)atof(v);
+        else if (!strcmp(a, "--weight-decay"))
+            o->weight_decay = (float)atof(v);
+        else if (!strcmp(a, "--momentum"))
+            o->momentum = (float)atof(v);
         else {
             fprintf(stderr, "train_cnn: unknown flag %s\n", a);
             return 2;
@@ -76,11 +87,11 @@ static int cnn_parse(int argc, char **argv, cnn_opts *o) {
 
 /* ------------------------------------------------------------------ model */
 enum { C1W, C1B, C2W, C2B, D1W, D1B, D2W, D2B, NPARAM };
-static const char *const param_name[NPARAM] = { "conv1.w", "conv1.b", "conv2.w", "conv2.b",
+static const char *const param_name[NPARAM] = { "conv1.w",  "conv1.b",  "conv2.w",  "conv2.b",
                                                 "dense1.w", "dense1.b", "dense2.w", "dense2.b" };
 static const int param_ndim[NPARAM] = { 4, 1, 4, 1, 2, 1, 2, 1 };
 static const int64_t param_shape[NPARAM][4] = { { 3, 3, 1, 32 }, { 32 },  { 3, 3, 32, 64 }, { 64 },
-                                                { 3136, 256 },   { 256 }, { 256, NCLASS },   { NCLASS } };
+                                                { 3136, 256 },   { 256 }, { 256, NCLASS },  { NCLASS } };
 
 /* Replicated parameters; weights LeCun-uniform (bound sqrt(3 / fan_in), the
    variance of flax's lecun_normal) drawn in order from the seeded stream,
@@ -115,7 +126,7 @@ static dpar_value cnn_forward(dpar_graph *g, const dpar_value p[NPARAM], dpar_va
     h = dpar_g_avg_pool2d(g, h, &pool);                                       /* [b, 7, 7, 64] */
     h = dpar_g_reshape(g, h, 2, (int64_t[]){ b, 7 * 7 * 64 });                /* flatten (h, w, c) */
     h = dpar_g_relu(g, dpar_g_bias_add(g, dpar_g_matmul(g, h, p[D1W], false, false), p[D1B])); /* [b, 256] */
-    return dpar_g_bias_add(g, dpar_g_matmul(g, h, p[D2W], false, false), p[D2B]);               /* [b, 10] */
+    return dpar_g_bias_add(g, dpar_g_matmul(g, h, p[D2W], false, false), p[D2B]);              /* [b, 10] */
 }
 
 /* The training step as a graph: feeds x [batch, 28, 28, 1] and y [batch]
@@ -135,11 +146,12 @@ static dpar_status cnn_train_graph(dpar_mesh *mesh, dpar_array *const param[NPAR
     dpar_value loss = dpar_g_softmax_xent(g, cnn_forward(g, p, *x, o->batch / o->devices), *y);
     if ((s = dpar_graph_value_and_grad(g, loss, p, NPARAM, grad))) return s;
     if (!strcmp(o->optimizer, "sgd"))
-        s = dpar_graph_sgd(g, &(dpar_sgd_desc){ .learning_rate = o->lr, .momentum = o->momentum,
-                                               .weight_decay = o->weight_decay }, p, grad, NPARAM);
+        s = dpar_graph_sgd(
+            g, &(dpar_sgd_desc){ .learning_rate = o->lr, .momentum = o->momentum, .weight_decay = o->weight_decay }, p,
+            grad, NPARAM);
     else
-        s = dpar_graph_adamw(g, &(dpar_adamw_desc){ .learning_rate = o->lr, .weight_decay = o->weight_decay }, p,
-                             grad, NPARAM);
+        s = dpar_graph_adamw(g, &(dpar_adamw_desc){ .learning_rate = o->lr, .weight_decay = o->weight_decay }, p, grad,
+                             NPARAM);
     return s ? s : dpar_graph_compile(g, NULL);
 }
 
@@ -150,8 +162,8 @@ static dpar_status cnn_eval_graph(dpar_mesh *mesh, dpar_array *const param[NPARA
     dpar_status s = dpar_graph_create(mesh, &g);
     if (s) return s;
     *out = g;
-    *x = dpar_g_feed(g, "x_test", &(dpar_array_desc){ DPAR_F32, 4, { MNIST_NTEST, MNIST_SIDE, MNIST_SIDE, 1 },
-                                                     { "data" } });
+    *x = dpar_g_feed(g, "x_test",
+                     &(dpar_array_desc){ DPAR_F32, 4, { MNIST_NTEST, MNIST_SIDE, MNIST_SIDE, 1 }, { "data" } });
     dpar_value p[NPARAM];
     for (int i = 0; i < NPARAM; i++) p[i] = dpar_g_param(g, param_name[i], param[i]);
     *logits = cnn_forward(g, p, *x, MNIST_NTEST / devices);
@@ -180,8 +192,15 @@ static dpar_status cnn_accuracy(dpar_graph *g, dpar_value x, dpar_value logits, 
 
 /* ------------------------------------------------------------------ main */
 int main(int argc, char **argv) {
-    cnn_opts o = { .backend = "cpu", .path = "examples/data/mnist_5k.csv.gz", .optimizer = "adamw", .devices = 4,
-                   .epochs = 10, .batch = 64, .seed = 42, .weight_decay = 1e-4f, .momentum = 0.9f };
+    cnn_opts o = { .backend = "cpu",
+                   .path = "examples/data/mnist_5k.csv.gz",
+                   .optimizer = "adamw",
+                   .devices = 4,
+                   .epochs = 10,
+                   .batch = 64,
+                   .seed = 42,
+                   .weight_decay = 1e-4f,
+                   .momentum = 0.9f };
     if (cnn_parse(argc, argv, &o)) return 2;
     digits_prog = "train_cnn";
     dpar_runtime_desc rd = { .num_devices = o.devices };
@@ -211,8 +230,9 @@ int main(int argc, char **argv) {
     if (o.steps && o.steps < steps) steps = o.steps;
     printf("backend %s, %d device(s): %s\n", o.backend, o.devices, info.name);
     printf("data: %d train, %d test images; CNN, %lld parameters; batch %d (%d per device), %d steps per epoch; "
-           "%s lr %g weight decay %g\n", md.ntrain, md.ntest, (long long)nparam, o.batch, o.batch / o.devices, steps,
-           o.optimizer, (double)o.lr, (double)o.weight_decay);
+           "%s lr %g weight decay %g\n",
+           md.ntrain, md.ntest, (long long)nparam, o.batch, o.batch / o.devices, steps, o.optimizer, (double)o.lr,
+           (double)o.weight_decay);
 
     float *xb = malloc((size_t)o.batch * MNIST_PIX * sizeof(float));
     float *x_test = malloc((size_t)MNIST_NTEST * MNIST_PIX * sizeof(float));

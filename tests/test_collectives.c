@@ -1080,8 +1080,8 @@ static void test_i32_wrap(void **st) {
     dpar_shard_map_desc sd = { .fn = i32_fn, .user = &w };
     T_OK(dpar_shard_map(m, &sd));
     for (int d = 0; d < 2; d++) {
-        assert_int_equal(w.out[DPAR_SUM][d][0], INT32_MIN);        /* INT32_MAX + 1 wraps */
-        assert_int_equal(w.out[DPAR_SUM][d][1], INT32_MAX);        /* INT32_MIN - 1 wraps */
+        assert_int_equal(w.out[DPAR_SUM][d][0], INT32_MIN); /* INT32_MAX + 1 wraps */
+        assert_int_equal(w.out[DPAR_SUM][d][1], INT32_MAX); /* INT32_MIN - 1 wraps */
         assert_int_equal(w.out[DPAR_MAX][d][0], INT32_MAX);
         assert_int_equal(w.out[DPAR_MIN][d][1], INT32_MIN);
     }
@@ -1140,8 +1140,9 @@ static dpar_status order_fn(dpar_ctx *ctx, void *user) {
         (s = dpar_ctx_buffer(ctx, DPAR_F32, 1, &nn, &a2a)) || (s = dpar_ctx_buffer(ctx, DPAR_F32, 1, &one, &b)) ||
         (s = dpar_ctx_buffer(ctx, DPAR_F32, 1, &one, &p)) || (s = dpar_buffer_write(x, 0, &v, 4)) ||
         (s = dpar_buffer_write(big, 0, vn, (size_t)n * 4)) || (s = dpar_all_gather(ctx, g, x, j->axes, 0, true)) ||
-        (s = dpar_psum_scatter(ctx, sc, big, j->axes, 0, true)) || (s = dpar_all_to_all(ctx, a2a, big, j->axes, 0, 0)) ||
-        (s = dpar_pbroadcast(ctx, b, x, j->axes, 1)) || (s = dpar_ppermute(ctx, p, x, j->axes, pairs, n)) ||
+        (s = dpar_psum_scatter(ctx, sc, big, j->axes, 0, true)) ||
+        (s = dpar_all_to_all(ctx, a2a, big, j->axes, 0, 0)) || (s = dpar_pbroadcast(ctx, b, x, j->axes, 1)) ||
+        (s = dpar_ppermute(ctx, p, x, j->axes, pairs, n)) ||
         (s = dpar_buffer_read(g, 0, j->gather[d], (size_t)n * 4)) || (s = dpar_buffer_read(sc, 0, &j->scatter[d], 4)) ||
         (s = dpar_buffer_read(a2a, 0, j->a2a[d], (size_t)n * 4)) || (s = dpar_buffer_read(b, 0, &j->bcast[d], 4)))
         return s;

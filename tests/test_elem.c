@@ -38,12 +38,12 @@ static int close_to(double got, double want, double rtol, double atol) {
     if (isinf(want)) return got == want;
     return fabs(got - want) <= atol + rtol * fabs(want);
 }
-#define CHECK_CLOSE(got, want, rtol, atol, ...)                                                        \
-    do {                                                                                               \
-        if (!close_to((double)(got), (double)(want), rtol, atol)) {                                    \
-            printf(__VA_ARGS__);                                                                       \
+#define CHECK_CLOSE(got, want, rtol, atol, ...)                                                           \
+    do {                                                                                                  \
+        if (!close_to((double)(got), (double)(want), rtol, atol)) {                                       \
+            printf(__VA_ARGS__);                                                                          \
             fail_msg(" got %.9g want %.9g (rtol %g atol %g)", (double)(got), (double)(want), rtol, atol); \
-        }                                                                                              \
+        }                                                                                                 \
     } while (0)
 
 /* flat index into an operand of shape xs broadcast to shape ys, for flat y index i */
@@ -135,16 +135,26 @@ static void test_unary_exact(void **state) {
         dpar_unary_op u;
         float s, x, y;
     } rows[] = {
-        { DPAR_UNARY_NEG, 0, 2, -2 },          { DPAR_UNARY_EXP, 0, 0, 1 },
-        { DPAR_UNARY_LOG, 0, 1, 0 },           { DPAR_UNARY_SQRT, 0, 4, 2 },
-        { DPAR_UNARY_RSQRT, 0, 4, 0.5f },      { DPAR_UNARY_TANH, 0, 0, 0 },
-        { DPAR_UNARY_TANH, 0, 100, 1 },        { DPAR_UNARY_SIGMOID, 0, 0, 0.5f },
-        { DPAR_UNARY_SIGMOID, 0, -200, 0 },    { DPAR_UNARY_GELU_TANH, 0, 0, 0 },
-        { DPAR_UNARY_GELU_ERF, 0, 0, 0 },      { DPAR_UNARY_GELU_ERF, 0, 40, 40 },
-        { DPAR_UNARY_SILU, 0, 0, 0 },          { DPAR_UNARY_SQUARE, 0, -3, 9 },
-        { DPAR_UNARY_ADD_SCALAR, 2, 1, 3 },    { DPAR_UNARY_MUL_SCALAR, 3, 2, 6 },
-        { DPAR_UNARY_RSUB_SCALAR, 1, 3, -2 },  { DPAR_UNARY_DIV_SCALAR, 4, 2, 0.5f },
-        { DPAR_UNARY_RDIV_SCALAR, 1, 4, 0.25f }, { DPAR_UNARY_POW_SCALAR, 3, 2, 8 },
+        { DPAR_UNARY_NEG, 0, 2, -2 },
+        { DPAR_UNARY_EXP, 0, 0, 1 },
+        { DPAR_UNARY_LOG, 0, 1, 0 },
+        { DPAR_UNARY_SQRT, 0, 4, 2 },
+        { DPAR_UNARY_RSQRT, 0, 4, 0.5f },
+        { DPAR_UNARY_TANH, 0, 0, 0 },
+        { DPAR_UNARY_TANH, 0, 100, 1 },
+        { DPAR_UNARY_SIGMOID, 0, 0, 0.5f },
+        { DPAR_UNARY_SIGMOID, 0, -200, 0 },
+        { DPAR_UNARY_GELU_TANH, 0, 0, 0 },
+        { DPAR_UNARY_GELU_ERF, 0, 0, 0 },
+        { DPAR_UNARY_GELU_ERF, 0, 40, 40 },
+        { DPAR_UNARY_SILU, 0, 0, 0 },
+        { DPAR_UNARY_SQUARE, 0, -3, 9 },
+        { DPAR_UNARY_ADD_SCALAR, 2, 1, 3 },
+        { DPAR_UNARY_MUL_SCALAR, 3, 2, 6 },
+        { DPAR_UNARY_RSUB_SCALAR, 1, 3, -2 },
+        { DPAR_UNARY_DIV_SCALAR, 4, 2, 0.5f },
+        { DPAR_UNARY_RDIV_SCALAR, 1, 4, 0.25f },
+        { DPAR_UNARY_POW_SCALAR, 3, 2, 8 },
     };
     int64_t one = 1;
     dpar_buffer *x = mk(g_rt, DPAR_F32, 1, &one), *y = mk(g_rt, DPAR_F32, 1, &one);
@@ -183,8 +193,7 @@ static void test_unary_grad(void **state) {
             double xd = xv[i], h = 1e-6 * (fabs(xd) + 1.0);
             double fp = ref_unary((dpar_unary_op)u, xd + h, scal), fm = ref_unary((dpar_unary_op)u, xd - h, scal);
             double fd = (fp - fm) / (2 * h);
-            CHECK_CLOSE(yv[i], ref_unary((dpar_unary_op)u, xd, scal), 2e-7, 1e-7, "unary %d forward at x=%g:", u,
-                        xd);
+            CHECK_CLOSE(yv[i], ref_unary((dpar_unary_op)u, xd, scal), 2e-7, 1e-7, "unary %d forward at x=%g:", u, xd);
             CHECK_CLOSE(dxv[i], wv[i] * fd, 1e-5, 1e-6, "unary %d backward at x=%g:", u, xd);
         }
     }
@@ -272,9 +281,9 @@ typedef struct rcase {
     int keep;
 } rcase;
 static const rcase g_rcases[] = {
-    { 2, { 3, 4 }, 1, { 1 }, 0 },       { 2, { 3, 4 }, 1, { 0 }, 1 },          { 3, { 2, 3, 4 }, 2, { 0, 2 }, 0 },
-    { 3, { 2, 3, 4 }, 1, { -2 }, 1 },   { 4, { 2, 3, 2, 3 }, 2, { 1, 3 }, 0 }, { 3, { 2, 0, 3 }, 1, { 1 }, 0 },
-    { 2, { 1, 5 }, 1, { 0 }, 0 },       { 3, { 2, 3, 4 }, -1, { 0 }, 0 },      { 1, { 9 }, 1, { 0 }, 1 },
+    { 2, { 3, 4 }, 1, { 1 }, 0 },     { 2, { 3, 4 }, 1, { 0 }, 1 },          { 3, { 2, 3, 4 }, 2, { 0, 2 }, 0 },
+    { 3, { 2, 3, 4 }, 1, { -2 }, 1 }, { 4, { 2, 3, 2, 3 }, 2, { 1, 3 }, 0 }, { 3, { 2, 0, 3 }, 1, { 1 }, 0 },
+    { 2, { 1, 5 }, 1, { 0 }, 0 },     { 3, { 2, 3, 4 }, -1, { 0 }, 0 },      { 1, { 9 }, 1, { 0 }, 1 },
 };
 /* y shape (keepdims or not) and, per x element, the y element it falls into and its index in the reduced set */
 static int rc_shape(const rcase *c, unsigned mask, int64_t *ysh) {
@@ -342,12 +351,13 @@ static void test_reduce(void **state) {
             get(yi, iv);
             for (int64_t j = 0; j < ny; j++) {
                 if (kind == DPAR_REDUCE_ARGMAX) {
-                    if (iv[j] != am[j]) fail_msg("case %zu argmax[%lld] = %d want %lld", k, (long long)j, iv[j],
-                                                 (long long)am[j]);
+                    if (iv[j] != am[j])
+                        fail_msg("case %zu argmax[%lld] = %d want %lld", k, (long long)j, iv[j], (long long)am[j]);
                     continue;
                 }
-                double want = kind == DPAR_REDUCE_SUM ? sum[j] : kind == DPAR_REDUCE_MEAN ? sum[j] / (double)rcount
-                                                                                          : mx[j];
+                double want = kind == DPAR_REDUCE_SUM    ? sum[j]
+                              : kind == DPAR_REDUCE_MEAN ? sum[j] / (double)rcount
+                                                         : mx[j];
                 CHECK_CLOSE(yv[j], (float)want, 0, 0, "case %zu kind %d y[%lld]:", k, kind, (long long)j);
             }
         }
@@ -629,10 +639,10 @@ static int64_t run_program(dpar_runtime *rt, float *out) {
     int64_t at = 0;
     uint32_t keep = g_seed;
     g_seed = 777u;
-#define OUT(buf)                                                       \
-    do {                                                               \
-        get(buf, out + at);                                            \
-        at += dpar_buffer_count(buf);                                  \
+#define OUT(buf)                      \
+    do {                              \
+        get(buf, out + at);           \
+        at += dpar_buffer_count(buf); \
     } while (0)
     int64_t sx[3] = { 3, 5, 67 }, sb[2] = { 1, 67 }, sr[2] = { 3, 67 }, s1[3] = { 3, 1, 67 };
     dpar_buffer *x = mk(rt, DPAR_F32, 3, sx), *y = mk(rt, DPAR_F32, 3, sx), *dy = mk(rt, DPAR_F32, 3, sx);
@@ -736,8 +746,7 @@ static void parity(dpar_backend_kind k) {
     assert_int_equal(n, m);
     assert_true(n < PROG_MAX);
     for (int64_t i = 0; i < n; i++)
-        CHECK_CLOSE(got[i], want[i], 2e-5, 2e-5, "%s: result %lld of the program:", dpar_backend_name(k),
-                    (long long)i);
+        CHECK_CLOSE(got[i], want[i], 2e-5, 2e-5, "%s: result %lld of the program:", dpar_backend_name(k), (long long)i);
     printf("%s: %lld results within 2e-5 of the cpu backend\n", dpar_backend_name(k), (long long)n);
     free(want);
     free(got);
@@ -755,14 +764,14 @@ static void test_parity_cuda(void **state) {
 /* ---- graph nodes: loss = dot(op(inputs), W), gradients against central differences ---------------- */
 typedef struct gcase {
     const char *name;
-    int nin;            /* f32 inputs, differentiated; cond (i32) of WHERE comes extra */
+    int nin; /* f32 inputs, differentiated; cond (i32) of WHERE comes extra */
     int nd[3];
     int64_t sh[3][4];
-    int op;             /* the case's dpar_*_op / kind / flag */
+    int op; /* the case's dpar_*_op / kind / flag */
 } gcase;
 enum { GC_UNARY, GC_BINARY, GC_WHERE, GC_REDUCE, GC_SOFTMAX, GC_TRANSPOSE, GC_BCAST, GC_SLICE, GC_PAD, GC_CONCAT };
 static const int32_t g_cond[3] = { 1, 0, 1 };
-static const int g_rax[3][2] = { { 1, 0 }, { 0, 2 }, { -1, 0 } };   /* reduce axes of op 0 (sum), 1 (mean), 2 (max) */
+static const int g_rax[3][2] = { { 1, 0 }, { 0, 2 }, { -1, 0 } }; /* reduce axes of op 0 (sum), 1 (mean), 2 (max) */
 static const int g_perm[3] = { 2, 0, 1 };
 static const int64_t g_start[2] = { 1, 0 }, g_step[2] = { 2, 1 }, g_sizes[2] = { 2, 3 }, g_lo[2] = { 1, 0 },
                      g_hi[2] = { 0, 2 }, g_b3[2] = { 2, 3 };
@@ -799,8 +808,7 @@ static void g_ref(int k, const gcase *c, double *const *x, double *out, int64_t 
         *n = cnt(ynd, yy);
         for (int64_t i = 0; i < *n; i++) {
             double a = x[0][bidx(ynd, yy, c->nd[0], s0, i)], b = x[1][bidx(ynd, yy, c->nd[1], s1, i)];
-            out[i] = k == GC_BINARY ? ref_binary((dpar_binary_op)c->op, a, b)
-                                    : (g_cond[bidx(2, yw, 2, cs, i)] ? a : b);
+            out[i] = k == GC_BINARY ? ref_binary((dpar_binary_op)c->op, a, b) : (g_cond[bidx(2, yw, 2, cs, i)] ? a : b);
         }
         return;
     }
@@ -1020,8 +1028,10 @@ static void test_threads_bitwise(void **state) {
     dpar_runtime *r1 = t_runtime(DPAR_BACKEND_CPU, 1);
     setenv("DPAR_CPU_THREADS", "3", 1);
     dpar_runtime *r3 = t_runtime(DPAR_BACKEND_CPU, 1);
-    if (old) setenv("DPAR_CPU_THREADS", keep, 1);
-    else unsetenv("DPAR_CPU_THREADS");
+    if (old)
+        setenv("DPAR_CPU_THREADS", keep, 1);
+    else
+        unsetenv("DPAR_CPU_THREADS");
     threads_program(r1, a);
     threads_program(r3, b);
     assert_memory_equal(a, b, N * sizeof(float));

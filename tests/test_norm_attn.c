@@ -101,7 +101,7 @@ typedef struct norm_io {
     int rms;
     int64_t m, n;
     float eps;
-    float *x, *w, *b, *dy;      /* inputs (w, b may be NULL) */
+    float *x, *w, *b, *dy;        /* inputs (w, b may be NULL) */
     float *y, *st, *dx, *dw, *db; /* outputs */
 } norm_io;
 static void norm_run(dpar_runtime *rt, norm_io *io) {
@@ -301,8 +301,8 @@ static void test_norm_errors(void **state) {
 }
 
 /* ---- batched matmul --------------------------------------------------------- */
-static void bmm_alloc(bmm_io *io, int64_t nb, int64_t m, int64_t k, int64_t n, int ta, int tb, int shared,
-                      float alpha, float beta) {
+static void bmm_alloc(bmm_io *io, int64_t nb, int64_t m, int64_t k, int64_t n, int ta, int tb, int shared, float alpha,
+                      float beta) {
     io->nb = nb, io->m = m, io->k = k, io->n = n, io->ta = ta, io->tb = tb, io->shared_b = shared;
     io->alpha = alpha, io->beta = beta;
     io->a = fa(nb * m * k), io->b = fa(nb * k * n), io->c0 = fa(nb * m * n), io->c = fa(nb * m * n);
@@ -378,7 +378,8 @@ static void test_attention_one_token_returns_v(void **state) {
         attn_alloc(&io, (geo){ 3, 1, 1, 5, 4, causal, 0.0f }, 31, 0);
         attn_run(RT, &io);
         for (int64_t i = 0; i < 3 * 4; i++)
-            if (io.out[i] != io.v[i]) fail_msg("one token: out[%lld] = %.9g, want v %.9g", (long long)i, io.out[i], io.v[i]);
+            if (io.out[i] != io.v[i])
+                fail_msg("one token: out[%lld] = %.9g, want v %.9g", (long long)i, io.out[i], io.v[i]);
         attn_free(&io);
     }
 }
@@ -402,7 +403,8 @@ static void test_attention_causal_mask(void **state) {
             for (int64_t e = 0; e < g.dv; e++) {
                 int64_t x = (bb * g.tq + i) * g.dv + e;
                 int same = a.out[x] == b.out[x];
-                if (i <= t && !same) fail_msg("causal: row %lld changed when keys after %lld changed", (long long)i, (long long)t);
+                if (i <= t && !same)
+                    fail_msg("causal: row %lld changed when keys after %lld changed", (long long)i, (long long)t);
                 if (i > t && same) fail_msg("causal: row %lld ignores keys up to itself", (long long)i);
             }
     attn_free(&a);
@@ -517,8 +519,13 @@ static int64_t gout_count(const gcase *c) {
 static void gref(const gcase *c, double *const *x, double *out) {
     if (c->kind == 3) {
         int r = c->ndim[0];
-        geo g = { gcount(c, 0) / (c->shape[0][r - 1] * c->shape[0][r - 2]), c->shape[0][r - 2], c->shape[1][r - 2],
-                  c->shape[0][r - 1], c->shape[2][r - 1], c->p0, (float)(1.0 / sqrt((double)c->shape[0][r - 1])) };
+        geo g = { gcount(c, 0) / (c->shape[0][r - 1] * c->shape[0][r - 2]),
+                  c->shape[0][r - 2],
+                  c->shape[1][r - 2],
+                  c->shape[0][r - 1],
+                  c->shape[2][r - 1],
+                  c->p0,
+                  (float)(1.0 / sqrt((double)c->shape[0][r - 1])) };
         ref_attn(out, x[0], x[1], x[2], g);
         return;
     }
@@ -704,8 +711,11 @@ static void parity(dpar_backend_kind kind) {
             bmm_free(&a);
             bmm_free(&b);
         }
-    const geo gs[] = { { 2, 5, 5, 4, 3, 1, 0.0f }, { 1, 70, 70, 17, 9, 1, 0.0f }, { 2, 4, 6, 3, 2, 0, 0.5f },
-                       { 1, 1, 1, 8, 8, 1, 0.0f }, { 1, 3, 130, 5, 4, 0, 0.0f } };
+    const geo gs[] = { { 2, 5, 5, 4, 3, 1, 0.0f },
+                       { 1, 70, 70, 17, 9, 1, 0.0f },
+                       { 2, 4, 6, 3, 2, 0, 0.5f },
+                       { 1, 1, 1, 8, 8, 1, 0.0f },
+                       { 1, 3, 130, 5, 4, 0, 0.0f } };
     for (size_t c = 0; c < sizeof gs / sizeof gs[0]; c++) {
         attn_io a, b;
         attn_alloc(&a, gs[c], (unsigned)(70 + c), 1);

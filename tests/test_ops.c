@@ -313,8 +313,7 @@ static void test_softmax_xent(void **st) {
     /* a label out of range: an error naming the row and the value, nothing written */
     int32_t badl[1] = { 7 };
     T_OK(dpar_buffer_write(bl1, 0, badl, 4));
-    T_ERR(dpar_softmax_xent(loss, g, bz, bl1), DPAR_ERR_INVALID_ARGUMENT, "dpar_softmax_xent", "labels[0] = 7",
-          "0..1");
+    T_ERR(dpar_softmax_xent(loss, g, bz, bl1), DPAR_ERR_INVALID_ARGUMENT, "dpar_softmax_xent", "labels[0] = 7", "0..1");
     rd(g, G);
     assert_true(G[0] == -0.5f && G[1] == 0.5f);
     badl[0] = -1;

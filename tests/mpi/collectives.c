@@ -132,7 +132,7 @@ static dpar_status coll_fn(dpar_ctx *ctx, void *user) {
     /* pmean of n*(k+1)... : use psum value / n exactness: values k*n -> mean n*(n-1)/2 */
     for (int i = 0; i < C; i++) from_f(hx, a->t, i, (float)(k * n));
     dpar_buffer_write(y, 0, hx, dpar_buffer_nbytes(y));
-    if (a->t != DPAR_I32) { /* i32 pmean is refused (test_collectives) */
+    if (a->t != DPAR_I32) {                                 /* i32 pmean is refused (test_collectives) */
         if ((s = dpar_pmean(ctx, y, y, a->axes))) return s; /* in place */
         dpar_buffer_read(y, 0, hy, dpar_buffer_nbytes(y));
         for (int i = 0; i < C; i++)
@@ -254,10 +254,10 @@ static dpar_status big_fn(dpar_ctx *ctx, void *user) {
             dpar_buffer_read(out, 0, hy, nb);
             for (int i = 0; i < BIG; i++) {
                 int m = i % 7;
-                float want = op == 0            ? (float)(n * (n + 1) / 2 * m)
-                             : op == 2          ? (float)(n * m)
-                             : op == 3          ? (float)m
-                                                : (float)(n + 1) / 2.0f * (float)m;
+                float want = op == 0   ? (float)(n * (n + 1) / 2 * m)
+                             : op == 2 ? (float)(n * m)
+                             : op == 3 ? (float)m
+                                       : (float)(n + 1) / 2.0f * (float)m;
                 if (as_f(hy, a->t, i) != want) {
                     BAD("%s%s[%d] = %g, want %g", names[op], inplace ? " (in place)" : "", i, as_f(hy, a->t, i), want);
                     break;
