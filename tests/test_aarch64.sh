@@ -63,7 +63,8 @@ else
 fi
 for t in $tests; do
     n=$(basename "$t")
-    if timeout 600 $QEMU "$t" >"$log" 2>&1 && grep -q '^\[  PASSED  \]' "$log"; then
+    # the cross build has the CPU backend only, so only it is required
+    if DPAR_REQUIRE_BACKENDS=cpu timeout 600 $QEMU "$t" >"$log" 2>&1 && grep -q '^\[  PASSED  \]' "$log"; then
         echo "PASS aarch64 $n: $(sed -n 's/^\[  PASSED  \] //p' "$log" | tail -1)"
     else
         echo "FAIL aarch64 $n:"; grep -E '^\[  (FAILED|ERROR) |Failure|error' "$log" | head -20 | sed 's/^/    /'
