@@ -10933,9 +10933,9 @@ static dpar_status dpar__cpu_pool2d(const dpar__op *op, int is_max, int bwd) {
     int64_t C = g.c, *arg = NULL;
     if (bwd) memset(dst, 0, (size_t)op->dst->count * sizeof(float));
     if (is_max && C > 0) {
-        best = (float *)DPAR_MALLOC((size_t)C * (sizeof(float) + sizeof(int64_t)));
-        if (!best) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "%s: out of host memory", dpar__op_name(op->kind));
-        arg = (int64_t *)(void *)(best + C);
+        arg = (int64_t *)DPAR_MALLOC((size_t)C * (sizeof(int64_t) + sizeof(float))); /* int64 first: aligned */
+        if (!arg) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "%s: out of host memory", dpar__op_name(op->kind));
+        best = (float *)(void *)(arg + C);
     }
     for (int64_t n = 0; n < g.n; n++)
         for (int64_t i = 0; i < g.oh; i++)
@@ -10967,7 +10967,7 @@ static dpar_status dpar__cpu_pool2d(const dpar__op *op, int is_max, int bwd) {
                     if (arg[ch] >= 0) dst[arg[ch]] += go[ch];
                 for (int64_t ch = 0; !is_max && !bwd && ch < C; ch++) yo[ch] = cnt ? yo[ch] / (float)cnt : 0.0f;
             }
-    DPAR_FREE(best);
+    DPAR_FREE(arg);
     return DPAR_OK;
 }
 

@@ -40,11 +40,15 @@ if run "$one" --devices 1 --epochs 2 --steps 8 && run "$four" --devices 4 --epoc
     if [ "$n" -eq 1 ]; then echo "PASS train_cnn prints exactly one final: line"
     else echo "FAIL train_cnn printed $n final: lines like $want"; fi
 fi
-# one short Vulkan run (llvmpipe is slow): SKIPPED when there is no Vulkan device or it lacks an op
-if "$bin" --backend vulkan --devices 2 --epochs 1 --steps 2 >"$vk" 2>&1; then
+# one short Vulkan run (llvmpipe is slow): SKIPPED when there is no Vulkan device or it lacks an op,
+# a FAIL when DPAR_REQUIRE_BACKENDS lists vulkan. (ASan builds: llvmpipe's JIT leaks ~128 bytes that no
+# suppression can match; see tests/testutil.h.)
+if ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" \
+    "$bin" --backend vulkan --devices 2 --epochs 1 --steps 2 >"$vk" 2>&1; then
     run "$cpu2" --devices 2 --epochs 1 --steps 2 &&
         check "train_cnn Vulkan vs CPU: per-epoch losses over 1 epoch x 2 steps" "$cpu2" "$vk" 1e-3
-elif grep -q -i -e 'not implemented' -e 'no vulkan' -e 'not compiled in' -e 'libvulkan' -e 'cannot load' "$vk"; then
+elif grep -q -i -e 'not implemented' -e 'no vulkan' -e 'not compiled in' -e 'libvulkan' -e 'cannot load' "$vk" &&
+    ! echo ",${DPAR_REQUIRE_BACKENDS:-}," | grep -q ",vulkan,"; then
     echo "SKIPPED train_cnn Vulkan vs CPU: $(grep 'train_cnn:' "$vk" | head -1)"
 else
     echo "FAIL train_cnn --backend vulkan: $(tail -1 "$vk")"

@@ -305,9 +305,10 @@ static void bmm_alloc(bmm_io *io, int64_t nb, int64_t m, int64_t k, int64_t n, i
                       float beta) {
     io->nb = nb, io->m = m, io->k = k, io->n = n, io->ta = ta, io->tb = tb, io->shared_b = shared;
     io->alpha = alpha, io->beta = beta;
-    io->a = fa(nb * m * k), io->b = fa(nb * k * n), io->c0 = fa(nb * m * n), io->c = fa(nb * m * n);
+    int64_t nbb = shared ? 1 : nb; /* a shared B is one [k, n] matrix, even for zero batches */
+    io->a = fa(nb * m * k), io->b = fa(nbb * k * n), io->c0 = fa(nb * m * n), io->c = fa(nb * m * n);
     fill_rand(io->a, nb * m * k, 21, -1, 1);
-    fill_rand(io->b, nb * k * n, 22, -1, 1);
+    fill_rand(io->b, nbb * k * n, 22, -1, 1);
     fill_rand(io->c0, nb * m * n, 23, -1, 1);
 }
 static void bmm_free(bmm_io *io) {
