@@ -1115,7 +1115,7 @@ static void test_i32_pmean_refused(void **st) {
    pbroadcast follow that order; ppermute sorts its group (mesh order), as JAX's does. */
 typedef struct order_job {
     const char *axes;
-    int idx[MAXD], gsize;
+    int idx[MAXD];
     float gather[MAXD][MAXD], scatter[MAXD], a2a[MAXD][MAXD], bcast[MAXD], perm[MAXD];
 } order_job;
 static dpar_status order_fn(dpar_ctx *ctx, void *user) {
@@ -1126,7 +1126,6 @@ static dpar_status order_fn(dpar_ctx *ctx, void *user) {
     if (!s) s = dpar_ctx_axis_size(ctx, j->axes, &n);
     if (s) return s;
     j->idx[d] = r;
-    j->gsize = n;
     int64_t one = 1, nn = n;
     float v = (float)(10 * d), vn[MAXD];
     for (int k = 0; k < n; k++) vn[k] = (float)(100 * d + k); /* block k goes to rank k */
