@@ -277,16 +277,6 @@ static dpar_status bits_step(dpar_ctx *ctx, void *user) {
     int d = dpar_ctx_device(ctx);
     return dpar_psum(ctx, j->out[d], j->in[d], "data");
 }
-static uint32_t f2u(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-static float u2f(uint32_t u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
 static void test_f16_bits_match_scalar(void **state) {
     (void)state;
     dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 2);
@@ -324,7 +314,8 @@ static void test_f16_bits_match_scalar(void **state) {
     uint64_t st = 7;
     for (int i = 0; i < M; i++) {
         st = st * 6364136223846793005ull + 1442695040888963407ull;
-        g[i] = i < (int)(sizeof specials / sizeof specials[0]) ? specials[i] : u2f((uint32_t)(st >> 32) & 0xc7ffffffu);
+        g[i] =
+            i < (int)(sizeof specials / sizeof specials[0]) ? specials[i] : t_u2f((uint32_t)(st >> 32) & 0xc7ffffffu);
     }
     dpar_dp *dp;
     dpar_dp_desc dd = { .axes = "data", .comm_dtype = DPAR_F16, .sum = true };
@@ -343,8 +334,9 @@ static void test_f16_bits_match_scalar(void **state) {
     T_OK(dpar_buffer_read(dpar_array_shard(dj.g[0], 1), 0, back, M * 4));
     for (int i = 0; i < M; i++) {
         float want = dpar_f16_to_f32(dpar_f32_to_f16(dpar_f16_to_f32(dpar_f32_to_f16(g[i])) + 0.0f));
-        if (f2u(back[i]) != f2u(want))
-            fail_msg("f16 comm of %a (0x%08x): %a, scalar %a", (double)g[i], f2u(g[i]), (double)back[i], (double)want);
+        if (t_f2u(back[i]) != t_f2u(want))
+            fail_msg("f16 comm of %a (0x%08x): %a, scalar %a", (double)g[i], t_f2u(g[i]), (double)back[i],
+                     (double)want);
     }
     dpar_dp_destroy(dp);
     free(a);

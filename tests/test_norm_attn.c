@@ -13,17 +13,8 @@
 #include <signal.h>
 #include <unistd.h>
 
-static dpar_runtime *RT; /* CPU reference */
+T_CPU_FIXTURE(1) /* the CPU reference */
 
-static dpar_buffer *mkb(dpar_runtime *rt, int ndim, const int64_t *shape, const float *data) {
-    dpar_buffer *b = NULL;
-    T_OK(dpar_buffer_create(rt, 0, DPAR_F32, ndim, shape, &b));
-    if (data && dpar_buffer_nbytes(b)) T_OK(dpar_buffer_write(b, 0, data, dpar_buffer_nbytes(b)));
-    return b;
-}
-static void rdb(const dpar_buffer *b, float *out) {
-    if (b && out && dpar_buffer_nbytes(b)) T_OK(dpar_buffer_read(b, 0, out, dpar_buffer_nbytes(b)));
-}
 static void fill_rand(float *p, int64_t n, unsigned seed, float lo, float hi) {
     uint32_t s = seed * 2654435761u + 12345u;
     for (int64_t i = 0; i < n; i++) {
@@ -106,10 +97,12 @@ typedef struct norm_io {
 } norm_io;
 static void norm_run(dpar_runtime *rt, norm_io *io) {
     int64_t xs[2] = { io->m, io->n }, ss[2] = { io->m, 2 }, n1 = io->n;
-    dpar_buffer *x = mkb(rt, 2, xs, io->x), *y = mkb(rt, 2, xs, NULL), *st = mkb(rt, 2, ss, NULL);
-    dpar_buffer *w = io->w ? mkb(rt, 1, &n1, io->w) : NULL, *b = io->b ? mkb(rt, 1, &n1, io->b) : NULL;
-    dpar_buffer *dy = mkb(rt, 2, xs, io->dy), *dx = mkb(rt, 2, xs, NULL), *dw = mkb(rt, 1, &n1, NULL),
-                *db = mkb(rt, 1, &n1, NULL);
+    dpar_buffer *x = t_buf(rt, 0, DPAR_F32, 2, xs, io->x), *y = t_buf(rt, 0, DPAR_F32, 2, xs, NULL),
+                *st = t_buf(rt, 0, DPAR_F32, 2, ss, NULL);
+    dpar_buffer *w = io->w ? t_buf(rt, 0, DPAR_F32, 1, &n1, io->w) : NULL,
+                *b = io->b ? t_buf(rt, 0, DPAR_F32, 1, &n1, io->b) : NULL;
+    dpar_buffer *dy = t_buf(rt, 0, DPAR_F32, 2, xs, io->dy), *dx = t_buf(rt, 0, DPAR_F32, 2, xs, NULL),
+                *dw = t_buf(rt, 0, DPAR_F32, 1, &n1, NULL), *db = t_buf(rt, 0, DPAR_F32, 1, &n1, NULL);
     if (io->rms) {
         T_OK(dpar_rms_norm(y, st, x, w, b, io->eps));
         T_OK(dpar_rms_norm_backward(dx, dw, db, dy, x, w, st));
@@ -117,11 +110,11 @@ static void norm_run(dpar_runtime *rt, norm_io *io) {
         T_OK(dpar_layer_norm(y, st, x, w, b, io->eps));
         T_OK(dpar_layer_norm_backward(dx, dw, db, dy, x, w, st));
     }
-    rdb(y, io->y);
-    rdb(st, io->st);
-    rdb(dx, io->dx);
-    rdb(dw, io->dw);
-    rdb(db, io->db);
+    t_read(y, io->y);
+    t_read(st, io->st);
+    t_read(dx, io->dx);
+    t_read(dw, io->dw);
+    t_read(db, io->db);
     dpar_buffer *all[9] = { x, y, st, w, b, dy, dx, dw, db };
     for (int i = 0; i < 9; i++) dpar_buffer_destroy(all[i]);
 }
@@ -134,18 +127,21 @@ static void attn_run(dpar_runtime *rt, attn_io *io) {
     geo g = io->g;
     int64_t qs[3] = { g.bh, g.tq, g.d }, ks[3] = { g.bh, g.tk, g.d }, vs[3] = { g.bh, g.tk, g.dv },
             os[3] = { g.bh, g.tq, g.dv }, ss[3] = { g.bh, g.tq, 2 };
-    dpar_buffer *q = mkb(rt, 3, qs, io->q), *k = mkb(rt, 3, ks, io->k), *v = mkb(rt, 3, vs, io->v);
-    dpar_buffer *o = mkb(rt, 3, os, NULL), *st = mkb(rt, 3, ss, NULL), *dout = mkb(rt, 3, os, io->dout);
-    dpar_buffer *dq = mkb(rt, 3, qs, NULL), *dk = mkb(rt, 3, ks, NULL), *dv = mkb(rt, 3, vs, NULL);
+    dpar_buffer *q = t_buf(rt, 0, DPAR_F32, 3, qs, io->q), *k = t_buf(rt, 0, DPAR_F32, 3, ks, io->k),
+                *v = t_buf(rt, 0, DPAR_F32, 3, vs, io->v);
+    dpar_buffer *o = t_buf(rt, 0, DPAR_F32, 3, os, NULL), *st = t_buf(rt, 0, DPAR_F32, 3, ss, NULL),
+                *dout = t_buf(rt, 0, DPAR_F32, 3, os, io->dout);
+    dpar_buffer *dq = t_buf(rt, 0, DPAR_F32, 3, qs, NULL), *dk = t_buf(rt, 0, DPAR_F32, 3, ks, NULL),
+                *dv = t_buf(rt, 0, DPAR_F32, 3, vs, NULL);
     T_OK(dpar_attention(o, st, q, k, v, g.scale, g.causal));
-    rdb(o, io->out);
+    t_read(o, io->out);
     if (io->dout) {
         T_OK(dpar_attention_backward(dq, dk, dv, st, dout, q, k, v, g.scale, g.causal));
-        rdb(dq, io->dq);
-        rdb(dk, io->dk);
-        rdb(dv, io->dv);
+        t_read(dq, io->dq);
+        t_read(dk, io->dk);
+        t_read(dv, io->dv);
     }
-    rdb(st, io->st);
+    t_read(st, io->st);
     dpar_buffer *all[9] = { q, k, v, o, st, dout, dq, dk, dv };
     for (int i = 0; i < 9; i++) dpar_buffer_destroy(all[i]);
 }
@@ -158,10 +154,10 @@ typedef struct bmm_io {
 static void bmm_run(dpar_runtime *rt, bmm_io *io) {
     int64_t as[3] = { io->nb, io->ta ? io->k : io->m, io->ta ? io->m : io->k };
     int64_t bs[3] = { io->nb, io->tb ? io->n : io->k, io->tb ? io->k : io->n }, cs[3] = { io->nb, io->m, io->n };
-    dpar_buffer *a = mkb(rt, 3, as, io->a), *c = mkb(rt, 3, cs, io->c0);
-    dpar_buffer *b = io->shared_b ? mkb(rt, 2, bs + 1, io->b) : mkb(rt, 3, bs, io->b);
+    dpar_buffer *a = t_buf(rt, 0, DPAR_F32, 3, as, io->a), *c = t_buf(rt, 0, DPAR_F32, 3, cs, io->c0);
+    dpar_buffer *b = io->shared_b ? t_buf(rt, 0, DPAR_F32, 2, bs + 1, io->b) : t_buf(rt, 0, DPAR_F32, 3, bs, io->b);
     T_OK(dpar_matmul_batched(c, a, b, io->ta, io->tb, io->alpha, io->beta));
-    rdb(c, io->c);
+    t_read(c, io->c);
     dpar_buffer_destroy(a);
     dpar_buffer_destroy(b);
     dpar_buffer_destroy(c);
@@ -265,19 +261,20 @@ static void test_rms_norm_gradients(void **state) {
 static void test_norm_empty_and_optional(void **state) {
     (void)state;
     int64_t s0[2] = { 0, 5 }, s05[2] = { 0, 2 }, n5 = 5, s1[2] = { 2, 5 };
-    dpar_buffer *x = mkb(RT, 2, s0, NULL), *y = mkb(RT, 2, s0, NULL), *st = mkb(RT, 2, s05, NULL);
-    dpar_buffer *dw = mkb(RT, 1, &n5, NULL), *db = mkb(RT, 1, &n5, NULL);
+    dpar_buffer *x = t_buf(RT, 0, DPAR_F32, 2, s0, NULL), *y = t_buf(RT, 0, DPAR_F32, 2, s0, NULL),
+                *st = t_buf(RT, 0, DPAR_F32, 2, s05, NULL);
+    dpar_buffer *dw = t_buf(RT, 0, DPAR_F32, 1, &n5, NULL), *db = t_buf(RT, 0, DPAR_F32, 1, &n5, NULL);
     T_OK(dpar_layer_norm(y, st, x, NULL, NULL, 1e-5f)); /* M = 0 */
     T_OK(dpar_layer_norm_backward(y, dw, db, x, x, NULL, st));
     float z[5];
-    rdb(dw, z);
+    t_read(dw, z);
     for (int i = 0; i < 5; i++) assert_true(z[i] == 0.0f);
     /* stats optional in the forward; dw, db optional in the backward; y may alias x */
     float xv[10] = { 1, 2, 3, 4, 5, 5, 4, 3, 2, 1 };
-    dpar_buffer *x2 = mkb(RT, 2, s1, xv);
+    dpar_buffer *x2 = t_buf(RT, 0, DPAR_F32, 2, s1, xv);
     T_OK(dpar_layer_norm(x2, NULL, x2, NULL, NULL, 1e-5f));
     float out[10];
-    rdb(x2, out);
+    t_read(x2, out);
     for (int i = 0; i < 10; i++) assert_true(out[i] == out[9 - i] && fabsf(out[i % 5] + out[4 - i % 5]) < 1e-6f);
     assert_true(fabsf(out[0] + 1.41421f) < 1e-4f); /* (1 - 3) / sqrt(2) */
     dpar_buffer_destroy(x), dpar_buffer_destroy(y), dpar_buffer_destroy(st), dpar_buffer_destroy(dw);
@@ -286,8 +283,10 @@ static void test_norm_empty_and_optional(void **state) {
 static void test_norm_errors(void **state) {
     (void)state;
     int64_t s[2] = { 3, 4 }, s3 = 3, s4 = 4, sst[2] = { 3, 2 }, sbad[2] = { 2, 2 };
-    dpar_buffer *x = mkb(RT, 2, s, NULL), *y = mkb(RT, 2, s, NULL), *w3 = mkb(RT, 1, &s3, NULL);
-    dpar_buffer *w4 = mkb(RT, 1, &s4, NULL), *st = mkb(RT, 2, sst, NULL), *stb = mkb(RT, 2, sbad, NULL), *xi = NULL;
+    dpar_buffer *x = t_buf(RT, 0, DPAR_F32, 2, s, NULL), *y = t_buf(RT, 0, DPAR_F32, 2, s, NULL),
+                *w3 = t_buf(RT, 0, DPAR_F32, 1, &s3, NULL);
+    dpar_buffer *w4 = t_buf(RT, 0, DPAR_F32, 1, &s4, NULL), *st = t_buf(RT, 0, DPAR_F32, 2, sst, NULL),
+                *stb = t_buf(RT, 0, DPAR_F32, 2, sbad, NULL), *xi = NULL;
     T_OK(dpar_buffer_create(RT, 0, DPAR_I32, 2, s, &xi));
     T_ERR(dpar_layer_norm(y, st, x, w3, NULL, 1e-5f), DPAR_ERR_SHAPE, "dpar_layer_norm", "w [3]", "[3, 4]");
     T_ERR(dpar_layer_norm(y, stb, x, w4, NULL, 1e-5f), DPAR_ERR_SHAPE, "stats", "6");
@@ -347,7 +346,8 @@ static void test_matmul_batched(void **state) {
     bmm_check(0, 3, 4, 5, 0, 0, 0, 1.0f, 0.0f);
     bmm_check(2, 1, 1, 1, 0, 0, 0, 1.0f, 0.0f);
     int64_t a[3] = { 2, 3, 4 }, b[3] = { 3, 4, 5 }, c[3] = { 2, 3, 5 };
-    dpar_buffer *A = mkb(RT, 3, a, NULL), *B = mkb(RT, 3, b, NULL), *C = mkb(RT, 3, c, NULL);
+    dpar_buffer *A = t_buf(RT, 0, DPAR_F32, 3, a, NULL), *B = t_buf(RT, 0, DPAR_F32, 3, b, NULL),
+                *C = t_buf(RT, 0, DPAR_F32, 3, c, NULL);
     T_ERR(dpar_matmul_batched(C, A, B, false, false, 1, 0), DPAR_ERR_SHAPE, "dpar_matmul_batched", "[3, 4, 5]");
     T_ERR(dpar_matmul_batched(A, A, A, false, false, 1, 0), DPAR_ERR_SHAPE, "dpar_matmul_batched");
     dpar_buffer_destroy(A), dpar_buffer_destroy(B), dpar_buffer_destroy(C);
@@ -471,8 +471,10 @@ static void test_attention_gradients(void **state) {
 static void test_attention_errors(void **state) {
     (void)state;
     int64_t s[3] = { 2, 4, 3 }, s5[3] = { 2, 5, 3 }, st[3] = { 2, 4, 2 }, sd[3] = { 2, 4, 5 };
-    dpar_buffer *q = mkb(RT, 3, s, NULL), *k5 = mkb(RT, 3, s5, NULL), *o = mkb(RT, 3, s, NULL);
-    dpar_buffer *S = mkb(RT, 3, st, NULL), *kd = mkb(RT, 3, sd, NULL), *k = mkb(RT, 3, s, NULL);
+    dpar_buffer *q = t_buf(RT, 0, DPAR_F32, 3, s, NULL), *k5 = t_buf(RT, 0, DPAR_F32, 3, s5, NULL),
+                *o = t_buf(RT, 0, DPAR_F32, 3, s, NULL);
+    dpar_buffer *S = t_buf(RT, 0, DPAR_F32, 3, st, NULL), *kd = t_buf(RT, 0, DPAR_F32, 3, sd, NULL),
+                *k = t_buf(RT, 0, DPAR_F32, 3, s, NULL);
     T_ERR(dpar_attention(o, S, q, k5, k5, 0.0f, true), DPAR_ERR_SHAPE, "causal", "Tq 4, Tk 5");
     T_ERR(dpar_attention(o, S, q, kd, k, 0.0f, false), DPAR_ERR_SHAPE, "dpar_attention", "k [2, 4, 5]");
     T_ERR(dpar_attention(o, S, q, k, k, -1.0f, true), DPAR_ERR_INVALID_ARGUMENT, "scale");
@@ -482,14 +484,15 @@ static void test_attention_errors(void **state) {
     T_ERR(dpar_attention_backward(q, NULL, NULL, S, o, q, k, k, 0.0f, true), DPAR_ERR_INVALID_ARGUMENT, "alias");
     /* zero rows / zero keys: nothing to do, zeros out */
     int64_t z[3] = { 2, 0, 3 }, zs[3] = { 2, 0, 2 };
-    dpar_buffer *qz = mkb(RT, 3, z, NULL), *oz = mkb(RT, 3, z, NULL), *sz = mkb(RT, 3, zs, NULL);
+    dpar_buffer *qz = t_buf(RT, 0, DPAR_F32, 3, z, NULL), *oz = t_buf(RT, 0, DPAR_F32, 3, z, NULL),
+                *sz = t_buf(RT, 0, DPAR_F32, 3, zs, NULL);
     T_OK(dpar_attention(oz, sz, qz, qz, qz, 0.0f, true));
     float ones[24];
     for (int i = 0; i < 24; i++) ones[i] = 1.0f;
     T_OK(dpar_buffer_write(o, 0, ones, sizeof ones));
     T_OK(dpar_attention(o, S, q, qz, qz, 0.0f, false));
     float got[24];
-    rdb(o, got);
+    t_read(o, got);
     for (int i = 0; i < 24; i++) assert_true(got[i] == 0.0f);
     dpar_buffer *all[9] = { q, k5, o, S, kd, k, qz, oz, sz };
     for (int i = 0; i < 9; i++) dpar_buffer_destroy(all[i]);
@@ -744,17 +747,6 @@ static void test_parity_cuda(void **state) {
     parity(DPAR_BACKEND_CUDA);
 }
 
-static int setup(void **st) {
-    (void)st;
-    RT = t_runtime(DPAR_BACKEND_CPU, 1);
-    return RT ? 0 : -1;
-}
-static int teardown(void **st) {
-    (void)st;
-    dpar_runtime_destroy(RT);
-    RT = NULL;
-    return 0;
-}
 static void on_alarm(int sig) {
     (void)sig;
     static const char msg[] = "test_norm_attn: still running after 300 s: a hang\n";
@@ -781,5 +773,5 @@ int main(void) {
         cmocka_unit_test(test_parity_vulkan),
         cmocka_unit_test(test_parity_cuda),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, t_setup, t_teardown);
 }

@@ -6,51 +6,21 @@
    the summation order legitimately differs from the reference. */
 #include "testutil.h"
 
-static dpar_runtime *RT;
-static int setup(void **st) {
-    (void)st;
-    RT = t_runtime(DPAR_BACKEND_CPU, 2);
-    return RT ? 0 : -1;
-}
-static int teardown(void **st) {
-    (void)st;
-    dpar_runtime_destroy(RT);
-    RT = NULL;
-    return 0;
-}
+T_CPU_FIXTURE(2)
 
-static dpar_buffer *mk(int dev, dpar_dtype t, int ndim, const int64_t *shape, const void *data) {
-    dpar_buffer *b = NULL;
-    T_OK(dpar_buffer_create(RT, dev, t, ndim, shape, &b));
-    if (data) T_OK(dpar_buffer_write(b, 0, data, dpar_buffer_nbytes(b)));
-    return b;
-}
 static dpar_buffer *mkf(int ndim, const int64_t *shape, const float *data) {
-    return mk(0, DPAR_F32, ndim, shape, data);
+    return t_buf(RT, 0, DPAR_F32, ndim, shape, data);
 }
 static dpar_buffer *mk1(int64_t n, const float *data) {
     return mkf(1, &n, data);
 }
-static void rd(const dpar_buffer *b, void *out) {
-    T_OK(dpar_buffer_read(b, 0, out, dpar_buffer_nbytes(b)));
-}
 static float rd1(const dpar_buffer *b) {
     float v;
-    rd(b, &v);
+    t_read(b, &v);
     return v;
 }
 static float ival(int i, int salt) {
     return (float)(((i * 7 + salt * 13 + 3) % 11) - 5);
-}
-static uint32_t f2u(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-static float u2f(uint32_t u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
 }
 
 /* ---- matmul ---- */
@@ -68,11 +38,11 @@ static void matmul_case(int64_t M, int64_t K, int64_t N, int ta, int tb, float a
         B16[i] = ab == DPAR_F16 ? dpar_f32_to_f16(B[i]) : dpar_f32_to_bf16(B[i]);
     }
     for (int64_t i = 0; i < M * N; i++) C0[i] = beta == 0.0f ? NAN : ival((int)i, 3);
-    dpar_buffer *a = mk(0, ab, 2, as, ab == DPAR_F32 ? (void *)A : (void *)A16);
-    dpar_buffer *b = mk(0, ab, 2, bs, ab == DPAR_F32 ? (void *)B : (void *)B16);
+    dpar_buffer *a = t_buf(RT, 0, ab, 2, as, ab == DPAR_F32 ? (void *)A : (void *)A16);
+    dpar_buffer *b = t_buf(RT, 0, ab, 2, bs, ab == DPAR_F32 ? (void *)B : (void *)B16);
     dpar_buffer *c = mkf(2, cs, C0);
     T_OK(dpar_matmul(c, a, b, ta, tb, alpha, beta));
-    rd(c, Cr);
+    t_read(c, Cr);
     for (int64_t i = 0; i < M; i++)
         for (int64_t j = 0; j < N; j++) {
             double acc = 0;
@@ -118,7 +88,7 @@ static void test_matmul(void **st) {
     float A[4] = { 0, 0, 1, 0 }, B[4] = { NAN, 1, INFINITY, 2 }, Cv[4];
     dpar_buffer *a = mkf(2, s22, A), *b = mkf(2, s22, B), *c = mkf(2, s22, NULL);
     T_OK(dpar_matmul(c, a, b, false, false, 1.0f, 0.0f));
-    rd(c, Cv);
+    t_read(c, Cv);
     /* row 0: 0*NaN + 0*Inf = NaN, 0*1 + 0*2 = 0; row 1: 1*NaN + 0*Inf = NaN, 1*1 + 0*2 = 1 */
     assert_true(isnan(Cv[0]) && Cv[1] == 0.0f && isnan(Cv[2]) && Cv[3] == 1.0f);
     dpar_buffer_destroy(a);
@@ -157,9 +127,9 @@ static void test_matmul_errors(void **st) {
     int64_t s23[2] = { 2, 3 }, s34[2] = { 3, 4 }, s24[2] = { 2, 4 }, s44[2] = { 4, 4 }, s6 = 6;
     dpar_buffer *a = mkf(2, s23, NULL), *b = mkf(2, s34, NULL), *c = mkf(2, s24, NULL), *bad = mkf(2, s44, NULL),
                 *v = mk1(6, NULL);
-    dpar_buffer *c16 = mk(0, DPAR_F16, 2, s24, NULL), *a32 = mk(0, DPAR_I32, 2, s23, NULL),
-                *b1 = mk(1, DPAR_F32, 2, s34, NULL);
-    dpar_buffer *b16 = mk(0, DPAR_F16, 2, s34, NULL), *sq = mkf(2, s44, NULL);
+    dpar_buffer *c16 = t_buf(RT, 0, DPAR_F16, 2, s24, NULL), *a32 = t_buf(RT, 0, DPAR_I32, 2, s23, NULL),
+                *b1 = t_buf(RT, 1, DPAR_F32, 2, s34, NULL);
+    dpar_buffer *b16 = t_buf(RT, 0, DPAR_F16, 2, s34, NULL), *sq = mkf(2, s44, NULL);
     (void)s6;
     T_OK(dpar_matmul(c, a, b, false, false, 1, 0));
     T_ERR(dpar_matmul(c, a, bad, false, false, 1, 0), DPAR_ERR_SHAPE, "[2, 3]", "[4, 4]", "[2, 4]");
@@ -184,13 +154,13 @@ static void test_bias(void **st) {
     for (int i = 0; i < 12; i++) y0[i] = ival(i, 4);
     dpar_buffer *y = mkf(3, ys, y0), *b = mk1(3, b0);
     T_OK(dpar_bias_add(y, b));
-    rd(y, out);
+    t_read(y, out);
     for (int i = 0; i < 12; i++) assert_true(out[i] == y0[i] + b0[i % 3]);
     /* bias_grad: db = beta db + column sums of dy viewed as [4, 3] */
     float db0[3] = { NAN, NAN, NAN }, db[3];
     dpar_buffer *g = mk1(3, db0), *dy = mkf(3, ys, y0);
     T_OK(dpar_bias_grad(g, dy, 0.0f)); /* beta 0 ignores NaN */
-    rd(g, db);
+    t_read(g, db);
     for (int j = 0; j < 3; j++) {
         float s = 0;
         for (int r = 0; r < 4; r++) s += y0[r * 3 + j];
@@ -198,11 +168,11 @@ static void test_bias(void **st) {
     }
     T_OK(dpar_bias_grad(g, dy, 0.5f));
     float db2[3];
-    rd(g, db2);
+    t_read(g, db2);
     for (int j = 0; j < 3; j++) assert_true(db2[j] == 0.5f * db[j] + db[j]);
     int64_t s4 = 4, s23[2] = { 2, 3 };
-    dpar_buffer *b4 = mk1(4, NULL), *b2d = mkf(2, s23, NULL), *bi = mk(0, DPAR_I32, 1, ys + 2, NULL),
-                *bo = mk(1, DPAR_F32, 1, ys + 2, NULL);
+    dpar_buffer *b4 = mk1(4, NULL), *b2d = mkf(2, s23, NULL), *bi = t_buf(RT, 0, DPAR_I32, 1, ys + 2, NULL),
+                *bo = t_buf(RT, 1, DPAR_F32, 1, ys + 2, NULL);
     (void)s4;
     T_ERR(dpar_bias_add(y, b4), DPAR_ERR_SHAPE, "[4]", "[2, 2, 3]");
     T_ERR(dpar_bias_add(y, b2d), DPAR_ERR_SHAPE, "[2, 3]");
@@ -221,7 +191,7 @@ static void test_relu(void **st) {
     float want[8] = { 0, 0, 0, 1e-30f, 3.5f, NAN, 0, INFINITY };
     dpar_buffer *x = mk1(8, x0), *o = mk1(8, NULL);
     T_OK(dpar_relu(o, x));
-    rd(o, y);
+    t_read(o, y);
     for (int i = 0; i < 8; i++) {
         if (isnan(want[i]))
             assert_true(isnan(y[i]));
@@ -231,19 +201,19 @@ static void test_relu(void **st) {
     assert_false(signbit(y[1])); /* relu(-0) = +0 */
     T_OK(dpar_relu(x, x));       /* in place */
     float y2[8];
-    rd(x, y2);
+    t_read(x, y2);
     assert_memory_equal(y, y2, sizeof y);
     /* backward: dx = dy where x > 0 else 0 (NaN x is not > 0) */
     float xs[6] = { -1, 0, 2, NAN, 5, 1e-38f }, dys[6] = { 10, 20, 30, 40, NAN, 60 }, dx[6];
     dpar_buffer *bx = mk1(6, xs), *bdy = mk1(6, dys), *bdx = mk1(6, NULL);
     T_OK(dpar_relu_backward(bdx, bdy, bx));
-    rd(bdx, dx);
+    t_read(bdx, dx);
     assert_true(dx[0] == 0 && dx[1] == 0 && dx[2] == 30 && dx[3] == 0 && isnan(dx[4]) && dx[5] == 60);
     T_OK(dpar_relu_backward(bdy, bdy, bx)); /* dx may alias dy */
-    rd(bdy, dx);
+    t_read(bdy, dx);
     assert_true(dx[0] == 0 && dx[2] == 30 && isnan(dx[4]) && dx[5] == 60);
     int64_t s23[2] = { 2, 3 };
-    dpar_buffer *r23 = mkf(2, s23, NULL), *xi = mk(0, DPAR_I32, 1, (int64_t[]){ 6 }, NULL);
+    dpar_buffer *r23 = mkf(2, s23, NULL), *xi = t_buf(RT, 0, DPAR_I32, 1, (int64_t[]){ 6 }, NULL);
     T_ERR(dpar_relu(r23, bx), DPAR_ERR_SHAPE, "[2, 3]", "[6]");
     T_ERR(dpar_relu(bdx, xi), DPAR_ERR_DTYPE, "i32");
     T_ERR(dpar_relu_backward(bdx, bdy, r23), DPAR_ERR_SHAPE, "[2, 3]");
@@ -253,11 +223,11 @@ static void test_relu(void **st) {
 /* ---- softmax cross-entropy against a double-precision reference ---- */
 static void xent_check(int M, int Cn, const float *z, const int32_t *lab, double tol) {
     int64_t zs[2] = { M, Cn }, ls = M, one = 1;
-    dpar_buffer *bz = mkf(2, zs, z), *bl = mk(0, DPAR_I32, 1, &ls, lab), *loss = mkf(1, &one, NULL),
+    dpar_buffer *bz = mkf(2, zs, z), *bl = t_buf(RT, 0, DPAR_I32, 1, &ls, lab), *loss = mkf(1, &one, NULL),
                 *g = mkf(2, zs, NULL);
     T_OK(dpar_softmax_xent(loss, g, bz, bl));
     float L = rd1(loss), *G = malloc((size_t)(M * Cn) * 4);
-    rd(g, G);
+    t_read(g, G);
     double total = 0;
     for (int i = 0; i < M; i++) {
         double mx = -INFINITY;
@@ -303,18 +273,18 @@ static void test_softmax_xent(void **st) {
     float eq[2] = { 5.0f, 5.0f };
     int32_t el[1] = { 0 };
     int64_t zs[2] = { 1, 2 }, one = 1;
-    dpar_buffer *bz = mkf(2, zs, eq), *bl1 = mk(0, DPAR_I32, 1, &one, el), *loss = mkf(1, &one, NULL),
+    dpar_buffer *bz = mkf(2, zs, eq), *bl1 = t_buf(RT, 0, DPAR_I32, 1, &one, el), *loss = mkf(1, &one, NULL),
                 *g = mkf(2, zs, NULL);
     T_OK(dpar_softmax_xent(loss, g, bz, bl1));
     float G[2];
-    rd(g, G);
+    t_read(g, G);
     assert_true(rd1(loss) == (float)log(2.0));
     assert_true(G[0] == -0.5f && G[1] == 0.5f);
     /* a label out of range: an error naming the row and the value, nothing written */
     int32_t badl[1] = { 7 };
     T_OK(dpar_buffer_write(bl1, 0, badl, 4));
     T_ERR(dpar_softmax_xent(loss, g, bz, bl1), DPAR_ERR_INVALID_ARGUMENT, "dpar_softmax_xent", "labels[0] = 7", "0..1");
-    rd(g, G);
+    t_read(g, G);
     assert_true(G[0] == -0.5f && G[1] == 0.5f);
     badl[0] = -1;
     T_OK(dpar_buffer_write(bl1, 0, badl, 4));
@@ -322,7 +292,7 @@ static void test_softmax_xent(void **st) {
     /* errors */
     int64_t two = 2, s3 = 3;
     dpar_buffer *lf = mkf(1, &one, NULL), *l2 = mk1(2, NULL), *labf = mk1(1, NULL),
-                *lab2 = mk(0, DPAR_I32, 1, &two, NULL), *z1 = mk1(3, NULL);
+                *lab2 = t_buf(RT, 0, DPAR_I32, 1, &two, NULL), *z1 = mk1(3, NULL);
     dpar_buffer *g13 = mkf(1, &s3, NULL);
     T_ERR(dpar_softmax_xent(l2, g, bz, bl1), DPAR_ERR_SHAPE, "1 f32 element");
     T_ERR(dpar_softmax_xent(lf, g, bz, labf), DPAR_ERR_DTYPE, "f32", "i32");
@@ -344,7 +314,7 @@ static void test_mse(void **st) {
     }
     dpar_buffer *bp = mkf(2, s, p), *bt = mkf(2, s, t), *loss = mkf(1, &one, NULL), *bg = mkf(2, s, NULL);
     T_OK(dpar_mse(loss, bg, bp, bt));
-    rd(bg, g);
+    t_read(bg, g);
     double tot = 0;
     for (int i = 0; i < 128 * 32; i++) {
         double d = (double)p[i] - t[i];
@@ -359,7 +329,7 @@ static void test_mse(void **st) {
     T_ERR(dpar_mse(loss, bg, bp, t1), DPAR_ERR_SHAPE, "[128, 32]", "[128]", "broadcast");
     T_ERR(dpar_mse(loss, t1, bp, bt), DPAR_ERR_SHAPE, "[128]");
     T_ERR(dpar_mse(bg, NULL, bp, bt), DPAR_ERR_SHAPE, "1 f32 element");
-    dpar_buffer *ti = mk(0, DPAR_I32, 2, s, NULL), *t_other = mk(1, DPAR_F32, 2, s, NULL);
+    dpar_buffer *ti = t_buf(RT, 0, DPAR_I32, 2, s, NULL), *t_other = t_buf(RT, 1, DPAR_F32, 2, s, NULL);
     T_ERR(dpar_mse(loss, NULL, bp, ti), DPAR_ERR_DTYPE, "i32");
     T_ERR(dpar_mse(loss, NULL, bp, t_other), DPAR_ERR_INVALID_ARGUMENT, "devices 0 and 1");
     T_ERR(dpar_mse(NULL, NULL, bp, bt), DPAR_ERR_INVALID_ARGUMENT, "NULL");
@@ -374,58 +344,58 @@ static void test_elementwise(void **st) {
     float x0[5] = { 1, -2, 3.5f, 0, NAN }, y0[5] = { 10, 20, 30, 40, 50 }, y[5];
     dpar_buffer *x = mk1(5, x0), *yb = mk1(5, y0);
     T_OK(dpar_axpy(yb, 2.0f, x));
-    rd(yb, y);
+    t_read(yb, y);
     assert_true(y[0] == 12 && y[1] == 16 && y[2] == 37 && y[3] == 40 && isnan(y[4]));
     T_OK(dpar_scale(yb, -0.5f));
-    rd(yb, y);
+    t_read(yb, y);
     assert_true(y[0] == -6 && y[1] == -8 && y[2] == -18.5f && y[3] == -20 && isnan(y[4]));
     T_OK(dpar_fill(yb, 0.75f));
-    rd(yb, y);
+    t_read(yb, y);
     for (int i = 0; i < 5; i++) assert_true(y[i] == 0.75f);
     /* fill in every dtype */
     int64_t four = 4;
-    dpar_buffer *h = mk(0, DPAR_F16, 1, &four, NULL), *bh = mk(0, DPAR_BF16, 1, &four, NULL),
-                *ib = mk(0, DPAR_I32, 1, &four, NULL);
+    dpar_buffer *h = t_buf(RT, 0, DPAR_F16, 1, &four, NULL), *bh = t_buf(RT, 0, DPAR_BF16, 1, &four, NULL),
+                *ib = t_buf(RT, 0, DPAR_I32, 1, &four, NULL);
     uint16_t hv[4];
     int32_t iv[4];
     T_OK(dpar_fill(h, 1.5f));
-    rd(h, hv);
+    t_read(h, hv);
     assert_int_equal(hv[3], 0x3E00);
     T_OK(dpar_fill(bh, -1.5f));
-    rd(bh, hv);
+    t_read(bh, hv);
     assert_int_equal(hv[0], 0xBFC0);
     T_OK(dpar_fill(ib, 3.9f));
-    rd(ib, iv);
+    t_read(ib, iv);
     assert_int_equal(iv[2], 3);
     T_OK(dpar_fill(ib, -3.9f));
-    rd(ib, iv);
+    t_read(ib, iv);
     assert_int_equal(iv[1], -3);
     /* out of range / NaN: the same saturating conversion as dpar_cast, never C's undefined (int32_t) of them */
     T_OK(dpar_fill(ib, 3e9f));
-    rd(ib, iv);
+    t_read(ib, iv);
     assert_int_equal(iv[0], INT32_MAX);
     T_OK(dpar_fill(ib, -3e9f));
-    rd(ib, iv);
+    t_read(ib, iv);
     assert_int_equal(iv[0], INT32_MIN);
     T_OK(dpar_fill(ib, INFINITY));
-    rd(ib, iv);
+    t_read(ib, iv);
     assert_int_equal(iv[0], INT32_MAX);
     T_OK(dpar_fill(ib, NAN));
-    rd(ib, iv);
+    t_read(ib, iv);
     assert_int_equal(iv[3], 0);
     /* copy: same dtype and count, shapes may differ; dtype mismatch is an error */
     int64_t s5[2] = { 5, 1 };
     dpar_buffer *c = mkf(2, s5, NULL);
     T_OK(dpar_copy(c, x));
     float cv[5];
-    rd(c, cv);
+    t_read(c, cv);
     assert_memory_equal(cv, x0, sizeof cv);
     T_OK(dpar_copy(c, c));
     T_ERR(dpar_copy(h, ib), DPAR_ERR_DTYPE, "f16", "i32", "dpar_cast");
     T_ERR(dpar_copy(h, x), DPAR_ERR_SHAPE, "4", "5");
     T_ERR(dpar_axpy(h, 1, x), DPAR_ERR_DTYPE, "f16");
     int64_t four2[1] = { 4 };
-    dpar_buffer *x4 = mkf(1, four2, NULL), *xo = mk(1, DPAR_F32, 1, four2, NULL);
+    dpar_buffer *x4 = mkf(1, four2, NULL), *xo = t_buf(RT, 1, DPAR_F32, 1, four2, NULL);
     T_ERR(dpar_axpy(yb, 1, x4), DPAR_ERR_SHAPE, "[5]", "[4]");
     T_ERR(dpar_axpy(x4, 1, xo), DPAR_ERR_INVALID_ARGUMENT, "devices 0 and 1");
     T_ERR(dpar_scale(ib, 2), DPAR_ERR_DTYPE, "i32");
@@ -504,9 +474,9 @@ static void test_scalar_conversions(void **st) {
         if (dpar_f32_to_f16(f16c[i].f) != f16c[i].h)
             fail_msg("f32_to_f16(%a) = 0x%04x, want 0x%04x", (double)f16c[i].f, dpar_f32_to_f16(f16c[i].f), f16c[i].h);
     assert_true(is_nan16(dpar_f32_to_f16(NAN), 10));
-    assert_true(is_nan16(dpar_f32_to_f16(u2f(0x7F800001u)), 10)); /* signalling NaN with low payload stays NaN */
-    assert_true(is_nan16(dpar_f32_to_bf16(u2f(0x7F800001u)), 7));
-    assert_true(is_nan16(dpar_f32_to_bf16(u2f(0xFFC00000u)), 7));
+    assert_true(is_nan16(dpar_f32_to_f16(t_u2f(0x7F800001u)), 10)); /* signalling NaN with low payload stays NaN */
+    assert_true(is_nan16(dpar_f32_to_bf16(t_u2f(0x7F800001u)), 7));
+    assert_true(is_nan16(dpar_f32_to_bf16(t_u2f(0xFFC00000u)), 7));
     struct {
         float f;
         uint16_t h;
@@ -522,8 +492,8 @@ static void test_scalar_conversions(void **st) {
         { 0x1p-133f, 0x0001 },
         { 0x1p-134f, 0x0000 },
         { 0x1p-126f, 0x0080 },
-        { u2f(0x00008000u), 0x0000 },
-        { u2f(0x00018000u), 0x0002 },
+        { t_u2f(0x00008000u), 0x0000 },
+        { t_u2f(0x00018000u), 0x0002 },
     };
     for (size_t i = 0; i < sizeof bfc / sizeof bfc[0]; i++)
         if (dpar_f32_to_bf16(bfc[i].f) != bfc[i].h)
@@ -552,7 +522,7 @@ static void test_scalar_conversions(void **st) {
             i < 100000 ? u
                        : (i < 200000 ? (u & 0x807FFFFFu) | ((uint32_t)(100 + (u >> 7) % 50) << 23) /* near f16 range */
                                      : (u & 0x80FFFFFFu) | 0x30000000u);
-        float f = u2f(bits);
+        float f = t_u2f(bits);
         uint16_t want = ref_half(f, 10, -14, 15), got = dpar_f32_to_f16(f);
         if (isnan(f))
             assert_true(is_nan16(got, 10));
@@ -565,7 +535,6 @@ static void test_scalar_conversions(void **st) {
         else if (got != want)
             fail_msg("f32_to_bf16(%a [0x%08x]) = 0x%04x, want 0x%04x", (double)f, bits, got, want);
     }
-    (void)f2u;
 }
 
 static void test_cast_op(void **st) {
@@ -574,17 +543,17 @@ static void test_cast_op(void **st) {
     float src[N] = { 1.0f,     -2.5f, 65520.0f, 1.0f + 0x1p-11f, 0x1p-25f * 3, NAN,
                      INFINITY, -0.0f, 2.7f,     -2.7f,           3e9f,         -3e9f };
     int64_t n = N;
-    dpar_buffer *f = mk1(N, src), *h = mk(0, DPAR_F16, 1, &n, NULL), *b = mk(0, DPAR_BF16, 1, &n, NULL),
-                *i = mk(0, DPAR_I32, 1, &n, NULL);
+    dpar_buffer *f = mk1(N, src), *h = t_buf(RT, 0, DPAR_F16, 1, &n, NULL), *b = t_buf(RT, 0, DPAR_BF16, 1, &n, NULL),
+                *i = t_buf(RT, 0, DPAR_I32, 1, &n, NULL);
     dpar_buffer *back = mk1(N, NULL);
     uint16_t hv[N], bv[N];
     int32_t iv[N];
     T_OK(dpar_cast(h, f));
-    rd(h, hv);
+    t_read(h, hv);
     T_OK(dpar_cast(b, f));
-    rd(b, bv);
+    t_read(b, bv);
     T_OK(dpar_cast(i, f));
-    rd(i, iv);
+    t_read(i, iv);
     for (int k = 0; k < N; k++) {
         if (isnan(src[k])) {
             assert_true(is_nan16(hv[k], 10));
@@ -601,7 +570,7 @@ static void test_cast_op(void **st) {
     /* f16 -> f32 and bf16 -> f32 give the decoded values exactly */
     float fv[N];
     T_OK(dpar_cast(back, h));
-    rd(back, fv);
+    t_read(back, fv);
     for (int k = 0; k < N; k++) {
         if (isnan(src[k])) {
             assert_true(isnan(fv[k]));
@@ -610,36 +579,37 @@ static void test_cast_op(void **st) {
         assert_true(fv[k] == dpar_f16_to_f32(hv[k]));
     }
     T_OK(dpar_cast(back, b));
-    rd(back, fv);
+    t_read(back, fv);
     for (int k = 0; k < N; k++)
         if (!isnan(src[k])) assert_true(fv[k] == dpar_bf16_to_f32(bv[k]));
     /* i32 -> f32 rounds to nearest even; i32 -> f16 overflows to Inf */
     int32_t is[4] = { 16777217, -16777219, 70000, 7 };
     int64_t four = 4;
-    dpar_buffer *ib = mk(0, DPAR_I32, 1, &four, is), *fb = mk1(4, NULL), *hb = mk(0, DPAR_F16, 1, &four, NULL);
+    dpar_buffer *ib = t_buf(RT, 0, DPAR_I32, 1, &four, is), *fb = mk1(4, NULL),
+                *hb = t_buf(RT, 0, DPAR_F16, 1, &four, NULL);
     float fo[4];
     uint16_t ho[4];
     T_OK(dpar_cast(fb, ib));
-    rd(fb, fo);
+    t_read(fb, fo);
     assert_true(fo[0] == 16777216.0f && fo[1] == -16777220.0f && fo[2] == 70000.0f && fo[3] == 7.0f);
     T_OK(dpar_cast(hb, ib));
-    rd(hb, ho);
+    t_read(hb, ho);
     assert_int_equal(ho[2], 0x7C00);
     assert_int_equal(ho[3], 0x4700);
     /* f16 -> bf16 directly, and i32 -> i32 keeps every bit */
     T_OK(dpar_cast(b, h));
-    rd(b, bv);
+    t_read(b, bv);
     assert_int_equal(bv[0], 0x3F80);
     assert_int_equal(bv[2], 0x7F80); /* f16 Inf stays Inf */
-    dpar_buffer *ib2 = mk(0, DPAR_I32, 1, &four, NULL);
+    dpar_buffer *ib2 = t_buf(RT, 0, DPAR_I32, 1, &four, NULL);
     T_OK(dpar_cast(ib2, ib));
     int32_t io[4];
-    rd(ib2, io);
+    t_read(ib2, io);
     assert_memory_equal(io, is, sizeof is);
     /* errors */
     T_ERR(dpar_cast(fb, h), DPAR_ERR_SHAPE, "[4]", "[12]");
     T_ERR(dpar_cast(NULL, h), DPAR_ERR_INVALID_ARGUMENT, "NULL");
-    dpar_buffer *other = mk(1, DPAR_F16, 1, &four, NULL);
+    dpar_buffer *other = t_buf(RT, 1, DPAR_F16, 1, &four, NULL);
     T_ERR(dpar_cast(fb, other), DPAR_ERR_INVALID_ARGUMENT, "devices 0 and 1");
 }
 
@@ -681,8 +651,8 @@ static void test_sum(void **st) {
     dpar_buffer *e = mk1(z, NULL);
     T_OK(dpar_sum(o, e));
     assert_true(rd1(o) == 0.0f);
-    dpar_buffer *h = mk(0, DPAR_F16, 1, &n, NULL), *o2 = mk1(2, NULL), *oi = mk(0, DPAR_I32, 1, &one, NULL),
-                *oo = mk(1, DPAR_F32, 1, &one, NULL);
+    dpar_buffer *h = t_buf(RT, 0, DPAR_F16, 1, &n, NULL), *o2 = mk1(2, NULL),
+                *oi = t_buf(RT, 0, DPAR_I32, 1, &one, NULL), *oo = t_buf(RT, 1, DPAR_F32, 1, &one, NULL);
     T_ERR(dpar_sum(o, h), DPAR_ERR_DTYPE, "f16");
     T_ERR(dpar_sum(o2, bx), DPAR_ERR_SHAPE, "1 f32 element");
     T_ERR(dpar_sum_squares(oi, bx), DPAR_ERR_SHAPE, "i32");
@@ -739,5 +709,5 @@ int main(void) {
         cmocka_unit_test(test_sum),
         cmocka_unit_test(test_ops_in_pmap),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, t_setup, t_teardown);
 }

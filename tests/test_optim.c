@@ -7,30 +7,10 @@
    Philox-4x32-10 (known-answer vectors, p = 0, p = 1, keep rate of 1e6). */
 #include "testutil.h"
 
-static dpar_runtime *RT;
-static int setup(void **st) {
-    (void)st;
-    RT = t_runtime(DPAR_BACKEND_CPU, 4);
-    return RT ? 0 : -1;
-}
-static int teardown(void **st) {
-    (void)st;
-    dpar_runtime_destroy(RT);
-    RT = NULL;
-    return 0;
-}
+T_CPU_FIXTURE(4)
 
-static dpar_buffer *mkb(dpar_runtime *rt, dpar_dtype t, int ndim, const int64_t *shape, const void *data) {
-    dpar_buffer *b = NULL;
-    T_OK(dpar_buffer_create(rt, 0, t, ndim, shape, &b));
-    if (data) T_OK(dpar_buffer_write(b, 0, data, dpar_buffer_nbytes(b)));
-    return b;
-}
 static dpar_buffer *mkf(int64_t n, const float *data) {
-    return mkb(RT, DPAR_F32, 1, &n, data);
-}
-static void rd(const dpar_buffer *b, void *out) {
-    T_OK(dpar_buffer_read(b, 0, out, dpar_buffer_nbytes(b)));
+    return t_buf(RT, 0, DPAR_F32, 1, &n, data);
 }
 
 /* ---- AdamW ---------------------------------------------------------------- */
@@ -71,9 +51,9 @@ static void test_adamw_three_steps(void **st) {
             T_OK(dpar_adamw_update(&d, bp, bg, bm, bv, t, cases[c].clip));
             adamw_ref(N, p, m, v, g, d.learning_rate, b1, b2, eps, d.weight_decay, cases[c].clip, t);
             float got[N], gm[N], gv[N];
-            rd(bp, got);
-            rd(bm, gm);
-            rd(bv, gv);
+            t_read(bp, got);
+            t_read(bm, gm);
+            t_read(bv, gv);
             for (int i = 0; i < N; i++) {
                 if (fabs(got[i] - p[i]) > 1e-6 * (fabs(p[i]) + d.learning_rate) + 1e-9 ||
                     /* a few f32 ulps of p's terms */ fabs(gm[i] - m[i]) > 1e-6 * (fabs(m[i]) + 1e-6) ||
@@ -93,7 +73,7 @@ static void test_adamw_rejects(void **st) {
     float p0[4] = { 1, 2, 3, 4 };
     dpar_buffer *p = mkf(4, p0), *g = mkf(4, NULL), *m = mkf(4, NULL), *v = mkf(4, NULL), *v3 = mkf(3, NULL);
     int64_t four = 4;
-    dpar_buffer *vi = mkb(RT, DPAR_I32, 1, &four, NULL);
+    dpar_buffer *vi = t_buf(RT, 0, DPAR_I32, 1, &four, NULL);
     dpar_adamw_desc d = { .learning_rate = 0.1f };
     T_OK(dpar_adamw_check(&d));
     d.learning_rate = 0;
@@ -115,7 +95,7 @@ static void test_adamw_rejects(void **st) {
     dpar_buffer *ps[2] = { p, p }, *gs[2] = { g, g }, *ms[2] = { m, m }, *vs[2] = { v, v3 };
     T_ERR(dpar_adamw_step(NULL, &d, ps, gs, ms, vs, 2, 1), DPAR_ERR_SHAPE, "dpar_adamw_step");
     float got[4];
-    rd(p, got);
+    t_read(p, got);
     assert_memory_equal(got, p0, sizeof p0);
     dpar_buffer *all[6] = { p, g, m, v, v3, vi };
     for (int i = 0; i < 6; i++) dpar_buffer_destroy(all[i]);
@@ -228,7 +208,7 @@ static void test_loss_scaling_skips_overflow(void **st) {
     dpar_loss_scaler ls;
     T_OK(dpar_loss_scaler_init(&ls, &(dpar_loss_scale_desc){ .init_scale = 1024, .growth_interval = 2 }));
     int64_t n = N;
-    dpar_buffer *g16 = mkb(RT, DPAR_F16, 1, &n, NULL), *g = mkf(N, NULL), *p = mkf(N, NULL), *m = mkf(N, NULL),
+    dpar_buffer *g16 = t_buf(RT, 0, DPAR_F16, 1, &n, NULL), *g = mkf(N, NULL), *p = mkf(N, NULL), *m = mkf(N, NULL),
                 *v = mkf(N, NULL);
     dpar_adamw_desc ad = { .learning_rate = 0.01f };
     int skipped[STEPS], want_skip[STEPS] = { 0, 0, 1, 1, 0, 0, 0, 1, 0, 0 };
@@ -248,7 +228,7 @@ static void test_loss_scaling_skips_overflow(void **st) {
         if (finite) T_OK(dpar_adamw_update(&ad, p, g, m, v, ++t, 1));
         scales[s + 1] = ls.scale;
         float pw[N];
-        rd(p, pw);
+        t_read(p, pw);
         for (int i = 0; i < N; i++) assert_true(isfinite(pw[i]));
     }
     int good = 0;
@@ -292,12 +272,12 @@ static void check_xent(dpar_runtime *rt, int M, int C, int ign, int32_t ignore, 
     float *z = (float *)malloc((size_t)(M * C) * 4), *g = (float *)malloc((size_t)(M * C) * 4), loss;
     double *zd = (double *)malloc((size_t)(M * C) * 8);
     for (int i = 0; i < M * C; i++) zd[i] = z[i] = sinf((float)i * 1.3f) * 3.0f;
-    dpar_buffer *bz = mkb(rt, DPAR_F32, 2, zs, z), *bl = mkb(rt, DPAR_I32, 1, &ms, lab),
-                *bg = mkb(rt, DPAR_F32, 2, zs, NULL), *blo = mkb(rt, DPAR_F32, 1, &one, NULL);
+    dpar_buffer *bz = t_buf(rt, 0, DPAR_F32, 2, zs, z), *bl = t_buf(rt, 0, DPAR_I32, 1, &ms, lab),
+                *bg = t_buf(rt, 0, DPAR_F32, 2, zs, NULL), *blo = t_buf(rt, 0, DPAR_F32, 1, &one, NULL);
     dpar_xent_desc d = { .use_ignore = ign != 0, .ignore_label = ignore, .label_smoothing = a };
     T_OK(dpar_cross_entropy(blo, bg, bz, bl, &d));
-    rd(blo, &loss);
-    rd(bg, g);
+    t_read(blo, &loss);
+    t_read(bg, g);
     double want = xent_ref(M, C, zd, lab, ign, ignore, a);
     if (fabs(loss - want) > 1e-5 * (fabs(want) + 1e-3))
         fail_msg("xent %dx%d ignore %d smoothing %g: loss %.9g, want %.9g", M, C, ign, a, loss, want);
@@ -315,7 +295,7 @@ static void check_xent(dpar_runtime *rt, int M, int C, int ign, int32_t ignore, 
     }
     T_OK(dpar_cross_entropy(blo, NULL, bz, bl, &d)); /* without the gradient: the same loss */
     float l2;
-    rd(blo, &l2);
+    t_read(blo, &l2);
     assert_true(l2 == loss);
     dpar_buffer_destroy(bz);
     dpar_buffer_destroy(bl);
@@ -341,15 +321,15 @@ static void test_xent_ignore_smoothing(void **st) {
     int64_t zs[2] = { 7, 5 }, ms = 7, o = 1;
     float z[35], l1, l2, g1[35], g2[35];
     for (int i = 0; i < 35; i++) z[i] = cosf((float)i) * 4;
-    dpar_buffer *bz = mkb(RT, DPAR_F32, 2, zs, z), *bl = mkb(RT, DPAR_I32, 1, &ms, lab2),
-                *ga = mkb(RT, DPAR_F32, 2, zs, NULL), *gb = mkb(RT, DPAR_F32, 2, zs, NULL),
-                *la = mkb(RT, DPAR_F32, 1, &o, NULL), *lb = mkb(RT, DPAR_F32, 1, &o, NULL);
+    dpar_buffer *bz = t_buf(RT, 0, DPAR_F32, 2, zs, z), *bl = t_buf(RT, 0, DPAR_I32, 1, &ms, lab2),
+                *ga = t_buf(RT, 0, DPAR_F32, 2, zs, NULL), *gb = t_buf(RT, 0, DPAR_F32, 2, zs, NULL),
+                *la = t_buf(RT, 0, DPAR_F32, 1, &o, NULL), *lb = t_buf(RT, 0, DPAR_F32, 1, &o, NULL);
     T_OK(dpar_softmax_xent(la, ga, bz, bl));
     T_OK(dpar_cross_entropy(lb, gb, bz, bl, NULL));
-    rd(la, &l1);
-    rd(lb, &l2);
-    rd(ga, g1);
-    rd(gb, g2);
+    t_read(la, &l1);
+    t_read(lb, &l2);
+    t_read(ga, g1);
+    t_read(gb, g2);
     assert_true(l1 == l2);
     assert_memory_equal(g1, g2, sizeof g1);
     /* a bad label (not the ignore label) names the first bad row and its value */
@@ -374,10 +354,10 @@ static void test_embedding(void **st) {
     for (int i = 0; i < V * D; i++) table[i] = (float)i * 0.5f - 1;
     int32_t idx[K] = { 4, 0, 4, 2, 4, 1 }; /* row 4 three times, row 3 never */
     int64_t ts[2] = { V, D }, os[3] = { 2, 3, D }, is[2] = { 2, 3 };
-    dpar_buffer *bt = mkb(RT, DPAR_F32, 2, ts, table), *bo = mkb(RT, DPAR_F32, 3, os, NULL),
-                *bi = mkb(RT, DPAR_I32, 2, is, idx), *bd = mkb(RT, DPAR_F32, 2, ts, NULL);
+    dpar_buffer *bt = t_buf(RT, 0, DPAR_F32, 2, ts, table), *bo = t_buf(RT, 0, DPAR_F32, 3, os, NULL),
+                *bi = t_buf(RT, 0, DPAR_I32, 2, is, idx), *bd = t_buf(RT, 0, DPAR_F32, 2, ts, NULL);
     T_OK(dpar_embedding(bo, bt, bi));
-    rd(bo, out);
+    t_read(bo, out);
     for (int i = 0; i < K; i++)
         for (int d = 0; d < D; d++) assert_true(out[i * D + d] == table[idx[i] * D + d]);
     /* gradient: dout = i + d/10 at position i; repeated rows sum in position order */
@@ -386,7 +366,7 @@ static void test_embedding(void **st) {
     T_OK(dpar_buffer_write(bo, 0, dout, sizeof dout));
     T_OK(dpar_fill(bd, 7)); /* beta 0 ignores it */
     T_OK(dpar_embedding_backward(bd, bo, bi, 0));
-    rd(bd, dt);
+    t_read(bd, dt);
     for (int v = 0; v < V; v++)
         for (int d = 0; d < D; d++) {
             float want = 0;
@@ -397,7 +377,7 @@ static void test_embedding(void **st) {
     /* finite differences in double of L = sum(w * embedding(table)) agree: dL/dtable = scatter of w */
     T_OK(dpar_embedding_backward(bd, bo, bi, 1)); /* beta 1 accumulates: twice the sum */
     float dt2[V * D];
-    rd(bd, dt2);
+    t_read(bd, dt2);
     for (int v = 0; v < V; v++)
         for (int d = 0; d < D; d++) {
             float want = dt[v * D + d]; /* the old value, then the rows in position order */
@@ -420,11 +400,11 @@ static void test_embedding(void **st) {
     T_ERR(dpar_embedding(bo, bt, bi), DPAR_ERR_INVALID_ARGUMENT, "dpar_embedding", "idx[2] = 5", "0..4");
     T_ERR(dpar_embedding_backward(bd, bo, bi, 1), DPAR_ERR_INVALID_ARGUMENT, "dpar_embedding_backward", "idx[2] = 5");
     int64_t n4 = 4;
-    dpar_buffer *b4 = mkb(RT, DPAR_F32, 1, &n4, NULL);
+    dpar_buffer *b4 = t_buf(RT, 0, DPAR_F32, 1, &n4, NULL);
     T_ERR(dpar_embedding(b4, bt, bi), DPAR_ERR_SHAPE, "[5, 3]");
     T_ERR(dpar_embedding(bo, bt, bt), DPAR_ERR_DTYPE, "i32");
     int64_t z0 = 0, zs2[2] = { 0, D };
-    dpar_buffer *i0 = mkb(RT, DPAR_I32, 1, &z0, NULL), *o0 = mkb(RT, DPAR_F32, 2, zs2, NULL);
+    dpar_buffer *i0 = t_buf(RT, 0, DPAR_I32, 1, &z0, NULL), *o0 = t_buf(RT, 0, DPAR_F32, 2, zs2, NULL);
     T_OK(dpar_embedding(o0, bt, i0)); /* size 0 */
     T_OK(dpar_embedding_backward(bd, o0, i0, 1));
     dpar_buffer *all[7] = { bt, bo, bi, bd, b4, i0, o0 };
@@ -457,15 +437,15 @@ static void test_dropout(void **st) {
     for (int i = 0; i < N; i++) x[i] = (float)(i % 1000) * 0.01f + 0.5f;
     dpar_buffer *bx = mkf(N, x), *by = mkf(N, NULL);
     T_OK(dpar_dropout(by, bx, 0.0f, 42, 7, 0)); /* p = 0: the identity */
-    rd(by, y);
+    t_read(by, y);
     assert_memory_equal(x, y, (size_t)N * 4);
     T_OK(dpar_dropout(by, bx, 1.0f, 42, 7, 0)); /* p = 1: zeros */
-    rd(by, y);
+    t_read(by, y);
     for (int i = 0; i < N; i++) assert_true(y[i] == 0.0f);
     const float rates[3] = { 0.1f, 0.5f, 0.9f };
     for (int r = 0; r < 3; r++) {
         T_OK(dpar_dropout(by, bx, rates[r], 1234, 5, 2));
-        rd(by, y);
+        t_read(by, y);
         int kept = 0;
         float sc = (float)(1.0 / (1.0 - (double)rates[r]));
         for (int i = 0; i < N; i++) {
@@ -480,7 +460,7 @@ static void test_dropout(void **st) {
             fail_msg("rate %g keeps %.5f of 1e6, want %.5f within 1%%", rates[r], frac, want);
         /* the mask is a pure function of (seed, step, stream, element): a repeat and the reference agree */
         T_OK(dpar_dropout(by, bx, rates[r], 1234, 5, 2));
-        rd(by, y2);
+        t_read(by, y2);
         assert_memory_equal(y, y2, (size_t)N * 4);
         uint32_t thr = (uint32_t)llround((double)rates[r] * 16777216.0);
         for (int i = 0; i < 4096; i++) {
@@ -491,11 +471,11 @@ static void test_dropout(void **st) {
     }
     /* another step, stream or seed: another mask */
     T_OK(dpar_dropout(by, bx, 0.5f, 1234, 6, 2));
-    rd(by, y2);
+    t_read(by, y2);
     assert_true(memcmp(y, y2, (size_t)N * 4) != 0);
     /* the gradient is the same call on dy; in place works */
     T_OK(dpar_dropout(bx, bx, 0.5f, 1234, 5, 2));
-    rd(bx, y2);
+    t_read(bx, y2);
     T_OK(dpar_dropout(by, by, 0.0f, 0, 0, 0));
     T_ERR(dpar_dropout(by, bx, 1.5f, 0, 0, 0), DPAR_ERR_INVALID_ARGUMENT, "rate");
     T_ERR(dpar_dropout(by, bx, NAN, 0, 0, 0), DPAR_ERR_INVALID_ARGUMENT, "rate");
@@ -542,15 +522,15 @@ static void test_graph_optim_matches_eager(void **st) {
     T_OK(dpar_graph_adamw(g, &ad, params, grads, 2));
     /* the eager reference on device 0 */
     int64_t ts[2] = { V, D }, ws[2] = { D, C }, hs[2] = { B, D }, ls[2] = { B, C }, bs = B, one = 1;
-    dpar_buffer *et = mkb(RT, DPAR_F32, 2, ts, table0), *ew = mkb(RT, DPAR_F32, 2, ws, w0);
-    dpar_buffer *ei = mkb(RT, DPAR_I32, 1, &bs, idx), *el = mkb(RT, DPAR_I32, 1, &bs, lab);
-    dpar_buffer *x = mkb(RT, DPAR_F32, 2, hs, NULL), *hh = mkb(RT, DPAR_F32, 2, hs, NULL),
-                *z = mkb(RT, DPAR_F32, 2, ls, NULL);
-    dpar_buffer *dz = mkb(RT, DPAR_F32, 2, ls, NULL), *dh = mkb(RT, DPAR_F32, 2, hs, NULL),
-                *lo = mkb(RT, DPAR_F32, 1, &one, NULL);
-    dpar_buffer *dt = mkb(RT, DPAR_F32, 2, ts, NULL), *dw = mkb(RT, DPAR_F32, 2, ws, NULL);
-    dpar_buffer *mt = mkb(RT, DPAR_F32, 2, ts, NULL), *vt = mkb(RT, DPAR_F32, 2, ts, NULL);
-    dpar_buffer *mw = mkb(RT, DPAR_F32, 2, ws, NULL), *vw = mkb(RT, DPAR_F32, 2, ws, NULL);
+    dpar_buffer *et = t_buf(RT, 0, DPAR_F32, 2, ts, table0), *ew = t_buf(RT, 0, DPAR_F32, 2, ws, w0);
+    dpar_buffer *ei = t_buf(RT, 0, DPAR_I32, 1, &bs, idx), *el = t_buf(RT, 0, DPAR_I32, 1, &bs, lab);
+    dpar_buffer *x = t_buf(RT, 0, DPAR_F32, 2, hs, NULL), *hh = t_buf(RT, 0, DPAR_F32, 2, hs, NULL),
+                *z = t_buf(RT, 0, DPAR_F32, 2, ls, NULL);
+    dpar_buffer *dz = t_buf(RT, 0, DPAR_F32, 2, ls, NULL), *dh = t_buf(RT, 0, DPAR_F32, 2, hs, NULL),
+                *lo = t_buf(RT, 0, DPAR_F32, 1, &one, NULL);
+    dpar_buffer *dt = t_buf(RT, 0, DPAR_F32, 2, ts, NULL), *dw = t_buf(RT, 0, DPAR_F32, 2, ws, NULL);
+    dpar_buffer *mt = t_buf(RT, 0, DPAR_F32, 2, ts, NULL), *vt = t_buf(RT, 0, DPAR_F32, 2, ts, NULL);
+    dpar_buffer *mw = t_buf(RT, 0, DPAR_F32, 2, ws, NULL), *vw = t_buf(RT, 0, DPAR_F32, 2, ws, NULL);
     for (int t = 1; t <= STEPS; t++) {
         dpar_graph_feed feeds[2] = { { .value = fi, .host = idx }, { .value = fl, .host = lab } };
         float gl, el1, gt[V * D], gw[D * C], xt[V * D], xw[D * C];
@@ -565,11 +545,11 @@ static void test_graph_optim_matches_eager(void **st) {
         T_OK(dpar_embedding_backward(dt, dh, ei, 0));
         T_OK(dpar_adamw_update(&ad, et, dt, mt, vt, t, 1));
         T_OK(dpar_adamw_update(&ad, ew, dw, mw, vw, t, 1));
-        rd(lo, &el1);
+        t_read(lo, &el1);
         T_OK(dpar_array_get(at, gt));
         T_OK(dpar_array_get(aw, gw));
-        rd(et, xt);
-        rd(ew, xw);
+        t_read(et, xt);
+        t_read(ew, xw);
         if (gl != el1) fail_msg("step %d: graph loss %.9g, eager %.9g", t, gl, el1);
         assert_memory_equal(gt, xt, sizeof gt);
         assert_memory_equal(gw, xw, sizeof gw);
@@ -619,7 +599,7 @@ static void parity_adamw(dpar_runtime *rt, int n) {
     dpar_runtime *rts[2] = { RT, rt };
     dpar_buffer *B[2][4];
     for (int r = 0; r < 2; r++)
-        for (int j = 0; j < 4; j++) B[r][j] = mkb(rts[r], DPAR_F32, 1, &sh, NULL);
+        for (int j = 0; j < 4; j++) B[r][j] = t_buf(rts[r], 0, DPAR_F32, 1, &sh, NULL);
     for (int i = 0; i < n; i++) p[i] = sinf((float)i) * 0.5f;
     dpar_adamw_desc d = { .learning_rate = 0.01f, .weight_decay = 0.05f };
     for (int r = 0; r < 2; r++) T_OK(dpar_buffer_write(B[r][0], 0, p, (size_t)n * 4));
@@ -651,8 +631,8 @@ static void parity_xent(dpar_runtime *rt, int M, int C, float a) {
     dpar_runtime *rts[2] = { RT, rt };
     float *gs[2] = { g0, g1 }, *ls[2] = { &l0, &l1 };
     for (int r = 0; r < 2; r++) {
-        dpar_buffer *bz = mkb(rts[r], DPAR_F32, 2, zs, z), *bl = mkb(rts[r], DPAR_I32, 1, &ms, lab),
-                    *bg = mkb(rts[r], DPAR_F32, 2, zs, NULL), *bo = mkb(rts[r], DPAR_F32, 1, &one, NULL);
+        dpar_buffer *bz = t_buf(rts[r], 0, DPAR_F32, 2, zs, z), *bl = t_buf(rts[r], 0, DPAR_I32, 1, &ms, lab),
+                    *bg = t_buf(rts[r], 0, DPAR_F32, 2, zs, NULL), *bo = t_buf(rts[r], 0, DPAR_F32, 1, &one, NULL);
         T_OK(dpar_cross_entropy(bo, bg, bz, bl, &d));
         rdb(bo, ls[r]);
         rdb(bg, gs[r]);
@@ -682,9 +662,9 @@ static void parity_embed_dropout(dpar_runtime *rt, int V, int D, int K, int n) {
         o[r] = (float *)malloc((size_t)(K * D) * 4 + 4);
         dt[r] = (float *)malloc((size_t)(V * D) * 4 + 4);
         y[r] = (float *)malloc((size_t)n * 4 + 4);
-        dpar_buffer *bt = mkb(rts[r], DPAR_F32, 2, ts, tab), *bo = mkb(rts[r], DPAR_F32, 2, os, NULL),
-                    *bi = mkb(rts[r], DPAR_I32, 1, &ks, idx), *bd = mkb(rts[r], DPAR_F32, 2, ts, tab),
-                    *bx = mkb(rts[r], DPAR_F32, 1, &ns, x), *by = mkb(rts[r], DPAR_F32, 1, &ns, NULL);
+        dpar_buffer *bt = t_buf(rts[r], 0, DPAR_F32, 2, ts, tab), *bo = t_buf(rts[r], 0, DPAR_F32, 2, os, NULL),
+                    *bi = t_buf(rts[r], 0, DPAR_I32, 1, &ks, idx), *bd = t_buf(rts[r], 0, DPAR_F32, 2, ts, tab),
+                    *bx = t_buf(rts[r], 0, DPAR_F32, 1, &ns, x), *by = t_buf(rts[r], 0, DPAR_F32, 1, &ns, NULL);
         T_OK(dpar_embedding(bo, bt, bi));
         T_OK(dpar_embedding_backward(bd, bo, bi, 0.5f));
         T_OK(dpar_dropout(by, bx, 0.3f, 0x123456789abcULL, 77, 3));
@@ -711,9 +691,9 @@ static void parity_bad_index(dpar_runtime *rt) {
     int64_t zs[2] = { 3, 4 }, ms = 3, one = 1, ts[2] = { 4, 2 }, os[2] = { 3, 2 };
     float z[12] = { 0 }, l;
     int32_t lab[3] = { 1, -100, 9 };
-    dpar_buffer *bz = mkb(rt, DPAR_F32, 2, zs, z), *bl = mkb(rt, DPAR_I32, 1, &ms, lab),
-                *bo = mkb(rt, DPAR_F32, 1, &one, NULL), *bt = mkb(rt, DPAR_F32, 2, ts, NULL),
-                *be = mkb(rt, DPAR_F32, 2, os, NULL);
+    dpar_buffer *bz = t_buf(rt, 0, DPAR_F32, 2, zs, z), *bl = t_buf(rt, 0, DPAR_I32, 1, &ms, lab),
+                *bo = t_buf(rt, 0, DPAR_F32, 1, &one, NULL), *bt = t_buf(rt, 0, DPAR_F32, 2, ts, NULL),
+                *be = t_buf(rt, 0, DPAR_F32, 2, os, NULL);
     dpar_xent_desc d = { .use_ignore = true, .ignore_label = -100 };
     dpar_status s = dpar_cross_entropy(bo, NULL, bz, bl, &d);
     if (s == DPAR_OK) s = dpar_buffer_read(bo, 0, &l, 4);
@@ -764,5 +744,5 @@ int main(void) {
         cmocka_unit_test(test_parity_vulkan),
         cmocka_unit_test(test_parity_cuda),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, t_setup, t_teardown);
 }

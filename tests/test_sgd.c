@@ -4,18 +4,7 @@
    untouched, and replicas that stay bitwise identical on 4 devices. */
 #include "testutil.h"
 
-static dpar_runtime *RT;
-static int setup(void **st) {
-    (void)st;
-    RT = t_runtime(DPAR_BACKEND_CPU, 4);
-    return RT ? 0 : -1;
-}
-static int teardown(void **st) {
-    (void)st;
-    dpar_runtime_destroy(RT);
-    RT = NULL;
-    return 0;
-}
+T_CPU_FIXTURE(4)
 
 static dpar_buffer *mk1(int dev, int64_t n, const float *data) {
     dpar_buffer *b = NULL;
@@ -366,5 +355,5 @@ int main(void) {
         cmocka_unit_test(test_step_all_or_nothing), cmocka_unit_test(test_clip_global_norm),
         cmocka_unit_test(test_replicas_identical),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, t_setup, t_teardown);
 }

@@ -5,17 +5,6 @@
    narrowed, at every offset and length 0..17 (the vector tails). */
 #include "testutil.h"
 
-static uint32_t f2u(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-static float u2f(uint32_t u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 static void test_f16_to_f32_all(void **st) {
     (void)st;
     enum { N = 65536 };
@@ -26,11 +15,11 @@ static void test_f16_to_f32_all(void **st) {
     for (int i = 0; i < N; i++) h[i] = (uint16_t)i;
     dpar_f16_to_f32_n(y, h, N);
     for (int i = 0; i < N; i++) {
-        uint32_t want = f2u(dpar_f16_to_f32(h[i]));
+        uint32_t want = t_f2u(dpar_f16_to_f32(h[i]));
         /* a signalling NaN: F16C (x86) quiets it (sets bit 22); NEON keeps the scalar bits */
         int snan = (i & 0x7c00) == 0x7c00 && (i & 0x3ff) && !(i & 0x200);
-        if (f2u(y[i]) != want && !(snan && f2u(y[i]) == (want | 0x400000u)))
-            fail_msg("f16 0x%04x: array 0x%08x, scalar 0x%08x", i, f2u(y[i]), want);
+        if (t_f2u(y[i]) != want && !(snan && t_f2u(y[i]) == (want | 0x400000u)))
+            fail_msg("f16 0x%04x: array 0x%08x, scalar 0x%08x", i, t_f2u(y[i]), want);
     }
     for (int off = 0; off < 4; off++) /* tails and unaligned starts */
         for (int n = 0; n <= 17; n++) {
@@ -38,7 +27,7 @@ static void test_f16_to_f32_all(void **st) {
             for (int k = 0; k < 24; k++) z[k] = -1.0f;
             dpar_f16_to_f32_n(z, h + 0x3c00 + off, n);
             for (int k = 0; k < 24; k++)
-                assert_int_equal(f2u(z[k]), k < n ? f2u(dpar_f16_to_f32(h[0x3c00 + off + k])) : f2u(-1.0f));
+                assert_int_equal(t_f2u(z[k]), k < n ? t_f2u(dpar_f16_to_f32(h[0x3c00 + off + k])) : t_f2u(-1.0f));
         }
     free(h);
     free(y);
@@ -58,16 +47,16 @@ static void test_f32_to_f16_boundaries(void **st) {
     for (uint32_t e = 96; e < 160; e++)
         for (uint32_t m = 0; m < 64; m++)
             for (uint32_t s = 0; s < 2; s++)
-                for (int k = 0; k < 8; k++) x[n++] = u2f(s << 31 | e << 23 | (m * 0x1f3d1u & 0x7fe000u) | low[k]);
+                for (int k = 0; k < 8; k++) x[n++] = t_u2f(s << 31 | e << 23 | (m * 0x1f3d1u & 0x7fe000u) | low[k]);
     static const uint32_t sp[16] = { 0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00001u, 0x7f800001u, 0x7fa02000u,
                                      0xff801fffu, 0x7fffffffu, 0x00000001u, 0x807fffffu, 0x477ff000u, 0x477fefffu,
                                      0x477fe000u, 0x33000000u, 0x33000001u, 0xb3800000u };
-    for (int k = 0; k < 16; k++) x[n++] = u2f(sp[k]);
+    for (int k = 0; k < 16; k++) x[n++] = t_u2f(sp[k]);
     assert_int_equal(n, N);
     dpar_f32_to_f16_n(d, x, N);
     for (int i = 0; i < N; i++)
         if (d[i] != dpar_f32_to_f16(x[i]))
-            fail_msg("f32 0x%08x: array 0x%04x, scalar 0x%04x", f2u(x[i]), d[i], dpar_f32_to_f16(x[i]));
+            fail_msg("f32 0x%08x: array 0x%04x, scalar 0x%04x", t_f2u(x[i]), d[i], dpar_f32_to_f16(x[i]));
     for (int off = 0; off < 4; off++)
         for (int len = 0; len <= 17; len++) {
             uint16_t z[24];

@@ -94,6 +94,46 @@ static inline dpar_runtime *t_runtime_or_skip(dpar_backend_kind k, int n) {
     return NULL;
 }
 
+/* Defines `static dpar_runtime *RT` and the cmocka group fixtures t_setup and
+   t_teardown, which create a CPU runtime of n devices in RT and destroy it. */
+#define T_CPU_FIXTURE(n)                       \
+    static dpar_runtime *RT;                   \
+    static int t_setup(void **st) {            \
+        (void)st;                              \
+        RT = t_runtime(DPAR_BACKEND_CPU, (n)); \
+        return RT ? 0 : -1;                    \
+    }                                          \
+    static int t_teardown(void **st) {         \
+        (void)st;                              \
+        dpar_runtime_destroy(RT);              \
+        RT = NULL;                             \
+        return 0;                              \
+    }
+
+/* A buffer of rt's device `dev`, filled from `data` when it is not NULL. */
+static inline dpar_buffer *t_buf(dpar_runtime *rt, int dev, dpar_dtype t, int ndim, const int64_t *shape,
+                                 const void *data) {
+    dpar_buffer *b = NULL;
+    T_OK(dpar_buffer_create(rt, dev, t, ndim, shape, &b));
+    if (data && dpar_buffer_nbytes(b)) T_OK(dpar_buffer_write(b, 0, data, dpar_buffer_nbytes(b)));
+    return b;
+}
+/* Reads all of b into out (nothing for a NULL or empty buffer). */
+static inline void t_read(const dpar_buffer *b, void *out) {
+    if (b && out && dpar_buffer_nbytes(b)) T_OK(dpar_buffer_read(b, 0, out, dpar_buffer_nbytes(b)));
+}
+/* The bits of an f32, and back. */
+static inline uint32_t t_f2u(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+static inline float t_u2f(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
 /* Mesa's lavapipe (llvmpipe) leaks about 128 bytes per VkDevice from its
    JIT-compiled code, which LeakSanitizer reports from an "unknown module"
    that no suppression pattern can match (the driver is unloaded by then). In
