@@ -2,14 +2,14 @@
    data (UCI handwritten digits, examples/data), the fixed-seed split, the
    splitmix64 generator, the He-uniform initialisation, the flags, and the
    small helpers every example needs (arrays, the MLP forward pass, the
-   test-set step, error exits). Every
+   test-set step, error exits); the flag parser itself is example_util.h's. Every
    example draws the same random numbers in the same order, so with the same
    seed and global batch they see the same batches and start from the same
    weights as build/train_digits, and their losses can be compared epoch by
    epoch. Included by the examples (not compiled on its own). */
 #ifndef DIGITS_COMMON_H
 #define DIGITS_COMMON_H
-#include "dpar.h"
+#include "example_util.h" /* CHECK, TRY, the flag parser */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -100,48 +100,17 @@ static inline int digits_fail(const char *what) {
     return 1;
 }
 
-/* Parses the train_digits flags plus the example's extras; 0 on success. */
+/* Parses the train_digits flags plus the example's extras (ex_parse); 0 on success, 2 on a usage error. */
 static inline int digits_parse(const char *prog, int argc, char **argv, digits_opts *o) {
     digits_prog = prog;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!v) {
-            fprintf(stderr, "%s: %s needs a value\n", prog, a);
-            return 2;
-        }
-        int used = 1;
-        if (!strcmp(a, "--backend"))
-            o->backend = v;
-        else if (!strcmp(a, "--devices"))
-            o->devices = atoi(v);
-        else if (!strcmp(a, "--epochs"))
-            o->epochs = atoi(v);
-        else if (!strcmp(a, "--batch"))
-            o->batch = atoi(v);
-        else if (!strcmp(a, "--lr"))
-            o->lr = (float)atof(v);
-        else if (!strcmp(a, "--momentum"))
-            o->momentum = (float)atof(v);
-        else if (!strcmp(a, "--seed"))
-            o->seed = atoi(v);
-        else if (!strcmp(a, "--hidden"))
-            o->hidden = atoi(v);
-        else if (!strcmp(a, "--data"))
-            o->path = v;
-        else {
-            used = 0;
-            for (int k = 0; k < 4 && o->extra_name[k]; k++)
-                if (!strcmp(a, o->extra_name[k])) {
-                    *o->extra_val[k] = atoi(v);
-                    used = 1;
-                }
-        }
-        if (!used) {
-            fprintf(stderr, "%s: unknown flag %s\n", prog, a);
-            return 2;
-        }
-        i++;
-    }
+    ex_flag f[13] = { { "--backend", EX_STR, &o->backend }, { "--devices", EX_INT, &o->devices },
+                      { "--epochs", EX_INT, &o->epochs },   { "--batch", EX_INT, &o->batch },
+                      { "--lr", EX_FLOAT, &o->lr },         { "--momentum", EX_FLOAT, &o->momentum },
+                      { "--seed", EX_INT, &o->seed },       { "--hidden", EX_INT, &o->hidden },
+                      { "--data", EX_STR, &o->path } };
+    int n = 9;
+    for (int k = 0; k < 4 && o->extra_name[k]; k++) f[n++] = (ex_flag){ o->extra_name[k], EX_INT, o->extra_val[k] };
+    if (ex_parse(prog, argc, argv, f, n)) return 2;
     if (o->devices < 1 || o->epochs < 1 || o->batch < 1 || o->hidden < 1) {
         fprintf(stderr, "%s: --devices, --epochs, --batch and --hidden must be >= 1\n", prog);
         return 2;

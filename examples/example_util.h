@@ -1,12 +1,14 @@
-/* example_util.h — what the small examples (pmap_basics, collectives_tour,
-   dp_regression, predict_update) share: CHECK, TRY and their --backend flag. The digits
-   examples have theirs in digits_common.h. Included by the examples (not
-   compiled on its own). */
+/* example_util.h — what every example shares: CHECK, TRY, the --backend
+   name, and the one "--flag value" parser (ex_parse) that the digits examples
+   (through digits_parse), train_cnn and the others build their flags on.
+   Included by the examples (not compiled on its own). */
 #ifndef EXAMPLE_UTIL_H
 #define EXAMPLE_UTIL_H
 #include "dpar.h"
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* --backend NAME -> the backend kind ("cpu", "vulkan", "cuda"); an unknown
    name prints the library's error and exits with status 2 (a usage error). */
@@ -33,5 +35,59 @@ static inline dpar_backend_kind parse_backend(const char *s) {
         dpar_status s_ = (call);      \
         if (s_ != DPAR_OK) return s_; \
     } while (0)
+
+/* ------------------------------------------------------------------ flags */
+/* One "--name value" flag of an example: its name and where the value goes. */
+typedef enum { EX_INT, EX_FLOAT, EX_STR } ex_flag_type;
+typedef struct ex_flag {
+    const char *name;  /* "--epochs" */
+    ex_flag_type type; /* EX_INT: dst is an int *, EX_FLOAT: a float *, EX_STR: a const char ** */
+    void *dst;         /* keeps its value (the default) unless the flag is given */
+} ex_flag;
+
+/* Prints "<prog>: <what>" and the flags of the table to stderr; returns 2 (a usage error). */
+static inline int ex_usage(const char *prog, const char *what, const char *arg, const ex_flag *flags, int n) {
+    fprintf(stderr, "%s: %s%s\nusage: %s", prog, what, arg ? arg : "", prog);
+    for (int k = 0; k < n && flags[k].name; k++)
+        fprintf(stderr, " [%s %s]", flags[k].name, flags[k].type == EX_STR ? "S" : flags[k].type == EX_INT ? "N" : "X");
+    fprintf(stderr, "\n");
+    return 2;
+}
+
+/* Parses argv[1..argc) as "--name value" pairs against flags[0..n) (a NULL
+   name ends the table early). A number must be the whole token ("--epochs 3x"
+   is refused); floats are read as double, then rounded to float. A flag given
+   twice keeps the last value. Returns 0, or 2 after printing the usage error
+   (unknown flag, missing or malformed value; --help prints the flags). */
+static inline int ex_parse(const char *prog, int argc, char **argv, const ex_flag *flags, int n) {
+    for (int i = 1; i < argc; i += 2) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) return ex_usage(prog, "flags", NULL, flags, n);
+        int k = 0;
+        while (k < n && flags[k].name && strcmp(a, flags[k].name)) k++;
+        if (k == n || !flags[k].name) return ex_usage(prog, "unknown flag ", a, flags, n);
+        if (!v) return ex_usage(prog, "a value is missing after ", a, flags, n);
+        if (flags[k].type == EX_STR) {
+            *(const char **)flags[k].dst = v;
+            continue;
+        }
+        char *end;
+        int ok;
+        if (flags[k].type == EX_INT) {
+            long x = strtol(v, &end, 10);
+            ok = end != v && !*end && x >= INT_MIN && x <= INT_MAX;
+            if (ok) *(int *)flags[k].dst = (int)x;
+        } else {
+            double x = strtod(v, &end);
+            ok = end != v && !*end;
+            if (ok) *(float *)flags[k].dst = (float)x;
+        }
+        if (!ok) {
+            fprintf(stderr, "%s: %s %s: not %s\n", prog, a, v, flags[k].type == EX_INT ? "an integer" : "a number");
+            return 2;
+        }
+    }
+    return 0;
+}
 
 #endif

@@ -33,41 +33,20 @@ typedef struct {
     float lr, weight_decay, momentum;
 } cnn_opts;
 
-/* Parses the flags into o (defaults already there); 0 on success, 2 on a usage error. */
+/* Parses the flags into o (defaults already there; ex_parse); 0 on success, 2 on a usage error. */
 static int cnn_parse(int argc, char **argv, cnn_opts *o) {
-    for (int i = 1; i < argc; i += 2) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!v) {
-            fprintf(stderr, "train_cnn: %s needs a value\n", a);
-            return 2;
-        }
-        if (!strcmp(a, "--backend"))
-            o->backend = v;
-        else if (!strcmp(a, "--data"))
-            o->path = v;
-        else if (!strcmp(a, "--optimizer"))
-            o->optimizer = v;
-        else if (!strcmp(a, "--devices"))
-            o->devices = atoi(v);
-        else if (!strcmp(a, "--epochs"))
-            o->epochs = atoi(v);
-        else if (!strcmp(a, "--batch"))
-            o->batch = atoi(v);
-        else if (!strcmp(a, "--seed"))
-            o->seed = atoi(v);
-        else if (!strcmp(a, "--steps"))
-            o->steps = atoi(v);
-        else if (!strcmp(a, "--lr"))
-            o->lr = (float)atof(v);
-        else if (!strcmp(a, "--weight-decay"))
-            o->weight_decay = (float)atof(v);
-        else if (!strcmp(a, "--momentum"))
-            o->momentum = (float)atof(v);
-        else {
-            fprintf(stderr, "train_cnn: unknown flag %s\n", a);
-            return 2;
-        }
-    }
+    const ex_flag f[] = { { "--backend", EX_STR, &o->backend },
+                          { "--data", EX_STR, &o->path },
+                          { "--optimizer", EX_STR, &o->optimizer },
+                          { "--devices", EX_INT, &o->devices },
+                          { "--epochs", EX_INT, &o->epochs },
+                          { "--batch", EX_INT, &o->batch },
+                          { "--seed", EX_INT, &o->seed },
+                          { "--steps", EX_INT, &o->steps },
+                          { "--lr", EX_FLOAT, &o->lr },
+                          { "--weight-decay", EX_FLOAT, &o->weight_decay },
+                          { "--momentum", EX_FLOAT, &o->momentum } };
+    if (ex_parse("train_cnn", argc, argv, f, (int)(sizeof f / sizeof f[0]))) return 2;
     if (o->devices < 1 || o->epochs < 1 || o->batch < 1 || o->steps < 0) {
         fprintf(stderr, "train_cnn: --devices, --epochs and --batch must be >= 1, --steps >= 0\n");
         return 2;

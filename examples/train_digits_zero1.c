@@ -40,23 +40,17 @@ static dpar_status train_step(dpar_ctx *ctx, void *user) {
     dpar_buffer *h_pre = dpar_array_shard(m->h_pre, dev), *h = dpar_array_shard(m->h, dev);
     dpar_buffer *logits = dpar_array_shard(m->logits, dev), *dlogits = dpar_array_shard(m->dlogits, dev);
     dpar_buffer *dh = dpar_array_shard(m->dh, dev), *loss = dpar_array_shard(m->loss, dev);
-    dpar_status s;
-#define CHECK(call)                            \
-    do {                                       \
-        if ((s = (call)) != DPAR_OK) return s; \
-    } while (0)
-    CHECK(digits_forward(p, x, h_pre, h, logits));
-    CHECK(dpar_softmax_xent(loss, dlogits, logits, y));
-    CHECK(dpar_matmul(g[W2], h, dlogits, true, false, 1.0f, 0.0f));
-    CHECK(dpar_bias_grad(g[B2], dlogits, 0.0f));
-    CHECK(dpar_matmul(dh, dlogits, p[W2], false, true, 1.0f, 0.0f));
-    CHECK(dpar_relu_backward(dh, dh, h_pre));
-    CHECK(dpar_matmul(g[W1], x, dh, true, false, 1.0f, 0.0f));
-    CHECK(dpar_bias_grad(g[B1], dh, 0.0f));
-    CHECK(dpar_pmean(ctx, loss, loss, "data"));
+    TRY(digits_forward(p, x, h_pre, h, logits));
+    TRY(dpar_softmax_xent(loss, dlogits, logits, y));
+    TRY(dpar_matmul(g[W2], h, dlogits, true, false, 1.0f, 0.0f));
+    TRY(dpar_bias_grad(g[B2], dlogits, 0.0f));
+    TRY(dpar_matmul(dh, dlogits, p[W2], false, true, 1.0f, 0.0f));
+    TRY(dpar_relu_backward(dh, dh, h_pre));
+    TRY(dpar_matmul(g[W1], x, dh, true, false, 1.0f, 0.0f));
+    TRY(dpar_bias_grad(g[B1], dh, 0.0f));
+    TRY(dpar_pmean(ctx, loss, loss, "data"));
     /* ZeRO-1: reduce-scatter, update the local block, all-gather */
-    CHECK(dpar_zero1_step(ctx, m->zero, g));
-#undef CHECK
+    TRY(dpar_zero1_step(ctx, m->zero, g));
     return DPAR_OK;
 }
 
