@@ -1512,22 +1512,17 @@ static dpar_status dpar__cu_op_optim(dpar__cu_state *st, int dev, const dpar__op
     }
 }
 
-static dpar_status dpar__cu_op(void *state, int dev, const dpar__op *op) {
-    dpar__cu_state *st = (dpar__cu_state *)state;
-    dpar__cu_dev *d = &st->dev[dev];
-    dpar__CUstream s = d->compute;
+/* The one-kernel pointwise kinds: bias add and its gradient, ReLU and its
+   gradient, axpy, scale and the fused SGD update. */
+static dpar_status dpar__cu_op_pointwise(dpar__cu_state *st, int dev, const dpar__op *op) {
+    dpar__CUstream s = st->dev[dev].compute;
     dpar__CUdeviceptr dst = op->dst ? DPAR__CU_PTR(op->dst) : 0;
     dpar__CUdeviceptr dst2 = op->dst2 ? DPAR__CU_PTR(op->dst2) : 0;
     dpar__CUdeviceptr a = op->src0 ? DPAR__CU_PTR(op->src0) : 0;
     dpar__CUdeviceptr b = op->src1 ? DPAR__CU_PTR(op->src1) : 0;
     int64_t n = op->n, m = op->m;
     float f0 = op->f[0], f1 = op->f[1], f2 = op->f[2], f3 = op->f[3];
-    dpar_status st2 = dpar__cu_bind(st, dev);
-    if (st2) return st2;
-    DPAR_ASSERT((int)op->kind >= 0 && op->kind < DPAR__OP_COUNT);
-
     switch (op->kind) {
-    case DPAR__OP_MATMUL: return dpar__cu_matmul(st, dev, op);
     case DPAR__OP_BIAS_ADD: {
         int64_t total = m * n;
         void *args[] = { &dst, &a, &m, &n };
@@ -1549,6 +1544,48 @@ static dpar_status dpar__cu_op(void *state, int dev, const dpar__op *op) {
         if (n == 0) return DPAR_OK;
         return dpar__cu_launch(st, dev, DPAR__CUK_RELU_BWD, dpar__cu_grid(n, 4, 8192), DPAR__CU_BLOCK, s, args);
     }
+    case DPAR__OP_AXPY: {
+        void *args[] = { &dst, &a, &f0, &n };
+        if (n == 0) return DPAR_OK;
+        return dpar__cu_launch(st, dev, DPAR__CUK_AXPY, dpar__cu_grid(n, 16, 8192), DPAR__CU_BLOCK, s, args);
+    }
+    case DPAR__OP_SCALE: {
+        void *args[] = { &dst, &f0, &n };
+        if (n == 0) return DPAR_OK;
+        return dpar__cu_launch(st, dev, DPAR__CUK_SCALE, dpar__cu_grid(n, 16, 8192), DPAR__CU_BLOCK, s, args);
+    }
+    case DPAR__OP_SGD: {
+        int nesterov = op->nesterov ? 1 : 0;
+        void *args[] = { &dst, &a, &dst2, &n, &f0, &f1, &f2, &f3, &nesterov };
+        if (n == 0) return DPAR_OK;
+        return dpar__cu_launch(st, dev, DPAR__CUK_SGD, dpar__cu_grid(n, 16, 8192), DPAR__CU_BLOCK, s, args);
+    }
+    default: return dpar__err(DPAR_ERR_BACKEND, "cuda: op %s is not a pointwise op", dpar__op_name(op->kind));
+    }
+}
+
+static dpar_status dpar__cu_op(void *state, int dev, const dpar__op *op) {
+    dpar__cu_state *st = (dpar__cu_state *)state;
+    dpar__cu_dev *d = &st->dev[dev];
+    dpar__CUstream s = d->compute;
+    dpar__CUdeviceptr dst = op->dst ? DPAR__CU_PTR(op->dst) : 0;
+    dpar__CUdeviceptr dst2 = op->dst2 ? DPAR__CU_PTR(op->dst2) : 0;
+    dpar__CUdeviceptr a = op->src0 ? DPAR__CU_PTR(op->src0) : 0;
+    dpar__CUdeviceptr b = op->src1 ? DPAR__CU_PTR(op->src1) : 0;
+    int64_t n = op->n;
+    dpar_status st2 = dpar__cu_bind(st, dev);
+    if (st2) return st2;
+    DPAR_ASSERT((int)op->kind >= 0 && op->kind < DPAR__OP_COUNT);
+
+    switch (op->kind) {
+    case DPAR__OP_MATMUL: return dpar__cu_matmul(st, dev, op);
+    case DPAR__OP_BIAS_ADD:
+    case DPAR__OP_BIAS_GRAD:
+    case DPAR__OP_RELU:
+    case DPAR__OP_RELU_BWD:
+    case DPAR__OP_AXPY:
+    case DPAR__OP_SCALE:
+    case DPAR__OP_SGD: return dpar__cu_op_pointwise(st, dev, op);
     case DPAR__OP_SOFTMAX_XENT:
     case DPAR__OP_ADAMW:
     case DPAR__OP_EMBED:
@@ -1576,16 +1613,6 @@ static dpar_status dpar__cu_op(void *state, int dev, const dpar__op *op) {
         if ((e = dpar__cu_launch(st, dev, DPAR__CUK_REDUCE_PARTIAL, g, DPAR__CU_BLOCK, s, args))) return e;
         return dpar__cu_final(st, dev, scr, parts, 1.0, dst);
     }
-    case DPAR__OP_AXPY: {
-        void *args[] = { &dst, &a, &f0, &n };
-        if (n == 0) return DPAR_OK;
-        return dpar__cu_launch(st, dev, DPAR__CUK_AXPY, dpar__cu_grid(n, 16, 8192), DPAR__CU_BLOCK, s, args);
-    }
-    case DPAR__OP_SCALE: {
-        void *args[] = { &dst, &f0, &n };
-        if (n == 0) return DPAR_OK;
-        return dpar__cu_launch(st, dev, DPAR__CUK_SCALE, dpar__cu_grid(n, 16, 8192), DPAR__CU_BLOCK, s, args);
-    }
     case DPAR__OP_FILL: return dpar__cu_op_fill(st, dev, op);
     case DPAR__OP_COPY: {
         size_t nb = op->src0->nbytes < op->dst->nbytes ? op->src0->nbytes : op->dst->nbytes;
@@ -1604,12 +1631,6 @@ static dpar_status dpar__cu_op(void *state, int dev, const dpar__op *op) {
             return DPAR_OK;
         }
         return dpar__cu_launch(st, dev, DPAR__CUK_CAST, dpar__cu_grid(cnt, 4, 8192), DPAR__CU_BLOCK, s, args);
-    }
-    case DPAR__OP_SGD: {
-        int nesterov = op->nesterov ? 1 : 0;
-        void *args[] = { &dst, &a, &dst2, &n, &f0, &f1, &f2, &f3, &nesterov };
-        if (n == 0) return DPAR_OK;
-        return dpar__cu_launch(st, dev, DPAR__CUK_SGD, dpar__cu_grid(n, 16, 8192), DPAR__CU_BLOCK, s, args);
     }
     case DPAR__OP_UNARY:
     case DPAR__OP_UNARY_BWD:

@@ -1749,12 +1749,101 @@ static dpar_status dpar__vk_op_optim(dpar__vk *st, int dev, const dpar__op *op, 
     }
 }
 
-static dpar_status dpar__vk_op(void *state, int dev, const dpar__op *op) {
-    dpar__vk *st = (dpar__vk *)state;
-    dpar__vkbuf *dst = op->dst ? (dpar__vkbuf *)op->dst->mem : NULL;
+/* The kinds with one shader each and no helper of their own: matmul, bias,
+   loss and reduction kernels, fills, copies and casts. `b` holds dst in
+   binding 0; n is dst's element count. */
+static dpar_status dpar__vk_op_basic(dpar__vk *st, int dev, const dpar__op *op, dpar__vkbuf **b, dpar__vkpc *pc,
+                                     int64_t n) {
+    dpar__vkbuf *dst = b[0];
     dpar__vkbuf *dst2 = op->dst2 ? (dpar__vkbuf *)op->dst2->mem : NULL;
     dpar__vkbuf *src0 = op->src0 ? (dpar__vkbuf *)op->src0->mem : NULL;
     dpar__vkbuf *src1 = op->src1 ? (dpar__vkbuf *)op->src1->mem : NULL;
+    switch (op->kind) {
+    case DPAR__OP_MATMUL: {
+        if (op->m == 0 || op->n == 0) return DPAR_OK;
+        pc->m = (uint32_t)op->m;
+        pc->n = (uint32_t)op->n;
+        pc->k = (uint32_t)op->k;
+        pc->flags = (op->trans_a ? 1u : 0u) | (op->trans_b ? 2u : 0u) | (op->f[1] == 0.0f ? 4u : 0u) |
+                    ((uint32_t)(op->src0->dtype == DPAR_F16    ? 1
+                                : op->src0->dtype == DPAR_BF16 ? 2
+                                                               : 0)
+                     << 3);
+        b[2] = src0;
+        b[3] = src1;
+        return dpar__vk_dispatch(st, dev, DPAR__SPV_MATMUL, b, pc, (uint32_t)((op->n + 31) / 32),
+                                 (uint32_t)((op->m + 31) / 32));
+    }
+    case DPAR__OP_BIAS_ADD: {
+        int64_t cols = op->src0->count;
+        if (n == 0 || cols == 0) return DPAR_OK;
+        pc->n = (uint32_t)n;
+        pc->m = (uint32_t)cols;
+        b[2] = src0;
+        return dpar__vk_dispatch(st, dev, DPAR__SPV_BIAS_ADD, b, pc, dpar__vk_groups(st->devs[dev].ph, (uint64_t)n), 1);
+    }
+    case DPAR__OP_BIAS_GRAD: {
+        if (n == 0) return DPAR_OK;
+        pc->n = (uint32_t)n;
+        pc->m = (uint32_t)(op->src0->count / n);
+        b[2] = src0;
+        return dpar__vk_dispatch(st, dev, DPAR__SPV_BIAS_GRAD, b, pc, dpar__vk_groups(st->devs[dev].ph, (uint64_t)n),
+                                 1);
+    }
+    case DPAR__OP_SOFTMAX_XENT: {
+        int64_t rows = op->src1->count, cols = rows ? op->src0->count / rows : 0;
+        pc->m = (uint32_t)rows;
+        pc->n = (uint32_t)cols;
+        pc->flags = dst2 ? 1u : 0u;
+        pc->p[0] = op->p[0] ? 1u : 0u;
+        pc->p[1] = (uint32_t)op->p[1];
+        b[1] = dst2;
+        b[2] = src0;
+        b[3] = src1;
+        dpar_status s = dpar__vk_dispatch(st, dev, DPAR__SPV_SOFTMAX_XENT, b, pc, 1, 1);
+        return s ? s : dpar__vk_idx_check(st, dev, op->src1, cols, (int)op->p[0], (int32_t)op->p[1], (int)op->p[2]);
+    }
+    case DPAR__OP_MSE:
+        pc->n = (uint32_t)op->src0->count;
+        pc->flags = dst2 ? 1u : 0u;
+        b[1] = dst2;
+        b[2] = src0;
+        b[3] = src1;
+        return dpar__vk_dispatch(st, dev, DPAR__SPV_MSE, b, pc, 1, 1);
+    case DPAR__OP_SUM:
+    case DPAR__OP_SUMSQ:
+        pc->n = (uint32_t)op->src0->count;
+        pc->flags = op->kind == DPAR__OP_SUMSQ ? 1u : 0u;
+        b[2] = src0;
+        return dpar__vk_dispatch(st, dev, DPAR__SPV_REDUCE, b, pc, 1, 1);
+    case DPAR__OP_FILL:
+        if (n == 0) return DPAR_OK;
+        return dpar__vk_transfer(st, dev, dst, NULL, dst->size, dpar__vk_fill_pattern(op->dst->dtype, op->f[0]));
+    case DPAR__OP_COPY:
+        if (op->dst->nbytes == 0 || dst == src0) return DPAR_OK;
+        return dpar__vk_transfer(st, dev, dst, src0, op->dst->nbytes, 0);
+    case DPAR__OP_CAST: {
+        if (n == 0) return DPAR_OK;
+        if (op->dst->dtype == op->src0->dtype) {
+            if (dst == src0) return DPAR_OK;
+            return dpar__vk_transfer(st, dev, dst, src0, op->dst->nbytes, 0);
+        }
+        pc->n = (uint32_t)n;
+        pc->flags = (uint32_t)op->src0->dtype | ((uint32_t)op->dst->dtype << 8);
+        b[2] = src0;
+        int half = op->dst->dtype == DPAR_F16 || op->dst->dtype == DPAR_BF16;
+        return dpar__vk_dispatch(st, dev, DPAR__SPV_CAST, b, pc,
+                                 dpar__vk_groups(st->devs[dev].ph, half ? ((uint64_t)n + 1) / 2 : (uint64_t)n), 1);
+    }
+    default: /* dpar__vk_op routes only the kinds above here */
+        return dpar__err(DPAR_ERR_BACKEND, "vulkan: op %s reached the basic kernels; a dispatch bug",
+                         dpar__op_name(op->kind));
+    }
+}
+
+static dpar_status dpar__vk_op(void *state, int dev, const dpar__op *op) {
+    dpar__vk *st = (dpar__vk *)state;
+    dpar__vkbuf *dst = op->dst ? (dpar__vkbuf *)op->dst->mem : NULL;
     dpar__vkpc pc;
     memset(&pc, 0, sizeof pc);
     memcpy(pc.f, op->f, sizeof pc.f);
@@ -1771,38 +1860,16 @@ static dpar_status dpar__vk_op(void *state, int dev, const dpar__op *op) {
                          (long long)big);
     DPAR_ASSERT((int)op->kind >= 0 && op->kind < DPAR__OP_COUNT);
     switch (op->kind) {
-    case DPAR__OP_MATMUL: {
-        if (op->m == 0 || op->n == 0) return DPAR_OK;
-        pc.m = (uint32_t)op->m;
-        pc.n = (uint32_t)op->n;
-        pc.k = (uint32_t)op->k;
-        pc.flags = (op->trans_a ? 1u : 0u) | (op->trans_b ? 2u : 0u) | (op->f[1] == 0.0f ? 4u : 0u) |
-                   ((uint32_t)(op->src0->dtype == DPAR_F16    ? 1
-                               : op->src0->dtype == DPAR_BF16 ? 2
-                                                              : 0)
-                    << 3);
-        b[2] = src0;
-        b[3] = src1;
-        return dpar__vk_dispatch(st, dev, DPAR__SPV_MATMUL, b, &pc, (uint32_t)((op->n + 31) / 32),
-                                 (uint32_t)((op->m + 31) / 32));
-    }
-    case DPAR__OP_BIAS_ADD: {
-        int64_t cols = op->src0->count;
-        if (n == 0 || cols == 0) return DPAR_OK;
-        pc.n = (uint32_t)n;
-        pc.m = (uint32_t)cols;
-        b[2] = src0;
-        return dpar__vk_dispatch(st, dev, DPAR__SPV_BIAS_ADD, b, &pc, dpar__vk_groups(st->devs[dev].ph, (uint64_t)n),
-                                 1);
-    }
-    case DPAR__OP_BIAS_GRAD: {
-        if (n == 0) return DPAR_OK;
-        pc.n = (uint32_t)n;
-        pc.m = (uint32_t)(op->src0->count / n);
-        b[2] = src0;
-        return dpar__vk_dispatch(st, dev, DPAR__SPV_BIAS_GRAD, b, &pc, dpar__vk_groups(st->devs[dev].ph, (uint64_t)n),
-                                 1);
-    }
+    case DPAR__OP_MATMUL:
+    case DPAR__OP_BIAS_ADD:
+    case DPAR__OP_BIAS_GRAD:
+    case DPAR__OP_SOFTMAX_XENT:
+    case DPAR__OP_MSE:
+    case DPAR__OP_SUM:
+    case DPAR__OP_SUMSQ:
+    case DPAR__OP_FILL:
+    case DPAR__OP_COPY:
+    case DPAR__OP_CAST: return dpar__vk_op_basic(st, dev, op, b, &pc, n);
     case DPAR__OP_RELU:
     case DPAR__OP_RELU_BWD:
     case DPAR__OP_AXPY:
@@ -1810,55 +1877,10 @@ static dpar_status dpar__vk_op(void *state, int dev, const dpar__op *op) {
     case DPAR__OP_SGD:
         if (n == 0) return DPAR_OK;
         return dpar__vk_op_elementwise(st, dev, op, b, &pc);
-    case DPAR__OP_SOFTMAX_XENT: {
-        int64_t rows = op->src1->count, cols = rows ? op->src0->count / rows : 0;
-        pc.m = (uint32_t)rows;
-        pc.n = (uint32_t)cols;
-        pc.flags = dst2 ? 1u : 0u;
-        pc.p[0] = op->p[0] ? 1u : 0u;
-        pc.p[1] = (uint32_t)op->p[1];
-        b[1] = dst2;
-        b[2] = src0;
-        b[3] = src1;
-        dpar_status s = dpar__vk_dispatch(st, dev, DPAR__SPV_SOFTMAX_XENT, b, &pc, 1, 1);
-        return s ? s : dpar__vk_idx_check(st, dev, op->src1, cols, (int)op->p[0], (int32_t)op->p[1], (int)op->p[2]);
-    }
     case DPAR__OP_ADAMW:
     case DPAR__OP_EMBED:
     case DPAR__OP_EMBED_BWD:
     case DPAR__OP_DROPOUT: return dpar__vk_op_optim(st, dev, op, b, &pc);
-    case DPAR__OP_MSE:
-        pc.n = (uint32_t)op->src0->count;
-        pc.flags = dst2 ? 1u : 0u;
-        b[1] = dst2;
-        b[2] = src0;
-        b[3] = src1;
-        return dpar__vk_dispatch(st, dev, DPAR__SPV_MSE, b, &pc, 1, 1);
-    case DPAR__OP_SUM:
-    case DPAR__OP_SUMSQ:
-        pc.n = (uint32_t)op->src0->count;
-        pc.flags = op->kind == DPAR__OP_SUMSQ ? 1u : 0u;
-        b[2] = src0;
-        return dpar__vk_dispatch(st, dev, DPAR__SPV_REDUCE, b, &pc, 1, 1);
-    case DPAR__OP_FILL:
-        if (n == 0) return DPAR_OK;
-        return dpar__vk_transfer(st, dev, dst, NULL, dst->size, dpar__vk_fill_pattern(op->dst->dtype, op->f[0]));
-    case DPAR__OP_COPY:
-        if (op->dst->nbytes == 0 || dst == src0) return DPAR_OK;
-        return dpar__vk_transfer(st, dev, dst, src0, op->dst->nbytes, 0);
-    case DPAR__OP_CAST: {
-        if (n == 0) return DPAR_OK;
-        if (op->dst->dtype == op->src0->dtype) {
-            if (dst == src0) return DPAR_OK;
-            return dpar__vk_transfer(st, dev, dst, src0, op->dst->nbytes, 0);
-        }
-        pc.n = (uint32_t)n;
-        pc.flags = (uint32_t)op->src0->dtype | ((uint32_t)op->dst->dtype << 8);
-        b[2] = src0;
-        int half = op->dst->dtype == DPAR_F16 || op->dst->dtype == DPAR_BF16;
-        return dpar__vk_dispatch(st, dev, DPAR__SPV_CAST, b, &pc,
-                                 dpar__vk_groups(st->devs[dev].ph, half ? ((uint64_t)n + 1) / 2 : (uint64_t)n), 1);
-    }
     case DPAR__OP_UNARY:
     case DPAR__OP_UNARY_BWD:
     case DPAR__OP_BINARY:
