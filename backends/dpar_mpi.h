@@ -583,6 +583,72 @@ static dpar_status dpar__mpi_gave_up(dpar__mpi *mp, dpar__mpi_group *mg, const d
                      (unsigned long long)o.seq, timeout_ms);
 }
 
+/* A receive of the agreement timed out (r == 0) or the job aborted (r < 0):
+   cancels every outstanding receive, tells the ranks that never answered that
+   this one gave up (should they arrive later), marks the runtime broken and
+   returns the error naming them. */
+static dpar_status dpar__mpi_abandon_wait(dpar_runtime *rt, dpar__mpi *mp, dpar__mpi_group *mg, dpar__group *g, int r,
+                                          const char *what, uint64_t job, uint64_t seq) {
+    char who[256], devs[128];
+    size_t at = 0;
+    who[0] = 0;
+    for (int k = 0; k < mg->nprocs; k++) {
+        if (k == mg->me || mg->rreq[k] == MPI_REQUEST_NULL) continue;
+        int done = 0;
+        pthread_mutex_lock(&mp->mu);
+        MPI_Test(&mg->rreq[k], &done, MPI_STATUS_IGNORE);
+        if (!done) {
+            MPI_Cancel(&mg->rreq[k]);
+            MPI_Wait(&mg->rreq[k], MPI_STATUS_IGNORE);
+        }
+        pthread_mutex_unlock(&mp->mu);
+        if (!done && at < sizeof who)
+            at += (size_t)snprintf(who + at, sizeof who - at, "%srank %d (devices %s)", at ? ", " : "", mg->procs[k],
+                                   dpar__mpi_devs(g, mg, k, devs, sizeof devs));
+        if (!done && r == 0) { /* tell it, should it arrive later */
+            if (!mg->nbuf) mg->nbuf = (dpar__mpi_msg *)dpar__calloc((size_t)mg->nprocs, sizeof(dpar__mpi_msg));
+            if (mg->nbuf) {
+                MPI_Request nr = MPI_REQUEST_NULL;
+                dpar__mpi_fill_msg(&mg->nbuf[k], NULL, job, seq, 2);
+                pthread_mutex_lock(&mp->mu);
+                if (MPI_Isend(&mg->nbuf[k], (int)sizeof(dpar__mpi_msg), MPI_BYTE, k, DPAR__MPI_TAG_GAVE_UP, mg->comm,
+                              &nr) == MPI_SUCCESS)
+                    MPI_Request_free(&nr); /* completes on its own; nbuf is kept (abandoned) */
+                pthread_mutex_unlock(&mp->mu);
+                mg->abandoned = 1; /* nbuf stays in use */
+            }
+        }
+    }
+    mp->broken = 1;
+    if (r < 0) return dpar__err(DPAR_ERR_ABORTED, "%s: stopped because another device failed first", what);
+    mp->waited_out_job = job;
+    return dpar__err(
+        DPAR_ERR_TIMEOUT,
+        "%s (step: pmap #%llu, collective #%llu of this group): timed out after %d ms waiting for %s, "
+        "which never called it; every process must make the same collective calls (DPAR_TIMEOUT_MS sets the "
+        "timeout)",
+        what, (unsigned long long)job, (unsigned long long)seq, rt->timeout_ms, who);
+}
+
+/* The collective another rank announced, as a post to compare with ours. */
+static void dpar__mpi_msg_post(const dpar__mpi_msg *o, dpar__post *op) {
+    memset(op, 0, sizeof *op);
+    op->kind = o->kind;
+    op->op = o->op;
+    op->dtype = o->dtype;
+    op->in_count = o->in_count;
+    op->out_count = o->out_count;
+    op->dim = o->dim;
+    op->tiled = o->tiled;
+    op->split_dim = o->split_dim;
+    op->concat_dim = o->concat_dim;
+    op->root = o->root;
+    op->pairs_hash = o->pairs_hash;
+    op->name = dpar__coll_name((dpar__coll_kind)op->kind, (dpar_reduce_op)op->op);
+    op->ndim = (int)o->ndim;
+    for (int d = 0; d < DPAR_MAX_DIMS; d++) op->shape[d] = o->shape[d];
+}
+
 /* Step 1 of every collective across processes, run by the group's leader on
    each process: every process tells the others what it calls, so a
    mismatch, a rank that returned from its pmap function, or one that never
@@ -622,46 +688,7 @@ static dpar_status dpar__mpi_describe(dpar_ctx *ctx, dpar__group *g, const char 
                 continue;
             }
             if (r == 1) break;
-            /* timed out or aborted: give up on every outstanding receive */
-            char who[256], devs[128];
-            size_t at = 0;
-            who[0] = 0;
-            for (int k = 0; k < mg->nprocs; k++) {
-                if (k == mg->me || mg->rreq[k] == MPI_REQUEST_NULL) continue;
-                int done = 0;
-                pthread_mutex_lock(&mp->mu);
-                MPI_Test(&mg->rreq[k], &done, MPI_STATUS_IGNORE);
-                if (!done) {
-                    MPI_Cancel(&mg->rreq[k]);
-                    MPI_Wait(&mg->rreq[k], MPI_STATUS_IGNORE);
-                }
-                pthread_mutex_unlock(&mp->mu);
-                if (!done && at < sizeof who)
-                    at += (size_t)snprintf(who + at, sizeof who - at, "%srank %d (devices %s)", at ? ", " : "",
-                                           mg->procs[k], dpar__mpi_devs(g, mg, k, devs, sizeof devs));
-                if (!done && r == 0) { /* tell it, should it arrive later */
-                    if (!mg->nbuf) mg->nbuf = (dpar__mpi_msg *)dpar__calloc((size_t)mg->nprocs, sizeof(dpar__mpi_msg));
-                    if (mg->nbuf) {
-                        MPI_Request nr = MPI_REQUEST_NULL;
-                        dpar__mpi_fill_msg(&mg->nbuf[k], NULL, job, seq, 2);
-                        pthread_mutex_lock(&mp->mu);
-                        if (MPI_Isend(&mg->nbuf[k], (int)sizeof mine, MPI_BYTE, k, DPAR__MPI_TAG_GAVE_UP, mg->comm,
-                                      &nr) == MPI_SUCCESS)
-                            MPI_Request_free(&nr); /* completes on its own; nbuf is kept (abandoned) */
-                        pthread_mutex_unlock(&mp->mu);
-                        mg->abandoned = 1; /* nbuf stays in use */
-                    }
-                }
-            }
-            mp->broken = 1;
-            if (r < 0) return dpar__err(DPAR_ERR_ABORTED, "%s: stopped because another device failed first", what);
-            mp->waited_out_job = job;
-            return dpar__err(
-                DPAR_ERR_TIMEOUT,
-                "%s (step: pmap #%llu, collective #%llu of this group): timed out after %d ms waiting for %s, "
-                "which never called it; every process must make the same collective calls (DPAR_TIMEOUT_MS sets the "
-                "timeout)",
-                what, (unsigned long long)job, (unsigned long long)seq, rt->timeout_ms, who);
+            return dpar__mpi_abandon_wait(rt, mp, mg, g, r, what, job, seq);
         }
     }
     if ((s = dpar__mpi_gave_up(mp, mg, g, what, job, seq, rt->timeout_ms))) return s;
@@ -679,21 +706,7 @@ static dpar_status dpar__mpi_describe(dpar_ctx *ctx, dpar__group *g, const char 
                              dpar__mpi_devs(g, mg, q, devs, sizeof devs), (unsigned long long)o->seq);
         }
         dpar__post op;
-        memset(&op, 0, sizeof op);
-        op.kind = o->kind;
-        op.op = o->op;
-        op.dtype = o->dtype;
-        op.in_count = o->in_count;
-        op.out_count = o->out_count;
-        op.dim = o->dim;
-        op.tiled = o->tiled;
-        op.split_dim = o->split_dim;
-        op.concat_dim = o->concat_dim;
-        op.root = o->root;
-        op.pairs_hash = o->pairs_hash;
-        op.name = dpar__coll_name((dpar__coll_kind)op.kind, (dpar_reduce_op)op.op);
-        op.ndim = (int)o->ndim;
-        for (int d = 0; d < DPAR_MAX_DIMS; d++) op.shape[d] = o->shape[d];
+        dpar__mpi_msg_post(o, &op);
         if (o->job != job || o->seq != seq || !dpar__post_eq(&op, &g->posts[L])) {
             char x[200], y[200];
             dpar__post_str(&g->posts[L], x, sizeof x);
