@@ -1439,6 +1439,27 @@ DPAR_API dpar_status dpar_graph_sgd(dpar_graph *g, const dpar_sgd_desc *d, const
    Errors: those of dpar_adamw_check, then as dpar_graph_sgd. */
 DPAR_API dpar_status dpar_graph_adamw(dpar_graph *g, const dpar_adamw_desc *d, const dpar_value *params,
                                       const dpar_value *grads, int n);
+/* ZeRO-1 (Rajbhandari et al. 2020, stage 1; PyTorch's ZeroRedundancyOptimizer): shards the optimizer
+   state of the next dpar_graph_sgd / dpar_graph_adamw over the data axes `axes` ("data" or "data,fsdp";
+   call this after dpar_graph_value_and_grad, before the optimizer). Each gradient's all-reduce over
+   the axes becomes a reduce-scatter (psum_scatter, tiled) of the gradient viewed flat and zero-padded
+   to Lp = ceil(L / n) n elements (n: devices over the axes, L: the param's elements); each device
+   updates its block of Lp / n elements of every param and of its state, and the blocks are
+   all-gathered back into every replica of the params. Optimizer state per device falls by n
+   (dpar_graph_stats.opt_bytes); the losses are those of the plain data-parallel graph up to the order
+   of float sums, and the replicas stay bitwise identical. A gradient then holds this device's block
+   (f32 [Lp / n]; dpar_graph_get reads the first device's). Params must be f32 and replicated on the
+   whole mesh; clipping by global norm psums over the axes.
+   Errors: DPAR_ERR_UNKNOWN_AXIS, DPAR_ERR_STATE (twice, after the optimizer or compile); recorded by
+   the optimizer call: DPAR_ERR_INVALID_ARGUMENT naming the param when it is split over mesh axes, when
+   its gradient is not an all-reduce over exactly `axes` (the loss must vary over them: a batch split
+   over them) or when another node reads the gradient. */
+DPAR_API dpar_status dpar_graph_zero1(dpar_graph *g, const char *axes);
+/* ZeRO-1 state j (0: SGD momentum or AdamW m; 1: AdamW v) of the optimizer's param i after compile:
+   f32 [Lp] split over the ZeRO-1 axes, owned by the graph (save it in a checkpoint with padded =
+   true; restoring it and the params continues training bit for bit). NULL (last error set:
+   DPAR_ERR_INVALID_ARGUMENT) when there is no such state. */
+DPAR_API dpar_array *dpar_graph_zero1_state(const dpar_graph *g, int i, int j);
 /* The optimizer node's learning rate from the next run on (a schedule: dpar_lr_at each step).
    Errors: DPAR_ERR_INVALID_ARGUMENT (no optimizer node, lr not finite and > 0). */
 DPAR_API dpar_status dpar_graph_set_lr(dpar_graph *g, float lr);
@@ -1452,6 +1473,7 @@ typedef struct dpar_graph_stats {
     int buffers;            /* device buffers per device after reuse */
     uint64_t planned_bytes; /* bytes per device of the node buffers after liveness reuse */
     uint64_t naive_bytes;   /* bytes per device with one buffer per node */
+    uint64_t opt_bytes;     /* bytes per device of optimizer state (momentum, AdamW m and v) */
 } dpar_graph_stats;
 /* Schedules (the order built), plans memory (a buffer reused once its last
    reader ran; params and feeds not counted) and allocates on every device.
@@ -7405,6 +7427,8 @@ enum {
     DPAR__G_EMBED,
     DPAR__G_EMBED_GRAD,
     DPAR__G_DROPOUT, /* ip[0..1] seed, fp rate */
+    /* >>graph zero1-pipe kinds */
+    DPAR__G_ZERO1_SCATTER, /* in: a local gradient; ip[0]: the optimizer's param index; fp: scale */
     DPAR__G_KINDS
 };
 typedef struct dpar__g_kind {
@@ -7489,6 +7513,8 @@ static const dpar__g_kind dpar__g_kinds[DPAR__G_KINDS] = {
     { "embedding", 2, 0 },
     { "embedding_grad", 2, 0 },
     { "dropout", 1, 0 },
+    /* >>graph zero1-pipe kinds */
+    { "zero1_scatter", 1, 1 },
 };
 
 typedef struct dpar__gnode {
@@ -7513,6 +7539,8 @@ typedef struct dpar__gnode {
     int spec_of;       /* grads of feeds/params: the leaf whose global shape and spec it has */
     dpar_array *array; /* param: the user's; feed, kept grads: the graph's */
     int slot;          /* compiled: index into the graph's buffers, -1 none */
+    int stage;         /* pipelines: the stage that computes it (-1: a leaf, on every stage) */
+    bool pipe;         /* pipelines: a stage boundary (a ppermute between neighbouring stages) */
 } dpar__gnode;
 
 typedef struct dpar__gopt {
@@ -7545,6 +7573,7 @@ struct dpar_graph {
     dpar_buffer **sgd_ptrs; /* [li][4][n] params, grads, optimizer state (momentum / AdamW m, v) */
     dpar_request **reqs;    /* [node * nlocal + li] async reductions in flight */
     dpar_graph_stats stats;
+    struct dpar__gz1 *z1;   /* ZeRO-1 (dpar_graph_zero1), NULL: off */
 };
 
 /* ---- building: validity, errors, nodes ---- */
@@ -8939,6 +8968,8 @@ DPAR_API dpar_status dpar_graph_keep(dpar_graph *g, dpar_value v) {
 }
 
 /* ---- optimizer nodes ---- */
+static dpar_status dpar__g_z1_rewrite(dpar_graph *g, const char *fn, const dpar_value *params, const dpar_value *grads,
+                                      int n, float clip_norm); /* >>graph zero1-pipe */
 /* The optimizer node's params and grads, checked (params, same sizes, one spec when clipping). */
 static dpar_status dpar__g_opt_add(dpar_graph *g, const char *fn, const dpar_value *params, const dpar_value *grads,
                                    int n, float clip_norm) {
@@ -8973,6 +9004,8 @@ static dpar_status dpar__g_opt_add(dpar_graph *g, const char *fn, const dpar_val
     for (int a = 0; a < g->mesh->ndim && clip_norm > 0; a++)
         if (split & (1u << a))
             at += (size_t)snprintf(o->norm_axes + at, sizeof o->norm_axes - at, at ? ",%s" : "%s", g->mesh->names[a]);
+    dpar_status s = g->z1 ? dpar__g_z1_rewrite(g, fn, params, grads, n, clip_norm) : DPAR_OK;
+    if (s) return s;
     for (int k = 0; k < n; k++) o->params[k] = params[k].id, o->grads[k] = grads[k].id;
     g->has_opt = true;
     int id = dpar__g_push(g, DPAR__G_SGD, 0, NULL, DPAR_F32, 0, NULL);
@@ -9110,6 +9143,193 @@ static dpar_status dpar__g_exec_optim(dpar_graph *g, dpar_ctx *ctx, int li, cons
     }
 }
 
+/* >>graph zero1-pipe ==========================================================
+   ZeRO-1 (Rajbhandari et al. 2020, stage 1; PyTorch's ZeroRedundancyOptimizer) as a graph option:
+   the all-reduce of each gradient over the data axes becomes a reduce-scatter of the gradient viewed
+   flat and zero-padded to Lp, a multiple of the group size n; the optimizer node updates only this
+   device's block (Lp / n elements) of each param and of its state, then all-gathers the blocks into
+   the params. The block of a param is sliced from the param itself at every step (the params are
+   all-gathered from the blocks, so it is the block of the last update, bit for bit): no master copy. */
+static void dpar__g_axes_text(const dpar_graph *g, unsigned mask, char *buf, size_t cap);
+typedef struct dpar__gz1 {
+    char axes[64];
+    unsigned mask;
+    int n;                   /* group size over the axes */
+    int np;                  /* the optimizer's params (set at compile) */
+    int64_t *count, *padded; /* [np]: L and Lp = ceil(L / n) n */
+    dpar_array **state;      /* [j * np + k]: state j (momentum; AdamW m, v) of param k, f32 [Lp] split */
+    dpar_buffer **blk;       /* [k * nlocal + li]: this device's block of param k, f32 [Lp / n] */
+    dpar_buffer **pad;       /* [k * nlocal + li]: f32 [Lp] staging when Lp != L, else NULL */
+} dpar__gz1;
+
+DPAR_API dpar_status dpar_graph_zero1(dpar_graph *g, const char *axes) {
+    const char *fn = "dpar_graph_zero1";
+    dpar__clear_error();
+    if (!dpar__g_args(g, fn, 0, NULL)) return g ? dpar__g_status(g) : DPAR_ERR_INVALID_ARGUMENT;
+    if (g->has_opt || g->z1)
+        return dpar__g_err(g, DPAR_ERR_STATE, "%s: %s; call it once, before dpar_graph_sgd / dpar_graph_adamw", fn,
+                           g->z1 ? "ZeRO-1 is on already" : "the graph has its optimizer node already");
+    unsigned mask = 0;
+    dpar_status s = dpar__parse_axes(g->mesh, fn, axes, &mask, NULL, NULL);
+    if (s) return dpar__g_err(g, s, "%s", dpar_last_error());
+    if (strlen(axes) >= sizeof g->z1->axes)
+        return dpar__g_err(g, DPAR_ERR_INVALID_ARGUMENT, "%s: axes \"%s\" too long", fn, axes);
+    dpar__gz1 *z = (dpar__gz1 *)DPAR_MALLOC(sizeof *z);
+    if (!z) return dpar__g_err(g, DPAR_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+    memset(z, 0, sizeof *z);
+    snprintf(z->axes, sizeof z->axes, "%s", axes);
+    z->mask = mask;
+    z->n = dpar__g_group_size(g, mask);
+    g->z1 = z;
+    return DPAR_OK;
+}
+/* The gradient grads[k] of params[k] as value_and_grad made it: an all-reduce over exactly the ZeRO-1
+   axes (psum, or pmean when the loss was pinned), maybe scaled. That reduction becomes a zero1_scatter
+   node (the reduce-scatter, in the reduction's place in the schedule) and the gradient a block. */
+static dpar_status dpar__g_z1_rewrite(dpar_graph *g, const char *fn, const dpar_value *params, const dpar_value *grads,
+                                      int n, float clip_norm) {
+    dpar__gz1 *z = g->z1;
+    char l[96], l2[96], ax[64];
+    if (clip_norm > 0) snprintf(g->opt.norm_axes, sizeof g->opt.norm_axes, "%s", z->axes); /* blocks: split */
+    for (int k = 0; k < n; k++) {
+        int p = params[k].id, c = grads[k].id;
+        int r = g->n[c].kind == DPAR__G_SCALE ? g->n[c].in[0] : c;
+        if (g->n[p].vary)
+            return dpar__g_err(g, DPAR_ERR_INVALID_ARGUMENT,
+                               "%s: param %s is split over mesh axes; ZeRO-1 shards replicated params only", fn,
+                               dpar__g_label(g, p, l, sizeof l));
+        if ((g->n[r].kind != DPAR__G_PSUM && g->n[r].kind != DPAR__G_PMEAN) || g->n[r].axes != z->mask) {
+            dpar__g_axes_text(g, g->n[r].kind == DPAR__G_PSUM || g->n[r].kind == DPAR__G_PMEAN ? g->n[r].axes : 0,
+                              ax, sizeof ax);
+            return dpar__g_err(g, DPAR_ERR_INVALID_ARGUMENT,
+                               "%s: the gradient %s of %s is not an all-reduce over exactly \"%s\" (it reduces over "
+                               "\"%s\"); ZeRO-1 needs the gradients of dpar_graph_value_and_grad of a loss that "
+                               "varies over those axes (a batch split over them)",
+                               fn, dpar__g_label(g, c, l, sizeof l), dpar__g_label(g, p, l2, sizeof l2), z->axes, ax);
+        }
+        for (int i = 1; i < g->count; i++)
+            for (int j = 0; j < g->n[i].nin; j++)
+                if (g->n[i].in[j] == c || (g->n[i].in[j] == r && i != c))
+                    return dpar__g_err(g, DPAR_ERR_INVALID_ARGUMENT,
+                                       "%s: the gradient %s is read by %s; under ZeRO-1 a gradient is a block per "
+                                       "device that only the optimizer reads",
+                                       fn, dpar__g_label(g, c, l, sizeof l), dpar__g_label(g, i, l2, sizeof l2));
+        int64_t blk = (dpar__g_count(&g->n[p]) + z->n - 1) / z->n;
+        for (int id = r;; id = c) {
+            dpar__gnode *nd = &g->n[id];
+            nd->ndim = 1;
+            nd->shape[0] = blk;
+            nd->vary |= z->mask;
+            nd->async = false;
+            if (id == c) break;
+        }
+        dpar__gnode *rn = &g->n[r];
+        rn->fp = rn->kind == DPAR__G_PMEAN ? 1.0f / (float)z->n : 1.0f;
+        rn->kind = DPAR__G_ZERO1_SCATTER;
+        rn->ip[0] = k;
+        g->n[c].spec_of = 0; /* no longer a global array: dpar_graph_get reads the first device's block */
+    }
+    return DPAR_OK;
+}
+/* At compile: the state arrays, the block and staging buffers; nstate buffers of state per param. */
+static dpar_status dpar__g_z1_alloc(dpar_graph *g, int nstate) {
+    dpar__gz1 *z = g->z1;
+    int np = g->opt.n, nl = g->nlocal;
+    z->np = np;
+    z->count = (int64_t *)DPAR_MALLOC((size_t)(2 * np) * sizeof(int64_t));
+    z->state = (dpar_array **)DPAR_MALLOC((size_t)(2 * np) * sizeof(dpar_array *));
+    z->blk = (dpar_buffer **)DPAR_MALLOC((size_t)(2 * np * nl) * sizeof(dpar_buffer *));
+    if (!z->count || !z->state || !z->blk) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_graph_compile: out of memory");
+    memset(z->state, 0, (size_t)(2 * np) * sizeof(dpar_array *));
+    memset(z->blk, 0, (size_t)(2 * np * nl) * sizeof(dpar_buffer *));
+    z->padded = z->count + np;
+    z->pad = z->blk + np * nl;
+    dpar_status s = DPAR_OK;
+    for (int k = 0; k < np && !s; k++) {
+        z->count[k] = dpar__g_count(&g->n[g->opt.params[k]]);
+        z->padded[k] = (z->count[k] + z->n - 1) / z->n * z->n;
+        int64_t blk = z->padded[k] / z->n;
+        dpar_array_desc d;
+        memset(&d, 0, sizeof d);
+        d.dtype = DPAR_F32;
+        d.ndim = 1;
+        d.shape[0] = z->padded[k];
+        d.spec[0] = z->axes;
+        for (int j = 0; j < nstate && !s; j++) s = dpar_array_create(g->mesh, &d, &z->state[j * np + k]);
+        for (int li = 0; li < nl && !s; li++) {
+            s = dpar_buffer_create(g->rt, g->first + li, DPAR_F32, 1, &blk, &z->blk[k * nl + li]);
+            if (!s && z->padded[k] != z->count[k])
+                s = dpar_buffer_create(g->rt, g->first + li, DPAR_F32, 1, &z->padded[k], &z->pad[k * nl + li]);
+        }
+        g->stats.opt_bytes += (uint64_t)nstate * (uint64_t)blk * 4u;
+    }
+    return s;
+}
+/* zero1_scatter: this device's block of the sum (times fp) over the axes of its local gradient a. */
+static dpar_status dpar__g_z1_scatter(dpar_graph *g, dpar_ctx *ctx, int li, const dpar__gnode *nd, dpar_buffer *y,
+                                      dpar_buffer *a) {
+    dpar_buffer *pad = g->z1->pad[nd->ip[0] * g->nlocal + li];
+    int64_t zero = 0;
+    a->ndim = 1;
+    a->shape[0] = a->count;
+    dpar_status s = pad ? dpar_pad(pad, a, &zero, 0.0f) : DPAR_OK;
+    if (!s) s = dpar_psum_scatter(ctx, y, pad ? pad : a, nd->axes_str, 0, true);
+    if (!s && nd->fp != 1.0f) s = dpar_scale(y, nd->fp);
+    dpar__g_buf(g, nd->in[0], li); /* its own shape back */
+    return s;
+}
+/* The optimizer node under ZeRO-1: block of every param, the step on the blocks, all-gather. */
+static dpar_status dpar__g_z1_step(dpar_graph *g, dpar_ctx *ctx, int li) {
+    const dpar__gz1 *z = g->z1;
+    int n = g->opt.n, nl = g->nlocal, pos = 0;
+    dpar_buffer **p = g->sgd_ptrs + (size_t)li * 4 * (size_t)n;
+    int64_t zero = 0;
+    dpar_status s = dpar_ctx_axis_index(ctx, z->axes, &pos);
+    for (int k = 0; k < n && !s; k++) { /* p[k] is this device's block of param k */
+        dpar_buffer *x = dpar__g_buf(g, g->opt.params[k], li), *pad = z->pad[k * nl + li];
+        int64_t start = pos * (z->padded[k] / z->n);
+        x->ndim = 1;
+        x->shape[0] = z->count[k];
+        if (pad) s = dpar_pad(pad, x, &zero, 0.0f);
+        if (!s) s = dpar_slice(p[k], pad ? pad : x, &start, NULL);
+        dpar__g_buf(g, g->opt.params[k], li);
+    }
+    if (!s && g->opt.adamw) s = dpar_adamw_step(ctx, &g->opt.ad, p, p + n, p + 2 * n, p + 3 * n, n, g->opt.step + 1);
+    if (!s && !g->opt.adamw) s = dpar_sgd_step(ctx, &g->opt.d, p, p + n, g->opt.d.momentum != 0.0f ? p + 2 * n : NULL, n);
+    for (int k = 0; k < n && !s; k++) { /* the updated blocks back into every replica */
+        dpar_buffer *x = dpar__g_buf(g, g->opt.params[k], li), *pad = z->pad[k * nl + li];
+        x->ndim = 1;
+        x->shape[0] = z->count[k];
+        s = dpar_all_gather(ctx, pad ? pad : x, p[k], z->axes, 0, true);
+        if (!s && pad) s = dpar_slice(x, pad, &zero, NULL);
+        dpar__g_buf(g, g->opt.params[k], li);
+    }
+    return s;
+}
+DPAR_API dpar_array *dpar_graph_zero1_state(const dpar_graph *g, int i, int j) {
+    dpar__clear_error();
+    const dpar__gz1 *z = g ? g->z1 : NULL;
+    if (!z || !g->compiled || i < 0 || i >= z->np || j < 0 || j > 1 || !z->state[j * z->np + i]) {
+        dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                  "dpar_graph_zero1_state: no state %d of param %d (a compiled graph with ZeRO-1 has one state per "
+                  "param for SGD with momentum, two for AdamW)",
+                  j, i);
+        return NULL;
+    }
+    return z->state[j * z->np + i];
+}
+static void dpar__g_z1_destroy(dpar_graph *g, bool alive) {
+    dpar__gz1 *z = g->z1;
+    if (!z) return;
+    for (int k = 0; z->state && k < 2 * z->np; k++)
+        if (alive) dpar_array_destroy(z->state[k]);
+    for (int k = 0; z->blk && k < 2 * z->np * g->nlocal; k++) dpar_buffer_destroy(z->blk[k]);
+    DPAR_FREE(z->count);
+    DPAR_FREE(z->state);
+    DPAR_FREE(z->blk);
+    DPAR_FREE(z);
+}
+
 /* ---- compile: liveness plan, buffers ---- */
 typedef struct dpar__gplan {
     int *last;    /* [count] last node that reads each node */
@@ -9236,17 +9456,22 @@ static dpar_status dpar__g_state(dpar_graph *g) {
     for (int li = 0; li < nl && !s; li++)
         s = dpar_buffer_create(g->rt, g->first + li, DPAR_F32, 0, NULL, &g->scratch[li]);
     int nstate = !g->has_opt ? 0 : g->opt.adamw ? 2 : g->opt.d.momentum != 0.0f ? 1 : 0; /* m, v / momentum */
+    if (!s && g->z1) s = dpar__g_z1_alloc(g, nstate); /* ZeRO-1: blocks of the params and of their state */
     for (int k = 0; k < n && !s; k++)
         for (int li = 0; li < nl && !s; li++) {
             const dpar__gnode *p = &g->n[g->opt.params[k]];
             dpar_buffer **ptr = g->sgd_ptrs + (size_t)li * 4 * (size_t)n; /* params, grads, state 0, state 1 */
-            ptr[k] = g->slots[p->slot * nl + li];
+            ptr[k] = g->z1 ? g->z1->blk[k * nl + li] : g->slots[p->slot * nl + li];
             ptr[n + k] = g->slots[g->n[g->opt.grads[k]].slot * nl + li];
             for (int j = 0; j < nstate && !s; j++) {
                 dpar_buffer **b = &g->moms[(j * n + k) * nl + li];
-                s = dpar_buffer_create(g->rt, g->first + li, DPAR_F32, p->ndim, p->shape, b);
-                ptr[(2 + j) * n + k] = *b;
+                if (g->z1)
+                    ptr[(2 + j) * n + k] = dpar_array_shard(g->z1->state[j * n + k], g->first + li);
+                else
+                    s = dpar_buffer_create(g->rt, g->first + li, DPAR_F32, p->ndim, p->shape, b);
+                if (!g->z1) ptr[(2 + j) * n + k] = *b;
             }
+            if (!g->z1 && li == 0) g->stats.opt_bytes += (uint64_t)nstate * (uint64_t)dpar__g_count(p) * 4u;
         }
     return s;
 }
@@ -9339,6 +9564,7 @@ static dpar_status dpar__g_exec(dpar_graph *g, dpar_ctx *ctx, int li, int i) {
     if (nd->kind == DPAR__G_SGD) {
         dpar_status s = dpar__g_wait_all(g, ctx, li);
         if (s) return s;
+        if (g->z1) return dpar__g_z1_step(g, ctx, li);
         int n = g->opt.n;
         dpar_buffer **p = g->sgd_ptrs + (size_t)li * 4 * (size_t)n;
         if (g->opt.adamw) return dpar_adamw_step(ctx, &g->opt.ad, p, p + n, p + 2 * n, p + 3 * n, n, g->opt.step + 1);
@@ -9354,6 +9580,7 @@ static dpar_status dpar__g_exec(dpar_graph *g, dpar_ctx *ctx, int li, int i) {
     case DPAR__G_EMBED:
     case DPAR__G_EMBED_GRAD:
     case DPAR__G_DROPOUT: return dpar__g_exec_optim(g, ctx, li, nd, y, a, b);
+    case DPAR__G_ZERO1_SCATTER: return dpar__g_z1_scatter(g, ctx, li, nd, y, a);
     case DPAR__G_MATMUL: return dpar_matmul(y, a, b, nd->ip[0] != 0, nd->ip[1] != 0, 1.0f, 0.0f);
     case DPAR__G_BIAS_ADD: return (s = dpar_copy(y, a)) ? s : dpar_bias_add(y, b);
     case DPAR__G_BIAS_GRAD: return dpar_bias_grad(y, a, 0.0f);
@@ -9645,6 +9872,7 @@ DPAR_API dpar_status dpar_graph_destroy(dpar_graph *g) {
         DPAR_FREE(g->n[i].attr);
         if (g->n[i].kind != DPAR__G_PARAM && g->n[i].array && alive) dpar_array_destroy(g->n[i].array);
     }
+    dpar__g_z1_destroy(g, alive);
     for (int k = 0; g->moms && k < 2 * g->opt.n * g->nlocal; k++) dpar_buffer_destroy(g->moms[k]);
     for (int li = 0; g->scratch && li < g->nlocal; li++) dpar_buffer_destroy(g->scratch[li]);
     DPAR_FREE(g->moms);
