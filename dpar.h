@@ -1526,6 +1526,45 @@ DPAR_API dpar_value dpar_g_embedding(dpar_graph *g, dpar_value table, dpar_value
    the graph as the step and the device as the stream; its gradient uses the
    same mask. Errors (recorded): DPAR_ERR_INVALID_ARGUMENT (rate outside [0, 1]). */
 DPAR_API dpar_value dpar_g_dropout(dpar_graph *g, dpar_value x, float rate, uint64_t seed);
+/* >>async dispatch (public) ===================================================
+   Non-blocking dispatch for programs with a frame budget (game and simulation
+   engines): start a step, keep rendering, poll or wait. The same dpar_request
+   and dpar_wait as the async collectives, with ctx = NULL.
+
+   dpar_pmap_start / dpar_shard_map_start / dpar_graph_run_start take the
+   arguments of dpar_pmap / dpar_shard_map / dpar_graph_run plus `req`, and
+   return at once with a handle in *req (NULL on error). The step runs on a
+   host thread of its own, one step per runtime at a time; it gives the same
+   result bit for bit as the blocking call. Host memory named by the call (pmap
+   inputs/outputs, graph feeds, *loss) must stay valid and untouched until
+   dpar_wait(NULL, req) returns. dpar_test(NULL, req, &done) polls without
+   blocking; dpar_wait(NULL, req) blocks, returns the step's status (its text
+   in dpar_last_error) and frees the handle. Every started step must be waited
+   for, also after dpar_test said done.
+   Thread safety, enforced: while a step is in flight (started, not yet waited)
+   any call that starts a dispatch, or that reads, writes, creates or frees
+   the runtime's buffers, arrays, meshes or graphs (dpar_pmap, dpar_shard_map,
+   dpar_graph_run, dpar_array_put/get/create/destroy, dpar_buffer_read/write/
+   destroy, dpar_mesh_destroy, dpar_graph_destroy, dpar_runtime_destroy,
+   dpar_vulkan_buffer_export/release) returns DPAR_ERR_STATE and does nothing;
+   dpar_test, dpar_wait, dpar_runtime_device_info/stats and dpar_last_error
+   are allowed. Only one thread may wait for or test a given request.
+   Errors of the start calls: DPAR_ERR_INVALID_ARGUMENT (NULL mesh, graph,
+   desc, fn or req), DPAR_ERR_STATE (called inside a pmap function, another
+   step of the runtime in flight, a runtime over several MPI processes),
+   DPAR_ERR_OUT_OF_MEMORY (no host thread). Every other error of the blocking
+   call (shapes, the devices' errors) is returned by dpar_wait. */
+DPAR_API dpar_status dpar_pmap_start(dpar_mesh *m, const dpar_pmap_desc *desc, dpar_request **req);
+DPAR_API dpar_status dpar_shard_map_start(dpar_mesh *m, const dpar_shard_map_desc *desc, dpar_request **req);
+DPAR_API dpar_status dpar_graph_run_start(dpar_graph *g, const dpar_graph_feed *feeds, int num_feeds, float *loss,
+                                          dpar_request **req);
+/* Sets *done to whether the request finished, without blocking: a step
+   (ctx = NULL) or an async collective of ctx's device (ctx = the pmap
+   context). The request stays valid until dpar_wait. Errors:
+   DPAR_ERR_INVALID_ARGUMENT (NULL req or done, a request that is not pending:
+   already waited, or a step passed with a ctx / a collective without one). */
+DPAR_API dpar_status dpar_test(dpar_ctx *ctx, dpar_request *req, bool *done);
+
 /* >>deprecated ===============================================================
    Names of version 0.1, kept for one release as wrappers of the new names
    (CHANGELOG.md lists them). A call warns (-Wdeprecated-declarations) naming
@@ -1820,6 +1859,7 @@ struct dpar_buffer {
     size_t nbytes;
     void *mem;                       /* backend handle (CPU: host pointer) */
     int owned;                       /* a shard of a dpar_array: freed with the array only */
+    int lent;                        /* lent to the caller's Vulkan work (dpar_vulkan_buffer_export) */
     struct dpar_buffer *prev, *next; /* runtime's list, for cleanup */
 };
 
@@ -2148,6 +2188,8 @@ struct dpar_runtime {
     int thread_init_failed;
     char thread_init_msg[DPAR__ERR_LEN];
     struct dpar__obs *obs; /* stats and trace ids (Data-parallel helper, tracing, stats) */
+    struct dpar_request *async_req; /* the step in flight (>>async dispatch), atomic; NULL: none */
+    int lent;                       /* buffers lent by dpar_vulkan_buffer_export (atomic) */
 };
 
 /* Hooks into the core, defined in "Data-parallel helper, tracing, stats". */
@@ -2170,6 +2212,23 @@ static int dpar__spin_until(int (*done)(const void *, uint64_t), const void *wor
                             int nthreads);
 
 static DPAR__TLS dpar__worker *dpar__self_worker; /* non-NULL on a worker / comm thread */
+static DPAR__TLS struct dpar_request *dpar__async_self; /* the step this thread runs (>>async dispatch) */
+/* The thread-safety rule of non-blocking dispatch and Vulkan loans: while a step of rt is in flight only
+   its own threads may touch rt's objects; a lent buffer (b, may be NULL) is not touched at all. */
+static dpar_status dpar__busy(const dpar_runtime *rt, const dpar_buffer *b, const char *fn) {
+    struct dpar_request *a = rt ? DPAR__ATOMIC_LOAD(&rt->async_req) : NULL;
+    if (a && !dpar__self_worker && dpar__async_self != a)
+        return dpar__err(DPAR_ERR_STATE,
+                         "%s: a step started with dpar_pmap_start/dpar_shard_map_start/dpar_graph_run_start is in "
+                         "flight on this runtime; poll dpar_test(NULL, req, &done) and call dpar_wait(NULL, req) first",
+                         fn);
+    if (b && DPAR__ATOMIC_LOAD(&b->lent))
+        return dpar__err(DPAR_ERR_STATE,
+                         "%s: the buffer is lent to Vulkan work by dpar_vulkan_buffer_export; call "
+                         "dpar_vulkan_buffer_release first",
+                         fn);
+    return DPAR_OK;
+}
 static int dpar__is_local(const dpar_runtime *rt, int device) {
     return device >= rt->local_base && device < rt->local_base + rt->nlocal;
 }
@@ -2496,6 +2555,13 @@ DPAR_API dpar_status dpar_runtime_destroy(dpar_runtime *rt) {
         return dpar__err(DPAR_ERR_STATE,
                          "dpar_runtime_destroy: called inside a pmap/shard_map function; nothing was destroyed "
                          "(destroy the runtime after the dispatch returns)");
+    dpar_status busy = dpar__busy(rt, NULL, "dpar_runtime_destroy");
+    if (busy) return busy;
+    if (DPAR__ATOMIC_LOAD(&rt->lent))
+        return dpar__err(DPAR_ERR_STATE,
+                         "dpar_runtime_destroy: %d buffer(s) are lent by dpar_vulkan_buffer_export; nothing was "
+                         "destroyed (call dpar_vulkan_buffer_release for each first)",
+                         DPAR__ATOMIC_LOAD(&rt->lent));
     while (rt->meshes) dpar__mesh_free(rt->meshes);
     while (rt->buffers) dpar__buffer_free(rt->buffers);
     dpar__runtime_free(rt);
@@ -2622,6 +2688,8 @@ DPAR_API dpar_status dpar_buffer_create(dpar_runtime *rt, int device, dpar_dtype
 
 DPAR_API dpar_status dpar_buffer_destroy(dpar_buffer *b) {
     if (!b) return DPAR_OK;
+    dpar_status busy = dpar__busy(b->rt, b, "dpar_buffer_destroy");
+    if (busy) return busy;
     if (b->owned)
         return dpar__err(DPAR_ERR_STATE,
                          "dpar_buffer_destroy: the buffer is a shard of a dpar_array and was not freed; "
@@ -2683,6 +2751,8 @@ DPAR_API dpar_status dpar_buffer_write(dpar_buffer *b, size_t offset, const void
     dpar__clear_error();
     if (!b || (!src && nbytes))
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_buffer_write: buffer or source is NULL");
+    dpar_status busy = dpar__busy(b->rt, b, "dpar_buffer_write");
+    if (busy) return busy;
     if (offset > b->nbytes || nbytes > b->nbytes - offset)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
                          "dpar_buffer_write: bytes [%zu, %zu) are outside the %zu-byte buffer", offset, offset + nbytes,
@@ -2694,6 +2764,8 @@ DPAR_API dpar_status dpar_buffer_read(const dpar_buffer *b, size_t offset, void 
     dpar__clear_error();
     if (!b || (!dst && nbytes))
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_buffer_read: buffer or destination is NULL");
+    dpar_status busy = dpar__busy(b->rt, b, "dpar_buffer_read");
+    if (busy) return busy;
     if (offset > b->nbytes || nbytes > b->nbytes - offset)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
                          "dpar_buffer_read: bytes [%zu, %zu) are outside the %zu-byte buffer", offset, offset + nbytes,
@@ -2718,6 +2790,7 @@ DPAR_API dpar_status dpar_buffer_map(dpar_buffer *b, size_t offset, size_t nbyte
     *ptr = NULL;
     char *h;
     dpar_status s = dpar__buffer_view(b, offset, nbytes, "dpar_buffer_map", &h);
+    if (!s) s = dpar__busy(b->rt, b, "dpar_buffer_map");
     if (s || !h) return s;
     const dpar__backend_iface *be = b->rt->be;
     if (read && nbytes && be->host_acquire) s = be->host_acquire(b->rt->bstate, b->device, b->mem, offset, nbytes);
@@ -3132,6 +3205,8 @@ DPAR_API dpar_status dpar_mesh_destroy(dpar_mesh *m) {
     if (m && dpar__self_worker)
         return dpar__err(DPAR_ERR_STATE,
                          "dpar_mesh_destroy: called inside a pmap/shard_map function; nothing was destroyed");
+    dpar_status busy = m ? dpar__busy(m->rt, NULL, "dpar_mesh_destroy") : DPAR_OK;
+    if (busy) return busy;
     dpar__mesh_free(m);
     return DPAR_OK;
 }
@@ -3276,6 +3351,8 @@ DPAR_API dpar_status dpar_array_destroy(dpar_array *a) {
         return dpar__err(DPAR_ERR_STATE,
                          "dpar_array_destroy: called inside a pmap/shard_map function; nothing was destroyed "
                          "(destroy the array after the dispatch returns)");
+    dpar_status busy = dpar__busy(a->mesh->rt, NULL, "dpar_array_destroy");
+    if (busy) return busy;
     dpar_mesh *m = a->mesh;
     pthread_mutex_lock(&m->rt->list_mu);
     if (a->prev)
@@ -3297,6 +3374,8 @@ DPAR_API dpar_status dpar_array_create(dpar_mesh *m, const dpar_array_desc *d, d
     if (!out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_array_create: `out` is NULL");
     *out = NULL;
     if (!m || !d) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_array_create: mesh or desc is NULL");
+    dpar_status busy = dpar__busy(m->rt, NULL, "dpar_array_create");
+    if (busy) return busy;
     if (dpar_dtype_size(d->dtype) == 0)
         return dpar__err(DPAR_ERR_DTYPE, "dpar_array_create: dtype %d is not a dpar_dtype", (int)d->dtype);
     dpar_status s = dpar__check_shape("dpar_array_create", d->ndim, d->shape);
@@ -3369,6 +3448,8 @@ DPAR_API dpar_status dpar_array_create(dpar_mesh *m, const dpar_array_desc *d, d
 DPAR_API dpar_status dpar_array_put(dpar_array *a, const void *host) {
     dpar__clear_error();
     if (!a || !host) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_array_put: array or host data is NULL");
+    dpar_status busy = dpar__busy(a->mesh->rt, NULL, "dpar_array_put");
+    if (busy) return busy;
     size_t es = dpar_dtype_size(a->dtype);
     size_t nb = (size_t)dpar__prod(a->local, a->ndim) * es;
     char *tmp = (char *)DPAR_MALLOC(nb ? nb : 1);
@@ -3388,6 +3469,8 @@ DPAR_API dpar_status dpar_array_put(dpar_array *a, const void *host) {
 DPAR_API dpar_status dpar_array_get(const dpar_array *a, void *host) {
     dpar__clear_error();
     if (!a || !host) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_array_get: array or host destination is NULL");
+    dpar_status busy = dpar__busy(a->mesh->rt, NULL, "dpar_array_get");
+    if (busy) return busy;
     size_t es = dpar_dtype_size(a->dtype);
     size_t nb = (size_t)dpar__prod(a->local, a->ndim) * es;
     char *tmp = (char *)DPAR_MALLOC(nb ? nb : 1);
@@ -3611,7 +3694,14 @@ static dpar_status dpar__devices_status(dpar_runtime *rt, int *device) {
 static dpar_status dpar__run(dpar_mesh *m, dpar_fn fn, void *user, int nargs, dpar_buffer **args) {
     dpar_runtime *rt = m->rt;
     int bad_dev = -1;
-    dpar_status early = dpar__devices_status(rt, &bad_dev);
+    dpar_status early = dpar__busy(rt, NULL, "dpar_pmap/dpar_shard_map");
+    if (early) return early;
+    if (DPAR__ATOMIC_LOAD(&rt->lent))
+        return dpar__err(DPAR_ERR_STATE,
+                         "dpar_pmap/dpar_shard_map: %d buffer(s) of the runtime are lent by dpar_vulkan_buffer_export; "
+                         "call dpar_vulkan_buffer_release for each before the next dispatch",
+                         DPAR__ATOMIC_LOAD(&rt->lent));
+    early = dpar__devices_status(rt, &bad_dev);
     if (early) {
         char msg[DPAR__ERR_LEN];
         memcpy(msg, dpar__err_text, sizeof msg);
@@ -3773,6 +3863,8 @@ DPAR_API dpar_status dpar_pmap(dpar_mesh *m, const dpar_pmap_desc *desc) {
     if (dpar__self_worker)
         return dpar__err(DPAR_ERR_STATE,
                          "dpar_pmap: called from inside a pmap/shard_map function; nested dispatch is not supported");
+    dpar_status busy = dpar__busy(m->rt, NULL, "dpar_pmap");
+    if (busy) return busy;
     unsigned mask;
     dpar_status s = dpar__parse_axes(m, "dpar_pmap", d->axis, &mask, NULL, NULL);
     if (s) return s;
@@ -3933,7 +4025,9 @@ struct dpar_request {
     int done;
     dpar_status status;
     char msg[DPAR__ERR_LEN];
+    struct dpar__disp *disp; /* a step (>>async dispatch); NULL: a collective */
 };
+static dpar_status dpar__disp_wait(struct dpar_request *r);
 
 static const char *dpar__coll_name(dpar__coll_kind k, dpar_reduce_op op) {
     switch (k) {
@@ -4990,7 +5084,8 @@ static void dpar__worker_drain(dpar__worker *w) {
 
 DPAR_API dpar_status dpar_wait(dpar_ctx *ctx, dpar_request *r) {
     dpar__clear_error();
-    if (!ctx || !r) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_wait: ctx or request is NULL");
+    if (!ctx) return dpar__disp_wait(r); /* a step (>>async dispatch) */
+    if (!r) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_wait: request is NULL");
     dpar__worker *w = &ctx->rt->workers[ctx->device - ctx->rt->local_base];
     double t0 = DPAR__ATOMIC_LOAD(&dpar__trace_on) ? dpar__now_us() : 0.0;
     pthread_mutex_lock(&w->qmu);
@@ -9726,6 +9821,8 @@ DPAR_API dpar_status dpar_graph_run(dpar_graph *g, const dpar_graph_feed *feeds,
     if (!dpar__g_mesh_alive(g))
         return dpar__err(DPAR_ERR_STATE,
                          "dpar_graph_run: the graph's mesh was destroyed; destroy a graph before its mesh");
+    dpar_status busy = dpar__busy(g->mesh->rt, NULL, "dpar_graph_run");
+    if (busy) return busy;
     if (loss && !g->loss_value)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
                          "dpar_graph_run: the graph has no loss; call dpar_graph_value_and_grad or pass loss = NULL");
@@ -9865,6 +9962,8 @@ DPAR_API dpar_status dpar_graph_destroy(dpar_graph *g) {
     if (dpar_in_dispatch())
         return dpar__err(DPAR_ERR_STATE, "dpar_graph_destroy: called inside a pmap/shard_map function");
     bool alive = dpar__g_mesh_alive(g); /* else its arrays went with it */
+    dpar_status busy = alive ? dpar__busy(g->mesh->rt, NULL, "dpar_graph_destroy") : DPAR_OK;
+    if (busy) return busy;
     for (int k = 0; k < g->nslots; k++)
         for (int li = 0; li < g->nlocal && g->slot_owned[k]; li++) dpar_buffer_destroy(g->slots[k * g->nlocal + li]);
     for (int i = 1; i < g->count; i++) {
@@ -9886,6 +9985,215 @@ DPAR_API dpar_status dpar_graph_destroy(dpar_graph *g) {
     DPAR_FREE(g->n);
     DPAR_FREE(g->errtext);
     DPAR_FREE(g);
+    return DPAR_OK;
+}
+
+/* >>async dispatch ===========================================================
+   dpar_pmap_start / dpar_shard_map_start / dpar_graph_run_start: the blocking
+   call on a host thread of its own, polled by dpar_test and joined by dpar_wait
+   with ctx = NULL. rt->async_req marks the runtime busy for dpar__busy. */
+typedef enum dpar__disp_kind { DPAR__DISP_PMAP, DPAR__DISP_SHARD_MAP, DPAR__DISP_GRAPH } dpar__disp_kind;
+struct dpar__disp {
+    dpar__disp_kind kind;
+    dpar_runtime *rt;
+    dpar_mesh *mesh;
+    dpar_pmap_desc pmap;
+    dpar_shard_map_desc smap;
+    dpar_graph *g;
+    dpar_graph_feed *feeds; /* a copy: the caller's array may go, the host data it names may not */
+    int num_feeds;
+    float *loss;
+    pthread_t thread;
+};
+static pthread_mutex_t dpar__disp_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct dpar_request *dpar__disp_live; /* steps started and not waited, linked by live_next */
+
+static void dpar__disp_free(struct dpar_request *r) {
+    if (r->disp) DPAR_FREE(r->disp->feeds);
+    DPAR_FREE(r->disp);
+    DPAR_FREE(r);
+}
+
+static void *dpar__disp_main(void *arg) {
+    struct dpar_request *r = (struct dpar_request *)arg;
+    struct dpar__disp *d = r->disp;
+    dpar__async_self = r;
+    dpar_status s;
+    if (d->kind == DPAR__DISP_PMAP)
+        s = dpar_pmap(d->mesh, &d->pmap);
+    else if (d->kind == DPAR__DISP_SHARD_MAP)
+        s = dpar_shard_map(d->mesh, &d->smap);
+    else
+        s = dpar_graph_run(d->g, d->feeds, d->num_feeds, d->loss);
+    r->status = s;
+    if (s) snprintf(r->msg, sizeof r->msg, "%s", dpar__err_text);
+    DPAR__ATOMIC_STORE(&r->done, 1);
+    return NULL;
+}
+
+/* Whether r is a step started and not yet waited for (compared, never dereferenced before);
+   unlink: take it off the list so that only one caller waits for it. */
+static int dpar__disp_pending(const struct dpar_request *r, int unlink) {
+    pthread_mutex_lock(&dpar__disp_mu);
+    struct dpar_request **pp = &dpar__disp_live;
+    while (*pp && *pp != r) pp = &(*pp)->live_next;
+    int found = *pp != NULL;
+    if (found && unlink) *pp = r->live_next;
+    pthread_mutex_unlock(&dpar__disp_mu);
+    return found;
+}
+
+/* Marks d->rt busy and starts the step's thread; takes d (freed on error). */
+static dpar_status dpar__disp_start(struct dpar__disp *d, const char *fn, dpar_request **req) {
+    dpar_runtime *rt = d->rt;
+    dpar_status s = DPAR_OK;
+    if (dpar__self_worker)
+        s = dpar__err(DPAR_ERR_STATE, "%s: called inside a pmap/shard_map function; start steps from the host", fn);
+    else if (rt->nproc > 1)
+        s = dpar__err(DPAR_ERR_STATE,
+                      "%s: the runtime spans %d MPI processes, whose steps must be issued from the thread that "
+                      "initialized MPI; use the blocking call (dpar_pmap, dpar_shard_map, dpar_graph_run)",
+                      fn, rt->nproc);
+    else if (DPAR__ATOMIC_LOAD(&rt->lent))
+        s = dpar__err(DPAR_ERR_STATE,
+                      "%s: %d buffer(s) of the runtime are lent by dpar_vulkan_buffer_export; call "
+                      "dpar_vulkan_buffer_release for each first",
+                      fn, DPAR__ATOMIC_LOAD(&rt->lent));
+    struct dpar_request *r = s ? NULL : (struct dpar_request *)dpar__calloc(1, sizeof *r);
+    if (!s && !r) s = dpar__err(DPAR_ERR_OUT_OF_MEMORY, "%s: out of host memory for the request", fn);
+    struct dpar_request *none = NULL;
+    if (!s && !__atomic_compare_exchange_n(&rt->async_req, &none, r, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+        s = dpar__err(DPAR_ERR_STATE,
+                      "%s: another step of this runtime is in flight (one at a time); call dpar_wait(NULL, req) "
+                      "for it first",
+                      fn);
+    if (s) {
+        DPAR_FREE(r);
+        DPAR_FREE(d->feeds);
+        DPAR_FREE(d);
+        return s;
+    }
+    r->disp = d;
+    pthread_mutex_lock(&dpar__disp_mu);
+    r->live_next = dpar__disp_live;
+    dpar__disp_live = r;
+    pthread_mutex_unlock(&dpar__disp_mu);
+    if (pthread_create(&d->thread, NULL, dpar__disp_main, r) != 0) {
+        dpar__disp_pending(r, 1);
+        DPAR__ATOMIC_STORE(&rt->async_req, (struct dpar_request *)NULL);
+        dpar__disp_free(r);
+        return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "%s: could not start a host thread for the step", fn);
+    }
+    *req = r;
+    return DPAR_OK;
+}
+
+DPAR_API dpar_status dpar_pmap_start(dpar_mesh *m, const dpar_pmap_desc *desc, dpar_request **req) {
+    dpar__clear_error();
+    if (!req) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_pmap_start: req is NULL");
+    *req = NULL;
+    if (!m || !desc || !desc->fn)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_pmap_start: mesh, desc or desc->fn is NULL");
+    struct dpar__disp *d = (struct dpar__disp *)dpar__calloc(1, sizeof *d);
+    if (!d) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_pmap_start: out of host memory");
+    d->kind = DPAR__DISP_PMAP;
+    d->rt = m->rt;
+    d->mesh = m;
+    d->pmap = *desc;
+    return dpar__disp_start(d, "dpar_pmap_start", req);
+}
+
+DPAR_API dpar_status dpar_shard_map_start(dpar_mesh *m, const dpar_shard_map_desc *desc, dpar_request **req) {
+    dpar__clear_error();
+    if (!req) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_shard_map_start: req is NULL");
+    *req = NULL;
+    if (!m || !desc || !desc->fn)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_shard_map_start: mesh, desc or desc->fn is NULL");
+    struct dpar__disp *d = (struct dpar__disp *)dpar__calloc(1, sizeof *d);
+    if (!d) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_shard_map_start: out of host memory");
+    d->kind = DPAR__DISP_SHARD_MAP;
+    d->rt = m->rt;
+    d->mesh = m;
+    d->smap = *desc;
+    return dpar__disp_start(d, "dpar_shard_map_start", req);
+}
+
+DPAR_API dpar_status dpar_graph_run_start(dpar_graph *g, const dpar_graph_feed *feeds, int num_feeds, float *loss,
+                                          dpar_request **req) {
+    dpar__clear_error();
+    if (!req) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_run_start: req is NULL");
+    *req = NULL;
+    if (!g) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_run_start: graph is NULL");
+    if (num_feeds < 0 || (num_feeds && !feeds))
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_run_start: num_feeds = %d with feeds %s", num_feeds,
+                         feeds ? "given" : "NULL");
+    if (!dpar__g_mesh_alive(g))
+        return dpar__err(DPAR_ERR_STATE,
+                         "dpar_graph_run_start: the graph's mesh was destroyed; destroy a graph before its mesh");
+    struct dpar__disp *d = (struct dpar__disp *)dpar__calloc(1, sizeof *d);
+    if (d && num_feeds) {
+        d->feeds = (dpar_graph_feed *)DPAR_MALLOC((size_t)num_feeds * sizeof *feeds);
+        if (d->feeds) memcpy(d->feeds, feeds, (size_t)num_feeds * sizeof *feeds);
+    }
+    if (!d || (num_feeds && !d->feeds)) {
+        if (d) DPAR_FREE(d->feeds);
+        DPAR_FREE(d);
+        return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_graph_run_start: out of host memory");
+    }
+    d->kind = DPAR__DISP_GRAPH;
+    d->rt = g->mesh->rt;
+    d->mesh = g->mesh;
+    d->g = g;
+    d->num_feeds = num_feeds;
+    d->loss = loss;
+    return dpar__disp_start(d, "dpar_graph_run_start", req);
+}
+
+/* dpar_wait with ctx = NULL: joins the step's thread, frees the runtime for the next one. */
+static dpar_status dpar__disp_wait(dpar_request *r) {
+    if (!r) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_wait: request is NULL");
+    if (!dpar__disp_pending(r, 1))
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                         "dpar_wait: with ctx = NULL the request must be a step from dpar_pmap_start, "
+                         "dpar_shard_map_start or dpar_graph_run_start not yet waited for (a collective's request "
+                         "takes its ctx)");
+    double t0 = DPAR__ATOMIC_LOAD(&dpar__trace_on) ? dpar__now_us() : 0.0;
+    pthread_join(r->disp->thread, NULL);
+    dpar_runtime *rt = r->disp->rt;
+    if (t0 > 0.0) dpar__trace_event(dpar__trace_pid(rt), -1, "wait step", "wait", t0, dpar__now_us(), -1);
+    DPAR__ATOMIC_STORE(&rt->async_req, (struct dpar_request *)NULL);
+    dpar_status s = r->status;
+    if (s)
+        dpar__err(s, "%s", r->msg);
+    else
+        dpar__clear_error();
+    dpar__disp_free(r);
+    return s;
+}
+
+DPAR_API dpar_status dpar_test(dpar_ctx *ctx, dpar_request *r, bool *done) {
+    dpar__clear_error();
+    if (!r || !done) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_test: request or done is NULL");
+    *done = false;
+    if (!ctx) {
+        if (!dpar__disp_pending(r, 0))
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                             "dpar_test: with ctx = NULL the request must be a step not yet waited for (a "
+                             "collective's request takes its ctx)");
+        *done = DPAR__ATOMIC_LOAD(&r->done) != 0;
+        return DPAR_OK;
+    }
+    dpar__worker *w = &ctx->rt->workers[ctx->device - ctx->rt->local_base];
+    pthread_mutex_lock(&w->qmu);
+    struct dpar_request *it = w->live; /* compared, never dereferenced, until found */
+    while (it && it != r) it = it->live_next;
+    if (it) *done = r->done != 0;
+    pthread_mutex_unlock(&w->qmu);
+    if (!it)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                         "dpar_test: the request is not a pending collective of device %d (already waited, started "
+                         "on another device, or a step: pass ctx = NULL)",
+                         ctx->device);
     return DPAR_OK;
 }
 

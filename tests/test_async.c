@@ -4,6 +4,7 @@
    then the blocking form while the async one may still be pending (so issue
    order is exercised too), waits, and compares the two outputs byte for byte. */
 #include "testutil.h"
+#include <time.h>
 
 enum {
     KIND_PREDUCE,
@@ -248,10 +249,183 @@ static void test_async_argument_errors(void **state) {
     T_OK(dpar_runtime_destroy(rt));
 }
 
+
+/* ---- non-blocking dispatch: dpar_pmap_start / dpar_shard_map_start / dpar_graph_run_start ---- */
+
+/* y = 2 x + position, held (when `hold` is set) until the host releases it: proves the start call
+   returned while the step still ran. Gives up after 20 s so a blocking start fails instead of hanging. */
+typedef struct held {
+    int hold, released, entered;
+} held;
+static dpar_status held_fn(dpar_ctx *ctx, void *user) {
+    held *h = (held *)user;
+    __atomic_add_fetch(&h->entered, 1, __ATOMIC_ACQ_REL);
+    for (int i = 0; h->hold && !__atomic_load_n(&h->released, __ATOMIC_ACQUIRE); i++) {
+        if (i > 20000) return dpar_set_last_error(DPAR_ERR_TIMEOUT, "held_fn: never released");
+        struct timespec ts = { 0, 1000000 };
+        nanosleep(&ts, NULL);
+    }
+    dpar_buffer *x = dpar_ctx_arg(ctx, 0), *y = dpar_ctx_arg(ctx, 1);
+    dpar_status s = dpar_copy(y, x);
+    if (!s) s = dpar_scale(y, 2.0f);
+    dpar_buffer *p = NULL;
+    if (!s) s = dpar_ctx_buffer(ctx, DPAR_F32, 1, (const int64_t[]){ 3 }, &p);
+    if (!s) s = dpar_fill(p, (float)dpar_ctx_position(ctx));
+    if (!s) s = dpar_axpy(y, 1.0f, p);
+    dpar_buffer_destroy(p);
+    return s;
+}
+static dpar_pmap_desc held_desc(held *h, const float *x, float *y) {
+    dpar_pmap_desc d;
+    memset(&d, 0, sizeof d);
+    d.axis = "data", d.fn = held_fn, d.user = h;
+    d.inputs[0].data = x, d.inputs[0].dtype = DPAR_F32, d.inputs[0].ndim = 2;
+    d.inputs[0].shape[0] = 4, d.inputs[0].shape[1] = 3;
+    d.outputs[0].data = y, d.outputs[0].dtype = DPAR_F32, d.outputs[0].ndim = 1, d.outputs[0].shape[0] = 3;
+    return d;
+}
+
+/* The step runs while the host goes on; dpar_test says not done until it is; the result is the blocking one's,
+   bit for bit; every call that would touch the runtime meanwhile is refused with DPAR_ERR_STATE. */
+static void test_pmap_start_nonblocking(void **state) {
+    (void)state;
+    dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 4);
+    dpar_mesh *m = t_mesh1(rt, 4, "data");
+    float x[12], y_sync[12], y_async[12];
+    for (int i = 0; i < 12; i++) x[i] = 0.25f * (float)i - 1.0f;
+    held hs = { 0, 0, 0 }, ha = { 1, 0, 0 };
+    dpar_pmap_desc ds = held_desc(&hs, x, y_sync), da = held_desc(&ha, x, y_async);
+    T_OK(dpar_pmap(m, &ds));
+    dpar_request *req = NULL;
+    T_OK(dpar_pmap_start(m, &da, &req));
+    assert_non_null(req);
+    bool done = true;
+    T_OK(dpar_test(NULL, req, &done));
+    assert_false(done); /* held until released below */
+
+    /* the thread-safety rule while the step is in flight */
+    dpar_array *a = NULL;
+    dpar_buffer *b = NULL;
+    T_OK(dpar_buffer_create(rt, 0, DPAR_F32, 1, (const int64_t[]){ 3 }, &b)); /* made before: allowed */
+    dpar_request *req2 = (dpar_request *)&req2;
+    T_ERR(dpar_pmap_start(m, &ds, &req2), DPAR_ERR_STATE, "dpar_pmap_start", "in flight", "dpar_wait");
+    assert_null(req2);
+    T_ERR(dpar_pmap(m, &ds), DPAR_ERR_STATE, "dpar_pmap", "in flight");
+    T_ERR(dpar_shard_map(m, &(dpar_shard_map_desc){ .fn = held_fn }), DPAR_ERR_STATE, "in flight");
+    T_ERR(dpar_array_create(m, &(dpar_array_desc){ DPAR_F32, 1, { 4 }, { "data" } }, &a), DPAR_ERR_STATE,
+          "dpar_array_create", "in flight");
+    float tmp[3];
+    T_ERR(dpar_buffer_read(b, 0, tmp, sizeof tmp), DPAR_ERR_STATE, "dpar_buffer_read", "in flight");
+    T_ERR(dpar_buffer_destroy(b), DPAR_ERR_STATE, "dpar_buffer_destroy");
+    T_ERR(dpar_mesh_destroy(m), DPAR_ERR_STATE, "dpar_mesh_destroy");
+    T_ERR(dpar_runtime_destroy(rt), DPAR_ERR_STATE, "dpar_runtime_destroy", "in flight");
+
+    __atomic_store_n(&ha.released, 1, __ATOMIC_RELEASE);
+    for (int i = 0; !done && i < 20000; i++) { /* poll as a frame loop would */
+        T_OK(dpar_test(NULL, req, &done));
+        struct timespec ts = { 0, 1000000 };
+        if (!done) nanosleep(&ts, NULL);
+    }
+    assert_true(done);
+    T_OK(dpar_wait(NULL, req));
+    assert_int_equal(ha.entered, 4);
+    assert_memory_equal(y_sync, y_async, sizeof y_sync);
+    assert_true(y_async[3 * 3 + 2] == 2.0f * x[3 * 3 + 2] + 3.0f); /* device 3's row, exact */
+    /* waited: the handle is gone, the runtime usable again */
+    T_ERR(dpar_wait(NULL, req), DPAR_ERR_INVALID_ARGUMENT, "dpar_wait", "not yet waited");
+    T_ERR(dpar_test(NULL, req, &done), DPAR_ERR_INVALID_ARGUMENT, "dpar_test");
+    T_OK(dpar_buffer_read(b, 0, tmp, sizeof tmp));
+    T_OK(dpar_buffer_destroy(b));
+    T_OK(dpar_mesh_destroy(m));
+    T_OK(dpar_runtime_destroy(rt));
+}
+
+/* Errors of the step come back from dpar_wait (text prefixed as the blocking call's), argument errors from
+   the start call; a failed step leaves the runtime free for the next one. */
+static void test_step_errors(void **state) {
+    (void)state;
+    dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 4);
+    dpar_mesh *m = t_mesh1(rt, 4, "data");
+    float x[12] = { 0 }, y[12];
+    held h = { 0, 0, 0 };
+    dpar_pmap_desc d = held_desc(&h, x, y);
+    d.inputs[0].shape[0] = 3; /* not the axis size */
+    dpar_request *req = NULL;
+    T_OK(dpar_pmap_start(m, &d, &req));
+    T_ERR(dpar_wait(NULL, req), DPAR_ERR_SHAPE, "dpar_pmap: input 0", "leading dimension 3");
+    T_ERR(dpar_pmap_start(m, &d, NULL), DPAR_ERR_INVALID_ARGUMENT, "dpar_pmap_start", "req");
+    T_ERR(dpar_pmap_start(NULL, &d, &req), DPAR_ERR_INVALID_ARGUMENT, "dpar_pmap_start");
+    assert_null(req);
+    T_ERR(dpar_shard_map_start(m, NULL, &req), DPAR_ERR_INVALID_ARGUMENT, "dpar_shard_map_start");
+    T_ERR(dpar_graph_run_start(NULL, NULL, 0, NULL, &req), DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_run_start");
+    T_ERR(dpar_wait(NULL, NULL), DPAR_ERR_INVALID_ARGUMENT, "dpar_wait");
+    T_ERR(dpar_test(NULL, NULL, NULL), DPAR_ERR_INVALID_ARGUMENT, "dpar_test");
+    d.inputs[0].shape[0] = 4;
+    T_OK(dpar_pmap_start(m, &d, &req)); /* the failed step freed the runtime */
+    T_OK(dpar_wait(NULL, req));
+    T_OK(dpar_mesh_destroy(m));
+    T_OK(dpar_runtime_destroy(rt));
+}
+
+/* A training step of a graph started and waited gives the blocking run's loss and parameters bit for bit,
+   over several steps (a frame loop that starts one step per frame). */
+typedef struct lin {
+    dpar_array *w;
+    dpar_graph *g;
+    dpar_value x, y;
+} lin;
+static void lin_build(dpar_mesh *m, lin *l) {
+    const float w0[4 * 2] = { 0.1f, -0.2f, 0.3f, 0.05f, -0.1f, 0.2f, 0.0f, 0.4f };
+    T_OK(dpar_array_create(m, &(dpar_array_desc){ DPAR_F32, 2, { 4, 2 }, { NULL } }, &l->w));
+    T_OK(dpar_array_put(l->w, w0));
+    T_OK(dpar_graph_create(m, &l->g));
+    dpar_array_desc xd = { DPAR_F32, 2, { 8, 4 }, { "data" } }, yd = { DPAR_F32, 2, { 8, 2 }, { "data" } };
+    l->x = dpar_g_feed(l->g, "x", &xd), l->y = dpar_g_feed(l->g, "y", &yd);
+    dpar_value w = dpar_g_param(l->g, "w", l->w), gw;
+    dpar_value loss = dpar_g_mse(l->g, dpar_g_matmul(l->g, l->x, w, false, false), l->y);
+    T_OK(dpar_graph_value_and_grad(l->g, loss, &w, 1, &gw));
+    dpar_sgd_desc sd;
+    memset(&sd, 0, sizeof sd);
+    sd.learning_rate = 0.05f, sd.momentum = 0.9f;
+    T_OK(dpar_graph_sgd(l->g, &sd, &w, &gw, 1));
+}
+static void test_graph_run_start_equals_blocking(void **state) {
+    (void)state;
+    dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 2);
+    dpar_mesh *m = t_mesh1(rt, 2, "data");
+    lin a, b;
+    lin_build(m, &a);
+    lin_build(m, &b);
+    float x[8 * 4], y[8 * 2], la = 0, lb = 0, wa[8], wb[8];
+    for (int i = 0; i < 32; i++) x[i] = (float)((i * 7) % 11) / 11.0f - 0.5f;
+    for (int i = 0; i < 16; i++) y[i] = (float)((i * 5) % 7) / 7.0f;
+    for (int step = 0; step < 5; step++) {
+        dpar_graph_feed fa[2] = { { a.x, x, NULL }, { a.y, y, NULL } }, fb[2] = { { b.x, x, NULL }, { b.y, y, NULL } };
+        T_OK(dpar_graph_run(a.g, fa, 2, &la));
+        dpar_request *req = NULL;
+        T_OK(dpar_graph_run_start(b.g, fb, 2, &lb, &req));
+        memset(fb, 0, sizeof fb); /* the feed array was copied: only the data must stay */
+        T_OK(dpar_wait(NULL, req));
+        assert_memory_equal(&la, &lb, sizeof la);
+    }
+    T_OK(dpar_array_get(a.w, wa));
+    T_OK(dpar_array_get(b.w, wb));
+    assert_memory_equal(wa, wb, sizeof wa);
+    T_OK(dpar_graph_destroy(a.g));
+    T_OK(dpar_graph_destroy(b.g));
+    T_OK(dpar_array_destroy(a.w));
+    T_OK(dpar_array_destroy(b.w));
+    T_OK(dpar_mesh_destroy(m));
+    T_OK(dpar_runtime_destroy(rt));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_async_equals_blocking),
         cmocka_unit_test(test_async_argument_errors),
+        cmocka_unit_test(test_pmap_start_nonblocking),
+        cmocka_unit_test(test_step_errors),
+        cmocka_unit_test(test_graph_run_start_equals_blocking),
     };
     return cmocka_run_group_tests_name("async", tests, NULL, NULL);
 }
