@@ -13,7 +13,9 @@
 # terminal); a failing step does not stop the others; DIR/summary.txt lists
 # each step's status and time. Total under 5 minutes (a timeout per step and
 # an overall budget). Exit status: 0 when every step passed.
-# Needs: libvulkan1 + the NVIDIA driver's Vulkan ICD, libvulkan-dev, cmocka.
+# Needs the NVIDIA driver's Vulkan ICD; the loader, its headers and cmocka
+# come from .gpu-debs (bash scripts/gpu-prep.sh here, then carry it):
+#   command: bash scripts/gpu-check-vulkan.sh $OUT/vk   carry: [".gpu-debs"]   timeout_s: 360
 set -u
 if [ $# -ne 1 ]; then
     echo "usage: $0 DIR   (DIR receives the logs and summary.txt)" >&2
@@ -31,6 +33,8 @@ SUMMARY="$DIR/summary.txt"
 : >"$SUMMARY"
 FAILED=0
 export DPAR_REQUIRE_BACKENDS=vulkan
+# the carried build dependencies and the Vulkan loader (scripts/gpu-prep.sh)
+. "$ROOT/scripts/gpu-deps.sh"
 
 step() { # step NAME MAX_SECONDS COMMAND...
     local name=$1 max=$2; shift 2

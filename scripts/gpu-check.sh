@@ -1,15 +1,28 @@
 #!/usr/bin/env bash
-# GPU check for the CUDA backend, on a machine with an NVIDIA GPU:
+# GPU check for the CUDA backend, on a machine with NVIDIA GPUs:
 #   scripts/gpu-check.sh DIR
 # builds with CUDA=1 (and Vulkan when its headers exist), runs the CUDA suite
-# and the backend-parity suite with DPAR_REQUIRE_BACKENDS=cuda (a missing
-# backend fails instead of skipping), trains the digits with --backend cuda
-# on 1 device and on 4 (virtual on a 1-GPU machine), and runs the CUDA
-# benchmark. Every step's output is saved under DIR (DIR/<step>.log, teed to
-# the terminal); a failing step does not stop the others; DIR/summary.txt
-# lists each step's status and time and the key figures. Total under 6 minutes
-# (each step has a timeout, and steps are skipped once the budget is spent).
-# Exit status: 0 when every step passed.
+# and the backend-parity suites with DPAR_REQUIRE_BACKENDS=cuda (a missing
+# backend fails instead of skipping), trains the digits MLP, the CNN and the
+# GPT with --backend cuda on 1 device and on 4 (virtual on a 1-GPU machine),
+# and runs the CUDA benchmark. Every step's output is saved under DIR
+# (DIR/<step>.log, teed to the terminal); a failing step does not stop the
+# others; DIR/summary.txt lists each step's status and time and the key
+# figures. Total under 6 minutes (each step has a timeout, and steps are
+# skipped once the budget is spent). Exit status: 0 when every step passed.
+#
+# The lent machine is bare and offline. Before the device call, here:
+#   bash scripts/gpu-prep.sh   # downloads cmocka, zlib and Vulkan .debs into .gpu-debs/
+# then the device call (the `device` tool's run), exactly:
+#   command:   bash scripts/gpu-check.sh $OUT/gpu
+#   carry:     [".gpu-debs"]
+#   timeout_s: 420
+# This script unpacks .gpu-debs/*.deb into a private prefix (GPU_CHECK_PREFIX,
+# default /tmp/dpar-gpu-deps; never into /), and finds libcuda, cuBLAS and
+# NCCL wherever they are (the loader's cache, the driver's and the toolkit's
+# folders, or the nvidia-* Python packages) and says which it used (env.txt).
+# Proven up to the first GPU call in a chroot without those packages:
+#   bash scripts/gpu-check-dryrun.sh
 set -u
 
 if [ $# -ne 1 ]; then
@@ -62,6 +75,9 @@ step() {
     return 0
 }
 
+# the carried build dependencies, and where the NVIDIA libraries are
+. "$ROOT/scripts/gpu-deps.sh"
+
 {
     echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
     echo "host: $(uname -a)"
@@ -74,9 +90,9 @@ cat "$DIR/env.txt"
 
 export DPAR_REQUIRE_BACKENDS=cuda
 
-step build          200 make -j"$JOBS" BUILD="$B" CUDA=1 all
+step build          "${GPU_CHECK_BUILD_S:-200}" make -j"$JOBS" BUILD="$B" CUDA=1 $MAKEVARS all
 # the embedded PTX matches kernels/*.cu (only meaningful with the same nvcc as committed)
-SOFT=1 step check-ptx 30 make BUILD="$B" CUDA=1 check-ptx
+SOFT=1 step check-ptx 30 make BUILD="$B" CUDA=1 $MAKEVARS check-ptx
 step test_cuda      100 "$B"/test_cuda
 if [ -f tests/test_parity.c ]; then
     step test_parity 100 "$B"/test_parity
@@ -84,8 +100,17 @@ else
     echo "SKIPPED  test_parity (tests/test_parity.c not in this tree)" | tee -a "$SUMMARY"
 fi
 DPAR_REQUIRE_BACKENDS=cuda step test_elem 60 "$B"/test_elem
+step test_conv       60 "$B"/test_conv
+step test_norm_attn  60 "$B"/test_norm_attn
+step test_optim      60 "$B"/test_optim
 step digits_cuda_1   60 "$B"/train_digits --backend cuda --devices 1
 step digits_cuda_4   60 "$B"/train_digits --backend cuda --devices 4
+step cnn_cuda_1      60 "$B"/train_cnn --backend cuda --devices 1 --epochs 2
+step cnn_cuda_4      60 "$B"/train_cnn --backend cuda --devices 4 --epochs 2
+if [ -f examples/train_gpt.c ]; then
+    step gpt_cuda_1x1 60 "$B"/train_gpt --backend cuda --devices 1 --dp 1 --tp 1 --steps 200
+    step gpt_cuda_2x2 60 "$B"/train_gpt --backend cuda --devices 4 --dp 2 --tp 2 --steps 200
+fi
 step bench_cuda     100 "$B"/bench_cuda
 # MPI on the real driver (where mpirun exists): with 2+ GPUs, 2 processes x 1
 # GPU with NCCL across processes (the mock tests this path in CI); with one GPU,
@@ -107,9 +132,10 @@ fi
 {
     echo
     echo "--- key figures"
-    grep -h '^final:' "$DIR"/digits_cuda_*.log 2>/dev/null
+    grep -h '^final:' "$DIR"/digits_cuda_*.log "$DIR"/cnn_cuda_*.log "$DIR"/gpt_cuda_*.log 2>/dev/null
+    grep -h '^lib:' "$DIR/deps.txt"
     grep -h '^mpi_collectives np=' "$DIR"/mpi_cuda_*.log 2>/dev/null
-    for t in test_cuda test_parity test_elem; do
+    for t in test_cuda test_parity test_elem test_conv test_norm_attn test_optim; do
         [ -f "$DIR/$t.log" ] && grep -HE '^\[ +(PASSED|FAILED|SKIPPED) +\] [0-9]|^parity |^cuda: [0-9]* results' "$DIR/$t.log" | sed "s|^$DIR/||"
     done
     grep -hE '^(device|matmul|all-reduce|sgd|axpy|scale|relu|cast|SKIPPED)' "$DIR"/bench_cuda.log 2>/dev/null
