@@ -26,7 +26,9 @@ unpack_debs() {
     done
     echo "deps: unpacked $n package(s) from .gpu-debs into $PREFIX"
     local inc="$PREFIX/usr/include" lib="$PREFIX/usr/lib/x86_64-linux-gnu"
-    export CPATH="$inc${CPATH:+:$CPATH}"
+    # system-header semantics, as for /usr/include on a machine that has them
+    export C_INCLUDE_PATH="$inc${C_INCLUDE_PATH:+:$C_INCLUDE_PATH}"
+    export CPLUS_INCLUDE_PATH="$inc${CPLUS_INCLUDE_PATH:+:$CPLUS_INCLUDE_PATH}"
     export LIBRARY_PATH="$lib${LIBRARY_PATH:+:$LIBRARY_PATH}"
     export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 }

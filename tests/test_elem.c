@@ -38,12 +38,13 @@ static int close_to(double got, double want, double rtol, double atol) {
     if (isinf(want)) return got == want;
     return fabs(got - want) <= atol + rtol * fabs(want);
 }
-#define CHECK_CLOSE(got, want, rtol, atol, ...)                                                           \
-    do {                                                                                                  \
-        if (!close_to((double)(got), (double)(want), rtol, atol)) {                                       \
-            printf(__VA_ARGS__);                                                                          \
-            fail_msg(" got %.9g want %.9g (rtol %g atol %g)", (double)(got), (double)(want), rtol, atol); \
-        }                                                                                                 \
+#define CHECK_CLOSE(got, want, rtol, atol, ...)                                                              \
+    do {                                                                                                     \
+        if (!close_to((double)(got), (double)(want), rtol, atol)) {                                          \
+            printf(__VA_ARGS__);                                                                             \
+            fail_msg(" got %.9g want %.9g (rtol %g atol %g)", (double)(got), (double)(want), (double)(rtol), \
+                     (double)(atol));                                                                        \
+        }                                                                                                    \
     } while (0)
 
 /* flat index into an operand of shape xs broadcast to shape ys, for flat y index i */
