@@ -235,6 +235,34 @@ DPAR_API dpar_status dpar_backend_from_name(const char *name, dpar_backend_kind 
 
 typedef struct dpar_runtime dpar_runtime;
 
+/* An engine's own Vulkan objects for dpar to run on instead of creating its own (adoption). Handles are
+   given as void * (dpar.h does not include vulkan.h): VkInstance, VkPhysicalDevice, VkDevice and VkQueue
+   are pointers. dpar never destroys them; it destroys only what it created on `device` (with `allocator`).
+   Requirements, checked by dpar_runtime_create (DPAR_ERR_INVALID_ARGUMENT naming the field otherwise):
+   every handle non-NULL, physical_device of Vulkan >= 1.1 with >= 8 storage buffers per shader stage,
+   queue_family among its families and with VK_QUEUE_COMPUTE_BIT, lock_queue / unlock_queue both or neither,
+   timeline_semaphore only where the physical device has timelineSemaphore. dpar needs no optional device
+   feature or extension to compute (enable VK_KHR_portability_subset where the device lists it, as Vulkan
+   requires); dpar_vulkan_buffer_export needs timelineSemaphore (Vulkan 1.2, enabled by the engine).
+   All num_devices logical devices share `queue`. dpar submits to it from its worker threads: when the
+   engine also submits to it, give lock_queue / unlock_queue (dpar calls them around each vkQueueSubmit)
+   or the engine must not touch the queue while a dpar call runs. dpar waits on its own fences only (never
+   vkDeviceWaitIdle / vkQueueWaitIdle), so the engine's work is never waited for. */
+typedef struct dpar_vulkan_external {
+    void *instance;                  /* VkInstance the device was created from */
+    void *physical_device;           /* VkPhysicalDevice of `device` */
+    void *device;                    /* VkDevice; non-NULL turns adoption on */
+    void *queue;                     /* VkQueue of `device` from queue_family, index any */
+    uint32_t queue_family;           /* its family index; must support compute */
+    const void *allocator;           /* const VkAllocationCallbacks * for every object dpar creates; NULL: none */
+    void (*get_instance_proc_addr)(void); /* the engine's vkGetInstanceProcAddr, cast to void (*)(void) (from
+                                             volk, a static loader); NULL: dpar dlopens libvulkan.so.1 */
+    bool timeline_semaphore;         /* the engine enabled timelineSemaphore (dpar_vulkan_buffer_export) */
+    void (*lock_queue)(void *user);  /* around each of dpar's vkQueueSubmit on `queue`; NULL: none */
+    void (*unlock_queue)(void *user);
+    void *queue_user; /* passed to lock_queue / unlock_queue */
+} dpar_vulkan_external;
+
 /* Vulkan backend settings (read only by backends/dpar_vulkan.h); zero means default. */
 typedef struct dpar_vulkan_desc {
     int physical_device;    /* 1-based index of the one physical device to use, counting the usable
@@ -245,6 +273,8 @@ typedef struct dpar_vulkan_desc {
                                are fewer usable devices, DPAR_ERR_INVALID_ARGUMENT when negative. */
     bool force_noncoherent; /* treat host-visible memory as non-coherent (flush/invalidate on every
                                host access); false: env DPAR_VK_NONCOHERENT */
+    dpar_vulkan_external external; /* an engine's own device (.external.device non-NULL); physical_device
+                                      must then be 0 */
 } dpar_vulkan_desc;
 
 /* CUDA backend settings (read only by backends/dpar_cuda.h); zero means default. */
@@ -1564,6 +1594,52 @@ DPAR_API dpar_status dpar_graph_run_start(dpar_graph *g, const dpar_graph_feed *
    DPAR_ERR_INVALID_ARGUMENT (NULL req or done, a request that is not pending:
    already waited, or a step passed with a ctx / a collective without one). */
 DPAR_API dpar_status dpar_test(dpar_ctx *ctx, dpar_request *req, bool *done);
+
+/* >>vulkan interop (public) ===================================================
+   Engines that bring their own Vulkan device (DPAR_VULKAN builds; see
+   dpar_vulkan_external in dpar_vulkan_desc for adoption). */
+typedef struct dpar_vulkan_export {
+    uint64_t buffer;         /* VkBuffer holding the data, owned by dpar, valid until the dpar_buffer is destroyed:
+                                memcpy it into a VkBuffer (a pointer on 64-bit targets, a uint64_t on 32-bit) */
+    uint64_t offset;         /* byte offset of element 0 within `buffer` */
+    uint64_t size;           /* bytes of data: dpar_buffer_nbytes */
+    uint64_t semaphore;      /* VkSemaphore, timeline, owned by dpar (one per logical device), likewise */
+    uint64_t ready_value;    /* wait for semaphore >= ready_value before any access to buffer */
+    uint64_t release_value;  /* signal semaphore = release_value once done with buffer, then
+                                call dpar_vulkan_buffer_release */
+    uint32_t queue_family;   /* the queue family that owns the buffer (VK_SHARING_MODE_EXCLUSIVE) */
+} dpar_vulkan_export;
+/* Lends dpar buffer b (Vulkan backend) to the caller's Vulkan work without a
+   host round trip. Submits b's device's recorded work with a signal of
+   `semaphore` to ready_value and fills *out. Synchronization contract:
+   the engine's queue submission that reads (or writes) buffer waits on
+   (semaphore, ready_value) at the stage of its first access (e.g.
+   VK_PIPELINE_STAGE_TRANSFER_BIT for vkCmdCopyBuffer) and signals
+   (semaphore, release_value) after its last access; dpar's writes are then
+   available and visible to it (the signal covers all of dpar's earlier work on
+   that queue). Then call dpar_vulkan_buffer_release: dpar's next work on the
+   device waits on the GPU for release_value (the host is not blocked; a host
+   read of b waits for it). Submit on the queue family in out->queue_family
+   (an adopted device: the engine's queue). Between export and release, b is
+   lent: any dpar use of b's runtime that could touch it (a dispatch, a read or
+   write of b, destroying b) returns DPAR_ERR_STATE.
+   Needs timeline semaphores: a device dpar created enables them where the
+   driver has them (Vulkan 1.2); an adopted device must have
+   VkPhysicalDeviceVulkan12Features::timelineSemaphore enabled and say so in
+   dpar_vulkan_external.timeline_semaphore.
+   Errors: DPAR_ERR_INVALID_ARGUMENT (NULL), DPAR_ERR_BACKEND_UNAVAILABLE
+   (not a Vulkan buffer, or no timeline semaphores: the text says how to enable
+   them), DPAR_ERR_STATE (b already lent, called inside a pmap function or with
+   a step in flight), DPAR_ERR_BACKEND (the driver failed). */
+DPAR_API dpar_status dpar_vulkan_buffer_export(dpar_buffer *b, dpar_vulkan_export *out);
+/* Ends the loan of b begun by dpar_vulkan_buffer_export: dpar's next GPU work
+   on b's device waits for the semaphore to reach release_value (which the
+   engine's submission signals; it may be submitted after this call). If it
+   is never signalled, dpar's next wait on that device fails after its fence
+   timeout (600 s) with DPAR_ERR_BACKEND.
+   Errors: DPAR_ERR_INVALID_ARGUMENT (NULL), DPAR_ERR_STATE (b is not lent,
+   a step in flight, inside a pmap function), DPAR_ERR_BACKEND. */
+DPAR_API dpar_status dpar_vulkan_buffer_release(dpar_buffer *b);
 
 /* >>deprecated ===============================================================
    Names of version 0.1, kept for one release as wrappers of the new names
@@ -12096,6 +12172,23 @@ static const dpar__backend_iface *dpar__cpu_iface(void) {
 
 #ifdef DPAR_VULKAN
 #include "backends/dpar_vulkan.h"
+#else
+/* >>vulkan interop without the backend: every buffer is of another backend */
+DPAR_API dpar_status dpar_vulkan_buffer_export(dpar_buffer *b, dpar_vulkan_export *out) {
+    dpar__clear_error();
+    if (out) memset(out, 0, sizeof *out);
+    if (!b || !out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_vulkan_buffer_export: buffer or out is NULL");
+    return dpar__err(DPAR_ERR_BACKEND_UNAVAILABLE,
+                     "dpar_vulkan_buffer_export: this build has no Vulkan backend; define DPAR_VULKAN where "
+                     "DPAR_IMPLEMENTATION is defined (make VULKAN=1)");
+}
+DPAR_API dpar_status dpar_vulkan_buffer_release(dpar_buffer *b) {
+    dpar__clear_error();
+    if (!b) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_vulkan_buffer_release: buffer is NULL");
+    return dpar__err(DPAR_ERR_BACKEND_UNAVAILABLE,
+                     "dpar_vulkan_buffer_release: this build has no Vulkan backend; define DPAR_VULKAN where "
+                     "DPAR_IMPLEMENTATION is defined (make VULKAN=1)");
+}
 #endif
 #ifdef DPAR_CUDA
 #include "backends/dpar_cuda.h"

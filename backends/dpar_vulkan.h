@@ -29,6 +29,13 @@
    with fences and descriptor pools, and records ops asynchronously; reads,
    syncs and host access wait for the work that touches the buffer.
 
+   An engine's own device (desc.vulkan.external, see dpar_vulkan_external in
+   dpar.h): its instance, device and one queue are used as given, with its
+   allocation callbacks and queue lock; every logical device shares that
+   queue, dpar destroys only the objects it created and waits only for its
+   own fences. dpar_vulkan_buffer_export lends a buffer to the engine's
+   Vulkan work under a timeline semaphore per logical device (>>vulkan interop).
+
    Collectives (the backend's `collective` entry) are staged through host
    memory. Mapped buffers are reduced in place by the group's worker threads,
    each taking 1/n of the elements (f16/bf16 accumulate in f32). Device-local
@@ -83,7 +90,7 @@
     X(vkDestroyInstance) X(vkEnumeratePhysicalDevices) X(vkGetPhysicalDeviceProperties) \
     X(vkGetPhysicalDeviceProperties2) X(vkGetPhysicalDeviceQueueFamilyProperties) \
     X(vkGetPhysicalDeviceMemoryProperties) X(vkCreateDevice) \
-    X(vkEnumerateDeviceExtensionProperties)
+    X(vkEnumerateDeviceExtensionProperties) X(vkGetPhysicalDeviceFeatures2)
 
 #define DPAR__VK_DEVICE_FNS(X) \
     X(vkDestroyDevice) X(vkGetDeviceQueue) X(vkDeviceWaitIdle) \
@@ -100,7 +107,7 @@
     X(vkCreatePipelineLayout) X(vkDestroyPipelineLayout) \
     X(vkCreateComputePipelines) X(vkDestroyPipeline) \
     X(vkCreateDescriptorPool) X(vkDestroyDescriptorPool) X(vkResetDescriptorPool) \
-    X(vkAllocateDescriptorSets) X(vkUpdateDescriptorSets)
+    X(vkAllocateDescriptorSets) X(vkUpdateDescriptorSets) X(vkCreateSemaphore) X(vkDestroySemaphore)
 /* clang-format on */
 
 enum {
@@ -162,6 +169,7 @@ typedef struct dpar__vkphys {
     int pipe_lock_init;
     VkPipeline pipes[DPAR__SPV_COUNT];
     dpar__vkbuf dummy; /* bound to unused bindings */
+    int timeline;      /* timeline semaphores enabled on device (>>vulkan interop) */
 } dpar__vkphys;
 
 typedef struct dpar__vkdev {
@@ -186,6 +194,12 @@ typedef struct dpar__vkdev {
     char *coll_in, *coll_out; /* this member's host views, published to the group */
     dpar__vkbuf *idx_err;     /* error words of the index checks (>>vulkan optim), made on first use */
     int idx_pending;          /* a check ran since the last report (atomic) */
+    /* >>vulkan interop: one buffer lent at a time; values of the timeline semaphore `sem` */
+    VkSemaphore sem;          /* made by the first export */
+    uint64_t sem_value;       /* last value handed out (an export's ready value, then its release value) */
+    uint64_t sem_signal;      /* the next submit signals it (0: none) */
+    uint64_t sem_wait;        /* the next submit waits for it (0: none): the engine's release */
+    int loaned;               /* a buffer of this device is lent */
 } dpar__vkdev;
 
 /* Push constants shared by every shader (112 bytes; Vulkan guarantees 128). A shader declares the
@@ -214,6 +228,12 @@ typedef struct dpar__vk {
     dpar__vkdev *devs; /* [ndev] logical devices, round-robin over phys */
     int force_noncoherent, force_staging;
     int lost; /* VK_ERROR_DEVICE_LOST seen */
+    /* an adopted engine device (desc.vulkan.external): instance and device are not dpar's to destroy */
+    int adopted;
+    const VkAllocationCallbacks *alloc; /* the engine's, for every object dpar creates; NULL: the driver's */
+    void (*lock_queue)(void *user);
+    void (*unlock_queue)(void *user);
+    void *queue_user;
 } dpar__vk;
 
 /* ---------------------------------------------------------------------------
@@ -306,6 +326,16 @@ static dpar_status dpar__vk_settings_get(const dpar_runtime_desc *desc, dpar__vk
                          "vulkan: desc.vulkan.physical_device = %d is negative; use 1 for "
                          "the first usable device, 2 for the second, ..., or 0 for every device of the best kind",
                          desc->vulkan.physical_device);
+    const dpar_vulkan_external *x = &desc->vulkan.external;
+    if (!x->device && (x->instance || x->physical_device || x->queue))
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                         "vulkan: desc.vulkan.external.device is NULL but its instance, physical_device or queue is "
+                         "set; give the engine's VkDevice too (or leave external all zero for dpar's own device)");
+    if (x->device && desc->vulkan.physical_device != 0)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                         "vulkan: desc.vulkan.physical_device = %d and desc.vulkan.external.device are both set; an "
+                         "adopted device is the one used: leave physical_device 0",
+                         desc->vulkan.physical_device);
     if (desc->vulkan.physical_device > 0) {
         out->device = desc->vulkan.physical_device - 1;
         snprintf(out->device_from, sizeof out->device_from, "desc.vulkan.physical_device = %d (1-based)",
@@ -363,8 +393,8 @@ static void dpar__vk_destroy_vkbuf(dpar__vk *st, dpar__vkbuf *b) {
     if (!b->ph) return;
     VkDevice dv = b->ph->device;
     if (b->map) st->vkUnmapMemory(dv, b->mem);
-    if (b->buf != VK_NULL_HANDLE) st->vkDestroyBuffer(dv, b->buf, NULL);
-    if (b->mem != VK_NULL_HANDLE) st->vkFreeMemory(dv, b->mem, NULL);
+    if (b->buf != VK_NULL_HANDLE) st->vkDestroyBuffer(dv, b->buf, st->alloc);
+    if (b->mem != VK_NULL_HANDLE) st->vkFreeMemory(dv, b->mem, st->alloc);
     b->map = NULL;
     b->buf = VK_NULL_HANDLE;
     b->mem = VK_NULL_HANDLE;
@@ -385,7 +415,7 @@ static dpar_status dpar__vk_create_vkbuf(dpar__vk *st, dpar__vkphys *ph, int dev
     bi.usage = VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT |
                (staging ? 0 : VK_BUFFER_USAGE_STORAGE_BUFFER_BIT);
     bi.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
-    VkResult vr = st->vkCreateBuffer(ph->device, &bi, NULL, &b->buf);
+    VkResult vr = st->vkCreateBuffer(ph->device, &bi, st->alloc, &b->buf);
     if (vr != VK_SUCCESS)
         return dpar__vk_fail(st, vr, "vkCreateBuffer", "device %d, %llu bytes", dev, (unsigned long long)b->size);
     VkMemoryRequirements req;
@@ -423,7 +453,7 @@ static dpar_status dpar__vk_create_vkbuf(dpar__vk *st, dpar__vkphys *ph, int dev
     ai.sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO;
     ai.allocationSize = b->alloc_size;
     ai.memoryTypeIndex = (uint32_t)type;
-    vr = st->vkAllocateMemory(ph->device, &ai, NULL, &b->mem);
+    vr = st->vkAllocateMemory(ph->device, &ai, st->alloc, &b->mem);
     if (vr != VK_SUCCESS) {
         b->mem = VK_NULL_HANDLE;
         dpar__vk_destroy_vkbuf(st, b);
@@ -542,8 +572,29 @@ static dpar_status dpar__vk_submit(dpar__vkdev *d) {
         si.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO;
         si.commandBufferCount = 1;
         si.pCommandBuffers = &f->cb;
+        /* a loan (>>vulkan interop): wait for the engine's release value, signal an export's ready value */
+        VkTimelineSemaphoreSubmitInfo ti;
+        memset(&ti, 0, sizeof ti);
+        ti.sType = VK_STRUCTURE_TYPE_TIMELINE_SEMAPHORE_SUBMIT_INFO;
+        VkPipelineStageFlags wait_stage = VK_PIPELINE_STAGE_ALL_COMMANDS_BIT;
+        uint64_t wv = d->sem_wait, sv = d->sem_signal;
+        if (wv) {
+            si.waitSemaphoreCount = ti.waitSemaphoreValueCount = 1;
+            si.pWaitSemaphores = &d->sem;
+            si.pWaitDstStageMask = &wait_stage;
+            ti.pWaitSemaphoreValues = &wv;
+        }
+        if (sv) {
+            si.signalSemaphoreCount = ti.signalSemaphoreValueCount = 1;
+            si.pSignalSemaphores = &d->sem;
+            ti.pSignalSemaphoreValues = &sv;
+        }
+        if (wv || sv) si.pNext = &ti;
+        d->sem_wait = d->sem_signal = 0;
         pthread_mutex_lock(&d->queue->lock);
+        if (st->lock_queue) st->lock_queue(st->queue_user); /* the engine's own lock of a shared queue */
         vr = st->vkQueueSubmit(d->queue->queue, 1, &si, f->fence);
+        if (st->unlock_queue) st->unlock_queue(st->queue_user);
         pthread_mutex_unlock(&d->queue->lock);
         if (vr == VK_SUCCESS) {
             f->state = 2;
@@ -630,7 +681,7 @@ static dpar_status dpar__vk_pipeline(dpar__vk *st, dpar__vkphys *ph, int id, VkP
     mi.codeSize = dpar__spv_table[id].size;
     mi.pCode = dpar__spv_table[id].code;
     VkShaderModule mod;
-    VkResult vr = st->vkCreateShaderModule(ph->device, &mi, NULL, &mod);
+    VkResult vr = st->vkCreateShaderModule(ph->device, &mi, st->alloc, &mod);
     if (vr != VK_SUCCESS) {
         pthread_mutex_unlock(&ph->pipe_lock);
         return dpar__vk_fail(st, vr, "vkCreateShaderModule", "shader %s", dpar__spv_table[id].name);
@@ -644,8 +695,8 @@ static dpar_status dpar__vk_pipeline(dpar__vk *st, dpar__vkphys *ph, int id, VkP
     ci.stage.pName = "main";
     ci.layout = ph->layout;
     VkPipeline p;
-    vr = st->vkCreateComputePipelines(ph->device, VK_NULL_HANDLE, 1, &ci, NULL, &p);
-    st->vkDestroyShaderModule(ph->device, mod, NULL);
+    vr = st->vkCreateComputePipelines(ph->device, VK_NULL_HANDLE, 1, &ci, st->alloc, &p);
+    st->vkDestroyShaderModule(ph->device, mod, st->alloc);
     if (vr != VK_SUCCESS) {
         pthread_mutex_unlock(&ph->pipe_lock);
         return dpar__vk_fail(st, vr, "vkCreateComputePipelines", "shader %s", dpar__spv_table[id].name);
@@ -764,17 +815,22 @@ static dpar_status dpar__vk_transfer(dpar__vk *st, int dev, dpar__vkbuf *dst, dp
 static void dpar__vk_shutdown(void *state) {
     dpar__vk *st = (dpar__vk *)state;
     if (!st) return;
-    for (int p = 0; st->phys && p < st->nphys; p++)
+    /* an adopted device may be busy with the engine's work (and vkDeviceWaitIdle would need all of its
+       queues locked): wait for dpar's own batches only */
+    for (int p = 0; !st->adopted && st->phys && p < st->nphys; p++)
         if (st->phys[p].device != VK_NULL_HANDLE) st->vkDeviceWaitIdle(st->phys[p].device);
+    for (int i = 0; st->adopted && st->devs && i < st->ndev; i++)
+        if (st->devs[i].cmd_pool != VK_NULL_HANDLE) dpar__vk_wait_serial(&st->devs[i], st->devs[i].next_serial - 1);
     for (int i = 0; st->devs && i < st->ndev; i++) {
         dpar__vkdev *d = &st->devs[i];
         if (d->ph && d->ph->device != VK_NULL_HANDLE) {
             VkDevice dv = d->ph->device;
+            if (d->sem != VK_NULL_HANDLE) st->vkDestroySemaphore(dv, d->sem, st->alloc);
             for (int j = 0; j < DPAR__VK_FRAMES; j++) {
-                if (d->frames[j].fence != VK_NULL_HANDLE) st->vkDestroyFence(dv, d->frames[j].fence, NULL);
-                if (d->frames[j].pool != VK_NULL_HANDLE) st->vkDestroyDescriptorPool(dv, d->frames[j].pool, NULL);
+                if (d->frames[j].fence != VK_NULL_HANDLE) st->vkDestroyFence(dv, d->frames[j].fence, st->alloc);
+                if (d->frames[j].pool != VK_NULL_HANDLE) st->vkDestroyDescriptorPool(dv, d->frames[j].pool, st->alloc);
             }
-            if (d->cmd_pool != VK_NULL_HANDLE) st->vkDestroyCommandPool(dv, d->cmd_pool, NULL);
+            if (d->cmd_pool != VK_NULL_HANDLE) st->vkDestroyCommandPool(dv, d->cmd_pool, st->alloc);
             dpar__vk_destroy_vkbuf(st, &d->cstage);
             if (d->idx_err) dpar__vk_destroy_vkbuf(st, d->idx_err);
             DPAR_FREE(d->idx_err);
@@ -797,11 +853,11 @@ static void dpar__vk_shutdown(void *state) {
         dpar__vkphys *ph = &st->phys[p];
         if (ph->device != VK_NULL_HANDLE) {
             for (int i = 0; i < DPAR__SPV_COUNT; i++)
-                if (ph->pipes[i] != VK_NULL_HANDLE) st->vkDestroyPipeline(ph->device, ph->pipes[i], NULL);
+                if (ph->pipes[i] != VK_NULL_HANDLE) st->vkDestroyPipeline(ph->device, ph->pipes[i], st->alloc);
             dpar__vk_destroy_vkbuf(st, &ph->dummy);
-            if (ph->layout != VK_NULL_HANDLE) st->vkDestroyPipelineLayout(ph->device, ph->layout, NULL);
-            if (ph->dsl != VK_NULL_HANDLE) st->vkDestroyDescriptorSetLayout(ph->device, ph->dsl, NULL);
-            st->vkDestroyDevice(ph->device, NULL);
+            if (ph->layout != VK_NULL_HANDLE) st->vkDestroyPipelineLayout(ph->device, ph->layout, st->alloc);
+            if (ph->dsl != VK_NULL_HANDLE) st->vkDestroyDescriptorSetLayout(ph->device, ph->dsl, st->alloc);
+            if (!st->adopted) st->vkDestroyDevice(ph->device, NULL);
         }
         if (ph->queues) {
             for (int i = 0; i < ph->nqueues; i++) pthread_mutex_destroy(&ph->queues[i].lock);
@@ -810,7 +866,8 @@ static void dpar__vk_shutdown(void *state) {
         if (ph->pipe_lock_init) pthread_mutex_destroy(&ph->pipe_lock);
     }
     DPAR_FREE(st->phys);
-    if (st->instance != VK_NULL_HANDLE && st->vkDestroyInstance) st->vkDestroyInstance(st->instance, NULL);
+    if (!st->adopted && st->instance != VK_NULL_HANDLE && st->vkDestroyInstance)
+        st->vkDestroyInstance(st->instance, NULL);
     /* The loader stays loaded (as volk does): drivers keep thread-local state and
        exit handlers that must not be unmapped while the process runs. */
     DPAR_FREE(st);
@@ -849,7 +906,7 @@ static dpar_status dpar__vk_init_device(dpar__vk *st, dpar__vkdev *d) {
     pi.sType = VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO;
     pi.flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
     pi.queueFamilyIndex = d->ph->family;
-    if ((vr = st->vkCreateCommandPool(dv, &pi, NULL, &d->cmd_pool)) != VK_SUCCESS)
+    if ((vr = st->vkCreateCommandPool(dv, &pi, st->alloc, &d->cmd_pool)) != VK_SUCCESS)
         return dpar__vk_fail(st, vr, "vkCreateCommandPool", "device %d", d->index);
     VkCommandBuffer cbs[DPAR__VK_FRAMES];
     VkCommandBufferAllocateInfo ai;
@@ -866,7 +923,7 @@ static dpar_status dpar__vk_init_device(dpar__vk *st, dpar__vkdev *d) {
         VkFenceCreateInfo fi;
         memset(&fi, 0, sizeof fi);
         fi.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO;
-        if ((vr = st->vkCreateFence(dv, &fi, NULL, &f->fence)) != VK_SUCCESS)
+        if ((vr = st->vkCreateFence(dv, &fi, st->alloc, &f->fence)) != VK_SUCCESS)
             return dpar__vk_fail(st, vr, "vkCreateFence", "device %d", d->index);
         VkDescriptorPoolSize ps;
         ps.type = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
@@ -877,8 +934,175 @@ static dpar_status dpar__vk_init_device(dpar__vk *st, dpar__vkdev *d) {
         dpi.maxSets = DPAR__VK_FRAME_OPS;
         dpi.poolSizeCount = 1;
         dpi.pPoolSizes = &ps;
-        if ((vr = st->vkCreateDescriptorPool(dv, &dpi, NULL, &f->pool)) != VK_SUCCESS)
+        if ((vr = st->vkCreateDescriptorPool(dv, &dpi, st->alloc, &f->pool)) != VK_SUCCESS)
             return dpar__vk_fail(st, vr, "vkCreateDescriptorPool", "device %d", d->index);
+    }
+    return DPAR_OK;
+}
+
+/* >>vulkan adopt =============================================================
+   desc.vulkan.external: an engine's instance, physical device, device and
+   queue, checked and used as they are. dpar creates only its own objects on
+   the device (with the engine's allocator) and destroys only those. */
+
+static dpar_status dpar__vk_open_loader(dpar__vk *st, uint32_t *iver);
+static dpar_status dpar__vk_load_fns(dpar__vk *st);
+
+/* Whether pd offers timeline semaphores (Vulkan 1.2 core). */
+static int dpar__vk_has_timeline(dpar__vk *st, VkPhysicalDevice pd) {
+    VkPhysicalDeviceProperties p;
+    st->vkGetPhysicalDeviceProperties(pd, &p);
+    if (p.apiVersion < VK_API_VERSION_1_2) return 0;
+    VkPhysicalDeviceTimelineSemaphoreFeatures tl;
+    memset(&tl, 0, sizeof tl);
+    tl.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_TIMELINE_SEMAPHORE_FEATURES;
+    VkPhysicalDeviceFeatures2 f2;
+    memset(&f2, 0, sizeof f2);
+    f2.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2;
+    f2.pNext = &tl;
+    st->vkGetPhysicalDeviceFeatures2(pd, &f2);
+    return tl.timelineSemaphore == VK_TRUE;
+}
+
+/* The engine's queue family: it must exist and run compute shaders. */
+static dpar_status dpar__vk_check_family(dpar__vk *st, VkPhysicalDevice pd, uint32_t family) {
+    uint32_t n = 0;
+    st->vkGetPhysicalDeviceQueueFamilyProperties(pd, &n, NULL);
+    VkQueueFamilyProperties *q = (VkQueueFamilyProperties *)DPAR_MALLOC((n ? n : 1) * sizeof *q);
+    if (!q) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "vulkan: out of host memory");
+    st->vkGetPhysicalDeviceQueueFamilyProperties(pd, &n, q);
+    dpar_status s = DPAR_OK;
+    if (family >= n)
+        s = dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                      "vulkan: desc.vulkan.external.queue_family = %u, but the physical device has %u queue "
+                      "famil%s (0..%u); pass the family index the queue was created with",
+                      family, n, n == 1 ? "y" : "ies", n ? n - 1 : 0);
+    else if (!(q[family].queueFlags & VK_QUEUE_COMPUTE_BIT)) {
+        int other = dpar__vk_compute_family(st, pd, NULL);
+        s = dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                      "vulkan: desc.vulkan.external.queue_family = %u has no VK_QUEUE_COMPUTE_BIT (flags 0x%x); dpar "
+                      "runs compute shaders: give it a queue of a compute family (family %d has one)",
+                      family, (unsigned)q[family].queueFlags, other);
+    }
+    DPAR_FREE(q);
+    return s;
+}
+
+/* Checks desc.vulkan.external and takes its handles (entry points: the engine's vkGetInstanceProcAddr,
+   else the dlopen'ed loader's). Before anything is created. */
+static dpar_status dpar__vk_adopt(dpar__vk *st, const dpar_vulkan_external *x) {
+    const char *missing = !x->instance          ? "instance"
+                          : !x->physical_device ? "physical_device"
+                          : !x->queue           ? "queue"
+                                                : NULL;
+    if (missing)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                         "vulkan: desc.vulkan.external.device is set but .%s is NULL; an adopted device needs its "
+                         "instance, physical device and a queue",
+                         missing);
+    if (!x->lock_queue != !x->unlock_queue)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                         "vulkan: desc.vulkan.external has only one of lock_queue / unlock_queue; give both or "
+                         "neither");
+    if (x->get_instance_proc_addr) {
+        st->gipa = (PFN_vkGetInstanceProcAddr)x->get_instance_proc_addr;
+    } else {
+        uint32_t iver = 0;
+        dpar_status s = dpar__vk_open_loader(st, &iver);
+        if (s) return s;
+    }
+    st->adopted = 1;
+    st->instance = (VkInstance)x->instance;
+    st->alloc = (const VkAllocationCallbacks *)x->allocator;
+    st->lock_queue = x->lock_queue;
+    st->unlock_queue = x->unlock_queue;
+    st->queue_user = x->queue_user;
+    st->api_version = (int)VK_API_VERSION_1_1; /* the engine's instance version is unknown: ask only for 1.1 */
+    dpar_status s = dpar__vk_load_fns(st);
+    if (s) return s;
+    VkPhysicalDevice pd = (VkPhysicalDevice)x->physical_device;
+    VkPhysicalDeviceProperties p;
+    st->vkGetPhysicalDeviceProperties(pd, &p);
+    if (p.apiVersion < VK_API_VERSION_1_1)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "vulkan: the engine's device %s has Vulkan %u.%u; dpar needs 1.1",
+                         p.deviceName, VK_VERSION_MAJOR(p.apiVersion), VK_VERSION_MINOR(p.apiVersion));
+    if ((s = dpar__vk_check_family(st, pd, x->queue_family))) return s;
+    if (x->timeline_semaphore && !dpar__vk_has_timeline(st, pd))
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                         "vulkan: desc.vulkan.external.timeline_semaphore is set, but %s has no timeline semaphores "
+                         "(Vulkan 1.2 timelineSemaphore); leave it false (dpar_vulkan_buffer_export is then "
+                         "unavailable)",
+                         p.deviceName);
+    return DPAR_OK;
+}
+
+/* ph on the engine's device: its one queue, shared by every logical device. */
+static dpar_status dpar__vk_adopt_device(dpar__vk *st, const dpar_vulkan_external *x, dpar__vkphys *ph) {
+    ph->device = (VkDevice)x->device;
+    ph->family = x->queue_family;
+    ph->timeline = x->timeline_semaphore;
+    ph->queues = (dpar__vkqueue *)DPAR_MALLOC(sizeof *ph->queues);
+    if (!ph->queues) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "vulkan: out of host memory");
+    ph->nqueues = 1;
+    ph->queues[0].queue = (VkQueue)x->queue;
+    pthread_mutex_init(&ph->queues[0].lock, NULL);
+    DPAR__UNUSED(st);
+    return DPAR_OK;
+}
+
+/* dpar's own VkDevice on ph with up to `nq` queues of the compute family with the most queues. */
+static dpar_status dpar__vk_create_device(dpar__vk *st, dpar__vkphys *ph, int nq) {
+    VkResult vr;
+    uint32_t qcount = 0;
+    ph->family = (uint32_t)dpar__vk_compute_family(st, ph->pd, &qcount);
+    int nqueues = (int)((uint32_t)nq < qcount ? (uint32_t)nq : qcount);
+    float *prio = (float *)DPAR_MALLOC((size_t)nqueues * sizeof *prio);
+    if (!prio) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "vulkan: out of host memory");
+    for (int i = 0; i < nqueues; i++) prio[i] = 1.0f;
+    VkDeviceQueueCreateInfo qci;
+    memset(&qci, 0, sizeof qci);
+    qci.sType = VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO;
+    qci.queueFamilyIndex = ph->family;
+    qci.queueCount = (uint32_t)nqueues;
+    qci.pQueuePriorities = prio;
+    uint32_t ndext = 0;
+    st->vkEnumerateDeviceExtensionProperties(ph->pd, NULL, &ndext, NULL);
+    VkExtensionProperties *dexts = (VkExtensionProperties *)DPAR_MALLOC((ndext ? ndext : 1) * sizeof *dexts);
+    if (!dexts) {
+        DPAR_FREE(prio);
+        return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "vulkan: out of host memory");
+    }
+    st->vkEnumerateDeviceExtensionProperties(ph->pd, NULL, &ndext, dexts);
+    const char *dev_exts[1] = { "VK_KHR_portability_subset" };
+    int subset = dpar__vk_has_ext(dexts, ndext, dev_exts[0]);
+    DPAR_FREE(dexts);
+    /* timeline semaphores where the driver has them (Vulkan 1.2): dpar_vulkan_buffer_export needs them */
+    VkPhysicalDeviceTimelineSemaphoreFeatures tl;
+    memset(&tl, 0, sizeof tl);
+    tl.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_TIMELINE_SEMAPHORE_FEATURES;
+    tl.timelineSemaphore = VK_TRUE;
+    ph->timeline = (uint32_t)st->api_version >= VK_API_VERSION_1_2 && dpar__vk_has_timeline(st, ph->pd);
+    VkDeviceCreateInfo dci;
+    memset(&dci, 0, sizeof dci);
+    dci.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO;
+    if (ph->timeline) dci.pNext = &tl;
+    dci.queueCreateInfoCount = 1;
+    dci.pQueueCreateInfos = &qci;
+    dci.enabledExtensionCount = subset ? 1u : 0u;
+    dci.ppEnabledExtensionNames = dev_exts;
+    vr = st->vkCreateDevice(ph->pd, &dci, NULL, &ph->device);
+    DPAR_FREE(prio);
+    if (vr != VK_SUCCESS) {
+        ph->device = VK_NULL_HANDLE;
+        return dpar__vk_fail(st, vr, "vkCreateDevice", "%s, %d queue(s) of family %u", ph->props.deviceName, nqueues,
+                             ph->family);
+    }
+    ph->queues = (dpar__vkqueue *)DPAR_MALLOC((size_t)nqueues * sizeof *ph->queues);
+    if (!ph->queues) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "vulkan: out of host memory");
+    ph->nqueues = nqueues;
+    for (int i = 0; i < nqueues; i++) {
+        st->vkGetDeviceQueue(ph->device, ph->family, (uint32_t)i, &ph->queues[i].queue);
+        pthread_mutex_init(&ph->queues[i].lock, NULL);
     }
     return DPAR_OK;
 }
@@ -924,52 +1148,9 @@ static dpar_status dpar__vk_init_phys(dpar__vk *st, const dpar_runtime_desc *des
     }
     ph->prefer_mappable =
         !st->force_staging && (ph->props.deviceType != VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU || cached_dl);
-    DPAR__UNUSED(desc);
-
-    uint32_t qcount = 0;
-    ph->family = (uint32_t)dpar__vk_compute_family(st, ph->pd, &qcount);
-    int nqueues = (int)((uint32_t)nq < qcount ? (uint32_t)nq : qcount);
-    float *prio = (float *)DPAR_MALLOC((size_t)nqueues * sizeof *prio);
-    if (!prio) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "vulkan: out of host memory");
-    for (int i = 0; i < nqueues; i++) prio[i] = 1.0f;
-    VkDeviceQueueCreateInfo qci;
-    memset(&qci, 0, sizeof qci);
-    qci.sType = VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO;
-    qci.queueFamilyIndex = ph->family;
-    qci.queueCount = (uint32_t)nqueues;
-    qci.pQueuePriorities = prio;
-    uint32_t ndext = 0;
-    st->vkEnumerateDeviceExtensionProperties(ph->pd, NULL, &ndext, NULL);
-    VkExtensionProperties *dexts = (VkExtensionProperties *)DPAR_MALLOC((ndext ? ndext : 1) * sizeof *dexts);
-    if (!dexts) {
-        DPAR_FREE(prio);
-        return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "vulkan: out of host memory");
-    }
-    st->vkEnumerateDeviceExtensionProperties(ph->pd, NULL, &ndext, dexts);
-    const char *dev_exts[1] = { "VK_KHR_portability_subset" };
-    int subset = dpar__vk_has_ext(dexts, ndext, dev_exts[0]);
-    DPAR_FREE(dexts);
-    VkDeviceCreateInfo dci;
-    memset(&dci, 0, sizeof dci);
-    dci.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO;
-    dci.queueCreateInfoCount = 1;
-    dci.pQueueCreateInfos = &qci;
-    dci.enabledExtensionCount = subset ? 1u : 0u;
-    dci.ppEnabledExtensionNames = dev_exts;
-    vr = st->vkCreateDevice(ph->pd, &dci, NULL, &ph->device);
-    DPAR_FREE(prio);
-    if (vr != VK_SUCCESS) {
-        ph->device = VK_NULL_HANDLE;
-        return dpar__vk_fail(st, vr, "vkCreateDevice", "%s, %d queue(s) of family %u", ph->props.deviceName, nqueues,
-                             ph->family);
-    }
-    ph->queues = (dpar__vkqueue *)DPAR_MALLOC((size_t)nqueues * sizeof *ph->queues);
-    if (!ph->queues) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "vulkan: out of host memory");
-    ph->nqueues = nqueues;
-    for (int i = 0; i < nqueues; i++) {
-        st->vkGetDeviceQueue(ph->device, ph->family, (uint32_t)i, &ph->queues[i].queue);
-        pthread_mutex_init(&ph->queues[i].lock, NULL);
-    }
+    dpar_status s = st->adopted ? dpar__vk_adopt_device(st, &desc->vulkan.external, ph)
+                                : dpar__vk_create_device(st, ph, nq);
+    if (s) return s;
     pthread_mutex_init(&ph->pipe_lock, NULL);
     ph->pipe_lock_init = 1;
 
@@ -993,7 +1174,7 @@ static dpar_status dpar__vk_init_phys(dpar__vk *st, const dpar_runtime_desc *des
     dli.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO;
     dli.bindingCount = DPAR__VK_BINDINGS;
     dli.pBindings = lb;
-    if ((vr = st->vkCreateDescriptorSetLayout(ph->device, &dli, NULL, &ph->dsl)) != VK_SUCCESS)
+    if ((vr = st->vkCreateDescriptorSetLayout(ph->device, &dli, st->alloc, &ph->dsl)) != VK_SUCCESS)
         return dpar__vk_fail(st, vr, "vkCreateDescriptorSetLayout", "%s", ph->props.deviceName);
     VkPushConstantRange pcr;
     pcr.stageFlags = VK_SHADER_STAGE_COMPUTE_BIT;
@@ -1006,7 +1187,7 @@ static dpar_status dpar__vk_init_phys(dpar__vk *st, const dpar_runtime_desc *des
     pli.pSetLayouts = &ph->dsl;
     pli.pushConstantRangeCount = 1;
     pli.pPushConstantRanges = &pcr;
-    if ((vr = st->vkCreatePipelineLayout(ph->device, &pli, NULL, &ph->layout)) != VK_SUCCESS)
+    if ((vr = st->vkCreatePipelineLayout(ph->device, &pli, st->alloc, &ph->layout)) != VK_SUCCESS)
         return dpar__vk_fail(st, vr, "vkCreatePipelineLayout", "%s", ph->props.deviceName);
     return dpar__vk_create_vkbuf(st, ph, 0, 16, 0, &ph->dummy);
 }
@@ -1087,6 +1268,11 @@ static dpar_status dpar__vk_create_instance(dpar__vk *st, uint32_t iver) {
         return dpar__vk_fail(st, vr, "vkCreateInstance", "Vulkan %u.%u", VK_VERSION_MAJOR(app.apiVersion),
                              VK_VERSION_MINOR(app.apiVersion));
     }
+    return dpar__vk_load_fns(st);
+}
+
+/* Every instance- and device-level entry point of st->instance, through st->gipa. */
+static dpar_status dpar__vk_load_fns(dpar__vk *st) {
 #define DPAR__VK_LOAD_I(name)                                    \
     if (!(st->name = (PFN_##name)st->gipa(st->instance, #name))) \
         return dpar__err(DPAR_ERR_BACKEND_UNAVAILABLE, "vulkan: the loader lacks %s", #name);
@@ -1255,6 +1441,18 @@ static dpar_status dpar__vk_init_impl(dpar__vk *st, const dpar_runtime_desc *des
     if ((s = dpar__vk_settings_get(desc, &set))) return s;
     st->force_noncoherent = set.force_noncoherent;
     st->force_staging = set.force_staging;
+    if (desc && desc->vulkan.external.device) { /* the engine's device: every logical device on its queue */
+        if ((s = dpar__vk_adopt(st, &desc->vulkan.external))) return s;
+        VkPhysicalDevice pd = (VkPhysicalDevice)desc->vulkan.external.physical_device;
+        n = requested > 0 ? requested : 1;
+        if (n > DPAR_MAX_DEVICES)
+            return dpar__err(DPAR_ERR_DEVICE_COUNT,
+                             "vulkan: %d devices asked, at most %d logical devices are supported", n,
+                             (int)DPAR_MAX_DEVICES);
+        if ((s = dpar__vk_open(st, desc, &pd, 0, 1, n))) return s;
+        *count = n;
+        return DPAR_OK;
+    }
     if ((s = dpar__vk_open_loader(st, &iver))) return s;
     if ((s = dpar__vk_create_instance(st, iver))) return s;
     if ((s = dpar__vk_list_usable(st, &u))) return s;
@@ -1368,11 +1566,13 @@ static void dpar__vk_free(void *state, int dev, void *mem) {
     if (!b) return;
     dpar__vkdev *d = &st->devs[dev];
     pthread_mutex_lock(&d->lock);
-    if (dpar__vk_buf_idle(d, b) != DPAR_OK && !DPAR__ATOMIC_LOAD(&st->lost)) {
-        /* could not wait: wait for the whole device before destroying */
+    int idle = dpar__vk_buf_idle(d, b) == DPAR_OK || DPAR__ATOMIC_LOAD(&st->lost);
+    if (!idle && !st->adopted) { /* could not wait: wait for the whole device before destroying */
         st->vkDeviceWaitIdle(d->ph->device);
+        idle = 1;
     }
-    dpar__vk_destroy_vkbuf(st, b);
+    /* an engine's device: its queues are not dpar's to lock for vkDeviceWaitIdle; the buffer is left to it */
+    if (idle) dpar__vk_destroy_vkbuf(st, b);
     pthread_mutex_unlock(&d->lock);
     DPAR_FREE(b);
 }
@@ -2085,6 +2285,124 @@ static dpar_status dpar__vk_collective(void *state, dpar__coll *c) {
     if (!outb) return DPAR_OK;
     if (bout->map) return dpar__vk_host_release(st, dev, bout, 0, outb);
     return dpar__vk_write(st, dev, bout, 0, out_h, outb);
+}
+
+/* >>vulkan interop ===========================================================
+   dpar_vulkan_buffer_export / _release: a buffer lent to the engine's Vulkan
+   work, ordered by a timeline semaphore per logical device (values: an
+   export's ready value, signalled by dpar; its release value, signalled by the
+   engine and waited for by dpar's next submission on the device). */
+static dpar_status dpar__vk_loan_check(dpar_buffer *b, const char *fn, int lending) {
+    if (!b) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: buffer is NULL", fn);
+    if (dpar__self_worker)
+        return dpar__err(DPAR_ERR_STATE, "%s: called inside a pmap/shard_map function; call it between steps", fn);
+    dpar_status s = dpar__busy(b->rt, lending ? b : NULL, fn);
+    if (s) return s;
+    if (b->rt->be->kind != DPAR_BACKEND_VULKAN)
+        return dpar__err(DPAR_ERR_BACKEND_UNAVAILABLE,
+                         "%s: the buffer lives on the %s backend; only buffers of a Vulkan runtime (backend = "
+                         "DPAR_BACKEND_VULKAN) have a VkBuffer",
+                         fn, b->rt->be->name);
+    if (!lending && !DPAR__ATOMIC_LOAD(&b->lent))
+        return dpar__err(DPAR_ERR_STATE, "%s: the buffer is not lent (dpar_vulkan_buffer_export it first)", fn);
+    return DPAR_OK;
+}
+
+/* The device's timeline semaphore, made on first use. Lock held. */
+static dpar_status dpar__vk_loan_sem(dpar__vk *st, dpar__vkdev *d) {
+    if (d->sem != VK_NULL_HANDLE) return DPAR_OK;
+    VkSemaphoreTypeCreateInfo ti;
+    memset(&ti, 0, sizeof ti);
+    ti.sType = VK_STRUCTURE_TYPE_SEMAPHORE_TYPE_CREATE_INFO;
+    ti.semaphoreType = VK_SEMAPHORE_TYPE_TIMELINE;
+    VkSemaphoreCreateInfo ci;
+    memset(&ci, 0, sizeof ci);
+    ci.sType = VK_STRUCTURE_TYPE_SEMAPHORE_CREATE_INFO;
+    ci.pNext = &ti;
+    VkResult vr = st->vkCreateSemaphore(d->ph->device, &ci, st->alloc, &d->sem);
+    if (vr != VK_SUCCESS) {
+        d->sem = VK_NULL_HANDLE;
+        return dpar__vk_fail(st, vr, "vkCreateSemaphore", "device %d, a timeline semaphore", d->index);
+    }
+    return DPAR_OK;
+}
+
+DPAR_API dpar_status dpar_vulkan_buffer_export(dpar_buffer *b, dpar_vulkan_export *out) {
+    dpar__clear_error();
+    if (!out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_vulkan_buffer_export: out is NULL");
+    memset(out, 0, sizeof *out);
+    dpar_status s = dpar__vk_loan_check(b, "dpar_vulkan_buffer_export", 1);
+    if (s) return s;
+    dpar__vk *st = (dpar__vk *)b->rt->bstate;
+    dpar__vkdev *d = &st->devs[b->device];
+    dpar__vkbuf *vb = (dpar__vkbuf *)b->mem;
+    if (!d->ph->timeline)
+        return dpar__err(DPAR_ERR_BACKEND_UNAVAILABLE,
+                         "dpar_vulkan_buffer_export: device %d has no timeline semaphores; an engine's device: enable "
+                         "VkPhysicalDeviceVulkan12Features::timelineSemaphore and set "
+                         "desc.vulkan.external.timeline_semaphore; dpar's own device: the driver lacks Vulkan 1.2",
+                         b->gdev);
+    pthread_mutex_lock(&d->lock);
+    if (d->loaned) {
+        pthread_mutex_unlock(&d->lock);
+        return dpar__err(DPAR_ERR_STATE,
+                         "dpar_vulkan_buffer_export: device %d already has a buffer lent (one at a time per device); "
+                         "dpar_vulkan_buffer_release it first",
+                         b->gdev);
+    }
+    dpar__vkframe *f = NULL;
+    s = dpar__vk_loan_sem(st, d);
+    if (!s) s = dpar__vk_check_lost(st);
+    if (!s) s = dpar__vk_begin(d, &f); /* every earlier command of the queue is in the signal's first scope */
+    if (!s) {
+        d->sem_signal = d->sem_value + 1;
+        s = dpar__vk_submit(d);
+    }
+    if (!s) {
+        out->ready_value = ++d->sem_value;
+        out->release_value = ++d->sem_value;
+        d->loaned = 1;
+        memcpy(&out->buffer, &vb->buf, sizeof vb->buf); /* a pointer or a uint64_t, as the platform has it */
+        memcpy(&out->semaphore, &d->sem, sizeof d->sem);
+        out->offset = 0;
+        out->size = b->nbytes;
+        out->queue_family = d->ph->family;
+    }
+    pthread_mutex_unlock(&d->lock);
+    if (s) {
+        memset(out, 0, sizeof *out);
+        return s;
+    }
+    DPAR__ATOMIC_STORE(&b->lent, 1);
+    __atomic_add_fetch(&b->rt->lent, 1, __ATOMIC_ACQ_REL);
+    return DPAR_OK;
+}
+
+DPAR_API dpar_status dpar_vulkan_buffer_release(dpar_buffer *b) {
+    dpar__clear_error();
+    dpar_status s = dpar__vk_loan_check(b, "dpar_vulkan_buffer_release", 0);
+    if (s) return s;
+    dpar__vk *st = (dpar__vk *)b->rt->bstate;
+    dpar__vkdev *d = &st->devs[b->device];
+    dpar__vkbuf *vb = (dpar__vkbuf *)b->mem;
+    pthread_mutex_lock(&d->lock);
+    dpar__vkframe *f = NULL;
+    s = dpar__vk_begin(d, &f);
+    if (!s) {
+        /* the batch waits for the engine's release; the barrier chains every later command (this batch's
+           and, through their leading barriers, the next batches') after that wait; host access to b waits
+           for this batch's fence */
+        d->sem_wait = d->sem_value;
+        dpar__vk_cmd_barrier(st, f->cb);
+        vb->last_serial = f->serial;
+        d->loaned = 0;
+        s = dpar__vk_recorded(d, f);
+    }
+    pthread_mutex_unlock(&d->lock);
+    if (s) return s;
+    DPAR__ATOMIC_STORE(&b->lent, 0);
+    __atomic_sub_fetch(&b->rt->lent, 1, __ATOMIC_ACQ_REL);
+    return DPAR_OK;
 }
 
 static const dpar__backend_iface *dpar__vulkan_iface(void) {

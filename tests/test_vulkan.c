@@ -757,6 +757,423 @@ static void test_zero_size_and_bad_args(void **state) {
     dpar_runtime_destroy(rt);
 }
 
+/* ---- an engine's own device (desc.vulkan.external) ---------------------- */
+#ifdef DPAR_VULKAN
+/* The "engine": its own instance, device and queue through the loader (dlopen, as dpar does, so this
+   binary starts without Vulkan), a counting allocator, and a lock around its queue. */
+#include <vulkan/vulkan.h>
+#include <dlfcn.h>
+#include <pthread.h>
+/* clang-format off */
+#define HOST_VK_FNS(X) \
+    X(vkDestroyInstance) X(vkEnumeratePhysicalDevices) X(vkGetPhysicalDeviceProperties) \
+    X(vkGetPhysicalDeviceQueueFamilyProperties) X(vkGetPhysicalDeviceMemoryProperties) X(vkCreateDevice) \
+    X(vkDestroyDevice) X(vkGetDeviceQueue) X(vkCreateBuffer) X(vkDestroyBuffer) X(vkGetBufferMemoryRequirements) \
+    X(vkAllocateMemory) X(vkFreeMemory) X(vkBindBufferMemory) X(vkMapMemory) X(vkCreateCommandPool) \
+    X(vkDestroyCommandPool) X(vkAllocateCommandBuffers) X(vkBeginCommandBuffer) X(vkEndCommandBuffer) \
+    X(vkCmdFillBuffer) X(vkCmdCopyBuffer) X(vkCmdPipelineBarrier) X(vkQueueSubmit) X(vkCreateFence) \
+    X(vkDestroyFence) X(vkWaitForFences) X(vkResetFences) X(vkDeviceWaitIdle) X(vkGetPhysicalDeviceFeatures2)
+/* clang-format on */
+typedef struct host_vk {
+    void *lib;
+    PFN_vkGetInstanceProcAddr gipa;
+#define HOST_DECL(n) PFN_##n n;
+    HOST_VK_FNS(HOST_DECL)
+#undef HOST_DECL
+    VkInstance inst;
+    VkPhysicalDevice pd;
+    VkDevice dev;
+    VkQueue q;
+    uint32_t fam;
+    int timeline;
+    pthread_mutex_t qlock;
+    int lock_calls;
+} host_vk;
+
+/* the counting allocator handed to dpar: size and alignment in a header before each block */
+typedef struct counts {
+    long live, total;
+} counts;
+static void *VKAPI_PTR cnt_alloc(void *u, size_t size, size_t align, VkSystemAllocationScope sc) {
+    (void)sc;
+    if (align < 16) align = 16;
+    void *raw = NULL;
+    if (posix_memalign(&raw, align, size + align)) return NULL;
+    size_t *hdr = (size_t *)((unsigned char *)raw + align);
+    hdr[-1] = size, hdr[-2] = align;
+    __atomic_add_fetch(&((counts *)u)->live, 1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&((counts *)u)->total, 1, __ATOMIC_RELAXED);
+    return hdr;
+}
+static void VKAPI_PTR cnt_free(void *u, void *p) {
+    if (!p) return;
+    __atomic_sub_fetch(&((counts *)u)->live, 1, __ATOMIC_RELAXED);
+    free((unsigned char *)p - ((size_t *)p)[-2]);
+}
+static void *VKAPI_PTR cnt_realloc(void *u, void *p, size_t size, size_t align, VkSystemAllocationScope sc) {
+    if (!p) return cnt_alloc(u, size, align, sc);
+    if (!size) {
+        cnt_free(u, p);
+        return NULL;
+    }
+    void *n = cnt_alloc(u, size, align, sc);
+    if (n) memcpy(n, p, ((size_t *)p)[-1] < size ? ((size_t *)p)[-1] : size);
+    if (n) cnt_free(u, p);
+    return n;
+}
+static void host_lock(void *u) {
+    host_vk *h = (host_vk *)u;
+    pthread_mutex_lock(&h->qlock);
+    h->lock_calls++;
+}
+static void host_unlock(void *u) {
+    pthread_mutex_unlock(&((host_vk *)u)->qlock);
+}
+
+/* Creates the engine's Vulkan 1.2 instance and a device on the first physical device (timeline semaphores
+   enabled where offered), a queue of its first compute family. Skips without Vulkan. */
+static void host_create(host_vk *h) {
+    memset(h, 0, sizeof *h);
+    pthread_mutex_init(&h->qlock, NULL);
+    h->lib = dlopen("libvulkan.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (h->lib) h->gipa = (PFN_vkGetInstanceProcAddr)(uintptr_t)dlsym(h->lib, "vkGetInstanceProcAddr");
+    PFN_vkCreateInstance ci = h->gipa ? (PFN_vkCreateInstance)h->gipa(NULL, "vkCreateInstance") : NULL;
+    VkApplicationInfo app = { .sType = VK_STRUCTURE_TYPE_APPLICATION_INFO, .apiVersion = VK_API_VERSION_1_2 };
+    VkInstanceCreateInfo ici = { .sType = VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO, .pApplicationInfo = &app };
+    if (!ci || ci(&ici, NULL, &h->inst) != VK_SUCCESS) {
+        if (t_required("vulkan")) fail_msg("the test's own Vulkan instance could not be created");
+        printf("SKIPPED: no Vulkan loader or driver for the engine's own instance\n");
+        skip();
+    }
+#define HOST_LOAD(n) h->n = (PFN_##n)h->gipa(h->inst, #n);
+    HOST_VK_FNS(HOST_LOAD)
+#undef HOST_LOAD
+    uint32_t n = 1;
+    VkResult vr = h->vkEnumeratePhysicalDevices(h->inst, &n, &h->pd);
+    assert_true((vr == VK_SUCCESS || vr == VK_INCOMPLETE) && n == 1);
+    VkQueueFamilyProperties qf[8];
+    uint32_t nf = 8;
+    h->vkGetPhysicalDeviceQueueFamilyProperties(h->pd, &nf, qf);
+    h->fam = 99;
+    for (uint32_t i = 0; i < nf && h->fam == 99; i++)
+        if (qf[i].queueFlags & VK_QUEUE_COMPUTE_BIT) h->fam = i;
+    assert_true(h->fam != 99);
+    VkPhysicalDeviceProperties pp;
+    h->vkGetPhysicalDeviceProperties(h->pd, &pp);
+    VkPhysicalDeviceVulkan12Features f12 = { .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES };
+    VkPhysicalDeviceFeatures2 f2 = { .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, .pNext = &f12 };
+    if (pp.apiVersion >= VK_API_VERSION_1_2) h->vkGetPhysicalDeviceFeatures2(h->pd, &f2);
+    h->timeline = f12.timelineSemaphore == VK_TRUE;
+    VkPhysicalDeviceVulkan12Features want = { .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES,
+                                              .timelineSemaphore = VK_TRUE };
+    float prio = 1.0f;
+    VkDeviceQueueCreateInfo qci = { .sType = VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO,
+                                    .queueFamilyIndex = h->fam,
+                                    .queueCount = 1,
+                                    .pQueuePriorities = &prio };
+    VkDeviceCreateInfo dci = { .sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO,
+                               .pNext = h->timeline ? &want : NULL,
+                               .queueCreateInfoCount = 1,
+                               .pQueueCreateInfos = &qci };
+    assert_int_equal(h->vkCreateDevice(h->pd, &dci, NULL, &h->dev), VK_SUCCESS);
+    h->vkGetDeviceQueue(h->dev, h->fam, 0, &h->q);
+}
+static void host_destroy(host_vk *h) {
+    h->vkDestroyDevice(h->dev, NULL);
+    h->vkDestroyInstance(h->inst, NULL);
+    pthread_mutex_destroy(&h->qlock);
+}
+static dpar_runtime_desc host_desc(host_vk *h, int n, const VkAllocationCallbacks *ac) {
+    dpar_runtime_desc d;
+    memset(&d, 0, sizeof d);
+    d.backend = DPAR_BACKEND_VULKAN, d.num_devices = n, d.timeout_ms = 20000;
+    dpar_vulkan_external *x = &d.vulkan.external;
+    x->instance = h->inst, x->physical_device = h->pd, x->device = h->dev, x->queue = h->q;
+    x->queue_family = h->fam, x->allocator = ac, x->timeline_semaphore = h->timeline != 0;
+    x->get_instance_proc_addr = (void (*)(void))h->gipa;
+    x->lock_queue = host_lock, x->unlock_queue = host_unlock, x->queue_user = h;
+    return d;
+}
+
+/* A host-visible buffer of the engine with n floats, mapped. */
+typedef struct hbuf {
+    VkBuffer buf;
+    VkDeviceMemory mem;
+    float *map;
+} hbuf;
+static void hbuf_create(host_vk *h, size_t n, hbuf *b) {
+    VkBufferCreateInfo bi = { .sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO,
+                              .size = n * sizeof(float),
+                              .usage = VK_BUFFER_USAGE_TRANSFER_DST_BIT };
+    assert_int_equal(h->vkCreateBuffer(h->dev, &bi, NULL, &b->buf), VK_SUCCESS);
+    VkMemoryRequirements r;
+    h->vkGetBufferMemoryRequirements(h->dev, b->buf, &r);
+    VkPhysicalDeviceMemoryProperties mp;
+    h->vkGetPhysicalDeviceMemoryProperties(h->pd, &mp);
+    uint32_t want = VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT, t = 0;
+    while (t < mp.memoryTypeCount && !((r.memoryTypeBits >> t & 1) && (mp.memoryTypes[t].propertyFlags & want) == want))
+        t++;
+    assert_true(t < mp.memoryTypeCount);
+    VkMemoryAllocateInfo ai = { .sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO, .allocationSize = r.size,
+                                .memoryTypeIndex = t };
+    assert_int_equal(h->vkAllocateMemory(h->dev, &ai, NULL, &b->mem), VK_SUCCESS);
+    assert_int_equal(h->vkBindBufferMemory(h->dev, b->buf, b->mem, 0), VK_SUCCESS);
+    assert_int_equal(h->vkMapMemory(h->dev, b->mem, 0, VK_WHOLE_SIZE, 0, (void **)&b->map), VK_SUCCESS);
+}
+static void hbuf_destroy(host_vk *h, hbuf *b) {
+    h->vkDestroyBuffer(h->dev, b->buf, NULL);
+    h->vkFreeMemory(h->dev, b->mem, NULL);
+}
+
+/* Records `rec` into a one-time command buffer and submits it on the engine's queue (under its lock),
+   waiting for / signalling the timeline semaphore `sem` at wait_v / signal_v when given; waits the fence
+   when `wait` is set, else returns it in *fence_out (and the pool in *pool_out) for the caller. */
+typedef void (*recorder)(host_vk *h, VkCommandBuffer cb, void *user);
+static void host_submit(host_vk *h, recorder rec, void *user, VkSemaphore sem, uint64_t wait_v, uint64_t signal_v) {
+    VkCommandPool pool;
+    VkCommandPoolCreateInfo pi = { .sType = VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO, .queueFamilyIndex = h->fam };
+    assert_int_equal(h->vkCreateCommandPool(h->dev, &pi, NULL, &pool), VK_SUCCESS);
+    VkCommandBuffer cb;
+    VkCommandBufferAllocateInfo ai = { .sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO,
+                                       .commandPool = pool,
+                                       .level = VK_COMMAND_BUFFER_LEVEL_PRIMARY,
+                                       .commandBufferCount = 1 };
+    assert_int_equal(h->vkAllocateCommandBuffers(h->dev, &ai, &cb), VK_SUCCESS);
+    VkCommandBufferBeginInfo bi = { .sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
+                                    .flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT };
+    h->vkBeginCommandBuffer(cb, &bi);
+    rec(h, cb, user);
+    VkMemoryBarrier mb = { .sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
+                           .srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT,
+                           .dstAccessMask = VK_ACCESS_HOST_READ_BIT };
+    h->vkCmdPipelineBarrier(cb, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &mb, 0, NULL, 0,
+                            NULL);
+    h->vkEndCommandBuffer(cb);
+    VkTimelineSemaphoreSubmitInfo ti = { .sType = VK_STRUCTURE_TYPE_TIMELINE_SEMAPHORE_SUBMIT_INFO,
+                                         .waitSemaphoreValueCount = 1,
+                                         .pWaitSemaphoreValues = &wait_v,
+                                         .signalSemaphoreValueCount = 1,
+                                         .pSignalSemaphoreValues = &signal_v };
+    VkPipelineStageFlags stage = VK_PIPELINE_STAGE_TRANSFER_BIT;
+    VkSubmitInfo si = { .sType = VK_STRUCTURE_TYPE_SUBMIT_INFO,
+                        .pNext = sem ? &ti : NULL,
+                        .waitSemaphoreCount = sem ? 1u : 0u,
+                        .pWaitSemaphores = &sem,
+                        .pWaitDstStageMask = &stage,
+                        .commandBufferCount = 1,
+                        .pCommandBuffers = &cb,
+                        .signalSemaphoreCount = sem ? 1u : 0u,
+                        .pSignalSemaphores = &sem };
+    VkFence fence;
+    VkFenceCreateInfo fi = { .sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO };
+    assert_int_equal(h->vkCreateFence(h->dev, &fi, NULL, &fence), VK_SUCCESS);
+    pthread_mutex_lock(&h->qlock);
+    VkResult vr = h->vkQueueSubmit(h->q, 1, &si, fence);
+    pthread_mutex_unlock(&h->qlock);
+    assert_int_equal(vr, VK_SUCCESS);
+    assert_int_equal(h->vkWaitForFences(h->dev, 1, &fence, VK_TRUE, 60ull * 1000000000ull), VK_SUCCESS);
+    h->vkDestroyFence(h->dev, fence, NULL);
+    h->vkDestroyCommandPool(h->dev, pool, NULL);
+}
+typedef struct fill_job {
+    VkBuffer dst;
+    uint32_t word;
+} fill_job;
+static void rec_fill(host_vk *h, VkCommandBuffer cb, void *user) {
+    fill_job *j = (fill_job *)user;
+    h->vkCmdFillBuffer(cb, j->dst, 0, VK_WHOLE_SIZE, j->word);
+}
+typedef struct copy_job {
+    VkBuffer src, dst;
+    VkDeviceSize off, size;
+} copy_job;
+static void rec_copy(host_vk *h, VkCommandBuffer cb, void *user) {
+    copy_job *j = (copy_job *)user;
+    VkBufferCopy r = { j->off, 0, j->size };
+    h->vkCmdCopyBuffer(cb, j->src, j->dst, 1, &r);
+}
+
+static dpar_status scale_dev(dpar_ctx *ctx, int dev, void *user) {
+    (void)dev;
+    return dpar_scale(dpar_ctx_arg(ctx, 0), *(const float *)user);
+}
+#endif
+
+/* dpar runs on the engine's device (2 logical devices on its one queue, with its allocator and queue
+   lock), computes right, creates and frees its own objects through the allocator only, and leaves the
+   device working: the engine fills and reads a buffer on it after dpar_runtime_destroy. */
+static void test_adopt_engine_device(void **state) {
+    (void)state;
+#ifndef DPAR_VULKAN
+    skip();
+#else
+    host_vk h;
+    host_create(&h);
+    counts c = { 0, 0 };
+    VkAllocationCallbacks ac = { .pUserData = &c,
+                                 .pfnAllocation = cnt_alloc,
+                                 .pfnReallocation = cnt_realloc,
+                                 .pfnFree = cnt_free };
+    dpar_runtime_desc d = host_desc(&h, 2, &ac);
+    dpar_runtime *rt = NULL;
+    T_OK(dpar_runtime_create(&d, &rt));
+    assert_int_equal(dpar_runtime_device_count(rt), 2);
+    dpar_device_info info;
+    T_OK(dpar_runtime_device_info(rt, 1, &info));
+    VkPhysicalDeviceProperties pp;
+    h.vkGetPhysicalDeviceProperties(h.pd, &pp);
+    assert_non_null(strstr(info.name, pp.deviceName));
+    dpar_mesh *m = t_mesh1(rt, 2, "data");
+    dpar_array *a = NULL;
+    T_OK(dpar_array_create(m, &(dpar_array_desc){ DPAR_F32, 1, { 6 }, { "data" } }, &a));
+    const float x[6] = { 1, -2, 3.5f, 4, 0.25f, -8 };
+    float y[6];
+    T_OK(dpar_array_put(a, x));
+    float k = 3.0f;
+    run_args ra = { scale_dev, &k };
+    T_OK(dpar_shard_map(m, &(dpar_shard_map_desc){ .fn = run_trampoline, .user = &ra, .args = { a } }));
+    T_OK(dpar_array_get(a, y));
+    for (int i = 0; i < 6; i++) assert_true(y[i] == 3.0f * x[i]);
+    assert_true(h.lock_calls > 0); /* dpar's submissions took the engine's queue lock */
+    assert_true(c.total > 0);      /* and its objects came from the engine's allocator */
+    T_OK(dpar_array_destroy(a));
+    T_OK(dpar_mesh_destroy(m));
+    T_OK(dpar_runtime_destroy(rt));
+    assert_int_equal(c.live, 0); /* everything dpar made on the device is gone, through the same allocator */
+
+    /* the engine's device, queue and instance still work */
+    hbuf hb;
+    hbuf_create(&h, 4, &hb);
+    fill_job fj = { hb.buf, 0x3fc00000u }; /* 1.5f */
+    host_submit(&h, rec_fill, &fj, VK_NULL_HANDLE, 0, 0);
+    for (int i = 0; i < 4; i++) assert_true(hb.map[i] == 1.5f);
+    hbuf_destroy(&h, &hb);
+    host_destroy(&h);
+#endif
+}
+
+/* Bad adoptions are refused with the field named, before anything is created; nothing leaks. */
+static void test_adopt_bad_inputs(void **state) {
+    (void)state;
+#ifndef DPAR_VULKAN
+    skip();
+#else
+    host_vk h;
+    host_create(&h);
+    dpar_runtime *rt = NULL;
+    dpar_runtime_desc d = host_desc(&h, 1, NULL);
+    d.vulkan.external.device = NULL; /* handles without a device */
+    T_ERR(dpar_runtime_create(&d, &rt), DPAR_ERR_INVALID_ARGUMENT, "external.device is NULL");
+    assert_null(rt);
+    d = host_desc(&h, 1, NULL);
+    d.vulkan.external.queue = NULL;
+    T_ERR(dpar_runtime_create(&d, &rt), DPAR_ERR_INVALID_ARGUMENT, ".queue is NULL");
+    d = host_desc(&h, 1, NULL);
+    d.vulkan.external.queue_family = 99;
+    T_ERR(dpar_runtime_create(&d, &rt), DPAR_ERR_INVALID_ARGUMENT, "queue_family = 99", "queue famil");
+    d = host_desc(&h, 1, NULL);
+    d.vulkan.external.unlock_queue = NULL;
+    T_ERR(dpar_runtime_create(&d, &rt), DPAR_ERR_INVALID_ARGUMENT, "lock_queue / unlock_queue");
+    d = host_desc(&h, 1, NULL);
+    d.vulkan.physical_device = 1;
+    T_ERR(dpar_runtime_create(&d, &rt), DPAR_ERR_INVALID_ARGUMENT, "physical_device", "external.device");
+    /* a family without compute, where the device has one (llvmpipe's one family has compute) */
+    VkQueueFamilyProperties qf[8];
+    uint32_t nf = 8;
+    h.vkGetPhysicalDeviceQueueFamilyProperties(h.pd, &nf, qf);
+    for (uint32_t i = 0; i < nf; i++)
+        if (!(qf[i].queueFlags & VK_QUEUE_COMPUTE_BIT)) {
+            d = host_desc(&h, 1, NULL);
+            d.vulkan.external.queue_family = i;
+            T_ERR(dpar_runtime_create(&d, &rt), DPAR_ERR_INVALID_ARGUMENT, "no VK_QUEUE_COMPUTE_BIT");
+        }
+    assert_null(rt);
+    host_destroy(&h);
+#endif
+}
+
+/* The export contract: dpar's result reaches an engine buffer through the exported VkBuffer on the GPU
+   (wait ready_value, copy, signal release_value), the loan blocks every dpar use of the buffer and of the
+   runtime's dispatches, and dpar's next write waits for the engine's release: the engine's copy holds the
+   values from before it. */
+static void test_export_contract(void **state) {
+    (void)state;
+#ifndef DPAR_VULKAN
+    skip();
+#else
+    host_vk h;
+    host_create(&h);
+    if (!h.timeline) {
+        host_destroy(&h);
+        printf("SKIPPED: the device has no timeline semaphores\n");
+        skip();
+    }
+    dpar_runtime_desc d = host_desc(&h, 1, NULL);
+    dpar_runtime *rt = NULL;
+    T_OK(dpar_runtime_create(&d, &rt));
+    dpar_mesh *m = t_mesh1(rt, 1, "data");
+    dpar_array *a = NULL;
+    T_OK(dpar_array_create(m, &(dpar_array_desc){ DPAR_F32, 1, { 5 }, { NULL } }, &a));
+    const float x[5] = { 1, 2, 3, 4, 5 };
+    T_OK(dpar_array_put(a, x));
+    float k = 2.0f;
+    run_args ra = { scale_dev, &k };
+    dpar_shard_map_desc sm = { .fn = run_trampoline, .user = &ra, .args = { a } };
+    T_OK(dpar_shard_map(m, &sm)); /* 2 x, still on the GPU */
+    dpar_buffer *b = dpar_array_shard(a, 0);
+
+    dpar_vulkan_export ex;
+    T_OK(dpar_vulkan_buffer_export(b, &ex));
+    assert_true(ex.buffer != 0 && ex.semaphore != 0);
+    assert_int_equal(ex.size, 5 * sizeof(float));
+    assert_int_equal(ex.queue_family, h.fam);
+    assert_true(ex.release_value > ex.ready_value && ex.ready_value > 0);
+    /* lent: dpar leaves it alone */
+    float tmp[5];
+    dpar_vulkan_export ex2;
+    T_ERR(dpar_buffer_read(b, 0, tmp, sizeof tmp), DPAR_ERR_STATE, "lent", "dpar_vulkan_buffer_release");
+    T_ERR(dpar_shard_map(m, &sm), DPAR_ERR_STATE, "lent", "dpar_vulkan_buffer_release");
+    T_ERR(dpar_vulkan_buffer_export(b, &ex2), DPAR_ERR_STATE, "lent");
+    T_ERR(dpar_runtime_destroy(rt), DPAR_ERR_STATE, "lent");
+
+    hbuf hb;
+    hbuf_create(&h, 5, &hb);
+    copy_job cj;
+    VkSemaphore sem;
+    memcpy(&cj.src, &ex.buffer, sizeof cj.src);
+    memcpy(&sem, &ex.semaphore, sizeof sem);
+    cj.dst = hb.buf, cj.off = ex.offset, cj.size = ex.size;
+    host_submit(&h, rec_copy, &cj, sem, ex.ready_value, ex.release_value);
+    T_OK(dpar_vulkan_buffer_release(b));
+    T_ERR(dpar_vulkan_buffer_release(b), DPAR_ERR_STATE, "not lent");
+    for (int i = 0; i < 5; i++) assert_true(hb.map[i] == 2.0f * x[i]);
+    T_OK(dpar_shard_map(m, &sm)); /* 4 x, after the engine's copy */
+    float y[5];
+    T_OK(dpar_array_get(a, y));
+    for (int i = 0; i < 5; i++) assert_true(y[i] == 4.0f * x[i] && hb.map[i] == 2.0f * x[i]);
+    /* a second loan of the same buffer, values 3 and 4 of the semaphore */
+    T_OK(dpar_vulkan_buffer_export(b, &ex2));
+    assert_true(ex2.ready_value == ex.release_value + 1);
+    host_submit(&h, rec_copy, &cj, sem, ex2.ready_value, ex2.release_value);
+    T_OK(dpar_vulkan_buffer_release(b));
+    for (int i = 0; i < 5; i++) assert_true(hb.map[i] == 4.0f * x[i]);
+    hbuf_destroy(&h, &hb);
+    T_OK(dpar_array_destroy(a));
+    T_OK(dpar_mesh_destroy(m));
+    T_OK(dpar_runtime_destroy(rt));
+
+    /* a CPU runtime's buffer has no VkBuffer */
+    dpar_runtime *cpu = t_runtime(DPAR_BACKEND_CPU, 1);
+    dpar_buffer *cb = NULL;
+    T_OK(dpar_buffer_create(cpu, 0, DPAR_F32, 1, (const int64_t[]){ 2 }, &cb));
+    T_ERR(dpar_vulkan_buffer_export(cb, &ex), DPAR_ERR_BACKEND_UNAVAILABLE, "cpu backend");
+    T_ERR(dpar_vulkan_buffer_export(NULL, &ex), DPAR_ERR_INVALID_ARGUMENT, "NULL");
+    T_OK(dpar_buffer_destroy(cb));
+    T_OK(dpar_runtime_destroy(cpu));
+    host_destroy(&h);
+#endif
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_device_info),
@@ -777,6 +1194,9 @@ int main(void) {
         cmocka_unit_test(test_bad_physical_device),
         cmocka_unit_test(test_out_of_memory),
         cmocka_unit_test(test_zero_size_and_bad_args),
+        cmocka_unit_test(test_adopt_engine_device),
+        cmocka_unit_test(test_adopt_bad_inputs),
+        cmocka_unit_test(test_export_contract),
     };
     return cmocka_run_group_tests_name("vulkan", tests, NULL, NULL);
 }
