@@ -42,6 +42,9 @@ EXAMPLE_SRCS := $(wildcard examples/*.c)
 BENCH_SRCS   := $(filter-out bench/bench_mpi_allreduce.c,$(wildcard bench/*.c))
 TESTS    := $(patsubst tests/%.c,$(BUILD)/%,$(TEST_SRCS))
 EXAMPLES := $(patsubst examples/%.c,$(BUILD)/%,$(EXAMPLE_SRCS)) $(BUILD)/cpp_example
+ifeq ($(VULKAN),1)
+EXAMPLES += $(BUILD)/engine_vulkan
+endif
 BENCHES  := $(patsubst bench/%.c,$(BUILD)/%,$(BENCH_SRCS))
 
 .PHONY: all run run-digits test test-build examples bench clean check-cxx deps-run deps-test amalgamate format check-format fuzz
@@ -64,6 +67,10 @@ $(BUILD)/%: examples/%.c $(wildcard examples/*.h) util/dpar_train.h $(BUILD)/dpa
 # The C++17 example: how a C++ program fills descs (see its header comment).
 $(BUILD)/cpp_example: examples/cpp_example.cpp $(BUILD)/dpar.o
 	$(CXX) $(CXXSTD) $(CPPFLAGS) $(IMPL_DEFS) $(CFLAGS) $(WARN) $< $(BUILD)/dpar.o -o $@ $(LDFLAGS) $(IMPL_LIBS) $(LDLIBS)
+
+# An engine that owns its Vulkan device (VULKAN=1 builds): it links the Vulkan loader, as engines do.
+$(BUILD)/engine_vulkan: examples/engine_vulkan.cpp $(BUILD)/dpar.o
+	$(CXX) $(CXXSTD) $(CPPFLAGS) $(IMPL_DEFS) $(CFLAGS) $(WARN) $< $(BUILD)/dpar.o -o $@ $(LDFLAGS) $(IMPL_LIBS) -lvulkan -lz $(LDLIBS)
 
 $(BUILD)/%: bench/%.c util/dpar_train.h $(BUILD)/dpar.o
 	$(CC) $(CSTD) $(CPPFLAGS) $(IMPL_DEFS) $(CFLAGS) $(WARN) $< $(BUILD)/dpar.o -o $@ $(LDFLAGS) $(IMPL_LIBS) -lz $(LDLIBS)
