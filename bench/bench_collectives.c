@@ -1,36 +1,51 @@
-/* bench_collectives.c — collective bandwidth of dpar, as nccl-tests measures it.
+/* bench_collectives.c — collective bandwidth of dpar against the memory-traffic
+   limit of this machine, measured in the same run with the same thread count.
 
-   For every backend asked for and every device count (emulated devices of
+   For every backend asked for and every device count n (emulated devices of
    that backend), it times all-reduce (psum), all-gather (tiled),
-   reduce-scatter (psum_scatter, tiled) and broadcast (pbroadcast) of f32
-   data over a range of sizes, out of place, and prints one CSV row per
+   reduce-scatter (psum_scatter, tiled), broadcast (pbroadcast) and all-to-all
+   of f32 data over a range of sizes, out of place, and prints one CSV row per
    measurement:
 
-       kind,backend,op,devices,bytes,time_us,algbw_GBps,busbw_GBps
+       kind,backend,op,devices,bytes,time_us,algbw_GBps,busbw_GBps,limit_us,pct_limit,pct_min,pct_max,alts
 
    Sizes and bandwidths follow nccl-tests (doc/PERFORMANCE.md there):
-     bytes  = the whole buffer: all-reduce / broadcast in = out = bytes;
-              all-gather out = bytes (in = bytes / n); reduce-scatter in = bytes
-              (out = bytes / n)
-     algbw  = bytes / time
-     busbw  = algbw * 2(n-1)/n  all-reduce
-              algbw * (n-1)/n   all-gather, reduce-scatter
-              algbw             broadcast
-   GB/s are 1e9 bytes per second. Time per collective: the best of 5 trials
-   (STREAM's convention: this 2-core VM shares memory bandwidth with its
-   neighbours, and the best trial is the least disturbed one), each the mean
-   over `iters` back-to-back collectives (iters sized to fill --time seconds
-   in all; warm-up first), measured on device 0 between two tiny psums that
-   act as barriers. bench_mpi_allreduce times the same way.
+     bytes  = the whole buffer: all-reduce / broadcast / all-to-all in = out =
+              bytes per device; all-gather out = bytes (in = bytes / n);
+              reduce-scatter in = bytes (out = bytes / n)
+     algbw  = bytes / time;  busbw = algbw * 2(n-1)/n (all-reduce),
+              (n-1)/n (all-gather, reduce-scatter, all-to-all), 1 (broadcast)
+   busbw is a network figure: it says nothing about how close a shared-memory
+   collective is to what this machine's memory allows. The limit does:
 
-   --memcpy adds the host memcpy rows (kind "memcpy", backend "host", devices
-   1, and 2 for two threads each copying its own buffer): algbw = busbw =
-   bytes copied per second (the bytes read plus written are twice that).
+     moved    = the DRAM bytes the collective must read plus write, S = bytes:
+                all-reduce 2nS (n inputs read, n outputs written), all-gather,
+                reduce-scatter and broadcast (n+1)S, all-to-all 2nS
+     limit_us = moved / stream bandwidth, the stream kernel (add for the
+                reductions: 2 reads + 1 write; copy otherwise) run by n threads
+                over the same footprint (capped at STREAM_CAP bytes, beyond
+                which its bandwidth is flat), the faster of non-temporal and
+                ordinary stores (a footprint that fits in the cache is
+                bounded by the cache, not by DRAM)
+     pct      = 100 * limit_us / time_us
+
+   Timing: the stream kernel and dpar alternate `alts` times per point (5 by
+   default), each trial the mean over `iters` back-to-back calls (sized to
+   fill --time seconds over all trials). The stream bandwidth is the best of
+   its trials (what the machine did at least once in this run, with these
+   threads and this footprint: on a shared machine a single trial can be
+   slowed by the neighbours, which would make the limit too low). time_us is
+   the median dpar trial, pct the median of the per-alternation ratios
+   limit_us / dpar trial and pct_min/pct_max their range. dpar is timed on
+   device 0 between two tiny psums that act as barriers.
+
+   A median above 100% of the limit is impossible: the run goes on, prints
+   "bench_collectives: ... the measurement is broken" on stderr for each such
+   point and exits with status 3.
 
    bench_collectives [--backend cpu,vulkan] [--devices 2,4,8]
-                     [--ops allreduce,allgather,reducescatter,broadcast]
-                     [--min BYTES] [--max BYTES] [--factor F] [--time SECONDS]
-                     [--memcpy] [--no-dpar]
+                     [--ops allreduce,allgather,reducescatter,broadcast,alltoall]
+                     [--min BYTES] [--max BYTES] [--factor F] [--time SECONDS] [--alts N]
    A backend that is not available prints "skip,<backend>,<reason>" and is
    left out (not an error). DPAR_TRACE=file.json traces the run. */
 #include "dpar.h"
@@ -39,6 +54,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#if defined(__GNUC__) && defined(__x86_64__)
+#include <immintrin.h>
+#define BENCH_X86 1
+#endif
 
 static double now_s(void) {
     struct timespec ts;
@@ -46,14 +65,118 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-enum { OP_ALLREDUCE, OP_ALLGATHER, OP_REDUCESCATTER, OP_BROADCAST, OP_COUNT };
-static const char *op_names[OP_COUNT] = { "allreduce", "allgather", "reducescatter", "broadcast" };
+enum { OP_ALLREDUCE, OP_ALLGATHER, OP_REDUCESCATTER, OP_BROADCAST, OP_ALLTOALL, OP_COUNT };
+static const char *op_names[OP_COUNT] = { "allreduce", "allgather", "reducescatter", "broadcast", "alltoall" };
+enum { MAX_ALTS = 64 };
+#define STREAM_CAP ((int64_t)256 << 20) /* 8x the 32 MB L3 of the machine this was written on */
 
-enum { TRIALS = 5 };
+/* ---- the stream kernels: n threads, each over its own arrays */
 typedef struct {
-    int op, iters, n, trials;
+    float *x, *y, *z; /* copy: z = x; add: z = x + y */
+    int64_t len;      /* floats per array */
+    int add, nt, iters;
+    pthread_barrier_t *bar;
+    double t;
+} st_arg;
+
+#ifdef BENCH_X86
+__attribute__((target("avx2"))) static void st_pass_avx2(const st_arg *a) {
+    int64_t i = 0, n = a->len & ~(int64_t)15;
+    if (a->add && a->nt)
+        for (; i < n; i += 8) _mm256_stream_ps(a->z + i, _mm256_add_ps(_mm256_load_ps(a->x + i), _mm256_load_ps(a->y + i)));
+    else if (a->add)
+        for (; i < n; i += 8) _mm256_store_ps(a->z + i, _mm256_add_ps(_mm256_load_ps(a->x + i), _mm256_load_ps(a->y + i)));
+    else if (a->nt)
+        for (; i < n; i += 8) _mm256_stream_ps(a->z + i, _mm256_load_ps(a->x + i));
+    else
+        for (; i < n; i += 8) _mm256_store_ps(a->z + i, _mm256_load_ps(a->x + i));
+    if (a->nt) _mm_sfence();
+    for (; i < a->len; i++) a->z[i] = a->x[i] + (a->add ? a->y[i] : 0.0f);
+}
+#endif
+static void st_pass(const st_arg *a) {
+#ifdef BENCH_X86
+    if (__builtin_cpu_supports("avx2")) {
+        st_pass_avx2(a);
+        return;
+    }
+#endif
+    for (int64_t i = 0; i < a->len; i++) a->z[i] = a->x[i] + (a->add ? a->y[i] : 0.0f);
+}
+static void *st_main(void *p) {
+    st_arg *a = (st_arg *)p;
+    st_pass(a); /* warm-up */
+    pthread_barrier_wait(a->bar);
+    double t0 = now_s();
+    for (int i = 0; i < a->iters; i++) {
+        st_pass(a);
+        __asm__ __volatile__("" ::: "memory");
+    }
+    pthread_barrier_wait(a->bar); /* thread 0's time covers every thread's passes */
+    a->t = now_s() - t0;
+    return NULL;
+}
+typedef struct {
+    int threads, add;
+    int64_t footprint; /* bytes of all arrays together */
+    float *mem;
+    st_arg a[DPAR_MAX_DEVICES];
+} stream_set;
+static int stream_init(stream_set *s, int threads, int add, int64_t moved) {
+    memset(s, 0, sizeof *s);
+    s->threads = threads;
+    s->add = add;
+    int64_t fp = moved < STREAM_CAP ? moved : STREAM_CAP, arrays = add ? 3 : 2;
+    int64_t len = fp / 4 / arrays / threads;
+    len = (len + 15) & ~(int64_t)15; /* 64-byte multiples: every array stays aligned */
+    if (len < 16) len = 16;
+    s->footprint = len * 4 * arrays * threads;
+    s->mem = (float *)aligned_alloc(64, (size_t)s->footprint);
+    if (!s->mem) return -1;
+    for (int64_t i = 0; i < s->footprint / 4; i++) s->mem[i] = (float)(i & 7);
+    for (int t = 0; t < threads; t++) {
+        float *base = s->mem + (int64_t)t * arrays * len;
+        s->a[t].x = base;
+        s->a[t].y = add ? base + len : base;
+        s->a[t].z = base + (arrays - 1) * len;
+        s->a[t].len = len;
+        s->a[t].add = add;
+    }
+    return 0;
+}
+/* seconds per pass of all threads over the footprint */
+static double stream_trial(stream_set *s, int nt, int iters) {
+    pthread_t th[DPAR_MAX_DEVICES];
+    pthread_barrier_t bar;
+    pthread_barrier_init(&bar, NULL, (unsigned)s->threads);
+    for (int t = 0; t < s->threads; t++) {
+        s->a[t].nt = nt;
+        s->a[t].iters = iters;
+        s->a[t].bar = &bar;
+        pthread_create(&th[t], NULL, st_main, &s->a[t]);
+    }
+    for (int t = 0; t < s->threads; t++) pthread_join(th[t], NULL);
+    pthread_barrier_destroy(&bar);
+    return s->a[0].t / iters;
+}
+/* bytes read + written per second: the faster of ordinary and streaming stores */
+static double stream_bw(stream_set *s, double target) {
+    double best = 0;
+    for (int nt = 0; nt < 2; nt++) {
+        double per = stream_trial(s, nt, 1);
+        int iters = (int)(target / (per > 1e-7 ? per : 1e-7));
+        iters = iters < 1 ? 1 : iters > 20000 ? 20000 : iters;
+        double bw = (double)s->footprint / stream_trial(s, nt, iters);
+        if (bw > best) best = bw;
+    }
+    return best;
+}
+
+/* ---- dpar: one trial = `iters` collectives between two barrier psums */
+typedef struct {
+    int op, iters, n, warm;
     dpar_array *in, *out, *tiny;
-    double elapsed[TRIALS]; /* seconds for `iters`, device 0, per trial */
+    double elapsed; /* seconds for `iters`, device 0 */
 } bench_job;
 
 static dpar_status one(dpar_ctx *ctx, bench_job *j, dpar_buffer *in, dpar_buffer *out) {
@@ -61,6 +184,7 @@ static dpar_status one(dpar_ctx *ctx, bench_job *j, dpar_buffer *in, dpar_buffer
     case OP_ALLREDUCE: return dpar_psum(ctx, out, in, "data");
     case OP_ALLGATHER: return dpar_all_gather(ctx, out, in, "data", 0, true);
     case OP_REDUCESCATTER: return dpar_psum_scatter(ctx, out, in, "data", 0, true);
+    case OP_ALLTOALL: return dpar_all_to_all(ctx, out, in, "data", 0, 0);
     default: return dpar_pbroadcast(ctx, out, in, "data", 0);
     }
 }
@@ -71,23 +195,23 @@ static dpar_status bench_fn(dpar_ctx *ctx, void *user) {
     dpar_buffer *in = dpar_array_shard(j->in, dev), *out = dpar_array_shard(j->out, dev),
                 *t = dpar_array_shard(j->tiny, dev);
     dpar_status s;
-    if ((s = one(ctx, j, in, out))) return s; /* warm-up */
-    for (int k = 0; k < j->trials; k++) {
-        if ((s = dpar_psum(ctx, t, t, "data"))) return s;
-        double t0 = now_s();
-        for (int i = 0; i < j->iters; i++)
-            if ((s = one(ctx, j, in, out))) return s;
-        if ((s = dpar_psum(ctx, t, t, "data"))) return s;
-        if (dev == 0) j->elapsed[k] = now_s() - t0;
-    }
+    if (j->warm && (s = one(ctx, j, in, out))) return s;
+    if ((s = dpar_psum(ctx, t, t, "data"))) return s;
+    double t0 = now_s();
+    for (int i = 0; i < j->iters; i++)
+        if ((s = one(ctx, j, in, out))) return s;
+    if ((s = dpar_psum(ctx, t, t, "data"))) return s;
+    if (dev == 0) j->elapsed = now_s() - t0;
     return DPAR_OK;
 }
 
-static double best(const double *v, int n) {
-    double b = v[0];
-    for (int i = 1; i < n; i++)
-        if (v[i] < b) b = v[i];
-    return b;
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_d);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 static int make_arr(dpar_mesh *m, int64_t global, dpar_array **out) {
@@ -102,8 +226,91 @@ static int has(const char *list, const char *name) {
     return 0;
 }
 
+/* the DRAM bytes op must read plus write for S bytes on n devices (see the header) */
+static double moved_bytes(int op, int n, double S) {
+    return op == OP_ALLREDUCE || op == OP_ALLTOALL ? 2.0 * n * S : (n + 1.0) * S;
+}
+
+static int broken = 0;
+
+/* one point: alternate the stream kernel and dpar `alts` times, print the row */
+static int run_point(const char *bname, dpar_mesh *m, int op, int n, int64_t bytes, double target, int alts) {
+    int64_t count = bytes / 4;
+    count -= count % ((int64_t)n * n); /* divisible for gather/scatter and all-to-all */
+    if (count <= 0) return 0;
+    int64_t in_local = count, out_local = count;
+    if (op == OP_ALLGATHER) in_local = count / n;
+    if (op == OP_REDUCESCATTER) out_local = count / n;
+    bench_job j;
+    memset(&j, 0, sizeof j);
+    j.op = op;
+    j.n = n;
+    if (make_arr(m, in_local * n, &j.in) || make_arr(m, out_local * n, &j.out) || make_arr(m, n, &j.tiny)) {
+        fprintf(stderr, "%s %s n=%d %lld bytes: %s\n", bname, op_names[op], n, (long long)bytes, dpar_last_error());
+        dpar_array_destroy(j.in);
+        dpar_array_destroy(j.out);
+        dpar_array_destroy(j.tiny);
+        return 0;
+    }
+    double S = (double)count * 4.0, moved = moved_bytes(op, n, S);
+    stream_set ss;
+    int rc = 0;
+    if (stream_init(&ss, n, op == OP_ALLREDUCE || op == OP_REDUCESCATTER, (int64_t)moved)) {
+        fprintf(stderr, "%s %s n=%d: no memory for the stream arrays\n", bname, op_names[op], n);
+        rc = -1;
+        goto done;
+    }
+    dpar_shard_map_desc sd = { .fn = bench_fn, .user = &j };
+    j.iters = 1; /* calibrate (with a warm-up collective first) */
+    j.warm = 1;
+    if (dpar_shard_map(m, &sd)) {
+        fprintf(stderr, "%s: %s\n", op_names[op], dpar_last_error());
+        rc = -1;
+        goto done;
+    }
+    double per = j.elapsed > 1e-7 ? j.elapsed : 1e-7;
+    int iters = (int)(target / alts / 2 / per);
+    j.iters = iters < 1 ? 1 : iters > 2000 ? 2000 : iters;
+    j.warm = 0;
+    double t[MAX_ALTS], pct[MAX_ALTS], bw = 0;
+    for (int k = 0; k < alts; k++) {
+        double b = stream_bw(&ss, target / alts / 4);
+        if (b > bw) bw = b;
+        if (dpar_shard_map(m, &sd)) {
+            fprintf(stderr, "%s: %s\n", op_names[op], dpar_last_error());
+            rc = -1;
+            goto done;
+        }
+        t[k] = j.elapsed / j.iters;
+    }
+    double lm = moved / bw; /* the best stream trial: the least disturbed view of what the machine can do */
+    for (int k = 0; k < alts; k++) pct[k] = 100.0 * lm / t[k];
+    double tm = median(t, alts), pm = median(pct, alts); /* pct sorted: [0] min */
+    double alg = S / tm / 1e9,
+           bus = op == OP_ALLREDUCE   ? alg * 2.0 * (n - 1) / n
+                 : op == OP_BROADCAST ? alg
+                                      : alg * (double)(n - 1) / n;
+    printf("coll,%s,%s,%d,%lld,%.2f,%.3f,%.3f,%.2f,%.1f,%.1f,%.1f,%d\n", bname, op_names[op], n, (long long)(count * 4),
+           tm * 1e6, alg, bus, lm * 1e6, pm, pct[0], pct[alts - 1], alts);
+    fflush(stdout);
+    if (pm > 100.0) {
+        fprintf(stderr,
+                "bench_collectives: %s %s n=%d %lld bytes runs at %.0f%% of its memory-traffic limit (%.0f MB moved "
+                "at the stream bandwidth): above 100%% is impossible, the measurement is broken (timing, the bytes "
+                "the collective must move, or the stream kernel); fix the benchmark before quoting any figure\n",
+                bname, op_names[op], n, (long long)(count * 4), pm, moved / 1e6);
+        broken = 1;
+    }
+done:
+    free(ss.mem);
+    dpar_array_destroy(j.in);
+    dpar_array_destroy(j.out);
+    dpar_array_destroy(j.tiny);
+    return rc;
+}
+
 static int run_backend(const char *bname, dpar_backend_kind kind, int n, const char *ops, int64_t lo, int64_t hi,
-                       int factor, double target) {
+                       int factor, double target, int alts) {
     dpar_runtime_desc rd = { .backend = kind, .num_devices = n };
     dpar_runtime *rt = NULL;
     if (dpar_runtime_create(&rd, &rt)) {
@@ -118,144 +325,23 @@ static int run_backend(const char *bname, dpar_backend_kind kind, int n, const c
         dpar_runtime_destroy(rt);
         return -1;
     }
-    for (int op = 0; op < OP_COUNT; op++) {
+    int rc = 0;
+    for (int op = 0; op < OP_COUNT && !rc; op++) {
         if (!has(ops, op_names[op])) continue;
-        for (int64_t bytes = lo; bytes <= hi; bytes *= factor) {
-            int64_t count = bytes / 4;
-            count -= count % n; /* divisible for gather/scatter */
-            int64_t in_local = count, out_local = count;
-            if (op == OP_ALLGATHER) in_local = count / n;
-            if (op == OP_REDUCESCATTER) out_local = count / n;
-            bench_job j;
-            memset(&j, 0, sizeof j);
-            j.op = op;
-            j.n = n;
-            if (make_arr(m, in_local * n, &j.in) || make_arr(m, out_local * n, &j.out) || make_arr(m, n, &j.tiny)) {
-                fprintf(stderr, "%s %s n=%d %lld bytes: %s\n", bname, op_names[op], n, (long long)bytes,
-                        dpar_last_error());
-                dpar_array_destroy(j.in);
-                dpar_array_destroy(j.out);
-                dpar_array_destroy(j.tiny);
-                break;
-            }
-            dpar_shard_map_desc sd = { .fn = bench_fn, .user = &j };
-            /* calibrate: 1 iteration, then enough to fill `target` seconds */
-            j.iters = 1;
-            j.trials = 3;
-            if (dpar_shard_map(m, &sd)) {
-                fprintf(stderr, "%s: %s\n", op_names[op], dpar_last_error());
-                return -1;
-            }
-            double per = best(j.elapsed, 3);
-            if (per < 1e-7) per = 1e-7;
-            int iters = (int)(target / TRIALS / per);
-            j.iters = iters < 1 ? 1 : iters > 2000 ? 2000 : iters;
-            j.trials = TRIALS;
-            if (dpar_shard_map(m, &sd)) {
-                fprintf(stderr, "%s: %s\n", op_names[op], dpar_last_error());
-                return -1;
-            }
-            double t = best(j.elapsed, TRIALS) / j.iters;
-            double b = (double)count * 4.0;
-            double alg = b / t / 1e9, bus;
-            if (op == OP_ALLREDUCE)
-                bus = alg * 2.0 * (n - 1) / n;
-            else if (op == OP_BROADCAST)
-                bus = alg;
-            else
-                bus = alg * (double)(n - 1) / n;
-            printf("coll,%s,%s,%d,%lld,%.2f,%.3f,%.3f\n", bname, op_names[op], n, (long long)(count * 4), t * 1e6, alg,
-                   bus);
-            fflush(stdout);
-            dpar_array_destroy(j.in);
-            dpar_array_destroy(j.out);
-            dpar_array_destroy(j.tiny);
-        }
+        for (int64_t bytes = lo; bytes <= hi && !rc; bytes *= factor)
+            rc = run_point(bname, m, op, n, bytes, target, alts);
     }
     dpar_runtime_destroy(rt);
-    return 0;
-}
-
-/* ---- memcpy: 1 thread, and 2 threads each copying its own pair of buffers */
-typedef struct {
-    char *dst, *src;
-    size_t bytes;
-    int iters;
-    pthread_barrier_t *bar;
-    double t;
-} cp_arg;
-static void *cp_main(void *p) {
-    cp_arg *a = (cp_arg *)p;
-    memcpy(a->dst, a->src, a->bytes); /* warm-up, faults the pages in */
-    pthread_barrier_wait(a->bar);
-    double t0 = now_s();
-    for (int i = 0; i < a->iters; i++) {
-        memcpy(a->dst, a->src, a->bytes);
-        __asm__ __volatile__("" ::: "memory");
-    }
-    a->t = now_s() - t0;
-    return NULL;
-}
-static void run_memcpy(int threads, int64_t lo, int64_t hi, int factor, double target) {
-    for (int64_t bytes = lo; bytes <= hi; bytes *= factor) {
-        cp_arg a[2];
-        pthread_t th[2];
-        pthread_barrier_t bar;
-        pthread_barrier_init(&bar, NULL, (unsigned)threads);
-        /* calibrate with one thread */
-        char *s0 = (char *)malloc((size_t)bytes), *d0 = (char *)malloc((size_t)bytes);
-        memset(s0, 1, (size_t)bytes);
-        memset(d0, 0, (size_t)bytes);
-        double t0 = now_s();
-        memcpy(d0, s0, (size_t)bytes);
-        double per = now_s() - t0;
-        if (per < 1e-7) per = 1e-7;
-        int iters = (int)(target / per);
-        iters = iters < 2 ? 2 : iters > 20000 ? 20000 : iters;
-        for (int i = 0; i < threads; i++) {
-            a[i].bytes = (size_t)bytes;
-            a[i].iters = iters;
-            a[i].bar = &bar;
-            a[i].src = i ? (char *)malloc((size_t)bytes) : s0;
-            a[i].dst = i ? (char *)malloc((size_t)bytes) : d0;
-            if (i) {
-                memset(a[i].src, 1, (size_t)bytes);
-                memset(a[i].dst, 0, (size_t)bytes);
-            }
-        }
-        for (int i = 0; i < threads; i++) pthread_create(&th[i], NULL, cp_main, &a[i]);
-        double tmax = 0;
-        for (int i = 0; i < threads; i++) {
-            pthread_join(th[i], NULL);
-            if (a[i].t > tmax) tmax = a[i].t;
-        }
-        double t = tmax / iters;
-        double bw = (double)bytes * threads / t / 1e9;
-        printf("memcpy,host,memcpy,%d,%lld,%.2f,%.3f,%.3f\n", threads, (long long)bytes, t * 1e6, bw, bw);
-        fflush(stdout);
-        for (int i = 0; i < threads; i++) {
-            free(a[i].src);
-            free(a[i].dst);
-        }
-        pthread_barrier_destroy(&bar);
-    }
+    return rc;
 }
 
 int main(int argc, char **argv) {
-    const char *backends = "cpu", *devs = "2,4,8", *ops = "allreduce,allgather,reducescatter,broadcast";
-    int64_t lo = 4096, hi = (int64_t)256 << 20;
-    int factor = 4, memcpy_rows = 0, dpar_rows = 1;
+    const char *backends = "cpu", *devs = "2,4,8", *ops = "allreduce,allgather,reducescatter,broadcast,alltoall";
+    int64_t lo = 4096, hi = (int64_t)64 << 20;
+    int factor = 4, alts = 5;
     double target = 0.2;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--memcpy")) {
-            memcpy_rows = 1;
-            continue;
-        }
-        if (!strcmp(a, "--no-dpar")) {
-            dpar_rows = 0;
-            continue;
-        }
         if (!v) {
             fprintf(stderr, "bench_collectives: %s needs a value\n", a);
             return 2;
@@ -274,22 +360,19 @@ int main(int argc, char **argv) {
             factor = atoi(v);
         else if (!strcmp(a, "--time"))
             target = atof(v);
+        else if (!strcmp(a, "--alts"))
+            alts = atoi(v);
         else {
             fprintf(stderr, "bench_collectives: unknown flag %s\n", a);
             return 2;
         }
         i++;
     }
-    if (lo < 64 || hi < lo || factor < 2 || target <= 0) {
-        fprintf(stderr, "bench_collectives: bad --min/--max/--factor/--time\n");
+    if (lo < 64 || hi < lo || factor < 2 || target <= 0 || alts < 1 || alts > MAX_ALTS) {
+        fprintf(stderr, "bench_collectives: bad --min/--max/--factor/--time/--alts (alts 1..%d)\n", MAX_ALTS);
         return 2;
     }
-    printf("kind,backend,op,devices,bytes,time_us,algbw_GBps,busbw_GBps\n");
-    if (memcpy_rows) {
-        run_memcpy(1, lo, hi, factor, target);
-        run_memcpy(2, lo, hi, factor, target);
-    }
-    if (!dpar_rows) return 0;
+    printf("kind,backend,op,devices,bytes,time_us,algbw_GBps,busbw_GBps,limit_us,pct_limit,pct_min,pct_max,alts\n");
     for (const char *q = backends; *q;) { /* (not strtok: drivers use it too) */
         char b[32];
         size_t len = strcspn(q, ",");
@@ -303,10 +386,14 @@ int main(int argc, char **argv) {
         const char *p = devs;
         while (*p) {
             int n = atoi(p);
-            if (n >= 1 && run_backend(b, k, n, ops, lo, hi, factor, target)) return 1;
+            if (n > DPAR_MAX_DEVICES) {
+                fprintf(stderr, "bench_collectives: at most %d devices\n", DPAR_MAX_DEVICES);
+                return 2;
+            }
+            if (n >= 1 && run_backend(b, k, n, ops, lo, hi, factor, target, alts)) return 1;
             while (*p && *p != ',') p++;
             if (*p == ',') p++;
         }
     }
-    return 0;
+    return broken ? 3 : 0;
 }

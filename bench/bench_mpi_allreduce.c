@@ -1,9 +1,11 @@
 /* bench_mpi_allreduce.c — the peer: MPI_Allreduce (MPI_FLOAT, MPI_SUM, out of
    place) over the same sizes as bench_collectives, timed like it (warm-up,
-   then the best of 5 trials of `iters` back to back between two barriers,
-   each trial's time the max over ranks).
+   then the median of --trials trials (5 by default; bench/run.sh runs 1 per
+   alternation with dpar) of `iters` back to back between two barriers, each
+   trial's time the max over ranks).
    Built with mpicc by bench/run.sh, run as
-       mpirun --allow-run-as-root --oversubscribe -np N build/bench_mpi_allreduce [--min B] [--max B] [--factor F] [--time S]
+       mpirun --allow-run-as-root --oversubscribe -np N build/bench_mpi_allreduce [--min B] [--max B] [--factor F]
+              [--time S] [--trials T]
    Prints rows like bench_collectives:
        coll,mpi,allreduce,N,bytes,time_us,algbw_GBps,busbw_GBps
    with busbw = algbw * 2(N-1)/N (nccl-tests). */
@@ -20,6 +22,7 @@ int main(int argc, char **argv) {
     long long lo = 4096, hi = 256LL << 20;
     int factor = 4;
     double target = 0.2;
+    int trials = 5;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--min"))
             lo = atoll(argv[i + 1]);
@@ -29,8 +32,11 @@ int main(int argc, char **argv) {
             factor = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--time"))
             target = atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "--trials"))
+            trials = atoi(argv[i + 1]);
     }
     if (factor < 2) factor = 2;
+    if (trials < 1 || trials > 64) trials = 5;
     for (long long bytes = lo; bytes <= hi; bytes *= factor) {
         long long count = bytes / 4;
         float *in = (float *)malloc((size_t)count * 4), *out = (float *)malloc((size_t)count * 4);
@@ -50,20 +56,23 @@ int main(int argc, char **argv) {
         MPI_Allreduce(&one, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
         int iters = (int)(target / (worst > 1e-7 ? worst : 1e-7));
         iters = iters < 2 ? 2 : iters > 2000 ? 2000 : iters;
-        iters = iters / 5 < 1 ? 1 : iters / 5;
-        double tmax = 1e30;
-        for (int trial = 0; trial < 5; trial++) { /* best of 5 trials, as bench_collectives */
+        iters = iters / trials < 1 ? 1 : iters / trials;
+        double tt[64];
+        for (int trial = 0; trial < trials; trial++) { /* the median trial, as bench_collectives */
             MPI_Barrier(MPI_COMM_WORLD);
             t0 = MPI_Wtime();
             for (int i = 0; i < iters; i++) MPI_Allreduce(in, out, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
             MPI_Barrier(MPI_COMM_WORLD);
             double t = (MPI_Wtime() - t0) / iters, tw;
             MPI_Allreduce(&t, &tw, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-            if (tw < tmax) tmax = tw;
+            int k = trial; /* insertion sort: tt[0..trial] ascending */
+            for (; k > 0 && tt[k - 1] > tw; k--) tt[k] = tt[k - 1];
+            tt[k] = tw;
         }
+        double tmed = trials % 2 ? tt[trials / 2] : 0.5 * (tt[trials / 2 - 1] + tt[trials / 2]);
         if (rank == 0) {
-            double alg = (double)count * 4.0 / tmax / 1e9;
-            printf("coll,mpi,allreduce,%d,%lld,%.2f,%.3f,%.3f\n", n, count * 4, tmax * 1e6, alg,
+            double alg = (double)count * 4.0 / tmed / 1e9;
+            printf("coll,mpi,allreduce,%d,%lld,%.2f,%.3f,%.3f\n", n, count * 4, tmed * 1e6, alg,
                    alg * 2.0 * (n - 1) / n);
             fflush(stdout);
         }

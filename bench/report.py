@@ -1,11 +1,17 @@
 """Turns the rows bench/run.sh collected into bench/results/collectives.csv,
-train.csv, results.md and busbw.png, and prints the closing "summary:" line.
+matmul.csv, train.csv, results.md and busbw.png / train.png (when matplotlib
+is there), and prints the closing "summary:" line. Exits 1 when a collective
+is above 100% of its memory-traffic limit (the measurement is broken).
 
     python bench/report.py RAW_ROWS OUT_DIR
 
-Rows (CSV, no header): coll|memcpy,backend,op,devices,bytes,time_us,algbw,busbw
-                       train,framework,model,devices,batch,step_ms,samples_per_s[,note]
-                       skip,what,reason
+Rows (CSV, no header):
+  coll,backend,op,devices,bytes,time_us,algbw,busbw,limit_us,pct,pct_min,pct_max,alts   (bench_collectives)
+  pair,alternation,<a coll row of dpar or MPI, up to busbw>                       (all-reduce vs MPI)
+  mm,shape,threads,dpar_us,dpar_gflops,blas_us,blas_gflops,ratio,ratio_min,ratio_max,alts  (bench_matmul)
+  train,framework,model,devices,batch,step_ms,samples_per_s[,note]
+  load,start|end,1min/5min/15min
+  skip,what,reason
 """
 import csv
 import os
@@ -19,99 +25,125 @@ def human(b):
     return "%d B" % b
 
 
+def med(v):
+    v = sorted(v)
+    return v[len(v) // 2] if len(v) % 2 else 0.5 * (v[len(v) // 2 - 1] + v[len(v) // 2])
+
+
 def main():
     raw, out = sys.argv[1], sys.argv[2]
-    coll, train, skips = [], [], []
+    coll, train, skips, pairs, mm, load = [], [], [], [], [], {}
     with open(raw) as f:
         for line in f:
             r = line.strip().split(",")
             if not r or not r[0]:
                 continue
-            if r[0] in ("coll", "memcpy") and len(r) >= 8:
-                coll.append(dict(kind=r[0], backend=r[1], op=r[2], n=int(r[3]), bytes=int(r[4]),
-                                 us=float(r[5]), algbw=float(r[6]), busbw=float(r[7])))
+            if r[0] == "coll" and len(r) >= 13:
+                coll.append(dict(backend=r[1], op=r[2], n=int(r[3]), bytes=int(r[4]), us=float(r[5]),
+                                 algbw=float(r[6]), busbw=float(r[7]), limit_us=float(r[8]), pct=float(r[9]),
+                                 pmin=float(r[10]), pmax=float(r[11]), alts=int(r[12])))
+            elif r[0] == "pair" and len(r) >= 9:  # pair,alternation,backend,op,n,bytes,time_us,algbw,busbw,...
+                pairs.append(dict(k=int(r[1]), backend=r[2], n=int(r[4]), bytes=int(r[5]), us=float(r[6]),
+                                  busbw=float(r[8])))
+            elif r[0] == "mm" and len(r) >= 12:
+                mm.append(dict(shape=r[1], threads=int(r[2]), dpar_us=float(r[3]), dpar_gf=float(r[4]),
+                               blas_us=float(r[5]), blas_gf=float(r[6]), ratio=float(r[7]), rmin=float(r[8]),
+                               rmax=float(r[9]), alts=int(r[10])))
             elif r[0] == "train" and len(r) >= 7:
                 train.append(dict(fw=r[1], model=r[2], n=int(r[3]), batch=int(r[4]), ms=float(r[5]),
                                   sps=float(r[6]), note=r[7] if len(r) > 7 else ""))
+            elif r[0] == "load" and len(r) >= 3:
+                load[r[1]] = r[2].replace("/", " ")
             elif r[0] == "skip":
                 skips.append(", ".join(r[1:]))
 
     with open(os.path.join(out, "collectives.csv"), "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["kind", "backend", "op", "devices", "bytes", "time_us", "algbw_GBps", "busbw_GBps"])
+        keys = ["backend", "op", "n", "bytes", "us", "algbw", "busbw", "limit_us", "pct", "pmin", "pmax", "alts"]
+        w.writerow(["backend", "op", "devices", "bytes", "time_us", "algbw_GBps", "busbw_GBps", "limit_us",
+                    "pct_of_limit", "pct_min", "pct_max", "alternations"])
         for c in coll:
-            w.writerow([c["kind"], c["backend"], c["op"], c["n"], c["bytes"], c["us"], c["algbw"], c["busbw"]])
+            w.writerow([c[k] for k in keys])
+    with open(os.path.join(out, "matmul.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["shape", "threads", "dpar_us", "dpar_gflops", "openblas_us", "openblas_gflops",
+                    "openblas_time_over_dpar_time", "ratio_min", "ratio_max", "alternations"])
+        for m in mm:
+            w.writerow([m["shape"], m["threads"], m["dpar_us"], m["dpar_gf"], m["blas_us"], m["blas_gf"],
+                        m["ratio"], m["rmin"], m["rmax"], m["alts"]])
     with open(os.path.join(out, "train.csv"), "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["framework", "model", "devices", "batch", "step_ms", "samples_per_s", "note"])
         for t in train:
             w.writerow([t["fw"], t["model"], t["n"], t["batch"], t["ms"], t["sps"], t["note"]])
 
-    def get(backend, op, n, b, key="busbw"):
+    def get(backend, op, n, b):
         for c in coll:
             if c["backend"] == backend and c["op"] == op and c["n"] == n and c["bytes"] == b:
-                return c[key]
+                return c
         return None
 
-    sizes = sorted({c["bytes"] for c in coll if c["kind"] == "coll"})
-    devs = sorted({c["n"] for c in coll if c["kind"] == "coll" and c["backend"] == "cpu"})
     md = ["# dpar benchmarks", "",
-          "One run of `make bench` on this machine (%s). Bandwidths in GB/s (1e9 B/s), "
-          "nccl-tests definitions: algbw = bytes / time; busbw = algbw x 2(n-1)/n (all-reduce), "
-          "x (n-1)/n (all-gather, reduce-scatter), x 1 (broadcast). Each point is the best of 5 trials "
-          "(STREAM's convention) for dpar, MPI and memcpy alike. memcpy = bytes copied per second "
-          "(bytes read + written = 2x)." % os.uname().nodename, ""]
-    md += ["## All-reduce busbw: dpar (CPU backend) vs Open MPI MPI_Allreduce", ""]
-    hdr = ["size"]
-    for n in devs:
-        hdr += ["dpar n=%d" % n, "MPI n=%d" % n, "dpar/MPI n=%d" % n]
-    hdr += ["memcpy 1 thr", "dpar n=2 / memcpy"]
-    md += ["| " + " | ".join(hdr) + " |", "|" + "---|" * len(hdr)]
-    for b in sizes:
-        row = [human(b)]
-        for n in devs:
-            d, m = get("cpu", "allreduce", n, b), get("mpi", "allreduce", n, b)
-            row += ["%.2f" % d if d is not None else "-", "%.2f" % m if m is not None else "-",
-                    "%.1fx" % (d / m) if d and m else "-"]
-        mc = get("host", "memcpy", 1, b)
-        d2 = get("cpu", "allreduce", 2, b)
-        row += ["%.2f" % mc if mc else "-", "%.0f%%" % (100 * d2 / mc) if d2 and mc else "-"]
-        md.append("| " + " | ".join(row) + " |")
-    md.append("")
-    for op in ("allgather", "reducescatter", "broadcast"):
-        if not any(c["op"] == op for c in coll):
-            continue
-        md += ["## %s busbw (dpar CPU backend)" % op, ""]
-        hdr = ["size"] + ["n=%d" % n for n in devs]
-        md += ["| " + " | ".join(hdr) + " |", "|" + "---|" * len(hdr)]
-        for b in sizes:
-            vals = [get("cpu", op, n, b) for n in devs]
-            if all(v is None for v in vals):
+          "One run of `make bench` on this machine (%s, %s CPUs). Load average (1/5/15 min) at the start: %s; "
+          "at the end: %s. The machine is shared: absolute figures move with the load, the ratios below are "
+          "taken from interleaved runs so that a busy spell hits both sides." % (
+              os.uname().nodename, os.cpu_count(), load.get("start", "?"), load.get("end", "?")), "",
+          "## Collectives against the memory-traffic limit (CPU backend)", "",
+          "limit = the DRAM bytes the collective must read + write (all-reduce and all-to-all 2nS, all-gather, "
+          "reduce-scatter and broadcast (n+1)S for S bytes on n devices) / the bandwidth of a stream kernel "
+          "(add for reductions, copy otherwise; the faster of non-temporal and ordinary stores) run by n threads "
+          "over the same footprint in the same run, alternating with dpar. `% limit` = limit time / dpar time: "
+          "the median over the alternations (min-max). Above 100% the benchmark fails: the measurement would "
+          "be broken. busbw follows nccl-tests (a network figure, GB/s = 1e9 B/s).", ""]
+    for backend in ("cpu", "vulkan"):
+        for op in ("allreduce", "allgather", "reducescatter", "broadcast", "alltoall"):
+            rows = [c for c in coll if c["backend"] == backend and c["op"] == op]
+            if not rows:
                 continue
-            md.append("| " + " | ".join([human(b)] + ["%.2f" % v if v is not None else "-" for v in vals]) + " |")
+            devs = sorted({c["n"] for c in rows})
+            md += ["### %s, %s backend" % (op, backend), ""]
+            hdr = ["size"]
+            for n in devs:
+                hdr += ["n=%d busbw" % n, "n=%d %% limit (min-max)" % n]
+            md += ["| " + " | ".join(hdr) + " |", "|" + "---|" * len(hdr)]
+            for b in sorted({c["bytes"] for c in rows}):
+                row = [human(b)]
+                for n in devs:
+                    c = get(backend, op, n, b)
+                    row += ["%.2f" % c["busbw"], "%.0f%% (%.0f-%.0f)" % (c["pct"], c["pmin"], c["pmax"])] if c else [
+                        "-", "-"]
+                md.append("| " + " | ".join(row) + " |")
+            md.append("")
+
+    # dpar vs MPI, per alternation
+    ratios_mpi = {}
+    for (n, b) in sorted({(p["n"], p["bytes"]) for p in pairs}):
+        d = {p["k"]: p for p in pairs if p["backend"] == "cpu" and p["n"] == n and p["bytes"] == b}
+        m = {p["k"]: p for p in pairs if p["backend"] == "mpi" and p["n"] == n and p["bytes"] == b}
+        rs = [m[k]["us"] / d[k]["us"] for k in d if k in m]
+        if rs:
+            ratios_mpi[(n, b)] = (med(rs), min(rs), max(rs), med([d[k]["busbw"] for k in d]),
+                                  med([m[k]["busbw"] for k in m]), len(rs))
+    if ratios_mpi:
+        md += ["## All-reduce: dpar (CPU backend) against Open MPI `MPI_Allreduce`", "",
+               "The two alternate per device count (one dpar run, one `mpirun`, repeated); ratio = MPI time / dpar "
+               "time per alternation (above 1: dpar is faster), median (min-max).", "",
+               "| devices | size | dpar busbw | MPI busbw | dpar/MPI speed (min-max) | alternations |",
+               "|---|---|---|---|---|---|"]
+        for (n, b), (r, lo, hi, db, mb, k) in sorted(ratios_mpi.items()):
+            md.append("| %d | %s | %.2f | %.2f | %.1fx (%.1f-%.1f) | %d |" % (n, human(b), db, mb, r, lo, hi, k))
         md.append("")
-    if any(c["backend"] == "vulkan" for c in coll):
-        md += ["## All-reduce busbw: Vulkan backend (host-staged) vs CPU backend", ""]
-        vdevs = sorted({c["n"] for c in coll if c["backend"] == "vulkan"})
-        hdr = ["size"]
-        for n in vdevs:
-            hdr += ["vulkan n=%d" % n, "cpu n=%d" % n, "vulkan/cpu n=%d" % n]
-        md += ["| " + " | ".join(hdr) + " |", "|" + "---|" * len(hdr)]
-        for b in sizes:
-            row = [human(b)]
-            for n in vdevs:
-                v, c = get("vulkan", "allreduce", n, b), get("cpu", "allreduce", n, b)
-                row += ["%.2f" % v if v is not None else "-", "%.2f" % c if c is not None else "-",
-                        "%.2f" % (v / c) if v and c else "-"]
-            md.append("| " + " | ".join(row) + " |")
-        md.append("")
-    mrows = [c for c in coll if c["kind"] == "memcpy"]
-    if mrows:
-        md += ["## memcpy bandwidth (the physical limit of a host reduction)", "",
-               "| size | 1 thread | 2 threads |", "|---|---|---|"]
-        for b in sorted({c["bytes"] for c in mrows}):
-            a1, a2 = get("host", "memcpy", 1, b), get("host", "memcpy", 2, b)
-            md.append("| %s | %s | %s |" % (human(b), "%.2f" % a1 if a1 else "-", "%.2f" % a2 if a2 else "-"))
+
+    if mm:
+        md += ["## Matmul: dpar_matmul (CPU backend) against OpenBLAS sgemm", "",
+               "Same shape, same thread count, alternating per shape; shape MxNxK (C[M,N] = op(A)[M,K] op(B)[K,N], "
+               ":tn/:nt = A/B transposed). ratio = OpenBLAS time / dpar time (above 1: dpar is faster), median "
+               "(min-max). 1 thread: the per-device shapes of the digits, CNN (batch 16 per device) and GPT jobs, "
+               "where every device is one thread; 2 threads: one device with the whole machine.", "",
+               "| shape | threads | dpar GFLOP/s | OpenBLAS GFLOP/s | ratio (min-max) |", "|---|---|---|---|---|"]
+        for m in mm:
+            md.append("| %s | %d | %.1f | %.1f | %.2f (%.2f-%.2f) |" % (
+                m["shape"], m["threads"], m["dpar_gf"], m["blas_gf"], m["ratio"], m["rmin"], m["rmax"]))
         md.append("")
 
     # training
@@ -172,61 +204,90 @@ def main():
     if skips:
         md += ["## Skipped", ""] + ["- " + s for s in skips] + [""]
 
-    # plot
-    png = os.path.join(out, "busbw.png")
+    # plots
+    pngs = []
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        fig, ax = plt.subplots(figsize=(9, 5.5))
-        series = [("cpu", "allreduce", n, "dpar cpu all-reduce n=%d" % n, "-") for n in devs]
-        series += [("mpi", "allreduce", n, "MPI_Allreduce n=%d" % n, "--") for n in devs]
-        series += [("vulkan", "allreduce", n, "dpar vulkan all-reduce n=%d" % n, "-.") for n in (2, 4)]
-        series += [("host", "memcpy", 1, "memcpy (1 thread)", ":")]
-        for backend, op, n, label, style in series:
-            pts = sorted((c["bytes"], c["busbw"]) for c in coll if c["backend"] == backend and c["op"] == op and c["n"] == n)
-            if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", ms=3, label=label)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("bytes")
-        ax.set_ylabel("busbw (GB/s)")
-        ax.set_title("All-reduce bus bandwidth vs size (nccl-tests busbw)")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(png, dpi=110)
-        md += ["![busbw vs size](busbw.png)", ""]
+        ops = [op for op in ("allreduce", "allgather", "reducescatter", "broadcast", "alltoall")
+               if any(c["op"] == op and c["backend"] == "cpu" for c in coll)]
+        if ops:
+            fig, axs = plt.subplots(1, len(ops), figsize=(4.2 * len(ops), 4.2), squeeze=False)
+            for ax, op in zip(axs[0], ops):
+                for n in sorted({c["n"] for c in coll if c["op"] == op and c["backend"] == "cpu"}):
+                    pts = sorted((c["bytes"], c["busbw"], c["busbw"] * 100.0 / c["pct"] if c["pct"] > 0 else None)
+                                 for c in coll if c["backend"] == "cpu" and c["op"] == op and c["n"] == n)
+                    line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], "-o", ms=3, label="dpar n=%d" % n)
+                    ax.plot([p[0] for p in pts if p[2]], [p[2] for p in pts if p[2]], "--", color=line.get_color(),
+                            label="limit n=%d" % n)
+                if op == "allreduce":
+                    for n in sorted({p["n"] for p in pairs}):
+                        pts = sorted((b, v[4]) for (nn, b), v in ratios_mpi.items() if nn == n)
+                        ax.plot([p[0] for p in pts], [p[1] for p in pts], ":x", ms=4, label="MPI n=%d" % n)
+                ax.set_xscale("log", base=2)
+                ax.set_yscale("log")
+                ax.set_xlabel("bytes")
+                ax.set_ylabel("busbw (GB/s)")
+                ax.set_title(op)
+                ax.grid(True, which="both", alpha=0.3)
+                ax.legend(fontsize=6)
+            fig.tight_layout()
+            fig.savefig(os.path.join(out, "busbw.png"), dpi=100)
+            pngs.append("busbw.png")
+        if train:
+            keys = sorted({(t["model"], t["n"]) for t in train})
+            fws = sorted({t["fw"] for t in train})
+            fig, ax = plt.subplots(figsize=(max(5, 1.2 * len(keys)), 4))
+            for i, fw in enumerate(fws):
+                ys = [next((t["ms"] for t in train if t["fw"] == fw and (t["model"], t["n"]) == k), 0) for k in keys]
+                ax.bar([x + 0.8 * i / len(fws) for x in range(len(keys))], ys, 0.8 / len(fws), label=fw)
+            ax.set_xticks(range(len(keys)))
+            ax.set_xticklabels(["%s %ddev" % k for k in keys], fontsize=7)
+            ax.set_yscale("log")
+            ax.set_ylabel("step time (ms)")
+            ax.legend()
+            fig.tight_layout()
+            fig.savefig(os.path.join(out, "train.png"), dpi=100)
+            pngs.append("train.png")
+        md += ["![%s](%s)" % (p, p) for p in pngs] + [""]
     except Exception as e:  # no matplotlib: the tables still stand
-        md += ["(no plot: %s)" % e, ""]
+        md += ["(no plots: %s)" % e, ""]
 
-    # summary
+    # summary and the limit check
     parts = []
-    for n in (2, 4):
-        rs = [(get("cpu", "allreduce", n, b) / get("mpi", "allreduce", n, b), b) for b in sizes
-              if b >= (1 << 20) and get("cpu", "allreduce", n, b) and get("mpi", "allreduce", n, b)]
+    for n in sorted({n for n, _ in ratios_mpi}):
+        rs = [v[0] for (nn, b), v in ratios_mpi.items() if nn == n and b >= (1 << 20)]
         if rs:
-            lo = min(rs)
-            parts.append("allreduce dpar/MPI n=%d >=1MB min %.1fx (at %s) median %.1fx" % (
-                n, lo[0], human(lo[1]), sorted(r for r, _ in rs)[len(rs) // 2]))
-    d64, m64 = get("cpu", "allreduce", 2, 64 << 20), get("host", "memcpy", 1, 64 << 20)
-    if d64 and m64:
-        parts.append("allreduce n=2 64MB = %.0f%% of memcpy" % (100 * d64 / m64))
-    v16, c16 = get("vulkan", "allreduce", 2, 16 << 20), get("cpu", "allreduce", 2, 16 << 20)
-    if v16 and c16:
-        parts.append("vulkan/cpu allreduce n=2 16MB %.2f" % (v16 / c16))
+            parts.append("allreduce dpar/MPI n=%d >=1MB median %.1fx (min %.1fx)" % (n, med(rs), min(rs)))
+    for op in ("allreduce", "allgather", "reducescatter", "broadcast", "alltoall"):
+        ps = [c["pct"] for c in coll if c["backend"] == "cpu" and c["op"] == op and c["bytes"] >= (1 << 20)]
+        if ps:
+            parts.append("%s >=1MB %.0f-%.0f%% of limit" % (op, min(ps), max(ps)))
+    small = [m["ratio"] for m in mm if m["threads"] == 1]
+    large = [m["ratio"] for m in mm if m["threads"] > 1]
+    if small:
+        parts.append("matmul/OpenBLAS per-device shapes median %.2f (min %.2f)" % (med(small), min(small)))
+    if large:
+        parts.append("large %.2f" % med(large))
     for model in models:
         rr = ["%ddev %.2f" % (n, r) for (m, n), r in sorted(ratios.items()) if m == model]
         if rr:
             parts.append("%s step dpar/JAX: %s" % (model, ", ".join(rr)))
+    parts.append("load %s" % load.get("start", "?"))
     summary = "summary: " + ("; ".join(parts) if parts else "no results")
     md += ["", "`" + summary + "`", ""]
     with open(os.path.join(out, "results.md"), "w") as f:
         f.write("\n".join(md))
-    print("\n".join(md[:0]))
-    print("bench: wrote %s/{collectives.csv,train.csv,results.md%s}" % (out, ",busbw.png" if os.path.exists(png) else ""))
+    print("bench: wrote %s/{collectives.csv,matmul.csv,train.csv,results.md%s}" % (
+        out, "".join("," + p for p in pngs)))
+    over = [c for c in coll if c["pct"] > 100.0]
+    for c in over:
+        print("bench: FAIL %s %s n=%d %s at %.0f%% of its memory-traffic limit: above 100%% is impossible, the "
+              "measurement is broken" % (c["backend"], c["op"], c["n"], human(c["bytes"]), c["pct"]))
     print(summary)
+    return 1 if over else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,13 +1,15 @@
 #!/bin/sh
-# `make bench`: collective bandwidth and training throughput of dpar, side by
-# side with the peers (memcpy, Open MPI's MPI_Allreduce, JAX on CPU), in one
-# run. Writes bench/results/{collectives.csv,train.csv,results.md,busbw.png}
-# and ends with one line "summary: ...".
+# `make bench`: dpar against the limits of this machine and against its peers,
+# measured in one run. Writes bench/results/{collectives.csv,matmul.csv,
+# train.csv,results.md,*.png} and ends with one line "summary: ...".
 #   sh bench/run.sh BUILD_DIR
-#   BENCH_QUICK=1   a quick run (fewer sizes and device counts, shorter timing)
+#   BENCH_QUICK=1   a quick run (under a minute: fewer sizes, shapes and device counts)
 #   BENCH_NO_JAX=1  skip the JAX peer (and the venv it needs)
+#   BENCH_ALTS=N    alternations per ratio (default 5)
 #   DPAR_TRACE=f.json is passed through to the dpar benchmarks.
-# The JAX peer and matplotlib go into bench/.venv (PyPI, created on first use).
+# The JAX peer and matplotlib go into bench/.venv (PyPI, created on first use);
+# OpenBLAS is Debian's libopenblas0-pthread (the matmul rows are skipped without it).
+# Exit status 1 when a figure is above 100% of its limit: the measurement is broken.
 set -u
 BUILD=${1:-build}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -17,45 +19,76 @@ mkdir -p "$out"
 raw="$out/raw.tmp"
 : > "$raw"
 quick=${BENCH_QUICK:-0}
+ALTS=${BENCH_ALTS:-5}
+broken=0
 log() { echo "bench: $*" >&2; }
-# A process that just freed gigabytes (JAX, the 256 MB collectives) leaves the
+# A process that just freed gigabytes (JAX, the large collectives) leaves the
 # kernel reclaiming for a few seconds, which halves the next measurement on a
 # 2-core machine (measured: 620 ms -> 313 ms for the large MLP step after a
 # 5 s pause). Every measurement starts after a pause.
 settle() { sleep "${BENCH_SETTLE_S:-4}"; }
+# runs "$@", appends its rows (header dropped) to $raw; exit status 3 = above the limit
+rows() {
+    tmp="$out/rows.tmp"
+    "$@" > "$tmp"
+    st=$?
+    grep -v '^kind,' "$tmp" >> "$raw"
+    rm -f "$tmp"
+    [ "$st" = 3 ] && broken=1
+    return $st
+}
 
 if [ "$quick" = 1 ]; then
-    : "${BENCH_SETTLE_S:=1}"
-    CMIN=4096; CMAX=16777216; CF=16; CT=0.05; CDEV=2,4; VMAX=16777216
-    TDEV=1,2,4; TTIME=0.5; LARGE=1024,2048,2048,10; LBATCH=256; LSTEPS=3; JSTEPS=30
+    : "${BENCH_SETTLE_S:=0}"
+    : "${BENCH_NO_JAX:=1}" # JAX's start-up alone would take the minute; BENCH_NO_JAX=0 brings it back
+    CMIN=4096; CMAX=16777216; CF=16; CT=0.1; CDEV=2,4; VDEV=2; VMAX=1048576; PMIN=1048576; PDEV=2
+    MSHAPES=64x128x64,64x128x64:tn,16x256x3136,1818x64x288,16x384x128; LSHAPES=512x1024x1024; MT=0.3
+    TDEV=2; TTIME=0.3; LARGE=1024,2048,2048,10; LBATCH=256; LSTEPS=2; JSTEPS=30
 else
-    CMIN=4096; CMAX=268435456; CF=4; CT=0.2; CDEV=2,4,8; VMAX=268435456
+    CMIN=4096; CMAX=67108864; CF=4; CT=0.4; CDEV=2,4,8; VDEV=2,4; VMAX=67108864; PMIN=1048576; PDEV=2,4,8
+    MSHAPES=64x128x64,64x128x64:tn,64x64x128:nt,64x10x128,16x256x3136,3136x256x16:tn,16x3136x256:nt,1818x64x288
+    MSHAPES=$MSHAPES,288x64x1818:tn,1818x288x64:nt,12544x32x9,16x384x128,16x128x384:nt,16x512x128,16x128x512
+    LSHAPES=512x4096x4096,512x1024x1024; MT=1
     TDEV=1,2,4; TTIME=2; LARGE=1024,4096,4096,10; LBATCH=512; LSTEPS=6; JSTEPS=300
 fi
 cd "$root" || exit 1
+log "load average at the start: $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)"
+echo "load,start,$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null | tr ' ' '/')" >> "$raw"
 
-# ---- collectives: memcpy; then per device count dpar CPU (all four collectives)
-# and the MPI peer back to back; then dpar Vulkan (all-reduce)
+# ---- collectives against the stream limit (interleaved inside bench_collectives)
+log "collectives: dpar cpu, $CDEV devices, $CMIN..$CMAX bytes, $ALTS alternations with the stream kernel per point"
+rows "$BUILD/bench_collectives" --backend cpu --devices "$CDEV" --min $CMIN --max $CMAX --factor $CF --time $CT \
+    --alts "$ALTS" || log "bench_collectives (cpu) failed or hit the limit"
+settle; log "collectives: dpar vulkan all-reduce (skipped when no Vulkan device)"
+rows "$BUILD/bench_collectives" --backend vulkan --devices "$VDEV" --ops allreduce --min $CMIN --max $VMAX --factor $CF \
+    --time $CT --alts 3 2>/dev/null || log "bench_collectives (vulkan) failed or hit the limit"
+
+# ---- all-reduce: dpar and Open MPI interleaved, ALTS alternations per device count
 have_mpi=0
 if command -v mpicc >/dev/null 2>&1 && command -v mpirun >/dev/null 2>&1; then
     mpicc -O2 -Wall -Wextra -Werror bench/bench_mpi_allreduce.c -o "$BUILD/bench_mpi_allreduce" && have_mpi=1 || log "mpicc failed"
 fi
 [ "$have_mpi" = 1 ] || { log "no mpicc/mpirun: the MPI peer is skipped"; echo "skip,mpi,no mpicc/mpirun" >> "$raw"; }
-log "memcpy bandwidth, $CMIN..$CMAX bytes"
-"$BUILD/bench_collectives" --memcpy --no-dpar --min $CMIN --max $CMAX --factor $CF --time $CT | grep -v '^kind,' >> "$raw" || log "memcpy bench failed"
-for n in $(echo "$CDEV" | tr ',' ' '); do
-    settle; log "collectives: dpar cpu, $n devices"
-    "$BUILD/bench_collectives" --backend cpu --devices "$n" --min $CMIN --max $CMAX --factor $CF --time $CT | grep -v '^kind,' >> "$raw" \
-        || log "bench_collectives (cpu, $n) failed"
-    if [ "$have_mpi" = 1 ]; then
-        settle; log "collectives: MPI_Allreduce, $n ranks"
-        timeout 600 mpirun --allow-run-as-root --oversubscribe -np "$n" "$BUILD/bench_mpi_allreduce" \
-            --min $CMIN --max $CMAX --factor $CF --time $CT 2>/dev/null | grep '^coll,' >> "$raw" || log "mpirun -np $n failed"
-    fi
-done
-settle; log "collectives: dpar vulkan all-reduce (skipped when no Vulkan device)"
-"$BUILD/bench_collectives" --backend vulkan --devices 2,4 --ops allreduce --min $CMIN --max $VMAX --factor $CF --time $CT 2>/dev/null \
-    | grep -v '^kind,' >> "$raw" || log "bench_collectives (vulkan) failed"
+if [ "$have_mpi" = 1 ]; then
+    for n in $(echo "$PDEV" | tr ',' ' '); do
+        settle; log "all-reduce: dpar vs MPI_Allreduce, $n devices/ranks, $ALTS alternations"
+        k=1
+        while [ "$k" -le "$ALTS" ]; do
+            "$BUILD/bench_collectives" --backend cpu --devices "$n" --ops allreduce --min $PMIN --max $CMAX --factor $CF \
+                --time $CT --alts 1 2>/dev/null | grep '^coll,' | sed "s/^coll,/pair,$k,/" >> "$raw"
+            timeout 300 mpirun --allow-run-as-root --oversubscribe -np "$n" "$BUILD/bench_mpi_allreduce" \
+                --min $PMIN --max $CMAX --factor $CF --time $CT --trials 1 2>/dev/null | grep '^coll,' \
+                | sed "s/^coll,/pair,$k,/" >> "$raw" || log "mpirun -np $n failed"
+            k=$((k + 1))
+        done
+    done
+fi
+
+# ---- matmul: dpar against OpenBLAS sgemm, interleaved inside bench_matmul
+settle; log "matmul: per-device shapes of the digits/CNN/GPT jobs, 1 thread, vs OpenBLAS"
+rows "$BUILD/bench_matmul" --shapes "$MSHAPES" --threads 1 --time $MT --alts "$ALTS" || log "bench_matmul failed"
+settle; log "matmul: large shapes, 2 threads, vs OpenBLAS"
+rows "$BUILD/bench_matmul" --shapes "$LSHAPES" --threads 2 --time $MT --alts "$ALTS" || log "bench_matmul (large) failed"
 
 # ---- training: dpar and the JAX peer, interleaved per configuration (so a
 # busy spell on this shared machine hits both sides alike)
@@ -88,10 +121,16 @@ for n in $(echo "$TDEV" | tr ',' ' '); do
     "$BUILD/bench_train" --name large --layers "$LARGE" --batch $LBATCH --devices "$n" --steps $LSTEPS >> "$raw" || log "bench_train large failed"
     [ -n "$py" ] && { settle; jax_run large "$LARGE" $LBATCH "$n" $LSTEPS; }
 done
-settle; log "trace: large MLP on 2 devices, 8 MB buckets -> bench/results/trace_large_2dev.json (open in ui.perfetto.dev)"
+[ "$quick" = 1 ] || { settle; log "trace: large MLP on 2 devices, 8 MB buckets -> bench/results/trace_large_2dev.json (open in ui.perfetto.dev)"
 DPAR_TRACE="$out/trace_large_2dev.json" "$BUILD/bench_train" --name large --layers "$LARGE" --batch $LBATCH --devices 2 --steps 3 \
-    --bucket-bytes 8388608 >/dev/null 2>&1 || log "traced bench_train failed"
+    --bucket-bytes 8388608 >/dev/null 2>&1 || log "traced bench_train failed"; }
 
-# ---- report: tables, CSV, plot, summary
+# ---- report: tables, CSV, plots, summary
+echo "load,end,$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null | tr ' ' '/')" >> "$raw"
 rpy=${py:-python3}
-"$rpy" bench/report.py "$raw" "$out"
+[ -z "$py" ] && [ -x "$here/.venv/bin/python" ] && rpy="$here/.venv/bin/python" # matplotlib, when the venv exists
+"$rpy" bench/report.py "$raw" "$out" || broken=1
+if [ "$broken" = 1 ]; then
+    log "FAIL: a figure is above 100% of its limit (see the lines above): the measurement is broken"
+    exit 1
+fi
