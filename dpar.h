@@ -1260,21 +1260,46 @@ DPAR_API double dpar_trace_clock_us(void);
 DPAR_API void dpar_trace_event(const dpar_runtime *rt, int device, const char *name, const char *cat, double t0_us,
                                double t1_us, int64_t bytes);
 
-/* Per-device statistics, counted from the runtime's creation. */
+/* Per-device statistics over a window: from the runtime's creation or the
+   last dpar_runtime_stats_reset (memory_in_use and buffers are always now).
+   The times are host seconds on the monotonic clock the trace uses
+   (dpar_trace_clock_us), taken around each call on the thread that runs it:
+   - compute_s: in ops. On the CPU backend an op runs inside the call, so this
+     is the time the device computed; on Vulkan and CUDA an op only records or
+     launches work, so it is the host's cost of driving the device, and the
+     device's own busy time shows in gpu_util_pct (NVIDIA) instead.
+   - collective_s: in collectives, waiting for the other members included (a
+     straggler shows as the one device that waits least), asynchronous ones
+     too (they overlap compute, so the times may add up to more than window_s).
+   - transfer_s: copying between host and device (dpar_buffer_write/read and
+     what is built on them: array puts and gets, graph feeds).
+   - idle: window_s minus the three, when positive (the host's own work, data
+     loading, a device waiting for its dispatch).
+   gpu_util_pct, temperature_c and power_w are read from NVML (libnvidia-ml,
+   opened at run time) when the stats are read, on the CUDA backend; -1
+   where there is no such reading (other backends, no NVML, a virtual device
+   reports its GPU's). */
 typedef struct dpar_device_stats {
     uint64_t memory_in_use;        /* bytes of the device's live buffers */
-    uint64_t memory_peak;          /* high-water mark of memory_in_use */
+    uint64_t memory_peak;          /* high-water mark of memory_in_use in the window */
     uint64_t buffers;              /* live buffers */
     uint64_t ops;                  /* ops run */
     uint64_t collectives;          /* collectives this device took part in */
     uint64_t collective_bytes_in;  /* sum of their input buffers' bytes */
     uint64_t collective_bytes_out; /* sum of their output buffers' bytes */
+    double window_s;               /* wall time of the window, seconds */
+    double compute_s;              /* in ops, seconds (see above) */
+    double collective_s;           /* in collectives, seconds */
+    double transfer_s;             /* in host <-> device copies, seconds */
+    int gpu_util_pct;              /* NVML: percent of the window's last sample period the GPU ran kernels; -1 */
+    int temperature_c;             /* NVML: GPU core temperature, degrees C; -1 */
+    double power_w;                /* NVML: board power draw, watts; -1 */
 } dpar_device_stats;
 /* Stats of `device` (a device of this process).
    Errors: DPAR_ERR_INVALID_ARGUMENT (NULL, device out of range). */
 DPAR_API dpar_status dpar_runtime_device_stats(const dpar_runtime *rt, int device, dpar_device_stats *out);
-/* Sets every device's memory_peak to its memory_in_use, and zeroes the op
-   and collective counters. */
+/* Starts a new window: every device's memory_peak becomes its memory_in_use,
+   and the op and collective counters and the times are zeroed. */
 DPAR_API void dpar_runtime_stats_reset(dpar_runtime *rt);
 
 /* ---------------------------------------------------------------------------
@@ -2123,6 +2148,9 @@ typedef struct dpar__backend_iface {
        no two processes open one device. NULL: the devices are emulated and
        may be shared (CPU). */
     void (*physical_device)(void *state, int dev, int *index, unsigned char uuid[16]);
+    /* optional: fills out's gpu_util_pct, temperature_c, power_w for local
+       device dev where the backend can read them (NVML), else leaves them */
+    void (*health)(void *state, int dev, dpar_device_stats *out);
 } dpar__backend_iface;
 
 static const dpar__backend_iface *dpar__cpu_iface(void);
@@ -2263,7 +2291,7 @@ struct dpar_runtime {
     struct dpar_mesh *meshes;
     int thread_init_failed;
     char thread_init_msg[DPAR__ERR_LEN];
-    struct dpar__obs *obs; /* stats and trace ids (Data-parallel helper, tracing, stats) */
+    struct dpar__obs *obs;          /* stats and trace ids (Data-parallel helper, tracing, stats) */
     struct dpar_request *async_req; /* the step in flight (>>async dispatch), atomic; NULL: none */
     int lent;                       /* buffers lent by dpar_vulkan_buffer_export (atomic) */
 };
@@ -2277,6 +2305,8 @@ static dpar_status dpar__obs_init(dpar_runtime *rt);
 static void dpar__obs_free(dpar_runtime *rt);
 static void dpar__obs_mem(dpar_runtime *rt, int dev, int64_t delta);
 static void dpar__obs_count_op(dpar_runtime *rt, int dev);
+enum { DPAR__OBS_COMPUTE, DPAR__OBS_COLL, DPAR__OBS_TRANSFER }; /* the stats' times */
+static void dpar__obs_time(dpar_runtime *rt, int dev, int what, double t0_us);
 static dpar_status dpar__trace_op(dpar__op *op);
 static dpar_status dpar__coll_run(dpar_ctx *ctx, const struct dpar__cargs *a, int comm);
 static void dpar__trace_event(int pid, int tid, const char *name, const char *cat, double t0, double t1, int64_t bytes);
@@ -2287,7 +2317,7 @@ static int dpar__spin_zero(const void *word, uint64_t unused);
 static int dpar__spin_until(int (*done)(const void *, uint64_t), const void *word, uint64_t seen, const int *abort_flag,
                             int nthreads);
 
-static DPAR__TLS dpar__worker *dpar__self_worker; /* non-NULL on a worker / comm thread */
+static DPAR__TLS dpar__worker *dpar__self_worker;       /* non-NULL on a worker / comm thread */
 static DPAR__TLS struct dpar_request *dpar__async_self; /* the step this thread runs (>>async dispatch) */
 /* The thread-safety rule of non-blocking dispatch and Vulkan loans: while a step of rt is in flight only
    its own threads may touch rt's objects; a lent buffer (b, may be NULL) is not touched at all. */
@@ -2834,7 +2864,10 @@ DPAR_API dpar_status dpar_buffer_write(dpar_buffer *b, size_t offset, const void
                          "dpar_buffer_write: bytes [%zu, %zu) are outside the %zu-byte buffer", offset, offset + nbytes,
                          b->nbytes);
     if (!nbytes) return DPAR_OK;
-    return b->rt->be->write(b->rt->bstate, b->device, b->mem, offset, src, nbytes);
+    double t0 = dpar__now_us();
+    dpar_status s = b->rt->be->write(b->rt->bstate, b->device, b->mem, offset, src, nbytes);
+    dpar__obs_time(b->rt, b->device, DPAR__OBS_TRANSFER, t0);
+    return s;
 }
 DPAR_API dpar_status dpar_buffer_read(const dpar_buffer *b, size_t offset, void *dst, size_t nbytes) {
     dpar__clear_error();
@@ -2847,7 +2880,10 @@ DPAR_API dpar_status dpar_buffer_read(const dpar_buffer *b, size_t offset, void 
                          "dpar_buffer_read: bytes [%zu, %zu) are outside the %zu-byte buffer", offset, offset + nbytes,
                          b->nbytes);
     if (!nbytes) return DPAR_OK;
-    return b->rt->be->read(b->rt->bstate, b->device, b->mem, offset, dst, nbytes);
+    double t0 = dpar__now_us();
+    dpar_status s = b->rt->be->read(b->rt->bstate, b->device, b->mem, offset, dst, nbytes);
+    dpar__obs_time(b->rt, b->device, DPAR__OBS_TRANSFER, t0);
+    return s;
 }
 /* map / unmap: the checks, then the backend's host view (NULL: not host-visible) */
 static dpar_status dpar__buffer_view(const dpar_buffer *b, size_t offset, size_t nbytes, const char *fn, char **host) {
@@ -5427,9 +5463,13 @@ static dpar_status dpar__scalar_out(const char *name, const dpar_buffer *b) {
 }
 static dpar_status dpar__op_run(dpar__op *op) {
     dpar_runtime *rt = op->dst->rt;
-    dpar__obs_count_op(rt, op->dst->device);
-    if (__builtin_expect(DPAR__ATOMIC_LOAD(&dpar__trace_on), 0)) return dpar__trace_op(op);
-    return rt->be->op(rt->bstate, op->dst->device, op); /* backend-local index */
+    int dev = op->dst->device; /* backend-local index */
+    double t0 = dpar__now_us();
+    dpar__obs_count_op(rt, dev);
+    dpar_status s =
+        __builtin_expect(DPAR__ATOMIC_LOAD(&dpar__trace_on), 0) ? dpar__trace_op(op) : rt->be->op(rt->bstate, dev, op);
+    dpar__obs_time(rt, dev, DPAR__OBS_COMPUTE, t0);
+    return s;
 }
 static void dpar__op_init(dpar__op *op, dpar__op_kind k, dpar_buffer *dst) {
     memset(op, 0, sizeof *op);
@@ -7744,7 +7784,7 @@ struct dpar_graph {
     dpar_buffer **sgd_ptrs; /* [li][4][n] params, grads, optimizer state (momentum / AdamW m, v) */
     dpar_request **reqs;    /* [node * nlocal + li] async reductions in flight */
     dpar_graph_stats stats;
-    struct dpar__gz1 *z1;   /* ZeRO-1 (dpar_graph_zero1), NULL: off */
+    struct dpar__gz1 *z1; /* ZeRO-1 (dpar_graph_zero1), NULL: off */
 };
 
 /* ---- building: validity, errors, nodes ---- */
@@ -9370,8 +9410,8 @@ static dpar_status dpar__g_z1_rewrite(dpar_graph *g, const char *fn, const dpar_
                                "%s: param %s is split over mesh axes; ZeRO-1 shards replicated params only", fn,
                                dpar__g_label(g, p, l, sizeof l));
         if ((g->n[r].kind != DPAR__G_PSUM && g->n[r].kind != DPAR__G_PMEAN) || g->n[r].axes != z->mask) {
-            dpar__g_axes_text(g, g->n[r].kind == DPAR__G_PSUM || g->n[r].kind == DPAR__G_PMEAN ? g->n[r].axes : 0,
-                              ax, sizeof ax);
+            dpar__g_axes_text(g, g->n[r].kind == DPAR__G_PSUM || g->n[r].kind == DPAR__G_PMEAN ? g->n[r].axes : 0, ax,
+                              sizeof ax);
             return dpar__g_err(g, DPAR_ERR_INVALID_ARGUMENT,
                                "%s: the gradient %s of %s is not an all-reduce over exactly \"%s\" (it reduces over "
                                "\"%s\"); ZeRO-1 needs the gradients of dpar_graph_value_and_grad of a loss that "
@@ -9410,7 +9450,8 @@ static dpar_status dpar__g_z1_alloc(dpar_graph *g, int nstate) {
     z->count = (int64_t *)DPAR_MALLOC((size_t)(2 * np) * sizeof(int64_t));
     z->state = (dpar_array **)DPAR_MALLOC((size_t)(2 * np) * sizeof(dpar_array *));
     z->blk = (dpar_buffer **)DPAR_MALLOC((size_t)(2 * np * nl) * sizeof(dpar_buffer *));
-    if (!z->count || !z->state || !z->blk) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_graph_compile: out of memory");
+    if (!z->count || !z->state || !z->blk)
+        return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_graph_compile: out of memory");
     memset(z->state, 0, (size_t)(2 * np) * sizeof(dpar_array *));
     memset(z->blk, 0, (size_t)(2 * np * nl) * sizeof(dpar_buffer *));
     z->padded = z->count + np;
@@ -9466,7 +9507,8 @@ static dpar_status dpar__g_z1_step(dpar_graph *g, dpar_ctx *ctx, int li) {
         dpar__g_buf(g, g->opt.params[k], li);
     }
     if (!s && g->opt.adamw) s = dpar_adamw_step(ctx, &g->opt.ad, p, p + n, p + 2 * n, p + 3 * n, n, g->opt.step + 1);
-    if (!s && !g->opt.adamw) s = dpar_sgd_step(ctx, &g->opt.d, p, p + n, g->opt.d.momentum != 0.0f ? p + 2 * n : NULL, n);
+    if (!s && !g->opt.adamw)
+        s = dpar_sgd_step(ctx, &g->opt.d, p, p + n, g->opt.d.momentum != 0.0f ? p + 2 * n : NULL, n);
     for (int k = 0; k < n && !s; k++) { /* the updated blocks back into every replica */
         dpar_buffer *x = dpar__g_buf(g, g->opt.params[k], li), *pad = z->pad[k * nl + li];
         x->ndim = 1;
@@ -10286,10 +10328,12 @@ static double dpar__now_us(void) {
 typedef struct dpar__devstats {
     uint64_t in_use, peak, buffers;           /* under rt->list_mu */
     uint64_t ops, colls, bytes_in, bytes_out; /* atomic (worker and comm threads) */
+    uint64_t ns[3];                           /* atomic: DPAR__OBS_COMPUTE, _COLL, _TRANSFER */
 } dpar__devstats;
 struct dpar__obs {
     int pid; /* trace process id of this runtime */
     int nlocal;
+    double window_us;      /* start of the stats window (dpar__now_us); under rt->list_mu */
     dpar__devstats dev[1]; /* [nlocal] */
 };
 
@@ -10366,11 +10410,12 @@ static dpar_status dpar__trace_op(dpar__op *op) {
     return s;
 }
 static dpar_status dpar__coll_run(dpar_ctx *ctx, const struct dpar__cargs *a, int comm) {
-    double t0 = DPAR__ATOMIC_LOAD(&dpar__trace_on) ? dpar__now_us() : 0.0;
+    double t0 = dpar__now_us();
     dpar_status s = dpar__coll_exec(ctx, a);
     dpar_runtime *rt = ctx->rt;
+    int li = ctx->device - rt->local_base;
+    dpar__obs_time(rt, li, DPAR__OBS_COLL, t0);
     if (rt->obs && s == DPAR_OK && a->in && a->out) {
-        int li = ctx->device - rt->local_base;
         if (li >= 0 && li < rt->obs->nlocal) {
             dpar__devstats *d = &rt->obs->dev[li];
             __atomic_fetch_add(&d->colls, 1, __ATOMIC_RELAXED);
@@ -10378,7 +10423,7 @@ static dpar_status dpar__coll_run(dpar_ctx *ctx, const struct dpar__cargs *a, in
             __atomic_fetch_add(&d->bytes_out, (uint64_t)a->out->nbytes, __ATOMIC_RELAXED);
         }
     }
-    if (t0 > 0.0)
+    if (DPAR__ATOMIC_LOAD(&dpar__trace_on))
         dpar__trace_event(dpar__trace_pid(rt), comm ? DPAR__TID_COMM + ctx->device : ctx->device,
                           dpar__coll_name(a->kind, a->op), comm ? "collective async" : "collective", t0, dpar__now_us(),
                           a->in ? (int64_t)a->in->nbytes : 0);
@@ -10394,6 +10439,12 @@ static void dpar__obs_mem(dpar_runtime *rt, int dev, int64_t delta) { /* under r
 static void dpar__obs_count_op(dpar_runtime *rt, int dev) {
     if (rt->obs && dev >= 0 && dev < rt->obs->nlocal) __atomic_fetch_add(&rt->obs->dev[dev].ops, 1, __ATOMIC_RELAXED);
 }
+/* Adds the time since t0_us (dpar__now_us) to local device dev's `what`. */
+static void dpar__obs_time(dpar_runtime *rt, int dev, int what, double t0_us) {
+    if (!rt->obs || dev < 0 || dev >= rt->obs->nlocal) return;
+    double ns = (dpar__now_us() - t0_us) * 1e3;
+    if (ns > 0) __atomic_fetch_add(&rt->obs->dev[dev].ns[what], (uint64_t)ns, __ATOMIC_RELAXED);
+}
 
 static void dpar__trace_atexit_fn(void) {
     if (DPAR__ATOMIC_LOAD(&dpar__trace_on)) dpar_trace_end();
@@ -10404,6 +10455,7 @@ static dpar_status dpar__obs_init(dpar_runtime *rt) {
                                                     (size_t)(rt->nlocal > 0 ? rt->nlocal : 1) * sizeof(dpar__devstats));
     if (!o) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_runtime_create: out of host memory");
     o->nlocal = rt->nlocal;
+    o->window_us = dpar__now_us();
     pthread_mutex_lock(&dpar__trace_mu);
     int first = !dpar__trace_env_done;
     dpar__trace_env_done = 1;
@@ -10577,6 +10629,15 @@ DPAR_API dpar_status dpar_runtime_device_stats(const dpar_runtime *rt, int devic
     out->collectives = __atomic_load_n(&d->colls, __ATOMIC_RELAXED);
     out->collective_bytes_in = __atomic_load_n(&d->bytes_in, __ATOMIC_RELAXED);
     out->collective_bytes_out = __atomic_load_n(&d->bytes_out, __ATOMIC_RELAXED);
+    pthread_mutex_lock((pthread_mutex_t *)&rt->list_mu);
+    out->window_s = (dpar__now_us() - rt->obs->window_us) * 1e-6;
+    pthread_mutex_unlock((pthread_mutex_t *)&rt->list_mu);
+    out->compute_s = (double)__atomic_load_n(&d->ns[DPAR__OBS_COMPUTE], __ATOMIC_RELAXED) * 1e-9;
+    out->collective_s = (double)__atomic_load_n(&d->ns[DPAR__OBS_COLL], __ATOMIC_RELAXED) * 1e-9;
+    out->transfer_s = (double)__atomic_load_n(&d->ns[DPAR__OBS_TRANSFER], __ATOMIC_RELAXED) * 1e-9;
+    out->gpu_util_pct = out->temperature_c = -1;
+    out->power_w = -1;
+    if (rt->be->health) rt->be->health(rt->bstate, li, out); /* NVML readings; leaves -1 where it has none */
     return DPAR_OK;
 }
 DPAR_API void dpar_runtime_stats_reset(dpar_runtime *rt) {
@@ -10589,7 +10650,9 @@ DPAR_API void dpar_runtime_stats_reset(dpar_runtime *rt) {
         __atomic_store_n(&d->colls, 0, __ATOMIC_RELAXED);
         __atomic_store_n(&d->bytes_in, 0, __ATOMIC_RELAXED);
         __atomic_store_n(&d->bytes_out, 0, __ATOMIC_RELAXED);
+        for (int k = 0; k < 3; k++) __atomic_store_n(&d->ns[k], 0, __ATOMIC_RELAXED);
     }
+    rt->obs->window_us = dpar__now_us();
     pthread_mutex_unlock(&rt->list_mu);
 }
 
@@ -12164,7 +12227,8 @@ static const dpar__backend_iface dpar__cpu_backend = {
     NULL /* cross_id */,
     NULL /* device_status */,
     NULL /* visible_devices */,
-    NULL /* physical_device: emulated devices */
+    NULL /* physical_device: emulated devices */,
+    NULL /* health: no GPU readings */
 };
 static const dpar__backend_iface *dpar__cpu_iface(void) {
     return &dpar__cpu_backend;

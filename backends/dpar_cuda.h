@@ -137,7 +137,7 @@ enum {
 };
 
 typedef struct dpar__cu_api {
-    void *lib_cuda, *lib_blas, *lib_nccl;
+    void *lib_cuda, *lib_blas, *lib_nccl, *lib_nvml;
     int driver_version, nccl_version;
     char blas_name[32];
     /* driver */
@@ -203,6 +203,12 @@ typedef struct dpar__cu_api {
     int (*ncclRecv)(void *, size_t, int, int, dpar__ncclComm, dpar__CUstream);
     int (*ncclGroupStart)(void);
     int (*ncclGroupEnd)(void);
+    /* NVML (optional): dpar_device_stats' utilization, temperature, power */
+    int (*nvmlInit)(void);
+    int (*nvmlDeviceGetHandleByUUID)(const char *, void **);
+    int (*nvmlDeviceGetUtilizationRates)(void *, unsigned *); /* nvmlUtilization_t: { gpu, memory } percent */
+    int (*nvmlDeviceGetTemperature)(void *, int, unsigned *); /* sensor 0: NVML_TEMPERATURE_GPU, degrees C */
+    int (*nvmlDeviceGetPowerUsage)(void *, unsigned *);       /* milliwatts */
 } dpar__cu_api;
 
 /* Kernels of kernels/dpar_kernels.cu, then kernels/elementwise.cu, in this order. */
@@ -415,6 +421,24 @@ static void *dpar__cu_sym(void *lib, const char *name, const char *libname, int 
 #define DPAR__CU_SYM(lib, field, name, libname) \
     (*(void **)(&dpar__cu.field) = dpar__cu_sym((lib), (name), (libname), &missing))
 
+/* NVML (libnvidia-ml.so.1, installed with the driver) is optional: without it
+   or with a failed nvmlInit, the stats' GPU readings stay -1. */
+static void dpar__cu_load_nvml(void) {
+    void *l = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!l) return;
+    *(void **)&dpar__cu.nvmlInit = dlsym(l, "nvmlInit_v2");
+    *(void **)&dpar__cu.nvmlDeviceGetHandleByUUID = dlsym(l, "nvmlDeviceGetHandleByUUID");
+    *(void **)&dpar__cu.nvmlDeviceGetUtilizationRates = dlsym(l, "nvmlDeviceGetUtilizationRates");
+    *(void **)&dpar__cu.nvmlDeviceGetTemperature = dlsym(l, "nvmlDeviceGetTemperature");
+    *(void **)&dpar__cu.nvmlDeviceGetPowerUsage = dlsym(l, "nvmlDeviceGetPowerUsage");
+    if (!dpar__cu.nvmlInit || !dpar__cu.nvmlDeviceGetHandleByUUID || !dpar__cu.nvmlDeviceGetUtilizationRates ||
+        !dpar__cu.nvmlDeviceGetTemperature || !dpar__cu.nvmlDeviceGetPowerUsage || dpar__cu.nvmlInit() != 0) {
+        dlclose(l);
+        return;
+    }
+    dpar__cu.lib_nvml = l;
+}
+
 static void dpar__cu_load(void) {
     int missing = 0;
     void *l = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
@@ -526,6 +550,7 @@ static void dpar__cu_load(void) {
             dpar__cu.ncclGetVersion(&dpar__cu.nccl_version);
         }
     }
+    dpar__cu_load_nvml();
     dpar__cu.cuDriverGetVersion(&dpar__cu.driver_version);
 }
 
@@ -1017,6 +1042,23 @@ static void dpar__cu_physical_device(void *state, int dev, int *index, unsigned 
     const dpar__cu_phys *p = &st->phys[st->dev[dev].phys];
     *index = p->ordinal;
     memcpy(uuid, p->uuid.bytes, 16);
+}
+
+/* NVML's readings for the GPU behind local device dev, found by its UUID
+   (NVML's and CUDA's device orders can differ). */
+static void dpar__cu_health(void *state, int dev, dpar_device_stats *out) {
+    if (!dpar__cu.lib_nvml) return;
+    const dpar__cu_state *st = (const dpar__cu_state *)state;
+    const unsigned char *u = (const unsigned char *)st->phys[st->dev[dev].phys].uuid.bytes;
+    char id[48];
+    snprintf(id, sizeof id, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1],
+             u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+    void *h = NULL;
+    unsigned util[2], temp, mw;
+    if (dpar__cu.nvmlDeviceGetHandleByUUID(id, &h) != 0) return;
+    if (dpar__cu.nvmlDeviceGetUtilizationRates(h, util) == 0) out->gpu_util_pct = (int)util[0];
+    if (dpar__cu.nvmlDeviceGetTemperature(h, 0, &temp) == 0) out->temperature_c = (int)temp;
+    if (dpar__cu.nvmlDeviceGetPowerUsage(h, &mw) == 0) out->power_w = mw * 1e-3;
 }
 
 static dpar_status dpar__cu_thread_init(void *state, int dev) {
@@ -2254,7 +2296,8 @@ static const dpar__backend_iface *dpar__cuda_iface(void) {
                                                dpar__cu_cross_id,
                                                dpar__cu_device_status,
                                                dpar__cu_visible_devices,
-                                               dpar__cu_physical_device };
+                                               dpar__cu_physical_device,
+                                               dpar__cu_health };
     return &iface;
 }
 

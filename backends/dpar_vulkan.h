@@ -2428,6 +2428,7 @@ static const dpar__backend_iface *dpar__vulkan_iface(void) {
         NULL, /* device_status: every wait reports its own error */
         NULL, /* visible_devices */
         dpar__vk_physical_device,
+        NULL, /* health: no vendor-neutral readings */
     };
     return &iface;
 }

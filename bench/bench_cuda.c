@@ -12,7 +12,9 @@
         on a 1-rank communicator (1 MB, 64 MB, 256 MB f32): time and ratio.
 
    Every figure is measured here; nothing is assumed. Without a GPU (or in a
-   build without DPAR_CUDA) it prints "SKIPPED: <reason>" and exits 0.
+   build without DPAR_CUDA) it prints "SKIPPED: <reason>" and exits 0, or
+   "FAIL: <reason>" and exits 1 when DPAR_REQUIRE_BACKENDS lists cuda (as
+   scripts/gpu-check.sh sets it).
    Usage: bench_cuda [--quick] [--mb N]
      --quick  fewer repetitions and small matrix products (a smoke test)
      --mb N   buffer size for (1), (2) and the largest all-reduce (default 256) */
@@ -314,14 +316,17 @@ int main(int argc, char **argv) {
     dpar_runtime_desc rd = { .backend = DPAR_BACKEND_CUDA, .num_devices = 1 };
     dpar_runtime *rt = NULL;
     dpar_status s = dpar_runtime_create(&rd, &rt);
+    const char *req = getenv("DPAR_REQUIRE_BACKENDS");
+    int required = req && strstr(req, "cuda");
     if (s == DPAR_ERR_BACKEND_UNAVAILABLE) {
-        printf("SKIPPED: cuda backend unavailable: %s\n", dpar_last_error());
-        return 0;
+        printf("%s: cuda backend unavailable: %s\n", required ? "FAIL" : "SKIPPED", dpar_last_error());
+        return required;
     }
     CHECK(s);
     if (!load_raw()) {
-        printf("SKIPPED: could not open the CUDA driver directly for the reference figures\n");
-        return 0;
+        printf("%s: could not open the CUDA driver directly for the reference figures\n",
+               required ? "FAIL" : "SKIPPED");
+        return required;
     }
     dpar_device_info info;
     CHECK(dpar_runtime_device_info(rt, 0, &info));

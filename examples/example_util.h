@@ -90,4 +90,28 @@ static inline int ex_parse(const char *prog, int argc, char **argv, const ex_fla
     return 0;
 }
 
+/* ---------------------------------------------------------------- monitor */
+/* --monitor 1: after each epoch, one line per device of this process from
+   dpar_runtime_device_stats over the epoch's window, then a new window:
+   the shares of the window spent in ops, in collectives (waiting included)
+   and in host <-> device copies, the rest idle; memory now and its peak;
+   on NVIDIA, NVML's utilization, temperature and power. A straggler shows as
+   the device that waits least in collectives. */
+static inline void ex_monitor(dpar_runtime *rt) {
+    for (int d = 0; d < dpar_runtime_device_count(rt); d++) {
+        dpar_device_stats st;
+        if (dpar_runtime_device_stats(rt, d, &st) != DPAR_OK) continue; /* another process's device */
+        double w = st.window_s > 0 ? st.window_s : 1, idle = w - st.compute_s - st.collective_s - st.transfer_s;
+        printf("monitor: device %d  compute %5.1f%%  collective %5.1f%%  transfer %5.1f%%  idle %5.1f%%  "
+               "memory %.1f MiB (peak %.1f)",
+               d, 100 * st.compute_s / w, 100 * st.collective_s / w, 100 * st.transfer_s / w,
+               idle > 0 ? 100 * idle / w : 0.0, (double)st.memory_in_use / 1048576, (double)st.memory_peak / 1048576);
+        if (st.gpu_util_pct >= 0) printf("  gpu %d%%", st.gpu_util_pct);
+        if (st.temperature_c >= 0) printf("  %d C", st.temperature_c);
+        if (st.power_w >= 0) printf("  %.0f W", st.power_w);
+        printf("\n");
+    }
+    dpar_runtime_stats_reset(rt);
+}
+
 #endif

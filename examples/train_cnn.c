@@ -30,6 +30,7 @@
 typedef struct {
     const char *backend, *path, *optimizer;
     int devices, epochs, batch, seed, steps;
+    int monitor; /* --monitor 1: per-device time shares after each epoch (ex_monitor) */
     float lr, weight_decay, momentum;
 } cnn_opts;
 
@@ -45,7 +46,8 @@ static int cnn_parse(int argc, char **argv, cnn_opts *o) {
                           { "--steps", EX_INT, &o->steps },
                           { "--lr", EX_FLOAT, &o->lr },
                           { "--weight-decay", EX_FLOAT, &o->weight_decay },
-                          { "--momentum", EX_FLOAT, &o->momentum } };
+                          { "--momentum", EX_FLOAT, &o->momentum },
+                          { "--monitor", EX_INT, &o->monitor } };
     if (ex_parse("train_cnn", argc, argv, f, (int)(sizeof f / sizeof f[0]))) return 2;
     if (o->devices < 1 || o->epochs < 1 || o->batch < 1 || o->steps < 0) {
         fprintf(stderr, "train_cnn: --devices, --epochs and --batch must be >= 1, --steps >= 0\n");
@@ -219,6 +221,7 @@ int main(int argc, char **argv) {
     int32_t *yb = malloc((size_t)o.batch * sizeof(int32_t)), *y_test = malloc(MNIST_NTEST * sizeof(int32_t));
     mnist_gather(&md, md.test_idx, MNIST_NTEST, x_test, y_test);
     double epoch_loss = 0.0, acc = 0.0;
+    if (o.monitor) dpar_runtime_stats_reset(rt); /* the first window starts with training */
     for (int e = 1; e <= o.epochs; e++) {
         shuffle(md.train_idx, md.ntrain);
         double t0 = now_s(), shown = t0, sum = 0.0;
@@ -239,6 +242,7 @@ int main(int argc, char **argv) {
         epoch_loss = sum / steps;
         if (cnn_accuracy(eval, xt, logits, x_test, y_test, o.devices, logit_buf, &acc)) return digits_fail("test");
         printf("epoch %3d  loss %.8f  test_accuracy %.4f  samples/s %.0f\n", e, epoch_loss, acc, steps * o.batch / dt);
+        if (o.monitor) ex_monitor(rt);
         fflush(stdout);
     }
     printf("final: backend=%s devices=%d model=cnn data=mnist epochs=%d test_accuracy=%.4f train_loss=%.8f\n",

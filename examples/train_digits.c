@@ -51,6 +51,7 @@ static dpar_status build_step(dpar_mesh *mesh, dpar_array *const param[NPARAM], 
 }
 
 int main(int argc, char **argv) {
+    int monitor = 0; /* --monitor 1: per-device time shares after each epoch (ex_monitor) */
     digits_opts o = { .backend = "cpu",
                       .path = "examples/data/digits.csv.gz",
                       .devices = 4,
@@ -59,7 +60,9 @@ int main(int argc, char **argv) {
                       .seed = 42,
                       .hidden = 128,
                       .lr = 0.1f,
-                      .momentum = 0.9f };
+                      .momentum = 0.9f,
+                      .extra_name = { "--monitor" },
+                      .extra_val = { &monitor } };
     if (digits_parse("train_digits", argc, argv, &o)) return 2;
     const char *backend = o.backend;
     int devices = o.devices, epochs = o.epochs, batch = o.batch, hidden = o.hidden;
@@ -143,6 +146,7 @@ int main(int argc, char **argv) {
     int steps = ntrain / batch; /* drop the last partial batch: the global batch is constant */
     dpar_shard_map_desc eval = { .fn = digits_eval_step, .user = param, .num_args = 3, .args = { tx, th, tl } };
     double epoch_loss = 0.0, acc = 0.0;
+    if (monitor) dpar_runtime_stats_reset(rt); /* the first window starts with training */
     for (int e = 1; e <= epochs; e++) {
         shuffle(train_idx, ntrain);
         double t0 = now_s(), sum = 0.0;
@@ -167,6 +171,7 @@ int main(int argc, char **argv) {
         if (proc == 0)
             printf("epoch %3d  loss %.8f  test_accuracy %.4f  samples/s %.0f\n", e, epoch_loss, acc,
                    steps * batch / dt);
+        if (monitor) ex_monitor(rt);
         fflush(stdout);
     }
     if (proc == 0)

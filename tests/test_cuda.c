@@ -86,6 +86,17 @@ static void test_device_info(void **state) {
         }
         printf("device %d: %s (%s, %s), %llu MiB, physical %d\n", d, info.name, info.vendor, info.driver,
                (unsigned long long)(info.memory_bytes >> 20), info.physical_index);
+        /* NVML's readings (the driver ships NVML; the mock gives 37%, 48 C, 215.5 W) */
+        dpar_device_stats st;
+        T_OK(dpar_runtime_device_stats(rt, d, &st));
+        printf("device %d: gpu %d%%, %d C, %.1f W\n", d, st.gpu_util_pct, st.temperature_c, st.power_w);
+        if (on_cpu()) {
+            assert_int_equal(st.gpu_util_pct, -1);
+        } else {
+            assert_true(st.gpu_util_pct >= 0 && st.gpu_util_pct <= 100);
+            assert_true(st.temperature_c > 0 && st.temperature_c < 130);
+            assert_true(st.power_w > 0 && st.power_w < 5000);
+        }
     }
     dpar_runtime_destroy(rt);
 }

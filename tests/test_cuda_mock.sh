@@ -30,7 +30,7 @@ if [ ! -f "$MOCK/libdparmock.so" ] ||
         exit 0
     fi
 fi
-for l in libcuda.so.1 libcublas.so.13 libnccl.so.2; do ln -sf libdparmock.so "$MOCK/$l"; done
+for l in libcuda.so.1 libcublas.so.13 libnccl.so.2 libnvidia-ml.so.1; do ln -sf libdparmock.so "$MOCK/$l"; done
 log=$(mktemp)
 unset DPAR_REQUIRE_BACKENDS DPAR_BACKEND DPAR_DEVICES
 

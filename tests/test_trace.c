@@ -5,6 +5,7 @@
 #include "testutil.h"
 #include <unistd.h>
 #include <ctype.h>
+#include <time.h>
 
 /* ---- a strict JSON validator (RFC 8259), enough to reject a broken file ---- */
 static const char *js_ws(const char *p) {
@@ -274,6 +275,55 @@ static void test_stats(void **state) {
     dpar_runtime_destroy(rt);
 }
 
+/* stats' times: device 1 arrives 200 ms late at a psum, so device 0 spends
+   that long in the collective, and the straggler shows as the device that
+   waited least; the times fit in the window; a reset zeroes them; the CPU
+   backend has no GPU readings (-1). */
+static dpar_status late_psum(dpar_ctx *ctx, void *user) {
+    (void)user;
+    dpar_buffer *a = dpar_ctx_arg(ctx, 0);
+    dpar_status s = dpar_scale(a, 2.0f);
+    if (s) return s;
+    if (dpar_ctx_device(ctx) == 1) {
+        struct timespec ts = { 0, 200 * 1000 * 1000 };
+        nanosleep(&ts, NULL);
+    }
+    return dpar_psum(ctx, a, a, "data");
+}
+static void test_stats_times(void **state) {
+    (void)state;
+    dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 2);
+    dpar_mesh *m = t_mesh1(rt, 2, "data");
+    dpar_array *a;
+    dpar_array_desc d = { .dtype = DPAR_F32, .ndim = 1, .shape = { 1 << 16 } };
+    T_OK(dpar_array_create(m, &d, &a));
+    float *host = calloc(1 << 16, sizeof(float));
+    dpar_runtime_stats_reset(rt);
+    T_OK(dpar_array_put(a, host));
+    dpar_shard_map_desc sd = { .fn = late_psum, .num_args = 1, .args = { a } };
+    T_OK(dpar_shard_map(m, &sd));
+    dpar_device_stats st[2];
+    for (int dev = 0; dev < 2; dev++) {
+        T_OK(dpar_runtime_device_stats(rt, dev, &st[dev]));
+        assert_true(st[dev].window_s >= 0.2);
+        assert_true(st[dev].compute_s > 0 && st[dev].transfer_s > 0 && st[dev].collective_s > 0);
+        assert_true(st[dev].compute_s + st[dev].collective_s + st[dev].transfer_s <= st[dev].window_s);
+        assert_int_equal(st[dev].gpu_util_pct, -1);
+        assert_int_equal(st[dev].temperature_c, -1);
+        assert_true(st[dev].power_w == -1);
+    }
+    if (!(st[0].collective_s >= 0.1 && st[1].collective_s < st[0].collective_s))
+        fail_msg("device 0 waited %.3f s in the psum, the late device 1 %.3f s: want >= 0.1 and less",
+                 st[0].collective_s, st[1].collective_s);
+    dpar_runtime_stats_reset(rt);
+    T_OK(dpar_runtime_device_stats(rt, 0, &st[0]));
+    assert_true(st[0].compute_s == 0 && st[0].collective_s == 0 && st[0].transfer_s == 0);
+    assert_true(st[0].window_s >= 0 && st[0].window_s < 0.2);
+    free(host);
+    dpar_array_destroy(a);
+    dpar_runtime_destroy(rt);
+}
+
 static int setup(void **state) {
     (void)state;
     snprintf(tmpdir, sizeof tmpdir, "/tmp/dpar_trace_XXXXXX");
@@ -291,6 +341,7 @@ int main(void) {
         cmocka_unit_test(test_env_trace),
         cmocka_unit_test(test_api_trace),
         cmocka_unit_test(test_stats),
+        cmocka_unit_test(test_stats_times),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1846,6 +1846,34 @@ int ncclGroupEnd(void) {
 int mock_cuda_launches(void) {
     return g_launches;
 }
+
+/* NVML, as the backend's stats read it: fixed readings per GPU (utilization
+   37%, 48 C, 215.5 W), for a handle found by a "GPU-..." UUID string. */
+static int g_nvml_handle;
+int nvmlInit_v2(void) {
+    return 0;
+}
+int nvmlDeviceGetHandleByUUID(const char *uuid, void **h) {
+    if (!uuid || strncmp(uuid, "GPU-", 4) != 0 || !h) return 2; /* NVML_ERROR_INVALID_ARGUMENT */
+    *h = &g_nvml_handle;
+    return 0;
+}
+int nvmlDeviceGetUtilizationRates(void *h, unsigned *util) {
+    if (h != &g_nvml_handle) return 2;
+    util[0] = 37;
+    util[1] = 12;
+    return 0;
+}
+int nvmlDeviceGetTemperature(void *h, int sensor, unsigned *t) {
+    if (h != &g_nvml_handle || sensor != 0) return 2;
+    *t = 48;
+    return 0;
+}
+int nvmlDeviceGetPowerUsage(void *h, unsigned *mw) {
+    if (h != &g_nvml_handle) return 2;
+    *mw = 215500;
+    return 0;
+}
 } // extern "C"
 
 // MOCK_CUDA_REPORT=1: at exit, print the allocations never freed (by size)
