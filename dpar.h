@@ -1510,6 +1510,30 @@ DPAR_API dpar_status dpar_graph_adamw(dpar_graph *g, const dpar_adamw_desc *d, c
    its gradient is not an all-reduce over exactly `axes` (the loss must vary over them: a batch split
    over them) or when another node reads the gradient. */
 DPAR_API dpar_status dpar_graph_zero1(dpar_graph *g, const char *axes);
+/* Pipeline stages (GPipe, Huang et al. 2019; PyTorch's pipe_split + ScheduleGPipe): the stages of the
+   model run on the devices along mesh axis `axis` (one stage per device of the axis), the batch in
+   `num_microbatches` micro-batches. Call right after dpar_graph_create; then build the model for ONE
+   micro-batch: feeds still take the global batch (its rows per device must split into
+   num_microbatches micro-batches; the feed value is one of them), and dpar_g_pipe_split(g, x) ends a
+   stage: x goes to the next stage (ppermute over `axis`; in the backward pass its gradient comes
+   back). Mark exactly (devices along axis) - 1 boundaries and differentiate a loss of the last stage.
+   A run: M + S - 1 forward ticks (stage s runs micro-batch t - s at tick t, then every boundary passes
+   its value on), as many backward ticks, then the loss (the mean over the micro-batches) and each
+   gradient (summed over them, each micro-batch's seeded with 1 / M) are broadcast from their stage to
+   every device, which all take the same optimizer step: the losses are those of the plain graph on the
+   whole batch up to float rounding, and the params' replicas stay bitwise identical. Activations are
+   kept per micro-batch (M buffer sets; dpar_graph_stats counts them); other kept values hold
+   micro-batch 0's. Gradient reductions are not asynchronous in pipelines.
+   Errors: DPAR_ERR_STATE (not right after create, twice, with ZeRO-1), DPAR_ERR_UNKNOWN_AXIS,
+   DPAR_ERR_INVALID_ARGUMENT (several axes, num_microbatches < 1). Recorded by the builders:
+   DPAR_ERR_SHAPE (a feed whose rows per device num_microbatches does not divide), DPAR_ERR_INVALID_ARGUMENT
+   (a value of another stage read without a boundary; more boundaries than devices). At compile:
+   DPAR_ERR_INVALID_ARGUMENT (too few boundaries, no loss or not the last stage's, a value varying over
+   or a collective over `axis`, a param read by two stages). */
+DPAR_API dpar_status dpar_graph_pipeline(dpar_graph *g, const char *axis, int num_microbatches);
+/* Ends the current pipeline stage at x (any dtype and shape): returns x on the next stage.
+   Errors (recorded): DPAR_ERR_STATE (no pipeline, after value_and_grad), DPAR_ERR_INVALID_ARGUMENT. */
+DPAR_API dpar_value dpar_g_pipe_split(dpar_graph *g, dpar_value x);
 /* ZeRO-1 state j (0: SGD momentum or AdamW m; 1: AdamW v) of the optimizer's param i after compile:
    f32 [Lp] split over the ZeRO-1 axes, owned by the graph (save it in a checkpoint with padded =
    true; restoring it and the params continues training bit for bit). NULL (last error set:
@@ -7784,8 +7808,15 @@ struct dpar_graph {
     dpar_buffer **sgd_ptrs; /* [li][4][n] params, grads, optimizer state (momentum / AdamW m, v) */
     dpar_request **reqs;    /* [node * nlocal + li] async reductions in flight */
     dpar_graph_stats stats;
-    struct dpar__gz1 *z1; /* ZeRO-1 (dpar_graph_zero1), NULL: off */
+    struct dpar__gz1 *z1;   /* ZeRO-1 (dpar_graph_zero1), NULL: off */
+    struct dpar__gpipe *pp; /* pipeline (dpar_graph_pipeline), NULL: off */
+    int stage_now;          /* pipelines, building: the stage of new op nodes */
+    int *mb_now;            /* pipelines, running: [nlocal] the micro-batch (buffer set) of each device */
+    dpar_buffer **mb_slots; /* pipelines: [((m - 1) * nslots + slot) * nlocal + li], sets m = 1..M-1 */
+    bool *mb_owned;         /* [(m - 1) * nslots + slot]: the graph's buffers (not set 0's, shared) */
 };
+static bool dpar__g_pipe_inputs(dpar_graph *g, int nin, const int *in); /* >>graph zero1-pipe */
+static bool dpar__g_pipe_feed(dpar_graph *g, int id, const char *name);
 
 /* ---- building: validity, errors, nodes ---- */
 static const char *dpar__g_label(const dpar_graph *g, int id, char *buf, size_t cap) {
@@ -7860,6 +7891,7 @@ static bool dpar__g_args(dpar_graph *g, const char *fn, int n, const dpar_value 
 }
 static int dpar__g_push(dpar_graph *g, int kind, int nin, const int *in, dpar_dtype dt, int ndim,
                         const int64_t *shape) {
+    if (g->pp && !dpar__g_pipe_inputs(g, nin, in)) return 0;
     if (g->count == g->cap) {
         int cap = g->cap * 2;
         dpar__gnode *n = (dpar__gnode *)DPAR_REALLOC(g->n, (size_t)cap * sizeof *n);
@@ -7878,6 +7910,7 @@ static int dpar__g_push(dpar_graph *g, int kind, int nin, const int *in, dpar_dt
     nd->dtype = dt;
     nd->ndim = ndim;
     nd->slot = -1;
+    nd->stage = nin ? g->stage_now : -1;
     for (int d = 0; d < ndim; d++) nd->shape[d] = shape[d];
     for (int i = 0; i < nin; i++) {
         nd->in[i] = in[i];
@@ -7966,7 +7999,8 @@ DPAR_API dpar_value dpar_g_feed(dpar_graph *g, const char *name, const dpar_arra
     dpar_status s = dpar_array_create(g->mesh, desc, &a);
     if (s) return dpar__g_fail(g, s, "dpar_g_feed: feed '%s': %s", name ? name : "", dpar_last_error());
     int id = dpar__g_leaf(g, DPAR__G_FEED, name, a);
-    if (!id) dpar_array_destroy(a);
+    if (id && g->pp && !dpar__g_pipe_feed(g, id, name)) id = 0; /* the graph destroys a */
+    if (!id && !(g->count > 1 && g->n[g->count - 1].array == a)) dpar_array_destroy(a);
     return dpar__gv(id);
 }
 DPAR_API dpar_value dpar_g_param(dpar_graph *g, const char *name, dpar_array *a) {
@@ -8943,6 +8977,7 @@ static void dpar__g_grad_elem(dpar_graph *g, dpar__gback *bk, const dpar__gnode 
     }
 }
 static void dpar__g_grad_optim(dpar_graph *g, dpar__gback *bk, const dpar__gnode *nd, unsigned eff, dpar_value ct);
+static void dpar__g_pipe_grad(dpar_graph *g, dpar__gback *bk, const dpar__gnode *nd, dpar_value ct);
 /* The gradient rule of node i with cotangent ct: contributions to its inputs. */
 static dpar_status dpar__g_grad(dpar_graph *g, dpar__gback *bk, int i, dpar_value ct) {
     dpar__gnode nd = g->n[i]; /* a copy: building nodes may move the table */
@@ -8950,6 +8985,10 @@ static dpar_status dpar__g_grad(dpar_graph *g, dpar__gback *bk, int i, dpar_valu
     unsigned eff = nd.vary; /* inputs of an ordinary op are pvary'd to its result's axes */
     if (dpar__g_kinds[nd.kind].coll) eff = g->n[nd.in[0]].vary | nd.axes;
     char l[96];
+    if (nd.pipe) { /* >>graph zero1-pipe */
+        dpar__g_pipe_grad(g, bk, &nd, ct);
+        return dpar__g_status(g);
+    }
     switch (nd.kind) {
     case DPAR__G_MATMUL: {
         bool ta = nd.ip[0] != 0, tb = nd.ip[1] != 0;
@@ -9056,6 +9095,8 @@ static dpar_status dpar__g_grad(dpar_graph *g, dpar__gback *bk, int i, dpar_valu
     return dpar__g_status(g);
 }
 
+static void dpar__g_pipe_enter(dpar_graph *g, int i, int bwd);
+static float dpar__g_pipe_seed(const dpar_graph *g);
 /* Marks the nodes on a path from a wrt value (their cotangents are built). */
 static void dpar__g_mark_needed(const dpar_graph *g, dpar__gback *bk, const dpar_value *wrt, int n, int upto) {
     for (int k = 0; k < n; k++) bk->needed[wrt[k].id] = true;
@@ -9146,16 +9187,22 @@ DPAR_API dpar_status dpar_graph_value_and_grad(dpar_graph *g, dpar_value loss, c
         memset(bk.needed, 0, cap * sizeof(bool));
         memset(uses, 0, cap * sizeof(int));
         dpar__g_mark_needed(g, &bk, wrt, n, loss.id);
+        dpar__g_pipe_enter(g, loss.id, upto);
         s = dpar__g_pin(g, loss.id);
-        int seed = s ? 0 : dpar_g_const(g, DPAR_F32, 0, NULL, 1.0f).id;
+        /* a pipeline sums the gradients of its micro-batches: each is seeded with 1 / M */
+        int seed = s ? 0 : dpar_g_const(g, DPAR_F32, 0, NULL, dpar__g_pipe_seed(g)).id;
         bk.ct[loss.id] = seed;
         for (int i = loss.id; i > 0 && !s; i--)
-            if (bk.ct[i] && bk.needed[i] && g->count + 64 < (int)cap) s = dpar__g_grad(g, &bk, i, dpar__gv(bk.ct[i]));
+            if (bk.ct[i] && bk.needed[i] && g->count + 64 < (int)cap) {
+                dpar__g_pipe_enter(g, i, upto);
+                s = dpar__g_grad(g, &bk, i, dpar__gv(bk.ct[i]));
+            }
         if (!s && g->count + 64 * (n + 1) >= (int)cap)
             s = dpar__g_err(g, DPAR_ERR_OUT_OF_MEMORY, "%s: backward pass too large", fn);
         for (int i = 1; i < g->count; i++)
             for (int j = 0; j < g->n[i].nin; j++) uses[g->n[i].in[j]]++;
         for (int k = 0; k < n && !s; k++) {
+            if (bk.ct[wrt[k].id]) dpar__g_pipe_enter(g, bk.ct[wrt[k].id], upto);
             grads[k] = dpar__gv(dpar__g_final_grad(g, &bk, wrt[k].id, bk.ct[wrt[k].id], uses));
             if (grads[k].id) uses[grads[k].id]++;
             s = dpar__g_status(g);
@@ -9377,9 +9424,11 @@ DPAR_API dpar_status dpar_graph_zero1(dpar_graph *g, const char *axes) {
     const char *fn = "dpar_graph_zero1";
     dpar__clear_error();
     if (!dpar__g_args(g, fn, 0, NULL)) return g ? dpar__g_status(g) : DPAR_ERR_INVALID_ARGUMENT;
-    if (g->has_opt || g->z1)
+    if (g->has_opt || g->z1 || g->pp)
         return dpar__g_err(g, DPAR_ERR_STATE, "%s: %s; call it once, before dpar_graph_sgd / dpar_graph_adamw", fn,
-                           g->z1 ? "ZeRO-1 is on already" : "the graph has its optimizer node already");
+                           g->z1   ? "ZeRO-1 is on already"
+                           : g->pp ? "the graph is a pipeline (not combined with ZeRO-1)"
+                                   : "the graph has its optimizer node already");
     unsigned mask = 0;
     dpar_status s = dpar__parse_axes(g->mesh, fn, axes, &mask, NULL, NULL);
     if (s) return dpar__g_err(g, s, "%s", dpar_last_error());
@@ -9543,6 +9592,294 @@ static void dpar__g_z1_destroy(dpar_graph *g, bool alive) {
     DPAR_FREE(z);
 }
 
+/* GPipe (Huang et al. 2019; PyTorch's pipe_split + ScheduleGPipe) as a graph option. The graph is
+   built for one micro-batch: feeds take the global batch and each device's rows are cut into M
+   micro-batches (the feed value is one of them); dpar_g_pipe_split marks where stage s hands its
+   activation to stage s + 1 (a ppermute over the pipeline axis, its transpose sends the gradient back).
+   Every node belongs to one stage; device s of the axis runs only stage s's nodes. A run is M + S - 1
+   forward ticks (at tick t stage s computes micro-batch t - s, then every boundary passes its value on),
+   the same number of backward ticks in the reverse direction, then each gradient and the loss, summed
+   over the micro-batches on their stage, are broadcast over the axis and every device takes the same
+   optimizer step on its replica of all params. Activations are kept per micro-batch (M buffer sets). */
+typedef struct dpar__gpipe {
+    char axis[64];
+    unsigned mask;
+    int S, M; /* stages (the axis size), micro-batches */
+    int bwd;  /* the first node of the backward pass (0: not appended yet) */
+} dpar__gpipe;
+
+DPAR_API dpar_status dpar_graph_pipeline(dpar_graph *g, const char *axis, int num_microbatches) {
+    const char *fn = "dpar_graph_pipeline";
+    dpar__clear_error();
+    if (!dpar__g_args(g, fn, 0, NULL)) return g ? dpar__g_status(g) : DPAR_ERR_INVALID_ARGUMENT;
+    if (g->pp || g->z1 || g->count > 1)
+        return dpar__g_err(g, DPAR_ERR_STATE, "%s: %s; call it once, right after dpar_graph_create", fn,
+                           g->pp   ? "the graph is a pipeline already"
+                           : g->z1 ? "the graph uses ZeRO-1 (not combined with pipelines)"
+                                   : "the graph has nodes already");
+    unsigned mask = 0;
+    dpar_status s = dpar__parse_axes(g->mesh, fn, axis, &mask, NULL, NULL);
+    if (s) return dpar__g_err(g, s, "%s", dpar_last_error());
+    if (mask & (mask - 1) || strlen(axis) >= sizeof g->pp->axis)
+        return dpar__g_err(g, DPAR_ERR_INVALID_ARGUMENT, "%s: \"%s\": name one mesh axis for the stages", fn, axis);
+    if (num_microbatches < 1)
+        return dpar__g_err(g, DPAR_ERR_INVALID_ARGUMENT, "%s: %d micro-batches; give 1 or more", fn,
+                           num_microbatches);
+    dpar__gpipe *p = (dpar__gpipe *)DPAR_MALLOC(sizeof *p);
+    int *mb = (int *)DPAR_MALLOC((size_t)g->nlocal * sizeof(int));
+    if (!p || !mb) {
+        DPAR_FREE(p);
+        DPAR_FREE(mb);
+        return dpar__g_err(g, DPAR_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+    }
+    memset(p, 0, sizeof *p);
+    memset(mb, 0, (size_t)g->nlocal * sizeof(int));
+    snprintf(p->axis, sizeof p->axis, "%s", axis);
+    p->mask = mask;
+    p->S = dpar__g_group_size(g, mask);
+    p->M = num_microbatches;
+    g->pp = p;
+    g->mb_now = mb;
+    return DPAR_OK;
+}
+/* Builder hooks: a feed's value is one micro-batch of its rows; an op reads only its own stage's values. */
+static bool dpar__g_pipe_feed(dpar_graph *g, int id, const char *name) {
+    dpar__gnode *nd = &g->n[id];
+    if (nd->ndim < 1 || nd->shape[0] % g->pp->M) {
+        dpar__g_fail(g, DPAR_ERR_SHAPE,
+                     "dpar_g_feed: feed '%s': %lld rows per device do not split into %d micro-batches "
+                     "(dpar_graph_pipeline); give a batch whose rows per device the micro-batch count divides",
+                     name ? name : "", nd->ndim ? (long long)nd->shape[0] : 0LL, g->pp->M);
+        return false;
+    }
+    nd->shape[0] /= g->pp->M;
+    return true;
+}
+static bool dpar__g_pipe_inputs(dpar_graph *g, int nin, const int *in) {
+    char l[96];
+    for (int j = 0; j < nin && !g->pp->bwd; j++)
+        if (g->n[in[j]].stage >= 0 && g->n[in[j]].stage != g->stage_now) {
+            dpar__g_fail(g, DPAR_ERR_INVALID_ARGUMENT,
+                         "pipeline: %s belongs to stage %d but is read in stage %d; pass values between stages "
+                         "with dpar_g_pipe_split",
+                         dpar__g_label(g, in[j], l, sizeof l), g->n[in[j]].stage, g->stage_now);
+            return false;
+        }
+    return true;
+}
+/* A boundary: x of stage `from` sent to stage from + 1 (forward) or back (its transpose). */
+static int dpar__g_pipe_send(dpar_graph *g, int x, int from, int to) {
+    int *pairs = (int *)DPAR_MALLOC(2 * sizeof(int));
+    if (!pairs) return dpar__g_fail(g, DPAR_ERR_OUT_OF_MEMORY, "dpar_g_pipe_split: out of memory").id;
+    int saved = g->stage_now;
+    g->stage_now = from; /* x is the sender's */
+    dpar_value xv = dpar__gv(x);
+    int id = dpar__g_like(g, DPAR__G_PPERMUTE, 1, &xv).id;
+    g->stage_now = saved;
+    if (!id) {
+        DPAR_FREE(pairs);
+        return 0;
+    }
+    dpar__gnode *nd = &g->n[id];
+    pairs[0] = from, pairs[1] = to;
+    nd->pairs = pairs;
+    nd->npairs = 1;
+    nd->axes = g->pp->mask;
+    snprintf(nd->axes_str, sizeof nd->axes_str, "%s", g->pp->axis);
+    nd->stage = to; /* the value lives on the receiver */
+    nd->pipe = true;
+    return id;
+}
+DPAR_API dpar_value dpar_g_pipe_split(dpar_graph *g, dpar_value x) {
+    const char *fn = "dpar_g_pipe_split";
+    if (!dpar__g_args(g, fn, 1, &x)) return dpar__gv(0);
+    if (!g->pp || g->pp->bwd)
+        return dpar__g_fail(g, DPAR_ERR_STATE, "%s: %s", fn,
+                            g->pp ? "the backward pass is appended already; mark stages while building the forward"
+                                  : "the graph is no pipeline; call dpar_graph_pipeline first");
+    if (g->stage_now + 1 >= g->pp->S)
+        return dpar__g_fail(g, DPAR_ERR_INVALID_ARGUMENT,
+                            "%s: boundary %d needs stage %d but axis \"%s\" has %d devices (one stage each)", fn,
+                            g->stage_now + 1, g->stage_now + 1, g->pp->axis, g->pp->S);
+    if (!dpar__g_pipe_inputs(g, 1, &x.id)) return dpar__gv(0);
+    int id = dpar__g_pipe_send(g, x.id, g->stage_now, g->stage_now + 1);
+    if (id) g->stage_now++;
+    return dpar__gv(id);
+}
+/* The gradient of a boundary: the cotangent goes back from the receiver to the sender. */
+static void dpar__g_pipe_grad(dpar_graph *g, dpar__gback *bk, const dpar__gnode *nd, dpar_value ct) {
+    int from = nd->stage, to = nd->stage - 1;
+    int id = dpar__g_pipe_send(g, ct.id, from, to);
+    g->stage_now = to;
+    if (id) dpar__g_contrib(g, bk, nd->in[0], g->n[nd->in[0]].vary, dpar__gv(id));
+}
+/* value_and_grad: the backward pass starts at node bwd; the rule of node i builds nodes of i's stage. */
+static void dpar__g_pipe_enter(dpar_graph *g, int i, int bwd) {
+    if (!g->pp) return;
+    g->pp->bwd = bwd;
+    g->stage_now = g->n[i].stage;
+}
+static float dpar__g_pipe_seed(const dpar_graph *g) {
+    return g->pp ? 1.0f / (float)g->pp->M : 1.0f;
+}
+
+/* At compile: the checks that need the whole graph. */
+static dpar_status dpar__g_pipe_check(dpar_graph *g) {
+    const dpar__gpipe *p = g->pp;
+    char l[96], l2[96];
+    int *owner = (int *)DPAR_MALLOC((size_t)g->count * sizeof(int));
+    if (!owner) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_graph_compile: out of memory");
+    for (int i = 0; i < g->count; i++) owner[i] = -1;
+    dpar_status s = DPAR_OK;
+    if (!g->loss || g->n[g->loss].stage != p->S - 1)
+        s = dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                      "dpar_graph_compile: the pipeline %s on stage %d but axis \"%s\" has %d stages: mark %d "
+                      "boundaries with dpar_g_pipe_split and differentiate the last stage's loss",
+                      g->loss ? "has its loss" : "has no loss (dpar_graph_value_and_grad)",
+                      g->loss ? g->n[g->loss].stage : -1, p->axis, p->S, p->S - 1);
+    for (int i = 1; i < g->count && !s; i++) {
+        dpar__gnode *nd = &g->n[i];
+        nd->async = false; /* one reduction per micro-batch: waited for at once */
+        if ((nd->vary & p->mask) || (dpar__g_kinds[nd->kind].coll && !nd->pipe && (nd->axes & p->mask)))
+            s = dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                          "dpar_graph_compile: %s %s the pipeline axis \"%s\"; only dpar_g_pipe_split crosses stages",
+                          dpar__g_label(g, i, l, sizeof l), nd->vary & p->mask ? "varies over" : "is a collective over",
+                          p->axis);
+        for (int j = 0; j < nd->nin && !s && i < p->bwd && nd->stage >= 0; j++) {
+            int in = nd->in[j];
+            if (g->n[in].kind != DPAR__G_PARAM) continue;
+            if (owner[in] >= 0 && owner[in] != nd->stage)
+                s = dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                              "dpar_graph_compile: param %s is read by stage %d and by stage %d (%s); a param "
+                              "belongs to one stage",
+                              dpar__g_label(g, in, l, sizeof l), owner[in], nd->stage,
+                              dpar__g_label(g, i, l2, sizeof l2));
+            owner[in] = nd->stage;
+        }
+    }
+    DPAR_FREE(owner);
+    return s;
+}
+/* At compile, after the plan: buffer sets 1..M-1 (params and constants shared with set 0). */
+static dpar_status dpar__g_pipe_alloc(dpar_graph *g) {
+    int M = g->pp->M, nl = g->nlocal, ns = g->nslots;
+    size_t n = (size_t)(M - 1) * (size_t)ns;
+    bool *shared = (bool *)DPAR_MALLOC((size_t)ns + 1);
+    g->mb_slots = (dpar_buffer **)DPAR_MALLOC(n * (size_t)nl * sizeof(dpar_buffer *) + 1);
+    g->mb_owned = (bool *)DPAR_MALLOC(n + 1);
+    if (!shared || !g->mb_slots || !g->mb_owned) {
+        DPAR_FREE(shared);
+        return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_graph_compile: out of memory");
+    }
+    memset(shared, 0, (size_t)ns + 1);
+    memset(g->mb_slots, 0, n * (size_t)nl * sizeof(dpar_buffer *));
+    for (int i = 1; i < g->count; i++)
+        if (g->n[i].slot >= 0 && (g->n[i].kind == DPAR__G_PARAM || g->n[i].kind == DPAR__G_CONST))
+            shared[g->n[i].slot] = true;
+    dpar_status s = DPAR_OK;
+    for (size_t k = 0; k < n && !s; k++) {
+        int slot = (int)(k % (size_t)ns);
+        g->mb_owned[k] = !shared[slot];
+        for (int li = 0; li < nl && !s; li++) {
+            dpar_buffer *b0 = g->slots[slot * nl + li], **b = &g->mb_slots[k * (size_t)nl + (size_t)li];
+            if (shared[slot])
+                *b = b0;
+            else
+                s = dpar_buffer_create(g->rt, g->first + li, b0->dtype, b0->ndim, b0->shape, b);
+        }
+        const dpar_buffer *b0 = g->slots[slot * nl];
+        if (!shared[slot]) g->stats.planned_bytes += (uint64_t)b0->count * dpar_dtype_size(b0->dtype);
+    }
+    DPAR_FREE(shared);
+    return s;
+}
+
+/* ---- pipeline run ---- */
+static dpar_status dpar__g_exec(dpar_graph *g, dpar_ctx *ctx, int li, int i);
+/* Whether node i's sum over the micro-batches is the result: the loss and the gradients of leaves. */
+static bool dpar__g_pipe_summed(const dpar_graph *g, int i) {
+    return g->n[i].keep && g->n[i].stage >= 0 && (g->n[i].spec_of || i == g->loss_value);
+}
+/* Stage `st`'s nodes lo..hi-1 on micro-batch m (feeds: micro-batch m of this device's rows). */
+static dpar_status dpar__g_pipe_part(dpar_graph *g, dpar_ctx *ctx, int li, int st, int m, int lo, int hi, int *at) {
+    g->mb_now[li] = m;
+    dpar_status s = DPAR_OK;
+    for (int i = lo; i < hi && !s; i++) {
+        const dpar__gnode *nd = &g->n[i];
+        *at = i;
+        if (nd->kind == DPAR__G_FEED && lo == 1) {
+            int64_t start[DPAR_MAX_DIMS] = { 0 };
+            start[0] = m * nd->shape[0];
+            s = dpar_slice(dpar__g_buf(g, i, li), dpar_array_shard(nd->array, g->first + li), start, NULL);
+        } else if (nd->stage == st && !nd->pipe && nd->kind != DPAR__G_SGD) {
+            s = dpar__g_exec(g, ctx, li, i);
+        }
+    }
+    if (s || lo == 1 || !m) return s;
+    for (int i = 1; i < g->count && !s; i++) /* after the backward of micro-batch m > 0: its results into set 0 */
+        if (g->n[i].stage == st && dpar__g_pipe_summed(g, i)) {
+            *at = i;
+            dpar_buffer *bm = dpar__g_buf(g, i, li);
+            g->mb_now[li] = 0;
+            s = dpar_axpy(dpar__g_buf(g, i, li), 1.0f, bm);
+            g->mb_now[li] = m;
+        }
+    return s;
+}
+/* One direction's ticks: compute, then every boundary of that direction passes micro-batch t - lag on. */
+static dpar_status dpar__g_pipe_ticks(dpar_graph *g, dpar_ctx *ctx, int li, int st, bool fwd, int *at) {
+    const dpar__gpipe *p = g->pp;
+    int lo = fwd ? 1 : p->bwd, hi = fwd ? p->bwd : g->count;
+    dpar_status s = DPAR_OK;
+    for (int t = 0; t < p->M + p->S - 1 && !s; t++) {
+        int m = t - (fwd ? st : p->S - 1 - st);
+        if (m >= 0 && m < p->M) s = dpar__g_pipe_part(g, ctx, li, st, m, lo, hi, at);
+        for (int i = lo; i < hi && !s; i++) {
+            if (!g->n[i].pipe) continue;
+            int from = g->n[i].pairs[0], mb = t - (fwd ? from : p->S - 1 - from);
+            if (mb < 0 || mb >= p->M) continue;
+            *at = i;
+            g->mb_now[li] = mb;
+            s = dpar__g_exec(g, ctx, li, i);
+        }
+    }
+    g->mb_now[li] = 0;
+    return s;
+}
+static dpar_status dpar__g_pipe_dispatch(dpar_ctx *ctx, void *user) {
+    dpar_graph *g = (dpar_graph *)user;
+    const dpar__gpipe *p = g->pp;
+    int li = dpar_ctx_device(ctx) - g->first, st = 0, at = 0;
+    dpar_status s = dpar_ctx_axis_index(ctx, p->axis, &st);
+    if (!s) s = dpar__g_pipe_ticks(g, ctx, li, st, true, &at);
+    if (!s) s = dpar__g_pipe_ticks(g, ctx, li, st, false, &at);
+    if (!s && g->n[g->loss_value].stage == st) { /* the mean over the micro-batches */
+        at = g->loss_value;
+        s = dpar_scale(dpar__g_buf(g, g->loss_value, li), 1.0f / (float)p->M);
+    }
+    for (int i = 1; i < g->count && !s; i++) /* each sum from its stage to every stage */
+        if (dpar__g_pipe_summed(g, i)) {
+            at = i;
+            dpar_buffer *b = dpar__g_buf(g, i, li);
+            s = dpar_pbroadcast(ctx, b, b, p->axis, g->n[i].stage);
+        }
+    for (int i = 1; i < g->count && !s; i++) /* every replica takes the same step */
+        if (g->n[i].kind == DPAR__G_SGD) s = dpar__g_exec(g, ctx, li, at = i);
+    if (!s) return DPAR_OK;
+    char l[96];
+    return dpar__err(s, "dpar_graph_run: %s: %s", dpar__g_label(g, at, l, sizeof l), dpar_last_error());
+}
+static void dpar__g_pipe_destroy(dpar_graph *g) {
+    size_t n = g->pp && g->mb_slots ? (size_t)(g->pp->M - 1) * (size_t)g->nslots : 0;
+    for (size_t k = 0; k < n; k++)
+        for (int li = 0; li < g->nlocal && g->mb_owned[k]; li++)
+            dpar_buffer_destroy(g->mb_slots[k * (size_t)g->nlocal + (size_t)li]);
+    DPAR_FREE(g->mb_slots);
+    DPAR_FREE(g->mb_owned);
+    DPAR_FREE(g->mb_now);
+    DPAR_FREE(g->pp);
+}
+
 /* ---- compile: liveness plan, buffers ---- */
 typedef struct dpar__gplan {
     int *last;    /* [count] last node that reads each node */
@@ -9588,8 +9925,8 @@ static dpar_status dpar__g_assign(dpar_graph *g, dpar__gplan *p, int i) {
     dpar__gnode *nd = &g->n[i];
     dpar_status s = DPAR_OK;
     if (nd->kind == DPAR__G_SGD) return DPAR_OK;
-    if (nd->kind == DPAR__G_FEED || nd->kind == DPAR__G_PARAM) {
-        nd->slot = dpar__g_new_slot(g, p, nd, nd->array, &s);
+    if (nd->kind == DPAR__G_FEED || nd->kind == DPAR__G_PARAM) { /* a pipeline's feed: one micro-batch, a copy */
+        nd->slot = dpar__g_new_slot(g, p, nd, g->pp && nd->kind == DPAR__G_FEED ? NULL : nd->array, &s);
         return s;
     }
     g->stats.naive_bytes += (uint64_t)dpar__g_count(nd) * dpar_dtype_size(nd->dtype);
@@ -9599,7 +9936,7 @@ static dpar_status dpar__g_assign(dpar_graph *g, dpar__gplan *p, int i) {
         nd->slot = dpar__g_new_slot(g, p, nd, nd->array, &s);
         return s;
     }
-    p->pooled[i] = !nd->keep && nd->kind != DPAR__G_CONST;
+    p->pooled[i] = !nd->keep && nd->kind != DPAR__G_CONST && !nd->pipe; /* boundaries: written on every stage */
     if (p->pooled[i])
         for (int k = 0; k < g->nslots; k++)
             if (p->sfree[k] && p->sdtype[k] == (int)nd->dtype && p->scount[k] == dpar__g_count(nd)) {
@@ -9696,8 +10033,11 @@ DPAR_API dpar_status dpar_graph_compile(dpar_graph *g, dpar_graph_stats *stats) 
     if (dpar_in_dispatch())
         return dpar__err(DPAR_ERR_STATE, "dpar_graph_compile: called inside a pmap/shard_map function");
     memset(&g->stats, 0, sizeof g->stats);
-    dpar_status s = dpar__g_plan(g);
+    dpar_status s = g->pp ? dpar__g_pipe_check(g) : DPAR_OK;
+    if (s) return s;
+    s = dpar__g_plan(g);
     if (!s) s = dpar__g_state(g);
+    if (!s && g->pp) s = dpar__g_pipe_alloc(g);
     if (s) return dpar__err(s, "dpar_graph_compile: %s", dpar_last_error());
     g->stats.nodes = g->count - 1;
     for (int k = 0; k < g->nslots; k++) g->stats.buffers += g->slot_owned[k];
@@ -9710,7 +10050,10 @@ DPAR_API dpar_status dpar_graph_compile(dpar_graph *g, dpar_graph_stats *stats) 
 /* Node id's buffer on local device li, shaped as the node (pooled buffers change shape). */
 static dpar_buffer *dpar__g_buf(const dpar_graph *g, int id, int li) {
     const dpar__gnode *nd = &g->n[id];
-    dpar_buffer *b = g->slots[nd->slot * g->nlocal + li];
+    int m = g->mb_now ? g->mb_now[li] : 0; /* pipelines: the buffer set of the device's micro-batch */
+    dpar_buffer *b = m ? g->mb_slots[((size_t)(m - 1) * (size_t)g->nslots + (size_t)nd->slot) * (size_t)g->nlocal +
+                                     (size_t)li]
+                       : g->slots[nd->slot * g->nlocal + li];
     b->ndim = nd->ndim;
     for (int d = 0; d < nd->ndim; d++) b->shape[d] = nd->shape[d];
     return b;
@@ -9949,7 +10292,7 @@ DPAR_API dpar_status dpar_graph_run(dpar_graph *g, const dpar_graph_feed *feeds,
     if (s) return s;
     dpar_shard_map_desc d;
     memset(&d, 0, sizeof d);
-    d.fn = dpar__g_dispatch;
+    d.fn = g->pp ? dpar__g_pipe_dispatch : dpar__g_dispatch;
     d.user = g;
     if ((s = dpar_shard_map(g->mesh, &d))) return s;
     g->ran = true;
@@ -10090,6 +10433,7 @@ DPAR_API dpar_status dpar_graph_destroy(dpar_graph *g) {
         if (g->n[i].kind != DPAR__G_PARAM && g->n[i].array && alive) dpar_array_destroy(g->n[i].array);
     }
     dpar__g_z1_destroy(g, alive);
+    dpar__g_pipe_destroy(g);
     for (int k = 0; g->moms && k < 2 * g->opt.n * g->nlocal; k++) dpar_buffer_destroy(g->moms[k]);
     for (int li = 0; g->scratch && li < g->nlocal; li++) dpar_buffer_destroy(g->scratch[li]);
     DPAR_FREE(g->moms);

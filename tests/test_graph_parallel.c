@@ -1,6 +1,7 @@
-/* ZeRO-1 and pipeline stages as graph options (dpar_graph_zero1, dpar_graph_pipeline): the same
-   losses as the plain data-parallel graph (1e-5 relative) on 1, 2 and 4 devices, CPU and Vulkan,
-   replicas bitwise identical, optimizer memory per device divided by the axis size, and the errors
+/* ZeRO-1 and pipeline stages as graph options (dpar_graph_zero1, dpar_graph_pipeline) on 1, 2 and 4
+   devices, CPU and Vulkan: losses within 1e-5 relative of the plain graph (ZeRO-1: the data-parallel
+   graph on as many devices; pipelines of 1, 3, 4 micro-batches: the graph on one device), params
+   within 1e-4, replicas bitwise identical, optimizer memory per device divided by the axis size, and the errors
    of bad input. The model is a 4-layer MLP whose widths are no multiple of 2 or 4 (padding). */
 #include "testutil.h"
 
@@ -50,6 +51,7 @@ static void build(model *t, dpar_mesh *m, const opts *o, const data *d) {
     memset(t, 0, sizeof *t);
     T_OK(dpar_graph_create(m, &t->g));
     dpar_graph *g = t->g;
+    if (o->pipe) T_OK(dpar_graph_pipeline(g, o->pipe, o->micro));
     const char *split = o->pipe ? NULL : "data";
     dpar_array_desc xd = { DPAR_F32, 2, { B, 5 }, { split } }, yd = { DPAR_I32, 1, { B }, { split } };
     t->x = dpar_g_feed(g, "x", &xd);
@@ -64,7 +66,7 @@ static void build(model *t, dpar_mesh *m, const opts *o, const data *d) {
         T_OK(dpar_array_put(t->w[2 * l + 1], d->init[2 * l + 1]));
         t->p[2 * l] = dpar_g_param(g, "w", t->w[2 * l]);
         t->p[2 * l + 1] = dpar_g_param(g, "b", t->w[2 * l + 1]);
-
+        if (o->pipe && l > 0 && (l * o->stages) / NL != ((l - 1) * o->stages) / NL) h = dpar_g_pipe_split(g, h);
         h = dpar_g_bias_add(g, dpar_g_matmul(g, h, t->p[2 * l], false, false), t->p[2 * l + 1]);
         if (l < NL - 1) h = dpar_g_relu(g, h);
     }
@@ -123,10 +125,13 @@ static void zero1_vs_plain(void) {
             close_rel(l0, l1, STEPS, 1e-5, ad ? "ZeRO-1 AdamW loss" : "ZeRO-1 SGD loss", n);
             for (int k = 0; k < NP; k++)
                 close_rel(p0[k], p1[k], dims[k / 2 + 1] * (k % 2 ? 1 : dims[k / 2]), 1e-4, "ZeRO-1 params", n);
-            if (!(l0[STEPS - 2] < l0[0])) fail_msg("%d devices: loss %g after %d steps, %g at first", n, (double)l0[STEPS - 2], STEPS - 2, (double)l0[0]);
+            if (!(l0[STEPS - 2] < l0[0]))
+                fail_msg("%d devices: loss %g after %d steps, %g at first", n, (double)l0[STEPS - 2], STEPS - 2,
+                         (double)l0[0]);
             /* optimizer state per device: the plain graph's / n, plus at most n - 1 padding floats per state */
             uint64_t pad = (uint64_t)NP * (uint64_t)(n - 1) * 4u * (ad ? 2u : 1u);
-            if (s1.opt_bytes * (uint64_t)n > s0.opt_bytes + pad * (uint64_t)n || s1.opt_bytes * (uint64_t)n < s0.opt_bytes)
+            uint64_t per_n = s1.opt_bytes * (uint64_t)n;
+            if (per_n > s0.opt_bytes + pad * (uint64_t)n || per_n < s0.opt_bytes)
                 fail_msg("%d devices: optimizer bytes %llu with ZeRO-1, %llu plain", n,
                          (unsigned long long)s1.opt_bytes, (unsigned long long)s0.opt_bytes);
             printf("ZeRO-1 %s on %d device(s): losses within 1e-5, optimizer state %llu bytes per device (plain "
@@ -195,6 +200,115 @@ static void zero1_bad_input(void) {
     T_OK(dpar_runtime_destroy(rt));
 }
 
+/* ---- pipeline stages against the plain graph on one device ---- */
+static void pipe_vs_plain(void) {
+    static data d;
+    make_data(&d);
+    for (int ad = 0; ad < 2; ad++) {
+        float l0[STEPS], p0[NP][64];
+        opts plain = { .adamw = ad != 0 };
+        train(1, &plain, &d, l0, p0, NULL);
+        if (!(l0[STEPS - 2] < l0[0]))
+            fail_msg("plain: loss %g after %d steps, %g at first", (double)l0[STEPS - 2], STEPS - 2, (double)l0[0]);
+        for (int n = 1; n <= 4; n *= 2)
+            for (int mi = 0; mi < 3; mi++) {
+                int micro = (int[]){ 1, 3, 4 }[mi];
+                float l1[STEPS], p1[NP][64];
+                dpar_graph_stats s1;
+                opts o = { .pipe = "stage", .stages = n, .micro = micro, .adamw = ad != 0 };
+                train(n, &o, &d, l1, p1, &s1);
+                char what[96];
+                snprintf(what, sizeof what, "pipeline %s loss (%d micro-batches)", ad ? "AdamW" : "SGD", micro);
+                close_rel(l0, l1, STEPS, 1e-5, what, n);
+                for (int k = 0; k < NP; k++)
+                    close_rel(p0[k], p1[k], dims[k / 2 + 1] * (k % 2 ? 1 : dims[k / 2]), 1e-4, "pipeline params", n);
+                printf("pipeline %s: %d stage(s), %d micro-batch(es): losses within 1e-5 of 1 device, %llu planned "
+                       "bytes\n",
+                       ad ? "AdamW" : "SGD", n, micro, (unsigned long long)s1.planned_bytes);
+            }
+    }
+}
+
+static void pipe_bad_input(void) {
+    dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 2);
+    dpar_mesh *m = t_mesh1(rt, 2, "stage");
+    dpar_array_desc xd = { DPAR_F32, 2, { 12, 4 }, { NULL } }, yd = { DPAR_I32, 1, { 12 }, { NULL } };
+    dpar_array_desc wd = { DPAR_F32, 2, { 4, 4 }, { NULL } };
+    dpar_array *w, *w2;
+    T_OK(dpar_array_create(m, &wd, &w));
+    T_OK(dpar_array_create(m, &wd, &w2));
+    dpar_graph *g;
+    /* micro-batches that do not divide the batch; a count below 1; after nodes; twice; unknown axis */
+    T_OK(dpar_graph_create(m, &g));
+    T_ERR(dpar_graph_pipeline(g, "stage", 0), DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_pipeline", "0 micro-batches");
+    T_OK(dpar_graph_destroy(g));
+    T_OK(dpar_graph_create(m, &g));
+    T_ERR(dpar_graph_pipeline(g, "data", 2), DPAR_ERR_UNKNOWN_AXIS, "dpar_graph_pipeline", "data");
+    T_OK(dpar_graph_destroy(g));
+    T_OK(dpar_graph_create(m, &g));
+    T_OK(dpar_graph_pipeline(g, "stage", 5));
+    T_ERR(dpar_graph_pipeline(g, "stage", 5), DPAR_ERR_STATE, "dpar_graph_pipeline", "pipeline already");
+    T_OK(dpar_graph_destroy(g));
+    T_OK(dpar_graph_create(m, &g));
+    T_OK(dpar_graph_pipeline(g, "stage", 5));
+    dpar_value x = dpar_g_feed(g, "x", &xd);
+    assert_int_equal(x.id, 0);
+    T_ERR(dpar_graph_status(g), DPAR_ERR_SHAPE, "feed 'x'", "12 rows", "5 micro-batches");
+    T_OK(dpar_graph_destroy(g));
+    T_OK(dpar_graph_create(m, &g));
+    x = dpar_g_feed(g, "x", &xd);
+    T_ERR(dpar_graph_pipeline(g, "stage", 2), DPAR_ERR_STATE, "right after dpar_graph_create");
+    T_OK(dpar_graph_destroy(g));
+    T_OK(dpar_graph_create(m, &g));
+    x = dpar_g_feed(g, "x", &xd);
+    assert_int_equal(dpar_g_pipe_split(g, x).id, 0);
+    T_ERR(dpar_graph_status(g), DPAR_ERR_STATE, "dpar_g_pipe_split", "no pipeline");
+    T_OK(dpar_graph_destroy(g));
+
+    /* a stage-0 value read in stage 1 without a boundary; too many boundaries */
+    T_OK(dpar_graph_create(m, &g));
+    T_OK(dpar_graph_pipeline(g, "stage", 2));
+    x = dpar_g_feed(g, "x", &xd);
+    dpar_value h = dpar_g_matmul(g, x, dpar_g_param(g, "w", w), false, false);
+    dpar_value h1 = dpar_g_pipe_split(g, h);
+    assert_int_not_equal(h1.id, 0);
+    assert_int_equal(dpar_g_add(g, h1, h).id, 0);
+    T_ERR(dpar_graph_status(g), DPAR_ERR_INVALID_ARGUMENT, "belongs to stage 0", "read in stage 1",
+          "dpar_g_pipe_split");
+    T_OK(dpar_graph_destroy(g));
+    T_OK(dpar_graph_create(m, &g));
+    T_OK(dpar_graph_pipeline(g, "stage", 2));
+    x = dpar_g_feed(g, "x", &xd);
+    h = dpar_g_pipe_split(g, x);
+    assert_int_equal(dpar_g_pipe_split(g, h).id, 0);
+    T_ERR(dpar_graph_status(g), DPAR_ERR_INVALID_ARGUMENT, "boundary 2", "2 devices");
+    T_OK(dpar_graph_destroy(g));
+
+    /* compile: no boundary on 2 devices; a param on two stages; a collective over the stage axis */
+    for (int c = 0; c < 3; c++) {
+        T_OK(dpar_graph_create(m, &g));
+        T_OK(dpar_graph_pipeline(g, "stage", 2));
+        x = dpar_g_feed(g, "x", &xd);
+        dpar_value y = dpar_g_feed(g, "y", &yd), pw = dpar_g_param(g, "w", w), pw2 = dpar_g_param(g, "w2", w2), gr[2];
+        h = dpar_g_matmul(g, x, pw, false, false);
+        if (c == 2) h = dpar_g_psum(g, h, "stage");
+        if (c > 0) h = dpar_g_pipe_split(g, h);
+        h = dpar_g_matmul(g, h, c == 1 ? pw : pw2, false, false);
+        dpar_value p2[2] = { pw, pw2 };
+        T_OK(dpar_graph_value_and_grad(g, dpar_g_softmax_xent(g, h, y), p2, 2, gr));
+        if (c == 0) T_ERR(dpar_graph_compile(g, NULL), DPAR_ERR_INVALID_ARGUMENT, "loss on stage 0", "2 stages");
+        if (c == 1) T_ERR(dpar_graph_compile(g, NULL), DPAR_ERR_INVALID_ARGUMENT, "param", "'w'", "stage 0", "stage 1");
+        if (c == 2) T_ERR(dpar_graph_compile(g, NULL), DPAR_ERR_INVALID_ARGUMENT, "psum", "pipeline axis");
+        T_OK(dpar_graph_destroy(g));
+    }
+    /* ZeRO-1 and a pipeline in one graph */
+    T_OK(dpar_graph_create(m, &g));
+    T_OK(dpar_graph_pipeline(g, "stage", 2));
+    T_ERR(dpar_graph_zero1(g, "stage"), DPAR_ERR_STATE, "pipeline");
+    T_OK(dpar_graph_destroy(g));
+    T_OK(dpar_runtime_destroy(rt));
+}
+
 static void test_zero1_cpu(void **st) {
     (void)st;
     BK = DPAR_BACKEND_CPU;
@@ -209,12 +323,29 @@ static void test_zero1_bad_input(void **st) {
     (void)st;
     zero1_bad_input();
 }
+static void test_pipeline_cpu(void **st) {
+    (void)st;
+    BK = DPAR_BACKEND_CPU;
+    pipe_vs_plain();
+}
+static void test_pipeline_vulkan(void **st) {
+    (void)st;
+    BK = DPAR_BACKEND_VULKAN;
+    pipe_vs_plain();
+}
+static void test_pipeline_bad_input(void **st) {
+    (void)st;
+    pipe_bad_input();
+}
 
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_zero1_cpu),
         cmocka_unit_test(test_zero1_vulkan),
         cmocka_unit_test(test_zero1_bad_input),
+        cmocka_unit_test(test_pipeline_cpu),
+        cmocka_unit_test(test_pipeline_vulkan),
+        cmocka_unit_test(test_pipeline_bad_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
