@@ -1,85 +1,54 @@
 /* train_digits_zero1.c — the digits MLP, data-parallel over "data", with the
-   optimizer state sharded ZeRO-1 style (dpar_zero1_*).
+   optimizer state sharded ZeRO-1 style.
 
-   Each step every device runs forward and backward on its shard of the
-   global batch (as train_digits.c). Then, instead of pmean'ing the gradients
-   and updating a full replica of every parameter and momentum buffer,
-   dpar_zero1_step reduce-scatters the gradients over "data" (each device gets
-   the mean of 1/N of every parameter, zero-padded to a multiple of N), updates
-   only that block of the parameters and of the momentum, and all-gathers the
-   parameters back. Momentum memory per device falls by N; the loss trajectory
-   is the one of plain data parallelism (tests/test_parallel_examples.sh
-   compares it with build/train_digits --devices 1).
+   The step is train_digits' graph (forward written once; gradients, the
+   average over "data" and SGD from the library) plus one call,
+   dpar_graph_zero1(g, "data"): each gradient is reduce-scattered over "data"
+   instead of all-reduced (flattened, zero-padded to a multiple of N), each
+   device updates only its block of every parameter and of its momentum, and
+   the blocks are all-gathered back into the parameters. Momentum memory per
+   device falls by N; the losses are those of plain data parallelism
+   (tests/test_parallel_examples.sh compares them with train_digits --devices 1).
 
    build/train_digits_zero1 [--backend cpu|vulkan|cuda] [--devices N] [--epochs N]
                             [--batch N] [--lr X] [--momentum X] [--seed N] [--hidden N]
                             [--data PATH] [--checkpoint-epoch E]
-   --checkpoint-epoch E saves parameters and the sharded optimizer state
-   after epoch E ($TMPDIR or /tmp, dpar_zero1_<pid>.ckpt, removed afterwards), then restores them into fresh state and
-   continues from there: the later epochs must be the same bit for bit. */
+   --checkpoint-epoch E saves the parameters and the sharded momentum after
+   epoch E ($TMPDIR or /tmp, dpar_zero1_<pid>.ckpt, removed afterwards), wipes
+   both, restores them and continues: the later epochs must be the same bit for bit. */
 #include "digits_common.h"
 #include "util/dpar_train.h"
 #include <unistd.h>
 
 enum { W1, B1, W2, B2, NPARAM };
-typedef struct {
-    dpar_array *param[NPARAM], *grad[NPARAM];                     /* replicated */
-    dpar_array *x, *y, *h_pre, *h, *logits, *dlogits, *dh, *loss; /* split over "data" */
-    dpar_zero1 *zero;
-} model;
+static const char *pname[NPARAM] = { "w1", "b1", "w2", "b2" };
 
-static dpar_status train_step(dpar_ctx *ctx, void *user) {
-    model *m = user;
-    int dev = dpar_ctx_device(ctx);
-    dpar_buffer *p[NPARAM], *g[NPARAM];
-    for (int i = 0; i < NPARAM; i++) {
-        p[i] = dpar_array_shard(m->param[i], dev);
-        g[i] = dpar_array_shard(m->grad[i], dev);
-    }
-    dpar_buffer *x = dpar_array_shard(m->x, dev), *y = dpar_array_shard(m->y, dev);
-    dpar_buffer *h_pre = dpar_array_shard(m->h_pre, dev), *h = dpar_array_shard(m->h, dev);
-    dpar_buffer *logits = dpar_array_shard(m->logits, dev), *dlogits = dpar_array_shard(m->dlogits, dev);
-    dpar_buffer *dh = dpar_array_shard(m->dh, dev), *loss = dpar_array_shard(m->loss, dev);
-    TRY(digits_forward(p, x, h_pre, h, logits));
-    TRY(dpar_softmax_xent(loss, dlogits, logits, y));
-    TRY(dpar_matmul(g[W2], h, dlogits, true, false, 1.0f, 0.0f));
-    TRY(dpar_bias_grad(g[B2], dlogits, 0.0f));
-    TRY(dpar_matmul(dh, dlogits, p[W2], false, true, 1.0f, 0.0f));
-    TRY(dpar_relu_backward(dh, dh, h_pre));
-    TRY(dpar_matmul(g[W1], x, dh, true, false, 1.0f, 0.0f));
-    TRY(dpar_bias_grad(g[B1], dh, 0.0f));
-    TRY(dpar_pmean(ctx, loss, loss, "data"));
-    /* ZeRO-1: reduce-scatter, update the local block, all-gather */
-    TRY(dpar_zero1_step(ctx, m->zero, g));
-    return DPAR_OK;
+/* The step: x [batch, 64] f32, y [batch] i32 split over "data"; params replicated; ZeRO-1 over "data". */
+static dpar_status build_step(dpar_mesh *mesh, dpar_array *const param[NPARAM], int batch, const dpar_sgd_desc *sgd,
+                              dpar_graph **g, dpar_value *x, dpar_value *y, dpar_graph_stats *st) {
+    dpar_status s = dpar_graph_create(mesh, g);
+    if (s) return s;
+    *x = dpar_g_feed(*g, "x", &(dpar_array_desc){ DPAR_F32, 2, { batch, NPIX }, { "data" } });
+    *y = dpar_g_feed(*g, "y", &(dpar_array_desc){ DPAR_I32, 1, { batch }, { "data" } });
+    dpar_value p[NPARAM], grad[NPARAM];
+    for (int i = 0; i < NPARAM; i++) p[i] = dpar_g_param(*g, pname[i], param[i]);
+    dpar_value h = dpar_g_relu(*g, dpar_g_bias_add(*g, dpar_g_matmul(*g, *x, p[W1], false, false), p[B1])); /* [b,H] */
+    dpar_value logits = dpar_g_bias_add(*g, dpar_g_matmul(*g, h, p[W2], false, false), p[B2]);              /* [b,10] */
+    if ((s = dpar_graph_value_and_grad(*g, dpar_g_softmax_xent(*g, logits, *y), p, NPARAM, grad))) return s;
+    if ((s = dpar_graph_zero1(*g, "data"))) return s; /* reduce-scatter, block update, all-gather */
+    if ((s = dpar_graph_sgd(*g, sgd, p, grad, NPARAM))) return s;
+    return dpar_graph_compile(*g, st);
 }
 
-/* The checkpoint: parameters (replicated) and ZeRO-1 state (sharded, padded). */
-static int checkpoint_entries(model *m, dpar_checkpoint_entry *e) {
-    static const char *pn[NPARAM] = { "w1", "b1", "w2", "b2" };
-    static char names[2 * NPARAM][16];
-    int n = 0;
+/* The checkpoint: the parameters (replicated) and the momentum (split over "data", padded). */
+static int checkpoint_entries(dpar_graph *g, dpar_array *const param[NPARAM], dpar_checkpoint_entry *e) {
+    static char names[NPARAM][16];
     for (int i = 0; i < NPARAM; i++) {
-        e[n].name = pn[i];
-        e[n].array = m->param[i];
-        e[n].padded = false;
-        n++;
+        snprintf(names[i], sizeof names[i], "%s.momentum", pname[i]);
+        e[i] = (dpar_checkpoint_entry){ pname[i], param[i], false };
+        e[NPARAM + i] = (dpar_checkpoint_entry){ names[i], dpar_graph_zero1_state(g, i, 0), true };
     }
-    for (int i = 0; i < NPARAM; i++) {
-        snprintf(names[2 * i], sizeof names[0], "%s.master", pn[i]);
-        e[n].name = names[2 * i];
-        e[n].array = dpar_zero1_master(m->zero, i);
-        e[n].padded = true;
-        n++;
-        if (dpar_zero1_momentum(m->zero, i)) {
-            snprintf(names[2 * i + 1], sizeof names[0], "%s.momentum", pn[i]);
-            e[n].name = names[2 * i + 1];
-            e[n].array = dpar_zero1_momentum(m->zero, i);
-            e[n].padded = true;
-            n++;
-        }
-    }
-    return n;
+    return 2 * NPARAM;
 }
 
 int main(int argc, char **argv) {
@@ -96,65 +65,43 @@ int main(int argc, char **argv) {
     digits_setup ds;
     if (digits_prepare("train_digits_zero1", &o, &ds)) return 1;
     int devices = o.devices, batch = o.batch, hidden = o.hidden;
-
     dpar_runtime_desc rd = { .num_devices = devices };
     if (digits_backend(o.backend, &rd.backend)) {
         fprintf(stderr, "train_digits_zero1: unknown backend '%s'\n", o.backend);
         return 2;
     }
     dpar_runtime *rt;
-    if (dpar_runtime_create(&rd, &rt)) return digits_fail("runtime");
     dpar_mesh *mesh;
-    dpar_mesh_desc md = { .ndim = 1, .shape = { devices }, .axis_names = { "data" } };
-    if (dpar_mesh_create(rt, &md, &mesh)) return digits_fail("mesh");
+    if (dpar_runtime_create(&rd, &rt)) return digits_fail("runtime");
+    if (dpar_mesh_create(rt, &(dpar_mesh_desc){ .ndim = 1, .shape = { devices }, .axis_names = { "data" } }, &mesh))
+        return digits_fail("mesh");
     printf("backend %s, %d device(s), ZeRO-1 over \"data\"\n", o.backend, devices);
     printf("data: %d train, %d test images; MLP 64-%d-10, batch %d (%d per device), lr %g, momentum %g\n", ds.ntrain,
            ds.ntest, hidden, batch, batch / devices, (double)o.lr, (double)o.momentum);
 
-    model m;
-    memset(&m, 0, sizeof m);
+    /* model: replicated parameters (He-uniform weights, zero biases) and the step graph over them */
+    dpar_array *param[NPARAM];
     int64_t pshape[NPARAM][2] = { { NPIX, hidden }, { hidden, 0 }, { hidden, NCLASS }, { NCLASS, 0 } };
+    size_t replicated = 0; /* the momentum bytes plain data parallelism keeps on every device */
     for (int i = 0; i < NPARAM; i++) {
-        int nd = pshape[i][1] ? 2 : 1;
-        if (digits_array(mesh, DPAR_F32, nd, pshape[i][0], pshape[i][1], NULL, NULL, &m.param[i]) ||
-            digits_array(mesh, DPAR_F32, nd, pshape[i][0], pshape[i][1], NULL, NULL, &m.grad[i]))
+        if (digits_array(mesh, DPAR_F32, pshape[i][1] ? 2 : 1, pshape[i][0], pshape[i][1], NULL, NULL, &param[i]))
             return digits_fail("parameters");
+        replicated += dpar_buffer_nbytes(dpar_array_shard(param[i], 0));
     }
-    if (dpar_array_put(m.param[W1], ds.w1) || dpar_array_put(m.param[W2], ds.w2)) return digits_fail("init");
-    dpar_zero1_desc zd = {
-        .sgd.learning_rate = o.lr, .sgd.momentum = o.momentum, .axis = "data", .num_params = NPARAM
-    };
-    for (int i = 0; i < NPARAM; i++) zd.params[i] = m.param[i];
-    if (dpar_zero1_create(&zd, &m.zero)) return digits_fail("zero1");
+    if (dpar_array_put(param[W1], ds.w1) || dpar_array_put(param[W2], ds.w2)) return digits_fail("init");
+    dpar_graph *step;
+    dpar_value fx, fy;
+    dpar_graph_stats st;
+    if (build_step(mesh, param, batch, &(dpar_sgd_desc){ .learning_rate = o.lr, .momentum = o.momentum }, &step, &fx,
+                   &fy, &st))
+        return digits_fail("step graph");
+    printf("momentum per device: %llu bytes with ZeRO-1, %zu bytes replicated (%.2fx less); padded sizes:",
+           (unsigned long long)st.opt_bytes, replicated, (double)replicated / (double)(st.opt_bytes ? st.opt_bytes : 1));
+    for (int i = 0; i < NPARAM; i++)
+        printf(" %lld", (long long)(dpar_array_shard_dim(dpar_graph_zero1_state(step, i, 0), 0) * devices));
+    printf("\n");
 
-    /* momentum memory per device: measured from the buffers each holds */
-    {
-        size_t zbytes = dpar_zero1_momentum_bytes(m.zero, 0), pbytes = 0;
-        for (int d = 1; d < devices; d++)
-            if (dpar_zero1_momentum_bytes(m.zero, d) != zbytes) return digits_fail("uneven momentum shards");
-        for (int i = 0; i < NPARAM; i++) { /* what plain data parallelism allocates: a full replica per device */
-            int nd = pshape[i][1] ? 2 : 1;
-            dpar_array *rep;
-            if (digits_array(mesh, DPAR_F32, nd, pshape[i][0], pshape[i][1], NULL, NULL, &rep))
-                return digits_fail("replica");
-            pbytes += dpar_buffer_nbytes(dpar_array_shard(rep, 0));
-            dpar_array_destroy(rep);
-        }
-        printf("momentum per device: %zu bytes with ZeRO-1, %zu bytes replicated (%.2fx less); padded sizes:", zbytes,
-               pbytes, (double)pbytes / (double)(zbytes ? zbytes : 1));
-        for (int i = 0; i < NPARAM; i++) printf(" %lld", (long long)dpar_zero1_padded_count(m.zero, i));
-        printf("\n");
-    }
-    if (digits_array(mesh, DPAR_F32, 2, batch, NPIX, "data", NULL, &m.x) ||
-        digits_array(mesh, DPAR_I32, 1, batch, 0, "data", NULL, &m.y) ||
-        digits_array(mesh, DPAR_F32, 2, batch, hidden, "data", NULL, &m.h_pre) ||
-        digits_array(mesh, DPAR_F32, 2, batch, hidden, "data", NULL, &m.h) ||
-        digits_array(mesh, DPAR_F32, 2, batch, NCLASS, "data", NULL, &m.logits) ||
-        digits_array(mesh, DPAR_F32, 2, batch, NCLASS, "data", NULL, &m.dlogits) ||
-        digits_array(mesh, DPAR_F32, 2, batch, hidden, "data", NULL, &m.dh) ||
-        digits_array(mesh, DPAR_F32, 1, devices, 0, "data", NULL, &m.loss))
-        return digits_fail("activations");
-
+    /* test set, padded to a multiple of the device count */
     int tpad = (ds.ntest + devices - 1) / devices * devices;
     float *xt = calloc((size_t)tpad * NPIX, sizeof(float)), *lt = malloc((size_t)tpad * NCLASS * sizeof(float));
     for (int i = 0; i < ds.ntest; i++)
@@ -165,24 +112,22 @@ int main(int argc, char **argv) {
         digits_array(mesh, DPAR_F32, 2, tpad, NCLASS, "data", NULL, &tl) || dpar_array_put(tx, xt))
         return digits_fail("test set");
 
-    float *xb = malloc((size_t)batch * NPIX * sizeof(float)), *losses = malloc((size_t)devices * sizeof(float));
+    float *xb = malloc((size_t)batch * NPIX * sizeof(float));
     int32_t *yb = malloc((size_t)batch * sizeof(int32_t));
     int steps = ds.ntrain / batch;
-    dpar_shard_map_desc train = { .fn = train_step, .user = &m };
-    dpar_shard_map_desc eval = { .fn = digits_eval_step, .user = m.param, .num_args = 3, .args = { tx, th, tl } };
+    dpar_shard_map_desc eval = { .fn = digits_eval_step, .user = param, .num_args = 3, .args = { tx, th, tl } };
     double epoch_loss = 0.0, acc = 0.0;
     char ckpt[512];
     snprintf(ckpt, sizeof ckpt, "%s/dpar_zero1_%ld.ckpt", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (long)getpid());
-    uint64_t saved_rng = 0;
     for (int e = 1; e <= o.epochs; e++) {
         shuffle(ds.train_idx, ds.ntrain);
         double t0 = now_s(), sum = 0.0;
         for (int s = 0; s < steps; s++) {
+            float loss;
             digits_batch(&ds, s, batch, xb, yb);
-            if (dpar_array_put(m.x, xb) || dpar_array_put(m.y, yb)) return digits_fail("batch upload");
-            if (dpar_shard_map(mesh, &train)) return digits_fail("train step");
-            if (dpar_array_get(m.loss, losses)) return digits_fail("loss");
-            sum += losses[0];
+            if (dpar_graph_run(step, (dpar_graph_feed[]){ { fx, xb, NULL }, { fy, yb, NULL } }, 2, &loss))
+                return digits_fail("train step");
+            sum += loss;
         }
         double dt = now_s() - t0;
         epoch_loss = sum / steps;
@@ -190,34 +135,28 @@ int main(int argc, char **argv) {
         acc = digits_accuracy(&ds, lt);
         printf("epoch %3d  loss %.8f  test_accuracy %.4f  samples/s %.0f\n", e, epoch_loss, acc, steps * batch / dt);
         fflush(stdout);
-        if (e == ckpt_epoch) {
-            /* save, wipe the state, restore: what a restarted job would do */
-            dpar_checkpoint_entry ent[3 * NPARAM];
-            int n = checkpoint_entries(&m, ent);
-            saved_rng = rng_state;
+        if (e == ckpt_epoch) { /* save, wipe, restore: what a restarted job would do */
+            dpar_checkpoint_entry ent[2 * NPARAM];
+            int n = checkpoint_entries(step, param, ent);
+            uint64_t saved_rng = rng_state, at = 0;
             if (dpar_checkpoint_save(ckpt, ent, n, (uint64_t)e)) return digits_fail("checkpoint save");
-            dpar_zero1_destroy(m.zero);
-            float *junk = calloc((size_t)NPIX * (size_t)hidden, sizeof(float));
-            for (int i = 0; i < NPARAM; i++)
-                if (dpar_array_put(m.param[i], junk)) return digits_fail("wipe");
+            float *junk = calloc((size_t)NPIX * (size_t)hidden + (size_t)devices, sizeof(float)); /* >= every array */
+            for (int i = 0; i < n; i++)
+                if (dpar_array_put(ent[i].array, junk)) return digits_fail("wipe");
             free(junk);
-            if (dpar_zero1_create(&zd, &m.zero)) return digits_fail("zero1 (again)");
-            n = checkpoint_entries(&m, ent);
-            uint64_t step = 0;
-            if (dpar_checkpoint_restore(ckpt, ent, n, &step)) return digits_fail("checkpoint restore");
+            if (dpar_checkpoint_restore(ckpt, ent, n, &at)) return digits_fail("checkpoint restore");
             rng_state = saved_rng;
-            printf("checkpoint: saved after epoch %d to %s (%d entries), restored into fresh state (step %llu)\n", e,
-                   ckpt, n, (unsigned long long)step);
+            printf("checkpoint: saved after epoch %d to %s (%d entries), restored into wiped state (step %llu)\n", e,
+                   ckpt, n, (unsigned long long)at);
             remove(ckpt);
         }
     }
     printf("final: backend=%s devices=%d epochs=%d test_accuracy=%.4f train_loss=%.8f\n", o.backend, devices, o.epochs,
            acc, epoch_loss);
-    dpar_zero1_destroy(m.zero);
+    dpar_graph_destroy(step);
     dpar_runtime_destroy(rt);
     free(xb);
     free(yb);
-    free(losses);
     free(xt);
     free(lt);
     digits_free(&ds);
