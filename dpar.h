@@ -1672,13 +1672,13 @@ typedef struct dpar_vulkan_export {
    (an adopted device: the engine's queue). Between export and release, b is
    lent: any dpar use of b's runtime that could touch it (a dispatch, a read or
    write of b, destroying b) returns DPAR_ERR_STATE.
-   Needs timeline semaphores: a device dpar created enables them where the
-   driver has them (Vulkan 1.2); an adopted device must have
-   VkPhysicalDeviceVulkan12Features::timelineSemaphore enabled and say so in
+   Only on an adopted device (desc.vulkan.external: a device dpar created is
+   out of the caller's reach), with timeline semaphores:
+   VkPhysicalDeviceVulkan12Features::timelineSemaphore enabled and said so in
    dpar_vulkan_external.timeline_semaphore.
    Errors: DPAR_ERR_INVALID_ARGUMENT (NULL), DPAR_ERR_BACKEND_UNAVAILABLE
-   (not a Vulkan buffer, or no timeline semaphores: the text says how to enable
-   them), DPAR_ERR_STATE (b already lent, called inside a pmap function or with
+   (not a Vulkan buffer, dpar's own device, or no timeline semaphores: the text
+   says how to fix it), DPAR_ERR_STATE (b already lent, called inside a pmap function or with
    a step in flight), DPAR_ERR_BACKEND (the driver failed). */
 DPAR_API dpar_status dpar_vulkan_buffer_export(dpar_buffer *b, dpar_vulkan_export *out);
 /* Ends the loan of b begun by dpar_vulkan_buffer_export: dpar's next GPU work

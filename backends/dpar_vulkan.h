@@ -169,7 +169,7 @@ typedef struct dpar__vkphys {
     int pipe_lock_init;
     VkPipeline pipes[DPAR__SPV_COUNT];
     dpar__vkbuf dummy; /* bound to unused bindings */
-    int timeline;      /* timeline semaphores enabled on device (>>vulkan interop) */
+    int timeline;      /* an adopted device with timeline semaphores enabled (>>vulkan interop) */
 } dpar__vkphys;
 
 typedef struct dpar__vkdev {
@@ -1076,16 +1076,9 @@ static dpar_status dpar__vk_create_device(dpar__vk *st, dpar__vkphys *ph, int nq
     const char *dev_exts[1] = { "VK_KHR_portability_subset" };
     int subset = dpar__vk_has_ext(dexts, ndext, dev_exts[0]);
     DPAR_FREE(dexts);
-    /* timeline semaphores where the driver has them (Vulkan 1.2): dpar_vulkan_buffer_export needs them */
-    VkPhysicalDeviceTimelineSemaphoreFeatures tl;
-    memset(&tl, 0, sizeof tl);
-    tl.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_TIMELINE_SEMAPHORE_FEATURES;
-    tl.timelineSemaphore = VK_TRUE;
-    ph->timeline = (uint32_t)st->api_version >= VK_API_VERSION_1_2 && dpar__vk_has_timeline(st, ph->pd);
     VkDeviceCreateInfo dci;
     memset(&dci, 0, sizeof dci);
     dci.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO;
-    if (ph->timeline) dci.pNext = &tl;
     dci.queueCreateInfoCount = 1;
     dci.pQueueCreateInfos = &qci;
     dci.enabledExtensionCount = subset ? 1u : 0u;
@@ -2336,11 +2329,15 @@ DPAR_API dpar_status dpar_vulkan_buffer_export(dpar_buffer *b, dpar_vulkan_expor
     dpar__vk *st = (dpar__vk *)b->rt->bstate;
     dpar__vkdev *d = &st->devs[b->device];
     dpar__vkbuf *vb = (dpar__vkbuf *)b->mem;
+    if (!st->adopted) /* no other code can reach dpar's own VkDevice: its buffers are of no use outside */
+        return dpar__err(DPAR_ERR_BACKEND_UNAVAILABLE,
+                         "dpar_vulkan_buffer_export: the runtime runs on a VkDevice dpar created, which your Vulkan "
+                         "code cannot use; hand dpar your own device (desc.vulkan.external) to share buffers");
     if (!d->ph->timeline)
         return dpar__err(DPAR_ERR_BACKEND_UNAVAILABLE,
-                         "dpar_vulkan_buffer_export: device %d has no timeline semaphores; an engine's device: enable "
-                         "VkPhysicalDeviceVulkan12Features::timelineSemaphore and set "
-                         "desc.vulkan.external.timeline_semaphore; dpar's own device: the driver lacks Vulkan 1.2",
+                         "dpar_vulkan_buffer_export: device %d has no timeline semaphores; enable "
+                         "VkPhysicalDeviceVulkan12Features::timelineSemaphore on your device and set "
+                         "desc.vulkan.external.timeline_semaphore",
                          b->gdev);
     pthread_mutex_lock(&d->lock);
     if (d->loaned) {

@@ -1162,6 +1162,14 @@ static void test_export_contract(void **state) {
     T_OK(dpar_mesh_destroy(m));
     T_OK(dpar_runtime_destroy(rt));
 
+    /* a buffer of dpar's own VkDevice is out of the engine's reach */
+    dpar_runtime *own = vk_runtime(1, 0);
+    dpar_buffer *ob = NULL;
+    T_OK(dpar_buffer_create(own, 0, DPAR_F32, 1, (const int64_t[]){ 2 }, &ob));
+    T_ERR(dpar_vulkan_buffer_export(ob, &ex), DPAR_ERR_BACKEND_UNAVAILABLE, "dpar created", "desc.vulkan.external");
+    T_ERR(dpar_vulkan_buffer_release(ob), DPAR_ERR_STATE, "not lent");
+    T_OK(dpar_buffer_destroy(ob));
+    T_OK(dpar_runtime_destroy(own));
     /* a CPU runtime's buffer has no VkBuffer */
     dpar_runtime *cpu = t_runtime(DPAR_BACKEND_CPU, 1);
     dpar_buffer *cb = NULL;
