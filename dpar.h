@@ -1482,10 +1482,13 @@ DPAR_API dpar_value dpar_g_pcast(dpar_graph *g, dpar_value x, const char *axes);
 DPAR_API dpar_status dpar_graph_value_and_grad(dpar_graph *g, dpar_value loss, const dpar_value *wrt, int n,
                                                dpar_value *grads);
 /* Appends one fused SGD step (as dpar_sgd_step; momentum buffers owned by the
-   graph, zero at compile) of params[i] (param values) with grads[i]. Clipping
-   norms are psum'd over the axes that split the params (all the same spec).
+   graph, zero at compile) of params[i] (param values) with grads[i]. The
+   clipping norm is one global norm over every param: each gradient's squared norm is
+   psum'd over the axes its param is split on (params may have different
+   specs: Megatron's split weights next to replicated ones).
    Errors: those of dpar_sgd_check, DPAR_ERR_INVALID_ARGUMENT (not a param,
-   shapes differ, mixed specs with clipping), DPAR_ERR_STATE (after compile). */
+   shapes differ), DPAR_ERR_STATE (after compile); at run time the clipping
+   error of dpar_sgd_clip_scale (a NaN or Inf gradient). */
 DPAR_API dpar_status dpar_graph_sgd(dpar_graph *g, const dpar_sgd_desc *d, const dpar_value *params,
                                     const dpar_value *grads, int n);
 /* Appends one AdamW step (as dpar_adamw_step: moments m, v owned by the
@@ -1539,6 +1542,12 @@ DPAR_API dpar_value dpar_g_pipe_split(dpar_graph *g, dpar_value x);
    true; restoring it and the params continues training bit for bit). NULL (last error set:
    DPAR_ERR_INVALID_ARGUMENT) when there is no such state. */
 DPAR_API dpar_array *dpar_graph_zero1_state(const dpar_graph *g, int i, int j);
+/* dpar_graph_adamw with the weight decay applied only to params[i] whose
+   decay[i] is true (optax.adamw's mask; GPT-2 / nanoGPT decay the matrices,
+   not biases or norm gains); decay has n entries, copied; NULL: every param.
+   Clipping stays one global norm over all n params. Errors: as dpar_graph_adamw. */
+DPAR_API dpar_status dpar_graph_adamw_masked(dpar_graph *g, const dpar_adamw_desc *d, const dpar_value *params,
+                                             const dpar_value *grads, const bool *decay, int n);
 /* The optimizer node's learning rate from the next run on (a schedule: dpar_lr_at each step).
    Errors: DPAR_ERR_INVALID_ARGUMENT (no optimizer node, lr not finite and > 0). */
 DPAR_API dpar_status dpar_graph_set_lr(dpar_graph *g, float lr);
@@ -7785,6 +7794,8 @@ typedef struct dpar__gopt {
     int64_t step;       /* AdamW: updates done (the next run does step + 1) */
     char norm_axes[64];
     int n, *params, *grads;
+    bool mixed;   /* params split over different axes: the clip norm is summed per split (dpar__g_opt_step) */
+    bool *decay;  /* AdamW: weight decay on params[k] only where decay[k] (NULL: on all) */
 } dpar__gopt;
 
 struct dpar_graph {
@@ -9228,7 +9239,7 @@ DPAR_API dpar_status dpar_graph_keep(dpar_graph *g, dpar_value v) {
 /* ---- optimizer nodes ---- */
 static dpar_status dpar__g_z1_rewrite(dpar_graph *g, const char *fn, const dpar_value *params, const dpar_value *grads,
                                       int n, float clip_norm); /* >>graph zero1-pipe */
-/* The optimizer node's params and grads, checked (params, same sizes, one spec when clipping). */
+/* The optimizer node's params and grads, checked (params, same sizes); notes whether their specs differ. */
 static dpar_status dpar__g_opt_add(dpar_graph *g, const char *fn, const dpar_value *params, const dpar_value *grads,
                                    int n, float clip_norm) {
     if (!params || !grads || n <= 0)
@@ -9246,10 +9257,7 @@ static dpar_status dpar__g_opt_add(dpar_graph *g, const char *fn, const dpar_val
             return dpar__g_err(
                 g, DPAR_ERR_INVALID_ARGUMENT, "%s: param %s and gradient %s differ in size or are not f32", fn,
                 dpar__g_label(g, params[k].id, l, sizeof l), dpar__g_label(g, grads[k].id, l2, sizeof l2));
-        if (k && clip_norm > 0 && p->vary != split)
-            return dpar__g_err(g, DPAR_ERR_INVALID_ARGUMENT,
-                               "%s: clipping by global norm needs every param split over the same axes (%s differs)",
-                               fn, dpar__g_label(g, params[k].id, l, sizeof l));
+        if (k && clip_norm > 0 && p->vary != split) g->opt.mixed = true; /* one norm over differently split params */
         split = p->vary;
     }
     dpar__gopt *o = &g->opt;
@@ -9294,6 +9302,19 @@ DPAR_API dpar_status dpar_graph_adamw(dpar_graph *g, const dpar_adamw_desc *d, c
     g->opt.ad.norm_axes = g->opt.norm_axes[0] ? g->opt.norm_axes : NULL;
     return DPAR_OK;
 }
+DPAR_API dpar_status dpar_graph_adamw_masked(dpar_graph *g, const dpar_adamw_desc *d, const dpar_value *params,
+                                             const dpar_value *grads, const bool *decay, int n) {
+    if (g && g->z1 && decay)
+        return dpar__g_err(g, DPAR_ERR_INVALID_ARGUMENT,
+                           "dpar_graph_adamw_masked: a decay mask with ZeRO-1 (dpar_graph_zero1) is not supported; "
+                           "decay every param (dpar_graph_adamw) or leave ZeRO-1 off");
+    dpar_status s = dpar_graph_adamw(g, d, params, grads, n);
+    if (s || !decay) return s;
+    g->opt.decay = (bool *)DPAR_MALLOC((size_t)n * sizeof(bool));
+    if (!g->opt.decay) return dpar__g_err(g, DPAR_ERR_OUT_OF_MEMORY, "dpar_graph_adamw_masked: out of memory");
+    memcpy(g->opt.decay, decay, (size_t)n * sizeof(bool));
+    return DPAR_OK;
+}
 DPAR_API dpar_status dpar_graph_set_lr(dpar_graph *g, float lr) {
     dpar__clear_error();
     if (!g || !g->has_opt)
@@ -9307,6 +9328,57 @@ DPAR_API dpar_status dpar_graph_set_lr(dpar_graph *g, float lr) {
     else
         g->opt.d.learning_rate = lr;
     return DPAR_OK;
+}
+
+static void dpar__g_axes_text(const dpar_graph *g, unsigned mask, char *buf, size_t cap);
+/* The clip factor of one global norm over params split over different axes
+   (Megatron's split weights next to replicated ones): the params of each
+   distinct split sum their gradients' squares, psum'd over that split's axes
+   (dpar__clip_scale), and the splits' totals add up. So every device gets the
+   norm of the whole gradient, the same bits on every replica. */
+static dpar_status dpar__g_clip_mixed(dpar_graph *g, dpar_ctx *ctx, float clip_norm, dpar_buffer *const *grads,
+                                      float *scale) {
+    int n = g->opt.n, cnt;
+    dpar_buffer **sub = (dpar_buffer **)DPAR_MALLOC((size_t)n * sizeof(dpar_buffer *));
+    if (!sub) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_graph_run: out of memory (clipping)");
+    double total = 0.0;
+    dpar_status s = DPAR_OK;
+    for (int k = 0; k < n && !s; k++) {
+        unsigned split = g->n[g->opt.params[k]].vary;
+        bool first = true; /* the first param of its split: sum the split's group now */
+        for (int j = 0; j < k; j++) first &= g->n[g->opt.params[j]].vary != split;
+        if (!first) continue;
+        cnt = 0;
+        for (int j = k; j < n; j++)
+            if (g->n[g->opt.params[j]].vary == split) sub[cnt++] = grads[j];
+        char axes[64];
+        float unit, norm;
+        dpar__g_axes_text(g, split, axes, sizeof axes);
+        s = dpar__clip_scale("dpar_graph_run", ctx, 0.0f, axes, sub, cnt, &unit, &norm);
+        total += (double)norm * (double)norm;
+    }
+    DPAR_FREE(sub);
+    float norm = (float)sqrt(total);
+    if (!s) *scale = (clip_norm > 0.0f && !(norm < clip_norm)) ? clip_norm / norm : 1.0f;
+    return s;
+}
+/* The optimizer node with mixed splits or a decay mask: one clip factor
+   (dpar__g_clip_mixed), then the update of each param with its own decay. */
+static dpar_status dpar__g_opt_step(dpar_graph *g, dpar_ctx *ctx, dpar_buffer *const *p) {
+    const dpar__gopt *o = &g->opt;
+    int n = o->n;
+    float clip_norm = o->adamw ? o->ad.clip_norm : o->d.clip_norm, scale = 1.0f;
+    dpar_status s = clip_norm > 0.0f ? dpar__g_clip_mixed(g, ctx, clip_norm, p + n, &scale) : DPAR_OK;
+    for (int k = 0; k < n && !s; k++) {
+        if (!o->adamw) {
+            s = dpar_sgd_update(&o->d, p[k], p[n + k], o->d.momentum != 0.0f ? p[2 * n + k] : NULL, scale);
+            continue;
+        }
+        dpar_adamw_desc ad = o->ad;
+        if (o->decay && !o->decay[k]) ad.weight_decay = 0.0f;
+        s = dpar_adamw_update(&ad, p[k], p[n + k], p[2 * n + k], p[3 * n + k], o->step + 1, scale);
+    }
+    return s;
 }
 
 /* >>graph optim ==============================================================
@@ -10123,6 +10195,7 @@ static dpar_status dpar__g_exec(dpar_graph *g, dpar_ctx *ctx, int li, int i) {
         if (g->z1) return dpar__g_z1_step(g, ctx, li);
         int n = g->opt.n;
         dpar_buffer **p = g->sgd_ptrs + (size_t)li * 4 * (size_t)n;
+        if (g->opt.mixed || g->opt.decay) return dpar__g_opt_step(g, ctx, p);
         if (g->opt.adamw) return dpar_adamw_step(ctx, &g->opt.ad, p, p + n, p + 2 * n, p + 3 * n, n, g->opt.step + 1);
         return dpar_sgd_step(ctx, &g->opt.d, p, p + n, g->opt.d.momentum != 0.0f ? p + 2 * n : NULL, n);
     }
@@ -10444,6 +10517,7 @@ DPAR_API dpar_status dpar_graph_destroy(dpar_graph *g) {
     DPAR_FREE(g->slot_owned);
     DPAR_FREE(g->opt.params);
     DPAR_FREE(g->opt.grads);
+    DPAR_FREE(g->opt.decay);
     DPAR_FREE(g->n);
     DPAR_FREE(g->errtext);
     DPAR_FREE(g);

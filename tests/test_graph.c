@@ -5,7 +5,9 @@
    eager step of train_digits.c (per-step losses bit for bit on 1 and 4
    devices); a Megatron column -> row MLP on a 2x2 (data, model) mesh against
    the 1-device graph (1e-5; both loss styles: pinned and explicit pmean),
-   replicas bitwise equal after 10 SGD steps; bad input. Each runs on the CPU
+   replicas bitwise equal after 10 SGD steps; the same with AdamW, a decay
+   mask and one clipping norm over the split and replicated params
+   (dpar_graph_adamw_masked, 1e-4 after 4 clipped steps); bad input. Each runs on the CPU
    backend and again on Vulkan (skipped when unavailable). */
 #include "testutil.h"
 
@@ -521,8 +523,9 @@ typedef struct mlp_graph {
     dpar_array *w[4];
     dpar_value x, y, p[4], gr[4];
 } mlp_graph;
+enum { OPT_NONE, OPT_SGD, OPT_ADAMW_MASKED };
 static void megatron_build(mlp_graph *t, dpar_mesh *m, bool tp, bool explicit_pmean, const float *const init[4],
-                           bool sgd) {
+                           int opt) {
     const char *model = tp ? "model" : NULL;
     t->w[0] = arr(m, DPAR_F32, 2, MD, MH, NULL, model); /* column-parallel */
     t->w[1] = arr(m, DPAR_F32, 1, MH, 0, model, NULL);
@@ -540,7 +543,12 @@ static void megatron_build(mlp_graph *t, dpar_mesh *m, bool tp, bool explicit_pm
     dpar_value loss = dpar_g_softmax_xent(g, dpar_g_bias_add(g, z, t->p[3]), t->y);
     if (explicit_pmean) loss = dpar_g_pmean(g, loss, "data");
     T_OK(dpar_graph_value_and_grad(g, loss, t->p, 4, t->gr));
-    if (sgd) {
+    if (opt == OPT_ADAMW_MASKED) { /* decay on the matrices; one clip norm over split and replicated params */
+        dpar_adamw_desc ad = { .learning_rate = 0.05f, .weight_decay = 0.1f, .clip_norm = 0.05f };
+        const bool decay[4] = { true, false, true, false };
+        T_OK(dpar_graph_adamw_masked(g, &ad, t->p, t->gr, decay, 4));
+    }
+    if (opt == OPT_SGD) {
         dpar_sgd_desc sd;
         memset(&sd, 0, sizeof sd);
         sd.learning_rate = 0.2f, sd.momentum = 0.9f, sd.weight_decay = 1e-3f;
@@ -571,9 +579,9 @@ static void megatron(void) {
     const char *names[2] = { "data", "model" };
     dpar_mesh *m4 = t_mesh(rt4, 2, shape, names), *m1 = t_mesh1(rt1, 1, "data");
     mlp_graph tp, tpe, one;
-    megatron_build(&tp, m4, true, false, init, true);
-    megatron_build(&tpe, m4, true, true, init, false);
-    megatron_build(&one, m1, false, false, init, true);
+    megatron_build(&tp, m4, true, false, init, OPT_SGD);
+    megatron_build(&tpe, m4, true, true, init, OPT_NONE);
+    megatron_build(&one, m1, false, false, init, OPT_SGD);
     char path[512], text[8192];
     snprintf(path, sizeof path, "%s/dpar_test_graph_%d.txt", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (int)BK);
     T_OK(dpar_graph_print(tp.g, path));
@@ -623,6 +631,89 @@ static void megatron(void) {
     T_OK(dpar_graph_destroy(one.g));
     T_OK(dpar_runtime_destroy(rt4));
     T_OK(dpar_runtime_destroy(rt1));
+}
+
+/* ---- AdamW with a decay mask, clipped by one global norm over Megatron's split and replicated params ---- */
+static void megatron_adamw(void) {
+    static float w0[MD * MH], w1[MH], w2[MH * MC], w3[MC], xs[4][MB * MD];
+    static int32_t ys[4][MB];
+    rng_state = 7;
+    for (int i = 0; i < MD * MH; i++) w0[i] = (float)rnd();
+    for (int i = 0; i < MH; i++) w1[i] = (float)(0.1 * rnd());
+    for (int i = 0; i < MH * MC; i++) w2[i] = (float)rnd();
+    for (int i = 0; i < MC; i++) w3[i] = (float)(0.1 * rnd());
+    for (int s = 0; s < 4; s++)
+        for (int i = 0; i < MB * MD; i++) xs[s][i] = (float)rnd(), ys[s][i % MB] = (int32_t)(i * 5 + s) % MC;
+    const float *init[4] = { w0, w1, w2, w3 };
+    int64_t cnt[4] = { MD * MH, MH, MH * MC, MC };
+    dpar_runtime *rt4 = t_runtime_or_skip(BK, 4), *rt1 = t_runtime_or_skip(BK, 1);
+    int shape[2] = { 2, 2 };
+    const char *names[2] = { "data", "model" };
+    dpar_mesh *m4 = t_mesh(rt4, 2, shape, names), *m1 = t_mesh1(rt1, 1, "data");
+    mlp_graph tp, one;
+    megatron_build(&tp, m4, true, false, init, OPT_ADAMW_MASKED);
+    megatron_build(&one, m1, false, false, init, OPT_ADAMW_MASKED);
+    for (int s = 0; s < 4; s++) {
+        float l4, l1;
+        dpar_graph_feed f[2] = { { tp.x, xs[s], NULL }, { tp.y, ys[s], NULL } };
+        dpar_graph_feed f1[2] = { { one.x, xs[s], NULL }, { one.y, ys[s], NULL } };
+        T_OK(dpar_graph_run(tp.g, f, 2, &l4));
+        T_OK(dpar_graph_run(one.g, f1, 2, &l1));
+        close_rel(&l4, &l1, 1, 1e-5, "adamw loss 2x2 vs 1 device");
+        double sq = 0.0; /* the clip must bind, or the test would not see a wrong norm */
+        for (int i = 0; i < 4; i++) {
+            float gr[MD * MH];
+            T_OK(dpar_graph_get(one.g, one.gr[i], gr));
+            for (int64_t k = 0; k < cnt[i]; k++) sq += (double)gr[k] * gr[k];
+        }
+        if (!(sqrt(sq) > 0.05)) fail_msg("gradient norm %g does not exceed the clip norm 0.05", sqrt(sq));
+    }
+    for (int i = 0; i < 4; i++) { /* parameters after 4 clipped steps; replicas bitwise identical */
+        float a[MD * MH], b[MD * MH], sh[4][MD * MH];
+        T_OK(dpar_array_get(tp.w[i], a));
+        T_OK(dpar_array_get(one.w[i], b));
+        close_rel(a, b, cnt[i], 1e-4, "adamw parameter after 4 steps");
+        size_t bytes = dpar_buffer_nbytes(dpar_array_shard(tp.w[i], 0));
+        for (int d = 0; d < 4; d++) T_OK(dpar_buffer_read(dpar_array_shard(tp.w[i], d), 0, sh[d], bytes));
+        for (int d = 0; d < 4; d++) {
+            int peer = i == 3 ? 0 : d ^ 2;
+            if (memcmp(sh[d], sh[peer], bytes)) fail_msg("param %d: device %d differs from its replica %d", i, d, peer);
+        }
+    }
+    T_OK(dpar_graph_destroy(tp.g));
+    T_OK(dpar_graph_destroy(one.g));
+    T_OK(dpar_runtime_destroy(rt4));
+    T_OK(dpar_runtime_destroy(rt1));
+}
+/* The mask itself: with a zero gradient AdamW's update is lr * wd * p, so a
+   decayed param shrinks by exactly that and a masked-out one keeps its bits. */
+static void adamw_mask_alone(void) {
+    dpar_runtime *rt = t_runtime_or_skip(BK, 1);
+    dpar_mesh *m = t_mesh1(rt, 1, "data");
+    dpar_array *w = arr(m, DPAR_F32, 2, 3, 2, NULL, NULL), *u1 = arr(m, DPAR_F32, 1, 4, 0, NULL, NULL);
+    dpar_array *u2 = arr(m, DPAR_F32, 1, 4, 0, NULL, NULL);
+    float w0[6] = { 1, 2, 3, 4, 5, 6 }, u0[4] = { 1.0f, -2.0f, 0.5f, 3.0f }, xh[6] = { 1, 0, -1, 2, 1, 0 };
+    T_OK(dpar_array_put(w, w0));
+    T_OK(dpar_array_put(u1, u0));
+    T_OK(dpar_array_put(u2, u0));
+    dpar_graph *g;
+    T_OK(dpar_graph_create(m, &g));
+    dpar_value x = dpar_g_feed(g, "x", &(dpar_array_desc){ DPAR_F32, 2, { 2, 3 }, { NULL } });
+    dpar_value p[3] = { dpar_g_param(g, "w", w), dpar_g_param(g, "u1", u1), dpar_g_param(g, "u2", u2) }, gr[3];
+    T_OK(dpar_graph_value_and_grad(g, dpar_g_sum(g, dpar_g_matmul(g, x, p[0], false, false)), p, 3, gr));
+    const bool decay[3] = { true, true, false };
+    dpar_adamw_desc ad = { .learning_rate = 0.1f, .weight_decay = 0.5f, .clip_norm = 1.0f };
+    T_OK(dpar_graph_adamw_masked(g, &ad, p, gr, decay, 3));
+    T_OK(dpar_graph_run(g, &(dpar_graph_feed){ x, xh, NULL }, 1, NULL));
+    float a[4], b[4];
+    T_OK(dpar_array_get(u1, a));
+    T_OK(dpar_array_get(u2, b));
+    for (int i = 0; i < 4; i++) {
+        if (fabsf(a[i] - u0[i] * (1.0f - 0.05f)) > 1e-6f) fail_msg("decayed u1[%d] = %.9g", i, (double)a[i]);
+        if (memcmp(&b[i], &u0[i], 4)) fail_msg("masked-out u2[%d] = %.9g changed", i, (double)b[i]);
+    }
+    T_OK(dpar_graph_destroy(g));
+    T_OK(dpar_runtime_destroy(rt));
 }
 
 /* ---- bad input: clear errors, never a crash ---- */
@@ -739,12 +830,25 @@ static void test_megatron_vulkan(void **st) {
     BK = DPAR_BACKEND_VULKAN;
     megatron();
 }
+static void test_adamw_masked_cpu(void **st) {
+    (void)st;
+    BK = DPAR_BACKEND_CPU;
+    megatron_adamw();
+    adamw_mask_alone();
+}
+static void test_adamw_masked_vulkan(void **st) {
+    (void)st;
+    BK = DPAR_BACKEND_VULKAN;
+    megatron_adamw();
+    adamw_mask_alone();
+}
 
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fd_cpu),         cmocka_unit_test(test_fd_vulkan),
         cmocka_unit_test(test_digits_mlp_cpu), cmocka_unit_test(test_digits_mlp_vulkan),
         cmocka_unit_test(test_megatron_cpu),   cmocka_unit_test(test_megatron_vulkan),
+        cmocka_unit_test(test_adamw_masked_cpu), cmocka_unit_test(test_adamw_masked_vulkan),
         cmocka_unit_test(test_bad_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
