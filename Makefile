@@ -47,7 +47,7 @@ EXAMPLES += $(BUILD)/engine_vulkan
 endif
 BENCHES  := $(patsubst bench/%.c,$(BUILD)/%,$(BENCH_SRCS))
 
-.PHONY: all run run-digits test test-build examples bench clean check-cxx deps-run deps-test amalgamate format check-format fuzz
+.PHONY: all run run-gpt run-digits test test-build examples bench clean check-cxx deps-run deps-test amalgamate format check-format fuzz
 all: $(EXAMPLES) $(TESTS) $(BENCHES) $(if $(HAVE_MPICC),$(MPI_BINS) $(MPI_BENCHES))
 examples: $(EXAMPLES)
 
@@ -91,6 +91,12 @@ deps-test:
 run: deps-run
 	$(MAKE) $(BUILD)/train_cnn
 	./$(BUILD)/train_cnn --devices 4 $(ARGS)
+
+# The character-level GPT on tiny Shakespeare, data- and tensor-parallel on a 2x2
+# (data, model) mesh of 4 emulated CPU devices (build/train_gpt; minutes).
+run-gpt: deps-run
+	$(MAKE) $(BUILD)/train_gpt
+	./$(BUILD)/train_gpt $(ARGS)
 
 run-digits: deps-run
 	$(MAKE) $(BUILD)/train_digits

@@ -1,0 +1,458 @@
+/* train_gpt.c — a character-level GPT on tiny Shakespeare, data- and
+   tensor-parallel on a 2-d mesh (data, model), written with dpar's graph API:
+
+     tokens [b, T] -> wte[tokens] + wpe -> 4 x block -> LayerNorm -> head -> logits [b*T, 65]
+     block: x += proj(attention(LN1(x)));  x += fc2(gelu(fc1(LN2(x))))    (pre-LN, GPT-2)
+
+   n_layer 4, n_head 4, n_embd 128, context 64, GELU (tanh) MLP 4x, biases
+   everywhere, untied head: 818,241 parameters. AdamW lr 3e-3, betas (0.9,
+   0.99), weight decay 0.1 on the matrices only (embeddings and weights; not
+   biases or norm gains), global-norm clipping at 1.0, 100 warm-up steps then
+   cosine decay to 3e-4 at the last step; batch 32; 1,000 steps.
+
+   The mesh (Megatron, Shoeybi et al. 2019, sec. 3; the seed material's case
+   for shard_map): the batch is split over "data"; each device of a "model"
+   group holds n_head / tp heads. Q, K, V and fc1 are column-parallel
+   (weights split over "model" by columns, spec (None, model)), the attention
+   output projection and fc2 row-parallel (split by rows, spec (model, None)),
+   so each sublayer ends in ONE psum over "model" in the forward. Its input
+   goes through dpar_g_pcast (JAX's pvary, Megatron's "f"), whose transpose is
+   the ONE psum of the backward. Embeddings, norms, the head and the
+   row-parallel biases are replicated; the graph reduces their gradients over
+   every axis they are replicated on, so replicas stay bitwise identical
+   (checked at the end). Clipping uses one global norm over all the
+   parameters (dpar_graph_adamw_masked: each gradient's squared norm psum'd
+   over the axes its parameter is split on).
+
+   build/train_gpt [--backend cpu|vulkan|cuda] [--dp N] [--tp M] [--devices N*M] [--steps N]
+                   [--batch N] [--lr X] [--seed N] [--log-every N] [--eval-every N]
+                   [--val-batches N] [--gen N] [--data PATH]
+   Defaults: cpu, --dp 2 --tp 2 (4 devices), 1,000 steps, batch 32, lr 3e-3,
+   seed 42, train loss (mean since the last line) every 50 steps, validation
+   loss over 20 fixed batches every 250 steps and at the end, 200 generated
+   characters. Ends with exactly one line "final: backend=cpu devices=4
+   model=gpt dp=2 tp=2 steps=1000 train_loss=... val_loss=...". Exit status
+   0 on success (1 also when the replicas differ). */
+#include "digits_common.h" /* splitmix64 (rng_next), now_s, digits_fail */
+
+/* ------------------------------------------------------------------ flags */
+enum { N_LAYER = 4, N_HEAD = 4, N_EMBD = 128, CTX = 64, MAXV = 256 };
+typedef struct {
+    const char *backend, *path;
+    int dp, tp, devices, steps, batch, seed, log_every, eval_every, val_batches, gen;
+    float lr;
+} gpt_opts;
+
+/* Parses the flags into o (defaults already there); 0 on success, 2 on a usage error. */
+static int gpt_parse(int argc, char **argv, gpt_opts *o) {
+    struct { const char *name; int *v; } ints[] = { { "--dp", &o->dp },           { "--tp", &o->tp },
+                                                     { "--devices", &o->devices }, { "--steps", &o->steps },
+                                                     { "--batch", &o->batch },     { "--seed", &o->seed },
+                                                     { "--log-every", &o->log_every },
+                                                     { "--eval-every", &o->eval_every },
+                                                     { "--val-batches", &o->val_batches },
+                                                     { "--gen", &o->gen } };
+    for (int i = 1; i < argc; i += 2) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int known = 0;
+        if (!v) {
+            fprintf(stderr, "train_gpt: %s needs a value\n", a);
+            return 2;
+        }
+        for (size_t k = 0; k < sizeof ints / sizeof ints[0]; k++)
+            if (!strcmp(a, ints[k].name)) *ints[k].v = atoi(v), known = 1;
+        if (!strcmp(a, "--backend"))
+            o->backend = v, known = 1;
+        else if (!strcmp(a, "--data"))
+            o->path = v, known = 1;
+        else if (!strcmp(a, "--lr"))
+            o->lr = (float)atof(v), known = 1;
+        if (!known) {
+            fprintf(stderr, "train_gpt: unknown flag %s\n", a);
+            return 2;
+        }
+    }
+    if (!o->devices) o->devices = o->dp * o->tp; /* the default follows --dp x --tp */
+    if (o->dp < 1 || o->tp < 1 || o->devices != o->dp * o->tp) {
+        fprintf(stderr, "train_gpt: --dp %d x --tp %d must be >= 1 each and equal --devices %d\n", o->dp, o->tp,
+                o->devices);
+        return 2;
+    }
+    if (o->steps < 1 || o->batch < 1 || o->batch % o->dp || N_HEAD % o->tp || o->log_every < 1 ||
+        o->eval_every < 0 || o->val_batches < 1 || o->gen < 0 || !(o->lr > 0.0f)) {
+        fprintf(stderr, "train_gpt: need --steps, --batch, --log-every, --val-batches >= 1, --batch divisible by --dp, "
+                        "%d heads divisible by --tp, --eval-every, --gen >= 0, --lr > 0\n",
+                N_HEAD);
+        return 2;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------- data */
+/* The text as token ids (its sorted distinct bytes: 65 for tiny Shakespeare). */
+typedef struct {
+    uint8_t *tok;
+    long n, ntrain; /* first 90% train, the rest validation */
+    int vocab;
+    char chars[MAXV];
+} text_data;
+
+static int text_load(const char *path, text_data *t) {
+    memset(t, 0, sizeof *t);
+    gzFile f = gzopen(path, "rb");
+    if (!f) return -1;
+    long cap = 1 << 20;
+    t->tok = malloc((size_t)cap);
+    int got;
+    while (t->tok && (got = gzread(f, t->tok + t->n, (unsigned)(cap - t->n))) > 0)
+        if ((t->n += got) == cap) t->tok = realloc(t->tok, (size_t)(cap *= 2));
+    gzclose(f);
+    if (!t->tok || t->n < 10 * (CTX + 1)) return -1;
+    int id[MAXV], seen[MAXV] = { 0 };
+    for (long i = 0; i < t->n; i++) seen[t->tok[i]] = 1;
+    for (int c = 0; c < MAXV; c++)
+        if (seen[c]) t->chars[t->vocab] = (char)c, id[c] = t->vocab++;
+    for (long i = 0; i < t->n; i++) t->tok[i] = (uint8_t)id[t->tok[i]];
+    t->ntrain = t->n * 9 / 10;
+    return 0;
+}
+
+/* Row r of a batch: tokens [start, start + CTX) into x, the next tokens into y. */
+static void text_row(const text_data *t, long start, int32_t *x, int32_t *y) {
+    for (int i = 0; i < CTX; i++) x[i] = t->tok[start + i], y[i] = t->tok[start + i + 1];
+}
+/* A training batch: random windows of the training split (the seeded stream). */
+static void train_batch(const text_data *t, int batch, int32_t *x, int32_t *y) {
+    for (int r = 0; r < batch; r++)
+        text_row(t, (long)(rng_next() % (uint64_t)(t->ntrain - CTX - 1)), x + r * CTX, y + r * CTX);
+}
+/* Validation batch k of nb: windows evenly spaced over the validation split (the same for every seed). */
+static void val_batch(const text_data *t, int k, int nb, int batch, int32_t *x, int32_t *y) {
+    long span = t->n - t->ntrain - CTX - 1, rows = (long)nb * batch;
+    for (int r = 0; r < batch; r++)
+        text_row(t, t->ntrain + span * ((long)k * batch + r) / rows, x + r * CTX, y + r * CTX);
+}
+
+/* ------------------------------------------------------------------ model */
+/* Per block: LN1 gain/bias, Q K V weights/biases, proj, LN2, fc1, fc2. */
+enum { LN1W, LN1B, QW, QB, KW, KB, VW, VB, PW, PB, LN2W, LN2B, F1W, F1B, F2W, F2B, NBLK };
+enum { WTE, WPE, BLK0, LNFW = BLK0 + N_LAYER * NBLK, LNFB, HW, HB, NPARAM };
+typedef struct {
+    int ndim;
+    int64_t shape[2];
+    const char *spec[2]; /* over "model": column-parallel (-, model), row-parallel (model, -) */
+    float std;           /* normal(0, std); 0: zeros; -1: ones (norm gains) */
+    char name[24];
+} param_info;
+
+static void param_table(int vocab, param_info pi[NPARAM]) {
+    const float s = 0.02f, sp = 0.02f / sqrtf(2.0f * N_LAYER); /* GPT-2: residual projections scaled */
+    const int64_t C = N_EMBD, F = 4 * N_EMBD;
+    static const char *const blk[NBLK] = { "ln1.w", "ln1.b", "q.w",   "q.b",   "k.w",   "k.b",   "v.w",   "v.b",
+                                           "proj.w", "proj.b", "ln2.w", "ln2.b", "fc1.w", "fc1.b", "fc2.w", "fc2.b" };
+    pi[WTE] = (param_info){ 2, { vocab, C }, { 0 }, s, "wte" };
+    pi[WPE] = (param_info){ 2, { CTX, C }, { 0 }, s, "wpe" };
+    for (int l = 0; l < N_LAYER; l++) {
+        param_info *b = pi + BLK0 + l * NBLK;
+        b[LN1W] = b[LN2W] = (param_info){ 1, { C }, { 0 }, -1.0f, "" };
+        b[LN1B] = b[LN2B] = b[PB] = b[F2B] = (param_info){ 1, { C }, { 0 }, 0.0f, "" };
+        b[QW] = b[KW] = b[VW] = (param_info){ 2, { C, C }, { NULL, "model" }, s, "" };
+        b[QB] = b[KB] = b[VB] = (param_info){ 1, { C }, { "model" }, 0.0f, "" };
+        b[PW] = (param_info){ 2, { C, C }, { "model", NULL }, sp, "" };
+        b[F1W] = (param_info){ 2, { C, F }, { NULL, "model" }, s, "" };
+        b[F1B] = (param_info){ 1, { F }, { "model" }, 0.0f, "" };
+        b[F2W] = (param_info){ 2, { F, C }, { "model", NULL }, sp, "" };
+        for (int k = 0; k < NBLK; k++) snprintf(b[k].name, sizeof b[k].name, "h%d.%s", l, blk[k]);
+    }
+    pi[LNFW] = (param_info){ 1, { C }, { 0 }, -1.0f, "ln_f.w" };
+    pi[LNFB] = (param_info){ 1, { C }, { 0 }, 0.0f, "ln_f.b" };
+    pi[HW] = (param_info){ 2, { C, vocab }, { 0 }, s, "head.w" };
+    pi[HB] = (param_info){ 1, { vocab }, { 0 }, 0.0f, "head.b" };
+}
+
+/* A standard normal from the seeded stream (Box-Muller, 53-bit uniforms). */
+static double rng_normal(void) {
+    double u1 = ((double)(rng_next() >> 11) + 1.0) * 0x1p-53, u2 = (double)(rng_next() >> 11) * 0x1p-53;
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+/* The parameters as arrays of the mesh, initialised from the seeded stream in
+   table order (the same global values for every mesh); *count: their number. */
+static dpar_status gpt_params(dpar_mesh *mesh, const param_info pi[NPARAM], dpar_array *p[NPARAM], int64_t *count) {
+    *count = 0;
+    for (int i = 0; i < NPARAM; i++) {
+        dpar_array_desc d = { .dtype = DPAR_F32, .ndim = pi[i].ndim };
+        int64_t n = 1;
+        for (int k = 0; k < d.ndim; k++) n *= d.shape[k] = pi[i].shape[k], d.spec[k] = pi[i].spec[k];
+        dpar_status s = dpar_array_create(mesh, &d, &p[i]);
+        if (s) return s;
+        *count += n;
+        float *w = malloc((size_t)n * sizeof(float));
+        if (!w) return DPAR_ERR_OUT_OF_MEMORY;
+        for (int64_t k = 0; k < n; k++) w[k] = pi[i].std > 0.0f ? (float)(pi[i].std * rng_normal()) : -pi[i].std;
+        s = dpar_array_put(p[i], w);
+        free(w);
+        if (s) return s;
+    }
+    return DPAR_OK;
+}
+
+/* x [rows, k] @ w + b; w and b this device's shards. */
+static dpar_value linear(dpar_graph *g, dpar_value x, dpar_value w, dpar_value b) {
+    return dpar_g_bias_add(g, dpar_g_matmul(g, x, w, false, false), b);
+}
+/* [b*T, hl*hd] <-> [b, hl, T, hd] (heads to the batch dims and back) */
+static dpar_value split_heads(dpar_graph *g, dpar_value x, int64_t b, int64_t hl) {
+    x = dpar_g_reshape(g, x, 4, (int64_t[]){ b, CTX, hl, N_EMBD / N_HEAD });
+    return dpar_g_transpose(g, x, (const int[]){ 0, 2, 1, 3 });
+}
+static dpar_value merge_heads(dpar_graph *g, dpar_value x, int64_t b, int64_t hl) {
+    x = dpar_g_transpose(g, x, (const int[]){ 0, 2, 1, 3 });
+    return dpar_g_reshape(g, x, 2, (int64_t[]){ b * CTX, hl * (N_EMBD / N_HEAD) });
+}
+
+/* One pre-LN block on x [b*T, C] (invariant over "model"); p: its NBLK params. */
+static dpar_value gpt_block(dpar_graph *g, const dpar_value *p, dpar_value x, int64_t b, int tp) {
+    const int64_t hl = N_HEAD / tp;
+    /* attention: the heads of this device (column-parallel Q, K, V; row-parallel proj) */
+    dpar_value h = dpar_g_pcast(g, dpar_g_layer_norm(g, x, p[LN1W], p[LN1B], 1e-5f), "model"); /* [b*T, C] */
+    dpar_value q = split_heads(g, linear(g, h, p[QW], p[QB]), b, hl);                           /* [b, hl, T, hd] */
+    dpar_value k = split_heads(g, linear(g, h, p[KW], p[KB]), b, hl);
+    dpar_value v = split_heads(g, linear(g, h, p[VW], p[VB]), b, hl);
+    dpar_value a = merge_heads(g, dpar_g_attention(g, q, k, v, 0.0f, true), b, hl); /* [b*T, C/tp] */
+    dpar_value o = dpar_g_psum(g, dpar_g_matmul(g, a, p[PW], false, false), "model"); /* [b*T, C]: the all-reduce */
+    x = dpar_g_add(g, x, dpar_g_bias_add(g, o, p[PB]));
+    /* MLP: fc1 column-parallel, fc2 row-parallel */
+    h = dpar_g_pcast(g, dpar_g_layer_norm(g, x, p[LN2W], p[LN2B], 1e-5f), "model");
+    h = dpar_g_unary(g, linear(g, h, p[F1W], p[F1B]), DPAR_UNARY_GELU_TANH, 0.0f); /* [b*T, 4C/tp] */
+    o = dpar_g_psum(g, dpar_g_matmul(g, h, p[F2W], false, false), "model");         /* [b*T, C] */
+    return dpar_g_add(g, x, dpar_g_bias_add(g, o, p[F2B]));
+}
+
+/* The logits [b*T, V] of this device's token rows idx [b, T] (i32). */
+static dpar_value gpt_forward(dpar_graph *g, const dpar_value p[NPARAM], dpar_value idx, int64_t b, int tp) {
+    dpar_value x = dpar_g_embedding(g, p[WTE], idx);             /* [b, T, C] */
+    x = dpar_g_binary(g, x, p[WPE], DPAR_BINARY_ADD);            /* + wpe [T, C], broadcast over b */
+    x = dpar_g_reshape(g, x, 2, (int64_t[]){ b * CTX, N_EMBD }); /* rows: (batch, position) */
+    for (int l = 0; l < N_LAYER; l++) x = gpt_block(g, p + BLK0 + l * NBLK, x, b, tp);
+    x = dpar_g_layer_norm(g, x, p[LNFW], p[LNFB], 1e-5f);
+    return linear(g, x, p[HW], p[HB]);
+}
+
+/* A graph over the parameters: feed x [batch, T] i32 (split over "data" when
+   `split`), and its forward pass; *logits the logits value. */
+static dpar_graph *gpt_graph(dpar_mesh *mesh, dpar_array *const param[NPARAM], const param_info pi[NPARAM], int batch,
+                             bool split, int tp, dpar_value p[NPARAM], dpar_value *x, dpar_value *logits) {
+    dpar_graph *g;
+    if (dpar_graph_create(mesh, &g)) return NULL;
+    int64_t dp = split ? dpar_mesh_size(mesh) / tp : 1;
+    *x = dpar_g_feed(g, "x", &(dpar_array_desc){ DPAR_I32, 2, { batch, CTX }, { split ? "data" : NULL } });
+    for (int i = 0; i < NPARAM; i++) p[i] = dpar_g_param(g, pi[i].name, param[i]);
+    *logits = gpt_forward(g, p, *x, batch / dp, tp);
+    return g;
+}
+
+/* The training step: the mean cross-entropy of y [batch*T] (split over
+   "data"), its gradients and AdamW with decay on the 2-d params only. */
+static dpar_status gpt_train_graph(dpar_mesh *mesh, dpar_array *const param[NPARAM], const param_info pi[NPARAM],
+                                   const gpt_opts *o, dpar_graph **out, dpar_value *x, dpar_value *y) {
+    dpar_value p[NPARAM], grad[NPARAM], logits;
+    dpar_graph *g = *out = gpt_graph(mesh, param, pi, o->batch, true, o->tp, p, x, &logits);
+    if (!g) return dpar_graph_status(g);
+    *y = dpar_g_feed(g, "y", &(dpar_array_desc){ DPAR_I32, 1, { (int64_t)o->batch * CTX }, { "data" } });
+    dpar_value loss = dpar_g_softmax_xent(g, logits, *y); /* averaged over "data" by the graph */
+    dpar_status s = dpar_graph_value_and_grad(g, loss, p, NPARAM, grad);
+    bool decay[NPARAM];
+    for (int i = 0; i < NPARAM; i++) decay[i] = pi[i].ndim == 2;
+    dpar_adamw_desc ad = { .learning_rate = o->lr, .b1 = 0.9f, .b2 = 0.99f, .weight_decay = 0.1f, .clip_norm = 1.0f };
+    if (!s) s = dpar_graph_adamw_masked(g, &ad, p, grad, decay, NPARAM);
+    return s ? s : dpar_graph_compile(g, NULL);
+}
+
+/* The validation loss graph: feeds x, y as training; the loss pmean'd over "data", kept. */
+static dpar_status gpt_val_graph(dpar_mesh *mesh, dpar_array *const param[NPARAM], const param_info pi[NPARAM],
+                                 const gpt_opts *o, dpar_graph **out, dpar_value *x, dpar_value *y,
+                                 dpar_value *loss) {
+    dpar_value p[NPARAM], logits;
+    dpar_graph *g = *out = gpt_graph(mesh, param, pi, o->batch, true, o->tp, p, x, &logits);
+    if (!g) return dpar_graph_status(g);
+    *y = dpar_g_feed(g, "y", &(dpar_array_desc){ DPAR_I32, 1, { (int64_t)o->batch * CTX }, { "data" } });
+    *loss = dpar_g_pmean(g, dpar_g_softmax_xent(g, logits, *y), "data");
+    dpar_status s = dpar_graph_keep(g, *loss);
+    return s ? s : dpar_graph_compile(g, NULL);
+}
+
+/* Mean validation loss over nb fixed batches. */
+static dpar_status val_loss(dpar_graph *g, dpar_value x, dpar_value y, dpar_value loss, const text_data *t, int nb,
+                            int batch, int32_t *xb, int32_t *yb, double *out) {
+    double sum = 0.0;
+    for (int k = 0; k < nb; k++) {
+        float l;
+        val_batch(t, k, nb, batch, xb, yb);
+        dpar_graph_feed f[2] = { { .value = x, .host = xb }, { .value = y, .host = yb } };
+        dpar_status s = dpar_graph_run(g, f, 2, NULL);
+        if (!s) s = dpar_graph_get(g, loss, &l);
+        if (s) return s;
+        sum += l;
+    }
+    *out = sum / nb;
+    return DPAR_OK;
+}
+
+/* Prints `prompt` and n more characters, each sampled (temperature 1, the
+   seeded stream) from the logits of a batch-1 forward graph over the trained
+   parameters; the context is the last CTX characters. */
+static dpar_status generate(dpar_mesh *mesh, dpar_array *const param[NPARAM], const param_info pi[NPARAM], int tp,
+                            const text_data *t, const char *prompt, int n) {
+    dpar_value p[NPARAM], x, logits;
+    dpar_graph *g = gpt_graph(mesh, param, pi, 1, false, tp, p, &x, &logits);
+    dpar_status s = g ? dpar_graph_keep(g, logits) : DPAR_ERR_OUT_OF_MEMORY;
+    if (!s) s = dpar_graph_compile(g, NULL);
+    int len = (int)strlen(prompt), V = t->vocab;
+    char *text = malloc((size_t)(len + n + 1));
+    int32_t ctx[CTX];
+    float *lg = malloc((size_t)CTX * (size_t)V * sizeof(float));
+    memcpy(text, prompt, (size_t)len);
+    for (int k = 0; k < n && !s; k++, len++) {
+        int from = len > CTX ? len - CTX : 0, m = len - from;
+        memset(ctx, 0, sizeof ctx); /* positions after m - 1 do not reach it (causal) */
+        for (int i = 0; i < m; i++) ctx[i] = (int32_t)(strchr(t->chars, text[from + i]) - t->chars);
+        s = dpar_graph_run(g, &(dpar_graph_feed){ .value = x, .host = ctx }, 1, NULL);
+        if (!s) s = dpar_graph_get(g, logits, lg);
+        if (s) break;
+        const float *z = lg + (size_t)(m - 1) * (size_t)V;
+        double mx = z[0], tot = 0.0, u = (double)(rng_next() >> 11) * 0x1p-53, acc = 0.0;
+        for (int c = 1; c < V; c++) mx = fmax(mx, z[c]);
+        for (int c = 0; c < V; c++) tot += exp(z[c] - mx);
+        int c = 0;
+        for (; c < V - 1; c++)
+            if ((acc += exp(z[c] - mx) / tot) > u) break;
+        text[len] = t->chars[c];
+    }
+    text[len] = 0;
+    if (!s) printf("sample (prompt \"%s\", %d characters, temperature 1):\n%s\n", prompt, n, text);
+    free(text);
+    free(lg);
+    dpar_graph_destroy(g);
+    return s;
+}
+
+/* Are the replicas of every shard of `a` bitwise identical across the mesh? */
+static int replicas_identical(dpar_mesh *mesh, dpar_array *a) {
+    int n = dpar_mesh_size(mesh), ok = 1;
+    size_t nb = dpar_buffer_nbytes(dpar_array_shard(a, 0));
+    char *x = malloc(nb ? nb : 1), *y = malloc(nb ? nb : 1);
+    for (int i = 0; i < n && ok; i++)
+        for (int j = i + 1; j < n && ok; j++) {
+            int ci[DPAR_MAX_AXES], cj[DPAR_MAX_AXES], same = 1; /* the same block: same coords on the spec's axes */
+            dpar_mesh_coords(mesh, i, ci);
+            dpar_mesh_coords(mesh, j, cj);
+            for (int d = 0; d < dpar_array_ndim(a); d++) {
+                char spec[64];
+                dpar_array_spec(a, d, spec, sizeof spec);
+                for (int ax = 0; ax < dpar_mesh_ndim(mesh); ax++)
+                    if (strstr(spec, dpar_mesh_axis_name(mesh, ax)) && ci[ax] != cj[ax]) same = 0;
+            }
+            if (!same) continue;
+            dpar_buffer_read(dpar_array_shard(a, i), 0, x, nb);
+            dpar_buffer_read(dpar_array_shard(a, j), 0, y, nb);
+            if (memcmp(x, y, nb)) ok = 0;
+        }
+    free(x);
+    free(y);
+    return ok;
+}
+
+/* ------------------------------------------------------------------ main */
+int main(int argc, char **argv) {
+    gpt_opts o = { .backend = "cpu",
+                   .path = "examples/data/tinyshakespeare.txt.gz",
+                   .dp = 2,
+                   .tp = 2,
+                   .steps = 1000,
+                   .batch = 32,
+                   .seed = 42,
+                   .log_every = 50,
+                   .eval_every = 250,
+                   .val_batches = 20,
+                   .gen = 200,
+                   .lr = 3e-3f };
+    if (gpt_parse(argc, argv, &o)) return 2;
+    digits_prog = "train_gpt";
+    dpar_runtime_desc rd = { .num_devices = o.devices };
+    if (dpar_backend_from_name(o.backend, &rd.backend)) {
+        fprintf(stderr, "train_gpt: %s\n", dpar_last_error());
+        return 2;
+    }
+    text_data td;
+    if (text_load(o.path, &td)) {
+        fprintf(stderr, "train_gpt: could not read %s (run from the repository root)\n", o.path);
+        return 1;
+    }
+    rng_state = (uint64_t)o.seed; /* the weights, then the batches, then the sample */
+    dpar_runtime *rt;
+    dpar_mesh *mesh;
+    if (dpar_runtime_create(&rd, &rt)) return digits_fail("runtime");
+    dpar_mesh_desc md = { .ndim = 2, .shape = { o.dp, o.tp }, .axis_names = { "data", "model" } };
+    if (dpar_mesh_create(rt, &md, &mesh)) return digits_fail("mesh");
+    param_info pi[NPARAM];
+    param_table(td.vocab, pi);
+    dpar_array *param[NPARAM];
+    int64_t nparam;
+    if (gpt_params(mesh, pi, param, &nparam)) return digits_fail("parameters");
+    dpar_graph *train = NULL, *val = NULL;
+    dpar_value x, y, vx, vy, vloss;
+    if (gpt_train_graph(mesh, param, pi, &o, &train, &x, &y)) return digits_fail("training graph");
+    if (gpt_val_graph(mesh, param, pi, &o, &val, &vx, &vy, &vloss)) return digits_fail("validation graph");
+    printf("backend %s, %d devices: mesh %dx%d (data, model); %d heads per device\n", o.backend, o.devices, o.dp, o.tp,
+           N_HEAD / o.tp);
+    printf("data: %ld characters, vocabulary %d, %ld train / %ld validation; GPT %d layers, %d heads, %d embd, "
+           "context %d: %lld parameters; batch %d (%d per data shard), %d steps\n",
+           td.n, td.vocab, td.ntrain, td.n - td.ntrain, N_LAYER, N_HEAD, N_EMBD, CTX, (long long)nparam, o.batch,
+           o.batch / o.dp, o.steps);
+
+    int32_t *xb = malloc((size_t)o.batch * CTX * sizeof(int32_t)), *yb = malloc((size_t)o.batch * CTX * sizeof(int32_t));
+    dpar_lr_schedule_desc sched = { .kind = DPAR_LR_COSINE, .peak_lr = o.lr, .init_lr = o.lr / 100.0f,
+                                    .warmup_steps = 100, .decay_steps = o.steps, .end_lr = o.lr / 10.0f };
+    if (sched.decay_steps <= sched.warmup_steps) sched.decay_steps = sched.warmup_steps + 1; /* short runs */
+    double t0 = now_s(), tlog = t0, sum = 0.0, train_l = 0.0, val_l = 0.0;
+    for (int step = 0; step < o.steps; step++) {
+        float lr, loss;
+        train_batch(&td, o.batch, xb, yb);
+        dpar_graph_feed f[2] = { { .value = x, .host = xb }, { .value = y, .host = yb } };
+        if (dpar_lr_at(&sched, step, &lr) || dpar_graph_set_lr(train, lr) || dpar_graph_run(train, f, 2, &loss))
+            return digits_fail("train step");
+        sum += loss;
+        int done = step + 1, last = done == o.steps;
+        if (done % o.log_every == 0 || last) {
+            int k = done % o.log_every ? done % o.log_every : o.log_every;
+            double now = now_s();
+            train_l = sum / k;
+            printf("step %5d  train_loss %.8f  lr %.3e  ms/step %.0f\n", done, train_l, (double)lr,
+                   1e3 * (now - tlog) / k);
+            fflush(stdout);
+            sum = 0.0, tlog = now;
+        }
+        if ((o.eval_every && done % o.eval_every == 0) || last) {
+            if (val_loss(val, vx, vy, vloss, &td, o.val_batches, o.batch, xb, yb, &val_l))
+                return digits_fail("validation");
+            printf("step %5d  val_loss %.6f  (%d batches)  elapsed %.1f s\n", done, val_l, o.val_batches,
+                   now_s() - t0);
+            fflush(stdout);
+            tlog = now_s();
+        }
+    }
+    if (o.gen && generate(mesh, param, pi, o.tp, &td, "ROMEO:", o.gen)) return digits_fail("generation");
+    int same = 1;
+    for (int i = 0; i < NPARAM; i++) same &= replicas_identical(mesh, param[i]);
+    printf("replicated parameters bitwise identical on every device: %s\n", same ? "yes" : "NO");
+    printf("final: backend=%s devices=%d model=gpt dp=%d tp=%d steps=%d train_loss=%.6f val_loss=%.6f\n", o.backend,
+           o.devices, o.dp, o.tp, o.steps, train_l, val_l);
+    dpar_graph_destroy(val);
+    dpar_graph_destroy(train);
+    dpar_runtime_destroy(rt); /* frees the arrays and the mesh too */
+    free(xb);
+    free(yb);
+    free(td.tok);
+    return same ? 0 : 1;
+}
