@@ -33,7 +33,7 @@
    characters. Ends with exactly one line "final: backend=cpu devices=4
    model=gpt dp=2 tp=2 steps=1000 train_loss=... val_loss=...". Exit status
    0 on success (1 also when the replicas differ). */
-#include "digits_common.h" /* splitmix64 (rng_next), now_s, digits_fail */
+#include "digits_common.h" /* splitmix64 (rng_next), now_s, digits_fail, ex_parse */
 
 /* ------------------------------------------------------------------ flags */
 enum { N_LAYER = 4, N_HEAD = 4, N_EMBD = 128, CTX = 64, MAXV = 256 };
@@ -43,35 +43,22 @@ typedef struct {
     float lr;
 } gpt_opts;
 
-/* Parses the flags into o (defaults already there); 0 on success, 2 on a usage error. */
+/* Parses the flags into o (defaults already there; ex_parse); 0 on success, 2 on a usage error. */
 static int gpt_parse(int argc, char **argv, gpt_opts *o) {
-    struct { const char *name; int *v; } ints[] = { { "--dp", &o->dp },           { "--tp", &o->tp },
-                                                     { "--devices", &o->devices }, { "--steps", &o->steps },
-                                                     { "--batch", &o->batch },     { "--seed", &o->seed },
-                                                     { "--log-every", &o->log_every },
-                                                     { "--eval-every", &o->eval_every },
-                                                     { "--val-batches", &o->val_batches },
-                                                     { "--gen", &o->gen } };
-    for (int i = 1; i < argc; i += 2) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int known = 0;
-        if (!v) {
-            fprintf(stderr, "train_gpt: %s needs a value\n", a);
-            return 2;
-        }
-        for (size_t k = 0; k < sizeof ints / sizeof ints[0]; k++)
-            if (!strcmp(a, ints[k].name)) *ints[k].v = atoi(v), known = 1;
-        if (!strcmp(a, "--backend"))
-            o->backend = v, known = 1;
-        else if (!strcmp(a, "--data"))
-            o->path = v, known = 1;
-        else if (!strcmp(a, "--lr"))
-            o->lr = (float)atof(v), known = 1;
-        if (!known) {
-            fprintf(stderr, "train_gpt: unknown flag %s\n", a);
-            return 2;
-        }
-    }
+    const ex_flag f[] = { { "--backend", EX_STR, &o->backend },
+                          { "--data", EX_STR, &o->path },
+                          { "--dp", EX_INT, &o->dp },
+                          { "--tp", EX_INT, &o->tp },
+                          { "--devices", EX_INT, &o->devices },
+                          { "--steps", EX_INT, &o->steps },
+                          { "--batch", EX_INT, &o->batch },
+                          { "--seed", EX_INT, &o->seed },
+                          { "--log-every", EX_INT, &o->log_every },
+                          { "--eval-every", EX_INT, &o->eval_every },
+                          { "--val-batches", EX_INT, &o->val_batches },
+                          { "--gen", EX_INT, &o->gen },
+                          { "--lr", EX_FLOAT, &o->lr } };
+    if (ex_parse("train_gpt", argc, argv, f, (int)(sizeof f / sizeof f[0]))) return 2;
     if (!o->devices) o->devices = o->dp * o->tp; /* the default follows --dp x --tp */
     if (o->dp < 1 || o->tp < 1 || o->devices != o->dp * o->tp) {
         fprintf(stderr, "train_gpt: --dp %d x --tp %d must be >= 1 each and equal --devices %d\n", o->dp, o->tp,
@@ -239,17 +226,20 @@ static dpar_value gpt_forward(dpar_graph *g, const dpar_value p[NPARAM], dpar_va
     return linear(g, x, p[HW], p[HB]);
 }
 
-/* A graph over the parameters: feed x [batch, T] i32 (split over "data" when
-   `split`), and its forward pass; *logits the logits value. */
-static dpar_graph *gpt_graph(dpar_mesh *mesh, dpar_array *const param[NPARAM], const param_info pi[NPARAM], int batch,
-                             bool split, int tp, dpar_value p[NPARAM], dpar_value *x, dpar_value *logits) {
-    dpar_graph *g;
-    if (dpar_graph_create(mesh, &g)) return NULL;
+/* A graph *out over the parameters: feed x [batch, T] i32 (split over "data"
+   when `split`), and its forward pass; *logits the logits value. Builder
+   errors are the graph's (dpar_graph_status). */
+static dpar_status gpt_graph(dpar_mesh *mesh, dpar_array *const param[NPARAM], const param_info pi[NPARAM], int batch,
+                             bool split, int tp, dpar_graph **out, dpar_value p[NPARAM], dpar_value *x,
+                             dpar_value *logits) {
+    dpar_status s = dpar_graph_create(mesh, out);
+    if (s) return s;
+    dpar_graph *g = *out;
     int64_t dp = split ? dpar_mesh_size(mesh) / tp : 1;
     *x = dpar_g_feed(g, "x", &(dpar_array_desc){ DPAR_I32, 2, { batch, CTX }, { split ? "data" : NULL } });
     for (int i = 0; i < NPARAM; i++) p[i] = dpar_g_param(g, pi[i].name, param[i]);
     *logits = gpt_forward(g, p, *x, batch / dp, tp);
-    return g;
+    return DPAR_OK;
 }
 
 /* The training step: the mean cross-entropy of y [batch*T] (split over
@@ -257,11 +247,12 @@ static dpar_graph *gpt_graph(dpar_mesh *mesh, dpar_array *const param[NPARAM], c
 static dpar_status gpt_train_graph(dpar_mesh *mesh, dpar_array *const param[NPARAM], const param_info pi[NPARAM],
                                    const gpt_opts *o, dpar_graph **out, dpar_value *x, dpar_value *y) {
     dpar_value p[NPARAM], grad[NPARAM], logits;
-    dpar_graph *g = *out = gpt_graph(mesh, param, pi, o->batch, true, o->tp, p, x, &logits);
-    if (!g) return dpar_graph_status(g);
+    dpar_status s = gpt_graph(mesh, param, pi, o->batch, true, o->tp, out, p, x, &logits);
+    if (s) return s;
+    dpar_graph *g = *out;
     *y = dpar_g_feed(g, "y", &(dpar_array_desc){ DPAR_I32, 1, { (int64_t)o->batch * CTX }, { "data" } });
     dpar_value loss = dpar_g_softmax_xent(g, logits, *y); /* averaged over "data" by the graph */
-    dpar_status s = dpar_graph_value_and_grad(g, loss, p, NPARAM, grad);
+    s = dpar_graph_value_and_grad(g, loss, p, NPARAM, grad);
     bool decay[NPARAM];
     for (int i = 0; i < NPARAM; i++) decay[i] = pi[i].ndim == 2;
     dpar_adamw_desc ad = { .learning_rate = o->lr, .b1 = 0.9f, .b2 = 0.99f, .weight_decay = 0.1f, .clip_norm = 1.0f };
@@ -274,11 +265,12 @@ static dpar_status gpt_val_graph(dpar_mesh *mesh, dpar_array *const param[NPARAM
                                  const gpt_opts *o, dpar_graph **out, dpar_value *x, dpar_value *y,
                                  dpar_value *loss) {
     dpar_value p[NPARAM], logits;
-    dpar_graph *g = *out = gpt_graph(mesh, param, pi, o->batch, true, o->tp, p, x, &logits);
-    if (!g) return dpar_graph_status(g);
+    dpar_status s = gpt_graph(mesh, param, pi, o->batch, true, o->tp, out, p, x, &logits);
+    if (s) return s;
+    dpar_graph *g = *out;
     *y = dpar_g_feed(g, "y", &(dpar_array_desc){ DPAR_I32, 1, { (int64_t)o->batch * CTX }, { "data" } });
     *loss = dpar_g_pmean(g, dpar_g_softmax_xent(g, logits, *y), "data");
-    dpar_status s = dpar_graph_keep(g, *loss);
+    s = dpar_graph_keep(g, *loss);
     return s ? s : dpar_graph_compile(g, NULL);
 }
 
@@ -305,8 +297,9 @@ static dpar_status val_loss(dpar_graph *g, dpar_value x, dpar_value y, dpar_valu
 static dpar_status generate(dpar_mesh *mesh, dpar_array *const param[NPARAM], const param_info pi[NPARAM], int tp,
                             const text_data *t, const char *prompt, int n) {
     dpar_value p[NPARAM], x, logits;
-    dpar_graph *g = gpt_graph(mesh, param, pi, 1, false, tp, p, &x, &logits);
-    dpar_status s = g ? dpar_graph_keep(g, logits) : DPAR_ERR_OUT_OF_MEMORY;
+    dpar_graph *g = NULL;
+    dpar_status s = gpt_graph(mesh, param, pi, 1, false, tp, &g, p, &x, &logits);
+    if (!s) s = dpar_graph_keep(g, logits);
     if (!s) s = dpar_graph_compile(g, NULL);
     int len = (int)strlen(prompt), V = t->vocab;
     char *text = malloc((size_t)(len + n + 1));
