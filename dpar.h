@@ -1596,7 +1596,7 @@ DPAR_API dpar_status dpar_graph_get(dpar_graph *g, dpar_value v, void *host);
 DPAR_API dpar_status dpar_graph_read_shard(dpar_graph *g, dpar_value v, int device, void *host);
 /* Writes one line per node (id, op, name, inputs, dtype and per-device shape,
    the axes it varies over, the collective's axes, global shape and spec of
-   feeds/params) to `path`, or stdout when path is NULL. dpar_graph_write_dot:
+   feeds/params, in pipelines its stage and whether it is a boundary) to `path`, or stdout when path is NULL. dpar_graph_write_dot:
    the same graph as Graphviz DOT. Errors: DPAR_ERR_IO naming the path. */
 DPAR_API dpar_status dpar_graph_print(const dpar_graph *g, const char *path);
 DPAR_API dpar_status dpar_graph_write_dot(const dpar_graph *g, const char *path);
@@ -10461,6 +10461,7 @@ DPAR_API dpar_status dpar_graph_print(const dpar_graph *g, const char *path) {
         }
         if (nd->keep) fprintf(f, " kept");
         if (nd->async) fprintf(f, " async");
+        if (g->pp && nd->stage >= 0) fprintf(f, " stage %d%s", nd->stage, nd->pipe ? " (boundary)" : "");
         fprintf(f, "\n");
     }
     return dpar__g_close("dpar_graph_print", path, f);

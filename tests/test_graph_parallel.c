@@ -4,6 +4,7 @@
    within 1e-4, replicas bitwise identical, optimizer memory per device divided by the axis size, and the errors
    of bad input. The model is a 4-layer MLP whose widths are no multiple of 2 or 4 (padding). */
 #include "testutil.h"
+#include <unistd.h>
 
 enum { B = 12, NL = 4, NP = 2 * NL, STEPS = 6 };
 static const int64_t dims[NL + 1] = { 5, 7, 6, 9, 3 };
@@ -85,6 +86,17 @@ static void train(int n, const opts *o, const data *d, float *loss, float (*para
     dpar_mesh *m = t_mesh1(rt, n, o->pipe ? o->pipe : "data");
     model t;
     build(&t, m, o, d);
+    if (o->pipe && n == 2) { /* the printed graph names each node's stage and the boundary */
+        char path[64], line[512];
+        snprintf(path, sizeof path, "/tmp/dpar_tgp_%d.txt", (int)getpid());
+        T_OK(dpar_graph_print(t.g, path));
+        FILE *f = fopen(path, "r");
+        int boundaries = 0;
+        while (f && fgets(line, sizeof line, f)) boundaries += strstr(line, "ppermute") && strstr(line, "(boundary)");
+        if (f) fclose(f);
+        remove(path);
+        assert_int_equal(boundaries, 2); /* forward and its transpose */
+    }
     for (int s = 0; s < STEPS; s++) {
         dpar_graph_feed f[2] = { { t.x, d->x[s % 2], NULL }, { t.y, d->y[s % 2], NULL } };
         T_OK(dpar_graph_run(t.g, f, 2, &loss[s]));
