@@ -1554,6 +1554,19 @@ DPAR_API dpar_status dpar_graph_set_lr(dpar_graph *g, float lr);
 /* Keeps v readable after each run (dpar_graph_get); the loss and the
    gradients are kept already. Errors: DPAR_ERR_STATE after compile. */
 DPAR_API dpar_status dpar_graph_keep(dpar_graph *g, dpar_value v);
+/* Remat (gradient checkpointing, jax.checkpoint): the ops built between
+   dpar_graph_remat_begin and dpar_graph_remat_end form a segment whose values
+   the backward pass recomputes (from the segment's inputs, on first use)
+   instead of keeping them from the forward pass: less memory (the planned
+   and measured peak fall), one more forward of the segment per step, and
+   gradients bit-identical to the unmarked graph on the CPU backend. Leaves
+   (feeds, params, consts) are never recomputed. Segments do not nest; mark
+   them before dpar_graph_value_and_grad (which fails with DPAR_ERR_STATE
+   while one is open). Errors: DPAR_ERR_INVALID_ARGUMENT (g NULL),
+   DPAR_ERR_STATE (begin while open, end while none is open, after
+   value_and_grad or compile). */
+DPAR_API dpar_status dpar_graph_remat_begin(dpar_graph *g);
+DPAR_API dpar_status dpar_graph_remat_end(dpar_graph *g);
 
 /* --- compile, run, inspect --- */
 typedef struct dpar_graph_stats {
@@ -1562,6 +1575,9 @@ typedef struct dpar_graph_stats {
     uint64_t planned_bytes; /* bytes per device of the node buffers after liveness reuse */
     uint64_t naive_bytes;   /* bytes per device with one buffer per node */
     uint64_t opt_bytes;     /* bytes per device of optimizer state (momentum, AdamW m and v) */
+    /* bytes per device of the feeds (and a one-float scratch): the graph's planned live set
+       is planned_bytes + resident_bytes + opt_bytes (params, the user's arrays, not counted) */
+    uint64_t resident_bytes;
 } dpar_graph_stats;
 /* Schedules (the order built), plans memory (a buffer reused once its last
    reader ran; params and feeds not counted) and allocates on every device.
@@ -7785,6 +7801,9 @@ typedef struct dpar__gnode {
     int slot;          /* compiled: index into the graph's buffers, -1 none */
     int stage;         /* pipelines: the stage that computes it (-1: a leaf, on every stage) */
     bool pipe;         /* pipelines: a stage boundary (a ppermute between neighbouring stages) */
+    size_t attr_sz;    /* bytes of attr (0: unknown, the node is not recomputed) */
+    int remat;         /* > 0: made inside remat segment `remat` (>>graph remat) */
+    int remat_of;      /* > 0: the backward's recomputed copy of that forward node */
 } dpar__gnode;
 
 typedef struct dpar__gopt {
@@ -7825,6 +7844,10 @@ struct dpar_graph {
     int *mb_now;            /* pipelines, running: [nlocal] the micro-batch (buffer set) of each device */
     dpar_buffer **mb_slots; /* pipelines: [((m - 1) * nslots + slot) * nlocal + li], sets m = 1..M-1 */
     bool *mb_owned;         /* [(m - 1) * nslots + slot]: the graph's buffers (not set 0's, shared) */
+    int remat_seg;   /* segments begun so far (>>graph remat) */
+    bool remat_open; /* between dpar_graph_remat_begin and _end */
+    int *rclone;     /* while the backward is built: [forward node] its recomputed copy, 0 none yet */
+    int rupto;       /* the forward nodes are 1..rupto-1 */
 };
 static bool dpar__g_pipe_inputs(dpar_graph *g, int nin, const int *in); /* >>graph zero1-pipe */
 static bool dpar__g_pipe_feed(dpar_graph *g, int id, const char *name);
@@ -7900,8 +7923,15 @@ static bool dpar__g_args(dpar_graph *g, const char *fn, int n, const dpar_value 
         }
     return true;
 }
+static int dpar__g_remat_in(dpar_graph *g, int x);
 static int dpar__g_push(dpar_graph *g, int kind, int nin, const int *in, dpar_dtype dt, int ndim,
                         const int64_t *shape) {
+    int sub[5];
+    if (g->rclone) { /* building the backward: it reads the recomputed copies of remat nodes */
+        for (int i = 0; i < nin; i++) sub[i] = dpar__g_remat_in(g, in[i]);
+        if (g->err) return 0;
+        in = sub;
+    }
     if (g->pp && !dpar__g_pipe_inputs(g, nin, in)) return 0;
     if (g->count == g->cap) {
         int cap = g->cap * 2;
@@ -7922,6 +7952,7 @@ static int dpar__g_push(dpar_graph *g, int kind, int nin, const int *in, dpar_dt
     nd->ndim = ndim;
     nd->slot = -1;
     nd->stage = nin ? g->stage_now : -1;
+    nd->remat = g->remat_open && nin > 0 ? g->remat_seg : 0;
     for (int d = 0; d < ndim; d++) nd->shape[d] = shape[d];
     for (int i = 0; i < nin; i++) {
         nd->in[i] = in[i];
@@ -8830,6 +8861,7 @@ static dpar_value dpar__g_win_node(dpar_graph *g, int kind, int n, const int *in
     if (!(g->n[id].attr = DPAR_MALLOC(sz)))
         return dpar__g_fail(g, DPAR_ERR_OUT_OF_MEMORY, "dpar graph: out of memory for node %d", id);
     memcpy(g->n[id].attr, desc, sz);
+    g->n[id].attr_sz = sz;
     return dpar__gv(id);
 }
 DPAR_API dpar_value dpar_g_conv2d(dpar_graph *g, dpar_value x, dpar_value w, dpar_value b, const dpar_conv2d_desc *d) {
@@ -9165,6 +9197,8 @@ static int dpar__g_final_grad(dpar_graph *g, dpar__gback *bk, int w, int c, cons
     if (g->n[w].kind == DPAR__G_FEED || g->n[w].kind == DPAR__G_PARAM) g->n[c].spec_of = w;
     return c;
 }
+static dpar_status dpar__g_remat_start(dpar_graph *g, int upto);
+static void dpar__g_remat_stop(dpar_graph *g);
 DPAR_API dpar_status dpar_graph_value_and_grad(dpar_graph *g, dpar_value loss, const dpar_value *wrt, int n,
                                                dpar_value *grads) {
     const char *fn = "dpar_graph_value_and_grad";
@@ -9174,6 +9208,9 @@ DPAR_API dpar_status dpar_graph_value_and_grad(dpar_graph *g, dpar_value loss, c
         return dpar__g_err(g, DPAR_ERR_INVALID_ARGUMENT, "%s: n = %d with wrt or grads NULL", fn, n);
     if (n && !dpar__g_args(g, fn, n, wrt)) return dpar__g_status(g);
     if (g->loss) return dpar__g_err(g, DPAR_ERR_STATE, "%s: the graph has a loss already (once per graph)", fn);
+    if (g->remat_open)
+        return dpar__g_err(g, DPAR_ERR_STATE, "%s: remat segment %d is still open; call dpar_graph_remat_end first",
+                           fn, g->remat_seg);
     const dpar__gnode *ln = &g->n[loss.id];
     char l[96], sh[160];
     if (dpar__g_count(ln) != 1 || ln->dtype != DPAR_F32)
@@ -9203,11 +9240,13 @@ DPAR_API dpar_status dpar_graph_value_and_grad(dpar_graph *g, dpar_value loss, c
         /* a pipeline sums the gradients of its micro-batches: each is seeded with 1 / M */
         int seed = s ? 0 : dpar_g_const(g, DPAR_F32, 0, NULL, dpar__g_pipe_seed(g)).id;
         bk.ct[loss.id] = seed;
+        if (!s && g->remat_seg) s = dpar__g_remat_start(g, upto);
         for (int i = loss.id; i > 0 && !s; i--)
             if (bk.ct[i] && bk.needed[i] && g->count + 64 < (int)cap) {
                 dpar__g_pipe_enter(g, i, upto);
                 s = dpar__g_grad(g, &bk, i, dpar__gv(bk.ct[i]));
             }
+        dpar__g_remat_stop(g);
         if (!s && g->count + 64 * (n + 1) >= (int)cap)
             s = dpar__g_err(g, DPAR_ERR_OUT_OF_MEMORY, "%s: backward pass too large", fn);
         for (int i = 1; i < g->count; i++)
@@ -9998,6 +10037,8 @@ static dpar_status dpar__g_assign(dpar_graph *g, dpar__gplan *p, int i) {
     dpar_status s = DPAR_OK;
     if (nd->kind == DPAR__G_SGD) return DPAR_OK;
     if (nd->kind == DPAR__G_FEED || nd->kind == DPAR__G_PARAM) { /* a pipeline's feed: one micro-batch, a copy */
+        if (nd->kind == DPAR__G_FEED)
+            g->stats.resident_bytes += (uint64_t)dpar__g_count(nd) * dpar_dtype_size(nd->dtype);
         nd->slot = dpar__g_new_slot(g, p, nd, g->pp && nd->kind == DPAR__G_FEED ? NULL : nd->array, &s);
         return s;
     }
@@ -10077,6 +10118,7 @@ static dpar_status dpar__g_state(dpar_graph *g) {
     dpar_status s = DPAR_OK;
     for (int li = 0; li < nl && !s; li++)
         s = dpar_buffer_create(g->rt, g->first + li, DPAR_F32, 0, NULL, &g->scratch[li]);
+    g->stats.resident_bytes += sizeof(float);
     int nstate = !g->has_opt ? 0 : g->opt.adamw ? 2 : g->opt.d.momentum != 0.0f ? 1 : 0; /* m, v / momentum */
     if (!s && g->z1) s = dpar__g_z1_alloc(g, nstate); /* ZeRO-1: blocks of the params and of their state */
     for (int k = 0; k < n && !s; k++)
@@ -10462,6 +10504,8 @@ DPAR_API dpar_status dpar_graph_print(const dpar_graph *g, const char *path) {
         if (nd->keep) fprintf(f, " kept");
         if (nd->async) fprintf(f, " async");
         if (g->pp && nd->stage >= 0) fprintf(f, " stage %d%s", nd->stage, nd->pipe ? " (boundary)" : "");
+        if (nd->remat) fprintf(f, " remat%d", nd->remat);
+        if (nd->remat_of) fprintf(f, " recomputes(%d)", nd->remat_of);
         fprintf(f, "\n");
     }
     return dpar__g_close("dpar_graph_print", path, f);
@@ -10732,6 +10776,102 @@ DPAR_API dpar_status dpar_test(dpar_ctx *ctx, dpar_request *r, bool *done) {
                          "on another device, or a step: pass ctx = NULL)",
                          ctx->device);
     return DPAR_OK;
+}
+/* >>graph remat ==============================================================
+   Gradient checkpointing (jax.checkpoint): the nodes built between
+   dpar_graph_remat_begin and _end carry their segment number. A segment's
+   interior is its nodes read only by nodes of the same segment; its outputs
+   (read outside it, kept, or the loss) and its inputs are saved, as JAX saves
+   a checkpointed function's arguments and results. While
+   dpar_graph_value_and_grad builds the backward, dpar__g_push swaps every
+   input that is an interior node for a recomputed copy, made on first use
+   (its interior inputs swapped the same way, recursively). So the forward
+   originals die after their last forward reader, the copies live only
+   through the backward stretch that reads them, and the liveness plan needs
+   fewer buffers. The copies run the same ops on the same inputs, so the
+   gradients are bit-identical on the CPU backend. Leaves (feeds, params,
+   consts) are never recomputed; a node whose attribute size is unknown is
+   kept, not recomputed. */
+DPAR_API dpar_status dpar_graph_remat_begin(dpar_graph *g) {
+    dpar__clear_error();
+    if (!dpar__g_args(g, "dpar_graph_remat_begin", 0, NULL)) return g ? dpar__g_status(g) : DPAR_ERR_INVALID_ARGUMENT;
+    if (g->loss)
+        return dpar__g_err(g, DPAR_ERR_STATE,
+                           "dpar_graph_remat_begin: the backward is built already; mark segments of the forward "
+                           "before dpar_graph_value_and_grad");
+    if (g->remat_open)
+        return dpar__g_err(g, DPAR_ERR_STATE,
+                           "dpar_graph_remat_begin: segment %d is open; segments do not nest, end it first",
+                           g->remat_seg);
+    g->remat_seg++;
+    g->remat_open = true;
+    return DPAR_OK;
+}
+DPAR_API dpar_status dpar_graph_remat_end(dpar_graph *g) {
+    dpar__clear_error();
+    if (!dpar__g_args(g, "dpar_graph_remat_end", 0, NULL)) return g ? dpar__g_status(g) : DPAR_ERR_INVALID_ARGUMENT;
+    if (!g->remat_open)
+        return dpar__g_err(g, DPAR_ERR_STATE,
+                           "dpar_graph_remat_end: no remat segment is open; call dpar_graph_remat_begin first");
+    g->remat_open = false;
+    return DPAR_OK;
+}
+/* rclone[x]: -1 saved (used as is), 0 interior not copied yet, else its copy. */
+static dpar_status dpar__g_remat_start(dpar_graph *g, int upto) {
+    g->rclone = (int *)DPAR_MALLOC((size_t)upto * sizeof(int));
+    if (!g->rclone)
+        return dpar__g_err(g, DPAR_ERR_OUT_OF_MEMORY, "dpar_graph_value_and_grad: out of memory for remat");
+    g->rupto = upto;
+    for (int x = 0; x < upto; x++) g->rclone[x] = g->n[x].remat && !g->n[x].keep && x != g->loss ? -2 : -1;
+    for (int j = 1; j < upto; j++)
+        for (int k = 0; k < g->n[j].nin; k++) {
+            int x = g->n[j].in[k];
+            if (g->n[x].remat != g->n[j].remat) g->rclone[x] = -1; /* a segment output */
+            else if (g->rclone[x] == -2) g->rclone[x] = 0;          /* read inside its segment */
+        }
+    for (int x = 0; x < upto; x++)
+        if (g->rclone[x] == -2) g->rclone[x] = -1; /* read by nothing forward: an output */
+    return DPAR_OK;
+}
+static void dpar__g_remat_stop(dpar_graph *g) {
+    DPAR_FREE(g->rclone);
+    g->rclone = NULL;
+    g->rupto = 0;
+}
+/* The recomputed copy of forward node x: the same op and attributes on the
+   (recomputed) inputs; x itself when it cannot be copied (out of memory: error recorded). */
+static int dpar__g_remat_copy(dpar_graph *g, int x) {
+    dpar__gnode o = g->n[x]; /* a copy: pushing may move the table */
+    if (o.attr && !o.attr_sz) return x;
+    void *attr = o.attr ? DPAR_MALLOC(o.attr_sz) : NULL;
+    int *pairs = o.pairs ? (int *)DPAR_MALLOC((size_t)o.npairs * 2 * sizeof(int)) : NULL;
+    bool ok = (!o.attr || attr) && (!o.pairs || pairs);
+    int id = ok ? dpar__g_push(g, o.kind, o.nin, o.in, o.dtype, o.ndim, o.shape) : 0;
+    if (!id) {
+        DPAR_FREE(attr);
+        DPAR_FREE(pairs);
+        if (!g->err) dpar__g_fail(g, DPAR_ERR_OUT_OF_MEMORY, "dpar_graph_value_and_grad: out of memory for remat");
+        return x;
+    }
+    if (attr) memcpy(attr, o.attr, o.attr_sz);
+    if (pairs) memcpy(pairs, o.pairs, (size_t)o.npairs * 2 * sizeof(int));
+    dpar__gnode *c = &g->n[id];
+    memcpy(o.in, c->in, sizeof o.in); /* the inputs as swapped by dpar__g_push */
+    *c = o;
+    c->attr = attr;
+    c->pairs = pairs;
+    c->keep = c->async = false;
+    c->spec_of = 0;
+    c->array = NULL;
+    c->slot = -1;
+    c->remat = 0;
+    c->remat_of = x;
+    return id;
+}
+static int dpar__g_remat_in(dpar_graph *g, int x) {
+    if (x <= 0 || x >= g->rupto || g->rclone[x] < 0) return x;
+    if (!g->rclone[x]) g->rclone[x] = dpar__g_remat_copy(g, x);
+    return g->rclone[x];
 }
 
 /* >>trace-stats ==============================================================
