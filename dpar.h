@@ -505,6 +505,16 @@ DPAR_API dpar_status dpar_array_put_rows(dpar_array *a, int64_t row_begin, int64
 DPAR_API dpar_buffer *dpar_array_shard(const dpar_array *a, int device);
 DPAR_API int dpar_array_ndim(const dpar_array *a);
 DPAR_API int64_t dpar_array_dim(const dpar_array *a, int i);
+/* Draws which device holds which block of a global 0-, 1- or 2-d array
+   (jax.debug.visualize_array_sharding) as a text table to `path`, or stdout
+   when path is NULL: a header line "f32[8, 6] spec(data, model) mesh(data=2,
+   model=2)", then one cell per block (rows: dimension 0's blocks; columns:
+   the last dimension's, so a 1-d array is one row), each naming the devices
+   holding it ("dev 3", or "devs 0,2" when replicated over a mesh axis) and
+   its element range ("[0:4, 3:6]"). Dimensions not in the spec are whole.
+   Errors: DPAR_ERR_INVALID_ARGUMENT (a NULL), DPAR_ERR_SHAPE (more than 2
+   dimensions), DPAR_ERR_IO naming the path. */
+DPAR_API dpar_status dpar_visualize_array_sharding(const dpar_array *a, const char *path);
 
 /* ---------------------------------------------------------------------------
    Dispatch: pmap and shard_map
@@ -10777,6 +10787,105 @@ DPAR_API dpar_status dpar_test(dpar_ctx *ctx, dpar_request *r, bool *done) {
                          ctx->device);
     return DPAR_OK;
 }
+
+/* >>sharding visualize =======================================================
+   jax.debug.visualize_array_sharding as text: one cell per block of a 0-, 1-
+   or 2-d global array (rows: dimension 0's blocks, columns: the last
+   dimension's), naming every device that holds it and the element range. */
+enum { DPAR__VIS_CELL = 512 };
+/* The block (index along a dimension) that mesh position pos holds on dimension d. */
+static int64_t dpar__vis_block(const dpar_array *a, const int *coords, int d) {
+    int64_t k = 0;
+    for (int j = 0; j < a->spec_n[d]; j++) k = k * a->mesh->shape[a->spec_axes[d][j]] + coords[a->spec_axes[d][j]];
+    return k;
+}
+static int64_t dpar__vis_nblocks(const dpar_array *a, int d) {
+    int64_t n = 1;
+    for (int j = 0; d >= 0 && j < a->spec_n[d]; j++) n *= a->mesh->shape[a->spec_axes[d][j]];
+    return n;
+}
+/* Fills cells[r * nc + c] (two lines each: "dev i" / "devs i,j,..." and the range). */
+static void dpar__vis_cells(const dpar_array *a, int rd, int cd, int64_t nr, int64_t nc, char *cells) {
+    for (int p = 0; p < a->mesh->size; p++) {
+        int c[DPAR_MAX_AXES];
+        dpar__pos_to_coords(a->mesh, p, c);
+        int64_t r = rd >= 0 ? dpar__vis_block(a, c, rd) : 0, k = cd >= 0 ? dpar__vis_block(a, c, cd) : 0;
+        char *cell = cells + (size_t)(r * nc + k) * DPAR__VIS_CELL;
+        size_t at = strlen(cell), cap = DPAR__VIS_CELL / 2 - 8; /* room for the "devs " prefix */
+        if (at + 12 < cap) snprintf(cell + at, cap - at, at ? ",%d" : "%d", a->mesh->devices[p]);
+        char *rng = cell + DPAR__VIS_CELL / 2;
+        size_t ra = 0;
+        int dims[2] = { rd, cd };
+        int64_t blk[2] = { r, k };
+        ra += (size_t)snprintf(rng, DPAR__VIS_CELL / 2, "[");
+        for (int i = 0; i < 2; i++)
+            if (dims[i] >= 0)
+                ra += (size_t)snprintf(rng + ra, DPAR__VIS_CELL / 2 - ra, ra > 1 ? ", %lld:%lld" : "%lld:%lld",
+                                       (long long)(blk[i] * a->local[dims[i]]),
+                                       (long long)((blk[i] + 1) * a->local[dims[i]]));
+        snprintf(rng + ra, DPAR__VIS_CELL / 2 - ra, "]");
+    }
+    for (int64_t i = 0; i < nr * nc; i++) { /* "0,2" -> "devs 0,2" */
+        char *cell = cells + (size_t)i * DPAR__VIS_CELL, tmp[DPAR__VIS_CELL / 2];
+        snprintf(tmp, sizeof tmp, "%s %s", strchr(cell, ',') ? "devs" : "dev", cell);
+        memcpy(cell, tmp, sizeof tmp);
+    }
+}
+static void dpar__vis_rule(FILE *f, int64_t nc, size_t w) {
+    for (int64_t k = 0; k < nc; k++) {
+        fputc('+', f);
+        for (size_t i = 0; i < w + 2; i++) fputc('-', f);
+    }
+    fputs("+\n", f);
+}
+DPAR_API dpar_status dpar_visualize_array_sharding(const dpar_array *a, const char *path) {
+    const char *fn = "dpar_visualize_array_sharding";
+    dpar__clear_error();
+    if (!a) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: array is NULL", fn);
+    if (a->ndim > 2)
+        return dpar__err(DPAR_ERR_SHAPE, "%s: the array is %d-d; it draws 0-, 1- and 2-d arrays (reshape it first)",
+                         fn, a->ndim);
+    int rd = a->ndim == 2 ? 0 : -1, cd = a->ndim - 1; /* a 1-d array is one row of blocks */
+    int64_t nr = dpar__vis_nblocks(a, rd), nc = dpar__vis_nblocks(a, cd);
+    char *cells = (char *)DPAR_MALLOC((size_t)(nr * nc) * DPAR__VIS_CELL);
+    if (!cells) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+    memset(cells, 0, (size_t)(nr * nc) * DPAR__VIS_CELL);
+    dpar__vis_cells(a, rd, cd, nr, nc, cells);
+    size_t w = 0;
+    for (int64_t i = 0; i < nr * nc; i++)
+        for (int l = 0; l < 2; l++) {
+            size_t n = strlen(cells + (size_t)i * DPAR__VIS_CELL + (size_t)l * DPAR__VIS_CELL / 2);
+            w = n > w ? n : w;
+        }
+    FILE *f = dpar__g_open(fn, path);
+    if (!f) {
+        DPAR_FREE(cells);
+        return DPAR_ERR_IO;
+    }
+    char sh[160], sp[64];
+    fprintf(f, "%s%s spec(", dpar_dtype_name(a->dtype), dpar__shape_str(sh, sizeof sh, a->ndim, a->shape));
+    for (int d = 0; d < a->ndim; d++) {
+        dpar__spec_axes_str(a, d, sp, sizeof sp);
+        fprintf(f, d ? ", %s" : "%s", sp[0] ? sp : "-");
+    }
+    fprintf(f, ") mesh(");
+    for (int x = 0; x < a->mesh->ndim; x++) fprintf(f, x ? ", %s=%d" : "%s=%d", a->mesh->names[x], a->mesh->shape[x]);
+    fprintf(f, ")\n");
+    for (int64_t r = 0; r < nr; r++) {
+        dpar__vis_rule(f, nc, w);
+        for (int l = 0; l < 2; l++) {
+            for (int64_t k = 0; k < nc; k++) {
+                const char *line = cells + (size_t)(r * nc + k) * DPAR__VIS_CELL + (size_t)l * DPAR__VIS_CELL / 2;
+                fprintf(f, "| %-*s ", (int)w, line);
+            }
+            fputs("|\n", f);
+        }
+    }
+    dpar__vis_rule(f, nc, w);
+    DPAR_FREE(cells);
+    return dpar__g_close(fn, path, f);
+}
+
 /* >>graph remat ==============================================================
    Gradient checkpointing (jax.checkpoint): the nodes built between
    dpar_graph_remat_begin and _end carry their segment number. A segment's
