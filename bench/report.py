@@ -32,7 +32,7 @@ def med(v):
 
 def main():
     raw, out = sys.argv[1], sys.argv[2]
-    coll, train, skips, pairs, mm, load = [], [], [], [], [], {}
+    coll, train, skips, pairs, mm, load, graph = [], [], [], [], [], {}, []
     with open(raw) as f:
         for line in f:
             r = line.strip().split(",")
@@ -54,6 +54,10 @@ def main():
                                   sps=float(r[6]), note=r[7] if len(r) > 7 else ""))
             elif r[0] == "load" and len(r) >= 3:
                 load[r[1]] = r[2].replace("/", " ")
+            elif r[0] == "graph" and len(r) >= 11:  # bench_graph.c: graph vs eager digits step, interleaved
+                graph.append(dict(backend=r[1], n=int(r[3]), eager=float(r[4]), graph=float(r[5]), med=float(r[6]),
+                                  lo=float(r[7]), hi=float(r[8]), rounds=int(r[9]), load=float(r[10]),
+                                  cpu="%s (%s-%s)" % (r[11], r[12], r[13]) if len(r) >= 14 else "-"))
             elif r[0] == "skip":
                 skips.append(", ".join(r[1:]))
 
@@ -201,6 +205,19 @@ def main():
                    % (", ".join(str(b) for b in buckets), tot / 1e3, ovl / 1e3, 100 * ovl / tot if tot else 0), ""]
         except Exception as e:
             md += ["(trace not readable: %s)" % e, ""]
+    if graph:
+        md += ["## Digits step: replayed graph vs eager hand-written step (bench_graph, interleaved)", "",
+               "Per round, a block of eager steps and a block of graph steps, alternating which goes first; "
+               "ratio = graph step time / eager step time (< 1: the graph is faster). Vulkan (llvmpipe): wall time, "
+               "the device computes on the same cores.", "",
+               "| backend | devices | eager ms/step | graph ms/step | ratio median | min | max | CPU-time ratio (min-max) "
+               "| rounds | load avg |",
+               "|---|---|---|---|---|---|---|---|---|---|"]
+        for g in graph:
+            md.append("| %s | %d | %.4f | %.4f | %.3f | %.3f | %.3f | %s | %d | %.1f |" % (
+                g["backend"], g["n"], g["eager"], g["graph"], g["med"], g["lo"], g["hi"], g["cpu"], g["rounds"],
+                g["load"]))
+        md.append("")
     if skips:
         md += ["## Skipped", ""] + ["- " + s for s in skips] + [""]
 
@@ -275,6 +292,9 @@ def main():
         if rr:
             parts.append("%s step dpar/JAX: %s" % (model, ", ".join(rr)))
     parts.append("load %s" % load.get("start", "?"))
+    for g in graph:
+        parts.append("digits graph/eager %s %ddev %.2f (%.2f-%.2f, load %.1f)" % (
+            g["backend"], g["n"], g["med"], g["lo"], g["hi"], g["load"]))
     summary = "summary: " + ("; ".join(parts) if parts else "no results")
     md += ["", "`" + summary + "`", ""]
     with open(os.path.join(out, "results.md"), "w") as f:

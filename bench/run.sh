@@ -43,13 +43,13 @@ if [ "$quick" = 1 ]; then
     : "${BENCH_NO_JAX:=1}" # JAX's start-up alone would take the minute; BENCH_NO_JAX=0 brings it back
     CMIN=4096; CMAX=16777216; CF=16; CT=0.1; CDEV=2,4; VDEV=2; VMAX=1048576; PMIN=1048576; PDEV=2
     MSHAPES=64x128x64,64x128x64:tn,16x256x3136,1818x64x288,16x384x128; LSHAPES=512x1024x1024; MT=0.3
-    TDEV=2; TTIME=0.3; LARGE=1024,2048,2048,10; LBATCH=256; LSTEPS=2; JSTEPS=30
+    TDEV=2; TTIME=0.3; LARGE=1024,2048,2048,10; LBATCH=256; LSTEPS=2; JSTEPS=30; GROUNDS=5; GTIME=0.05
 else
     CMIN=4096; CMAX=67108864; CF=4; CT=0.4; CDEV=2,4,8; VDEV=2,4; VMAX=67108864; PMIN=1048576; PDEV=2,4,8
     MSHAPES=64x128x64,64x128x64:tn,64x64x128:nt,64x10x128,16x256x3136,3136x256x16:tn,16x3136x256:nt,1818x64x288
     MSHAPES=$MSHAPES,288x64x1818:tn,1818x288x64:nt,12544x32x9,16x384x128,16x128x384:nt,16x512x128,16x128x512
     LSHAPES=512x4096x4096,512x1024x1024; MT=1
-    TDEV=1,2,4; TTIME=2; LARGE=1024,4096,4096,10; LBATCH=512; LSTEPS=6; JSTEPS=300
+    TDEV=1,2,4; TTIME=2; LARGE=1024,4096,4096,10; LBATCH=512; LSTEPS=6; JSTEPS=300; GROUNDS=11; GTIME=0.3
 fi
 cd "$root" || exit 1
 log "load average at the start: $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)"
@@ -124,6 +124,13 @@ done
 [ "$quick" = 1 ] || { settle; log "trace: large MLP on 2 devices, 8 MB buckets -> bench/results/trace_large_2dev.json (open in ui.perfetto.dev)"
 DPAR_TRACE="$out/trace_large_2dev.json" "$BUILD/bench_train" --name large --layers "$LARGE" --batch $LBATCH --devices 2 --steps 3 \
     --bucket-bytes 8388608 >/dev/null 2>&1 || log "traced bench_train failed"; }
+
+# ---- graphs: the digits step replayed as a graph against the eager hand-written
+# step, interleaved in one process (bench_graph.c), on the CPU backend and Vulkan
+for b in cpu vulkan; do
+    settle; log "graph: digits step, replayed graph vs eager, $b backend, 1 and 4 devices"
+    "$BUILD/bench_graph" --backend $b --devices 1,4 --rounds $GROUNDS --time $GTIME >> "$raw" || log "bench_graph $b failed"
+done
 
 # ---- report: tables, CSV, plots, summary
 echo "load,end,$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null | tr ' ' '/')" >> "$raw"
