@@ -4456,19 +4456,70 @@ __attribute__((target("avx2"))) static void dpar__sum_f32_avx2(int n, const floa
     dpar__sum_f32_scalar(n, src, dst, ndst, i, len, mean);
 }
 #endif
-static void dpar__sum_f32(int n, const float *const *src, float *const *dst, int ndst, int64_t len, int mean) {
-    /* streaming stores once the whole working set (n inputs and outputs of
-       every member) no longer fits in 3/4 of the last-level cache */
+/* whether a collective whose members together touch `bytes` should write with
+   streaming stores: once they no longer fit in 3/4 of the last-level cache,
+   where ordinary stores would first read every destination line (3 bytes of
+   traffic per 2 copied) and evict the sources */
+static int dpar__streaming(uint64_t bytes) {
     static long llc = 0;
     long c = DPAR__ATOMIC_LOAD(&llc);
-    if (!c) {
+    if (!c) { /* Linux's cache description first: in a VM, sysconf can report the
+                 host's whole L3 (384 MB for 32 MB measured on an EPYC guest) */
+        FILE *f = fopen("/sys/devices/system/cpu/cpu0/cache/index3/size", "r");
+        char unit = 0;
+        if (f) {
+            if (fscanf(f, "%ld%c", &c, &unit) < 1) c = 0;
+            fclose(f);
+            c = unit == 'K' ? c << 10 : unit == 'M' ? c << 20 : c;
+        }
 #ifdef _SC_LEVEL3_CACHE_SIZE
-        c = sysconf(_SC_LEVEL3_CACHE_SIZE);
+        if (c <= 0) c = sysconf(_SC_LEVEL3_CACHE_SIZE);
 #endif
         if (c <= 0) c = 32L << 20;
         DPAR__ATOMIC_STORE(&llc, c);
     }
-    int nt = (uint64_t)len * 4u * (uint64_t)(ndst + n) * (uint64_t)n > (uint64_t)c / 4u * 3u;
+    return bytes > (uint64_t)c / 4u * 3u;
+}
+#ifdef DPAR__X86_SIMD
+/* memcpy with streaming stores (the caller fences) */
+__attribute__((target("avx2"))) static void dpar__copy_nt_avx2(char *d, const char *s, size_t n) {
+    size_t i = (32 - ((uintptr_t)d & 31)) & 31;
+    if (i > n) i = n;
+    memcpy(d, s, i);
+    for (; i + 128 <= n; i += 128) {
+        __m256i a = _mm256_loadu_si256((const __m256i *)(s + i)), b = _mm256_loadu_si256((const __m256i *)(s + i + 32));
+        __m256i e = _mm256_loadu_si256((const __m256i *)(s + i + 64));
+        __m256i f = _mm256_loadu_si256((const __m256i *)(s + i + 96));
+        _mm256_stream_si256((__m256i *)(d + i), a);
+        _mm256_stream_si256((__m256i *)(d + i + 32), b);
+        _mm256_stream_si256((__m256i *)(d + i + 64), e);
+        _mm256_stream_si256((__m256i *)(d + i + 96), f);
+    }
+    memcpy(d + i, s + i, n - i);
+}
+#endif
+/* n bytes of src to each of the ndst destinations (a destination equal to src
+   is skipped). nt: streaming stores, the source read once from memory in
+   pieces that stay in L1 while every destination gets them. */
+static void dpar__copy_fanout(char *const *dst, int ndst, const char *src, size_t n, int nt) {
+#ifdef DPAR__X86_SIMD
+    if (nt && __builtin_cpu_supports("avx2")) {
+        const size_t piece = 8192;
+        for (size_t o = 0; o < n; o += piece)
+            for (int k = 0; k < ndst; k++)
+                if (dst[k] != src) dpar__copy_nt_avx2(dst[k] + o, src + o, n - o < piece ? n - o : piece);
+        _mm_sfence();
+        return;
+    }
+#endif
+    (void)nt;
+    for (int k = 0; k < ndst; k++)
+        if (dst[k] != src && n) memcpy(dst[k], src, n);
+}
+static void dpar__sum_f32(int n, const float *const *src, float *const *dst, int ndst, int64_t len, int mean) {
+    /* streaming stores once the whole working set (n inputs and outputs of
+       every member) no longer fits in 3/4 of the last-level cache */
+    int nt = dpar__streaming((uint64_t)len * 4u * (uint64_t)(ndst + n) * (uint64_t)n);
 #ifdef DPAR__X86_SIMD
     if (__builtin_cpu_supports("avx2")) {
         dpar__sum_f32_avx2(n, src, dst, ndst, len, mean, nt);
@@ -4664,8 +4715,9 @@ static void dpar__reduce_span(dpar_dtype t, dpar_reduce_op op, int n, const char
 }
 
 /* The work of member c->rank on host-visible views in[] / out[]; between the
-   two barriers of the host path. */
-static void dpar__host_work(const dpar__coll *c, char *const *in, char *const *out, char *scratch) {
+   two barriers of the host path. all_out: every member's out[] may be written
+   here (one process); else only out[rank] (across processes). */
+static void dpar__host_work(const dpar__coll *c, char *const *in, char *const *out, char *scratch, int all_out) {
     int n = c->n, r = c->rank;
     size_t es = dpar_dtype_size(c->dtype);
     switch (c->kind) {
@@ -4680,20 +4732,32 @@ static void dpar__host_work(const dpar__coll *c, char *const *in, char *const *o
         dpar__reduce_span(c->dtype, c->op, n, src, dst, n, hi - lo);
         break;
     }
-    case DPAR__COLL_BROADCAST: {
+    case DPAR__COLL_BROADCAST: { /* slice r of the root's buffer to every member: read once */
         int64_t lo = c->count * r / n, hi = c->count * (r + 1) / n;
-        for (int j = 0; j < n; j++)
-            if (out[j] != in[c->root] && hi > lo)
-                memcpy(out[j] + (size_t)lo * es, in[c->root] + (size_t)lo * es, (size_t)(hi - lo) * es);
+        char *dst[DPAR_MAX_DEVICES];
+        for (int j = 0; j < n; j++) dst[j] = out[j] + (size_t)lo * es;
+        if (hi > lo)
+            dpar__copy_fanout(dst, n, in[c->root] + (size_t)lo * es, (size_t)(hi - lo) * es,
+                              dpar__streaming((uint64_t)c->count * es * (uint64_t)(n + 1)));
         break;
     }
-    case DPAR__COLL_ALL_GATHER:
-        for (int k = 0; k < n; k++)
-            for (int64_t o = 0; o < c->outer; o++)
-                if (c->inner)
-                    memcpy(out[r] + (size_t)((o * n + k) * c->inner) * es, in[k] + (size_t)(o * c->inner) * es,
-                           (size_t)c->inner * es);
+    case DPAR__COLL_ALL_GATHER: { /* member r's block to every member: each input read once */
+        char *dst[DPAR_MAX_DEVICES];
+        if (!all_out) {
+            for (int k = 0; k < n; k++)
+                for (int64_t o = 0; o < c->outer; o++)
+                    if (c->inner)
+                        memcpy(out[r] + (size_t)((o * n + k) * c->inner) * es, in[k] + (size_t)(o * c->inner) * es,
+                               (size_t)c->inner * es);
+            break;
+        }
+        int nt = dpar__streaming((uint64_t)c->outer * (uint64_t)c->inner * es * (uint64_t)n * (uint64_t)(n + 1));
+        for (int64_t o = 0; o < c->outer && c->inner; o++) {
+            for (int j = 0; j < n; j++) dst[j] = out[j] + (size_t)((o * n + r) * c->inner) * es;
+            dpar__copy_fanout(dst, n, in[r] + (size_t)(o * c->inner) * es, (size_t)c->inner * es, nt);
+        }
         break;
+    }
     case DPAR__COLL_REDUCE_SCATTER: {
         const char *src[DPAR_MAX_DEVICES];
         for (int64_t o = 0; o < c->outer; o++) {
@@ -5120,10 +5184,10 @@ static dpar_status dpar__coll_host(dpar_ctx *ctx, dpar__call *k, const dpar__sta
     if (g->cross) {
         if ((s = dpar__coll_cross(ctx, k, 0))) return s;
         if (c->kind == DPAR__COLL_ALL_REDUCE || c->kind == DPAR__COLL_BROADCAST) return DPAR_OK;
-        dpar__host_work(c, (char *const *)g->xin_ptr, (char *const *)g->out_ptr, io->scratch);
+        dpar__host_work(c, (char *const *)g->xin_ptr, (char *const *)g->out_ptr, io->scratch, 0);
         return dpar__barrier(g, c->rank, ctx, k->st.what);
     }
-    dpar__host_work(c, (char *const *)g->in_ptr, (char *const *)g->out_ptr, io->scratch);
+    dpar__host_work(c, (char *const *)g->in_ptr, (char *const *)g->out_ptr, io->scratch, 1);
     if (c->rank == g->leader) g->seq++;
     return dpar__barrier(g, c->rank, ctx, k->st.what);
 }
