@@ -45,7 +45,7 @@ def main():
             elif r[0] == "pair" and len(r) >= 9:  # pair,alternation,backend,op,n,bytes,time_us,algbw,busbw,...
                 pairs.append(dict(k=int(r[1]), backend=r[2], n=int(r[4]), bytes=int(r[5]), us=float(r[6]),
                                   busbw=float(r[8])))
-            elif r[0] == "mm" and len(r) >= 12:
+            elif r[0] == "mm" and len(r) >= 11:
                 mm.append(dict(shape=r[1], threads=int(r[2]), dpar_us=float(r[3]), dpar_gf=float(r[4]),
                                blas_us=float(r[5]), blas_gf=float(r[6]), ratio=float(r[7]), rmin=float(r[8]),
                                rmax=float(r[9]), alts=int(r[10])))
