@@ -102,9 +102,10 @@
        DPAR_CPU_THREADS=N             CPU backend: threads per device for large
                                       matrix products and SGD steps (default
                                       CPUs / devices; 1: none), 1..64
-       DPAR_ALLOW_SHARED_DEVICE=1     MPI: let two ranks on a node open one device (.mpi.allow_shared_device)
+       DPAR_ALLOW_SHARED_DEVICE=1     MPI: let two ranks on a node open one device (.mpi.allow_shared_device);
+                                      0..1 (checked in every build)
        DPAR_MPI_BACKEND_COLLECTIVES=0 MPI + CUDA (.mpi.host_collectives): groups across processes on the
-                                      host-staged MPI path instead of NCCL
+                                      host-staged MPI path instead of NCCL; 0..1 (1: the default)
        DPAR_GRAPH_ASYNC_BYTES=n       graphs: gradients of >= n bytes are reduced asynchronously, overlapping
                                       the rest of the backward pass (default 262144; read at value_and_grad)
    dpar_runtime_create refuses a value that is not an integer in its range, or
@@ -2524,6 +2525,8 @@ static const struct dpar__env_range {
     { "DPAR_TIMEOUT_MS", "a collective timeout in milliseconds", 1, 1000000000L },
     { "DPAR_SPIN_US", "microseconds to spin before sleeping", 0, 1000000L },
     { "DPAR_CPU_THREADS", "CPU backend threads per device", 1, 64 },
+    { "DPAR_ALLOW_SHARED_DEVICE", "a flag (1: MPI ranks of a node may share a device)", 0, 1 },
+    { "DPAR_MPI_BACKEND_COLLECTIVES", "a flag (0: groups across processes on the host-staged MPI path)", 0, 1 },
 };
 /* DPAR_ERR_INVALID_ARGUMENT naming the first variable set to a value that is
    not a decimal integer in its range, the value and the range. */
