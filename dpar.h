@@ -91,6 +91,39 @@
    processes' partial results; on CUDA, NCCL across processes orders it as
    NCCL does; see "Multi-process" in the README.)
 
+   THREADS AND LIFETIMES
+   ---------------------
+   Host calls (create, destroy, pmap/shard_map, dpar_array_put/get, graph
+   runs, helper setup) may come from any thread; a runtime runs one dispatch
+   at a time (a second one waits). Inside fn, on a device's worker thread:
+   ops, buffer I/O and dpar_buffer_destroy on that device's buffers,
+   collectives, dpar_ctx_* and the helpers' per-step calls, with the ctx fn was
+   given. Refused with DPAR_ERR_STATE instead of racing:
+     - a dpar_ctx used after its fn returned, or on another thread;
+     - an op, dpar_buffer_read/write/map or dpar_buffer_destroy on another
+       device's buffer from a worker; the same from a non-worker thread while
+       a dispatch runs on the buffer's runtime;
+     - dpar_array_put/get/put_rows while a dispatch runs on the array's
+       runtime (inside fn, or from another thread); a dispatch started while
+       they run waits for them;
+     - any destroy while a call on the same runtime runs on another thread (a
+       dispatch, a graph run, a host transfer), and every destroy but
+       dpar_buffer_destroy inside fn;
+     - a stale handle: a runtime, mesh, array, buffer, graph, dpar_dp or
+       dpar_zero1 already destroyed, or freed with its parent, given to a
+       destroy, a create on it, a dispatch, an array transfer, a graph call or
+       a helper call.
+   Destroying a parent frees its children, in any order: dpar_mesh_destroy its
+   helpers (dpar_dp, dpar_zero1, anything dpar_handle_attach tied to it),
+   graphs and arrays; dpar_runtime_destroy its meshes (with theirs) and
+   buffers. Their handles are stale afterwards: destroying one again returns
+   DPAR_ERR_STATE and frees nothing. Handles are plain pointers looked up in a
+   process-wide set of live objects (under a lock, only by the calls above);
+   ops and collectives check with compares. Not looked up: getters
+   (dpar_mesh_size, dpar_array_dim, ...) and the buffers given to ops, which
+   must be live. A dispatch where fn called dpar_dp_begin without
+   dpar_dp_finish fails with DPAR_ERR_STATE (util/dpar_train.h).
+
    ENVIRONMENT
    -----------
        DPAR_BACKEND=cpu|vulkan|cuda   backend when the desc leaves it default
@@ -334,10 +367,13 @@ typedef struct dpar_runtime_desc {
    device DPAR_ERR_INVALID_ARGUMENT (naming both ranks).
    On error *out is NULL and nothing is leaked. */
 DPAR_API dpar_status dpar_runtime_create(const dpar_runtime_desc *desc, dpar_runtime **out);
-/* Stops the workers and frees the runtime. Buffers, arrays and meshes of the
-   runtime must be destroyed first (leftovers are freed here too). NULL is a
-   no-op (DPAR_OK). Errors: DPAR_ERR_STATE when called from inside a
-   pmap/shard_map function (nothing is freed). */
+/* Stops the workers and frees the runtime with everything still on it: its
+   meshes (with their helpers, graphs and arrays) and buffers, whose handles
+   are stale afterwards (see THREADS AND LIFETIMES). NULL is a no-op (DPAR_OK).
+   Errors (nothing is freed): DPAR_ERR_STATE when called from inside a
+   pmap/shard_map function, while a call on the runtime runs on another thread
+   (a dispatch, a graph run, a host transfer), or for a runtime already
+   destroyed. */
 DPAR_API dpar_status dpar_runtime_destroy(dpar_runtime *rt);
 /* Global device count: processes x local devices (the same on every process). */
 DPAR_API int dpar_runtime_device_count(const dpar_runtime *rt);
@@ -381,8 +417,10 @@ typedef struct dpar_buffer dpar_buffer;
 DPAR_API dpar_status dpar_buffer_create(dpar_runtime *rt, int device, dpar_dtype dtype, int ndim, const int64_t *shape,
                                         dpar_buffer **out);
 /* Frees the buffer (waits for pending work on it). NULL is a no-op (DPAR_OK).
-   Errors: DPAR_ERR_STATE for a shard of a dpar_array (not freed: destroy the
-   array). */
+   Errors (nothing is freed): DPAR_ERR_STATE for a shard of a dpar_array
+   (destroy the array), a stale buffer (destroyed, or freed with its runtime),
+   another device's buffer from a worker, or from a non-worker thread while a
+   dispatch runs on its runtime. */
 DPAR_API dpar_status dpar_buffer_destroy(dpar_buffer *b);
 DPAR_API dpar_dtype dpar_buffer_dtype(const dpar_buffer *b);
 DPAR_API int dpar_buffer_ndim(const dpar_buffer *b);
@@ -436,9 +474,11 @@ typedef struct dpar_mesh_desc {
    the text names both), DPAR_ERR_INVALID_ARGUMENT (duplicate, empty or
    malformed axis names, repeated device in `devices`). */
 DPAR_API dpar_status dpar_mesh_create(dpar_runtime *rt, const dpar_mesh_desc *desc, dpar_mesh **out);
-/* Frees the mesh and every dpar_array created on it (their handles become
-   invalid). NULL is a no-op (DPAR_OK). Errors: DPAR_ERR_STATE when called
-   inside a pmap/shard_map function (nothing is freed). */
+/* Frees the mesh with what was made on it: attached helpers (dpar_dp,
+   dpar_zero1), graphs and arrays, whose handles are stale afterwards (see
+   THREADS AND LIFETIMES). NULL is a no-op (DPAR_OK). Errors (nothing is
+   freed): DPAR_ERR_STATE inside a pmap/shard_map function, while a call on
+   its runtime runs on another thread, or for a mesh already destroyed. */
 DPAR_API dpar_status dpar_mesh_destroy(dpar_mesh *m);
 DPAR_API int dpar_mesh_ndim(const dpar_mesh *m);
 DPAR_API int dpar_mesh_size(const dpar_mesh *m);                     /* devices in the mesh */
@@ -480,12 +520,17 @@ typedef struct dpar_array_desc {
    DPAR_ERR_UNKNOWN_AXIS, DPAR_ERR_INVALID_ARGUMENT (an axis used twice, a
    spec for a dimension >= ndim), DPAR_ERR_OUT_OF_MEMORY. Contents are zero. */
 DPAR_API dpar_status dpar_array_create(dpar_mesh *m, const dpar_array_desc *desc, dpar_array **out);
-/* Frees the array and its shards. NULL is a no-op (DPAR_OK). Errors:
-   DPAR_ERR_STATE inside a pmap/shard_map function (the dispatch may be using
-   the shards; nothing is freed). */
+/* Frees the array and its shards. NULL is a no-op (DPAR_OK). Errors
+   (nothing is freed): DPAR_ERR_STATE inside a pmap/shard_map function (the
+   dispatch may be using the shards), while a call on its runtime runs on
+   another thread, or for a stale array (destroyed, or freed with its mesh). */
 DPAR_API dpar_status dpar_array_destroy(dpar_array *a);
 /* device_put: scatters (split dims) / replicates a host array in row-major
-   order of the global shape, `host` holding prod(shape) elements of dtype. */
+   order of the global shape, `host` holding prod(shape) elements of dtype.
+   dpar_array_put, _get and _put_rows run between dispatches: DPAR_ERR_STATE
+   while a pmap/shard_map runs on the array's runtime (inside fn, or from
+   another thread; a dispatch started meanwhile waits for them) and for a
+   stale array. */
 DPAR_API dpar_status dpar_array_put(dpar_array *a, const void *host);
 /* Gathers the global array to host (row-major, prod(shape) elements); each
    shard is read from the first device in mesh order that holds it. */
@@ -607,6 +652,39 @@ DPAR_API dpar_status dpar_ctx_axis_size(const dpar_ctx *ctx, const char *axes, i
 /* Allocates a buffer on this device (see dpar_buffer_create). */
 DPAR_API dpar_status dpar_ctx_buffer(dpar_ctx *ctx, dpar_dtype dtype, int ndim, const int64_t *shape,
                                      dpar_buffer **out);
+/* Registers fn(ctx, obj, status) to run on this device when the pmap/shard_map
+   function returns (status: what it returned), before the dispatch ends: a
+   helper with per-step state closes its step there, and an error it returns
+   while status is DPAR_OK becomes this device's error of the dispatch (the
+   data-parallel helper so reports a step begun and never finished). Hooks run
+   in registration order; the same (fn, obj) again in one dispatch is a no-op.
+   Errors: DPAR_ERR_INVALID_ARGUMENT (NULL, more than 8 hooks in one dispatch),
+   DPAR_ERR_STATE (ctx stale or of another thread). */
+typedef dpar_status (*dpar_ctx_exit_fn)(dpar_ctx *ctx, void *obj, dpar_status status);
+DPAR_API dpar_status dpar_ctx_at_exit(dpar_ctx *ctx, dpar_ctx_exit_fn fn, void *obj);
+
+/* ---------------------------------------------------------------------------
+   Helper objects on a mesh (see THREADS AND LIFETIMES at the top)
+   ------------------------------------------------------------------------ */
+/* Ties a helper object built on this API (util/dpar_train.h's dpar_dp and
+   dpar_zero1, or your own; obj is its unique address) to mesh m:
+   dpar_mesh_destroy and dpar_runtime_destroy call release(obj) for each object
+   still attached, before they free the mesh's arrays, so a helper left alive
+   is neither leaked nor freed twice, and its handle is refused afterwards
+   (dpar_handle_check). Outside fn. Errors: DPAR_ERR_INVALID_ARGUMENT (NULL),
+   DPAR_ERR_STATE (m stale or being destroyed, obj already attached),
+   DPAR_ERR_OUT_OF_MEMORY. */
+DPAR_API dpar_status dpar_handle_attach(dpar_mesh *m, void *obj, void (*release)(void *obj));
+/* DPAR_OK when obj is attached (live), else DPAR_ERR_STATE ("fn: the helper
+   object is stale ..."; NULL: DPAR_ERR_INVALID_ARGUMENT). Inside fn, an object
+   checked once in the dispatch is checked again by a compare (it cannot be
+   destroyed while the dispatch runs). */
+DPAR_API dpar_status dpar_handle_check(const void *obj, const char *fn);
+/* Detaches obj for its destroy call; the caller frees it afterwards. Errors:
+   DPAR_ERR_STATE when obj is stale (destroyed, or released with its mesh or
+   runtime: free nothing), when a call on its runtime is in flight on another
+   thread or inside fn (obj stays attached); DPAR_ERR_INVALID_ARGUMENT (NULL). */
+DPAR_API dpar_status dpar_handle_detach(void *obj, const char *fn);
 
 /* ---------------------------------------------------------------------------
    Collectives (inside fn). Every member of the group (the devices that share
@@ -1359,10 +1437,9 @@ DPAR_API void dpar_runtime_stats_reset(dpar_runtime *rt);
      through them fails with DPAR_ERR_INVALID_ARGUMENT naming the node (use
      psum/pmean, or keep them off the differentiated path).
    - A gradient requested for a value the loss does not depend on is zero.
-   - Destroy a graph before its mesh and runtime. Running or reading a graph
-     whose mesh was destroyed gives DPAR_ERR_STATE (destroying it then frees
-     what is left); after its runtime was destroyed, the graph may only be
-     leaked.
+   - Destroying its mesh or runtime frees the graph too (see THREADS AND
+     LIFETIMES): running, reading or destroying it afterwards gives
+     DPAR_ERR_STATE (a stale handle) and touches nothing.
    ------------------------------------------------------------------------ */
 typedef struct dpar_graph dpar_graph;
 typedef struct dpar_value {
@@ -1373,7 +1450,9 @@ typedef struct dpar_value {
 DPAR_API dpar_status dpar_graph_create(dpar_mesh *mesh, dpar_graph **out);
 /* Frees the graph and everything it allocated (feed arrays, gradient arrays,
    buffers, optimizer state); not the params. NULL is a no-op (DPAR_OK).
-   Errors: DPAR_ERR_STATE inside a pmap/shard_map function. */
+   Errors (nothing is freed): DPAR_ERR_STATE inside a pmap/shard_map function,
+   while a call on its runtime runs on another thread, or for a stale graph
+   (destroyed, or freed with its mesh or runtime). */
 DPAR_API dpar_status dpar_graph_destroy(dpar_graph *g);
 /* The first error of the graph's builder calls (DPAR_OK if none); sets the
    last error text to that error's text again. */
@@ -2354,6 +2433,7 @@ struct dpar_runtime {
     struct dpar__obs *obs;          /* stats and trace ids (Data-parallel helper, tracing, stats) */
     struct dpar_request *async_req; /* the step in flight (>>async dispatch), atomic; NULL: none */
     int lent;                       /* buffers lent by dpar_vulkan_buffer_export (atomic) */
+    int busy, host_io, dispatching, closing; /* calls in flight etc. (>>lifetime; under dpar__live_mu) */
 };
 
 /* Hooks into the core, defined in "Data-parallel helper, tracing, stats". */
@@ -2395,6 +2475,24 @@ static dpar_status dpar__busy(const dpar_runtime *rt, const dpar_buffer *b, cons
                          fn);
     return DPAR_OK;
 }
+/* >>lifetime hooks (defined in >>lifetime): the set of live handles */
+enum {
+    DPAR__LIVE_RUNTIME = 1,
+    DPAR__LIVE_MESH,
+    DPAR__LIVE_ARRAY,
+    DPAR__LIVE_BUFFER,
+    DPAR__LIVE_GRAPH,
+    DPAR__LIVE_CHILD /* an attached helper (dpar_handle_attach) */
+};
+static DPAR__TLS int dpar__releasing; /* this thread frees a parent's children: their destroys skip the checks */
+static dpar_status dpar__live_check(const void *p, int kind, const char *fn);
+static dpar_status dpar__live_add(const void *p, int kind, const void *parent, int parent_kind, void (*release)(void *),
+                                  const char *fn);
+static dpar_status dpar__live_add_runtime(dpar_runtime *rt);
+static dpar_status dpar__live_close(const void *p, int kind, const char *fn);
+static void dpar__live_forget(const void *p);
+static int dpar__live_has(const void *p);
+static dpar_status dpar__live_buffer_detach(const dpar_buffer *b);
 static int dpar__is_local(const dpar_runtime *rt, int device) {
     return device >= rt->local_base && device < rt->local_base + rt->nlocal;
 }
@@ -2695,6 +2793,7 @@ static dpar_status dpar__runtime_create(const dpar_runtime_desc *desc_in, dpar_r
     s = dpar__runtime_open(rt, &count, met);
     if (!s) s = dpar__runtime_start_workers(rt, count);
     if (!s) s = dpar__obs_init(rt);
+    if (!s) s = dpar__live_add_runtime(rt);
     if (s) {
         /* freeing may overwrite the error text (worker shutdown, the transport): keep it */
         char msg[DPAR__ERR_LEN];
@@ -2723,6 +2822,7 @@ DPAR_API dpar_status dpar_runtime_destroy(dpar_runtime *rt) {
         return dpar__err(DPAR_ERR_STATE,
                          "dpar_runtime_destroy: called inside a pmap/shard_map function; nothing was destroyed "
                          "(destroy the runtime after the dispatch returns)");
+    if (dpar__live_check(rt, DPAR__LIVE_RUNTIME, "dpar_runtime_destroy")) return DPAR_ERR_STATE;
     dpar_status busy = dpar__busy(rt, NULL, "dpar_runtime_destroy");
     if (busy) return busy;
     if (DPAR__ATOMIC_LOAD(&rt->lent))
@@ -2730,8 +2830,15 @@ DPAR_API dpar_status dpar_runtime_destroy(dpar_runtime *rt) {
                          "dpar_runtime_destroy: %d buffer(s) are lent by dpar_vulkan_buffer_export; nothing was "
                          "destroyed (call dpar_vulkan_buffer_release for each first)",
                          DPAR__ATOMIC_LOAD(&rt->lent));
-    while (rt->meshes) dpar__mesh_free(rt->meshes);
+    dpar_status s = dpar__live_close(rt, DPAR__LIVE_RUNTIME, "dpar_runtime_destroy");
+    if (s) return s;
+    dpar__releasing++; /* the children's own destroys, called by their release hooks, skip the checks */
+    while (rt->meshes) {
+        dpar__live_forget(rt->meshes);
+        dpar__mesh_free(rt->meshes);
+    }
     while (rt->buffers) dpar__buffer_free(rt->buffers);
+    dpar__releasing--;
     dpar__runtime_free(rt);
     return DPAR_OK;
 }
@@ -2812,6 +2919,7 @@ DPAR_API dpar_status dpar_buffer_create(dpar_runtime *rt, int device, dpar_dtype
     if (!out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_buffer_create: `out` is NULL");
     *out = NULL;
     if (!rt) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_buffer_create: runtime is NULL");
+    if (dpar__live_check(rt, DPAR__LIVE_RUNTIME, "dpar_buffer_create")) return DPAR_ERR_STATE;
     if (device < 0 || device >= rt->ndev)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
                          "dpar_buffer_create: device %d is out of range; the runtime has %d device%s", device, rt->ndev,
@@ -2844,6 +2952,11 @@ DPAR_API dpar_status dpar_buffer_create(dpar_runtime *rt, int device, dpar_dtype
                       device);
         return s;
     }
+    if ((s = dpar__live_add(b, DPAR__LIVE_BUFFER, rt, DPAR__LIVE_RUNTIME, NULL, "dpar_buffer_create"))) {
+        rt->be->free(rt->bstate, b->device, b->mem);
+        DPAR_FREE(b);
+        return s;
+    }
     pthread_mutex_lock(&rt->list_mu);
     b->next = rt->buffers;
     if (rt->buffers) rt->buffers->prev = b;
@@ -2856,17 +2969,16 @@ DPAR_API dpar_status dpar_buffer_create(dpar_runtime *rt, int device, dpar_dtype
 
 DPAR_API dpar_status dpar_buffer_destroy(dpar_buffer *b) {
     if (!b) return DPAR_OK;
-    dpar_status busy = dpar__busy(b->rt, b, "dpar_buffer_destroy");
-    if (busy) return busy;
-    if (b->owned)
-        return dpar__err(DPAR_ERR_STATE,
-                         "dpar_buffer_destroy: the buffer is a shard of a dpar_array and was not freed; "
-                         "destroy the array instead");
+    if (dpar__live_check(b, DPAR__LIVE_BUFFER, "dpar_buffer_destroy")) return DPAR_ERR_STATE;
+    dpar_status s = dpar__busy(b->rt, b, "dpar_buffer_destroy");
+    if (!s) s = dpar__live_buffer_detach(b);
+    if (s) return s;
     dpar__buffer_free(b);
     return DPAR_OK;
 }
 static void dpar__buffer_free(dpar_buffer *b) {
     dpar_runtime *rt = b->rt;
+    dpar__live_forget(b); /* an array's shard, or a leftover freed with its runtime */
     pthread_mutex_lock(&rt->list_mu);
     if (b->prev)
         b->prev->next = b->next;
@@ -2915,12 +3027,33 @@ DPAR_API dpar_status dpar_buffer_reshape(dpar_buffer *b, int ndim, const int64_t
     return DPAR_OK;
 }
 
+/* Whether the calling thread may touch b's memory: b's own device's worker,
+   or any other thread between dispatches of b's runtime (compares, no lock:
+   this is on the ops' path). */
+static dpar_status dpar__buffer_owner(const dpar_buffer *b, const char *fn) {
+    const dpar__worker *w = dpar__self_worker;
+    if (w && w->rt == b->rt) {
+        if (__builtin_expect(w->device == b->gdev, 1)) return DPAR_OK;
+        return dpar__err(DPAR_ERR_STATE,
+                         "%s: the buffer lives on device %d but this is device %d's worker; inside fn use only this "
+                         "device's buffers (dpar_ctx_arg, dpar_ctx_buffer) and move data with collectives",
+                         fn, b->gdev, w->device);
+    }
+    if (__builtin_expect(DPAR__ATOMIC_LOAD(&b->rt->dispatching) != 0, 0))
+        return dpar__err(DPAR_ERR_STATE,
+                         "%s: a pmap/shard_map is running on the buffer's runtime; from this thread use its buffers "
+                         "between dispatches (inside fn, its device's worker does)",
+                         fn);
+    return DPAR_OK;
+}
+
 DPAR_API dpar_status dpar_buffer_write(dpar_buffer *b, size_t offset, const void *src, size_t nbytes) {
     dpar__clear_error();
     if (!b || (!src && nbytes))
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_buffer_write: buffer or source is NULL");
     dpar_status busy = dpar__busy(b->rt, b, "dpar_buffer_write");
     if (busy) return busy;
+    if (dpar__buffer_owner(b, "dpar_buffer_write")) return DPAR_ERR_STATE;
     if (offset > b->nbytes || nbytes > b->nbytes - offset)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
                          "dpar_buffer_write: bytes [%zu, %zu) are outside the %zu-byte buffer", offset, offset + nbytes,
@@ -2937,6 +3070,7 @@ DPAR_API dpar_status dpar_buffer_read(const dpar_buffer *b, size_t offset, void 
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_buffer_read: buffer or destination is NULL");
     dpar_status busy = dpar__busy(b->rt, b, "dpar_buffer_read");
     if (busy) return busy;
+    if (dpar__buffer_owner(b, "dpar_buffer_read")) return DPAR_ERR_STATE;
     if (offset > b->nbytes || nbytes > b->nbytes - offset)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
                          "dpar_buffer_read: bytes [%zu, %zu) are outside the %zu-byte buffer", offset, offset + nbytes,
@@ -2951,6 +3085,7 @@ DPAR_API dpar_status dpar_buffer_read(const dpar_buffer *b, size_t offset, void 
 static dpar_status dpar__buffer_view(const dpar_buffer *b, size_t offset, size_t nbytes, const char *fn, char **host) {
     *host = NULL;
     if (!b) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: buffer is NULL", fn);
+    if (dpar__buffer_owner(b, fn)) return DPAR_ERR_STATE;
     if (offset > b->nbytes || nbytes > b->nbytes - offset)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: bytes [%zu, %zu) are outside the %zu-byte buffer", fn, offset,
                          offset + nbytes, b->nbytes);
@@ -3046,6 +3181,7 @@ struct dpar_mesh {
     int nkeys;
     struct dpar_array *arrays; /* arrays of this mesh, freed with it */
     struct dpar_mesh *prev, *next;
+    int closing; /* being destroyed: its handles are refused (>>lifetime) */
 };
 
 static void dpar__pos_to_coords(const dpar_mesh *m, int pos, int *coords) {
@@ -3170,11 +3306,325 @@ static void dpar__mesh_keys(dpar_mesh *m) {
     }
 }
 
-DPAR_API dpar_status dpar_array_destroy(dpar_array *a);
+/* >>lifetime =================================================================
+   Handles that outlive their object. Every runtime, mesh, array, buffer, graph
+   and attached helper (dpar_handle_attach) is entered in one process-wide set
+   when created and taken out before it is freed. The calls a user may make
+   with a handle kept too long (every destroy, pmap/shard_map, host transfers
+   of arrays, graph calls, the helpers' calls) look it up first and refuse a
+   stale one with DPAR_ERR_STATE, so none of them reaches freed memory. The set
+   is keyed by address, not by generation-counted ids, because the handles stay
+   plain pointers (API and ABI): a stale handle whose address a newer object of
+   the same kind took refers to that object.
+   Each runtime counts, under the set's lock, the calls in flight on it (busy),
+   its host transfers (host_io) and its running dispatches (dispatching): a
+   destroy refuses while anything is in flight, a host transfer while a
+   dispatch runs, and a dispatch waits for the host transfers to end. The hot
+   paths never take the lock: a dpar_ctx is compared with the calling thread's
+   current one, an op's device with the calling worker's. */
+typedef struct dpar__live_entry {
+    const void *key; /* NULL: empty slot; &dpar__live_tomb: removed */
+    int kind;
+    dpar_runtime *rt;
+    dpar_mesh *mesh;             /* parent mesh (arrays, graphs, helpers), else NULL */
+    void (*release)(void *self); /* graphs and helpers: frees the object with its parent */
+} dpar__live_entry;
+static pthread_mutex_t dpar__live_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t dpar__live_cv = PTHREAD_COND_INITIALIZER; /* busy / host_io / dispatching fell */
+static dpar__live_entry *dpar__live_tab;                        /* open addressing, linear probing */
+static size_t dpar__live_cap, dpar__live_used, dpar__live_n;    /* slots, non-empty slots, live entries */
+static const char dpar__live_tomb = 0;
+static DPAR__TLS const void *dpar__live_memo_obj; /* dpar_handle_check's memo, valid in one dispatch */
+static DPAR__TLS uint64_t dpar__live_memo_job;
+
+static const char *dpar__live_kind_name(int kind) {
+    static const char *const names[] = { "handle", "runtime", "mesh", "array", "buffer", "graph", "helper object" };
+    return kind >= 0 && kind <= DPAR__LIVE_CHILD ? names[kind] : "handle";
+}
+static size_t dpar__live_slot(const void *p, size_t cap) {
+    uint64_t x = (uint64_t)(uintptr_t)p;
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL; /* MurmurHash3's finalizer: heap addresses differ in their middle bits */
+    x ^= x >> 33;
+    return (size_t)x & (cap - 1);
+}
+/* The live entry of p, or NULL. Under dpar__live_mu. */
+static dpar__live_entry *dpar__live_find(const void *p) {
+    if (!dpar__live_tab || !p) return NULL;
+    for (size_t i = dpar__live_slot(p, dpar__live_cap);; i = (i + 1) & (dpar__live_cap - 1)) {
+        dpar__live_entry *e = &dpar__live_tab[i];
+        if (!e->key) return NULL;
+        if (e->key == p) return e;
+    }
+}
+/* Rehashes the live entries into a table of at least 4 slots per entry (no tombstones). */
+static int dpar__live_grow(void) {
+    size_t cap = 64;
+    while (cap < 4 * (dpar__live_n + 1)) cap *= 2;
+    dpar__live_entry *t = (dpar__live_entry *)dpar__calloc(cap, sizeof *t);
+    if (!t) return 0;
+    for (size_t i = 0; i < dpar__live_cap; i++) {
+        const dpar__live_entry *e = &dpar__live_tab[i];
+        if (!e->key || e->key == &dpar__live_tomb) continue;
+        size_t j = dpar__live_slot(e->key, cap);
+        while (t[j].key) j = (j + 1) & (cap - 1);
+        t[j] = *e;
+    }
+    DPAR_FREE(dpar__live_tab);
+    dpar__live_tab = t;
+    dpar__live_cap = cap;
+    dpar__live_used = dpar__live_n;
+    return 1;
+}
+/* Enters p (a new object). Under dpar__live_mu. */
+static dpar_status dpar__live_insert(const void *p, int kind, dpar_runtime *rt, dpar_mesh *mesh,
+                                     void (*release)(void *), const char *fn) {
+    if (2 * (dpar__live_used + 1) > dpar__live_cap && !dpar__live_grow())
+        return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
+    size_t i = dpar__live_slot(p, dpar__live_cap);
+    while (dpar__live_tab[i].key && dpar__live_tab[i].key != &dpar__live_tomb) i = (i + 1) & (dpar__live_cap - 1);
+    if (!dpar__live_tab[i].key) dpar__live_used++;
+    dpar__live_entry *e = &dpar__live_tab[i];
+    e->key = p;
+    e->kind = kind;
+    e->rt = rt;
+    e->mesh = mesh;
+    e->release = release;
+    dpar__live_n++;
+    return DPAR_OK;
+}
+/* Takes e out; the table goes when the last object does (nothing stays allocated). Under dpar__live_mu. */
+static void dpar__live_erase(dpar__live_entry *e) {
+    e->key = &dpar__live_tomb;
+    if (--dpar__live_n == 0) {
+        DPAR_FREE(dpar__live_tab);
+        dpar__live_tab = NULL;
+        dpar__live_cap = dpar__live_used = 0;
+    }
+}
+static dpar_status dpar__live_stale(const char *fn, int kind) {
+    const char *k = dpar__live_kind_name(kind);
+    return dpar__err(DPAR_ERR_STATE,
+                     "%s: the %s is stale (destroyed, or released when its mesh or runtime was destroyed); nothing "
+                     "was done; stop using a handle once it or its parent is destroyed",
+                     fn, k);
+}
+/* The live entry of p of that kind, else NULL with the error set; refuses a
+   handle whose runtime or mesh another thread is destroying. Under dpar__live_mu. */
+static dpar__live_entry *dpar__live_get(const void *p, int kind, const char *fn, dpar_status *s) {
+    dpar__live_entry *e = dpar__live_find(p);
+    *s = DPAR_OK;
+    if (!e || e->kind != kind)
+        *s = dpar__live_stale(fn, kind);
+    else if (!dpar__releasing && (e->rt->closing || (e->mesh && e->mesh->closing)))
+        *s = dpar__err(DPAR_ERR_STATE, "%s: the %s's %s is being destroyed by another thread; nothing was done", fn,
+                       dpar__live_kind_name(kind), e->mesh && e->mesh->closing ? "mesh" : "runtime");
+    return *s ? NULL : e;
+}
+/* Looks p up: DPAR_OK when it is a live handle of that kind. */
+static dpar_status dpar__live_check(const void *p, int kind, const char *fn) {
+    dpar_status s;
+    pthread_mutex_lock(&dpar__live_mu);
+    dpar__live_get(p, kind, fn, &s);
+    pthread_mutex_unlock(&dpar__live_mu);
+    return s;
+}
+/* Enters a new object whose parent (a runtime or a mesh) must be live. */
+static dpar_status dpar__live_add(const void *p, int kind, const void *parent, int parent_kind, void (*release)(void *),
+                                  const char *fn) {
+    dpar_status s;
+    pthread_mutex_lock(&dpar__live_mu);
+    dpar__live_entry *e = dpar__live_get(parent, parent_kind, fn, &s);
+    if (e) {
+        dpar_mesh *m = parent_kind == DPAR__LIVE_MESH ? (dpar_mesh *)(uintptr_t)parent : NULL;
+        s = dpar__live_insert(p, kind, e->rt, m, release, fn);
+    }
+    pthread_mutex_unlock(&dpar__live_mu);
+    return s;
+}
+/* Begins a call on live handle p: counts it in flight on its runtime (so no
+   destroy frees p meanwhile) and, for a host transfer (io), refuses while a
+   dispatch runs. *rt: p's runtime, for dpar__live_leave. */
+static dpar_status dpar__live_enter(const void *p, int kind, const char *fn, int io, dpar_runtime **rt) {
+    dpar_status s;
+    pthread_mutex_lock(&dpar__live_mu);
+    dpar__live_entry *e = dpar__live_get(p, kind, fn, &s);
+    if (e && io && e->rt->dispatching)
+        s = dpar__err(DPAR_ERR_STATE,
+                      "%s: a pmap/shard_map is running on this runtime; host transfers of arrays run between "
+                      "dispatches (not inside fn, not from another thread during one)",
+                      fn);
+    if (e && !s) {
+        e->rt->busy++;
+        e->rt->host_io += io;
+        *rt = e->rt;
+    }
+    pthread_mutex_unlock(&dpar__live_mu);
+    return s;
+}
+static void dpar__live_leave(dpar_runtime *rt, int io) {
+    pthread_mutex_lock(&dpar__live_mu);
+    rt->busy--;
+    rt->host_io -= io;
+    pthread_cond_broadcast(&dpar__live_cv);
+    pthread_mutex_unlock(&dpar__live_mu);
+}
+/* A dispatch's start and end (inside a dpar__live_enter): waits for the host
+   transfers in flight; while it runs, host transfers and host-thread ops refuse. */
+static void dpar__live_dispatch(dpar_runtime *rt, int delta) {
+    pthread_mutex_lock(&dpar__live_mu);
+    while (delta > 0 && rt->host_io) pthread_cond_wait(&dpar__live_cv, &dpar__live_mu);
+    DPAR__ATOMIC_STORE(&rt->dispatching, rt->dispatching + delta); /* host-thread ops read it without the lock */
+    if (delta < 0) pthread_cond_broadcast(&dpar__live_cv);
+    pthread_mutex_unlock(&dpar__live_mu);
+}
+/* Takes live handle p out of the set for its destroy; refuses a stale one and,
+   unless this thread is freeing p's parent, one whose runtime has a call in
+   flight. *rt (may be NULL): p's runtime. */
+static dpar_status dpar__live_detach(const void *p, int kind, const char *fn, dpar_runtime **rt) {
+    dpar_status s;
+    pthread_mutex_lock(&dpar__live_mu);
+    dpar__live_entry *e = dpar__live_get(p, kind, fn, &s);
+    if (e && !dpar__releasing && e->rt->busy)
+        s = dpar__err(DPAR_ERR_STATE,
+                      "%s: the %s's runtime is in use by another thread (a pmap/shard_map, a graph run or a host "
+                      "transfer is running); nothing was destroyed; destroy it after that call returns",
+                      fn, dpar__live_kind_name(kind));
+    if (e && !s) {
+        if (rt) *rt = e->rt;
+        dpar__live_erase(e);
+    }
+    pthread_mutex_unlock(&dpar__live_mu);
+    return s;
+}
+/* Takes one graph or helper of mesh m out of the set (NULL when none is left):
+   its release is called by the caller, outside the lock. */
+static void *dpar__live_pop_child(const dpar_mesh *m, void (**release)(void *)) {
+    void *obj = NULL;
+    pthread_mutex_lock(&dpar__live_mu);
+    for (size_t i = 0; i < dpar__live_cap && !obj; i++) {
+        dpar__live_entry *e = &dpar__live_tab[i];
+        if (!e->key || e->key == &dpar__live_tomb || e->mesh != m || !e->release) continue;
+        obj = (void *)(uintptr_t)e->key;
+        *release = e->release;
+        dpar__live_erase(e);
+    }
+    pthread_mutex_unlock(&dpar__live_mu);
+    return obj;
+}
+/* Marks a mesh or runtime as being destroyed (refusing its handles) after the
+   checks of dpar__live_detach, which takes it out of the set. */
+static dpar_status dpar__live_close(const void *p, int kind, const char *fn) {
+    dpar_status s;
+    pthread_mutex_lock(&dpar__live_mu);
+    dpar__live_entry *e = dpar__live_get(p, kind, fn, &s);
+    if (e && !dpar__releasing && e->rt->busy)
+        s = dpar__err(DPAR_ERR_STATE,
+                      "%s: a call on %s is running on another thread (a pmap/shard_map, a graph run or a host "
+                      "transfer); nothing was destroyed; destroy it after that call returns",
+                      fn, kind == DPAR__LIVE_MESH ? "this mesh's runtime" : "this runtime");
+    if (e && !s) {
+        if (kind == DPAR__LIVE_MESH)
+            ((dpar_mesh *)(uintptr_t)p)->closing = 1;
+        else
+            e->rt->closing = 1;
+        dpar__live_erase(e);
+    }
+    pthread_mutex_unlock(&dpar__live_mu);
+    return s;
+}
+
+/* Whether p is a live handle (no error text). */
+static int dpar__live_has(const void *p) {
+    pthread_mutex_lock(&dpar__live_mu);
+    int has = dpar__live_find(p) != NULL;
+    pthread_mutex_unlock(&dpar__live_mu);
+    return has;
+}
+/* Takes p out of the set if it is in (a parent freeing its children). */
+static void dpar__live_forget(const void *p) {
+    pthread_mutex_lock(&dpar__live_mu);
+    dpar__live_entry *e = dpar__live_find(p);
+    if (e) dpar__live_erase(e);
+    pthread_mutex_unlock(&dpar__live_mu);
+}
+static dpar_status dpar__live_add_runtime(dpar_runtime *rt) {
+    pthread_mutex_lock(&dpar__live_mu);
+    dpar_status s = dpar__live_insert(rt, DPAR__LIVE_RUNTIME, rt, NULL, NULL, "dpar_runtime_create");
+    pthread_mutex_unlock(&dpar__live_mu);
+    return s;
+}
+/* dpar_buffer_destroy's checks, then b leaves the set: a live buffer, not an
+   array's shard; during a dispatch only its own device's worker may free it. */
+static dpar_status dpar__live_buffer_detach(const dpar_buffer *b) {
+    dpar_status s;
+    pthread_mutex_lock(&dpar__live_mu);
+    dpar__live_entry *e = dpar__live_get(b, DPAR__LIVE_BUFFER, "dpar_buffer_destroy", &s);
+    const dpar__worker *w = dpar__self_worker;
+    int own = w && w->rt == b->rt;
+    if (!e) {
+    } else if (b->owned) {
+        s = dpar__err(DPAR_ERR_STATE, "dpar_buffer_destroy: the buffer is a shard of a dpar_array and was not freed; "
+                                      "destroy the array instead");
+    } else if (dpar__releasing) {
+    } else if (own && w->device != b->gdev) {
+        s = dpar__err(DPAR_ERR_STATE,
+                      "dpar_buffer_destroy: the buffer lives on device %d but this is device %d's worker; nothing "
+                      "was destroyed; free a buffer inside fn only on its own device",
+                      b->gdev, w->device);
+    } else if (!own && e->rt->dispatching) {
+        s = dpar__err(DPAR_ERR_STATE,
+                      "dpar_buffer_destroy: a pmap/shard_map is running on the buffer's runtime; nothing was "
+                      "destroyed; free it after the dispatch returns (or inside fn, on its device)");
+    }
+    if (e && !s) dpar__live_erase(e);
+    pthread_mutex_unlock(&dpar__live_mu);
+    return s;
+}
+
+DPAR_API dpar_status dpar_handle_attach(dpar_mesh *m, void *obj, void (*release)(void *obj)) {
+    dpar__clear_error();
+    if (!m || !obj || !release)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_handle_attach: mesh, obj or release is NULL");
+    if (dpar__live_check(obj, DPAR__LIVE_CHILD, "dpar_handle_attach") == DPAR_OK)
+        return dpar__err(DPAR_ERR_STATE, "dpar_handle_attach: the object is attached already");
+    dpar__clear_error();
+    return dpar__live_add(obj, DPAR__LIVE_CHILD, m, DPAR__LIVE_MESH, release, "dpar_handle_attach");
+}
+DPAR_API dpar_status dpar_handle_check(const void *obj, const char *fn) {
+    if (!fn) fn = "dpar_handle_check";
+    if (!obj) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: the helper object is NULL", fn);
+    dpar__worker *w = dpar__self_worker;
+    if (w && obj == dpar__live_memo_obj && dpar__live_memo_job == w->rt->job_count) return DPAR_OK;
+    dpar_status s;
+    pthread_mutex_lock(&dpar__live_mu);
+    dpar__live_entry *e = dpar__live_get(obj, DPAR__LIVE_CHILD, fn, &s);
+    if (e && w && e->rt == w->rt) { /* its runtime runs this dispatch: no destroy can free it before it ends */
+        dpar__live_memo_obj = obj;
+        dpar__live_memo_job = w->rt->job_count;
+    }
+    pthread_mutex_unlock(&dpar__live_mu);
+    return s;
+}
+DPAR_API dpar_status dpar_handle_detach(void *obj, const char *fn) {
+    if (!fn) fn = "dpar_handle_detach";
+    if (!obj) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: the helper object is NULL", fn);
+    if (dpar__self_worker && !dpar__releasing)
+        return dpar__err(DPAR_ERR_STATE, "%s: called inside a pmap/shard_map function; nothing was destroyed", fn);
+    return dpar__live_detach(obj, DPAR__LIVE_CHILD, fn, NULL);
+}
+
+static void dpar__array_free(dpar_array *a);
+/* Frees m with its helpers and graphs (their release hooks, while their arrays
+   still exist), then its arrays and groups. */
 static void dpar__mesh_free(dpar_mesh *m) {
     if (!m) return;
     dpar_runtime *rt = m->rt;
-    while (m->arrays) dpar_array_destroy(m->arrays);
+    void (*release)(void *) = NULL;
+    dpar__releasing++;
+    for (void *obj; (obj = dpar__live_pop_child(m, &release)) != NULL;) release(obj);
+    while (m->arrays) dpar__array_free(m->arrays);
+    dpar__releasing--;
     dpar__transport_get()->mesh_free(m);
     pthread_mutex_lock(&rt->list_mu);
     if (m->prev)
@@ -3341,6 +3791,7 @@ DPAR_API dpar_status dpar_mesh_create(dpar_runtime *rt, const dpar_mesh_desc *de
     if (!rt || !desc) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_mesh_create: runtime or desc is NULL");
     dpar_mesh_desc resolved;
     long long size = 0;
+    if (dpar__live_check(rt, DPAR__LIVE_RUNTIME, "dpar_mesh_create")) return DPAR_ERR_STATE;
     dpar_status s = dpar__mesh_desc_check(rt, desc, &resolved, &size);
     if (s != DPAR_OK) return s;
     const dpar_mesh_desc *d = &resolved;
@@ -3361,6 +3812,7 @@ DPAR_API dpar_status dpar_mesh_create(dpar_runtime *rt, const dpar_mesh_desc *de
         return s;
     }
     dpar_status ms = dpar__transport_get()->mesh_init(m);
+    if (!ms) ms = dpar__live_add(m, DPAR__LIVE_MESH, rt, DPAR__LIVE_RUNTIME, NULL, "dpar_mesh_create");
     if (ms != DPAR_OK) {
         char msg[DPAR__ERR_LEN];
         memcpy(msg, dpar__err_text, sizeof msg);
@@ -3376,11 +3828,14 @@ DPAR_API dpar_status dpar_mesh_create(dpar_runtime *rt, const dpar_mesh_desc *de
     return DPAR_OK;
 }
 DPAR_API dpar_status dpar_mesh_destroy(dpar_mesh *m) {
-    if (m && dpar__self_worker)
+    if (!m) return DPAR_OK;
+    if (dpar__self_worker)
         return dpar__err(DPAR_ERR_STATE,
                          "dpar_mesh_destroy: called inside a pmap/shard_map function; nothing was destroyed");
-    dpar_status busy = m ? dpar__busy(m->rt, NULL, "dpar_mesh_destroy") : DPAR_OK;
-    if (busy) return busy;
+    if (dpar__live_check(m, DPAR__LIVE_MESH, "dpar_mesh_destroy")) return DPAR_ERR_STATE;
+    dpar_status s = dpar__busy(m->rt, NULL, "dpar_mesh_destroy");
+    if (!s) s = dpar__live_close(m, DPAR__LIVE_MESH, "dpar_mesh_destroy");
+    if (s) return s;
     dpar__mesh_free(m);
     return DPAR_OK;
 }
@@ -3521,12 +3976,20 @@ static void dpar__array_offsets(const dpar_array *a, int pos, int64_t *off) {
 
 DPAR_API dpar_status dpar_array_destroy(dpar_array *a) {
     if (!a) return DPAR_OK;
-    if (dpar__self_worker)
+    if (dpar__self_worker && !dpar__releasing)
         return dpar__err(DPAR_ERR_STATE,
                          "dpar_array_destroy: called inside a pmap/shard_map function; nothing was destroyed "
                          "(destroy the array after the dispatch returns)");
-    dpar_status busy = dpar__busy(a->mesh->rt, NULL, "dpar_array_destroy");
-    if (busy) return busy;
+    if (dpar__live_check(a, DPAR__LIVE_ARRAY, "dpar_array_destroy")) return DPAR_ERR_STATE;
+    dpar_status s = dpar__releasing ? DPAR_OK : dpar__busy(a->mesh->rt, NULL, "dpar_array_destroy");
+    if (!s) s = dpar__live_detach(a, DPAR__LIVE_ARRAY, "dpar_array_destroy", NULL);
+    if (s) return s;
+    dpar__array_free(a);
+    return DPAR_OK;
+}
+static void dpar__array_free(dpar_array *a) {
+    if (!a) return;
+    dpar__live_forget(a); /* freed with its mesh, or a failed create */
     dpar_mesh *m = a->mesh;
     pthread_mutex_lock(&m->rt->list_mu);
     if (a->prev)
@@ -3540,7 +4003,6 @@ DPAR_API dpar_status dpar_array_destroy(dpar_array *a) {
             if (a->shards[p]) dpar__buffer_free(a->shards[p]);
     DPAR_FREE(a->shards);
     DPAR_FREE(a);
-    return DPAR_OK;
 }
 
 DPAR_API dpar_status dpar_array_create(dpar_mesh *m, const dpar_array_desc *d, dpar_array **out) {
@@ -3548,6 +4010,7 @@ DPAR_API dpar_status dpar_array_create(dpar_mesh *m, const dpar_array_desc *d, d
     if (!out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_array_create: `out` is NULL");
     *out = NULL;
     if (!m || !d) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_array_create: mesh or desc is NULL");
+    if (dpar__live_check(m, DPAR__LIVE_MESH, "dpar_array_create")) return DPAR_ERR_STATE;
     dpar_status busy = dpar__busy(m->rt, NULL, "dpar_array_create");
     if (busy) return busy;
     if (dpar_dtype_size(d->dtype) == 0)
@@ -3605,10 +4068,14 @@ DPAR_API dpar_status dpar_array_create(dpar_mesh *m, const dpar_array_desc *d, d
         if (!dpar__is_local(m->rt, m->devices[p])) continue; /* another process holds it */
         s = dpar_buffer_create(m->rt, m->devices[p], d->dtype, d->ndim, a->local, &a->shards[p]);
         if (s) {
-            dpar_array_destroy(a);
+            dpar__array_free(a);
             return s;
         }
         a->shards[p]->owned = 1;
+    }
+    if ((s = dpar__live_add(a, DPAR__LIVE_ARRAY, m, DPAR__LIVE_MESH, NULL, "dpar_array_create"))) {
+        dpar__array_free(a);
+        return s;
     }
     pthread_mutex_lock(&m->rt->list_mu);
     a->next = m->arrays;
@@ -3619,7 +4086,7 @@ DPAR_API dpar_status dpar_array_create(dpar_mesh *m, const dpar_array_desc *d, d
     return DPAR_OK;
 }
 
-DPAR_API dpar_status dpar_array_put(dpar_array *a, const void *host) {
+static dpar_status dpar__array_put(dpar_array *a, const void *host) {
     dpar__clear_error();
     if (!a || !host) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_array_put: array or host data is NULL");
     dpar_status busy = dpar__busy(a->mesh->rt, NULL, "dpar_array_put");
@@ -3640,7 +4107,7 @@ DPAR_API dpar_status dpar_array_put(dpar_array *a, const void *host) {
     return s;
 }
 
-DPAR_API dpar_status dpar_array_get(const dpar_array *a, void *host) {
+static dpar_status dpar__array_get(const dpar_array *a, void *host) {
     dpar__clear_error();
     if (!a || !host) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_array_get: array or host destination is NULL");
     dpar_status busy = dpar__busy(a->mesh->rt, NULL, "dpar_array_get");
@@ -3691,7 +4158,7 @@ DPAR_API dpar_status dpar_array_local_rows(const dpar_array *a, int64_t *begin, 
     *count = lo < 0 ? 0 : hi - lo;
     return DPAR_OK;
 }
-DPAR_API dpar_status dpar_array_put_rows(dpar_array *a, int64_t row_begin, int64_t row_count, const void *host) {
+static dpar_status dpar__array_put_rows(dpar_array *a, int64_t row_begin, int64_t row_count, const void *host) {
     dpar__clear_error();
     if (!a || (!host && row_count) || a->ndim < 1)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_array_put_rows: NULL argument or 0-d array");
@@ -3728,6 +4195,28 @@ DPAR_API dpar_status dpar_array_put_rows(dpar_array *a, int64_t row_begin, int64
     DPAR_FREE(tmp);
     return s;
 }
+/* The host transfers: a live array, between dispatches (dpar__live_enter). */
+DPAR_API dpar_status dpar_array_put(dpar_array *a, const void *host) {
+    dpar_runtime *rt = NULL;
+    if (a && dpar__live_enter(a, DPAR__LIVE_ARRAY, "dpar_array_put", 1, &rt)) return DPAR_ERR_STATE;
+    dpar_status s = dpar__array_put(a, host);
+    if (rt) dpar__live_leave(rt, 1);
+    return s;
+}
+DPAR_API dpar_status dpar_array_get(const dpar_array *a, void *host) {
+    dpar_runtime *rt = NULL;
+    if (a && dpar__live_enter(a, DPAR__LIVE_ARRAY, "dpar_array_get", 1, &rt)) return DPAR_ERR_STATE;
+    dpar_status s = dpar__array_get(a, host);
+    if (rt) dpar__live_leave(rt, 1);
+    return s;
+}
+DPAR_API dpar_status dpar_array_put_rows(dpar_array *a, int64_t row_begin, int64_t row_count, const void *host) {
+    dpar_runtime *rt = NULL;
+    if (a && dpar__live_enter(a, DPAR__LIVE_ARRAY, "dpar_array_put_rows", 1, &rt)) return DPAR_ERR_STATE;
+    dpar_status s = dpar__array_put_rows(a, row_begin, row_count, host);
+    if (rt) dpar__live_leave(rt, 1);
+    return s;
+}
 DPAR_API int dpar_array_ndim(const dpar_array *a) {
     return a ? a->ndim : -1;
 }
@@ -3737,6 +4226,7 @@ DPAR_API int64_t dpar_array_dim(const dpar_array *a, int i) {
 /* ---------------------------------------------------------------------------
    Dispatch: jobs, workers, pmap, shard_map
    ------------------------------------------------------------------------ */
+enum { DPAR__CTX_EXITS = 8 };
 struct dpar_ctx {
     dpar__job *job;
     dpar_runtime *rt;
@@ -3745,6 +4235,9 @@ struct dpar_ctx {
     int coords[DPAR_MAX_AXES];
     int nargs;
     dpar_buffer **args; /* [nargs] this device's shards */
+    int nexits;         /* dpar_ctx_at_exit hooks, run when fn returns */
+    dpar_ctx_exit_fn exit_fn[DPAR__CTX_EXITS];
+    void *exit_obj[DPAR__CTX_EXITS];
 };
 
 struct dpar__job {
@@ -3789,6 +4282,23 @@ static void dpar__job_fail(dpar__job *job, int device, dpar_status s) {
 }
 
 static void dpar__worker_drain(dpar__worker *w);
+static DPAR__TLS const dpar_ctx *dpar__cur_ctx; /* ctx of the fn this worker runs, else NULL */
+
+/* Runs ctx's dpar_ctx_at_exit hooks after fn returned st; the first hook
+   error becomes the device's status when fn succeeded. */
+static dpar_status dpar__ctx_exits(dpar_ctx *ctx, dpar_status st) {
+    for (int i = 0; i < ctx->nexits; i++) {
+        char keep[DPAR__ERR_LEN];
+        memcpy(keep, dpar__err_text, sizeof keep);
+        dpar_status h = ctx->exit_fn[i](ctx, ctx->exit_obj[i], st);
+        if (h && !st)
+            st = h;
+        else
+            memcpy(dpar__err_text, keep, sizeof keep); /* fn's own error text stays */
+    }
+    ctx->nexits = 0;
+    return st;
+}
 
 static void *dpar__worker_main(void *arg) {
     dpar__worker *w = (dpar__worker *)arg;
@@ -3820,12 +4330,15 @@ static void *dpar__worker_main(void *arg) {
         if (pos >= 0) {
             dpar_ctx *ctx = &job->ctxs[pos];
             dpar__clear_error();
+            dpar__cur_ctx = ctx; /* the only ctx this thread may use, until fn and its exit hooks return */
             dpar_status st = DPAR__ATOMIC_LOAD(&job->abort) ? DPAR_ERR_ABORTED : job->fn(ctx, job->user);
             if ((int)st < 0 || st > DPAR_ERR_STATE)
                 st = dpar__err(DPAR_ERR_INVALID_ARGUMENT,
                                "the pmap function returned %d, which is not a dpar_status; return DPAR_OK or "
                                "the status of the call that failed",
                                (int)st);
+            st = dpar__ctx_exits(ctx, st);
+            dpar__cur_ctx = NULL;
             if (st != DPAR_OK) dpar__job_fail(job, w->device, st);
             dpar__worker_drain(w);
             DPAR__ATOMIC_STORE(&job->departed[pos], 1);
@@ -3902,6 +4415,7 @@ static dpar_status dpar__run(dpar_mesh *m, dpar_fn fn, void *user, int nargs, dp
         c->args = args ? args + (size_t)p * (size_t)nargs : NULL;
     }
     double t0 = DPAR__ATOMIC_LOAD(&dpar__trace_on) ? dpar__now_us() : 0.0;
+    dpar__live_dispatch(rt, 1); /* waits for host transfers; refuses new ones until the end */
     pthread_mutex_lock(&rt->dispatch_mu);
     pthread_mutex_lock(&rt->mu);
     rt->job = &job;
@@ -3926,6 +4440,7 @@ static dpar_status dpar__run(dpar_mesh *m, dpar_fn fn, void *user, int nargs, dp
     dpar__transport_get()->dispatch_end(m, &job, late);
     dpar__reset_groups(m);
     pthread_mutex_unlock(&rt->dispatch_mu);
+    dpar__live_dispatch(rt, -1);
     dpar_status s = job.first_status;
     if (s != DPAR_OK && job.first_device >= 0)
         dpar__err(s, "device %d: %s", job.first_device, job.first_msg);
@@ -3939,7 +4454,7 @@ static dpar_status dpar__run(dpar_mesh *m, dpar_fn fn, void *user, int nargs, dp
     return s;
 }
 
-DPAR_API dpar_status dpar_shard_map(dpar_mesh *m, const dpar_shard_map_desc *desc) {
+static dpar_status dpar__shard_map(dpar_mesh *m, const dpar_shard_map_desc *desc) {
     dpar__clear_error();
     dpar_shard_map_desc resolved;
     const dpar_shard_map_desc *d = desc ? &resolved : NULL;
@@ -3959,6 +4474,7 @@ DPAR_API dpar_status dpar_shard_map(dpar_mesh *m, const dpar_shard_map_desc *des
                          (int)DPAR_MAX_ARGS);
     for (int i = 0; i < d->num_args; i++) {
         if (!d->args[i]) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_shard_map: args[%d] is NULL", i);
+        if (dpar__live_check(d->args[i], DPAR__LIVE_ARRAY, "dpar_shard_map")) return DPAR_ERR_STATE;
         if (d->args[i]->mesh != m)
             return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_shard_map: args[%d] was created on another mesh", i);
     }
@@ -3970,6 +4486,15 @@ DPAR_API dpar_status dpar_shard_map(dpar_mesh *m, const dpar_shard_map_desc *des
             tab[(size_t)p * (size_t)d->num_args + (size_t)i] = d->args[i]->shards[p]; /* NULL if remote */
     dpar_status s = dpar__run(m, d->fn, d->user, d->num_args, tab);
     DPAR_FREE(tab);
+    return s;
+}
+
+DPAR_API dpar_status dpar_shard_map(dpar_mesh *m, const dpar_shard_map_desc *desc) {
+    dpar__clear_error();
+    dpar_runtime *rt = NULL; /* counted in flight: no destroy frees m or the args meanwhile */
+    if (m && dpar__live_enter(m, DPAR__LIVE_MESH, "dpar_shard_map", 0, &rt)) return DPAR_ERR_STATE;
+    dpar_status s = dpar__shard_map(m, desc);
+    if (rt) dpar__live_leave(rt, 0);
     return s;
 }
 
@@ -4020,7 +4545,7 @@ static dpar_status dpar__pmap_check(const dpar_pmap_desc *d, int n) {
     return DPAR_OK;
 }
 
-DPAR_API dpar_status dpar_pmap(dpar_mesh *m, const dpar_pmap_desc *desc) {
+static dpar_status dpar__pmap(dpar_mesh *m, const dpar_pmap_desc *desc) {
     dpar__clear_error();
     dpar_pmap_desc resolved;
     const dpar_pmap_desc *d = desc ? &resolved : NULL;
@@ -4109,7 +4634,7 @@ DPAR_API dpar_status dpar_pmap(dpar_mesh *m, const dpar_pmap_desc *desc) {
     }
     char saved[DPAR__ERR_LEN];
     memcpy(saved, dpar__err_text, sizeof saved);
-    for (int i = 0; i < nargs; i++) dpar_array_destroy(arrs[i]);
+    for (int i = 0; i < nargs; i++) dpar__array_free(arrs[i]); /* not the public destroy: this call is in flight */
     DPAR_FREE(tab);
     memcpy(dpar__err_text, saved, sizeof saved);
     if (!s) { /* freeing the buffers waited for the devices: a collective that hung shows up here */
@@ -4123,26 +4648,64 @@ DPAR_API dpar_status dpar_pmap(dpar_mesh *m, const dpar_pmap_desc *desc) {
     return s;
 }
 
+DPAR_API dpar_status dpar_pmap(dpar_mesh *m, const dpar_pmap_desc *desc) {
+    dpar__clear_error();
+    dpar_runtime *rt = NULL; /* counted in flight: no destroy frees m meanwhile */
+    if (m && dpar__live_enter(m, DPAR__LIVE_MESH, "dpar_pmap", 0, &rt)) return DPAR_ERR_STATE;
+    dpar_status s = dpar__pmap(m, desc);
+    if (rt) dpar__live_leave(rt, 0);
+    return s;
+}
+
+/* A ctx is valid only on the thread running the fn it was passed to, until fn
+   returns: checked by comparing it with that thread's current ctx (no lookup,
+   and a stale ctx is never dereferenced). */
+static dpar_status dpar__ctx_check(const dpar_ctx *ctx, const char *fn) {
+    if (__builtin_expect(ctx != NULL && ctx == dpar__cur_ctx, 1)) return DPAR_OK;
+    if (!ctx)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                         "%s: ctx is NULL (call it inside a pmap/shard_map function, with the ctx it was given)", fn);
+    return dpar__err(DPAR_ERR_STATE,
+                     "%s: this dpar_ctx is not the one of the pmap/shard_map function running on this thread; a ctx "
+                     "is valid only inside the function it was passed to, on that thread, until it returns",
+                     fn);
+}
+#define DPAR__CTX_OK(ctx) ((ctx) != NULL && (ctx) == dpar__cur_ctx)
 DPAR_API int dpar_ctx_device(const dpar_ctx *ctx) {
-    return ctx ? ctx->device : -1;
+    return DPAR__CTX_OK(ctx) ? ctx->device : -1;
 }
 DPAR_API int dpar_ctx_position(const dpar_ctx *ctx) {
-    return ctx ? ctx->pos : -1;
+    return DPAR__CTX_OK(ctx) ? ctx->pos : -1;
 }
 DPAR_API uint64_t dpar_ctx_dispatch_id(const dpar_ctx *ctx) {
-    return ctx ? ctx->rt->job_count : 0;
+    return DPAR__CTX_OK(ctx) ? ctx->rt->job_count : 0;
 }
 DPAR_API bool dpar_in_dispatch(void) {
     return dpar__self_worker != NULL;
 }
 DPAR_API dpar_runtime *dpar_ctx_runtime(const dpar_ctx *ctx) {
-    return ctx ? ctx->rt : NULL;
+    return DPAR__CTX_OK(ctx) ? ctx->rt : NULL;
 }
 DPAR_API dpar_mesh *dpar_ctx_mesh(const dpar_ctx *ctx) {
-    return ctx ? ctx->mesh : NULL;
+    return DPAR__CTX_OK(ctx) ? ctx->mesh : NULL;
+}
+DPAR_API dpar_status dpar_ctx_at_exit(dpar_ctx *ctx, dpar_ctx_exit_fn fn, void *obj) {
+    dpar__clear_error();
+    dpar_status s = dpar__ctx_check(ctx, "dpar_ctx_at_exit");
+    if (s) return s;
+    if (!fn) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_ctx_at_exit: fn is NULL");
+    for (int i = 0; i < ctx->nexits; i++)
+        if (ctx->exit_fn[i] == fn && ctx->exit_obj[i] == obj) return DPAR_OK;
+    if (ctx->nexits == DPAR__CTX_EXITS)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_ctx_at_exit: %d hooks are registered already (the most)",
+                         (int)DPAR__CTX_EXITS);
+    ctx->exit_fn[ctx->nexits] = fn;
+    ctx->exit_obj[ctx->nexits++] = obj;
+    return DPAR_OK;
 }
 DPAR_API dpar_buffer *dpar_ctx_arg(const dpar_ctx *ctx, int i) {
-    if (!ctx || i < 0 || i >= ctx->nargs) {
+    if (dpar__ctx_check(ctx, "dpar_ctx_arg")) return NULL;
+    if (i < 0 || i >= ctx->nargs) {
         dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_ctx_arg: argument %d is out of range; this call has %d arguments", i,
                   ctx ? ctx->nargs : 0);
         return NULL;
@@ -4151,7 +4714,9 @@ DPAR_API dpar_buffer *dpar_ctx_arg(const dpar_ctx *ctx, int i) {
 }
 DPAR_API dpar_status dpar_ctx_axis_index(const dpar_ctx *ctx, const char *axes, int *out) {
     dpar__clear_error();
-    if (!ctx || !out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_ctx_axis_index: ctx or out is NULL");
+    dpar_status cs = dpar__ctx_check(ctx, "dpar_ctx_axis_index");
+    if (cs) return cs;
+    if (!out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_ctx_axis_index: out is NULL");
     unsigned mask;
     int order[DPAR_MAX_AXES], norder;
     dpar_status s = dpar__parse_axes(ctx->mesh, "dpar_ctx_axis_index", axes, &mask, order, &norder);
@@ -4162,7 +4727,9 @@ DPAR_API dpar_status dpar_ctx_axis_index(const dpar_ctx *ctx, const char *axes, 
 }
 DPAR_API dpar_status dpar_ctx_axis_size(const dpar_ctx *ctx, const char *axes, int *out) {
     dpar__clear_error();
-    if (!ctx || !out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_ctx_axis_size: ctx or out is NULL");
+    dpar_status cs = dpar__ctx_check(ctx, "dpar_ctx_axis_size");
+    if (cs) return cs;
+    if (!out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_ctx_axis_size: out is NULL");
     unsigned mask;
     dpar_status s = dpar__parse_axes(ctx->mesh, "dpar_ctx_axis_size", axes, &mask, NULL, NULL);
     if (s) return s;
@@ -4171,9 +4738,10 @@ DPAR_API dpar_status dpar_ctx_axis_size(const dpar_ctx *ctx, const char *axes, i
 }
 DPAR_API dpar_status dpar_ctx_buffer(dpar_ctx *ctx, dpar_dtype dtype, int ndim, const int64_t *shape,
                                      dpar_buffer **out) {
-    if (!ctx) {
+    dpar_status s = dpar__ctx_check(ctx, "dpar_ctx_buffer");
+    if (s) {
         if (out) *out = NULL;
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_ctx_buffer: ctx is NULL");
+        return s;
     }
     return dpar_buffer_create(ctx->rt, ctx->device, dtype, ndim, shape, out);
 }
@@ -5323,6 +5891,8 @@ static void dpar__worker_drain(dpar__worker *w) {
 DPAR_API dpar_status dpar_wait(dpar_ctx *ctx, dpar_request *r) {
     dpar__clear_error();
     if (!ctx) return dpar__disp_wait(r); /* a step (>>async dispatch) */
+    dpar_status cs = dpar__ctx_check(ctx, "dpar_wait");
+    if (cs) return cs;
     if (!r) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_wait: request is NULL");
     dpar__worker *w = &ctx->rt->workers[ctx->device - ctx->rt->local_base];
     double t0 = DPAR__ATOMIC_LOAD(&dpar__trace_on) ? dpar__now_us() : 0.0;
@@ -5352,10 +5922,11 @@ DPAR_API dpar_status dpar_wait(dpar_ctx *ctx, dpar_request *r) {
    else queued behind the pending ones (issue order is kept). */
 static dpar_status dpar__collective(dpar_ctx *ctx, dpar__cargs *a, const char *axes) {
     dpar__clear_error();
-    if (!ctx)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
-                         "dpar_%s: ctx is NULL (collectives are called inside a pmap/shard_map function)",
-                         dpar__coll_name(a->kind, a->op));
+    if (__builtin_expect(!DPAR__CTX_OK(ctx), 0)) {
+        char fn[48];
+        snprintf(fn, sizeof fn, "dpar_%s", dpar__coll_name(a->kind, a->op));
+        return dpar__ctx_check(ctx, fn);
+    }
     if (!axes) axes = "";
     snprintf(a->axes, sizeof a->axes, "%s", axes);
     dpar__worker *w = &ctx->rt->workers[ctx->device - ctx->rt->local_base];
@@ -5373,8 +5944,11 @@ static dpar_status dpar__collective_start(dpar_ctx *ctx, dpar__cargs *a, const c
     if (!req)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_%s_start: `req` is NULL", dpar__coll_name(a->kind, a->op));
     *req = NULL;
-    if (!ctx)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_%s_start: ctx is NULL", dpar__coll_name(a->kind, a->op));
+    if (!DPAR__CTX_OK(ctx)) {
+        char fn[48];
+        snprintf(fn, sizeof fn, "dpar_%s_start", dpar__coll_name(a->kind, a->op));
+        return dpar__ctx_check(ctx, fn);
+    }
     snprintf(a->axes, sizeof a->axes, "%s", axes ? axes : "");
     return dpar__coll_start(ctx, a, req);
 }
@@ -5587,8 +6161,14 @@ static dpar_status dpar__scalar_out(const char *name, const dpar_buffer *b) {
                          (long long)b->count, dpar_dtype_name(b->dtype));
     return DPAR_OK;
 }
+static const char *dpar__op_name(dpar__op_kind k);
 static dpar_status dpar__op_run(dpar__op *op) {
     dpar_runtime *rt = op->dst->rt;
+    if (__builtin_expect(dpar__buffer_owner(op->dst, "op") != DPAR_OK, 0)) { /* two compares when fine */
+        char fn[64];
+        snprintf(fn, sizeof fn, "dpar_%s", dpar__op_name(op->kind));
+        return dpar__buffer_owner(op->dst, fn);
+    }
     int dev = op->dst->device; /* backend-local index */
     double t0 = dpar__now_us();
     dpar__obs_count_op(rt, dev);
@@ -6714,7 +7294,8 @@ static dpar_status dpar__clip_scale(const char *fn, dpar_ctx *ctx, float clip_no
                                     dpar_buffer *const *grads, int n, float *scale, float *norm_out) {
     dpar_buffer *tmp = NULL;
     int64_t one = 1;
-    dpar_status s = dpar_buffer_create(ctx->rt, ctx->device, DPAR_F32, 1, &one, &tmp);
+    dpar_status s = dpar__ctx_check(ctx, fn);
+    if (!s) s = dpar_buffer_create(ctx->rt, ctx->device, DPAR_F32, 1, &one, &tmp);
     if (s) return s;
     double total = 0.0;
     for (int i = 0; i < n && !s; i++) {
@@ -7243,6 +7824,7 @@ DPAR_API dpar_status dpar_loss_scaler_unscale(dpar_ctx *ctx, dpar_loss_scaler *l
     if (!ls || !finite || n < 0 || (n > 0 && !grads))
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: ls, finite or grads is NULL (or n < 0)", fn);
     if (axes && *axes && !ctx) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: axes need ctx (call it inside fn)", fn);
+    if (ctx && !DPAR__CTX_OK(ctx)) return dpar__ctx_check(ctx, fn);
     if (!(ls->scale > 0.0f) || ls->desc.growth_interval <= 0)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: the scaler is not initialized (dpar_loss_scaler_init)", fn);
     dpar_status s;
@@ -7981,12 +8563,19 @@ static dpar_status dpar__g_status(const dpar_graph *g) {
     if (g->err) memcpy(dpar__err_text, g->errtext, DPAR__ERR_LEN);
     return g->err;
 }
+/* The status of a failed dpar__g_args (whose error text stays): NULL, stale, or the graph's first error. */
+static dpar_status dpar__g_args_status(const dpar_graph *g) {
+    if (!g) return DPAR_ERR_INVALID_ARGUMENT;
+    if (!dpar__live_has(g)) return DPAR_ERR_STATE;
+    return dpar__g_status(g);
+}
 /* Whether a builder may go on: g valid, no earlier error, every value of g. */
 static bool dpar__g_args(dpar_graph *g, const char *fn, int n, const dpar_value *v) {
     if (!g) {
         dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: graph is NULL", fn);
         return false;
     }
+    if (dpar__live_check(g, DPAR__LIVE_GRAPH, fn)) return false; /* stale: destroyed, or freed with its mesh */
     if (g->err) return false;
     if (g->compiled) {
         dpar__g_fail(g, DPAR_ERR_STATE, "%s: the graph is compiled; add nodes before dpar_graph_compile", fn);
@@ -8044,10 +8633,12 @@ static const char *dpar__g_shape(const dpar__gnode *nd, char *buf, size_t cap) {
     return dpar__shape_str(buf, cap, nd->ndim, nd->shape);
 }
 
+static void dpar__g_free(void *self);
 DPAR_API dpar_status dpar_graph_create(dpar_mesh *mesh, dpar_graph **out) {
     dpar__clear_error();
     if (out) *out = NULL;
     if (!mesh || !out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_create: mesh or out is NULL");
+    if (dpar__live_check(mesh, DPAR__LIVE_MESH, "dpar_graph_create")) return DPAR_ERR_STATE;
     dpar_graph *g = (dpar_graph *)DPAR_MALLOC(sizeof *g);
     if (g) memset(g, 0, sizeof *g);
     if (g) g->errtext = (char *)DPAR_MALLOC(DPAR__ERR_LEN);
@@ -8066,12 +8657,20 @@ DPAR_API dpar_status dpar_graph_create(dpar_mesh *mesh, dpar_graph **out) {
     memset(&g->n[0], 0, sizeof g->n[0]);
     g->gscale = 1.0f;
     dpar_runtime_local_devices(g->rt, &g->first, &g->nlocal);
+    dpar_status s = dpar__live_add(g, DPAR__LIVE_GRAPH, mesh, DPAR__LIVE_MESH, dpar__g_free, "dpar_graph_create");
+    if (s) {
+        DPAR_FREE(g->errtext);
+        DPAR_FREE(g->n);
+        DPAR_FREE(g);
+        return s;
+    }
     *out = g;
     return DPAR_OK;
 }
 
 DPAR_API dpar_status dpar_graph_status(const dpar_graph *g) {
     if (!g) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_status: graph is NULL");
+    if (dpar__live_check(g, DPAR__LIVE_GRAPH, "dpar_graph_status")) return DPAR_ERR_STATE;
     return dpar__g_status(g);
 }
 
@@ -9280,7 +9879,7 @@ DPAR_API dpar_status dpar_graph_value_and_grad(dpar_graph *g, dpar_value loss, c
                                                dpar_value *grads) {
     const char *fn = "dpar_graph_value_and_grad";
     dpar__clear_error();
-    if (!dpar__g_args(g, fn, 1, &loss)) return g ? dpar__g_status(g) : DPAR_ERR_INVALID_ARGUMENT;
+    if (!dpar__g_args(g, fn, 1, &loss)) return dpar__g_args_status(g);
     if (n < 0 || (n && (!wrt || !grads)))
         return dpar__g_err(g, DPAR_ERR_INVALID_ARGUMENT, "%s: n = %d with wrt or grads NULL", fn, n);
     if (n && !dpar__g_args(g, fn, n, wrt)) return dpar__g_status(g);
@@ -9347,7 +9946,7 @@ DPAR_API dpar_status dpar_graph_value_and_grad(dpar_graph *g, dpar_value loss, c
 
 DPAR_API dpar_status dpar_graph_keep(dpar_graph *g, dpar_value v) {
     dpar__clear_error();
-    if (!dpar__g_args(g, "dpar_graph_keep", 1, &v)) return g ? dpar__g_status(g) : DPAR_ERR_INVALID_ARGUMENT;
+    if (!dpar__g_args(g, "dpar_graph_keep", 1, &v)) return dpar__g_args_status(g);
     g->n[v.id].keep = true;
     return DPAR_OK;
 }
@@ -9396,7 +9995,7 @@ static dpar_status dpar__g_opt_add(dpar_graph *g, const char *fn, const dpar_val
 DPAR_API dpar_status dpar_graph_sgd(dpar_graph *g, const dpar_sgd_desc *d, const dpar_value *params,
                                     const dpar_value *grads, int n) {
     dpar__clear_error();
-    if (!dpar__g_args(g, "dpar_graph_sgd", 0, NULL)) return g ? dpar__g_status(g) : DPAR_ERR_INVALID_ARGUMENT;
+    if (!dpar__g_args(g, "dpar_graph_sgd", 0, NULL)) return dpar__g_args_status(g);
     if (!d) return dpar__g_err(g, DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_sgd: desc is NULL");
     dpar_status s = dpar_sgd_check(d);
     if (s) return dpar__g_err(g, s, "%s", dpar_last_error());
@@ -9408,7 +10007,7 @@ DPAR_API dpar_status dpar_graph_sgd(dpar_graph *g, const dpar_sgd_desc *d, const
 DPAR_API dpar_status dpar_graph_adamw(dpar_graph *g, const dpar_adamw_desc *d, const dpar_value *params,
                                       const dpar_value *grads, int n) {
     dpar__clear_error();
-    if (!dpar__g_args(g, "dpar_graph_adamw", 0, NULL)) return g ? dpar__g_status(g) : DPAR_ERR_INVALID_ARGUMENT;
+    if (!dpar__g_args(g, "dpar_graph_adamw", 0, NULL)) return dpar__g_args_status(g);
     if (!d) return dpar__g_err(g, DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_adamw: desc is NULL");
     dpar_status s = dpar_adamw_check(d);
     if (s) return dpar__g_err(g, s, "%s", dpar_last_error());
@@ -9611,7 +10210,7 @@ typedef struct dpar__gz1 {
 DPAR_API dpar_status dpar_graph_zero1(dpar_graph *g, const char *axes) {
     const char *fn = "dpar_graph_zero1";
     dpar__clear_error();
-    if (!dpar__g_args(g, fn, 0, NULL)) return g ? dpar__g_status(g) : DPAR_ERR_INVALID_ARGUMENT;
+    if (!dpar__g_args(g, fn, 0, NULL)) return dpar__g_args_status(g);
     if (g->has_opt || g->z1 || g->pp)
         return dpar__g_err(g, DPAR_ERR_STATE, "%s: %s; call it once, before dpar_graph_sgd / dpar_graph_adamw", fn,
                            g->z1   ? "ZeRO-1 is on already"
@@ -9799,7 +10398,7 @@ typedef struct dpar__gpipe {
 DPAR_API dpar_status dpar_graph_pipeline(dpar_graph *g, const char *axis, int num_microbatches) {
     const char *fn = "dpar_graph_pipeline";
     dpar__clear_error();
-    if (!dpar__g_args(g, fn, 0, NULL)) return g ? dpar__g_status(g) : DPAR_ERR_INVALID_ARGUMENT;
+    if (!dpar__g_args(g, fn, 0, NULL)) return dpar__g_args_status(g);
     if (g->pp || g->z1 || g->count > 1)
         return dpar__g_err(g, DPAR_ERR_STATE, "%s: %s; call it once, right after dpar_graph_create", fn,
                            g->pp   ? "the graph is a pipeline already"
@@ -10219,6 +10818,7 @@ static dpar_status dpar__g_state(dpar_graph *g) {
 DPAR_API dpar_status dpar_graph_compile(dpar_graph *g, dpar_graph_stats *stats) {
     dpar__clear_error();
     if (!g) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_compile: graph is NULL");
+    if (dpar__live_check(g, DPAR__LIVE_GRAPH, "dpar_graph_compile")) return DPAR_ERR_STATE;
     if (g->err) return dpar__g_status(g);
     if (g->compiled) return dpar__err(DPAR_ERR_STATE, "dpar_graph_compile: the graph is compiled already");
     if (dpar_in_dispatch())
@@ -10464,9 +11064,17 @@ static dpar_status dpar__g_feeds(dpar_graph *g, const dpar_graph_feed *feeds, in
     }
     return DPAR_OK;
 }
+static dpar_status dpar__g_run(dpar_graph *g, const dpar_graph_feed *feeds, int num_feeds, float *loss);
 DPAR_API dpar_status dpar_graph_run(dpar_graph *g, const dpar_graph_feed *feeds, int num_feeds, float *loss) {
     dpar__clear_error();
     if (!g) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_run: graph is NULL");
+    dpar_runtime *rt = NULL; /* counted in flight: no destroy frees g or its mesh meanwhile */
+    if (dpar__live_enter(g, DPAR__LIVE_GRAPH, "dpar_graph_run", 0, &rt)) return DPAR_ERR_STATE;
+    dpar_status s = dpar__g_run(g, feeds, num_feeds, loss);
+    dpar__live_leave(rt, 0);
+    return s;
+}
+static dpar_status dpar__g_run(dpar_graph *g, const dpar_graph_feed *feeds, int num_feeds, float *loss) {
     if (g->err) return dpar__g_status(g);
     if (num_feeds < 0 || (num_feeds && !feeds))
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_run: num_feeds = %d with feeds %s", num_feeds,
@@ -10506,6 +11114,7 @@ DPAR_API dpar_array *dpar_graph_feed_array(const dpar_graph *g, dpar_value v) {
 static dpar_status dpar__g_readable(const dpar_graph *g, const char *fn, dpar_value v) {
     char l[96];
     if (!g) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: graph is NULL", fn);
+    if (dpar__live_check(g, DPAR__LIVE_GRAPH, fn)) return DPAR_ERR_STATE;
     if (v.id <= 0 || v.id >= g->count) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: not a value of this graph", fn);
     if (!g->ran) return dpar__err(DPAR_ERR_STATE, "%s: the graph has not run yet (dpar_graph_run)", fn);
     if (!dpar__g_mesh_alive(g)) return dpar__err(DPAR_ERR_STATE, "%s: the graph's mesh was destroyed", fn);
@@ -10617,9 +11226,19 @@ DPAR_API dpar_status dpar_graph_destroy(dpar_graph *g) {
     if (!g) return DPAR_OK;
     if (dpar_in_dispatch())
         return dpar__err(DPAR_ERR_STATE, "dpar_graph_destroy: called inside a pmap/shard_map function");
-    bool alive = dpar__g_mesh_alive(g); /* else its arrays went with it */
-    dpar_status busy = alive ? dpar__busy(g->mesh->rt, NULL, "dpar_graph_destroy") : DPAR_OK;
-    if (busy) return busy;
+    if (dpar__live_check(g, DPAR__LIVE_GRAPH, "dpar_graph_destroy")) return DPAR_ERR_STATE;
+    dpar_status s = dpar__busy(g->mesh->rt, NULL, "dpar_graph_destroy");
+    if (!s) s = dpar__live_detach(g, DPAR__LIVE_GRAPH, "dpar_graph_destroy", NULL);
+    if (s) return s;
+    dpar__g_free(g);
+    return DPAR_OK;
+}
+/* Frees g and what it allocated (its mesh still exists: a mesh releases its
+   graphs before its arrays). */
+static void dpar__g_free(void *self) {
+    dpar_graph *g = (dpar_graph *)self;
+    dpar__releasing++; /* g's arrays and buffers: already checked with g */
+    bool alive = dpar__g_mesh_alive(g);
     for (int k = 0; k < g->nslots; k++)
         for (int li = 0; li < g->nlocal && g->slot_owned[k]; li++) dpar_buffer_destroy(g->slots[k * g->nlocal + li]);
     for (int i = 1; i < g->count; i++) {
@@ -10643,7 +11262,7 @@ DPAR_API dpar_status dpar_graph_destroy(dpar_graph *g) {
     DPAR_FREE(g->n);
     DPAR_FREE(g->errtext);
     DPAR_FREE(g);
-    return DPAR_OK;
+    dpar__releasing--;
 }
 
 /* >>async dispatch ===========================================================
@@ -10752,6 +11371,7 @@ DPAR_API dpar_status dpar_pmap_start(dpar_mesh *m, const dpar_pmap_desc *desc, d
     *req = NULL;
     if (!m || !desc || !desc->fn)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_pmap_start: mesh, desc or desc->fn is NULL");
+    if (dpar__live_check(m, DPAR__LIVE_MESH, "dpar_pmap_start")) return DPAR_ERR_STATE;
     struct dpar__disp *d = (struct dpar__disp *)dpar__calloc(1, sizeof *d);
     if (!d) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_pmap_start: out of host memory");
     d->kind = DPAR__DISP_PMAP;
@@ -10767,6 +11387,7 @@ DPAR_API dpar_status dpar_shard_map_start(dpar_mesh *m, const dpar_shard_map_des
     *req = NULL;
     if (!m || !desc || !desc->fn)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_shard_map_start: mesh, desc or desc->fn is NULL");
+    if (dpar__live_check(m, DPAR__LIVE_MESH, "dpar_shard_map_start")) return DPAR_ERR_STATE;
     struct dpar__disp *d = (struct dpar__disp *)dpar__calloc(1, sizeof *d);
     if (!d) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_shard_map_start: out of host memory");
     d->kind = DPAR__DISP_SHARD_MAP;
@@ -10785,9 +11406,7 @@ DPAR_API dpar_status dpar_graph_run_start(dpar_graph *g, const dpar_graph_feed *
     if (num_feeds < 0 || (num_feeds && !feeds))
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_run_start: num_feeds = %d with feeds %s", num_feeds,
                          feeds ? "given" : "NULL");
-    if (!dpar__g_mesh_alive(g))
-        return dpar__err(DPAR_ERR_STATE,
-                         "dpar_graph_run_start: the graph's mesh was destroyed; destroy a graph before its mesh");
+    if (dpar__live_check(g, DPAR__LIVE_GRAPH, "dpar_graph_run_start")) return DPAR_ERR_STATE;
     struct dpar__disp *d = (struct dpar__disp *)dpar__calloc(1, sizeof *d);
     if (d && num_feeds) {
         d->feeds = (dpar_graph_feed *)DPAR_MALLOC((size_t)num_feeds * sizeof *feeds);
@@ -10841,6 +11460,7 @@ DPAR_API dpar_status dpar_test(dpar_ctx *ctx, dpar_request *r, bool *done) {
         *done = DPAR__ATOMIC_LOAD(&r->done) != 0;
         return DPAR_OK;
     }
+    if (!DPAR__CTX_OK(ctx)) return dpar__ctx_check(ctx, "dpar_test");
     dpar__worker *w = &ctx->rt->workers[ctx->device - ctx->rt->local_base];
     pthread_mutex_lock(&w->qmu);
     struct dpar_request *it = w->live; /* compared, never dereferenced, until found */

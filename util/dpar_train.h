@@ -71,12 +71,16 @@ typedef struct dpar_dp_desc {
                               communication thread costs more than their all-reduce) */
 } dpar_dp_desc;
 
-/* Creates a helper for mesh m. Outside fn.
+/* Creates a helper for mesh m, attached to it (dpar_handle_attach: destroying
+   the mesh or its runtime frees a helper left alive). Outside fn.
    Errors: DPAR_ERR_INVALID_ARGUMENT (NULL, comm_dtype not f32/f16/bf16),
-   DPAR_ERR_UNKNOWN_AXIS, DPAR_ERR_OUT_OF_MEMORY. */
+   DPAR_ERR_UNKNOWN_AXIS, DPAR_ERR_STATE (m stale), DPAR_ERR_OUT_OF_MEMORY. */
 DPAR_API dpar_status dpar_dp_create(dpar_mesh *m, const dpar_dp_desc *desc, dpar_dp **out);
-/* Frees the helper and its bucket buffers. NULL is a no-op. */
-DPAR_API void dpar_dp_destroy(dpar_dp *dp);
+/* Frees the helper and its bucket buffers. NULL is a no-op (DPAR_OK).
+   Errors (nothing is freed): DPAR_ERR_STATE for a stale helper (destroyed, or
+   freed with its mesh or runtime), inside fn, or while a call on its runtime
+   runs on another thread. Every dpar_dp_* call refuses a stale helper so. */
+DPAR_API dpar_status dpar_dp_destroy(dpar_dp *dp);
 /* Registers a gradient: an f32 array of dp's mesh, replicated over the axes.
    *id (may be NULL) gets its parameter id: 0, 1, 2, ... in registration
    order. Outside fn, before the first dpar_dp_begin / dpar_dp_allreduce.
@@ -85,8 +89,12 @@ DPAR_API void dpar_dp_destroy(dpar_dp *dp);
 DPAR_API dpar_status dpar_dp_add(dpar_dp *dp, dpar_array *grad, int *id);
 /* Number of buckets (forms them if not yet done); -1 for NULL. */
 DPAR_API int dpar_dp_bucket_count(dpar_dp *dp);
-/* Inside fn: starts a step on this device (no gradient ready yet). A step
-   left open by a failed dispatch is dropped.
+/* Inside fn: starts a step on this device (no gradient ready yet). The step
+   must be closed by dpar_dp_finish before fn returns: when fn returns DPAR_OK
+   with the step still open, the dispatch (dpar_shard_map / dpar_pmap) fails
+   with DPAR_ERR_STATE naming the device ("dpar_dp_begin ... without
+   dpar_dp_finish"), never DPAR_OK with gradients left unreduced; a step left
+   open by a failing fn is dropped.
    Errors: DPAR_ERR_INVALID_ARGUMENT (NULL, other mesh), DPAR_ERR_STATE (a
    step already begun in this dispatch). */
 DPAR_API dpar_status dpar_dp_begin(dpar_dp *dp, dpar_ctx *ctx);
@@ -136,10 +144,15 @@ typedef struct dpar_zero1_desc {
    the host with dpar_array_get), the momentum zero. Outside fn.
    Errors: DPAR_ERR_INVALID_ARGUMENT (NULL, count out of range, params of
    different meshes, a split param), DPAR_ERR_DTYPE (not f32),
-   DPAR_ERR_UNKNOWN_AXIS, the SGD desc checks, DPAR_ERR_OUT_OF_MEMORY. */
+   DPAR_ERR_UNKNOWN_AXIS, the SGD desc checks, DPAR_ERR_OUT_OF_MEMORY. The
+   state is attached to the params' mesh (dpar_handle_attach): destroying the
+   mesh or its runtime frees it when it is left alive. */
 DPAR_API dpar_status dpar_zero1_create(const dpar_zero1_desc *desc, dpar_zero1 **out);
-/* Frees the state (arrays included). NULL is a no-op. */
-DPAR_API void dpar_zero1_destroy(dpar_zero1 *z);
+/* Frees the state (arrays included). NULL is a no-op (DPAR_OK). Errors
+   (nothing is freed): DPAR_ERR_STATE for a stale z (destroyed, or freed with
+   its mesh or runtime), inside fn, or while a call on its runtime runs on
+   another thread. dpar_zero1_step and _reload refuse a stale z so. */
+DPAR_API dpar_status dpar_zero1_destroy(dpar_zero1 *z);
 /* One step, inside fn on every device of the mesh: grads[i] is this device's
    local (not yet averaged) f32 gradient of params[i], same element count; it
    is read only (reshaped for the call and restored). Afterwards every device
@@ -361,6 +374,7 @@ struct dpar_dp {
     int *active;          /* [size] between begin and finish: the dispatch's tag */
 };
 
+static void dpar_dp__free(void *self);
 DPAR_API dpar_status dpar_dp_create(dpar_mesh *m, const dpar_dp_desc *d, dpar_dp **out) {
     dpar_train__clear_error();
     if (!out) return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_dp_create: `out` is NULL");
@@ -384,11 +398,22 @@ DPAR_API dpar_status dpar_dp_create(dpar_mesh *m, const dpar_dp_desc *d, dpar_dp
     dp->gsize = gsize;
     dp->cap = d->bucket_bytes ? d->bucket_bytes : (size_t)25 << 20;
     pthread_mutex_init(&dp->mu, NULL);
+    if ((s = dpar_handle_attach(m, dp, dpar_dp__free))) {
+        DPAR_TRAIN__KEEP_ERROR(dpar_dp__free(dp));
+        return s;
+    }
     *out = dp;
     return DPAR_OK;
 }
-DPAR_API void dpar_dp_destroy(dpar_dp *dp) {
-    if (!dp) return;
+DPAR_API dpar_status dpar_dp_destroy(dpar_dp *dp) {
+    if (!dp) return DPAR_OK;
+    dpar_status s = dpar_handle_detach(dp, "dpar_dp_destroy");
+    if (!s) dpar_dp__free(dp);
+    return s;
+}
+/* Frees dp (detached: by dpar_dp_destroy, or by its mesh's destroy). */
+static void dpar_dp__free(void *self) {
+    dpar_dp *dp = (dpar_dp *)self;
     if (dp->buf)
         for (int i = 0; i < dp->size * dp->nb; i++) dpar_buffer_destroy(dp->buf[i]);
     DPAR_FREE(dp->grads);
@@ -411,6 +436,8 @@ DPAR_API dpar_status dpar_dp_add(dpar_dp *dp, dpar_array *g, int *id) {
     dpar_train__clear_error();
     if (!dp || !g)
         return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_dp_add: helper or gradient array is NULL");
+    dpar_status hs = dpar_handle_check(dp, "dpar_dp_add");
+    if (hs) return hs;
     if (__atomic_load_n(&dp->formed, __ATOMIC_ACQUIRE))
         return dpar_set_last_error(
             DPAR_ERR_STATE, "dpar_dp_add: the buckets are formed (first step ran); register every gradient before");
@@ -491,7 +518,7 @@ static dpar_status dpar_dp__form(dpar_dp *dp) {
     return DPAR_OK;
 }
 DPAR_API int dpar_dp_bucket_count(dpar_dp *dp) {
-    if (!dp || dpar_dp__form(dp)) return -1;
+    if (!dp || dpar_handle_check(dp, "dpar_dp_bucket_count") || dpar_dp__form(dp)) return -1;
     return dp->nb;
 }
 
@@ -579,6 +606,10 @@ static dpar_status dpar_dp__check(dpar_dp *dp, dpar_ctx *ctx, const char *where)
     if (!dp || !ctx)
         return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT,
                                    "%s: helper or ctx is NULL (call it inside the pmap/shard_map function)", where);
+    dpar_status s = dpar_handle_check(dp, where); /* a compare once checked in this dispatch */
+    if (s) return s;
+    if (!dpar_ctx_mesh(ctx))
+        return dpar_set_last_error(DPAR_ERR_STATE, "%s: the ctx is not the current one of this thread", where);
     if (dpar_ctx_mesh(ctx) != dp->mesh)
         return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "%s: the helper was made for another mesh", where);
     return dpar_dp__form(dp);
@@ -588,6 +619,22 @@ static int dpar_dp__job(const dpar_ctx *ctx) {
     return (int)(dpar_ctx_dispatch_id(ctx) & 0x3fffffff) + 1;
 }
 
+/* When fn returns (dpar_ctx_at_exit): a step begun and not finished is closed;
+   an error when fn succeeded, so the dispatch never reports DPAR_OK with this
+   device's gradients unreduced. Its async requests are freed by the worker. */
+static dpar_status dpar_dp__at_exit(dpar_ctx *ctx, void *obj, dpar_status fn_status) {
+    dpar_dp *dp = (dpar_dp *)obj;
+    int pos = dpar_ctx_position(ctx);
+    if (dp->active[pos] != dpar_dp__job(ctx)) return DPAR_OK; /* finished */
+    dp->active[pos] = 0;
+    for (int b = 0; b < dp->nb; b++) dp->req[(size_t)pos * (size_t)dp->nb + (size_t)b] = NULL;
+    if (fn_status) return DPAR_OK; /* the dispatch fails anyway: the step is dropped */
+    return dpar_set_last_error(DPAR_ERR_STATE,
+                               "dpar_dp_begin: device %d began a data-parallel step and fn returned without "
+                               "dpar_dp_finish, so its gradients were not reduced (the replicas would diverge); "
+                               "call dpar_dp_finish (or use dpar_dp_allreduce) before fn returns",
+                               dpar_ctx_device(ctx));
+}
 DPAR_API dpar_status dpar_dp_begin(dpar_dp *dp, dpar_ctx *ctx) {
     dpar_train__clear_error();
     dpar_status s = dpar_dp__check(dp, ctx, "dpar_dp_begin");
@@ -603,7 +650,7 @@ DPAR_API dpar_status dpar_dp_begin(dpar_dp *dp, dpar_ctx *ctx) {
     for (int b = 0; b < dp->nb; b++) dp->left[(size_t)pos * (size_t)dp->nb + (size_t)b] = dp->bparams[b];
     dp->next[pos] = 0;
     dp->active[pos] = job;
-    return DPAR_OK;
+    return dpar_ctx_at_exit(ctx, dpar_dp__at_exit, dp);
 }
 /* Launches, in bucket order, every bucket whose gradients are all ready. */
 static dpar_status dpar_dp__advance(dpar_dp *dp, dpar_ctx *ctx) {
@@ -719,8 +766,16 @@ static dpar_status dpar_zero1__region_copy(dpar_buffer *dst, size_t doff, const 
     return s;
 }
 
-DPAR_API void dpar_zero1_destroy(dpar_zero1 *z) {
-    if (!z) return;
+static void dpar_zero1__free(void *self);
+DPAR_API dpar_status dpar_zero1_destroy(dpar_zero1 *z) {
+    if (!z) return DPAR_OK;
+    dpar_status s = dpar_handle_detach(z, "dpar_zero1_destroy");
+    if (!s) dpar_zero1__free(z);
+    return s;
+}
+/* Frees z (detached: by dpar_zero1_destroy, or by its mesh's destroy). */
+static void dpar_zero1__free(void *self) {
+    dpar_zero1 *z = (dpar_zero1 *)self;
     for (int i = 0; i < z->np; i++) {
         dpar_array_destroy(z->master[i]);
         dpar_array_destroy(z->mom[i]);
@@ -733,6 +788,8 @@ DPAR_API void dpar_zero1_destroy(dpar_zero1 *z) {
 DPAR_API dpar_status dpar_zero1_reload(dpar_zero1 *z) {
     dpar_train__clear_error();
     if (!z) return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_zero1_reload: z is NULL");
+    dpar_status hs = dpar_handle_check(z, "dpar_zero1_reload");
+    if (hs) return hs;
     if (dpar_in_dispatch())
         return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT,
                                    "dpar_zero1_reload: called from inside a pmap/shard_map function");
@@ -796,10 +853,14 @@ DPAR_API dpar_status dpar_zero1_create(const dpar_zero1_desc *d, dpar_zero1 **ou
     z->mesh = m;
     z->sgd = d->sgd;
     z->sgd.norm_axes = NULL;
-    z->np = d->num_params;
     snprintf(z->axis, sizeof z->axis, "%s", axis);
     z->n = n;
-    for (int i = 0; i < z->np && !s; i++) {
+    z->np = 0; /* counts the parameters whose state exists, for dpar_zero1__free */
+    if ((s = dpar_handle_attach(m, z, dpar_zero1__free))) {
+        DPAR_FREE(z);
+        return s;
+    }
+    for (int i = 0; i < d->num_params && !s; i++, z->np++) {
         z->params[i] = d->params[i];
         z->count[i] = dpar_train__count(d->params[i]);
         z->padded[i] = (z->count[i] + z->n - 1) / z->n * z->n;
@@ -819,7 +880,7 @@ DPAR_API dpar_status dpar_zero1_create(const dpar_zero1_desc *d, dpar_zero1 **ou
     }
     if (!s) s = dpar_zero1_reload(z);
     if (s) {
-        DPAR_TRAIN__KEEP_ERROR(dpar_zero1_destroy(z));
+        DPAR_TRAIN__KEEP_ERROR((void)dpar_zero1_destroy(z));
         return s;
     }
     *out = z;
@@ -880,6 +941,8 @@ DPAR_API dpar_status dpar_zero1_step(dpar_ctx *ctx, dpar_zero1 *z, dpar_buffer *
     dpar_train__clear_error();
     if (!ctx || !z || !grads)
         return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_zero1_step: ctx, z or grads is NULL");
+    dpar_status hs = dpar_handle_check(z, "dpar_zero1_step"); /* a compare once checked in this dispatch */
+    if (hs) return hs;
     if (dpar_ctx_mesh(ctx) != z->mesh)
         return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT,
                                    "dpar_zero1_step: called in a dispatch over another mesh than the parameters'");

@@ -1,0 +1,508 @@
+/* Object lifetimes and threads (issue 15, "Lifetimes" and "Silent wrong
+   results"): no public call reaches freed memory. Destroys during a dispatch
+   from another thread, stale contexts and handles, every parent/child destroy
+   order, 1,000 create/destroy cycles with helpers left alive, ops on another
+   device's buffer, host transfers during a dispatch, a data-parallel step
+   never finished, and the range checks of the MPI environment variables.
+   Run under ASan/LSan and TSan by CI (make SAN=address|thread test): a freed
+   object reached, a leak or a race fails there. CPU backend, 2 devices. */
+#include "testutil.h"
+#include "util/dpar_train.h"
+#include <pthread.h>
+#include <sched.h>
+
+static dpar_mesh *mesh2(dpar_runtime *rt) {
+    return t_mesh1(rt, 2, "data");
+}
+static dpar_array *arr(dpar_mesh *m, const char *spec) {
+    dpar_array_desc ad = { .dtype = DPAR_F32, .ndim = 1, .shape = { 4 }, .spec = { spec } };
+    dpar_array *a = NULL;
+    T_OK(dpar_array_create(m, &ad, &a));
+    return a;
+}
+
+/* ---- destroy and host calls from another thread while a dispatch runs ---- */
+typedef struct hold_job {
+    int started, release; /* atomic */
+} hold_job;
+static dpar_status hold(dpar_ctx *ctx, void *user) {
+    hold_job *j = (hold_job *)user;
+    if (dpar_ctx_device(ctx) != 0) return DPAR_OK;
+    __atomic_store_n(&j->started, 1, __ATOMIC_RELEASE);
+    while (!__atomic_load_n(&j->release, __ATOMIC_ACQUIRE)) sched_yield();
+    return DPAR_OK;
+}
+typedef struct dispatcher {
+    dpar_mesh *m;
+    hold_job job;
+    dpar_status status;
+} dispatcher;
+static void *dispatch_thread(void *arg) {
+    dispatcher *d = (dispatcher *)arg;
+    dpar_shard_map_desc sd = { .fn = hold, .user = &d->job };
+    d->status = dpar_shard_map(d->m, &sd);
+    return NULL;
+}
+static void test_destroy_during_dispatch(void **state) {
+    (void)state;
+    dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 2);
+    dpar_mesh *m = mesh2(rt);
+    dpar_array *a = arr(m, "data");
+    dpar_buffer *b = NULL;
+    int64_t four = 4;
+    T_OK(dpar_buffer_create(rt, 1, DPAR_F32, 1, &four, &b));
+    dpar_graph *g = NULL;
+    T_OK(dpar_graph_create(m, &g));
+    dispatcher d = { .m = m };
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, dispatch_thread, &d), 0);
+    while (!__atomic_load_n(&d.job.started, __ATOMIC_ACQUIRE)) sched_yield();
+    float h[4] = { 1, 2, 3, 4 };
+    /* each is refused, and nothing is freed under the running dispatch */
+    T_ERR(dpar_mesh_destroy(m), DPAR_ERR_STATE, "dpar_mesh_destroy", "another thread");
+    T_ERR(dpar_runtime_destroy(rt), DPAR_ERR_STATE, "dpar_runtime_destroy", "another thread");
+    T_ERR(dpar_array_destroy(a), DPAR_ERR_STATE, "dpar_array_destroy", "another thread");
+    T_ERR(dpar_graph_destroy(g), DPAR_ERR_STATE, "dpar_graph_destroy");
+    T_ERR(dpar_buffer_destroy(b), DPAR_ERR_STATE, "dpar_buffer_destroy", "running");
+    T_ERR(dpar_array_get(a, h), DPAR_ERR_STATE, "dpar_array_get", "running");
+    T_ERR(dpar_array_put(a, h), DPAR_ERR_STATE, "dpar_array_put", "running");
+    T_ERR(dpar_fill(b, 1.0f), DPAR_ERR_STATE, "dpar_fill", "running");
+    T_ERR(dpar_buffer_write(b, 0, h, sizeof h), DPAR_ERR_STATE, "dpar_buffer_write", "running");
+    __atomic_store_n(&d.job.release, 1, __ATOMIC_RELEASE);
+    assert_int_equal(pthread_join(th, NULL), 0);
+    T_OK(d.status);
+    /* after the dispatch, the same calls work */
+    T_OK(dpar_array_put(a, h));
+    float back[4] = { 0 };
+    T_OK(dpar_array_get(a, back));
+    assert_memory_equal(back, h, sizeof h);
+    T_OK(dpar_fill(b, 1.0f));
+    T_OK(dpar_buffer_destroy(b));
+    T_OK(dpar_graph_destroy(g));
+    T_OK(dpar_array_destroy(a));
+    T_OK(dpar_mesh_destroy(m));
+    T_OK(dpar_runtime_destroy(rt));
+}
+
+/* ---- a ctx kept after its dispatch, or used on another thread ---- */
+typedef struct ctx_job {
+    dpar_ctx *saved[2];
+    dpar_status other_thread_status;
+    int other_thread_device;
+} ctx_job;
+static dpar_status keep_ctx(dpar_ctx *ctx, void *user) {
+    ctx_job *j = (ctx_job *)user;
+    j->saved[dpar_ctx_position(ctx)] = ctx;
+    return DPAR_OK;
+}
+static void *use_ctx_thread(void *arg) {
+    void **p = (void **)arg;
+    dpar_ctx *ctx = (dpar_ctx *)p[0];
+    ctx_job *j = (ctx_job *)p[1];
+    int n = 0;
+    j->other_thread_device = dpar_ctx_device(ctx);
+    j->other_thread_status = dpar_ctx_axis_size(ctx, "data", &n);
+    return NULL;
+}
+static dpar_status ctx_on_thread(dpar_ctx *ctx, void *user) {
+    if (dpar_ctx_device(ctx) != 0) return DPAR_OK;
+    void *args[2] = { ctx, user };
+    pthread_t th;
+    if (pthread_create(&th, NULL, use_ctx_thread, args)) return DPAR_ERR_BACKEND;
+    pthread_join(th, NULL);
+    return DPAR_OK;
+}
+static dpar_status use_old_ctx(dpar_ctx *ctx, void *user) {
+    ctx_job *j = (ctx_job *)user;
+    dpar_ctx *old = j->saved[1 - dpar_ctx_position(ctx)]; /* the other device's, never this call's own */
+    int k = 0;
+    if (old == ctx) return DPAR_OK; /* the allocator gave this ctx that address: nothing stale to test */
+    if (dpar_ctx_axis_index(old, "data", &k) != DPAR_ERR_STATE) return DPAR_ERR_BACKEND;
+    return DPAR_OK;
+}
+static void test_stale_ctx(void **state) {
+    (void)state;
+    dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 2);
+    dpar_mesh *m = mesh2(rt);
+    ctx_job j;
+    memset(&j, 0, sizeof j);
+    dpar_shard_map_desc sd = { .fn = keep_ctx, .user = &j };
+    T_OK(dpar_shard_map(m, &sd));
+    dpar_ctx *c = j.saved[0];
+    assert_non_null(c);
+    /* after the dispatch: refused without reading the freed ctx */
+    assert_int_equal(dpar_ctx_device(c), -1);
+    assert_int_equal(dpar_ctx_position(c), -1);
+    assert_null(dpar_ctx_mesh(c));
+    assert_null(dpar_ctx_runtime(c));
+    assert_int_equal((int)dpar_ctx_dispatch_id(c), 0);
+    assert_null(dpar_ctx_arg(c, 0));
+    int k = 0;
+    T_ERR(dpar_ctx_axis_index(c, "data", &k), DPAR_ERR_STATE, "dpar_ctx_axis_index", "valid only inside");
+    dpar_buffer *b = NULL;
+    T_ERR(dpar_ctx_buffer(c, DPAR_F32, 0, NULL, &b), DPAR_ERR_STATE, "dpar_ctx_buffer");
+    assert_null(b);
+    T_ERR(dpar_psum(c, NULL, NULL, "data"), DPAR_ERR_STATE, "dpar_psum");
+    dpar_request *req = NULL;
+    T_ERR(dpar_psum_start(c, NULL, NULL, "data", &req), DPAR_ERR_STATE, "dpar_psum_start");
+    T_ERR(dpar_ctx_at_exit(c, NULL, NULL), DPAR_ERR_STATE, "dpar_ctx_at_exit");
+    T_ERR(dpar_psum(NULL, NULL, NULL, "data"), DPAR_ERR_INVALID_ARGUMENT, "ctx is NULL");
+    /* in a later dispatch, the old ctx is refused too */
+    sd.fn = use_old_ctx;
+    T_OK(dpar_shard_map(m, &sd));
+    /* the ctx of a running fn, used on a thread fn started */
+    sd.fn = ctx_on_thread;
+    T_OK(dpar_shard_map(m, &sd));
+    assert_int_equal(j.other_thread_device, -1);
+    assert_int_equal(j.other_thread_status, DPAR_ERR_STATE);
+    T_OK(dpar_runtime_destroy(rt));
+}
+
+/* ---- ops and buffer I/O on another device's shard from a worker ---- */
+static dpar_status touch_other(dpar_ctx *ctx, void *user) {
+    dpar_array *a = (dpar_array *)user;
+    int me = dpar_ctx_device(ctx);
+    dpar_buffer *mine = dpar_array_shard(a, me), *other = dpar_array_shard(a, 1 - me);
+    float v[2] = { 0, 0 };
+    T_ERR(dpar_fill(other, 5.0f), DPAR_ERR_STATE, "dpar_fill", "device");
+    T_ERR(dpar_axpy(other, 1.0f, other), DPAR_ERR_STATE, "dpar_axpy");
+    T_ERR(dpar_buffer_read(other, 0, v, sizeof v), DPAR_ERR_STATE, "dpar_buffer_read");
+    T_ERR(dpar_buffer_write(other, 0, v, sizeof v), DPAR_ERR_STATE, "dpar_buffer_write");
+    void *p = NULL;
+    T_ERR(dpar_buffer_map(other, 0, 4, true, &p), DPAR_ERR_STATE, "dpar_buffer_map");
+    T_ERR(dpar_array_get(a, v), DPAR_ERR_STATE, "dpar_array_get"); /* host transfers: between dispatches */
+    dpar_buffer *tmp = NULL;
+    int64_t one = 1;
+    T_OK(dpar_ctx_buffer(ctx, DPAR_F32, 1, &one, &tmp)); /* its own buffers: created and freed inside fn */
+    T_OK(dpar_buffer_destroy(tmp));
+    return dpar_fill(mine, (float)(me + 1)); /* its own shard: allowed */
+}
+static void test_op_on_other_device(void **state) {
+    (void)state;
+    dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 2);
+    dpar_mesh *m = mesh2(rt);
+    dpar_array *a = arr(m, "data");
+    dpar_shard_map_desc sd = { .fn = touch_other, .user = a };
+    T_OK(dpar_shard_map(m, &sd));
+    float h[4];
+    T_OK(dpar_array_get(a, h));
+    const float want[4] = { 1, 1, 2, 2 }; /* each device wrote only its own shard */
+    assert_memory_equal(h, want, sizeof want);
+    T_OK(dpar_runtime_destroy(rt));
+}
+
+/* ---- handles used after they were destroyed ---- */
+static dpar_status nop(dpar_ctx *ctx, void *user) {
+    (void)ctx;
+    (void)user;
+    return DPAR_OK;
+}
+static void test_stale_handles(void **state) {
+    (void)state;
+    dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 2);
+    dpar_mesh *m = mesh2(rt);
+    dpar_array *a = arr(m, NULL);
+    T_OK(dpar_array_destroy(a));
+    T_ERR(dpar_array_destroy(a), DPAR_ERR_STATE, "dpar_array_destroy", "stale");
+    float h[4] = { 0 };
+    T_ERR(dpar_array_get(a, h), DPAR_ERR_STATE, "dpar_array_get", "stale");
+    T_ERR(dpar_array_put(a, h), DPAR_ERR_STATE, "dpar_array_put", "stale");
+    dpar_shard_map_desc sd = { .fn = nop, .args = { a } };
+    T_ERR(dpar_shard_map(m, &sd), DPAR_ERR_STATE, "dpar_shard_map", "stale");
+    dpar_buffer *b = NULL;
+    int64_t one = 1;
+    T_OK(dpar_buffer_create(rt, 0, DPAR_F32, 1, &one, &b));
+    T_OK(dpar_buffer_destroy(b));
+    T_ERR(dpar_buffer_destroy(b), DPAR_ERR_STATE, "dpar_buffer_destroy", "stale");
+    dpar_graph *g = NULL;
+    T_OK(dpar_graph_create(m, &g));
+    T_OK(dpar_graph_destroy(g));
+    T_ERR(dpar_graph_destroy(g), DPAR_ERR_STATE, "stale");
+    T_ERR(dpar_graph_run(g, NULL, 0, NULL), DPAR_ERR_STATE, "dpar_graph_run", "stale");
+    T_OK(dpar_mesh_destroy(m));
+    T_ERR(dpar_mesh_destroy(m), DPAR_ERR_STATE, "dpar_mesh_destroy", "stale");
+    sd.args[0] = NULL;
+    T_ERR(dpar_shard_map(m, &sd), DPAR_ERR_STATE, "dpar_shard_map", "stale");
+    T_ERR(dpar_array_create(m, &(dpar_array_desc){ .dtype = DPAR_F32 }, &a), DPAR_ERR_STATE, "dpar_array_create");
+    T_ERR(dpar_graph_create(m, &g), DPAR_ERR_STATE, "dpar_graph_create");
+    T_OK(dpar_runtime_destroy(rt));
+    T_ERR(dpar_runtime_destroy(rt), DPAR_ERR_STATE, "dpar_runtime_destroy", "stale");
+    T_ERR(dpar_buffer_create(rt, 0, DPAR_F32, 1, &one, &b), DPAR_ERR_STATE, "dpar_buffer_create");
+    T_ERR(dpar_mesh_create(rt, &(dpar_mesh_desc){ .shape = { 1 }, .axis_names = { "x" } }, &m), DPAR_ERR_STATE,
+          "dpar_mesh_create");
+}
+
+/* ---- every parent/child destroy order ---- */
+enum { O_RT, O_MESH, O_ARRAY, O_BUFFER, O_GRAPH, O_ZERO1, O_DP, O_COUNT };
+typedef struct family {
+    dpar_runtime *rt;
+    dpar_mesh *m;
+    dpar_array *a, *p, *grad;
+    dpar_buffer *b;
+    dpar_graph *g;
+    dpar_zero1 *z;
+    dpar_dp *dp;
+} family;
+static dpar_status dp_and_zero1_step(dpar_ctx *ctx, void *user) {
+    family *f = (family *)user;
+    dpar_status s = dpar_dp_allreduce(f->dp, ctx);
+    dpar_buffer *gr = dpar_array_shard(f->grad, dpar_ctx_device(ctx));
+    return s ? s : dpar_zero1_step(ctx, f->z, &gr);
+}
+/* A runtime with one of each child, each used once (so each has allocated what it lazily allocates). */
+static void family_make(family *f) {
+    memset(f, 0, sizeof *f);
+    f->rt = t_runtime(DPAR_BACKEND_CPU, 2);
+    f->m = mesh2(f->rt);
+    f->a = arr(f->m, "data");
+    f->p = arr(f->m, NULL);
+    f->grad = arr(f->m, NULL);
+    int64_t four = 4;
+    T_OK(dpar_buffer_create(f->rt, 1, DPAR_F32, 1, &four, &f->b));
+    T_OK(dpar_graph_create(f->m, &f->g));
+    dpar_value w = dpar_g_param(f->g, "w", f->p);
+    dpar_value loss = dpar_g_sum_squares(f->g, w), dw;
+    T_OK(dpar_graph_value_and_grad(f->g, loss, &w, 1, &dw));
+    float l = -1.0f;
+    T_OK(dpar_graph_run(f->g, NULL, 0, &l));
+    dpar_zero1_desc zd = { .sgd = { .learning_rate = 0.1f, .momentum = 0.9f }, .num_params = 1, .params = { f->p } };
+    T_OK(dpar_zero1_create(&zd, &f->z));
+    dpar_dp_desc dd = { .axes = "data" };
+    T_OK(dpar_dp_create(f->m, &dd, &f->dp));
+    T_OK(dpar_dp_add(f->dp, f->grad, NULL));
+    dpar_shard_map_desc sd = { .fn = dp_and_zero1_step, .user = f };
+    T_OK(dpar_shard_map(f->m, &sd));
+}
+static dpar_status family_destroy(family *f, int which) {
+    switch (which) {
+    case O_RT: return dpar_runtime_destroy(f->rt);
+    case O_MESH: return dpar_mesh_destroy(f->m);
+    case O_ARRAY: return dpar_array_destroy(f->a);
+    case O_BUFFER: return dpar_buffer_destroy(f->b);
+    case O_GRAPH: return dpar_graph_destroy(f->g);
+    case O_ZERO1: return dpar_zero1_destroy(f->z);
+    default: return dpar_dp_destroy(f->dp);
+    }
+}
+/* Destroys in order[0..n): each call is DPAR_OK when none of its parents went
+   before, else DPAR_ERR_STATE (stale: freed with the parent); then whatever is
+   left goes with the runtime. ASan/LSan: no use after free, no double free, no leak. */
+static void run_order(const int *order, int n) {
+    family f;
+    family_make(&f);
+    int gone[O_COUNT] = { 0 };
+    for (int i = 0; i < n; i++) {
+        int w = order[i];
+        int parent_gone = gone[O_RT] || (w != O_RT && w != O_BUFFER && w != O_MESH && gone[O_MESH]);
+        dpar_status s = family_destroy(&f, w);
+        if (parent_gone || gone[w])
+            T_ERR(s, DPAR_ERR_STATE, "stale");
+        else if (s != DPAR_OK)
+            fail_msg("destroy %d at step %d: %s: %s", w, i, dpar_status_string(s), dpar_last_error());
+        gone[w] = 1;
+    }
+    if (!gone[O_RT]) T_OK(dpar_runtime_destroy(f.rt));
+}
+static void test_destroy_orders(void **state) {
+    (void)state;
+    /* every order of runtime, mesh and each child */
+    for (int c = O_ARRAY; c < O_COUNT; c++) {
+        const int three[6][3] = { { O_RT, O_MESH, c }, { O_RT, c, O_MESH }, { O_MESH, O_RT, c },
+                                  { O_MESH, c, O_RT }, { c, O_RT, O_MESH }, { c, O_MESH, O_RT } };
+        for (int k = 0; k < 6; k++) run_order(three[k], 3);
+    }
+    /* all seven in pseudo-random orders (fixed seed), and each object destroyed twice */
+    uint32_t seed = 12345u;
+    for (int r = 0; r < 12; r++) {
+        int order[2 * O_COUNT];
+        for (int i = 0; i < O_COUNT; i++) order[i] = order[i + O_COUNT] = i;
+        for (int i = 2 * O_COUNT - 1; i > 0; i--) {
+            seed = seed * 1664525u + 1013904223u;
+            int j = (int)((seed >> 8) % (uint32_t)(i + 1)), t = order[i];
+            order[i] = order[j];
+            order[j] = t;
+        }
+        run_order(order, 2 * O_COUNT);
+    }
+}
+
+/* ---- 1,000 create/destroy cycles with helpers left alive ---- */
+static int released; /* by the attached object's release hook */
+static void count_release(void *obj) {
+    released++;
+    free(obj);
+}
+static void test_cycles_helpers_left_alive(void **state) {
+    (void)state;
+    dpar_runtime *rt = NULL;
+    int attached = 0;
+    released = 0;
+    for (int i = 0; i < 1000; i++) {
+        if (i % 50 == 0) {
+            if (rt) T_OK(dpar_runtime_destroy(rt)); /* leftover meshes, helpers, graphs, arrays, buffers */
+            rt = t_runtime(DPAR_BACKEND_CPU, 2);
+        }
+        dpar_mesh *m = mesh2(rt);
+        dpar_array *p = arr(m, NULL);
+        dpar_zero1 *z = NULL;
+        dpar_zero1_desc zd = { .sgd = { .learning_rate = 0.1f, .momentum = 0.5f }, .num_params = 1, .params = { p } };
+        T_OK(dpar_zero1_create(&zd, &z));
+        dpar_dp *dp = NULL;
+        dpar_dp_desc dd = { .axes = "data" };
+        T_OK(dpar_dp_create(m, &dd, &dp));
+        T_OK(dpar_dp_add(dp, p, NULL));
+        dpar_graph *g = NULL;
+        T_OK(dpar_graph_create(m, &g));
+        dpar_g_param(g, "w", p);
+        void *mine = malloc(16);
+        T_OK(dpar_handle_attach(m, mine, count_release));
+        attached++;
+        dpar_buffer *b = NULL;
+        int64_t n = 8;
+        T_OK(dpar_buffer_create(rt, i % 2, DPAR_F32, 1, &n, &b));
+        if (i % 3 == 0) T_OK(dpar_mesh_destroy(m)); /* else left for the runtime */
+        if (i % 3 == 0) T_ERR(dpar_zero1_destroy(z), DPAR_ERR_STATE, "stale");
+        if (i % 3 == 1) T_OK(dpar_dp_destroy(dp)); /* a child destroyed on its own, then the rest with the runtime */
+    }
+    T_OK(dpar_runtime_destroy(rt));
+    assert_int_equal(released, attached); /* each release hook ran exactly once */
+}
+
+/* ---- dpar_handle_attach / check / detach ---- */
+static void test_handle_api(void **state) {
+    (void)state;
+    dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 2);
+    dpar_mesh *m = mesh2(rt);
+    void *obj = malloc(8);
+    released = 0;
+    T_ERR(dpar_handle_check(obj, "my_helper_step"), DPAR_ERR_STATE, "my_helper_step", "stale");
+    T_OK(dpar_handle_attach(m, obj, count_release));
+    T_ERR(dpar_handle_attach(m, obj, count_release), DPAR_ERR_STATE, "attached already");
+    T_OK(dpar_handle_check(obj, "my_helper_step"));
+    T_ERR(dpar_handle_attach(NULL, obj, count_release), DPAR_ERR_INVALID_ARGUMENT, "NULL");
+    T_OK(dpar_handle_detach(obj, "my_helper_destroy"));
+    T_ERR(dpar_handle_detach(obj, "my_helper_destroy"), DPAR_ERR_STATE, "my_helper_destroy", "stale");
+    T_OK(dpar_handle_attach(m, obj, count_release));
+    T_OK(dpar_mesh_destroy(m));
+    assert_int_equal(released, 1);
+    T_OK(dpar_runtime_destroy(rt));
+}
+
+/* ---- a data-parallel step begun and never finished ---- */
+typedef struct dp_job {
+    dpar_dp *dp;
+    dpar_array *g;
+    int finish, fail_dev;
+} dp_job;
+static dpar_status dp_step(dpar_ctx *ctx, void *user) {
+    dp_job *j = (dp_job *)user;
+    int dev = dpar_ctx_device(ctx);
+    dpar_status s = dpar_fill(dpar_array_shard(j->g, dev), (float)(dev + 1));
+    if (!s) s = dpar_dp_begin(j->dp, ctx);
+    if (!s) s = dpar_dp_grad_ready(j->dp, ctx, 0);
+    if (!s && dev == j->fail_dev) return dpar_set_last_error(DPAR_ERR_BACKEND, "a failure of the test's fn");
+    if (!s && j->finish) s = dpar_dp_finish(j->dp, ctx);
+    return s;
+}
+static void test_forgotten_dp_finish(void **state) {
+    (void)state;
+    dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 2);
+    dpar_mesh *m = mesh2(rt);
+    dp_job j = { .g = arr(m, NULL), .fail_dev = -1 };
+    dpar_dp_desc dd = { .axes = "data", .blocking = true };
+    T_OK(dpar_dp_create(m, &dd, &j.dp));
+    T_OK(dpar_dp_add(j.dp, j.g, NULL));
+    dpar_shard_map_desc sd = { .fn = dp_step, .user = &j };
+    /* finish forgotten: the dispatch itself fails, never DPAR_OK with unreduced gradients */
+    T_ERR(dpar_shard_map(m, &sd), DPAR_ERR_STATE, "device", "without dpar_dp_finish", "not reduced");
+    /* the same with buckets reduced asynchronously */
+    dpar_dp *async_dp = NULL;
+    dpar_dp_desc ad = { .axes = "data" };
+    T_OK(dpar_dp_create(m, &ad, &async_dp));
+    T_OK(dpar_dp_add(async_dp, j.g, NULL));
+    dpar_dp *blocking_dp = j.dp;
+    j.dp = async_dp;
+    T_ERR(dpar_shard_map(m, &sd), DPAR_ERR_STATE, "without dpar_dp_finish");
+    j.dp = blocking_dp;
+    /* a failing fn keeps its own error; the open step is dropped */
+    j.finish = 1;
+    j.fail_dev = 1;
+    T_ERR(dpar_shard_map(m, &sd), DPAR_ERR_BACKEND, "failure of the test's fn");
+    /* the next complete step works and averages: (1 + 2) / 2 on both devices */
+    j.fail_dev = -1;
+    T_OK(dpar_shard_map(m, &sd));
+    float h[4];
+    T_OK(dpar_array_get(j.g, h));
+    for (int i = 0; i < 4; i++) assert_true(h[i] == 1.5f);
+    T_OK(dpar_dp_destroy(async_dp));
+    T_OK(dpar_runtime_destroy(rt)); /* j.dp goes with it */
+    T_ERR(dpar_dp_destroy(j.dp), DPAR_ERR_STATE, "stale");
+}
+
+/* ---- a graph run after its mesh was destroyed ---- */
+static void test_graph_after_mesh(void **state) {
+    (void)state;
+    dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 2);
+    dpar_mesh *m = mesh2(rt);
+    dpar_array *p = arr(m, NULL);
+    dpar_graph *g = NULL;
+    T_OK(dpar_graph_create(m, &g));
+    dpar_value w = dpar_g_param(g, "w", p);
+    dpar_value loss = dpar_g_sum(g, w), dw;
+    T_OK(dpar_graph_value_and_grad(g, loss, &w, 1, &dw));
+    float l = -1.0f;
+    T_OK(dpar_graph_run(g, NULL, 0, &l));
+    T_OK(dpar_mesh_destroy(m));
+    T_ERR(dpar_graph_run(g, NULL, 0, &l), DPAR_ERR_STATE, "dpar_graph_run", "stale");
+    T_ERR(dpar_graph_compile(g, NULL), DPAR_ERR_STATE, "stale");
+    T_ERR(dpar_graph_get(g, w, &l), DPAR_ERR_STATE, "stale");
+    T_ERR(dpar_graph_status(g), DPAR_ERR_STATE, "stale");
+    assert_int_equal(dpar_g_sum(g, w).id, 0);
+    T_ERR(dpar_graph_keep(g, w), DPAR_ERR_STATE, "stale");
+    T_ERR(dpar_graph_destroy(g), DPAR_ERR_STATE, "stale");
+    T_OK(dpar_runtime_destroy(rt));
+}
+
+/* ---- the MPI environment variables are range-checked like the others ---- */
+static void env_case(const char *name, const char *value, int ok) {
+    setenv(name, value, 1);
+    dpar_runtime_desc d = { .backend = DPAR_BACKEND_CPU, .num_devices = 1 };
+    dpar_runtime *rt = NULL;
+    dpar_status s = dpar_runtime_create(&d, &rt);
+    unsetenv(name);
+    if (ok) {
+        T_OK(s);
+        T_OK(dpar_runtime_destroy(rt));
+    } else {
+        T_ERR(s, DPAR_ERR_INVALID_ARGUMENT, name, value, "0..1");
+        assert_null(rt);
+    }
+}
+static void test_mpi_env_ranges(void **state) {
+    (void)state;
+    const char *names[2] = { "DPAR_ALLOW_SHARED_DEVICE", "DPAR_MPI_BACKEND_COLLECTIVES" };
+    for (int i = 0; i < 2; i++) {
+        env_case(names[i], "0", 1);
+        env_case(names[i], "1", 1);
+        env_case(names[i], "2", 0);
+        env_case(names[i], "-1", 0);
+        env_case(names[i], "yes", 0);
+        env_case(names[i], "1x", 0);
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_destroy_during_dispatch),
+        cmocka_unit_test(test_stale_ctx),
+        cmocka_unit_test(test_op_on_other_device),
+        cmocka_unit_test(test_stale_handles),
+        cmocka_unit_test(test_destroy_orders),
+        cmocka_unit_test(test_cycles_helpers_left_alive),
+        cmocka_unit_test(test_handle_api),
+        cmocka_unit_test(test_forgotten_dp_finish),
+        cmocka_unit_test(test_graph_after_mesh),
+        cmocka_unit_test(test_mpi_env_ranges),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
