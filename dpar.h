@@ -1657,6 +1657,35 @@ DPAR_API dpar_status dpar_graph_keep(dpar_graph *g, dpar_value v);
    value_and_grad or compile). */
 DPAR_API dpar_status dpar_graph_remat_begin(dpar_graph *g);
 DPAR_API dpar_status dpar_graph_remat_end(dpar_graph *g);
+/* --- training state, for checkpoints (dpar_graph_save / dpar_graph_restore in util/dpar_train.h) --- */
+/* The number of named global arrays that make up the graph's training state
+   (compiles the graph first if needed, as dpar_graph_run does): every param
+   once (its dpar_g_param name; the user's array, with its spec), then the
+   optimizer's state of each param of the optimizer node: AdamW's first and
+   second moments "<param>@adamw.m" and "<param>@adamw.v", or SGD's
+   "<param>@sgd.momentum" (none when momentum is 0), f32 arrays of the param's
+   global shape and spec, owned by the graph, zero at compile; with ZeRO-1
+   (dpar_graph_zero1) the state is dpar_graph_zero1_state's f32 [Lp] arrays
+   split over its axes, marked padded.
+   Errors: DPAR_ERR_INVALID_ARGUMENT (NULL), DPAR_ERR_STATE (the graph's mesh
+   was destroyed), those of dpar_graph_compile. */
+DPAR_API dpar_status dpar_graph_state_count(dpar_graph *g, int *count);
+/* Entry i (0 <= i < the count) of the training state: its name (valid while
+   the graph lives), its array (writing it changes what the next run uses)
+   and whether it is zero-padded ZeRO-1 state (padded may be NULL; save such
+   an entry with dpar_checkpoint_entry.padded = true).
+   Errors: DPAR_ERR_INVALID_ARGUMENT (NULL, i out of range, a param without a
+   name or two params of one name: the text names the nodes), DPAR_ERR_STATE
+   (not compiled; the mesh was destroyed). */
+DPAR_API dpar_status dpar_graph_state(const dpar_graph *g, int i, const char **name, dpar_array **array,
+                                      bool *padded);
+/* The graph's step counter: the runs done (AdamW's bias correction uses
+   step + 1 on the next run, dropout masks use step). -1 when g is NULL. */
+DPAR_API int64_t dpar_graph_step(const dpar_graph *g);
+/* Sets the step counter (restoring a checkpoint, or skipping a schedule ahead).
+   Errors: DPAR_ERR_INVALID_ARGUMENT (NULL, step < 0), DPAR_ERR_STATE (a step
+   started with dpar_graph_run_start is in flight). */
+DPAR_API dpar_status dpar_graph_set_step(dpar_graph *g, int64_t step);
 
 /* --- compile, run, inspect --- */
 typedef struct dpar_graph_stats {
@@ -8492,7 +8521,9 @@ struct dpar_graph {
     int nslots;
     dpar_buffer **slots;    /* [slot * nlocal + li] */
     bool *slot_owned;       /* slot's buffers belong to the graph (not to an array) */
-    dpar_buffer **moms;     /* optimizer: [k * nlocal + li] */
+    dpar_array **opt_state; /* optimizer state [j * n + k]: m, v / momentum of param k (its shape and spec) */
+    struct dpar__gstate *state; /* the training state's named arrays (>>graph state), built at compile */
+    int nstate;
     dpar_buffer **scratch;  /* one f32 element per device (the discarded loss of xent_grad) */
     dpar_buffer **sgd_ptrs; /* [li][4][n] params, grads, optimizer state (momentum / AdamW m, v) */
     dpar_request **reqs;    /* [node * nlocal + li] async reductions in flight */
@@ -10779,41 +10810,56 @@ static dpar_status dpar__g_plan(dpar_graph *g) {
     DPAR_FREE(p.sfree);
     return s;
 }
-/* Momentum buffers, the xent/mse scratch, and the optimizer's pointer lists. */
+static dpar_status dpar__g_state_list(dpar_graph *g);
+/* An f32 array of param p's global shape and spec, zero (an optimizer state of p). */
+static dpar_status dpar__g_state_array(dpar_graph *g, const dpar_array *p, dpar_array **out) {
+    char spec[DPAR_MAX_DIMS][64];
+    dpar_array_desc d;
+    memset(&d, 0, sizeof d);
+    d.dtype = DPAR_F32;
+    d.ndim = p->ndim;
+    for (int i = 0; i < p->ndim; i++) {
+        d.shape[i] = p->shape[i];
+        dpar_status s = dpar_array_spec(p, i, spec[i], sizeof spec[i]);
+        if (s) return s;
+        d.spec[i] = spec[i][0] ? spec[i] : NULL;
+    }
+    return dpar_array_create(g->mesh, &d, out);
+}
+/* The optimizer state (global arrays, so checkpoints save and restore it),
+   the xent/mse scratch, and the optimizer's pointer lists. */
 static dpar_status dpar__g_state(dpar_graph *g) {
     int nl = g->nlocal, n = g->has_opt ? g->opt.n : 0;
     g->scratch = (dpar_buffer **)DPAR_MALLOC((size_t)nl * sizeof(dpar_buffer *));
-    g->moms = (dpar_buffer **)DPAR_MALLOC((size_t)(2 * n * nl + 1) * sizeof(dpar_buffer *));
+    g->opt_state = (dpar_array **)DPAR_MALLOC((size_t)(2 * n + 1) * sizeof(dpar_array *));
     g->sgd_ptrs = (dpar_buffer **)DPAR_MALLOC((size_t)(4 * n * nl + 1) * sizeof(dpar_buffer *));
     g->reqs = (dpar_request **)DPAR_MALLOC((size_t)g->count * (size_t)nl * sizeof(dpar_request *));
     if (g->reqs) memset(g->reqs, 0, (size_t)g->count * (size_t)nl * sizeof(dpar_request *));
-    if (!g->scratch || !g->moms || !g->sgd_ptrs || !g->reqs)
+    if (!g->scratch || !g->opt_state || !g->sgd_ptrs || !g->reqs)
         return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_graph_compile: out of memory");
     memset(g->scratch, 0, (size_t)nl * sizeof(dpar_buffer *));
-    memset(g->moms, 0, (size_t)(2 * n * nl + 1) * sizeof(dpar_buffer *));
+    memset(g->opt_state, 0, (size_t)(2 * n + 1) * sizeof(dpar_array *));
     dpar_status s = DPAR_OK;
     for (int li = 0; li < nl && !s; li++)
         s = dpar_buffer_create(g->rt, g->first + li, DPAR_F32, 0, NULL, &g->scratch[li]);
     g->stats.resident_bytes += sizeof(float);
     int nstate = !g->has_opt ? 0 : g->opt.adamw ? 2 : g->opt.d.momentum != 0.0f ? 1 : 0; /* m, v / momentum */
     if (!s && g->z1) s = dpar__g_z1_alloc(g, nstate); /* ZeRO-1: blocks of the params and of their state */
+    for (int k = 0; k < n && !s && !g->z1; k++)
+        for (int j = 0; j < nstate && !s; j++)
+            s = dpar__g_state_array(g, g->n[g->opt.params[k]].array, &g->opt_state[j * n + k]);
     for (int k = 0; k < n && !s; k++)
-        for (int li = 0; li < nl && !s; li++) {
-            const dpar__gnode *p = &g->n[g->opt.params[k]];
+        for (int li = 0; li < nl; li++) {
             dpar_buffer **ptr = g->sgd_ptrs + (size_t)li * 4 * (size_t)n; /* params, grads, state 0, state 1 */
+            const dpar__gnode *p = &g->n[g->opt.params[k]];
             ptr[k] = g->z1 ? g->z1->blk[k * nl + li] : g->slots[p->slot * nl + li];
             ptr[n + k] = g->slots[g->n[g->opt.grads[k]].slot * nl + li];
-            for (int j = 0; j < nstate && !s; j++) {
-                dpar_buffer **b = &g->moms[(j * n + k) * nl + li];
-                if (g->z1)
-                    ptr[(2 + j) * n + k] = dpar_array_shard(g->z1->state[j * n + k], g->first + li);
-                else
-                    s = dpar_buffer_create(g->rt, g->first + li, DPAR_F32, p->ndim, p->shape, b);
-                if (!g->z1) ptr[(2 + j) * n + k] = *b;
-            }
+            for (int j = 0; j < nstate; j++) /* ZeRO-1: this device's block of the state */
+                ptr[(2 + j) * n + k] =
+                    dpar_array_shard(g->z1 ? g->z1->state[j * n + k] : g->opt_state[j * n + k], g->first + li);
             if (!g->z1 && li == 0) g->stats.opt_bytes += (uint64_t)nstate * (uint64_t)dpar__g_count(p) * 4u;
         }
-    return s;
+    return s ? s : dpar__g_state_list(g);
 }
 DPAR_API dpar_status dpar_graph_compile(dpar_graph *g, dpar_graph_stats *stats) {
     dpar__clear_error();
@@ -11248,9 +11294,10 @@ static void dpar__g_free(void *self) {
     }
     dpar__g_z1_destroy(g, alive);
     dpar__g_pipe_destroy(g);
-    for (int k = 0; g->moms && k < 2 * g->opt.n * g->nlocal; k++) dpar_buffer_destroy(g->moms[k]);
+    for (int k = 0; g->opt_state && alive && k < 2 * g->opt.n; k++) dpar_array_destroy(g->opt_state[k]);
     for (int li = 0; g->scratch && li < g->nlocal; li++) dpar_buffer_destroy(g->scratch[li]);
-    DPAR_FREE(g->moms);
+    DPAR_FREE(g->opt_state);
+    DPAR_FREE(g->state);
     DPAR_FREE(g->scratch);
     DPAR_FREE(g->sgd_ptrs);
     DPAR_FREE(g->reqs);
@@ -11668,6 +11715,108 @@ static int dpar__g_remat_in(dpar_graph *g, int x) {
     if (x <= 0 || x >= g->rupto || g->rclone[x] < 0) return x;
     if (!g->rclone[x]) g->rclone[x] = dpar__g_remat_copy(g, x);
     return g->rclone[x];
+}
+
+/* >>graph state ==============================================================
+   A compiled graph's training state as named global arrays, for checkpoints
+   (dpar_graph_save / dpar_graph_restore in util/dpar_train.h write and read
+   them through dpar_checkpoint_*): every param once, then the optimizer's
+   state of each optimized param, and the step counter (runs done). Global
+   arrays, so a sharded param or state keeps its spec and a checkpoint
+   restores onto another mesh with the same global shapes. */
+struct dpar__gstate {
+    char name[DPAR_NAME_LEN + 16]; /* "<param>", "<param>@adamw.m", ... */
+    dpar_array *array;
+    int node;    /* the param node it belongs to */
+    bool padded; /* ZeRO-1 state: f32 [Lp] zero-padded (a checkpoint entry's padded) */
+};
+/* Suffixes of the optimizer state arrays, [adamw][j] */
+static const char *const dpar__g_state_suffix[2][2] = { { "@sgd.momentum", "" }, { "@adamw.m", "@adamw.v" } };
+/* Builds g->state at compile: the param nodes in order (an array used by two nodes once), then state j of
+   every optimized param, for j = 0, 1. */
+static dpar_status dpar__g_state_list(dpar_graph *g) {
+    int n = g->has_opt ? g->opt.n : 0;
+    g->state = (struct dpar__gstate *)dpar__calloc((size_t)(g->count + 2 * n), sizeof *g->state);
+    if (!g->state) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_graph_compile: out of memory");
+    g->nstate = 0;
+    for (int i = 1; i < g->count; i++) {
+        if (g->n[i].kind != DPAR__G_PARAM) continue;
+        int e = 0;
+        while (e < g->nstate && g->state[e].array != g->n[i].array) e++;
+        if (e < g->nstate) continue;
+        struct dpar__gstate *st = &g->state[g->nstate++];
+        snprintf(st->name, sizeof st->name, "%s", g->n[i].name);
+        st->array = g->n[i].array;
+        st->node = i;
+    }
+    for (int j = 0; j < 2; j++)
+        for (int k = 0; k < n; k++) {
+            dpar_array *a = g->z1 ? g->z1->state[j * n + k] : g->opt_state[j * n + k];
+            if (!a) continue;
+            struct dpar__gstate *st = &g->state[g->nstate++];
+            st->node = g->opt.params[k];
+            snprintf(st->name, sizeof st->name, "%s%s", g->n[st->node].name,
+                     dpar__g_state_suffix[g->opt.adamw][j]);
+            st->array = a;
+            st->padded = g->z1 != NULL;
+        }
+    return DPAR_OK;
+}
+DPAR_API dpar_status dpar_graph_state_count(dpar_graph *g, int *count) {
+    dpar__clear_error();
+    if (!g || !count) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_state_count: graph or count is NULL");
+    *count = 0;
+    if (!dpar__g_mesh_alive(g))
+        return dpar__err(DPAR_ERR_STATE, "dpar_graph_state_count: the graph's mesh was destroyed (and its state "
+                                         "with it); destroy a graph before its mesh");
+    dpar_status s = g->compiled ? DPAR_OK : dpar_graph_compile(g, NULL);
+    if (s) return s;
+    *count = g->nstate;
+    return DPAR_OK;
+}
+DPAR_API dpar_status dpar_graph_state(const dpar_graph *g, int i, const char **name, dpar_array **array,
+                                      bool *padded) {
+    dpar__clear_error();
+    char l[96], l2[96];
+    if (!g || !name || !array)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_state: graph, name or array is NULL");
+    if (!g->compiled)
+        return dpar__err(DPAR_ERR_STATE,
+                         "dpar_graph_state: the graph is not compiled; call dpar_graph_state_count (it compiles)");
+    if (!dpar__g_mesh_alive(g))
+        return dpar__err(DPAR_ERR_STATE, "dpar_graph_state: the graph's mesh was destroyed (and its state with it)");
+    if (i < 0 || i >= g->nstate)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_state: entry %d is out of range (the state has %d)",
+                         i, g->nstate);
+    const struct dpar__gstate *st = &g->state[i];
+    if (!g->n[st->node].name[0])
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                         "dpar_graph_state: param %s has no name; give it one in dpar_g_param (checkpoint entries are "
+                         "found by name)",
+                         dpar__g_label(g, st->node, l, sizeof l));
+    for (int e = 0; e < i; e++)
+        if (!strcmp(g->state[e].name, st->name))
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                             "dpar_graph_state: params %s and %s are both named '%s'; give each param its own name",
+                             dpar__g_label(g, g->state[e].node, l, sizeof l),
+                             dpar__g_label(g, st->node, l2, sizeof l2), st->name);
+    *name = st->name;
+    *array = st->array;
+    if (padded) *padded = st->padded;
+    return DPAR_OK;
+}
+DPAR_API int64_t dpar_graph_step(const dpar_graph *g) {
+    return g ? g->opt.step : -1;
+}
+DPAR_API dpar_status dpar_graph_set_step(dpar_graph *g, int64_t step) {
+    dpar__clear_error();
+    if (!g || step < 0)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_set_step: %s",
+                         g ? "the step must be >= 0 (the number of runs done)" : "graph is NULL");
+    dpar_status busy = dpar__busy(g->rt, NULL, "dpar_graph_set_step"); /* a step in flight advances it */
+    if (busy) return busy;
+    g->opt.step = step;
+    return DPAR_OK;
 }
 
 /* >>trace-stats ==============================================================

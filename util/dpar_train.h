@@ -223,6 +223,35 @@ DPAR_API dpar_status dpar_checkpoint_restore(const char *path, const dpar_checkp
 /* CRC-32 (as zlib crc32): crc = dpar_crc32(0, data, n), chainable. */
 DPAR_API uint32_t dpar_crc32(uint32_t crc, const void *data, size_t n);
 
+/* Graph checkpoints: a graph's whole training state (dpar_graph_state: every
+   param, AdamW's m and v or SGD's momentum, sharded ones with their spec) and
+   its step counter (dpar_graph_step) in one checkpoint file of the format
+   above, written with dpar_checkpoint_save (atomic) and read with
+   dpar_checkpoint_restore (untrusted input). Restoring into a freshly built
+   graph of the same model and continuing gives the losses an uninterrupted
+   run gives, bit for bit on one backend and mesh. The file holds global
+   arrays, so it also restores onto another mesh (another device count or
+   spec) as long as every global shape matches. Both compile the graph first
+   if needed. Outside fn.
+   dpar_graph_save errors: DPAR_ERR_INVALID_ARGUMENT (NULL, a param without a
+   name or two params of one name, naming the nodes), DPAR_ERR_STATE (the
+   graph's mesh was destroyed), those of dpar_checkpoint_save (DPAR_ERR_IO
+   naming the path; the old file is then untouched). Texts start with
+   "dpar_graph_save: ". */
+DPAR_API dpar_status dpar_graph_save(dpar_graph *g, const char *path);
+/* Restores the training state and the step counter saved by dpar_graph_save.
+   The whole file is checked against the graph before anything changes: on an
+   error the graph's params, optimizer state and step are as they were.
+   Errors (texts start with "dpar_graph_restore: "): DPAR_ERR_IO (a missing,
+   non-regular, truncated or corrupted file, naming the path; a step counter
+   above 2^63 - 1, which dpar never writes: then the arrays were restored but
+   the step is kept), DPAR_ERR_INVALID_ARGUMENT (a param or optimizer state
+   the file lacks, naming the entry: another model, or the other optimizer),
+   DPAR_ERR_SHAPE (a param whose global shape differs: both shapes and the
+   name), DPAR_ERR_DTYPE (naming the entry and both dtypes), DPAR_ERR_STATE,
+   DPAR_ERR_OUT_OF_MEMORY. */
+DPAR_API dpar_status dpar_graph_restore(dpar_graph *g, const char *path);
+
 #ifdef __cplusplus
 }
 #endif
@@ -1614,6 +1643,52 @@ DPAR_API dpar_status dpar_checkpoint_restore(const char *path, const dpar_checkp
     close(in.fd);
     DPAR_FREE(in.win);
     DPAR_FREE(want);
+    return s;
+}
+
+/* >>train-graph-checkpoints ==================================================
+   A graph's training state through the checkpoint functions above. */
+/* The checkpoint entries of g's training state (*e allocated, *n of them); errors prefixed with fn. */
+static dpar_status dpar_gckpt__entries(dpar_graph *g, const char *fn, dpar_checkpoint_entry **e, int *n) {
+    *e = NULL;
+    *n = 0;
+    if (!g) return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "%s: graph is NULL", fn);
+    int count = 0;
+    dpar_status s = dpar_graph_state_count(g, &count);
+    if (s) return dpar_set_last_error(s, "%s: %s", fn, dpar_last_error());
+    *e = (dpar_checkpoint_entry *)dpar_train__calloc(count ? (size_t)count : 1, sizeof **e);
+    if (!*e) return dpar_set_last_error(DPAR_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
+    for (int i = 0; i < count && !s; i++)
+        s = dpar_graph_state(g, i, &(*e)[i].name, &(*e)[i].array, &(*e)[i].padded);
+    if (s) return dpar_set_last_error(s, "%s: %s", fn, dpar_last_error());
+    *n = count;
+    return DPAR_OK;
+}
+DPAR_API dpar_status dpar_graph_save(dpar_graph *g, const char *path) {
+    dpar_train__clear_error();
+    dpar_checkpoint_entry *e;
+    int n;
+    dpar_status s = dpar_gckpt__entries(g, "dpar_graph_save", &e, &n);
+    if (!s && (s = dpar_checkpoint_save(path, e, n, (uint64_t)dpar_graph_step(g))))
+        s = dpar_set_last_error(s, "dpar_graph_save: %s", dpar_last_error());
+    DPAR_FREE(e);
+    return s;
+}
+DPAR_API dpar_status dpar_graph_restore(dpar_graph *g, const char *path) {
+    dpar_train__clear_error();
+    dpar_checkpoint_entry *e;
+    int n;
+    uint64_t step = 0;
+    dpar_status s = dpar_gckpt__entries(g, "dpar_graph_restore", &e, &n);
+    if (!s && (s = dpar_checkpoint_restore(path, e, n, &step)))
+        s = dpar_set_last_error(s, "dpar_graph_restore: %s", dpar_last_error());
+    if (!s && step > (uint64_t)INT64_MAX)
+        s = dpar_set_last_error(DPAR_ERR_IO,
+                                "dpar_graph_restore: '%s' has step counter %llu, above 2^63 - 1 (a corrupted or "
+                                "crafted file); the arrays were restored, the step counter was kept",
+                                path, (unsigned long long)step);
+    if (!s) s = dpar_graph_set_step(g, (int64_t)step);
+    DPAR_FREE(e);
     return s;
 }
 
