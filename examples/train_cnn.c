@@ -14,10 +14,18 @@
    build/train_cnn [--backend cpu|vulkan|cuda] [--devices N] [--epochs N]
                    [--batch N] [--lr X] [--weight-decay X] [--momentum X]
                    [--optimizer adamw|sgd] [--seed N] [--steps N] [--data PATH]
+                   [--checkpoint PATH] [--resume PATH]
    Defaults: cpu, 4 devices, 10 epochs, global batch 64, AdamW lr 1e-3 weight
    decay 1e-4 (optax semantics: the decay is multiplied by lr), seed 42;
    --optimizer sgd: lr 0.05, momentum 0.9.
-   --steps N caps the steps per epoch (quick checks). Ends with exactly one line
+   --steps N caps the steps per epoch (quick checks).
+   --checkpoint PATH saves the training state (params, AdamW moments or SGD
+   momentum, step counter: dpar_graph_save) at the end of every epoch,
+   atomically: a crash leaves the previous epoch's file. --resume PATH
+   continues from such a file with the flags it was trained with: its epochs
+   are skipped (their shuffles replayed), and the epochs after it print what
+   an uninterrupted run prints, bit for bit on the CPU backend.
+   Ends with exactly one line
    "final: backend=cpu devices=4 model=cnn data=mnist epochs=10
    test_accuracy=... train_loss=...". Exit status 0 on success.
 
@@ -25,10 +33,11 @@
    stream (mnist_common.h); bench/peers/cnn_jax.py and cnn_torch.py draw the
    same, so the three start from identical weights and see identical batches. */
 #include "mnist_common.h" /* the data, its fixed-seed split, splitmix64, now_s */
+#include "util/dpar_train.h" /* dpar_graph_save, dpar_graph_restore */
 
 /* ------------------------------------------------------------------ flags */
 typedef struct {
-    const char *backend, *path, *optimizer;
+    const char *backend, *path, *optimizer, *checkpoint, *resume;
     int devices, epochs, batch, seed, steps;
     int monitor; /* --monitor 1: per-device time shares after each epoch (ex_monitor) */
     float lr, weight_decay, momentum;
@@ -47,7 +56,9 @@ static int cnn_parse(int argc, char **argv, cnn_opts *o) {
                           { "--lr", EX_FLOAT, &o->lr },
                           { "--weight-decay", EX_FLOAT, &o->weight_decay },
                           { "--momentum", EX_FLOAT, &o->momentum },
-                          { "--monitor", EX_INT, &o->monitor } };
+                          { "--monitor", EX_INT, &o->monitor },
+                          { "--checkpoint", EX_STR, &o->checkpoint },
+                          { "--resume", EX_STR, &o->resume } };
     if (ex_parse("train_cnn", argc, argv, f, (int)(sizeof f / sizeof f[0]))) return 2;
     if (o->devices < 1 || o->epochs < 1 || o->batch < 1 || o->steps < 0) {
         fprintf(stderr, "train_cnn: --devices, --epochs and --batch must be >= 1, --steps >= 0\n");
@@ -171,6 +182,29 @@ static dpar_status cnn_accuracy(dpar_graph *g, dpar_value x, dpar_value logits, 
     return DPAR_OK;
 }
 
+/* ------------------------------------------------------------------ resume */
+/* Restores the training graph from o->resume and replays the shuffles of the
+   epochs it covers, so the next epoch sees the batches an uninterrupted run
+   sees; *first gets the next epoch. 0 on success, else main's exit status. */
+static int cnn_resume(dpar_graph *train, const cnn_opts *o, int steps, mnist_data *md, int *first) {
+    if (dpar_graph_restore(train, o->resume)) return digits_fail("--resume");
+    long long done = (long long)dpar_graph_step(train);
+    if (done % steps) {
+        fprintf(stderr, "train_cnn: %s was saved after step %lld, not at the end of an epoch of %d steps; resume with "
+                "the --batch and --steps it was trained with\n", o->resume, done, steps);
+        return 2;
+    }
+    if (done / steps >= o->epochs) {
+        fprintf(stderr, "train_cnn: %s holds %lld epoch(s) already; ask for more with --epochs\n", o->resume,
+                done / steps);
+        return 2;
+    }
+    for (long long e = 0; e < done / steps; e++) shuffle(md->train_idx, md->ntrain);
+    *first = (int)(done / steps) + 1;
+    printf("resumed from %s: %d epoch(s), %lld steps done\n", o->resume, *first - 1, done);
+    return 0;
+}
+
 /* ------------------------------------------------------------------ main */
 int main(int argc, char **argv) {
     cnn_opts o = { .backend = "cpu",
@@ -220,9 +254,11 @@ int main(int argc, char **argv) {
     float *logit_buf = malloc((size_t)MNIST_NTEST * NCLASS * sizeof(float));
     int32_t *yb = malloc((size_t)o.batch * sizeof(int32_t)), *y_test = malloc(MNIST_NTEST * sizeof(int32_t));
     mnist_gather(&md, md.test_idx, MNIST_NTEST, x_test, y_test);
+    int first = 1, rc;
+    if (o.resume && (rc = cnn_resume(train, &o, steps, &md, &first))) return rc;
     double epoch_loss = 0.0, acc = 0.0;
     if (o.monitor) dpar_runtime_stats_reset(rt); /* the first window starts with training */
-    for (int e = 1; e <= o.epochs; e++) {
+    for (int e = first; e <= o.epochs; e++) {
         shuffle(md.train_idx, md.ntrain);
         double t0 = now_s(), shown = t0, sum = 0.0;
         for (int s = 0; s < steps; s++) {
@@ -244,6 +280,7 @@ int main(int argc, char **argv) {
         printf("epoch %3d  loss %.8f  test_accuracy %.4f  samples/s %.0f\n", e, epoch_loss, acc, steps * o.batch / dt);
         if (o.monitor) ex_monitor(rt);
         fflush(stdout);
+        if (o.checkpoint && dpar_graph_save(train, o.checkpoint)) return digits_fail("--checkpoint");
     }
     printf("final: backend=%s devices=%d model=cnn data=mnist epochs=%d test_accuracy=%.4f train_loss=%.8f\n",
            o.backend, o.devices, o.epochs, acc, epoch_loss);

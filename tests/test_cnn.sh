@@ -4,12 +4,16 @@
 #   Vulkan vs CPU      the per-epoch losses within 1e-3 relative (1 epoch x 2 steps, 2 devices;
 #                      SKIPPED when there is no Vulkan device or it lacks an op the CNN needs)
 #   exactly one "final:" line naming backend, devices, model, data, epochs.
+#   --checkpoint / --resume: epoch 1 saved, epoch 2 resumed from it prints the
+#                      epoch lines (loss, test accuracy) and the final line of the
+#                      uninterrupted 2-epoch run, character for character
+#                      (tests/test_graph_ckpt.c checks the losses bit for bit)
 # The accuracy target (>= 0.955 after 10 epochs) is `make run`'s, too long for CI.
 BUILD=${BUILD:-build}
 bin="$BUILD/train_cnn"
 if [ ! -x "$bin" ]; then echo "FAIL train_cnn: $bin is not built (make examples)"; exit 1; fi
-one=$(mktemp); four=$(mktemp); vk=$(mktemp); cpu2=$(mktemp)
-trap 'rm -f "$one" "$four" "$vk" "$cpu2"' EXIT
+one=$(mktemp); four=$(mktemp); vk=$(mktemp); cpu2=$(mktemp); e1=$(mktemp); e2=$(mktemp); ck=$(mktemp)
+trap 'rm -f "$one" "$four" "$vk" "$cpu2" "$e1" "$e2" "$ck"' EXIT
 # worst A B: the largest relative difference of the per-epoch losses ("none" if the epochs differ)
 worst() {
     grep '^epoch' "$1" | awk '{ print $4 }' >"$1.e"; grep '^epoch' "$2" | awk '{ print $4 }' >"$2.e"
@@ -40,6 +44,22 @@ if run "$one" --devices 1 --epochs 2 --steps 8 && run "$four" --devices 4 --epoc
     if [ "$n" -eq 1 ]; then echo "PASS train_cnn prints exactly one final: line"
     else echo "FAIL train_cnn printed $n final: lines like $want"; fi
 fi
+# lines LABEL FILE: the epoch lines without samples/s, and the final line
+lines() { grep -e '^epoch' -e '^final:' "$2" | sed 's/  samples\/s.*//' | grep -e "^epoch *$1 " -e '^final:'; }
+if [ -s "$four" ] && run "$e1" --devices 4 --epochs 1 --steps 8 --checkpoint "$ck" &&
+    run "$e2" --devices 4 --epochs 2 --steps 8 --resume "$ck"; then
+    if [ -n "$(lines 1 "$e1" | head -1)" ] && [ "$(lines 1 "$e1" | head -1)" = "$(lines 1 "$four" | head -1)" ]; then
+        echo "PASS train_cnn --checkpoint: epoch 1 as in the uninterrupted run"
+    else echo "FAIL train_cnn --checkpoint: epoch 1 '$(lines 1 "$e1" | head -1)' vs '$(lines 1 "$four" | head -1)'"; fi
+    a=$(lines 2 "$e2"); b=$(lines 2 "$four")
+    if grep -q '^resumed from .*: 1 epoch(s), 8 steps done$' "$e2" && ! grep -q '^epoch *1 ' "$e2" &&
+        [ -n "$a" ] && [ "$a" = "$b" ]; then
+        echo "PASS train_cnn --resume: epoch 2 and the final line as in the uninterrupted run"
+    else echo "FAIL train_cnn --resume: got"; sed 's/^/    /' "$e2"; echo "  wanted"; echo "$b" | sed 's/^/    /'; fi
+fi
+if "$bin" --steps 1 --resume "$ck.missing" >"$e1" 2>&1; then echo "FAIL train_cnn --resume of a missing file ran"
+elif grep -q "dpar_graph_restore: .*$ck.missing" "$e1"; then echo "PASS train_cnn --resume of a missing file names it"
+else echo "FAIL train_cnn --resume of a missing file: $(tail -1 "$e1")"; fi
 # one short Vulkan run (llvmpipe is slow): SKIPPED when there is no Vulkan device or it lacks an op,
 # a FAIL when DPAR_REQUIRE_BACKENDS lists vulkan. (ASan builds: llvmpipe's JIT leaks ~128 bytes that no
 # suppression can match; see tests/testutil.h.)
