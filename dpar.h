@@ -11637,7 +11637,7 @@ DPAR_API dpar_status dpar_visualize_array_sharding(const dpar_array *a, const ch
    kept, not recomputed. */
 DPAR_API dpar_status dpar_graph_remat_begin(dpar_graph *g) {
     dpar__clear_error();
-    if (!dpar__g_args(g, "dpar_graph_remat_begin", 0, NULL)) return g ? dpar__g_status(g) : DPAR_ERR_INVALID_ARGUMENT;
+    if (!dpar__g_args(g, "dpar_graph_remat_begin", 0, NULL)) return dpar__g_args_status(g);
     if (g->loss)
         return dpar__g_err(g, DPAR_ERR_STATE,
                            "dpar_graph_remat_begin: the backward is built already; mark segments of the forward "
@@ -11652,7 +11652,7 @@ DPAR_API dpar_status dpar_graph_remat_begin(dpar_graph *g) {
 }
 DPAR_API dpar_status dpar_graph_remat_end(dpar_graph *g) {
     dpar__clear_error();
-    if (!dpar__g_args(g, "dpar_graph_remat_end", 0, NULL)) return g ? dpar__g_status(g) : DPAR_ERR_INVALID_ARGUMENT;
+    if (!dpar__g_args(g, "dpar_graph_remat_end", 0, NULL)) return dpar__g_args_status(g);
     if (!g->remat_open)
         return dpar__g_err(g, DPAR_ERR_STATE,
                            "dpar_graph_remat_end: no remat segment is open; call dpar_graph_remat_begin first");
