@@ -283,30 +283,30 @@ typedef struct dpar_runtime dpar_runtime;
    or the engine must not touch the queue while a dpar call runs. dpar waits on its own fences only (never
    vkDeviceWaitIdle / vkQueueWaitIdle), so the engine's work is never waited for. */
 typedef struct dpar_vulkan_external {
-    void *instance;                  /* VkInstance the device was created from */
-    void *physical_device;           /* VkPhysicalDevice of `device` */
-    void *device;                    /* VkDevice; non-NULL turns adoption on */
-    void *queue;                     /* VkQueue of `device` from queue_family, index any */
-    uint32_t queue_family;           /* its family index; must support compute */
-    const void *allocator;           /* const VkAllocationCallbacks * for every object dpar creates; NULL: none */
+    void *instance;                       /* VkInstance the device was created from */
+    void *physical_device;                /* VkPhysicalDevice of `device` */
+    void *device;                         /* VkDevice; non-NULL turns adoption on */
+    void *queue;                          /* VkQueue of `device` from queue_family, index any */
+    uint32_t queue_family;                /* its family index; must support compute */
+    const void *allocator;                /* const VkAllocationCallbacks * for every object dpar creates; NULL: none */
     void (*get_instance_proc_addr)(void); /* the engine's vkGetInstanceProcAddr, cast to void (*)(void) (from
                                              volk, a static loader); NULL: dpar dlopens libvulkan.so.1 */
-    bool timeline_semaphore;         /* the engine enabled timelineSemaphore (dpar_vulkan_buffer_export) */
-    void (*lock_queue)(void *user);  /* around each of dpar's vkQueueSubmit on `queue`; NULL: none */
+    bool timeline_semaphore;              /* the engine enabled timelineSemaphore (dpar_vulkan_buffer_export) */
+    void (*lock_queue)(void *user);       /* around each of dpar's vkQueueSubmit on `queue`; NULL: none */
     void (*unlock_queue)(void *user);
     void *queue_user; /* passed to lock_queue / unlock_queue */
 } dpar_vulkan_external;
 
 /* Vulkan backend settings (read only by backends/dpar_vulkan.h); zero means default. */
 typedef struct dpar_vulkan_desc {
-    int physical_device;    /* 1-based index of the one physical device to use, counting the usable
-                               devices GPUs first (discrete, integrated, virtual, other, then CPU
-                               implementations such as llvmpipe): 1 is the first. 0: env DPAR_VK_DEVICE
-                               (0-based) if set, else every device of the best kind (with MPI: this
-                               process's node-local share). Errors: DPAR_ERR_DEVICE_COUNT when there
-                               are fewer usable devices, DPAR_ERR_INVALID_ARGUMENT when negative. */
-    bool force_noncoherent; /* treat host-visible memory as non-coherent (flush/invalidate on every
-                               host access); false: env DPAR_VK_NONCOHERENT */
+    int physical_device;           /* 1-based index of the one physical device to use, counting the usable
+                                      devices GPUs first (discrete, integrated, virtual, other, then CPU
+                                      implementations such as llvmpipe): 1 is the first. 0: env DPAR_VK_DEVICE
+                                      (0-based) if set, else every device of the best kind (with MPI: this
+                                      process's node-local share). Errors: DPAR_ERR_DEVICE_COUNT when there
+                                      are fewer usable devices, DPAR_ERR_INVALID_ARGUMENT when negative. */
+    bool force_noncoherent;        /* treat host-visible memory as non-coherent (flush/invalidate on every
+                                      host access); false: env DPAR_VK_NONCOHERENT */
     dpar_vulkan_external external; /* an engine's own device (.external.device non-NULL); physical_device
                                       must then be 0 */
 } dpar_vulkan_desc;
@@ -1677,8 +1677,7 @@ DPAR_API dpar_status dpar_graph_state_count(dpar_graph *g, int *count);
    Errors: DPAR_ERR_INVALID_ARGUMENT (NULL, i out of range, a param without a
    name or two params of one name: the text names the nodes), DPAR_ERR_STATE
    (not compiled; the mesh was destroyed). */
-DPAR_API dpar_status dpar_graph_state(const dpar_graph *g, int i, const char **name, dpar_array **array,
-                                      bool *padded);
+DPAR_API dpar_status dpar_graph_state(const dpar_graph *g, int i, const char **name, dpar_array **array, bool *padded);
 /* The graph's step counter: the runs done (AdamW's bias correction uses
    step + 1 on the next run, dropout masks use step). -1 when g is NULL. */
 DPAR_API int64_t dpar_graph_step(const dpar_graph *g);
@@ -1792,15 +1791,15 @@ DPAR_API dpar_status dpar_test(dpar_ctx *ctx, dpar_request *req, bool *done);
    Engines that bring their own Vulkan device (DPAR_VULKAN builds; see
    dpar_vulkan_external in dpar_vulkan_desc for adoption). */
 typedef struct dpar_vulkan_export {
-    uint64_t buffer;         /* VkBuffer holding the data, owned by dpar, valid until the dpar_buffer is destroyed:
-                                memcpy it into a VkBuffer (a pointer on 64-bit targets, a uint64_t on 32-bit) */
-    uint64_t offset;         /* byte offset of element 0 within `buffer` */
-    uint64_t size;           /* bytes of data: dpar_buffer_nbytes */
-    uint64_t semaphore;      /* VkSemaphore, timeline, owned by dpar (one per logical device), likewise */
-    uint64_t ready_value;    /* wait for semaphore >= ready_value before any access to buffer */
-    uint64_t release_value;  /* signal semaphore = release_value once done with buffer, then
-                                call dpar_vulkan_buffer_release */
-    uint32_t queue_family;   /* the queue family that owns the buffer (VK_SHARING_MODE_EXCLUSIVE) */
+    uint64_t buffer;        /* VkBuffer holding the data, owned by dpar, valid until the dpar_buffer is destroyed:
+                               memcpy it into a VkBuffer (a pointer on 64-bit targets, a uint64_t on 32-bit) */
+    uint64_t offset;        /* byte offset of element 0 within `buffer` */
+    uint64_t size;          /* bytes of data: dpar_buffer_nbytes */
+    uint64_t semaphore;     /* VkSemaphore, timeline, owned by dpar (one per logical device), likewise */
+    uint64_t ready_value;   /* wait for semaphore >= ready_value before any access to buffer */
+    uint64_t release_value; /* signal semaphore = release_value once done with buffer, then
+                               call dpar_vulkan_buffer_release */
+    uint32_t queue_family;  /* the queue family that owns the buffer (VK_SHARING_MODE_EXCLUSIVE) */
 } dpar_vulkan_export;
 /* Lends dpar buffer b (Vulkan backend) to the caller's Vulkan work without a
    host round trip. Submits b's device's recorded work with a signal of
@@ -2459,9 +2458,9 @@ struct dpar_runtime {
     struct dpar_mesh *meshes;
     int thread_init_failed;
     char thread_init_msg[DPAR__ERR_LEN];
-    struct dpar__obs *obs;          /* stats and trace ids (Data-parallel helper, tracing, stats) */
-    struct dpar_request *async_req; /* the step in flight (>>async dispatch), atomic; NULL: none */
-    int lent;                       /* buffers lent by dpar_vulkan_buffer_export (atomic) */
+    struct dpar__obs *obs;                   /* stats and trace ids (Data-parallel helper, tracing, stats) */
+    struct dpar_request *async_req;          /* the step in flight (>>async dispatch), atomic; NULL: none */
+    int lent;                                /* buffers lent by dpar_vulkan_buffer_export (atomic) */
     int busy, host_io, dispatching, closing; /* calls in flight etc. (>>lifetime; under dpar__live_mu) */
 };
 
@@ -8501,8 +8500,8 @@ typedef struct dpar__gopt {
     int64_t step;       /* AdamW: updates done (the next run does step + 1) */
     char norm_axes[64];
     int n, *params, *grads;
-    bool mixed;   /* params split over different axes: the clip norm is summed per split (dpar__g_opt_step) */
-    bool *decay;  /* AdamW: weight decay on params[k] only where decay[k] (NULL: on all) */
+    bool mixed;  /* params split over different axes: the clip norm is summed per split (dpar__g_opt_step) */
+    bool *decay; /* AdamW: weight decay on params[k] only where decay[k] (NULL: on all) */
 } dpar__gopt;
 
 struct dpar_graph {
@@ -8519,9 +8518,9 @@ struct dpar_graph {
     bool has_opt, compiled, ran;
     int first, nlocal; /* this process's devices */
     int nslots;
-    dpar_buffer **slots;    /* [slot * nlocal + li] */
-    bool *slot_owned;       /* slot's buffers belong to the graph (not to an array) */
-    dpar_array **opt_state; /* optimizer state [j * n + k]: m, v / momentum of param k (its shape and spec) */
+    dpar_buffer **slots;        /* [slot * nlocal + li] */
+    bool *slot_owned;           /* slot's buffers belong to the graph (not to an array) */
+    dpar_array **opt_state;     /* optimizer state [j * n + k]: m, v / momentum of param k (its shape and spec) */
     struct dpar__gstate *state; /* the training state's named arrays (>>graph state), built at compile */
     int nstate;
     dpar_buffer **scratch;  /* one f32 element per device (the discarded loss of xent_grad) */
@@ -8534,10 +8533,10 @@ struct dpar_graph {
     int *mb_now;            /* pipelines, running: [nlocal] the micro-batch (buffer set) of each device */
     dpar_buffer **mb_slots; /* pipelines: [((m - 1) * nslots + slot) * nlocal + li], sets m = 1..M-1 */
     bool *mb_owned;         /* [(m - 1) * nslots + slot]: the graph's buffers (not set 0's, shared) */
-    int remat_seg;   /* segments begun so far (>>graph remat) */
-    bool remat_open; /* between dpar_graph_remat_begin and _end */
-    int *rclone;     /* while the backward is built: [forward node] its recomputed copy, 0 none yet */
-    int rupto;       /* the forward nodes are 1..rupto-1 */
+    int remat_seg;          /* segments begun so far (>>graph remat) */
+    bool remat_open;        /* between dpar_graph_remat_begin and _end */
+    int *rclone;            /* while the backward is built: [forward node] its recomputed copy, 0 none yet */
+    int rupto;              /* the forward nodes are 1..rupto-1 */
 };
 static bool dpar__g_pipe_inputs(dpar_graph *g, int nin, const int *in); /* >>graph zero1-pipe */
 static bool dpar__g_pipe_feed(dpar_graph *g, int id, const char *name);
@@ -9916,8 +9915,8 @@ DPAR_API dpar_status dpar_graph_value_and_grad(dpar_graph *g, dpar_value loss, c
     if (n && !dpar__g_args(g, fn, n, wrt)) return dpar__g_status(g);
     if (g->loss) return dpar__g_err(g, DPAR_ERR_STATE, "%s: the graph has a loss already (once per graph)", fn);
     if (g->remat_open)
-        return dpar__g_err(g, DPAR_ERR_STATE, "%s: remat segment %d is still open; call dpar_graph_remat_end first",
-                           fn, g->remat_seg);
+        return dpar__g_err(g, DPAR_ERR_STATE, "%s: remat segment %d is still open; call dpar_graph_remat_end first", fn,
+                           g->remat_seg);
     const dpar__gnode *ln = &g->n[loss.id];
     char l[96], sh[160];
     if (dpar__g_count(ln) != 1 || ln->dtype != DPAR_F32)
@@ -10441,8 +10440,7 @@ DPAR_API dpar_status dpar_graph_pipeline(dpar_graph *g, const char *axis, int nu
     if (mask & (mask - 1) || strlen(axis) >= sizeof g->pp->axis)
         return dpar__g_err(g, DPAR_ERR_INVALID_ARGUMENT, "%s: \"%s\": name one mesh axis for the stages", fn, axis);
     if (num_microbatches < 1)
-        return dpar__g_err(g, DPAR_ERR_INVALID_ARGUMENT, "%s: %d micro-batches; give 1 or more", fn,
-                           num_microbatches);
+        return dpar__g_err(g, DPAR_ERR_INVALID_ARGUMENT, "%s: %d micro-batches; give 1 or more", fn, num_microbatches);
     dpar__gpipe *p = (dpar__gpipe *)DPAR_MALLOC(sizeof *p);
     int *mb = (int *)DPAR_MALLOC((size_t)g->nlocal * sizeof(int));
     if (!p || !mb) {
@@ -10888,9 +10886,9 @@ DPAR_API dpar_status dpar_graph_compile(dpar_graph *g, dpar_graph_stats *stats) 
 static dpar_buffer *dpar__g_buf(const dpar_graph *g, int id, int li) {
     const dpar__gnode *nd = &g->n[id];
     int m = g->mb_now ? g->mb_now[li] : 0; /* pipelines: the buffer set of the device's micro-batch */
-    dpar_buffer *b = m ? g->mb_slots[((size_t)(m - 1) * (size_t)g->nslots + (size_t)nd->slot) * (size_t)g->nlocal +
-                                     (size_t)li]
-                       : g->slots[nd->slot * g->nlocal + li];
+    dpar_buffer *b =
+        m ? g->mb_slots[((size_t)(m - 1) * (size_t)g->nslots + (size_t)nd->slot) * (size_t)g->nlocal + (size_t)li]
+          : g->slots[nd->slot * g->nlocal + li];
     b->ndim = nd->ndim;
     for (int d = 0; d < nd->ndim; d++) b->shape[d] = nd->shape[d];
     return b;
@@ -11577,8 +11575,8 @@ DPAR_API dpar_status dpar_visualize_array_sharding(const dpar_array *a, const ch
     dpar__clear_error();
     if (!a) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: array is NULL", fn);
     if (a->ndim > 2)
-        return dpar__err(DPAR_ERR_SHAPE, "%s: the array is %d-d; it draws 0-, 1- and 2-d arrays (reshape it first)",
-                         fn, a->ndim);
+        return dpar__err(DPAR_ERR_SHAPE, "%s: the array is %d-d; it draws 0-, 1- and 2-d arrays (reshape it first)", fn,
+                         a->ndim);
     int rd = a->ndim == 2 ? 0 : -1, cd = a->ndim - 1; /* a 1-d array is one row of blocks */
     int64_t nr = dpar__vis_nblocks(a, rd), nc = dpar__vis_nblocks(a, cd);
     char *cells = (char *)DPAR_MALLOC((size_t)(nr * nc) * DPAR__VIS_CELL);
@@ -11662,15 +11660,16 @@ DPAR_API dpar_status dpar_graph_remat_end(dpar_graph *g) {
 /* rclone[x]: -1 saved (used as is), 0 interior not copied yet, else its copy. */
 static dpar_status dpar__g_remat_start(dpar_graph *g, int upto) {
     g->rclone = (int *)DPAR_MALLOC((size_t)upto * sizeof(int));
-    if (!g->rclone)
-        return dpar__g_err(g, DPAR_ERR_OUT_OF_MEMORY, "dpar_graph_value_and_grad: out of memory for remat");
+    if (!g->rclone) return dpar__g_err(g, DPAR_ERR_OUT_OF_MEMORY, "dpar_graph_value_and_grad: out of memory for remat");
     g->rupto = upto;
     for (int x = 0; x < upto; x++) g->rclone[x] = g->n[x].remat && !g->n[x].keep && x != g->loss ? -2 : -1;
     for (int j = 1; j < upto; j++)
         for (int k = 0; k < g->n[j].nin; k++) {
             int x = g->n[j].in[k];
-            if (g->n[x].remat != g->n[j].remat) g->rclone[x] = -1; /* a segment output */
-            else if (g->rclone[x] == -2) g->rclone[x] = 0;          /* read inside its segment */
+            if (g->n[x].remat != g->n[j].remat)
+                g->rclone[x] = -1; /* a segment output */
+            else if (g->rclone[x] == -2)
+                g->rclone[x] = 0; /* read inside its segment */
         }
     for (int x = 0; x < upto; x++)
         if (g->rclone[x] == -2) g->rclone[x] = -1; /* read by nothing forward: an output */
@@ -11755,8 +11754,7 @@ static dpar_status dpar__g_state_list(dpar_graph *g) {
             if (!a) continue;
             struct dpar__gstate *st = &g->state[g->nstate++];
             st->node = g->opt.params[k];
-            snprintf(st->name, sizeof st->name, "%s%s", g->n[st->node].name,
-                     dpar__g_state_suffix[g->opt.adamw][j]);
+            snprintf(st->name, sizeof st->name, "%s%s", g->n[st->node].name, dpar__g_state_suffix[g->opt.adamw][j]);
             st->array = a;
             st->padded = g->z1 != NULL;
         }
@@ -11774,8 +11772,7 @@ DPAR_API dpar_status dpar_graph_state_count(dpar_graph *g, int *count) {
     *count = g->nstate;
     return DPAR_OK;
 }
-DPAR_API dpar_status dpar_graph_state(const dpar_graph *g, int i, const char **name, dpar_array **array,
-                                      bool *padded) {
+DPAR_API dpar_status dpar_graph_state(const dpar_graph *g, int i, const char **name, dpar_array **array, bool *padded) {
     dpar__clear_error();
     char l[96], l2[96];
     if (!g || !name || !array)
@@ -11786,8 +11783,8 @@ DPAR_API dpar_status dpar_graph_state(const dpar_graph *g, int i, const char **n
     if (!dpar__g_mesh_alive(g))
         return dpar__err(DPAR_ERR_STATE, "dpar_graph_state: the graph's mesh was destroyed (and its state with it)");
     if (i < 0 || i >= g->nstate)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_state: entry %d is out of range (the state has %d)",
-                         i, g->nstate);
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_state: entry %d is out of range (the state has %d)", i,
+                         g->nstate);
     const struct dpar__gstate *st = &g->state[i];
     if (!g->n[st->node].name[0])
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
@@ -11798,8 +11795,8 @@ DPAR_API dpar_status dpar_graph_state(const dpar_graph *g, int i, const char **n
         if (!strcmp(g->state[e].name, st->name))
             return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
                              "dpar_graph_state: params %s and %s are both named '%s'; give each param its own name",
-                             dpar__g_label(g, g->state[e].node, l, sizeof l),
-                             dpar__g_label(g, st->node, l2, sizeof l2), st->name);
+                             dpar__g_label(g, g->state[e].node, l, sizeof l), dpar__g_label(g, st->node, l2, sizeof l2),
+                             st->name);
     *name = st->name;
     *array = st->array;
     if (padded) *padded = st->padded;
@@ -12363,11 +12360,11 @@ static void *dpar__cpu_host_ptr(void *st, int dev, void *mem) {
    depends only on the shapes (never on the thread split), so results are the
    same bits run after run and for any DPAR_CPU_THREADS. No zero-skipping:
    0 * NaN and 0 * Inf give NaN, as in reference BLAS. */
-#define DPAR__MR 6   /* micro-tile rows */
-#define DPAR__NR 16  /* micro-tile columns (two 8-float vectors) */
-#define DPAR__KC 256 /* k block: an NR strip of B stays in L1 */
-#define DPAR__MC 96  /* rows of A packed per block (L2) */
-#define DPAR__NC 512 /* columns of B packed per block */
+#define DPAR__MR            6   /* micro-tile rows */
+#define DPAR__NR            16  /* micro-tile columns (two 8-float vectors) */
+#define DPAR__KC            256 /* k block: an NR strip of B stays in L1 */
+#define DPAR__MC            96  /* rows of A packed per block (L2) */
+#define DPAR__NC            512 /* columns of B packed per block */
 #define DPAR__DIRECT_B_ROWS 32
 /* ow: C starts as +0 (beta = 0, first k block): C = 0 + alpha * acc, without reading C.
    a: element (i, k) of the A micro-panel at a[i * ars + k * acs] (packed: ars 1, acs MR;
@@ -12385,8 +12382,8 @@ static void dpar__ukr_c(int64_t kc, const float *a, int64_t ars, int64_t acs, co
 #ifdef DPAR__ARM_NEON
 /* dpar__ukr_c with NEON: the same multiply then add per k, in the same
    order, and the same write-back: the same bits */
-static void dpar__ukr_neon(int64_t kc, const float *a, int64_t ars, int64_t acs, const float *b, int64_t bs,
-                           float *c, int64_t ldc, float alpha, int mr, int nr, int ow) {
+static void dpar__ukr_neon(int64_t kc, const float *a, int64_t ars, int64_t acs, const float *b, int64_t bs, float *c,
+                           int64_t ldc, float alpha, int mr, int nr, int ow) {
     float32x4_t r[DPAR__MR][4];
     for (int i = 0; i < DPAR__MR; i++)
         for (int q = 0; q < 4; q++) r[i][q] = vdupq_n_f32(0.0f);
@@ -12495,7 +12492,7 @@ __attribute__((target("avx2,fma"))) static void dpar__ukr_fma(int64_t kc, const 
    same multiply and add (or fused multiply-add) per element in the same k
    order, so the same bits as their AVX2 forms, at twice the width. */
 __attribute__((target("avx512f"))) static inline void dpar__ukr_store512(__m512 r[DPAR__MR], float *c, int64_t ldc,
-                                                                      float alpha, int mr, int nr, int ow) {
+                                                                         float alpha, int mr, int nr, int ow) {
     const __m512 al = _mm512_set1_ps(alpha), z = _mm512_setzero_ps();
     __mmask16 m = (__mmask16)(nr >= 16 ? 0xffff : (1u << nr) - 1u);
     for (int i = 0; i < mr; i++) {
@@ -12504,24 +12501,23 @@ __attribute__((target("avx512f"))) static inline void dpar__ukr_store512(__m512 
         _mm512_mask_storeu_ps(ci, m, _mm512_add_ps(old, _mm512_mul_ps(al, r[i])));
     }
 }
-#define DPAR__UKR512(name, target_s, madd)                                                                       \
-    __attribute__((target(target_s))) static void name(int64_t kc, const float *a, int64_t ars, int64_t acs,     \
-                                                       const float *b, int64_t bs, float *c, int64_t ldc,        \
-                                                       float alpha, int mr, int nr, int ow) {                    \
-        __m512 c0 = _mm512_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0;                             \
-        const float *a1 = a + ars, *a2 = a + 2 * ars, *a3 = a + 3 * ars, *a4 = a + 4 * ars, *a5 = a + 5 * ars;   \
-        for (int64_t k = 0; k < kc; k++, a += acs, a1 += acs, a2 += acs, a3 += acs, a4 += acs, a5 += acs,       \
-                     b += bs) {                                                                                   \
-            __m512 b0 = _mm512_loadu_ps(b);                                                                       \
-            c0 = madd(_mm512_set1_ps(*a), b0, c0);                                                                \
-            c1 = madd(_mm512_set1_ps(*a1), b0, c1);                                                               \
-            c2 = madd(_mm512_set1_ps(*a2), b0, c2);                                                               \
-            c3 = madd(_mm512_set1_ps(*a3), b0, c3);                                                               \
-            c4 = madd(_mm512_set1_ps(*a4), b0, c4);                                                               \
-            c5 = madd(_mm512_set1_ps(*a5), b0, c5);                                                               \
-        }                                                                                                         \
-        __m512 r[DPAR__MR] = { c0, c1, c2, c3, c4, c5 };                                                          \
-        dpar__ukr_store512(r, c, ldc, alpha, mr, nr, ow);                                                         \
+#define DPAR__UKR512(name, target_s, madd)                                                                             \
+    __attribute__((target(target_s))) static void name(int64_t kc, const float *a, int64_t ars, int64_t acs,           \
+                                                       const float *b, int64_t bs, float *c, int64_t ldc, float alpha, \
+                                                       int mr, int nr, int ow) {                                       \
+        __m512 c0 = _mm512_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0;                                  \
+        const float *a1 = a + ars, *a2 = a + 2 * ars, *a3 = a + 3 * ars, *a4 = a + 4 * ars, *a5 = a + 5 * ars;         \
+        for (int64_t k = 0; k < kc; k++, a += acs, a1 += acs, a2 += acs, a3 += acs, a4 += acs, a5 += acs, b += bs) {   \
+            __m512 b0 = _mm512_loadu_ps(b);                                                                            \
+            c0 = madd(_mm512_set1_ps(*a), b0, c0);                                                                     \
+            c1 = madd(_mm512_set1_ps(*a1), b0, c1);                                                                    \
+            c2 = madd(_mm512_set1_ps(*a2), b0, c2);                                                                    \
+            c3 = madd(_mm512_set1_ps(*a3), b0, c3);                                                                    \
+            c4 = madd(_mm512_set1_ps(*a4), b0, c4);                                                                    \
+            c5 = madd(_mm512_set1_ps(*a5), b0, c5);                                                                    \
+        }                                                                                                              \
+        __m512 r[DPAR__MR] = { c0, c1, c2, c3, c4, c5 };                                                               \
+        dpar__ukr_store512(r, c, ldc, alpha, mr, nr, ow);                                                              \
     }
 #define DPAR__MULADD512(x, y, acc) _mm512_add_ps(acc, _mm512_mul_ps(x, y))
 DPAR__UKR512(dpar__ukr_avx512, "avx512f", DPAR__MULADD512)
@@ -12536,8 +12532,7 @@ static void dpar__sgemm_cols(int64_t M, int64_t N, int64_t K, int ta, int tb, fl
             for (int64_t j = j0; j < j1; j++) C[i * N + j] = beta == 0.0f ? 0.0f : beta * C[i * N + j];
     if (trivial) return;
     void (*ukr)(int64_t, const float *, int64_t, int64_t, const float *, int64_t, float *, int64_t, float, int, int,
-               int) =
-        dpar__ukr_c;
+                int) = dpar__ukr_c;
 #ifdef DPAR__ARM_NEON
     ukr = dpar__ukr_neon;
 #endif

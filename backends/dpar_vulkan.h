@@ -195,11 +195,11 @@ typedef struct dpar__vkdev {
     dpar__vkbuf *idx_err;     /* error words of the index checks (>>vulkan optim), made on first use */
     int idx_pending;          /* a check ran since the last report (atomic) */
     /* >>vulkan interop: one buffer lent at a time; values of the timeline semaphore `sem` */
-    VkSemaphore sem;          /* made by the first export */
-    uint64_t sem_value;       /* last value handed out (an export's ready value, then its release value) */
-    uint64_t sem_signal;      /* the next submit signals it (0: none) */
-    uint64_t sem_wait;        /* the next submit waits for it (0: none): the engine's release */
-    int loaned;               /* a buffer of this device is lent */
+    VkSemaphore sem;     /* made by the first export */
+    uint64_t sem_value;  /* last value handed out (an export's ready value, then its release value) */
+    uint64_t sem_signal; /* the next submit signals it (0: none) */
+    uint64_t sem_wait;   /* the next submit waits for it (0: none): the engine's release */
+    int loaned;          /* a buffer of this device is lent */
 } dpar__vkdev;
 
 /* Push constants shared by every shader (112 bytes; Vulkan guarantees 128). A shader declares the
@@ -1141,8 +1141,8 @@ static dpar_status dpar__vk_init_phys(dpar__vk *st, const dpar_runtime_desc *des
     }
     ph->prefer_mappable =
         !st->force_staging && (ph->props.deviceType != VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU || cached_dl);
-    dpar_status s = st->adopted ? dpar__vk_adopt_device(st, &desc->vulkan.external, ph)
-                                : dpar__vk_create_device(st, ph, nq);
+    dpar_status s =
+        st->adopted ? dpar__vk_adopt_device(st, &desc->vulkan.external, ph) : dpar__vk_create_device(st, ph, nq);
     if (s) return s;
     pthread_mutex_init(&ph->pipe_lock, NULL);
     ph->pipe_lock_init = 1;
@@ -2272,7 +2272,7 @@ static dpar_status dpar__vk_collective(void *state, dpar__coll *c) {
         ins[j] = st->devs[c->devices[j]].coll_in;
         outs[j] = st->devs[c->devices[j]].coll_out;
     }
-    dpar__host_work(c, ins, outs, scratch, 1); /* every member's views are visible here */
+    dpar__host_work(c, ins, outs, scratch, 1);            /* every member's views are visible here */
     if ((s = dpar__coll_barrier(c)) != DPAR_OK) return s; /* nobody reads the views any more */
     if (scratch && outb) memcpy(out_h, scratch, outb);
     if (!outb) return DPAR_OK;

@@ -91,9 +91,11 @@ typedef struct {
 __attribute__((target("avx2"))) static void st_pass_avx2(const st_arg *a) {
     int64_t i = 0, n = a->len & ~(int64_t)15;
     if (a->add && a->nt)
-        for (; i < n; i += 8) _mm256_stream_ps(a->z + i, _mm256_add_ps(_mm256_load_ps(a->x + i), _mm256_load_ps(a->y + i)));
+        for (; i < n; i += 8)
+            _mm256_stream_ps(a->z + i, _mm256_add_ps(_mm256_load_ps(a->x + i), _mm256_load_ps(a->y + i)));
     else if (a->add)
-        for (; i < n; i += 8) _mm256_store_ps(a->z + i, _mm256_add_ps(_mm256_load_ps(a->x + i), _mm256_load_ps(a->y + i)));
+        for (; i < n; i += 8)
+            _mm256_store_ps(a->z + i, _mm256_add_ps(_mm256_load_ps(a->x + i), _mm256_load_ps(a->y + i)));
     else if (a->nt)
         for (; i < n; i += 8) _mm256_stream_ps(a->z + i, _mm256_load_ps(a->x + i));
     else
@@ -294,10 +296,9 @@ static int run_point(const char *bname, dpar_mesh *m, int op, int n, int64_t byt
     double lm = moved / bw; /* the best stream trial: the least disturbed view of what the machine can do */
     for (int k = 0; k < alts; k++) pct[k] = 100.0 * lm / t[k];
     double tm = median(t, alts), pm = median(pct, alts); /* pct sorted: [0] min */
-    double alg = S / tm / 1e9,
-           bus = op == OP_ALLREDUCE   ? alg * 2.0 * (n - 1) / n
-                 : op == OP_BROADCAST ? alg
-                                      : alg * (double)(n - 1) / n;
+    double alg = S / tm / 1e9, bus = op == OP_ALLREDUCE   ? alg * 2.0 * (n - 1) / n
+                                     : op == OP_BROADCAST ? alg
+                                                          : alg * (double)(n - 1) / n;
     printf("coll,%s,%s,%d,%lld,%.2f,%.3f,%.3f,%.2f,%.1f,%.1f,%.1f,%d\n", bname, op_names[op], n, (long long)(count * 4),
            tm * 1e6, alg, bus, lm * 1e6, pm, pct[0], pct[alts - 1], alts);
     fflush(stdout);

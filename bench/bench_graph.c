@@ -209,8 +209,8 @@ static int run(dpar_backend_kind kind, const char *bname, int n, int rounds, dou
     graphed t;
     double pe[2] = { 0, 0 }, pg[2], ratio[MAXR], cratio[MAXR], te[MAXR], tg[MAXR], be[2], bg[2];
     float le = 0, lg = 0;
-    dpar_status s = dpar_mesh_create(rt, &(dpar_mesh_desc){ .ndim = 1, .shape = { n }, .axis_names = { "data" } },
-                                     &mesh);
+    dpar_status s =
+        dpar_mesh_create(rt, &(dpar_mesh_desc){ .ndim = 1, .shape = { n }, .axis_names = { "data" } }, &mesh);
     if (!s) s = eager_setup(mesh, n, (const float *const *)init, &e);
     if (!s) s = graph_setup(mesh, (const float *const *)init, &t);
     /* the same first step on both sides: the same loss (a check that they compute the same step) */
@@ -244,9 +244,10 @@ static int run(dpar_backend_kind kind, const char *bname, int n, int rounds, dou
     printf("graph,%s,digits,%d,%.4f,%.4f,%.3f,%.3f,%.3f,%d,%.1f,%.3f,%.3f,%.3f\n", bname, n, te[rounds / 2] * 1e3,
            tg[rounds / 2] * 1e3, ratio[rounds / 2], ratio[0], ratio[rounds - 1], rounds, l1, cratio[rounds / 2],
            cratio[0], cratio[rounds - 1]);
-    fprintf(stderr, "bench_graph: %s %d devices: %d rounds of %d steps each side (load average %.1f); graph/eager "
-                    "wall time median %.3f (min %.3f, max %.3f), CPU time median %.3f (min %.3f, max %.3f); "
-                    "eager %.4f ms, graph %.4f ms per step (wall)\n",
+    fprintf(stderr,
+            "bench_graph: %s %d devices: %d rounds of %d steps each side (load average %.1f); graph/eager "
+            "wall time median %.3f (min %.3f, max %.3f), CPU time median %.3f (min %.3f, max %.3f); "
+            "eager %.4f ms, graph %.4f ms per step (wall)\n",
             bname, n, rounds, k, l1, ratio[rounds / 2], ratio[0], ratio[rounds - 1], cratio[rounds / 2], cratio[0],
             cratio[rounds - 1], te[rounds / 2] * 1e3, tg[rounds / 2] * 1e3);
     fflush(stdout);

@@ -59,8 +59,10 @@ bool load_digits(const char *path, std::vector<float> &x, std::vector<int32_t> &
             char *end;
             long v = std::strtol(p, &end, 10);
             if (end == p) break;
-            if (j < kPix) px[j] = (float)v / 16.0f;
-            else label = v;
+            if (j < kPix)
+                px[j] = (float)v / 16.0f;
+            else
+                label = v;
             p = end + (*end == ',');
         }
         if (label < 0) continue;
@@ -283,11 +285,16 @@ struct Options {
 bool parse(int argc, char **argv, Options &o) {
     for (int i = 1; i < argc; i++) {
         bool more = i + 1 < argc;
-        if (more && !std::strcmp(argv[i], "--steps")) o.steps = std::atoi(argv[++i]);
-        else if (more && !std::strcmp(argv[i], "--devices")) o.devices = std::atoi(argv[++i]);
-        else if (more && !std::strcmp(argv[i], "--budget-ms")) o.budget_ms = std::atof(argv[++i]);
-        else if (more && !std::strcmp(argv[i], "--data")) o.data = argv[++i];
-        else return false;
+        if (more && !std::strcmp(argv[i], "--steps"))
+            o.steps = std::atoi(argv[++i]);
+        else if (more && !std::strcmp(argv[i], "--devices"))
+            o.devices = std::atoi(argv[++i]);
+        else if (more && !std::strcmp(argv[i], "--budget-ms"))
+            o.budget_ms = std::atof(argv[++i]);
+        else if (more && !std::strcmp(argv[i], "--data"))
+            o.data = argv[++i];
+        else
+            return false;
     }
     return o.steps > 0 && o.devices > 0 && o.budget_ms > 0;
 }

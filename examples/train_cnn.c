@@ -32,7 +32,7 @@
    The data, split, batch order and initial weights come from one splitmix64
    stream (mnist_common.h); bench/peers/cnn_jax.py and cnn_torch.py draw the
    same, so the three start from identical weights and see identical batches. */
-#include "mnist_common.h" /* the data, its fixed-seed split, splitmix64, now_s */
+#include "mnist_common.h"    /* the data, its fixed-seed split, splitmix64, now_s */
 #include "util/dpar_train.h" /* dpar_graph_save, dpar_graph_restore */
 
 /* ------------------------------------------------------------------ flags */
@@ -190,8 +190,10 @@ static int cnn_resume(dpar_graph *train, const cnn_opts *o, int steps, mnist_dat
     if (dpar_graph_restore(train, o->resume)) return digits_fail("--resume");
     long long done = (long long)dpar_graph_step(train);
     if (done % steps) {
-        fprintf(stderr, "train_cnn: %s was saved after step %lld, not at the end of an epoch of %d steps; resume with "
-                "the --batch and --steps it was trained with\n", o->resume, done, steps);
+        fprintf(stderr,
+                "train_cnn: %s was saved after step %lld, not at the end of an epoch of %d steps; resume with "
+                "the --batch and --steps it was trained with\n",
+                o->resume, done, steps);
         return 2;
     }
     if (done / steps >= o->epochs) {

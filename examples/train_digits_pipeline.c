@@ -33,7 +33,7 @@ static dpar_status build_step(dpar_mesh *mesh, dpar_array *const param[NPARAM], 
     dpar_value p[NPARAM], grad[NPARAM];
     for (int i = 0; i < NPARAM; i++) p[i] = dpar_g_param(*g, names[i], param[i]);
     dpar_value h = dpar_g_relu(*g, dpar_g_bias_add(*g, dpar_g_matmul(*g, *x, p[W1], false, false), p[B1])); /* [mb,H] */
-    h = dpar_g_pipe_split(*g, h); /* stage 0 -> stage 1 */
+    h = dpar_g_pipe_split(*g, h);                                                              /* stage 0 -> stage 1 */
     dpar_value logits = dpar_g_bias_add(*g, dpar_g_matmul(*g, h, p[W2], false, false), p[B2]); /* [mb,10] */
     if ((s = dpar_graph_value_and_grad(*g, dpar_g_softmax_xent(*g, logits, *y), p, NPARAM, grad))) return s;
     if ((s = dpar_graph_sgd(*g, sgd, p, grad, NPARAM))) return s;
@@ -82,8 +82,8 @@ int main(int argc, char **argv) {
     if (dpar_array_put(param[W1], ds.w1) || dpar_array_put(param[W2], ds.w2)) return digits_fail("init");
     dpar_graph *step;
     dpar_value fx, fy;
-    if (build_step(mesh, param, batch, M, &(dpar_sgd_desc){ .learning_rate = o.lr, .momentum = o.momentum }, &step,
-                   &fx, &fy))
+    if (build_step(mesh, param, batch, M, &(dpar_sgd_desc){ .learning_rate = o.lr, .momentum = o.momentum }, &step, &fx,
+                   &fy))
         return digits_fail("step graph");
 
     /* test set: half the rows on each device (evaluation needs no pipeline) */

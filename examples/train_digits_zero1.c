@@ -96,7 +96,8 @@ int main(int argc, char **argv) {
                    &fy, &st))
         return digits_fail("step graph");
     printf("momentum per device: %llu bytes with ZeRO-1, %zu bytes replicated (%.2fx less); padded sizes:",
-           (unsigned long long)st.opt_bytes, replicated, (double)replicated / (double)(st.opt_bytes ? st.opt_bytes : 1));
+           (unsigned long long)st.opt_bytes, replicated,
+           (double)replicated / (double)(st.opt_bytes ? st.opt_bytes : 1));
     for (int i = 0; i < NPARAM; i++)
         printf(" %lld", (long long)(dpar_array_shard_dim(dpar_graph_zero1_state(step, i, 0), 0) * devices));
     printf("\n");

@@ -65,10 +65,11 @@ static int gpt_parse(int argc, char **argv, gpt_opts *o) {
                 o->devices);
         return 2;
     }
-    if (o->steps < 1 || o->batch < 1 || o->batch % o->dp || N_HEAD % o->tp || o->log_every < 1 ||
-        o->eval_every < 0 || o->val_batches < 1 || o->gen < 0 || !(o->lr > 0.0f)) {
-        fprintf(stderr, "train_gpt: need --steps, --batch, --log-every, --val-batches >= 1, --batch divisible by --dp, "
-                        "%d heads divisible by --tp, --eval-every, --gen >= 0, --lr > 0\n",
+    if (o->steps < 1 || o->batch < 1 || o->batch % o->dp || N_HEAD % o->tp || o->log_every < 1 || o->eval_every < 0 ||
+        o->val_batches < 1 || o->gen < 0 || !(o->lr > 0.0f)) {
+        fprintf(stderr,
+                "train_gpt: need --steps, --batch, --log-every, --val-batches >= 1, --batch divisible by --dp, "
+                "%d heads divisible by --tp, --eval-every, --gen >= 0, --lr > 0\n",
                 N_HEAD);
         return 2;
     }
@@ -135,7 +136,7 @@ typedef struct {
 static void param_table(int vocab, param_info pi[NPARAM]) {
     const float s = 0.02f, sp = 0.02f / sqrtf(2.0f * N_LAYER); /* GPT-2: residual projections scaled */
     const int64_t C = N_EMBD, F = 4 * N_EMBD;
-    static const char *const blk[NBLK] = { "ln1.w", "ln1.b", "q.w",   "q.b",   "k.w",   "k.b",   "v.w",   "v.b",
+    static const char *const blk[NBLK] = { "ln1.w",  "ln1.b",  "q.w",   "q.b",   "k.w",   "k.b",   "v.w",   "v.b",
                                            "proj.w", "proj.b", "ln2.w", "ln2.b", "fc1.w", "fc1.b", "fc2.w", "fc2.b" };
     pi[WTE] = (param_info){ 2, { vocab, C }, { 0 }, s, "wte" };
     pi[WPE] = (param_info){ 2, { CTX, C }, { 0 }, s, "wpe" };
@@ -203,16 +204,16 @@ static dpar_value gpt_block(dpar_graph *g, const dpar_value *p, dpar_value x, in
     const int64_t hl = N_HEAD / tp;
     /* attention: the heads of this device (column-parallel Q, K, V; row-parallel proj) */
     dpar_value h = dpar_g_pcast(g, dpar_g_layer_norm(g, x, p[LN1W], p[LN1B], 1e-5f), "model"); /* [b*T, C] */
-    dpar_value q = split_heads(g, linear(g, h, p[QW], p[QB]), b, hl);                           /* [b, hl, T, hd] */
+    dpar_value q = split_heads(g, linear(g, h, p[QW], p[QB]), b, hl);                          /* [b, hl, T, hd] */
     dpar_value k = split_heads(g, linear(g, h, p[KW], p[KB]), b, hl);
     dpar_value v = split_heads(g, linear(g, h, p[VW], p[VB]), b, hl);
-    dpar_value a = merge_heads(g, dpar_g_attention(g, q, k, v, 0.0f, true), b, hl); /* [b*T, C/tp] */
+    dpar_value a = merge_heads(g, dpar_g_attention(g, q, k, v, 0.0f, true), b, hl);   /* [b*T, C/tp] */
     dpar_value o = dpar_g_psum(g, dpar_g_matmul(g, a, p[PW], false, false), "model"); /* [b*T, C]: the all-reduce */
     x = dpar_g_add(g, x, dpar_g_bias_add(g, o, p[PB]));
     /* MLP: fc1 column-parallel, fc2 row-parallel */
     h = dpar_g_pcast(g, dpar_g_layer_norm(g, x, p[LN2W], p[LN2B], 1e-5f), "model");
     h = dpar_g_unary(g, linear(g, h, p[F1W], p[F1B]), DPAR_UNARY_GELU_TANH, 0.0f); /* [b*T, 4C/tp] */
-    o = dpar_g_psum(g, dpar_g_matmul(g, h, p[F2W], false, false), "model");         /* [b*T, C] */
+    o = dpar_g_psum(g, dpar_g_matmul(g, h, p[F2W], false, false), "model");        /* [b*T, C] */
     return dpar_g_add(g, x, dpar_g_bias_add(g, o, p[F2B]));
 }
 
@@ -262,8 +263,7 @@ static dpar_status gpt_train_graph(dpar_mesh *mesh, dpar_array *const param[NPAR
 
 /* The validation loss graph: feeds x, y as training; the loss pmean'd over "data", kept. */
 static dpar_status gpt_val_graph(dpar_mesh *mesh, dpar_array *const param[NPARAM], const param_info pi[NPARAM],
-                                 const gpt_opts *o, dpar_graph **out, dpar_value *x, dpar_value *y,
-                                 dpar_value *loss) {
+                                 const gpt_opts *o, dpar_graph **out, dpar_value *x, dpar_value *y, dpar_value *loss) {
     dpar_value p[NPARAM], logits;
     dpar_status s = gpt_graph(mesh, param, pi, o->batch, true, o->tp, out, p, x, &logits);
     if (s) return s;
@@ -404,9 +404,14 @@ int main(int argc, char **argv) {
            td.n, td.vocab, td.ntrain, td.n - td.ntrain, N_LAYER, N_HEAD, N_EMBD, CTX, (long long)nparam, o.batch,
            o.batch / o.dp, o.steps);
 
-    int32_t *xb = malloc((size_t)o.batch * CTX * sizeof(int32_t)), *yb = malloc((size_t)o.batch * CTX * sizeof(int32_t));
-    dpar_lr_schedule_desc sched = { .kind = DPAR_LR_COSINE, .peak_lr = o.lr, .init_lr = o.lr / 100.0f,
-                                    .warmup_steps = 100, .decay_steps = o.steps, .end_lr = o.lr / 10.0f };
+    int32_t *xb = malloc((size_t)o.batch * CTX * sizeof(int32_t)),
+            *yb = malloc((size_t)o.batch * CTX * sizeof(int32_t));
+    dpar_lr_schedule_desc sched = { .kind = DPAR_LR_COSINE,
+                                    .peak_lr = o.lr,
+                                    .init_lr = o.lr / 100.0f,
+                                    .warmup_steps = 100,
+                                    .decay_steps = o.steps,
+                                    .end_lr = o.lr / 10.0f };
     if (sched.decay_steps <= sched.warmup_steps) sched.decay_steps = sched.warmup_steps + 1; /* short runs */
     double t0 = now_s(), tlog = t0, sum = 0.0, train_l = 0.0, val_l = 0.0;
     for (int step = 0; step < o.steps; step++) {
@@ -429,8 +434,7 @@ int main(int argc, char **argv) {
         if ((o.eval_every && done % o.eval_every == 0) || last) {
             if (val_loss(val, vx, vy, vloss, &td, o.val_batches, o.batch, xb, yb, &val_l))
                 return digits_fail("validation");
-            printf("step %5d  val_loss %.6f  (%d batches)  elapsed %.1f s\n", done, val_l, o.val_batches,
-                   now_s() - t0);
+            printf("step %5d  val_loss %.6f  (%d batches)  elapsed %.1f s\n", done, val_l, o.val_batches, now_s() - t0);
             fflush(stdout);
             tlog = now_s();
         }

@@ -249,7 +249,6 @@ static void test_async_argument_errors(void **state) {
     T_OK(dpar_runtime_destroy(rt));
 }
 
-
 /* ---- non-blocking dispatch: dpar_pmap_start / dpar_shard_map_start / dpar_graph_run_start ---- */
 
 /* y = 2 x + position, held (when `hold` is set) until the host releases it: proves the start call
@@ -421,10 +420,8 @@ static void test_graph_run_start_equals_blocking(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_async_equals_blocking),
-        cmocka_unit_test(test_async_argument_errors),
-        cmocka_unit_test(test_pmap_start_nonblocking),
-        cmocka_unit_test(test_step_errors),
+        cmocka_unit_test(test_async_equals_blocking),           cmocka_unit_test(test_async_argument_errors),
+        cmocka_unit_test(test_pmap_start_nonblocking),          cmocka_unit_test(test_step_errors),
         cmocka_unit_test(test_graph_run_start_equals_blocking),
     };
     return cmocka_run_group_tests_name("async", tests, NULL, NULL);

@@ -44,8 +44,9 @@ static void run(int n, int kind, int64_t rows, int64_t cols) {
     T_OK(dpar_array_put(j.in, h));
     if (kind != 3) {
         dpar_array_desc dout = { .dtype = DPAR_F32, .ndim = 2, .shape = { rows * n * n, cols }, .spec = { "data" } };
-        if (kind == 1) dout = (dpar_array_desc){ .dtype = DPAR_F32, .ndim = 3, .shape = { rows * n, n, cols },
-                                                 .spec = { "data" } };
+        if (kind == 1)
+            dout =
+                (dpar_array_desc){ .dtype = DPAR_F32, .ndim = 3, .shape = { rows * n, n, cols }, .spec = { "data" } };
         if (kind >= 2) dout = din;
         T_OK(dpar_array_create(m, &dout, &j.out));
     }

@@ -845,9 +845,9 @@ static void test_adamw_masked_vulkan(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_fd_cpu),         cmocka_unit_test(test_fd_vulkan),
-        cmocka_unit_test(test_digits_mlp_cpu), cmocka_unit_test(test_digits_mlp_vulkan),
-        cmocka_unit_test(test_megatron_cpu),   cmocka_unit_test(test_megatron_vulkan),
+        cmocka_unit_test(test_fd_cpu),           cmocka_unit_test(test_fd_vulkan),
+        cmocka_unit_test(test_digits_mlp_cpu),   cmocka_unit_test(test_digits_mlp_vulkan),
+        cmocka_unit_test(test_megatron_cpu),     cmocka_unit_test(test_megatron_vulkan),
         cmocka_unit_test(test_adamw_masked_cpu), cmocka_unit_test(test_adamw_masked_vulkan),
         cmocka_unit_test(test_bad_input),
     };

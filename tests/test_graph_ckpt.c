@@ -84,8 +84,8 @@ static void build(model *t, dpar_mesh *m, const cfg *c, uint64_t seed) {
     T_OK(dpar_graph_value_and_grad(g, loss, t->p, 3, gr));
     if (c->zero1) T_OK(dpar_graph_zero1(g, "data"));
     if (c->sgd)
-        T_OK(dpar_graph_sgd(g, &(dpar_sgd_desc){ .learning_rate = 0.1f, .momentum = 0.9f, .weight_decay = 1e-3f },
-                            t->p, gr, 3));
+        T_OK(dpar_graph_sgd(g, &(dpar_sgd_desc){ .learning_rate = 0.1f, .momentum = 0.9f, .weight_decay = 1e-3f }, t->p,
+                            gr, 3));
     else
         T_OK(dpar_graph_adamw(g, &(dpar_adamw_desc){ .learning_rate = 0.01f, .weight_decay = 1e-2f }, t->p, gr, 3));
     T_OK(dpar_graph_compile(g, NULL));
@@ -130,8 +130,7 @@ static void same_state(dpar_graph *a, dpar_graph *b, const char *what) {
     int64_t sa, sb;
     unsigned char *x = snapshot(a, &na, &sa), *y = snapshot(b, &nb, &sb);
     if (na != nb || memcmp(x, y, na) || sa != sb)
-        fail_msg("%s: state differs (%zu vs %zu bytes, step %lld vs %lld)", what, na, nb, (long long)sa,
-                 (long long)sb);
+        fail_msg("%s: state differs (%zu vs %zu bytes, step %lld vs %lld)", what, na, nb, (long long)sa, (long long)sb);
     free(x);
     free(y);
 }
@@ -351,11 +350,11 @@ static void test_names_required(void **st) {
         dpar_value a = dpar_g_param(g, k ? "p" : NULL, u), b = dpar_g_param(g, "p", v);
         T_OK(dpar_graph_keep(g, dpar_g_add(g, a, b)));
         if (k)
-            T_ERR(dpar_graph_save(g, tpath("names.ckpt")), DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_save: ",
-                  "both named 'p'", "node 1", "node 2");
+            T_ERR(dpar_graph_save(g, tpath("names.ckpt")), DPAR_ERR_INVALID_ARGUMENT,
+                  "dpar_graph_save: ", "both named 'p'", "node 1", "node 2");
         else
-            T_ERR(dpar_graph_save(g, tpath("names.ckpt")), DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_save: ",
-                  "node 1", "has no name");
+            T_ERR(dpar_graph_save(g, tpath("names.ckpt")), DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_save: ", "node 1",
+                  "has no name");
         T_OK(dpar_graph_destroy(g));
     }
     assert_int_equal(access(tpath("names.ckpt"), F_OK), -1); /* nothing written */
@@ -365,10 +364,9 @@ static void test_names_required(void **st) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_resume_adamw_cpu), cmocka_unit_test(test_resume_sgd_cpu),
-        cmocka_unit_test(test_resume_zero1_cpu),
-        cmocka_unit_test(test_resume_adamw_vulkan), cmocka_unit_test(test_state_entries),
-        cmocka_unit_test(test_restore_other_mesh), cmocka_unit_test(test_mismatch_refused),
-        cmocka_unit_test(test_names_required),
+        cmocka_unit_test(test_resume_zero1_cpu), cmocka_unit_test(test_resume_adamw_vulkan),
+        cmocka_unit_test(test_state_entries),    cmocka_unit_test(test_restore_other_mesh),
+        cmocka_unit_test(test_mismatch_refused), cmocka_unit_test(test_names_required),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

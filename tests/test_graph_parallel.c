@@ -352,12 +352,9 @@ static void test_pipeline_bad_input(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_zero1_cpu),
-        cmocka_unit_test(test_zero1_vulkan),
-        cmocka_unit_test(test_zero1_bad_input),
-        cmocka_unit_test(test_pipeline_cpu),
-        cmocka_unit_test(test_pipeline_vulkan),
-        cmocka_unit_test(test_pipeline_bad_input),
+        cmocka_unit_test(test_zero1_cpu),       cmocka_unit_test(test_zero1_vulkan),
+        cmocka_unit_test(test_zero1_bad_input), cmocka_unit_test(test_pipeline_cpu),
+        cmocka_unit_test(test_pipeline_vulkan), cmocka_unit_test(test_pipeline_bad_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -26,8 +26,9 @@ static int read_events(const char *path, ev *out, int cap) {
         char name[64];
         int pid;
         const char *p = strstr(line, "{\"ph\":\"X\"");
-        if (p && sscanf(p, "{\"ph\":\"X\",\"name\":\"%63[^\"]\",\"cat\":\"%31[^\"]\",\"pid\":%d,\"tid\":%d,\"ts\":%lf,"
-                           "\"dur\":%lf",
+        if (p && sscanf(p,
+                        "{\"ph\":\"X\",\"name\":\"%63[^\"]\",\"cat\":\"%31[^\"]\",\"pid\":%d,\"tid\":%d,\"ts\":%lf,"
+                        "\"dur\":%lf",
                         name, out[n].cat, &pid, &out[n].tid, &out[n].ts, &out[n].dur) == 6)
             n++;
     }

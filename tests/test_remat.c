@@ -20,7 +20,7 @@ static float rnd(void) { /* splitmix64 -> [-1, 1) */
 
 enum { MLP, CNN, MAXP = 12 };
 enum { MLP_D = 256, MLP_H = 512, MLP_L = 4, MLP_C = 10, MLP_B = 128 }; /* per-device batch MLP_B */
-enum { CNN_B = 64, CNN_DEV = 4, SIDE = 28, NCLASS = 10 };                /* train_cnn's defaults */
+enum { CNN_B = 64, CNN_DEV = 4, SIDE = 28, NCLASS = 10 };              /* train_cnn's defaults */
 
 typedef struct model {
     int kind, ndev, np;
@@ -45,8 +45,8 @@ static dpar_array *arr(dpar_mesh *m, int ndim, const int64_t *shape) {
 }
 /* The parameters' shapes: MLP (W, b) per layer; CNN as train_cnn (HWIO convs, then two dense layers). */
 static int param_shapes(int kind, int *ndim, int64_t sh[MAXP][4]) {
-    static const int64_t cnn[8][4] = { { 3, 3, 1, 32 }, { 32 }, { 3, 3, 32, 64 }, { 64 },
-                                       { 7 * 7 * 64, 256 }, { 256 }, { 256, NCLASS }, { NCLASS } };
+    static const int64_t cnn[8][4] = { { 3, 3, 1, 32 },     { 32 },  { 3, 3, 32, 64 }, { 64 },
+                                       { 7 * 7 * 64, 256 }, { 256 }, { 256, NCLASS },  { NCLASS } };
     static const int cnn_nd[8] = { 4, 1, 4, 1, 2, 1, 2, 1 };
     if (kind == CNN) {
         for (int i = 0; i < 8; i++) ndim[i] = cnn_nd[i], memcpy(sh[i], cnn[i], sizeof cnn[i]);

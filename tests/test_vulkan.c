@@ -914,7 +914,8 @@ static void hbuf_create(host_vk *h, size_t n, hbuf *b) {
     while (t < mp.memoryTypeCount && !((r.memoryTypeBits >> t & 1) && (mp.memoryTypes[t].propertyFlags & want) == want))
         t++;
     assert_true(t < mp.memoryTypeCount);
-    VkMemoryAllocateInfo ai = { .sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO, .allocationSize = r.size,
+    VkMemoryAllocateInfo ai = { .sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO,
+                                .allocationSize = r.size,
                                 .memoryTypeIndex = t };
     assert_int_equal(h->vkAllocateMemory(h->dev, &ai, NULL, &b->mem), VK_SUCCESS);
     assert_int_equal(h->vkBindBufferMemory(h->dev, b->buf, b->mem, 0), VK_SUCCESS);
@@ -1010,10 +1011,9 @@ static void test_adopt_engine_device(void **state) {
     host_vk h;
     host_create(&h);
     counts c = { 0, 0 };
-    VkAllocationCallbacks ac = { .pUserData = &c,
-                                 .pfnAllocation = cnt_alloc,
-                                 .pfnReallocation = cnt_realloc,
-                                 .pfnFree = cnt_free };
+    VkAllocationCallbacks ac = {
+        .pUserData = &c, .pfnAllocation = cnt_alloc, .pfnReallocation = cnt_realloc, .pfnFree = cnt_free
+    };
     dpar_runtime_desc d = host_desc(&h, 2, &ac);
     dpar_runtime *rt = NULL;
     T_OK(dpar_runtime_create(&d, &rt));

@@ -1658,8 +1658,7 @@ static dpar_status dpar_gckpt__entries(dpar_graph *g, const char *fn, dpar_check
     if (s) return dpar_set_last_error(s, "%s: %s", fn, dpar_last_error());
     *e = (dpar_checkpoint_entry *)dpar_train__calloc(count ? (size_t)count : 1, sizeof **e);
     if (!*e) return dpar_set_last_error(DPAR_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
-    for (int i = 0; i < count && !s; i++)
-        s = dpar_graph_state(g, i, &(*e)[i].name, &(*e)[i].array, &(*e)[i].padded);
+    for (int i = 0; i < count && !s; i++) s = dpar_graph_state(g, i, &(*e)[i].name, &(*e)[i].array, &(*e)[i].padded);
     if (s) return dpar_set_last_error(s, "%s: %s", fn, dpar_last_error());
     *n = count;
     return DPAR_OK;
