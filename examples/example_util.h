@@ -114,4 +114,33 @@ static inline void ex_monitor(dpar_runtime *rt) {
     dpar_runtime_stats_reset(rt);
 }
 
+/* ---------------------------------------------------------------- replicas */
+/* Are the replicas of every shard of `a` bitwise identical across the mesh?
+   Two devices hold the same block when they share the coordinates of every
+   mesh axis in a's spec; each such pair is read back and compared. */
+static inline int ex_replicas_identical(dpar_mesh *mesh, dpar_array *a) {
+    int n = dpar_mesh_size(mesh), ok = 1;
+    size_t nb = dpar_buffer_nbytes(dpar_array_shard(a, 0));
+    char *x = malloc(nb ? nb : 1), *y = malloc(nb ? nb : 1);
+    for (int i = 0; i < n && ok; i++)
+        for (int j = i + 1; j < n && ok; j++) {
+            int ci[DPAR_MAX_AXES], cj[DPAR_MAX_AXES], same = 1;
+            dpar_mesh_coords(mesh, i, ci);
+            dpar_mesh_coords(mesh, j, cj);
+            for (int d = 0; d < dpar_array_ndim(a); d++) {
+                char spec[64];
+                dpar_array_spec(a, d, spec, sizeof spec);
+                for (int ax = 0; ax < dpar_mesh_ndim(mesh); ax++)
+                    if (strstr(spec, dpar_mesh_axis_name(mesh, ax)) && ci[ax] != cj[ax]) same = 0;
+            }
+            if (!same) continue;
+            dpar_buffer_read(dpar_array_shard(a, i), 0, x, nb);
+            dpar_buffer_read(dpar_array_shard(a, j), 0, y, nb);
+            if (memcmp(x, y, nb)) ok = 0;
+        }
+    free(x);
+    free(y);
+    return ok;
+}
+
 #endif

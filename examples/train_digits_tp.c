@@ -73,33 +73,6 @@ static dpar_status eval_step(dpar_ctx *ctx, void *user) {
     return tp_forward(ctx, p, dpar_ctx_arg(ctx, 0), h, h, dpar_ctx_arg(ctx, 2));
 }
 
-/* Are the replicas of every shard of `a` bitwise identical across the mesh? */
-static int replicas_identical(dpar_mesh *mesh, dpar_array *a) {
-    int n = dpar_mesh_size(mesh), ok = 1;
-    size_t nb = dpar_buffer_nbytes(dpar_array_shard(a, 0));
-    char *x = malloc(nb ? nb : 1), *y = malloc(nb ? nb : 1);
-    for (int i = 0; i < n && ok; i++)
-        for (int j = i + 1; j < n && ok; j++) {
-            /* the same block when the two devices share the coordinates of every axis in the spec */
-            int ci[DPAR_MAX_AXES], cj[DPAR_MAX_AXES], same = 1;
-            dpar_mesh_coords(mesh, i, ci);
-            dpar_mesh_coords(mesh, j, cj);
-            for (int d = 0; d < dpar_array_ndim(a); d++) {
-                char spec[64];
-                dpar_array_spec(a, d, spec, sizeof spec);
-                for (int ax = 0; ax < dpar_mesh_ndim(mesh); ax++)
-                    if (strstr(spec, dpar_mesh_axis_name(mesh, ax)) && ci[ax] != cj[ax]) same = 0;
-            }
-            if (!same) continue;
-            dpar_buffer_read(dpar_array_shard(a, i), 0, x, nb);
-            dpar_buffer_read(dpar_array_shard(a, j), 0, y, nb);
-            if (memcmp(x, y, nb)) ok = 0;
-        }
-    free(x);
-    free(y);
-    return ok;
-}
-
 int main(int argc, char **argv) {
     int dp = 2, tp = 2;
     digits_opts o = { "cpu",       "examples/data/digits.csv.gz", 4, 30, 64, 42, 128, 0.1f, 0.9f, { "--dp", "--tp" },
@@ -194,7 +167,7 @@ int main(int argc, char **argv) {
         fflush(stdout);
     }
     int same = 1;
-    for (int i = 0; i < NPARAM; i++) same &= replicas_identical(mesh, param[i]);
+    for (int i = 0; i < NPARAM; i++) same &= ex_replicas_identical(mesh, param[i]);
     printf("replicated parameters bitwise identical on every device: %s\n", same ? "yes" : "NO");
     printf("final: backend=%s devices=%d epochs=%d test_accuracy=%.4f train_loss=%.8f\n", o.backend, devices, o.epochs,
            acc, epoch_loss);

@@ -330,32 +330,6 @@ static dpar_status generate(dpar_mesh *mesh, dpar_array *const param[NPARAM], co
     return s;
 }
 
-/* Are the replicas of every shard of `a` bitwise identical across the mesh? */
-static int replicas_identical(dpar_mesh *mesh, dpar_array *a) {
-    int n = dpar_mesh_size(mesh), ok = 1;
-    size_t nb = dpar_buffer_nbytes(dpar_array_shard(a, 0));
-    char *x = malloc(nb ? nb : 1), *y = malloc(nb ? nb : 1);
-    for (int i = 0; i < n && ok; i++)
-        for (int j = i + 1; j < n && ok; j++) {
-            int ci[DPAR_MAX_AXES], cj[DPAR_MAX_AXES], same = 1; /* the same block: same coords on the spec's axes */
-            dpar_mesh_coords(mesh, i, ci);
-            dpar_mesh_coords(mesh, j, cj);
-            for (int d = 0; d < dpar_array_ndim(a); d++) {
-                char spec[64];
-                dpar_array_spec(a, d, spec, sizeof spec);
-                for (int ax = 0; ax < dpar_mesh_ndim(mesh); ax++)
-                    if (strstr(spec, dpar_mesh_axis_name(mesh, ax)) && ci[ax] != cj[ax]) same = 0;
-            }
-            if (!same) continue;
-            dpar_buffer_read(dpar_array_shard(a, i), 0, x, nb);
-            dpar_buffer_read(dpar_array_shard(a, j), 0, y, nb);
-            if (memcmp(x, y, nb)) ok = 0;
-        }
-    free(x);
-    free(y);
-    return ok;
-}
-
 /* ------------------------------------------------------------------ main */
 int main(int argc, char **argv) {
     gpt_opts o = { .backend = "cpu",
@@ -441,7 +415,7 @@ int main(int argc, char **argv) {
     }
     if (o.gen && generate(mesh, param, pi, o.tp, &td, "ROMEO:", o.gen)) return digits_fail("generation");
     int same = 1;
-    for (int i = 0; i < NPARAM; i++) same &= replicas_identical(mesh, param[i]);
+    for (int i = 0; i < NPARAM; i++) same &= ex_replicas_identical(mesh, param[i]);
     printf("replicated parameters bitwise identical on every device: %s\n", same ? "yes" : "NO");
     printf("final: backend=%s devices=%d model=gpt dp=%d tp=%d steps=%d train_loss=%.6f val_loss=%.6f\n", o.backend,
            o.devices, o.dp, o.tp, o.steps, train_l, val_l);
