@@ -8,22 +8,8 @@
 BUILD=${BUILD:-build}
 name=engine_vulkan
 bin="$BUILD/engine_vulkan"
-required=0
-case ",${DPAR_REQUIRE_BACKENDS:-}," in *,vulkan,*|*" vulkan"*|*"vulkan "*) required=1 ;; esac
-miss() {
-    if [ "$required" -eq 1 ]; then echo "FAIL $name: $1 (DPAR_REQUIRE_BACKENDS lists vulkan)"; exit 1; fi
-    echo "SKIPPED $name: $1"; exit 0
-}
-[ -x "$bin" ] || miss "$bin not built (needs the Vulkan headers and loader: Debian libvulkan-dev, make VULKAN=1)"
-found=0
-for d in ${VK_LAYER_PATH:-} ${XDG_DATA_DIRS:-/usr/local/share:/usr/share} /etc; do
-    for dir in $(echo "$d" | tr ':' ' '); do
-        for f in "$dir"/VkLayer_khronos_validation.json "$dir"/vulkan/explicit_layer.d/VkLayer_khronos_validation.json; do
-            [ -f "$f" ] && found=1
-        done
-    done
-done
-[ "$found" -eq 1 ] || miss "VK_LAYER_KHRONOS_validation not installed (Debian: vulkan-validationlayers)"
+binmsg=" (needs the Vulkan headers and loader: Debian libvulkan-dev, make VULKAN=1)"
+. "$(dirname "$0")/lib/vulkan_layer.sh"
 log=$(mktemp)
 VK_INSTANCE_LAYERS=VK_LAYER_KHRONOS_validation \
 VK_LAYER_ENABLES=VK_VALIDATION_FEATURE_ENABLE_SYNCHRONIZATION_VALIDATION_EXT \
