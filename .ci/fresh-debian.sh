@@ -5,7 +5,8 @@
 # committed HEAD into it and runs exactly `make run` and `make test` there, so
 # a missing install step in tools/deps.sh or the Makefile fails CI.
 # Needs root and debootstrap on the host. Env: FRESH_DEBIAN_DIR (chroot folder,
-# default .ci-work/bookworm), DEBIAN_MIRROR, DPAR_REQUIRE_BACKENDS (passed in).
+# default .ci-work/bookworm), DEBIAN_MIRROR, DPAR_REQUIRE_BACKENDS and
+# DPAR_REQUIRE_TOOLS (passed in).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -46,7 +47,7 @@ mnt -t sysfs sysfs "$root/sys"
 git clone -q --no-local "$repo" "$root/root/dpar"
 echo "== fresh-debian: make run && make test (as the README says)"
 chroot "$root" /usr/bin/env -i HOME=/root TERM=dumb PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-    DPAR_REQUIRE_BACKENDS="${DPAR_REQUIRE_BACKENDS:-}" \
+    DPAR_REQUIRE_BACKENDS="${DPAR_REQUIRE_BACKENDS:-}" DPAR_REQUIRE_TOOLS="${DPAR_REQUIRE_TOOLS:-}" \
     bash -c 'cd /root/dpar && make run && make test' 2>&1 | tee "$root.run.log"
 rc=${PIPESTATUS[0]}
 if [ "$rc" -ne 0 ]; then echo "FAIL fresh-debian: make run / make test exited with $rc"; exit 1; fi
