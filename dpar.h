@@ -149,6 +149,8 @@
    Every fallible call returns dpar_status; dpar_last_error() (thread local)
    says what went wrong, where, and how to fix it. The library never calls
    exit() or abort() on user error.
+   A destroy or release that succeeds (dpar_*_destroy, dpar_vulkan_buffer_
+   release) leaves the last error as it was: clean up, then print it.
 
    License: MIT, at the end of this file.
 */
@@ -1996,6 +1998,16 @@ static dpar_status dpar__err(dpar_status s, const char *fmt, ...) {
 static void dpar__clear_error(void) {
     dpar__err_text[0] = 0;
 }
+/* Runs a destroy or release: when it succeeds the last error is left as it was,
+   since a cleanup must not wipe the error the caller is about to print. */
+static dpar_status dpar__destroy_kept(dpar_status (*destroy)(void *obj), void *obj) {
+    char saved[DPAR__ERR_LEN];
+    size_t n = strlen(dpar__err_text) + 1;
+    memcpy(saved, dpar__err_text, n);
+    dpar_status s = destroy(obj);
+    if (!s) memcpy(dpar__err_text, saved, n);
+    return s;
+}
 
 DPAR_API const char *dpar_last_error(void) {
     return dpar__err_text;
@@ -2844,7 +2856,12 @@ DPAR_API dpar_status dpar_runtime_create(const dpar_runtime_desc *desc, dpar_run
 static void dpar__mesh_free(struct dpar_mesh *m);
 static void dpar__buffer_free(dpar_buffer *b);
 
+static dpar_status dpar__runtime_destroy(void *obj);
 DPAR_API dpar_status dpar_runtime_destroy(dpar_runtime *rt) {
+    return dpar__destroy_kept(dpar__runtime_destroy, rt);
+}
+static dpar_status dpar__runtime_destroy(void *obj) {
+    dpar_runtime *rt = (dpar_runtime *)obj;
     if (!rt) return DPAR_OK;
     if (dpar__self_worker)
         return dpar__err(DPAR_ERR_STATE,
@@ -2995,7 +3012,12 @@ DPAR_API dpar_status dpar_buffer_create(dpar_runtime *rt, int device, dpar_dtype
     return DPAR_OK;
 }
 
+static dpar_status dpar__buffer_destroy(void *obj);
 DPAR_API dpar_status dpar_buffer_destroy(dpar_buffer *b) {
+    return dpar__destroy_kept(dpar__buffer_destroy, b);
+}
+static dpar_status dpar__buffer_destroy(void *obj) {
+    dpar_buffer *b = (dpar_buffer *)obj;
     if (!b) return DPAR_OK;
     if (dpar__live_check(b, DPAR__LIVE_BUFFER, "dpar_buffer_destroy")) return DPAR_ERR_STATE;
     dpar_status s = dpar__busy(b->rt, b, "dpar_buffer_destroy");
@@ -3855,7 +3877,12 @@ DPAR_API dpar_status dpar_mesh_create(dpar_runtime *rt, const dpar_mesh_desc *de
     *out = m;
     return DPAR_OK;
 }
+static dpar_status dpar__mesh_destroy(void *obj);
 DPAR_API dpar_status dpar_mesh_destroy(dpar_mesh *m) {
+    return dpar__destroy_kept(dpar__mesh_destroy, m);
+}
+static dpar_status dpar__mesh_destroy(void *obj) {
+    dpar_mesh *m = (dpar_mesh *)obj;
     if (!m) return DPAR_OK;
     if (dpar__self_worker)
         return dpar__err(DPAR_ERR_STATE,
@@ -4002,7 +4029,12 @@ static void dpar__array_offsets(const dpar_array *a, int pos, int64_t *off) {
     }
 }
 
+static dpar_status dpar__array_destroy(void *obj);
 DPAR_API dpar_status dpar_array_destroy(dpar_array *a) {
+    return dpar__destroy_kept(dpar__array_destroy, a);
+}
+static dpar_status dpar__array_destroy(void *obj) {
+    dpar_array *a = (dpar_array *)obj;
     if (!a) return DPAR_OK;
     if (dpar__self_worker && !dpar__releasing)
         return dpar__err(DPAR_ERR_STATE,
@@ -11265,8 +11297,12 @@ DPAR_API dpar_status dpar_graph_write_dot(const dpar_graph *g, const char *path)
     return dpar__g_close("dpar_graph_write_dot", path, f);
 }
 
+static dpar_status dpar__graph_destroy(void *obj);
 DPAR_API dpar_status dpar_graph_destroy(dpar_graph *g) {
-    dpar__clear_error();
+    return dpar__destroy_kept(dpar__graph_destroy, g);
+}
+static dpar_status dpar__graph_destroy(void *obj) {
+    dpar_graph *g = (dpar_graph *)obj;
     if (!g) return DPAR_OK;
     if (dpar_in_dispatch())
         return dpar__err(DPAR_ERR_STATE, "dpar_graph_destroy: called inside a pmap/shard_map function");

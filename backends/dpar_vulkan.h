@@ -2375,8 +2375,12 @@ DPAR_API dpar_status dpar_vulkan_buffer_export(dpar_buffer *b, dpar_vulkan_expor
     return DPAR_OK;
 }
 
+static dpar_status dpar__vk_buffer_release(void *obj);
 DPAR_API dpar_status dpar_vulkan_buffer_release(dpar_buffer *b) {
-    dpar__clear_error();
+    return dpar__destroy_kept(dpar__vk_buffer_release, b);
+}
+static dpar_status dpar__vk_buffer_release(void *obj) {
+    dpar_buffer *b = (dpar_buffer *)obj;
     dpar_status s = dpar__vk_loan_check(b, "dpar_vulkan_buffer_release", 0);
     if (s) return s;
     dpar__vk *st = (dpar__vk *)b->rt->bstate;

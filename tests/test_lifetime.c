@@ -368,6 +368,59 @@ static void test_cycles_helpers_left_alive(void **state) {
     assert_int_equal(released, attached); /* each release hook ran exactly once */
 }
 
+/* ---- a destroy that succeeds keeps the last error; a second destroy fails ---- */
+static const char *const kept = "user_step: an earlier failure the caller is about to print";
+/* Sets the last error, runs a destroy that must succeed, and checks the text survived. */
+#define KEEPS(call)                                                                        \
+    do {                                                                                   \
+        (void)dpar_set_last_error(DPAR_ERR_SHAPE, "%s", kept);                             \
+        T_OK(call);                                                                        \
+        if (strcmp(dpar_last_error(), kept) != 0)                                          \
+            fail_msg("%s succeeded but changed the last error to \"%s\"", #call, dpar_last_error()); \
+    } while (0)
+static void test_destroy_keeps_error(void **state) {
+    (void)state;
+    family f;
+    family_make(&f); /* each child used once: their destroys free what they allocated lazily */
+    KEEPS(dpar_dp_destroy(f.dp));
+    KEEPS(dpar_zero1_destroy(f.z));
+    KEEPS(dpar_graph_destroy(f.g));
+    KEEPS(dpar_array_destroy(f.a));
+    KEEPS(dpar_buffer_destroy(f.b));
+    KEEPS(dpar_buffer_destroy(NULL));
+    KEEPS(dpar_mesh_destroy(f.m)); /* with its arrays p and grad */
+    KEEPS(dpar_runtime_destroy(f.rt));
+    /* parents that free children still alive: the children's frees keep it too */
+    family_make(&f);
+    KEEPS(dpar_mesh_destroy(f.m));
+    KEEPS(dpar_runtime_destroy(f.rt));
+    family_make(&f);
+    KEEPS(dpar_runtime_destroy(f.rt));
+    /* every type destroyed twice: the second call is refused (stale) and says so */
+    family_make(&f);
+    dpar_array *a2 = arr(f.m, NULL);
+    dpar_buffer *b2 = NULL;
+    int64_t one = 1;
+    T_OK(dpar_buffer_create(f.rt, 0, DPAR_F32, 1, &one, &b2));
+    T_OK(dpar_dp_destroy(f.dp));
+    T_ERR(dpar_dp_destroy(f.dp), DPAR_ERR_STATE, "dpar_dp_destroy", "stale");
+    T_OK(dpar_zero1_destroy(f.z));
+    T_ERR(dpar_zero1_destroy(f.z), DPAR_ERR_STATE, "dpar_zero1_destroy", "stale");
+    T_OK(dpar_graph_destroy(f.g));
+    T_ERR(dpar_graph_destroy(f.g), DPAR_ERR_STATE, "dpar_graph_destroy", "stale");
+    T_OK(dpar_array_destroy(a2));
+    T_ERR(dpar_array_destroy(a2), DPAR_ERR_STATE, "dpar_array_destroy", "stale");
+    T_OK(dpar_buffer_destroy(b2));
+    T_ERR(dpar_buffer_destroy(b2), DPAR_ERR_STATE, "dpar_buffer_destroy", "stale");
+    T_ERR(dpar_buffer_destroy(dpar_array_shard(f.a, 0)), DPAR_ERR_STATE, "shard of a dpar_array");
+    T_OK(dpar_mesh_destroy(f.m));
+    T_ERR(dpar_mesh_destroy(f.m), DPAR_ERR_STATE, "dpar_mesh_destroy", "stale");
+    T_ERR(dpar_array_destroy(f.a), DPAR_ERR_STATE, "dpar_array_destroy", "stale"); /* freed with its mesh */
+    T_OK(dpar_runtime_destroy(f.rt));
+    T_ERR(dpar_runtime_destroy(f.rt), DPAR_ERR_STATE, "dpar_runtime_destroy", "stale");
+    T_ERR(dpar_buffer_destroy(f.b), DPAR_ERR_STATE, "dpar_buffer_destroy", "stale"); /* freed with its runtime */
+}
+
 /* ---- dpar_handle_attach / check / detach ---- */
 static void test_handle_api(void **state) {
     (void)state;
@@ -503,6 +556,7 @@ int main(void) {
         cmocka_unit_test(test_forgotten_dp_finish),
         cmocka_unit_test(test_graph_after_mesh),
         cmocka_unit_test(test_mpi_env_ranges),
+        cmocka_unit_test(test_destroy_keeps_error),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

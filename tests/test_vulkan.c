@@ -1144,7 +1144,9 @@ static void test_export_contract(void **state) {
     memcpy(&sem, &ex.semaphore, sizeof sem);
     cj.dst = hb.buf, cj.off = ex.offset, cj.size = ex.size;
     host_submit(&h, rec_copy, &cj, sem, ex.ready_value, ex.release_value);
+    (void)dpar_set_last_error(DPAR_ERR_SHAPE, "user: kept");
     T_OK(dpar_vulkan_buffer_release(b));
+    assert_string_equal(dpar_last_error(), "user: kept"); /* a release that succeeds keeps the last error */
     T_ERR(dpar_vulkan_buffer_release(b), DPAR_ERR_STATE, "not lent");
     for (int i = 0; i < 5; i++) assert_true(hb.map[i] == 2.0f * x[i]);
     T_OK(dpar_shard_map(m, &sm)); /* 4 x, after the engine's copy */

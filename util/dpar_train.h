@@ -301,6 +301,14 @@ static dpar_status dpar_train__prefix_err(dpar_status s, const char *prefix, con
         (void)dpar_set_last_error(DPAR_OK, "%s", dpar_train__saved);                    \
     } while (0)
 
+/* The end of a destroy: when it succeeded (s == DPAR_OK) the last error goes
+   back to saved, the text before the call (a cleanup never wipes the error the
+   caller is about to print). */
+static dpar_status dpar_train__destroyed(dpar_status s, const char *saved) {
+    if (!s) (void)dpar_set_last_error(DPAR_OK, "%s", saved);
+    return s;
+}
+
 static void *dpar_train__calloc(size_t n, size_t sz) {
     size_t total = n * sz;
     if (sz && total / sz != n) return NULL;
@@ -436,9 +444,11 @@ DPAR_API dpar_status dpar_dp_create(dpar_mesh *m, const dpar_dp_desc *d, dpar_dp
 }
 DPAR_API dpar_status dpar_dp_destroy(dpar_dp *dp) {
     if (!dp) return DPAR_OK;
+    char saved[DPAR_TRAIN__ERR_LEN];
+    snprintf(saved, sizeof saved, "%s", dpar_last_error());
     dpar_status s = dpar_handle_detach(dp, "dpar_dp_destroy");
     if (!s) dpar_dp__free(dp);
-    return s;
+    return dpar_train__destroyed(s, saved);
 }
 /* Frees dp (detached: by dpar_dp_destroy, or by its mesh's destroy). */
 static void dpar_dp__free(void *self) {
@@ -798,9 +808,11 @@ static dpar_status dpar_zero1__region_copy(dpar_buffer *dst, size_t doff, const 
 static void dpar_zero1__free(void *self);
 DPAR_API dpar_status dpar_zero1_destroy(dpar_zero1 *z) {
     if (!z) return DPAR_OK;
+    char saved[DPAR_TRAIN__ERR_LEN];
+    snprintf(saved, sizeof saved, "%s", dpar_last_error());
     dpar_status s = dpar_handle_detach(z, "dpar_zero1_destroy");
     if (!s) dpar_zero1__free(z);
-    return s;
+    return dpar_train__destroyed(s, saved);
 }
 /* Frees z (detached: by dpar_zero1_destroy, or by its mesh's destroy). */
 static void dpar_zero1__free(void *self) {
