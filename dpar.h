@@ -13301,6 +13301,7 @@ static dpar_status dpar__cpu_op_relu_bwd(DPAR__CPU_OP_ARGS) {
     for (; i < n; i++) y[i] = x1[i] > 0.0f ? x0[i] : 0.0f;
     return DPAR_OK;
 }
+enum { DPAR__XENT_ROW_CACHE = 512 }; /* classes whose exp values dpar__cpu_op_softmax_xent keeps (4 KiB) */
 static dpar_status dpar__cpu_op_softmax_xent(DPAR__CPU_OP_ARGS) {
     DPAR__CPU_OP_UNUSED;
     const int32_t *lab = (const int32_t *)op->src1->mem;
@@ -13322,8 +13323,15 @@ static dpar_status dpar__cpu_op_softmax_xent(DPAR__CPU_OP_ARGS) {
         }
         float mx = -INFINITY;
         for (int64_t j = 0; j < C; j++) mx = (z[j] > mx || z[j] != z[j]) ? z[j] : mx;
-        double se = 0.0, zsum = 0.0;
-        for (int64_t j = 0; j < C; j++) se += exp((double)z[j] - (double)mx);
+        /* exp(z - mx) once per element when the row fits the stack cache: the gradient reuses the same
+           doubles (libm's exp dominated this op when it ran twice per element) */
+        double e[DPAR__XENT_ROW_CACHE], se = 0.0, zsum = 0.0;
+        const bool cached = C <= DPAR__XENT_ROW_CACHE;
+        for (int64_t j = 0; j < C; j++) {
+            double ej = exp((double)z[j] - (double)mx);
+            if (cached) e[j] = ej;
+            se += ej;
+        }
         if (a != 0.0)
             for (int64_t j = 0; j < C; j++) zsum += (double)z[j] - (double)mx;
         /* relative to the max: (mx - z_l) + log(se) and exp(z - mx) / se stay exact for
@@ -13335,7 +13343,8 @@ static dpar_status dpar__cpu_op_softmax_xent(DPAR__CPU_OP_ARGS) {
             total += (1.0 - a) * (((double)mx - (double)z[l]) + lse_rel) + a * (lse_rel - zsum / (double)C);
         if (g)
             for (int64_t j = 0; j < C; j++) {
-                double p = exp((double)z[j] - (double)mx) / se, q = (j == l ? 1.0 - a : 0.0) + a / (double)C;
+                double ej = cached ? e[j] : exp((double)z[j] - (double)mx);
+                double p = ej / se, q = (j == l ? 1.0 - a : 0.0) + a / (double)C;
                 g[i * C + j] = (float)((p - q) / (double)counted);
             }
     }
