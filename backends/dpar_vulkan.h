@@ -1100,10 +1100,8 @@ static dpar_status dpar__vk_create_device(dpar__vk *st, dpar__vkphys *ph, int nq
     return DPAR_OK;
 }
 
-/* Properties, VkDevice with `nq` queues, layouts and the dummy buffer of one
-   physical device. */
-static dpar_status dpar__vk_init_phys(dpar__vk *st, const dpar_runtime_desc *desc, dpar__vkphys *ph, int nq) {
-    VkResult vr;
+/* Properties, driver name, memory types and the mapping policy of one physical device. */
+static void dpar__vk_query_phys(dpar__vk *st, dpar__vkphys *ph) {
     VkPhysicalDeviceDriverProperties drv;
     memset(&drv, 0, sizeof drv);
     drv.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DRIVER_PROPERTIES;
@@ -1141,14 +1139,12 @@ static dpar_status dpar__vk_init_phys(dpar__vk *st, const dpar_runtime_desc *des
     }
     ph->prefer_mappable =
         !st->force_staging && (ph->props.deviceType != VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU || cached_dl);
-    dpar_status s =
-        st->adopted ? dpar__vk_adopt_device(st, &desc->vulkan.external, ph) : dpar__vk_create_device(st, ph, nq);
-    if (s) return s;
-    pthread_mutex_init(&ph->pipe_lock, NULL);
-    ph->pipe_lock_init = 1;
+}
 
-    /* one descriptor set layout / pipeline layout for every shader; more bindings than the stage
-       allows would be invalid usage, not a reported error */
+/* One descriptor set layout and pipeline layout for every shader; more bindings than the stage
+   allows would be invalid usage, not a reported error. */
+static dpar_status dpar__vk_create_layouts(dpar__vk *st, dpar__vkphys *ph) {
+    VkResult vr;
     if (ph->props.limits.maxPerStageDescriptorStorageBuffers < DPAR__VK_BINDINGS)
         return dpar__err(DPAR_ERR_BACKEND,
                          "vulkan: %s allows %u storage buffers per shader stage; dpar's shaders bind %d "
@@ -1182,7 +1178,20 @@ static dpar_status dpar__vk_init_phys(dpar__vk *st, const dpar_runtime_desc *des
     pli.pPushConstantRanges = &pcr;
     if ((vr = st->vkCreatePipelineLayout(ph->device, &pli, st->alloc, &ph->layout)) != VK_SUCCESS)
         return dpar__vk_fail(st, vr, "vkCreatePipelineLayout", "%s", ph->props.deviceName);
-    return dpar__vk_create_vkbuf(st, ph, 0, 16, 0, &ph->dummy);
+    return DPAR_OK;
+}
+
+/* Properties, VkDevice with `nq` queues (or the engine's, adopted), layouts and the dummy buffer of
+   one physical device. */
+static dpar_status dpar__vk_init_phys(dpar__vk *st, const dpar_runtime_desc *desc, dpar__vkphys *ph, int nq) {
+    dpar__vk_query_phys(st, ph);
+    dpar_status s =
+        st->adopted ? dpar__vk_adopt_device(st, &desc->vulkan.external, ph) : dpar__vk_create_device(st, ph, nq);
+    if (s) return s;
+    pthread_mutex_init(&ph->pipe_lock, NULL);
+    ph->pipe_lock_init = 1;
+    s = dpar__vk_create_layouts(st, ph);
+    return s ? s : dpar__vk_create_vkbuf(st, ph, 0, 16, 0, &ph->dummy);
 }
 
 /* >>vulkan init ==============================================================
