@@ -8523,6 +8523,8 @@ typedef struct dpar__gnode {
     size_t attr_sz;    /* bytes of attr (0: unknown, the node is not recomputed) */
     int remat;         /* > 0: made inside remat segment `remat` (>>graph remat) */
     int remat_of;      /* > 0: the backward's recomputed copy of that forward node */
+    int fused;         /* compiled: a loss, > 0: its gradient node, computed in the same pass; the gradient
+                          node, < 0: minus the loss that computes it (dpar__g_fuse_losses) */
 } dpar__gnode;
 
 typedef struct dpar__gopt {
@@ -10240,7 +10242,7 @@ static dpar_status dpar__g_exec_optim(dpar_graph *g, dpar_ctx *ctx, int li, cons
     xd.label_smoothing = nd->fp;
     uint64_t seed = (uint64_t)(uint32_t)nd->ip[0] | ((uint64_t)(uint32_t)nd->ip[1] << 32);
     switch (nd->kind) {
-    case DPAR__G_XENT_IGN: return dpar_cross_entropy(y, NULL, a, b, &xd);
+    case DPAR__G_XENT_IGN: return dpar_cross_entropy(y, nd->fused ? dpar__g_buf(g, nd->fused, li) : NULL, a, b, &xd);
     case DPAR__G_XENT_IGN_GRAD: return dpar_cross_entropy(g->scratch[li], y, a, b, &xd);
     case DPAR__G_EMBED: return dpar_embedding(y, a, b);
     case DPAR__G_EMBED_GRAD: return dpar_embedding_backward(y, a, b, 0.0f);
@@ -10802,6 +10804,28 @@ static dpar_status dpar__g_assign(dpar_graph *g, dpar__gplan *p, int i) {
 static void dpar__g_release(const dpar_graph *g, dpar__gplan *p, int j, int i) {
     if (j > 0 && p->pooled[j] && p->last[j] == i && g->n[j].slot >= 0) p->sfree[g->n[j].slot] = true;
 }
+/* A loss and its gradient node read the same logits and labels (the rules of >>graph grad make the
+   gradient a separate node): the loss node computes both in one pass, as the eager step does, so the
+   softmax (or the difference) is evaluated once per step; the gradient's buffer is then live from the
+   loss node on (dpar__g_plan). Remat copies only match their own gradient nodes. */
+static bool dpar__g_fusable(const dpar__gnode *loss, const dpar__gnode *grad) {
+    bool kinds = (loss->kind == DPAR__G_XENT && grad->kind == DPAR__G_XENT_GRAD) ||
+                 (loss->kind == DPAR__G_MSE && grad->kind == DPAR__G_MSE_GRAD) ||
+                 (loss->kind == DPAR__G_XENT_IGN && grad->kind == DPAR__G_XENT_IGN_GRAD &&
+                  loss->ip[0] == grad->ip[0] && loss->ip[1] == grad->ip[1] && loss->fp == grad->fp);
+    return kinds && loss->fused == 0 && loss->in[0] == grad->in[0] && loss->in[1] == grad->in[1];
+}
+static void dpar__g_fuse_losses(dpar_graph *g) {
+    for (int j = 1; j < g->count; j++) {
+        int k = g->n[j].kind;
+        if (k != DPAR__G_XENT_GRAD && k != DPAR__G_MSE_GRAD && k != DPAR__G_XENT_IGN_GRAD) continue;
+        for (int i = j - 1; i >= 1; i--)
+            if (dpar__g_fusable(&g->n[i], &g->n[j]) && g->n[i].stage == g->n[j].stage) {
+                g->n[i].fused = j, g->n[j].fused = -i;
+                break;
+            }
+    }
+}
 static dpar_status dpar__g_plan(dpar_graph *g) {
     int c = g->count;
     dpar__gplan p;
@@ -10826,7 +10850,8 @@ static dpar_status dpar__g_plan(dpar_graph *g) {
             if (g->n[i].kind == DPAR__G_SGD)
                 for (int k = 0; k < g->opt.n; k++) p.last[g->opt.grads[k]] = i;
         for (int i = 1; i < c && !s; i++) {
-            s = dpar__g_assign(g, &p, i);
+            if (g->n[i].fused >= 0) s = dpar__g_assign(g, &p, i); /* a fused gradient: assigned with its loss */
+            if (!s && g->n[i].fused > 0) s = dpar__g_assign(g, &p, g->n[i].fused);
             for (int j = 0; j < g->n[i].nin; j++) dpar__g_release(g, &p, g->n[i].in[j], i);
             for (int k = 0; g->n[i].kind == DPAR__G_SGD && k < g->opt.n; k++)
                 dpar__g_release(g, &p, g->opt.grads[k], i);
@@ -10902,6 +10927,7 @@ DPAR_API dpar_status dpar_graph_compile(dpar_graph *g, dpar_graph_stats *stats) 
     memset(&g->stats, 0, sizeof g->stats);
     dpar_status s = g->pp ? dpar__g_pipe_check(g) : DPAR_OK;
     if (s) return s;
+    dpar__g_fuse_losses(g);
     s = dpar__g_plan(g);
     if (!s) s = dpar__g_state(g);
     if (!s && g->pp) s = dpar__g_pipe_alloc(g);
@@ -10981,6 +11007,7 @@ static dpar_status dpar__g_wait_all(dpar_graph *g, dpar_ctx *ctx, int li) {
 static dpar_status dpar__g_exec(dpar_graph *g, dpar_ctx *ctx, int li, int i) {
     const dpar__gnode *nd = &g->n[i];
     if (nd->kind == DPAR__G_FEED || nd->kind == DPAR__G_PARAM || nd->kind == DPAR__G_CONST) return DPAR_OK;
+    if (nd->fused < 0) return DPAR_OK; /* written by its loss node */
     if (nd->async) /* a gradient's reduction overlaps the rest of the backward pass (DDP's buckets, one per grad) */
         return dpar_preduce_start(ctx, dpar__g_buf(g, i, li), dpar__g_buf(g, nd->in[0], li), nd->axes_str,
                                   nd->kind == DPAR__G_PMEAN ? DPAR_MEAN : DPAR_SUM, &g->reqs[i * g->nlocal + li]);
@@ -11010,9 +11037,9 @@ static dpar_status dpar__g_exec(dpar_graph *g, dpar_ctx *ctx, int li, int i) {
     case DPAR__G_BIAS_GRAD: return dpar_bias_grad(y, a, 0.0f);
     case DPAR__G_RELU: return dpar_relu(y, a);
     case DPAR__G_RELU_GRAD: return dpar_relu_backward(y, a, b);
-    case DPAR__G_XENT: return dpar_softmax_xent(y, NULL, a, b);
+    case DPAR__G_XENT: return dpar_softmax_xent(y, nd->fused ? dpar__g_buf(g, nd->fused, li) : NULL, a, b);
     case DPAR__G_XENT_GRAD: return dpar_softmax_xent(g->scratch[li], y, a, b);
-    case DPAR__G_MSE: return dpar_mse(y, NULL, a, b);
+    case DPAR__G_MSE: return dpar_mse(y, nd->fused ? dpar__g_buf(g, nd->fused, li) : NULL, a, b);
     case DPAR__G_MSE_GRAD: return dpar_mse(g->scratch[li], y, a, b);
     case DPAR__G_ADD: return (s = dpar_copy(y, a)) ? s : dpar_axpy(y, 1.0f, b);
     case DPAR__G_SCALE: return (s = dpar_copy(y, a)) ? s : dpar_scale(y, nd->fp);
