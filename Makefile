@@ -72,7 +72,7 @@ $(BUILD)/cpp_example: examples/cpp_example.cpp $(BUILD)/dpar.o
 $(BUILD)/engine_vulkan: examples/engine_vulkan.cpp $(BUILD)/dpar.o
 	$(CXX) $(CXXSTD) $(CPPFLAGS) $(IMPL_DEFS) $(CFLAGS) $(WARN) $< $(BUILD)/dpar.o -o $@ $(LDFLAGS) $(IMPL_LIBS) -lvulkan -lz $(LDLIBS)
 
-$(BUILD)/%: bench/%.c util/dpar_train.h $(BUILD)/dpar.o
+$(BUILD)/%: bench/%.c bench/bench_util.h util/dpar_train.h $(BUILD)/dpar.o
 	$(CC) $(CSTD) $(CPPFLAGS) $(IMPL_DEFS) $(CFLAGS) $(WARN) $< $(BUILD)/dpar.o -o $@ $(LDFLAGS) $(IMPL_LIBS) -lz $(LDLIBS)
 
 $(BUILD):

@@ -53,134 +53,10 @@
    A backend that is not available prints "skip,<backend>,<reason>" and is
    left out (not an error). DPAR_TRACE=file.json traces the run. */
 #include "dpar.h"
-#include <pthread.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <time.h>
-#if defined(__GNUC__) && defined(__x86_64__)
-#include <immintrin.h>
-#define BENCH_X86 1
-#endif
-
-/* --clock cpu: the process's CPU time divided by the threads at work (the
-   devices' or the stream kernel's): on a machine far more loaded than it has
-   cores, the wall clock mostly measures the wait for a core */
-static clockid_t clock_id = CLOCK_MONOTONIC;
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(clock_id, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+#include "bench_util.h" /* clock, median, the stream kernels */
 
 enum { OP_ALLREDUCE, OP_ALLGATHER, OP_REDUCESCATTER, OP_BROADCAST, OP_ALLTOALL, OP_COUNT };
 static const char *op_names[OP_COUNT] = { "allreduce", "allgather", "reducescatter", "broadcast", "alltoall" };
-enum { MAX_ALTS = 64 };
-#define STREAM_CAP ((int64_t)256 << 20) /* 8x the 32 MB L3 of the machine this was written on */
-
-/* ---- the stream kernels: n threads, each over its own arrays */
-typedef struct {
-    float *x, *y, *z; /* copy: z = x; add: z = x + y */
-    int64_t len;      /* floats per array */
-    int add, nt, iters;
-    pthread_barrier_t *bar;
-    double t;
-} st_arg;
-
-#ifdef BENCH_X86
-__attribute__((target("avx2"))) static void st_pass_avx2(const st_arg *a) {
-    int64_t i = 0, n = a->len & ~(int64_t)15;
-    if (a->add && a->nt)
-        for (; i < n; i += 8)
-            _mm256_stream_ps(a->z + i, _mm256_add_ps(_mm256_load_ps(a->x + i), _mm256_load_ps(a->y + i)));
-    else if (a->add)
-        for (; i < n; i += 8)
-            _mm256_store_ps(a->z + i, _mm256_add_ps(_mm256_load_ps(a->x + i), _mm256_load_ps(a->y + i)));
-    else if (a->nt)
-        for (; i < n; i += 8) _mm256_stream_ps(a->z + i, _mm256_load_ps(a->x + i));
-    else
-        for (; i < n; i += 8) _mm256_store_ps(a->z + i, _mm256_load_ps(a->x + i));
-    if (a->nt) _mm_sfence();
-    for (; i < a->len; i++) a->z[i] = a->x[i] + (a->add ? a->y[i] : 0.0f);
-}
-#endif
-static void st_pass(const st_arg *a) {
-#ifdef BENCH_X86
-    if (__builtin_cpu_supports("avx2")) {
-        st_pass_avx2(a);
-        return;
-    }
-#endif
-    for (int64_t i = 0; i < a->len; i++) a->z[i] = a->x[i] + (a->add ? a->y[i] : 0.0f);
-}
-static void *st_main(void *p) {
-    st_arg *a = (st_arg *)p;
-    st_pass(a); /* warm-up */
-    pthread_barrier_wait(a->bar);
-    double t0 = now_s();
-    for (int i = 0; i < a->iters; i++) {
-        st_pass(a);
-        __asm__ __volatile__("" ::: "memory");
-    }
-    pthread_barrier_wait(a->bar); /* thread 0's time covers every thread's passes */
-    a->t = now_s() - t0;
-    return NULL;
-}
-typedef struct {
-    int threads, add;
-    int64_t footprint; /* bytes of all arrays together */
-    float *mem;
-    st_arg a[DPAR_MAX_DEVICES];
-} stream_set;
-static int stream_init(stream_set *s, int threads, int add, int64_t moved) {
-    memset(s, 0, sizeof *s);
-    s->threads = threads;
-    s->add = add;
-    int64_t fp = moved < STREAM_CAP ? moved : STREAM_CAP, arrays = add ? 3 : 2;
-    int64_t len = fp / 4 / arrays / threads;
-    len = (len + 15) & ~(int64_t)15; /* 64-byte multiples: every array stays aligned */
-    if (len < 16) len = 16;
-    s->footprint = len * 4 * arrays * threads;
-    s->mem = (float *)aligned_alloc(64, (size_t)s->footprint);
-    if (!s->mem) return -1;
-    for (int64_t i = 0; i < s->footprint / 4; i++) s->mem[i] = (float)(i & 7);
-    for (int t = 0; t < threads; t++) {
-        float *base = s->mem + (int64_t)t * arrays * len;
-        s->a[t].x = base;
-        s->a[t].y = add ? base + len : base;
-        s->a[t].z = base + (arrays - 1) * len;
-        s->a[t].len = len;
-        s->a[t].add = add;
-    }
-    return 0;
-}
-/* seconds per pass of all threads over the footprint */
-static double stream_trial(stream_set *s, int nt, int iters) {
-    pthread_t th[DPAR_MAX_DEVICES];
-    pthread_barrier_t bar;
-    pthread_barrier_init(&bar, NULL, (unsigned)s->threads);
-    for (int t = 0; t < s->threads; t++) {
-        s->a[t].nt = nt;
-        s->a[t].iters = iters;
-        s->a[t].bar = &bar;
-        pthread_create(&th[t], NULL, st_main, &s->a[t]);
-    }
-    for (int t = 0; t < s->threads; t++) pthread_join(th[t], NULL);
-    pthread_barrier_destroy(&bar);
-    return s->a[0].t / iters / (clock_id == CLOCK_MONOTONIC ? 1 : s->threads);
-}
-/* bytes read + written per second: the faster of ordinary and streaming stores */
-static double stream_bw(stream_set *s, double target) {
-    double best = 0;
-    for (int nt = 0; nt < 2; nt++) {
-        double per = stream_trial(s, nt, 1);
-        int iters = (int)(target / (per > 1e-7 ? per : 1e-7));
-        iters = iters < 1 ? 1 : iters > 20000 ? 20000 : iters;
-        double bw = (double)s->footprint / stream_trial(s, nt, iters);
-        if (bw > best) best = bw;
-    }
-    return best;
-}
 
 /* ---- dpar: one trial = `iters` collectives between two barrier psums */
 typedef struct {
@@ -213,15 +89,6 @@ static dpar_status bench_fn(dpar_ctx *ctx, void *user) {
     if ((s = dpar_psum(ctx, t, t, "data"))) return s;
     if (dev == 0) j->elapsed = now_s() - t0;
     return DPAR_OK;
-}
-
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 static int make_arr(dpar_mesh *m, int64_t global, dpar_array **out) {

@@ -26,25 +26,10 @@
 
    bench_matmul [--shapes S1,S2,...] [--threads T] [--time SECONDS] [--alts N] [--clock wall|cpu] */
 #include "dpar.h"
-#include <dlfcn.h>
+#include "bench_util.h" /* clock, median, OpenBLAS */
 #include <math.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <time.h>
 
-static clockid_t clock_id = CLOCK_MONOTONIC; /* --clock cpu: CLOCK_THREAD_CPUTIME_ID */
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(clock_id, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-enum { MAX_ALTS = 64 };
-typedef void (*sgemm_fn)(int, int, int, int, int, int, float, const float *, int, const float *, int, float, float *,
-                         int);
 static sgemm_fn blas_sgemm;
-enum { ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112 }; /* CBLAS's enum values */
 
 typedef struct {
     int64_t M, N, K;
@@ -65,21 +50,8 @@ static dpar_status mm_fn(dpar_ctx *ctx, void *user) {
     j->elapsed = now_s() - t0;
     return DPAR_OK;
 }
-static double blas_trial(const mm_job *j, const float *a, const float *b, float *c, int iters) {
-    double t0 = now_s();
-    for (int i = 0; i < iters; i++)
-        blas_sgemm(ROW_MAJOR, j->ta ? TRANS : NO_TRANS, j->tb ? TRANS : NO_TRANS, (int)j->M, (int)j->N, (int)j->K, 1.0f,
-                   a, j->ta ? (int)j->M : (int)j->K, b, j->tb ? (int)j->K : (int)j->N, 0.0f, c, (int)j->N);
-    return now_s() - t0;
-}
-
-static int cmp_d(const void *x, const void *y) {
-    double p = *(const double *)x, q = *(const double *)y;
-    return p < q ? -1 : p > q;
-}
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+static double mm_blas(const mm_job *j, const float *a, const float *b, float *c, int iters) {
+    return blas_trial(blas_sgemm, j->M, j->N, j->K, j->ta, j->tb, a, b, c, iters);
 }
 
 static int parse_shape(const char *s, mm_job *j) {
@@ -124,8 +96,8 @@ static int run_shape(dpar_runtime *rt, dpar_mesh *mesh, const char *shape, int t
         fprintf(stderr, "bench_matmul %s: %s\n", shape, dpar_last_error());
         goto out;
     }
-    double per = j.elapsed > 1e-7 ? j.elapsed : 1e-7, pb = blas_trial(&j, a, b, c, 1);
-    pb = blas_trial(&j, a, b, c, 1);
+    double per = j.elapsed > 1e-7 ? j.elapsed : 1e-7, pb = mm_blas(&j, a, b, c, 1);
+    pb = mm_blas(&j, a, b, c, 1);
     int iters = (int)(target / alts / 2 / (per > pb ? per : pb));
     j.iters = iters < 1 ? 1 : iters > 100000 ? 100000 : iters;
     double td[MAX_ALTS], tbl[MAX_ALTS], r[MAX_ALTS];
@@ -135,7 +107,7 @@ static int run_shape(dpar_runtime *rt, dpar_mesh *mesh, const char *shape, int t
             goto out;
         }
         td[k] = j.elapsed / j.iters;
-        tbl[k] = blas_trial(&j, a, b, c, j.iters) / j.iters;
+        tbl[k] = mm_blas(&j, a, b, c, j.iters) / j.iters;
         r[k] = tbl[k] / td[k];
     }
     double flop = 2.0 * (double)j.M * (double)j.N * (double)j.K, tdm = median(td, alts), tbm = median(tbl, alts),
@@ -192,18 +164,11 @@ int main(int argc, char **argv) {
                 MAX_ALTS);
         return 2;
     }
-    const char *lib = getenv("BENCH_OPENBLAS") ? getenv("BENCH_OPENBLAS") : "libopenblas.so.0";
-    void *h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
-    void (*set_threads)(int) = NULL;
-    if (h) {
-        *(void **)&blas_sgemm = dlsym(h, "cblas_sgemm");
-        *(void **)&set_threads = dlsym(h, "openblas_set_num_threads");
-    }
-    if (!blas_sgemm || !set_threads) {
+    const char *lib;
+    if (!(blas_sgemm = blas_open(threads, &lib))) {
         printf("skip,openblas,%s not found (apt-get install libopenblas0-pthread)\n", lib);
         return 0;
     }
-    set_threads(threads);
     char nth[16];
     snprintf(nth, sizeof nth, "%d", threads);
     setenv("DPAR_CPU_THREADS", nth, 1);

@@ -1,0 +1,218 @@
+/* bench_util.h — the pieces the benchmarks share (include after dpar.h):
+
+     >>bench clock    now_s() on clock_id (CLOCK_MONOTONIC; a program's
+                      --clock cpu sets a CPU-time clock instead)
+     >>bench median   median() of a trial array (sorts it: v[0] is then the min)
+     >>bench stream   the stream kernels that measure this machine's memory
+                      bandwidth in the same run: copy (z = x) or add
+                      (z = x + y), n threads each over its own arrays, the
+                      faster of non-temporal and ordinary stores (a
+                      footprint that fits in the cache is bounded by the
+                      cache, not by DRAM). stream_init sizes the arrays for
+                      a footprint; stream_bw returns bytes read + written per
+                      second.
+     >>bench openblas cblas_sgemm opened at run time (libopenblas.so.0,
+                      Debian's libopenblas0-pthread; BENCH_OPENBLAS=path
+                      overrides) and timed by blas_trial.
+
+   Every function is static inline: a program that leaves one unused gets
+   no warning. */
+#ifndef DPAR_BENCH_UTIL_H
+#define DPAR_BENCH_UTIL_H
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#if defined(__GNUC__) && defined(__x86_64__)
+#include <immintrin.h>
+#define BENCH_X86 1
+#endif
+
+/* >>bench clock ============================================================ */
+static clockid_t clock_id = CLOCK_MONOTONIC;
+static inline double now_s(void) {
+    struct timespec ts;
+    clock_gettime(clock_id, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* >>bench median =========================================================== */
+enum { MAX_ALTS = 64 };
+static inline int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+static inline double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_d);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* >>bench stream =========================================================== */
+#define STREAM_CAP ((int64_t)256 << 20) /* 8x the 32 MB L3 of the machine this was written on */
+enum { STREAM_MAX_THREADS = DPAR_MAX_DEVICES }; /* one per device at most */
+typedef struct {
+    float *x, *y, *z; /* copy: z = x; add: z = x + y */
+    int64_t len;      /* floats per array */
+    int add, nt, iters;
+    pthread_barrier_t *bar;
+    double t;
+} st_arg;
+
+#ifdef BENCH_X86
+__attribute__((target("avx2"))) static inline void st_pass_avx2(const st_arg *a) {
+    int64_t i = 0, n = a->len & ~(int64_t)15;
+    if (a->add && a->nt)
+        for (; i < n; i += 8)
+            _mm256_stream_ps(a->z + i, _mm256_add_ps(_mm256_load_ps(a->x + i), _mm256_load_ps(a->y + i)));
+    else if (a->add)
+        for (; i < n; i += 8)
+            _mm256_store_ps(a->z + i, _mm256_add_ps(_mm256_load_ps(a->x + i), _mm256_load_ps(a->y + i)));
+    else if (a->nt)
+        for (; i < n; i += 8) _mm256_stream_ps(a->z + i, _mm256_load_ps(a->x + i));
+    else
+        for (; i < n; i += 8) _mm256_store_ps(a->z + i, _mm256_load_ps(a->x + i));
+    if (a->nt) _mm_sfence();
+    for (; i < a->len; i++) a->z[i] = a->x[i] + (a->add ? a->y[i] : 0.0f);
+}
+#endif
+static inline void st_pass(const st_arg *a) {
+#ifdef BENCH_X86
+    if (__builtin_cpu_supports("avx2")) {
+        st_pass_avx2(a);
+        return;
+    }
+#endif
+    for (int64_t i = 0; i < a->len; i++) a->z[i] = a->x[i] + (a->add ? a->y[i] : 0.0f);
+}
+static inline void *st_main(void *p) {
+    st_arg *a = (st_arg *)p;
+    st_pass(a); /* warm-up */
+    pthread_barrier_wait(a->bar);
+    double t0 = now_s();
+    for (int i = 0; i < a->iters; i++) {
+        st_pass(a);
+        __asm__ __volatile__("" ::: "memory");
+    }
+    pthread_barrier_wait(a->bar); /* thread 0's time covers every thread's passes */
+    a->t = now_s() - t0;
+    return NULL;
+}
+typedef struct {
+    int threads, add;
+    int64_t footprint; /* bytes of all arrays together */
+    float *mem;
+    st_arg a[STREAM_MAX_THREADS];
+} stream_set;
+/* arrays for `threads` threads over a footprint of `moved` bytes (capped at
+   STREAM_CAP, at least 64 bytes per array); -1 when out of memory */
+static inline int stream_init(stream_set *s, int threads, int add, int64_t moved) {
+    memset(s, 0, sizeof *s);
+    threads = threads < 1 ? 1 : threads > STREAM_MAX_THREADS ? STREAM_MAX_THREADS : threads;
+    s->threads = threads;
+    s->add = add;
+    int64_t fp = moved < STREAM_CAP ? moved : STREAM_CAP, arrays = add ? 3 : 2;
+    int64_t len = fp / 4 / arrays / threads;
+    len = (len + 15) & ~(int64_t)15; /* 64-byte multiples: every array stays aligned */
+    if (len < 16) len = 16;
+    s->footprint = len * 4 * arrays * threads;
+    s->mem = (float *)aligned_alloc(64, (size_t)s->footprint);
+    if (!s->mem) return -1;
+    for (int64_t i = 0; i < s->footprint / 4; i++) s->mem[i] = (float)(i & 7);
+    for (int t = 0; t < threads; t++) {
+        float *base = s->mem + (int64_t)t * arrays * len;
+        s->a[t].x = base;
+        s->a[t].y = add ? base + len : base;
+        s->a[t].z = base + (arrays - 1) * len;
+        s->a[t].len = len;
+        s->a[t].add = add;
+    }
+    return 0;
+}
+/* seconds per pass of all threads over the footprint */
+static inline double stream_trial(stream_set *s, int nt, int iters) {
+    pthread_t th[STREAM_MAX_THREADS];
+    pthread_barrier_t bar;
+    pthread_barrier_init(&bar, NULL, (unsigned)s->threads);
+    for (int t = 0; t < s->threads; t++) {
+        s->a[t].nt = nt;
+        s->a[t].iters = iters;
+        s->a[t].bar = &bar;
+        if (s->threads > 1) pthread_create(&th[t], NULL, st_main, &s->a[t]);
+    }
+    if (s->threads == 1) st_main(&s->a[0]); /* on this thread: no start-up cost on a loaded machine */
+    for (int t = 0; t < s->threads && s->threads > 1; t++) pthread_join(th[t], NULL);
+    pthread_barrier_destroy(&bar);
+    return s->a[0].t / iters / (clock_id == CLOCK_MONOTONIC ? 1 : s->threads);
+}
+/* bytes read + written per second, over about `target` seconds: the faster
+   of ordinary and streaming stores */
+static inline double stream_bw(stream_set *s, double target) {
+    double best = 0;
+    for (int nt = 0; nt < 2; nt++) {
+        double per = stream_trial(s, nt, 1);
+        int iters = (int)(target / (per > 1e-7 ? per : 1e-7));
+        iters = iters < 1 ? 1 : iters > 20000 ? 20000 : iters;
+        double bw = (double)s->footprint / stream_trial(s, nt, iters);
+        if (bw > best) best = bw;
+    }
+    return best;
+}
+/* The best bytes per second of three kernels over a set made with add = 1:
+   copy (z = x: 2 accesses an element), add (z = x + y: 3) and in place
+   (z = z + x: 3, and no read-for-ownership of z, which an in-place op such
+   as an optimizer step does not pay either), each with ordinary and
+   streaming stores. The most favourable access mix bounds any op's. */
+static inline double stream_bw_best(stream_set *s, double target) {
+    double best = 0;
+    for (int kind = 0; kind < 3; kind++) {
+        for (int t = 0; t < s->threads; t++) {
+            s->a[t].add = kind > 0;
+            s->a[t].y = kind == 2 ? s->a[t].z : s->a[t].z - s->a[t].len; /* add: y is the middle array */
+        }
+        double per_pass = (double)s->threads * (double)s->a[0].len * 4.0 * (kind ? 3 : 2);
+        for (int nt = 0; nt < 2; nt++) {
+            double one = stream_trial(s, nt, 1);
+            int iters = (int)(target / 6 / (one > 1e-7 ? one : 1e-7));
+            iters = iters < 1 ? 1 : iters > 20000 ? 20000 : iters;
+            double bw = per_pass / stream_trial(s, nt, iters);
+            if (bw > best) best = bw;
+        }
+    }
+    for (int t = 0; t < s->threads; t++) { /* back to the set's own kernel */
+        s->a[t].add = s->add;
+        s->a[t].y = s->a[t].z - s->a[t].len;
+    }
+    return best;
+}
+
+/* >>bench openblas ========================================================= */
+typedef void (*sgemm_fn)(int, int, int, int, int, int, float, const float *, int, const float *, int, float, float *,
+                         int);
+enum { ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112 }; /* CBLAS's enum values */
+/* cblas_sgemm of OpenBLAS with `threads` threads; NULL (and *lib the name
+   tried) when the library or a symbol is missing */
+static inline sgemm_fn blas_open(int threads, const char **lib) {
+    *lib = getenv("BENCH_OPENBLAS") ? getenv("BENCH_OPENBLAS") : "libopenblas.so.0";
+    void *h = dlopen(*lib, RTLD_NOW | RTLD_LOCAL);
+    sgemm_fn f = NULL;
+    void (*set_threads)(int) = NULL;
+    if (h) {
+        *(void **)&f = dlsym(h, "cblas_sgemm");
+        *(void **)&set_threads = dlsym(h, "openblas_set_num_threads");
+    }
+    if (!f || !set_threads) return NULL;
+    set_threads(threads);
+    return f;
+}
+/* seconds for `iters` row-major products C[M,N] = op(A)[M,K] op(B)[K,N] */
+static inline double blas_trial(sgemm_fn f, int64_t M, int64_t N, int64_t K, int ta, int tb, const float *a,
+                                const float *b, float *c, int iters) {
+    double t0 = now_s();
+    for (int i = 0; i < iters; i++)
+        f(ROW_MAJOR, ta ? TRANS : NO_TRANS, tb ? TRANS : NO_TRANS, (int)M, (int)N, (int)K, 1.0f, a,
+          ta ? (int)M : (int)K, b, tb ? (int)K : (int)N, 0.0f, c, (int)N);
+    return now_s() - t0;
+}
+#endif
