@@ -1,7 +1,7 @@
 """Turns the rows bench/run.sh collected into bench/results/collectives.csv,
-matmul.csv, train.csv, results.md and busbw.png / train.png (when matplotlib
+matmul.csv, train.csv, ops.csv, results.md and busbw.png / train.png (when matplotlib
 is there), and prints the closing "summary:" line. Exits 1 when a collective
-is above 100% of its memory-traffic limit (the measurement is broken).
+or an op is above 100% of its memory-traffic limit (the measurement is broken).
 
     python bench/report.py RAW_ROWS OUT_DIR
 
@@ -10,6 +10,9 @@ Rows (CSV, no header):
   pair,alternation,<a coll row of dpar or MPI, up to busbw>                       (all-reduce vs MPI)
   mm,shape,threads,dpar_us,dpar_gflops,blas_us,blas_gflops,ratio,ratio_min,ratio_max,alts  (bench_matmul)
   train,framework,model,devices,batch,step_ms,samples_per_s[,note]
+  ops,backend,op,dtype,shape,threads,time_us,GBps,stream_GBps,pct_stream,min,max,gflops,blas_gflops,
+      pct_blas,min,max,alts                                                      (bench_ops; GEMM columns may be empty)
+  opskip,backend,op,dtype,reason                                                 (bench_ops: dtype refused)
   load,start|end,1min/5min/15min
   skip,what,reason
 """
@@ -30,9 +33,55 @@ def med(v):
     return v[len(v) // 2] if len(v) % 2 else 0.5 * (v[len(v) // 2 - 1] + v[len(v) // 2])
 
 
+def parse_ops(r):
+    """an ops row of bench_ops; pct is the % of its limit (sgemm for GEMM rows, else the stream)"""
+    f = lambda x: float(x) if x else None
+    o = dict(backend=r[1], op=r[2], dtype=r[3], shape=r[4], threads=int(r[5]), us=float(r[6]), gbps=float(r[7]),
+             stream=float(r[8]), ps=float(r[9]), psmin=float(r[10]), psmax=float(r[11]), gflops=f(r[12]),
+             blas=f(r[13]), pb=f(r[14]), pbmin=f(r[15]), pbmax=f(r[16]), alts=int(r[17]))
+    o["pct"], o["limit"] = (o["pb"], "sgemm") if o["pb"] is not None else (o["ps"], "stream")
+    return o
+
+
+def ops_section(ops, opskip):
+    """the Markdown of bench_ops's rows: a table per backend, the worst rows, the refused dtypes"""
+    md = ["## Ops against their limits (bench_ops: the CNN's and the GPT's per-device shapes)", "",
+          "Per row the op alternates with its limits (median of the alternations, min-max): the stream limit = "
+          "the bytes the op must read + write (formula per op in bench/bench_ops.c) / the best of the copy, add "
+          "and in-place add stream kernels over the same footprint with the same threads (above 100% the run "
+          "fails: the measurement would be broken); for matmul, conv2d and attention also OpenBLAS sgemm at the "
+          "equivalent GEMM shapes (`% sgemm` = sgemm time / op time; above 100% dpar is faster than OpenBLAS "
+          "there, which is possible). `% limit` is the sgemm figure for those rows, the stream figure for the "
+          "rest. CPU backend: 1 thread per device, as in the training jobs; Vulkan: llvmpipe, which computes on "
+          "the same CPU cores with its own threads.", ""]
+    for backend in sorted({o["backend"] for o in ops}):
+        rows = [o for o in ops if o["backend"] == backend]
+        md += ["### %s backend (%d threads)" % (backend, rows[0]["threads"]), "",
+               "| op | dtype | shape | time us | GB/s | % stream (min-max) | GFLOP/s | sgemm GFLOP/s "
+               "| % sgemm (min-max) |",
+               "|---|---|---|---|---|---|---|---|---|"]
+        for o in rows:
+            g = ("%.1f" % o["gflops"], "%.1f" % o["blas"], "%.0f%% (%.0f-%.0f)" % (o["pb"], o["pbmin"], o["pbmax"])) \
+                if o["pb"] is not None else ("", "", "")
+            md.append("| %s | %s | %s | %.2f | %.2f | %.1f%% (%.1f-%.1f) | %s | %s | %s |" % (
+                o["op"], o["dtype"], o["shape"], o["us"], o["gbps"], o["ps"], o["psmin"], o["psmax"], *g))
+        worst = sorted(rows, key=lambda o: o["pct"])[:3]
+        md += ["", "Furthest from their limit: " + "; ".join(
+            "%s %s (%s) %.1f%% of %s" % (o["op"], o["dtype"], o["shape"], o["pct"], o["limit"]) for o in worst) + ".",
+            ""]
+        refused = {}
+        for s in opskip:
+            if s["backend"] == backend:
+                refused.setdefault(s["dtype"], []).append(s["op"])
+        if refused:
+            md += ["Dtypes refused (DPAR_ERR_DTYPE or DPAR_ERR_BACKEND: no row): " + "; ".join(
+                "%s: %d ops (%s)" % (d, len(v), ", ".join(sorted(set(v)))) for d, v in sorted(refused.items())), ""]
+    return md
+
+
 def main():
     raw, out = sys.argv[1], sys.argv[2]
-    coll, train, skips, pairs, mm, load, graph = [], [], [], [], [], {}, []
+    coll, train, skips, pairs, mm, load, graph, oprows, opskip = [], [], [], [], [], {}, [], [], []
     with open(raw) as f:
         for line in f:
             r = line.strip().split(",")
@@ -58,6 +107,10 @@ def main():
                 graph.append(dict(backend=r[1], n=int(r[3]), eager=float(r[4]), graph=float(r[5]), med=float(r[6]),
                                   lo=float(r[7]), hi=float(r[8]), rounds=int(r[9]), load=float(r[10]),
                                   cpu="%s (%s-%s)" % (r[11], r[12], r[13]) if len(r) >= 14 else "-"))
+            elif r[0] == "ops" and len(r) >= 18:
+                oprows.append(parse_ops(r))
+            elif r[0] == "opskip" and len(r) >= 5:
+                opskip.append(dict(backend=r[1], op=r[2], dtype=r[3], why=",".join(r[4:])))
             elif r[0] == "skip":
                 skips.append(", ".join(r[1:]))
 
@@ -80,6 +133,16 @@ def main():
         w.writerow(["framework", "model", "devices", "batch", "step_ms", "samples_per_s", "note"])
         for t in train:
             w.writerow([t["fw"], t["model"], t["n"], t["batch"], t["ms"], t["sps"], t["note"]])
+
+    with open(os.path.join(out, "ops.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        keys = ["backend", "op", "dtype", "shape", "threads", "us", "gbps", "stream", "ps", "psmin", "psmax", "gflops",
+                "blas", "pb", "pbmin", "pbmax", "limit", "pct", "alts"]
+        w.writerow(["backend", "op", "dtype", "shape", "threads", "time_us", "GBps", "stream_GBps", "pct_stream",
+                    "pct_stream_min", "pct_stream_max", "gflops", "openblas_gflops", "pct_sgemm", "pct_sgemm_min",
+                    "pct_sgemm_max", "limit", "pct_of_limit", "alternations"])
+        for o in oprows:
+            w.writerow(["" if o[k] is None else o[k] for k in keys])
 
     def get(backend, op, n, b):
         for c in coll:
@@ -218,6 +281,8 @@ def main():
                 g["backend"], g["n"], g["eager"], g["graph"], g["med"], g["lo"], g["hi"], g["cpu"], g["rounds"],
                 g["load"]))
         md.append("")
+    if oprows:
+        md += ops_section(oprows, opskip)
     if skips:
         md += ["## Skipped", ""] + ["- " + s for s in skips] + [""]
 
@@ -295,18 +360,28 @@ def main():
     for g in graph:
         parts.append("digits graph/eager %s %ddev %.2f (%.2f-%.2f, load %.1f)" % (
             g["backend"], g["n"], g["med"], g["lo"], g["hi"], g["load"]))
+    for backend in sorted({o["backend"] for o in oprows}):
+        rows = [o for o in oprows if o["backend"] == backend]
+        worst = sorted(rows, key=lambda o: o["pct"])[:3]
+        parts.append("ops %s: %d rows, median %.0f%% of limit, worst %s" % (
+            backend, len(rows), med([o["pct"] for o in rows]),
+            ", ".join("%s %.1f%%" % (o["op"], o["pct"]) for o in worst)))
     summary = "summary: " + ("; ".join(parts) if parts else "no results")
     md += ["", "`" + summary + "`", ""]
     with open(os.path.join(out, "results.md"), "w") as f:
         f.write("\n".join(md))
-    print("bench: wrote %s/{collectives.csv,matmul.csv,train.csv,results.md%s}" % (
+    print("bench: wrote %s/{collectives.csv,matmul.csv,train.csv,ops.csv,results.md%s}" % (
         out, "".join("," + p for p in pngs)))
     over = [c for c in coll if c["pct"] > 100.0]
     for c in over:
         print("bench: FAIL %s %s n=%d %s at %.0f%% of its memory-traffic limit: above 100%% is impossible, the "
               "measurement is broken" % (c["backend"], c["op"], c["n"], human(c["bytes"]), c["pct"]))
+    over_ops = [o for o in oprows if o["ps"] > 100.0]
+    for o in over_ops:
+        print("bench: FAIL %s %s %s (%s) at %.0f%% of its memory-traffic limit: above 100%% is impossible, the "
+              "measurement is broken" % (o["backend"], o["op"], o["dtype"], o["shape"], o["ps"]))
     print(summary)
-    return 1 if over else 0
+    return 1 if over or over_ops else 0
 
 
 if __name__ == "__main__":

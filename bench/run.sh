@@ -44,12 +44,14 @@ if [ "$quick" = 1 ]; then
     CMIN=4096; CMAX=16777216; CF=16; CT=0.1; CDEV=2,4; VDEV=2; VMAX=1048576; PMIN=1048576; PDEV=2
     MSHAPES=64x128x64,64x128x64:tn,16x256x3136,1818x64x288,16x384x128; LSHAPES=512x1024x1024; MT=0.3
     TDEV=2; TTIME=0.3; LARGE=1024,2048,2048,10; LBATCH=256; LSTEPS=2; JSTEPS=30; GROUNDS=5; GTIME=0.05
+    OTIME=0.01; OBACKENDS=cpu; ODTYPES=f32 # the full run adds f16, bf16, i32 and Vulkan
 else
     CMIN=4096; CMAX=67108864; CF=4; CT=0.4; CDEV=2,4,8; VDEV=2,4; VMAX=67108864; PMIN=1048576; PDEV=2,4,8
     MSHAPES=64x128x64,64x128x64:tn,64x64x128:nt,64x10x128,16x256x3136,3136x256x16:tn,16x3136x256:nt,1818x64x288
     MSHAPES=$MSHAPES,288x64x1818:tn,1818x288x64:nt,12544x32x9,16x384x128,16x128x384:nt,16x512x128,16x128x512
     LSHAPES=512x4096x4096,512x1024x1024; MT=1
     TDEV=1,2,4; TTIME=2; LARGE=1024,4096,4096,10; LBATCH=512; LSTEPS=6; JSTEPS=300; GROUNDS=11; GTIME=0.3
+    OTIME=0.3; OBACKENDS="cpu vulkan"; ODTYPES=""
 fi
 cd "$root" || exit 1
 log "load average at the start: $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)"
@@ -89,6 +91,15 @@ settle; log "matmul: per-device shapes of the digits/CNN/GPT jobs, 1 thread, vs 
 rows "$BUILD/bench_matmul" --shapes "$MSHAPES" --threads 1 --time $MT --alts "$ALTS" || log "bench_matmul failed"
 settle; log "matmul: large shapes, 2 threads, vs OpenBLAS"
 rows "$BUILD/bench_matmul" --shapes "$LSHAPES" --threads 2 --time $MT --alts "$ALTS" || log "bench_matmul (large) failed"
+
+# ---- ops: every op at the CNN's and GPT's per-device shapes against its limits
+# (stream kernel; OpenBLAS sgemm for matmul, conv, attention), interleaved inside
+# bench_ops. Vulkan here is llvmpipe: it computes on the same CPU cores.
+for b in $OBACKENDS; do
+    settle; log "ops: every op and dtype, $b backend, $ALTS alternations with its limits per row"
+    rows "$BUILD/bench_ops" --backend $b --threads 1 --time $OTIME --alts "$ALTS" ${ODTYPES:+--dtypes $ODTYPES} \
+        || log "bench_ops ($b) failed or hit the limit"
+done
 
 # ---- training: dpar and the JAX peer, interleaved per configuration (so a
 # busy spell on this shared machine hits both sides alike)
