@@ -1723,6 +1723,21 @@ DPAR_API dpar_status dpar_graph_run(dpar_graph *g, const dpar_graph_feed *feeds,
    by the graph. NULL (last error set: DPAR_ERR_INVALID_ARGUMENT) when v is not
    a feed of g. */
 DPAR_API dpar_array *dpar_graph_feed_array(const dpar_graph *g, dpar_value v);
+/* How the graph's steps are replayed on a backend that records command
+   buffers (Vulkan): the first run records each device's runs of device ops
+   (everything but collectives, optimizer steps, dropout, the index-checked
+   embedding and cross-entropy-with-ignore, blocks, ZeRO-1 and pipeline
+   graphs) once, each run between two such host nodes into one command buffer,
+   and every later run re-submits them, running only the host nodes op by op;
+   results are bit-identical to the op-by-op replay (same shaders, same order).
+   *segments: the recorded command buffers and *nodes: the nodes they hold,
+   summed over this process's devices (either pointer may be NULL). Both are 0
+   before the first run, on the CPU and CUDA backends, while a trace was
+   recording during the first run, with DPAR_GRAPH_RECORD=0 in the
+   environment at the first run, and where a device could not record (it then
+   replays op by op). Errors: DPAR_ERR_INVALID_ARGUMENT (g NULL), DPAR_ERR_STATE
+   (g destroyed). */
+DPAR_API dpar_status dpar_graph_recorded(const dpar_graph *g, int *segments, int *nodes);
 /* Copies a kept value to host after a run: gradients of params and feeds as
    their global array (row-major), other values as the shard of the first
    device of this process. dpar_graph_read_shard: the shard of `device`.
@@ -2330,6 +2345,14 @@ typedef struct dpar__backend_iface {
     /* optional: fills out's gpu_util_pct, temperature_c, power_w for local
        device dev where the backend can read them (NVML), else leaves them */
     void (*health)(void *state, int dev, dpar_device_stats *out);
+    /* optional, all four or none (>>graph program): prog_begin makes the ops that this thread
+       issues on dev next be recorded instead of run, until prog_end (*prog: the recording, NULL
+       when it holds nothing; host access to dev meanwhile fails); prog_submit runs a recording
+       once more, after everything issued on dev before; prog_free waits for it and frees it. */
+    dpar_status (*prog_begin)(void *state, int dev);
+    dpar_status (*prog_end)(void *state, int dev, void **prog);
+    dpar_status (*prog_submit)(void *state, int dev, void *prog);
+    void (*prog_free)(void *state, int dev, void *prog);
 } dpar__backend_iface;
 
 static const dpar__backend_iface *dpar__cpu_iface(void);
@@ -8571,6 +8594,7 @@ struct dpar_graph {
     bool remat_open;        /* between dpar_graph_remat_begin and _end */
     int *rclone;            /* while the backward is built: [forward node] its recomputed copy, 0 none yet */
     int rupto;              /* the forward nodes are 1..rupto-1 */
+    struct dpar__gprog *prog; /* [nlocal] recorded command buffers (>>graph program), NULL: op by op */
 };
 static bool dpar__g_pipe_inputs(dpar_graph *g, int nin, const int *in); /* >>graph zero1-pipe */
 static bool dpar__g_pipe_feed(dpar_graph *g, int id, const char *name);
@@ -11097,13 +11121,177 @@ static dpar_status dpar__g_exec(dpar_graph *g, dpar_ctx *ctx, int li, int i) {
     dpar__g_buf(g, i, li), dpar__g_buf(g, nd->in[0], li), dpar__g_buf(g, nd->in[1], li);
     return s;
 }
+/* >>graph program ============================================================
+   Issue 12's "Vulkan: one recorded command buffer per device re-submitted
+   every step". Where the backend has the prog_* hooks, the first run records
+   each device's maximal runs of recordable nodes (dpar__g_recordable: ops
+   whose commands depend only on the compiled graph's fixed buffers and
+   shapes) into one recording each, submitted at once; later runs submit the
+   recordings and run only the other nodes (collectives, optimizer steps that
+   read lr, step and clip norms on the host, dropout whose seed moves with the
+   step, ...) op by op, so a recording ends where a host-staged collective or a
+   host read must run. A device whose recording fails (a node touched the host)
+   replays op by op from then on. Compile happens once and the graph's buffers
+   never move, so a recording stays valid until the graph is destroyed. */
+typedef struct dpar__gseg {
+    int i0, i1; /* nodes [i0, i1) */
+    void *prog; /* the backend's recording */
+} dpar__gseg;
+typedef struct dpar__gprog {
+    int state; /* 0: record at the next run, 1: recorded, -1: op by op */
+    int nseg, cap;
+    dpar__gseg *seg;
+} dpar__gprog;
+
+static bool dpar__g_recordable(const dpar__gnode *nd) {
+    if (nd->async) return false;
+    if (nd->fused < 0) return true; /* computed by its loss node: runs nothing */
+    switch (nd->kind) {
+    case DPAR__G_FEED:
+    case DPAR__G_PARAM:
+    case DPAR__G_CONST:
+    case DPAR__G_MATMUL:
+    case DPAR__G_BIAS_ADD:
+    case DPAR__G_BIAS_GRAD:
+    case DPAR__G_RELU:
+    case DPAR__G_RELU_GRAD:
+    case DPAR__G_XENT:
+    case DPAR__G_XENT_GRAD:
+    case DPAR__G_MSE:
+    case DPAR__G_MSE_GRAD:
+    case DPAR__G_ADD:
+    case DPAR__G_SCALE:
+    case DPAR__G_MULS:
+    case DPAR__G_DOT:
+    case DPAR__G_SUM:
+    case DPAR__G_SUMSQ:
+    case DPAR__G_CAST:
+    case DPAR__G_COPY:
+    case DPAR__G_PCAST:
+    case DPAR__G_ROOT_ONLY:
+    case DPAR__G_NORM_STATS:
+    case DPAR__G_NORM:
+    case DPAR__G_NORM_DX:
+    case DPAR__G_NORM_DW:
+    case DPAR__G_MATMUL_BATCHED:
+    case DPAR__G_ATTN_STATS:
+    case DPAR__G_ATTN:
+    case DPAR__G_ATTN_DQ:
+    case DPAR__G_ATTN_DK:
+    case DPAR__G_ATTN_DV:
+    case DPAR__G_CONV2D:
+    case DPAR__G_CONV2D_DX:
+    case DPAR__G_CONV2D_DW:
+    case DPAR__G_AVG_POOL:
+    case DPAR__G_AVG_POOL_DX:
+    case DPAR__G_MAX_POOL:
+    case DPAR__G_MAX_POOL_DX:
+    DPAR__G_ELEM_CASES:
+        return true;
+    default: return false;
+    }
+}
+/* The backend's index of local device li. */
+static int dpar__g_bdev(const dpar_graph *g, int li) {
+    return g->scratch[li]->device;
+}
+/* Frees device li's recordings; the next run records again (state 0). */
+static void dpar__g_prog_clear(dpar_graph *g, int li) {
+    dpar__gprog *pr = &g->prog[li];
+    for (int k = 0; k < pr->nseg; k++) g->rt->be->prog_free(g->rt->bstate, dpar__g_bdev(g, li), pr->seg[k].prog);
+    DPAR_FREE(pr->seg);
+    memset(pr, 0, sizeof *pr);
+}
+/* Before a run: makes the per-device program states on the first run where recording applies
+   (out of memory: op by op). */
+static void dpar__g_prog_setup(dpar_graph *g) {
+    if (g->prog || g->pp || !g->rt->be->prog_begin || DPAR__ATOMIC_LOAD(&dpar__trace_on)) return;
+    const char *e = getenv("DPAR_GRAPH_RECORD");
+    if (e && !strcmp(e, "0")) return;
+    g->prog = (dpar__gprog *)DPAR_MALLOC((size_t)g->nlocal * sizeof *g->prog);
+    if (g->prog) memset(g->prog, 0, (size_t)g->nlocal * sizeof *g->prog);
+}
+static dpar_status dpar__g_prog_keep(dpar__gprog *pr, int i0, int i1, void *prog) {
+    if (pr->nseg == pr->cap) {
+        int cap = pr->cap ? 2 * pr->cap : 8;
+        dpar__gseg *ns = (dpar__gseg *)DPAR_REALLOC(pr->seg, (size_t)cap * sizeof *ns);
+        if (!ns) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_graph_run: out of memory (graph program)");
+        pr->seg = ns;
+        pr->cap = cap;
+    }
+    dpar__gseg *sg = &pr->seg[pr->nseg++];
+    sg->i0 = i0, sg->i1 = i1, sg->prog = prog;
+    return DPAR_OK;
+}
+/* Records nodes *i.. (the run of recordable nodes starting there) on device li
+   and submits the recording; leaves *i at the run's last node, or at the node
+   that failed. A recording that fails turns the device to op by op (the nodes
+   run again op by op, so a real error is reported as without recording). */
+static dpar_status dpar__g_prog_record(dpar_graph *g, dpar_ctx *ctx, int li, int *i) {
+    const dpar__backend_iface *be = g->rt->be;
+    dpar__gprog *pr = &g->prog[li];
+    int i0 = *i, i1 = i0, dev = dpar__g_bdev(g, li);
+    while (i1 < g->count && dpar__g_recordable(&g->n[i1])) i1++;
+    void *prog = NULL;
+    dpar_status s = be->prog_begin(g->rt->bstate, dev);
+    if (!s) {
+        for (int j = i0; j < i1 && !s; j++) s = dpar__g_exec(g, ctx, li, j);
+        dpar_status e = be->prog_end(g->rt->bstate, dev, &prog);
+        if (!s) s = e;
+        if (s && prog) be->prog_free(g->rt->bstate, dev, prog), prog = NULL;
+    }
+    if (!s && prog && !(s = be->prog_submit(g->rt->bstate, dev, prog))) s = dpar__g_prog_keep(pr, i0, i1, prog);
+    if (s && prog) {
+        be->prog_free(g->rt->bstate, dev, prog); /* waits for its submit, if any */
+        *i = i1 - 1;
+        return s;
+    }
+    if (s) { /* not recordable after all: op by op */
+        dpar__g_prog_clear(g, li);
+        pr->state = -1;
+        for (int j = i0; j < i1; j++)
+            if ((s = dpar__g_exec(g, ctx, li, j))) {
+                *i = j;
+                return s;
+            }
+    }
+    *i = i1 - 1;
+    return DPAR_OK;
+}
+/* One node (pr NULL or op by op), or from a recorded run's first node: submits
+   (state 1) or records (state 0) the run and moves *i to its last node. *k: the next segment. */
+static dpar_status dpar__g_step_node(dpar_graph *g, dpar_ctx *ctx, int li, dpar__gprog *pr, int *i, int *k) {
+    if (pr && pr->state == 0 && dpar__g_recordable(&g->n[*i])) return dpar__g_prog_record(g, ctx, li, i);
+    if (pr && pr->state == 1 && *k < pr->nseg && pr->seg[*k].i0 == *i) {
+        const dpar__gseg *sg = &pr->seg[(*k)++];
+        *i = sg->i1 - 1;
+        return g->rt->be->prog_submit(g->rt->bstate, dpar__g_bdev(g, li), sg->prog);
+    }
+    return dpar__g_exec(g, ctx, li, *i);
+}
+DPAR_API dpar_status dpar_graph_recorded(const dpar_graph *g, int *segments, int *nodes) {
+    dpar__clear_error();
+    if (segments) *segments = 0;
+    if (nodes) *nodes = 0;
+    if (!g) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_recorded: graph is NULL");
+    if (dpar__live_check(g, DPAR__LIVE_GRAPH, "dpar_graph_recorded")) return DPAR_ERR_STATE;
+    for (int li = 0; g->prog && li < g->nlocal; li++)
+        for (int k = 0; g->prog[li].state == 1 && k < g->prog[li].nseg; k++) {
+            if (segments) ++*segments;
+            if (nodes) *nodes += g->prog[li].seg[k].i1 - g->prog[li].seg[k].i0;
+        }
+    return DPAR_OK;
+}
+
 static dpar_status dpar__g_dispatch(dpar_ctx *ctx, void *user) {
     dpar_graph *g = (dpar_graph *)user;
-    int li = dpar_ctx_device(ctx) - g->first;
+    int li = dpar_ctx_device(ctx) - g->first, k = 0;
+    dpar__gprog *pr = g->prog && g->prog[li].state >= 0 && !DPAR__ATOMIC_LOAD(&dpar__trace_on) ? &g->prog[li] : NULL;
     for (int i = 1; i < g->count; i++) {
-        dpar_status s = dpar__g_exec(g, ctx, li, i);
+        dpar_status s = dpar__g_step_node(g, ctx, li, pr, &i, &k);
         char l[96];
         if (!s) continue;
+        if (pr && pr->state == 0) dpar__g_prog_clear(g, li); /* a failed first run: record again next time */
         dpar__err(s, "dpar_graph_run: %s: %s", dpar__g_label(g, i, l, sizeof l), dpar_last_error());
         char text[DPAR__ERR_LEN];
         memcpy(text, dpar__err_text, sizeof text);
@@ -11111,6 +11299,7 @@ static dpar_status dpar__g_dispatch(dpar_ctx *ctx, void *user) {
         memcpy(dpar__err_text, text, sizeof text);
         return s;
     }
+    if (pr && pr->state == 0) pr->state = 1;
     return dpar__g_wait_all(g, ctx, li);
 }
 /* Whether the graph's mesh still exists (its feed and gradient arrays die with it). */
@@ -11193,6 +11382,7 @@ static dpar_status dpar__g_run(dpar_graph *g, const dpar_graph_feed *feeds, int 
     dpar_status s = g->compiled ? DPAR_OK : dpar_graph_compile(g, NULL);
     if (!s) s = dpar__g_feeds(g, feeds, num_feeds);
     if (s) return s;
+    dpar__g_prog_setup(g);
     dpar_shard_map_desc d;
     memset(&d, 0, sizeof d);
     d.fn = g->pp ? dpar__g_pipe_dispatch : dpar__g_dispatch;
@@ -11346,6 +11536,9 @@ static void dpar__g_free(void *self) {
     dpar_graph *g = (dpar_graph *)self;
     dpar__releasing++; /* g's arrays and buffers: already checked with g */
     bool alive = dpar__g_mesh_alive(g);
+    for (int li = 0; g->prog && li < g->nlocal; li++)
+        if (alive) dpar__g_prog_clear(g, li); /* before the buffers they use */
+    DPAR_FREE(g->prog);
     for (int k = 0; k < g->nslots; k++)
         for (int li = 0; li < g->nlocal && g->slot_owned[k]; li++) dpar_buffer_destroy(g->slots[k * g->nlocal + li]);
     for (int i = 1; i < g->count; i++) {
@@ -13845,7 +14038,11 @@ static const dpar__backend_iface dpar__cpu_backend = {
     NULL /* device_status */,
     NULL /* visible_devices */,
     NULL /* physical_device: emulated devices */,
-    NULL /* health: no GPU readings */
+    NULL /* health: no GPU readings */,
+    NULL /* prog_begin: graphs replay op by op */,
+    NULL /* prog_end */,
+    NULL /* prog_submit */,
+    NULL /* prog_free */
 };
 static const dpar__backend_iface *dpar__cpu_iface(void) {
     return &dpar__cpu_backend;

@@ -2297,7 +2297,11 @@ static const dpar__backend_iface *dpar__cuda_iface(void) {
                                                dpar__cu_device_status,
                                                dpar__cu_visible_devices,
                                                dpar__cu_physical_device,
-                                               dpar__cu_health };
+                                               dpar__cu_health,
+                                               NULL, /* prog_*: graphs replay op by op */
+                                               NULL,
+                                               NULL,
+                                               NULL };
     return &iface;
 }
 

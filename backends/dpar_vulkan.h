@@ -27,7 +27,9 @@
    family has enough, otherwise logical devices share queues (under a lock).
    Every logical device has its own command pool, a ring of command buffers
    with fences and descriptor pools, and records ops asynchronously; reads,
-   syncs and host access wait for the work that touches the buffer.
+   syncs and host access wait for the work that touches the buffer. A graph
+   records its device ops once into command buffers of their own and
+   re-submits them every step (>>vulkan program).
 
    An engine's own device (desc.vulkan.external, see dpar_vulkan_external in
    dpar.h): its instance, device and one queue are used as given, with its
@@ -68,7 +70,8 @@
    (drivers allow at least 4096; no sub-allocator yet).
 
    Tests: tests/test_vulkan.c (this backend), tests/test_parity.c (every op
-   and collective against the CPU backend), tests/vulkan_validation.sh (the
+   and collective against the CPU backend), tests/test_graph_record.c (recorded
+   graph programs against the op-by-op replay), tests/vulkan_validation.sh (the
    Khronos validation layer with synchronization validation).
 */
 #ifndef DPAR_VULKAN_H_INCLUDED
@@ -97,7 +100,7 @@
     X(vkCreateBuffer) X(vkDestroyBuffer) X(vkGetBufferMemoryRequirements) \
     X(vkAllocateMemory) X(vkFreeMemory) X(vkBindBufferMemory) X(vkMapMemory) X(vkUnmapMemory) \
     X(vkFlushMappedMemoryRanges) X(vkInvalidateMappedMemoryRanges) \
-    X(vkCreateCommandPool) X(vkDestroyCommandPool) X(vkAllocateCommandBuffers) \
+    X(vkCreateCommandPool) X(vkDestroyCommandPool) X(vkAllocateCommandBuffers) X(vkFreeCommandBuffers) \
     X(vkBeginCommandBuffer) X(vkEndCommandBuffer) X(vkCmdPipelineBarrier) \
     X(vkCmdBindPipeline) X(vkCmdBindDescriptorSets) X(vkCmdPushConstants) X(vkCmdDispatch) \
     X(vkCmdCopyBuffer) X(vkCmdFillBuffer) X(vkQueueSubmit) \
@@ -200,6 +203,7 @@ typedef struct dpar__vkdev {
     uint64_t sem_signal; /* the next submit signals it (0: none) */
     uint64_t sem_wait;   /* the next submit waits for it (0: none): the engine's release */
     int loaned;          /* a buffer of this device is lent */
+    VkCommandBuffer prefix; /* >>vulkan program: the next submit runs this recording before its batch */
 } dpar__vkdev;
 
 /* Push constants shared by every shader (112 bytes; Vulkan guarantees 128). A shader declares the
@@ -570,8 +574,10 @@ static dpar_status dpar__vk_submit(dpar__vkdev *d) {
         VkSubmitInfo si;
         memset(&si, 0, sizeof si);
         si.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO;
-        si.commandBufferCount = 1;
-        si.pCommandBuffers = &f->cb;
+        VkCommandBuffer cbs[2] = { d->prefix, f->cb }; /* a program's recording, then the batch */
+        si.commandBufferCount = d->prefix ? 2 : 1;
+        si.pCommandBuffers = d->prefix ? cbs : &f->cb;
+        d->prefix = VK_NULL_HANDLE;
         /* a loan (>>vulkan interop): wait for the engine's release value, signal an export's ready value */
         VkTimelineSemaphoreSubmitInfo ti;
         memset(&ti, 0, sizeof ti);
@@ -666,6 +672,78 @@ static dpar_status dpar__vk_staging(dpar__vkdev *d, VkDeviceSize need) {
 }
 
 /* ---------------------------------------------------------------------------
+   Recording a program (the graph's prog_* hooks, >>vulkan program): while a
+   thread records for a device, its dispatches and transfers on that device go
+   into the recording's command buffer, with descriptor sets from its own
+   pools, instead of the ring; the buffers they touch are listed so that each
+   submit can move their last_serial.
+   ------------------------------------------------------------------------ */
+typedef struct dpar__vkprog {
+    dpar__vkframe fr;         /* fr.cb: the recording; fr.pool: the descriptor pool being filled */
+    VkDescriptorPool *pools;  /* every pool made for it (fr.pool last) */
+    int npools, sets_left;    /* sets left in fr.pool */
+    dpar__vkbuf **bufs;       /* the buffers its commands touch, once each */
+    int nbufs, capbufs, nops; /* nops: dispatches and transfers recorded */
+    int idx;                  /* holds an index check (>>vulkan optim): each submit leaves a report pending */
+    uint64_t serial;          /* the batch that carried its last submit (0: never submitted) */
+} dpar__vkprog;
+static DPAR__TLS dpar__vkprog *dpar__vk_rec; /* what this thread records, NULL: nothing */
+static DPAR__TLS int dpar__vk_rec_dev;       /* for this logical device */
+
+static dpar__vkprog *dpar__vk_recording(int dev) {
+    return dpar__vk_rec && dpar__vk_rec_dev == dev ? dpar__vk_rec : NULL;
+}
+/* Host access by the recording thread would see the recorded commands' buffers before they ran. */
+static dpar_status dpar__vk_rec_refuse(const char *what) {
+    return dpar__err(DPAR_ERR_STATE,
+                     "vulkan: %s on a device this thread is recording a graph program for; only device "
+                     "ops can be recorded (the graph replays such a node on the host instead)",
+                     what);
+}
+/* The recording's frame with a descriptor set free in fr.pool (a new pool when full). Lock held. */
+static dpar_status dpar__vk_rec_pool(dpar__vkdev *d, dpar__vkprog *p, dpar__vkframe **out) {
+    dpar__vk *st = d->st;
+    *out = &p->fr;
+    p->nops++;
+    if (p->sets_left > 0) return DPAR_OK;
+    VkDescriptorPool *np = (VkDescriptorPool *)DPAR_REALLOC(p->pools, (size_t)(p->npools + 1) * sizeof *np);
+    if (!np) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "vulkan: out of host memory (graph program)");
+    p->pools = np;
+    VkDescriptorPoolSize ps;
+    ps.type = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
+    ps.descriptorCount = DPAR__VK_FRAME_OPS * DPAR__VK_BINDINGS;
+    VkDescriptorPoolCreateInfo dpi;
+    memset(&dpi, 0, sizeof dpi);
+    dpi.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO;
+    dpi.maxSets = DPAR__VK_FRAME_OPS;
+    dpi.poolSizeCount = 1;
+    dpi.pPoolSizes = &ps;
+    VkResult vr = st->vkCreateDescriptorPool(d->ph->device, &dpi, st->alloc, &p->pools[p->npools]);
+    if (vr != VK_SUCCESS) return dpar__vk_fail(st, vr, "vkCreateDescriptorPool", "device %d (graph program)", d->index);
+    p->fr.pool = p->pools[p->npools++];
+    p->sets_left = DPAR__VK_FRAME_OPS;
+    return DPAR_OK;
+}
+/* A command touching b was recorded: in the ring batch `serial`, or in the recording p (listed once). */
+static dpar_status dpar__vk_used(dpar__vkprog *p, dpar__vkbuf *b, uint64_t serial) {
+    if (!p) {
+        b->last_serial = serial;
+        return DPAR_OK;
+    }
+    for (int i = p->nbufs - 1; i >= 0; i--)
+        if (p->bufs[i] == b) return DPAR_OK;
+    if (p->nbufs == p->capbufs) {
+        int cap = p->capbufs ? 2 * p->capbufs : 32;
+        dpar__vkbuf **nb = (dpar__vkbuf **)DPAR_REALLOC(p->bufs, (size_t)cap * sizeof *nb);
+        if (!nb) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "vulkan: out of host memory (graph program)");
+        p->bufs = nb;
+        p->capbufs = cap;
+    }
+    p->bufs[p->nbufs++] = b;
+    return DPAR_OK;
+}
+
+/* ---------------------------------------------------------------------------
    Pipelines
    ------------------------------------------------------------------------ */
 static dpar_status dpar__vk_pipeline(dpar__vk *st, dpar__vkphys *ph, int id, VkPipeline *out) {
@@ -733,7 +811,8 @@ static dpar_status dpar__vk_dispatch3(dpar__vk *st, int dev, int id, dpar__vkbuf
     dpar__vkdev *d = &st->devs[dev];
     pthread_mutex_lock(&d->lock);
     dpar__vkframe *f;
-    if ((s = dpar__vk_begin(d, &f)) != DPAR_OK) {
+    struct dpar__vkprog *rec = dpar__vk_recording(dev);
+    if ((s = rec ? dpar__vk_rec_pool(d, rec, &f) : dpar__vk_begin(d, &f)) != DPAR_OK) {
         pthread_mutex_unlock(&d->lock);
         return s;
     }
@@ -749,6 +828,7 @@ static dpar_status dpar__vk_dispatch3(dpar__vk *st, int dev, int id, dpar__vkbuf
         pthread_mutex_unlock(&d->lock);
         return dpar__vk_fail(st, vr, "vkAllocateDescriptorSets", "device %d", dev);
     }
+    if (rec) rec->sets_left--;
     VkDescriptorBufferInfo info[DPAR__VK_BINDINGS];
     VkWriteDescriptorSet w[DPAR__VK_BINDINGS];
     memset(w, 0, sizeof w);
@@ -770,9 +850,9 @@ static dpar_status dpar__vk_dispatch3(dpar__vk *st, int dev, int id, dpar__vkbuf
     st->vkCmdBindDescriptorSets(f->cb, VK_PIPELINE_BIND_POINT_COMPUTE, ph->layout, 0, 1, &set, 0, NULL);
     st->vkCmdPushConstants(f->cb, ph->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof *pc, pc);
     st->vkCmdDispatch(f->cb, gx, gy, gz);
-    for (int i = 0; i < DPAR__VK_BINDINGS; i++)
-        if (b[i]) b[i]->last_serial = f->serial;
-    s = dpar__vk_recorded(d, f);
+    for (int i = 0; i < DPAR__VK_BINDINGS && !s; i++)
+        if (b[i]) s = dpar__vk_used(rec, b[i], f->serial);
+    if (!s) s = rec ? DPAR_OK : dpar__vk_recorded(d, f);
     pthread_mutex_unlock(&d->lock);
     return s;
 }
@@ -787,7 +867,8 @@ static dpar_status dpar__vk_transfer(dpar__vk *st, int dev, dpar__vkbuf *dst, dp
     dpar__vkdev *d = &st->devs[dev];
     pthread_mutex_lock(&d->lock);
     dpar__vkframe *f;
-    dpar_status s = dpar__vk_begin(d, &f);
+    struct dpar__vkprog *rec = dpar__vk_recording(dev);
+    dpar_status s = rec ? dpar__vk_rec_pool(d, rec, &f) : dpar__vk_begin(d, &f);
     if (s) {
         pthread_mutex_unlock(&d->lock);
         return s;
@@ -799,12 +880,12 @@ static dpar_status dpar__vk_transfer(dpar__vk *st, int dev, dpar__vkbuf *dst, dp
         r.dstOffset = 0;
         r.size = size;
         st->vkCmdCopyBuffer(f->cb, src->buf, dst->buf, 1, &r);
-        src->last_serial = f->serial;
+        s = dpar__vk_used(rec, src, f->serial);
     } else {
         st->vkCmdFillBuffer(f->cb, dst->buf, 0, size, pattern);
     }
-    dst->last_serial = f->serial;
-    s = dpar__vk_recorded(d, f);
+    if (!s) s = dpar__vk_used(rec, dst, f->serial);
+    if (!s) s = rec ? DPAR_OK : dpar__vk_recorded(d, f);
     pthread_mutex_unlock(&d->lock);
     return s;
 }
@@ -1584,6 +1665,7 @@ static dpar_status dpar__vk_write(void *state, int dev, void *mem, size_t off, c
     dpar__vkbuf *b = (dpar__vkbuf *)mem;
     dpar__vkdev *d = &st->devs[dev];
     if (nbytes == 0) return DPAR_OK;
+    if (dpar__vk_recording(dev)) return dpar__vk_rec_refuse("a buffer write");
     pthread_mutex_lock(&d->lock);
     dpar_status s = dpar__vk_check_lost(st);
     if (!s) s = dpar__vk_buf_idle(d, b); /* no queued work may still read or write b */
@@ -1621,6 +1703,7 @@ static dpar_status dpar__vk_read(void *state, int dev, void *mem, size_t off, vo
     dpar__vkbuf *b = (dpar__vkbuf *)mem;
     dpar__vkdev *d = &st->devs[dev];
     if (nbytes == 0) return DPAR_OK;
+    if (dpar__vk_recording(dev)) return dpar__vk_rec_refuse("a buffer read");
     pthread_mutex_lock(&d->lock);
     dpar_status s = dpar__vk_check_lost(st);
     if (!s && b->map) {
@@ -1655,6 +1738,7 @@ static dpar_status dpar__vk_read(void *state, int dev, void *mem, size_t off, vo
 static dpar_status dpar__vk_sync(void *state, int dev) {
     dpar__vk *st = (dpar__vk *)state;
     dpar__vkdev *d = &st->devs[dev];
+    if (dpar__vk_recording(dev)) return dpar__vk_rec_refuse("a sync");
     pthread_mutex_lock(&d->lock);
     dpar_status s = dpar__vk_check_lost(st);
     if (!s) s = dpar__vk_drain(d);
@@ -1672,6 +1756,7 @@ static dpar_status dpar__vk_host_acquire(void *state, int dev, void *mem, size_t
     dpar__vk *st = (dpar__vk *)state;
     dpar__vkbuf *b = (dpar__vkbuf *)mem;
     dpar__vkdev *d = &st->devs[dev];
+    if (dpar__vk_recording(dev)) return dpar__vk_rec_refuse("host access");
     pthread_mutex_lock(&d->lock);
     dpar_status s = dpar__vk_check_lost(st);
     if (!s) s = dpar__vk_buf_idle(d, b);
@@ -1906,7 +1991,9 @@ static dpar_status dpar__vk_idx_check(dpar__vk *st, int dev, const dpar_buffer *
     pc.p[1] = (uint32_t)fn;
     dpar__vkbuf *b[DPAR__VK_BINDINGS] = { d->idx_err, NULL, NULL, (dpar__vkbuf *)idx->mem };
     s = dpar__vk_dispatch(st, dev, DPAR__SPV_CHECK_INDEX, b, &pc, 1, 1);
-    if (!s) __atomic_store_n(&d->idx_pending, 1, __ATOMIC_RELEASE);
+    struct dpar__vkprog *rec = dpar__vk_recording(dev);
+    if (!s && rec) rec->idx = 1; /* each submit of the recording leaves a report pending */
+    if (!s && !rec) __atomic_store_n(&d->idx_pending, 1, __ATOMIC_RELEASE);
     return s;
 }
 /* the error words of the checks run since the last report: the first bad index as the op's error */
@@ -2240,6 +2327,7 @@ static dpar_status dpar__vk_collective(void *state, dpar__coll *c) {
     dpar__vkdev *d = &st->devs[dev];
     dpar_buffer *in = c->in[r], *out = c->out[r];
     dpar__vkbuf *bin = (dpar__vkbuf *)in->mem, *bout = (dpar__vkbuf *)out->mem;
+    if (dpar__vk_rec) return dpar__vk_rec_refuse("a collective");
     dpar_status s = dpar__vk_check_lost(st);
     if (s) return s;
     int all_unmapped = 1;
@@ -2415,6 +2503,110 @@ static dpar_status dpar__vk_buffer_release(void *obj) {
     return DPAR_OK;
 }
 
+/* >>vulkan program ===========================================================
+   The backend's prog_* hooks (>>graph program in dpar.h): a graph records a
+   device's run of ops once into a command buffer (descriptor sets made once,
+   push constants baked in) and re-submits it every step. A submit first
+   submits what the ring holds (queue order is issue order), waits for the
+   recording's previous submit (it is not SIMULTANEOUS_USE), then submits the
+   recording ahead of an empty ring batch, whose serial and fence stand for it:
+   every listed buffer's last_serial moves to that batch, so reads, writes and
+   frees wait for it as for any batch. Each recorded command starts with the
+   full barrier of the ring's commands; the batch ends with the host barrier. */
+static dpar_status dpar__vk_prog_begin(void *state, int dev) {
+    dpar__vk *st = (dpar__vk *)state;
+    dpar__vkdev *d = &st->devs[dev];
+    if (dpar__vk_rec) return dpar__err(DPAR_ERR_STATE, "vulkan: a graph program is being recorded on this thread");
+    dpar_status s = dpar__vk_check_lost(st);
+    if (!s && !d->idx_err) { /* made now: its zero-fill must not be recorded */
+        void *mem = NULL;
+        if (!(s = dpar__vk_alloc(st, dev, 32, &mem))) d->idx_err = (dpar__vkbuf *)mem;
+    }
+    if (s) return s;
+    dpar__vkprog *p = (dpar__vkprog *)DPAR_MALLOC(sizeof *p);
+    if (!p) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "vulkan: out of host memory (graph program)");
+    memset(p, 0, sizeof *p);
+    VkCommandBufferAllocateInfo ai;
+    memset(&ai, 0, sizeof ai);
+    ai.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO;
+    ai.commandPool = d->cmd_pool;
+    ai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
+    ai.commandBufferCount = 1;
+    VkCommandBufferBeginInfo bi;
+    memset(&bi, 0, sizeof bi);
+    bi.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO; /* no ONE_TIME_SUBMIT: submitted every step */
+    pthread_mutex_lock(&d->lock); /* the command pool is externally synchronized */
+    VkResult vr = st->vkAllocateCommandBuffers(d->ph->device, &ai, &p->fr.cb);
+    if (vr == VK_SUCCESS && (vr = st->vkBeginCommandBuffer(p->fr.cb, &bi)) != VK_SUCCESS)
+        st->vkFreeCommandBuffers(d->ph->device, d->cmd_pool, 1, &p->fr.cb);
+    pthread_mutex_unlock(&d->lock);
+    if (vr != VK_SUCCESS) {
+        DPAR_FREE(p);
+        return dpar__vk_fail(st, vr, "vkAllocateCommandBuffers/vkBeginCommandBuffer", "device %d (graph program)",
+                             dev);
+    }
+    p->fr.state = 1;
+    dpar__vk_rec = p;
+    dpar__vk_rec_dev = dev;
+    return DPAR_OK;
+}
+static void dpar__vk_prog_free(void *state, int dev, void *prog) {
+    dpar__vk *st = (dpar__vk *)state;
+    dpar__vkdev *d = &st->devs[dev];
+    dpar__vkprog *p = (dpar__vkprog *)prog;
+    if (!p) return;
+    pthread_mutex_lock(&d->lock);
+    if (p->serial > d->completed && dpar__vk_wait_serial(d, p->serial) != DPAR_OK && !st->adopted)
+        st->vkDeviceWaitIdle(d->ph->device); /* could not wait for its batch: wait for the device */
+    st->vkFreeCommandBuffers(d->ph->device, d->cmd_pool, 1, &p->fr.cb);
+    for (int i = 0; i < p->npools; i++) st->vkDestroyDescriptorPool(d->ph->device, p->pools[i], st->alloc);
+    pthread_mutex_unlock(&d->lock);
+    DPAR_FREE(p->pools);
+    DPAR_FREE(p->bufs);
+    DPAR_FREE(p);
+}
+/* Ends this thread's recording for dev: *prog the recording, NULL when it holds no command. */
+static dpar_status dpar__vk_prog_end(void *state, int dev, void **prog) {
+    dpar__vk *st = (dpar__vk *)state;
+    dpar__vkprog *p = dpar__vk_recording(dev);
+    *prog = NULL;
+    if (!p) return dpar__err(DPAR_ERR_STATE, "vulkan: no graph program is being recorded for device %d", dev);
+    dpar__vk_rec = NULL;
+    VkResult vr = st->vkEndCommandBuffer(p->fr.cb);
+    if (vr != VK_SUCCESS || p->nops == 0) {
+        dpar__vk_prog_free(state, dev, p);
+        return vr == VK_SUCCESS ? DPAR_OK : dpar__vk_fail(st, vr, "vkEndCommandBuffer", "device %d (graph program)", dev);
+    }
+    p->fr.state = 0;
+    *prog = p;
+    return DPAR_OK;
+}
+static dpar_status dpar__vk_prog_submit(void *state, int dev, void *prog) {
+    dpar__vk *st = (dpar__vk *)state;
+    dpar__vkdev *d = &st->devs[dev];
+    dpar__vkprog *p = (dpar__vkprog *)prog;
+    if (dpar__vk_rec) return dpar__vk_rec_refuse("a program submit");
+    pthread_mutex_lock(&d->lock);
+    dpar_status s = dpar__vk_check_lost(st);
+    if (!s) s = dpar__vk_submit(d); /* what was issued before runs first */
+    if (!s && p->serial > d->completed) s = dpar__vk_wait_serial(d, p->serial);
+    dpar__vkframe *f = NULL;
+    if (!s) s = dpar__vk_begin(d, &f);
+    if (!s) {
+        uint64_t serial = f->serial;
+        d->prefix = p->fr.cb;
+        s = dpar__vk_submit(d);
+        d->prefix = VK_NULL_HANDLE;
+        if (!s) {
+            p->serial = serial;
+            for (int i = 0; i < p->nbufs; i++) p->bufs[i]->last_serial = serial;
+            if (p->idx) __atomic_store_n(&d->idx_pending, 1, __ATOMIC_RELEASE);
+        }
+    }
+    pthread_mutex_unlock(&d->lock);
+    return s;
+}
+
 static const dpar__backend_iface *dpar__vulkan_iface(void) {
     static const dpar__backend_iface iface = {
         "vulkan",
@@ -2439,6 +2631,10 @@ static const dpar__backend_iface *dpar__vulkan_iface(void) {
         NULL, /* visible_devices */
         dpar__vk_physical_device,
         NULL, /* health: no vendor-neutral readings */
+        dpar__vk_prog_begin,
+        dpar__vk_prog_end,
+        dpar__vk_prog_submit,
+        dpar__vk_prog_free,
     };
     return &iface;
 }

@@ -1,0 +1,298 @@
+/* Recorded graph programs (>>graph program, dpar_graph_recorded): on Vulkan the
+   first dpar_graph_run records each device's runs of device ops into command
+   buffers and later runs re-submit them. Each case builds the same graph twice,
+   one with DPAR_GRAPH_RECORD=0 (replayed op by op, as before recording existed)
+   and one recorded, runs both on the same feeds and wants every loss, every
+   kept value read between steps and every parameter after the last step bit for
+   bit equal: a CNN (conv2d, max pool, layer norm, dropout, AdamW; the learning
+   rate and the step counter changed mid-run) on 1 and 2 devices, a Megatron column -> row MLP with a psum inside on a 2x2 (data,
+   model) mesh with SGD; the recording must be split at the host nodes (more
+   than one segment per device). A bad label inside a recorded segment is still
+   reported by the step that used it, and the next good step runs. The CPU
+   backend records nothing; NULL is refused. Vulkan cases skip when no Vulkan
+   device exists. */
+#include "testutil.h"
+
+static uint64_t rng_state = 777;
+static double rnd(void) { /* splitmix64 -> [-1, 1) */
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return (double)(z >> 11) / 4503599627370496.0 - 1.0;
+}
+static void fill(float *x, int64_t n, double scale) {
+    for (int64_t i = 0; i < n; i++) x[i] = (float)(scale * rnd());
+}
+static dpar_array *arr(dpar_mesh *m, int nd, const int64_t *shape, const char *const *spec, const float *init) {
+    dpar_array_desc d;
+    memset(&d, 0, sizeof d);
+    d.dtype = DPAR_F32, d.ndim = nd;
+    for (int i = 0; i < nd; i++) d.shape[i] = shape[i], d.spec[i] = spec ? spec[i] : NULL;
+    dpar_array *a = NULL;
+    T_OK(dpar_array_create(m, &d, &a));
+    T_OK(dpar_array_put(a, init));
+    return a;
+}
+/* One step with DPAR_GRAPH_RECORD set as wanted (the graph reads it at its first run). */
+static void step(dpar_graph *g, bool record, dpar_value x, const void *xs, dpar_value y, const void *ys, float *loss) {
+    setenv("DPAR_GRAPH_RECORD", record ? "1" : "0", 1);
+    T_OK(dpar_graph_run(g, (dpar_graph_feed[]){ { x, xs, NULL }, { y, ys, NULL } }, 2, loss));
+}
+static void want_same(const void *a, const void *b, size_t n, const char *what, int step) {
+    if (memcmp(a, b, n)) fail_msg("%s differs at step %d between the op-by-op and the recorded replay", what, step);
+}
+
+/* ---- a small CNN: conv -> relu -> max pool -> layer norm -> dropout -> dense -> xent, AdamW ---- */
+enum { CB = 2, CH = 6, CC = 2, CO = 4, CF = 3 * 3 * CO, NCL = 5, STEPS = 6, NP = 6 };
+typedef struct cnn {
+    dpar_graph *g;
+    dpar_array *w[NP];
+    dpar_value x, y, kept;
+} cnn;
+static const int64_t cnn_shape[NP][4] = { { 3, 3, CC, CO }, { CO }, { CF }, { CF }, { CF, NCL }, { NCL } };
+static const int cnn_nd[NP] = { 4, 1, 1, 1, 2, 1 };
+static void cnn_build(cnn *t, dpar_mesh *m, int n, float *const init[NP]) {
+    for (int i = 0; i < NP; i++) t->w[i] = arr(m, cnn_nd[i], cnn_shape[i], NULL, init[i]);
+    T_OK(dpar_graph_create(m, &t->g));
+    dpar_graph *g = t->g;
+    dpar_array_desc xd = { DPAR_F32, 4, { CB * n, CH, CH, CC }, { "data" } };
+    dpar_array_desc yd = { DPAR_I32, 1, { CB * n }, { "data" } };
+    t->x = dpar_g_feed(g, "x", &xd), t->y = dpar_g_feed(g, "y", &yd);
+    dpar_value p[NP], gr[NP];
+    for (int i = 0; i < NP; i++) p[i] = dpar_g_param(g, "w", t->w[i]);
+    dpar_value h = dpar_g_relu(g, dpar_g_conv2d(g, t->x, p[0], p[1], NULL));
+    h = dpar_g_max_pool2d(g, h, NULL);
+    int64_t flat[2] = { CB, CF };
+    h = dpar_g_reshape(g, h, 2, flat);
+    h = dpar_g_layer_norm(g, h, p[2], p[3], 1e-5f);
+    t->kept = h;
+    h = dpar_g_dropout(g, h, 0.25f, 42); /* a host node: its seed moves with the step */
+    dpar_value logits = dpar_g_bias_add(g, dpar_g_matmul(g, h, p[4], false, false), p[5]);
+    dpar_value loss = dpar_g_pmean(g, dpar_g_softmax_xent(g, logits, t->y), "data");
+    T_OK(dpar_graph_value_and_grad(g, loss, p, NP, gr));
+    dpar_adamw_desc ad = { .learning_rate = 0.01f, .weight_decay = 0.01f, .clip_norm = 1.0f };
+    T_OK(dpar_graph_adamw(g, &ad, p, gr, NP));
+    T_OK(dpar_graph_keep(g, t->kept));
+    T_OK(dpar_graph_compile(g, NULL));
+}
+static void cnn_case(int n) {
+    dpar_runtime *rt = t_runtime_or_skip(DPAR_BACKEND_VULKAN, n);
+    dpar_mesh *m = t_mesh1(rt, n, "data");
+    static float init[NP][CF * NCL];
+    float *ip[NP];
+    rng_state = 5;
+    for (int i = 0; i < NP; i++) {
+        int64_t c = 1;
+        for (int d = 0; d < cnn_nd[i]; d++) c *= cnn_shape[i][d];
+        fill(init[i], c, i == 2 ? 0.0 : 0.5);
+        if (i == 2)
+            for (int64_t k = 0; k < c; k++) init[i][k] = 1.0f; /* layer norm scale */
+        ip[i] = init[i];
+    }
+    cnn plain, rec;
+    cnn_build(&plain, m, n, ip);
+    cnn_build(&rec, m, n, ip);
+    static float xs[4 * CB * CH * CH * CC], kp[CB * CF], kr[CB * CF];
+    int32_t ys[4 * CB];
+    for (int s = 0; s < STEPS; s++) {
+        fill(xs, (int64_t)CB * n * CH * CH * CC, 1.0);
+        for (int i = 0; i < CB * n; i++) ys[i] = (int32_t)((i * 7 + s) % NCL);
+        if (s == 3) { /* read on the host each step: the recordings stay valid */
+            T_OK(dpar_graph_set_lr(plain.g, 0.003f));
+            T_OK(dpar_graph_set_lr(rec.g, 0.003f));
+        }
+        if (s == 4) {
+            T_OK(dpar_graph_set_step(plain.g, 100));
+            T_OK(dpar_graph_set_step(rec.g, 100));
+        }
+        float lp = 0, lr = 0;
+        step(plain.g, false, plain.x, xs, plain.y, ys, &lp);
+        step(rec.g, true, rec.x, xs, rec.y, ys, &lr);
+        want_same(&lp, &lr, sizeof lp, "the loss", s);
+        for (int d = 0; d < n; d++) {
+            T_OK(dpar_graph_read_shard(plain.g, plain.kept, d, kp));
+            T_OK(dpar_graph_read_shard(rec.g, rec.kept, d, kr));
+            want_same(kp, kr, sizeof kp, "the kept layer-norm output", s);
+        }
+    }
+    for (int i = 0; i < NP; i++) {
+        static float a[CF * NCL], b[CF * NCL];
+        T_OK(dpar_array_get(plain.w[i], a));
+        T_OK(dpar_array_get(rec.w[i], b));
+        want_same(a, b, sizeof a, "a parameter", STEPS);
+    }
+    int segp = -1, nodp = -1, segr = 0, nodr = 0;
+    T_OK(dpar_graph_recorded(plain.g, &segp, &nodp));
+    T_OK(dpar_graph_recorded(rec.g, &segr, &nodr));
+    assert_int_equal(segp, 0);
+    assert_int_equal(nodp, 0);
+    if (segr < 2 * n) fail_msg("%d segments recorded on %d devices; want at least 2 each (split at dropout)", segr, n);
+    printf("CNN on %d Vulkan device(s): %d segments holding %d nodes, bit for bit over %d steps\n", n, segr, nodr,
+           STEPS);
+    T_OK(dpar_graph_destroy(plain.g));
+    T_OK(dpar_graph_destroy(rec.g));
+    for (int i = 0; i < NP; i++) dpar_array_destroy(plain.w[i]), dpar_array_destroy(rec.w[i]);
+    T_OK(dpar_mesh_destroy(m));
+    T_OK(dpar_runtime_destroy(rt));
+}
+static void test_cnn_1(void **st) {
+    (void)st;
+    cnn_case(1);
+}
+static void test_cnn_2(void **st) {
+    (void)st;
+    cnn_case(2);
+}
+
+/* ---- Megatron column -> row MLP on 2x2 (data, model): a psum in the forward, SGD with momentum ---- */
+enum { MB = 8, MD = 6, MH = 8, MC = 5 };
+typedef struct mlp {
+    dpar_graph *g;
+    dpar_array *w[4];
+    dpar_value x, y;
+} mlp;
+static void mlp_build(mlp *t, dpar_mesh *m, float *const init[4]) {
+    static const int64_t sh[4][2] = { { MD, MH }, { MH }, { MH, MC }, { MC } };
+    static const int nd[4] = { 2, 1, 2, 1 };
+    const char *s0[2] = { NULL, "model" }, *s1[1] = { "model" }, *s2[2] = { "model", NULL };
+    const char *const *spec[4] = { s0, s1, s2, NULL };
+    for (int i = 0; i < 4; i++) t->w[i] = arr(m, nd[i], sh[i], spec[i], init[i]);
+    T_OK(dpar_graph_create(m, &t->g));
+    dpar_graph *g = t->g;
+    dpar_array_desc xd = { DPAR_F32, 2, { MB, MD }, { "data" } }, yd = { DPAR_I32, 1, { MB }, { "data" } };
+    t->x = dpar_g_feed(g, "x", &xd), t->y = dpar_g_feed(g, "y", &yd);
+    dpar_value p[4], gr[4];
+    for (int i = 0; i < 4; i++) p[i] = dpar_g_param(g, "w", t->w[i]);
+    dpar_value h = dpar_g_relu(g, dpar_g_bias_add(g, dpar_g_matmul(g, t->x, p[0], false, false), p[1]));
+    dpar_value z = dpar_g_psum(g, dpar_g_matmul(g, h, p[2], false, false), "model");
+    dpar_value loss = dpar_g_pmean(g, dpar_g_softmax_xent(g, dpar_g_bias_add(g, z, p[3]), t->y), "data");
+    T_OK(dpar_graph_value_and_grad(g, loss, p, 4, gr));
+    dpar_sgd_desc sd;
+    memset(&sd, 0, sizeof sd);
+    sd.learning_rate = 0.2f, sd.momentum = 0.9f, sd.weight_decay = 1e-3f;
+    T_OK(dpar_graph_sgd(g, &sd, p, gr, 4));
+    T_OK(dpar_graph_compile(g, NULL));
+}
+static void test_megatron(void **st) {
+    (void)st;
+    dpar_runtime *rt = t_runtime_or_skip(DPAR_BACKEND_VULKAN, 4);
+    int shape[2] = { 2, 2 };
+    const char *names[2] = { "data", "model" };
+    dpar_mesh *m = t_mesh(rt, 2, shape, names);
+    static float w0[MD * MH], w1[MH], w2[MH * MC], w3[MC], xs[MB * MD];
+    int32_t ys[MB];
+    rng_state = 99;
+    fill(w0, MD * MH, 1.0), fill(w1, MH, 0.1), fill(w2, MH * MC, 1.0), fill(w3, MC, 0.1);
+    float *init[4] = { w0, w1, w2, w3 };
+    mlp plain, rec;
+    mlp_build(&plain, m, init);
+    mlp_build(&rec, m, init);
+    for (int s = 0; s < 10; s++) {
+        fill(xs, MB * MD, 1.0);
+        for (int i = 0; i < MB; i++) ys[i] = (int32_t)((i * 3 + s) % MC);
+        float lp = 0, lr = 0;
+        step(plain.g, false, plain.x, xs, plain.y, ys, &lp);
+        step(rec.g, true, rec.x, xs, rec.y, ys, &lr);
+        want_same(&lp, &lr, sizeof lp, "the loss", s);
+    }
+    for (int i = 0; i < 4; i++) {
+        float a[MD * MH], b[MD * MH];
+        T_OK(dpar_array_get(plain.w[i], a));
+        T_OK(dpar_array_get(rec.w[i], b));
+        want_same(a, b, sizeof a, "a parameter", 10);
+    }
+    int seg = 0, nodes = 0;
+    T_OK(dpar_graph_recorded(plain.g, &seg, &nodes));
+    assert_int_equal(seg, 0);
+    T_OK(dpar_graph_recorded(rec.g, &seg, &nodes));
+    if (seg < 2 * 4) fail_msg("%d segments on 4 devices; want at least 2 each (split at the psum)", seg);
+    printf("Megatron MLP on a 2x2 Vulkan mesh: %d segments holding %d nodes, bit for bit over 10 steps\n", seg, nodes);
+    T_OK(dpar_graph_destroy(plain.g));
+    T_OK(dpar_graph_destroy(rec.g));
+    for (int i = 0; i < 4; i++) dpar_array_destroy(plain.w[i]), dpar_array_destroy(rec.w[i]);
+    T_OK(dpar_mesh_destroy(m));
+    T_OK(dpar_runtime_destroy(rt));
+}
+
+/* ---- a bad label inside a recorded segment: reported by its step, then the graph runs on ---- */
+static dpar_graph *label_graph(dpar_mesh *m, dpar_array *w, dpar_value *x, dpar_value *y) {
+    dpar_graph *g = NULL;
+    T_OK(dpar_graph_create(m, &g));
+    dpar_array_desc xd = { DPAR_F32, 2, { 4, 3 }, { NULL } }, yd = { DPAR_I32, 1, { 4 }, { NULL } };
+    *x = dpar_g_feed(g, "x", &xd), *y = dpar_g_feed(g, "y", &yd);
+    dpar_value p = dpar_g_param(g, "w", w), gr;
+    T_OK(dpar_graph_value_and_grad(g, dpar_g_softmax_xent(g, dpar_g_matmul(g, *x, p, false, false), *y), &p, 1, &gr));
+    T_OK(dpar_graph_compile(g, NULL));
+    return g;
+}
+static void test_bad_label(void **st) {
+    (void)st;
+    dpar_runtime *rt = t_runtime_or_skip(DPAR_BACKEND_VULKAN, 1);
+    dpar_mesh *m = t_mesh1(rt, 1, "data");
+    float w0[3 * 5], xs[4 * 3];
+    rng_state = 3;
+    fill(w0, 15, 1.0), fill(xs, 12, 1.0);
+    int64_t sh[2] = { 3, 5 };
+    dpar_array *w = arr(m, 2, sh, NULL, w0);
+    float loss[2][3];
+    dpar_status bad[2];
+    for (int r = 0; r < 2; r++) {
+        setenv("DPAR_GRAPH_RECORD", r ? "1" : "0", 1);
+        dpar_value x, y;
+        dpar_graph *g = label_graph(m, w, &x, &y);
+        int32_t good[4] = { 0, 1, 2, 4 }, wrong[4] = { 0, 9, 2, 4 };
+        T_OK(dpar_graph_run(g, (dpar_graph_feed[]){ { x, xs, NULL }, { y, good, NULL } }, 2, &loss[r][0]));
+        bad[r] = dpar_graph_run(g, (dpar_graph_feed[]){ { x, xs, NULL }, { y, wrong, NULL } }, 2, &loss[r][1]);
+        if (!bad[r]) fail_msg("label 9 of 5 classes was not reported (recorded: %d)", r);
+        if (!strstr(dpar_last_error(), "9")) fail_msg("the error does not name the label: %s", dpar_last_error());
+        T_OK(dpar_graph_run(g, (dpar_graph_feed[]){ { x, xs, NULL }, { y, good, NULL } }, 2, &loss[r][2]));
+        int seg = 0;
+        T_OK(dpar_graph_recorded(g, &seg, NULL));
+        assert_int_equal(seg > 0, r);
+        T_OK(dpar_graph_destroy(g));
+    }
+    assert_int_equal(bad[0], bad[1]);
+    want_same(&loss[0][0], &loss[1][0], sizeof(float), "the loss", 0);
+    want_same(&loss[0][2], &loss[1][2], sizeof(float), "the loss", 2);
+    dpar_array_destroy(w);
+    T_OK(dpar_mesh_destroy(m));
+    T_OK(dpar_runtime_destroy(rt));
+}
+
+/* ---- the CPU backend records nothing; bad input ---- */
+static void test_cpu_and_bad_input(void **st) {
+    (void)st;
+    setenv("DPAR_GRAPH_RECORD", "1", 1);
+    dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 2);
+    dpar_mesh *m = t_mesh1(rt, 2, "data");
+    float w0[15], xs[12];
+    fill(w0, 15, 1.0), fill(xs, 12, 1.0);
+    int64_t sh[2] = { 3, 5 };
+    dpar_array *w = arr(m, 2, sh, NULL, w0);
+    dpar_value x, y;
+    dpar_graph *g = label_graph(m, w, &x, &y);
+    int32_t good[4] = { 0, 1, 2, 4 };
+    float loss;
+    T_OK(dpar_graph_run(g, (dpar_graph_feed[]){ { x, xs, NULL }, { y, good, NULL } }, 2, &loss));
+    int seg = -1, nodes = -1;
+    T_OK(dpar_graph_recorded(g, &seg, &nodes));
+    assert_int_equal(seg, 0);
+    assert_int_equal(nodes, 0);
+    T_OK(dpar_graph_recorded(g, NULL, NULL));
+    T_ERR(dpar_graph_recorded(NULL, &seg, &nodes), DPAR_ERR_INVALID_ARGUMENT, "graph is NULL");
+    assert_int_equal(seg, 0);
+    T_OK(dpar_graph_destroy(g));
+    dpar_array_destroy(w);
+    T_OK(dpar_mesh_destroy(m));
+    T_OK(dpar_runtime_destroy(rt));
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_cnn_1),     cmocka_unit_test(test_cnn_2),
+        cmocka_unit_test(test_megatron),  cmocka_unit_test(test_bad_label),
+        cmocka_unit_test(test_cpu_and_bad_input),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
