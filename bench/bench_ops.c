@@ -93,6 +93,7 @@ struct ops_case {
     dpar_conv2d_desc conv;
     dpar_pool2d_desc pool;
     dpar_status err; /* the first error while building */
+    int off;         /* left out by --only / --dtypes: nothing is built */
 };
 
 typedef struct {
@@ -135,7 +136,7 @@ static dpar_status fill(dpar_runtime *rt, dpar_buffer *b, dpar_dtype dt, int ndi
 /* a new operand of c: counted in c->rd / c->wr by `acc`; imod for i32 indices */
 static dpar_buffer *mk(bench *B, ops_case *c, int acc, dpar_dtype dt, int ndim, const int64_t *shape, int imod) {
     dpar_buffer *b = NULL;
-    if (c->err || c->nb == MAXB) return NULL;
+    if (c->off || c->err || c->nb == MAXB) return NULL;
     c->err = dpar_buffer_create(B->rt, 0, dt, ndim, shape, &b);
     if (!c->err) c->err = fill(B->rt, b, dt, ndim, shape, imod > 0 ? imod : 1);
     if (c->err) {
@@ -155,13 +156,22 @@ static dpar_buffer *mk(bench *B, ops_case *c, int acc, dpar_dtype dt, int ndim, 
 #define MK(acc, dt, ...) mk(B, c, acc, dt, ND(__VA_ARGS__), SH(__VA_ARGS__), 0)
 #define MKI(acc, imod, ...) mk(B, c, acc, DPAR_I32, ND(__VA_ARGS__), SH(__VA_ARGS__), imod)
 
-static ops_case *begin(ops_case *c, const char *op, dpar_dtype dt, const char *shape, ops_fn run) {
+/* whether --dtypes lists `name` (no list: every dtype) */
+static int dtype_on(const bench *B, const char *name) {
+    size_t n = strlen(name);
+    if (!B->dtypes) return 1;
+    for (const char *p = B->dtypes; (p = strstr(p, name)); p += n)
+        if ((p == B->dtypes || p[-1] == ',') && (p[n] == 0 || p[n] == ',')) return 1;
+    return 0;
+}
+static ops_case *begin(const bench *B, ops_case *c, const char *op, dpar_dtype dt, const char *shape, ops_fn run) {
     memset(c, 0, sizeof *c);
     snprintf(c->op, sizeof c->op, "%s", op);
     snprintf(c->shape, sizeof c->shape, "%s", shape);
     c->dt = dt;
     c->run = run;
     c->gfrac = 1.0;
+    c->off = (B->only && !strstr(op, B->only)) || !dtype_on(B, dpar_dtype_name(dt));
     return c;
 }
 static void gemm(ops_case *c, int64_t m, int64_t n, int64_t k, int ta, int tb, int count) {
@@ -309,18 +319,9 @@ done:
     free(gm.c);
 }
 
-/* whether --dtypes lists `name` (no list: every dtype) */
-static int dtype_on(const bench *B, const char *name) {
-    size_t n = strlen(name);
-    if (!B->dtypes) return 1;
-    for (const char *p = B->dtypes; (p = strstr(p, name)); p += n)
-        if ((p == B->dtypes || p[-1] == ',') && (p[n] == 0 || p[n] == ',')) return 1;
-    return 0;
-}
-
 /* measures a built case (or reports why it could not be built) and frees its buffers */
 static void finish(bench *B, ops_case *c) {
-    if ((!B->only || strstr(c->op, B->only)) && dtype_on(B, dpar_dtype_name(c->dt))) {
+    if (!c->off) {
         if (c->err) {
             if (!refused(B, c, c->err)) {
                 fprintf(stderr, "bench_ops: %s (%s): %s\n", c->op, c->shape, dpar_last_error());
@@ -355,17 +356,17 @@ static void conv_rows(bench *B, dpar_dtype dt, const char *name, int64_t n, int6
     snprintf(sh, sizeof sh, "x%lldx%lldx%lldx%lld w3x3x%lldx%lld", (long long)n, (long long)h, (long long)w,
              (long long)ci, (long long)ci, (long long)co);
     snprintf(op, sizeof op, "conv2d:%s", name);
-    begin(c, op, dt, sh, r_conv);
+    begin(B, c, op, dt, sh, r_conv);
     MK(ACC_R, dt, n, h, w, ci), MK(ACC_R, dt, 3, 3, ci, co), MK(ACC_R, dt, co), MK(ACC_W, dt, n, h, w, co);
     gemm(c, n * h * w, co, 9 * ci, 0, 0, 1);
     finish(B, c);
     snprintf(op, sizeof op, "conv2d_backward_input:%s", name);
-    begin(c, op, dt, sh, r_conv_dx);
+    begin(B, c, op, dt, sh, r_conv_dx);
     MK(ACC_W, dt, n, h, w, ci), MK(ACC_R, dt, n, h, w, co), MK(ACC_R, dt, 3, 3, ci, co);
     gemm(c, n * h * w, 9 * ci, co, 0, 1, 1);
     finish(B, c);
     snprintf(op, sizeof op, "conv2d_backward_kernel:%s", name);
-    begin(c, op, dt, sh, r_conv_dw);
+    begin(B, c, op, dt, sh, r_conv_dw);
     MK(ACC_W, dt, 3, 3, ci, co), MK(ACC_W, dt, co), MK(ACC_R, dt, n, h, w, ci), MK(ACC_R, dt, n, h, w, co);
     gemm(c, 9 * ci, co, n * h * w, 1, 0, 1);
     finish(B, c);
@@ -384,10 +385,10 @@ static void pool_rows(bench *B, dpar_dtype dt, int64_t n, int64_t h, int64_t w, 
     char sh[64];
     snprintf(sh, sizeof sh, "%lldx%lldx%lldx%lld", (long long)n, (long long)h, (long long)w, (long long)ch);
     for (int mx = 0; mx < 2; mx++) {
-        begin(c, mx ? "max_pool2d" : "avg_pool2d", dt, sh, mx ? r_maxpool : r_avgpool);
+        begin(B, c, mx ? "max_pool2d" : "avg_pool2d", dt, sh, mx ? r_maxpool : r_avgpool);
         MK(ACC_R, dt, n, h, w, ch), MK(ACC_W, dt, n, h / 2, w / 2, ch);
         finish(B, c);
-        begin(c, mx ? "max_pool2d_backward" : "avg_pool2d_backward", dt, sh, mx ? r_maxpool_bwd : r_avgpool_bwd);
+        begin(B, c, mx ? "max_pool2d_backward" : "avg_pool2d_backward", dt, sh, mx ? r_maxpool_bwd : r_avgpool_bwd);
         MK(ACC_W, dt, n, h, w, ch), MK(ACC_R, dt, n, h / 2, w / 2, ch);
         if (mx) MK(ACC_R, dt, n, h, w, ch);
         finish(B, c);
@@ -407,7 +408,7 @@ static void matmul_row(bench *B, dpar_dtype dt, const char *what, const char *sh
     char t[3] = "nn", op[48];
     if (sscanf(shape, "%lldx%lldx%lld:%2[nt]", &m, &n, &k, t) < 3) return;
     snprintf(op, sizeof op, "matmul:%s", what);
-    begin(c, op, dt, shape, r_matmul);
+    begin(B, c, op, dt, shape, r_matmul);
     c->k[0] = t[0] == 't';
     c->k[1] = t[1] == 't';
     MK(ACC_R, dt, c->k[0] ? k : m, c->k[0] ? m : k), MK(ACC_R, dt, c->k[1] ? n : k, c->k[1] ? k : n);
@@ -434,24 +435,24 @@ static void cnn_rows(bench *B, dpar_dtype dt) {
     matmul_row(B, dt, "cnn dense1 dw", "3136x256x16:tn");
     matmul_row(B, dt, "cnn dense2", "16x10x256");
     /* relu: x read, y written; backward: dy + x read, dx written */
-    begin(c, "relu", dt, "16x28x28x32", r_relu);
+    begin(B, c, "relu", dt, "16x28x28x32", r_relu);
     MK(ACC_R, dt, 16, 28, 28, 32), MK(ACC_W, dt, 16, 28, 28, 32);
     finish(B, c);
-    begin(c, "relu_backward", dt, "16x28x28x32", r_relu_bwd);
+    begin(B, c, "relu_backward", dt, "16x28x28x32", r_relu_bwd);
     MK(ACC_W, dt, 16, 28, 28, 32), MK(ACC_R, dt, 16, 28, 28, 32), MK(ACC_R, dt, 16, 28, 28, 32);
     finish(B, c);
     /* bias_add: y read and written, b read; bias_grad (beta 0): dy read, db written */
-    begin(c, "bias_add", dt, "16x256", r_bias_add);
+    begin(B, c, "bias_add", dt, "16x256", r_bias_add);
     MK(ACC_RW, dt, 16, 256), MK(ACC_R, dt, 256);
     finish(B, c);
-    begin(c, "bias_grad", dt, "16x256", r_bias_grad);
+    begin(B, c, "bias_grad", dt, "16x256", r_bias_grad);
     MK(ACC_W, dt, 256), MK(ACC_R, dt, 16, 256);
     finish(B, c);
     /* softmax_xent and mse: the inputs read, loss + gradient written */
-    begin(c, "softmax_xent", dt, "16x10", r_xent);
+    begin(B, c, "softmax_xent", dt, "16x10", r_xent);
     MK(ACC_W, DPAR_F32, 1), MK(ACC_W, dt, 16, 10), MK(ACC_R, dt, 16, 10), MKI(ACC_R, 10, 16);
     finish(B, c);
-    begin(c, "mse", dt, "16x10", r_mse);
+    begin(B, c, "mse", dt, "16x10", r_mse);
     MK(ACC_W, DPAR_F32, 1), MK(ACC_W, dt, 16, 10), MK(ACC_R, dt, 16, 10), MK(ACC_R, dt, 16, 10);
     finish(B, c);
 }
@@ -485,11 +486,11 @@ static dpar_status r_xent2(const ops_case *c) {
    backward (beta 0): dout + idx read, the whole dtable [V,D] written */
 static void embed_rows(bench *B, dpar_dtype dt) {
     ops_case cc, *c = &cc;
-    begin(c, "embedding", dt, "table 65x128 idx 16x64", r_embed);
+    begin(B, c, "embedding", dt, "table 65x128 idx 16x64", r_embed);
     MK(ACC_W, dt, G_ROWS, G_C), MK(ACC_NONE, dt, G_V, G_C), MKI(ACC_R, G_V, G_B, G_T);
     c->rd += (double)G_ROWS * G_C * (double)dpar_dtype_size(dt);
     finish(B, c);
-    begin(c, "embedding_backward", dt, "table 65x128 idx 16x64", r_embed_bwd);
+    begin(B, c, "embedding_backward", dt, "table 65x128 idx 16x64", r_embed_bwd);
     MK(ACC_W, dt, G_V, G_C), MK(ACC_R, dt, G_ROWS, G_C), MKI(ACC_R, G_V, G_B, G_T);
     finish(B, c);
 }
@@ -499,12 +500,12 @@ static void embed_rows(bench *B, dpar_dtype dt) {
 static void norm_rows(bench *B, dpar_dtype dt) {
     ops_case cc, *c = &cc;
     for (int rms = 0; rms < 2; rms++) {
-        begin(c, rms ? "rms_norm" : "layer_norm", dt, "1024x128", r_norm);
+        begin(B, c, rms ? "rms_norm" : "layer_norm", dt, "1024x128", r_norm);
         c->k[0] = rms;
         MK(ACC_W, dt, G_ROWS, G_C), MK(ACC_W, DPAR_F32, G_ROWS, 2), MK(ACC_R, dt, G_ROWS, G_C), MK(ACC_R, dt, G_C);
         MK(ACC_R, dt, G_C);
         finish(B, c);
-        begin(c, rms ? "rms_norm_backward" : "layer_norm_backward", dt, "1024x128", r_norm_bwd);
+        begin(B, c, rms ? "rms_norm_backward" : "layer_norm_backward", dt, "1024x128", r_norm_bwd);
         c->k[0] = rms;
         MK(ACC_W, dt, G_ROWS, G_C), MK(ACC_W, dt, G_C), MK(ACC_W, dt, G_C), MK(ACC_R, dt, G_ROWS, G_C);
         MK(ACC_R, dt, G_ROWS, G_C), MK(ACC_R, dt, G_C), MK(ACC_R, DPAR_F32, G_ROWS, 2);
@@ -520,13 +521,13 @@ static void norm_rows(bench *B, dpar_dtype dt) {
 static void attn_rows(bench *B, dpar_dtype dt) {
     ops_case cc, *c = &cc;
     const int bh = G_B * G_H;
-    begin(c, "attention", dt, "16x2x64x32 causal", r_attn);
+    begin(B, c, "attention", dt, "16x2x64x32 causal", r_attn);
     MK(ACC_W, dt, G_B, G_H, G_T, G_HD), MK(ACC_W, DPAR_F32, G_B, G_H, G_T, 2);
     for (int i = 0; i < 3; i++) MK(ACC_R, dt, G_B, G_H, G_T, G_HD);
     gemm(c, G_T, G_T, G_HD, 0, 1, bh), gemm(c, G_T, G_HD, G_T, 0, 0, bh);
     c->gfrac = (G_T + 1.0) / (2.0 * G_T);
     finish(B, c);
-    begin(c, "attention_backward", dt, "16x2x64x32 causal", r_attn_bwd);
+    begin(B, c, "attention_backward", dt, "16x2x64x32 causal", r_attn_bwd);
     for (int i = 0; i < 3; i++) MK(ACC_W, dt, G_B, G_H, G_T, G_HD);
     MK(ACC_RW, DPAR_F32, G_B, G_H, G_T, 2);
     for (int i = 0; i < 4; i++) MK(ACC_R, dt, G_B, G_H, G_T, G_HD);
@@ -548,14 +549,14 @@ static void gpt_rows(bench *B, dpar_dtype dt) {
     matmul_row(B, dt, "gpt head", "1024x65x128");
     matmul_row(B, dt, "gpt fc1 dw", "128x256x1024:tn");
     /* matmul_batched: the per-head scores QK^T [32 x 64x32] x [32 x 64x32]^T: A + B read, C written */
-    begin(c, "matmul_batched", dt, "32x(64x64x32):nt", r_matmul_batched);
+    begin(B, c, "matmul_batched", dt, "32x(64x64x32):nt", r_matmul_batched);
     c->k[1] = 1;
     MK(ACC_R, dt, G_B * G_H, G_T, G_HD), MK(ACC_R, dt, G_B * G_H, G_T, G_HD), MK(ACC_W, dt, G_B * G_H, G_T, G_T);
     gemm(c, G_T, G_T, G_HD, 0, 1, G_B * G_H);
     finish(B, c);
     /* cross-entropy with ignore label and smoothing 0.1 over the vocabulary: logits + labels read,
        loss + dlogits written */
-    begin(c, "cross_entropy", dt, "1024x65", r_xent2);
+    begin(B, c, "cross_entropy", dt, "1024x65", r_xent2);
     MK(ACC_W, DPAR_F32, 1), MK(ACC_W, dt, G_ROWS, G_V), MK(ACC_R, dt, G_ROWS, G_V), MKI(ACC_R, G_V, G_ROWS);
     finish(B, c);
 }
@@ -606,14 +607,14 @@ static void unary_rows(bench *B, dpar_dtype dt) {
     char op[48], nb[16];
     for (int u = 0; u < DPAR_UNARY_COUNT; u++) {
         snprintf(op, sizeof op, "unary:%s", NAME(unary_names, u));
-        begin(c, op, dt, "1024x256", r_unary);
+        begin(B, c, op, dt, "1024x256", r_unary);
         c->k[0] = u;
         MK(ACC_R, dt, G_ROWS, G_F), MK(ACC_W, dt, G_ROWS, G_F);
         finish(B, c);
         int needs_x = !(u == DPAR_UNARY_NEG || u == DPAR_UNARY_ADD_SCALAR || u == DPAR_UNARY_MUL_SCALAR ||
                         u == DPAR_UNARY_RSUB_SCALAR || u == DPAR_UNARY_DIV_SCALAR);
         snprintf(op, sizeof op, "unary_backward:%s", NAME(unary_names, u));
-        begin(c, op, dt, "1024x256", r_unary_bwd);
+        begin(B, c, op, dt, "1024x256", r_unary_bwd);
         c->k[0] = u;
         MK(ACC_W, dt, G_ROWS, G_F), MK(ACC_R, dt, G_ROWS, G_F), MK(needs_x ? ACC_R : ACC_NONE, dt, G_ROWS, G_F);
         finish(B, c);
@@ -627,27 +628,27 @@ static void binary_rows(bench *B, dpar_dtype dt) {
     char op[48], nb[16];
     for (int o = 0; o < DPAR_BINARY_COUNT; o++) {
         snprintf(op, sizeof op, "binary:%s", NAME(binary_names, o));
-        begin(c, op, dt, "1024x128", r_binary);
+        begin(B, c, op, dt, "1024x128", r_binary);
         c->k[0] = o;
         MK(ACC_W, dt, G_ROWS, G_C), MK(ACC_R, dt, G_ROWS, G_C), MK(ACC_R, dt, G_ROWS, G_C);
         finish(B, c);
         snprintf(op, sizeof op, "binary_backward:%s", NAME(binary_names, o));
-        begin(c, op, dt, "1024x128", r_binary_bwd);
+        begin(B, c, op, dt, "1024x128", r_binary_bwd);
         c->k[0] = o;
         int ab = o == DPAR_BINARY_MUL || o == DPAR_BINARY_DIV ? ACC_R : ACC_NONE;
         MK(ACC_W, dt, G_ROWS, G_C), MK(ACC_W, dt, G_ROWS, G_C), MK(ACC_R, dt, G_ROWS, G_C);
         MK(ab, dt, G_ROWS, G_C), MK(ab, dt, G_ROWS, G_C);
         finish(B, c);
     }
-    begin(c, "binary:add broadcast", dt, "16x64x128 + 64x128", r_binary);
+    begin(B, c, "binary:add broadcast", dt, "16x64x128 + 64x128", r_binary);
     MK(ACC_W, dt, G_B, G_T, G_C), MK(ACC_R, dt, G_B, G_T, G_C), MK(ACC_R, dt, G_T, G_C);
     finish(B, c);
-    begin(c, "binary_backward:add broadcast", dt, "16x64x128 + 64x128", r_binary_bwd);
+    begin(B, c, "binary_backward:add broadcast", dt, "16x64x128 + 64x128", r_binary_bwd);
     MK(ACC_W, dt, G_B, G_T, G_C), MK(ACC_W, dt, G_T, G_C), MK(ACC_R, dt, G_B, G_T, G_C);
     MK(ACC_NONE, dt, G_B, G_T, G_C), MK(ACC_NONE, dt, G_T, G_C);
     finish(B, c);
     /* where: cond + a + b read, y written */
-    begin(c, "where", dt, "1024x256", r_where);
+    begin(B, c, "where", dt, "1024x256", r_where);
     MK(ACC_W, dt, G_ROWS, G_F), MK(ACC_R, dt, G_ROWS, G_F), MK(ACC_R, dt, G_ROWS, G_F), MK(ACC_R, dt, G_ROWS, G_F);
     finish(B, c);
 }
@@ -661,28 +662,28 @@ static void reduce_rows(bench *B, dpar_dtype dt) {
     char op[48], nb[16];
     for (int k = 0; k < DPAR_REDUCE_KIND_COUNT; k++) {
         snprintf(op, sizeof op, "reduce:%s", NAME(reduce_names, k));
-        begin(c, op, dt, "1024x65 axis -1", r_reduce);
+        begin(B, c, op, dt, "1024x65 axis -1", r_reduce);
         c->k[0] = k;
         MK(ACC_W, k == DPAR_REDUCE_ARGMAX ? DPAR_I32 : dt, G_ROWS), MK(ACC_R, dt, G_ROWS, G_V);
         finish(B, c);
         if (k == DPAR_REDUCE_ARGMAX) continue;
         snprintf(op, sizeof op, "reduce_backward:%s", NAME(reduce_names, k));
-        begin(c, op, dt, "1024x65 axis -1", r_reduce_bwd);
+        begin(B, c, op, dt, "1024x65 axis -1", r_reduce_bwd);
         c->k[0] = k;
         MK(ACC_W, dt, G_ROWS, G_V), MK(ACC_R, dt, G_ROWS), MK(k == DPAR_REDUCE_MAX ? ACC_R : ACC_NONE, dt, G_ROWS, G_V);
         finish(B, c);
     }
     for (int lg = 0; lg < 2; lg++) {
-        begin(c, lg ? "log_softmax" : "softmax", dt, "2048x64", r_softmax);
+        begin(B, c, lg ? "log_softmax" : "softmax", dt, "2048x64", r_softmax);
         c->k[0] = lg;
         MK(ACC_R, dt, G_B * G_H * G_T, G_T), MK(ACC_W, dt, G_B * G_H * G_T, G_T);
         finish(B, c);
-        begin(c, lg ? "log_softmax_backward" : "softmax_backward", dt, "2048x64", r_softmax_bwd);
+        begin(B, c, lg ? "log_softmax_backward" : "softmax_backward", dt, "2048x64", r_softmax_bwd);
         c->k[0] = lg;
         MK(ACC_W, dt, G_B * G_H * G_T, G_T), MK(ACC_R, dt, G_B * G_H * G_T, G_T), MK(ACC_R, dt, G_B * G_H * G_T, G_T);
         finish(B, c);
     }
-    begin(c, "dropout", dt, "1024x128 rate 0.1", r_dropout);
+    begin(B, c, "dropout", dt, "1024x128 rate 0.1", r_dropout);
     MK(ACC_R, dt, G_ROWS, G_C), MK(ACC_W, dt, G_ROWS, G_C);
     finish(B, c);
 }
@@ -712,28 +713,28 @@ static dpar_status r_cast(const ops_case *c) { return dpar_cast(c->b[0], c->b[1]
    copy and cast: src read, dst written */
 static void optim_rows(bench *B, dpar_dtype dt) {
     ops_case cc, *c = &cc;
-    begin(c, "adamw_update", dt, "802816", r_adamw);
+    begin(B, c, "adamw_update", dt, "802816", r_adamw);
     MK(ACC_RW, dt, P_N), MK(ACC_R, dt, P_N), MK(ACC_RW, DPAR_F32, P_N), MK(ACC_RW, DPAR_F32, P_N);
     finish(B, c);
-    begin(c, "sgd_update", dt, "802816 momentum 0.9", r_sgd);
+    begin(B, c, "sgd_update", dt, "802816 momentum 0.9", r_sgd);
     MK(ACC_RW, dt, P_N), MK(ACC_R, dt, P_N), MK(ACC_RW, dt, P_N);
     finish(B, c);
     for (int sq = 0; sq < 2; sq++) {
-        begin(c, sq ? "sum_squares" : "sum", dt, "802816", r_sum);
+        begin(B, c, sq ? "sum_squares" : "sum", dt, "802816", r_sum);
         c->k[0] = sq;
         MK(ACC_W, DPAR_F32, 1), MK(ACC_R, dt, P_N);
         finish(B, c);
     }
-    begin(c, "axpy", dt, "802816", r_axpy);
+    begin(B, c, "axpy", dt, "802816", r_axpy);
     MK(ACC_RW, dt, P_N), MK(ACC_R, dt, P_N);
     finish(B, c);
-    begin(c, "scale", dt, "802816", r_scale);
+    begin(B, c, "scale", dt, "802816", r_scale);
     MK(ACC_RW, dt, P_N);
     finish(B, c);
-    begin(c, "fill", dt, "802816", r_fill);
+    begin(B, c, "fill", dt, "802816", r_fill);
     MK(ACC_W, dt, P_N);
     finish(B, c);
-    begin(c, "copy", dt, "802816", r_copy);
+    begin(B, c, "copy", dt, "802816", r_copy);
     MK(ACC_W, dt, P_N), MK(ACC_R, dt, P_N);
     finish(B, c);
 }
@@ -744,7 +745,7 @@ static void cast_rows(bench *B, dpar_dtype src) {
     for (int d = 0; d < DPAR_DTYPE_COUNT; d++) {
         if (d == (int)src) continue;
         snprintf(op, sizeof op, "cast:%s->%s", dpar_dtype_name(src), dpar_dtype_name((dpar_dtype)d));
-        begin(c, op, (dpar_dtype)d, "1024x128", r_cast);
+        begin(B, c, op, (dpar_dtype)d, "1024x128", r_cast);
         MK(ACC_W, (dpar_dtype)d, G_ROWS, G_C), mk(B, c, ACC_R, src, 2, SH(G_ROWS, G_C), 1000);
         finish(B, c);
     }
@@ -766,23 +767,23 @@ static dpar_status r_concat(const ops_case *c) {
    read, the whole dx written */
 static void shape_rows(bench *B, dpar_dtype dt) {
     ops_case cc, *c = &cc;
-    begin(c, "transpose", dt, "16x64x2x32 perm 0 2 1 3", r_transpose);
+    begin(B, c, "transpose", dt, "16x64x2x32 perm 0 2 1 3", r_transpose);
     MK(ACC_R, dt, G_B, G_T, G_H, G_HD), MK(ACC_W, dt, G_B, G_H, G_T, G_HD);
     finish(B, c);
-    begin(c, "broadcast_to", dt, "128 -> 1024x128", r_bcast);
+    begin(B, c, "broadcast_to", dt, "128 -> 1024x128", r_bcast);
     MK(ACC_R, dt, G_C), MK(ACC_W, dt, G_ROWS, G_C);
     finish(B, c);
-    begin(c, "slice", dt, "1024x128 -> 1024x64", r_slice);
+    begin(B, c, "slice", dt, "1024x128 -> 1024x64", r_slice);
     MK(ACC_NONE, dt, G_ROWS, G_C), MK(ACC_W, dt, G_ROWS, G_C / 2);
     c->rd += c->wr; /* the part of x it reads: y's size */
     finish(B, c);
-    begin(c, "slice_backward", dt, "1024x64 -> 1024x128", r_slice_bwd);
+    begin(B, c, "slice_backward", dt, "1024x64 -> 1024x128", r_slice_bwd);
     MK(ACC_W, dt, G_ROWS, G_C), MK(ACC_R, dt, G_ROWS, G_C / 2);
     finish(B, c);
-    begin(c, "pad", dt, "16x28x28x32 -> 16x30x30x32", r_pad);
+    begin(B, c, "pad", dt, "16x28x28x32 -> 16x30x30x32", r_pad);
     MK(ACC_R, dt, 16, 28, 28, 32), MK(ACC_W, dt, 16, 30, 30, 32);
     finish(B, c);
-    begin(c, "concat", dt, "3 x 1024x64 -> 1024x192", r_concat);
+    begin(B, c, "concat", dt, "3 x 1024x64 -> 1024x192", r_concat);
     MK(ACC_W, dt, G_ROWS, 3 * G_C / 2);
     for (int i = 0; i < 3; i++) MK(ACC_R, dt, G_ROWS, G_C / 2);
     finish(B, c);
@@ -874,7 +875,7 @@ int main(int argc, char **argv) {
     }
     shape_rows(&B, DPAR_I32);
     ops_case cc;
-    begin(&cc, "copy", DPAR_I32, "802816", r_copy);
+    begin(&B, &cc, "copy", DPAR_I32, "802816", r_copy);
     mk(&B, &cc, ACC_W, DPAR_I32, 1, SH(P_N), 1000), mk(&B, &cc, ACC_R, DPAR_I32, 1, SH(P_N), 1000);
     finish(&B, &cc);
     for (int d = 0; d < DPAR_DTYPE_COUNT; d++) cast_rows(&B, (dpar_dtype)d);
