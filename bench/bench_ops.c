@@ -64,12 +64,11 @@
 #include "dpar.h"
 #include "bench_util.h" /* clock, median, stream kernels, OpenBLAS */
 #include <unistd.h>
-#include <math.h>
 
 /* >>ops case =================================================================
    A case: the op's operands, how each is accessed (for the bytes), the call
    and, for GEMM-class ops, the equivalent sgemm products. */
-enum { MAXB = 10, MAXG = 5, MAXD = 6 };
+enum { MAXB = 10, MAXG = 5 };
 enum { ACC_NONE = 0, ACC_R = 1, ACC_W = 2, ACC_RW = 3 }; /* how the op must touch an operand */
 typedef struct {
     int64_t m, n, k;
@@ -88,10 +87,9 @@ struct ops_case {
     gemm_shape g[MAXG];
     int ng;
     double gfrac; /* share of the products' flops the op needs (causal attention) */
-    int k[4];
-    float f[2];
-    dpar_conv2d_desc conv;
-    dpar_pool2d_desc pool;
+    int k[4];              /* the op's integer parameters (op kind, transposes, ...) */
+    dpar_conv2d_desc conv; /* zero: 3x3 SAME, stride 1, as the CNN */
+    dpar_pool2d_desc pool; /* zero: 2x2 window, stride 2, VALID, as the CNN */
     dpar_status err; /* the first error while building */
     int off;         /* left out by --only / --dtypes: nothing is built */
 };
