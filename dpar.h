@@ -140,7 +140,8 @@
        DPAR_MPI_BACKEND_COLLECTIVES=0 MPI + CUDA (.mpi.host_collectives): groups across processes on the
                                       host-staged MPI path instead of NCCL; 0..1 (1: the default)
        DPAR_GRAPH_ASYNC_BYTES=n       graphs: gradients of >= n bytes are reduced asynchronously, overlapping
-                                      the rest of the backward pass (default 262144; read at value_and_grad)
+                                      the rest of the backward pass; smaller ones share buckets of up to 1 MiB,
+                                      one collective each (default 262144; 0..2000000000; read at value_and_grad)
    dpar_runtime_create refuses a value that is not an integer in its range, or
    a DPAR_TRACE path it cannot write, with an error naming the variable.
 
@@ -1698,6 +1699,10 @@ typedef struct dpar_graph_stats {
     /* bytes per device of the feeds (and a one-float scratch): the graph's planned live set
        is planned_bytes + resident_bytes + opt_bytes (params, the user's arrays, not counted) */
     uint64_t resident_bytes;
+    /* collectives per step that reduce gradients: one per bucket of small gradients (<
+       DPAR_GRAPH_ASYNC_BYTES, same reduction and axes, up to 1 MiB; PyTorch DDP's buckets) plus one per
+       other gradient; each reduction adds in rank order, so bucketing changes no bit */
+    int grad_reductions;
 } dpar_graph_stats;
 /* Schedules (the order built), plans memory (a buffer reused once its last
    reader ran; params and feeds not counted) and allocates on every device.
@@ -2688,6 +2693,7 @@ static const struct dpar__env_range {
     { "DPAR_CPU_THREADS", "CPU backend threads per device", 1, 64 },
     { "DPAR_ALLOW_SHARED_DEVICE", "a flag (1: MPI ranks of a node may share a device)", 0, 1 },
     { "DPAR_MPI_BACKEND_COLLECTIVES", "a flag (0: groups across processes on the host-staged MPI path)", 0, 1 },
+    { "DPAR_GRAPH_ASYNC_BYTES", "a gradient size in bytes", 0, 2000000000L },
 };
 /* DPAR_ERR_INVALID_ARGUMENT naming the first variable set to a value that is
    not a decimal integer in its range, the value and the range. */
@@ -8548,7 +8554,18 @@ typedef struct dpar__gnode {
     int remat_of;      /* > 0: the backward's recomputed copy of that forward node */
     int fused;         /* compiled: a loss, > 0: its gradient node, computed in the same pass; the gradient
                           node, < 0: minus the loss that computes it (dpar__g_fuse_losses) */
+    int bucket;        /* compiled: a small gradient's reduction, 1 + its bucket (dpar__g_bucket_plan); 0: alone */
 } dpar__gnode;
+
+/* Small gradients reduced together (PyTorch DDP's buckets): their pre-reduction values are
+   concatenated into buf and reduced in place by one collective, started when the last member is
+   computed; waiting for it copies each member's block back to the member's own buffer. */
+typedef struct dpar__gbucket {
+    int n, *members;   /* reduction nodes, in execution order */
+    int64_t *offset;   /* [n] each member's first element in buf */
+    int64_t count;     /* f32 elements */
+    dpar_buffer **buf; /* [nlocal] */
+} dpar__gbucket;
 
 typedef struct dpar__gopt {
     bool adamw;         /* else SGD */
@@ -8583,6 +8600,8 @@ struct dpar_graph {
     dpar_buffer **scratch;  /* one f32 element per device (the discarded loss of xent_grad) */
     dpar_buffer **sgd_ptrs; /* [li][4][n] params, grads, optimizer state (momentum / AdamW m, v) */
     dpar_request **reqs;    /* [node * nlocal + li] async reductions in flight */
+    dpar__gbucket *bk;      /* gradient buckets (>>graph buckets), nbk of them */
+    int nbk;
     dpar_graph_stats stats;
     struct dpar__gz1 *z1;   /* ZeRO-1 (dpar_graph_zero1), NULL: off */
     struct dpar__gpipe *pp; /* pipeline (dpar_graph_pipeline), NULL: off */
@@ -9929,7 +9948,7 @@ static dpar_status dpar__g_pin(dpar_graph *g, int loss) {
 /* Gradients of at least this many bytes are reduced asynchronously (DPAR_GRAPH_ASYNC_BYTES, default 256 KiB):
    below it, the hand-off to the communication thread costs more than the overlap saves. */
 static uint64_t dpar__g_async_bytes(void) {
-    const char *e = getenv("DPAR_GRAPH_ASYNC_BYTES");
+    const char *e = getenv("DPAR_GRAPH_ASYNC_BYTES"); /* in range: dpar_runtime_create checked it */
     return e && *e ? (uint64_t)strtoull(e, NULL, 10) : (uint64_t)256 << 10;
 }
 /* Gradient of wrt value w from its cotangent c: the pinned scale applied (a
@@ -10828,6 +10847,139 @@ static dpar_status dpar__g_assign(dpar_graph *g, dpar__gplan *p, int i) {
 static void dpar__g_release(const dpar_graph *g, dpar__gplan *p, int j, int i) {
     if (j > 0 && p->pooled[j] && p->last[j] == i && g->n[j].slot >= 0) p->sfree[g->n[j].slot] = true;
 }
+/* >>graph buckets ============================================================
+   A gradient reduced blocking (smaller than DPAR_GRAPH_ASYNC_BYTES) costs every member of the group a
+   rendezvous per step however few its bytes, and with emulated devices on few cores that rendezvous,
+   not the bytes, is the price (the digits MLP's four gradients: four rendezvous). Such reductions of
+   the same kind over the same axes share a bucket of at most DPAR__G_BUCKET_BYTES (PyTorch DDP's
+   first bucket is 1 MB): the members' values are concatenated, reduced in place by one asynchronous
+   collective started when the last member's value exists, and copied back to the members' buffers
+   when it is waited for (before the optimizer, or at the end of the run). Reductions add in rank order
+   element by element, so the results are bit for bit those of one reduction per gradient. */
+enum { DPAR__G_BUCKET_BYTES = 1 << 20 };
+
+/* Whether reduction node i may join a bucket: a final gradient (kept, of a leaf), f32, reduced blocking
+   over some axes, read by no node (only by the optimizer, or by the user after the run). */
+static bool dpar__g_bucketable(const dpar_graph *g, int i, const bool *read) {
+    const dpar__gnode *nd = &g->n[i];
+    return (nd->kind == DPAR__G_PSUM || nd->kind == DPAR__G_PMEAN) && nd->keep && nd->spec_of && !nd->async &&
+           nd->axes && nd->dtype == DPAR_F32 && !read[i] &&
+           (uint64_t)dpar__g_count(nd) * 4u <= (uint64_t)DPAR__G_BUCKET_BYTES / 2;
+}
+/* The newest bucket that node i may join (same kind and axes, room left), or -1. */
+static int dpar__g_bucket_open(const dpar_graph *g, int i) {
+    const dpar__gnode *nd = &g->n[i];
+    for (int b = g->nbk - 1; b >= 0; b--) {
+        const dpar__gnode *m = &g->n[g->bk[b].members[0]];
+        if (m->kind != nd->kind || strcmp(m->axes_str, nd->axes_str) != 0) continue;
+        return (g->bk[b].count + dpar__g_count(nd)) * 4 <= DPAR__G_BUCKET_BYTES ? b : -1;
+    }
+    return -1;
+}
+/* At compile, before the plan: every bucketable reduction joins the newest bucket of its kind and axes,
+   or opens one; a bucket left with one member is dissolved (that reduction runs alone, as before). */
+static dpar_status dpar__g_bucket_plan(dpar_graph *g) {
+    if (g->pp || g->z1) return DPAR_OK; /* their reductions are per micro-batch / reduce-scatters */
+    int c = g->count;
+    bool *read = (bool *)DPAR_MALLOC((size_t)c + 1);
+    g->bk = (dpar__gbucket *)DPAR_MALLOC((size_t)c * sizeof(dpar__gbucket));
+    int *where = (int *)DPAR_MALLOC((size_t)c * sizeof(int)); /* a member's index in its bucket */
+    if (!read || !g->bk || !where) {
+        DPAR_FREE(read), DPAR_FREE(where);
+        return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_graph_compile: out of memory");
+    }
+    memset(read, 0, (size_t)c + 1);
+    memset(g->bk, 0, (size_t)c * sizeof(dpar__gbucket));
+    for (int i = 1; i < c; i++)
+        for (int j = 0; j < g->n[i].nin; j++) read[g->n[i].in[j]] = true;
+    dpar_status s = DPAR_OK;
+    for (int i = 1; i < c && !s; i++) {
+        if (!dpar__g_bucketable(g, i, read)) continue;
+        int b = dpar__g_bucket_open(g, i);
+        if (b < 0) {
+            b = g->nbk++;
+            g->bk[b].members = (int *)DPAR_MALLOC((size_t)c * sizeof(int));
+            g->bk[b].offset = (int64_t *)DPAR_MALLOC((size_t)c * sizeof(int64_t));
+            if (!g->bk[b].members || !g->bk[b].offset) s = dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_graph_compile: out of memory");
+        }
+        if (s) break;
+        dpar__gbucket *bk = &g->bk[b];
+        where[i] = bk->n;
+        bk->members[bk->n] = i, bk->offset[bk->n++] = bk->count;
+        bk->count += dpar__g_count(&g->n[i]);
+        g->n[i].bucket = b + 1;
+    }
+    for (int b = 0; b < g->nbk; b++)
+        if (g->bk[b].n == 1) g->n[g->bk[b].members[0]].bucket = 0, g->bk[b].n = 0;
+    DPAR_FREE(read);
+    DPAR_FREE(where);
+    return s;
+}
+/* At compile, after the plan: each bucket's buffer on every local device (part of the planned live set). */
+static dpar_status dpar__g_bucket_alloc(dpar_graph *g) {
+    dpar_status s = DPAR_OK;
+    for (int b = 0; b < g->nbk && !s; b++) {
+        dpar__gbucket *bk = &g->bk[b];
+        if (!bk->n) continue;
+        bk->buf = (dpar_buffer **)DPAR_MALLOC((size_t)g->nlocal * sizeof(dpar_buffer *));
+        if (!bk->buf) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_graph_compile: out of memory");
+        memset(bk->buf, 0, (size_t)g->nlocal * sizeof(dpar_buffer *));
+        for (int li = 0; li < g->nlocal && !s; li++)
+            s = dpar_buffer_create(g->rt, g->first + li, DPAR_F32, 1, &bk->count, &bk->buf[li]);
+        g->stats.planned_bytes += (uint64_t)bk->count * 4u;
+        g->stats.naive_bytes += (uint64_t)bk->count * 4u; /* a buffer either plan needs */
+    }
+    return s;
+}
+static void dpar__g_bucket_free(dpar_graph *g) {
+    for (int b = 0; g->bk && b < g->nbk; b++) {
+        for (int li = 0; g->bk[b].buf && li < g->nlocal; li++) dpar_buffer_destroy(g->bk[b].buf[li]);
+        DPAR_FREE(g->bk[b].buf);
+        DPAR_FREE(g->bk[b].members);
+        DPAR_FREE(g->bk[b].offset);
+    }
+    DPAR_FREE(g->bk);
+}
+/* Whether node i reduces: not a bucket member, or the last one (which starts its bucket). */
+static bool dpar__g_bucket_starts(const dpar_graph *g, int i) {
+    const dpar__gbucket *bk = g->n[i].bucket ? &g->bk[g->n[i].bucket - 1] : NULL;
+    return !bk || bk->members[bk->n - 1] == i;
+}
+/* The plan keeps each member's input until its bucket starts (at the last member). */
+static void dpar__g_bucket_lives(const dpar_graph *g, int *last) {
+    for (int b = 0; b < g->nbk; b++)
+        for (int k = 0, end = g->bk[b].n ? g->bk[b].members[g->bk[b].n - 1] : 0; k < g->bk[b].n; k++) {
+            int in = g->n[g->bk[b].members[k]].in[0];
+            if (last[in] < end) last[in] = end;
+        }
+}
+static dpar_buffer *dpar__g_buf(const dpar_graph *g, int id, int li);
+/* Member i of a bucket has its value: at the last member, concatenate and start the reduction. */
+static dpar_status dpar__g_bucket_start(dpar_graph *g, dpar_ctx *ctx, int li, int i) {
+    const dpar__gbucket *bk = &g->bk[g->n[i].bucket - 1];
+    if (!dpar__g_bucket_starts(g, i)) return DPAR_OK;
+    dpar_status s = DPAR_OK;
+    const int64_t one = 1;
+    for (int k = 0; k < bk->n && !s; k++) {
+        const dpar_buffer *x = dpar__g_buf(g, g->n[bk->members[k]].in[0], li);
+        s = dpar__strided(bk->buf[li], x, 1, &x->count, &one, 0, &one, bk->offset[k]);
+    }
+    if (s) return s;
+    return dpar_preduce_start(ctx, bk->buf[li], bk->buf[li], g->n[i].axes_str,
+                              g->n[i].kind == DPAR__G_PMEAN ? DPAR_MEAN : DPAR_SUM, &g->reqs[i * g->nlocal + li]);
+}
+/* After the wait for the bucket that node i started: each member's block into its own buffer. */
+static dpar_status dpar__g_bucket_finish(dpar_graph *g, int li, int i) {
+    const dpar__gbucket *bk = &g->bk[g->n[i].bucket - 1];
+    dpar_status s = DPAR_OK;
+    const int64_t one = 1;
+    for (int k = 0; k < bk->n && !s; k++) {
+        dpar_buffer *y = dpar__g_buf(g, bk->members[k], li);
+        s = dpar__strided(y, bk->buf[li], 1, &y->count, &one, bk->offset[k], &one, 0);
+    }
+    return s;
+}
+
 /* A loss and its gradient node read the same logits and labels (the rules of >>graph grad make the
    gradient a separate node): the loss node computes both in one pass, as the eager step does, so the
    softmax (or the difference) is evaluated once per step; the gradient's buffer is then live from the
@@ -10873,10 +11025,14 @@ static dpar_status dpar__g_plan(dpar_graph *g) {
         for (int i = 1; i < c && g->has_opt; i++)
             if (g->n[i].kind == DPAR__G_SGD)
                 for (int k = 0; k < g->opt.n; k++) p.last[g->opt.grads[k]] = i;
+        dpar__g_bucket_lives(g, p.last);
         for (int i = 1; i < c && !s; i++) {
             if (g->n[i].fused >= 0) s = dpar__g_assign(g, &p, i); /* a fused gradient: assigned with its loss */
             if (!s && g->n[i].fused > 0) s = dpar__g_assign(g, &p, g->n[i].fused);
             for (int j = 0; j < g->n[i].nin; j++) dpar__g_release(g, &p, g->n[i].in[j], i);
+            const dpar__gbucket *bk = g->n[i].bucket ? &g->bk[g->n[i].bucket - 1] : NULL;
+            for (int k = 0; bk && dpar__g_bucket_starts(g, i) && k < bk->n; k++) /* the bucket started here */
+                dpar__g_release(g, &p, g->n[bk->members[k]].in[0], i);
             for (int k = 0; g->n[i].kind == DPAR__G_SGD && k < g->opt.n; k++)
                 dpar__g_release(g, &p, g->opt.grads[k], i);
             dpar__g_release(g, &p, i, i);
@@ -10952,12 +11108,19 @@ DPAR_API dpar_status dpar_graph_compile(dpar_graph *g, dpar_graph_stats *stats) 
     dpar_status s = g->pp ? dpar__g_pipe_check(g) : DPAR_OK;
     if (s) return s;
     dpar__g_fuse_losses(g);
-    s = dpar__g_plan(g);
+    s = dpar__g_bucket_plan(g);
+    if (!s) s = dpar__g_plan(g);
+    if (!s) s = dpar__g_bucket_alloc(g);
     if (!s) s = dpar__g_state(g);
     if (!s && g->pp) s = dpar__g_pipe_alloc(g);
     if (s) return dpar__err(s, "dpar_graph_compile: %s", dpar_last_error());
     g->stats.nodes = g->count - 1;
     for (int k = 0; k < g->nslots; k++) g->stats.buffers += g->slot_owned[k];
+    for (int i = 1; i < g->count; i++) {
+        const dpar__gnode *nd = &g->n[i];
+        g->stats.grad_reductions += (nd->kind == DPAR__G_PSUM || nd->kind == DPAR__G_PMEAN) && nd->keep &&
+                                    nd->spec_of && dpar__g_bucket_starts(g, i);
+    }
     g->compiled = true;
     if (stats) *stats = g->stats;
     return DPAR_OK;
@@ -11024,6 +11187,7 @@ static dpar_status dpar__g_wait_all(dpar_graph *g, dpar_ctx *ctx, int li) {
         if (!*r) continue;
         dpar_status s = dpar_wait(ctx, *r);
         *r = NULL;
+        if (!s && g->n[i].bucket) s = dpar__g_bucket_finish(g, li, i);
         if (s && !first) first = s;
     }
     return first;
@@ -11032,6 +11196,7 @@ static dpar_status dpar__g_exec(dpar_graph *g, dpar_ctx *ctx, int li, int i) {
     const dpar__gnode *nd = &g->n[i];
     if (nd->kind == DPAR__G_FEED || nd->kind == DPAR__G_PARAM || nd->kind == DPAR__G_CONST) return DPAR_OK;
     if (nd->fused < 0) return DPAR_OK; /* written by its loss node */
+    if (nd->bucket) return dpar__g_bucket_start(g, ctx, li, i);
     if (nd->async) /* a gradient's reduction overlaps the rest of the backward pass (DDP's buckets, one per grad) */
         return dpar_preduce_start(ctx, dpar__g_buf(g, i, li), dpar__g_buf(g, nd->in[0], li), nd->axes_str,
                                   nd->kind == DPAR__G_PMEAN ? DPAR_MEAN : DPAR_SUM, &g->reqs[i * g->nlocal + li]);
@@ -11482,6 +11647,7 @@ DPAR_API dpar_status dpar_graph_print(const dpar_graph *g, const char *path) {
         }
         if (nd->keep) fprintf(f, " kept");
         if (nd->async) fprintf(f, " async");
+        if (nd->bucket) fprintf(f, " bucket %d", nd->bucket);
         if (g->pp && nd->stage >= 0) fprintf(f, " stage %d%s", nd->stage, nd->pipe ? " (boundary)" : "");
         if (nd->remat) fprintf(f, " remat%d", nd->remat);
         if (nd->remat_of) fprintf(f, " recomputes(%d)", nd->remat_of);
@@ -11548,6 +11714,7 @@ static void dpar__g_free(void *self) {
     }
     dpar__g_z1_destroy(g, alive);
     dpar__g_pipe_destroy(g);
+    dpar__g_bucket_free(g);
     for (int k = 0; g->opt_state && alive && k < 2 * g->opt.n; k++) dpar_array_destroy(g->opt_state[k]);
     for (int li = 0; g->scratch && li < g->nlocal; li++) dpar_buffer_destroy(g->scratch[li]);
     DPAR_FREE(g->opt_state);

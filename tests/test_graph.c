@@ -492,11 +492,13 @@ static void digits_mlp(void) {
     static digits_data data; /* static: a skipped (longjmp'd) case leaks nothing */
     digits_data *dd = &data;
     digits_make(dd);
-    for (int n = 1; n <= 4; n *= 4) {
-        setenv("DPAR_GRAPH_ASYNC_BYTES", n == 4 ? "0" : "1000000000", 1); /* 4 devices: every reduction async */
+    for (int v = 0; v < 3; v++) { /* 1 device; 4 with every reduction async; 4 with the four in one bucket */
+        int n = v ? 4 : 1;
+        setenv("DPAR_GRAPH_ASYNC_BYTES", v == 1 ? "0" : "1000000000", 1);
         float le[STEPS], lg[STEPS];
         dpar_graph_stats gs;
         digits_losses(n, dd, le, lg, &gs, false);
+        if (gs.grad_reductions != (v == 1 ? 4 : 1)) fail_msg("%d gradient reductions per step", gs.grad_reductions);
         for (int s = 0; s < STEPS; s++)
             if (memcmp(&le[s], &lg[s], sizeof(float)))
                 fail_msg("%d devices, step %d: eager loss %.9g, graph %.9g (want bit for bit)", n, s, (double)le[s],
@@ -505,8 +507,10 @@ static void digits_mlp(void) {
         if (gs.planned_bytes >= gs.naive_bytes)
             fail_msg("planned %llu bytes, naive %llu", (unsigned long long)gs.planned_bytes,
                      (unsigned long long)gs.naive_bytes);
-        printf("digits MLP on %d device(s): %d nodes, planned %llu bytes vs naive %llu, losses bit for bit\n", n,
-               gs.nodes, (unsigned long long)gs.planned_bytes, (unsigned long long)gs.naive_bytes);
+        printf("digits MLP on %d device(s), %d gradient reduction(s): %d nodes, planned %llu bytes vs naive %llu, "
+               "losses bit for bit\n",
+               n, gs.grad_reductions, gs.nodes, (unsigned long long)gs.planned_bytes,
+               (unsigned long long)gs.naive_bytes);
         if (BK != DPAR_BACKEND_CPU) continue;    /* the eager AdamW is CPU-only so far (issue 13) */
         digits_losses(n, dd, le, lg, &gs, true); /* AdamW (clipped, decayed, lr changed halfway) */
         for (int s = 0; s < STEPS; s++)
