@@ -118,11 +118,15 @@
    graphs and arrays; dpar_runtime_destroy its meshes (with theirs) and
    buffers. Their handles are stale afterwards: destroying one again returns
    DPAR_ERR_STATE and frees nothing. Handles are plain pointers looked up in a
-   process-wide set of live objects (under a lock, only by the calls above);
-   ops and collectives check with compares. Not looked up: getters
-   (dpar_mesh_size, dpar_array_dim, ...) and the buffers given to ops, which
-   must be live. A dispatch where fn called dpar_dp_begin without
-   dpar_dp_finish fails with DPAR_ERR_STATE (util/dpar_train.h).
+   process-wide hash set of live objects by every call that takes one: ops,
+   collectives, buffer I/O and getters too ("dpar_copy: operand 0 is a stale
+   buffer ..."; a getter returns its NULL answer, -1 or 0, and sets the last
+   error). Inside fn a worker looks each handle up once per dispatch, then
+   compares. A getter racing a destroy of the same object on another thread
+   is the caller's race (the destroy may free it between the lookup and the
+   read); every other call is counted in flight and refuses or waits as
+   above. A dispatch where fn called dpar_dp_begin without dpar_dp_finish
+   fails with DPAR_ERR_STATE (util/dpar_train.h).
 
    ENVIRONMENT
    -----------
@@ -2561,6 +2565,10 @@ static dpar_status dpar__live_close(const void *p, int kind, const char *fn);
 static void dpar__live_forget(const void *p);
 static int dpar__live_has(const void *p);
 static dpar_status dpar__live_buffer_detach(const dpar_buffer *b);
+static dpar_status dpar__live_arg(const void *p, int kind, const char *fn, const char *arg);
+static int dpar__live_buf_ok(const dpar_buffer *b);
+static int dpar__live_got(const void *p, int kind, const char *fn);
+static dpar_status dpar__live_buf(const dpar_buffer *b, const char *fn, const char *arg);
 static int dpar__is_local(const dpar_runtime *rt, int device) {
     return device >= rt->local_base && device < rt->local_base + rt->nlocal;
 }
@@ -2917,24 +2925,26 @@ static dpar_status dpar__runtime_destroy(void *obj) {
     return DPAR_OK;
 }
 DPAR_API int dpar_runtime_device_count(const dpar_runtime *rt) {
-    return rt ? rt->ndev : 0;
+    return dpar__live_got(rt, DPAR__LIVE_RUNTIME, "dpar_runtime_device_count") ? rt->ndev : 0;
 }
 DPAR_API int dpar_runtime_process_index(const dpar_runtime *rt) {
-    return rt ? rt->proc : 0;
+    return dpar__live_got(rt, DPAR__LIVE_RUNTIME, "dpar_runtime_process_index") ? rt->proc : 0;
 }
 DPAR_API int dpar_runtime_process_count(const dpar_runtime *rt) {
-    return rt ? rt->nproc : 1;
+    return dpar__live_got(rt, DPAR__LIVE_RUNTIME, "dpar_runtime_process_count") ? rt->nproc : 1;
 }
 DPAR_API void dpar_runtime_local_devices(const dpar_runtime *rt, int *first, int *count) {
-    if (first) *first = rt ? rt->local_base : 0;
-    if (count) *count = rt ? rt->nlocal : 0;
+    int ok = dpar__live_got(rt, DPAR__LIVE_RUNTIME, "dpar_runtime_local_devices");
+    if (first) *first = ok ? rt->local_base : 0;
+    if (count) *count = ok ? rt->nlocal : 0;
 }
 DPAR_API dpar_backend_kind dpar_runtime_backend(const dpar_runtime *rt) {
-    return rt ? rt->be->kind : DPAR_BACKEND_DEFAULT;
+    return dpar__live_got(rt, DPAR__LIVE_RUNTIME, "dpar_runtime_backend") ? rt->be->kind : DPAR_BACKEND_DEFAULT;
 }
 
 DPAR_API dpar_status dpar_runtime_device_info(const dpar_runtime *rt, int device, dpar_device_info *out) {
     dpar__clear_error();
+    if (dpar__live_arg(rt, DPAR__LIVE_RUNTIME, "dpar_runtime_device_info", "the runtime")) return DPAR_ERR_STATE;
     if (!rt || !out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_runtime_device_info: runtime or out is NULL");
     if (device < 0 || device >= rt->ndev)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
@@ -3070,27 +3080,28 @@ static void dpar__buffer_free(dpar_buffer *b) {
     DPAR_FREE(b);
 }
 DPAR_API dpar_dtype dpar_buffer_dtype(const dpar_buffer *b) {
-    return b ? b->dtype : DPAR_DTYPE_COUNT;
+    return dpar__live_got(b, DPAR__LIVE_BUFFER, "dpar_buffer_dtype") ? b->dtype : DPAR_DTYPE_COUNT;
 }
 DPAR_API int dpar_buffer_ndim(const dpar_buffer *b) {
-    return b ? b->ndim : -1;
+    return dpar__live_got(b, DPAR__LIVE_BUFFER, "dpar_buffer_ndim") ? b->ndim : -1;
 }
 DPAR_API int64_t dpar_buffer_dim(const dpar_buffer *b, int i) {
-    return (b && i >= 0 && i < b->ndim) ? b->shape[i] : -1;
+    return (dpar__live_got(b, DPAR__LIVE_BUFFER, "dpar_buffer_dim") && i >= 0 && i < b->ndim) ? b->shape[i] : -1;
 }
 DPAR_API int64_t dpar_buffer_count(const dpar_buffer *b) {
-    return b ? b->count : 0;
+    return dpar__live_got(b, DPAR__LIVE_BUFFER, "dpar_buffer_count") ? b->count : 0;
 }
 DPAR_API size_t dpar_buffer_nbytes(const dpar_buffer *b) {
-    return b ? b->nbytes : 0;
+    return dpar__live_got(b, DPAR__LIVE_BUFFER, "dpar_buffer_nbytes") ? b->nbytes : 0;
 }
 DPAR_API int dpar_buffer_device(const dpar_buffer *b) {
-    return b ? b->gdev : -1;
+    return dpar__live_got(b, DPAR__LIVE_BUFFER, "dpar_buffer_device") ? b->gdev : -1;
 }
 
 DPAR_API dpar_status dpar_buffer_reshape(dpar_buffer *b, int ndim, const int64_t *shape) {
     dpar__clear_error();
     if (!b) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_buffer_reshape: buffer is NULL");
+    if (dpar__live_buf(b, "dpar_buffer_reshape", "the buffer")) return DPAR_ERR_STATE;
     dpar_status s = dpar__check_shape("dpar_buffer_reshape", ndim, shape);
     if (s) return s;
     int64_t c = dpar__prod(shape, ndim);
@@ -3130,6 +3141,7 @@ DPAR_API dpar_status dpar_buffer_write(dpar_buffer *b, size_t offset, const void
     dpar__clear_error();
     if (!b || (!src && nbytes))
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_buffer_write: buffer or source is NULL");
+    if (dpar__live_buf(b, "dpar_buffer_write", "the buffer")) return DPAR_ERR_STATE;
     dpar_status busy = dpar__busy(b->rt, b, "dpar_buffer_write");
     if (busy) return busy;
     if (dpar__buffer_owner(b, "dpar_buffer_write")) return DPAR_ERR_STATE;
@@ -3147,6 +3159,7 @@ DPAR_API dpar_status dpar_buffer_read(const dpar_buffer *b, size_t offset, void 
     dpar__clear_error();
     if (!b || (!dst && nbytes))
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_buffer_read: buffer or destination is NULL");
+    if (dpar__live_buf(b, "dpar_buffer_read", "the buffer")) return DPAR_ERR_STATE;
     dpar_status busy = dpar__busy(b->rt, b, "dpar_buffer_read");
     if (busy) return busy;
     if (dpar__buffer_owner(b, "dpar_buffer_read")) return DPAR_ERR_STATE;
@@ -3164,6 +3177,7 @@ DPAR_API dpar_status dpar_buffer_read(const dpar_buffer *b, size_t offset, void 
 static dpar_status dpar__buffer_view(const dpar_buffer *b, size_t offset, size_t nbytes, const char *fn, char **host) {
     *host = NULL;
     if (!b) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: buffer is NULL", fn);
+    if (dpar__live_buf(b, fn, "the buffer")) return DPAR_ERR_STATE;
     if (dpar__buffer_owner(b, fn)) return DPAR_ERR_STATE;
     if (offset > b->nbytes || nbytes > b->nbytes - offset)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: bytes [%zu, %zu) are outside the %zu-byte buffer", fn, offset,
@@ -3195,6 +3209,7 @@ DPAR_API dpar_status dpar_buffer_unmap(dpar_buffer *b, size_t offset, size_t nby
 }
 DPAR_API dpar_status dpar_runtime_device_sync(dpar_runtime *rt, int device) {
     dpar__clear_error();
+    if (dpar__live_arg(rt, DPAR__LIVE_RUNTIME, "dpar_runtime_device_sync", "the runtime")) return DPAR_ERR_STATE;
     if (!rt || device < rt->local_base || device >= rt->local_base + rt->nlocal)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
                          "dpar_runtime_device_sync: device %d is not a device of this process", device);
@@ -3390,8 +3405,9 @@ static void dpar__mesh_keys(dpar_mesh *m) {
    and attached helper (dpar_handle_attach) is entered in one process-wide set
    when created and taken out before it is freed. The calls a user may make
    with a handle kept too long (every destroy, pmap/shard_map, host transfers
-   of arrays, graph calls, the helpers' calls) look it up first and refuse a
-   stale one with DPAR_ERR_STATE, so none of them reaches freed memory. The set
+   of arrays, graph calls, the helpers' calls; every other call through
+   >>handle arguments) look it up first and refuse a stale one with
+   DPAR_ERR_STATE, so none of them reaches freed memory. The set
    is keyed by address, not by generation-counted ids, because the handles stay
    plain pointers (API and ABI): a stale handle whose address a newer object of
    the same kind took refers to that object.
@@ -3508,6 +3524,76 @@ static dpar_status dpar__live_check(const void *p, int kind, const char *fn) {
     pthread_mutex_unlock(&dpar__live_mu);
     return s;
 }
+/* >>handle arguments ==========================================================
+   Every public call that takes a handle looks it up before it reads it (one
+   hash probe under the set's lock); a stale one is refused with
+   DPAR_ERR_STATE naming the call and the argument. A thread freeing a
+   parent's children (dpar__releasing) skips it: they were checked with the
+   parent. On the hot path (ops and getters inside fn) a worker remembers the
+   handles of its runtime it found live in the current dispatch: until the
+   dispatch ends none of them can be freed (every destroy refuses while it
+   runs) except the worker's own device's buffers, by that worker, which
+   forgets each one it frees. The next use costs a compare. */
+enum { DPAR__LIVE_MEMO = 64 }; /* direct-mapped by address */
+typedef struct dpar__live_memo_slot {
+    const void *p;
+    int kind;
+} dpar__live_memo_slot;
+static DPAR__TLS dpar__live_memo_slot dpar__live_memo[DPAR__LIVE_MEMO];
+static DPAR__TLS const dpar_runtime *dpar__live_memo_rt; /* the memo holds handles found in this runtime's */
+static DPAR__TLS uint64_t dpar__live_memo_disp;          /* job_count then */
+
+static dpar_status dpar__live_stale_arg(const char *fn, const char *arg, int kind) {
+    return dpar__err(DPAR_ERR_STATE,
+                     "%s: %s is a stale %s (destroyed, or released when its mesh or runtime was destroyed); nothing "
+                     "was done; stop using a handle once it or its parent is destroyed",
+                     fn, arg, dpar__live_kind_name(kind));
+}
+static size_t dpar__live_memo_of(const void *p) {
+    uintptr_t x = (uintptr_t)p;
+    return (size_t)((x >> 4) ^ (x >> 10)) & (DPAR__LIVE_MEMO - 1);
+}
+/* Whether p is NULL or a live handle of that kind (no error text). */
+static int dpar__live_ok(const void *p, int kind) {
+    if (!p || dpar__releasing) return 1;
+    const dpar__worker *w = dpar__self_worker;
+    dpar__live_memo_slot *m = &dpar__live_memo[dpar__live_memo_of(p)];
+    if (w) {
+        if (__builtin_expect(dpar__live_memo_rt != w->rt || dpar__live_memo_disp != w->rt->job_count, 0)) {
+            memset((void *)dpar__live_memo, 0, sizeof dpar__live_memo); /* a new dispatch */
+            dpar__live_memo_rt = w->rt;
+            dpar__live_memo_disp = w->rt->job_count;
+        }
+        if (__builtin_expect(m->p == p && m->kind == kind, 1)) return 1;
+    }
+    pthread_mutex_lock(&dpar__live_mu);
+    const dpar__live_entry *e = dpar__live_find(p);
+    int ok = e && e->kind == kind;
+    if (ok && w && e->rt == w->rt && (kind != DPAR__LIVE_BUFFER || ((const dpar_buffer *)p)->gdev == w->device)) {
+        m->p = p;
+        m->kind = kind;
+    }
+    pthread_mutex_unlock(&dpar__live_mu);
+    return ok;
+}
+/* DPAR_OK when p is NULL (the caller's own check names it) or a live handle
+   of that kind, else DPAR_ERR_STATE "fn: arg is a stale <kind> ...". */
+static dpar_status dpar__live_arg(const void *p, int kind, const char *fn, const char *arg) {
+    return dpar__live_ok(p, kind) ? DPAR_OK : dpar__live_stale_arg(fn, arg, kind);
+}
+static int dpar__live_buf_ok(const dpar_buffer *b) {
+    return dpar__live_ok(b, DPAR__LIVE_BUFFER);
+}
+static dpar_status dpar__live_buf(const dpar_buffer *b, const char *fn, const char *arg) {
+    return dpar__live_arg(b, DPAR__LIVE_BUFFER, fn, arg);
+}
+/* Whether getter fn may read p: not NULL and live (stale: the last error is set
+   and the getter returns what it returns for NULL). */
+static int dpar__live_got(const void *p, int kind, const char *fn) {
+    static const char *const args[] = { "the handle", "the runtime", "the mesh",
+                                        "the array",  "the buffer",  "the graph" };
+    return p && !dpar__live_arg(p, kind, fn, kind >= 0 && kind <= DPAR__LIVE_GRAPH ? args[kind] : args[0]);
+}
 /* Enters a new object whose parent (a runtime or a mesh) must be live. */
 static dpar_status dpar__live_add(const void *p, int kind, const void *parent, int parent_kind, void (*release)(void *),
                                   const char *fn) {
@@ -3622,6 +3708,8 @@ static int dpar__live_has(const void *p) {
 }
 /* Takes p out of the set if it is in (a parent freeing its children). */
 static void dpar__live_forget(const void *p) {
+    dpar__live_memo_slot *m = &dpar__live_memo[dpar__live_memo_of(p)];
+    if (m->p == p) m->p = NULL; /* this thread frees it: its address may come back */
     pthread_mutex_lock(&dpar__live_mu);
     dpar__live_entry *e = dpar__live_find(p);
     if (e) dpar__live_erase(e);
@@ -3924,17 +4012,18 @@ static dpar_status dpar__mesh_destroy(void *obj) {
     return DPAR_OK;
 }
 DPAR_API int dpar_mesh_ndim(const dpar_mesh *m) {
-    return m ? m->ndim : 0;
+    return dpar__live_got(m, DPAR__LIVE_MESH, "dpar_mesh_ndim") ? m->ndim : 0;
 }
 DPAR_API int dpar_mesh_size(const dpar_mesh *m) {
-    return m ? m->size : 0;
+    return dpar__live_got(m, DPAR__LIVE_MESH, "dpar_mesh_size") ? m->size : 0;
 }
 DPAR_API const char *dpar_mesh_axis_name(const dpar_mesh *m, int i) {
-    return (m && i >= 0 && i < m->ndim) ? m->names[i] : NULL;
+    return (dpar__live_got(m, DPAR__LIVE_MESH, "dpar_mesh_axis_name") && i >= 0 && i < m->ndim) ? m->names[i] : NULL;
 }
 
 DPAR_API dpar_status dpar_mesh_axis_size(const dpar_mesh *m, const char *axes, int *out) {
     dpar__clear_error();
+    if (dpar__live_arg(m, DPAR__LIVE_MESH, "dpar_mesh_axis_size", "the mesh")) return DPAR_ERR_STATE;
     if (!m || !out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_mesh_axis_size: mesh or out is NULL");
     unsigned mask;
     dpar_status s = dpar__parse_axes(m, "dpar_mesh_axis_size", axes, &mask, NULL, NULL);
@@ -3944,6 +4033,7 @@ DPAR_API dpar_status dpar_mesh_axis_size(const dpar_mesh *m, const char *axes, i
 }
 DPAR_API dpar_status dpar_mesh_device(const dpar_mesh *m, const int *coords, int *device) {
     dpar__clear_error();
+    if (dpar__live_arg(m, DPAR__LIVE_MESH, "dpar_mesh_device", "the mesh")) return DPAR_ERR_STATE;
     if (!m || !coords || !device) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_mesh_device: NULL argument");
     for (int a = 0; a < m->ndim; a++)
         if (coords[a] < 0 || coords[a] >= m->shape[a])
@@ -3955,6 +4045,7 @@ DPAR_API dpar_status dpar_mesh_device(const dpar_mesh *m, const int *coords, int
 }
 DPAR_API dpar_status dpar_mesh_coords(const dpar_mesh *m, int device, int *coords) {
     dpar__clear_error();
+    if (dpar__live_arg(m, DPAR__LIVE_MESH, "dpar_mesh_coords", "the mesh")) return DPAR_ERR_STATE;
     if (!m || !coords) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_mesh_coords: NULL argument");
     if (device < 0 || device >= DPAR_MAX_DEVICES || m->pos_of[device] < 0)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_mesh_coords: device %d is not in the mesh", device);
@@ -3964,6 +4055,7 @@ DPAR_API dpar_status dpar_mesh_coords(const dpar_mesh *m, int device, int *coord
 DPAR_API dpar_status dpar_mesh_group(const dpar_mesh *m, const char *axes, int device, int *members, int *n,
                                      int *index) {
     dpar__clear_error();
+    if (dpar__live_arg(m, DPAR__LIVE_MESH, "dpar_mesh_group", "the mesh")) return DPAR_ERR_STATE;
     if (!m || !members || !n) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_mesh_group: NULL argument");
     if (device < 0 || device >= DPAR_MAX_DEVICES || m->pos_of[device] < 0)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_mesh_group: device %d is not in the mesh", device);
@@ -4229,11 +4321,14 @@ static dpar_status dpar__array_get(const dpar_array *a, void *host) {
     return s;
 }
 DPAR_API dpar_buffer *dpar_array_shard(const dpar_array *a, int device) {
-    if (!a || device < 0 || device >= DPAR_MAX_DEVICES || a->mesh->pos_of[device] < 0) return NULL;
+    if (!dpar__live_got(a, DPAR__LIVE_ARRAY, "dpar_array_shard") || device < 0 || device >= DPAR_MAX_DEVICES ||
+        a->mesh->pos_of[device] < 0)
+        return NULL;
     return a->shards[a->mesh->pos_of[device]];
 }
 DPAR_API dpar_status dpar_array_local_rows(const dpar_array *a, int64_t *begin, int64_t *count) {
     dpar__clear_error();
+    if (dpar__live_arg(a, DPAR__LIVE_ARRAY, "dpar_array_local_rows", "the array")) return DPAR_ERR_STATE;
     if (!a || !begin || !count || a->ndim < 1)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_array_local_rows: NULL argument or 0-d array");
     int64_t lo = -1, hi = -1, off[DPAR_MAX_DIMS];
@@ -4307,10 +4402,10 @@ DPAR_API dpar_status dpar_array_put_rows(dpar_array *a, int64_t row_begin, int64
     return s;
 }
 DPAR_API int dpar_array_ndim(const dpar_array *a) {
-    return a ? a->ndim : -1;
+    return dpar__live_got(a, DPAR__LIVE_ARRAY, "dpar_array_ndim") ? a->ndim : -1;
 }
 DPAR_API int64_t dpar_array_dim(const dpar_array *a, int i) {
-    return (a && i >= 0 && i < a->ndim) ? a->shape[i] : -1;
+    return (dpar__live_got(a, DPAR__LIVE_ARRAY, "dpar_array_dim") && i >= 0 && i < a->ndim) ? a->shape[i] : -1;
 }
 /* ---------------------------------------------------------------------------
    Dispatch: jobs, workers, pmap, shard_map
@@ -6007,6 +6102,12 @@ DPAR_API dpar_status dpar_wait(dpar_ctx *ctx, dpar_request *r) {
     return s;
 }
 
+/* The error for a collective given a stale out or in buffer. */
+static dpar_status dpar__coll_stale(const dpar__cargs *a, const char *suffix) {
+    char fn[48];
+    snprintf(fn, sizeof fn, "dpar_%s%s", dpar__coll_name(a->kind, a->op), suffix);
+    return dpar__live_stale_arg(fn, dpar__live_buf_ok(a->out) ? "in" : "out", DPAR__LIVE_BUFFER);
+}
 /* Blocking collective: inline when nothing async is pending on this device,
    else queued behind the pending ones (issue order is kept). */
 static dpar_status dpar__collective(dpar_ctx *ctx, dpar__cargs *a, const char *axes) {
@@ -6016,6 +6117,8 @@ static dpar_status dpar__collective(dpar_ctx *ctx, dpar__cargs *a, const char *a
         snprintf(fn, sizeof fn, "dpar_%s", dpar__coll_name(a->kind, a->op));
         return dpar__ctx_check(ctx, fn);
     }
+    if (__builtin_expect(!dpar__live_buf_ok(a->out) || !dpar__live_buf_ok(a->in), 0))
+        return dpar__coll_stale(a, "");
     if (!axes) axes = "";
     snprintf(a->axes, sizeof a->axes, "%s", axes);
     dpar__worker *w = &ctx->rt->workers[ctx->device - ctx->rt->local_base];
@@ -6038,6 +6141,7 @@ static dpar_status dpar__collective_start(dpar_ctx *ctx, dpar__cargs *a, const c
         snprintf(fn, sizeof fn, "dpar_%s_start", dpar__coll_name(a->kind, a->op));
         return dpar__ctx_check(ctx, fn);
     }
+    if (!dpar__live_buf_ok(a->out) || !dpar__live_buf_ok(a->in)) return dpar__coll_stale(a, "_start");
     snprintf(a->axes, sizeof a->axes, "%s", axes ? axes : "");
     return dpar__coll_start(ctx, a, req);
 }
@@ -6202,8 +6306,14 @@ DPAR_API dpar_status dpar_pbroadcast_start(dpar_ctx *ctx, dpar_buffer *out, cons
    ------------------------------------------------------------------------ */
 static dpar_status dpar__op_check(const char *name, const dpar_buffer *first, const dpar_buffer *const *bufs, int nb) {
     if (!first) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: output buffer is NULL", name);
+    if (!dpar__live_buf_ok(first)) return dpar__live_stale_arg(name, "the output buffer", DPAR__LIVE_BUFFER);
     for (int i = 0; i < nb; i++) {
         if (!bufs[i]) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: operand %d is NULL", name, i);
+        if (!dpar__live_buf_ok(bufs[i])) {
+            char arg[32];
+            snprintf(arg, sizeof arg, "operand %d", i);
+            return dpar__live_stale_arg(name, arg, DPAR__LIVE_BUFFER);
+        }
         if (bufs[i]->rt != first->rt)
             return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
                              "%s: operand %d and the output belong to different runtimes; every operand of an op must "
@@ -7919,6 +8029,7 @@ DPAR_API dpar_status dpar_loss_scaler_unscale(dpar_ctx *ctx, dpar_loss_scaler *l
     dpar_status s;
     for (int i = 0; i < n; i++) {
         if (!grads[i]) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: grads[%d] is NULL", fn, i);
+        if (!dpar__live_buf_ok(grads[i])) return dpar__live_stale_arg(fn, "a grads[] entry", DPAR__LIVE_BUFFER);
         if ((s = dpar__need_f32(fn, grads[i], "grad"))) return s;
     }
     double bad = 0.0;
@@ -8061,16 +8172,17 @@ static void dpar__dropout_words(const dpar__op *op, int64_t block, uint32_t w[4]
    arrays, dispatch and the collectives above). */
 
 DPAR_API dpar_dtype dpar_array_dtype(const dpar_array *a) {
-    return a ? a->dtype : DPAR_DTYPE_COUNT;
+    return dpar__live_got(a, DPAR__LIVE_ARRAY, "dpar_array_dtype") ? a->dtype : DPAR_DTYPE_COUNT;
 }
 DPAR_API dpar_mesh *dpar_array_mesh(const dpar_array *a) {
-    return a ? a->mesh : NULL;
+    return dpar__live_got(a, DPAR__LIVE_ARRAY, "dpar_array_mesh") ? a->mesh : NULL;
 }
 DPAR_API int64_t dpar_array_shard_dim(const dpar_array *a, int i) {
-    return (a && i >= 0 && i < a->ndim) ? a->local[i] : -1;
+    return (dpar__live_got(a, DPAR__LIVE_ARRAY, "dpar_array_shard_dim") && i >= 0 && i < a->ndim) ? a->local[i] : -1;
 }
 DPAR_API dpar_status dpar_array_spec(const dpar_array *a, int i, char *buf, size_t cap) {
     dpar__clear_error();
+    if (dpar__live_arg(a, DPAR__LIVE_ARRAY, "dpar_array_spec", "the array")) return DPAR_ERR_STATE;
     if (!a || !buf || cap == 0)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_array_spec: array or buf is NULL, or cap is 0");
     buf[0] = 0;
@@ -8128,6 +8240,8 @@ static dpar_status dpar__reshard_fn(dpar_ctx *ctx, void *user) {
 
 DPAR_API dpar_status dpar_array_reshard(dpar_array *dst, const dpar_array *src) {
     dpar__clear_error();
+    if (dpar__live_arg(dst, DPAR__LIVE_ARRAY, "dpar_array_reshard", "dst")) return DPAR_ERR_STATE;
+    if (dpar__live_arg(src, DPAR__LIVE_ARRAY, "dpar_array_reshard", "src")) return DPAR_ERR_STATE;
     if (!dst || !src) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_array_reshard: dst or src is NULL");
     if (dpar__self_worker)
         return dpar__err(
@@ -8261,6 +8375,7 @@ static dpar_status dpar__prefix_err(dpar_status s, const char *prefix) {
 
 DPAR_API dpar_status dpar_shard_map_specs(dpar_mesh *m, const dpar_shard_map_specs_desc *desc) {
     dpar__clear_error();
+    if (dpar__live_arg(m, DPAR__LIVE_MESH, "dpar_shard_map_specs", "the mesh")) return DPAR_ERR_STATE;
     dpar_shard_map_specs_desc resolved;
     const dpar_shard_map_specs_desc *d = desc ? &resolved : NULL;
     if (desc) { /* counts of 0 inferred: the leading non-NULL inputs / outputs */
@@ -8789,6 +8904,7 @@ DPAR_API dpar_value dpar_g_name(dpar_graph *g, dpar_value v, const char *name) {
 
 DPAR_API dpar_status dpar_graph_value_shape(const dpar_graph *g, dpar_value v, dpar_dtype *dtype, int *ndim,
                                             int64_t *shape) {
+    if (dpar__live_arg(g, DPAR__LIVE_GRAPH, "dpar_graph_value_shape", "the graph")) return DPAR_ERR_STATE;
     if (!g || v.id <= 0 || v.id >= g->count)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_value_shape: not a value of this graph");
     const dpar__gnode *nd = &g->n[v.id];
@@ -8831,6 +8947,8 @@ DPAR_API dpar_value dpar_g_feed(dpar_graph *g, const char *name, const dpar_arra
 DPAR_API dpar_value dpar_g_param(dpar_graph *g, const char *name, dpar_array *a) {
     if (!dpar__g_args(g, "dpar_g_param", 0, NULL)) return dpar__gv(0);
     if (!a) return dpar__g_fail(g, DPAR_ERR_INVALID_ARGUMENT, "dpar_g_param: param '%s': array is NULL", name);
+    if (dpar__live_arg(a, DPAR__LIVE_ARRAY, "dpar_g_param", "the array"))
+        return dpar__g_fail(g, DPAR_ERR_STATE, "%s", dpar_last_error());
     if (a->mesh != g->mesh)
         return dpar__g_fail(g, DPAR_ERR_INVALID_ARGUMENT,
                             "dpar_g_param: param '%s' is an array of another mesh; create it on the graph's mesh",
@@ -10126,6 +10244,7 @@ DPAR_API dpar_status dpar_graph_adamw(dpar_graph *g, const dpar_adamw_desc *d, c
 }
 DPAR_API dpar_status dpar_graph_adamw_masked(dpar_graph *g, const dpar_adamw_desc *d, const dpar_value *params,
                                              const dpar_value *grads, const bool *decay, int n) {
+    if (dpar__live_arg(g, DPAR__LIVE_GRAPH, "dpar_graph_adamw_masked", "the graph")) return DPAR_ERR_STATE;
     if (g && g->z1 && decay)
         return dpar__g_err(g, DPAR_ERR_INVALID_ARGUMENT,
                            "dpar_graph_adamw_masked: a decay mask with ZeRO-1 (dpar_graph_zero1) is not supported; "
@@ -10139,6 +10258,7 @@ DPAR_API dpar_status dpar_graph_adamw_masked(dpar_graph *g, const dpar_adamw_des
 }
 DPAR_API dpar_status dpar_graph_set_lr(dpar_graph *g, float lr) {
     dpar__clear_error();
+    if (dpar__live_arg(g, DPAR__LIVE_GRAPH, "dpar_graph_set_lr", "the graph")) return DPAR_ERR_STATE;
     if (!g || !g->has_opt)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_set_lr: %s",
                          g ? "the graph has no optimizer node (dpar_graph_sgd, dpar_graph_adamw)" : "graph is NULL");
@@ -10207,6 +10327,7 @@ static dpar_status dpar__g_opt_step(dpar_graph *g, dpar_ctx *ctx, dpar_buffer *c
    Issue 13's ops in graphs: cross-entropy with an ignore label, embedding,
    dropout, following the four steps of >>graph (the AdamW node is above). */
 DPAR_API dpar_value dpar_g_cross_entropy(dpar_graph *g, dpar_value logits, dpar_value labels, const dpar_xent_desc *d) {
+    if (dpar__live_arg(g, DPAR__LIVE_GRAPH, "dpar_g_cross_entropy", "the graph")) return dpar__gv(0);
     if (g && d && !(d->label_smoothing >= 0.0f && d->label_smoothing < 1.0f))
         return dpar__g_fail(g, DPAR_ERR_INVALID_ARGUMENT,
                             "dpar_g_cross_entropy: label_smoothing = %g; it must be in "
@@ -10464,6 +10585,7 @@ static dpar_status dpar__g_z1_step(dpar_graph *g, dpar_ctx *ctx, int li) {
 }
 DPAR_API dpar_array *dpar_graph_zero1_state(const dpar_graph *g, int i, int j) {
     dpar__clear_error();
+    if (dpar__live_arg(g, DPAR__LIVE_GRAPH, "dpar_graph_zero1_state", "the graph")) return NULL;
     const dpar__gz1 *z = g ? g->z1 : NULL;
     if (!z || !g->compiled || i < 0 || i >= z->np || j < 0 || j > 1 || !z->state[j * z->np + i]) {
         dpar__err(DPAR_ERR_INVALID_ARGUMENT,
@@ -11482,6 +11604,7 @@ static dpar_status dpar__g_put_feed(dpar_graph *g, const dpar_graph_feed *f) {
                          dpar__g_label(g, f->value.id, l, sizeof l));
     if (f->host) return dpar_array_put(nd->array, f->host);
     const dpar_array *a = f->array, *want = nd->array;
+    if (dpar__live_arg(a, DPAR__LIVE_ARRAY, "dpar_graph_run", "a feed's array")) return DPAR_ERR_STATE;
     if (a->mesh != g->mesh)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_run: feed %s: the array is on another mesh",
                          dpar__g_label(g, f->value.id, l, sizeof l));
@@ -11561,6 +11684,7 @@ static dpar_status dpar__g_run(dpar_graph *g, const dpar_graph_feed *feeds, int 
 
 DPAR_API dpar_array *dpar_graph_feed_array(const dpar_graph *g, dpar_value v) {
     dpar__clear_error();
+    if (dpar__live_arg(g, DPAR__LIVE_GRAPH, "dpar_graph_feed_array", "the graph")) return NULL;
     if (!g || v.id <= 0 || v.id >= g->count || g->n[v.id].kind != DPAR__G_FEED) {
         dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_feed_array: not a feed of this graph (dpar_g_feed)");
         return NULL;
@@ -11996,6 +12120,7 @@ static void dpar__vis_rule(FILE *f, int64_t nc, size_t w) {
 DPAR_API dpar_status dpar_visualize_array_sharding(const dpar_array *a, const char *path) {
     const char *fn = "dpar_visualize_array_sharding";
     dpar__clear_error();
+    if (dpar__live_arg(a, DPAR__LIVE_ARRAY, "dpar_visualize_array_sharding", "the array")) return DPAR_ERR_STATE;
     if (!a) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: array is NULL", fn);
     if (a->ndim > 2)
         return dpar__err(DPAR_ERR_SHAPE, "%s: the array is %d-d; it draws 0-, 1- and 2-d arrays (reshape it first)", fn,
@@ -12185,6 +12310,7 @@ static dpar_status dpar__g_state_list(dpar_graph *g) {
 }
 DPAR_API dpar_status dpar_graph_state_count(dpar_graph *g, int *count) {
     dpar__clear_error();
+    if (dpar__live_arg(g, DPAR__LIVE_GRAPH, "dpar_graph_state_count", "the graph")) return DPAR_ERR_STATE;
     if (!g || !count) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_state_count: graph or count is NULL");
     *count = 0;
     if (!dpar__g_mesh_alive(g))
@@ -12197,6 +12323,7 @@ DPAR_API dpar_status dpar_graph_state_count(dpar_graph *g, int *count) {
 }
 DPAR_API dpar_status dpar_graph_state(const dpar_graph *g, int i, const char **name, dpar_array **array, bool *padded) {
     dpar__clear_error();
+    if (dpar__live_arg(g, DPAR__LIVE_GRAPH, "dpar_graph_state", "the graph")) return DPAR_ERR_STATE;
     char l[96], l2[96];
     if (!g || !name || !array)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_state: graph, name or array is NULL");
@@ -12226,10 +12353,11 @@ DPAR_API dpar_status dpar_graph_state(const dpar_graph *g, int i, const char **n
     return DPAR_OK;
 }
 DPAR_API int64_t dpar_graph_step(const dpar_graph *g) {
-    return g ? g->opt.step : -1;
+    return dpar__live_got(g, DPAR__LIVE_GRAPH, "dpar_graph_step") ? g->opt.step : -1;
 }
 DPAR_API dpar_status dpar_graph_set_step(dpar_graph *g, int64_t step) {
     dpar__clear_error();
+    if (dpar__live_arg(g, DPAR__LIVE_GRAPH, "dpar_graph_set_step", "the graph")) return DPAR_ERR_STATE;
     if (!g || step < 0)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_set_step: %s",
                          g ? "the step must be >= 0 (the number of runs done)" : "graph is NULL");
@@ -12531,11 +12659,13 @@ DPAR_API double dpar_trace_clock_us(void) {
 DPAR_API void dpar_trace_event(const dpar_runtime *rt, int device, const char *name, const char *cat, double t0_us,
                                double t1_us, int64_t bytes) {
     if (!DPAR__ATOMIC_LOAD(&dpar__trace_on) || !name || !cat) return;
+    if (rt && !dpar__live_got(rt, DPAR__LIVE_RUNTIME, "dpar_trace_event")) return;
     dpar__trace_event(dpar__trace_pid(rt), device < 0 ? -1 : device, name, cat, t0_us, t1_us, bytes);
 }
 
 DPAR_API dpar_status dpar_runtime_device_stats(const dpar_runtime *rt, int device, dpar_device_stats *out) {
     dpar__clear_error();
+    if (dpar__live_arg(rt, DPAR__LIVE_RUNTIME, "dpar_runtime_device_stats", "the runtime")) return DPAR_ERR_STATE;
     if (!rt || !out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_runtime_device_stats: runtime or out is NULL");
     int li = device - rt->local_base;
     if (!rt->obs || li < 0 || li >= rt->obs->nlocal)
@@ -12565,7 +12695,7 @@ DPAR_API dpar_status dpar_runtime_device_stats(const dpar_runtime *rt, int devic
     return DPAR_OK;
 }
 DPAR_API void dpar_runtime_stats_reset(dpar_runtime *rt) {
-    if (!rt || !rt->obs) return;
+    if (!dpar__live_got(rt, DPAR__LIVE_RUNTIME, "dpar_runtime_stats_reset") || !rt->obs) return;
     pthread_mutex_lock(&rt->list_mu);
     for (int i = 0; i < rt->obs->nlocal; i++) {
         dpar__devstats *d = &rt->obs->dev[i];

@@ -232,6 +232,107 @@ static void test_stale_handles(void **state) {
           "dpar_mesh_create");
 }
 
+/* ---- stale handles given as arguments: ops, collectives, buffer I/O, getters ---- */
+#define STALE(call, fn, arg) T_ERR(call, DPAR_ERR_STATE, fn ": " arg, "stale")
+/* Inside fn: a buffer used, destroyed, then used again by the same worker (its
+   memo of live buffers must forget it), and collectives given a stale buffer. */
+static dpar_status use_after_destroy(dpar_ctx *ctx, void *user) {
+    (void)user;
+    dpar_buffer *t = NULL, *u = NULL;
+    int64_t four = 4;
+    dpar_status s = dpar_ctx_buffer(ctx, DPAR_F32, 1, &four, &t);
+    if (!s) s = dpar_ctx_buffer(ctx, DPAR_F32, 1, &four, &u);
+    if (!s) s = dpar_fill(t, 1.0f);
+    if (!s) s = dpar_copy(u, t);
+    if (!s) s = dpar_buffer_destroy(t);
+    if (s) return s;
+    if (dpar_fill(t, 2.0f) != DPAR_ERR_STATE || !strstr(dpar_last_error(), "dpar_fill: the output buffer is a stale"))
+        return dpar_set_last_error(DPAR_ERR_BACKEND, "fill of a freed buffer: %s", dpar_last_error());
+    if (dpar_copy(u, t) != DPAR_ERR_STATE || !strstr(dpar_last_error(), "dpar_copy: operand 0 is a stale buffer"))
+        return dpar_set_last_error(DPAR_ERR_BACKEND, "copy from a freed buffer: %s", dpar_last_error());
+    if (dpar_psum(ctx, u, t, "data") != DPAR_ERR_STATE || !strstr(dpar_last_error(), "dpar_psum: in is a stale"))
+        return dpar_set_last_error(DPAR_ERR_BACKEND, "psum of a freed buffer: %s", dpar_last_error());
+    dpar_request *r = NULL;
+    if (dpar_all_gather_start(ctx, t, u, "data", 0, true, &r) != DPAR_ERR_STATE ||
+        !strstr(dpar_last_error(), "dpar_all_gather_start: out is a stale"))
+        return dpar_set_last_error(DPAR_ERR_BACKEND, "all_gather into a freed buffer: %s", dpar_last_error());
+    if (dpar_buffer_count(t) != 0 || !strstr(dpar_last_error(), "dpar_buffer_count: the buffer is a stale"))
+        return dpar_set_last_error(DPAR_ERR_BACKEND, "count of a freed buffer: %s", dpar_last_error());
+    s = dpar_psum(ctx, u, u, "data"); /* the live one still works, on both devices */
+    return s ? s : dpar_buffer_destroy(u);
+}
+static void test_stale_arguments(void **state) {
+    (void)state;
+    dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 2);
+    dpar_mesh *m = mesh2(rt);
+    int64_t four = 4;
+    dpar_buffer *b = NULL, *live = NULL;
+    T_OK(dpar_buffer_create(rt, 0, DPAR_F32, 1, &four, &b));
+    T_OK(dpar_buffer_create(rt, 0, DPAR_F32, 1, &four, &live));
+    T_OK(dpar_buffer_destroy(b));
+    float h[4] = { 0 };
+    /* ops from the host thread, the stale buffer in each position */
+    STALE(dpar_fill(b, 1.0f), "dpar_fill", "the output buffer");
+    STALE(dpar_copy(b, live), "dpar_copy", "the output buffer");
+    STALE(dpar_copy(live, b), "dpar_copy", "operand 0");
+    STALE(dpar_axpy(live, 2.0f, b), "dpar_axpy", "operand 0");
+    STALE(dpar_binary(live, live, b, DPAR_BINARY_ADD), "dpar_binary", "operand 1");
+    STALE(dpar_sum(live, b), "dpar_sum", "operand 0");
+    /* buffer I/O and getters */
+    STALE(dpar_buffer_write(b, 0, h, 4), "dpar_buffer_write", "the buffer");
+    STALE(dpar_buffer_read(b, 0, h, 4), "dpar_buffer_read", "the buffer");
+    void *ptr = NULL;
+    STALE(dpar_buffer_map(b, 0, 4, true, &ptr), "dpar_buffer_map", "the buffer");
+    STALE(dpar_buffer_unmap(b, 0, 4, false), "dpar_buffer_unmap", "the buffer");
+    STALE(dpar_buffer_reshape(b, 1, &four), "dpar_buffer_reshape", "the buffer");
+    assert_int_equal(dpar_buffer_count(b), 0);
+    assert_int_equal(dpar_buffer_device(b), -1);
+    assert_int_equal(dpar_buffer_dtype(b), DPAR_DTYPE_COUNT);
+    assert_non_null(strstr(dpar_last_error(), "dpar_buffer_dtype: the buffer is a stale buffer"));
+    dpar_vulkan_export ex;
+    STALE(dpar_vulkan_buffer_export(b, &ex), "dpar_vulkan_buffer_export", "the buffer");
+    /* inside fn: a worker's own buffer freed, then used */
+    dpar_shard_map_desc sd = { .fn = use_after_destroy };
+    T_OK(dpar_shard_map(m, &sd));
+    /* arrays, meshes, runtimes, graphs */
+    dpar_array *a = arr(m, "data"), *keep = arr(m, "data");
+    T_OK(dpar_array_destroy(a));
+    assert_null(dpar_array_shard(a, 0));
+    assert_non_null(strstr(dpar_last_error(), "dpar_array_shard: the array is a stale array"));
+    assert_int_equal(dpar_array_ndim(a), -1);
+    assert_null(dpar_array_mesh(a));
+    int64_t begin, count;
+    STALE(dpar_array_local_rows(a, &begin, &count), "dpar_array_local_rows", "the array");
+    char spec[16];
+    STALE(dpar_array_spec(a, 0, spec, sizeof spec), "dpar_array_spec", "the array");
+    STALE(dpar_array_reshard(keep, a), "dpar_array_reshard", "src");
+    dpar_graph *g = NULL;
+    T_OK(dpar_graph_create(m, &g));
+    assert_int_equal(dpar_g_param(g, "w", a).id, 0);
+    T_ERR(dpar_graph_status(g), DPAR_ERR_STATE, "dpar_g_param: the array is a stale array");
+    T_OK(dpar_graph_destroy(g));
+    assert_int_equal(dpar_graph_step(g), -1);
+    STALE(dpar_graph_set_step(g, 1), "dpar_graph_set_step", "the graph");
+    STALE(dpar_graph_set_lr(g, 0.1f), "dpar_graph_set_lr", "the graph");
+    int n = 0;
+    STALE(dpar_graph_state_count(g, &n), "dpar_graph_state_count", "the graph");
+    T_OK(dpar_mesh_destroy(m));
+    assert_int_equal(dpar_mesh_size(m), 0);
+    assert_null(dpar_mesh_axis_name(m, 0));
+    STALE(dpar_mesh_axis_size(m, "data", &n), "dpar_mesh_axis_size", "the mesh");
+    int coords[1] = { 0 }, dev = 0, members[2];
+    STALE(dpar_mesh_device(m, coords, &dev), "dpar_mesh_device", "the mesh");
+    STALE(dpar_mesh_group(m, "data", 0, members, &n, NULL), "dpar_mesh_group", "the mesh");
+    T_ERR(dpar_array_get(keep, h), DPAR_ERR_STATE, "dpar_array_get", "stale"); /* freed with its mesh */
+    T_OK(dpar_runtime_destroy(rt));
+    assert_int_equal(dpar_runtime_device_count(rt), 0);
+    assert_non_null(strstr(dpar_last_error(), "dpar_runtime_device_count: the runtime is a stale runtime"));
+    dpar_device_info info;
+    STALE(dpar_runtime_device_info(rt, 0, &info), "dpar_runtime_device_info", "the runtime");
+    STALE(dpar_runtime_device_sync(rt, 0), "dpar_runtime_device_sync", "the runtime");
+    STALE(dpar_fill(live, 1.0f), "dpar_fill", "the output buffer"); /* freed with its runtime */
+}
+
 /* ---- every parent/child destroy order ---- */
 enum { O_RT, O_MESH, O_ARRAY, O_BUFFER, O_GRAPH, O_ZERO1, O_DP, O_COUNT };
 typedef struct family {
@@ -557,6 +658,7 @@ int main(void) {
         cmocka_unit_test(test_graph_after_mesh),
         cmocka_unit_test(test_mpi_env_ranges),
         cmocka_unit_test(test_destroy_keeps_error),
+        cmocka_unit_test(test_stale_arguments),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
