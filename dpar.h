@@ -125,7 +125,11 @@
    compares. A getter racing a destroy of the same object on another thread
    is the caller's race (the destroy may free it between the lookup and the
    read); every other call is counted in flight and refuses or waits as
-   above. A dispatch where fn called dpar_dp_begin without dpar_dp_finish
+   above. A new object never takes the address of one of the last 256
+   destroyed, so a stale handle is refused even after new objects were made;
+   the one case not detected (the API has no room for a generation in a
+   plain pointer): a handle used after more than 256 later destroys may name
+   a newer object of the same kind at its address. A dispatch where fn called dpar_dp_begin without dpar_dp_finish
    fails with DPAR_ERR_STATE (util/dpar_train.h).
 
    ENVIRONMENT
@@ -2568,6 +2572,8 @@ static dpar_status dpar__live_buffer_detach(const dpar_buffer *b);
 static dpar_status dpar__live_arg(const void *p, int kind, const char *fn, const char *arg);
 static int dpar__live_buf_ok(const dpar_buffer *b);
 static int dpar__live_got(const void *p, int kind, const char *fn);
+static void *dpar__handle_alloc(size_t size);
+static void dpar__handle_free(void *p);
 static dpar_status dpar__live_buf(const dpar_buffer *b, const char *fn, const char *arg);
 static int dpar__is_local(const dpar_runtime *rt, int device) {
     return device >= rt->local_base && device < rt->local_base + rt->nlocal;
@@ -2680,7 +2686,7 @@ static void dpar__runtime_free(dpar_runtime *rt) {
     pthread_mutex_destroy(&rt->dispatch_mu);
     pthread_mutex_destroy(&rt->list_mu);
     dpar__obs_free(rt);
-    DPAR_FREE(rt);
+    dpar__handle_free(rt);
 }
 
 /* *met: set once this process reached the other processes (the transport) */
@@ -2854,7 +2860,7 @@ static dpar_status dpar__runtime_create(const dpar_runtime_desc *desc_in, dpar_r
     if (!s) s = dpar__runtime_pick_backend(&desc, &be);
     if (s) return s;
 
-    dpar_runtime *rt = (dpar_runtime *)dpar__calloc(1, sizeof *rt);
+    dpar_runtime *rt = (dpar_runtime *)dpar__handle_alloc(sizeof *rt);
     if (!rt) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_runtime_create: out of host memory");
     pthread_mutex_init(&rt->mu, NULL);
     pthread_cond_init(&rt->cv_start, NULL);
@@ -3017,7 +3023,7 @@ DPAR_API dpar_status dpar_buffer_create(dpar_runtime *rt, int device, dpar_dtype
         return dpar__err(DPAR_ERR_DTYPE, "dpar_buffer_create: dtype %d is not a dpar_dtype", (int)dtype);
     dpar_status s = dpar__check_shape("dpar_buffer_create", ndim, shape);
     if (s) return s;
-    dpar_buffer *b = (dpar_buffer *)dpar__calloc(1, sizeof *b);
+    dpar_buffer *b = (dpar_buffer *)dpar__handle_alloc(sizeof *b);
     if (!b) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_buffer_create: out of host memory");
     b->rt = rt;
     b->device = device - rt->local_base;
@@ -3077,7 +3083,7 @@ static void dpar__buffer_free(dpar_buffer *b) {
     dpar__obs_mem(rt, b->device, -(int64_t)b->nbytes);
     pthread_mutex_unlock(&rt->list_mu);
     rt->be->free(rt->bstate, b->device, b->mem);
-    DPAR_FREE(b);
+    dpar__handle_free(b);
 }
 DPAR_API dpar_dtype dpar_buffer_dtype(const dpar_buffer *b) {
     return dpar__live_got(b, DPAR__LIVE_BUFFER, "dpar_buffer_dtype") ? b->dtype : DPAR_DTYPE_COUNT;
@@ -3721,6 +3727,49 @@ static dpar_status dpar__live_add_runtime(dpar_runtime *rt) {
     pthread_mutex_unlock(&dpar__live_mu);
     return s;
 }
+/* >>handle addresses ==========================================================
+   The set is keyed by address, so a stale handle whose address a newer object
+   took would pass the lookup as that object. To make that case rare a new
+   runtime, mesh, array, buffer or graph never gets the address of one of the
+   last DPAR__ADDR_RING destroyed: dpar__handle_alloc allocates again while the
+   block it got has such an address, holding the refused blocks until it has
+   one (at most DPAR__ADDR_RING + 1 tries: the held blocks are all distinct).
+   Nothing is kept allocated. The residual case, documented in THREADS AND
+   LIFETIMES: a handle used after more than DPAR__ADDR_RING later destroys may
+   name a newer object of the same kind at the same address. */
+enum { DPAR__ADDR_RING = 256 };
+static const void *dpar__addr_ring[DPAR__ADDR_RING]; /* the last addresses freed, under dpar__live_mu */
+static size_t dpar__addr_next;
+
+static int dpar__addr_recent(const void *p) {
+    pthread_mutex_lock(&dpar__live_mu);
+    int hit = 0;
+    for (size_t i = 0; i < DPAR__ADDR_RING && !hit; i++) hit = dpar__addr_ring[i] == p;
+    pthread_mutex_unlock(&dpar__live_mu);
+    return hit;
+}
+/* A zeroed block for a handle's object, at none of the recently freed addresses; NULL: out of memory. */
+static void *dpar__handle_alloc(size_t size) {
+    void *held[DPAR__ADDR_RING];
+    size_t nheld = 0;
+    void *p = dpar__calloc(1, size);
+    while (p && nheld < DPAR__ADDR_RING && dpar__addr_recent(p)) {
+        held[nheld++] = p;
+        p = dpar__calloc(1, size);
+    }
+    while (nheld) DPAR_FREE(held[--nheld]);
+    return p;
+}
+/* Frees a handle's object and remembers its address. */
+static void dpar__handle_free(void *p) {
+    if (!p) return;
+    pthread_mutex_lock(&dpar__live_mu);
+    dpar__addr_ring[dpar__addr_next] = p;
+    dpar__addr_next = (dpar__addr_next + 1) % DPAR__ADDR_RING;
+    pthread_mutex_unlock(&dpar__live_mu);
+    DPAR_FREE(p);
+}
+
 /* dpar_buffer_destroy's checks, then b leaves the set: a live buffer, not an
    array's shard; during a dispatch only its own device's worker may free it. */
 static dpar_status dpar__live_buffer_detach(const dpar_buffer *b) {
@@ -3822,7 +3871,7 @@ static void dpar__mesh_free(dpar_mesh *m) {
         }
         DPAR_FREE(m->groups[k]);
     }
-    DPAR_FREE(m);
+    dpar__handle_free(m);
 }
 
 /* Checks a mesh desc against the runtime: infers ndim when 0, validates the axes
@@ -3963,7 +4012,7 @@ DPAR_API dpar_status dpar_mesh_create(dpar_runtime *rt, const dpar_mesh_desc *de
     if (s != DPAR_OK) return s;
     const dpar_mesh_desc *d = &resolved;
     /* size < rt->ndev without a device list is allowed: the mesh takes the first `size` devices */
-    dpar_mesh *m = (dpar_mesh *)dpar__calloc(1, sizeof *m);
+    dpar_mesh *m = (dpar_mesh *)dpar__handle_alloc(sizeof *m);
     if (!m) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_mesh_create: out of host memory");
     m->rt = rt;
     m->ndim = d->ndim;
@@ -4183,7 +4232,7 @@ static void dpar__array_free(dpar_array *a) {
         for (int p = 0; p < a->mesh->size; p++)
             if (a->shards[p]) dpar__buffer_free(a->shards[p]);
     DPAR_FREE(a->shards);
-    DPAR_FREE(a);
+    dpar__handle_free(a);
 }
 
 DPAR_API dpar_status dpar_array_create(dpar_mesh *m, const dpar_array_desc *d, dpar_array **out) {
@@ -4204,7 +4253,7 @@ DPAR_API dpar_status dpar_array_create(dpar_mesh *m, const dpar_array_desc *d, d
                              "dpar_array_create: spec[%d] is \"%s\" but the array has %d dimension%s; give a spec "
                              "only for dimensions 0..ndim-1 (or raise ndim)",
                              i, d->spec[i], d->ndim, d->ndim == 1 ? "" : "s");
-    dpar_array *a = (dpar_array *)dpar__calloc(1, sizeof *a);
+    dpar_array *a = (dpar_array *)dpar__handle_alloc(sizeof *a);
     if (!a) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_array_create: out of host memory");
     a->mesh = m;
     a->dtype = d->dtype;
@@ -8861,8 +8910,7 @@ DPAR_API dpar_status dpar_graph_create(dpar_mesh *mesh, dpar_graph **out) {
     if (out) *out = NULL;
     if (!mesh || !out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_create: mesh or out is NULL");
     if (dpar__live_check(mesh, DPAR__LIVE_MESH, "dpar_graph_create")) return DPAR_ERR_STATE;
-    dpar_graph *g = (dpar_graph *)DPAR_MALLOC(sizeof *g);
-    if (g) memset(g, 0, sizeof *g);
+    dpar_graph *g = (dpar_graph *)dpar__handle_alloc(sizeof *g);
     if (g) g->errtext = (char *)DPAR_MALLOC(DPAR__ERR_LEN);
     if (g) g->n = (dpar__gnode *)DPAR_MALLOC(64 * sizeof *g->n);
     if (!g || !g->errtext || !g->n) {
@@ -11853,7 +11901,7 @@ static void dpar__g_free(void *self) {
     DPAR_FREE(g->opt.decay);
     DPAR_FREE(g->n);
     DPAR_FREE(g->errtext);
-    DPAR_FREE(g);
+    dpar__handle_free(g);
     dpar__releasing--;
 }
 

@@ -333,6 +333,47 @@ static void test_stale_arguments(void **state) {
     STALE(dpar_fill(live, 1.0f), "dpar_fill", "the output buffer"); /* freed with its runtime */
 }
 
+/* ---- a stale handle whose address a new object of its kind could take ---- */
+static void test_address_not_reused(void **state) {
+    (void)state;
+    dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 2);
+    dpar_mesh *m = mesh2(rt);
+    int64_t four = 4;
+    dpar_buffer *b = NULL, *nb[100];
+    T_OK(dpar_buffer_create(rt, 0, DPAR_F32, 1, &four, &b));
+    T_OK(dpar_buffer_destroy(b));
+    for (int i = 0; i < 100; i++) { /* malloc would hand b's block to the first of them */
+        T_OK(dpar_buffer_create(rt, 0, DPAR_F32, 1, &four, &nb[i]));
+        assert_ptr_not_equal(nb[i], b);
+    }
+    T_ERR(dpar_fill(b, 1.0f), DPAR_ERR_STATE, "dpar_fill", "stale");
+    T_ERR(dpar_buffer_destroy(b), DPAR_ERR_STATE, "dpar_buffer_destroy", "stale");
+    for (int i = 0; i < 100; i++) T_OK(dpar_buffer_destroy(nb[i]));
+    dpar_array *a = arr(m, NULL);
+    T_OK(dpar_array_destroy(a));
+    dpar_array *a2 = arr(m, NULL), *a3 = arr(m, "data");
+    assert_true(a2 != a && a3 != a);
+    float h[4];
+    T_ERR(dpar_array_get(a, h), DPAR_ERR_STATE, "dpar_array_get", "stale");
+    dpar_graph *g = NULL, *g2 = NULL;
+    T_OK(dpar_graph_create(m, &g));
+    T_OK(dpar_graph_destroy(g));
+    T_OK(dpar_graph_create(m, &g2));
+    assert_ptr_not_equal(g2, g);
+    T_ERR(dpar_graph_destroy(g), DPAR_ERR_STATE, "dpar_graph_destroy", "stale");
+    dpar_mesh *m2 = mesh2(rt);
+    T_OK(dpar_mesh_destroy(m2));
+    dpar_mesh *m3 = mesh2(rt);
+    assert_ptr_not_equal(m3, m2);
+    T_ERR(dpar_mesh_destroy(m2), DPAR_ERR_STATE, "dpar_mesh_destroy", "stale");
+    T_OK(dpar_runtime_destroy(rt)); /* the last object: the live set is empty now */
+    dpar_runtime *rt2 = t_runtime(DPAR_BACKEND_CPU, 1);
+    assert_ptr_not_equal(rt2, rt);
+    T_ERR(dpar_runtime_destroy(rt), DPAR_ERR_STATE, "dpar_runtime_destroy", "stale");
+    T_ERR(dpar_mesh_destroy(m), DPAR_ERR_STATE, "dpar_mesh_destroy", "stale");
+    T_OK(dpar_runtime_destroy(rt2));
+}
+
 /* ---- every parent/child destroy order ---- */
 enum { O_RT, O_MESH, O_ARRAY, O_BUFFER, O_GRAPH, O_ZERO1, O_DP, O_COUNT };
 typedef struct family {
@@ -659,6 +700,7 @@ int main(void) {
         cmocka_unit_test(test_mpi_env_ranges),
         cmocka_unit_test(test_destroy_keeps_error),
         cmocka_unit_test(test_stale_arguments),
+        cmocka_unit_test(test_address_not_reused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
