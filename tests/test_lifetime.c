@@ -561,6 +561,15 @@ static void test_destroy_keeps_error(void **state) {
     T_OK(dpar_runtime_destroy(f.rt));
     T_ERR(dpar_runtime_destroy(f.rt), DPAR_ERR_STATE, "dpar_runtime_destroy", "stale");
     T_ERR(dpar_buffer_destroy(f.b), DPAR_ERR_STATE, "dpar_buffer_destroy", "stale"); /* freed with its runtime */
+    /* a step's request waited twice (the first wait frees it) */
+    dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 2);
+    dpar_mesh *m = mesh2(rt);
+    dpar_request *r = NULL;
+    dpar_shard_map_desc sd = { .fn = nop };
+    T_OK(dpar_shard_map_start(m, &sd, &r));
+    T_OK(dpar_wait(NULL, r));
+    T_ERR(dpar_wait(NULL, r), DPAR_ERR_INVALID_ARGUMENT, "dpar_wait");
+    T_OK(dpar_runtime_destroy(rt));
 }
 
 /* ---- dpar_handle_attach / check / detach ---- */
