@@ -548,6 +548,11 @@ static void test_destroy_keeps_error(void **state) {
     T_ERR(dpar_dp_destroy(f.dp), DPAR_ERR_STATE, "dpar_dp_destroy", "stale");
     T_OK(dpar_zero1_destroy(f.z));
     T_ERR(dpar_zero1_destroy(f.z), DPAR_ERR_STATE, "dpar_zero1_destroy", "stale");
+    assert_null(dpar_zero1_master(f.z, 0)); /* the getters refuse it too */
+    assert_non_null(strstr(dpar_last_error(), "dpar_zero1_master"));
+    assert_null(dpar_zero1_momentum(f.z, 0));
+    assert_int_equal(dpar_zero1_padded_count(f.z, 0), -1);
+    assert_int_equal(dpar_zero1_momentum_bytes(f.z, 0), 0);
     T_OK(dpar_graph_destroy(f.g));
     T_ERR(dpar_graph_destroy(f.g), DPAR_ERR_STATE, "dpar_graph_destroy", "stale");
     T_OK(dpar_array_destroy(a2));

@@ -1008,17 +1008,17 @@ DPAR_API dpar_status dpar_zero1_step(dpar_ctx *ctx, dpar_zero1 *z, dpar_buffer *
     return s;
 }
 DPAR_API dpar_array *dpar_zero1_master(const dpar_zero1 *z, int i) {
-    return (z && i >= 0 && i < z->np) ? z->master[i] : NULL;
+    return (z && !dpar_handle_check(z, "dpar_zero1_master") && i >= 0 && i < z->np) ? z->master[i] : NULL;
 }
 DPAR_API dpar_array *dpar_zero1_momentum(const dpar_zero1 *z, int i) {
-    return (z && i >= 0 && i < z->np) ? z->mom[i] : NULL;
+    return (z && !dpar_handle_check(z, "dpar_zero1_momentum") && i >= 0 && i < z->np) ? z->mom[i] : NULL;
 }
 DPAR_API int64_t dpar_zero1_padded_count(const dpar_zero1 *z, int i) {
-    return (z && i >= 0 && i < z->np) ? z->padded[i] : -1;
+    return (z && !dpar_handle_check(z, "dpar_zero1_padded_count") && i >= 0 && i < z->np) ? z->padded[i] : -1;
 }
 DPAR_API size_t dpar_zero1_momentum_bytes(const dpar_zero1 *z, int device) {
     size_t t = 0;
-    if (!z) return 0;
+    if (!z || dpar_handle_check(z, "dpar_zero1_momentum_bytes")) return 0;
     for (int i = 0; i < z->np; i++)
         if (z->mom[i]) t += dpar_buffer_nbytes(dpar_array_shard(z->mom[i], device));
     return t;
