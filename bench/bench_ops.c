@@ -11,6 +11,7 @@
 
        ops,backend,op,dtype,shape,threads,time_us,GBps,stream_GBps,pct_stream,pct_stream_min,pct_stream_max,
            gflops,blas_gflops,pct_blas,pct_blas_min,pct_blas_max,alts
+   (rates to 4 significant digits, percentages to 3: a llvmpipe row can be at 0.01%)
 
    Limits (both measured alternating with the op):
      stream  bytes / the stream bandwidth (bench_util.h stream_bw_best: the
@@ -248,11 +249,11 @@ static int refused(bench *B, const ops_case *c, dpar_status s) {
 static void print_row(bench *B, const ops_case *c, double *t, double *ps, double *pb, double bw, double blas_t) {
     int n = B->alts;
     double tm = median(t, n), bytes = c->rd + c->wr, psm = median(ps, n);
-    printf("ops,%s,%s,%s,%s,%d,%.3f,%.3f,%.3f,%.1f,%.1f,%.1f,", B->backend, c->op, dpar_dtype_name(c->dt), c->shape,
+    printf("ops,%s,%s,%s,%s,%d,%.3f,%.4g,%.4g,%.3g,%.3g,%.3g,", B->backend, c->op, dpar_dtype_name(c->dt), c->shape,
            B->threads, tm * 1e6, bytes / tm / 1e9, bw / 1e9, psm, ps[0], ps[n - 1]);
     if (pb) {
         double f = gemm_flop(c), pbm = median(pb, n);
-        printf("%.2f,%.2f,%.1f,%.1f,%.1f,%d\n", f / tm / 1e9, f / blas_t / 1e9, pbm, pb[0], pb[n - 1], n);
+        printf("%.4g,%.4g,%.3g,%.3g,%.3g,%d\n", f / tm / 1e9, f / blas_t / 1e9, pbm, pb[0], pb[n - 1], n);
     } else {
         printf(",,,,,%d\n", n);
     }

@@ -63,11 +63,11 @@ def ops_section(ops, opskip):
         for o in rows:
             g = ("%.1f" % o["gflops"], "%.1f" % o["blas"], "%.0f%% (%.0f-%.0f)" % (o["pb"], o["pbmin"], o["pbmax"])) \
                 if o["pb"] is not None else ("", "", "")
-            md.append("| %s | %s | %s | %.2f | %.2f | %.1f%% (%.1f-%.1f) | %s | %s | %s |" % (
+            md.append("| %s | %s | %s | %.2f | %.3g | %.3g%% (%.3g-%.3g) | %s | %s | %s |" % (
                 o["op"], o["dtype"], o["shape"], o["us"], o["gbps"], o["ps"], o["psmin"], o["psmax"], *g))
         worst = sorted(rows, key=lambda o: o["pct"])[:3]
         md += ["", "Furthest from their limit: " + "; ".join(
-            "%s %s (%s) %.1f%% of %s" % (o["op"], o["dtype"], o["shape"], o["pct"], o["limit"]) for o in worst) + ".",
+            "%s %s (%s) %.3g%% of %s" % (o["op"], o["dtype"], o["shape"], o["pct"], o["limit"]) for o in worst) + ".",
             ""]
         refused = {}
         for s in opskip:
@@ -363,9 +363,9 @@ def main():
     for backend in sorted({o["backend"] for o in oprows}):
         rows = [o for o in oprows if o["backend"] == backend]
         worst = sorted(rows, key=lambda o: o["pct"])[:3]
-        parts.append("ops %s: %d rows, median %.0f%% of limit, worst %s" % (
+        parts.append("ops %s: %d rows, median %.3g%% of limit, worst %s" % (
             backend, len(rows), med([o["pct"] for o in rows]),
-            ", ".join("%s %.1f%%" % (o["op"], o["pct"]) for o in worst)))
+            ", ".join("%s %.3g%%" % (o["op"], o["pct"]) for o in worst)))
     summary = "summary: " + ("; ".join(parts) if parts else "no results")
     md += ["", "`" + summary + "`", ""]
     with open(os.path.join(out, "results.md"), "w") as f:
