@@ -4,6 +4,7 @@ is there), and prints the closing "summary:" line. Exits 1 when a collective
 or an op is above 100% of its memory-traffic limit (the measurement is broken).
 
     python bench/report.py RAW_ROWS OUT_DIR
+    python bench/report.py --gpt RAW_ROWS OUT_DIR   (bench/peers/run_gpt.sh: gpt.md, gpt.csv, gpt_steps.csv)
 
 Rows (CSV, no header):
   coll,backend,op,devices,bytes,time_us,algbw,busbw,limit_us,pct,pct_min,pct_max,alts   (bench_collectives)
@@ -13,12 +14,15 @@ Rows (CSV, no header):
   ops,backend,op,dtype,shape,threads,time_us,GBps,stream_GBps,pct_stream,min,max,gflops,blas_gflops,
       pct_blas,min,max,alts                                                      (bench_ops; GEMM columns may be empty)
   opskip,backend,op,dtype,reason                                                 (bench_ops: dtype refused)
+  gptstep,round,system,mesh,step_ms,load1                                  (run_gpt.sh, interleaved)
+  gptval,system,mesh,seed,steps,train_loss,val_loss,step_ms,load1          (run_gpt.sh, 1000 steps)
   load,start|end,1min/5min/15min
   skip,what,reason
 """
 import csv
 import os
 import sys
+import time
 
 
 def human(b):
@@ -79,7 +83,107 @@ def ops_section(ops, opskip):
     return md
 
 
+def gpt_rows(path):
+    """(steps, vals, load) from the gptstep / gptval / load rows of a raw file."""
+    steps, vals, load = [], [], {}
+    with open(path) as f:
+        for r in csv.reader(f):
+            if len(r) >= 6 and r[0] == "gptstep":
+                steps.append(dict(k=int(r[1]), sys=r[2], mesh=r[3], ms=float(r[4]), load=float(r[5])))
+            elif len(r) >= 9 and r[0] == "gptval":
+                vals.append(dict(sys=r[1], mesh=r[2], seed=int(r[3]), steps=int(r[4]), train=float(r[5]),
+                                 val=float(r[6]), ms=float(r[7]) if r[7] else float("nan"),
+                                 load=r[8] if len(r) > 8 else "?"))
+            elif len(r) >= 3 and r[0] == "load":
+                load[r[1]] = r[2].replace("/", " ")
+    return steps, vals, load
+
+
+def gpt_ratios(steps):
+    """{(dpar mesh, peer): (median ratio, min, max, rounds, dpar median ms, peer median ms)}; ratio = dpar step
+    time / peer step time of the same round (below 1: dpar is faster)."""
+    res = {}
+    for mesh in sorted({s["mesh"] for s in steps if s["sys"] == "dpar"}):
+        d = {s["k"]: s["ms"] for s in steps if s["sys"] == "dpar" and s["mesh"] == mesh}
+        for peer in sorted({s["sys"] for s in steps if s["sys"] != "dpar"}):
+            p = {s["k"]: s["ms"] for s in steps if s["sys"] == peer}
+            rs = [d[k] / p[k] for k in d if k in p and p[k] > 0]
+            if rs:
+                res[(mesh, peer)] = (med(rs), min(rs), max(rs), len(rs), med(list(d.values())), med(list(p.values())))
+    return res
+
+
+def gpt_md(steps, vals, load):
+    """The GPT section: step times and ratios, validation losses (mean over seeds)."""
+    md = ["## GPT step: dpar against JAX and PyTorch (interleaved)", "",
+          "examples/train_gpt.c's GPT (818,241 parameters, batch 32, context 64; every peer checks its count) on "
+          "one CPU device for the peers (bench/peers/gpt_jax.py, gpt_torch.py) and on 1x1 and 2x2 (data, model) "
+          "meshes of CPU devices for dpar. Per round: dpar 1x1, JAX, dpar 2x2, PyTorch, one process each; step "
+          "time = the median of the logging blocks after the first (compilation). Ratio = dpar step time / peer "
+          "step time in the same round (below 1: dpar is faster): median (min-max) over the rounds. The machine "
+          "(%d cores) is shared: load average at the start %s, at the end %s; absolute times move with it." % (
+              os.cpu_count(), load.get("start", "?"), load.get("end", "?")), "",
+          "Threads: dpar one worker per device (1x1: 1, 2x2: 4); PyTorch 1 (`GPT_TORCH_THREADS`); JAX its own "
+          "pool (every core). On a loaded machine the scheduler shares the cores per thread, so a process with "
+          "more threads gets a larger share: wall-clock ratios there say as much about the load as about the "
+          "code." + (" 1-minute load during the rounds: %.1f-%.1f." % (min(s["load"] for s in steps), max(
+              s["load"] for s in steps)) if steps else ""), ""]
+    if steps:
+        md += ["| dpar mesh | peer | rounds | dpar ms/step | peer ms/step | dpar/peer (min-max) |",
+               "|---|---|---|---|---|---|"]
+        for (mesh, peer), (r, lo, hi, n, dm, pm) in sorted(gpt_ratios(steps).items()):
+            md.append("| %s | %s | %d | %.1f | %.1f | %.2f (%.2f-%.2f) |" % (mesh, peer, n, dm, pm, r, lo, hi))
+        for mesh in sorted({s["mesh"] for s in steps if s["sys"] == "dpar"}):
+            if not any(s["sys"] != "dpar" for s in steps):
+                d = [s["ms"] for s in steps if s["sys"] == "dpar" and s["mesh"] == mesh]
+                md.append("dpar %s alone (no peers): %.1f ms/step, median of %d runs" % (mesh, med(d), len(d)))
+        md.append("")
+    if vals:
+        md += ["### Validation loss after training (20 fixed batches of the validation split)", "",
+               "| system | mesh | steps | seeds | val loss mean | val losses | train loss (last 50 steps) mean |",
+               "|---|---|---|---|---|---|---|"]
+        for key in sorted({(v["sys"], v["mesh"], v["steps"]) for v in vals}, key=lambda k: (k[0] != "dpar", k)):
+            vs = [v for v in vals if (v["sys"], v["mesh"], v["steps"]) == key]
+            md.append("| %s | %s | %d | %s | %.4f | %s | %.4f |" % (
+                key[0], key[1], key[2], " ".join(str(v["seed"]) for v in vs), sum(v["val"] for v in vs) / len(vs),
+                " ".join("%.4f" % v["val"] for v in vs), sum(v["train"] for v in vs) / len(vs)))
+        md.append("")
+    return md
+
+
+def gpt_summary(steps):
+    """The GPT part of the summary line."""
+    rr = ["%s/%s %.2f (%.2f-%.2f)" % (mesh, peer, r, lo, hi)
+          for (mesh, peer), (r, lo, hi, _, _, _) in sorted(gpt_ratios(steps).items())]
+    return ["gpt step dpar/peer: " + ", ".join(rr)] if rr else []
+
+
+def gpt_main(raw, out):
+    """report.py --gpt: bench/results/gpt.md, gpt.csv (validation runs) and gpt_steps.csv (the rounds)."""
+    steps, vals, load = gpt_rows(raw)
+    md = ["# The GPT of examples/train_gpt.c: dpar and its peers", "",
+          "Measured %s with `sh bench/peers/run_gpt.sh` (see its header for the knobs)." % time.strftime(
+              "%Y-%m-%d %H:%M UTC", time.gmtime()), ""] + gpt_md(steps, vals, load)
+    with open(os.path.join(out, "gpt.md"), "w") as f:
+        f.write("\n".join(md))
+    with open(os.path.join(out, "gpt.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["system", "mesh", "seed", "steps", "train_loss", "val_loss", "step_ms", "load1"])
+        for v in vals:
+            w.writerow([v["sys"], v["mesh"], v["seed"], v["steps"], v["train"], v["val"], v["ms"], v["load"]])
+    with open(os.path.join(out, "gpt_steps.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["round", "system", "mesh", "step_ms", "load1"])
+        for s in steps:
+            w.writerow([s["k"], s["sys"], s["mesh"], s["ms"], s["load"]])
+    print("\n".join(md))
+    print("bench: wrote %s/{gpt.md,gpt.csv,gpt_steps.csv}" % out)
+    return 0
+
+
 def main():
+    if sys.argv[1] == "--gpt":
+        return gpt_main(sys.argv[2], sys.argv[3])
     raw, out = sys.argv[1], sys.argv[2]
     coll, train, skips, pairs, mm, load, graph, oprows, opskip = [], [], [], [], [], {}, [], [], []
     with open(raw) as f:
@@ -283,6 +387,9 @@ def main():
         md.append("")
     if oprows:
         md += ops_section(oprows, opskip)
+    gsteps, gvals, _ = gpt_rows(raw)
+    if gsteps or gvals:
+        md += gpt_md(gsteps, gvals, load)
     if skips:
         md += ["## Skipped", ""] + ["- " + s for s in skips] + [""]
 
@@ -356,6 +463,7 @@ def main():
         rr = ["%ddev %.2f" % (n, r) for (m, n), r in sorted(ratios.items()) if m == model]
         if rr:
             parts.append("%s step dpar/JAX: %s" % (model, ", ".join(rr)))
+    parts += gpt_summary(gsteps)
     parts.append("load %s" % load.get("start", "?"))
     for g in graph:
         parts.append("digits graph/eager %s %ddev %.2f (%.2f-%.2f, load %.1f)" % (

@@ -1,10 +1,11 @@
 #!/bin/sh
 # `make bench`: dpar against the limits of this machine and against its peers,
 # measured in one run. Writes bench/results/{collectives.csv,matmul.csv,
-# train.csv,results.md,*.png} and ends with one line "summary: ...".
+# train.csv,results.md,*.png}, the GPT's gpt.md / gpt.csv (bench/peers/run_gpt.sh;
+# not in a quick run) and ends with one line "summary: ...".
 #   sh bench/run.sh BUILD_DIR
 #   BENCH_QUICK=1   a quick run (under a minute: fewer sizes, shapes and device counts)
-#   BENCH_NO_JAX=1  skip the JAX peer (and the venv it needs)
+#   BENCH_NO_JAX=1  skip the JAX peer and the GPT peers (and the venv they need)
 #   BENCH_ALTS=N    alternations per ratio (default 5)
 #   DPAR_TRACE=f.json is passed through to the dpar benchmarks.
 # The JAX peer and matplotlib go into bench/.venv (PyPI, created on first use);
@@ -142,6 +143,21 @@ for b in cpu vulkan; do
     settle; log "graph: digits step, replayed graph vs eager, $b backend, 1 and 4 devices"
     "$BUILD/bench_graph" --backend $b --devices 1,4 --rounds $GROUNDS --time $GTIME >> "$raw" || log "bench_graph $b failed"
 done
+
+# ---- the GPT of examples/train_gpt.c: dpar (1x1, 2x2 meshes) against JAX and
+# PyTorch, interleaved per round, and (full run) the validation loss after
+# 1,000 steps of each (bench/peers/run_gpt.sh: bench/results/gpt.md, gpt.csv)
+settle
+if [ "$quick" = 1 ]; then # dpar alone (peers with BENCH_NO_JAX=0), 1 round of 3 steps, no gpt.md
+    log "GPT: step time, dpar 1x1 and 2x2, 1 round of 3 steps"
+    GPT_NO_PEERS=${BENCH_NO_JAX:-1} GPT_ALTS=1 GPT_TIME_STEPS=3 GPT_QUALITY=0 GPT_MD=0 GPT_OWN_RAW="$out/gpt_quick.tmp" \
+        GPT_RAW="$raw" sh bench/peers/run_gpt.sh "$BUILD" || log "run_gpt.sh failed"
+    rm -f "$out/gpt_quick.tmp"
+else
+    log "GPT: step time interleaved with JAX and PyTorch ($ALTS rounds), then 1,000 steps of each (long)"
+    GPT_NO_PEERS=${BENCH_NO_JAX:-0} GPT_ALTS=$ALTS GPT_RAW="$raw" sh bench/peers/run_gpt.sh "$BUILD" ||
+        log "run_gpt.sh failed"
+fi
 
 # ---- report: tables, CSV, plots, summary
 echo "load,end,$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null | tr ' ' '/')" >> "$raw"
