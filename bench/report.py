@@ -88,8 +88,9 @@ def gpt_rows(path):
     steps, vals, load = [], [], {}
     with open(path) as f:
         for r in csv.reader(f):
-            if len(r) >= 6 and r[0] == "gptstep":
-                steps.append(dict(k=int(r[1]), sys=r[2], mesh=r[3], ms=float(r[4]), load=float(r[5])))
+            if len(r) >= 6 and r[0] == "gptstep":  # [7]: CPU ms/step of every thread (optional)
+                steps.append(dict(k=int(r[1]), sys=r[2], mesh=r[3], ms=float(r[4]), load=float(r[5]),
+                                  cpu=float(r[6]) if len(r) > 6 and r[6] else None))
             elif len(r) >= 9 and r[0] == "gptval":
                 vals.append(dict(sys=r[1], mesh=r[2], seed=int(r[3]), steps=int(r[4]), train=float(r[5]),
                                  val=float(r[6]), ms=float(r[7]) if r[7] else float("nan"),
@@ -99,14 +100,14 @@ def gpt_rows(path):
     return steps, vals, load
 
 
-def gpt_ratios(steps):
-    """{(dpar mesh, peer): (median ratio, min, max, rounds, dpar median ms, peer median ms)}; ratio = dpar step
-    time / peer step time of the same round (below 1: dpar is faster)."""
+def gpt_ratios(steps, key="ms"):
+    """{(dpar mesh, peer): (median ratio, min, max, rounds, dpar median, peer median)} of the wall ("ms") or
+    CPU ("cpu") time per step; ratio = dpar's / the peer's in the same round (below 1: dpar is faster)."""
     res = {}
     for mesh in sorted({s["mesh"] for s in steps if s["sys"] == "dpar"}):
-        d = {s["k"]: s["ms"] for s in steps if s["sys"] == "dpar" and s["mesh"] == mesh}
+        d = {s["k"]: s[key] for s in steps if s["sys"] == "dpar" and s["mesh"] == mesh and s.get(key)}
         for peer in sorted({s["sys"] for s in steps if s["sys"] != "dpar"}):
-            p = {s["k"]: s["ms"] for s in steps if s["sys"] == peer}
+            p = {s["k"]: s[key] for s in steps if s["sys"] == peer and s.get(key)}
             rs = [d[k] / p[k] for k in d if k in p and p[k] > 0]
             if rs:
                 res[(mesh, peer)] = (med(rs), min(rs), max(rs), len(rs), med(list(d.values())), med(list(p.values())))
@@ -133,6 +134,15 @@ def gpt_md(steps, vals, load):
                "|---|---|---|---|---|---|"]
         for (mesh, peer), (r, lo, hi, n, dm, pm) in sorted(gpt_ratios(steps).items()):
             md.append("| %s | %s | %d | %.1f | %.1f | %.2f (%.2f-%.2f) |" % (mesh, peer, n, dm, pm, r, lo, hi))
+        cpu = gpt_ratios(steps, "cpu")
+        if cpu:
+            md += ["", "CPU time (user + system of every thread of the process, in the second logging block: "
+                   "what the step costs the machine, whatever the load; a peer's idle pool threads that spin "
+                   "count too):", "",
+                   "| dpar mesh | peer | rounds | dpar CPU ms/step | peer CPU ms/step | dpar/peer (min-max) |",
+                   "|---|---|---|---|---|---|"]
+            for (mesh, peer), (r, lo, hi, n, dm, pm) in sorted(cpu.items()):
+                md.append("| %s | %s | %d | %.1f | %.1f | %.2f (%.2f-%.2f) |" % (mesh, peer, n, dm, pm, r, lo, hi))
         for mesh in sorted({s["mesh"] for s in steps if s["sys"] == "dpar"}):
             if not any(s["sys"] != "dpar" for s in steps):
                 d = [s["ms"] for s in steps if s["sys"] == "dpar" and s["mesh"] == mesh]
@@ -153,9 +163,13 @@ def gpt_md(steps, vals, load):
 
 def gpt_summary(steps):
     """The GPT part of the summary line."""
-    rr = ["%s/%s %.2f (%.2f-%.2f)" % (mesh, peer, r, lo, hi)
-          for (mesh, peer), (r, lo, hi, _, _, _) in sorted(gpt_ratios(steps).items())]
-    return ["gpt step dpar/peer: " + ", ".join(rr)] if rr else []
+    out = []
+    for key, what in (("ms", "wall"), ("cpu", "CPU")):
+        rr = ["%s/%s %.2f (%.2f-%.2f)" % (mesh, peer, r, lo, hi)
+              for (mesh, peer), (r, lo, hi, _, _, _) in sorted(gpt_ratios(steps, key).items())]
+        if rr:
+            out.append("gpt step dpar/peer %s: %s" % (what, ", ".join(rr)))
+    return out
 
 
 def gpt_main(raw, out):
@@ -164,6 +178,8 @@ def gpt_main(raw, out):
     md = ["# The GPT of examples/train_gpt.c: dpar and its peers", "",
           "Measured %s with `sh bench/peers/run_gpt.sh` (see its header for the knobs)." % time.strftime(
               "%Y-%m-%d %H:%M UTC", time.gmtime()), ""] + gpt_md(steps, vals, load)
+    if os.environ.get("GPT_NOTE"):  # what the run could not measure itself, with where it comes from
+        md += [os.environ["GPT_NOTE"], ""]
     with open(os.path.join(out, "gpt.md"), "w") as f:
         f.write("\n".join(md))
     with open(os.path.join(out, "gpt.csv"), "w", newline="") as f:
@@ -173,9 +189,9 @@ def gpt_main(raw, out):
             w.writerow([v["sys"], v["mesh"], v["seed"], v["steps"], v["train"], v["val"], v["ms"], v["load"]])
     with open(os.path.join(out, "gpt_steps.csv"), "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["round", "system", "mesh", "step_ms", "load1"])
+        w.writerow(["round", "system", "mesh", "step_ms", "load1", "cpu_ms_per_step"])
         for s in steps:
-            w.writerow([s["k"], s["sys"], s["mesh"], s["ms"], s["load"]])
+            w.writerow([s["k"], s["sys"], s["mesh"], s["ms"], s["load"], s["cpu"] if s["cpu"] is not None else ""])
     print("\n".join(md))
     print("bench: wrote %s/{gpt.md,gpt.csv,gpt_steps.csv}" % out)
     return 0

@@ -152,7 +152,7 @@ if [ "$quick" = 1 ]; then # dpar alone (peers with BENCH_NO_JAX=0), 1 round of 3
     log "GPT: step time, dpar 1x1 and 2x2, 1 round of 3 steps"
     GPT_NO_PEERS=${BENCH_NO_JAX:-1} GPT_ALTS=1 GPT_TIME_STEPS=3 GPT_QUALITY=0 GPT_MD=0 GPT_OWN_RAW="$out/gpt_quick.tmp" \
         GPT_RAW="$raw" sh bench/peers/run_gpt.sh "$BUILD" || log "run_gpt.sh failed"
-    rm -f "$out/gpt_quick.tmp"
+    rm -f "$out/gpt_quick.tmp" "$out/gpt_quick.tmp.log"
 else
     log "GPT: step time interleaved with JAX and PyTorch ($ALTS rounds), then 1,000 steps of each (long)"
     GPT_NO_PEERS=${BENCH_NO_JAX:-0} GPT_ALTS=$ALTS GPT_RAW="$raw" sh bench/peers/run_gpt.sh "$BUILD" ||

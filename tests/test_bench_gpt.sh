@@ -1,6 +1,7 @@
 #!/bin/sh
 # The GPT benchmark's plumbing (bench/peers/run_gpt.sh, bench/report.py --gpt), as CI can afford:
-#   report.py --gpt on fixed rows   ratio dpar/peer per round, median and min-max exact, the validation
+#   report.py --gpt on fixed rows   ratio dpar/peer per round, median and min-max exact (wall; CPU time
+#                                   where the rows have it, only rounds that have it), the validation
 #                                   loss averaged over seeds, gpt.csv / gpt_steps.csv with every row
 #   run_gpt.sh, dpar alone          1 round of 3 steps on 1x1 and 2x2: one gptstep row each, step ms > 0
 #   PyTorch peer (when bench/.venv has torch: SKIPPED otherwise)
@@ -14,8 +15,8 @@ py=python3
 
 cat >"$dir/raw" <<'EOF'
 load,start,1.00/2.00/3.00
-gptstep,1,dpar,1x1,400,5.0
-gptstep,1,jax,1,200,5.0
+gptstep,1,dpar,1x1,400,5.0,50
+gptstep,1,jax,1,200,5.0,100
 gptstep,1,dpar,2x2,600,5.0
 gptstep,2,dpar,1x1,300,5.0
 gptstep,2,jax,1,400,5.0
@@ -32,6 +33,7 @@ if "$py" bench/report.py --gpt "$dir/raw" "$dir" >"$dir/out" 2>&1; then
     if grep -q '^| 1x1 | jax | 3 | 400.0 | 400.0 | 1.00 (0.75-2.00) |$' "$dir/gpt.md" &&
         grep -q '^| 2x2 | jax | 3 | 600.0 | 400.0 | 2.00 (1.00-3.00) |$' "$dir/gpt.md" &&
         grep -q '^| jax | 1 | 1000 | 1 2 | 1.7500 | 1.7000 1.8000 | 1.5000 |$' "$dir/gpt.md" &&
+        grep -q '^| 1x1 | jax | 1 | 50.0 | 100.0 | 0.50 (0.50-0.50) |$' "$dir/gpt.md" &&
         [ "$(wc -l <"$dir/gpt.csv")" = 3 ] && [ "$(wc -l <"$dir/gpt_steps.csv")" = 10 ]; then
         echo "PASS report.py --gpt: interleaved ratios median (min-max), mean validation loss over seeds, CSVs"
     else

@@ -5,7 +5,8 @@
 #   1. step time, interleaved: GPT_ALTS rounds (default 5), each running
 #      dpar 1x1, jax, dpar 2x2, torch in turn for GPT_TIME_STEPS steps (the
 #      first of 3 logging blocks holds compilation and is dropped; the step time
-#      is the median of the other two). Ratio dpar/peer per round; median, min-max.
+#      is the median of the other two; the CPU time of the second block, every thread, beside it).
+#      Ratio dpar/peer per round, of wall and of CPU time; median, min-max.
 #   2. validation loss after GPT_STEPS (1000) steps, for every seed of GPT_SEEDS,
 #      of dpar (the example's 2x2 mesh) and of each peer (skipped with GPT_QUALITY=0).
 # Rows go to bench/results/gpt_raw.csv (and to $GPT_RAW when set: bench/run.sh);
@@ -13,7 +14,7 @@
 #   sh bench/peers/run_gpt.sh [BUILD_DIR]
 #   GPT_ALTS=5 GPT_TIME_STEPS=15 GPT_STEPS=1000 GPT_SEEDS="42" GPT_PEERS="jax torch" GPT_QUALITY=1
 #   GPT_TORCH_THREADS=1 (as a dpar device: one thread)   GPT_NO_PEERS=1 (dpar only: no venv)   GPT_REPORT_ONLY=1 (the tables again from gpt_raw.csv)
-#   GPT_OWN_RAW=file (instead of gpt_raw.csv)   GPT_MD=0 (no gpt.md / gpt.csv: BENCH_QUICK)
+#   GPT_APPEND=1 GPT_ROUND_FROM=6 (more rounds added to the rows there)   GPT_NOTE="text" (a paragraph at the end of gpt.md)   GPT_OWN_RAW=file (instead of gpt_raw.csv)   GPT_MD=0 (no gpt.md / gpt.csv: BENCH_QUICK)
 # The peers come from PyPI into bench/.venv (bench/peers/venv.sh, once).
 set -u
 BUILD=${1:-build}
@@ -50,29 +51,64 @@ run() { # system mesh steps log_every seed eval_every val_batches logfile
             --eval-every "$6" --val-batches "$7" > "$8" 2>&1 ;;
     esac
 }
-val_row() { # system mesh seed logfile: a gptval row from the log's final line
+val_row() { # system mesh seed logfile: a gptval row from the log's final line (a run cut short:
+    # from its last evaluation, the steps column says where it stopped)
     f=$(grep '^final:' "$4" 2>/dev/null | tail -1)
     n=$(echo "$f" | sed -n 's/.* steps=\([0-9]*\).*/\1/p')
     tl=$(echo "$f" | sed -n 's/.*train_loss=\([0-9.eE+-]*\).*/\1/p')
     vl=$(echo "$f" | sed -n 's/.*val_loss=\([0-9.eE+-]*\).*/\1/p')
-    if [ -n "$vl" ]; then emit "gptval,$1,$2,$3,$n,$tl,$vl,$(block_ms "$4"),$(load1)"
+    if [ -z "$vl" ] && grep -q 'val_loss' "$4" 2>/dev/null; then
+        e=$(grep '^step .* val_loss ' "$4" | tail -1)
+        n=$(echo "$e" | awk '{ print $2 }'); vl=$(echo "$e" | awk '{ print $4 }')
+        tl=$(grep "^step *$n  train_loss " "$4" | awk '{ print $4 }' | tail -1)
+        log "$1 seed $3: no final line, its last evaluation is at step $n (see $4)"
+    fi
+    if [ -n "$vl" ]; then emit "gptval,$1,$2,$3,$n,${tl:-nan},$vl,$(block_ms "$4"),$(load1)"
     else log "$1 seed $3: no final line (see $4)"; emit "skip,gpt,$1 seed $3: no final line"; fi
+}
+# CPU ticks (user + system) of a process and its descendants so far (/proc/PID/stat fields 14, 15)
+cpu_tree() {
+    t=0
+    for q in $1 $(pgrep -P "$1"); do
+        [ "$q" = "$1" ] || { t=$((t + $(cpu_tree "$q"))); continue; }
+        st=$(sed 's/^.*) //' "/proc/$q/stat" 2>/dev/null) || continue # fields from 3 on
+        t=$((t + $(echo "$st" | awk '{ print $12 + $13 }')))
+    done
+    echo "$t"
+}
+# A step-time run (system mesh steps log_every logfile); the CPU time of its second logging block
+# (every thread, in ms per step) into $cpu: the wall clock on a loaded machine is mostly the wait for
+# a core, the CPU time is not. Sampled when the block's line appears (polled every 0.2 s); empty
+# when a block was too short to be seen alone. Exit status: the run's.
+timed() {
+    run "$1" "$2" "$3" "$4" 42 0 1 "$5" &
+    bg=$!; c1=""; c2=""; cpu=""
+    while kill -0 "$bg" 2>/dev/null; do
+        n=$(grep -c 'train_loss .* ms/step' "$5" 2>/dev/null)
+        [ "$n" = 1 ] && [ -z "$c1" ] && c1=$(cpu_tree "$bg")
+        [ "$n" = 2 ] && [ -n "$c1" ] && [ -z "$c2" ] && c2=$(cpu_tree "$bg")
+        sleep 0.2
+    done
+    wait "$bg"; rc=$?
+    [ -n "$c2" ] && cpu=$(awk -v a="$c1" -v b="$c2" -v hz="$(getconf CLK_TCK)" -v k="$4" \
+        'BEGIN { printf "%.1f", (b - a) * 1000 / hz / k }')
+    return $rc
 }
 mesh_of() { if [ "$1" = dpar ]; then echo 2x2; else echo 1; fi; }
 
 if [ "${GPT_REPORT_ONLY:-0}" != 1 ]; then
     [ -x "$BUILD/train_gpt" ] || { log "$BUILD/train_gpt not built (make $BUILD/train_gpt)"; exit 1; }
-    : > "$raw"
+    [ "${GPT_APPEND:-0}" = 1 ] || : > "$raw"
     emit "load,start,$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null | tr ' ' '/')"
-    k=1
-    while [ "$k" -le "$ALTS" ]; do
+    k=${GPT_ROUND_FROM:-1}
+    while [ "$k" -lt "$((${GPT_ROUND_FROM:-1} + ALTS))" ]; do
         for sys in dpar:1x1 $(echo "$peers" | cut -d' ' -f1) dpar:2x2 $(echo "$peers" | cut -s -d' ' -f2-); do
             s=${sys%%:*}; mesh=${sys#*:}; [ "$s" = dpar ] || mesh=1
-            lf="$out/gpt_time.log"
+            lf="$raw.log" # beside the rows: two runs with their own rows never share it
             log "step time, round $k/$ALTS: $s $mesh, $TS steps (load $(load1))"
             l=$(load1)
-            if run "$s" "$mesh" "$TS" "$LE" 42 0 1 "$lf" && ms=$(block_ms "$lf") && [ -n "$ms" ]; then
-                emit "gptstep,$k,$s,$mesh,$ms,$l"
+            if timed "$s" "$mesh" "$TS" "$LE" "$lf" && ms=$(block_ms "$lf") && [ -n "$ms" ]; then
+                emit "gptstep,$k,$s,$mesh,$ms,$l,$cpu"
             else
                 log "$s $mesh failed: $(tail -2 "$lf")"; emit "skip,gpt,$s $mesh step time failed"
             fi
