@@ -1021,7 +1021,7 @@ DPAR_API dpar_status dpar_max_pool2d_backward(dpar_buffer *dx, const dpar_buffer
      clip = norm < clip_norm ? 1 : clip_norm / norm   (optax.clip_by_global_norm)
    ------------------------------------------------------------------------ */
 typedef struct dpar_sgd_desc {
-    float learning_rate;   /* > 0 */
+    float learning_rate;   /* >= 0, finite (0: the step leaves param as it is) */
     float momentum;        /* 0..1; 0 = plain SGD (momentum buffers may be NULL) */
     bool nesterov;         /* needs momentum > 0 */
     float weight_decay;    /* L2, >= 0 */
@@ -1065,7 +1065,7 @@ DPAR_API dpar_status dpar_sgd_step(dpar_ctx *ctx, const dpar_sgd_desc *d, dpar_b
    f32 state buffers, zero before step 1. clip = 1, or with clip_norm > 0 the
    global-norm factor of dpar_sgd_clip_scale (optax.clip_by_global_norm). */
 typedef struct dpar_adamw_desc {
-    float learning_rate;   /* > 0 (a schedule: set it each step from dpar_lr_at) */
+    float learning_rate;   /* >= 0, finite (a schedule: set it each step from dpar_lr_at; 0 moves only m, v) */
     float b1, b2;          /* in (0, 1); 0: optax's defaults 0.9 and 0.999 */
     float eps;             /* > 0; 0: 1e-8 */
     float weight_decay;    /* >= 0; 0: no decay (optax's default is 1e-4: pass it) */
@@ -1650,7 +1650,9 @@ DPAR_API dpar_array *dpar_graph_zero1_state(const dpar_graph *g, int i, int j);
 DPAR_API dpar_status dpar_graph_adamw_masked(dpar_graph *g, const dpar_adamw_desc *d, const dpar_value *params,
                                              const dpar_value *grads, const bool *decay, int n);
 /* The optimizer node's learning rate from the next run on (a schedule: dpar_lr_at each step).
-   Errors: DPAR_ERR_INVALID_ARGUMENT (no optimizer node, lr not finite and > 0). */
+   lr >= 0: 0 is a warm-up's first rate (the step moves no param; AdamW's moments and the step
+   counter still advance, as optax's). Errors: DPAR_ERR_INVALID_ARGUMENT (no optimizer node, lr
+   negative, NaN or infinite). */
 DPAR_API dpar_status dpar_graph_set_lr(dpar_graph *g, float lr);
 /* Keeps v readable after each run (dpar_graph_get); the loss and the
    gradients are kept already. Errors: DPAR_ERR_STATE after compile. */
@@ -7477,8 +7479,8 @@ DPAR_API dpar_status dpar_max_pool2d_backward(dpar_buffer *dx, const dpar_buffer
    ------------------------------------------------------------------------ */
 static dpar_status dpar__sgd_check(const char *fn, const dpar_sgd_desc *d) {
     if (!d) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: desc is NULL", fn);
-    if (!(d->learning_rate > 0.0f) || !isfinite(d->learning_rate))
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: learning_rate = %g; it must be a finite number > 0", fn,
+    if (!(d->learning_rate >= 0.0f) || !isfinite(d->learning_rate)) /* 0: a warm-up's first step */
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: learning_rate = %g; it must be a finite number >= 0", fn,
                          (double)d->learning_rate);
     if (!(d->momentum >= 0.0f && d->momentum < 1.0f))
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: momentum = %g; it must be in [0, 1)", fn, (double)d->momentum);
@@ -7880,8 +7882,8 @@ static dpar_status dpar__adamw_resolve(const char *fn, const dpar_adamw_desc *d,
     if (r->b1 == 0.0f) r->b1 = 0.9f;
     if (r->b2 == 0.0f) r->b2 = 0.999f;
     if (r->eps == 0.0f) r->eps = 1e-8f;
-    if (!(r->learning_rate > 0.0f) || !isfinite(r->learning_rate))
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: learning_rate = %g; it must be a finite number > 0", fn,
+    if (!(r->learning_rate >= 0.0f) || !isfinite(r->learning_rate)) /* 0: a warm-up's first step */
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: learning_rate = %g; it must be a finite number >= 0", fn,
                          (double)r->learning_rate);
     if (!(r->b1 > 0.0f && r->b1 < 1.0f) || !(r->b2 > 0.0f && r->b2 < 1.0f))
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: b1 = %g, b2 = %g; both must be in (0, 1) (0: default)", fn,
@@ -10310,8 +10312,8 @@ DPAR_API dpar_status dpar_graph_set_lr(dpar_graph *g, float lr) {
     if (!g || !g->has_opt)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_set_lr: %s",
                          g ? "the graph has no optimizer node (dpar_graph_sgd, dpar_graph_adamw)" : "graph is NULL");
-    if (!(lr > 0.0f) || lr != lr || lr > 3.4e38f)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_set_lr: learning rate %g must be finite and > 0",
+    if (!(lr >= 0.0f) || !isfinite(lr)) /* 0: a warm-up from 0 (optax.linear_schedule(0, ...)) */
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_set_lr: learning rate %g must be finite and >= 0",
                          (double)lr);
     if (g->opt.adamw)
         g->opt.ad.learning_rate = lr;

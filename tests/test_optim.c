@@ -76,8 +76,14 @@ static void test_adamw_rejects(void **st) {
     dpar_buffer *vi = t_buf(RT, 0, DPAR_I32, 1, &four, NULL);
     dpar_adamw_desc d = { .learning_rate = 0.1f };
     T_OK(dpar_adamw_check(&d));
-    d.learning_rate = 0;
+    d.learning_rate = -0.1f;
     T_ERR(dpar_adamw_update(&d, p, g, m, v, 1, 1), DPAR_ERR_INVALID_ARGUMENT, "learning_rate");
+    d.learning_rate = NAN;
+    T_ERR(dpar_adamw_check(&d), DPAR_ERR_INVALID_ARGUMENT, "learning_rate");
+    d.learning_rate = INFINITY;
+    T_ERR(dpar_adamw_check(&d), DPAR_ERR_INVALID_ARGUMENT, "learning_rate");
+    d.learning_rate = 0; /* allowed: a warm-up's first step */
+    T_OK(dpar_adamw_check(&d));
     d.learning_rate = 0.1f;
     d.b1 = 1.0f;
     T_ERR(dpar_adamw_check(&d), DPAR_ERR_INVALID_ARGUMENT, "b1 = 1");
@@ -493,7 +499,7 @@ static void test_dropout(void **st) {
    step after step (the same ops in the same order per element) */
 static void test_graph_optim_matches_eager(void **st) {
     (void)st;
-    enum { V = 6, D = 5, C = 4, B = 7, STEPS = 3 };
+    enum { V = 6, D = 5, C = 4, B = 7, STEPS = 4 };
     const uint64_t seed = 99;
     float table0[V * D], w0[D * C];
     int32_t idx[B] = { 1, 5, 1, 0, 3, 5, 2 }, lab[B] = { 0, 3, -1, 2, 1, -1, 3 };
@@ -531,9 +537,18 @@ static void test_graph_optim_matches_eager(void **st) {
     dpar_buffer *dt = t_buf(RT, 0, DPAR_F32, 2, ts, NULL), *dw = t_buf(RT, 0, DPAR_F32, 2, ws, NULL);
     dpar_buffer *mt = t_buf(RT, 0, DPAR_F32, 2, ts, NULL), *vt = t_buf(RT, 0, DPAR_F32, 2, ts, NULL);
     dpar_buffer *mw = t_buf(RT, 0, DPAR_F32, 2, ws, NULL), *vw = t_buf(RT, 0, DPAR_F32, 2, ws, NULL);
+    float before[V * D];
     for (int t = 1; t <= STEPS; t++) {
         dpar_graph_feed feeds[2] = { { .value = fi, .host = idx }, { .value = fl, .host = lab } };
         float gl, el1, gt[V * D], gw[D * C], xt[V * D], xw[D * C];
+        if (t == STEPS) { /* lr 0, a warm-up's first rate: m and v move, the params stay bit for bit */
+            T_ERR(dpar_graph_set_lr(g, -1e-3f), DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_set_lr", ">= 0");
+            T_ERR(dpar_graph_set_lr(g, NAN), DPAR_ERR_INVALID_ARGUMENT, "learning rate");
+            T_ERR(dpar_graph_set_lr(g, INFINITY), DPAR_ERR_INVALID_ARGUMENT, "learning rate");
+            T_OK(dpar_graph_set_lr(g, 0.0f));
+            ad.learning_rate = 0.0f;
+            T_OK(dpar_array_get(at, before));
+        }
         T_OK(dpar_graph_run(g, feeds, 2, &gl));
         T_OK(dpar_embedding(x, et, ei));
         T_OK(dpar_dropout(hh, x, 0.5f, seed, (uint64_t)(t - 1), 0));
@@ -554,6 +569,7 @@ static void test_graph_optim_matches_eager(void **st) {
         assert_memory_equal(gt, xt, sizeof gt);
         assert_memory_equal(gw, xw, sizeof gw);
         assert_true(memcmp(gt, table0, sizeof gt) != 0);
+        if (t == STEPS) assert_memory_equal(gt, before, sizeof gt);
     }
     dpar_buffer *all[15] = { et, ew, ei, el, x, hh, z, dz, dh, lo, dt, dw, mt, vt, mw };
     for (int i = 0; i < 15; i++) dpar_buffer_destroy(all[i]);

@@ -110,7 +110,6 @@ static void test_invalid_rejected(void **st) {
         bad[nb].needle = text;   \
         nb++;                    \
     } while (0)
-    BAD(learning_rate, 0.0f, "learning_rate");
     BAD(learning_rate, -0.1f, "learning_rate");
     BAD(learning_rate, NAN, "learning_rate");
     BAD(learning_rate, INFINITY, "learning_rate");
@@ -146,6 +145,15 @@ static void test_invalid_rejected(void **st) {
     rd(m, mv);
     assert_memory_equal(pv, p0, sizeof pv);
     assert_memory_equal(mv, m0, sizeof mv);
+    /* lr 0 (a warm-up's first rate): the momentum moves, the params stay bit for bit */
+    dpar_sgd_desc zero = ok;
+    zero.learning_rate = 0;
+    T_OK(dpar_sgd_update(&zero, p, g, m, 1.0f));
+    rd(p, pv);
+    rd(m, mv);
+    assert_memory_equal(pv, p0, sizeof pv);
+    for (int i = 0; i < 4; i++) assert_true(fabsf(mv[i] - (0.9f * m0[i] + g0[i])) < 1e-6f);
+    T_OK(dpar_buffer_write(m, 0, m0, sizeof m0));
     /* momentum 0: the momentum buffer may be NULL */
     dpar_sgd_desc plain = ok;
     plain.momentum = 0;
