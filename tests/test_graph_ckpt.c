@@ -271,6 +271,47 @@ static void test_restore_other_mesh(void **st) {
     dpar_runtime_destroy(rt4);
 }
 
+/* dpar_graph_save_extra: the caller's entries ride along; dpar_graph_restore skips them, dpar_checkpoint_restore
+   reads them back by name; a name of the state's or one given twice is refused and nothing is written. */
+static void test_save_extra(void **st) {
+    (void)st;
+    BK = DPAR_BACKEND_CPU;
+    dpar_runtime *rt;
+    dpar_mesh *m = mesh22(&rt, 2, 2);
+    model a, b;
+    build(&a, m, &sgd_cfg, 1);
+    for (int s = 0; s < K; s++) step(&a, s);
+    const int32_t run[3] = { 64, 62, 42 };
+    int32_t back[3] = { 0 };
+    dpar_array *ra, *rb;
+    T_OK(dpar_array_create(m, &(dpar_array_desc){ DPAR_I32, 1, { 3 }, { NULL } }, &ra));
+    T_OK(dpar_array_create(m, &(dpar_array_desc){ DPAR_I32, 1, { 3 }, { NULL } }, &rb));
+    T_OK(dpar_array_put(ra, run));
+    dpar_checkpoint_entry ex = { "run", ra, false }, in = { "run", rb, false };
+    T_OK(dpar_graph_save_extra(a.g, tpath("extra.ckpt"), &ex, 1));
+    build(&b, m, &sgd_cfg, 2);
+    T_OK(dpar_graph_restore(b.g, tpath("extra.ckpt")));
+    same_state(a.g, b.g, "with an extra entry");
+    uint64_t at = 0;
+    T_OK(dpar_checkpoint_restore(tpath("extra.ckpt"), &in, 1, &at));
+    T_OK(dpar_array_get(rb, back));
+    assert_memory_equal(back, run, sizeof run);
+    assert_int_equal(at, K);
+    T_OK(dpar_graph_save(a.g, tpath("plain.ckpt")));
+    T_ERR(dpar_checkpoint_restore(tpath("plain.ckpt"), &in, 1, NULL), DPAR_ERR_INVALID_ARGUMENT, "run");
+    dpar_checkpoint_entry twice[2] = { ex, ex }, state = { "w1", ra, false };
+    T_ERR(dpar_graph_save_extra(a.g, tpath("dup.ckpt"), twice, 2), DPAR_ERR_INVALID_ARGUMENT,
+          "dpar_graph_save_extra: ", "'run'");
+    T_ERR(dpar_graph_save_extra(a.g, tpath("dup.ckpt"), &state, 1), DPAR_ERR_INVALID_ARGUMENT, "'w1'");
+    T_ERR(dpar_graph_save_extra(a.g, tpath("dup.ckpt"), NULL, 1), DPAR_ERR_INVALID_ARGUMENT, "n_extra = 1");
+    assert_int_equal(access(tpath("dup.ckpt"), F_OK), -1);
+    destroy(&a);
+    destroy(&b);
+    unlink(tpath("extra.ckpt"));
+    unlink(tpath("plain.ckpt"));
+    dpar_runtime_destroy(rt);
+}
+
 /* A restore that must fail: the status, the texts, and the graph exactly as before. */
 static void refused(model *t, const char *path, dpar_status want, const char *text1, const char *text2) {
     size_t n0, n1;
@@ -367,6 +408,7 @@ int main(void) {
         cmocka_unit_test(test_resume_zero1_cpu), cmocka_unit_test(test_resume_adamw_vulkan),
         cmocka_unit_test(test_state_entries),    cmocka_unit_test(test_restore_other_mesh),
         cmocka_unit_test(test_mismatch_refused), cmocka_unit_test(test_names_required),
+        cmocka_unit_test(test_save_extra),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

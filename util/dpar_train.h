@@ -239,6 +239,16 @@ DPAR_API uint32_t dpar_crc32(uint32_t crc, const void *data, size_t n);
    naming the path; the old file is then untouched). Texts start with
    "dpar_graph_save: ". */
 DPAR_API dpar_status dpar_graph_save(dpar_graph *g, const char *path);
+/* dpar_graph_save plus `n_extra` entries of the caller's in the same file
+   (extra may be NULL when n_extra is 0): what a resume must check besides
+   the state, e.g. the run's batch size, seed and optimizer as small arrays.
+   dpar_graph_restore skips them; dpar_checkpoint_restore reads them back by
+   name (DPAR_ERR_INVALID_ARGUMENT naming the entry when a file lacks it).
+   Their names must differ from the state's ("w", "w@adamw.m", ...).
+   Errors: as dpar_graph_save, and DPAR_ERR_INVALID_ARGUMENT for n_extra < 0
+   or a name used twice (naming it). */
+DPAR_API dpar_status dpar_graph_save_extra(dpar_graph *g, const char *path, const dpar_checkpoint_entry *extra,
+                                           int n_extra);
 /* Restores the training state and the step counter saved by dpar_graph_save.
    The whole file is checked against the graph before anything changes: on an
    error the graph's params, optimizer state and step are as they were.
@@ -1675,15 +1685,35 @@ static dpar_status dpar_gckpt__entries(dpar_graph *g, const char *fn, dpar_check
     *n = count;
     return DPAR_OK;
 }
-DPAR_API dpar_status dpar_graph_save(dpar_graph *g, const char *path) {
+/* The state's entries and extra[0..n_extra) in one file; errors prefixed with fn. */
+static dpar_status dpar_gckpt__save(dpar_graph *g, const char *fn, const char *path,
+                                    const dpar_checkpoint_entry *extra, int n_extra) {
     dpar_train__clear_error();
+    if (n_extra < 0 || (n_extra && !extra))
+        return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "%s: n_extra = %d with extra %s; want n_extra >= 0 "
+                                   "entries", fn, n_extra, extra ? "given" : "NULL");
     dpar_checkpoint_entry *e;
     int n;
-    dpar_status s = dpar_gckpt__entries(g, "dpar_graph_save", &e, &n);
-    if (!s && (s = dpar_checkpoint_save(path, e, n, (uint64_t)dpar_graph_step(g))))
-        s = dpar_set_last_error(s, "dpar_graph_save: %s", dpar_last_error());
+    dpar_status s = dpar_gckpt__entries(g, fn, &e, &n);
+    dpar_checkpoint_entry *all = s ? NULL : (dpar_checkpoint_entry *)dpar_train__calloc((size_t)(n + n_extra) + 1,
+                                                                                       sizeof *all);
+    if (!s && !all) s = dpar_set_last_error(DPAR_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
+    if (!s) {
+        if (n) memcpy(all, e, (size_t)n * sizeof *all);
+        if (n_extra) memcpy(all + n, extra, (size_t)n_extra * sizeof *all);
+        if ((s = dpar_checkpoint_save(path, all, n + n_extra, (uint64_t)dpar_graph_step(g))))
+            s = dpar_set_last_error(s, "%s: %s", fn, dpar_last_error());
+    }
+    DPAR_FREE(all);
     DPAR_FREE(e);
     return s;
+}
+DPAR_API dpar_status dpar_graph_save(dpar_graph *g, const char *path) {
+    return dpar_gckpt__save(g, "dpar_graph_save", path, NULL, 0);
+}
+DPAR_API dpar_status dpar_graph_save_extra(dpar_graph *g, const char *path, const dpar_checkpoint_entry *extra,
+                                           int n_extra) {
+    return dpar_gckpt__save(g, "dpar_graph_save_extra", path, extra, n_extra);
 }
 DPAR_API dpar_status dpar_graph_restore(dpar_graph *g, const char *path) {
     dpar_train__clear_error();
