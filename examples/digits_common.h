@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <math.h>
+#include <errno.h>
 #include <time.h>
 #include <zlib.h>
 
@@ -26,35 +27,55 @@ typedef struct {
     int32_t *y;
 } dataset;
 
-static inline int load_digits(const char *path, dataset *d) {
+/* Reads up to `cap` rows of a gzip'd (or plain) CSV file: `npix` pixels in
+   0..pix_max (x = v / scale) and a label in 0..9 per line (ex_csv_row),
+   into d (x [n, npix] f32, y [n] i32; blank lines skipped). 0 on success;
+   else prints what is wrong (the file cannot be opened; line L field F is
+   malformed; a line is too long; the gzip stream is corrupt; no rows) and
+   returns -1. */
+static inline int csv_load(const char *prog, const char *path, int npix, long pix_max, float scale, int cap,
+                           dataset *d) {
+    memset(d, 0, sizeof *d);
     gzFile f = gzopen(path, "rb");
     if (!f) {
-        fprintf(stderr, "cannot open %s\n", path);
+        fprintf(stderr, "%s: cannot open %s: %s (run from the repository root, or give --data PATH)\n", prog, path,
+                errno ? strerror(errno) : "out of memory");
         return -1;
     }
-    int cap = 2048;
-    d->x = malloc((size_t)cap * NPIX * sizeof(float));
+    d->x = malloc((size_t)cap * (size_t)npix * sizeof(float));
     d->y = malloc((size_t)cap * sizeof(int32_t));
-    d->n = 0;
-    char line[1024];
-    while (gzgets(f, line, sizeof line)) {
-        if (d->n == cap) break;
-        char *p = line;
-        int ok = 1;
-        for (int j = 0; j <= NPIX && ok; j++) {
-            char *end;
-            long v = strtol(p, &end, 10);
-            if (end == p) ok = 0;
-            if (j < NPIX)
-                d->x[d->n * NPIX + j] = (float)v / 16.0f; /* pixels 0..16 -> [0,1] */
-            else
-                d->y[d->n] = (int32_t)v;
-            p = end + (*end == ',');
+    char line[8192]; /* a row is at most 785 * 4 characters */
+    long line_no = 0;
+    int bad = !d->x || !d->y;
+    while (!bad && d->n < cap && gzgets(f, line, sizeof line)) {
+        line_no++;
+        if (!strchr(line, '\n') && !gzeof(f)) {
+            fprintf(stderr, "%s: %s line %ld is longer than %zu characters; is it a CSV of %d pixels and a label?\n",
+                    prog, path, line_no, sizeof line - 1, npix);
+            bad = 1;
+        } else if (line[strspn(line, " \t\r\n")]) {
+            bad = ex_csv_row(prog, path, line_no, line, npix + 1, pix_max, NCLASS - 1, scale,
+                             d->x + (size_t)d->n * (size_t)npix, d->y + d->n);
+            d->n += !bad;
         }
-        if (ok) d->n++;
+    }
+    int err;
+    const char *msg = gzerror(f, &err);
+    if (!bad && err != Z_OK && err != Z_STREAM_END) {
+        fprintf(stderr, "%s: %s: the gzip data is corrupt after line %ld: %s\n", prog, path, line_no, msg);
+        bad = 1;
     }
     gzclose(f);
-    return d->n > 0 ? 0 : -1;
+    if (!bad && d->n == 0) {
+        fprintf(stderr, "%s: %s holds no rows; want lines of %d pixels and a label\n", prog, path, npix);
+        bad = 1;
+    }
+    return bad ? -1 : 0;
+}
+
+/* The UCI digits: 64 pixels 0..16 (scaled to [0, 1]) and a label per line, up to 2048 rows. */
+static inline int load_digits(const char *prog, const char *path, dataset *d) {
+    return csv_load(prog, path, NPIX, 16, 16.0f, 2048, d);
 }
 
 /* splitmix64: small, seedable, the same on every platform */
@@ -111,8 +132,16 @@ static inline int digits_parse(const char *prog, int argc, char **argv, digits_o
     int n = 9;
     for (int k = 0; k < 4 && o->extra_name[k]; k++) f[n++] = (ex_flag){ o->extra_name[k], EX_INT, o->extra_val[k] };
     if (ex_parse(prog, argc, argv, f, n)) return 2;
-    if (o->devices < 1 || o->epochs < 1 || o->batch < 1 || o->hidden < 1) {
-        fprintf(stderr, "%s: --devices, --epochs, --batch and --hidden must be >= 1\n", prog);
+    const char *names[4] = { "--devices", "--epochs", "--batch", "--hidden" };
+    const int vals[4] = { o->devices, o->epochs, o->batch, o->hidden };
+    for (int k = 0; k < 4; k++)
+        if (vals[k] < 1) {
+            fprintf(stderr, "%s: %s %d: must be >= 1\n", prog, names[k], vals[k]);
+            return 2;
+        }
+    if (ex_check_lr(prog, "--lr", o->lr, 0)) return 2;
+    if (!(o->momentum >= 0.0f && o->momentum < 1.0f)) {
+        fprintf(stderr, "%s: --momentum %g: must be in [0, 1)\n", prog, (double)o->momentum);
         return 2;
     }
     return 0;
@@ -127,11 +156,15 @@ typedef struct {
     float *w1, *w2;
 } digits_setup;
 
+/* 0 on success; else prints why and returns main's exit status (1: the data, 2: --batch). */
 static inline int digits_prepare(const char *prog, const digits_opts *o, digits_setup *s) {
-    if (load_digits(o->path, &s->all)) {
-        fprintf(stderr, "%s: could not read %s (run from the repository root)\n", prog, o->path);
+    memset(s, 0, sizeof *s);
+    if (load_digits(prog, o->path, &s->all)) return 1; /* it said why */
+    if (s->all.n < 5) {
+        fprintf(stderr, "%s: %s holds %d rows; want at least 5 (a fifth is the test set)\n", prog, o->path, s->all.n);
         return 1;
     }
+    if (ex_check_batch(prog, o->batch, s->all.n - s->all.n / 5, "training images")) return 2;
     rng_state = (uint64_t)o->seed;
     s->idx = malloc((size_t)s->all.n * sizeof(int));
     for (int i = 0; i < s->all.n; i++) s->idx[i] = i;

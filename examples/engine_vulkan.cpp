@@ -15,6 +15,7 @@
    synchronization validation, expecting no message. Usage (from the repository root):
        engine_vulkan [--steps N] [--devices N] [--budget-ms MS] [--data path]  */
 #include "dpar.h"
+#include "example_util.h" // ex_parse (the flags), ex_csv_row (the data's rows)
 
 #include <vulkan/vulkan.h>
 #include <zlib.h>
@@ -46,31 +47,32 @@ double now_ms() {
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// The UCI digits (examples/data/digits.csv.gz): 64 pixels 0..16 and a label per line.
+// The UCI digits (examples/data/digits.csv.gz): 64 pixels 0..16 and a label per line. False after
+// printing what is wrong: the file cannot be opened, a line and field are malformed, or no rows.
 bool load_digits(const char *path, std::vector<float> &x, std::vector<int32_t> &y) {
     gzFile f = gzopen(path, "rb");
-    if (!f) return false;
+    if (!f) {
+        std::fprintf(stderr, "engine_vulkan: cannot open %s (run from the repository root, or give --data PATH)\n",
+                     path);
+        return false;
+    }
     char line[1024];
-    while (gzgets(f, line, sizeof line)) {
-        char *p = line;
+    long line_no = 0;
+    bool good = true;
+    while (good && gzgets(f, line, sizeof line)) {
+        line_no++;
+        if (!line[std::strspn(line, " \t\r\n")]) continue; // a blank line
         float px[kPix];
-        long label = -1;
-        for (int j = 0; j <= kPix; j++) {
-            char *end;
-            long v = std::strtol(p, &end, 10);
-            if (end == p) break;
-            if (j < kPix)
-                px[j] = (float)v / 16.0f;
-            else
-                label = v;
-            p = end + (*end == ',');
+        int32_t label = 0;
+        good = ex_csv_row("engine_vulkan", path, line_no, line, kPix + 1, 16, kClass - 1, 16.0f, px, &label) == 0;
+        if (good) {
+            x.insert(x.end(), px, px + kPix);
+            y.push_back(label);
         }
-        if (label < 0) continue;
-        x.insert(x.end(), px, px + kPix);
-        y.push_back((int32_t)label);
     }
     gzclose(f);
-    return !y.empty();
+    if (good && y.empty()) std::fprintf(stderr, "engine_vulkan: %s holds no rows of 64 pixels and a label\n", path);
+    return good && !y.empty();
 }
 
 // The engine's Vulkan objects, created as an engine would, before dpar exists.
@@ -279,24 +281,27 @@ bool model_create(dpar_mesh *mesh, Model &m) {
 
 struct Options {
     int steps = 60, devices = 2;
-    double budget_ms = 4.0;
+    float budget_ms = 4.0f;
     const char *data = "examples/data/digits.csv.gz";
 };
-bool parse(int argc, char **argv, Options &o) {
-    for (int i = 1; i < argc; i++) {
-        bool more = i + 1 < argc;
-        if (more && !std::strcmp(argv[i], "--steps"))
-            o.steps = std::atoi(argv[++i]);
-        else if (more && !std::strcmp(argv[i], "--devices"))
-            o.devices = std::atoi(argv[++i]);
-        else if (more && !std::strcmp(argv[i], "--budget-ms"))
-            o.budget_ms = std::atof(argv[++i]);
-        else if (more && !std::strcmp(argv[i], "--data"))
-            o.data = argv[++i];
-        else
-            return false;
+// 0, or 2 after printing what is wrong: an unknown flag or a malformed value (ex_parse, which lists the
+// flags), or a value out of range, named with its limit.
+int parse(int argc, char **argv, Options &o) {
+    const ex_flag f[] = { { "--steps", EX_INT, &o.steps },
+                          { "--devices", EX_INT, &o.devices },
+                          { "--budget-ms", EX_FLOAT, &o.budget_ms },
+                          { "--data", EX_STR, &o.data } };
+    if (ex_parse("engine_vulkan", argc, argv, f, 4)) return 2;
+    if (o.steps < 1 || o.devices < 1) {
+        std::fprintf(stderr, "engine_vulkan: %s %d: must be >= 1\n", o.steps < 1 ? "--steps" : "--devices",
+                     o.steps < 1 ? o.steps : o.devices);
+        return 2;
     }
-    return o.steps > 0 && o.devices > 0 && o.budget_ms > 0;
+    if (!(o.budget_ms > 0.0f) || !std::isfinite(o.budget_ms)) {
+        std::fprintf(stderr, "engine_vulkan: --budget-ms %g: must be a finite number > 0\n", (double)o.budget_ms);
+        return 2;
+    }
+    return 0;
 }
 
 // Frame statistics: the time each frame spent in dpar and the engine's own submissions.
@@ -331,6 +336,11 @@ bool run_frames(Engine &e, Model &m, const Options &o, const std::vector<float> 
                 dpar_status s = dpar_wait(nullptr, req);
                 req = nullptr;
                 if (!ok(s, "training step")) return false;
+                if (!std::isfinite(loss)) { // a diverged step never reaches the renderer as weights
+                    std::fprintf(stderr, "engine_vulkan: the training loss is %g at step %d\n", (double)loss,
+                                 done_steps + 1);
+                    return false;
+                }
                 if (done_steps++ == 0) first_loss = loss;
                 last_loss = loss;
                 if ((done_steps % copy_every == 0 || done_steps == o.steps) && !copy_pending) {
@@ -368,16 +378,10 @@ void queue_unlock(void *user) {
 
 int main(int argc, char **argv) {
     Options o;
-    if (!parse(argc, argv, o)) {
-        std::fprintf(stderr, "usage: engine_vulkan [--steps N] [--devices N] [--budget-ms MS] [--data path]\n");
-        return 2;
-    }
+    if (int rc = parse(argc, argv, o)) return rc;
     std::vector<float> x;
     std::vector<int32_t> y;
-    if (!load_digits(o.data, x, y)) {
-        std::fprintf(stderr, "engine_vulkan: cannot read %s (run from the repository root)\n", o.data);
-        return 1;
-    }
+    if (!load_digits(o.data, x, y)) return 1; // it said why
     Engine e;
     const size_t w2_bytes = (size_t)kHidden * kClass * sizeof(float);
     int made = engine_create(e, w2_bytes);

@@ -5,10 +5,14 @@
 #ifndef EXAMPLE_UTIL_H
 #define EXAMPLE_UTIL_H
 #include "dpar.h"
+#include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 /* --backend NAME -> the backend kind ("cpu", "vulkan", "cuda"); an unknown
    name prints the library's error and exits with status 2 (a usage error). */
@@ -90,6 +94,123 @@ static inline int ex_parse(const char *prog, int argc, char **argv, const ex_fla
     return 0;
 }
 
+/* Was "--name" given on the command line (as a flag, not as another flag's value)? */
+static inline int ex_given(int argc, char **argv, const char *name) {
+    for (int i = 1; i < argc; i += 2)
+        if (!strcmp(argv[i], name)) return 1;
+    return 0;
+}
+
+/* ----------------------------------------------------------------- checks */
+/* What the examples refuse up front or stop on, each with a message naming
+   the flag, the value and the limit, and a non-zero exit status. */
+
+/* --batch against the rows there are: 0 when 1 <= batch <= rows; else prints
+   why (a batch larger than the data would run 0 steps and average nothing)
+   and returns 2 (a usage error). */
+static inline int ex_check_batch(const char *prog, int batch, int rows, const char *what) {
+    if (batch >= 1 && batch <= rows) return 0;
+    fprintf(stderr, "%s: --batch %d is larger than the %d %s; use --batch %d or less\n", prog, batch, rows, what,
+            rows);
+    return 2;
+}
+
+/* A learning-rate flag: 0 when finite and >= 0 (> 0 with positive_only); else prints why and returns 2. */
+static inline int ex_check_lr(const char *prog, const char *flag, float lr, int positive_only) {
+    if (isfinite(lr) && (positive_only ? lr > 0.0f : lr >= 0.0f)) return 0;
+    fprintf(stderr, "%s: %s %g: must be a finite number %s\n", prog, flag, (double)lr, positive_only ? "> 0" : ">= 0");
+    return 2;
+}
+
+/* The loss of training step `step` (1-based over the run; epoch 0: no
+   epochs): 0 when finite; else prints where training diverged and returns 1,
+   main's exit status (a NaN or inf loss never becomes a "final:" line). */
+static inline int ex_check_loss(const char *prog, double loss, long long step, int epoch, double lr) {
+    if (isfinite(loss)) return 0;
+    if (epoch > 0)
+        fprintf(stderr, "%s: the training loss is %g at step %lld (epoch %d): training diverged; lower --lr (%g)\n",
+                prog, loss, step, epoch, lr);
+    else
+        fprintf(stderr, "%s: the training loss is %g at step %lld: training diverged; lower --lr (%g)\n", prog, loss,
+                step, lr);
+    return 1;
+}
+
+/* Can `path` be written (a file in an existing, writable directory, not a
+   directory itself)? 0 if so; else prints why, naming `flag`, and returns 2.
+   Checked before training, not after the first epoch's work. */
+static inline int ex_check_writable(const char *prog, const char *flag, const char *path) {
+    struct stat st;
+    char dir[4096];
+    const char *slash = strrchr(path, '/');
+    if (!*path || strlen(path) >= sizeof dir) {
+        fprintf(stderr, "%s: %s '%s': give a file path (at most %zu characters)\n", prog, flag, path, sizeof dir - 1);
+        return 2;
+    }
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+        fprintf(stderr, "%s: %s %s is a directory; give a file path in it\n", prog, flag, path);
+        return 2;
+    }
+    if (!slash)
+        strcpy(dir, ".");
+    else if (slash == path)
+        strcpy(dir, "/");
+    else
+        snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    if (access(dir, W_OK | X_OK)) {
+        fprintf(stderr, "%s: %s %s: cannot write in directory %s: %s; create it or choose another path\n", prog, flag,
+                path, dir, strerror(errno));
+        return 2;
+    }
+    return 0;
+}
+
+/* One CSV row of `n` integers: fields 0..n-2 pixels in [0, pix_max] (x[j] =
+   v / scale), field n-1 the label in [0, label_max] (*y). Blank lines are the
+   caller's to skip. 0 on success; else prints "<prog>: <path> line L field F:
+   what is wrong" and returns -1, so a malformed file says where, not only
+   that it could not be read. */
+static inline int ex_csv_row(const char *prog, const char *path, long line_no, const char *line, int n, long pix_max,
+                             long label_max, float scale, float *x, int32_t *y) {
+    const char *p = line;
+    for (int j = 0; j < n; j++) {
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10), max = j < n - 1 ? pix_max : label_max;
+        const char *what = j < n - 1 ? "pixel" : "label";
+        if (end == p || errno || v < 0 || v > max) {
+            int len = (int)strcspn(p, ",\r\n");
+            if (end == p && len == 0 && *p != ',')
+                fprintf(stderr, "%s: %s line %ld has %d field(s); want %d (%d pixels and a label)\n", prog, path,
+                        line_no, j, n, n - 1);
+            else if (end == p && len == 0)
+                fprintf(stderr, "%s: %s line %ld field %d is empty; want a %s in 0..%ld\n", prog, path, line_no, j + 1,
+                        what, max);
+            else
+                fprintf(stderr, "%s: %s line %ld field %d: '%.*s' is not a %s in 0..%ld\n", prog, path, line_no, j + 1,
+                        len > 20 ? 20 : len, p, what, max);
+            return -1;
+        }
+        if (j < n - 1)
+            x[j] = (float)v / scale;
+        else
+            *y = (int32_t)v;
+        if (j < n - 1 && *end != ',') {
+            fprintf(stderr, "%s: %s line %ld has %d field(s); want %d (%d pixels and a label)\n", prog, path, line_no,
+                    j + 1, n, n - 1);
+            return -1;
+        }
+        p = end + (j < n - 1);
+    }
+    p += strspn(p, " \t\r\n");
+    if (*p) {
+        fprintf(stderr, "%s: %s line %ld has more than %d fields (after the label: '%.20s')\n", prog, path, line_no,
+                n, p);
+        return -1;
+    }
+    return 0;
+}
+
 /* ---------------------------------------------------------------- monitor */
 /* --monitor 1: after each epoch, one line per device of this process from
    dpar_runtime_device_stats over the epoch's window, then a new window:
@@ -121,7 +242,7 @@ static inline void ex_monitor(dpar_runtime *rt) {
 static inline int ex_replicas_identical(dpar_mesh *mesh, dpar_array *a) {
     int n = dpar_mesh_size(mesh), ok = 1;
     size_t nb = dpar_buffer_nbytes(dpar_array_shard(a, 0));
-    char *x = malloc(nb ? nb : 1), *y = malloc(nb ? nb : 1);
+    char *x = (char *)malloc(nb ? nb : 1), *y = (char *)malloc(nb ? nb : 1); /* C++ too (engine_vulkan) */
     for (int i = 0; i < n && ok; i++)
         for (int j = i + 1; j < n && ok; j++) {
             int ci[DPAR_MAX_AXES], cj[DPAR_MAX_AXES], same = 1;

@@ -13,32 +13,11 @@
 #define MNIST_PIX   (MNIST_SIDE * MNIST_SIDE)
 #define MNIST_NTEST 1000
 
-/* Reads up to `cap` rows of 784 pixels and a label; pixels / 255 -> x
-   [n, 784] f32 (= NHWC [n, 28, 28, 1]), labels -> y [n] i32. 0 on success. */
-static inline int mnist_load(const char *path, int cap, dataset *d) {
-    gzFile f = gzopen(path, "rb");
-    if (!f) return -1;
-    d->x = malloc((size_t)cap * MNIST_PIX * sizeof(float));
-    d->y = malloc((size_t)cap * sizeof(int32_t));
-    d->n = 0;
-    char line[8192]; /* a row is at most 785 * 4 characters */
-    while (d->n < cap && gzgets(f, line, sizeof line)) {
-        char *p = line;
-        int ok = 1;
-        for (int j = 0; j <= MNIST_PIX && ok; j++) {
-            char *end;
-            long v = strtol(p, &end, 10);
-            ok = end != p && v >= 0 && v <= (j < MNIST_PIX ? 255 : NCLASS - 1);
-            if (j < MNIST_PIX)
-                d->x[(size_t)d->n * MNIST_PIX + (size_t)j] = (float)v / 255.0f;
-            else
-                d->y[d->n] = (int32_t)v;
-            p = end + (*end == ',');
-        }
-        if (ok) d->n++;
-    }
-    gzclose(f);
-    return d->n > 0 ? 0 : -1;
+/* Reads up to `cap` rows of 784 pixels 0..255 and a label; pixels / 255 -> x
+   [n, 784] f32 (= NHWC [n, 28, 28, 1]), labels -> y [n] i32. 0 on success;
+   else prints what is wrong (csv_load: the line and field) and returns -1. */
+static inline int mnist_load(const char *prog, const char *path, int cap, dataset *d) {
+    return csv_load(prog, path, MNIST_PIX, 255, 255.0f, cap, d);
 }
 
 /* The data and its split; train_idx and test_idx point into idx. */
@@ -53,8 +32,10 @@ typedef struct {
    the caller's. 0 on success; prints why and returns 1 otherwise. */
 static inline int mnist_prepare(const char *prog, const char *path, uint64_t seed, mnist_data *m) {
     memset(m, 0, sizeof *m);
-    if (mnist_load(path, 5000, &m->all) || m->all.n <= MNIST_NTEST) {
-        fprintf(stderr, "%s: could not read %s (run from the repository root)\n", prog, path);
+    if (mnist_load(prog, path, 5000, &m->all)) return 1; /* it said why */
+    if (m->all.n <= MNIST_NTEST) {
+        fprintf(stderr, "%s: %s holds %d images; want more than %d (%d test images, the rest for training)\n", prog,
+                path, m->all.n, MNIST_NTEST, MNIST_NTEST);
         return 1;
     }
     rng_state = seed;

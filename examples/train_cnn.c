@@ -60,8 +60,15 @@ static int cnn_parse(int argc, char **argv, cnn_opts *o) {
                           { "--checkpoint", EX_STR, &o->checkpoint },
                           { "--resume", EX_STR, &o->resume } };
     if (ex_parse("train_cnn", argc, argv, f, (int)(sizeof f / sizeof f[0]))) return 2;
-    if (o->devices < 1 || o->epochs < 1 || o->batch < 1 || o->steps < 0) {
-        fprintf(stderr, "train_cnn: --devices, --epochs and --batch must be >= 1, --steps >= 0\n");
+    const char *names[3] = { "--devices", "--epochs", "--batch" };
+    const int vals[3] = { o->devices, o->epochs, o->batch };
+    for (int k = 0; k < 3; k++)
+        if (vals[k] < 1) {
+            fprintf(stderr, "train_cnn: %s %d: must be >= 1\n", names[k], vals[k]);
+            return 2;
+        }
+    if (o->steps < 0) {
+        fprintf(stderr, "train_cnn: --steps %d: must be >= 0 (0: whole epochs)\n", o->steps);
         return 2;
     }
     if (o->batch % o->devices || MNIST_NTEST % o->devices) {
@@ -73,7 +80,14 @@ static int cnn_parse(int argc, char **argv, cnn_opts *o) {
         fprintf(stderr, "train_cnn: --optimizer %s: use adamw or sgd\n", o->optimizer);
         return 2;
     }
-    if (o->lr == 0.0f) o->lr = strcmp(o->optimizer, "sgd") ? 1e-3f : 0.05f; /* the optimizer's default */
+    if (!ex_given(argc, argv, "--lr")) o->lr = strcmp(o->optimizer, "sgd") ? 1e-3f : 0.05f; /* the optimizer's */
+    if (ex_check_lr("train_cnn", "--lr", o->lr, 0) || ex_check_lr("train_cnn", "--weight-decay", o->weight_decay, 0))
+        return 2;
+    if (!(o->momentum >= 0.0f && o->momentum < 1.0f)) {
+        fprintf(stderr, "train_cnn: --momentum %g: must be in [0, 1)\n", (double)o->momentum);
+        return 2;
+    }
+    if (o->checkpoint && ex_check_writable("train_cnn", "--checkpoint", o->checkpoint)) return 2;
     return 0;
 }
 
@@ -182,12 +196,84 @@ static dpar_status cnn_accuracy(dpar_graph *g, dpar_value x, dpar_value logits, 
     return DPAR_OK;
 }
 
+/* ------------------------------------------------------------- run shape */
+/* What decides the schedule and the updates of a run, saved with the
+   training state (dpar_graph_save_extra) so that --resume refuses other
+   flags instead of skipping or replaying the wrong epochs: the global batch,
+   the steps per epoch, the seed (the data split and every epoch's order),
+   the optimizer and its hyper-parameters. Two small replicated arrays,
+   "train_cnn.run" (i32) and "train_cnn.hyper" (f32). */
+enum { RUN_BATCH, RUN_STEPS, RUN_SEED, RUN_OPT, NRUN };
+enum { HYP_LR, HYP_WD, HYP_MOM, NHYP };
+typedef struct {
+    int32_t run[NRUN];
+    float hyp[NHYP];
+} cnn_shape;
+
+static cnn_shape cnn_shape_of(const cnn_opts *o, int steps) {
+    int sgd = !strcmp(o->optimizer, "sgd");
+    return (cnn_shape){ { o->batch, steps, o->seed, sgd }, { o->lr, o->weight_decay, sgd ? o->momentum : 0.0f } };
+}
+
+/* The arrays of the shape, holding `sh`, and their checkpoint entries. */
+static dpar_status cnn_shape_entries(dpar_mesh *mesh, const cnn_shape *sh, dpar_checkpoint_entry e[2]) {
+    dpar_array *run, *hyp;
+    dpar_status s = dpar_array_create(mesh, &(dpar_array_desc){ DPAR_I32, 1, { NRUN }, { NULL } }, &run);
+    if (!s) s = dpar_array_create(mesh, &(dpar_array_desc){ DPAR_F32, 1, { NHYP }, { NULL } }, &hyp);
+    if (!s) s = dpar_array_put(run, sh->run);
+    if (!s) s = dpar_array_put(hyp, sh->hyp);
+    e[0] = (dpar_checkpoint_entry){ "train_cnn.run", run, false };
+    e[1] = (dpar_checkpoint_entry){ "train_cnn.hyper", hyp, false };
+    return s;
+}
+
+/* The shape `got` saved in o->resume against this run's `want`: 0 when they
+   agree, else prints every difference, naming the flag and both values, and
+   returns 2. */
+static int cnn_check_shape(const cnn_opts *o, const cnn_shape *got, const cnn_shape *want) {
+    static const char *const run_flag[NRUN] = { "--batch", "steps per epoch (--steps, --batch)", "--seed",
+                                                "--optimizer" };
+    static const char *const hyp_flag[NHYP] = { "--lr", "--weight-decay", "--momentum" };
+    static const char *const opt_name[2] = { "adamw", "sgd" };
+    int bad = 0;
+    for (int k = 0; k < NRUN; k++) {
+        if (got->run[k] == want->run[k]) continue;
+        bad++;
+        if (k == RUN_OPT && (unsigned)got->run[k] < 2)
+            fprintf(stderr, "train_cnn: --resume %s was trained with --optimizer %s; this run asks for %s\n",
+                    o->resume, opt_name[got->run[k]], opt_name[want->run[k]]);
+        else
+            fprintf(stderr, "train_cnn: --resume %s was trained with %s %d; this run asks for %d\n", o->resume,
+                    run_flag[k], (int)got->run[k], (int)want->run[k]);
+    }
+    for (int k = 0; k < NHYP; k++) {
+        if (got->hyp[k] == want->hyp[k]) continue;
+        bad++;
+        fprintf(stderr, "train_cnn: --resume %s was trained with %s %g; this run asks for %g\n", o->resume, hyp_flag[k],
+                (double)got->hyp[k], (double)want->hyp[k]);
+    }
+    if (bad) fprintf(stderr, "train_cnn: resume with the flags the checkpoint was trained with\n");
+    return bad ? 2 : 0;
+}
+
 /* ------------------------------------------------------------------ resume */
-/* Restores the training graph from o->resume and replays the shuffles of the
-   epochs it covers, so the next epoch sees the batches an uninterrupted run
-   sees; *first gets the next epoch. 0 on success, else main's exit status. */
-static int cnn_resume(dpar_graph *train, const cnn_opts *o, int steps, mnist_data *md, int *first) {
-    if (dpar_graph_restore(train, o->resume)) return digits_fail("--resume");
+/* Restores the training graph from o->resume, checks the run's shape saved
+   with it, and replays the shuffles of the epochs it covers, so the next
+   epoch sees the batches an uninterrupted run sees; *first gets the next
+   epoch. 0 on success, else main's exit status. */
+static int cnn_resume(dpar_graph *train, const cnn_opts *o, const dpar_checkpoint_entry shape[2],
+                      const cnn_shape *want, int steps, mnist_data *md, int *first) {
+    cnn_shape got; /* first the shape: another --optimizer is named as such, not as missing state */
+    int have = !dpar_checkpoint_restore(o->resume, shape, 2, NULL) && !dpar_array_get(shape[0].array, got.run) &&
+               !dpar_array_get(shape[1].array, got.hyp);
+    int rc = have ? cnn_check_shape(o, &got, want) : 0;
+    if (rc) return rc;
+    if (dpar_graph_restore(train, o->resume)) return digits_fail("--resume"); /* a missing or corrupt file */
+    if (!have) {
+        fprintf(stderr, "train_cnn: --resume %s holds no run shape (batch, steps per epoch, seed, optimizer); it was "
+                        "saved by an older train_cnn: start a new run with --checkpoint\n", o->resume);
+        return 2;
+    }
     long long done = (long long)dpar_graph_step(train);
     if (done % steps) {
         fprintf(stderr,
@@ -228,6 +314,7 @@ int main(int argc, char **argv) {
     /* data: the fixed-seed split, then the weights, then each epoch's order, all from one stream */
     mnist_data md;
     if (mnist_prepare("train_cnn", o.path, (uint64_t)o.seed, &md)) return 1;
+    if (ex_check_batch("train_cnn", o.batch, md.ntrain, "training images")) return 2; /* before any allocation */
     dpar_runtime *rt;
     dpar_mesh *mesh;
     if (dpar_runtime_create(&rd, &rt)) return digits_fail("runtime");
@@ -256,8 +343,11 @@ int main(int argc, char **argv) {
     float *logit_buf = malloc((size_t)MNIST_NTEST * NCLASS * sizeof(float));
     int32_t *yb = malloc((size_t)o.batch * sizeof(int32_t)), *y_test = malloc(MNIST_NTEST * sizeof(int32_t));
     mnist_gather(&md, md.test_idx, MNIST_NTEST, x_test, y_test);
+    cnn_shape shape = cnn_shape_of(&o, steps);
+    dpar_checkpoint_entry shape_entry[2];
+    if (cnn_shape_entries(mesh, &shape, shape_entry)) return digits_fail("run shape");
     int first = 1, rc;
-    if (o.resume && (rc = cnn_resume(train, &o, steps, &md, &first))) return rc;
+    if (o.resume && (rc = cnn_resume(train, &o, shape_entry, &shape, steps, &md, &first))) return rc;
     double epoch_loss = 0.0, acc = 0.0;
     if (o.monitor) dpar_runtime_stats_reset(rt); /* the first window starts with training */
     for (int e = first; e <= o.epochs; e++) {
@@ -268,6 +358,7 @@ int main(int argc, char **argv) {
             mnist_gather(&md, md.train_idx + (size_t)s * (size_t)o.batch, o.batch, xb, yb);
             dpar_graph_feed feeds[2] = { { .value = x, .host = xb }, { .value = y, .host = yb } };
             if (dpar_graph_run(train, feeds, 2, &loss)) return digits_fail("train step");
+            if (ex_check_loss("train_cnn", loss, (long long)(e - 1) * steps + s + 1, e, o.lr)) return 1;
             sum += loss;
             if (now_s() - shown > 5.0) { /* a progress line when an epoch is slow */
                 shown = now_s();
@@ -282,7 +373,8 @@ int main(int argc, char **argv) {
         printf("epoch %3d  loss %.8f  test_accuracy %.4f  samples/s %.0f\n", e, epoch_loss, acc, steps * o.batch / dt);
         if (o.monitor) ex_monitor(rt);
         fflush(stdout);
-        if (o.checkpoint && dpar_graph_save(train, o.checkpoint)) return digits_fail("--checkpoint");
+        if (o.checkpoint && dpar_graph_save_extra(train, o.checkpoint, shape_entry, 2))
+            return digits_fail("--checkpoint");
     }
     printf("final: backend=%s devices=%d model=cnn data=mnist epochs=%d test_accuracy=%.4f train_loss=%.8f\n",
            o.backend, o.devices, o.epochs, acc, epoch_loss);

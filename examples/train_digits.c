@@ -87,7 +87,8 @@ int main(int argc, char **argv) {
 
     /* data: fixed-seed 80/20 split and the initial weights (drawn in this order) */
     digits_setup ds;
-    if (digits_prepare("train_digits", &o, &ds)) return 1;
+    int rc;
+    if ((rc = digits_prepare("train_digits", &o, &ds))) return rc;
     dataset all = ds.all;
     int ntest = ds.ntest, ntrain = ds.ntrain, *train_idx = ds.train_idx, *test_idx = ds.test_idx;
 
@@ -162,6 +163,7 @@ int main(int argc, char **argv) {
                 return digits_fail("batch upload");
             float loss;
             if (dpar_graph_run(step, feeds, 2, &loss)) return digits_fail("train step");
+            if (ex_check_loss("train_digits", loss, (long long)(e - 1) * steps + s + 1, e, lr)) return 1;
             sum += loss;
         }
         double dt = now_s() - t0;

@@ -56,7 +56,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     digits_setup ds;
-    if (digits_prepare("train_digits_pipeline", &o, &ds)) return 1;
+    if ((rc = digits_prepare("train_digits_pipeline", &o, &ds))) return rc;
     int batch = o.batch, hidden = o.hidden;
     dpar_runtime_desc rd = { .num_devices = 2 };
     if (digits_backend(o.backend, &rd.backend)) {
@@ -110,6 +110,7 @@ int main(int argc, char **argv) {
             digits_batch(&ds, s, batch, xb, yb);
             if (dpar_graph_run(step, (dpar_graph_feed[]){ { fx, xb, NULL }, { fy, yb, NULL } }, 2, &loss))
                 return digits_fail("train step");
+            if (ex_check_loss("train_digits_pipeline", loss, (long long)(e - 1) * steps + s + 1, e, o.lr)) return 1;
             sum += loss;
         }
         double dt = now_s() - t0;

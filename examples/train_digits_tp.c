@@ -100,7 +100,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     digits_setup ds;
-    if (digits_prepare("train_digits_tp", &o, &ds)) return 1;
+    if ((rc = digits_prepare("train_digits_tp", &o, &ds))) return rc;
     int devices = dp * tp, batch = o.batch, hidden = o.hidden;
 
     dpar_runtime_desc rd = { .num_devices = devices };
@@ -157,6 +157,7 @@ int main(int argc, char **argv) {
             digits_batch(&ds, s, batch, xb, yb);
             float loss;
             if (dpar_graph_run(step, feeds, 2, &loss)) return digits_fail("train step");
+            if (ex_check_loss("train_digits_tp", loss, (long long)(e - 1) * steps + s + 1, e, o.lr)) return 1;
             sum += loss;
         }
         double dt = now_s() - t0;

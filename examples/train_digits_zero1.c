@@ -58,12 +58,17 @@ int main(int argc, char **argv) {
     };
     int rc = digits_parse("train_digits_zero1", argc, argv, &o);
     if (rc) return rc;
+    if (ckpt_epoch < 0 || ckpt_epoch > o.epochs) { /* it would never be reached: say so, do not skip it silently */
+        fprintf(stderr, "train_digits_zero1: --checkpoint-epoch %d is outside 0..%d (--epochs %d; 0: no checkpoint)\n",
+                ckpt_epoch, o.epochs, o.epochs);
+        return 2;
+    }
     if (o.batch % o.devices) {
         fprintf(stderr, "train_digits_zero1: --batch %d is not divisible by --devices %d\n", o.batch, o.devices);
         return 2;
     }
     digits_setup ds;
-    if (digits_prepare("train_digits_zero1", &o, &ds)) return 1;
+    if ((rc = digits_prepare("train_digits_zero1", &o, &ds))) return rc;
     int devices = o.devices, batch = o.batch, hidden = o.hidden;
     dpar_runtime_desc rd = { .num_devices = devices };
     if (digits_backend(o.backend, &rd.backend)) {
@@ -128,6 +133,7 @@ int main(int argc, char **argv) {
             digits_batch(&ds, s, batch, xb, yb);
             if (dpar_graph_run(step, (dpar_graph_feed[]){ { fx, xb, NULL }, { fy, yb, NULL } }, 2, &loss))
                 return digits_fail("train step");
+            if (ex_check_loss("train_digits_zero1", loss, (long long)(e - 1) * steps + s + 1, e, o.lr)) return 1;
             sum += loss;
         }
         double dt = now_s() - t0;

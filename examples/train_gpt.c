@@ -8,7 +8,9 @@
    everywhere, untied head: 818,241 parameters. AdamW lr 3e-3, betas (0.9,
    0.99), weight decay 0.1 on the matrices only (embeddings and weights; not
    biases or norm gains), global-norm clipping at 1.0, 100 warm-up steps then
-   cosine decay to 3e-4 at the last step; batch 32; 1,000 steps.
+   cosine decay to 3e-4 at the last step; batch 32; 1,000 steps. The warm-up
+   starts from 0 (optax.linear_schedule(0, lr, 100)): step 1 moves only
+   AdamW's moments.
 
    The mesh (Megatron, Shoeybi et al. 2019, sec. 3; the seed material's case
    for shard_map): the batch is split over "data"; each device of a "model"
@@ -26,19 +28,22 @@
 
    build/train_gpt [--backend cpu|vulkan|cuda] [--dp N] [--tp M] [--devices N*M] [--steps N]
                    [--batch N] [--lr X] [--seed N] [--log-every N] [--eval-every N]
-                   [--val-batches N] [--gen N] [--data PATH]
+                   [--val-batches N] [--gen N] [--prompt S] [--data PATH]
    Defaults: cpu, --dp 2 --tp 2 (4 devices), 1,000 steps, batch 32, lr 3e-3,
    seed 42, train loss (mean since the last line) every 50 steps, validation
    loss over 20 fixed batches every 250 steps and at the end, 200 generated
-   characters. Ends with exactly one line "final: backend=cpu devices=4
-   model=gpt dp=2 tp=2 steps=1000 train_loss=... val_loss=...". Exit status
-   0 on success (1 also when the replicas differ). */
+   characters after --prompt "ROMEO:" (every character must occur in the
+   text: checked before training). Ends with exactly one line "final:
+   backend=cpu devices=4 model=gpt dp=2 tp=2 steps=1000 train_loss=...
+   val_loss=...". Exit status 0 on success; 2 for a bad flag (each named
+   with its value and limit), 1 for unreadable data, a NaN or infinite loss
+   (naming the step) or replicas that differ. */
 #include "digits_common.h" /* splitmix64 (rng_next), now_s, digits_fail, ex_parse */
 
 /* ------------------------------------------------------------------ flags */
 enum { N_LAYER = 4, N_HEAD = 4, N_EMBD = 128, CTX = 64, MAXV = 256 };
 typedef struct {
-    const char *backend, *path;
+    const char *backend, *path, *prompt;
     int dp, tp, devices, steps, batch, seed, log_every, eval_every, val_batches, gen;
     float lr;
 } gpt_opts;
@@ -47,6 +52,7 @@ typedef struct {
 static int gpt_parse(int argc, char **argv, gpt_opts *o) {
     const ex_flag f[] = { { "--backend", EX_STR, &o->backend },
                           { "--data", EX_STR, &o->path },
+                          { "--prompt", EX_STR, &o->prompt },
                           { "--dp", EX_INT, &o->dp },
                           { "--tp", EX_INT, &o->tp },
                           { "--devices", EX_INT, &o->devices },
@@ -65,15 +71,30 @@ static int gpt_parse(int argc, char **argv, gpt_opts *o) {
                 o->devices);
         return 2;
     }
-    if (o->steps < 1 || o->batch < 1 || o->batch % o->dp || N_HEAD % o->tp || o->log_every < 1 || o->eval_every < 0 ||
-        o->val_batches < 1 || o->gen < 0 || !(o->lr > 0.0f)) {
-        fprintf(stderr,
-                "train_gpt: need --steps, --batch, --log-every, --val-batches >= 1, --batch divisible by --dp, "
-                "%d heads divisible by --tp, --eval-every, --gen >= 0, --lr > 0\n",
-                N_HEAD);
+    const char *names[6] = { "--steps", "--batch", "--log-every", "--val-batches", "--eval-every", "--gen" };
+    const int vals[6] = { o->steps, o->batch, o->log_every, o->val_batches, o->eval_every, o->gen };
+    for (int k = 0; k < 6; k++) {
+        int min = k < 4 ? 1 : 0; /* steps and batches count from 1; --eval-every 0 and --gen 0 turn those off */
+        if (vals[k] < min) {
+            fprintf(stderr, "train_gpt: %s %d: must be >= %d%s\n", names[k], vals[k], min, min ? "" : " (0: off)");
+            return 2;
+        }
+    }
+    if (o->batch % o->dp) {
+        fprintf(stderr, "train_gpt: --batch %d must be divisible by --dp %d (each data shard gets whole rows)\n",
+                o->batch, o->dp);
         return 2;
     }
-    return 0;
+    if (N_HEAD % o->tp) {
+        fprintf(stderr, "train_gpt: --tp %d must divide the %d attention heads (each device holds whole heads)\n",
+                o->tp, N_HEAD);
+        return 2;
+    }
+    if (!*o->prompt) {
+        fprintf(stderr, "train_gpt: --prompt is empty; generation needs at least one character to start from\n");
+        return 2;
+    }
+    return ex_check_lr("train_gpt", "--lr", o->lr, 1); /* the peak of the schedule */
 }
 
 /* ------------------------------------------------------------------- data */
@@ -82,26 +103,67 @@ typedef struct {
     uint8_t *tok;
     long n, ntrain; /* first 90% train, the rest validation */
     int vocab;
-    char chars[MAXV];
+    char chars[MAXV]; /* id -> byte */
+    int id[MAXV];     /* byte -> id; -1: not in the text */
 } text_data;
 
+/* Reads the gzip'd (or plain) text at path. 0 on success; else prints what
+   is wrong (cannot open, corrupt gzip data, too short) and returns -1. */
 static int text_load(const char *path, text_data *t) {
     memset(t, 0, sizeof *t);
     gzFile f = gzopen(path, "rb");
-    if (!f) return -1;
+    if (!f) {
+        fprintf(stderr, "train_gpt: cannot open %s: %s (run from the repository root, or give --data PATH)\n", path,
+                errno ? strerror(errno) : "out of memory");
+        return -1;
+    }
     long cap = 1 << 20;
+    int got = 0;
+    uint8_t *grown;
     t->tok = malloc((size_t)cap);
-    int got;
     while (t->tok && (got = gzread(f, t->tok + t->n, (unsigned)(cap - t->n))) > 0)
-        if ((t->n += got) == cap) t->tok = realloc(t->tok, (size_t)(cap *= 2));
+        if ((t->n += got) == cap) {
+            grown = realloc(t->tok, (size_t)(cap *= 2));
+            if (!grown) free(t->tok);
+            t->tok = grown;
+        }
+    int err = Z_OK;
+    const char *msg = gzerror(f, &err);
+    if (t->tok && got < 0)
+        fprintf(stderr, "train_gpt: %s: the gzip data is corrupt after %ld characters: %s\n", path, t->n, msg);
     gzclose(f);
-    if (!t->tok || t->n < 10 * (CTX + 1)) return -1;
-    int id[MAXV], seen[MAXV] = { 0 };
+    if (!t->tok) fprintf(stderr, "train_gpt: %s: out of host memory after %ld characters\n", path, t->n);
+    if (!t->tok || got < 0) return -1;
+    if (t->n < 10 * (CTX + 1)) { /* the validation tenth must hold a whole window */
+        fprintf(stderr, "train_gpt: %s holds %ld characters; want at least %d (10 windows of %d + 1)\n", path, t->n,
+                10 * (CTX + 1), CTX);
+        return -1;
+    }
+    int seen[MAXV] = { 0 };
     for (long i = 0; i < t->n; i++) seen[t->tok[i]] = 1;
-    for (int c = 0; c < MAXV; c++)
-        if (seen[c]) t->chars[t->vocab] = (char)c, id[c] = t->vocab++;
-    for (long i = 0; i < t->n; i++) t->tok[i] = (uint8_t)id[t->tok[i]];
+    for (int c = 0; c < MAXV; c++) {
+        t->id[c] = seen[c] ? t->vocab : -1;
+        if (seen[c]) t->chars[t->vocab++] = (char)c;
+    }
+    for (long i = 0; i < t->n; i++) t->tok[i] = (uint8_t)t->id[t->tok[i]];
     t->ntrain = t->n * 9 / 10;
+    return 0;
+}
+
+/* Can `prompt` be fed (every character in the text's vocabulary)? 0 if so;
+   else prints the first character that is not and returns 2 (checked
+   before training, not after it). */
+static int text_check_prompt(const text_data *t, const char *path, const char *prompt) {
+    for (const char *p = prompt; *p; p++) {
+        unsigned char c = (unsigned char)*p;
+        if (t->id[c] >= 0) continue;
+        fprintf(stderr,
+                "train_gpt: --prompt \"%s\": character %ld (byte 0x%02x%s%c%s) is not in the %d-character vocabulary "
+                "of %s; use characters that occur in the text\n",
+                prompt, (long)(p - prompt) + 1, c, c >= 32 && c < 127 ? ", '" : "", c >= 32 && c < 127 ? c : ' ',
+                c >= 32 && c < 127 ? "'" : "", t->vocab, path);
+        return 2;
+    }
     return 0;
 }
 
@@ -309,7 +371,7 @@ static dpar_status generate(dpar_mesh *mesh, dpar_array *const param[NPARAM], co
     for (int k = 0; k < n && !s; k++, len++) {
         int from = len > CTX ? len - CTX : 0, m = len - from;
         memset(ctx, 0, sizeof ctx); /* positions after m - 1 do not reach it (causal) */
-        for (int i = 0; i < m; i++) ctx[i] = (int32_t)(strchr(t->chars, text[from + i]) - t->chars);
+        for (int i = 0; i < m; i++) ctx[i] = t->id[(unsigned char)text[from + i]]; /* >= 0: text_check_prompt */
         s = dpar_graph_run(g, &(dpar_graph_feed){ .value = x, .host = ctx }, 1, NULL);
         if (!s) s = dpar_graph_get(g, logits, lg);
         if (s) break;
@@ -334,6 +396,7 @@ static dpar_status generate(dpar_mesh *mesh, dpar_array *const param[NPARAM], co
 int main(int argc, char **argv) {
     gpt_opts o = { .backend = "cpu",
                    .path = "examples/data/tinyshakespeare.txt.gz",
+                   .prompt = "ROMEO:",
                    .dp = 2,
                    .tp = 2,
                    .steps = 1000,
@@ -352,10 +415,11 @@ int main(int argc, char **argv) {
         return 2;
     }
     text_data td;
-    if (text_load(o.path, &td)) {
-        fprintf(stderr, "train_gpt: could not read %s (run from the repository root)\n", o.path);
-        return 1;
-    }
+    if (text_load(o.path, &td)) return 1; /* it said why */
+    long windows = td.ntrain - CTX - 1; /* the training windows a batch draws from */
+    if (ex_check_batch("train_gpt", o.batch, windows > INT_MAX ? INT_MAX : (int)windows, "training windows"))
+        return 2;
+    if (o.gen && text_check_prompt(&td, o.path, o.prompt)) return 2;
     rng_state = (uint64_t)o.seed; /* the weights, then the batches, then the sample */
     dpar_runtime *rt;
     dpar_mesh *mesh;
@@ -382,7 +446,7 @@ int main(int argc, char **argv) {
             *yb = malloc((size_t)o.batch * CTX * sizeof(int32_t));
     dpar_lr_schedule_desc sched = { .kind = DPAR_LR_COSINE,
                                     .peak_lr = o.lr,
-                                    .init_lr = o.lr / 100.0f,
+                                    .init_lr = 0.0f, /* warm-up from 0, as optax.linear_schedule(0, lr) */
                                     .warmup_steps = 100,
                                     .decay_steps = o.steps,
                                     .end_lr = o.lr / 10.0f };
@@ -392,8 +456,11 @@ int main(int argc, char **argv) {
         float lr, loss;
         train_batch(&td, o.batch, xb, yb);
         dpar_graph_feed f[2] = { { .value = x, .host = xb }, { .value = y, .host = yb } };
-        if (dpar_lr_at(&sched, step, &lr) || dpar_graph_set_lr(train, lr) || dpar_graph_run(train, f, 2, &loss))
-            return digits_fail("train step");
+        if (dpar_lr_at(&sched, step, &lr) || dpar_graph_set_lr(train, lr) || dpar_graph_run(train, f, 2, &loss)) {
+            fprintf(stderr, "train_gpt: step %d (lr %g): %s\n", step + 1, (double)lr, dpar_last_error());
+            return 1;
+        }
+        if (ex_check_loss("train_gpt", loss, step + 1, 0, o.lr)) return 1;
         sum += loss;
         int done = step + 1, last = done == o.steps;
         if (done % o.log_every == 0 || last) {
@@ -413,7 +480,7 @@ int main(int argc, char **argv) {
             tlog = now_s();
         }
     }
-    if (o.gen && generate(mesh, param, pi, o.tp, &td, "ROMEO:", o.gen)) return digits_fail("generation");
+    if (o.gen && generate(mesh, param, pi, o.tp, &td, o.prompt, o.gen)) return digits_fail("generation");
     int same = 1;
     for (int i = 0; i < NPARAM; i++) same &= ex_replicas_identical(mesh, param[i]);
     printf("replicated parameters bitwise identical on every device: %s\n", same ? "yes" : "NO");

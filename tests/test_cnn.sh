@@ -8,6 +8,12 @@
 #                      epoch lines (loss, test accuracy) and the final line of the
 #                      uninterrupted 2-epoch run, character for character
 #                      (tests/test_graph_ckpt.c checks the losses bit for bit)
+#   --resume with other flags (--batch, --seed, --optimizer): refused before anything runs, naming the flag
+#                      and both values (--steps 8 keeps 8 steps per epoch, so the step count divides: it
+#                      used to skip an epoch silently)
+#   bad input          a batch larger than the training set, a NaN loss (--lr 1e30), an unwritable
+#                      --checkpoint directory and a malformed data row: each a named error, a non-zero
+#                      exit and no final: line
 # The accuracy target (>= 0.955 after 10 epochs) is `make run`'s, too long for CI.
 BUILD=${BUILD:-build}
 bin="$BUILD/train_cnn"
@@ -60,6 +66,38 @@ fi
 if "$bin" --steps 1 --resume "$ck.missing" >"$e1" 2>&1; then echo "FAIL train_cnn --resume of a missing file ran"
 elif grep -q "dpar_graph_restore: .*$ck.missing" "$e1"; then echo "PASS train_cnn --resume of a missing file names it"
 else echo "FAIL train_cnn --resume of a missing file: $(tail -1 "$e1")"; fi
+# refused NAME STATUS ARGS -- WORDS...: the run exits with STATUS, prints every WORD, and no final: line
+refused() {
+    name=$1 want=$2; shift 2
+    args=""; while [ "$1" != "--" ]; do args="$args $1"; shift; done; shift
+    "$bin" $args >"$e1" 2>&1; rc=$?
+    if [ "$rc" -ne "$want" ]; then
+        echo "FAIL train_cnn $name: exit status $rc, wanted $want"; sed 's/^/    /' "$e1"; return
+    fi
+    if grep -q '^final:' "$e1"; then echo "FAIL train_cnn $name: printed a final: line"; return; fi
+    for w in "$@"; do
+        grep -qF -- "$w" "$e1" || { echo "FAIL train_cnn $name: '$w' missing from: $(grep train_cnn: "$e1")"; return; }
+    done
+    echo "PASS train_cnn $name"
+}
+if [ -s "$ck" ]; then
+    refused "--resume with another --batch is refused, naming both values" 2 --devices 4 --epochs 2 --steps 8 \
+        --batch 32 --resume "$ck" -- "was trained with --batch 64; this run asks for 32"
+    refused "--resume with another --seed is refused, naming both values" 2 --devices 4 --epochs 2 --steps 8 \
+        --seed 7 --resume "$ck" -- "was trained with --seed 42; this run asks for 7"
+    refused "--resume with another --optimizer is refused, naming both" 2 --devices 4 --epochs 2 --steps 8 \
+        --optimizer sgd --resume "$ck" -- "was trained with --optimizer adamw; this run asks for sgd"
+fi
+refused "--batch 8000 (> 4000 training images) is refused up front" 2 --batch 8000 --epochs 1 -- \
+    "--batch 8000" "4000 training images"
+refused "--lr 1e30 stops at the first NaN loss, naming the step" 1 --lr 1e30 --epochs 1 --steps 4 -- \
+    "training loss is" "at step 2 (epoch 1)"
+refused "--checkpoint in a missing directory is refused before training" 2 --checkpoint "$ck.dir/none/x.ckpt" -- \
+    "--checkpoint" "$ck.dir/none"
+# a malformed row: line 2 has 999 in field 300
+awk 'BEGIN { for (r = 1; r <= 3; r++) { l = ""
+    for (j = 1; j <= 785; j++) l = l (j > 1 ? "," : "") (r == 2 && j == 300 ? 999 : 0); print l } }' >"$cpu2"
+refused "--data with a malformed row names the line and field" 1 --data "$cpu2" -- "line 2 field 300" "'999'" "0..255"
 # one short Vulkan run (llvmpipe is slow): SKIPPED when there is no Vulkan device or it lacks an op,
 # a FAIL when DPAR_REQUIRE_BACKENDS lists vulkan. (ASan builds: llvmpipe's JIT leaks ~128 bytes that no
 # suppression can match; see tests/testutil.h.)

@@ -124,4 +124,46 @@ if ran "train_digits --monitor 1"; then
     else fail "train_digits --monitor prints each device's time shares per epoch" "$why"; fi
 fi
 
+# ---- bad input: a named error and a non-zero exit, never 0 steps, a NaN or a silent skip
+# refused NAME STATUS WORDS...: the last run exited with STATUS, printed every WORD and no final: line
+refused() {
+    name=$1 want=$2; shift 2
+    if [ "$rc" -eq 127 ] && [ ! -x "$bin" ]; then fail "$name" "$bin is not built (make examples)"; return; fi
+    if [ "$rc" -ne "$want" ]; then
+        fail "$name" "exit status $rc, wanted $want"; printf '%s\n' "$out" | tail -3; return
+    fi
+    if printf '%s\n' "$out" | grep -q '^final:'; then fail "$name" "printed a final: line"; return; fi
+    for w in "$@"; do
+        case "$out" in *"$w"*) ;; *) fail "$name" "'$w' missing from: $(printf '%s\n' "$out" | tail -1)"; return ;; esac
+    done
+    pass "$name"
+}
+for ex in train_digits train_digits_tp train_digits_zero1 train_digits_pipeline; do
+    run $ex --batch 5000
+    refused "$ex --batch 5000 (> 1438 training images) is refused" 2 "--batch 5000" "1438 training images"
+    run $ex --lr 1e30 --epochs 1
+    refused "$ex --lr 1e30 stops at the NaN loss, naming the step" 1 "training loss is" "at step 2 (epoch 1)"
+done
+run train_digits --lr -0.1
+refused "train_digits --lr -0.1 is named with its limit" 2 "--lr -0.1: must be a finite number >= 0"
+run train_digits_zero1 --epochs 3 --checkpoint-epoch 4
+refused "train_digits_zero1 --checkpoint-epoch beyond --epochs is refused" 2 "--checkpoint-epoch 4 is outside 0..3"
+bad_csv=$(mktemp)
+awk 'BEGIN { for (r = 1; r <= 6; r++) { l = ""
+    for (j = 1; j <= 65; j++) l = l (j > 1 ? "," : "") (j < 65 ? j % 17 : r == 4 ? "x" : r % 10)
+    print l } }' >"$bad_csv"
+run train_digits --data "$bad_csv"
+refused "train_digits --data with a malformed row names the line and field" 1 "line 4 field 65" "'x' is not a label"
+awk 'BEGIN { for (r = 1; r <= 6; r++) { l = ""
+    for (j = 1; j <= (r == 5 ? 60 : 65); j++) l = l (j > 1 ? "," : "") 1; print l } }' >"$bad_csv"
+run train_digits --data "$bad_csv"
+refused "train_digits --data with a short row says how many fields" 1 "line 5 has 60 field(s); want 65"
+run engine_vulkan --data "$bad_csv"
+refused "engine_vulkan --data with a short row says how many fields" 1 "line 5 has 60 field(s); want 65"
+rm -f "$bad_csv"
+run engine_vulkan --step 3
+refused "engine_vulkan names an unknown flag and lists the flags" 2 "unknown flag --step" "[--steps N]"
+run engine_vulkan --budget-ms 0
+refused "engine_vulkan --budget-ms 0 is named with its limit" 2 "--budget-ms 0: must be a finite number > 0"
+
 exit $failed

@@ -7,6 +7,11 @@
 #   Vulkan vs CPU                     per-step losses within 1e-3 relative (2 steps on a 1x2 mesh;
 #                                     SKIPPED when there is no Vulkan device, a FAIL when
 #                                     DPAR_REQUIRE_BACKENDS lists vulkan)
+#   bad input                         each refused with its own message and a non-zero exit, before
+#                                     training and without a final: line: a --prompt character not in
+#                                     the text (it was undefined behaviour at generation time), an empty
+#                                     --prompt, --eval-every -1, --batch 3 over --dp 2, a batch larger
+#                                     than the training windows; --lr 1e30 stops naming the step
 # The validation-loss target (<= 1.85 after 1,000 steps) is `make run-gpt`'s, too long for CI.
 BUILD=${BUILD:-build}
 bin="$BUILD/train_gpt"
@@ -55,6 +60,35 @@ for mesh in "4 1" "1 4"; do
     run "$dir/$1x$2" --dp "$1" --tp "$2" $short --gen 0 &&
         check "train_gpt ${1}x$2 vs 1x1 mesh: same per-step training losses over 8 steps" "$dir/1x1" "$dir/$1x$2" 1e-4
 done
+# bad NAME STATUS RC OUT WORDS...: the run (exit status RC, output in OUT) exited with STATUS, printed every
+# WORD and no final: line (nor a step line when STATUS is 2: refused before training)
+bad() {
+    name=$1 want=$2 rc=$3 o=$4; shift 4
+    if [ "$rc" -ne "$want" ]; then
+        echo "FAIL train_gpt $name: exit status $rc, wanted $want"; sed 's/^/    /' "$o"; return
+    fi
+    if grep -q '^final:' "$o"; then echo "FAIL train_gpt $name: printed a final: line"; return; fi
+    if grep -q '^step ' "$o" && [ "$want" -eq 2 ]; then echo "FAIL train_gpt $name: trained before refusing"; return; fi
+    for w in "$@"; do
+        grep -qF -- "$w" "$o" || { echo "FAIL train_gpt $name: '$w' missing from: $(grep train_gpt: "$o")"; return; }
+    done
+    echo "PASS train_gpt $name"
+}
+o="$dir/bad"
+"$bin" $short --prompt "ROMEO~" >"$o" 2>&1
+bad "--prompt with a character not in the text is refused before training" 2 $? "$o" "character 6" "0x7e" \
+    "65-character vocabulary"
+"$bin" $short --prompt "" >"$o" 2>&1
+bad "an empty --prompt is refused" 2 $? "$o" "--prompt is empty"
+"$bin" $short --eval-every -1 >"$o" 2>&1
+bad "--eval-every -1 is named with its limit" 2 $? "$o" "--eval-every -1: must be >= 0"
+"$bin" $short --batch 3 >"$o" 2>&1
+bad "--batch 3 over --dp 2 is named" 2 $? "$o" "--batch 3 must be divisible by --dp 2"
+"$bin" $short --batch 2000000 >"$o" 2>&1
+bad "--batch 2000000 (> training windows) is refused up front" 2 $? "$o" "--batch 2000000 is larger than the" \
+    "training windows"
+"$bin" --dp 1 --tp 1 --batch 2 --steps 6 --log-every 1 --val-batches 1 --gen 0 --lr 1e30 >"$o" 2>&1
+bad "--lr 1e30 stops with an error naming the step" 1 $? "$o" "train_gpt: step "
 # one short Vulkan run (llvmpipe is slow). (ASan builds: llvmpipe's JIT leaks ~128 bytes that no
 # suppression can match; see tests/testutil.h.)
 vk="--dp 1 --tp 2 --batch 2 --steps 2 --log-every 1 --val-batches 1 --gen 0"
