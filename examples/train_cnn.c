@@ -22,7 +22,9 @@
    --checkpoint PATH saves the training state (params, AdamW moments or SGD
    momentum, step counter: dpar_graph_save) at the end of every epoch,
    atomically: a crash leaves the previous epoch's file. --resume PATH
-   continues from such a file with the flags it was trained with: its epochs
+   continues from such a file with the flags it was trained with (the file
+   holds them: another --batch, steps per epoch, --seed, --optimizer, --lr,
+   --weight-decay or --momentum is refused, naming both values): its epochs
    are skipped (their shuffles replayed), and the epochs after it print what
    an uninterrupted run prints, bit for bit on the CPU backend.
    Ends with exactly one line
@@ -217,7 +219,7 @@ static cnn_shape cnn_shape_of(const cnn_opts *o, int steps) {
 
 /* The arrays of the shape, holding `sh`, and their checkpoint entries. */
 static dpar_status cnn_shape_entries(dpar_mesh *mesh, const cnn_shape *sh, dpar_checkpoint_entry e[2]) {
-    dpar_array *run, *hyp;
+    dpar_array *run = NULL, *hyp = NULL;
     dpar_status s = dpar_array_create(mesh, &(dpar_array_desc){ DPAR_I32, 1, { NRUN }, { NULL } }, &run);
     if (!s) s = dpar_array_create(mesh, &(dpar_array_desc){ DPAR_F32, 1, { NHYP }, { NULL } }, &hyp);
     if (!s) s = dpar_array_put(run, sh->run);
