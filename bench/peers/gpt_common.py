@@ -99,11 +99,11 @@ def val_batch(data, k, nb=20, batch=32):
 
 
 def lr_at(step, steps, lr=3e-3):
-    """train_gpt.c's schedule (dpar_lr_at, optax.warmup_cosine_decay_schedule): lr / 100 rising linearly
+    """train_gpt.c's schedule (dpar_lr_at, optax.warmup_cosine_decay_schedule): 0 rising linearly
     to lr over 100 steps, then cosine to lr / 10 at the last step."""
     warm, decay = 100, max(steps, 101)
     if step < warm:
-        return lr / 100 + (lr - lr / 100) * step / warm
+        return lr * step / warm
     x = min(step - warm, decay - warm)
     return lr / 10 + (lr - lr / 10) * 0.5 * (1.0 + math.cos(math.pi * x / (decay - warm)))
 

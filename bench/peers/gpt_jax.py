@@ -8,7 +8,7 @@ Pre-LN blocks, learned positions, causal attention (4 heads of 32), GELU
 (tanh) MLP 4x, untied head; 4 layers, 128 wide, context 64: 818,241
 parameters (checked: exit status 1 otherwise). optax: clip_by_global_norm(1.0)
 then adamw(b1 0.9, b2 0.99, eps 1e-8, weight decay 0.1 on the matrices)
-under warmup_cosine_decay_schedule(lr/100 -> lr in 100 steps -> lr/10 at the
+under warmup_cosine_decay_schedule(0 -> lr in 100 steps -> lr/10 at the
 last step). Data, initial weights, batches and validation windows of
 gpt_common.py (train_gpt.c's). At most 2 steps in flight. Prints train_gpt.c's
 progress lines and closes with
@@ -86,7 +86,7 @@ def main():
     nparam = sum(int(np.prod(p.shape)) for p in jax.tree_util.tree_leaves(params))
     if nparam != gc.NPARAM:
         sys.exit("gpt_jax: %d parameters, train_gpt.c has %d; the models differ" % (nparam, gc.NPARAM))
-    sched = optax.warmup_cosine_decay_schedule(a.lr / 100, a.lr, 100, max(a.steps, 101), a.lr / 10)
+    sched = optax.warmup_cosine_decay_schedule(0.0, a.lr, 100, max(a.steps, 101), a.lr / 10)
     mask = jax.tree_util.tree_map(lambda p: p.ndim == 2, params)
     tx = optax.chain(optax.clip_by_global_norm(1.0),
                      optax.adamw(sched, b1=0.9, b2=0.99, eps=1e-8, weight_decay=0.1, mask=mask))
