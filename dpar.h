@@ -2523,6 +2523,8 @@ static dpar_status dpar__obs_init(dpar_runtime *rt);
 static void dpar__obs_free(dpar_runtime *rt);
 static void dpar__obs_mem(dpar_runtime *rt, int dev, int64_t delta);
 static void dpar__obs_count_op(dpar_runtime *rt, int dev);
+static uint64_t dpar__obs_ops(const dpar_runtime *rt, int dev);
+static void dpar__obs_add_ops(dpar_runtime *rt, int dev, uint64_t n);
 enum { DPAR__OBS_COMPUTE, DPAR__OBS_COLL, DPAR__OBS_TRANSFER }; /* the stats' times */
 static void dpar__obs_time(dpar_runtime *rt, int dev, int what, double t0_us);
 static dpar_status dpar__trace_op(dpar__op *op);
@@ -11471,8 +11473,9 @@ static dpar_status dpar__g_exec(dpar_graph *g, dpar_ctx *ctx, int li, int i) {
    replays op by op from then on. Compile happens once and the graph's buffers
    never move, so a recording stays valid until the graph is destroyed. */
 typedef struct dpar__gseg {
-    int i0, i1; /* nodes [i0, i1) */
-    void *prog; /* the backend's recording */
+    int i0, i1;    /* nodes [i0, i1) */
+    void *prog;    /* the backend's recording */
+    uint64_t nops; /* the ops it holds: each submit counts them in dpar_device_stats */
 } dpar__gseg;
 typedef struct dpar__gprog {
     int state; /* 0: record at the next run, 1: recorded, -1: op by op */
@@ -11548,7 +11551,7 @@ static void dpar__g_prog_setup(dpar_graph *g) {
     g->prog = (dpar__gprog *)DPAR_MALLOC((size_t)g->nlocal * sizeof *g->prog);
     if (g->prog) memset(g->prog, 0, (size_t)g->nlocal * sizeof *g->prog);
 }
-static dpar_status dpar__g_prog_keep(dpar__gprog *pr, int i0, int i1, void *prog) {
+static dpar_status dpar__g_prog_keep(dpar__gprog *pr, int i0, int i1, void *prog, uint64_t nops) {
     if (pr->nseg == pr->cap) {
         int cap = pr->cap ? 2 * pr->cap : 8;
         dpar__gseg *ns = (dpar__gseg *)DPAR_REALLOC(pr->seg, (size_t)cap * sizeof *ns);
@@ -11557,7 +11560,7 @@ static dpar_status dpar__g_prog_keep(dpar__gprog *pr, int i0, int i1, void *prog
         pr->cap = cap;
     }
     dpar__gseg *sg = &pr->seg[pr->nseg++];
-    sg->i0 = i0, sg->i1 = i1, sg->prog = prog;
+    sg->i0 = i0, sg->i1 = i1, sg->prog = prog, sg->nops = nops;
     return DPAR_OK;
 }
 /* Records nodes *i.. (the run of recordable nodes starting there) on device li
@@ -11570,6 +11573,7 @@ static dpar_status dpar__g_prog_record(dpar_graph *g, dpar_ctx *ctx, int li, int
     int i0 = *i, i1 = i0, dev = dpar__g_bdev(g, li);
     while (i1 < g->count && dpar__g_recordable(&g->n[i1])) i1++;
     void *prog = NULL;
+    uint64_t ops0 = dpar__obs_ops(g->rt, dev);
     dpar_status s = be->prog_begin(g->rt->bstate, dev);
     if (!s) {
         for (int j = i0; j < i1 && !s; j++) s = dpar__g_exec(g, ctx, li, j);
@@ -11577,7 +11581,8 @@ static dpar_status dpar__g_prog_record(dpar_graph *g, dpar_ctx *ctx, int li, int
         if (!s) s = e;
         if (s && prog) be->prog_free(g->rt->bstate, dev, prog), prog = NULL;
     }
-    if (!s && prog && !(s = be->prog_submit(g->rt->bstate, dev, prog))) s = dpar__g_prog_keep(pr, i0, i1, prog);
+    if (!s && prog && !(s = be->prog_submit(g->rt->bstate, dev, prog)))
+        s = dpar__g_prog_keep(pr, i0, i1, prog, dpar__obs_ops(g->rt, dev) - ops0);
     if (s && prog) {
         be->prog_free(g->rt->bstate, dev, prog); /* waits for its submit, if any */
         *i = i1 - 1;
@@ -11601,8 +11606,13 @@ static dpar_status dpar__g_step_node(dpar_graph *g, dpar_ctx *ctx, int li, dpar_
     if (pr && pr->state == 0 && dpar__g_recordable(&g->n[*i])) return dpar__g_prog_record(g, ctx, li, i);
     if (pr && pr->state == 1 && *k < pr->nseg && pr->seg[*k].i0 == *i) {
         const dpar__gseg *sg = &pr->seg[(*k)++];
+        int dev = dpar__g_bdev(g, li);
+        double t0 = dpar__now_us();
         *i = sg->i1 - 1;
-        return g->rt->be->prog_submit(g->rt->bstate, dpar__g_bdev(g, li), sg->prog);
+        dpar_status s = g->rt->be->prog_submit(g->rt->bstate, dev, sg->prog);
+        dpar__obs_add_ops(g->rt, dev, sg->nops); /* its ops and their issue time, as op by op */
+        dpar__obs_time(g->rt, dev, DPAR__OBS_COMPUTE, t0);
+        return s;
     }
     return dpar__g_exec(g, ctx, li, *i);
 }
@@ -12539,7 +12549,14 @@ static void dpar__obs_mem(dpar_runtime *rt, int dev, int64_t delta) { /* under r
     if (d->in_use > d->peak) d->peak = d->in_use;
 }
 static void dpar__obs_count_op(dpar_runtime *rt, int dev) {
-    if (rt->obs && dev >= 0 && dev < rt->obs->nlocal) __atomic_fetch_add(&rt->obs->dev[dev].ops, 1, __ATOMIC_RELAXED);
+    dpar__obs_add_ops(rt, dev, 1);
+}
+static void dpar__obs_add_ops(dpar_runtime *rt, int dev, uint64_t n) { /* n ops of a recorded graph segment */
+    if (rt->obs && dev >= 0 && dev < rt->obs->nlocal) __atomic_fetch_add(&rt->obs->dev[dev].ops, n, __ATOMIC_RELAXED);
+}
+static uint64_t dpar__obs_ops(const dpar_runtime *rt, int dev) { /* ops counted so far on local device dev */
+    if (!rt->obs || dev < 0 || dev >= rt->obs->nlocal) return 0;
+    return __atomic_load_n(&rt->obs->dev[dev].ops, __ATOMIC_RELAXED);
 }
 /* Adds the time since t0_us (dpar__now_us) to local device dev's `what`. */
 static void dpar__obs_time(dpar_runtime *rt, int dev, int what, double t0_us) {

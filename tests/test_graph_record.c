@@ -7,7 +7,8 @@
    bit equal: a CNN (conv2d, max pool, layer norm, dropout, AdamW; the learning
    rate and the step counter changed mid-run) on 1 and 2 devices, a Megatron column -> row MLP with a psum inside on a 2x2 (data,
    model) mesh with SGD; the recording must be split at the host nodes (more
-   than one segment per device). A bad label inside a recorded segment is still
+   than one segment per device) and dpar_device_stats counts the same ops per
+   step either way. A bad label inside a recorded segment is still
    reported by the step that used it, and the next good step runs. The CPU
    backend records nothing; NULL is refused. Vulkan cases skip when no Vulkan
    device exists. */
@@ -188,13 +189,23 @@ static void test_megatron(void **st) {
     mlp plain, rec;
     mlp_build(&plain, m, init);
     mlp_build(&rec, m, init);
+    uint64_t ops[2] = { 0, 0 };
     for (int s = 0; s < 10; s++) {
         fill(xs, MB * MD, 1.0);
         for (int i = 0; i < MB; i++) ys[i] = (int32_t)((i * 3 + s) % MC);
         float lp = 0, lr = 0;
+        dpar_device_stats ds[2];
+        dpar_runtime_stats_reset(rt);
         step(plain.g, false, plain.x, xs, plain.y, ys, &lp);
+        T_OK(dpar_runtime_device_stats(rt, 3, &ds[0]));
+        dpar_runtime_stats_reset(rt);
         step(rec.g, true, rec.x, xs, rec.y, ys, &lr);
+        T_OK(dpar_runtime_device_stats(rt, 3, &ds[1]));
         want_same(&lp, &lr, sizeof lp, "the loss", s);
+        if (ds[0].ops != ds[1].ops || ds[0].ops == 0) /* a recorded segment's submit counts its ops */
+            fail_msg("step %d: device 3 counted %llu ops op by op, %llu recorded", s, (unsigned long long)ds[0].ops,
+                     (unsigned long long)ds[1].ops);
+        ops[0] = ds[0].ops, ops[1] = ds[1].ops;
     }
     for (int i = 0; i < 4; i++) {
         float a[MD * MH], b[MD * MH];
@@ -207,7 +218,9 @@ static void test_megatron(void **st) {
     assert_int_equal(seg, 0);
     T_OK(dpar_graph_recorded(rec.g, &seg, &nodes));
     if (seg < 2 * 4) fail_msg("%d segments on 4 devices; want at least 2 each (split at the psum)", seg);
-    printf("Megatron MLP on a 2x2 Vulkan mesh: %d segments holding %d nodes, bit for bit over 10 steps\n", seg, nodes);
+    printf("Megatron MLP on a 2x2 Vulkan mesh: %d segments holding %d nodes, bit for bit over 10 steps, "
+           "%llu ops per step on device 3 either way\n",
+           seg, nodes, (unsigned long long)ops[1]);
     T_OK(dpar_graph_destroy(plain.g));
     T_OK(dpar_graph_destroy(rec.g));
     for (int i = 0; i < 4; i++) dpar_array_destroy(plain.w[i]), dpar_array_destroy(rec.w[i]);
