@@ -135,6 +135,7 @@ static int run(const char *name, int n, int nops, int rounds, double target) {
     if (!s) dpar_runtime_stats_reset(rt);
     if (!s) s = block(&off, false, 1, &wo, &co, &lo);
     if (!s) s = dpar_runtime_device_stats(rt, 0, &st);
+    if (!s) s = block(&on, true, 1, &wn, &cn, &ln); /* both sides the same number of steps */
     int k = (int)(target / (wo > 1e-7 ? wo : 1e-7));
     k = k < 1 ? 1 : k;
     for (int i = 0; i < rounds && !s; i++) {
