@@ -785,16 +785,24 @@ DPAR_API dpar_status dpar_wait(dpar_ctx *ctx, dpar_request *req);
    Ops on device buffers (all operands on one device; f32 unless said).
    Errors, for all: DPAR_ERR_INVALID_ARGUMENT (NULL, different devices),
    DPAR_ERR_SHAPE (text names both shapes), DPAR_ERR_DTYPE.
+   16-bit storage: the ops marked "f32, f16 or bf16" (bias_grad, softmax,
+   conv2d, the pools, the norms, attention, and their gradients) take one
+   dtype for all their tensors (stats buffers stay f32). With f16 or bf16 they
+   accumulate in f32 exactly as the f32 op does on the same (widened) inputs
+   and round each result once to nearest even. The CPU backend runs them;
+   Vulkan and CUDA answer DPAR_ERR_DTYPE naming the backend, the op and the
+   dtype (cast to f32 with dpar_cast there). Mixed dtypes: DPAR_ERR_DTYPE
+   naming both operands.
    ------------------------------------------------------------------------ */
 /* C = alpha * op(A) @ op(B) + beta * C, op(X) = X or X^T; A, B, C 2-D,
    op(A) [M,K], op(B) [K,N], C [M,N]. beta = 0 ignores C's old contents
-   (even NaN). f32 (f16/bf16 operands with f32 accumulation where the backend
-   supports it; CPU: f32 only). */
+   (even NaN). C f32; A and B f32, or both f16 or both bf16, widened and
+   accumulated in f32 (every backend). */
 DPAR_API dpar_status dpar_matmul(dpar_buffer *C, const dpar_buffer *A, const dpar_buffer *B, bool trans_a, bool trans_b,
                                  float alpha, float beta);
 /* y[M,N] += b[N] (broadcast over rows). y may be any rank >= 1; last dim N. */
 DPAR_API dpar_status dpar_bias_add(dpar_buffer *y, const dpar_buffer *b);
-/* db[N] = beta * db + sum over rows of dy[M,N]. */
+/* db[N] = beta * db + sum over rows of dy[M,N]. f32, f16 or bf16 (db and dy alike). */
 DPAR_API dpar_status dpar_bias_grad(dpar_buffer *db, const dpar_buffer *dy, float beta);
 /* y = max(x, 0) (NaN propagates). Same shape; in place allowed. */
 DPAR_API dpar_status dpar_relu(dpar_buffer *y, const dpar_buffer *x);
@@ -913,10 +921,11 @@ DPAR_API dpar_status dpar_reduce_backward(dpar_buffer *dx, const dpar_buffer *dy
 /* Softmax (log_softmax when `log`) along the last axis, stable (max
    subtracted, in double on the CPU): softmax([1000, 1000]) = [0.5, 0.5];
    entries of -inf get 0 (log: -inf); a row that is all -inf gives NaN (as
-   JAX). x, y same shape, f32; in place allowed. */
+   JAX). x, y same shape, f32, f16 or bf16 (one dtype); in place allowed. */
 DPAR_API dpar_status dpar_softmax(dpar_buffer *y, const dpar_buffer *x, bool log);
 /* dx from dy and the forward's output y: softmax dx = y (dy - sum(dy y));
-   log_softmax dx = dy - exp(y) sum(dy). Same shapes; dx may alias dy. */
+   log_softmax dx = dy - exp(y) sum(dy). Same shapes and dtype (f32, f16 or
+   bf16); dx may alias dy. */
 DPAR_API dpar_status dpar_softmax_backward(dpar_buffer *dx, const dpar_buffer *dy, const dpar_buffer *y, bool log);
 
 /* Shape ops: f32 or i32 (y and x the same dtype), bit-exact copies. */
@@ -980,10 +989,12 @@ DPAR_API dpar_status dpar_conv2d_output_shape(const int64_t x_shape[4], const in
 /* y [N,OH,OW,O] = conv(x [N,H,W,C], w [KH,KW,C,O]) + b [O] (b may be NULL):
      y[n,i,j,o] = b[o] + sum_{p,q,c} x[n, i*sh - pt + p*dh, j*sw - pl + q*dw, c] w[p,q,c,o]
    (cross-correlation, as lax.conv_general_dilated with ('NHWC','HWIO','NHWC');
-   out-of-image x reads as 0). All f32, on one device; y must not alias x or w.
+   out-of-image x reads as 0). All f32, f16 or bf16 (one dtype: see 16-bit storage
+   above; CPU only for 16-bit), on one device; y must not alias x or w.
    CPU: blocked im2col + the matrix product (scratch <= 2 MiB per call).
-   Errors: DPAR_ERR_SHAPE (naming the shapes and the expected y), DPAR_ERR_DTYPE,
-   DPAR_ERR_INVALID_ARGUMENT (desc fields, aliasing). */
+   Errors: DPAR_ERR_SHAPE (naming the shapes and the expected y), DPAR_ERR_DTYPE
+   (mixed dtypes, i32, or 16-bit on a backend without it), DPAR_ERR_INVALID_ARGUMENT
+   (desc fields, aliasing). The pools and gradients below: dtypes and errors alike. */
 DPAR_API dpar_status dpar_conv2d(dpar_buffer *y, const dpar_buffer *x, const dpar_buffer *w, const dpar_buffer *b,
                                  const dpar_conv2d_desc *d);
 /* dx [N,H,W,C] = d(sum y*dy)/dx for dy [N,OH,OW,O] and w [KH,KW,C,O] (overwrites dx;
@@ -1196,7 +1207,9 @@ DPAR_API void dpar_philox4x32(const uint32_t ctr[4], const uint32_t key[2], uint
 
 /* ---------------------------------------------------------------------------
    Layers: layer norm, RMS norm, batched matmul, causal attention
-   (all operands on one device, f32; "rows" are all leading dims flattened)
+   (all operands on one device, f32; "rows" are all leading dims flattened;
+   the norms and attention also take f16 or bf16 storage, one dtype for all
+   but the f32 stats: see 16-bit storage under "Ops on device buffers")
    ------------------------------------------------------------------------ */
 /* Layer norm over the last axis (Ba, Kiros, Hinton 2016; torch.nn.LayerNorm, flax.linen.LayerNorm):
      mean_i = sum_j x_ij / N;  var_i = sum_j (x_ij - mean_i)^2 / N;  rstd_i = 1 / sqrt(var_i + eps)
@@ -1204,7 +1217,8 @@ DPAR_API void dpar_philox4x32(const uint32_t ctr[4], const uint32_t key[2], uint
    x, y: [..., N] (same shape; y may alias x); w, b: [N] or NULL (ones / zeros); eps > 0 (1e-5 usual).
    stats: NULL, or M*2 f32 ([..., 2] with x's leading dims), (mean_i, rstd_i) per row, saved for the
    backward. A constant row gives y = b exactly (no NaN). M or N may be 0.
-   Errors: DPAR_ERR_SHAPE (text names both shapes), DPAR_ERR_DTYPE (not f32), DPAR_ERR_INVALID_ARGUMENT
+   Errors: DPAR_ERR_SHAPE (text names both shapes), DPAR_ERR_DTYPE (mixed, i32, stats not f32, or 16-bit
+   off the CPU backend), DPAR_ERR_INVALID_ARGUMENT
    (NULL x/y, eps <= 0 or not finite, operands on different devices). */
 DPAR_API dpar_status dpar_layer_norm(dpar_buffer *y, dpar_buffer *stats, const dpar_buffer *x, const dpar_buffer *w,
                                      const dpar_buffer *b, float eps);
@@ -6413,6 +6427,34 @@ static dpar_status dpar__scalar_out(const char *name, const dpar_buffer *b) {
                          (long long)b->count, dpar_dtype_name(b->dtype));
     return DPAR_OK;
 }
+/* >>half storage (checks) =====================================================
+   The layer ops (conv2d, pools, norms, softmax, attention, bias_grad) take one
+   storage dtype for all their float tensors: f32, or f16 / bf16 with f32
+   accumulation and each result rounded once to nearest even (the CPU backend;
+   see >>cpu half storage). Their stats buffers stay f32. */
+/* Every non-NULL b[i] has the dtype of the first non-NULL one, a float dtype
+   the device's backend runs this op in; the op's name is fn. */
+static dpar_status dpar__same_float(const char *fn, const dpar_buffer *const *b, const char *const *names, int n) {
+    int r = 0;
+    while (r < n && !b[r]) r++;
+    if (r == n) return DPAR_OK;
+    dpar_dtype t = b[r]->dtype;
+    if (t != DPAR_F32 && t != DPAR_F16 && t != DPAR_BF16)
+        return dpar__err(DPAR_ERR_DTYPE, "%s: %s is %s but this op takes f32, f16 or bf16; convert with dpar_cast", fn,
+                         names[r], dpar_dtype_name(t));
+    for (int i = r + 1; i < n; i++)
+        if (b[i] && b[i]->dtype != t)
+            return dpar__err(DPAR_ERR_DTYPE, "%s: %s is %s but %s is %s; the op's tensors share one dtype (stats stay "
+                                             "f32); convert with dpar_cast",
+                             fn, names[i], dpar_dtype_name(b[i]->dtype), names[r], dpar_dtype_name(t));
+    const dpar__backend_iface *be = b[r]->rt->be;
+    if (t != DPAR_F32 && be->kind != DPAR_BACKEND_CPU)
+        return dpar__err(DPAR_ERR_DTYPE,
+                         "%s: the %s backend has no %s kernel for this op (only f32; the cpu backend takes f16 and "
+                         "bf16); cast to f32 with dpar_cast or run it on the cpu backend",
+                         fn, be->name, dpar_dtype_name(t));
+    return DPAR_OK;
+}
 static const char *dpar__op_name(dpar__op_kind k);
 static dpar_status dpar__op_run(dpar__op *op) {
     dpar_runtime *rt = op->dst->rt;
@@ -6499,8 +6541,9 @@ DPAR_API dpar_status dpar_bias_add(dpar_buffer *y, const dpar_buffer *b) {
 DPAR_API dpar_status dpar_bias_grad(dpar_buffer *db, const dpar_buffer *dy, float beta) {
     dpar__clear_error();
     dpar_status s = dpar__op_check("dpar_bias_grad", db, &dy, 1);
-    if (s || (s = dpar__need_f32("dpar_bias_grad", db, "db")) || (s = dpar__need_f32("dpar_bias_grad", dy, "dy")))
-        return s;
+    const dpar_buffer *fl[2] = { db, dy };
+    const char *fln[2] = { "db", "dy" };
+    if (s || (s = dpar__same_float("dpar_bias_grad", fl, fln, 2))) return s;
     if (dy->ndim < 1 || db->ndim != 1 || db->shape[0] != dy->shape[dy->ndim - 1]) {
         char x[160], z[160];
         return dpar__err(
@@ -7090,10 +7133,10 @@ DPAR_API dpar_status dpar_reduce_backward(dpar_buffer *dx, const dpar_buffer *dy
 DPAR_API dpar_status dpar_softmax(dpar_buffer *y, const dpar_buffer *x, bool log) {
     const char *fn = "dpar_softmax";
     dpar__clear_error();
+    const dpar_buffer *fl[2] = { y, x };
+    const char *fln[2] = { "y", "x" };
     dpar_status s = dpar__op_check(fn, y, &x, 1);
-    if (s || (s = dpar__need_f32(fn, y, "y")) || (s = dpar__need_f32(fn, x, "x")) ||
-        (s = dpar__same_shape(fn, y, "y", x, "x")))
-        return s;
+    if (s || (s = dpar__same_float(fn, fl, fln, 2)) || (s = dpar__same_shape(fn, y, "y", x, "x"))) return s;
     if (x->ndim < 1) return dpar__err(DPAR_ERR_SHAPE, "%s: x is a scalar; it needs a last axis", fn);
     if (y->count == 0) return DPAR_OK;
     dpar__op op;
@@ -7107,10 +7150,10 @@ DPAR_API dpar_status dpar_softmax(dpar_buffer *y, const dpar_buffer *x, bool log
 DPAR_API dpar_status dpar_softmax_backward(dpar_buffer *dx, const dpar_buffer *dy, const dpar_buffer *y, bool log) {
     const char *fn = "dpar_softmax_backward";
     dpar__clear_error();
-    const dpar_buffer *ops[2] = { dy, y };
+    const dpar_buffer *ops[2] = { dy, y }, *fl[3] = { dx, dy, y };
+    const char *fln[3] = { "dx", "dy", "y" };
     dpar_status s = dpar__op_check(fn, dx, ops, 2);
-    if (s || (s = dpar__need_f32(fn, dx, "dx")) || (s = dpar__need_f32(fn, dy, "dy")) ||
-        (s = dpar__need_f32(fn, y, "y")) || (s = dpar__same_shape(fn, dx, "dx", dy, "dy")) ||
+    if (s || (s = dpar__same_float(fn, fl, fln, 3)) || (s = dpar__same_shape(fn, dx, "dx", dy, "dy")) ||
         (s = dpar__same_shape(fn, y, "y", dy, "dy")))
         return s;
     if (y->ndim < 1) return dpar__err(DPAR_ERR_SHAPE, "%s: y is a scalar; it needs a last axis", fn);
@@ -7356,10 +7399,8 @@ DPAR_API dpar_status dpar_pool2d_output_shape(const int64_t x_shape[4], const dp
     y_shape[0] = g.n, y_shape[1] = g.oh, y_shape[2] = g.ow, y_shape[3] = g.c;
     return DPAR_OK;
 }
-/* b: a 4-d f32 buffer */
+/* b: a 4-d buffer (dtypes: dpar__same_float) */
 static dpar_status dpar__need_4d(const char *fn, const dpar_buffer *b, const char *name, const char *layout) {
-    dpar_status s = dpar__need_f32(fn, b, name);
-    if (s) return s;
     if (b->ndim != 4) {
         char x[160];
         return dpar__err(DPAR_ERR_SHAPE, "%s: %s must be 4-d %s but is %s", fn, name, layout,
@@ -7384,10 +7425,9 @@ static dpar_status dpar__win2d_check_out(const char *fn, const dpar_buffer *y, c
     if (uses) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: the output buffer must not alias an input", fn);
     return DPAR_OK;
 }
-/* b (bias or its gradient): f32 [O] */
+/* b (bias or its gradient): [O] */
 static dpar_status dpar__conv2d_bias(const char *fn, const dpar_buffer *b, const char *name, const dpar__win2d *g) {
-    dpar_status s = dpar__need_f32(fn, b, name);
-    if (s || (b->ndim == 1 && b->shape[0] == g->o)) return s;
+    if (b->ndim == 1 && b->shape[0] == g->o) return DPAR_OK;
     char a[160];
     return dpar__err(DPAR_ERR_SHAPE, "%s: %s is %s but must be [%lld], one per output channel", fn, name,
                      dpar__shape_str(a, sizeof a, b->ndim, b->shape), (long long)g->o);
@@ -7406,10 +7446,11 @@ DPAR_API dpar_status dpar_conv2d(dpar_buffer *y, const dpar_buffer *x, const dpa
                                  const dpar_conv2d_desc *d) {
     const char *fn = "dpar_conv2d";
     dpar__clear_error();
-    const dpar_buffer *ops[3] = { x, w, b ? b : x };
+    const dpar_buffer *ops[3] = { x, w, b ? b : x }, *fl[4] = { y, x, w, b };
+    const char *fln[4] = { "y", "x", "w", "bias" };
     dpar__win2d g;
     dpar_status s = dpar__op_check(fn, y, ops, 3);
-    if (s || (s = dpar__need_4d(fn, x, "x", "NHWC")) || (s = dpar__need_4d(fn, w, "w", "HWIO")) ||
+    if (s || (s = dpar__same_float(fn, fl, fln, 4)) || (s = dpar__need_4d(fn, x, "x", "NHWC")) || (s = dpar__need_4d(fn, w, "w", "HWIO")) ||
         (s = dpar__need_4d(fn, y, "y", "NHWC")) || (s = dpar__conv2d_win(fn, x->shape, w->shape, d, &g)) ||
         (s = dpar__win2d_check_out(fn, y, "y", &g, y, ops, 3)))
         return s;
@@ -7420,10 +7461,11 @@ DPAR_API dpar_status dpar_conv2d_backward_input(dpar_buffer *dx, const dpar_buff
                                                 const dpar_conv2d_desc *d) {
     const char *fn = "dpar_conv2d_backward_input";
     dpar__clear_error();
-    const dpar_buffer *ops[2] = { dy, w };
+    const dpar_buffer *ops[2] = { dy, w }, *fl[3] = { dx, dy, w };
+    const char *fln[3] = { "dx", "dy", "w" };
     dpar__win2d g;
     dpar_status s = dpar__op_check(fn, dx, ops, 2);
-    if (s || (s = dpar__need_4d(fn, dx, "dx", "NHWC")) || (s = dpar__need_4d(fn, w, "w", "HWIO")) ||
+    if (s || (s = dpar__same_float(fn, fl, fln, 3)) || (s = dpar__need_4d(fn, dx, "dx", "NHWC")) || (s = dpar__need_4d(fn, w, "w", "HWIO")) ||
         (s = dpar__need_4d(fn, dy, "dy", "NHWC")) || (s = dpar__conv2d_win(fn, dx->shape, w->shape, d, &g)) ||
         (s = dpar__win2d_check_out(fn, dy, "dy", &g, dx, ops, 2)))
         return s;
@@ -7433,10 +7475,11 @@ DPAR_API dpar_status dpar_conv2d_backward_kernel(dpar_buffer *dw, dpar_buffer *d
                                                  const dpar_buffer *dy, const dpar_conv2d_desc *d) {
     const char *fn = "dpar_conv2d_backward_kernel";
     dpar__clear_error();
-    const dpar_buffer *ops[2] = { x, dy };
+    const dpar_buffer *ops[2] = { x, dy }, *fl[4] = { dw, x, dy, db };
+    const char *fln[4] = { "dw", "x", "dy", "db" };
     dpar__win2d g;
     dpar_status s = dpar__op_check(fn, dw, ops, 2);
-    if (s || (s = dpar__need_4d(fn, dw, "dw", "HWIO")) || (s = dpar__need_4d(fn, x, "x", "NHWC")) ||
+    if (s || (s = dpar__same_float(fn, fl, fln, 4)) || (s = dpar__need_4d(fn, dw, "dw", "HWIO")) || (s = dpar__need_4d(fn, x, "x", "NHWC")) ||
         (s = dpar__need_4d(fn, dy, "dy", "NHWC")) || (s = dpar__conv2d_win(fn, x->shape, dw->shape, d, &g)) ||
         (s = dpar__win2d_check_out(fn, dy, "dy", &g, dw, ops, 2)))
         return s;
@@ -7453,10 +7496,11 @@ static dpar_status dpar__pool2d_op(const char *fn, dpar__op_kind k, dpar_buffer 
                                    const char *inn, const dpar_buffer *out, const char *outn, const dpar_buffer *src0,
                                    const dpar_buffer *src1, const dpar_pool2d_desc *d) {
     dpar__clear_error();
-    const dpar_buffer *ops[2] = { src0, src1 ? src1 : src0 };
+    const dpar_buffer *ops[2] = { src0, src1 ? src1 : src0 }, *fl[3] = { dst, src0, src1 };
+    const char *fln[3] = { dst == in ? inn : outn, dst == in ? outn : inn, "x" };
     dpar__win2d g;
     dpar_status s = dpar__op_check(fn, dst, ops, 2);
-    if (s || (s = dpar__need_4d(fn, in, inn, "NHWC")) || (s = dpar__need_4d(fn, out, outn, "NHWC")) ||
+    if (s || (s = dpar__same_float(fn, fl, fln, 3)) || (s = dpar__need_4d(fn, in, inn, "NHWC")) || (s = dpar__need_4d(fn, out, outn, "NHWC")) ||
         (src1 && ((s = dpar__need_4d(fn, src1, "x", "NHWC")) || (s = dpar__same_shape(fn, src1, "x", in, inn)))) ||
         (s = dpar__pool2d_win(fn, in->shape, d, &g)) || (s = dpar__win2d_check_out(fn, out, outn, &g, dst, ops, 2)))
         return s;
@@ -7636,10 +7680,10 @@ static dpar_status dpar__norm_fwd(const char *fn, int rms, dpar_buffer *y, dpar_
     dpar__clear_error();
     if (!x) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: x is NULL", fn);
     const dpar_buffer *ops[4] = { x, w ? w : x, b ? b : x, stats ? stats : x };
-    const dpar_buffer *f32[5] = { y, stats, x, w, b };
-    const char *names[5] = { "y", "stats", "x", "w", "b" };
+    const dpar_buffer *fl[4] = { y, x, w, b };
+    const char *names[4] = { "y", "x", "w", "b" };
     dpar_status s = dpar__op_check(fn, y, ops, 4);
-    if (s || (s = dpar__f32_operands(fn, f32, names, 5)) || (s = dpar__same_shape(fn, y, "y", x, "x"))) return s;
+    if (s || (s = dpar__same_float(fn, fl, names, 4)) || (stats && (s = dpar__need_f32(fn, stats, "stats"))) || (s = dpar__same_shape(fn, y, "y", x, "x"))) return s;
     if (x->ndim < 1) return dpar__err(DPAR_ERR_SHAPE, "%s: x is a scalar; it needs a last axis to normalize", fn);
     if ((s = dpar__norm_vec(fn, w, "w", x)) || (s = dpar__norm_vec(fn, b, "b", x))) return s;
     int64_t n = x->shape[x->ndim - 1], m = n ? x->count / n : 0;
@@ -7668,10 +7712,10 @@ static dpar_status dpar__norm_bwd(const char *fn, int rms, dpar_buffer *dx, dpar
     if (!dx && !dw && !db) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: dx, dw and db are all NULL", fn);
     dpar_buffer *first = dx ? dx : dw ? dw : db; /* the op's dst: dx, else a parameter gradient (p[1] = 1) */
     const dpar_buffer *ops[6] = { dy, x, stats, w ? w : x, dw ? dw : x, db ? db : x };
-    const dpar_buffer *f32[7] = { dx, dw, db, dy, x, w, stats };
-    const char *names[7] = { "dx", "dw", "db", "dy", "x", "w", "stats" };
+    const dpar_buffer *fl[6] = { dx, dw, db, dy, x, w };
+    const char *names[6] = { "dx", "dw", "db", "dy", "x", "w" };
     dpar_status s = dpar__op_check(fn, first, ops, 6);
-    if (s || (s = dpar__f32_operands(fn, f32, names, 7)) || (dx && (s = dpar__same_shape(fn, dx, "dx", x, "x"))) ||
+    if (s || (s = dpar__same_float(fn, fl, names, 6)) || (s = dpar__need_f32(fn, stats, "stats")) || (dx && (s = dpar__same_shape(fn, dx, "dx", x, "x"))) ||
         (s = dpar__same_shape(fn, dy, "dy", x, "x")))
         return s;
     if (x->ndim < 1) return dpar__err(DPAR_ERR_SHAPE, "%s: x is a scalar; it needs a last axis to normalize", fn);
@@ -7805,10 +7849,11 @@ DPAR_API dpar_status dpar_attention(dpar_buffer *out, dpar_buffer *stats, const 
     const char *fn = "dpar_attention";
     dpar__clear_error();
     const dpar_buffer *ops[4] = { q, k, v, stats ? stats : q };
-    const dpar_buffer *f32[5] = { out, stats, q, k, v };
-    const char *names[5] = { "out", "stats", "q", "k", "v" };
+    const dpar_buffer *fl[4] = { out, q, k, v };
+    const char *names[4] = { "out", "q", "k", "v" };
     dpar_status s = dpar__op_check(fn, out, ops, 4);
-    if (s || (s = dpar__f32_operands(fn, f32, names, 5))) return s;
+    if (s || (s = dpar__same_float(fn, fl, names, 4)) || (stats && (s = dpar__need_f32(fn, stats, "stats"))))
+        return s;
     dpar__op op;
     dpar__op_init(&op, DPAR__OP_ATTN, out);
     if ((s = dpar__attn_check(fn, &op, out, q, k, v, stats, scale, causal))) return s;
@@ -7828,10 +7873,10 @@ DPAR_API dpar_status dpar_attention_backward(dpar_buffer *dq, dpar_buffer *dk, d
     if (!stats) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: stats is NULL; pass the forward's stats", fn);
     if (!dq && !dk && !dv) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: dq, dk and dv are all NULL", fn);
     const dpar_buffer *ops[7] = { dout, q, k, v, dq ? dq : stats, dk ? dk : stats, dv ? dv : stats };
-    const dpar_buffer *f32[8] = { dq, dk, dv, stats, dout, q, k, v };
-    const char *names[8] = { "dq", "dk", "dv", "stats", "dout", "q", "k", "v" };
+    const dpar_buffer *fl[7] = { dq, dk, dv, dout, q, k, v };
+    const char *names[7] = { "dq", "dk", "dv", "dout", "q", "k", "v" };
     dpar_status s = dpar__op_check(fn, stats, ops, 7);
-    if (s || (s = dpar__f32_operands(fn, f32, names, 8))) return s;
+    if (s || (s = dpar__same_float(fn, fl, names, 7)) || (s = dpar__need_f32(fn, stats, "stats"))) return s;
     dpar__op op;
     dpar__op_init(&op, DPAR__OP_ATTN_BWD_Q, stats);
     if ((s = dpar__attn_check(fn, &op, dout, q, k, v, stats, scale, causal)) ||
@@ -14370,10 +14415,89 @@ static const dpar__cpu_op_fn dpar__cpu_ops[] = {
 };
 typedef char dpar__cpu_ops_cover_every_kind[sizeof dpar__cpu_ops / sizeof dpar__cpu_ops[0] == DPAR__OP_COUNT ? 1 : -1];
 
+/* >>cpu half storage ==========================================================
+   The layer ops with f16 / bf16 tensors (see >>half storage (checks)): each
+   16-bit operand widened (exactly) into an f32 copy, the f32 kernel run on the
+   copies, so it accumulates as the f32 op does (f32, double where that kernel
+   uses double), then each 16-bit output rounded once to nearest even. An
+   operand given twice maps to one copy, so the kernel sees the same aliasing.
+   The f32 ops never come here: their results stay bit for bit. */
+static int dpar__is_half(const dpar_buffer *b) {
+    return b && (b->dtype == DPAR_F16 || b->dtype == DPAR_BF16);
+}
+static int dpar__cpu_half_kind(dpar__op_kind k) {
+    switch (k) {
+    case DPAR__OP_BIAS_GRAD:
+    case DPAR__OP_NORM:
+    case DPAR__OP_NORM_BWD:
+    case DPAR__OP_ATTN:
+    case DPAR__OP_ATTN_BWD_Q:
+    case DPAR__OP_ATTN_BWD_KV:
+    case DPAR__OP_SOFTMAX:
+    case DPAR__OP_SOFTMAX_BWD:
+    case DPAR__OP_CONV2D:
+    case DPAR__OP_CONV2D_BWD_INPUT:
+    case DPAR__OP_CONV2D_BWD_KERNEL:
+    case DPAR__OP_AVG_POOL:
+    case DPAR__OP_AVG_POOL_BWD:
+    case DPAR__OP_MAX_POOL:
+    case DPAR__OP_MAX_POOL_BWD: return 1;
+    default: return 0;
+    }
+}
+static int dpar__op_has_half(const dpar__op *op) {
+    return dpar__is_half(op->dst) || dpar__is_half(op->dst2) || dpar__is_half(op->dst3) || dpar__is_half(op->src0) ||
+           dpar__is_half(op->src1) || dpar__is_half(op->src2) || dpar__is_half(op->src3);
+}
+static dpar_status dpar__cpu_op(void *st, int dev, const dpar__op *op);
+static dpar_status dpar__cpu_op_half(void *st, int dev, const dpar__op *op) {
+    const dpar_buffer *orig[7] = { op->dst, op->dst2, op->dst3, op->src0, op->src1, op->src2, op->src3 };
+    const dpar_buffer *map[7];
+    dpar_buffer wide[7];
+    dpar_status s = DPAR_OK;
+    int nw = 0;
+    for (int i = 0; i < 7 && !s; i++) {
+        int j = 0;
+        while (j < i && orig[j] != orig[i]) j++;
+        map[i] = j < i ? map[j] : orig[i];
+        if (j < i || !dpar__is_half(orig[i])) continue;
+        const dpar_buffer *b = orig[i];
+        float *m = (float *)DPAR_MALLOC((size_t)(b->count + 1) * sizeof(float));
+        if (!m) {
+            s = dpar__err(DPAR_ERR_OUT_OF_MEMORY, "%s: out of host memory widening %lld %s elements to f32",
+                          dpar__op_name(op->kind), (long long)b->count, dpar_dtype_name(b->dtype));
+            break;
+        }
+        for (int64_t e = 0; e < b->count; e++) m[e] = dpar__load_f(b->mem, b->dtype, e);
+        wide[nw] = *b;
+        wide[nw].dtype = DPAR_F32;
+        wide[nw].nbytes = (size_t)b->count * sizeof(float);
+        wide[nw].mem = m;
+        map[i] = &wide[nw++];
+    }
+    if (!s) {
+        dpar__op w = *op;
+        w.dst = (dpar_buffer *)(uintptr_t)map[0], w.dst2 = (dpar_buffer *)(uintptr_t)map[1];
+        w.dst3 = (dpar_buffer *)(uintptr_t)map[2];
+        w.src0 = map[3], w.src1 = map[4], w.src2 = map[5], w.src3 = map[6];
+        s = dpar__cpu_op(st, dev, &w);
+    }
+    for (int i = 0; i < 3 && !s; i++) { /* the outputs, rounded once */
+        if (!dpar__is_half(orig[i])) continue;
+        const float *m = (const float *)map[i]->mem;
+        uint16_t *h = (uint16_t *)orig[i]->mem;
+        for (int64_t e = 0; e < orig[i]->count; e++)
+            h[e] = orig[i]->dtype == DPAR_F16 ? dpar_f32_to_f16(m[e]) : dpar_f32_to_bf16(m[e]);
+    }
+    for (int i = 0; i < nw; i++) DPAR_FREE(wide[i].mem);
+    return s;
+}
+
 static dpar_status dpar__cpu_op(void *st, int dev, const dpar__op *op) {
     DPAR_ASSERT((int)op->kind >= 0 && op->kind < DPAR__OP_COUNT);
     if ((int)op->kind < 0 || op->kind >= DPAR__OP_COUNT)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "cpu backend: unknown op %d", (int)op->kind);
+    if (dpar__cpu_half_kind(op->kind) && dpar__op_has_half(op)) return dpar__cpu_op_half(st, dev, op);
     float *y = (float *)op->dst->mem;
     const float *x0 = op->src0 ? (const float *)op->src0->mem : NULL;
     const float *x1 = op->src1 ? (const float *)op->src1->mem : NULL;
