@@ -1720,9 +1720,13 @@ typedef struct dpar_graph_stats {
     uint64_t planned_bytes; /* bytes per device of the node buffers after liveness reuse */
     uint64_t naive_bytes;   /* bytes per device with one buffer per node */
     uint64_t opt_bytes;     /* bytes per device of optimizer state (momentum, AdamW m and v) */
-    /* bytes per device of the feeds (and a one-float scratch): the graph's planned live set
-       is planned_bytes + resident_bytes + opt_bytes (params, the user's arrays, not counted) */
+    /* Per device, params (the user's arrays) not counted: resident_bytes, the
+       feeds (and a one-float scratch); live_bytes, the largest sum of node
+       buffers live at one point of the schedule (what any reuse plan needs).
+       The graph's planned live set is live_bytes + resident_bytes +
+       opt_bytes; it allocates planned_bytes + resident_bytes + opt_bytes. */
     uint64_t resident_bytes;
+    uint64_t live_bytes;
     /* collectives per step that reduce gradients: one per bucket of small gradients (<
        DPAR_GRAPH_ASYNC_BYTES, same reduction and axes, up to 1 MiB; PyTorch DDP's buckets) plus one per
        other gradient; each reduction adds in rank order, so bucketing changes no bit */
@@ -8807,6 +8811,7 @@ struct dpar_graph {
     int nslots;
     dpar_buffer **slots;        /* [slot * nlocal + li] */
     bool *slot_owned;           /* slot's buffers belong to the graph (not to an array) */
+    size_t *slot_bytes;         /* [slot] capacity of a graph-owned slot's buffers */
     dpar_array **opt_state;     /* optimizer state [j * n + k]: m, v / momentum of param k (its shape and spec) */
     struct dpar__gstate *state; /* the training state's named arrays (>>graph state), built at compile */
     int nstate;
@@ -10894,13 +10899,18 @@ static dpar_status dpar__g_pipe_alloc(dpar_graph *g) {
         g->mb_owned[k] = !shared[slot];
         for (int li = 0; li < nl && !s; li++) {
             dpar_buffer *b0 = g->slots[slot * nl + li], **b = &g->mb_slots[k * (size_t)nl + (size_t)li];
+            int64_t cap = (int64_t)(g->slot_bytes[slot] / 4); /* a graph-owned slot: f32 of its capacity */
             if (shared[slot])
                 *b = b0;
+            else if (g->slot_owned[slot])
+                s = dpar_buffer_create(g->rt, g->first + li, DPAR_F32, 1, &cap, b);
             else
                 s = dpar_buffer_create(g->rt, g->first + li, b0->dtype, b0->ndim, b0->shape, b);
         }
         const dpar_buffer *b0 = g->slots[slot * nl];
-        if (!shared[slot]) g->stats.planned_bytes += (uint64_t)b0->count * dpar_dtype_size(b0->dtype);
+        if (!shared[slot])
+            g->stats.planned_bytes +=
+                g->slot_owned[slot] ? g->slot_bytes[slot] : (uint64_t)b0->count * dpar_dtype_size(b0->dtype);
     }
     DPAR_FREE(shared);
     return s;
@@ -10981,11 +10991,12 @@ static dpar_status dpar__g_pipe_dispatch(dpar_ctx *ctx, void *user) {
     char l[96];
     return dpar__err(s, "dpar_graph_run: %s: %s", dpar__g_label(g, at, l, sizeof l), dpar_last_error());
 }
+static void dpar__g_slot_free(const dpar_graph *g, int k, dpar_buffer *b);
 static void dpar__g_pipe_destroy(dpar_graph *g) {
     size_t n = g->pp && g->mb_slots ? (size_t)(g->pp->M - 1) * (size_t)g->nslots : 0;
     for (size_t k = 0; k < n; k++)
         for (int li = 0; li < g->nlocal && g->mb_owned[k]; li++)
-            dpar_buffer_destroy(g->mb_slots[k * (size_t)g->nlocal + (size_t)li]);
+            dpar__g_slot_free(g, (int)(k % (size_t)g->nslots), g->mb_slots[k * (size_t)g->nlocal + (size_t)li]);
     DPAR_FREE(g->mb_slots);
     DPAR_FREE(g->mb_owned);
     DPAR_FREE(g->mb_now);
@@ -10993,29 +11004,71 @@ static void dpar__g_pipe_destroy(dpar_graph *g) {
 }
 
 /* ---- compile: liveness plan, buffers ---- */
+/* Pooled node buffers are sized, not typed. A pooled value lives from its
+   node to its last reader; after the walk in schedule order, the values
+   are placed largest first, each in the smallest slot whose values' lives
+   do not overlap its own, else in a new slot (the greedy-by-size plan for
+   shared objects of TFLite's memory planner, Pisarchyk and Lee 2020), so
+   the slots add up to about the largest live set of the schedule rather
+   than the largest live set of each exact shape. Slots are allocated after
+   planning; dpar__g_buf gives a slot the dtype, shape and byte count of the
+   node using it. */
 typedef struct dpar__gplan {
-    int *last;    /* [count] last node that reads each node */
-    bool *pooled; /* [count] its buffer returns to the pool after `last` */
-    int *sdtype;  /* [slots] */
-    int64_t *scount;
-    bool *sfree;
+    int *last;      /* [count] last node that reads each node */
+    bool *pooled;   /* [count] its buffer returns to the pool after `last` */
+    bool *freed;    /* [count] a pooled value whose last reader ran */
+    int *born;      /* [count] the node that writes each value (a fused gradient: its loss node) */
+    int *next;      /* [count] the next value placed in the same slot, 0 none */
+    int *head;      /* [slots] the first value placed in a pooled slot, 0 none */
+    size_t *sbytes; /* [slots] capacity of a graph-owned slot */
+    uint64_t live;  /* bytes of the node buffers live now (the walk in schedule order) */
 } dpar__gplan;
 
-static int dpar__g_new_slot(dpar_graph *g, dpar__gplan *p, const dpar__gnode *nd, dpar_array *a, dpar_status *s) {
+static size_t dpar__g_bytes(const dpar__gnode *nd) {
+    return (size_t)dpar__g_count(nd) * dpar_dtype_size(nd->dtype);
+}
+/* A new slot: the shards of array a, or (a NULL) a graph-owned slot of nd's size, allocated by dpar__g_alloc. */
+static int dpar__g_new_slot(dpar_graph *g, dpar__gplan *p, const dpar__gnode *nd, dpar_array *a) {
     int k = g->nslots++;
-    p->sdtype[k] = (int)nd->dtype;
-    p->scount[k] = dpar__g_count(nd);
-    p->sfree[k] = false;
+    p->sbytes[k] = dpar__g_bytes(nd);
+    p->head[k] = 0;
     g->slot_owned[k] = a == NULL;
-    for (int li = 0; li < g->nlocal && !*s; li++) {
-        dpar_buffer **b = &g->slots[k * g->nlocal + li];
-        if (a)
-            *b = dpar_array_shard(a, g->first + li);
-        else
-            *s = dpar_buffer_create(g->rt, g->first + li, nd->dtype, nd->ndim, nd->shape, b);
-    }
-    if (!a) g->stats.planned_bytes += (uint64_t)p->scount[k] * dpar_dtype_size(nd->dtype);
+    for (int li = 0; li < g->nlocal && a; li++) g->slots[k * g->nlocal + li] = dpar_array_shard(a, g->first + li);
     return k;
+}
+typedef struct dpar__gsize {
+    size_t bytes;
+    int id;
+} dpar__gsize;
+static int dpar__g_size_desc(const void *x, const void *y) { /* bytes descending, then schedule order */
+    const dpar__gsize *a = (const dpar__gsize *)x, *b = (const dpar__gsize *)y;
+    return a->bytes != b->bytes ? (a->bytes < b->bytes ? 1 : -1) : a->id - b->id;
+}
+/* Whether the life of value i overlaps that of a value already in slot k. */
+static bool dpar__g_slot_busy(const dpar__gplan *p, int k, int i) {
+    for (int j = p->head[k]; j; j = p->next[j])
+        if (p->born[j] <= p->last[i] && p->born[i] <= p->last[j]) return true;
+    return false;
+}
+/* Places the pooled values (slots of p->pooled nodes, still -1) largest first. */
+static dpar_status dpar__g_place(dpar_graph *g, dpar__gplan *p) {
+    int n = 0, first = g->nslots;
+    dpar__gsize *v = (dpar__gsize *)DPAR_MALLOC((size_t)g->count * sizeof *v);
+    if (!v) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_graph_compile: out of memory");
+    for (int i = 1; i < g->count; i++)
+        if (p->pooled[i]) v[n].bytes = dpar__g_bytes(&g->n[i]), v[n++].id = i;
+    qsort(v, (size_t)n, sizeof *v, dpar__g_size_desc);
+    for (int q = 0; q < n; q++) {
+        int i = v[q].id, best = -1;
+        for (int k = first; k < g->nslots; k++) /* every slot here holds >= v[q].bytes: placed larger first */
+            if ((best < 0 || p->sbytes[k] < p->sbytes[best]) && !dpar__g_slot_busy(p, k, i)) best = k;
+        if (best < 0) best = dpar__g_new_slot(g, p, &g->n[i], NULL);
+        g->n[i].slot = best;
+        p->next[i] = p->head[best];
+        p->head[best] = i;
+    }
+    DPAR_FREE(v);
+    return DPAR_OK;
 }
 /* An array with the global shape and spec of leaf w (the gradient of a feed or param). */
 static dpar_status dpar__g_grad_array(dpar_graph *g, int w, dpar_array **out) {
@@ -11038,33 +11091,55 @@ static dpar_status dpar__g_assign(dpar_graph *g, dpar__gplan *p, int i) {
     dpar_status s = DPAR_OK;
     if (nd->kind == DPAR__G_SGD) return DPAR_OK;
     if (nd->kind == DPAR__G_FEED || nd->kind == DPAR__G_PARAM) { /* a pipeline's feed: one micro-batch, a copy */
-        if (nd->kind == DPAR__G_FEED)
-            g->stats.resident_bytes += (uint64_t)dpar__g_count(nd) * dpar_dtype_size(nd->dtype);
-        nd->slot = dpar__g_new_slot(g, p, nd, g->pp && nd->kind == DPAR__G_FEED ? NULL : nd->array, &s);
+        if (nd->kind == DPAR__G_FEED) g->stats.resident_bytes += dpar__g_bytes(nd);
+        nd->slot = dpar__g_new_slot(g, p, nd, g->pp && nd->kind == DPAR__G_FEED ? NULL : nd->array);
         return s;
     }
-    g->stats.naive_bytes += (uint64_t)dpar__g_count(nd) * dpar_dtype_size(nd->dtype);
+    g->stats.naive_bytes += dpar__g_bytes(nd);
+    p->live += dpar__g_bytes(nd);
+    if (p->live > g->stats.live_bytes) g->stats.live_bytes = p->live;
     if (nd->keep && nd->spec_of) {
         if ((s = dpar__g_grad_array(g, nd->spec_of, &nd->array))) return s;
-        g->stats.planned_bytes += (uint64_t)dpar__g_count(nd) * dpar_dtype_size(nd->dtype);
-        nd->slot = dpar__g_new_slot(g, p, nd, nd->array, &s);
+        g->stats.planned_bytes += dpar__g_bytes(nd);
+        nd->slot = dpar__g_new_slot(g, p, nd, nd->array);
         return s;
     }
     p->pooled[i] = !nd->keep && nd->kind != DPAR__G_CONST && !nd->pipe; /* boundaries: written on every stage */
-    if (p->pooled[i])
-        for (int k = 0; k < g->nslots; k++)
-            if (p->sfree[k] && p->sdtype[k] == (int)nd->dtype && p->scount[k] == dpar__g_count(nd)) {
-                p->sfree[k] = false;
-                nd->slot = k;
-                return DPAR_OK;
-            }
-    nd->slot = dpar__g_new_slot(g, p, nd, NULL, &s);
-    for (int li = 0; li < g->nlocal && !s && nd->kind == DPAR__G_CONST; li++)
-        s = dpar_fill(g->slots[nd->slot * g->nlocal + li], nd->fp);
+    nd->slot = p->pooled[i] ? -1 : dpar__g_new_slot(g, p, nd, NULL); /* pooled: placed by dpar__g_place */
     return s;
 }
 static void dpar__g_release(const dpar_graph *g, dpar__gplan *p, int j, int i) {
-    if (j > 0 && p->pooled[j] && p->last[j] == i && g->n[j].slot >= 0) p->sfree[g->n[j].slot] = true;
+    if (j > 0 && p->pooled[j] && p->last[j] == i && !p->freed[j]) {
+        p->freed[j] = true;
+        p->live -= dpar__g_bytes(&g->n[j]);
+    }
+}
+/* The graph-owned slots (f32 buffers of the planned capacity, rounded up to 4 bytes), then the consts' values. */
+static dpar_status dpar__g_alloc(dpar_graph *g, const dpar__gplan *p) {
+    dpar_status s = DPAR_OK;
+    g->slot_bytes = (size_t *)DPAR_MALLOC((size_t)g->nslots * sizeof(size_t) + 1);
+    if (!g->slot_bytes) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_graph_compile: out of memory");
+    for (int k = 0; k < g->nslots && !s; k++) {
+        int64_t n = (int64_t)((p->sbytes[k] + 3) / 4);
+        g->slot_bytes[k] = (size_t)n * 4;
+        if (!g->slot_owned[k]) continue;
+        g->stats.planned_bytes += (uint64_t)n * 4;
+        for (int li = 0; li < g->nlocal && !s; li++)
+            s = dpar_buffer_create(g->rt, g->first + li, DPAR_F32, 1, &n, &g->slots[k * g->nlocal + li]);
+    }
+    for (int i = 1; i < g->count && !s; i++)
+        for (int li = 0; li < g->nlocal && !s && g->n[i].kind == DPAR__G_CONST; li++)
+            s = dpar_fill(dpar__g_buf(g, i, li), g->n[i].fp);
+    return s;
+}
+/* Destroys buffer b of slot k; a graph-owned one gets its created type back first (the memory count). */
+static void dpar__g_slot_free(const dpar_graph *g, int k, dpar_buffer *b) {
+    if (!b) return;
+    if (g->slot_owned[k] && g->slot_bytes) {
+        b->dtype = DPAR_F32, b->ndim = 1, b->nbytes = g->slot_bytes[k];
+        b->count = b->shape[0] = (int64_t)(g->slot_bytes[k] / 4);
+    }
+    dpar_buffer_destroy(b);
 }
 /* >>graph buckets ============================================================
    A gradient reduced blocking (smaller than DPAR_GRAPH_ASYNC_BYTES) costs every member of the group a
@@ -11146,6 +11221,7 @@ static dpar_status dpar__g_bucket_alloc(dpar_graph *g) {
         for (int li = 0; li < g->nlocal && !s; li++)
             s = dpar_buffer_create(g->rt, g->first + li, DPAR_F32, 1, &bk->count, &bk->buf[li]);
         g->stats.planned_bytes += (uint64_t)bk->count * 4u;
+        g->stats.live_bytes += (uint64_t)bk->count * 4u;  /* held all step, as in any plan */
         g->stats.naive_bytes += (uint64_t)bk->count * 4u; /* a buffer either plan needs */
     }
     return s;
@@ -11226,17 +11302,25 @@ static dpar_status dpar__g_plan(dpar_graph *g) {
     dpar__gplan p;
     p.last = (int *)DPAR_MALLOC((size_t)c * sizeof(int));
     p.pooled = (bool *)DPAR_MALLOC((size_t)c * sizeof(bool));
-    p.sdtype = (int *)DPAR_MALLOC((size_t)c * sizeof(int));
-    p.scount = (int64_t *)DPAR_MALLOC((size_t)c * sizeof(int64_t));
-    p.sfree = (bool *)DPAR_MALLOC((size_t)c * sizeof(bool));
+    p.sbytes = (size_t *)DPAR_MALLOC((size_t)c * sizeof(size_t));
+    p.freed = (bool *)DPAR_MALLOC((size_t)c * sizeof(bool));
+    p.born = (int *)DPAR_MALLOC((size_t)c * sizeof(int));
+    p.next = (int *)DPAR_MALLOC((size_t)c * sizeof(int));
+    p.head = (int *)DPAR_MALLOC((size_t)c * sizeof(int));
     g->slots = (dpar_buffer **)DPAR_MALLOC((size_t)c * (size_t)g->nlocal * sizeof(dpar_buffer *) + 1);
     g->slot_owned = (bool *)DPAR_MALLOC((size_t)c * sizeof(bool));
     dpar_status s = DPAR_OK;
-    if (!p.last || !p.pooled || !p.sdtype || !p.scount || !p.sfree || !g->slots || !g->slot_owned) {
+    if (!p.last || !p.pooled || !p.sbytes || !p.freed || !p.born || !p.next || !p.head || !g->slots || !g->slot_owned) {
         s = dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_graph_compile: out of memory");
     } else {
         memset(p.pooled, 0, (size_t)c * sizeof(bool));
-        for (int i = 0; i < c; i++) p.last[i] = i;
+        memset(p.freed, 0, (size_t)c * sizeof(bool));
+        memset(p.next, 0, (size_t)c * sizeof(int));
+        p.live = 0;
+        memset(g->slots, 0, (size_t)c * (size_t)g->nlocal * sizeof(dpar_buffer *));
+        for (int i = 0; i < c; i++) p.last[i] = p.born[i] = i;
+        for (int i = 1; i < c; i++)
+            if (g->n[i].fused > 0) p.born[g->n[i].fused] = i;
         for (int i = 1; i < c; i++)
             for (int j = 0; j < g->n[i].nin; j++) p.last[g->n[i].in[j]] = i;
         for (int i = 1; i < c; i++) /* an async reduction reads its input until it is waited for */
@@ -11256,12 +11340,16 @@ static dpar_status dpar__g_plan(dpar_graph *g) {
                 dpar__g_release(g, &p, g->opt.grads[k], i);
             dpar__g_release(g, &p, i, i);
         }
+        if (!s) s = dpar__g_place(g, &p);
+        if (!s) s = dpar__g_alloc(g, &p);
     }
     DPAR_FREE(p.last);
     DPAR_FREE(p.pooled);
-    DPAR_FREE(p.sdtype);
-    DPAR_FREE(p.scount);
-    DPAR_FREE(p.sfree);
+    DPAR_FREE(p.sbytes);
+    DPAR_FREE(p.freed);
+    DPAR_FREE(p.born);
+    DPAR_FREE(p.next);
+    DPAR_FREE(p.head);
     return s;
 }
 static dpar_status dpar__g_state_list(dpar_graph *g);
@@ -11355,6 +11443,11 @@ static dpar_buffer *dpar__g_buf(const dpar_graph *g, int id, int li) {
           : g->slots[nd->slot * g->nlocal + li];
     b->ndim = nd->ndim;
     for (int d = 0; d < nd->ndim; d++) b->shape[d] = nd->shape[d];
+    if (g->slot_owned[nd->slot]) { /* a pooled slot: this node's dtype and size within its capacity */
+        b->dtype = nd->dtype;
+        b->count = dpar__g_count(nd);
+        b->nbytes = dpar__g_bytes(nd);
+    }
     return b;
 }
 static void dpar__g_view2(dpar_buffer *b, int64_t rows, int64_t cols) {
@@ -11935,7 +12028,8 @@ static void dpar__g_free(void *self) {
         if (alive) dpar__g_prog_clear(g, li); /* before the buffers they use */
     DPAR_FREE(g->prog);
     for (int k = 0; k < g->nslots; k++)
-        for (int li = 0; li < g->nlocal && g->slot_owned[k]; li++) dpar_buffer_destroy(g->slots[k * g->nlocal + li]);
+        for (int li = 0; li < g->nlocal && g->slot_owned[k]; li++)
+            dpar__g_slot_free(g, k, g->slots[k * g->nlocal + li]);
     for (int i = 1; i < g->count; i++) {
         DPAR_FREE(g->n[i].pairs);
         DPAR_FREE(g->n[i].attr);
@@ -11944,6 +12038,7 @@ static void dpar__g_free(void *self) {
     dpar__g_z1_destroy(g, alive);
     dpar__g_pipe_destroy(g);
     dpar__g_bucket_free(g);
+    DPAR_FREE(g->slot_bytes);
     for (int k = 0; g->opt_state && alive && k < 2 * g->opt.n; k++) dpar_array_destroy(g->opt_state[k]);
     for (int li = 0; g->scratch && li < g->nlocal; li++) dpar_buffer_destroy(g->scratch[li]);
     DPAR_FREE(g->opt_state);

@@ -4,9 +4,10 @@
    the loss, every gradient and the parameters after SGD steps bit-identical
    (CPU; Vulkan the same); the planned bytes (dpar_graph_stats) and the
    measured peak (dpar_device_stats.memory_peak after
-   dpar_runtime_stats_reset) both lower with remat for the MLP (the CNN's
-   stay: see test_cnn_cpu); the measured peak within 1.1x of the graph's
-   planned live set; misuse of the segment calls. */
+   dpar_runtime_stats_reset) both lower with remat; the measured peak at
+   least the graph's planned live set (live_bytes + resident_bytes) and
+   within 1.1x of it for the CNN (the issue 17 target; 1.2x for the MLP);
+   misuse of the segment calls. */
 #include "testutil.h"
 
 static uint64_t rng_state = 777;
@@ -154,11 +155,10 @@ static uint64_t measured(const model *t) {
     T_OK(dpar_runtime_device_stats(t->rt, 0, &ds));
     return ds.memory_peak - t->base;
 }
-/* What the graph itself plans to hold on a device: its node buffers
-   (planned_bytes, kept gradients included), its feeds and scratch
-   (resident_bytes) and its optimizer state (opt_bytes). */
+/* The graph's planned live set on a device: the largest sum of node buffers
+   live at one point of the schedule, its feeds and its optimizer state. */
 static uint64_t planned_live(const model *t) {
-    return t->st.planned_bytes + t->st.resident_bytes + t->st.opt_bytes;
+    return t->st.live_bytes + t->st.resident_bytes + t->st.opt_bytes;
 }
 static void destroy(model *t) {
     T_OK(dpar_graph_destroy(t->g));
@@ -173,8 +173,8 @@ static int64_t param_count(const model *t, int i) {
     return n; /* replicated: the global count */
 }
 /* Plain against remat on one backend: losses and gradients bitwise over 3 SGD steps, then the params. */
-static void compare(dpar_backend_kind bk, int kind, int ndev, bool must_fall, uint64_t *peak_plain,
-                    uint64_t *peak_remat, uint64_t *plan_plain, uint64_t *plan_remat) {
+static void compare(dpar_backend_kind bk, int kind, int ndev, uint64_t *peak_plain, uint64_t *peak_remat,
+                    uint64_t *plan_plain, uint64_t *plan_remat) {
     dpar_runtime *rt = t_runtime_or_skip(bk, ndev), *rt2 = t_runtime_or_skip(bk, ndev);
     model a, b;
     build(&a, rt, kind, false, true);
@@ -198,17 +198,25 @@ static void compare(dpar_backend_kind bk, int kind, int ndev, bool must_fall, ui
     }
     *peak_plain = measured(&a), *peak_remat = measured(&b);
     *plan_plain = planned_live(&a), *plan_remat = planned_live(&b);
-    printf("%s %s %d dev: planned %llu -> %llu bytes (%.1f%%), measured peak %llu -> %llu bytes (%.1f%%); "
-           "planned live set %llu, measured/planned %.3f\n",
+    printf("%s %s %d dev, plain -> remat: planned %llu -> %llu bytes (%.1f%%), live %llu -> %llu, measured peak "
+           "%llu -> %llu (%.1f%%); measured / planned live set %.3f -> %.3f\n",
            dpar_backend_name(bk), kind == MLP ? "mlp" : "cnn", ndev, (unsigned long long)a.st.planned_bytes,
            (unsigned long long)b.st.planned_bytes, 100.0 * (double)b.st.planned_bytes / (double)a.st.planned_bytes,
-           (unsigned long long)*peak_plain, (unsigned long long)*peak_remat,
-           100.0 * (double)*peak_remat / (double)*peak_plain, (unsigned long long)*plan_plain,
-           (double)*peak_plain / (double)*plan_plain);
-    if (must_fall) assert_true(b.st.planned_bytes < a.st.planned_bytes);
-    if (must_fall) assert_true(*peak_remat < *peak_plain);
-    assert_true(b.st.planned_bytes <= a.st.planned_bytes);
-    assert_true(*peak_remat <= *peak_plain);
+           (unsigned long long)a.st.live_bytes, (unsigned long long)b.st.live_bytes, (unsigned long long)*peak_plain,
+           (unsigned long long)*peak_remat, 100.0 * (double)*peak_remat / (double)*peak_plain,
+           (double)*peak_plain / (double)*plan_plain, (double)*peak_remat / (double)*plan_remat);
+    assert_true(b.st.planned_bytes < a.st.planned_bytes);
+    assert_true(*peak_remat < *peak_plain);
+    assert_true(a.st.live_bytes <= a.st.planned_bytes && a.st.planned_bytes <= a.st.naive_bytes);
+    assert_true(b.st.live_bytes <= b.st.planned_bytes);
+    /* the live set is a lower bound; slots are reused whole (no offsets into a buffer), so some bytes stay idle */
+    double lim = kind == CNN ? 1.1 : 1.2;
+    if (*peak_plain < *plan_plain || *peak_remat < *plan_remat || (double)*peak_plain > lim * (double)*plan_plain ||
+        (double)*peak_remat > lim * (double)*plan_remat)
+        fail_msg("measured peak %llu / %llu bytes against a planned live set of %llu / %llu (plain / remat): "
+                 "outside [1, %.1f]x",
+                 (unsigned long long)*peak_plain, (unsigned long long)*peak_remat, (unsigned long long)*plan_plain,
+                 (unsigned long long)*plan_remat, lim);
     for (int i = 0; i < a.np; i++) { /* the params after 3 SGD steps */
         int64_t n = param_count(&a, i);
         float *wa = malloc((size_t)n * sizeof(float)), *wb = malloc((size_t)n * sizeof(float));
@@ -227,26 +235,20 @@ static void compare(dpar_backend_kind bk, int kind, int ndev, bool must_fall, ui
 static void test_mlp_cpu(void **st) {
     (void)st;
     uint64_t pp, pr, lp, lr;
-    compare(DPAR_BACKEND_CPU, MLP, 1, true, &pp, &pr, &lp, &lr);
-    compare(DPAR_BACKEND_CPU, MLP, 2, true, &pp, &pr, &lp, &lr);
+    compare(DPAR_BACKEND_CPU, MLP, 1, &pp, &pr, &lp, &lr);
+    compare(DPAR_BACKEND_CPU, MLP, 2, &pp, &pr, &lp, &lr);
 }
-/* The CNN at train_cnn's shapes: gradients bit-identical with remat, and the
-   measured peak within 1.1x of the planned live set (the issue 17 memory
-   target). Its peaks do not fall yet: the plan pools buffers by exact size,
-   and the backward's peak of each size (at the conv's relu_grad) is the same
-   with or without the forward's activation. */
+/* The CNN at train_cnn's shapes: remat lowers both peaks, and the measured
+   peak stays within 1.1x of the planned live set (the issue 17 memory target). */
 static void test_cnn_cpu(void **st) {
     (void)st;
     uint64_t pp, pr, lp, lr;
-    compare(DPAR_BACKEND_CPU, CNN, CNN_DEV, false, &pp, &pr, &lp, &lr);
-    if ((double)pp > 1.1 * (double)lp || (double)pr > 1.1 * (double)lr)
-        fail_msg("measured peak %llu / %llu bytes against a planned live set of %llu / %llu (plain / remat)",
-                 (unsigned long long)pp, (unsigned long long)pr, (unsigned long long)lp, (unsigned long long)lr);
+    compare(DPAR_BACKEND_CPU, CNN, CNN_DEV, &pp, &pr, &lp, &lr);
 }
 static void test_mlp_vulkan(void **st) {
     (void)st;
     uint64_t pp, pr, lp, lr;
-    compare(DPAR_BACKEND_VULKAN, MLP, 2, true, &pp, &pr, &lp, &lr);
+    compare(DPAR_BACKEND_VULKAN, MLP, 2, &pp, &pr, &lp, &lr);
 }
 
 /* The graph print marks segments and copies; misuse of the segment calls. */
