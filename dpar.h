@@ -1721,10 +1721,13 @@ typedef struct dpar_graph_stats {
     uint64_t naive_bytes;   /* bytes per device with one buffer per node */
     uint64_t opt_bytes;     /* bytes per device of optimizer state (momentum, AdamW m and v) */
     /* Per device, params (the user's arrays) not counted: resident_bytes, the
-       feeds (and a one-float scratch); live_bytes, the largest sum of node
-       buffers live at one point of the schedule (what any reuse plan needs).
+       feeds (and a one-float scratch; ZeRO-1: each param's block and padded
+       copy); live_bytes, the largest sum of node buffers live at one point
+       of the schedule (what any reuse plan needs; a pipeline: of one
+       micro-batch's buffer set, planned_bytes counts all M sets).
        The graph's planned live set is live_bytes + resident_bytes +
-       opt_bytes; it allocates planned_bytes + resident_bytes + opt_bytes. */
+       opt_bytes; it allocates exactly planned_bytes + resident_bytes +
+       opt_bytes. */
     uint64_t resident_bytes;
     uint64_t live_bytes;
     /* collectives per step that reduce gradients: one per bucket of small gradients (<
@@ -10640,6 +10643,8 @@ static dpar_status dpar__g_z1_alloc(dpar_graph *g, int nstate) {
                 s = dpar_buffer_create(g->rt, g->first + li, DPAR_F32, 1, &z->padded[k], &z->pad[k * nl + li]);
         }
         g->stats.opt_bytes += (uint64_t)nstate * (uint64_t)blk * 4u;
+        /* the staging buffers: the param's block, its padded copy */
+        g->stats.resident_bytes += (uint64_t)(blk + (z->padded[k] != z->count[k] ? z->padded[k] : 0)) * 4u;
     }
     return s;
 }
@@ -11091,7 +11096,8 @@ static dpar_status dpar__g_assign(dpar_graph *g, dpar__gplan *p, int i) {
     dpar_status s = DPAR_OK;
     if (nd->kind == DPAR__G_SGD) return DPAR_OK;
     if (nd->kind == DPAR__G_FEED || nd->kind == DPAR__G_PARAM) { /* a pipeline's feed: one micro-batch, a copy */
-        if (nd->kind == DPAR__G_FEED) g->stats.resident_bytes += dpar__g_bytes(nd);
+        if (nd->kind == DPAR__G_FEED) /* the feed's array: a pipeline's holds its M micro-batches */
+            g->stats.resident_bytes += dpar__g_bytes(nd) * (size_t)(g->pp ? g->pp->M : 1);
         nd->slot = dpar__g_new_slot(g, p, nd, g->pp && nd->kind == DPAR__G_FEED ? NULL : nd->array);
         return s;
     }

@@ -1,8 +1,9 @@
 /* ZeRO-1 and pipeline stages as graph options (dpar_graph_zero1, dpar_graph_pipeline) on 1, 2 and 4
    devices, CPU and Vulkan: losses within 1e-5 relative of the plain graph (ZeRO-1: the data-parallel
    graph on as many devices; pipelines of 1, 3, 4 micro-batches: the graph on one device), params
-   within 1e-4, replicas bitwise identical, optimizer memory per device divided by the axis size, and the errors
-   of bad input. The model is a 4-layer MLP whose widths are no multiple of 2 or 4 (padding). */
+   within 1e-4, replicas bitwise identical, optimizer memory per device divided by the axis size, the bytes
+   compile reports equal to what the devices hold (check_accounting), and the errors of bad input. The model
+   is a 4-layer MLP whose widths are no multiple of 2 or 4 (padding). */
 #include "testutil.h"
 #include <unistd.h>
 
@@ -80,12 +81,35 @@ static void build(model *t, dpar_mesh *m, const opts *o, const data *d) {
         T_OK(dpar_graph_sgd(g, &SGD, t->p, t->gr, NP));
     T_OK(dpar_graph_compile(g, &t->st));
 }
+/* What compile reports is what device 0 holds: the params built with the
+   graph plus planned_bytes + resident_bytes + opt_bytes (dpar_graph_stats),
+   byte for byte, for the plain, ZeRO-1 and pipeline graphs; and the plan
+   needs no more than one buffer per node, nor less than its live set. */
+static void check_accounting(const model *t, uint64_t before, uint64_t after, int n, const opts *o) {
+    uint64_t params = 0;
+    for (int k = 0; k < NP; k++) params += (uint64_t)(dims[k / 2 + 1] * (k % 2 ? 1 : dims[k / 2])) * 4u;
+    const dpar_graph_stats *st = &t->st;
+    uint64_t graph = st->planned_bytes + st->resident_bytes + st->opt_bytes;
+    if (after - before != params + graph)
+        fail_msg("%d devices, %s, %d micro-batches: device 0 holds %llu bytes more after compile, the params %llu + "
+                 "planned %llu + resident %llu + optimizer %llu",
+                 n, o->pipe ? "pipeline" : o->zero1 ? "ZeRO-1" : "plain", o->micro,
+                 (unsigned long long)(after - before), (unsigned long long)params,
+                 (unsigned long long)st->planned_bytes, (unsigned long long)st->resident_bytes,
+                 (unsigned long long)st->opt_bytes);
+    int sets = o->pipe ? o->micro : 1; /* a pipeline plans one buffer set per micro-batch */
+    assert_true(st->live_bytes <= st->planned_bytes && st->planned_bytes <= (uint64_t)sets * st->naive_bytes);
+}
 /* STEPS losses of the model under o on n devices; the params after the last step into params. */
 static void train(int n, const opts *o, const data *d, float *loss, float (*params)[64], dpar_graph_stats *st) {
     dpar_runtime *rt = t_runtime_or_skip(BK, n);
     dpar_mesh *m = t_mesh1(rt, n, o->pipe ? o->pipe : "data");
     model t;
+    dpar_device_stats before, after;
+    T_OK(dpar_runtime_device_stats(rt, 0, &before));
     build(&t, m, o, d);
+    T_OK(dpar_runtime_device_stats(rt, 0, &after));
+    check_accounting(&t, before.memory_in_use, after.memory_in_use, n, o);
     if (o->pipe && n == 2) { /* the printed graph names each node's stage and the boundary */
         char path[64], line[512];
         snprintf(path, sizeof path, "/tmp/dpar_tgp_%d.txt", (int)getpid());
