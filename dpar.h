@@ -1722,9 +1722,11 @@ typedef struct dpar_graph_stats {
     uint64_t opt_bytes;     /* bytes per device of optimizer state (momentum, AdamW m and v) */
     /* Per device, params (the user's arrays) not counted: resident_bytes, the
        feeds (and a one-float scratch; ZeRO-1: each param's block and padded
-       copy); live_bytes, the largest sum of node buffers live at one point
-       of the schedule (what any reuse plan needs; a pipeline: of one
-       micro-batch's buffer set, planned_bytes counts all M sets).
+       copy); live_bytes, the node buffers any plan needs: the largest sum
+       of temporaries live at one point of the schedule, plus the values
+       live through every step (kept values and gradients, read after the
+       run; consts; a pipeline's boundaries). A pipeline: one micro-batch's
+       buffer set (planned_bytes counts all M sets).
        The graph's planned live set is live_bytes + resident_bytes +
        opt_bytes; it allocates exactly planned_bytes + resident_bytes +
        opt_bytes. */
@@ -11010,23 +11012,26 @@ static void dpar__g_pipe_destroy(dpar_graph *g) {
 
 /* ---- compile: liveness plan, buffers ---- */
 /* Pooled node buffers are sized, not typed. A pooled value lives from its
-   node to its last reader; after the walk in schedule order, the values
-   are placed largest first, each in the smallest slot whose values' lives
-   do not overlap its own, else in a new slot (the greedy-by-size plan for
-   shared objects of TFLite's memory planner, Pisarchyk and Lee 2020), so
-   the slots add up to about the largest live set of the schedule rather
-   than the largest live set of each exact shape. Slots are allocated after
-   planning; dpar__g_buf gives a slot the dtype, shape and byte count of the
-   node using it. */
+   node to its last reader; after the walk in schedule order, the values are
+   placed in slots whose values' lives do not overlap, so the slots add up to
+   about the largest live set of the schedule rather than the largest live
+   set of each exact shape. Two placements of TFLite's memory planner for
+   shared objects (Pisarchyk and Lee 2020) are tried and the smaller kept:
+   greedy by size (values largest first, each in the smallest free slot) and
+   greedy by breadth (the nodes with the most bytes live first, their values
+   largest first, each in the smallest free slot that holds it, else the
+   largest free one, grown). Slots are allocated after planning;
+   dpar__g_buf gives a slot the dtype, shape and byte count of the node
+   using it. */
 typedef struct dpar__gplan {
     int *last;      /* [count] last node that reads each node */
     bool *pooled;   /* [count] its buffer returns to the pool after `last` */
     bool *freed;    /* [count] a pooled value whose last reader ran */
     int *born;      /* [count] the node that writes each value (a fused gradient: its loss node) */
-    int *next;      /* [count] the next value placed in the same slot, 0 none */
-    int *head;      /* [slots] the first value placed in a pooled slot, 0 none */
     size_t *sbytes; /* [slots] capacity of a graph-owned slot */
-    uint64_t live;  /* bytes of the node buffers live now (the walk in schedule order) */
+    uint64_t live;  /* bytes of the pooled values live now (the walk in schedule order) */
+    uint64_t peak;  /* the most bytes of pooled values live at once */
+    uint64_t held;  /* bytes of the values not pooled (kept, consts, pipeline boundaries) */
 } dpar__gplan;
 
 static size_t dpar__g_bytes(const dpar__gnode *nd) {
@@ -11036,7 +11041,6 @@ static size_t dpar__g_bytes(const dpar__gnode *nd) {
 static int dpar__g_new_slot(dpar_graph *g, dpar__gplan *p, const dpar__gnode *nd, dpar_array *a) {
     int k = g->nslots++;
     p->sbytes[k] = dpar__g_bytes(nd);
-    p->head[k] = 0;
     g->slot_owned[k] = a == NULL;
     for (int li = 0; li < g->nlocal && a; li++) g->slots[k * g->nlocal + li] = dpar_array_shard(a, g->first + li);
     return k;
@@ -11049,30 +11053,85 @@ static int dpar__g_size_desc(const void *x, const void *y) { /* bytes descending
     const dpar__gsize *a = (const dpar__gsize *)x, *b = (const dpar__gsize *)y;
     return a->bytes != b->bytes ? (a->bytes < b->bytes ? 1 : -1) : a->id - b->id;
 }
+/* A placement of the pooled values in untyped slots 0..n-1 (one candidate plan). */
+typedef struct dpar__gfit {
+    int *slot;      /* [count] each pooled value's slot, -1 not placed */
+    int *next;      /* [count] the next value in the same slot, 0 none */
+    int *head;      /* [count] each slot's first value, 0 none */
+    size_t *cap;    /* [count] each slot's capacity */
+    int n;          /* slots */
+    uint64_t total; /* bytes of all slots */
+} dpar__gfit;
 /* Whether the life of value i overlaps that of a value already in slot k. */
-static bool dpar__g_slot_busy(const dpar__gplan *p, int k, int i) {
-    for (int j = p->head[k]; j; j = p->next[j])
+static bool dpar__g_fit_busy(const dpar__gfit *f, const dpar__gplan *p, int k, int i) {
+    for (int j = f->head[k]; j; j = f->next[j])
         if (p->born[j] <= p->last[i] && p->born[i] <= p->last[j]) return true;
     return false;
 }
-/* Places the pooled values (slots of p->pooled nodes, still -1) largest first. */
+/* Value i of b bytes into slot k (k == f->n: a new one), the slot grown to b. */
+static void dpar__g_fit_put(dpar__gfit *f, int k, int i, size_t b) {
+    if (k == f->n) f->cap[f->n] = 0, f->head[f->n++] = 0;
+    if (f->cap[k] < b) f->total += b - f->cap[k], f->cap[k] = b;
+    f->slot[i] = k;
+    f->next[i] = f->head[k];
+    f->head[k] = i;
+}
+/* The slot for value i of b bytes: the smallest free one holding b, else the largest free one, else a new one. */
+static int dpar__g_fit_best(const dpar__gfit *f, const dpar__gplan *p, int i, size_t b) {
+    int fit = -1, grow = -1;
+    for (int k = 0; k < f->n; k++) {
+        if (dpar__g_fit_busy(f, p, k, i)) continue;
+        if (f->cap[k] >= b && (fit < 0 || f->cap[k] < f->cap[fit])) fit = k;
+        if (f->cap[k] < b && (grow < 0 || f->cap[k] > f->cap[grow])) grow = k;
+    }
+    return fit >= 0 ? fit : grow >= 0 ? grow : f->n;
+}
+/* Greedy by breadth: the nodes by bytes live there (largest first), their unplaced values largest first.
+   v: the n pooled values, largest first; t: scratch of count + 1. */
+static void dpar__g_fit_breadth(const dpar_graph *g, const dpar__gplan *p, const dpar__gsize *v, int n,
+                                dpar__gsize *t, dpar__gfit *f) {
+    int c = g->count;
+    for (int k = 0; k <= c; k++) t[k].bytes = 0, t[k].id = k;
+    for (int q = 0; q < n; q++)
+        for (int k = p->born[v[q].id]; k <= p->last[v[q].id]; k++) t[k].bytes += v[q].bytes;
+    qsort(t, (size_t)c + 1, sizeof *t, dpar__g_size_desc);
+    for (int k = 0; k <= c && t[k].bytes; k++)
+        for (int q = 0; q < n; q++) {
+            int i = v[q].id;
+            if (f->slot[i] < 0 && p->born[i] <= t[k].id && t[k].id <= p->last[i])
+                dpar__g_fit_put(f, dpar__g_fit_best(f, p, i, v[q].bytes), i, v[q].bytes);
+        }
+}
+/* Places the pooled values (their slots still -1): both plans, the smaller made g's slots. */
 static dpar_status dpar__g_place(dpar_graph *g, dpar__gplan *p) {
-    int n = 0, first = g->nslots;
-    dpar__gsize *v = (dpar__gsize *)DPAR_MALLOC((size_t)g->count * sizeof *v);
-    if (!v) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_graph_compile: out of memory");
-    for (int i = 1; i < g->count; i++)
+    int n = 0, c = g->count;
+    size_t ci = (size_t)c * sizeof(int), cs = (size_t)c * sizeof(size_t);
+    dpar__gsize *v = (dpar__gsize *)DPAR_MALLOC((size_t)(2 * c + 1) * sizeof *v);
+    char *mem = (char *)DPAR_MALLOC(2 * (3 * ci + cs));
+    if (!v || !mem) {
+        DPAR_FREE(v);
+        DPAR_FREE(mem);
+        return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_graph_compile: out of memory");
+    }
+    dpar__gfit f[2];
+    for (int k = 0; k < 2; k++) {
+        char *m = mem + (size_t)k * (3 * ci + cs);
+        f[k].slot = (int *)(void *)m, f[k].next = (int *)(void *)(m + ci), f[k].head = (int *)(void *)(m + 2 * ci);
+        f[k].cap = (size_t *)(void *)(m + 3 * ci), f[k].n = 0, f[k].total = 0;
+        memset(f[k].slot, 0xff, ci); /* -1: not placed */
+    }
+    for (int i = 1; i < c; i++)
         if (p->pooled[i]) v[n].bytes = dpar__g_bytes(&g->n[i]), v[n++].id = i;
     qsort(v, (size_t)n, sizeof *v, dpar__g_size_desc);
-    for (int q = 0; q < n; q++) {
-        int i = v[q].id, best = -1;
-        for (int k = first; k < g->nslots; k++) /* every slot here holds >= v[q].bytes: placed larger first */
-            if ((best < 0 || p->sbytes[k] < p->sbytes[best]) && !dpar__g_slot_busy(p, k, i)) best = k;
-        if (best < 0) best = dpar__g_new_slot(g, p, &g->n[i], NULL);
-        g->n[i].slot = best;
-        p->next[i] = p->head[best];
-        p->head[best] = i;
-    }
+    for (int q = 0; q < n; q++) /* greedy by size: every slot holds >= v[q].bytes (placed larger first) */
+        dpar__g_fit_put(&f[0], dpar__g_fit_best(&f[0], p, v[q].id, v[q].bytes), v[q].id, v[q].bytes);
+    dpar__g_fit_breadth(g, p, v, n, v + n, &f[1]);
+    const dpar__gfit *b = f[1].total < f[0].total ? &f[1] : &f[0];
+    int first = g->nslots;
+    for (int k = 0; k < b->n; k++) p->sbytes[dpar__g_new_slot(g, p, &g->n[b->head[k]], NULL)] = b->cap[k];
+    for (int q = 0; q < n; q++) g->n[v[q].id].slot = first + b->slot[v[q].id];
     DPAR_FREE(v);
+    DPAR_FREE(mem);
     return DPAR_OK;
 }
 /* An array with the global shape and spec of leaf w (the gradient of a feed or param). */
@@ -11102,15 +11161,16 @@ static dpar_status dpar__g_assign(dpar_graph *g, dpar__gplan *p, int i) {
         return s;
     }
     g->stats.naive_bytes += dpar__g_bytes(nd);
-    p->live += dpar__g_bytes(nd);
-    if (p->live > g->stats.live_bytes) g->stats.live_bytes = p->live;
+    p->pooled[i] = !nd->keep && nd->kind != DPAR__G_CONST && !nd->pipe; /* boundaries: written on every stage */
+    if (!p->pooled[i]) p->held += dpar__g_bytes(nd); /* live through every step: read after it, or set at compile */
+    p->live += p->pooled[i] ? dpar__g_bytes(nd) : 0;
+    if (p->live > p->peak) p->peak = p->live;
     if (nd->keep && nd->spec_of) {
         if ((s = dpar__g_grad_array(g, nd->spec_of, &nd->array))) return s;
         g->stats.planned_bytes += dpar__g_bytes(nd);
         nd->slot = dpar__g_new_slot(g, p, nd, nd->array);
         return s;
     }
-    p->pooled[i] = !nd->keep && nd->kind != DPAR__G_CONST && !nd->pipe; /* boundaries: written on every stage */
     nd->slot = p->pooled[i] ? -1 : dpar__g_new_slot(g, p, nd, NULL); /* pooled: placed by dpar__g_place */
     return s;
 }
@@ -11311,18 +11371,15 @@ static dpar_status dpar__g_plan(dpar_graph *g) {
     p.sbytes = (size_t *)DPAR_MALLOC((size_t)c * sizeof(size_t));
     p.freed = (bool *)DPAR_MALLOC((size_t)c * sizeof(bool));
     p.born = (int *)DPAR_MALLOC((size_t)c * sizeof(int));
-    p.next = (int *)DPAR_MALLOC((size_t)c * sizeof(int));
-    p.head = (int *)DPAR_MALLOC((size_t)c * sizeof(int));
     g->slots = (dpar_buffer **)DPAR_MALLOC((size_t)c * (size_t)g->nlocal * sizeof(dpar_buffer *) + 1);
     g->slot_owned = (bool *)DPAR_MALLOC((size_t)c * sizeof(bool));
     dpar_status s = DPAR_OK;
-    if (!p.last || !p.pooled || !p.sbytes || !p.freed || !p.born || !p.next || !p.head || !g->slots || !g->slot_owned) {
+    if (!p.last || !p.pooled || !p.sbytes || !p.freed || !p.born || !g->slots || !g->slot_owned) {
         s = dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_graph_compile: out of memory");
     } else {
         memset(p.pooled, 0, (size_t)c * sizeof(bool));
         memset(p.freed, 0, (size_t)c * sizeof(bool));
-        memset(p.next, 0, (size_t)c * sizeof(int));
-        p.live = 0;
+        p.live = p.peak = p.held = 0;
         memset(g->slots, 0, (size_t)c * (size_t)g->nlocal * sizeof(dpar_buffer *));
         for (int i = 0; i < c; i++) p.last[i] = p.born[i] = i;
         for (int i = 1; i < c; i++)
@@ -11346,6 +11403,7 @@ static dpar_status dpar__g_plan(dpar_graph *g) {
                 dpar__g_release(g, &p, g->opt.grads[k], i);
             dpar__g_release(g, &p, i, i);
         }
+        g->stats.live_bytes = p.peak + p.held;
         if (!s) s = dpar__g_place(g, &p);
         if (!s) s = dpar__g_alloc(g, &p);
     }
@@ -11354,8 +11412,6 @@ static dpar_status dpar__g_plan(dpar_graph *g) {
     DPAR_FREE(p.sbytes);
     DPAR_FREE(p.freed);
     DPAR_FREE(p.born);
-    DPAR_FREE(p.next);
-    DPAR_FREE(p.head);
     return s;
 }
 static dpar_status dpar__g_state_list(dpar_graph *g);
