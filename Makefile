@@ -47,7 +47,8 @@ EXAMPLES += $(BUILD)/engine_vulkan
 endif
 BENCHES  := $(patsubst bench/%.c,$(BUILD)/%,$(BENCH_SRCS))
 
-.PHONY: all run run-gpt run-digits test test-build examples bench clean check-cxx deps-run deps-test amalgamate format check-format fuzz
+.PHONY: all run run-gpt run-digits test test-build examples bench clean check-cxx check-macos deps-run deps-test \
+	amalgamate format check-format fuzz
 all: $(EXAMPLES) $(TESTS) $(BENCHES) $(if $(HAVE_MPICC),$(MPI_BINS) $(MPI_BENCHES))
 examples: $(EXAMPLES)
 
@@ -107,7 +108,7 @@ test: deps-test
 	$(MAKE) test-build
 	sh tests/run.sh $(BUILD)
 
-test-build: $(TESTS) $(EXAMPLES) $(if $(HAVE_MPICC),$(MPI_BINS)) check-cxx
+test-build: $(TESTS) $(EXAMPLES) $(if $(HAVE_MPICC),$(MPI_BINS)) check-cxx check-macos
 
 # The header must also compile as C++ (and with clang when present).
 check-cxx: | $(BUILD)
@@ -115,6 +116,15 @@ check-cxx: | $(BUILD)
 	$(CXX) -x c++ -std=c++11 $(CPPFLAGS) $(IMPL_DEFS) $(WARN) -DDPAR_IMPLEMENTATION -fsyntax-only util/dpar_train.h
 	if command -v clang >/dev/null 2>&1; then clang -std=c99 -x c $(CPPFLAGS) $(IMPL_DEFS) $(WARN) -DDPAR_IMPLEMENTATION -fsyntax-only dpar.h; fi
 	if command -v clang >/dev/null 2>&1; then clang -std=c99 -x c $(CPPFLAGS) $(IMPL_DEFS) $(WARN) -DDPAR_IMPLEMENTATION -fsyntax-only util/dpar_train.h; fi
+
+# macOS's branches of the platform layer (no pthread_condattr_setclock, F_FULLFSYNC, the .dylib
+# loader) compiled here on strict POSIX.1-2008/XSI headers, so no GNU-only call slips in. It shows
+# that they compile, not that they run: only a Mac can (see README, Platforms).
+check-macos:
+	$(CC) -std=c99 -D_XOPEN_SOURCE=700 -I. $(IMPL_DEFS) $(WARN) -DDPAR_PLATFORM_FORCE_MACOS \
+	    -DDPAR_IMPLEMENTATION -x c -fsyntax-only util/dpar_train.h
+	$(CC) -std=c99 -D_XOPEN_SOURCE=700 -I. $(WARN) -DDPAR_PLATFORM_FORCE_MACOS -DDPAR_TRAIN_IMPLEMENTATION \
+	    -x c -fsyntax-only util/dpar_train.h
 
 # The single-file distribution: dpar.h with backends/ (SPIR-V and PTX included)
 # and util/ inlined, for users who want one file (tests/test_amalgamate.sh

@@ -12,7 +12,8 @@
        #define DPAR_IMPLEMENTATION
        #include "dpar.h"
 
-   Everywhere else just #include "dpar.h". Link with -lpthread -lm.
+   Everywhere else just #include "dpar.h". Link with -lpthread -lm (Linux,
+   macOS; Windows needs no library beyond the C runtime: see >>platform).
    The training helpers (data-parallel gradient buckets, ZeRO-1, checkpoints)
    are in util/dpar_train.h, on this header's public API: include it where
    they are used, and also in the file above to compile them.
@@ -163,8 +164,13 @@
 
    License: MIT, at the end of this file.
 */
-#if defined(DPAR_IMPLEMENTATION) && !defined(_GNU_SOURCE) && !defined(__cplusplus)
+#if defined(DPAR_IMPLEMENTATION) && !defined(_GNU_SOURCE) && !defined(__cplusplus) && \
+    !defined(DPAR_PLATFORM_FORCE_MACOS)
 #define _GNU_SOURCE /* clock_gettime, fileno in the implementation */
+#endif
+#if (defined(DPAR_IMPLEMENTATION) || defined(DPAR_TRAIN_IMPLEMENTATION)) && defined(__MINGW32__) && \
+    !defined(__USE_MINGW_ANSI_STDIO)
+#define __USE_MINGW_ANSI_STDIO 1 /* MinGW-w64's C99 printf: %zu, %lld as everywhere else */
 #endif
 #ifndef DPAR_H_INCLUDED
 #define DPAR_H_INCLUDED
@@ -172,6 +178,12 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdbool.h>
+/* the printf archetype of format checks: dpar formats with MinGW-w64's C99 printf there */
+#if defined(__MINGW32__)
+#define DPAR__PRINTF_FMT gnu_printf
+#else
+#define DPAR__PRINTF_FMT printf
+#endif
 
 #ifndef DPAR_API
 #ifdef DPAR_STATIC
@@ -229,7 +241,7 @@ DPAR_API const char *dpar_last_error(void);
    clears it. Never fails. */
 DPAR_API dpar_status dpar_set_last_error(dpar_status code, const char *fmt, ...)
 #if defined(__GNUC__)
-    __attribute__((format(printf, 2, 3)))
+    __attribute__((format(DPAR__PRINTF_FMT, 2, 3)))
 #endif
     ;
 
@@ -1958,6 +1970,476 @@ DPAR__ALIAS dpar_status dpar_axis_size(const dpar_ctx *ctx, const char *axes, in
 #endif
 #endif /* DPAR_H_INCLUDED */
 
+/* >>platform =================================================================
+   Platform layer (DESIGN §9): threads, mutexes, condition variables, the
+   monotonic clock and deadline waits, atomics, CPU count, memory size,
+   dynamic libraries, durable file replacement. The rest of dpar.h, the
+   backends and util/dpar_train.h call these and carry no OS #ifdef.
+   POSIX (Linux, macOS) or Win32 (MinGW-w64, MSVC). On Linux each wrapper is
+   the call the code made before, so behaviour and speed are unchanged.
+   Compiled where the implementation of dpar.h or of util/dpar_train.h is.
+   DPAR_PLATFORM_FORCE_MACOS (CI, compile only): takes the macOS branches on
+   Linux, to show they build without pthread_condattr_setclock; its result is
+   not meant to run (F_FULLFSYNC is given a stand-in value there).
+   DPAR_PLATFORM_INTERLOCKED (CI, Windows): the MSVC atomics (Interlocked*)
+   under MinGW-w64, to compile the branch MSVC takes.
+   ======================================================================== */
+#if (defined(DPAR_IMPLEMENTATION) || defined(DPAR_TRAIN_IMPLEMENTATION)) && !defined(DPAR__PLATFORM_DONE)
+#define DPAR__PLATFORM_DONE
+/* unused ones must not warn where dpar.h is compiled as the main file */
+#if defined(__GNUC__)
+#define DPAR__PLATFORM_FN static inline __attribute__((unused))
+#else
+#define DPAR__PLATFORM_FN static inline
+#endif
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#if defined(_WIN32)
+#ifndef WIN32_LEAN_AND_MEAN
+#define WIN32_LEAN_AND_MEAN
+#endif
+#ifndef NOMINMAX
+#define NOMINMAX
+#endif
+#include <windows.h>
+#include <io.h>
+#include <process.h>
+#define DPAR__O_BINARY O_BINARY
+#else
+#include <dlfcn.h>
+#include <pthread.h>
+#include <sched.h>
+#include <unistd.h>
+#define DPAR__O_BINARY 0
+#endif
+#if defined(__APPLE__) || defined(DPAR_PLATFORM_FORCE_MACOS)
+#define DPAR__MACOS 1
+#if !defined(F_FULLFSYNC) && defined(DPAR_PLATFORM_FORCE_MACOS)
+#define F_FULLFSYNC 51 /* <sys/fcntl.h> on macOS; a compile-only stand-in on Linux */
+#endif
+#endif
+
+/* --- atomics: GCC/Clang builtins; Interlocked* (full barriers) for MSVC --- */
+#if defined(_WIN32) && (defined(_MSC_VER) || defined(DPAR_PLATFORM_INTERLOCKED)) && !defined(__clang__)
+/* 4- or 8-byte integers only; every operation is a full barrier (stronger than asked). */
+#define DPAR__IL64(p) ((volatile LONG64 *)(void *)(p))
+#define DPAR__IL32(p) ((volatile LONG *)(void *)(p))
+#define DPAR__ATOMIC_LOAD(p)                                             \
+    (sizeof(*(p)) == 8 ? InterlockedCompareExchange64(DPAR__IL64(p), 0, 0) \
+                       : InterlockedCompareExchange(DPAR__IL32(p), 0, 0))
+#define DPAR__ATOMIC_STORE(p, v)                                                   \
+    ((void)(sizeof(*(p)) == 8 ? InterlockedExchange64(DPAR__IL64(p), (LONG64)(intptr_t)(v)) \
+                              : (LONG64)InterlockedExchange(DPAR__IL32(p), (LONG)(intptr_t)(v))))
+#define DPAR__ATOMIC_EXCHANGE(p, v)                                          \
+    (sizeof(*(p)) == 8 ? InterlockedExchange64(DPAR__IL64(p), (LONG64)(intptr_t)(v)) \
+                       : InterlockedExchange(DPAR__IL32(p), (LONG)(intptr_t)(v)))
+#define DPAR__ATOMIC_FETCH_ADD(p, v)                                            \
+    (sizeof(*(p)) == 8 ? InterlockedExchangeAdd64(DPAR__IL64(p), (LONG64)(intptr_t)(v)) \
+                       : InterlockedExchangeAdd(DPAR__IL32(p), (LONG)(intptr_t)(v)))
+#define DPAR__ATOMIC_SUB_FETCH(p, v)      (DPAR__ATOMIC_FETCH_ADD(p, -(v)) - (v))
+#define DPAR__ATOMIC_ADD_FETCH(p, v)      (DPAR__ATOMIC_FETCH_ADD(p, v) + (v))
+#define DPAR__ATOMIC_CAS_PTR(p, e, d) \
+    dpar__cas_ptr((void *volatile *)(void *)(p), (void **)(void *)(e), (void *)(d))
+#define DPAR__ATOMIC_LOAD_RELAXED(p)      DPAR__ATOMIC_LOAD(p)
+#define DPAR__ATOMIC_STORE_RELAXED(p, v)  DPAR__ATOMIC_STORE(p, v)
+#define DPAR__UNLIKELY(x)                 (x)
+#define DPAR__LIKELY(x)                   (x)
+#else
+#define DPAR__ATOMIC_LOAD(p)              __atomic_load_n((p), __ATOMIC_ACQUIRE)
+#define DPAR__ATOMIC_STORE(p, v)          __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+#define DPAR__ATOMIC_EXCHANGE(p, v)       __atomic_exchange_n((p), (v), __ATOMIC_ACQ_REL)
+#define DPAR__ATOMIC_FETCH_ADD(p, v)      __atomic_fetch_add((p), (v), __ATOMIC_RELAXED)
+#define DPAR__ATOMIC_SUB_FETCH(p, v)      __atomic_sub_fetch((p), (v), __ATOMIC_ACQ_REL)
+#define DPAR__ATOMIC_ADD_FETCH(p, v)      __atomic_add_fetch((p), (v), __ATOMIC_ACQ_REL)
+/* compare-and-swap of a pointer: 1 when *p was *e and is now d, else 0 with *e = *p */
+#define DPAR__ATOMIC_CAS_PTR(p, e, d) \
+    __atomic_compare_exchange_n((p), (e), (d), 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)
+#define DPAR__ATOMIC_LOAD_RELAXED(p)      __atomic_load_n((p), __ATOMIC_RELAXED)
+#define DPAR__ATOMIC_STORE_RELAXED(p, v)  __atomic_store_n((p), (v), __ATOMIC_RELAXED)
+#define DPAR__UNLIKELY(x)                 __builtin_expect(!!(x), 0)
+#define DPAR__LIKELY(x)                   __builtin_expect(!!(x), 1)
+#endif
+#if defined(_WIN32) && (defined(_MSC_VER) || defined(DPAR_PLATFORM_INTERLOCKED)) && !defined(__clang__)
+static inline int dpar__cas_ptr(void *volatile *p, void **expected, void *desired) {
+    void *seen = InterlockedCompareExchangePointer(p, desired, *expected);
+    if (seen == *expected) return 1;
+    *expected = seen;
+    return 0;
+}
+#endif
+/* one iteration of a spin-wait loop */
+#if defined(_MSC_VER) || (defined(_WIN32) && defined(DPAR_PLATFORM_INTERLOCKED))
+#define DPAR__CPU_RELAX() YieldProcessor()
+#elif defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#define DPAR__CPU_RELAX() __builtin_ia32_pause()
+#elif defined(__GNUC__) && defined(__aarch64__)
+#define DPAR__CPU_RELAX() __asm__ __volatile__("yield")
+#else
+#define DPAR__CPU_RELAX() ((void)0)
+#endif
+
+/* --- threads, mutexes, condition variables, once --- */
+#if defined(_WIN32)
+typedef HANDLE dpar__thread;
+typedef SRWLOCK dpar__mutex;
+typedef CONDITION_VARIABLE dpar__cond;
+typedef INIT_ONCE dpar__once;
+#define DPAR__MUTEX_INIT SRWLOCK_INIT
+#define DPAR__COND_INIT  CONDITION_VARIABLE_INIT
+#define DPAR__ONCE_INIT  INIT_ONCE_STATIC_INIT
+/* a thread's entry point: static DPAR__THREAD_FN(name, arg) { ...; return 0; } */
+#define DPAR__THREAD_FN(name, arg) DWORD WINAPI name(LPVOID arg)
+typedef LPTHREAD_START_ROUTINE dpar__thread_fn;
+#else
+typedef pthread_t dpar__thread;
+typedef pthread_mutex_t dpar__mutex;
+typedef pthread_cond_t dpar__cond;
+typedef pthread_once_t dpar__once;
+#define DPAR__MUTEX_INIT           PTHREAD_MUTEX_INITIALIZER
+#define DPAR__COND_INIT            PTHREAD_COND_INITIALIZER /* untimed waits only: the default clock */
+#define DPAR__ONCE_INIT            PTHREAD_ONCE_INIT
+#define DPAR__THREAD_FN(name, arg) void *name(void *arg)
+typedef void *(*dpar__thread_fn)(void *);
+#endif
+
+/* 0 when the thread started, else nonzero (out of resources) */
+DPAR__PLATFORM_FN int dpar__thread_start(dpar__thread *t, dpar__thread_fn fn, void *arg) {
+#if defined(_WIN32)
+    *t = CreateThread(NULL, 0, fn, arg, 0, NULL);
+    return *t ? 0 : 1;
+#else
+    return pthread_create(t, NULL, fn, arg);
+#endif
+}
+DPAR__PLATFORM_FN void dpar__thread_join(dpar__thread t) {
+#if defined(_WIN32)
+    WaitForSingleObject(t, INFINITE);
+    CloseHandle(t);
+#else
+    pthread_join(t, NULL);
+#endif
+}
+DPAR__PLATFORM_FN void dpar__thread_yield(void) {
+#if defined(_WIN32)
+    SwitchToThread();
+#else
+    sched_yield();
+#endif
+}
+DPAR__PLATFORM_FN void dpar__mutex_init(dpar__mutex *m) {
+#if defined(_WIN32)
+    InitializeSRWLock(m);
+#else
+    pthread_mutex_init(m, NULL);
+#endif
+}
+DPAR__PLATFORM_FN void dpar__mutex_destroy(dpar__mutex *m) {
+#if defined(_WIN32)
+    (void)m; /* an SRW lock holds no resources */
+#else
+    pthread_mutex_destroy(m);
+#endif
+}
+DPAR__PLATFORM_FN void dpar__mutex_lock(dpar__mutex *m) {
+#if defined(_WIN32)
+    AcquireSRWLockExclusive(m);
+#else
+    pthread_mutex_lock(m);
+#endif
+}
+DPAR__PLATFORM_FN void dpar__mutex_unlock(dpar__mutex *m) {
+#if defined(_WIN32)
+    ReleaseSRWLockExclusive(m);
+#else
+    pthread_mutex_unlock(m);
+#endif
+}
+/* Deadlines (dpar__cond_timedwait) run on the monotonic clock, so an NTP step
+   or a resumed VM neither fires nor stalls them. macOS has no
+   pthread_condattr_setclock: there the wait converts to the realtime clock. */
+DPAR__PLATFORM_FN void dpar__cond_init(dpar__cond *cv) {
+#if defined(_WIN32)
+    InitializeConditionVariable(cv);
+#elif defined(DPAR__MACOS)
+    pthread_cond_init(cv, NULL);
+#else
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(cv, &attr);
+    pthread_condattr_destroy(&attr);
+#endif
+}
+DPAR__PLATFORM_FN void dpar__cond_destroy(dpar__cond *cv) {
+#if defined(_WIN32)
+    (void)cv;
+#else
+    pthread_cond_destroy(cv);
+#endif
+}
+DPAR__PLATFORM_FN void dpar__cond_wait(dpar__cond *cv, dpar__mutex *m) {
+#if defined(_WIN32)
+    SleepConditionVariableSRW(cv, m, INFINITE, 0);
+#else
+    pthread_cond_wait(cv, m);
+#endif
+}
+DPAR__PLATFORM_FN void dpar__cond_signal(dpar__cond *cv) {
+#if defined(_WIN32)
+    WakeConditionVariable(cv);
+#else
+    pthread_cond_signal(cv);
+#endif
+}
+DPAR__PLATFORM_FN void dpar__cond_broadcast(dpar__cond *cv) {
+#if defined(_WIN32)
+    WakeAllConditionVariable(cv);
+#else
+    pthread_cond_broadcast(cv);
+#endif
+}
+#if defined(_WIN32)
+static BOOL CALLBACK dpar__once_tramp(PINIT_ONCE once, PVOID fn, PVOID *ctx) {
+    (void)once;
+    (void)ctx;
+    void (*f)(void);
+    memcpy(&f, &fn, sizeof f); /* the function pointer travels as the callback's parameter */
+    f();
+    return TRUE;
+}
+#endif
+DPAR__PLATFORM_FN void dpar__call_once(dpar__once *once, void (*fn)(void)) {
+#if defined(_WIN32)
+    PVOID p;
+    memcpy(&p, &fn, sizeof p);
+    InitOnceExecuteOnce(once, dpar__once_tramp, p, NULL);
+#else
+    pthread_once(once, fn);
+#endif
+}
+
+/* --- clock, sleeping, deadline waits --- */
+/* monotonic nanoseconds (an arbitrary origin) */
+DPAR__PLATFORM_FN uint64_t dpar__now_ns(void) {
+#if defined(_WIN32)
+    LARGE_INTEGER freq, c;
+    QueryPerformanceFrequency(&freq);
+    QueryPerformanceCounter(&c);
+    uint64_t f = (uint64_t)freq.QuadPart, t = (uint64_t)c.QuadPart;
+    return t / f * 1000000000u + t % f * 1000000000u / f;
+#else
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+#endif
+}
+/* the monotonic time `ms` milliseconds from now, for dpar__cond_timedwait */
+DPAR__PLATFORM_FN uint64_t dpar__deadline(int ms) {
+    return dpar__now_ns() + (uint64_t)(ms > 0 ? ms : 0) * 1000000u;
+}
+DPAR__PLATFORM_FN void dpar__sleep_us(int64_t us) {
+    if (us <= 0) return;
+#if defined(_WIN32)
+    Sleep((DWORD)((us + 999) / 1000));
+#else
+    struct timespec ts = {(time_t)(us / 1000000), (long)(us % 1000000) * 1000L};
+    nanosleep(&ts, NULL);
+#endif
+}
+/* Waits on cv until signalled or the monotonic `deadline` (dpar__deadline)
+   passed: ETIMEDOUT then, else 0 (also spuriously: callers loop). */
+DPAR__PLATFORM_FN int dpar__cond_timedwait(dpar__cond *cv, dpar__mutex *m, uint64_t deadline) {
+#if defined(_WIN32)
+    uint64_t now = dpar__now_ns();
+    if (now >= deadline) return ETIMEDOUT;
+    uint64_t ms = (deadline - now + 999999u) / 1000000u;
+    if (!SleepConditionVariableSRW(cv, m, ms > 0x7fffffffu ? 0x7fffffffu : (DWORD)ms, 0) &&
+        GetLastError() == ERROR_TIMEOUT && dpar__now_ns() >= deadline)
+        return ETIMEDOUT;
+    return 0;
+#elif defined(DPAR__MACOS)
+    uint64_t now = dpar__now_ns(), left = deadline > now ? deadline - now : 0;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t abs_ns = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec + left;
+    ts.tv_sec = (time_t)(abs_ns / 1000000000u);
+    ts.tv_nsec = (long)(abs_ns % 1000000000u);
+    int rc = pthread_cond_timedwait(cv, m, &ts);
+    return rc == ETIMEDOUT && dpar__now_ns() >= deadline ? ETIMEDOUT : 0;
+#else
+    struct timespec ts;
+    ts.tv_sec = (time_t)(deadline / 1000000000u);
+    ts.tv_nsec = (long)(deadline % 1000000000u);
+    return pthread_cond_timedwait(cv, m, &ts) == ETIMEDOUT ? ETIMEDOUT : 0;
+#endif
+}
+
+/* --- the machine: CPUs, memory, last-level cache, process id --- */
+/* online CPUs (>= 1) */
+DPAR__PLATFORM_FN int dpar__cpu_count(void) {
+#if defined(_WIN32)
+    DWORD n = GetActiveProcessorCount(ALL_PROCESSOR_GROUPS);
+    return n > 0 ? (int)n : 1;
+#else
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+#endif
+}
+/* physical memory in bytes, 0 when unknown */
+DPAR__PLATFORM_FN uint64_t dpar__memory_bytes(void) {
+#if defined(_WIN32)
+    MEMORYSTATUSEX ms;
+    ms.dwLength = sizeof ms;
+    return GlobalMemoryStatusEx(&ms) ? (uint64_t)ms.ullTotalPhys : 0;
+#else
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    return (pages > 0 && psz > 0) ? (uint64_t)pages * (uint64_t)psz : 0;
+#endif
+}
+/* last-level (L3) cache bytes where the C library says (glibc), else 0 */
+DPAR__PLATFORM_FN long dpar__l3_cache_bytes(void) {
+#if defined(_SC_LEVEL3_CACHE_SIZE)
+    return sysconf(_SC_LEVEL3_CACHE_SIZE);
+#else
+    return 0;
+#endif
+}
+DPAR__PLATFORM_FN long dpar__pid(void) {
+#if defined(_WIN32)
+    return (long)_getpid();
+#else
+    return (long)getpid();
+#endif
+}
+
+#if defined(_WIN32)
+/* the system's text for error `e` (GetLastError), without its line break */
+DPAR__PLATFORM_FN const char *dpar__win_msg(unsigned long e, char *buf, size_t cap) {
+    DWORD n = FormatMessageA(FORMAT_MESSAGE_FROM_SYSTEM | FORMAT_MESSAGE_IGNORE_INSERTS, NULL, (DWORD)e, 0, buf,
+                             (DWORD)cap, NULL);
+    if (!n) snprintf(buf, cap, "Windows error %lu", e);
+    while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == '.')) buf[--n] = 0;
+    return buf;
+}
+#endif
+
+/* --- dynamic libraries --- */
+/* NULL when `name` cannot be loaded; dpar__dl_error then says why */
+DPAR__PLATFORM_FN void *dpar__dl_open(const char *name) {
+#if defined(_WIN32)
+    return (void *)LoadLibraryA(name);
+#else
+    return dlopen(name, RTLD_NOW | RTLD_LOCAL);
+#endif
+}
+/* the symbol's address as an integer (cast it to the function type), 0 when absent */
+DPAR__PLATFORM_FN uintptr_t dpar__dl_sym(void *lib, const char *name) {
+#if defined(_WIN32)
+    return (uintptr_t)GetProcAddress((HMODULE)lib, name);
+#else
+    return (uintptr_t)dlsym(lib, name);
+#endif
+}
+DPAR__PLATFORM_FN void dpar__dl_close(void *lib) {
+#if defined(_WIN32)
+    FreeLibrary((HMODULE)lib);
+#else
+    dlclose(lib);
+#endif
+}
+/* why the last dpar__dl_open failed, in buf */
+DPAR__PLATFORM_FN const char *dpar__dl_error(char *buf, size_t cap) {
+#if defined(_WIN32)
+    dpar__win_msg(GetLastError(), buf, cap);
+#else
+    const char *e = dlerror();
+    snprintf(buf, cap, "%s", e ? e : "dlopen failed");
+#endif
+    return buf;
+}
+
+/* --- files: positioned read, durable flush, durable replace --- */
+#if defined(_WIN32) /* what <sys/stat.h> lacks there: no such files on Windows */
+#ifndef S_ISSOCK
+#define S_ISSOCK(m) 0
+#endif
+#ifndef S_ISBLK
+#define S_ISBLK(m) 0
+#endif
+#endif
+/* pread: up to n bytes at offset off of fd, leaving the file position as it
+   was; how many, 0 at the end, -1 with errno on error */
+DPAR__PLATFORM_FN int64_t dpar__pread(int fd, void *dst, size_t n, uint64_t off) {
+#if defined(_WIN32)
+    __int64 cur = _lseeki64(fd, 0, SEEK_CUR);
+    if (cur < 0 || _lseeki64(fd, (__int64)off, SEEK_SET) < 0) return -1;
+    int got = _read(fd, dst, n > 0x40000000u ? 0x40000000u : (unsigned)n);
+    int err = errno;
+    _lseeki64(fd, cur, SEEK_SET);
+    errno = err;
+    return got;
+#else
+    return (int64_t)pread(fd, dst, n, (off_t)off);
+#endif
+}
+/* Flushes `f` and its file's data to the storage device: 0, else an errno
+   value. macOS's fsync stops at the drive's cache; F_FULLFSYNC goes through. */
+DPAR__PLATFORM_FN int dpar__file_sync(FILE *f) {
+    if (fflush(f) != 0) return errno ? errno : EIO;
+#if defined(_WIN32)
+    if (_commit(_fileno(f)) != 0) return errno ? errno : EIO;
+#elif defined(DPAR__MACOS)
+    if (fcntl(fileno(f), F_FULLFSYNC) != 0 && fsync(fileno(f)) != 0) return errno ? errno : EIO;
+#else
+    if (fsync(fileno(f)) != 0) return errno ? errno : EIO;
+#endif
+    return 0;
+}
+/* Renames `from` over `to`, replacing a file there, and makes the rename
+   durable (POSIX: fsync of the folder, best effort; Windows: MoveFileEx
+   with MOVEFILE_WRITE_THROUGH). `dir` is scratch of strlen(to) + 2 bytes,
+   written after the rename only (so it may be `from`).
+   Windows denies access while another thread or process replaces or holds
+   `to` open: that is retried for about a second.
+   0, else nonzero with why (strerror or the Windows message) in `why`. */
+DPAR__PLATFORM_FN int dpar__file_replace(const char *from, const char *to, char *dir, char *why, size_t cap) {
+#if defined(_WIN32)
+    (void)dir;
+    DWORD e = 0;
+    for (int tries = 0; tries < 200; tries++) {
+        if (MoveFileExA(from, to, MOVEFILE_REPLACE_EXISTING | MOVEFILE_WRITE_THROUGH)) return 0;
+        e = GetLastError();
+        if (e != ERROR_ACCESS_DENIED && e != ERROR_SHARING_VIOLATION) break;
+        Sleep(5);
+    }
+    dpar__win_msg(e, why, cap);
+    return 1;
+#else
+    if (rename(from, to) != 0) {
+        snprintf(why, cap, "%s", strerror(errno));
+        return 1;
+    }
+    const char *slash = strrchr(to, '/');
+    if (slash) {
+        memcpy(dir, to, (size_t)(slash - to) + 1);
+        dir[slash - to + 1] = 0;
+    } else
+        strcpy(dir, ".");
+    int fd = open(dir, O_RDONLY);
+    if (fd >= 0) {
+        (void)fsync(fd);
+        close(fd);
+    }
+    return 0;
+#endif
+}
+#endif /* DPAR__PLATFORM_DONE */
+
+
 /* ===========================================================================
    IMPLEMENTATION
    ======================================================================== */
@@ -1968,7 +2450,6 @@ DPAR__ALIAS dpar_status dpar_axis_size(const dpar_ctx *ctx, const char *axes, in
 #if !defined(_GNU_SOURCE) && !defined(__cplusplus)
 #define _GNU_SOURCE
 #endif
-#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1976,8 +2457,6 @@ DPAR__ALIAS dpar_status dpar_axis_size(const dpar_ctx *ctx, const char *axes, in
 #include <math.h>
 #include <time.h>
 #include <errno.h>
-#include <unistd.h>
-#include <sched.h>
 #ifndef DPAR_ASSERT
 #include <assert.h>
 #define DPAR_ASSERT(c) assert(c)
@@ -2003,13 +2482,13 @@ DPAR__ALIAS dpar_status dpar_axis_size(const dpar_ctx *ctx, const char *axes, in
 
 #if defined(__cplusplus)
 #define DPAR__TLS thread_local
+#elif defined(_MSC_VER)
+#define DPAR__TLS __declspec(thread)
 #elif defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L
 #define DPAR__TLS _Thread_local
 #else
 #define DPAR__TLS __thread
 #endif
-#define DPAR__ATOMIC_LOAD(p)     __atomic_load_n((p), __ATOMIC_ACQUIRE)
-#define DPAR__ATOMIC_STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
 #define DPAR__UNUSED(x)          (void)(x)
 #if defined(__GNUC__)
 #define DPAR__MAYBE_UNUSED __attribute__((unused))
@@ -2031,7 +2510,7 @@ DPAR__MAYBE_UNUSED static int dpar__verbose(void) {
 /* Sets the thread's last error and returns s. fmt follows printf. */
 static dpar_status dpar__err(dpar_status s, const char *fmt, ...)
 #if defined(__GNUC__)
-    __attribute__((format(printf, 2, 3)))
+    __attribute__((format(DPAR__PRINTF_FMT, 2, 3)))
 #endif
     ;
 /* Formats into a temporary first: an argument may be the last error itself
@@ -2452,33 +2931,6 @@ static int dpar__env_int(const char *name, int dflt) {
     if (!end || *end || x < 0 || x > 1000000000L) return -1;
     return (int)x;
 }
-/* Deadlines run on the monotonic clock, so an NTP step or a resumed VM neither fires nor stalls
-   them; a condition variable that waits on one is made by dpar__cond_init. macOS has no
-   pthread_condattr_setclock, so there both stay on the realtime clock. */
-#if defined(__APPLE__)
-#define DPAR__DEADLINE_CLOCK CLOCK_REALTIME
-#else
-#define DPAR__DEADLINE_CLOCK CLOCK_MONOTONIC
-#endif
-static void dpar__cond_init(pthread_cond_t *cv) {
-    pthread_condattr_t attr;
-    pthread_condattr_init(&attr);
-#if !defined(__APPLE__)
-    pthread_condattr_setclock(&attr, DPAR__DEADLINE_CLOCK);
-#endif
-    pthread_cond_init(cv, &attr);
-    pthread_condattr_destroy(&attr);
-}
-static void dpar__deadline(struct timespec *ts, int ms) {
-    clock_gettime(DPAR__DEADLINE_CLOCK, ts);
-    ts->tv_sec += ms / 1000;
-    ts->tv_nsec += (long)(ms % 1000) * 1000000L;
-    if (ts->tv_nsec >= 1000000000L) {
-        ts->tv_sec++;
-        ts->tv_nsec -= 1000000000L;
-    }
-}
-
 /* ---------------------------------------------------------------------------
    Runtime and workers
    ------------------------------------------------------------------------ */
@@ -2492,11 +2944,11 @@ typedef struct dpar__req_queue {
 struct dpar__worker {
     dpar_runtime *rt;
     int device;
-    pthread_t thread, comm_thread;
+    dpar__thread thread, comm_thread;
     int comm_started;
     /* async collectives of this device, executed in issue order */
-    pthread_mutex_t qmu;
-    pthread_cond_t qcv;
+    dpar__mutex qmu;
+    dpar__cond qcv;
     dpar__req_queue queue;
     int pending;               /* started and not finished */
     struct dpar_request *live; /* started and not waited */
@@ -2519,14 +2971,14 @@ struct dpar_runtime {
     dpar_runtime_desc desc;
     dpar__worker *workers;
     int threads_started;
-    pthread_mutex_t mu;
-    pthread_cond_t cv_start, cv_done;
+    dpar__mutex mu;
+    dpar__cond cv_start, cv_done;
     uint64_t job_gen;
     int job_remaining;
     dpar__job *job;
     int shutting_down;
-    pthread_mutex_t dispatch_mu; /* one pmap at a time */
-    pthread_mutex_t list_mu;     /* buffers list */
+    dpar__mutex dispatch_mu; /* one pmap at a time */
+    dpar__mutex list_mu;     /* buffers list */
     dpar_buffer *buffers;
     struct dpar_mesh *meshes;
     int thread_init_failed;
@@ -2565,7 +3017,7 @@ static DPAR__TLS struct dpar_request *dpar__async_self; /* the step this thread 
 /* The thread-safety rule of non-blocking dispatch and Vulkan loans: while a step of rt is in flight only
    its own threads may touch rt's objects; a lent buffer (b, may be NULL) is not touched at all. */
 static dpar_status dpar__busy(const dpar_runtime *rt, const dpar_buffer *b, const char *fn) {
-    struct dpar_request *a = rt ? DPAR__ATOMIC_LOAD(&rt->async_req) : NULL;
+    struct dpar_request *a = rt ? (struct dpar_request *)DPAR__ATOMIC_LOAD(&rt->async_req) : NULL;
     if (a && !dpar__self_worker && dpar__async_self != a)
         return dpar__err(DPAR_ERR_STATE,
                          "%s: a step started with dpar_pmap_start/dpar_shard_map_start/dpar_graph_run_start is in "
@@ -2638,8 +3090,8 @@ typedef struct dpar__transport {
     dpar_status (*share)(dpar_runtime *rt, void *buf, size_t n, int owner, dpar_status st);
 } dpar__transport;
 static const dpar__transport *dpar__transport_get(void);
-static void *dpar__worker_main(void *arg);
-static void *dpar__comm_main(void *arg);
+static DPAR__THREAD_FN(dpar__worker_main, arg);
+static DPAR__THREAD_FN(dpar__comm_main, arg);
 
 DPAR_API const char *dpar_backend_name(dpar_backend_kind k) {
     switch (k) {
@@ -2685,33 +3137,33 @@ static void dpar__runtime_free(dpar_runtime *rt) {
     if (!rt) return;
     if (rt->workers) {
         if (rt->threads_started) {
-            pthread_mutex_lock(&rt->mu);
+            dpar__mutex_lock(&rt->mu);
             rt->shutting_down = 1;
-            pthread_cond_broadcast(&rt->cv_start);
-            pthread_mutex_unlock(&rt->mu);
-            for (int i = 0; i < rt->threads_started; i++) pthread_join(rt->workers[i].thread, NULL);
+            dpar__cond_broadcast(&rt->cv_start);
+            dpar__mutex_unlock(&rt->mu);
+            for (int i = 0; i < rt->threads_started; i++) dpar__thread_join(rt->workers[i].thread);
         }
         for (int i = 0; i < rt->nlocal; i++) {
             dpar__worker *w = &rt->workers[i];
             if (w->comm_started) {
-                pthread_mutex_lock(&w->qmu);
+                dpar__mutex_lock(&w->qmu);
                 w->stop = 1;
-                pthread_cond_broadcast(&w->qcv);
-                pthread_mutex_unlock(&w->qmu);
-                pthread_join(w->comm_thread, NULL);
+                dpar__cond_broadcast(&w->qcv);
+                dpar__mutex_unlock(&w->qmu);
+                dpar__thread_join(w->comm_thread);
             }
-            pthread_mutex_destroy(&w->qmu);
-            pthread_cond_destroy(&w->qcv);
+            dpar__mutex_destroy(&w->qmu);
+            dpar__cond_destroy(&w->qcv);
         }
         DPAR_FREE(rt->workers);
     }
     if (rt->be && rt->bstate) rt->be->shutdown(rt->bstate);
     dpar__transport_get()->runtime_free(rt);
-    pthread_mutex_destroy(&rt->mu);
-    pthread_cond_destroy(&rt->cv_start);
-    pthread_cond_destroy(&rt->cv_done);
-    pthread_mutex_destroy(&rt->dispatch_mu);
-    pthread_mutex_destroy(&rt->list_mu);
+    dpar__mutex_destroy(&rt->mu);
+    dpar__cond_destroy(&rt->cv_start);
+    dpar__cond_destroy(&rt->cv_done);
+    dpar__mutex_destroy(&rt->dispatch_mu);
+    dpar__mutex_destroy(&rt->list_mu);
     dpar__obs_free(rt);
     dpar__handle_free(rt);
 }
@@ -2856,20 +3308,20 @@ static dpar_status dpar__runtime_start_workers(dpar_runtime *rt, int count) {
     for (int i = 0; i < count; i++) {
         rt->workers[i].rt = rt;
         rt->workers[i].device = rt->local_base + i;
-        pthread_mutex_init(&rt->workers[i].qmu, NULL);
-        pthread_cond_init(&rt->workers[i].qcv, NULL);
+        dpar__mutex_init(&rt->workers[i].qmu);
+        dpar__cond_init(&rt->workers[i].qcv);
     }
     for (int i = 0; i < count; i++) {
-        if (pthread_create(&rt->workers[i].thread, NULL, dpar__worker_main, &rt->workers[i]) != 0)
+        if (dpar__thread_start(&rt->workers[i].thread, dpar__worker_main, &rt->workers[i]) != 0)
             return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_runtime_create: could not start worker thread %d", i);
         rt->threads_started = i + 1;
     }
     /* wait for each worker's thread_init */
-    pthread_mutex_lock(&rt->mu);
-    while (rt->job_remaining < count && !rt->thread_init_failed) pthread_cond_wait(&rt->cv_done, &rt->mu);
+    dpar__mutex_lock(&rt->mu);
+    while (rt->job_remaining < count && !rt->thread_init_failed) dpar__cond_wait(&rt->cv_done, &rt->mu);
     rt->job_remaining = 0;
     int failed = rt->thread_init_failed;
-    pthread_mutex_unlock(&rt->mu);
+    dpar__mutex_unlock(&rt->mu);
     if (failed) return dpar__err(DPAR_ERR_BACKEND, "%s", rt->thread_init_msg);
     return DPAR_OK;
 }
@@ -2889,11 +3341,11 @@ static dpar_status dpar__runtime_create(const dpar_runtime_desc *desc_in, dpar_r
 
     dpar_runtime *rt = (dpar_runtime *)dpar__handle_alloc(sizeof *rt);
     if (!rt) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_runtime_create: out of host memory");
-    pthread_mutex_init(&rt->mu, NULL);
-    pthread_cond_init(&rt->cv_start, NULL);
-    pthread_cond_init(&rt->cv_done, NULL);
-    pthread_mutex_init(&rt->dispatch_mu, NULL);
-    pthread_mutex_init(&rt->list_mu, NULL);
+    dpar__mutex_init(&rt->mu);
+    dpar__cond_init(&rt->cv_start);
+    dpar__cond_init(&rt->cv_done);
+    dpar__mutex_init(&rt->dispatch_mu);
+    dpar__mutex_init(&rt->list_mu);
     rt->be = be;
     rt->timeout_ms = desc.timeout_ms;
     rt->desc = desc;
@@ -2944,7 +3396,7 @@ static dpar_status dpar__runtime_destroy(void *obj) {
         return dpar__err(DPAR_ERR_STATE,
                          "dpar_runtime_destroy: %d buffer(s) are lent by dpar_vulkan_buffer_export; nothing was "
                          "destroyed (call dpar_vulkan_buffer_release for each first)",
-                         DPAR__ATOMIC_LOAD(&rt->lent));
+                         (int)DPAR__ATOMIC_LOAD(&rt->lent));
     dpar_status s = dpar__live_close(rt, DPAR__LIVE_RUNTIME, "dpar_runtime_destroy");
     if (s) return s;
     dpar__releasing++; /* the children's own destroys, called by their release hooks, skip the checks */
@@ -3074,12 +3526,12 @@ DPAR_API dpar_status dpar_buffer_create(dpar_runtime *rt, int device, dpar_dtype
         DPAR_FREE(b);
         return s;
     }
-    pthread_mutex_lock(&rt->list_mu);
+    dpar__mutex_lock(&rt->list_mu);
     b->next = rt->buffers;
     if (rt->buffers) rt->buffers->prev = b;
     rt->buffers = b;
     dpar__obs_mem(rt, b->device, (int64_t)b->nbytes);
-    pthread_mutex_unlock(&rt->list_mu);
+    dpar__mutex_unlock(&rt->list_mu);
     *out = b;
     return DPAR_OK;
 }
@@ -3101,14 +3553,14 @@ static dpar_status dpar__buffer_destroy(void *obj) {
 static void dpar__buffer_free(dpar_buffer *b) {
     dpar_runtime *rt = b->rt;
     dpar__live_forget(b); /* an array's shard, or a leftover freed with its runtime */
-    pthread_mutex_lock(&rt->list_mu);
+    dpar__mutex_lock(&rt->list_mu);
     if (b->prev)
         b->prev->next = b->next;
     else
         rt->buffers = b->next;
     if (b->next) b->next->prev = b->prev;
     dpar__obs_mem(rt, b->device, -(int64_t)b->nbytes);
-    pthread_mutex_unlock(&rt->list_mu);
+    dpar__mutex_unlock(&rt->list_mu);
     rt->be->free(rt->bstate, b->device, b->mem);
     dpar__handle_free(b);
 }
@@ -3156,13 +3608,13 @@ DPAR_API dpar_status dpar_buffer_reshape(dpar_buffer *b, int ndim, const int64_t
 static dpar_status dpar__buffer_owner(const dpar_buffer *b, const char *fn) {
     const dpar__worker *w = dpar__self_worker;
     if (w && w->rt == b->rt) {
-        if (__builtin_expect(w->device == b->gdev, 1)) return DPAR_OK;
+        if (DPAR__LIKELY(w->device == b->gdev)) return DPAR_OK;
         return dpar__err(DPAR_ERR_STATE,
                          "%s: the buffer lives on device %d but this is device %d's worker; inside fn use only this "
                          "device's buffers (dpar_ctx_arg, dpar_ctx_buffer) and move data with collectives",
                          fn, b->gdev, w->device);
     }
-    if (__builtin_expect(DPAR__ATOMIC_LOAD(&b->rt->dispatching) != 0, 0))
+    if (DPAR__UNLIKELY(DPAR__ATOMIC_LOAD(&b->rt->dispatching) != 0))
         return dpar__err(DPAR_ERR_STATE,
                          "%s: a pmap/shard_map is running on the buffer's runtime; from this thread use its buffers "
                          "between dispatches (inside fn, its device's worker does)",
@@ -3268,8 +3720,8 @@ typedef struct dpar__post { /* what one member asked for, checked against the ot
 } dpar__post;
 
 struct dpar__group {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
+    dpar__mutex mu;
+    dpar__cond cv;
     struct dpar_mesh *mesh;
     int n;
     int *devices; /* [n] in reduction order */
@@ -3457,8 +3909,8 @@ typedef struct dpar__live_entry {
     dpar_mesh *mesh;             /* parent mesh (arrays, graphs, helpers), else NULL */
     void (*release)(void *self); /* graphs and helpers: frees the object with its parent */
 } dpar__live_entry;
-static pthread_mutex_t dpar__live_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t dpar__live_cv = PTHREAD_COND_INITIALIZER; /* busy / host_io / dispatching fell */
+static dpar__mutex dpar__live_mu = DPAR__MUTEX_INIT;
+static dpar__cond dpar__live_cv = DPAR__COND_INIT; /* busy / host_io / dispatching fell */
 static dpar__live_entry *dpar__live_tab;                        /* open addressing, linear probing */
 static size_t dpar__live_cap, dpar__live_used, dpar__live_n;    /* slots, non-empty slots, live entries */
 static const char dpar__live_tomb = 0;
@@ -3552,9 +4004,9 @@ static dpar__live_entry *dpar__live_get(const void *p, int kind, const char *fn,
 /* Looks p up: DPAR_OK when it is a live handle of that kind. */
 static dpar_status dpar__live_check(const void *p, int kind, const char *fn) {
     dpar_status s;
-    pthread_mutex_lock(&dpar__live_mu);
+    dpar__mutex_lock(&dpar__live_mu);
     dpar__live_get(p, kind, fn, &s);
-    pthread_mutex_unlock(&dpar__live_mu);
+    dpar__mutex_unlock(&dpar__live_mu);
     return s;
 }
 /* >>handle arguments ==========================================================
@@ -3592,21 +4044,21 @@ static int dpar__live_ok(const void *p, int kind) {
     const dpar__worker *w = dpar__self_worker;
     dpar__live_memo_slot *m = &dpar__live_memo[dpar__live_memo_of(p)];
     if (w) {
-        if (__builtin_expect(dpar__live_memo_rt != w->rt || dpar__live_memo_disp != w->rt->job_count, 0)) {
+        if (DPAR__UNLIKELY(dpar__live_memo_rt != w->rt || dpar__live_memo_disp != w->rt->job_count)) {
             memset((void *)dpar__live_memo, 0, sizeof dpar__live_memo); /* a new dispatch */
             dpar__live_memo_rt = w->rt;
             dpar__live_memo_disp = w->rt->job_count;
         }
-        if (__builtin_expect(m->p == p && m->kind == kind, 1)) return 1;
+        if (DPAR__LIKELY(m->p == p && m->kind == kind)) return 1;
     }
-    pthread_mutex_lock(&dpar__live_mu);
+    dpar__mutex_lock(&dpar__live_mu);
     const dpar__live_entry *e = dpar__live_find(p);
     int ok = e && e->kind == kind;
     if (ok && w && e->rt == w->rt && (kind != DPAR__LIVE_BUFFER || ((const dpar_buffer *)p)->gdev == w->device)) {
         m->p = p;
         m->kind = kind;
     }
-    pthread_mutex_unlock(&dpar__live_mu);
+    dpar__mutex_unlock(&dpar__live_mu);
     return ok;
 }
 /* DPAR_OK when p is NULL (the caller's own check names it) or a live handle
@@ -3631,13 +4083,13 @@ static int dpar__live_got(const void *p, int kind, const char *fn) {
 static dpar_status dpar__live_add(const void *p, int kind, const void *parent, int parent_kind, void (*release)(void *),
                                   const char *fn) {
     dpar_status s;
-    pthread_mutex_lock(&dpar__live_mu);
+    dpar__mutex_lock(&dpar__live_mu);
     dpar__live_entry *e = dpar__live_get(parent, parent_kind, fn, &s);
     if (e) {
         dpar_mesh *m = parent_kind == DPAR__LIVE_MESH ? (dpar_mesh *)(uintptr_t)parent : NULL;
         s = dpar__live_insert(p, kind, e->rt, m, release, fn);
     }
-    pthread_mutex_unlock(&dpar__live_mu);
+    dpar__mutex_unlock(&dpar__live_mu);
     return s;
 }
 /* Begins a call on live handle p: counts it in flight on its runtime (so no
@@ -3645,7 +4097,7 @@ static dpar_status dpar__live_add(const void *p, int kind, const void *parent, i
    dispatch runs. *rt: p's runtime, for dpar__live_leave. */
 static dpar_status dpar__live_enter(const void *p, int kind, const char *fn, int io, dpar_runtime **rt) {
     dpar_status s;
-    pthread_mutex_lock(&dpar__live_mu);
+    dpar__mutex_lock(&dpar__live_mu);
     dpar__live_entry *e = dpar__live_get(p, kind, fn, &s);
     if (e && io && e->rt->dispatching)
         s = dpar__err(DPAR_ERR_STATE,
@@ -3657,31 +4109,31 @@ static dpar_status dpar__live_enter(const void *p, int kind, const char *fn, int
         e->rt->host_io += io;
         *rt = e->rt;
     }
-    pthread_mutex_unlock(&dpar__live_mu);
+    dpar__mutex_unlock(&dpar__live_mu);
     return s;
 }
 static void dpar__live_leave(dpar_runtime *rt, int io) {
-    pthread_mutex_lock(&dpar__live_mu);
+    dpar__mutex_lock(&dpar__live_mu);
     rt->busy--;
     rt->host_io -= io;
-    pthread_cond_broadcast(&dpar__live_cv);
-    pthread_mutex_unlock(&dpar__live_mu);
+    dpar__cond_broadcast(&dpar__live_cv);
+    dpar__mutex_unlock(&dpar__live_mu);
 }
 /* A dispatch's start and end (inside a dpar__live_enter): waits for the host
    transfers in flight; while it runs, host transfers and host-thread ops refuse. */
 static void dpar__live_dispatch(dpar_runtime *rt, int delta) {
-    pthread_mutex_lock(&dpar__live_mu);
-    while (delta > 0 && rt->host_io) pthread_cond_wait(&dpar__live_cv, &dpar__live_mu);
+    dpar__mutex_lock(&dpar__live_mu);
+    while (delta > 0 && rt->host_io) dpar__cond_wait(&dpar__live_cv, &dpar__live_mu);
     DPAR__ATOMIC_STORE(&rt->dispatching, rt->dispatching + delta); /* host-thread ops read it without the lock */
-    if (delta < 0) pthread_cond_broadcast(&dpar__live_cv);
-    pthread_mutex_unlock(&dpar__live_mu);
+    if (delta < 0) dpar__cond_broadcast(&dpar__live_cv);
+    dpar__mutex_unlock(&dpar__live_mu);
 }
 /* Takes live handle p out of the set for its destroy; refuses a stale one and,
    unless this thread is freeing p's parent, one whose runtime has a call in
    flight. *rt (may be NULL): p's runtime. */
 static dpar_status dpar__live_detach(const void *p, int kind, const char *fn, dpar_runtime **rt) {
     dpar_status s;
-    pthread_mutex_lock(&dpar__live_mu);
+    dpar__mutex_lock(&dpar__live_mu);
     dpar__live_entry *e = dpar__live_get(p, kind, fn, &s);
     if (e && !dpar__releasing && e->rt->busy)
         s = dpar__err(DPAR_ERR_STATE,
@@ -3692,14 +4144,14 @@ static dpar_status dpar__live_detach(const void *p, int kind, const char *fn, dp
         if (rt) *rt = e->rt;
         dpar__live_erase(e);
     }
-    pthread_mutex_unlock(&dpar__live_mu);
+    dpar__mutex_unlock(&dpar__live_mu);
     return s;
 }
 /* Takes one graph or helper of mesh m out of the set (NULL when none is left):
    its release is called by the caller, outside the lock. */
 static void *dpar__live_pop_child(const dpar_mesh *m, void (**release)(void *)) {
     void *obj = NULL;
-    pthread_mutex_lock(&dpar__live_mu);
+    dpar__mutex_lock(&dpar__live_mu);
     for (size_t i = 0; i < dpar__live_cap && !obj; i++) {
         dpar__live_entry *e = &dpar__live_tab[i];
         if (!e->key || e->key == &dpar__live_tomb || e->mesh != m || !e->release) continue;
@@ -3707,14 +4159,14 @@ static void *dpar__live_pop_child(const dpar_mesh *m, void (**release)(void *)) 
         *release = e->release;
         dpar__live_erase(e);
     }
-    pthread_mutex_unlock(&dpar__live_mu);
+    dpar__mutex_unlock(&dpar__live_mu);
     return obj;
 }
 /* Marks a mesh or runtime as being destroyed (refusing its handles) after the
    checks of dpar__live_detach, which takes it out of the set. */
 static dpar_status dpar__live_close(const void *p, int kind, const char *fn) {
     dpar_status s;
-    pthread_mutex_lock(&dpar__live_mu);
+    dpar__mutex_lock(&dpar__live_mu);
     dpar__live_entry *e = dpar__live_get(p, kind, fn, &s);
     if (e && !dpar__releasing && e->rt->busy)
         s = dpar__err(DPAR_ERR_STATE,
@@ -3728,30 +4180,30 @@ static dpar_status dpar__live_close(const void *p, int kind, const char *fn) {
             e->rt->closing = 1;
         dpar__live_erase(e);
     }
-    pthread_mutex_unlock(&dpar__live_mu);
+    dpar__mutex_unlock(&dpar__live_mu);
     return s;
 }
 
 /* Whether p is a live handle (no error text). */
 static int dpar__live_has(const void *p) {
-    pthread_mutex_lock(&dpar__live_mu);
+    dpar__mutex_lock(&dpar__live_mu);
     int has = dpar__live_find(p) != NULL;
-    pthread_mutex_unlock(&dpar__live_mu);
+    dpar__mutex_unlock(&dpar__live_mu);
     return has;
 }
 /* Takes p out of the set if it is in (a parent freeing its children). */
 static void dpar__live_forget(const void *p) {
     dpar__live_memo_slot *m = &dpar__live_memo[dpar__live_memo_of(p)];
     if (m->p == p) m->p = NULL; /* this thread frees it: its address may come back */
-    pthread_mutex_lock(&dpar__live_mu);
+    dpar__mutex_lock(&dpar__live_mu);
     dpar__live_entry *e = dpar__live_find(p);
     if (e) dpar__live_erase(e);
-    pthread_mutex_unlock(&dpar__live_mu);
+    dpar__mutex_unlock(&dpar__live_mu);
 }
 static dpar_status dpar__live_add_runtime(dpar_runtime *rt) {
-    pthread_mutex_lock(&dpar__live_mu);
+    dpar__mutex_lock(&dpar__live_mu);
     dpar_status s = dpar__live_insert(rt, DPAR__LIVE_RUNTIME, rt, NULL, NULL, "dpar_runtime_create");
-    pthread_mutex_unlock(&dpar__live_mu);
+    dpar__mutex_unlock(&dpar__live_mu);
     return s;
 }
 /* >>handle addresses ==========================================================
@@ -3769,10 +4221,10 @@ static const void *dpar__addr_ring[DPAR__ADDR_RING]; /* the last addresses freed
 static size_t dpar__addr_next;
 
 static int dpar__addr_recent(const void *p) {
-    pthread_mutex_lock(&dpar__live_mu);
+    dpar__mutex_lock(&dpar__live_mu);
     int hit = 0;
     for (size_t i = 0; i < DPAR__ADDR_RING && !hit; i++) hit = dpar__addr_ring[i] == p;
-    pthread_mutex_unlock(&dpar__live_mu);
+    dpar__mutex_unlock(&dpar__live_mu);
     return hit;
 }
 /* A zeroed block for a handle's object, at none of the recently freed addresses; NULL: out of memory. */
@@ -3790,10 +4242,10 @@ static void *dpar__handle_alloc(size_t size) {
 /* Frees a handle's object and remembers its address. */
 static void dpar__handle_free(void *p) {
     if (!p) return;
-    pthread_mutex_lock(&dpar__live_mu);
+    dpar__mutex_lock(&dpar__live_mu);
     dpar__addr_ring[dpar__addr_next] = p;
     dpar__addr_next = (dpar__addr_next + 1) % DPAR__ADDR_RING;
-    pthread_mutex_unlock(&dpar__live_mu);
+    dpar__mutex_unlock(&dpar__live_mu);
     DPAR_FREE(p);
 }
 
@@ -3801,7 +4253,7 @@ static void dpar__handle_free(void *p) {
    array's shard; during a dispatch only its own device's worker may free it. */
 static dpar_status dpar__live_buffer_detach(const dpar_buffer *b) {
     dpar_status s;
-    pthread_mutex_lock(&dpar__live_mu);
+    dpar__mutex_lock(&dpar__live_mu);
     dpar__live_entry *e = dpar__live_get(b, DPAR__LIVE_BUFFER, "dpar_buffer_destroy", &s);
     const dpar__worker *w = dpar__self_worker;
     int own = w && w->rt == b->rt;
@@ -3821,7 +4273,7 @@ static dpar_status dpar__live_buffer_detach(const dpar_buffer *b) {
                       "destroyed; free it after the dispatch returns (or inside fn, on its device)");
     }
     if (e && !s) dpar__live_erase(e);
-    pthread_mutex_unlock(&dpar__live_mu);
+    dpar__mutex_unlock(&dpar__live_mu);
     return s;
 }
 
@@ -3840,13 +4292,13 @@ DPAR_API dpar_status dpar_handle_check(const void *obj, const char *fn) {
     dpar__worker *w = dpar__self_worker;
     if (w && obj == dpar__live_memo_obj && dpar__live_memo_job == w->rt->job_count) return DPAR_OK;
     dpar_status s;
-    pthread_mutex_lock(&dpar__live_mu);
+    dpar__mutex_lock(&dpar__live_mu);
     dpar__live_entry *e = dpar__live_get(obj, DPAR__LIVE_CHILD, fn, &s);
     if (e && w && e->rt == w->rt) { /* its runtime runs this dispatch: no destroy can free it before it ends */
         dpar__live_memo_obj = obj;
         dpar__live_memo_job = w->rt->job_count;
     }
-    pthread_mutex_unlock(&dpar__live_mu);
+    dpar__mutex_unlock(&dpar__live_mu);
     return s;
 }
 DPAR_API dpar_status dpar_handle_detach(void *obj, const char *fn) {
@@ -3869,19 +4321,19 @@ static void dpar__mesh_free(dpar_mesh *m) {
     while (m->arrays) dpar__array_free(m->arrays);
     dpar__releasing--;
     dpar__transport_get()->mesh_free(m);
-    pthread_mutex_lock(&rt->list_mu);
+    dpar__mutex_lock(&rt->list_mu);
     if (m->prev)
         m->prev->next = m->next;
     else if (rt->meshes == m)
         rt->meshes = m->next;
     if (m->next) m->next->prev = m->prev;
-    pthread_mutex_unlock(&rt->list_mu);
+    dpar__mutex_unlock(&rt->list_mu);
     for (int k = 0; k < DPAR__GROUP_KEYS; k++) {
         if (!m->groups[k]) continue;
         for (int g = 0; g < m->ngroups[k]; g++) {
             dpar__group *gr = &m->groups[k][g];
-            pthread_mutex_destroy(&gr->mu);
-            pthread_cond_destroy(&gr->cv);
+            dpar__mutex_destroy(&gr->mu);
+            dpar__cond_destroy(&gr->cv);
             if (gr->stage)
                 for (int i = 0; i < gr->n; i++) DPAR_FREE(gr->stage[i]);
             DPAR_FREE(gr->devices);
@@ -3987,7 +4439,7 @@ static dpar_status dpar__mesh_build_groups(dpar_mesh *m) {
         m->ngroups[key] = ng;
         for (int g = 0; g < ng; g++) {
             dpar__group *gr = &m->groups[key][g];
-            pthread_mutex_init(&gr->mu, NULL);
+            dpar__mutex_init(&gr->mu);
             dpar__cond_init(&gr->cv);
             gr->mesh = m;
             gr->n = gs;
@@ -4062,11 +4514,11 @@ DPAR_API dpar_status dpar_mesh_create(dpar_runtime *rt, const dpar_mesh_desc *de
         dpar__mesh_free(m);
         return dpar__err(ms, "%s", msg);
     }
-    pthread_mutex_lock(&rt->list_mu);
+    dpar__mutex_lock(&rt->list_mu);
     m->next = rt->meshes;
     if (rt->meshes) rt->meshes->prev = m;
     rt->meshes = m;
-    pthread_mutex_unlock(&rt->list_mu);
+    dpar__mutex_unlock(&rt->list_mu);
     *out = m;
     return DPAR_OK;
 }
@@ -4248,13 +4700,13 @@ static void dpar__array_free(dpar_array *a) {
     if (!a) return;
     dpar__live_forget(a); /* freed with its mesh, or a failed create */
     dpar_mesh *m = a->mesh;
-    pthread_mutex_lock(&m->rt->list_mu);
+    dpar__mutex_lock(&m->rt->list_mu);
     if (a->prev)
         a->prev->next = a->next;
     else if (m->arrays == a)
         m->arrays = a->next;
     if (a->next) a->next->prev = a->prev;
-    pthread_mutex_unlock(&m->rt->list_mu);
+    dpar__mutex_unlock(&m->rt->list_mu);
     if (a->shards)
         for (int p = 0; p < a->mesh->size; p++)
             if (a->shards[p]) dpar__buffer_free(a->shards[p]);
@@ -4334,11 +4786,11 @@ DPAR_API dpar_status dpar_array_create(dpar_mesh *m, const dpar_array_desc *d, d
         dpar__array_free(a);
         return s;
     }
-    pthread_mutex_lock(&m->rt->list_mu);
+    dpar__mutex_lock(&m->rt->list_mu);
     a->next = m->arrays;
     if (m->arrays) m->arrays->prev = a;
     m->arrays = a;
-    pthread_mutex_unlock(&m->rt->list_mu);
+    dpar__mutex_unlock(&m->rt->list_mu);
     *out = a;
     return DPAR_OK;
 }
@@ -4506,7 +4958,7 @@ struct dpar__job {
     void *user;
     dpar_ctx *ctxs; /* [mesh size] by position */
     int abort;      /* atomic */
-    pthread_mutex_t err_mu;
+    dpar__mutex err_mu;
     dpar_status first_status;
     int first_device;
     char first_msg[DPAR__ERR_LEN];
@@ -4517,16 +4969,16 @@ static void dpar__wake_all_groups(dpar_mesh *m) {
     for (int k = 1; k < DPAR__GROUP_KEYS; k++)
         for (int g = 0; g < m->ngroups[k]; g++) {
             dpar__group *gr = &m->groups[k][g];
-            pthread_mutex_lock(&gr->mu);
-            pthread_cond_broadcast(&gr->cv);
-            pthread_mutex_unlock(&gr->mu);
+            dpar__mutex_lock(&gr->mu);
+            dpar__cond_broadcast(&gr->cv);
+            dpar__mutex_unlock(&gr->mu);
         }
 }
 /* Records the first error of the job (status + this thread's last-error
    text) and tells every device to stop. */
 static void dpar__job_fail(dpar__job *job, int device, dpar_status s) {
     if (s == DPAR_OK) return;
-    pthread_mutex_lock(&job->err_mu);
+    dpar__mutex_lock(&job->err_mu);
     /* an ABORTED status is only the first error if nothing else failed */
     if (job->first_status == DPAR_OK || (job->first_status == DPAR_ERR_ABORTED && s != DPAR_ERR_ABORTED)) {
         job->first_status = s;
@@ -4534,7 +4986,7 @@ static void dpar__job_fail(dpar__job *job, int device, dpar_status s) {
         snprintf(job->first_msg, sizeof job->first_msg, "%s",
                  dpar__err_text[0] ? dpar__err_text : dpar_status_string(s));
     }
-    pthread_mutex_unlock(&job->err_mu);
+    dpar__mutex_unlock(&job->err_mu);
     if (!DPAR__ATOMIC_LOAD(&job->abort)) {
         DPAR__ATOMIC_STORE(&job->abort, 1);
         dpar__wake_all_groups(job->mesh);
@@ -4560,31 +5012,31 @@ static dpar_status dpar__ctx_exits(dpar_ctx *ctx, dpar_status st) {
     return st;
 }
 
-static void *dpar__worker_main(void *arg) {
+static DPAR__THREAD_FN(dpar__worker_main, arg) {
     dpar__worker *w = (dpar__worker *)arg;
     dpar_runtime *rt = w->rt;
     dpar__self_worker = w;
     dpar_status s = rt->be->thread_init ? rt->be->thread_init(rt->bstate, w->device - rt->local_base) : DPAR_OK;
-    pthread_mutex_lock(&rt->mu);
+    dpar__mutex_lock(&rt->mu);
     if (s != DPAR_OK && !rt->thread_init_failed) {
         rt->thread_init_failed = 1;
         snprintf(rt->thread_init_msg, sizeof rt->thread_init_msg, "%s", dpar__err_text);
     }
     rt->job_remaining++;
-    pthread_cond_broadcast(&rt->cv_done);
+    dpar__cond_broadcast(&rt->cv_done);
     uint64_t seen = rt->job_gen;
     static const int no_abort = 0;
     for (;;) {
         if (rt->job_gen == seen && !rt->shutting_down) { /* the next step usually follows at once: spin first */
-            pthread_mutex_unlock(&rt->mu);
+            dpar__mutex_unlock(&rt->mu);
             dpar__spin_until(dpar__spin_moved, &rt->job_gen, seen, &no_abort, rt->nlocal + 1);
-            pthread_mutex_lock(&rt->mu);
+            dpar__mutex_lock(&rt->mu);
         }
-        while (rt->job_gen == seen && !rt->shutting_down) pthread_cond_wait(&rt->cv_start, &rt->mu);
+        while (rt->job_gen == seen && !rt->shutting_down) dpar__cond_wait(&rt->cv_start, &rt->mu);
         if (rt->shutting_down) break;
         seen = rt->job_gen;
         dpar__job *job = rt->job;
-        pthread_mutex_unlock(&rt->mu);
+        dpar__mutex_unlock(&rt->mu);
 
         int pos = job->mesh->pos_of[w->device];
         if (pos >= 0) {
@@ -4604,22 +5056,22 @@ static void *dpar__worker_main(void *arg) {
             DPAR__ATOMIC_STORE(&job->departed[pos], 1);
             dpar__wake_all_groups(job->mesh);
         }
-        pthread_mutex_lock(&rt->mu);
-        if (__atomic_sub_fetch(&rt->job_remaining, 1, __ATOMIC_ACQ_REL) == 0) pthread_cond_broadcast(&rt->cv_done);
+        dpar__mutex_lock(&rt->mu);
+        if (DPAR__ATOMIC_SUB_FETCH(&rt->job_remaining, 1) == 0) dpar__cond_broadcast(&rt->cv_done);
     }
-    pthread_mutex_unlock(&rt->mu);
-    return NULL;
+    dpar__mutex_unlock(&rt->mu);
+    return 0;
 }
 
 static void dpar__reset_groups(dpar_mesh *m) {
     for (int k = 1; k < DPAR__GROUP_KEYS; k++)
         for (int g = 0; g < m->ngroups[k]; g++) {
             dpar__group *gr = &m->groups[k][g];
-            pthread_mutex_lock(&gr->mu);
+            dpar__mutex_lock(&gr->mu);
             gr->arrived = 0;
             memset(gr->here, 0, (size_t)gr->n);
             gr->gen++;
-            pthread_mutex_unlock(&gr->mu);
+            dpar__mutex_unlock(&gr->mu);
         }
 }
 
@@ -4647,7 +5099,7 @@ static dpar_status dpar__run(dpar_mesh *m, dpar_fn fn, void *user, int nargs, dp
         return dpar__err(DPAR_ERR_STATE,
                          "dpar_pmap/dpar_shard_map: %d buffer(s) of the runtime are lent by dpar_vulkan_buffer_export; "
                          "call dpar_vulkan_buffer_release for each before the next dispatch",
-                         DPAR__ATOMIC_LOAD(&rt->lent));
+                         (int)DPAR__ATOMIC_LOAD(&rt->lent));
     early = dpar__devices_status(rt, &bad_dev);
     if (early) {
         char msg[DPAR__ERR_LEN];
@@ -4662,7 +5114,7 @@ static dpar_status dpar__run(dpar_mesh *m, dpar_fn fn, void *user, int nargs, dp
     job.user = user;
     job.ctxs = (dpar_ctx *)dpar__calloc((size_t)m->size, sizeof(dpar_ctx));
     if (!job.ctxs) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_pmap: out of host memory");
-    pthread_mutex_init(&job.err_mu, NULL);
+    dpar__mutex_init(&job.err_mu);
     for (int p = 0; p < m->size; p++) {
         dpar_ctx *c = &job.ctxs[p];
         c->job = &job;
@@ -4676,21 +5128,21 @@ static dpar_status dpar__run(dpar_mesh *m, dpar_fn fn, void *user, int nargs, dp
     }
     double t0 = DPAR__ATOMIC_LOAD(&dpar__trace_on) ? dpar__now_us() : 0.0;
     dpar__live_dispatch(rt, 1); /* waits for host transfers; refuses new ones until the end */
-    pthread_mutex_lock(&rt->dispatch_mu);
-    pthread_mutex_lock(&rt->mu);
+    dpar__mutex_lock(&rt->dispatch_mu);
+    dpar__mutex_lock(&rt->mu);
     rt->job = &job;
     rt->job_remaining = rt->nlocal;
     rt->job_count++;
     DPAR__ATOMIC_STORE(&rt->job_gen, rt->job_gen + 1); /* workers spin on it */
-    pthread_cond_broadcast(&rt->cv_start);
+    dpar__cond_broadcast(&rt->cv_start);
     if (rt->job_remaining > 0) {
-        pthread_mutex_unlock(&rt->mu);
+        dpar__mutex_unlock(&rt->mu);
         dpar__spin_until(dpar__spin_zero, &rt->job_remaining, 0, &job.abort, rt->nlocal + 1);
-        pthread_mutex_lock(&rt->mu);
+        dpar__mutex_lock(&rt->mu);
     }
-    while (rt->job_remaining > 0) pthread_cond_wait(&rt->cv_done, &rt->mu);
+    while (rt->job_remaining > 0) dpar__cond_wait(&rt->cv_done, &rt->mu);
     rt->job = NULL;
-    pthread_mutex_unlock(&rt->mu);
+    dpar__mutex_unlock(&rt->mu);
     dpar_status late = dpar__devices_status(rt, &bad_dev); /* e.g. found while the workers freed their buffers */
     if (late && !job.first_status) {
         job.first_status = late;
@@ -4699,7 +5151,7 @@ static dpar_status dpar__run(dpar_mesh *m, dpar_fn fn, void *user, int nargs, dp
     }
     dpar__transport_get()->dispatch_end(m, &job, late);
     dpar__reset_groups(m);
-    pthread_mutex_unlock(&rt->dispatch_mu);
+    dpar__mutex_unlock(&rt->dispatch_mu);
     dpar__live_dispatch(rt, -1);
     dpar_status s = job.first_status;
     if (s != DPAR_OK && job.first_device >= 0)
@@ -4708,7 +5160,7 @@ static dpar_status dpar__run(dpar_mesh *m, dpar_fn fn, void *user, int nargs, dp
         dpar__err(s, "%s", job.first_msg);
     else
         dpar__clear_error();
-    pthread_mutex_destroy(&job.err_mu);
+    dpar__mutex_destroy(&job.err_mu);
     DPAR_FREE(job.ctxs);
     if (t0 > 0.0) dpar__trace_event(dpar__trace_pid(rt), -1, "dispatch", "host", t0, dpar__now_us(), -1);
     return s;
@@ -4921,7 +5373,7 @@ DPAR_API dpar_status dpar_pmap(dpar_mesh *m, const dpar_pmap_desc *desc) {
    returns: checked by comparing it with that thread's current ctx (no lookup,
    and a stale ctx is never dereferenced). */
 static dpar_status dpar__ctx_check(const dpar_ctx *ctx, const char *fn) {
-    if (__builtin_expect(ctx != NULL && ctx == dpar__cur_ctx, 1)) return DPAR_OK;
+    if (DPAR__LIKELY(ctx != NULL && ctx == dpar__cur_ctx)) return DPAR_OK;
     if (!ctx)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
                          "%s: ctx is NULL (call it inside a pmap/shard_map function, with the ctx it was given)", fn);
@@ -5072,7 +5524,7 @@ static int dpar__post_eq(const dpar__post *a, const dpar__post *b) {
 }
 
 /* Waits a short while for done(word, seen) without sleeping: a spin
-   with pause for DPAR_SPIN_US microseconds (default 2), then sched_yield()
+   with pause for DPAR_SPIN_US microseconds (default 2), then dpar__thread_yield()
    rounds, so that a core shared with a member not yet arrived (more workers
    than CPUs, or another process on the machine) runs that member, for up to
    100 us (20 us when there are more worker threads than online CPUs; 10x
@@ -5092,8 +5544,7 @@ static int dpar__spin_until(int (*done)(const void *, uint64_t), const void *wor
     int us = DPAR__ATOMIC_LOAD(&dpar__spin_env);
     if (us == -2) {
         us = dpar__env_int("DPAR_SPIN_US", -1);
-        long nc = sysconf(_SC_NPROCESSORS_ONLN);
-        DPAR__ATOMIC_STORE(&dpar__ncpu, nc > 0 ? (int)nc : 1);
+        DPAR__ATOMIC_STORE(&dpar__ncpu, dpar__cpu_count());
         DPAR__ATOMIC_STORE(&dpar__spin_env, us);
     }
     int yield_us = 0;
@@ -5103,22 +5554,16 @@ static int dpar__spin_until(int (*done)(const void *, uint64_t), const void *wor
     } else
         yield_us = 10 * us;
     if (us == 0) return 0;
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    uint64_t t0 = dpar__now_ns();
     for (uint32_t i = 1;; i++) {
         if (done(word, seen)) return 1;
         if ((i & 15) == 0) {
             if (DPAR__ATOMIC_LOAD(abort_flag)) return 0;
-            clock_gettime(CLOCK_MONOTONIC, &t1);
-            long el = (long)(t1.tv_sec - t0.tv_sec) * 1000000L + (t1.tv_nsec - t0.tv_nsec) / 1000L;
+            long el = (long)((dpar__now_ns() - t0) / 1000u);
             if (el > us + yield_us) return 0;
-            if (el > us) sched_yield();
+            if (el > us) dpar__thread_yield();
         }
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-        __builtin_ia32_pause();
-#elif defined(__GNUC__) && defined(__aarch64__)
-        __asm__ __volatile__("yield");
-#endif
+        DPAR__CPU_RELAX();
     }
 }
 
@@ -5135,23 +5580,22 @@ static dpar_status dpar__barrier_t(dpar__group *g, int rank, dpar_ctx *ctx, cons
     dpar_runtime *rt = ctx->rt;
     dpar_status s = DPAR_OK;
     DPAR_ASSERT(rank >= 0 && rank < g->n && g->devices[rank] == ctx->device); /* the caller is this member */
-    pthread_mutex_lock(&g->mu);
+    dpar__mutex_lock(&g->mu);
     uint64_t my = g->gen;
     g->here[rank] = 1;
     if (++g->arrived == g->nlocal) {
         g->arrived = 0;
         memset(g->here, 0, (size_t)g->n);
         DPAR__ATOMIC_STORE(&g->gen, my + 1);
-        if (g->sleepers) pthread_cond_broadcast(&g->cv);
-        pthread_mutex_unlock(&g->mu);
+        if (g->sleepers) dpar__cond_broadcast(&g->cv);
+        dpar__mutex_unlock(&g->mu);
         return DPAR_OK;
     }
-    pthread_mutex_unlock(&g->mu);
+    dpar__mutex_unlock(&g->mu);
     if (dpar__spin_until(dpar__spin_moved, &g->gen, my, &job->abort, rt->nlocal)) return DPAR_OK;
-    pthread_mutex_lock(&g->mu);
+    dpar__mutex_lock(&g->mu);
     g->sleepers++;
-    struct timespec dl;
-    dpar__deadline(&dl, rt->timeout_ms * slack);
+    uint64_t dl = dpar__deadline(rt->timeout_ms * slack);
     while (g->gen == my) {
         if (DPAR__ATOMIC_LOAD(&job->abort)) {
             s = dpar__err(DPAR_ERR_ABORTED, "%s: stopped because another device failed first", what);
@@ -5170,7 +5614,7 @@ static dpar_status dpar__barrier_t(dpar__group *g, int rank, dpar_ctx *ctx, cons
                 what, (unsigned long long)g->seq, gone);
             break;
         }
-        int rc = pthread_cond_timedwait(&g->cv, &g->mu, &dl);
+        int rc = dpar__cond_timedwait(&g->cv, &g->mu, dl);
         if (rc == ETIMEDOUT && g->gen == my) {
             char list[512];
             size_t at = 0;
@@ -5192,7 +5636,7 @@ static dpar_status dpar__barrier_t(dpar__group *g, int rank, dpar_ctx *ctx, cons
        stays set: the others' timeout / departure messages must not name it. */
     if (s != DPAR_OK && g->gen == my) g->arrived--;
     g->sleepers--;
-    pthread_mutex_unlock(&g->mu);
+    dpar__mutex_unlock(&g->mu);
     if (s != DPAR_OK && s != DPAR_ERR_ABORTED) dpar__job_fail(job, ctx->device, s);
     return s;
 }
@@ -5303,9 +5747,7 @@ static int dpar__streaming(uint64_t bytes) {
             fclose(f);
             c = unit == 'K' ? c << 10 : unit == 'M' ? c << 20 : c;
         }
-#ifdef _SC_LEVEL3_CACHE_SIZE
-        if (c <= 0) c = sysconf(_SC_LEVEL3_CACHE_SIZE);
-#endif
+        if (c <= 0) c = dpar__l3_cache_bytes();
         if (c <= 0) c = 32L << 20;
         DPAR__ATOMIC_STORE(&llc, c);
     }
@@ -6062,33 +6504,33 @@ static dpar_status dpar__coll_exec(dpar_ctx *ctx, const dpar__cargs *a) {
 static void dpar__req_run(dpar__worker *w, struct dpar_request *r) {
     dpar__clear_error();
     dpar_status s = dpar__coll_run(r->ctx, &r->args, 1);
-    pthread_mutex_lock(&w->qmu);
+    dpar__mutex_lock(&w->qmu);
     DPAR_ASSERT(!r->done && w->pending > 0); /* queued -> done, once */
     r->status = s;
     if (s) snprintf(r->msg, sizeof r->msg, "%s", dpar__err_text);
     r->done = 1;
     w->pending--;
-    pthread_cond_broadcast(&w->qcv);
-    pthread_mutex_unlock(&w->qmu);
+    dpar__cond_broadcast(&w->qcv);
+    dpar__mutex_unlock(&w->qmu);
 }
-static void *dpar__comm_main(void *arg) {
+static DPAR__THREAD_FN(dpar__comm_main, arg) {
     dpar__worker *w = (dpar__worker *)arg;
     dpar__self_worker = w;
     dpar_runtime *rt = w->rt;
     if (rt->be->thread_init) rt->be->thread_init(rt->bstate, w->device - rt->local_base);
-    pthread_mutex_lock(&w->qmu);
+    dpar__mutex_lock(&w->qmu);
     for (;;) {
-        while (!w->queue.head && !w->stop) pthread_cond_wait(&w->qcv, &w->qmu);
+        while (!w->queue.head && !w->stop) dpar__cond_wait(&w->qcv, &w->qmu);
         if (!w->queue.head) break;
         struct dpar_request *r = w->queue.head;
         w->queue.head = r->next;
         if (!w->queue.head) w->queue.tail = NULL;
-        pthread_mutex_unlock(&w->qmu);
+        dpar__mutex_unlock(&w->qmu);
         dpar__req_run(w, r);
-        pthread_mutex_lock(&w->qmu);
+        dpar__mutex_lock(&w->qmu);
     }
-    pthread_mutex_unlock(&w->qmu);
-    return NULL;
+    dpar__mutex_unlock(&w->qmu);
+    return 0;
 }
 
 static dpar_status dpar__coll_start(dpar_ctx *ctx, const dpar__cargs *a, struct dpar_request **out) {
@@ -6100,10 +6542,10 @@ static dpar_status dpar__coll_start(dpar_ctx *ctx, const dpar__cargs *a, struct 
                                               dpar__coll_name(a->kind, a->op)));
     r->ctx = ctx;
     r->args = *a;
-    pthread_mutex_lock(&w->qmu);
+    dpar__mutex_lock(&w->qmu);
     if (!w->comm_started) {
-        if (pthread_create(&w->comm_thread, NULL, dpar__comm_main, w) != 0) {
-            pthread_mutex_unlock(&w->qmu);
+        if (dpar__thread_start(&w->comm_thread, dpar__comm_main, w) != 0) {
+            dpar__mutex_unlock(&w->qmu);
             DPAR_FREE(r);
             return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_OUT_OF_MEMORY,
                                                   "dpar_%s: could not start the communication thread of device %d",
@@ -6119,8 +6561,8 @@ static dpar_status dpar__coll_start(dpar_ctx *ctx, const dpar__cargs *a, struct 
     w->queue.tail = r;
     r->live_next = w->live;
     w->live = r;
-    pthread_cond_broadcast(&w->qcv);
-    pthread_mutex_unlock(&w->qmu);
+    dpar__cond_broadcast(&w->qcv);
+    dpar__mutex_unlock(&w->qmu);
     *out = r;
     return DPAR_OK;
 }
@@ -6128,8 +6570,8 @@ static dpar_status dpar__coll_start(dpar_ctx *ctx, const dpar__cargs *a, struct 
 /* At the end of fn: waits for this device's async collectives and frees the
    ones fn never waited for (an error: their buffers were in use). */
 static void dpar__worker_drain(dpar__worker *w) {
-    pthread_mutex_lock(&w->qmu);
-    while (w->pending > 0) pthread_cond_wait(&w->qcv, &w->qmu);
+    dpar__mutex_lock(&w->qmu);
+    while (w->pending > 0) dpar__cond_wait(&w->qcv, &w->qmu);
     int leftover = 0;
     dpar_ctx *ctx = NULL;
     while (w->live) {
@@ -6139,7 +6581,7 @@ static void dpar__worker_drain(dpar__worker *w) {
         leftover++;
         DPAR_FREE(r);
     }
-    pthread_mutex_unlock(&w->qmu);
+    dpar__mutex_unlock(&w->qmu);
     if (leftover && ctx)
         dpar__job_fail(ctx->job, w->device,
                        dpar__err(DPAR_ERR_STATE,
@@ -6156,22 +6598,22 @@ DPAR_API dpar_status dpar_wait(dpar_ctx *ctx, dpar_request *r) {
     if (!r) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_wait: request is NULL");
     dpar__worker *w = &ctx->rt->workers[ctx->device - ctx->rt->local_base];
     double t0 = DPAR__ATOMIC_LOAD(&dpar__trace_on) ? dpar__now_us() : 0.0;
-    pthread_mutex_lock(&w->qmu);
+    dpar__mutex_lock(&w->qmu);
     struct dpar_request *it = w->live; /* a pending request of this device? (compared, never dereferenced) */
     while (it && it != r) it = it->live_next;
     if (!it) {
-        pthread_mutex_unlock(&w->qmu);
+        dpar__mutex_unlock(&w->qmu);
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
                          "dpar_wait: the request is not a pending request of device %d (already waited, "
                          "or started on another device)",
                          ctx->device);
     }
-    while (!r->done) pthread_cond_wait(&w->qcv, &w->qmu);
+    while (!r->done) dpar__cond_wait(&w->qcv, &w->qmu);
     if (t0 > 0.0) dpar__trace_event(dpar__trace_pid(ctx->rt), ctx->device, "wait", "wait", t0, dpar__now_us(), -1);
     struct dpar_request **pp = &w->live;
     while (*pp && *pp != r) pp = &(*pp)->live_next;
     if (*pp) *pp = r->live_next;
-    pthread_mutex_unlock(&w->qmu);
+    dpar__mutex_unlock(&w->qmu);
     dpar_status s = r->status;
     if (s) dpar__err(s, "%s", r->msg);
     DPAR_FREE(r);
@@ -6188,19 +6630,19 @@ static dpar_status dpar__coll_stale(const dpar__cargs *a, const char *suffix) {
    else queued behind the pending ones (issue order is kept). */
 static dpar_status dpar__collective(dpar_ctx *ctx, dpar__cargs *a, const char *axes) {
     dpar__clear_error();
-    if (__builtin_expect(!DPAR__CTX_OK(ctx), 0)) {
+    if (DPAR__UNLIKELY(!DPAR__CTX_OK(ctx))) {
         char fn[48];
         snprintf(fn, sizeof fn, "dpar_%s", dpar__coll_name(a->kind, a->op));
         return dpar__ctx_check(ctx, fn);
     }
-    if (__builtin_expect(!dpar__live_buf_ok(a->out) || !dpar__live_buf_ok(a->in), 0))
+    if (DPAR__UNLIKELY(!dpar__live_buf_ok(a->out) || !dpar__live_buf_ok(a->in)))
         return dpar__coll_stale(a, "");
     if (!axes) axes = "";
     snprintf(a->axes, sizeof a->axes, "%s", axes);
     dpar__worker *w = &ctx->rt->workers[ctx->device - ctx->rt->local_base];
-    pthread_mutex_lock(&w->qmu);
+    dpar__mutex_lock(&w->qmu);
     int pending = w->pending;
-    pthread_mutex_unlock(&w->qmu);
+    dpar__mutex_unlock(&w->qmu);
     if (pending == 0) return dpar__coll_run(ctx, a, 0);
     struct dpar_request *r;
     dpar_status s = dpar__coll_start(ctx, a, &r);
@@ -6467,7 +6909,7 @@ static dpar_status dpar__same_float(const char *fn, const dpar_buffer *const *b,
 static const char *dpar__op_name(dpar__op_kind k);
 static dpar_status dpar__op_run(dpar__op *op) {
     dpar_runtime *rt = op->dst->rt;
-    if (__builtin_expect(dpar__buffer_owner(op->dst, "op") != DPAR_OK, 0)) { /* two compares when fine */
+    if (DPAR__UNLIKELY(dpar__buffer_owner(op->dst, "op") != DPAR_OK)) { /* two compares when fine */
         char fn[64];
         snprintf(fn, sizeof fn, "dpar_%s", dpar__op_name(op->kind));
         return dpar__buffer_owner(op->dst, fn);
@@ -6476,7 +6918,7 @@ static dpar_status dpar__op_run(dpar__op *op) {
     double t0 = dpar__now_us();
     dpar__obs_count_op(rt, dev);
     dpar_status s =
-        __builtin_expect(DPAR__ATOMIC_LOAD(&dpar__trace_on), 0) ? dpar__trace_op(op) : rt->be->op(rt->bstate, dev, op);
+        DPAR__UNLIKELY(DPAR__ATOMIC_LOAD(&dpar__trace_on)) ? dpar__trace_op(op) : rt->be->op(rt->bstate, dev, op);
     dpar__obs_time(rt, dev, DPAR__OBS_COMPUTE, t0);
     return s;
 }
@@ -8858,7 +9300,7 @@ static dpar_value dpar__gv(int id) {
 /* Records the graph's first error (and sets the thread's); returns the invalid value. */
 static dpar_value dpar__g_fail(dpar_graph *g, dpar_status s, const char *fmt, ...)
 #if defined(__GNUC__)
-    __attribute__((format(printf, 3, 4)))
+    __attribute__((format(DPAR__PRINTF_FMT, 3, 4)))
 #endif
     ;
 static dpar_value dpar__g_fail(dpar_graph *g, dpar_status s, const char *fmt, ...) {
@@ -8875,7 +9317,7 @@ static dpar_value dpar__g_fail(dpar_graph *g, dpar_status s, const char *fmt, ..
 /* As dpar__g_fail, returning the status (for the calls that return one). */
 static dpar_status dpar__g_err(dpar_graph *g, dpar_status s, const char *fmt, ...)
 #if defined(__GNUC__)
-    __attribute__((format(printf, 3, 4)))
+    __attribute__((format(DPAR__PRINTF_FMT, 3, 4)))
 #endif
     ;
 static dpar_status dpar__g_err(dpar_graph *g, dpar_status s, const char *fmt, ...) {
@@ -12134,9 +12576,9 @@ struct dpar__disp {
     dpar_graph_feed *feeds; /* a copy: the caller's array may go, the host data it names may not */
     int num_feeds;
     float *loss;
-    pthread_t thread;
+    dpar__thread thread;
 };
-static pthread_mutex_t dpar__disp_mu = PTHREAD_MUTEX_INITIALIZER;
+static dpar__mutex dpar__disp_mu = DPAR__MUTEX_INIT;
 static struct dpar_request *dpar__disp_live; /* steps started and not waited, linked by live_next */
 
 static void dpar__disp_free(struct dpar_request *r) {
@@ -12145,7 +12587,7 @@ static void dpar__disp_free(struct dpar_request *r) {
     DPAR_FREE(r);
 }
 
-static void *dpar__disp_main(void *arg) {
+static DPAR__THREAD_FN(dpar__disp_main, arg) {
     struct dpar_request *r = (struct dpar_request *)arg;
     struct dpar__disp *d = r->disp;
     dpar__async_self = r;
@@ -12159,18 +12601,18 @@ static void *dpar__disp_main(void *arg) {
     r->status = s;
     if (s) snprintf(r->msg, sizeof r->msg, "%s", dpar__err_text);
     DPAR__ATOMIC_STORE(&r->done, 1);
-    return NULL;
+    return 0;
 }
 
 /* Whether r is a step started and not yet waited for (compared, never dereferenced before);
    unlink: take it off the list so that only one caller waits for it. */
 static int dpar__disp_pending(const struct dpar_request *r, int unlink) {
-    pthread_mutex_lock(&dpar__disp_mu);
+    dpar__mutex_lock(&dpar__disp_mu);
     struct dpar_request **pp = &dpar__disp_live;
     while (*pp && *pp != r) pp = &(*pp)->live_next;
     int found = *pp != NULL;
     if (found && unlink) *pp = r->live_next;
-    pthread_mutex_unlock(&dpar__disp_mu);
+    dpar__mutex_unlock(&dpar__disp_mu);
     return found;
 }
 
@@ -12189,11 +12631,11 @@ static dpar_status dpar__disp_start(struct dpar__disp *d, const char *fn, dpar_r
         s = dpar__err(DPAR_ERR_STATE,
                       "%s: %d buffer(s) of the runtime are lent by dpar_vulkan_buffer_export; call "
                       "dpar_vulkan_buffer_release for each first",
-                      fn, DPAR__ATOMIC_LOAD(&rt->lent));
+                      fn, (int)DPAR__ATOMIC_LOAD(&rt->lent));
     struct dpar_request *r = s ? NULL : (struct dpar_request *)dpar__calloc(1, sizeof *r);
     if (!s && !r) s = dpar__err(DPAR_ERR_OUT_OF_MEMORY, "%s: out of host memory for the request", fn);
     struct dpar_request *none = NULL;
-    if (!s && !__atomic_compare_exchange_n(&rt->async_req, &none, r, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+    if (!s && !DPAR__ATOMIC_CAS_PTR(&rt->async_req, &none, r))
         s = dpar__err(DPAR_ERR_STATE,
                       "%s: another step of this runtime is in flight (one at a time); call dpar_wait(NULL, req) "
                       "for it first",
@@ -12205,11 +12647,11 @@ static dpar_status dpar__disp_start(struct dpar__disp *d, const char *fn, dpar_r
         return s;
     }
     r->disp = d;
-    pthread_mutex_lock(&dpar__disp_mu);
+    dpar__mutex_lock(&dpar__disp_mu);
     r->live_next = dpar__disp_live;
     dpar__disp_live = r;
-    pthread_mutex_unlock(&dpar__disp_mu);
-    if (pthread_create(&d->thread, NULL, dpar__disp_main, r) != 0) {
+    dpar__mutex_unlock(&dpar__disp_mu);
+    if (dpar__thread_start(&d->thread, dpar__disp_main, r) != 0) {
         dpar__disp_pending(r, 1);
         DPAR__ATOMIC_STORE(&rt->async_req, (struct dpar_request *)NULL);
         dpar__disp_free(r);
@@ -12289,7 +12731,7 @@ static dpar_status dpar__disp_wait(dpar_request *r) {
                          "dpar_shard_map_start or dpar_graph_run_start not yet waited for (a collective's request "
                          "takes its ctx)");
     double t0 = DPAR__ATOMIC_LOAD(&dpar__trace_on) ? dpar__now_us() : 0.0;
-    pthread_join(r->disp->thread, NULL);
+    dpar__thread_join(r->disp->thread);
     dpar_runtime *rt = r->disp->rt;
     if (t0 > 0.0) dpar__trace_event(dpar__trace_pid(rt), -1, "wait step", "wait", t0, dpar__now_us(), -1);
     DPAR__ATOMIC_STORE(&rt->async_req, (struct dpar_request *)NULL);
@@ -12316,11 +12758,11 @@ DPAR_API dpar_status dpar_test(dpar_ctx *ctx, dpar_request *r, bool *done) {
     }
     if (!DPAR__CTX_OK(ctx)) return dpar__ctx_check(ctx, "dpar_test");
     dpar__worker *w = &ctx->rt->workers[ctx->device - ctx->rt->local_base];
-    pthread_mutex_lock(&w->qmu);
+    dpar__mutex_lock(&w->qmu);
     struct dpar_request *it = w->live; /* compared, never dereferenced, until found */
     while (it && it != r) it = it->live_next;
     if (it) *done = r->done != 0;
-    pthread_mutex_unlock(&w->qmu);
+    dpar__mutex_unlock(&w->qmu);
     if (!it)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
                          "dpar_test: the request is not a pending collective of device %d (already waited, started "
@@ -12633,9 +13075,8 @@ DPAR_API dpar_status dpar_graph_set_step(dpar_graph *g, int64_t step) {
    Per-device stats and the Chrome/Perfetto trace: the hooks the core calls
    (ops, collectives, buffers, dispatches) and the public trace calls. */
 static double dpar__now_us(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
+    uint64_t ns = dpar__now_ns();
+    return (double)(ns / 1000000000u) * 1e6 + (double)(ns % 1000000000u) * 1e-3;
 }
 
 /* --- stats: per runtime, per local device --- */
@@ -12659,7 +13100,7 @@ typedef struct dpar__tev {
     int64_t bytes;          /* -1: none */
 } dpar__tev;
 enum { DPAR__TID_COMM = 100000, DPAR__TRACE_MAX_EVENTS = 4 << 20 };
-static pthread_mutex_t dpar__trace_mu = PTHREAD_MUTEX_INITIALIZER;
+static dpar__mutex dpar__trace_mu = DPAR__MUTEX_INIT;
 static dpar__tev *dpar__tev_buf;
 static size_t dpar__tev_n, dpar__tev_cap, dpar__tev_dropped;
 static char *dpar__trace_path;
@@ -12669,7 +13110,7 @@ static char dpar__trace_pname[64][96]; /* process names by pid (first 64 runtime
 
 static void dpar__trace_event(int pid, int tid, const char *name, const char *cat, double t0, double t1,
                               int64_t bytes) {
-    pthread_mutex_lock(&dpar__trace_mu);
+    dpar__mutex_lock(&dpar__trace_mu);
     if (DPAR__ATOMIC_LOAD(&dpar__trace_on)) {
         if (dpar__tev_n == dpar__tev_cap && dpar__tev_cap < DPAR__TRACE_MAX_EVENTS) {
             size_t nc = dpar__tev_cap ? dpar__tev_cap * 2 : 4096;
@@ -12692,7 +13133,7 @@ static void dpar__trace_event(int pid, int tid, const char *name, const char *ca
             dpar__tev_dropped++;
         }
     }
-    pthread_mutex_unlock(&dpar__trace_mu);
+    dpar__mutex_unlock(&dpar__trace_mu);
 }
 static int dpar__trace_pid(const dpar_runtime *rt) {
     return rt && rt->obs ? rt->obs->pid : 0;
@@ -12732,9 +13173,9 @@ static dpar_status dpar__coll_run(dpar_ctx *ctx, const struct dpar__cargs *a, in
     if (rt->obs && s == DPAR_OK && a->in && a->out) {
         if (li >= 0 && li < rt->obs->nlocal) {
             dpar__devstats *d = &rt->obs->dev[li];
-            __atomic_fetch_add(&d->colls, 1, __ATOMIC_RELAXED);
-            __atomic_fetch_add(&d->bytes_in, (uint64_t)a->in->nbytes, __ATOMIC_RELAXED);
-            __atomic_fetch_add(&d->bytes_out, (uint64_t)a->out->nbytes, __ATOMIC_RELAXED);
+            DPAR__ATOMIC_FETCH_ADD(&d->colls, 1);
+            DPAR__ATOMIC_FETCH_ADD(&d->bytes_in, (uint64_t)a->in->nbytes);
+            DPAR__ATOMIC_FETCH_ADD(&d->bytes_out, (uint64_t)a->out->nbytes);
         }
     }
     if (DPAR__ATOMIC_LOAD(&dpar__trace_on))
@@ -12754,17 +13195,17 @@ static void dpar__obs_count_op(dpar_runtime *rt, int dev) {
     dpar__obs_add_ops(rt, dev, 1);
 }
 static void dpar__obs_add_ops(dpar_runtime *rt, int dev, uint64_t n) { /* n ops of a recorded graph segment */
-    if (rt->obs && dev >= 0 && dev < rt->obs->nlocal) __atomic_fetch_add(&rt->obs->dev[dev].ops, n, __ATOMIC_RELAXED);
+    if (rt->obs && dev >= 0 && dev < rt->obs->nlocal) DPAR__ATOMIC_FETCH_ADD(&rt->obs->dev[dev].ops, n);
 }
 static uint64_t dpar__obs_ops(const dpar_runtime *rt, int dev) { /* ops counted so far on local device dev */
     if (!rt->obs || dev < 0 || dev >= rt->obs->nlocal) return 0;
-    return __atomic_load_n(&rt->obs->dev[dev].ops, __ATOMIC_RELAXED);
+    return DPAR__ATOMIC_LOAD_RELAXED(&rt->obs->dev[dev].ops);
 }
 /* Adds the time since t0_us (dpar__now_us) to local device dev's `what`. */
 static void dpar__obs_time(dpar_runtime *rt, int dev, int what, double t0_us) {
     if (!rt->obs || dev < 0 || dev >= rt->obs->nlocal) return;
     double ns = (dpar__now_us() - t0_us) * 1e3;
-    if (ns > 0) __atomic_fetch_add(&rt->obs->dev[dev].ns[what], (uint64_t)ns, __ATOMIC_RELAXED);
+    if (ns > 0) DPAR__ATOMIC_FETCH_ADD(&rt->obs->dev[dev].ns[what], (uint64_t)ns);
 }
 
 static void dpar__trace_atexit_fn(void) {
@@ -12777,14 +13218,14 @@ static dpar_status dpar__obs_init(dpar_runtime *rt) {
     if (!o) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_runtime_create: out of host memory");
     o->nlocal = rt->nlocal;
     o->window_us = dpar__now_us();
-    pthread_mutex_lock(&dpar__trace_mu);
+    dpar__mutex_lock(&dpar__trace_mu);
     int first = !dpar__trace_env_done;
     dpar__trace_env_done = 1;
     o->pid = ++dpar__trace_pids;
     if (o->pid <= 64)
         snprintf(dpar__trace_pname[o->pid - 1], sizeof dpar__trace_pname[0], "dpar runtime %d (%s, %d devices)", o->pid,
                  rt->be->name, rt->ndev);
-    pthread_mutex_unlock(&dpar__trace_mu);
+    dpar__mutex_unlock(&dpar__trace_mu);
     rt->obs = o;
     const char *env = getenv("DPAR_TRACE");
     if (first && env && *env && !DPAR__ATOMIC_LOAD(&dpar__trace_on)) {
@@ -12796,20 +13237,20 @@ static dpar_status dpar__obs_init(dpar_runtime *rt) {
         else
             snprintf(path, sizeof path, "%s", env);
         if (dpar_trace_begin(path) != DPAR_OK) { /* refused, not dropped; the next create tries again */
-            pthread_mutex_lock(&dpar__trace_mu);
+            dpar__mutex_lock(&dpar__trace_mu);
             dpar__trace_env_done = 0;
-            pthread_mutex_unlock(&dpar__trace_mu);
+            dpar__mutex_unlock(&dpar__trace_mu);
             return dpar__err(DPAR_ERR_IO,
                              "dpar_runtime_create: DPAR_TRACE='%s' cannot be written (%s); set it to a writable file "
                              "path or unset it",
                              env, dpar_last_error());
         }
-        pthread_mutex_lock(&dpar__trace_mu);
+        dpar__mutex_lock(&dpar__trace_mu);
         if (!dpar__trace_atexit) {
             dpar__trace_atexit = 1;
             atexit(dpar__trace_atexit_fn);
         }
-        pthread_mutex_unlock(&dpar__trace_mu);
+        dpar__mutex_unlock(&dpar__trace_mu);
         dpar__clear_error();
     }
     return DPAR_OK;
@@ -12836,14 +13277,14 @@ DPAR_API dpar_status dpar_trace_begin(const char *path) {
     char *p = (char *)DPAR_MALLOC(len + 1);
     if (!p) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_trace_begin: out of host memory");
     memcpy(p, path, len + 1);
-    pthread_mutex_lock(&dpar__trace_mu);
+    dpar__mutex_lock(&dpar__trace_mu);
     DPAR_FREE(dpar__trace_path);
     dpar__trace_path = p;
     dpar__tev_n = 0;
     dpar__tev_dropped = 0;
     dpar__trace_t0 = dpar__now_us();
     DPAR__ATOMIC_STORE(&dpar__trace_on, 1);
-    pthread_mutex_unlock(&dpar__trace_mu);
+    dpar__mutex_unlock(&dpar__trace_mu);
     return DPAR_OK;
 }
 
@@ -12900,22 +13341,22 @@ static dpar_status dpar__trace_write_locked(void) {
 }
 DPAR_API dpar_status dpar_trace_flush(void) {
     dpar__clear_error();
-    pthread_mutex_lock(&dpar__trace_mu);
+    dpar__mutex_lock(&dpar__trace_mu);
     dpar_status s = DPAR__ATOMIC_LOAD(&dpar__trace_on) && dpar__trace_path
                         ? dpar__trace_write_locked()
                         : dpar__err(DPAR_ERR_STATE,
                                     "dpar_trace_flush: not tracing; call dpar_trace_begin or set DPAR_TRACE=file.json");
-    pthread_mutex_unlock(&dpar__trace_mu);
+    dpar__mutex_unlock(&dpar__trace_mu);
     return s;
 }
 DPAR_API dpar_status dpar_trace_end(void) {
     dpar_status s = dpar_trace_flush();
-    pthread_mutex_lock(&dpar__trace_mu);
+    dpar__mutex_lock(&dpar__trace_mu);
     DPAR__ATOMIC_STORE(&dpar__trace_on, 0);
     DPAR_FREE(dpar__tev_buf);
     dpar__tev_buf = NULL;
     dpar__tev_n = dpar__tev_cap = 0;
-    pthread_mutex_unlock(&dpar__trace_mu);
+    dpar__mutex_unlock(&dpar__trace_mu);
     return s;
 }
 
@@ -12943,21 +13384,21 @@ DPAR_API dpar_status dpar_runtime_device_stats(const dpar_runtime *rt, int devic
                          rt->local_base, rt->local_base + rt->nlocal - 1);
     const dpar__devstats *d = &rt->obs->dev[li];
     memset(out, 0, sizeof *out);
-    pthread_mutex_lock((pthread_mutex_t *)&rt->list_mu);
+    dpar__mutex_lock((dpar__mutex *)&rt->list_mu);
     out->memory_in_use = d->in_use;
     out->memory_peak = d->peak;
     out->buffers = d->buffers;
-    pthread_mutex_unlock((pthread_mutex_t *)&rt->list_mu);
-    out->ops = __atomic_load_n(&d->ops, __ATOMIC_RELAXED);
-    out->collectives = __atomic_load_n(&d->colls, __ATOMIC_RELAXED);
-    out->collective_bytes_in = __atomic_load_n(&d->bytes_in, __ATOMIC_RELAXED);
-    out->collective_bytes_out = __atomic_load_n(&d->bytes_out, __ATOMIC_RELAXED);
-    pthread_mutex_lock((pthread_mutex_t *)&rt->list_mu);
+    dpar__mutex_unlock((dpar__mutex *)&rt->list_mu);
+    out->ops = DPAR__ATOMIC_LOAD_RELAXED(&d->ops);
+    out->collectives = DPAR__ATOMIC_LOAD_RELAXED(&d->colls);
+    out->collective_bytes_in = DPAR__ATOMIC_LOAD_RELAXED(&d->bytes_in);
+    out->collective_bytes_out = DPAR__ATOMIC_LOAD_RELAXED(&d->bytes_out);
+    dpar__mutex_lock((dpar__mutex *)&rt->list_mu);
     out->window_s = (dpar__now_us() - rt->obs->window_us) * 1e-6;
-    pthread_mutex_unlock((pthread_mutex_t *)&rt->list_mu);
-    out->compute_s = (double)__atomic_load_n(&d->ns[DPAR__OBS_COMPUTE], __ATOMIC_RELAXED) * 1e-9;
-    out->collective_s = (double)__atomic_load_n(&d->ns[DPAR__OBS_COLL], __ATOMIC_RELAXED) * 1e-9;
-    out->transfer_s = (double)__atomic_load_n(&d->ns[DPAR__OBS_TRANSFER], __ATOMIC_RELAXED) * 1e-9;
+    dpar__mutex_unlock((dpar__mutex *)&rt->list_mu);
+    out->compute_s = (double)DPAR__ATOMIC_LOAD_RELAXED(&d->ns[DPAR__OBS_COMPUTE]) * 1e-9;
+    out->collective_s = (double)DPAR__ATOMIC_LOAD_RELAXED(&d->ns[DPAR__OBS_COLL]) * 1e-9;
+    out->transfer_s = (double)DPAR__ATOMIC_LOAD_RELAXED(&d->ns[DPAR__OBS_TRANSFER]) * 1e-9;
     out->gpu_util_pct = out->temperature_c = -1;
     out->power_w = -1;
     if (rt->be->health) rt->be->health(rt->bstate, li, out); /* NVML readings; leaves -1 where it has none */
@@ -12965,18 +13406,18 @@ DPAR_API dpar_status dpar_runtime_device_stats(const dpar_runtime *rt, int devic
 }
 DPAR_API void dpar_runtime_stats_reset(dpar_runtime *rt) {
     if (!dpar__live_got(rt, DPAR__LIVE_RUNTIME, "dpar_runtime_stats_reset") || !rt->obs) return;
-    pthread_mutex_lock(&rt->list_mu);
+    dpar__mutex_lock(&rt->list_mu);
     for (int i = 0; i < rt->obs->nlocal; i++) {
         dpar__devstats *d = &rt->obs->dev[i];
         d->peak = d->in_use;
-        __atomic_store_n(&d->ops, 0, __ATOMIC_RELAXED);
-        __atomic_store_n(&d->colls, 0, __ATOMIC_RELAXED);
-        __atomic_store_n(&d->bytes_in, 0, __ATOMIC_RELAXED);
-        __atomic_store_n(&d->bytes_out, 0, __ATOMIC_RELAXED);
-        for (int k = 0; k < 3; k++) __atomic_store_n(&d->ns[k], 0, __ATOMIC_RELAXED);
+        DPAR__ATOMIC_STORE_RELAXED(&d->ops, 0);
+        DPAR__ATOMIC_STORE_RELAXED(&d->colls, 0);
+        DPAR__ATOMIC_STORE_RELAXED(&d->bytes_in, 0);
+        DPAR__ATOMIC_STORE_RELAXED(&d->bytes_out, 0);
+        for (int k = 0; k < 3; k++) DPAR__ATOMIC_STORE_RELAXED(&d->ns[k], 0);
     }
     rt->obs->window_us = dpar__now_us();
-    pthread_mutex_unlock(&rt->list_mu);
+    dpar__mutex_unlock(&rt->list_mu);
 }
 
 /* ---------------------------------------------------------------------------
@@ -12989,9 +13430,9 @@ DPAR_API void dpar_runtime_stats_reset(dpar_runtime *rt) {
    element's arithmetic: results are the same bits for any thread count. */
 typedef struct dpar__cpu_pool {
     int n; /* helper threads */
-    pthread_t *th;
-    pthread_mutex_t mu;
-    pthread_cond_t cv, done;
+    dpar__thread *th;
+    dpar__mutex mu;
+    dpar__cond cv, done;
     uint64_t gen;
     int left, stop, nparts;
     void (*fn)(void *arg, int part, int nparts);
@@ -13006,44 +13447,44 @@ typedef struct dpar__cpu_helper {
     dpar__cpu_pool *p;
     int idx;
 } dpar__cpu_helper;
-static void *dpar__cpu_helper_main(void *arg) {
+static DPAR__THREAD_FN(dpar__cpu_helper_main, arg) {
     dpar__cpu_helper h = *(dpar__cpu_helper *)arg;
     DPAR_FREE(arg);
     dpar__cpu_pool *p = h.p;
-    pthread_mutex_lock(&p->mu);
+    dpar__mutex_lock(&p->mu);
     /* 0, the pool's generation at creation, not p->gen: a fork issued before this
        thread first ran must still be picked up (else the fork waits forever) */
     uint64_t seen = 0;
     for (;;) {
-        while (p->gen == seen && !p->stop) pthread_cond_wait(&p->cv, &p->mu);
+        while (p->gen == seen && !p->stop) dpar__cond_wait(&p->cv, &p->mu);
         if (p->stop) break;
         seen = p->gen;
         int part = h.idx + 1, nparts = p->nparts;
         void (*fn)(void *, int, int) = p->fn;
         void *fa = p->arg;
-        pthread_mutex_unlock(&p->mu);
+        dpar__mutex_unlock(&p->mu);
         if (part < nparts) fn(fa, part, nparts);
-        pthread_mutex_lock(&p->mu);
-        if (--p->left == 0) pthread_cond_signal(&p->done);
+        dpar__mutex_lock(&p->mu);
+        if (--p->left == 0) dpar__cond_signal(&p->done);
     }
-    pthread_mutex_unlock(&p->mu);
-    return NULL;
+    dpar__mutex_unlock(&p->mu);
+    return 0;
 }
 /* Runs fn(arg, part, nparts) for part 0..nparts-1 (nparts <= helpers + 1):
    part 0 on the calling thread, the others on the device's helpers. */
 static void dpar__cpu_fork(dpar__cpu_pool *p, int nparts, void (*fn)(void *, int, int), void *arg) {
-    pthread_mutex_lock(&p->mu);
+    dpar__mutex_lock(&p->mu);
     p->fn = fn;
     p->arg = arg;
     p->nparts = nparts;
     p->left = p->n;
     p->gen++;
-    pthread_cond_broadcast(&p->cv);
-    pthread_mutex_unlock(&p->mu);
+    dpar__cond_broadcast(&p->cv);
+    dpar__mutex_unlock(&p->mu);
     fn(arg, 0, nparts);
-    pthread_mutex_lock(&p->mu);
-    while (p->left > 0) pthread_cond_wait(&p->done, &p->mu);
-    pthread_mutex_unlock(&p->mu);
+    dpar__mutex_lock(&p->mu);
+    while (p->left > 0) dpar__cond_wait(&p->done, &p->mu);
+    dpar__mutex_unlock(&p->mu);
 }
 static void dpar__cpu_shutdown(void *st) {
     dpar__cpu *c = (dpar__cpu *)st;
@@ -13051,14 +13492,14 @@ static void dpar__cpu_shutdown(void *st) {
         for (int d = 0; d < c->ndev; d++) {
             dpar__cpu_pool *p = &c->pools[d];
             if (!p->th) continue;
-            pthread_mutex_lock(&p->mu);
+            dpar__mutex_lock(&p->mu);
             p->stop = 1;
-            pthread_cond_broadcast(&p->cv);
-            pthread_mutex_unlock(&p->mu);
-            for (int i = 0; i < p->n; i++) pthread_join(p->th[i], NULL);
-            pthread_mutex_destroy(&p->mu);
-            pthread_cond_destroy(&p->cv);
-            pthread_cond_destroy(&p->done);
+            dpar__cond_broadcast(&p->cv);
+            dpar__mutex_unlock(&p->mu);
+            for (int i = 0; i < p->n; i++) dpar__thread_join(p->th[i]);
+            dpar__mutex_destroy(&p->mu);
+            dpar__cond_destroy(&p->cv);
+            dpar__cond_destroy(&p->done);
             DPAR_FREE(p->th);
         }
     if (c) DPAR_FREE(c->pools);
@@ -13072,8 +13513,7 @@ static dpar_status dpar__cpu_init(const dpar_runtime_desc *desc, int requested, 
     DPAR__UNUSED(local_count);
     dpar__cpu *c = (dpar__cpu *)dpar__calloc(1, sizeof *c);
     if (!c) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "cpu backend: out of host memory");
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    if (cores < 1) cores = 1;
+    long cores = dpar__cpu_count();
     if (!requested) { /* default: 1 device per core, at most 8 (see dpar_runtime_desc.num_devices) */
         requested = cores > 8 ? 8 : (int)cores;
     }
@@ -13089,10 +13529,10 @@ static dpar_status dpar__cpu_init(const dpar_runtime_desc *desc, int requested, 
         }
         for (int d = 0; d < requested; d++) {
             dpar__cpu_pool *p = &c->pools[d];
-            pthread_mutex_init(&p->mu, NULL);
-            pthread_cond_init(&p->cv, NULL);
-            pthread_cond_init(&p->done, NULL);
-            p->th = (pthread_t *)dpar__calloc((size_t)(c->threads - 1), sizeof(pthread_t));
+            dpar__mutex_init(&p->mu);
+            dpar__cond_init(&p->cv);
+            dpar__cond_init(&p->done);
+            p->th = (dpar__thread *)dpar__calloc((size_t)(c->threads - 1), sizeof(dpar__thread));
             if (!p->th) {
                 c->ndev = d + 1;
                 dpar__cpu_shutdown(c);
@@ -13104,7 +13544,7 @@ static dpar_status dpar__cpu_init(const dpar_runtime_desc *desc, int requested, 
                     h->p = p;
                     h->idx = i;
                 }
-                if (!h || pthread_create(&p->th[i], NULL, dpar__cpu_helper_main, h) != 0) {
+                if (!h || dpar__thread_start(&p->th[i], dpar__cpu_helper_main, h) != 0) {
                     DPAR_FREE(h);
                     c->ndev = d + 1;
                     dpar__cpu_shutdown(c);
@@ -13126,8 +13566,7 @@ static dpar_status dpar__cpu_info(void *st, int dev, dpar_device_info *o) {
     snprintf(o->driver, sizeof o->driver, "dpar cpu reference");
     o->runs_on_cpu = true;
     o->physical_index = 0;
-    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
-    o->memory_bytes = (pages > 0 && psz > 0) ? (uint64_t)pages * (uint64_t)psz : 0;
+    o->memory_bytes = dpar__memory_bytes();
     return DPAR_OK;
 }
 static dpar_status dpar__cpu_alloc(void *st, int dev, size_t nbytes, void **mem) {
@@ -13453,7 +13892,7 @@ DPAR__MAYBE_UNUSED static void dpar__sgemm_part(void *arg, int part, int nparts)
     (void)part;
     (void)nparts;
     for (;;) {
-        int64_t j0 = __atomic_fetch_add(&g->next, 1, __ATOMIC_RELAXED) * g->chunk;
+        int64_t j0 = DPAR__ATOMIC_FETCH_ADD(&g->next, 1) * g->chunk;
         if (j0 >= g->N) break;
         int64_t j1 = j0 + g->chunk < g->N ? j0 + g->chunk : g->N;
         dpar__sgemm_cols(g->M, g->N, g->K, g->ta, g->tb, g->alpha, g->A, g->B, g->beta, g->C, j0, j1);
@@ -13582,7 +14021,7 @@ static void dpar__sgd_part(void *arg, int part, int nparts) { /* work items of `
     (void)part;
     (void)nparts;
     for (;;) {
-        int64_t lo = __atomic_fetch_add(&g->next, 1, __ATOMIC_RELAXED) * g->chunk;
+        int64_t lo = DPAR__ATOMIC_FETCH_ADD(&g->next, 1) * g->chunk;
         if (lo >= g->op->n) break;
         dpar__sgd_range(g->op, lo, lo + g->chunk < g->op->n ? lo + g->chunk : g->op->n);
     }
@@ -13605,7 +14044,7 @@ static void dpar__cpu_range_part(void *arg, int part, int nparts) {
     (void)part;
     (void)nparts;
     for (;;) {
-        int64_t lo = __atomic_fetch_add(&r->next, 1, __ATOMIC_RELAXED) * r->chunk;
+        int64_t lo = DPAR__ATOMIC_FETCH_ADD(&r->next, 1) * r->chunk;
         if (lo >= r->n) break;
         r->fn(r->op, lo, lo + r->chunk < r->n ? lo + r->chunk : r->n);
     }

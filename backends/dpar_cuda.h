@@ -70,7 +70,6 @@
 #ifndef DPAR_CUDA_BACKEND_INCLUDED
 #define DPAR_CUDA_BACKEND_INCLUDED
 
-#include <dlfcn.h>
 /* The PTX is one string literal far longer than the 4095 characters C99 promises;
    gcc and clang accept it, so -Wpedantic's length check is off for this include. */
 #if defined(__GNUC__)
@@ -316,7 +315,7 @@ typedef struct dpar__cu_dev {
        whose post is not is running in NCCL: that is what the timeout watches. */
     dpar__CUevent pre[DPAR__CU_RING], post[DPAR__CU_RING];
     uint64_t ring_head, ring_tail; /* collectives issued / known complete */
-    pthread_mutex_t ring_mu;
+    dpar__mutex ring_mu;
     int ring_mu_init;
     dpar__CUevent ev_ready, ev_done; /* virtual-device collectives */
     dpar__cublasHandle blas;
@@ -345,8 +344,8 @@ typedef struct dpar__cu_state {
     int first; /* ordinal of this process's first GPU (its node-local share) */
     dpar__cu_phys *phys;
     dpar__cu_dev *dev;
-    pthread_mutex_t comm_lock;
-    pthread_cond_t comm_cv; /* a communicator set finished initializing */
+    dpar__mutex comm_lock;
+    dpar__cond comm_cv; /* a communicator set finished initializing */
     dpar__cu_comm *comms;
     int ncomms; /* read without the lock as a hint only */
 } dpar__cu_state;
@@ -359,7 +358,7 @@ typedef struct dpar__cu_mem {
 #define DPAR__CU_PTR(b) (((const dpar__cu_mem *)(b)->mem)->ptr)
 
 static dpar__cu_api dpar__cu;
-static pthread_once_t dpar__cu_once = PTHREAD_ONCE_INIT;
+static dpar__once dpar__cu_once = DPAR__ONCE_INIT;
 static dpar_status dpar__cu_load_status = DPAR_OK;
 static char dpar__cu_load_text[512];
 
@@ -408,7 +407,7 @@ static dpar_status dpar__nccl_fail(int dev, const char *call, int r, dpar__ncclC
    Loading the libraries (once per process; never unloaded)
    ------------------------------------------------------------------------ */
 static void *dpar__cu_sym(void *lib, const char *name, const char *libname, int *missing) {
-    void *p = dlsym(lib, name);
+    void *p = (void *)dpar__dl_sym(lib, name);
     if (!p && !*missing) {
         *missing = 1;
         snprintf(dpar__cu_load_text, sizeof dpar__cu_load_text,
@@ -424,16 +423,16 @@ static void *dpar__cu_sym(void *lib, const char *name, const char *libname, int 
 /* NVML (libnvidia-ml.so.1, installed with the driver) is optional: without it
    or with a failed nvmlInit, the stats' GPU readings stay -1. */
 static void dpar__cu_load_nvml(void) {
-    void *l = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    void *l = dpar__dl_open("libnvidia-ml.so.1");
     if (!l) return;
-    *(void **)&dpar__cu.nvmlInit = dlsym(l, "nvmlInit_v2");
-    *(void **)&dpar__cu.nvmlDeviceGetHandleByUUID = dlsym(l, "nvmlDeviceGetHandleByUUID");
-    *(void **)&dpar__cu.nvmlDeviceGetUtilizationRates = dlsym(l, "nvmlDeviceGetUtilizationRates");
-    *(void **)&dpar__cu.nvmlDeviceGetTemperature = dlsym(l, "nvmlDeviceGetTemperature");
-    *(void **)&dpar__cu.nvmlDeviceGetPowerUsage = dlsym(l, "nvmlDeviceGetPowerUsage");
+    *(void **)&dpar__cu.nvmlInit = (void *)dpar__dl_sym(l, "nvmlInit_v2");
+    *(void **)&dpar__cu.nvmlDeviceGetHandleByUUID = (void *)dpar__dl_sym(l, "nvmlDeviceGetHandleByUUID");
+    *(void **)&dpar__cu.nvmlDeviceGetUtilizationRates = (void *)dpar__dl_sym(l, "nvmlDeviceGetUtilizationRates");
+    *(void **)&dpar__cu.nvmlDeviceGetTemperature = (void *)dpar__dl_sym(l, "nvmlDeviceGetTemperature");
+    *(void **)&dpar__cu.nvmlDeviceGetPowerUsage = (void *)dpar__dl_sym(l, "nvmlDeviceGetPowerUsage");
     if (!dpar__cu.nvmlInit || !dpar__cu.nvmlDeviceGetHandleByUUID || !dpar__cu.nvmlDeviceGetUtilizationRates ||
         !dpar__cu.nvmlDeviceGetTemperature || !dpar__cu.nvmlDeviceGetPowerUsage || dpar__cu.nvmlInit() != 0) {
-        dlclose(l);
+        dpar__dl_close(l);
         return;
     }
     dpar__cu.lib_nvml = l;
@@ -441,9 +440,10 @@ static void dpar__cu_load_nvml(void) {
 
 static void dpar__cu_load(void) {
     int missing = 0;
-    void *l = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    char why[256];
+    void *l = dpar__dl_open("libcuda.so.1");
     if (!l) {
-        const char *e = dlerror();
+        const char *e = dpar__dl_error(why, sizeof why);
         snprintf(dpar__cu_load_text, sizeof dpar__cu_load_text,
                  "cuda: libcuda.so.1 not found: no NVIDIA driver is installed (dlopen: %s). "
                  "Install the NVIDIA driver, or use DPAR_BACKEND=cpu",
@@ -496,11 +496,11 @@ static void dpar__cu_load(void) {
         static const char *const names[] = { "libcublas.so.13", "libcublas.so.12", "libcublas.so" };
         size_t i;
         for (i = 0; i < sizeof names / sizeof names[0] && !dpar__cu.lib_blas; i++) {
-            dpar__cu.lib_blas = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+            dpar__cu.lib_blas = dpar__dl_open(names[i]);
             if (dpar__cu.lib_blas) snprintf(dpar__cu.blas_name, sizeof dpar__cu.blas_name, "%s", names[i]);
         }
         if (!dpar__cu.lib_blas) {
-            const char *e = dlerror();
+            const char *e = dpar__dl_error(why, sizeof why);
             snprintf(dpar__cu_load_text, sizeof dpar__cu_load_text,
                      "cuda: cuBLAS not found (libcublas.so.13 / .12; dlopen: %s). Install the CUDA "
                      "libraries (e.g. the cuda-libraries package) and add their directory to "
@@ -523,7 +523,7 @@ static void dpar__cu_load(void) {
     }
 
     /* NCCL is optional: only needed for collectives across several GPUs */
-    dpar__cu.lib_nccl = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+    dpar__cu.lib_nccl = dpar__dl_open("libnccl.so.2");
     if (dpar__cu.lib_nccl) {
         l = dpar__cu.lib_nccl;
         DPAR__CU_SYM(l, ncclGetVersion, "ncclGetVersion", "libnccl.so.2");
@@ -584,14 +584,13 @@ static dpar_status dpar__cu_launch(dpar__cu_state *st, int dev, dpar__cuk k, uns
 }
 
 static double dpar__cu_now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+    uint64_t ns = dpar__now_ns();
+    return (double)(ns / 1000000000u) * 1e3 + (double)(ns % 1000000000u) * 1e-6;
 }
 
 static void dpar__cu_abort_comms_of(dpar__cu_state *st, int dev) {
     dpar__cu_comm *c;
-    pthread_mutex_lock(&st->comm_lock);
+    dpar__mutex_lock(&st->comm_lock);
     for (c = st->comms; c; c = c->next) {
         int i, member = 0;
         for (i = 0; i < c->n; i++) member |= c->devices[i] == dev;
@@ -600,7 +599,7 @@ static void dpar__cu_abort_comms_of(dpar__cu_state *st, int dev) {
         for (i = 0; i < c->n; i++)
             if (c->comms[i]) dpar__cu.ncclCommAbort(c->comms[i]);
     }
-    pthread_mutex_unlock(&st->comm_lock);
+    dpar__mutex_unlock(&st->comm_lock);
 }
 
 /* Waits for a stream. While NCCL communicators exist, polls instead of
@@ -612,12 +611,12 @@ static void dpar__cu_abort_comms_of(dpar__cu_state *st, int dev) {
    communicators are aborted: later waits and dispatches report it at once). */
 static dpar_status dpar__cu_stick(dpar__cu_state *st, int dev, dpar_status s) {
     dpar__cu_dev *d = &st->dev[dev];
-    pthread_mutex_lock(&d->ring_mu);
+    dpar__mutex_lock(&d->ring_mu);
     if (!d->sticky) {
         snprintf(d->sticky_msg, sizeof d->sticky_msg, "%s", dpar__err_text);
         DPAR__ATOMIC_STORE(&d->sticky, (int)s);
     }
-    pthread_mutex_unlock(&d->ring_mu);
+    dpar__mutex_unlock(&d->ring_mu);
     return s;
 }
 static dpar_status dpar__cu_device_status(void *state, int dev) {
@@ -626,9 +625,9 @@ static dpar_status dpar__cu_device_status(void *state, int dev) {
     int s = DPAR__ATOMIC_LOAD(&d->sticky);
     char msg[DPAR__ERR_LEN];
     if (!s) return DPAR_OK;
-    pthread_mutex_lock(&d->ring_mu);
+    dpar__mutex_lock(&d->ring_mu);
     memcpy(msg, d->sticky_msg, sizeof msg);
-    pthread_mutex_unlock(&d->ring_mu);
+    dpar__mutex_unlock(&d->ring_mu);
     return dpar__err((dpar_status)s, "%s", msg);
 }
 
@@ -650,7 +649,7 @@ static dpar_status dpar__cu_wait(dpar__cu_state *st, int dev, dpar__CUstream s, 
         dpar__ncclComm badcomm = NULL;
         if (r == DPAR__CUDA_SUCCESS) return DPAR_OK;
         if (r != DPAR__CUDA_ERROR_NOT_READY) return dpar__cu_fail(dev, "cuStreamQuery", r);
-        pthread_mutex_lock(&st->comm_lock);
+        dpar__mutex_lock(&st->comm_lock);
         for (c = st->comms; c && !bad; c = c->next) {
             int i;
             if (!c->ready) continue;
@@ -665,21 +664,21 @@ static dpar_status dpar__cu_wait(dpar__cu_state *st, int dev, dpar__CUstream s, 
                 }
             }
         }
-        pthread_mutex_unlock(&st->comm_lock);
+        dpar__mutex_unlock(&st->comm_lock);
         if (bad) {
             dpar_status s2 = dpar__nccl_fail(dev, "ncclCommGetAsyncError (asynchronous NCCL error)", code, badcomm);
             dpar__cu_abort_comms_of(st, dev);
             return dpar__cu_stick(st, dev, s2);
         }
         /* the oldest unfinished collective has its inputs ready: NCCL is running it */
-        pthread_mutex_lock(&d->ring_mu);
+        dpar__mutex_lock(&d->ring_mu);
         while (d->ring_tail < d->ring_head &&
                dpar__cu.cuEventQuery(d->post[d->ring_tail % DPAR__CU_RING]) == DPAR__CUDA_SUCCESS)
             d->ring_tail++;
         in_nccl = d->ring_tail < d->ring_head &&
                   dpar__cu.cuEventQuery(d->pre[d->ring_tail % DPAR__CU_RING]) == DPAR__CUDA_SUCCESS;
         seq = d->ring_tail;
-        pthread_mutex_unlock(&d->ring_mu);
+        dpar__mutex_unlock(&d->ring_mu);
         if (!in_nccl || seq != watched) {
             t0 = dpar__cu_now_ms();
             watched = seq;
@@ -694,8 +693,7 @@ static dpar_status dpar__cu_wait(dpar__cu_state *st, int dev, dpar__CUstream s, 
                           dev, what, (unsigned long long)seq + 1, st->timeout_ms));
         }
         if (++spins > 2000) { /* a few ms of polling, then 20 us naps */
-            struct timespec ts = { 0, 20000 };
-            nanosleep(&ts, NULL);
+            dpar__sleep_us(20);
         }
     }
 }
@@ -743,11 +741,11 @@ typedef struct dpar__cu_destroy_arg {
     dpar__CUcontext ctx;
     dpar__ncclComm comm;
 } dpar__cu_destroy_arg;
-static void *dpar__cu_destroy_main(void *p) {
+static DPAR__THREAD_FN(dpar__cu_destroy_main, p) {
     dpar__cu_destroy_arg *a = (dpar__cu_destroy_arg *)p;
     dpar__cu.cuCtxSetCurrent(a->ctx);
     dpar__cu.ncclCommDestroy(a->comm);
-    return NULL;
+    return 0;
 }
 
 static void dpar__cu_shutdown(void *state) {
@@ -775,17 +773,17 @@ static void dpar__cu_shutdown(void *state) {
         dpar__cu_comm *c = st->comms;
         st->comms = c->next;
         if (c->ready && !c->aborted) {
-            pthread_t th[DPAR_MAX_DEVICES];
+            dpar__thread th[DPAR_MAX_DEVICES];
             dpar__cu_destroy_arg args[DPAR_MAX_DEVICES];
             int started[DPAR_MAX_DEVICES];
             for (i = 0; i < c->n; i++) {
                 args[i].ctx = c->devices[i] >= 0 ? st->phys[st->dev[c->devices[i]].phys].ctx : NULL;
                 args[i].comm = c->comms[i];
-                started[i] = c->comms[i] && pthread_create(&th[i], NULL, dpar__cu_destroy_main, &args[i]) == 0;
+                started[i] = c->comms[i] && dpar__thread_start(&th[i], dpar__cu_destroy_main, &args[i]) == 0;
             }
             for (i = 0; i < c->n; i++)
                 if (started[i])
-                    pthread_join(th[i], NULL);
+                    dpar__thread_join(th[i]);
                 else if (c->comms[i])
                     dpar__cu_destroy_main(&args[i]); /* could not start a thread */
         }
@@ -808,7 +806,7 @@ static void dpar__cu_shutdown(void *state) {
             if (d->ev_done) dpar__cu.cuEventDestroy(d->ev_done);
             if (d->compute) dpar__cu.cuStreamDestroy(d->compute);
             if (d->comm) dpar__cu.cuStreamDestroy(d->comm);
-            if (d->ring_mu_init) pthread_mutex_destroy(&d->ring_mu);
+            if (d->ring_mu_init) dpar__mutex_destroy(&d->ring_mu);
         }
         DPAR_FREE(st->dev);
     }
@@ -824,8 +822,8 @@ static void dpar__cu_shutdown(void *state) {
         }
         DPAR_FREE(st->phys);
     }
-    pthread_mutex_destroy(&st->comm_lock);
-    pthread_cond_destroy(&st->comm_cv);
+    dpar__mutex_destroy(&st->comm_lock);
+    dpar__cond_destroy(&st->comm_cv);
     DPAR_FREE(st);
 }
 
@@ -881,7 +879,7 @@ static dpar_status dpar__cu_init_phys(dpar__cu_state *st, int i) {
 static dpar_status dpar__cu_init_dev(dpar__cu_state *st, int i) {
     dpar__cu_dev *d = &st->dev[i];
     int r, k;
-    pthread_mutex_init(&d->ring_mu, NULL);
+    dpar__mutex_init(&d->ring_mu);
     d->ring_mu_init = 1;
     DPAR__CU_TRY(i, "cuCtxSetCurrent", dpar__cu.cuCtxSetCurrent(st->phys[d->phys].ctx));
     DPAR__CU_TRY(i, "cuStreamCreate", dpar__cu.cuStreamCreate(&d->compute, DPAR__CU_STREAM_NON_BLOCKING));
@@ -919,7 +917,7 @@ static dpar_status dpar__cu_init(const dpar_runtime_desc *desc, int requested, i
     dpar_status s;
     *state = NULL;
     *count = 0;
-    pthread_once(&dpar__cu_once, dpar__cu_load);
+    dpar__call_once(&dpar__cu_once, dpar__cu_load);
     if (dpar__cu_load_status != DPAR_OK) return dpar__err(dpar__cu_load_status, "%s", dpar__cu_load_text);
     r = dpar__cu.cuInit(0);
     if (r != DPAR__CUDA_SUCCESS)
@@ -978,7 +976,7 @@ static dpar_status dpar__cu_init(const dpar_runtime_desc *desc, int requested, i
     st = (dpar__cu_state *)DPAR_MALLOC(sizeof *st);
     if (!st) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "cuda: out of host memory");
     memset(st, 0, sizeof *st);
-    pthread_mutex_init(&st->comm_lock, NULL);
+    dpar__mutex_init(&st->comm_lock);
     dpar__cond_init(&st->comm_cv);
     st->nphys_total = nphys;
     st->first = first;
@@ -1458,14 +1456,14 @@ static dpar_status dpar__cu_idx_check(dpar__cu_state *st, int dev, const dpar_bu
     }
     void *args[] = { &p, &n, &bound, &use_ignore, &ignore, &fn, &d->idx_err };
     dpar_status s = dpar__cu_launch(st, dev, DPAR__CUK_CHECK_INDEX, 1, 1, d->compute, args);
-    if (!s) __atomic_store_n(&d->idx_pending, 1, __ATOMIC_RELEASE);
+    if (!s) DPAR__ATOMIC_STORE(&d->idx_pending, 1);
     return s;
 }
 /* the error words of the checks run since the last report: the first bad index as the op's error */
 static dpar_status dpar__cu_idx_report(dpar__cu_state *st, int dev) {
     dpar__cu_dev *d = &st->dev[dev];
     uint32_t w[5];
-    if (!__atomic_exchange_n(&d->idx_pending, 0, __ATOMIC_ACQ_REL)) return DPAR_OK;
+    if (!DPAR__ATOMIC_EXCHANGE(&d->idx_pending, 0)) return DPAR_OK;
     DPAR__CU_TRY(dev, "cuMemcpyDtoHAsync(index check words)",
                  dpar__cu.cuMemcpyDtoHAsync(w, d->idx_err, sizeof w, d->compute));
     dpar_status s = dpar__cu_wait(st, dev, d->compute, "index check");
@@ -1945,7 +1943,7 @@ static dpar_status dpar__cu_get_comm(dpar__cu_state *st, dpar__coll *c, dpar__nc
     int me = c->devices[c->rank], i, r;
     const int *key = c->cross ? c->gdevices : c->devices;
     dpar_status s = DPAR_OK;
-    pthread_mutex_lock(&st->comm_lock);
+    dpar__mutex_lock(&st->comm_lock);
     for (cm = st->comms; cm; cm = cm->next) {
         const int *ck = cm->cross ? cm->gdevices : cm->devices;
         if (cm->n != c->n || cm->cross != c->cross) continue;
@@ -1956,7 +1954,7 @@ static dpar_status dpar__cu_get_comm(dpar__cu_state *st, dpar__coll *c, dpar__nc
         int ords[DPAR_MAX_DEVICES], bad = -1;
         cm = (dpar__cu_comm *)DPAR_MALLOC(sizeof *cm);
         if (!cm) {
-            pthread_mutex_unlock(&st->comm_lock);
+            dpar__mutex_unlock(&st->comm_lock);
             return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "cuda: out of host memory");
         }
         memset(cm, 0, sizeof *cm);
@@ -1969,9 +1967,9 @@ static dpar_status dpar__cu_get_comm(dpar__cu_state *st, dpar__coll *c, dpar__nc
         }
         cm->next = st->comms;
         st->comms = cm;
-        pthread_mutex_unlock(&st->comm_lock);
+        dpar__mutex_unlock(&st->comm_lock);
         r = c->cross ? dpar__cu_comm_init_cross(st, cm, c, &bad) : dpar__cu.ncclCommInitAll(cm->comms, c->n, ords);
-        pthread_mutex_lock(&st->comm_lock);
+        dpar__mutex_lock(&st->comm_lock);
         if (r != DPAR__ncclSuccess) {
             cm->failed = 1;
             if (c->cross) {
@@ -1986,12 +1984,11 @@ static dpar_status dpar__cu_get_comm(dpar__cu_state *st, dpar__coll *c, dpar__nc
             cm->ready = 1;
             DPAR__ATOMIC_STORE(&st->ncomms, st->ncomms + 1);
         }
-        pthread_cond_broadcast(&st->comm_cv);
+        dpar__cond_broadcast(&st->comm_cv);
     } else {
-        struct timespec dl;
-        dpar__deadline(&dl, st->timeout_ms);
+        uint64_t dl = dpar__deadline(st->timeout_ms);
         while (!cm->ready && !cm->failed) {
-            if (pthread_cond_timedwait(&st->comm_cv, &st->comm_lock, &dl) == ETIMEDOUT && !cm->ready && !cm->failed) {
+            if (dpar__cond_timedwait(&st->comm_cv, &st->comm_lock, dl) == ETIMEDOUT && !cm->ready && !cm->failed) {
                 s = dpar__err(DPAR_ERR_TIMEOUT,
                               "cuda: device %d: %s for this group did not finish within %d ms "
                               "(DPAR_TIMEOUT_MS)",
@@ -2011,7 +2008,7 @@ static dpar_status dpar__cu_get_comm(dpar__cu_state *st, dpar__coll *c, dpar__nc
                       "after an earlier error or timeout; destroy and recreate the runtime",
                       me);
     if (!s) *out = cm->comms[c->rank];
-    pthread_mutex_unlock(&st->comm_lock);
+    dpar__mutex_unlock(&st->comm_lock);
     if (!s) s = dpar__cu_bind(st, me); /* NCCL may have switched the current device */
     return s;
 }
@@ -2240,18 +2237,18 @@ static dpar_status dpar__cu_coll_nccl(dpar__cu_state *st, dpar__coll *c) {
     /* compute -> comm stream, the collective, comm -> compute stream */
     /* collectives of one device are issued one at a time; the lock only
        guards ring_head / ring_tail against a concurrent dpar__cu_wait */
-    pthread_mutex_lock(&d->ring_mu);
+    dpar__mutex_lock(&d->ring_mu);
     slot = (int)(d->ring_head % DPAR__CU_RING);
     if (d->ring_head - d->ring_tail >= DPAR__CU_RING) d->ring_tail = d->ring_head - DPAR__CU_RING + 1;
-    pthread_mutex_unlock(&d->ring_mu);
+    dpar__mutex_unlock(&d->ring_mu);
     DPAR__CU_TRY(me, "cuEventRecord", dpar__cu.cuEventRecord(d->pre[slot], d->compute));
     DPAR__CU_TRY(me, "cuStreamWaitEvent", dpar__cu.cuStreamWaitEvent(d->comm, d->pre[slot], 0));
     e = dpar__cu_coll_nccl_body(st, c, comm, d->comm);
     DPAR__CU_TRY(me, "cuEventRecord", dpar__cu.cuEventRecord(d->post[slot], d->comm));
     DPAR__CU_TRY(me, "cuStreamWaitEvent", dpar__cu.cuStreamWaitEvent(d->compute, d->post[slot], 0));
-    pthread_mutex_lock(&d->ring_mu);
+    dpar__mutex_lock(&d->ring_mu);
     d->ring_head++;
-    pthread_mutex_unlock(&d->ring_mu);
+    dpar__mutex_unlock(&d->ring_mu);
     return e;
 }
 

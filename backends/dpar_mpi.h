@@ -32,7 +32,7 @@ typedef struct dpar__mpi {
     dpar_mpi_desc desc; /* the settings, defaults resolved (dpar__mpi_settings_get) */
     MPI_Comm comm;      /* dup of the user's communicator */
     int rank, size;
-    pthread_mutex_t mu;             /* serializes MPI calls: MPI_THREAD_SERIALIZED is enough */
+    dpar__mutex mu;             /* serializes MPI calls: MPI_THREAD_SERIALIZED is enough */
     MPI_Op op_max, op_min;          /* NaN-propagating float max/min */
     int broken;                     /* a cross-process collective timed out: destroy the runtime */
     int keep;                       /* an MPI request given up on may still use this state's communicator,
@@ -115,9 +115,9 @@ static dpar_status dpar__mpi_errstr(int rc, const char *call) {
 }
 #define DPAR__MPI_CALL(mp, call)                                       \
     do {                                                               \
-        pthread_mutex_lock(&(mp)->mu);                                 \
+        dpar__mutex_lock(&(mp)->mu);                                 \
         int rc__ = (call);                                             \
-        pthread_mutex_unlock(&(mp)->mu);                               \
+        dpar__mutex_unlock(&(mp)->mu);                               \
         if (rc__ != MPI_SUCCESS) return dpar__mpi_errstr(rc__, #call); \
     } while (0)
 
@@ -161,7 +161,7 @@ static dpar_status dpar__mpi_runtime_pre(dpar_runtime *rt, const dpar_runtime_de
             prov);
     dpar__mpi *mp = (dpar__mpi *)dpar__calloc(1, sizeof *mp);
     if (!mp) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_runtime_create: out of host memory");
-    pthread_mutex_init(&mp->mu, NULL);
+    dpar__mutex_init(&mp->mu);
     mp->desc = set;
     rt->mpi = mp;
     MPI_Comm base = comm_ptr ? *(const MPI_Comm *)comm_ptr : MPI_COMM_WORLD;
@@ -362,7 +362,7 @@ static void dpar__mpi_runtime_free(dpar_runtime *rt) {
         DPAR_FREE(x->id);
         DPAR_FREE(x);
     }
-    pthread_mutex_destroy(&mp->mu);
+    dpar__mutex_destroy(&mp->mu);
     DPAR_FREE(mp);
     rt->mpi = NULL;
 }
@@ -494,22 +494,19 @@ static dpar_status dpar__mpi_mesh_init(dpar_mesh *m) {
 /* Polls req until done, the deadline, or an abort of the job. `busy`: keep
    calling into MPI (its shared-memory transport only progresses inside MPI
    calls) instead of sleeping between polls; used for the data phase. */
-static int dpar__mpi_poll(dpar__mpi *mp, MPI_Request *req, const struct timespec *dl, dpar__job *job, int busy) {
+static int dpar__mpi_poll(dpar__mpi *mp, MPI_Request *req, const uint64_t *dl, dpar__job *job, int busy) {
     for (int spins = 0;; spins++) {
         int flag = 0;
-        pthread_mutex_lock(&mp->mu);
+        dpar__mutex_lock(&mp->mu);
         MPI_Test(req, &flag, MPI_STATUS_IGNORE);
-        pthread_mutex_unlock(&mp->mu);
+        dpar__mutex_unlock(&mp->mu);
         if (flag) return 1;
         if (job && DPAR__ATOMIC_LOAD(&job->abort)) return -1;
-        struct timespec now;
-        clock_gettime(DPAR__DEADLINE_CLOCK, &now);
-        if (now.tv_sec > dl->tv_sec || (now.tv_sec == dl->tv_sec && now.tv_nsec >= dl->tv_nsec)) return 0;
-        if (!busy && spins > 64) {
-            struct timespec ts = { 0, 20000 };
-            nanosleep(&ts, NULL);
-        } else
-            sched_yield();
+        if (dpar__now_ns() >= *dl) return 0;
+        if (!busy && spins > 64)
+            dpar__sleep_us(20);
+        else
+            dpar__thread_yield();
     }
 }
 static void dpar__mpi_fill_msg(dpar__mpi_msg *mm, const dpar__post *p, uint64_t job, uint64_t seq, int type) {
@@ -563,13 +560,13 @@ static dpar_status dpar__mpi_gave_up(dpar__mpi *mp, dpar__mpi_group *mg, const d
                                      uint64_t job, uint64_t seq, int timeout_ms) {
     int flag = 0;
     MPI_Status st;
-    pthread_mutex_lock(&mp->mu);
+    dpar__mutex_lock(&mp->mu);
     /* a probe that finds nothing makes progress afterwards: ask a few times */
     for (int i = 0; i < 3 && !flag; i++) MPI_Iprobe(MPI_ANY_SOURCE, DPAR__MPI_TAG_GAVE_UP, mg->comm, &flag, &st);
     dpar__mpi_msg o;
     memset(&o, 0, sizeof o);
     if (flag) MPI_Recv(&o, (int)sizeof o, MPI_BYTE, st.MPI_SOURCE, DPAR__MPI_TAG_GAVE_UP, mg->comm, MPI_STATUS_IGNORE);
-    pthread_mutex_unlock(&mp->mu);
+    dpar__mutex_unlock(&mp->mu);
     if (!flag) return DPAR_OK;
     char devs[128];
     mp->broken = 1;
@@ -595,13 +592,13 @@ static dpar_status dpar__mpi_abandon_wait(dpar_runtime *rt, dpar__mpi *mp, dpar_
     for (int k = 0; k < mg->nprocs; k++) {
         if (k == mg->me || mg->rreq[k] == MPI_REQUEST_NULL) continue;
         int done = 0;
-        pthread_mutex_lock(&mp->mu);
+        dpar__mutex_lock(&mp->mu);
         MPI_Test(&mg->rreq[k], &done, MPI_STATUS_IGNORE);
         if (!done) {
             MPI_Cancel(&mg->rreq[k]);
             MPI_Wait(&mg->rreq[k], MPI_STATUS_IGNORE);
         }
-        pthread_mutex_unlock(&mp->mu);
+        dpar__mutex_unlock(&mp->mu);
         if (!done && at < sizeof who)
             at += (size_t)snprintf(who + at, sizeof who - at, "%srank %d (devices %s)", at ? ", " : "", mg->procs[k],
                                    dpar__mpi_devs(g, mg, k, devs, sizeof devs));
@@ -610,11 +607,11 @@ static dpar_status dpar__mpi_abandon_wait(dpar_runtime *rt, dpar__mpi *mp, dpar_
             if (mg->nbuf) {
                 MPI_Request nr = MPI_REQUEST_NULL;
                 dpar__mpi_fill_msg(&mg->nbuf[k], NULL, job, seq, 2);
-                pthread_mutex_lock(&mp->mu);
+                dpar__mutex_lock(&mp->mu);
                 if (MPI_Isend(&mg->nbuf[k], (int)sizeof(dpar__mpi_msg), MPI_BYTE, k, DPAR__MPI_TAG_GAVE_UP, mg->comm,
                               &nr) == MPI_SUCCESS)
                     MPI_Request_free(&nr); /* completes on its own; nbuf is kept (abandoned) */
-                pthread_mutex_unlock(&mp->mu);
+                dpar__mutex_unlock(&mp->mu);
                 mg->abandoned = 1; /* nbuf stays in use */
             }
         }
@@ -653,7 +650,7 @@ static void dpar__mpi_msg_post(const dpar__mpi_msg *o, dpar__post *op) {
    each process: every process tells the others what it calls, so a
    mismatch, a rank that returned from its pmap function, or one that never
    arrives is named (within the runtime's timeout) instead of hanging. */
-static dpar_status dpar__mpi_describe(dpar_ctx *ctx, dpar__group *g, const char *what, const struct timespec *dlp) {
+static dpar_status dpar__mpi_describe(dpar_ctx *ctx, dpar__group *g, const char *what, const uint64_t *dlp) {
     dpar_runtime *rt = ctx->rt;
     dpar__mpi *mp = (dpar__mpi *)rt->mpi;
     dpar__mpi_group *mg = (dpar__mpi_group *)g->mpi;
@@ -666,7 +663,7 @@ static dpar_status dpar__mpi_describe(dpar_ctx *ctx, dpar__group *g, const char 
             what);
     const int L = g->leader;
     uint64_t job = rt->job_count, seq = g->seq;
-    struct timespec dl = *dlp;
+    uint64_t dl = *dlp;
     dpar_status s;
     dpar__mpi_msg mine;
     dpar__mpi_fill_msg(&mine, &g->posts[L], job, seq, 0);
@@ -732,8 +729,7 @@ static dpar_status dpar__mpi_coll_agree(dpar_ctx *ctx, dpar__group *g, const cha
     dpar_runtime *rt = ctx->rt;
     dpar__mpi *mp = (dpar__mpi *)rt->mpi;
     dpar__mpi_group *mg = (dpar__mpi_group *)g->mpi;
-    struct timespec dl;
-    dpar__deadline(&dl, rt->timeout_ms);
+    uint64_t dl = dpar__deadline(rt->timeout_ms);
     dpar_status s = dpar__mpi_describe(ctx, g, what, &dl);
     if (s || mg->xid_ready) return s;
     size_t bytes = rt->xid_size + 8;
@@ -744,13 +740,13 @@ static dpar_status dpar__mpi_coll_agree(dpar_ctx *ctx, dpar__group *g, const cha
     }
     /* the same devices in an earlier mesh: every process of the group has the
        same meshes, so all find it (or none does) */
-    pthread_mutex_lock(&mp->mu); /* leaders of other groups may look too */
+    dpar__mutex_lock(&mp->mu); /* leaders of other groups may look too */
     for (struct dpar__mpi_xid *x = mp->xids; x && !mg->xid_ready; x = x->next) {
         if (x->n != g->n || memcmp(x->devices, g->devices, sizeof(int) * (size_t)g->n)) continue;
         memcpy(mg->xid, x->id, rt->xid_size);
         mg->xid_ready = 1;
     }
-    pthread_mutex_unlock(&mp->mu);
+    dpar__mutex_unlock(&mp->mu);
     if (mg->xid_ready) return DPAR_OK;
     int root = mg->cr_of[0];
     unsigned char *hdr = mg->xid + rt->xid_size; /* status after the id */
@@ -801,10 +797,10 @@ static dpar_status dpar__mpi_coll_agree(dpar_ctx *ctx, dpar__group *g, const cha
     x->n = g->n;
     memcpy(x->devices, g->devices, sizeof(int) * (size_t)g->n);
     memcpy(x->id, mg->xid, rt->xid_size);
-    pthread_mutex_lock(&mp->mu);
+    dpar__mutex_lock(&mp->mu);
     x->next = mp->xids;
     mp->xids = x;
-    pthread_mutex_unlock(&mp->mu);
+    dpar__mutex_unlock(&mp->mu);
     return DPAR_OK;
 }
 
@@ -816,7 +812,7 @@ static const void *dpar__mpi_group_xid(const dpar__group *g) {
 /* Waits for the data phase's MPI request. A collective cannot be cancelled:
    after a timeout the runtime is out of step, and the request stays active
    inside MPI with the group's buffers (mg->abandoned keeps them). */
-static dpar_status dpar__mpi_data_wait(dpar_ctx *ctx, dpar__mpi_group *mg, MPI_Request *req, const struct timespec *dl,
+static dpar_status dpar__mpi_data_wait(dpar_ctx *ctx, dpar__mpi_group *mg, MPI_Request *req, const uint64_t *dl,
                                        const char *what, uint64_t job, uint64_t seq) {
     dpar__mpi *mp = (dpar__mpi *)ctx->rt->mpi;
     int r = dpar__mpi_poll(mp, req, dl, ctx->job, 1);
@@ -837,7 +833,7 @@ static dpar_status dpar__mpi_data_wait(dpar_ctx *ctx, dpar__mpi_group *mg, MPI_R
    copies back to the members stay in cache; the next chunk's local sum is
    computed while the current chunk's exchange is in flight. */
 static dpar_status dpar__mpi_allreduce_f32(dpar_ctx *ctx, dpar__group *g, const dpar__coll *c,
-                                           const struct timespec *dlp, const char *what) {
+                                           const uint64_t *dlp, const char *what) {
     dpar_runtime *rt = ctx->rt;
     dpar__mpi *mp = (dpar__mpi *)rt->mpi;
     dpar__mpi_group *mg = (dpar__mpi_group *)g->mpi;
@@ -926,8 +922,7 @@ static dpar_status dpar__mpi_coll(dpar_ctx *ctx, dpar__group *g, dpar__coll *c, 
     dpar__mpi_group *mg = (dpar__mpi_group *)g->mpi;
     const int n = g->n;
     uint64_t job = rt->job_count, seq = g->seq;
-    struct timespec dl;
-    dpar__deadline(&dl, rt->timeout_ms);
+    uint64_t dl = dpar__deadline(rt->timeout_ms);
     dpar_status s = dpar__mpi_describe(ctx, g, what, &dl);
     if (s) return s;
     /* 2. the data */
@@ -1054,11 +1049,11 @@ static void dpar__mpi_mark_broken(dpar_runtime *rt, const char *why) {
 static int dpar__mpi_take_notice(dpar__mpi *mp, int got[2]) {
     int flag = 0;
     MPI_Status st;
-    pthread_mutex_lock(&mp->mu);
+    dpar__mutex_lock(&mp->mu);
     /* a probe that finds nothing makes progress afterwards: ask a few times */
     for (int i = 0; i < 3 && !flag; i++) MPI_Iprobe(MPI_ANY_SOURCE, DPAR__MPI_TAG_GAVE_UP, mp->comm, &flag, &st);
     if (flag) MPI_Recv(got, 2, MPI_INT, st.MPI_SOURCE, DPAR__MPI_TAG_GAVE_UP, mp->comm, MPI_STATUS_IGNORE);
-    pthread_mutex_unlock(&mp->mu);
+    dpar__mutex_unlock(&mp->mu);
     return flag;
 }
 static dpar_status dpar__mpi_out_of_step(dpar_runtime *rt) {
@@ -1088,14 +1083,14 @@ static void dpar__mpi_agree_abandon(dpar_runtime *rt, dpar__mpi *mp) {
     mp->keep = 1;
     mp->agree_notice[0] = (int)rt->job_count;
     mp->agree_notice[1] = rt->proc;
-    pthread_mutex_lock(&mp->mu);
+    dpar__mutex_lock(&mp->mu);
     for (int q = 0; q < mp->size; q++) {
         MPI_Request nr = MPI_REQUEST_NULL;
         if (q != rt->proc &&
             MPI_Isend(mp->agree_notice, 2, MPI_INT, q, DPAR__MPI_TAG_GAVE_UP, mp->comm, &nr) == MPI_SUCCESS)
             MPI_Request_free(&nr);
     }
-    pthread_mutex_unlock(&mp->mu);
+    dpar__mutex_unlock(&mp->mu);
 }
 
 /* At the end of a dispatch every process learns whether any process failed,
@@ -1146,11 +1141,10 @@ static void dpar__mpi_job_agree(dpar_runtime *rt, dpar__job *job) {
     mp->agree_lowest[0] = rt->nproc;
     mp->agree_lowest[1] = 0;
     MPI_Request req = MPI_REQUEST_NULL;
-    pthread_mutex_lock(&mp->mu);
+    dpar__mutex_lock(&mp->mu);
     int rc = MPI_Iallreduce(mp->agree_mine, mp->agree_lowest, 2, MPI_INT, MPI_MIN, mp->comm, &req);
-    pthread_mutex_unlock(&mp->mu);
-    struct timespec dl;
-    dpar__deadline(&dl, rt->timeout_ms * 2);
+    dpar__mutex_unlock(&mp->mu);
+    uint64_t dl = dpar__deadline(rt->timeout_ms * 2);
     if (rc != MPI_SUCCESS || dpar__mpi_poll(mp, &req, &dl, NULL, 0) != 1) {
         dpar__mpi_agree_abandon(rt, mp);
         if (!job->first_status) {
@@ -1173,9 +1167,9 @@ static void dpar__mpi_job_agree(dpar_runtime *rt, dpar__job *job) {
         memcpy(mp->agree_e.msg, job->first_msg, sizeof mp->agree_e.msg);
     }
     req = MPI_REQUEST_NULL;
-    pthread_mutex_lock(&mp->mu);
+    dpar__mutex_lock(&mp->mu);
     rc = MPI_Ibcast(&mp->agree_e, (int)sizeof mp->agree_e, MPI_BYTE, lowest, mp->comm, &req);
-    pthread_mutex_unlock(&mp->mu);
+    dpar__mutex_unlock(&mp->mu);
     int st = DPAR_ERR_TIMEOUT, dev = -1;
     char msg[DPAR__ERR_LEN];
     if (rc != MPI_SUCCESS ||

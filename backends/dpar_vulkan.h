@@ -59,7 +59,8 @@
                                dpar_runtime_desc.vulkan.force_noncoherent)
        DPAR_VK_FORCE_STAGING=1 never map buffers: use the staging path even
                                where memory is host-visible (tests it anywhere)
-       DPAR_VK_LOADER=path     loader library to dlopen (default libvulkan.so.1)
+       DPAR_VK_LOADER=path     loader library to load (default libvulkan.so.1; Windows
+                               vulkan-1.dll; macOS libvulkan.1.dylib)
        DPAR_VK_DEVICE=i        use only usable device i, 0-based (when desc.vulkan.physical_device,
                                1-based, is 0)
 
@@ -81,7 +82,6 @@
 #define VK_NO_PROTOTYPES
 #endif
 #include <vulkan/vulkan.h>
-#include <dlfcn.h>
 #include "dpar_vulkan_spirv.h"
 
 /* ---------------------------------------------------------------------------
@@ -124,7 +124,7 @@ enum {
 
 typedef struct dpar__vkqueue {
     VkQueue queue;
-    pthread_mutex_t lock; /* VkQueue is externally synchronized */
+    dpar__mutex lock; /* VkQueue is externally synchronized */
 } dpar__vkqueue;
 
 typedef struct dpar__vkframe {
@@ -168,7 +168,7 @@ typedef struct dpar__vkphys {
     dpar__vkqueue *queues;
     VkDescriptorSetLayout dsl;
     VkPipelineLayout layout;
-    pthread_mutex_t pipe_lock;
+    dpar__mutex pipe_lock;
     int pipe_lock_init;
     VkPipeline pipes[DPAR__SPV_COUNT];
     dpar__vkbuf dummy; /* bound to unused bindings */
@@ -179,7 +179,7 @@ typedef struct dpar__vkdev {
     struct dpar__vk *st;
     dpar__vkphys *ph;
     int index;
-    pthread_mutex_t lock; /* command pool, frames, staging, serials */
+    dpar__mutex lock; /* command pool, frames, staging, serials */
     dpar__vkqueue *queue;
     VkCommandPool cmd_pool;
     dpar__vkframe frames[DPAR__VK_FRAMES];
@@ -270,7 +270,7 @@ static const char *dpar__vk_result_name(VkResult r) {
    -> DPAR_ERR_BACKEND. A lost device is remembered: later calls fail at once. */
 static dpar_status dpar__vk_fail(dpar__vk *st, VkResult r, const char *call, const char *fmt, ...)
 #if defined(__GNUC__)
-    __attribute__((format(printf, 4, 5)))
+    __attribute__((format(DPAR__PRINTF_FMT, 4, 5)))
 #endif
     ;
 static dpar_status dpar__vk_fail(dpar__vk *st, VkResult r, const char *call, const char *fmt, ...) {
@@ -597,11 +597,11 @@ static dpar_status dpar__vk_submit(dpar__vkdev *d) {
         }
         if (wv || sv) si.pNext = &ti;
         d->sem_wait = d->sem_signal = 0;
-        pthread_mutex_lock(&d->queue->lock);
+        dpar__mutex_lock(&d->queue->lock);
         if (st->lock_queue) st->lock_queue(st->queue_user); /* the engine's own lock of a shared queue */
         vr = st->vkQueueSubmit(d->queue->queue, 1, &si, f->fence);
         if (st->unlock_queue) st->unlock_queue(st->queue_user);
-        pthread_mutex_unlock(&d->queue->lock);
+        dpar__mutex_unlock(&d->queue->lock);
         if (vr == VK_SUCCESS) {
             f->state = 2;
             return DPAR_OK;
@@ -747,10 +747,10 @@ static dpar_status dpar__vk_used(dpar__vkprog *p, dpar__vkbuf *b, uint64_t seria
    Pipelines
    ------------------------------------------------------------------------ */
 static dpar_status dpar__vk_pipeline(dpar__vk *st, dpar__vkphys *ph, int id, VkPipeline *out) {
-    pthread_mutex_lock(&ph->pipe_lock);
+    dpar__mutex_lock(&ph->pipe_lock);
     if (ph->pipes[id] != VK_NULL_HANDLE) {
         *out = ph->pipes[id];
-        pthread_mutex_unlock(&ph->pipe_lock);
+        dpar__mutex_unlock(&ph->pipe_lock);
         return DPAR_OK;
     }
     VkShaderModuleCreateInfo mi;
@@ -761,7 +761,7 @@ static dpar_status dpar__vk_pipeline(dpar__vk *st, dpar__vkphys *ph, int id, VkP
     VkShaderModule mod;
     VkResult vr = st->vkCreateShaderModule(ph->device, &mi, st->alloc, &mod);
     if (vr != VK_SUCCESS) {
-        pthread_mutex_unlock(&ph->pipe_lock);
+        dpar__mutex_unlock(&ph->pipe_lock);
         return dpar__vk_fail(st, vr, "vkCreateShaderModule", "shader %s", dpar__spv_table[id].name);
     }
     VkComputePipelineCreateInfo ci;
@@ -776,12 +776,12 @@ static dpar_status dpar__vk_pipeline(dpar__vk *st, dpar__vkphys *ph, int id, VkP
     vr = st->vkCreateComputePipelines(ph->device, VK_NULL_HANDLE, 1, &ci, st->alloc, &p);
     st->vkDestroyShaderModule(ph->device, mod, st->alloc);
     if (vr != VK_SUCCESS) {
-        pthread_mutex_unlock(&ph->pipe_lock);
+        dpar__mutex_unlock(&ph->pipe_lock);
         return dpar__vk_fail(st, vr, "vkCreateComputePipelines", "shader %s", dpar__spv_table[id].name);
     }
     ph->pipes[id] = p;
     *out = p;
-    pthread_mutex_unlock(&ph->pipe_lock);
+    dpar__mutex_unlock(&ph->pipe_lock);
     return DPAR_OK;
 }
 
@@ -809,11 +809,11 @@ static dpar_status dpar__vk_dispatch3(dpar__vk *st, int dev, int id, dpar__vkbuf
     dpar_status s = dpar__vk_pipeline(st, ph, id, &pipe);
     if (s) return s;
     dpar__vkdev *d = &st->devs[dev];
-    pthread_mutex_lock(&d->lock);
+    dpar__mutex_lock(&d->lock);
     dpar__vkframe *f;
     struct dpar__vkprog *rec = dpar__vk_recording(dev);
     if ((s = rec ? dpar__vk_rec_pool(d, rec, &f) : dpar__vk_begin(d, &f)) != DPAR_OK) {
-        pthread_mutex_unlock(&d->lock);
+        dpar__mutex_unlock(&d->lock);
         return s;
     }
     VkDescriptorSetAllocateInfo ai;
@@ -825,7 +825,7 @@ static dpar_status dpar__vk_dispatch3(dpar__vk *st, int dev, int id, dpar__vkbuf
     VkDescriptorSet set;
     VkResult vr = st->vkAllocateDescriptorSets(ph->device, &ai, &set);
     if (vr != VK_SUCCESS) {
-        pthread_mutex_unlock(&d->lock);
+        dpar__mutex_unlock(&d->lock);
         return dpar__vk_fail(st, vr, "vkAllocateDescriptorSets", "device %d", dev);
     }
     if (rec) rec->sets_left--;
@@ -853,7 +853,7 @@ static dpar_status dpar__vk_dispatch3(dpar__vk *st, int dev, int id, dpar__vkbuf
     for (int i = 0; i < DPAR__VK_BINDINGS && !s; i++)
         if (b[i]) s = dpar__vk_used(rec, b[i], f->serial);
     if (!s) s = rec ? DPAR_OK : dpar__vk_recorded(d, f);
-    pthread_mutex_unlock(&d->lock);
+    dpar__mutex_unlock(&d->lock);
     return s;
 }
 static dpar_status dpar__vk_dispatch(dpar__vk *st, int dev, int id, dpar__vkbuf *const b[DPAR__VK_BINDINGS],
@@ -865,12 +865,12 @@ static dpar_status dpar__vk_dispatch(dpar__vk *st, int dev, int id, dpar__vkbuf 
 static dpar_status dpar__vk_transfer(dpar__vk *st, int dev, dpar__vkbuf *dst, dpar__vkbuf *src, VkDeviceSize size,
                                      uint32_t pattern) {
     dpar__vkdev *d = &st->devs[dev];
-    pthread_mutex_lock(&d->lock);
+    dpar__mutex_lock(&d->lock);
     dpar__vkframe *f;
     struct dpar__vkprog *rec = dpar__vk_recording(dev);
     dpar_status s = rec ? dpar__vk_rec_pool(d, rec, &f) : dpar__vk_begin(d, &f);
     if (s) {
-        pthread_mutex_unlock(&d->lock);
+        dpar__mutex_unlock(&d->lock);
         return s;
     }
     dpar__vk_cmd_barrier(st, f->cb);
@@ -886,7 +886,7 @@ static dpar_status dpar__vk_transfer(dpar__vk *st, int dev, dpar__vkbuf *dst, dp
     }
     if (!s) s = dpar__vk_used(rec, dst, f->serial);
     if (!s) s = rec ? DPAR_OK : dpar__vk_recorded(d, f);
-    pthread_mutex_unlock(&d->lock);
+    dpar__mutex_unlock(&d->lock);
     return s;
 }
 
@@ -927,7 +927,7 @@ static void dpar__vk_shutdown(void *state) {
         }
         DPAR_FREE(d->hbuf[0]);
         DPAR_FREE(d->hbuf[1]);
-        pthread_mutex_destroy(&d->lock);
+        dpar__mutex_destroy(&d->lock);
     }
     DPAR_FREE(st->devs);
     for (int p = 0; st->phys && p < st->nphys; p++) {
@@ -941,10 +941,10 @@ static void dpar__vk_shutdown(void *state) {
             if (!st->adopted) st->vkDestroyDevice(ph->device, NULL);
         }
         if (ph->queues) {
-            for (int i = 0; i < ph->nqueues; i++) pthread_mutex_destroy(&ph->queues[i].lock);
+            for (int i = 0; i < ph->nqueues; i++) dpar__mutex_destroy(&ph->queues[i].lock);
             DPAR_FREE(ph->queues);
         }
-        if (ph->pipe_lock_init) pthread_mutex_destroy(&ph->pipe_lock);
+        if (ph->pipe_lock_init) dpar__mutex_destroy(&ph->pipe_lock);
     }
     DPAR_FREE(st->phys);
     if (!st->adopted && st->instance != VK_NULL_HANDLE && st->vkDestroyInstance)
@@ -1126,7 +1126,7 @@ static dpar_status dpar__vk_adopt_device(dpar__vk *st, const dpar_vulkan_externa
     if (!ph->queues) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "vulkan: out of host memory");
     ph->nqueues = 1;
     ph->queues[0].queue = (VkQueue)x->queue;
-    pthread_mutex_init(&ph->queues[0].lock, NULL);
+    dpar__mutex_init(&ph->queues[0].lock);
     DPAR__UNUSED(st);
     return DPAR_OK;
 }
@@ -1176,7 +1176,7 @@ static dpar_status dpar__vk_create_device(dpar__vk *st, dpar__vkphys *ph, int nq
     ph->nqueues = nqueues;
     for (int i = 0; i < nqueues; i++) {
         st->vkGetDeviceQueue(ph->device, ph->family, (uint32_t)i, &ph->queues[i].queue);
-        pthread_mutex_init(&ph->queues[i].lock, NULL);
+        dpar__mutex_init(&ph->queues[i].lock);
     }
     return DPAR_OK;
 }
@@ -1269,7 +1269,7 @@ static dpar_status dpar__vk_init_phys(dpar__vk *st, const dpar_runtime_desc *des
     dpar_status s =
         st->adopted ? dpar__vk_adopt_device(st, &desc->vulkan.external, ph) : dpar__vk_create_device(st, ph, nq);
     if (s) return s;
-    pthread_mutex_init(&ph->pipe_lock, NULL);
+    dpar__mutex_init(&ph->pipe_lock);
     ph->pipe_lock_init = 1;
     s = dpar__vk_create_layouts(st, ph);
     return s ? s : dpar__vk_create_vkbuf(st, ph, 0, 16, 0, &ph->dummy);
@@ -1279,19 +1279,27 @@ static dpar_status dpar__vk_init_phys(dpar__vk *st, const dpar_runtime_desc *des
    dpar__vk_init_impl reads as its phases: settings, loader, instance, the
    usable physical devices, which of them to use, then open them. */
 
-/* dlopen the loader and check it offers Vulkan 1.1; *iver: its instance version. */
+#if defined(_WIN32)
+#define DPAR__VK_LOADER_NAME "vulkan-1.dll"
+#elif defined(DPAR__MACOS)
+#define DPAR__VK_LOADER_NAME "libvulkan.1.dylib"
+#else
+#define DPAR__VK_LOADER_NAME "libvulkan.so.1"
+#endif
+/* Loads the loader and checks it offers Vulkan 1.1; *iver: its instance version. */
 static dpar_status dpar__vk_open_loader(dpar__vk *st, uint32_t *iver) {
     const char *libname = getenv("DPAR_VK_LOADER");
-    if (!libname || !libname[0]) libname = "libvulkan.so.1";
-    st->lib = dlopen(libname, RTLD_NOW | RTLD_LOCAL);
+    char why[256];
+    if (!libname || !libname[0]) libname = DPAR__VK_LOADER_NAME;
+    st->lib = dpar__dl_open(libname);
     if (!st->lib) {
-        const char *e = dlerror();
+        const char *e = dpar__dl_error(why, sizeof why);
         return dpar__err(DPAR_ERR_BACKEND_UNAVAILABLE,
                          "vulkan: cannot load the Vulkan loader %s (%s); install it (Debian: libvulkan1 and a "
                          "driver such as mesa-vulkan-drivers) or use the cpu backend",
                          libname, e ? e : "dlopen failed");
     }
-    st->gipa = (PFN_vkGetInstanceProcAddr)(uintptr_t)dlsym(st->lib, "vkGetInstanceProcAddr");
+    st->gipa = (PFN_vkGetInstanceProcAddr)dpar__dl_sym(st->lib, "vkGetInstanceProcAddr");
     if (!st->gipa)
         return dpar__err(DPAR_ERR_BACKEND_UNAVAILABLE, "vulkan: %s has no vkGetInstanceProcAddr; not a Vulkan loader",
                          libname);
@@ -1505,7 +1513,7 @@ static dpar_status dpar__vk_open(dpar__vk *st, const dpar_runtime_desc *desc, co
         d->cur = -1;
         d->next_serial = 1;
         d->queue = &d->ph->queues[(i / nphys) % d->ph->nqueues];
-        pthread_mutex_init(&d->lock, NULL);
+        dpar__mutex_init(&d->lock);
     }
     for (int i = 0; i < n; i++) {
         dpar_status s = dpar__vk_init_device(st, &st->devs[i]);
@@ -1648,7 +1656,7 @@ static void dpar__vk_free(void *state, int dev, void *mem) {
     dpar__vkbuf *b = (dpar__vkbuf *)mem;
     if (!b) return;
     dpar__vkdev *d = &st->devs[dev];
-    pthread_mutex_lock(&d->lock);
+    dpar__mutex_lock(&d->lock);
     int idle = dpar__vk_buf_idle(d, b) == DPAR_OK || DPAR__ATOMIC_LOAD(&st->lost);
     if (!idle && !st->adopted) { /* could not wait: wait for the whole device before destroying */
         st->vkDeviceWaitIdle(d->ph->device);
@@ -1656,7 +1664,7 @@ static void dpar__vk_free(void *state, int dev, void *mem) {
     }
     /* an engine's device: its queues are not dpar's to lock for vkDeviceWaitIdle; the buffer is left to it */
     if (idle) dpar__vk_destroy_vkbuf(st, b);
-    pthread_mutex_unlock(&d->lock);
+    dpar__mutex_unlock(&d->lock);
     DPAR_FREE(b);
 }
 
@@ -1666,7 +1674,7 @@ static dpar_status dpar__vk_write(void *state, int dev, void *mem, size_t off, c
     dpar__vkdev *d = &st->devs[dev];
     if (nbytes == 0) return DPAR_OK;
     if (dpar__vk_recording(dev)) return dpar__vk_rec_refuse("a buffer write");
-    pthread_mutex_lock(&d->lock);
+    dpar__mutex_lock(&d->lock);
     dpar_status s = dpar__vk_check_lost(st);
     if (!s) s = dpar__vk_buf_idle(d, b); /* no queued work may still read or write b */
     if (!s && b->map) {
@@ -1693,7 +1701,7 @@ static dpar_status dpar__vk_write(void *state, int dev, void *mem, size_t off, c
             done += c;
         }
     }
-    pthread_mutex_unlock(&d->lock);
+    dpar__mutex_unlock(&d->lock);
     return s;
 }
 
@@ -1704,7 +1712,7 @@ static dpar_status dpar__vk_read(void *state, int dev, void *mem, size_t off, vo
     dpar__vkdev *d = &st->devs[dev];
     if (nbytes == 0) return DPAR_OK;
     if (dpar__vk_recording(dev)) return dpar__vk_rec_refuse("a buffer read");
-    pthread_mutex_lock(&d->lock);
+    dpar__mutex_lock(&d->lock);
     dpar_status s = dpar__vk_check_lost(st);
     if (!s && b->map) {
         s = dpar__vk_buf_idle(d, b);
@@ -1731,7 +1739,7 @@ static dpar_status dpar__vk_read(void *state, int dev, void *mem, size_t off, vo
             done += c;
         }
     }
-    pthread_mutex_unlock(&d->lock);
+    dpar__mutex_unlock(&d->lock);
     return s || b == d->idx_err ? s : dpar__vk_idx_report(st, dev); /* a bad index found by an earlier op */
 }
 
@@ -1739,10 +1747,10 @@ static dpar_status dpar__vk_sync(void *state, int dev) {
     dpar__vk *st = (dpar__vk *)state;
     dpar__vkdev *d = &st->devs[dev];
     if (dpar__vk_recording(dev)) return dpar__vk_rec_refuse("a sync");
-    pthread_mutex_lock(&d->lock);
+    dpar__mutex_lock(&d->lock);
     dpar_status s = dpar__vk_check_lost(st);
     if (!s) s = dpar__vk_drain(d);
-    pthread_mutex_unlock(&d->lock);
+    dpar__mutex_unlock(&d->lock);
     return s ? s : dpar__vk_idx_report(st, dev);
 }
 
@@ -1757,11 +1765,11 @@ static dpar_status dpar__vk_host_acquire(void *state, int dev, void *mem, size_t
     dpar__vkbuf *b = (dpar__vkbuf *)mem;
     dpar__vkdev *d = &st->devs[dev];
     if (dpar__vk_recording(dev)) return dpar__vk_rec_refuse("host access");
-    pthread_mutex_lock(&d->lock);
+    dpar__mutex_lock(&d->lock);
     dpar_status s = dpar__vk_check_lost(st);
     if (!s) s = dpar__vk_buf_idle(d, b);
     if (!s && b->map && !b->coherent) s = dpar__vk_map_range(st, b->ph, b->mem, b->alloc_size, off, nbytes, 1);
-    pthread_mutex_unlock(&d->lock);
+    dpar__mutex_unlock(&d->lock);
     return s;
 }
 
@@ -1993,13 +2001,13 @@ static dpar_status dpar__vk_idx_check(dpar__vk *st, int dev, const dpar_buffer *
     s = dpar__vk_dispatch(st, dev, DPAR__SPV_CHECK_INDEX, b, &pc, 1, 1);
     struct dpar__vkprog *rec = dpar__vk_recording(dev);
     if (!s && rec) rec->idx = 1; /* each submit of the recording leaves a report pending */
-    if (!s && !rec) __atomic_store_n(&d->idx_pending, 1, __ATOMIC_RELEASE);
+    if (!s && !rec) DPAR__ATOMIC_STORE(&d->idx_pending, 1);
     return s;
 }
 /* the error words of the checks run since the last report: the first bad index as the op's error */
 static dpar_status dpar__vk_idx_report(dpar__vk *st, int dev) {
     dpar__vkdev *d = &st->devs[dev];
-    if (!__atomic_exchange_n(&d->idx_pending, 0, __ATOMIC_ACQ_REL)) return DPAR_OK;
+    if (!DPAR__ATOMIC_EXCHANGE(&d->idx_pending, 0)) return DPAR_OK;
     uint32_t w[5];
     static const uint32_t zero[5] = { 0, 0, 0, 0, 0 };
     dpar_status s = dpar__vk_read(st, dev, d->idx_err, 0, w, sizeof w);
@@ -2221,7 +2229,7 @@ static dpar_status dpar__vk_grow_host(dpar__vkdev *d, int i, size_t need) {
 static dpar_status dpar__vk_stage_copy(dpar__vkdev *d, dpar__vkbuf *b, VkDeviceSize boff, VkDeviceSize soff,
                                        VkDeviceSize n, int to_staging, uint64_t *serial) {
     dpar__vk *st = d->st;
-    pthread_mutex_lock(&d->lock);
+    dpar__mutex_lock(&d->lock);
     dpar__vkframe *f;
     dpar_status s = dpar__vk_begin(d, &f);
     if (!s) {
@@ -2238,14 +2246,14 @@ static dpar_status dpar__vk_stage_copy(dpar__vkdev *d, dpar__vkbuf *b, VkDeviceS
         *serial = f->serial;
         s = dpar__vk_submit(d); /* ends with the transfer -> host barrier */
     }
-    pthread_mutex_unlock(&d->lock);
+    dpar__mutex_unlock(&d->lock);
     return s;
 }
 
 static dpar_status dpar__vk_wait(dpar__vkdev *d, uint64_t serial) {
-    pthread_mutex_lock(&d->lock);
+    dpar__mutex_lock(&d->lock);
     dpar_status s = dpar__vk_wait_serial(d, serial);
-    pthread_mutex_unlock(&d->lock);
+    dpar__mutex_unlock(&d->lock);
     return s;
 }
 
@@ -2267,13 +2275,13 @@ static dpar_status dpar__vk_allreduce_pipelined(dpar__vk *st, dpar__coll *c) {
     /* 1. a staging buffer with two slots on every member */
     size_t want = 2 * (total < chunk ? total : chunk);
     if (d->cstage.buf == VK_NULL_HANDLE || d->cstage.size < want) {
-        pthread_mutex_lock(&d->lock);
+        dpar__mutex_lock(&d->lock);
         s = dpar__vk_drain(d);
         if (!s) {
             dpar__vk_destroy_vkbuf(st, &d->cstage);
             s = dpar__vk_create_vkbuf(st, d->ph, d->index, want, 1, &d->cstage);
         }
-        pthread_mutex_unlock(&d->lock);
+        dpar__mutex_unlock(&d->lock);
         if (s) return s;
     }
     size_t slot = d->cstage.size / 2;
@@ -2311,9 +2319,9 @@ static dpar_status dpar__vk_allreduce_pipelined(dpar__vk *st, dpar__coll *c) {
         s = dpar__vk_stage_copy(d, bout, off, (size_t)cur * slot, len, 0, &up_serial[cur]);
     }
     if (!s) {
-        pthread_mutex_lock(&d->lock);
+        dpar__mutex_lock(&d->lock);
         s = dpar__vk_wait_serial(d, up_serial[0] > up_serial[1] ? up_serial[0] : up_serial[1]);
-        pthread_mutex_unlock(&d->lock);
+        dpar__mutex_unlock(&d->lock);
     }
     return s;
 }
@@ -2437,9 +2445,9 @@ DPAR_API dpar_status dpar_vulkan_buffer_export(dpar_buffer *b, dpar_vulkan_expor
                          "VkPhysicalDeviceVulkan12Features::timelineSemaphore on your device and set "
                          "desc.vulkan.external.timeline_semaphore",
                          b->gdev);
-    pthread_mutex_lock(&d->lock);
+    dpar__mutex_lock(&d->lock);
     if (d->loaned) {
-        pthread_mutex_unlock(&d->lock);
+        dpar__mutex_unlock(&d->lock);
         return dpar__err(DPAR_ERR_STATE,
                          "dpar_vulkan_buffer_export: device %d already has a buffer lent (one at a time per device); "
                          "dpar_vulkan_buffer_release it first",
@@ -2463,13 +2471,13 @@ DPAR_API dpar_status dpar_vulkan_buffer_export(dpar_buffer *b, dpar_vulkan_expor
         out->size = b->nbytes;
         out->queue_family = d->ph->family;
     }
-    pthread_mutex_unlock(&d->lock);
+    dpar__mutex_unlock(&d->lock);
     if (s) {
         memset(out, 0, sizeof *out);
         return s;
     }
     DPAR__ATOMIC_STORE(&b->lent, 1);
-    __atomic_add_fetch(&b->rt->lent, 1, __ATOMIC_ACQ_REL);
+    DPAR__ATOMIC_ADD_FETCH(&b->rt->lent, 1);
     return DPAR_OK;
 }
 
@@ -2484,7 +2492,7 @@ static dpar_status dpar__vk_buffer_release(void *obj) {
     dpar__vk *st = (dpar__vk *)b->rt->bstate;
     dpar__vkdev *d = &st->devs[b->device];
     dpar__vkbuf *vb = (dpar__vkbuf *)b->mem;
-    pthread_mutex_lock(&d->lock);
+    dpar__mutex_lock(&d->lock);
     dpar__vkframe *f = NULL;
     s = dpar__vk_begin(d, &f);
     if (!s) {
@@ -2497,10 +2505,10 @@ static dpar_status dpar__vk_buffer_release(void *obj) {
         d->loaned = 0;
         s = dpar__vk_recorded(d, f);
     }
-    pthread_mutex_unlock(&d->lock);
+    dpar__mutex_unlock(&d->lock);
     if (s) return s;
     DPAR__ATOMIC_STORE(&b->lent, 0);
-    __atomic_sub_fetch(&b->rt->lent, 1, __ATOMIC_ACQ_REL);
+    DPAR__ATOMIC_SUB_FETCH(&b->rt->lent, 1);
     return DPAR_OK;
 }
 
@@ -2536,11 +2544,11 @@ static dpar_status dpar__vk_prog_begin(void *state, int dev) {
     VkCommandBufferBeginInfo bi;
     memset(&bi, 0, sizeof bi);
     bi.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO; /* no ONE_TIME_SUBMIT: submitted every step */
-    pthread_mutex_lock(&d->lock); /* the command pool is externally synchronized */
+    dpar__mutex_lock(&d->lock); /* the command pool is externally synchronized */
     VkResult vr = st->vkAllocateCommandBuffers(d->ph->device, &ai, &p->fr.cb);
     if (vr == VK_SUCCESS && (vr = st->vkBeginCommandBuffer(p->fr.cb, &bi)) != VK_SUCCESS)
         st->vkFreeCommandBuffers(d->ph->device, d->cmd_pool, 1, &p->fr.cb);
-    pthread_mutex_unlock(&d->lock);
+    dpar__mutex_unlock(&d->lock);
     if (vr != VK_SUCCESS) {
         DPAR_FREE(p);
         return dpar__vk_fail(st, vr, "vkAllocateCommandBuffers/vkBeginCommandBuffer", "device %d (graph program)",
@@ -2556,12 +2564,12 @@ static void dpar__vk_prog_free(void *state, int dev, void *prog) {
     dpar__vkdev *d = &st->devs[dev];
     dpar__vkprog *p = (dpar__vkprog *)prog;
     if (!p) return;
-    pthread_mutex_lock(&d->lock);
+    dpar__mutex_lock(&d->lock);
     if (p->serial > d->completed && dpar__vk_wait_serial(d, p->serial) != DPAR_OK && !st->adopted)
         st->vkDeviceWaitIdle(d->ph->device); /* could not wait for its batch: wait for the device */
     st->vkFreeCommandBuffers(d->ph->device, d->cmd_pool, 1, &p->fr.cb);
     for (int i = 0; i < p->npools; i++) st->vkDestroyDescriptorPool(d->ph->device, p->pools[i], st->alloc);
-    pthread_mutex_unlock(&d->lock);
+    dpar__mutex_unlock(&d->lock);
     DPAR_FREE(p->pools);
     DPAR_FREE(p->bufs);
     DPAR_FREE(p);
@@ -2587,7 +2595,7 @@ static dpar_status dpar__vk_prog_submit(void *state, int dev, void *prog) {
     dpar__vkdev *d = &st->devs[dev];
     dpar__vkprog *p = (dpar__vkprog *)prog;
     if (dpar__vk_rec) return dpar__vk_rec_refuse("a program submit");
-    pthread_mutex_lock(&d->lock);
+    dpar__mutex_lock(&d->lock);
     dpar_status s = dpar__vk_check_lost(st);
     if (!s) s = dpar__vk_submit(d); /* what was issued before runs first */
     if (!s && p->serial > d->completed) s = dpar__vk_wait_serial(d, p->serial);
@@ -2601,10 +2609,10 @@ static dpar_status dpar__vk_prog_submit(void *state, int dev, void *prog) {
         if (!s) {
             p->serial = serial;
             for (int i = 0; i < p->nbufs; i++) p->bufs[i]->last_serial = serial;
-            if (p->idx) __atomic_store_n(&d->idx_pending, 1, __ATOMIC_RELEASE);
+            if (p->idx) DPAR__ATOMIC_STORE(&d->idx_pending, 1);
         }
     }
-    pthread_mutex_unlock(&d->lock);
+    dpar__mutex_unlock(&d->lock);
     return s;
 }
 

@@ -14,7 +14,8 @@
    Keep util/ next to dpar.h (this header includes "../dpar.h"). The
    single-file build/dpar_single.h (`make amalgamate`) contains this header.
 
-   Nothing here touches dpar's internals (no dpar__ names, no struct fields):
+   Nothing here touches dpar's internals (no struct fields; of the dpar__
+   names only the platform layer's: threads, files, DESIGN §9):
    what the helpers need beyond the core API is public in dpar.h
    (dpar_buffer_map, dpar_ctx_position, dpar_ctx_dispatch_id, dpar_in_dispatch,
    dpar_sgd_check, dpar_set_last_error, dpar_trace_event, dpar_f32_to_f16_n),
@@ -24,7 +25,8 @@
 
    License: MIT, as dpar.h.
 */
-#if defined(DPAR_TRAIN_IMPLEMENTATION) && !defined(_GNU_SOURCE) && !defined(__cplusplus)
+#if defined(DPAR_TRAIN_IMPLEMENTATION) && !defined(_GNU_SOURCE) && !defined(__cplusplus) && \
+    !defined(DPAR_PLATFORM_FORCE_MACOS)
 #define _GNU_SOURCE /* fileno, fsync, getpid with -std=c99 */
 #endif
 #ifndef DPAR_TRAIN_H_INCLUDED
@@ -272,15 +274,15 @@ DPAR_API dpar_status dpar_graph_restore(dpar_graph *g, const char *path);
    ======================================================================== */
 #if (defined(DPAR_IMPLEMENTATION) || defined(DPAR_TRAIN_IMPLEMENTATION)) && !defined(DPAR_TRAIN_IMPLEMENTATION_DONE)
 #define DPAR_TRAIN_IMPLEMENTATION_DONE
+/* dpar.h's platform layer (DESIGN §9), when dpar.h was included before without it */
+#include "../dpar.h"
 
 #include <errno.h>
 #include <fcntl.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #ifndef DPAR_MALLOC
 #define DPAR_MALLOC(sz)     malloc(sz)
@@ -401,7 +403,7 @@ struct dpar_dp {
     int gsize; /* devices the axes span: 1 means nothing to exchange */
     dpar_dtype comm;
     size_t cap;
-    pthread_mutex_t mu; /* forming the buckets */
+    dpar__mutex mu; /* forming the buckets */
     int formed;         /* atomic */
     int np, pcap;
     dpar_array **grads; /* [np] */
@@ -444,7 +446,7 @@ DPAR_API dpar_status dpar_dp_create(dpar_mesh *m, const dpar_dp_desc *d, dpar_dp
     dp->size = dpar_mesh_size(m);
     dp->gsize = gsize;
     dp->cap = d->bucket_bytes ? d->bucket_bytes : (size_t)25 << 20;
-    pthread_mutex_init(&dp->mu, NULL);
+    dpar__mutex_init(&dp->mu);
     if ((s = dpar_handle_attach(m, dp, dpar_dp__free))) {
         DPAR_TRAIN__KEEP_ERROR(dpar_dp__free(dp));
         return s;
@@ -478,7 +480,7 @@ static void dpar_dp__free(void *self) {
     DPAR_FREE(dp->left);
     DPAR_FREE(dp->next);
     DPAR_FREE(dp->active);
-    pthread_mutex_destroy(&dp->mu);
+    dpar__mutex_destroy(&dp->mu);
     DPAR_FREE(dp);
 }
 DPAR_API dpar_status dpar_dp_add(dpar_dp *dp, dpar_array *g, int *id) {
@@ -487,7 +489,7 @@ DPAR_API dpar_status dpar_dp_add(dpar_dp *dp, dpar_array *g, int *id) {
         return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_dp_add: helper or gradient array is NULL");
     dpar_status hs = dpar_handle_check(dp, "dpar_dp_add");
     if (hs) return hs;
-    if (__atomic_load_n(&dp->formed, __ATOMIC_ACQUIRE))
+    if (DPAR__ATOMIC_LOAD(&dp->formed))
         return dpar_set_last_error(
             DPAR_ERR_STATE, "dpar_dp_add: the buckets are formed (first step ran); register every gradient before");
     if (dpar_array_mesh(g) != dp->mesh)
@@ -555,14 +557,14 @@ static dpar_status dpar_dp__assign(dpar_dp *dp) {
 }
 /* Forms the buckets at the first use, once for every device. */
 static dpar_status dpar_dp__form(dpar_dp *dp) {
-    if (__atomic_load_n(&dp->formed, __ATOMIC_ACQUIRE)) return DPAR_OK;
-    pthread_mutex_lock(&dp->mu);
+    if (DPAR__ATOMIC_LOAD(&dp->formed)) return DPAR_OK;
+    dpar__mutex_lock(&dp->mu);
     dpar_status s = DPAR_OK;
     if (!dp->formed) {
         s = dpar_dp__assign(dp);
-        if (!s) __atomic_store_n(&dp->formed, 1, __ATOMIC_RELEASE);
+        if (!s) DPAR__ATOMIC_STORE(&dp->formed, 1);
     }
-    pthread_mutex_unlock(&dp->mu);
+    dpar__mutex_unlock(&dp->mu);
     if (s) return dpar_set_last_error(s, "dpar_dp: out of host memory forming the buckets");
     return DPAR_OK;
 }
@@ -1038,7 +1040,7 @@ DPAR_API size_t dpar_zero1_momentum_bytes(const dpar_zero1 *z, int device) {
    CRC-32, save (atomic: temporary, fsync, rename), parse, restore
    ======================================================================== */
 static uint32_t dpar_train__crc_table[256];
-static pthread_once_t dpar_train__crc_once = PTHREAD_ONCE_INIT;
+static dpar__once dpar_train__crc_once = DPAR__ONCE_INIT;
 static void dpar_train__crc_init(void) {
     for (uint32_t i = 0; i < 256; i++) {
         uint32_t c = i;
@@ -1047,7 +1049,7 @@ static void dpar_train__crc_init(void) {
     }
 }
 DPAR_API uint32_t dpar_crc32(uint32_t crc, const void *data, size_t n) {
-    pthread_once(&dpar_train__crc_once, dpar_train__crc_init);
+    dpar__call_once(&dpar_train__crc_once, dpar_train__crc_init);
     const unsigned char *p = (const unsigned char *)data;
     crc = ~crc;
     for (size_t i = 0; i < n; i++) crc = dpar_train__crc_table[(crc ^ p[i]) & 0xffu] ^ (crc >> 8);
@@ -1129,17 +1131,17 @@ static dpar_status dpar_ckpt__check_entries(const char *fn, const dpar_checkpoin
    process, so concurrent saves to one path never share a temporary. NULL with
    errno set when it cannot; tmp holds the last name tried. */
 static FILE *dpar_ckpt__create_tmp(const char *path, char *tmp, size_t cap) {
-    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    static dpar__mutex mu = DPAR__MUTEX_INIT;
     static unsigned long seq;
-    int flags = O_WRONLY | O_CREAT | O_EXCL;
+    int flags = O_WRONLY | O_CREAT | O_EXCL | DPAR__O_BINARY;
 #ifdef O_CLOEXEC
     flags |= O_CLOEXEC;
 #endif
     for (int tries = 0; tries < 100; tries++) { /* a name left by a crashed process of the same pid is skipped */
-        pthread_mutex_lock(&mu);
+        dpar__mutex_lock(&mu);
         unsigned long k = seq++;
-        pthread_mutex_unlock(&mu);
-        snprintf(tmp, cap, "%s.tmp.%ld.%lu", path, (long)getpid(), k);
+        dpar__mutex_unlock(&mu);
+        snprintf(tmp, cap, "%s.tmp.%ld.%lu", path, dpar__pid(), k);
         int fd = open(tmp, flags, 0666);
         if (fd < 0 && errno == EEXIST) continue;
         if (fd < 0) return NULL;
@@ -1231,33 +1233,17 @@ DPAR_API dpar_status dpar_checkpoint_save(const char *path, const dpar_checkpoin
         dpar_ckpt__le32(b, crc);
         dpar_ckpt__put(&w, b, 4);
     }
-    if (!s && !w.err && fflush(w.f) != 0) w.err = errno ? errno : EIO;
-    if (!s && !w.err && fsync(fileno(w.f)) != 0) w.err = errno ? errno : EIO;
+    if (!s && !w.err) w.err = dpar__file_sync(w.f);
     if (fclose(w.f) != 0 && !w.err) w.err = errno ? errno : EIO;
     if (!s && w.err)
         s = dpar_set_last_error(
             DPAR_ERR_IO, "dpar_checkpoint_save: writing '%s' failed: %s (the old checkpoint, if any, is untouched)",
             tmp, strerror(w.err));
-    if (!s && rename(tmp, path) != 0)
-        s = dpar_set_last_error(DPAR_ERR_IO, "dpar_checkpoint_save: cannot rename '%s' to '%s': %s", tmp, path,
-                                strerror(errno));
-    if (s) {
-        DPAR_TRAIN__KEEP_ERROR(remove(tmp));
-    } else {
-        /* make the rename durable: fsync the directory (best effort) */
-        const char *slash = strrchr(path, '/');
-        char *dir = tmp;
-        if (slash) {
-            memcpy(dir, path, (size_t)(slash - path) + 1);
-            dir[slash - path + 1] = 0;
-        } else
-            strcpy(dir, ".");
-        int fd = open(dir, O_RDONLY);
-        if (fd >= 0) {
-            (void)fsync(fd);
-            close(fd);
-        }
-    }
+    char why[256];
+    /* tmp is the scratch for the folder's name: it is longer than path */
+    if (!s && dpar__file_replace(tmp, path, tmp, why, sizeof why) != 0)
+        s = dpar_set_last_error(DPAR_ERR_IO, "dpar_checkpoint_save: cannot rename '%s' to '%s': %s", tmp, path, why);
+    if (s) DPAR_TRAIN__KEEP_ERROR(remove(tmp));
     DPAR_FREE(tmp);
     DPAR_FREE(data);
     return s;
@@ -1285,8 +1271,8 @@ static size_t dpar_ckpt__next(dpar_ckpt__in *in, uint64_t want, const unsigned c
     if (in->off == in->have) {
         uint64_t left = in->end - in->pos;
         size_t ask = left < DPAR_CKPT__WINDOW ? (size_t)left : (size_t)DPAR_CKPT__WINDOW;
-        ssize_t got = read(in->fd, in->win, ask);
-        while (got < 0 && errno == EINTR) got = read(in->fd, in->win, ask);
+        ssize_t got = read(in->fd, in->win, (unsigned)ask); /* ask <= 64 KiB: fits Windows' unsigned count */
+        while (got < 0 && errno == EINTR) got = read(in->fd, in->win, (unsigned)ask);
         if (got <= 0) {
             in->err = got < 0 ? errno : EIO;
             return 0;
@@ -1324,7 +1310,7 @@ static int dpar_ckpt__get(dpar_ckpt__in *in, void *dst, uint64_t n) {
 static int dpar_ckpt__pread(int fd, void *dst, size_t n, uint64_t off) {
     unsigned char *d = (unsigned char *)dst;
     while (n) {
-        ssize_t got = pread(fd, d, n, (off_t)off);
+        int64_t got = dpar__pread(fd, d, n, off);
         if (got < 0 && errno == EINTR) continue;
         if (got <= 0) return -1;
         d += got;
@@ -1334,30 +1320,38 @@ static int dpar_ckpt__pread(int fd, void *dst, size_t n, uint64_t off) {
     return 0;
 }
 
+static dpar_status dpar_ckpt__not_regular(const char *path, unsigned mode) {
+    return dpar_set_last_error(DPAR_ERR_IO,
+                               "dpar_checkpoint_restore: '%s' is not a regular file (a %s); checkpoints are read "
+                               "from regular files only",
+                               path,
+                               S_ISDIR(mode)    ? "directory"
+                               : S_ISFIFO(mode) ? "FIFO"
+                               : S_ISCHR(mode)  ? "character device"
+                               : S_ISBLK(mode)  ? "block device"
+                               : S_ISSOCK(mode) ? "socket"
+                                                : "special file");
+}
 /* Opens `path` for reading if it is a regular file. O_NONBLOCK: opening a
    FIFO must not wait for a writer (it is refused right after). */
 static dpar_status dpar_ckpt__open(const char *path, int *fd_out, uint64_t *size) {
-    int flags = O_RDONLY | O_NONBLOCK;
+    int flags = O_RDONLY | DPAR__O_BINARY;
+#ifdef O_NONBLOCK
+    flags |= O_NONBLOCK;
+#endif
 #ifdef O_CLOEXEC
     flags |= O_CLOEXEC;
 #endif
     int fd = *fd_out = open(path, flags);
-    if (fd < 0)
-        return dpar_set_last_error(DPAR_ERR_IO, "dpar_checkpoint_restore: cannot open '%s': %s", path, strerror(errno));
     struct stat st;
+    if (fd < 0) {
+        int err = errno; /* Windows refuses to open a folder (EACCES): say what it is */
+        if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) return dpar_ckpt__not_regular(path, (unsigned)st.st_mode);
+        return dpar_set_last_error(DPAR_ERR_IO, "dpar_checkpoint_restore: cannot open '%s': %s", path, strerror(err));
+    }
     if (fstat(fd, &st) != 0)
         return dpar_set_last_error(DPAR_ERR_IO, "dpar_checkpoint_restore: cannot stat '%s': %s", path, strerror(errno));
-    if (!S_ISREG(st.st_mode))
-        return dpar_set_last_error(DPAR_ERR_IO,
-                                   "dpar_checkpoint_restore: '%s' is not a regular file (a %s); checkpoints are read "
-                                   "from regular files only",
-                                   path,
-                                   S_ISDIR(st.st_mode)    ? "directory"
-                                   : S_ISFIFO(st.st_mode) ? "FIFO"
-                                   : S_ISCHR(st.st_mode)  ? "character device"
-                                   : S_ISBLK(st.st_mode)  ? "block device"
-                                   : S_ISSOCK(st.st_mode) ? "socket"
-                                                          : "special file");
+    if (!S_ISREG(st.st_mode)) return dpar_ckpt__not_regular(path, (unsigned)st.st_mode);
     *size = (uint64_t)st.st_size;
     return DPAR_OK;
 }
