@@ -35,6 +35,18 @@ static int uses_fma(int64_t M, int64_t N, int64_t K) {
 #endif
 }
 
+#if (defined(__x86_64__) || defined(__i386__)) && !defined(DPAR_NO_SIMD)
+#include <immintrin.h>
+/* the CPU's fused multiply-add, as the kernels use it: MinGW-w64's fmaf is not
+   fused (about a third of random triples round differently), which made the
+   reference, not dpar, wrong under Windows */
+__attribute__((target("fma"))) static float fused(float a, float b, float c) {
+    return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c)));
+}
+#else
+static float fused(float a, float b, float c) { return fmaf(a, b, c); }
+#endif
+
 static void emulate(int64_t M, int64_t N, int64_t K, int ta, int tb, float alpha, const float *A, const float *B,
                     float beta, float *C) {
     int fma = uses_fma(M, N, K);
@@ -51,7 +63,7 @@ static void emulate(int64_t M, int64_t N, int64_t K, int ta, int tb, float alpha
                 for (int64_t k = p; k < K && k < p + KC; k++) {
                     float a = ta ? A[k * M + i] : A[i * K + k], b = tb ? B[j * K + k] : B[k * N + j];
                     if (fma)
-                        acc = fmaf(a, b, acc);
+                        acc = fused(a, b, acc);
                     else {
                         float prod = a * b;
                         acc = acc + prod;

@@ -331,9 +331,7 @@ static int setup(void **state) {
 }
 static int teardown(void **state) {
     (void)state;
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    return system(cmd) == 0 ? 0 : -1;
+    return t_remove_tree(tmpdir);
 }
 
 int main(void) {

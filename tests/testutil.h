@@ -12,6 +12,54 @@
 #include <cmocka.h>
 #include "dpar.h"
 
+/* Windows (MinGW-w64 under wine, tests/test_windows.sh): the POSIX calls the
+   tests use, on the C runtime and Win32. */
+#if defined(_WIN32)
+#include <direct.h>
+#ifndef WIN32_LEAN_AND_MEAN
+#define WIN32_LEAN_AND_MEAN
+#endif
+#ifndef NOMINMAX
+#define NOMINMAX
+#endif
+#include <windows.h>
+#undef near /* <windows.h> defines these names, which the tests use */
+#undef far
+#undef IN
+#undef OUT
+#ifndef M_PI
+#define M_PI 3.14159265358979323846
+#endif
+#define _SC_NPROCESSORS_ONLN 84
+static inline long sysconf(int name) { /* the count dpar's CPU backend uses */
+    return name == _SC_NPROCESSORS_ONLN ? (long)GetActiveProcessorCount(ALL_PROCESSOR_GROUPS) : -1;
+}
+static inline int setenv(const char *k, const char *v, int overwrite) {
+    if (!overwrite && getenv(k)) return 0;
+    return _putenv_s(k, v) == 0 ? 0 : -1;
+}
+static inline int unsetenv(const char *k) { return _putenv_s(k, "") == 0 ? 0 : -1; } /* "" removes it */
+static inline char *mkdtemp(char *tmpl) {
+    if (_mktemp_s(tmpl, strlen(tmpl) + 1) != 0) return NULL;
+    return _mkdir(tmpl) == 0 ? tmpl : NULL;
+}
+static inline int symlink(const char *target, const char *link) {
+    return CreateSymbolicLinkA(link, target, 0) ? 0 : -1;
+}
+#endif
+/* Removes folder `dir` and what is in it; 0 on success. */
+static inline int t_remove_tree(const char *dir) {
+    char cmd[1200];
+#if defined(_WIN32)
+    int n = snprintf(cmd, sizeof cmd, "rmdir /s /q \"%s\"", dir);
+    for (int i = 0; i < n && i < (int)sizeof cmd; i++)
+        if (cmd[i] == '/' && i > 12) cmd[i] = '\\';
+#else
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+#endif
+    return system(cmd) == 0 ? 0 : -1;
+}
+
 /* Fails the test with the status and dpar_last_error() when s != DPAR_OK. */
 #define T_OK(expr)                                                                                         \
     do {                                                                                                   \
