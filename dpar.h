@@ -2028,40 +2028,38 @@ DPAR__ALIAS dpar_status dpar_axis_size(const dpar_ctx *ctx, const char *axes, in
 /* 4- or 8-byte integers only; every operation is a full barrier (stronger than asked). */
 #define DPAR__IL64(p) ((volatile LONG64 *)(void *)(p))
 #define DPAR__IL32(p) ((volatile LONG *)(void *)(p))
-#define DPAR__ATOMIC_LOAD(p)                                             \
+#define DPAR__ATOMIC_LOAD(p)                                               \
     (sizeof(*(p)) == 8 ? InterlockedCompareExchange64(DPAR__IL64(p), 0, 0) \
                        : InterlockedCompareExchange(DPAR__IL32(p), 0, 0))
-#define DPAR__ATOMIC_STORE(p, v)                                                   \
+#define DPAR__ATOMIC_STORE(p, v)                                                            \
     ((void)(sizeof(*(p)) == 8 ? InterlockedExchange64(DPAR__IL64(p), (LONG64)(intptr_t)(v)) \
                               : (LONG64)InterlockedExchange(DPAR__IL32(p), (LONG)(intptr_t)(v))))
-#define DPAR__ATOMIC_EXCHANGE(p, v)                                          \
+#define DPAR__ATOMIC_EXCHANGE(p, v)                                                  \
     (sizeof(*(p)) == 8 ? InterlockedExchange64(DPAR__IL64(p), (LONG64)(intptr_t)(v)) \
                        : InterlockedExchange(DPAR__IL32(p), (LONG)(intptr_t)(v)))
-#define DPAR__ATOMIC_FETCH_ADD(p, v)                                            \
+#define DPAR__ATOMIC_FETCH_ADD(p, v)                                                    \
     (sizeof(*(p)) == 8 ? InterlockedExchangeAdd64(DPAR__IL64(p), (LONG64)(intptr_t)(v)) \
                        : InterlockedExchangeAdd(DPAR__IL32(p), (LONG)(intptr_t)(v)))
-#define DPAR__ATOMIC_SUB_FETCH(p, v)      (DPAR__ATOMIC_FETCH_ADD(p, -(v)) - (v))
-#define DPAR__ATOMIC_ADD_FETCH(p, v)      (DPAR__ATOMIC_FETCH_ADD(p, v) + (v))
-#define DPAR__ATOMIC_CAS_PTR(p, e, d) \
-    dpar__cas_ptr((void *volatile *)(void *)(p), (void **)(void *)(e), (void *)(d))
-#define DPAR__ATOMIC_LOAD_RELAXED(p)      DPAR__ATOMIC_LOAD(p)
-#define DPAR__ATOMIC_STORE_RELAXED(p, v)  DPAR__ATOMIC_STORE(p, v)
-#define DPAR__UNLIKELY(x)                 (x)
-#define DPAR__LIKELY(x)                   (x)
+#define DPAR__ATOMIC_SUB_FETCH(p, v)     (DPAR__ATOMIC_FETCH_ADD(p, -(v)) - (v))
+#define DPAR__ATOMIC_ADD_FETCH(p, v)     (DPAR__ATOMIC_FETCH_ADD(p, v) + (v))
+#define DPAR__ATOMIC_CAS_PTR(p, e, d)    dpar__cas_ptr((void *volatile *)(void *)(p), (void **)(void *)(e), (void *)(d))
+#define DPAR__ATOMIC_LOAD_RELAXED(p)     DPAR__ATOMIC_LOAD(p)
+#define DPAR__ATOMIC_STORE_RELAXED(p, v) DPAR__ATOMIC_STORE(p, v)
+#define DPAR__UNLIKELY(x)                (x)
+#define DPAR__LIKELY(x)                  (x)
 #else
-#define DPAR__ATOMIC_LOAD(p)              __atomic_load_n((p), __ATOMIC_ACQUIRE)
-#define DPAR__ATOMIC_STORE(p, v)          __atomic_store_n((p), (v), __ATOMIC_RELEASE)
-#define DPAR__ATOMIC_EXCHANGE(p, v)       __atomic_exchange_n((p), (v), __ATOMIC_ACQ_REL)
-#define DPAR__ATOMIC_FETCH_ADD(p, v)      __atomic_fetch_add((p), (v), __ATOMIC_RELAXED)
-#define DPAR__ATOMIC_SUB_FETCH(p, v)      __atomic_sub_fetch((p), (v), __ATOMIC_ACQ_REL)
-#define DPAR__ATOMIC_ADD_FETCH(p, v)      __atomic_add_fetch((p), (v), __ATOMIC_ACQ_REL)
+#define DPAR__ATOMIC_LOAD(p)             __atomic_load_n((p), __ATOMIC_ACQUIRE)
+#define DPAR__ATOMIC_STORE(p, v)         __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+#define DPAR__ATOMIC_EXCHANGE(p, v)      __atomic_exchange_n((p), (v), __ATOMIC_ACQ_REL)
+#define DPAR__ATOMIC_FETCH_ADD(p, v)     __atomic_fetch_add((p), (v), __ATOMIC_RELAXED)
+#define DPAR__ATOMIC_SUB_FETCH(p, v)     __atomic_sub_fetch((p), (v), __ATOMIC_ACQ_REL)
+#define DPAR__ATOMIC_ADD_FETCH(p, v)     __atomic_add_fetch((p), (v), __ATOMIC_ACQ_REL)
 /* compare-and-swap of a pointer: 1 when *p was *e and is now d, else 0 with *e = *p */
-#define DPAR__ATOMIC_CAS_PTR(p, e, d) \
-    __atomic_compare_exchange_n((p), (e), (d), 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)
-#define DPAR__ATOMIC_LOAD_RELAXED(p)      __atomic_load_n((p), __ATOMIC_RELAXED)
-#define DPAR__ATOMIC_STORE_RELAXED(p, v)  __atomic_store_n((p), (v), __ATOMIC_RELAXED)
-#define DPAR__UNLIKELY(x)                 __builtin_expect(!!(x), 0)
-#define DPAR__LIKELY(x)                   __builtin_expect(!!(x), 1)
+#define DPAR__ATOMIC_CAS_PTR(p, e, d)    __atomic_compare_exchange_n((p), (e), (d), 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)
+#define DPAR__ATOMIC_LOAD_RELAXED(p)     __atomic_load_n((p), __ATOMIC_RELAXED)
+#define DPAR__ATOMIC_STORE_RELAXED(p, v) __atomic_store_n((p), (v), __ATOMIC_RELAXED)
+#define DPAR__UNLIKELY(x)                __builtin_expect(!!(x), 0)
+#define DPAR__LIKELY(x)                  __builtin_expect(!!(x), 1)
 #endif
 #if defined(_WIN32) && (defined(_MSC_VER) || defined(DPAR_PLATFORM_INTERLOCKED)) && !defined(__clang__)
 static inline int dpar__cas_ptr(void *volatile *p, void **expected, void *desired) {
@@ -2246,7 +2244,7 @@ DPAR__PLATFORM_FN void dpar__sleep_us(int64_t us) {
 #if defined(_WIN32)
     Sleep((DWORD)((us + 999) / 1000));
 #else
-    struct timespec ts = {(time_t)(us / 1000000), (long)(us % 1000000) * 1000L};
+    struct timespec ts = { (time_t)(us / 1000000), (long)(us % 1000000) * 1000L };
     nanosleep(&ts, NULL);
 #endif
 }
@@ -2439,7 +2437,6 @@ DPAR__PLATFORM_FN int dpar__file_replace(const char *from, const char *to, char 
 }
 #endif /* DPAR__PLATFORM_DONE */
 
-
 /* ===========================================================================
    IMPLEMENTATION
    ======================================================================== */
@@ -2489,7 +2486,7 @@ DPAR__PLATFORM_FN int dpar__file_replace(const char *from, const char *to, char 
 #else
 #define DPAR__TLS __thread
 #endif
-#define DPAR__UNUSED(x)          (void)(x)
+#define DPAR__UNUSED(x) (void)(x)
 #if defined(__GNUC__)
 #define DPAR__MAYBE_UNUSED __attribute__((unused))
 #else
@@ -3910,9 +3907,9 @@ typedef struct dpar__live_entry {
     void (*release)(void *self); /* graphs and helpers: frees the object with its parent */
 } dpar__live_entry;
 static dpar__mutex dpar__live_mu = DPAR__MUTEX_INIT;
-static dpar__cond dpar__live_cv = DPAR__COND_INIT; /* busy / host_io / dispatching fell */
-static dpar__live_entry *dpar__live_tab;                        /* open addressing, linear probing */
-static size_t dpar__live_cap, dpar__live_used, dpar__live_n;    /* slots, non-empty slots, live entries */
+static dpar__cond dpar__live_cv = DPAR__COND_INIT;           /* busy / host_io / dispatching fell */
+static dpar__live_entry *dpar__live_tab;                     /* open addressing, linear probing */
+static size_t dpar__live_cap, dpar__live_used, dpar__live_n; /* slots, non-empty slots, live entries */
 static const char dpar__live_tomb = 0;
 static DPAR__TLS const void *dpar__live_memo_obj; /* dpar_handle_check's memo, valid in one dispatch */
 static DPAR__TLS uint64_t dpar__live_memo_job;
@@ -4075,8 +4072,9 @@ static dpar_status dpar__live_buf(const dpar_buffer *b, const char *fn, const ch
 /* Whether getter fn may read p: not NULL and live (stale: the last error is set
    and the getter returns what it returns for NULL). */
 static int dpar__live_got(const void *p, int kind, const char *fn) {
-    static const char *const args[] = { "the handle", "the runtime", "the mesh",
-                                        "the array",  "the buffer",  "the graph" };
+    static const char *const args[] = {
+        "the handle", "the runtime", "the mesh", "the array", "the buffer", "the graph"
+    };
     return p && !dpar__live_arg(p, kind, fn, kind >= 0 && kind <= DPAR__LIVE_GRAPH ? args[kind] : args[0]);
 }
 /* Enters a new object whose parent (a runtime or a mesh) must be live. */
@@ -6635,8 +6633,7 @@ static dpar_status dpar__collective(dpar_ctx *ctx, dpar__cargs *a, const char *a
         snprintf(fn, sizeof fn, "dpar_%s", dpar__coll_name(a->kind, a->op));
         return dpar__ctx_check(ctx, fn);
     }
-    if (DPAR__UNLIKELY(!dpar__live_buf_ok(a->out) || !dpar__live_buf_ok(a->in)))
-        return dpar__coll_stale(a, "");
+    if (DPAR__UNLIKELY(!dpar__live_buf_ok(a->out) || !dpar__live_buf_ok(a->in))) return dpar__coll_stale(a, "");
     if (!axes) axes = "";
     snprintf(a->axes, sizeof a->axes, "%s", axes);
     dpar__worker *w = &ctx->rt->workers[ctx->device - ctx->rt->local_base];
@@ -6895,8 +6892,9 @@ static dpar_status dpar__same_float(const char *fn, const dpar_buffer *const *b,
                          names[r], dpar_dtype_name(t));
     for (int i = r + 1; i < n; i++)
         if (b[i] && b[i]->dtype != t)
-            return dpar__err(DPAR_ERR_DTYPE, "%s: %s is %s but %s is %s; the op's tensors share one dtype (stats stay "
-                                             "f32); convert with dpar_cast",
+            return dpar__err(DPAR_ERR_DTYPE,
+                             "%s: %s is %s but %s is %s; the op's tensors share one dtype (stats stay "
+                             "f32); convert with dpar_cast",
                              fn, names[i], dpar_dtype_name(b[i]->dtype), names[r], dpar_dtype_name(t));
     const dpar__backend_iface *be = b[r]->rt->be;
     if (t != DPAR_F32 && be->kind != DPAR_BACKEND_CPU)
@@ -7901,9 +7899,9 @@ DPAR_API dpar_status dpar_conv2d(dpar_buffer *y, const dpar_buffer *x, const dpa
     const char *fln[4] = { "y", "x", "w", "bias" };
     dpar__win2d g;
     dpar_status s = dpar__op_check(fn, y, ops, 3);
-    if (s || (s = dpar__same_float(fn, fl, fln, 4)) || (s = dpar__need_4d(fn, x, "x", "NHWC")) || (s = dpar__need_4d(fn, w, "w", "HWIO")) ||
-        (s = dpar__need_4d(fn, y, "y", "NHWC")) || (s = dpar__conv2d_win(fn, x->shape, w->shape, d, &g)) ||
-        (s = dpar__win2d_check_out(fn, y, "y", &g, y, ops, 3)))
+    if (s || (s = dpar__same_float(fn, fl, fln, 4)) || (s = dpar__need_4d(fn, x, "x", "NHWC")) ||
+        (s = dpar__need_4d(fn, w, "w", "HWIO")) || (s = dpar__need_4d(fn, y, "y", "NHWC")) ||
+        (s = dpar__conv2d_win(fn, x->shape, w->shape, d, &g)) || (s = dpar__win2d_check_out(fn, y, "y", &g, y, ops, 3)))
         return s;
     if (b && (s = dpar__conv2d_bias(fn, b, "bias", &g))) return s;
     return dpar__conv2d_run(DPAR__OP_CONV2D, &g, y, x, w, b);
@@ -7916,8 +7914,9 @@ DPAR_API dpar_status dpar_conv2d_backward_input(dpar_buffer *dx, const dpar_buff
     const char *fln[3] = { "dx", "dy", "w" };
     dpar__win2d g;
     dpar_status s = dpar__op_check(fn, dx, ops, 2);
-    if (s || (s = dpar__same_float(fn, fl, fln, 3)) || (s = dpar__need_4d(fn, dx, "dx", "NHWC")) || (s = dpar__need_4d(fn, w, "w", "HWIO")) ||
-        (s = dpar__need_4d(fn, dy, "dy", "NHWC")) || (s = dpar__conv2d_win(fn, dx->shape, w->shape, d, &g)) ||
+    if (s || (s = dpar__same_float(fn, fl, fln, 3)) || (s = dpar__need_4d(fn, dx, "dx", "NHWC")) ||
+        (s = dpar__need_4d(fn, w, "w", "HWIO")) || (s = dpar__need_4d(fn, dy, "dy", "NHWC")) ||
+        (s = dpar__conv2d_win(fn, dx->shape, w->shape, d, &g)) ||
         (s = dpar__win2d_check_out(fn, dy, "dy", &g, dx, ops, 2)))
         return s;
     return dpar__conv2d_run(DPAR__OP_CONV2D_BWD_INPUT, &g, dx, dy, w, NULL);
@@ -7930,8 +7929,9 @@ DPAR_API dpar_status dpar_conv2d_backward_kernel(dpar_buffer *dw, dpar_buffer *d
     const char *fln[4] = { "dw", "x", "dy", "db" };
     dpar__win2d g;
     dpar_status s = dpar__op_check(fn, dw, ops, 2);
-    if (s || (s = dpar__same_float(fn, fl, fln, 4)) || (s = dpar__need_4d(fn, dw, "dw", "HWIO")) || (s = dpar__need_4d(fn, x, "x", "NHWC")) ||
-        (s = dpar__need_4d(fn, dy, "dy", "NHWC")) || (s = dpar__conv2d_win(fn, x->shape, dw->shape, d, &g)) ||
+    if (s || (s = dpar__same_float(fn, fl, fln, 4)) || (s = dpar__need_4d(fn, dw, "dw", "HWIO")) ||
+        (s = dpar__need_4d(fn, x, "x", "NHWC")) || (s = dpar__need_4d(fn, dy, "dy", "NHWC")) ||
+        (s = dpar__conv2d_win(fn, x->shape, dw->shape, d, &g)) ||
         (s = dpar__win2d_check_out(fn, dy, "dy", &g, dw, ops, 2)))
         return s;
     const dpar_buffer *dbc = db;
@@ -7951,7 +7951,8 @@ static dpar_status dpar__pool2d_op(const char *fn, dpar__op_kind k, dpar_buffer 
     const char *fln[3] = { dst == in ? inn : outn, dst == in ? outn : inn, "x" };
     dpar__win2d g;
     dpar_status s = dpar__op_check(fn, dst, ops, 2);
-    if (s || (s = dpar__same_float(fn, fl, fln, 3)) || (s = dpar__need_4d(fn, in, inn, "NHWC")) || (s = dpar__need_4d(fn, out, outn, "NHWC")) ||
+    if (s || (s = dpar__same_float(fn, fl, fln, 3)) || (s = dpar__need_4d(fn, in, inn, "NHWC")) ||
+        (s = dpar__need_4d(fn, out, outn, "NHWC")) ||
         (src1 && ((s = dpar__need_4d(fn, src1, "x", "NHWC")) || (s = dpar__same_shape(fn, src1, "x", in, inn)))) ||
         (s = dpar__pool2d_win(fn, in->shape, d, &g)) || (s = dpar__win2d_check_out(fn, out, outn, &g, dst, ops, 2)))
         return s;
@@ -8134,7 +8135,9 @@ static dpar_status dpar__norm_fwd(const char *fn, int rms, dpar_buffer *y, dpar_
     const dpar_buffer *fl[4] = { y, x, w, b };
     const char *names[4] = { "y", "x", "w", "b" };
     dpar_status s = dpar__op_check(fn, y, ops, 4);
-    if (s || (s = dpar__same_float(fn, fl, names, 4)) || (stats && (s = dpar__need_f32(fn, stats, "stats"))) || (s = dpar__same_shape(fn, y, "y", x, "x"))) return s;
+    if (s || (s = dpar__same_float(fn, fl, names, 4)) || (stats && (s = dpar__need_f32(fn, stats, "stats"))) ||
+        (s = dpar__same_shape(fn, y, "y", x, "x")))
+        return s;
     if (x->ndim < 1) return dpar__err(DPAR_ERR_SHAPE, "%s: x is a scalar; it needs a last axis to normalize", fn);
     if ((s = dpar__norm_vec(fn, w, "w", x)) || (s = dpar__norm_vec(fn, b, "b", x))) return s;
     int64_t n = x->shape[x->ndim - 1], m = n ? x->count / n : 0;
@@ -8166,8 +8169,8 @@ static dpar_status dpar__norm_bwd(const char *fn, int rms, dpar_buffer *dx, dpar
     const dpar_buffer *fl[6] = { dx, dw, db, dy, x, w };
     const char *names[6] = { "dx", "dw", "db", "dy", "x", "w" };
     dpar_status s = dpar__op_check(fn, first, ops, 6);
-    if (s || (s = dpar__same_float(fn, fl, names, 6)) || (s = dpar__need_f32(fn, stats, "stats")) || (dx && (s = dpar__same_shape(fn, dx, "dx", x, "x"))) ||
-        (s = dpar__same_shape(fn, dy, "dy", x, "x")))
+    if (s || (s = dpar__same_float(fn, fl, names, 6)) || (s = dpar__need_f32(fn, stats, "stats")) ||
+        (dx && (s = dpar__same_shape(fn, dx, "dx", x, "x"))) || (s = dpar__same_shape(fn, dy, "dy", x, "x")))
         return s;
     if (x->ndim < 1) return dpar__err(DPAR_ERR_SHAPE, "%s: x is a scalar; it needs a last axis to normalize", fn);
     if ((s = dpar__norm_vec(fn, w, "w", x)) || (s = dpar__norm_vec(fn, dw, "dw", x)) ||
@@ -8303,8 +8306,7 @@ DPAR_API dpar_status dpar_attention(dpar_buffer *out, dpar_buffer *stats, const 
     const dpar_buffer *fl[4] = { out, q, k, v };
     const char *names[4] = { "out", "q", "k", "v" };
     dpar_status s = dpar__op_check(fn, out, ops, 4);
-    if (s || (s = dpar__same_float(fn, fl, names, 4)) || (stats && (s = dpar__need_f32(fn, stats, "stats"))))
-        return s;
+    if (s || (s = dpar__same_float(fn, fl, names, 4)) || (stats && (s = dpar__need_f32(fn, stats, "stats")))) return s;
     dpar__op op;
     dpar__op_init(&op, DPAR__OP_ATTN, out);
     if ((s = dpar__attn_check(fn, &op, out, q, k, v, stats, scale, causal))) return s;
@@ -9268,16 +9270,16 @@ struct dpar_graph {
     dpar__gbucket *bk;      /* gradient buckets (>>graph buckets), nbk of them */
     int nbk;
     dpar_graph_stats stats;
-    struct dpar__gz1 *z1;   /* ZeRO-1 (dpar_graph_zero1), NULL: off */
-    struct dpar__gpipe *pp; /* pipeline (dpar_graph_pipeline), NULL: off */
-    int stage_now;          /* pipelines, building: the stage of new op nodes */
-    int *mb_now;            /* pipelines, running: [nlocal] the micro-batch (buffer set) of each device */
-    dpar_buffer **mb_slots; /* pipelines: [((m - 1) * nslots + slot) * nlocal + li], sets m = 1..M-1 */
-    bool *mb_owned;         /* [(m - 1) * nslots + slot]: the graph's buffers (not set 0's, shared) */
-    int remat_seg;          /* segments begun so far (>>graph remat) */
-    bool remat_open;        /* between dpar_graph_remat_begin and _end */
-    int *rclone;            /* while the backward is built: [forward node] its recomputed copy, 0 none yet */
-    int rupto;              /* the forward nodes are 1..rupto-1 */
+    struct dpar__gz1 *z1;     /* ZeRO-1 (dpar_graph_zero1), NULL: off */
+    struct dpar__gpipe *pp;   /* pipeline (dpar_graph_pipeline), NULL: off */
+    int stage_now;            /* pipelines, building: the stage of new op nodes */
+    int *mb_now;              /* pipelines, running: [nlocal] the micro-batch (buffer set) of each device */
+    dpar_buffer **mb_slots;   /* pipelines: [((m - 1) * nslots + slot) * nlocal + li], sets m = 1..M-1 */
+    bool *mb_owned;           /* [(m - 1) * nslots + slot]: the graph's buffers (not set 0's, shared) */
+    int remat_seg;            /* segments begun so far (>>graph remat) */
+    bool remat_open;          /* between dpar_graph_remat_begin and _end */
+    int *rclone;              /* while the backward is built: [forward node] its recomputed copy, 0 none yet */
+    int rupto;                /* the forward nodes are 1..rupto-1 */
     struct dpar__gprog *prog; /* [nlocal] recorded command buffers (>>graph program), NULL: op by op */
 };
 static bool dpar__g_pipe_inputs(dpar_graph *g, int nin, const int *in); /* >>graph zero1-pipe */
@@ -11530,8 +11532,8 @@ static int dpar__g_fit_best(const dpar__gfit *f, const dpar__gplan *p, int i, si
 }
 /* Greedy by breadth: the nodes by bytes live there (largest first), their unplaced values largest first.
    v: the n pooled values, largest first; t: scratch of count + 1. */
-static void dpar__g_fit_breadth(const dpar_graph *g, const dpar__gplan *p, const dpar__gsize *v, int n,
-                                dpar__gsize *t, dpar__gfit *f) {
+static void dpar__g_fit_breadth(const dpar_graph *g, const dpar__gplan *p, const dpar__gsize *v, int n, dpar__gsize *t,
+                                dpar__gfit *f) {
     int c = g->count;
     for (int k = 0; k <= c; k++) t[k].bytes = 0, t[k].id = k;
     for (int q = 0; q < n; q++)
@@ -11702,7 +11704,8 @@ static dpar_status dpar__g_bucket_plan(dpar_graph *g) {
             b = g->nbk++;
             g->bk[b].members = (int *)DPAR_MALLOC((size_t)c * sizeof(int));
             g->bk[b].offset = (int64_t *)DPAR_MALLOC((size_t)c * sizeof(int64_t));
-            if (!g->bk[b].members || !g->bk[b].offset) s = dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_graph_compile: out of memory");
+            if (!g->bk[b].members || !g->bk[b].offset)
+                s = dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_graph_compile: out of memory");
         }
         if (s) break;
         dpar__gbucket *bk = &g->bk[b];
@@ -11790,8 +11793,8 @@ static dpar_status dpar__g_bucket_finish(dpar_graph *g, int li, int i) {
 static bool dpar__g_fusable(const dpar__gnode *loss, const dpar__gnode *grad) {
     bool kinds = (loss->kind == DPAR__G_XENT && grad->kind == DPAR__G_XENT_GRAD) ||
                  (loss->kind == DPAR__G_MSE && grad->kind == DPAR__G_MSE_GRAD) ||
-                 (loss->kind == DPAR__G_XENT_IGN && grad->kind == DPAR__G_XENT_IGN_GRAD &&
-                  loss->ip[0] == grad->ip[0] && loss->ip[1] == grad->ip[1] && loss->fp == grad->fp);
+                 (loss->kind == DPAR__G_XENT_IGN && grad->kind == DPAR__G_XENT_IGN_GRAD && loss->ip[0] == grad->ip[0] &&
+                  loss->ip[1] == grad->ip[1] && loss->fp == grad->fp);
     return kinds && loss->fused == 0 && loss->in[0] == grad->in[0] && loss->in[1] == grad->in[1];
 }
 static void dpar__g_fuse_losses(dpar_graph *g) {

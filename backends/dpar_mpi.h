@@ -32,7 +32,7 @@ typedef struct dpar__mpi {
     dpar_mpi_desc desc; /* the settings, defaults resolved (dpar__mpi_settings_get) */
     MPI_Comm comm;      /* dup of the user's communicator */
     int rank, size;
-    dpar__mutex mu;             /* serializes MPI calls: MPI_THREAD_SERIALIZED is enough */
+    dpar__mutex mu;                 /* serializes MPI calls: MPI_THREAD_SERIALIZED is enough */
     MPI_Op op_max, op_min;          /* NaN-propagating float max/min */
     int broken;                     /* a cross-process collective timed out: destroy the runtime */
     int keep;                       /* an MPI request given up on may still use this state's communicator,
@@ -115,9 +115,9 @@ static dpar_status dpar__mpi_errstr(int rc, const char *call) {
 }
 #define DPAR__MPI_CALL(mp, call)                                       \
     do {                                                               \
-        dpar__mutex_lock(&(mp)->mu);                                 \
+        dpar__mutex_lock(&(mp)->mu);                                   \
         int rc__ = (call);                                             \
-        dpar__mutex_unlock(&(mp)->mu);                               \
+        dpar__mutex_unlock(&(mp)->mu);                                 \
         if (rc__ != MPI_SUCCESS) return dpar__mpi_errstr(rc__, #call); \
     } while (0)
 
@@ -832,8 +832,8 @@ static dpar_status dpar__mpi_data_wait(dpar_ctx *ctx, dpar__mpi_group *mg, MPI_R
    partial result (vectorized, in member order), MPI's exchange of it and the
    copies back to the members stay in cache; the next chunk's local sum is
    computed while the current chunk's exchange is in flight. */
-static dpar_status dpar__mpi_allreduce_f32(dpar_ctx *ctx, dpar__group *g, const dpar__coll *c,
-                                           const uint64_t *dlp, const char *what) {
+static dpar_status dpar__mpi_allreduce_f32(dpar_ctx *ctx, dpar__group *g, const dpar__coll *c, const uint64_t *dlp,
+                                           const char *what) {
     dpar_runtime *rt = ctx->rt;
     dpar__mpi *mp = (dpar__mpi *)rt->mpi;
     dpar__mpi_group *mg = (dpar__mpi_group *)g->mpi;

@@ -198,11 +198,11 @@ typedef struct dpar__vkdev {
     dpar__vkbuf *idx_err;     /* error words of the index checks (>>vulkan optim), made on first use */
     int idx_pending;          /* a check ran since the last report (atomic) */
     /* >>vulkan interop: one buffer lent at a time; values of the timeline semaphore `sem` */
-    VkSemaphore sem;     /* made by the first export */
-    uint64_t sem_value;  /* last value handed out (an export's ready value, then its release value) */
-    uint64_t sem_signal; /* the next submit signals it (0: none) */
-    uint64_t sem_wait;   /* the next submit waits for it (0: none): the engine's release */
-    int loaned;          /* a buffer of this device is lent */
+    VkSemaphore sem;        /* made by the first export */
+    uint64_t sem_value;     /* last value handed out (an export's ready value, then its release value) */
+    uint64_t sem_signal;    /* the next submit signals it (0: none) */
+    uint64_t sem_wait;      /* the next submit waits for it (0: none): the engine's release */
+    int loaned;             /* a buffer of this device is lent */
     VkCommandBuffer prefix; /* >>vulkan program: the next submit runs this recording before its batch */
 } dpar__vkdev;
 
@@ -2544,15 +2544,14 @@ static dpar_status dpar__vk_prog_begin(void *state, int dev) {
     VkCommandBufferBeginInfo bi;
     memset(&bi, 0, sizeof bi);
     bi.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO; /* no ONE_TIME_SUBMIT: submitted every step */
-    dpar__mutex_lock(&d->lock); /* the command pool is externally synchronized */
+    dpar__mutex_lock(&d->lock);                             /* the command pool is externally synchronized */
     VkResult vr = st->vkAllocateCommandBuffers(d->ph->device, &ai, &p->fr.cb);
     if (vr == VK_SUCCESS && (vr = st->vkBeginCommandBuffer(p->fr.cb, &bi)) != VK_SUCCESS)
         st->vkFreeCommandBuffers(d->ph->device, d->cmd_pool, 1, &p->fr.cb);
     dpar__mutex_unlock(&d->lock);
     if (vr != VK_SUCCESS) {
         DPAR_FREE(p);
-        return dpar__vk_fail(st, vr, "vkAllocateCommandBuffers/vkBeginCommandBuffer", "device %d (graph program)",
-                             dev);
+        return dpar__vk_fail(st, vr, "vkAllocateCommandBuffers/vkBeginCommandBuffer", "device %d (graph program)", dev);
     }
     p->fr.state = 1;
     dpar__vk_rec = p;
@@ -2584,7 +2583,8 @@ static dpar_status dpar__vk_prog_end(void *state, int dev, void **prog) {
     VkResult vr = st->vkEndCommandBuffer(p->fr.cb);
     if (vr != VK_SUCCESS || p->nops == 0) {
         dpar__vk_prog_free(state, dev, p);
-        return vr == VK_SUCCESS ? DPAR_OK : dpar__vk_fail(st, vr, "vkEndCommandBuffer", "device %d (graph program)", dev);
+        return vr == VK_SUCCESS ? DPAR_OK
+                                : dpar__vk_fail(st, vr, "vkEndCommandBuffer", "device %d (graph program)", dev);
     }
     p->fr.state = 0;
     *prog = p;

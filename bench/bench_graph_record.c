@@ -140,10 +140,10 @@ static int run(const char *name, int n, int nops, int rounds, double target) {
     k = k < 1 ? 1 : k;
     for (int i = 0; i < rounds && !s; i++) {
         bool on_first = i & 1;
-        s = block(on_first ? &on : &off, on_first, k, on_first ? &wn : &wo, on_first ? &cn : &co,
-                  on_first ? &ln : &lo);
-        if (!s) s = block(on_first ? &off : &on, !on_first, k, on_first ? &wo : &wn, on_first ? &co : &cn,
-                          on_first ? &lo : &ln);
+        s = block(on_first ? &on : &off, on_first, k, on_first ? &wn : &wo, on_first ? &cn : &co, on_first ? &ln : &lo);
+        if (!s)
+            s = block(on_first ? &off : &on, !on_first, k, on_first ? &wo : &wn, on_first ? &co : &cn,
+                      on_first ? &lo : &ln);
         a[i] = wo, b[i] = wn, ca[i] = co, cb[i] = cn, r[i] = wn / wo;
     }
     int segs = 0;
@@ -196,8 +196,8 @@ int main(int argc, char **argv) {
         return 2;
     }
     if (rounds < 5 || rounds > MAXR || nops < 1 || nops > 100000) {
-        fprintf(stderr, "bench_graph_record: --rounds %d --ops %d; give 5..%d rounds and 1..100000 ops\n", rounds,
-                nops, MAXR);
+        fprintf(stderr, "bench_graph_record: --rounds %d --ops %d; give 5..%d rounds and 1..100000 ops\n", rounds, nops,
+                MAXR);
         return 2;
     }
     if (run("chain", 1, nops, rounds, target)) return 1;

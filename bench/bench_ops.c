@@ -87,12 +87,12 @@ struct ops_case {
     double rd, wr;     /* bytes the op must read / write */
     gemm_shape g[MAXG];
     int ng;
-    double gfrac; /* share of the products' flops the op needs (causal attention) */
+    double gfrac;          /* share of the products' flops the op needs (causal attention) */
     int k[4];              /* the op's integer parameters (op kind, transposes, ...) */
     dpar_conv2d_desc conv; /* zero: 3x3 SAME, stride 1, as the CNN */
     dpar_pool2d_desc pool; /* zero: 2x2 window, stride 2, VALID, as the CNN */
-    dpar_status err; /* the first error while building */
-    int off;         /* left out by --only / --dtypes: nothing is built */
+    dpar_status err;       /* the first error while building */
+    int off;               /* left out by --only / --dtypes: nothing is built */
 };
 
 typedef struct {
@@ -152,7 +152,7 @@ static dpar_buffer *mk(bench *B, ops_case *c, int acc, dpar_dtype dt, int ndim, 
 #define SH(...) ((const int64_t[]){ __VA_ARGS__ })
 #define ND(...) ((int)(sizeof((int64_t[]){ __VA_ARGS__ }) / sizeof(int64_t)))
 /* an operand of shape (d0, d1, ...) */
-#define MK(acc, dt, ...) mk(B, c, acc, dt, ND(__VA_ARGS__), SH(__VA_ARGS__), 0)
+#define MK(acc, dt, ...)    mk(B, c, acc, dt, ND(__VA_ARGS__), SH(__VA_ARGS__), 0)
 #define MKI(acc, imod, ...) mk(B, c, acc, DPAR_I32, ND(__VA_ARGS__), SH(__VA_ARGS__), imod)
 
 /* whether --dtypes lists `name` (no list: every dtype) */
@@ -337,7 +337,9 @@ static void finish(bench *B, ops_case *c) {
 /* >>ops cnn ==================================================================
    The CNN's ops per device: 16 images, conv1 28x28x1 -> 32, avg_pool 2x2,
    conv2 14x14x32 -> 64, avg_pool 2x2, dense 3136 -> 256 -> 10. */
-static dpar_status r_conv(const ops_case *c) { return dpar_conv2d(c->b[3], c->b[0], c->b[1], c->b[2], &c->conv); }
+static dpar_status r_conv(const ops_case *c) {
+    return dpar_conv2d(c->b[3], c->b[0], c->b[1], c->b[2], &c->conv);
+}
 static dpar_status r_conv_dx(const ops_case *c) {
     return dpar_conv2d_backward_input(c->b[0], c->b[1], c->b[2], &c->conv);
 }
@@ -371,9 +373,15 @@ static void conv_rows(bench *B, dpar_dtype dt, const char *name, int64_t n, int6
     finish(B, c);
 }
 
-static dpar_status r_avgpool(const ops_case *c) { return dpar_avg_pool2d(c->b[1], c->b[0], &c->pool); }
-static dpar_status r_avgpool_bwd(const ops_case *c) { return dpar_avg_pool2d_backward(c->b[0], c->b[1], &c->pool); }
-static dpar_status r_maxpool(const ops_case *c) { return dpar_max_pool2d(c->b[1], c->b[0], &c->pool); }
+static dpar_status r_avgpool(const ops_case *c) {
+    return dpar_avg_pool2d(c->b[1], c->b[0], &c->pool);
+}
+static dpar_status r_avgpool_bwd(const ops_case *c) {
+    return dpar_avg_pool2d_backward(c->b[0], c->b[1], &c->pool);
+}
+static dpar_status r_maxpool(const ops_case *c) {
+    return dpar_max_pool2d(c->b[1], c->b[0], &c->pool);
+}
 static dpar_status r_maxpool_bwd(const ops_case *c) {
     return dpar_max_pool2d_backward(c->b[0], c->b[1], c->b[2], &c->pool);
 }
@@ -416,12 +424,24 @@ static void matmul_row(bench *B, dpar_dtype dt, const char *what, const char *sh
     finish(B, c);
 }
 
-static dpar_status r_relu(const ops_case *c) { return dpar_relu(c->b[1], c->b[0]); }
-static dpar_status r_relu_bwd(const ops_case *c) { return dpar_relu_backward(c->b[0], c->b[1], c->b[2]); }
-static dpar_status r_bias_add(const ops_case *c) { return dpar_bias_add(c->b[0], c->b[1]); }
-static dpar_status r_bias_grad(const ops_case *c) { return dpar_bias_grad(c->b[0], c->b[1], 0.0f); }
-static dpar_status r_xent(const ops_case *c) { return dpar_softmax_xent(c->b[0], c->b[1], c->b[2], c->b[3]); }
-static dpar_status r_mse(const ops_case *c) { return dpar_mse(c->b[0], c->b[1], c->b[2], c->b[3]); }
+static dpar_status r_relu(const ops_case *c) {
+    return dpar_relu(c->b[1], c->b[0]);
+}
+static dpar_status r_relu_bwd(const ops_case *c) {
+    return dpar_relu_backward(c->b[0], c->b[1], c->b[2]);
+}
+static dpar_status r_bias_add(const ops_case *c) {
+    return dpar_bias_add(c->b[0], c->b[1]);
+}
+static dpar_status r_bias_grad(const ops_case *c) {
+    return dpar_bias_grad(c->b[0], c->b[1], 0.0f);
+}
+static dpar_status r_xent(const ops_case *c) {
+    return dpar_softmax_xent(c->b[0], c->b[1], c->b[2], c->b[3]);
+}
+static dpar_status r_mse(const ops_case *c) {
+    return dpar_mse(c->b[0], c->b[1], c->b[2], c->b[3]);
+}
 
 static void cnn_rows(bench *B, dpar_dtype dt) {
     ops_case cc, *c = &cc;
@@ -461,14 +481,18 @@ static void cnn_rows(bench *B, dpar_dtype dt) {
    2 heads of 32, MLP slice 256, vocabulary 65. */
 enum { G_B = 16, G_T = 64, G_C = 128, G_H = 2, G_HD = 32, G_F = 256, G_V = 65, G_ROWS = G_B * G_T };
 
-static dpar_status r_embed(const ops_case *c) { return dpar_embedding(c->b[0], c->b[1], c->b[2]); }
-static dpar_status r_embed_bwd(const ops_case *c) { return dpar_embedding_backward(c->b[0], c->b[1], c->b[2], 0.0f); }
+static dpar_status r_embed(const ops_case *c) {
+    return dpar_embedding(c->b[0], c->b[1], c->b[2]);
+}
+static dpar_status r_embed_bwd(const ops_case *c) {
+    return dpar_embedding_backward(c->b[0], c->b[1], c->b[2], 0.0f);
+}
 static dpar_status r_norm(const ops_case *c) {
     return (c->k[0] ? dpar_rms_norm : dpar_layer_norm)(c->b[0], c->b[1], c->b[2], c->b[3], c->b[4], 1e-5f);
 }
 static dpar_status r_norm_bwd(const ops_case *c) {
     return (c->k[0] ? dpar_rms_norm_backward : dpar_layer_norm_backward)(c->b[0], c->b[1], c->b[2], c->b[3], c->b[4],
-                                                                          c->b[5], c->b[6]);
+                                                                         c->b[5], c->b[6]);
 }
 static dpar_status r_attn(const ops_case *c) {
     return dpar_attention(c->b[0], c->b[1], c->b[2], c->b[3], c->b[4], 0.0f, true);
@@ -563,9 +587,9 @@ static void gpt_rows(bench *B, dpar_dtype dt) {
 /* >>ops elementwise ==========================================================
    The elementwise family, reductions, softmax and dropout at the GPT's
    activation shapes ([1024, 256] after fc1, [1024, 128] the residual). */
-static const char *const unary_names[] = { "neg",     "exp",       "log",      "sqrt",       "rsqrt",      "tanh",
-                                           "sigmoid", "gelu_tanh", "gelu_erf", "silu",       "square",     "add_s",
-                                           "mul_s",   "rsub_s",    "div_s",    "rdiv_s",     "pow_s" };
+static const char *const unary_names[] = { "neg",     "exp",       "log",      "sqrt",   "rsqrt",  "tanh",
+                                           "sigmoid", "gelu_tanh", "gelu_erf", "silu",   "square", "add_s",
+                                           "mul_s",   "rsub_s",    "div_s",    "rdiv_s", "pow_s" };
 static const char *const binary_names[] = { "add", "sub", "mul", "div" };
 static const char *const reduce_names[] = { "sum", "mean", "max", "argmax" };
 /* names[i], or "op<i>" for an op added to the enum after this table */
@@ -576,7 +600,9 @@ static const char *op_name(const char *const *names, int n, int i, char *buf, si
 }
 #define NAME(names, i) op_name(names, (int)(sizeof names / sizeof *names), i, nb, sizeof nb)
 
-static dpar_status r_unary(const ops_case *c) { return dpar_unary(c->b[1], c->b[0], (dpar_unary_op)c->k[0], 2.0f); }
+static dpar_status r_unary(const ops_case *c) {
+    return dpar_unary(c->b[1], c->b[0], (dpar_unary_op)c->k[0], 2.0f);
+}
 static dpar_status r_unary_bwd(const ops_case *c) {
     return dpar_unary_backward(c->b[0], c->b[1], c->b[2], (dpar_unary_op)c->k[0], 2.0f);
 }
@@ -586,7 +612,9 @@ static dpar_status r_binary(const ops_case *c) {
 static dpar_status r_binary_bwd(const ops_case *c) {
     return dpar_binary_backward(c->b[0], c->b[1], c->b[2], c->b[3], c->b[4], (dpar_binary_op)c->k[0]);
 }
-static dpar_status r_where(const ops_case *c) { return dpar_where(c->b[0], c->b[1], c->b[2], c->b[3], 0, 0); }
+static dpar_status r_where(const ops_case *c) {
+    return dpar_where(c->b[0], c->b[1], c->b[2], c->b[3], 0, 0);
+}
 static const int last_axis[] = { -1 };
 static dpar_status r_reduce(const ops_case *c) {
     return dpar_reduce(c->b[0], c->b[1], (dpar_reduce_kind)c->k[0], last_axis, 1);
@@ -594,11 +622,15 @@ static dpar_status r_reduce(const ops_case *c) {
 static dpar_status r_reduce_bwd(const ops_case *c) {
     return dpar_reduce_backward(c->b[0], c->b[1], c->b[2], (dpar_reduce_kind)c->k[0], last_axis, 1);
 }
-static dpar_status r_softmax(const ops_case *c) { return dpar_softmax(c->b[1], c->b[0], c->k[0]); }
+static dpar_status r_softmax(const ops_case *c) {
+    return dpar_softmax(c->b[1], c->b[0], c->k[0]);
+}
 static dpar_status r_softmax_bwd(const ops_case *c) {
     return dpar_softmax_backward(c->b[0], c->b[1], c->b[2], c->k[0]);
 }
-static dpar_status r_dropout(const ops_case *c) { return dpar_dropout(c->b[1], c->b[0], 0.1f, 42, 7, 0); }
+static dpar_status r_dropout(const ops_case *c) {
+    return dpar_dropout(c->b[1], c->b[0], 0.1f, 42, 7, 0);
+}
 
 /* unary: x read, y written; backward: dy (and x, where op' depends on x) read, dx written */
 static void unary_rows(bench *B, dpar_dtype dt) {
@@ -699,12 +731,24 @@ static dpar_status r_sgd(const ops_case *c) {
     static const dpar_sgd_desc d = { .learning_rate = 0.05f, .momentum = 0.9f };
     return dpar_sgd_update(&d, c->b[0], c->b[1], c->b[2], 1.0f);
 }
-static dpar_status r_sum(const ops_case *c) { return (c->k[0] ? dpar_sum_squares : dpar_sum)(c->b[0], c->b[1]); }
-static dpar_status r_axpy(const ops_case *c) { return dpar_axpy(c->b[0], 0.5f, c->b[1]); }
-static dpar_status r_scale(const ops_case *c) { return dpar_scale(c->b[0], 0.5f); }
-static dpar_status r_fill(const ops_case *c) { return dpar_fill(c->b[0], 0.5f); }
-static dpar_status r_copy(const ops_case *c) { return dpar_copy(c->b[0], c->b[1]); }
-static dpar_status r_cast(const ops_case *c) { return dpar_cast(c->b[0], c->b[1]); }
+static dpar_status r_sum(const ops_case *c) {
+    return (c->k[0] ? dpar_sum_squares : dpar_sum)(c->b[0], c->b[1]);
+}
+static dpar_status r_axpy(const ops_case *c) {
+    return dpar_axpy(c->b[0], 0.5f, c->b[1]);
+}
+static dpar_status r_scale(const ops_case *c) {
+    return dpar_scale(c->b[0], 0.5f);
+}
+static dpar_status r_fill(const ops_case *c) {
+    return dpar_fill(c->b[0], 0.5f);
+}
+static dpar_status r_copy(const ops_case *c) {
+    return dpar_copy(c->b[0], c->b[1]);
+}
+static dpar_status r_cast(const ops_case *c) {
+    return dpar_cast(c->b[0], c->b[1]);
+}
 
 /* adamw: param, m, v read and written, grad read (m, v f32); sgd with momentum:
    param and momentum read and written, grad read; sum / sum_squares: x read;
@@ -752,11 +796,21 @@ static void cast_rows(bench *B, dpar_dtype src) {
 
 static const int heads_perm[] = { 0, 2, 1, 3 };
 static const int64_t slice_start[] = { 0, 32 }, pad_lo[] = { 0, 1, 1, 0 };
-static dpar_status r_transpose(const ops_case *c) { return dpar_transpose(c->b[1], c->b[0], heads_perm); }
-static dpar_status r_bcast(const ops_case *c) { return dpar_broadcast_to(c->b[1], c->b[0]); }
-static dpar_status r_slice(const ops_case *c) { return dpar_slice(c->b[1], c->b[0], slice_start, NULL); }
-static dpar_status r_slice_bwd(const ops_case *c) { return dpar_slice_backward(c->b[0], c->b[1], slice_start, NULL); }
-static dpar_status r_pad(const ops_case *c) { return dpar_pad(c->b[1], c->b[0], pad_lo, 0.0f); }
+static dpar_status r_transpose(const ops_case *c) {
+    return dpar_transpose(c->b[1], c->b[0], heads_perm);
+}
+static dpar_status r_bcast(const ops_case *c) {
+    return dpar_broadcast_to(c->b[1], c->b[0]);
+}
+static dpar_status r_slice(const ops_case *c) {
+    return dpar_slice(c->b[1], c->b[0], slice_start, NULL);
+}
+static dpar_status r_slice_bwd(const ops_case *c) {
+    return dpar_slice_backward(c->b[0], c->b[1], slice_start, NULL);
+}
+static dpar_status r_pad(const ops_case *c) {
+    return dpar_pad(c->b[1], c->b[0], pad_lo, 0.0f);
+}
 static dpar_status r_concat(const ops_case *c) {
     return dpar_concat(c->b[0], (const dpar_buffer *const *)(c->b + 1), 3, 1);
 }

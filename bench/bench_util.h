@@ -50,7 +50,7 @@ static inline double median(double *v, int n) {
 }
 
 /* >>bench stream =========================================================== */
-#define STREAM_CAP ((int64_t)256 << 20) /* 8x the 32 MB L3 of the machine this was written on */
+#define STREAM_CAP ((int64_t)256 << 20)         /* 8x the 32 MB L3 of the machine this was written on */
 enum { STREAM_MAX_THREADS = DPAR_MAX_DEVICES }; /* one per device at most */
 typedef struct {
     float *x, *y, *z; /* copy: z = x; add: z = x + y */

@@ -110,8 +110,7 @@ static inline int ex_given(int argc, char **argv, const char *name) {
    and returns 2 (a usage error). */
 static inline int ex_check_batch(const char *prog, int batch, int rows, const char *what) {
     if (batch >= 1 && batch <= rows) return 0;
-    fprintf(stderr, "%s: --batch %d is larger than the %d %s; use --batch %d or less\n", prog, batch, rows, what,
-            rows);
+    fprintf(stderr, "%s: --batch %d is larger than the %d %s; use --batch %d or less\n", prog, batch, rows, what, rows);
     return 2;
 }
 
@@ -204,8 +203,8 @@ static inline int ex_csv_row(const char *prog, const char *path, long line_no, c
     }
     p += strspn(p, " \t\r\n");
     if (*p) {
-        fprintf(stderr, "%s: %s line %ld has more than %d fields (after the label: '%.20s')\n", prog, path, line_no,
-                n, p);
+        fprintf(stderr, "%s: %s line %ld has more than %d fields (after the label: '%.20s')\n", prog, path, line_no, n,
+                p);
         return -1;
     }
     return 0;

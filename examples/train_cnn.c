@@ -242,8 +242,8 @@ static int cnn_check_shape(const cnn_opts *o, const cnn_shape *got, const cnn_sh
         if (got->run[k] == want->run[k]) continue;
         bad++;
         if (k == RUN_OPT && (unsigned)got->run[k] < 2)
-            fprintf(stderr, "train_cnn: --resume %s was trained with --optimizer %s; this run asks for %s\n",
-                    o->resume, opt_name[got->run[k]], opt_name[want->run[k]]);
+            fprintf(stderr, "train_cnn: --resume %s was trained with --optimizer %s; this run asks for %s\n", o->resume,
+                    opt_name[got->run[k]], opt_name[want->run[k]]);
         else
             fprintf(stderr, "train_cnn: --resume %s was trained with %s %d; this run asks for %d\n", o->resume,
                     run_flag[k], (int)got->run[k], (int)want->run[k]);
@@ -263,8 +263,8 @@ static int cnn_check_shape(const cnn_opts *o, const cnn_shape *got, const cnn_sh
    with it, and replays the shuffles of the epochs it covers, so the next
    epoch sees the batches an uninterrupted run sees; *first gets the next
    epoch. 0 on success, else main's exit status. */
-static int cnn_resume(dpar_graph *train, const cnn_opts *o, const dpar_checkpoint_entry shape[2],
-                      const cnn_shape *want, int steps, mnist_data *md, int *first) {
+static int cnn_resume(dpar_graph *train, const cnn_opts *o, const dpar_checkpoint_entry shape[2], const cnn_shape *want,
+                      int steps, mnist_data *md, int *first) {
     cnn_shape got; /* first the shape: another --optimizer is named as such, not as missing state */
     int have = !dpar_checkpoint_restore(o->resume, shape, 2, NULL) && !dpar_array_get(shape[0].array, got.run) &&
                !dpar_array_get(shape[1].array, got.hyp);
@@ -272,8 +272,10 @@ static int cnn_resume(dpar_graph *train, const cnn_opts *o, const dpar_checkpoin
     if (rc) return rc;
     if (dpar_graph_restore(train, o->resume)) return digits_fail("--resume"); /* a missing or corrupt file */
     if (!have) {
-        fprintf(stderr, "train_cnn: --resume %s holds no run shape (batch, steps per epoch, seed, optimizer); it was "
-                        "saved by an older train_cnn: start a new run with --checkpoint\n", o->resume);
+        fprintf(stderr,
+                "train_cnn: --resume %s holds no run shape (batch, steps per epoch, seed, optimizer); it was "
+                "saved by an older train_cnn: start a new run with --checkpoint\n",
+                o->resume);
         return 2;
     }
     long long done = (long long)dpar_graph_step(train);

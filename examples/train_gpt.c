@@ -416,9 +416,8 @@ int main(int argc, char **argv) {
     }
     text_data td;
     if (text_load(o.path, &td)) return 1; /* it said why */
-    long windows = td.ntrain - CTX - 1; /* the training windows a batch draws from */
-    if (ex_check_batch("train_gpt", o.batch, windows > INT_MAX ? INT_MAX : (int)windows, "training windows"))
-        return 2;
+    long windows = td.ntrain - CTX - 1;   /* the training windows a batch draws from */
+    if (ex_check_batch("train_gpt", o.batch, windows > INT_MAX ? INT_MAX : (int)windows, "training windows")) return 2;
     if (o.gen && text_check_prompt(&td, o.path, o.prompt)) return 2;
     rng_state = (uint64_t)o.seed; /* the weights, then the batches, then the sample */
     dpar_runtime *rt;

@@ -76,7 +76,8 @@ static float *read_f32(const dpar_buffer *b) {
     }
     uint16_t *h = calloc((size_t)(n + 1), 2);
     t_read(b, h);
-    for (int64_t i = 0; i < n; i++) v[i] = dpar_buffer_dtype(b) == DPAR_F16 ? dpar_f16_to_f32(h[i]) : dpar_bf16_to_f32(h[i]);
+    for (int64_t i = 0; i < n; i++)
+        v[i] = dpar_buffer_dtype(b) == DPAR_F16 ? dpar_f16_to_f32(h[i]) : dpar_bf16_to_f32(h[i]);
     free(h);
     return v;
 }
@@ -112,8 +113,8 @@ static void check_case(const dcase *c, dpar_dtype t) {
             if (!same_bits(got[e], w))
                 fail_msg("%s %s: output %d [%lld] = %.9g, want %.9g (the f32 result %.9g rounded once)", c->name,
                          dpar_dtype_name(t), i, (long long)e, (double)got[e], (double)w, (double)want[e]);
-            if (!isfinite(got[e])) fail_msg("%s %s: output %d [%lld] = %g", c->name, dpar_dtype_name(t), i,
-                                             (long long)e, (double)got[e]);
+            if (!isfinite(got[e]))
+                fail_msg("%s %s: output %d [%lld] = %g", c->name, dpar_dtype_name(t), i, (long long)e, (double)got[e]);
         }
         free(got);
         free(want);
@@ -169,8 +170,8 @@ static dpar_status rms_norm(dpar_buffer **o, dpar_buffer **i) {
 /* forward for the stats, then backward: o = stats, dx, dw, db; i = x, w, b, dy */
 static dpar_status norm_bwd(dpar_buffer **o, dpar_buffer **i, int rms) {
     dpar_buffer *y = like(i[0], 2, (const int64_t[]){ 5, 9 });
-    dpar_status s = rms ? dpar_rms_norm(y, o[0], i[0], i[1], NULL, 1e-5f)
-                        : dpar_layer_norm(y, o[0], i[0], i[1], i[2], 1e-5f);
+    dpar_status s =
+        rms ? dpar_rms_norm(y, o[0], i[0], i[1], NULL, 1e-5f) : dpar_layer_norm(y, o[0], i[0], i[1], i[2], 1e-5f);
     if (!s)
         s = rms ? dpar_rms_norm_backward(o[1], o[2], NULL, i[3], i[0], i[1], o[0])
                 : dpar_layer_norm_backward(o[1], o[2], o[3], i[3], i[0], i[1], o[0]);
@@ -203,16 +204,25 @@ static dpar_status bias_grad(dpar_buffer **o, dpar_buffer **i) {
     return dpar_bias_grad(o[0], i[0], 0.0f);
 }
 
-#define S4(a, b, c, d) { 4, { a, b, c, d }, 0, -1.0f, 1.0f }
-#define S2(a, b) { 2, { a, b }, 0, -1.0f, 1.0f }
-#define S3(a, b, c) { 3, { a, b, c }, 0, -1.0f, 1.0f }
-#define S1(a) { 1, { a }, 0, -1.0f, 1.0f }
-#define ST(r) { 2, { r, 2 }, 1, 0.0f, 0.0f }
+#define S4(a, b, c, d) \
+    { 4, { a, b, c, d }, 0, -1.0f, 1.0f }
+#define S2(a, b) \
+    { 2, { a, b }, 0, -1.0f, 1.0f }
+#define S3(a, b, c) \
+    { 3, { a, b, c }, 0, -1.0f, 1.0f }
+#define S1(a) \
+    { 1, { a }, 0, -1.0f, 1.0f }
+#define ST(r) \
+    { 2, { r, 2 }, 1, 0.0f, 0.0f }
 static const dcase CASES[] = {
     { "dpar_conv2d", conv_same, 3, 1, { S4(2, 5, 6, 3), S4(3, 3, 3, 4), S1(4) }, { S4(2, 5, 6, 4) } },
     { "dpar_conv2d", conv_valid_s2, 2, 1, { S4(1, 9, 8, 2), S4(3, 2, 2, 3) }, { S4(1, 4, 3, 3) } },
     { "dpar_conv2d_backward_input", conv_bwd_input, 2, 1, { S4(2, 5, 6, 4), S4(3, 3, 3, 4) }, { S4(2, 5, 6, 3) } },
-    { "dpar_conv2d_backward_kernel", conv_bwd_kernel, 2, 2, { S4(2, 5, 6, 3), S4(2, 5, 6, 4) },
+    { "dpar_conv2d_backward_kernel",
+      conv_bwd_kernel,
+      2,
+      2,
+      { S4(2, 5, 6, 3), S4(2, 5, 6, 4) },
       { S4(3, 3, 3, 4), S1(4) } },
     { "dpar_avg_pool2d", avg_pool, 1, 1, { S4(2, 7, 6, 3) }, { S4(2, 4, 3, 3) } },
     { "dpar_avg_pool2d_backward", avg_pool_bwd, 1, 1, { S4(2, 4, 3, 3) }, { S4(2, 7, 6, 3) } },
@@ -220,14 +230,26 @@ static const dcase CASES[] = {
     { "dpar_max_pool2d_backward", max_pool_bwd, 2, 1, { S4(2, 4, 3, 3), S4(2, 7, 6, 3) }, { S4(2, 7, 6, 3) } },
     { "dpar_layer_norm", layer_norm, 3, 2, { S2(5, 9), S1(9), S1(9) }, { S2(5, 9), ST(5) } },
     { "dpar_rms_norm", rms_norm, 2, 2, { S2(5, 9), S1(9) }, { S2(5, 9), ST(5) } },
-    { "dpar_layer_norm", layer_norm_bwd, 4, 4, { S2(5, 9), S1(9), S1(9), S2(5, 9) },
+    { "dpar_layer_norm",
+      layer_norm_bwd,
+      4,
+      4,
+      { S2(5, 9), S1(9), S1(9), S2(5, 9) },
       { ST(5), S2(5, 9), S1(9), S1(9) } },
     { "dpar_rms_norm", rms_norm_bwd, 4, 3, { S2(5, 9), S1(9), S1(9), S2(5, 9) }, { ST(5), S2(5, 9), S1(9) } },
     { "dpar_softmax", softmax, 1, 2, { { 2, { 6, 11 }, 0, -8.0f, 8.0f } }, { S2(6, 11), S2(6, 11) } },
-    { "dpar_softmax_backward", softmax_bwd, 2, 2, { S2(6, 11), { 2, { 6, 11 }, 0, 0.0f, 0.3f } },
+    { "dpar_softmax_backward",
+      softmax_bwd,
+      2,
+      2,
+      { S2(6, 11), { 2, { 6, 11 }, 0, 0.0f, 0.3f } },
       { S2(6, 11), S2(6, 11) } },
     { "dpar_attention", attention, 3, 2, { S3(3, 5, 4), S3(3, 5, 4), S3(3, 5, 3) }, { S3(3, 5, 3), ST(15) } },
-    { "dpar_attention", attention_bwd, 4, 5, { S3(3, 5, 4), S3(3, 5, 4), S3(3, 5, 3), S3(3, 5, 3) },
+    { "dpar_attention",
+      attention_bwd,
+      4,
+      5,
+      { S3(3, 5, 4), S3(3, 5, 4), S3(3, 5, 3), S3(3, 5, 3) },
       { S3(3, 5, 3), ST(15), S3(3, 5, 4), S3(3, 5, 4), S3(3, 5, 3) } },
     { "dpar_bias_grad", bias_grad, 1, 1, { S3(4, 3, 7) }, { S1(7) } },
 };
@@ -323,8 +345,7 @@ static void no_half_kernels(dpar_backend_kind k) {
             const dcase *cs = &CASES[c];
             dpar_buffer *in[MAXIO], *out[MAXIO];
             for (int i = 0; i < cs->nin; i++) in[i] = buf_of(rt, cs->in[i].f32 ? DPAR_F32 : dt, &cs->in[i], NULL);
-            for (int i = 0; i < cs->nout; i++)
-                out[i] = buf_of(rt, cs->out[i].f32 ? DPAR_F32 : dt, &cs->out[i], NULL);
+            for (int i = 0; i < cs->nout; i++) out[i] = buf_of(rt, cs->out[i].f32 ? DPAR_F32 : dt, &cs->out[i], NULL);
             g_rt = rt;
             dpar_status s = cs->fn(out, in);
             const char *e = dpar_last_error();

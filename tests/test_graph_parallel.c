@@ -93,8 +93,11 @@ static void check_accounting(const model *t, uint64_t before, uint64_t after, in
     if (after - before != params + graph)
         fail_msg("%d devices, %s, %d micro-batches: device 0 holds %llu bytes more after compile, the params %llu + "
                  "planned %llu + resident %llu + optimizer %llu",
-                 n, o->pipe ? "pipeline" : o->zero1 ? "ZeRO-1" : "plain", o->micro,
-                 (unsigned long long)(after - before), (unsigned long long)params,
+                 n,
+                 o->pipe    ? "pipeline"
+                 : o->zero1 ? "ZeRO-1"
+                            : "plain",
+                 o->micro, (unsigned long long)(after - before), (unsigned long long)params,
                  (unsigned long long)st->planned_bytes, (unsigned long long)st->resident_bytes,
                  (unsigned long long)st->opt_bytes);
     int sets = o->pipe ? o->micro : 1; /* a pipeline plans one buffer set per micro-batch */

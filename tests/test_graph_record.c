@@ -303,8 +303,10 @@ static void test_cpu_and_bad_input(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_cnn_1),     cmocka_unit_test(test_cnn_2),
-        cmocka_unit_test(test_megatron),  cmocka_unit_test(test_bad_label),
+        cmocka_unit_test(test_cnn_1),
+        cmocka_unit_test(test_cnn_2),
+        cmocka_unit_test(test_megatron),
+        cmocka_unit_test(test_bad_label),
         cmocka_unit_test(test_cpu_and_bad_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

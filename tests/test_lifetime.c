@@ -513,11 +513,11 @@ static void test_cycles_helpers_left_alive(void **state) {
 /* ---- a destroy that succeeds keeps the last error; a second destroy fails ---- */
 static const char *const kept = "user_step: an earlier failure the caller is about to print";
 /* Sets the last error, runs a destroy that must succeed, and checks the text survived. */
-#define KEEPS(call)                                                                        \
-    do {                                                                                   \
-        (void)dpar_set_last_error(DPAR_ERR_SHAPE, "%s", kept);                             \
-        T_OK(call);                                                                        \
-        if (strcmp(dpar_last_error(), kept) != 0)                                          \
+#define KEEPS(call)                                                                                  \
+    do {                                                                                             \
+        (void)dpar_set_last_error(DPAR_ERR_SHAPE, "%s", kept);                                       \
+        T_OK(call);                                                                                  \
+        if (strcmp(dpar_last_error(), kept) != 0)                                                    \
             fail_msg("%s succeeded but changed the last error to \"%s\"", #call, dpar_last_error()); \
     } while (0)
 static void test_destroy_keeps_error(void **state) {

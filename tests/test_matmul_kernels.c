@@ -44,7 +44,9 @@ __attribute__((target("fma"))) static float fused(float a, float b, float c) {
     return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c)));
 }
 #else
-static float fused(float a, float b, float c) { return fmaf(a, b, c); }
+static float fused(float a, float b, float c) {
+    return fmaf(a, b, c);
+}
 #endif
 
 static void emulate(int64_t M, int64_t N, int64_t K, int ta, int tb, float alpha, const float *A, const float *B,

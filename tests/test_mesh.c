@@ -159,12 +159,18 @@ static void test_env_ranges(void **st) {
     static const struct {
         const char *var, *value, *range;
     } bad[] = {
-        { "DPAR_DEVICES", "0", "1..256" },           { "DPAR_DEVICES", "257", "1..256" },
-        { "DPAR_DEVICES", "4x", "1..256" },          { "DPAR_TIMEOUT_MS", "0", "1..1000000000" },
-        { "DPAR_SPIN_US", "-1", "0..1000000" },      { "DPAR_SPIN_US", "fast", "0..1000000" },
-        { "DPAR_SPIN_US", "1000001", "0..1000000" }, { "DPAR_CPU_THREADS", "0", "1..64" },
-        { "DPAR_CPU_THREADS", "-2", "1..64" },       { "DPAR_CPU_THREADS", "99999999999999999999", "1..64" },
-        { "DPAR_GRAPH_ASYNC_BYTES", "-1", "0..2000000000" }, { "DPAR_GRAPH_ASYNC_BYTES", "1M", "0..2000000000" },
+        { "DPAR_DEVICES", "0", "1..256" },
+        { "DPAR_DEVICES", "257", "1..256" },
+        { "DPAR_DEVICES", "4x", "1..256" },
+        { "DPAR_TIMEOUT_MS", "0", "1..1000000000" },
+        { "DPAR_SPIN_US", "-1", "0..1000000" },
+        { "DPAR_SPIN_US", "fast", "0..1000000" },
+        { "DPAR_SPIN_US", "1000001", "0..1000000" },
+        { "DPAR_CPU_THREADS", "0", "1..64" },
+        { "DPAR_CPU_THREADS", "-2", "1..64" },
+        { "DPAR_CPU_THREADS", "99999999999999999999", "1..64" },
+        { "DPAR_GRAPH_ASYNC_BYTES", "-1", "0..2000000000" },
+        { "DPAR_GRAPH_ASYNC_BYTES", "1M", "0..2000000000" },
     };
     dpar_runtime_desc d = { .backend = DPAR_BACKEND_CPU, .num_devices = 1 };
     dpar_runtime *rt = NULL;

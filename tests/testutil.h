@@ -38,7 +38,9 @@ static inline int setenv(const char *k, const char *v, int overwrite) {
     if (!overwrite && getenv(k)) return 0;
     return _putenv_s(k, v) == 0 ? 0 : -1;
 }
-static inline int unsetenv(const char *k) { return _putenv_s(k, "") == 0 ? 0 : -1; } /* "" removes it */
+static inline int unsetenv(const char *k) {
+    return _putenv_s(k, "") == 0 ? 0 : -1;
+} /* "" removes it */
 static inline char *mkdtemp(char *tmpl) {
     if (_mktemp_s(tmpl, strlen(tmpl) + 1) != 0) return NULL;
     return _mkdir(tmpl) == 0 ? tmpl : NULL;

@@ -404,7 +404,7 @@ struct dpar_dp {
     dpar_dtype comm;
     size_t cap;
     dpar__mutex mu; /* forming the buckets */
-    int formed;         /* atomic */
+    int formed;     /* atomic */
     int np, pcap;
     dpar_array **grads; /* [np] */
     int *bucket_of;     /* [np] */
@@ -1680,17 +1680,19 @@ static dpar_status dpar_gckpt__entries(dpar_graph *g, const char *fn, dpar_check
     return DPAR_OK;
 }
 /* The state's entries and extra[0..n_extra) in one file; errors prefixed with fn. */
-static dpar_status dpar_gckpt__save(dpar_graph *g, const char *fn, const char *path,
-                                    const dpar_checkpoint_entry *extra, int n_extra) {
+static dpar_status dpar_gckpt__save(dpar_graph *g, const char *fn, const char *path, const dpar_checkpoint_entry *extra,
+                                    int n_extra) {
     dpar_train__clear_error();
     if (n_extra < 0 || (n_extra && !extra))
-        return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "%s: n_extra = %d with extra %s; want n_extra >= 0 "
-                                   "entries", fn, n_extra, extra ? "given" : "NULL");
+        return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT,
+                                   "%s: n_extra = %d with extra %s; want n_extra >= 0 "
+                                   "entries",
+                                   fn, n_extra, extra ? "given" : "NULL");
     dpar_checkpoint_entry *e;
     int n;
     dpar_status s = dpar_gckpt__entries(g, fn, &e, &n);
-    dpar_checkpoint_entry *all = s ? NULL : (dpar_checkpoint_entry *)dpar_train__calloc((size_t)(n + n_extra) + 1,
-                                                                                       sizeof *all);
+    dpar_checkpoint_entry *all =
+        s ? NULL : (dpar_checkpoint_entry *)dpar_train__calloc((size_t)(n + n_extra) + 1, sizeof *all);
     if (!s && !all) s = dpar_set_last_error(DPAR_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
     if (!s) {
         if (n) memcpy(all, e, (size_t)n * sizeof *all);
