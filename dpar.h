@@ -11663,11 +11663,12 @@ static void dpar__g_slot_free(const dpar_graph *g, int k, dpar_buffer *b) {
 enum { DPAR__G_BUCKET_BYTES = 1 << 20 };
 
 /* Whether reduction node i may join a bucket: a final gradient (kept, of a leaf), f32, reduced blocking
-   over some axes, read by no node (only by the optimizer, or by the user after the run). */
+   over axes of more than one device (over one it is a copy: a bucket would only add two), read by no
+   node (only by the optimizer, or by the user after the run). */
 static bool dpar__g_bucketable(const dpar_graph *g, int i, const bool *read) {
     const dpar__gnode *nd = &g->n[i];
     return (nd->kind == DPAR__G_PSUM || nd->kind == DPAR__G_PMEAN) && nd->keep && nd->spec_of && !nd->async &&
-           nd->axes && nd->dtype == DPAR_F32 && !read[i] &&
+           nd->axes && dpar__mask_size(g->mesh, nd->axes) > 1 && nd->dtype == DPAR_F32 && !read[i] &&
            (uint64_t)dpar__g_count(nd) * 4u <= (uint64_t)DPAR__G_BUCKET_BYTES / 2;
 }
 /* The newest bucket that node i may join (same kind and axes, room left), or -1. */
@@ -14315,7 +14316,10 @@ static dpar_status dpar__cpu_op_strided(dpar__cpu *c, int dev, const dpar__op *o
             for (int64_t i2 = 0; i2 < p[2]; i2++) {
                 const uint32_t *si = s + i0 * p[4] + i1 * p[5] + i2 * p[6];
                 uint32_t *di = d + i0 * p[8] + i1 * p[9] + i2 * p[10];
-                for (int64_t i3 = 0; i3 < p[3]; i3++) di[i3 * p[11]] = si[i3 * p[7]];
+                if (p[7] == 1 && p[11] == 1) /* contiguous rows (slices, concat, gradient buckets) */
+                    memcpy(di, si, (size_t)p[3] * sizeof *di);
+                else
+                    for (int64_t i3 = 0; i3 < p[3]; i3++) di[i3 * p[11]] = si[i3 * p[7]];
             }
     return DPAR_OK;
 }

@@ -498,7 +498,8 @@ static void digits_mlp(void) {
         float le[STEPS], lg[STEPS];
         dpar_graph_stats gs;
         digits_losses(n, dd, le, lg, &gs, false);
-        if (gs.grad_reductions != (v == 1 ? 4 : 1)) fail_msg("%d gradient reductions per step", gs.grad_reductions);
+        if (gs.grad_reductions != (v == 2 ? 1 : 4)) /* over 1 device a reduction is a copy: no bucket */
+            fail_msg("%d gradient reductions per step", gs.grad_reductions);
         for (int s = 0; s < STEPS; s++)
             if (memcmp(&le[s], &lg[s], sizeof(float)))
                 fail_msg("%d devices, step %d: eager loss %.9g, graph %.9g (want bit for bit)", n, s, (double)le[s],
