@@ -15147,6 +15147,7 @@ DPAR_API dpar_status dpar_vulkan_buffer_export(dpar_buffer *b, dpar_vulkan_expor
     dpar__clear_error();
     if (out) memset(out, 0, sizeof *out);
     if (!b || !out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_vulkan_buffer_export: buffer or out is NULL");
+    if (dpar__live_buf(b, "dpar_vulkan_buffer_export", "the buffer")) return DPAR_ERR_STATE; /* as with Vulkan */
     return dpar__err(DPAR_ERR_BACKEND_UNAVAILABLE,
                      "dpar_vulkan_buffer_export: this build has no Vulkan backend; define DPAR_VULKAN where "
                      "DPAR_IMPLEMENTATION is defined (make VULKAN=1)");
@@ -15154,6 +15155,7 @@ DPAR_API dpar_status dpar_vulkan_buffer_export(dpar_buffer *b, dpar_vulkan_expor
 DPAR_API dpar_status dpar_vulkan_buffer_release(dpar_buffer *b) {
     dpar__clear_error();
     if (!b) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_vulkan_buffer_release: buffer is NULL");
+    if (dpar__live_buf(b, "dpar_vulkan_buffer_release", "the buffer")) return DPAR_ERR_STATE;
     return dpar__err(DPAR_ERR_BACKEND_UNAVAILABLE,
                      "dpar_vulkan_buffer_release: this build has no Vulkan backend; define DPAR_VULKAN where "
                      "DPAR_IMPLEMENTATION is defined (make VULKAN=1)");

@@ -22,43 +22,22 @@
 
    bench_graph [--backend cpu|vulkan] [--devices 1,4] [--rounds R] [--time S] */
 #include "dpar.h"
+#include "bench_util.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <math.h>
 #include <time.h>
-#include <sys/resource.h>
 
 enum { L = 2, D0 = 64, D1 = 128, D2 = 10, BATCH = 64, NB = 8, MAXR = 64 };
 static const int sizes[L + 1] = { D0, D1, D2 };
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-static double cpu_s(void) {
-    struct rusage r;
-    getrusage(RUSAGE_SELF, &r);
-    return (double)(r.ru_utime.tv_sec + r.ru_stime.tv_sec) + 1e-6 * (double)(r.ru_utime.tv_usec + r.ru_stime.tv_usec);
-}
-static double load1(void) {
-    double l = -1;
-    FILE *f = fopen("/proc/loadavg", "r");
-    if (f && fscanf(f, "%lf", &l) != 1) l = -1;
-    if (f) fclose(f);
-    return l;
-}
 static uint64_t rs = 12345;
 static float urand(void) { /* splitmix64 -> [0, 1) */
     uint64_t z = (rs += 0x9e3779b97f4a7c15ull);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return (float)((double)((z ^ (z >> 31)) >> 40) * (1.0 / 16777216.0));
-}
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
 }
 #define CK(call)                      \
     do {                              \

@@ -22,11 +22,11 @@
 
    bench_graph_record [--rounds R] [--time S] [--ops NOPS] */
 #include "dpar.h"
+#include "bench_util.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <sys/resource.h>
 
 enum { D0 = 64, D1 = 128, D2 = 10, BATCH = 64, MAXR = 64 };
 #define CK(call)                      \
@@ -35,27 +35,6 @@ enum { D0 = 64, D1 = 128, D2 = 10, BATCH = 64, MAXR = 64 };
         if (s_ != DPAR_OK) return s_; \
     } while (0)
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-static double cpu_s(void) {
-    struct rusage r;
-    getrusage(RUSAGE_SELF, &r);
-    return (double)(r.ru_utime.tv_sec + r.ru_stime.tv_sec) + 1e-6 * (double)(r.ru_utime.tv_usec + r.ru_stime.tv_usec);
-}
-static double load1(void) {
-    double l = -1;
-    FILE *f = fopen("/proc/loadavg", "r");
-    if (f && fscanf(f, "%lf", &l) != 1) l = -1;
-    if (f) fclose(f);
-    return l;
-}
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 static float frand(uint64_t *s) { /* splitmix64 -> [-1, 1) */
     uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;

@@ -2,6 +2,10 @@
 
      >>bench clock    now_s() on clock_id (CLOCK_MONOTONIC; a program's
                       --clock cpu sets a CPU-time clock instead)
+     >>bench process  cpu_s() (the process's user + system seconds, all
+                      threads) and load1() (the 1-minute load average, -1
+                      where /proc has none), printed beside timings taken on
+                      a shared machine
      >>bench median   median() of a trial array (sorts it: v[0] is then the min)
      >>bench stream   the stream kernels that measure this machine's memory
                       bandwidth in the same run: copy (z = x) or add
@@ -24,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #if defined(__GNUC__) && defined(__x86_64__)
 #include <immintrin.h>
@@ -36,6 +41,20 @@ static inline double now_s(void) {
     struct timespec ts;
     clock_gettime(clock_id, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* >>bench process ========================================================== */
+static inline double cpu_s(void) {
+    struct rusage r;
+    getrusage(RUSAGE_SELF, &r);
+    return (double)(r.ru_utime.tv_sec + r.ru_stime.tv_sec) + 1e-6 * (double)(r.ru_utime.tv_usec + r.ru_stime.tv_usec);
+}
+static inline double load1(void) {
+    double l = -1;
+    FILE *f = fopen("/proc/loadavg", "r");
+    if (f && fscanf(f, "%lf", &l) != 1) l = -1;
+    if (f) fclose(f);
+    return l;
 }
 
 /* >>bench median =========================================================== */
