@@ -11549,9 +11549,11 @@ static void dpar__g_fit_breadth(const dpar_graph *g, const dpar__gplan *p, const
 /* Places the pooled values (their slots still -1): both plans, the smaller made g's slots. */
 static dpar_status dpar__g_place(dpar_graph *g, dpar__gplan *p) {
     int n = 0, c = g->count;
-    size_t ci = (size_t)c * sizeof(int), cs = (size_t)c * sizeof(size_t);
+    /* per plan one block: the size_t capacities first, then three int arrays, the block rounded up to
+       8 bytes so the second plan's capacities stay aligned */
+    size_t ci = (size_t)c * sizeof(int), cs = (size_t)c * sizeof(size_t), blk = cs + ((3 * ci + 7) & ~(size_t)7);
     dpar__gsize *v = (dpar__gsize *)DPAR_MALLOC((size_t)(2 * c + 1) * sizeof *v);
-    char *mem = (char *)DPAR_MALLOC(2 * (3 * ci + cs));
+    char *mem = (char *)DPAR_MALLOC(2 * blk);
     if (!v || !mem) {
         DPAR_FREE(v);
         DPAR_FREE(mem);
@@ -11559,9 +11561,10 @@ static dpar_status dpar__g_place(dpar_graph *g, dpar__gplan *p) {
     }
     dpar__gfit f[2];
     for (int k = 0; k < 2; k++) {
-        char *m = mem + (size_t)k * (3 * ci + cs);
-        f[k].slot = (int *)(void *)m, f[k].next = (int *)(void *)(m + ci), f[k].head = (int *)(void *)(m + 2 * ci);
-        f[k].cap = (size_t *)(void *)(m + 3 * ci), f[k].n = 0, f[k].total = 0;
+        char *m = mem + (size_t)k * blk;
+        f[k].cap = (size_t *)(void *)m, f[k].n = 0, f[k].total = 0;
+        f[k].slot = (int *)(void *)(m + cs), f[k].next = (int *)(void *)(m + cs + ci);
+        f[k].head = (int *)(void *)(m + cs + 2 * ci);
         memset(f[k].slot, 0xff, ci); /* -1: not placed */
     }
     for (int i = 1; i < c; i++)
