@@ -14080,7 +14080,8 @@ static double dpar__unary_f(int u, double x, double s) {
     case DPAR_UNARY_RSQRT: return 1.0 / sqrt(x);
     case DPAR_UNARY_TANH: return tanh(x);
     case DPAR_UNARY_SIGMOID: return 1.0 / (1.0 + exp(-x));
-    case DPAR_UNARY_GELU_TANH: return 0.5 * x * (1.0 + tanh(DPAR__GELU_K * (x + 0.044715 * x * x * x)));
+    case DPAR_UNARY_GELU_TANH: /* 0.5 (1 + tanh u) = sigmoid(2u): one exp, no cancellation as tanh u -> -1 */
+        return x / (1.0 + exp(-2.0 * DPAR__GELU_K * (x + 0.044715 * x * x * x)));
     case DPAR_UNARY_GELU_ERF: return 0.5 * x * (1.0 + erf(x * 0.7071067811865476));
     case DPAR_UNARY_SILU: return x / (1.0 + exp(-x));
     case DPAR_UNARY_SQUARE: return x * x;
@@ -14109,9 +14110,9 @@ static double dpar__unary_d(int u, double x, double s) {
         double g = 1.0 / (1.0 + exp(-x));
         return g * (1.0 - g);
     }
-    case DPAR_UNARY_GELU_TANH: {
-        double t = tanh(DPAR__GELU_K * (x + 0.044715 * x * x * x));
-        return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * DPAR__GELU_K * (1.0 + 3.0 * 0.044715 * x * x);
+    case DPAR_UNARY_GELU_TANH: { /* with g = sigmoid(2u) = 0.5 (1 + tanh u): 1 - tanh^2 u = 4 g (1 - g) */
+        double g = 1.0 / (1.0 + exp(-2.0 * DPAR__GELU_K * (x + 0.044715 * x * x * x)));
+        return g + 2.0 * x * g * (1.0 - g) * DPAR__GELU_K * (1.0 + 3.0 * 0.044715 * x * x);
     }
     case DPAR_UNARY_GELU_ERF:
         return 0.5 * (1.0 + erf(x * 0.7071067811865476)) + x * exp(-0.5 * x * x) * 0.3989422804014327;
