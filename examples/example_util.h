@@ -114,6 +114,13 @@ static inline int ex_check_batch(const char *prog, int batch, int rows, const ch
     return 2;
 }
 
+/* An on/off flag (--remat, --memory): 0 when v is 0 or 1; else prints why and returns 2. */
+static inline int ex_check_switch(const char *prog, const char *flag, int v) {
+    if (v == 0 || v == 1) return 0;
+    fprintf(stderr, "%s: %s %d: must be 0 (off) or 1 (on)\n", prog, flag, v);
+    return 2;
+}
+
 /* A learning-rate flag: 0 when finite and >= 0 (> 0 with positive_only); else prints why and returns 2. */
 static inline int ex_check_lr(const char *prog, const char *flag, float lr, int positive_only) {
     if (isfinite(lr) && (positive_only ? lr > 0.0f : lr >= 0.0f)) return 0;
@@ -261,6 +268,35 @@ static inline int ex_replicas_identical(dpar_mesh *mesh, dpar_array *a) {
     free(x);
     free(y);
     return ok;
+}
+
+/* ----------------------------------------------------------------- memory */
+/* --memory 1: the training graph's memory on device 0 against its plan
+   (dpar_graph_stats; the issue 17 target: measured within 1.1x of the
+   planned live set). ex_memory_now before building the graph and after its
+   compile gives the bytes the graph allocated; ex_memory_now again with
+   reset set, right before the first step, starts a stats window; after that
+   step ex_memory_report adds what the step held above that (op temporaries)
+   and prints one "memory:" line. Device 0 only: one process's view. */
+typedef struct ex_memory {
+    uint64_t base, graph, step; /* in use before the graph; allocated by it; in use as the step began */
+} ex_memory;
+static inline uint64_t ex_memory_now(dpar_runtime *rt, int reset) {
+    dpar_device_stats st;
+    if (reset) dpar_runtime_stats_reset(rt);
+    return dpar_runtime_device_stats(rt, 0, &st) == DPAR_OK ? st.memory_in_use : 0;
+}
+static inline void ex_memory_report(dpar_runtime *rt, const ex_memory *m, const dpar_graph_stats *gs) {
+    dpar_device_stats st;
+    if (dpar_runtime_device_stats(rt, 0, &st) != DPAR_OK) return;
+    const double mb = 1048576.0;
+    uint64_t live = gs->live_bytes + gs->resident_bytes + gs->opt_bytes, peak = m->graph + (st.memory_peak - m->step);
+    printf("memory: device 0: measured peak %.2f MiB = %.3fx the planned live set %.2f MiB (node buffers live at "
+           "once %.2f, feeds %.2f, optimizer %.2f); allocated %.2f (node buffers %.2f, one per node %.2f); "
+           "params %.2f not counted\n",
+           (double)peak / mb, live ? (double)peak / (double)live : 0.0, (double)live / mb, (double)gs->live_bytes / mb,
+           (double)gs->resident_bytes / mb, (double)gs->opt_bytes / mb, (double)m->graph / mb,
+           (double)gs->planned_bytes / mb, (double)gs->naive_bytes / mb, (double)m->base / mb);
 }
 
 #endif

@@ -28,16 +28,19 @@
 
    build/train_gpt [--backend cpu|vulkan|cuda] [--dp N] [--tp M] [--devices N*M] [--steps N]
                    [--batch N] [--lr X] [--seed N] [--log-every N] [--eval-every N]
-                   [--val-batches N] [--gen N] [--prompt S] [--data PATH]
+                   [--val-batches N] [--gen N] [--prompt S] [--data PATH] [--remat 0|1] [--memory 0|1]
    Defaults: cpu, --dp 2 --tp 2 (4 devices), 1,000 steps, batch 32, lr 3e-3,
    seed 42, train loss (mean since the last line) every 50 steps, validation
    loss over 20 fixed batches every 250 steps and at the end, 200 generated
    characters after --prompt "ROMEO:" (every character must occur in the
-   text: checked before training). Ends with exactly one line "final:
-   backend=cpu devices=4 model=gpt dp=2 tp=2 steps=1000 train_loss=...
-   val_loss=...". Exit status 0 on success; 2 for a bad flag (each named
-   with its value and limit), 1 for unreadable data, a NaN or infinite loss
-   (naming the step) or replicas that differ. */
+   text: checked before training). --remat 1 makes each block a remat segment
+   (recomputed in the backward: less memory, the same gradients); --memory 1
+   prints after the first step the training graph's measured peak on device 0
+   against its planned live set (one "memory:" line). Ends with exactly one
+   line "final: backend=cpu devices=4 model=gpt dp=2 tp=2 steps=1000
+   train_loss=... val_loss=...". Exit status 0 on success; 2 for a bad flag
+   (each named with its value and limit), 1 for unreadable data, a NaN or
+   infinite loss (naming the step) or replicas that differ. */
 #include "digits_common.h" /* splitmix64 (rng_next), now_s, digits_fail, ex_parse */
 
 /* ------------------------------------------------------------------ flags */
@@ -45,6 +48,8 @@ enum { N_LAYER = 4, N_HEAD = 4, N_EMBD = 128, CTX = 64, MAXV = 256 };
 typedef struct {
     const char *backend, *path, *prompt;
     int dp, tp, devices, steps, batch, seed, log_every, eval_every, val_batches, gen;
+    int remat;  /* --remat 1: each block a remat segment (recomputed in the backward) */
+    int memory; /* --memory 1: the training graph's measured memory against its plan (ex_memory_report) */
     float lr;
 } gpt_opts;
 
@@ -63,6 +68,8 @@ static int gpt_parse(int argc, char **argv, gpt_opts *o) {
                           { "--eval-every", EX_INT, &o->eval_every },
                           { "--val-batches", EX_INT, &o->val_batches },
                           { "--gen", EX_INT, &o->gen },
+                          { "--remat", EX_INT, &o->remat },
+                          { "--memory", EX_INT, &o->memory },
                           { "--lr", EX_FLOAT, &o->lr } };
     if (ex_parse("train_gpt", argc, argv, f, (int)(sizeof f / sizeof f[0]))) return 2;
     if (!o->devices) o->devices = o->dp * o->tp; /* the default follows --dp x --tp */
@@ -94,6 +101,8 @@ static int gpt_parse(int argc, char **argv, gpt_opts *o) {
         fprintf(stderr, "train_gpt: --prompt is empty; generation needs at least one character to start from\n");
         return 2;
     }
+    if (ex_check_switch("train_gpt", "--remat", o->remat) || ex_check_switch("train_gpt", "--memory", o->memory))
+        return 2;
     return ex_check_lr("train_gpt", "--lr", o->lr, 1); /* the peak of the schedule */
 }
 
@@ -280,20 +289,25 @@ static dpar_value gpt_block(dpar_graph *g, const dpar_value *p, dpar_value x, in
 }
 
 /* The logits [b*T, V] of this device's token rows idx [b, T] (i32). */
-static dpar_value gpt_forward(dpar_graph *g, const dpar_value p[NPARAM], dpar_value idx, int64_t b, int tp) {
+static dpar_value gpt_forward(dpar_graph *g, const dpar_value p[NPARAM], dpar_value idx, int64_t b, int tp,
+                              bool remat) {
     dpar_value x = dpar_g_embedding(g, p[WTE], idx);             /* [b, T, C] */
     x = dpar_g_binary(g, x, p[WPE], DPAR_BINARY_ADD);            /* + wpe [T, C], broadcast over b */
     x = dpar_g_reshape(g, x, 2, (int64_t[]){ b * CTX, N_EMBD }); /* rows: (batch, position) */
-    for (int l = 0; l < N_LAYER; l++) x = gpt_block(g, p + BLK0 + l * NBLK, x, b, tp);
+    for (int l = 0; l < N_LAYER; l++) { /* remat: jax.checkpoint per block; errors stay in the graph */
+        if (remat) dpar_graph_remat_begin(g);
+        x = gpt_block(g, p + BLK0 + l * NBLK, x, b, tp);
+        if (remat) dpar_graph_remat_end(g);
+    }
     x = dpar_g_layer_norm(g, x, p[LNFW], p[LNFB], 1e-5f);
     return linear(g, x, p[HW], p[HB]);
 }
 
 /* A graph *out over the parameters: feed x [batch, T] i32 (split over "data"
-   when `split`), and its forward pass; *logits the logits value. Builder
-   errors are the graph's (dpar_graph_status). */
+   when `split`), and its forward pass (blocks remat segments when `remat`);
+   *logits the logits value. Builder errors are the graph's (dpar_graph_status). */
 static dpar_status gpt_graph(dpar_mesh *mesh, dpar_array *const param[NPARAM], const param_info pi[NPARAM], int batch,
-                             bool split, int tp, dpar_graph **out, dpar_value p[NPARAM], dpar_value *x,
+                             bool split, int tp, bool remat, dpar_graph **out, dpar_value p[NPARAM], dpar_value *x,
                              dpar_value *logits) {
     dpar_status s = dpar_graph_create(mesh, out);
     if (s) return s;
@@ -301,16 +315,18 @@ static dpar_status gpt_graph(dpar_mesh *mesh, dpar_array *const param[NPARAM], c
     int64_t dp = split ? dpar_mesh_size(mesh) / tp : 1;
     *x = dpar_g_feed(g, "x", &(dpar_array_desc){ DPAR_I32, 2, { batch, CTX }, { split ? "data" : NULL } });
     for (int i = 0; i < NPARAM; i++) p[i] = dpar_g_param(g, pi[i].name, param[i]);
-    *logits = gpt_forward(g, p, *x, batch / dp, tp);
+    *logits = gpt_forward(g, p, *x, batch / dp, tp, remat);
     return DPAR_OK;
 }
 
 /* The training step: the mean cross-entropy of y [batch*T] (split over
-   "data"), its gradients and AdamW with decay on the 2-d params only. */
+   "data"), its gradients and AdamW with decay on the 2-d params only; its
+   compile stats into *st. */
 static dpar_status gpt_train_graph(dpar_mesh *mesh, dpar_array *const param[NPARAM], const param_info pi[NPARAM],
-                                   const gpt_opts *o, dpar_graph **out, dpar_value *x, dpar_value *y) {
+                                   const gpt_opts *o, dpar_graph **out, dpar_value *x, dpar_value *y,
+                                   dpar_graph_stats *st) {
     dpar_value p[NPARAM], grad[NPARAM], logits;
-    dpar_status s = gpt_graph(mesh, param, pi, o->batch, true, o->tp, out, p, x, &logits);
+    dpar_status s = gpt_graph(mesh, param, pi, o->batch, true, o->tp, o->remat != 0, out, p, x, &logits);
     if (s) return s;
     dpar_graph *g = *out;
     *y = dpar_g_feed(g, "y", &(dpar_array_desc){ DPAR_I32, 1, { (int64_t)o->batch * CTX }, { "data" } });
@@ -320,14 +336,14 @@ static dpar_status gpt_train_graph(dpar_mesh *mesh, dpar_array *const param[NPAR
     for (int i = 0; i < NPARAM; i++) decay[i] = pi[i].ndim == 2;
     dpar_adamw_desc ad = { .learning_rate = o->lr, .b1 = 0.9f, .b2 = 0.99f, .weight_decay = 0.1f, .clip_norm = 1.0f };
     if (!s) s = dpar_graph_adamw_masked(g, &ad, p, grad, decay, NPARAM);
-    return s ? s : dpar_graph_compile(g, NULL);
+    return s ? s : dpar_graph_compile(g, st);
 }
 
 /* The validation loss graph: feeds x, y as training; the loss pmean'd over "data", kept. */
 static dpar_status gpt_val_graph(dpar_mesh *mesh, dpar_array *const param[NPARAM], const param_info pi[NPARAM],
                                  const gpt_opts *o, dpar_graph **out, dpar_value *x, dpar_value *y, dpar_value *loss) {
     dpar_value p[NPARAM], logits;
-    dpar_status s = gpt_graph(mesh, param, pi, o->batch, true, o->tp, out, p, x, &logits);
+    dpar_status s = gpt_graph(mesh, param, pi, o->batch, true, o->tp, false, out, p, x, &logits);
     if (s) return s;
     dpar_graph *g = *out;
     *y = dpar_g_feed(g, "y", &(dpar_array_desc){ DPAR_I32, 1, { (int64_t)o->batch * CTX }, { "data" } });
@@ -360,7 +376,7 @@ static dpar_status generate(dpar_mesh *mesh, dpar_array *const param[NPARAM], co
                             const text_data *t, const char *prompt, int n) {
     dpar_value p[NPARAM], x, logits;
     dpar_graph *g = NULL;
-    dpar_status s = gpt_graph(mesh, param, pi, 1, false, tp, &g, p, &x, &logits);
+    dpar_status s = gpt_graph(mesh, param, pi, 1, false, tp, false, &g, p, &x, &logits);
     if (!s) s = dpar_graph_keep(g, logits);
     if (!s) s = dpar_graph_compile(g, NULL);
     int len = (int)strlen(prompt), V = t->vocab;
@@ -432,7 +448,10 @@ int main(int argc, char **argv) {
     if (gpt_params(mesh, pi, param, &nparam)) return digits_fail("parameters");
     dpar_graph *train = NULL, *val = NULL;
     dpar_value x, y, vx, vy, vloss;
-    if (gpt_train_graph(mesh, param, pi, &o, &train, &x, &y)) return digits_fail("training graph");
+    dpar_graph_stats gs;
+    ex_memory mem = { .base = ex_memory_now(rt, 0) };
+    if (gpt_train_graph(mesh, param, pi, &o, &train, &x, &y, &gs)) return digits_fail("training graph");
+    mem.graph = ex_memory_now(rt, 0) - mem.base;
     if (gpt_val_graph(mesh, param, pi, &o, &val, &vx, &vy, &vloss)) return digits_fail("validation graph");
     printf("backend %s, %d devices: mesh %dx%d (data, model); %d heads per device\n", o.backend, o.devices, o.dp, o.tp,
            N_HEAD / o.tp);
@@ -455,10 +474,12 @@ int main(int argc, char **argv) {
         float lr, loss;
         train_batch(&td, o.batch, xb, yb);
         dpar_graph_feed f[2] = { { .value = x, .host = xb }, { .value = y, .host = yb } };
+        if (o.memory && !step) mem.step = ex_memory_now(rt, 1); /* a stats window for the first step */
         if (dpar_lr_at(&sched, step, &lr) || dpar_graph_set_lr(train, lr) || dpar_graph_run(train, f, 2, &loss)) {
             fprintf(stderr, "train_gpt: step %d (lr %g): %s\n", step + 1, (double)lr, dpar_last_error());
             return 1;
         }
+        if (o.memory && !step) ex_memory_report(rt, &mem, &gs);
         if (ex_check_loss("train_gpt", loss, step + 1, 0, o.lr)) return 1;
         sum += loss;
         int done = step + 1, last = done == o.steps;

@@ -4,13 +4,16 @@
 #   2x2                               replicated parameters bitwise identical at the end (the example
 #                                     checks and says so; exit status 1 otherwise), a generated sample,
 #                                     exactly one "final:" line naming backend, devices, model, dp, tp, steps
+#   2x2 --remat 1                     the same per-step training losses as 2x2 (bit for bit, as printed);
+#                                     --memory 1: measured peak within 1.1x of the planned live set,
+#                                     with and without remat, and remat lowers the measured peak
 #   Vulkan vs CPU                     per-step losses within 1e-3 relative (2 steps on a 1x2 mesh;
 #                                     SKIPPED when there is no Vulkan device, a FAIL when
 #                                     DPAR_REQUIRE_BACKENDS lists vulkan)
 #   bad input                         each refused with its own message and a non-zero exit, before
 #                                     training and without a final: line: a --prompt character not in
 #                                     the text (it was undefined behaviour at generation time), an empty
-#                                     --prompt, --eval-every -1, --batch 3 over --dp 2, a batch larger
+#                                     --prompt, --eval-every -1, --remat 2, --batch 3 over --dp 2, a batch larger
 #                                     than the training windows; --lr 1e30 stops naming the step
 # The validation-loss target (<= 1.85 after 1,000 steps) is `make run-gpt`'s, too long for CI.
 BUILD=${BUILD:-build}
@@ -41,7 +44,7 @@ run() { # out args...
     o=$1; shift
     "$bin" "$@" >"$o" 2>&1 || { echo "FAIL train_gpt $*: exit status $?"; sed 's/^/    /' "$o"; return 1; }
 }
-if run "$dir/1x1" --dp 1 --tp 1 $short --gen 0 && run "$dir/2x2" $short --gen 20; then
+if run "$dir/1x1" --dp 1 --tp 1 $short --gen 0 && run "$dir/2x2" $short --gen 20 --memory 1; then
     check "train_gpt 2x2 vs 1x1 mesh: same per-step training losses over 8 steps" "$dir/1x1" "$dir/2x2" 1e-4
     if grep -q '^replicated parameters bitwise identical on every device: yes$' "$dir/2x2"; then
         echo "PASS train_gpt 2x2: replicated parameters bitwise identical on every device"
@@ -54,6 +57,17 @@ if run "$dir/1x1" --dp 1 --tp 1 $short --gen 0 && run "$dir/2x2" $short --gen 20
     if [ "$n" -eq 1 ] && [ "$(grep -c '^final:' "$dir/2x2")" -eq 1 ]; then
         echo "PASS train_gpt prints exactly one final: line"
     else echo "FAIL train_gpt printed $n final: lines like $want"; fi
+fi
+# memory FILE: "peak ratio" of its memory: line ("none" without one)
+memory() {
+    sed -n 's/^memory: device 0: measured peak \([0-9.]*\) MiB = \([0-9.]*\)x.*/\1 \2/p' "$1" | grep . || echo none
+}
+if [ -f "$dir/2x2" ] && run "$dir/remat" $short --gen 0 --remat 1 --memory 1; then
+    check "train_gpt 2x2 --remat 1 vs plain: same per-step training losses over 8 steps" "$dir/2x2" "$dir/remat" 0
+    set -- $(memory "$dir/2x2") $(memory "$dir/remat")
+    if [ $# -eq 4 ] && awk -v p="$1" -v r="$2" -v q="$3" -v s="$4" 'BEGIN { exit !(r <= 1.1 && s <= 1.1 && q < p) }'; then
+        echo "PASS train_gpt --memory: measured peak $1 -> $3 MiB with remat, $2x and $4x the planned live set (<= 1.1)"
+    else echo "FAIL train_gpt --memory: want ratios <= 1.1 and a lower peak with remat, got '$*'"; fi
 fi
 for mesh in "4 1" "1 4"; do
     set -- $mesh
@@ -86,6 +100,8 @@ bad "--prompt with a character not in the text is refused before training" 2 $? 
 bad "an empty --prompt is refused" 2 $? "$o" "--prompt is empty"
 "$bin" $short --eval-every -1 >"$o" 2>&1
 bad "--eval-every -1 is named with its limit" 2 $? "$o" "--eval-every -1: must be >= 0"
+"$bin" $short --remat 2 >"$o" 2>&1
+bad "--remat 2 is named as an on/off flag" 2 $? "$o" "--remat 2: must be 0 (off) or 1 (on)"
 "$bin" $short --batch 3 >"$o" 2>&1
 bad "--batch 3 over --dp 2 is named" 2 $? "$o" "--batch 3 must be divisible by --dp 2"
 "$bin" $short --batch 2000000 >"$o" 2>&1
