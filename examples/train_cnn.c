@@ -14,7 +14,7 @@
    build/train_cnn [--backend cpu|vulkan|cuda] [--devices N] [--epochs N]
                    [--batch N] [--lr X] [--weight-decay X] [--momentum X]
                    [--optimizer adamw|sgd] [--seed N] [--steps N] [--data PATH]
-                   [--checkpoint PATH] [--resume PATH]
+                   [--checkpoint PATH] [--resume PATH] [--remat 0|1] [--memory 0|1]
    Defaults: cpu, 4 devices, 10 epochs, global batch 64, AdamW lr 1e-3 weight
    decay 1e-4 (optax semantics: the decay is multiplied by lr), seed 42;
    --optimizer sgd: lr 0.05, momentum 0.9.
@@ -27,6 +27,10 @@
    --weight-decay or --momentum is refused, naming both values): its epochs
    are skipped (their shuffles replayed), and the epochs after it print what
    an uninterrupted run prints, bit for bit on the CPU backend.
+   --remat 1 makes each conv block a remat segment (recomputed in the
+   backward: less memory, the same losses); --memory 1 prints after the
+   first step the training graph's measured peak on device 0 against its
+   planned live set (one "memory:" line, ex_memory_report).
    Ends with exactly one line
    "final: backend=cpu devices=4 model=cnn data=mnist epochs=10
    test_accuracy=... train_loss=...". Exit status 0 on success.
@@ -42,6 +46,8 @@ typedef struct {
     const char *backend, *path, *optimizer, *checkpoint, *resume;
     int devices, epochs, batch, seed, steps;
     int monitor; /* --monitor 1: per-device time shares after each epoch (ex_monitor) */
+    int remat;   /* --remat 1: each conv block a remat segment */
+    int memory;  /* --memory 1: the training graph's measured memory against its plan (ex_memory_report) */
     float lr, weight_decay, momentum;
 } cnn_opts;
 
@@ -59,6 +65,8 @@ static int cnn_parse(int argc, char **argv, cnn_opts *o) {
                           { "--weight-decay", EX_FLOAT, &o->weight_decay },
                           { "--momentum", EX_FLOAT, &o->momentum },
                           { "--monitor", EX_INT, &o->monitor },
+                          { "--remat", EX_INT, &o->remat },
+                          { "--memory", EX_INT, &o->memory },
                           { "--checkpoint", EX_STR, &o->checkpoint },
                           { "--resume", EX_STR, &o->resume } };
     if (ex_parse("train_cnn", argc, argv, f, (int)(sizeof f / sizeof f[0]))) return 2;
@@ -89,6 +97,8 @@ static int cnn_parse(int argc, char **argv, cnn_opts *o) {
         fprintf(stderr, "train_cnn: --momentum %g: must be in [0, 1)\n", (double)o->momentum);
         return 2;
     }
+    if (ex_check_switch("train_cnn", "--remat", o->remat) || ex_check_switch("train_cnn", "--memory", o->memory))
+        return 2;
     if (o->checkpoint && ex_check_writable("train_cnn", "--checkpoint", o->checkpoint)) return 2;
     return 0;
 }
@@ -125,13 +135,17 @@ static dpar_status cnn_params(dpar_mesh *mesh, dpar_array *p[NPARAM], int64_t *c
     return DPAR_OK;
 }
 
-/* The logits [b, 10] of this device's images x [b, 28, 28, 1] (NHWC). */
-static dpar_value cnn_forward(dpar_graph *g, const dpar_value p[NPARAM], dpar_value x, int64_t b) {
+/* The logits [b, 10] of this device's images x [b, 28, 28, 1] (NHWC); remat: each conv block a segment
+   (errors stay in the graph). */
+static dpar_value cnn_forward(dpar_graph *g, const dpar_value p[NPARAM], dpar_value x, int64_t b, bool remat) {
     const dpar_pool2d_desc pool = { .window = { 2, 2 }, .stride = { 2, 2 } };
+    if (remat) dpar_graph_remat_begin(g);
     dpar_value h = dpar_g_relu(g, dpar_g_conv2d(g, x, p[C1W], p[C1B], NULL)); /* [b, 28, 28, 32], SAME */
     h = dpar_g_avg_pool2d(g, h, &pool);                                       /* [b, 14, 14, 32] */
-    h = dpar_g_relu(g, dpar_g_conv2d(g, h, p[C2W], p[C2B], NULL));            /* [b, 14, 14, 64] */
-    h = dpar_g_avg_pool2d(g, h, &pool);                                       /* [b, 7, 7, 64] */
+    if (remat) dpar_graph_remat_end(g), dpar_graph_remat_begin(g);
+    h = dpar_g_relu(g, dpar_g_conv2d(g, h, p[C2W], p[C2B], NULL)); /* [b, 14, 14, 64] */
+    h = dpar_g_avg_pool2d(g, h, &pool);                            /* [b, 7, 7, 64] */
+    if (remat) dpar_graph_remat_end(g);
     h = dpar_g_reshape(g, h, 2, (int64_t[]){ b, 7 * 7 * 64 });                /* flatten (h, w, c) */
     h = dpar_g_relu(g, dpar_g_bias_add(g, dpar_g_matmul(g, h, p[D1W], false, false), p[D1B])); /* [b, 256] */
     return dpar_g_bias_add(g, dpar_g_matmul(g, h, p[D2W], false, false), p[D2B]);              /* [b, 10] */
@@ -142,7 +156,7 @@ static dpar_value cnn_forward(dpar_graph *g, const dpar_value p[NPARAM], dpar_va
    "data" by the graph: the parameters are replicated there) and the
    optimizer's update of every parameter. */
 static dpar_status cnn_train_graph(dpar_mesh *mesh, dpar_array *const param[NPARAM], const cnn_opts *o,
-                                   dpar_graph **out, dpar_value *x, dpar_value *y) {
+                                   dpar_graph **out, dpar_value *x, dpar_value *y, dpar_graph_stats *st) {
     dpar_graph *g;
     dpar_status s = dpar_graph_create(mesh, &g);
     if (s) return s;
@@ -151,7 +165,7 @@ static dpar_status cnn_train_graph(dpar_mesh *mesh, dpar_array *const param[NPAR
     *y = dpar_g_feed(g, "y", &(dpar_array_desc){ DPAR_I32, 1, { o->batch }, { "data" } });
     dpar_value p[NPARAM], grad[NPARAM];
     for (int i = 0; i < NPARAM; i++) p[i] = dpar_g_param(g, param_name[i], param[i]);
-    dpar_value loss = dpar_g_softmax_xent(g, cnn_forward(g, p, *x, o->batch / o->devices), *y);
+    dpar_value loss = dpar_g_softmax_xent(g, cnn_forward(g, p, *x, o->batch / o->devices, o->remat != 0), *y);
     if ((s = dpar_graph_value_and_grad(g, loss, p, NPARAM, grad))) return s;
     if (!strcmp(o->optimizer, "sgd"))
         s = dpar_graph_sgd(
@@ -160,7 +174,7 @@ static dpar_status cnn_train_graph(dpar_mesh *mesh, dpar_array *const param[NPAR
     else
         s = dpar_graph_adamw(g, &(dpar_adamw_desc){ .learning_rate = o->lr, .weight_decay = o->weight_decay }, p, grad,
                              NPARAM);
-    return s ? s : dpar_graph_compile(g, NULL);
+    return s ? s : dpar_graph_compile(g, st);
 }
 
 /* The test set's forward pass: feed x [1000, 28, 28, 1] split over "data", kept logits. */
@@ -174,7 +188,7 @@ static dpar_status cnn_eval_graph(dpar_mesh *mesh, dpar_array *const param[NPARA
                      &(dpar_array_desc){ DPAR_F32, 4, { MNIST_NTEST, MNIST_SIDE, MNIST_SIDE, 1 }, { "data" } });
     dpar_value p[NPARAM];
     for (int i = 0; i < NPARAM; i++) p[i] = dpar_g_param(g, param_name[i], param[i]);
-    *logits = cnn_forward(g, p, *x, MNIST_NTEST / devices);
+    *logits = cnn_forward(g, p, *x, MNIST_NTEST / devices, false);
     if ((s = dpar_graph_keep(g, *logits))) return s;
     return dpar_graph_compile(g, NULL);
 }
@@ -330,7 +344,10 @@ int main(int argc, char **argv) {
 
     dpar_graph *train, *eval;
     dpar_value x, y, xt, logits;
-    if (cnn_train_graph(mesh, param, &o, &train, &x, &y)) return digits_fail("training graph");
+    dpar_graph_stats gs;
+    ex_memory mem = { .base = ex_memory_now(rt, 0) };
+    if (cnn_train_graph(mesh, param, &o, &train, &x, &y, &gs)) return digits_fail("training graph");
+    mem.graph = ex_memory_now(rt, 0) - mem.base;
     if (cnn_eval_graph(mesh, param, o.devices, &eval, &xt, &logits)) return digits_fail("test graph");
     dpar_device_info info;
     dpar_runtime_device_info(rt, 0, &info);
@@ -361,7 +378,10 @@ int main(int argc, char **argv) {
             float loss;
             mnist_gather(&md, md.train_idx + (size_t)s * (size_t)o.batch, o.batch, xb, yb);
             dpar_graph_feed feeds[2] = { { .value = x, .host = xb }, { .value = y, .host = yb } };
+            bool first_step = o.memory && e == first && !s;
+            if (first_step) mem.step = ex_memory_now(rt, 1); /* a stats window for the first step */
             if (dpar_graph_run(train, feeds, 2, &loss)) return digits_fail("train step");
+            if (first_step) ex_memory_report(rt, &mem, &gs);
             if (ex_check_loss("train_cnn", loss, (long long)(e - 1) * steps + s + 1, e, o.lr)) return 1;
             sum += loss;
             if (now_s() - shown > 5.0) { /* a progress line when an epoch is slow */

@@ -11,9 +11,11 @@
 #   --resume with other flags (--batch, --seed, --optimizer): refused before anything runs, naming the flag
 #                      and both values (--steps 8 keeps 8 steps per epoch, so the step count divides: it
 #                      used to skip an epoch silently)
-#   bad input          a batch larger than the training set, a NaN loss (--lr 1e30), an unwritable
+#   bad input          --memory 2, a batch larger than the training set, a NaN loss (--lr 1e30), an unwritable
 #                      --checkpoint directory and a malformed data row: each a named error, a non-zero
 #                      exit and no final: line
+#   --remat 1 / --memory 1: the epoch line of the plain run (1 epoch x 2 steps, 4 devices), and
+#                      the measured peak within 1.1x of the planned live set, lower with remat
 # The accuracy target (>= 0.955 after 10 epochs) is `make run`'s, too long for CI.
 BUILD=${BUILD:-build}
 bin="$BUILD/train_cnn"
@@ -66,6 +68,19 @@ fi
 if "$bin" --steps 1 --resume "$ck.missing" >"$e1" 2>&1; then echo "FAIL train_cnn --resume of a missing file ran"
 elif grep -q "dpar_graph_restore: .*$ck.missing" "$e1"; then echo "PASS train_cnn --resume of a missing file names it"
 else echo "FAIL train_cnn --resume of a missing file: $(tail -1 "$e1")"; fi
+# memory FILE: "peak ratio" of its memory: line ("none" without one)
+memory() {
+    sed -n 's/^memory: device 0: measured peak \([0-9.]*\) MiB = \([0-9.]*\)x.*/\1 \2/p' "$1" | grep . || echo none
+}
+if run "$e1" --epochs 1 --steps 2 --memory 1 && run "$e2" --epochs 1 --steps 2 --memory 1 --remat 1; then
+    if [ -n "$(lines 1 "$e1")" ] && [ "$(lines 1 "$e1")" = "$(lines 1 "$e2")" ]; then
+        echo "PASS train_cnn --remat 1: the epoch and final lines of the plain run"
+    else echo "FAIL train_cnn --remat 1: '$(lines 1 "$e2")' vs '$(lines 1 "$e1")'"; fi
+    set -- $(memory "$e1") $(memory "$e2")
+    if [ $# -eq 4 ] && awk -v p="$1" -v r="$2" -v q="$3" -v s="$4" 'BEGIN { exit !(r <= 1.1 && s <= 1.1 && q < p) }'; then
+        echo "PASS train_cnn --memory: measured peak $1 -> $3 MiB with remat, $2x and $4x the planned live set (<= 1.1)"
+    else echo "FAIL train_cnn --memory: want ratios <= 1.1 and a lower peak with remat, got '$*'"; fi
+fi
 # The refusal checks below end an example at an error exit that returns without freeing the data it
 # loaded (as a C program may at exit); under ASan that would turn the expected status into
 # LeakSanitizer's. The library's own leaks are checked by the C test binaries and the runs above.
@@ -92,6 +107,7 @@ if [ -s "$ck" ]; then
     refused "--resume with another --optimizer is refused, naming both" 2 --devices 4 --epochs 2 --steps 8 \
         --optimizer sgd --resume "$ck" -- "was trained with --optimizer adamw; this run asks for sgd"
 fi
+refused "--memory 2 is named as an on/off flag" 2 --memory 2 -- "--memory 2: must be 0 (off) or 1 (on)"
 refused "--batch 8000 (> 4000 training images) is refused up front" 2 --batch 8000 --epochs 1 -- \
     "--batch 8000" "4000 training images"
 refused "--lr 1e30 stops at the first NaN loss, naming the step" 1 --lr 1e30 --epochs 1 --steps 4 -- \
