@@ -1773,16 +1773,17 @@ DPAR_API dpar_status dpar_graph_run(dpar_graph *g, const dpar_graph_feed *feeds,
    by the graph. NULL (last error set: DPAR_ERR_INVALID_ARGUMENT) when v is not
    a feed of g. */
 DPAR_API dpar_array *dpar_graph_feed_array(const dpar_graph *g, dpar_value v);
-/* How the graph's steps are replayed on a backend that records command
-   buffers (Vulkan): the first run records each device's runs of device ops
-   (everything but collectives, optimizer steps, dropout, the index-checked
-   embedding and cross-entropy-with-ignore, blocks, ZeRO-1 and pipeline
-   graphs) once, each run between two such host nodes into one command buffer,
-   and every later run re-submits them, running only the host nodes op by op;
-   results are bit-identical to the op-by-op replay (same shaders, same order).
-   *segments: the recorded command buffers and *nodes: the nodes they hold,
-   summed over this process's devices (either pointer may be NULL). Both are 0
-   before the first run, on the CPU and CUDA backends, while a trace was
+/* How the graph's steps are replayed on a backend that records programs
+   (Vulkan: command buffers; CUDA: CUDA Graphs by stream capture): the first
+   run records each device's runs of device ops (everything but collectives,
+   optimizer steps, dropout, the index-checked embedding and
+   cross-entropy-with-ignore, blocks, ZeRO-1 and pipeline graphs) once, each
+   run between two such host nodes into one command buffer or CUDA Graph, and
+   every later run re-submits them (vkQueueSubmit / cuGraphLaunch), running
+   only the host nodes op by op; results are bit-identical to the op-by-op
+   replay (same kernels, same order). *segments: the recordings and *nodes: the
+   nodes they hold, summed over this process's devices (either pointer may be
+   NULL). Both are 0 before the first run, on the CPU backend, while a trace was
    recording during the first run, with DPAR_GRAPH_RECORD=0 in the
    environment at the first run, and where a device could not record (it then
    replays op by op). Errors: DPAR_ERR_INVALID_ARGUMENT (g NULL), DPAR_ERR_STATE

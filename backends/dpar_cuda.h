@@ -94,6 +94,8 @@ typedef void *dpar__CUstream;
 typedef void *dpar__CUevent;
 typedef void *dpar__CUmodule;
 typedef void *dpar__CUfunction;
+typedef void *dpar__CUgraph;
+typedef void *dpar__CUgraphExec;
 typedef void *dpar__cublasHandle;
 typedef void *dpar__ncclComm;
 typedef struct {
@@ -109,6 +111,7 @@ enum {
     DPAR__CUDA_ERROR_NO_DEVICE = 100,
     DPAR__CUDA_ERROR_NOT_READY = 600,
     DPAR__CU_STREAM_NON_BLOCKING = 1,
+    DPAR__CU_STREAM_CAPTURE_MODE_RELAXED = 2,
     DPAR__CU_EVENT_DISABLE_TIMING = 2,
     DPAR__CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16,
     DPAR__CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75,
@@ -175,6 +178,13 @@ typedef struct dpar__cu_api {
     dpar__CUresult (*cuModuleGetFunction)(dpar__CUfunction *, dpar__CUmodule, const char *);
     dpar__CUresult (*cuLaunchKernel)(dpar__CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                                      unsigned, dpar__CUstream, void **, void **);
+    /* CUDA Graphs (stream capture), for recorded graph programs */
+    dpar__CUresult (*cuStreamBeginCapture)(dpar__CUstream, int);
+    dpar__CUresult (*cuStreamEndCapture)(dpar__CUstream, dpar__CUgraph *);
+    dpar__CUresult (*cuGraphInstantiateWithFlags)(dpar__CUgraphExec *, dpar__CUgraph, unsigned long long);
+    dpar__CUresult (*cuGraphLaunch)(dpar__CUgraphExec, dpar__CUstream);
+    dpar__CUresult (*cuGraphExecDestroy)(dpar__CUgraphExec);
+    dpar__CUresult (*cuGraphDestroy)(dpar__CUgraph);
     /* cuBLAS */
     int (*cublasCreate)(dpar__cublasHandle *);
     int (*cublasDestroy)(dpar__cublasHandle);
@@ -306,6 +316,15 @@ typedef struct dpar__cu_phys {
     int cc_major, cc_minor, sms;
 } dpar__cu_phys;
 
+/* A recorded graph program: one CUDA Graph (>>cuda graphs). */
+typedef struct dpar__cu_prog {
+    dpar__CUgraph graph;
+    dpar__CUgraphExec exec;
+    dpar__CUdeviceptr *mem; /* scratch owned by the recording */
+    int nmem, capmem;
+    int checks; /* it holds index checks */
+} dpar__cu_prog;
+
 typedef struct dpar__cu_dev {
     int phys; /* index into st->phys */
     dpar__CUstream compute, comm;
@@ -325,6 +344,7 @@ typedef struct dpar__cu_dev {
     size_t scratch_cap[DPAR__CU_NSCRATCH];
     dpar__CUdeviceptr idx_err; /* error words of the index checks (>>cuda optim), made on first use */
     int idx_pending;           /* a check ran since the last report (atomic) */
+    dpar__cu_prog *cap;        /* the recording under way on compute (>>cuda graphs), else NULL */
 } dpar__cu_dev;
 
 typedef struct dpar__cu_comm {
@@ -486,6 +506,12 @@ static void dpar__cu_load(void) {
     DPAR__CU_SYM(l, cuModuleUnload, "cuModuleUnload", "libcuda.so.1");
     DPAR__CU_SYM(l, cuModuleGetFunction, "cuModuleGetFunction", "libcuda.so.1");
     DPAR__CU_SYM(l, cuLaunchKernel, "cuLaunchKernel", "libcuda.so.1");
+    DPAR__CU_SYM(l, cuStreamBeginCapture, "cuStreamBeginCapture_v2", "libcuda.so.1");
+    DPAR__CU_SYM(l, cuStreamEndCapture, "cuStreamEndCapture", "libcuda.so.1");
+    DPAR__CU_SYM(l, cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags", "libcuda.so.1");
+    DPAR__CU_SYM(l, cuGraphLaunch, "cuGraphLaunch", "libcuda.so.1");
+    DPAR__CU_SYM(l, cuGraphExecDestroy, "cuGraphExecDestroy", "libcuda.so.1");
+    DPAR__CU_SYM(l, cuGraphDestroy, "cuGraphDestroy", "libcuda.so.1");
     if (missing) {
         dpar__cu_load_status = DPAR_ERR_BACKEND_UNAVAILABLE;
         return;
@@ -705,10 +731,13 @@ static dpar_status dpar__cu_wait_dev(dpar__cu_state *st, int dev, const char *wh
 }
 
 /* Per-device scratch slot of at least `bytes` (grows; old one freed after
-   the device's streams are idle). */
+   the device's streams are idle). While a graph program is recorded, memory of
+   the recording's own instead: its replays must not use a slot that grows. */
+static dpar_status dpar__cu_prog_scratch(dpar__cu_state *st, int dev, size_t bytes, dpar__CUdeviceptr *out);
 static dpar_status dpar__cu_scratch(dpar__cu_state *st, int dev, int slot, size_t bytes, dpar__CUdeviceptr *out) {
     dpar__cu_dev *d = &st->dev[dev];
     if (bytes == 0) bytes = 4;
+    if (d->cap) return dpar__cu_prog_scratch(st, dev, bytes, out);
     if (d->scratch_cap[slot] < bytes) {
         size_t cap = d->scratch_cap[slot] * 2;
         dpar__CUdeviceptr p = 0;
@@ -1444,19 +1473,27 @@ static dpar_status dpar__cu_op_conv_pool(dpar__cu_state *st, int dev, const dpar
    (kernels/optim.cu), and the index check: a kernel records the first bad
    label or index in the device's error words, reported as the op's error at
    the next sync or read of that device. */
+/* The device's zeroed error words, made on first use (before any recording:
+   a recorded memset would not run until the replay). */
+static dpar_status dpar__cu_idx_words(dpar__cu_state *st, int dev) {
+    dpar__cu_dev *d = &st->dev[dev];
+    if (d->idx_err) return DPAR_OK;
+    DPAR__CU_TRY(dev, "cuMemAlloc(index check words)", dpar__cu.cuMemAlloc(&d->idx_err, 32));
+    DPAR__CU_TRY(dev, "cuMemsetD8Async", dpar__cu.cuMemsetD8Async(d->idx_err, 0, 32, d->compute));
+    return DPAR_OK;
+}
 static dpar_status dpar__cu_idx_check(dpar__cu_state *st, int dev, const dpar_buffer *idx, int64_t bound,
                                       int use_ignore, int32_t ignore, int fn) {
     dpar__cu_dev *d = &st->dev[dev];
     dpar__CUdeviceptr p = DPAR__CU_PTR(idx);
     int64_t n = idx->count;
     if (n == 0) return DPAR_OK;
-    if (!d->idx_err) {
-        DPAR__CU_TRY(dev, "cuMemAlloc(index check words)", dpar__cu.cuMemAlloc(&d->idx_err, 32));
-        DPAR__CU_TRY(dev, "cuMemsetD8Async", dpar__cu.cuMemsetD8Async(d->idx_err, 0, 32, d->compute));
-    }
+    dpar_status s = dpar__cu_idx_words(st, dev);
+    if (s) return s;
     void *args[] = { &p, &n, &bound, &use_ignore, &ignore, &fn, &d->idx_err };
-    dpar_status s = dpar__cu_launch(st, dev, DPAR__CUK_CHECK_INDEX, 1, 1, d->compute, args);
+    s = dpar__cu_launch(st, dev, DPAR__CUK_CHECK_INDEX, 1, 1, d->compute, args);
     if (!s) DPAR__ATOMIC_STORE(&d->idx_pending, 1);
+    if (!s && d->cap) d->cap->checks = 1; /* each replay runs the check again */
     return s;
 }
 /* the error words of the checks run since the last report: the first bad index as the op's error */
@@ -1700,6 +1737,87 @@ static dpar_status dpar__cu_op(void *state, int dev, const dpar__op *op) {
                          "cuda: op %s (kind %d) is not implemented on this backend; use the cpu backend",
                          dpar__op_name(op->kind), (int)op->kind);
     }
+}
+
+/* >>cuda graphs ===============================================================
+   Recorded graph programs (the prog_* hooks of the backend interface) as CUDA
+   Graphs: the device ops a graph issues between two host nodes are captured
+   from the compute stream (cuStreamBeginCapture, relaxed mode, so the scratch
+   allocations below stay legal), instantiated once and re-launched every step
+   with cuGraphLaunch, one launch instead of one per kernel. A capture that
+   breaks a rule of stream capture fails; the graph then replays that device op
+   by op, with the same results. A recording owns the scratch its ops asked for
+   (freed with it) and remembers whether it runs index checks, so that each
+   replay's bad label is reported at the next sync as op by op. */
+
+static dpar_status dpar__cu_prog_scratch(dpar__cu_state *st, int dev, size_t bytes, dpar__CUdeviceptr *out) {
+    dpar__cu_prog *pr = st->dev[dev].cap;
+    if (pr->nmem == pr->capmem) {
+        int cap = pr->capmem ? 2 * pr->capmem : 8;
+        dpar__CUdeviceptr *m = (dpar__CUdeviceptr *)DPAR_REALLOC(pr->mem, (size_t)cap * sizeof *m);
+        if (!m) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "cuda: device %d: out of host memory (graph program)", dev);
+        pr->mem = m;
+        pr->capmem = cap;
+    }
+    DPAR__CU_TRY(dev, "cuMemAlloc(graph program scratch)", dpar__cu.cuMemAlloc(out, bytes));
+    pr->mem[pr->nmem++] = *out;
+    return DPAR_OK;
+}
+
+/* Waits for the device's last launch of pr, then frees it. */
+static void dpar__cu_prog_free(void *state, int dev, void *prog) {
+    dpar__cu_state *st = (dpar__cu_state *)state;
+    dpar__cu_prog *pr = (dpar__cu_prog *)prog;
+    if (!pr) return;
+    int idle = !dpar__cu_bind(st, dev) && !dpar__cu_wait(st, dev, st->dev[dev].compute, "graph program free");
+    if (pr->exec) dpar__cu.cuGraphExecDestroy(pr->exec);
+    if (pr->graph) dpar__cu.cuGraphDestroy(pr->graph);
+    for (int i = 0; idle && i < pr->nmem; i++) dpar__cu.cuMemFree(pr->mem[i]); /* else kept: work may still read it */
+    DPAR_FREE(pr->mem);
+    DPAR_FREE(pr);
+}
+
+static dpar_status dpar__cu_prog_begin(void *state, int dev) {
+    dpar__cu_state *st = (dpar__cu_state *)state;
+    dpar__cu_dev *d = &st->dev[dev];
+    dpar_status s;
+    if ((s = dpar__cu_bind(st, dev)) || (s = dpar__cu_idx_words(st, dev))) return s;
+    dpar__cu_prog *pr = (dpar__cu_prog *)DPAR_MALLOC(sizeof *pr);
+    if (!pr) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "cuda: device %d: out of host memory (graph program)", dev);
+    memset(pr, 0, sizeof *pr);
+    dpar__CUresult r = dpar__cu.cuStreamBeginCapture(d->compute, DPAR__CU_STREAM_CAPTURE_MODE_RELAXED);
+    if (r != DPAR__CUDA_SUCCESS) {
+        DPAR_FREE(pr);
+        return dpar__cu_fail(dev, "cuStreamBeginCapture", r);
+    }
+    d->cap = pr;
+    return DPAR_OK;
+}
+
+static dpar_status dpar__cu_prog_end(void *state, int dev, void **prog) {
+    dpar__cu_state *st = (dpar__cu_state *)state;
+    dpar__cu_dev *d = &st->dev[dev];
+    dpar__cu_prog *pr = d->cap;
+    d->cap = NULL;
+    *prog = NULL;
+    dpar__CUresult r = dpar__cu.cuStreamEndCapture(d->compute, &pr->graph);
+    if (r == DPAR__CUDA_SUCCESS && pr->graph) r = dpar__cu.cuGraphInstantiateWithFlags(&pr->exec, pr->graph, 0);
+    if (r != DPAR__CUDA_SUCCESS || !pr->graph) {
+        dpar__cu_prog_free(st, dev, pr);
+        return dpar__cu_fail(dev, r == DPAR__CUDA_SUCCESS ? "cuStreamEndCapture (no graph)" : "cuStreamEndCapture", r);
+    }
+    *prog = pr;
+    return DPAR_OK;
+}
+
+static dpar_status dpar__cu_prog_submit(void *state, int dev, void *prog) {
+    dpar__cu_state *st = (dpar__cu_state *)state;
+    dpar__cu_prog *pr = (dpar__cu_prog *)prog;
+    dpar_status s = dpar__cu_bind(st, dev);
+    if (s) return s;
+    DPAR__CU_TRY(dev, "cuGraphLaunch", dpar__cu.cuGraphLaunch(pr->exec, st->dev[dev].compute));
+    if (pr->checks) DPAR__ATOMIC_STORE(&st->dev[dev].idx_pending, 1);
+    return DPAR_OK;
 }
 
 /* ---------------------------------------------------------------------------
@@ -2295,10 +2413,10 @@ static const dpar__backend_iface *dpar__cuda_iface(void) {
                                                dpar__cu_visible_devices,
                                                dpar__cu_physical_device,
                                                dpar__cu_health,
-                                               NULL, /* prog_*: graphs replay op by op */
-                                               NULL,
-                                               NULL,
-                                               NULL };
+                                               dpar__cu_prog_begin,
+                                               dpar__cu_prog_end,
+                                               dpar__cu_prog_submit,
+                                               dpar__cu_prog_free };
     return &iface;
 }
 

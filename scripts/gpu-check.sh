@@ -103,9 +103,13 @@ DPAR_REQUIRE_BACKENDS=cuda step test_elem 60 "$B"/test_elem
 step test_conv       60 "$B"/test_conv
 step test_norm_attn  60 "$B"/test_norm_attn
 step test_optim      60 "$B"/test_optim
+# recorded graph programs as CUDA Graphs, bit for bit against op by op (their Vulkan cases skip here)
+step test_graph_record 60 "$B"/test_graph_record
 step digits_cuda_1   60 "$B"/train_digits --backend cuda --devices 1
 step digits_cuda_4   60 "$B"/train_digits --backend cuda --devices 4
 step cnn_cuda_1      60 "$B"/train_cnn --backend cuda --devices 1 --epochs 2
+# the same without CUDA Graphs: the step-time difference is what recording saves
+DPAR_GRAPH_RECORD=0 step cnn_cuda_1_oplist 60 "$B"/train_cnn --backend cuda --devices 1 --epochs 2
 step cnn_cuda_4      60 "$B"/train_cnn --backend cuda --devices 4 --epochs 2
 if [ -f examples/train_gpt.c ]; then
     step gpt_cuda_1x1 60 "$B"/train_gpt --backend cuda --devices 1 --dp 1 --tp 1 --steps 200

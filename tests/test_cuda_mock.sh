@@ -76,6 +76,22 @@ if [ -x "$BUILD/test_optim" ]; then
     fi
 fi
 
+# recorded graph programs as CUDA Graphs (stream capture, cuGraphLaunch) against op-by-op replay,
+# bit for bit (tests/test_graph_record.c), on virtual devices and on the NCCL path
+if [ -x "$BUILD/test_graph_record" ]; then
+    for gpus in 1 4; do
+        if LD_LIBRARY_PATH="$MOCK" MOCK_CUDA_GPUS=$gpus MOCK_CUDA_REPORT=1 DPAR_REQUIRE_BACKENDS=cuda \
+                ${DPAR_TEST_WRAPPER:-} "$BUILD/test_graph_record" >"$log" 2>&1 &&
+                [ "$(grep -c '^\[       OK \] test_[a-z_0-9]*_cuda$' "$log")" = 4 ] &&
+                grep -q '^mock cuda: 0 allocation(s) never freed' "$log"; then
+            echo "PASS cuda_mock_graph_record_$gpus (4 CUDA cases bit for bit with op by op; 2x2 Megatron:$(grep '^Megatron MLP on a 2x2 CUDA' "$log" | cut -d: -f2 | cut -d, -f1))"
+        else
+            cat "$log"
+            echo "FAIL cuda_mock_graph_record_$gpus: test_graph_record's CUDA cases against the mock driver ($gpus mock GPU(s))"
+        fi
+    done
+fi
+
 if LD_LIBRARY_PATH="$MOCK" MOCK_CUDA_NO_DEVICE=1 "$BUILD/test_cuda" >"$log" 2>&1; then :; fi
 if grep -q 'SKIPPED: cuda backend unavailable: cuda: cuInit: CUDA_ERROR_NO_DEVICE' "$log" &&
    grep -q '^\[  SKIPPED \] 13 test' "$log"; then

@@ -1,6 +1,7 @@
 /* Recorded graph programs (>>graph program, dpar_graph_recorded): on Vulkan the
    first dpar_graph_run records each device's runs of device ops into command
-   buffers and later runs re-submit them. Each case builds the same graph twice,
+   buffers, on CUDA into CUDA Graphs (stream capture), and later runs re-submit
+   them. Each case builds the same graph twice,
    one with DPAR_GRAPH_RECORD=0 (replayed op by op, as before recording existed)
    and one recorded, runs both on the same feeds and wants every loss, every
    kept value read between steps and every parameter after the last step bit for
@@ -10,8 +11,9 @@
    than one segment per device) and dpar_device_stats counts the same ops per
    step either way. A bad label inside a recorded segment is still
    reported by the step that used it, and the next good step runs. The CPU
-   backend records nothing; NULL is refused. Vulkan cases skip when no Vulkan
-   device exists. */
+   backend records nothing; NULL is refused. Every case but the last runs on
+   Vulkan and on CUDA; each skips when its backend is absent (tests/
+   test_cuda_mock.sh runs the CUDA cases against the mock driver). */
 #include "testutil.h"
 
 static uint64_t rng_state = 777;
@@ -77,8 +79,11 @@ static void cnn_build(cnn *t, dpar_mesh *m, int n, float *const init[NP]) {
     T_OK(dpar_graph_keep(g, t->kept));
     T_OK(dpar_graph_compile(g, NULL));
 }
-static void cnn_case(int n) {
-    dpar_runtime *rt = t_runtime_or_skip(DPAR_BACKEND_VULKAN, n);
+static const char *be_name(dpar_backend_kind k) {
+    return k == DPAR_BACKEND_CUDA ? "CUDA" : "Vulkan";
+}
+static void cnn_case(dpar_backend_kind be, int n) {
+    dpar_runtime *rt = t_runtime_or_skip(be, n);
     dpar_mesh *m = t_mesh1(rt, n, "data");
     static float init[NP][CF * NCL];
     float *ip[NP];
@@ -129,8 +134,8 @@ static void cnn_case(int n) {
     assert_int_equal(segp, 0);
     assert_int_equal(nodp, 0);
     if (segr < 2 * n) fail_msg("%d segments recorded on %d devices; want at least 2 each (split at dropout)", segr, n);
-    printf("CNN on %d Vulkan device(s): %d segments holding %d nodes, bit for bit over %d steps\n", n, segr, nodr,
-           STEPS);
+    printf("CNN on %d %s device(s): %d segments holding %d nodes, bit for bit over %d steps\n", n, be_name(be), segr,
+           nodr, STEPS);
     T_OK(dpar_graph_destroy(plain.g));
     T_OK(dpar_graph_destroy(rec.g));
     for (int i = 0; i < NP; i++) dpar_array_destroy(plain.w[i]), dpar_array_destroy(rec.w[i]);
@@ -139,11 +144,19 @@ static void cnn_case(int n) {
 }
 static void test_cnn_1(void **st) {
     (void)st;
-    cnn_case(1);
+    cnn_case(DPAR_BACKEND_VULKAN, 1);
 }
 static void test_cnn_2(void **st) {
     (void)st;
-    cnn_case(2);
+    cnn_case(DPAR_BACKEND_VULKAN, 2);
+}
+static void test_cnn_1_cuda(void **st) {
+    (void)st;
+    cnn_case(DPAR_BACKEND_CUDA, 1);
+}
+static void test_cnn_2_cuda(void **st) {
+    (void)st;
+    cnn_case(DPAR_BACKEND_CUDA, 2);
 }
 
 /* ---- Megatron column -> row MLP on 2x2 (data, model): a psum in the forward, SGD with momentum ---- */
@@ -175,9 +188,8 @@ static void mlp_build(mlp *t, dpar_mesh *m, float *const init[4]) {
     T_OK(dpar_graph_sgd(g, &sd, p, gr, 4));
     T_OK(dpar_graph_compile(g, NULL));
 }
-static void test_megatron(void **st) {
-    (void)st;
-    dpar_runtime *rt = t_runtime_or_skip(DPAR_BACKEND_VULKAN, 4);
+static void megatron(dpar_backend_kind k) {
+    dpar_runtime *rt = t_runtime_or_skip(k, 4);
     int shape[2] = { 2, 2 };
     const char *names[2] = { "data", "model" };
     dpar_mesh *m = t_mesh(rt, 2, shape, names);
@@ -218,9 +230,9 @@ static void test_megatron(void **st) {
     assert_int_equal(seg, 0);
     T_OK(dpar_graph_recorded(rec.g, &seg, &nodes));
     if (seg < 2 * 4) fail_msg("%d segments on 4 devices; want at least 2 each (split at the psum)", seg);
-    printf("Megatron MLP on a 2x2 Vulkan mesh: %d segments holding %d nodes, bit for bit over 10 steps, "
+    printf("Megatron MLP on a 2x2 %s mesh: %d segments holding %d nodes, bit for bit over 10 steps, "
            "%llu ops per step on device 3 either way\n",
-           seg, nodes, (unsigned long long)ops[1]);
+           be_name(k), seg, nodes, (unsigned long long)ops[1]);
     T_OK(dpar_graph_destroy(plain.g));
     T_OK(dpar_graph_destroy(rec.g));
     for (int i = 0; i < 4; i++) dpar_array_destroy(plain.w[i]), dpar_array_destroy(rec.w[i]);
@@ -239,9 +251,8 @@ static dpar_graph *label_graph(dpar_mesh *m, dpar_array *w, dpar_value *x, dpar_
     T_OK(dpar_graph_compile(g, NULL));
     return g;
 }
-static void test_bad_label(void **st) {
-    (void)st;
-    dpar_runtime *rt = t_runtime_or_skip(DPAR_BACKEND_VULKAN, 1);
+static void bad_label(dpar_backend_kind k) {
+    dpar_runtime *rt = t_runtime_or_skip(k, 1);
     dpar_mesh *m = t_mesh1(rt, 1, "data");
     float w0[3 * 5], xs[4 * 3];
     rng_state = 3;
@@ -271,6 +282,23 @@ static void test_bad_label(void **st) {
     dpar_array_destroy(w);
     T_OK(dpar_mesh_destroy(m));
     T_OK(dpar_runtime_destroy(rt));
+}
+
+static void test_megatron(void **st) {
+    (void)st;
+    megatron(DPAR_BACKEND_VULKAN);
+}
+static void test_megatron_cuda(void **st) {
+    (void)st;
+    megatron(DPAR_BACKEND_CUDA);
+}
+static void test_bad_label(void **st) {
+    (void)st;
+    bad_label(DPAR_BACKEND_VULKAN);
+}
+static void test_bad_label_cuda(void **st) {
+    (void)st;
+    bad_label(DPAR_BACKEND_CUDA);
 }
 
 /* ---- the CPU backend records nothing; bad input ---- */
@@ -307,6 +335,10 @@ int main(void) {
         cmocka_unit_test(test_cnn_2),
         cmocka_unit_test(test_megatron),
         cmocka_unit_test(test_bad_label),
+        cmocka_unit_test(test_cnn_1_cuda),
+        cmocka_unit_test(test_cnn_2_cuda),
+        cmocka_unit_test(test_megatron_cuda),
+        cmocka_unit_test(test_bad_label_cuda),
         cmocka_unit_test(test_cpu_and_bad_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -14,6 +14,15 @@
 // wrong data; events and cuStreamWaitEvent order streams; NCCL operations run
 // on their streams and rendezvous there; cuMemFree poisons (0xFF, NaN) and
 // quarantines the memory, so work still queued on it yields NaN.
+// CUDA Graphs by stream capture: between cuStreamBeginCapture_v2 and
+// cuStreamEndCapture a stream's operations are recorded instead of run, and
+// cuGraphLaunch enqueues the recording again (kernel parameters as they were
+// at capture). Capture rules that the real driver enforces and dpar must
+// respect fail here too, invalidating the capture (cuStreamEndCapture then
+// returns CUDA_ERROR_STREAM_CAPTURE_INVALIDATED): synchronizing or querying a
+// capturing stream, host copies on it, events recorded on or waited for by it
+// (stricter than the driver, which captures events), and cuMemAlloc /
+// cuMemFree on a thread whose capture is not in relaxed mode.
 // NCCL: ncclCommInitAll communicators live in one process (one thread per
 // rank, each rank reading the others' buffers). ncclCommInitRank (with
 // ncclGetUniqueId) builds communicators whose ranks live in several
@@ -289,7 +298,14 @@ struct mstream {
     uint64_t enq = 0, done = 0;
     bool stop = false;
     std::thread th;
+    /* stream capture (CUDA Graphs): set and read by the capturing thread only */
+    bool capturing = false, cap_invalid = false;
+    std::vector<std::function<void()>> cap;
 };
+struct mgraph {
+    std::vector<std::function<void()>> ops;
+};
+static thread_local int t_strict_captures; /* captures of this thread not in relaxed mode */
 struct mevent {
     std::mutex mu;
     std::condition_variable cv;
@@ -326,6 +342,10 @@ static void stream_loop(mstream *s) {
 }
 static void enqueue(void *sv, std::function<void()> f) {
     mstream *s = (mstream *)sv;
+    if (s && s->capturing) {
+        s->cap.push_back(std::move(f));
+        return;
+    }
     if (!s || sync_mode()) {
         f();
         return;
@@ -354,8 +374,18 @@ enum {
     ERR_NO_DEVICE = 100,
     ERR_INVALID_DEVICE = 101,
     ERR_INVALID_CONTEXT = 201,
-    ERR_NOT_FOUND = 500
+    ERR_NOT_FOUND = 500,
+    ERR_CAPTURE_UNSUPPORTED = 900,
+    ERR_CAPTURE_INVALIDATED = 901,
+    ERR_CAPTURE_ISOLATION = 905
 };
+/* An operation stream capture forbids on a capturing stream: the capture is invalidated. */
+static bool cap_refuse(void *sv) {
+    mstream *s = (mstream *)sv;
+    if (!s || !s->capturing) return false;
+    s->cap_invalid = true;
+    return true;
+}
 static const size_t GUARD = 64;
 static std::mutex g_mu;
 static std::map<uintptr_t, size_t> g_allocs;
@@ -524,10 +554,12 @@ CUresult cuStreamDestroy_v2(void *s) {
     return OK;
 }
 CUresult cuStreamSynchronize(void *s) {
+    if (cap_refuse(s)) return ERR_CAPTURE_UNSUPPORTED;
     stream_sync(s);
     return OK;
 }
 CUresult cuStreamQuery(void *s) {
+    if (cap_refuse(s)) return ERR_CAPTURE_UNSUPPORTED;
     mstream *m = (mstream *)s;
     std::lock_guard<std::mutex> l(m->mu);
     return m->done == m->enq ? OK : 600;
@@ -545,6 +577,7 @@ CUresult cuEventDestroy_v2(void *e) {
 CUresult cuEventRecord(void *ev, void *s) {
     mevent *e = (mevent *)ev;
     if (!e) return ERR_INVALID_VALUE;
+    if (cap_refuse(s)) return ERR_CAPTURE_UNSUPPORTED;
     uint64_t g;
     {
         std::lock_guard<std::mutex> l(e->mu);
@@ -566,6 +599,7 @@ CUresult cuStreamWaitEvent(void *s, void *ev, unsigned f) {
     (void)f;
     mevent *e = (mevent *)ev;
     if (!e) return ERR_INVALID_VALUE;
+    if (cap_refuse(s)) return ERR_CAPTURE_ISOLATION; /* an event recorded outside the capture */
     uint64_t g;
     {
         std::lock_guard<std::mutex> l(e->mu);
@@ -579,7 +613,8 @@ CUresult cuStreamWaitEvent(void *s, void *ev, unsigned f) {
 }
 CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
     NEED_CTX();
-    if (n == 0) return ERR_INVALID_VALUE; // as the real driver
+    if (t_strict_captures) return ERR_CAPTURE_UNSUPPORTED; /* only relaxed mode allows it */
+    if (n == 0) return ERR_INVALID_VALUE;                  // as the real driver
     unsigned char *m = (unsigned char *)aligned_alloc(256, (n + GUARD + 255) / 256 * 256);
     if (!m) return ERR_OOM;
     memset(m, 0xA5, n); // not zeroed, like device memory
@@ -591,6 +626,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
 }
 CUresult cuMemFree_v2(CUdeviceptr p) {
     NEED_CTX();
+    if (t_strict_captures) return ERR_CAPTURE_UNSUPPORTED;
     std::lock_guard<std::mutex> lock(g_mu);
     auto it = g_allocs.find((uintptr_t)p);
     if (it == g_allocs.end()) {
@@ -639,6 +675,7 @@ CUresult cuMemsetD32Async(CUdeviceptr p, unsigned v, size_t n, void *s) {
 }
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *h, size_t n, void *s) {
     NEED_CTX();
+    if (cap_refuse(s)) return ERR_CAPTURE_UNSUPPORTED; /* pageable host memory */
     CHECK_RANGE(d, n);
     /* pageable source: staged at the call, as the driver does */
     std::vector<unsigned char> data((const unsigned char *)h, (const unsigned char *)h + n);
@@ -647,6 +684,7 @@ CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *h, size_t n, void *s) {
 }
 CUresult cuMemcpyDtoHAsync_v2(void *h, CUdeviceptr d, size_t n, void *s) {
     NEED_CTX();
+    if (cap_refuse(s)) return ERR_CAPTURE_UNSUPPORTED;
     CHECK_RANGE(d, n);
     /* pageable destination: returns when the copy is done, as the driver does */
     enqueue(s, [=] { memcpy(h, (const void *)(uintptr_t)d, n); });
@@ -695,6 +733,57 @@ CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned
         for (std::string &b : params) argv.push_back(&b[0]);
         run_kernel(k, gx, bx, argv.data());
     });
+    return OK;
+}
+
+// ---------------------------------------------------------------------------
+// CUDA Graphs through stream capture
+// ---------------------------------------------------------------------------
+CUresult cuStreamBeginCapture_v2(void *sv, int mode) {
+    NEED_CTX();
+    mstream *s = (mstream *)sv;
+    if (!s || mode < 0 || mode > 2) return ERR_INVALID_VALUE;
+    if (s->capturing) return ERR_CAPTURE_UNSUPPORTED;
+    s->capturing = true;
+    s->cap_invalid = false;
+    s->cap.clear();
+    if (mode != 2) t_strict_captures++;
+    return OK;
+}
+CUresult cuStreamEndCapture(void *sv, void **graph) {
+    mstream *s = (mstream *)sv;
+    if (!s || !graph) return ERR_INVALID_VALUE;
+    *graph = NULL;
+    if (!s->capturing) return ERR_INVALID_VALUE;
+    s->capturing = false;
+    if (t_strict_captures) t_strict_captures--;
+    if (s->cap_invalid) {
+        s->cap.clear();
+        return ERR_CAPTURE_INVALIDATED;
+    }
+    mgraph *g = new mgraph();
+    g->ops.swap(s->cap);
+    *graph = g;
+    return OK;
+}
+CUresult cuGraphInstantiateWithFlags(void **exec, void *graph, unsigned long long flags) {
+    if (!exec || !graph || flags) return ERR_INVALID_VALUE;
+    *exec = new mgraph(*(mgraph *)graph); /* independent of the graph from now on, as the driver's */
+    return OK;
+}
+CUresult cuGraphLaunch(void *exec, void *s) {
+    NEED_CTX();
+    if (!exec || !s) return ERR_INVALID_VALUE;
+    if (cap_refuse(s)) return ERR_CAPTURE_UNSUPPORTED;
+    for (const std::function<void()> &f : ((mgraph *)exec)->ops) enqueue(s, f);
+    return OK;
+}
+CUresult cuGraphExecDestroy(void *exec) {
+    delete (mgraph *)exec;
+    return OK;
+}
+CUresult cuGraphDestroy(void *graph) {
+    delete (mgraph *)graph;
     return OK;
 }
 
