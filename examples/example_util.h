@@ -218,7 +218,7 @@ static inline int ex_csv_row(const char *prog, const char *path, long line_no, c
 }
 
 /* ---------------------------------------------------------------- monitor */
-/* --monitor 1: after each epoch, one line per device of this process from
+/* --monitor 1: after each epoch (train_gpt: with each training-loss line), one line per device of this process from
    dpar_runtime_device_stats over the epoch's window, then a new window:
    the shares of the window spent in ops, in collectives (waiting included)
    and in host <-> device copies, the rest idle; memory now and its peak;

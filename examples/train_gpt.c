@@ -29,6 +29,7 @@
    build/train_gpt [--backend cpu|vulkan|cuda] [--dp N] [--tp M] [--devices N*M] [--steps N]
                    [--batch N] [--lr X] [--seed N] [--log-every N] [--eval-every N]
                    [--val-batches N] [--gen N] [--prompt S] [--data PATH] [--remat 0|1] [--memory 0|1]
+                   [--monitor 0|1]
    Defaults: cpu, --dp 2 --tp 2 (4 devices), 1,000 steps, batch 32, lr 3e-3,
    seed 42, train loss (mean since the last line) every 50 steps, validation
    loss over 20 fixed batches every 250 steps and at the end, 200 generated
@@ -36,7 +37,9 @@
    text: checked before training). --remat 1 makes each block a remat segment
    (recomputed in the backward: less memory, the same gradients); --memory 1
    prints after the first step the training graph's measured peak on device 0
-   against its planned live set (one "memory:" line). Ends with exactly one
+   against its planned live set (one "memory:" line); --monitor 1 prints with
+   each training-loss line one "monitor:" line per device, its time shares
+   (compute, collectives, copies, idle) since the last one (ex_monitor). Ends with exactly one
    line "final: backend=cpu devices=4 model=gpt dp=2 tp=2 steps=1000
    train_loss=... val_loss=...". Exit status 0 on success; 2 for a bad flag
    (each named with its value and limit), 1 for unreadable data, a NaN or
@@ -48,8 +51,9 @@ enum { N_LAYER = 4, N_HEAD = 4, N_EMBD = 128, CTX = 64, MAXV = 256 };
 typedef struct {
     const char *backend, *path, *prompt;
     int dp, tp, devices, steps, batch, seed, log_every, eval_every, val_batches, gen;
-    int remat;  /* --remat 1: each block a remat segment (recomputed in the backward) */
-    int memory; /* --memory 1: the training graph's measured memory against its plan (ex_memory_report) */
+    int remat;   /* --remat 1: each block a remat segment (recomputed in the backward) */
+    int memory;  /* --memory 1: the training graph's measured memory against its plan (ex_memory_report) */
+    int monitor; /* --monitor 1: per-device time shares with each training-loss line (ex_monitor) */
     float lr;
 } gpt_opts;
 
@@ -70,6 +74,7 @@ static int gpt_parse(int argc, char **argv, gpt_opts *o) {
                           { "--gen", EX_INT, &o->gen },
                           { "--remat", EX_INT, &o->remat },
                           { "--memory", EX_INT, &o->memory },
+                          { "--monitor", EX_INT, &o->monitor },
                           { "--lr", EX_FLOAT, &o->lr } };
     if (ex_parse("train_gpt", argc, argv, f, (int)(sizeof f / sizeof f[0]))) return 2;
     if (!o->devices) o->devices = o->dp * o->tp; /* the default follows --dp x --tp */
@@ -101,7 +106,8 @@ static int gpt_parse(int argc, char **argv, gpt_opts *o) {
         fprintf(stderr, "train_gpt: --prompt is empty; generation needs at least one character to start from\n");
         return 2;
     }
-    if (ex_check_switch("train_gpt", "--remat", o->remat) || ex_check_switch("train_gpt", "--memory", o->memory))
+    if (ex_check_switch("train_gpt", "--remat", o->remat) || ex_check_switch("train_gpt", "--memory", o->memory) ||
+        ex_check_switch("train_gpt", "--monitor", o->monitor))
         return 2;
     return ex_check_lr("train_gpt", "--lr", o->lr, 1); /* the peak of the schedule */
 }
@@ -470,6 +476,7 @@ int main(int argc, char **argv) {
                                     .end_lr = o.lr / 10.0f };
     if (sched.decay_steps <= sched.warmup_steps) sched.decay_steps = sched.warmup_steps + 1; /* short runs */
     double t0 = now_s(), tlog = t0, sum = 0.0, train_l = 0.0, val_l = 0.0;
+    if (o.monitor) dpar_runtime_stats_reset(rt); /* the first window starts with training */
     for (int step = 0; step < o.steps; step++) {
         float lr, loss;
         train_batch(&td, o.batch, xb, yb);
@@ -489,6 +496,7 @@ int main(int argc, char **argv) {
             train_l = sum / k;
             printf("step %5d  train_loss %.8f  lr %.3e  ms/step %.0f\n", done, train_l, (double)lr,
                    1e3 * (now - tlog) / k);
+            if (o.monitor) ex_monitor(rt);
             fflush(stdout);
             sum = 0.0, tlog = now;
         }

@@ -7,13 +7,14 @@
 #   2x2 --remat 1                     the same per-step training losses as 2x2 (bit for bit, as printed);
 #                                     --memory 1: measured peak within 1.1x of the planned live set,
 #                                     with and without remat, and remat lowers the measured peak
+#   2x2 --monitor 1                   one line per device with each loss line, shares summing to 100%
 #   Vulkan vs CPU                     per-step losses within 1e-3 relative (2 steps on a 1x2 mesh;
 #                                     SKIPPED when there is no Vulkan device, a FAIL when
 #                                     DPAR_REQUIRE_BACKENDS lists vulkan)
 #   bad input                         each refused with its own message and a non-zero exit, before
 #                                     training and without a final: line: a --prompt character not in
 #                                     the text (it was undefined behaviour at generation time), an empty
-#                                     --prompt, --eval-every -1, --remat 2, --batch 3 over --dp 2, a batch larger
+#                                     --prompt, --eval-every -1, --remat 2, --monitor 2, --batch 3 over --dp 2, a batch larger
 #                                     than the training windows; --lr 1e30 stops naming the step
 # The validation-loss target (<= 1.85 after 1,000 steps) is `make run-gpt`'s, too long for CI.
 BUILD=${BUILD:-build}
@@ -98,6 +99,17 @@ bad "--prompt with a character not in the text is refused before training" 2 $? 
     "65-character vocabulary"
 "$bin" $short --prompt "" >"$o" 2>&1
 bad "an empty --prompt is refused" 2 $? "$o" "--prompt is empty"
+# --monitor 1: one line per device with each training-loss line, shares that fit the window
+if run "$dir/mon" --batch 8 --steps 2 --log-every 1 --val-batches 1 --gen 0 --monitor 1; then
+    why=$(awk '/^monitor: device / { n++; s = 0
+            for (i = 1; i <= NF; i++) if ($i ~ /%$/) { v = $i; sub(/%/, "", v); v += 0; if (v < 0 || v > 100) bad = bad " " $0; s += v }
+            if (s < 99.5 || s > 100.5) bad = bad " shares sum to " s ": " $0 }
+        END { if (n != 8) print "want 8 monitor lines (2 log lines x 4 devices), got " n; else if (bad != "") print bad }' "$dir/mon")
+    if [ -z "$why" ]; then echo "PASS train_gpt --monitor prints each device's time shares with each loss line"
+    else echo "FAIL train_gpt --monitor: $why"; fi
+fi
+"$bin" $short --monitor 2 >"$o" 2>&1
+bad "--monitor 2 is named as an on/off flag" 2 $? "$o" "--monitor 2: must be 0 (off) or 1 (on)"
 "$bin" $short --eval-every -1 >"$o" 2>&1
 bad "--eval-every -1 is named with its limit" 2 $? "$o" "--eval-every -1: must be >= 0"
 "$bin" $short --remat 2 >"$o" 2>&1
