@@ -5,6 +5,7 @@ or an op is above 100% of its memory-traffic limit (the measurement is broken).
 
     python bench/report.py RAW_ROWS OUT_DIR
     python bench/report.py --gpt RAW_ROWS OUT_DIR   (bench/peers/run_gpt.sh: gpt.md, gpt.csv, gpt_steps.csv)
+    python bench/report.py --cnn RAW_ROWS OUT_DIR   (bench/peers/run_cnn.sh: cnn.md, cnn.csv, cnn_steps.csv)
 
 Rows (CSV, no header):
   coll,backend,op,devices,bytes,time_us,algbw,busbw,limit_us,pct,pct_min,pct_max,alts   (bench_collectives)
@@ -16,6 +17,8 @@ Rows (CSV, no header):
   opskip,backend,op,dtype,reason                                                 (bench_ops: dtype refused)
   gptstep,round,system,mesh,step_ms,load1                                  (run_gpt.sh, interleaved)
   gptval,system,mesh,seed,steps,train_loss,val_loss,step_ms,load1          (run_gpt.sh, 1000 steps)
+  cnnstep,round,system,devices,step_ms,load1,cpu_ms                        (run_cnn.sh, interleaved)
+  cnnval,system,devices,seed,epochs,test_accuracy,train_loss,step_ms       (run_cnn.sh, from its logs)
   load,start|end,1min/5min/15min
   skip,what,reason
 """
@@ -100,17 +103,20 @@ def gpt_rows(path):
     return steps, vals, load
 
 
-def gpt_ratios(steps, key="ms"):
+def step_ratios(steps, key="ms", same_mesh=False):
     """{(dpar mesh, peer): (median ratio, min, max, rounds, dpar median, peer median)} of the wall ("ms") or
-    CPU ("cpu") time per step; ratio = dpar's / the peer's in the same round (below 1: dpar is faster)."""
+    CPU ("cpu") time per step; ratio = dpar's / the peer's in the same round (below 1: dpar is faster), against
+    the peer's run on the same mesh (device count) when same_mesh, else against its only one."""
     res = {}
-    for mesh in sorted({s["mesh"] for s in steps if s["sys"] == "dpar"}):
+    for mesh in sorted({s["mesh"] for s in steps if s["sys"] == "dpar"}, key=lambda m: (len(m), m)):
         d = {s["k"]: s[key] for s in steps if s["sys"] == "dpar" and s["mesh"] == mesh and s.get(key)}
         for peer in sorted({s["sys"] for s in steps if s["sys"] != "dpar"}):
-            p = {s["k"]: s[key] for s in steps if s["sys"] == peer and s.get(key)}
+            p = {s["k"]: s[key] for s in steps
+                 if s["sys"] == peer and s.get(key) and (s["mesh"] == mesh or not same_mesh)}
             rs = [d[k] / p[k] for k in d if k in p and p[k] > 0]
             if rs:
-                res[(mesh, peer)] = (med(rs), min(rs), max(rs), len(rs), med(list(d.values())), med(list(p.values())))
+                res[(mesh, peer)] = (med(rs), min(rs), max(rs), len(rs), med([d[k] for k in d if k in p]),
+                                     med([p[k] for k in d if k in p]))
     return res
 
 
@@ -132,9 +138,9 @@ def gpt_md(steps, vals, load):
     if steps:
         md += ["| dpar mesh | peer | rounds | dpar ms/step | peer ms/step | dpar/peer (min-max) |",
                "|---|---|---|---|---|---|"]
-        for (mesh, peer), (r, lo, hi, n, dm, pm) in sorted(gpt_ratios(steps).items()):
+        for (mesh, peer), (r, lo, hi, n, dm, pm) in sorted(step_ratios(steps).items()):
             md.append("| %s | %s | %d | %.1f | %.1f | %.2f (%.2f-%.2f) |" % (mesh, peer, n, dm, pm, r, lo, hi))
-        cpu = gpt_ratios(steps, "cpu")
+        cpu = step_ratios(steps, "cpu")
         if cpu:
             md += ["", "CPU time (user + system of every thread of the process, in the second logging block: "
                    "what the step costs the machine, whatever the load; a peer's idle pool threads that spin "
@@ -166,7 +172,7 @@ def gpt_summary(steps):
     out = []
     for key, what in (("ms", "wall"), ("cpu", "CPU")):
         rr = ["%s/%s %.2f (%.2f-%.2f)" % (mesh, peer, r, lo, hi)
-              for (mesh, peer), (r, lo, hi, _, _, _) in sorted(gpt_ratios(steps, key).items())]
+              for (mesh, peer), (r, lo, hi, _, _, _) in sorted(step_ratios(steps, key).items())]
         if rr:
             out.append("gpt step dpar/peer %s: %s" % (what, ", ".join(rr)))
     return out
@@ -197,9 +203,106 @@ def gpt_main(raw, out):
     return 0
 
 
+def cnn_rows(path):
+    """(steps, vals, load) from the cnnstep / cnnval / load rows of a raw file (bench/peers/run_cnn.sh)."""
+    steps, vals, load = [], [], {}
+    with open(path) as f:
+        for r in csv.reader(f):
+            if len(r) >= 6 and r[0] == "cnnstep":  # [6]: CPU ms/step of the process tree
+                steps.append(dict(k=int(r[1]), sys=r[2], mesh=r[3], ms=float(r[4]), load=float(r[5]),
+                                  cpu=float(r[6]) if len(r) > 6 and r[6] else None))
+            elif len(r) >= 7 and r[0] == "cnnval":
+                vals.append(dict(sys=r[1], n=int(r[2]), seed=int(r[3]), epochs=int(r[4]), acc=float(r[5]),
+                                 loss=float(r[6]), ms=float(r[7]) if len(r) > 7 and r[7] else float("nan")))
+            elif len(r) >= 3 and r[0] == "load":
+                load[r[1]] = r[2].replace("/", " ")
+    return steps, vals, load
+
+
+# issue 17's targets for the CNN step: dpar at 0.7x JAX's speed or better, at PyTorch's or better
+CNN_TARGET = {"jax": 1 / 0.7, "torch": 1.0}
+
+
+def cnn_md(steps, vals, load):
+    """cnn.md's sections: step-time ratios (wall and CPU) per device count, then the accuracies per seed."""
+    md = ["## CNN step: dpar against JAX and PyTorch (interleaved)", "",
+          "Per round, for each device count: dpar, JAX, PyTorch, one run each of %s epochs of 62 steps (global "
+          "batch 64); the first epoch (compilation, warm-up) is dropped. Step time = the median of the other "
+          "epochs' training wall clock / 62. CPU time = user + system of every thread of the run's process tree "
+          "from the first epoch line to the last, per step (it includes those epochs' test evaluations, 1,000 "
+          "images forward, in every system). Ratio = dpar / peer in the same round and device count (below 1: "
+          "dpar is faster): median (min-max) over the rounds. Target (issue 17): at most %.2f against JAX "
+          "(0.7x its speed), at most 1.00 against PyTorch." % (os.environ.get("CNN_STEP_EPOCHS", "2"),
+                                                               CNN_TARGET["jax"]), "",
+          "Threads: dpar one worker per device; JAX one process with its own pool over N host devices, at most 2 "
+          "steps in flight (XLA:CPU aborts in its all-reduce rendezvous with more queued on 4 devices / 2 cores); "
+          "PyTorch one process (N = 1: every core) or N processes with DistributedDataParallel over gloo, "
+          "cores / N threads each (at least 1). The machine (%d cores) is shared by several agents: load average "
+          "at the start %s, at the end %s%s. Wall-clock ratios on a loaded machine say as much about the load as "
+          "about the code; the CPU-time ratios are steadier." % (
+              os.cpu_count(), load.get("start", "?"), load.get("end", "?"),
+              "; 1-minute load at the rounds' starts %.1f-%.1f" % (min(s["load"] for s in steps),
+                                                                 max(s["load"] for s in steps)) if steps else ""), ""]
+    for key, what in (("ms", "ms/step"), ("cpu", "CPU ms/step")):
+        rs = step_ratios(steps, key, same_mesh=True)
+        if not rs:
+            continue
+        md += ["| devices | peer | rounds | dpar %s | peer %s | dpar/peer (min-max) | target met (median) |" % (
+            what, what), "|---|---|---|---|---|---|---|"]
+        for (mesh, peer), (r, lo, hi, n, dm, pm) in sorted(rs.items(), key=lambda kv: (int(kv[0][0]), kv[0][1])):
+            t = CNN_TARGET.get(peer)
+            md.append("| %s | %s | %d | %.1f | %.1f | %.2f (%.2f-%.2f) | %s |" % (
+                mesh, peer, n, dm, pm, r, lo, hi, "" if t is None else ("yes" if r <= t else "no (%.2f)" % t)))
+        md.append("")
+    if vals:
+        md += ["## Quality: 10-epoch runs, one per seed", "",
+               "Every system starts from the same weights and sees the same batches for a seed (cnn_common.py "
+               "draws them from train_cnn.c's splitmix64 stream: the seed sets the split, the weights and every "
+               "epoch's order). Test accuracy on the 1,000 held-out images and training loss (mean over the last "
+               "epoch) per seed, then their mean.", "",
+               "| system | devices | epochs | seeds | test accuracy per seed | mean | train loss per seed | mean |",
+               "|---|---|---|---|---|---|---|---|"]
+        for key in sorted({(v["sys"], v["n"], v["epochs"]) for v in vals}, key=lambda k: (k[0] != "dpar", k)):
+            vs = sorted((v for v in vals if (v["sys"], v["n"], v["epochs"]) == key), key=lambda v: v["seed"])
+            md.append("| %s | %d | %d | %s | %s | %.4f | %s | %.5f |" % (
+                key[0], key[1], key[2], " ".join(str(v["seed"]) for v in vs), " ".join("%.4f" % v["acc"] for v in vs),
+                sum(v["acc"] for v in vs) / len(vs), " ".join("%.5f" % v["loss"] for v in vs),
+                sum(v["loss"] for v in vs) / len(vs)))
+        md.append("")
+    return md
+
+
+def cnn_main(raw, out):
+    """report.py --cnn: bench/results/cnn.md, cnn.csv (quality runs) and cnn_steps.csv (the rounds)."""
+    steps, vals, load = cnn_rows(raw)
+    md = ["# The seed CNN on 5,000 MNIST images: dpar and its peers", "",
+          "Measured %s with `sh bench/peers/run_cnn.sh` (see its header for the knobs). Same data, split, batch "
+          "order, initial weights (bench/peers/cnn_common.py = examples/mnist_common.h), AdamW lr 1e-3 wd 1e-4." %
+          time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), ""] + cnn_md(steps, vals, load)
+    if os.environ.get("CNN_NOTE"):  # what the run could not say itself (commits, what else ran)
+        md += [os.environ["CNN_NOTE"], ""]
+    with open(os.path.join(out, "cnn.md"), "w") as f:
+        f.write("\n".join(md))
+    with open(os.path.join(out, "cnn.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["system", "devices", "seed", "epochs", "test_accuracy", "train_loss", "step_ms"])
+        for v in vals:
+            w.writerow([v["sys"], v["n"], v["seed"], v["epochs"], v["acc"], v["loss"], v["ms"]])
+    with open(os.path.join(out, "cnn_steps.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["round", "system", "devices", "step_ms", "load1", "cpu_ms_per_step"])
+        for s in steps:
+            w.writerow([s["k"], s["sys"], s["mesh"], s["ms"], s["load"], s["cpu"] if s["cpu"] is not None else ""])
+    print("\n".join(md))
+    print("bench: wrote %s/{cnn.md,cnn.csv,cnn_steps.csv}" % out)
+    return 0
+
+
 def main():
     if sys.argv[1] == "--gpt":
         return gpt_main(sys.argv[2], sys.argv[3])
+    if sys.argv[1] == "--cnn":
+        return cnn_main(sys.argv[2], sys.argv[3])
     raw, out = sys.argv[1], sys.argv[2]
     coll, train, skips, pairs, mm, load, graph, oprows, opskip = [], [], [], [], [], {}, [], [], []
     with open(raw) as f:

@@ -12,7 +12,7 @@
 # Rows go to bench/results/gpt_raw.csv (and to $GPT_RAW when set: bench/run.sh);
 # bench/report.py --gpt turns them into bench/results/gpt.md and gpt.csv.
 #   sh bench/peers/run_gpt.sh [BUILD_DIR]
-#   GPT_ALTS=5 GPT_TIME_STEPS=15 GPT_STEPS=1000 GPT_SEEDS="42" GPT_PEERS="jax torch" GPT_QUALITY=1
+#   GPT_ALTS=5 GPT_TIME_STEPS=15 GPT_STEPS=1000 GPT_SEEDS="42 43 44" GPT_PEERS="jax torch" GPT_QUALITY=1
 #   GPT_TORCH_THREADS=1 (as a dpar device: one thread)   GPT_NO_PEERS=1 (dpar only: no venv)   GPT_REPORT_ONLY=1 (the tables again from gpt_raw.csv)
 #   GPT_APPEND=1 GPT_ROUND_FROM=6 (more rounds added to the rows there)   GPT_NOTE="text" (a paragraph at the end of gpt.md)   GPT_OWN_RAW=file (instead of gpt_raw.csv)   GPT_MD=0 (no gpt.md / gpt.csv: BENCH_QUICK)
 # The peers come from PyPI into bench/.venv (bench/peers/venv.sh, once).
@@ -23,32 +23,29 @@ root=$(cd "$here/../.." && pwd)
 out="$root/bench/results"
 mkdir -p "$out"
 cd "$root" || exit 1
-log() { echo "bench/gpt: $*" >&2; }
+tag=gpt
+. "$here/common.sh"
 raw=${GPT_OWN_RAW:-$out/gpt_raw.csv}
 ALTS=${GPT_ALTS:-5}
 TS=${GPT_TIME_STEPS:-15}
 LE=$(((TS + 2) / 3)) # 3 logging blocks
 STEPS=${GPT_STEPS:-1000}
 py=""
-if [ "${GPT_NO_PEERS:-0}" != 1 ]; then
-    py=$(sh "$here/venv.sh" 2>>"$out/venv.log") || { log "no bench/.venv (see bench/results/venv.log): peers skipped"; py=""; }
-fi
+[ "${GPT_NO_PEERS:-0}" = 1 ] || peers_python
 peers=${GPT_PEERS:-jax torch}
 [ -n "$py" ] || peers=""
-load1() { cut -d' ' -f1 /proc/loadavg 2>/dev/null || echo 0; }
 emit() { echo "$1" >> "$raw"; [ -n "${GPT_RAW:-}" ] && echo "$1" >> "$GPT_RAW"; return 0; }
 # median ms/step of the logging blocks after the first, from train_gpt.c's (and the peers') progress lines
-block_ms() { grep 'train_loss .* ms/step' "$1" | sed -n '2,$s/.*ms\/step \([0-9.]*\).*/\1/p' | sort -n |
-    awk '{ v[NR] = $1 } END { if (NR) print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'; }
-run() { # system mesh steps log_every seed eval_every val_batches logfile
+block_ms() { grep 'train_loss .* ms/step' "$1" | sed -n '2,$s/.*ms\/step \([0-9.]*\).*/\1/p' | median; }
+run() { # system mesh steps log_every seed eval_every val_batches (output: stdout)
     case $1 in
     dpar) dp=${2%x*}; tp=${2#*x}
         nice "$BUILD/train_gpt" --dp "$dp" --tp "$tp" --steps "$3" --log-every "$4" --seed "$5" --eval-every "$6" \
-            --val-batches "$7" --gen 0 > "$8" 2>&1 ;;
+            --val-batches "$7" --gen 0 ;;
     torch) nice timeout "${GPT_TIMEOUT_S:-3600}" "$py" bench/peers/gpt_torch.py --steps "$3" --log-every "$4" --seed "$5" \
-            --eval-every "$6" --val-batches "$7" --threads "${GPT_TORCH_THREADS:-1}" > "$8" 2>&1 ;;
+            --eval-every "$6" --val-batches "$7" --threads "${GPT_TORCH_THREADS:-1}" ;;
     *) nice timeout "${GPT_TIMEOUT_S:-3600}" "$py" "bench/peers/gpt_$1.py" --steps "$3" --log-every "$4" --seed "$5" \
-            --eval-every "$6" --val-batches "$7" > "$8" 2>&1 ;;
+            --eval-every "$6" --val-batches "$7" ;;
     esac
 }
 val_row() { # system mesh seed logfile: a gptval row from the log's final line (a run cut short:
@@ -66,40 +63,12 @@ val_row() { # system mesh seed logfile: a gptval row from the log's final line (
     if [ -n "$vl" ]; then emit "gptval,$1,$2,$3,$n,${tl:-nan},$vl,$(block_ms "$4"),$(load1)"
     else log "$1 seed $3: no final line (see $4)"; emit "skip,gpt,$1 seed $3: no final line"; fi
 }
-# CPU ticks (user + system) of a process and its descendants so far (/proc/PID/stat fields 14, 15)
-cpu_tree() {
-    t=0
-    for q in $1 $(pgrep -P "$1"); do
-        [ "$q" = "$1" ] || { t=$((t + $(cpu_tree "$q"))); continue; }
-        st=$(sed 's/^.*) //' "/proc/$q/stat" 2>/dev/null) || continue # fields from 3 on
-        t=$((t + $(echo "$st" | awk '{ print $12 + $13 }')))
-    done
-    echo "$t"
-}
-# A step-time run (system mesh steps log_every logfile); the CPU time of its second logging block
-# (every thread, in ms per step) into $cpu: the wall clock on a loaded machine is mostly the wait for
-# a core, the CPU time is not. Sampled when the block's line appears (polled every 0.2 s); empty
-# when a block was too short to be seen alone. Exit status: the run's.
-timed() {
-    run "$1" "$2" "$3" "$4" 42 0 1 "$5" &
-    bg=$!; c1=""; c2=""; cpu=""
-    while kill -0 "$bg" 2>/dev/null; do
-        n=$(grep -c 'train_loss .* ms/step' "$5" 2>/dev/null)
-        [ "$n" = 1 ] && [ -z "$c1" ] && c1=$(cpu_tree "$bg")
-        [ "$n" = 2 ] && [ -n "$c1" ] && [ -z "$c2" ] && c2=$(cpu_tree "$bg")
-        sleep 0.2
-    done
-    wait "$bg"; rc=$?
-    [ -n "$c2" ] && cpu=$(awk -v a="$c1" -v b="$c2" -v hz="$(getconf CLK_TCK)" -v k="$4" \
-        'BEGIN { printf "%.1f", (b - a) * 1000 / hz / k }')
-    return $rc
-}
 mesh_of() { if [ "$1" = dpar ]; then echo 2x2; else echo 1; fi; }
 
 if [ "${GPT_REPORT_ONLY:-0}" != 1 ]; then
     [ -x "$BUILD/train_gpt" ] || { log "$BUILD/train_gpt not built (make $BUILD/train_gpt)"; exit 1; }
     [ "${GPT_APPEND:-0}" = 1 ] || : > "$raw"
-    emit "load,start,$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null | tr ' ' '/')"
+    emit "load,start,$(loadavg)"
     k=${GPT_ROUND_FROM:-1}
     while [ "$k" -lt "$((${GPT_ROUND_FROM:-1} + ALTS))" ]; do
         for sys in dpar:1x1 $(echo "$peers" | cut -d' ' -f1) dpar:2x2 $(echo "$peers" | cut -s -d' ' -f2-); do
@@ -107,7 +76,9 @@ if [ "${GPT_REPORT_ONLY:-0}" != 1 ]; then
             lf="$raw.log" # beside the rows: two runs with their own rows never share it
             log "step time, round $k/$ALTS: $s $mesh, $TS steps (load $(load1))"
             l=$(load1)
-            if timed "$s" "$mesh" "$TS" "$LE" "$lf" && ms=$(block_ms "$lf") && [ -n "$ms" ]; then
+            # the CPU time of the second logging block
+            if timed 'train_loss .* ms/step' 1 2 "$LE" "$lf" run "$s" "$mesh" "$TS" "$LE" 42 0 1 &&
+                ms=$(block_ms "$lf") && [ -n "$ms" ]; then
                 emit "gptstep,$k,$s,$mesh,$ms,$l,$cpu"
             else
                 log "$s $mesh failed: $(tail -2 "$lf")"; emit "skip,gpt,$s $mesh step time failed"
@@ -116,17 +87,17 @@ if [ "${GPT_REPORT_ONLY:-0}" != 1 ]; then
         k=$((k + 1))
     done
     if [ "${GPT_QUALITY:-1}" = 1 ]; then
-        for seed in ${GPT_SEEDS:-42}; do
+        for seed in ${GPT_SEEDS:-42 43 44}; do
             for sys in dpar $peers; do
                 mesh=$(mesh_of "$sys")
                 lf="$out/gpt_${sys}_$seed.log"
                 log "validation loss: $sys $mesh, seed $seed, $STEPS steps (load $(load1); long: see $lf)"
-                run "$sys" "$mesh" "$STEPS" 50 "$seed" 250 20 "$lf"
+                run "$sys" "$mesh" "$STEPS" 50 "$seed" 250 20 > "$lf" 2>&1
                 val_row "$sys" "$mesh" "$seed" "$lf"
             done
         done
     fi
-    emit "load,end,$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null | tr ' ' '/')"
+    emit "load,end,$(loadavg)"
 else # the step rows kept, the validation rows again from the logs gpt_<system>_<seed>.log
     [ -f "$raw" ] && grep -v '^gptval,' "$raw" > "$raw.tmp"; mv -f "$raw.tmp" "$raw" 2>/dev/null || : > "$raw"
     for lf in "$out"/gpt_*_*.log; do
