@@ -15,9 +15,11 @@ from identical weights and see identical batches.
 
 n_layer 4, n_head 4, n_embd 128, context 64: 818,241 parameters.
 """
+import argparse
 import gzip
 import math
 import os
+import time
 
 import numpy as np
 
@@ -135,3 +137,45 @@ class Log:
     def step_ms(self):
         v = sorted(self.ms)
         return v[len(v) // 2] if v else float("nan")
+
+
+def parse_args(extra=()):
+    """The flags of train_gpt.c every peer takes (--steps --seed --log-every --eval-every --val-batches
+    --batch --lr), plus extra: (flag, type, default) triples."""
+    ap = argparse.ArgumentParser()
+    for flag, default in (("--steps", 1000), ("--seed", 42), ("--log-every", 50), ("--eval-every", 250),
+                          ("--val-batches", 20), ("--batch", 32)):
+        ap.add_argument(flag, type=int, default=default)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    for flag, kind, default in extra:
+        ap.add_argument(flag, type=kind, default=default)
+    return ap.parse_args()
+
+
+def train(a, rng, data, step, val_loss, peer, wait=None):
+    """train_gpt.c's loop, for every peer: a.steps steps of step(x, y, lr) -> the loss, a float or (with
+    wait) a handle that float() reads: then at most 2 steps are in flight (wait(handle) blocks on the older
+    one) and a logging block's losses are read at its end, so its time covers all its steps. Progress lines
+    every a.log_every steps, val_loss() every a.eval_every and at the end, then the final line."""
+    log, pending, vl = Log(a.log_every, time.perf_counter()), [], float("nan")
+    for s in range(a.steps):
+        x, y = train_batch(rng, data, a.batch)
+        lr = lr_at(s, a.steps, a.lr)
+        if wait is not None and len(pending) >= 2:
+            wait(pending[-2])
+        pending.append(step(x, y, lr))
+        done, last = s + 1, s + 1 == a.steps
+        if done % a.log_every == 0 or last:
+            losses = [float(v) for v in pending[:-1]]
+            lv = float(pending[-1])  # waits for the block's last step
+            now = time.perf_counter()
+            for v in losses:
+                log.sum, log.k = log.sum + v, log.k + 1
+            log.step(done, lv, lr, now, last)
+            pending = []
+        if (a.eval_every and done % a.eval_every == 0) or last:
+            vl = val_loss()
+            print("step %5d  val_loss %.6f  (%d batches)" % (done, vl, a.val_batches), flush=True)
+            log.reset(time.perf_counter())
+    print("final: peer=%s devices=1 model=gpt steps=%d train_loss=%.6f val_loss=%.6f step_ms=%.3f" %
+          (peer, a.steps, log.train_loss, vl, log.step_ms()), flush=True)

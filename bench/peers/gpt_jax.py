@@ -15,28 +15,22 @@ progress lines and closes with
     final: peer=jax devices=1 model=gpt steps=N train_loss=... val_loss=... step_ms=...
 (step_ms: the median over the logging blocks after the first, which holds the compilation).
 """
-import argparse
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    for flag, default in (("--steps", 1000), ("--seed", 42), ("--log-every", 50), ("--eval-every", 250),
-                          ("--val-batches", 20), ("--batch", 32)):
-        ap.add_argument(flag, type=int, default=default)
-    ap.add_argument("--lr", type=float, default=3e-3)
-    a = ap.parse_args()
+    import gpt_common as gc
+
+    a = gc.parse_args()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     import jax
     import jax.numpy as jnp
     import numpy as np
     import flax.linen as nn
     import optax
-    import gpt_common as gc
 
     C, H, T = gc.N_EMBD, gc.N_HEAD, gc.CTX
 
@@ -101,36 +95,19 @@ def main():
 
     jstep = jax.jit(step, donate_argnums=(0, 1))
     jloss = jax.jit(loss_fn)
-    ps, st = jax.device_put(params), jax.device_put(tx.init(params))
+    state = [jax.device_put(params), jax.device_put(tx.init(params))]  # (parameters, optimizer state)
     print("jax %s, 1 device: GPT %d layers, %d heads, %d embd, context %d: %d parameters; batch %d, %d steps" %
           (jax.__version__, gc.N_LAYER, H, C, T, nparam, a.batch, a.steps), flush=True)
 
+    def train_step(x, y, lr):  # lr: the schedule's, inside tx
+        state[0], state[1], loss = jstep(state[0], state[1], x, y)
+        return loss
+
     def val_loss():
-        return float(np.mean([float(jloss(ps, *gc.val_batch(data, k, a.val_batches, a.batch)))
+        return float(np.mean([float(jloss(state[0], *gc.val_batch(data, k, a.val_batches, a.batch)))
                               for k in range(a.val_batches)]))
 
-    log, pending, vl = gc.Log(a.log_every, time.perf_counter()), [], float("nan")
-    for s in range(a.steps):
-        x, y = gc.train_batch(rng, data, a.batch)
-        if len(pending) >= 2:
-            pending[-2].block_until_ready()  # at most 2 steps in flight
-        ps, st, loss = jstep(ps, st, x, y)
-        pending.append(loss)
-        done, last = s + 1, s + 1 == a.steps
-        if done % a.log_every == 0 or last:  # the block's losses, read at its end
-            losses = [float(v) for v in pending[:-1]]
-            lv = float(pending[-1])  # waits for the block's last step
-            now = time.perf_counter()
-            for v in losses:
-                log.sum, log.k = log.sum + v, log.k + 1
-            log.step(done, lv, gc.lr_at(s, a.steps, a.lr), now, last)
-            pending = []
-        if (a.eval_every and done % a.eval_every == 0) or last:
-            vl = val_loss()
-            print("step %5d  val_loss %.6f  (%d batches)" % (done, vl, a.val_batches), flush=True)
-            log.reset(time.perf_counter())
-    print("final: peer=jax devices=1 model=gpt steps=%d train_loss=%.6f val_loss=%.6f step_ms=%.3f" %
-          (a.steps, log.train_loss, vl, log.step_ms()), flush=True)
+    gc.train(a, rng, data, train_step, val_loss, "jax", wait=lambda loss: loss.block_until_ready())
 
 
 if __name__ == "__main__":

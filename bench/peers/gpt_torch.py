@@ -15,10 +15,8 @@ gpt_common.py (train_gpt.c's). Prints train_gpt.c's progress lines and closes wi
     final: peer=torch devices=1 model=gpt steps=N train_loss=... val_loss=... step_ms=...
 (step_ms: the median over the logging blocks after the first).
 """
-import argparse
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -81,17 +79,12 @@ def build(init, vocab):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    for flag, default in (("--steps", 1000), ("--seed", 42), ("--log-every", 50), ("--eval-every", 250),
-                          ("--val-batches", 20), ("--batch", 32)):
-        ap.add_argument(flag, type=int, default=default)
-    ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    a = ap.parse_args()
+    import gpt_common as gc
+
+    a = gc.parse_args([("--threads", int, os.cpu_count() or 1)])
     import numpy as np
     import torch
     import torch.nn.functional as F
-    import gpt_common as gc
 
     torch.set_num_threads(a.threads)
     rng, data, init = gc.prepare(a.seed)
@@ -116,10 +109,7 @@ def main():
             return float(np.mean([float(loss_of(*gc.val_batch(data, k, a.val_batches, a.batch)))
                                   for k in range(a.val_batches)]))
 
-    log, vl = gc.Log(a.log_every, time.perf_counter()), float("nan")
-    for s in range(a.steps):
-        x, y = gc.train_batch(rng, data, a.batch)
-        lr = gc.lr_at(s, a.steps, a.lr)
+    def train_step(x, y, lr):
         for g in opt.param_groups:
             g["lr"] = lr
         loss = loss_of(x, y)
@@ -127,14 +117,9 @@ def main():
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        done, last = s + 1, s + 1 == a.steps
-        log.step(done, loss.item(), lr, time.perf_counter(), last)
-        if (a.eval_every and done % a.eval_every == 0) or last:
-            vl = val_loss()
-            print("step %5d  val_loss %.6f  (%d batches)" % (done, vl, a.val_batches), flush=True)
-            log.reset(time.perf_counter())
-    print("final: peer=torch devices=1 model=gpt steps=%d train_loss=%.6f val_loss=%.6f step_ms=%.3f" %
-          (a.steps, log.train_loss, vl, log.step_ms()), flush=True)
+        return loss.item()
+
+    gc.train(a, rng, data, train_step, val_loss, "torch")
 
 
 if __name__ == "__main__":
