@@ -1003,7 +1003,11 @@ DPAR_API dpar_status dpar_conv2d_output_shape(const int64_t x_shape[4], const in
    (cross-correlation, as lax.conv_general_dilated with ('NHWC','HWIO','NHWC');
    out-of-image x reads as 0). All f32, f16 or bf16 (one dtype: see 16-bit storage
    above; CPU only for 16-bit), on one device; y must not alias x or w.
-   CPU: blocked im2col + the matrix product (scratch <= 2 MiB per call).
+   CPU: blocked im2col + the matrix product (scratch <= 2 MiB per call). CUDA:
+   im2col + cuBLAS sgemm over chunks of images (column matrix <= 64 MiB; a 1x1
+   stride-1 unpadded kernel multiplies x in place); the input gradient folds
+   the column gradient back with a gather, so results repeat bit for bit.
+   Vulkan: one shader invocation per output element.
    Errors: DPAR_ERR_SHAPE (naming the shapes and the expected y), DPAR_ERR_DTYPE
    (mixed dtypes, i32, or 16-bit on a backend without it), DPAR_ERR_INVALID_ARGUMENT
    (desc fields, aliasing). The pools and gradients below: dtypes and errors alike. */

@@ -254,9 +254,8 @@ typedef enum {
     DPAR__CUK_ATTN_BWD_Q,
     DPAR__CUK_ATTN_BWD_KV,
     /* >>conv-pool kernels (kernels/conv.cu) */
-    DPAR__CUK_CONV2D,
-    DPAR__CUK_CONV2D_DX,
-    DPAR__CUK_CONV2D_DW,
+    DPAR__CUK_IM2COL,
+    DPAR__CUK_COL2IM,
     DPAR__CUK_POOL2D,
     DPAR__CUK_POOL2D_BWD,
     /* kernels/optim.cu */
@@ -280,7 +279,7 @@ static const char *const dpar__cuk_names[DPAR__CUK_COUNT] = {
     "dpar_k_norm_fwd", "dpar_k_norm_bwd", "dpar_k_norm_wgrad", "dpar_k_attn_fwd", "dpar_k_attn_bwd_q",
     "dpar_k_attn_bwd_kv",
     /* >>conv-pool kernels */
-    "dpar_k_conv2d", "dpar_k_conv2d_dx", "dpar_k_conv2d_dw", "dpar_k_pool2d", "dpar_k_pool2d_bwd",
+    "dpar_k_im2col", "dpar_k_col2im", "dpar_k_pool2d", "dpar_k_pool2d_bwd",
     /* kernels/optim.cu */
     "dpar_k_adamw", "dpar_k_check_index", "dpar_k_count_rows", "dpar_k_xent_ignore_rows", "dpar_k_div_final",
     "dpar_k_embed", "dpar_k_embed_bwd", "dpar_k_dropout"
@@ -291,7 +290,8 @@ enum {
     DPAR__CU_BLOCK = 256,
     DPAR__CU_MAX_PARTIALS = 1024,
     DPAR__CU_NSCRATCH = 3,
-    DPAR__CU_RING = 32 /* NCCL collectives tracked per device for hang detection */
+    DPAR__CU_COL_BYTES = 64 << 20, /* conv2d's column matrix per chunk of images (scratch slot 1) */
+    DPAR__CU_RING = 32             /* NCCL collectives tracked per device for hang detection */
 };
 
 /* Same layout as dk_ptrs / dk_nd in kernels/dpar_kernels.cu. */
@@ -1312,7 +1312,7 @@ static dpar_status dpar__cu_op_fill(dpar__cu_state *st, int dev, const dpar__op 
    kernels/elementwise.cu; the geometry p[] travels as one by-value struct. */
 typedef struct {
     int64_t p[16];
-} dpar__cu_geo; /* same layout as dke_geo */
+} dpar__cu_geo; /* same layout as dke_geo (elementwise.cu) and dkc_win (conv.cu) */
 static dpar_status dpar__cu_op_elem(dpar__cu_state *st, int dev, const dpar__op *op) {
     dpar__CUstream s = st->dev[dev].compute;
     dpar__CUdeviceptr y = DPAR__CU_PTR(op->dst);
@@ -1438,34 +1438,92 @@ static dpar_status dpar__cu_op_attn(dpar__cu_state *st, int dev, const dpar__op 
 }
 
 /* >>cuda conv-pool ============================================================
-   conv2d and the 2-D pools (kernels/conv.cu): one thread per output element,
-   each a gather (deterministic, as the Vulkan shaders); the dpar__win2d
-   geometry travels as one by-value struct (dpar__cu_geo, dkc_win's layout). */
-static dpar_status dpar__cu_op_conv_pool(dpar__cu_state *st, int dev, const dpar__op *op) {
+   conv2d and its gradients as cuBLAS GEMMs over the column matrix (im2col,
+   kernels/conv.cu), images in chunks whose column matrix fits
+   DPAR__CU_COL_BYTES; a 1x1 kernel with stride 1 and no padding uses the
+   image itself. The input gradient folds the column gradient back with a
+   gather (col2im, no atomics). The pools: one thread per output element, each
+   a gather (deterministic, as the Vulkan shaders). The dpar__win2d geometry
+   travels as one by-value struct (dpar__cu_geo, dkc_win's layout). */
+/* Row-major C[M,N] = op(A) op(B) (+ beta C) on device pointers: column-major C^T = op(B)^T op(A)^T (A [M,K] or
+   [K,M] when ta, B [K,N] or [N,K] when tb). */
+static dpar_status dpar__cu_sgemm_rm(dpar__cu_state *st, int dev, int ta, int tb, int64_t M, int64_t N, int64_t K,
+                                     dpar__CUdeviceptr A, dpar__CUdeviceptr B, float beta, dpar__CUdeviceptr C) {
+    float alpha = 1.0f;
+    int r = dpar__cu.cublasSgemm(st->dev[dev].blas, tb ? DPAR__CUBLAS_OP_T : DPAR__CUBLAS_OP_N,
+                                 ta ? DPAR__CUBLAS_OP_T : DPAR__CUBLAS_OP_N, (int)N, (int)M, (int)K, &alpha,
+                                 (const float *)(uintptr_t)B, (int)(tb ? K : N), (const float *)(uintptr_t)A,
+                                 (int)(ta ? M : K), &beta, (float *)(uintptr_t)C, (int)N);
+    return r ? dpar__blas_fail(dev, "cublasSgemm (conv2d)", r) : DPAR_OK;
+}
+
+/* conv2d (y = x * w + b), its input gradient (dx from dy, w) or kernel gradient (dw from dy, x). */
+static dpar_status dpar__cu_op_conv(dpar__cu_state *st, int dev, const dpar__op *op) {
+    dpar__CUstream s = st->dev[dev].compute;
+    dpar__win2d w = dpar__win2d_get(op);
+    dpar__cu_geo g;
+    memcpy(g.p, op->p, sizeof g.p);
+    dpar__CUdeviceptr out = DPAR__CU_PTR(op->dst), a = DPAR__CU_PTR(op->src0), b = DPAR__CU_PTR(op->src1), col = 0;
+    int64_t kc = w.kh * w.kw * w.c, pix = w.oh * w.ow, img = w.h * w.w * w.c;
+    int fwd = op->kind == DPAR__OP_CONV2D, dx = op->kind == DPAR__OP_CONV2D_BWD_INPUT;
+    int direct =
+        w.kh == 1 && w.kw == 1 && w.sh == 1 && w.sw == 1 && w.pt == 0 && w.pl == 0 && w.oh == w.h && w.ow == w.w;
+    dpar_status e = DPAR_OK;
+    if (op->dst->count == 0) return DPAR_OK;
+    if (kc > 0x7fffffff || w.o > 0x7fffffff)
+        return dpar__err(DPAR_ERR_SHAPE, "cuda: conv2d: kh*kw*c %lld or %lld output channels above 2^31-1",
+                         (long long)kc, (long long)w.o);
+    if (w.n == 0 || pix == 0 || kc == 0 || w.o == 0) { /* no products: zeros (plus the bias below) */
+        DPAR__CU_TRY(dev, "cuMemsetD8Async", dpar__cu.cuMemsetD8Async(out, 0, op->dst->nbytes, s));
+        kc = 0;
+    }
+    int64_t per = kc ? DPAR__CU_COL_BYTES / (pix * kc * 4) : 1;
+    if (per < 1) per = 1;
+    if (per > w.n) per = w.n;
+    if (kc && per > 0x7fffffff / pix) per = 0x7fffffff / pix;
+    if (kc && !direct) e = dpar__cu_scratch(st, dev, 1, (size_t)(per * pix * kc * 4), &col);
+    for (int64_t n0 = 0; kc && !e && n0 < w.n; n0 += per) {
+        int64_t nb = w.n - n0 < per ? w.n - n0 : per, rows = nb * pix, cnt = rows * kc, tot = nb * img;
+        dpar__CUdeviceptr dyc = (fwd ? out : a) + (dpar__CUdeviceptr)(n0 * pix * w.o * 4);
+        dpar__CUdeviceptr xc = (fwd ? a : dx ? out : b) + (dpar__CUdeviceptr)(n0 * img * 4), cm = direct ? xc : col;
+        void *im[] = { &col, fwd ? &a : &b, &g, &n0, &cnt };
+        void *ci[] = { &out, &col, &g, &n0, &tot };
+        if (dx) { /* dcol[rows, kc] = dy w^T, folded back into dx */
+            e = dpar__cu_sgemm_rm(st, dev, 0, 1, rows, kc, w.o, dyc, b, 0.0f, cm);
+            if (!e && !direct)
+                e = dpar__cu_launch(st, dev, DPAR__CUK_COL2IM, dpar__cu_grid(tot, 1, 8192), DPAR__CU_BLOCK, s, ci);
+            continue;
+        }
+        if (!direct) e = dpar__cu_launch(st, dev, DPAR__CUK_IM2COL, dpar__cu_grid(cnt, 1, 8192), DPAR__CU_BLOCK, s, im);
+        if (!e && fwd) /* y[rows, o] = col w */
+            e = dpar__cu_sgemm_rm(st, dev, 0, 0, rows, w.o, kc, cm, b, 0.0f, dyc);
+        else if (!e) /* dw[kc, o] (+)= col^T dy */
+            e = dpar__cu_sgemm_rm(st, dev, 1, 0, kc, w.o, rows, cm, dyc, n0 ? 1.0f : 0.0f, out);
+    }
+    if (!e && fwd && op->src2) {
+        dpar__CUdeviceptr bias = DPAR__CU_PTR(op->src2);
+        int64_t m = w.n * pix, n = w.o;
+        void *args[] = { &out, &bias, &m, &n };
+        e = dpar__cu_launch(st, dev, DPAR__CUK_BIAS_ADD, dpar__cu_grid(m * n, 4, 8192), DPAR__CU_BLOCK, s, args);
+    }
+    return e;
+}
+
+static dpar_status dpar__cu_op_pool(dpar__cu_state *st, int dev, const dpar__op *op) {
     dpar__CUstream s = st->dev[dev].compute;
     dpar__CUdeviceptr y = DPAR__CU_PTR(op->dst), a = DPAR__CU_PTR(op->src0);
-    dpar__CUdeviceptr b = op->src1 ? DPAR__CU_PTR(op->src1) : 0, bias = op->src2 ? DPAR__CU_PTR(op->src2) : 0;
+    dpar__CUdeviceptr b = op->src1 ? DPAR__CU_PTR(op->src1) : 0;
     dpar__cu_geo g;
     int64_t total = op->dst->count;
     int is_max = op->kind == DPAR__OP_MAX_POOL || op->kind == DPAR__OP_MAX_POOL_BWD;
+    int fwd = op->kind == DPAR__OP_AVG_POOL || op->kind == DPAR__OP_MAX_POOL;
     memcpy(g.p, op->p, sizeof g.p);
-    void *a_conv[] = { &y, &a, &b, &bias, &g, &total };
-    void *a_grad[] = { &y, &a, &b, &g, &total };
+    if (op->kind == DPAR__OP_AVG_POOL_BWD) b = a; /* x is unused by avg: any valid pointer */
     void *a_pool[] = { &y, &a, &g, &is_max, &total };
     void *a_pool_bwd[] = { &y, &a, &b, &g, &is_max, &total };
-    void **args = a_grad;
-    dpar__cuk k;
-    switch (op->kind) {
-    case DPAR__OP_CONV2D: k = DPAR__CUK_CONV2D, args = a_conv; break;
-    case DPAR__OP_CONV2D_BWD_INPUT: k = DPAR__CUK_CONV2D_DX; break;
-    case DPAR__OP_CONV2D_BWD_KERNEL: k = DPAR__CUK_CONV2D_DW; break;
-    case DPAR__OP_AVG_POOL:
-    case DPAR__OP_MAX_POOL: k = DPAR__CUK_POOL2D, args = a_pool; break;
-    default: k = DPAR__CUK_POOL2D_BWD, args = a_pool_bwd; break; /* the pools' backward */
-    }
-    if (op->kind == DPAR__OP_AVG_POOL_BWD) b = a; /* x is unused by avg: any valid pointer */
     if (total == 0) return DPAR_OK;
-    return dpar__cu_launch(st, dev, k, dpar__cu_grid(total, 1, 8192), DPAR__CU_BLOCK, s, args);
+    return dpar__cu_launch(st, dev, fwd ? DPAR__CUK_POOL2D : DPAR__CUK_POOL2D_BWD, dpar__cu_grid(total, 1, 8192),
+                           DPAR__CU_BLOCK, s, fwd ? a_pool : a_pool_bwd);
 }
 
 /* >>cuda optim ===============================================================
@@ -1727,11 +1785,11 @@ static dpar_status dpar__cu_op(void *state, int dev, const dpar__op *op) {
     /* >>conv-pool kinds */
     case DPAR__OP_CONV2D:
     case DPAR__OP_CONV2D_BWD_INPUT:
-    case DPAR__OP_CONV2D_BWD_KERNEL:
+    case DPAR__OP_CONV2D_BWD_KERNEL: return dpar__cu_op_conv(st, dev, op);
     case DPAR__OP_AVG_POOL:
     case DPAR__OP_AVG_POOL_BWD:
     case DPAR__OP_MAX_POOL:
-    case DPAR__OP_MAX_POOL_BWD: return dpar__cu_op_conv_pool(st, dev, op);
+    case DPAR__OP_MAX_POOL_BWD: return dpar__cu_op_pool(st, dev, op);
     default:
         return dpar__err(DPAR_ERR_BACKEND,
                          "cuda: op %s (kind %d) is not implemented on this backend; use the cpu backend",

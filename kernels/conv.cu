@@ -2,9 +2,11 @@
 
    Same conventions as dpar_kernels.cu (extern "C" dpar_k_* entry points,
    arguments in the order the host passes them, grid-stride loops over
-   64-bit counts) and the same algorithms as shaders/conv2d*.comp and
-   pool2d*.comp: one thread per output element, each a gather (no atomics),
-   so results repeat bit for bit; the pools add in the CPU backend's order.
+   64-bit counts). conv2d and its gradients are GEMMs in cuBLAS over a column
+   matrix (im2col, as the CPU backend); the kernels here make the column
+   matrix and fold its gradient back into the image. The pools follow
+   shaders/pool2d*.comp: one thread per output element, each a gather (no
+   atomics), so results repeat bit for bit, adding in the CPU backend's order.
    The geometry is dpar__win2d of dpar.h passed by value (dkc_win). */
 #include <math.h>
 #include <stdint.h>
@@ -18,29 +20,27 @@ typedef struct {
 
 extern "C" {
 
-/* y[n,i,j,o] = b[o] + sum_{p,q,c} x[n, i*sh - pt + p*dh, j*sw - pl + q*dw, c] w[p,q,c,o]; b may be 0 */
-__global__ void dpar_k_conv2d(float *y, const float *x, const float *w, const float *b, dkc_win g, int64_t total) {
+/* The column matrix of images [n0, n0 + rows / (oh*ow)): col[r, (p*kw + q)*c + ci] =
+   x[n0 + r / (oh*ow), i*sh - pt + p*dh, j*sw - pl + q*dw, ci] with r = (nb*oh + i)*ow + j, 0 outside the
+   image; total = rows * kh*kw*c. conv2d is then one GEMM with the HWIO kernel as a [kh*kw*c, o] matrix. */
+__global__ void dpar_k_im2col(float *col, const float *x, dkc_win g, int64_t n0, int64_t total) {
+    int64_t kc = g.kh * g.kw * g.c;
     for (int64_t e = DKC_TID; e < total; e += DKC_STRIDE) {
-        int64_t o = e % g.o, r = e / g.o, j = r % g.ow, i = (r / g.ow) % g.oh, nb = r / (g.ow * g.oh);
-        float acc = b ? b[o] : 0.0f;
-        for (int64_t p = 0; p < g.kh; p++) {
-            int64_t ih = i * g.sh - g.pt + p * g.dh;
-            if (ih < 0 || ih >= g.h) continue;
-            for (int64_t q = 0; q < g.kw; q++) {
-                int64_t iw = j * g.sw - g.pl + q * g.dw;
-                if (iw < 0 || iw >= g.w) continue;
-                const float *xp = x + ((nb * g.h + ih) * g.w + iw) * g.c, *wp = w + (p * g.kw + q) * g.c * g.o + o;
-                for (int64_t c = 0; c < g.c; c++) acc += xp[c] * wp[c * g.o];
-            }
-        }
-        y[e] = acc;
+        int64_t ci = e % g.c, t = e / g.c, q = t % g.kw, p = (t / g.kw) % g.kh, r = e / kc;
+        int64_t j = r % g.ow, i = (r / g.ow) % g.oh, nb = n0 + r / (g.ow * g.oh);
+        int64_t ih = i * g.sh - g.pt + p * g.dh, iw = j * g.sw - g.pl + q * g.dw;
+        col[e] = ih >= 0 && ih < g.h && iw >= 0 && iw < g.w ? x[((nb * g.h + ih) * g.w + iw) * g.c + ci] : 0.0f;
     }
 }
 
-/* dx[n,ih,iw,c] = sum over the taps and outputs that read it of dy[n,i,j,:] . w[p,q,c,:] */
-__global__ void dpar_k_conv2d_dx(float *dx, const float *dy, const float *w, dkc_win g, int64_t total) {
+/* The input gradient of images [n0, n0 + total / (h*w*c)) from the column gradient dcol (the layout of
+   dpar_k_im2col): dx[n0 + nb, ih, iw, ci] = the sum over the taps (p, q) whose output (i, j) reads that
+   pixel of dcol[(nb*oh + i)*ow + j, (p*kw + q)*c + ci]. A gather in tap order (no atomics): results repeat
+   bit for bit. */
+__global__ void dpar_k_col2im(float *dx, const float *dcol, dkc_win g, int64_t n0, int64_t total) {
+    int64_t kc = g.kh * g.kw * g.c;
     for (int64_t e = DKC_TID; e < total; e += DKC_STRIDE) {
-        int64_t c = e % g.c, r = e / g.c, iw = r % g.w, ih = (r / g.w) % g.h, nb = r / (g.w * g.h);
+        int64_t ci = e % g.c, r = e / g.c, iw = r % g.w, ih = (r / g.w) % g.h, nb = r / (g.w * g.h);
         float acc = 0.0f;
         for (int64_t p = 0; p < g.kh; p++) {
             int64_t ti = ih + g.pt - p * g.dh;
@@ -48,31 +48,10 @@ __global__ void dpar_k_conv2d_dx(float *dx, const float *dy, const float *w, dkc
             for (int64_t q = 0; q < g.kw; q++) {
                 int64_t tj = iw + g.pl - q * g.dw;
                 if (tj < 0 || tj % g.sw != 0 || tj / g.sw >= g.ow) continue;
-                const float *gp = dy + ((nb * g.oh + ti / g.sh) * g.ow + tj / g.sw) * g.o;
-                const float *wp = w + ((p * g.kw + q) * g.c + c) * g.o;
-                for (int64_t o = 0; o < g.o; o++) acc += gp[o] * wp[o];
+                acc += dcol[((nb * g.oh + ti / g.sh) * g.ow + tj / g.sw) * kc + (p * g.kw + q) * g.c + ci];
             }
         }
-        dx[e] = acc;
-    }
-}
-
-/* dw[p,q,c,o] = sum_{n,i,j} x[n, i*sh - pt + p*dh, j*sw - pl + q*dw, c] dy[n,i,j,o] */
-__global__ void dpar_k_conv2d_dw(float *dw, const float *dy, const float *x, dkc_win g, int64_t total) {
-    for (int64_t e = DKC_TID; e < total; e += DKC_STRIDE) {
-        int64_t o = e % g.o, r = e / g.o, c = r % g.c, q = (r / g.c) % g.kw, p = r / (g.c * g.kw);
-        float acc = 0.0f;
-        for (int64_t nb = 0; nb < g.n; nb++)
-            for (int64_t i = 0; i < g.oh; i++) {
-                int64_t ih = i * g.sh - g.pt + p * g.dh;
-                if (ih < 0 || ih >= g.h) continue;
-                for (int64_t j = 0; j < g.ow; j++) {
-                    int64_t iw = j * g.sw - g.pl + q * g.dw;
-                    if (iw < 0 || iw >= g.w) continue;
-                    acc += x[((nb * g.h + ih) * g.w + iw) * g.c + c] * dy[((nb * g.oh + i) * g.ow + j) * g.o + o];
-                }
-            }
-        dw[e] = acc;
+        dx[n0 * g.h * g.w * g.c + e] = acc;
     }
 }
 
