@@ -2,6 +2,7 @@
 # `make bench`: dpar against the limits of this machine and against its peers,
 # measured in one run. Writes bench/results/{collectives.csv,matmul.csv,
 # train.csv,results.md,*.png}, the GPT's gpt.md / gpt.csv (bench/peers/run_gpt.sh;
+# not in a quick run), conv2d against PyTorch in conv.md (bench/peers/run_conv.sh;
 # not in a quick run) and ends with one line "summary: ...".
 #   sh bench/run.sh BUILD_DIR
 #   BENCH_QUICK=1   a quick run (under a minute: fewer sizes, shapes and device counts)
@@ -157,6 +158,13 @@ else
     log "GPT: step time interleaved with JAX and PyTorch ($ALTS rounds), then 1,000 steps of each (long)"
     GPT_NO_PEERS=${BENCH_NO_JAX:-0} GPT_ALTS=$ALTS GPT_RAW="$raw" sh bench/peers/run_gpt.sh "$BUILD" ||
         log "run_gpt.sh failed"
+fi
+
+# ---- conv2d at the CNN's per-device shapes against PyTorch, 1 and 2 threads, interleaved
+# (bench/peers/run_conv.sh: bench/results/conv.md, conv_raw.csv; not in a quick run)
+if [ "$quick" != 1 ] && [ "${BENCH_NO_JAX:-0}" != 1 ]; then
+    settle; log "conv2d: dpar against PyTorch at the CNN's shapes, 1 and 2 threads ($ALTS rounds)"
+    CONV_ALTS=$ALTS sh bench/peers/run_conv.sh "$BUILD" >/dev/null || log "run_conv.sh failed"
 fi
 
 # ---- report: tables, CSV, plots, summary
