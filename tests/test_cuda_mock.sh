@@ -121,6 +121,16 @@ if [ -x "$BUILD/test_conv" ]; then
     fi
 fi
 
+# CUDA has no f64: buffers and arrays are refused naming the backend (tests/test_f64.c)
+if [ -x "$BUILD/test_f64" ]; then
+    if LD_LIBRARY_PATH="$MOCK" MOCK_CUDA_GPUS=1 MOCK_CUDA_REPORT=1 DPAR_REQUIRE_BACKENDS=cuda \
+            "$BUILD/test_f64" >"$log" 2>&1 && grep -q '^\[       OK \] test_cuda_refuses_f64' "$log"; then
+        echo "PASS cuda_mock_f64_refused (f64 buffers and arrays on CUDA: DPAR_ERR_DTYPE naming cuda)"
+    else
+        cat "$log"; echo "FAIL cuda_mock_f64_refused: test_f64 against the mock driver"
+    fi
+fi
+
 # a hung NCCL collective must become an error (timeout / asynchronous error), never a hang
 CC=${CC:-cc}
 SANFLAGS=

@@ -1,0 +1,606 @@
+/* f64 on the CPU backend (issue 13): every op of the f64 table in dpar.h
+   (>>f64 api) against a double reference computed here, to 1e-12 relative
+   (bit for bit where the op is one rounding); cases where f32 visibly loses
+   and f64 does not; gradients (norms) against central finite differences in
+   double; mixed dtypes and ops without an f64 kernel refused with
+   DPAR_ERR_DTYPE; Vulkan and CUDA refusing f64 buffers, naming the backend. */
+#include "testutil.h"
+
+T_CPU_FIXTURE(1)
+
+static dpar_buffer *mkd(int ndim, const int64_t *shape, const double *data) {
+    return t_buf(RT, 0, DPAR_F64, ndim, shape, data);
+}
+static dpar_buffer *mkd1(int64_t n, const double *data) {
+    return mkd(1, &n, data);
+}
+static double rd1(const dpar_buffer *b) {
+    double v;
+    t_read(b, &v);
+    return v;
+}
+/* deterministic values in [-2, 2) (a 64-bit LCG; no two tests share a stream) */
+static double rnd(uint64_t *s) {
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return (double)(*s >> 11) / 9007199254740992.0 * 4.0 - 2.0;
+}
+static double *rnd_n(int64_t n, uint64_t seed) {
+    double *v = malloc((size_t)(n + 1) * sizeof(double));
+    for (int64_t i = 0; i < n; i++) v[i] = rnd(&seed);
+    return v;
+}
+/* |got - want| <= tol (|want| + floor); floor: the size of the terms that cancelled */
+static void near(const char *what, int64_t i, double got, double want, double tol, double floor_) {
+    if (!(fabs(got - want) <= tol * (fabs(want) + floor_)))
+        fail_msg("%s[%lld] = %.17g, want %.17g (rel tol %g)", what, (long long)i, got, want, tol);
+}
+
+/* ---- fill / copy / axpy / scale / casts: one rounding each, so exact ---- */
+static void test_fill_copy_axpy_scale(void **st) {
+    (void)st;
+    double x[5] = { 1.0 / 3.0, -2.5, 1e300, 4.9e-324, -0.0 }, y[5] = { 0.1, 0.2, 0.3, 0.4, 0.5 }, r[5];
+    dpar_buffer *bx = mkd1(5, x), *by = mkd1(5, y), *bz = mkd1(5, NULL);
+    T_OK(dpar_fill(bz, 0.1f));
+    t_read(bz, r);
+    for (int i = 0; i < 5; i++) assert_true(r[i] == (double)0.1f);
+    T_OK(dpar_copy(bz, bx));
+    t_read(bz, r);
+    assert_memory_equal(r, x, sizeof x);
+    T_OK(dpar_axpy(by, 0.5f, bx)); /* y += 0.5 x: one rounding of the double result */
+    t_read(by, r);
+    for (int i = 0; i < 5; i++) assert_true(r[i] == y[i] + 0.5 * x[i]);
+    T_OK(dpar_scale(by, -3.0f));
+    t_read(by, r);
+    for (int i = 0; i < 5; i++) assert_true(r[i] == (y[i] + 0.5 * x[i]) * -3.0);
+    dpar_buffer_destroy(bx);
+    dpar_buffer_destroy(by);
+    dpar_buffer_destroy(bz);
+}
+static void test_casts(void **st) {
+    (void)st;
+    double x[6] = { 1.0 / 3.0, -2.75, 1e300, 3e9, -3e9, NAN }, r[6];
+    float f[6];
+    int32_t k[6];
+    uint16_t h[6];
+    int64_t n = 6;
+    dpar_buffer *bx = mkd1(6, x), *bf = t_buf(RT, 0, DPAR_F32, 1, &n, NULL), *bi = t_buf(RT, 0, DPAR_I32, 1, &n, NULL);
+    dpar_buffer *bh = t_buf(RT, 0, DPAR_BF16, 1, &n, NULL), *bd = mkd1(6, NULL);
+    T_OK(dpar_cast(bf, bx));
+    t_read(bf, f);
+    for (int i = 0; i < 5; i++) assert_true(f[i] == (float)x[i]); /* round to nearest; 1e300 -> inf */
+    assert_true(isinf(f[2]) && f[5] != f[5]);
+    T_OK(dpar_cast(bi, bx));
+    t_read(bi, k);
+    int32_t want_k[6] = { 0, -2, INT32_MAX, INT32_MAX, INT32_MIN, 0 }; /* truncation, saturating, NaN -> 0 */
+    assert_memory_equal(k, want_k, sizeof k);
+    T_OK(dpar_cast(bh, bx));
+    t_read(bh, h);
+    for (int i = 0; i < 5; i++) assert_int_equal(h[i], dpar_f32_to_bf16((float)x[i]));
+    T_OK(dpar_cast(bd, bf)); /* f32 -> f64 is exact */
+    t_read(bd, r);
+    for (int i = 0; i < 5; i++) assert_true(r[i] == (double)f[i]);
+    T_OK(dpar_cast(bd, bi));
+    t_read(bd, r);
+    for (int i = 0; i < 6; i++) assert_true(r[i] == (double)want_k[i]);
+    assert_int_equal(dpar_dtype_size(DPAR_F64), 8);
+    assert_string_equal(dpar_dtype_name(DPAR_F64), "f64");
+    dpar_buffer_destroy(bx);
+    dpar_buffer_destroy(bf);
+    dpar_buffer_destroy(bi);
+    dpar_buffer_destroy(bh);
+    dpar_buffer_destroy(bd);
+}
+
+/* ---- where f32 visibly loses and f64 does not ---- */
+static void test_f64_keeps_what_f32_loses(void **st) {
+    (void)st;
+    enum { N = 1002 };
+    double *x = malloc(N * sizeof(double));
+    float *xf = malloc(N * sizeof(float));
+    x[0] = 1e8; /* then 1001 ones: the exact sum 100001001 is not an f32 (its neighbours are 8 apart) */
+    for (int i = 1; i < N; i++) x[i] = 1.0;
+    for (int i = 0; i < N; i++) xf[i] = (float)x[i];
+    int64_t n = N, one = 1;
+    dpar_buffer *bx = mkd1(N, x), *bs = mkd1(1, NULL), *bxf = t_buf(RT, 0, DPAR_F32, 1, &n, xf);
+    dpar_buffer *bsf = t_buf(RT, 0, DPAR_F32, 1, &one, NULL);
+    T_OK(dpar_sum(bs, bx));
+    T_OK(dpar_sum(bsf, bxf));
+    float sf;
+    t_read(bsf, &sf);
+    assert_true(rd1(bs) == 100001001.0);
+    assert_true((double)sf != 100001001.0);
+    /* a near-cancelling difference: (1 + 2^-40) - 1 */
+    double a = 1.0 + ldexp(1.0, -40), b = 1.0, d;
+    float af = (float)a, bf = (float)b, df;
+    dpar_buffer *ba = mkd1(1, &a), *bb = mkd1(1, &b), *bd = mkd1(1, NULL);
+    dpar_buffer *baf = t_buf(RT, 0, DPAR_F32, 1, &one, &af), *bbf = t_buf(RT, 0, DPAR_F32, 1, &one, &bf);
+    T_OK(dpar_binary(bd, ba, bb, DPAR_BINARY_SUB));
+    T_OK(dpar_binary(bsf, baf, bbf, DPAR_BINARY_SUB));
+    t_read(bd, &d);
+    t_read(bsf, &df);
+    assert_true(d == ldexp(1.0, -40));
+    assert_true(df == 0.0f);
+    dpar_buffer *bufs[] = { bx, bs, bxf, bsf, ba, bb, bd, baf, bbf };
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dpar_buffer_destroy(bufs[i]);
+    free(x);
+    free(xf);
+}
+
+/* ---- unary ops and their derivatives, against formulas written here ---- */
+static double ref_unary(int u, double x, double s, int deriv) {
+    double sg = 1.0 / (1.0 + exp(-x)), k = sqrt(2.0 / M_PI), in = k * (x + 0.044715 * x * x * x);
+    double t = tanh(in);
+    switch (u) {
+    case DPAR_UNARY_NEG: return deriv ? -1.0 : -x;
+    case DPAR_UNARY_EXP: return exp(x);
+    case DPAR_UNARY_LOG: return deriv ? 1.0 / x : log(x);
+    case DPAR_UNARY_SQRT: return deriv ? 0.5 / sqrt(x) : sqrt(x);
+    case DPAR_UNARY_RSQRT: return deriv ? -0.5 * pow(x, -1.5) : 1.0 / sqrt(x);
+    case DPAR_UNARY_TANH: return deriv ? 1.0 / (cosh(x) * cosh(x)) : tanh(x);
+    case DPAR_UNARY_SIGMOID: return deriv ? sg * (1.0 - sg) : sg;
+    case DPAR_UNARY_GELU_TANH:
+        return deriv ? 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3.0 * 0.044715 * x * x)
+                     : 0.5 * x * (1.0 + t);
+    case DPAR_UNARY_GELU_ERF:
+        return deriv ? 0.5 * (1.0 + erf(x / sqrt(2.0))) + x * exp(-x * x / 2.0) / sqrt(2.0 * M_PI)
+                     : 0.5 * x * (1.0 + erf(x / sqrt(2.0)));
+    case DPAR_UNARY_SILU: return deriv ? sg + x * sg * (1.0 - sg) : x * sg;
+    case DPAR_UNARY_SQUARE: return deriv ? 2.0 * x : x * x;
+    case DPAR_UNARY_ADD_SCALAR: return deriv ? 1.0 : x + s;
+    case DPAR_UNARY_MUL_SCALAR: return deriv ? s : x * s;
+    case DPAR_UNARY_RSUB_SCALAR: return deriv ? -1.0 : s - x;
+    case DPAR_UNARY_DIV_SCALAR: return deriv ? 1.0 / s : x / s;
+    case DPAR_UNARY_RDIV_SCALAR: return deriv ? -s / (x * x) : s / x;
+    case DPAR_UNARY_POW_SCALAR: return deriv ? s * pow(x, s - 1.0) : pow(x, s);
+    default: return NAN;
+    }
+}
+static void test_unary(void **st) {
+    (void)st;
+    enum { N = 37 };
+    double *x = rnd_n(N, 11), *g = rnd_n(N, 12), y[N], dx[N];
+    for (int i = 0; i < N; i++) x[i] = fabs(x[i]) + 0.05; /* log, sqrt, rsqrt, pow need x > 0 */
+    dpar_buffer *bx = mkd1(N, x), *bg = mkd1(N, g), *by = mkd1(N, NULL);
+    const float s = 1.75f;
+    for (int u = 0; u < DPAR_UNARY_COUNT; u++) {
+        char what[64];
+        T_OK(dpar_unary(by, bx, (dpar_unary_op)u, s));
+        t_read(by, y);
+        snprintf(what, sizeof what, "unary %d", u);
+        for (int i = 0; i < N; i++) near(what, i, y[i], ref_unary(u, x[i], (double)s, 0), 1e-12, 1e-300);
+        T_OK(dpar_unary_backward(by, bg, bx, (dpar_unary_op)u, s));
+        t_read(by, dx);
+        snprintf(what, sizeof what, "unary_backward %d", u);
+        for (int i = 0; i < N; i++) near(what, i, dx[i], g[i] * ref_unary(u, x[i], (double)s, 1), 1e-12, 1e-300);
+    }
+    dpar_buffer_destroy(bx);
+    dpar_buffer_destroy(bg);
+    dpar_buffer_destroy(by);
+    free(x);
+    free(g);
+}
+
+/* ---- binary ops with broadcasting and their backward ---- */
+static void test_binary_broadcast(void **st) {
+    (void)st;
+    int64_t ys[3] = { 2, 3, 4 }, as[3] = { 2, 1, 4 }, bs[2] = { 3, 1 };
+    double *a = rnd_n(8, 21), *b = rnd_n(3, 22), *dy = rnd_n(24, 23), y[24], da[8], db[3];
+    for (int i = 0; i < 3; i++) b[i] += b[i] < 0 ? -0.5 : 0.5; /* no division by ~0 */
+    dpar_buffer *ba = mkd(3, as, a), *bb = mkd(2, bs, b), *by = mkd(3, ys, NULL), *bdy = mkd(3, ys, dy);
+    dpar_buffer *bda = mkd(3, as, NULL), *bdb = mkd(2, bs, NULL);
+    for (int op = 0; op < DPAR_BINARY_COUNT; op++) {
+        T_OK(dpar_binary(by, ba, bb, (dpar_binary_op)op));
+        t_read(by, y);
+        T_OK(dpar_binary_backward(bda, bdb, bdy, ba, bb, (dpar_binary_op)op));
+        t_read(bda, da);
+        t_read(bdb, db);
+        double wa[8] = { 0 }, wb[3] = { 0 }, sa[8] = { 0 }, sb[3] = { 0 };
+        for (int i = 0; i < 2; i++)
+            for (int j = 0; j < 3; j++)
+                for (int k = 0; k < 4; k++) {
+                    double va = a[i * 4 + k], vb = b[j], g = dy[(i * 3 + j) * 4 + k];
+                    double w = op == 0 ? va + vb : op == 1 ? va - vb : op == 2 ? va * vb : va / vb;
+                    double ga = op < 2 ? g : op == 2 ? g * vb : g / vb;
+                    double gb = op == 0 ? g : op == 1 ? -g : op == 2 ? g * va : -g * va / (vb * vb);
+                    if (y[(i * 3 + j) * 4 + k] != w) fail_msg("binary %d: y[%d,%d,%d] differs", op, i, j, k);
+                    wa[i * 4 + k] += ga, sa[i * 4 + k] += fabs(ga);
+                    wb[j] += gb, sb[j] += fabs(gb);
+                }
+        for (int i = 0; i < 8; i++) near("binary_backward da", i, da[i], wa[i], 1e-12, sa[i]);
+        for (int i = 0; i < 3; i++) near("binary_backward db", i, db[i], wb[i], 1e-12, sb[i]);
+    }
+    dpar_buffer *bufs[] = { ba, bb, by, bdy, bda, bdb };
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dpar_buffer_destroy(bufs[i]);
+    free(a);
+    free(b);
+    free(dy);
+}
+
+/* ---- reductions along axes, their backward, sum / sum of squares ---- */
+static void test_reductions(void **st) {
+    (void)st;
+    int64_t xs[3] = { 3, 5, 4 }, ys[2] = { 3, 4 }, one = 1;
+    double *x = rnd_n(60, 31), *dy = rnd_n(12, 32), y[12], dx[60];
+    x[1 * 20 + 2 * 4 + 3] = x[1 * 20 + 4 * 4 + 3] = 9.0; /* a tie: argmax and max's gradient take the first */
+    dpar_buffer *bx = mkd(3, xs, x), *by = mkd(2, ys, NULL), *bdy = mkd(2, ys, dy), *bdx = mkd(3, xs, NULL);
+    dpar_buffer *bi = t_buf(RT, 0, DPAR_I32, 2, ys, NULL), *bs = mkd1(1, NULL);
+    int axis = 1;
+    for (int kind = 0; kind < DPAR_REDUCE_KIND_COUNT; kind++) {
+        dpar_buffer *out = kind == DPAR_REDUCE_ARGMAX ? bi : by;
+        T_OK(dpar_reduce(out, bx, (dpar_reduce_kind)kind, &axis, 1));
+        int32_t idx[12];
+        if (kind == DPAR_REDUCE_ARGMAX)
+            t_read(bi, idx);
+        else
+            t_read(by, y);
+        int back = kind != DPAR_REDUCE_ARGMAX;
+        if (back) T_OK(dpar_reduce_backward(bdx, bdy, bx, (dpar_reduce_kind)kind, &axis, 1));
+        t_read(bdx, dx);
+        for (int i = 0; i < 3; i++)
+            for (int k = 0; k < 4; k++) {
+                double s = 0, sa = 0, mx = -INFINITY;
+                int am = -1;
+                for (int j = 0; j < 5; j++) {
+                    double v = x[i * 20 + j * 4 + k];
+                    s += v, sa += fabs(v);
+                    if (v > mx) mx = v, am = j;
+                }
+                if (kind == DPAR_REDUCE_ARGMAX)
+                    assert_int_equal(idx[i * 4 + k], am);
+                else
+                    near("reduce", kind, y[i * 4 + k],
+                         kind == DPAR_REDUCE_SUM ? s : kind == DPAR_REDUCE_MEAN ? s / 5.0 : mx, 1e-12, sa);
+                for (int j = 0; j < 5 && back; j++) {
+                    double g = dy[i * 4 + k];
+                    double want = kind == DPAR_REDUCE_SUM ? g : kind == DPAR_REDUCE_MEAN ? g / 5.0 : j == am ? g : 0;
+                    near("reduce_backward", kind, dx[i * 20 + j * 4 + k], want, 1e-15, 0);
+                }
+            }
+    }
+    double s = 0, ss = 0, sa = 0;
+    for (int i = 0; i < 60; i++) s += x[i], ss += x[i] * x[i], sa += fabs(x[i]);
+    T_OK(dpar_sum(bs, bx));
+    near("sum", 0, rd1(bs), s, 1e-14, sa);
+    T_OK(dpar_sum_squares(bs, bx));
+    near("sum_squares", 0, rd1(bs), ss, 1e-14, 0);
+    int64_t none = 0;
+    dpar_buffer *be = mkd1(none, NULL);
+    T_OK(dpar_sum(bs, be)); /* size 0: sum 0 */
+    assert_true(rd1(bs) == 0.0);
+    dpar_buffer *bf = t_buf(RT, 0, DPAR_F32, 1, &one, NULL);
+    T_ERR(dpar_sum(bf, bx), DPAR_ERR_SHAPE, "1 f64 element");
+    dpar_buffer *bufs[] = { bx, by, bdy, bdx, bi, bs, be, bf };
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dpar_buffer_destroy(bufs[i]);
+    free(x);
+    free(dy);
+}
+
+/* ---- matmul: every transpose, alpha / beta, shapes across the blocking ---- */
+static void matmul_case(int64_t M, int64_t K, int64_t N, int ta, int tb, float alpha, float beta) {
+    int64_t as[2] = { ta ? K : M, ta ? M : K }, bs[2] = { tb ? N : K, tb ? K : N }, cs[2] = { M, N };
+    double *A = rnd_n(M * K, 41 + (uint64_t)M), *B = rnd_n(K * N, 42 + (uint64_t)N), *C0 = rnd_n(M * N, 43);
+    double *C = malloc((size_t)(M * N + 1) * sizeof(double));
+    if (beta == 0.0f)
+        for (int64_t i = 0; i < M * N; i++) C0[i] = NAN; /* beta = 0 ignores C */
+    dpar_buffer *a = mkd(2, as, A), *b = mkd(2, bs, B), *c = mkd(2, cs, C0);
+    T_OK(dpar_matmul(c, a, b, ta, tb, alpha, beta));
+    t_read(c, C);
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) {
+            double acc = 0, mag = 0;
+            for (int64_t k = 0; k < K; k++) {
+                double x = ta ? A[k * M + i] : A[i * K + k], y = tb ? B[j * K + k] : B[k * N + j];
+                acc += x * y, mag += fabs(x * y);
+            }
+            double want = alpha * acc + (beta == 0.0f ? 0.0 : beta * C0[i * N + j]);
+            char what[96];
+            snprintf(what, sizeof what, "matmul M%lld K%lld N%lld ta%d tb%d: C", (long long)M, (long long)K,
+                     (long long)N, ta, tb);
+            near(what, i * N + j, C[i * N + j], want, 1e-13,
+                 fabs(alpha) * mag + (beta == 0.0f ? 0.0 : fabs(beta * C0[i * N + j])));
+        }
+    dpar_buffer_destroy(a);
+    dpar_buffer_destroy(b);
+    dpar_buffer_destroy(c);
+    free(A);
+    free(B);
+    free(C0);
+    free(C);
+}
+static void test_matmul(void **st) {
+    (void)st;
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++) {
+            matmul_case(1, 1, 1, ta, tb, 1.0f, 0.0f);
+            matmul_case(5, 7, 3, ta, tb, 2.0f, 0.5f);
+            matmul_case(37, 300, 260, ta, tb, -0.75f, 1.0f); /* crosses the 128 x 256 blocks */
+            matmul_case(3, 0, 4, ta, tb, 1.0f, 0.0f);        /* K = 0: C = 0 */
+        }
+}
+
+/* ---- softmax / log_softmax and their backward ---- */
+static void test_softmax(void **st) {
+    (void)st;
+    int64_t sh[2] = { 4, 7 };
+    double *x = rnd_n(28, 51), *dy = rnd_n(28, 52), y[28], dx[28];
+    x[7] = 1000.0, x[8] = 1000.0; /* row 1 starts with huge values: no overflow */
+    dpar_buffer *bx = mkd(2, sh, x), *by = mkd(2, sh, NULL), *bdy = mkd(2, sh, dy), *bdx = mkd(2, sh, NULL);
+    for (int lg = 0; lg < 2; lg++) {
+        T_OK(dpar_softmax(by, bx, lg));
+        t_read(by, y);
+        T_OK(dpar_softmax_backward(bdx, bdy, by, lg));
+        t_read(bdx, dx);
+        for (int r = 0; r < 4; r++) {
+            double mx = -INFINITY, se = 0, p[7], gp = 0, gs = 0;
+            for (int j = 0; j < 7; j++) mx = fmax(mx, x[r * 7 + j]);
+            for (int j = 0; j < 7; j++) se += exp(x[r * 7 + j] - mx);
+            for (int j = 0; j < 7; j++) p[j] = exp(x[r * 7 + j] - mx) / se;
+            for (int j = 0; j < 7; j++) gp += dy[r * 7 + j] * p[j], gs += dy[r * 7 + j];
+            for (int j = 0; j < 7; j++) {
+                double want = lg ? x[r * 7 + j] - mx - log(se) : p[j];
+                near(lg ? "log_softmax" : "softmax", r * 7 + j, y[r * 7 + j], want, 1e-12, lg ? 1.0 : 0.0);
+                double wd = lg ? dy[r * 7 + j] - p[j] * gs : p[j] * (dy[r * 7 + j] - gp);
+                near("softmax_backward", r * 7 + j, dx[r * 7 + j], wd, 1e-12, 1.0);
+            }
+        }
+    }
+    assert_true(y[7] == y[8]); /* the two 1000s share the row's top probability exactly */
+    dpar_buffer *bufs[] = { bx, by, bdy, bdx };
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dpar_buffer_destroy(bufs[i]);
+    free(x);
+    free(dy);
+}
+
+/* ---- losses: mse, cross-entropy (ignore label, smoothing) ---- */
+static void test_losses(void **st) {
+    (void)st;
+    int64_t sh[2] = { 5, 6 }, m = 5;
+    double *p = rnd_n(30, 61), *t = rnd_n(30, 62), g[30];
+    dpar_buffer *bp = mkd(2, sh, p), *bt = mkd(2, sh, t), *bg = mkd(2, sh, NULL), *bl = mkd1(1, NULL);
+    T_OK(dpar_mse(bl, bg, bp, bt));
+    t_read(bg, g);
+    double s = 0;
+    for (int i = 0; i < 30; i++) {
+        s += (p[i] - t[i]) * (p[i] - t[i]);
+        near("mse grad", i, g[i], 2.0 * (p[i] - t[i]) / 30.0, 1e-15, 0);
+    }
+    near("mse", 0, rd1(bl), s / 30.0, 1e-14, 0);
+    int32_t lab[5] = { 2, -100, 0, 5, 3 };
+    dpar_buffer *blab = t_buf(RT, 0, DPAR_I32, 1, &m, lab);
+    dpar_xent_desc d = { true, -100, 0.1f };
+    T_OK(dpar_cross_entropy(bl, bg, bp, blab, &d));
+    t_read(bg, g);
+    double a = (double)0.1f, total = 0;
+    for (int i = 0; i < 5; i++) {
+        double mx = -INFINITY, se = 0;
+        for (int j = 0; j < 6; j++) mx = fmax(mx, p[i * 6 + j]);
+        for (int j = 0; j < 6; j++) se += exp(p[i * 6 + j] - mx);
+        double lse = mx + log(se);
+        for (int j = 0; j < 6; j++) {
+            double q = (j == lab[i] ? 1.0 - a : 0.0) + a / 6.0;
+            near("xent grad", i * 6 + j, g[i * 6 + j], lab[i] == -100 ? 0.0 : (exp(p[i * 6 + j] - lse) - q) / 4.0,
+                 1e-12, 0.1);
+            if (lab[i] != -100) total -= q * (p[i * 6 + j] - lse);
+        }
+    }
+    near("cross_entropy", 0, rd1(bl), total / 4.0, 1e-12, 0);
+    T_ERR(dpar_softmax_xent(bl, NULL, bp, blab), DPAR_ERR_INVALID_ARGUMENT, "labels[1] = -100");
+    lab[1] = 1;
+    T_OK(dpar_buffer_write(blab, 0, lab, sizeof lab));
+    T_OK(dpar_softmax_xent(bl, NULL, bp, blab));
+    total = 0;
+    for (int i = 0; i < 5; i++) {
+        double mx = -INFINITY, se = 0;
+        for (int j = 0; j < 6; j++) mx = fmax(mx, p[i * 6 + j]);
+        for (int j = 0; j < 6; j++) se += exp(p[i * 6 + j] - mx);
+        total += mx + log(se) - p[i * 6 + lab[i]];
+    }
+    near("softmax_xent", 0, rd1(bl), total / 5.0, 1e-12, 0);
+    dpar_buffer *bufs[] = { bp, bt, bg, bl, blab };
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dpar_buffer_destroy(bufs[i]);
+    free(p);
+    free(t);
+}
+
+/* ---- layer_norm / rms_norm: forward against the formula, backward against central differences ---- */
+static double norm_loss(int rms, const double *x, const double *w, const double *b, const double *dy, int R, int N,
+                        double *y) {
+    double L = 0;
+    for (int i = 0; i < R; i++) {
+        double mu = 0, var = 0;
+        for (int j = 0; j < N && !rms; j++) mu += x[i * N + j] / N;
+        for (int j = 0; j < N; j++) var += (x[i * N + j] - mu) * (x[i * N + j] - mu) / N;
+        for (int j = 0; j < N; j++) {
+            double v = (x[i * N + j] - mu) / sqrt(var + (double)1e-5f) * w[j] + b[j];
+            if (y) y[i * N + j] = v;
+            L += dy[i * N + j] * v;
+        }
+    }
+    return L;
+}
+static void test_norms(void **st) {
+    (void)st;
+    enum { R = 3, N = 6 };
+    int64_t sh[2] = { R, N }, ss[2] = { R, 2 }, n = N;
+    double *x = rnd_n(R * N, 71), *w = rnd_n(N, 72), *b = rnd_n(N, 73), *dy = rnd_n(R * N, 74);
+    double y[R * N], yr[R * N], dx[R * N], dw[N], db[N], stt[2 * R];
+    for (int j = 0; j < N; j++) x[2 * N + j] = 0.25; /* a constant row: y = b, no NaN */
+    dpar_buffer *bx = mkd(2, sh, x), *bw = mkd(1, &n, w), *bb = mkd(1, &n, b), *bdy = mkd(2, sh, dy);
+    dpar_buffer *by = mkd(2, sh, NULL), *bst = mkd(2, ss, NULL), *bdx = mkd(2, sh, NULL), *bdw = mkd(1, &n, NULL),
+                *bdb = mkd(1, &n, NULL);
+    for (int rms = 0; rms < 2; rms++) {
+        T_OK((rms ? dpar_rms_norm : dpar_layer_norm)(by, bst, bx, bw, bb, 1e-5f));
+        t_read(by, y);
+        t_read(bst, stt);
+        norm_loss(rms, x, w, b, dy, R, N, yr);
+        (void)stt;
+        for (int i = 0; i < R * N; i++) near(rms ? "rms_norm" : "layer_norm", i, y[i], yr[i], 1e-12, 1.0);
+        T_OK((rms ? dpar_rms_norm_backward : dpar_layer_norm_backward)(bdx, bdw, bdb, bdy, bx, bw, bst));
+        t_read(bdx, dx);
+        t_read(bdw, dw);
+        t_read(bdb, db);
+        const double h = 1e-5;
+        for (int i = 0; i < R * N; i++) { /* central differences of L = sum(dy * y) */
+            double keep = x[i];
+            x[i] = keep + h;
+            double lp = norm_loss(rms, x, w, b, dy, R, N, NULL);
+            x[i] = keep - h;
+            double lm = norm_loss(rms, x, w, b, dy, R, N, NULL);
+            x[i] = keep;
+            /* the constant row's rstd is 1/sqrt(eps): too curved for h; its y = b is checked above */
+            if (i / N != 2 || rms) near("norm dx vs central differences", i, dx[i], (lp - lm) / (2 * h), 1e-8, 1.0);
+        }
+        for (int j = 0; j < N; j++) {
+            double keep = w[j];
+            w[j] = keep + h;
+            double lp = norm_loss(rms, x, w, b, dy, R, N, NULL);
+            w[j] = keep - h;
+            double lm = norm_loss(rms, x, w, b, dy, R, N, NULL);
+            w[j] = keep;
+            near("norm dw vs central differences", j, dw[j], (lp - lm) / (2 * h), 1e-8, 1.0);
+            double sb = 0;
+            for (int i = 0; i < R; i++) sb += dy[i * N + j];
+            near("norm db", j, db[j], sb, 1e-14, 1.0);
+        }
+    }
+    dpar_buffer *bufs[] = { bx, bw, bb, bdy, by, bst, bdx, bdw, bdb };
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dpar_buffer_destroy(bufs[i]);
+    free(x);
+    free(w);
+    free(b);
+    free(dy);
+}
+
+/* ---- collectives within a process reduce f64 in double ---- */
+static dpar_status coll_fn(dpar_ctx *ctx, void *user) {
+    (void)user;
+    dpar_status s = dpar_psum(ctx, dpar_ctx_arg(ctx, 1), dpar_ctx_arg(ctx, 0), "data");
+    return s ? s : dpar_pmax(ctx, dpar_ctx_arg(ctx, 2), dpar_ctx_arg(ctx, 0), "data");
+}
+static void test_collectives(void **st) {
+    (void)st;
+    dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 2);
+    dpar_mesh *m = t_mesh1(rt, 2, "data");
+    dpar_array_desc d = { DPAR_F64, 2, { 2, 3 }, { "data", NULL } };
+    dpar_array *a[3];
+    for (int k = 0; k < 3; k++) T_OK(dpar_array_create(m, &d, &a[k]));
+    double in[6] = { 1e15, 0.1, 1.0 / 3.0, 1.0, 0.2, -1.0 / 7.0 }, sum[6], mx[6];
+    T_OK(dpar_array_put(a[0], in));
+    dpar_shard_map_desc sd = { coll_fn, NULL, 3, { a[0], a[1], a[2] } };
+    T_OK(dpar_shard_map(m, &sd));
+    T_OK(dpar_array_get(a[1], sum));
+    T_OK(dpar_array_get(a[2], mx));
+    for (int r = 0; r < 2; r++)
+        for (int j = 0; j < 3; j++) {
+            assert_true(sum[r * 3 + j] == in[j] + in[3 + j]); /* 1e15 + 1 and 0.1 + 0.2 as double adds them */
+            assert_true(mx[r * 3 + j] == fmax(in[j], in[3 + j]));
+        }
+    for (int k = 0; k < 3; k++) dpar_array_destroy(a[k]);
+    dpar_mesh_destroy(m);
+    dpar_runtime_destroy(rt);
+}
+
+/* ---- shape ops move 8-byte elements ---- */
+static void test_shape_ops(void **st) {
+    (void)st;
+    int64_t xs[2] = { 3, 4 }, ts[2] = { 4, 3 }, ss[2] = { 2, 2 }, ps[2] = { 5, 6 }, cs[2] = { 6, 4 };
+    double *x = rnd_n(12, 81), t[12], sl[4], p[30], c[24];
+    dpar_buffer *bx = mkd(2, xs, x), *bt = mkd(2, ts, NULL), *bs = mkd(2, ss, NULL), *bp = mkd(2, ps, NULL),
+                *bc = mkd(2, cs, NULL);
+    int perm[2] = { 1, 0 };
+    int64_t start[2] = { 1, 1 }, step[2] = { 1, 2 }, lo[2] = { 1, 2 };
+    T_OK(dpar_transpose(bt, bx, perm));
+    T_OK(dpar_slice(bs, bx, start, step));
+    T_OK(dpar_pad(bp, bx, lo, -1.5f));
+    const dpar_buffer *two[2] = { bx, bx };
+    T_OK(dpar_concat(bc, two, 2, 0));
+    t_read(bt, t);
+    t_read(bs, sl);
+    t_read(bp, p);
+    t_read(bc, c);
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 4; j++) {
+            assert_true(t[j * 3 + i] == x[i * 4 + j]);
+            assert_true(p[(i + 1) * 6 + j + 2] == x[i * 4 + j]);
+            assert_true(c[i * 4 + j] == x[i * 4 + j] && c[12 + i * 4 + j] == x[i * 4 + j]);
+        }
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 2; j++) assert_true(sl[i * 2 + j] == x[(1 + i) * 4 + 1 + 2 * j]);
+    assert_true(p[0] == -1.5 && p[29] == -1.5);
+    dpar_buffer *bufs[] = { bx, bt, bs, bp, bc };
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dpar_buffer_destroy(bufs[i]);
+    free(x);
+}
+
+/* ---- refusals: mixed dtypes, ops without an f64 kernel ---- */
+static void test_refusals(void **st) {
+    (void)st;
+    int64_t s4 = 4, s22[2] = { 2, 2 }, s1 = 1;
+    dpar_buffer *d = mkd1(4, NULL), *d2 = mkd1(4, NULL), *f = t_buf(RT, 0, DPAR_F32, 1, &s4, NULL);
+    dpar_buffer *md = mkd(2, s22, NULL), *mf = t_buf(RT, 0, DPAR_F32, 2, s22, NULL), *ld = mkd1(1, NULL);
+    dpar_buffer *lf = t_buf(RT, 0, DPAR_F32, 1, &s1, NULL);
+    T_ERR(dpar_binary(d, d2, f, DPAR_BINARY_ADD), DPAR_ERR_DTYPE, "b is f32", "f64");
+    T_ERR(dpar_binary(f, f, d, DPAR_BINARY_ADD), DPAR_ERR_DTYPE, "b is f64", "f32");
+    T_ERR(dpar_axpy(d, 1.0f, f), DPAR_ERR_DTYPE, "dpar_axpy", "x is f32");
+    T_ERR(dpar_copy(d, f), DPAR_ERR_DTYPE, "dpar_cast");
+    T_ERR(dpar_matmul(md, md, mf, false, false, 1.0f, 0.0f), DPAR_ERR_DTYPE, "dpar_matmul", "f64");
+    T_ERR(dpar_matmul(mf, md, md, false, false, 1.0f, 0.0f), DPAR_ERR_DTYPE, "dpar_matmul", "all three f64");
+    T_ERR(dpar_mse(lf, NULL, d, d2), DPAR_ERR_SHAPE, "1 f64 element");
+    T_ERR(dpar_softmax(md, mf, false), DPAR_ERR_DTYPE, "dpar_softmax", "x is f32");
+    T_ERR(dpar_where(d, d, d2, d2, 0.0f, 0.0f), DPAR_ERR_DTYPE, "dpar_where", "f64");
+    T_ERR(dpar_reduce(lf, d, DPAR_REDUCE_SUM, NULL, 0), DPAR_ERR_DTYPE, "dpar_reduce", "must be f64");
+    dpar_sgd_desc sd = { 0.1f, 0.0f, false, 0.0f, 0.0f, NULL };
+    T_ERR(dpar_sgd_update(&sd, d, d2, NULL, 1.0f), DPAR_ERR_DTYPE, "f64");
+    int32_t idx[4] = { 0, 1, 0, 1 };
+    dpar_buffer *bi = t_buf(RT, 0, DPAR_I32, 1, &s4, idx);
+    T_ERR(dpar_embedding(md, md, bi), DPAR_ERR_DTYPE, "dpar_embedding", "f64");
+    dpar_buffer_destroy(bi);
+    dpar_buffer *bufs[] = { d, d2, f, md, mf, ld, lf };
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dpar_buffer_destroy(bufs[i]);
+}
+
+/* ---- GPU backends have no f64: the buffer (or array) is refused, naming the backend ---- */
+static void gpu_refuses(dpar_backend_kind k) {
+    dpar_runtime *rt = t_runtime_or_skip(k, 1);
+    int64_t n = 4;
+    dpar_buffer *b = NULL;
+    T_ERR(dpar_buffer_create(rt, 0, DPAR_F64, 1, &n, &b), DPAR_ERR_DTYPE, "dpar_buffer_create",
+          dpar_backend_name(k), "no f64");
+    assert_null(b);
+    dpar_mesh *m = t_mesh1(rt, 1, "data");
+    dpar_array_desc d = { DPAR_F64, 1, { 4 }, { NULL } };
+    dpar_array *a = NULL;
+    T_ERR(dpar_array_create(m, &d, &a), DPAR_ERR_DTYPE, "dpar_array_create", dpar_backend_name(k), "no f64");
+    assert_null(a);
+    dpar_mesh_destroy(m);
+    dpar_runtime_destroy(rt);
+}
+static void test_vulkan_refuses_f64(void **st) {
+    (void)st;
+    gpu_refuses(DPAR_BACKEND_VULKAN);
+}
+static void test_cuda_refuses_f64(void **st) {
+    (void)st;
+    gpu_refuses(DPAR_BACKEND_CUDA);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fill_copy_axpy_scale),
+        cmocka_unit_test(test_casts),
+        cmocka_unit_test(test_f64_keeps_what_f32_loses),
+        cmocka_unit_test(test_unary),
+        cmocka_unit_test(test_binary_broadcast),
+        cmocka_unit_test(test_reductions),
+        cmocka_unit_test(test_matmul),
+        cmocka_unit_test(test_softmax),
+        cmocka_unit_test(test_losses),
+        cmocka_unit_test(test_norms),
+        cmocka_unit_test(test_shape_ops),
+        cmocka_unit_test(test_collectives),
+        cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_vulkan_refuses_f64),
+        cmocka_unit_test(test_cuda_refuses_f64),
+    };
+    return cmocka_run_group_tests(tests, t_setup, t_teardown);
+}
