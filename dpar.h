@@ -1808,7 +1808,8 @@ typedef struct dpar_graph_feed {
 } dpar_graph_feed;
 /* One step (compiles first if needed): puts the feeds, runs every node on
    every device in one dispatch, and reads the (pinned) loss into *loss when
-   loss is not NULL (that read waits for the devices).
+   loss is not NULL (that read waits for the devices; an f64 loss is rounded
+   to float there: dpar_graph_get reads it in double).
    Errors: DPAR_ERR_INVALID_ARGUMENT (a feed missing, given twice, not a feed,
    an array of another mesh; no loss while loss != NULL), DPAR_ERR_SHAPE /
    DPAR_ERR_DTYPE (feed array differs, naming both), the errors of the ops, each
@@ -9399,6 +9400,7 @@ struct dpar_graph {
     struct dpar__gstate *state; /* the training state's named arrays (>>graph state), built at compile */
     int nstate;
     dpar_buffer **scratch;  /* one f32 element per device (the discarded loss of xent_grad) */
+    dpar_buffer **scratch64; /* the same in f64, for a graph with f64 values (NULL otherwise) */
     dpar_buffer **sgd_ptrs; /* [li][4][n] params, grads, optimizer state (momentum / AdamW m, v) */
     dpar_request **reqs;    /* [node * nlocal + li] async reductions in flight */
     dpar__gbucket *bk;      /* gradient buckets (>>graph buckets), nbk of them */
@@ -9648,7 +9650,7 @@ DPAR_API dpar_value dpar_g_const(dpar_graph *g, dpar_dtype dtype, int ndim, cons
     if (s) return dpar__g_fail(g, s, "%s", dpar_last_error());
     int id = dpar__g_push(g, DPAR__G_CONST, 0, NULL, dtype, ndim, shape);
     if (id) g->n[id].fp = value;
-    if (id) g->n[id].is_one = value == 1.0f && dtype == DPAR_F32;
+    if (id) g->n[id].is_one = value == 1.0f && (dtype == DPAR_F32 || dtype == DPAR_F64);
     return dpar__gv(id);
 }
 
@@ -9659,6 +9661,20 @@ static bool dpar__g_f32(dpar_graph *g, const char *fn, int n, const dpar_value *
         if (g->n[v[i].id].dtype != DPAR_F32) {
             dpar__g_fail(g, DPAR_ERR_DTYPE, "%s: input %s is %s; this op takes f32 (cast it with dpar_g_cast)", fn,
                          dpar__g_label(g, v[i].id, l, sizeof l), dpar_dtype_name(g->n[v[i].id].dtype));
+            return false;
+        }
+    return true;
+}
+/* The ops of the >>f64 api table in graphs: inputs all f32, or all f64 (a cpu graph; feeds and params of
+   another backend cannot be f64). The node then computes in the inputs' dtype. */
+static bool dpar__g_float(dpar_graph *g, const char *fn, int n, const dpar_value *v) {
+    if (n < 1 || g->n[v[0].id].dtype != DPAR_F64) return dpar__g_f32(g, fn, n, v);
+    char l[96], l0[96];
+    for (int i = 1; i < n; i++)
+        if (g->n[v[i].id].dtype != DPAR_F64) {
+            dpar__g_fail(g, DPAR_ERR_DTYPE, "%s: input %s is %s but %s is f64; the inputs share f32 or f64 (cast with "
+                         "dpar_g_cast)", fn, dpar__g_label(g, v[i].id, l, sizeof l),
+                         dpar_dtype_name(g->n[v[i].id].dtype), dpar__g_label(g, v[0].id, l0, sizeof l0));
             return false;
         }
     return true;
@@ -9690,13 +9706,13 @@ static dpar_value dpar__g_like(dpar_graph *g, int kind, int n, const dpar_value 
 static dpar_value dpar__g_scalar(dpar_graph *g, int kind, int n, const dpar_value *v) {
     int in[4];
     for (int i = 0; i < n; i++) in[i] = v[i].id;
-    return dpar__gv(dpar__g_push(g, kind, n, in, DPAR_F32, 0, NULL));
+    return dpar__gv(dpar__g_push(g, kind, n, in, g->n[v[0].id].dtype == DPAR_F64 ? DPAR_F64 : DPAR_F32, 0, NULL));
 }
 
 DPAR_API dpar_value dpar_g_matmul(dpar_graph *g, dpar_value a, dpar_value b, bool trans_a, bool trans_b) {
     const char *fn = "dpar_g_matmul";
     dpar_value v[2] = { a, b };
-    if (!dpar__g_args(g, fn, 2, v) || !dpar__g_f32(g, fn, 2, v)) return dpar__gv(0);
+    if (!dpar__g_args(g, fn, 2, v) || !dpar__g_float(g, fn, 2, v)) return dpar__gv(0);
     const dpar__gnode *x = &g->n[a.id], *y = &g->n[b.id];
     char s1[160], s2[160], l1[96], l2[96];
     if (x->ndim != 2 || y->ndim != 2 || x->shape[trans_a ? 0 : 1] != y->shape[trans_b ? 1 : 0])
@@ -9706,14 +9722,14 @@ DPAR_API dpar_value dpar_g_matmul(dpar_graph *g, dpar_value a, dpar_value b, boo
             dpar__g_label(g, b.id, l2, sizeof l2), dpar__g_shape(y, s2, sizeof s2), trans_b ? "^T" : "");
     int64_t sh[2] = { x->shape[trans_a ? 1 : 0], y->shape[trans_b ? 0 : 1] };
     int in[2] = { a.id, b.id };
-    int id = dpar__g_push(g, DPAR__G_MATMUL, 2, in, DPAR_F32, 2, sh);
+    int id = dpar__g_push(g, DPAR__G_MATMUL, 2, in, x->dtype, 2, sh);
     if (id) g->n[id].ip[0] = trans_a, g->n[id].ip[1] = trans_b;
     return dpar__gv(id);
 }
 DPAR_API dpar_value dpar_g_bias_add(dpar_graph *g, dpar_value x, dpar_value b) {
     const char *fn = "dpar_g_bias_add";
     dpar_value v[2] = { x, b };
-    if (!dpar__g_args(g, fn, 2, v) || !dpar__g_f32(g, fn, 2, v)) return dpar__gv(0);
+    if (!dpar__g_args(g, fn, 2, v) || !dpar__g_float(g, fn, 2, v)) return dpar__gv(0);
     const dpar__gnode *xn = &g->n[x.id], *bn = &g->n[b.id];
     if (xn->ndim < 1 || bn->ndim != 1 || bn->shape[0] != xn->shape[xn->ndim - 1]) {
         char s1[160], s2[160], l1[96], l2[96];
@@ -9724,13 +9740,13 @@ DPAR_API dpar_value dpar_g_bias_add(dpar_graph *g, dpar_value x, dpar_value b) {
     return dpar__g_like(g, DPAR__G_BIAS_ADD, 2, v);
 }
 DPAR_API dpar_value dpar_g_relu(dpar_graph *g, dpar_value x) {
-    if (!dpar__g_args(g, "dpar_g_relu", 1, &x) || !dpar__g_f32(g, "dpar_g_relu", 1, &x)) return dpar__gv(0);
+    if (!dpar__g_args(g, "dpar_g_relu", 1, &x) || !dpar__g_float(g, "dpar_g_relu", 1, &x)) return dpar__gv(0);
     return dpar__g_like(g, DPAR__G_RELU, 1, &x);
 }
 DPAR_API dpar_value dpar_g_softmax_xent(dpar_graph *g, dpar_value logits, dpar_value labels) {
     const char *fn = "dpar_g_softmax_xent";
     dpar_value v[2] = { logits, labels };
-    if (!dpar__g_args(g, fn, 2, v) || !dpar__g_f32(g, fn, 1, v)) return dpar__gv(0);
+    if (!dpar__g_args(g, fn, 2, v) || !dpar__g_float(g, fn, 1, v)) return dpar__gv(0);
     const dpar__gnode *z = &g->n[logits.id], *y = &g->n[labels.id];
     char s1[160], s2[160], l1[96], l2[96];
     if (y->dtype != DPAR_I32)
@@ -9744,20 +9760,20 @@ DPAR_API dpar_value dpar_g_softmax_xent(dpar_graph *g, dpar_value logits, dpar_v
 }
 DPAR_API dpar_value dpar_g_mse(dpar_graph *g, dpar_value pred, dpar_value target) {
     dpar_value v[2] = { pred, target };
-    if (!dpar__g_args(g, "dpar_g_mse", 2, v) || !dpar__g_f32(g, "dpar_g_mse", 2, v) ||
+    if (!dpar__g_args(g, "dpar_g_mse", 2, v) || !dpar__g_float(g, "dpar_g_mse", 2, v) ||
         !dpar__g_same(g, "dpar_g_mse", pred, target))
         return dpar__gv(0);
     return dpar__g_scalar(g, DPAR__G_MSE, 2, v);
 }
 DPAR_API dpar_value dpar_g_add(dpar_graph *g, dpar_value a, dpar_value b) {
     dpar_value v[2] = { a, b };
-    if (!dpar__g_args(g, "dpar_g_add", 2, v) || !dpar__g_f32(g, "dpar_g_add", 2, v) ||
+    if (!dpar__g_args(g, "dpar_g_add", 2, v) || !dpar__g_float(g, "dpar_g_add", 2, v) ||
         !dpar__g_same(g, "dpar_g_add", a, b))
         return dpar__gv(0);
     return dpar__g_like(g, DPAR__G_ADD, 2, v);
 }
 DPAR_API dpar_value dpar_g_scale(dpar_graph *g, dpar_value x, float alpha) {
-    if (!dpar__g_args(g, "dpar_g_scale", 1, &x) || !dpar__g_f32(g, "dpar_g_scale", 1, &x)) return dpar__gv(0);
+    if (!dpar__g_args(g, "dpar_g_scale", 1, &x) || !dpar__g_float(g, "dpar_g_scale", 1, &x)) return dpar__gv(0);
     dpar_value r = dpar__g_like(g, DPAR__G_SCALE, 1, &x);
     if (r.id) g->n[r.id].fp = alpha;
     return r;
@@ -9765,7 +9781,7 @@ DPAR_API dpar_value dpar_g_scale(dpar_graph *g, dpar_value x, float alpha) {
 DPAR_API dpar_value dpar_g_mul_scalar(dpar_graph *g, dpar_value s, dpar_value x) {
     const char *fn = "dpar_g_mul_scalar";
     dpar_value v[2] = { s, x };
-    if (!dpar__g_args(g, fn, 2, v) || !dpar__g_f32(g, fn, 2, v)) return dpar__gv(0);
+    if (!dpar__g_args(g, fn, 2, v) || !dpar__g_float(g, fn, 2, v)) return dpar__gv(0);
     if (dpar__g_count(&g->n[s.id]) != 1) {
         char s1[160], l1[96];
         return dpar__g_fail(g, DPAR_ERR_SHAPE, "%s: the scalar %s is %s; it must hold one element", fn,
@@ -9774,18 +9790,18 @@ DPAR_API dpar_value dpar_g_mul_scalar(dpar_graph *g, dpar_value s, dpar_value x)
     return dpar__g_make(g, DPAR__G_MULS, 2, v, x.id);
 }
 DPAR_API dpar_value dpar_g_sum(dpar_graph *g, dpar_value x) {
-    if (!dpar__g_args(g, "dpar_g_sum", 1, &x) || !dpar__g_f32(g, "dpar_g_sum", 1, &x)) return dpar__gv(0);
+    if (!dpar__g_args(g, "dpar_g_sum", 1, &x) || !dpar__g_float(g, "dpar_g_sum", 1, &x)) return dpar__gv(0);
     return dpar__g_scalar(g, DPAR__G_SUM, 1, &x);
 }
 DPAR_API dpar_value dpar_g_sum_squares(dpar_graph *g, dpar_value x) {
-    if (!dpar__g_args(g, "dpar_g_sum_squares", 1, &x) || !dpar__g_f32(g, "dpar_g_sum_squares", 1, &x))
+    if (!dpar__g_args(g, "dpar_g_sum_squares", 1, &x) || !dpar__g_float(g, "dpar_g_sum_squares", 1, &x))
         return dpar__gv(0);
     return dpar__g_scalar(g, DPAR__G_SUMSQ, 1, &x);
 }
 DPAR_API dpar_value dpar_g_dot(dpar_graph *g, dpar_value a, dpar_value b) {
     const char *fn = "dpar_g_dot";
     dpar_value v[2] = { a, b };
-    if (!dpar__g_args(g, fn, 2, v) || !dpar__g_f32(g, fn, 2, v)) return dpar__gv(0);
+    if (!dpar__g_args(g, fn, 2, v) || !dpar__g_float(g, fn, 2, v)) return dpar__gv(0);
     if (dpar__g_count(&g->n[a.id]) != dpar__g_count(&g->n[b.id])) {
         char s1[160], s2[160], l1[96], l2[96];
         return dpar__g_fail(g, DPAR_ERR_SHAPE, "%s: %s %s and %s %s must have the same element count", fn,
@@ -10011,7 +10027,7 @@ static dpar_value dpar__g_bcast_fail(dpar_graph *g, const char *fn, dpar_value a
 }
 DPAR_API dpar_value dpar_g_unary(dpar_graph *g, dpar_value x, dpar_unary_op op, float s) {
     const char *fn = "dpar_g_unary";
-    if (!dpar__g_args(g, fn, 1, &x) || !dpar__g_f32(g, fn, 1, &x)) return dpar__gv(0);
+    if (!dpar__g_args(g, fn, 1, &x) || !dpar__g_float(g, fn, 1, &x)) return dpar__gv(0);
     if ((int)op < 0 || op >= DPAR_UNARY_COUNT)
         return dpar__g_fail(g, DPAR_ERR_INVALID_ARGUMENT, "%s: op %d is not a dpar_unary_op", fn, (int)op);
     dpar_value r = dpar__g_like(g, DPAR__G_UNARY, 1, &x);
@@ -10021,13 +10037,13 @@ DPAR_API dpar_value dpar_g_unary(dpar_graph *g, dpar_value x, dpar_unary_op op, 
 DPAR_API dpar_value dpar_g_binary(dpar_graph *g, dpar_value a, dpar_value b, dpar_binary_op op) {
     const char *fn = "dpar_g_binary";
     dpar_value v[2] = { a, b };
-    if (!dpar__g_args(g, fn, 2, v) || !dpar__g_f32(g, fn, 2, v)) return dpar__gv(0);
+    if (!dpar__g_args(g, fn, 2, v) || !dpar__g_float(g, fn, 2, v)) return dpar__gv(0);
     if ((int)op < 0 || op >= DPAR_BINARY_COUNT)
         return dpar__g_fail(g, DPAR_ERR_INVALID_ARGUMENT, "%s: op %d is not a dpar_binary_op", fn, (int)op);
     int nd, in[2] = { a.id, b.id };
     int64_t sh[DPAR_MAX_DIMS];
     if (!dpar__g_bcast_shape(&g->n[a.id], &g->n[b.id], &nd, sh)) return dpar__g_bcast_fail(g, fn, a, b);
-    dpar_value r = dpar__g_node(g, DPAR__G_BINARY, 2, in, DPAR_F32, nd, sh);
+    dpar_value r = dpar__g_node(g, DPAR__G_BINARY, 2, in, g->n[a.id].dtype, nd, sh);
     if (r.id) g->n[r.id].ip[0] = (int)op;
     return r;
 }
@@ -10050,7 +10066,7 @@ DPAR_API dpar_value dpar_g_where(dpar_graph *g, dpar_value cond, dpar_value a, d
 DPAR_API dpar_value dpar_g_reduce(dpar_graph *g, dpar_value x, dpar_reduce_kind kind, const int *axes, int naxes,
                                   bool keepdims) {
     const char *fn = "dpar_g_reduce";
-    if (!dpar__g_args(g, fn, 1, &x) || !dpar__g_f32(g, fn, 1, &x)) return dpar__gv(0);
+    if (!dpar__g_args(g, fn, 1, &x) || !dpar__g_float(g, fn, 1, &x)) return dpar__gv(0);
     const dpar__gnode *xn = &g->n[x.id];
     unsigned mask;
     if ((int)kind < 0 || kind >= DPAR_REDUCE_KIND_COUNT)
@@ -10062,12 +10078,12 @@ DPAR_API dpar_value dpar_g_reduce(dpar_graph *g, dpar_value x, dpar_reduce_kind 
     for (int i = 0; i < xn->ndim; i++)
         if (!(mask >> i & 1u) || keepdims) sh[nd++] = mask >> i & 1u ? 1 : xn->shape[i];
     int in[1] = { x.id };
-    dpar_value r = dpar__g_node(g, DPAR__G_REDUCE, 1, in, kind == DPAR_REDUCE_ARGMAX ? DPAR_I32 : DPAR_F32, nd, sh);
+    dpar_value r = dpar__g_node(g, DPAR__G_REDUCE, 1, in, kind == DPAR_REDUCE_ARGMAX ? DPAR_I32 : xn->dtype, nd, sh);
     if (r.id) g->n[r.id].ip[0] = (int)kind, g->n[r.id].ip[1] = (int)mask;
     return r;
 }
 DPAR_API dpar_value dpar_g_softmax(dpar_graph *g, dpar_value x, bool log) {
-    if (!dpar__g_args(g, "dpar_g_softmax", 1, &x) || !dpar__g_f32(g, "dpar_g_softmax", 1, &x)) return dpar__gv(0);
+    if (!dpar__g_args(g, "dpar_g_softmax", 1, &x) || !dpar__g_float(g, "dpar_g_softmax", 1, &x)) return dpar__gv(0);
     if (g->n[x.id].ndim < 1) return dpar__g_fail(g, DPAR_ERR_SHAPE, "dpar_g_softmax: x is a scalar; it needs an axis");
     dpar_value r = dpar__g_like(g, DPAR__G_SOFTMAX, 1, &x);
     if (r.id) g->n[r.id].ip[0] = log;
@@ -10269,7 +10285,7 @@ static dpar_value dpar__g_norm(dpar_graph *g, const char *fn, int rms, dpar_valu
                                float eps) {
     dpar_value v[3] = { x, w, b };
     int nv = b.id ? 3 : 2;
-    if (!dpar__g_args(g, fn, nv, v) || !dpar__g_f32(g, fn, nv, v)) return dpar__gv(0);
+    if (!dpar__g_args(g, fn, nv, v) || !dpar__g_float(g, fn, nv, v)) return dpar__gv(0);
     int ndim = g->n[x.id].ndim;
     int64_t sh[DPAR_MAX_DIMS], st[2];
     memcpy(sh, g->n[x.id].shape, sizeof sh);
@@ -10287,8 +10303,9 @@ static dpar_value dpar__g_norm(dpar_graph *g, const char *fn, int rms, dpar_valu
                             (double)eps);
     st[0] = sh[ndim - 1] ? dpar__prod(sh, ndim) / sh[ndim - 1] : 0, st[1] = 2;
     int in[4] = { x.id, w.id, 0, b.id };
-    in[2] = dpar__g_push(g, DPAR__G_NORM_STATS, 1, in, DPAR_F32, 2, st);
-    int id = in[2] ? dpar__g_push(g, DPAR__G_NORM, nv + 1, in, DPAR_F32, ndim, sh) : 0;
+    dpar_dtype t = g->n[x.id].dtype; /* f32 or f64 (the f64 stats are f64 too) */
+    in[2] = dpar__g_push(g, DPAR__G_NORM_STATS, 1, in, t, 2, st);
+    int id = in[2] ? dpar__g_push(g, DPAR__G_NORM, nv + 1, in, t, ndim, sh) : 0;
     for (int k = 0; id && k < 2; k++) g->n[in[2] + k].ip[0] = rms, g->n[in[2] + k].fp = eps;
     return dpar__gv(id);
 }
@@ -10665,7 +10682,7 @@ static dpar_status dpar__g_grad(dpar_graph *g, dpar__gback *bk, int i, dpar_valu
     case DPAR__G_SUMSQ: {
         const dpar__gnode *x = &g->n[a.id];
         dpar_value d =
-            nd.kind == DPAR__G_SUM ? dpar_g_const(g, DPAR_F32, x->ndim, x->shape, 1.0f) : dpar_g_scale(g, a, 2.0f);
+            nd.kind == DPAR__G_SUM ? dpar_g_const(g, x->dtype, x->ndim, x->shape, 1.0f) : dpar_g_scale(g, a, 2.0f);
         dpar__g_contrib(g, bk, a.id, eff, dpar__g_times(g, ct, d));
         break;
     }
@@ -10799,9 +10816,9 @@ DPAR_API dpar_status dpar_graph_value_and_grad(dpar_graph *g, dpar_value loss, c
                            g->remat_seg);
     const dpar__gnode *ln = &g->n[loss.id];
     char l[96], sh[160];
-    if (dpar__g_count(ln) != 1 || ln->dtype != DPAR_F32)
+    if (dpar__g_count(ln) != 1 || (ln->dtype != DPAR_F32 && ln->dtype != DPAR_F64))
         return dpar__g_err(g, dpar__g_count(ln) != 1 ? DPAR_ERR_SHAPE : DPAR_ERR_DTYPE,
-                           "%s: the loss %s is %s %s; it must be a scalar (one f32 element): reduce it first "
+                           "%s: the loss %s is %s %s; it must be a scalar (one f32 or f64 element): reduce it first "
                            "(dpar_g_sum, dpar_g_softmax_xent)",
                            fn, dpar__g_label(g, loss.id, l, sizeof l), dpar_dtype_name(ln->dtype),
                            dpar__g_shape(ln, sh, sizeof sh));
@@ -10824,7 +10841,7 @@ DPAR_API dpar_status dpar_graph_value_and_grad(dpar_graph *g, dpar_value loss, c
         dpar__g_pipe_enter(g, loss.id, upto);
         s = dpar__g_pin(g, loss.id);
         /* a pipeline sums the gradients of its micro-batches: each is seeded with 1 / M */
-        int seed = s ? 0 : dpar_g_const(g, DPAR_F32, 0, NULL, dpar__g_pipe_seed(g)).id;
+        int seed = s ? 0 : dpar_g_const(g, g->n[loss.id].dtype, 0, NULL, dpar__g_pipe_seed(g)).id;
         bk.ct[loss.id] = seed;
         if (!s && g->remat_seg) s = dpar__g_remat_start(g, upto);
         for (int i = loss.id; i > 0 && !s; i--)
@@ -11083,6 +11100,10 @@ static void dpar__g_grad_optim(dpar_graph *g, dpar__gback *bk, const dpar__gnode
     }
 }
 /* forward lowerings of the kinds above (called from dpar__g_exec) */
+/* where a gradient node's eager loss call puts the loss it discards: a scalar of y's dtype */
+static dpar_buffer *dpar__g_scratch(const dpar_graph *g, int li, const dpar_buffer *y) {
+    return y->dtype == DPAR_F64 && g->scratch64 ? g->scratch64[li] : g->scratch[li];
+}
 static dpar_status dpar__g_exec_optim(dpar_graph *g, dpar_ctx *ctx, int li, const dpar__gnode *nd, dpar_buffer *y,
                                       dpar_buffer *a, dpar_buffer *b) {
     dpar_xent_desc xd;
@@ -11092,7 +11113,7 @@ static dpar_status dpar__g_exec_optim(dpar_graph *g, dpar_ctx *ctx, int li, cons
     uint64_t seed = (uint64_t)(uint32_t)nd->ip[0] | ((uint64_t)(uint32_t)nd->ip[1] << 32);
     switch (nd->kind) {
     case DPAR__G_XENT_IGN: return dpar_cross_entropy(y, nd->fused ? dpar__g_buf(g, nd->fused, li) : NULL, a, b, &xd);
-    case DPAR__G_XENT_IGN_GRAD: return dpar_cross_entropy(g->scratch[li], y, a, b, &xd);
+    case DPAR__G_XENT_IGN_GRAD: return dpar_cross_entropy(dpar__g_scratch(g, li, y), y, a, b, &xd);
     case DPAR__G_EMBED: return dpar_embedding(y, a, b);
     case DPAR__G_EMBED_GRAD: return dpar_embedding_backward(y, a, b, 0.0f);
     case DPAR__G_DROPOUT:
@@ -12030,6 +12051,14 @@ static dpar_status dpar__g_state(dpar_graph *g) {
     for (int li = 0; li < nl && !s; li++)
         s = dpar_buffer_create(g->rt, g->first + li, DPAR_F32, 0, NULL, &g->scratch[li]);
     g->stats.resident_bytes += sizeof(float);
+    bool f64 = false; /* f64 values (a cpu graph): an f64 scratch for their discarded losses */
+    for (int i = 1; i < g->count && !f64; i++) f64 = g->n[i].dtype == DPAR_F64;
+    if (f64 && !s && !(g->scratch64 = (dpar_buffer **)DPAR_MALLOC((size_t)nl * sizeof(dpar_buffer *))))
+        s = dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_graph_compile: out of memory");
+    if (g->scratch64) memset(g->scratch64, 0, (size_t)nl * sizeof(dpar_buffer *));
+    for (int li = 0; li < nl && !s && g->scratch64; li++)
+        s = dpar_buffer_create(g->rt, g->first + li, DPAR_F64, 0, NULL, &g->scratch64[li]);
+    if (g->scratch64) g->stats.resident_bytes += sizeof(double);
     int nstate = !g->has_opt ? 0 : g->opt.adamw ? 2 : g->opt.d.momentum != 0.0f ? 1 : 0; /* m, v / momentum */
     if (!s && g->z1) s = dpar__g_z1_alloc(g, nstate); /* ZeRO-1: blocks of the params and of their state */
     for (int k = 0; k < n && !s && !g->z1; k++)
@@ -12184,9 +12213,9 @@ static dpar_status dpar__g_exec(dpar_graph *g, dpar_ctx *ctx, int li, int i) {
     case DPAR__G_RELU: return dpar_relu(y, a);
     case DPAR__G_RELU_GRAD: return dpar_relu_backward(y, a, b);
     case DPAR__G_XENT: return dpar_softmax_xent(y, nd->fused ? dpar__g_buf(g, nd->fused, li) : NULL, a, b);
-    case DPAR__G_XENT_GRAD: return dpar_softmax_xent(g->scratch[li], y, a, b);
+    case DPAR__G_XENT_GRAD: return dpar_softmax_xent(dpar__g_scratch(g, li, y), y, a, b);
     case DPAR__G_MSE: return dpar_mse(y, nd->fused ? dpar__g_buf(g, nd->fused, li) : NULL, a, b);
-    case DPAR__G_MSE_GRAD: return dpar_mse(g->scratch[li], y, a, b);
+    case DPAR__G_MSE_GRAD: return dpar_mse(dpar__g_scratch(g, li, y), y, a, b);
     case DPAR__G_ADD: return (s = dpar_copy(y, a)) ? s : dpar_axpy(y, 1.0f, b);
     case DPAR__G_SCALE: return (s = dpar_copy(y, a)) ? s : dpar_scale(y, nd->fp);
     case DPAR__G_MULS: /* [1,1] @ [1,n]: a device scalar times x on every backend */
@@ -12521,6 +12550,12 @@ static dpar_status dpar__g_run(dpar_graph *g, const dpar_graph_feed *feeds, int 
     if ((s = dpar_shard_map(g->mesh, &d))) return s;
     g->ran = true;
     g->opt.step++;
+    if (loss && g->n[g->loss_value].dtype == DPAR_F64) { /* an f64 loss: rounded here, dpar_graph_get has it whole */
+        double lv = 0.0;
+        s = dpar_buffer_read(dpar__g_buf(g, g->loss_value, 0), 0, &lv, sizeof lv);
+        *loss = (float)lv;
+        return s;
+    }
     if (loss) return dpar_buffer_read(dpar__g_buf(g, g->loss_value, 0), 0, loss, sizeof *loss);
     return DPAR_OK;
 }
@@ -12686,6 +12721,8 @@ static void dpar__g_free(void *self) {
     DPAR_FREE(g->slot_bytes);
     for (int k = 0; g->opt_state && alive && k < 2 * g->opt.n; k++) dpar_array_destroy(g->opt_state[k]);
     for (int li = 0; g->scratch && li < g->nlocal; li++) dpar_buffer_destroy(g->scratch[li]);
+    for (int li = 0; g->scratch64 && li < g->nlocal; li++) dpar_buffer_destroy(g->scratch64[li]);
+    DPAR_FREE(g->scratch64);
     DPAR_FREE(g->opt_state);
     DPAR_FREE(g->state);
     DPAR_FREE(g->scratch);

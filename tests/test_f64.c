@@ -471,6 +471,103 @@ static void test_norms(void **st) {
     free(dy);
 }
 
+/* ---- a graph in double: value_and_grad against central differences of its own f64 forward ---- */
+enum { GB = 4, GD = 5, GH = 6, GC = 3, GNP = 6 };
+static double graph_loss(dpar_graph *g, dpar_value loss, const dpar_graph_feed *f, int nf) {
+    double l = 0;
+    float lf = 0;
+    T_OK(dpar_graph_run(g, f, nf, &lf));
+    T_OK(dpar_graph_get(g, loss, &l));
+    assert_true(lf == (float)l); /* dpar_graph_run rounds the f64 loss */
+    return l;
+}
+static void test_graph_gradcheck(void **st) {
+    (void)st;
+    dpar_mesh *m = t_mesh1(RT, 1, "data");
+    dpar_graph *g = NULL;
+    T_OK(dpar_graph_create(m, &g));
+    static const int64_t shapes[GNP][2] = { { GD, GH }, { GH, 0 }, { GH, 0 }, { GH, 0 }, { GH, GC }, { GC, 0 } };
+    static const char *const names[GNP] = { "w1", "b1", "gamma", "beta", "w2", "s" };
+    dpar_array *pa[GNP];
+    dpar_value pv[GNP], gr[GNP];
+    double *pd[GNP];
+    int64_t pn[GNP];
+    for (int k = 0; k < GNP; k++) {
+        dpar_array_desc d = { DPAR_F64, shapes[k][1] ? 2 : 1, { shapes[k][0], shapes[k][1] }, { NULL } };
+        T_OK(dpar_array_create(m, &d, &pa[k]));
+        pn[k] = shapes[k][0] * (shapes[k][1] ? shapes[k][1] : 1);
+        pd[k] = rnd_n(pn[k], 90 + (uint64_t)k);
+        if (k == 2)
+            for (int64_t i = 0; i < pn[k]; i++) pd[k][i] += 1.5; /* gamma near 1 */
+        T_OK(dpar_array_put(pa[k], pd[k]));
+        pv[k] = dpar_g_param(g, names[k], pa[k]);
+    }
+    dpar_value x = dpar_g_feed(g, "x", &(dpar_array_desc){ DPAR_F64, 2, { GB, GD }, { NULL } });
+    dpar_value t = dpar_g_feed(g, "t", &(dpar_array_desc){ DPAR_F64, 2, { GB, GC }, { NULL } });
+    dpar_value y = dpar_g_feed(g, "y", &(dpar_array_desc){ DPAR_I32, 1, { GB }, { NULL } });
+    dpar_value z = dpar_g_bias_add(g, dpar_g_matmul(g, x, pv[0], false, false), pv[1]);
+    dpar_value n = dpar_g_layer_norm(g, dpar_g_unary(g, z, DPAR_UNARY_TANH, 0.0f), pv[2], pv[3], 1e-5f);
+    dpar_value r = dpar_g_binary(g, dpar_g_matmul(g, n, pv[4], false, false), pv[5], DPAR_BINARY_MUL);
+    dpar_xent_desc xd = { true, -1, 0.1f };
+    dpar_value l1 = dpar_g_cross_entropy(g, r, y, &xd);
+    dpar_value l2 = dpar_g_mse(g, dpar_g_softmax(g, r, false), t);
+    dpar_value l3 = dpar_g_reduce(g, dpar_g_unary(g, r, DPAR_UNARY_SQUARE, 0.0f), DPAR_REDUCE_MEAN, NULL, 0, false);
+    dpar_value loss = dpar_g_add(g, dpar_g_add(g, l1, l2), dpar_g_scale(g, l3, 0.25f));
+    T_OK(dpar_graph_status(g));
+    dpar_dtype lt;
+    int lnd;
+    int64_t lsh[DPAR_MAX_DIMS];
+    T_OK(dpar_graph_value_shape(g, loss, &lt, &lnd, lsh));
+    assert_int_equal(lt, DPAR_F64);
+    T_OK(dpar_graph_value_and_grad(g, loss, pv, GNP, gr));
+    T_OK(dpar_graph_compile(g, NULL));
+    double *xv = rnd_n(GB * GD, 97), *tv = rnd_n(GB * GC, 98);
+    int32_t yv[GB] = { 2, -1, 0, 1 }; /* row 1 is padding */
+    dpar_graph_feed f[3] = { { x, xv, NULL }, { t, tv, NULL }, { y, yv, NULL } };
+    graph_loss(g, loss, f, 3);
+    double *an[GNP];
+    for (int k = 0; k < GNP; k++) {
+        an[k] = malloc((size_t)pn[k] * sizeof(double));
+        T_OK(dpar_graph_get(g, gr[k], an[k]));
+    }
+    /* fourth-order central differences (error O(h^4) ~ 1e-16, rounding ~ 1e-16 |L| / h ~ 1e-12) */
+    const double h = 1e-4, off[4] = { 2 * h, h, -h, -2 * h };
+    for (int k = 0; k < GNP; k++)
+        for (int64_t i = 0; i < pn[k]; i++) {
+            double keep = pd[k][i], l[4];
+            for (int j = 0; j < 4; j++) {
+                pd[k][i] = keep + off[j];
+                T_OK(dpar_array_put(pa[k], pd[k]));
+                l[j] = graph_loss(g, loss, f, 3);
+            }
+            pd[k][i] = keep;
+            T_OK(dpar_array_put(pa[k], pd[k]));
+            double fd = (8.0 * (l[1] - l[2]) - (l[0] - l[3])) / (12.0 * h);
+            if (!(fabs(an[k][i] - fd) <= 1e-8 * fmax(fabs(fd), 1e-2)))
+                fail_msg("d loss / d %s[%lld]: graph %.15g, central differences %.15g", names[k], (long long)i,
+                         an[k][i], fd);
+        }
+    for (int k = 0; k < GNP; k++) free(an[k]), free(pd[k]);
+    free(xv);
+    free(tv);
+    T_OK(dpar_graph_destroy(g));
+    for (int k = 0; k < GNP; k++) dpar_array_destroy(pa[k]);
+    dpar_mesh_destroy(m);
+}
+/* an f64 graph refuses an f32 input, naming both */
+static void test_graph_mixed_refused(void **st) {
+    (void)st;
+    dpar_mesh *m = t_mesh1(RT, 1, "data");
+    dpar_graph *g = NULL;
+    T_OK(dpar_graph_create(m, &g));
+    dpar_value a = dpar_g_feed(g, "a", &(dpar_array_desc){ DPAR_F64, 2, { 2, 2 }, { NULL } });
+    dpar_value b = dpar_g_feed(g, "b", &(dpar_array_desc){ DPAR_F32, 2, { 2, 2 }, { NULL } });
+    dpar_g_matmul(g, a, b, false, false);
+    T_ERR(dpar_graph_status(g), DPAR_ERR_DTYPE, "dpar_g_matmul", "f32", "f64");
+    T_OK(dpar_graph_destroy(g));
+    dpar_mesh_destroy(m);
+}
+
 /* ---- collectives within a process reduce f64 in double ---- */
 static dpar_status coll_fn(dpar_ctx *ctx, void *user) {
     (void)user;
@@ -598,6 +695,8 @@ int main(void) {
         cmocka_unit_test(test_norms),
         cmocka_unit_test(test_shape_ops),
         cmocka_unit_test(test_collectives),
+        cmocka_unit_test(test_graph_gradcheck),
+        cmocka_unit_test(test_graph_mixed_refused),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_vulkan_refuses_f64),
         cmocka_unit_test(test_cuda_refuses_f64),
