@@ -1821,6 +1821,38 @@ DPAR_API dpar_status dpar_graph_run(dpar_graph *g, const dpar_graph_feed *feeds,
    by the graph. NULL (last error set: DPAR_ERR_INVALID_ARGUMENT) when v is not
    a feed of g. */
 DPAR_API dpar_array *dpar_graph_feed_array(const dpar_graph *g, dpar_value v);
+/* Stages the next step's feeds (JAX's asynchronous device_put): copies each
+   host entry now, into one of two staged copies of the feeds' arrays (the
+   first put allocates them: twice the feeds' bytes per device), and takes
+   array entries by reference; the next dpar_graph_run / dpar_graph_run_start
+   with num_feeds = 0 runs on them (each device copies them into the feeds as
+   the step's first op). Allowed while a step started with
+   dpar_graph_run_start is in flight, of this graph or another (the put does
+   not touch what the running step reads), so step N+1's batch uploads while
+   step N computes; the host data may be reused as soon as it returns.
+   feeds: every feed of g once, as for dpar_graph_run (host: row-major global
+   data of the feed's dtype and shape; array: of the graph's mesh with the
+   feed's dtype, global shape and spec, which must stay alive and unwritten
+   until the run that takes it). feeds = NULL, num_feeds = 0: drops the staged
+   feeds. Puts and runs of a graph come from one thread (or are serialized
+   by the caller). Destroying the graph frees staged feeds never run.
+   Errors: DPAR_ERR_INVALID_ARGUMENT (g NULL, num_feeds < 0, a feed missing,
+   given twice, not a feed of g, with both or neither of host and array, an
+   array of another mesh or sharded differently), DPAR_ERR_DTYPE /
+   DPAR_ERR_SHAPE (an array's dtype or global shape differs, naming both),
+   DPAR_ERR_STATE (feeds staged already and not yet run; the first put of a
+   graph while a step is in flight; inside a pmap function; g destroyed),
+   DPAR_ERR_OUT_OF_MEMORY. A run with num_feeds > 0 while feeds are staged
+   fails with DPAR_ERR_INVALID_ARGUMENT; a run that fails before it dispatches
+   leaves them staged. */
+DPAR_API dpar_status dpar_graph_put_feeds(dpar_graph *g, const dpar_graph_feed *feeds, int num_feeds);
+/* The loss (f32 scalar, the pinned value of dpar_graph_value_and_grad) of
+   the graph's last run, read now: run with loss = NULL to leave it on the
+   devices (no host read, no wait per step) and read it when needed. It
+   waits for the devices. Errors: DPAR_ERR_INVALID_ARGUMENT (NULL; the graph
+   has no loss), DPAR_ERR_STATE (not run yet; a step in flight: wait for it
+   first; the mesh was destroyed). */
+DPAR_API dpar_status dpar_graph_loss(dpar_graph *g, float *loss);
 /* How the graph's steps are replayed on a backend that records programs
    (Vulkan: command buffers; CUDA: CUDA Graphs by stream capture): the first
    run records each device's runs of device ops (everything but collectives,
@@ -1885,8 +1917,10 @@ DPAR_API dpar_value dpar_g_dropout(dpar_graph *g, dpar_value x, float rate, uint
    dpar_graph_run, dpar_array_put/get/create/destroy, dpar_buffer_read/write/
    destroy, dpar_mesh_destroy, dpar_graph_destroy, dpar_runtime_destroy,
    dpar_vulkan_buffer_export/release) returns DPAR_ERR_STATE and does nothing;
-   dpar_test, dpar_wait, dpar_runtime_device_info/stats and dpar_last_error
-   are allowed. Only one thread may wait for or test a given request.
+   dpar_test, dpar_wait, dpar_runtime_device_info/stats, dpar_last_error and
+   dpar_graph_put_feeds (staging the next step's feeds: double-buffered, the
+   step never reads what it writes) are allowed. Only one thread may wait for
+   or test a given request.
    Errors of the start calls: DPAR_ERR_INVALID_ARGUMENT (NULL mesh, graph,
    desc, fn or req), DPAR_ERR_STATE (called inside a pmap function, another
    step of the runtime in flight, a runtime over several MPI processes),
@@ -4855,11 +4889,17 @@ DPAR_API dpar_status dpar_array_create(dpar_mesh *m, const dpar_array_desc *d, d
     return DPAR_OK;
 }
 
+static dpar_status dpar__array_scatter(dpar_array *a, const void *host, bool direct);
 static dpar_status dpar__array_put(dpar_array *a, const void *host) {
     dpar__clear_error();
     if (!a || !host) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_array_put: array or host data is NULL");
     dpar_status busy = dpar__busy(a->mesh->rt, NULL, "dpar_array_put");
     if (busy) return busy;
+    return dpar__array_scatter(a, host, false);
+}
+/* Row-major global host data -> each local shard of a. direct: straight to the backend, without
+   dpar_buffer_write's checks that no dispatch runs (>>graph feeds: buffers no dispatch touches). */
+static dpar_status dpar__array_scatter(dpar_array *a, const void *host, bool direct) {
     size_t es = dpar_dtype_size(a->dtype);
     size_t nb = (size_t)dpar__prod(a->local, a->ndim) * es;
     char *tmp = (char *)DPAR_MALLOC(nb ? nb : 1);
@@ -4870,7 +4910,14 @@ static dpar_status dpar__array_put(dpar_array *a, const void *host) {
         if (!a->shards[p]) continue;
         dpar__array_offsets(a, p, off);
         dpar__copy_block(tmp, a->local, zero, (const char *)host, a->shape, off, a->local, a->ndim, es);
-        s = dpar_buffer_write(a->shards[p], 0, tmp, nb);
+        dpar_buffer *b = a->shards[p];
+        if (!direct) {
+            s = dpar_buffer_write(b, 0, tmp, nb);
+        } else if (nb) {
+            double t0 = dpar__now_us();
+            s = b->rt->be->write(b->rt->bstate, b->device, b->mem, 0, tmp, nb);
+            dpar__obs_time(b->rt, b->device, DPAR__OBS_TRANSFER, t0);
+        }
     }
     DPAR_FREE(tmp);
     return s;
@@ -9417,6 +9464,8 @@ struct dpar_graph {
     int *rclone;              /* while the backward is built: [forward node] its recomputed copy, 0 none yet */
     int rupto;                /* the forward nodes are 1..rupto-1 */
     struct dpar__gprog *prog; /* [nlocal] recorded command buffers (>>graph program), NULL: op by op */
+    struct dpar__gstage *stage; /* staged feeds (>>graph feeds), NULL: none put yet */
+    dpar_buffer **feed_take;    /* the running step's staged shards [feed * nlocal + li], NULL: none */
 };
 static bool dpar__g_pipe_inputs(dpar_graph *g, int nin, const int *in); /* >>graph zero1-pipe */
 static bool dpar__g_pipe_feed(dpar_graph *g, int id, const char *name);
@@ -11574,11 +11623,14 @@ static dpar_status dpar__g_pipe_ticks(dpar_graph *g, dpar_ctx *ctx, int li, int 
     g->mb_now[li] = 0;
     return s;
 }
+static dpar_status dpar__g_stage_copy(const dpar_graph *g, int li); /* >>graph feeds */
 static dpar_status dpar__g_pipe_dispatch(dpar_ctx *ctx, void *user) {
     dpar_graph *g = (dpar_graph *)user;
     const dpar__gpipe *p = g->pp;
     int li = dpar_ctx_device(ctx) - g->first, st = 0, at = 0;
-    dpar_status s = dpar_ctx_axis_index(ctx, p->axis, &st);
+    dpar_status s = g->feed_take ? dpar__g_stage_copy(g, li) : DPAR_OK; /* >>graph feeds */
+    if (s) return s;
+    s = dpar_ctx_axis_index(ctx, p->axis, &st);
     if (!s) s = dpar__g_pipe_ticks(g, ctx, li, st, true, &at);
     if (!s) s = dpar__g_pipe_ticks(g, ctx, li, st, false, &at);
     if (!s && g->n[g->loss_value].stage == st) { /* the mean over the micro-batches */
@@ -12446,6 +12498,8 @@ static dpar_status dpar__g_dispatch(dpar_ctx *ctx, void *user) {
     dpar_graph *g = (dpar_graph *)user;
     int li = dpar_ctx_device(ctx) - g->first, k = 0;
     dpar__gprog *pr = g->prog && g->prog[li].state >= 0 && !DPAR__ATOMIC_LOAD(&dpar__trace_on) ? &g->prog[li] : NULL;
+    dpar_status staged = g->feed_take ? dpar__g_stage_copy(g, li) : DPAR_OK; /* >>graph feeds */
+    if (staged) return staged;
     for (int i = 1; i < g->count; i++) {
         dpar_status s = dpar__g_step_node(g, ctx, li, pr, &i, &k);
         char l[96];
@@ -12467,31 +12521,33 @@ static bool dpar__g_mesh_alive(const dpar_graph *g) {
         if (m == g->mesh) return true;
     return false;
 }
-/* Puts one feed entry into its feed's array. */
-static dpar_status dpar__g_put_feed(dpar_graph *g, const dpar_graph_feed *f) {
-    const dpar__gnode *nd = &g->n[f->value.id];
-    char l[96], s1[160], s2[160];
-    if (!f->host == !f->array)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_run: feed %s: give exactly one of host and array",
-                         dpar__g_label(g, f->value.id, l, sizeof l));
-    if (f->host) return dpar_array_put(nd->array, f->host);
-    const dpar_array *a = f->array, *want = nd->array;
-    if (dpar__live_arg(a, DPAR__LIVE_ARRAY, "dpar_graph_run", "a feed's array")) return DPAR_ERR_STATE;
-    if (a->mesh != g->mesh)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_run: feed %s: the array is on another mesh",
-                         dpar__g_label(g, f->value.id, l, sizeof l));
+/* Whether array a may feed `want` (the feed's own array, labelled l): live, same mesh, dtype and global shape. */
+static dpar_status dpar__g_feed_check(const dpar_array *a, const dpar_array *want, const char *l, const char *fn) {
+    char s1[160], s2[160];
+    if (dpar__live_arg(a, DPAR__LIVE_ARRAY, fn, "a feed's array")) return DPAR_ERR_STATE;
+    if (a->mesh != want->mesh)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: feed %s: the array is on another mesh", fn, l);
     if (a->dtype != want->dtype)
-        return dpar__err(DPAR_ERR_DTYPE, "dpar_graph_run: feed %s is %s but the array is %s",
-                         dpar__g_label(g, f->value.id, l, sizeof l), dpar_dtype_name(want->dtype),
+        return dpar__err(DPAR_ERR_DTYPE, "%s: feed %s is %s but the array is %s", fn, l, dpar_dtype_name(want->dtype),
                          dpar_dtype_name(a->dtype));
     bool same = a->ndim == want->ndim;
     for (int d = 0; same && d < a->ndim; d++) same = a->shape[d] == want->shape[d];
     if (!same)
-        return dpar__err(DPAR_ERR_SHAPE, "dpar_graph_run: feed %s has global shape %s but the array is %s",
-                         dpar__g_label(g, f->value.id, l, sizeof l),
+        return dpar__err(DPAR_ERR_SHAPE, "%s: feed %s has global shape %s but the array is %s", fn, l,
                          dpar__shape_str(s1, sizeof s1, want->ndim, want->shape),
                          dpar__shape_str(s2, sizeof s2, a->ndim, a->shape));
-    return dpar_array_reshard(nd->array, a);
+    return DPAR_OK;
+}
+/* Puts one feed entry into its feed's array. */
+static dpar_status dpar__g_put_feed(dpar_graph *g, const dpar_graph_feed *f) {
+    const dpar__gnode *nd = &g->n[f->value.id];
+    char l[96];
+    dpar__g_label(g, f->value.id, l, sizeof l);
+    if (!f->host == !f->array)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_run: feed %s: give exactly one of host and array", l);
+    if (f->host) return dpar_array_put(nd->array, f->host);
+    dpar_status s = dpar__g_feed_check(f->array, nd->array, l, "dpar_graph_run");
+    return s ? s : dpar_array_reshard(nd->array, f->array);
 }
 static dpar_status dpar__g_feeds(dpar_graph *g, const dpar_graph_feed *feeds, int num) {
     char l[96];
@@ -12509,24 +12565,33 @@ static dpar_status dpar__g_feeds(dpar_graph *g, const dpar_graph_feed *feeds, in
         int k = 0;
         while (k < num && feeds[k].value.id != i) k++;
         if (k == num)
-            return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_run: feed %s was not given; pass it in feeds",
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                             "dpar_graph_run: feed %s was not given; pass it in feeds (or stage the feeds first "
+                             "with dpar_graph_put_feeds and run with num_feeds = 0)",
                              dpar__g_label(g, i, l, sizeof l));
         dpar_status s = dpar__g_put_feed(g, &feeds[k]);
         if (s) return s;
     }
     return DPAR_OK;
 }
-static dpar_status dpar__g_run(dpar_graph *g, const dpar_graph_feed *feeds, int num_feeds, float *loss);
-DPAR_API dpar_status dpar_graph_run(dpar_graph *g, const dpar_graph_feed *feeds, int num_feeds, float *loss) {
+static dpar_status dpar__g_run(dpar_graph *g, const dpar_graph_feed *feeds, int num_feeds, float *loss, bool take);
+static dpar_status dpar__g_stage_take(dpar_graph *g, int num_feeds, const char *fn); /* >>graph feeds */
+static void dpar__g_stage_untake(dpar_graph *g);
+/* A run from the caller's thread (take: it takes staged feeds, see >>graph feeds) or from a step's (taken). */
+static dpar_status dpar__g_run_entered(dpar_graph *g, const dpar_graph_feed *feeds, int num_feeds, float *loss,
+                                       bool take) {
     dpar__clear_error();
     if (!g) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_run: graph is NULL");
     dpar_runtime *rt = NULL; /* counted in flight: no destroy frees g or its mesh meanwhile */
     if (dpar__live_enter(g, DPAR__LIVE_GRAPH, "dpar_graph_run", 0, &rt)) return DPAR_ERR_STATE;
-    dpar_status s = dpar__g_run(g, feeds, num_feeds, loss);
+    dpar_status s = dpar__g_run(g, feeds, num_feeds, loss, take);
     dpar__live_leave(rt, 0);
     return s;
 }
-static dpar_status dpar__g_run(dpar_graph *g, const dpar_graph_feed *feeds, int num_feeds, float *loss) {
+DPAR_API dpar_status dpar_graph_run(dpar_graph *g, const dpar_graph_feed *feeds, int num_feeds, float *loss) {
+    return dpar__g_run_entered(g, feeds, num_feeds, loss, true);
+}
+static dpar_status dpar__g_run(dpar_graph *g, const dpar_graph_feed *feeds, int num_feeds, float *loss, bool take) {
     if (g->err) return dpar__g_status(g);
     if (num_feeds < 0 || (num_feeds && !feeds))
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_run: num_feeds = %d with feeds %s", num_feeds,
@@ -12539,9 +12604,13 @@ static dpar_status dpar__g_run(dpar_graph *g, const dpar_graph_feed *feeds, int 
     if (loss && !g->loss_value)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
                          "dpar_graph_run: the graph has no loss; call dpar_graph_value_and_grad or pass loss = NULL");
-    dpar_status s = g->compiled ? DPAR_OK : dpar_graph_compile(g, NULL);
-    if (!s) s = dpar__g_feeds(g, feeds, num_feeds);
-    if (s) return s;
+    dpar_status s = take ? dpar__g_stage_take(g, num_feeds, "dpar_graph_run") : DPAR_OK;
+    if (!s && !g->compiled) s = dpar_graph_compile(g, NULL);
+    if (!s && !g->feed_take) s = dpar__g_feeds(g, feeds, num_feeds);
+    if (s) {
+        if (take) dpar__g_stage_untake(g); /* nothing ran: the staged feeds stay for the next run */
+        return s;
+    }
     dpar__g_prog_setup(g);
     dpar_shard_map_desc d;
     memset(&d, 0, sizeof d);
@@ -12568,6 +12637,227 @@ DPAR_API dpar_array *dpar_graph_feed_array(const dpar_graph *g, dpar_value v) {
         return NULL;
     }
     return g->n[v.id].array;
+}
+
+/* >>graph feeds ==============================================================
+   Issue 12's "feeds in, the loss out": the asynchronous device_put of the next
+   step's feeds, and the loss left on the devices until read.
+   dpar_graph_put_feeds copies host batches into one of two staged sets of
+   arrays shaped like the feeds (made by the first put), also while a step is
+   in flight; a run with num_feeds = 0 takes the staged set, and each device
+   copies its shards into the feeds' own arrays as the first op of the step's
+   dispatch (no dispatch of its own). Two sets: the step in flight reads the
+   set it took while the next put fills the other. Only the caller's thread
+   touches the stage (puts, and the takes of dpar_graph_run / _start, which no
+   step is in flight for); the step's workers read g->feed_take, set before the
+   step starts. A put reads only the stage, cached at the first put: the step
+   in flight may be compiling the graph's nodes. */
+typedef struct dpar__gstage {
+    int n;              /* the graph's feeds */
+    int *ids;           /* [n] their nodes */
+    char (*label)[96];  /* [n] their labels, for errors */
+    dpar_array **feed;  /* [n] their own arrays (what the step reads) */
+    dpar_buffer **dst;  /* [n * nlocal] their shards on this process's devices */
+    dpar_array **own;   /* [2 * n] the two staged sets: own[set * n + k] */
+    dpar_array **src;   /* [n] what is staged: own[next * n + k] (a host put) or the caller's array */
+    dpar_buffer **take; /* [n * nlocal] the shards the taking run copies from (g->feed_take) */
+    int next;           /* the set the next host put fills */
+    bool full, host;    /* a put no run took yet; it put host data (in set `next`) */
+} dpar__gstage;
+
+static void dpar__g_stage_free(dpar_graph *g, bool alive) {
+    dpar__gstage *st = g->stage;
+    if (!st) return;
+    for (int k = 0; alive && st->own && k < 2 * st->n; k++) dpar_array_destroy(st->own[k]);
+    DPAR_FREE(st->ids);
+    DPAR_FREE(st->label);
+    DPAR_FREE(st->feed);
+    DPAR_FREE(st->dst);
+    DPAR_FREE(st->own);
+    DPAR_FREE(st->src);
+    DPAR_FREE(st->take);
+    DPAR_FREE(st);
+    g->stage = NULL;
+}
+/* The first put: the stage and its two sets of arrays (the feeds' global shapes and specs). */
+static dpar_status dpar__g_stage_make(dpar_graph *g) {
+    if (DPAR__ATOMIC_LOAD(&g->rt->async_req))
+        return dpar__err(DPAR_ERR_STATE,
+                         "dpar_graph_put_feeds: a step is in flight and this graph's first put allocates its staged "
+                         "feed arrays; put the first batch between steps (before the first dpar_graph_run_start)");
+    if (g->err) return dpar__g_status(g);
+    if (!dpar__g_mesh_alive(g))
+        return dpar__err(DPAR_ERR_STATE, "dpar_graph_put_feeds: the graph's mesh was destroyed");
+    int n = 0;
+    for (int i = 1; i < g->count; i++) n += g->n[i].kind == DPAR__G_FEED;
+    size_t m = (size_t)(n ? n : 1), nl = (size_t)g->nlocal;
+    dpar__gstage *st = g->stage = (dpar__gstage *)dpar__calloc(1, sizeof *st);
+    if (st) {
+        st->n = n;
+        st->ids = (int *)dpar__calloc(m, sizeof *st->ids);
+        st->label = (char(*)[96])dpar__calloc(m, sizeof *st->label);
+        st->feed = (dpar_array **)dpar__calloc(m, sizeof *st->feed);
+        st->dst = (dpar_buffer **)dpar__calloc(m * nl, sizeof *st->dst);
+        st->own = (dpar_array **)dpar__calloc(2 * m, sizeof *st->own);
+        st->src = (dpar_array **)dpar__calloc(m, sizeof *st->src);
+        st->take = (dpar_buffer **)dpar__calloc(m * nl, sizeof *st->take);
+    }
+    if (!st || !st->ids || !st->label || !st->feed || !st->dst || !st->own || !st->src || !st->take) {
+        dpar__g_stage_free(g, true);
+        return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_graph_put_feeds: out of host memory");
+    }
+    dpar_status s = DPAR_OK;
+    for (int i = 1, k = 0; i < g->count && !s; i++) {
+        if (g->n[i].kind != DPAR__G_FEED) continue;
+        st->ids[k] = i;
+        dpar__g_label(g, i, st->label[k], sizeof st->label[k]);
+        st->feed[k] = g->n[i].array;
+        for (int li = 0; li < g->nlocal; li++)
+            st->dst[(size_t)k * nl + (size_t)li] = dpar_array_shard(st->feed[k], g->first + li);
+        for (int set = 0; set < 2 && !s; set++) s = dpar__g_grad_array(g, i, &st->own[set * n + k]);
+        k++;
+    }
+    if (s) {
+        char text[DPAR__ERR_LEN];
+        snprintf(text, sizeof text, "%s", dpar_last_error());
+        dpar__g_stage_free(g, true);
+        return dpar__err(s, "dpar_graph_put_feeds: the staged feed arrays: %s", text);
+    }
+    return DPAR_OK;
+}
+/* Each feed's entry in feeds (at[k]), checked before anything is written. */
+static dpar_status dpar__g_stage_match(const dpar__gstage *st, const dpar_graph_feed *feeds, int num, int *at) {
+    const char *fn = "dpar_graph_put_feeds";
+    for (int k = 0; k < st->n; k++) at[k] = -1;
+    for (int j = 0; j < num; j++) {
+        int k = 0;
+        while (k < st->n && st->ids[k] != feeds[j].value.id) k++;
+        if (k == st->n)
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: feeds[%d] is not a feed of this graph", fn, j);
+        if (at[k] >= 0) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: feed %s is given twice", fn, st->label[k]);
+        if (!feeds[j].host == !feeds[j].array)
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: feed %s: give exactly one of host and array", fn,
+                             st->label[k]);
+        dpar_status s = feeds[j].array ? dpar__g_feed_check(feeds[j].array, st->feed[k], st->label[k], fn) : DPAR_OK;
+        if (s) return s;
+        for (int d = 0; feeds[j].array && d < st->feed[k]->ndim; d++)
+            if (!dpar__spec_dim_eq(feeds[j].array, d, st->feed[k], d))
+                return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                                 "%s: feed %s: the array is sharded differently from the feed (dimension %d); stage "
+                                 "an array of the feed's spec, or pass this one to dpar_graph_run, which reshards",
+                                 fn, st->label[k], d);
+        at[k] = j;
+    }
+    for (int k = 0; k < st->n; k++)
+        if (at[k] < 0)
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: feed %s was not given; stage every feed of the graph", fn,
+                             st->label[k]);
+    return DPAR_OK;
+}
+static dpar_status dpar__g_put_feeds(dpar_graph *g, const dpar_graph_feed *feeds, int num) {
+    if (dpar__self_worker)
+        return dpar__err(DPAR_ERR_STATE, "dpar_graph_put_feeds: called inside a pmap/shard_map function");
+    if (!num) { /* drop what is staged */
+        if (g->stage) g->stage->full = false;
+        return DPAR_OK;
+    }
+    dpar_status s = g->stage ? DPAR_OK : dpar__g_stage_make(g);
+    if (s) return s;
+    dpar__gstage *st = g->stage;
+    if (st->full)
+        return dpar__err(DPAR_ERR_STATE,
+                         "dpar_graph_put_feeds: feeds are staged already and no run took them; run the graph with "
+                         "num_feeds = 0 first, or drop them with dpar_graph_put_feeds(g, NULL, 0)");
+    int *at = (int *)DPAR_MALLOC((size_t)(st->n ? st->n : 1) * sizeof *at);
+    if (!at) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_graph_put_feeds: out of host memory");
+    s = dpar__g_stage_match(st, feeds, num, at);
+    st->host = false;
+    for (int k = 0; k < st->n && !s; k++) {
+        const dpar_graph_feed *f = &feeds[at[k]];
+        st->src[k] = f->array ? f->array : st->own[st->next * st->n + k];
+        st->host |= f->host != NULL;
+        if (f->host && (s = dpar__array_scatter(st->src[k], f->host, true)))
+            s = dpar__err(s, "dpar_graph_put_feeds: feed %s: %s", st->label[k], dpar_last_error());
+    }
+    DPAR_FREE(at);
+    st->full = !s;
+    return s;
+}
+DPAR_API dpar_status dpar_graph_put_feeds(dpar_graph *g, const dpar_graph_feed *feeds, int num_feeds) {
+    dpar__clear_error();
+    if (!g) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_put_feeds: graph is NULL");
+    if (num_feeds < 0 || (num_feeds && !feeds))
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_put_feeds: num_feeds = %d with feeds %s", num_feeds,
+                         feeds ? "given" : "NULL");
+    dpar_runtime *rt = NULL; /* counted in flight: no destroy frees g meanwhile */
+    if (dpar__live_enter(g, DPAR__LIVE_GRAPH, "dpar_graph_put_feeds", 0, &rt)) return DPAR_ERR_STATE;
+    dpar_status s = dpar__g_put_feeds(g, feeds, num_feeds);
+    dpar__live_leave(rt, 0);
+    return s;
+}
+/* Before a run, on the caller's thread with no step in flight: num_feeds = 0 takes what is staged (explicit
+   feeds then are refused); sets g->feed_take for the step's workers, NULL when nothing was taken. */
+static dpar_status dpar__g_stage_take(dpar_graph *g, int num_feeds, const char *fn) {
+    dpar__gstage *st = g->stage;
+    g->feed_take = NULL;
+    if (!st || !st->full) return DPAR_OK;
+    if (num_feeds)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                         "%s: %d feed(s) passed while feeds are staged by dpar_graph_put_feeds; pass num_feeds = 0 "
+                         "to run on the staged ones, or drop them first with dpar_graph_put_feeds(g, NULL, 0)",
+                         fn, num_feeds);
+    size_t nl = (size_t)g->nlocal;
+    for (int k = 0; k < st->n; k++) {
+        bool own = st->src[k] == st->own[st->next * st->n + k];
+        dpar_status s = own ? DPAR_OK : dpar__g_feed_check(st->src[k], st->feed[k], st->label[k], fn); /* still live */
+        if (s) return s;
+        for (int li = 0; li < g->nlocal; li++)
+            st->take[(size_t)k * nl + (size_t)li] = dpar_array_shard(st->src[k], g->first + li);
+    }
+    st->full = false;
+    if (st->host) st->next ^= 1; /* the next put fills the other set while this one is read */
+    g->feed_take = st->take;
+    return DPAR_OK;
+}
+/* A run that failed before its dispatch gives back what it took. */
+static void dpar__g_stage_untake(dpar_graph *g) {
+    dpar__gstage *st = g->stage;
+    if (!g->feed_take) return;
+    g->feed_take = NULL;
+    st->full = true;
+    if (st->host) st->next ^= 1;
+}
+/* Device li's first op of a step that took staged feeds: their shards into the feeds' own arrays. */
+static dpar_status dpar__g_stage_copy(const dpar_graph *g, int li) {
+    const dpar__gstage *st = g->stage;
+    size_t nl = (size_t)g->nlocal;
+    for (int k = 0; k < st->n; k++) {
+        size_t at = (size_t)k * nl + (size_t)li;
+        dpar_status s = dpar_copy(st->dst[at], g->feed_take[at]);
+        if (s) return dpar__err(s, "dpar_graph_run: staged feed %s: %s", st->label[k], dpar_last_error());
+    }
+    return DPAR_OK;
+}
+/* The loss of the last run, read now (dpar_graph_run with loss = NULL leaves it on the devices). */
+static dpar_status dpar__g_loss(dpar_graph *g, float *loss) {
+    const char *fn = "dpar_graph_loss";
+    dpar_status s = dpar__busy(g->rt, NULL, fn);
+    if (s) return s;
+    if (g->err) return dpar__g_status(g);
+    if (!g->loss_value)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: the graph has no loss; call dpar_graph_value_and_grad", fn);
+    if (!g->ran) return dpar__err(DPAR_ERR_STATE, "%s: the graph has not run yet (dpar_graph_run)", fn);
+    if (!dpar__g_mesh_alive(g)) return dpar__err(DPAR_ERR_STATE, "%s: the graph's mesh was destroyed", fn);
+    return dpar_buffer_read(dpar__g_buf(g, g->loss_value, 0), 0, loss, sizeof *loss);
+}
+DPAR_API dpar_status dpar_graph_loss(dpar_graph *g, float *loss) {
+    dpar__clear_error();
+    if (!g || !loss) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_loss: graph or loss is NULL");
+    dpar_runtime *rt = NULL;
+    if (dpar__live_enter(g, DPAR__LIVE_GRAPH, "dpar_graph_loss", 0, &rt)) return DPAR_ERR_STATE;
+    dpar_status s = dpar__g_loss(g, loss);
+    dpar__live_leave(rt, 0);
+    return s;
 }
 
 /* ---- inspect ---- */
@@ -12716,6 +13006,7 @@ static void dpar__g_free(void *self) {
         if (g->n[i].kind != DPAR__G_PARAM && g->n[i].array && alive) dpar_array_destroy(g->n[i].array);
     }
     dpar__g_z1_destroy(g, alive);
+    dpar__g_stage_free(g, alive); /* >>graph feeds */
     dpar__g_pipe_destroy(g);
     dpar__g_bucket_free(g);
     DPAR_FREE(g->slot_bytes);
@@ -12775,7 +13066,7 @@ static DPAR__THREAD_FN(dpar__disp_main, arg) {
     else if (d->kind == DPAR__DISP_SHARD_MAP)
         s = dpar_shard_map(d->mesh, &d->smap);
     else
-        s = dpar_graph_run(d->g, d->feeds, d->num_feeds, d->loss);
+        s = dpar__g_run_entered(d->g, d->feeds, d->num_feeds, d->loss, false); /* taken by dpar_graph_run_start */
     r->status = s;
     if (s) snprintf(r->msg, sizeof r->msg, "%s", dpar__err_text);
     DPAR__ATOMIC_STORE(&r->done, 1);
@@ -12897,7 +13188,16 @@ DPAR_API dpar_status dpar_graph_run_start(dpar_graph *g, const dpar_graph_feed *
     d->g = g;
     d->num_feeds = num_feeds;
     d->loss = loss;
-    return dpar__disp_start(d, "dpar_graph_run_start", req);
+    /* staged feeds are taken here, before the step's thread exists (>>graph feeds); a step in flight reads them */
+    dpar_status s = dpar__busy(d->rt, NULL, "dpar_graph_run_start");
+    if (!s) s = dpar__g_stage_take(g, num_feeds, "dpar_graph_run_start");
+    if (s) {
+        DPAR_FREE(d->feeds);
+        DPAR_FREE(d);
+        return s;
+    }
+    if ((s = dpar__disp_start(d, "dpar_graph_run_start", req))) dpar__g_stage_untake(g);
+    return s;
 }
 
 /* dpar_wait with ctx = NULL: joins the step's thread, frees the runtime for the next one. */
