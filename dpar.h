@@ -842,10 +842,11 @@ DPAR_API dpar_status dpar_wait(dpar_ctx *ctx, dpar_request *req);
    conv2d, the pools, the norms, attention, and their gradients) take one
    dtype for all their tensors (stats buffers stay f32). With f16 or bf16 they
    accumulate in f32 exactly as the f32 op does on the same (widened) inputs
-   and round each result once to nearest even. The CPU backend runs them;
-   Vulkan and CUDA answer DPAR_ERR_DTYPE naming the backend, the op and the
-   dtype (cast to f32 with dpar_cast there). Mixed dtypes: DPAR_ERR_DTYPE
-   naming both operands.
+   and round each result once to nearest even, on every backend (Vulkan and
+   CUDA cast into f32 device temporaries, 4 bytes per element of each 16-bit
+   operand for the call, and back: a 16-bit result is that backend's f32
+   result rounded once). Mixed dtypes: DPAR_ERR_DTYPE naming both operands;
+   i32 and other dtypes: DPAR_ERR_DTYPE naming the op, the dtype and the backend.
    ------------------------------------------------------------------------ */
 /* C = alpha * op(A) @ op(B) + beta * C, op(X) = X or X^T; A, B, C 2-D,
    op(A) [M,K], op(B) [K,N], C [M,N]. beta = 0 ignores C's old contents
@@ -1045,14 +1046,14 @@ DPAR_API dpar_status dpar_conv2d_output_shape(const int64_t x_shape[4], const in
      y[n,i,j,o] = b[o] + sum_{p,q,c} x[n, i*sh - pt + p*dh, j*sw - pl + q*dw, c] w[p,q,c,o]
    (cross-correlation, as lax.conv_general_dilated with ('NHWC','HWIO','NHWC');
    out-of-image x reads as 0). All f32, f16 or bf16 (one dtype: see 16-bit storage
-   above; CPU only for 16-bit), on one device; y must not alias x or w.
+   above; every backend), on one device; y must not alias x or w.
    CPU: blocked im2col + the matrix product (scratch <= 2 MiB per call). CUDA:
    im2col + cuBLAS sgemm over chunks of images (column matrix <= 64 MiB; a 1x1
    stride-1 unpadded kernel multiplies x in place); the input gradient folds
    the column gradient back with a gather, so results repeat bit for bit.
    Vulkan: one shader invocation per output element.
    Errors: DPAR_ERR_SHAPE (naming the shapes and the expected y), DPAR_ERR_DTYPE
-   (mixed dtypes, i32, or 16-bit on a backend without it), DPAR_ERR_INVALID_ARGUMENT
+   (mixed dtypes, i32), DPAR_ERR_INVALID_ARGUMENT
    (desc fields, aliasing). The pools and gradients below: dtypes and errors alike. */
 DPAR_API dpar_status dpar_conv2d(dpar_buffer *y, const dpar_buffer *x, const dpar_buffer *w, const dpar_buffer *b,
                                  const dpar_conv2d_desc *d);
@@ -1276,8 +1277,8 @@ DPAR_API void dpar_philox4x32(const uint32_t ctr[4], const uint32_t key[2], uint
    x, y: [..., N] (same shape; y may alias x); w, b: [N] or NULL (ones / zeros); eps > 0 (1e-5 usual).
    stats: NULL, or M*2 f32 ([..., 2] with x's leading dims), (mean_i, rstd_i) per row, saved for the
    backward. A constant row gives y = b exactly (no NaN). M or N may be 0.
-   Errors: DPAR_ERR_SHAPE (text names both shapes), DPAR_ERR_DTYPE (mixed, i32, stats not f32, or 16-bit
-   off the CPU backend), DPAR_ERR_INVALID_ARGUMENT
+   Errors: DPAR_ERR_SHAPE (text names both shapes), DPAR_ERR_DTYPE (mixed, i32, stats not f32),
+   DPAR_ERR_INVALID_ARGUMENT
    (NULL x/y, eps <= 0 or not finite, operands on different devices). */
 DPAR_API dpar_status dpar_layer_norm(dpar_buffer *y, dpar_buffer *stats, const dpar_buffer *x, const dpar_buffer *w,
                                      const dpar_buffer *b, float eps);
@@ -7007,30 +7008,26 @@ static dpar_status dpar__scalar_out(const char *name, const dpar_buffer *b) {
 /* >>half storage (checks) =====================================================
    The layer ops (conv2d, pools, norms, softmax, attention, bias_grad) take one
    storage dtype for all their float tensors: f32, or f16 / bf16 with f32
-   accumulation and each result rounded once to nearest even (the CPU backend;
-   see >>cpu half storage). Their stats buffers stay f32. */
-/* Every non-NULL b[i] has the dtype of the first non-NULL one, a float dtype
-   the device's backend runs this op in; the op's name is fn. */
+   accumulation and each result rounded once to nearest even (every backend:
+   see >>cpu half storage, >>device half storage). Their stats buffers stay f32. */
+/* Every non-NULL b[i] has the dtype of the first non-NULL one: f32, f16 or
+   bf16; the op's name is fn. */
 static dpar_status dpar__same_float(const char *fn, const dpar_buffer *const *b, const char *const *names, int n) {
     int r = 0;
     while (r < n && !b[r]) r++;
     if (r == n) return DPAR_OK;
     dpar_dtype t = b[r]->dtype;
     if (t != DPAR_F32 && t != DPAR_F16 && t != DPAR_BF16)
-        return dpar__err(DPAR_ERR_DTYPE, "%s: %s is %s but this op takes f32, f16 or bf16; convert with dpar_cast", fn,
-                         names[r], dpar_dtype_name(t));
+        return dpar__err(DPAR_ERR_DTYPE,
+                         "%s: %s is %s but this op takes f32, f16 or bf16 on every backend (%s here); convert with "
+                         "dpar_cast",
+                         fn, names[r], dpar_dtype_name(t), b[r]->rt->be->name);
     for (int i = r + 1; i < n; i++)
         if (b[i] && b[i]->dtype != t)
             return dpar__err(DPAR_ERR_DTYPE,
                              "%s: %s is %s but %s is %s; the op's tensors share one dtype (stats stay "
                              "f32); convert with dpar_cast",
                              fn, names[i], dpar_dtype_name(b[i]->dtype), names[r], dpar_dtype_name(t));
-    const dpar__backend_iface *be = b[r]->rt->be;
-    if (t != DPAR_F32 && be->kind != DPAR_BACKEND_CPU)
-        return dpar__err(DPAR_ERR_DTYPE,
-                         "%s: the %s backend has no %s kernel for this op (only f32; the cpu backend takes f16 and "
-                         "bf16); cast to f32 with dpar_cast or run it on the cpu backend",
-                         fn, be->name, dpar_dtype_name(t));
     return DPAR_OK;
 }
 /* >>f64 (checks) ==============================================================
@@ -16009,6 +16006,65 @@ static const dpar__backend_iface dpar__cpu_backend = {
 static const dpar__backend_iface *dpar__cpu_iface(void) {
     return &dpar__cpu_backend;
 }
+
+#if defined(DPAR_VULKAN) || defined(DPAR_CUDA)
+/* >>device half storage =======================================================
+   Vulkan and CUDA run the 16-bit layer ops (dpar__cpu_half_kind) with the
+   numerics of >>cpu half storage, on device temporaries: each 16-bit operand
+   is cast into an f32 temporary by the backend's CAST kernel (exact), the
+   backend's f32 kernel runs on the temporaries, then each 16-bit output is
+   cast back, rounded once to nearest even (as dpar_f32_to_f16 / _bf16). So a
+   16-bit result is the backend's f32 result rounded once. Outputs are widened
+   too (an op may read its output, as bias_grad's beta does, or alias it to an
+   input), and an operand given twice maps to one temporary. Extra device
+   memory: 4 bytes per element of each 16-bit operand, held for the op. */
+typedef struct dpar__half_hooks {
+    dpar_status (*run)(void *st, int dev, const dpar__op *op); /* the backend's op (f32 kernels, CAST) */
+    dpar_status (*alloc)(void *st, int dev, size_t nbytes, void **mem);
+    void (*free)(void *st, int dev, void *mem);
+} dpar__half_hooks;
+static dpar_status dpar__half_cast(void *st, int dev, const dpar__half_hooks *h, dpar_buffer *dst,
+                                   const dpar_buffer *src) {
+    dpar__op c;
+    dpar__op_init(&c, DPAR__OP_CAST, dst);
+    c.src0 = src;
+    return h->run(st, dev, &c);
+}
+static dpar_status dpar__half_lowered(void *st, int dev, const dpar__op *op, const dpar__half_hooks *h) {
+    const dpar_buffer *orig[7] = { op->dst, op->dst2, op->dst3, op->src0, op->src1, op->src2, op->src3 };
+    const dpar_buffer *map[7];
+    dpar_buffer wide[7];
+    dpar_status s = DPAR_OK;
+    int nw = 0, first[7] = { 0 };
+    for (int i = 0; i < 7 && !s; i++) {
+        int j = 0;
+        while (j < i && orig[j] != orig[i]) j++;
+        first[i] = j == i;
+        map[i] = j < i ? map[j] : orig[i];
+        if (j < i || !dpar__is_half(orig[i])) continue;
+        dpar_buffer *w = &wide[nw];
+        *w = *orig[i];
+        w->dtype = DPAR_F32;
+        w->nbytes = (size_t)orig[i]->count * sizeof(float);
+        w->mem = NULL;
+        if ((s = h->alloc(st, dev, w->nbytes, &w->mem))) break;
+        map[i] = &wide[nw++];
+        s = dpar__half_cast(st, dev, h, w, orig[i]);
+    }
+    if (!s) {
+        dpar__op w = *op;
+        w.dst = (dpar_buffer *)(uintptr_t)map[0], w.dst2 = (dpar_buffer *)(uintptr_t)map[1];
+        w.dst3 = (dpar_buffer *)(uintptr_t)map[2];
+        w.src0 = map[3], w.src1 = map[4], w.src2 = map[5], w.src3 = map[6];
+        s = h->run(st, dev, &w);
+    }
+    for (int i = 0; i < 3 && !s; i++) /* the outputs, rounded once */
+        if (first[i] && dpar__is_half(orig[i]))
+            s = dpar__half_cast(st, dev, h, (dpar_buffer *)(uintptr_t)orig[i], map[i]);
+    for (int i = 0; i < nw; i++) h->free(st, dev, wide[i].mem);
+    return s;
+}
+#endif
 
 #ifdef DPAR_VULKAN
 #include "backends/dpar_vulkan.h"

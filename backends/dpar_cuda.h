@@ -1699,6 +1699,22 @@ static dpar_status dpar__cu_op_pointwise(dpar__cu_state *st, int dev, const dpar
     }
 }
 
+/* >>cuda half storage: the 16-bit layer ops through dpar__half_lowered (>>device half storage): the CAST kernel and
+   the f32 kernels on temporaries from dpar__cu_alloc, freed after the op (dpar__cu_free waits for it). Not while a
+   graph program is captured, which would outlive them: the graph then runs that device op by op (its layer nodes
+   are f32 today, so this does not arise). */
+static dpar_status dpar__cu_half_alloc(void *state, int dev, size_t nbytes, void **mem) {
+    *mem = NULL;
+    if (((dpar__cu_state *)state)->dev[dev].cap)
+        return dpar__err(DPAR_ERR_STATE,
+                         "cuda: device %d: a 16-bit layer op (f32 temporaries) while a graph program is captured; "
+                         "run it outside the graph, or in f32",
+                         dev);
+    return dpar__cu_alloc(state, dev, nbytes, mem);
+}
+static dpar_status dpar__cu_op(void *state, int dev, const dpar__op *op);
+static const dpar__half_hooks dpar__cu_half = { dpar__cu_op, dpar__cu_half_alloc, dpar__cu_free };
+
 static dpar_status dpar__cu_op(void *state, int dev, const dpar__op *op) {
     dpar__cu_state *st = (dpar__cu_state *)state;
     dpar__cu_dev *d = &st->dev[dev];
@@ -1711,6 +1727,7 @@ static dpar_status dpar__cu_op(void *state, int dev, const dpar__op *op) {
     dpar_status st2 = dpar__cu_bind(st, dev);
     if (st2) return st2;
     DPAR_ASSERT((int)op->kind >= 0 && op->kind < DPAR__OP_COUNT);
+    if (dpar__cpu_half_kind(op->kind) && dpar__op_has_half(op)) return dpar__half_lowered(st, dev, op, &dpar__cu_half);
 
     switch (op->kind) {
     case DPAR__OP_MATMUL: return dpar__cu_matmul(st, dev, op);

@@ -2138,6 +2138,20 @@ static dpar_status dpar__vk_op_basic(dpar__vk *st, int dev, const dpar__op *op, 
     }
 }
 
+/* >>vulkan half storage =======================================================
+   The 16-bit layer ops run through dpar__half_lowered (>>device half storage)
+   with cast.comp and the f32 shaders, on temporaries from dpar__vk_alloc freed
+   after the op (dpar__vk_free waits for it). Not while recording a graph
+   program, which would outlive them: the graph then runs that device op by
+   op (the graph's layer nodes are f32 today, so this does not arise). */
+static dpar_status dpar__vk_half_alloc(void *state, int dev, size_t nbytes, void **mem) {
+    *mem = NULL;
+    if (dpar__vk_recording(dev)) return dpar__vk_rec_refuse("a 16-bit layer op (f32 temporaries)");
+    return dpar__vk_alloc(state, dev, nbytes, mem);
+}
+static dpar_status dpar__vk_op(void *state, int dev, const dpar__op *op);
+static const dpar__half_hooks dpar__vk_half = { dpar__vk_op, dpar__vk_half_alloc, dpar__vk_free };
+
 static dpar_status dpar__vk_op(void *state, int dev, const dpar__op *op) {
     dpar__vk *st = (dpar__vk *)state;
     dpar__vkbuf *dst = op->dst ? (dpar__vkbuf *)op->dst->mem : NULL;
@@ -2156,6 +2170,7 @@ static dpar_status dpar__vk_op(void *state, int dev, const dpar__op *op) {
                          "elements per buffer",
                          (long long)big);
     DPAR_ASSERT((int)op->kind >= 0 && op->kind < DPAR__OP_COUNT);
+    if (dpar__cpu_half_kind(op->kind) && dpar__op_has_half(op)) return dpar__half_lowered(st, dev, op, &dpar__vk_half);
     switch (op->kind) {
     case DPAR__OP_MATMUL:
     case DPAR__OP_BIAS_ADD:

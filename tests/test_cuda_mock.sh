@@ -64,6 +64,18 @@ if [ -x "$BUILD/test_norm_attn" ]; then
 fi
 
 # the optimizer and training ops (kernels/optim.cu) against the CPU reference
+if [ -x "$BUILD/test_dtypes" ]; then
+    if LD_LIBRARY_PATH="$MOCK${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" MOCK_CUDA_GPUS=1 MOCK_CUDA_REPORT=1 \
+            DPAR_REQUIRE_BACKENDS=cuda ${DPAR_TEST_WRAPPER:-} "$BUILD/test_dtypes" >"$log" 2>&1 &&
+            grep -q '^\[       OK \] test_cuda_half_parity' "$log" &&
+            grep -q '^mock cuda: 0 allocation(s) never freed' "$log"; then
+        echo "PASS cuda_mock_half_parity ($(grep '^cuda bf16:' "$log" | cut -d: -f2))"
+    else
+        cat "$log"
+        echo "FAIL cuda_mock_half_parity: test_dtypes (f16/bf16 layer ops) against the mock driver"
+    fi
+fi
+
 if [ -x "$BUILD/test_optim" ]; then
     if LD_LIBRARY_PATH="$MOCK${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" MOCK_CUDA_GPUS=1 MOCK_CUDA_REPORT=1 \
             DPAR_REQUIRE_BACKENDS=cuda ${DPAR_TEST_WRAPPER:-} "$BUILD/test_optim" >"$log" 2>&1 &&
