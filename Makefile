@@ -61,6 +61,9 @@ $(BUILD)/test_%: tests/test_%.c tests/testutil.h util/dpar_train.h $(BUILD)/dpar
 # test_alloc holds its own implementation (CPU backend) with counting DPAR_MALLOC hooks
 $(BUILD)/test_alloc: tests/test_alloc.c tests/testutil.h dpar.h | $(BUILD)
 	$(CC) $(CSTD) $(CPPFLAGS) $(CFLAGS) $(WARN) $< -o $@ $(LDFLAGS) $(TEST_LIBS) $(LDLIBS)
+# test_exp calls the private exp paths (>>cpu exp), so it holds its own implementation too
+$(BUILD)/test_exp: tests/test_exp.c tests/testutil.h dpar.h | $(BUILD)
+	$(CC) $(CSTD) $(CPPFLAGS) $(CFLAGS) $(WARN) $< -o $@ $(LDFLAGS) $(TEST_LIBS) $(LDLIBS)
 
 $(BUILD)/%: examples/%.c $(wildcard examples/*.h) util/dpar_train.h $(BUILD)/dpar.o
 	$(CC) $(CSTD) $(CPPFLAGS) $(IMPL_DEFS) $(CFLAGS) $(WARN) $< $(BUILD)/dpar.o -o $@ $(LDFLAGS) $(IMPL_LIBS) -lz $(LDLIBS)
