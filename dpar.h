@@ -14851,18 +14851,29 @@ static void dpar__cpu_reduce_range(const dpar__op *op, int64_t lo, int64_t hi) {
         e[d] = p[13] >> d & 1 ? p[d] : 1;
         R *= e[d];
     }
+    /* o's coordinates along the kept dims (0 along reduced ones): divided out once for lo, then carried */
+    int64_t cd[4] = { 0, 0, 0, 0 }, rem = lo;
+    for (int d = 3; d >= 0; d--)
+        if (!(p[13] >> d & 1)) {
+            cd[d] = rem % p[d];
+            rem /= p[d];
+        }
     for (int64_t o = lo; o < hi; o++) {
-        int64_t rem = o, x_0 = 0, a_0 = 0, b_0 = 0, best = -1;
-        for (int d = 3; d >= 0; d--)
+        int64_t x_0 = 0, a_0 = 0, b_0 = 0, best = -1;
+        for (int d = 0; d < 4; d++) {
+            x_0 += cd[d] * xs[d];
+            a_0 += cd[d] * p[4 + d];
+            b_0 += cd[d] * p[8 + d];
+        }
+        for (int d = 3; d >= 0; d--) /* the next output's: last kept dim fastest */
             if (!(p[13] >> d & 1)) {
-                int64_t cd = rem % p[d];
-                rem /= p[d];
-                x_0 += cd * xs[d];
-                a_0 += cd * p[4 + d];
-                b_0 += cd * p[8 + d];
+                if (++cd[d] < p[d]) break;
+                cd[d] = 0;
             }
         double acc = 0.0;
-        for (int pass = 0; pass < (red == DPAR__RED_MAX_BWD ? 2 : 1); pass++) {
+        if (R == 1 && red != DPAR__RED_MAX_BWD) /* one element (binary_backward without broadcast): no walk */
+            dpar__red_step(red, &acc, &best, 0, (double)x0[x_0], a ? (double)a[a_0] : 0.0, b ? (double)b[b_0] : 0.0);
+        for (int pass = 0; pass < (red == DPAR__RED_MAX_BWD ? 2 : R > 1); pass++) {
             int64_t r = 0;
             for (int64_t i0 = 0; i0 < e[0]; i0++)
                 for (int64_t i1 = 0; i1 < e[1]; i1++)

@@ -997,10 +997,10 @@ static void threads_program(dpar_runtime *rt, float *out) {
     int64_t s1[1] = { 1 << 16 }, s2[2] = { 256, 256 }, r0[1] = { 256 };
     dpar_buffer *x = mk(rt, DPAR_F32, 1, s1), *y = mk(rt, DPAR_F32, 1, s1), *m = mk(rt, DPAR_F32, 2, s2);
     dpar_buffer *sm = mk(rt, DPAR_F32, 2, s2), *r = mk(rt, DPAR_F32, 1, r0);
-    float *v = (float *)malloc(sizeof(float) << 16);
+    float *v = (float *)malloc(sizeof(float) * ((1 << 16) + 8)); /* 8 more: b and dy start at v + 7, v + 3 */
     uint32_t keep = g_seed;
     g_seed = 99u;
-    fill_rnd(v, 1 << 16, -3, 3);
+    fill_rnd(v, (1 << 16) + 8, -3, 3);
     put(x, v);
     put(m, v);
     T_OK(dpar_unary(y, x, DPAR_UNARY_GELU_ERF, 0));
@@ -1013,14 +1013,29 @@ static void threads_program(dpar_runtime *rt, float *out) {
         T_OK(dpar_reduce(r, m, DPAR_REDUCE_SUM, &ax, 1));
         get(r, out + (3 << 16) + ax * 256);
     }
+    /* the exp-based unaries in blocks, and binary_backward's carried coordinates from a split's first
+       output: a [64,4,256] times b [64,1,256] (db sums over the middle axis, two kept axes around it) */
+    int64_t sa[3] = { 64, 4, 256 }, sb[3] = { 64, 1, 256 };
+    dpar_buffer *a = mk(rt, DPAR_F32, 3, sa), *b = mk(rt, DPAR_F32, 3, sb), *da = mk(rt, DPAR_F32, 3, sa);
+    dpar_buffer *db = mk(rt, DPAR_F32, 3, sb), *dy = mk(rt, DPAR_F32, 3, sa);
+    put(a, v);
+    put(b, v + 7);
+    put(dy, v + 3);
+    T_OK(dpar_unary(y, x, DPAR_UNARY_GELU_TANH, 0));
+    get(y, out + (3 << 16) + 512);
+    T_OK(dpar_unary_backward(y, x, x, DPAR_UNARY_SILU, 0));
+    get(y, out + (4 << 16) + 512);
+    T_OK(dpar_binary_backward(da, db, dy, a, b, DPAR_BINARY_MUL));
+    get(da, out + (5 << 16) + 512);
+    get(db, out + (6 << 16) + 512);
     g_seed = keep;
     free(v);
-    dpar_buffer *all[5] = { x, y, m, sm, r };
-    for (int i = 0; i < 5; i++) dpar_buffer_destroy(all[i]);
+    dpar_buffer *all[10] = { x, y, m, sm, r, a, b, da, db, dy };
+    for (int i = 0; i < 10; i++) dpar_buffer_destroy(all[i]);
 }
 static void test_threads_bitwise(void **state) {
     (void)state;
-    enum { N = (3 << 16) + 512 };
+    enum { N = (6 << 16) + 512 + (64 * 256) };
     float *a = (float *)malloc(N * sizeof(float)), *b = (float *)malloc(N * sizeof(float));
     const char *old = getenv("DPAR_CPU_THREADS");
     char keep[32] = "";
