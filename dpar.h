@@ -15363,17 +15363,23 @@ static dpar_status dpar__cpu_op_sgd(DPAR__CPU_OP_ARGS) {
 }
 /* >>cpu norm-attn =============================================================
    CPU reference of the layer ops (double accumulation, fixed order). */
-/* per row: mean (shifted by x[0], so a constant row gives exactly x[0] and a zero variance) and rstd */
+enum { DPAR__NORM_LANES = 8 }; /* partial sums per row sum: independent chains the CPU overlaps */
+/* the lanes' partial sums added in a fixed order */
+static double dpar__norm_lanes_sum(const double *l) {
+    return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
+/* per row: mean (shifted by x[0], so a constant row gives exactly x[0] and a zero variance) and rstd;
+   each sum as DPAR__NORM_LANES partial sums (element j in lane j % 8) */
 static void dpar__cpu_norm_row(const float *x, int64_t n, int rms, float eps, double *mean, double *rstd) {
-    double mu = 0.0, ss = 0.0;
+    double mu = 0.0, l[DPAR__NORM_LANES] = { 0 };
     if (!rms && n > 0) {
-        double sh = 0.0;
-        for (int64_t j = 0; j < n; j++) sh += (double)x[j] - (double)x[0];
-        mu = (double)x[0] + sh / (double)n;
+        for (int64_t j = 0; j < n; j++) l[j % DPAR__NORM_LANES] += (double)x[j] - (double)x[0];
+        mu = (double)x[0] + dpar__norm_lanes_sum(l) / (double)n;
+        memset(l, 0, sizeof l);
     }
-    for (int64_t j = 0; j < n; j++) ss += ((double)x[j] - mu) * ((double)x[j] - mu);
+    for (int64_t j = 0; j < n; j++) l[j % DPAR__NORM_LANES] += ((double)x[j] - mu) * ((double)x[j] - mu);
     *mean = mu;
-    *rstd = 1.0 / sqrt((n ? ss / (double)n : 0.0) + (double)eps);
+    *rstd = 1.0 / sqrt((n ? dpar__norm_lanes_sum(l) / (double)n : 0.0) + (double)eps);
 }
 static dpar_status dpar__cpu_op_norm(DPAR__CPU_OP_ARGS) {
     DPAR__CPU_OP_UNUSED;
@@ -15397,31 +15403,40 @@ static dpar_status dpar__cpu_op_norm(DPAR__CPU_OP_ARGS) {
     }
     return DPAR_OK;
 }
+/* Layer/RMS norm backward, one pass over each row: xh and g = dy w kept in two row scratches, the row
+   sums mean(g) and mean(g xh) as DPAR__NORM_LANES partial sums (element j in lane j % 8), then
+   dx = rstd (g - mean(g) - xh mean(g xh)); dw and db summed per column over the rows in order. */
 static dpar_status dpar__cpu_op_norm_bwd(DPAR__CPU_OP_ARGS) {
     DPAR__CPU_OP_UNUSED;
     const float *w = op->src2 ? (const float *)op->src2->mem : NULL, *st = (const float *)op->src3->mem;
     float *dw = op->dst2 ? (float *)op->dst2->mem : NULL, *db = op->dst3 ? (float *)op->dst3->mem : NULL;
     int64_t n = op->n;
-    double *acc = (double *)DPAR_MALLOC((size_t)(2 * n + 1) * sizeof(double)); /* dw, db sums */
+    double *acc = (double *)DPAR_MALLOC((size_t)(4 * n + 1) * sizeof(double)); /* dw, db sums; xh, g of a row */
     if (!acc)
         return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "norm backward: out of host memory (%lld columns)", (long long)n);
     memset(acc, 0, (size_t)(2 * n + 1) * sizeof(double));
+    double *xs = acc + 2 * n, *gs = acc + 3 * n;
     for (int64_t i = 0; i < op->m; i++) { /* row i of dy is read before row i of dx is written (dx may alias dy) */
         const float *dyr = x0 + i * n, *xr = x1 + i * n;
-        double mu = (double)st[2 * i], rs = (double)st[2 * i + 1], mg = 0.0, mgx = 0.0;
-        for (int64_t j = 0; j < n; j++) {
-            double xh = ((double)xr[j] - mu) * rs, g = (double)dyr[j] * (w ? (double)w[j] : 1.0);
-            mg += g;
-            mgx += g * xh;
-            acc[j] += (double)dyr[j] * xh;
-            acc[n + j] += (double)dyr[j];
+        double mu = (double)st[2 * i], rs = (double)st[2 * i + 1];
+        double lg[DPAR__NORM_LANES] = { 0 }, lgx[DPAR__NORM_LANES] = { 0 };
+        for (int64_t j0 = 0; j0 < n; j0 += DPAR__NORM_LANES) {
+            int64_t nl = n - j0 < DPAR__NORM_LANES ? n - j0 : (int64_t)DPAR__NORM_LANES;
+            for (int64_t k = 0; k < nl; k++) {
+                int64_t j = j0 + k;
+                double d = (double)dyr[j], xh = ((double)xr[j] - mu) * rs, g = d * (w ? (double)w[j] : 1.0);
+                xs[j] = xh;
+                gs[j] = g;
+                lg[k] += g;
+                lgx[k] += g * xh;
+                acc[j] += d * xh;
+                acc[n + j] += d;
+            }
         }
-        mg = op->p[0] ? 0.0 : mg / (double)n;
-        mgx /= (double)n;
-        for (int64_t j = 0; j < n && !op->p[1]; j++) {
-            double xh = ((double)xr[j] - mu) * rs, g = (double)dyr[j] * (w ? (double)w[j] : 1.0);
-            y[i * n + j] = (float)(rs * (g - mg - xh * mgx));
-        }
+        if (op->p[1]) continue; /* no dx */
+        double mg = op->p[0] ? 0.0 : dpar__norm_lanes_sum(lg) / (double)n, mgx = dpar__norm_lanes_sum(lgx) / (double)n;
+        float *dx = y + i * n;
+        for (int64_t j = 0; j < n; j++) dx[j] = (float)(rs * (gs[j] - mg - xs[j] * mgx));
     }
     for (int64_t j = 0; j < n; j++) {
         if (dw) dw[j] = (float)acc[j];
