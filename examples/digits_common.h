@@ -18,8 +18,9 @@
 #include <time.h>
 #include <zlib.h>
 
-#define NPIX   64
-#define NCLASS 10
+#define NPIX              64
+#define DIGITS_MAX_HIDDEN (1 << 20) /* --hidden: W1 and W2 then take 44 MB */
+#define NCLASS            10
 
 typedef struct {
     int n;
@@ -139,6 +140,10 @@ static inline int digits_parse(const char *prog, int argc, char **argv, digits_o
             fprintf(stderr, "%s: %s %d: must be >= 1\n", prog, names[k], vals[k]);
             return 2;
         }
+    if (o->hidden > DIGITS_MAX_HIDDEN) { /* the MLP's weights and activations in host and device memory */
+        fprintf(stderr, "%s: --hidden %d: must be <= %d\n", prog, o->hidden, DIGITS_MAX_HIDDEN);
+        return 2;
+    }
     if (ex_check_lr(prog, "--lr", o->lr, 0)) return 2;
     if (!(o->momentum >= 0.0f && o->momentum < 1.0f)) {
         fprintf(stderr, "%s: --momentum %g: must be in [0, 1)\n", prog, (double)o->momentum);
@@ -167,6 +172,10 @@ static inline int digits_prepare(const char *prog, const digits_opts *o, digits_
     if (ex_check_batch(prog, o->batch, s->all.n - s->all.n / 5, "training images")) return 2;
     rng_state = (uint64_t)o->seed;
     s->idx = malloc((size_t)s->all.n * sizeof(int));
+    if (!s->idx) {
+        fprintf(stderr, "%s: out of memory for the shuffle\n", prog);
+        return 1;
+    }
     for (int i = 0; i < s->all.n; i++) s->idx[i] = i;
     shuffle(s->idx, s->all.n);
     s->ntest = s->all.n / 5;
@@ -176,6 +185,10 @@ static inline int digits_prepare(const char *prog, const digits_opts *o, digits_
     int64_t n1 = (int64_t)NPIX * o->hidden, n2 = (int64_t)o->hidden * NCLASS;
     s->w1 = malloc((size_t)n1 * sizeof(float));
     s->w2 = malloc((size_t)n2 * sizeof(float));
+    if (!s->w1 || !s->w2) {
+        fprintf(stderr, "%s: out of memory for the weights (--hidden %d)\n", prog, o->hidden);
+        return 1;
+    }
     float b1 = sqrtf(6.0f / (float)NPIX), b2 = sqrtf(6.0f / (float)o->hidden);
     for (int64_t k = 0; k < n1; k++) s->w1[k] = (2.0f * rng_uniform() - 1.0f) * b1;
     for (int64_t k = 0; k < n2; k++) s->w2[k] = (2.0f * rng_uniform() - 1.0f) * b2;

@@ -14,7 +14,7 @@
    build/train_cnn [--backend cpu|vulkan|cuda] [--devices N] [--epochs N]
                    [--batch N] [--lr X] [--weight-decay X] [--momentum X]
                    [--optimizer adamw|sgd] [--seed N] [--steps N] [--data PATH]
-                   [--checkpoint PATH] [--resume PATH] [--remat 0|1] [--memory 0|1]
+                   [--checkpoint PATH] [--resume PATH] [--remat 0|1] [--memory 0|1] [--monitor 0|1]
    Defaults: cpu, 4 devices, 10 epochs, global batch 64, AdamW lr 1e-3 weight
    decay 1e-4 (optax semantics: the decay is multiplied by lr), seed 42;
    --optimizer sgd: lr 0.05, momentum 0.9.
@@ -97,7 +97,8 @@ static int cnn_parse(int argc, char **argv, cnn_opts *o) {
         fprintf(stderr, "train_cnn: --momentum %g: must be in [0, 1)\n", (double)o->momentum);
         return 2;
     }
-    if (ex_check_switch("train_cnn", "--remat", o->remat) || ex_check_switch("train_cnn", "--memory", o->memory))
+    if (ex_check_switch("train_cnn", "--remat", o->remat) || ex_check_switch("train_cnn", "--memory", o->memory) ||
+        ex_check_switch("train_cnn", "--monitor", o->monitor))
         return 2;
     if (o->checkpoint && ex_check_writable("train_cnn", "--checkpoint", o->checkpoint)) return 2;
     return 0;
@@ -146,7 +147,7 @@ static dpar_value cnn_forward(dpar_graph *g, const dpar_value p[NPARAM], dpar_va
     h = dpar_g_relu(g, dpar_g_conv2d(g, h, p[C2W], p[C2B], NULL)); /* [b, 14, 14, 64] */
     h = dpar_g_avg_pool2d(g, h, &pool);                            /* [b, 7, 7, 64] */
     if (remat) dpar_graph_remat_end(g);
-    h = dpar_g_reshape(g, h, 2, (int64_t[]){ b, 7 * 7 * 64 });                /* flatten (h, w, c) */
+    h = dpar_g_reshape(g, h, 2, (int64_t[]){ b, 7 * 7 * 64 });                                 /* flatten (h, w, c) */
     h = dpar_g_relu(g, dpar_g_bias_add(g, dpar_g_matmul(g, h, p[D1W], false, false), p[D1B])); /* [b, 256] */
     return dpar_g_bias_add(g, dpar_g_matmul(g, h, p[D2W], false, false), p[D2B]);              /* [b, 10] */
 }

@@ -47,7 +47,7 @@
 #include "digits_common.h" /* splitmix64 (rng_next), now_s, digits_fail, ex_parse */
 
 /* ------------------------------------------------------------------ flags */
-enum { N_LAYER = 4, N_HEAD = 4, N_EMBD = 128, CTX = 64, MAXV = 256 };
+enum { N_LAYER = 4, N_HEAD = 4, N_EMBD = 128, CTX = 64, MAXV = 256, GEN_MAX = 100000 };
 typedef struct {
     const char *backend, *path, *prompt;
     int dp, tp, devices, steps, batch, seed, log_every, eval_every, val_batches, gen;
@@ -91,6 +91,10 @@ static int gpt_parse(int argc, char **argv, gpt_opts *o) {
             fprintf(stderr, "train_gpt: %s %d: must be >= %d%s\n", names[k], vals[k], min, min ? "" : " (0: off)");
             return 2;
         }
+    }
+    if (o->gen > GEN_MAX) { /* one forward pass of the whole model per character */
+        fprintf(stderr, "train_gpt: --gen %d: must be <= %d characters\n", o->gen, GEN_MAX);
+        return 2;
     }
     if (o->batch % o->dp) {
         fprintf(stderr, "train_gpt: --batch %d must be divisible by --dp %d (each data shard gets whole rows)\n",
@@ -144,11 +148,13 @@ static int text_load(const char *path, text_data *t) {
         }
     int err = Z_OK;
     const char *msg = gzerror(f, &err);
-    if (t->tok && got < 0)
-        fprintf(stderr, "train_gpt: %s: the gzip data is corrupt after %ld characters: %s\n", path, t->n, msg);
+    int bad = got < 0 || (err != Z_OK && err != Z_STREAM_END); /* a truncated gzip ends with Z_BUF_ERROR */
+    if (t->tok && bad)
+        fprintf(stderr, "train_gpt: %s: the gzip data is corrupt or truncated after %ld characters: %s\n", path, t->n,
+                msg);
     gzclose(f);
     if (!t->tok) fprintf(stderr, "train_gpt: %s: out of host memory after %ld characters\n", path, t->n);
-    if (!t->tok || got < 0) return -1;
+    if (!t->tok || bad) return -1;
     if (t->n < 10 * (CTX + 1)) { /* the validation tenth must hold a whole window */
         fprintf(stderr, "train_gpt: %s holds %ld characters; want at least %d (10 windows of %d + 1)\n", path, t->n,
                 10 * (CTX + 1), CTX);

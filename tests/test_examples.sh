@@ -150,6 +150,10 @@ for ex in train_digits train_digits_tp train_digits_zero1 train_digits_pipeline;
 done
 run train_digits --lr -0.1
 refused "train_digits --lr -0.1 is named with its limit" 2 "--lr -0.1: must be a finite number >= 0"
+for ex in train_digits train_digits_tp; do # was a crash: the weights' malloc went unchecked
+    run $ex --hidden 100000000
+    refused "$ex --hidden 100000000 is named with its limit" 2 "--hidden 100000000: must be <= 1048576"
+done
 run train_digits_zero1 --epochs 3 --checkpoint-epoch 4
 refused "train_digits_zero1 --checkpoint-epoch beyond --epochs is refused" 2 "--checkpoint-epoch 4 is outside 0..3"
 bad_csv=$(mktemp)

@@ -14,7 +14,8 @@
 #   bad input                         each refused with its own message and a non-zero exit, before
 #                                     training and without a final: line: a --prompt character not in
 #                                     the text (it was undefined behaviour at generation time), an empty
-#                                     --prompt, --eval-every -1, --remat 2, --monitor 2, --batch 3 over --dp 2, a batch larger
+#                                     --prompt, --eval-every -1, --remat 2, --monitor 2, --gen 100001, a truncated
+#                                     gzip --data, --batch 3 over --dp 2, a batch larger
 #                                     than the training windows; --lr 1e30 stops naming the step
 # The validation-loss target (<= 1.85 after 1,000 steps) is `make run-gpt`'s, too long for CI.
 BUILD=${BUILD:-build}
@@ -110,6 +111,13 @@ if run "$dir/mon" --batch 8 --steps 2 --log-every 1 --val-batches 1 --gen 0 --mo
 fi
 "$bin" $short --monitor 2 >"$o" 2>&1
 bad "--monitor 2 is named as an on/off flag" 2 $? "$o" "--monitor 2: must be 0 (off) or 1 (on)"
+"$bin" $short --gen 100001 >"$o" 2>&1
+bad "--gen 100001 is named with its limit" 2 $? "$o" "--gen 100001: must be <= 100000"
+# a gzip cut short (its trailer gone) is refused, not trained on
+gzip -dc examples/data/tinyshakespeare.txt.gz | head -c 20000 | gzip >"$dir/cut.gz"
+head -c $(($(wc -c <"$dir/cut.gz") - 8)) "$dir/cut.gz" >"$dir/cut_nt.gz"
+"$bin" $short --data "$dir/cut_nt.gz" >"$o" 2>&1
+bad "a truncated gzip --data is refused" 1 $? "$o" "corrupt or truncated"
 "$bin" $short --eval-every -1 >"$o" 2>&1
 bad "--eval-every -1 is named with its limit" 2 $? "$o" "--eval-every -1: must be >= 0"
 "$bin" $short --remat 2 >"$o" 2>&1
