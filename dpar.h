@@ -304,8 +304,8 @@ DPAR_API void dpar_f16_to_f32_n(float *dst, const uint16_t *src, int64_t n);
      | graphs: dpar_g_matmul, _bias_add, _relu,      | feeds, params and consts f64: every node   |
      |   _add, _scale, _mul_scalar, _sum, _dot,      |   on them is f64, gradients too, so        |
      |   _sum_squares, _unary, _binary, _reduce,     |   dpar_graph_value_and_grad runs in double |
-     |   _softmax, _mse, _softmax_xent,              |   (the loss: dpar_graph_get in double;     |
-     |   _cross_entropy, _layer_norm, _rms_norm,     |   dpar_graph_run rounds it to float)       |
+     |   _softmax, _mse, _softmax_xent,              |   (dpar_graph_run rounds the loss to       |
+     |   _cross_entropy, _layer_norm, _rms_norm,     |   float; in double: see dpar_graph_run)    |
      |   shape nodes                                 |                                            |
    The float scalars of these ops (alpha, beta, the unary scalar, eps, label
    smoothing) are widened exactly from float, so pass values a float holds
@@ -1810,7 +1810,11 @@ typedef struct dpar_graph_feed {
 /* One step (compiles first if needed): puts the feeds, runs every node on
    every device in one dispatch, and reads the (pinned) loss into *loss when
    loss is not NULL (that read waits for the devices; an f64 loss is rounded
-   to float there: dpar_graph_get reads it in double).
+   to float there). *loss is the loss averaged over the axes it varies on
+   (the implicit pmean of dpar_graph_value_and_grad); dpar_graph_get of the
+   value given to value_and_grad reads device 0's own loss, before that mean.
+   For the mean in double, pmean the loss in the graph yourself (dpar_g_pmean
+   over its data axes) and keep and read that value.
    Errors: DPAR_ERR_INVALID_ARGUMENT (a feed missing, given twice, not a feed,
    an array of another mesh; no loss while loss != NULL), DPAR_ERR_SHAPE /
    DPAR_ERR_DTYPE (feed array differs, naming both), the errors of the ops, each
