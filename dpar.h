@@ -9196,7 +9196,8 @@ DPAR_API dpar_status dpar_shard_map_specs(dpar_mesh *m, const dpar_shard_map_spe
 
    ADDING AN OP KIND (conv2d, pooling, norms, ...) is four local changes:
      1. an enum DPAR__G_<KIND> and its row in dpar__g_kinds (name, inputs,
-        whether it is a collective over axes);
+        whether it is a collective over axes, whether a recorded program may
+        hold it: device commands only);
      2. a builder dpar_g_<op>: dpar__g_args (validity) -> shape and dtype
         rules, failing with dpar__g_fail (names the node and the shapes) ->
         dpar__g_push (new node; set ip[]/fp[] attributes after it);
@@ -9292,86 +9293,88 @@ typedef struct dpar__g_kind {
     const char *name;
     int nin;  /* inputs */
     int coll; /* 1: a collective over the node's axes */
+    int rec;  /* 1: its lowering issues device commands only (no host read or write, no collective, nothing that
+                 changes between steps), so a recorded program may hold it (dpar__g_recordable) */
 } dpar__g_kind;
 static const dpar__g_kind dpar__g_kinds[DPAR__G_KINDS] = {
-    { "none", 0, 0 },
-    { "feed", 0, 0 },
-    { "param", 0, 0 },
-    { "const", 0, 0 },
-    { "matmul", 2, 0 },
-    { "bias_add", 2, 0 },
-    { "bias_grad", 1, 0 },
-    { "relu", 1, 0 },
-    { "relu_grad", 2, 0 },
-    { "softmax_xent", 2, 0 },
-    { "xent_grad", 2, 0 },
-    { "mse", 2, 0 },
-    { "mse_grad", 2, 0 },
-    { "add", 2, 0 },
-    { "scale", 1, 0 },
-    { "mul_scalar", 2, 0 },
-    { "sum", 1, 0 },
-    { "sum_squares", 1, 0 },
-    { "dot", 2, 0 },
-    { "cast", 1, 0 },
-    { "copy", 1, 0 },
-    { "psum", 1, 1 },
-    { "pmean", 1, 1 },
-    { "pmax", 1, 1 },
-    { "pmin", 1, 1 },
-    { "all_gather", 1, 1 },
-    { "psum_scatter", 1, 1 },
-    { "ppermute", 1, 1 },
-    { "all_to_all", 1, 1 },
-    { "pbroadcast", 1, 1 },
-    { "pcast", 1, 1 },
-    { "block", 1, 1 },
-    { "root_only", 1, 1 },
-    { "sgd", 0, 0 },
+    { "none", 0, 0, 0 },
+    { "feed", 0, 0, 1 },
+    { "param", 0, 0, 1 },
+    { "const", 0, 0, 1 },
+    { "matmul", 2, 0, 1 },
+    { "bias_add", 2, 0, 1 },
+    { "bias_grad", 1, 0, 1 },
+    { "relu", 1, 0, 1 },
+    { "relu_grad", 2, 0, 1 },
+    { "softmax_xent", 2, 0, 1 },
+    { "xent_grad", 2, 0, 1 },
+    { "mse", 2, 0, 1 },
+    { "mse_grad", 2, 0, 1 },
+    { "add", 2, 0, 1 },
+    { "scale", 1, 0, 1 },
+    { "mul_scalar", 2, 0, 1 },
+    { "sum", 1, 0, 1 },
+    { "sum_squares", 1, 0, 1 },
+    { "dot", 2, 0, 1 },
+    { "cast", 1, 0, 1 },
+    { "copy", 1, 0, 1 },
+    { "psum", 1, 1, 0 },
+    { "pmean", 1, 1, 0 },
+    { "pmax", 1, 1, 0 },
+    { "pmin", 1, 1, 0 },
+    { "all_gather", 1, 1, 0 },
+    { "psum_scatter", 1, 1, 0 },
+    { "ppermute", 1, 1, 0 },
+    { "all_to_all", 1, 1, 0 },
+    { "pbroadcast", 1, 1, 0 },
+    { "pcast", 1, 1, 1 },
+    { "block", 1, 1, 0 },
+    { "root_only", 1, 1, 1 },
+    { "sgd", 0, 0, 0 },
     /* >>graph norm-attn kinds */
-    { "norm_stats", 1, 0 },
-    { "norm", 4, 0 },
-    { "norm_dx", 4, 0 },
-    { "norm_dw", 3, 0 },
-    { "matmul_batched", 2, 0 },
-    { "attention_stats", 1, 0 },
-    { "attention", 4, 0 },
-    { "attention_dq", 5, 0 },
-    { "attention_dk", 5, 0 },
-    { "attention_dv", 5, 0 },
+    { "norm_stats", 1, 0, 1 },
+    { "norm", 4, 0, 1 },
+    { "norm_dx", 4, 0, 1 },
+    { "norm_dw", 3, 0, 1 },
+    { "matmul_batched", 2, 0, 1 },
+    { "attention_stats", 1, 0, 1 },
+    { "attention", 4, 0, 1 },
+    { "attention_dq", 5, 0, 1 },
+    { "attention_dk", 5, 0, 1 },
+    { "attention_dv", 5, 0, 1 },
     /* >>graph conv-pool kinds */
-    { "conv2d", 3, 0 },
-    { "conv2d_dx", 2, 0 },
-    { "conv2d_dw", 2, 0 },
-    { "avg_pool2d", 1, 0 },
-    { "avg_pool2d_dx", 1, 0 },
-    { "max_pool2d", 1, 0 },
-    { "max_pool2d_dx", 2, 0 },
+    { "conv2d", 3, 0, 1 },
+    { "conv2d_dx", 2, 0, 1 },
+    { "conv2d_dw", 2, 0, 1 },
+    { "avg_pool2d", 1, 0, 1 },
+    { "avg_pool2d_dx", 1, 0, 1 },
+    { "max_pool2d", 1, 0, 1 },
+    { "max_pool2d_dx", 2, 0, 1 },
     /* >>graph elementwise kinds */
-    { "unary", 1, 0 },
-    { "unary_grad", 2, 0 },
-    { "binary", 2, 0 },
-    { "binary_grad", 3, 0 },
-    { "where", 3, 0 },
-    { "where_grad", 2, 0 },
-    { "reduce", 1, 0 },
-    { "reduce_grad", 2, 0 },
-    { "softmax", 1, 0 },
-    { "softmax_grad", 2, 0 },
-    { "transpose", 1, 0 },
-    { "broadcast_to", 1, 0 },
-    { "slice", 1, 0 },
-    { "slice_grad", 1, 0 },
-    { "pad", 1, 0 },
-    { "concat", 4, 0 },
+    { "unary", 1, 0, 1 },
+    { "unary_grad", 2, 0, 1 },
+    { "binary", 2, 0, 1 },
+    { "binary_grad", 3, 0, 1 },
+    { "where", 3, 0, 1 },
+    { "where_grad", 2, 0, 1 },
+    { "reduce", 1, 0, 1 },
+    { "reduce_grad", 2, 0, 1 },
+    { "softmax", 1, 0, 1 },
+    { "softmax_grad", 2, 0, 1 },
+    { "transpose", 1, 0, 1 },
+    { "broadcast_to", 1, 0, 1 },
+    { "slice", 1, 0, 1 },
+    { "slice_grad", 1, 0, 1 },
+    { "pad", 1, 0, 1 },
+    { "concat", 4, 0, 1 },
     /* >>graph optim kinds */
-    { "cross_entropy", 2, 0 },
-    { "cross_entropy_grad", 2, 0 },
-    { "embedding", 2, 0 },
-    { "embedding_grad", 2, 0 },
-    { "dropout", 1, 0 },
+    { "cross_entropy", 2, 0, 0 },
+    { "cross_entropy_grad", 2, 0, 0 },
+    { "embedding", 2, 0, 0 },
+    { "embedding_grad", 2, 0, 0 },
+    { "dropout", 1, 0, 0 },
     /* >>graph zero1-pipe kinds */
-    { "zero1_scatter", 1, 1 },
+    { "zero1_scatter", 1, 1, 0 },
 };
 
 typedef struct dpar__gnode {
@@ -12350,51 +12353,7 @@ typedef struct dpar__gprog {
 
 static bool dpar__g_recordable(const dpar__gnode *nd) {
     if (nd->async) return false;
-    if (nd->fused < 0) return true; /* computed by its loss node: runs nothing */
-    switch (nd->kind) {
-    case DPAR__G_FEED:
-    case DPAR__G_PARAM:
-    case DPAR__G_CONST:
-    case DPAR__G_MATMUL:
-    case DPAR__G_BIAS_ADD:
-    case DPAR__G_BIAS_GRAD:
-    case DPAR__G_RELU:
-    case DPAR__G_RELU_GRAD:
-    case DPAR__G_XENT:
-    case DPAR__G_XENT_GRAD:
-    case DPAR__G_MSE:
-    case DPAR__G_MSE_GRAD:
-    case DPAR__G_ADD:
-    case DPAR__G_SCALE:
-    case DPAR__G_MULS:
-    case DPAR__G_DOT:
-    case DPAR__G_SUM:
-    case DPAR__G_SUMSQ:
-    case DPAR__G_CAST:
-    case DPAR__G_COPY:
-    case DPAR__G_PCAST:
-    case DPAR__G_ROOT_ONLY:
-    case DPAR__G_NORM_STATS:
-    case DPAR__G_NORM:
-    case DPAR__G_NORM_DX:
-    case DPAR__G_NORM_DW:
-    case DPAR__G_MATMUL_BATCHED:
-    case DPAR__G_ATTN_STATS:
-    case DPAR__G_ATTN:
-    case DPAR__G_ATTN_DQ:
-    case DPAR__G_ATTN_DK:
-    case DPAR__G_ATTN_DV:
-    case DPAR__G_CONV2D:
-    case DPAR__G_CONV2D_DX:
-    case DPAR__G_CONV2D_DW:
-    case DPAR__G_AVG_POOL:
-    case DPAR__G_AVG_POOL_DX:
-    case DPAR__G_MAX_POOL:
-    case DPAR__G_MAX_POOL_DX:
-    DPAR__G_ELEM_CASES:
-        return true;
-    default: return false;
-    }
+    return nd->fused < 0 || dpar__g_kinds[nd->kind].rec; /* fused: computed by its loss node, runs nothing */
 }
 /* The backend's index of local device li. */
 static int dpar__g_bdev(const dpar_graph *g, int li) {
