@@ -700,15 +700,10 @@ static dpar_status dpar__vk_rec_refuse(const char *what) {
                      "ops can be recorded (the graph replays such a node on the host instead)",
                      what);
 }
-/* The recording's frame with a descriptor set free in fr.pool (a new pool when full). Lock held. */
-static dpar_status dpar__vk_rec_pool(dpar__vkdev *d, dpar__vkprog *p, dpar__vkframe **out) {
-    dpar__vk *st = d->st;
-    *out = &p->fr;
-    p->nops++;
-    if (p->sets_left > 0) return DPAR_OK;
-    VkDescriptorPool *np = (VkDescriptorPool *)DPAR_REALLOC(p->pools, (size_t)(p->npools + 1) * sizeof *np);
-    if (!np) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "vulkan: out of host memory (graph program)");
-    p->pools = np;
+/* A descriptor pool for one frame's worth of ops (DPAR__VK_FRAME_OPS sets of DPAR__VK_BINDINGS storage
+   buffers): each ring frame has one, reset when the frame is reused; a recorded program adds one per
+   DPAR__VK_FRAME_OPS ops it holds. */
+static VkResult dpar__vk_desc_pool(dpar__vk *st, VkDevice dv, VkDescriptorPool *out) {
     VkDescriptorPoolSize ps;
     ps.type = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
     ps.descriptorCount = DPAR__VK_FRAME_OPS * DPAR__VK_BINDINGS;
@@ -718,7 +713,18 @@ static dpar_status dpar__vk_rec_pool(dpar__vkdev *d, dpar__vkprog *p, dpar__vkfr
     dpi.maxSets = DPAR__VK_FRAME_OPS;
     dpi.poolSizeCount = 1;
     dpi.pPoolSizes = &ps;
-    VkResult vr = st->vkCreateDescriptorPool(d->ph->device, &dpi, st->alloc, &p->pools[p->npools]);
+    return st->vkCreateDescriptorPool(dv, &dpi, st->alloc, out);
+}
+/* The recording's frame with a descriptor set free in fr.pool (a new pool when full). Lock held. */
+static dpar_status dpar__vk_rec_pool(dpar__vkdev *d, dpar__vkprog *p, dpar__vkframe **out) {
+    dpar__vk *st = d->st;
+    *out = &p->fr;
+    p->nops++;
+    if (p->sets_left > 0) return DPAR_OK;
+    VkDescriptorPool *np = (VkDescriptorPool *)DPAR_REALLOC(p->pools, (size_t)(p->npools + 1) * sizeof *np);
+    if (!np) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "vulkan: out of host memory (graph program)");
+    p->pools = np;
+    VkResult vr = dpar__vk_desc_pool(st, d->ph->device, &p->pools[p->npools]);
     if (vr != VK_SUCCESS) return dpar__vk_fail(st, vr, "vkCreateDescriptorPool", "device %d (graph program)", d->index);
     p->fr.pool = p->pools[p->npools++];
     p->sets_left = DPAR__VK_FRAME_OPS;
@@ -1006,16 +1012,7 @@ static dpar_status dpar__vk_init_device(dpar__vk *st, dpar__vkdev *d) {
         fi.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO;
         if ((vr = st->vkCreateFence(dv, &fi, st->alloc, &f->fence)) != VK_SUCCESS)
             return dpar__vk_fail(st, vr, "vkCreateFence", "device %d", d->index);
-        VkDescriptorPoolSize ps;
-        ps.type = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
-        ps.descriptorCount = DPAR__VK_FRAME_OPS * DPAR__VK_BINDINGS;
-        VkDescriptorPoolCreateInfo dpi;
-        memset(&dpi, 0, sizeof dpi);
-        dpi.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO;
-        dpi.maxSets = DPAR__VK_FRAME_OPS;
-        dpi.poolSizeCount = 1;
-        dpi.pPoolSizes = &ps;
-        if ((vr = st->vkCreateDescriptorPool(dv, &dpi, st->alloc, &f->pool)) != VK_SUCCESS)
+        if ((vr = dpar__vk_desc_pool(st, dv, &f->pool)) != VK_SUCCESS)
             return dpar__vk_fail(st, vr, "vkCreateDescriptorPool", "device %d", d->index);
     }
     return DPAR_OK;
