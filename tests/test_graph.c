@@ -12,13 +12,7 @@
 #include "testutil.h"
 
 static uint64_t rng_state = 12345;
-static double rnd(void) { /* splitmix64 -> [-1, 1) */
-    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    return (double)(z >> 11) / 4503599627370496.0 - 1.0;
-}
+static double rnd(void) { return t_splitmix(&rng_state); } /* [-1, 1) */
 
 /* ---- finite-difference cases: one row each ---- */
 enum { MAXIN = 4 };

@@ -17,13 +17,7 @@ enum { MB = 8, MD = 6, MC = 4, K = 3, STEPS = 6, NP = 4 };
 static dpar_backend_kind BK = DPAR_BACKEND_CPU;
 
 static uint64_t rng_state;
-static float rnd(void) { /* splitmix64 -> [-1, 1) */
-    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    return (float)((double)(z >> 11) / 4503599627370496.0 - 1.0);
-}
+static float rnd(void) { return (float)t_splitmix(&rng_state); } /* [-1, 1) */
 static const char *tpath(const char *name) {
     static char p[4][512];
     static int k;

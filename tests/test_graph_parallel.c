@@ -12,12 +12,7 @@ static const int64_t dims[NL + 1] = { 5, 7, 6, 9, 3 };
 static dpar_backend_kind BK = DPAR_BACKEND_CPU;
 
 static uint64_t rng_state = 99;
-static float rnd(void) { /* splitmix64 -> [-1, 1) */
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return (float)((double)((z ^ (z >> 31)) >> 11) / 9007199254740992.0 * 2.0 - 1.0);
-}
+static float rnd(void) { return (float)t_splitmix(&rng_state); } /* [-1, 1) */
 typedef struct data {
     float x[STEPS][B * 5], init[NP][64];
     int32_t y[STEPS][B];

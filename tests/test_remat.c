@@ -12,13 +12,7 @@
 #include "testutil.h"
 
 static uint64_t rng_state = 777;
-static float rnd(void) { /* splitmix64 -> [-1, 1) */
-    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    return (float)((double)(z >> 11) / 4503599627370496.0 - 1.0);
-}
+static float rnd(void) { return (float)t_splitmix(&rng_state); } /* [-1, 1) */
 
 enum { MLP, CNN, GPT, MAXP = 72 };
 enum { MLP_D = 256, MLP_H = 512, MLP_L = 4, MLP_C = 10, MLP_B = 128 }; /* per-device batch MLP_B */

@@ -49,6 +49,15 @@ static inline int symlink(const char *target, const char *link) {
     return CreateSymbolicLinkA(link, target, 0) ? 0 : -1;
 }
 #endif
+/* The tests' random numbers: splitmix64 of *state (advanced), uniform in [-1, 1) on a 2^-52 grid. Each test
+   file keeps its own state and seeds, so its values do not depend on the other files. */
+static inline double t_splitmix(uint64_t *state) {
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return (double)(z >> 11) / 4503599627370496.0 - 1.0;
+}
 /* Removes folder `dir` and what is in it; 0 on success. */
 static inline int t_remove_tree(const char *dir) {
     char cmd[1200];
