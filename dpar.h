@@ -2058,6 +2058,22 @@ DPAR__ALIAS dpar_status dpar_axis_size(const dpar_ctx *ctx, const char *axes, in
 #endif
 #endif /* DPAR_H_INCLUDED */
 
+/* Windows: <windows.h> as dpar includes it (lean, no min/max macros), for the
+   implementation below and for any file that defines DPAR_INCLUDE_WINDOWS
+   before including dpar.h (tests/testutil.h), so both see the same
+   declarations. Users' files get no <windows.h> from dpar.h. */
+#if defined(_WIN32) && !defined(DPAR__WINDOWS_DONE) &&                                                   \
+    (defined(DPAR_IMPLEMENTATION) || defined(DPAR_TRAIN_IMPLEMENTATION) || defined(DPAR_INCLUDE_WINDOWS))
+#define DPAR__WINDOWS_DONE
+#ifndef WIN32_LEAN_AND_MEAN
+#define WIN32_LEAN_AND_MEAN
+#endif
+#ifndef NOMINMAX
+#define NOMINMAX
+#endif
+#include <windows.h>
+#endif
+
 /* >>platform =================================================================
    Platform layer (DESIGN §9): threads, mutexes, condition variables, the
    monotonic clock and deadline waits, atomics, CPU count, memory size,
@@ -2087,13 +2103,6 @@ DPAR__ALIAS dpar_status dpar_axis_size(const dpar_ctx *ctx, const char *axes, in
 #include <string.h>
 #include <time.h>
 #if defined(_WIN32)
-#ifndef WIN32_LEAN_AND_MEAN
-#define WIN32_LEAN_AND_MEAN
-#endif
-#ifndef NOMINMAX
-#define NOMINMAX
-#endif
-#include <windows.h>
 #include <io.h>
 #include <process.h>
 #define DPAR__O_BINARY O_BINARY

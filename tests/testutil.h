@@ -10,19 +10,13 @@
 #include <string.h>
 #include <math.h>
 #include <cmocka.h>
+#define DPAR_INCLUDE_WINDOWS /* <windows.h> on Windows, as dpar.h's implementation includes it */
 #include "dpar.h"
 
 /* Windows (MinGW-w64 under wine, tests/test_windows.sh): the POSIX calls the
    tests use, on the C runtime and Win32. */
 #if defined(_WIN32)
 #include <direct.h>
-#ifndef WIN32_LEAN_AND_MEAN
-#define WIN32_LEAN_AND_MEAN
-#endif
-#ifndef NOMINMAX
-#define NOMINMAX
-#endif
-#include <windows.h>
 #undef near /* <windows.h> defines these names, which the tests use */
 #undef far
 #undef IN
