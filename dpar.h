@@ -120,7 +120,7 @@
    buffers. Their handles are stale afterwards: destroying one again returns
    DPAR_ERR_STATE and frees nothing. Handles are plain pointers looked up in a
    process-wide hash set of live objects by every call that takes one: ops,
-   collectives, buffer I/O and getters too ("dpar_copy: operand 0 is a stale
+   collectives, buffer I/O and getters too ("dpar_copy: the source is a stale
    buffer ..."; a getter returns its NULL answer, -1 or 0, and sets the last
    error). Inside fn a worker looks each handle up once per dispatch, then
    compares. A getter racing a destroy of the same object on another thread
@@ -6962,27 +6962,32 @@ DPAR_API dpar_status dpar_pbroadcast_start(dpar_ctx *ctx, dpar_buffer *out, cons
 /* ---------------------------------------------------------------------------
    Ops: argument checks, then the backend
    ------------------------------------------------------------------------ */
-static dpar_status dpar__op_check(const char *name, const dpar_buffer *first, const dpar_buffer *const *bufs, int nb) {
+/* The output `first` and the operands bufs[0..nb) of op `name`: not NULL, live, of one runtime and device. An
+   error names operand i as names[i] (the parameter: "the source", "x"), or "operand i" when names is NULL. */
+static dpar_status dpar__op_check_named(const char *name, const dpar_buffer *first, const dpar_buffer *const *bufs,
+                                        const char *const *names, int nb) {
     if (!first) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: output buffer is NULL", name);
     if (!dpar__live_buf_ok(first)) return dpar__live_stale_arg(name, "the output buffer", DPAR__LIVE_BUFFER);
     for (int i = 0; i < nb; i++) {
-        if (!bufs[i]) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: operand %d is NULL", name, i);
-        if (!dpar__live_buf_ok(bufs[i])) {
-            char arg[32];
-            snprintf(arg, sizeof arg, "operand %d", i);
-            return dpar__live_stale_arg(name, arg, DPAR__LIVE_BUFFER);
-        }
+        char num[32];
+        snprintf(num, sizeof num, "operand %d", i);
+        const char *arg = names ? names[i] : num;
+        if (!bufs[i]) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: %s is NULL", name, arg);
+        if (!dpar__live_buf_ok(bufs[i])) return dpar__live_stale_arg(name, arg, DPAR__LIVE_BUFFER);
         if (bufs[i]->rt != first->rt)
             return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
-                             "%s: operand %d and the output belong to different runtimes; every operand of an op must "
+                             "%s: %s and the output belong to different runtimes; every operand of an op must "
                              "be a buffer of one runtime, on one device",
-                             name, i);
+                             name, arg);
         if (bufs[i]->device != first->device)
             return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
                              "%s: operands live on devices %d and %d; every operand of an op must be on one device",
                              name, first->gdev, bufs[i]->gdev);
     }
     return DPAR_OK;
+}
+static dpar_status dpar__op_check(const char *name, const dpar_buffer *first, const dpar_buffer *const *bufs, int nb) {
+    return dpar__op_check_named(name, first, bufs, NULL, nb);
 }
 static dpar_status dpar__need_f32(const char *name, const dpar_buffer *b, const char *which) {
     if (b->dtype != DPAR_F32)
@@ -7187,7 +7192,8 @@ DPAR_API dpar_status dpar_bias_grad(dpar_buffer *db, const dpar_buffer *dy, floa
 }
 DPAR_API dpar_status dpar_relu(dpar_buffer *y, const dpar_buffer *x) {
     dpar__clear_error();
-    dpar_status s = dpar__op_check("dpar_relu", y, &x, 1);
+    static const char *const opn[] = { "x" };
+    dpar_status s = dpar__op_check_named("dpar_relu", y, &x, opn, 1);
     if (s || (s = dpar__need_ft("dpar_relu", y, "y", dpar__fdt(y))) ||
         (s = dpar__need_ft("dpar_relu", x, "x", dpar__fdt(y))) ||
         (s = dpar__same_shape("dpar_relu", y, "y", x, "x")))
@@ -7284,7 +7290,8 @@ DPAR_API dpar_status dpar_mse(dpar_buffer *loss, dpar_buffer *dpred, const dpar_
 }
 DPAR_API dpar_status dpar_axpy(dpar_buffer *y, float alpha, const dpar_buffer *x) {
     dpar__clear_error();
-    dpar_status s = dpar__op_check("dpar_axpy", y, &x, 1);
+    static const char *const opn[] = { "x" };
+    dpar_status s = dpar__op_check_named("dpar_axpy", y, &x, opn, 1);
     if (s || (s = dpar__need_ft("dpar_axpy", y, "y", dpar__fdt(y))) ||
         (s = dpar__need_ft("dpar_axpy", x, "x", dpar__fdt(y))) ||
         (s = dpar__same_count("dpar_axpy", y, "y", x, "x")))
@@ -7315,7 +7322,8 @@ DPAR_API dpar_status dpar_fill(dpar_buffer *x, float value) {
 }
 DPAR_API dpar_status dpar_copy(dpar_buffer *dst, const dpar_buffer *src) {
     dpar__clear_error();
-    dpar_status s = dpar__op_check("dpar_copy", dst, &src, 1);
+    static const char *const opn[] = { "the source" };
+    dpar_status s = dpar__op_check_named("dpar_copy", dst, &src, opn, 1);
     if (s || (s = dpar__same_count("dpar_copy", dst, "dst", src, "src"))) return s;
     if (dst->dtype != src->dtype)
         return dpar__err(DPAR_ERR_DTYPE, "dpar_copy: dst is %s but src is %s; use dpar_cast to convert",
@@ -7328,7 +7336,8 @@ DPAR_API dpar_status dpar_copy(dpar_buffer *dst, const dpar_buffer *src) {
 }
 DPAR_API dpar_status dpar_cast(dpar_buffer *dst, const dpar_buffer *src) {
     dpar__clear_error();
-    dpar_status s = dpar__op_check("dpar_cast", dst, &src, 1);
+    static const char *const opn[] = { "the source" };
+    dpar_status s = dpar__op_check_named("dpar_cast", dst, &src, opn, 1);
     if (s || (s = dpar__same_count("dpar_cast", dst, "dst", src, "src"))) return s;
     if (dst == src) return DPAR_OK;
     dpar__op op;
@@ -7338,7 +7347,8 @@ DPAR_API dpar_status dpar_cast(dpar_buffer *dst, const dpar_buffer *src) {
 }
 static dpar_status dpar__reduce_op(const char *name, dpar__op_kind k, dpar_buffer *out, const dpar_buffer *x) {
     dpar__clear_error();
-    dpar_status s = dpar__op_check(name, out, &x, 1);
+    static const char *const opn[] = { "x" };
+    dpar_status s = dpar__op_check_named(name, out, &x, opn, 1);
     if (s || (s = dpar__need_ft(name, x, "x", dpar__fdt(x))) || (s = dpar__scalar_out_t(name, out, dpar__fdt(x))))
         return s;
     dpar__op op;
@@ -7505,7 +7515,8 @@ DPAR_API dpar_status dpar_binary(dpar_buffer *y, const dpar_buffer *a, const dpa
     const char *fn = "dpar_binary";
     dpar__clear_error();
     const dpar_buffer *ops[2] = { a, b };
-    dpar_status s = dpar__op_check(fn, y, ops, 2);
+    static const char *const opn[] = { "a", "b" };
+    dpar_status s = dpar__op_check_named(fn, y, ops, opn, 2);
     dpar_dtype t = dpar__fdt(y);
     if (s || (s = dpar__need_ft(fn, y, "y", t)) || (s = dpar__need_ft(fn, a, "a", t)) ||
         (s = dpar__need_ft(fn, b, "b", t)) ||

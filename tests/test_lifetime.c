@@ -248,7 +248,7 @@ static dpar_status use_after_destroy(dpar_ctx *ctx, void *user) {
     if (s) return s;
     if (dpar_fill(t, 2.0f) != DPAR_ERR_STATE || !strstr(dpar_last_error(), "dpar_fill: the output buffer is a stale"))
         return dpar_set_last_error(DPAR_ERR_BACKEND, "fill of a freed buffer: %s", dpar_last_error());
-    if (dpar_copy(u, t) != DPAR_ERR_STATE || !strstr(dpar_last_error(), "dpar_copy: operand 0 is a stale buffer"))
+    if (dpar_copy(u, t) != DPAR_ERR_STATE || !strstr(dpar_last_error(), "dpar_copy: the source is a stale buffer"))
         return dpar_set_last_error(DPAR_ERR_BACKEND, "copy from a freed buffer: %s", dpar_last_error());
     if (dpar_psum(ctx, u, t, "data") != DPAR_ERR_STATE || !strstr(dpar_last_error(), "dpar_psum: in is a stale"))
         return dpar_set_last_error(DPAR_ERR_BACKEND, "psum of a freed buffer: %s", dpar_last_error());
@@ -274,10 +274,13 @@ static void test_stale_arguments(void **state) {
     /* ops from the host thread, the stale buffer in each position */
     STALE(dpar_fill(b, 1.0f), "dpar_fill", "the output buffer");
     STALE(dpar_copy(b, live), "dpar_copy", "the output buffer");
-    STALE(dpar_copy(live, b), "dpar_copy", "operand 0");
-    STALE(dpar_axpy(live, 2.0f, b), "dpar_axpy", "operand 0");
-    STALE(dpar_binary(live, live, b, DPAR_BINARY_ADD), "dpar_binary", "operand 1");
-    STALE(dpar_sum(live, b), "dpar_sum", "operand 0");
+    STALE(dpar_copy(live, b), "dpar_copy", "the source");
+    STALE(dpar_cast(live, b), "dpar_cast", "the source");
+    STALE(dpar_axpy(live, 2.0f, b), "dpar_axpy", "x");
+    STALE(dpar_binary(live, live, b, DPAR_BINARY_ADD), "dpar_binary", "b");
+    STALE(dpar_sum(live, b), "dpar_sum", "x");
+    STALE(dpar_relu(live, b), "dpar_relu", "x");
+    STALE(dpar_relu_backward(live, live, b), "dpar_relu_backward", "operand 1"); /* unnamed: the position */
     /* buffer I/O and getters */
     STALE(dpar_buffer_write(b, 0, h, 4), "dpar_buffer_write", "the buffer");
     STALE(dpar_buffer_read(b, 0, h, 4), "dpar_buffer_read", "the buffer");
