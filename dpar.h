@@ -2062,7 +2062,7 @@ DPAR__ALIAS dpar_status dpar_axis_size(const dpar_ctx *ctx, const char *axes, in
    implementation below and for any file that defines DPAR_INCLUDE_WINDOWS
    before including dpar.h (tests/testutil.h), so both see the same
    declarations. Users' files get no <windows.h> from dpar.h. */
-#if defined(_WIN32) && !defined(DPAR__WINDOWS_DONE) &&                                                   \
+#if defined(_WIN32) && !defined(DPAR__WINDOWS_DONE) && \
     (defined(DPAR_IMPLEMENTATION) || defined(DPAR_TRAIN_IMPLEMENTATION) || defined(DPAR_INCLUDE_WINDOWS))
 #define DPAR__WINDOWS_DONE
 #ifndef WIN32_LEAN_AND_MEAN
@@ -6279,8 +6279,7 @@ static dpar_status dpar__coll_begin(dpar_ctx *ctx, const dpar__cargs *a, dpar__c
                                               "dpar_cast the input to f32 first, or psum and divide by the axis size",
                                               k->st.what));
     /* f64 is reduced in double on the host within a process; the MPI transport folds f32 / i32 only */
-    if ((a->kind == DPAR__COLL_ALL_REDUCE || a->kind == DPAR__COLL_REDUCE_SCATTER) && in->dtype == DPAR_F64 &&
-        g->cross)
+    if ((a->kind == DPAR__COLL_ALL_REDUCE || a->kind == DPAR__COLL_REDUCE_SCATTER) && in->dtype == DPAR_F64 && g->cross)
         return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_DTYPE,
                                               "%s: f64 is not reduced across MPI processes (within a process it "
                                               "is; moving collectives take it everywhere); dpar_cast to f32 first",
@@ -7195,8 +7194,7 @@ DPAR_API dpar_status dpar_relu(dpar_buffer *y, const dpar_buffer *x) {
     static const char *const opn[] = { "x" };
     dpar_status s = dpar__op_check_named("dpar_relu", y, &x, opn, 1);
     if (s || (s = dpar__need_ft("dpar_relu", y, "y", dpar__fdt(y))) ||
-        (s = dpar__need_ft("dpar_relu", x, "x", dpar__fdt(y))) ||
-        (s = dpar__same_shape("dpar_relu", y, "y", x, "x")))
+        (s = dpar__need_ft("dpar_relu", x, "x", dpar__fdt(y))) || (s = dpar__same_shape("dpar_relu", y, "y", x, "x")))
         return s;
     dpar__op op;
     dpar__op_init(&op, DPAR__OP_RELU, y);
@@ -7293,8 +7291,7 @@ DPAR_API dpar_status dpar_axpy(dpar_buffer *y, float alpha, const dpar_buffer *x
     static const char *const opn[] = { "x" };
     dpar_status s = dpar__op_check_named("dpar_axpy", y, &x, opn, 1);
     if (s || (s = dpar__need_ft("dpar_axpy", y, "y", dpar__fdt(y))) ||
-        (s = dpar__need_ft("dpar_axpy", x, "x", dpar__fdt(y))) ||
-        (s = dpar__same_count("dpar_axpy", y, "y", x, "x")))
+        (s = dpar__need_ft("dpar_axpy", x, "x", dpar__fdt(y))) || (s = dpar__same_count("dpar_axpy", y, "y", x, "x")))
         return s;
     dpar__op op;
     dpar__op_init(&op, DPAR__OP_AXPY, y);
@@ -7474,8 +7471,7 @@ DPAR_API dpar_status dpar_unary(dpar_buffer *y, const dpar_buffer *x, dpar_unary
     dpar__clear_error();
     dpar_status s = dpar__op_check("dpar_unary", y, &x, 1);
     if (s || (s = dpar__need_ft("dpar_unary", y, "y", dpar__fdt(y))) ||
-        (s = dpar__need_ft("dpar_unary", x, "x", dpar__fdt(y))) ||
-        (s = dpar__same_shape("dpar_unary", y, "y", x, "x")))
+        (s = dpar__need_ft("dpar_unary", x, "x", dpar__fdt(y))) || (s = dpar__same_shape("dpar_unary", y, "y", x, "x")))
         return s;
     if ((int)u < 0 || u >= DPAR_UNARY_COUNT)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_unary: op %d is not a dpar_unary_op (0..%d)", (int)u,
@@ -7519,8 +7515,8 @@ DPAR_API dpar_status dpar_binary(dpar_buffer *y, const dpar_buffer *a, const dpa
     dpar_status s = dpar__op_check_named(fn, y, ops, opn, 2);
     dpar_dtype t = dpar__fdt(y);
     if (s || (s = dpar__need_ft(fn, y, "y", t)) || (s = dpar__need_ft(fn, a, "a", t)) ||
-        (s = dpar__need_ft(fn, b, "b", t)) ||
-        (s = dpar__bcast_check(fn, y, a, "a")) || (s = dpar__bcast_check(fn, y, b, "b")))
+        (s = dpar__need_ft(fn, b, "b", t)) || (s = dpar__bcast_check(fn, y, a, "a")) ||
+        (s = dpar__bcast_check(fn, y, b, "b")))
         return s;
     if ((int)bop < 0 || bop >= DPAR_BINARY_COUNT)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: op %d is not a dpar_binary_op (0..%d)", fn, (int)bop,
@@ -8338,8 +8334,7 @@ static dpar_status dpar__norm_fwd(const char *fn, int rms, dpar_buffer *y, dpar_
     const char *names[4] = { "y", "x", "w", "b" };
     dpar_status s = dpar__op_check(fn, y, ops, 4);
     if (s || (s = dpar__same_float64(fn, fl, names, 4)) ||
-        (stats && (s = dpar__need_ft(fn, stats, "stats", dpar__fdt(x)))) ||
-        (s = dpar__same_shape(fn, y, "y", x, "x")))
+        (stats && (s = dpar__need_ft(fn, stats, "stats", dpar__fdt(x)))) || (s = dpar__same_shape(fn, y, "y", x, "x")))
         return s;
     if (x->ndim < 1) return dpar__err(DPAR_ERR_SHAPE, "%s: x is a scalar; it needs a last axis to normalize", fn);
     if ((s = dpar__norm_vec(fn, w, "w", x)) || (s = dpar__norm_vec(fn, b, "b", x))) return s;
@@ -9470,24 +9465,24 @@ struct dpar_graph {
     dpar_array **opt_state;     /* optimizer state [j * n + k]: m, v / momentum of param k (its shape and spec) */
     struct dpar__gstate *state; /* the training state's named arrays (>>graph state), built at compile */
     int nstate;
-    dpar_buffer **scratch;  /* one f32 element per device (the discarded loss of xent_grad) */
+    dpar_buffer **scratch;   /* one f32 element per device (the discarded loss of xent_grad) */
     dpar_buffer **scratch64; /* the same in f64, for a graph with f64 values (NULL otherwise) */
-    dpar_buffer **sgd_ptrs; /* [li][4][n] params, grads, optimizer state (momentum / AdamW m, v) */
-    dpar_request **reqs;    /* [node * nlocal + li] async reductions in flight */
-    dpar__gbucket *bk;      /* gradient buckets (>>graph buckets), nbk of them */
+    dpar_buffer **sgd_ptrs;  /* [li][4][n] params, grads, optimizer state (momentum / AdamW m, v) */
+    dpar_request **reqs;     /* [node * nlocal + li] async reductions in flight */
+    dpar__gbucket *bk;       /* gradient buckets (>>graph buckets), nbk of them */
     int nbk;
     dpar_graph_stats stats;
-    struct dpar__gz1 *z1;     /* ZeRO-1 (dpar_graph_zero1), NULL: off */
-    struct dpar__gpipe *pp;   /* pipeline (dpar_graph_pipeline), NULL: off */
-    int stage_now;            /* pipelines, building: the stage of new op nodes */
-    int *mb_now;              /* pipelines, running: [nlocal] the micro-batch (buffer set) of each device */
-    dpar_buffer **mb_slots;   /* pipelines: [((m - 1) * nslots + slot) * nlocal + li], sets m = 1..M-1 */
-    bool *mb_owned;           /* [(m - 1) * nslots + slot]: the graph's buffers (not set 0's, shared) */
-    int remat_seg;            /* segments begun so far (>>graph remat) */
-    bool remat_open;          /* between dpar_graph_remat_begin and _end */
-    int *rclone;              /* while the backward is built: [forward node] its recomputed copy, 0 none yet */
-    int rupto;                /* the forward nodes are 1..rupto-1 */
-    struct dpar__gprog *prog; /* [nlocal] recorded command buffers (>>graph program), NULL: op by op */
+    struct dpar__gz1 *z1;       /* ZeRO-1 (dpar_graph_zero1), NULL: off */
+    struct dpar__gpipe *pp;     /* pipeline (dpar_graph_pipeline), NULL: off */
+    int stage_now;              /* pipelines, building: the stage of new op nodes */
+    int *mb_now;                /* pipelines, running: [nlocal] the micro-batch (buffer set) of each device */
+    dpar_buffer **mb_slots;     /* pipelines: [((m - 1) * nslots + slot) * nlocal + li], sets m = 1..M-1 */
+    bool *mb_owned;             /* [(m - 1) * nslots + slot]: the graph's buffers (not set 0's, shared) */
+    int remat_seg;              /* segments begun so far (>>graph remat) */
+    bool remat_open;            /* between dpar_graph_remat_begin and _end */
+    int *rclone;                /* while the backward is built: [forward node] its recomputed copy, 0 none yet */
+    int rupto;                  /* the forward nodes are 1..rupto-1 */
+    struct dpar__gprog *prog;   /* [nlocal] recorded command buffers (>>graph program), NULL: op by op */
     struct dpar__gstage *stage; /* staged feeds (>>graph feeds), NULL: none put yet */
     dpar_buffer **feed_take;    /* the running step's staged shards [feed * nlocal + li], NULL: none */
 };
@@ -9745,9 +9740,11 @@ static bool dpar__g_float(dpar_graph *g, const char *fn, int n, const dpar_value
     char l[96], l0[96];
     for (int i = 1; i < n; i++)
         if (g->n[v[i].id].dtype != DPAR_F64) {
-            dpar__g_fail(g, DPAR_ERR_DTYPE, "%s: input %s is %s but %s is f64; the inputs share f32 or f64 (cast with "
-                         "dpar_g_cast)", fn, dpar__g_label(g, v[i].id, l, sizeof l),
-                         dpar_dtype_name(g->n[v[i].id].dtype), dpar__g_label(g, v[0].id, l0, sizeof l0));
+            dpar__g_fail(g, DPAR_ERR_DTYPE,
+                         "%s: input %s is %s but %s is f64; the inputs share f32 or f64 (cast with "
+                         "dpar_g_cast)",
+                         fn, dpar__g_label(g, v[i].id, l, sizeof l), dpar_dtype_name(g->n[v[i].id].dtype),
+                         dpar__g_label(g, v[0].id, l0, sizeof l0));
             return false;
         }
     return true;
@@ -12712,8 +12709,7 @@ static dpar_status dpar__g_stage_match(const dpar__gstage *st, const dpar_graph_
     for (int j = 0; j < num; j++) {
         int k = 0;
         while (k < st->n && st->ids[k] != feeds[j].value.id) k++;
-        if (k == st->n)
-            return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: feeds[%d] is not a feed of this graph", fn, j);
+        if (k == st->n) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: feeds[%d] is not a feed of this graph", fn, j);
         if (at[k] >= 0) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: feed %s is given twice", fn, st->label[k]);
         if (!feeds[j].host == !feeds[j].array)
             return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: feed %s: give exactly one of host and array", fn,
@@ -14498,18 +14494,18 @@ static void dpar__sgd_part(void *arg, int part, int nparts) { /* work items of `
    tests/test_exp.c over every 64th float in [-104, 89]; subnormal results in
    units of their spacing, 2^-149). Exact: exp(+-0) = 1, exp(+inf) = +inf, exp(-inf) = +0, NaN ->
    NaN (quiet); x >= 88.72284 -> +inf, x <= -103.97208 -> +0. */
-#define DPAR__EXP_LO (-104.0f) /* inputs are clamped to [LO, HI]: exp(LO) rounds to +0, exp(HI) to +inf */
-#define DPAR__EXP_HI 89.0f
-#define DPAR__EXP_LOG2E 1.44269504088896341f
-#define DPAR__EXP_SHIFT 12582912.0f /* 1.5 * 2^23: t = x log2e + it holds rint(x log2e) in its low bits */
+#define DPAR__EXP_LO     (-104.0f) /* inputs are clamped to [LO, HI]: exp(LO) rounds to +0, exp(HI) to +inf */
+#define DPAR__EXP_HI     89.0f
+#define DPAR__EXP_LOG2E  1.44269504088896341f
+#define DPAR__EXP_SHIFT  12582912.0f /* 1.5 * 2^23: t = x log2e + it holds rint(x log2e) in its low bits */
 #define DPAR__EXP_LN2_HI 0.693145751953125f
 #define DPAR__EXP_LN2_LO 1.428606765330187045e-6f
-#define DPAR__EXP_C7 1.9875691500e-4f
-#define DPAR__EXP_C6 1.3981999507e-3f
-#define DPAR__EXP_C5 8.3334519073e-3f
-#define DPAR__EXP_C4 4.1665795894e-2f
-#define DPAR__EXP_C3 1.6666665459e-1f
-#define DPAR__EXP_C2 5.0000001201e-1f
+#define DPAR__EXP_C7     1.9875691500e-4f
+#define DPAR__EXP_C6     1.3981999507e-3f
+#define DPAR__EXP_C5     8.3334519073e-3f
+#define DPAR__EXP_C4     4.1665795894e-2f
+#define DPAR__EXP_C3     1.6666665459e-1f
+#define DPAR__EXP_C2     5.0000001201e-1f
 static float dpar__exp_f32_1(float x) {
     if (x != x) return x + x;
     float xc = x < DPAR__EXP_LO ? DPAR__EXP_LO : x > DPAR__EXP_HI ? DPAR__EXP_HI : x;
@@ -15791,15 +15787,15 @@ static int dpar__op_has_f64(const dpar__op *op) {
     return dpar__is_f64(op->dst) || dpar__is_f64(op->dst2) || dpar__is_f64(op->dst3) || dpar__is_f64(op->src0) ||
            dpar__is_f64(op->src1) || dpar__is_f64(op->src2) || dpar__is_f64(op->src3);
 }
-#define DPAR__D(b) ((double *)(b)->mem)
+#define DPAR__D(b)  ((double *)(b)->mem)
 #define DPAR__CD(b) ((b) ? (const double *)(b)->mem : (const double *)NULL)
 /* C[M,N] = alpha op(A) op(B) + beta C on rows [lo, hi), op(A) = A [M,K] and op(B) = B [K,N] stored
    dense (dpar__cpu64_matmul transposes first). For each block of DPAR__DGEMM_KB x DPAR__DGEMM_NB of B
    (256 KiB, L2), 4 x 8 tiles of C are summed in registers over the block's k (AVX2 FMA where the CPU
    has it, else plain C), then added to C once; ragged edges take the plain loop with their own bounds. */
 enum { DPAR__DGEMM_KB = 128, DPAR__DGEMM_NB = 256, DPAR__DGEMM_MR = 4, DPAR__DGEMM_NR = 8 };
-static void dpar__cpu64_tile(double *C, const double *A, const double *B, int64_t N, int64_t K, int64_t p0,
-                             int64_t p1, double alpha, int64_t mr, int64_t nr) {
+static void dpar__cpu64_tile(double *C, const double *A, const double *B, int64_t N, int64_t K, int64_t p0, int64_t p1,
+                             double alpha, int64_t mr, int64_t nr) {
     double acc[DPAR__DGEMM_MR][DPAR__DGEMM_NR];
     memset(acc, 0, sizeof acc);
     if (mr == DPAR__DGEMM_MR && nr == DPAR__DGEMM_NR) {
@@ -15932,8 +15928,7 @@ static dpar_status dpar__cpu64_reduce(const dpar__op *op) {
     if (!acc || !best) {
         DPAR_FREE(acc);
         DPAR_FREE(best);
-        return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_reduce: out of host memory (%lld f64 results)",
-                         (long long)nout);
+        return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_reduce: out of host memory (%lld f64 results)", (long long)nout);
     }
     for (int64_t o = 0; o < nout; o++) acc[o] = 0.0, best[o] = -1;
     const double *x = DPAR__CD(op->src0), *a = DPAR__CD(op->src1), *b = DPAR__CD(op->src2);
@@ -16075,7 +16070,7 @@ static void dpar__cpu64_cast(const dpar__op *op) {
         case DPAR_F16: ((uint16_t *)y)[i] = dpar_f32_to_f16((float)v); break;
         case DPAR_BF16: ((uint16_t *)y)[i] = dpar_f32_to_bf16((float)v); break;
         case DPAR_I32:
-            ((int32_t *)y)[i] = v != v                 ? 0
+            ((int32_t *)y)[i] = v != v               ? 0
                                 : v >= 2147483647.0  ? INT32_MAX
                                 : v <= -2147483648.0 ? INT32_MIN
                                                      : (int32_t)v;

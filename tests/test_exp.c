@@ -68,8 +68,8 @@ static void test_exp_sweep(void **st) {
                 if (p && memcmp(y[p], y[0], (size_t)n * sizeof(float)) != 0)
                     for (int i = 0; i < n; i++)
                         if (t_f2u(y[p][i]) != t_f2u(y[0][i]))
-                            fail_msg("exp(%a): %s gives %a, scalar %a", (double)x[i], t_path_name[p],
-                                     (double)y[p][i], (double)y[0][i]);
+                            fail_msg("exp(%a): %s gives %a, scalar %a", (double)x[i], t_path_name[p], (double)y[p][i],
+                                     (double)y[0][i]);
             }
             count += n;
         }
@@ -103,12 +103,12 @@ static void test_exp_special(void **st) {
         { 88.72283172607421875f, 0x7f7fff84u }, /* the last finite result; the next float overflows */
         { 88.7228393554687500f, 0x7f800000u },
         { 100.0f, 0x7f800000u },
-        { -103.972076416015625f, 1u },           /* 2^-149, the smallest subnormal */
-        { -103.97208404541015625f, 0u },         /* rounds to zero */
+        { -103.972076416015625f, 1u },   /* 2^-149, the smallest subnormal */
+        { -103.97208404541015625f, 0u }, /* rounds to zero */
         { -150.0f, 0u },
-        { 0x1p-149f, 0x3f800000u },               /* subnormal inputs: exp = 1 */
+        { 0x1p-149f, 0x3f800000u }, /* subnormal inputs: exp = 1 */
         { -0x1p-149f, 0x3f800000u },
-        { 1.0f, 0x402df854u },                    /* e */
+        { 1.0f, 0x402df854u }, /* e */
     };
     t_exp_path path[T_NPATH];
     t_paths(path);

@@ -249,7 +249,10 @@ static void test_reductions(void **st) {
                     assert_int_equal(idx[i * 4 + k], am);
                 else
                     near("reduce", kind, y[i * 4 + k],
-                         kind == DPAR_REDUCE_SUM ? s : kind == DPAR_REDUCE_MEAN ? s / 5.0 : mx, 1e-12, sa);
+                         kind == DPAR_REDUCE_SUM    ? s
+                         : kind == DPAR_REDUCE_MEAN ? s / 5.0
+                                                    : mx,
+                         1e-12, sa);
                 for (int j = 0; j < 5 && back; j++) {
                     double g = dy[i * 4 + k];
                     double want = kind == DPAR_REDUCE_SUM ? g : kind == DPAR_REDUCE_MEAN ? g / 5.0 : j == am ? g : 0;
@@ -661,8 +664,8 @@ static void gpu_refuses(dpar_backend_kind k) {
     dpar_runtime *rt = t_runtime_or_skip(k, 1);
     int64_t n = 4;
     dpar_buffer *b = NULL;
-    T_ERR(dpar_buffer_create(rt, 0, DPAR_F64, 1, &n, &b), DPAR_ERR_DTYPE, "dpar_buffer_create",
-          dpar_backend_name(k), "no f64");
+    T_ERR(dpar_buffer_create(rt, 0, DPAR_F64, 1, &n, &b), DPAR_ERR_DTYPE, "dpar_buffer_create", dpar_backend_name(k),
+          "no f64");
     assert_null(b);
     dpar_mesh *m = t_mesh1(rt, 1, "data");
     dpar_array_desc d = { DPAR_F64, 1, { 4 }, { NULL } };

@@ -12,7 +12,9 @@
 #include "testutil.h"
 
 static uint64_t rng_state = 12345;
-static double rnd(void) { return t_splitmix(&rng_state); } /* [-1, 1) */
+static double rnd(void) {
+    return t_splitmix(&rng_state);
+} /* [-1, 1) */
 
 /* ---- finite-difference cases: one row each ---- */
 enum { MAXIN = 4 };

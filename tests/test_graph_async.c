@@ -56,8 +56,10 @@ static void staged_equals_plain(dpar_backend_kind k) {
         batch(s, x, y);
         T_OK(dpar_graph_run(a.g, (dpar_graph_feed[]){ { a.x, x, NULL }, { a.y, y, NULL } }, 2, &la[s]));
         dpar_request *req = NULL;
-        if (s % 2 == 0) T_OK(dpar_graph_run_start(b.g, NULL, 0, &lb[s], &req));
-        else T_OK(dpar_graph_run(b.g, NULL, 0, &lb[s]));
+        if (s % 2 == 0)
+            T_OK(dpar_graph_run_start(b.g, NULL, 0, &lb[s], &req));
+        else
+            T_OK(dpar_graph_run(b.g, NULL, 0, &lb[s]));
         if (s + 1 < STEPS) {
             batch(s + 1, x, y);
             T_OK(dpar_graph_put_feeds(b.g, (dpar_graph_feed[]){ { b.x, x, NULL }, { b.y, y, NULL } }, 2));

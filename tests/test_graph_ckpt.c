@@ -17,7 +17,9 @@ enum { MB = 8, MD = 6, MC = 4, K = 3, STEPS = 6, NP = 4 };
 static dpar_backend_kind BK = DPAR_BACKEND_CPU;
 
 static uint64_t rng_state;
-static float rnd(void) { return (float)t_splitmix(&rng_state); } /* [-1, 1) */
+static float rnd(void) {
+    return (float)t_splitmix(&rng_state);
+} /* [-1, 1) */
 static const char *tpath(const char *name) {
     static char p[4][512];
     static int k;

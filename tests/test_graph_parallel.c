@@ -12,7 +12,9 @@ static const int64_t dims[NL + 1] = { 5, 7, 6, 9, 3 };
 static dpar_backend_kind BK = DPAR_BACKEND_CPU;
 
 static uint64_t rng_state = 99;
-static float rnd(void) { return (float)t_splitmix(&rng_state); } /* [-1, 1) */
+static float rnd(void) {
+    return (float)t_splitmix(&rng_state);
+} /* [-1, 1) */
 typedef struct data {
     float x[STEPS][B * 5], init[NP][64];
     int32_t y[STEPS][B];

@@ -17,7 +17,9 @@
 #include "testutil.h"
 
 static uint64_t rng_state = 777;
-static double rnd(void) { return t_splitmix(&rng_state); } /* [-1, 1) */
+static double rnd(void) {
+    return t_splitmix(&rng_state);
+} /* [-1, 1) */
 static void fill(float *x, int64_t n, double scale) {
     for (int64_t i = 0; i < n; i++) x[i] = (float)(scale * rnd());
 }

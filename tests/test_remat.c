@@ -12,18 +12,20 @@
 #include "testutil.h"
 
 static uint64_t rng_state = 777;
-static float rnd(void) { return (float)t_splitmix(&rng_state); } /* [-1, 1) */
+static float rnd(void) {
+    return (float)t_splitmix(&rng_state);
+} /* [-1, 1) */
 
 enum { MLP, CNN, GPT, MAXP = 72 };
 enum { MLP_D = 256, MLP_H = 512, MLP_L = 4, MLP_C = 10, MLP_B = 128 }; /* per-device batch MLP_B */
 enum { CNN_B = 64, CNN_DEV = 4, SIDE = 28, NCLASS = 10 };              /* train_cnn's defaults */
-enum { G_L = 4, G_H = 4, G_C = 128, G_T = 64, G_V = 65, G_B = 32 };     /* train_gpt's defaults, dp 2 x tp 2 */
+enum { G_L = 4, G_H = 4, G_C = 128, G_T = 64, G_V = 65, G_B = 32 };    /* train_gpt's defaults, dp 2 x tp 2 */
 enum { G_BLK = 16, G_NP = G_L * G_BLK + 6 };
 static const char *const KIND[] = { "mlp", "cnn", "gpt" };
 
 typedef struct model {
     int kind, ndev, np;
-    int64_t batch;        /* global */
+    int64_t batch;       /* global */
     int64_t count[MAXP]; /* each param's global element count */
     dpar_runtime *rt;
     dpar_graph *g;
@@ -50,9 +52,9 @@ static int gpt_shapes(int *ndim, int64_t sh[MAXP][4], const char *spec[MAXP][2])
     static const struct {
         int64_t r, c; /* c 0: a vector */
         const char *s0, *s1;
-    } blk[G_BLK] = { { G_C, 0, 0, 0 },     { G_C, 0, 0, 0 },     { G_C, G_C, 0, M },         { G_C, 0, M, 0 },
-                     { G_C, G_C, 0, M },   { G_C, 0, M, 0 },     { G_C, G_C, 0, M },         { G_C, 0, M, 0 },
-                     { G_C, G_C, M, 0 },   { G_C, 0, 0, 0 },     { G_C, 0, 0, 0 },           { G_C, 0, 0, 0 },
+    } blk[G_BLK] = { { G_C, 0, 0, 0 },       { G_C, 0, 0, 0 },     { G_C, G_C, 0, M },     { G_C, 0, M, 0 },
+                     { G_C, G_C, 0, M },     { G_C, 0, M, 0 },     { G_C, G_C, 0, M },     { G_C, 0, M, 0 },
+                     { G_C, G_C, M, 0 },     { G_C, 0, 0, 0 },     { G_C, 0, 0, 0 },       { G_C, 0, 0, 0 },
                      { G_C, 4 * G_C, 0, M }, { 4 * G_C, 0, M, 0 }, { 4 * G_C, G_C, M, 0 }, { G_C, 0, 0, 0 } };
     int n = 0;
     ndim[n] = 2, sh[n][0] = G_V, sh[n++][1] = G_C;
@@ -196,7 +198,10 @@ static void build(model *t, dpar_runtime *rt, int kind, bool remat, bool sgd) {
 }
 /* The same batch for every model: step s of the data stream (GPT: tokens x [B, T], targets y [B*T]). */
 static void batch_data(const model *t, int s, void **x, int32_t **y) {
-    int64_t per = t->kind == MLP ? MLP_D : t->kind == CNN ? SIDE * SIDE : G_T, rows = t->batch * (t->kind == GPT ? G_T : 1);
+    int64_t per = t->kind == MLP   ? MLP_D
+                  : t->kind == CNN ? SIDE * SIDE
+                                   : G_T,
+            rows = t->batch * (t->kind == GPT ? G_T : 1);
     *x = malloc((size_t)(t->batch * per) * 4);
     *y = malloc((size_t)rows * sizeof(int32_t));
     rng_state = 1000u + (uint64_t)s;
@@ -280,7 +285,7 @@ static void compare(dpar_backend_kind bk, int kind, int ndev, uint64_t *peak_pla
                  (unsigned long long)*peak_plain, (unsigned long long)*peak_remat, (unsigned long long)*plan_plain,
                  (unsigned long long)*plan_remat, lim);
     for (int i = 0; i < a.np; i++) { /* the params after 3 SGD steps */
-        int64_t n = a.count[i]; /* a gradient reads back as its global array */
+        int64_t n = a.count[i];      /* a gradient reads back as its global array */
         float *wa = malloc((size_t)n * sizeof(float)), *wb = malloc((size_t)n * sizeof(float));
         T_OK(dpar_array_get(a.w[i], wa));
         T_OK(dpar_array_get(b.w[i], wb));
@@ -364,11 +369,8 @@ static void test_segments(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_mlp_cpu),
-        cmocka_unit_test(test_cnn_cpu),
-        cmocka_unit_test(test_gpt_cpu),
-        cmocka_unit_test(test_mlp_vulkan),
-        cmocka_unit_test(test_segments),
+        cmocka_unit_test(test_mlp_cpu),    cmocka_unit_test(test_cnn_cpu),  cmocka_unit_test(test_gpt_cpu),
+        cmocka_unit_test(test_mlp_vulkan), cmocka_unit_test(test_segments),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
