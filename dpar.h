@@ -14488,7 +14488,7 @@ static void dpar__sgd_part(void *arg, int part, int nparts) { /* work items of `
    0x3f317200 + 1.4286068e-6, the first exact in k * it), p the degree-7
    minimax polynomial of Cephes' expf (S. Moshier) in Horner form, and 2^k
    applied as 2^(k/2) 2^(k - k/2), both normal, so a subnormal result is
-   rounded once. Every path (AVX-512, AVX2 + FMA, the scalar loop with fmaf)
+   rounded once. Every path (AVX-512, AVX2 + FMA, the scalar loop with dpar__fmaf)
    does the same fused operations in the same order: the same bits everywhere.
    Max error against exp in double: below 1 ulp (0.873 measured by
    tests/test_exp.c over every 64th float in [-104, 89]; subnormal results in
@@ -14506,19 +14506,39 @@ static void dpar__sgd_part(void *arg, int part, int nparts) { /* work items of `
 #define DPAR__EXP_C4     4.1665795894e-2f
 #define DPAR__EXP_C3     1.6666665459e-1f
 #define DPAR__EXP_C2     5.0000001201e-1f
+/* a * b + c rounded once, in portable C (libm's fmaf is not correctly rounded on
+   every platform: MinGW-w64's is not). The product is exact in double (24 + 24
+   bits); the double sum is then rounded to odd (if inexact and even, moved one
+   ulp toward the exact sum, found by TwoSum), and rounding a round-to-odd value
+   with 29 bits to spare to float gives the correctly rounded result (Boldo and
+   Melquiond, "Emulation of FMA and correctly rounded sums: proved algorithms
+   using rounding to odd", IEEE Trans. Computers 57(4), 2008). */
+static float dpar__fmaf(float a, float b, float c) {
+    double p = (double)a * (double)b, s = p + (double)c, t = s - p;
+    double err = (p - (s - t)) + ((double)c - t);
+    if (err != 0.0 && isfinite(s)) {
+        uint64_t u;
+        memcpy(&u, &s, sizeof u);
+        if (!(u & 1)) {
+            u = (err > 0.0) == (s > 0.0) ? u + 1 : u - 1;
+            memcpy(&s, &u, sizeof s);
+        }
+    }
+    return (float)s;
+}
 static float dpar__exp_f32_1(float x) {
     if (x != x) return x + x;
     float xc = x < DPAR__EXP_LO ? DPAR__EXP_LO : x > DPAR__EXP_HI ? DPAR__EXP_HI : x;
-    float k = fmaf(xc, DPAR__EXP_LOG2E, DPAR__EXP_SHIFT) - DPAR__EXP_SHIFT;
-    float r = fmaf(k, -DPAR__EXP_LN2_HI, xc);
-    r = fmaf(k, -DPAR__EXP_LN2_LO, r);
-    float p = fmaf(DPAR__EXP_C7, r, DPAR__EXP_C6);
-    p = fmaf(p, r, DPAR__EXP_C5);
-    p = fmaf(p, r, DPAR__EXP_C4);
-    p = fmaf(p, r, DPAR__EXP_C3);
-    p = fmaf(p, r, DPAR__EXP_C2);
-    p = fmaf(p, r, 1.0f);
-    p = fmaf(p, r, 1.0f);
+    float k = dpar__fmaf(xc, DPAR__EXP_LOG2E, DPAR__EXP_SHIFT) - DPAR__EXP_SHIFT;
+    float r = dpar__fmaf(k, -DPAR__EXP_LN2_HI, xc);
+    r = dpar__fmaf(k, -DPAR__EXP_LN2_LO, r);
+    float p = dpar__fmaf(DPAR__EXP_C7, r, DPAR__EXP_C6);
+    p = dpar__fmaf(p, r, DPAR__EXP_C5);
+    p = dpar__fmaf(p, r, DPAR__EXP_C4);
+    p = dpar__fmaf(p, r, DPAR__EXP_C3);
+    p = dpar__fmaf(p, r, DPAR__EXP_C2);
+    p = dpar__fmaf(p, r, 1.0f);
+    p = dpar__fmaf(p, r, 1.0f);
     int32_t n = (int32_t)k, n1 = n / 2, n2 = n - n1;
     uint32_t b1 = (uint32_t)(n1 + 127) << 23, b2 = (uint32_t)(n2 + 127) << 23;
     float s1, s2;
