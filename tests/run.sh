@@ -10,9 +10,11 @@ log=$(mktemp)
 for t in "$BUILD"/test_*; do
     [ -x "$t" ] || continue
     echo "=== $t"
+    t0=$(date +%s)
     ${DPAR_TEST_WRAPPER:-} "$t" >"$log" 2>&1
     rc=$?
     cat "$log"
+    echo "--- $t: $(($(date +%s) - t0)) s"
     p=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$log" | tail -1)
     f=$(sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' "$log" | tail -1)
     s=$(sed -n 's/^\[  SKIPPED \] \([0-9]*\) test.*/\1/p' "$log" | tail -1)
@@ -28,9 +30,11 @@ for sh in tests/*.sh; do
     [ "$sh" = tests/run.sh ] && continue
     [ -f "$sh" ] || continue
     echo "=== $sh"
+    t0=$(date +%s)
     BUILD="$BUILD" sh "$sh" >"$log" 2>&1
     rc=$?
     cat "$log"
+    echo "--- $sh: $(($(date +%s) - t0)) s"
     p=$(grep -c '^PASS ' "$log"); f=$(grep -c '^FAIL ' "$log"); s=$(grep -c '^SKIPPED ' "$log")
     pass=$((pass + p)); fail=$((fail + f)); skipn=$((skipn + s))
     if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then echo "FAIL $sh: exit status $rc"; fail=$((fail + 1)); fi
