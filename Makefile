@@ -1,8 +1,9 @@
-# dpar.h build. `make` builds everything, `make run` trains the digits,
+# dpar.h build. `make` builds everything, `make run` trains the seed CNN on MNIST,
 # `make test` runs the suite. Binaries go to build/.
 #   VULKAN=0|1   Vulkan backend (default: 1 when the Vulkan headers exist)
 #   CUDA=0|1     CUDA backend (default 0; needs nvcc, cuBLAS and NCCL headers)
 #   SAN=address|thread   build everything with a sanitizer (into build-$(SAN)/)
+#   JOBS=N       parallel jobs of `make test`'s build (default: one per core, or the caller's -j)
 .DEFAULT_GOAL := all   # included mk/*.mk files define rules before `all`
 CC      ?= cc
 CSTD    ?= -std=c99
@@ -25,6 +26,10 @@ LDFLAGS += -fsanitize=$(SAN)
 endif
 endif
 ARGS    ?=
+# `make test` builds its many binaries with one job per core unless the caller chose -j
+# (JOBS=1 for a serial build): the README's command should not take twice as long on 2 cores.
+JOBS    ?= $(shell nproc 2>/dev/null || echo 2)
+PAR      = $(if $(findstring -j,$(MAKEFLAGS)),,-j$(JOBS))
 
 IMPL_DEFS :=
 IMPL_DEPS := dpar.h util/dpar_train.h tools/dpar_impl.c
@@ -108,7 +113,7 @@ run-digits: deps-run
 
 # The suite: every test binary, one closing line "N passed, N failed, N skipped".
 test: deps-test
-	$(MAKE) test-build
+	$(MAKE) $(PAR) test-build
 	sh tests/run.sh $(BUILD)
 
 test-build: $(TESTS) $(EXAMPLES) $(if $(HAVE_MPICC),$(MPI_BINS)) check-cxx check-macos
