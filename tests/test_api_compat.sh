@@ -38,3 +38,15 @@ else cat "$tmp/cxx.log"; echo "FAIL api_compat: new names do not compile as C++"
 if $CC $FLAGS -DDPAR_NO_DEPRECATED -fsyntax-only "$DIR/old_names.c" 2>/dev/null; then
     echo "FAIL api_compat: old names still compile under DPAR_NO_DEPRECATED"
 else echo "PASS api_compat: DPAR_NO_DEPRECATED removes the old names"; fi
+
+# tools/rename_api.sh: a missing file fails naming it, and rewrites nothing (not even the files given with it)
+printf 'int n = dpar_device_count(rt);\n' >"$tmp/app.c"
+if sh tools/rename_api.sh "$tmp/app.c" "$tmp/none.c" >"$tmp/ren.log" 2>&1; then
+    echo "FAIL api_compat: rename_api.sh with a missing file exited 0"
+elif ! grep -q "$tmp/none.c: no such regular file" "$tmp/ren.log"; then
+    echo "FAIL api_compat: rename_api.sh with a missing file said: $(cat "$tmp/ren.log")"
+elif ! grep -q 'dpar_device_count(rt)' "$tmp/app.c"; then
+    echo "FAIL api_compat: rename_api.sh rewrote $tmp/app.c although another argument was missing"
+elif sh tools/rename_api.sh "$tmp/app.c" >/dev/null && grep -q 'dpar_runtime_device_count(rt)' "$tmp/app.c"; then
+    echo "PASS api_compat: rename_api.sh refuses a missing file, naming it, and renames a real one"
+else echo "FAIL api_compat: rename_api.sh did not rename $tmp/app.c: $(cat "$tmp/app.c")"; fi

@@ -8,6 +8,7 @@
 # themselves) is left alone.
 #   sh tools/rename_api.sh            # whole tree
 #   sh tools/rename_api.sh my_app.c   # your program
+# A missing or non-regular argument fails (status 1) before any file is rewritten.
 set -eu
 RENAMES='
 dpar_device_count      dpar_runtime_device_count
@@ -27,8 +28,14 @@ if [ $# -eq 0 ]; then
     set -- $(git ls-files '*.c' '*.h' '*.cpp' '*.cu' '*.sh' '*.py' '*.md' |
              grep -v -e '^CHANGELOG.md$' -e '^tests/api_compat/old_names.c$' -e '^tools/rename_api.sh$')
 fi
+# every argument checked before any file changes: a typo names itself, nothing is rewritten
 for f in "$@"; do
-    [ -f "$f" ] || continue
+    if [ ! -f "$f" ]; then
+        echo "rename_api.sh: $f: no such regular file; pass existing source files (none: the whole tree)" >&2
+        exit 1
+    fi
+done
+for f in "$@"; do
     # the aliases block keeps the old names; everything else gets the new ones
     sed -e "/BEGIN DEPRECATED NAMES/,/END DEPRECATED NAMES/b" -e "$script" "$f" >"$f.rename.tmp"
     if cmp -s "$f" "$f.rename.tmp"; then rm -f "$f.rename.tmp"; else cat "$f.rename.tmp" >"$f"; rm -f "$f.rename.tmp"; echo "renamed: $f"; fi
