@@ -1662,8 +1662,10 @@ DPAR_API dpar_status dpar_graph_value_and_grad(dpar_graph *g, dpar_value loss, c
    psum'd over the axes its param is split on (params may have different
    specs: Megatron's split weights next to replicated ones).
    Errors: those of dpar_sgd_check, DPAR_ERR_INVALID_ARGUMENT (not a param,
-   shapes differ), DPAR_ERR_STATE (after compile); at run time the clipping
-   error of dpar_sgd_clip_scale (a NaN or Inf gradient). */
+   sizes differ), DPAR_ERR_DTYPE (a param or gradient not f32: the optimizers
+   have no f64 kernel; the text names both dtypes), DPAR_ERR_STATE (after
+   compile); at run time the clipping error of dpar_sgd_clip_scale (a NaN or
+   Inf gradient). */
 DPAR_API dpar_status dpar_graph_sgd(dpar_graph *g, const dpar_sgd_desc *d, const dpar_value *params,
                                     const dpar_value *grads, int n);
 /* Appends one AdamW step (as dpar_adamw_step: moments m, v owned by the
@@ -7016,10 +7018,16 @@ static dpar_status dpar__same_shape(const char *name, const dpar_buffer *a, cons
     }
     return DPAR_OK;
 }
-static dpar_status dpar__scalar_out(const char *name, const dpar_buffer *b) {
-    if (b->count != 1 || b->dtype != DPAR_F32)
-        return dpar__err(DPAR_ERR_SHAPE, "%s: the result buffer must hold 1 f32 element (it has %lld %s)", name,
-                         (long long)b->count, dpar_dtype_name(b->dtype));
+/* a 1-element result of dtype t: another count is DPAR_ERR_SHAPE, another dtype DPAR_ERR_DTYPE (naming both) */
+static dpar_status dpar__scalar_out_t(const char *name, const dpar_buffer *b, dpar_dtype t) {
+    if (b->count != 1)
+        return dpar__err(DPAR_ERR_SHAPE, "%s: the result buffer must hold 1 %s element (it has %lld %s)", name,
+                         dpar_dtype_name(t), (long long)b->count, dpar_dtype_name(b->dtype));
+    if (b->dtype != t)
+        return dpar__err(DPAR_ERR_DTYPE,
+                         "%s: the result buffer is %s but the op's float operands are %s; make it a 1-element %s "
+                         "buffer (or convert the operands with dpar_cast)",
+                         name, dpar_dtype_name(b->dtype), dpar_dtype_name(t), dpar_dtype_name(t));
     return DPAR_OK;
 }
 /* >>half storage (checks) =====================================================
@@ -7062,14 +7070,6 @@ static dpar_status dpar__need_ft(const char *name, const dpar_buffer *b, const c
                          "%s: %s is %s but the op's first float operand is %s; its float operands share f32 or f64; "
                          "convert with dpar_cast",
                          name, which, dpar_dtype_name(b->dtype), dpar_dtype_name(t));
-    return DPAR_OK;
-}
-/* a 1-element result of dtype t */
-static dpar_status dpar__scalar_out_t(const char *name, const dpar_buffer *b, dpar_dtype t) {
-    if (t == DPAR_F32) return dpar__scalar_out(name, b);
-    if (b->count != 1 || b->dtype != t)
-        return dpar__err(DPAR_ERR_SHAPE, "%s: the result buffer must hold 1 %s element (it has %lld %s)", name,
-                         dpar_dtype_name(t), (long long)b->count, dpar_dtype_name(b->dtype));
     return DPAR_OK;
 }
 /* dpar__same_float, or every non-NULL b[i] f64 (the layer ops of the >>f64 api: softmax and the norms) */
@@ -10250,11 +10250,17 @@ DPAR_API dpar_value dpar_g_concat(dpar_graph *g, const dpar_value *xs, int n, in
     sh[ax] = 0;
     for (int k = 0; k < n; k++) {
         const dpar__gnode *xk = &g->n[xs[k].id];
-        bool ok = xk->ndim == x0->ndim && xk->dtype == x0->dtype;
+        char s1[160], s2[160], l1[96], l2[96];
+        if (xk->dtype != x0->dtype)
+            return dpar__g_fail(g, DPAR_ERR_DTYPE,
+                                "%s: %s is %s but %s is %s; the joined values share one dtype "
+                                "(convert with dpar_g_cast)",
+                                fn, dpar__g_label(g, xs[0].id, l1, sizeof l1), dpar_dtype_name(x0->dtype),
+                                dpar__g_label(g, xs[k].id, l2, sizeof l2), dpar_dtype_name(xk->dtype));
+        bool ok = xk->ndim == x0->ndim;
         for (int i = 0; ok && i < x0->ndim; i++) ok = i == ax || xk->shape[i] == x0->shape[i];
         if (!ok) {
-            char s1[160], s2[160], l1[96], l2[96];
-            return dpar__g_fail(g, DPAR_ERR_SHAPE, "%s: %s %s and %s %s differ outside axis %d (or in dtype)", fn,
+            return dpar__g_fail(g, DPAR_ERR_SHAPE, "%s: %s %s and %s %s differ outside axis %d", fn,
                                 dpar__g_label(g, xs[0].id, l1, sizeof l1), dpar__g_shape(x0, s1, sizeof s1),
                                 dpar__g_label(g, xs[k].id, l2, sizeof l2), dpar__g_shape(xk, s2, sizeof s2), ax);
         }
@@ -10965,10 +10971,17 @@ static dpar_status dpar__g_opt_add(dpar_graph *g, const char *fn, const dpar_val
         if (p->kind != DPAR__G_PARAM)
             return dpar__g_err(g, DPAR_ERR_INVALID_ARGUMENT, "%s: params[%d] %s is not a param (dpar_g_param)", fn, k,
                                dpar__g_label(g, params[k].id, l, sizeof l));
-        if (dpar__g_count(p) != dpar__g_count(q) || p->dtype != DPAR_F32 || q->dtype != DPAR_F32)
+        if (p->dtype != DPAR_F32 || q->dtype != DPAR_F32) /* f64 params: the optimizers have no f64 kernel */
+            return dpar__g_err(g, DPAR_ERR_DTYPE,
+                               "%s: param %s is %s and gradient %s is %s; the optimizers update f32 params only "
+                               "(keep the param f32, or update it outside the graph)",
+                               fn, dpar__g_label(g, params[k].id, l, sizeof l), dpar_dtype_name(p->dtype),
+                               dpar__g_label(g, grads[k].id, l2, sizeof l2), dpar_dtype_name(q->dtype));
+        if (dpar__g_count(p) != dpar__g_count(q))
             return dpar__g_err(
-                g, DPAR_ERR_INVALID_ARGUMENT, "%s: param %s and gradient %s differ in size or are not f32", fn,
-                dpar__g_label(g, params[k].id, l, sizeof l), dpar__g_label(g, grads[k].id, l2, sizeof l2));
+                g, DPAR_ERR_INVALID_ARGUMENT, "%s: param %s and gradient %s differ in size (%lld and %lld elements)",
+                fn, dpar__g_label(g, params[k].id, l, sizeof l), dpar__g_label(g, grads[k].id, l2, sizeof l2),
+                (long long)dpar__g_count(p), (long long)dpar__g_count(q));
         if (k && clip_norm > 0 && p->vary != split) g->opt.mixed = true; /* one norm over differently split params */
         split = p->vary;
     }

@@ -271,7 +271,7 @@ static void test_reductions(void **st) {
     T_OK(dpar_sum(bs, be)); /* size 0: sum 0 */
     assert_true(rd1(bs) == 0.0);
     dpar_buffer *bf = t_buf(RT, 0, DPAR_F32, 1, &one, NULL);
-    T_ERR(dpar_sum(bf, bx), DPAR_ERR_SHAPE, "1 f64 element");
+    T_ERR(dpar_sum(bf, bx), DPAR_ERR_DTYPE, "result buffer is f32", "f64");
     dpar_buffer *bufs[] = { bx, by, bdy, bdx, bi, bs, be, bf };
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dpar_buffer_destroy(bufs[i]);
     free(x);
@@ -645,7 +645,7 @@ static void test_refusals(void **st) {
     T_ERR(dpar_copy(d, f), DPAR_ERR_DTYPE, "dpar_cast");
     T_ERR(dpar_matmul(md, md, mf, false, false, 1.0f, 0.0f), DPAR_ERR_DTYPE, "dpar_matmul", "f64");
     T_ERR(dpar_matmul(mf, md, md, false, false, 1.0f, 0.0f), DPAR_ERR_DTYPE, "dpar_matmul", "all three f64");
-    T_ERR(dpar_mse(lf, NULL, d, d2), DPAR_ERR_SHAPE, "1 f64 element");
+    T_ERR(dpar_mse(lf, NULL, d, d2), DPAR_ERR_DTYPE, "result buffer is f32", "f64");
     T_ERR(dpar_softmax(md, mf, false), DPAR_ERR_DTYPE, "dpar_softmax", "x is f32");
     T_ERR(dpar_where(d, d, d2, d2, 0.0f, 0.0f), DPAR_ERR_DTYPE, "dpar_where", "f64");
     T_ERR(dpar_reduce(lf, d, DPAR_REDUCE_SUM, NULL, 0), DPAR_ERR_DTYPE, "dpar_reduce", "must be f64");
@@ -657,6 +657,128 @@ static void test_refusals(void **st) {
     dpar_buffer_destroy(bi);
     dpar_buffer *bufs[] = { d, d2, f, md, mf, ld, lf };
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dpar_buffer_destroy(bufs[i]);
+}
+
+/* ---- every op of the f64 table, called with f32 and f64 mixed: DPAR_ERR_DTYPE naming both dtypes
+   (dpar_sum with an f64 result and an f32 input answered DPAR_ERR_SHAPE; the table finds any other) ---- */
+enum { MIX_N = 44 };
+static dpar_status mixed_call(int k, const char **name) {
+    static dpar_buffer *d4, *f4, *d1, *f1, *d22, *f22, *d2, *f2, *lab, *ds, *fs;
+    int64_t s4 = 4, s1 = 1, s22[2] = { 2, 2 }, s2 = 2;
+    if (k < 0) { /* -1: create the operands, -2: destroy them */
+        dpar_buffer **all[] = { &d4, &f4, &d1, &f1, &d22, &f22, &d2, &f2, &lab, &ds, &fs };
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+            if (k == -2) dpar_buffer_destroy(*all[i]);
+            *all[i] = NULL;
+        }
+        if (k == -2) return DPAR_OK;
+        d4 = mkd1(4, NULL), f4 = t_buf(RT, 0, DPAR_F32, 1, &s4, NULL), d1 = mkd1(1, NULL);
+        f1 = t_buf(RT, 0, DPAR_F32, 1, &s1, NULL), d22 = mkd(2, s22, NULL), f22 = t_buf(RT, 0, DPAR_F32, 2, s22, NULL);
+        d2 = mkd1(2, NULL), f2 = t_buf(RT, 0, DPAR_F32, 1, &s2, NULL), lab = t_buf(RT, 0, DPAR_I32, 1, &s2, NULL);
+        ds = mkd(2, s22, NULL), fs = t_buf(RT, 0, DPAR_F32, 2, s22, NULL); /* norm stats: [rows, 2] */
+        return DPAR_OK;
+    }
+    static const int perm[2] = { 1, 0 };
+    static const int64_t start[2] = { 0, 0 }, step[2] = { 1, 1 }, lo[1] = { 0 };
+    const dpar_buffer *xs_fd[2] = { f2, d2 }, *xs_dd[2] = { d2, d2 };
+    switch (k) {
+    case 0: *name = "dpar_sum f64 <- f32"; return dpar_sum(d1, f4);
+    case 1: *name = "dpar_sum f32 <- f64"; return dpar_sum(f1, d4);
+    case 2: *name = "dpar_sum_squares f64 <- f32"; return dpar_sum_squares(d1, f4);
+    case 3: *name = "dpar_sum_squares f32 <- f64"; return dpar_sum_squares(f1, d4);
+    case 4: *name = "dpar_mse f32 loss, f64 pred"; return dpar_mse(f1, NULL, d4, d4);
+    case 5: *name = "dpar_mse f64 loss, f32 pred"; return dpar_mse(d1, NULL, f4, f4);
+    case 6: *name = "dpar_mse f64 pred, f32 target"; return dpar_mse(d1, NULL, d4, f4);
+    case 7: *name = "dpar_mse f32 dpred"; return dpar_mse(d1, f4, d4, d4);
+    case 8: *name = "dpar_softmax_xent f32 loss, f64 logits"; return dpar_softmax_xent(f1, NULL, d22, lab);
+    case 9: *name = "dpar_softmax_xent f64 loss, f32 logits"; return dpar_softmax_xent(d1, NULL, f22, lab);
+    case 10: *name = "dpar_softmax_xent f32 dlogits"; return dpar_softmax_xent(d1, f22, d22, lab);
+    case 11: *name = "dpar_cross_entropy f32 loss, f64 logits"; return dpar_cross_entropy(f1, NULL, d22, lab, NULL);
+    case 12: *name = "dpar_cross_entropy f64 loss, f32 logits"; return dpar_cross_entropy(d1, NULL, f22, lab, NULL);
+    case 13: *name = "dpar_reduce f32 <- f64"; return dpar_reduce(f1, d4, DPAR_REDUCE_SUM, NULL, 0);
+    case 14: *name = "dpar_reduce f64 <- f32"; return dpar_reduce(d1, f4, DPAR_REDUCE_MEAN, NULL, 0);
+    case 15: *name = "dpar_reduce_backward f32 dy"; return dpar_reduce_backward(d4, f1, d4, DPAR_REDUCE_SUM, NULL, 0);
+    case 16: *name = "dpar_reduce_backward f32 dx"; return dpar_reduce_backward(f4, d1, d4, DPAR_REDUCE_SUM, NULL, 0);
+    case 17: *name = "dpar_binary f32 b"; return dpar_binary(d4, d4, f4, DPAR_BINARY_ADD);
+    case 18: *name = "dpar_binary f64 y"; return dpar_binary(d4, f4, f4, DPAR_BINARY_MUL);
+    case 19: *name = "dpar_binary_backward f32 dy"; return dpar_binary_backward(d4, d4, f4, d4, d4, DPAR_BINARY_MUL);
+    case 20: *name = "dpar_unary f32 x"; return dpar_unary(d4, f4, DPAR_UNARY_EXP, 0.0f);
+    case 21: *name = "dpar_unary f64 x"; return dpar_unary(f4, d4, DPAR_UNARY_EXP, 0.0f);
+    case 22: *name = "dpar_unary_backward f32 x"; return dpar_unary_backward(d4, d4, f4, DPAR_UNARY_EXP, 0.0f);
+    case 23: *name = "dpar_axpy f32 x"; return dpar_axpy(d4, 1.0f, f4);
+    case 24: *name = "dpar_axpy f64 x"; return dpar_axpy(f4, 1.0f, d4);
+    case 25: *name = "dpar_copy f32 src"; return dpar_copy(d4, f4);
+    case 26: *name = "dpar_matmul f32 C"; return dpar_matmul(f22, d22, d22, false, false, 1.0f, 0.0f);
+    case 27: *name = "dpar_matmul f32 B"; return dpar_matmul(d22, d22, f22, false, false, 1.0f, 0.0f);
+    case 28: *name = "dpar_relu f32 x"; return dpar_relu(d4, f4);
+    case 29: *name = "dpar_relu_backward f32 x"; return dpar_relu_backward(d4, d4, f4);
+    case 30: *name = "dpar_bias_add f32 b"; return dpar_bias_add(d22, f2);
+    case 31: *name = "dpar_bias_grad f32 db"; return dpar_bias_grad(f2, d22, 0.0f);
+    case 32: *name = "dpar_softmax f32 x"; return dpar_softmax(d22, f22, false);
+    case 33: *name = "dpar_softmax_backward f32 y"; return dpar_softmax_backward(d22, d22, f22, true);
+    case 34: *name = "dpar_layer_norm f32 w"; return dpar_layer_norm(d22, NULL, d22, f2, NULL, 1e-5f);
+    case 35: *name = "dpar_layer_norm f32 stats"; return dpar_layer_norm(d22, fs, d22, NULL, NULL, 1e-5f);
+    case 36: *name = "dpar_rms_norm f32 x"; return dpar_rms_norm(d22, ds, f22, NULL, NULL, 1e-5f);
+    case 37:
+        *name = "dpar_layer_norm_backward f32 dy";
+        return dpar_layer_norm_backward(d22, NULL, NULL, f22, d22, NULL, ds);
+    case 38:
+        *name = "dpar_rms_norm_backward f32 stats";
+        return dpar_rms_norm_backward(d22, NULL, NULL, d22, d22, NULL, fs);
+    case 39: *name = "dpar_transpose f32 x"; return dpar_transpose(d22, f22, perm);
+    case 40: *name = "dpar_slice f32 x"; return dpar_slice(d22, f22, start, step);
+    case 41: *name = "dpar_pad f32 x"; return dpar_pad(d4, f4, lo, 0.0f);
+    case 42: *name = "dpar_concat f32 first input"; return dpar_concat(d4, xs_fd, 2, 0);
+    default: *name = "dpar_concat f64 inputs into f32"; return dpar_concat(f4, xs_dd, 2, 0);
+    }
+}
+static void test_mixed_dtypes_table(void **st) {
+    (void)st;
+    const char *name = NULL;
+    mixed_call(-1, &name);
+    int bad = 0;
+    for (int k = 0; k < MIX_N; k++) {
+        dpar_status s = mixed_call(k, &name);
+        const char *e = dpar_last_error();
+        if (s != DPAR_ERR_DTYPE || !strstr(e, "f32") || !strstr(e, "f64")) {
+            print_message("%s: %s: %s (want DPAR_ERR_DTYPE naming f32 and f64)\n", name, dpar_status_string(s), e);
+            bad++;
+        }
+    }
+    mixed_call(-2, &name);
+    /* graphs: an f64 param under an optimizer (the optimizers are f32-only), and a mixed node */
+    dpar_mesh *m = t_mesh1(RT, 1, "data");
+    dpar_graph *g = NULL;
+    dpar_array *pa = NULL;
+    T_OK(dpar_array_create(m, &(dpar_array_desc){ DPAR_F64, 1, { 4 }, { NULL } }, &pa));
+    T_OK(dpar_graph_create(m, &g));
+    dpar_value p = dpar_g_param(g, "p", pa), grad = p;
+    dpar_sgd_desc sd = { 0.1f, 0.0f, false, 0.0f, 0.0f, NULL };
+    dpar_status s = dpar_graph_sgd(g, &sd, &p, &grad, 1);
+    if (s != DPAR_ERR_DTYPE || !strstr(dpar_last_error(), "f64") || !strstr(dpar_last_error(), "f32")) {
+        print_message("dpar_graph_sgd on an f64 param: %s: %s\n", dpar_status_string(s), dpar_last_error());
+        bad++;
+    }
+    T_OK(dpar_graph_destroy(g));
+    for (int k = 0; k < 2; k++) { /* k = 1: dpar_g_concat answered DPAR_ERR_SHAPE "(or in dtype)" */
+        T_OK(dpar_graph_create(m, &g));
+        dpar_value ab[2] = { dpar_g_feed(g, "a", &(dpar_array_desc){ DPAR_F64, 1, { 4 }, { NULL } }),
+                             dpar_g_feed(g, "b", &(dpar_array_desc){ DPAR_F32, 1, { 4 }, { NULL } }) };
+        if (k == 0)
+            dpar_g_add(g, ab[0], ab[1]);
+        else
+            dpar_g_concat(g, ab, 2, 0);
+        s = dpar_graph_status(g);
+        if (s != DPAR_ERR_DTYPE || !strstr(dpar_last_error(), "f64") || !strstr(dpar_last_error(), "f32")) {
+            print_message("%s f64, f32: %s: %s\n", k ? "dpar_g_concat" : "dpar_g_add", dpar_status_string(s),
+                          dpar_last_error());
+            bad++;
+        }
+        T_OK(dpar_graph_destroy(g));
+    }
+    dpar_array_destroy(pa);
+    dpar_mesh_destroy(m);
+    if (bad) fail_msg("%d mixed f32/f64 call(s) not answered DPAR_ERR_DTYPE naming both dtypes", bad);
 }
 
 /* ---- GPU backends have no f64: the buffer (or array) is refused, naming the backend ---- */
@@ -698,6 +820,7 @@ int main(void) {
         cmocka_unit_test(test_norms),
         cmocka_unit_test(test_shape_ops),
         cmocka_unit_test(test_collectives),
+        cmocka_unit_test(test_mixed_dtypes_table),
         cmocka_unit_test(test_graph_gradcheck),
         cmocka_unit_test(test_graph_mixed_refused),
         cmocka_unit_test(test_refusals),

@@ -661,7 +661,7 @@ static void test_sum(void **st) {
                 *oi = t_buf(RT, 0, DPAR_I32, 1, &one, NULL), *oo = t_buf(RT, 1, DPAR_F32, 1, &one, NULL);
     T_ERR(dpar_sum(o, h), DPAR_ERR_DTYPE, "f16");
     T_ERR(dpar_sum(o2, bx), DPAR_ERR_SHAPE, "1 f32 element");
-    T_ERR(dpar_sum_squares(oi, bx), DPAR_ERR_SHAPE, "i32");
+    T_ERR(dpar_sum_squares(oi, bx), DPAR_ERR_DTYPE, "i32", "f32");
     T_ERR(dpar_sum(oo, bx), DPAR_ERR_INVALID_ARGUMENT, "devices");
     T_ERR(dpar_sum_squares(o, NULL), DPAR_ERR_INVALID_ARGUMENT, "NULL");
 }
