@@ -77,22 +77,15 @@ static dpar_status step_fn(dpar_ctx *ctx, void *user) {
 }
 
 int main(int argc, char **argv) {
-    dpar_backend_kind backend = DPAR_BACKEND_CPU;
+    const char *backend_name = "cpu";
     int ndev = 4;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc)
-            backend = parse_backend(argv[++i]);
-        else if (strcmp(argv[i], "--devices") == 0 && i + 1 < argc)
-            ndev = atoi(argv[++i]);
-        else {
-            fprintf(stderr, "usage: %s [--devices N] [--backend cpu|vulkan|cuda]\n", argv[0]);
-            return 2;
-        }
-    }
+    const ex_flag flags[] = { { "--devices", EX_INT, &ndev }, { "--backend", EX_STR, &backend_name } };
+    if (ex_parse("dp_regression", argc, argv, flags, 2)) return 2;
     if (ndev < 1) {
-        fprintf(stderr, "--devices must be >= 1\n");
+        fprintf(stderr, "dp_regression: --devices %d: must be >= 1\n", ndev);
         return 2;
     }
+    dpar_backend_kind backend = parse_backend(backend_name);
 
     dpar_runtime *rt = NULL;
     dpar_mesh *mesh = NULL;

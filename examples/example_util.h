@@ -58,11 +58,19 @@ static inline int ex_usage(const char *prog, const char *what, const char *arg, 
     return 2;
 }
 
+/* Prints "<prog>: <flag> <value>: <why>" (the value as typed) and returns 2 (a usage error). */
+static inline int ex_bad_value(const char *prog, const char *flag, const char *value, const char *why) {
+    fprintf(stderr, "%s: %s %s: %s\n", prog, flag, value, why);
+    return 2;
+}
+
 /* Parses argv[1..argc) as "--name value" pairs against flags[0..n) (a NULL
    name ends the table early). A number must be the whole token ("--epochs 3x"
-   is refused); floats are read as double, then rounded to float. A flag given
-   twice keeps the last value. Returns 0, or 2 after printing the usage error
-   (unknown flag, missing or malformed value; --help prints the flags). */
+   is refused) and fit an int ("--epochs 99999999999" is out of range, with
+   the range); floats are read as double, then rounded to float. A flag
+   given twice keeps the last value. Returns 0, or 2 after printing the usage
+   error (unknown flag, missing, malformed or out-of-range value; --help
+   prints the flags). */
 static inline int ex_parse(const char *prog, int argc, char **argv, const ex_flag *flags, int n) {
     for (int i = 1; i < argc; i += 2) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -76,19 +84,19 @@ static inline int ex_parse(const char *prog, int argc, char **argv, const ex_fla
             continue;
         }
         char *end;
-        int ok;
+        errno = 0;
         if (flags[k].type == EX_INT) {
-            long x = strtol(v, &end, 10);
-            ok = end != v && !*end && x >= INT_MIN && x <= INT_MAX;
-            if (ok) *(int *)flags[k].dst = (int)x;
+            long long x = strtoll(v, &end, 10);
+            if (end == v || *end) return ex_bad_value(prog, a, v, "not an integer");
+            if (errno == ERANGE || x < INT_MIN || x > INT_MAX) {
+                fprintf(stderr, "%s: %s %s: out of range; an integer from %d to %d\n", prog, a, v, INT_MIN, INT_MAX);
+                return 2;
+            }
+            *(int *)flags[k].dst = (int)x;
         } else {
             double x = strtod(v, &end);
-            ok = end != v && !*end;
-            if (ok) *(float *)flags[k].dst = (float)x;
-        }
-        if (!ok) {
-            fprintf(stderr, "%s: %s %s: not %s\n", prog, a, v, flags[k].type == EX_INT ? "an integer" : "a number");
-            return 2;
+            if (end == v || *end) return ex_bad_value(prog, a, v, "not a number");
+            *(float *)flags[k].dst = (float)x;
         }
     }
     return 0;

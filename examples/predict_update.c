@@ -93,24 +93,17 @@ static dpar_status update_fn(dpar_ctx *ctx, void *user) {
 }
 
 int main(int argc, char **argv) {
-    dpar_backend_kind backend = DPAR_BACKEND_CPU;
+    const char *backend_name = "cpu";
     int ndev = 4, steps = 5;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc)
-            backend = parse_backend(argv[++i]);
-        else if (strcmp(argv[i], "--devices") == 0 && i + 1 < argc)
-            ndev = atoi(argv[++i]);
-        else if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc)
-            steps = atoi(argv[++i]);
-        else {
-            fprintf(stderr, "usage: %s [--devices N] [--steps N] [--backend cpu|vulkan|cuda]\n", argv[0]);
-            return 2;
-        }
-    }
+    const ex_flag flags[] = { { "--devices", EX_INT, &ndev },
+                              { "--steps", EX_INT, &steps },
+                              { "--backend", EX_STR, &backend_name } };
+    if (ex_parse("predict_update", argc, argv, flags, 3)) return 2;
     if (ndev < 1 || steps < 1) {
-        fprintf(stderr, "--devices and --steps must be >= 1\n");
+        fprintf(stderr, "predict_update: --devices %d, --steps %d: both must be >= 1\n", ndev, steps);
         return 2;
     }
+    dpar_backend_kind backend = parse_backend(backend_name);
 
     dpar_runtime *rt = NULL;
     dpar_mesh *mesh = NULL;

@@ -150,6 +150,16 @@ for ex in train_digits train_digits_tp train_digits_zero1 train_digits_pipeline;
 done
 run train_digits --lr -0.1
 refused "train_digits --lr -0.1 is named with its limit" 2 "--lr -0.1: must be a finite number >= 0"
+# a number past its type is out of range, named as typed (was "not an integer")
+run train_digits --epochs 99999999999
+refused "train_digits --epochs 99999999999 is out of range, with the range" 2 \
+    "--epochs 99999999999: out of range; an integer from -2147483648 to 2147483647"
+for ex in dp_regression predict_update; do # they parsed with atoi: "--devices 2x" ran on 2 devices
+    run $ex --devices 2x
+    refused "$ex --devices 2x is not an integer" 2 "$ex: --devices 2x: not an integer"
+    run $ex --devices 99999999999
+    refused "$ex --devices 99999999999 is out of range" 2 "--devices 99999999999: out of range"
+done
 for ex in train_digits train_digits_tp; do # was a crash: the weights' malloc went unchecked
     run $ex --hidden 100000000
     refused "$ex --hidden 100000000 is named with its limit" 2 "--hidden 100000000: must be <= 1048576"
