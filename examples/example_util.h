@@ -6,6 +6,7 @@
 #define EXAMPLE_UTIL_H
 #include "dpar.h"
 #include <errno.h>
+#include <float.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -66,8 +67,9 @@ static inline int ex_bad_value(const char *prog, const char *flag, const char *v
 
 /* Parses argv[1..argc) as "--name value" pairs against flags[0..n) (a NULL
    name ends the table early). A number must be the whole token ("--epochs 3x"
-   is refused) and fit an int ("--epochs 99999999999" is out of range, with
-   the range); floats are read as double, then rounded to float. A flag
+   is refused) and fit its type: an int, or a float of magnitude <= FLT_MAX
+   ("--lr 1e40" is refused as out of range, naming the value as typed, not
+   passed on as inf); floats are read as double, then rounded to float. A flag
    given twice keeps the last value. Returns 0, or 2 after printing the usage
    error (unknown flag, missing, malformed or out-of-range value; --help
    prints the flags). */
@@ -96,6 +98,11 @@ static inline int ex_parse(const char *prog, int argc, char **argv, const ex_fla
         } else {
             double x = strtod(v, &end);
             if (end == v || *end) return ex_bad_value(prog, a, v, "not a number");
+            if ((errno == ERANGE && isinf(x)) || (isfinite(x) && fabs(x) > FLT_MAX)) { /* would become inf */
+                fprintf(stderr, "%s: %s %s: out of range; a number from %g to %g\n", prog, a, v, -(double)FLT_MAX,
+                        (double)FLT_MAX);
+                return 2;
+            }
             *(float *)flags[k].dst = (float)x;
         }
     }

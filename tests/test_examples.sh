@@ -150,10 +150,12 @@ for ex in train_digits train_digits_tp train_digits_zero1 train_digits_pipeline;
 done
 run train_digits --lr -0.1
 refused "train_digits --lr -0.1 is named with its limit" 2 "--lr -0.1: must be a finite number >= 0"
-# a number past its type is out of range, named as typed (was "not an integer")
+# a number past its type is out of range, named as typed (was "not an integer" / "--lr inf")
 run train_digits --epochs 99999999999
 refused "train_digits --epochs 99999999999 is out of range, with the range" 2 \
     "--epochs 99999999999: out of range; an integer from -2147483648 to 2147483647"
+run train_digits --lr 1e40
+refused "train_digits --lr 1e40 is out of range, named as typed" 2 "--lr 1e40: out of range; a number from"
 for ex in dp_regression predict_update; do # they parsed with atoi: "--devices 2x" ran on 2 devices
     run $ex --devices 2x
     refused "$ex --devices 2x is not an integer" 2 "$ex: --devices 2x: not an integer"
