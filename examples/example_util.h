@@ -189,7 +189,8 @@ static inline int ex_check_writable(const char *prog, const char *flag, const ch
 /* One CSV row of `n` integers: fields 0..n-2 pixels in [0, pix_max] (x[j] =
    v / scale), field n-1 the label in [0, label_max] (*y). Blank lines are the
    caller's to skip. 0 on success; else prints "<prog>: <path> line L field F:
-   what is wrong" and returns -1, so a malformed file says where, not only
+   what is wrong" (a field that is not a whole integer in range, "1.5" or
+   "999", is quoted) and returns -1, so a malformed file says where, not only
    that it could not be read. */
 static inline int ex_csv_row(const char *prog, const char *path, long line_no, const char *line, int n, long pix_max,
                              long label_max, float scale, float *x, int32_t *y) {
@@ -199,7 +200,9 @@ static inline int ex_csv_row(const char *prog, const char *path, long line_no, c
         errno = 0;
         long v = strtol(p, &end, 10), max = j < n - 1 ? pix_max : label_max;
         const char *what = j < n - 1 ? "pixel" : "label";
-        if (end == p || errno || v < 0 || v > max) {
+        /* the integer must be the whole field: "1.5" is a bad value, not a row that ends after "1" */
+        int whole = end != p && (!*end || strchr(",\r\n \t", *end));
+        if (!whole || errno || v < 0 || v > max) {
             int len = (int)strcspn(p, ",\r\n");
             if (end == p && len == 0 && *p != ',')
                 fprintf(stderr, "%s: %s line %ld has %d field(s); want %d (%d pixels and a label)\n", prog, path,
@@ -208,8 +211,8 @@ static inline int ex_csv_row(const char *prog, const char *path, long line_no, c
                 fprintf(stderr, "%s: %s line %ld field %d is empty; want a %s in 0..%ld\n", prog, path, line_no, j + 1,
                         what, max);
             else
-                fprintf(stderr, "%s: %s line %ld field %d: '%.*s' is not a %s in 0..%ld\n", prog, path, line_no, j + 1,
-                        len > 20 ? 20 : len, p, what, max);
+                fprintf(stderr, "%s: %s line %ld field %d: '%.*s' is not a %s (an integer in 0..%ld)\n", prog, path,
+                        line_no, j + 1, len > 20 ? 20 : len, p, what, max);
             return -1;
         }
         if (j < n - 1)

@@ -12,7 +12,7 @@
 #                      and both values (--steps 8 keeps 8 steps per epoch, so the step count divides: it
 #                      used to skip an epoch silently)
 #   bad input          --memory 2, a batch larger than the training set, a NaN loss (--lr 1e30), an unwritable
-#                      --checkpoint directory and a malformed data row: each a named error, a non-zero
+#                      --checkpoint directory and a malformed data row (999, 1.5): each a named error, a non-zero
 #                      exit and no final: line
 #   --remat 1 / --memory 1: the epoch line of the plain run (1 epoch x 2 steps, 4 devices), and
 #                      the measured peak within 1.1x of the planned live set, lower with remat
@@ -118,6 +118,11 @@ refused "--checkpoint in a missing directory is refused before training" 2 --che
 awk 'BEGIN { for (r = 1; r <= 3; r++) { l = ""
     for (j = 1; j <= 785; j++) l = l (j > 1 ? "," : "") (r == 2 && j == 300 ? 999 : 0); print l } }' >"$cpu2"
 refused "--data with a malformed row names the line and field" 1 --data "$cpu2" -- "line 2 field 300" "'999'" "0..255"
+# a pixel of 1.5 (line 3 field 7) is a bad value, not a row of 7 fields
+awk 'BEGIN { for (r = 1; r <= 3; r++) { l = ""
+    for (j = 1; j <= 785; j++) l = l (j > 1 ? "," : "") (r == 3 && j == 7 ? "1.5" : 0); print l } }' >"$cpu2"
+refused "--data with a pixel of 1.5 names the line, field and value" 1 --data "$cpu2" -- \
+    "line 3 field 7: '1.5' is not a pixel (an integer in 0..255)"
 # one short Vulkan run (llvmpipe is slow): SKIPPED when there is no Vulkan device or it lacks an op,
 # a FAIL when DPAR_REQUIRE_BACKENDS lists vulkan. (ASan builds: llvmpipe's JIT leaks ~128 bytes that no
 # suppression can match; see tests/testutil.h.)
