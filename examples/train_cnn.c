@@ -24,7 +24,8 @@
    atomically: a crash leaves the previous epoch's file. --resume PATH
    continues from such a file with the flags it was trained with (the file
    holds them: another --batch, steps per epoch, --seed, --optimizer, --lr,
-   --weight-decay or --momentum is refused, naming both values): its epochs
+   --weight-decay or --momentum is refused, naming both values and the flags
+   to pass, e.g. "--optimizer sgd --lr 0.05 --momentum 0.9"): its epochs
    are skipped (their shuffles replayed), and the epochs after it print what
    an uninterrupted run prints, bit for bit on the CPU backend.
    --remat 1 makes each conv block a remat segment (recomputed in the
@@ -245,31 +246,40 @@ static dpar_status cnn_shape_entries(dpar_mesh *mesh, const cnn_shape *sh, dpar_
 }
 
 /* The shape `got` saved in o->resume against this run's `want`: 0 when they
-   agree, else prints every difference, naming the flag and both values, and
-   returns 2. */
+   agree, else prints every difference, naming the flag and both values, then
+   the flags to pass ("--optimizer sgd --lr 0.05 --momentum 0.9"), and
+   returns 2. An AdamW file's momentum is not compared (AdamW has none: the
+   difference is the optimizer's, named once). */
 static int cnn_check_shape(const cnn_opts *o, const cnn_shape *got, const cnn_shape *want) {
     static const char *const run_flag[NRUN] = { "--batch", "steps per epoch (--steps, --batch)", "--seed",
                                                 "--optimizer" };
+    static const char *const run_pass[NRUN] = { "--batch", "--steps", "--seed", "--optimizer" };
     static const char *const hyp_flag[NHYP] = { "--lr", "--weight-decay", "--momentum" };
     static const char *const opt_name[2] = { "adamw", "sgd" };
+    char fix[256] = "";
+    size_t at = 0;
     int bad = 0;
     for (int k = 0; k < NRUN; k++) {
         if (got->run[k] == want->run[k]) continue;
         bad++;
-        if (k == RUN_OPT && (unsigned)got->run[k] < 2)
+        if (k == RUN_OPT && (unsigned)got->run[k] < 2) {
             fprintf(stderr, "train_cnn: --resume %s was trained with --optimizer %s; this run asks for %s\n", o->resume,
                     opt_name[got->run[k]], opt_name[want->run[k]]);
-        else
-            fprintf(stderr, "train_cnn: --resume %s was trained with %s %d; this run asks for %d\n", o->resume,
-                    run_flag[k], (int)got->run[k], (int)want->run[k]);
+            at += (size_t)snprintf(fix + at, sizeof fix - at, " --optimizer %s", opt_name[got->run[k]]);
+            continue;
+        }
+        fprintf(stderr, "train_cnn: --resume %s was trained with %s %d; this run asks for %d\n", o->resume, run_flag[k],
+                (int)got->run[k], (int)want->run[k]);
+        if (k != RUN_OPT) at += (size_t)snprintf(fix + at, sizeof fix - at, " %s %d", run_pass[k], (int)got->run[k]);
     }
     for (int k = 0; k < NHYP; k++) {
-        if (got->hyp[k] == want->hyp[k]) continue;
+        if (got->hyp[k] == want->hyp[k] || (k == HYP_MOM && got->run[RUN_OPT] == 0)) continue;
         bad++;
         fprintf(stderr, "train_cnn: --resume %s was trained with %s %g; this run asks for %g\n", o->resume, hyp_flag[k],
                 (double)got->hyp[k], (double)want->hyp[k]);
+        at += (size_t)snprintf(fix + at, sizeof fix - at, " %s %g", hyp_flag[k], (double)got->hyp[k]);
     }
-    if (bad) fprintf(stderr, "train_cnn: resume with the flags the checkpoint was trained with\n");
+    if (bad) fprintf(stderr, "train_cnn: resume with the flags %s was trained with:%s\n", o->resume, fix);
     return bad ? 2 : 0;
 }
 

@@ -8,9 +8,9 @@
 #                      epoch lines (loss, test accuracy) and the final line of the
 #                      uninterrupted 2-epoch run, character for character
 #                      (tests/test_graph_ckpt.c checks the losses bit for bit)
-#   --resume with other flags (--batch, --seed, --optimizer): refused before anything runs, naming the flag
-#                      and both values (--steps 8 keeps 8 steps per epoch, so the step count divides: it
-#                      used to skip an epoch silently)
+#   --resume with other flags (--batch, --seed, --optimizer both ways): refused before anything runs, naming
+#                      the flag, both values and the flags to pass (--steps 8 keeps 8 steps per epoch, so
+#                      the step count divides: it used to skip an epoch silently)
 #   bad input          --memory 2, a batch larger than the training set, a NaN loss (--lr 1e30), an unwritable
 #                      --checkpoint directory and a malformed data row (999, 1.5): each a named error, a non-zero
 #                      exit and no final: line
@@ -21,7 +21,7 @@ BUILD=${BUILD:-build}
 bin="$BUILD/train_cnn"
 if [ ! -x "$bin" ]; then echo "FAIL train_cnn: $bin is not built (make examples)"; exit 1; fi
 one=$(mktemp); four=$(mktemp); vk=$(mktemp); cpu2=$(mktemp); e1=$(mktemp); e2=$(mktemp); ck=$(mktemp)
-trap 'rm -f "$one" "$four" "$vk" "$cpu2" "$e1" "$e2" "$ck"' EXIT
+trap 'rm -f "$one" "$four" "$vk" "$cpu2" "$e1" "$e2" "$ck" "$ck.sgd"' EXIT
 # worst A B: the largest relative difference of the per-epoch losses ("none" if the epochs differ)
 worst() {
     grep '^epoch' "$1" | awk '{ print $4 }' >"$1.e"; grep '^epoch' "$2" | awk '{ print $4 }' >"$2.e"
@@ -104,8 +104,15 @@ if [ -s "$ck" ]; then
         --batch 32 --resume "$ck" -- "was trained with --batch 64; this run asks for 32"
     refused "--resume with another --seed is refused, naming both values" 2 --devices 4 --epochs 2 --steps 8 \
         --seed 7 --resume "$ck" -- "was trained with --seed 42; this run asks for 7"
-    refused "--resume with another --optimizer is refused, naming both" 2 --devices 4 --epochs 2 --steps 8 \
-        --optimizer sgd --resume "$ck" -- "was trained with --optimizer adamw; this run asks for sgd"
+    refused "--resume with another --optimizer is refused, naming both and the flags to pass" 2 --devices 4 \
+        --epochs 2 --steps 8 --optimizer sgd --resume "$ck" -- "was trained with --optimizer adamw; this run asks for sgd" \
+        "resume with the flags $ck was trained with: --optimizer adamw --lr 0.001"
+fi
+# an SGD file resumed with the default --optimizer (adamw): refused, naming sgd and the flags to pass
+if run "$e2" --devices 4 --epochs 1 --steps 1 --optimizer sgd --checkpoint "$ck.sgd"; then
+    refused "--resume of an SGD file with the default --optimizer adamw is refused" 2 --devices 4 --epochs 2 \
+        --steps 1 --resume "$ck.sgd" -- "was trained with --optimizer sgd; this run asks for adamw" \
+        "resume with the flags $ck.sgd was trained with: --optimizer sgd --lr 0.05 --momentum 0.9"
 fi
 refused "--memory 2 is named as an on/off flag" 2 --memory 2 -- "--memory 2: must be 0 (off) or 1 (on)"
 refused "--batch 8000 (> 4000 training images) is refused up front" 2 --batch 8000 --epochs 1 -- \
