@@ -144,6 +144,9 @@ static void test_roundtrip_other_mesh(void **st) {
     dpar_runtime_destroy(rt);
 }
 
+static void put_le32(unsigned char *b, uint32_t v) {
+    for (int i = 0; i < 4; i++) b[i] = (unsigned char)(v >> (8 * i));
+}
 static void test_corruption(void **st) {
     (void)st;
     dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 2);
@@ -176,16 +179,45 @@ static void test_corruption(void **st) {
         if (at < n - 4 && !strstr(dpar_last_error(), "CRC-32")) fail_msg("flip at %ld: %s", at, dpar_last_error());
         img[at] ^= 0x10;
     }
-    /* wrong version */
+    /* a flipped byte in each header field: corrupt, naming the field, the value read and the one expected
+       (a flip at 16 or 20, the file bytes, was called "truncated") */
+    static const struct {
+        int at;
+        const char *field, *got, *want;
+    } hf[] = { { 0, "'magic'", "\"TPARCKPT\"", "\"DPARCKPT\"" },
+               { 5, "'magic'", "\"DPARC[PT\"", "\"DPARCKPT\"" },
+               { 8, "'format version'", "reads 17", "should be 1" },
+               { 11, "'format version'", "reads 268435457", "should be 1" },
+               { 12, "'entry count'", "reads 17", "should be 1" },
+               { 14, "'entry count'", "reads 1048577", "should be 1" },
+               { 16, "'file bytes'", "reads ", "should be " },
+               { 20, "'file bytes'", "reads 68719476", "should be " },
+               { 23, "'file bytes'", "reads 115292150460684", "should be " },
+               { 24, "CRC-32", "corrupted", "corrupted" } }; /* the step: any value is valid, the CRC-32 fails */
+    for (size_t k = 0; k < sizeof hf / sizeof hf[0]; k++) {
+        img[hf[k].at] ^= 0x10;
+        spit(bad, img, n);
+        T_ERR(dpar_checkpoint_restore(bad, e, 1, NULL), DPAR_ERR_IO, "bad.ckpt", "corrupted", hf[k].field, hf[k].got,
+              hf[k].want);
+        if (strstr(dpar_last_error(), "truncated")) fail_msg("flip at %d: %s", hf[k].at, dpar_last_error());
+        img[hf[k].at] ^= 0x10;
+    }
+    char size_text[32];
+    snprintf(size_text, sizeof size_text, "should be %ld", n);
+    img[16] ^= 0x10;
+    spit(bad, img, n);
+    T_ERR(dpar_checkpoint_restore(bad, e, 1, NULL), DPAR_ERR_IO, "'file bytes' (offset 16)", size_text);
+    img[16] ^= 0x10;
+    /* another format version (its CRC-32 right): named as such */
     img[8] = 2;
+    put_le32(img + n - 4, dpar_crc32(0, img, (size_t)n - 4));
     spit(bad, img, n);
     T_ERR(dpar_checkpoint_restore(bad, e, 1, NULL), DPAR_ERR_IO, "version 2", "version 1");
     img[8] = 1;
-    /* bad magic, trailing data */
-    img[0] = 'X';
-    spit(bad, img, n);
+    put_le32(img + n - 4, dpar_crc32(0, img, (size_t)n - 4));
+    /* not a checkpoint at all, trailing data */
+    spit(bad, (const unsigned char *)"name,value\n1,2\n3,4\n5,6\n7,8\n9,10\n11,12\n13,14\n", 47);
     T_ERR(dpar_checkpoint_restore(bad, e, 1, NULL), DPAR_ERR_IO, "not a dpar checkpoint");
-    img[0] = 'D';
     unsigned char *longer = calloc((size_t)n + 3, 1);
     memcpy(longer, img, (size_t)n);
     spit(bad, longer, n + 3);

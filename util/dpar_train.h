@@ -213,7 +213,10 @@ DPAR_API dpar_status dpar_checkpoint_save(const char *path, const dpar_checkpoin
    file's size before use, and it is streamed: memory is a 64 KiB window,
    24 bytes per entry and the asked arrays, whatever the file claims.
    Errors: DPAR_ERR_IO for a missing, non-regular, truncated or corrupted
-   file (bad magic, wrong format version, length differing from the header,
+   file (a header field that disagrees with entries that fill the file, or
+   with the CRC-32, is named as corrupt with the value read and the one
+   expected; "truncated" only when the file ends before its entries do;
+   bad magic, another format version, length differing from the header,
    CRC-32 mismatch, malformed entry: an entry count, name length, shape or
    data size the file cannot hold, element count x dtype size overflowing,
    unknown flags, two entries of one name; the text names the path and what
@@ -1356,15 +1359,80 @@ static dpar_status dpar_ckpt__open(const char *path, int *fd_out, uint64_t *size
     return DPAR_OK;
 }
 
+/* Whether the entries after the header fill the file exactly up to its
+   CRC-32 (version-1 layout, lengths only, read with pread: the stream is not
+   touched); *count gets how many. A file that really ends early cannot pass,
+   so a header field that disagrees with a whole body is corrupt, not the
+   file truncated. Needs in->size >= DPAR_CKPT__HEADER + 4. */
+static int dpar_ckpt__body_whole(const dpar_ckpt__in *in, uint32_t *count) {
+    uint64_t off = DPAR_CKPT__HEADER, end = in->size - 4;
+    uint32_t k = 0;
+    unsigned char b[12];
+    while (off < end) {
+        if (end - off < DPAR_CKPT__MIN_ENTRY || k == UINT32_MAX || dpar_ckpt__pread(in->fd, b, 4, off)) return 0;
+        uint32_t nl = dpar_ckpt__rd32(b);
+        if (nl == 0 || nl > DPAR_CKPT__NAME_MAX || (uint64_t)nl + 4 + 8 > end - off) return 0;
+        off += 4 + (uint64_t)nl;
+        if (dpar_ckpt__pread(in->fd, b, 8, off)) return 0;
+        uint32_t nd = dpar_ckpt__rd32(b + 4);
+        if (nd > DPAR_MAX_DIMS || 8 + 8 * (uint64_t)nd + 12 > end - off) return 0;
+        off += 8 + 8 * (uint64_t)nd;
+        if (dpar_ckpt__pread(in->fd, b, 12, off)) return 0;
+        uint64_t nb = dpar_ckpt__rd64(b + 4);
+        off += 12;
+        if (nb > end - off) return 0;
+        off += nb;
+        k++;
+    }
+    *count = k;
+    return 1;
+}
+/* Whether the CRC-32 of every byte before the last 4 is what they record
+   (read with pread through the window: only on the way to an error). */
+static int dpar_ckpt__crc_whole(dpar_ckpt__in *in) {
+    uint32_t crc = 0;
+    unsigned char b[4];
+    for (uint64_t off = 0, end = in->size - 4; off < end;) {
+        size_t k = end - off < DPAR_CKPT__WINDOW ? (size_t)(end - off) : (size_t)DPAR_CKPT__WINDOW;
+        if (dpar_ckpt__pread(in->fd, in->win, k, off)) return 0;
+        crc = dpar_crc32(crc, in->win, k);
+        off += k;
+    }
+    return !dpar_ckpt__pread(in->fd, b, 4, in->size - 4) && dpar_ckpt__rd32(b) == crc;
+}
+/* A header field that disagrees with a file whose entries are whole: corrupt, naming it. */
+static dpar_status dpar_ckpt__bad_field(const char *path, const char *field, int at, unsigned long long got,
+                                        unsigned long long want, const char *why) {
+    return dpar_set_last_error(DPAR_ERR_IO,
+                               "dpar_checkpoint_restore: '%s' is corrupted: its header field '%s' (offset %d) reads "
+                               "%llu but should be %llu (%s); the file is damaged: restore another copy",
+                               path, field, at, got, want, why);
+}
+
 /* Magic, size, version and length of the header, read into hdr; afterwards
-   the stream stands at the first entry. */
+   the stream stands at the first entry. A field that disagrees is named:
+   corrupt when the entries fill the file (or the CRC-32 fails), truncated
+   only when the file ends before its entries do. */
 static dpar_status dpar_ckpt__header(dpar_ckpt__in *in, unsigned char *hdr) {
     const char *path = in->path;
-    unsigned char magic[8];
-    if (in->size < 8 || dpar_ckpt__pread(in->fd, magic, 8, 0) || memcmp(magic, DPAR_CKPT__MAGIC, 8) != 0)
+    uint32_t nrec = 0;
+    if (in->size < 8 || dpar_ckpt__pread(in->fd, hdr, 8, 0) || memcmp(hdr, DPAR_CKPT__MAGIC, 8) != 0) {
+        if (in->size >= DPAR_CKPT__HEADER + 4 && !dpar_ckpt__pread(in->fd, hdr, DPAR_CKPT__HEADER, 0) &&
+            dpar_ckpt__rd32(hdr + 8) == DPAR_CHECKPOINT_VERSION && dpar_ckpt__rd64(hdr + 16) == in->size &&
+            dpar_ckpt__body_whole(in, &nrec) && nrec == dpar_ckpt__rd32(hdr + 12)) {
+            char got[9];
+            for (int i = 0; i < 8; i++) got[i] = hdr[i] >= 32 && hdr[i] < 127 ? (char)hdr[i] : '?';
+            got[8] = 0;
+            return dpar_set_last_error(DPAR_ERR_IO,
+                                       "dpar_checkpoint_restore: '%s' is corrupted: its header field 'magic' (offset "
+                                       "0) reads \"%s\" but should be \"%s\" (the rest of the file is a whole "
+                                       "checkpoint); the file is damaged: restore another copy",
+                                       path, got, DPAR_CKPT__MAGIC);
+        }
         return dpar_set_last_error(
             DPAR_ERR_IO, "dpar_checkpoint_restore: '%s' is not a dpar checkpoint (it does not start with \"%s\")", path,
             DPAR_CKPT__MAGIC);
+    }
     if (in->size < DPAR_CKPT__HEADER + 4)
         return dpar_set_last_error(
             DPAR_ERR_IO,
@@ -1375,17 +1443,24 @@ static dpar_status dpar_ckpt__header(dpar_ckpt__in *in, unsigned char *hdr) {
         return dpar_set_last_error(DPAR_ERR_IO, "dpar_checkpoint_restore: reading '%s' failed: %s", path,
                                    strerror(in->err));
     uint32_t ver = dpar_ckpt__rd32(hdr + 8);
+    if (ver != DPAR_CHECKPOINT_VERSION && !dpar_ckpt__crc_whole(in)) /* another format keeps its CRC-32 right */
+        return dpar_ckpt__bad_field(path, "format version", 8, ver, DPAR_CHECKPOINT_VERSION,
+                                    "and the file's CRC-32 does not match: not another format");
     if (ver != DPAR_CHECKPOINT_VERSION)
         return dpar_set_last_error(DPAR_ERR_IO,
                                    "dpar_checkpoint_restore: '%s' has format version %u but this dpar.h reads version "
                                    "%d; restore it with a matching dpar.h",
                                    path, ver, (int)DPAR_CHECKPOINT_VERSION);
     uint64_t want = dpar_ckpt__rd64(hdr + 16);
+    if (want != in->size && dpar_ckpt__body_whole(in, &nrec))
+        return dpar_ckpt__bad_field(path, "file bytes", 16, (unsigned long long)want, (unsigned long long)in->size,
+                                    "the file's size: its entries end where its CRC-32 starts");
     if (want != in->size)
         return dpar_set_last_error(DPAR_ERR_IO,
                                    "dpar_checkpoint_restore: '%s' is %llu bytes but its header says %llu: %s", path,
                                    (unsigned long long)in->size, (unsigned long long)want,
-                                   in->size < want ? "the file is truncated (an interrupted copy?)"
+                                   in->size < want ? "the file is truncated: its last entry runs past its end (an "
+                                                     "interrupted copy?)"
                                                    : "the file is corrupted or has trailing data");
     return DPAR_OK;
 }
@@ -1547,6 +1622,9 @@ static dpar_status dpar_ckpt__check_file(dpar_ckpt__in *in, const dpar_checkpoin
     uint32_t nrec = dpar_ckpt__rd32(hdr + 12);
     uint64_t most = (in->end - DPAR_CKPT__HEADER) / DPAR_CKPT__MIN_ENTRY;
     dpar_ckpt__name *names = NULL;
+    uint32_t whole = 0;
+    if (nrec > most && dpar_ckpt__body_whole(in, &whole) && !dpar_ckpt__crc_whole(in)) /* else: written so */
+        return dpar_ckpt__bad_field(path, "entry count", 12, nrec, whole, "the entries the file holds");
     if (nrec > most)
         s = DPAR_CKPT__BAD("'%s' counts %u entries in its header but %llu bytes hold at most %llu (malformed file)",
                            path, nrec, (unsigned long long)in->size, (unsigned long long)most);
@@ -1558,6 +1636,8 @@ static dpar_status dpar_ckpt__check_file(dpar_ckpt__in *in, const dpar_checkpoin
     unsigned char b[4];
     if (in->err || dpar_ckpt__pread(in->fd, b, 4, in->end)) {
         s = DPAR_CKPT__BAD("reading '%s' failed: %s", path, strerror(in->err ? in->err : EIO));
+    } else if (dpar_ckpt__rd32(b) != in->crc && dpar_ckpt__body_whole(in, &whole) && whole != nrec) {
+        s = dpar_ckpt__bad_field(path, "entry count", 12, nrec, whole, "the entries the file holds");
     } else if (dpar_ckpt__rd32(b) != in->crc) {
         s = DPAR_CKPT__BAD("'%s' is corrupted: CRC-32 of the contents is 0x%08x but the file records 0x%08x", path,
                            in->crc, dpar_ckpt__rd32(b));
