@@ -857,14 +857,15 @@ DPAR_API dpar_status dpar_matmul(dpar_buffer *C, const dpar_buffer *A, const dpa
                                  float alpha, float beta);
 /* y[M,N] += b[N] (broadcast over rows). y may be any rank >= 1; last dim N. */
 DPAR_API dpar_status dpar_bias_add(dpar_buffer *y, const dpar_buffer *b);
-/* db[N] = beta * db + sum over rows of dy[M,N]. f32, f16 or bf16 (db and dy alike). */
+/* db[N] = beta * db + sum over rows of dy[M,N]. f32, f16 or bf16, or f64 on the cpu backend (db and dy alike). */
 DPAR_API dpar_status dpar_bias_grad(dpar_buffer *db, const dpar_buffer *dy, float beta);
 /* y = max(x, 0) (NaN propagates). Same shape; in place allowed. */
 DPAR_API dpar_status dpar_relu(dpar_buffer *y, const dpar_buffer *x);
 /* dx = dy where x > 0, else 0. Same shapes; dx may alias dy. */
 DPAR_API dpar_status dpar_relu_backward(dpar_buffer *dx, const dpar_buffer *dy, const dpar_buffer *x);
-/* Softmax cross-entropy with integer labels, logits [M,C] f32, labels [M] i32
-   in 0..C-1. loss (f32, 1 element) = mean_i(logsumexp(z_i) - z_i[label_i]);
+/* Softmax cross-entropy with integer labels, logits [M,C] f32 (or f64 on the
+   cpu backend: then loss and dlogits f64 too), labels [M] i32 in 0..C-1.
+   loss (1 element, the logits' dtype) = mean_i(logsumexp(z_i) - z_i[label_i]);
    dlogits (may be NULL) [M,C] = (softmax(z_i) - onehot(label_i)) / M.
    Numerically stable (max subtracted). A label out of range gives
    DPAR_ERR_INVALID_ARGUMENT naming the first bad row and its value (CPU: at
@@ -887,7 +888,8 @@ DPAR_API dpar_status dpar_copy(dpar_buffer *dst, const dpar_buffer *src);
 /* dst = (dtype of dst) src, same count; f32/f16/bf16/i32 in any direction;
    float -> i32 truncates toward zero (NaN -> 0, saturating). */
 DPAR_API dpar_status dpar_cast(dpar_buffer *dst, const dpar_buffer *src);
-/* out (f32, 1 element) = sum(x) / sum(x*x) of an f32 buffer. */
+/* out (1 element) = sum(x) / sum(x*x) of an f32 buffer (out f32), or of an
+   f64 one on the cpu backend (out f64; see >>f64 api). */
 DPAR_API dpar_status dpar_sum(dpar_buffer *out, const dpar_buffer *x);
 DPAR_API dpar_status dpar_sum_squares(dpar_buffer *out, const dpar_buffer *x);
 
@@ -921,9 +923,9 @@ typedef enum dpar_unary_op {
     DPAR_UNARY_COUNT
 } dpar_unary_op;
 /* y = op(x) (s: the scalar of the *_SCALAR forms, ignored by the others).
-   x, y: same shape, f32; in place allowed. */
+   x, y: same shape, f32 (or both f64 on the cpu backend); in place allowed. */
 DPAR_API dpar_status dpar_unary(dpar_buffer *y, const dpar_buffer *x, dpar_unary_op op, float s);
-/* dx = dy * op'(x). dx, dy, x: same shape, f32; dx may alias dy. */
+/* dx = dy * op'(x). dx, dy, x: same shape, f32 (or all f64 on the cpu backend); dx may alias dy. */
 DPAR_API dpar_status dpar_unary_backward(dpar_buffer *dx, const dpar_buffer *dy, const dpar_buffer *x, dpar_unary_op op,
                                          float s);
 
@@ -935,7 +937,7 @@ typedef enum dpar_binary_op {
     DPAR_BINARY_COUNT
 } dpar_binary_op;
 /* y = a op b with broadcasting: y's shape must be broadcast(a.shape, b.shape).
-   f32. y may alias a or b when that operand has y's shape. */
+   f32 (or all f64 on the cpu backend). y may alias a or b when that operand has y's shape. */
 DPAR_API dpar_status dpar_binary(dpar_buffer *y, const dpar_buffer *a, const dpar_buffer *b, dpar_binary_op op);
 /* Gradients of dpar_binary, each summed over the dims its operand was
    broadcast along (reduce-to-shape): da (a's shape, or NULL to skip) and db
@@ -961,7 +963,8 @@ typedef enum dpar_reduce_kind {
 } dpar_reduce_kind;
 /* y = reduce(x) over `axes` (naxes entries, negative counts from the end;
    axes NULL: every axis). y's shape is x's without those axes, or with them
-   kept as 1 (keepdims); both are accepted. x f32; y f32 (i32 for ARGMAX).
+   kept as 1 (keepdims); both are accepted. x f32; y f32 (i32 for ARGMAX);
+   or x and y f64 on the cpu backend (y i32 for ARGMAX).
    At most 4 dims after merging neighbouring axes that are both reduced or
    both kept (DPAR_ERR_SHAPE otherwise). */
 DPAR_API dpar_status dpar_reduce(dpar_buffer *y, const dpar_buffer *x, dpar_reduce_kind kind, const int *axes,
@@ -977,14 +980,14 @@ DPAR_API dpar_status dpar_reduce_backward(dpar_buffer *dx, const dpar_buffer *dy
 /* Softmax (log_softmax when `log`) along the last axis, stable (max
    subtracted, in double on the CPU): softmax([1000, 1000]) = [0.5, 0.5];
    entries of -inf get 0 (log: -inf); a row that is all -inf gives NaN (as
-   JAX). x, y same shape, f32, f16 or bf16 (one dtype); in place allowed. */
+   JAX). x, y same shape, f32, f16 or bf16, or f64 on the cpu backend (one dtype); in place allowed. */
 DPAR_API dpar_status dpar_softmax(dpar_buffer *y, const dpar_buffer *x, bool log);
 /* dx from dy and the forward's output y: softmax dx = y (dy - sum(dy y));
    log_softmax dx = dy - exp(y) sum(dy). Same shapes and dtype (f32, f16 or
-   bf16); dx may alias dy. */
+   bf16, or f64 on the cpu backend); dx may alias dy. */
 DPAR_API dpar_status dpar_softmax_backward(dpar_buffer *dx, const dpar_buffer *dy, const dpar_buffer *y, bool log);
 
-/* Shape ops: f32 or i32 (y and x the same dtype), bit-exact copies. */
+/* Shape ops: f32 or i32, or f64 on the cpu backend (y and x the same dtype), bit-exact copies. */
 /* y = x with its axes permuted: y.shape[i] = x.shape[perm[i]] (perm NULL:
    reversed). Backward: transpose with the inverse permutation. Not in place. */
 DPAR_API dpar_status dpar_transpose(dpar_buffer *y, const dpar_buffer *x, const int *perm);
@@ -1216,7 +1219,7 @@ DPAR_API dpar_status dpar_loss_scaler_unscale(dpar_ctx *ctx, dpar_loss_scaler *l
 
 /* Cross-entropy with integer labels (torch.nn.functional.cross_entropy with
    ignore_index and label_smoothing; optax.smooth_labels):
-   logits [M,C] f32, labels [M] i32, loss 1 f32 element.
+   logits [M,C] f32, labels [M] i32, loss 1 f32 element (logits, dlogits and loss f64 on the cpu backend).
    With q_i = (1 - a) onehot(label_i) + a / C (a = label_smoothing):
      loss = sum over counted rows of (logsumexp(z_i) - q_i . z_i) / (counted rows)
      dlogits (may be NULL) [M,C] = (softmax(z_i) - q_i) / (counted rows)
@@ -1269,15 +1272,16 @@ DPAR_API void dpar_philox4x32(const uint32_t ctr[4], const uint32_t key[2], uint
    Layers: layer norm, RMS norm, batched matmul, causal attention
    (all operands on one device, f32; "rows" are all leading dims flattened;
    the norms and attention also take f16 or bf16 storage, one dtype for all
-   but the f32 stats: see 16-bit storage under "Ops on device buffers")
+   but the f32 stats: see 16-bit storage under "Ops on device buffers"; the
+   norms also take f64 on the cpu backend, stats f64 too: see >>f64 api)
    ------------------------------------------------------------------------ */
 /* Layer norm over the last axis (Ba, Kiros, Hinton 2016; torch.nn.LayerNorm, flax.linen.LayerNorm):
      mean_i = sum_j x_ij / N;  var_i = sum_j (x_ij - mean_i)^2 / N;  rstd_i = 1 / sqrt(var_i + eps)
      y_ij = (x_ij - mean_i) * rstd_i * w_j + b_j
    x, y: [..., N] (same shape; y may alias x); w, b: [N] or NULL (ones / zeros); eps > 0 (1e-5 usual).
-   stats: NULL, or M*2 f32 ([..., 2] with x's leading dims), (mean_i, rstd_i) per row, saved for the
+   stats: NULL, or M*2 f32 (f64 with f64 x) ([..., 2] with x's leading dims), (mean_i, rstd_i) per row, saved for the
    backward. A constant row gives y = b exactly (no NaN). M or N may be 0.
-   Errors: DPAR_ERR_SHAPE (text names both shapes), DPAR_ERR_DTYPE (mixed, i32, stats not f32),
+   Errors: DPAR_ERR_SHAPE (text names both shapes), DPAR_ERR_DTYPE (mixed, i32, stats not f32 (f64 for f64 x)),
    DPAR_ERR_INVALID_ARGUMENT
    (NULL x/y, eps <= 0 or not finite, operands on different devices). */
 DPAR_API dpar_status dpar_layer_norm(dpar_buffer *y, dpar_buffer *stats, const dpar_buffer *x, const dpar_buffer *w,
@@ -1561,14 +1565,16 @@ DPAR_API dpar_value dpar_g_param(dpar_graph *g, const char *name, dpar_array *a)
 /* A constant filled with `value` (any dtype, as dpar_fill), invariant over the mesh. */
 DPAR_API dpar_value dpar_g_const(dpar_graph *g, dpar_dtype dtype, int ndim, const int64_t *shape, float value);
 
-/* --- ops (f32 unless said; the eager op of the same name does the work) --- */
+/* --- ops (f32 unless said; the eager op of the same name does the work; the ops of the >>f64 api
+   table also take f64 in a cpu graph, every input f64) --- */
 /* op(a) [M,K] @ op(b) [K,N] -> [M,N], op(x) = x or x^T (dpar_matmul, alpha 1, beta 0). */
 DPAR_API dpar_value dpar_g_matmul(dpar_graph *g, dpar_value a, dpar_value b, bool trans_a, bool trans_b);
 /* x [..., N] + b [N] broadcast over the leading dims. */
 DPAR_API dpar_value dpar_g_bias_add(dpar_graph *g, dpar_value x, dpar_value b);
 /* max(x, 0). */
 DPAR_API dpar_value dpar_g_relu(dpar_graph *g, dpar_value x);
-/* Scalar (0-d) mean softmax cross-entropy of logits [M,C] f32 with labels [M] i32 (dpar_softmax_xent). */
+/* Scalar (0-d) mean softmax cross-entropy of logits [M,C] f32 (f64: see >>f64 api) with labels [M] i32
+   (dpar_softmax_xent). */
 DPAR_API dpar_value dpar_g_softmax_xent(dpar_graph *g, dpar_value logits, dpar_value labels);
 /* Scalar mean((pred - target)^2), same shapes (dpar_mse). */
 DPAR_API dpar_value dpar_g_mse(dpar_graph *g, dpar_value pred, dpar_value target);
@@ -1621,9 +1627,9 @@ DPAR_API dpar_value dpar_g_reduce(dpar_graph *g, dpar_value x, dpar_reduce_kind 
                                   bool keepdims);
 /* softmax / log_softmax along the last axis (dpar_softmax). */
 DPAR_API dpar_value dpar_g_softmax(dpar_graph *g, dpar_value x, bool log);
-/* Shape ops (f32 or i32): dpar_transpose (perm NULL: reversed), dpar_broadcast_to, dpar_slice (`sizes`
-   elements per axis from start in steps, step NULL: 1), dpar_pad (lo before, hi after each axis, NULL:
-   zeros), dpar_concat (1..4 values). */
+/* Shape ops (f32 or i32; f64 in a cpu graph): dpar_transpose (perm NULL: reversed), dpar_broadcast_to,
+   dpar_slice (`sizes` elements per axis from start in steps, step NULL: 1), dpar_pad (lo before, hi
+   after each axis, NULL: zeros), dpar_concat (1..4 values). */
 DPAR_API dpar_value dpar_g_transpose(dpar_graph *g, dpar_value x, const int *perm);
 DPAR_API dpar_value dpar_g_broadcast_to(dpar_graph *g, dpar_value x, int ndim, const int64_t *shape);
 DPAR_API dpar_value dpar_g_slice(dpar_graph *g, dpar_value x, const int64_t *start, const int64_t *step,
@@ -1647,7 +1653,7 @@ DPAR_API dpar_value dpar_g_pbroadcast(dpar_graph *g, dpar_value x, const char *a
 DPAR_API dpar_value dpar_g_pcast(dpar_graph *g, dpar_value x, const char *axes);
 
 /* --- gradients, optimizer --- */
-/* Appends the backward pass of the scalar (1-element f32) `loss` with respect
+/* Appends the backward pass of the scalar (1-element f32, or f64 in an f64 cpu graph) `loss` with respect
    to wrt[0..n-1] (params, feeds or any value); grads[i] gets a value of
    wrt[i]'s shape (zero when the loss does not depend on it). Once per graph.
    Gradients of params and feeds are read as global arrays (dpar_graph_get).
