@@ -8206,14 +8206,15 @@ static dpar_status dpar__sgd_check_bufs(const char *fn, const dpar_sgd_desc *d, 
     dpar_status s;
     const dpar_buffer *ops[2] = { grad, mom ? mom : grad };
     if ((s = dpar__op_check(fn, param, ops, 2))) return s;
-    if ((s = dpar__need_f32(fn, param, "param")) || (s = dpar__need_f32(fn, grad, "grad")) ||
+    dpar_dtype t = dpar__fdt(param); /* f32, or f64 throughout (>>f64 api) */
+    if ((s = dpar__need_ft(fn, param, "param", t)) || (s = dpar__need_ft(fn, grad, "grad", t)) ||
         (s = dpar__same_count(fn, param, "param", grad, "grad")))
         return s;
     if (d->momentum > 0.0f) {
         if (!mom)
             return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: momentum = %g but no momentum buffer was given", fn,
                              (double)d->momentum);
-        if ((s = dpar__need_f32(fn, mom, "momentum")) || (s = dpar__same_count(fn, param, "param", mom, "momentum")))
+        if ((s = dpar__need_ft(fn, mom, "momentum", t)) || (s = dpar__same_count(fn, param, "param", mom, "momentum")))
             return s;
         if (mom == param || mom == grad)
             return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: the momentum buffer must not alias param or grad", fn);
@@ -8244,7 +8245,7 @@ DPAR_API dpar_status dpar_sgd_update(const dpar_sgd_desc *d, dpar_buffer *param,
    when set) and the clip factor for clip_norm (0: off -> 1); fn names the caller */
 static dpar_status dpar__clip_scale(const char *fn, dpar_ctx *ctx, float clip_norm, const char *axes,
                                     dpar_buffer *const *grads, int n, float *scale, float *norm_out) {
-    dpar_buffer *tmp = NULL;
+    dpar_buffer *tmp = NULL, *tmp64 = NULL; /* f64 gradients sum into tmp64 (>>f64 api) */
     int64_t one = 1;
     dpar_status s = dpar__ctx_check(ctx, fn);
     if (!s) s = dpar_buffer_create(ctx->rt, ctx->device, DPAR_F32, 1, &one, &tmp);
@@ -8252,11 +8253,23 @@ static dpar_status dpar__clip_scale(const char *fn, dpar_ctx *ctx, float clip_no
     double total = 0.0;
     for (int i = 0; i < n && !s; i++) {
         float v = 0.0f;
+        double v64 = 0.0;
+        if (grads[i] && !dpar__live_buf(grads[i], fn, "grads[i]") && grads[i]->dtype == DPAR_F64) {
+            if (!tmp64) s = dpar_buffer_create(ctx->rt, ctx->device, DPAR_F64, 1, &one, &tmp64);
+            if (!s) s = dpar_sum_squares(tmp64, grads[i]);
+            if (!s) s = dpar_buffer_read(tmp64, 0, &v64, 8);
+            total += v64;
+            continue;
+        }
         s = dpar_sum_squares(tmp, grads[i]);
         if (!s) s = dpar_buffer_read(tmp, 0, &v, 4);
         total += (double)v;
     }
-    if (!s && axes && *axes) {
+    if (!s && axes && *axes && tmp64) { /* the f64 total psum'd in double */
+        s = dpar_buffer_write(tmp64, 0, &total, 8);
+        if (!s) s = dpar_psum(ctx, tmp64, tmp64, axes);
+        if (!s) s = dpar_buffer_read(tmp64, 0, &total, 8);
+    } else if (!s && axes && *axes) {
         float v = (float)total;
         s = dpar_buffer_write(tmp, 0, &v, 4);
         if (!s) s = dpar_psum(ctx, tmp, tmp, axes);
@@ -8264,6 +8277,7 @@ static dpar_status dpar__clip_scale(const char *fn, dpar_ctx *ctx, float clip_no
         total = (double)v;
     }
     dpar_buffer_destroy(tmp);
+    dpar_buffer_destroy(tmp64);
     if (s) return s;
     float norm = (float)sqrt(total);
     if (norm_out) *norm_out = norm;
@@ -8612,8 +8626,9 @@ static dpar_status dpar__adamw_check_bufs(const char *fn, const dpar_buffer *par
     dpar_status s;
     const dpar_buffer *ops[3] = { grad, m, v };
     if ((s = dpar__op_check(fn, param, ops, 3))) return s;
-    if ((s = dpar__need_f32(fn, param, "param")) || (s = dpar__need_f32(fn, grad, "grad")) ||
-        (s = dpar__need_f32(fn, m, "m")) || (s = dpar__need_f32(fn, v, "v")) ||
+    dpar_dtype t = dpar__fdt(param); /* f32, or f64 throughout (>>f64 api) */
+    if ((s = dpar__need_ft(fn, param, "param", t)) || (s = dpar__need_ft(fn, grad, "grad", t)) ||
+        (s = dpar__need_ft(fn, m, "m", t)) || (s = dpar__need_ft(fn, v, "v", t)) ||
         (s = dpar__same_count(fn, param, "param", grad, "grad")) ||
         (s = dpar__same_count(fn, param, "param", m, "m")) || (s = dpar__same_count(fn, param, "param", v, "v")))
         return s;
@@ -8637,6 +8652,8 @@ static dpar_status dpar__adamw_run(const dpar_adamw_desc *r, dpar_buffer *param,
     /* bias corrections in double, rounded once: the same on every backend and replica */
     op.f[6] = (float)(1.0 / (1.0 - pow((double)r->b1, (double)step)));
     op.f[7] = (float)(1.0 / (1.0 - pow((double)r->b2, (double)step)));
+    double c[2] = { 1.0 / (1.0 - pow((double)r->b1, (double)step)), 1.0 / (1.0 - pow((double)r->b2, (double)step)) };
+    memcpy(op.p, c, sizeof c); /* unrounded, for the f64 kernel */
     return dpar__op_run(&op);
 }
 DPAR_API dpar_status dpar_adamw_update(const dpar_adamw_desc *d, dpar_buffer *param, const dpar_buffer *grad,
@@ -14466,25 +14483,39 @@ __attribute__((target("avx2"))) static int64_t dpar__bias_grad_avx2(float *y, co
 }
 #endif
 
-/* the fused SGD step on elements [lo, hi) */
+/* The fused SGD step in element type T on elements [lo, hi), from element i0 of the range on (the
+   AVX2 form did those before): one body for f32 and f64 (>>f64 api), which reads each scalar
+   widened exactly from float. */
+#define DPAR__SGD_LOOP(T, i0)                                                          \
+    do {                                                                               \
+        const T lr = op->f[0], mu = op->f[1], wd = op->f[2], cs = op->f[3];            \
+        T *y = (T *)op->dst->mem + lo, *v = op->dst2 ? (T *)op->dst2->mem + lo : NULL; \
+        const T *x0 = (const T *)op->src0->mem + lo;                                   \
+        for (int64_t i = (i0); i < hi - lo; i++) {                                     \
+            T g = x0[i] * cs + wd * y[i];                                              \
+            T u = g;                                                                   \
+            if (v) {                                                                   \
+                v[i] = mu * v[i] + g;                                                  \
+                u = op->nesterov ? g + mu * v[i] : v[i];                               \
+            }                                                                          \
+            y[i] -= lr * u;                                                            \
+        }                                                                              \
+    } while (0)
 static void dpar__sgd_range(const dpar__op *op, int64_t lo, int64_t hi) {
-    const float lr = op->f[0], mu = op->f[1], wd = op->f[2], cs = op->f[3];
-    float *y = (float *)op->dst->mem + lo, *v = op->dst2 ? (float *)op->dst2->mem + lo : NULL;
-    const float *x0 = (const float *)op->src0->mem + lo;
-    int64_t n = hi - lo, i0 = 0;
-#ifdef DPAR__X86_SIMD
-    if (__builtin_cpu_supports("avx2")) i0 = dpar__sgd_avx2(y, v, x0, n, lr, mu, wd, cs, op->nesterov);
-#endif
-    for (int64_t i = i0; i < n; i++) {
-        float g = x0[i] * cs + wd * y[i];
-        float u = g;
-        if (v) {
-            v[i] = mu * v[i] + g;
-            u = op->nesterov ? g + mu * v[i] : v[i];
-        }
-        y[i] -= lr * u;
+    int64_t i0 = 0;
+    if (op->dst->dtype == DPAR_F64) {
+        DPAR__SGD_LOOP(double, 0);
+        return;
     }
+#ifdef DPAR__X86_SIMD
+    if (__builtin_cpu_supports("avx2"))
+        i0 = dpar__sgd_avx2((float *)op->dst->mem + lo, op->dst2 ? (float *)op->dst2->mem + lo : NULL,
+                            (const float *)op->src0->mem + lo, hi - lo, op->f[0], op->f[1], op->f[2], op->f[3],
+                            op->nesterov);
+#endif
+    DPAR__SGD_LOOP(float, i0);
 }
+#undef DPAR__SGD_LOOP
 typedef struct dpar__sgd_args {
     const dpar__op *op;
     int64_t chunk, next;
@@ -15608,24 +15639,39 @@ static dpar_status dpar__cpu_op_attn_bwd_kv(DPAR__CPU_OP_ARGS) {
     DPAR_FREE(P);
     return DPAR_OK;
 }
-/* the fused AdamW update on elements [lo, hi) (formula at dpar_adamw_desc) */
-static void dpar__adamw_range(const dpar__op *op, int64_t lo, int64_t hi) {
-    const float lr = op->f[0], b1 = op->f[1], b2 = op->f[2], eps = op->f[3], wd = op->f[4], cs = op->f[5];
-    const float c1 = op->f[6], c2 = op->f[7], ob1 = 1.0f - b1, ob2 = 1.0f - b2;
-    float *p = (float *)op->dst->mem, *m = (float *)op->dst2->mem, *v = (float *)op->dst3->mem;
-    const float *gr = (const float *)op->src0->mem;
-    for (int64_t i = lo; i < hi; i++) {
-        float g = gr[i] * cs;
-        float mi = b1 * m[i] + ob1 * g, vi = b2 * v[i] + ob2 * (g * g);
-        m[i] = mi;
-        v[i] = vi;
-        float u = (mi * c1) / (sqrtf(vi * c2) + eps) + wd * p[i];
-        p[i] = p[i] - lr * u;
+/* The fused AdamW update on elements [lo, hi) (formula at dpar_adamw_desc), one body for f32 and
+   f64: element type T, its sqrt, and the bias corrections c1, c2 (f64: the unrounded doubles that
+   dpar__adamw_run keeps in p[0..1]; f32: f[6..7]). */
+#define DPAR__ADAMW_RANGE(NAME, T, SQRT, C1, C2)                                                           \
+    static void NAME(const dpar__op *op, int64_t lo, int64_t hi) {                                         \
+        const T lr = op->f[0], b1 = op->f[1], b2 = op->f[2], eps = op->f[3], wd = op->f[4], cs = op->f[5]; \
+        const T c1 = (C1), c2 = (C2), ob1 = (T)1 - b1, ob2 = (T)1 - b2;                                    \
+        T *p = (T *)op->dst->mem, *m = (T *)op->dst2->mem, *v = (T *)op->dst3->mem;                        \
+        const T *gr = (const T *)op->src0->mem;                                                            \
+        for (int64_t i = lo; i < hi; i++) {                                                                \
+            T g = gr[i] * cs;                                                                              \
+            T mi = b1 * m[i] + ob1 * g, vi = b2 * v[i] + ob2 * (g * g);                                    \
+            m[i] = mi;                                                                                     \
+            v[i] = vi;                                                                                     \
+            T u = (mi * c1) / (SQRT(vi * c2) + eps) + wd * p[i];                                           \
+            p[i] = p[i] - lr * u;                                                                          \
+        }                                                                                                  \
     }
+DPAR__ADAMW_RANGE(dpar__adamw_range, float, sqrtf, op->f[6], op->f[7])
+/* the double that the core kept bit for bit in op->p[i] (an f64 op's scalar that float f[] would round) */
+static double dpar__op_pd(const dpar__op *op, int i) {
+    double c;
+    memcpy(&c, &op->p[i], sizeof c);
+    return c;
 }
+DPAR__ADAMW_RANGE(dpar__adamw64_range, double, sqrt, dpar__op_pd(op, 0), dpar__op_pd(op, 1))
+#undef DPAR__ADAMW_RANGE
 static dpar_status dpar__cpu_op_adamw(DPAR__CPU_OP_ARGS) {
     DPAR__CPU_OP_UNUSED;
-    dpar__adamw_range(op, 0, op->n);
+    if (op->dst->dtype == DPAR_F64)
+        dpar__cpu_parallel(c, dev, op, op->n, 16, dpar__adamw64_range);
+    else
+        dpar__adamw_range(op, 0, op->n);
     return DPAR_OK;
 }
 static dpar_status dpar__cpu_op_embed(DPAR__CPU_OP_ARGS) {
@@ -16197,6 +16243,8 @@ static dpar_status dpar__cpu_op_f64(dpar__cpu *c, int dev, const dpar__op *op) {
     case DPAR__OP_BIAS_ADD:
     case DPAR__OP_BIAS_GRAD:
     case DPAR__OP_STRIDED: dpar__cpu64_small(op); return DPAR_OK;
+    case DPAR__OP_SGD: return dpar__cpu_op_sgd(c, dev, op, NULL, NULL, NULL);     /* the kinds whose f32 kernel */
+    case DPAR__OP_ADAMW: return dpar__cpu_op_adamw(c, dev, op, NULL, NULL, NULL); /* has an f64 form too */
     default: /* the core's checks refuse f64 for the other ops first; this guards a missed one */
         return dpar__err(DPAR_ERR_DTYPE,
                          "dpar_%s: the cpu backend has no f64 kernel for this op (see the f64 table in dpar.h); "

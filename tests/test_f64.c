@@ -632,6 +632,90 @@ static void test_shape_ops(void **st) {
     free(x);
 }
 
+/* ---- optimizers: SGD and AdamW step by step as a double reference does them (one rounding each) ---- */
+static dpar_status sgd_clip_fn(dpar_ctx *ctx, void *user) {
+    const dpar_sgd_desc *d = (const dpar_sgd_desc *)user;
+    dpar_buffer *p[2] = { dpar_ctx_arg(ctx, 0), dpar_ctx_arg(ctx, 1) },
+                *g[2] = { dpar_ctx_arg(ctx, 2), dpar_ctx_arg(ctx, 3) };
+    return dpar_sgd_step(ctx, d, p, g, NULL, 2);
+}
+static void test_optimizers(void **st) {
+    (void)st;
+    enum { N = 37 };
+    double *p = rnd_n(N, 91), *g = rnd_n(N, 92), mo[N] = { 0 }, r[N], rm[N], rv[N];
+    dpar_buffer *bp = mkd1(N, p), *bg = mkd1(N, g), *bm = mkd1(N, NULL), *bv = mkd1(N, NULL);
+    T_OK(dpar_fill(bm, 0.0f));
+    for (int nest = 0; nest < 2; nest++) { /* SGD: momentum, weight decay, a clip scale; exact */
+        dpar_sgd_desc d = { 0.125f, 0.75f, nest != 0, 0.0625f, 0.0f, NULL };
+        for (int step = 0; step < 3; step++) {
+            T_OK(dpar_sgd_update(&d, bp, bg, bm, 0.5f));
+            for (int i = 0; i < N; i++) {
+                double gi = g[i] * 0.5 + 0.0625 * p[i];
+                mo[i] = 0.75 * mo[i] + gi;
+                p[i] -= 0.125 * (nest ? gi + 0.75 * mo[i] : mo[i]);
+            }
+        }
+        t_read(bp, r);
+        t_read(bm, rm);
+        for (int i = 0; i < N; i++) assert_true(r[i] == p[i] && rm[i] == mo[i]);
+    }
+    double m[N] = { 0 }, v[N] = { 0 }; /* AdamW, three steps: exact (bias corrections in double) */
+    T_OK(dpar_fill(bm, 0.0f));
+    T_OK(dpar_fill(bv, 0.0f));
+    dpar_adamw_desc ad = { .learning_rate = 0.01f, .weight_decay = 0.125f };
+    for (int t = 1; t <= 3; t++) {
+        T_OK(dpar_adamw_update(&ad, bp, bg, bm, bv, t, 0.75f));
+        double c1 = 1.0 / (1.0 - pow((double)0.9f, t)), c2 = 1.0 / (1.0 - pow((double)0.999f, t));
+        for (int i = 0; i < N; i++) {
+            double gi = g[i] * 0.75;
+            m[i] = (double)0.9f * m[i] + (1.0 - (double)0.9f) * gi;
+            v[i] = (double)0.999f * v[i] + (1.0 - (double)0.999f) * (gi * gi);
+            double u = (m[i] * c1) / (sqrt(v[i] * c2) + (double)1e-8f) + 0.125 * p[i];
+            p[i] = p[i] - (double)0.01f * u;
+        }
+    }
+    t_read(bp, r);
+    t_read(bm, rm);
+    t_read(bv, rv);
+    for (int i = 0; i < N; i++) assert_true(r[i] == p[i] && rm[i] == m[i] && rv[i] == v[i]);
+    /* dpar_sgd_step clipping by the global norm of two f64 gradients (summed in double; the factor is a float) */
+    dpar_mesh *mesh = t_mesh1(RT, 1, "data");
+    dpar_array_desc a1 = { DPAR_F64, 1, { 5 }, { NULL } }, a2 = { DPAR_F64, 1, { 3 }, { NULL } };
+    dpar_array *arr[4];
+    for (int k = 0; k < 4; k++) T_OK(dpar_array_create(mesh, k % 2 ? &a2 : &a1, &arr[k]));
+    double p8[8], g8[8], out[8];
+    for (int i = 0; i < 8; i++) p8[i] = 0.1 * i - 0.3, g8[i] = 1.0 / (i + 3.0);
+    T_OK(dpar_array_put(arr[0], p8));
+    T_OK(dpar_array_put(arr[1], p8 + 5));
+    T_OK(dpar_array_put(arr[2], g8));
+    T_OK(dpar_array_put(arr[3], g8 + 5));
+    dpar_sgd_desc cd = { 0.5f, 0.0f, false, 0.0f, 0.25f, NULL };
+    dpar_shard_map_desc sd = { sgd_clip_fn, &cd, 4, { arr[0], arr[1], arr[2], arr[3] } };
+    T_OK(dpar_shard_map(mesh, &sd));
+    T_OK(dpar_array_get(arr[0], out));
+    T_OK(dpar_array_get(arr[1], out + 5));
+    double ss = 0;
+    for (int i = 0; i < 5; i++) ss += g8[i] * g8[i];
+    double s2 = 0;
+    for (int i = 5; i < 8; i++) s2 += g8[i] * g8[i];
+    float nf = (float)sqrt(ss + s2), cs = 0.25f / nf;
+    for (int i = 0; i < 8; i++) assert_true(out[i] == p8[i] - 0.5 * (g8[i] * (double)cs + 0.0 * p8[i]));
+    for (int k = 0; k < 4; k++) dpar_array_destroy(arr[k]);
+    dpar_mesh_destroy(mesh);
+    /* mixed dtypes: refused naming the op and both dtypes */
+    int64_t n = N;
+    dpar_buffer *f = t_buf(RT, 0, DPAR_F32, 1, &n, NULL);
+    dpar_sgd_desc d0 = { 0.1f, 0.5f, false, 0.0f, 0.0f, NULL };
+    T_ERR(dpar_sgd_update(&d0, bp, f, bm, 1.0f), DPAR_ERR_DTYPE, "dpar_sgd_update", "grad is f32", "f64");
+    T_ERR(dpar_sgd_update(&d0, bp, bg, f, 1.0f), DPAR_ERR_DTYPE, "dpar_sgd_update", "momentum is f32", "f64");
+    T_ERR(dpar_sgd_update(&d0, f, bg, NULL, 1.0f), DPAR_ERR_DTYPE, "dpar_sgd_update", "grad is f64", "f32");
+    T_ERR(dpar_adamw_update(&ad, bp, bg, f, bv, 1, 1.0f), DPAR_ERR_DTYPE, "dpar_adamw_update", "m is f32", "f64");
+    dpar_buffer *bufs[] = { bp, bg, bm, bv, f };
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dpar_buffer_destroy(bufs[i]);
+    free(p);
+    free(g);
+}
+
 /* ---- refusals: mixed dtypes, ops without an f64 kernel ---- */
 static void test_refusals(void **st) {
     (void)st;
@@ -649,8 +733,6 @@ static void test_refusals(void **st) {
     T_ERR(dpar_softmax(md, mf, false), DPAR_ERR_DTYPE, "dpar_softmax", "x is f32");
     T_ERR(dpar_where(d, d, d2, d2, 0.0f, 0.0f), DPAR_ERR_DTYPE, "dpar_where", "f64");
     T_ERR(dpar_reduce(lf, d, DPAR_REDUCE_SUM, NULL, 0), DPAR_ERR_DTYPE, "dpar_reduce", "must be f64");
-    dpar_sgd_desc sd = { 0.1f, 0.0f, false, 0.0f, 0.0f, NULL };
-    T_ERR(dpar_sgd_update(&sd, d, d2, NULL, 1.0f), DPAR_ERR_DTYPE, "f64");
     int32_t idx[4] = { 0, 1, 0, 1 };
     dpar_buffer *bi = t_buf(RT, 0, DPAR_I32, 1, &s4, idx);
     T_ERR(dpar_embedding(md, md, bi), DPAR_ERR_DTYPE, "dpar_embedding", "f64");
@@ -823,6 +905,7 @@ int main(void) {
         cmocka_unit_test(test_mixed_dtypes_table),
         cmocka_unit_test(test_graph_gradcheck),
         cmocka_unit_test(test_graph_mixed_refused),
+        cmocka_unit_test(test_optimizers),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_vulkan_refuses_f64),
         cmocka_unit_test(test_cuda_refuses_f64),
