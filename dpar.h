@@ -7616,13 +7616,14 @@ DPAR_API dpar_status dpar_where(dpar_buffer *y, const dpar_buffer *cond, const d
     dpar__clear_error();
     const dpar_buffer *ops[3] = { cond, a ? a : cond, b ? b : cond };
     dpar_status s = dpar__op_check(fn, y, ops, 3);
-    if (s || (s = dpar__need_f32(fn, y, "y")) || (s = dpar__bcast_check(fn, y, cond, "cond")) ||
-        (a && ((s = dpar__need_f32(fn, a, "a")) || (s = dpar__bcast_check(fn, y, a, "a")))) ||
-        (b && ((s = dpar__need_f32(fn, b, "b")) || (s = dpar__bcast_check(fn, y, b, "b")))))
+    dpar_dtype t = s ? DPAR_F32 : dpar__fdt(y); /* y, a, b: f32, or f64 throughout (>>f64 api) */
+    if (s || (s = dpar__need_ft(fn, y, "y", t)) || (s = dpar__bcast_check(fn, y, cond, "cond")) ||
+        (a && ((s = dpar__need_ft(fn, a, "a", t)) || (s = dpar__bcast_check(fn, y, a, "a")))) ||
+        (b && ((s = dpar__need_ft(fn, b, "b", t)) || (s = dpar__bcast_check(fn, y, b, "b")))))
         return s;
-    if (cond->dtype != DPAR_F32 && cond->dtype != DPAR_I32)
-        return dpar__err(DPAR_ERR_DTYPE, "%s: cond is %s; it must be f32 or i32 (nonzero: true)", fn,
-                         dpar_dtype_name(cond->dtype));
+    if (cond->dtype != t && cond->dtype != DPAR_I32)
+        return dpar__err(DPAR_ERR_DTYPE, "%s: cond is %s but y is %s; cond must be %s or i32 (nonzero: true)", fn,
+                         dpar_dtype_name(cond->dtype), dpar_dtype_name(t), dpar_dtype_name(t));
     if ((y == (const dpar_buffer *)cond && cond->count != y->count) || (y == a && a->count != y->count) ||
         (y == b && b->count != y->count))
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: y aliases a broadcast operand; write to another buffer", fn);
@@ -8103,7 +8104,7 @@ DPAR_API dpar_status dpar_conv2d(dpar_buffer *y, const dpar_buffer *x, const dpa
     const char *fln[4] = { "y", "x", "w", "bias" };
     dpar__win2d g;
     dpar_status s = dpar__op_check(fn, y, ops, 3);
-    if (s || (s = dpar__same_float(fn, fl, fln, 4)) || (s = dpar__need_4d(fn, x, "x", "NHWC")) ||
+    if (s || (s = dpar__same_float64(fn, fl, fln, 4)) || (s = dpar__need_4d(fn, x, "x", "NHWC")) ||
         (s = dpar__need_4d(fn, w, "w", "HWIO")) || (s = dpar__need_4d(fn, y, "y", "NHWC")) ||
         (s = dpar__conv2d_win(fn, x->shape, w->shape, d, &g)) || (s = dpar__win2d_check_out(fn, y, "y", &g, y, ops, 3)))
         return s;
@@ -8118,7 +8119,7 @@ DPAR_API dpar_status dpar_conv2d_backward_input(dpar_buffer *dx, const dpar_buff
     const char *fln[3] = { "dx", "dy", "w" };
     dpar__win2d g;
     dpar_status s = dpar__op_check(fn, dx, ops, 2);
-    if (s || (s = dpar__same_float(fn, fl, fln, 3)) || (s = dpar__need_4d(fn, dx, "dx", "NHWC")) ||
+    if (s || (s = dpar__same_float64(fn, fl, fln, 3)) || (s = dpar__need_4d(fn, dx, "dx", "NHWC")) ||
         (s = dpar__need_4d(fn, w, "w", "HWIO")) || (s = dpar__need_4d(fn, dy, "dy", "NHWC")) ||
         (s = dpar__conv2d_win(fn, dx->shape, w->shape, d, &g)) ||
         (s = dpar__win2d_check_out(fn, dy, "dy", &g, dx, ops, 2)))
@@ -8133,7 +8134,7 @@ DPAR_API dpar_status dpar_conv2d_backward_kernel(dpar_buffer *dw, dpar_buffer *d
     const char *fln[4] = { "dw", "x", "dy", "db" };
     dpar__win2d g;
     dpar_status s = dpar__op_check(fn, dw, ops, 2);
-    if (s || (s = dpar__same_float(fn, fl, fln, 4)) || (s = dpar__need_4d(fn, dw, "dw", "HWIO")) ||
+    if (s || (s = dpar__same_float64(fn, fl, fln, 4)) || (s = dpar__need_4d(fn, dw, "dw", "HWIO")) ||
         (s = dpar__need_4d(fn, x, "x", "NHWC")) || (s = dpar__need_4d(fn, dy, "dy", "NHWC")) ||
         (s = dpar__conv2d_win(fn, x->shape, dw->shape, d, &g)) ||
         (s = dpar__win2d_check_out(fn, dy, "dy", &g, dw, ops, 2)))
@@ -8155,7 +8156,7 @@ static dpar_status dpar__pool2d_op(const char *fn, dpar__op_kind k, dpar_buffer 
     const char *fln[3] = { dst == in ? inn : outn, dst == in ? outn : inn, "x" };
     dpar__win2d g;
     dpar_status s = dpar__op_check(fn, dst, ops, 2);
-    if (s || (s = dpar__same_float(fn, fl, fln, 3)) || (s = dpar__need_4d(fn, in, inn, "NHWC")) ||
+    if (s || (s = dpar__same_float64(fn, fl, fln, 3)) || (s = dpar__need_4d(fn, in, inn, "NHWC")) ||
         (s = dpar__need_4d(fn, out, outn, "NHWC")) ||
         (src1 && ((s = dpar__need_4d(fn, src1, "x", "NHWC")) || (s = dpar__same_shape(fn, src1, "x", in, inn)))) ||
         (s = dpar__pool2d_win(fn, in->shape, d, &g)) || (s = dpar__win2d_check_out(fn, out, outn, &g, dst, ops, 2)))
@@ -8325,12 +8326,6 @@ DPAR_API dpar_status dpar_sgd_step(dpar_ctx *ctx, const dpar_sgd_desc *d, dpar_b
    layer_norm / rms_norm, batched matmul, causal attention: checks, then one op
    record each (the CPU reference is in >>cpu norm-attn, Vulkan in
    shaders/layernorm*.comp + attention*.comp, CUDA in kernels/norm_attn.cu). */
-static dpar_status dpar__f32_operands(const char *fn, const dpar_buffer *const *b, const char *const *names, int n) {
-    dpar_status s = DPAR_OK;
-    for (int i = 0; i < n && !s; i++)
-        if (b[i]) s = dpar__need_f32(fn, b[i], names[i]);
-    return s;
-}
 /* x [..., N] as rows x cols; v (if given) must be [N] */
 static dpar_status dpar__norm_vec(const char *fn, const dpar_buffer *v, const char *vn, const dpar_buffer *x) {
     if (!v || (v->ndim == 1 && x->ndim >= 1 && v->shape[0] == x->shape[x->ndim - 1])) return DPAR_OK;
@@ -8443,7 +8438,9 @@ DPAR_API dpar_status dpar_matmul_batched(dpar_buffer *C, const dpar_buffer *A, c
     const char *names[3] = { "C", "A", "B" };
     const dpar_buffer *f32[3] = { C, A, B };
     dpar_status s = dpar__op_check(fn, C, ops, 2);
-    if (s || (s = dpar__f32_operands(fn, f32, names, 3))) return s;
+    dpar_dtype t = s ? DPAR_F32 : dpar__fdt(C); /* f32, or f64 throughout (>>f64 api) */
+    for (int i = 0; i < 3 && !s; i++) s = dpar__need_ft(fn, f32[i], names[i], t);
+    if (s) return s;
     char a[160], b[160], c[160];
     int ok = A->ndim >= 2 && B->ndim >= 2 && C->ndim == A->ndim;
     int64_t nb = ok ? dpar__batch_of(A) : 0, M = 0, K = 0, K2 = 0, N = 0;
@@ -8524,7 +8521,9 @@ DPAR_API dpar_status dpar_attention(dpar_buffer *out, dpar_buffer *stats, const 
     const dpar_buffer *fl[4] = { out, q, k, v };
     const char *names[4] = { "out", "q", "k", "v" };
     dpar_status s = dpar__op_check(fn, out, ops, 4);
-    if (s || (s = dpar__same_float(fn, fl, names, 4)) || (stats && (s = dpar__need_f32(fn, stats, "stats")))) return s;
+    if (s || (s = dpar__same_float64(fn, fl, names, 4)) ||
+        (stats && (s = dpar__need_ft(fn, stats, "stats", dpar__fdt(out))))) /* stats f64 with an f64 out */
+        return s;
     dpar__op op;
     dpar__op_init(&op, DPAR__OP_ATTN, out);
     if ((s = dpar__attn_check(fn, &op, out, q, k, v, stats, scale, causal))) return s;
@@ -8547,7 +8546,12 @@ DPAR_API dpar_status dpar_attention_backward(dpar_buffer *dq, dpar_buffer *dk, d
     const dpar_buffer *fl[7] = { dq, dk, dv, dout, q, k, v };
     const char *names[7] = { "dq", "dk", "dv", "dout", "q", "k", "v" };
     dpar_status s = dpar__op_check(fn, stats, ops, 7);
-    if (s || (s = dpar__same_float(fn, fl, names, 7)) || (s = dpar__need_f32(fn, stats, "stats"))) return s;
+    if (s || (s = dpar__same_float64(fn, fl, names, 7)) ||
+        (s = dpar__need_ft(fn, stats, "stats",
+                           dpar__fdt(dq   ? dq
+                                     : dk ? dk
+                                          : dv)))) /* stats f64 with f64 grads */
+        return s;
     dpar__op op;
     dpar__op_init(&op, DPAR__OP_ATTN_BWD_Q, stats);
     if ((s = dpar__attn_check(fn, &op, dout, q, k, v, stats, scale, causal)) ||
@@ -8834,8 +8838,9 @@ static dpar_status dpar__embed_check(int fn_id, dpar_buffer *dst, const dpar_buf
     const char *fn = dpar__idx_fn[fn_id];
     const dpar_buffer *ops[2] = { src, idx };
     dpar_status s = dpar__op_check(fn, dst, ops, 2);
-    if (s || (s = dpar__need_f32(fn, dst, bwd ? "dtable" : "out")) ||
-        (s = dpar__need_f32(fn, src, bwd ? "dout" : "table")))
+    dpar_dtype t = s ? DPAR_F32 : dpar__fdt(dst); /* f32, or f64 throughout (>>f64 api) */
+    if (s || (s = dpar__need_ft(fn, dst, bwd ? "dtable" : "out", t)) ||
+        (s = dpar__need_ft(fn, src, bwd ? "dout" : "table", t)))
         return s;
     if (idx->dtype != DPAR_I32)
         return dpar__err(DPAR_ERR_DTYPE, "%s: idx is %s but must be i32 row indices", fn, dpar_dtype_name(idx->dtype));
@@ -8912,7 +8917,8 @@ DPAR_API dpar_status dpar_dropout(dpar_buffer *y, const dpar_buffer *x, float ra
     dpar__clear_error();
     const char *fn = "dpar_dropout";
     dpar_status s = dpar__op_check(fn, y, &x, 1);
-    if (s || (s = dpar__need_f32(fn, y, "y")) || (s = dpar__need_f32(fn, x, "x")) ||
+    dpar_dtype t = s ? DPAR_F32 : dpar__fdt(y); /* f32, or f64 throughout (>>f64 api) */
+    if (s || (s = dpar__need_ft(fn, y, "y", t)) || (s = dpar__need_ft(fn, x, "x", t)) ||
         (s = dpar__same_count(fn, y, "y", x, "x")))
         return s;
     if (!(rate >= 0.0f && rate <= 1.0f))
@@ -8927,6 +8933,8 @@ DPAR_API dpar_status dpar_dropout(dpar_buffer *y, const dpar_buffer *x, float ra
     op.p[3] = (int64_t)(uint32_t)(step >> 32);
     op.p[4] = (int64_t)stream;
     op.p[5] = (int64_t)llround((double)rate * 16777216.0); /* 0 .. 2^24 */
+    double scale = rate < 1.0f ? 1.0 / (1.0 - (double)rate) : 0.0;
+    memcpy(&op.p[6], &scale, sizeof scale); /* unrounded, for the f64 kernel */
     return dpar__op_run(&op);
 }
 /* keep mask of element e under op's key (the CPU reference of every backend's kernel) */
@@ -14960,20 +14968,34 @@ static dpar_status dpar__cpu_op_where(dpar__cpu *c, int dev, const dpar__op *op,
                                       const float *x1) {
     DPAR__UNUSED(c);
     DPAR__UNUSED(dev);
+    DPAR__UNUSED(y);
+    DPAR__UNUSED(x0);
+    DPAR__UNUSED(x1);
     const int64_t *p = op->p;
-    const float *b = op->src2 ? (const float *)op->src2->mem : NULL;
-    int64_t i = 0;
-    for (int64_t i0 = 0; i0 < p[0]; i0++)
-        for (int64_t i1 = 0; i1 < p[1]; i1++)
-            for (int64_t i2 = 0; i2 < p[2]; i2++)
-                for (int64_t i3 = 0; i3 < p[3]; i3++, i++) {
-                    int64_t co = i0 * p[4] + i1 * p[5] + i2 * p[6] + i3 * p[7];
-                    int t = op->k ? ((const int32_t *)x0)[co] != 0 : x0[co] != 0.0f;
-                    if (t)
-                        y[i] = x1 ? x1[i0 * p[8] + i1 * p[9] + i2 * p[10] + i3 * p[11]] : op->f[0];
-                    else
-                        y[i] = b ? b[i0 * p[12] + i1 * p[13] + i2 * p[14] + i3 * p[15]] : op->f[1];
-                }
+    /* one body for f32 and f64 (y, a, b and a float cond all T) */
+#define DPAR__WHERE(T)                                                                                      \
+    do {                                                                                                    \
+        const T *c0 = (const T *)op->src0->mem, *a = op->src1 ? (const T *)op->src1->mem : NULL,            \
+                *b = op->src2 ? (const T *)op->src2->mem : NULL;                                            \
+        T *yy = (T *)op->dst->mem;                                                                          \
+        int64_t i = 0;                                                                                      \
+        for (int64_t i0 = 0; i0 < p[0]; i0++)                                                               \
+            for (int64_t i1 = 0; i1 < p[1]; i1++)                                                           \
+                for (int64_t i2 = 0; i2 < p[2]; i2++)                                                       \
+                    for (int64_t i3 = 0; i3 < p[3]; i3++, i++) {                                            \
+                        int64_t co = i0 * p[4] + i1 * p[5] + i2 * p[6] + i3 * p[7];                         \
+                        int t = op->k ? ((const int32_t *)op->src0->mem)[co] != 0 : c0[co] != (T)0;         \
+                        if (t)                                                                              \
+                            yy[i] = a ? a[i0 * p[8] + i1 * p[9] + i2 * p[10] + i3 * p[11]] : (T)op->f[0];   \
+                        else                                                                                \
+                            yy[i] = b ? b[i0 * p[12] + i1 * p[13] + i2 * p[14] + i3 * p[15]] : (T)op->f[1]; \
+                    }                                                                                       \
+    } while (0)
+    if (op->dst->dtype == DPAR_F64)
+        DPAR__WHERE(double);
+    else
+        DPAR__WHERE(float);
+#undef DPAR__WHERE
     return DPAR_OK;
 }
 /* rows of n: softmax / log_softmax (p[0]) and their backward (kind SOFTMAX_BWD: x0 = dy, x1 = y) */
@@ -15066,63 +15088,70 @@ static int dpar__conv_direct(const dpar__win2d *g) { /* x is its own im2col matr
     return g->kh == 1 && g->kw == 1 && g->sh == 1 && g->sw == 1 && g->pt == 0 && g->pl == 0 && g->oh == g->h &&
            g->ow == g->w;
 }
-/* rows [r0, r0 + rows) of im2col(x) into col (add = 0), or col added back into x (add = 1: col2im) */
-static void dpar__im2col(const dpar__win2d *g, float *x, int64_t r0, int64_t rows, float *col, int add) {
-    int64_t C = g->c, K = g->kh * g->kw * C, ohw = g->oh * g->ow;
-    for (int64_t r = 0; r < rows; r++) {
-        int64_t q = r0 + r, n = q / ohw, i = q % ohw / g->ow, j = q % g->ow;
-        float *cr = col + r * K;
-        for (int64_t p = 0; p < g->kh; p++) {
-            int64_t ih = i * g->sh - g->pt + p * g->dh;
-            for (int64_t t = 0; t < g->kw; t++, cr += C) {
-                int64_t iw = j * g->sw - g->pl + t * g->dw;
-                int in = ih >= 0 && ih < g->h && iw >= 0 && iw < g->w;
-                float *xp = in ? x + ((n * g->h + ih) * g->w + iw) * C : NULL;
-                if (add && in)
-                    for (int64_t ch = 0; ch < C; ch++) xp[ch] += cr[ch];
-                else if (!add)
-                    for (int64_t ch = 0; ch < C; ch++) cr[ch] = in ? xp[ch] : 0.0f;
-            }
-        }
-    }
-}
 typedef enum { DPAR__CONV_FWD, DPAR__CONV_BWD_INPUT, DPAR__CONV_BWD_KERNEL } dpar__conv_pass;
-/* One pass of conv2d over the im2col blocks; x is the input side (x or dx),
-   k the kernel side (w or dw), y the output side (y or dy). */
-static dpar_status dpar__cpu_conv2d(dpar__cpu *c, int dev, const dpar__op *op, dpar__conv_pass pass, float *x, float *k,
-                                    float *y) {
-    dpar__win2d g = dpar__win2d_get(op);
-    int64_t K = g.kh * g.kw * g.c, M = g.n * g.oh * g.ow, O = g.o, R = dpar__conv_rows(K, M);
-    if (pass == DPAR__CONV_FWD) { /* y = b (or 0), then y += im2col(x) w */
-        const float *b = op->src2 ? (const float *)op->src2->mem : NULL;
-        for (int64_t r = 0; r < M; r++)
-            for (int64_t o = 0; o < O; o++) y[r * O + o] = b ? b[o] : 0.0f;
-    } else if (pass == DPAR__CONV_BWD_INPUT) {
-        memset(x, 0, (size_t)(g.n * g.h * g.w * g.c) * sizeof(float));
-    } else if (M == 0) {
-        memset(k, 0, (size_t)(K * O) * sizeof(float));
+static void dpar__cpu64_gemm(dpar__cpu *c, int dev, int64_t M, int64_t N, int64_t K, int ta, int tb, float alpha,
+                             const double *A, const double *B, float beta, double *C);
+/* IM2COL: rows [r0, r0 + rows) of im2col(x) into col (add = 0), or col added back into x (add = 1:
+   col2im). CONV: one pass of conv2d over the im2col blocks; x is the input side (x or dx), k the
+   kernel side (w or dw), y the output side (y or dy). One body for f32 (dpar__cpu_sgemm) and f64
+   (dpar__cpu64_gemm, the blocked f64 GEMM of dpar_matmul; its scratch is then 4 MiB). */
+#define DPAR__CONV_DEF(IM2COL, CONV, T, GEMM)                                                                    \
+    static void IM2COL(const dpar__win2d *g, T *x, int64_t r0, int64_t rows, T *col, int add) {                  \
+        int64_t C = g->c, K = g->kh * g->kw * C, ohw = g->oh * g->ow;                                            \
+        for (int64_t r = 0; r < rows; r++) {                                                                     \
+            int64_t q = r0 + r, n = q / ohw, i = q % ohw / g->ow, j = q % g->ow;                                 \
+            T *cr = col + r * K;                                                                                 \
+            for (int64_t p = 0; p < g->kh; p++) {                                                                \
+                int64_t ih = i * g->sh - g->pt + p * g->dh;                                                      \
+                for (int64_t t = 0; t < g->kw; t++, cr += C) {                                                   \
+                    int64_t iw = j * g->sw - g->pl + t * g->dw;                                                  \
+                    int in = ih >= 0 && ih < g->h && iw >= 0 && iw < g->w;                                       \
+                    T *xp = in ? x + ((n * g->h + ih) * g->w + iw) * C : NULL;                                   \
+                    if (add && in)                                                                               \
+                        for (int64_t ch = 0; ch < C; ch++) xp[ch] += cr[ch];                                     \
+                    else if (!add)                                                                               \
+                        for (int64_t ch = 0; ch < C; ch++) cr[ch] = in ? xp[ch] : (T)0;                          \
+                }                                                                                                \
+            }                                                                                                    \
+        }                                                                                                        \
+    }                                                                                                            \
+    static dpar_status CONV(dpar__cpu *c, int dev, const dpar__op *op, dpar__conv_pass pass, T *x, T *k, T *y) { \
+        dpar__win2d g = dpar__win2d_get(op);                                                                     \
+        int64_t K = g.kh * g.kw * g.c, M = g.n * g.oh * g.ow, O = g.o, R = dpar__conv_rows(K, M);                \
+        if (pass == DPAR__CONV_FWD) { /* y = b (or 0), then y += im2col(x) w */                                  \
+            const T *b = op->src2 ? (const T *)op->src2->mem : NULL;                                             \
+            for (int64_t r = 0; r < M; r++)                                                                      \
+                for (int64_t o = 0; o < O; o++) y[r * O + o] = b ? b[o] : (T)0;                                  \
+        } else if (pass == DPAR__CONV_BWD_INPUT) {                                                               \
+            memset(x, 0, (size_t)(g.n * g.h * g.w * g.c) * sizeof(T));                                           \
+        } else if (M == 0) {                                                                                     \
+            memset(k, 0, (size_t)(K * O) * sizeof(T));                                                           \
+        }                                                                                                        \
+        if (M == 0 || O == 0 || K == 0) return DPAR_OK;                                                          \
+        int direct = dpar__conv_direct(&g);                                                                      \
+        T *col = direct ? NULL : (T *)DPAR_ALIGNED_MALLOC((size_t)(R * K) * sizeof(T), 64);                      \
+        if (!direct && !col)                                                                                     \
+            return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "%s: out of host memory", dpar__op_name(op->kind));         \
+        for (int64_t r0 = 0; r0 < M; r0 += R) {                                                                  \
+            int64_t rows = M - r0 < R ? M - r0 : R;                                                              \
+            T *cb = direct ? x + r0 * K : col, *yb = y + r0 * O;                                                 \
+            if (pass == DPAR__CONV_FWD) {                                                                        \
+                if (!direct) IM2COL(&g, x, r0, rows, col, 0);                                                    \
+                GEMM(c, dev, rows, O, K, 0, 0, 1.0f, cb, k, 1.0f, yb); /* [rows,K] [K,O] */                      \
+            } else if (pass == DPAR__CONV_BWD_KERNEL) {                                                          \
+                if (!direct) IM2COL(&g, x, r0, rows, col, 0);                                                    \
+                GEMM(c, dev, K, O, rows, 1, 0, 1.0f, cb, yb, r0 ? 1.0f : 0.0f, k); /* [K,rows] [rows,O] */       \
+            } else {                                                                                             \
+                GEMM(c, dev, rows, K, O, 0, 1, 1.0f, yb, k, 0.0f, cb); /* [rows,O] [O,K] */                      \
+                if (!direct) IM2COL(&g, x, r0, rows, col, 1);                                                    \
+            }                                                                                                    \
+        }                                                                                                        \
+        DPAR_ALIGNED_FREE(col);                                                                                  \
+        return DPAR_OK;                                                                                          \
     }
-    if (M == 0 || O == 0 || K == 0) return DPAR_OK;
-    int direct = dpar__conv_direct(&g);
-    float *col = direct ? NULL : (float *)DPAR_ALIGNED_MALLOC((size_t)(R * K) * sizeof(float), 64);
-    if (!direct && !col) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "%s: out of host memory", dpar__op_name(op->kind));
-    for (int64_t r0 = 0; r0 < M; r0 += R) {
-        int64_t rows = M - r0 < R ? M - r0 : R;
-        float *cb = direct ? x + r0 * K : col, *yb = y + r0 * O;
-        if (pass == DPAR__CONV_FWD) {
-            if (!direct) dpar__im2col(&g, x, r0, rows, col, 0);
-            dpar__cpu_sgemm(c, dev, rows, O, K, 0, 0, 1.0f, cb, k, 1.0f, yb); /* [rows,K] [K,O] */
-        } else if (pass == DPAR__CONV_BWD_KERNEL) {
-            if (!direct) dpar__im2col(&g, x, r0, rows, col, 0);
-            dpar__cpu_sgemm(c, dev, K, O, rows, 1, 0, 1.0f, cb, yb, r0 ? 1.0f : 0.0f, k); /* [K,rows] [rows,O] */
-        } else {
-            dpar__cpu_sgemm(c, dev, rows, K, O, 0, 1, 1.0f, yb, k, 0.0f, cb); /* [rows,O] [O,K] */
-            if (!direct) dpar__im2col(&g, x, r0, rows, col, 1);
-        }
-    }
-    DPAR_ALIGNED_FREE(col);
-    return DPAR_OK;
-}
+DPAR__CONV_DEF(dpar__im2col, dpar__cpu_conv2d, float, dpar__cpu_sgemm)
+DPAR__CONV_DEF(dpar__im2col64, dpar__cpu64_conv2d, double, dpar__cpu64_gemm)
+#undef DPAR__CONV_DEF
 
 /* The in-image part of window (i, j): rows [*h0, *h1), columns [*w0, *w1). */
 static void dpar__pool_span(const dpar__win2d *g, int64_t i, int64_t j, int64_t *h0, int64_t *h1, int64_t *w0,
@@ -15138,51 +15167,56 @@ static void dpar__pool_span(const dpar__win2d *g, int64_t i, int64_t j, int64_t 
    first maximum of a window in row-major order (NaN beats numbers, the
    first NaN later ones), tracked per channel in best/arg; -inf (and no
    gradient) for a window wholly in the padding. Avg: padding counts 0 and,
-   unless DPAR__WIN_EXCLUDE_PAD, in the divisor. */
-static dpar_status dpar__cpu_pool2d(const dpar__op *op, int is_max, int bwd) {
-    dpar__win2d g = dpar__win2d_get(op);
-    const float *src = (const float *)op->src0->mem, *xf = op->src1 ? (const float *)op->src1->mem : src;
-    float *dst = (float *)op->dst->mem, *best = NULL;
-    int64_t C = g.c, *arg = NULL;
-    if (bwd) memset(dst, 0, (size_t)op->dst->count * sizeof(float));
-    if (is_max && C > 0) {
-        arg = (int64_t *)DPAR_MALLOC((size_t)C * (sizeof(int64_t) + sizeof(float))); /* int64 first: aligned */
-        if (!arg) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "%s: out of host memory", dpar__op_name(op->kind));
-        best = (float *)(void *)(arg + C);
+   unless DPAR__WIN_EXCLUDE_PAD, in the divisor. One body for f32 and f64. */
+#define DPAR__POOL2D_DEF(NAME, T)                                                                                  \
+    static dpar_status NAME(const dpar__op *op, int is_max, int bwd) {                                             \
+        dpar__win2d g = dpar__win2d_get(op);                                                                       \
+        const T *src = (const T *)op->src0->mem, *xf = op->src1 ? (const T *)op->src1->mem : src;                  \
+        T *dst = (T *)op->dst->mem, *best = NULL;                                                                  \
+        int64_t C = g.c, *arg = NULL;                                                                              \
+        if (bwd) memset(dst, 0, (size_t)op->dst->count * sizeof(T));                                               \
+        if (is_max && C > 0) {                                                                                     \
+            arg = (int64_t *)DPAR_MALLOC((size_t)C * (sizeof(int64_t) + sizeof(T))); /* int64 first: aligned */    \
+            if (!arg) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "%s: out of host memory", dpar__op_name(op->kind)); \
+            best = (T *)(void *)(arg + C);                                                                         \
+        }                                                                                                          \
+        for (int64_t n = 0; n < g.n; n++)                                                                          \
+            for (int64_t i = 0; i < g.oh; i++)                                                                     \
+                for (int64_t j = 0; j < g.ow; j++) {                                                               \
+                    int64_t h0, h1, w0, w1, at = ((n * g.oh + i) * g.ow + j) * C;                                  \
+                    dpar__pool_span(&g, i, j, &h0, &h1, &w0, &w1);                                                 \
+                    int64_t cnt = g.flags & DPAR__WIN_EXCLUDE_PAD ? (h1 - h0) * (w1 - w0) : g.kh * g.kw;           \
+                    T *yo = bwd ? NULL : dst + at;                                                                 \
+                    const T *go = bwd ? src + at : NULL;                                                           \
+                    for (int64_t ch = 0; is_max && ch < C; ch++) best[ch] = -INFINITY, arg[ch] = -1;               \
+                    for (int64_t ch = 0; !is_max && !bwd && ch < C; ch++) yo[ch] = (T)0;                           \
+                    for (int64_t ih = h0; ih < h1; ih++)                                                           \
+                        for (int64_t iw = w0; iw < w1; iw++) {                                                     \
+                            int64_t xi = ((n * g.h + ih) * g.w + iw) * C;                                          \
+                            if (is_max) {                                                                          \
+                                const T *xv = xf + xi;                                                             \
+                                for (int64_t ch = 0; ch < C; ch++) {                                               \
+                                    T v = xv[ch], bv = best[ch];                                                   \
+                                    if (arg[ch] < 0 || v > bv || (v != v && bv == bv))                             \
+                                        best[ch] = v, arg[ch] = xi + ch;                                           \
+                                }                                                                                  \
+                            } else if (bwd) {                                                                      \
+                                for (int64_t ch = 0; ch < C; ch++) dst[xi + ch] += go[ch] / (T)cnt;                \
+                            } else {                                                                               \
+                                for (int64_t ch = 0; ch < C; ch++) yo[ch] += src[xi + ch];                         \
+                            }                                                                                      \
+                        }                                                                                          \
+                    for (int64_t ch = 0; is_max && !bwd && ch < C; ch++) yo[ch] = best[ch];                        \
+                    for (int64_t ch = 0; is_max && bwd && ch < C; ch++)                                            \
+                        if (arg[ch] >= 0) dst[arg[ch]] += go[ch];                                                  \
+                    for (int64_t ch = 0; !is_max && !bwd && ch < C; ch++) yo[ch] = cnt ? yo[ch] / (T)cnt : (T)0;   \
+                }                                                                                                  \
+        DPAR_FREE(arg);                                                                                            \
+        return DPAR_OK;                                                                                            \
     }
-    for (int64_t n = 0; n < g.n; n++)
-        for (int64_t i = 0; i < g.oh; i++)
-            for (int64_t j = 0; j < g.ow; j++) {
-                int64_t h0, h1, w0, w1, at = ((n * g.oh + i) * g.ow + j) * C;
-                dpar__pool_span(&g, i, j, &h0, &h1, &w0, &w1);
-                int64_t cnt = g.flags & DPAR__WIN_EXCLUDE_PAD ? (h1 - h0) * (w1 - w0) : g.kh * g.kw;
-                float *yo = bwd ? NULL : dst + at;
-                const float *go = bwd ? src + at : NULL;
-                for (int64_t ch = 0; is_max && ch < C; ch++) best[ch] = -INFINITY, arg[ch] = -1;
-                for (int64_t ch = 0; !is_max && !bwd && ch < C; ch++) yo[ch] = 0.0f;
-                for (int64_t ih = h0; ih < h1; ih++)
-                    for (int64_t iw = w0; iw < w1; iw++) {
-                        int64_t xi = ((n * g.h + ih) * g.w + iw) * C;
-                        if (is_max) {
-                            const float *xv = xf + xi;
-                            for (int64_t ch = 0; ch < C; ch++) {
-                                float v = xv[ch], bv = best[ch];
-                                if (arg[ch] < 0 || v > bv || (v != v && bv == bv)) best[ch] = v, arg[ch] = xi + ch;
-                            }
-                        } else if (bwd) {
-                            for (int64_t ch = 0; ch < C; ch++) dst[xi + ch] += go[ch] / (float)cnt;
-                        } else {
-                            for (int64_t ch = 0; ch < C; ch++) yo[ch] += src[xi + ch];
-                        }
-                    }
-                for (int64_t ch = 0; is_max && !bwd && ch < C; ch++) yo[ch] = best[ch];
-                for (int64_t ch = 0; is_max && bwd && ch < C; ch++)
-                    if (arg[ch] >= 0) dst[arg[ch]] += go[ch];
-                for (int64_t ch = 0; !is_max && !bwd && ch < C; ch++) yo[ch] = cnt ? yo[ch] / (float)cnt : 0.0f;
-            }
-    DPAR_FREE(arg);
-    return DPAR_OK;
-}
+DPAR__POOL2D_DEF(dpar__cpu_pool2d, float)
+DPAR__POOL2D_DEF(dpar__cpu64_pool2d, double) /* >>f64 api */
+#undef DPAR__POOL2D_DEF
 
 /* >>cpu ops ===================================================================
    One function per op kind (shapes and dtypes are checked by the core before
@@ -15496,7 +15530,11 @@ static dpar_status dpar__cpu_op_norm_bwd(DPAR__CPU_OP_ARGS) {
 }
 static dpar_status dpar__cpu_op_matmul_batched(DPAR__CPU_OP_ARGS) {
     DPAR__CPU_OP_UNUSED;
-    for (int64_t b = 0; b < op->p[0]; b++)
+    for (int64_t b = 0; b < op->p[0] && op->dst->dtype == DPAR_F64; b++) /* >>f64 api: the blocked f64 GEMM */
+        dpar__cpu64_gemm(c, dev, op->m, op->n, op->k, op->trans_a, op->trans_b, op->f[0],
+                         (const double *)op->src0->mem + b * op->p[1], (const double *)op->src1->mem + b * op->p[2],
+                         op->f[1], (double *)op->dst->mem + b * op->p[3]);
+    for (int64_t b = 0; b < op->p[0] && op->dst->dtype != DPAR_F64; b++)
         dpar__cpu_sgemm(c, dev, op->m, op->n, op->k, op->trans_a, op->trans_b, op->f[0], x0 + b * op->p[1],
                         x1 + b * op->p[2], op->f[1], y + b * op->p[3]);
     return DPAR_OK;
@@ -15519,125 +15557,147 @@ static dpar__attn_geo dpar__attn_geo_of(const dpar__op *op) {
     g.rb = g.tq < cap ? g.tq : cap > 0 ? cap : 1;
     return g;
 }
-static float *dpar__attn_scratch(const dpar__attn_geo *g, const char *fn) {
-    float *p = (float *)DPAR_MALLOC((size_t)(2 * g->rb * g->tk + 1) * sizeof(float));
+static void *dpar__attn_scratch(const dpar__attn_geo *g, const char *fn, size_t es) {
+    void *p = DPAR_MALLOC((size_t)(2 * g->rb * g->tk + 1) * es);
     if (!p)
         dpar__err(DPAR_ERR_OUT_OF_MEMORY, "%s: out of host memory (%lld x %lld scores)", fn, (long long)g->rb,
                   (long long)g->tk);
     return p;
 }
-/* P[r, j] = exp(scale q_i . k_j - lse_i) for query rows i = i0 + r < i1, keys j < nk (ld nk); zero past
-   row i's last key. lse_i: from st (st_lse) or computed and stored there (P normalized either way). */
-static void dpar__attn_probs(dpar__cpu *c, int dev, const dpar__attn_geo *g, int64_t b, int64_t i0, int64_t i1,
-                             int64_t nk, const float *Q, const float *K, float *st, int st_lse, float *P) {
-    dpar__cpu_sgemm(c, dev, i1 - i0, nk, g->d, 0, 1, g->scale, Q + (b * g->tq + i0) * g->d, K + b * g->tk * g->d, 0.0f,
-                    P);
-    for (int64_t i = i0; i < i1; i++) {
-        float *pr = P + (i - i0) * nk;
-        int64_t nj = g->causal ? i + 1 : nk, row = b * g->tq + i;
-        double lse;
-        if (st_lse) {
-            lse = (double)st[2 * row];
-        } else {
-            float mx = -INFINITY;
-            double se = 0.0;
-            for (int64_t j = 0; j < nj; j++) mx = pr[j] > mx ? pr[j] : mx;
-            for (int64_t j0 = 0; j0 < nj; j0 += DPAR__EXP_BLOCK) {
-                float e[DPAR__EXP_BLOCK];
-                int64_t nb = nj - j0 < DPAR__EXP_BLOCK ? nj - j0 : (int64_t)DPAR__EXP_BLOCK;
-                dpar__exp_shifted_f32(e, pr + j0, mx, nb);
-                for (int64_t j = 0; j < nb; j++) se += (double)e[j];
-            }
-            lse = (double)mx + log(se);
-            if (st) st[2 * row] = (float)lse, st[2 * row + 1] = 0.0f;
-        }
-        dpar__exp_shifted_f32(pr, pr, (float)lse, nj);
-        for (int64_t j = nj; j < nk; j++) pr[j] = 0.0f;
-    }
+/* e[j] = exp(z[j] - mx) in double: the f64 attention's dpar__exp_shifted_f32 */
+static void dpar__exp_shifted_f64(double *e, const double *z, double mx, int64_t n) {
+    for (int64_t j = 0; j < n; j++) e[j] = exp(z[j] - mx);
 }
+/* The attention kernels, one body for f32 and f64 (>>f64 api; stats then f64 too): element type T,
+   its GEMM (dpar__cpu_sgemm, dpar__cpu64_gemm) and shifted exp; sums and lse in double either way.
+   PROBS: P[r, j] = exp(scale q_i . k_j - lse_i) for query rows i = i0 + r < i1, keys j < nk (ld nk);
+   zero past row i's last key. lse_i: from st (st_lse) or computed and stored there (P normalized
+   either way). DSCORES: dS = P (dP - D_i) with dP = dout V^T, for one block of query rows; D_i
+   computed (and stored) or read. FWD: the forward. BWDQ: pass 1 over query rows: D_i = sum_j P_ij
+   dp_ij into stats[.., 1], dq_i = scale sum_j ds_ij k_j. BWDKV: pass 2: dk = scale dS^T q,
+   dv = P^T dout, summed over the query-row blocks in order. */
+#define DPAR__ATTN_DEF(PROBS, DSCORES, FWD, BWDQ, BWDKV, T, GEMM, EXPSH)                                               \
+    static void PROBS(dpar__cpu *c, int dev, const dpar__attn_geo *g, int64_t b, int64_t i0, int64_t i1, int64_t nk,   \
+                      const T *Q, const T *K, T *st, int st_lse, T *P) {                                               \
+        GEMM(c, dev, i1 - i0, nk, g->d, 0, 1, g->scale, Q + (b * g->tq + i0) * g->d, K + b * g->tk * g->d, 0.0f, P);   \
+        for (int64_t i = i0; i < i1; i++) {                                                                            \
+            T *pr = P + (i - i0) * nk;                                                                                 \
+            int64_t nj = g->causal ? i + 1 : nk, row = b * g->tq + i;                                                  \
+            double lse;                                                                                                \
+            if (st_lse) {                                                                                              \
+                lse = (double)st[2 * row];                                                                             \
+            } else {                                                                                                   \
+                T mx = -INFINITY;                                                                                      \
+                double se = 0.0;                                                                                       \
+                for (int64_t j = 0; j < nj; j++) mx = pr[j] > mx ? pr[j] : mx;                                         \
+                for (int64_t j0 = 0; j0 < nj; j0 += DPAR__EXP_BLOCK) {                                                 \
+                    T e[DPAR__EXP_BLOCK];                                                                              \
+                    int64_t nb = nj - j0 < DPAR__EXP_BLOCK ? nj - j0 : (int64_t)DPAR__EXP_BLOCK;                       \
+                    EXPSH(e, pr + j0, mx, nb);                                                                         \
+                    for (int64_t j = 0; j < nb; j++) se += (double)e[j];                                               \
+                }                                                                                                      \
+                lse = (double)mx + log(se);                                                                            \
+                if (st) st[2 * row] = (T)lse, st[2 * row + 1] = (T)0;                                                  \
+            }                                                                                                          \
+            EXPSH(pr, pr, (T)lse, nj);                                                                                 \
+            for (int64_t j = nj; j < nk; j++) pr[j] = (T)0;                                                            \
+        }                                                                                                              \
+    }                                                                                                                  \
+    static void DSCORES(dpar__cpu *c, int dev, const dpar__attn_geo *g, int64_t b, int64_t i0, int64_t i1, int64_t nk, \
+                        const T *dO, const T *V, T *st, int st_d, const T *P, T *dS) {                                 \
+        GEMM(c, dev, i1 - i0, nk, g->dv, 0, 1, 1.0f, dO + (b * g->tq + i0) * g->dv, V + b * g->tk * g->dv, 0.0f, dS);  \
+        for (int64_t i = i0; i < i1; i++) {                                                                            \
+            const T *pr = P + (i - i0) * nk;                                                                           \
+            T *dr = dS + (i - i0) * nk;                                                                                \
+            int64_t row = b * g->tq + i;                                                                               \
+            double D = 0.0;                                                                                            \
+            if (st_d) {                                                                                                \
+                D = (double)st[2 * row + 1];                                                                           \
+            } else {                                                                                                   \
+                for (int64_t j = 0; j < nk; j++) D += (double)pr[j] * (double)dr[j];                                   \
+                st[2 * row + 1] = (T)D;                                                                                \
+            }                                                                                                          \
+            for (int64_t j = 0; j < nk; j++) dr[j] = (T)((double)pr[j] * ((double)dr[j] - D));                         \
+        }                                                                                                              \
+    }                                                                                                                  \
+    static dpar_status FWD(dpar__cpu *c, int dev, const dpar__op *op) {                                                \
+        dpar__attn_geo g = dpar__attn_geo_of(op);                                                                      \
+        T *y = (T *)op->dst->mem, *st = op->dst2 ? (T *)op->dst2->mem : NULL;                                          \
+        T *P = (T *)dpar__attn_scratch(&g, "dpar_attention", sizeof(T));                                               \
+        const T *Q = (const T *)op->src0->mem, *K = (const T *)op->src1->mem, *V = (const T *)op->src2->mem;           \
+        if (!P) return DPAR_ERR_OUT_OF_MEMORY;                                                                         \
+        for (int64_t b = 0; b < g.bh; b++)                                                                             \
+            for (int64_t i0 = 0; i0 < g.tq; i0 += g.rb) {                                                              \
+                int64_t i1 = i0 + g.rb < g.tq ? i0 + g.rb : g.tq, nk = g.causal && i1 < g.tk ? i1 : g.tk;              \
+                PROBS(c, dev, &g, b, i0, i1, nk, Q, K, st, 0, P);                                                      \
+                GEMM(c, dev, i1 - i0, g.dv, nk, 0, 0, 1.0f, P, V + b * g.tk * g.dv, 0.0f, y + (b * g.tq + i0) * g.dv); \
+            }                                                                                                          \
+        DPAR_FREE(P);                                                                                                  \
+        return DPAR_OK;                                                                                                \
+    }                                                                                                                  \
+    static dpar_status BWDQ(dpar__cpu *c, int dev, const dpar__op *op) {                                               \
+        dpar__attn_geo g = dpar__attn_geo_of(op);                                                                      \
+        const T *dO = (const T *)op->src0->mem, *Q = (const T *)op->src1->mem, *K = (const T *)op->src2->mem,          \
+                *V = (const T *)op->src3->mem;                                                                         \
+        T *st = (T *)op->dst->mem, *dq = op->dst2 ? (T *)op->dst2->mem : NULL;                                         \
+        T *P = (T *)dpar__attn_scratch(&g, "dpar_attention_backward", sizeof(T));                                      \
+        if (!P) return DPAR_ERR_OUT_OF_MEMORY;                                                                         \
+        T *dS = P + g.rb * g.tk;                                                                                       \
+        for (int64_t b = 0; b < g.bh; b++)                                                                             \
+            for (int64_t i0 = 0; i0 < g.tq; i0 += g.rb) {                                                              \
+                int64_t i1 = i0 + g.rb < g.tq ? i0 + g.rb : g.tq, nk = g.causal && i1 < g.tk ? i1 : g.tk;              \
+                PROBS(c, dev, &g, b, i0, i1, nk, Q, K, st, 1, P);                                                      \
+                DSCORES(c, dev, &g, b, i0, i1, nk, dO, V, st, 0, P, dS);                                               \
+                if (dq)                                                                                                \
+                    GEMM(c, dev, i1 - i0, g.d, nk, 0, 0, g.scale, dS, K + b * g.tk * g.d, 0.0f,                        \
+                         dq + (b * g.tq + i0) * g.d);                                                                  \
+            }                                                                                                          \
+        DPAR_FREE(P);                                                                                                  \
+        return DPAR_OK;                                                                                                \
+    }                                                                                                                  \
+    static dpar_status BWDKV(dpar__cpu *c, int dev, const dpar__op *op) {                                              \
+        dpar__attn_geo g = dpar__attn_geo_of(op);                                                                      \
+        const T *dO = (const T *)op->src0->mem, *Q = (const T *)op->src1->mem, *K = (const T *)op->src2->mem,          \
+                *V = (const T *)op->src3->mem;                                                                         \
+        T *st = (T *)op->dst->mem, *dk = op->dst2 ? (T *)op->dst2->mem : NULL;                                         \
+        T *dv = op->dst3 ? (T *)op->dst3->mem : NULL;                                                                  \
+        T *P = (T *)dpar__attn_scratch(&g, "dpar_attention_backward", sizeof(T));                                      \
+        if (!P) return DPAR_ERR_OUT_OF_MEMORY;                                                                         \
+        T *dS = P + g.rb * g.tk;                                                                                       \
+        if (dk) memset(dk, 0, (size_t)(g.bh * g.tk * g.d) * sizeof(T)); /* keys no query sees get 0 */                 \
+        if (dv) memset(dv, 0, (size_t)(g.bh * g.tk * g.dv) * sizeof(T));                                               \
+        for (int64_t b = 0; b < g.bh; b++)                                                                             \
+            for (int64_t i0 = 0; i0 < g.tq; i0 += g.rb) {                                                              \
+                int64_t i1 = i0 + g.rb < g.tq ? i0 + g.rb : g.tq, nk = g.causal && i1 < g.tk ? i1 : g.tk;              \
+                PROBS(c, dev, &g, b, i0, i1, nk, Q, K, st, 1, P);                                                      \
+                if (dk) {                                                                                              \
+                    DSCORES(c, dev, &g, b, i0, i1, nk, dO, V, st, 1, P, dS);                                           \
+                    GEMM(c, dev, nk, g.d, i1 - i0, 1, 0, g.scale, dS, Q + (b * g.tq + i0) * g.d, i0 ? 1.0f : 0.0f,     \
+                         dk + b * g.tk * g.d);                                                                         \
+                }                                                                                                      \
+                if (dv)                                                                                                \
+                    GEMM(c, dev, nk, g.dv, i1 - i0, 1, 0, 1.0f, P, dO + (b * g.tq + i0) * g.dv, i0 ? 1.0f : 0.0f,      \
+                         dv + b * g.tk * g.dv);                                                                        \
+            }                                                                                                          \
+        DPAR_FREE(P);                                                                                                  \
+        return DPAR_OK;                                                                                                \
+    }
+DPAR__ATTN_DEF(dpar__attn_probs, dpar__attn_dscores, dpar__cpu_attn, dpar__cpu_attn_bwd_q, dpar__cpu_attn_bwd_kv, float,
+               dpar__cpu_sgemm, dpar__exp_shifted_f32)
+DPAR__ATTN_DEF(dpar__attn64_probs, dpar__attn64_dscores, dpar__cpu64_attn, dpar__cpu64_attn_bwd_q,
+               dpar__cpu64_attn_bwd_kv, double, dpar__cpu64_gemm, dpar__exp_shifted_f64)
+#undef DPAR__ATTN_DEF
 static dpar_status dpar__cpu_op_attn(DPAR__CPU_OP_ARGS) {
     DPAR__CPU_OP_UNUSED;
-    dpar__attn_geo g = dpar__attn_geo_of(op);
-    float *st = op->dst2 ? (float *)op->dst2->mem : NULL, *P = dpar__attn_scratch(&g, "dpar_attention");
-    const float *V = (const float *)op->src2->mem;
-    if (!P) return DPAR_ERR_OUT_OF_MEMORY;
-    for (int64_t b = 0; b < g.bh; b++)
-        for (int64_t i0 = 0; i0 < g.tq; i0 += g.rb) {
-            int64_t i1 = i0 + g.rb < g.tq ? i0 + g.rb : g.tq, nk = g.causal && i1 < g.tk ? i1 : g.tk;
-            dpar__attn_probs(c, dev, &g, b, i0, i1, nk, x0, x1, st, 0, P);
-            dpar__cpu_sgemm(c, dev, i1 - i0, g.dv, nk, 0, 0, 1.0f, P, V + b * g.tk * g.dv, 0.0f,
-                            y + (b * g.tq + i0) * g.dv);
-        }
-    DPAR_FREE(P);
-    return DPAR_OK;
+    return dpar__cpu_attn(c, dev, op);
 }
-/* dS = P (dP - D_i) with dP = dout V^T, for one block of query rows; D_i computed (and stored) or read */
-static void dpar__attn_dscores(dpar__cpu *c, int dev, const dpar__attn_geo *g, int64_t b, int64_t i0, int64_t i1,
-                               int64_t nk, const float *dO, const float *V, float *st, int st_d, const float *P,
-                               float *dS) {
-    dpar__cpu_sgemm(c, dev, i1 - i0, nk, g->dv, 0, 1, 1.0f, dO + (b * g->tq + i0) * g->dv, V + b * g->tk * g->dv, 0.0f,
-                    dS);
-    for (int64_t i = i0; i < i1; i++) {
-        const float *pr = P + (i - i0) * nk;
-        float *dr = dS + (i - i0) * nk;
-        int64_t row = b * g->tq + i;
-        double D = 0.0;
-        if (st_d) {
-            D = (double)st[2 * row + 1];
-        } else {
-            for (int64_t j = 0; j < nk; j++) D += (double)pr[j] * (double)dr[j];
-            st[2 * row + 1] = (float)D;
-        }
-        for (int64_t j = 0; j < nk; j++) dr[j] = (float)((double)pr[j] * ((double)dr[j] - D));
-    }
-}
-/* pass 1 over query rows: D_i = sum_j P_ij dp_ij into stats[.., 1], dq_i = scale sum_j ds_ij k_j */
 static dpar_status dpar__cpu_op_attn_bwd_q(DPAR__CPU_OP_ARGS) {
     DPAR__CPU_OP_UNUSED;
-    dpar__attn_geo g = dpar__attn_geo_of(op);
-    const float *K = (const float *)op->src2->mem, *V = (const float *)op->src3->mem;
-    float *dq = op->dst2 ? (float *)op->dst2->mem : NULL, *P = dpar__attn_scratch(&g, "dpar_attention_backward");
-    if (!P) return DPAR_ERR_OUT_OF_MEMORY;
-    float *dS = P + g.rb * g.tk;
-    for (int64_t b = 0; b < g.bh; b++)
-        for (int64_t i0 = 0; i0 < g.tq; i0 += g.rb) {
-            int64_t i1 = i0 + g.rb < g.tq ? i0 + g.rb : g.tq, nk = g.causal && i1 < g.tk ? i1 : g.tk;
-            dpar__attn_probs(c, dev, &g, b, i0, i1, nk, x1, K, y, 1, P);
-            dpar__attn_dscores(c, dev, &g, b, i0, i1, nk, x0, V, y, 0, P, dS);
-            if (dq)
-                dpar__cpu_sgemm(c, dev, i1 - i0, g.d, nk, 0, 0, g.scale, dS, K + b * g.tk * g.d, 0.0f,
-                                dq + (b * g.tq + i0) * g.d);
-        }
-    DPAR_FREE(P);
-    return DPAR_OK;
+    return dpar__cpu_attn_bwd_q(c, dev, op);
 }
-/* pass 2: dk = scale dS^T q, dv = P^T dout, summed over the query-row blocks in order */
 static dpar_status dpar__cpu_op_attn_bwd_kv(DPAR__CPU_OP_ARGS) {
     DPAR__CPU_OP_UNUSED;
-    dpar__attn_geo g = dpar__attn_geo_of(op);
-    const float *V = (const float *)op->src3->mem;
-    float *dk = op->dst2 ? (float *)op->dst2->mem : NULL, *dv = op->dst3 ? (float *)op->dst3->mem : NULL;
-    float *P = dpar__attn_scratch(&g, "dpar_attention_backward");
-    if (!P) return DPAR_ERR_OUT_OF_MEMORY;
-    float *dS = P + g.rb * g.tk;
-    if (dk) memset(dk, 0, (size_t)(g.bh * g.tk * g.d) * sizeof(float)); /* keys no query sees get 0 */
-    if (dv) memset(dv, 0, (size_t)(g.bh * g.tk * g.dv) * sizeof(float));
-    for (int64_t b = 0; b < g.bh; b++)
-        for (int64_t i0 = 0; i0 < g.tq; i0 += g.rb) {
-            int64_t i1 = i0 + g.rb < g.tq ? i0 + g.rb : g.tq, nk = g.causal && i1 < g.tk ? i1 : g.tk;
-            dpar__attn_probs(c, dev, &g, b, i0, i1, nk, (const float *)op->src1->mem, (const float *)op->src2->mem, y,
-                             1, P);
-            if (dk) {
-                dpar__attn_dscores(c, dev, &g, b, i0, i1, nk, x0, V, y, 1, P, dS);
-                dpar__cpu_sgemm(c, dev, nk, g.d, i1 - i0, 1, 0, g.scale, dS, x1 + (b * g.tq + i0) * g.d,
-                                i0 ? 1.0f : 0.0f, dk + b * g.tk * g.d);
-            }
-            if (dv)
-                dpar__cpu_sgemm(c, dev, nk, g.dv, i1 - i0, 1, 0, 1.0f, P, x0 + (b * g.tq + i0) * g.dv, i0 ? 1.0f : 0.0f,
-                                dv + b * g.tk * g.dv);
-        }
-    DPAR_FREE(P);
-    return DPAR_OK;
+    return dpar__cpu_attn_bwd_kv(c, dev, op);
 }
 /* The fused AdamW update on elements [lo, hi) (formula at dpar_adamw_desc), one body for f32 and
    f64: element type T, its sqrt, and the bias corrections c1, c2 (f64: the unrounded doubles that
@@ -15679,7 +15739,10 @@ static dpar_status dpar__cpu_op_embed(DPAR__CPU_OP_ARGS) {
     const int32_t *idx = (const int32_t *)x1;
     int64_t K = op->m, D = op->n, bad = dpar__first_bad_index(idx, K, op->k, 0, 0);
     if (bad >= 0) return dpar__bad_index((int)op->p[2], bad, idx[bad], op->k);
-    for (int64_t i = 0; i < K && D > 0; i++) memcpy(y + i * D, x0 + (int64_t)idx[i] * D, (size_t)D * sizeof(float));
+    size_t es = dpar_dtype_size(op->dst->dtype); /* f32 or f64: rows are copied whole */
+    for (int64_t i = 0; i < K && D > 0; i++)
+        memcpy((char *)op->dst->mem + (size_t)(i * D) * es, (const char *)op->src0->mem + (size_t)(idx[i] * D) * es,
+               (size_t)D * es);
     return DPAR_OK;
 }
 static dpar_status dpar__cpu_op_embed_bwd(DPAR__CPU_OP_ARGS) {
@@ -15687,23 +15750,40 @@ static dpar_status dpar__cpu_op_embed_bwd(DPAR__CPU_OP_ARGS) {
     const int32_t *idx = (const int32_t *)x1;
     int64_t K = op->m, D = op->n, bad = dpar__first_bad_index(idx, K, op->k, 0, 0);
     if (bad >= 0) return dpar__bad_index((int)op->p[2], bad, idx[bad], op->k);
-    for (int64_t i = 0; i < K; i++) { /* positions in order: the GPU kernels add in the same order */
-        float *row = y + (int64_t)idx[i] * D;
-        for (int64_t d = 0; d < D; d++) row[d] += x0[i * D + d];
+#define DPAR__EMBED_ADD(T)                                                                            \
+    for (int64_t i = 0; i < K; i++) { /* positions in order: the GPU kernels add in the same order */ \
+        T *row = (T *)op->dst->mem + (int64_t)idx[i] * D;                                             \
+        for (int64_t d = 0; d < D; d++) row[d] += ((const T *)op->src0->mem)[i * D + d];              \
     }
+    if (op->dst->dtype == DPAR_F64) {
+        DPAR__EMBED_ADD(double)
+    } else {
+        DPAR__EMBED_ADD(float)
+    }
+#undef DPAR__EMBED_ADD
     return DPAR_OK;
 }
+/* y = x scale where kept, else 0: f32 (scale f[0]) and f64 (the unrounded scale in p[6]) */
+#define DPAR__DROPOUT(T, SCALE)                                             \
+    do {                                                                    \
+        const T scale = (SCALE), *x = (const T *)op->src0->mem;             \
+        T *yy = (T *)op->dst->mem;                                          \
+        for (int64_t b = 0; b * 4 < op->n; b++) {                           \
+            uint32_t w[4];                                                  \
+            dpar__dropout_words(op, b, w);                                  \
+            for (int64_t e = b * 4; e < b * 4 + 4 && e < op->n; e++)        \
+                yy[e] = dpar__dropout_keep(op, w, e) ? x[e] * scale : (T)0; \
+        }                                                                   \
+    } while (0)
 static dpar_status dpar__cpu_op_dropout(DPAR__CPU_OP_ARGS) {
     DPAR__CPU_OP_UNUSED;
-    const float scale = op->f[0];
-    for (int64_t b = 0; b * 4 < op->n; b++) {
-        uint32_t w[4];
-        dpar__dropout_words(op, b, w);
-        for (int64_t e = b * 4; e < b * 4 + 4 && e < op->n; e++)
-            y[e] = dpar__dropout_keep(op, w, e) ? x0[e] * scale : 0.0f;
-    }
+    if (op->dst->dtype == DPAR_F64)
+        DPAR__DROPOUT(double, dpar__op_pd(op, 6));
+    else
+        DPAR__DROPOUT(float, op->f[0]);
     return DPAR_OK;
 }
+#undef DPAR__DROPOUT
 /* >>conv-pool kinds */
 static dpar_status dpar__cpu_op_conv2d(DPAR__CPU_OP_ARGS) {
     return dpar__cpu_conv2d(c, dev, op, DPAR__CONV_FWD, (float *)(uintptr_t)x0, (float *)(uintptr_t)x1, y);
@@ -15968,6 +16048,32 @@ static dpar_status dpar__cpu64_matmul(dpar__cpu *c, int dev, const dpar__op *op)
     DPAR_FREE(ta);
     DPAR_FREE(tb);
     return DPAR_OK;
+}
+/* dpar__cpu_sgemm's call in double, for the layer kernels shared with f32 (conv2d, batched matmul,
+   attention): dense C [M,N] = alpha op(A) op(B) + beta C through dpar__cpu64_matmul (alpha and beta
+   are floats, as dpar__op carries them). Out of host memory for a transposed copy, the plain
+   triple loop runs instead (the same sums, summed in k order in one pass). */
+static void dpar__cpu64_gemm(dpar__cpu *c, int dev, int64_t M, int64_t N, int64_t K, int ta, int tb, float alpha,
+                             const double *A, const double *B, float beta, double *C) {
+    dpar_buffer a, b, y;
+    memset(&a, 0, sizeof a);
+    a.dtype = DPAR_F64;
+    b = y = a;
+    a.mem = (void *)(uintptr_t)A, b.mem = (void *)(uintptr_t)B, y.mem = C;
+    dpar__op op;
+    dpar__op_init(&op, DPAR__OP_MATMUL, &y);
+    op.src0 = &a, op.src1 = &b;
+    op.m = M, op.n = N, op.k = K;
+    op.trans_a = ta != 0, op.trans_b = tb != 0;
+    op.f[0] = alpha, op.f[1] = beta;
+    if (!dpar__cpu64_matmul(c, dev, &op)) return;
+    dpar__clear_error();
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) {
+            double acc = 0.0;
+            for (int64_t p = 0; p < K; p++) acc += A[ta ? p * M + i : i * K + p] * B[tb ? j * K + p : p * N + j];
+            C[i * N + j] = (beta == 0.0f ? 0.0 : (double)beta * C[i * N + j]) + (double)alpha * acc;
+        }
 }
 static void dpar__cpu64_unary_range(const dpar__op *op, int64_t lo, int64_t hi) {
     int u = (int)op->p[0];
@@ -16245,6 +16351,27 @@ static dpar_status dpar__cpu_op_f64(dpar__cpu *c, int dev, const dpar__op *op) {
     case DPAR__OP_STRIDED: dpar__cpu64_small(op); return DPAR_OK;
     case DPAR__OP_SGD: return dpar__cpu_op_sgd(c, dev, op, NULL, NULL, NULL);     /* the kinds whose f32 kernel */
     case DPAR__OP_ADAMW: return dpar__cpu_op_adamw(c, dev, op, NULL, NULL, NULL); /* has an f64 form too */
+    case DPAR__OP_EMBED: return dpar__cpu_op_embed(c, dev, op, NULL, NULL, (const float *)op->src1->mem);
+    case DPAR__OP_EMBED_BWD: return dpar__cpu_op_embed_bwd(c, dev, op, NULL, NULL, (const float *)op->src1->mem);
+    case DPAR__OP_DROPOUT: return dpar__cpu_op_dropout(c, dev, op, NULL, NULL, NULL);
+    case DPAR__OP_WHERE: return dpar__cpu_op_where(c, dev, op, NULL, NULL, NULL);
+    case DPAR__OP_MATMUL_BATCHED: return dpar__cpu_op_matmul_batched(c, dev, op, NULL, NULL, NULL);
+    case DPAR__OP_CONV2D:
+        return dpar__cpu64_conv2d(c, dev, op, DPAR__CONV_FWD, (double *)(uintptr_t)op->src0->mem,
+                                  (double *)(uintptr_t)op->src1->mem, DPAR__D(op->dst));
+    case DPAR__OP_CONV2D_BWD_INPUT: /* dx = dst, dy = src0, w = src1 */
+        return dpar__cpu64_conv2d(c, dev, op, DPAR__CONV_BWD_INPUT, DPAR__D(op->dst),
+                                  (double *)(uintptr_t)op->src1->mem, (double *)(uintptr_t)op->src0->mem);
+    case DPAR__OP_CONV2D_BWD_KERNEL: /* dw = dst, dy = src0, x = src1 */
+        return dpar__cpu64_conv2d(c, dev, op, DPAR__CONV_BWD_KERNEL, (double *)(uintptr_t)op->src1->mem,
+                                  DPAR__D(op->dst), (double *)(uintptr_t)op->src0->mem);
+    case DPAR__OP_ATTN: return dpar__cpu64_attn(c, dev, op);
+    case DPAR__OP_ATTN_BWD_Q: return dpar__cpu64_attn_bwd_q(c, dev, op);
+    case DPAR__OP_ATTN_BWD_KV: return dpar__cpu64_attn_bwd_kv(c, dev, op);
+    case DPAR__OP_AVG_POOL: return dpar__cpu64_pool2d(op, 0, 0);
+    case DPAR__OP_AVG_POOL_BWD: return dpar__cpu64_pool2d(op, 0, 1);
+    case DPAR__OP_MAX_POOL: return dpar__cpu64_pool2d(op, 1, 0);
+    case DPAR__OP_MAX_POOL_BWD: return dpar__cpu64_pool2d(op, 1, 1);
     default: /* the core's checks refuse f64 for the other ops first; this guards a missed one */
         return dpar__err(DPAR_ERR_DTYPE,
                          "dpar_%s: the cpu backend has no f64 kernel for this op (see the f64 table in dpar.h); "

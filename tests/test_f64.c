@@ -1,8 +1,10 @@
 /* f64 on the CPU backend (issue 13): every op of the f64 table in dpar.h
    (>>f64 api) against a double reference computed here, to 1e-12 relative
    (bit for bit where the op is one rounding); cases where f32 visibly loses
-   and f64 does not; gradients (norms) against central finite differences in
-   double; mixed dtypes and ops without an f64 kernel refused with
+   and f64 does not; gradients (norms, conv2d, avg pool, attention) against
+   central finite differences in double (tolerance stated per op); the
+   optimizers, embedding, where, dropout and max pool exact against the same
+   steps in double; mixed dtypes and ops without an f64 kernel refused with
    DPAR_ERR_DTYPE; Vulkan and CUDA refusing f64 buffers, naming the backend. */
 #include "testutil.h"
 
@@ -632,6 +634,39 @@ static void test_shape_ops(void **st) {
     free(x);
 }
 
+/* ---- finite differences of an op's own f64 forward: L(x) = sum(dy * out(x)) ---- */
+typedef struct fd_case {
+    dpar_status (*fwd)(struct fd_case *c); /* runs the forward into out */
+    dpar_buffer *out;
+    const double *dy;
+    int64_t nout;
+    const void *u[6]; /* the op's buffers and descs */
+} fd_case;
+static double fd_loss(fd_case *c) {
+    double *o = malloc((size_t)(c->nout + 1) * sizeof(double)), l = 0;
+    T_OK(c->fwd(c));
+    t_read(c->out, o);
+    for (int64_t i = 0; i < c->nout; i++) l += c->dy[i] * o[i];
+    free(o);
+    return l;
+}
+/* grad[i] against (L(x + h e_i) - L(x - h e_i)) / 2h, x written to bx each time; rel tol tol (floor 1) */
+static void fd_check(const char *what, fd_case *c, double *x, dpar_buffer *bx, int64_t n, const double *grad, double h,
+                     double tol) {
+    for (int64_t i = 0; i < n; i++) {
+        double keep = x[i];
+        x[i] = keep + h;
+        T_OK(dpar_buffer_write(bx, 0, x, (size_t)n * sizeof(double)));
+        double lp = fd_loss(c);
+        x[i] = keep - h;
+        T_OK(dpar_buffer_write(bx, 0, x, (size_t)n * sizeof(double)));
+        double lm = fd_loss(c);
+        x[i] = keep;
+        near(what, i, grad[i], (lp - lm) / (2 * h), tol, 1.0);
+    }
+    T_OK(dpar_buffer_write(bx, 0, x, (size_t)n * sizeof(double)));
+}
+
 /* ---- optimizers: SGD and AdamW step by step as a double reference does them (one rounding each) ---- */
 static dpar_status sgd_clip_fn(dpar_ctx *ctx, void *user) {
     const dpar_sgd_desc *d = (const dpar_sgd_desc *)user;
@@ -716,6 +751,298 @@ static void test_optimizers(void **st) {
     free(g);
 }
 
+/* ---- conv2d (+ both gradients) against direct loops and finite differences ---- */
+enum { CN = 2, CH = 5, CW = 6, CC = 3, CKH = 3, CKW = 2, CO = 4 };
+static const dpar_conv2d_desc conv_d = { { 2, 1 }, { 1, 2 }, DPAR_PADDING_EXPLICIT, { { 1, 1 }, { 2, 0 } } };
+static int64_t conv_oh(void) {
+    return (CH + 2 - CKH) / 2 + 1;
+}
+static int64_t conv_ow(void) {
+    return CW + 2 - (2 * (CKW - 1) + 1) + 1;
+}
+static void conv_ref(const double *x, const double *w, const double *b, double *y) {
+    int64_t OH = conv_oh(), OW = conv_ow();
+    for (int64_t n = 0; n < CN; n++)
+        for (int64_t i = 0; i < OH; i++)
+            for (int64_t j = 0; j < OW; j++)
+                for (int64_t o = 0; o < CO; o++) {
+                    double acc = b[o];
+                    for (int64_t p = 0; p < CKH; p++)
+                        for (int64_t t = 0; t < CKW; t++) {
+                            int64_t ih = i * 2 - 1 + p, iw = j - 2 + 2 * t;
+                            if (ih < 0 || ih >= CH || iw < 0 || iw >= CW) continue;
+                            for (int64_t c = 0; c < CC; c++)
+                                acc += x[((n * CH + ih) * CW + iw) * CC + c] * w[((p * CKW + t) * CC + c) * CO + o];
+                        }
+                    y[((n * OH + i) * OW + j) * CO + o] = acc;
+                }
+}
+static dpar_status conv_fwd(fd_case *c) {
+    return dpar_conv2d(c->out, c->u[0], c->u[1], c->u[2], &conv_d);
+}
+static void test_conv2d(void **st) {
+    (void)st;
+    int64_t xs[4] = { CN, CH, CW, CC }, ws[4] = { CKH, CKW, CC, CO }, ys[4], bs = CO;
+    T_OK(dpar_conv2d_output_shape(xs, ws, &conv_d, ys));
+    assert_true(ys[1] == conv_oh() && ys[2] == conv_ow());
+    int64_t nx = CN * CH * CW * CC, nw = CKH * CKW * CC * CO, ny = ys[0] * ys[1] * ys[2] * ys[3];
+    double *x = rnd_n(nx, 101), *w = rnd_n(nw, 102), *b = rnd_n(CO, 103), *dy = rnd_n(ny, 104);
+    double *y = malloc((size_t)ny * 8), *yr = malloc((size_t)ny * 8), *dx = malloc((size_t)nx * 8),
+           *dw = malloc((size_t)nw * 8), db[CO];
+    dpar_buffer *bx = mkd(4, xs, x), *bw = mkd(4, ws, w), *bb = mkd(1, &bs, b), *by = mkd(4, ys, NULL),
+                *bdy = mkd(4, ys, dy), *bdx = mkd(4, xs, NULL), *bdw = mkd(4, ws, NULL), *bdb = mkd(1, &bs, NULL);
+    T_OK(dpar_conv2d(by, bx, bw, bb, &conv_d));
+    t_read(by, y);
+    conv_ref(x, w, b, yr);
+    for (int64_t i = 0; i < ny; i++) near("conv2d", i, y[i], yr[i], 1e-12, 1.0);
+    T_OK(dpar_conv2d_backward_input(bdx, bdy, bw, &conv_d));
+    T_OK(dpar_conv2d_backward_kernel(bdw, bdb, bx, bdy, &conv_d));
+    t_read(bdx, dx);
+    t_read(bdw, dw);
+    t_read(bdb, db);
+    /* L = sum(dy * y) is linear in x and in w: central differences are exact but for rounding (h = 1e-3) */
+    fd_case c = { conv_fwd, by, dy, ny, { bx, bw, bb } };
+    fd_check("conv2d dx vs central differences", &c, x, bx, nx, dx, 1e-3, 1e-9);
+    fd_check("conv2d dw vs central differences", &c, w, bw, nw, dw, 1e-3, 1e-9);
+    fd_check("conv2d db vs central differences", &c, b, bb, CO, db, 1e-3, 1e-9);
+    int64_t s4[4] = { CN, CH, CW, CC };
+    dpar_buffer *f = t_buf(RT, 0, DPAR_F32, 4, s4, NULL);
+    T_ERR(dpar_conv2d(by, f, bw, bb, &conv_d), DPAR_ERR_DTYPE, "dpar_conv2d", "x is f32", "f64");
+    T_ERR(dpar_conv2d_backward_input(f, bdy, bw, &conv_d), DPAR_ERR_DTYPE, "dpar_conv2d_backward_input", "f32", "f64");
+    dpar_buffer *bufs[] = { bx, bw, bb, by, bdy, bdx, bdw, bdb, f };
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dpar_buffer_destroy(bufs[i]);
+    double *hs[] = { x, w, b, dy, y, yr, dx, dw };
+    for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++) free(hs[i]);
+}
+
+/* ---- avg / max pool (+ backward): direct loops, finite differences for avg, routing for max ---- */
+enum { PN = 2, PH = 5, PW = 4, PC = 3 };
+static const dpar_pool2d_desc pool_d[2] = {
+    { { 3, 2 }, { 2, 1 }, DPAR_PADDING_EXPLICIT, { { 1, 1 }, { 0, 1 } }, false },
+    { { 3, 2 }, { 2, 1 }, DPAR_PADDING_EXPLICIT, { { 1, 1 }, { 0, 1 } }, true }
+};
+/* y (avg: ex = divide by the in-image count) and, for max, the argmax of each output */
+static void pool_ref(const double *x, int is_max, int ex, double *y, int64_t *arg) {
+    int64_t OH = (PH + 2 - 3) / 2 + 1, OW = PW + 1 - 2 + 1;
+    for (int64_t n = 0; n < PN; n++)
+        for (int64_t i = 0; i < OH; i++)
+            for (int64_t j = 0; j < OW; j++)
+                for (int64_t c = 0; c < PC; c++) {
+                    double acc = 0, best = -INFINITY;
+                    int64_t cnt = 0, at = -1;
+                    for (int64_t p = 0; p < 3; p++)
+                        for (int64_t t = 0; t < 2; t++) {
+                            int64_t ih = i * 2 - 1 + p, iw = j + t;
+                            if (ih < 0 || ih >= PH || iw >= PW) continue;
+                            int64_t xi = ((n * PH + ih) * PW + iw) * PC + c;
+                            acc += x[xi], cnt++;
+                            if (at < 0 || x[xi] > best) best = x[xi], at = xi;
+                        }
+                    int64_t o = ((n * OH + i) * OW + j) * PC + c;
+                    y[o] = is_max ? best : acc / (double)(ex ? cnt : 6);
+                    if (arg) arg[o] = at;
+                }
+}
+static dpar_status avg_fwd(fd_case *c) {
+    return dpar_avg_pool2d(c->out, c->u[0], c->u[1]);
+}
+static void test_pools(void **st) {
+    (void)st;
+    int64_t xs[4] = { PN, PH, PW, PC }, ys[4];
+    T_OK(dpar_pool2d_output_shape(xs, &pool_d[0], ys));
+    int64_t nx = PN * PH * PW * PC, ny = ys[0] * ys[1] * ys[2] * ys[3], arg[128];
+    assert_true(ny <= 128 && ys[1] == 3 && ys[2] == 4);
+    double *x = rnd_n(nx, 111), *dy = rnd_n(ny, 112), y[128], yr[128], dx[128], want[128];
+    dpar_buffer *bx = mkd(4, xs, x), *by = mkd(4, ys, NULL), *bdy = mkd(4, ys, dy), *bdx = mkd(4, xs, NULL);
+    for (int ex = 0; ex < 2; ex++) {
+        T_OK(dpar_avg_pool2d(by, bx, &pool_d[ex]));
+        t_read(by, y);
+        pool_ref(x, 0, ex, yr, NULL);
+        for (int64_t i = 0; i < ny; i++) near("avg_pool2d", i, y[i], yr[i], 1e-14, 0.0);
+        T_OK(dpar_avg_pool2d_backward(bdx, bdy, &pool_d[ex]));
+        t_read(bdx, dx);
+        fd_case c = { avg_fwd, by, dy, ny, { bx, &pool_d[ex] } };
+        fd_check("avg_pool2d dx vs central differences", &c, x, bx, nx, dx, 1e-3, 1e-10);
+    }
+    T_OK(dpar_max_pool2d(by, bx, &pool_d[0])); /* max: exact values, dy routed to the (first) maximum */
+    t_read(by, y);
+    pool_ref(x, 1, 0, yr, arg);
+    for (int64_t i = 0; i < ny; i++) assert_true(y[i] == yr[i]);
+    T_OK(dpar_max_pool2d_backward(bdx, bdy, bx, &pool_d[0]));
+    t_read(bdx, dx);
+    for (int64_t i = 0; i < nx; i++) want[i] = 0;
+    for (int64_t i = 0; i < ny; i++) want[arg[i]] += dy[i];
+    for (int64_t i = 0; i < nx; i++) assert_true(dx[i] == want[i]);
+    int64_t fs[4] = { PN, PH, PW, PC };
+    dpar_buffer *f = t_buf(RT, 0, DPAR_F32, 4, fs, NULL);
+    T_ERR(dpar_max_pool2d_backward(bdx, bdy, f, &pool_d[0]), DPAR_ERR_DTYPE, "dpar_max_pool2d_backward", "f32", "f64");
+    T_ERR(dpar_avg_pool2d(by, f, &pool_d[0]), DPAR_ERR_DTYPE, "dpar_avg_pool2d", "f32", "f64");
+    dpar_buffer *bufs[] = { bx, by, bdy, bdx, f };
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dpar_buffer_destroy(bufs[i]);
+    free(x);
+    free(dy);
+}
+
+/* ---- embedding (+ backward), where, dropout, matmul_batched ---- */
+static void test_embed_where_dropout(void **st) {
+    (void)st;
+    enum { V = 5, D = 3, K = 6 };
+    int64_t ts[2] = { V, D }, os[2] = { K, D }, k = K;
+    int32_t idx[K] = { 4, 0, 4, 2, 1, 4 };
+    double *tab = rnd_n(V * D, 121), *dout = rnd_n(K * D, 122), o[K * D], dt[V * D], want[V * D];
+    dpar_buffer *bt = mkd(2, ts, tab), *bo = mkd(2, os, NULL), *bdo = mkd(2, os, dout), *bdt = mkd(2, ts, tab);
+    dpar_buffer *bi = t_buf(RT, 0, DPAR_I32, 1, &k, idx);
+    T_OK(dpar_embedding(bo, bt, bi));
+    t_read(bo, o);
+    for (int i = 0; i < K; i++)
+        for (int d = 0; d < D; d++) assert_true(o[i * D + d] == tab[idx[i] * D + d]);
+    T_OK(dpar_embedding_backward(bdt, bdo, bi, 0.5f)); /* dtable = 0.5 dtable + rows, positions in order */
+    t_read(bdt, dt);
+    for (int i = 0; i < V * D; i++) want[i] = tab[i] * 0.5;
+    for (int i = 0; i < K; i++)
+        for (int d = 0; d < D; d++) want[idx[i] * D + d] += dout[i * D + d];
+    for (int i = 0; i < V * D; i++) assert_true(dt[i] == want[i]);
+    int64_t fs[2] = { V, D };
+    dpar_buffer *f = t_buf(RT, 0, DPAR_F32, 2, fs, NULL);
+    T_ERR(dpar_embedding(bo, f, bi), DPAR_ERR_DTYPE, "dpar_embedding", "table is f32", "f64");
+    /* where: cond i32 broadcast over rows, or f64; a scalar for a missing branch */
+    int64_t cs[2] = { 1, D }, n18 = K * D;
+    int32_t ci[D] = { 1, 0, 7 };
+    dpar_buffer *bci = t_buf(RT, 0, DPAR_I32, 2, cs, ci), *bw = mkd(2, os, NULL);
+    T_OK(dpar_where(bw, bci, bo, NULL, 0.0f, -2.5f));
+    double wv[K * D];
+    t_read(bw, wv);
+    for (int i = 0; i < K * D; i++) assert_true(wv[i] == (ci[i % D] ? o[i] : -2.5));
+    T_OK(dpar_where(bw, bdo, bo, bdo, 0.0f, 0.0f)); /* f64 cond: nonzero picks a */
+    t_read(bw, wv);
+    for (int i = 0; i < K * D; i++) assert_true(wv[i] == (dout[i] != 0.0 ? o[i] : dout[i]));
+    dpar_buffer *fo = t_buf(RT, 0, DPAR_F32, 1, &n18, NULL);
+    T_ERR(dpar_where(bw, bci, bo, fo, 0.0f, 0.0f), DPAR_ERR_DTYPE, "dpar_where", "b is f32", "f64");
+    dpar_buffer *fc = t_buf(RT, 0, DPAR_F32, 2, os, NULL);
+    T_ERR(dpar_where(bw, fc, bo, NULL, 0.0f, 0.0f), DPAR_ERR_DTYPE, "dpar_where", "cond is f32", "y is f64");
+    dpar_buffer_destroy(fc);
+    /* dropout: the f32 op's mask, x scaled by 1 / (1 - rate) in double */
+    double dx[K * D];
+    float xf[K * D], yf[K * D];
+    for (int i = 0; i < K * D; i++) xf[i] = (float)dout[i] + 3.0f; /* nonzero: kept shows */
+    for (int i = 0; i < K * D; i++) dx[i] = xf[i];
+    T_OK(dpar_buffer_write(bdo, 0, dx, sizeof dx));
+    T_OK(dpar_buffer_write(fo, 0, xf, sizeof xf));
+    dpar_buffer *fy = t_buf(RT, 0, DPAR_F32, 1, &n18, NULL), *by = mkd(2, os, NULL);
+    T_OK(dpar_dropout(by, bdo, 0.3f, 42, 7, 1));
+    T_OK(dpar_dropout(fy, fo, 0.3f, 42, 7, 1));
+    t_read(by, wv);
+    t_read(fy, yf);
+    int kept = 0;
+    for (int i = 0; i < K * D; i++) {
+        assert_true((yf[i] != 0.0f) == (wv[i] != 0.0));
+        assert_true(wv[i] == (yf[i] != 0.0f ? dx[i] * (1.0 / (1.0 - (double)0.3f)) : 0.0));
+        kept += wv[i] != 0.0;
+    }
+    assert_true(kept > 0 && kept < K * D);
+    T_ERR(dpar_dropout(by, fo, 0.3f, 42, 7, 1), DPAR_ERR_DTYPE, "dpar_dropout", "x is f32", "f64");
+    dpar_buffer *bufs[] = { bt, bo, bdo, bdt, bi, f, bci, bw, fo, fy, by };
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dpar_buffer_destroy(bufs[i]);
+    free(tab);
+    free(dout);
+}
+static void test_matmul_batched(void **st) {
+    (void)st;
+    enum { NB = 3, M = 5, K = 7, N = 4 };
+    int64_t as[3] = { NB, M, K }, ats[3] = { NB, K, M }, bs3[3] = { NB, K, N }, b2[2] = { N, K }, cs[3] = { NB, M, N };
+    double *a = rnd_n(NB * M * K, 131), *b = rnd_n(NB * K * N, 132), *c0 = rnd_n(NB * M * N, 133), c[NB * M * N];
+    for (int ta = 0; ta < 2; ta++)
+        for (int shared = 0; shared < 2; shared++) { /* shared: one 2-d B, transposed */
+            dpar_buffer *ba = mkd(3, ta ? ats : as, a), *bb = shared ? mkd(2, b2, b) : mkd(3, bs3, b),
+                        *bc = mkd(3, cs, c0);
+            T_OK(dpar_matmul_batched(bc, ba, bb, ta != 0, shared != 0, 0.5f, -0.25f));
+            t_read(bc, c);
+            for (int q = 0; q < NB; q++)
+                for (int i = 0; i < M; i++)
+                    for (int j = 0; j < N; j++) {
+                        double acc = 0;
+                        for (int p = 0; p < K; p++)
+                            acc += a[q * M * K + (ta ? p * M + i : i * K + p)] *
+                                   (shared ? b[j * K + p] : b[q * K * N + p * N + j]);
+                        int o = (q * M + i) * N + j;
+                        near("matmul_batched", o, c[o], 0.5 * acc - 0.25 * c0[o], 1e-12, 1.0);
+                    }
+            dpar_buffer_destroy(ba);
+            dpar_buffer_destroy(bb);
+            dpar_buffer_destroy(bc);
+        }
+    dpar_buffer *ba = mkd(3, as, a), *bc = mkd(3, cs, NULL), *fb = t_buf(RT, 0, DPAR_F32, 3, bs3, NULL);
+    T_ERR(dpar_matmul_batched(bc, ba, fb, false, false, 1.0f, 0.0f), DPAR_ERR_DTYPE, "dpar_matmul_batched", "B is f32",
+          "f64");
+    dpar_buffer_destroy(ba);
+    dpar_buffer_destroy(bc);
+    dpar_buffer_destroy(fb);
+    free(a);
+    free(b);
+    free(c0);
+}
+
+/* ---- attention (+ backward): a double reference, gradients against central differences ---- */
+enum { AB = 2, AT = 4, AD = 3, AV = 2 };
+static void attn_ref(const double *q, const double *k, const double *v, int causal, double *out) {
+    for (int b = 0; b < AB; b++)
+        for (int i = 0; i < AT; i++) {
+            double s[AT], mx = -INFINITY, se = 0;
+            int nj = causal ? i + 1 : AT;
+            for (int j = 0; j < nj; j++) {
+                s[j] = 0;
+                for (int d = 0; d < AD; d++) s[j] += q[(b * AT + i) * AD + d] * k[(b * AT + j) * AD + d];
+                s[j] *= 0.5;
+                mx = fmax(mx, s[j]);
+            }
+            for (int j = 0; j < nj; j++) se += exp(s[j] - mx);
+            for (int e = 0; e < AV; e++) {
+                double acc = 0;
+                for (int j = 0; j < nj; j++) acc += exp(s[j] - mx) / se * v[(b * AT + j) * AV + e];
+                out[(b * AT + i) * AV + e] = acc;
+            }
+        }
+}
+static dpar_status attn_fwd(fd_case *c) {
+    return dpar_attention(c->out, NULL, c->u[0], c->u[1], c->u[2], 0.5f, c->u[3] != NULL);
+}
+static void test_attention(void **st) {
+    (void)st;
+    int64_t qs[3] = { AB, AT, AD }, vs[3] = { AB, AT, AV }, ss[3] = { AB, AT, 2 };
+    double *q = rnd_n(AB * AT * AD, 141), *k = rnd_n(AB * AT * AD, 142), *v = rnd_n(AB * AT * AV, 143),
+           *dout = rnd_n(AB * AT * AV, 144), out[AB * AT * AV], ref[AB * AT * AV], dq[AB * AT * AD], dk[AB * AT * AD],
+           dv[AB * AT * AV];
+    dpar_buffer *bq = mkd(3, qs, q), *bk = mkd(3, qs, k), *bv = mkd(3, vs, v), *bo = mkd(3, vs, NULL),
+                *bst = mkd(3, ss, NULL), *bdo = mkd(3, vs, dout), *bdq = mkd(3, qs, NULL), *bdk = mkd(3, qs, NULL),
+                *bdv = mkd(3, vs, NULL);
+    for (int causal = 0; causal < 2; causal++) {
+        T_OK(dpar_attention(bo, bst, bq, bk, bv, 0.5f, causal != 0));
+        t_read(bo, out);
+        attn_ref(q, k, v, causal, ref);
+        for (int i = 0; i < AB * AT * AV; i++) near("attention", i, out[i], ref[i], 1e-12, 1.0);
+        T_OK(dpar_attention_backward(bdq, bdk, bdv, bst, bdo, bq, bk, bv, 0.5f, causal != 0));
+        t_read(bdq, dq);
+        t_read(bdk, dk);
+        t_read(bdv, dv);
+        /* h = 1e-5: truncation ~h^2, rounding ~1e-16 / h; both under 1e-8 of the O(1) gradients */
+        fd_case c = { attn_fwd, bo, dout, AB * AT * AV, { bq, bk, bv, causal ? bq : NULL } };
+        fd_check("attention dq vs central differences", &c, q, bq, AB * AT * AD, dq, 1e-5, 1e-8);
+        fd_check("attention dk vs central differences", &c, k, bk, AB * AT * AD, dk, 1e-5, 1e-8);
+        fd_check("attention dv vs central differences", &c, v, bv, AB * AT * AV, dv, 1e-5, 1e-8);
+    }
+    dpar_buffer *fs = t_buf(RT, 0, DPAR_F32, 3, ss, NULL), *fq = t_buf(RT, 0, DPAR_F32, 3, qs, NULL);
+    T_ERR(dpar_attention(bo, fs, bq, bk, bv, 0.5f, false), DPAR_ERR_DTYPE, "dpar_attention", "stats is f32", "f64");
+    T_ERR(dpar_attention(bo, bst, bq, fq, bv, 0.5f, false), DPAR_ERR_DTYPE, "dpar_attention", "f32", "f64");
+    T_ERR(dpar_attention_backward(bdq, NULL, NULL, bst, bdo, fq, bk, bv, 0.5f, false), DPAR_ERR_DTYPE,
+          "dpar_attention_backward", "f32", "f64");
+    dpar_buffer *bufs[] = { bq, bk, bv, bo, bst, bdo, bdq, bdk, bdv, fs, fq };
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dpar_buffer_destroy(bufs[i]);
+    free(q);
+    free(k);
+    free(v);
+    free(dout);
+}
+
 /* ---- refusals: mixed dtypes, ops without an f64 kernel ---- */
 static void test_refusals(void **st) {
     (void)st;
@@ -731,12 +1058,11 @@ static void test_refusals(void **st) {
     T_ERR(dpar_matmul(mf, md, md, false, false, 1.0f, 0.0f), DPAR_ERR_DTYPE, "dpar_matmul", "all three f64");
     T_ERR(dpar_mse(lf, NULL, d, d2), DPAR_ERR_DTYPE, "result buffer is f32", "f64");
     T_ERR(dpar_softmax(md, mf, false), DPAR_ERR_DTYPE, "dpar_softmax", "x is f32");
-    T_ERR(dpar_where(d, d, d2, d2, 0.0f, 0.0f), DPAR_ERR_DTYPE, "dpar_where", "f64");
     T_ERR(dpar_reduce(lf, d, DPAR_REDUCE_SUM, NULL, 0), DPAR_ERR_DTYPE, "dpar_reduce", "must be f64");
-    int32_t idx[4] = { 0, 1, 0, 1 };
-    dpar_buffer *bi = t_buf(RT, 0, DPAR_I32, 1, &s4, idx);
-    T_ERR(dpar_embedding(md, md, bi), DPAR_ERR_DTYPE, "dpar_embedding", "f64");
-    dpar_buffer_destroy(bi);
+    dpar_loss_scaler ls; /* the loss scaler (mixed precision) has no f64 */
+    T_OK(dpar_loss_scaler_init(&ls, &(dpar_loss_scale_desc){ .init_scale = 1024, .growth_interval = 2 }));
+    bool fin = false;
+    T_ERR(dpar_loss_scaler_unscale(NULL, &ls, &d, 1, NULL, &fin), DPAR_ERR_DTYPE, "dpar_loss_scaler_unscale", "f64");
     dpar_buffer *bufs[] = { d, d2, f, md, mf, ld, lf };
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dpar_buffer_destroy(bufs[i]);
 }
@@ -906,6 +1232,11 @@ int main(void) {
         cmocka_unit_test(test_graph_gradcheck),
         cmocka_unit_test(test_graph_mixed_refused),
         cmocka_unit_test(test_optimizers),
+        cmocka_unit_test(test_conv2d),
+        cmocka_unit_test(test_pools),
+        cmocka_unit_test(test_embed_where_dropout),
+        cmocka_unit_test(test_matmul_batched),
+        cmocka_unit_test(test_attention),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_vulkan_refuses_f64),
         cmocka_unit_test(test_cuda_refuses_f64),
