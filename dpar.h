@@ -298,6 +298,15 @@ DPAR_API void dpar_f16_to_f32_n(float *dst, const uint16_t *src, int64_t n);
      | dpar_mse                                      | pred, target, dpred, loss                  |
      | dpar_softmax_xent, dpar_cross_entropy         | logits, dlogits, loss (labels i32)         |
      | dpar_layer_norm, dpar_rms_norm (+ backward)   | all, stats too                             |
+     | dpar_matmul_batched                           | A, B and C (the f64 GEMM per batch)        |
+     | dpar_attention (+ backward)                   | all, stats too (exp and GEMMs in double)   |
+     | dpar_conv2d (+ backward_input, _kernel)       | all (im2col + the f64 GEMM)                |
+     | dpar_avg_pool2d, dpar_max_pool2d (+ backward) | all (max: exact)                           |
+     | dpar_embedding (+ backward)                   | table, out, dout, dtable (idx i32; exact)  |
+     | dpar_where                                    | y, a, b (cond f64 or i32)                  |
+     | dpar_dropout                                  | x, y (the f32 op's mask; scale in double)  |
+     | dpar_sgd_update/_step, dpar_adamw_update/_step| param, grad, momentum / m, v (clip by      |
+     |   (clip by global norm too)                   |   global norm sums f64 grads in double)    |
      | shape ops (transpose, slice, concat, pad, ...)| x and y                                    |
      | collectives (psum, pmean, pmax, pmin,         | in and out; the reducing ones fold in      |
      |   psum_scatter, all_gather, ppermute, ...)    |   double, and refuse f64 across processes  |
@@ -309,9 +318,10 @@ DPAR_API void dpar_f16_to_f32_n(float *dst, const uint16_t *src, int64_t n);
      |   shape nodes                                 |                                            |
    The float scalars of these ops (alpha, beta, the unary scalar, eps, label
    smoothing) are widened exactly from float, so pass values a float holds
-   (0.5, not 0.1) where the last digits matter. Every other op (conv2d, the
-   pools, attention, embedding, dropout, where, the optimizers) answers
-   DPAR_ERR_DTYPE for f64; dpar_cast to f32 first. */
+   (0.5, not 0.1) where the last digits matter; so are the optimizers'
+   hyper-parameters and clip factor (AdamW's bias corrections and dropout's
+   scale are computed in double). Every other op (the loss scaler, the graph
+   nodes not listed) answers DPAR_ERR_DTYPE for f64; dpar_cast to f32 first. */
 
 /* ---------------------------------------------------------------------------
    Runtime and devices
@@ -945,8 +955,9 @@ DPAR_API dpar_status dpar_binary(dpar_buffer *y, const dpar_buffer *a, const dpa
    mul: da = dy b, db = dy a; div: da = dy / b, db = -dy a / b^2. */
 DPAR_API dpar_status dpar_binary_backward(dpar_buffer *da, dpar_buffer *db, const dpar_buffer *dy, const dpar_buffer *a,
                                           const dpar_buffer *b, dpar_binary_op op);
-/* y = cond ? a : b elementwise, with broadcasting of cond (f32: nonzero is
-   true, NaN too; or i32: nonzero), a and b to y's shape. a or b NULL: the
+/* y = cond ? a : b elementwise, with broadcasting of cond (y's dtype: nonzero
+   is true, NaN too; or i32: nonzero), a and b to y's shape. y, a, b f32, or
+   all f64 (cpu backend, >>f64 api). a or b NULL: the
    scalar a_value / b_value instead (e.g. a mask: dpar_where(y, m, x, NULL, 0,
    -INFINITY)). Its gradient is dpar_where(da, cond, dy, NULL, 0, 0) (then
    dpar_reduce to a's shape if a was broadcast). At most 4 dims after merging
@@ -1009,7 +1020,7 @@ DPAR_API dpar_status dpar_pad(dpar_buffer *y, const dpar_buffer *x, const int64_
 DPAR_API dpar_status dpar_concat(dpar_buffer *y, const dpar_buffer *const *xs, int n, int axis);
 
 /* ---------------------------------------------------------------------------
-   Convolution and pooling, 2-D, NHWC (JAX / flax layouts; f32)
+   Convolution and pooling, 2-D, NHWC (JAX / flax layouts; f32; f64 on the cpu backend)
    Window geometry per spatial dim (h, w), as lax.conv_general_dilated and
    flax.linen.{avg,max}_pool define it:
      effective window  ek = (k - 1) * dilation + 1
@@ -1049,8 +1060,9 @@ DPAR_API dpar_status dpar_conv2d_output_shape(const int64_t x_shape[4], const in
      y[n,i,j,o] = b[o] + sum_{p,q,c} x[n, i*sh - pt + p*dh, j*sw - pl + q*dw, c] w[p,q,c,o]
    (cross-correlation, as lax.conv_general_dilated with ('NHWC','HWIO','NHWC');
    out-of-image x reads as 0). All f32, f16 or bf16 (one dtype: see 16-bit storage
-   above; every backend), on one device; y must not alias x or w.
-   CPU: blocked im2col + the matrix product (scratch <= 2 MiB per call). CUDA:
+   above; every backend), or all f64 (cpu backend, in double: >>f64 api), on one
+   device; y must not alias x or w.
+   CPU: blocked im2col + the matrix product (scratch <= 2 MiB per call, 4 MiB in f64). CUDA:
    im2col + cuBLAS sgemm over chunks of images (column matrix <= 64 MiB; a 1x1
    stride-1 unpadded kernel multiplies x in place); the input gradient folds
    the column gradient back with a gather, so results repeat bit for bit.
@@ -1104,7 +1116,8 @@ typedef struct dpar_sgd_desc {
                               are psum'd); NULL: grads are replicated */
 } dpar_sgd_desc;
 
-/* One fused step for one buffer: param, grad, momentum (f32, same count).
+/* One fused step for one buffer: param, grad, momentum (f32, or all f64 on the
+   cpu backend: the update in double; same count).
    clip_scale from dpar_sgd_clip_scale (1 when not clipping).
    Errors: DPAR_ERR_INVALID_ARGUMENT (bad hyper-parameters, missing momentum
    buffer when momentum > 0), DPAR_ERR_SHAPE, DPAR_ERR_DTYPE. */
@@ -1136,7 +1149,8 @@ DPAR_API dpar_status dpar_sgd_step(dpar_ctx *ctx, const dpar_sgd_desc *d, dpar_b
      m^ = m / (1 - b1^t)                 v^ = v / (1 - b2^t)
      param -= lr (m^ / (sqrt(v^) + eps) + weight_decay param)
    The decay is multiplied by lr (optax), not applied alone. Moments m, v are
-   f32 state buffers, zero before step 1. clip = 1, or with clip_norm > 0 the
+   state buffers of the params' dtype (f32; f64 params, cpu backend: f64 moments
+   and the update in double, bias corrections unrounded), zero before step 1. clip = 1, or with clip_norm > 0 the
    global-norm factor of dpar_sgd_clip_scale (optax.clip_by_global_norm). */
 typedef struct dpar_adamw_desc {
     float learning_rate;   /* >= 0, finite (a schedule: set it each step from dpar_lr_at; 0 moves only m, v) */
@@ -1148,8 +1162,8 @@ typedef struct dpar_adamw_desc {
 } dpar_adamw_desc;
 /* Checks the hyper-parameters alone. Errors: DPAR_ERR_INVALID_ARGUMENT naming the field and its range. */
 DPAR_API dpar_status dpar_adamw_check(const dpar_adamw_desc *d);
-/* One fused update of one buffer: param, grad, m, v f32 of one count on one
-   device; step >= 1 counts updates including this one; clip_scale finite >= 0
+/* One fused update of one buffer: param, grad, m, v f32 (or all f64, cpu
+   backend) of one count on one device; step >= 1 counts updates including this one; clip_scale finite >= 0
    (1 when not clipping). Deterministic: replicas given identical inputs stay
    bitwise identical. Errors: DPAR_ERR_INVALID_ARGUMENT (hyper-parameters, step
    < 1, aliasing, NULL), DPAR_ERR_SHAPE (counts differ, naming both), DPAR_ERR_DTYPE. */
@@ -1237,8 +1251,8 @@ typedef struct dpar_xent_desc {
 DPAR_API dpar_status dpar_cross_entropy(dpar_buffer *loss, dpar_buffer *dlogits, const dpar_buffer *logits,
                                         const dpar_buffer *labels, const dpar_xent_desc *d);
 
-/* Embedding lookup: out[i, :] = table[idx[i], :]. table [V,D] f32; idx i32,
-   any shape, K elements; out f32 with K*D elements (shape idx.shape + [D] is
+/* Embedding lookup: out[i, :] = table[idx[i], :]. table [V,D] f32 (or f64 on
+   the cpu backend, out then f64); idx i32, any shape, K elements; out f32 with K*D elements (shape idx.shape + [D] is
    natural). Errors: DPAR_ERR_SHAPE, DPAR_ERR_DTYPE, DPAR_ERR_INVALID_ARGUMENT
    for an index outside 0..V-1, naming the first bad position and its value
    (GPUs: reported at the next sync, as dpar_cross_entropy). */
@@ -1259,7 +1273,8 @@ DPAR_API dpar_status dpar_embedding_backward(dpar_buffer *dtable, const dpar_buf
    function of (seed, step, stream, element), bit-identical on every backend.
    stream: pass dpar_ctx_device(ctx) for a different mask per device, or an
    axis index for one mask across the other axes. rate 0: y = x; rate 1: y = 0.
-   The gradient is the same call on dy (same seed, step, stream). x, y f32 of
+   The gradient is the same call on dy (same seed, step, stream). x, y f32 (or
+   both f64, cpu backend: the f32 op's mask, scale 1 / (1 - rate) in double) of
    one count; in place allowed. Errors: DPAR_ERR_INVALID_ARGUMENT (rate
    outside [0, 1]), DPAR_ERR_SHAPE, DPAR_ERR_DTYPE. */
 DPAR_API dpar_status dpar_dropout(dpar_buffer *y, const dpar_buffer *x, float rate, uint64_t seed, uint64_t step,
@@ -1306,7 +1321,8 @@ DPAR_API dpar_status dpar_rms_norm_backward(dpar_buffer *dx, dpar_buffer *dw, dp
    on each (numpy.matmul / jnp.matmul batching, no broadcasting except a 2-d B shared by every batch).
    A: [..., M, K] ([..., K, M] with trans_a), B: [..., K, N] ([..., N, K] with trans_b) or 2-d,
    C: [..., M, N]; the leading dims of A and C (and B unless 2-d) hold the same batch count.
-   beta = 0 ignores C's old contents. f32. Errors: DPAR_ERR_SHAPE, DPAR_ERR_DTYPE,
+   beta = 0 ignores C's old contents. f32, or all f64 (cpu backend: dpar_matmul's f64 GEMM).
+   Errors: DPAR_ERR_SHAPE, DPAR_ERR_DTYPE,
    DPAR_ERR_INVALID_ARGUMENT (C aliases A or B). */
 DPAR_API dpar_status dpar_matmul_batched(dpar_buffer *C, const dpar_buffer *A, const dpar_buffer *B, bool trans_a,
                                          bool trans_b, float alpha, float beta);
@@ -1317,6 +1333,7 @@ DPAR_API dpar_status dpar_matmul_batched(dpar_buffer *C, const dpar_buffer *A, c
    q: [..., Tq, D], k: [..., Tk, D], v: [..., Tk, Dv], out: [..., Tq, Dv] (heads in the leading dims:
    [batch, heads, T, D]); causal needs Tq == Tk. scale = 0 means 1 / sqrt(D). stats: NULL or
    [..., Tq, 2] f32: lse_i in [.., 0] (the backward needs it; [.., 1] is the backward's scratch).
+   q, k, v, out f32, f16 or bf16 (one dtype), or all f64 with f64 stats (cpu backend, in double).
    Fused on every backend: no [..., Tq, Tk] tensor is stored. Extra memory: 8 bytes per query row (stats);
    the CPU backend also works through its GEMM one batch-head and one block of query rows at a time, with
    two blocks of scores as scratch (at most 2^15 floats each, or one row of Tk if longer); Vulkan and CUDA
