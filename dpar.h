@@ -151,6 +151,9 @@
        DPAR_GRAPH_ASYNC_BYTES=n       graphs: gradients of >= n bytes are reduced asynchronously, overlapping
                                       the rest of the backward pass; smaller ones share buckets of up to 1 MiB,
                                       one collective each (default 262144; 0..2000000000; read at value_and_grad)
+       DPAR_GRAPH_ALIAS=0             graphs: plan every node's output apart from its inputs (default 1: an
+                                      elementwise node's output takes the buffer of an input it reads last,
+                                      computed in place, bit for bit the same); 0..1, read at compile
    dpar_runtime_create refuses a value that is not an integer in its range, or
    a DPAR_TRACE path it cannot write, with an error naming the variable.
 
@@ -3309,6 +3312,7 @@ static const struct dpar__env_range {
     { "DPAR_ALLOW_SHARED_DEVICE", "a flag (1: MPI ranks of a node may share a device)", 0, 1 },
     { "DPAR_MPI_BACKEND_COLLECTIVES", "a flag (0: groups across processes on the host-staged MPI path)", 0, 1 },
     { "DPAR_GRAPH_ASYNC_BYTES", "a gradient size in bytes", 0, 2000000000L },
+    { "DPAR_GRAPH_ALIAS", "a flag (0: a graph node's output never takes its input's buffer)", 0, 1 },
 };
 /* DPAR_ERR_INVALID_ARGUMENT naming the first variable set to a value that is
    not a decimal integer in its range, the value and the range. */
@@ -9440,6 +9444,28 @@ static const dpar__g_kind dpar__g_kinds[DPAR__G_KINDS] = {
     { "zero1_scatter", 1, 1, 0 },
 };
 
+/* The inputs a kind's output may share a buffer with: bit k, the lowering is right with its output in input k's
+   buffer, so the plan may alias them (dpar__g_alias_of). bias_add, add and scale copy input 0 into the output
+   (a dpar_copy onto itself does nothing) and update it in place (add's b is never the output: bit 0 only); a
+   copy (reshape) runs nothing; relu, unary and softmax run in place; their gradients' dx may alias dy (input
+   0); binary's y may alias a or b of y's shape. A new kind is left out unless its lowering runs in place. */
+static unsigned dpar__g_inplace(int kind) {
+    switch (kind) {
+    case DPAR__G_BIAS_ADD:
+    case DPAR__G_ADD:
+    case DPAR__G_SCALE:
+    case DPAR__G_COPY:
+    case DPAR__G_PCAST:
+    case DPAR__G_RELU:
+    case DPAR__G_RELU_GRAD:
+    case DPAR__G_UNARY:
+    case DPAR__G_UNARY_GRAD:
+    case DPAR__G_SOFTMAX:
+    case DPAR__G_SOFTMAX_GRAD: return 1u;
+    case DPAR__G_BINARY: return 3u;
+    default: return 0u;
+    }
+}
 typedef struct dpar__gnode {
     int kind;
     char name[DPAR_NAME_LEN];
@@ -11761,6 +11787,8 @@ typedef struct dpar__gplan {
     bool *pooled;   /* [count] its buffer returns to the pool after `last` */
     bool *freed;    /* [count] a pooled value whose last reader ran */
     int *born;      /* [count] the node that writes each value (a fused gradient: its loss node) */
+    int *alias;     /* [count] the value whose slot a node's output takes (dpar__g_alias_of), 0 none */
+    bool alias_on;  /* DPAR_GRAPH_ALIAS unset or 1 */
     size_t *sbytes; /* [slots] capacity of a graph-owned slot */
     uint64_t live;  /* bytes of the pooled values live now (the walk in schedule order) */
     uint64_t peak;  /* the most bytes of pooled values live at once */
@@ -11886,6 +11914,27 @@ static dpar_status dpar__g_grad_array(dpar_graph *g, int w, dpar_array **out) {
     }
     return dpar_array_create(g->mesh, &d, out);
 }
+/* The input whose buffer node i's output may take (0: none): one its kind may overwrite (dpar__g_inplace),
+   a pooled value (no feed, param, const or kept value: nothing the user reads) that node i
+   reads last (nothing later, backward and remat copies included, needs it) and through no other operand,
+   of i's dtype and shape (a copy or reshape: its element count). Node i is no fused loss or gradient. */
+static int dpar__g_alias_of(const dpar_graph *g, const dpar__gplan *p, int i) {
+    const dpar__gnode *nd = &g->n[i];
+    unsigned mask = p->alias_on && !nd->fused ? dpar__g_inplace(nd->kind) : 0u;
+    bool copy = nd->kind == DPAR__G_COPY || nd->kind == DPAR__G_PCAST;
+    for (int k = 0; k < nd->nin && mask; k++) {
+        int j = nd->in[k], uses = 0;
+        const dpar__gnode *x = &g->n[j];
+        if (!(mask >> k & 1u) || !p->pooled[j] || p->freed[j] || p->last[j] != i || x->dtype != nd->dtype ||
+            dpar__g_count(x) != dpar__g_count(nd))
+            continue;
+        for (int m = 0; m < nd->nin; m++) uses += nd->in[m] == j;
+        if (uses == 1 &&
+            (copy || (x->ndim == nd->ndim && !memcmp(x->shape, nd->shape, (size_t)nd->ndim * sizeof nd->shape[0]))))
+            return j;
+    }
+    return 0;
+}
 static dpar_status dpar__g_assign(dpar_graph *g, dpar__gplan *p, int i) {
     dpar__gnode *nd = &g->n[i];
     dpar_status s = DPAR_OK;
@@ -11899,7 +11948,9 @@ static dpar_status dpar__g_assign(dpar_graph *g, dpar__gplan *p, int i) {
     g->stats.naive_bytes += dpar__g_bytes(nd);
     p->pooled[i] = !nd->keep && nd->kind != DPAR__G_CONST && !nd->pipe; /* boundaries: written on every stage */
     if (!p->pooled[i]) p->held += dpar__g_bytes(nd); /* live through every step: read after it, or set at compile */
-    p->live += p->pooled[i] ? dpar__g_bytes(nd) : 0;
+    p->alias[i] = p->pooled[i] ? dpar__g_alias_of(g, p, i) : 0;
+    if (p->alias[i]) p->freed[p->alias[i]] = true; /* its bytes become node i's, live until i's last reader */
+    p->live += p->pooled[i] && !p->alias[i] ? dpar__g_bytes(nd) : 0;
     if (p->live > p->peak) p->peak = p->live;
     if (nd->keep && nd->spec_of) {
         if ((s = dpar__g_grad_array(g, nd->spec_of, &nd->array))) return s;
@@ -12109,14 +12160,17 @@ static dpar_status dpar__g_plan(dpar_graph *g) {
     p.sbytes = (size_t *)DPAR_MALLOC((size_t)c * sizeof(size_t));
     p.freed = (bool *)DPAR_MALLOC((size_t)c * sizeof(bool));
     p.born = (int *)DPAR_MALLOC((size_t)c * sizeof(int));
+    p.alias = (int *)DPAR_MALLOC((size_t)c * sizeof(int));
+    p.alias_on = dpar__env_int("DPAR_GRAPH_ALIAS", 1) != 0; /* in range: dpar_runtime_create checked it */
     g->slots = (dpar_buffer **)DPAR_MALLOC((size_t)c * (size_t)g->nlocal * sizeof(dpar_buffer *) + 1);
     g->slot_owned = (bool *)DPAR_MALLOC((size_t)c * sizeof(bool));
     dpar_status s = DPAR_OK;
-    if (!p.last || !p.pooled || !p.sbytes || !p.freed || !p.born || !g->slots || !g->slot_owned) {
+    if (!p.last || !p.pooled || !p.sbytes || !p.freed || !p.born || !p.alias || !g->slots || !g->slot_owned) {
         s = dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_graph_compile: out of memory");
     } else {
         memset(p.pooled, 0, (size_t)c * sizeof(bool));
         memset(p.freed, 0, (size_t)c * sizeof(bool));
+        memset(p.alias, 0, (size_t)c * sizeof(int));
         p.live = p.peak = p.held = 0;
         memset(g->slots, 0, (size_t)c * (size_t)g->nlocal * sizeof(dpar_buffer *));
         for (int i = 0; i < c; i++) p.last[i] = p.born[i] = i;
@@ -12142,7 +12196,15 @@ static dpar_status dpar__g_plan(dpar_graph *g) {
             dpar__g_release(g, &p, i, i);
         }
         g->stats.live_bytes = p.peak + p.held;
+        for (int i = 1; i < c; i++) { /* an aliased output joins the chain's first value: one life, one slot */
+            int r = p.alias[i] && p.alias[p.alias[i]] ? p.alias[p.alias[i]] : p.alias[i];
+            if (!r) continue;
+            p.alias[i] = r, p.pooled[i] = false;
+            if (p.last[r] < p.last[i]) p.last[r] = p.last[i];
+        }
         if (!s) s = dpar__g_place(g, &p);
+        for (int i = 1; i < c && !s; i++)
+            if (p.alias[i]) g->n[i].slot = g->n[p.alias[i]].slot;
         if (!s) s = dpar__g_alloc(g, &p);
     }
     DPAR_FREE(p.last);
@@ -12150,6 +12212,7 @@ static dpar_status dpar__g_plan(dpar_graph *g) {
     DPAR_FREE(p.sbytes);
     DPAR_FREE(p.freed);
     DPAR_FREE(p.born);
+    DPAR_FREE(p.alias);
     return s;
 }
 static dpar_status dpar__g_state_list(dpar_graph *g);
