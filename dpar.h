@@ -1911,7 +1911,8 @@ DPAR_API dpar_status dpar_graph_get(dpar_graph *g, dpar_value v, void *host);
 DPAR_API dpar_status dpar_graph_read_shard(dpar_graph *g, dpar_value v, int device, void *host);
 /* Writes one line per node (id, op, name, inputs, dtype and per-device shape,
    the axes it varies over, the collective's axes, global shape and spec of
-   feeds/params, in pipelines its stage and whether it is a boundary) to `path`, or stdout when path is NULL. dpar_graph_write_dot:
+   feeds/params, in pipelines its stage and whether it is a boundary; compiled: in_place(j) where the node
+   writes over input j's buffer, DPAR_GRAPH_ALIAS) to `path`, or stdout when path is NULL. dpar_graph_write_dot:
    the same graph as Graphviz DOT. Errors: DPAR_ERR_IO naming the path. */
 DPAR_API dpar_status dpar_graph_print(const dpar_graph *g, const char *path);
 DPAR_API dpar_status dpar_graph_write_dot(const dpar_graph *g, const char *path);
@@ -13043,6 +13044,8 @@ DPAR_API dpar_status dpar_graph_print(const dpar_graph *g, const char *path) {
         if (g->pp && nd->stage >= 0) fprintf(f, " stage %d%s", nd->stage, nd->pipe ? " (boundary)" : "");
         if (nd->remat) fprintf(f, " remat%d", nd->remat);
         if (nd->remat_of) fprintf(f, " recomputes(%d)", nd->remat_of);
+        for (int j = 0; j < nd->nin && g->compiled; j++) /* the plan aliased its output to that input */
+            if (nd->slot >= 0 && g->n[nd->in[j]].slot == nd->slot) fprintf(f, " in_place(%d)", nd->in[j]);
         fprintf(f, "\n");
     }
     return dpar__g_close("dpar_graph_print", path, f);
