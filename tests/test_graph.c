@@ -7,7 +7,9 @@
    the 1-device graph (1e-5; both loss styles: pinned and explicit pmean),
    replicas bitwise equal after 10 SGD steps; the same with AdamW, a decay
    mask and one clipping norm over the split and replicated params
-   (dpar_graph_adamw_masked, 1e-4 after 4 clipped steps); bad input. Each runs on the CPU
+   (dpar_graph_adamw_masked, 1e-4 after 4 clipped steps); the planner's in-place aliasing
+   (DPAR_GRAPH_ALIAS) against the unaliased plan: fewer planned bytes, bit for bit the same
+   losses, gradients and params, no aliasing where the input is read later; bad input. Each runs on the CPU
    backend and again on Vulkan (skipped when unavailable). */
 #include "testutil.h"
 
@@ -517,6 +519,107 @@ static void digits_mlp(void) {
     }
 }
 
+/* ---- the planner's in-place aliasing (DPAR_GRAPH_ALIAS) ---- */
+typedef struct alias_net {
+    dpar_graph *g;
+    dpar_array *w[4];
+    dpar_value x, y, p[4], gr[4];
+    dpar_graph_stats st;
+} alias_net;
+/* An MLP whose hidden layer is h = relu(xW1 + b1), u = 0.5 h + h: bias_add, relu's gradient and the add may
+   write over their input; relu may not (its gradient reads its input), nor the forward scale (the add reads
+   h after it). Compiled with DPAR_GRAPH_ALIAS = `on`. */
+static void alias_build(alias_net *t, dpar_mesh *m, const digits_data *dd, int n, const char *on) {
+    int64_t ps[4][2] = { { NPIX, HID }, { HID, 0 }, { HID, NCLS }, { NCLS, 0 } };
+    for (int i = 0; i < 4; i++) t->w[i] = arr(m, DPAR_F32, ps[i][1] ? 2 : 1, ps[i][0], ps[i][1], NULL, NULL);
+    T_OK(dpar_array_put(t->w[0], dd->w1));
+    T_OK(dpar_array_put(t->w[2], dd->w2));
+    T_OK(dpar_graph_create(m, &t->g));
+    dpar_graph *g = t->g;
+    dpar_array_desc xd = { DPAR_F32, 2, { BATCH, NPIX }, { n > 1 ? "data" : NULL } };
+    dpar_array_desc yd = { DPAR_I32, 1, { BATCH }, { n > 1 ? "data" : NULL } };
+    t->x = dpar_g_feed(g, "x", &xd), t->y = dpar_g_feed(g, "y", &yd);
+    const char *names[4] = { "w1", "b1", "w2", "b2" };
+    for (int i = 0; i < 4; i++) t->p[i] = dpar_g_param(g, names[i], t->w[i]);
+    dpar_value h = dpar_g_relu(g, dpar_g_bias_add(g, dpar_g_matmul(g, t->x, t->p[0], false, false), t->p[1]));
+    dpar_value u = dpar_g_add(g, dpar_g_scale(g, h, 0.5f), h);
+    dpar_value logits = dpar_g_bias_add(g, dpar_g_matmul(g, u, t->p[2], false, false), t->p[3]);
+    T_OK(dpar_graph_value_and_grad(g, dpar_g_softmax_xent(g, logits, t->y), t->p, 4, t->gr));
+    dpar_sgd_desc sgd;
+    memset(&sgd, 0, sizeof sgd);
+    sgd.learning_rate = 0.1f, sgd.momentum = 0.9f;
+    T_OK(dpar_graph_sgd(g, &sgd, t->p, t->gr, 4));
+    setenv("DPAR_GRAPH_ALIAS", on, 1);
+    T_OK(dpar_graph_compile(g, &t->st));
+    unsetenv("DPAR_GRAPH_ALIAS");
+}
+/* The first printed line of op `op` (forward nodes come first): whether it is marked in_place. */
+static bool alias_marked(const char *text, const char *op) {
+    const char *l = strstr(text, op);
+    assert_non_null(l);
+    const char *e = strchr(l, '\n'), *m = strstr(l, " in_place(");
+    return m && (!e || m < e);
+}
+static void alias_plan(int n) {
+    static digits_data data;
+    digits_make(&data);
+    dpar_runtime *rt = t_runtime_or_skip(BK, n);
+    dpar_mesh *m = t_mesh1(rt, n, "data");
+    alias_net on, off;
+    alias_build(&on, m, &data, n, "1");
+    alias_build(&off, m, &data, n, "0");
+    char path[512], text[1 << 15];
+    snprintf(path, sizeof path, "%s/dpar_test_alias_%d_%d.txt", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (int)BK,
+             n);
+    T_OK(dpar_graph_print(on.g, path));
+    FILE *f = fopen(path, "r");
+    size_t got = f ? fread(text, 1, sizeof text - 1, f) : 0;
+    text[got] = 0;
+    if (f) fclose(f);
+    remove(path);
+    assert_true(alias_marked(text, " bias_add "));  /* its input, the matmul's output, is read by nothing else */
+    assert_false(alias_marked(text, " relu "));     /* the backward reads relu's input */
+    assert_false(alias_marked(text, " scale "));    /* the add reads h after the scale */
+    assert_true(alias_marked(text, " add "));       /* the scale's output, read last by the add */
+    assert_true(alias_marked(text, " relu_grad ")); /* the cotangent, read last there */
+    T_OK(dpar_graph_print(off.g, path));
+    f = fopen(path, "r");
+    got = f ? fread(text, 1, sizeof text - 1, f) : 0;
+    text[got] = 0;
+    if (f) fclose(f);
+    remove(path);
+    assert_null(strstr(text, "in_place("));
+    printf("aliasing, %d device(s): planned %llu bytes (live %llu) vs %llu (live %llu) unaliased, naive %llu\n", n,
+           (unsigned long long)on.st.planned_bytes, (unsigned long long)on.st.live_bytes,
+           (unsigned long long)off.st.planned_bytes, (unsigned long long)off.st.live_bytes,
+           (unsigned long long)on.st.naive_bytes);
+    assert_true(on.st.planned_bytes < off.st.planned_bytes && on.st.live_bytes < off.st.live_bytes);
+    assert_true(on.st.live_bytes <= on.st.planned_bytes && on.st.naive_bytes == off.st.naive_bytes);
+    for (int s = 0; s < STEPS; s++) { /* losses, gradients and params bit for bit */
+        const float *xb = data.x + (size_t)(s * BATCH % NROWS) * NPIX;
+        const int32_t *yb = data.y + s * BATCH % NROWS;
+        float la = 0.0f, lb = 1.0f;
+        dpar_graph_feed fa[2] = { { on.x, xb, NULL }, { on.y, yb, NULL } };
+        dpar_graph_feed fb[2] = { { off.x, xb, NULL }, { off.y, yb, NULL } };
+        T_OK(dpar_graph_run(on.g, fa, 2, &la));
+        T_OK(dpar_graph_run(off.g, fb, 2, &lb));
+        if (memcmp(&la, &lb, sizeof la)) fail_msg("step %d: loss %.9g aliased, %.9g not", s, (double)la, (double)lb);
+    }
+    static float a[NPIX * HID], b[NPIX * HID];
+    for (int i = 0; i < 4; i++) {
+        size_t cnt = i == 0 ? NPIX * HID : i == 1 ? HID : i == 2 ? HID * NCLS : NCLS;
+        T_OK(dpar_graph_get(on.g, on.gr[i], a));
+        T_OK(dpar_graph_get(off.g, off.gr[i], b));
+        assert_memory_equal(a, b, cnt * sizeof(float));
+        T_OK(dpar_array_get(on.w[i], a));
+        T_OK(dpar_array_get(off.w[i], b));
+        assert_memory_equal(a, b, cnt * sizeof(float));
+    }
+    T_OK(dpar_graph_destroy(on.g));
+    T_OK(dpar_graph_destroy(off.g));
+    T_OK(dpar_runtime_destroy(rt));
+}
+
 /* ---- Megatron column -> row MLP on a 2x2 (data, model) mesh against the 1-device graph ---- */
 enum { MB = 8, MD = 6, MH = 8, MC = 5 };
 typedef struct mlp_graph {
@@ -821,6 +924,18 @@ static void test_digits_mlp_vulkan(void **st) {
     BK = DPAR_BACKEND_VULKAN;
     digits_mlp();
 }
+static void test_alias_cpu(void **st) {
+    (void)st;
+    BK = DPAR_BACKEND_CPU;
+    alias_plan(1);
+    alias_plan(2);
+}
+static void test_alias_vulkan(void **st) {
+    (void)st;
+    BK = DPAR_BACKEND_VULKAN;
+    alias_plan(1);
+    alias_plan(2);
+}
 static void test_megatron_cpu(void **st) {
     (void)st;
     BK = DPAR_BACKEND_CPU;
@@ -848,6 +963,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fd_cpu),           cmocka_unit_test(test_fd_vulkan),
         cmocka_unit_test(test_digits_mlp_cpu),   cmocka_unit_test(test_digits_mlp_vulkan),
+        cmocka_unit_test(test_alias_cpu),        cmocka_unit_test(test_alias_vulkan),
         cmocka_unit_test(test_megatron_cpu),     cmocka_unit_test(test_megatron_vulkan),
         cmocka_unit_test(test_adamw_masked_cpu), cmocka_unit_test(test_adamw_masked_vulkan),
         cmocka_unit_test(test_bad_input),
