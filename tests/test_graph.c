@@ -568,26 +568,14 @@ static void alias_plan(int n) {
     alias_net on, off;
     alias_build(&on, m, &data, n, "1");
     alias_build(&off, m, &data, n, "0");
-    char path[512], text[1 << 15];
-    snprintf(path, sizeof path, "%s/dpar_test_alias_%d_%d.txt", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (int)BK,
-             n);
-    T_OK(dpar_graph_print(on.g, path));
-    FILE *f = fopen(path, "r");
-    size_t got = f ? fread(text, 1, sizeof text - 1, f) : 0;
-    text[got] = 0;
-    if (f) fclose(f);
-    remove(path);
+    char text[1 << 15];
+    t_graph_text(on.g, "test_graph_alias", text, sizeof text);
     assert_true(alias_marked(text, " bias_add "));  /* its input, the matmul's output, is read by nothing else */
     assert_false(alias_marked(text, " relu "));     /* the backward reads relu's input */
     assert_false(alias_marked(text, " scale "));    /* the add reads h after the scale */
     assert_true(alias_marked(text, " add "));       /* the scale's output, read last by the add */
     assert_true(alias_marked(text, " relu_grad ")); /* the cotangent, read last there */
-    T_OK(dpar_graph_print(off.g, path));
-    f = fopen(path, "r");
-    got = f ? fread(text, 1, sizeof text - 1, f) : 0;
-    text[got] = 0;
-    if (f) fclose(f);
-    remove(path);
+    t_graph_text(off.g, "test_graph_alias", text, sizeof text);
     assert_null(strstr(text, "in_place("));
     printf("aliasing, %d device(s): planned %llu bytes (live %llu) vs %llu (live %llu) unaliased, naive %llu\n", n,
            (unsigned long long)on.st.planned_bytes, (unsigned long long)on.st.live_bytes,
@@ -688,11 +676,7 @@ static void megatron(void) {
     megatron_build(&one, m1, false, false, init, OPT_SGD);
     char path[512], text[8192];
     snprintf(path, sizeof path, "%s/dpar_test_graph_%d.txt", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (int)BK);
-    T_OK(dpar_graph_print(tp.g, path));
-    FILE *pf = fopen(path, "r");
-    size_t got = pf ? fread(text, 1, sizeof text - 1, pf) : 0;
-    text[got] = 0;
-    if (pf) fclose(pf);
+    t_graph_text(tp.g, BK == DPAR_BACKEND_CPU ? "test_graph_cpu" : "test_graph_vulkan", text, sizeof text);
     assert_non_null(strstr(text, "psum"));
     assert_non_null(strstr(text, "over{model}"));         /* the row-parallel reduction */
     assert_non_null(strstr(text, "spec(-, model) kept")); /* W1's gradient, split as W1 */

@@ -95,6 +95,17 @@ static inline dpar_runtime *t_runtime(dpar_backend_kind k, int n) {
     T_OK(dpar_runtime_create(&d, &rt));
     return rt;
 }
+/* What dpar_graph_print writes for g (at most cap - 1 bytes), through a temporary file named after tag. */
+static inline void t_graph_text(const dpar_graph *g, const char *tag, char *text, size_t cap) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/dpar_%s.txt", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", tag);
+    T_OK(dpar_graph_print(g, path));
+    FILE *f = fopen(path, "r");
+    size_t got = f ? fread(text, 1, cap - 1, f) : 0;
+    text[got] = 0;
+    if (f) fclose(f);
+    remove(path);
+}
 static inline dpar_mesh *t_mesh1(dpar_runtime *rt, int n, const char *axis) {
     dpar_mesh_desc d;
     memset(&d, 0, sizeof d);
