@@ -14688,27 +14688,33 @@ static float dpar__exp_f32_1(float x) {
     return p * s1 * s2;
 }
 #ifdef DPAR__X86_SIMD
-/* the same operations on 16 lanes; a NaN lane is x + x (quiet) */
-__attribute__((target("avx512f"))) static inline __m512 dpar__exp_f32_v16(__m512 x) {
-    __m512 xc = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(DPAR__EXP_LO)), _mm512_set1_ps(DPAR__EXP_HI));
-    __m512 k = _mm512_sub_ps(_mm512_fmadd_ps(xc, _mm512_set1_ps(DPAR__EXP_LOG2E), _mm512_set1_ps(DPAR__EXP_SHIFT)),
-                             _mm512_set1_ps(DPAR__EXP_SHIFT));
-    __m512 r = _mm512_fmadd_ps(k, _mm512_set1_ps(-DPAR__EXP_LN2_HI), xc);
-    r = _mm512_fmadd_ps(k, _mm512_set1_ps(-DPAR__EXP_LN2_LO), r);
-    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(DPAR__EXP_C7), r, _mm512_set1_ps(DPAR__EXP_C6));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(DPAR__EXP_C5));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(DPAR__EXP_C4));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(DPAR__EXP_C3));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(DPAR__EXP_C2));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    __m512i n = _mm512_cvtps_epi32(k), bias = _mm512_set1_epi32(127);
-    __m512i n1 = _mm512_srai_epi32(n, 1), n2 = _mm512_sub_epi32(n, n1);
-    __m512 s1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n1, bias), 23));
-    __m512 s2 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n2, bias), 23));
-    __m512 y = _mm512_mul_ps(_mm512_mul_ps(p, s1), s2);
-    return _mm512_mask_add_ps(y, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x, x);
-}
+/* The same operations on a vector of lanes, written once for both widths: P is the intrinsics'
+   prefix (_mm512, _mm256), V and VI the float and int vector types, SI the cast's suffix (si512,
+   si256), NANS(y, x) the width's way to make the NaN lanes of y x + x (quiet). */
+#define DPAR__EXP_F32_VEC(name, tgt, P, V, VI, SI, NANS)                                               \
+    __attribute__((target(tgt))) static inline V name(V x) {                                           \
+        V xc = P##_min_ps(P##_max_ps(x, P##_set1_ps(DPAR__EXP_LO)), P##_set1_ps(DPAR__EXP_HI));        \
+        V k = P##_sub_ps(P##_fmadd_ps(xc, P##_set1_ps(DPAR__EXP_LOG2E), P##_set1_ps(DPAR__EXP_SHIFT)), \
+                         P##_set1_ps(DPAR__EXP_SHIFT));                                                \
+        V r = P##_fmadd_ps(k, P##_set1_ps(-DPAR__EXP_LN2_HI), xc);                                     \
+        r = P##_fmadd_ps(k, P##_set1_ps(-DPAR__EXP_LN2_LO), r);                                        \
+        V p = P##_fmadd_ps(P##_set1_ps(DPAR__EXP_C7), r, P##_set1_ps(DPAR__EXP_C6));                   \
+        p = P##_fmadd_ps(p, r, P##_set1_ps(DPAR__EXP_C5));                                             \
+        p = P##_fmadd_ps(p, r, P##_set1_ps(DPAR__EXP_C4));                                             \
+        p = P##_fmadd_ps(p, r, P##_set1_ps(DPAR__EXP_C3));                                             \
+        p = P##_fmadd_ps(p, r, P##_set1_ps(DPAR__EXP_C2));                                             \
+        p = P##_fmadd_ps(p, r, P##_set1_ps(1.0f));                                                     \
+        p = P##_fmadd_ps(p, r, P##_set1_ps(1.0f));                                                     \
+        VI n = P##_cvtps_epi32(k), bias = P##_set1_epi32(127);                                         \
+        VI n1 = P##_srai_epi32(n, 1), n2 = P##_sub_epi32(n, n1);                                       \
+        V s1 = P##_cast##SI##_ps(P##_slli_epi32(P##_add_epi32(n1, bias), 23));                         \
+        V s2 = P##_cast##SI##_ps(P##_slli_epi32(P##_add_epi32(n2, bias), 23));                         \
+        return NANS(P##_mul_ps(P##_mul_ps(p, s1), s2), x);                                             \
+    }
+#define DPAR__EXP_NANS_V16(y, x) _mm512_mask_add_ps(y, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x, x)
+#define DPAR__EXP_NANS_V8(y, x)  _mm256_blendv_ps(y, _mm256_add_ps(x, x), _mm256_cmp_ps(x, x, _CMP_UNORD_Q))
+DPAR__EXP_F32_VEC(dpar__exp_f32_v16, "avx512f", _mm512, __m512, __m512i, si512, DPAR__EXP_NANS_V16)
+DPAR__EXP_F32_VEC(dpar__exp_f32_v8, "avx2,fma", _mm256, __m256, __m256i, si256, DPAR__EXP_NANS_V8)
 /* y[i] = exp(x[i]) for i < n, the tail by masked loads (y may be x) */
 __attribute__((target("avx512f"))) static int64_t dpar__exp_f32_avx512(float *y, const float *x, int64_t n) {
     int64_t i = 0;
@@ -14718,26 +14724,6 @@ __attribute__((target("avx512f"))) static int64_t dpar__exp_f32_avx512(float *y,
         _mm512_mask_storeu_ps(y + i, m, dpar__exp_f32_v16(_mm512_maskz_loadu_ps(m, x + i)));
     }
     return n;
-}
-__attribute__((target("avx2,fma"))) static inline __m256 dpar__exp_f32_v8(__m256 x) {
-    __m256 xc = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(DPAR__EXP_LO)), _mm256_set1_ps(DPAR__EXP_HI));
-    __m256 k = _mm256_sub_ps(_mm256_fmadd_ps(xc, _mm256_set1_ps(DPAR__EXP_LOG2E), _mm256_set1_ps(DPAR__EXP_SHIFT)),
-                             _mm256_set1_ps(DPAR__EXP_SHIFT));
-    __m256 r = _mm256_fmadd_ps(k, _mm256_set1_ps(-DPAR__EXP_LN2_HI), xc);
-    r = _mm256_fmadd_ps(k, _mm256_set1_ps(-DPAR__EXP_LN2_LO), r);
-    __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(DPAR__EXP_C7), r, _mm256_set1_ps(DPAR__EXP_C6));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(DPAR__EXP_C5));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(DPAR__EXP_C4));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(DPAR__EXP_C3));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(DPAR__EXP_C2));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    __m256i n = _mm256_cvtps_epi32(k), bias = _mm256_set1_epi32(127);
-    __m256i n1 = _mm256_srai_epi32(n, 1), n2 = _mm256_sub_epi32(n, n1);
-    __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
-    __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
-    __m256 y = _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
-    return _mm256_blendv_ps(y, _mm256_add_ps(x, x), _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
 }
 /* y[i] = exp(x[i]) for the first multiple of 8 below n; returns it (y may be x) */
 __attribute__((target("avx2,fma"))) static int64_t dpar__exp_f32_avx2(float *y, const float *x, int64_t n) {
