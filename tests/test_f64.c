@@ -13,14 +13,6 @@ T_CPU_FIXTURE(1)
 static dpar_buffer *mkd(int ndim, const int64_t *shape, const double *data) {
     return t_buf(RT, 0, DPAR_F64, ndim, shape, data);
 }
-static dpar_buffer *mkd1(int64_t n, const double *data) {
-    return mkd(1, &n, data);
-}
-static double rd1(const dpar_buffer *b) {
-    double v;
-    t_read(b, &v);
-    return v;
-}
 /* deterministic values in [-2, 2) (a 64-bit LCG; no two tests share a stream) */
 static double rnd(uint64_t *s) {
     *s = *s * 6364136223846793005ull + 1442695040888963407ull;
@@ -41,7 +33,7 @@ static void near(const char *what, int64_t i, double got, double want, double to
 static void test_fill_copy_axpy_scale(void **st) {
     (void)st;
     double x[5] = { 1.0 / 3.0, -2.5, 1e300, 4.9e-324, -0.0 }, y[5] = { 0.1, 0.2, 0.3, 0.4, 0.5 }, r[5];
-    dpar_buffer *bx = mkd1(5, x), *by = mkd1(5, y), *bz = mkd1(5, NULL);
+    dpar_buffer *bx = t_buf1(RT, DPAR_F64, 5, x), *by = t_buf1(RT, DPAR_F64, 5, y), *bz = t_buf1(RT, DPAR_F64, 5, NULL);
     T_OK(dpar_fill(bz, 0.1f));
     t_read(bz, r);
     for (int i = 0; i < 5; i++) assert_true(r[i] == (double)0.1f);
@@ -65,8 +57,9 @@ static void test_casts(void **st) {
     int32_t k[6];
     uint16_t h[6];
     int64_t n = 6;
-    dpar_buffer *bx = mkd1(6, x), *bf = t_buf(RT, 0, DPAR_F32, 1, &n, NULL), *bi = t_buf(RT, 0, DPAR_I32, 1, &n, NULL);
-    dpar_buffer *bh = t_buf(RT, 0, DPAR_BF16, 1, &n, NULL), *bd = mkd1(6, NULL);
+    dpar_buffer *bx = t_buf1(RT, DPAR_F64, 6, x), *bf = t_buf(RT, 0, DPAR_F32, 1, &n, NULL),
+                *bi = t_buf(RT, 0, DPAR_I32, 1, &n, NULL);
+    dpar_buffer *bh = t_buf(RT, 0, DPAR_BF16, 1, &n, NULL), *bd = t_buf1(RT, DPAR_F64, 6, NULL);
     T_OK(dpar_cast(bf, bx));
     t_read(bf, f);
     for (int i = 0; i < 5; i++) assert_true(f[i] == (float)x[i]); /* round to nearest; 1e300 -> inf */
@@ -103,18 +96,20 @@ static void test_f64_keeps_what_f32_loses(void **st) {
     for (int i = 1; i < N; i++) x[i] = 1.0;
     for (int i = 0; i < N; i++) xf[i] = (float)x[i];
     int64_t n = N, one = 1;
-    dpar_buffer *bx = mkd1(N, x), *bs = mkd1(1, NULL), *bxf = t_buf(RT, 0, DPAR_F32, 1, &n, xf);
+    dpar_buffer *bx = t_buf1(RT, DPAR_F64, N, x), *bs = t_buf1(RT, DPAR_F64, 1, NULL),
+                *bxf = t_buf(RT, 0, DPAR_F32, 1, &n, xf);
     dpar_buffer *bsf = t_buf(RT, 0, DPAR_F32, 1, &one, NULL);
     T_OK(dpar_sum(bs, bx));
     T_OK(dpar_sum(bsf, bxf));
     float sf;
     t_read(bsf, &sf);
-    assert_true(rd1(bs) == 100001001.0);
+    assert_true(t_value_f64(bs) == 100001001.0);
     assert_true((double)sf != 100001001.0);
     /* a near-cancelling difference: (1 + 2^-40) - 1 */
     double a = 1.0 + ldexp(1.0, -40), b = 1.0, d;
     float af = (float)a, bf = (float)b, df;
-    dpar_buffer *ba = mkd1(1, &a), *bb = mkd1(1, &b), *bd = mkd1(1, NULL);
+    dpar_buffer *ba = t_buf1(RT, DPAR_F64, 1, &a), *bb = t_buf1(RT, DPAR_F64, 1, &b),
+                *bd = t_buf1(RT, DPAR_F64, 1, NULL);
     dpar_buffer *baf = t_buf(RT, 0, DPAR_F32, 1, &one, &af), *bbf = t_buf(RT, 0, DPAR_F32, 1, &one, &bf);
     T_OK(dpar_binary(bd, ba, bb, DPAR_BINARY_SUB));
     T_OK(dpar_binary(bsf, baf, bbf, DPAR_BINARY_SUB));
@@ -162,7 +157,7 @@ static void test_unary(void **st) {
     enum { N = 37 };
     double *x = rnd_n(N, 11), *g = rnd_n(N, 12), y[N], dx[N];
     for (int i = 0; i < N; i++) x[i] = fabs(x[i]) + 0.05; /* log, sqrt, rsqrt, pow need x > 0 */
-    dpar_buffer *bx = mkd1(N, x), *bg = mkd1(N, g), *by = mkd1(N, NULL);
+    dpar_buffer *bx = t_buf1(RT, DPAR_F64, N, x), *bg = t_buf1(RT, DPAR_F64, N, g), *by = t_buf1(RT, DPAR_F64, N, NULL);
     const float s = 1.75f;
     for (int u = 0; u < DPAR_UNARY_COUNT; u++) {
         char what[64];
@@ -225,7 +220,7 @@ static void test_reductions(void **st) {
     double *x = rnd_n(60, 31), *dy = rnd_n(12, 32), y[12], dx[60];
     x[1 * 20 + 2 * 4 + 3] = x[1 * 20 + 4 * 4 + 3] = 9.0; /* a tie: argmax and max's gradient take the first */
     dpar_buffer *bx = mkd(3, xs, x), *by = mkd(2, ys, NULL), *bdy = mkd(2, ys, dy), *bdx = mkd(3, xs, NULL);
-    dpar_buffer *bi = t_buf(RT, 0, DPAR_I32, 2, ys, NULL), *bs = mkd1(1, NULL);
+    dpar_buffer *bi = t_buf(RT, 0, DPAR_I32, 2, ys, NULL), *bs = t_buf1(RT, DPAR_F64, 1, NULL);
     int axis = 1;
     for (int kind = 0; kind < DPAR_REDUCE_KIND_COUNT; kind++) {
         dpar_buffer *out = kind == DPAR_REDUCE_ARGMAX ? bi : by;
@@ -265,13 +260,13 @@ static void test_reductions(void **st) {
     double s = 0, ss = 0, sa = 0;
     for (int i = 0; i < 60; i++) s += x[i], ss += x[i] * x[i], sa += fabs(x[i]);
     T_OK(dpar_sum(bs, bx));
-    near("sum", 0, rd1(bs), s, 1e-14, sa);
+    near("sum", 0, t_value_f64(bs), s, 1e-14, sa);
     T_OK(dpar_sum_squares(bs, bx));
-    near("sum_squares", 0, rd1(bs), ss, 1e-14, 0);
+    near("sum_squares", 0, t_value_f64(bs), ss, 1e-14, 0);
     int64_t none = 0;
-    dpar_buffer *be = mkd1(none, NULL);
+    dpar_buffer *be = t_buf1(RT, DPAR_F64, none, NULL);
     T_OK(dpar_sum(bs, be)); /* size 0: sum 0 */
-    assert_true(rd1(bs) == 0.0);
+    assert_true(t_value_f64(bs) == 0.0);
     dpar_buffer *bf = t_buf(RT, 0, DPAR_F32, 1, &one, NULL);
     T_ERR(dpar_sum(bf, bx), DPAR_ERR_DTYPE, "result buffer is f32", "f64");
     dpar_buffer *bufs[] = { bx, by, bdy, bdx, bi, bs, be, bf };
@@ -361,7 +356,7 @@ static void test_losses(void **st) {
     (void)st;
     int64_t sh[2] = { 5, 6 }, m = 5;
     double *p = rnd_n(30, 61), *t = rnd_n(30, 62), g[30];
-    dpar_buffer *bp = mkd(2, sh, p), *bt = mkd(2, sh, t), *bg = mkd(2, sh, NULL), *bl = mkd1(1, NULL);
+    dpar_buffer *bp = mkd(2, sh, p), *bt = mkd(2, sh, t), *bg = mkd(2, sh, NULL), *bl = t_buf1(RT, DPAR_F64, 1, NULL);
     T_OK(dpar_mse(bl, bg, bp, bt));
     t_read(bg, g);
     double s = 0;
@@ -369,7 +364,7 @@ static void test_losses(void **st) {
         s += (p[i] - t[i]) * (p[i] - t[i]);
         near("mse grad", i, g[i], 2.0 * (p[i] - t[i]) / 30.0, 1e-15, 0);
     }
-    near("mse", 0, rd1(bl), s / 30.0, 1e-14, 0);
+    near("mse", 0, t_value_f64(bl), s / 30.0, 1e-14, 0);
     int32_t lab[5] = { 2, -100, 0, 5, 3 };
     dpar_buffer *blab = t_buf(RT, 0, DPAR_I32, 1, &m, lab);
     dpar_xent_desc d = { true, -100, 0.1f };
@@ -388,7 +383,7 @@ static void test_losses(void **st) {
             if (lab[i] != -100) total -= q * (p[i * 6 + j] - lse);
         }
     }
-    near("cross_entropy", 0, rd1(bl), total / 4.0, 1e-12, 0);
+    near("cross_entropy", 0, t_value_f64(bl), total / 4.0, 1e-12, 0);
     T_ERR(dpar_softmax_xent(bl, NULL, bp, blab), DPAR_ERR_INVALID_ARGUMENT, "labels[1] = -100");
     lab[1] = 1;
     T_OK(dpar_buffer_write(blab, 0, lab, sizeof lab));
@@ -400,7 +395,7 @@ static void test_losses(void **st) {
         for (int j = 0; j < 6; j++) se += exp(p[i * 6 + j] - mx);
         total += mx + log(se) - p[i * 6 + lab[i]];
     }
-    near("softmax_xent", 0, rd1(bl), total / 5.0, 1e-12, 0);
+    near("softmax_xent", 0, t_value_f64(bl), total / 5.0, 1e-12, 0);
     dpar_buffer *bufs[] = { bp, bt, bg, bl, blab };
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dpar_buffer_destroy(bufs[i]);
     free(p);
@@ -1047,8 +1042,10 @@ static void test_attention(void **st) {
 static void test_refusals(void **st) {
     (void)st;
     int64_t s4 = 4, s22[2] = { 2, 2 }, s1 = 1;
-    dpar_buffer *d = mkd1(4, NULL), *d2 = mkd1(4, NULL), *f = t_buf(RT, 0, DPAR_F32, 1, &s4, NULL);
-    dpar_buffer *md = mkd(2, s22, NULL), *mf = t_buf(RT, 0, DPAR_F32, 2, s22, NULL), *ld = mkd1(1, NULL);
+    dpar_buffer *d = t_buf1(RT, DPAR_F64, 4, NULL), *d2 = t_buf1(RT, DPAR_F64, 4, NULL),
+                *f = t_buf(RT, 0, DPAR_F32, 1, &s4, NULL);
+    dpar_buffer *md = mkd(2, s22, NULL), *mf = t_buf(RT, 0, DPAR_F32, 2, s22, NULL),
+                *ld = t_buf1(RT, DPAR_F64, 1, NULL);
     dpar_buffer *lf = t_buf(RT, 0, DPAR_F32, 1, &s1, NULL);
     T_ERR(dpar_binary(d, d2, f, DPAR_BINARY_ADD), DPAR_ERR_DTYPE, "b is f32", "f64");
     T_ERR(dpar_binary(f, f, d, DPAR_BINARY_ADD), DPAR_ERR_DTYPE, "b is f64", "f32");

@@ -11,14 +11,6 @@ T_CPU_FIXTURE(2)
 static dpar_buffer *mkf(int ndim, const int64_t *shape, const float *data) {
     return t_buf(RT, 0, DPAR_F32, ndim, shape, data);
 }
-static dpar_buffer *mk1(int64_t n, const float *data) {
-    return mkf(1, &n, data);
-}
-static float rd1(const dpar_buffer *b) {
-    float v;
-    t_read(b, &v);
-    return v;
-}
 static float ival(int i, int salt) {
     return (float)(((i * 7 + salt * 13 + 3) % 11) - 5);
 }
@@ -126,7 +118,7 @@ static void test_matmul_errors(void **st) {
     (void)st;
     int64_t s23[2] = { 2, 3 }, s34[2] = { 3, 4 }, s24[2] = { 2, 4 }, s44[2] = { 4, 4 }, s6 = 6;
     dpar_buffer *a = mkf(2, s23, NULL), *b = mkf(2, s34, NULL), *c = mkf(2, s24, NULL), *bad = mkf(2, s44, NULL),
-                *v = mk1(6, NULL);
+                *v = t_buf1(RT, DPAR_F32, 6, NULL);
     dpar_buffer *c16 = t_buf(RT, 0, DPAR_F16, 2, s24, NULL), *a32 = t_buf(RT, 0, DPAR_I32, 2, s23, NULL),
                 *b1 = t_buf(RT, 1, DPAR_F32, 2, s34, NULL);
     dpar_buffer *b16 = t_buf(RT, 0, DPAR_F16, 2, s34, NULL), *sq = mkf(2, s44, NULL);
@@ -152,13 +144,13 @@ static void test_bias(void **st) {
     int64_t ys[3] = { 2, 2, 3 };
     float y0[12], b0[3] = { 1.5f, -2.0f, 0.25f }, out[12];
     for (int i = 0; i < 12; i++) y0[i] = ival(i, 4);
-    dpar_buffer *y = mkf(3, ys, y0), *b = mk1(3, b0);
+    dpar_buffer *y = mkf(3, ys, y0), *b = t_buf1(RT, DPAR_F32, 3, b0);
     T_OK(dpar_bias_add(y, b));
     t_read(y, out);
     for (int i = 0; i < 12; i++) assert_true(out[i] == y0[i] + b0[i % 3]);
     /* bias_grad: db = beta db + column sums of dy viewed as [4, 3] */
     float db0[3] = { NAN, NAN, NAN }, db[3];
-    dpar_buffer *g = mk1(3, db0), *dy = mkf(3, ys, y0);
+    dpar_buffer *g = t_buf1(RT, DPAR_F32, 3, db0), *dy = mkf(3, ys, y0);
     T_OK(dpar_bias_grad(g, dy, 0.0f)); /* beta 0 ignores NaN */
     t_read(g, db);
     for (int j = 0; j < 3; j++) {
@@ -171,8 +163,8 @@ static void test_bias(void **st) {
     t_read(g, db2);
     for (int j = 0; j < 3; j++) assert_true(db2[j] == 0.5f * db[j] + db[j]);
     int64_t s4 = 4, s23[2] = { 2, 3 };
-    dpar_buffer *b4 = mk1(4, NULL), *b2d = mkf(2, s23, NULL), *bi = t_buf(RT, 0, DPAR_I32, 1, ys + 2, NULL),
-                *bo = t_buf(RT, 1, DPAR_F32, 1, ys + 2, NULL);
+    dpar_buffer *b4 = t_buf1(RT, DPAR_F32, 4, NULL), *b2d = mkf(2, s23, NULL),
+                *bi = t_buf(RT, 0, DPAR_I32, 1, ys + 2, NULL), *bo = t_buf(RT, 1, DPAR_F32, 1, ys + 2, NULL);
     (void)s4;
     T_ERR(dpar_bias_add(y, b4), DPAR_ERR_SHAPE, "[4]", "[2, 2, 3]");
     T_ERR(dpar_bias_add(y, b2d), DPAR_ERR_SHAPE, "[2, 3]");
@@ -189,7 +181,7 @@ static void test_relu(void **st) {
     (void)st;
     float x0[8] = { -2.0f, -0.0f, 0.0f, 1e-30f, 3.5f, NAN, -INFINITY, INFINITY }, y[8];
     float want[8] = { 0, 0, 0, 1e-30f, 3.5f, NAN, 0, INFINITY };
-    dpar_buffer *x = mk1(8, x0), *o = mk1(8, NULL);
+    dpar_buffer *x = t_buf1(RT, DPAR_F32, 8, x0), *o = t_buf1(RT, DPAR_F32, 8, NULL);
     T_OK(dpar_relu(o, x));
     t_read(o, y);
     for (int i = 0; i < 8; i++) {
@@ -205,7 +197,8 @@ static void test_relu(void **st) {
     assert_memory_equal(y, y2, sizeof y);
     /* backward: dx = dy where x > 0 else 0 (NaN x is not > 0) */
     float xs[6] = { -1, 0, 2, NAN, 5, 1e-38f }, dys[6] = { 10, 20, 30, 40, NAN, 60 }, dx[6];
-    dpar_buffer *bx = mk1(6, xs), *bdy = mk1(6, dys), *bdx = mk1(6, NULL);
+    dpar_buffer *bx = t_buf1(RT, DPAR_F32, 6, xs), *bdy = t_buf1(RT, DPAR_F32, 6, dys),
+                *bdx = t_buf1(RT, DPAR_F32, 6, NULL);
     T_OK(dpar_relu_backward(bdx, bdy, bx));
     t_read(bdx, dx);
     assert_true(dx[0] == 0 && dx[1] == 0 && dx[2] == 30 && dx[3] == 0 && isnan(dx[4]) && dx[5] == 60);
@@ -226,7 +219,7 @@ static void xent_check(int M, int Cn, const float *z, const int32_t *lab, double
     dpar_buffer *bz = mkf(2, zs, z), *bl = t_buf(RT, 0, DPAR_I32, 1, &ls, lab), *loss = mkf(1, &one, NULL),
                 *g = mkf(2, zs, NULL);
     T_OK(dpar_softmax_xent(loss, g, bz, bl));
-    float L = rd1(loss), *G = malloc((size_t)(M * Cn) * 4);
+    float L = t_value_f32(loss), *G = malloc((size_t)(M * Cn) * 4);
     t_read(g, G);
     double total = 0;
     for (int i = 0; i < M; i++) {
@@ -248,7 +241,7 @@ static void xent_check(int M, int Cn, const float *z, const int32_t *lab, double
     if (fabs(L - want) > tol * fabs(want) + 1e-7) fail_msg("loss %.9g, want %.9g", L, want);
     /* loss only */
     T_OK(dpar_softmax_xent(loss, NULL, bz, bl));
-    assert_true(rd1(loss) == L);
+    assert_true(t_value_f32(loss) == L);
     free(G);
     dpar_buffer_destroy(bz);
     dpar_buffer_destroy(bl);
@@ -284,7 +277,7 @@ static void test_softmax_xent(void **st) {
     T_OK(dpar_softmax_xent(loss, g, bz, bl1));
     float G[2];
     t_read(g, G);
-    assert_true(rd1(loss) == (float)log(2.0));
+    assert_true(t_value_f32(loss) == (float)log(2.0));
     assert_true(G[0] == -0.5f && G[1] == 0.5f);
     /* a label out of range: an error naming the row and the value, nothing written */
     int32_t badl[1] = { 7 };
@@ -297,8 +290,8 @@ static void test_softmax_xent(void **st) {
     T_ERR(dpar_softmax_xent(loss, NULL, bz, bl1), DPAR_ERR_INVALID_ARGUMENT, "labels[0] = -1");
     /* errors */
     int64_t two = 2, s3 = 3;
-    dpar_buffer *lf = mkf(1, &one, NULL), *l2 = mk1(2, NULL), *labf = mk1(1, NULL),
-                *lab2 = t_buf(RT, 0, DPAR_I32, 1, &two, NULL), *z1 = mk1(3, NULL);
+    dpar_buffer *lf = mkf(1, &one, NULL), *l2 = t_buf1(RT, DPAR_F32, 2, NULL), *labf = t_buf1(RT, DPAR_F32, 1, NULL),
+                *lab2 = t_buf(RT, 0, DPAR_I32, 1, &two, NULL), *z1 = t_buf1(RT, DPAR_F32, 3, NULL);
     dpar_buffer *g13 = mkf(1, &s3, NULL);
     T_ERR(dpar_softmax_xent(l2, g, bz, bl1), DPAR_ERR_SHAPE, "1 f32 element");
     T_ERR(dpar_softmax_xent(lf, g, bz, labf), DPAR_ERR_DTYPE, "f32", "i32");
@@ -327,9 +320,9 @@ static void test_mse(void **st) {
         tot += d * d;
         assert_true(g[i] == (float)(2.0 * d / (128 * 32))); /* exact: dyadic values */
     }
-    assert_true(rd1(loss) == (float)(tot / (128 * 32)));
+    assert_true(t_value_f32(loss) == (float)(tot / (128 * 32)));
     T_OK(dpar_mse(loss, NULL, bp, bp));
-    assert_true(rd1(loss) == 0.0f);
+    assert_true(t_value_f32(loss) == 0.0f);
     /* targets of shape (128,) cannot broadcast against (128, 32) predictions */
     dpar_buffer *t1 = mkf(1, &s1, NULL);
     T_ERR(dpar_mse(loss, bg, bp, t1), DPAR_ERR_SHAPE, "[128, 32]", "[128]", "broadcast");
@@ -348,7 +341,7 @@ static void test_mse(void **st) {
 static void test_elementwise(void **st) {
     (void)st;
     float x0[5] = { 1, -2, 3.5f, 0, NAN }, y0[5] = { 10, 20, 30, 40, 50 }, y[5];
-    dpar_buffer *x = mk1(5, x0), *yb = mk1(5, y0);
+    dpar_buffer *x = t_buf1(RT, DPAR_F32, 5, x0), *yb = t_buf1(RT, DPAR_F32, 5, y0);
     T_OK(dpar_axpy(yb, 2.0f, x));
     t_read(yb, y);
     assert_true(y[0] == 12 && y[1] == 16 && y[2] == 37 && y[3] == 40 && isnan(y[4]));
@@ -549,9 +542,9 @@ static void test_cast_op(void **st) {
     float src[N] = { 1.0f,     -2.5f, 65520.0f, 1.0f + 0x1p-11f, 0x1p-25f * 3, NAN,
                      INFINITY, -0.0f, 2.7f,     -2.7f,           3e9f,         -3e9f };
     int64_t n = N;
-    dpar_buffer *f = mk1(N, src), *h = t_buf(RT, 0, DPAR_F16, 1, &n, NULL), *b = t_buf(RT, 0, DPAR_BF16, 1, &n, NULL),
-                *i = t_buf(RT, 0, DPAR_I32, 1, &n, NULL);
-    dpar_buffer *back = mk1(N, NULL);
+    dpar_buffer *f = t_buf1(RT, DPAR_F32, N, src), *h = t_buf(RT, 0, DPAR_F16, 1, &n, NULL),
+                *b = t_buf(RT, 0, DPAR_BF16, 1, &n, NULL), *i = t_buf(RT, 0, DPAR_I32, 1, &n, NULL);
+    dpar_buffer *back = t_buf1(RT, DPAR_F32, N, NULL);
     uint16_t hv[N], bv[N];
     int32_t iv[N];
     T_OK(dpar_cast(h, f));
@@ -591,7 +584,7 @@ static void test_cast_op(void **st) {
     /* i32 -> f32 rounds to nearest even; i32 -> f16 overflows to Inf */
     int32_t is[4] = { 16777217, -16777219, 70000, 7 };
     int64_t four = 4;
-    dpar_buffer *ib = t_buf(RT, 0, DPAR_I32, 1, &four, is), *fb = mk1(4, NULL),
+    dpar_buffer *ib = t_buf(RT, 0, DPAR_I32, 1, &four, is), *fb = t_buf1(RT, DPAR_F32, 4, NULL),
                 *hb = t_buf(RT, 0, DPAR_F16, 1, &four, NULL);
     float fo[4];
     uint16_t ho[4];
@@ -631,11 +624,11 @@ static void test_sum(void **st) {
         s2 += (double)x[i] * x[i];
     }
     int64_t one = 1, n = N;
-    dpar_buffer *bx = mk1(N, x), *o = mkf(1, &one, NULL);
+    dpar_buffer *bx = t_buf1(RT, DPAR_F32, N, x), *o = mkf(1, &one, NULL);
     T_OK(dpar_sum(o, bx));
-    assert_true(rd1(o) == (float)s); /* dyadic data: exact in any order */
+    assert_true(t_value_f32(o) == (float)s); /* dyadic data: exact in any order */
     T_OK(dpar_sum_squares(o, bx));
-    assert_true(rd1(o) == (float)s2);
+    assert_true(t_value_f32(o) == (float)s2);
     /* non-dyadic data: the order may differ from the reference, so a tolerance */
     for (int i = 0; i < N; i++) x[i] = sinf((float)i) * 1.1f;
     T_OK(dpar_buffer_write(bx, 0, x, sizeof x));
@@ -646,18 +639,18 @@ static void test_sum(void **st) {
         s2 += (double)x[i] * x[i];
     }
     T_OK(dpar_sum(o, bx));
-    assert_true(fabs(rd1(o) - s) <= 1e-5 * (fabs(s) + 1));
+    assert_true(fabs(t_value_f32(o) - s) <= 1e-5 * (fabs(s) + 1));
     T_OK(dpar_sum_squares(o, bx));
-    assert_true(fabs(rd1(o) - s2) <= 1e-6 * s2);
+    assert_true(fabs(t_value_f32(o) - s2) <= 1e-6 * s2);
     float nanv[3] = { 1, NAN, 2 };
-    dpar_buffer *bn = mk1(3, nanv);
+    dpar_buffer *bn = t_buf1(RT, DPAR_F32, 3, nanv);
     T_OK(dpar_sum(o, bn));
-    assert_true(isnan(rd1(o)));
+    assert_true(isnan(t_value_f32(o)));
     int64_t z = 0;
-    dpar_buffer *e = mk1(z, NULL);
+    dpar_buffer *e = t_buf1(RT, DPAR_F32, z, NULL);
     T_OK(dpar_sum(o, e));
-    assert_true(rd1(o) == 0.0f);
-    dpar_buffer *h = t_buf(RT, 0, DPAR_F16, 1, &n, NULL), *o2 = mk1(2, NULL),
+    assert_true(t_value_f32(o) == 0.0f);
+    dpar_buffer *h = t_buf(RT, 0, DPAR_F16, 1, &n, NULL), *o2 = t_buf1(RT, DPAR_F32, 2, NULL),
                 *oi = t_buf(RT, 0, DPAR_I32, 1, &one, NULL), *oo = t_buf(RT, 1, DPAR_F32, 1, &one, NULL);
     T_ERR(dpar_sum(o, h), DPAR_ERR_DTYPE, "f16");
     T_ERR(dpar_sum(o2, bx), DPAR_ERR_SHAPE, "1 f32 element");

@@ -9,10 +9,6 @@
 
 T_CPU_FIXTURE(4)
 
-static dpar_buffer *mkf(int64_t n, const float *data) {
-    return t_buf(RT, 0, DPAR_F32, 1, &n, data);
-}
-
 /* ---- AdamW ---------------------------------------------------------------- */
 
 /* optax.adamw, in double */
@@ -38,7 +34,8 @@ static void test_adamw_three_steps(void **st) {
         float p0[N], g0[N];
         double p[N], m[N] = { 0 }, v[N] = { 0 }, g[N];
         for (int i = 0; i < N; i++) p[i] = p0[i] = (float)((i % 5) - 2) * 0.3f;
-        dpar_buffer *bp = mkf(N, p0), *bg = mkf(N, NULL), *bm = mkf(N, NULL), *bv = mkf(N, NULL);
+        dpar_buffer *bp = t_buf1(RT, DPAR_F32, N, p0), *bg = t_buf1(RT, DPAR_F32, N, NULL),
+                    *bm = t_buf1(RT, DPAR_F32, N, NULL), *bv = t_buf1(RT, DPAR_F32, N, NULL);
         dpar_adamw_desc d = { .learning_rate = cases[c].lr,
                               .b1 = cases[c].b1,
                               .b2 = cases[c].b2,
@@ -71,7 +68,9 @@ static void test_adamw_three_steps(void **st) {
 static void test_adamw_rejects(void **st) {
     (void)st;
     float p0[4] = { 1, 2, 3, 4 };
-    dpar_buffer *p = mkf(4, p0), *g = mkf(4, NULL), *m = mkf(4, NULL), *v = mkf(4, NULL), *v3 = mkf(3, NULL);
+    dpar_buffer *p = t_buf1(RT, DPAR_F32, 4, p0), *g = t_buf1(RT, DPAR_F32, 4, NULL),
+                *m = t_buf1(RT, DPAR_F32, 4, NULL), *v = t_buf1(RT, DPAR_F32, 4, NULL),
+                *v3 = t_buf1(RT, DPAR_F32, 3, NULL);
     int64_t four = 4;
     dpar_buffer *vi = t_buf(RT, 0, DPAR_I32, 1, &four, NULL);
     dpar_adamw_desc d = { .learning_rate = 0.1f };
@@ -214,8 +213,9 @@ static void test_loss_scaling_skips_overflow(void **st) {
     dpar_loss_scaler ls;
     T_OK(dpar_loss_scaler_init(&ls, &(dpar_loss_scale_desc){ .init_scale = 1024, .growth_interval = 2 }));
     int64_t n = N;
-    dpar_buffer *g16 = t_buf(RT, 0, DPAR_F16, 1, &n, NULL), *g = mkf(N, NULL), *p = mkf(N, NULL), *m = mkf(N, NULL),
-                *v = mkf(N, NULL);
+    dpar_buffer *g16 = t_buf(RT, 0, DPAR_F16, 1, &n, NULL), *g = t_buf1(RT, DPAR_F32, N, NULL),
+                *p = t_buf1(RT, DPAR_F32, N, NULL), *m = t_buf1(RT, DPAR_F32, N, NULL),
+                *v = t_buf1(RT, DPAR_F32, N, NULL);
     dpar_adamw_desc ad = { .learning_rate = 0.01f };
     int skipped[STEPS], want_skip[STEPS] = { 0, 0, 1, 1, 0, 0, 0, 1, 0, 0 };
     float scales[STEPS + 1], want_scale = 1024;
@@ -441,7 +441,7 @@ static void test_dropout(void **st) {
     enum { N = 1000000 };
     float *x = (float *)malloc(N * 4), *y = (float *)malloc(N * 4), *y2 = (float *)malloc(N * 4);
     for (int i = 0; i < N; i++) x[i] = (float)(i % 1000) * 0.01f + 0.5f;
-    dpar_buffer *bx = mkf(N, x), *by = mkf(N, NULL);
+    dpar_buffer *bx = t_buf1(RT, DPAR_F32, N, x), *by = t_buf1(RT, DPAR_F32, N, NULL);
     T_OK(dpar_dropout(by, bx, 0.0f, 42, 7, 0)); /* p = 0: the identity */
     t_read(by, y);
     assert_memory_equal(x, y, (size_t)N * 4);

@@ -186,6 +186,23 @@ static inline dpar_buffer *t_buf(dpar_runtime *rt, int dev, dpar_dtype t, int nd
 static inline void t_read(const dpar_buffer *b, void *out) {
     if (b && out && dpar_buffer_nbytes(b)) T_OK(dpar_buffer_read(b, 0, out, dpar_buffer_nbytes(b)));
 }
+/* A 1-D buffer of n elements on rt's device 0 (see t_buf). */
+static inline dpar_buffer *t_buf1(dpar_runtime *rt, dpar_dtype t, int64_t n, const void *data) {
+    return t_buf(rt, 0, t, 1, &n, data);
+}
+/* The value of a one-element f32 / f64 buffer (a sum, a loss). */
+static inline float t_value_f32(const dpar_buffer *b) {
+    float v;
+    assert_int_equal(dpar_buffer_nbytes(b), sizeof v);
+    t_read(b, &v);
+    return v;
+}
+static inline double t_value_f64(const dpar_buffer *b) {
+    double v;
+    assert_int_equal(dpar_buffer_nbytes(b), sizeof v);
+    t_read(b, &v);
+    return v;
+}
 /* The bits of an f32, and back. */
 static inline uint32_t t_f2u(float f) {
     uint32_t u;
