@@ -33,6 +33,25 @@ static void clf_free(clf *c) {
     T_OK(dpar_graph_destroy(c->g));
     T_OK(dpar_array_destroy(c->w));
 }
+/* Every test's fixture: two classifiers a and b, built alike, on a runtime of n devices of backend k (the test
+   is skipped where k is unavailable) and the mesh "data" over them. */
+typedef struct fixture {
+    dpar_runtime *rt;
+    dpar_mesh *m;
+    clf a, b;
+} fixture;
+static void fixture_open(fixture *f, dpar_backend_kind k, int n) {
+    f->rt = t_runtime_or_skip(k, n);
+    f->m = t_mesh1(f->rt, n, "data");
+    clf_build(f->m, &f->a);
+    clf_build(f->m, &f->b);
+}
+static void fixture_close(fixture *f) {
+    clf_free(&f->a);
+    clf_free(&f->b);
+    T_OK(dpar_mesh_destroy(f->m));
+    T_OK(dpar_runtime_destroy(f->rt));
+}
 /* Step s's batch: a different one every step, so a stale or swapped set changes the losses. */
 static void batch(int s, float *x, int32_t *y) {
     for (int i = 0; i < B * F; i++) x[i] = (float)((i * 7 + s * 13) % 17) / 17.0f - 0.5f;
@@ -43,45 +62,39 @@ static void batch(int s, float *x, int32_t *y) {
    and step s+1's batch is put while it is in flight (the runtime refuses dpar_array_put then: that state, not
    timing, shows the put overlapped the step). Odd steps of b run blocking on what was staged. */
 static void staged_equals_plain(dpar_backend_kind k) {
-    dpar_runtime *rt = t_runtime_or_skip(k, 4);
-    dpar_mesh *m = t_mesh1(rt, 4, "data");
-    clf a, b;
-    clf_build(m, &a);
-    clf_build(m, &b);
+    fixture fx;
+    fixture_open(&fx, k, 4);
     float x[B * F], la[STEPS], lb[STEPS], wa[F * C], wb[F * C], last = 0;
     int32_t y[B];
     batch(0, x, y);
-    T_OK(dpar_graph_put_feeds(b.g, (dpar_graph_feed[]){ { b.x, x, NULL }, { b.y, y, NULL } }, 2));
+    T_OK(dpar_graph_put_feeds(fx.b.g, (dpar_graph_feed[]){ { fx.b.x, x, NULL }, { fx.b.y, y, NULL } }, 2));
     for (int s = 0; s < STEPS; s++) {
         batch(s, x, y);
-        T_OK(dpar_graph_run(a.g, (dpar_graph_feed[]){ { a.x, x, NULL }, { a.y, y, NULL } }, 2, &la[s]));
+        T_OK(dpar_graph_run(fx.a.g, (dpar_graph_feed[]){ { fx.a.x, x, NULL }, { fx.a.y, y, NULL } }, 2, &la[s]));
         dpar_request *req = NULL;
         if (s % 2 == 0)
-            T_OK(dpar_graph_run_start(b.g, NULL, 0, &lb[s], &req));
+            T_OK(dpar_graph_run_start(fx.b.g, NULL, 0, &lb[s], &req));
         else
-            T_OK(dpar_graph_run(b.g, NULL, 0, &lb[s]));
+            T_OK(dpar_graph_run(fx.b.g, NULL, 0, &lb[s]));
         if (s + 1 < STEPS) {
             batch(s + 1, x, y);
-            T_OK(dpar_graph_put_feeds(b.g, (dpar_graph_feed[]){ { b.x, x, NULL }, { b.y, y, NULL } }, 2));
+            T_OK(dpar_graph_put_feeds(fx.b.g, (dpar_graph_feed[]){ { fx.b.x, x, NULL }, { fx.b.y, y, NULL } }, 2));
             memset(x, 0, sizeof x); /* the put copied the data */
             memset(y, 0, sizeof y);
         }
         if (req) {
             /* the put above ran during the step: refused as in flight, or (still dispatching) as inside one */
-            T_ERR(dpar_array_put(a.w, wa), DPAR_ERR_STATE, "dpar_array_put: a ");
+            T_ERR(dpar_array_put(fx.a.w, wa), DPAR_ERR_STATE, "dpar_array_put: a ");
             T_OK(dpar_wait(NULL, req));
         }
         assert_memory_equal(&la[s], &lb[s], sizeof la[s]);
     }
-    T_OK(dpar_graph_loss(b.g, &last)); /* the last step's loss, left on the devices */
+    T_OK(dpar_graph_loss(fx.b.g, &last)); /* the last step's loss, left on the devices */
     assert_memory_equal(&last, &lb[STEPS - 1], sizeof last);
-    T_OK(dpar_array_get(a.w, wa));
-    T_OK(dpar_array_get(b.w, wb));
+    T_OK(dpar_array_get(fx.a.w, wa));
+    T_OK(dpar_array_get(fx.b.w, wb));
     assert_memory_equal(wa, wb, sizeof wa);
-    clf_free(&a);
-    clf_free(&b);
-    T_OK(dpar_mesh_destroy(m));
-    T_OK(dpar_runtime_destroy(rt));
+    fixture_close(&fx);
 }
 static void test_staged_equals_plain_cpu(void **state) {
     (void)state;
@@ -95,98 +108,89 @@ static void test_staged_equals_plain_vulkan(void **state) {
 /* Device arrays staged by reference, and runs with loss = NULL read later: the plain losses again. */
 static void test_staged_arrays_and_late_loss(void **state) {
     (void)state;
-    dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 4);
-    dpar_mesh *m = t_mesh1(rt, 4, "data");
-    clf a, b;
-    clf_build(m, &a);
-    clf_build(m, &b);
+    fixture fx;
+    fixture_open(&fx, DPAR_BACKEND_CPU, 4);
     dpar_array *xa, *ya;
-    T_OK(dpar_array_create(m, &(dpar_array_desc){ DPAR_F32, 2, { B, F }, { "data" } }, &xa));
-    T_OK(dpar_array_create(m, &(dpar_array_desc){ DPAR_I32, 1, { B }, { "data" } }, &ya));
+    T_OK(dpar_array_create(fx.m, &(dpar_array_desc){ DPAR_F32, 2, { B, F }, { "data" } }, &xa));
+    T_OK(dpar_array_create(fx.m, &(dpar_array_desc){ DPAR_I32, 1, { B }, { "data" } }, &ya));
     float x[B * F], la = 0, lb = 0;
     int32_t y[B];
     for (int s = 0; s < 3; s++) {
         batch(s, x, y);
-        T_OK(dpar_graph_run(a.g, (dpar_graph_feed[]){ { a.x, x, NULL }, { a.y, y, NULL } }, 2, &la));
+        T_OK(dpar_graph_run(fx.a.g, (dpar_graph_feed[]){ { fx.a.x, x, NULL }, { fx.a.y, y, NULL } }, 2, &la));
         T_OK(dpar_array_put(xa, x));
         T_OK(dpar_array_put(ya, y));
-        T_OK(dpar_graph_put_feeds(b.g, (dpar_graph_feed[]){ { b.x, NULL, xa }, { b.y, NULL, ya } }, 2));
-        T_OK(dpar_graph_run(b.g, NULL, 0, NULL));
-        T_OK(dpar_graph_loss(b.g, &lb));
+        T_OK(dpar_graph_put_feeds(fx.b.g, (dpar_graph_feed[]){ { fx.b.x, NULL, xa }, { fx.b.y, NULL, ya } }, 2));
+        T_OK(dpar_graph_run(fx.b.g, NULL, 0, NULL));
+        T_OK(dpar_graph_loss(fx.b.g, &lb));
         assert_memory_equal(&la, &lb, sizeof la);
     }
-    clf_free(&a);
-    clf_free(&b);
-    T_OK(dpar_mesh_destroy(m));
-    T_OK(dpar_runtime_destroy(rt));
+    fixture_close(&fx);
 }
 
 static void test_put_feeds_errors(void **state) {
     (void)state;
-    dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 2);
-    dpar_mesh *m = t_mesh1(rt, 2, "data");
-    clf c, d;
-    clf_build(m, &c);
-    clf_build(m, &d);
+    fixture fx;
+    fixture_open(&fx, DPAR_BACKEND_CPU, 2);
     float x[B * F], l = 0;
     int32_t y[B];
     batch(0, x, y);
-    dpar_graph_feed f[2] = { { c.x, x, NULL }, { c.y, y, NULL } };
+    dpar_graph_feed f[2] = { { fx.a.x, x, NULL }, { fx.a.y, y, NULL } };
     T_ERR(dpar_graph_put_feeds(NULL, f, 2), DPAR_ERR_INVALID_ARGUMENT, "graph is NULL");
-    T_ERR(dpar_graph_put_feeds(c.g, NULL, 2), DPAR_ERR_INVALID_ARGUMENT, "num_feeds = 2");
-    T_ERR(dpar_graph_loss(c.g, &l), DPAR_ERR_STATE, "not run yet");
-    T_ERR(dpar_graph_loss(c.g, NULL), DPAR_ERR_INVALID_ARGUMENT, "NULL");
-    T_ERR(dpar_graph_put_feeds(c.g, f, 1), DPAR_ERR_INVALID_ARGUMENT, "'y'", "was not given");
-    T_ERR(dpar_graph_put_feeds(c.g, (dpar_graph_feed[]){ f[0], f[0] }, 2), DPAR_ERR_INVALID_ARGUMENT, "given twice");
-    T_ERR(dpar_graph_put_feeds(c.g, (dpar_graph_feed[]){ f[0], { { 1000 }, y, NULL } }, 2), DPAR_ERR_INVALID_ARGUMENT,
-          "feeds[1] is not a feed");
+    T_ERR(dpar_graph_put_feeds(fx.a.g, NULL, 2), DPAR_ERR_INVALID_ARGUMENT, "num_feeds = 2");
+    T_ERR(dpar_graph_loss(fx.a.g, &l), DPAR_ERR_STATE, "not run yet");
+    T_ERR(dpar_graph_loss(fx.a.g, NULL), DPAR_ERR_INVALID_ARGUMENT, "NULL");
+    T_ERR(dpar_graph_put_feeds(fx.a.g, f, 1), DPAR_ERR_INVALID_ARGUMENT, "'y'", "was not given");
+    T_ERR(dpar_graph_put_feeds(fx.a.g, (dpar_graph_feed[]){ f[0], f[0] }, 2), DPAR_ERR_INVALID_ARGUMENT, "given twice");
+    T_ERR(dpar_graph_put_feeds(fx.a.g, (dpar_graph_feed[]){ f[0], { { 1000 }, y, NULL } }, 2),
+          DPAR_ERR_INVALID_ARGUMENT, "feeds[1] is not a feed");
     dpar_array *xi, *xs, *xr, *xo;
-    T_OK(dpar_array_create(m, &(dpar_array_desc){ DPAR_I32, 2, { B, F }, { "data" } }, &xi));
-    T_OK(dpar_array_create(m, &(dpar_array_desc){ DPAR_F32, 2, { B, F + 1 }, { "data" } }, &xs));
-    T_OK(dpar_array_create(m, &(dpar_array_desc){ DPAR_F32, 2, { B, F }, { NULL } }, &xr));
-    T_OK(dpar_array_create(m, &(dpar_array_desc){ DPAR_F32, 2, { B, F }, { "data" } }, &xo));
-    T_ERR(dpar_graph_put_feeds(c.g, (dpar_graph_feed[]){ { c.x, NULL, xi }, f[1] }, 2), DPAR_ERR_DTYPE, "'x'", "f32",
-          "i32");
-    T_ERR(dpar_graph_put_feeds(c.g, (dpar_graph_feed[]){ { c.x, NULL, xs }, f[1] }, 2), DPAR_ERR_SHAPE, "[8, 4]",
+    T_OK(dpar_array_create(fx.m, &(dpar_array_desc){ DPAR_I32, 2, { B, F }, { "data" } }, &xi));
+    T_OK(dpar_array_create(fx.m, &(dpar_array_desc){ DPAR_F32, 2, { B, F + 1 }, { "data" } }, &xs));
+    T_OK(dpar_array_create(fx.m, &(dpar_array_desc){ DPAR_F32, 2, { B, F }, { NULL } }, &xr));
+    T_OK(dpar_array_create(fx.m, &(dpar_array_desc){ DPAR_F32, 2, { B, F }, { "data" } }, &xo));
+    T_ERR(dpar_graph_put_feeds(fx.a.g, (dpar_graph_feed[]){ { fx.a.x, NULL, xi }, f[1] }, 2), DPAR_ERR_DTYPE, "'x'",
+          "f32", "i32");
+    T_ERR(dpar_graph_put_feeds(fx.a.g, (dpar_graph_feed[]){ { fx.a.x, NULL, xs }, f[1] }, 2), DPAR_ERR_SHAPE, "[8, 4]",
           "[8, 5]");
-    T_ERR(dpar_graph_put_feeds(c.g, (dpar_graph_feed[]){ { c.x, NULL, xr }, f[1] }, 2), DPAR_ERR_INVALID_ARGUMENT,
+    T_ERR(dpar_graph_put_feeds(fx.a.g, (dpar_graph_feed[]){ { fx.a.x, NULL, xr }, f[1] }, 2), DPAR_ERR_INVALID_ARGUMENT,
           "sharded differently");
-    T_ERR(dpar_graph_put_feeds(c.g, (dpar_graph_feed[]){ { c.x, x, xo }, f[1] }, 2), DPAR_ERR_INVALID_ARGUMENT,
+    T_ERR(dpar_graph_put_feeds(fx.a.g, (dpar_graph_feed[]){ { fx.a.x, x, xo }, f[1] }, 2), DPAR_ERR_INVALID_ARGUMENT,
           "exactly one of host and array");
     /* staged twice without a run; a run with staged and explicit feeds (blocking or started) */
-    T_OK(dpar_graph_put_feeds(c.g, f, 2));
-    T_ERR(dpar_graph_put_feeds(c.g, f, 2), DPAR_ERR_STATE, "staged already");
-    T_ERR(dpar_graph_run(c.g, f, 2, &l), DPAR_ERR_INVALID_ARGUMENT, "staged by dpar_graph_put_feeds");
+    T_OK(dpar_graph_put_feeds(fx.a.g, f, 2));
+    T_ERR(dpar_graph_put_feeds(fx.a.g, f, 2), DPAR_ERR_STATE, "staged already");
+    T_ERR(dpar_graph_run(fx.a.g, f, 2, &l), DPAR_ERR_INVALID_ARGUMENT, "staged by dpar_graph_put_feeds");
     dpar_request *req = NULL;
-    T_ERR(dpar_graph_run_start(c.g, f, 2, &l, &req), DPAR_ERR_INVALID_ARGUMENT, "staged by dpar_graph_put_feeds");
+    T_ERR(dpar_graph_run_start(fx.a.g, f, 2, &l, &req), DPAR_ERR_INVALID_ARGUMENT, "staged by dpar_graph_put_feeds");
     assert_null(req);
     /* dropped: a run must name its feeds again */
-    T_OK(dpar_graph_put_feeds(c.g, NULL, 0));
-    T_ERR(dpar_graph_run(c.g, NULL, 0, &l), DPAR_ERR_INVALID_ARGUMENT, "was not given", "dpar_graph_put_feeds");
+    T_OK(dpar_graph_put_feeds(fx.a.g, NULL, 0));
+    T_ERR(dpar_graph_run(fx.a.g, NULL, 0, &l), DPAR_ERR_INVALID_ARGUMENT, "was not given", "dpar_graph_put_feeds");
     /* a staged array destroyed before the run: refused, and the feeds stay staged until dropped */
     dpar_array *xd;
-    T_OK(dpar_array_create(m, &(dpar_array_desc){ DPAR_F32, 2, { B, F }, { "data" } }, &xd));
-    T_OK(dpar_graph_put_feeds(c.g, (dpar_graph_feed[]){ { c.x, NULL, xd }, f[1] }, 2));
+    T_OK(dpar_array_create(fx.m, &(dpar_array_desc){ DPAR_F32, 2, { B, F }, { "data" } }, &xd));
+    T_OK(dpar_graph_put_feeds(fx.a.g, (dpar_graph_feed[]){ { fx.a.x, NULL, xd }, f[1] }, 2));
     T_OK(dpar_array_destroy(xd));
-    T_ERR(dpar_graph_run(c.g, NULL, 0, &l), DPAR_ERR_STATE, "a feed's array");
-    T_ERR(dpar_graph_put_feeds(c.g, f, 2), DPAR_ERR_STATE, "staged already");
-    T_OK(dpar_graph_put_feeds(c.g, NULL, 0));
+    T_ERR(dpar_graph_run(fx.a.g, NULL, 0, &l), DPAR_ERR_STATE, "a feed's array");
+    T_ERR(dpar_graph_put_feeds(fx.a.g, f, 2), DPAR_ERR_STATE, "staged already");
+    T_OK(dpar_graph_put_feeds(fx.a.g, NULL, 0));
     /* a graph's first put while a step is in flight; the loss while in flight; a refused start keeps the stage */
-    T_OK(dpar_graph_put_feeds(c.g, f, 2));
-    T_OK(dpar_graph_run_start(d.g, (dpar_graph_feed[]){ { d.x, x, NULL }, { d.y, y, NULL } }, 2, NULL, &req));
-    T_ERR(dpar_graph_put_feeds(d.g, (dpar_graph_feed[]){ { d.x, x, NULL }, { d.y, y, NULL } }, 2), DPAR_ERR_STATE,
-          "first put");
-    T_ERR(dpar_graph_loss(d.g, &l), DPAR_ERR_STATE, "in flight");
+    T_OK(dpar_graph_put_feeds(fx.a.g, f, 2));
+    T_OK(dpar_graph_run_start(fx.b.g, (dpar_graph_feed[]){ { fx.b.x, x, NULL }, { fx.b.y, y, NULL } }, 2, NULL, &req));
+    T_ERR(dpar_graph_put_feeds(fx.b.g, (dpar_graph_feed[]){ { fx.b.x, x, NULL }, { fx.b.y, y, NULL } }, 2),
+          DPAR_ERR_STATE, "first put");
+    T_ERR(dpar_graph_loss(fx.b.g, &l), DPAR_ERR_STATE, "in flight");
     dpar_request *req2 = NULL;
-    T_ERR(dpar_graph_run_start(c.g, NULL, 0, &l, &req2), DPAR_ERR_STATE, "in flight");
+    T_ERR(dpar_graph_run_start(fx.a.g, NULL, 0, &l, &req2), DPAR_ERR_STATE, "in flight");
     T_OK(dpar_wait(NULL, req));
-    T_OK(dpar_graph_run(c.g, NULL, 0, &l)); /* what was staged before the refused start */
+    T_OK(dpar_graph_run(fx.a.g, NULL, 0, &l)); /* what was staged before the refused start */
     float lc = 0;
-    T_OK(dpar_graph_loss(c.g, &lc));
+    T_OK(dpar_graph_loss(fx.a.g, &lc));
     assert_memory_equal(&l, &lc, sizeof l);
     /* a graph without a loss */
     dpar_graph *nl;
-    T_OK(dpar_graph_create(m, &nl));
+    T_OK(dpar_graph_create(fx.m, &nl));
     dpar_value nx = dpar_g_feed(nl, "x", &(dpar_array_desc){ DPAR_F32, 2, { B, F }, { "data" } });
     T_OK(dpar_graph_keep(nl, dpar_g_relu(nl, nx)));
     T_OK(dpar_graph_put_feeds(nl, (dpar_graph_feed[]){ { nx, x, NULL } }, 1));
@@ -195,11 +199,8 @@ static void test_put_feeds_errors(void **state) {
     /* destroy with feeds staged and never run: freed with the graph (the leak check of CI sees it) */
     T_OK(dpar_graph_put_feeds(nl, (dpar_graph_feed[]){ { nx, x, NULL } }, 1));
     T_OK(dpar_graph_destroy(nl));
-    T_OK(dpar_graph_put_feeds(c.g, f, 2));
-    clf_free(&c);
-    clf_free(&d);
-    T_OK(dpar_mesh_destroy(m));
-    T_OK(dpar_runtime_destroy(rt));
+    T_OK(dpar_graph_put_feeds(fx.a.g, f, 2));
+    fixture_close(&fx);
 }
 
 int main(void) {
