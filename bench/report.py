@@ -40,6 +40,14 @@ def med(v):
     return v[len(v) // 2] if len(v) % 2 else 0.5 * (v[len(v) // 2 - 1] + v[len(v) // 2])
 
 
+def write_csv(path, header, rows):
+    """a CSV table: the header row, then the rows"""
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(header)
+        w.writerows(rows)
+
+
 def parse_ops(r):
     """an ops row of bench_ops; pct is the % of its limit (sgemm for GEMM rows, else the stream)"""
     f = lambda x: float(x) if x else None
@@ -120,6 +128,12 @@ def step_ratios(steps, key="ms", same_mesh=False):
     return res
 
 
+def steps_rows(steps):
+    """the rows of gpt_steps.csv / cnn_steps.csv: one per round and system"""
+    return ([s["k"], s["sys"], s["mesh"], s["ms"], s["load"], s["cpu"] if s["cpu"] is not None else ""]
+            for s in steps)
+
+
 def gpt_md(steps, vals, load):
     """The GPT section: step times and ratios, validation losses (mean over seeds)."""
     md = ["## GPT step: dpar against JAX and PyTorch (interleaved)", "",
@@ -188,16 +202,11 @@ def gpt_main(raw, out):
         md += [os.environ["GPT_NOTE"], ""]
     with open(os.path.join(out, "gpt.md"), "w") as f:
         f.write("\n".join(md))
-    with open(os.path.join(out, "gpt.csv"), "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["system", "mesh", "seed", "steps", "train_loss", "val_loss", "step_ms", "load1"])
-        for v in vals:
-            w.writerow([v["sys"], v["mesh"], v["seed"], v["steps"], v["train"], v["val"], v["ms"], v["load"]])
-    with open(os.path.join(out, "gpt_steps.csv"), "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["round", "system", "mesh", "step_ms", "load1", "cpu_ms_per_step"])
-        for s in steps:
-            w.writerow([s["k"], s["sys"], s["mesh"], s["ms"], s["load"], s["cpu"] if s["cpu"] is not None else ""])
+    write_csv(os.path.join(out, "gpt.csv"), ["system", "mesh", "seed", "steps", "train_loss", "val_loss", "step_ms",
+                                             "load1"],
+              ([v["sys"], v["mesh"], v["seed"], v["steps"], v["train"], v["val"], v["ms"], v["load"]] for v in vals))
+    write_csv(os.path.join(out, "gpt_steps.csv"), ["round", "system", "mesh", "step_ms", "load1", "cpu_ms_per_step"],
+              steps_rows(steps))
     print("\n".join(md))
     print("bench: wrote %s/{gpt.md,gpt.csv,gpt_steps.csv}" % out)
     return 0
@@ -283,16 +292,11 @@ def cnn_main(raw, out):
         md += [os.environ["CNN_NOTE"], ""]
     with open(os.path.join(out, "cnn.md"), "w") as f:
         f.write("\n".join(md))
-    with open(os.path.join(out, "cnn.csv"), "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["system", "devices", "seed", "epochs", "test_accuracy", "train_loss", "step_ms"])
-        for v in vals:
-            w.writerow([v["sys"], v["n"], v["seed"], v["epochs"], v["acc"], v["loss"], v["ms"]])
-    with open(os.path.join(out, "cnn_steps.csv"), "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["round", "system", "devices", "step_ms", "load1", "cpu_ms_per_step"])
-        for s in steps:
-            w.writerow([s["k"], s["sys"], s["mesh"], s["ms"], s["load"], s["cpu"] if s["cpu"] is not None else ""])
+    write_csv(os.path.join(out, "cnn.csv"), ["system", "devices", "seed", "epochs", "test_accuracy", "train_loss",
+                                             "step_ms"],
+              ([v["sys"], v["n"], v["seed"], v["epochs"], v["acc"], v["loss"], v["ms"]] for v in vals))
+    write_csv(os.path.join(out, "cnn_steps.csv"), ["round", "system", "devices", "step_ms", "load1",
+                                                   "cpu_ms_per_step"], steps_rows(steps))
     print("\n".join(md))
     print("bench: wrote %s/{cnn.md,cnn.csv,cnn_steps.csv}" % out)
     return 0
@@ -337,35 +341,26 @@ def main():
             elif r[0] == "skip":
                 skips.append(", ".join(r[1:]))
 
-    with open(os.path.join(out, "collectives.csv"), "w", newline="") as f:
-        w = csv.writer(f)
-        keys = ["backend", "op", "n", "bytes", "us", "algbw", "busbw", "limit_us", "pct", "pmin", "pmax", "alts"]
-        w.writerow(["backend", "op", "devices", "bytes", "time_us", "algbw_GBps", "busbw_GBps", "limit_us",
-                    "pct_of_limit", "pct_min", "pct_max", "alternations"])
-        for c in coll:
-            w.writerow([c[k] for k in keys])
-    with open(os.path.join(out, "matmul.csv"), "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["shape", "threads", "dpar_us", "dpar_gflops", "openblas_us", "openblas_gflops",
-                    "openblas_time_over_dpar_time", "ratio_min", "ratio_max", "alternations"])
-        for m in mm:
-            w.writerow([m["shape"], m["threads"], m["dpar_us"], m["dpar_gf"], m["blas_us"], m["blas_gf"],
-                        m["ratio"], m["rmin"], m["rmax"], m["alts"]])
-    with open(os.path.join(out, "train.csv"), "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["framework", "model", "devices", "batch", "step_ms", "samples_per_s", "note"])
-        for t in train:
-            w.writerow([t["fw"], t["model"], t["n"], t["batch"], t["ms"], t["sps"], t["note"]])
+    keys = ["backend", "op", "n", "bytes", "us", "algbw", "busbw", "limit_us", "pct", "pmin", "pmax", "alts"]
+    write_csv(os.path.join(out, "collectives.csv"),
+              ["backend", "op", "devices", "bytes", "time_us", "algbw_GBps", "busbw_GBps", "limit_us", "pct_of_limit",
+               "pct_min", "pct_max", "alternations"], ([c[k] for k in keys] for c in coll))
+    write_csv(os.path.join(out, "matmul.csv"),
+              ["shape", "threads", "dpar_us", "dpar_gflops", "openblas_us", "openblas_gflops",
+               "openblas_time_over_dpar_time", "ratio_min", "ratio_max", "alternations"],
+              ([m["shape"], m["threads"], m["dpar_us"], m["dpar_gf"], m["blas_us"], m["blas_gf"], m["ratio"],
+                m["rmin"], m["rmax"], m["alts"]] for m in mm))
+    write_csv(os.path.join(out, "train.csv"), ["framework", "model", "devices", "batch", "step_ms", "samples_per_s",
+                                               "note"],
+              ([t["fw"], t["model"], t["n"], t["batch"], t["ms"], t["sps"], t["note"]] for t in train))
 
-    with open(os.path.join(out, "ops.csv"), "w", newline="") as f:
-        w = csv.writer(f)
-        keys = ["backend", "op", "dtype", "shape", "threads", "us", "gbps", "stream", "ps", "psmin", "psmax", "gflops",
-                "blas", "pb", "pbmin", "pbmax", "limit", "pct", "alts"]
-        w.writerow(["backend", "op", "dtype", "shape", "threads", "time_us", "GBps", "stream_GBps", "pct_stream",
-                    "pct_stream_min", "pct_stream_max", "gflops", "openblas_gflops", "pct_sgemm", "pct_sgemm_min",
-                    "pct_sgemm_max", "limit", "pct_of_limit", "alternations"])
-        for o in oprows:
-            w.writerow(["" if o[k] is None else o[k] for k in keys])
+    keys = ["backend", "op", "dtype", "shape", "threads", "us", "gbps", "stream", "ps", "psmin", "psmax", "gflops",
+            "blas", "pb", "pbmin", "pbmax", "limit", "pct", "alts"]
+    write_csv(os.path.join(out, "ops.csv"),
+              ["backend", "op", "dtype", "shape", "threads", "time_us", "GBps", "stream_GBps", "pct_stream",
+               "pct_stream_min", "pct_stream_max", "gflops", "openblas_gflops", "pct_sgemm", "pct_sgemm_min",
+               "pct_sgemm_max", "limit", "pct_of_limit", "alternations"],
+              (["" if o[k] is None else o[k] for k in keys] for o in oprows))
 
     def get(backend, op, n, b):
         for c in coll:
