@@ -458,7 +458,8 @@ static void dpar__cu_load_nvml(void) {
     dpar__cu.lib_nvml = l;
 }
 
-static void dpar__cu_load(void) {
+/* libcuda.so.1 (the driver API) and its symbols, into dpar__cu; the error text into dpar__cu_load_text */
+static dpar_status dpar__cu_load_driver(void) {
     int missing = 0;
     char why[256];
     void *l = dpar__dl_open("libcuda.so.1");
@@ -468,8 +469,7 @@ static void dpar__cu_load(void) {
                  "cuda: libcuda.so.1 not found: no NVIDIA driver is installed (dlopen: %s). "
                  "Install the NVIDIA driver, or use DPAR_BACKEND=cpu",
                  e ? e : "?");
-        dpar__cu_load_status = DPAR_ERR_BACKEND_UNAVAILABLE;
-        return;
+        return DPAR_ERR_BACKEND_UNAVAILABLE;
     }
     dpar__cu.lib_cuda = l;
     DPAR__CU_SYM(l, cuInit, "cuInit", "libcuda.so.1");
@@ -512,46 +512,44 @@ static void dpar__cu_load(void) {
     DPAR__CU_SYM(l, cuGraphLaunch, "cuGraphLaunch", "libcuda.so.1");
     DPAR__CU_SYM(l, cuGraphExecDestroy, "cuGraphExecDestroy", "libcuda.so.1");
     DPAR__CU_SYM(l, cuGraphDestroy, "cuGraphDestroy", "libcuda.so.1");
-    if (missing) {
-        dpar__cu_load_status = DPAR_ERR_BACKEND_UNAVAILABLE;
-        return;
-    }
+    return missing ? DPAR_ERR_BACKEND_UNAVAILABLE : DPAR_OK;
+}
 
-    /* cuBLAS is required (matrix products) */
-    {
-        static const char *const names[] = { "libcublas.so.13", "libcublas.so.12", "libcublas.so" };
-        size_t i;
-        for (i = 0; i < sizeof names / sizeof names[0] && !dpar__cu.lib_blas; i++) {
-            dpar__cu.lib_blas = dpar__dl_open(names[i]);
-            if (dpar__cu.lib_blas) snprintf(dpar__cu.blas_name, sizeof dpar__cu.blas_name, "%s", names[i]);
-        }
-        if (!dpar__cu.lib_blas) {
-            const char *e = dpar__dl_error(why, sizeof why);
-            snprintf(dpar__cu_load_text, sizeof dpar__cu_load_text,
-                     "cuda: cuBLAS not found (libcublas.so.13 / .12; dlopen: %s). Install the CUDA "
-                     "libraries (e.g. the cuda-libraries package) and add their directory to "
-                     "LD_LIBRARY_PATH",
-                     e ? e : "?");
-            dpar__cu_load_status = DPAR_ERR_BACKEND_UNAVAILABLE;
-            return;
-        }
-        l = dpar__cu.lib_blas;
-        DPAR__CU_SYM(l, cublasCreate, "cublasCreate_v2", "libcublas");
-        DPAR__CU_SYM(l, cublasDestroy, "cublasDestroy_v2", "libcublas");
-        DPAR__CU_SYM(l, cublasSetStream, "cublasSetStream_v2", "libcublas");
-        DPAR__CU_SYM(l, cublasGetStatusString, "cublasGetStatusString", "libcublas");
-        DPAR__CU_SYM(l, cublasSgemm, "cublasSgemm_v2", "libcublas");
-        DPAR__CU_SYM(l, cublasGemmEx, "cublasGemmEx", "libcublas");
-        if (missing) {
-            dpar__cu_load_status = DPAR_ERR_BACKEND_UNAVAILABLE;
-            return;
-        }
+/* cuBLAS (required: the matrix products), its first version found of 13, 12 and unversioned, and its symbols */
+static dpar_status dpar__cu_load_blas(void) {
+    int missing = 0;
+    char why[256];
+    static const char *const names[] = { "libcublas.so.13", "libcublas.so.12", "libcublas.so" };
+    size_t i;
+    for (i = 0; i < sizeof names / sizeof names[0] && !dpar__cu.lib_blas; i++) {
+        dpar__cu.lib_blas = dpar__dl_open(names[i]);
+        if (dpar__cu.lib_blas) snprintf(dpar__cu.blas_name, sizeof dpar__cu.blas_name, "%s", names[i]);
     }
+    if (!dpar__cu.lib_blas) {
+        const char *e = dpar__dl_error(why, sizeof why);
+        snprintf(dpar__cu_load_text, sizeof dpar__cu_load_text,
+                 "cuda: cuBLAS not found (libcublas.so.13 / .12; dlopen: %s). Install the CUDA "
+                 "libraries (e.g. the cuda-libraries package) and add their directory to "
+                 "LD_LIBRARY_PATH",
+                 e ? e : "?");
+        return DPAR_ERR_BACKEND_UNAVAILABLE;
+    }
+    void *l = dpar__cu.lib_blas;
+    DPAR__CU_SYM(l, cublasCreate, "cublasCreate_v2", "libcublas");
+    DPAR__CU_SYM(l, cublasDestroy, "cublasDestroy_v2", "libcublas");
+    DPAR__CU_SYM(l, cublasSetStream, "cublasSetStream_v2", "libcublas");
+    DPAR__CU_SYM(l, cublasGetStatusString, "cublasGetStatusString", "libcublas");
+    DPAR__CU_SYM(l, cublasSgemm, "cublasSgemm_v2", "libcublas");
+    DPAR__CU_SYM(l, cublasGemmEx, "cublasGemmEx", "libcublas");
+    return missing ? DPAR_ERR_BACKEND_UNAVAILABLE : DPAR_OK;
+}
 
-    /* NCCL is optional: only needed for collectives across several GPUs */
+/* NCCL (optional: only needed for collectives across several GPUs); an unusable one is left unloaded */
+static void dpar__cu_load_nccl(void) {
+    int missing = 0;
     dpar__cu.lib_nccl = dpar__dl_open("libnccl.so.2");
     if (dpar__cu.lib_nccl) {
-        l = dpar__cu.lib_nccl;
+        void *l = dpar__cu.lib_nccl;
         DPAR__CU_SYM(l, ncclGetVersion, "ncclGetVersion", "libnccl.so.2");
         DPAR__CU_SYM(l, ncclGetErrorString, "ncclGetErrorString", "libnccl.so.2");
         DPAR__CU_SYM(l, ncclGetLastError, "ncclGetLastError", "libnccl.so.2");
@@ -576,6 +574,14 @@ static void dpar__cu_load(void) {
             dpar__cu.ncclGetVersion(&dpar__cu.nccl_version);
         }
     }
+}
+
+/* Once per process (dpar__cu_once): the driver and cuBLAS (required), NCCL and NVML (optional). */
+static void dpar__cu_load(void) {
+    dpar__cu_load_status = dpar__cu_load_driver();
+    if (dpar__cu_load_status == DPAR_OK) dpar__cu_load_status = dpar__cu_load_blas();
+    if (dpar__cu_load_status != DPAR_OK) return;
+    dpar__cu_load_nccl();
     dpar__cu_load_nvml();
     dpar__cu.cuDriverGetVersion(&dpar__cu.driver_version);
 }
