@@ -13736,6 +13736,12 @@ static const char *dpar__op_name(dpar__op_kind k) {
     };
     return (int)k >= 0 && (int)k < (int)DPAR__OP_COUNT && names[k] ? names[k] : "op";
 }
+/* A backend's answer to an op kind it has no kernel for (the default of its op switch; unused in a
+   CPU-only build). */
+DPAR__MAYBE_UNUSED static dpar_status dpar__op_unsupported(const char *backend, const dpar__op *op) {
+    return dpar__err(DPAR_ERR_BACKEND, "%s: op %s (kind %d) is not implemented on this backend; use the cpu backend",
+                     backend, dpar__op_name(op->kind), (int)op->kind);
+}
 
 /* hooks called by the core (declared before it) */
 static dpar_status dpar__trace_op(dpar__op *op) {

@@ -2213,10 +2213,7 @@ static dpar_status dpar__vk_op(void *state, int dev, const dpar__op *op) {
     case DPAR__OP_AVG_POOL_BWD:
     case DPAR__OP_MAX_POOL:
     case DPAR__OP_MAX_POOL_BWD: return dpar__vk_op_conv_pool(st, dev, op, &pc);
-    default:
-        return dpar__err(DPAR_ERR_BACKEND,
-                         "vulkan: op %s (kind %d) is not implemented on this backend; use the cpu backend",
-                         dpar__op_name(op->kind), (int)op->kind);
+    default: return dpar__op_unsupported("vulkan", op);
     }
 }
 
