@@ -3754,19 +3754,24 @@ static dpar_status dpar__buffer_owner(const dpar_buffer *b, const char *fn) {
     return DPAR_OK;
 }
 
+/* The checks of a host access to bytes [offset, offset + nbytes) of b (not NULL), in this order: b is live,
+   not in use by a running pmap (when busy is set), this thread's to use, and the span lies inside it. */
+static dpar_status dpar__buffer_span(const dpar_buffer *b, size_t offset, size_t nbytes, const char *fn, bool busy) {
+    if (dpar__live_buf(b, fn, "the buffer")) return DPAR_ERR_STATE;
+    dpar_status s = busy ? dpar__busy(b->rt, b, fn) : DPAR_OK;
+    if (s) return s;
+    if (dpar__buffer_owner(b, fn)) return DPAR_ERR_STATE;
+    if (offset > b->nbytes || nbytes > b->nbytes - offset)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: bytes [%zu, %zu) are outside the %zu-byte buffer", fn, offset,
+                         offset + nbytes, b->nbytes);
+    return DPAR_OK;
+}
 DPAR_API dpar_status dpar_buffer_write(dpar_buffer *b, size_t offset, const void *src, size_t nbytes) {
     dpar__clear_error();
     if (!b || (!src && nbytes))
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_buffer_write: buffer or source is NULL");
-    if (dpar__live_buf(b, "dpar_buffer_write", "the buffer")) return DPAR_ERR_STATE;
-    dpar_status busy = dpar__busy(b->rt, b, "dpar_buffer_write");
-    if (busy) return busy;
-    if (dpar__buffer_owner(b, "dpar_buffer_write")) return DPAR_ERR_STATE;
-    if (offset > b->nbytes || nbytes > b->nbytes - offset)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
-                         "dpar_buffer_write: bytes [%zu, %zu) are outside the %zu-byte buffer", offset, offset + nbytes,
-                         b->nbytes);
-    if (!nbytes) return DPAR_OK;
+    dpar_status c = dpar__buffer_span(b, offset, nbytes, "dpar_buffer_write", true);
+    if (c || !nbytes) return c;
     double t0 = dpar__now_us();
     dpar_status s = b->rt->be->write(b->rt->bstate, b->device, b->mem, offset, src, nbytes);
     dpar__obs_time(b->rt, b->device, DPAR__OBS_TRANSFER, t0);
@@ -3776,15 +3781,8 @@ DPAR_API dpar_status dpar_buffer_read(const dpar_buffer *b, size_t offset, void 
     dpar__clear_error();
     if (!b || (!dst && nbytes))
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_buffer_read: buffer or destination is NULL");
-    if (dpar__live_buf(b, "dpar_buffer_read", "the buffer")) return DPAR_ERR_STATE;
-    dpar_status busy = dpar__busy(b->rt, b, "dpar_buffer_read");
-    if (busy) return busy;
-    if (dpar__buffer_owner(b, "dpar_buffer_read")) return DPAR_ERR_STATE;
-    if (offset > b->nbytes || nbytes > b->nbytes - offset)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
-                         "dpar_buffer_read: bytes [%zu, %zu) are outside the %zu-byte buffer", offset, offset + nbytes,
-                         b->nbytes);
-    if (!nbytes) return DPAR_OK;
+    dpar_status c = dpar__buffer_span(b, offset, nbytes, "dpar_buffer_read", true);
+    if (c || !nbytes) return c;
     double t0 = dpar__now_us();
     dpar_status s = b->rt->be->read(b->rt->bstate, b->device, b->mem, offset, dst, nbytes);
     dpar__obs_time(b->rt, b->device, DPAR__OBS_TRANSFER, t0);
@@ -3794,11 +3792,8 @@ DPAR_API dpar_status dpar_buffer_read(const dpar_buffer *b, size_t offset, void 
 static dpar_status dpar__buffer_view(const dpar_buffer *b, size_t offset, size_t nbytes, const char *fn, char **host) {
     *host = NULL;
     if (!b) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: buffer is NULL", fn);
-    if (dpar__live_buf(b, fn, "the buffer")) return DPAR_ERR_STATE;
-    if (dpar__buffer_owner(b, fn)) return DPAR_ERR_STATE;
-    if (offset > b->nbytes || nbytes > b->nbytes - offset)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: bytes [%zu, %zu) are outside the %zu-byte buffer", fn, offset,
-                         offset + nbytes, b->nbytes);
+    dpar_status c = dpar__buffer_span(b, offset, nbytes, fn, false);
+    if (c) return c;
     const dpar__backend_iface *be = b->rt->be;
     *host = be->host_ptr ? (char *)be->host_ptr(b->rt->bstate, b->device, b->mem) : NULL;
     return DPAR_OK;
