@@ -638,6 +638,21 @@ static dpar_status dpar__vk_recorded(dpar__vkdev *d, dpar__vkframe *f) {
     return DPAR_OK;
 }
 
+/* Frees the staging buffer of d, if it has one, and forgets it. */
+static void dpar__vk_staging_free(dpar__vk *st, dpar__vkdev *d) {
+    if (d->staging == VK_NULL_HANDLE) return;
+    dpar__vkbuf old;
+    memset(&old, 0, sizeof old);
+    old.ph = d->ph;
+    old.buf = d->staging;
+    old.mem = d->staging_mem;
+    old.map = d->staging_map;
+    dpar__vk_destroy_vkbuf(st, &old);
+    d->staging = VK_NULL_HANDLE;
+    d->staging_mem = VK_NULL_HANDLE;
+    d->staging_map = NULL;
+    d->staging_size = 0;
+}
 /* Makes sure the staging buffer of d holds at least `need` bytes (at most one
    chunk). Lock held. */
 static dpar_status dpar__vk_staging(dpar__vkdev *d, VkDeviceSize need) {
@@ -646,19 +661,7 @@ static dpar_status dpar__vk_staging(dpar__vkdev *d, VkDeviceSize need) {
     if (d->staging != VK_NULL_HANDLE && d->staging_size >= need) return DPAR_OK;
     dpar_status s = dpar__vk_drain(d);
     if (s) return s;
-    if (d->staging != VK_NULL_HANDLE) {
-        dpar__vkbuf old;
-        memset(&old, 0, sizeof old);
-        old.ph = d->ph;
-        old.buf = d->staging;
-        old.mem = d->staging_mem;
-        old.map = d->staging_map;
-        dpar__vk_destroy_vkbuf(st, &old);
-        d->staging = VK_NULL_HANDLE;
-        d->staging_mem = VK_NULL_HANDLE;
-        d->staging_map = NULL;
-        d->staging_size = 0;
-    }
+    dpar__vk_staging_free(st, d);
     VkDeviceSize size = need < ((VkDeviceSize)1 << 20) ? ((VkDeviceSize)1 << 20) : need;
     dpar__vkbuf nb;
     if ((s = dpar__vk_create_vkbuf(st, d->ph, d->index, (size_t)size, 1, &nb)) != DPAR_OK) return s;
@@ -921,15 +924,7 @@ static void dpar__vk_shutdown(void *state) {
             dpar__vk_destroy_vkbuf(st, &d->cstage);
             if (d->idx_err) dpar__vk_destroy_vkbuf(st, d->idx_err);
             DPAR_FREE(d->idx_err);
-            if (d->staging != VK_NULL_HANDLE) {
-                dpar__vkbuf old;
-                memset(&old, 0, sizeof old);
-                old.ph = d->ph;
-                old.buf = d->staging;
-                old.mem = d->staging_mem;
-                old.map = d->staging_map;
-                dpar__vk_destroy_vkbuf(st, &old);
-            }
+            dpar__vk_staging_free(st, d);
         }
         DPAR_FREE(d->hbuf[0]);
         DPAR_FREE(d->hbuf[1]);
