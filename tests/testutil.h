@@ -84,13 +84,18 @@ static inline int t_remove_tree(const char *dir) {
                 fail_msg("%s: error text lacks \"%s\": %s", #expr, t__subs[t__i], dpar_last_error());       \
     } while (0)
 
-/* Runtime with n devices of backend k (CPU unless said) and a 1-d mesh "data". */
-static inline dpar_runtime *t_runtime(dpar_backend_kind k, int n) {
+/* The tests' runtime: n devices of backend k, a 20 s collective timeout. */
+static inline dpar_runtime_desc t_runtime_desc(dpar_backend_kind k, int n) {
     dpar_runtime_desc d;
     memset(&d, 0, sizeof d);
     d.backend = k;
     d.num_devices = n;
     d.timeout_ms = 20000;
+    return d;
+}
+/* Runtime with n devices of backend k (CPU unless said) and a 1-d mesh "data". */
+static inline dpar_runtime *t_runtime(dpar_backend_kind k, int n) {
+    dpar_runtime_desc d = t_runtime_desc(k, n);
     dpar_runtime *rt = NULL;
     T_OK(dpar_runtime_create(&d, &rt));
     return rt;
@@ -106,16 +111,6 @@ static inline void t_graph_text(const dpar_graph *g, const char *tag, char *text
     if (f) fclose(f);
     remove(path);
 }
-static inline dpar_mesh *t_mesh1(dpar_runtime *rt, int n, const char *axis) {
-    dpar_mesh_desc d;
-    memset(&d, 0, sizeof d);
-    d.ndim = 1;
-    d.shape[0] = n;
-    d.axis_names[0] = axis;
-    dpar_mesh *m = NULL;
-    T_OK(dpar_mesh_create(rt, &d, &m));
-    return m;
-}
 static inline dpar_mesh *t_mesh(dpar_runtime *rt, int ndim, const int *shape, const char *const *names) {
     dpar_mesh_desc d;
     memset(&d, 0, sizeof d);
@@ -127,6 +122,9 @@ static inline dpar_mesh *t_mesh(dpar_runtime *rt, int ndim, const int *shape, co
     dpar_mesh *m = NULL;
     T_OK(dpar_mesh_create(rt, &d, &m));
     return m;
+}
+static inline dpar_mesh *t_mesh1(dpar_runtime *rt, int n, const char *axis) {
+    return t_mesh(rt, 1, &n, &axis);
 }
 /* Is `name` listed in DPAR_REQUIRE_BACKENDS (comma separated)? Then a missing
    backend is a failure, not a skip. */
@@ -141,11 +139,7 @@ static inline int t_required(const char *name) {
 /* Creates a runtime of backend k with n devices or skips (prints SKIPPED with
    the reason) / fails when the backend is required. Returns NULL after skip. */
 static inline dpar_runtime *t_runtime_or_skip(dpar_backend_kind k, int n) {
-    dpar_runtime_desc d;
-    memset(&d, 0, sizeof d);
-    d.backend = k;
-    d.num_devices = n;
-    d.timeout_ms = 20000;
+    dpar_runtime_desc d = t_runtime_desc(k, n);
     dpar_runtime *rt = NULL;
     dpar_status s = dpar_runtime_create(&d, &rt);
     if (s == DPAR_OK) return rt;
