@@ -13228,34 +13228,36 @@ static dpar_status dpar__disp_start(struct dpar__disp *d, const char *fn, dpar_r
     return DPAR_OK;
 }
 
+/* dpar_pmap_start and dpar_shard_map_start up to their desc: the checks (has_fn: desc and desc->fn are not
+   NULL), then a new dispatch of `kind` over m in *d. */
+static dpar_status dpar__map_disp(dpar_mesh *m, bool has_fn, dpar__disp_kind kind, const char *fn, dpar_request **req,
+                                  struct dpar__disp **d) {
+    if (!req) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: req is NULL", fn);
+    *req = NULL;
+    if (!m || !has_fn) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: mesh, desc or desc->fn is NULL", fn);
+    if (dpar__live_check(m, DPAR__LIVE_MESH, fn)) return DPAR_ERR_STATE;
+    *d = (struct dpar__disp *)dpar__calloc(1, sizeof **d);
+    if (!*d) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
+    (*d)->kind = kind;
+    (*d)->rt = m->rt;
+    (*d)->mesh = m;
+    return DPAR_OK;
+}
+
 DPAR_API dpar_status dpar_pmap_start(dpar_mesh *m, const dpar_pmap_desc *desc, dpar_request **req) {
     dpar__clear_error();
-    if (!req) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_pmap_start: req is NULL");
-    *req = NULL;
-    if (!m || !desc || !desc->fn)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_pmap_start: mesh, desc or desc->fn is NULL");
-    if (dpar__live_check(m, DPAR__LIVE_MESH, "dpar_pmap_start")) return DPAR_ERR_STATE;
-    struct dpar__disp *d = (struct dpar__disp *)dpar__calloc(1, sizeof *d);
-    if (!d) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_pmap_start: out of host memory");
-    d->kind = DPAR__DISP_PMAP;
-    d->rt = m->rt;
-    d->mesh = m;
+    struct dpar__disp *d = NULL;
+    dpar_status s = dpar__map_disp(m, desc && desc->fn, DPAR__DISP_PMAP, "dpar_pmap_start", req, &d);
+    if (s) return s;
     d->pmap = *desc;
     return dpar__disp_start(d, "dpar_pmap_start", req);
 }
 
 DPAR_API dpar_status dpar_shard_map_start(dpar_mesh *m, const dpar_shard_map_desc *desc, dpar_request **req) {
     dpar__clear_error();
-    if (!req) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_shard_map_start: req is NULL");
-    *req = NULL;
-    if (!m || !desc || !desc->fn)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_shard_map_start: mesh, desc or desc->fn is NULL");
-    if (dpar__live_check(m, DPAR__LIVE_MESH, "dpar_shard_map_start")) return DPAR_ERR_STATE;
-    struct dpar__disp *d = (struct dpar__disp *)dpar__calloc(1, sizeof *d);
-    if (!d) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_shard_map_start: out of host memory");
-    d->kind = DPAR__DISP_SHARD_MAP;
-    d->rt = m->rt;
-    d->mesh = m;
+    struct dpar__disp *d = NULL;
+    dpar_status s = dpar__map_disp(m, desc && desc->fn, DPAR__DISP_SHARD_MAP, "dpar_shard_map_start", req, &d);
+    if (s) return s;
     d->smap = *desc;
     return dpar__disp_start(d, "dpar_shard_map_start", req);
 }
