@@ -653,27 +653,50 @@ static void close_rel(const float *a, const float *b, int64_t n, double tol, con
         if (fabs((double)a[i] - (double)b[i]) > tol * fmax(fabs((double)b[i]), 1e-3))
             fail_msg("%s[%lld]: %.9g vs %.9g", what, (long long)i, (double)a[i], (double)b[i]);
 }
+/* Megatron's weights (mg_w0..mg_w3; mg_cnt elements each) and `steps` batches (xs, ys; labels
+   (i * ymul + s) % MC), drawn from rnd() after seeding it with `seed` */
+static float mg_w0[MD * MH], mg_w1[MH], mg_w2[MH * MC], mg_w3[MC];
+static const float *const mg_init[4] = { mg_w0, mg_w1, mg_w2, mg_w3 };
+static const int64_t mg_cnt[4] = { MD * MH, MH, (MH * MC), MC };
+static void megatron_data(uint64_t seed, int steps, int ymul, float (*xs)[MB * MD], int32_t (*ys)[MB]) {
+    rng_state = seed;
+    for (int i = 0; i < MD * MH; i++) mg_w0[i] = (float)rnd();
+    for (int i = 0; i < MH; i++) mg_w1[i] = (float)(0.1 * rnd());
+    for (int i = 0; i < MH * MC; i++) mg_w2[i] = (float)rnd();
+    for (int i = 0; i < MC; i++) mg_w3[i] = (float)(0.1 * rnd());
+    for (int s = 0; s < steps; s++)
+        for (int i = 0; i < MB * MD; i++) xs[s][i] = (float)rnd(), ys[s][i % MB] = (int32_t)(i * ymul + s) % MC;
+}
+/* Megatron's parameters after training (tp on 2x2, one on 1 device): each within tol of one's, and every
+   replica's bits the same (devices (data, model) = d/2, d%2: replicas over "data" are d and d^2, all four
+   for b2) */
+static void megatron_check_params(const mlp_graph *tp, const mlp_graph *one, double tol, const char *what) {
+    for (int i = 0; i < 4; i++) {
+        float a[MD * MH], b[MD * MH], sh[4][MD * MH];
+        T_OK(dpar_array_get(tp->w[i], a));
+        T_OK(dpar_array_get(one->w[i], b));
+        close_rel(a, b, mg_cnt[i], tol, what);
+        size_t bytes = dpar_buffer_nbytes(dpar_array_shard(tp->w[i], 0));
+        for (int d = 0; d < 4; d++) T_OK(dpar_buffer_read(dpar_array_shard(tp->w[i], d), 0, sh[d], bytes));
+        for (int d = 0; d < 4; d++) {
+            int peer = i == 3 ? 0 : d ^ 2;
+            if (memcmp(sh[d], sh[peer], bytes)) fail_msg("param %d: device %d differs from its replica %d", i, d, peer);
+        }
+    }
+}
 static void megatron(void) {
     setenv("DPAR_GRAPH_ASYNC_BYTES", "0", 1); /* every gradient reduction async */
-    static float w0[MD * MH], w1[MH], w2[MH * MC], w3[MC], xs[10][MB * MD];
+    static float xs[10][MB * MD];
     static int32_t ys[10][MB];
-    rng_state = 99;
-    for (int i = 0; i < MD * MH; i++) w0[i] = (float)rnd();
-    for (int i = 0; i < MH; i++) w1[i] = (float)(0.1 * rnd());
-    for (int i = 0; i < MH * MC; i++) w2[i] = (float)rnd();
-    for (int i = 0; i < MC; i++) w3[i] = (float)(0.1 * rnd());
-    for (int s = 0; s < 10; s++)
-        for (int i = 0; i < MB * MD; i++) xs[s][i] = (float)rnd(), ys[s][i % MB] = (int32_t)(i * 3 + s) % MC;
-    const float *init[4] = { w0, w1, w2, w3 };
-    int64_t cnt[4] = { MD * MH, MH, MH * MC, MC };
+    megatron_data(99, 10, 3, xs, ys);
     dpar_runtime *rt4 = t_runtime_or_skip(BK, 4), *rt1 = t_runtime_or_skip(BK, 1);
     int shape[2] = { 2, 2 };
     const char *names[2] = { "data", "model" };
     dpar_mesh *m4 = t_mesh(rt4, 2, shape, names), *m1 = t_mesh1(rt1, 1, "data");
     mlp_graph tp, tpe, one;
-    megatron_build(&tp, m4, true, false, init, OPT_SGD);
-    megatron_build(&tpe, m4, true, true, init, OPT_NONE);
-    megatron_build(&one, m1, false, false, init, OPT_SGD);
+    megatron_build(&tp, m4, true, false, mg_init, OPT_SGD);
+    megatron_build(&tpe, m4, true, true, mg_init, OPT_NONE);
+    megatron_build(&one, m1, false, false, mg_init, OPT_SGD);
     char path[512], text[8192];
     snprintf(path, sizeof path, "%s/dpar_test_graph_%d.txt", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (int)BK);
     t_graph_text(tp.g, BK == DPAR_BACKEND_CPU ? "test_graph_cpu" : "test_graph_vulkan", text, sizeof text);
@@ -697,23 +720,11 @@ static void megatron(void) {
             T_OK(dpar_graph_get(tp.g, tp.gr[i], a));
             T_OK(dpar_graph_get(tpe.g, tpe.gr[i], c));
             T_OK(dpar_graph_get(one.g, one.gr[i], b));
-            close_rel(a, b, cnt[i], 1e-5, "gradient 2x2 vs 1 device");
-            close_rel(c, b, cnt[i], 1e-5, "gradient (explicit pmean) vs 1 device");
+            close_rel(a, b, mg_cnt[i], 1e-5, "gradient 2x2 vs 1 device");
+            close_rel(c, b, mg_cnt[i], 1e-5, "gradient (explicit pmean) vs 1 device");
         }
     }
-    for (int i = 0; i < 4; i++) { /* parameters after 10 steps; replicas bitwise identical */
-        float a[MD * MH], b[MD * MH], sh[4][MD * MH];
-        T_OK(dpar_array_get(tp.w[i], a));
-        T_OK(dpar_array_get(one.w[i], b));
-        close_rel(a, b, cnt[i], 1e-5, "parameter after 10 steps");
-        size_t bytes = dpar_buffer_nbytes(dpar_array_shard(tp.w[i], 0));
-        for (int d = 0; d < 4; d++) T_OK(dpar_buffer_read(dpar_array_shard(tp.w[i], d), 0, sh[d], bytes));
-        /* devices (data, model) = d/2, d%2: replicas over "data" are d and d^2 (and all four for b2) */
-        for (int d = 0; d < 4; d++) {
-            int peer = i == 3 ? 0 : d ^ 2;
-            if (memcmp(sh[d], sh[peer], bytes)) fail_msg("param %d: device %d differs from its replica %d", i, d, peer);
-        }
-    }
+    megatron_check_params(&tp, &one, 1e-5, "parameter after 10 steps");
     T_OK(dpar_graph_destroy(tp.g));
     T_OK(dpar_graph_destroy(tpe.g));
     T_OK(dpar_graph_destroy(one.g));
@@ -723,24 +734,16 @@ static void megatron(void) {
 
 /* ---- AdamW with a decay mask, clipped by one global norm over Megatron's split and replicated params ---- */
 static void megatron_adamw(void) {
-    static float w0[MD * MH], w1[MH], w2[MH * MC], w3[MC], xs[4][MB * MD];
+    static float xs[4][MB * MD];
     static int32_t ys[4][MB];
-    rng_state = 7;
-    for (int i = 0; i < MD * MH; i++) w0[i] = (float)rnd();
-    for (int i = 0; i < MH; i++) w1[i] = (float)(0.1 * rnd());
-    for (int i = 0; i < MH * MC; i++) w2[i] = (float)rnd();
-    for (int i = 0; i < MC; i++) w3[i] = (float)(0.1 * rnd());
-    for (int s = 0; s < 4; s++)
-        for (int i = 0; i < MB * MD; i++) xs[s][i] = (float)rnd(), ys[s][i % MB] = (int32_t)(i * 5 + s) % MC;
-    const float *init[4] = { w0, w1, w2, w3 };
-    int64_t cnt[4] = { MD * MH, MH, MH * MC, MC };
+    megatron_data(7, 4, 5, xs, ys);
     dpar_runtime *rt4 = t_runtime_or_skip(BK, 4), *rt1 = t_runtime_or_skip(BK, 1);
     int shape[2] = { 2, 2 };
     const char *names[2] = { "data", "model" };
     dpar_mesh *m4 = t_mesh(rt4, 2, shape, names), *m1 = t_mesh1(rt1, 1, "data");
     mlp_graph tp, one;
-    megatron_build(&tp, m4, true, false, init, OPT_ADAMW_MASKED);
-    megatron_build(&one, m1, false, false, init, OPT_ADAMW_MASKED);
+    megatron_build(&tp, m4, true, false, mg_init, OPT_ADAMW_MASKED);
+    megatron_build(&one, m1, false, false, mg_init, OPT_ADAMW_MASKED);
     for (int s = 0; s < 4; s++) {
         float l4, l1;
         dpar_graph_feed f[2] = { { tp.x, xs[s], NULL }, { tp.y, ys[s], NULL } };
@@ -752,22 +755,11 @@ static void megatron_adamw(void) {
         for (int i = 0; i < 4; i++) {
             float gr[MD * MH];
             T_OK(dpar_graph_get(one.g, one.gr[i], gr));
-            for (int64_t k = 0; k < cnt[i]; k++) sq += (double)gr[k] * gr[k];
+            for (int64_t k = 0; k < mg_cnt[i]; k++) sq += (double)gr[k] * gr[k];
         }
         if (!(sqrt(sq) > 0.05)) fail_msg("gradient norm %g does not exceed the clip norm 0.05", sqrt(sq));
     }
-    for (int i = 0; i < 4; i++) { /* parameters after 4 clipped steps; replicas bitwise identical */
-        float a[MD * MH], b[MD * MH], sh[4][MD * MH];
-        T_OK(dpar_array_get(tp.w[i], a));
-        T_OK(dpar_array_get(one.w[i], b));
-        close_rel(a, b, cnt[i], 1e-4, "adamw parameter after 4 steps");
-        size_t bytes = dpar_buffer_nbytes(dpar_array_shard(tp.w[i], 0));
-        for (int d = 0; d < 4; d++) T_OK(dpar_buffer_read(dpar_array_shard(tp.w[i], d), 0, sh[d], bytes));
-        for (int d = 0; d < 4; d++) {
-            int peer = i == 3 ? 0 : d ^ 2;
-            if (memcmp(sh[d], sh[peer], bytes)) fail_msg("param %d: device %d differs from its replica %d", i, d, peer);
-        }
-    }
+    megatron_check_params(&tp, &one, 1e-4, "adamw parameter after 4 steps"); /* after 4 clipped steps */
     T_OK(dpar_graph_destroy(tp.g));
     T_OK(dpar_graph_destroy(one.g));
     T_OK(dpar_runtime_destroy(rt4));
