@@ -10,8 +10,6 @@
    included. A backend that is not there prints SKIPPED (a failure when
    DPAR_REQUIRE_BACKENDS lists it). */
 #include "testutil.h"
-#include <signal.h>
-#include <unistd.h>
 
 T_CPU_FIXTURE(1) /* the CPU reference */
 
@@ -747,19 +745,8 @@ static void test_parity_cuda(void **state) {
     parity(DPAR_BACKEND_CUDA);
 }
 
-#ifdef SIGALRM
-static void on_alarm(int sig) {
-    (void)sig;
-    static const char msg[] = "test_norm_attn: still running after 300 s: a hang\n";
-    if (write(2, msg, sizeof msg - 1) < 0) _exit(3);
-    _exit(2);
-}
-#endif
 int main(void) {
-#ifdef SIGALRM /* Windows: tests/test_windows.sh's timeout stops a hang */
-    signal(SIGALRM, on_alarm);
-    alarm(300);
-#endif
+    t_watchdog("test_norm_attn: still running after 300 s: a hang\n", 300);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_layer_norm_constant_row_returns_bias),
         cmocka_unit_test(test_layer_norm_gradients),

@@ -683,21 +683,8 @@ static void test_ops_in_pmap(void **st) {
     dpar_mesh_destroy(m);
 }
 
-#include <signal.h>
-#include <unistd.h>
-#ifdef SIGALRM
-static void on_alarm(int sig) {
-    (void)sig;
-    static const char msg[] = "test_ops: still running after 300 s: a hang (deadlock) in an op\n";
-    if (write(2, msg, sizeof msg - 1) < 0) _exit(3);
-    _exit(2);
-}
-#endif
 int main(void) {
-#ifdef SIGALRM /* Windows: tests/test_windows.sh's timeout stops a hang */
-    signal(SIGALRM, on_alarm);
-    alarm(300); /* a hang fails the binary instead of stalling the suite */
-#endif
+    t_watchdog("test_ops: still running after 300 s: a hang (deadlock) in an op\n", 300);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_matmul_blocked),

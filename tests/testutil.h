@@ -43,6 +43,31 @@ static inline int symlink(const char *target, const char *link) {
     return CreateSymbolicLinkA(link, target, 0) ? 0 : -1;
 }
 #endif
+/* A hang fails the binary instead of stalling the suite: t_watchdog(msg, s) writes msg to stderr and exits 2
+   once the binary has run for s seconds (Windows has no SIGALRM: tests/test_windows.sh's timeout stops a hang
+   there). msg must outlive the binary's run (a string literal). */
+#include <signal.h>
+#ifdef SIGALRM
+#include <unistd.h>
+static const char *t__watchdog_msg;
+static size_t t__watchdog_len;
+static inline void t__watchdog_fire(int sig) {
+    (void)sig;
+    if (write(2, t__watchdog_msg, t__watchdog_len) < 0) _exit(3);
+    _exit(2);
+}
+#endif
+static inline void t_watchdog(const char *msg, unsigned seconds) {
+#ifdef SIGALRM
+    t__watchdog_msg = msg;
+    t__watchdog_len = strlen(msg);
+    signal(SIGALRM, t__watchdog_fire);
+    alarm(seconds);
+#else
+    (void)msg;
+    (void)seconds;
+#endif
+}
 /* The tests' random numbers: splitmix64 of *state (advanced), uniform in [-1, 1) on a 2^-52 grid. Each test
    file keeps its own state and seeds, so its values do not depend on the other files. */
 static inline double t_splitmix(uint64_t *state) {
