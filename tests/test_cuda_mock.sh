@@ -38,71 +38,47 @@ unset DPAR_REQUIRE_BACKENDS DPAR_BACKEND DPAR_DEVICES
 # device-memory leaks are checked by the mock itself (MOCK_CUDA_REPORT).
 ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
 export ASAN_OPTIONS
-run_suite() { # name gpus
+# run_mock NAME GPUS BIN CHECK DETAIL WHAT: runs $BUILD/BIN (nothing when it was not built) against the
+# mock driver on GPUS mock GPU(s), its output in $log; "PASS NAME (DETAIL's output)" when it exits 0 and
+# the command CHECK succeeds, else the output and "FAIL NAME: WHAT against the mock driver".
+has() { grep -q "$1" "$log"; }
+no_leaks() { has '^mock cuda: 0 allocation(s) never freed'; }
+run_mock() {
+    [ -x "$BUILD/$3" ] || return 0
     if LD_LIBRARY_PATH="$MOCK${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" MOCK_CUDA_GPUS=$2 MOCK_CUDA_REPORT=1 \
-            DPAR_REQUIRE_BACKENDS=cuda ${DPAR_TEST_WRAPPER:-} "$BUILD/test_cuda" >"$log" 2>&1 &&
-            grep -q '^\[  PASSED  \] 13 test' "$log" && grep -q '^mock cuda: 0 allocation(s) never freed' "$log"; then
-        echo "PASS $1 ($(grep '^mock cuda: 0 allocation' "$log"))"
+            DPAR_REQUIRE_BACKENDS=cuda ${DPAR_TEST_WRAPPER:-} "$BUILD/$3" >"$log" 2>&1 && eval "$4"; then
+        echo "PASS $1 ($(eval "$5"))"
     else
         cat "$log"
-        echo "FAIL $1: test_cuda against the mock driver ($2 mock GPU(s))"
+        echo "FAIL $1: $6 against the mock driver"
     fi
 }
-run_suite cuda_mock_virtual_devices 1
-run_suite cuda_mock_nccl_path 4
+for gpus in 1 4; do
+    name=cuda_mock_virtual_devices
+    [ "$gpus" = 1 ] || name=cuda_mock_nccl_path
+    run_mock $name $gpus test_cuda "has '^\[  PASSED  \] 13 test' && no_leaks" 'grep "^mock cuda: 0 allocation" "$log"' \
+        "test_cuda ($gpus mock GPU(s))"
+done
 
 # the layer ops (norms, batched matmul, attention) against the CPU backend (tests/test_norm_attn.c)
-if [ -x "$BUILD/test_norm_attn" ]; then
-    if LD_LIBRARY_PATH="$MOCK${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" MOCK_CUDA_GPUS=1 DPAR_REQUIRE_BACKENDS=cuda \
-            ${DPAR_TEST_WRAPPER:-} "$BUILD/test_norm_attn" >"$log" 2>&1 &&
-            grep -q '^\[       OK \] test_parity_cuda' "$log" && ! grep -q '^\[  FAILED  \]' "$log"; then
-        echo "PASS cuda_mock_norm_attn_parity (layer_norm, rms_norm, matmul_batched, attention vs cpu)"
-    else
-        cat "$log"
-        echo "FAIL cuda_mock_norm_attn_parity: test_norm_attn against the mock driver"
-    fi
-fi
+run_mock cuda_mock_norm_attn_parity 1 test_norm_attn "has '^\[       OK \] test_parity_cuda' && ! has '^\[  FAILED  \]'" \
+    "echo 'layer_norm, rms_norm, matmul_batched, attention vs cpu'" test_norm_attn
 
 # the optimizer and training ops (kernels/optim.cu) against the CPU reference
-if [ -x "$BUILD/test_dtypes" ]; then
-    if LD_LIBRARY_PATH="$MOCK${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" MOCK_CUDA_GPUS=1 MOCK_CUDA_REPORT=1 \
-            DPAR_REQUIRE_BACKENDS=cuda ${DPAR_TEST_WRAPPER:-} "$BUILD/test_dtypes" >"$log" 2>&1 &&
-            grep -q '^\[       OK \] test_cuda_half_parity' "$log" &&
-            grep -q '^mock cuda: 0 allocation(s) never freed' "$log"; then
-        echo "PASS cuda_mock_half_parity ($(grep '^cuda bf16:' "$log" | cut -d: -f2))"
-    else
-        cat "$log"
-        echo "FAIL cuda_mock_half_parity: test_dtypes (f16/bf16 layer ops) against the mock driver"
-    fi
-fi
-
-if [ -x "$BUILD/test_optim" ]; then
-    if LD_LIBRARY_PATH="$MOCK${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" MOCK_CUDA_GPUS=1 MOCK_CUDA_REPORT=1 \
-            DPAR_REQUIRE_BACKENDS=cuda ${DPAR_TEST_WRAPPER:-} "$BUILD/test_optim" >"$log" 2>&1 &&
-            grep -q '^\[       OK \] test_parity_cuda' "$log" &&
-            grep -q '^mock cuda: 0 allocation(s) never freed' "$log"; then
-        echo "PASS cuda_mock_optim_parity (AdamW, xent with ignore/smoothing, embedding, dropout, bad labels vs cpu)"
-    else
-        cat "$log"
-        echo "FAIL cuda_mock_optim_parity: test_optim against the mock driver"
-    fi
-fi
+run_mock cuda_mock_half_parity 1 test_dtypes "has '^\[       OK \] test_cuda_half_parity' && no_leaks" \
+    'grep "^cuda bf16:" "$log" | cut -d: -f2' "test_dtypes (f16/bf16 layer ops)"
+run_mock cuda_mock_optim_parity 1 test_optim "has '^\[       OK \] test_parity_cuda' && no_leaks" \
+    "echo 'AdamW, xent with ignore/smoothing, embedding, dropout, bad labels vs cpu'" test_optim
 
 # recorded graph programs as CUDA Graphs (stream capture, cuGraphLaunch) against op-by-op replay,
 # bit for bit (tests/test_graph_record.c), on virtual devices and on the NCCL path
-if [ -x "$BUILD/test_graph_record" ]; then
-    for gpus in 1 4; do
-        if LD_LIBRARY_PATH="$MOCK" MOCK_CUDA_GPUS=$gpus MOCK_CUDA_REPORT=1 DPAR_REQUIRE_BACKENDS=cuda \
-                ${DPAR_TEST_WRAPPER:-} "$BUILD/test_graph_record" >"$log" 2>&1 &&
-                [ "$(grep -c '^\[       OK \] test_[a-z_0-9]*_cuda$' "$log")" = 4 ] &&
-                grep -q '^mock cuda: 0 allocation(s) never freed' "$log"; then
-            echo "PASS cuda_mock_graph_record_$gpus (4 CUDA cases bit for bit with op by op; 2x2 Megatron:$(grep '^Megatron MLP on a 2x2 CUDA' "$log" | cut -d: -f2 | cut -d, -f1))"
-        else
-            cat "$log"
-            echo "FAIL cuda_mock_graph_record_$gpus: test_graph_record's CUDA cases against the mock driver ($gpus mock GPU(s))"
-        fi
-    done
-fi
+cuda_cases() { grep -c '^\[       OK \] test_[a-z_0-9]*_cuda$' "$log"; }
+megatron() { grep '^Megatron MLP on a 2x2 CUDA' "$log" | cut -d: -f2 | cut -d, -f1; }
+for gpus in 1 4; do
+    run_mock cuda_mock_graph_record_$gpus $gpus test_graph_record '[ "$(cuda_cases)" = 4 ] && no_leaks' \
+        'echo "4 CUDA cases bit for bit with op by op; 2x2 Megatron:$(megatron)"' \
+        "test_graph_record's CUDA cases ($gpus mock GPU(s))"
+done
 
 if LD_LIBRARY_PATH="$MOCK" MOCK_CUDA_NO_DEVICE=1 "$BUILD/test_cuda" >"$log" 2>&1; then :; fi
 if grep -q 'SKIPPED: cuda backend unavailable: cuda: cuInit: CUDA_ERROR_NO_DEVICE' "$log" &&
@@ -114,34 +90,16 @@ else
 fi
 
 # the elementwise family (kernels/elementwise.cu) against the CPU reference
-if [ -x "$BUILD/test_elem" ]; then
-    if LD_LIBRARY_PATH="$MOCK" MOCK_CUDA_GPUS=1 MOCK_CUDA_REPORT=1 DPAR_REQUIRE_BACKENDS=cuda \
-            "$BUILD/test_elem" >"$log" 2>&1 && grep -q '^cuda: [0-9]* results within' "$log"; then
-        echo "PASS cuda_mock_elementwise_parity ($(grep '^cuda: [0-9]* results within' "$log"))"
-    else
-        cat "$log"; echo "FAIL cuda_mock_elementwise_parity: test_elem against the mock driver"
-    fi
-fi
+run_mock cuda_mock_elementwise_parity 1 test_elem "has '^cuda: [0-9]* results within'" \
+    'grep "^cuda: [0-9]* results within" "$log"' test_elem
 
 # conv2d and the pools (kernels/conv.cu) against the CPU backend, eager
-if [ -x "$BUILD/test_conv" ]; then
-    if LD_LIBRARY_PATH="$MOCK" MOCK_CUDA_GPUS=1 MOCK_CUDA_REPORT=1 DPAR_REQUIRE_BACKENDS=cuda \
-            "$BUILD/test_conv" >"$log" 2>&1 && grep -q '^\[       OK \] test_cuda_vs_cpu' "$log"; then
-        echo "PASS cuda_mock_conv_pool_parity (every conv and pool case of test_conv against the CPU backend)"
-    else
-        cat "$log"; echo "FAIL cuda_mock_conv_pool_parity: test_conv against the mock driver"
-    fi
-fi
+run_mock cuda_mock_conv_pool_parity 1 test_conv "has '^\[       OK \] test_cuda_vs_cpu'" \
+    "echo 'every conv and pool case of test_conv against the CPU backend'" test_conv
 
 # CUDA has no f64: buffers and arrays are refused naming the backend (tests/test_f64.c)
-if [ -x "$BUILD/test_f64" ]; then
-    if LD_LIBRARY_PATH="$MOCK" MOCK_CUDA_GPUS=1 MOCK_CUDA_REPORT=1 DPAR_REQUIRE_BACKENDS=cuda \
-            "$BUILD/test_f64" >"$log" 2>&1 && grep -q '^\[       OK \] test_cuda_refuses_f64' "$log"; then
-        echo "PASS cuda_mock_f64_refused (f64 buffers and arrays on CUDA: DPAR_ERR_DTYPE naming cuda)"
-    else
-        cat "$log"; echo "FAIL cuda_mock_f64_refused: test_f64 against the mock driver"
-    fi
-fi
+run_mock cuda_mock_f64_refused 1 test_f64 "has '^\[       OK \] test_cuda_refuses_f64'" \
+    "echo 'f64 buffers and arrays on CUDA: DPAR_ERR_DTYPE naming cuda'" test_f64
 
 # a hung NCCL collective must become an error (timeout / asynchronous error), never a hang
 CC=${CC:-cc}
