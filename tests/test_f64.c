@@ -673,7 +673,8 @@ static void test_optimizers(void **st) {
     (void)st;
     enum { N = 37 };
     double *p = rnd_n(N, 91), *g = rnd_n(N, 92), mo[N] = { 0 }, r[N], rm[N], rv[N];
-    dpar_buffer *bp = mkd1(N, p), *bg = mkd1(N, g), *bm = mkd1(N, NULL), *bv = mkd1(N, NULL);
+    dpar_buffer *bp = t_buf1(RT, DPAR_F64, N, p), *bg = t_buf1(RT, DPAR_F64, N, g), *bm = t_buf1(RT, DPAR_F64, N, NULL),
+                *bv = t_buf1(RT, DPAR_F64, N, NULL);
     T_OK(dpar_fill(bm, 0.0f));
     for (int nest = 0; nest < 2; nest++) { /* SGD: momentum, weight decay, a clip scale; exact */
         dpar_sgd_desc d = { 0.125f, 0.75f, nest != 0, 0.0625f, 0.0f, NULL };
@@ -1077,9 +1078,11 @@ static dpar_status mixed_call(int k, const char **name) {
             *all[i] = NULL;
         }
         if (k == -2) return DPAR_OK;
-        d4 = mkd1(4, NULL), f4 = t_buf(RT, 0, DPAR_F32, 1, &s4, NULL), d1 = mkd1(1, NULL);
+        d4 = t_buf1(RT, DPAR_F64, 4, NULL), f4 = t_buf(RT, 0, DPAR_F32, 1, &s4, NULL),
+        d1 = t_buf1(RT, DPAR_F64, 1, NULL);
         f1 = t_buf(RT, 0, DPAR_F32, 1, &s1, NULL), d22 = mkd(2, s22, NULL), f22 = t_buf(RT, 0, DPAR_F32, 2, s22, NULL);
-        d2 = mkd1(2, NULL), f2 = t_buf(RT, 0, DPAR_F32, 1, &s2, NULL), lab = t_buf(RT, 0, DPAR_I32, 1, &s2, NULL);
+        d2 = t_buf1(RT, DPAR_F64, 2, NULL), f2 = t_buf(RT, 0, DPAR_F32, 1, &s2, NULL),
+        lab = t_buf(RT, 0, DPAR_I32, 1, &s2, NULL);
         ds = mkd(2, s22, NULL), fs = t_buf(RT, 0, DPAR_F32, 2, s22, NULL); /* norm stats: [rows, 2] */
         return DPAR_OK;
     }
