@@ -11041,10 +11041,11 @@ static dpar_status dpar__g_opt_add(dpar_graph *g, const char *fn, const dpar_val
         if (p->kind != DPAR__G_PARAM)
             return dpar__g_err(g, DPAR_ERR_INVALID_ARGUMENT, "%s: params[%d] %s is not a param (dpar_g_param)", fn, k,
                                dpar__g_label(g, params[k].id, l, sizeof l));
-        if (p->dtype != DPAR_F32 || q->dtype != DPAR_F32) /* f64 params: the optimizers have no f64 kernel */
+        if (p->dtype != DPAR_F32 || q->dtype != DPAR_F32) /* the graph's update nodes are f32 only (>>f64 api) */
             return dpar__g_err(g, DPAR_ERR_DTYPE,
-                               "%s: param %s is %s and gradient %s is %s; the optimizers update f32 params only "
-                               "(keep the param f32, or update it outside the graph)",
+                               "%s: param %s is %s and gradient %s is %s; the graph's optimizer nodes update f32 "
+                               "params only (keep the param f32, or update it outside the graph with "
+                               "dpar_sgd_step / dpar_adamw_step, which take f64 on the cpu backend)",
                                fn, dpar__g_label(g, params[k].id, l, sizeof l), dpar_dtype_name(p->dtype),
                                dpar__g_label(g, grads[k].id, l2, sizeof l2), dpar_dtype_name(q->dtype));
         if (dpar__g_count(p) != dpar__g_count(q))
