@@ -216,7 +216,8 @@ static void test_corruption(void **st) {
     img[8] = 1;
     put_le32(img + n - 4, dpar_crc32(0, img, (size_t)n - 4));
     /* not a checkpoint at all, trailing data */
-    spit(bad, (const unsigned char *)"name,value\n1,2\n3,4\n5,6\n7,8\n9,10\n11,12\n13,14\n", 47);
+    static const char csv[] = "name,value\n1,2\n3,4\n5,6\n7,8\n9,10\n11,12\n13,14\n";
+    spit(bad, (const unsigned char *)csv, (long)sizeof csv - 1); /* its length, not a count by hand */
     T_ERR(dpar_checkpoint_restore(bad, e, 1, NULL), DPAR_ERR_IO, "not a dpar checkpoint");
     unsigned char *longer = calloc((size_t)n + 3, 1);
     memcpy(longer, img, (size_t)n);
