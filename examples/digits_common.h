@@ -108,9 +108,7 @@ typedef struct {
     const char *backend, *path;
     int devices, epochs, batch, seed, hidden;
     float lr, momentum;
-    /* extra integer flags of one example: names and destinations */
-    const char *extra_name[4];
-    int *extra_val[4];
+    ex_flag extra[4]; /* one example's own flags (their names, destinations and ranges) */
 } digits_opts;
 
 /* The example's name, for messages (set by digits_parse). */
@@ -125,25 +123,19 @@ static inline int digits_fail(const char *what) {
 /* Parses the train_digits flags plus the example's extras (ex_parse); 0 on success, 2 on a usage error. */
 static inline int digits_parse(const char *prog, int argc, char **argv, digits_opts *o) {
     digits_prog = prog;
-    ex_flag f[13] = { { "--backend", EX_STR, &o->backend }, { "--devices", EX_INT, &o->devices },
-                      { "--epochs", EX_INT, &o->epochs },   { "--batch", EX_INT, &o->batch },
-                      { "--lr", EX_FLOAT, &o->lr },         { "--momentum", EX_FLOAT, &o->momentum },
-                      { "--seed", EX_INT, &o->seed },       { "--hidden", EX_INT, &o->hidden },
-                      { "--data", EX_STR, &o->path } };
+    /* --hidden at most DIGITS_MAX_HIDDEN: the MLP's weights and activations in host and device memory */
+    ex_flag f[13] = { EX_S("--backend", &o->backend),
+                      EX_I("--devices", &o->devices, 1, INT_MAX),
+                      EX_I("--epochs", &o->epochs, 1, INT_MAX),
+                      EX_I("--batch", &o->batch, 1, INT_MAX),
+                      EX_F("--lr", &o->lr),
+                      EX_F("--momentum", &o->momentum),
+                      EX_I("--seed", &o->seed, INT_MIN, INT_MAX),
+                      EX_I("--hidden", &o->hidden, 1, DIGITS_MAX_HIDDEN),
+                      EX_S("--data", &o->path) };
     int n = 9;
-    for (int k = 0; k < 4 && o->extra_name[k]; k++) f[n++] = (ex_flag){ o->extra_name[k], EX_INT, o->extra_val[k] };
+    for (int k = 0; k < 4 && o->extra[k].name; k++) f[n++] = o->extra[k];
     if (ex_parse(prog, argc, argv, f, n)) return 2;
-    const char *names[4] = { "--devices", "--epochs", "--batch", "--hidden" };
-    const int vals[4] = { o->devices, o->epochs, o->batch, o->hidden };
-    for (int k = 0; k < 4; k++)
-        if (vals[k] < 1) {
-            fprintf(stderr, "%s: %s %d: must be >= 1\n", prog, names[k], vals[k]);
-            return 2;
-        }
-    if (o->hidden > DIGITS_MAX_HIDDEN) { /* the MLP's weights and activations in host and device memory */
-        fprintf(stderr, "%s: --hidden %d: must be <= %d\n", prog, o->hidden, DIGITS_MAX_HIDDEN);
-        return 2;
-    }
     if (ex_check_lr(prog, "--lr", o->lr, 0)) return 2;
     if (!(o->momentum >= 0.0f && o->momentum < 1.0f)) {
         fprintf(stderr, "%s: --momentum %g: must be in [0, 1)\n", prog, (double)o->momentum);

@@ -79,12 +79,8 @@ static dpar_status step_fn(dpar_ctx *ctx, void *user) {
 int main(int argc, char **argv) {
     const char *backend_name = "cpu";
     int ndev = 4;
-    const ex_flag flags[] = { { "--devices", EX_INT, &ndev }, { "--backend", EX_STR, &backend_name } };
+    const ex_flag flags[] = { EX_I("--devices", &ndev, 1, INT_MAX), EX_S("--backend", &backend_name) };
     if (ex_parse("dp_regression", argc, argv, flags, 2)) return 2;
-    if (ndev < 1) {
-        fprintf(stderr, "dp_regression: --devices %d: must be >= 1\n", ndev);
-        return 2;
-    }
     dpar_backend_kind backend = parse_backend(backend_name);
 
     dpar_runtime *rt = NULL;

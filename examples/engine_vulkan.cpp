@@ -287,16 +287,9 @@ struct Options {
 // 0, or 2 after printing what is wrong: an unknown flag or a malformed value (ex_parse, which lists the
 // flags), or a value out of range, named with its limit.
 int parse(int argc, char **argv, Options &o) {
-    const ex_flag f[] = { { "--steps", EX_INT, &o.steps },
-                          { "--devices", EX_INT, &o.devices },
-                          { "--budget-ms", EX_FLOAT, &o.budget_ms },
-                          { "--data", EX_STR, &o.data } };
+    const ex_flag f[] = { EX_I("--steps", &o.steps, 1, INT_MAX), EX_I("--devices", &o.devices, 1, INT_MAX),
+                          EX_F("--budget-ms", &o.budget_ms), EX_S("--data", &o.data) };
     if (ex_parse("engine_vulkan", argc, argv, f, 4)) return 2;
-    if (o.steps < 1 || o.devices < 1) {
-        std::fprintf(stderr, "engine_vulkan: %s %d: must be >= 1\n", o.steps < 1 ? "--steps" : "--devices",
-                     o.steps < 1 ? o.steps : o.devices);
-        return 2;
-    }
     if (!(o.budget_ms > 0.0f) || !std::isfinite(o.budget_ms)) {
         std::fprintf(stderr, "engine_vulkan: --budget-ms %g: must be a finite number > 0\n", (double)o.budget_ms);
         return 2;

@@ -42,13 +42,22 @@ static inline dpar_backend_kind parse_backend(const char *s) {
     } while (0)
 
 /* ------------------------------------------------------------------ flags */
-/* One "--name value" flag of an example: its name and where the value goes. */
+/* One "--name value" flag of an example: its name, where the value goes and,
+   for an integer, the values it takes. */
 typedef enum { EX_INT, EX_FLOAT, EX_STR } ex_flag_type;
 typedef struct ex_flag {
     const char *name;  /* "--epochs" */
     ex_flag_type type; /* EX_INT: dst is an int *, EX_FLOAT: a float *, EX_STR: a const char ** */
     void *dst;         /* keeps its value (the default) unless the flag is given */
+    int lo, hi;        /* EX_INT: the accepted range, inclusive (0, 1: an on/off switch) */
 } ex_flag;
+/* Table entries: an integer in [lo, hi], a float, a string. */
+#define EX_I(name, dst, lo, hi) \
+    { name, EX_INT, dst, lo, hi }
+#define EX_F(name, dst) \
+    { name, EX_FLOAT, dst, 0, 0 }
+#define EX_S(name, dst) \
+    { name, EX_STR, dst, 0, 0 }
 
 /* Prints "<prog>: <what>" and the flags of the table to stderr; returns 2 (a usage error). */
 static inline int ex_usage(const char *prog, const char *what, const char *arg, const ex_flag *flags, int n) {
@@ -65,14 +74,31 @@ static inline int ex_bad_value(const char *prog, const char *flag, const char *v
     return 2;
 }
 
+/* An integer flag's value v (as typed; x as read, clamped by strtoll) outside
+   [lo, hi]: prints the flag's own limit ("--epochs 0: must be >= 1", "--remat
+   2: must be 0 (off) or 1 (on)"), or the whole range when the value is past
+   what an int holds, and returns 2 (a usage error). */
+static inline int ex_bad_int(const char *prog, const char *flag, const char *v, long long x, int lo, int hi) {
+    char why[96];
+    if (lo == 0 && hi == 1)
+        snprintf(why, sizeof why, "must be 0 (off) or 1 (on)");
+    else if (x < lo && lo > INT_MIN)
+        snprintf(why, sizeof why, "must be >= %d", lo);
+    else if (x > hi && hi < INT_MAX)
+        snprintf(why, sizeof why, "must be <= %d", hi);
+    else
+        snprintf(why, sizeof why, "out of range; an integer from %d to %d", lo, hi);
+    return ex_bad_value(prog, flag, v, why);
+}
+
 /* Parses argv[1..argc) as "--name value" pairs against flags[0..n) (a NULL
    name ends the table early). A number must be the whole token ("--epochs 3x"
-   is refused) and fit its type: an int, or a float of magnitude <= FLT_MAX
-   ("--lr 1e40" is refused as out of range, naming the value as typed, not
-   passed on as inf); floats are read as double, then rounded to float. A flag
-   given twice keeps the last value. Returns 0, or 2 after printing the usage
-   error (unknown flag, missing, malformed or out-of-range value; --help
-   prints the flags). */
+   is refused) and fit its type: an int within the flag's [lo, hi], or a float
+   of magnitude <= FLT_MAX ("--lr 1e40" is refused as out of range, naming the
+   value as typed, not passed on as inf); floats are read as double, then
+   rounded to float. A flag given twice keeps the last value. Returns 0, or 2
+   after printing the usage error (unknown flag, missing, malformed or
+   out-of-range value; --help prints the flags). */
 static inline int ex_parse(const char *prog, int argc, char **argv, const ex_flag *flags, int n) {
     for (int i = 1; i < argc; i += 2) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -90,10 +116,8 @@ static inline int ex_parse(const char *prog, int argc, char **argv, const ex_fla
         if (flags[k].type == EX_INT) {
             long long x = strtoll(v, &end, 10);
             if (end == v || *end) return ex_bad_value(prog, a, v, "not an integer");
-            if (errno == ERANGE || x < INT_MIN || x > INT_MAX) {
-                fprintf(stderr, "%s: %s %s: out of range; an integer from %d to %d\n", prog, a, v, INT_MIN, INT_MAX);
-                return 2;
-            }
+            if (errno == ERANGE || x < flags[k].lo || x > flags[k].hi)
+                return ex_bad_int(prog, a, v, x, flags[k].lo, flags[k].hi);
             *(int *)flags[k].dst = (int)x;
         } else {
             double x = strtod(v, &end);
@@ -126,13 +150,6 @@ static inline int ex_given(int argc, char **argv, const char *name) {
 static inline int ex_check_batch(const char *prog, int batch, int rows, const char *what) {
     if (batch >= 1 && batch <= rows) return 0;
     fprintf(stderr, "%s: --batch %d is larger than the %d %s; use --batch %d or less\n", prog, batch, rows, what, rows);
-    return 2;
-}
-
-/* An on/off flag (--remat, --memory): 0 when v is 0 or 1; else prints why and returns 2. */
-static inline int ex_check_switch(const char *prog, const char *flag, int v) {
-    if (v == 0 || v == 1) return 0;
-    fprintf(stderr, "%s: %s %d: must be 0 (off) or 1 (on)\n", prog, flag, v);
     return 2;
 }
 

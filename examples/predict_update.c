@@ -95,14 +95,9 @@ static dpar_status update_fn(dpar_ctx *ctx, void *user) {
 int main(int argc, char **argv) {
     const char *backend_name = "cpu";
     int ndev = 4, steps = 5;
-    const ex_flag flags[] = { { "--devices", EX_INT, &ndev },
-                              { "--steps", EX_INT, &steps },
-                              { "--backend", EX_STR, &backend_name } };
+    const ex_flag flags[] = { EX_I("--devices", &ndev, 1, INT_MAX), EX_I("--steps", &steps, 1, INT_MAX),
+                              EX_S("--backend", &backend_name) };
     if (ex_parse("predict_update", argc, argv, flags, 3)) return 2;
-    if (ndev < 1 || steps < 1) {
-        fprintf(stderr, "predict_update: --devices %d, --steps %d: both must be >= 1\n", ndev, steps);
-        return 2;
-    }
     dpar_backend_kind backend = parse_backend(backend_name);
 
     dpar_runtime *rt = NULL;

@@ -54,34 +54,23 @@ typedef struct {
 
 /* Parses the flags into o (defaults already there; ex_parse); 0 on success, 2 on a usage error. */
 static int cnn_parse(int argc, char **argv, cnn_opts *o) {
-    const ex_flag f[] = { { "--backend", EX_STR, &o->backend },
-                          { "--data", EX_STR, &o->path },
-                          { "--optimizer", EX_STR, &o->optimizer },
-                          { "--devices", EX_INT, &o->devices },
-                          { "--epochs", EX_INT, &o->epochs },
-                          { "--batch", EX_INT, &o->batch },
-                          { "--seed", EX_INT, &o->seed },
-                          { "--steps", EX_INT, &o->steps },
-                          { "--lr", EX_FLOAT, &o->lr },
-                          { "--weight-decay", EX_FLOAT, &o->weight_decay },
-                          { "--momentum", EX_FLOAT, &o->momentum },
-                          { "--monitor", EX_INT, &o->monitor },
-                          { "--remat", EX_INT, &o->remat },
-                          { "--memory", EX_INT, &o->memory },
-                          { "--checkpoint", EX_STR, &o->checkpoint },
-                          { "--resume", EX_STR, &o->resume } };
+    const ex_flag f[] = { EX_S("--backend", &o->backend),
+                          EX_S("--data", &o->path),
+                          EX_S("--optimizer", &o->optimizer),
+                          EX_I("--devices", &o->devices, 1, INT_MAX),
+                          EX_I("--epochs", &o->epochs, 1, INT_MAX),
+                          EX_I("--batch", &o->batch, 1, INT_MAX),
+                          EX_I("--seed", &o->seed, INT_MIN, INT_MAX),
+                          EX_I("--steps", &o->steps, 0, INT_MAX), /* 0: whole epochs */
+                          EX_F("--lr", &o->lr),
+                          EX_F("--weight-decay", &o->weight_decay),
+                          EX_F("--momentum", &o->momentum),
+                          EX_I("--monitor", &o->monitor, 0, 1),
+                          EX_I("--remat", &o->remat, 0, 1),
+                          EX_I("--memory", &o->memory, 0, 1),
+                          EX_S("--checkpoint", &o->checkpoint),
+                          EX_S("--resume", &o->resume) };
     if (ex_parse("train_cnn", argc, argv, f, (int)(sizeof f / sizeof f[0]))) return 2;
-    const char *names[3] = { "--devices", "--epochs", "--batch" };
-    const int vals[3] = { o->devices, o->epochs, o->batch };
-    for (int k = 0; k < 3; k++)
-        if (vals[k] < 1) {
-            fprintf(stderr, "train_cnn: %s %d: must be >= 1\n", names[k], vals[k]);
-            return 2;
-        }
-    if (o->steps < 0) {
-        fprintf(stderr, "train_cnn: --steps %d: must be >= 0 (0: whole epochs)\n", o->steps);
-        return 2;
-    }
     if (o->batch % o->devices || MNIST_NTEST % o->devices) {
         fprintf(stderr, "train_cnn: --batch %d and the %d test images must divide over --devices %d\n", o->batch,
                 MNIST_NTEST, o->devices);
@@ -98,9 +87,6 @@ static int cnn_parse(int argc, char **argv, cnn_opts *o) {
         fprintf(stderr, "train_cnn: --momentum %g: must be in [0, 1)\n", (double)o->momentum);
         return 2;
     }
-    if (ex_check_switch("train_cnn", "--remat", o->remat) || ex_check_switch("train_cnn", "--memory", o->memory) ||
-        ex_check_switch("train_cnn", "--monitor", o->monitor))
-        return 2;
     if (o->checkpoint && ex_check_writable("train_cnn", "--checkpoint", o->checkpoint)) return 2;
     return 0;
 }

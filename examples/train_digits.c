@@ -61,8 +61,7 @@ int main(int argc, char **argv) {
                       .hidden = 128,
                       .lr = 0.1f,
                       .momentum = 0.9f,
-                      .extra_name = { "--monitor" },
-                      .extra_val = { &monitor } };
+                      .extra = { EX_I("--monitor", &monitor, 0, 1) } };
     if (digits_parse("train_digits", argc, argv, &o)) return 2;
     const char *backend = o.backend;
     int devices = o.devices, epochs = o.epochs, batch = o.batch, hidden = o.hidden;

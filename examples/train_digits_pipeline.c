@@ -43,7 +43,7 @@ static dpar_status build_step(dpar_mesh *mesh, dpar_array *const param[NPARAM], 
 int main(int argc, char **argv) {
     int M = 4;
     digits_opts o = {
-        "cpu", "examples/data/digits.csv.gz", 2, 30, 64, 42, 128, 0.1f, 0.9f, { "--microbatches" }, { &M }
+        "cpu", "examples/data/digits.csv.gz", 2, 30, 64, 42, 128, 0.1f, 0.9f, { EX_I("--microbatches", &M, 1, INT_MAX) }
     };
     int rc = digits_parse("train_digits_pipeline", argc, argv, &o);
     if (rc) return rc;
@@ -51,8 +51,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "train_digits_pipeline: 2 stages use 2 devices (--devices 2)\n");
         return 2;
     }
-    if (M < 1 || o.batch % M) {
-        fprintf(stderr, "train_digits_pipeline: --microbatches must be >= 1 and divide --batch %d\n", o.batch);
+    if (o.batch % M) {
+        fprintf(stderr, "train_digits_pipeline: --microbatches %d must divide --batch %d\n", M, o.batch);
         return 2;
     }
     digits_setup ds;

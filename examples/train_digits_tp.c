@@ -75,21 +75,21 @@ static dpar_status eval_step(dpar_ctx *ctx, void *user) {
 
 int main(int argc, char **argv) {
     int dp = 2, tp = 2;
-    digits_opts o = { "cpu",       "examples/data/digits.csv.gz", 4, 30, 64, 42, 128, 0.1f, 0.9f, { "--dp", "--tp" },
-                      { &dp, &tp } };
+    digits_opts o = { "cpu", "examples/data/digits.csv.gz",
+                      4,     30,
+                      64,    42,
+                      128,   0.1f,
+                      0.9f,  { EX_I("--dp", &dp, 1, INT_MAX), EX_I("--tp", &tp, 1, INT_MAX) } };
     int rc = digits_parse("train_digits_tp", argc, argv, &o);
     if (rc) return rc;
-    if (dp < 1 || tp < 1) {
-        fprintf(stderr, "train_digits_tp: --dp and --tp must be >= 1\n");
-        return 2;
-    }
-    if (o.devices != dp * tp) {
-        if (o.devices != 4) {
-            fprintf(stderr, "train_digits_tp: --devices %d but the mesh --dp %d x --tp %d has %d devices\n", o.devices,
-                    dp, tp, dp * tp);
+    long long ndev = (long long)dp * tp; /* in 64 bits: --dp and --tp may each be near INT_MAX */
+    if (o.devices != ndev) {
+        if (o.devices != 4 || ndev > INT_MAX) {
+            fprintf(stderr, "train_digits_tp: --devices %d but the mesh --dp %d x --tp %d has %lld devices\n",
+                    o.devices, dp, tp, ndev);
             return 2;
         }
-        o.devices = dp * tp; /* the default follows --dp x --tp */
+        o.devices = (int)ndev; /* the default follows --dp x --tp */
     }
     if (o.batch % dp) {
         fprintf(stderr, "train_digits_tp: --batch %d is not divisible by --dp %d\n", o.batch, dp);

@@ -53,9 +53,11 @@ static int checkpoint_entries(dpar_graph *g, dpar_array *const param[NPARAM], dp
 
 int main(int argc, char **argv) {
     int ckpt_epoch = 0;
-    digits_opts o = {
-        "cpu", "examples/data/digits.csv.gz", 4, 30, 64, 42, 128, 0.1f, 0.9f, { "--checkpoint-epoch" }, { &ckpt_epoch }
-    };
+    digits_opts o = { "cpu", "examples/data/digits.csv.gz",
+                      4,     30,
+                      64,    42,
+                      128,   0.1f,
+                      0.9f,  { EX_I("--checkpoint-epoch", &ckpt_epoch, 0, INT_MAX) } };
     int rc = digits_parse("train_digits_zero1", argc, argv, &o);
     if (rc) return rc;
     if (ckpt_epoch < 0 || ckpt_epoch > o.epochs) { /* it would never be reached: say so, do not skip it silently */

@@ -59,41 +59,29 @@ typedef struct {
 
 /* Parses the flags into o (defaults already there; ex_parse); 0 on success, 2 on a usage error. */
 static int gpt_parse(int argc, char **argv, gpt_opts *o) {
-    const ex_flag f[] = { { "--backend", EX_STR, &o->backend },
-                          { "--data", EX_STR, &o->path },
-                          { "--prompt", EX_STR, &o->prompt },
-                          { "--dp", EX_INT, &o->dp },
-                          { "--tp", EX_INT, &o->tp },
-                          { "--devices", EX_INT, &o->devices },
-                          { "--steps", EX_INT, &o->steps },
-                          { "--batch", EX_INT, &o->batch },
-                          { "--seed", EX_INT, &o->seed },
-                          { "--log-every", EX_INT, &o->log_every },
-                          { "--eval-every", EX_INT, &o->eval_every },
-                          { "--val-batches", EX_INT, &o->val_batches },
-                          { "--gen", EX_INT, &o->gen },
-                          { "--remat", EX_INT, &o->remat },
-                          { "--memory", EX_INT, &o->memory },
-                          { "--monitor", EX_INT, &o->monitor },
-                          { "--lr", EX_FLOAT, &o->lr } };
+    const ex_flag f[] = { EX_S("--backend", &o->backend),
+                          EX_S("--data", &o->path),
+                          EX_S("--prompt", &o->prompt),
+                          EX_I("--dp", &o->dp, 1, INT_MAX),
+                          EX_I("--tp", &o->tp, 1, INT_MAX),
+                          EX_I("--devices", &o->devices, 1, INT_MAX),
+                          EX_I("--steps", &o->steps, 1, INT_MAX),
+                          EX_I("--batch", &o->batch, 1, INT_MAX),
+                          EX_I("--seed", &o->seed, INT_MIN, INT_MAX),
+                          EX_I("--log-every", &o->log_every, 1, INT_MAX),
+                          EX_I("--eval-every", &o->eval_every, 0, INT_MAX), /* 0: off */
+                          EX_I("--val-batches", &o->val_batches, 1, INT_MAX),
+                          EX_I("--gen", &o->gen, 0, GEN_MAX), /* 0: off; one forward pass per character */
+                          EX_I("--remat", &o->remat, 0, 1),
+                          EX_I("--memory", &o->memory, 0, 1),
+                          EX_I("--monitor", &o->monitor, 0, 1),
+                          EX_F("--lr", &o->lr) };
     if (ex_parse("train_gpt", argc, argv, f, (int)(sizeof f / sizeof f[0]))) return 2;
-    if (!o->devices) o->devices = o->dp * o->tp; /* the default follows --dp x --tp */
-    if (o->dp < 1 || o->tp < 1 || o->devices != o->dp * o->tp) {
-        fprintf(stderr, "train_gpt: --dp %d x --tp %d must be >= 1 each and equal --devices %d\n", o->dp, o->tp,
-                o->devices);
-        return 2;
-    }
-    const char *names[6] = { "--steps", "--batch", "--log-every", "--val-batches", "--eval-every", "--gen" };
-    const int vals[6] = { o->steps, o->batch, o->log_every, o->val_batches, o->eval_every, o->gen };
-    for (int k = 0; k < 6; k++) {
-        int min = k < 4 ? 1 : 0; /* steps and batches count from 1; --eval-every 0 and --gen 0 turn those off */
-        if (vals[k] < min) {
-            fprintf(stderr, "train_gpt: %s %d: must be >= %d%s\n", names[k], vals[k], min, min ? "" : " (0: off)");
-            return 2;
-        }
-    }
-    if (o->gen > GEN_MAX) { /* one forward pass of the whole model per character */
-        fprintf(stderr, "train_gpt: --gen %d: must be <= %d characters\n", o->gen, GEN_MAX);
+    long long mesh = (long long)o->dp * o->tp;                  /* in 64 bits: --dp and --tp may each be near INT_MAX */
+    if (!o->devices && mesh <= INT_MAX) o->devices = (int)mesh; /* the default follows --dp x --tp */
+    if (o->devices != mesh) {
+        fprintf(stderr, "train_gpt: --devices %d but the mesh --dp %d x --tp %d has %lld devices\n", o->devices, o->dp,
+                o->tp, mesh);
         return 2;
     }
     if (o->batch % o->dp) {
@@ -110,9 +98,6 @@ static int gpt_parse(int argc, char **argv, gpt_opts *o) {
         fprintf(stderr, "train_gpt: --prompt is empty; generation needs at least one character to start from\n");
         return 2;
     }
-    if (ex_check_switch("train_gpt", "--remat", o->remat) || ex_check_switch("train_gpt", "--memory", o->memory) ||
-        ex_check_switch("train_gpt", "--monitor", o->monitor))
-        return 2;
     return ex_check_lr("train_gpt", "--lr", o->lr, 1); /* the peak of the schedule */
 }
 

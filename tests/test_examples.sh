@@ -150,10 +150,18 @@ for ex in train_digits train_digits_tp train_digits_zero1 train_digits_pipeline;
 done
 run train_digits --lr -0.1
 refused "train_digits --lr -0.1 is named with its limit" 2 "--lr -0.1: must be a finite number >= 0"
-# a number past its type is out of range, named as typed (was "not an integer" / "--lr inf")
+# a number past its type is out of range, named as typed (was "not an integer" / "--lr inf"),
+# with the flag's own range (was the whole int range for --epochs too)
 run train_digits --epochs 99999999999
-refused "train_digits --epochs 99999999999 is out of range, with the range" 2 \
-    "--epochs 99999999999: out of range; an integer from -2147483648 to 2147483647"
+refused "train_digits --epochs 99999999999 is out of range, with the flag's range" 2 \
+    "--epochs 99999999999: out of range; an integer from 1 to 2147483647"
+run train_digits --epochs 0
+refused "train_digits --epochs 0 is named with its limit" 2 "--epochs 0: must be >= 1"
+run train_digits --seed 99999999999
+refused "train_digits --seed 99999999999 is out of range, with the int range" 2 \
+    "--seed 99999999999: out of range; an integer from -2147483648 to 2147483647"
+run train_digits_tp --dp 2147483647 --tp 2 # dp x tp overflowed an int
+refused "train_digits_tp --dp 2147483647 --tp 2 names the mesh's size" 2 "--dp 2147483647 x --tp 2 has 4294967294 devices"
 run train_digits --lr 1e40
 refused "train_digits --lr 1e40 is out of range, named as typed" 2 "--lr 1e40: out of range; a number from"
 for ex in dp_regression predict_update; do # they parsed with atoi: "--devices 2x" ran on 2 devices

@@ -14,7 +14,7 @@
 #   bad input                         each refused with its own message and a non-zero exit, before
 #                                     training and without a final: line: a --prompt character not in
 #                                     the text (it was undefined behaviour at generation time), an empty
-#                                     --prompt, --eval-every -1, --remat 2, --monitor 2, --gen 100001, a truncated
+#                                     --prompt, --eval-every -1, --remat 2, --monitor 2, --dp x --tp past an int, --gen 100001, a truncated
 #                                     gzip --data, --batch 3 over --dp 2, a batch larger
 #                                     than the training windows; --lr 1e30 stops naming the step
 # The validation-loss target (<= 1.85 after 1,000 steps) is `make run-gpt`'s, too long for CI.
@@ -122,6 +122,8 @@ bad "a truncated gzip --data is refused" 1 $? "$o" "corrupt or truncated"
 bad "--eval-every -1 is named with its limit" 2 $? "$o" "--eval-every -1: must be >= 0"
 "$bin" $short --remat 2 >"$o" 2>&1
 bad "--remat 2 is named as an on/off flag" 2 $? "$o" "--remat 2: must be 0 (off) or 1 (on)"
+"$bin" $short --dp 2147483647 --tp 2 >"$o" 2>&1 # dp x tp overflowed an int
+bad "--dp 2147483647 --tp 2 names the mesh's size" 2 $? "$o" "--dp 2147483647 x --tp 2 has 4294967294 devices"
 "$bin" $short --batch 3 >"$o" 2>&1
 bad "--batch 3 over --dp 2 is named" 2 $? "$o" "--batch 3 must be divisible by --dp 2"
 "$bin" $short --batch 2000000 >"$o" 2>&1
