@@ -856,9 +856,10 @@ DPAR_API dpar_status dpar_wait(dpar_ctx *ctx, dpar_request *req);
    dtype for all their tensors (stats buffers stay f32). With f16 or bf16 they
    accumulate in f32 exactly as the f32 op does on the same (widened) inputs
    and round each result once to nearest even, on every backend (Vulkan and
-   CUDA cast into f32 device temporaries, 4 bytes per element of each 16-bit
-   operand for the call, and back: a 16-bit result is that backend's f32
-   result rounded once). Mixed dtypes: DPAR_ERR_DTYPE naming both operands;
+   CUDA cast into f32 device temporaries and back: a 16-bit result is that
+   backend's f32 result rounded once; the temporaries, 4 bytes per element of
+   each 16-bit operand of the largest such call, are the device's, reused
+   without waiting for it and kept until dpar_runtime_destroy). Mixed dtypes: DPAR_ERR_DTYPE naming both operands;
    i32 and other dtypes: DPAR_ERR_DTYPE naming the op, the dtype and the backend.
    ------------------------------------------------------------------------ */
 /* C = alpha * op(A) @ op(B) + beta * C, op(X) = X or X^T; A, B, C 2-D,
@@ -16508,12 +16509,16 @@ static const dpar__backend_iface *dpar__cpu_iface(void) {
    cast back, rounded once to nearest even (as dpar_f32_to_f16 / _bf16). So a
    16-bit result is the backend's f32 result rounded once. Outputs are widened
    too (an op may read its output, as bias_grad's beta does, or alias it to an
-   input), and an operand given twice maps to one temporary. Extra device
-   memory: 4 bytes per element of each 16-bit operand, held for the op. */
+   input), and an operand given twice maps to one temporary. The temporaries
+   are the device's own, kept and reused in queue order (each command waits
+   for the ones before it), so an op neither allocates nor waits for the
+   device; they grow (waiting once) when a larger op comes. Extra device
+   memory: 4 bytes per element of each 16-bit operand of the largest such op,
+   held until the runtime is destroyed. */
 typedef struct dpar__half_hooks {
     dpar_status (*run)(void *st, int dev, const dpar__op *op); /* the backend's op (f32 kernels, CAST) */
-    dpar_status (*alloc)(void *st, int dev, size_t nbytes, void **mem);
-    void (*free)(void *st, int dev, void *mem);
+    /* mem[0..n): n temporaries of nbytes[i] bytes each, valid until the device's next 16-bit layer op */
+    dpar_status (*temps)(void *st, int dev, int n, const size_t *nbytes, void **mem);
 } dpar__half_hooks;
 static dpar_status dpar__half_cast(void *st, int dev, const dpar__half_hooks *h, dpar_buffer *dst,
                                    const dpar_buffer *src) {
@@ -16526,22 +16531,26 @@ static dpar_status dpar__half_lowered(void *st, int dev, const dpar__op *op, con
     const dpar_buffer *orig[7] = { op->dst, op->dst2, op->dst3, op->src0, op->src1, op->src2, op->src3 };
     const dpar_buffer *map[7];
     dpar_buffer wide[7];
-    dpar_status s = DPAR_OK;
-    int nw = 0, first[7] = { 0 };
-    for (int i = 0; i < 7 && !s; i++) {
+    size_t nbytes[7];
+    void *mem[7];
+    int nw = 0, first[7] = { 0 }, slot[7];
+    for (int i = 0; i < 7; i++) { /* which operands are widened, into which temporary */
         int j = 0;
         while (j < i && orig[j] != orig[i]) j++;
         first[i] = j == i;
-        map[i] = j < i ? map[j] : orig[i];
+        slot[i] = j < i ? slot[j] : -1;
         if (j < i || !dpar__is_half(orig[i])) continue;
-        dpar_buffer *w = &wide[nw];
-        *w = *orig[i];
-        w->dtype = DPAR_F32;
-        w->nbytes = (size_t)orig[i]->count * sizeof(float);
-        w->mem = NULL;
-        if ((s = h->alloc(st, dev, w->nbytes, &w->mem))) break;
-        map[i] = &wide[nw++];
-        s = dpar__half_cast(st, dev, h, w, orig[i]);
+        wide[nw] = *orig[i];
+        wide[nw].dtype = DPAR_F32;
+        nbytes[nw] = wide[nw].nbytes = (size_t)orig[i]->count * sizeof(float);
+        slot[i] = nw++;
+    }
+    dpar_status s = nw ? h->temps(st, dev, nw, nbytes, mem) : DPAR_OK;
+    for (int i = 0; i < 7 && !s; i++) {
+        map[i] = slot[i] < 0 ? orig[i] : &wide[slot[i]];
+        if (slot[i] < 0 || !first[i]) continue;
+        wide[slot[i]].mem = mem[slot[i]];
+        s = dpar__half_cast(st, dev, h, &wide[slot[i]], orig[i]);
     }
     if (!s) {
         dpar__op w = *op;
@@ -16551,9 +16560,7 @@ static dpar_status dpar__half_lowered(void *st, int dev, const dpar__op *op, con
         s = h->run(st, dev, &w);
     }
     for (int i = 0; i < 3 && !s; i++) /* the outputs, rounded once */
-        if (first[i] && dpar__is_half(orig[i]))
-            s = dpar__half_cast(st, dev, h, (dpar_buffer *)(uintptr_t)orig[i], map[i]);
-    for (int i = 0; i < nw; i++) h->free(st, dev, wide[i].mem);
+        if (first[i] && slot[i] >= 0) s = dpar__half_cast(st, dev, h, (dpar_buffer *)(uintptr_t)orig[i], map[i]);
     return s;
 }
 #endif

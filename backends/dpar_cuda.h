@@ -289,7 +289,7 @@ enum {
     DPAR__CU_MAXV = 64,
     DPAR__CU_BLOCK = 256,
     DPAR__CU_MAX_PARTIALS = 1024,
-    DPAR__CU_NSCRATCH = 3,
+    DPAR__CU_NSCRATCH = 3,         /* 0: partials, 1: conv2d's columns, 2: the 16-bit layer ops' f32 temporaries */
     DPAR__CU_COL_BYTES = 64 << 20, /* conv2d's column matrix per chunk of images (scratch slot 1) */
     DPAR__CU_RING = 32             /* NCCL collectives tracked per device for hang detection */
 };
@@ -325,6 +325,12 @@ typedef struct dpar__cu_prog {
     int checks; /* it holds index checks */
 } dpar__cu_prog;
 
+/* device memory handle given to the core */
+typedef struct dpar__cu_mem {
+    dpar__CUdeviceptr ptr;
+    size_t nbytes;
+} dpar__cu_mem;
+
 typedef struct dpar__cu_dev {
     int phys; /* index into st->phys */
     dpar__CUstream compute, comm;
@@ -342,6 +348,7 @@ typedef struct dpar__cu_dev {
     char sticky_msg[DPAR__ERR_LEN]; /* its text; the runtime must be destroyed */
     dpar__CUdeviceptr scratch[DPAR__CU_NSCRATCH];
     size_t scratch_cap[DPAR__CU_NSCRATCH];
+    dpar__cu_mem half[7];      /* views into scratch slot 2: the 16-bit layer ops' temporaries (>>cuda half storage) */
     dpar__CUdeviceptr idx_err; /* error words of the index checks (>>cuda optim), made on first use */
     int idx_pending;           /* a check ran since the last report (atomic) */
     dpar__cu_prog *cap;        /* the recording under way on compute (>>cuda graphs), else NULL */
@@ -370,11 +377,6 @@ typedef struct dpar__cu_state {
     int ncomms; /* read without the lock as a hint only */
 } dpar__cu_state;
 
-/* device memory handle given to the core */
-typedef struct dpar__cu_mem {
-    dpar__CUdeviceptr ptr;
-    size_t nbytes;
-} dpar__cu_mem;
 #define DPAR__CU_PTR(b) (((const dpar__cu_mem *)(b)->mem)->ptr)
 
 static dpar__cu_api dpar__cu;
@@ -1706,20 +1708,27 @@ static dpar_status dpar__cu_op_pointwise(dpar__cu_state *st, int dev, const dpar
 }
 
 /* >>cuda half storage: the 16-bit layer ops through dpar__half_lowered (>>device half storage): the CAST kernel and
-   the f32 kernels on temporaries from dpar__cu_alloc, freed after the op (dpar__cu_free waits for it). Not while a
-   graph program is captured, which would outlive them: the graph then runs that device op by op (its layer nodes
-   are f32 today, so this does not arise). */
-static dpar_status dpar__cu_half_alloc(void *state, int dev, size_t nbytes, void **mem) {
-    *mem = NULL;
-    if (((dpar__cu_state *)state)->dev[dev].cap)
-        return dpar__err(DPAR_ERR_STATE,
-                         "cuda: device %d: a 16-bit layer op (f32 temporaries) while a graph program is captured; "
-                         "run it outside the graph, or in f32",
-                         dev);
-    return dpar__cu_alloc(state, dev, nbytes, mem);
+   the f32 kernels on temporaries carved from scratch slot 2 (256-byte aligned), reused in stream order without a
+   wait; while a graph program is captured the slot is memory of the recording's own (dpar__cu_scratch). */
+static dpar_status dpar__cu_half_temps(void *state, int dev, int n, const size_t *nbytes, void **mem) {
+    dpar__cu_state *st = (dpar__cu_state *)state;
+    dpar__cu_dev *d = &st->dev[dev];
+    size_t off[7], total = 0;
+    for (int i = 0; i < n; i++) {
+        off[i] = total;
+        total += (nbytes[i] + 255) / 256 * 256;
+    }
+    dpar__CUdeviceptr base;
+    dpar_status s = dpar__cu_scratch(st, dev, 2, total, &base);
+    for (int i = 0; i < n && !s; i++) {
+        d->half[i].ptr = base + off[i];
+        d->half[i].nbytes = nbytes[i];
+        mem[i] = &d->half[i];
+    }
+    return s;
 }
 static dpar_status dpar__cu_op(void *state, int dev, const dpar__op *op);
-static const dpar__half_hooks dpar__cu_half = { dpar__cu_op, dpar__cu_half_alloc, dpar__cu_free };
+static const dpar__half_hooks dpar__cu_half = { dpar__cu_op, dpar__cu_half_temps };
 
 static dpar_status dpar__cu_op(void *state, int dev, const dpar__op *op) {
     dpar__cu_state *st = (dpar__cu_state *)state;

@@ -196,6 +196,7 @@ typedef struct dpar__vkdev {
     size_t hcap[2];
     char *coll_in, *coll_out; /* this member's host views, published to the group */
     dpar__vkbuf *idx_err;     /* error words of the index checks (>>vulkan optim), made on first use */
+    dpar__vkbuf *half[7];     /* f32 temporaries of the 16-bit layer ops (>>vulkan half storage), kept */
     int idx_pending;          /* a check ran since the last report (atomic) */
     /* >>vulkan interop: one buffer lent at a time; values of the timeline semaphore `sem` */
     VkSemaphore sem;        /* made by the first export */
@@ -924,6 +925,10 @@ static void dpar__vk_shutdown(void *state) {
             dpar__vk_destroy_vkbuf(st, &d->cstage);
             if (d->idx_err) dpar__vk_destroy_vkbuf(st, d->idx_err);
             DPAR_FREE(d->idx_err);
+            for (int j = 0; j < 7; j++) {
+                if (d->half[j]) dpar__vk_destroy_vkbuf(st, d->half[j]);
+                DPAR_FREE(d->half[j]);
+            }
             dpar__vk_staging_free(st, d);
         }
         DPAR_FREE(d->hbuf[0]);
@@ -2132,17 +2137,34 @@ static dpar_status dpar__vk_op_basic(dpar__vk *st, int dev, const dpar__op *op, 
 
 /* >>vulkan half storage =======================================================
    The 16-bit layer ops run through dpar__half_lowered (>>device half storage)
-   with cast.comp and the f32 shaders, on temporaries from dpar__vk_alloc freed
-   after the op (dpar__vk_free waits for it). Not while recording a graph
-   program, which would outlive them: the graph then runs that device op by
-   op (the graph's layer nodes are f32 today, so this does not arise). */
-static dpar_status dpar__vk_half_alloc(void *state, int dev, size_t nbytes, void **mem) {
-    *mem = NULL;
+   with cast.comp and the f32 shaders, on the device's kept temporaries
+   (d->half): every dispatch begins with a full barrier whose first scope
+   covers the queue's earlier work, so the next op may reuse them without a
+   wait. One that must grow is freed first (dpar__vk_free waits for its last
+   use). Not while recording a graph program, whose replays would share
+   memory that may grow: the graph then runs that device op by op (the
+   graph's layer nodes are f32 today, so this does not arise). */
+static dpar_status dpar__vk_half_temps(void *state, int dev, int n, const size_t *nbytes, void **mem) {
+    dpar__vk *st = (dpar__vk *)state;
+    dpar__vkdev *d = &st->devs[dev];
     if (dpar__vk_recording(dev)) return dpar__vk_rec_refuse("a 16-bit layer op (f32 temporaries)");
-    return dpar__vk_alloc(state, dev, nbytes, mem);
+    for (int i = 0; i < n; i++) {
+        if (d->half[i] && d->half[i]->nbytes < nbytes[i]) {
+            dpar__vk_free(st, dev, d->half[i]);
+            d->half[i] = NULL;
+        }
+        if (!d->half[i]) {
+            void *b = NULL;
+            dpar_status s = dpar__vk_alloc(st, dev, nbytes[i], &b);
+            if (s) return s;
+            d->half[i] = (dpar__vkbuf *)b;
+        }
+        mem[i] = d->half[i];
+    }
+    return DPAR_OK;
 }
 static dpar_status dpar__vk_op(void *state, int dev, const dpar__op *op);
-static const dpar__half_hooks dpar__vk_half = { dpar__vk_op, dpar__vk_half_alloc, dpar__vk_free };
+static const dpar__half_hooks dpar__vk_half = { dpar__vk_op, dpar__vk_half_temps };
 
 static dpar_status dpar__vk_op(void *state, int dev, const dpar__op *op) {
     dpar__vk *st = (dpar__vk *)state;

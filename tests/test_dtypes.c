@@ -10,7 +10,8 @@
    every case too: each 16-bit result is that backend's f32 result rounded
    once, bit for bit, and agrees with the CPU's (equal, or one 16-bit step
    apart where the f32 kernels round differently); a missing backend prints
-   SKIPPED. Mixed dtypes give DPAR_ERR_DTYPE naming both operands; i32 is
+   SKIPPED; issued back to back with no read in between (their temporaries
+   reused in queue order) they give the same results. Mixed dtypes give DPAR_ERR_DTYPE naming both operands; i32 is
    refused on every backend, naming the op, the dtype and the backend. */
 #include "testutil.h"
 
@@ -416,6 +417,56 @@ static void test_cuda_half_parity(void **state) {
     half_parity(DPAR_BACKEND_CUDA);
 }
 
+/* On a GPU backend the 16-bit ops reuse the device's f32 temporaries in queue order, without waiting: every case,
+   f16 then bf16, issued back to back with no read in between (the temporaries grow and shrink between cases, the
+   next op's casts overwrite what the last one read), then read. Each output equals that case run alone, bit for
+   bit. Under tests/vulkan_validation.sh, synchronization validation checks the reuse for hazards. */
+static void half_queued(dpar_backend_kind k) {
+    dpar_runtime *rt = t_runtime_or_skip(k, 1);
+    if (!rt) return;
+    enum { N = 2 * NCASES };
+    dpar_buffer *in[N][MAXIO], *out[N][MAXIO];
+    g_rt = rt;
+    for (int q = 0; q < N; q++) {
+        const dcase *c = &CASES[q % NCASES];
+        dpar_dtype t = q < NCASES ? DPAR_F16 : DPAR_BF16;
+        for (int i = 0; i < c->nin; i++) {
+            const iospec *s = &c->in[i];
+            float *v = gen(count_of(s), (unsigned)(i + 1) * 7919u, s->lo, s->hi, s->f32 ? DPAR_F32 : t);
+            in[q][i] = buf_of(rt, s->f32 ? DPAR_F32 : t, s, v);
+            free(v);
+        }
+        for (int i = 0; i < c->nout; i++) out[q][i] = buf_of(rt, c->out[i].f32 ? DPAR_F32 : t, &c->out[i], NULL);
+        T_OK(c->fn(out[q], in[q]));
+    }
+    for (int q = 0; q < N; q++) {
+        const dcase *c = &CASES[q % NCASES];
+        dpar_dtype t = q < NCASES ? DPAR_F16 : DPAR_BF16;
+        float *alone[MAXIO];
+        run_case(rt, c, t, t, alone);
+        for (int i = 0; i < c->nout; i++) {
+            float *got = read_f32(out[q][i]);
+            for (int64_t e = 0; e < count_of(&c->out[i]); e++)
+                if (!same_bits(got[e], alone[i][e]))
+                    fail_msg("%s %s queued: output %d [%lld] = %.9g, alone %.9g", c->name, dpar_dtype_name(t), i,
+                             (long long)e, (double)got[e], (double)alone[i][e]);
+            free(got);
+            free(alone[i]);
+            dpar_buffer_destroy(out[q][i]);
+        }
+        for (int i = 0; i < c->nin; i++) dpar_buffer_destroy(in[q][i]);
+    }
+    dpar_runtime_destroy(rt);
+}
+static void test_vulkan_half_queued(void **state) {
+    (void)state;
+    half_queued(DPAR_BACKEND_VULKAN);
+}
+static void test_cuda_half_queued(void **state) {
+    (void)state;
+    half_queued(DPAR_BACKEND_CUDA);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cpu_f16_is_f32_rounded_once),
@@ -426,6 +477,8 @@ int main(void) {
         cmocka_unit_test(test_dtype_errors),
         cmocka_unit_test(test_vulkan_half_parity),
         cmocka_unit_test(test_cuda_half_parity),
+        cmocka_unit_test(test_vulkan_half_queued),
+        cmocka_unit_test(test_cuda_half_queued),
     };
     return cmocka_run_group_tests(tests, t_setup, t_teardown);
 }

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Runs the Vulkan test binaries (test_vulkan, test_parity, test_elem, test_graph_record) under the
+# Runs the Vulkan test binaries (test_vulkan, test_parity, test_elem, test_graph_record, test_dtypes) under the
 # Khronos validation layer with synchronization validation on, and fails if the
 # layer reports any error or warning (or if the tests fail). Called by
 # tests/run.sh with BUILD set; prints "PASS name", "FAIL name" or
@@ -12,7 +12,7 @@ bin="$BUILD/test_vulkan"  # needed; test_parity runs too when built
 . "$(dirname "$0")/lib/vulkan_layer.sh"
 log=$(mktemp)
 total=0
-for t in test_vulkan test_parity test_elem test_graph_record; do
+for t in test_vulkan test_parity test_elem test_graph_record test_dtypes; do
     b="$BUILD/$t"
     [ -x "$b" ] || continue
     # VK_LAYER_ENABLES turns on synchronization validation (layer settings, 1.3.2xx);
