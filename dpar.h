@@ -315,16 +315,18 @@ DPAR_API void dpar_f16_to_f32_n(float *dst, const uint16_t *src, int64_t n);
      |   psum_scatter, all_gather, ppermute, ...)    |   double, and refuse f64 across processes  |
      | graphs: dpar_g_matmul, _bias_add, _relu,      | feeds, params and consts f64: every node   |
      |   _add, _scale, _mul_scalar, _sum, _dot,      |   on them is f64, gradients too, so        |
-     |   _sum_squares, _unary, _binary, _reduce,     |   dpar_graph_value_and_grad runs in double |
-     |   _softmax, _mse, _softmax_xent,              |   (dpar_graph_run rounds the loss to       |
-     |   _cross_entropy, _layer_norm, _rms_norm,     |   float; in double: see dpar_graph_run)    |
-     |   shape nodes                                 |                                            |
+     |   _sum_squares, _unary, _binary, _where,      |   dpar_graph_value_and_grad runs in double |
+     |   _reduce, _softmax, _mse, _softmax_xent,     |   (dpar_graph_run rounds the loss to       |
+     |   _cross_entropy, _layer_norm, _rms_norm,     |   float; in double: see dpar_graph_run);   |
+     |   _matmul_batched, _attention, _conv2d,       |   each node runs the eager f64 kernel of   |
+     |   _avg_pool2d, _max_pool2d, _embedding,       |   the op above (where: cond f64 or i32;    |
+     |   _dropout, shape nodes                       |   embedding: idx i32)                      |
    The float scalars of these ops (alpha, beta, the unary scalar, eps, label
    smoothing) are widened exactly from float, so pass values a float holds
    (0.5, not 0.1) where the last digits matter; so are the optimizers'
    hyper-parameters and clip factor (AdamW's bias corrections and dropout's
-   scale are computed in double). Every other op (the loss scaler, the graph
-   nodes not listed) answers DPAR_ERR_DTYPE for f64; dpar_cast to f32 first. */
+   scale are computed in double). Every other op (the loss scaler, the graph's
+   optimizer nodes) answers DPAR_ERR_DTYPE for f64; dpar_cast to f32 first. */
 
 /* ---------------------------------------------------------------------------
    Runtime and devices
@@ -1640,7 +1642,7 @@ DPAR_API dpar_value dpar_g_max_pool2d(dpar_graph *g, dpar_value x, const dpar_po
 DPAR_API dpar_value dpar_g_unary(dpar_graph *g, dpar_value x, dpar_unary_op op, float s);
 /* a op b with NumPy broadcasting (dpar_binary). */
 DPAR_API dpar_value dpar_g_binary(dpar_graph *g, dpar_value a, dpar_value b, dpar_binary_op op);
-/* cond ? a : b, cond (f32 or i32, no gradient) broadcast to broadcast(a, b) (dpar_where). */
+/* cond ? a : b, cond (a's dtype or i32, no gradient) broadcast to broadcast(a, b) (dpar_where). */
 DPAR_API dpar_value dpar_g_where(dpar_graph *g, dpar_value cond, dpar_value a, dpar_value b);
 /* x reduced over axes (NULL: all; keepdims keeps them as 1) (dpar_reduce). ARGMAX gives i32 and has
    no gradient; MAX's gradient goes to the first maximum. */
@@ -1923,11 +1925,11 @@ DPAR_API dpar_status dpar_graph_write_dot(const dpar_graph *g, const char *path)
    label and label smoothing (dpar_cross_entropy; d NULL: plain). Errors
    (recorded): as dpar_g_softmax_xent, DPAR_ERR_INVALID_ARGUMENT (smoothing). */
 DPAR_API dpar_value dpar_g_cross_entropy(dpar_graph *g, dpar_value logits, dpar_value labels, const dpar_xent_desc *d);
-/* Rows of table [V,D] f32 at idx (i32, any shape) -> idx.shape + [D]
+/* Rows of table [V,D] f32 (f64 in a cpu graph) at idx (i32, any shape) -> idx.shape + [D]
    (dpar_embedding); the gradient goes to the table (scatter-add in position
    order), none to idx. Errors (recorded): DPAR_ERR_DTYPE, DPAR_ERR_SHAPE. */
 DPAR_API dpar_value dpar_g_embedding(dpar_graph *g, dpar_value table, dpar_value idx);
-/* Dropout of x f32 (dpar_dropout) with `seed`, the number of earlier runs of
+/* Dropout of x f32 (f64 in a cpu graph) (dpar_dropout) with `seed`, the number of earlier runs of
    the graph as the step and the device as the stream; its gradient uses the
    same mask. Errors (recorded): DPAR_ERR_INVALID_ARGUMENT (rate outside [0, 1]). */
 DPAR_API dpar_value dpar_g_dropout(dpar_graph *g, dpar_value x, float rate, uint64_t seed);
@@ -9794,28 +9796,26 @@ DPAR_API dpar_value dpar_g_const(dpar_graph *g, dpar_dtype dtype, int ndim, cons
 }
 
 /* ---- ops: shape and dtype rules ---- */
-static bool dpar__g_f32(dpar_graph *g, const char *fn, int n, const dpar_value *v) {
-    char l[96];
-    for (int i = 0; i < n; i++)
-        if (g->n[v[i].id].dtype != DPAR_F32) {
-            dpar__g_fail(g, DPAR_ERR_DTYPE, "%s: input %s is %s; this op takes f32 (cast it with dpar_g_cast)", fn,
-                         dpar__g_label(g, v[i].id, l, sizeof l), dpar_dtype_name(g->n[v[i].id].dtype));
-            return false;
-        }
-    return true;
-}
 /* The ops of the >>f64 api table in graphs: inputs all f32, or all f64 (a cpu graph; feeds and params of
-   another backend cannot be f64). The node then computes in the inputs' dtype. */
+   another backend cannot be f64). The node then computes in the inputs' dtype; a mixed node's error
+   names the node, both inputs and both dtypes. */
 static bool dpar__g_float(dpar_graph *g, const char *fn, int n, const dpar_value *v) {
-    if (n < 1 || g->n[v[0].id].dtype != DPAR_F64) return dpar__g_f32(g, fn, n, v);
     char l[96], l0[96];
+    dpar_dtype t = n > 0 ? g->n[v[0].id].dtype : DPAR_F32;
+    if (t != DPAR_F32 && t != DPAR_F64) {
+        dpar__g_fail(g, DPAR_ERR_DTYPE,
+                     "%s: input %s is %s; this op takes f32 (or f64 on the cpu backend; cast it "
+                     "with dpar_g_cast)",
+                     fn, dpar__g_label(g, v[0].id, l, sizeof l), dpar_dtype_name(t));
+        return false;
+    }
     for (int i = 1; i < n; i++)
-        if (g->n[v[i].id].dtype != DPAR_F64) {
+        if (g->n[v[i].id].dtype != t) {
             dpar__g_fail(g, DPAR_ERR_DTYPE,
-                         "%s: input %s is %s but %s is f64; the inputs share f32 or f64 (cast with "
+                         "%s: input %s is %s but %s is %s; the inputs share f32 or f64 (cast with "
                          "dpar_g_cast)",
                          fn, dpar__g_label(g, v[i].id, l, sizeof l), dpar_dtype_name(g->n[v[i].id].dtype),
-                         dpar__g_label(g, v[0].id, l0, sizeof l0));
+                         dpar__g_label(g, v[0].id, l0, sizeof l0), dpar_dtype_name(t));
             return false;
         }
     return true;
@@ -10191,14 +10191,15 @@ DPAR_API dpar_value dpar_g_binary(dpar_graph *g, dpar_value a, dpar_value b, dpa
 DPAR_API dpar_value dpar_g_where(dpar_graph *g, dpar_value cond, dpar_value a, dpar_value b) {
     const char *fn = "dpar_g_where";
     dpar_value v[3] = { cond, a, b };
-    if (!dpar__g_args(g, fn, 3, v) || !dpar__g_f32(g, fn, 2, v + 1)) return dpar__gv(0);
-    if (g->n[cond.id].dtype != DPAR_F32 && g->n[cond.id].dtype != DPAR_I32)
-        return dpar__g_fail(g, DPAR_ERR_DTYPE, "%s: cond is %s; it must be f32 or i32", fn,
-                            dpar_dtype_name(g->n[cond.id].dtype));
+    if (!dpar__g_args(g, fn, 3, v) || !dpar__g_float(g, fn, 2, v + 1)) return dpar__gv(0);
+    dpar_dtype t = g->n[a.id].dtype; /* f32, or f64 (cond then f64 or i32, as the eager op) */
+    if (g->n[cond.id].dtype != t && g->n[cond.id].dtype != DPAR_I32)
+        return dpar__g_fail(g, DPAR_ERR_DTYPE, "%s: cond is %s and a, b are %s; cond must be %s or i32", fn,
+                            dpar_dtype_name(g->n[cond.id].dtype), dpar_dtype_name(t), dpar_dtype_name(t));
     int nd, nd2, in[3] = { cond.id, a.id, b.id };
     int64_t sh[DPAR_MAX_DIMS], sh2[DPAR_MAX_DIMS];
     if (!dpar__g_bcast_shape(&g->n[a.id], &g->n[b.id], &nd, sh)) return dpar__g_bcast_fail(g, fn, a, b);
-    dpar_value r = dpar__g_node(g, DPAR__G_WHERE, 3, in, DPAR_F32, nd, sh);
+    dpar_value r = dpar__g_node(g, DPAR__G_WHERE, 3, in, t, nd, sh);
     if (r.id && !dpar__g_bcast_shape(&g->n[cond.id], &g->n[r.id], &nd2, sh2)) return dpar__g_bcast_fail(g, fn, cond, r);
     if (r.id && (nd2 != nd || memcmp(sh, sh2, sizeof(int64_t) * (size_t)nd)))
         return dpar__g_bcast_fail(g, fn, cond, r); /* cond may not grow the result */
@@ -10465,7 +10466,7 @@ DPAR_API dpar_value dpar_g_rms_norm(dpar_graph *g, dpar_value x, dpar_value w, d
 DPAR_API dpar_value dpar_g_matmul_batched(dpar_graph *g, dpar_value a, dpar_value b, bool trans_a, bool trans_b) {
     const char *fn = "dpar_g_matmul_batched";
     dpar_value v[2] = { a, b };
-    if (!dpar__g_args(g, fn, 2, v) || !dpar__g_f32(g, fn, 2, v)) return dpar__gv(0);
+    if (!dpar__g_args(g, fn, 2, v) || !dpar__g_float(g, fn, 2, v)) return dpar__gv(0);
     const dpar__gnode *x = &g->n[a.id], *y = &g->n[b.id];
     int r = x->ndim, ok = r >= 2 && (y->ndim == r || y->ndim == 2) && !(y->ndim == 2 && r > 2 && trans_a);
     for (int d = 0; ok && y->ndim == r && d + 2 < r; d++) ok = x->shape[d] == y->shape[d];
@@ -10484,7 +10485,7 @@ DPAR_API dpar_value dpar_g_matmul_batched(dpar_graph *g, dpar_value a, dpar_valu
     sh[r - 2] = x->shape[r - (trans_a ? 1 : 2)];
     sh[r - 1] = y->shape[y->ndim - (trans_b ? 2 : 1)];
     int in[2] = { a.id, b.id };
-    int id = dpar__g_push(g, DPAR__G_MATMUL_BATCHED, 2, in, DPAR_F32, r, sh);
+    int id = dpar__g_push(g, DPAR__G_MATMUL_BATCHED, 2, in, x->dtype, r, sh);
     if (id) g->n[id].ip[0] = trans_a, g->n[id].ip[1] = trans_b;
     return dpar__gv(id);
 }
@@ -10493,7 +10494,7 @@ DPAR_API dpar_value dpar_g_attention(dpar_graph *g, dpar_value q, dpar_value k, 
                                      bool causal) {
     const char *fn = "dpar_g_attention";
     dpar_value in3[3] = { q, k, v };
-    if (!dpar__g_args(g, fn, 3, in3) || !dpar__g_f32(g, fn, 3, in3)) return dpar__gv(0);
+    if (!dpar__g_args(g, fn, 3, in3) || !dpar__g_float(g, fn, 3, in3)) return dpar__gv(0);
     const dpar__gnode *qn = &g->n[q.id], *kn = &g->n[k.id], *vn = &g->n[v.id];
     int r = qn->ndim, ok = r >= 2 && kn->ndim == r && vn->ndim == r;
     for (int d = 0; ok && d + 2 < r; d++) ok = kn->shape[d] == qn->shape[d] && vn->shape[d] == qn->shape[d];
@@ -10512,8 +10513,9 @@ DPAR_API dpar_value dpar_g_attention(dpar_graph *g, dpar_value q, dpar_value k, 
     memcpy(sh, qn->shape, sizeof sh);
     sh[r - 1] = vn->shape[r - 1];
     int in[4] = { q.id, k.id, v.id, 0 };
-    in[3] = dpar__g_push(g, DPAR__G_ATTN_STATS, 1, in, DPAR_F32, 2, st);
-    int id = in[3] ? dpar__g_push(g, DPAR__G_ATTN, 4, in, DPAR_F32, r, sh) : 0;
+    dpar_dtype t = qn->dtype; /* f32 or f64 (the f64 stats are f64 too) */
+    in[3] = dpar__g_push(g, DPAR__G_ATTN_STATS, 1, in, t, 2, st);
+    int id = in[3] ? dpar__g_push(g, DPAR__G_ATTN, 4, in, t, r, sh) : 0;
     for (int j = 0; id && j < 2; j++) g->n[in[3] + j].ip[0] = causal, g->n[in[3] + j].fp = scale;
     return dpar__gv(id);
 }
@@ -10552,7 +10554,7 @@ static dpar_value dpar__g_batch_sum(dpar_graph *g, dpar_value x) {
     const dpar__gnode *xn = &g->n[x.id];
     int64_t r = xn->shape[xn->ndim - 2], c = xn->shape[xn->ndim - 1], nb = r * c != 0 ? dpar__g_count(xn) / (r * c) : 0;
     int64_t s2[2] = { nb, r * c }, s1[2] = { 1, nb }, out[2] = { r, c };
-    dpar_value flat = dpar_g_reshape(g, x, 2, s2), ones = dpar_g_const(g, DPAR_F32, 2, s1, 1.0f);
+    dpar_value flat = dpar_g_reshape(g, x, 2, s2), ones = dpar_g_const(g, xn->dtype, 2, s1, 1.0f);
     return dpar_g_reshape(g, dpar_g_matmul(g, ones, flat, false, false), 2, out);
 }
 /* the gradient rules of the kinds above (dpar__g_grad) */
@@ -10603,10 +10605,10 @@ static void dpar__g_grad_norm_attn(dpar_graph *g, dpar__gback *bk, const dpar__g
    conv2d_dx, conv2d_dw, bias_grad; pools -> their _dx nodes), and the
    lowering to the eager calls. Each node owns a copy of its desc (attr). */
 static dpar_buffer *dpar__g_buf(const dpar_graph *g, int id, int li);
-/* A 4-d f32 node of `kind` on in[0..n-1] with attr a copy of desc (sz bytes). */
+/* A 4-d node of `kind` on in[0..n-1] with attr a copy of desc (sz bytes), of in[0]'s dtype (f32 or f64). */
 static dpar_value dpar__g_win_node(dpar_graph *g, int kind, int n, const int *in, const int64_t *shape,
                                    const void *desc, size_t sz) {
-    int id = dpar__g_push(g, kind, n, in, DPAR_F32, 4, shape);
+    int id = dpar__g_push(g, kind, n, in, g->n[in[0]].dtype, 4, shape);
     if (!id) return dpar__gv(0);
     if (!(g->n[id].attr = DPAR_MALLOC(sz)))
         return dpar__g_fail(g, DPAR_ERR_OUT_OF_MEMORY, "dpar graph: out of memory for node %d", id);
@@ -10618,7 +10620,7 @@ DPAR_API dpar_value dpar_g_conv2d(dpar_graph *g, dpar_value x, dpar_value w, dpa
     const char *fn = "dpar_g_conv2d";
     dpar_value v[3] = { x, w, b };
     int n = b.id ? 3 : 2;
-    if (!dpar__g_args(g, fn, n, v) || !dpar__g_f32(g, fn, n, v)) return dpar__gv(0);
+    if (!dpar__g_args(g, fn, n, v) || !dpar__g_float(g, fn, n, v)) return dpar__gv(0);
     dpar_conv2d_desc z;
     if (!d) memset(&z, 0, sizeof z), d = &z;
     const dpar__gnode *xn = &g->n[x.id], *wn = &g->n[w.id];
@@ -10637,7 +10639,7 @@ DPAR_API dpar_value dpar_g_conv2d(dpar_graph *g, dpar_value x, dpar_value w, dpa
     return dpar__g_win_node(g, DPAR__G_CONV2D, n, in, ys, d, sizeof *d);
 }
 static dpar_value dpar__g_pool(dpar_graph *g, const char *fn, int kind, dpar_value x, const dpar_pool2d_desc *d) {
-    if (!dpar__g_args(g, fn, 1, &x) || !dpar__g_f32(g, fn, 1, &x)) return dpar__gv(0);
+    if (!dpar__g_args(g, fn, 1, &x) || !dpar__g_float(g, fn, 1, &x)) return dpar__gv(0);
     dpar_pool2d_desc z;
     if (!d) memset(&z, 0, sizeof z), d = &z;
     const dpar__gnode *xn = &g->n[x.id];
@@ -11203,7 +11205,7 @@ DPAR_API dpar_value dpar_g_cross_entropy(dpar_graph *g, dpar_value logits, dpar_
 DPAR_API dpar_value dpar_g_embedding(dpar_graph *g, dpar_value table, dpar_value idx) {
     const char *fn = "dpar_g_embedding";
     dpar_value v[2] = { table, idx };
-    if (!dpar__g_args(g, fn, 2, v) || !dpar__g_f32(g, fn, 1, v)) return dpar__gv(0);
+    if (!dpar__g_args(g, fn, 2, v) || !dpar__g_float(g, fn, 1, v)) return dpar__gv(0);
     const dpar__gnode *t = &g->n[table.id], *x = &g->n[idx.id];
     char s1[160], s2[160], l1[96], l2[96];
     if (x->dtype != DPAR_I32)
@@ -11217,7 +11219,7 @@ DPAR_API dpar_value dpar_g_embedding(dpar_graph *g, dpar_value table, dpar_value
     memcpy(sh, x->shape, (size_t)x->ndim * sizeof sh[0]);
     sh[x->ndim] = t->shape[1];
     int in[2] = { table.id, idx.id };
-    return dpar__gv(dpar__g_push(g, DPAR__G_EMBED, 2, in, DPAR_F32, x->ndim + 1, sh));
+    return dpar__gv(dpar__g_push(g, DPAR__G_EMBED, 2, in, t->dtype, x->ndim + 1, sh));
 }
 static dpar_value dpar__g_dropout_node(dpar_graph *g, dpar_value x, int lo, int hi, float rate) {
     dpar_value v = dpar__g_like(g, DPAR__G_DROPOUT, 1, &x);
@@ -11230,7 +11232,7 @@ static dpar_value dpar__g_dropout_node(dpar_graph *g, dpar_value x, int lo, int 
 }
 DPAR_API dpar_value dpar_g_dropout(dpar_graph *g, dpar_value x, float rate, uint64_t seed) {
     const char *fn = "dpar_g_dropout";
-    if (!dpar__g_args(g, fn, 1, &x) || !dpar__g_f32(g, fn, 1, &x)) return dpar__gv(0);
+    if (!dpar__g_args(g, fn, 1, &x) || !dpar__g_float(g, fn, 1, &x)) return dpar__gv(0);
     if (!(rate >= 0.0f && rate <= 1.0f))
         return dpar__g_fail(g, DPAR_ERR_INVALID_ARGUMENT, "%s: rate = %g; it must be in [0, 1]", fn, (double)rate);
     return dpar__g_dropout_node(g, x, (int)(uint32_t)seed, (int)(uint32_t)(seed >> 32), rate);

@@ -4,8 +4,12 @@
    and f64 does not; gradients (norms, conv2d, avg pool, attention) against
    central finite differences in double (tolerance stated per op); the
    optimizers, embedding, where, dropout and max pool exact against the same
-   steps in double; mixed dtypes and ops without an f64 kernel refused with
-   DPAR_ERR_DTYPE; Vulkan and CUDA refusing f64 buffers, naming the backend. */
+   steps in double; graphs in f64: every node's gradient against central
+   differences of the graph's own forward (1e-9), bit for bit the eager f64
+   calls, a CNN and an attention block trained with AdamW and SGD in a
+   compiled graph; mixed dtypes and ops without an f64 kernel refused with
+   DPAR_ERR_DTYPE; Vulkan and CUDA refusing f64 buffers, arrays and graph
+   feeds, naming the backend. */
 #include "testutil.h"
 
 T_CPU_FIXTURE(1)
@@ -1040,6 +1044,415 @@ static void test_attention(void **st) {
 }
 
 /* ---- refusals: mixed dtypes, ops without an f64 kernel ---- */
+/* ---- the layer nodes in an f64 graph (issue 13). Each case is one node on params (leaves) and the
+   loss L = sum(out * r), r random: the graph's gradient against fourth-order central differences of
+   its own f64 forward, and the node's output (and, where the graph runs one eager call per gradient,
+   the gradients) bit for bit the eager f64 op on the same buffers. Sizes are odd (5, 7, 11, ...), so
+   no tile of the blocked GEMM, im2col or attention is full. Tolerance: |graph - fd| <= 1e-9 max(|fd|,
+   1). With h = 1e-3 the truncation error is h^4 L^(5) / 30 ~ 1e-13 (these losses are polynomial in
+   each leaf, or exp of O(1) values), and L (|L| < 1e3, summed in double) rounds to ~1e-13, which the
+   difference quotient magnifies by 1.5 / h to ~2e-10: 1e-9 leaves a factor of 5, and f32 (rounding
+   ~1e-5 relative) would miss it by four orders of magnitude. ---- */
+enum { LN = 4 }; /* leaves per case, at most */
+typedef struct lcase {
+    const char *name;
+    int n;             /* leaves */
+    dpar_dtype dt[LN]; /* f64, or i32 (indices: values mod imax) */
+    int nd[LN];
+    int64_t sh[LN][4];
+    int imax;        /* i32 leaves: 0 .. imax - 1 */
+    unsigned nograd; /* leaves not differentiated (bit k: leaf k) */
+    bool no_fd;      /* dropout: each run draws a new mask (the step is the run count), so two runs' losses are not
+                   one function; its gradient, linear in the cotangent, is checked exact against the eager op */
+    dpar_value (*build)(dpar_graph *g, const dpar_value *p);
+    dpar_status (*eager)(dpar_buffer *y, dpar_buffer *const *p);
+    /* the gradient of leaf k with cotangent ct, eager (NULL: not one eager call per gradient) */
+    dpar_status (*eager_grad)(int k, dpar_buffer *dx, dpar_buffer *ct, dpar_buffer *const *p);
+} lcase;
+
+static const dpar_conv2d_desc gconv_d = { { 2, 1 }, { 1, 2 }, DPAR_PADDING_EXPLICIT, { { 1, 1 }, { 2, 0 } } };
+static dpar_value b_bmm_tb(dpar_graph *g, const dpar_value *p) {
+    return dpar_g_matmul_batched(g, p[0], p[1], false, true);
+}
+static dpar_status e_bmm_tb(dpar_buffer *y, dpar_buffer *const *p) {
+    return dpar_matmul_batched(y, p[0], p[1], false, true, 1.0f, 0.0f);
+}
+static dpar_value b_bmm_ta(dpar_graph *g, const dpar_value *p) {
+    return dpar_g_matmul_batched(g, p[0], p[1], true, false);
+}
+static dpar_status e_bmm_ta(dpar_buffer *y, dpar_buffer *const *p) {
+    return dpar_matmul_batched(y, p[0], p[1], true, false, 1.0f, 0.0f);
+}
+static dpar_value b_bmm_shared(dpar_graph *g, const dpar_value *p) {
+    return dpar_g_matmul_batched(g, p[0], p[1], false, false);
+}
+static dpar_status e_bmm_shared(dpar_buffer *y, dpar_buffer *const *p) {
+    return dpar_matmul_batched(y, p[0], p[1], false, false, 1.0f, 0.0f);
+}
+static dpar_value b_attn(dpar_graph *g, const dpar_value *p) {
+    return dpar_g_attention(g, p[0], p[1], p[2], 0.5f, false);
+}
+static dpar_value b_attn_causal(dpar_graph *g, const dpar_value *p) {
+    return dpar_g_attention(g, p[0], p[1], p[2], 0.0f, true);
+}
+/* the eager attention of the two cases: causal where Tq == Tk, as the second case is */
+static bool attn_causal(dpar_buffer *const *p) {
+    int nd = dpar_buffer_ndim(p[0]);
+    return dpar_buffer_dim(p[0], nd - 2) == dpar_buffer_dim(p[1], nd - 2);
+}
+static dpar_status e_attn(dpar_buffer *y, dpar_buffer *const *p) {
+    bool c = attn_causal(p);
+    return dpar_attention(y, NULL, p[0], p[1], p[2], c ? 0.0f : 0.5f, c);
+}
+static dpar_status eg_attn(int k, dpar_buffer *dx, dpar_buffer *ct, dpar_buffer *const *p) {
+    bool c = attn_causal(p);
+    int nd = dpar_buffer_ndim(ct);
+    int64_t ys[DPAR_MAX_DIMS], st[2] = { dpar_buffer_count(ct) / dpar_buffer_dim(ct, nd - 1), 2 };
+    for (int d = 0; d < nd; d++) ys[d] = dpar_buffer_dim(ct, d);
+    dpar_buffer *y = t_buf(RT, 0, DPAR_F64, nd, ys, NULL), *s = t_buf(RT, 0, DPAR_F64, 2, st, NULL);
+    dpar_status r = dpar_attention(y, s, p[0], p[1], p[2], c ? 0.0f : 0.5f, c); /* the stats of the forward */
+    if (!r)
+        r = dpar_attention_backward(k == 0 ? dx : NULL, k == 1 ? dx : NULL, k == 2 ? dx : NULL, s, ct, p[0], p[1], p[2],
+                                    c ? 0.0f : 0.5f, c);
+    dpar_buffer_destroy(y);
+    dpar_buffer_destroy(s);
+    return r;
+}
+static dpar_value b_conv(dpar_graph *g, const dpar_value *p) {
+    return dpar_g_conv2d(g, p[0], p[1], p[2], &gconv_d);
+}
+static dpar_status e_conv(dpar_buffer *y, dpar_buffer *const *p) {
+    return dpar_conv2d(y, p[0], p[1], p[2], &gconv_d);
+}
+static dpar_status eg_conv(int k, dpar_buffer *dx, dpar_buffer *ct, dpar_buffer *const *p) {
+    return k == 0   ? dpar_conv2d_backward_input(dx, ct, p[1], &gconv_d)
+           : k == 1 ? dpar_conv2d_backward_kernel(dx, NULL, p[0], ct, &gconv_d)
+                    : dpar_bias_grad(dx, ct, 0.0f);
+}
+static dpar_value b_conv_same(dpar_graph *g, const dpar_value *p) {
+    return dpar_g_conv2d(g, p[0], p[1], (dpar_value){ 0 }, NULL); /* SAME, stride 1, no bias */
+}
+static dpar_status e_conv_same(dpar_buffer *y, dpar_buffer *const *p) {
+    return dpar_conv2d(y, p[0], p[1], NULL, NULL);
+}
+static dpar_status eg_conv_same(int k, dpar_buffer *dx, dpar_buffer *ct, dpar_buffer *const *p) {
+    return k == 0 ? dpar_conv2d_backward_input(dx, ct, p[1], NULL)
+                  : dpar_conv2d_backward_kernel(dx, NULL, p[0], ct, NULL);
+}
+static dpar_value b_avg(dpar_graph *g, const dpar_value *p) {
+    return dpar_g_avg_pool2d(g, p[0], &pool_d[1]);
+}
+static dpar_status e_avg(dpar_buffer *y, dpar_buffer *const *p) {
+    return dpar_avg_pool2d(y, p[0], &pool_d[1]);
+}
+static dpar_status eg_avg(int k, dpar_buffer *dx, dpar_buffer *ct, dpar_buffer *const *p) {
+    (void)k, (void)p;
+    return dpar_avg_pool2d_backward(dx, ct, &pool_d[1]);
+}
+static dpar_value b_max(dpar_graph *g, const dpar_value *p) {
+    return dpar_g_max_pool2d(g, p[0], &pool_d[0]);
+}
+static dpar_status e_max(dpar_buffer *y, dpar_buffer *const *p) {
+    return dpar_max_pool2d(y, p[0], &pool_d[0]);
+}
+static dpar_status eg_max(int k, dpar_buffer *dx, dpar_buffer *ct, dpar_buffer *const *p) {
+    (void)k;
+    return dpar_max_pool2d_backward(dx, ct, p[0], &pool_d[0]);
+}
+static dpar_value b_embed(dpar_graph *g, const dpar_value *p) {
+    return dpar_g_embedding(g, p[0], p[1]);
+}
+static dpar_status e_embed(dpar_buffer *y, dpar_buffer *const *p) {
+    return dpar_embedding(y, p[0], p[1]);
+}
+static dpar_status eg_embed(int k, dpar_buffer *dx, dpar_buffer *ct, dpar_buffer *const *p) {
+    (void)k;
+    return dpar_embedding_backward(dx, ct, p[1], 0.0f);
+}
+static dpar_value b_drop(dpar_graph *g, const dpar_value *p) {
+    return dpar_g_dropout(g, p[0], 0.5f, 42);
+}
+static dpar_status e_drop(dpar_buffer *y, dpar_buffer *const *p) {
+    return dpar_dropout(y, p[0], 0.5f, 42, 0, 0); /* step 0 (no optimizer: the count stays 0), device 0 */
+}
+static dpar_status eg_drop(int k, dpar_buffer *dx, dpar_buffer *ct, dpar_buffer *const *p) {
+    (void)k, (void)p;
+    return dpar_dropout(dx, ct, 0.5f, 42, 0, 0);
+}
+static dpar_value b_where(dpar_graph *g, const dpar_value *p) {
+    return dpar_g_where(g, p[0], p[1], p[2]);
+}
+static dpar_status e_where(dpar_buffer *y, dpar_buffer *const *p) {
+    return dpar_where(y, p[0], p[1], p[2], 0.0f, 0.0f);
+}
+
+#define F64 DPAR_F64
+static const lcase layer_cases[] = {
+    { .name = "matmul_batched [3,5,7] @ [3,6,7]^T",
+      .n = 2,
+      .dt = { F64, F64 },
+      .nd = { 3, 3 },
+      .sh = { { 3, 5, 7 }, { 3, 6, 7 } },
+      .build = b_bmm_tb,
+      .eager = e_bmm_tb },
+    { .name = "matmul_batched [2,7,5]^T @ [2,7,6]",
+      .n = 2,
+      .dt = { F64, F64 },
+      .nd = { 3, 3 },
+      .sh = { { 2, 7, 5 }, { 2, 7, 6 } },
+      .build = b_bmm_ta,
+      .eager = e_bmm_ta },
+    { .name = "matmul_batched [2,5,7] @ shared [7,6]",
+      .n = 2,
+      .dt = { F64, F64 },
+      .nd = { 3, 2 },
+      .sh = { { 2, 5, 7 }, { 7, 6 } },
+      .build = b_bmm_shared,
+      .eager = e_bmm_shared },
+    { .name = "attention q [2,5,4] k [2,7,4] v [2,7,3]",
+      .n = 3,
+      .dt = { F64, F64, F64 },
+      .nd = { 3, 3, 3 },
+      .sh = { { 2, 5, 4 }, { 2, 7, 4 }, { 2, 7, 3 } },
+      .build = b_attn,
+      .eager = e_attn,
+      .eager_grad = eg_attn },
+    { .name = "attention causal [2,5,4] v [2,5,3]",
+      .n = 3,
+      .dt = { F64, F64, F64 },
+      .nd = { 3, 3, 3 },
+      .sh = { { 2, 5, 4 }, { 2, 5, 4 }, { 2, 5, 3 } },
+      .build = b_attn_causal,
+      .eager = e_attn,
+      .eager_grad = eg_attn },
+    { .name = "conv2d [2,7,6,3] * [3,2,3,5] + b, strided, dilated",
+      .n = 3,
+      .dt = { F64, F64, F64 },
+      .nd = { 4, 4, 1 },
+      .sh = { { 2, 7, 6, 3 }, { 3, 2, 3, 5 }, { 5 } },
+      .build = b_conv,
+      .eager = e_conv,
+      .eager_grad = eg_conv },
+    { .name = "conv2d [1,5,5,2] * [3,3,2,3] SAME",
+      .n = 2,
+      .dt = { F64, F64 },
+      .nd = { 4, 4 },
+      .sh = { { 1, 5, 5, 2 }, { 3, 3, 2, 3 } },
+      .build = b_conv_same,
+      .eager = e_conv_same,
+      .eager_grad = eg_conv_same },
+    { .name = "avg_pool2d [2,7,6,3] 3x2, padded, in-image count",
+      .n = 1,
+      .dt = { F64 },
+      .nd = { 4 },
+      .sh = { { 2, 7, 6, 3 } },
+      .build = b_avg,
+      .eager = e_avg,
+      .eager_grad = eg_avg },
+    { .name = "max_pool2d [2,7,6,3] 3x2, padded",
+      .n = 1,
+      .dt = { F64 },
+      .nd = { 4 },
+      .sh = { { 2, 7, 6, 3 } },
+      .build = b_max,
+      .eager = e_max,
+      .eager_grad = eg_max },
+    { .name = "embedding [11,5] at i32 [3,5] (rows repeat)",
+      .n = 2,
+      .dt = { F64, DPAR_I32 },
+      .nd = { 2, 2 },
+      .sh = { { 11, 5 }, { 3, 5 } },
+      .imax = 11,
+      .nograd = 2,
+      .build = b_embed,
+      .eager = e_embed,
+      .eager_grad = eg_embed },
+    { .name = "dropout [5,7] rate 0.5",
+      .n = 1,
+      .dt = { F64 },
+      .nd = { 2 },
+      .sh = { { 5, 7 } },
+      .build = b_drop,
+      .eager = e_drop,
+      .eager_grad = eg_drop,
+      .no_fd = true },
+    { .name = "where f64 cond [5,1], a [5,7], b [7]",
+      .n = 3,
+      .dt = { F64, F64, F64 },
+      .nd = { 2, 2, 1 },
+      .sh = { { 5, 1 }, { 5, 7 }, { 7 } },
+      .nograd = 1,
+      .build = b_where,
+      .eager = e_where },
+    { .name = "where i32 cond [7], a [5,7], b [5,7]",
+      .n = 3,
+      .dt = { DPAR_I32, F64, F64 },
+      .nd = { 1, 2, 2 },
+      .sh = { { 7 }, { 5, 7 }, { 5, 7 } },
+      .imax = 2,
+      .nograd = 1,
+      .build = b_where,
+      .eager = e_where },
+};
+#undef F64
+
+static int64_t lcount(int nd, const int64_t *sh) {
+    int64_t n = 1;
+    for (int d = 0; d < nd; d++) n *= sh[d];
+    return n;
+}
+/* the graph's loss read in double (dpar_graph_run rounds it to float) */
+static double graph_loss0(dpar_graph *g, dpar_value loss) {
+    double l = 0;
+    T_OK(dpar_graph_run(g, NULL, 0, NULL));
+    T_OK(dpar_graph_get(g, loss, &l));
+    return l;
+}
+static double fd_worst; /* the largest |graph - fd| / max(|fd|, 1) seen, printed */
+static int64_t fd_count;
+/* fourth-order central differences of the graph's loss in every element of leaf array a (host copy x) */
+static void graph_fd(const char *what, dpar_graph *g, dpar_value loss, dpar_array *a, double *x, int64_t n,
+                     const double *grad) {
+    const double h = 1e-3, off[4] = { 2 * h, h, -h, -2 * h };
+    for (int64_t i = 0; i < n; i++) {
+        double keep = x[i], l[4];
+        for (int j = 0; j < 4; j++) {
+            x[i] = keep + off[j];
+            T_OK(dpar_array_put(a, x));
+            l[j] = graph_loss0(g, loss);
+        }
+        x[i] = keep;
+        T_OK(dpar_array_put(a, x));
+        double fd = (8.0 * (l[1] - l[2]) - (l[0] - l[3])) / (12.0 * h);
+        fd_worst = fmax(fd_worst, fabs(grad[i] - fd) / fmax(fabs(fd), 1.0)), fd_count++;
+        if (!(fabs(grad[i] - fd) <= 1e-9 * fmax(fabs(fd), 1.0)))
+            fail_msg("%s: d L / d [%lld]: graph %.17g, central differences %.17g", what, (long long)i, grad[i], fd);
+    }
+}
+static void layer_case(const lcase *c, uint64_t seed) {
+    dpar_mesh *m = t_mesh1(RT, 1, "data");
+    dpar_graph *g = NULL;
+    T_OK(dpar_graph_create(m, &g));
+    dpar_array *a[LN + 1];
+    dpar_value p[LN + 1], wrt[LN], gr[LN];
+    void *x[LN + 1];
+    dpar_buffer *pb[LN + 1];
+    int nw = 0, at[LN];
+    for (int k = 0; k < c->n; k++) {
+        dpar_array_desc d = { c->dt[k], c->nd[k], { 0 }, { NULL } };
+        memcpy(d.shape, c->sh[k], sizeof c->sh[k]);
+        int64_t n = lcount(c->nd[k], c->sh[k]);
+        T_OK(dpar_array_create(m, &d, &a[k]));
+        if (c->dt[k] == DPAR_I32) {
+            int32_t *v = malloc((size_t)(n + 1) * sizeof(int32_t));
+            for (int64_t i = 0; i < n; i++) v[i] = (int32_t)((i * 7 + 3) % c->imax);
+            x[k] = v;
+        } else {
+            x[k] = rnd_n(n, seed + (uint64_t)k);
+        }
+        T_OK(dpar_array_put(a[k], x[k]));
+        pb[k] = dpar_array_shard(a[k], 0);
+        p[k] = dpar_g_param(g, NULL, a[k]);
+        if (!(c->nograd >> k & 1u)) at[nw] = k, wrt[nw++] = p[k];
+    }
+    dpar_value out = c->build(g, p);
+    T_OK(dpar_graph_status(g));
+    dpar_dtype ot;
+    int ond;
+    int64_t osh[DPAR_MAX_DIMS];
+    T_OK(dpar_graph_value_shape(g, out, &ot, &ond, osh));
+    assert_int_equal(ot, DPAR_F64);
+    int64_t no = lcount(ond, osh);
+    dpar_array_desc rd = { DPAR_F64, ond, { 0 }, { NULL } };
+    memcpy(rd.shape, osh, sizeof rd.shape);
+    T_OK(dpar_array_create(m, &rd, &a[c->n]));
+    x[c->n] = rnd_n(no, seed + 17);
+    T_OK(dpar_array_put(a[c->n], x[c->n]));
+    pb[c->n] = dpar_array_shard(a[c->n], 0);
+    p[c->n] = dpar_g_param(g, "r", a[c->n]);
+    dpar_value loss = dpar_g_sum(g, dpar_g_binary(g, out, p[c->n], DPAR_BINARY_MUL));
+    T_OK(dpar_graph_keep(g, out));
+    T_OK(dpar_graph_value_and_grad(g, loss, wrt, nw, gr));
+    T_OK(dpar_graph_compile(g, NULL));
+    graph_loss0(g, loss);
+    /* the forward and the gradients: bit for bit the eager f64 calls */
+    double *got = malloc((size_t)(no + 1) * sizeof(double)), *want = malloc((size_t)(no + 1) * sizeof(double));
+    dpar_buffer *y = t_buf(RT, 0, DPAR_F64, ond, osh, NULL);
+    T_OK(dpar_graph_get(g, out, got));
+    T_OK(c->eager(y, pb));
+    t_read(y, want);
+    if (memcmp(got, want, (size_t)no * sizeof(double)))
+        fail_msg("%s: the graph's forward differs from the eager f64 op", c->name);
+    double *an[LN];
+    for (int j = 0; j < nw; j++) {
+        int k = at[j];
+        int64_t n = lcount(c->nd[k], c->sh[k]);
+        an[j] = malloc((size_t)(n + 1) * sizeof(double));
+        T_OK(dpar_graph_get(g, gr[j], an[j]));
+        if (!c->eager_grad) continue;
+        dpar_buffer *dx = t_buf(RT, 0, DPAR_F64, c->nd[k], c->sh[k], NULL);
+        double *e = malloc((size_t)(n + 1) * sizeof(double));
+        T_OK(c->eager_grad(k, dx, pb[c->n], pb)); /* the cotangent of out is r exactly */
+        t_read(dx, e);
+        if (memcmp(e, an[j], (size_t)n * sizeof(double)))
+            fail_msg("%s: the graph's gradient of leaf %d differs from the eager f64 backward", c->name, k);
+        free(e);
+        dpar_buffer_destroy(dx);
+    }
+    for (int j = 0; j < nw && !c->no_fd; j++) {
+        char what[160];
+        snprintf(what, sizeof what, "%s, leaf %d", c->name, at[j]);
+        graph_fd(what, g, loss, a[at[j]], x[at[j]], lcount(c->nd[at[j]], c->sh[at[j]]), an[j]);
+    }
+    for (int j = 0; j < nw; j++) free(an[j]);
+    free(got);
+    free(want);
+    dpar_buffer_destroy(y);
+    T_OK(dpar_graph_destroy(g));
+    for (int k = 0; k <= c->n; k++) dpar_array_destroy(a[k]), free(x[k]);
+    dpar_mesh_destroy(m);
+}
+static void test_graph_layer_nodes(void **st) {
+    (void)st;
+    fd_worst = 0, fd_count = 0;
+    for (size_t i = 0; i < sizeof layer_cases / sizeof layer_cases[0]; i++) layer_case(&layer_cases[i], 300 + 10 * i);
+    print_message("layer nodes: %lld derivatives, worst |graph - fd| / max(|fd|, 1) = %.2g (tolerance 1e-9)\n",
+                  (long long)fd_count, fd_worst);
+}
+
+/* every newly f64 node with one f32 and one f64 operand (either first):
+   DPAR_ERR_DTYPE naming the node, both operands and both dtypes */
+static void test_graph_layer_mixed(void **st) {
+    (void)st;
+    static const char *const fns[] = { "dpar_g_matmul_batched", "dpar_g_attention", "dpar_g_conv2d", "dpar_g_where" };
+    dpar_mesh *m = t_mesh1(RT, 1, "data");
+    for (int f64_first = 0; f64_first < 2; f64_first++)
+        for (size_t k = 0; k < sizeof fns / sizeof fns[0]; k++) {
+            dpar_graph *g = NULL;
+            T_OK(dpar_graph_create(m, &g));
+            dpar_array_desc d = { f64_first ? DPAR_F64 : DPAR_F32, 4, { 2, 3, 3, 2 }, { NULL } };
+            dpar_value a = dpar_g_feed(g, "a", &d);
+            d.dtype = f64_first ? DPAR_F32 : DPAR_F64;
+            dpar_value b = dpar_g_feed(g, "b", &d);
+            const char *names[2] = { "'a'", "'b'" };
+            switch (k) {
+            case 0: dpar_g_matmul_batched(g, a, b, false, true); break;
+            case 1: dpar_g_attention(g, a, b, b, 0.0f, false); break;
+            case 2: dpar_g_conv2d(g, a, b, (dpar_value){ 0 }, NULL); break;
+            default: dpar_g_where(g, a, b, a); break;
+            }
+            dpar_status s = dpar_graph_status(g);
+            const char *e = dpar_last_error();
+            if (s != DPAR_ERR_DTYPE || !strstr(e, fns[k]) || !strstr(e, "f32") || !strstr(e, "f64") ||
+                !strstr(e, names[0]) || !strstr(e, names[1]))
+                fail_msg("%s with f32 and f64 (%s first): %s: %s; want DPAR_ERR_DTYPE naming the node, %s, %s and both "
+                         "dtypes",
+                         fns[k], f64_first ? "f64" : "f32", dpar_status_string(s), e, names[0], names[1]);
+            T_OK(dpar_graph_destroy(g));
+        }
+    dpar_mesh_destroy(m);
+}
+
 static void test_refusals(void **st) {
     (void)st;
     int64_t s4 = 4, s22[2] = { 2, 2 }, s1 = 1;
@@ -1202,6 +1615,13 @@ static void gpu_refuses(dpar_backend_kind k) {
     dpar_array *a = NULL;
     T_ERR(dpar_array_create(m, &d, &a), DPAR_ERR_DTYPE, "dpar_array_create", dpar_backend_name(k), "no f64");
     assert_null(a);
+    dpar_graph *g = NULL; /* an f64 feed of a graph: refused when it is added, the graph then keeps the error */
+    T_OK(dpar_graph_create(m, &g));
+    dpar_value f = dpar_g_feed(g, "x", &d);
+    assert_int_equal(f.id, 0);
+    T_ERR(dpar_graph_status(g), DPAR_ERR_DTYPE, dpar_backend_name(k), "no f64", "cpu");
+    T_ERR(dpar_graph_compile(g, NULL), DPAR_ERR_DTYPE, dpar_backend_name(k), "no f64");
+    T_OK(dpar_graph_destroy(g));
     dpar_mesh_destroy(m);
     dpar_runtime_destroy(rt);
 }
@@ -1231,6 +1651,8 @@ int main(void) {
         cmocka_unit_test(test_mixed_dtypes_table),
         cmocka_unit_test(test_graph_gradcheck),
         cmocka_unit_test(test_graph_mixed_refused),
+        cmocka_unit_test(test_graph_layer_nodes),
+        cmocka_unit_test(test_graph_layer_mixed),
         cmocka_unit_test(test_optimizers),
         cmocka_unit_test(test_conv2d),
         cmocka_unit_test(test_pools),
