@@ -321,12 +321,14 @@ DPAR_API void dpar_f16_to_f32_n(float *dst, const uint16_t *src, int64_t n);
      |   _matmul_batched, _attention, _conv2d,       |   each node runs the eager f64 kernel of   |
      |   _avg_pool2d, _max_pool2d, _embedding,       |   the op above (where: cond f64 or i32;    |
      |   _dropout, shape nodes                       |   embedding: idx i32)                      |
+     | graphs: dpar_graph_sgd, _adamw, _adamw_masked | f64 params with f64 gradients (state f64); |
+     |   (clip by global norm too)                   |   not with dpar_graph_zero1 (f32 blocks)   |
    The float scalars of these ops (alpha, beta, the unary scalar, eps, label
    smoothing) are widened exactly from float, so pass values a float holds
    (0.5, not 0.1) where the last digits matter; so are the optimizers'
    hyper-parameters and clip factor (AdamW's bias corrections and dropout's
-   scale are computed in double). Every other op (the loss scaler, the graph's
-   optimizer nodes) answers DPAR_ERR_DTYPE for f64; dpar_cast to f32 first. */
+   scale are computed in double). Every other op (the loss scaler among
+   them) answers DPAR_ERR_DTYPE for f64; dpar_cast to f32 first. */
 
 /* ---------------------------------------------------------------------------
    Runtime and devices
@@ -1690,9 +1692,11 @@ DPAR_API dpar_status dpar_graph_value_and_grad(dpar_graph *g, dpar_value loss, c
    clipping norm is one global norm over every param: each gradient's squared norm is
    psum'd over the axes its param is split on (params may have different
    specs: Megatron's split weights next to replicated ones).
+   params[i] and grads[i] f32, or both f64 in a cpu graph (then the momentum
+   is f64 too and the step is the eager f64 one; not with dpar_graph_zero1).
    Errors: those of dpar_sgd_check, DPAR_ERR_INVALID_ARGUMENT (not a param,
-   sizes differ), DPAR_ERR_DTYPE (a param or gradient not f32: the optimizers
-   have no f64 kernel; the text names both dtypes), DPAR_ERR_STATE (after
+   sizes differ), DPAR_ERR_DTYPE (a param and its gradient not both f32 or
+   both f64, or f64 with ZeRO-1; the text names both dtypes), DPAR_ERR_STATE (after
    compile); at run time the clipping error of dpar_sgd_clip_scale (a NaN or
    Inf gradient). */
 DPAR_API dpar_status dpar_graph_sgd(dpar_graph *g, const dpar_sgd_desc *d, const dpar_value *params,
@@ -1712,7 +1716,7 @@ DPAR_API dpar_status dpar_graph_adamw(dpar_graph *g, const dpar_adamw_desc *d, c
    all-gathered back into every replica of the params. Optimizer state per device falls by n
    (dpar_graph_stats.opt_bytes); the losses are those of the plain data-parallel graph up to the order
    of float sums, and the replicas stay bitwise identical. A gradient then holds this device's block
-   (f32 [Lp / n]; dpar_graph_get reads the first device's). Params must be f32 and replicated on the
+   (f32 [Lp / n]; dpar_graph_get reads the first device's). Params must be f32 (not f64) and replicated on the
    whole mesh; clipping by global norm psums over the axes.
    Errors: DPAR_ERR_UNKNOWN_AXIS, DPAR_ERR_STATE (twice, after the optimizer or compile); recorded by
    the optimizer call: DPAR_ERR_INVALID_ARGUMENT naming the param when it is split over mesh axes, when
@@ -11044,11 +11048,12 @@ static dpar_status dpar__g_opt_add(dpar_graph *g, const char *fn, const dpar_val
         if (p->kind != DPAR__G_PARAM)
             return dpar__g_err(g, DPAR_ERR_INVALID_ARGUMENT, "%s: params[%d] %s is not a param (dpar_g_param)", fn, k,
                                dpar__g_label(g, params[k].id, l, sizeof l));
-        if (p->dtype != DPAR_F32 || q->dtype != DPAR_F32) /* the graph's update nodes are f32 only (>>f64 api) */
+        /* f32 pairs, or f64 pairs (a cpu graph; their state is f64 too), as the eager steps (>>f64 api) */
+        if ((p->dtype != DPAR_F32 && p->dtype != DPAR_F64) || q->dtype != p->dtype || (g->z1 && p->dtype != DPAR_F32))
             return dpar__g_err(g, DPAR_ERR_DTYPE,
-                               "%s: param %s is %s and gradient %s is %s; the graph's optimizer nodes update f32 "
-                               "params only (keep the param f32, or update it outside the graph with "
-                               "dpar_sgd_step / dpar_adamw_step, which take f64 on the cpu backend)",
+                               "%s: param %s is %s and gradient %s is %s; the optimizer nodes update f32 params "
+                               "with f32 gradients, or f64 with f64 (not with ZeRO-1, whose blocks are f32); "
+                               "dpar_g_cast the gradient to the param's dtype",
                                fn, dpar__g_label(g, params[k].id, l, sizeof l), dpar_dtype_name(p->dtype),
                                dpar__g_label(g, grads[k].id, l2, sizeof l2), dpar_dtype_name(q->dtype));
         if (dpar__g_count(p) != dpar__g_count(q))
@@ -11898,7 +11903,8 @@ static dpar_status dpar__g_place(dpar_graph *g, dpar__gplan *p) {
     DPAR_FREE(mem);
     return DPAR_OK;
 }
-/* An array with the global shape and spec of leaf w (the gradient of a feed or param). */
+/* An array with the global shape, spec and dtype of leaf w, zero (the gradient of a feed or param, or an
+   optimizer state of a param: f64 for an f64 param, as the eager steps). */
 static dpar_status dpar__g_grad_array(dpar_graph *g, int w, dpar_array **out) {
     const dpar_array *src = g->n[w].array;
     dpar_array_desc d;
@@ -12216,21 +12222,6 @@ static dpar_status dpar__g_plan(dpar_graph *g) {
     return s;
 }
 static dpar_status dpar__g_state_list(dpar_graph *g);
-/* An f32 array of param p's global shape and spec, zero (an optimizer state of p). */
-static dpar_status dpar__g_state_array(dpar_graph *g, const dpar_array *p, dpar_array **out) {
-    char spec[DPAR_MAX_DIMS][64];
-    dpar_array_desc d;
-    memset(&d, 0, sizeof d);
-    d.dtype = DPAR_F32;
-    d.ndim = p->ndim;
-    for (int i = 0; i < p->ndim; i++) {
-        d.shape[i] = p->shape[i];
-        dpar_status s = dpar_array_spec(p, i, spec[i], sizeof spec[i]);
-        if (s) return s;
-        d.spec[i] = spec[i][0] ? spec[i] : NULL;
-    }
-    return dpar_array_create(g->mesh, &d, out);
-}
 /* The optimizer state (global arrays, so checkpoints save and restore it),
    the xent/mse scratch, and the optimizer's pointer lists. */
 static dpar_status dpar__g_state(dpar_graph *g) {
@@ -12260,7 +12251,7 @@ static dpar_status dpar__g_state(dpar_graph *g) {
     if (!s && g->z1) s = dpar__g_z1_alloc(g, nstate); /* ZeRO-1: blocks of the params and of their state */
     for (int k = 0; k < n && !s && !g->z1; k++)
         for (int j = 0; j < nstate && !s; j++)
-            s = dpar__g_state_array(g, g->n[g->opt.params[k]].array, &g->opt_state[j * n + k]);
+            s = dpar__g_grad_array(g, g->opt.params[k], &g->opt_state[j * n + k]); /* zero, of p's dtype */
     for (int k = 0; k < n && !s; k++)
         for (int li = 0; li < nl; li++) {
             dpar_buffer **ptr = g->sgd_ptrs + (size_t)li * 4 * (size_t)n; /* params, grads, state 0, state 1 */
@@ -12270,7 +12261,8 @@ static dpar_status dpar__g_state(dpar_graph *g) {
             for (int j = 0; j < nstate; j++) /* ZeRO-1: this device's block of the state */
                 ptr[(2 + j) * n + k] =
                     dpar_array_shard(g->z1 ? g->z1->state[j * n + k] : g->opt_state[j * n + k], g->first + li);
-            if (!g->z1 && li == 0) g->stats.opt_bytes += (uint64_t)nstate * (uint64_t)dpar__g_count(p) * 4u;
+            if (!g->z1 && li == 0)
+                g->stats.opt_bytes += (uint64_t)nstate * (uint64_t)dpar__g_count(p) * dpar_dtype_size(p->dtype);
         }
     return s ? s : dpar__g_state_list(g);
 }

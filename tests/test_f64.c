@@ -1420,28 +1420,232 @@ static void test_graph_layer_nodes(void **st) {
                   (long long)fd_count, fd_worst);
 }
 
-/* every newly f64 node with one f32 and one f64 operand (either first):
+/* ---- a tiny CNN and a one-block attention model in f64, end to end: dpar_graph_value_and_grad against
+   central differences (as the layer nodes above, tolerance 1e-9), then a compiled graph with an AdamW
+   step, and one with SGD (momentum, Nesterov, weight decay, clipping by global norm), whose first step
+   moves the params bit for bit as the eager f64 steps do with the gradients of the first graph. The
+   inputs and labels are params that are neither differentiated nor updated (so no feeds). ---- */
+enum { MP = 10 }; /* leaves per model, at most */
+typedef struct mleaf {
+    dpar_dtype dt;
+    int nd;
+    int64_t sh[4];
+    int imax;   /* i32: values 0 .. imax - 1 */
+    bool input; /* not trained */
+    double add; /* added to the random values (a norm's gain near 1) */
+} mleaf;
+typedef struct mcase {
+    const char *name;
+    int n;
+    mleaf l[MP];
+    dpar_value (*build)(dpar_graph *g, const dpar_value *p); /* -> the scalar loss */
+} mcase;
+/* x [4,7,7,1] -> conv 3x3 SAME (4 channels) + b -> relu -> avg pool 2x2 -> [4,36] -> dense 3 -> xent */
+static dpar_value b_cnn(dpar_graph *g, const dpar_value *p) {
+    static const dpar_pool2d_desc pd = { { 2, 2 }, { 2, 2 }, DPAR_PADDING_VALID, { { 0, 0 }, { 0, 0 } }, false };
+    int64_t flat[2] = { 4, 36 };
+    dpar_value h = dpar_g_avg_pool2d(g, dpar_g_relu(g, dpar_g_conv2d(g, p[0], p[2], p[3], NULL)), &pd);
+    dpar_value z = dpar_g_bias_add(g, dpar_g_matmul(g, dpar_g_reshape(g, h, 2, flat), p[4], false, false), p[5]);
+    return dpar_g_softmax_xent(g, z, p[1]);
+}
+/* tokens [2,5] -> embedding [7,6] -> causal attention (q, k, v, o projections) + residual -> layer norm ->
+   [10,6] @ [6,7] -> xent with labels [10] */
+static dpar_value b_attn_block(dpar_graph *g, const dpar_value *p) {
+    int64_t flat[2] = { 10, 6 };
+    dpar_value h = dpar_g_embedding(g, p[2], p[0]);
+    dpar_value q = dpar_g_matmul_batched(g, h, p[3], false, false), k = dpar_g_matmul_batched(g, h, p[4], false, false),
+               v = dpar_g_matmul_batched(g, h, p[5], false, false);
+    dpar_value o = dpar_g_matmul_batched(g, dpar_g_attention(g, q, k, v, 0.0f, true), p[6], false, false);
+    dpar_value n = dpar_g_layer_norm(g, dpar_g_add(g, h, o), p[7], p[8], 1e-5f);
+    return dpar_g_softmax_xent(g, dpar_g_matmul(g, dpar_g_reshape(g, n, 2, flat), p[9], false, false), p[1]);
+}
+#define F64 DPAR_F64
+static const mcase model_cases[] = {
+    { .name = "cnn",
+      .n = 6,
+      .build = b_cnn,
+      .l = { { F64, 4, { 4, 7, 7, 1 }, 0, true, 0 },
+             { DPAR_I32, 1, { 4 }, 3, true, 0 },
+             { F64, 4, { 3, 3, 1, 4 }, 0, false, 0 },
+             { F64, 1, { 4 }, 0, false, 0 },
+             { F64, 2, { 36, 3 }, 0, false, 0 },
+             { F64, 1, { 3 }, 0, false, 0 } } },
+    { .name = "attention block",
+      .n = 10,
+      .build = b_attn_block,
+      .l = { { DPAR_I32, 2, { 2, 5 }, 7, true, 0 },
+             { DPAR_I32, 1, { 10 }, 7, true, 0 },
+             { F64, 2, { 7, 6 }, 0, false, 0 },
+             { F64, 2, { 6, 6 }, 0, false, 0 },
+             { F64, 2, { 6, 6 }, 0, false, 0 },
+             { F64, 2, { 6, 6 }, 0, false, 0 },
+             { F64, 2, { 6, 6 }, 0, false, 0 },
+             { F64, 1, { 6 }, 0, false, 1.5 },
+             { F64, 1, { 6 }, 0, false, 0 },
+             { F64, 2, { 6, 7 }, 0, false, 0 } } },
+};
+#undef F64
+typedef struct mopt {
+    bool adamw;
+    dpar_sgd_desc sd;
+    dpar_adamw_desc ad;
+    int n;
+} mopt;
+/* the eager step on shards: params, grads, then the state (momentum; AdamW m, v), n of each */
+static dpar_status model_opt_fn(dpar_ctx *ctx, void *user) {
+    const mopt *o = (const mopt *)user;
+    dpar_buffer *b[DPAR_MAX_ARGS];
+    int n = o->n;
+    for (int i = 0; i < (o->adamw ? 4 : 3) * n; i++) b[i] = dpar_ctx_arg(ctx, i);
+    return o->adamw ? dpar_adamw_step(ctx, &o->ad, b, b + n, b + 2 * n, b + 3 * n, n, 1)
+                    : dpar_sgd_step(ctx, &o->sd, b, b + n, b + 2 * n, n);
+}
+/* builds c on the leaves' arrays; with o, adds its optimizer node; returns the graph, compiled */
+static dpar_graph *model_graph(dpar_mesh *m, const mcase *c, dpar_array *const *a, const mopt *o, dpar_value *loss,
+                               dpar_value *gr, dpar_graph_stats *stats) {
+    dpar_graph *g = NULL;
+    dpar_value p[MP], wrt[MP];
+    int nw = 0;
+    T_OK(dpar_graph_create(m, &g));
+    for (int k = 0; k < c->n; k++) {
+        p[k] = dpar_g_param(g, NULL, a[k]);
+        if (!c->l[k].input) wrt[nw++] = p[k];
+    }
+    *loss = c->build(g, p);
+    T_OK(dpar_graph_status(g));
+    T_OK(dpar_graph_value_and_grad(g, *loss, wrt, nw, gr));
+    if (o && o->adamw) T_OK(dpar_graph_adamw(g, &o->ad, wrt, gr, nw));
+    if (o && !o->adamw) T_OK(dpar_graph_sgd(g, &o->sd, wrt, gr, nw));
+    T_OK(dpar_graph_compile(g, stats));
+    return g;
+}
+static void model_case(const mcase *c, uint64_t seed) {
+    dpar_mesh *m = t_mesh1(RT, 1, "data");
+    dpar_array *a[MP];
+    void *x[MP];
+    int64_t cnt[MP], total = 0;
+    int nw = 0, at[MP];
+    for (int k = 0; k < c->n; k++) {
+        const mleaf *l = &c->l[k];
+        dpar_array_desc d = { l->dt, l->nd, { 0 }, { NULL } };
+        memcpy(d.shape, l->sh, sizeof l->sh);
+        cnt[k] = lcount(l->nd, l->sh);
+        T_OK(dpar_array_create(m, &d, &a[k]));
+        if (l->dt == DPAR_I32) {
+            int32_t *v = malloc((size_t)(cnt[k] + 1) * sizeof(int32_t));
+            for (int64_t i = 0; i < cnt[k]; i++) v[i] = (int32_t)((i * 5 + 2 + k) % l->imax);
+            x[k] = v;
+        } else {
+            double *v = rnd_n(cnt[k], seed + (uint64_t)k);
+            for (int64_t i = 0; i < cnt[k]; i++) v[i] = v[i] * 0.5 + l->add;
+            x[k] = v;
+        }
+        T_OK(dpar_array_put(a[k], x[k]));
+        if (!l->input) at[nw++] = k, total += cnt[k];
+    }
+    /* 1. value_and_grad in double against central differences */
+    dpar_value loss, gr[MP];
+    dpar_graph *g = model_graph(m, c, a, NULL, &loss, gr, NULL);
+    double l0 = graph_loss0(g, loss), *an[MP];
+    assert_true(isfinite(l0) && l0 > 0);
+    for (int j = 0; j < nw; j++) {
+        an[j] = malloc((size_t)(cnt[at[j]] + 1) * sizeof(double));
+        T_OK(dpar_graph_get(g, gr[j], an[j]));
+    }
+    for (int j = 0; j < nw; j++) {
+        char what[96];
+        snprintf(what, sizeof what, "%s, leaf %d", c->name, at[j]);
+        graph_fd(what, g, loss, a[at[j]], x[at[j]], cnt[at[j]], an[j]);
+    }
+    T_OK(dpar_graph_destroy(g));
+    /* 2. one optimizer step in the compiled graph == the eager f64 step on those gradients */
+    mopt opts[2] = { { .adamw = true, .ad = { .learning_rate = 0.015625f, .weight_decay = 0.125f } },
+                     { .adamw = false, .sd = { 0.125f, 0.75f, true, 0.0625f, 0.25f, NULL } } };
+    for (int o = 0; o < 2; o++) {
+        mopt *op = &opts[o];
+        int ns = op->adamw ? 2 : 1;
+        op->n = nw;
+        dpar_graph_stats gs;
+        g = model_graph(m, c, a, op, &loss, gr, &gs);
+        assert_int_equal(gs.opt_bytes, (uint64_t)ns * (uint64_t)total * sizeof(double)); /* f64 state */
+        double l1 = graph_loss0(g, loss);
+        assert_true(l1 == l0); /* the same forward and backward, then the step */
+        dpar_array *e[DPAR_MAX_ARGS];
+        dpar_shard_map_desc sd = { model_opt_fn, op, (2 + ns) * nw, { NULL } };
+        for (int j = 0; j < nw; j++) {
+            dpar_array_desc d = { DPAR_F64, c->l[at[j]].nd, { 0 }, { NULL } };
+            memcpy(d.shape, c->l[at[j]].sh, sizeof d.shape);
+            for (int r = 0; r < 2 + ns; r++) T_OK(dpar_array_create(m, &d, &e[r * nw + j])); /* state: zero */
+            T_OK(dpar_array_put(e[j], x[at[j]]));
+            T_OK(dpar_array_put(e[nw + j], an[j]));
+        }
+        for (int i = 0; i < (2 + ns) * nw; i++) sd.args[i] = e[i];
+        T_OK(dpar_shard_map(m, &sd));
+        for (int j = 0; j < nw; j++) {
+            double *gp = malloc((size_t)(cnt[at[j]] + 1) * sizeof(double)),
+                   *ep = malloc((size_t)(cnt[at[j]] + 1) * sizeof(double));
+            T_OK(dpar_array_get(a[at[j]], gp));
+            T_OK(dpar_array_get(e[j], ep));
+            if (memcmp(gp, ep, (size_t)cnt[at[j]] * sizeof(double)) || !memcmp(gp, x[at[j]], sizeof(double)))
+                fail_msg("%s, %s: param %d after the graph's step differs from the eager f64 step (or did not move)",
+                         c->name, op->adamw ? "adamw" : "sgd", at[j]);
+            free(gp);
+            free(ep);
+        }
+        for (int i = 0; i < (2 + ns) * nw; i++) dpar_array_destroy(e[i]);
+        double last = l1; /* and it trains: 30 more steps lower the loss */
+        for (int s = 0; s < 30; s++) last = graph_loss0(g, loss);
+        if (!(last < l1))
+            fail_msg("%s, %s: loss %.17g after 31 steps, %.17g at the first", c->name, op->adamw ? "adamw" : "sgd",
+                     last, l1);
+        T_OK(dpar_graph_destroy(g));
+        for (int k = 0; k < c->n; k++) T_OK(dpar_array_put(a[k], x[k])); /* the next optimizer starts here too */
+    }
+    for (int j = 0; j < nw; j++) free(an[j]);
+    for (int k = 0; k < c->n; k++) dpar_array_destroy(a[k]), free(x[k]);
+    dpar_mesh_destroy(m);
+}
+static void test_graph_models(void **st) {
+    (void)st;
+    fd_worst = 0, fd_count = 0;
+    for (size_t i = 0; i < sizeof model_cases / sizeof model_cases[0]; i++) model_case(&model_cases[i], 400 + 10 * i);
+    print_message("models: %lld derivatives, worst |graph - fd| / max(|fd|, 1) = %.2g (tolerance 1e-9)\n",
+                  (long long)fd_count, fd_worst);
+}
+
+/* every newly f64 node, and the optimizer node, with one f32 and one f64 operand (either first):
    DPAR_ERR_DTYPE naming the node, both operands and both dtypes */
 static void test_graph_layer_mixed(void **st) {
     (void)st;
-    static const char *const fns[] = { "dpar_g_matmul_batched", "dpar_g_attention", "dpar_g_conv2d", "dpar_g_where" };
+    static const char *const fns[] = { "dpar_g_matmul_batched", "dpar_g_attention", "dpar_g_conv2d", "dpar_g_where",
+                                       "dpar_graph_adamw" };
     dpar_mesh *m = t_mesh1(RT, 1, "data");
     for (int f64_first = 0; f64_first < 2; f64_first++)
         for (size_t k = 0; k < sizeof fns / sizeof fns[0]; k++) {
             dpar_graph *g = NULL;
+            dpar_array *pa = NULL;
             T_OK(dpar_graph_create(m, &g));
             dpar_array_desc d = { f64_first ? DPAR_F64 : DPAR_F32, 4, { 2, 3, 3, 2 }, { NULL } };
             dpar_value a = dpar_g_feed(g, "a", &d);
             d.dtype = f64_first ? DPAR_F32 : DPAR_F64;
             dpar_value b = dpar_g_feed(g, "b", &d);
+            dpar_status s = DPAR_OK;
             const char *names[2] = { "'a'", "'b'" };
             switch (k) {
             case 0: dpar_g_matmul_batched(g, a, b, false, true); break;
             case 1: dpar_g_attention(g, a, b, b, 0.0f, false); break;
             case 2: dpar_g_conv2d(g, a, b, (dpar_value){ 0 }, NULL); break;
-            default: dpar_g_where(g, a, b, a); break;
+            case 3: dpar_g_where(g, a, b, a); break;
+            default: { /* param p of a's dtype, gradient b of the other */
+                d.dtype = f64_first ? DPAR_F64 : DPAR_F32;
+                T_OK(dpar_array_create(m, &d, &pa));
+                dpar_value pv = dpar_g_param(g, "p", pa);
+                dpar_adamw_desc ad = { .learning_rate = 0.01f };
+                s = dpar_graph_adamw(g, &ad, &pv, &b, 1);
+                names[0] = "'p'";
             }
-            dpar_status s = dpar_graph_status(g);
+            }
+            if (k < 4) s = dpar_graph_status(g);
             const char *e = dpar_last_error();
             if (s != DPAR_ERR_DTYPE || !strstr(e, fns[k]) || !strstr(e, "f32") || !strstr(e, "f64") ||
                 !strstr(e, names[0]) || !strstr(e, names[1]))
@@ -1449,6 +1653,7 @@ static void test_graph_layer_mixed(void **st) {
                          "dtypes",
                          fns[k], f64_first ? "f64" : "f32", dpar_status_string(s), e, names[0], names[1]);
             T_OK(dpar_graph_destroy(g));
+            dpar_array_destroy(pa);
         }
     dpar_mesh_destroy(m);
 }
@@ -1567,17 +1772,18 @@ static void test_mixed_dtypes_table(void **st) {
         }
     }
     mixed_call(-2, &name);
-    /* graphs: an f64 param under an optimizer (the optimizers are f32-only), and a mixed node */
+    /* graphs: an f64 param with an f32 gradient under an optimizer, and a mixed node */
     dpar_mesh *m = t_mesh1(RT, 1, "data");
     dpar_graph *g = NULL;
     dpar_array *pa = NULL;
     T_OK(dpar_array_create(m, &(dpar_array_desc){ DPAR_F64, 1, { 4 }, { NULL } }, &pa));
     T_OK(dpar_graph_create(m, &g));
-    dpar_value p = dpar_g_param(g, "p", pa), grad = p;
+    dpar_value p = dpar_g_param(g, "p", pa),
+               grad = dpar_g_feed(g, "g", &(dpar_array_desc){ DPAR_F32, 1, { 4 }, { NULL } });
     dpar_sgd_desc sd = { 0.1f, 0.0f, false, 0.0f, 0.0f, NULL };
     dpar_status s = dpar_graph_sgd(g, &sd, &p, &grad, 1);
     if (s != DPAR_ERR_DTYPE || !strstr(dpar_last_error(), "f64") || !strstr(dpar_last_error(), "f32")) {
-        print_message("dpar_graph_sgd on an f64 param: %s: %s\n", dpar_status_string(s), dpar_last_error());
+        print_message("dpar_graph_sgd on an f64 param, f32 grad: %s: %s\n", dpar_status_string(s), dpar_last_error());
         bad++;
     }
     T_OK(dpar_graph_destroy(g));
@@ -1653,6 +1859,7 @@ int main(void) {
         cmocka_unit_test(test_graph_mixed_refused),
         cmocka_unit_test(test_graph_layer_nodes),
         cmocka_unit_test(test_graph_layer_mixed),
+        cmocka_unit_test(test_graph_models),
         cmocka_unit_test(test_optimizers),
         cmocka_unit_test(test_conv2d),
         cmocka_unit_test(test_pools),
