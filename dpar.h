@@ -855,9 +855,9 @@ DPAR_API dpar_status dpar_wait(dpar_ctx *ctx, dpar_request *req);
    ops in the >>f64 api table also take f64 on the cpu backend).
    Errors, for all: DPAR_ERR_INVALID_ARGUMENT (NULL, different devices),
    DPAR_ERR_SHAPE (text names both shapes), DPAR_ERR_DTYPE.
-   16-bit storage: the ops marked "f32, f16 or bf16" (bias_grad, softmax,
-   conv2d, the pools, the norms, attention, and their gradients) take one
-   dtype for all their tensors (stats buffers stay f32). With f16 or bf16 they
+   16-bit storage: the ops marked "f32, f16 or bf16" (bias_grad, reduce
+   but not its backward, softmax, conv2d, the pools, the norms, attention,
+   and their gradients) take one dtype for all their tensors (stats buffers stay f32). With f16 or bf16 they
    accumulate in f32 exactly as the f32 op does on the same (widened) inputs
    and round each result once to nearest even, on every backend (Vulkan and
    CUDA cast into f32 device temporaries and back: a 16-bit result is that
@@ -982,8 +982,9 @@ typedef enum dpar_reduce_kind {
 } dpar_reduce_kind;
 /* y = reduce(x) over `axes` (naxes entries, negative counts from the end;
    axes NULL: every axis). y's shape is x's without those axes, or with them
-   kept as 1 (keepdims); both are accepted. x f32; y f32 (i32 for ARGMAX);
-   or x and y f64 on the cpu backend (y i32 for ARGMAX).
+   kept as 1 (keepdims); both are accepted. x f32, f16 or bf16 (16-bit
+   storage: accumulated as the f32 op, rounded once), y the same dtype (i32
+   for ARGMAX); or x and y f64 on the cpu backend (y i32 for ARGMAX).
    At most 4 dims after merging neighbouring axes that are both reduced or
    both kept (DPAR_ERR_SHAPE otherwise). */
 DPAR_API dpar_status dpar_reduce(dpar_buffer *y, const dpar_buffer *x, dpar_reduce_kind kind, const int *axes,
@@ -7727,7 +7728,8 @@ DPAR_API dpar_status dpar_reduce(dpar_buffer *y, const dpar_buffer *x, dpar_redu
     unsigned mask;
     dpar__geo g;
     dpar_status s = dpar__op_check(fn, y, &x, 1);
-    if (s || (s = dpar__need_ft(fn, x, "x", dpar__fdt(x)))) return s;
+    const char *xn = "x";
+    if (s || (s = dpar__same_float64(fn, &x, &xn, 1))) return s;
     if ((int)kind < 0 || kind >= DPAR_REDUCE_KIND_COUNT)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: kind %d is not a dpar_reduce_kind", fn, (int)kind);
     if (y->dtype != (kind == DPAR_REDUCE_ARGMAX ? DPAR_I32 : x->dtype))
@@ -15941,6 +15943,7 @@ static int dpar__is_half(const dpar_buffer *b) {
 }
 static int dpar__cpu_half_kind(dpar__op_kind k) {
     switch (k) {
+    case DPAR__OP_REDUCE:
     case DPAR__OP_BIAS_GRAD:
     case DPAR__OP_NORM:
     case DPAR__OP_NORM_BWD:

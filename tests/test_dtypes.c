@@ -1,17 +1,18 @@
-/* f16 and bf16 storage in the layer ops (conv2d and its two gradients, avg
-   and max pool with theirs, layer_norm / rms_norm forward and backward,
-   softmax / log_softmax and the softmax gradient, causal attention forward
-   and backward, bias_grad): on the CPU backend each case runs in the 16-bit
-   dtype and in f32 on the same rounded inputs, and every 16-bit result must
-   equal the f32 result rounded once to nearest even, bit for bit (so the
-   16-bit op accumulates exactly as the f32 op does); stats buffers (f32) must
-   be identical. Exact small cases show the f32 accumulation (an f16 avg pool
-   whose window sum overflows f16 still gives the mean). Vulkan and CUDA run
-   every case too: each 16-bit result is that backend's f32 result rounded
-   once, bit for bit, and agrees with the CPU's (equal, or one 16-bit step
-   apart where the f32 kernels round differently); a missing backend prints
-   SKIPPED; issued back to back with no read in between (their temporaries
-   reused in queue order) they give the same results. Mixed dtypes give DPAR_ERR_DTYPE naming both operands; i32 is
+/* f16 and bf16 storage in the layer ops and dpar_reduce (conv2d and its two
+   gradients, avg and max pool with theirs, layer_norm / rms_norm forward and
+   backward, softmax / log_softmax and the softmax gradient, causal attention
+   forward and backward, bias_grad; reduce sum, mean and max): on the CPU
+   backend each case runs in the 16-bit dtype and in f32 on the same rounded
+   inputs, and every 16-bit result must equal the f32 result rounded once to
+   nearest even, bit for bit (so the 16-bit op accumulates exactly as the f32
+   op does); stats buffers (f32) must be identical. Exact small cases show the
+   f32 accumulation (an f16 avg pool whose window sum overflows f16 still
+   gives the mean). Vulkan and CUDA run every case too: each 16-bit result is
+   that backend's f32 result rounded once, bit for bit, and agrees with the
+   CPU's (equal, or one 16-bit step apart where the f32 kernels round
+   differently); a missing backend prints SKIPPED. Issued back to back with no
+   read in between (their temporaries reused in queue order) they give the
+   same results. Mixed dtypes give DPAR_ERR_DTYPE naming both operands; i32 is
    refused on every backend, naming the op, the dtype and the backend. */
 #include "testutil.h"
 
@@ -246,6 +247,17 @@ static dpar_status attention_bwd(dpar_buffer **o, dpar_buffer **i) {
     dpar_status s = dpar_attention(o[0], o[1], i[0], i[1], i[2], 0.0f, true);
     return s ? s : dpar_attention_backward(o[2], o[3], o[4], o[1], i[3], i[0], i[1], i[2], 0.0f, true);
 }
+static dpar_status reduce_sum_axis1(dpar_buffer **o, dpar_buffer **i) {
+    const int ax = 1;
+    return dpar_reduce(o[0], i[0], DPAR_REDUCE_SUM, &ax, 1);
+}
+static dpar_status reduce_mean_all(dpar_buffer **o, dpar_buffer **i) {
+    return dpar_reduce(o[0], i[0], DPAR_REDUCE_MEAN, NULL, 0);
+}
+static dpar_status reduce_max_last(dpar_buffer **o, dpar_buffer **i) {
+    const int ax = -1;
+    return dpar_reduce(o[0], i[0], DPAR_REDUCE_MAX, &ax, 1);
+}
 static dpar_status bias_grad(dpar_buffer **o, dpar_buffer **i) {
     return dpar_bias_grad(o[0], i[0], 0.0f);
 }
@@ -298,6 +310,9 @@ static const dcase CASES[] = {
       { S3(3, 5, 4), S3(3, 5, 4), S3(3, 5, 3), S3(3, 5, 3) },
       { S3(3, 5, 3), ST(15), S3(3, 5, 4), S3(3, 5, 4), S3(3, 5, 3) } },
     { "dpar_bias_grad", bias_grad, 1, 1, { S3(4, 3, 7) }, { S1(7) } },
+    { "dpar_reduce", reduce_sum_axis1, 1, 1, { S3(3, 37, 5) }, { S2(3, 5) } },
+    { "dpar_reduce", reduce_mean_all, 1, 1, { S3(3, 37, 5) }, { S3(1, 1, 1) } },
+    { "dpar_reduce", reduce_max_last, 1, 1, { S3(3, 5, 37) }, { S2(3, 5) } },
 };
 enum { NCASES = (int)(sizeof CASES / sizeof CASES[0]) };
 
@@ -323,6 +338,52 @@ static void test_f16_avg_pool_accumulates_in_f32(void **state) {
     free(y);
     dpar_buffer_destroy(bx);
     dpar_buffer_destroy(by);
+}
+/* f16 reduce on every backend: a sum past f16's range is accumulated in f32 (60000 x 4 = 240000, which f16 rounds
+   to inf), so the mean is exact; argmax (i32 out) takes the first of tied maxima, on 16-bit input */
+static void reduce_exact(dpar_runtime *rt) {
+    const int64_t one[1] = { 1 };
+    float x[6] = { 60000, 60000, 60000, 60000, -3, 2 };
+    iospec sx = { 1, { 4 }, 0, 0, 0 }, st = { 1, { 6 }, 0, 0, 0 };
+    float tie[6] = { -1, 7, 3, 7, 7, 0.5f };
+    dpar_buffer *bx = buf_of(rt, DPAR_F16, &sx, x), *bt = buf_of(rt, DPAR_BF16, &st, tie);
+    dpar_buffer *sum = t_buf(rt, 0, DPAR_F16, 1, one, NULL), *mean = t_buf(rt, 0, DPAR_F16, 1, one, NULL);
+    dpar_buffer *am = t_buf(rt, 0, DPAR_I32, 1, one, NULL);
+    const int ax = 0;
+    T_OK(dpar_reduce(sum, bx, DPAR_REDUCE_SUM, &ax, 1));
+    T_OK(dpar_reduce(mean, bx, DPAR_REDUCE_MEAN, &ax, 1));
+    T_OK(dpar_reduce(am, bt, DPAR_REDUCE_ARGMAX, &ax, 1));
+    float *s = read_f32(sum), *m = read_f32(mean);
+    int32_t i = -1;
+    t_read(am, &i);
+    assert_true(isinf(s[0]) && s[0] > 0); /* 240000 rounded once to f16: past 65504 */
+    assert_true(m[0] == 60000.0f);
+    assert_int_equal(i, 1);
+    free(s);
+    free(m);
+    dpar_buffer_destroy(bx);
+    dpar_buffer_destroy(bt);
+    dpar_buffer_destroy(sum);
+    dpar_buffer_destroy(mean);
+    dpar_buffer_destroy(am);
+}
+static void reduce_exact_on(dpar_backend_kind k) {
+    dpar_runtime *rt = t_runtime_or_skip(k, 1);
+    if (!rt) return;
+    reduce_exact(rt);
+    dpar_runtime_destroy(rt);
+}
+static void test_f16_reduce_accumulates_in_f32(void **state) {
+    (void)state;
+    reduce_exact(RT);
+}
+static void test_vulkan_f16_reduce(void **state) {
+    (void)state;
+    reduce_exact_on(DPAR_BACKEND_VULKAN);
+}
+static void test_cuda_f16_reduce(void **state) {
+    (void)state;
+    reduce_exact_on(DPAR_BACKEND_CUDA);
 }
 /* a constant row normalizes to 0, so bf16 layer norm returns the bias exactly (no NaN) */
 static void test_bf16_layer_norm_constant_row_returns_bias(void **state) {
@@ -473,6 +534,9 @@ int main(void) {
         cmocka_unit_test(test_cpu_bf16_is_f32_rounded_once),
         cmocka_unit_test(test_f16_avg_pool_accumulates_in_f32),
         cmocka_unit_test(test_bf16_layer_norm_constant_row_returns_bias),
+        cmocka_unit_test(test_f16_reduce_accumulates_in_f32),
+        cmocka_unit_test(test_vulkan_f16_reduce),
+        cmocka_unit_test(test_cuda_f16_reduce),
         cmocka_unit_test(test_f16_conv_exact_sums),
         cmocka_unit_test(test_dtype_errors),
         cmocka_unit_test(test_vulkan_half_parity),
