@@ -2150,6 +2150,9 @@ DPAR__ALIAS dpar_status dpar_axis_size(const dpar_ctx *ctx, const char *axes, in
 #include <unistd.h>
 #define DPAR__O_BINARY 0
 #endif
+#if defined(__linux__)
+#include <sys/prctl.h>
+#endif
 #if defined(__APPLE__) || defined(DPAR_PLATFORM_FORCE_MACOS)
 #define DPAR__MACOS 1
 #if !defined(F_FULLFSYNC) && defined(DPAR_PLATFORM_FORCE_MACOS)
@@ -2245,6 +2248,18 @@ DPAR__PLATFORM_FN int dpar__thread_start(dpar__thread *t, dpar__thread_fn fn, vo
     return *t ? 0 : 1;
 #else
     return pthread_create(t, NULL, fn, arg);
+#endif
+}
+/* Names the calling thread "dpar-<what><i>" (Linux: what top, perf and /proc/self/task/<tid>/comm show,
+   15 characters at most), so a profile or a benchmark tells dpar's threads from a driver's (llvmpipe's
+   compute threads are unnamed); elsewhere nothing. */
+DPAR__PLATFORM_FN void dpar__thread_name(const char *what, int i) {
+#if defined(__linux__)
+    char name[16];
+    snprintf(name, sizeof name, "dpar-%s%d", what, i);
+    prctl(PR_SET_NAME, name, 0, 0, 0);
+#else
+    (void)what, (void)i;
 #endif
 }
 DPAR__PLATFORM_FN void dpar__thread_join(dpar__thread t) {
@@ -5170,6 +5185,7 @@ static DPAR__THREAD_FN(dpar__worker_main, arg) {
     dpar__worker *w = (dpar__worker *)arg;
     dpar_runtime *rt = w->rt;
     dpar__self_worker = w;
+    dpar__thread_name("dev", w->device);
     dpar_status s = rt->be->thread_init ? rt->be->thread_init(rt->bstate, w->device - rt->local_base) : DPAR_OK;
     dpar__mutex_lock(&rt->mu);
     if (s != DPAR_OK && !rt->thread_init_failed) {
@@ -6690,6 +6706,7 @@ static DPAR__THREAD_FN(dpar__comm_main, arg) {
     dpar__worker *w = (dpar__worker *)arg;
     dpar__self_worker = w;
     dpar_runtime *rt = w->rt;
+    dpar__thread_name("comm", w->device);
     if (rt->be->thread_init) rt->be->thread_init(rt->bstate, w->device - rt->local_base);
     dpar__mutex_lock(&w->qmu);
     for (;;) {
@@ -13156,6 +13173,7 @@ static DPAR__THREAD_FN(dpar__disp_main, arg) {
     struct dpar_request *r = (struct dpar_request *)arg;
     struct dpar__disp *d = r->disp;
     dpar__async_self = r;
+    dpar__thread_name("step", 0);
     dpar_status s;
     if (d->kind == DPAR__DISP_PMAP)
         s = dpar_pmap(d->mesh, &d->pmap);
@@ -14033,6 +14051,7 @@ static DPAR__THREAD_FN(dpar__cpu_helper_main, arg) {
     dpar__cpu_helper h = *(dpar__cpu_helper *)arg;
     DPAR_FREE(arg);
     dpar__cpu_pool *p = h.p;
+    dpar__thread_name("cpu", h.idx);
     dpar__mutex_lock(&p->mu);
     /* 0, the pool's generation at creation, not p->gen: a fork issued before this
        thread first ran must still be picked up (else the fork waits forever) */
