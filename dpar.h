@@ -153,7 +153,9 @@
                                       one collective each (default 262144; 0..2000000000; read at value_and_grad)
        DPAR_GRAPH_ALIAS=0             graphs: plan every node's output apart from its inputs (default 1: an
                                       elementwise node's output takes the buffer of an input it reads last,
-                                      computed in place, bit for bit the same); 0..1, read at compile
+                                      computed in place, and a kept psum/pmean over one device (a 1-device
+                                      mesh's gradients) is run by its input writing the kept buffer; bit for
+                                      bit the same); 0..1, read at compile
    dpar_runtime_create refuses a value that is not an integer in its range, or
    a DPAR_TRACE path it cannot write, with an error naming the variable.
 
@@ -9518,6 +9520,8 @@ typedef struct dpar__gnode {
     int fused;         /* compiled: a loss, > 0: its gradient node, computed in the same pass; the gradient
                           node, < 0: minus the loss that computes it (dpar__g_fuse_losses) */
     int bucket;        /* compiled: a small gradient's reduction, 1 + its bucket (dpar__g_bucket_plan); 0: alone */
+    bool ident;        /* compiled: a psum/pmean over one device whose input writes its buffer: runs nothing
+                          (dpar__g_ident_ok) */
 } dpar__gnode;
 
 /* Small gradients reduced together (PyTorch DDP's buckets): their pre-reduction values are
@@ -11960,6 +11964,21 @@ static int dpar__g_alias_of(const dpar_graph *g, const dpar__gplan *p, int i) {
     }
     return 0;
 }
+/* Whether pooled value j, its alias decided, may be written straight into the buffer of its last reader
+   i instead: i is a kept psum or pmean over axes of one device (the identity: x + nothing, x / 1; a
+   gradient array's shard or the loss), not bucketed, async or in a pipeline, reading j through its one
+   operand; j has i's dtype and shape and is in no alias chain. j then leaves the pool and i runs
+   nothing (ident): on a 1-device mesh a gradient's matmul writes the kept gradient, and the reduction
+   neither copies it nor, on Vulkan, ends a recorded segment (>>graph program). */
+static bool dpar__g_ident_ok(const dpar_graph *g, const dpar__gplan *p, int j) {
+    int i = p->last[j];
+    const dpar__gnode *nd = &g->n[i], *x = &g->n[j];
+    if (i == j || i >= g->count || (nd->kind != DPAR__G_PSUM && nd->kind != DPAR__G_PMEAN) || !p->alias_on ||
+        !nd->keep || nd->async || nd->bucket || g->pp || !nd->axes || dpar__mask_size(g->mesh, nd->axes) != 1)
+        return false;
+    return nd->in[0] == j && p->pooled[j] && !p->alias[j] && x->dtype == nd->dtype && x->ndim == nd->ndim &&
+           !memcmp(x->shape, nd->shape, (size_t)nd->ndim * sizeof nd->shape[0]);
+}
 static dpar_status dpar__g_assign(dpar_graph *g, dpar__gplan *p, int i) {
     dpar__gnode *nd = &g->n[i];
     dpar_status s = DPAR_OK;
@@ -11975,6 +11994,12 @@ static dpar_status dpar__g_assign(dpar_graph *g, dpar__gplan *p, int i) {
     if (!p->pooled[i]) p->held += dpar__g_bytes(nd); /* live through every step: read after it, or set at compile */
     p->alias[i] = p->pooled[i] ? dpar__g_alias_of(g, p, i) : 0;
     if (p->alias[i]) p->freed[p->alias[i]] = true; /* its bytes become node i's, live until i's last reader */
+    if (dpar__g_ident_ok(g, p, i)) { /* its bytes are its reader's, held: its slot is set after placement */
+        g->n[p->last[i]].ident = true;
+        p->pooled[i] = false;
+        nd->slot = -1;
+        return s;
+    }
     p->live += p->pooled[i] && !p->alias[i] ? dpar__g_bytes(nd) : 0;
     if (p->live > p->peak) p->peak = p->live;
     if (nd->keep && nd->spec_of) {
@@ -12230,6 +12255,8 @@ static dpar_status dpar__g_plan(dpar_graph *g) {
         if (!s) s = dpar__g_place(g, &p);
         for (int i = 1; i < c && !s; i++)
             if (p.alias[i]) g->n[i].slot = g->n[p.alias[i]].slot;
+        for (int i = 1; i < c && !s; i++)
+            if (g->n[i].ident) g->n[g->n[i].in[0]].slot = g->n[i].slot;
         if (!s) s = dpar__g_alloc(g, &p);
     }
     DPAR_FREE(p.last);
@@ -12389,7 +12416,7 @@ static dpar_status dpar__g_wait_all(dpar_graph *g, dpar_ctx *ctx, int li) {
 static dpar_status dpar__g_exec(dpar_graph *g, dpar_ctx *ctx, int li, int i) {
     const dpar__gnode *nd = &g->n[i];
     if (nd->kind == DPAR__G_FEED || nd->kind == DPAR__G_PARAM || nd->kind == DPAR__G_CONST) return DPAR_OK;
-    if (nd->fused < 0) return DPAR_OK; /* written by its loss node */
+    if (nd->fused < 0 || nd->ident) return DPAR_OK; /* written by its loss node; by its input's */
     if (nd->bucket) return dpar__g_bucket_start(g, ctx, li, i);
     if (nd->async) /* a gradient's reduction overlaps the rest of the backward pass (DDP's buckets, one per grad) */
         return dpar_preduce_start(ctx, dpar__g_buf(g, i, li), dpar__g_buf(g, nd->in[0], li), nd->axes_str,
@@ -12505,7 +12532,7 @@ typedef struct dpar__gprog {
 
 static bool dpar__g_recordable(const dpar__gnode *nd) {
     if (nd->async) return false;
-    return nd->fused < 0 || dpar__g_kinds[nd->kind].rec; /* fused: computed by its loss node, runs nothing */
+    return nd->fused < 0 || nd->ident || dpar__g_kinds[nd->kind].rec; /* fused, ident: run nothing */
 }
 /* The backend's index of local device li. */
 static int dpar__g_bdev(const dpar_graph *g, int li) {

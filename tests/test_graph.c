@@ -9,7 +9,8 @@
    mask and one clipping norm over the split and replicated params
    (dpar_graph_adamw_masked, 1e-4 after 4 clipped steps); the planner's in-place aliasing
    (DPAR_GRAPH_ALIAS) against the unaliased plan: fewer planned bytes, bit for bit the same
-   losses, gradients and params, no aliasing where the input is read later; bad input. Each runs on the CPU
+   losses, gradients and params, no aliasing where the input is read later, a gradient's psum over
+   one device run as the identity (its input written into the kept gradient); bad input. Each runs on the CPU
    backend and again on Vulkan (skipped when unavailable). */
 #include "testutil.h"
 
@@ -528,16 +529,17 @@ typedef struct alias_net {
 } alias_net;
 /* An MLP whose hidden layer is h = relu(xW1 + b1), u = 0.5 h + h: bias_add, relu's gradient and the add may
    write over their input; relu may not (its gradient reads its input), nor the forward scale (the add reads
-   h after it). Compiled with DPAR_GRAPH_ALIAS = `on`. */
-static void alias_build(alias_net *t, dpar_mesh *m, const digits_data *dd, int n, const char *on) {
+   h after it). x split over "data" on every mesh: its gradients are psums, over one device the identity.
+   Compiled with DPAR_GRAPH_ALIAS = `on`. */
+static void alias_build(alias_net *t, dpar_mesh *m, const digits_data *dd, const char *on) {
     int64_t ps[4][2] = { { NPIX, HID }, { HID, 0 }, { HID, NCLS }, { NCLS, 0 } };
     for (int i = 0; i < 4; i++) t->w[i] = arr(m, DPAR_F32, ps[i][1] ? 2 : 1, ps[i][0], ps[i][1], NULL, NULL);
     T_OK(dpar_array_put(t->w[0], dd->w1));
     T_OK(dpar_array_put(t->w[2], dd->w2));
     T_OK(dpar_graph_create(m, &t->g));
     dpar_graph *g = t->g;
-    dpar_array_desc xd = { DPAR_F32, 2, { BATCH, NPIX }, { n > 1 ? "data" : NULL } };
-    dpar_array_desc yd = { DPAR_I32, 1, { BATCH }, { n > 1 ? "data" : NULL } };
+    dpar_array_desc xd = { DPAR_F32, 2, { BATCH, NPIX }, { "data" } };
+    dpar_array_desc yd = { DPAR_I32, 1, { BATCH }, { "data" } };
     t->x = dpar_g_feed(g, "x", &xd), t->y = dpar_g_feed(g, "y", &yd);
     const char *names[4] = { "w1", "b1", "w2", "b2" };
     for (int i = 0; i < 4; i++) t->p[i] = dpar_g_param(g, names[i], t->w[i]);
@@ -566,8 +568,8 @@ static void alias_plan(int n) {
     dpar_runtime *rt = t_runtime_or_skip(BK, n);
     dpar_mesh *m = t_mesh1(rt, n, "data");
     alias_net on, off;
-    alias_build(&on, m, &data, n, "1");
-    alias_build(&off, m, &data, n, "0");
+    alias_build(&on, m, &data, "1");
+    alias_build(&off, m, &data, "0");
     char text[1 << 15];
     t_graph_text(on.g, "test_graph_alias", text, sizeof text);
     assert_true(alias_marked(text, " bias_add "));  /* its input, the matmul's output, is read by nothing else */
@@ -575,6 +577,9 @@ static void alias_plan(int n) {
     assert_false(alias_marked(text, " scale "));    /* the add reads h after the scale */
     assert_true(alias_marked(text, " add "));       /* the scale's output, read last by the add */
     assert_true(alias_marked(text, " relu_grad ")); /* the cotangent, read last there */
+    /* the reductions: over one device (a gradient's psum) its input writes the gradient; over two (the loss's
+       pmean, first) a reduction of its own */
+    assert_true(alias_marked(text, n == 1 ? " psum " : " pmean ") == (n == 1));
     t_graph_text(off.g, "test_graph_alias", text, sizeof text);
     assert_null(strstr(text, "in_place("));
     printf("aliasing, %d device(s): planned %llu bytes (live %llu) vs %llu (live %llu) unaliased, naive %llu\n", n,
