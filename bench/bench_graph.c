@@ -11,14 +11,19 @@
    spell on the shared machine hits both alike. Each block ends with a loss
    read (a sync). Prints per backend and device count one CSV row
        graph,<backend>,digits,<devices>,<eager_ms>,<graph_ms>,<ratio_median>,<ratio_min>,<ratio_max>,<rounds>,
-             <load1>,<cpu_ratio_median>,<cpu_ratio_min>,<cpu_ratio_max>
+             <load1>,<cpu_ratio_median>,<cpu_ratio_min>,<cpu_ratio_max>,<eager_host_ms>,<graph_host_ms>,
+             <host_ratio_median>,<host_ratio_min>,<host_ratio_max>
    where the ms are medians over the rounds of wall time per step, ratio =
    graph step time / eager step time per round (< 1: the graph is faster),
    load1 the 1-minute load average when the row was taken, cpu_ratio the
    same ratio of the process's CPU time (user + system, all threads: on a
    loaded shared machine the steadier figure with 1 device; with more devices
    it counts the workers' spin-waits too). On Vulkan (llvmpipe) the device
-   computes on the same cores as the host.
+   computes on the same cores as the host, so wall and process CPU time
+   count the device's work; host time (host_cpu_s, bench_util.h) is the CPU
+   time of the calling thread and of dpar's own threads only (llvmpipe's
+   are left out): the host's cost of issuing a step, per step, medians over
+   the rounds, host_ratio its graph/eager ratio per round (-1: no /proc).
 
    bench_graph [--backend cpu|vulkan] [--devices 1,4] [--rounds R] [--time S] */
 #include "dpar.h"
@@ -142,11 +147,12 @@ typedef struct data {
     int32_t *y[NB];
     int it;
 } data;
-/* k steps of one side; the last one reads the loss (a sync). Wall and CPU seconds per step in per[0], per[1]. */
-static dpar_status block(dpar_mesh *mesh, eager *e, graphed *t, data *dt, int k, bool graph, double per[2],
+/* k steps of one side; the last one reads the loss (a sync). Wall, process CPU and host CPU seconds
+   (host_cpu_s) per step in per[0..2]. */
+static dpar_status block(dpar_mesh *mesh, eager *e, graphed *t, data *dt, int k, bool graph, double per[3],
                          float *loss) {
     dpar_shard_map_desc sd = { .fn = eager_fn, .user = e };
-    double t0 = now_s(), c0 = cpu_s();
+    double t0 = now_s(), c0 = cpu_s(), h0 = host_cpu_s();
     for (int s = 0; s < k; s++, dt->it++) {
         const float *x = dt->x[dt->it % NB];
         const int32_t *y = dt->y[dt->it % NB];
@@ -162,6 +168,7 @@ static dpar_status block(dpar_mesh *mesh, eager *e, graphed *t, data *dt, int k,
     }
     per[0] = (now_s() - t0) / k;
     per[1] = (cpu_s() - c0) / k;
+    per[2] = h0 < 0 ? -1 : (host_cpu_s() - h0) / k;
     return DPAR_OK;
 }
 static int run(dpar_backend_kind kind, const char *bname, int n, int rounds, double target) {
@@ -186,7 +193,8 @@ static int run(dpar_backend_kind kind, const char *bname, int n, int rounds, dou
     }
     eager e;
     graphed t;
-    double pe[2] = { 0, 0 }, pg[2], ratio[MAXR], cratio[MAXR], te[MAXR], tg[MAXR], be[2], bg[2];
+    double pe[3] = { 0, 0, 0 }, pg[3], ratio[MAXR], cratio[MAXR], hratio[MAXR], te[MAXR], tg[MAXR], he[MAXR], hg[MAXR],
+           be[3], bg[3];
     float le = 0, lg = 0;
     dpar_status s =
         dpar_mesh_create(rt, &(dpar_mesh_desc){ .ndim = 1, .shape = { n }, .axis_names = { "data" } }, &mesh);
@@ -210,6 +218,8 @@ static int run(dpar_backend_kind kind, const char *bname, int n, int rounds, dou
         te[r] = be[0], tg[r] = bg[0];
         ratio[r] = bg[0] / be[0];
         cratio[r] = bg[1] / be[1];
+        he[r] = be[2], hg[r] = bg[2];
+        hratio[r] = be[2] > 0 && bg[2] >= 0 ? bg[2] / be[2] : -1;
     }
     if (s) {
         fprintf(stderr, "bench_graph: %s %d devices: %s\n", bname, n, dpar_last_error());
@@ -219,16 +229,22 @@ static int run(dpar_backend_kind kind, const char *bname, int n, int rounds, dou
     qsort(cratio, (size_t)rounds, sizeof(double), cmp_d);
     qsort(te, (size_t)rounds, sizeof(double), cmp_d);
     qsort(tg, (size_t)rounds, sizeof(double), cmp_d);
+    qsort(hratio, (size_t)rounds, sizeof(double), cmp_d);
+    qsort(he, (size_t)rounds, sizeof(double), cmp_d);
+    qsort(hg, (size_t)rounds, sizeof(double), cmp_d);
     double l1 = load1();
-    printf("graph,%s,digits,%d,%.4f,%.4f,%.3f,%.3f,%.3f,%d,%.1f,%.3f,%.3f,%.3f\n", bname, n, te[rounds / 2] * 1e3,
-           tg[rounds / 2] * 1e3, ratio[rounds / 2], ratio[0], ratio[rounds - 1], rounds, l1, cratio[rounds / 2],
-           cratio[0], cratio[rounds - 1]);
+    printf("graph,%s,digits,%d,%.4f,%.4f,%.3f,%.3f,%.3f,%d,%.1f,%.3f,%.3f,%.3f,%.4f,%.4f,%.3f,%.3f,%.3f\n", bname, n,
+           te[rounds / 2] * 1e3, tg[rounds / 2] * 1e3, ratio[rounds / 2], ratio[0], ratio[rounds - 1], rounds, l1,
+           cratio[rounds / 2], cratio[0], cratio[rounds - 1], he[rounds / 2] * 1e3, hg[rounds / 2] * 1e3,
+           hratio[rounds / 2], hratio[0], hratio[rounds - 1]);
     fprintf(stderr,
             "bench_graph: %s %d devices: %d rounds of %d steps each side (load average %.1f); graph/eager "
             "wall time median %.3f (min %.3f, max %.3f), CPU time median %.3f (min %.3f, max %.3f); "
-            "eager %.4f ms, graph %.4f ms per step (wall)\n",
+            "eager %.4f ms, graph %.4f ms per step (wall); host time (caller + dpar's threads) eager %.4f ms, "
+            "graph %.4f ms per step, graph/eager median %.3f (min %.3f, max %.3f)\n",
             bname, n, rounds, k, l1, ratio[rounds / 2], ratio[0], ratio[rounds - 1], cratio[rounds / 2], cratio[0],
-            cratio[rounds - 1], te[rounds / 2] * 1e3, tg[rounds / 2] * 1e3);
+            cratio[rounds - 1], te[rounds / 2] * 1e3, tg[rounds / 2] * 1e3, he[rounds / 2] * 1e3, hg[rounds / 2] * 1e3,
+            hratio[rounds / 2], hratio[0], hratio[rounds - 1]);
     fflush(stdout);
     dpar_graph_destroy(t.g);
     dpar_runtime_destroy(rt);

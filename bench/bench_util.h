@@ -5,7 +5,9 @@
      >>bench process  cpu_s() (the process's user + system seconds, all
                       threads) and load1() (the 1-minute load average, -1
                       where /proc has none), printed beside timings taken on
-                      a shared machine
+                      a shared machine; host_cpu_s() (the CPU seconds of the
+                      calling thread and of dpar's own threads only, -1 where
+                      /proc has none: a driver's threads, llvmpipe's, left out)
      >>bench median   median() of a trial array (sorts it: v[0] is then the min)
      >>bench stream   the stream kernels that measure this machine's memory
                       bandwidth in the same run: copy (z = x) or add
@@ -23,6 +25,7 @@
    no warning. */
 #ifndef DPAR_BENCH_UTIL_H
 #define DPAR_BENCH_UTIL_H
+#include <dirent.h>
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -48,6 +51,41 @@ static inline double cpu_s(void) {
     struct rusage r;
     getrusage(RUSAGE_SELF, &r);
     return (double)(r.ru_utime.tv_sec + r.ru_stime.tv_sec) + 1e-6 * (double)(r.ru_utime.tv_usec + r.ru_stime.tv_usec);
+}
+/* The CPU seconds of the calling thread (CLOCK_THREAD_CPUTIME_ID) plus those of every thread dpar
+   started: dpar names its threads "dpar-..." (dpar__thread_name); their run time is read from
+   /proc/self/task/<tid>/schedstat (first field: nanoseconds on a CPU, the scheduler's
+   sum_exec_runtime, which the thread CPU clocks read too). The calling thread's own cost of reading
+   /proc is left out (summed over the calls: call it from one thread). Threads that ended are not
+   counted. */
+static inline double thread_cpu_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+static inline double host_cpu_s(void) {
+    static double scans; /* the calling thread's seconds spent in this function so far */
+    double c0 = thread_cpu_s(), t = 0;
+    DIR *d = opendir("/proc/self/task");
+    if (!d) return -1;
+    for (struct dirent *e; (e = readdir(d));) {
+        char path[320], comm[32] = "";
+        unsigned long long ns = 0;
+        if (e->d_name[0] == '.') continue;
+        snprintf(path, sizeof path, "/proc/self/task/%s/comm", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        bool ours = fgets(comm, sizeof comm, f) && !strncmp(comm, "dpar-", 5);
+        fclose(f);
+        snprintf(path, sizeof path, "/proc/self/task/%s/schedstat", e->d_name);
+        if (!ours || !(f = fopen(path, "r"))) continue;
+        if (fscanf(f, "%llu", &ns) == 1) t += 1e-9 * (double)ns;
+        fclose(f);
+    }
+    closedir(d);
+    double c1 = thread_cpu_s();
+    scans += c1 - c0;
+    return t + c1 - scans;
 }
 static inline double load1(void) {
     double l = -1;

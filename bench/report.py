@@ -333,7 +333,8 @@ def main():
             elif r[0] == "graph" and len(r) >= 11:  # bench_graph.c: graph vs eager digits step, interleaved
                 graph.append(dict(backend=r[1], n=int(r[3]), eager=float(r[4]), graph=float(r[5]), med=float(r[6]),
                                   lo=float(r[7]), hi=float(r[8]), rounds=int(r[9]), load=float(r[10]),
-                                  cpu="%s (%s-%s)" % (r[11], r[12], r[13]) if len(r) >= 14 else "-"))
+                                  cpu="%s (%s-%s)" % (r[11], r[12], r[13]) if len(r) >= 14 else "-",
+                                  host=[float(x) for x in r[14:19]] if len(r) >= 19 else None))
             elif r[0] == "ops" and len(r) >= 18:
                 oprows.append(parse_ops(r))
             elif r[0] == "opskip" and len(r) >= 5:
@@ -489,14 +490,20 @@ def main():
     if graph:
         md += ["## Digits step: replayed graph vs eager hand-written step (bench_graph, interleaved)", "",
                "Per round, a block of eager steps and a block of graph steps, alternating which goes first; "
-               "ratio = graph step time / eager step time (< 1: the graph is faster). Vulkan (llvmpipe): wall time, "
-               "the device computes on the same cores.", "",
+               "ratio = graph step time / eager step time (< 1: the graph is faster), wall time; CPU time: the "
+               "process's (every thread). Host time: the CPU time of the calling thread (CLOCK_THREAD_CPUTIME_ID) "
+               "and of the threads dpar started (named dpar-*, read from /proc/self/task/<tid>/schedstat), not of "
+               "a driver's threads: on Vulkan (llvmpipe, which computes on the same cores) the host's cost of "
+               "issuing a step; it counts the host threads' waits that burn CPU (dpar's spin before sleeping, "
+               "the driver's fence wait called from dpar's threads).", "",
                "| backend | devices | eager ms/step | graph ms/step | ratio median | min | max | CPU-time ratio (min-max) "
-               "| rounds | load avg |",
-               "|---|---|---|---|---|---|---|---|---|---|"]
+               "| host ms/step eager | graph | host ratio (min-max) | rounds | load avg |",
+               "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for g in graph:
-            md.append("| %s | %d | %.4f | %.4f | %.3f | %.3f | %.3f | %s | %d | %.1f |" % (
-                g["backend"], g["n"], g["eager"], g["graph"], g["med"], g["lo"], g["hi"], g["cpu"], g["rounds"],
+            h = g["host"]
+            hs = ("%.4f | %.4f | %.3f (%.3f-%.3f)" % tuple(h)) if h and h[0] >= 0 else "- | - | -"
+            md.append("| %s | %d | %.4f | %.4f | %.3f | %.3f | %.3f | %s | %s | %d | %.1f |" % (
+                g["backend"], g["n"], g["eager"], g["graph"], g["med"], g["lo"], g["hi"], g["cpu"], hs, g["rounds"],
                 g["load"]))
         md.append("")
     if oprows:
@@ -580,8 +587,10 @@ def main():
     parts += gpt_summary(gsteps)
     parts.append("load %s" % load.get("start", "?"))
     for g in graph:
-        parts.append("digits graph/eager %s %ddev %.2f (%.2f-%.2f, load %.1f)" % (
-            g["backend"], g["n"], g["med"], g["lo"], g["hi"], g["load"]))
+        host = g["host"]
+        parts.append("digits graph/eager %s %ddev %.2f (%.2f-%.2f%s, load %.1f)" % (
+            g["backend"], g["n"], g["med"], g["lo"], g["hi"],
+            "; host time %.2f, %.2f-%.2f" % tuple(host[2:5]) if host and host[2] >= 0 else "", g["load"]))
     for backend in sorted({o["backend"] for o in oprows}):
         rows = [o for o in oprows if o["backend"] == backend]
         worst = sorted(rows, key=lambda o: o["pct"])[:3]
