@@ -1763,8 +1763,10 @@ DPAR_API dpar_status dpar_graph_adamw_masked(dpar_graph *g, const dpar_adamw_des
                                              const dpar_value *grads, const bool *decay, int n);
 /* The optimizer node's learning rate from the next run on (a schedule: dpar_lr_at each step).
    lr >= 0: 0 is a warm-up's first rate (the step moves no param; AdamW's moments and the step
-   counter still advance, as optax's). Errors: DPAR_ERR_INVALID_ARGUMENT (no optimizer node, lr
-   negative, NaN or infinite). */
+   counter still advance, as optax's). A rate that differs from the one before makes a graph's
+   recorded program (>>graph program) record again with the SGD step outside it, run op by op.
+   Errors: DPAR_ERR_INVALID_ARGUMENT (no optimizer node, lr negative, NaN or infinite),
+   DPAR_ERR_STATE (a step started with dpar_graph_run_start is in flight). */
 DPAR_API dpar_status dpar_graph_set_lr(dpar_graph *g, float lr);
 /* Keeps v readable after each run (dpar_graph_get); the loss and the
    gradients are kept already. Errors: DPAR_ERR_STATE after compile. */
@@ -9557,6 +9559,7 @@ struct dpar_graph {
     unsigned pin;
     dpar__gopt opt;
     bool has_opt, compiled, ran;
+    bool opt_rec;      /* compiled: the optimizer node may join a recorded program (dpar__g_opt_recordable) */
     int first, nlocal; /* this process's devices */
     int nslots;
     dpar_buffer **slots;        /* [slot * nlocal + li] */
@@ -11143,6 +11146,18 @@ DPAR_API dpar_status dpar_graph_adamw_masked(dpar_graph *g, const dpar_adamw_des
     memcpy(g->opt.decay, decay, (size_t)n * sizeof(bool));
     return DPAR_OK;
 }
+static void dpar__g_prog_rerecord(dpar_graph *g); /* >>graph program */
+/* Whether the optimizer node's commands stay the same every step, so a recorded program may hold it:
+   SGD (AdamW's bias correction moves with the step) without a clip norm (read on the host), ZeRO-1, a
+   split clip or a decay mask, in a graph with no asynchronous or bucketed reduction for it to wait for.
+   dpar_graph_set_lr that changes the rate turns it off (a schedule runs the optimizer op by op). */
+static bool dpar__g_opt_recordable(const dpar_graph *g) {
+    if (!g->has_opt || g->opt.adamw || g->z1 || g->pp || g->opt.mixed || g->opt.decay || g->opt.d.clip_norm > 0.0f)
+        return false;
+    for (int i = 1; i < g->count; i++)
+        if (g->n[i].async || g->n[i].bucket) return false;
+    return true;
+}
 DPAR_API dpar_status dpar_graph_set_lr(dpar_graph *g, float lr) {
     dpar__clear_error();
     if (dpar__live_arg(g, DPAR__LIVE_GRAPH, "dpar_graph_set_lr", "the graph")) return DPAR_ERR_STATE;
@@ -11152,10 +11167,14 @@ DPAR_API dpar_status dpar_graph_set_lr(dpar_graph *g, float lr) {
     if (!(lr >= 0.0f) || !isfinite(lr)) /* 0: a warm-up from 0 (optax.linear_schedule(0, ...)) */
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_set_lr: learning rate %g must be finite and >= 0",
                          (double)lr);
-    if (g->opt.adamw)
-        g->opt.ad.learning_rate = lr;
-    else
-        g->opt.d.learning_rate = lr;
+    float *now = g->opt.adamw ? &g->opt.ad.learning_rate : &g->opt.d.learning_rate;
+    if (g->opt_rec && lr != *now) { /* a recorded SGD holds the old rate: record again, the optimizer op by op */
+        dpar_status busy = dpar__busy(g->rt, NULL, "dpar_graph_set_lr");
+        if (busy) return busy;
+        g->opt_rec = false;
+        dpar__g_prog_rerecord(g);
+    }
+    *now = lr;
     return DPAR_OK;
 }
 
@@ -12337,6 +12356,7 @@ DPAR_API dpar_status dpar_graph_compile(dpar_graph *g, dpar_graph_stats *stats) 
         g->stats.grad_reductions += (nd->kind == DPAR__G_PSUM || nd->kind == DPAR__G_PMEAN) && nd->keep &&
                                     nd->spec_of && dpar__g_bucket_starts(g, i);
     }
+    g->opt_rec = dpar__g_opt_recordable(g);
     g->compiled = true;
     if (stats) *stats = g->stats;
     return DPAR_OK;
@@ -12514,8 +12534,8 @@ static dpar_status dpar__g_exec(dpar_graph *g, dpar_ctx *ctx, int li, int i) {
    whose commands depend only on the compiled graph's fixed buffers and
    shapes) into one recording each, submitted at once; later runs submit the
    recordings and run only the other nodes (collectives, optimizer steps that
-   read lr, step and clip norms on the host, dropout whose seed moves with the
-   step, ...) op by op, so a recording ends where a host-staged collective or a
+   read the step or clip norms on the host or whose lr was changed, dropout whose
+   seed moves with the step, ...) op by op, so a recording ends where a host-staged collective or a
    host read must run. A device whose recording fails (a node touched the host)
    replays op by op from then on. Compile happens once and the graph's buffers
    never move, so a recording stays valid until the graph is destroyed. */
@@ -12530,8 +12550,9 @@ typedef struct dpar__gprog {
     dpar__gseg *seg;
 } dpar__gprog;
 
-static bool dpar__g_recordable(const dpar__gnode *nd) {
+static bool dpar__g_recordable(const dpar_graph *g, const dpar__gnode *nd) {
     if (nd->async) return false;
+    if (nd->kind == DPAR__G_SGD) return g->opt_rec;
     return nd->fused < 0 || nd->ident || dpar__g_kinds[nd->kind].rec; /* fused, ident: run nothing */
 }
 /* The backend's index of local device li. */
@@ -12544,6 +12565,11 @@ static void dpar__g_prog_clear(dpar_graph *g, int li) {
     for (int k = 0; k < pr->nseg; k++) g->rt->be->prog_free(g->rt->bstate, dpar__g_bdev(g, li), pr->seg[k].prog);
     DPAR_FREE(pr->seg);
     memset(pr, 0, sizeof *pr);
+}
+/* Frees the recordings of the devices that replay them; their next run records again. */
+static void dpar__g_prog_rerecord(dpar_graph *g) {
+    for (int li = 0; g->prog && li < g->nlocal; li++)
+        if (g->prog[li].state == 1) dpar__g_prog_clear(g, li);
 }
 /* Before a run: makes the per-device program states on the first run where recording applies
    (out of memory: op by op). */
@@ -12574,7 +12600,7 @@ static dpar_status dpar__g_prog_record(dpar_graph *g, dpar_ctx *ctx, int li, int
     const dpar__backend_iface *be = g->rt->be;
     dpar__gprog *pr = &g->prog[li];
     int i0 = *i, i1 = i0, dev = dpar__g_bdev(g, li);
-    while (i1 < g->count && dpar__g_recordable(&g->n[i1])) i1++;
+    while (i1 < g->count && dpar__g_recordable(g, &g->n[i1])) i1++;
     void *prog = NULL;
     uint64_t ops0 = dpar__obs_ops(g->rt, dev);
     dpar_status s = be->prog_begin(g->rt->bstate, dev);
@@ -12606,7 +12632,7 @@ static dpar_status dpar__g_prog_record(dpar_graph *g, dpar_ctx *ctx, int li, int
 /* One node (pr NULL or op by op), or from a recorded run's first node: submits
    (state 1) or records (state 0) the run and moves *i to its last node. *k: the next segment. */
 static dpar_status dpar__g_step_node(dpar_graph *g, dpar_ctx *ctx, int li, dpar__gprog *pr, int *i, int *k) {
-    if (pr && pr->state == 0 && dpar__g_recordable(&g->n[*i])) return dpar__g_prog_record(g, ctx, li, i);
+    if (pr && pr->state == 0 && dpar__g_recordable(g, &g->n[*i])) return dpar__g_prog_record(g, ctx, li, i);
     if (pr && pr->state == 1 && *k < pr->nseg && pr->seg[*k].i0 == *i) {
         const dpar__gseg *sg = &pr->seg[(*k)++];
         int dev = dpar__g_bdev(g, li);

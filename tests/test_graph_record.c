@@ -9,7 +9,8 @@
    rate and the step counter changed mid-run) on 1 and 2 devices, a Megatron column -> row MLP with a psum inside on a 2x2 (data,
    model) mesh with SGD; the recording must be split at the host nodes (more
    than one segment per device) and dpar_device_stats counts the same ops per
-   step either way. A bad label inside a recorded segment is still
+   step either way. The same MLP on a 1x1 mesh records its SGD step too, and
+   records again without it once dpar_graph_set_lr changes the rate. A bad label inside a recorded segment is still
    reported by the step that used it, and the next good step runs. The CPU
    backend records nothing; NULL is refused. Every case but the last runs on
    Vulkan and on CUDA; each skips when its backend is absent (tests/
@@ -236,6 +237,55 @@ static void megatron(dpar_backend_kind k) {
     T_OK(dpar_runtime_destroy(rt));
 }
 
+/* ---- the same MLP on a 1x1 mesh: nothing to wait for before the SGD step, so it is recorded too, until
+   dpar_graph_set_lr changes the rate (then recorded again without it); bit for bit op by op either way ---- */
+static void sgd_recorded(dpar_backend_kind k) {
+    dpar_runtime *rt = t_runtime_or_skip(k, 1);
+    int shape[2] = { 1, 1 };
+    const char *names[2] = { "data", "model" };
+    dpar_mesh *m = t_mesh(rt, 2, shape, names);
+    static float w0[MD * MH], w1[MH], w2[MH * MC], w3[MC], xs[MB * MD];
+    int32_t ys[MB];
+    rng_state = 5;
+    fill(w0, MD * MH, 1.0), fill(w1, MH, 0.1), fill(w2, MH * MC, 1.0), fill(w3, MC, 0.1);
+    float *init[4] = { w0, w1, w2, w3 };
+    mlp plain, rec;
+    mlp_build(&plain, m, init);
+    mlp_build(&rec, m, init);
+    int nodes[2] = { 0, 0 }, seg = 0;
+    for (int s = 0; s < 10; s++) {
+        if (s == 5) { /* the recording held the old rate: the next run records again, the SGD step outside */
+            T_OK(dpar_graph_recorded(rec.g, &seg, &nodes[0]));
+            T_OK(dpar_graph_set_lr(plain.g, 0.05f));
+            T_OK(dpar_graph_set_lr(rec.g, 0.05f));
+        }
+        fill(xs, MB * MD, 1.0);
+        for (int i = 0; i < MB; i++) ys[i] = (int32_t)((i * 3 + s) % MC);
+        float lp = 0, lr = 0;
+        step(plain.g, false, plain.x, xs, plain.y, ys, &lp);
+        step(rec.g, true, rec.x, xs, rec.y, ys, &lr);
+        want_same(&lp, &lr, sizeof lp, "the loss", s);
+    }
+    for (int i = 0; i < 4; i++) {
+        float a[MD * MH], b[MD * MH];
+        T_OK(dpar_array_get(plain.w[i], a));
+        T_OK(dpar_array_get(rec.w[i], b));
+        want_same(a, b, sizeof a, "a parameter", 10);
+    }
+    T_OK(dpar_graph_recorded(rec.g, NULL, &nodes[1]));
+    if (seg < 1 || nodes[0] - nodes[1] != 1)
+        fail_msg("%d segments holding %d nodes with the SGD step, %d after dpar_graph_set_lr; want one node fewer", seg,
+                 nodes[0], nodes[1]);
+    printf("MLP on a 1x1 %s mesh: %d segments holding %d nodes (the SGD step among them), %d after a new rate, "
+           "bit for bit over 10 steps\n",
+           be_name(k), seg, nodes[0], nodes[1]);
+    T_OK(dpar_graph_destroy(plain.g));
+    T_OK(dpar_graph_destroy(rec.g));
+    for (int i = 0; i < 4; i++) dpar_array_destroy(plain.w[i]), dpar_array_destroy(rec.w[i]);
+    T_OK(dpar_mesh_destroy(m));
+    T_OK(dpar_runtime_destroy(rt));
+}
+
 /* ---- a bad label inside a recorded segment: reported by its step, then the graph runs on ---- */
 static dpar_graph *label_graph(dpar_mesh *m, dpar_array *w, dpar_value *x, dpar_value *y) {
     dpar_graph *g = NULL;
@@ -288,6 +338,14 @@ static void test_megatron_cuda(void **st) {
     (void)st;
     megatron(DPAR_BACKEND_CUDA);
 }
+static void test_sgd_recorded(void **st) {
+    (void)st;
+    sgd_recorded(DPAR_BACKEND_VULKAN);
+}
+static void test_sgd_recorded_cuda(void **st) {
+    (void)st;
+    sgd_recorded(DPAR_BACKEND_CUDA);
+}
 static void test_bad_label(void **st) {
     (void)st;
     bad_label(DPAR_BACKEND_VULKAN);
@@ -330,10 +388,12 @@ int main(void) {
         cmocka_unit_test(test_cnn_1),
         cmocka_unit_test(test_cnn_2),
         cmocka_unit_test(test_megatron),
+        cmocka_unit_test(test_sgd_recorded),
         cmocka_unit_test(test_bad_label),
         cmocka_unit_test(test_cnn_1_cuda),
         cmocka_unit_test(test_cnn_2_cuda),
         cmocka_unit_test(test_megatron_cuda),
+        cmocka_unit_test(test_sgd_recorded_cuda),
         cmocka_unit_test(test_bad_label_cuda),
         cmocka_unit_test(test_cpu_and_bad_input),
     };
