@@ -3606,6 +3606,8 @@ DPAR_API dpar_status dpar_runtime_device_info(const dpar_runtime *rt, int device
 /* ---------------------------------------------------------------------------
    Buffers
    ------------------------------------------------------------------------ */
+/* The largest dimension and element count of a buffer or graph value */
+#define DPAR__MAX_DIM ((int64_t)1 << 40)
 static dpar_status dpar__check_shape(const char *where, int ndim, const int64_t *shape) {
     if (ndim < 0 || ndim > DPAR_MAX_DIMS)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: ndim = %d is out of range 0..%d", where, ndim,
@@ -3615,7 +3617,7 @@ static dpar_status dpar__check_shape(const char *where, int ndim, const int64_t 
         if (shape[i] < 0)
             return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: dimension %d is %lld; sizes must be >= 0", where, i,
                              (long long)shape[i]);
-        if (shape[i] > ((int64_t)1 << 40))
+        if (shape[i] > DPAR__MAX_DIM)
             return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: dimension %d is %lld, which is too large", where, i,
                              (long long)shape[i]);
     }
@@ -3623,7 +3625,7 @@ static dpar_status dpar__check_shape(const char *where, int ndim, const int64_t 
     int zero = 0;
     for (int i = 0; i < ndim; i++) zero |= shape[i] == 0;
     if (zero) return DPAR_OK;
-    const int64_t lim = (int64_t)1 << 40;
+    const int64_t lim = DPAR__MAX_DIM;
     int64_t p = 1;
     for (int i = 0; i < ndim; i++) {
         if (p > lim / shape[i]) {
@@ -7908,6 +7910,12 @@ DPAR_API dpar_status dpar_broadcast_to(dpar_buffer *y, const dpar_buffer *x) {
     dpar__dense_strides(y->ndim, y->shape, dst_st);
     return dpar__strided(y, x, y->ndim, y->shape, src_st, 0, dst_st, 0);
 }
+/* Do n elements from start in steps of step (>= 1) lie in 0..dim-1? Checked without
+   overflow, as start, step and n may be any int64 a caller passes. */
+static bool dpar__span_fits(int64_t dim, int64_t start, int64_t n, int64_t step) {
+    if (step < 1 || start < 0 || n < 0 || start > dim) return false;
+    return n == 0 || (start < dim && n - 1 <= (dim - 1 - start) / step);
+}
 /* big[start : : step] with small's shape: strides and offset into big */
 static dpar_status dpar__slice_geo(const char *fn, const dpar_buffer *big, const dpar_buffer *small,
                                    const int64_t *start, const int64_t *step, int64_t *st, int64_t *off) {
@@ -7917,7 +7925,7 @@ static dpar_status dpar__slice_geo(const char *fn, const dpar_buffer *big, const
     if (!start && big->ndim > 0) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: start is NULL", fn);
     for (int i = 0; i < big->ndim; i++) {
         int64_t n = small->shape[i], k = step ? step[i] : 1;
-        if (k < 1 || start[i] < 0 || (n > 0 && start[i] + (n - 1) * k >= big->shape[i]) || start[i] > big->shape[i])
+        if (!dpar__span_fits(big->shape[i], start[i], n, k))
             return dpar__err(DPAR_ERR_SHAPE,
                              "%s: axis %d: %lld elements from %lld in steps of %lld do not fit in %lld; steps are "
                              ">= 1 and every index must lie inside",
@@ -10304,8 +10312,7 @@ DPAR_API dpar_value dpar_g_slice(dpar_graph *g, dpar_value x, const int64_t *sta
         return dpar__g_fail(g, DPAR_ERR_INVALID_ARGUMENT, "%s: start or sizes is NULL", fn);
     for (int i = 0; i < xn->ndim; i++) {
         int64_t k = step ? step[i] : 1;
-        if (k < 1 || start[i] < 0 || sizes[i] < 0 || start[i] > xn->shape[i] ||
-            (sizes[i] > 0 && start[i] + (sizes[i] - 1) * k >= xn->shape[i])) {
+        if (!dpar__span_fits(xn->shape[i], start[i], sizes[i], k)) {
             char s1[160], l1[96];
             return dpar__g_fail(g, DPAR_ERR_SHAPE,
                                 "%s: %s %s: axis %d: %lld elements from %lld in steps of %lld do not fit", fn,
@@ -10327,9 +10334,14 @@ DPAR_API dpar_value dpar_g_pad(dpar_graph *g, dpar_value x, const int64_t *lo, c
     int64_t sh[DPAR_MAX_DIMS];
     for (int i = 0; i < xn->ndim; i++) {
         int64_t l = lo ? lo[i] : 0, h = hi ? hi[i] : 0;
-        if (l < 0 || h < 0) return dpar__g_fail(g, DPAR_ERR_SHAPE, "%s: axis %d: negative padding", fn, i);
-        sh[i] = xn->shape[i] + l + h;
+        if (l < 0 || h < 0 || l > DPAR__MAX_DIM || h > DPAR__MAX_DIM)
+            return dpar__g_fail(g, DPAR_ERR_SHAPE,
+                                "%s: axis %d: padding %lld before, %lld after; each must be in 0..2^40", fn, i,
+                                (long long)l, (long long)h);
+        sh[i] = xn->shape[i] + l + h; /* <= 3 * 2^40: no overflow; dpar__check_shape bounds the count */
     }
+    dpar_status s = dpar__check_shape(fn, xn->ndim, sh);
+    if (s) return dpar__g_fail(g, DPAR_ERR_SHAPE, "%s", dpar_last_error());
     int in[1] = { x.id };
     dpar_value r = dpar__g_node(g, DPAR__G_PAD, 1, in, xn->dtype, xn->ndim, sh);
     for (int i = 0; r.id && i < xn->ndim; i++) g->n[r.id].lp[i] = lo ? lo[i] : 0;

@@ -618,6 +618,12 @@ static void test_errors(void **state) {
     T_ERR(dpar_transpose(t, i, NULL), DPAR_ERR_DTYPE, "dpar_transpose");
     int64_t st[2] = { 2, 0 };
     T_ERR(dpar_slice(t, a, st, NULL), DPAR_ERR_SHAPE, "axis 0", "do not fit");
+    /* starts and steps near INT64_MAX: (n - 1) * step used to wrap to a small number and pass */
+    int64_t z2[2] = { 0, 0 }, huge_step[2] = { INT64_MAX, 1 }, huge_start[2] = { 0, INT64_MAX };
+    T_ERR(dpar_slice(y, a, z2, huge_step), DPAR_ERR_SHAPE, "axis 0", "do not fit");
+    T_ERR(dpar_slice_backward(a, y, z2, huge_step), DPAR_ERR_SHAPE, "axis 0", "do not fit");
+    T_ERR(dpar_slice(y, a, huge_start, NULL), DPAR_ERR_SHAPE, "axis 1", "do not fit");
+    T_ERR(dpar_pad(y, a, huge_start, 0.0f), DPAR_ERR_SHAPE, "axis 1", "do not fit");
     const dpar_buffer *two[2] = { a, t };
     T_ERR(dpar_concat(y, two, 2, 0), DPAR_ERR_SHAPE, "input 1 is [4, 3]", "y is [3, 4]");
     T_ERR(dpar_softmax(t, a, false), DPAR_ERR_SHAPE, "dpar_softmax");
@@ -989,6 +995,21 @@ static void test_graph_errors(void **state) {
     assert_int_equal(r.id, 0);
     T_ERR(dpar_graph_status(g), DPAR_ERR_SHAPE, "dpar_g_binary", "'a'", "[3, 4]", "'b'", "[3, 2]");
     T_OK(dpar_graph_destroy(g));
+    /* slice steps and pads near INT64_MAX are refused, not wrapped into a small or negative size */
+    const int64_t z2[2] = { 0, 0 }, huge_step[2] = { INT64_MAX, 1 }, sizes[2] = { 3, 4 };
+    const int64_t huge_pad[2] = { 0, INT64_MAX }, pad_lo[2] = { 1, 0 };
+    for (int c = 0; c < 3; c++) {
+        T_OK(dpar_graph_create(m, &g));
+        d.shape[0] = 3, d.shape[1] = 4;
+        a = dpar_g_feed(g, "a", &d);
+        if (c == 0) r = dpar_g_slice(g, a, z2, huge_step, sizes);
+        if (c == 1) r = dpar_g_pad(g, a, z2, huge_pad, 0.0f);
+        if (c == 2) r = dpar_g_pad(g, a, huge_pad, pad_lo, 0.0f);
+        assert_int_equal(r.id, 0);
+        if (c == 0) T_ERR(dpar_graph_status(g), DPAR_ERR_SHAPE, "dpar_g_slice", "axis 0", "do not fit");
+        if (c > 0) T_ERR(dpar_graph_status(g), DPAR_ERR_SHAPE, "dpar_g_pad", "axis 1", "0..2^40");
+        T_OK(dpar_graph_destroy(g));
+    }
     T_OK(dpar_mesh_destroy(m));
 }
 
