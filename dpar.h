@@ -1064,7 +1064,8 @@ typedef struct dpar_pool2d_desc {
 
 /* Output shape y [N, OH, OW, O] of conv2d of x [N, H, W, C] with kernel
    w [KH, KW, C, O] (HWIO). Errors: DPAR_ERR_SHAPE (ranks, C mismatch, window
-   larger than the padded input), DPAR_ERR_INVALID_ARGUMENT (bad desc field). */
+   larger than the padded input, a size or dilated window above 2^40),
+   DPAR_ERR_INVALID_ARGUMENT (bad desc field). */
 DPAR_API dpar_status dpar_conv2d_output_shape(const int64_t x_shape[4], const int64_t w_shape[4],
                                               const dpar_conv2d_desc *d, int64_t y_shape[4]);
 /* y [N,OH,OW,O] = conv(x [N,H,W,C], w [KH,KW,C,O]) + b [O] (b may be NULL):
@@ -8004,6 +8005,10 @@ DPAR_API dpar_status dpar_concat(dpar_buffer *y, const dpar_buffer *const *xs, i
 /* One spatial dim: output size and leading pad (see the header's formulas). */
 static dpar_status dpar__win_dim(const char *fn, const char *dim, int64_t in, int64_t k, int64_t s, int64_t dil,
                                  dpar_padding mode, const int lohi[2], int64_t *out, int64_t *lo) {
+    /* in and k are <= 2^40 (dpar__win2d_make), s and dil < 2^31: bounding ek bounds every sum below */
+    if (k - 1 > DPAR__MAX_DIM / dil)
+        return dpar__err(DPAR_ERR_SHAPE, "%s: a window of %lld with dilation %lld spans more than 2^40 in %s", fn,
+                         (long long)k, (long long)dil, dim);
     int64_t ek = (k - 1) * dil + 1, plo = 0, phi = 0;
     if (mode == DPAR_PADDING_SAME) {
         int64_t o = (in + s - 1) / s, total = (o - 1) * s + ek - in;
@@ -8043,10 +8048,12 @@ static dpar_status dpar__win2d_make(const char *fn, const int64_t xs[4], int64_t
                              pad[i][0], pad[i][1]);
     }
     for (int i = 0; i < 4; i++)
-        if (xs[i] < 0) return dpar__err(DPAR_ERR_SHAPE, "%s: dimension %d of x is %lld", fn, i, (long long)xs[i]);
-    if (kh < 1 || kw < 1)
-        return dpar__err(DPAR_ERR_SHAPE, "%s: the window is %lld x %lld; it must be at least 1 x 1", fn, (long long)kh,
-                         (long long)kw);
+        if (xs[i] < 0 || xs[i] > DPAR__MAX_DIM)
+            return dpar__err(DPAR_ERR_SHAPE, "%s: dimension %d of x is %lld; sizes are 0..2^40", fn, i,
+                             (long long)xs[i]);
+    if (kh < 1 || kw < 1 || kh > DPAR__MAX_DIM || kw > DPAR__MAX_DIM)
+        return dpar__err(DPAR_ERR_SHAPE, "%s: the window is %lld x %lld; each side must be in 1..2^40", fn,
+                         (long long)kh, (long long)kw);
     memset(g, 0, sizeof *g);
     g->n = xs[0], g->h = xs[1], g->w = xs[2], g->c = xs[3], g->o = xs[3];
     g->kh = kh, g->kw = kw;

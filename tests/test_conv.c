@@ -535,6 +535,16 @@ static void test_errors(void **st) {
     T_ERR(dpar_max_pool2d_backward(X, Y, YB, NULL), DPAR_ERR_SHAPE, "dpar_max_pool2d_backward");
     dpar_pool2d_desc pw = { { -2, 2 }, { 0 }, DPAR_PADDING_DEFAULT, { { 0 } }, false };
     T_ERR(dpar_pool2d_output_shape(xs, &pw, out), DPAR_ERR_INVALID_ARGUMENT, "window = (-2, 2)");
+    /* sizes near INT64_MAX are refused: (k - 1) * dilation and in + pads used to wrap into a "valid" shape */
+    int64_t kmax[4] = { INT64_MAX, 3, 3, 4 }, klong[4] = { (int64_t)1 << 40, 1, 3, 4 },
+            xmax[4] = { 2, INT64_MAX, 5, 3 };
+    dpar_conv2d_desc dil = { { 0 }, { 1 << 30, 0 }, DPAR_PADDING_SAME, { { 0 } } };
+    T_ERR(dpar_conv2d_output_shape(xs, kmax, NULL, out), DPAR_ERR_SHAPE, "window is", "1..2^40");
+    T_ERR(dpar_conv2d_output_shape(xs, klong, &dil, out), DPAR_ERR_SHAPE, "spans more than 2^40", "height");
+    dpar_conv2d_desc e5 = { { 0 }, { 0 }, DPAR_PADDING_EXPLICIT, { { 5, 0 }, { 0, 0 } } };
+    T_ERR(dpar_conv2d_output_shape(xmax, ws, &e5, out), DPAR_ERR_SHAPE, "dimension 1 of x", "0..2^40");
+    dpar_pool2d_desc ps = { { 0 }, { 0 }, DPAR_PADDING_SAME, { { 0 } }, false };
+    T_ERR(dpar_pool2d_output_shape(xmax, &ps, out), DPAR_ERR_SHAPE, "dimension 1 of x", "0..2^40");
     dpar_buffer *all[] = { X, W, Y, W2, YB, X3, B, B5, WB, H, W33 };
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dpar_buffer_destroy(all[i]);
 }
