@@ -1307,7 +1307,7 @@ DPAR_API void dpar_philox4x32(const uint32_t ctr[4], const uint32_t key[2], uint
      y_ij = (x_ij - mean_i) * rstd_i * w_j + b_j
    x, y: [..., N] (same shape; y may alias x); w, b: [N] or NULL (ones / zeros); eps > 0 (1e-5 usual).
    stats: NULL, or M*2 f32 (f64 with f64 x) ([..., 2] with x's leading dims), (mean_i, rstd_i) per row, saved for the
-   backward. A constant row gives y = b exactly (no NaN). M or N may be 0.
+   backward. A constant row gives y = b exactly (no NaN). M or N may be 0 (N = 0: stats are zeros).
    Errors: DPAR_ERR_SHAPE (text names both shapes), DPAR_ERR_DTYPE (mixed, i32, stats not f32 (f64 for f64 x)),
    DPAR_ERR_INVALID_ARGUMENT
    (NULL x/y, eps <= 0 or not finite, operands on different devices). */
@@ -8395,6 +8395,14 @@ static dpar_status dpar__norm_vec(const char *fn, const dpar_buffer *v, const ch
     return dpar__err(DPAR_ERR_SHAPE, "%s: %s %s must be 1-d with the size of x's last dimension (x is %s)", fn, vn,
                      dpar__shape_str(a, sizeof a, v->ndim, v->shape), dpar__shape_str(b, sizeof b, x->ndim, x->shape));
 }
+/* Rows of x [..., N]: the product of its leading dims (also when N = 0, where count / N cannot
+   give it), capped above 2^40 so that dims of 2^40 each cannot overflow it. */
+static int64_t dpar__norm_rows(const dpar_buffer *x) {
+    int64_t m = 1;
+    for (int i = 0; i + 1 < x->ndim && m > 0; i++)
+        m = x->shape[i] && m > DPAR__MAX_DIM / x->shape[i] ? DPAR__MAX_DIM + 1 : m * x->shape[i];
+    return m;
+}
 static dpar_status dpar__stats_count(const char *fn, const dpar_buffer *st, int64_t rows, const char *what) {
     if (!st || st->count == 2 * rows) return DPAR_OK;
     char a[160];
@@ -8415,12 +8423,13 @@ static dpar_status dpar__norm_fwd(const char *fn, int rms, dpar_buffer *y, dpar_
         return s;
     if (x->ndim < 1) return dpar__err(DPAR_ERR_SHAPE, "%s: x is a scalar; it needs a last axis to normalize", fn);
     if ((s = dpar__norm_vec(fn, w, "w", x)) || (s = dpar__norm_vec(fn, b, "b", x))) return s;
-    int64_t n = x->shape[x->ndim - 1], m = n ? x->count / n : 0;
+    int64_t n = x->shape[x->ndim - 1], m = dpar__norm_rows(x);
     if ((s = dpar__stats_count(fn, stats, m, "x"))) return s;
     if (!(eps > 0.0f) || !isfinite(eps))
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: eps = %g; it must be a finite number > 0 (1e-5 is usual)", fn,
                          (double)eps);
     if (stats == y || stats == x) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: stats must not alias x or y", fn);
+    if (n == 0) return stats ? dpar_fill(stats, 0.0f) : DPAR_OK; /* empty rows: y is empty, stats zeros */
     dpar__op op;
     dpar__op_init(&op, DPAR__OP_NORM, y);
     op.dst2 = stats;
@@ -8451,10 +8460,11 @@ static dpar_status dpar__norm_bwd(const char *fn, int rms, dpar_buffer *dx, dpar
     if ((s = dpar__norm_vec(fn, w, "w", x)) || (s = dpar__norm_vec(fn, dw, "dw", x)) ||
         (s = dpar__norm_vec(fn, db, "db", x)))
         return s;
-    int64_t n = x->shape[x->ndim - 1], m = n ? x->count / n : 0;
+    int64_t n = x->shape[x->ndim - 1], m = dpar__norm_rows(x);
     if ((s = dpar__stats_count(fn, stats, m, "x"))) return s;
     if ((dx && dx == x) || (dw && (dw == dx || dw == db || dw == dy)) || (db && (db == dx || db == dy)))
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: dx must not alias x, nor dw/db any other operand", fn);
+    if (n == 0) return DPAR_OK; /* dx, dw and db are all empty */
     dpar__op op;
     dpar__op_init(&op, DPAR__OP_NORM_BWD, first);
     op.p[1] = dx ? 0 : 1;

@@ -267,6 +267,20 @@ static void test_norm_empty_and_optional(void **state) {
     float z[5];
     t_read(dw, z);
     for (int i = 0; i < 5; i++) assert_true(z[i] == 0.0f);
+    /* N = 0: stats [..., 2] keep x's leading dims (3 rows) and come back zeroed; the backward has
+       nothing to compute (it used to ask for stats of 0 elements) */
+    int64_t s30[2] = { 3, 0 }, s32[2] = { 3, 2 }, zero = 0;
+    float seven[6] = { 7, 7, 7, 7, 7, 7 }, sv[6];
+    dpar_buffer *e = t_buf(RT, 0, DPAR_F32, 2, s30, NULL), *est = t_buf(RT, 0, DPAR_F32, 2, s32, seven);
+    dpar_buffer *e0 = t_buf(RT, 0, DPAR_F32, 1, &zero, NULL), *ed = t_buf(RT, 0, DPAR_F32, 2, s30, NULL);
+    for (int rms = 0; rms < 2; rms++) {
+        T_OK((rms ? dpar_rms_norm : dpar_layer_norm)(e, est, e, NULL, NULL, 1e-5f));
+        t_read(est, sv);
+        for (int i = 0; i < 6; i++) assert_true(sv[i] == 0.0f);
+        T_OK((rms ? dpar_rms_norm_backward : dpar_layer_norm_backward)(ed, e0, NULL, e, e, NULL, est));
+        T_OK(dpar_buffer_write(est, 0, seven, sizeof seven));
+    }
+    dpar_buffer_destroy(e), dpar_buffer_destroy(est), dpar_buffer_destroy(e0), dpar_buffer_destroy(ed);
     /* stats optional in the forward; dw, db optional in the backward; y may alias x */
     float xv[10] = { 1, 2, 3, 4, 5, 5, 4, 3, 2, 1 };
     dpar_buffer *x2 = t_buf(RT, 0, DPAR_F32, 2, s1, xv);
