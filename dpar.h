@@ -8656,6 +8656,11 @@ DPAR_API dpar_status dpar_attention_backward(dpar_buffer *dq, dpar_buffer *dk, d
    pos the first bad position, value its index, bound the number of classes/rows. */
 static dpar_status dpar__bad_index(int fn, int64_t pos, int32_t value, int64_t bound) {
     int lab = fn == DPAR__IDX_SOFTMAX_XENT || fn == DPAR__IDX_XENT;
+    if (bound <= 0) /* no index is valid: the data is fine, the table or the class axis is empty */
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: %s[%lld] = %d indexes %s; give it at least one%s",
+                         dpar__idx_fn[fn >= 0 && fn < 4 ? fn : 1], lab ? "labels" : "idx", (long long)pos, (int)value,
+                         lab ? "logits with 0 classes" : "a table of 0 rows",
+                         fn == DPAR__IDX_XENT ? ", or mark the row with dpar_xent_desc.ignore_label" : "");
     return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
                      "%s: %s[%lld] = %d is outside 0..%lld%s (first bad position); fix the data%s",
                      dpar__idx_fn[fn >= 0 && fn < 4 ? fn : 1], lab ? "labels" : "idx", (long long)pos, (int)value,

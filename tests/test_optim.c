@@ -345,6 +345,11 @@ static void test_xent_ignore_smoothing(void **st) {
     T_ERR(dpar_cross_entropy(lb, gb, bz, bl, &d), DPAR_ERR_INVALID_ARGUMENT, "dpar_cross_entropy", "labels[3] = 9",
           "0..4", "ignore");
     T_ERR(dpar_softmax_xent(la, ga, bz, bl), DPAR_ERR_INVALID_ARGUMENT, "labels[1] = -100");
+    int64_t zc[2] = { 7, 0 };
+    dpar_buffer *bz0 = t_buf(RT, 0, DPAR_F32, 2, zc, NULL);
+    T_ERR(dpar_cross_entropy(lb, NULL, bz0, bl, &d), DPAR_ERR_INVALID_ARGUMENT, "labels[0] = 2", "0 classes",
+          "ignore_label");
+    dpar_buffer_destroy(bz0);
     d.label_smoothing = 1;
     T_ERR(dpar_cross_entropy(lb, gb, bz, bl, &d), DPAR_ERR_INVALID_ARGUMENT, "label_smoothing");
     dpar_buffer *b6[6] = { bz, bl, ga, gb, la, lb };
@@ -413,8 +418,13 @@ static void test_embedding(void **st) {
     dpar_buffer *i0 = t_buf(RT, 0, DPAR_I32, 1, &z0, NULL), *o0 = t_buf(RT, 0, DPAR_F32, 2, zs2, NULL);
     T_OK(dpar_embedding(o0, bt, i0)); /* size 0 */
     T_OK(dpar_embedding_backward(bd, o0, i0, 1));
-    dpar_buffer *all[7] = { bt, bo, bi, bd, b4, i0, o0 };
-    for (int i = 0; i < 7; i++) dpar_buffer_destroy(all[i]);
+    /* an empty table: the text names it, not a range "0..-1" and "fix the data" */
+    int64_t e0[2] = { 0, D };
+    dpar_buffer *te = t_buf(RT, 0, DPAR_F32, 2, e0, NULL);
+    T_ERR(dpar_embedding(bo, te, bi), DPAR_ERR_INVALID_ARGUMENT, "idx[0] = 4", "a table of 0 rows");
+    T_ERR(dpar_embedding_backward(te, bo, bi, 1), DPAR_ERR_INVALID_ARGUMENT, "a table of 0 rows");
+    dpar_buffer *all[8] = { bt, bo, bi, bd, b4, i0, o0, te };
+    for (int i = 0; i < 8; i++) dpar_buffer_destroy(all[i]);
 }
 
 /* ---- dropout ------------------------------------------------------------------ */
