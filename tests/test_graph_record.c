@@ -185,105 +185,101 @@ static void mlp_build(mlp *t, dpar_mesh *m, float *const init[4]) {
     T_OK(dpar_graph_sgd(g, &sd, p, gr, 4));
     T_OK(dpar_graph_compile(g, NULL));
 }
-static void megatron(dpar_backend_kind k) {
-    dpar_runtime *rt = t_runtime_or_skip(k, 4);
-    int shape[2] = { 2, 2 };
+/* The MLP built twice from the same weights (drawn from seed) on a (data, model) mesh of dp x tp: run op
+   by op (plain) and recorded (rec). */
+typedef struct mlp_pair {
+    dpar_runtime *rt;
+    dpar_mesh *m;
+    mlp plain, rec;
+} mlp_pair;
+static void pair_make(mlp_pair *p, dpar_backend_kind k, int dp, int tp, uint64_t seed) {
+    p->rt = t_runtime_or_skip(k, dp * tp);
+    int shape[2] = { dp, tp };
     const char *names[2] = { "data", "model" };
-    dpar_mesh *m = t_mesh(rt, 2, shape, names);
-    static float w0[MD * MH], w1[MH], w2[MH * MC], w3[MC], xs[MB * MD];
-    int32_t ys[MB];
-    rng_state = 99;
+    p->m = t_mesh(p->rt, 2, shape, names);
+    static float w0[MD * MH], w1[MH], w2[MH * MC], w3[MC];
+    rng_state = seed;
     fill(w0, MD * MH, 1.0), fill(w1, MH, 0.1), fill(w2, MH * MC, 1.0), fill(w3, MC, 0.1);
     float *init[4] = { w0, w1, w2, w3 };
-    mlp plain, rec;
-    mlp_build(&plain, m, init);
-    mlp_build(&rec, m, init);
-    uint64_t ops[2] = { 0, 0 };
-    for (int s = 0; s < 10; s++) {
-        fill(xs, MB * MD, 1.0);
-        for (int i = 0; i < MB; i++) ys[i] = (int32_t)((i * 3 + s) % MC);
-        float lp = 0, lr = 0;
-        dpar_device_stats ds[2];
-        dpar_runtime_stats_reset(rt);
-        step(plain.g, false, plain.x, xs, plain.y, ys, &lp);
-        T_OK(dpar_runtime_device_stats(rt, 3, &ds[0]));
-        dpar_runtime_stats_reset(rt);
-        step(rec.g, true, rec.x, xs, rec.y, ys, &lr);
-        T_OK(dpar_runtime_device_stats(rt, 3, &ds[1]));
-        want_same(&lp, &lr, sizeof lp, "the loss", s);
-        if (ds[0].ops != ds[1].ops || ds[0].ops == 0) /* a recorded segment's submit counts its ops */
-            fail_msg("step %d: device 3 counted %llu ops op by op, %llu recorded", s, (unsigned long long)ds[0].ops,
-                     (unsigned long long)ds[1].ops);
-        ops[0] = ds[0].ops, ops[1] = ds[1].ops;
+    mlp_build(&p->plain, p->m, init);
+    mlp_build(&p->rec, p->m, init);
+}
+/* Step s of both on the same batch: the losses bit for bit. With ops: each graph's op count on device dev. */
+static void pair_step(mlp_pair *p, int s, int dev, uint64_t ops[2]) {
+    static float xs[MB * MD];
+    int32_t ys[MB];
+    fill(xs, MB * MD, 1.0);
+    for (int i = 0; i < MB; i++) ys[i] = (int32_t)((i * 3 + s) % MC);
+    mlp *t[2] = { &p->plain, &p->rec };
+    float l[2] = { 0, 0 };
+    for (int r = 0; r < 2; r++) {
+        if (ops) dpar_runtime_stats_reset(p->rt);
+        step(t[r]->g, r == 1, t[r]->x, xs, t[r]->y, ys, &l[r]);
+        if (ops) {
+            dpar_device_stats ds;
+            T_OK(dpar_runtime_device_stats(p->rt, dev, &ds));
+            ops[r] = ds.ops;
+        }
     }
+    want_same(&l[0], &l[1], sizeof l[0], "the loss", s);
+}
+/* The parameters of both bit for bit after `steps` steps, then everything freed. */
+static void pair_finish(mlp_pair *p, int steps) {
     for (int i = 0; i < 4; i++) {
         float a[MD * MH], b[MD * MH];
-        T_OK(dpar_array_get(plain.w[i], a));
-        T_OK(dpar_array_get(rec.w[i], b));
-        want_same(a, b, sizeof a, "a parameter", 10);
+        T_OK(dpar_array_get(p->plain.w[i], a));
+        T_OK(dpar_array_get(p->rec.w[i], b));
+        want_same(a, b, sizeof a, "a parameter", steps);
+    }
+    T_OK(dpar_graph_destroy(p->plain.g));
+    T_OK(dpar_graph_destroy(p->rec.g));
+    for (int i = 0; i < 4; i++) dpar_array_destroy(p->plain.w[i]), dpar_array_destroy(p->rec.w[i]);
+    T_OK(dpar_mesh_destroy(p->m));
+    T_OK(dpar_runtime_destroy(p->rt));
+}
+static void megatron(dpar_backend_kind k) {
+    mlp_pair p;
+    pair_make(&p, k, 2, 2, 99);
+    uint64_t ops[2] = { 0, 0 };
+    for (int s = 0; s < 10; s++) {
+        pair_step(&p, s, 3, ops);
+        if (ops[0] != ops[1] || ops[0] == 0) /* a recorded segment's submit counts its ops */
+            fail_msg("step %d: device 3 counted %llu ops op by op, %llu recorded", s, (unsigned long long)ops[0],
+                     (unsigned long long)ops[1]);
     }
     int seg = 0, nodes = 0;
-    T_OK(dpar_graph_recorded(plain.g, &seg, &nodes));
+    T_OK(dpar_graph_recorded(p.plain.g, &seg, &nodes));
     assert_int_equal(seg, 0);
-    T_OK(dpar_graph_recorded(rec.g, &seg, &nodes));
+    T_OK(dpar_graph_recorded(p.rec.g, &seg, &nodes));
     if (seg < 2 * 4) fail_msg("%d segments on 4 devices; want at least 2 each (split at the psum)", seg);
     printf("Megatron MLP on a 2x2 %s mesh: %d segments holding %d nodes, bit for bit over 10 steps, "
            "%llu ops per step on device 3 either way\n",
            be_name(k), seg, nodes, (unsigned long long)ops[1]);
-    T_OK(dpar_graph_destroy(plain.g));
-    T_OK(dpar_graph_destroy(rec.g));
-    for (int i = 0; i < 4; i++) dpar_array_destroy(plain.w[i]), dpar_array_destroy(rec.w[i]);
-    T_OK(dpar_mesh_destroy(m));
-    T_OK(dpar_runtime_destroy(rt));
+    pair_finish(&p, 10);
 }
 
 /* ---- the same MLP on a 1x1 mesh: nothing to wait for before the SGD step, so it is recorded too, until
    dpar_graph_set_lr changes the rate (then recorded again without it); bit for bit op by op either way ---- */
 static void sgd_recorded(dpar_backend_kind k) {
-    dpar_runtime *rt = t_runtime_or_skip(k, 1);
-    int shape[2] = { 1, 1 };
-    const char *names[2] = { "data", "model" };
-    dpar_mesh *m = t_mesh(rt, 2, shape, names);
-    static float w0[MD * MH], w1[MH], w2[MH * MC], w3[MC], xs[MB * MD];
-    int32_t ys[MB];
-    rng_state = 5;
-    fill(w0, MD * MH, 1.0), fill(w1, MH, 0.1), fill(w2, MH * MC, 1.0), fill(w3, MC, 0.1);
-    float *init[4] = { w0, w1, w2, w3 };
-    mlp plain, rec;
-    mlp_build(&plain, m, init);
-    mlp_build(&rec, m, init);
+    mlp_pair p;
+    pair_make(&p, k, 1, 1, 5);
     int nodes[2] = { 0, 0 }, seg = 0;
     for (int s = 0; s < 10; s++) {
         if (s == 5) { /* the recording held the old rate: the next run records again, the SGD step outside */
-            T_OK(dpar_graph_recorded(rec.g, &seg, &nodes[0]));
-            T_OK(dpar_graph_set_lr(plain.g, 0.05f));
-            T_OK(dpar_graph_set_lr(rec.g, 0.05f));
+            T_OK(dpar_graph_recorded(p.rec.g, &seg, &nodes[0]));
+            T_OK(dpar_graph_set_lr(p.plain.g, 0.05f));
+            T_OK(dpar_graph_set_lr(p.rec.g, 0.05f));
         }
-        fill(xs, MB * MD, 1.0);
-        for (int i = 0; i < MB; i++) ys[i] = (int32_t)((i * 3 + s) % MC);
-        float lp = 0, lr = 0;
-        step(plain.g, false, plain.x, xs, plain.y, ys, &lp);
-        step(rec.g, true, rec.x, xs, rec.y, ys, &lr);
-        want_same(&lp, &lr, sizeof lp, "the loss", s);
+        pair_step(&p, s, 0, NULL);
     }
-    for (int i = 0; i < 4; i++) {
-        float a[MD * MH], b[MD * MH];
-        T_OK(dpar_array_get(plain.w[i], a));
-        T_OK(dpar_array_get(rec.w[i], b));
-        want_same(a, b, sizeof a, "a parameter", 10);
-    }
-    T_OK(dpar_graph_recorded(rec.g, NULL, &nodes[1]));
+    T_OK(dpar_graph_recorded(p.rec.g, NULL, &nodes[1]));
     if (seg < 1 || nodes[0] - nodes[1] != 1)
         fail_msg("%d segments holding %d nodes with the SGD step, %d after dpar_graph_set_lr; want one node fewer", seg,
                  nodes[0], nodes[1]);
     printf("MLP on a 1x1 %s mesh: %d segments holding %d nodes (the SGD step among them), %d after a new rate, "
            "bit for bit over 10 steps\n",
            be_name(k), seg, nodes[0], nodes[1]);
-    T_OK(dpar_graph_destroy(plain.g));
-    T_OK(dpar_graph_destroy(rec.g));
-    for (int i = 0; i < 4; i++) dpar_array_destroy(plain.w[i]), dpar_array_destroy(rec.w[i]);
-    T_OK(dpar_mesh_destroy(m));
-    T_OK(dpar_runtime_destroy(rt));
+    pair_finish(&p, 10);
 }
 
 /* ---- a bad label inside a recorded segment: reported by its step, then the graph runs on ---- */
