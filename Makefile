@@ -148,7 +148,7 @@ amalgamate: $(BUILD)/dpar_single.h
 $(BUILD)/dpar_single.h: dpar.h $(wildcard backends/*.h util/*.h) tools/amalgamate.py | $(BUILD)
 	python3 tools/amalgamate.py -o $@
 
-bench: $(BENCHES) $(BUILD)/train_gpt
+bench: $(BENCHES) $(BUILD)/train_gpt $(BUILD)/train_cnn
 	sh bench/run.sh $(BUILD)
 
 # libFuzzer harnesses of the parsers of outside input (checkpoint files, axis

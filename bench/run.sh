@@ -3,10 +3,11 @@
 # measured in one run. Writes bench/results/{collectives.csv,matmul.csv,
 # train.csv,results.md,*.png}, the GPT's gpt.md / gpt.csv (bench/peers/run_gpt.sh;
 # not in a quick run), conv2d against PyTorch in conv.md (bench/peers/run_conv.sh;
+# not in a quick run), the CNN against JAX and PyTorch in cnn.md (bench/peers/run_cnn.sh;
 # not in a quick run) and ends with one line "summary: ...".
 #   sh bench/run.sh BUILD_DIR
 #   BENCH_QUICK=1   a quick run (under a minute: fewer sizes, shapes and device counts)
-#   BENCH_NO_JAX=1  skip the JAX peer and the GPT peers (and the venv they need)
+#   BENCH_NO_JAX=1  skip the JAX peer, the GPT, conv and CNN peers (and the venv they need)
 #   BENCH_ALTS=N    alternations per ratio (default 5)
 #   DPAR_TRACE=f.json is passed through to the dpar benchmarks.
 # The JAX peer and matplotlib go into bench/.venv (PyPI, created on first use);
@@ -165,6 +166,14 @@ fi
 if [ "$quick" != 1 ] && [ "${BENCH_NO_JAX:-0}" != 1 ]; then
     settle; log "conv2d: dpar against PyTorch at the CNN's shapes, 1 and 2 threads ($ALTS rounds)"
     CONV_ALTS=$ALTS sh bench/peers/run_conv.sh "$BUILD" >/dev/null || log "run_conv.sh failed"
+fi
+
+# ---- the seed CNN of examples/train_cnn.c (`make run`) against JAX + flax + optax and PyTorch on 1, 2 and
+# 4 devices, interleaved per round, then 10-epoch runs per seed for the accuracy table
+# (bench/peers/run_cnn.sh: bench/results/cnn.md, cnn.csv, cnn_steps.csv; not in a quick run)
+if [ "$quick" != 1 ] && [ "${BENCH_NO_JAX:-0}" != 1 ]; then
+    settle; log "CNN: step time interleaved with JAX and PyTorch ($ALTS rounds), then 10 epochs per seed (long)"
+    CNN_ALTS=$ALTS sh bench/peers/run_cnn.sh "$BUILD" >/dev/null || log "run_cnn.sh failed"
 fi
 
 # ---- report: tables, CSV, plots, summary
