@@ -2114,6 +2114,7 @@ DPAR__ALIAS dpar_status dpar_axis_size(const dpar_ctx *ctx, const char *axes, in
 #define NOMINMAX
 #endif
 #include <windows.h>
+#include <fenv.h>
 #endif
 
 /* >>platform =================================================================
@@ -2246,10 +2247,34 @@ typedef pthread_once_t dpar__once;
 typedef void *(*dpar__thread_fn)(void *);
 #endif
 
-/* 0 when the thread started, else nonzero (out of resources) */
+#if defined(_WIN32)
+/* A new Windows thread starts with the default floating-point environment (x87 precision 53 bits),
+   not its creator's (MinGW's CRT sets 64 bits in the main thread), and MinGW's libm computes exp, log,
+   tanh ... on the x87: a kernel on a worker then rounds differently from the same kernel on the
+   caller's thread (an f64 graph against the eager op differed in the last bits). As POSIX threads
+   do, a dpar thread takes its creator's environment (fegetenv / fesetenv) before it runs. */
+typedef struct dpar__thread_start_rec {
+    dpar__thread_fn fn;
+    void *arg;
+    fenv_t env;
+} dpar__thread_start_rec;
+static DWORD WINAPI dpar__thread_trampoline(LPVOID p) {
+    dpar__thread_start_rec r = *(dpar__thread_start_rec *)p;
+    HeapFree(GetProcessHeap(), 0, p);
+    fesetenv(&r.env);
+    return r.fn(r.arg);
+}
+#endif
+/* 0 when the thread started, else nonzero (out of resources). The thread runs in the caller's
+   floating-point environment (rounding, precision), on every platform. */
 DPAR__PLATFORM_FN int dpar__thread_start(dpar__thread *t, dpar__thread_fn fn, void *arg) {
 #if defined(_WIN32)
-    *t = CreateThread(NULL, 0, fn, arg, 0, NULL);
+    dpar__thread_start_rec *r = (dpar__thread_start_rec *)HeapAlloc(GetProcessHeap(), 0, sizeof *r);
+    if (!r) return 1;
+    r->fn = fn, r->arg = arg;
+    fegetenv(&r->env);
+    *t = CreateThread(NULL, 0, dpar__thread_trampoline, r, 0, NULL);
+    if (!*t) HeapFree(GetProcessHeap(), 0, r);
     return *t ? 0 : 1;
 #else
     return pthread_create(t, NULL, fn, arg);

@@ -2,6 +2,7 @@
    shard_map num_args, pmap and shard_map_specs input/output counts), and
    every destroy that can fail says so with a status. */
 #include "testutil.h"
+#include <fenv.h>
 
 /* ---- inferred counts ---- */
 static void test_mesh_ndim_inferred(void **st) {
@@ -81,6 +82,34 @@ static void test_pmap_counts_inferred(void **st) {
     T_OK(dpar_runtime_destroy(rt));
 }
 
+/* ---- dpar's threads run in the floating-point environment of the thread that made the runtime, as POSIX
+   threads do (Windows threads started with the default one, so MinGW's x87 libm rounded exp differently on
+   a device's worker than on the caller's thread: an f64 graph differed from the eager op in the last bits) */
+static dpar_status read_rounding(dpar_ctx *ctx, void *user) {
+    ((int *)user)[dpar_ctx_device(ctx)] = fegetround();
+    return DPAR_OK;
+}
+static void test_threads_take_the_creators_fenv(void **st) {
+    (void)st;
+#ifdef FE_UPWARD
+    int keep = fegetround(), got[4] = { -1, -1, -1, -1 };
+    assert_int_equal(fesetround(FE_UPWARD), 0);
+    dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 4);
+    dpar_mesh *m = t_mesh1(rt, 4, "data");
+    dpar_status s = dpar_shard_map(m, &(dpar_shard_map_desc){ .fn = read_rounding, .user = got });
+    assert_int_equal(fesetround(keep), 0);
+    T_OK(s);
+    for (int d = 0; d < 4; d++)
+        if (got[d] != FE_UPWARD)
+            fail_msg("device %d ran in rounding mode %d, not its creator's %d", d, got[d], FE_UPWARD);
+    T_OK(dpar_mesh_destroy(m));
+    T_OK(dpar_runtime_destroy(rt));
+#else
+    printf("SKIPPED: this C library has no FE_UPWARD\n");
+    skip();
+#endif
+}
+
 /* ---- destroys return a status ---- */
 typedef struct handles {
     dpar_runtime *rt;
@@ -153,9 +182,13 @@ static void test_two_runtimes_message(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_mesh_ndim_inferred),          cmocka_unit_test(test_shard_map_num_args_inferred),
-        cmocka_unit_test(test_pmap_counts_inferred),        cmocka_unit_test(test_destroy_status),
-        cmocka_unit_test(test_set_last_error_wraps_itself), cmocka_unit_test(test_two_runtimes_message),
+        cmocka_unit_test(test_mesh_ndim_inferred),
+        cmocka_unit_test(test_shard_map_num_args_inferred),
+        cmocka_unit_test(test_pmap_counts_inferred),
+        cmocka_unit_test(test_destroy_status),
+        cmocka_unit_test(test_threads_take_the_creators_fenv),
+        cmocka_unit_test(test_set_last_error_wraps_itself),
+        cmocka_unit_test(test_two_runtimes_message),
     };
     return cmocka_run_group_tests_name("api", tests, NULL, NULL);
 }
