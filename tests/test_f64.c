@@ -1574,7 +1574,7 @@ static void model_case(const mcase *c, uint64_t seed) {
         dpar_shard_map_desc sd = { model_opt_fn, op, (2 + ns) * nw, { NULL } };
         for (int j = 0; j < nw; j++) {
             dpar_array_desc d = { DPAR_F64, c->l[at[j]].nd, { 0 }, { NULL } };
-            memcpy(d.shape, c->l[at[j]].sh, sizeof d.shape);
+            memcpy(d.shape, c->l[at[j]].sh, sizeof c->l[at[j]].sh);                          /* sh holds 4 dims */
             for (int r = 0; r < 2 + ns; r++) T_OK(dpar_array_create(m, &d, &e[r * nw + j])); /* state: zero */
             T_OK(dpar_array_put(e[j], x[at[j]]));
             T_OK(dpar_array_put(e[nw + j], an[j]));
