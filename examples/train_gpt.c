@@ -48,6 +48,9 @@
 
 /* ------------------------------------------------------------------ flags */
 enum { N_LAYER = 4, N_HEAD = 4, N_EMBD = 128, CTX = 64, MAXV = 256, GEN_MAX = 100000 };
+/* --batch at most: a training step holds about 240 KB of activations per row (--batch 100000 took 24 GB
+   and met the OOM killer), so 4,096 rows are about 1 GB */
+enum { BATCH_MAX = 4096 };
 typedef struct {
     const char *backend, *path, *prompt;
     int dp, tp, devices, steps, batch, seed, log_every, eval_every, val_batches, gen;
@@ -66,7 +69,7 @@ static int gpt_parse(int argc, char **argv, gpt_opts *o) {
                           EX_I("--tp", &o->tp, 1, INT_MAX),
                           EX_I("--devices", &o->devices, 1, INT_MAX),
                           EX_I("--steps", &o->steps, 1, INT_MAX),
-                          EX_I("--batch", &o->batch, 1, INT_MAX),
+                          EX_I("--batch", &o->batch, 1, BATCH_MAX),
                           EX_I("--seed", &o->seed, INT_MIN, INT_MAX),
                           EX_I("--log-every", &o->log_every, 1, INT_MAX),
                           EX_I("--eval-every", &o->eval_every, 0, INT_MAX), /* 0: off */
@@ -431,6 +434,14 @@ int main(int argc, char **argv) {
     if (text_load(o.path, &td)) return 1; /* it said why */
     long windows = td.ntrain - CTX - 1;   /* the training windows a batch draws from */
     if (ex_check_batch("train_gpt", o.batch, windows > INT_MAX ? INT_MAX : (int)windows, "training windows")) return 2;
+    long vwin = td.n - td.ntrain - CTX - 1; /* validation windows: each evaluated row a different one */
+    if ((long)o.val_batches * o.batch > vwin) {
+        fprintf(stderr,
+                "train_gpt: --val-batches %d x --batch %d rows exceed the %ld validation windows; use --val-batches "
+                "%ld or less\n",
+                o.val_batches, o.batch, vwin, vwin / o.batch > 0 ? vwin / o.batch : 1);
+        return 2;
+    }
     if (o.gen && text_check_prompt(&td, o.path, o.prompt)) return 2;
     rng_state = (uint64_t)o.seed; /* the weights, then the batches, then the sample */
     dpar_runtime *rt;

@@ -16,8 +16,9 @@
 #                                     training and without a final: line: a --prompt character not in
 #                                     the text (it was undefined behaviour at generation time), an empty
 #                                     --prompt, --eval-every -1, --remat 2, --monitor 2, --dp x --tp past an int, --gen 100001, a truncated
-#                                     gzip --data, --batch 3 over --dp 2, a batch larger
-#                                     than the training windows; --lr 1e30 stops naming the step
+#                                     gzip --data, --batch 3 over --dp 2, --batch past 4096, a batch larger
+#                                     than the training windows, more validation rows than windows;
+#                                     --lr 1e30 stops naming the step
 # The validation-loss target (<= 1.85 after 1,000 steps) is `make run-gpt`'s, too long for CI.
 BUILD=${BUILD:-build}
 bin="$BUILD/train_gpt"
@@ -129,9 +130,15 @@ bad "--remat 2 is named as an on/off flag" 2 $? "$o" "--remat 2: must be 0 (off)
 bad "--dp 2147483647 --tp 2 names the mesh's size" 2 $? "$o" "--dp 2147483647 x --tp 2 has 4294967294 devices"
 "$bin" $short --batch 3 >"$o" 2>&1
 bad "--batch 3 over --dp 2 is named" 2 $? "$o" "--batch 3 must be divisible by --dp 2"
-"$bin" $short --batch 2000000 >"$o" 2>&1
-bad "--batch 2000000 (> training windows) is refused up front" 2 $? "$o" "--batch 2000000 is larger than the" \
+"$bin" $short --batch 100000 >"$o" 2>&1 # was 24 GB and the OOM killer
+bad "--batch 100000 is named with its limit" 2 $? "$o" "--batch 100000: must be <= 4096"
+gzip -dc examples/data/tinyshakespeare.txt.gz | head -c 2000 | gzip >"$dir/small.gz" # 1,735 training windows
+"$bin" $short --batch 4000 --data "$dir/small.gz" >"$o" 2>&1
+bad "--batch 4000 (> training windows) is refused up front" 2 $? "$o" "--batch 4000 is larger than the" \
     "training windows"
+"$bin" $short --val-batches 99999999 >"$o" 2>&1 # it ran for hours over repeated windows
+bad "--val-batches 99999999 is refused with the split's limit" 2 $? "$o" \
+    "--val-batches 99999999 x --batch 8 rows exceed the 111475 validation windows; use --val-batches 13934 or less"
 "$bin" --dp 1 --tp 1 --batch 2 --steps 6 --log-every 1 --val-batches 1 --gen 0 --lr 1e30 >"$o" 2>&1
 bad "--lr 1e30 stops with an error naming the step" 1 $? "$o" "train_gpt: step "
 # one short Vulkan run (llvmpipe is slow). (ASan builds: llvmpipe's JIT leaks ~128 bytes that no
