@@ -71,9 +71,16 @@ static int cnn_parse(int argc, char **argv, cnn_opts *o) {
                           EX_S("--checkpoint", &o->checkpoint),
                           EX_S("--resume", &o->resume) };
     if (ex_parse("train_cnn", argc, argv, f, (int)(sizeof f / sizeof f[0]))) return 2;
-    if (o->batch % o->devices || MNIST_NTEST % o->devices) {
-        fprintf(stderr, "train_cnn: --batch %d and the %d test images must divide over --devices %d\n", o->batch,
-                MNIST_NTEST, o->devices);
+    if (MNIST_NTEST % o->devices) { /* no --batch helps then: say which device counts do */
+        fprintf(stderr,
+                "train_cnn: --devices %d must divide the %d test images (each device evaluates an equal share); "
+                "use 1, 2, 4, 5, 8 or another divisor of %d\n",
+                o->devices, MNIST_NTEST, MNIST_NTEST);
+        return 2;
+    }
+    if (o->batch % o->devices) {
+        fprintf(stderr, "train_cnn: --batch %d must be divisible by --devices %d (each device gets whole images)\n",
+                o->batch, o->devices);
         return 2;
     }
     if (strcmp(o->optimizer, "adamw") && strcmp(o->optimizer, "sgd")) {

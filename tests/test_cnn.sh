@@ -119,6 +119,9 @@ if run "$e2" --devices 4 --epochs 1 --steps 1 --optimizer sgd --checkpoint "$ck.
         "resume with the flags $ck.sgd was trained with: --optimizer sgd --lr 0.05 --momentum 0.9"
 fi
 refused "--memory 2 is named as an on/off flag" 2 --memory 2 -- "--memory 2: must be 0 (off) or 1 (on)"
+refused "--devices 3 names the test images and the device counts that divide them" 2 --devices 3 -- \
+    "--devices 3 must divide the 1000 test images" "use 1, 2, 4, 5, 8 or another divisor of 1000"
+refused "--batch 65 over 4 devices is named" 2 --batch 65 -- "--batch 65 must be divisible by --devices 4"
 refused "--batch 8000 (> 4000 training images) is refused up front" 2 --batch 8000 --epochs 1 -- \
     "--batch 8000" "4000 training images"
 refused "--lr 1e30 stops at the first NaN loss, naming the step" 1 --lr 1e30 --epochs 1 --steps 4 -- \
