@@ -1096,7 +1096,9 @@ DPAR_API dpar_status dpar_conv2d_backward_kernel(dpar_buffer *dw, dpar_buffer *d
 /* Output shape y [N, OH, OW, C] of a pool over x [N, H, W, C]. Errors as above. */
 DPAR_API dpar_status dpar_pool2d_output_shape(const int64_t x_shape[4], const dpar_pool2d_desc *d, int64_t y_shape[4]);
 /* y [N,OH,OW,C] = mean of each window of x [N,H,W,C] (padding counts as 0 and,
-   unless count_exclude_pad, in the divisor: flax.linen.avg_pool). */
+   unless count_exclude_pad, in the divisor: flax.linen.avg_pool). With
+   count_exclude_pad, a window wholly in the padding averages nothing: NaN
+   (flax's 0/0, as DPAR_REDUCE_MEAN over 0 elements), and no gradient. */
 DPAR_API dpar_status dpar_avg_pool2d(dpar_buffer *y, const dpar_buffer *x, const dpar_pool2d_desc *d);
 /* dx [N,H,W,C] = the gradient of dpar_avg_pool2d for dy [N,OH,OW,C] (overwrites dx). */
 DPAR_API dpar_status dpar_avg_pool2d_backward(dpar_buffer *dx, const dpar_buffer *dy, const dpar_pool2d_desc *d);
@@ -15368,7 +15370,8 @@ static void dpar__pool_span(const dpar__win2d *g, int64_t i, int64_t j, int64_t 
    first maximum of a window in row-major order (NaN beats numbers, the
    first NaN later ones), tracked per channel in best/arg; -inf (and no
    gradient) for a window wholly in the padding. Avg: padding counts 0 and,
-   unless DPAR__WIN_EXCLUDE_PAD, in the divisor. One body for f32 and f64. */
+   unless DPAR__WIN_EXCLUDE_PAD, in the divisor (then an empty window is 0/0:
+   NaN, as flax). One body for f32 and f64. */
 #define DPAR__POOL2D_DEF(NAME, T)                                                                                  \
     static dpar_status NAME(const dpar__op *op, int is_max, int bwd) {                                             \
         dpar__win2d g = dpar__win2d_get(op);                                                                       \
@@ -15410,7 +15413,7 @@ static void dpar__pool_span(const dpar__win2d *g, int64_t i, int64_t j, int64_t 
                     for (int64_t ch = 0; is_max && !bwd && ch < C; ch++) yo[ch] = best[ch];                        \
                     for (int64_t ch = 0; is_max && bwd && ch < C; ch++)                                            \
                         if (arg[ch] >= 0) dst[arg[ch]] += go[ch];                                                  \
-                    for (int64_t ch = 0; !is_max && !bwd && ch < C; ch++) yo[ch] = cnt ? yo[ch] / (T)cnt : (T)0;   \
+                    for (int64_t ch = 0; !is_max && !bwd && ch < C; ch++) yo[ch] = cnt ? yo[ch] / (T)cnt : (T)NAN; \
                 }                                                                                                  \
         DPAR_FREE(arg);                                                                                            \
         return DPAR_OK;                                                                                            \

@@ -92,7 +92,7 @@ __global__ void dpar_k_pool2d(float *y, const float *x, dkc_win g, int is_max, i
         float acc = 0.0f;
         for (int64_t h = h0; h < h1; h++)
             for (int64_t w = w0; w < w1; w++) acc += x[((nb * g.h + h) * g.w + w) * g.c + c];
-        y[e] = cnt ? acc / (float)cnt : 0.0f;
+        y[e] = cnt ? acc / (float)cnt : NAN; /* an empty window: 0/0, as the CPU */
     }
 }
 

@@ -2,7 +2,8 @@
 // avg / max pool forward (dpar_avg_pool2d, dpar_max_pool2d), NHWC. Geometry in p[0..15] as
 // conv2d.comp (o = c, no dilation); p[15] bit 0: avg divides by the in-image count. pc.flags bit 0: max.
 // max: the first maximum in row-major window order (NaN beats numbers), -inf for a window wholly in
-// the padding; avg: the in-image values summed in window order, divided by the count. As the CPU.
+// the padding; avg: the in-image values summed in window order, divided by the count (NaN for
+// none). As the CPU.
 layout(local_size_x = 256) in;
 layout(std430, set = 0, binding = 0) writeonly buffer Y { float y[]; };
 layout(std430, set = 0, binding = 2) readonly buffer X { float x[]; };
@@ -26,6 +27,6 @@ void main() {
                 acc += v;
             }
         int cnt = excl ? max(h1 - h0, 0) * max(w1 - w0, 0) : int(KH * KW);
-        y[e] = is_max ? best : (cnt > 0 ? acc / float(cnt) : 0.0);
+        y[e] = is_max ? best : (cnt > 0 ? acc / float(cnt) : uintBitsToFloat(0x7fc00000u));
     }
 }
