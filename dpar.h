@@ -979,7 +979,8 @@ typedef enum dpar_reduce_kind {
     DPAR_REDUCE_SUM = 0, /* CPU sums in double */
     DPAR_REDUCE_MEAN,    /* sum / count (NaN over 0 elements, as NumPy) */
     DPAR_REDUCE_MAX,     /* NaN propagates; over 0 elements: DPAR_ERR_SHAPE */
-    DPAR_REDUCE_ARGMAX,  /* y is i32: the flat index over the reduced axes of the first maximum (first NaN) */
+    DPAR_REDUCE_ARGMAX,  /* y is i32: the first maximum's (first NaN's) flat index, row-major over the reduced
+                            axes in x's order whatever their order in `axes` (NumPy's unravel order) */
     DPAR_REDUCE_KIND_COUNT
 } dpar_reduce_kind;
 /* y = reduce(x) over `axes` (naxes entries, negative counts from the end;

@@ -282,9 +282,10 @@ typedef struct rcase {
     int keep;
 } rcase;
 static const rcase g_rcases[] = {
-    { 2, { 3, 4 }, 1, { 1 }, 0 },     { 2, { 3, 4 }, 1, { 0 }, 1 },          { 3, { 2, 3, 4 }, 2, { 0, 2 }, 0 },
-    { 3, { 2, 3, 4 }, 1, { -2 }, 1 }, { 4, { 2, 3, 2, 3 }, 2, { 1, 3 }, 0 }, { 3, { 2, 0, 3 }, 1, { 1 }, 0 },
-    { 2, { 1, 5 }, 1, { 0 }, 0 },     { 3, { 2, 3, 4 }, -1, { 0 }, 0 },      { 1, { 9 }, 1, { 0 }, 1 },
+    { 2, { 3, 4 }, 1, { 1 }, 0 },       { 2, { 3, 4 }, 1, { 0 }, 1 },          { 3, { 2, 3, 4 }, 2, { 0, 2 }, 0 },
+    { 3, { 2, 3, 4 }, 1, { -2 }, 1 },   { 4, { 2, 3, 2, 3 }, 2, { 1, 3 }, 0 }, { 3, { 2, 0, 3 }, 1, { 1 }, 0 },
+    { 2, { 1, 5 }, 1, { 0 }, 0 },       { 3, { 2, 3, 4 }, -1, { 0 }, 0 },      { 1, { 9 }, 1, { 0 }, 1 },
+    { 3, { 2, 3, 4 }, 2, { 2, 0 }, 1 }, /* axes out of order: argmax still counts in x's order */
 };
 /* y shape (keepdims or not) and, per x element, the y element it falls into and its index in the reduced set */
 static int rc_shape(const rcase *c, unsigned mask, int64_t *ysh) {
