@@ -1311,6 +1311,8 @@ DPAR_API void dpar_philox4x32(const uint32_t ctr[4], const uint32_t key[2], uint
    x, y: [..., N] (same shape; y may alias x); w, b: [N] or NULL (ones / zeros); eps > 0 (1e-5 usual).
    stats: NULL, or M*2 f32 (f64 with f64 x) ([..., 2] with x's leading dims), (mean_i, rstd_i) per row, saved for the
    backward. A constant row gives y = b exactly (no NaN). M or N may be 0 (N = 0: stats are zeros).
+   Range: the CPU sums in double; Vulkan and CUDA in f32, rescaling a row whose sum of squares overflows
+   (a spread above about 1e19), so every backend normalizes rows of finite f32 values alike.
    Errors: DPAR_ERR_SHAPE (text names both shapes), DPAR_ERR_DTYPE (mixed, i32, stats not f32 (f64 for f64 x)),
    DPAR_ERR_INVALID_ARGUMENT
    (NULL x/y, eps <= 0 or not finite, operands on different devices). */

@@ -12,6 +12,7 @@
      key row (backward pass 2), keys / queries in chunks of 64, an online
      softmax in the forward; no Tq x Tk matrix. D, Dv <= 512 (checked on
      the host). */
+#include <math.h>
 #include <stdint.h>
 
 #define DK_NA_HEAD 512
@@ -19,17 +20,33 @@
 extern "C" {
 
 /* ---- norms --------------------------------------------------------------- */
-__device__ float dk_block_sum256(float v, float *red) {
+/* The sum (or, is_max, the largest) of v over a block of 256 threads, by a fixed tree */
+__device__ float dk_block_red256(float v, float *red, int is_max) {
     int t = threadIdx.x;
     red[t] = v;
     __syncthreads();
     for (int s = 128; s > 0; s >>= 1) {
-        if (t < s) red[t] = red[t] + red[t + s];
+        if (t < s) red[t] = is_max ? fmaxf(red[t], red[t + s]) : red[t] + red[t + s];
         __syncthreads();
     }
     float r = red[0];
     __syncthreads();
     return r;
+}
+
+/* rstd of a row whose sum of squares overflows f32: the deviations scaled by their largest magnitude s
+   first (see shaders/layernorm.comp); a row holding inf keeps the plain rstd, as the CPU. */
+__device__ float dk_scaled_rstd(const float *xr, int64_t n, float mean, float plain, float *red) {
+    int t = threadIdx.x;
+    float s = 0.0f, sq = 0.0f;
+    for (int64_t j = t; j < n; j += 256) s = fmaxf(s, fabsf(xr[j] - mean));
+    s = dk_block_red256(s, red, 1);
+    if (isinf(s)) return plain;
+    for (int64_t j = t; j < n; j += 256) {
+        float d = (xr[j] - mean) / s;
+        sq += d * d;
+    }
+    return 1.0f / (s * sqrtf(dk_block_red256(sq, red, 0) / (float)n));
 }
 
 /* y = (x - mean) rstd w + b per row of x [m, n]; stats[2r] = mean, [2r+1] = rstd (stats may be 0) */
@@ -42,13 +59,14 @@ __global__ void dpar_k_norm_fwd(const float *x, const float *w, const float *b, 
         float x0 = xr[0], acc = 0.0f, sq = 0.0f;
         if (!rms)
             for (int64_t j = t; j < n; j += 256) acc += xr[j] - x0;
-        float mean = rms ? 0.0f : x0 + dk_block_sum256(acc, red) / (float)n;
+        float mean = rms ? 0.0f : x0 + dk_block_red256(acc, red, 0) / (float)n;
         for (int64_t j = t; j < n; j += 256) {
             float d = xr[j] - mean;
             sq += d * d;
         }
-        float var = dk_block_sum256(sq, red) / (float)n;
+        float var = dk_block_red256(sq, red, 0) / (float)n;
         float rstd = 1.0f / sqrtf(var + eps);
+        if (isinf(var)) rstd = dk_scaled_rstd(xr, n, mean, rstd, red); /* uniform: one sum per block */
         for (int64_t j = t; j < n; j += 256) {
             float xh = (xr[j] - mean) * rstd;
             y[r * n + j] = (w ? xh * w[j] : xh) + (b ? b[j] : 0.0f);
@@ -72,8 +90,8 @@ __global__ void dpar_k_norm_bwd(const float *dy, const float *x, const float *w,
             sg += g;
             sgx += g * xh;
         }
-        float mg = dk_block_sum256(sg, red) / (float)n;
-        float mgx = dk_block_sum256(sgx, red) / (float)n;
+        float mg = dk_block_red256(sg, red, 0) / (float)n;
+        float mgx = dk_block_red256(sgx, red, 0) / (float)n;
         if (rms) mg = 0.0f;
         for (int64_t j = t; j < n; j += 256) {
             float xh = (x[r * n + j] - mean) * rstd, g = w ? dy[r * n + j] * w[j] : dy[r * n + j];

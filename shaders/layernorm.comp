@@ -13,17 +13,32 @@ layout(std430, set = 0, binding = 5) readonly buffer B { float bias[]; };
 layout(push_constant) uniform PC { uint n; uint m; uint k; uint flags; float f[8]; uint p[16]; } pc;
 shared float red[256];
 
-float row_sum(float v) {
+// The sum (or, is_max, the largest) of v over the workgroup, by a fixed tree.
+float row_red(float v, bool is_max) {
     uint t = gl_LocalInvocationID.x;
     red[t] = v;
     barrier();
     for (uint s = 128u; s > 0u; s >>= 1) {
-        if (t < s) { precise float z = red[t] + red[t + s]; red[t] = z; }
+        if (t < s) { precise float z = is_max ? max(red[t], red[t + s]) : red[t] + red[t + s]; red[t] = z; }
         barrier();
     }
     float r = red[0];
     barrier();
     return r;
+}
+
+// rstd of a row whose sum of squares overflows f32 (a spread above about 1.8e19 / sqrt(N)): the deviations
+// scaled by their largest magnitude s first, var = s^2 mean((d/s)^2); eps is below f32's resolution of
+// var there. A row holding inf keeps the plain rstd (0), as the CPU's double sum does.
+float scaled_rstd(uint base, uint N, float mean, float plain) {
+    uint t = gl_LocalInvocationID.x;
+    float s = 0.0;
+    for (uint j = t; j < N; j += 256u) s = max(s, abs(x[base + j] - mean));
+    s = row_red(s, true);
+    if (isinf(s)) return plain;
+    precise float sq = 0.0;
+    for (uint j = t; j < N; j += 256u) { precise float d = (x[base + j] - mean) / s; sq += d * d; }
+    return 1.0 / (s * sqrt(row_red(sq, false) / float(N)));
 }
 
 void main() {
@@ -35,11 +50,12 @@ void main() {
         precise float acc = 0.0;
         if (!rms)
             for (uint j = t; j < N; j += 256u) acc += x[base + j] - x0;
-        precise float mean = rms ? 0.0 : x0 + row_sum(acc) / float(N);
+        precise float mean = rms ? 0.0 : x0 + row_red(acc, false) / float(N);
         precise float sq = 0.0;
         for (uint j = t; j < N; j += 256u) { precise float d = x[base + j] - mean; sq += d * d; }
-        precise float var = row_sum(sq) / float(N);
+        precise float var = row_red(sq, false) / float(N);
         precise float rstd = 1.0 / sqrt(var + pc.f[0]);
+        if (isinf(var)) rstd = scaled_rstd(base, N, mean, rstd); // uniform: every thread read one sum
         for (uint j = t; j < N; j += 256u) {
             precise float xh = (x[base + j] - mean) * rstd;
             precise float o = ((pc.flags & 2u) != 0u ? xh * w[j] : xh) + ((pc.flags & 4u) != 0u ? bias[j] : 0.0);

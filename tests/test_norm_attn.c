@@ -713,6 +713,29 @@ static void parity(dpar_backend_kind kind) {
                 norm_free(&a);
                 norm_free(&b);
             }
+    /* rows spread over 1e30 (and one of 300 values at 1e18): their f32 sums of squares overflow, the CPU
+       sums in double; y and rstd must still agree (before: the GPU's rstd was 0 and y was the bias) */
+    const int64_t big[][2] = { { 5, 64 }, { 2, 300 } };
+    const float scale[] = { 1e30f, 1e18f };
+    for (int rms = 0; rms < 2; rms++)
+        for (int c = 0; c < 2; c++) {
+            norm_io a, b;
+            norm_alloc(&a, rms, big[c][0], big[c][1], (unsigned)(90 + c), 1);
+            norm_alloc(&b, rms, big[c][0], big[c][1], (unsigned)(90 + c), 1);
+            for (int64_t i = 0; i < a.m * a.n; i++) a.x[i] *= scale[c], b.x[i] *= scale[c];
+            norm_run(RT, &a);
+            norm_run(gpu, &b);
+            snprintf(what, sizeof what, "%s %s of rows scaled by %g", bn, rms ? "rms_norm" : "layer_norm",
+                     (double)scale[c]);
+            nearf(what, b.y, a.y, a.m * a.n, 1e-5);
+            for (int64_t r = 0; r < a.m; r++) {
+                double want = a.st[2 * r + 1], got = b.st[2 * r + 1];
+                if (!(fabs(got - want) <= 1e-5 * want))
+                    fail_msg("%s: rstd[%lld] %.9g, want %.9g", what, (long long)r, got, want);
+            }
+            norm_free(&a);
+            norm_free(&b);
+        }
     const int64_t mm[][4] = { { 3, 5, 7, 4 }, { 2, 33, 17, 35 }, { 1, 1, 1, 1 }, { 0, 2, 2, 2 }, { 5, 64, 32, 64 } };
     for (int c = 0; c < 5; c++)
         for (int t = 0; t < 8; t++) {
