@@ -1927,8 +1927,8 @@ DPAR_API dpar_status dpar_graph_recorded(const dpar_graph *g, int *segments, int
    DPAR_ERR_STATE (not run yet). */
 DPAR_API dpar_status dpar_graph_get(dpar_graph *g, dpar_value v, void *host);
 DPAR_API dpar_status dpar_graph_read_shard(dpar_graph *g, dpar_value v, int device, void *host);
-/* Writes one line per node (id, op, name, inputs, dtype and per-device shape,
-   the axes it varies over, the collective's axes, global shape and spec of
+/* Writes one line per node (id, op (the optimizer node: sgd, adamw or
+   adamw_masked), name, inputs, dtype and per-device shape, the axes it varies over, the collective's axes, global shape and spec of
    feeds/params, in pipelines its stage and whether it is a boundary; compiled: in_place(j) where the node
    writes over input j's buffer, DPAR_GRAPH_ALIAS) to `path`, or stdout when path is NULL. dpar_graph_write_dot:
    the same graph as Graphviz DOT. Errors: DPAR_ERR_IO naming the path. */
@@ -9653,13 +9653,30 @@ static bool dpar__g_pipe_inputs(dpar_graph *g, int nin, const int *in); /* >>gra
 static bool dpar__g_pipe_feed(dpar_graph *g, int id, const char *name);
 
 /* ---- building: validity, errors, nodes ---- */
+/* A node's kind as printed graphs and errors name it: the optimizer node
+   (DPAR__G_SGD, one kind for every optimizer) by the optimizer the graph
+   was given, "sgd", "adamw" or "adamw_masked" (a decay mask). */
+static const char *dpar__g_kind_name(const dpar_graph *g, const dpar__gnode *nd) {
+    if (nd->kind != DPAR__G_SGD || !g->opt.adamw) return dpar__g_kinds[nd->kind].name;
+    return g->opt.decay ? "adamw_masked" : "adamw";
+}
 static const char *dpar__g_label(const dpar_graph *g, int id, char *buf, size_t cap) {
     const dpar__gnode *nd = &g->n[id];
     if (nd->name[0])
-        snprintf(buf, cap, "node %d '%s' (%s)", id, nd->name, dpar__g_kinds[nd->kind].name);
+        snprintf(buf, cap, "node %d '%s' (%s)", id, nd->name, dpar__g_kind_name(g, nd));
     else
-        snprintf(buf, cap, "node %d (%s)", id, dpar__g_kinds[nd->kind].name);
+        snprintf(buf, cap, "node %d (%s)", id, dpar__g_kind_name(g, nd));
     return buf;
+}
+/* A node of a run failed with s: the last error becomes "dpar_graph_run:
+   <node>: <the node's error>", without a second "dpar_graph_run: " where
+   the node's error (the optimizer's clip norm, say) already starts so. */
+static dpar_status dpar__g_node_err(const dpar_graph *g, dpar_status s, int id) {
+    static const char run[] = "dpar_graph_run: ";
+    const char *why = dpar_last_error();
+    char l[96];
+    if (!strncmp(why, run, sizeof run - 1)) why += sizeof run - 1;
+    return dpar__err(s, "%s%s: %s", run, dpar__g_label(g, id, l, sizeof l), why);
 }
 static dpar_value dpar__gv(int id) {
     dpar_value v;
@@ -11864,9 +11881,7 @@ static dpar_status dpar__g_pipe_dispatch(dpar_ctx *ctx, void *user) {
         }
     for (int i = 1; i < g->count && !s; i++) /* every replica takes the same step */
         if (g->n[i].kind == DPAR__G_SGD) s = dpar__g_exec(g, ctx, li, at = i);
-    if (!s) return DPAR_OK;
-    char l[96];
-    return dpar__err(s, "dpar_graph_run: %s: %s", dpar__g_label(g, at, l, sizeof l), dpar_last_error());
+    return s ? dpar__g_node_err(g, s, at) : DPAR_OK;
 }
 static void dpar__g_slot_free(const dpar_graph *g, int k, dpar_buffer *b);
 static void dpar__g_pipe_destroy(dpar_graph *g) {
@@ -12731,10 +12746,9 @@ static dpar_status dpar__g_dispatch(dpar_ctx *ctx, void *user) {
     if (staged) return staged;
     for (int i = 1; i < g->count; i++) {
         dpar_status s = dpar__g_step_node(g, ctx, li, pr, &i, &k);
-        char l[96];
         if (!s) continue;
         if (pr && pr->state == 0) dpar__g_prog_clear(g, li); /* a failed first run: record again next time */
-        dpar__err(s, "dpar_graph_run: %s: %s", dpar__g_label(g, i, l, sizeof l), dpar_last_error());
+        dpar__g_node_err(g, s, i);
         char text[DPAR__ERR_LEN];
         memcpy(text, dpar__err_text, sizeof text);
         dpar__g_wait_all(g, ctx, li); /* nothing left in flight; the first error stays */
@@ -13151,7 +13165,7 @@ DPAR_API dpar_status dpar_graph_print(const dpar_graph *g, const char *path) {
         char sh[160], v[64], ax[64];
         dpar__g_axes_text(g, nd->vary, v, sizeof v);
         dpar__g_axes_text(g, nd->axes, ax, sizeof ax);
-        fprintf(f, "%4d %-13s %-12s in(", i, dpar__g_kinds[nd->kind].name, nd->name);
+        fprintf(f, "%4d %-13s %-12s in(", i, dpar__g_kind_name(g, nd), nd->name);
         for (int j = 0; j < nd->nin; j++) fprintf(f, j ? ",%d" : "%d", nd->in[j]);
         fprintf(f, ") %s %s", dpar_dtype_name(nd->dtype), dpar__g_shape(nd, sh, sizeof sh));
         if (nd->vary) fprintf(f, " varies{%s}", v);
@@ -13192,7 +13206,7 @@ DPAR_API dpar_status dpar_graph_write_dot(const dpar_graph *g, const char *path)
                             : nd->kind == DPAR__G_FEED   ? "palegreen"
                                                          : "white";
         fprintf(f, "  n%d [label=\"%d %s%s%s\\n%s %s%s%s\", style=filled, fillcolor=%s];\n", i, i,
-                dpar__g_kinds[nd->kind].name, nd->name[0] ? " " : "", nd->name, dpar_dtype_name(nd->dtype),
+                dpar__g_kind_name(g, nd), nd->name[0] ? " " : "", nd->name, dpar_dtype_name(nd->dtype),
                 dpar__g_shape(nd, sh, sizeof sh), nd->axes ? " over " : "", ax, color);
         for (int j = 0; j < nd->nin; j++) fprintf(f, "  n%d -> n%d;\n", nd->in[j], i);
         for (int k = 0; nd->kind == DPAR__G_SGD && k < g->opt.n; k++)

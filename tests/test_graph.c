@@ -801,6 +801,49 @@ static void adamw_mask_alone(void) {
     T_OK(dpar_runtime_destroy(rt));
 }
 
+/* The optimizer node is named for the optimizer it runs, in dpar_graph_print
+   and in a run's errors (it said "(sgd)" for AdamW), and a run's error
+   names dpar_graph_run once (a clip norm of NaN said it twice). */
+static void test_optimizer_node_name(void **st) {
+    (void)st;
+    dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 1);
+    dpar_mesh *m = t_mesh1(rt, 1, "data");
+    static const char *const want[3] = { "sgd", "adamw", "adamw_masked" };
+    for (int k = 0; k < 3; k++) {
+        dpar_array *w = arr(m, DPAR_F32, 2, 3, 2, NULL, NULL);
+        float w0[6] = { 1, 2, 3, 4, 5, 6 }, xh[6] = { 1, 0, -1, 2, NAN, 0 };
+        T_OK(dpar_array_put(w, w0));
+        dpar_graph *g;
+        T_OK(dpar_graph_create(m, &g));
+        dpar_value x = dpar_g_feed(g, "x", &(dpar_array_desc){ DPAR_F32, 2, { 2, 3 }, { NULL } });
+        dpar_value p = dpar_g_param(g, "w", w), gr;
+        T_OK(dpar_graph_value_and_grad(g, dpar_g_sum(g, dpar_g_matmul(g, x, p, false, false)), &p, 1, &gr));
+        const bool decay[1] = { true };
+        dpar_sgd_desc sd = { .learning_rate = 0.1f, .clip_norm = 1.0f };
+        dpar_adamw_desc ad = { .learning_rate = 0.1f, .clip_norm = 1.0f };
+        if (k == 0) T_OK(dpar_graph_sgd(g, &sd, &p, &gr, 1));
+        if (k == 1) T_OK(dpar_graph_adamw(g, &ad, &p, &gr, 1));
+        if (k == 2) T_OK(dpar_graph_adamw_masked(g, &ad, &p, &gr, decay, 1));
+        T_OK(dpar_graph_compile(g, NULL));
+        char path[64], line[512], node[32];
+        snprintf(path, sizeof path, "/tmp/dpar_tg_opt_%d.txt", (int)getpid());
+        T_OK(dpar_graph_print(g, path));
+        FILE *f = fopen(path, "r");
+        int named = 0;
+        snprintf(node, sizeof node, " %s ", want[k]);
+        while (f && fgets(line, sizeof line, f)) named += strstr(line, node) != NULL;
+        if (f) fclose(f);
+        remove(path);
+        if (named != 1) fail_msg("dpar_graph_print names the %s node %d times, want 1", want[k], named);
+        snprintf(node, sizeof node, "(%s): ", want[k]);
+        T_ERR(dpar_graph_run(g, &(dpar_graph_feed){ x, xh, NULL }, 1, NULL), DPAR_ERR_INVALID_ARGUMENT, node, "NaN");
+        const char *e = strstr(dpar_last_error(), "dpar_graph_run: ");
+        if (!e || strstr(e + 1, "dpar_graph_run: ")) fail_msg("want dpar_graph_run named once: %s", dpar_last_error());
+        T_OK(dpar_graph_destroy(g));
+    }
+    T_OK(dpar_runtime_destroy(rt));
+}
+
 /* ---- bad input: clear errors, never a crash ---- */
 static void test_bad_input(void **st) {
     (void)st;
@@ -942,11 +985,17 @@ static void test_adamw_masked_vulkan(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_fd_cpu),           cmocka_unit_test(test_fd_vulkan),
-        cmocka_unit_test(test_digits_mlp_cpu),   cmocka_unit_test(test_digits_mlp_vulkan),
-        cmocka_unit_test(test_alias_cpu),        cmocka_unit_test(test_alias_vulkan),
-        cmocka_unit_test(test_megatron_cpu),     cmocka_unit_test(test_megatron_vulkan),
-        cmocka_unit_test(test_adamw_masked_cpu), cmocka_unit_test(test_adamw_masked_vulkan),
+        cmocka_unit_test(test_fd_cpu),
+        cmocka_unit_test(test_fd_vulkan),
+        cmocka_unit_test(test_digits_mlp_cpu),
+        cmocka_unit_test(test_digits_mlp_vulkan),
+        cmocka_unit_test(test_alias_cpu),
+        cmocka_unit_test(test_alias_vulkan),
+        cmocka_unit_test(test_megatron_cpu),
+        cmocka_unit_test(test_megatron_vulkan),
+        cmocka_unit_test(test_adamw_masked_cpu),
+        cmocka_unit_test(test_adamw_masked_vulkan),
+        cmocka_unit_test(test_optimizer_node_name),
         cmocka_unit_test(test_bad_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
