@@ -31,12 +31,13 @@ typedef struct {
 /* Reads up to `cap` rows of a gzip'd (or plain) CSV file: `npix` pixels in
    0..pix_max (x = v / scale) and a label in 0..9 per line (ex_csv_row),
    into d (x [n, npix] f32, y [n] i32; blank lines skipped). 0 on success;
-   else prints what is wrong (the file cannot be opened; line L field F is
-   malformed; a line is too long; the gzip stream is corrupt; no rows) and
-   returns -1. */
+   else prints what is wrong (a directory; the file cannot be opened; line L
+   field F is malformed; a line is too long; the gzip stream is corrupt; no
+   rows) and returns -1. */
 static inline int csv_load(const char *prog, const char *path, int npix, long pix_max, float scale, int cap,
                            dataset *d) {
     memset(d, 0, sizeof *d);
+    if (ex_check_data_file(prog, path)) return -1;
     gzFile f = gzopen(path, "rb");
     if (!f) {
         fprintf(stderr, "%s: cannot open %s: %s (run from the repository root, or give --data PATH)\n", prog, path,
@@ -120,23 +121,25 @@ static inline int digits_fail(const char *what) {
     return 1;
 }
 
-/* Parses the train_digits flags plus the example's extras (ex_parse); 0 on success, 2 on a usage error. */
+/* Parses the train_digits flags plus the example's extras (ex_parse); 0 on
+   success, EX_HELP after --help, 2 on a usage error (main returns ex_exit_status). */
 static inline int digits_parse(const char *prog, int argc, char **argv, digits_opts *o) {
     digits_prog = prog;
     /* --hidden at most DIGITS_MAX_HIDDEN: the MLP's weights and activations in host and device memory */
-    ex_flag f[13] = { EX_S("--backend", &o->backend),
+    ex_flag f[13] = { EX_S("--backend", &o->backend, "cpu|vulkan|cuda"),
                       EX_I("--devices", &o->devices, 1, INT_MAX),
                       EX_I("--epochs", &o->epochs, 1, INT_MAX),
                       EX_I("--batch", &o->batch, 1, INT_MAX),
-                      EX_F("--lr", &o->lr),
-                      EX_F("--momentum", &o->momentum),
+                      EX_F("--lr", &o->lr, "a finite number > 0"),
+                      EX_F("--momentum", &o->momentum, "a number in [0, 1)"),
                       EX_I("--seed", &o->seed, INT_MIN, INT_MAX),
                       EX_I("--hidden", &o->hidden, 1, DIGITS_MAX_HIDDEN),
-                      EX_S("--data", &o->path) };
+                      EX_S("--data", &o->path, "a CSV file, gzip'd or plain") };
     int n = 9;
     for (int k = 0; k < 4 && o->extra[k].name; k++) f[n++] = o->extra[k];
-    if (ex_parse(prog, argc, argv, f, n)) return 2;
-    if (ex_check_lr(prog, "--lr", o->lr, 0)) return 2;
+    int r = ex_parse(prog, argc, argv, f, n);
+    if (r) return r;
+    if (ex_check_lr(prog, "--lr", o->lr, 1)) return 2;
     if (!(o->momentum >= 0.0f && o->momentum < 1.0f)) {
         fprintf(stderr, "%s: --momentum %g: must be in [0, 1)\n", prog, (double)o->momentum);
         return 2;

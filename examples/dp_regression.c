@@ -79,15 +79,18 @@ static dpar_status step_fn(dpar_ctx *ctx, void *user) {
 int main(int argc, char **argv) {
     const char *backend_name = "cpu";
     int ndev = 4;
-    const ex_flag flags[] = { EX_I("--devices", &ndev, 1, INT_MAX), EX_S("--backend", &backend_name) };
-    if (ex_parse("dp_regression", argc, argv, flags, 2)) return 2;
+    const ex_flag flags[] = { EX_I("--devices", &ndev, 1, INT_MAX),
+                              EX_S("--backend", &backend_name, "cpu|vulkan|cuda") };
+    int rc = ex_parse("dp_regression", argc, argv, flags, 2);
+    if (rc) return ex_exit_status(rc);
     dpar_backend_kind backend = parse_backend(backend_name);
 
     dpar_runtime *rt = NULL;
     dpar_mesh *mesh = NULL;
     CHECK(dpar_runtime_create(&(dpar_runtime_desc){ .backend = backend, .num_devices = ndev }, &rt));
     CHECK(dpar_mesh_create(rt, &(dpar_mesh_desc){ .ndim = 1, .shape = { ndev }, .axis_names = { "data" } }, &mesh));
-    printf("backend %s, mesh 'data' of %d devices\n", dpar_backend_name(dpar_runtime_backend(rt)), ndev);
+    printf("backend %s, mesh 'data' of %d device%s\n", dpar_backend_name(dpar_runtime_backend(rt)), ndev,
+           ndev == 1 ? "" : "s");
 
     /* host data: w replicated, x and y stacked per device */
     size_t nw = (size_t)IN * OUT, nx = (size_t)ndev * B * IN, ny = (size_t)ndev * B * OUT;

@@ -48,8 +48,9 @@ double now_ms() {
 }
 
 // The UCI digits (examples/data/digits.csv.gz): 64 pixels 0..16 and a label per line. False after
-// printing what is wrong: the file cannot be opened, a line and field are malformed, or no rows.
+// printing what is wrong: a directory, the file cannot be opened, a line and field are malformed, or no rows.
 bool load_digits(const char *path, std::vector<float> &x, std::vector<int32_t> &y) {
+    if (ex_check_data_file("engine_vulkan", path)) return false;
     gzFile f = gzopen(path, "rb");
     if (!f) {
         std::fprintf(stderr, "engine_vulkan: cannot open %s (run from the repository root, or give --data PATH)\n",
@@ -284,12 +285,13 @@ struct Options {
     float budget_ms = 4.0f;
     const char *data = "examples/data/digits.csv.gz";
 };
-// 0, or 2 after printing what is wrong: an unknown flag or a malformed value (ex_parse, which lists the
+// 0, EX_HELP after --help, or 2 after printing what is wrong: an unknown flag or a malformed value (ex_parse, which lists the
 // flags), or a value out of range, named with its limit.
 int parse(int argc, char **argv, Options &o) {
     const ex_flag f[] = { EX_I("--steps", &o.steps, 1, INT_MAX), EX_I("--devices", &o.devices, 1, INT_MAX),
-                          EX_F("--budget-ms", &o.budget_ms), EX_S("--data", &o.data) };
-    if (ex_parse("engine_vulkan", argc, argv, f, 4)) return 2;
+                          EX_F("--budget-ms", &o.budget_ms, "a finite number > 0"),
+                          EX_S("--data", &o.data, "a CSV file, gzip'd or plain") };
+    if (int rc = ex_parse("engine_vulkan", argc, argv, f, 4)) return rc;
     if (!(o.budget_ms > 0.0f) || !std::isfinite(o.budget_ms)) {
         std::fprintf(stderr, "engine_vulkan: --budget-ms %g: must be a finite number > 0\n", (double)o.budget_ms);
         return 2;
@@ -371,7 +373,7 @@ void queue_unlock(void *user) {
 
 int main(int argc, char **argv) {
     Options o;
-    if (int rc = parse(argc, argv, o)) return rc;
+    if (int rc = parse(argc, argv, o)) return ex_exit_status(rc);
     std::vector<float> x;
     std::vector<int32_t> y;
     if (!load_digits(o.data, x, y)) return 1; // it said why

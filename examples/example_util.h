@@ -42,30 +42,81 @@ static inline dpar_backend_kind parse_backend(const char *s) {
     } while (0)
 
 /* ------------------------------------------------------------------ flags */
-/* One "--name value" flag of an example: its name, where the value goes and,
-   for an integer, the values it takes. */
+/* One "--name value" flag of an example: its name, where the value goes, the
+   values it takes and, for --help, how to say so. */
 typedef enum { EX_INT, EX_FLOAT, EX_STR } ex_flag_type;
 typedef struct ex_flag {
     const char *name;  /* "--epochs" */
     ex_flag_type type; /* EX_INT: dst is an int *, EX_FLOAT: a float *, EX_STR: a const char ** */
     void *dst;         /* keeps its value (the default) unless the flag is given */
     int lo, hi;        /* EX_INT: the accepted range, inclusive (0, 1: an on/off switch) */
+    const char *range; /* --help: the values it takes (EX_INT: NULL, said from lo and hi) */
+    const char *dflt;  /* --help: the default when it is not dst's value (NULL: dst's value) */
 } ex_flag;
-/* Table entries: an integer in [lo, hi], a float, a string. */
+/* Table entries: an integer in [lo, hi]; a float or a string, with the values
+   they take as --help says them ("a finite number > 0", "cpu|vulkan|cuda");
+   EX_FLAG: any entry, with the default --help prints ("--dp x --tp"). */
 #define EX_I(name, dst, lo, hi) \
-    { name, EX_INT, dst, lo, hi }
-#define EX_F(name, dst) \
-    { name, EX_FLOAT, dst, 0, 0 }
-#define EX_S(name, dst) \
-    { name, EX_STR, dst, 0, 0 }
+    { name, EX_INT, dst, lo, hi, NULL, NULL }
+#define EX_F(name, dst, range) \
+    { name, EX_FLOAT, dst, 0, 0, range, NULL }
+#define EX_S(name, dst, range) \
+    { name, EX_STR, dst, 0, 0, range, NULL }
+#define EX_FLAG(name, type, dst, lo, hi, range, dflt) \
+    { name, type, dst, lo, hi, range, dflt }
+/* ex_parse's status after --help printed the flags: main returns 0 (ex_exit_status). */
+#define EX_HELP (-1)
+/* The exit status for a parser's result: 0 after --help (EX_HELP), else the result (2: a usage error). */
+static inline int ex_exit_status(int parsed) {
+    return parsed == EX_HELP ? 0 : parsed;
+}
 
 /* Prints "<prog>: <what>" and the flags of the table to stderr; returns 2 (a usage error). */
 static inline int ex_usage(const char *prog, const char *what, const char *arg, const ex_flag *flags, int n) {
     fprintf(stderr, "%s: %s%s\nusage: %s", prog, what, arg ? arg : "", prog);
     for (int k = 0; k < n && flags[k].name; k++)
         fprintf(stderr, " [%s %s]", flags[k].name, flags[k].type == EX_STR ? "S" : flags[k].type == EX_INT ? "N" : "X");
-    fprintf(stderr, "\n");
+    fprintf(stderr, " (--help: each flag's values and default)\n");
     return 2;
+}
+
+/* An integer range as --help says it: "0 or 1 (off/on)", "an integer >= 1", "an integer from 1 to 4096". */
+static inline void ex_int_range(int lo, int hi, char *buf, size_t cap) {
+    if (lo == 0 && hi == 1)
+        snprintf(buf, cap, "0 or 1 (off/on)");
+    else if (lo == INT_MIN && hi == INT_MAX)
+        snprintf(buf, cap, "any integer");
+    else if (hi == INT_MAX)
+        snprintf(buf, cap, "an integer >= %d", lo);
+    else
+        snprintf(buf, cap, "an integer from %d to %d", lo, hi);
+}
+
+/* --help: "usage: <prog> [--flag value]..." then one line per flag, its
+   values and its default (dst's value before any flag is read), to stdout;
+   returns EX_HELP. */
+static inline int ex_help(const char *prog, const ex_flag *flags, int n) {
+    printf("usage: %s [--flag value]...\n", prog);
+    for (int k = 0; k < n && flags[k].name; k++) {
+        const ex_flag *f = &flags[k];
+        char range[64], dflt[64];
+        if (f->type == EX_INT) {
+            ex_int_range(f->lo, f->hi, range, sizeof range);
+            snprintf(dflt, sizeof dflt, "%d", *(const int *)f->dst);
+        } else if (f->type == EX_FLOAT) {
+            snprintf(range, sizeof range, "%s", f->range ? f->range : "a finite number");
+            snprintf(dflt, sizeof dflt, "%g", (double)*(const float *)f->dst);
+        } else {
+            const char *v = *(const char *const *)f->dst;
+            snprintf(range, sizeof range, "%s", f->range ? f->range : "a string");
+            snprintf(dflt, sizeof dflt, "%s", v ? (*v ? v : "''") : "none");
+        }
+        char flag[40];
+        snprintf(flag, sizeof flag, "%s %s", f->name, f->type == EX_STR ? "S" : f->type == EX_INT ? "N" : "X");
+        printf("  %-20s %s (default %s)\n", flag, f->type == EX_INT && f->range ? f->range : range,
+               f->dflt ? f->dflt : dflt);
+    }
+    return EX_HELP;
 }
 
 /* Prints "<prog>: <flag> <value>: <why>" (the value as typed) and returns 2 (a usage error). */
@@ -96,13 +147,16 @@ static inline int ex_bad_int(const char *prog, const char *flag, const char *v, 
    is refused) and fit its type: an int within the flag's [lo, hi], or a float
    of magnitude <= FLT_MAX ("--lr 1e40" is refused as out of range, naming the
    value as typed, not passed on as inf); floats are read as double, then
-   rounded to float. A flag given twice keeps the last value. Returns 0, or 2
-   after printing the usage error (unknown flag, missing, malformed or
-   out-of-range value; --help prints the flags). */
+   rounded to float. A flag given twice keeps the last value. Returns 0;
+   EX_HELP after --help (or -h) anywhere among the flags printed the flags
+   with their defaults to stdout (ex_help: nothing else is parsed, so the
+   defaults are the example's own); or 2 after printing the usage error to
+   stderr (unknown flag, missing, malformed or out-of-range value). */
 static inline int ex_parse(const char *prog, int argc, char **argv, const ex_flag *flags, int n) {
+    for (int i = 1; i < argc; i += 2)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return ex_help(prog, flags, n);
     for (int i = 1; i < argc; i += 2) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) return ex_usage(prog, "flags", NULL, flags, n);
         int k = 0;
         while (k < n && flags[k].name && strcmp(a, flags[k].name)) k++;
         if (k == n || !flags[k].name) return ex_usage(prog, "unknown flag ", a, flags, n);
@@ -131,6 +185,12 @@ static inline int ex_parse(const char *prog, int argc, char **argv, const ex_fla
         }
     }
     return 0;
+}
+
+/* The last component of a path ("examples/data/mnist_5k.csv.gz" -> "mnist_5k.csv.gz"), for output lines. */
+static inline const char *ex_basename(const char *path) {
+    const char *slash = strrchr(path, '/');
+    return slash ? slash + 1 : path;
 }
 
 /* Was "--name" given on the command line (as a flag, not as another flag's value)? */
@@ -203,15 +263,40 @@ static inline int ex_check_writable(const char *prog, const char *flag, const ch
     return 0;
 }
 
+/* Can `path` be read as a --data file? 0 if so (or if stat cannot tell:
+   opening it then says why); -1 after printing that it is a directory, which
+   zlib would report as corrupt gzip data. */
+static inline int ex_check_data_file(const char *prog, const char *path) {
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode)) return 0;
+    fprintf(stderr, "%s: --data %s is a directory; give the path of a data file\n", prog, path);
+    return -1;
+}
+
+/* The first bytes of p[0..len) (at most 20) for an error message: printable
+   ASCII as is, other bytes as \xNN, "..." when cut; always 0-terminated.
+   A binary --data file then shows "\x1f\x8b", not raw bytes on the terminal. */
+static inline const char *ex_excerpt(const char *p, size_t len, char *buf, size_t cap) {
+    size_t at = 0, k = 0;
+    for (; k < len && k < 20 && at + 5 < cap; k++) {
+        unsigned char c = (unsigned char)p[k];
+        at += (size_t)snprintf(buf + at, cap - at, c >= 32 && c < 127 && c != '\\' ? "%c" : "\\x%02x", c);
+    }
+    if (k < len && at + 4 < cap) at += (size_t)snprintf(buf + at, cap - at, "...");
+    buf[at < cap ? at : cap - 1] = 0;
+    return buf;
+}
+
 /* One CSV row of `n` integers: fields 0..n-2 pixels in [0, pix_max] (x[j] =
    v / scale), field n-1 the label in [0, label_max] (*y). Blank lines are the
    caller's to skip. 0 on success; else prints "<prog>: <path> line L field F:
    what is wrong" (a field that is not a whole integer in range, "1.5" or
-   "999", is quoted) and returns -1, so a malformed file says where, not only
-   that it could not be read. */
+   "999", is quoted, its bytes escaped: ex_excerpt) and returns -1, so a
+   malformed file says where, not only that it could not be read. */
 static inline int ex_csv_row(const char *prog, const char *path, long line_no, const char *line, int n, long pix_max,
                              long label_max, float scale, float *x, int32_t *y) {
     const char *p = line;
+    char text[96]; /* an excerpt of a bad field (ex_excerpt) */
     for (int j = 0; j < n; j++) {
         char *end;
         errno = 0;
@@ -228,8 +313,8 @@ static inline int ex_csv_row(const char *prog, const char *path, long line_no, c
                 fprintf(stderr, "%s: %s line %ld field %d is empty; want a %s in 0..%ld\n", prog, path, line_no, j + 1,
                         what, max);
             else
-                fprintf(stderr, "%s: %s line %ld field %d: '%.*s' is not a %s (an integer in 0..%ld)\n", prog, path,
-                        line_no, j + 1, len > 20 ? 20 : len, p, what, max);
+                fprintf(stderr, "%s: %s line %ld field %d: '%s' is not a %s (an integer in 0..%ld)\n", prog, path,
+                        line_no, j + 1, ex_excerpt(p, (size_t)len, text, sizeof text), what, max);
             return -1;
         }
         if (j < n - 1)
@@ -245,8 +330,8 @@ static inline int ex_csv_row(const char *prog, const char *path, long line_no, c
     }
     p += strspn(p, " \t\r\n");
     if (*p) {
-        fprintf(stderr, "%s: %s line %ld has more than %d fields (after the label: '%.20s')\n", prog, path, line_no, n,
-                p);
+        fprintf(stderr, "%s: %s line %ld has more than %d fields (after the label: '%s')\n", prog, path, line_no, n,
+                ex_excerpt(p, strcspn(p, "\r\n"), text, sizeof text));
         return -1;
     }
     return 0;

@@ -38,15 +38,11 @@ static void print_mat(const float *a, int rows) {
 }
 
 int main(int argc, char **argv) {
-    dpar_backend_kind backend = DPAR_BACKEND_CPU;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc)
-            backend = parse_backend(argv[++i]);
-        else {
-            fprintf(stderr, "usage: %s [--backend cpu|vulkan|cuda]\n", argv[0]);
-            return 2;
-        }
-    }
+    const char *backend_name = "cpu";
+    const ex_flag flags[] = { EX_S("--backend", &backend_name, "cpu|vulkan|cuda") };
+    int rc = ex_parse("pmap_basics", argc, argv, flags, 1);
+    if (rc) return ex_exit_status(rc);
+    dpar_backend_kind backend = parse_backend(backend_name);
 
     dpar_runtime *rt = NULL;
     dpar_mesh *mesh = NULL;

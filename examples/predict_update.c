@@ -96,16 +96,18 @@ int main(int argc, char **argv) {
     const char *backend_name = "cpu";
     int ndev = 4, steps = 5;
     const ex_flag flags[] = { EX_I("--devices", &ndev, 1, INT_MAX), EX_I("--steps", &steps, 1, INT_MAX),
-                              EX_S("--backend", &backend_name) };
-    if (ex_parse("predict_update", argc, argv, flags, 3)) return 2;
+                              EX_S("--backend", &backend_name, "cpu|vulkan|cuda") };
+    int rc = ex_parse("predict_update", argc, argv, flags, 3);
+    if (rc) return ex_exit_status(rc);
     dpar_backend_kind backend = parse_backend(backend_name);
 
     dpar_runtime *rt = NULL;
     dpar_mesh *mesh = NULL;
     CHECK(dpar_runtime_create(&(dpar_runtime_desc){ .backend = backend, .num_devices = ndev }, &rt));
     CHECK(dpar_mesh_create(rt, &(dpar_mesh_desc){ .ndim = 1, .shape = { ndev }, .axis_names = { "data" } }, &mesh));
-    printf("backend %s, mesh 'data' of %d devices, inputs [%d, %d, %d], dense %d -> %d, SGD lr %g\n",
-           dpar_backend_name(dpar_runtime_backend(rt)), ndev, ndev, BATCH, IN, IN, OUT, (double)LR);
+    printf("backend %s, mesh 'data' of %d device%s, inputs [%d, %d, %d], dense %d -> %d, SGD lr %g\n",
+           dpar_backend_name(dpar_runtime_backend(rt)), ndev, ndev == 1 ? "" : "s", ndev, BATCH, IN, IN, OUT,
+           (double)LR);
 
     /* synthetic data: uniform pixels, labels = argmax((x - 0.5) @ T) for a random teacher T */
     size_t nx = (size_t)ndev * BATCH * IN, nrows = (size_t)ndev * BATCH, nw = (size_t)IN * OUT;

@@ -33,8 +33,10 @@
    first step the training graph's measured peak on device 0 against its
    planned live set (one "memory:" line, ex_memory_report).
    Ends with exactly one line
-   "final: backend=cpu devices=4 model=cnn data=mnist epochs=10
-   test_accuracy=... train_loss=...". Exit status 0 on success.
+   "final: backend=cpu devices=4 model=cnn data=mnist_5k.csv.gz epochs=10
+   test_accuracy=... train_loss=..." (data: the --data file's name; train_loss:
+   the mean over the last epoch's steps). Exit status 0 on success; 0 after
+   --help (each flag's values and default, on stdout); 2 for a bad flag.
 
    The data, split, batch order and initial weights come from one splitmix64
    stream (mnist_common.h); bench/peers/cnn_jax.py and cnn_torch.py draw the
@@ -52,25 +54,32 @@ typedef struct {
     float lr, weight_decay, momentum;
 } cnn_opts;
 
-/* Parses the flags into o (defaults already there; ex_parse); 0 on success, 2 on a usage error. */
+/* Parses the flags into o (defaults already there; ex_parse); 0 on success,
+   EX_HELP after --help, 2 on a usage error (main returns ex_exit_status). */
 static int cnn_parse(int argc, char **argv, cnn_opts *o) {
-    const ex_flag f[] = { EX_S("--backend", &o->backend),
-                          EX_S("--data", &o->path),
-                          EX_S("--optimizer", &o->optimizer),
+    const ex_flag f[] = { EX_S("--backend", &o->backend, "cpu|vulkan|cuda"),
+                          EX_S("--data", &o->path, "a CSV file of 784 pixels and a label per row, gzip'd or plain"),
+                          EX_S("--optimizer", &o->optimizer, "adamw|sgd"),
                           EX_I("--devices", &o->devices, 1, INT_MAX),
                           EX_I("--epochs", &o->epochs, 1, INT_MAX),
                           EX_I("--batch", &o->batch, 1, INT_MAX),
                           EX_I("--seed", &o->seed, INT_MIN, INT_MAX),
-                          EX_I("--steps", &o->steps, 0, INT_MAX), /* 0: whole epochs */
-                          EX_F("--lr", &o->lr),
-                          EX_F("--weight-decay", &o->weight_decay),
-                          EX_F("--momentum", &o->momentum),
+                          EX_FLAG("--steps", EX_INT, &o->steps, 0, INT_MAX, "an integer >= 0: the steps per epoch",
+                                  "0: whole epochs"),
+                          EX_FLAG("--lr", EX_FLOAT, &o->lr, 0, 0, "a finite number > 0", "0.001 (adamw), 0.05 (sgd)"),
+                          EX_F("--weight-decay", &o->weight_decay, "a finite number >= 0"),
+                          EX_F("--momentum", &o->momentum, "a number in [0, 1) (sgd)"),
                           EX_I("--monitor", &o->monitor, 0, 1),
                           EX_I("--remat", &o->remat, 0, 1),
                           EX_I("--memory", &o->memory, 0, 1),
-                          EX_S("--checkpoint", &o->checkpoint),
-                          EX_S("--resume", &o->resume) };
-    if (ex_parse("train_cnn", argc, argv, f, (int)(sizeof f / sizeof f[0]))) return 2;
+                          EX_S("--checkpoint", &o->checkpoint, "a file path to write"),
+                          EX_S("--resume", &o->resume, "a file --checkpoint wrote") };
+    int r = ex_parse("train_cnn", argc, argv, f, (int)(sizeof f / sizeof f[0]));
+    if (r) return r;
+    if (o->resume && !*o->resume) { /* refused here, not after the data is loaded */
+        fprintf(stderr, "train_cnn: --resume '': give the path of a file --checkpoint wrote\n");
+        return 2;
+    }
     if (MNIST_NTEST % o->devices) { /* no --batch helps then: say which device counts do */
         fprintf(stderr,
                 "train_cnn: --devices %d must divide the %d test images (each device evaluates an equal share); "
@@ -88,7 +97,7 @@ static int cnn_parse(int argc, char **argv, cnn_opts *o) {
         return 2;
     }
     if (!ex_given(argc, argv, "--lr")) o->lr = strcmp(o->optimizer, "sgd") ? 1e-3f : 0.05f; /* the optimizer's */
-    if (ex_check_lr("train_cnn", "--lr", o->lr, 0) || ex_check_lr("train_cnn", "--weight-decay", o->weight_decay, 0))
+    if (ex_check_lr("train_cnn", "--lr", o->lr, 1) || ex_check_lr("train_cnn", "--weight-decay", o->weight_decay, 0))
         return 2;
     if (!(o->momentum >= 0.0f && o->momentum < 1.0f)) {
         fprintf(stderr, "train_cnn: --momentum %g: must be in [0, 1)\n", (double)o->momentum);
@@ -326,7 +335,8 @@ int main(int argc, char **argv) {
                    .seed = 42,
                    .weight_decay = 1e-4f,
                    .momentum = 0.9f };
-    if (cnn_parse(argc, argv, &o)) return 2;
+    int rc = cnn_parse(argc, argv, &o);
+    if (rc) return ex_exit_status(rc);
     digits_prog = "train_cnn";
     dpar_runtime_desc rd = { .num_devices = o.devices };
     if (dpar_backend_from_name(o.backend, &rd.backend)) {
@@ -357,7 +367,7 @@ int main(int argc, char **argv) {
     dpar_runtime_device_info(rt, 0, &info);
     int steps = md.ntrain / o.batch; /* drop the last partial batch: the global batch is constant */
     if (o.steps && o.steps < steps) steps = o.steps;
-    printf("backend %s, %d device(s): %s\n", o.backend, o.devices, info.name);
+    printf("backend %s, %d device%s: %s\n", o.backend, o.devices, o.devices == 1 ? "" : "s", info.name);
     printf("data: %d train, %d test images; CNN, %lld parameters; batch %d (%d per device), %d steps per epoch; "
            "%s lr %g weight decay %g\n",
            md.ntrain, md.ntest, (long long)nparam, o.batch, o.batch / o.devices, steps, o.optimizer, (double)o.lr,
@@ -371,7 +381,7 @@ int main(int argc, char **argv) {
     cnn_shape shape = cnn_shape_of(&o, steps);
     dpar_checkpoint_entry shape_entry[2];
     if (cnn_shape_entries(mesh, &shape, shape_entry)) return digits_fail("run shape");
-    int first = 1, rc;
+    int first = 1;
     if (o.resume && (rc = cnn_resume(train, &o, shape_entry, &shape, steps, &md, &first))) return rc;
     double epoch_loss = 0.0, acc = 0.0;
     if (o.monitor) dpar_runtime_stats_reset(rt); /* the first window starts with training */
@@ -404,8 +414,8 @@ int main(int argc, char **argv) {
         if (o.checkpoint && dpar_graph_save_extra(train, o.checkpoint, shape_entry, 2))
             return digits_fail("--checkpoint");
     }
-    printf("final: backend=%s devices=%d model=cnn data=mnist epochs=%d test_accuracy=%.4f train_loss=%.8f\n",
-           o.backend, o.devices, o.epochs, acc, epoch_loss);
+    printf("final: backend=%s devices=%d model=cnn data=%s epochs=%d test_accuracy=%.4f train_loss=%.8f\n", o.backend,
+           o.devices, ex_basename(o.path), o.epochs, acc, epoch_loss);
     dpar_graph_destroy(eval);
     dpar_graph_destroy(train);
     dpar_runtime_destroy(rt); /* frees the arrays and the mesh too */

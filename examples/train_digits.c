@@ -10,9 +10,11 @@
 
    build/train_digits [--backend cpu|vulkan|cuda] [--devices N] [--epochs N]
                       [--batch N] [--lr X] [--momentum X] [--seed N] [--hidden N]
-                      [--data PATH]
+                      [--data PATH] [--monitor 0|1]
    Ends with exactly one line "final: backend=... devices=... epochs=...
-   test_accuracy=... train_loss=...". Exit status 0 on success.
+   test_accuracy=... train_loss=..." (train_loss: the mean over the last
+   epoch's steps). Exit status 0 on success or after --help (each flag's
+   values and default, on stdout); 2 for a bad flag (--lr must be > 0).
 
    Multi-process: built with -DDPAR_MPI (make build/train_digits_mpi) and run
    as `mpirun -np P build/train_digits_mpi --devices D`, each of the P
@@ -62,7 +64,8 @@ int main(int argc, char **argv) {
                       .lr = 0.1f,
                       .momentum = 0.9f,
                       .extra = { EX_I("--monitor", &monitor, 0, 1) } };
-    if (digits_parse("train_digits", argc, argv, &o)) return 2;
+    int rc = digits_parse("train_digits", argc, argv, &o);
+    if (rc) return ex_exit_status(rc);
     const char *backend = o.backend;
     int devices = o.devices, epochs = o.epochs, batch = o.batch, hidden = o.hidden;
     float lr = o.lr, momentum = o.momentum;
@@ -86,7 +89,6 @@ int main(int argc, char **argv) {
 
     /* data: fixed-seed 80/20 split and the initial weights (drawn in this order) */
     digits_setup ds;
-    int rc;
     if ((rc = digits_prepare("train_digits", &o, &ds))) return rc;
     dataset all = ds.all;
     int ntest = ds.ntest, ntrain = ds.ntrain, *train_idx = ds.train_idx, *test_idx = ds.test_idx;

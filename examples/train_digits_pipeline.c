@@ -46,7 +46,7 @@ int main(int argc, char **argv) {
         "cpu", "examples/data/digits.csv.gz", 2, 30, 64, 42, 128, 0.1f, 0.9f, { EX_I("--microbatches", &M, 1, INT_MAX) }
     };
     int rc = digits_parse("train_digits_pipeline", argc, argv, &o);
-    if (rc) return rc;
+    if (rc) return ex_exit_status(rc);
     if (o.devices != 2) {
         fprintf(stderr, "train_digits_pipeline: 2 stages use 2 devices (--devices 2)\n");
         return 2;

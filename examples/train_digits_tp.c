@@ -81,7 +81,7 @@ int main(int argc, char **argv) {
                       128,   0.1f,
                       0.9f,  { EX_I("--dp", &dp, 1, INT_MAX), EX_I("--tp", &tp, 1, INT_MAX) } };
     int rc = digits_parse("train_digits_tp", argc, argv, &o);
-    if (rc) return rc;
+    if (rc) return ex_exit_status(rc);
     long long ndev = (long long)dp * tp; /* in 64 bits: --dp and --tp may each be near INT_MAX */
     if (o.devices != ndev) {
         if (o.devices != 4 || ndev > INT_MAX) {

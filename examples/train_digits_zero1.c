@@ -59,7 +59,7 @@ int main(int argc, char **argv) {
                       128,   0.1f,
                       0.9f,  { EX_I("--checkpoint-epoch", &ckpt_epoch, 0, INT_MAX) } };
     int rc = digits_parse("train_digits_zero1", argc, argv, &o);
-    if (rc) return rc;
+    if (rc) return ex_exit_status(rc);
     if (ckpt_epoch < 0 || ckpt_epoch > o.epochs) { /* it would never be reached: say so, do not skip it silently */
         fprintf(stderr, "train_digits_zero1: --checkpoint-epoch %d is outside 0..%d (--epochs %d; 0: no checkpoint)\n",
                 ckpt_epoch, o.epochs, o.epochs);
@@ -155,7 +155,7 @@ int main(int argc, char **argv) {
             free(junk);
             if (dpar_checkpoint_restore(ckpt, ent, n, &at)) return digits_fail("checkpoint restore");
             rng_state = saved_rng;
-            printf("checkpoint: saved after epoch %d to %s (%d entries), restored into wiped state (step %llu)\n", e,
+            printf("checkpoint: saved after epoch %d to %s (%d entries), restored into wiped state (epoch %llu)\n", e,
                    ckpt, n, (unsigned long long)at);
             remove(ckpt);
         }

@@ -39,11 +39,16 @@
    prints after the first step the training graph's measured peak on device 0
    against its planned live set (one "memory:" line); --monitor 1 prints with
    each training-loss line one "monitor:" line per device, its time shares
-   (compute, collectives, copies, idle) since the last one (ex_monitor). Ends with exactly one
-   line "final: backend=cpu devices=4 model=gpt dp=2 tp=2 steps=1000
-   train_loss=... val_loss=...". Exit status 0 on success; 2 for a bad flag
-   (each named with its value and limit), 1 for unreadable data, a NaN or
-   infinite loss (naming the step) or replicas that differ. */
+   (compute, collectives, copies, idle) since the last one (ex_monitor). Ends
+   with exactly one line "final: backend=cpu devices=4 model=gpt dp=2 tp=2
+   steps=1000 train_loss=... train_loss_steps=951-1000 val_loss=...":
+   train_loss is the mean training loss over the steps train_loss_steps names
+   (those since the previous training-loss line: the last --log-every
+   window, shorter when --steps is not a multiple of it), val_loss the last
+   validation loss. Exit status 0 on success; 0 after --help (each flag's
+   values and default, on stdout); 2 for a bad flag (each named with its
+   value and limit), 1 for unreadable data, a NaN or infinite loss (naming
+   the step) or replicas that differ. */
 #include "digits_common.h" /* splitmix64 (rng_next), now_s, digits_fail, ex_parse */
 
 /* ------------------------------------------------------------------ flags */
@@ -60,26 +65,29 @@ typedef struct {
     float lr;
 } gpt_opts;
 
-/* Parses the flags into o (defaults already there; ex_parse); 0 on success, 2 on a usage error. */
+/* Parses the flags into o (defaults already there; ex_parse); 0 on success,
+   EX_HELP after --help, 2 on a usage error (main returns ex_exit_status). */
 static int gpt_parse(int argc, char **argv, gpt_opts *o) {
-    const ex_flag f[] = { EX_S("--backend", &o->backend),
-                          EX_S("--data", &o->path),
-                          EX_S("--prompt", &o->prompt),
+    const ex_flag f[] = { EX_S("--backend", &o->backend, "cpu|vulkan|cuda"),
+                          EX_S("--data", &o->path, "a text file, gzip'd or plain"),
+                          EX_S("--prompt", &o->prompt, "text whose characters occur in --data"),
                           EX_I("--dp", &o->dp, 1, INT_MAX),
                           EX_I("--tp", &o->tp, 1, INT_MAX),
-                          EX_I("--devices", &o->devices, 1, INT_MAX),
+                          EX_FLAG("--devices", EX_INT, &o->devices, 1, INT_MAX, NULL, "--dp x --tp"),
                           EX_I("--steps", &o->steps, 1, INT_MAX),
                           EX_I("--batch", &o->batch, 1, BATCH_MAX),
                           EX_I("--seed", &o->seed, INT_MIN, INT_MAX),
-                          EX_I("--log-every", &o->log_every, 1, INT_MAX),
+                          EX_FLAG("--log-every", EX_INT, &o->log_every, 1, INT_MAX,
+                                  "an integer >= 1: steps per train_loss line, the mean over them", NULL),
                           EX_I("--eval-every", &o->eval_every, 0, INT_MAX), /* 0: off */
                           EX_I("--val-batches", &o->val_batches, 1, INT_MAX),
                           EX_I("--gen", &o->gen, 0, GEN_MAX), /* 0: off; one forward pass per character */
                           EX_I("--remat", &o->remat, 0, 1),
                           EX_I("--memory", &o->memory, 0, 1),
                           EX_I("--monitor", &o->monitor, 0, 1),
-                          EX_F("--lr", &o->lr) };
-    if (ex_parse("train_gpt", argc, argv, f, (int)(sizeof f / sizeof f[0]))) return 2;
+                          EX_F("--lr", &o->lr, "a finite number > 0: the schedule's peak") };
+    int r = ex_parse("train_gpt", argc, argv, f, (int)(sizeof f / sizeof f[0]));
+    if (r) return r;
     long long mesh = (long long)o->dp * o->tp;                  /* in 64 bits: --dp and --tp may each be near INT_MAX */
     if (!o->devices && mesh <= INT_MAX) o->devices = (int)mesh; /* the default follows --dp x --tp */
     if (o->devices != mesh) {
@@ -115,9 +123,11 @@ typedef struct {
 } text_data;
 
 /* Reads the gzip'd (or plain) text at path. 0 on success; else prints what
-   is wrong (cannot open, corrupt gzip data, too short) and returns -1. */
+   is wrong (a directory, cannot open, corrupt gzip data, too short) and
+   returns -1. */
 static int text_load(const char *path, text_data *t) {
     memset(t, 0, sizeof *t);
+    if (ex_check_data_file("train_gpt", path)) return -1;
     gzFile f = gzopen(path, "rb");
     if (!f) {
         fprintf(stderr, "train_gpt: cannot open %s: %s (run from the repository root, or give --data PATH)\n", path,
@@ -423,7 +433,8 @@ int main(int argc, char **argv) {
                    .val_batches = 20,
                    .gen = 200,
                    .lr = 3e-3f };
-    if (gpt_parse(argc, argv, &o)) return 2;
+    int rc = gpt_parse(argc, argv, &o);
+    if (rc) return ex_exit_status(rc);
     digits_prog = "train_gpt";
     dpar_runtime_desc rd = { .num_devices = o.devices };
     if (dpar_backend_from_name(o.backend, &rd.backend)) {
@@ -461,8 +472,8 @@ int main(int argc, char **argv) {
     if (gpt_train_graph(mesh, param, pi, &o, &train, &x, &y, &gs)) return digits_fail("training graph");
     mem.graph = ex_memory_now(rt, 0) - mem.base;
     if (gpt_val_graph(mesh, param, pi, &o, &val, &vx, &vy, &vloss)) return digits_fail("validation graph");
-    printf("backend %s, %d devices: mesh %dx%d (data, model); %d heads per device\n", o.backend, o.devices, o.dp, o.tp,
-           N_HEAD / o.tp);
+    printf("backend %s, %d device%s: mesh %dx%d (data, model); %d heads per device\n", o.backend, o.devices,
+           o.devices == 1 ? "" : "s", o.dp, o.tp, N_HEAD / o.tp);
     printf("data: %ld characters, vocabulary %d, %ld train / %ld validation; GPT %d layers, %d heads, %d embd, "
            "context %d: %lld parameters; batch %d (%d per data shard), %d steps\n",
            td.n, td.vocab, td.ntrain, td.n - td.ntrain, N_LAYER, N_HEAD, N_EMBD, CTX, (long long)nparam, o.batch,
@@ -478,6 +489,7 @@ int main(int argc, char **argv) {
                                     .end_lr = o.lr / 10.0f };
     if (sched.decay_steps <= sched.warmup_steps) sched.decay_steps = sched.warmup_steps + 1; /* short runs */
     double t0 = now_s(), tlog = t0, sum = 0.0, train_l = 0.0, val_l = 0.0;
+    int train_from = 1;                          /* train_l: the mean loss of steps train_from..the last logged step */
     if (o.monitor) dpar_runtime_stats_reset(rt); /* the first window starts with training */
     for (int step = 0; step < o.steps; step++) {
         float lr, loss;
@@ -495,7 +507,7 @@ int main(int argc, char **argv) {
         if (done % o.log_every == 0 || last) {
             int k = done % o.log_every ? done % o.log_every : o.log_every;
             double now = now_s();
-            train_l = sum / k;
+            train_l = sum / k, train_from = done - k + 1;
             printf("step %5d  train_loss %.8f  lr %.3e  ms/step %.0f\n", done, train_l, (double)lr,
                    1e3 * (now - tlog) / k);
             if (o.monitor) ex_monitor(rt);
@@ -514,8 +526,9 @@ int main(int argc, char **argv) {
     int same = 1;
     for (int i = 0; i < NPARAM; i++) same &= ex_replicas_identical(mesh, param[i]);
     printf("replicated parameters bitwise identical on every device: %s\n", same ? "yes" : "NO");
-    printf("final: backend=%s devices=%d model=gpt dp=%d tp=%d steps=%d train_loss=%.6f val_loss=%.6f\n", o.backend,
-           o.devices, o.dp, o.tp, o.steps, train_l, val_l);
+    printf("final: backend=%s devices=%d model=gpt dp=%d tp=%d steps=%d train_loss=%.6f train_loss_steps=%d-%d "
+           "val_loss=%.6f\n",
+           o.backend, o.devices, o.dp, o.tp, o.steps, train_l, train_from, o.steps, val_l);
     dpar_graph_destroy(val);
     dpar_graph_destroy(train);
     dpar_runtime_destroy(rt); /* frees the arrays and the mesh too */

@@ -5,7 +5,7 @@
 #                      which 2 steps reach as 8 do)
 #   Vulkan vs CPU      the per-epoch losses within 1e-3 relative (1 epoch x 2 steps, 2 devices;
 #                      SKIPPED when there is no Vulkan device or it lacks an op the CNN needs)
-#   exactly one "final:" line naming backend, devices, model, data, epochs.
+#   exactly one "final:" line naming backend, devices, model, data (the file's name), epochs.
 #   --checkpoint / --resume: epoch 1 saved, epoch 2 resumed from it prints the
 #                      epoch lines (loss, test accuracy) and the final line of the
 #                      uninterrupted 2-epoch run, character for character
@@ -13,9 +13,9 @@
 #   --resume with other flags (--batch, --seed, --optimizer both ways): refused before anything runs, naming
 #                      the flag, both values and the flags to pass (--steps S keeps S steps per epoch, so
 #                      the step count divides: it used to skip an epoch silently)
-#   bad input          --memory 2, a batch larger than the training set, a NaN loss (--lr 1e30), an unwritable
-#                      --checkpoint directory and a malformed data row (999, 1.5): each a named error, a non-zero
-#                      exit and no final: line
+#   bad input          --memory 2, a batch larger than the training set, a NaN loss (--lr 1e30), --lr 0, an
+#                      unwritable --checkpoint directory, --resume '' (at flag parsing) and a malformed data row
+#                      (999, 1.5): each a named error, a non-zero exit and no final: line
 #   --remat 1 / --memory 1: the epoch line of the plain run (1 epoch x 2 steps, 4 devices), and
 #                      the measured peak within 1.1x of the planned live set, lower with remat
 # The accuracy target (>= 0.955 after 10 epochs) is `make run`'s, too long for CI.
@@ -51,7 +51,7 @@ run() { # out args...
 }
 if run "$one" --devices 1 --epochs 2 --steps $S && run "$four" --devices 4 --epochs 2 --steps $S; then
     check "train_cnn 1 vs 4 devices: same per-epoch losses over 2 epochs x $S steps" "$one" "$four" 1e-5
-    want='^final: backend=cpu devices=4 model=cnn data=mnist epochs=2 test_accuracy=[0-9.]* train_loss=[0-9.]*$'
+    want='^final: backend=cpu devices=4 model=cnn data=mnist_5k.csv.gz epochs=2 test_accuracy=[0-9.]* train_loss=[0-9.]*$'
     n=$(grep -c "$want" "$four")
     if [ "$n" -eq 1 ]; then echo "PASS train_cnn prints exactly one final: line"
     else echo "FAIL train_cnn printed $n final: lines like $want"; fi
@@ -126,6 +126,11 @@ refused "--batch 8000 (> 4000 training images) is refused up front" 2 --batch 80
     "--batch 8000" "4000 training images"
 refused "--lr 1e30 stops at the first NaN loss, naming the step" 1 --lr 1e30 --epochs 1 --steps 4 -- \
     "training loss is" "at step 2 (epoch 1)"
+refused "--lr 0 is refused (> 0, as train_gpt and train_digits)" 2 --lr 0 -- "train_cnn: --lr 0: must be a finite number > 0"
+"$bin" --epochs 1 --steps 1 --resume '' >"$e1" 2>&1; rc=$? # it was refused only after loading the data
+if [ "$rc" -eq 2 ] && grep -qF -- "--resume '': give the path of a file --checkpoint wrote" "$e1" &&
+    ! grep -q '^backend ' "$e1"; then echo "PASS train_cnn --resume '' is refused at flag parsing"
+else echo "FAIL train_cnn --resume '': exit status $rc: $(tail -1 "$e1")"; fi
 refused "--checkpoint in a missing directory is refused before training" 2 --checkpoint "$ck.dir/none/x.ckpt" -- \
     "--checkpoint" "$ck.dir/none"
 # a malformed row: line 2 has 999 in field 300

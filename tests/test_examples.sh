@@ -149,7 +149,7 @@ for ex in train_digits train_digits_tp train_digits_zero1 train_digits_pipeline;
     refused "$ex --lr 1e30 stops at the NaN loss, naming the step" 1 "training loss is" "at step 2 (epoch 1)"
 done
 run train_digits --lr -0.1
-refused "train_digits --lr -0.1 is named with its limit" 2 "--lr -0.1: must be a finite number >= 0"
+refused "train_digits --lr -0.1 is named with its limit" 2 "--lr -0.1: must be a finite number > 0"
 # a number past its type is out of range, named as typed (was "not an integer" / "--lr inf"),
 # with the flag's own range (was the whole int range for --epochs too)
 run train_digits --epochs 99999999999
@@ -191,6 +191,64 @@ refused "engine_vulkan --data with a short row says how many fields" 1 "line 5 h
 rm -f "$bad_csv"
 run engine_vulkan --step 3
 refused "engine_vulkan names an unknown flag and lists the flags" 2 "unknown flag --step" "[--steps N]"
+for ex in train_digits train_digits_tp train_digits_zero1 train_digits_pipeline; do # train_cnn and train_gpt refused it
+    run $ex --lr 0
+    refused "$ex --lr 0 is refused as train_gpt refuses it" 2 "$ex: --lr 0: must be a finite number > 0"
+done
+run train_digits --data "$(dirname "$0")" # zlib called a directory corrupt gzip data
+refused "train_digits --data DIR says it is a directory" 1 "--data $(dirname "$0") is a directory"
+bad_csv=$(mktemp)
+printf '1,2,\037\213\001\377%s,3\n' "$(printf 'x%.0s' 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25)" \
+    >"$bad_csv" # binary bytes, then more than the 20 an excerpt shows
+run train_digits --data "$bad_csv"
+refused "train_digits --data with binary bytes escapes and cuts them" 1 \
+    "line 1 field 3: '\x1f\x8b\x01\xffxxxxxxxxxxxxxxxx...' is not a pixel"
+if printf '%s\n' "$out" | LC_ALL=C grep -q '[^ -~]'; then fail "train_digits --data binary: the error holds raw bytes" \
+    "$(printf '%s\n' "$out" | od -c | head -3)"; fi
+rm -f "$bad_csv"
+run dp_regression --devices 1
+has_all "dp_regression --devices 1 says 1 device" "backend " "of 1 device"
+case "$out" in *"1 devices"*) fail "dp_regression --devices 1 grammar" "printed '1 devices'" ;; esac
+# ZeRO-1's checkpoint after epoch 1: its counter is the epoch (it said "step 1")
+run train_digits_zero1 --epochs 1 --checkpoint-epoch 1
+has_all "train_digits_zero1 labels the checkpoint's counter an epoch" "checkpoint: saved after epoch 1" \
+    "restored into wiped state (epoch 1)"
+
+# ---- --help: every example's flags, values and defaults on stdout, exit 0; a bad flag: stderr, exit 2
+# help NAME: runs NAME --help; $hout its stdout, $herr its stderr, $rc its status
+help() {
+    bin="$BUILD/$1"; herr=$(mktemp)
+    hout=$(${DPAR_TEST_WRAPPER:-} "$bin" --help 2>"$herr"); rc=$?
+    herr_text=$(cat "$herr"); rm -f "$herr"
+}
+# readme_flags NAME: the flags README.md's example table names in NAME's row, sorted, one a line
+readme_flags() {
+    grep -F "| \`$1\` |" "$(dirname "$0")/../README.md" | grep -o -- '--[a-z][a-z-]*' | sort -u
+}
+for ex in pmap_basics dp_regression predict_update collectives_tour train_digits train_digits_zero1 \
+    train_digits_tp train_digits_pipeline train_cnn train_gpt engine_vulkan; do
+    if [ ! -x "$BUILD/$ex" ]; then
+        if [ "$ex" = engine_vulkan ]; then echo "SKIPPED $ex --help: not built (a Vulkan build builds it)"; continue; fi
+        fail "$ex --help" "$BUILD/$ex is not built (make examples)"; continue
+    fi
+    help $ex
+    flags=$(printf '%s\n' "$hout" | sed -n 's/^  \(--[a-z-]*\) .*/\1/p')
+    nodef=$(printf '%s\n' "$hout" | grep '^  --' | grep -v '(default ')
+    if [ "$rc" -eq 0 ] && [ -z "$herr_text" ] && [ -n "$flags" ] && [ -z "$nodef" ] &&
+        printf '%s\n' "$hout" | grep -q "^usage: $ex "; then
+        pass "$ex --help: every flag with its values and default on stdout, exit 0"
+    else fail "$ex --help" "exit status $rc, stderr '$herr_text', lines without a default: '$nodef'"; fi
+    hf=$(mktemp); rf=$(mktemp)
+    printf '%s\n' "$flags" | sort -u >"$hf"; readme_flags $ex >"$rf"
+    diff_out=$(diff "$hf" "$rf" | grep '^[<>]'); rm -f "$hf" "$rf"
+    if [ -z "$diff_out" ]; then pass "$ex: README's flag list is its --help's"
+    else fail "$ex: README's flag list differs from --help (<: --help only, >: README only)" "$(echo $diff_out)"; fi
+    run $ex --no-such-flag 1
+    if [ "$rc" -eq 2 ] && printf '%s\n' "$out" | grep -q "unknown flag --no-such-flag" &&
+        [ -z "$(${DPAR_TEST_WRAPPER:-} "$BUILD/$ex" --no-such-flag 1 2>/dev/null)" ]; then
+        pass "$ex: a bad flag exits 2 with the usage on stderr"
+    else fail "$ex: a bad flag" "exit status $rc: $(printf '%s\n' "$out" | tail -1)"; fi
+done
 run engine_vulkan --budget-ms 0
 refused "engine_vulkan --budget-ms 0 is named with its limit" 2 "--budget-ms 0: must be a finite number > 0"
 

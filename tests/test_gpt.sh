@@ -4,7 +4,8 @@
 #   1x1 vs 2x2 vs 4x1 vs 1x4 meshes   the same per-step training losses within 1e-4 relative
 #   2x2                               replicated parameters bitwise identical at the end (the example
 #                                     checks and says so; exit status 1 otherwise), a generated sample,
-#                                     exactly one "final:" line naming backend, devices, model, dp, tp, steps
+#                                     exactly one "final:" line naming backend, devices, model, dp, tp, steps,
+#                                     train_loss_steps
 #   2x2 --remat 1                     the same per-step training losses as 2x2 (bit for bit, as printed);
 #                                     --memory 1: measured peak within 1.1x of the planned live set,
 #                                     with and without remat, and remat lowers the measured peak
@@ -16,9 +17,11 @@
 #                                     training and without a final: line: a --prompt character not in
 #                                     the text (it was undefined behaviour at generation time), an empty
 #                                     --prompt, --eval-every -1, --remat 2, --monitor 2, --dp x --tp past an int, --gen 100001, a truncated
-#                                     gzip --data, --batch 3 over --dp 2, --batch past 4096, a batch larger
-#                                     than the training windows, more validation rows than windows;
-#                                     --lr 1e30 stops naming the step
+#                                     gzip --data, a directory as --data, --lr 0, --batch 3 over --dp 2,
+#                                     --batch past 4096, a batch larger than the training windows, more
+#                                     validation rows than windows; --lr 1e30 stops naming the step
+#   final train_loss                  the mean of the window train_loss_steps names (5 steps, --log-every 3:
+#                                     4-5), as the last train_loss line printed it
 # The validation-loss target (<= 1.85 after 1,000 steps) is `make run-gpt`'s, too long for CI.
 BUILD=${BUILD:-build}
 bin="$BUILD/train_gpt"
@@ -58,7 +61,7 @@ if run "$dir/1x1" --dp 1 --tp 1 $short --gen 0 && run "$dir/2x2" $short --gen 20
     if grep -A1 '^sample (prompt "ROMEO:", 20 characters' "$dir/2x2" | grep -q '^ROMEO:'; then
         echo "PASS train_gpt generates a sample from the prompt"
     else echo "FAIL train_gpt printed no sample"; fi
-    want="^final: backend=cpu devices=4 model=gpt dp=2 tp=2 steps=$S train_loss=[0-9.]* val_loss=[0-9.]*\$"
+    want="^final: backend=cpu devices=4 model=gpt dp=2 tp=2 steps=$S train_loss=[0-9.]* train_loss_steps=$S-$S val_loss=[0-9.]*\$"
     n=$(grep -c "$want" "$dir/2x2")
     if [ "$n" -eq 1 ] && [ "$(grep -c '^final:' "$dir/2x2")" -eq 1 ]; then
         echo "PASS train_gpt prints exactly one final: line"
@@ -122,6 +125,19 @@ gzip -dc examples/data/tinyshakespeare.txt.gz | head -c 20000 | gzip >"$dir/cut.
 head -c $(($(wc -c <"$dir/cut.gz") - 8)) "$dir/cut.gz" >"$dir/cut_nt.gz"
 "$bin" $short --data "$dir/cut_nt.gz" >"$o" 2>&1
 bad "a truncated gzip --data is refused" 1 $? "$o" "corrupt or truncated"
+# the final train_loss is the mean of the steps it names: the last --log-every window, here steps 4-5 (a log
+# line at 3, then at the last step 5), the value the step 5 line printed
+if run "$dir/win" --dp 1 --tp 1 --batch 2 --steps 5 --log-every 3 --val-batches 1 --gen 0; then
+    got=$(sed -n 's/^final:.* train_loss=\([0-9.]*\) train_loss_steps=\([0-9-]*\) .*/\1 \2/p' "$dir/win")
+    want=$(awk '/^step +5 +train_loss / { printf "%.6f 4-5", $4 }' "$dir/win")
+    if [ -n "$want" ] && [ "$got" = "$want" ]; then
+        echo "PASS train_gpt final train_loss names its window (train_loss_steps=4-5) and is that line's mean"
+    else echo "FAIL train_gpt final train_loss: got '$got', want '$want'"; fi
+fi
+"$bin" $short --lr 0 >"$o" 2>&1
+bad "--lr 0 is refused" 2 $? "$o" "train_gpt: --lr 0: must be a finite number > 0"
+"$bin" $short --data "$dir" >"$o" 2>&1
+bad "a directory as --data is named as one" 1 $? "$o" "--data $dir is a directory"
 "$bin" $short --eval-every -1 >"$o" 2>&1
 bad "--eval-every -1 is named with its limit" 2 $? "$o" "--eval-every -1: must be >= 0"
 "$bin" $short --remat 2 >"$o" 2>&1
