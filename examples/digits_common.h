@@ -32,7 +32,7 @@ typedef struct {
    0..pix_max (x = v / scale) and a label in 0..9 per line (ex_csv_row),
    into d (x [n, npix] f32, y [n] i32; blank lines skipped). 0 on success;
    else prints what is wrong (a directory; the file cannot be opened; line L
-   field F is malformed; a line is too long; the gzip stream is corrupt; no
+   field F is malformed; a line is too long or holds a NUL byte, as a binary file does; the gzip stream is corrupt; no
    rows) and returns -1. */
 static inline int csv_load(const char *prog, const char *path, int npix, long pix_max, float scale, int cap,
                            dataset *d) {
@@ -49,9 +49,17 @@ static inline int csv_load(const char *prog, const char *path, int npix, long pi
     char line[8192]; /* a row is at most 785 * 4 characters */
     long line_no = 0;
     int bad = !d->x || !d->y;
+    z_off_t at = gztell(f);
     while (!bad && d->n < cap && gzgets(f, line, sizeof line)) {
+        size_t got = (size_t)(gztell(f) - at), len = strlen(line); /* bytes read; fewer before a NUL byte */
+        at += (z_off_t)got;
         line_no++;
-        if (!strchr(line, '\n') && !gzeof(f)) {
+        if (len < got) {
+            char text[96];
+            fprintf(stderr, "%s: %s line %ld holds a NUL byte after '%s'; is it a CSV of %d pixels and a label?\n",
+                    prog, path, line_no, ex_excerpt(line, len, text, sizeof text), npix);
+            bad = 1;
+        } else if (!strchr(line, '\n') && !gzeof(f)) {
             fprintf(stderr, "%s: %s line %ld is longer than %zu characters; is it a CSV of %d pixels and a label?\n",
                     prog, path, line_no, sizeof line - 1, npix);
             bad = 1;

@@ -205,6 +205,9 @@ refused "train_digits --data with binary bytes escapes and cuts them" 1 \
     "line 1 field 3: '\x1f\x8b\x01\xffxxxxxxxxxxxxxxxx...' is not a pixel"
 if printf '%s\n' "$out" | LC_ALL=C grep -q '[^ -~]'; then fail "train_digits --data binary: the error holds raw bytes" \
     "$(printf '%s\n' "$out" | od -c | head -3)"; fi
+printf '1,2\0003\n' >"$bad_csv" # a NUL byte ended the line early: "longer than 8191 characters"
+run train_digits --data "$bad_csv"
+refused "train_digits --data with a NUL byte says so" 1 "line 1 holds a NUL byte after '1,2'"
 rm -f "$bad_csv"
 run dp_regression --devices 1
 has_all "dp_regression --devices 1 says 1 device" "backend " "of 1 device"
