@@ -169,6 +169,19 @@ static int text_load(const char *path, text_data *t) {
     return 0;
 }
 
+/* Writes p[0..n) to `out`, control bytes other than newline and tab (NUL
+   too) as \xNN: a sample of a binary --data file puts no escape sequence on
+   the terminal and is not cut at a NUL; other bytes (UTF-8 text) as they are. */
+static void put_text(FILE *out, const char *p, size_t n) {
+    for (size_t k = 0; k < n; k++) {
+        unsigned char c = (unsigned char)p[k];
+        if ((c < 32 && c != '\n' && c != '\t') || c == 127)
+            fprintf(out, "\\x%02x", c);
+        else
+            fputc(c, out);
+    }
+}
+
 /* Can `prompt` be fed (every character in the text's vocabulary)? 0 if so;
    else prints the first character that is not and returns 2 (checked
    before training, not after it). */
@@ -176,11 +189,13 @@ static int text_check_prompt(const text_data *t, const char *path, const char *p
     for (const char *p = prompt; *p; p++) {
         unsigned char c = (unsigned char)*p;
         if (t->id[c] >= 0) continue;
+        char text[96], shown[8] = ""; /* the prompt escaped (ex_excerpt); the character when printable */
+        if (c >= 32 && c < 127) snprintf(shown, sizeof shown, ", '%c'", c);
         fprintf(stderr,
-                "train_gpt: --prompt \"%s\": character %ld (byte 0x%02x%s%c%s) is not in the %d-character vocabulary "
+                "train_gpt: --prompt \"%s\": character %ld (byte 0x%02x%s) is not in the %d-character vocabulary "
                 "of %s; use characters that occur in the text\n",
-                prompt, (long)(p - prompt) + 1, c, c >= 32 && c < 127 ? ", '" : "", c >= 32 && c < 127 ? c : ' ',
-                c >= 32 && c < 127 ? "'" : "", t->vocab, path);
+                ex_excerpt(prompt, strlen(prompt), text, sizeof text), (long)(p - prompt) + 1, c, shown, t->vocab,
+                path);
         return 2;
     }
     return 0;
@@ -410,8 +425,13 @@ static dpar_status generate(dpar_mesh *mesh, dpar_array *const param[NPARAM], co
             if ((acc += exp(z[c] - mx) / tot) > u) break;
         text[len] = t->chars[c];
     }
-    text[len] = 0;
-    if (!s) printf("sample (prompt \"%s\", %d characters, temperature 1):\n%s\n", prompt, n, text);
+    if (!s) {
+        printf("sample (prompt \"");
+        put_text(stdout, prompt, strlen(prompt));
+        printf("\", %d characters, temperature 1):\n", n);
+        put_text(stdout, text, (size_t)len);
+        printf("\n");
+    }
     free(text);
     free(lg);
     dpar_graph_destroy(g);

@@ -107,6 +107,17 @@ bad "--prompt with a character not in the text is refused before training" 2 $? 
     "65-character vocabulary"
 "$bin" $short --prompt "" >"$o" 2>&1
 bad "an empty --prompt is refused" 2 $? "$o" "--prompt is empty"
+# a binary --data file: the sample and the prompt came out raw (an ESC sequence on the terminal, cut at a NUL)
+for i in $(seq 80); do printf 'ab\033[31m\000\n'; done >"$dir/ctl.txt"
+if run "$dir/ctl" --dp 1 --tp 1 --batch 2 --steps 2 --val-batches 1 --gen 40 --prompt "$(printf 'a\033')" \
+    --data "$dir/ctl.txt"; then
+    raw=$(tr -d '\t\n -~\200-\377' <"$dir/ctl" | od -An -c | head -2)
+    if [ -z "$raw" ] && grep -qF 'sample (prompt "a\x1b", 40 characters' "$dir/ctl" && grep -qF '\x00' "$dir/ctl"; then
+        echo "PASS train_gpt escapes control bytes of a binary --data in its sample"
+    else echo "FAIL train_gpt binary --data sample: raw bytes '$raw' or no escaped prompt / NUL"; fi
+fi
+"$bin" $short --prompt "$(printf 'a\001b')" >"$o" 2>&1
+bad "--prompt with a control byte is named, escaped" 2 $? "$o" '--prompt "a\x01b": character 2 (byte 0x01) is not'
 # --monitor 1: one line per device with each training-loss line, shares that fit the window
 if run "$dir/mon" --batch 8 --steps 2 --log-every 1 --val-batches 1 --gen 0 --monitor 1; then
     why=$(awk '/^monitor: device / { n++; s = 0
