@@ -350,6 +350,7 @@ int main(int argc, char **argv) {
     dpar_runtime *rt;
     dpar_mesh *mesh;
     if (dpar_runtime_create(&rd, &rt)) return digits_fail("runtime");
+    o.backend = dpar_backend_name(dpar_runtime_backend(rt)); /* what ran: --backend default or '' picks one */
     if (dpar_mesh_create(rt, &(dpar_mesh_desc){ .ndim = 1, .shape = { o.devices }, .axis_names = { "data" } }, &mesh))
         return digits_fail("mesh");
     dpar_array *param[NPARAM];

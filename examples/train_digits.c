@@ -104,6 +104,7 @@ int main(int argc, char **argv) {
     }
     dpar_runtime *rt;
     if (dpar_runtime_create(&rd, &rt)) return digits_fail("runtime");
+    backend = dpar_backend_name(dpar_runtime_backend(rt)); /* what ran: --backend default or '' picks one */
     dpar_mesh *mesh;
     if (dpar_mesh_create(rt, &(dpar_mesh_desc){ .ndim = 1, .shape = { devices }, .axis_names = { "data" } }, &mesh))
         return digits_fail("mesh");

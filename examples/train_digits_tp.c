@@ -110,6 +110,7 @@ int main(int argc, char **argv) {
     }
     dpar_runtime *rt;
     if (dpar_runtime_create(&rd, &rt)) return digits_fail("runtime");
+    o.backend = dpar_backend_name(dpar_runtime_backend(rt)); /* what ran: --backend default or '' picks one */
     dpar_mesh *mesh;
     dpar_mesh_desc md = { .ndim = 2, .shape = { dp, tp }, .axis_names = { "data", "model" } };
     if (dpar_mesh_create(rt, &md, &mesh)) return digits_fail("mesh");

@@ -478,6 +478,7 @@ int main(int argc, char **argv) {
     dpar_runtime *rt;
     dpar_mesh *mesh;
     if (dpar_runtime_create(&rd, &rt)) return digits_fail("runtime");
+    o.backend = dpar_backend_name(dpar_runtime_backend(rt)); /* what ran: --backend default or '' picks one */
     dpar_mesh_desc md = { .ndim = 2, .shape = { o.dp, o.tp }, .axis_names = { "data", "model" } };
     if (dpar_mesh_create(rt, &md, &mesh)) return digits_fail("mesh");
     param_info pi[NPARAM];

@@ -209,6 +209,11 @@ printf '1,2\0003\n' >"$bad_csv" # a NUL byte ended the line early: "longer than 
 run train_digits --data "$bad_csv"
 refused "train_digits --data with a NUL byte says so" 1 "line 1 holds a NUL byte after '1,2'"
 rm -f "$bad_csv"
+for ex in train_digits train_digits_tp train_digits_zero1 train_digits_pipeline; do # it printed "backend="
+    run $ex --backend "" --epochs 1
+    if printf '%s\n' "$out" | grep -qE '^final: backend=(cpu|vulkan|cuda) '; then pass "$ex --backend '' names the backend that ran"
+    else fail "$ex --backend '' names the backend that ran" "$(printf '%s\n' "$out" | tail -1)"; fi
+done
 run dp_regression --devices 1
 has_all "dp_regression --devices 1 says 1 device" "backend " "of 1 device"
 case "$out" in *"1 devices"*) fail "dp_regression --devices 1 grammar" "printed '1 devices'" ;; esac

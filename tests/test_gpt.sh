@@ -145,6 +145,10 @@ if run "$dir/win" --dp 1 --tp 1 --batch 2 --steps 5 --log-every 3 --val-batches 
         echo "PASS train_gpt final train_loss names its window (train_loss_steps=4-5) and is that line's mean"
     else echo "FAIL train_gpt final train_loss: got '$got', want '$want'"; fi
 fi
+if run "$dir/nobk" --backend default --dp 1 --tp 1 --batch 2 --steps 1 --val-batches 1 --gen 0; then # "backend=default"
+    if grep -qE '^final: backend=(cpu|vulkan|cuda) ' "$dir/nobk"; then echo "PASS train_gpt --backend default names the backend that ran"
+    else echo "FAIL train_gpt --backend default: $(tail -1 "$dir/nobk")"; fi
+fi
 "$bin" $short --lr 0 >"$o" 2>&1
 bad "--lr 0 is refused" 2 $? "$o" "train_gpt: --lr 0: must be a finite number > 0"
 "$bin" $short --data "$dir" >"$o" 2>&1
