@@ -14,7 +14,8 @@
                             [--batch N] [--lr X] [--momentum X] [--seed N] [--hidden N]
                             [--data PATH] [--checkpoint-epoch E]
    --checkpoint-epoch E saves the parameters and the sharded momentum after
-   epoch E ($TMPDIR or /tmp, dpar_zero1_<pid>.ckpt, removed afterwards), wipes
+   epoch E ($TMPDIR, or /tmp when unset or empty, dpar_zero1_<pid>.ckpt, its directory
+   checked before training, removed afterwards), wipes
    both, restores them and continues: the later epochs must be the same bit for bit. */
 #include "digits_common.h"
 #include "util/dpar_train.h"
@@ -69,6 +70,12 @@ int main(int argc, char **argv) {
         fprintf(stderr, "train_digits_zero1: --batch %d is not divisible by --devices %d\n", o.batch, o.devices);
         return 2;
     }
+    /* the checkpoint's file, checked before any training (an empty TMPDIR, as unset, is /tmp: it was "/") */
+    char ckpt[4096];
+    const char *tmp = getenv("TMPDIR");
+    snprintf(ckpt, sizeof ckpt, "%s/dpar_zero1_%ld.ckpt", tmp && *tmp ? tmp : "/tmp", (long)getpid());
+    if (ckpt_epoch && ex_check_writable("train_digits_zero1", "--checkpoint-epoch's file ($TMPDIR or /tmp)", ckpt))
+        return 2;
     digits_setup ds;
     if ((rc = digits_prepare("train_digits_zero1", &o, &ds))) return rc;
     int devices = o.devices, batch = o.batch, hidden = o.hidden;
@@ -126,8 +133,6 @@ int main(int argc, char **argv) {
     int steps = ds.ntrain / batch;
     dpar_shard_map_desc eval = { .fn = digits_eval_step, .user = param, .num_args = 3, .args = { tx, th, tl } };
     double epoch_loss = 0.0, acc = 0.0;
-    char ckpt[512];
-    snprintf(ckpt, sizeof ckpt, "%s/dpar_zero1_%ld.ckpt", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (long)getpid());
     for (int e = 1; e <= o.epochs; e++) {
         shuffle(ds.train_idx, ds.ntrain);
         double t0 = now_s(), sum = 0.0;

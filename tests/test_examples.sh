@@ -217,6 +217,13 @@ done
 run dp_regression --devices 1
 has_all "dp_regression --devices 1 says 1 device" "backend " "of 1 device"
 case "$out" in *"1 devices"*) fail "dp_regression --devices 1 grammar" "printed '1 devices'" ;; esac
+# ZeRO-1's checkpoint file: an unwritable $TMPDIR failed after epoch E's training, an empty one wrote into /
+out=$(TMPDIR=/nonexistent/dir ${DPAR_TEST_WRAPPER:-} "$BUILD/train_digits_zero1" --epochs 2 --checkpoint-epoch 2 2>&1); rc=$?
+refused "train_digits_zero1 --checkpoint-epoch with an unwritable \$TMPDIR is refused before training" 2 \
+    "cannot write in directory /nonexistent/dir"
+case "$out" in *"epoch   1"*) fail "train_digits_zero1 unwritable \$TMPDIR" "trained before refusing" ;; esac
+out=$(TMPDIR='' ${DPAR_TEST_WRAPPER:-} "$BUILD/train_digits_zero1" --epochs 1 --checkpoint-epoch 1 2>&1); rc=$?
+has_all "train_digits_zero1 with an empty \$TMPDIR saves in /tmp" "checkpoint: saved" "saved after epoch 1 to /tmp/dpar_zero1_"
 # ZeRO-1's checkpoint after epoch 1: its counter is the epoch (it said "step 1")
 run train_digits_zero1 --epochs 1 --checkpoint-epoch 1
 has_all "train_digits_zero1 labels the checkpoint's counter an epoch" "checkpoint: saved after epoch 1" \
