@@ -288,7 +288,8 @@ struct Options {
 // 0, EX_HELP after --help, or 2 after printing what is wrong: an unknown flag or a malformed value (ex_parse, which lists the
 // flags), or a value out of range, named with its limit.
 int parse(int argc, char **argv, Options &o) {
-    const ex_flag f[] = { EX_I("--steps", &o.steps, 1, INT_MAX), EX_I("--devices", &o.devices, 1, INT_MAX),
+    // --steps at least 2: step 1's loss is taken before its update, so one step cannot show the loss falling
+    const ex_flag f[] = { EX_I("--steps", &o.steps, 2, INT_MAX), EX_I("--devices", &o.devices, 1, INT_MAX),
                           EX_F("--budget-ms", &o.budget_ms, "a finite number > 0"),
                           EX_S("--data", &o.data, "a CSV file, gzip'd or plain") };
     if (int rc = ex_parse("engine_vulkan", argc, argv, f, 4)) return rc;
@@ -412,6 +413,10 @@ int main(int argc, char **argv) {
         std::printf("steps: %d, loss %.4f -> %.4f\n", o.steps, (double)first, (double)last);
         std::printf("readback through the exported VkBuffer equals dpar_array_get(w2): %s\n", same ? "yes" : "NO");
         good = same && last < first;
+        if (!same) std::fprintf(stderr, "engine_vulkan: the readback through the exported VkBuffer differs\n");
+        if (!(last < first)) // a check that failed says so: the exit status alone said nothing
+            std::fprintf(stderr, "engine_vulkan: the loss did not fall over %d steps (%g -> %g); try more --steps\n",
+                         o.steps, (double)first, (double)last);
     }
     if (m.g) dpar_graph_destroy(m.g);
     for (dpar_array *a : m.param)
