@@ -293,6 +293,12 @@ int parse(int argc, char **argv, Options &o) {
                           EX_F("--budget-ms", &o.budget_ms, "a finite number > 0"),
                           EX_S("--data", &o.data, "a CSV file, gzip'd or plain") };
     if (int rc = ex_parse("engine_vulkan", argc, argv, f, 4)) return rc;
+    if (kBatch % o.devices) { // named here, not as the feed's shape error after the Vulkan setup
+        std::fprintf(stderr,
+                     "engine_vulkan: --devices %d must divide the batch of %d rows (each device gets whole rows)\n",
+                     o.devices, kBatch);
+        return 2;
+    }
     if (!(o.budget_ms > 0.0f) || !std::isfinite(o.budget_ms)) {
         std::fprintf(stderr, "engine_vulkan: --budget-ms %g: must be a finite number > 0\n", (double)o.budget_ms);
         return 2;

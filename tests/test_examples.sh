@@ -191,6 +191,8 @@ refused "engine_vulkan --data with a short row says how many fields" 1 "line 5 h
 rm -f "$bad_csv"
 run engine_vulkan --steps 1 # step 1's loss is before its update: it exited 1 with no message
 refused "engine_vulkan --steps 1 is named with its limit" 2 "--steps 1: must be >= 2"
+run engine_vulkan --devices 3 # was the feed's shape error from inside the graph, after the Vulkan setup
+refused "engine_vulkan --devices 3 names the batch it must divide" 2 "--devices 3 must divide the batch of 64 rows"
 run engine_vulkan --step 3
 refused "engine_vulkan names an unknown flag and lists the flags" 2 "unknown flag --step" "[--steps N]"
 for ex in train_digits train_digits_tp train_digits_zero1 train_digits_pipeline; do # train_cnn and train_gpt refused it
