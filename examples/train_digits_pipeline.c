@@ -48,7 +48,8 @@ int main(int argc, char **argv) {
     int rc = digits_parse("train_digits_pipeline", argc, argv, &o);
     if (rc) return ex_exit_status(rc);
     if (o.devices != 2) {
-        fprintf(stderr, "train_digits_pipeline: 2 stages use 2 devices (--devices 2)\n");
+        fprintf(stderr, "train_digits_pipeline: --devices %d: the 2 pipeline stages take 2 devices; use --devices 2\n",
+                o.devices);
         return 2;
     }
     if (o.batch % M) {

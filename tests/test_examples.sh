@@ -189,6 +189,9 @@ refused "train_digits --data with a short row says how many fields" 1 "line 5 ha
 run engine_vulkan --data "$bad_csv"
 refused "engine_vulkan --data with a short row says how many fields" 1 "line 5 has 60 field(s); want 65"
 rm -f "$bad_csv"
+run train_digits_pipeline --devices 4 # it said "2 stages use 2 devices (--devices 2)", not the value given
+refused "train_digits_pipeline --devices 4 is named with the count it takes" 2 \
+    "--devices 4: the 2 pipeline stages take 2 devices; use --devices 2"
 run engine_vulkan --steps 1 # step 1's loss is before its update: it exited 1 with no message
 refused "engine_vulkan --steps 1 is named with its limit" 2 "--steps 1: must be >= 2"
 run engine_vulkan --devices 3 # was the feed's shape error from inside the graph, after the Vulkan setup
