@@ -146,7 +146,8 @@ static inline int ex_bad_int(const char *prog, const char *flag, const char *v, 
    name ends the table early). A number must be the whole token ("--epochs 3x"
    is refused) and fit its type: an int within the flag's [lo, hi], or a float
    of magnitude <= FLT_MAX ("--lr 1e40" is refused as out of range, naming the
-   value as typed, not passed on as inf); floats are read as double, then
+   value as typed, not passed on as inf; "--lr 1e-50", which rounds to 0,
+   too); floats are read as double, then
    rounded to float. A flag given twice keeps the last value. Returns 0;
    EX_HELP after --help (or -h) anywhere among the flags printed the flags
    with their defaults to stdout (ex_help: nothing else is parsed, so the
@@ -179,6 +180,10 @@ static inline int ex_parse(const char *prog, int argc, char **argv, const ex_fla
             if ((errno == ERANGE && isinf(x)) || (isfinite(x) && fabs(x) > FLT_MAX)) { /* would become inf */
                 fprintf(stderr, "%s: %s %s: out of range; a number from %g to %g\n", prog, a, v, -(double)FLT_MAX,
                         (double)FLT_MAX);
+                return 2;
+            }
+            if (x != 0.0 && (float)x == 0.0f) { /* would be refused later as "0", not as typed */
+                fprintf(stderr, "%s: %s %s: too small for a float (it rounds to 0)\n", prog, a, v);
                 return 2;
             }
             *(float *)flags[k].dst = (float)x;

@@ -162,6 +162,8 @@ refused "train_digits --seed 99999999999 is out of range, with the int range" 2 
     "--seed 99999999999: out of range; an integer from -2147483648 to 2147483647"
 run train_digits_tp --dp 2147483647 --tp 2 # dp x tp overflowed an int
 refused "train_digits_tp --dp 2147483647 --tp 2 names the mesh's size" 2 "--dp 2147483647 x --tp 2 has 4294967294 devices"
+run train_digits --lr 1e-50 # refused as "--lr 0"
+refused "train_digits --lr 1e-50 (0 as a float) is named as typed" 2 "--lr 1e-50: too small for a float"
 run train_digits --lr 1e40
 refused "train_digits --lr 1e40 is out of range, named as typed" 2 "--lr 1e40: out of range; a number from"
 for ex in dp_regression predict_update; do # they parsed with atoi: "--devices 2x" ran on 2 devices
