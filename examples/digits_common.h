@@ -28,12 +28,13 @@ typedef struct {
     int32_t *y;
 } dataset;
 
-/* Reads up to `cap` rows of a gzip'd (or plain) CSV file: `npix` pixels in
-   0..pix_max (x = v / scale) and a label in 0..9 per line (ex_csv_row),
-   into d (x [n, npix] f32, y [n] i32; blank lines skipped). 0 on success;
-   else prints what is wrong (a directory; the file cannot be opened; line L
-   field F is malformed; a line is too long or holds a NUL byte, as a binary file does; the gzip stream is corrupt; no
-   rows) and returns -1. */
+/* Reads up to `cap` rows of a gzip'd (or plain) CSV file (a note on stderr
+   says when it holds more): `npix` pixels in 0..pix_max (x = v / scale) and
+   a label in 0..9 per line (ex_csv_row), into d (x [n, npix] f32, y [n] i32;
+   blank lines skipped). 0 on success; else prints what is wrong (a
+   directory; the file cannot be opened; line L field F is malformed; a line
+   is too long or holds a NUL byte, as a binary file does; the gzip stream is
+   corrupt; no rows) and returns -1. */
 static inline int csv_load(const char *prog, const char *path, int npix, long pix_max, float scale, int cap,
                            dataset *d) {
     memset(d, 0, sizeof *d);
@@ -69,6 +70,10 @@ static inline int csv_load(const char *prog, const char *path, int npix, long pi
             d->n += !bad;
         }
     }
+    int more = 0; /* rows past the cap are left out: said, not dropped silently */
+    while (!bad && d->n == cap && !more && gzgets(f, line, sizeof line)) more = line[strspn(line, " \t\r\n")] != 0;
+    if (more)
+        fprintf(stderr, "%s: note: %s holds more than %d rows; %s reads the first %d\n", prog, path, cap, prog, cap);
     int err;
     const char *msg = gzerror(f, &err);
     if (!bad && err != Z_OK && err != Z_STREAM_END) {

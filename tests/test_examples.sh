@@ -223,6 +223,12 @@ for ex in train_digits train_digits_tp train_digits_zero1 train_digits_pipeline;
     if printf '%s\n' "$out" | grep -qE '^final: backend=(cpu|vulkan|cuda) '; then pass "$ex --backend '' names the backend that ran"
     else fail "$ex --backend '' names the backend that ran" "$(printf '%s\n' "$out" | tail -1)"; fi
 done
+big_csv=$(mktemp) # 3,594 rows: the rows past the 2,048 it reads were dropped without a word
+gzip -dc "$(dirname "$0")/../examples/data/digits.csv.gz" "$(dirname "$0")/../examples/data/digits.csv.gz" >"$big_csv"
+run train_digits --epochs 1 --data "$big_csv"
+has_all "train_digits --data with more rows than it reads says so" "note:" "holds more than 2048 rows" \
+    "reads the first 2048"
+rm -f "$big_csv"
 run dp_regression --devices 1
 has_all "dp_regression --devices 1 says 1 device" "backend " "of 1 device"
 case "$out" in *"1 devices"*) fail "dp_regression --devices 1 grammar" "printed '1 devices'" ;; esac
