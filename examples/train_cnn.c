@@ -24,7 +24,8 @@
    atomically: a crash leaves the previous epoch's file. --resume PATH
    continues from such a file with the flags it was trained with (the file
    holds them: another --batch, steps per epoch, --seed, --optimizer, --lr,
-   --weight-decay or --momentum is refused, naming both values and the flags
+   --weight-decay, --momentum or --data contents (a hash of the rows) is
+   refused, naming both values and the flags
    to pass, e.g. "--optimizer sgd --lr 0.05 --momentum 0.9"): its epochs
    are skipped (their shuffles replayed), and the epochs after it print what
    an uninterrupted run prints, bit for bit on the CPU backend.
@@ -221,18 +222,30 @@ static dpar_status cnn_accuracy(dpar_graph *g, dpar_value x, dpar_value logits, 
    training state (dpar_graph_save_extra) so that --resume refuses other
    flags instead of skipping or replaying the wrong epochs: the global batch,
    the steps per epoch, the seed (the data split and every epoch's order),
-   the optimizer and its hyper-parameters. Two small replicated arrays,
-   "train_cnn.run" (i32) and "train_cnn.hyper" (f32). */
-enum { RUN_BATCH, RUN_STEPS, RUN_SEED, RUN_OPT, NRUN };
+   the optimizer and its hyper-parameters, and a hash of the --data rows
+   (another file splits and batches differently). Two small replicated
+   arrays, "train_cnn.run" (i32) and "train_cnn.hyper" (f32). */
+enum { RUN_BATCH, RUN_STEPS, RUN_SEED, RUN_OPT, RUN_DATA, NRUN };
 enum { HYP_LR, HYP_WD, HYP_MOM, NHYP };
 typedef struct {
     int32_t run[NRUN];
     float hyp[NHYP];
 } cnn_shape;
 
-static cnn_shape cnn_shape_of(const cnn_opts *o, int steps) {
+/* FNV-1a (32 bits) of the loaded rows, pixels and labels: which data a checkpoint was trained on. */
+static int32_t cnn_data_hash(const dataset *d) {
+    uint32_t h = 2166136261u;
+    const unsigned char *p[2] = { (const unsigned char *)d->x, (const unsigned char *)d->y };
+    size_t n[2] = { (size_t)d->n * MNIST_PIX * sizeof(float), (size_t)d->n * sizeof(int32_t) };
+    for (int k = 0; k < 2; k++)
+        for (size_t i = 0; i < n[k]; i++) h = (h ^ p[k][i]) * 16777619u;
+    return (int32_t)(h & 0x7fffffff); /* an i32 array holds it */
+}
+
+static cnn_shape cnn_shape_of(const cnn_opts *o, int steps, const dataset *data) {
     int sgd = !strcmp(o->optimizer, "sgd");
-    return (cnn_shape){ { o->batch, steps, o->seed, sgd }, { o->lr, o->weight_decay, sgd ? o->momentum : 0.0f } };
+    return (cnn_shape){ { o->batch, steps, o->seed, sgd, cnn_data_hash(data) },
+                        { o->lr, o->weight_decay, sgd ? o->momentum : 0.0f } };
 }
 
 /* The arrays of the shape, holding `sh`, and their checkpoint entries. */
@@ -254,8 +267,8 @@ static dpar_status cnn_shape_entries(dpar_mesh *mesh, const cnn_shape *sh, dpar_
    difference is the optimizer's, named once). */
 static int cnn_check_shape(const cnn_opts *o, const cnn_shape *got, const cnn_shape *want) {
     static const char *const run_flag[NRUN] = { "--batch", "steps per epoch (--steps, --batch)", "--seed",
-                                                "--optimizer" };
-    static const char *const run_pass[NRUN] = { "--batch", "--steps", "--seed", "--optimizer" };
+                                                "--optimizer", "--data" };
+    static const char *const run_pass[NRUN] = { "--batch", "--steps", "--seed", "--optimizer", "--data" };
     static const char *const hyp_flag[NHYP] = { "--lr", "--weight-decay", "--momentum" };
     static const char *const opt_name[2] = { "adamw", "sgd" };
     char fix[256] = "";
@@ -270,6 +283,13 @@ static int cnn_check_shape(const cnn_opts *o, const cnn_shape *got, const cnn_sh
             at += (size_t)snprintf(fix + at, sizeof fix - at, " --optimizer %s", opt_name[got->run[k]]);
             continue;
         }
+        if (k == RUN_DATA) { /* no flag value to pass: the file is not recorded, only its rows' hash */
+            fprintf(stderr,
+                    "train_cnn: --resume %s was trained on other data (rows hash %08x) than --data %s (%08x); give "
+                    "the --data file it was trained on\n",
+                    o->resume, (unsigned)got->run[k], o->path, (unsigned)want->run[k]);
+            continue;
+        }
         fprintf(stderr, "train_cnn: --resume %s was trained with %s %d; this run asks for %d\n", o->resume, run_flag[k],
                 (int)got->run[k], (int)want->run[k]);
         if (k != RUN_OPT) at += (size_t)snprintf(fix + at, sizeof fix - at, " %s %d", run_pass[k], (int)got->run[k]);
@@ -281,7 +301,7 @@ static int cnn_check_shape(const cnn_opts *o, const cnn_shape *got, const cnn_sh
                 (double)got->hyp[k], (double)want->hyp[k]);
         at += (size_t)snprintf(fix + at, sizeof fix - at, " %s %g", hyp_flag[k], (double)got->hyp[k]);
     }
-    if (bad) fprintf(stderr, "train_cnn: resume with the flags %s was trained with:%s\n", o->resume, fix);
+    if (at) fprintf(stderr, "train_cnn: resume with the flags %s was trained with:%s\n", o->resume, fix);
     return bad ? 2 : 0;
 }
 
@@ -379,7 +399,7 @@ int main(int argc, char **argv) {
     float *logit_buf = malloc((size_t)MNIST_NTEST * NCLASS * sizeof(float));
     int32_t *yb = malloc((size_t)o.batch * sizeof(int32_t)), *y_test = malloc(MNIST_NTEST * sizeof(int32_t));
     mnist_gather(&md, md.test_idx, MNIST_NTEST, x_test, y_test);
-    cnn_shape shape = cnn_shape_of(&o, steps);
+    cnn_shape shape = cnn_shape_of(&o, steps, &md.all);
     dpar_checkpoint_entry shape_entry[2];
     if (cnn_shape_entries(mesh, &shape, shape_entry)) return digits_fail("run shape");
     int first = 1;

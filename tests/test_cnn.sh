@@ -111,6 +111,10 @@ if [ -s "$ck" ]; then
     refused "--resume with another --optimizer is refused, naming both and the flags to pass" 2 --devices 4 \
         --epochs 2 --steps $S --optimizer sgd --resume "$ck" -- "was trained with --optimizer adamw; this run asks for sgd" \
         "resume with the flags $ck was trained with: --optimizer adamw --lr 0.001"
+    # another data file: it resumed and trained on other rows than the run it continued (the first row dropped)
+    gzip -dc examples/data/mnist_5k.csv.gz | sed 1d >"$cpu2"
+    refused "--resume with another --data is refused" 2 --devices 4 --epochs 2 --steps $S --data "$cpu2" \
+        --resume "$ck" -- "was trained on other data" "than --data $cpu2"
 fi
 # an SGD file resumed with the default --optimizer (adamw): refused, naming sgd and the flags to pass
 if run "$e2" --devices 4 --epochs 1 --steps 1 --optimizer sgd --checkpoint "$ck.sgd"; then
