@@ -10,10 +10,11 @@
    the runtime (and its meshes) on every return path.
 
    Built with -std=c++17 -Wall -Wextra -Werror by g++ and clang++
-   (tests/test_first_programs.sh). Usage: cpp_example */
+   (tests/test_first_programs.sh). Usage: cpp_example (no flags; --help says so) */
 #include "dpar.h"
 
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -37,7 +38,13 @@ dpar_mesh_desc line_mesh(int n, const char *axis) {
 
 } // namespace
 
-int main() {
+int main(int argc, char **argv) {
+    if (argc > 1) { // no flags: --help says so (exit 0), anything else is a usage error (exit 2), as in every example
+        bool help = !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h");
+        std::fprintf(help ? stdout : stderr, "%susage: cpp_example (no flags; psum of x [4, 3] over 4 CPU devices)\n",
+                     help ? "" : "cpp_example: takes no flags\n");
+        return help ? 0 : 2;
+    }
     constexpr int ndev = 4, cols = 3;
     using runtime_ptr = std::unique_ptr<dpar_runtime, decltype(&dpar_runtime_destroy)>;
 

@@ -281,6 +281,12 @@ for ex in pmap_basics dp_regression predict_update collectives_tour train_digits
         pass "$ex: a bad flag exits 2 with the usage on stderr"
     else fail "$ex: a bad flag" "exit status $rc: $(printf '%s\n' "$out" | tail -1)"; fi
 done
+help cpp_example # it ignored its arguments: --help ran the program
+if [ "$rc" -eq 0 ] && [ -z "$herr_text" ] && printf '%s\n' "$hout" | grep -q "^usage: cpp_example " &&
+    ! printf '%s\n' "$hout" | grep -q "^device 0:"; then pass "cpp_example --help: its usage on stdout, exit 0"
+else fail "cpp_example --help" "exit status $rc: $(printf '%s\n' "$hout" | head -1)"; fi
+run cpp_example --devices 2
+refused "cpp_example names a flag it does not take" 2 "cpp_example: takes no flags"
 run engine_vulkan --budget-ms 0
 refused "engine_vulkan --budget-ms 0 is named with its limit" 2 "--budget-ms 0: must be a finite number > 0"
 
