@@ -15034,6 +15034,61 @@ enum { DPAR__EXP_BLOCK = 256 }; /* elements per dpar__exp_f32 call of the kernel
 static int dpar__unary_is_exp(int u) {
     return u == DPAR_UNARY_EXP || u == DPAR_UNARY_SIGMOID || u == DPAR_UNARY_SILU || u == DPAR_UNARY_GELU_TANH;
 }
+#ifdef DPAR__X86_SIMD
+/* dpar__cpu_unary_exp_range's steps in double on 8 lanes: the scalar loops' multiplies, adds and
+   divides in the same order, each rounded once (no fused multiply-add), so the same bits; each
+   returns how many leading elements it did (a multiple of 8), the scalar loop does the rest.
+   t = the exp's argument: -2u for GELU, -x for sigmoid and SiLU (exp: none, returns 0) */
+__attribute__((target("avx512f"))) static int dpar__exp_arg_avx512(int u, float *t, const float *x, int n) {
+    const __m512d k3 = _mm512_set1_pd(0.044715), km = _mm512_set1_pd(-2.0 * DPAR__GELU_K);
+    int i = 0;
+    if (u == DPAR_UNARY_GELU_TANH)
+        for (; i + 8 <= n; i += 8) {
+            __m512d v = _mm512_cvtps_pd(_mm256_loadu_ps(x + i));
+            __m512d c = _mm512_mul_pd(_mm512_mul_pd(_mm512_mul_pd(k3, v), v), v);
+            _mm256_storeu_ps(t + i, _mm512_cvtpd_ps(_mm512_mul_pd(km, _mm512_add_pd(v, c))));
+        }
+    else if (u != DPAR_UNARY_EXP)
+        for (; i + 8 <= n; i += 8)
+            _mm256_storeu_ps(t + i, _mm256_xor_ps(_mm256_set1_ps(-0.0f), _mm256_loadu_ps(x + i)));
+    return i;
+}
+/* forward, from t = exp(arg): g = 1 / (1 + t); y = g (sigmoid) or x g (SiLU, GELU) */
+__attribute__((target("avx512f"))) static int dpar__exp_fwd_avx512(int u, float *y, const float *x, const float *t,
+                                                                   int n) {
+    const __m512d one = _mm512_set1_pd(1.0);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m512d g = _mm512_div_pd(one, _mm512_add_pd(one, _mm512_cvtps_pd(_mm256_loadu_ps(t + i))));
+        if (u != DPAR_UNARY_SIGMOID) g = _mm512_mul_pd(_mm512_cvtps_pd(_mm256_loadu_ps(x + i)), g);
+        _mm256_storeu_ps(y + i, _mm512_cvtpd_ps(g));
+    }
+    return i;
+}
+/* backward, from t: y = dy f'(x), f' as dpar__cpu_unary_exp_range's scalar loop has it */
+__attribute__((target("avx512f"))) static int dpar__exp_bwd_avx512(int u, float *y, const float *x, const float *dy,
+                                                                   const float *t, int n) {
+    const __m512d one = _mm512_set1_pd(1.0), two = _mm512_set1_pd(2.0), k = _mm512_set1_pd(DPAR__GELU_K),
+                  k3 = _mm512_set1_pd(3.0 * 0.044715);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m512d tv = _mm512_cvtps_pd(_mm256_loadu_ps(t + i)), v = _mm512_cvtps_pd(_mm256_loadu_ps(x + i)), f;
+        __m512d g = _mm512_div_pd(one, _mm512_add_pd(one, tv)), h = _mm512_sub_pd(one, g);
+        if (u == DPAR_UNARY_EXP)
+            f = tv;
+        else if (u == DPAR_UNARY_SIGMOID)
+            f = _mm512_mul_pd(g, h);
+        else if (u == DPAR_UNARY_SILU)
+            f = _mm512_mul_pd(g, _mm512_add_pd(one, _mm512_mul_pd(v, h)));
+        else {
+            __m512d a = _mm512_mul_pd(_mm512_mul_pd(_mm512_mul_pd(_mm512_mul_pd(two, v), g), h), k);
+            f = _mm512_add_pd(g, _mm512_mul_pd(a, _mm512_add_pd(one, _mm512_mul_pd(_mm512_mul_pd(k3, v), v))));
+        }
+        _mm256_storeu_ps(y + i, _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_cvtps_pd(_mm256_loadu_ps(dy + i)), f)));
+    }
+    return i;
+}
+#endif
 /* y = f(x) (kind UNARY) or dy f'(x) for the exp-based kinds, DPAR__EXP_BLOCK elements at a time:
    t = the exp's argument (x, -x, or -2u for GELU) rounded to f32, t = dpar__exp_f32(t), then the
    rest of the formula (as dpar__unary_f / dpar__unary_d would have it) in double on t */
@@ -15049,25 +15104,33 @@ static void dpar__cpu_unary_exp_range(const dpar__op *op, int64_t lo, int64_t hi
         int n = hi - b < DPAR__EXP_BLOCK ? (int)(hi - b) : (int)DPAR__EXP_BLOCK;
         const float *xb = x + b;
         float *yb = y + b;
+        int i0 = 0, i1 = 0;
+#ifdef DPAR__X86_SIMD
+        int wide = __builtin_cpu_supports("avx512f");
+        if (wide) i0 = dpar__exp_arg_avx512(u, t, xb, n);
+#endif
         if (u == DPAR_UNARY_EXP)
             memcpy(t, xb, (size_t)n * sizeof(float));
         else if (u == DPAR_UNARY_GELU_TANH)
-            for (int i = 0; i < n; i++) {
+            for (int i = i0; i < n; i++) {
                 double v = (double)xb[i];
                 t[i] = (float)(-2.0 * DPAR__GELU_K * (v + 0.044715 * v * v * v));
             }
         else
-            for (int i = 0; i < n; i++) t[i] = -xb[i];
+            for (int i = i0; i < n; i++) t[i] = -xb[i];
         dpar__exp_f32(t, t, n);
+#ifdef DPAR__X86_SIMD
+        if (wide) i1 = bwd ? dpar__exp_bwd_avx512(u, yb, xb, dy + b, t, n) : dpar__exp_fwd_avx512(u, yb, xb, t, n);
+#endif
         if (u == DPAR_UNARY_EXP) /* backward */
-            for (int i = 0; i < n; i++) yb[i] = (float)((double)dy[b + i] * (double)t[i]);
+            for (int i = i1; i < n; i++) yb[i] = (float)((double)dy[b + i] * (double)t[i]);
         else if (!bwd) /* sigmoid: g; SiLU and GELU: x g */
-            for (int i = 0; i < n; i++) {
+            for (int i = i1; i < n; i++) {
                 double g = 1.0 / (1.0 + (double)t[i]);
                 yb[i] = (float)(u == DPAR_UNARY_SIGMOID ? g : (double)xb[i] * g);
             }
         else
-            for (int i = 0; i < n; i++) {
+            for (int i = i1; i < n; i++) {
                 double v = (double)xb[i], g = 1.0 / (1.0 + (double)t[i]), f;
                 if (u == DPAR_UNARY_SIGMOID)
                     f = g * (1.0 - g);
