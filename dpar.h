@@ -16087,6 +16087,34 @@ static dpar_status dpar__cpu_op_attn_bwd_kv(DPAR__CPU_OP_ARGS) {
         }                                                                                                  \
     }
 DPAR__ADAMW_RANGE(dpar__adamw_range, float, sqrtf, op->f[6], op->f[7])
+#ifdef DPAR__X86_SIMD
+/* dpar__adamw_range's f32 body on 16 lanes, for the leading multiple of 16 elements of [lo, hi):
+   the same multiplies, adds, divide and (correctly rounded) square root in the same order, no
+   fused multiply-add, so the same bits; the scalar loop, which sqrtf's errno path keeps from
+   being vectorised, cost 14% of the CNN step's CPU time on 4 devices (each updates every
+   parameter). Returns the end of what it did. */
+__attribute__((target("avx512f"))) static int64_t dpar__adamw_avx512(const dpar__op *op, int64_t lo, int64_t hi) {
+    const float b1 = op->f[1], b2 = op->f[2];
+    const __m512 lr = _mm512_set1_ps(op->f[0]), vb1 = _mm512_set1_ps(b1), vb2 = _mm512_set1_ps(b2),
+                 eps = _mm512_set1_ps(op->f[3]), wd = _mm512_set1_ps(op->f[4]), cs = _mm512_set1_ps(op->f[5]),
+                 c1 = _mm512_set1_ps(op->f[6]), c2 = _mm512_set1_ps(op->f[7]), ob1 = _mm512_set1_ps(1.0f - b1),
+                 ob2 = _mm512_set1_ps(1.0f - b2);
+    float *p = (float *)op->dst->mem, *m = (float *)op->dst2->mem, *v = (float *)op->dst3->mem;
+    const float *gr = (const float *)op->src0->mem;
+    int64_t i = lo;
+    for (; i + 16 <= hi; i += 16) {
+        __m512 g = _mm512_mul_ps(_mm512_loadu_ps(gr + i), cs), pi = _mm512_loadu_ps(p + i);
+        __m512 mi = _mm512_add_ps(_mm512_mul_ps(vb1, _mm512_loadu_ps(m + i)), _mm512_mul_ps(ob1, g));
+        __m512 vi = _mm512_add_ps(_mm512_mul_ps(vb2, _mm512_loadu_ps(v + i)), _mm512_mul_ps(ob2, _mm512_mul_ps(g, g)));
+        _mm512_storeu_ps(m + i, mi);
+        _mm512_storeu_ps(v + i, vi);
+        __m512 u = _mm512_div_ps(_mm512_mul_ps(mi, c1), _mm512_add_ps(_mm512_sqrt_ps(_mm512_mul_ps(vi, c2)), eps));
+        u = _mm512_add_ps(u, _mm512_mul_ps(wd, pi));
+        _mm512_storeu_ps(p + i, _mm512_sub_ps(pi, _mm512_mul_ps(lr, u)));
+    }
+    return i;
+}
+#endif
 /* the double that the core kept bit for bit in op->p[i] (an f64 op's scalar that float f[] would round) */
 static double dpar__op_pd(const dpar__op *op, int i) {
     double c;
@@ -16099,8 +16127,13 @@ static dpar_status dpar__cpu_op_adamw(DPAR__CPU_OP_ARGS) {
     DPAR__CPU_OP_UNUSED;
     if (op->dst->dtype == DPAR_F64)
         dpar__cpu_parallel(c, dev, op, op->n, 16, dpar__adamw64_range);
-    else
-        dpar__adamw_range(op, 0, op->n);
+    else {
+        int64_t i = 0;
+#ifdef DPAR__X86_SIMD
+        if (__builtin_cpu_supports("avx512f")) i = dpar__adamw_avx512(op, 0, op->n);
+#endif
+        dpar__adamw_range(op, i, op->n);
+    }
     return DPAR_OK;
 }
 static dpar_status dpar__cpu_op_embed(DPAR__CPU_OP_ARGS) {
