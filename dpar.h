@@ -15470,15 +15470,19 @@ static void dpar__cpu64_gemm(dpar__cpu *c, int dev, int64_t M, int64_t N, int64_
             int64_t q = r0 + r, n = q / ohw, i = q % ohw / g->ow, j = q % g->ow;                                 \
             T *cr = col + r * K;                                                                                 \
             for (int64_t p = 0; p < g->kh; p++) {                                                                \
-                int64_t ih = i * g->sh - g->pt + p * g->dh;                                                      \
-                for (int64_t t = 0; t < g->kw; t++, cr += C) {                                                   \
-                    int64_t iw = j * g->sw - g->pl + t * g->dw;                                                  \
+                int64_t ih = i * g->sh - g->pt + p * g->dh, iw0 = j * g->sw - g->pl;                             \
+                int64_t run = g->dw == 1 && iw0 >= 0 && iw0 + g->kw <= g->w ? g->kw * C : C;                     \
+                for (int64_t t = 0; t < g->kw; t += run / C, cr += run) {                                        \
+                    /* run: the kernel row's pixels as one span of x when they are adjacent and inside */        \
+                    int64_t iw = iw0 + t * g->dw;                                                                \
                     int in = ih >= 0 && ih < g->h && iw >= 0 && iw < g->w;                                       \
                     T *xp = in ? x + ((n * g->h + ih) * g->w + iw) * C : NULL;                                   \
                     if (add && in)                                                                               \
-                        for (int64_t ch = 0; ch < C; ch++) xp[ch] += cr[ch];                                     \
+                        for (int64_t e = 0; e < run; e++) xp[e] += cr[e];                                        \
+                    else if (!add && in)                                                                         \
+                        memcpy(cr, xp, (size_t)run * sizeof(T));                                                 \
                     else if (!add)                                                                               \
-                        for (int64_t ch = 0; ch < C; ch++) cr[ch] = in ? xp[ch] : (T)0;                          \
+                        memset(cr, 0, (size_t)run * sizeof(T)); /* +0 */                                         \
                 }                                                                                                \
             }                                                                                                    \
         }                                                                                                        \
