@@ -15541,7 +15541,30 @@ static void dpar__pool_span(const dpar__win2d *g, int64_t i, int64_t j, int64_t 
    gradient) for a window wholly in the padding. Avg: padding counts 0 and,
    unless DPAR__WIN_EXCLUDE_PAD, in the divisor (then an empty window is 0/0:
    NaN, as flax). One body for f32 and f64. */
-#define DPAR__POOL2D_DEF(NAME, T)                                                                                  \
+#ifdef DPAR__X86_SIMD
+__attribute__((target("avx512f"))) static int64_t dpar__pool_acc_avx512(float *y, const float *x, int64_t n, float d) {
+    int64_t i = 0;
+    const __m512 dv = _mm512_set1_ps(d);
+    for (; i + 16 <= n; i += 16) {
+        __m512 v = _mm512_loadu_ps(x + i);
+        _mm512_storeu_ps(y + i, _mm512_add_ps(_mm512_loadu_ps(y + i), d != 0.0f ? _mm512_div_ps(v, dv) : v));
+    }
+    return i;
+}
+#endif
+/* y[i] += x[i] (d = 0) or x[i] / d, i < n (the average pools' channel loops, which the compiler
+   leaves scalar: y and x may alias as far as it knows); f32 on AVX-512 lanes, the same bits */
+static void dpar__pool_acc_f32(float *y, const float *x, int64_t n, float d) {
+    int64_t i = 0;
+#ifdef DPAR__X86_SIMD
+    if (__builtin_cpu_supports("avx512f")) i = dpar__pool_acc_avx512(y, x, n, d);
+#endif
+    for (; i < n; i++) y[i] += d != 0.0f ? x[i] / d : x[i];
+}
+static void dpar__pool_acc_f64(double *y, const double *x, int64_t n, double d) {
+    for (int64_t i = 0; i < n; i++) y[i] += d != 0.0 ? x[i] / d : x[i];
+}
+#define DPAR__POOL2D_DEF(NAME, T, ACC)                                                                             \
     static dpar_status NAME(const dpar__op *op, int is_max, int bwd) {                                             \
         dpar__win2d g = dpar__win2d_get(op);                                                                       \
         const T *src = (const T *)op->src0->mem, *xf = op->src1 ? (const T *)op->src1->mem : src;                  \
@@ -15574,9 +15597,9 @@ static void dpar__pool_span(const dpar__win2d *g, int64_t i, int64_t j, int64_t 
                                         best[ch] = v, arg[ch] = xi + ch;                                           \
                                 }                                                                                  \
                             } else if (bwd) {                                                                      \
-                                for (int64_t ch = 0; ch < C; ch++) dst[xi + ch] += go[ch] / (T)cnt;                \
+                                ACC(dst + xi, go, C, (T)cnt);                                                      \
                             } else {                                                                               \
-                                for (int64_t ch = 0; ch < C; ch++) yo[ch] += src[xi + ch];                         \
+                                ACC(yo, src + xi, C, (T)0);                                                        \
                             }                                                                                      \
                         }                                                                                          \
                     for (int64_t ch = 0; is_max && !bwd && ch < C; ch++) yo[ch] = best[ch];                        \
@@ -15587,8 +15610,8 @@ static void dpar__pool_span(const dpar__win2d *g, int64_t i, int64_t j, int64_t 
         DPAR_FREE(arg);                                                                                            \
         return DPAR_OK;                                                                                            \
     }
-DPAR__POOL2D_DEF(dpar__cpu_pool2d, float)
-DPAR__POOL2D_DEF(dpar__cpu64_pool2d, double) /* >>f64 api */
+DPAR__POOL2D_DEF(dpar__cpu_pool2d, float, dpar__pool_acc_f32)
+DPAR__POOL2D_DEF(dpar__cpu64_pool2d, double, dpar__pool_acc_f64) /* >>f64 api */
 #undef DPAR__POOL2D_DEF
 
 /* >>cpu ops ===================================================================
