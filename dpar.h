@@ -1927,8 +1927,8 @@ DPAR_API dpar_status dpar_graph_recorded(const dpar_graph *g, int *segments, int
    DPAR_ERR_STATE (not run yet). */
 DPAR_API dpar_status dpar_graph_get(dpar_graph *g, dpar_value v, void *host);
 DPAR_API dpar_status dpar_graph_read_shard(dpar_graph *g, dpar_value v, int device, void *host);
-/* Writes one line per node (id, op (the optimizer node: sgd, adamw or
-   adamw_masked), name, inputs, dtype and per-device shape, the axes it varies over, the collective's axes, global shape and spec of
+/* Writes one line per node (id, op (the optimizer node: sgd, adamw or adamw_masked), name, inputs, dtype
+   and per-device shape, the axes it varies over, the collective's axes, global shape and spec of
    feeds/params, in pipelines its stage and whether it is a boundary; compiled: in_place(j) where the node
    writes over input j's buffer, DPAR_GRAPH_ALIAS) to `path`, or stdout when path is NULL. dpar_graph_write_dot:
    the same graph as Graphviz DOT. Errors: DPAR_ERR_IO naming the path. */
