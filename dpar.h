@@ -363,7 +363,10 @@ typedef struct dpar_runtime dpar_runtime;
    All num_devices logical devices share `queue`. dpar submits to it from its worker threads: when the
    engine also submits to it, give lock_queue / unlock_queue (dpar calls them around each vkQueueSubmit)
    or the engine must not touch the queue while a dpar call runs. dpar waits on its own fences only (never
-   vkDeviceWaitIdle / vkQueueWaitIdle), so the engine's work is never waited for. */
+   vkDeviceWaitIdle), so the engine's work is not waited for, with one exception: dpar_runtime_destroy of a
+   runtime that lent a buffer (dpar_vulkan_buffer_export) calls vkQueueWaitIdle on `queue` once, under
+   lock_queue, before it destroys its timeline semaphore (drivers with emulated timelines, such as Mesa's
+   lavapipe, still touch the semaphore after signalling the fence of its last batch). */
 typedef struct dpar_vulkan_external {
     void *instance;                       /* VkInstance the device was created from */
     void *physical_device;                /* VkPhysicalDevice of `device` */
@@ -374,7 +377,7 @@ typedef struct dpar_vulkan_external {
     void (*get_instance_proc_addr)(void); /* the engine's vkGetInstanceProcAddr, cast to void (*)(void) (from
                                              volk, a static loader); NULL: dpar dlopens libvulkan.so.1 */
     bool timeline_semaphore;              /* the engine enabled timelineSemaphore (dpar_vulkan_buffer_export) */
-    void (*lock_queue)(void *user);       /* around each of dpar's vkQueueSubmit on `queue`; NULL: none */
+    void (*lock_queue)(void *user);       /* around dpar's vkQueueSubmit / vkQueueWaitIdle on `queue`; NULL: none */
     void (*unlock_queue)(void *user);
     void *queue_user; /* passed to lock_queue / unlock_queue */
 } dpar_vulkan_external;

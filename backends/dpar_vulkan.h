@@ -103,7 +103,7 @@
     X(vkCreateCommandPool) X(vkDestroyCommandPool) X(vkAllocateCommandBuffers) X(vkFreeCommandBuffers) \
     X(vkBeginCommandBuffer) X(vkEndCommandBuffer) X(vkCmdPipelineBarrier) \
     X(vkCmdBindPipeline) X(vkCmdBindDescriptorSets) X(vkCmdPushConstants) X(vkCmdDispatch) \
-    X(vkCmdCopyBuffer) X(vkCmdFillBuffer) X(vkQueueSubmit) \
+    X(vkCmdCopyBuffer) X(vkCmdFillBuffer) X(vkQueueSubmit) X(vkQueueWaitIdle) \
     X(vkCreateFence) X(vkDestroyFence) X(vkResetFences) X(vkWaitForFences) \
     X(vkCreateShaderModule) X(vkDestroyShaderModule) \
     X(vkCreateDescriptorSetLayout) X(vkDestroyDescriptorSetLayout) \
@@ -903,6 +903,20 @@ static dpar_status dpar__vk_transfer(dpar__vk *st, int dev, dpar__vkbuf *dst, dp
 /* ---------------------------------------------------------------------------
    Backend entry points
    ------------------------------------------------------------------------ */
+/* Waits until the queue of a device whose timeline semaphore was lent is idle, under the engine's
+   queue lock. Its batches' fences are not enough before vkDestroySemaphore: Mesa's emulated timelines
+   (lavapipe, among others) signal the fence on a submit thread that then still installs and releases
+   the semaphore's time points, so destroying it at once frees what that thread is using (heap
+   corruption seen in test_export_contract). The thread finishes a batch before it takes the next, so
+   the idle wait's own batch orders the destroy after it. */
+static void dpar__vk_drain_queue(dpar__vk *st, dpar__vkdev *d) {
+    dpar__mutex_lock(&d->queue->lock);
+    if (st->lock_queue) st->lock_queue(st->queue_user);
+    (void)st->vkQueueWaitIdle(d->queue->queue); /* a lost device has nothing left to run */
+    if (st->unlock_queue) st->unlock_queue(st->queue_user);
+    dpar__mutex_unlock(&d->queue->lock);
+}
+
 static void dpar__vk_shutdown(void *state) {
     dpar__vk *st = (dpar__vk *)state;
     if (!st) return;
@@ -912,6 +926,8 @@ static void dpar__vk_shutdown(void *state) {
         if (st->phys[p].device != VK_NULL_HANDLE) st->vkDeviceWaitIdle(st->phys[p].device);
     for (int i = 0; st->adopted && st->devs && i < st->ndev; i++)
         if (st->devs[i].cmd_pool != VK_NULL_HANDLE) dpar__vk_wait_serial(&st->devs[i], st->devs[i].next_serial - 1);
+    for (int i = 0; st->adopted && st->devs && i < st->ndev; i++)
+        if (st->devs[i].sem != VK_NULL_HANDLE) dpar__vk_drain_queue(st, &st->devs[i]);
     for (int i = 0; st->devs && i < st->ndev; i++) {
         dpar__vkdev *d = &st->devs[i];
         if (d->ph && d->ph->device != VK_NULL_HANDLE) {
