@@ -14221,6 +14221,40 @@ static void dpar__cpu_fork(dpar__cpu_pool *p, int nparts, void (*fn)(void *, int
     while (p->left > 0) dpar__cond_wait(&p->done, &p->mu);
     dpar__mutex_unlock(&p->mu);
 }
+/* fn(arg, lo, hi) over items [0, n), split on the device's intra-op threads when the work (n * cost)
+   is large: the helpers and the caller take chunks of about n / (4 parts) items until none is left.
+   Items must be independent (each output written by one item, in an order of its own), so the
+   result does not depend on the split or the thread count. */
+typedef void (*dpar__cpu_range_fn)(const void *arg, int64_t lo, int64_t hi);
+typedef struct dpar__cpu_range {
+    dpar__cpu_range_fn fn;
+    const void *arg;
+    int64_t n, chunk, next;
+} dpar__cpu_range;
+static void dpar__cpu_range_part(void *arg, int part, int nparts) {
+    dpar__cpu_range *r = (dpar__cpu_range *)arg;
+    (void)part;
+    (void)nparts;
+    for (;;) {
+        int64_t lo = DPAR__ATOMIC_FETCH_ADD(&r->next, 1) * r->chunk;
+        if (lo >= r->n) break;
+        r->fn(r->arg, lo, lo + r->chunk < r->n ? lo + r->chunk : r->n);
+    }
+}
+static void dpar__cpu_parallel(dpar__cpu *c, int dev, int64_t n, int64_t cost, dpar__cpu_range_fn fn, const void *arg) {
+    int parts = c && c->pools && dev >= 0 && dev < c->ndev && n > 1 && n * cost >= ((int64_t)1 << 16) ? c->threads : 1;
+    if (parts <= 1) {
+        fn(arg, 0, n);
+        return;
+    }
+    dpar__cpu_range r;
+    r.fn = fn;
+    r.arg = arg;
+    r.n = n;
+    r.next = 0;
+    r.chunk = n / (4 * parts) + 1;
+    dpar__cpu_fork(&c->pools[dev], parts, dpar__cpu_range_part, &r);
+}
 static void dpar__cpu_shutdown(void *st) {
     dpar__cpu *c = (dpar__cpu *)st;
     if (c && c->pools)
@@ -14768,13 +14802,14 @@ __attribute__((target("avx2"))) static int64_t dpar__bias_add_avx2(float *y, con
             _mm256_storeu_ps(y + i * n + j, _mm256_add_ps(_mm256_loadu_ps(y + i * n + j), _mm256_loadu_ps(b + j)));
     return n8;
 }
-/* column sums s[j] = ((0 + x[0][j]) + x[1][j]) + ..., then y[j] = (beta ? beta y[j] : 0) + s[j], for j < n8 */
-__attribute__((target("avx2"))) static int64_t dpar__bias_grad_avx2(float *y, const float *x, int64_t m, int64_t n,
-                                                                    float beta) {
+/* column sums s[j] = ((0 + x[0][j]) + x[1][j]) + ..., then y[j] = (beta ? beta y[j] : 0) + s[j], for j < n8,
+   n8 = n rounded down to 8, of x's m rows of stride ld */
+__attribute__((target("avx2"))) static int64_t dpar__bias_grad_avx2(float *y, const float *x, int64_t m, int64_t ld,
+                                                                    int64_t n, float beta) {
     int64_t n8 = n / 8 * 8;
     for (int64_t j = 0; j < n8; j += 8) {
         __m256 acc = _mm256_setzero_ps();
-        for (int64_t i = 0; i < m; i++) acc = _mm256_add_ps(acc, _mm256_loadu_ps(x + i * n + j));
+        for (int64_t i = 0; i < m; i++) acc = _mm256_add_ps(acc, _mm256_loadu_ps(x + i * ld + j));
         __m256 base = beta == 0.0f ? _mm256_setzero_ps() : _mm256_mul_ps(_mm256_set1_ps(beta), _mm256_loadu_ps(y + j));
         _mm256_storeu_ps(y + j, _mm256_add_ps(base, acc));
     }
@@ -14815,19 +14850,10 @@ static void dpar__sgd_range(const dpar__op *op, int64_t lo, int64_t hi) {
     DPAR__SGD_LOOP(float, i0);
 }
 #undef DPAR__SGD_LOOP
-typedef struct dpar__sgd_args {
-    const dpar__op *op;
-    int64_t chunk, next;
-} dpar__sgd_args;
-static void dpar__sgd_part(void *arg, int part, int nparts) { /* work items of `chunk` elements */
-    dpar__sgd_args *g = (dpar__sgd_args *)arg;
-    (void)part;
-    (void)nparts;
-    for (;;) {
-        int64_t lo = DPAR__ATOMIC_FETCH_ADD(&g->next, 1) * g->chunk;
-        if (lo >= g->op->n) break;
-        dpar__sgd_range(g->op, lo, lo + g->chunk < g->op->n ? lo + g->chunk : g->op->n);
-    }
+/* the SGD step on blocks [lo, hi) of 64 elements (whole blocks keep the vector loop whole) */
+static void dpar__sgd_blocks(const void *arg, int64_t lo, int64_t hi) {
+    const dpar__op *op = (const dpar__op *)arg;
+    dpar__sgd_range(op, lo * 64, hi * 64 < op->n ? hi * 64 : op->n);
 }
 
 /* >>cpu exp ===================================================================
@@ -14961,39 +14987,6 @@ static void dpar__exp_shifted_f32(float *e, const float *z, float mx, int64_t n)
    CPU reference of the elementwise kinds (see >>elementwise ops): math in
    double, sums in order, one element after another. */
 #define DPAR__GELU_K 0.7978845608028654 /* sqrt(2 / pi) */
-/* fn(op, lo, hi) over items [0, n) of an op, split on the device's intra-op threads when the work
-   (n * cost) is large; items are independent, so the result does not depend on the split */
-typedef void (*dpar__cpu_range_fn)(const dpar__op *op, int64_t lo, int64_t hi);
-typedef struct dpar__cpu_range {
-    dpar__cpu_range_fn fn;
-    const dpar__op *op;
-    int64_t n, chunk, next;
-} dpar__cpu_range;
-static void dpar__cpu_range_part(void *arg, int part, int nparts) {
-    dpar__cpu_range *r = (dpar__cpu_range *)arg;
-    (void)part;
-    (void)nparts;
-    for (;;) {
-        int64_t lo = DPAR__ATOMIC_FETCH_ADD(&r->next, 1) * r->chunk;
-        if (lo >= r->n) break;
-        r->fn(r->op, lo, lo + r->chunk < r->n ? lo + r->chunk : r->n);
-    }
-}
-static void dpar__cpu_parallel(dpar__cpu *c, int dev, const dpar__op *op, int64_t n, int64_t cost,
-                               dpar__cpu_range_fn fn) {
-    int parts = c && c->pools && dev >= 0 && dev < c->ndev && n > 1 && n * cost >= ((int64_t)1 << 16) ? c->threads : 1;
-    if (parts <= 1) {
-        fn(op, 0, n);
-        return;
-    }
-    dpar__cpu_range r;
-    r.fn = fn;
-    r.op = op;
-    r.n = n;
-    r.next = 0;
-    r.chunk = n / (4 * parts) + 1;
-    dpar__cpu_fork(&c->pools[dev], parts, dpar__cpu_range_part, &r);
-}
 /* op(x) in double: the f64 kernels, and the f32 ones of the kinds not built on exp (those:
    dpar__cpu_unary_exp_range) */
 static double dpar__unary_f(int u, double x, double s) {
@@ -15118,7 +15111,8 @@ __attribute__((target("avx512f"))) static int dpar__exp_bwd_avx512(int u, float 
 /* y = f(x) (kind UNARY) or dy f'(x) for the exp-based kinds, DPAR__EXP_BLOCK elements at a time:
    t = the exp's argument (x, -x, or -2u for GELU) rounded to f32, t = dpar__exp_f32(t), then the
    rest of the formula (as dpar__unary_f / dpar__unary_d would have it) in double on t */
-static void dpar__cpu_unary_exp_range(const dpar__op *op, int64_t lo, int64_t hi) {
+static void dpar__cpu_unary_exp_range(const void *arg, int64_t lo, int64_t hi) {
+    const dpar__op *op = (const dpar__op *)arg;
     int u = (int)op->p[0], bwd = op->kind != DPAR__OP_UNARY;
     float *y = (float *)op->dst->mem, t[DPAR__EXP_BLOCK];
     const float *x = (const float *)op->src0->mem, *dy = op->src1 ? (const float *)op->src1->mem : NULL;
@@ -15168,7 +15162,8 @@ static void dpar__cpu_unary_exp_range(const dpar__op *op, int64_t lo, int64_t hi
             }
     }
 }
-static void dpar__cpu_unary_range(const dpar__op *op, int64_t lo, int64_t hi) {
+static void dpar__cpu_unary_range(const void *arg, int64_t lo, int64_t hi) {
+    const dpar__op *op = (const dpar__op *)arg;
     int u = (int)op->p[0];
     if (dpar__unary_is_exp(u)) {
         dpar__cpu_unary_exp_range(op, lo, hi);
@@ -15187,7 +15182,7 @@ static dpar_status dpar__cpu_op_unary(dpar__cpu *c, int dev, const dpar__op *op,
     DPAR__UNUSED(y);
     DPAR__UNUSED(x0);
     DPAR__UNUSED(x1);
-    dpar__cpu_parallel(c, dev, op, op->n, 16, dpar__cpu_unary_range);
+    dpar__cpu_parallel(c, dev, op->n, 16, dpar__cpu_unary_range, op);
     return DPAR_OK;
 }
 /* y[p14 + i] = a[p12 + i.sa] op b[p13 + i.sb] over the 4-d shape p[0..3] */
@@ -15236,7 +15231,8 @@ static void dpar__red_step(int red, double *acc, int64_t *best, int64_t r, doubl
 /* y[o] = reduction over the dims in mask p[13] of dense x (shape p[0..3]); o runs over the kept dims.
    Each output walks its slice with nested loops (extent 1 along kept dims); DPAR__RED_MAX_BWD walks it
    twice: find the first maximum, then write dx. */
-static void dpar__cpu_reduce_range(const dpar__op *op, int64_t lo, int64_t hi) {
+static void dpar__cpu_reduce_range(const void *arg, int64_t lo, int64_t hi) {
+    const dpar__op *op = (const dpar__op *)arg;
     const int64_t *p = op->p;
     float *y = (float *)op->dst->mem;
     const float *x0 = (const float *)op->src0->mem, *x1 = op->src1 ? (const float *)op->src1->mem : NULL;
@@ -15300,7 +15296,7 @@ static dpar_status dpar__cpu_op_reduce(dpar__cpu *c, int dev, const dpar__op *op
     DPAR__UNUSED(x1);
     int64_t R = 1;
     for (int d = 0; d < 4; d++) R *= op->p[13] >> d & 1 ? op->p[d] : 1;
-    dpar__cpu_parallel(c, dev, op, op->n, R + 1, dpar__cpu_reduce_range);
+    dpar__cpu_parallel(c, dev, op->n, R + 1, dpar__cpu_reduce_range, op);
     return DPAR_OK;
 }
 /* y[i] = cond[i.sc] ? a[i.sa] : b[i.sb] over the 4-d shape p[0..3] (a / b NULL: f[0] / f[1]) */
@@ -15339,7 +15335,8 @@ static dpar_status dpar__cpu_op_where(dpar__cpu *c, int dev, const dpar__op *op,
     return DPAR_OK;
 }
 /* rows of n: softmax / log_softmax (p[0]) and their backward (kind SOFTMAX_BWD: x0 = dy, x1 = y) */
-static void dpar__cpu_softmax_range(const dpar__op *op, int64_t lo, int64_t hi) {
+static void dpar__cpu_softmax_range(const void *arg, int64_t lo, int64_t hi) {
+    const dpar__op *op = (const dpar__op *)arg;
     int64_t n = op->n;
     int lg = op->p[0] != 0;
     float *y = (float *)op->dst->mem;
@@ -15386,7 +15383,7 @@ static dpar_status dpar__cpu_op_softmax(dpar__cpu *c, int dev, const dpar__op *o
     DPAR__UNUSED(y);
     DPAR__UNUSED(x0);
     DPAR__UNUSED(x1);
-    dpar__cpu_parallel(c, dev, op, op->m, 32 * op->n, dpar__cpu_softmax_range);
+    dpar__cpu_parallel(c, dev, op->m, 32 * op->n, dpar__cpu_softmax_range, op);
     return DPAR_OK;
 }
 /* dst[p13 + i.ds] = src[p12 + i.ss] over the 4-d shape p[0..3], 4-byte elements */
@@ -15435,63 +15432,72 @@ static void dpar__cpu64_gemm(dpar__cpu *c, int dev, int64_t M, int64_t N, int64_
    col2im). CONV: one pass of conv2d over the im2col blocks; x is the input side (x or dx), k the
    kernel side (w or dw), y the output side (y or dy). One body for f32 (dpar__cpu_sgemm) and f64
    (dpar__cpu64_gemm, the blocked f64 GEMM of dpar_matmul; its scratch is then 4 MiB). */
-#define DPAR__CONV_DEF(IM2COL, CONV, T, GEMM)                                                                    \
-    static void IM2COL(const dpar__win2d *g, T *x, int64_t r0, int64_t rows, T *col, int add) {                  \
-        int64_t C = g->c, K = g->kh * g->kw * C, ohw = g->oh * g->ow;                                            \
-        for (int64_t r = 0; r < rows; r++) {                                                                     \
-            int64_t q = r0 + r, n = q / ohw, i = q % ohw / g->ow, j = q % g->ow;                                 \
-            T *cr = col + r * K;                                                                                 \
-            for (int64_t p = 0; p < g->kh; p++) {                                                                \
-                int64_t ih = i * g->sh - g->pt + p * g->dh, iw0 = j * g->sw - g->pl;                             \
-                int64_t run = g->dw == 1 && iw0 >= 0 && iw0 + g->kw <= g->w ? g->kw * C : C;                     \
-                for (int64_t t = 0; t < g->kw; t += run / C, cr += run) {                                        \
-                    /* run: the kernel row's pixels as one span of x when they are adjacent and inside */        \
-                    int64_t iw = iw0 + t * g->dw;                                                                \
-                    int in = ih >= 0 && ih < g->h && iw >= 0 && iw < g->w;                                       \
-                    T *xp = in ? x + ((n * g->h + ih) * g->w + iw) * C : NULL;                                   \
-                    if (add && in)                                                                               \
-                        for (int64_t e = 0; e < run; e++) xp[e] += cr[e];                                        \
-                    else if (!add && in)                                                                         \
-                        memcpy(cr, xp, (size_t)run * sizeof(T));                                                 \
-                    else if (!add)                                                                               \
-                        memset(cr, 0, (size_t)run * sizeof(T)); /* +0 */                                         \
-                }                                                                                                \
-            }                                                                                                    \
-        }                                                                                                        \
-    }                                                                                                            \
-    static dpar_status CONV(dpar__cpu *c, int dev, const dpar__op *op, dpar__conv_pass pass, T *x, T *k, T *y) { \
-        dpar__win2d g = dpar__win2d_get(op);                                                                     \
-        int64_t K = g.kh * g.kw * g.c, M = g.n * g.oh * g.ow, O = g.o, R = dpar__conv_rows(K, M);                \
-        if (pass == DPAR__CONV_FWD) { /* y = b (or 0), then y += im2col(x) w */                                  \
-            const T *b = op->src2 ? (const T *)op->src2->mem : NULL;                                             \
-            for (int64_t r = 0; r < M; r++)                                                                      \
-                for (int64_t o = 0; o < O; o++) y[r * O + o] = b ? b[o] : (T)0;                                  \
-        } else if (pass == DPAR__CONV_BWD_INPUT) {                                                               \
-            memset(x, 0, (size_t)(g.n * g.h * g.w * g.c) * sizeof(T));                                           \
-        } else if (M == 0) {                                                                                     \
-            memset(k, 0, (size_t)(K * O) * sizeof(T));                                                           \
-        }                                                                                                        \
-        if (M == 0 || O == 0 || K == 0) return DPAR_OK;                                                          \
-        int direct = dpar__conv_direct(&g);                                                                      \
-        T *col = direct ? NULL : (T *)DPAR_ALIGNED_MALLOC((size_t)(R * K) * sizeof(T), 64);                      \
-        if (!direct && !col)                                                                                     \
-            return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "%s: out of host memory", dpar__op_name(op->kind));         \
-        for (int64_t r0 = 0; r0 < M; r0 += R) {                                                                  \
-            int64_t rows = M - r0 < R ? M - r0 : R;                                                              \
-            T *cb = direct ? x + r0 * K : col, *yb = y + r0 * O;                                                 \
-            if (pass == DPAR__CONV_FWD) {                                                                        \
-                if (!direct) IM2COL(&g, x, r0, rows, col, 0);                                                    \
-                GEMM(c, dev, rows, O, K, 0, 0, 1.0f, cb, k, 1.0f, yb); /* [rows,K] [K,O] */                      \
-            } else if (pass == DPAR__CONV_BWD_KERNEL) {                                                          \
-                if (!direct) IM2COL(&g, x, r0, rows, col, 0);                                                    \
-                GEMM(c, dev, K, O, rows, 1, 0, 1.0f, cb, yb, r0 ? 1.0f : 0.0f, k); /* [K,rows] [rows,O] */       \
-            } else {                                                                                             \
-                GEMM(c, dev, rows, K, O, 0, 1, 1.0f, yb, k, 0.0f, cb); /* [rows,O] [O,K] */                      \
-                if (!direct) IM2COL(&g, x, r0, rows, col, 1);                                                    \
-            }                                                                                                    \
-        }                                                                                                        \
-        DPAR_ALIGNED_FREE(col);                                                                                  \
-        return DPAR_OK;                                                                                          \
+#define DPAR__CONV_DEF(IM2COL, CONV, T, GEMM)                                                                      \
+    static void IM2COL(const dpar__win2d *g, T *x, int64_t r0, int64_t rows, T *col, int add) {                    \
+        int64_t C = g->c, K = g->kh * g->kw * C, ohw = g->oh * g->ow;                                              \
+        for (int64_t r = 0; r < rows; r++) {                                                                       \
+            int64_t q = r0 + r, n = q / ohw, i = q % ohw / g->ow, j = q % g->ow;                                   \
+            T *cr = col + r * K;                                                                                   \
+            for (int64_t p = 0; p < g->kh; p++) {                                                                  \
+                int64_t ih = i * g->sh - g->pt + p * g->dh, iw0 = j * g->sw - g->pl;                               \
+                int64_t run = g->dw == 1 && iw0 >= 0 && iw0 + g->kw <= g->w ? g->kw * C : C;                       \
+                for (int64_t t = 0; t < g->kw; t += run / C, cr += run) {                                          \
+                    /* run: the kernel row's pixels as one span of x when they are adjacent and inside */          \
+                    int64_t iw = iw0 + t * g->dw;                                                                  \
+                    int in = ih >= 0 && ih < g->h && iw >= 0 && iw < g->w;                                         \
+                    T *xp = in ? x + ((n * g->h + ih) * g->w + iw) * C : NULL;                                     \
+                    if (add && in)                                                                                 \
+                        for (int64_t e = 0; e < run; e++) xp[e] += cr[e];                                          \
+                    else if (!add && in)                                                                           \
+                        memcpy(cr, xp, (size_t)run * sizeof(T));                                                   \
+                    else if (!add)                                                                                 \
+                        memset(cr, 0, (size_t)run * sizeof(T)); /* +0 */                                           \
+                }                                                                                                  \
+            }                                                                                                      \
+        }                                                                                                          \
+    }                                                                                                              \
+    typedef struct IM2COL##_job {                                                                                  \
+        const dpar__win2d *g;                                                                                      \
+        T *x, *col;                                                                                                \
+        int64_t r0;                                                                                                \
+    } IM2COL##_job;                                                                                                \
+    static void IM2COL##_rows(const void *arg, int64_t lo, int64_t hi) { /* rows are independent */                \
+        const IM2COL##_job *j = (const IM2COL##_job *)arg;                                                         \
+        IM2COL(j->g, j->x, j->r0 + lo, hi - lo, j->col + lo * j->g->kh * j->g->kw * j->g->c, 0);                   \
+    }                                                                                                              \
+    static dpar_status CONV(dpar__cpu *c, int dev, const dpar__op *op, dpar__conv_pass pass, T *x, T *k, T *y) {   \
+        dpar__win2d g = dpar__win2d_get(op);                                                                       \
+        int64_t K = g.kh * g.kw * g.c, M = g.n * g.oh * g.ow, O = g.o, R = dpar__conv_rows(K, M);                  \
+        if (pass == DPAR__CONV_FWD) { /* y = b (or 0), then y += im2col(x) w */                                    \
+            const T *b = op->src2 ? (const T *)op->src2->mem : NULL;                                               \
+            for (int64_t r = 0; r < M; r++)                                                                        \
+                for (int64_t o = 0; o < O; o++) y[r * O + o] = b ? b[o] : (T)0;                                    \
+        } else if (pass == DPAR__CONV_BWD_INPUT) {                                                                 \
+            memset(x, 0, (size_t)(g.n * g.h * g.w * g.c) * sizeof(T));                                             \
+        } else if (M == 0) {                                                                                       \
+            memset(k, 0, (size_t)(K * O) * sizeof(T));                                                             \
+        }                                                                                                          \
+        if (M == 0 || O == 0 || K == 0) return DPAR_OK;                                                            \
+        int direct = dpar__conv_direct(&g);                                                                        \
+        T *col = direct ? NULL : (T *)DPAR_ALIGNED_MALLOC((size_t)(R * K) * sizeof(T), 64);                        \
+        if (!direct && !col)                                                                                       \
+            return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "%s: out of host memory", dpar__op_name(op->kind));           \
+        for (int64_t r0 = 0; r0 < M; r0 += R) {                                                                    \
+            int64_t rows = M - r0 < R ? M - r0 : R;                                                                \
+            T *cb = direct ? x + r0 * K : col, *yb = y + r0 * O;                                                   \
+            IM2COL##_job job = { &g, x, col, r0 };                                                                 \
+            if (!direct && pass != DPAR__CONV_BWD_INPUT) dpar__cpu_parallel(c, dev, rows, K, IM2COL##_rows, &job); \
+            if (pass == DPAR__CONV_FWD) {                                                                          \
+                GEMM(c, dev, rows, O, K, 0, 0, 1.0f, cb, k, 1.0f, yb); /* [rows,K] [K,O] */                        \
+            } else if (pass == DPAR__CONV_BWD_KERNEL) {                                                            \
+                GEMM(c, dev, K, O, rows, 1, 0, 1.0f, cb, yb, r0 ? 1.0f : 0.0f, k); /* [K,rows] [rows,O] */         \
+            } else {                                                                                               \
+                GEMM(c, dev, rows, K, O, 0, 1, 1.0f, yb, k, 0.0f, cb); /* [rows,O] [O,K] */                        \
+                if (!direct) IM2COL(&g, x, r0, rows, col, 1);                                                      \
+            }                                                                                                      \
+        }                                                                                                          \
+        DPAR_ALIGNED_FREE(col);                                                                                    \
+        return DPAR_OK;                                                                                            \
     }
 DPAR__CONV_DEF(dpar__im2col, dpar__cpu_conv2d, float, dpar__cpu_sgemm)
 DPAR__CONV_DEF(dpar__im2col64, dpar__cpu64_conv2d, double, dpar__cpu64_gemm)
@@ -15537,18 +15543,29 @@ static void dpar__pool_acc_f64(double *y, const double *x, int64_t n, double d) 
     for (int64_t i = 0; i < n; i++) y[i] += d != 0.0 ? x[i] / d : x[i];
 }
 #define DPAR__POOL2D_DEF(NAME, T, ACC)                                                                             \
-    static dpar_status NAME(const dpar__op *op, int is_max, int bwd) {                                             \
+    typedef struct NAME##_job {                                                                                    \
+        const dpar__op *op;                                                                                        \
+        int is_max, bwd;                                                                                           \
+        int *oom; /* set when a range could not get its max-pool scratch */                                        \
+    } NAME##_job;                                                                                                  \
+    static void NAME##_images(const void *job, int64_t lo, int64_t hi) { /* images [lo, hi): independent */        \
+        const NAME##_job *jb = (const NAME##_job *)job;                                                            \
+        const dpar__op *op = jb->op;                                                                               \
+        int is_max = jb->is_max, bwd = jb->bwd;                                                                    \
         dpar__win2d g = dpar__win2d_get(op);                                                                       \
         const T *src = (const T *)op->src0->mem, *xf = op->src1 ? (const T *)op->src1->mem : src;                  \
         T *dst = (T *)op->dst->mem, *best = NULL;                                                                  \
-        int64_t C = g.c, *arg = NULL;                                                                              \
-        if (bwd) memset(dst, 0, (size_t)op->dst->count * sizeof(T));                                               \
+        int64_t C = g.c, *arg = NULL, img = g.h * g.w * C;                                                         \
+        if (bwd) memset(dst + lo * img, 0, (size_t)((hi - lo) * img) * sizeof(T));                                 \
         if (is_max && C > 0) {                                                                                     \
             arg = (int64_t *)DPAR_MALLOC((size_t)C * (sizeof(int64_t) + sizeof(T))); /* int64 first: aligned */    \
-            if (!arg) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "%s: out of host memory", dpar__op_name(op->kind)); \
+            if (!arg) {                                                                                            \
+                DPAR__ATOMIC_STORE(jb->oom, 1);                                                                    \
+                return;                                                                                            \
+            }                                                                                                      \
             best = (T *)(void *)(arg + C);                                                                         \
         }                                                                                                          \
-        for (int64_t n = 0; n < g.n; n++)                                                                          \
+        for (int64_t n = lo; n < hi; n++)                                                                          \
             for (int64_t i = 0; i < g.oh; i++)                                                                     \
                 for (int64_t j = 0; j < g.ow; j++) {                                                               \
                     int64_t h0, h1, w0, w1, at = ((n * g.oh + i) * g.ow + j) * C;                                  \
@@ -15580,6 +15597,15 @@ static void dpar__pool_acc_f64(double *y, const double *x, int64_t n, double d) 
                     for (int64_t ch = 0; !is_max && !bwd && ch < C; ch++) yo[ch] = cnt ? yo[ch] / (T)cnt : (T)NAN; \
                 }                                                                                                  \
         DPAR_FREE(arg);                                                                                            \
+    }                                                                                                              \
+    static dpar_status NAME(dpar__cpu *c, int dev, const dpar__op *op, int is_max, int bwd) {                      \
+        int oom = 0;                                                                                               \
+        NAME##_job job = { op, is_max, bwd, &oom };                                                                \
+        dpar__win2d g = dpar__win2d_get(op);                                                                       \
+        int64_t per_image = g.oh * g.ow * g.kh * g.kw * g.c + 1; /* window reads of an image */                    \
+        dpar__cpu_parallel(c, dev, g.n, per_image, NAME##_images, &job);                                           \
+        if (DPAR__ATOMIC_LOAD(&oom))                                                                               \
+            return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "%s: out of host memory", dpar__op_name(op->kind));           \
         return DPAR_OK;                                                                                            \
     }
 DPAR__POOL2D_DEF(dpar__cpu_pool2d, float, dpar__pool_acc_f32)
@@ -15619,45 +15645,75 @@ static dpar_status dpar__cpu_op_matmul(DPAR__CPU_OP_ARGS) {
     DPAR_FREE(b);
     return DPAR_OK;
 }
-static dpar_status dpar__cpu_op_bias_add(DPAR__CPU_OP_ARGS) {
-    DPAR__CPU_OP_UNUSED;
+/* rows [lo, hi) of y[m, n] += b[n] */
+static void dpar__bias_add_rows(const void *arg, int64_t lo, int64_t hi) {
+    const dpar__op *op = (const dpar__op *)arg;
+    float *y = (float *)op->dst->mem + lo * op->n;
+    const float *b = (const float *)op->src0->mem;
     int64_t j0 = 0;
 #ifdef DPAR__X86_SIMD
-    if (__builtin_cpu_supports("avx2")) j0 = dpar__bias_add_avx2(y, x0, op->m, op->n);
+    if (__builtin_cpu_supports("avx2")) j0 = dpar__bias_add_avx2(y, b, hi - lo, op->n);
 #endif
-    for (int64_t i = 0; i < op->m; i++)
-        for (int64_t j = j0; j < op->n; j++) y[i * op->n + j] += x0[j];
+    for (int64_t i = 0; i < hi - lo; i++)
+        for (int64_t j = j0; j < op->n; j++) y[i * op->n + j] += b[j];
+}
+static dpar_status dpar__cpu_op_bias_add(DPAR__CPU_OP_ARGS) {
+    DPAR__CPU_OP_UNUSED;
+    dpar__cpu_parallel(c, dev, op->m, op->n, dpar__bias_add_rows, op);
     return DPAR_OK;
+}
+/* blocks [lo, hi) of 8 columns of the bias gradient (whole blocks for the vector loop): each column
+   summed over the rows in order */
+static void dpar__bias_grad_cols(const void *arg, int64_t lo, int64_t hi) {
+    const dpar__op *op = (const dpar__op *)arg;
+    lo *= 8, hi = hi * 8 < op->n ? hi * 8 : op->n;
+    float *y = (float *)op->dst->mem;
+    const float *x = (const float *)op->src0->mem;
+    int64_t j0 = lo;
+#ifdef DPAR__X86_SIMD
+    if (__builtin_cpu_supports("avx2")) j0 = lo + dpar__bias_grad_avx2(y + lo, x + lo, op->m, op->n, hi - lo, op->f[1]);
+#endif
+    for (int64_t j = j0; j < hi; j++) {
+        float s = 0.0f;
+        for (int64_t i = 0; i < op->m; i++) s += x[i * op->n + j];
+        y[j] = (op->f[1] == 0.0f ? 0.0f : op->f[1] * y[j]) + s;
+    }
 }
 static dpar_status dpar__cpu_op_bias_grad(DPAR__CPU_OP_ARGS) {
     DPAR__CPU_OP_UNUSED;
-    int64_t j0 = 0;
-#ifdef DPAR__X86_SIMD
-    if (__builtin_cpu_supports("avx2")) j0 = dpar__bias_grad_avx2(y, x0, op->m, op->n, op->f[1]);
-#endif
-    for (int64_t j = j0; j < op->n; j++) {
-        float s = 0.0f;
-        for (int64_t i = 0; i < op->m; i++) s += x0[i * op->n + j];
-        y[j] = (op->f[1] == 0.0f ? 0.0f : op->f[1] * y[j]) + s;
-    }
+    dpar__cpu_parallel(c, dev, (op->n + 7) / 8, 8 * op->m, dpar__bias_grad_cols, op);
     return DPAR_OK;
+}
+/* elements [lo, hi) of relu (x > 0 or NaN: x, else +0) */
+static void dpar__relu_range(const void *arg, int64_t lo, int64_t hi) {
+    const dpar__op *op = (const dpar__op *)arg;
+    float *y = (float *)op->dst->mem + lo;
+    const float *x = (const float *)op->src0->mem + lo;
+    int64_t i = 0, n = hi - lo;
+#ifdef DPAR__X86_SIMD
+    if (__builtin_cpu_supports("avx2")) i = dpar__relu_avx2(y, x, n);
+#endif
+    for (; i < n; i++) y[i] = x[i] > 0.0f ? x[i] : (x[i] != x[i] ? x[i] : 0.0f);
 }
 static dpar_status dpar__cpu_op_relu(DPAR__CPU_OP_ARGS) {
     DPAR__CPU_OP_UNUSED;
-    int64_t i = 0, n = op->n;
-#ifdef DPAR__X86_SIMD
-    if (__builtin_cpu_supports("avx2")) i = dpar__relu_avx2(y, x0, n);
-#endif
-    for (; i < n; i++) y[i] = x0[i] > 0.0f ? x0[i] : (x0[i] != x0[i] ? x0[i] : 0.0f);
+    dpar__cpu_parallel(c, dev, op->n, 1, dpar__relu_range, op);
     return DPAR_OK;
+}
+/* elements [lo, hi) of relu's backward: dy where x > 0, else 0 */
+static void dpar__relu_bwd_range(const void *arg, int64_t lo, int64_t hi) {
+    const dpar__op *op = (const dpar__op *)arg;
+    float *y = (float *)op->dst->mem + lo;
+    const float *dy = (const float *)op->src0->mem + lo, *x = (const float *)op->src1->mem + lo;
+    int64_t i = 0, n = hi - lo;
+#ifdef DPAR__X86_SIMD
+    if (__builtin_cpu_supports("avx2")) i = dpar__relu_bwd_avx2(y, dy, x, n);
+#endif
+    for (; i < n; i++) y[i] = x[i] > 0.0f ? dy[i] : 0.0f;
 }
 static dpar_status dpar__cpu_op_relu_bwd(DPAR__CPU_OP_ARGS) {
     DPAR__CPU_OP_UNUSED;
-    int64_t i = 0, n = op->n;
-#ifdef DPAR__X86_SIMD
-    if (__builtin_cpu_supports("avx2")) i = dpar__relu_bwd_avx2(y, x0, x1, n);
-#endif
-    for (; i < n; i++) y[i] = x1[i] > 0.0f ? x0[i] : 0.0f;
+    dpar__cpu_parallel(c, dev, op->n, 1, dpar__relu_bwd_range, op);
     return DPAR_OK;
 }
 enum { DPAR__XENT_ROW_CACHE = 512 }; /* classes whose exp values dpar__cpu_op_softmax_xent keeps (2 KiB) */
@@ -15799,17 +15855,7 @@ static dpar_status dpar__cpu_op_sumsq(DPAR__CPU_OP_ARGS) {
 }
 static dpar_status dpar__cpu_op_sgd(DPAR__CPU_OP_ARGS) {
     DPAR__CPU_OP_UNUSED;
-    int64_t n = op->n;
-    int parts = c && c->pools && dev >= 0 && dev < c->ndev && n >= ((int64_t)1 << 18) ? c->threads : 1;
-    if (parts > 1) { /* element-wise: split anywhere (multiples of 64 keep the vector loop whole) */
-        dpar__sgd_args g;
-        g.op = op;
-        g.next = 0;
-        g.chunk = (n / (8 * parts) + 63) / 64 * 64;
-        dpar__cpu_fork(&c->pools[dev], parts, dpar__sgd_part, &g);
-    } else {
-        dpar__sgd_range(op, 0, n);
-    }
+    dpar__cpu_parallel(c, dev, (op->n + 63) / 64, 64, dpar__sgd_blocks, op);
     return DPAR_OK;
 }
 /* >>cpu norm-attn =============================================================
@@ -16071,7 +16117,8 @@ static dpar_status dpar__cpu_op_attn_bwd_kv(DPAR__CPU_OP_ARGS) {
    f64: element type T, its sqrt, and the bias corrections c1, c2 (f64: the unrounded doubles that
    dpar__adamw_run keeps in p[0..1]; f32: f[6..7]). */
 #define DPAR__ADAMW_RANGE(NAME, T, SQRT, C1, C2)                                                           \
-    static void NAME(const dpar__op *op, int64_t lo, int64_t hi) {                                         \
+    static void NAME(const void *arg, int64_t lo, int64_t hi) {                                            \
+        const dpar__op *op = (const dpar__op *)arg;                                                        \
         const T lr = op->f[0], b1 = op->f[1], b2 = op->f[2], eps = op->f[3], wd = op->f[4], cs = op->f[5]; \
         const T c1 = (C1), c2 = (C2), ob1 = (T)1 - b1, ob2 = (T)1 - b2;                                    \
         T *p = (T *)op->dst->mem, *m = (T *)op->dst2->mem, *v = (T *)op->dst3->mem;                        \
@@ -16122,17 +16169,20 @@ static double dpar__op_pd(const dpar__op *op, int i) {
 }
 DPAR__ADAMW_RANGE(dpar__adamw64_range, double, sqrt, dpar__op_pd(op, 0), dpar__op_pd(op, 1))
 #undef DPAR__ADAMW_RANGE
+/* the f32 update on [lo, hi): its leading multiple of 16 on AVX-512 lanes where the CPU has them */
+static void dpar__adamw32_range(const void *arg, int64_t lo, int64_t hi) {
+    int64_t i = lo;
+#ifdef DPAR__X86_SIMD
+    if (__builtin_cpu_supports("avx512f")) i = dpar__adamw_avx512((const dpar__op *)arg, lo, hi);
+#endif
+    dpar__adamw_range(arg, i, hi);
+}
 static dpar_status dpar__cpu_op_adamw(DPAR__CPU_OP_ARGS) {
     DPAR__CPU_OP_UNUSED;
     if (op->dst->dtype == DPAR_F64)
-        dpar__cpu_parallel(c, dev, op, op->n, 16, dpar__adamw64_range);
-    else {
-        int64_t i = 0;
-#ifdef DPAR__X86_SIMD
-        if (__builtin_cpu_supports("avx512f")) i = dpar__adamw_avx512(op, 0, op->n);
-#endif
-        dpar__adamw_range(op, i, op->n);
-    }
+        dpar__cpu_parallel(c, dev, op->n, 16, dpar__adamw64_range, op);
+    else
+        dpar__cpu_parallel(c, dev, op->n, 16, dpar__adamw32_range, op);
     return DPAR_OK;
 }
 static dpar_status dpar__cpu_op_embed(DPAR__CPU_OP_ARGS) {
@@ -16197,19 +16247,19 @@ static dpar_status dpar__cpu_op_conv2d_bwd_kernel(DPAR__CPU_OP_ARGS) { /* dw = y
 }
 static dpar_status dpar__cpu_op_avg_pool(DPAR__CPU_OP_ARGS) {
     DPAR__CPU_OP_UNUSED;
-    return dpar__cpu_pool2d(op, 0, 0);
+    return dpar__cpu_pool2d(c, dev, op, 0, 0);
 }
 static dpar_status dpar__cpu_op_avg_pool_bwd(DPAR__CPU_OP_ARGS) {
     DPAR__CPU_OP_UNUSED;
-    return dpar__cpu_pool2d(op, 0, 1);
+    return dpar__cpu_pool2d(c, dev, op, 0, 1);
 }
 static dpar_status dpar__cpu_op_max_pool(DPAR__CPU_OP_ARGS) {
     DPAR__CPU_OP_UNUSED;
-    return dpar__cpu_pool2d(op, 1, 0);
+    return dpar__cpu_pool2d(c, dev, op, 1, 0);
 }
 static dpar_status dpar__cpu_op_max_pool_bwd(DPAR__CPU_OP_ARGS) {
     DPAR__CPU_OP_UNUSED;
-    return dpar__cpu_pool2d(op, 1, 1);
+    return dpar__cpu_pool2d(c, dev, op, 1, 1);
 }
 #undef DPAR__CPU_OP_ARGS
 #undef DPAR__CPU_OP_UNUSED
@@ -16398,7 +16448,8 @@ __attribute__((target("avx2,fma"))) static void dpar__cpu64_tile_fma(double *C, 
             _mm256_storeu_pd(C + r * N + 4 * h, _mm256_fmadd_pd(al, acc[r][h], _mm256_loadu_pd(C + r * N + 4 * h)));
 }
 #endif
-static void dpar__cpu64_gemm_rows(const dpar__op *op, int64_t lo, int64_t hi) {
+static void dpar__cpu64_gemm_rows(const void *arg, int64_t lo, int64_t hi) {
+    const dpar__op *op = (const dpar__op *)arg;
     const double *A = DPAR__CD(op->src0), *B = DPAR__CD(op->src1);
     double *C = DPAR__D(op->dst), alpha = (double)op->f[0], beta = (double)op->f[1];
     int64_t N = op->n, K = op->k;
@@ -16446,7 +16497,7 @@ static dpar_status dpar__cpu64_matmul(dpar__cpu *c, int dev, const dpar__op *op)
     dpar__op w = *op;
     w.src0 = &a;
     w.src1 = &b;
-    dpar__cpu_parallel(c, dev, &w, M, 2 * K * N + 1, dpar__cpu64_gemm_rows);
+    dpar__cpu_parallel(c, dev, M, 2 * K * N + 1, dpar__cpu64_gemm_rows, &w);
     DPAR_FREE(ta);
     DPAR_FREE(tb);
     return DPAR_OK;
@@ -16477,7 +16528,8 @@ static void dpar__cpu64_gemm(dpar__cpu *c, int dev, int64_t M, int64_t N, int64_
             C[i * N + j] = (beta == 0.0f ? 0.0 : (double)beta * C[i * N + j]) + (double)alpha * acc;
         }
 }
-static void dpar__cpu64_unary_range(const dpar__op *op, int64_t lo, int64_t hi) {
+static void dpar__cpu64_unary_range(const void *arg, int64_t lo, int64_t hi) {
+    const dpar__op *op = (const dpar__op *)arg;
     int u = (int)op->p[0];
     double s = (double)op->f[0], *y = DPAR__D(op->dst);
     const double *x = DPAR__CD(op->src0), *dy = DPAR__CD(op->src1);
@@ -16730,7 +16782,7 @@ static dpar_status dpar__cpu_op_f64(dpar__cpu *c, int dev, const dpar__op *op) {
     switch (op->kind) {
     case DPAR__OP_MATMUL: return dpar__cpu64_matmul(c, dev, op);
     case DPAR__OP_UNARY:
-    case DPAR__OP_UNARY_BWD: dpar__cpu_parallel(c, dev, op, op->n, 16, dpar__cpu64_unary_range); return DPAR_OK;
+    case DPAR__OP_UNARY_BWD: dpar__cpu_parallel(c, dev, op->n, 16, dpar__cpu64_unary_range, op); return DPAR_OK;
     case DPAR__OP_BINARY: dpar__cpu64_binary(op); return DPAR_OK;
     case DPAR__OP_REDUCE: return dpar__cpu64_reduce(op);
     case DPAR__OP_SOFTMAX:
@@ -16770,10 +16822,10 @@ static dpar_status dpar__cpu_op_f64(dpar__cpu *c, int dev, const dpar__op *op) {
     case DPAR__OP_ATTN: return dpar__cpu64_attn(c, dev, op);
     case DPAR__OP_ATTN_BWD_Q: return dpar__cpu64_attn_bwd_q(c, dev, op);
     case DPAR__OP_ATTN_BWD_KV: return dpar__cpu64_attn_bwd_kv(c, dev, op);
-    case DPAR__OP_AVG_POOL: return dpar__cpu64_pool2d(op, 0, 0);
-    case DPAR__OP_AVG_POOL_BWD: return dpar__cpu64_pool2d(op, 0, 1);
-    case DPAR__OP_MAX_POOL: return dpar__cpu64_pool2d(op, 1, 0);
-    case DPAR__OP_MAX_POOL_BWD: return dpar__cpu64_pool2d(op, 1, 1);
+    case DPAR__OP_AVG_POOL: return dpar__cpu64_pool2d(c, dev, op, 0, 0);
+    case DPAR__OP_AVG_POOL_BWD: return dpar__cpu64_pool2d(c, dev, op, 0, 1);
+    case DPAR__OP_MAX_POOL: return dpar__cpu64_pool2d(c, dev, op, 1, 0);
+    case DPAR__OP_MAX_POOL_BWD: return dpar__cpu64_pool2d(c, dev, op, 1, 1);
     default: /* the core's checks refuse f64 for the other ops first; this guards a missed one */
         return dpar__err(DPAR_ERR_DTYPE,
                          "dpar_%s: the cpu backend has no f64 kernel for this op (see the f64 table in dpar.h); "

@@ -507,6 +507,87 @@ static void test_cuda_vs_cpu(void **st) {
 }
 
 /* ---- errors -------------------------------------------------------------- */
+/* ---- the CPU backend's intra-op threads split the CNN's ops without changing a bit ----
+   Sizes above the split threshold; each op's output is read back into out (when given) as it is made.
+   Returns the floats read. */
+static void keep(const dpar_buffer *b, float *out, int64_t *at) {
+    float *r = rd(b);
+    int64_t n = (int64_t)(dpar_buffer_nbytes(b) / sizeof(float));
+    if (out) memcpy(out + *at, r, (size_t)n * sizeof(float));
+    *at += n;
+    free(r);
+}
+static int64_t threads_program(dpar_runtime *rt, float *out) {
+    enum { NB = 16, H = 14, W = 14, C = 32, O = 16 };
+    const int64_t xs[4] = { NB, H, W, C }, ws[4] = { 3, 3, C, O }, ys[4] = { NB, H, W, O }, os[1] = { O };
+    const int64_t ps[4] = { NB, H / 2, W / 2, C }, flat[1] = { NB * H * W * C }, rows[2] = { NB * H * W * C / O, O };
+    float *v = rnd_vec(NB * H * W * C, 7u), *dv = rnd_vec(NB * H * W * C, 8u);
+    dpar_buffer *x = mk(rt, 4, xs, v), *w = mk(rt, 4, ws, v + 5), *b = mk(rt, 1, os, v + 9), *y = mk(rt, 4, ys, NULL);
+    dpar_buffer *dy = mk(rt, 4, ys, dv), *dx = mk(rt, 4, xs, NULL), *dw = mk(rt, 4, ws, NULL), *db = mk(rt, 1, os, v);
+    dpar_buffer *p = mk(rt, 4, ps, NULL), *dp = mk(rt, 4, ps, dv + 3), *e = mk(rt, 1, flat, NULL);
+    dpar_buffer *prm = mk(rt, 1, flat, v), *grd = mk(rt, 1, flat, dv), *mo = mk(rt, 1, flat, dv + 1);
+    dpar_buffer *vv = mk(rt, 1, flat, NULL), *ba = mk(rt, 2, rows, dv);
+    int64_t at = 0;
+    dpar_conv2d_desc cd = { .padding = DPAR_PADDING_SAME };
+    dpar_pool2d_desc pd = { .window = { 2, 2 } };
+    T_OK(dpar_conv2d(y, x, w, b, &cd)); /* im2col rows */
+    keep(y, out, &at);
+    T_OK(dpar_conv2d_backward_kernel(dw, NULL, x, dy, &cd));
+    keep(dw, out, &at);
+    T_OK(dpar_bias_grad(db, ba, 0.5f)); /* blocks of 8 columns */
+    keep(db, out, &at);
+    T_OK(dpar_bias_add(ba, b)); /* rows */
+    keep(ba, out, &at);
+    T_OK(dpar_relu(e, grd)); /* elements */
+    keep(e, out, &at);
+    T_OK(dpar_relu_backward(e, grd, prm));
+    keep(e, out, &at);
+    T_OK(dpar_avg_pool2d(p, x, &pd)); /* images */
+    keep(p, out, &at);
+    T_OK(dpar_avg_pool2d_backward(dx, dp, &pd));
+    keep(dx, out, &at);
+    T_OK(dpar_max_pool2d(p, x, &pd));
+    keep(p, out, &at);
+    T_OK(dpar_max_pool2d_backward(dx, dp, x, &pd));
+    keep(dx, out, &at);
+    const dpar_sgd_desc sg = { .learning_rate = 0.1f, .momentum = 0.9f, .nesterov = true, .weight_decay = 1e-4f };
+    T_OK(dpar_sgd_update(&sg, prm, grd, mo, 1.0f)); /* blocks of 64 */
+    keep(prm, out, &at);
+    keep(mo, out, &at);
+    const dpar_adamw_desc ad = { .learning_rate = 1e-3f, .weight_decay = 1e-4f };
+    T_OK(dpar_adamw_update(&ad, prm, grd, mo, vv, 3, 1.0f)); /* elements */
+    keep(prm, out, &at);
+    keep(vv, out, &at);
+    dpar_buffer *all[] = { x, w, b, y, dy, dx, dw, db, p, dp, e, prm, grd, mo, vv, ba };
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) T_OK(dpar_buffer_destroy(all[i]));
+    free(v);
+    free(dv);
+    return at;
+}
+static void test_threads_bitwise(void **st) {
+    (void)st;
+    const char *old = getenv("DPAR_CPU_THREADS");
+    char keep[32] = "";
+    if (old) snprintf(keep, sizeof keep, "%s", old);
+    setenv("DPAR_CPU_THREADS", "1", 1);
+    dpar_runtime *r1 = t_runtime(DPAR_BACKEND_CPU, 1);
+    setenv("DPAR_CPU_THREADS", "3", 1);
+    dpar_runtime *r3 = t_runtime(DPAR_BACKEND_CPU, 1);
+    if (old)
+        setenv("DPAR_CPU_THREADS", keep, 1);
+    else
+        unsetenv("DPAR_CPU_THREADS");
+    int64_t n = threads_program(r1, NULL);
+    float *a = malloc((size_t)n * sizeof(float)), *b = malloc((size_t)n * sizeof(float));
+    threads_program(r1, a);
+    threads_program(r3, b);
+    assert_memory_equal(a, b, (size_t)n * sizeof(float));
+    free(a);
+    free(b);
+    T_OK(dpar_runtime_destroy(r1));
+    T_OK(dpar_runtime_destroy(r3));
+}
+
 static void test_errors(void **st) {
     (void)st;
     int64_t xs[4] = { 2, 5, 5, 3 }, ws[4] = { 3, 3, 3, 4 }, ys[4] = { 2, 5, 5, 4 }, w2[4] = { 3, 3, 2, 4 };
@@ -680,11 +761,12 @@ static void test_graph_errors(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_conv_exact_3x3), cmocka_unit_test(test_pool_exact),
-        cmocka_unit_test(test_conv_cpu),       cmocka_unit_test(test_pool_cpu),
-        cmocka_unit_test(test_errors),         cmocka_unit_test(test_graph_cnn),
-        cmocka_unit_test(test_graph_errors),   cmocka_unit_test(test_vulkan_vs_cpu),
-        cmocka_unit_test(test_cuda_vs_cpu),    cmocka_unit_test(test_graph_cnn_vulkan),
+        cmocka_unit_test(test_conv_exact_3x3),   cmocka_unit_test(test_pool_exact),
+        cmocka_unit_test(test_conv_cpu),         cmocka_unit_test(test_pool_cpu),
+        cmocka_unit_test(test_threads_bitwise),  cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_graph_cnn),        cmocka_unit_test(test_graph_errors),
+        cmocka_unit_test(test_vulkan_vs_cpu),    cmocka_unit_test(test_cuda_vs_cpu),
+        cmocka_unit_test(test_graph_cnn_vulkan),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
