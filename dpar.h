@@ -81,7 +81,10 @@
    EXECUTION MODEL
    ---------------
    One persistent host worker thread per device. pmap/shard_map hand the
-   function to every worker and return when all are done; the first error
+   function to every worker and return when all are done (a runtime of one
+   local device in one process, CPU or Vulkan, runs it on the calling thread
+   instead, bit for bit the same: no hand-off; DPAR_CALLER_THREAD=0 keeps the
+   worker); the first error
    wins and every other worker is told to stop (a worker waiting in a
    collective returns DPAR_ERR_ABORTED). A collective over axis "a" groups the
    devices that share every other mesh coordinate; over "a,b" it groups over
@@ -96,7 +99,8 @@
    ---------------------
    Host calls (create, destroy, pmap/shard_map, dpar_array_put/get, graph
    runs, helper setup) may come from any thread; a runtime runs one dispatch
-   at a time (a second one waits). Inside fn, on a device's worker thread:
+   at a time (a second one waits). Inside fn, on a device's worker thread (or
+   the calling thread, see EXECUTION MODEL):
    ops, buffer I/O and dpar_buffer_destroy on that device's buffers,
    collectives, dpar_ctx_* and the helpers' per-step calls, with the ctx fn was
    given. Refused with DPAR_ERR_STATE instead of racing:
@@ -156,6 +160,10 @@
                                       computed in place, and a kept psum/pmean over one device (a 1-device
                                       mesh's gradients) is run by its input writing the kept buffer; bit for
                                       bit the same); 0..1, read at compile
+       DPAR_CALLER_THREAD=0           a runtime of one device (one process, a backend without per-thread
+                                      setup: CPU, Vulkan) runs each dispatch's fn on the calling thread, not
+                                      on the device's worker (default 1: no hand-off and no wait between two
+                                      threads; bit for bit the same); 0: on the worker; 0..1, read at create
    dpar_runtime_create refuses a value that is not an integer in its range, or
    a DPAR_TRACE path it cannot write, with an error naming the variable.
 
@@ -360,7 +368,8 @@ typedef struct dpar_runtime dpar_runtime;
    timeline_semaphore only where the physical device has timelineSemaphore. dpar needs no optional device
    feature or extension to compute (enable VK_KHR_portability_subset where the device lists it, as Vulkan
    requires); dpar_vulkan_buffer_export needs timelineSemaphore (Vulkan 1.2, enabled by the engine).
-   All num_devices logical devices share `queue`. dpar submits to it from its worker threads: when the
+   All num_devices logical devices share `queue`. dpar submits to it from its worker threads (with one
+   device, from the thread that dispatches: see EXECUTION MODEL): when the
    engine also submits to it, give lock_queue / unlock_queue (dpar calls them around each vkQueueSubmit)
    or the engine must not touch the queue while a dpar call runs. dpar waits on its own fences only (never
    vkDeviceWaitIdle), so the engine's work is not waited for, with one exception: dpar_runtime_destroy of a
@@ -3153,6 +3162,8 @@ struct dpar_runtime {
     int xbackend;                 /* cross-process groups use the backend's collective (every process agreed) */
     size_t xid_size;              /* its bootstrap id's bytes */
     uint64_t job_count;           /* dispatches so far (the same on every process) */
+    int caller_runs;              /* 1 local device, one process, no thread_init: a 1-device dispatch runs on
+                                     the caller's thread (DPAR_CALLER_THREAD, default 1) */
     void *mpi;                    /* the transport's state (backends/dpar_mpi.h), else NULL */
     int timeout_ms;
     dpar_runtime_desc desc;
@@ -3375,6 +3386,7 @@ static const struct dpar__env_range {
     { "DPAR_MPI_BACKEND_COLLECTIVES", "a flag (0: groups across processes on the host-staged MPI path)", 0, 1 },
     { "DPAR_GRAPH_ASYNC_BYTES", "a gradient size in bytes", 0, 2000000000L },
     { "DPAR_GRAPH_ALIAS", "a flag (0: a graph node's output never takes its input's buffer)", 0, 1 },
+    { "DPAR_CALLER_THREAD", "a flag (0: a 1-device runtime's dispatches run on its worker thread)", 0, 1 },
 };
 /* DPAR_ERR_INVALID_ARGUMENT naming the first variable set to a value that is
    not a decimal integer in its range, the value and the range. */
@@ -3542,6 +3554,8 @@ static dpar_status dpar__runtime_create(const dpar_runtime_desc *desc_in, dpar_r
     int count = 0;
     s = dpar__runtime_open(rt, &count, met);
     if (!s) s = dpar__runtime_start_workers(rt, count);
+    /* in range: checked above (dpar__env_check) */
+    rt->caller_runs = rt->nlocal == 1 && rt->nproc <= 1 && !be->thread_init && dpar__env_int("DPAR_CALLER_THREAD", 1);
     if (!s) s = dpar__obs_init(rt);
     if (!s) s = dpar__live_add_runtime(rt);
     if (s) {
@@ -5221,6 +5235,32 @@ static dpar_status dpar__ctx_exits(dpar_ctx *ctx, dpar_status st) {
     return st;
 }
 
+/* Runs w's member of job (if the mesh has one): fn, its exit hooks, the
+   device's pending frees. On w's thread, or on the caller's (dpar__run with
+   rt->caller_runs) while w's thread sleeps: w stands for the device there. */
+static void dpar__worker_job(dpar__worker *w, dpar__job *job) {
+    int pos = job->mesh->pos_of[w->device];
+    if (pos < 0) return;
+    dpar__worker *was = dpar__self_worker;
+    dpar__self_worker = w;
+    dpar_ctx *ctx = &job->ctxs[pos];
+    dpar__clear_error();
+    dpar__cur_ctx = ctx; /* the only ctx this thread may use, until fn and its exit hooks return */
+    dpar_status st = DPAR__ATOMIC_LOAD(&job->abort) ? DPAR_ERR_ABORTED : job->fn(ctx, job->user);
+    if ((int)st < 0 || st > DPAR_ERR_STATE)
+        st = dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                       "the pmap function returned %d, which is not a dpar_status; return DPAR_OK or "
+                       "the status of the call that failed",
+                       (int)st);
+    st = dpar__ctx_exits(ctx, st);
+    dpar__cur_ctx = NULL;
+    if (st != DPAR_OK) dpar__job_fail(job, w->device, st);
+    dpar__worker_drain(w);
+    DPAR__ATOMIC_STORE(&job->departed[pos], 1);
+    dpar__wake_all_groups(job->mesh);
+    dpar__self_worker = was;
+}
+
 static DPAR__THREAD_FN(dpar__worker_main, arg) {
     dpar__worker *w = (dpar__worker *)arg;
     dpar_runtime *rt = w->rt;
@@ -5248,24 +5288,7 @@ static DPAR__THREAD_FN(dpar__worker_main, arg) {
         dpar__job *job = rt->job;
         dpar__mutex_unlock(&rt->mu);
 
-        int pos = job->mesh->pos_of[w->device];
-        if (pos >= 0) {
-            dpar_ctx *ctx = &job->ctxs[pos];
-            dpar__clear_error();
-            dpar__cur_ctx = ctx; /* the only ctx this thread may use, until fn and its exit hooks return */
-            dpar_status st = DPAR__ATOMIC_LOAD(&job->abort) ? DPAR_ERR_ABORTED : job->fn(ctx, job->user);
-            if ((int)st < 0 || st > DPAR_ERR_STATE)
-                st = dpar__err(DPAR_ERR_INVALID_ARGUMENT,
-                               "the pmap function returned %d, which is not a dpar_status; return DPAR_OK or "
-                               "the status of the call that failed",
-                               (int)st);
-            st = dpar__ctx_exits(ctx, st);
-            dpar__cur_ctx = NULL;
-            if (st != DPAR_OK) dpar__job_fail(job, w->device, st);
-            dpar__worker_drain(w);
-            DPAR__ATOMIC_STORE(&job->departed[pos], 1);
-            dpar__wake_all_groups(job->mesh);
-        }
+        dpar__worker_job(w, job);
         dpar__mutex_lock(&rt->mu);
         if (DPAR__ATOMIC_SUB_FETCH(&rt->job_remaining, 1) == 0) dpar__cond_broadcast(&rt->cv_done);
     }
@@ -5341,16 +5364,24 @@ static dpar_status dpar__run(dpar_mesh *m, dpar_fn fn, void *user, int nargs, dp
     dpar__mutex_lock(&rt->dispatch_mu);
     dpar__mutex_lock(&rt->mu);
     rt->job = &job;
-    rt->job_remaining = rt->nlocal;
     rt->job_count++;
-    DPAR__ATOMIC_STORE(&rt->job_gen, rt->job_gen + 1); /* workers spin on it */
-    dpar__cond_broadcast(&rt->cv_start);
-    if (rt->job_remaining > 0) {
+    if (rt->caller_runs && m->size == 1) {
+        /* the one member runs here: no wake-up of its worker, no wait for it (the hand-off and the
+           spins cost a Vulkan step's host most of its time); the worker sleeps on cv_start */
         dpar__mutex_unlock(&rt->mu);
-        dpar__spin_until(dpar__spin_zero, &rt->job_remaining, 0, &job.abort, rt->nlocal + 1);
+        dpar__worker_job(&rt->workers[0], &job);
         dpar__mutex_lock(&rt->mu);
+    } else {
+        rt->job_remaining = rt->nlocal;
+        DPAR__ATOMIC_STORE(&rt->job_gen, rt->job_gen + 1); /* workers spin on it */
+        dpar__cond_broadcast(&rt->cv_start);
+        if (rt->job_remaining > 0) {
+            dpar__mutex_unlock(&rt->mu);
+            dpar__spin_until(dpar__spin_zero, &rt->job_remaining, 0, &job.abort, rt->nlocal + 1);
+            dpar__mutex_lock(&rt->mu);
+        }
+        while (rt->job_remaining > 0) dpar__cond_wait(&rt->cv_done, &rt->mu);
     }
-    while (rt->job_remaining > 0) dpar__cond_wait(&rt->cv_done, &rt->mu);
     rt->job = NULL;
     dpar__mutex_unlock(&rt->mu);
     dpar_status late = dpar__devices_status(rt, &bad_dev); /* e.g. found while the workers freed their buffers */

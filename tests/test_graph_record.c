@@ -12,7 +12,8 @@
    step either way. The same MLP on a 1x1 mesh records its SGD step too, and
    records again without it once dpar_graph_set_lr changes the rate. A bad label inside a recorded segment is still
    reported by the step that used it, and the next good step runs. The CPU
-   backend records nothing; NULL is refused. Every case but the last runs on
+   backend records nothing; NULL is refused. A 1-device runtime runs fn on the caller's thread
+   (DPAR_CALLER_THREAD=1, the default) bit for bit as on its worker (=0), on Vulkan and on the CPU. Every case but the last runs on
    Vulkan and on CUDA; each skips when its backend is absent (tests/
    test_cuda_mock.sh runs the CUDA cases against the mock driver). */
 #include "testutil.h"
@@ -351,6 +352,69 @@ static void test_bad_label_cuda(void **st) {
     bad_label(DPAR_BACKEND_CUDA);
 }
 
+/* ---- a 1-device runtime runs fn on the caller's thread (DPAR_CALLER_THREAD) ---- */
+static __thread int probe; /* its address tells the threads apart */
+static dpar_status where_fn(dpar_ctx *ctx, void *user) {
+    (void)ctx;
+    *(int **)user = &probe;
+    return DPAR_OK;
+}
+static dpar_status fail_fn(dpar_ctx *ctx, void *user) {
+    (void)ctx, (void)user;
+    return dpar_array_put(NULL, NULL); /* an error inside fn: reported by the dispatch */
+}
+/* The recorded CNN on one device with DPAR_CALLER_THREAD=0 (fn on the device's worker) and 1 (on the
+   calling thread, the default): every loss and parameter bit for bit the same; a dispatch's fn runs on
+   the caller's thread exactly when it is 1 (the CPU and Vulkan backends), and its error comes back. */
+static void caller_thread(dpar_backend_kind k) {
+    float loss[2][STEPS];
+    static float w[2][NP][CF * NCL];
+    for (int r = 0; r < 2; r++) {
+        setenv("DPAR_CALLER_THREAD", r ? "1" : "0", 1);
+        dpar_runtime *rt = t_runtime_or_skip(k, 1);
+        dpar_mesh *m = t_mesh1(rt, 1, "data");
+        int *seen = NULL;
+        T_OK(dpar_shard_map(m, &(dpar_shard_map_desc){ .fn = where_fn, .user = &seen }));
+        if ((seen == &probe) != (r == 1))
+            fail_msg("DPAR_CALLER_THREAD=%d: fn ran on the %s thread", r, seen == &probe ? "caller's" : "worker's");
+        T_ERR(dpar_shard_map(m, &(dpar_shard_map_desc){ .fn = fail_fn }), DPAR_ERR_INVALID_ARGUMENT, "device 0");
+        static float init[NP][CF * NCL];
+        float *ip[NP];
+        rng_state = 11;
+        for (int i = 0; i < NP; i++) fill(init[i], CF * NCL, i == 2 ? 0.0 : 0.5), ip[i] = init[i];
+        for (int64_t c = 0; c < CF; c++) init[2][c] = 1.0f; /* layer norm scale */
+        cnn t;
+        cnn_build(&t, m, 1, ip);
+        static float xs[CB * CH * CH * CC];
+        int32_t ys[CB];
+        for (int s = 0; s < STEPS; s++) {
+            fill(xs, CB * CH * CH * CC, 1.0);
+            for (int i = 0; i < CB; i++) ys[i] = (int32_t)((i * 3 + s) % NCL);
+            step(t.g, true, t.x, xs, t.y, ys, &loss[r][s]);
+        }
+        for (int i = 0; i < NP; i++) T_OK(dpar_array_get(t.w[i], w[r][i]));
+        T_OK(dpar_graph_destroy(t.g));
+        for (int i = 0; i < NP; i++) dpar_array_destroy(t.w[i]);
+        T_OK(dpar_mesh_destroy(m));
+        T_OK(dpar_runtime_destroy(rt));
+    }
+    unsetenv("DPAR_CALLER_THREAD");
+    for (int s = 0; s < STEPS; s++)
+        if (memcmp(&loss[0][s], &loss[1][s], sizeof(float)))
+            fail_msg("the loss of step %d differs between the worker's and the caller's thread", s);
+    if (memcmp(w[0], w[1], sizeof w[0])) fail_msg("the parameters differ between the worker's and the caller's thread");
+    printf("CNN on 1 %s device: fn on the caller's thread, bit for bit the worker's over %d steps\n",
+           k == DPAR_BACKEND_CPU ? "CPU" : "Vulkan", STEPS);
+}
+static void test_caller_thread(void **st) {
+    (void)st;
+    caller_thread(DPAR_BACKEND_VULKAN);
+}
+static void test_caller_thread_cpu(void **st) {
+    (void)st;
+    caller_thread(DPAR_BACKEND_CPU);
+}
+
 /* ---- the CPU backend records nothing; bad input ---- */
 static void test_cpu_and_bad_input(void **st) {
     (void)st;
@@ -386,6 +450,8 @@ int main(void) {
         cmocka_unit_test(test_megatron),
         cmocka_unit_test(test_sgd_recorded),
         cmocka_unit_test(test_bad_label),
+        cmocka_unit_test(test_caller_thread),
+        cmocka_unit_test(test_caller_thread_cpu),
         cmocka_unit_test(test_cnn_1_cuda),
         cmocka_unit_test(test_cnn_2_cuda),
         cmocka_unit_test(test_megatron_cuda),
