@@ -3162,6 +3162,8 @@ struct dpar_runtime {
     int xbackend;                 /* cross-process groups use the backend's collective (every process agreed) */
     size_t xid_size;              /* its bootstrap id's bytes */
     uint64_t job_count;           /* dispatches so far (the same on every process) */
+    uint64_t job_id;              /* the running dispatch's number, unique in the process (dpar__job_ids):
+                                     what a thread's handle memos are keyed by */
     int caller_runs;              /* 1 local device, one process, no thread_init: a 1-device dispatch runs on
                                      the caller's thread (DPAR_CALLER_THREAD, default 1) */
     void *mpi;                    /* the transport's state (backends/dpar_mpi.h), else NULL */
@@ -3210,7 +3212,9 @@ static int dpar__spin_zero(const void *word, uint64_t unused);
 static int dpar__spin_until(int (*done)(const void *, uint64_t), const void *word, uint64_t seen, const int *abort_flag,
                             int nthreads);
 
-static DPAR__TLS dpar__worker *dpar__self_worker;       /* non-NULL on a worker / comm thread */
+static DPAR__TLS dpar__worker *dpar__self_worker;       /* non-NULL on a worker / comm thread (and on the caller's
+                                                     thread while it runs a dispatch for the worker) */
+static uint64_t dpar__job_ids;                          /* the last dpar_runtime.job_id given, atomic */
 static DPAR__TLS struct dpar_request *dpar__async_self; /* the step this thread runs (>>async dispatch) */
 /* The thread-safety rule of non-blocking dispatch and Vulkan loans: while a step of rt is in flight only
    its own threads may touch rt's objects; a lent buffer (b, may be NULL) is not touched at all. */
@@ -4119,7 +4123,7 @@ static dpar__live_entry *dpar__live_tab;                     /* open addressing,
 static size_t dpar__live_cap, dpar__live_used, dpar__live_n; /* slots, non-empty slots, live entries */
 static const char dpar__live_tomb = 0;
 static DPAR__TLS const void *dpar__live_memo_obj; /* dpar_handle_check's memo, valid in one dispatch */
-static DPAR__TLS uint64_t dpar__live_memo_job;
+static DPAR__TLS uint64_t dpar__live_memo_job;    /* that dispatch's job_id */
 
 static const char *dpar__live_kind_name(int kind) {
     static const char *const names[] = { "handle", "runtime", "mesh", "array", "buffer", "graph", "helper object" };
@@ -4222,15 +4226,17 @@ static dpar_status dpar__live_check(const void *p, int kind, const char *fn) {
    handles of its runtime it found live in the current dispatch: until the
    dispatch ends none of them can be freed (every destroy refuses while it
    runs) except the worker's own device's buffers, by that worker, which
-   forgets each one it frees. The next use costs a compare. */
+   forgets each one it frees. The next use costs a compare. A memo is keyed by
+   the dispatch's job_id, unique in the process, not by the runtime's address
+   and job_count: on the caller's thread (EXECUTION MODEL) it outlives the
+   runtime, and a new runtime at a freed one's address counts from 1 again. */
 enum { DPAR__LIVE_MEMO = 64 }; /* direct-mapped by address */
 typedef struct dpar__live_memo_slot {
     const void *p;
     int kind;
 } dpar__live_memo_slot;
 static DPAR__TLS dpar__live_memo_slot dpar__live_memo[DPAR__LIVE_MEMO];
-static DPAR__TLS const dpar_runtime *dpar__live_memo_rt; /* the memo holds handles found in this runtime's */
-static DPAR__TLS uint64_t dpar__live_memo_disp;          /* job_count then */
+static DPAR__TLS uint64_t dpar__live_memo_disp; /* the memo holds handles found live in this dispatch (job_id) */
 
 static dpar_status dpar__live_stale_arg(const char *fn, const char *arg, int kind) {
     return dpar__err(DPAR_ERR_STATE,
@@ -4248,10 +4254,9 @@ static int dpar__live_ok(const void *p, int kind) {
     const dpar__worker *w = dpar__self_worker;
     dpar__live_memo_slot *m = &dpar__live_memo[dpar__live_memo_of(p)];
     if (w) {
-        if (DPAR__UNLIKELY(dpar__live_memo_rt != w->rt || dpar__live_memo_disp != w->rt->job_count)) {
+        if (DPAR__UNLIKELY(dpar__live_memo_disp != w->rt->job_id)) {
             memset((void *)dpar__live_memo, 0, sizeof dpar__live_memo); /* a new dispatch */
-            dpar__live_memo_rt = w->rt;
-            dpar__live_memo_disp = w->rt->job_count;
+            dpar__live_memo_disp = w->rt->job_id;
         }
         if (DPAR__LIKELY(m->p == p && m->kind == kind)) return 1;
     }
@@ -4495,13 +4500,13 @@ DPAR_API dpar_status dpar_handle_check(const void *obj, const char *fn) {
     if (!fn) fn = "dpar_handle_check";
     if (!obj) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: the helper object is NULL", fn);
     dpar__worker *w = dpar__self_worker;
-    if (w && obj == dpar__live_memo_obj && dpar__live_memo_job == w->rt->job_count) return DPAR_OK;
+    if (w && obj == dpar__live_memo_obj && dpar__live_memo_job == w->rt->job_id) return DPAR_OK;
     dpar_status s;
     dpar__mutex_lock(&dpar__live_mu);
     dpar__live_entry *e = dpar__live_get(obj, DPAR__LIVE_CHILD, fn, &s);
     if (e && w && e->rt == w->rt) { /* its runtime runs this dispatch: no destroy can free it before it ends */
         dpar__live_memo_obj = obj;
-        dpar__live_memo_job = w->rt->job_count;
+        dpar__live_memo_job = w->rt->job_id;
     }
     dpar__mutex_unlock(&dpar__live_mu);
     return s;
@@ -5365,6 +5370,7 @@ static dpar_status dpar__run(dpar_mesh *m, dpar_fn fn, void *user, int nargs, dp
     dpar__mutex_lock(&rt->mu);
     rt->job = &job;
     rt->job_count++;
+    rt->job_id = DPAR__ATOMIC_ADD_FETCH(&dpar__job_ids, 1);
     if (rt->caller_runs && m->size == 1) {
         /* the one member runs here: no wake-up of its worker, no wait for it (the hand-off and the
            spins cost a Vulkan step's host most of its time); the worker sleeps on cv_start */

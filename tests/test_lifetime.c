@@ -5,7 +5,8 @@
    device's buffer, host transfers during a dispatch, a data-parallel step
    never finished, and the range checks of the MPI environment variables.
    Run under ASan/LSan and TSan by CI (make SAN=address|thread test): a freed
-   object reached, a leak or a race fails there. CPU backend, 2 devices. */
+   object reached, a leak or a race fails there. CPU backend, 2 devices (1
+   where a 1-device runtime's dispatch on the calling thread is tested). */
 #include "testutil.h"
 #include "util/dpar_train.h"
 #include <pthread.h>
@@ -600,6 +601,83 @@ static void test_handle_api(void **state) {
     T_OK(dpar_runtime_destroy(rt));
 }
 
+/* ---- the caller's thread keeps its handle memos from one runtime to the next ---- */
+/* A 1-device runtime runs fn on the calling thread, so that thread's memos of handles found live in a
+   dispatch outlive the runtime. A handle freed by another thread (its memo slot is not forgotten there)
+   must still be refused in a later runtime's dispatch: at the same job count, at a freed runtime's address. */
+typedef struct memo_job {
+    dpar_buffer *stale, *live; /* stale: freed since the last dispatch, NULL: none */
+    void *obj;                 /* a helper object, checked with dpar_handle_check */
+    dpar_status obj_status;
+    char obj_error[256]; /* its error text */
+} memo_job;
+static dpar_status memo_use(dpar_ctx *ctx, void *user) {
+    (void)ctx;
+    memo_job *j = (memo_job *)user;
+    if (j->stale && (dpar_fill(j->stale, 1.0f) != DPAR_ERR_STATE || !strstr(dpar_last_error(), "stale buffer")))
+        return dpar_set_last_error(DPAR_ERR_BACKEND, "a buffer freed under an earlier runtime passed as live: %s",
+                                   dpar_last_error());
+    if (j->obj) {
+        j->obj_status = dpar_handle_check(j->obj, "memo_use");
+        snprintf(j->obj_error, sizeof j->obj_error, "%s", dpar_last_error());
+    }
+    return dpar_fill(j->live, 2.0f); /* found live: remembered by this thread until the dispatch ends */
+}
+static void *destroy_buffer_thread(void *arg) {
+    return dpar_buffer_destroy((dpar_buffer *)arg) == DPAR_OK ? arg : NULL;
+}
+static void memo_dispatch(dpar_mesh *m, memo_job *j) {
+    dpar_shard_map_desc sd = { .fn = memo_use, .user = j };
+    T_OK(dpar_shard_map(m, &sd));
+}
+static void test_caller_thread_memos(void **state) {
+    (void)state;
+    int64_t four = 4;
+    /* two runtimes at once: a helper object checked in A's first dispatch, detached, then checked in B's */
+    dpar_runtime *ra = t_runtime(DPAR_BACKEND_CPU, 1), *rb = t_runtime(DPAR_BACKEND_CPU, 1);
+    dpar_mesh *ma = t_mesh1(ra, 1, "data"), *mb = t_mesh1(rb, 1, "data");
+    void *obj = malloc(8);
+    memo_job j = { .obj = obj };
+    T_OK(dpar_buffer_create(ra, 0, DPAR_F32, 1, &four, &j.live));
+    T_OK(dpar_handle_attach(ma, obj, count_release));
+    memo_dispatch(ma, &j);
+    T_OK(j.obj_status);
+    T_OK(dpar_handle_detach(obj, "test"));
+    T_OK(dpar_buffer_create(rb, 0, DPAR_F32, 1, &four, &j.live));
+    memo_dispatch(mb, &j); /* B's job 1, as A's was */
+    assert_int_equal(j.obj_status, DPAR_ERR_STATE);
+    if (!strstr(j.obj_error, "memo_use") || !strstr(j.obj_error, "stale")) fail_msg("error text: %s", j.obj_error);
+    free(obj);
+    T_OK(dpar_runtime_destroy(ra));
+    T_OK(dpar_runtime_destroy(rb));
+    /* runtimes made and destroyed in a loop, each dispatching once (job 1): the last one's buffer, freed by
+       another thread, is refused in the next one's dispatch, also when the allocator gives the new runtime
+       the freed one's address (after DPAR__ADDR_RING other frees, here meshes of a filler runtime) */
+    dpar_runtime *filler = t_runtime(DPAR_BACKEND_CPU, 1), *prev_rt = NULL;
+    dpar_buffer *prev = NULL;
+    int same_address = 0, rounds = 48;
+    for (int i = 0; i < rounds; i++) {
+        dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 1);
+        dpar_mesh *m = t_mesh1(rt, 1, "data");
+        memo_job k = { .stale = prev };
+        T_OK(dpar_buffer_create(rt, 0, DPAR_F32, 1, &four, &k.live));
+        if (k.live == prev) k.stale = NULL; /* its address is a live buffer again: not stale */
+        same_address += rt == prev_rt;
+        memo_dispatch(m, &k);
+        pthread_t th;
+        void *done = NULL;
+        assert_int_equal(pthread_create(&th, NULL, destroy_buffer_thread, k.live), 0);
+        assert_int_equal(pthread_join(th, &done), 0);
+        assert_ptr_equal(done, k.live);
+        T_OK(dpar_runtime_destroy(rt));
+        for (int f = 0; f < 260; f++) T_OK(dpar_mesh_destroy(t_mesh1(filler, 1, "data")));
+        prev_rt = rt, prev = k.live;
+    }
+    T_OK(dpar_runtime_destroy(filler));
+    printf("%d of %d runtimes took the address of the one before (each refused the stale buffer)\n", same_address,
+           rounds - 1);
+}
+
 /* ---- a data-parallel step begun and never finished ---- */
 typedef struct dp_job {
     dpar_dp *dp;
@@ -718,6 +796,7 @@ int main(void) {
         cmocka_unit_test(test_destroy_keeps_error),
         cmocka_unit_test(test_stale_arguments),
         cmocka_unit_test(test_address_not_reused),
+        cmocka_unit_test(test_caller_thread_memos),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
