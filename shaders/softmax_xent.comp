@@ -6,15 +6,16 @@
 // dlogits (flags bit0) = (softmax(z_i) - q_i) / counted. Max subtracted:
 // row loss (max - z_label) + log(sum exp(z - max)) when a = 0.
 // A label outside 0..C-1 gives a NaN row loss and a NaN gradient row (check_index reports it).
-// One workgroup of 256, rows t, t+256, ... per invocation, fixed tree: deterministic.
-layout(local_size_x = 256) in;
+// One workgroup of 64, rows t, t+64, ... per invocation; the per-invocation counts and sums are added
+// in invocation order: deterministic, with two barriers (llvmpipe splits a workgroup at each one).
+layout(local_size_x = 64) in;
 layout(std430, set = 0, binding = 0) buffer Loss { float loss[]; };
 layout(std430, set = 0, binding = 1) buffer Grad { float dz[]; };
 layout(std430, set = 0, binding = 2) readonly buffer Logits { float z[]; };
 layout(std430, set = 0, binding = 3) readonly buffer Labels { int labels[]; };
 layout(push_constant) uniform PC { uint n; uint m; uint k; uint flags; float f[8]; uint p[16]; } pc;
-shared float part[256];
-shared uint cnt[256];
+shared float part[64];
+shared uint cnt[64];
 void main() {
     uint t = gl_LocalInvocationID.x;
     uint M = pc.m, C = pc.n;
@@ -23,17 +24,14 @@ void main() {
     float a = pc.f[0];
     float qnan = uintBitsToFloat(0x7fc00000u);
     uint c_own = 0u;
-    for (uint r = t; r < M; r += 256u) c_own += (ign && labels[r] == ignore) ? 0u : 1u;
+    for (uint r = t; r < M; r += 64u) c_own += (ign && labels[r] == ignore) ? 0u : 1u;
     cnt[t] = c_own;
     barrier();
-    for (uint s = 128u; s > 0u; s >>= 1) {
-        if (t < s) cnt[t] += cnt[t + s];
-        barrier();
-    }
-    uint counted = cnt[0];
+    uint counted = 0u;
+    for (uint i = 0u; i < 64u; i++) counted += cnt[i];
     float inv_m = 1.0 / float(counted);
     precise float acc = 0.0;
-    for (uint r = t; r < M; r += 256u) {
+    for (uint r = t; r < M; r += 64u) {
         uint base = r * C;
         int lab = labels[r];
         if (ign && lab == ignore) {
@@ -66,9 +64,10 @@ void main() {
     }
     part[t] = acc;
     barrier();
-    for (uint s = 128u; s > 0u; s >>= 1) {
-        if (t < s) { precise float x = part[t] + part[t + s]; part[t] = x; }
-        barrier();
+    if (t == 0u) {
+        precise float sum = 0.0;
+        for (uint i = 0u; i < 64u; i++) sum += part[i];
+        precise float l = sum * inv_m;
+        loss[0] = counted == 0u ? 0.0 : l;
     }
-    if (t == 0u) { precise float l = part[0] * inv_m; loss[0] = counted == 0u ? 0.0 : l; }
 }

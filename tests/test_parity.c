@@ -584,6 +584,9 @@ static const pcase op_cases[] = {
     { .name = "relu 70000", .fn = c_relu, .dt = DPAR_F32, .shape = { 70000 } },
     { .name = "softmax_xent 1x3", .fn = c_xent, .dt = DPAR_F32, .shape = { 1, 3 }, .rtol = 1e-5, .atol = 1e-6 },
     { .name = "softmax_xent 64x10", .fn = c_xent, .dt = DPAR_F32, .shape = { 64, 10 }, .rtol = 1e-5, .atol = 1e-6 },
+    /* rows past the 64 invocations of the Vulkan shader's one workgroup, and none */
+    { .name = "softmax_xent 0x10 (no rows)", .fn = c_xent, .dt = DPAR_F32, .shape = { 0, 10 } },
+    { .name = "softmax_xent 65x1", .fn = c_xent, .dt = DPAR_F32, .shape = { 65, 1 }, .rtol = 1e-5, .atol = 1e-6 },
     { .name = "softmax_xent 300x37", .fn = c_xent, .dt = DPAR_F32, .shape = { 300, 37 }, .rtol = 1e-5, .atol = 1e-6 },
     { .name = "mse 7x3", .fn = c_mse, .dt = DPAR_F32, .shape = { 7, 3 }, .rtol = 1e-6, .atol = 1e-7 },
     { .name = "mse 128x32", .fn = c_mse, .dt = DPAR_F32, .shape = { 128, 32 }, .rtol = 1e-5, .atol = 1e-7 },
