@@ -1897,6 +1897,12 @@ static dpar__vkbuf *dpar__vk_mem(const dpar_buffer *b) {
 static uint32_t dpar__vk_rows(int64_t rows) {
     return rows <= 0 ? 0u : rows > 65535 ? 65535u : (uint32_t)rows;
 }
+/* Variants for a CPU device (llvmpipe runs a workgroup as SIMD lanes on one thread and splits it at each
+   barrier): layernorm.comp's row per invocation (flags bit 4), taken there and for rows of at most 32
+   (the tree has nothing to share). Measured in bench/results/results.md. */
+static int dpar__vk_on_cpu(const dpar__vk *st, int dev) {
+    return st->devs[dev].ph->props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU;
+}
 static dpar_status dpar__vk_op_norm(dpar__vk *st, int dev, const dpar__op *op, dpar__vkpc *pc) {
     dpar__vkbuf *b[DPAR__VK_BINDINGS] = { NULL };
     pc->n = (uint32_t)op->n;
@@ -1906,6 +1912,10 @@ static dpar_status dpar__vk_op_norm(dpar__vk *st, int dev, const dpar__op *op, d
         pc->flags |= (op->dst2 ? 1u : 0u) | (op->src1 ? 2u : 0u) | (op->src2 ? 4u : 0u);
         b[0] = dpar__vk_mem(op->dst), b[1] = dpar__vk_mem(op->dst2), b[2] = dpar__vk_mem(op->src0);
         b[3] = dpar__vk_mem(op->src1), b[5] = dpar__vk_mem(op->src2);
+        if (dpar__vk_on_cpu(st, dev) || op->n <= 32) { /* 256 rows a workgroup */
+            pc->flags |= 16u;
+            return dpar__vk_dispatch(st, dev, DPAR__SPV_LAYERNORM, b, pc, dpar__vk_rows((op->m + 255) / 256), 1);
+        }
         return dpar__vk_dispatch(st, dev, DPAR__SPV_LAYERNORM, b, pc, dpar__vk_rows(op->m), 1);
     }
     dpar_status s;
