@@ -1898,16 +1898,16 @@ static uint32_t dpar__vk_rows(int64_t rows) {
     return rows <= 0 ? 0u : rows > 65535 ? 65535u : (uint32_t)rows;
 }
 /* Variants for a CPU device (llvmpipe runs a workgroup as SIMD lanes on one thread, splits it at each
-   barrier and loads a buffer element lane by lane): shaders/matmul.comp's direct variant (flags bit 5:
-   64x64 blocks, 16 outputs an invocation, no shared memory), taken where its blocks are mostly inside C
+   barrier and loads a buffer element lane by lane): shaders/matmul_direct.comp (64x64 blocks, 16 outputs
+   an invocation, no shared memory), taken where its blocks are mostly inside C
    (1024x64x128: 3.5x faster than the tiles; at 16x10 most of a block would be waste); layernorm.comp's row per
    invocation (bit 4), taken there and for rows of at most 32 (the tree has nothing to share).
    Measured in bench/results/results.md. */
 static int dpar__vk_on_cpu(const dpar__vk *st, int dev) {
     return st->devs[dev].ph->props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU;
 }
-static uint32_t dpar__vk_mm_direct(const dpar__vk *st, int dev, int64_t m, int64_t n) {
-    return dpar__vk_on_cpu(st, dev) && m >= 48 && n >= 48 ? 32u : 0u;
+static int dpar__vk_mm_direct(const dpar__vk *st, int dev, int64_t m, int64_t n) {
+    return dpar__vk_on_cpu(st, dev) && m >= 48 && n >= 48;
 }
 static dpar_status dpar__vk_op_norm(dpar__vk *st, int dev, const dpar__op *op, dpar__vkpc *pc) {
     dpar__vkbuf *b[DPAR__VK_BINDINGS] = { NULL };
@@ -1946,13 +1946,14 @@ static dpar_status dpar__vk_op_matmul_batched(dpar__vk *st, int dev, const dpar_
     pc->m = (uint32_t)op->m;
     pc->n = (uint32_t)op->n;
     pc->k = (uint32_t)op->k;
-    pc->flags = (op->trans_a ? 1u : 0u) | (op->trans_b ? 2u : 0u) | (op->f[1] == 0.0f ? 4u : 0u) |
-                dpar__vk_mm_direct(st, dev, op->m, op->n);
+    pc->flags = (op->trans_a ? 1u : 0u) | (op->trans_b ? 2u : 0u) | (op->f[1] == 0.0f ? 4u : 0u);
     for (int i = 0; i < 4; i++) pc->p[i] = (uint32_t)op->p[i];
     b[0] = dpar__vk_mem(op->dst), b[2] = dpar__vk_mem(op->src0), b[3] = dpar__vk_mem(op->src1);
-    int64_t tile = pc->flags & 32u ? 64 : 32;
-    return dpar__vk_dispatch3(st, dev, DPAR__SPV_MATMUL, b, pc, (uint32_t)((op->n + tile - 1) / tile),
-                              (uint32_t)((op->m + tile - 1) / tile), dpar__vk_rows(op->p[0]));
+    int direct = dpar__vk_mm_direct(st, dev, op->m, op->n);
+    int64_t tile = direct ? 64 : 32;
+    return dpar__vk_dispatch3(st, dev, direct ? DPAR__SPV_MATMUL_DIRECT : DPAR__SPV_MATMUL, b, pc,
+                              (uint32_t)((op->n + tile - 1) / tile), (uint32_t)((op->m + tile - 1) / tile),
+                              dpar__vk_rows(op->p[0]));
 }
 static dpar_status dpar__vk_op_attn(dpar__vk *st, int dev, const dpar__op *op, dpar__vkpc *pc) {
     dpar__vkbuf *b[DPAR__VK_BINDINGS] = { NULL };
@@ -2096,13 +2097,13 @@ static dpar_status dpar__vk_op_basic(dpar__vk *st, int dev, const dpar__op *op, 
                     ((uint32_t)(op->src0->dtype == DPAR_F16    ? 1
                                 : op->src0->dtype == DPAR_BF16 ? 2
                                                                : 0)
-                     << 3) |
-                    dpar__vk_mm_direct(st, dev, op->m, op->n);
+                     << 3);
         b[2] = src0;
         b[3] = src1;
-        int64_t tile = pc->flags & 32u ? 64 : 32;
-        return dpar__vk_dispatch(st, dev, DPAR__SPV_MATMUL, b, pc, (uint32_t)((op->n + tile - 1) / tile),
-                                 (uint32_t)((op->m + tile - 1) / tile));
+        int direct = dpar__vk_mm_direct(st, dev, op->m, op->n);
+        int64_t tile = direct ? 64 : 32;
+        return dpar__vk_dispatch(st, dev, direct ? DPAR__SPV_MATMUL_DIRECT : DPAR__SPV_MATMUL, b, pc,
+                                 (uint32_t)((op->n + tile - 1) / tile), (uint32_t)((op->m + tile - 1) / tile));
     }
     case DPAR__OP_BIAS_ADD: {
         int64_t cols = op->src0->count;

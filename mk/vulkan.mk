@@ -17,7 +17,7 @@ IMPL_DEPS += backends/dpar_vulkan.h $(VK_SPIRV_H)
 endif
 
 ifneq ($(GLSLANG),)
-$(VK_SPIRV_H): $(VK_SHADERS) tools/embed_spirv.py
+$(VK_SPIRV_H): $(VK_SHADERS) $(wildcard shaders/*.glsl) tools/embed_spirv.py
 	python3 tools/embed_spirv.py --glslang $(GLSLANG) -o $@ $(VK_SHADERS)
 endif
 

@@ -1,0 +1,25 @@
+// Shared by matmul.comp and matmul_direct.comp: bindings, push constants, the operands' widening.
+layout(std430, set = 0, binding = 0) buffer Dst { float c[]; };
+layout(std430, set = 0, binding = 2) readonly buffer SrcA { uint a[]; };
+layout(std430, set = 0, binding = 3) readonly buffer SrcB { uint b[]; };
+layout(push_constant) uniform PC {
+    uint n; uint m; uint k; uint flags; float f0; float f1; float f2; float f3; float f4; float f5; float f6; float f7;
+    uint p[16];
+} pc;
+
+float f16_to_f32(uint h) {            // exact, subnormals included
+    uint sign = (h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 0x1fu) return uintBitsToFloat(sign | 0x7f800000u | (m << 13));
+    if (e == 0u) {
+        if (m == 0u) return uintBitsToFloat(sign);
+        int p = findMSB(m);
+        return uintBitsToFloat(sign | (uint(p + 103) << 23) | ((m << uint(23 - p)) & 0x7fffffu));
+    }
+    return uintBitsToFloat(sign | ((e + 112u) << 23) | (m << 13));
+}
+float widen(uint dt, uint w, uint idx) {
+    if (dt == 0u) return uintBitsToFloat(w);
+    uint h = (idx & 1u) != 0u ? (w >> 16) : (w & 0xffffu);
+    return dt == 1u ? f16_to_f32(h) : uintBitsToFloat(h << 16);
+}
+uint offA = 0u, offB = 0u, offC = 0u;  // this batch's offsets (elements)
