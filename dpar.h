@@ -15904,14 +15904,95 @@ static double dpar__norm_lanes_sum(const double *l) {
 }
 /* per row: mean (shifted by x[0], so a constant row gives exactly x[0] and a zero variance) and rstd;
    each sum as DPAR__NORM_LANES partial sums (element j in lane j % 8) */
+#ifdef DPAR__X86_SIMD
+/* The norm ops' loops with lane k of one __m512d as partial sum k (DPAR__NORM_LANES = 8): the same
+   double operations per element in the same order, so the same bits as the scalar loops, which do
+   what is left; each returns how many leading elements it did (a multiple of 8). */
+/* l[k] += (x[j] - c) (sq: squared) over whole blocks of 8 */
+__attribute__((target("avx512f"))) static int64_t dpar__norm_lanes_avx512(const float *x, int64_t n, double c, int sq,
+                                                                          double *l) {
+    int64_t j = 0;
+    __m512d acc = _mm512_loadu_pd(l), cv = _mm512_set1_pd(c);
+    for (; j + 8 <= n; j += 8) {
+        __m512d v = _mm512_sub_pd(_mm512_cvtps_pd(_mm256_loadu_ps(x + j)), cv);
+        acc = _mm512_add_pd(acc, sq ? _mm512_mul_pd(v, v) : v);
+    }
+    _mm512_storeu_pd(l, acc);
+    return j;
+}
+/* y[j] = (float)((x[j] - mu) rs) w[j] + b[j] (w, b: NULL for none; + 0.0f then, as the scalar loop) */
+__attribute__((target("avx512f"))) static int64_t dpar__norm_out_avx512(float *y, const float *x, int64_t n, double mu,
+                                                                        double rs, const float *w, const float *b) {
+    int64_t j = 0;
+    const __m512d m = _mm512_set1_pd(mu), r = _mm512_set1_pd(rs);
+    for (; j + 8 <= n; j += 8) {
+        __m256 xh = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_sub_pd(_mm512_cvtps_pd(_mm256_loadu_ps(x + j)), m), r));
+        if (w) xh = _mm256_mul_ps(xh, _mm256_loadu_ps(w + j));
+        _mm256_storeu_ps(y + j, _mm256_add_ps(xh, b ? _mm256_loadu_ps(b + j) : _mm256_setzero_ps()));
+    }
+    return j;
+}
+/* one row of dpar__cpu_op_norm_bwd's first pass: xs, gs, the lane sums lg, lgx and the column sums acc */
+__attribute__((target("avx512f"))) static int64_t dpar__norm_bwd_row_avx512(const float *dy, const float *x, int64_t n,
+                                                                            double mu, double rs, const float *w,
+                                                                            double *xs, double *gs, double *lg,
+                                                                            double *lgx, double *acc) {
+    int64_t j = 0;
+    const __m512d m = _mm512_set1_pd(mu), r = _mm512_set1_pd(rs);
+    __m512d sg = _mm512_loadu_pd(lg), sgx = _mm512_loadu_pd(lgx);
+    for (; j + 8 <= n; j += 8) {
+        __m512d d = _mm512_cvtps_pd(_mm256_loadu_ps(dy + j));
+        __m512d xh = _mm512_mul_pd(_mm512_sub_pd(_mm512_cvtps_pd(_mm256_loadu_ps(x + j)), m), r);
+        __m512d g = w ? _mm512_mul_pd(d, _mm512_cvtps_pd(_mm256_loadu_ps(w + j))) : d; /* d * 1.0 = d */
+        _mm512_storeu_pd(xs + j, xh);
+        _mm512_storeu_pd(gs + j, g);
+        sg = _mm512_add_pd(sg, g);
+        sgx = _mm512_add_pd(sgx, _mm512_mul_pd(g, xh));
+        _mm512_storeu_pd(acc + j, _mm512_add_pd(_mm512_loadu_pd(acc + j), _mm512_mul_pd(d, xh)));
+        _mm512_storeu_pd(acc + n + j, _mm512_add_pd(_mm512_loadu_pd(acc + n + j), d));
+    }
+    _mm512_storeu_pd(lg, sg);
+    _mm512_storeu_pd(lgx, sgx);
+    return j;
+}
+/* dx[j] = (float)(rs (gs[j] - mg - xs[j] mgx)) */
+__attribute__((target("avx512f"))) static int64_t dpar__norm_dx_avx512(float *dx, const double *gs, const double *xs,
+                                                                       int64_t n, double rs, double mg, double mgx) {
+    int64_t j = 0;
+    const __m512d r = _mm512_set1_pd(rs), a = _mm512_set1_pd(mg), b = _mm512_set1_pd(mgx);
+    for (; j + 8 <= n; j += 8) {
+        __m512d t = _mm512_sub_pd(_mm512_sub_pd(_mm512_loadu_pd(gs + j), a), _mm512_mul_pd(_mm512_loadu_pd(xs + j), b));
+        _mm256_storeu_ps(dx + j, _mm512_cvtpd_ps(_mm512_mul_pd(r, t)));
+    }
+    return j;
+}
+#endif
+/* whether the norm ops take their AVX-512 loops */
+static int dpar__norm_wide(void) {
+#ifdef DPAR__X86_SIMD
+    return __builtin_cpu_supports("avx512f");
+#else
+    return 0;
+#endif
+}
 static void dpar__cpu_norm_row(const float *x, int64_t n, int rms, float eps, double *mean, double *rstd) {
     double mu = 0.0, l[DPAR__NORM_LANES] = { 0 };
+    int wide = dpar__norm_wide();
+    int64_t j = 0;
+    (void)wide; /* used by the AVX-512 loops only */
     if (!rms && n > 0) {
-        for (int64_t j = 0; j < n; j++) l[j % DPAR__NORM_LANES] += (double)x[j] - (double)x[0];
+#ifdef DPAR__X86_SIMD
+        if (wide) j = dpar__norm_lanes_avx512(x, n, (double)x[0], 0, l);
+#endif
+        for (; j < n; j++) l[j % DPAR__NORM_LANES] += (double)x[j] - (double)x[0];
         mu = (double)x[0] + dpar__norm_lanes_sum(l) / (double)n;
         memset(l, 0, sizeof l);
     }
-    for (int64_t j = 0; j < n; j++) l[j % DPAR__NORM_LANES] += ((double)x[j] - mu) * ((double)x[j] - mu);
+    j = 0;
+#ifdef DPAR__X86_SIMD
+    if (wide) j = dpar__norm_lanes_avx512(x, n, mu, 1, l);
+#endif
+    for (; j < n; j++) l[j % DPAR__NORM_LANES] += ((double)x[j] - mu) * ((double)x[j] - mu);
     *mean = mu;
     *rstd = 1.0 / sqrt((n ? dpar__norm_lanes_sum(l) / (double)n : 0.0) + (double)eps);
 }
@@ -15926,7 +16007,11 @@ static dpar_status dpar__cpu_op_norm(DPAR__CPU_OP_ARGS) {
         float *yr = y + i * n;
         double mu, rs;
         dpar__cpu_norm_row(xr, n, (int)op->p[0], op->f[0], &mu, &rs);
-        for (int64_t j = 0; j < n; j++) {
+        int64_t j = 0;
+#ifdef DPAR__X86_SIMD
+        if (dpar__norm_wide()) j = dpar__norm_out_avx512(yr, xr, n, mu, rs, w, b);
+#endif
+        for (; j < n; j++) {
             float xh = (float)(((double)xr[j] - mu) * rs);
             yr[j] = (w ? xh * w[j] : xh) + (b ? b[j] : 0.0f);
         }
@@ -15950,11 +16035,17 @@ static dpar_status dpar__cpu_op_norm_bwd(DPAR__CPU_OP_ARGS) {
         return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "norm backward: out of host memory (%lld columns)", (long long)n);
     memset(acc, 0, (size_t)(2 * n + 1) * sizeof(double));
     double *xs = acc + 2 * n, *gs = acc + 3 * n;
+    int wide = dpar__norm_wide();
+    (void)wide;                           /* used by the AVX-512 loops only */
     for (int64_t i = 0; i < op->m; i++) { /* row i of dy is read before row i of dx is written (dx may alias dy) */
         const float *dyr = x0 + i * n, *xr = x1 + i * n;
         double mu = (double)st[2 * i], rs = (double)st[2 * i + 1];
         double lg[DPAR__NORM_LANES] = { 0 }, lgx[DPAR__NORM_LANES] = { 0 };
-        for (int64_t j0 = 0; j0 < n; j0 += DPAR__NORM_LANES) {
+        int64_t done = 0;
+#ifdef DPAR__X86_SIMD
+        if (wide) done = dpar__norm_bwd_row_avx512(dyr, xr, n, mu, rs, w, xs, gs, lg, lgx, acc);
+#endif
+        for (int64_t j0 = done; j0 < n; j0 += DPAR__NORM_LANES) {
             int64_t nl = n - j0 < DPAR__NORM_LANES ? n - j0 : (int64_t)DPAR__NORM_LANES;
             for (int64_t k = 0; k < nl; k++) {
                 int64_t j = j0 + k;
@@ -15970,7 +16061,11 @@ static dpar_status dpar__cpu_op_norm_bwd(DPAR__CPU_OP_ARGS) {
         if (op->p[1]) continue; /* no dx */
         double mg = op->p[0] ? 0.0 : dpar__norm_lanes_sum(lg) / (double)n, mgx = dpar__norm_lanes_sum(lgx) / (double)n;
         float *dx = y + i * n;
-        for (int64_t j = 0; j < n; j++) dx[j] = (float)(rs * (gs[j] - mg - xs[j] * mgx));
+        int64_t j = 0;
+#ifdef DPAR__X86_SIMD
+        if (wide) j = dpar__norm_dx_avx512(dx, gs, xs, n, rs, mg, mgx);
+#endif
+        for (; j < n; j++) dx[j] = (float)(rs * (gs[j] - mg - xs[j] * mgx));
     }
     for (int64_t j = 0; j < n; j++) {
         if (dw) dw[j] = (float)acc[j];
