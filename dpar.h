@@ -14629,9 +14629,10 @@ __attribute__((target("avx512f"))) static void dpar__pack_bt_avx512(float *dst, 
     if (k < kc) dpar__pack_bt_c(dst + k * DPAR__NR, src + k, ld, kc - k);
 }
 #endif
-/* Columns j0..j1-1 of C[M,N] = alpha op(A) op(B) + beta C, f32, row-major. */
+/* Columns j0..j1-1 of C[M,N] = alpha op(A) op(B) + beta C, f32, row-major; fused: fused multiply-adds
+   at every size (else only for large products, so the small ones keep their bits). */
 static void dpar__sgemm_cols(int64_t M, int64_t N, int64_t K, int ta, int tb, float alpha, const float *A,
-                             const float *B, float beta, float *C, int64_t j0, int64_t j1) {
+                             const float *B, float beta, float *C, int64_t j0, int64_t j1, int fused) {
     int trivial = K == 0 || alpha == 0.0f || M == 0 || j1 <= j0;
     if (trivial || (beta != 0.0f && beta != 1.0f)) /* beta = 0: the first k block overwrites C */
         for (int64_t i = 0; i < M; i++)
@@ -14644,13 +14645,12 @@ static void dpar__sgemm_cols(int64_t M, int64_t N, int64_t K, int ta, int tb, fl
     ukr = dpar__ukr_neon;
 #endif
 #ifdef DPAR__X86_SIMD
-    if (__builtin_cpu_supports("avx2"))
-        ukr = (double)M * (double)N * (double)K >= 16777216.0 && __builtin_cpu_supports("fma") ? dpar__ukr_fma
-                                                                                               : dpar__ukr_avx2;
-    if (__builtin_cpu_supports("avx512f"))
-        ukr = (double)M * (double)N * (double)K >= 16777216.0 && __builtin_cpu_supports("fma") ? dpar__ukr_fma512
-                                                                                               : dpar__ukr_avx512;
+    int fma = (fused || (double)M * (double)N * (double)K >= 16777216.0) && __builtin_cpu_supports("fma");
+    if (__builtin_cpu_supports("avx2")) ukr = fma ? dpar__ukr_fma : dpar__ukr_avx2;
+    if (__builtin_cpu_supports("avx512f")) ukr = fma ? dpar__ukr_fma512 : dpar__ukr_avx512;
     if (__builtin_cpu_supports("avx512f")) packbt = dpar__pack_bt_avx512;
+#else
+    (void)fused;
 #endif
     int64_t ncmax = j1 - j0 < DPAR__NC ? j1 - j0 : DPAR__NC, kcmax = K < DPAR__KC ? K : DPAR__KC,
             mcmax = M < DPAR__MC ? M : DPAR__MC;
@@ -14739,7 +14739,7 @@ static void dpar__sgemm_cols(int64_t M, int64_t N, int64_t K, int ta, int tb, fl
 }
 typedef struct dpar__sgemm_args {
     int64_t M, N, K;
-    int ta, tb;
+    int ta, tb, fused;
     float alpha, beta;
     const float *A, *B;
     float *C;
@@ -14755,16 +14755,17 @@ DPAR__MAYBE_UNUSED static void dpar__sgemm_part(void *arg, int part, int nparts)
         int64_t j0 = DPAR__ATOMIC_FETCH_ADD(&g->next, 1) * g->chunk;
         if (j0 >= g->N) break;
         int64_t j1 = j0 + g->chunk < g->N ? j0 + g->chunk : g->N;
-        dpar__sgemm_cols(g->M, g->N, g->K, g->ta, g->tb, g->alpha, g->A, g->B, g->beta, g->C, j0, j1);
+        dpar__sgemm_cols(g->M, g->N, g->K, g->ta, g->tb, g->alpha, g->A, g->B, g->beta, g->C, j0, j1, g->fused);
     }
 }
 /* C[M,N] = alpha op(A) op(B) + beta C, f32, row-major; on the device's
-   helper threads too when it has them and the product is large. */
-static void dpar__cpu_sgemm(dpar__cpu *c, int dev, int64_t M, int64_t N, int64_t K, int ta, int tb, float alpha,
-                            const float *A, const float *B, float beta, float *C) {
+   helper threads too when it has them and the product is large; fused: see dpar__sgemm_cols. */
+static void dpar__cpu_sgemm_ex(dpar__cpu *c, int dev, int64_t M, int64_t N, int64_t K, int ta, int tb, float alpha,
+                               const float *A, const float *B, float beta, float *C, int fused) {
 #ifdef DPAR_USE_CBLAS
     DPAR__UNUSED(c);
     DPAR__UNUSED(dev);
+    DPAR__UNUSED(fused);
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)M, (int)N, (int)K,
                 alpha, A, ta ? (int)M : (int)K, B, tb ? (int)K : (int)N, beta, C, (int)N);
 #else
@@ -14779,6 +14780,7 @@ static void dpar__cpu_sgemm(dpar__cpu *c, int dev, int64_t M, int64_t N, int64_t
     g.A = A;
     g.B = B;
     g.C = C;
+    g.fused = fused;
     int64_t strips = (N + DPAR__NR - 1) / DPAR__NR;
     int parts = c && c->pools && dev >= 0 && dev < c->ndev ? c->threads : 1;
     if (parts > strips) parts = (int)strips;
@@ -14788,8 +14790,18 @@ static void dpar__cpu_sgemm(dpar__cpu *c, int dev, int64_t M, int64_t N, int64_t
     if (parts > 1 && (double)M * (double)N * (double)K >= 4e6)
         dpar__cpu_fork(&c->pools[dev], parts, dpar__sgemm_part, &g);
     else
-        dpar__sgemm_cols(M, N, K, ta, tb, alpha, A, B, beta, C, 0, N);
+        dpar__sgemm_cols(M, N, K, ta, tb, alpha, A, B, beta, C, 0, N, fused);
 #endif
+}
+static void dpar__cpu_sgemm(dpar__cpu *c, int dev, int64_t M, int64_t N, int64_t K, int ta, int tb, float alpha,
+                            const float *A, const float *B, float beta, float *C) {
+    dpar__cpu_sgemm_ex(c, dev, M, N, K, ta, tb, alpha, A, B, beta, C, 0);
+}
+/* attention's per-head products, small (T x T x d) and many: fused multiply-adds at every size, twice
+   the separate multiply and add's rate (their bits are attention's own, no other op shares them) */
+static void dpar__cpu_sgemm_fused(dpar__cpu *c, int dev, int64_t M, int64_t N, int64_t K, int ta, int tb, float alpha,
+                                  const float *A, const float *B, float beta, float *C) {
+    dpar__cpu_sgemm_ex(c, dev, M, N, K, ta, tb, alpha, A, B, beta, C, 1);
 }
 
 /* AVX2 forms of the hottest element-wise ops (same arithmetic, element by
@@ -16110,6 +16122,52 @@ static void *dpar__attn_scratch(const dpar__attn_geo *g, const char *fn, size_t 
                   (long long)g->tk);
     return p;
 }
+/* One row of attention's dS = P (dP - D): dr[j] = p[j] (dr[j] - D) with D = sum_j p[j] dr[j] (have_d: D
+   given), in double; returns D. f32: D as DPAR__NORM_LANES partial sums (element j in lane j % 8), the
+   lanes on one AVX-512 vector where there is one; f64: D summed in order. */
+#ifdef DPAR__X86_SIMD
+__attribute__((target("avx512f"))) static int64_t dpar__attn_dsrow_avx512(const float *p, float *dr, int64_t n,
+                                                                          int have_d, double *D, double *l) {
+    int64_t j = 0;
+    if (!have_d) {
+        __m512d acc = _mm512_setzero_pd();
+        for (; j + 8 <= n; j += 8)
+            acc = _mm512_add_pd(
+                acc, _mm512_mul_pd(_mm512_cvtps_pd(_mm256_loadu_ps(p + j)), _mm512_cvtps_pd(_mm256_loadu_ps(dr + j))));
+        _mm512_storeu_pd(l, acc);
+        for (int64_t k = j; k < n; k++) l[k % DPAR__NORM_LANES] += (double)p[k] * (double)dr[k];
+        *D = dpar__norm_lanes_sum(l);
+    }
+    const __m512d d = _mm512_set1_pd(*D);
+    for (j = 0; j + 8 <= n; j += 8) {
+        __m512d v = _mm512_sub_pd(_mm512_cvtps_pd(_mm256_loadu_ps(dr + j)), d);
+        _mm256_storeu_ps(dr + j, _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_cvtps_pd(_mm256_loadu_ps(p + j)), v)));
+    }
+    return j;
+}
+#endif
+static double dpar__attn_dsrow_f32(const float *p, float *dr, int64_t n, int have_d, double D) {
+    double l[DPAR__NORM_LANES] = { 0 };
+    int64_t j = 0;
+#ifdef DPAR__X86_SIMD
+    if (__builtin_cpu_supports("avx512f")) {
+        j = dpar__attn_dsrow_avx512(p, dr, n, have_d, &D, l);
+        have_d = 1;
+    }
+#endif
+    if (!have_d) {
+        for (int64_t k = 0; k < n; k++) l[k % DPAR__NORM_LANES] += (double)p[k] * (double)dr[k];
+        D = dpar__norm_lanes_sum(l);
+    }
+    for (; j < n; j++) dr[j] = (float)((double)p[j] * ((double)dr[j] - D));
+    return D;
+}
+static double dpar__attn_dsrow_f64(const double *p, double *dr, int64_t n, int have_d, double D) {
+    if (!have_d)
+        for (int64_t j = 0; j < n; j++) D += p[j] * dr[j];
+    for (int64_t j = 0; j < n; j++) dr[j] = p[j] * (dr[j] - D);
+    return D;
+}
 /* e[j] = exp(z[j] - mx) in double: the f64 attention's dpar__exp_shifted_f32 */
 static void dpar__exp_shifted_f64(double *e, const double *z, double mx, int64_t n) {
     for (int64_t j = 0; j < n; j++) e[j] = exp(z[j] - mx);
@@ -16122,7 +16180,7 @@ static void dpar__exp_shifted_f64(double *e, const double *z, double mx, int64_t
    computed (and stored) or read. FWD: the forward. BWDQ: pass 1 over query rows: D_i = sum_j P_ij
    dp_ij into stats[.., 1], dq_i = scale sum_j ds_ij k_j. BWDKV: pass 2: dk = scale dS^T q,
    dv = P^T dout, summed over the query-row blocks in order. */
-#define DPAR__ATTN_DEF(PROBS, DSCORES, FWD, BWDQ, BWDKV, T, GEMM, EXPSH)                                               \
+#define DPAR__ATTN_DEF(PROBS, DSCORES, FWD, BWDQ, BWDKV, T, GEMM, EXPSH, DSROW)                                        \
     static void PROBS(dpar__cpu *c, int dev, const dpar__attn_geo *g, int64_t b, int64_t i0, int64_t i1, int64_t nk,   \
                       const T *Q, const T *K, T *st, int st_lse, T *P) {                                               \
         GEMM(c, dev, i1 - i0, nk, g->d, 0, 1, g->scale, Q + (b * g->tq + i0) * g->d, K + b * g->tk * g->d, 0.0f, P);   \
@@ -16156,14 +16214,10 @@ static void dpar__exp_shifted_f64(double *e, const double *z, double mx, int64_t
             const T *pr = P + (i - i0) * nk;                                                                           \
             T *dr = dS + (i - i0) * nk;                                                                                \
             int64_t row = b * g->tq + i;                                                                               \
-            double D = 0.0;                                                                                            \
-            if (st_d) {                                                                                                \
-                D = (double)st[2 * row + 1];                                                                           \
-            } else {                                                                                                   \
-                for (int64_t j = 0; j < nk; j++) D += (double)pr[j] * (double)dr[j];                                   \
-                st[2 * row + 1] = (T)D;                                                                                \
-            }                                                                                                          \
-            for (int64_t j = 0; j < nk; j++) dr[j] = (T)((double)pr[j] * ((double)dr[j] - D));                         \
+            if (st_d)                                                                                                  \
+                DSROW(pr, dr, nk, 1, (double)st[2 * row + 1]);                                                         \
+            else                                                                                                       \
+                st[2 * row + 1] = (T)DSROW(pr, dr, nk, 0, 0.0);                                                        \
         }                                                                                                              \
     }                                                                                                                  \
     static dpar_status FWD(dpar__cpu *c, int dev, const dpar__op *op) {                                                \
@@ -16229,9 +16283,9 @@ static void dpar__exp_shifted_f64(double *e, const double *z, double mx, int64_t
         return DPAR_OK;                                                                                                \
     }
 DPAR__ATTN_DEF(dpar__attn_probs, dpar__attn_dscores, dpar__cpu_attn, dpar__cpu_attn_bwd_q, dpar__cpu_attn_bwd_kv, float,
-               dpar__cpu_sgemm, dpar__exp_shifted_f32)
+               dpar__cpu_sgemm_fused, dpar__exp_shifted_f32, dpar__attn_dsrow_f32)
 DPAR__ATTN_DEF(dpar__attn64_probs, dpar__attn64_dscores, dpar__cpu64_attn, dpar__cpu64_attn_bwd_q,
-               dpar__cpu64_attn_bwd_kv, double, dpar__cpu64_gemm, dpar__exp_shifted_f64)
+               dpar__cpu64_attn_bwd_kv, double, dpar__cpu64_gemm, dpar__exp_shifted_f64, dpar__attn_dsrow_f64)
 #undef DPAR__ATTN_DEF
 static dpar_status dpar__cpu_op_attn(DPAR__CPU_OP_ARGS) {
     DPAR__CPU_OP_UNUSED;
