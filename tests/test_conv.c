@@ -566,17 +566,7 @@ static int64_t threads_program(dpar_runtime *rt, float *out) {
 }
 static void test_threads_bitwise(void **st) {
     (void)st;
-    const char *old = getenv("DPAR_CPU_THREADS");
-    char keep[32] = "";
-    if (old) snprintf(keep, sizeof keep, "%s", old);
-    setenv("DPAR_CPU_THREADS", "1", 1);
-    dpar_runtime *r1 = t_runtime(DPAR_BACKEND_CPU, 1);
-    setenv("DPAR_CPU_THREADS", "3", 1);
-    dpar_runtime *r3 = t_runtime(DPAR_BACKEND_CPU, 1);
-    if (old)
-        setenv("DPAR_CPU_THREADS", keep, 1);
-    else
-        unsetenv("DPAR_CPU_THREADS");
+    dpar_runtime *r1 = t_cpu_runtime_threads("1"), *r3 = t_cpu_runtime_threads("3");
     int64_t n = threads_program(r1, NULL);
     float *a = malloc((size_t)n * sizeof(float)), *b = malloc((size_t)n * sizeof(float));
     threads_program(r1, a);

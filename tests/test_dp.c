@@ -366,9 +366,7 @@ static dpar_status mt_step(dpar_ctx *ctx, void *user) {
     return DPAR_OK;
 }
 static void mt_run(const char *threads, float *c_out, float *p_out) {
-    setenv("DPAR_CPU_THREADS", threads, 1);
-    dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 1);
-    unsetenv("DPAR_CPU_THREADS");
+    dpar_runtime *rt = t_cpu_runtime_threads(threads);
     dpar_mesh *m = t_mesh1(rt, 1, "data");
     enum { K = 300, MN = 300, NBIG = 300 * 1000 };
     int64_t sa[2] = { K, MN }, sc[2] = { MN, 1000 }, sg[2] = { MN, 1000 };

@@ -1059,17 +1059,7 @@ static void test_threads_bitwise(void **state) {
     (void)state;
     enum { N = (6 << 16) + 512 + (64 * 256) };
     float *a = (float *)malloc(N * sizeof(float)), *b = (float *)malloc(N * sizeof(float));
-    const char *old = getenv("DPAR_CPU_THREADS");
-    char keep[32] = "";
-    if (old) snprintf(keep, sizeof keep, "%s", old);
-    setenv("DPAR_CPU_THREADS", "1", 1);
-    dpar_runtime *r1 = t_runtime(DPAR_BACKEND_CPU, 1);
-    setenv("DPAR_CPU_THREADS", "3", 1);
-    dpar_runtime *r3 = t_runtime(DPAR_BACKEND_CPU, 1);
-    if (old)
-        setenv("DPAR_CPU_THREADS", keep, 1);
-    else
-        unsetenv("DPAR_CPU_THREADS");
+    dpar_runtime *r1 = t_cpu_runtime_threads("1"), *r3 = t_cpu_runtime_threads("3");
     threads_program(r1, a);
     threads_program(r3, b);
     assert_memory_equal(a, b, N * sizeof(float));

@@ -131,9 +131,7 @@ static void test_large_bits(void **st) {
 }
 
 int main(void) {
-    setenv("DPAR_CPU_THREADS", "2", 1);
-    RT = t_runtime(DPAR_BACKEND_CPU, 1);
-    unsetenv("DPAR_CPU_THREADS");
+    RT = t_cpu_runtime_threads("2");
     if (!RT) return 1;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_small_bits),

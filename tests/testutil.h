@@ -125,6 +125,20 @@ static inline dpar_runtime *t_runtime(dpar_backend_kind k, int n) {
     T_OK(dpar_runtime_create(&d, &rt));
     return rt;
 }
+/* A 1-device CPU runtime with `threads` intra-op threads (DPAR_CPU_THREADS, read at create); the
+   variable is put back as it was. */
+static inline dpar_runtime *t_cpu_runtime_threads(const char *threads) {
+    const char *old = getenv("DPAR_CPU_THREADS");
+    char keep[32] = "";
+    if (old) snprintf(keep, sizeof keep, "%s", old);
+    setenv("DPAR_CPU_THREADS", threads, 1);
+    dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 1);
+    if (old)
+        setenv("DPAR_CPU_THREADS", keep, 1);
+    else
+        unsetenv("DPAR_CPU_THREADS");
+    return rt;
+}
 /* What dpar_graph_print writes for g (at most cap - 1 bytes), through a temporary file named after tag. */
 static inline void t_graph_text(const dpar_graph *g, const char *tag, char *text, size_t cap) {
     char path[512];
