@@ -402,7 +402,8 @@ static void caller_thread(dpar_backend_kind k) {
     for (int s = 0; s < STEPS; s++)
         if (memcmp(&loss[0][s], &loss[1][s], sizeof(float)))
             fail_msg("the loss of step %d differs between the worker's and the caller's thread", s);
-    if (memcmp(w[0], w[1], sizeof w[0])) fail_msg("the parameters differ between the worker's and the caller's thread");
+    if (memcmp(w[0], w[1], sizeof w[0]))
+        fail_msg("%s", "the parameters differ between the worker's and the caller's thread");
     printf("CNN on 1 %s device: fn on the caller's thread, bit for bit the worker's over %d steps\n",
            k == DPAR_BACKEND_CPU ? "CPU" : "Vulkan", STEPS);
 }

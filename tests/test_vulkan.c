@@ -841,7 +841,7 @@ static void host_create(host_vk *h) {
     VkApplicationInfo app = { .sType = VK_STRUCTURE_TYPE_APPLICATION_INFO, .apiVersion = VK_API_VERSION_1_2 };
     VkInstanceCreateInfo ici = { .sType = VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO, .pApplicationInfo = &app };
     if (!ci || ci(&ici, NULL, &h->inst) != VK_SUCCESS) {
-        if (t_required("vulkan")) fail_msg("the test's own Vulkan instance could not be created");
+        if (t_required("vulkan")) fail_msg("%s", "the test's own Vulkan instance could not be created");
         printf("SKIPPED: no Vulkan loader or driver for the engine's own instance\n");
         skip();
     }
