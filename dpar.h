@@ -146,8 +146,9 @@
        DPAR_SPIN_US=us                spin before sleeping in a rendezvous (default
                                       2 us, then yields; 0: sleep at once), 0..10^6
        DPAR_CPU_THREADS=N             CPU backend: threads per device for large
-                                      matrix products and SGD steps (default
-                                      CPUs / devices; 1: none), 1..64
+                                      matrix products and element, row and image
+                                      ops (default CPUs / devices; 1: none; the
+                                      same bits for any N), 1..64
        DPAR_ALLOW_SHARED_DEVICE=1     MPI: let two ranks on a node open one device (.mpi.allow_shared_device);
                                       0..1 (checked in every build)
        DPAR_MPI_BACKEND_COLLECTIVES=0 MPI + CUDA (.mpi.host_collectives): groups across processes on the
