@@ -1488,7 +1488,8 @@ DPAR_API void dpar_trace_event(const dpar_runtime *rt, int device, const char *n
 /* Per-device statistics over a window: from the runtime's creation or the
    last dpar_runtime_stats_reset (memory_in_use and buffers are always now).
    The times are host seconds on the monotonic clock the trace uses
-   (dpar_trace_clock_us), taken around each call on the thread that runs it:
+   (dpar_trace_clock_us), taken around each call on the thread that runs it
+   (a call that began before the window counts from the window's start):
    - compute_s: in ops. On the CPU backend an op runs inside the call, so this
      is the time the device computed; on Vulkan and CUDA an op only records or
      launches work, so it is the host's cost of driving the device, and the
@@ -13840,9 +13841,11 @@ DPAR_API dpar_status dpar_graph_set_step(dpar_graph *g, int64_t step) {
 /* >>trace-stats ==============================================================
    Per-device stats and the Chrome/Perfetto trace: the hooks the core calls
    (ops, collectives, buffers, dispatches) and the public trace calls. */
-static double dpar__now_us(void) {
-    uint64_t ns = dpar__now_ns();
+static double dpar__ns_to_us(uint64_t ns) { /* exact to the nanosecond for any uptime */
     return (double)(ns / 1000000000u) * 1e6 + (double)(ns % 1000000000u) * 1e-3;
+}
+static double dpar__now_us(void) {
+    return dpar__ns_to_us(dpar__now_ns());
 }
 
 /* --- stats: per runtime, per local device --- */
@@ -13854,7 +13857,7 @@ typedef struct dpar__devstats {
 struct dpar__obs {
     int pid; /* trace process id of this runtime */
     int nlocal;
-    double window_us;      /* start of the stats window (dpar__now_us); under rt->list_mu */
+    uint64_t window_ns;    /* atomic: start of the stats window (dpar__now_ns) */
     dpar__devstats dev[1]; /* [nlocal] */
 };
 
@@ -13973,10 +13976,13 @@ static uint64_t dpar__obs_ops(const dpar_runtime *rt, int dev) { /* ops counted 
     if (!rt->obs || dev < 0 || dev >= rt->obs->nlocal) return 0;
     return DPAR__ATOMIC_LOAD_RELAXED(&rt->obs->dev[dev].ops);
 }
-/* Adds the time since t0_us (dpar__now_us) to local device dev's `what`. */
+/* Adds the time since t0_us (dpar__now_us) to local device dev's `what`: only
+   its part inside the window, so a call that spans a dpar_runtime_stats_reset
+   does not put the old window's time into the new one. */
 static void dpar__obs_time(dpar_runtime *rt, int dev, int what, double t0_us) {
     if (!rt->obs || dev < 0 || dev >= rt->obs->nlocal) return;
-    double ns = (dpar__now_us() - t0_us) * 1e3;
+    double w0 = dpar__ns_to_us((uint64_t)DPAR__ATOMIC_LOAD(&rt->obs->window_ns));
+    double ns = (dpar__now_us() - (t0_us > w0 ? t0_us : w0)) * 1e3;
     if (ns > 0) DPAR__ATOMIC_FETCH_ADD(&rt->obs->dev[dev].ns[what], (uint64_t)ns);
 }
 
@@ -13989,7 +13995,7 @@ static dpar_status dpar__obs_init(dpar_runtime *rt) {
                                                     (size_t)(rt->nlocal > 0 ? rt->nlocal : 1) * sizeof(dpar__devstats));
     if (!o) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_runtime_create: out of host memory");
     o->nlocal = rt->nlocal;
-    o->window_us = dpar__now_us();
+    o->window_ns = dpar__now_ns();
     dpar__mutex_lock(&dpar__trace_mu);
     int first = !dpar__trace_env_done;
     dpar__trace_env_done = 1;
@@ -14165,9 +14171,7 @@ DPAR_API dpar_status dpar_runtime_device_stats(const dpar_runtime *rt, int devic
     out->collectives = DPAR__ATOMIC_LOAD_RELAXED(&d->colls);
     out->collective_bytes_in = DPAR__ATOMIC_LOAD_RELAXED(&d->bytes_in);
     out->collective_bytes_out = DPAR__ATOMIC_LOAD_RELAXED(&d->bytes_out);
-    dpar__mutex_lock((dpar__mutex *)&rt->list_mu);
-    out->window_s = (dpar__now_us() - rt->obs->window_us) * 1e-6;
-    dpar__mutex_unlock((dpar__mutex *)&rt->list_mu);
+    out->window_s = (dpar__now_us() - dpar__ns_to_us((uint64_t)DPAR__ATOMIC_LOAD(&rt->obs->window_ns))) * 1e-6;
     out->compute_s = (double)DPAR__ATOMIC_LOAD_RELAXED(&d->ns[DPAR__OBS_COMPUTE]) * 1e-9;
     out->collective_s = (double)DPAR__ATOMIC_LOAD_RELAXED(&d->ns[DPAR__OBS_COLL]) * 1e-9;
     out->transfer_s = (double)DPAR__ATOMIC_LOAD_RELAXED(&d->ns[DPAR__OBS_TRANSFER]) * 1e-9;
@@ -14179,6 +14183,7 @@ DPAR_API dpar_status dpar_runtime_device_stats(const dpar_runtime *rt, int devic
 DPAR_API void dpar_runtime_stats_reset(dpar_runtime *rt) {
     if (!dpar__live_got(rt, DPAR__LIVE_RUNTIME, "dpar_runtime_stats_reset") || !rt->obs) return;
     dpar__mutex_lock(&rt->list_mu);
+    DPAR__ATOMIC_STORE(&rt->obs->window_ns, dpar__now_ns()); /* first: calls ending from now on clip to it */
     for (int i = 0; i < rt->obs->nlocal; i++) {
         dpar__devstats *d = &rt->obs->dev[i];
         d->peak = d->in_use;
@@ -14188,7 +14193,6 @@ DPAR_API void dpar_runtime_stats_reset(dpar_runtime *rt) {
         DPAR__ATOMIC_STORE_RELAXED(&d->bytes_out, 0);
         for (int k = 0; k < 3; k++) DPAR__ATOMIC_STORE_RELAXED(&d->ns[k], 0);
     }
-    rt->obs->window_us = dpar__now_us();
     dpar__mutex_unlock(&rt->list_mu);
 }
 

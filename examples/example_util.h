@@ -346,7 +346,8 @@ static inline int ex_csv_row(const char *prog, const char *path, long line_no, c
 /* --monitor 1: after each epoch (train_gpt: with each training-loss line), one line per device of this process from
    dpar_runtime_device_stats over the epoch's window, then a new window:
    the shares of the window spent in ops, in collectives (waiting included)
-   and in host <-> device copies, the rest idle; memory now and its peak;
+   and in host <-> device copies, the rest idle (asynchronous collectives
+   overlap ops, so the shares may add up to more than 100%); memory now and its peak;
    on NVIDIA, NVML's utilization, temperature and power. A straggler shows as
    the device that waits least in collectives. */
 static inline void ex_monitor(dpar_runtime *rt) {

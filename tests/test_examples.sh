@@ -117,8 +117,9 @@ run train_digits --epochs 2 --monitor 1
 if ran "train_digits --monitor 1"; then
     why=$(printf '%s\n' "$out" | awk '
         /^monitor: device / { n++; s = 0
-            for (i = 1; i <= NF; i++) if ($i ~ /%$/) { v = $i; sub(/%/, "", v); v += 0; if (v < 0 || v > 100) bad = bad " " $0; s += v }
-            if (s < 99 || s > 102) bad = bad " shares sum to " s ": " $0 }
+            for (i = 1; i <= NF; i++) if ($i ~ /%$/) { v = $i; sub(/%/, "", v); v += 0; if (v < 0 || v > 100) bad = bad " " $0; s += v; sh[$(i - 1)] = v }
+            if (s < 99) bad = bad " shares sum to " s ": " $0
+            if (sh["compute"] + sh["transfer"] > 102) bad = bad " compute + transfer " sh["compute"] + sh["transfer"] ": " $0 }
         END { if (n != 8) print "want 8 monitor lines (2 epochs x 4 devices), got " n; else if (bad != "") print bad }')
     if [ -z "$why" ]; then pass "train_digits --monitor prints each device's time shares per epoch"
     else fail "train_digits --monitor prints each device's time shares per epoch" "$why"; fi
