@@ -12192,16 +12192,20 @@ static void dpar__g_slot_free(const dpar_graph *g, int k, dpar_buffer *b) {
    first bucket is 1 MB): the members' values are concatenated, reduced in place by one asynchronous
    collective started when the last member's value exists, and copied back to the members' buffers
    when it is waited for (before the optimizer, or at the end of the run). Reductions add in rank order
-   element by element, so the results are bit for bit those of one reduction per gradient. */
+   element by element, so the results are bit for bit those of one reduction per gradient. The pinned
+   loss's pmean joins too (read by no node, only after the run): no blocking collective in mid-step,
+   whose host-staged read of the loss would wait for the forward pass and end a recorded segment
+   (>>graph program). Each member copies its value into the bucket when it runs, so only the last
+   member's node runs anything but a device copy, and the others join a recording. */
 enum { DPAR__G_BUCKET_BYTES = 1 << 20 };
 
-/* Whether reduction node i may join a bucket: a final gradient (kept, of a leaf), f32, reduced blocking
-   over axes of more than one device (over one it is a copy: a bucket would only add two), read by no
-   node (only by the optimizer, or by the user after the run). */
+/* Whether reduction node i may join a bucket: a final gradient (kept, of a leaf) or the pinned loss, f32,
+   reduced blocking over axes of more than one device (over one it is a copy: a bucket would only add
+   two), read by no node (only by the optimizer, or by the user after the run). */
 static bool dpar__g_bucketable(const dpar_graph *g, int i, const bool *read) {
     const dpar__gnode *nd = &g->n[i];
-    return (nd->kind == DPAR__G_PSUM || nd->kind == DPAR__G_PMEAN) && nd->keep && nd->spec_of && !nd->async &&
-           nd->axes && dpar__mask_size(g->mesh, nd->axes) > 1 && nd->dtype == DPAR_F32 && !read[i] &&
+    return (nd->kind == DPAR__G_PSUM || nd->kind == DPAR__G_PMEAN) && nd->keep && (nd->spec_of || i == g->loss_value) &&
+           !nd->async && nd->axes && dpar__mask_size(g->mesh, nd->axes) > 1 && nd->dtype == DPAR_F32 && !read[i] &&
            (uint64_t)dpar__g_count(nd) * 4u <= (uint64_t)DPAR__G_BUCKET_BYTES / 2;
 }
 /* The newest bucket that node i may join (same kind and axes, room left), or -1. */
@@ -12294,20 +12298,6 @@ static void dpar__g_bucket_lives(const dpar_graph *g, int *last) {
         }
 }
 static dpar_buffer *dpar__g_buf(const dpar_graph *g, int id, int li);
-/* Member i of a bucket has its value: at the last member, concatenate and start the reduction. */
-static dpar_status dpar__g_bucket_start(dpar_graph *g, dpar_ctx *ctx, int li, int i) {
-    const dpar__gbucket *bk = &g->bk[g->n[i].bucket - 1];
-    if (!dpar__g_bucket_starts(g, i)) return DPAR_OK;
-    dpar_status s = DPAR_OK;
-    const int64_t one = 1;
-    for (int k = 0; k < bk->n && !s; k++) {
-        const dpar_buffer *x = dpar__g_buf(g, g->n[bk->members[k]].in[0], li);
-        s = dpar__strided(bk->buf[li], x, 1, &x->count, &one, 0, &one, bk->offset[k]);
-    }
-    if (s) return s;
-    return dpar_preduce_start(ctx, bk->buf[li], bk->buf[li], g->n[i].axes_str,
-                              g->n[i].kind == DPAR__G_PMEAN ? DPAR_MEAN : DPAR_SUM, &g->reqs[i * g->nlocal + li]);
-}
 /* After the wait for the bucket that node i started: each member's block into its own buffer. */
 static dpar_status dpar__g_bucket_finish(dpar_graph *g, int li, int i) {
     const dpar__gbucket *bk = &g->bk[g->n[i].bucket - 1];
@@ -12318,6 +12308,18 @@ static dpar_status dpar__g_bucket_finish(dpar_graph *g, int li, int i) {
         s = dpar__strided(y, bk->buf[li], 1, &y->count, &one, bk->offset[k], &one, 0);
     }
     return s;
+}
+/* Member i of a bucket has its value: copies it into its block; the last member starts the reduction. */
+static dpar_status dpar__g_bucket_start(dpar_graph *g, dpar_ctx *ctx, int li, int i) {
+    const dpar__gbucket *bk = &g->bk[g->n[i].bucket - 1];
+    const dpar_buffer *x = dpar__g_buf(g, g->n[i].in[0], li);
+    const int64_t one = 1;
+    int k = 0;
+    while (bk->members[k] != i) k++;
+    dpar_status s = dpar__strided(bk->buf[li], x, 1, &x->count, &one, 0, &one, bk->offset[k]);
+    if (s || !dpar__g_bucket_starts(g, i)) return s;
+    return dpar_preduce_start(ctx, bk->buf[li], bk->buf[li], g->n[i].axes_str,
+                              g->n[i].kind == DPAR__G_PMEAN ? DPAR_MEAN : DPAR_SUM, &g->reqs[i * g->nlocal + li]);
 }
 
 /* A loss and its gradient node read the same logits and labels (the rules of >>graph grad make the
@@ -12475,7 +12477,7 @@ DPAR_API dpar_status dpar_graph_compile(dpar_graph *g, dpar_graph_stats *stats) 
     for (int i = 1; i < g->count; i++) {
         const dpar__gnode *nd = &g->n[i];
         g->stats.grad_reductions += (nd->kind == DPAR__G_PSUM || nd->kind == DPAR__G_PMEAN) && nd->keep &&
-                                    nd->spec_of && dpar__g_bucket_starts(g, i);
+                                    (nd->bucket ? dpar__g_bucket_starts(g, i) : nd->spec_of != 0);
     }
     g->opt_rec = dpar__g_opt_recordable(g);
     g->compiled = true;
@@ -12673,6 +12675,7 @@ typedef struct dpar__gprog {
 
 static bool dpar__g_recordable(const dpar_graph *g, const dpar__gnode *nd) {
     if (nd->async) return false;
+    if (nd->bucket) return !dpar__g_bucket_starts(g, (int)(nd - g->n)); /* a device copy into its bucket */
     if (nd->kind == DPAR__G_SGD) return g->opt_rec;
     return nd->fused < 0 || nd->ident || dpar__g_kinds[nd->kind].rec; /* fused, ident: run nothing */
 }

@@ -10,7 +10,8 @@
    model) mesh with SGD; the recording must be split at the host nodes (more
    than one segment per device) and dpar_device_stats counts the same ops per
    step either way. The same MLP on a 1x1 mesh records its SGD step too, and
-   records again without it once dpar_graph_set_lr changes the rate. A bad label inside a recorded segment is still
+   records again without it once dpar_graph_set_lr changes the rate; on a 4x1 mesh its loss and gradients
+   share one bucket and split no recording. A bad label inside a recorded segment is still
    reported by the step that used it, and the next good step runs. The CPU
    backend records nothing; NULL is refused. A 1-device runtime runs fn on the caller's thread
    (DPAR_CALLER_THREAD=1, the default) bit for bit as on its worker (=0), on Vulkan and on the CPU. Every case but the last runs on
@@ -158,7 +159,7 @@ static void test_cnn_2_cuda(void **st) {
 }
 
 /* ---- Megatron column -> row MLP on 2x2 (data, model): a psum in the forward, SGD with momentum ---- */
-enum { MB = 8, MD = 6, MH = 8, MC = 5 };
+enum { MB = 8, MD = 6, MH = 8, MC = 5, SEG_DP = 3 };
 typedef struct mlp {
     dpar_graph *g;
     dpar_array *w[4];
@@ -283,6 +284,27 @@ static void sgd_recorded(dpar_backend_kind k) {
     pair_finish(&p, 10);
 }
 
+/* ---- the same MLP data-parallel on a 4x1 mesh: the pinned loss's pmean and the gradients' reductions share
+   one bucket, reduced where the SGD step waits for it, so a device's recording is split only by the two
+   collectives over the model axis (SEG_DP = 3 segments; 6 before the loss and the members' copies joined
+   the recording); bit for bit op by op, the same ops counted ---- */
+static void data_parallel(dpar_backend_kind k) {
+    mlp_pair p;
+    pair_make(&p, k, 4, 1, 17);
+    uint64_t ops[2] = { 0, 0 };
+    for (int s = 0; s < 10; s++) {
+        pair_step(&p, s, 2, ops);
+        if (ops[0] != ops[1] || ops[0] == 0)
+            fail_msg("step %d: device 2 counted %llu ops op by op, %llu recorded", s, (unsigned long long)ops[0],
+                     (unsigned long long)ops[1]);
+    }
+    int seg = 0, nodes = 0;
+    T_OK(dpar_graph_recorded(p.rec.g, &seg, &nodes));
+    if (seg != SEG_DP * 4) fail_msg("%d segments on 4 devices; want %d each", seg, SEG_DP);
+    printf("MLP on a 4x1 %s mesh: %d segments holding %d nodes, bit for bit over 10 steps\n", be_name(k), seg, nodes);
+    pair_finish(&p, 10);
+}
+
 /* ---- a bad label inside a recorded segment: reported by its step, then the graph runs on ---- */
 static dpar_graph *label_graph(dpar_mesh *m, dpar_array *w, dpar_value *x, dpar_value *y) {
     dpar_graph *g = NULL;
@@ -342,6 +364,14 @@ static void test_sgd_recorded(void **st) {
 static void test_sgd_recorded_cuda(void **st) {
     (void)st;
     sgd_recorded(DPAR_BACKEND_CUDA);
+}
+static void test_data_parallel(void **st) {
+    (void)st;
+    data_parallel(DPAR_BACKEND_VULKAN);
+}
+static void test_data_parallel_cuda(void **st) {
+    (void)st;
+    data_parallel(DPAR_BACKEND_CUDA);
 }
 static void test_bad_label(void **st) {
     (void)st;
@@ -450,6 +480,7 @@ int main(void) {
         cmocka_unit_test(test_cnn_2),
         cmocka_unit_test(test_megatron),
         cmocka_unit_test(test_sgd_recorded),
+        cmocka_unit_test(test_data_parallel),
         cmocka_unit_test(test_bad_label),
         cmocka_unit_test(test_caller_thread),
         cmocka_unit_test(test_caller_thread_cpu),
@@ -457,6 +488,7 @@ int main(void) {
         cmocka_unit_test(test_cnn_2_cuda),
         cmocka_unit_test(test_megatron_cuda),
         cmocka_unit_test(test_sgd_recorded_cuda),
+        cmocka_unit_test(test_data_parallel_cuda),
         cmocka_unit_test(test_bad_label_cuda),
         cmocka_unit_test(test_cpu_and_bad_input),
     };
