@@ -9636,6 +9636,7 @@ typedef struct dpar__gbucket {
     int64_t *offset;   /* [n] each member's first element in buf */
     int64_t count;     /* f32 elements */
     dpar_buffer **buf; /* [nlocal] */
+    bool blocking;     /* waited for at once (dpar__g_bucket_blocking): reduced by a blocking collective */
 } dpar__gbucket;
 
 typedef struct dpar__gopt {
@@ -12190,7 +12191,8 @@ static void dpar__g_slot_free(const dpar_graph *g, int k, dpar_buffer *b) {
    not the bytes, is the price (the digits MLP's four gradients: four rendezvous). Such reductions of
    the same kind over the same axes share a bucket of at most DPAR__G_BUCKET_BYTES (PyTorch DDP's
    first bucket is 1 MB): the members' values are concatenated, reduced in place by one asynchronous
-   collective started when the last member's value exists, and copied back to the members' buffers
+   collective started when the last member's value exists (a blocking one where nothing runs before its
+   wait: dpar__g_bucket_blocking), and copied back to the members' buffers
    when it is waited for (before the optimizer, or at the end of the run). Reductions add in rank order
    element by element, so the results are bit for bit those of one reduction per gradient. The pinned
    loss's pmean joins too (read by no node, only after the run): no blocking collective in mid-step,
@@ -12275,6 +12277,24 @@ static dpar_status dpar__g_bucket_alloc(dpar_graph *g) {
     }
     return s;
 }
+/* Whether node i runs anything (feeds, params, consts, fused gradients and identities run nothing). */
+static bool dpar__g_runs(const dpar__gnode *nd) {
+    return nd->kind != DPAR__G_FEED && nd->kind != DPAR__G_PARAM && nd->kind != DPAR__G_CONST && nd->fused >= 0 &&
+           !nd->ident;
+}
+/* At compile, after the plan: a bucket whose start is followed by no work before it is waited for (the
+   optimizer, or the end of the run) has nothing to overlap; its asynchronous collective would only add
+   the hand-off to the comm threads and back (on Vulkan a comm thread per device, with its own waits).
+   Such a bucket is reduced by a blocking collective on the device's worker, as the eager step's pmeans. */
+static void dpar__g_bucket_blocking(dpar_graph *g) {
+    for (int b = 0; b < g->nbk; b++) {
+        dpar__gbucket *bk = &g->bk[b];
+        if (!bk->n) continue;
+        bk->blocking = true;
+        for (int j = bk->members[bk->n - 1] + 1; j < g->count && g->n[j].kind != DPAR__G_SGD && bk->blocking; j++)
+            bk->blocking = !dpar__g_runs(&g->n[j]);
+    }
+}
 static void dpar__g_bucket_free(dpar_graph *g) {
     for (int b = 0; g->bk && b < g->nbk; b++) {
         for (int li = 0; g->bk[b].buf && li < g->nlocal; li++) dpar_buffer_destroy(g->bk[b].buf[li]);
@@ -12318,6 +12338,12 @@ static dpar_status dpar__g_bucket_start(dpar_graph *g, dpar_ctx *ctx, int li, in
     while (bk->members[k] != i) k++;
     dpar_status s = dpar__strided(bk->buf[li], x, 1, &x->count, &one, 0, &one, bk->offset[k]);
     if (s || !dpar__g_bucket_starts(g, i)) return s;
+    if (bk->blocking) {
+        dpar_buffer *y = bk->buf[li];
+        s = g->n[i].kind == DPAR__G_PMEAN ? dpar_pmean(ctx, y, y, g->n[i].axes_str)
+                                          : dpar_psum(ctx, y, y, g->n[i].axes_str);
+        return s ? s : dpar__g_bucket_finish(g, li, i);
+    }
     return dpar_preduce_start(ctx, bk->buf[li], bk->buf[li], g->n[i].axes_str,
                               g->n[i].kind == DPAR__G_PMEAN ? DPAR_MEAN : DPAR_SUM, &g->reqs[i * g->nlocal + li]);
 }
@@ -12469,6 +12495,7 @@ DPAR_API dpar_status dpar_graph_compile(dpar_graph *g, dpar_graph_stats *stats) 
     s = dpar__g_bucket_plan(g);
     if (!s) s = dpar__g_plan(g);
     if (!s) s = dpar__g_bucket_alloc(g);
+    if (!s) dpar__g_bucket_blocking(g);
     if (!s) s = dpar__g_state(g);
     if (!s && g->pp) s = dpar__g_pipe_alloc(g);
     if (s) return dpar__err(s, "dpar_graph_compile: %s", dpar_last_error());
