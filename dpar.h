@@ -5025,20 +5025,27 @@ static dpar_status dpar__array_put(dpar_array *a, const void *host) {
 static dpar_status dpar__array_scatter(dpar_array *a, const void *host, bool direct) {
     size_t es = dpar_dtype_size(a->dtype);
     size_t nb = (size_t)dpar__prod(a->local, a->ndim) * es;
-    char *tmp = (char *)DPAR_MALLOC(nb ? nb : 1);
-    if (!tmp) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_array_put: out of host memory (%zu bytes)", nb);
+    bool rows = true; /* a shard is a run of whole rows (split on dim 0 at most): written from host in place */
+    for (int d = 1; d < a->ndim; d++) rows = rows && a->local[d] == a->shape[d];
+    char *tmp = rows ? NULL : (char *)DPAR_MALLOC(nb ? nb : 1);
+    if (!rows && !tmp) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_array_put: out of host memory (%zu bytes)", nb);
     int64_t zero[DPAR_MAX_DIMS] = { 0 }, off[DPAR_MAX_DIMS];
     dpar_status s = DPAR_OK;
     for (int p = 0; p < a->mesh->size && !s; p++) {
         if (!a->shards[p]) continue;
         dpar__array_offsets(a, p, off);
-        dpar__copy_block(tmp, a->local, zero, (const char *)host, a->shape, off, a->local, a->ndim, es);
+        const char *src = tmp;
+        if (rows) /* off[0] rows of prod(local[1..]) elements before it */
+            src = (const char *)host +
+                  (a->ndim ? (size_t)off[0] * (size_t)dpar__prod(a->local + 1, a->ndim - 1) * es : 0);
+        else
+            dpar__copy_block(tmp, a->local, zero, (const char *)host, a->shape, off, a->local, a->ndim, es);
         dpar_buffer *b = a->shards[p];
         if (!direct) {
-            s = dpar_buffer_write(b, 0, tmp, nb);
+            s = dpar_buffer_write(b, 0, src, nb);
         } else if (nb) {
             double t0 = dpar__now_us();
-            s = b->rt->be->write(b->rt->bstate, b->device, b->mem, 0, tmp, nb);
+            s = b->rt->be->write(b->rt->bstate, b->device, b->mem, 0, src, nb);
             dpar__obs_time(b->rt, b->device, DPAR__OBS_TRANSFER, t0);
         }
     }
