@@ -154,8 +154,9 @@
        DPAR_MPI_BACKEND_COLLECTIVES=0 MPI + CUDA (.mpi.host_collectives): groups across processes on the
                                       host-staged MPI path instead of NCCL; 0..1 (1: the default)
        DPAR_GRAPH_ASYNC_BYTES=n       graphs: gradients of >= n bytes are reduced asynchronously, overlapping
-                                      the rest of the backward pass; smaller ones share buckets of up to 1 MiB,
-                                      one collective each (default 262144; 0..2000000000; read at value_and_grad)
+                                      the rest of the backward pass; smaller ones (and the loss's pmean) share
+                                      buckets of up to 1 MiB, one collective each (default 262144;
+                                      0..2000000000; read at value_and_grad)
        DPAR_GRAPH_ALIAS=0             graphs: plan every node's output apart from its inputs (default 1: an
                                       elementwise node's output takes the buffer of an input it reads last,
                                       computed in place, and a kept psum/pmean over one device (a 1-device
