@@ -453,6 +453,12 @@ static void cnn_rows(bench *B, dpar_dtype dt) {
     matmul_row(B, dt, "cnn dense1 dx", "16x3136x256:nt");
     matmul_row(B, dt, "cnn dense1 dw", "3136x256x16:tn");
     matmul_row(B, dt, "cnn dense2", "16x10x256");
+    /* the MLP of examples/train_digits.c (64-128-10, batch 64 on one device): its five matmuls */
+    matmul_row(B, dt, "digits fc1", "64x128x64");
+    matmul_row(B, dt, "digits fc1 dw", "64x128x64:tn");
+    matmul_row(B, dt, "digits fc2", "64x10x128");
+    matmul_row(B, dt, "digits fc2 dw", "128x10x64:tn");
+    matmul_row(B, dt, "digits fc2 dx", "64x128x10:nt");
     /* relu: x read, y written; backward: dy + x read, dx written */
     begin(B, c, "relu", dt, "16x28x28x32", r_relu);
     MK(ACC_R, dt, 16, 28, 28, 32), MK(ACC_W, dt, 16, 28, 28, 32);
