@@ -1898,16 +1898,23 @@ static uint32_t dpar__vk_rows(int64_t rows) {
     return rows <= 0 ? 0u : rows > 65535 ? 65535u : (uint32_t)rows;
 }
 /* Variants for a CPU device (llvmpipe runs a workgroup as SIMD lanes on one thread, splits it at each
-   barrier and loads a buffer element lane by lane): shaders/matmul_direct.comp (64x64 blocks, 16 outputs
-   an invocation, no shared memory), taken where its blocks are mostly inside C
-   (1024x64x128: 3.5x faster than the tiles; at 16x10 most of a block would be waste); layernorm.comp's row per
-   invocation (bit 4), taken there and for rows of at most 32 (the tree has nothing to share).
-   Measured in bench/results/results.md. */
+   barrier and loads a buffer element lane by lane unless no lane's id enters its address):
+   shaders/matmul_direct.comp (lanes over rows, 4 rows by 16 columns an invocation, B loaded once for all
+   lanes, no shared memory; at every matmul shape of bench_ops faster than the tiles and the former
+   4x4-an-invocation blocks);
+   layernorm.comp's row per invocation (bit 4), taken there and for rows of at
+   most 32 (the tree has nothing to share). Measured in bench/results/results.md. */
 static int dpar__vk_on_cpu(const dpar__vk *st, int dev) {
     return st->devs[dev].ph->props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU;
 }
-static int dpar__vk_mm_direct(const dpar__vk *st, int dev, int64_t m, int64_t n) {
-    return dpar__vk_on_cpu(st, dev) && m >= 48 && n >= 48;
+/* The matmul shader for C [m, n] on device dev and its workgroups (g[0], g[1]). */
+static int dpar__vk_mm_pick(const dpar__vk *st, int dev, int64_t m, int64_t n, uint32_t g[2]) {
+    if (dpar__vk_on_cpu(st, dev)) { /* 32 rows by 16 columns a workgroup */
+        g[0] = (uint32_t)((m + 31) / 32), g[1] = (uint32_t)((n + 15) / 16);
+        return DPAR__SPV_MATMUL_DIRECT;
+    }
+    g[0] = (uint32_t)((n + 31) / 32), g[1] = (uint32_t)((m + 31) / 32);
+    return DPAR__SPV_MATMUL;
 }
 static dpar_status dpar__vk_op_norm(dpar__vk *st, int dev, const dpar__op *op, dpar__vkpc *pc) {
     dpar__vkbuf *b[DPAR__VK_BINDINGS] = { NULL };
@@ -1949,11 +1956,9 @@ static dpar_status dpar__vk_op_matmul_batched(dpar__vk *st, int dev, const dpar_
     pc->flags = (op->trans_a ? 1u : 0u) | (op->trans_b ? 2u : 0u) | (op->f[1] == 0.0f ? 4u : 0u);
     for (int i = 0; i < 4; i++) pc->p[i] = (uint32_t)op->p[i];
     b[0] = dpar__vk_mem(op->dst), b[2] = dpar__vk_mem(op->src0), b[3] = dpar__vk_mem(op->src1);
-    int direct = dpar__vk_mm_direct(st, dev, op->m, op->n);
-    int64_t tile = direct ? 64 : 32;
-    return dpar__vk_dispatch3(st, dev, direct ? DPAR__SPV_MATMUL_DIRECT : DPAR__SPV_MATMUL, b, pc,
-                              (uint32_t)((op->n + tile - 1) / tile), (uint32_t)((op->m + tile - 1) / tile),
-                              dpar__vk_rows(op->p[0]));
+    uint32_t g[2];
+    int id = dpar__vk_mm_pick(st, dev, op->m, op->n, g);
+    return dpar__vk_dispatch3(st, dev, id, b, pc, g[0], g[1], dpar__vk_rows(op->p[0]));
 }
 static dpar_status dpar__vk_op_attn(dpar__vk *st, int dev, const dpar__op *op, dpar__vkpc *pc) {
     dpar__vkbuf *b[DPAR__VK_BINDINGS] = { NULL };
@@ -2100,10 +2105,9 @@ static dpar_status dpar__vk_op_basic(dpar__vk *st, int dev, const dpar__op *op, 
                      << 3);
         b[2] = src0;
         b[3] = src1;
-        int direct = dpar__vk_mm_direct(st, dev, op->m, op->n);
-        int64_t tile = direct ? 64 : 32;
-        return dpar__vk_dispatch(st, dev, direct ? DPAR__SPV_MATMUL_DIRECT : DPAR__SPV_MATMUL, b, pc,
-                                 (uint32_t)((op->n + tile - 1) / tile), (uint32_t)((op->m + tile - 1) / tile));
+        uint32_t g[2];
+        int id = dpar__vk_mm_pick(st, dev, op->m, op->n, g);
+        return dpar__vk_dispatch(st, dev, id, b, pc, g[0], g[1]);
     }
     case DPAR__OP_BIAS_ADD: {
         int64_t cols = op->src0->count;
