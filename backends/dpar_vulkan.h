@@ -1902,8 +1902,8 @@ static uint32_t dpar__vk_rows(int64_t rows) {
    shaders/matmul_direct.comp (lanes over rows, 4 rows by 16 columns an invocation, B loaded once for all
    lanes, no shared memory; at every matmul shape of bench_ops faster than the tiles and the former
    4x4-an-invocation blocks);
-   layernorm.comp's row per invocation (bit 4), taken there and for rows of at
-   most 32 (the tree has nothing to share). Measured in bench/results/results.md. */
+   layernorm.comp's and layernorm_bwd.comp's row per invocation (bit 4), taken there and for rows of
+   at most 32 (the tree has nothing to share). Measured in bench/results/results.md. */
 static int dpar__vk_on_cpu(const dpar__vk *st, int dev) {
     return st->devs[dev].ph->props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU;
 }
@@ -1945,6 +1945,10 @@ static dpar_status dpar__vk_op_norm(dpar__vk *st, int dev, const dpar__op *op, d
     if (op->p[1]) return DPAR_OK; /* no dx */
     pc->flags |= op->src2 ? 2u : 0u;
     b[0] = dpar__vk_mem(op->dst), b[5] = dpar__vk_mem(op->src2);
+    if (dpar__vk_on_cpu(st, dev) || op->n <= 32) { /* 256 rows a workgroup */
+        pc->flags |= 16u;
+        return dpar__vk_dispatch(st, dev, DPAR__SPV_LAYERNORM_BWD, b, pc, dpar__vk_rows((op->m + 255) / 256), 1);
+    }
     return dpar__vk_dispatch(st, dev, DPAR__SPV_LAYERNORM_BWD, b, pc, dpar__vk_rows(op->m), 1);
 }
 static dpar_status dpar__vk_op_matmul_batched(dpar__vk *st, int dev, const dpar__op *op, dpar__vkpc *pc) {
