@@ -453,12 +453,6 @@ static void cnn_rows(bench *B, dpar_dtype dt) {
     matmul_row(B, dt, "cnn dense1 dx", "16x3136x256:nt");
     matmul_row(B, dt, "cnn dense1 dw", "3136x256x16:tn");
     matmul_row(B, dt, "cnn dense2", "16x10x256");
-    /* the MLP of examples/train_digits.c (64-128-10, batch 64 on one device): its five matmuls */
-    matmul_row(B, dt, "digits fc1", "64x128x64");
-    matmul_row(B, dt, "digits fc1 dw", "64x128x64:tn");
-    matmul_row(B, dt, "digits fc2", "64x10x128");
-    matmul_row(B, dt, "digits fc2 dw", "128x10x64:tn");
-    matmul_row(B, dt, "digits fc2 dx", "64x128x10:nt");
     /* relu: x read, y written; backward: dy + x read, dx written */
     begin(B, c, "relu", dt, "16x28x28x32", r_relu);
     MK(ACC_R, dt, 16, 28, 28, 32), MK(ACC_W, dt, 16, 28, 28, 32);
@@ -786,7 +780,41 @@ static void optim_rows(bench *B, dpar_dtype dt) {
     begin(B, c, "copy", dt, "802816", r_copy);
     MK(ACC_W, dt, P_N), MK(ACC_R, dt, P_N);
     finish(B, c);
+} /* The step of examples/train_digits.c's MLP (64-128-10, batch 64 on one device), op by op: its five
+   matmuls, bias_add, relu and the backward ops at its shapes, softmax_xent and the SGD update of W1
+   (the largest of its four); bytes as in the rows above */
+static void digits_rows(bench *B, dpar_dtype dt) {
+    ops_case cc, *c = &cc;
+    matmul_row(B, dt, "digits fc1", "64x128x64");
+    matmul_row(B, dt, "digits fc1 dw", "64x128x64:tn");
+    matmul_row(B, dt, "digits fc2", "64x10x128");
+    matmul_row(B, dt, "digits fc2 dw", "128x10x64:tn");
+    matmul_row(B, dt, "digits fc2 dx", "64x128x10:nt");
+    const int64_t width[2] = { 128, 10 };
+    for (int w = 0; w < 2; w++) {
+        char shape[24];
+        snprintf(shape, sizeof shape, "64x%lld", (long long)width[w]);
+        begin(B, c, "bias_add:digits", dt, shape, r_bias_add);
+        MK(ACC_RW, dt, 64, width[w]), MK(ACC_R, dt, width[w]);
+        finish(B, c);
+        begin(B, c, "bias_grad:digits", dt, shape, r_bias_grad);
+        MK(ACC_W, dt, width[w]), MK(ACC_R, dt, 64, width[w]);
+        finish(B, c);
+    }
+    begin(B, c, "relu:digits", dt, "64x128", r_relu);
+    MK(ACC_R, dt, 64, 128), MK(ACC_W, dt, 64, 128);
+    finish(B, c);
+    begin(B, c, "relu_backward:digits", dt, "64x128", r_relu_bwd);
+    MK(ACC_W, dt, 64, 128), MK(ACC_R, dt, 64, 128), MK(ACC_R, dt, 64, 128);
+    finish(B, c);
+    begin(B, c, "softmax_xent:digits", dt, "64x10", r_xent);
+    MK(ACC_W, DPAR_F32, 1), MK(ACC_W, dt, 64, 10), MK(ACC_R, dt, 64, 10), MKI(ACC_R, 10, 64);
+    finish(B, c);
+    begin(B, c, "sgd_update:digits", dt, "64x128 momentum 0.9", r_sgd);
+    MK(ACC_RW, dt, 64 * 128), MK(ACC_R, dt, 64 * 128), MK(ACC_RW, dt, 64 * 128);
+    finish(B, c);
 }
+
 /* every pair of distinct dtypes, from `src` (rows named cast:src->dst, dtype column = dst) */
 static void cast_rows(bench *B, dpar_dtype src) {
     ops_case cc, *c = &cc;
@@ -927,7 +955,7 @@ int main(int argc, char **argv) {
     printf("kind,backend,op,dtype,shape,threads,time_us,GBps,stream_GBps,pct_stream,pct_stream_min,pct_stream_max,"
            "gflops,blas_gflops,pct_blas,pct_blas_min,pct_blas_max,alts\n");
     void (*const per_dtype[])(bench *, dpar_dtype) = { cnn_rows,    gpt_rows,   unary_rows, binary_rows,
-                                                       reduce_rows, optim_rows, shape_rows };
+                                                       reduce_rows, optim_rows, shape_rows, digits_rows };
     for (int d = 0; d < DPAR_DTYPE_COUNT; d++) {
         if (d == DPAR_I32) continue; /* the float dtypes; i32 below */
         for (size_t f = 0; f < sizeof per_dtype / sizeof *per_dtype; f++) per_dtype[f](&B, (dpar_dtype)d);
