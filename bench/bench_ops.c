@@ -5,7 +5,9 @@
    seed models (the CNN of examples/train_cnn.c: global batch 64 on 4 devices,
    so 16 images of 28x28 per device; the GPT of examples/train_gpt.c: batch 32
    on dp 2 x tp 2, so 16 sequences of T = 64 tokens, C = 128, 2 of the 4 heads
-   (head size 32) and an MLP slice of 4C/2 = 256 per device). Every float
+   (head size 32) and an MLP slice of 4C/2 = 256 per device), and the ops of
+   examples/train_digits.c's step (batch 64 on one device, 64-128-10; their
+   op names hold "digits"). Every float
    dtype of dpar_dtype is tried; an op that refuses one (DPAR_ERR_DTYPE or
    DPAR_ERR_BACKEND) prints "opskip,backend,op,dtype,reason" instead of a row.
 
