@@ -14458,24 +14458,28 @@ static void *dpar__cpu_host_ptr(void *st, int dev, void *mem) {
 }
 
 /* Cache-blocked f32 GEMM in the BLIS layout (Van Zee & van de Geijn, "BLIS",
-   ACM TOMS 2015): op(B) packed in KC x NR strips, op(A) in MC x KC blocks of
-   MR-row strips, an MR x NR register-tile micro-kernel (AVX2 when the CPU
-   has it, chosen at run time; portable C otherwise). Each C element
-   accumulates k in ascending order within a KC block and the blocks in
-   ascending order. Products of at least 2^24 multiply-adds (M N K) use fused
+   ACM TOMS 2015): op(B) packed in KC x nr strips, op(A) in MC x KC blocks of
+   mr-row strips, an mr x nr register-tile micro-kernel chosen at run time
+   (dpar__ukr_pick: 8 x 32 with AVX-512, 6 x 16 with AVX2, NEON or portable
+   C). An operand is read in place where the copy would cost more than it
+   saves: a non-transposed A always, a non-transposed B for at most 32 rows
+   of C, and B's edge strip whenever the kernel masks edges (AVX-512). Each C element accumulates k in ascending
+   order within a KC block and the blocks in ascending order. Products of at least 2^24 multiply-adds (M N K) use fused
    multiply-adds when the CPU has FMA (about twice the throughput, measured:
    50 -> 100 GFLOP/s per core on the 512x4096x4096 products of the benchmark);
-   smaller ones, which are bound by packing and call overhead anyway, round the
-   multiply and the add separately, like the portable kernel. The kernel
-   depends only on the shapes (never on the thread split), so results are the
-   same bits run after run and for any DPAR_CPU_THREADS. No zero-skipping:
+   smaller ones round the multiply and the add separately, like the portable
+   kernel, which costs them half the peak: two instructions on the two FMA
+   ports per product (measured on AVX-512, one core: 82 GFLOP/s for
+   multiply + add, 167 for FMA). The kernel depends only on the shapes (never
+   on the thread split or the tile), so results are the same bits run after
+   run, for any DPAR_CPU_THREADS and on every kernel. No zero-skipping:
    0 * NaN and 0 * Inf give NaN, as in reference BLAS. */
-#define DPAR__MR            6   /* micro-tile rows */
-#define DPAR__NR            16  /* micro-tile columns (two 8-float vectors) */
-#define DPAR__KC            256 /* k block: an NR strip of B stays in L1 */
-#define DPAR__MC            96  /* rows of A packed per block (L2) */
-#define DPAR__NC            512 /* columns of B packed per block */
-#define DPAR__DIRECT_B_ROWS 32
+#define DPAR__MR             6   /* micro-tile rows (AVX2, NEON, C; AVX-512: DPAR__MR512) */
+#define DPAR__NR             16  /* micro-tile columns (two 8-float vectors) */
+#define DPAR__KC             256 /* k block: an NR strip of B stays in L1 */
+#define DPAR__MC             96  /* rows of A packed per block (L2) */
+#define DPAR__NC             512 /* columns of B packed per block */
+#define DPAR__DIRECT_B_ROWS  32
 /* ow: C starts as +0 (beta = 0, first k block): C = 0 + alpha * acc, without reading C.
    a: element (i, k) of the A micro-panel at a[i * ars + k * acs] (packed: ars 1, acs MR;
    unpacked rows of a non-transposed A: ars lda, acs 1). */
@@ -14598,52 +14602,89 @@ __attribute__((target("avx2,fma"))) static void dpar__ukr_fma(int64_t kc, const 
     __m256 r[DPAR__MR][2] = { { c00, c01 }, { c10, c11 }, { c20, c21 }, { c30, c31 }, { c40, c41 }, { c50, c51 } };
     dpar__ukr_store(r, c, ldc, alpha, mr, nr, ow);
 }
-/* The same two kernels with one 16-float AVX-512 vector per row (NR = 16): the
-   same multiply and add (or fused multiply-add) per element in the same k
-   order, so the same bits as their AVX2 forms, at twice the width. */
-__attribute__((target("avx512f"))) static inline void dpar__ukr_store512(__m512 r[DPAR__MR], float *c, int64_t ldc,
-                                                                         float alpha, int mr, int nr, int ow) {
-    const __m512 al = _mm512_set1_ps(alpha), z = _mm512_setzero_ps();
-    __mmask16 m = (__mmask16)(nr >= 16 ? 0xffff : (1u << nr) - 1u);
-    for (int i = 0; i < mr; i++) {
-        float *ci = c + i * ldc;
-        __m512 old = ow ? z : _mm512_maskz_loadu_ps(m, ci);
-        _mm512_mask_storeu_ps(ci, m, _mm512_add_ps(old, _mm512_mul_ps(al, r[i])));
-    }
+/* The same arithmetic on an 8 x 32 AVX-512 tile (MR512 x NR512): 16 accumulators, two 16-float
+   vectors per row. A fused multiply-add has 4 cycles of latency on 2 ports, so 8 independent
+   accumulators are the least that keep it busy; the 6 x 16 tile's 6 capped the kernel near 75% of
+   peak. Each element still takes one multiply and one add (or one fused multiply-add) per k in
+   ascending k: the same bits as the 6 x 16 kernels. The kernel reads only the mr rows of A and the
+   nr columns of B it is given (rows past mr re-read row 0, columns past nr are masked), so edge
+   strips need no zero-padded copy; nr <= 16 runs the one-vector form (16 lanes, 8 accumulators). */
+#define DPAR__MR512 8
+#define DPAR__NR512 32
+__attribute__((target("avx512f"))) static inline __mmask16 dpar__mask16(int n) {
+    return (__mmask16)(n >= 16 ? 0xffffu : n <= 0 ? 0u : (1u << n) - 1u);
 }
-#define DPAR__UKR512(name, target_s, madd)                                                                             \
+/* row i of the tile at step k: x = A(i, k) against the nv vectors of B's row k */
+#define DPAR__ROW512(madd, nv, i)                    \
+    do {                                             \
+        const __m512 x_ = _mm512_set1_ps(a[o##i]);   \
+        c##i##0 = madd(x_, b0, c##i##0);             \
+        if (nv > 1) c##i##1 = madd(x_, b1, c##i##1); \
+    } while (0)
+/* row i of C (row stride ldc) = (ow ? 0 : C) + alpha * acc, masked to the nr columns */
+#define DPAR__STORE512(nv, i)                                                                                      \
+    do {                                                                                                           \
+        float *ci_ = c + i * ldc;                                                                                  \
+        if (i >= mr) break;                                                                                        \
+        c##i##0 = _mm512_mul_ps(al, c##i##0);                                                                      \
+        _mm512_mask_storeu_ps(ci_, m0, _mm512_add_ps(ow ? z : _mm512_maskz_loadu_ps(m0, ci_), c##i##0));           \
+        if (nv < 2) break;                                                                                         \
+        c##i##1 = _mm512_mul_ps(al, c##i##1);                                                                      \
+        _mm512_mask_storeu_ps(ci_ + 16, m1, _mm512_add_ps(ow ? z : _mm512_maskz_loadu_ps(m1, ci_ + 16), c##i##1)); \
+    } while (0)
+/* name: the kernel with nv (1 or 2) vectors a row; narrow: its one-vector form, for nr <= 16 */
+#define DPAR__UKR512(name, narrow, target_s, madd, nv)                                                                 \
     __attribute__((target(target_s))) static void name(int64_t kc, const float *a, int64_t ars, int64_t acs,           \
                                                        const float *b, int64_t bs, float *c, int64_t ldc, float alpha, \
                                                        int mr, int nr, int ow) {                                       \
-        __m512 c0 = _mm512_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0;                                  \
-        const float *a1 = a + ars, *a2 = a + 2 * ars, *a3 = a + 3 * ars, *a4 = a + 4 * ars, *a5 = a + 5 * ars;         \
-        for (int64_t k = 0; k < kc; k++, a += acs, a1 += acs, a2 += acs, a3 += acs, a4 += acs, a5 += acs, b += bs) {   \
-            __m512 b0 = _mm512_loadu_ps(b);                                                                            \
-            c0 = madd(_mm512_set1_ps(*a), b0, c0);                                                                     \
-            c1 = madd(_mm512_set1_ps(*a1), b0, c1);                                                                    \
-            c2 = madd(_mm512_set1_ps(*a2), b0, c2);                                                                    \
-            c3 = madd(_mm512_set1_ps(*a3), b0, c3);                                                                    \
-            c4 = madd(_mm512_set1_ps(*a4), b0, c4);                                                                    \
-            c5 = madd(_mm512_set1_ps(*a5), b0, c5);                                                                    \
+        if (nv > 1 && nr <= 16) {                                                                                      \
+            narrow(kc, a, ars, acs, b, bs, c, ldc, alpha, mr, nr, ow);                                                 \
+            return;                                                                                                    \
         }                                                                                                              \
-        __m512 r[DPAR__MR] = { c0, c1, c2, c3, c4, c5 };                                                               \
-        dpar__ukr_store512(r, c, ldc, alpha, mr, nr, ow);                                                              \
+        const __mmask16 m0 = dpar__mask16(nr), m1 = dpar__mask16(nr - 16);                                             \
+        const int64_t o0 = 0, o1 = mr > 1 ? ars : 0, o2 = mr > 2 ? 2 * ars : 0, o3 = mr > 3 ? 3 * ars : 0,             \
+                      o4 = mr > 4 ? 4 * ars : 0, o5 = mr > 5 ? 5 * ars : 0, o6 = mr > 6 ? 6 * ars : 0,                 \
+                      o7 = mr > 7 ? 7 * ars : 0;                                                                       \
+        __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00;            \
+        __m512 c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00, c60 = c00, c61 = c00, c70 = c00, c71 = c00;      \
+        for (int64_t k = 0; k < kc; k++, a += acs, b += bs) {                                                          \
+            const __m512 b0 = _mm512_maskz_loadu_ps(m0, b), b1 = nv > 1 ? _mm512_maskz_loadu_ps(m1, b + 16) : b0;      \
+            DPAR__ROW512(madd, nv, 0);                                                                                 \
+            DPAR__ROW512(madd, nv, 1);                                                                                 \
+            DPAR__ROW512(madd, nv, 2);                                                                                 \
+            DPAR__ROW512(madd, nv, 3);                                                                                 \
+            DPAR__ROW512(madd, nv, 4);                                                                                 \
+            DPAR__ROW512(madd, nv, 5);                                                                                 \
+            DPAR__ROW512(madd, nv, 6);                                                                                 \
+            DPAR__ROW512(madd, nv, 7);                                                                                 \
+        }                                                                                                              \
+        const __m512 al = _mm512_set1_ps(alpha), z = _mm512_setzero_ps(); /* 0 + x: -0 stores +0 */                    \
+        DPAR__STORE512(nv, 0);                                                                                         \
+        DPAR__STORE512(nv, 1);                                                                                         \
+        DPAR__STORE512(nv, 2);                                                                                         \
+        DPAR__STORE512(nv, 3);                                                                                         \
+        DPAR__STORE512(nv, 4);                                                                                         \
+        DPAR__STORE512(nv, 5);                                                                                         \
+        DPAR__STORE512(nv, 6);                                                                                         \
+        DPAR__STORE512(nv, 7);                                                                                         \
     }
 #define DPAR__MULADD512(x, y, acc) _mm512_add_ps(acc, _mm512_mul_ps(x, y))
-DPAR__UKR512(dpar__ukr_avx512, "avx512f", DPAR__MULADD512)
-DPAR__UKR512(dpar__ukr_fma512, "avx512f,fma", _mm512_fmadd_ps)
+DPAR__UKR512(dpar__ukr_avx512_16, dpar__ukr_avx512_16, "avx512f", DPAR__MULADD512, 1)
+DPAR__UKR512(dpar__ukr_avx512, dpar__ukr_avx512_16, "avx512f", DPAR__MULADD512, 2)
+DPAR__UKR512(dpar__ukr_fma512_16, dpar__ukr_fma512_16, "avx512f,fma", _mm512_fmadd_ps, 1)
+DPAR__UKR512(dpar__ukr_fma512, dpar__ukr_fma512_16, "avx512f,fma", _mm512_fmadd_ps, 2)
 #endif
-/* dst[k * NR + j] = src[j * ld + k], j < NR, k < kc: a full NR-wide strip of a transposed B packed
+/* dst[k * ldd + j] = src[j * ld + k], j < 16, k < kc: 16 columns of a transposed B packed
    (row j of the stored B is column j of op(B)); rows read in order, the copy is exact */
-static void dpar__pack_bt_c(float *dst, const float *src, int64_t ld, int64_t kc) {
-    for (int64_t j = 0; j < DPAR__NR; j++, src += ld)
-        for (int64_t k = 0; k < kc; k++) dst[k * DPAR__NR + j] = src[k];
+static void dpar__pack_bt_c(float *dst, int64_t ldd, const float *src, int64_t ld, int64_t kc) {
+    for (int64_t j = 0; j < 16; j++, src += ld)
+        for (int64_t k = 0; k < kc; k++) dst[k * ldd + j] = src[k];
 }
 #ifdef DPAR__X86_SIMD
-/* the same by 16 x 16 register transposes (NR = 16 lanes), the k tail by dpar__pack_bt_c's loop;
+/* the same by 16 x 16 register transposes, the k tail by dpar__pack_bt_c's loop;
    the scalar strided gather was a third of the packing time of attention's small Q K^T products */
-__attribute__((target("avx512f"))) static void dpar__pack_bt_avx512(float *dst, const float *src, int64_t ld,
-                                                                    int64_t kc) {
+__attribute__((target("avx512f"))) static void dpar__pack_bt_avx512(float *dst, int64_t ldd, const float *src,
+                                                                    int64_t ld, int64_t kc) {
     int64_t k = 0;
     for (; k + 16 <= kc; k += 16) {
         __m512 r[16], t[16];
@@ -14665,13 +14706,94 @@ __attribute__((target("avx512f"))) static void dpar__pack_bt_avx512(float *dst, 
             t[j + 12] = _mm512_shuffle_f32x4(r[j + 8], r[j + 12], 0xdd);
         }
         for (int j = 0; j < 8; j++) {
-            _mm512_storeu_ps(dst + (k + j) * DPAR__NR, _mm512_shuffle_f32x4(t[j], t[j + 8], 0x88));
-            _mm512_storeu_ps(dst + (k + j + 8) * DPAR__NR, _mm512_shuffle_f32x4(t[j], t[j + 8], 0xdd));
+            _mm512_storeu_ps(dst + (k + j) * ldd, _mm512_shuffle_f32x4(t[j], t[j + 8], 0x88));
+            _mm512_storeu_ps(dst + (k + j + 8) * ldd, _mm512_shuffle_f32x4(t[j], t[j + 8], 0xdd));
         }
     }
-    if (k < kc) dpar__pack_bt_c(dst + k * DPAR__NR, src + k, ld, kc - k);
+    if (k < kc) dpar__pack_bt_c(dst + k * ldd, ldd, src + k, ld, kc - k);
 }
 #endif
+/* a micro-kernel, its register tile and how it copes with edges */
+typedef struct dpar__ukr {
+    void (*fn)(int64_t kc, const float *a, int64_t ars, int64_t acs, const float *b, int64_t bs, float *c, int64_t ldc,
+               float alpha, int mr, int nr, int ow);
+    void (*packbt)(float *dst, int64_t ldd, const float *src, int64_t ld, int64_t kc); /* 16 columns of op(B) */
+    int mr, nr; /* the tile: rows, columns (a multiple of 16) */
+    int edges;  /* reads only the mr x nr corner it is given: edge strips need no zero-padded copy */
+} dpar__ukr;
+/* the fastest kernel this CPU has; fma: fused multiply-adds (else a rounded multiply, then an add) */
+static dpar__ukr dpar__ukr_pick(int fma) {
+    dpar__ukr u = { dpar__ukr_c, dpar__pack_bt_c, DPAR__MR, DPAR__NR, 0 };
+#ifdef DPAR__ARM_NEON
+    u.fn = dpar__ukr_neon;
+#endif
+#ifdef DPAR__X86_SIMD
+    fma = fma && __builtin_cpu_supports("fma");
+    if (__builtin_cpu_supports("avx2")) u.fn = fma ? dpar__ukr_fma : dpar__ukr_avx2;
+    if (__builtin_cpu_supports("avx512f")) {
+        u.fn = fma ? dpar__ukr_fma512 : dpar__ukr_avx512;
+        u.packbt = dpar__pack_bt_avx512;
+        u.mr = DPAR__MR512;
+        u.nr = DPAR__NR512;
+        u.edges = 1;
+    }
+#else
+    (void)fma;
+#endif
+    return u;
+}
+/* whether the strip of nr columns (of the tile's u->nr) is read from B's own rows: a non-transposed B
+   for few rows of C (direct), and its edge strip whenever the kernel masks edges (measured: 64x10x128
+   1.45x faster; in place full strips of B for more rows were slower, 1024x256x128 0.8x) */
+static int dpar__direct_b(const dpar__ukr *u, int direct, int tb, int64_t nr) {
+    return !tb && (direct ? nr == u->nr || u->edges : u->edges && nr < u->nr);
+}
+/* op(B)[pc:pc+kc, jc:jc+nc] into strips of u->nr columns, element (k, j) of a strip at
+   bp[k * nr + j], zero padded; strips read in place (dpar__direct_b) are left out */
+static void dpar__pack_b(const dpar__ukr *u, float *bp, const float *B, int64_t N, int64_t K, int tb, int64_t pc,
+                         int64_t kc, int64_t jc, int64_t nc, int direct) {
+    const int64_t NR = u->nr;
+    for (int64_t jr = 0; jr < nc; jr += NR) {
+        float *dst = bp + jr * kc;
+        int64_t nr = nc - jr < NR ? nc - jr : NR;
+        if (dpar__direct_b(u, direct, tb, nr)) continue;
+        if (nr == NR) { /* full strips: whole rows, or a transpose */
+            if (tb)
+                for (int64_t h = 0; h < NR; h += 16) u->packbt(dst + h, NR, B + (jc + jr + h) * K + pc, K, kc);
+            else /* 16 floats a memcpy: a constant size the compiler turns into vector moves */
+                for (int64_t k = 0; k < kc; k++)
+                    for (int64_t h = 0; h < NR; h += 16)
+                        memcpy(dst + k * NR + h, B + (pc + k) * N + jc + jr + h, 16 * sizeof(float));
+            continue;
+        }
+        for (int64_t k = 0; k < kc; k++, dst += NR) {
+            for (int64_t j = 0; j < nr; j++)
+                dst[j] = tb ? B[(jc + jr + j) * K + pc + k] : B[(pc + k) * N + jc + jr + j];
+            for (int64_t j = nr; j < NR; j++) dst[j] = 0.0f;
+        }
+    }
+}
+/* op(A)[ic:ic+mc, pc:pc+kc] into strips of u->mr rows, element (i, k) of a strip at
+   ap[k * mr + i], zero padded; strips read in place (direct) are left out */
+static void dpar__pack_a(const dpar__ukr *u, float *ap, const float *A, int64_t M, int64_t K, int ta, int64_t pc,
+                         int64_t kc, int64_t ic, int64_t mc, int direct) {
+    const int64_t MR = u->mr;
+    for (int64_t ir = 0; ir < mc; ir += MR) {
+        float *dst = ap + ir * kc;
+        int64_t mr = mc - ir < MR ? mc - ir : MR;
+        if (direct && (mr == MR || u->edges)) continue;
+        if (ta && mr == MR) { /* full strips of a transposed A: whole rows */
+            for (int64_t k = 0; k < kc; k++)
+                for (int64_t i = 0; i < MR; i++) dst[k * MR + i] = A[(pc + k) * M + ic + ir + i];
+            continue;
+        }
+        for (int64_t k = 0; k < kc; k++, dst += MR) {
+            for (int64_t i = 0; i < mr; i++)
+                dst[i] = ta ? A[(pc + k) * M + ic + ir + i] : A[(ic + ir + i) * K + pc + k];
+            for (int64_t i = mr; i < MR; i++) dst[i] = 0.0f;
+        }
+    }
+}
 /* Columns j0..j1-1 of C[M,N] = alpha op(A) op(B) + beta C, f32, row-major; fused: fused multiply-adds
    at every size (else only for large products, so the small ones keep their bits). */
 static void dpar__sgemm_cols(int64_t M, int64_t N, int64_t K, int ta, int tb, float alpha, const float *A,
@@ -14681,24 +14803,12 @@ static void dpar__sgemm_cols(int64_t M, int64_t N, int64_t K, int ta, int tb, fl
         for (int64_t i = 0; i < M; i++)
             for (int64_t j = j0; j < j1; j++) C[i * N + j] = beta == 0.0f ? 0.0f : beta * C[i * N + j];
     if (trivial) return;
-    void (*ukr)(int64_t, const float *, int64_t, int64_t, const float *, int64_t, float *, int64_t, float, int, int,
-                int) = dpar__ukr_c;
-    void (*packbt)(float *, const float *, int64_t, int64_t) = dpar__pack_bt_c;
-#ifdef DPAR__ARM_NEON
-    ukr = dpar__ukr_neon;
-#endif
-#ifdef DPAR__X86_SIMD
-    int fma = (fused || (double)M * (double)N * (double)K >= 16777216.0) && __builtin_cpu_supports("fma");
-    if (__builtin_cpu_supports("avx2")) ukr = fma ? dpar__ukr_fma : dpar__ukr_avx2;
-    if (__builtin_cpu_supports("avx512f")) ukr = fma ? dpar__ukr_fma512 : dpar__ukr_avx512;
-    if (__builtin_cpu_supports("avx512f")) packbt = dpar__pack_bt_avx512;
-#else
-    (void)fused;
-#endif
+    const dpar__ukr u = dpar__ukr_pick(fused || (double)M * (double)N * (double)K >= 16777216.0);
+    const int64_t MR = u.mr, NR = u.nr;
     int64_t ncmax = j1 - j0 < DPAR__NC ? j1 - j0 : DPAR__NC, kcmax = K < DPAR__KC ? K : DPAR__KC,
             mcmax = M < DPAR__MC ? M : DPAR__MC;
-    size_t bsz = (size_t)((ncmax + DPAR__NR - 1) / DPAR__NR * DPAR__NR) * (size_t)kcmax;
-    size_t asz = (size_t)((mcmax + DPAR__MR - 1) / DPAR__MR * DPAR__MR) * (size_t)kcmax;
+    size_t bsz = (size_t)((ncmax + NR - 1) / NR * NR) * (size_t)kcmax;
+    size_t asz = (size_t)((mcmax + MR - 1) / MR * MR) * (size_t)kcmax;
     float *ws = NULL;
     if (!(ws = (float *)DPAR_ALIGNED_MALLOC((bsz + asz) * sizeof(float) + 64, 64))) {
         /* no memory for the packs: the plain triple loop (same k order) */
@@ -14713,67 +14823,25 @@ static void dpar__sgemm_cols(int64_t M, int64_t N, int64_t K, int ta, int tb, fl
     }
     float *bp = ws, *ap = ws + bsz;
     /* B read in place: each packed B element would serve at most DPAR__DIRECT_B_ROWS rows of C, too few to
-       pay for the copy (measured: 16x256x3136 1.6x faster) */
-    int directb = !tb && M <= DPAR__DIRECT_B_ROWS;
+       pay for the copy (measured: 16x256x3136 1.6x faster). A non-transposed A is always read in place
+       (its rows are contiguous in k). */
+    int directb = M <= DPAR__DIRECT_B_ROWS, directa = !ta;
+    const int64_t ars = ta ? 1 : K, acs = ta ? M : 1;
     for (int64_t jc = j0; jc < j1; jc += DPAR__NC) {
         int64_t nc = j1 - jc < DPAR__NC ? j1 - jc : DPAR__NC;
         for (int64_t pc = 0; pc < K; pc += DPAR__KC) {
             int64_t kc = K - pc < DPAR__KC ? K - pc : DPAR__KC;
-            /* pack op(B)[pc:pc+kc, jc:jc+nc] in NR-wide strips, zero padded (the
-               full strips of a non-transposed B are read in place when few rows use them) */
-            for (int64_t jr = 0; jr < nc; jr += DPAR__NR) {
-                float *dst = bp + jr * kc;
-                int64_t nr = nc - jr < DPAR__NR ? nc - jr : DPAR__NR;
-                if (directb && nr == DPAR__NR) continue;
-                if (nr == DPAR__NR) { /* full strips: whole rows, or a transpose */
-                    if (tb)
-                        packbt(dst, B + (jc + jr) * K + pc, K, kc);
-                    else
-                        for (int64_t k = 0; k < kc; k++)
-                            memcpy(dst + k * DPAR__NR, B + (pc + k) * N + jc + jr, DPAR__NR * sizeof(float));
-                    continue;
-                }
-                for (int64_t k = 0; k < kc; k++, dst += DPAR__NR) {
-                    if (!tb) {
-                        const float *src = B + (pc + k) * N + jc + jr;
-                        for (int64_t j = 0; j < nr; j++) dst[j] = src[j];
-                    } else {
-                        for (int64_t j = 0; j < nr; j++) dst[j] = B[(jc + jr + j) * K + pc + k];
-                    }
-                    for (int64_t j = nr; j < DPAR__NR; j++) dst[j] = 0.0f;
-                }
-            }
+            dpar__pack_b(&u, bp, B, N, K, tb, pc, kc, jc, nc, directb);
             for (int64_t ic = 0; ic < M; ic += DPAR__MC) {
                 int64_t mc = M - ic < DPAR__MC ? M - ic : DPAR__MC;
-                /* pack op(A)[ic:ic+mc, pc:pc+kc] in MR-tall strips, zero padded; the
-                   full strips of a non-transposed A are read in place (rows contiguous in k) */
-                for (int64_t ir = 0; ir < mc; ir += DPAR__MR) {
-                    float *dst = ap + ir * kc;
-                    int64_t mr = mc - ir < DPAR__MR ? mc - ir : DPAR__MR;
-                    if (!ta && mr == DPAR__MR) continue;
-                    if (mr == DPAR__MR) { /* full strips of a transposed A: whole rows */
-                        for (int64_t k = 0; k < kc; k++)
-                            memcpy(dst + k * DPAR__MR, A + (pc + k) * M + ic + ir, DPAR__MR * sizeof(float));
-                        continue;
-                    }
-                    for (int64_t k = 0; k < kc; k++, dst += DPAR__MR) {
-                        if (ta) {
-                            const float *src = A + (pc + k) * M + ic + ir;
-                            for (int64_t i = 0; i < mr; i++) dst[i] = src[i];
-                        } else {
-                            for (int64_t i = 0; i < mr; i++) dst[i] = A[(ic + ir + i) * K + pc + k];
-                        }
-                        for (int64_t i = mr; i < DPAR__MR; i++) dst[i] = 0.0f;
-                    }
-                }
-                for (int64_t jr = 0; jr < nc; jr += DPAR__NR)
-                    for (int64_t ir = 0; ir < mc; ir += DPAR__MR) {
-                        int mr = (int)(mc - ir < DPAR__MR ? mc - ir : DPAR__MR),
-                            nr = (int)(nc - jr < DPAR__NR ? nc - jr : DPAR__NR);
-                        int direct = !ta && mr == DPAR__MR, db = directb && nr == DPAR__NR;
-                        ukr(kc, direct ? A + (ic + ir) * K + pc : ap + ir * kc, direct ? K : 1, direct ? 1 : DPAR__MR,
-                            db ? B + pc * N + jc + jr : bp + jr * kc, db ? N : DPAR__NR, C + (ic + ir) * N + jc + jr, N,
-                            alpha, mr, nr, pc == 0 && beta == 0.0f);
+                dpar__pack_a(&u, ap, A, M, K, ta, pc, kc, ic, mc, directa);
+                for (int64_t jr = 0; jr < nc; jr += NR)
+                    for (int64_t ir = 0; ir < mc; ir += MR) {
+                        int mr = (int)(mc - ir < MR ? mc - ir : MR), nr = (int)(nc - jr < NR ? nc - jr : NR);
+                        int da = directa && (mr == MR || u.edges), db = dpar__direct_b(&u, directb, tb, nr);
+                        u.fn(kc, da ? A + (ic + ir) * ars + pc * acs : ap + ir * kc, da ? ars : 1, da ? acs : MR,
+                             db ? B + pc * N + jc + jr : bp + jr * kc, db ? N : NR, C + (ic + ir) * N + jc + jr, N,
+                             alpha, mr, nr, pc == 0 && beta == 0.0f);
                     }
             }
         }
