@@ -10,7 +10,8 @@
    memcmp on random data of mixed magnitudes, so any change of order or
    rounding shows. The shapes cross every edge of the blocking: rows over
    and under the micro-tiles (6 and, on AVX-512, 8), the in-place-B limit
-   (32) and the row block (96); columns under and over the strips (16, 32) and the column block (512); k
+   (32), the row block (96) and the in-place transposed-A limit (512);
+   columns under and over the strips (16, 32) and the column block (512); k
    over the k block; all transposes. */
 #include "testutil.h"
 #include <math.h>
