@@ -14465,15 +14465,14 @@ static void *dpar__cpu_host_ptr(void *st, int dev, void *mem) {
    saves: a non-transposed A always, a transposed A up to 512 rows, a
    non-transposed B for at most 32 rows of C, and B's edge strip whenever the
    kernel masks edges (AVX-512). Each C element accumulates k in ascending
-   order within a KC block and the blocks in ascending order. Products of at least 2^24 multiply-adds (M N K) use fused
-   multiply-adds when the CPU has FMA (about twice the throughput, measured:
-   50 -> 100 GFLOP/s per core on the 512x4096x4096 products of the benchmark);
-   smaller ones round the multiply and the add separately, like the portable
-   kernel, which costs them half the peak: two instructions on the two FMA
-   ports per product (measured on AVX-512, one core: 82 GFLOP/s for
-   multiply + add, 167 for FMA). The kernel depends only on the shapes (never
-   on the thread split or the tile), so results are the same bits run after
-   run, for any DPAR_CPU_THREADS and on every kernel. No zero-skipping:
+   order within a KC block and the blocks in ascending order. On an x86 CPU
+   with FMA every product is a fused multiply-add, rounded once (twice the
+   throughput of a multiply and an add: two instructions on the two FMA ports
+   per product; measured on AVX-512, one core: 167 GFLOP/s against 82); the
+   NEON and portable kernels, and x86 CPUs without FMA, round the multiply and
+   the add separately. The kernel depends only on the shapes and the CPU's
+   FMA (never on the thread split or the tile), so results are the same bits
+   run after run, for any DPAR_CPU_THREADS and on every x86 kernel. No zero-skipping:
    0 * NaN and 0 * Inf give NaN, as in reference BLAS. */
 #define DPAR__MR             6   /* micro-tile rows (AVX2, NEON, C; AVX-512: DPAR__MR512) */
 #define DPAR__NR             16  /* micro-tile columns (two 8-float vectors) */
@@ -14573,7 +14572,7 @@ __attribute__((target("avx2"))) static void dpar__ukr_avx2(int64_t kc, const flo
     dpar__ukr_store(r, c, ldc, alpha, mr, nr, ow);
 }
 /* the same with fused multiply-adds: twice the throughput of the separate
-   multiply and add here, used for large products (see dpar__sgemm_cols) */
+   multiply and add here, used wherever the CPU has FMA (see dpar__ukr_pick) */
 __attribute__((target("avx2,fma"))) static void dpar__ukr_fma(int64_t kc, const float *a, int64_t ars, int64_t acs,
                                                               const float *b, int64_t bs, float *c, int64_t ldc,
                                                               float alpha, int mr, int nr, int ow) {
@@ -14723,14 +14722,14 @@ typedef struct dpar__ukr {
     int mr, nr; /* the tile: rows, columns (a multiple of 16) */
     int edges;  /* reads only the mr x nr corner it is given: edge strips need no zero-padded copy */
 } dpar__ukr;
-/* the fastest kernel this CPU has; fma: fused multiply-adds (else a rounded multiply, then an add) */
-static dpar__ukr dpar__ukr_pick(int fma) {
+/* the fastest kernel this CPU has: fused multiply-adds where it has FMA (else a rounded multiply, then an add) */
+static dpar__ukr dpar__ukr_pick(void) {
     dpar__ukr u = { dpar__ukr_c, dpar__pack_bt_c, DPAR__MR, DPAR__NR, 0 };
 #ifdef DPAR__ARM_NEON
     u.fn = dpar__ukr_neon;
 #endif
 #ifdef DPAR__X86_SIMD
-    fma = fma && __builtin_cpu_supports("fma");
+    int fma = __builtin_cpu_supports("fma");
     if (__builtin_cpu_supports("avx2")) u.fn = fma ? dpar__ukr_fma : dpar__ukr_avx2;
     if (__builtin_cpu_supports("avx512f")) {
         u.fn = fma ? dpar__ukr_fma512 : dpar__ukr_avx512;
@@ -14739,8 +14738,6 @@ static dpar__ukr dpar__ukr_pick(int fma) {
         u.nr = DPAR__NR512;
         u.edges = 1;
     }
-#else
-    (void)fma;
 #endif
     return u;
 }
@@ -14796,16 +14793,15 @@ static void dpar__pack_a(const dpar__ukr *u, float *ap, const float *A, int64_t 
         }
     }
 }
-/* Columns j0..j1-1 of C[M,N] = alpha op(A) op(B) + beta C, f32, row-major; fused: fused multiply-adds
-   at every size (else only for large products, so the small ones keep their bits). */
+/* Columns j0..j1-1 of C[M,N] = alpha op(A) op(B) + beta C, f32, row-major. */
 static void dpar__sgemm_cols(int64_t M, int64_t N, int64_t K, int ta, int tb, float alpha, const float *A,
-                             const float *B, float beta, float *C, int64_t j0, int64_t j1, int fused) {
+                             const float *B, float beta, float *C, int64_t j0, int64_t j1) {
     int trivial = K == 0 || alpha == 0.0f || M == 0 || j1 <= j0;
     if (trivial || (beta != 0.0f && beta != 1.0f)) /* beta = 0: the first k block overwrites C */
         for (int64_t i = 0; i < M; i++)
             for (int64_t j = j0; j < j1; j++) C[i * N + j] = beta == 0.0f ? 0.0f : beta * C[i * N + j];
     if (trivial) return;
-    const dpar__ukr u = dpar__ukr_pick(fused || (double)M * (double)N * (double)K >= 16777216.0);
+    const dpar__ukr u = dpar__ukr_pick();
     const int64_t MR = u.mr, NR = u.nr;
     int64_t ncmax = j1 - j0 < DPAR__NC ? j1 - j0 : DPAR__NC, kcmax = K < DPAR__KC ? K : DPAR__KC,
             mcmax = M < DPAR__MC ? M : DPAR__MC;
@@ -14853,7 +14849,7 @@ static void dpar__sgemm_cols(int64_t M, int64_t N, int64_t K, int ta, int tb, fl
 }
 typedef struct dpar__sgemm_args {
     int64_t M, N, K;
-    int ta, tb, fused;
+    int ta, tb;
     float alpha, beta;
     const float *A, *B;
     float *C;
@@ -14864,17 +14860,15 @@ typedef struct dpar__sgemm_args {
 static void dpar__sgemm_range(const void *arg, int64_t lo, int64_t hi) {
     const dpar__sgemm_args *g = (const dpar__sgemm_args *)arg;
     int64_t j1 = hi * DPAR__SGEMM_COLS < g->N ? hi * DPAR__SGEMM_COLS : g->N;
-    dpar__sgemm_cols(g->M, g->N, g->K, g->ta, g->tb, g->alpha, g->A, g->B, g->beta, g->C, lo * DPAR__SGEMM_COLS, j1,
-                     g->fused);
+    dpar__sgemm_cols(g->M, g->N, g->K, g->ta, g->tb, g->alpha, g->A, g->B, g->beta, g->C, lo * DPAR__SGEMM_COLS, j1);
 }
 /* C[M,N] = alpha op(A) op(B) + beta C, f32, row-major; on the device's
-   helper threads too when it has them and the product is large; fused: see dpar__sgemm_cols. */
-static void dpar__cpu_sgemm_ex(dpar__cpu *c, int dev, int64_t M, int64_t N, int64_t K, int ta, int tb, float alpha,
-                               const float *A, const float *B, float beta, float *C, int fused) {
+   helper threads too when it has them and the product is large. */
+static void dpar__cpu_sgemm(dpar__cpu *c, int dev, int64_t M, int64_t N, int64_t K, int ta, int tb, float alpha,
+                            const float *A, const float *B, float beta, float *C) {
 #ifdef DPAR_USE_CBLAS
     DPAR__UNUSED(c);
     DPAR__UNUSED(dev);
-    DPAR__UNUSED(fused);
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)M, (int)N, (int)K,
                 alpha, A, ta ? (int)M : (int)K, B, tb ? (int)K : (int)N, beta, C, (int)N);
 #else
@@ -14889,20 +14883,9 @@ static void dpar__cpu_sgemm_ex(dpar__cpu *c, int dev, int64_t M, int64_t N, int6
     g.A = A;
     g.B = B;
     g.C = C;
-    g.fused = fused;
     /* cost per item 2 M K: split from M N K >= 2^22 multiply-adds on */
     dpar__cpu_parallel(c, dev, (N + DPAR__SGEMM_COLS - 1) / DPAR__SGEMM_COLS, 2 * M * K, dpar__sgemm_range, &g);
 #endif
-}
-static void dpar__cpu_sgemm(dpar__cpu *c, int dev, int64_t M, int64_t N, int64_t K, int ta, int tb, float alpha,
-                            const float *A, const float *B, float beta, float *C) {
-    dpar__cpu_sgemm_ex(c, dev, M, N, K, ta, tb, alpha, A, B, beta, C, 0);
-}
-/* attention's per-head products, small (T x T x d) and many: fused multiply-adds at every size, twice
-   the separate multiply and add's rate (their bits are attention's own, no other op shares them) */
-static void dpar__cpu_sgemm_fused(dpar__cpu *c, int dev, int64_t M, int64_t N, int64_t K, int ta, int tb, float alpha,
-                                  const float *A, const float *B, float beta, float *C) {
-    dpar__cpu_sgemm_ex(c, dev, M, N, K, ta, tb, alpha, A, B, beta, C, 1);
 }
 
 /* AVX2 forms of the hottest element-wise ops (same arithmetic, element by
@@ -16384,7 +16367,7 @@ static void dpar__exp_shifted_f64(double *e, const double *z, double mx, int64_t
         return DPAR_OK;                                                                                                \
     }
 DPAR__ATTN_DEF(dpar__attn_probs, dpar__attn_dscores, dpar__cpu_attn, dpar__cpu_attn_bwd_q, dpar__cpu_attn_bwd_kv, float,
-               dpar__cpu_sgemm_fused, dpar__exp_shifted_f32, dpar__attn_dsrow_f32)
+               dpar__cpu_sgemm, dpar__exp_shifted_f32, dpar__attn_dsrow_f32)
 DPAR__ATTN_DEF(dpar__attn64_probs, dpar__attn64_dscores, dpar__cpu64_attn, dpar__cpu64_attn_bwd_q,
                dpar__cpu64_attn_bwd_kv, double, dpar__cpu64_gemm, dpar__exp_shifted_f64, dpar__attn_dsrow_f64)
 #undef DPAR__ATTN_DEF

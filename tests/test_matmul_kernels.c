@@ -1,9 +1,8 @@
 /* The CPU matmul's arithmetic, bit for bit, whatever kernel runs it (portable
    C, NEON, AVX2, AVX-512; packed or in-place operands; one or two threads):
    every C element accumulates its k products in ascending order within each
-   block of 256 k (dpar.h DPAR__KC), one multiply and one add per product,
-   each rounded (products of fewer than 2^24 multiply-adds; larger ones use
-   fused multiply-adds on x86 CPUs with FMA), then C = C0 + alpha * acc per
+   block of 256 k (dpar.h DPAR__KC), one fused multiply-add per product on
+   x86 CPUs with FMA (else one multiply and one add, each rounded), then C = C0 + alpha * acc per
    block, where C0 is 0 for the first block when beta is 0, beta * C for the
    first block when beta is neither 0 nor 1, and C itself otherwise.
    Emulated here in scalar C (-std=c99: no contraction) and compared with
@@ -26,12 +25,10 @@ static float rnd(void) { /* mixed magnitudes: rounding differences cannot hide *
     return ldexpf(m, (int)((rng >> 28) & 7) - 3);
 }
 
-static int uses_fma(int64_t M, int64_t N, int64_t K) {
+static int uses_fma(void) {
 #if (defined(__x86_64__) || defined(__i386__)) && !defined(DPAR_NO_SIMD)
-    return (double)M * (double)N * (double)K >= 16777216.0 && __builtin_cpu_supports("avx2") &&
-           __builtin_cpu_supports("fma");
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 #else
-    (void)M, (void)N, (void)K;
     return 0;
 #endif
 }
@@ -52,7 +49,7 @@ static float fused(float a, float b, float c) {
 
 static void emulate(int64_t M, int64_t N, int64_t K, int ta, int tb, float alpha, const float *A, const float *B,
                     float beta, float *C) {
-    int fma = uses_fma(M, N, K);
+    int fma = uses_fma();
     for (int64_t i = 0; i < M; i++)
         for (int64_t j = 0; j < N; j++) {
             float c = C[i * N + j];
