@@ -279,14 +279,14 @@ static void test_stats(void **state) {
    that long in the collective, and the straggler shows as the device that
    waited least; the times fit in the window; a reset zeroes them; the CPU
    backend has no GPU readings (-1). */
-static dpar_status late_psum(dpar_ctx *ctx, void *user) {
-    (void)user;
+static dpar_status late_psum(dpar_ctx *ctx, void *user) { /* user: a runtime device 1 resets when late, or NULL */
     dpar_buffer *a = dpar_ctx_arg(ctx, 0);
     dpar_status s = dpar_scale(a, 2.0f);
     if (s) return s;
     if (dpar_ctx_device(ctx) == 1) {
         struct timespec ts = { 0, 200 * 1000 * 1000 };
         nanosleep(&ts, NULL);
+        if (user) dpar_runtime_stats_reset((dpar_runtime *)user);
     }
     return dpar_psum(ctx, a, a, "data");
 }
@@ -324,6 +324,28 @@ static void test_stats_times(void **state) {
     dpar_runtime_destroy(rt);
 }
 
+/* A call that spans a reset counts only its part in the new window: device 0 waits about 0.2 s in a
+   psum whose late member resets the stats before it joins, so device 0's collective time is the few
+   milliseconds after the reset (it was the whole 0.2 s, more than the window, before the clip). */
+static void test_stats_reset_mid_call(void **state) {
+    (void)state;
+    dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 2);
+    dpar_mesh *m = t_mesh1(rt, 2, "data");
+    dpar_array *a;
+    dpar_array_desc d = { .dtype = DPAR_F32, .ndim = 1, .shape = { 1024 } };
+    T_OK(dpar_array_create(m, &d, &a));
+    dpar_shard_map_desc sd = { .fn = late_psum, .user = rt, .num_args = 1, .args = { a } };
+    T_OK(dpar_shard_map(m, &sd));
+    dpar_device_stats st;
+    T_OK(dpar_runtime_device_stats(rt, 0, &st));
+    if (!(st.collective_s <= st.window_s))
+        fail_msg("device 0: %.3f s in collectives in a window of %.3f s that began after its psum did: want at most "
+                 "the window",
+                 st.collective_s, st.window_s);
+    dpar_array_destroy(a);
+    dpar_runtime_destroy(rt);
+}
+
 static int setup(void **state) {
     (void)state;
     snprintf(tmpdir, sizeof tmpdir, "/tmp/dpar_trace_XXXXXX");
@@ -340,6 +362,7 @@ int main(void) {
         cmocka_unit_test(test_api_trace),
         cmocka_unit_test(test_stats),
         cmocka_unit_test(test_stats_times),
+        cmocka_unit_test(test_stats_reset_mid_call),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
