@@ -14466,13 +14466,15 @@ static void *dpar__cpu_host_ptr(void *st, int dev, void *mem) {
    non-transposed B for at most 32 rows of C, and B's edge strip whenever the
    kernel masks edges (AVX-512). Each C element accumulates k in ascending
    order within a KC block and the blocks in ascending order. On an x86 CPU
-   with FMA every product is a fused multiply-add, rounded once (twice the
-   throughput of a multiply and an add: two instructions on the two FMA ports
-   per product; measured on AVX-512, one core: 167 GFLOP/s against 82); the
-   NEON and portable kernels, and x86 CPUs without FMA, round the multiply and
-   the add separately. The kernel depends only on the shapes and the CPU's
-   FMA (never on the thread split or the tile), so results are the same bits
-   run after run, for any DPAR_CPU_THREADS and on every x86 kernel. No zero-skipping:
+   with AVX2 and FMA every product is a fused multiply-add, rounded once
+   (twice the throughput of a multiply and an add: two instructions on the two
+   FMA ports per product; measured on AVX-512, one core: 167 GFLOP/s against
+   82); the NEON and portable kernels, and x86 CPUs without AVX2 or FMA, round
+   the multiply and the add separately. The kernel depends only on the shapes
+   and the CPU (never on the thread split or the tile), so results are the
+   same bits run after run and for any DPAR_CPU_THREADS. Without memory for
+   the packs, a plain loop (multiply, then add, k in order, no k blocks) gives
+   the same values to rounding, not the same bits. No zero-skipping:
    0 * NaN and 0 * Inf give NaN, as in reference BLAS. */
 #define DPAR__MR             6   /* micro-tile rows (AVX2, NEON, C; AVX-512: DPAR__MR512) */
 #define DPAR__NR             16  /* micro-tile columns (two 8-float vectors) */
@@ -14809,7 +14811,7 @@ static void dpar__sgemm_cols(int64_t M, int64_t N, int64_t K, int ta, int tb, fl
     size_t asz = (size_t)((mcmax + MR - 1) / MR * MR) * (size_t)kcmax;
     float *ws = NULL;
     if (!(ws = (float *)DPAR_ALIGNED_MALLOC((bsz + asz) * sizeof(float) + 64, 64))) {
-        /* no memory for the packs: the plain triple loop (same k order) */
+        /* no memory for the packs: the plain triple loop (k in order; see the rounding note above) */
         for (int64_t i = 0; i < M; i++)
             for (int64_t j = j0; j < j1; j++) {
                 float acc = 0.0f;
