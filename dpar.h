@@ -14637,16 +14637,18 @@ __attribute__((target("avx512f"))) static inline __mmask16 dpar__mask16(int n) {
         c##i##1 = _mm512_mul_ps(al, c##i##1);                                                                      \
         _mm512_mask_storeu_ps(ci_ + 16, m1, _mm512_add_ps(ow ? z : _mm512_maskz_loadu_ps(m1, ci_ + 16), c##i##1)); \
     } while (0)
-/* name: the kernel with nv (1 or 2) vectors a row; narrow: its one-vector form, for nr <= 16 */
-#define DPAR__UKR512(name, narrow, target_s, madd, nv)                                                                 \
+/* name: the kernel with nv (1 or 2) vectors a row; narrow: its one-vector form, for nr <= 16; full: the
+   whole 8 x 32 tile only (no masks, no row clamps: the loop keeps its registers, measured 1.1x faster) */
+#define DPAR__UKR512(name, narrow, target_s, madd, nv, full)                                                           \
     __attribute__((target(target_s))) static void name(int64_t kc, const float *a, int64_t ars, int64_t acs,           \
                                                        const float *b, int64_t bs, float *c, int64_t ldc, float alpha, \
                                                        int mr, int nr, int ow) {                                       \
-        if (nv > 1 && nr <= 16) {                                                                                      \
+        if (!full && nv > 1 && nr <= 16) {                                                                             \
             narrow(kc, a, ars, acs, b, bs, c, ldc, alpha, mr, nr, ow);                                                 \
             return;                                                                                                    \
         }                                                                                                              \
-        const __mmask16 m0 = dpar__mask16(nr), m1 = dpar__mask16(nr - 16);                                             \
+        if (full) mr = DPAR__MR512, nr = DPAR__NR512;                                                                  \
+        const __mmask16 m0 = full ? 0xffff : dpar__mask16(nr), m1 = full ? 0xffff : dpar__mask16(nr - 16);             \
         const int64_t o0 = 0, o1 = mr > 1 ? ars : 0, o2 = mr > 2 ? 2 * ars : 0, o3 = mr > 3 ? 3 * ars : 0,             \
                       o4 = mr > 4 ? 4 * ars : 0, o5 = mr > 5 ? 5 * ars : 0, o6 = mr > 6 ? 6 * ars : 0,                 \
                       o7 = mr > 7 ? 7 * ars : 0;                                                                       \
@@ -14674,10 +14676,23 @@ __attribute__((target("avx512f"))) static inline __mmask16 dpar__mask16(int n) {
         DPAR__STORE512(nv, 7);                                                                                         \
     }
 #define DPAR__MULADD512(x, y, acc) _mm512_add_ps(acc, _mm512_mul_ps(x, y))
-DPAR__UKR512(dpar__ukr_avx512_16, dpar__ukr_avx512_16, "avx512f", DPAR__MULADD512, 1)
-DPAR__UKR512(dpar__ukr_avx512, dpar__ukr_avx512_16, "avx512f", DPAR__MULADD512, 2)
-DPAR__UKR512(dpar__ukr_fma512_16, dpar__ukr_fma512_16, "avx512f,fma", _mm512_fmadd_ps, 1)
-DPAR__UKR512(dpar__ukr_fma512, dpar__ukr_fma512_16, "avx512f,fma", _mm512_fmadd_ps, 2)
+DPAR__UKR512(dpar__ukr_avx512_16, dpar__ukr_avx512_16, "avx512f", DPAR__MULADD512, 1, 0)
+DPAR__UKR512(dpar__ukr_avx512_e, dpar__ukr_avx512_16, "avx512f", DPAR__MULADD512, 2, 0)
+DPAR__UKR512(dpar__ukr_avx512_f, dpar__ukr_avx512_16, "avx512f", DPAR__MULADD512, 2, 1)
+DPAR__UKR512(dpar__ukr_fma512_16, dpar__ukr_fma512_16, "avx512f,fma", _mm512_fmadd_ps, 1, 0)
+DPAR__UKR512(dpar__ukr_fma512_e, dpar__ukr_fma512_16, "avx512f,fma", _mm512_fmadd_ps, 2, 0)
+DPAR__UKR512(dpar__ukr_fma512_f, dpar__ukr_fma512_16, "avx512f,fma", _mm512_fmadd_ps, 2, 1)
+/* the tile's kernels: the full form where the tile is whole, the masked one at the edges */
+static void dpar__ukr_avx512(int64_t kc, const float *a, int64_t ars, int64_t acs, const float *b, int64_t bs, float *c,
+                             int64_t ldc, float alpha, int mr, int nr, int ow) {
+    (mr == DPAR__MR512 && nr == DPAR__NR512 ? dpar__ukr_avx512_f : dpar__ukr_avx512_e)(kc, a, ars, acs, b, bs, c, ldc,
+                                                                                       alpha, mr, nr, ow);
+}
+static void dpar__ukr_fma512(int64_t kc, const float *a, int64_t ars, int64_t acs, const float *b, int64_t bs, float *c,
+                             int64_t ldc, float alpha, int mr, int nr, int ow) {
+    (mr == DPAR__MR512 && nr == DPAR__NR512 ? dpar__ukr_fma512_f : dpar__ukr_fma512_e)(kc, a, ars, acs, b, bs, c, ldc,
+                                                                                       alpha, mr, nr, ow);
+}
 #endif
 /* dst[k * ldd + j] = src[j * ld + k], j < 16, k < kc: 16 columns of a transposed B packed
    (row j of the stored B is column j of op(B)); rows read in order, the copy is exact */
