@@ -14465,7 +14465,7 @@ static void *dpar__cpu_host_ptr(void *st, int dev, void *mem) {
    (dpar__ukr_pick: 8 x 32 with AVX-512, 6 x 16 with AVX2, NEON or portable
    C). An operand is read in place where the copy would cost more than it
    saves: a non-transposed A always, a transposed A up to 512 rows, a
-   non-transposed B for at most 32 rows of C, and B's edge strip whenever the
+   non-transposed B for at most 128 rows of C, and B's edge strip whenever the
    kernel masks edges (AVX-512). Each C element accumulates k in ascending
    order within a KC block and the blocks in ascending order. On an x86 CPU
    with AVX2 and FMA every product is a fused multiply-add, rounded once
@@ -14483,7 +14483,7 @@ static void *dpar__cpu_host_ptr(void *st, int dev, void *mem) {
 #define DPAR__KC             256 /* k block: an NR strip of B stays in L1 */
 #define DPAR__MC             96  /* rows of A packed per block (L2) */
 #define DPAR__NC             512 /* columns of B packed per block */
-#define DPAR__DIRECT_B_ROWS  32
+#define DPAR__DIRECT_B_ROWS  128
 #define DPAR__DIRECT_AT_ROWS 512
 /* ow: C starts as +0 (beta = 0, first k block): C = 0 + alpha * acc, without reading C.
    a: element (i, k) of the A micro-panel at a[i * ars + k * acs] (packed: ars 1, acs MR;
@@ -14762,7 +14762,7 @@ static dpar__ukr dpar__ukr_pick(void) {
 }
 /* whether the strip of nr columns (of the tile's u->nr) is read from B's own rows: a non-transposed B
    for few rows of C (direct), and its edge strip whenever the kernel masks edges (measured: 64x10x128
-   1.45x faster; in place full strips of B for more rows were slower, 1024x256x128 0.8x) */
+   1.45x faster; in place full strips of B for 1024 rows were slower, 1024x256x128 0.8x) */
 static int dpar__direct_b(const dpar__ukr *u, int direct, int tb, int64_t nr) {
     return !tb && (direct ? nr == u->nr || u->edges : u->edges && nr < u->nr);
 }
@@ -14840,7 +14840,9 @@ static void dpar__sgemm_cols(int64_t M, int64_t N, int64_t K, int ta, int tb, fl
     }
     float *bp = ws, *ap = ws + bsz;
     /* B read in place: each packed B element would serve at most DPAR__DIRECT_B_ROWS rows of C, too few to
-       pay for the copy (measured: 16x256x3136 1.6x faster). A non-transposed A is always read in place
+       pay for the copy (measured, 1 thread: 16x256x3136 1.6x, 64x128x64 1.13x, 128x128x128 1.08x faster;
+       packing A's rows into a compact block did nothing at 1024^3, so A's 4 KiB row stride costs
+       nothing measurable). A non-transposed A is always read in place
        (its rows are contiguous in k); a transposed one (each k a row of M) while its kc rows of a strip
        stay cached (measured, 1 thread: 64x32x64:tn 1.7x, 288x64x1818:tn 1.35x faster; 1024^3:tn 0.8x) */
     int directb = M <= DPAR__DIRECT_B_ROWS, directa = !ta || M <= DPAR__DIRECT_AT_ROWS || K <= 16;
