@@ -14652,6 +14652,10 @@ __attribute__((target("avx512f"))) static inline __mmask16 dpar__mask16(int n) {
         const int64_t o0 = 0, o1 = mr > 1 ? ars : 0, o2 = mr > 2 ? 2 * ars : 0, o3 = mr > 3 ? 3 * ars : 0,             \
                       o4 = mr > 4 ? 4 * ars : 0, o5 = mr > 5 ? 5 * ars : 0, o6 = mr > 6 ? 6 * ars : 0,                 \
                       o7 = mr > 7 ? 7 * ars : 0;                                                                       \
+        for (int i_ = 0; full && !ow && i_ < DPAR__MR512; i_++) { /* C's tile, read after the loop */                  \
+            _mm_prefetch((const char *)(c + i_ * ldc), _MM_HINT_T0);                                                   \
+            _mm_prefetch((const char *)(c + i_ * ldc + DPAR__NR512 - 1), _MM_HINT_T0);                                 \
+        }                                                                                                              \
         __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00;            \
         __m512 c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00, c60 = c00, c61 = c00, c70 = c00, c71 = c00;      \
         for (int64_t k = 0; k < kc; k++, a += acs, b += bs) {                                                          \
