@@ -14478,11 +14478,11 @@ static void *dpar__cpu_host_ptr(void *st, int dev, void *mem) {
    the packs, a plain loop (multiply, then add, k in order, no k blocks) gives
    the same values to rounding, not the same bits. No zero-skipping:
    0 * NaN and 0 * Inf give NaN, as in reference BLAS. */
-#define DPAR__MR             6   /* micro-tile rows (AVX2, NEON, C; AVX-512: DPAR__MR512) */
-#define DPAR__NR             16  /* micro-tile columns (two 8-float vectors) */
-#define DPAR__KC             256 /* k block: an NR strip of B stays in L1 */
-#define DPAR__MC             96  /* rows of A packed per block (L2) */
-#define DPAR__NC             512 /* columns of B packed per block */
+#define DPAR__MR             6    /* micro-tile rows (AVX2, NEON, C; AVX-512: DPAR__MR512) */
+#define DPAR__NR             16   /* micro-tile columns (two 8-float vectors) */
+#define DPAR__KC             256  /* k block: an NR strip of B stays in L1 */
+#define DPAR__MC             96   /* rows of A packed per block (L2) */
+#define DPAR__NC             1024 /* columns of B packed per block: 1 MiB at KC, half of L2 (1024^3: 1.04x of 512) */
 #define DPAR__DIRECT_B_ROWS  128
 #define DPAR__DIRECT_AT_ROWS 512
 /* ow: C starts as +0 (beta = 0, first k block): C = 0 + alpha * acc, without reading C.
