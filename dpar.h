@@ -14242,7 +14242,8 @@ DPAR_API void dpar_runtime_stats_reset(dpar_runtime *rt) {
 /* Intra-op threads: when the process has fewer emulated devices than CPUs,
    each device gets CPUs / devices threads (DPAR_CPU_THREADS overrides; 1 =
    none) for its large matrix products: a fork-join pool of helpers per
-   device. The split is over columns of C, which does not change any
+   device. The split is over blocks of C's columns, or of its rows when
+   the columns are few (dpar__sgemm_items), which does not change any
    element's arithmetic: results are the same bits for any thread count. */
 typedef struct dpar__cpu_pool {
     int n; /* helper threads */
@@ -14816,24 +14817,24 @@ static void dpar__pack_a(const dpar__ukr *u, float *ap, const float *A, int64_t 
         }
     }
 }
-/* Columns j0..j1-1 of C[M,N] = alpha op(A) op(B) + beta C, f32, row-major. */
-static void dpar__sgemm_cols(int64_t M, int64_t N, int64_t K, int ta, int tb, float alpha, const float *A,
-                             const float *B, float beta, float *C, int64_t j0, int64_t j1) {
-    int trivial = K == 0 || alpha == 0.0f || M == 0 || j1 <= j0;
+/* Rows i0..i1-1, columns j0..j1-1 of C[M,N] = alpha op(A) op(B) + beta C, f32, row-major. */
+static void dpar__sgemm_tile(int64_t M, int64_t N, int64_t K, int ta, int tb, float alpha, const float *A,
+                             const float *B, float beta, float *C, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+    int trivial = K == 0 || alpha == 0.0f || i1 <= i0 || j1 <= j0;
     if (trivial || (beta != 0.0f && beta != 1.0f)) /* beta = 0: the first k block overwrites C */
-        for (int64_t i = 0; i < M; i++)
+        for (int64_t i = i0; i < i1; i++)
             for (int64_t j = j0; j < j1; j++) C[i * N + j] = beta == 0.0f ? 0.0f : beta * C[i * N + j];
     if (trivial) return;
     const dpar__ukr u = dpar__ukr_pick();
     const int64_t MR = u.mr, NR = u.nr;
     int64_t ncmax = j1 - j0 < DPAR__NC ? j1 - j0 : DPAR__NC, kcmax = K < DPAR__KC ? K : DPAR__KC,
-            mcmax = M < DPAR__MC ? M : DPAR__MC;
+            mcmax = i1 - i0 < DPAR__MC ? i1 - i0 : DPAR__MC;
     size_t bsz = (size_t)((ncmax + NR - 1) / NR * NR) * (size_t)kcmax;
     size_t asz = (size_t)((mcmax + MR - 1) / MR * MR) * (size_t)kcmax;
     float *ws = NULL;
     if (!(ws = (float *)DPAR_ALIGNED_MALLOC((bsz + asz) * sizeof(float) + 64, 64))) {
         /* no memory for the packs: the plain triple loop (k in order; see the rounding note above) */
-        for (int64_t i = 0; i < M; i++)
+        for (int64_t i = i0; i < i1; i++)
             for (int64_t j = j0; j < j1; j++) {
                 float acc = 0.0f;
                 for (int64_t k = 0; k < K; k++)
@@ -14849,15 +14850,15 @@ static void dpar__sgemm_cols(int64_t M, int64_t N, int64_t K, int ta, int tb, fl
        nothing measurable). A non-transposed A is always read in place
        (its rows are contiguous in k); a transposed one (each k a row of M) while its kc rows of a strip
        stay cached (measured, 1 thread: 64x32x64:tn 1.7x, 288x64x1818:tn 1.35x faster; 1024^3:tn 0.8x) */
-    int directb = M <= DPAR__DIRECT_B_ROWS, directa = !ta || M <= DPAR__DIRECT_AT_ROWS || K <= 16;
+    int directb = i1 - i0 <= DPAR__DIRECT_B_ROWS, directa = !ta || M <= DPAR__DIRECT_AT_ROWS || K <= 16;
     const int64_t ars = ta ? 1 : K, acs = ta ? M : 1;
     for (int64_t jc = j0; jc < j1; jc += DPAR__NC) {
         int64_t nc = j1 - jc < DPAR__NC ? j1 - jc : DPAR__NC;
         for (int64_t pc = 0; pc < K; pc += DPAR__KC) {
             int64_t kc = K - pc < DPAR__KC ? K - pc : DPAR__KC;
             dpar__pack_b(&u, bp, B, N, K, tb, pc, kc, jc, nc, directb);
-            for (int64_t ic = 0; ic < M; ic += DPAR__MC) {
-                int64_t mc = M - ic < DPAR__MC ? M - ic : DPAR__MC;
+            for (int64_t ic = i0; ic < i1; ic += DPAR__MC) {
+                int64_t mc = i1 - ic < DPAR__MC ? i1 - ic : DPAR__MC;
                 dpar__pack_a(&u, ap, A, M, K, ta, pc, kc, ic, mc, directa);
                 for (int64_t jr = 0; jr < nc; jr += NR)
                     for (int64_t ir = 0; ir < mc; ir += MR) {
@@ -14878,14 +14879,41 @@ typedef struct dpar__sgemm_args {
     float alpha, beta;
     const float *A, *B;
     float *C;
+    int64_t rows, cols, ncols; /* a work item: rows x cols of C; ncols items across */
 } dpar__sgemm_args;
 /* columns per work item: a whole number of every kernel's strips, and enough that a split is worth
    reading A once more (measured, 2 threads: 32-column items took 1.2x the CPU time of 1818x64x288) */
 #define DPAR__SGEMM_COLS 128
+/* rows per work item at least: a whole number of every kernel's tile rows (6, 8), and a block of A
+   (DPAR__MC) for each packed copy of B */
+#define DPAR__SGEMM_ROWS 96
 static void dpar__sgemm_range(const void *arg, int64_t lo, int64_t hi) {
     const dpar__sgemm_args *g = (const dpar__sgemm_args *)arg;
-    int64_t j1 = hi * DPAR__SGEMM_COLS < g->N ? hi * DPAR__SGEMM_COLS : g->N;
-    dpar__sgemm_cols(g->M, g->N, g->K, g->ta, g->tb, g->alpha, g->A, g->B, g->beta, g->C, lo * DPAR__SGEMM_COLS, j1);
+    for (int64_t t = lo; t < hi; t++) {
+        int64_t i0 = t / g->ncols * g->rows, j0 = t % g->ncols * g->cols;
+        int64_t i1 = i0 + g->rows < g->M ? i0 + g->rows : g->M, j1 = j0 + g->cols < g->N ? j0 + g->cols : g->N;
+        dpar__sgemm_tile(g->M, g->N, g->K, g->ta, g->tb, g->alpha, g->A, g->B, g->beta, g->C, i0, i1, j0, j1);
+    }
+}
+/* The work items of C[M,N] for nt threads: column blocks of DPAR__SGEMM_COLS while they are enough
+   to share out (4 a thread), else blocks of rows too (the CNN's convolutions have 32 or 64
+   columns: one item, one thread), else, with fewer rows than two blocks, columns in strips of 16
+   (conv1's kernel gradient: 9 x 32). Each element of C takes the same k blocks and the same
+   multiply-adds in any item, so the split never changes a bit. */
+static void dpar__sgemm_items(dpar__sgemm_args *g, int nt) {
+    int64_t M = g->M, N = g->N, want = 4 * (int64_t)nt, nr = 1;
+    g->cols = DPAR__SGEMM_COLS;
+    g->ncols = N > 0 ? (N + g->cols - 1) / g->cols : 1;
+    if (nt > 1 && g->ncols < want) {
+        nr = (want + g->ncols - 1) / g->ncols;
+        if (nr > M / DPAR__SGEMM_ROWS) nr = M / DPAR__SGEMM_ROWS > 0 ? M / DPAR__SGEMM_ROWS : 1;
+    }
+    g->rows = (M + nr - 1) / nr;
+    g->rows = g->rows > 0 ? (g->rows + 23) / 24 * 24 : 1; /* whole tiles of 6 and of 8 rows */
+    if (nt > 1 && nr == 1 && g->ncols == 1 && N > 16) {
+        g->cols = (N + 16 * nt - 1) / (16 * nt) * 16;
+        g->ncols = (N + g->cols - 1) / g->cols;
+    }
 }
 /* C[M,N] = alpha op(A) op(B) + beta C, f32, row-major; on the device's
    helper threads too when it has them and the product is large. */
@@ -14908,8 +14936,13 @@ static void dpar__cpu_sgemm(dpar__cpu *c, int dev, int64_t M, int64_t N, int64_t
     g.A = A;
     g.B = B;
     g.C = C;
-    /* cost per item 2 M K: split from M N K >= 2^22 multiply-adds on */
-    dpar__cpu_parallel(c, dev, (N + DPAR__SGEMM_COLS - 1) / DPAR__SGEMM_COLS, 2 * M * K, dpar__sgemm_range, &g);
+    /* threads from M N K >= 2^22 multiply-adds on (dpar__cpu_parallel's threshold at this cost) */
+    int nt =
+        c && c->pools && dev >= 0 && dev < c->ndev && (double)M * (double)N * (double)K >= 4194304.0 ? c->threads : 1;
+    dpar__sgemm_items(&g, nt);
+    int64_t n = (M + g.rows - 1) / g.rows * g.ncols;
+    /* cost per item 2 rows K cols / 128 */
+    dpar__cpu_parallel(c, dev, n > 0 ? n : 1, 2 * g.rows * K * g.cols / DPAR__SGEMM_COLS + 1, dpar__sgemm_range, &g);
 #endif
 }
 
