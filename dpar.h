@@ -15649,17 +15649,31 @@ static void dpar__cpu64_gemm(dpar__cpu *c, int dev, int64_t M, int64_t N, int64_
     }                                                                                                              \
     typedef struct IM2COL##_job {                                                                                  \
         const dpar__win2d *g;                                                                                      \
-        T *x, *col;                                                                                                \
-        int64_t r0;                                                                                                \
+        T *x, *col, *y; /* y: the forward's output rows, set to b (or 0) with their im2col rows */                 \
+        const T *b;                                                                                                \
+        int64_t r0, rows; /* the block: im2col rows [r0, r0 + rows) */                                             \
     } IM2COL##_job;                                                                                                \
     static void IM2COL##_rows(const void *arg, int64_t lo, int64_t hi) { /* rows are independent */                \
         const IM2COL##_job *j = (const IM2COL##_job *)arg;                                                         \
-        IM2COL(j->g, j->x, j->r0 + lo, hi - lo, j->col + lo * j->g->kh * j->g->kw * j->g->c, 0);                   \
+        int64_t O = j->g->o;                                                                                       \
+        if (j->col) IM2COL(j->g, j->x, j->r0 + lo, hi - lo, j->col + lo * j->g->kh * j->g->kw * j->g->c, 0);       \
+        if (j->y)                                                                                                  \
+            for (int64_t r = j->r0 + lo; r < j->r0 + hi; r++)                                                      \
+                for (int64_t o = 0; o < O; o++) j->y[r * O + o] = j->b ? j->b[o] : (T)0;                           \
+    }                                                                                                              \
+    /* col2im of the block's rows that fall in images [lo, hi) of it: images write disjoint parts of x,     \
+       and each image's rows are added in the order of the one-thread loop */      \
+    static void IM2COL##_add_images(const void *arg, int64_t lo, int64_t hi) {                                     \
+        const IM2COL##_job *j = (const IM2COL##_job *)arg;                                                         \
+        int64_t ohw = j->g->oh * j->g->ow, n0 = j->r0 / ohw, a = (n0 + lo) * ohw, e = (n0 + hi) * ohw;             \
+        if (a < j->r0) a = j->r0;                                                                                  \
+        if (e > j->r0 + j->rows) e = j->r0 + j->rows;                                                              \
+        IM2COL(j->g, j->x, a, e - a, j->col + (a - j->r0) * j->g->kh * j->g->kw * j->g->c, 1);                     \
     }                                                                                                              \
     static dpar_status CONV(dpar__cpu *c, int dev, const dpar__op *op, dpar__conv_pass pass, T *x, T *k, T *y) {   \
         dpar__win2d g = dpar__win2d_get(op);                                                                       \
         int64_t K = g.kh * g.kw * g.c, M = g.n * g.oh * g.ow, O = g.o, R = dpar__conv_rows(K, M);                  \
-        if (pass == DPAR__CONV_FWD) { /* y = b (or 0), then y += im2col(x) w */                                    \
+        if (pass == DPAR__CONV_FWD && (K == 0 || O == 0)) { /* y = b (or 0), then y += im2col(x) w */              \
             const T *b = op->src2 ? (const T *)op->src2->mem : NULL;                                               \
             for (int64_t r = 0; r < M; r++)                                                                        \
                 for (int64_t o = 0; o < O; o++) y[r * O + o] = b ? b[o] : (T)0;                                    \
@@ -15676,15 +15690,26 @@ static void dpar__cpu64_gemm(dpar__cpu *c, int dev, int64_t M, int64_t N, int64_
         for (int64_t r0 = 0; r0 < M; r0 += R) {                                                                    \
             int64_t rows = M - r0 < R ? M - r0 : R;                                                                \
             T *cb = direct ? x + r0 * K : col, *yb = y + r0 * O;                                                   \
-            IM2COL##_job job = { &g, x, col, r0 };                                                                 \
-            if (!direct && pass != DPAR__CONV_BWD_INPUT) dpar__cpu_parallel(c, dev, rows, K, IM2COL##_rows, &job); \
+            int fwd = pass == DPAR__CONV_FWD;                                                                      \
+            IM2COL##_job job = { &g,                                                                               \
+                                 x,                                                                                \
+                                 direct ? NULL : col,                                                              \
+                                 fwd ? y : NULL,                                                                   \
+                                 fwd && op->src2 ? (const T *)op->src2->mem : NULL,                                \
+                                 r0,                                                                               \
+                                 rows };                                                                           \
+            if (job.y || (job.col && pass != DPAR__CONV_BWD_INPUT))                                                \
+                dpar__cpu_parallel(c, dev, rows, K + (fwd ? O : 0), IM2COL##_rows, &job);                          \
             if (pass == DPAR__CONV_FWD) {                                                                          \
                 GEMM(c, dev, rows, O, K, 0, 0, 1.0f, cb, k, 1.0f, yb); /* [rows,K] [K,O] */                        \
             } else if (pass == DPAR__CONV_BWD_KERNEL) {                                                            \
                 GEMM(c, dev, K, O, rows, 1, 0, 1.0f, cb, yb, r0 ? 1.0f : 0.0f, k); /* [K,rows] [rows,O] */         \
             } else {                                                                                               \
-                GEMM(c, dev, rows, K, O, 0, 1, 1.0f, yb, k, 0.0f, cb); /* [rows,O] [O,K] */                        \
-                if (!direct) IM2COL(&g, x, r0, rows, col, 1);                                                      \
+                GEMM(c, dev, rows, K, O, 0, 1, 1.0f, yb, k, 0.0f, cb);                    /* [rows,O] [O,K] */     \
+                int64_t ohw = g.oh * g.ow, n0 = r0 / ohw, n1 = (r0 + rows - 1) / ohw + 1; /* images touched */     \
+                if (!direct)                                                                                       \
+                    dpar__cpu_parallel(c, dev, n1 - n0, (rows + n1 - n0 - 1) / (n1 - n0) * K, IM2COL##_add_images, \
+                                       &job);                                                                      \
             }                                                                                                      \
         }                                                                                                          \
         DPAR_ALIGNED_FREE(col);                                                                                    \

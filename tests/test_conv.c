@@ -532,8 +532,21 @@ static int64_t threads_program(dpar_runtime *rt, float *out) {
     dpar_pool2d_desc pd = { .window = { 2, 2 } };
     T_OK(dpar_conv2d(y, x, w, b, &cd)); /* im2col rows */
     keep(y, out, &at);
-    T_OK(dpar_conv2d_backward_kernel(dw, NULL, x, dy, &cd));
+    T_OK(dpar_conv2d_backward_kernel(dw, NULL, x, dy, &cd)); /* the GEMM's row blocks */
     keep(dw, out, &at);
+    T_OK(dpar_conv2d_backward_input(dx, dy, w, &cd)); /* col2im by images */
+    keep(dx, out, &at);
+    /* conv1's shapes (one input channel, 32 outputs): the GEMMs' row blocks, the kernel gradient's
+       column strips (9 rows of dw, too few to split; 16 x 32 x 32 pixels put 9 x 32 x 16384 above the split) */
+    enum { S1 = 32, O1 = 32 };
+    const int64_t x1s[4] = { NB, S1, S1, 1 }, w1s[4] = { 3, 3, 1, O1 }, y1s[4] = { NB, S1, S1, O1 };
+    float *v1 = rnd_vec(NB * S1 * S1 * O1, 9u);
+    dpar_buffer *x1 = mk(rt, 4, x1s, v1 + 2), *w1 = mk(rt, 4, w1s, v1 + 11), *y1 = mk(rt, 4, y1s, NULL);
+    dpar_buffer *dy1 = mk(rt, 4, y1s, v1), *dw1 = mk(rt, 4, w1s, NULL);
+    T_OK(dpar_conv2d(y1, x1, w1, NULL, &cd));
+    keep(y1, out, &at);
+    T_OK(dpar_conv2d_backward_kernel(dw1, NULL, x1, dy1, &cd));
+    keep(dw1, out, &at);
     T_OK(dpar_bias_grad(db, ba, 0.5f)); /* blocks of 8 columns */
     keep(db, out, &at);
     T_OK(dpar_bias_add(ba, b)); /* rows */
@@ -558,10 +571,11 @@ static int64_t threads_program(dpar_runtime *rt, float *out) {
     T_OK(dpar_adamw_update(&ad, prm, grd, mo, vv, 3, 1.0f)); /* elements */
     keep(prm, out, &at);
     keep(vv, out, &at);
-    dpar_buffer *all[] = { x, w, b, y, dy, dx, dw, db, p, dp, e, prm, grd, mo, vv, ba };
+    dpar_buffer *all[] = { x, w, b, y, dy, dx, dw, db, p, dp, e, prm, grd, mo, vv, ba, x1, w1, y1, dy1, dw1 };
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) T_OK(dpar_buffer_destroy(all[i]));
     free(v);
     free(dv);
+    free(v1);
     return at;
 }
 static void test_threads_bitwise(void **st) {
