@@ -3960,6 +3960,7 @@ struct dpar__group {
     dpar_status xstatus;               /* leader's cross-process result, read by the other local members */
     char *xmsg;                        /* its error text (DPAR__ERR_LEN) */
     void *mpi;                         /* the transport's per-group state (backends/dpar_mpi.h) */
+    int64_t *claim;                    /* [n] chunks of slice j claimed in the host work (atomic) */
 };
 
 struct dpar_mesh {
@@ -4567,6 +4568,7 @@ static void dpar__mesh_free(dpar_mesh *m) {
             DPAR_FREE(gr->stage_cap);
             DPAR_FREE(gr->xin_ptr);
             DPAR_FREE(gr->xmsg);
+            DPAR_FREE(gr->claim);
         }
         DPAR_FREE(m->groups[k]);
     }
@@ -4674,8 +4676,9 @@ static dpar_status dpar__mesh_build_groups(dpar_mesh *m) {
             gr->stage_cap = (size_t *)dpar__calloc((size_t)gs, sizeof(size_t));
             gr->xin_ptr = (void **)dpar__calloc((size_t)gs, sizeof(void *));
             gr->xmsg = (char *)dpar__calloc(DPAR__ERR_LEN, 1);
+            gr->claim = (int64_t *)dpar__calloc((size_t)gs, sizeof(int64_t));
             if (!gr->devices || !gr->here || !gr->posts || !gr->in_bufs || !gr->out_bufs || !gr->in_ptr ||
-                !gr->out_ptr || !gr->stage || !gr->stage_cap || !gr->xin_ptr || !gr->xmsg) {
+                !gr->out_ptr || !gr->stage || !gr->stage_cap || !gr->xin_ptr || !gr->xmsg || !gr->claim) {
                 return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_mesh_create: out of host memory");
             }
         }
@@ -6067,10 +6070,9 @@ static void dpar__copy_fanout(char *const *dst, int ndst, const char *src, size_
     for (int k = 0; k < ndst; k++)
         if (dst[k] != src && n) memcpy(dst[k], src, n);
 }
-static void dpar__sum_f32(int n, const float *const *src, float *const *dst, int ndst, int64_t len, int mean) {
-    /* streaming stores once the whole working set (n inputs and outputs of
-       every member) no longer fits in 3/4 of the last-level cache */
-    int nt = dpar__streaming((uint64_t)len * 4u * (uint64_t)(ndst + n) * (uint64_t)n);
+/* nt: streaming stores (the caller decides from the whole collective's
+   working set, dpar__streaming) */
+static void dpar__sum_f32(int n, const float *const *src, float *const *dst, int ndst, int64_t len, int mean, int nt) {
 #ifdef DPAR__X86_SIMD
     if (__builtin_cpu_supports("avx2")) {
         dpar__sum_f32_avx2(n, src, dst, ndst, len, mean, nt);
@@ -6176,9 +6178,10 @@ DPAR_API void dpar_f16_to_f32_n(float *y, const uint16_t *h, int64_t n) {
     for (; i < n; i++) y[i] = dpar_f16_to_f32(h[i]);
 }
 
-/* reduce `len` elements of the n sources into every destination */
+/* reduce `len` elements of the n sources into every destination; nt: f32
+   sums write with streaming stores */
 static void dpar__reduce_span(dpar_dtype t, dpar_reduce_op op, int n, const char *const *src, char *const *dst,
-                              int ndst, int64_t len) {
+                              int ndst, int64_t len, int nt) {
     enum { CH = 1024 };
     size_t es = dpar_dtype_size(t);
     if (t == DPAR_F64) { /* in double, members in order; each element's sources are read before it is written */
@@ -6195,7 +6198,7 @@ static void dpar__reduce_span(dpar_dtype t, dpar_reduce_op op, int n, const char
         return;
     }
     if (t == DPAR_F32 && (op == DPAR_SUM || op == DPAR_MEAN)) {
-        dpar__sum_f32(n, (const float *const *)src, (float *const *)dst, ndst, len, op == DPAR_MEAN);
+        dpar__sum_f32(n, (const float *const *)src, (float *const *)dst, ndst, len, op == DPAR_MEAN, nt);
         return;
     }
     const char *s2[DPAR_MAX_DEVICES]; /* the tail's pointers; outlive the block below */
@@ -6278,60 +6281,111 @@ static void dpar__reduce_span(dpar_dtype t, dpar_reduce_op op, int n, const char
     }
 }
 
+/* The work of the host path, in slices: slice j is what member j did alone
+   before work was shared (the elements of out[j]'s share for ALL_REDUCE and
+   BROADCAST, in[j]'s block to every member for ALL_GATHER, out[j] for
+   REDUCE_SCATTER and ALL_TO_ALL), counted in units (elements; ALL_TO_ALL:
+   source blocks) and cut into chunks. Which member does a chunk changes no
+   value: every element is reduced over the members in group order. */
+enum { DPAR__CHUNK_BYTES = 64 << 10 }; /* a claim's work: large enough to amortise the atomic */
+static int64_t dpar__slice_units(const dpar__coll *c, int j) {
+    switch (c->kind) {
+    case DPAR__COLL_ALL_REDUCE:
+    case DPAR__COLL_BROADCAST: return c->count * (j + 1) / c->n - c->count * j / c->n;
+    case DPAR__COLL_ALL_GATHER:
+    case DPAR__COLL_REDUCE_SCATTER: return c->outer * c->inner;
+    case DPAR__COLL_ALL_TO_ALL: return c->n;
+    default: return 0;
+    }
+}
+static int64_t dpar__chunk_units(const dpar__coll *c) {
+    if (c->kind == DPAR__COLL_ALL_TO_ALL) return 1;
+    /* a multiple of 16 elements: chunks of an aligned buffer stay 64-byte aligned for streaming stores */
+    return (int64_t)(DPAR__CHUNK_BYTES / dpar_dtype_size(c->dtype)) & ~(int64_t)15;
+}
+/* whether the whole collective's working set (every member's input and output) asks for streaming stores */
+static int dpar__coll_streaming(const dpar__coll *c) {
+    uint64_t es = dpar_dtype_size(c->dtype), n = (uint64_t)c->n;
+    switch (c->kind) {
+    case DPAR__COLL_ALL_REDUCE: return dpar__streaming((uint64_t)c->count * es * 2u * n);
+    case DPAR__COLL_BROADCAST: return dpar__streaming((uint64_t)c->count * es * (n + 1u));
+    case DPAR__COLL_ALL_GATHER:
+    case DPAR__COLL_REDUCE_SCATTER: return dpar__streaming((uint64_t)(c->outer * c->inner) * es * n * (n + 1u));
+    default: return 0;
+    }
+}
+/* units [u0, u1) of slice j */
+static void dpar__host_piece(const dpar__coll *c, char *const *in, char *const *out, int j, int64_t u0, int64_t u1,
+                             int nt) {
+    int n = c->n;
+    size_t es = dpar_dtype_size(c->dtype);
+    const char *src[DPAR_MAX_DEVICES];
+    char *dst[DPAR_MAX_DEVICES];
+    switch (c->kind) {
+    case DPAR__COLL_ALL_REDUCE: {
+        size_t at = (size_t)(c->count * j / n + u0) * es;
+        for (int k = 0; k < n; k++) {
+            src[k] = in[k] + at;
+            dst[k] = out[k] + at;
+        }
+        dpar__reduce_span(c->dtype, c->op, n, src, dst, n, u1 - u0, nt);
+        break;
+    }
+    case DPAR__COLL_BROADCAST: { /* read the root's buffer once */
+        size_t at = (size_t)(c->count * j / n + u0) * es;
+        for (int k = 0; k < n; k++) dst[k] = out[k] + at;
+        dpar__copy_fanout(dst, n, in[c->root] + at, (size_t)(u1 - u0) * es, nt);
+        break;
+    }
+    case DPAR__COLL_ALL_GATHER:     /* in[j]'s block o to every member: each input read once */
+    case DPAR__COLL_REDUCE_SCATTER: /* out[j]'s block o from block (o, j) of every input */
+        for (int64_t u = u0; u < u1;) {
+            int64_t o = u / c->inner, i = u % c->inner, len = c->inner - i < u1 - u ? c->inner - i : u1 - u;
+            size_t part = (size_t)(o * c->inner + i) * es, whole = (size_t)((o * n + j) * c->inner + i) * es;
+            if (c->kind == DPAR__COLL_ALL_GATHER) {
+                for (int k = 0; k < n; k++) dst[k] = out[k] + whole;
+                dpar__copy_fanout(dst, n, in[j] + part, (size_t)len * es, nt);
+            } else {
+                for (int k = 0; k < n; k++) src[k] = in[k] + whole;
+                dst[0] = out[j] + part;
+                dpar__reduce_span(c->dtype, DPAR_SUM, n, src, dst, 1, len, nt);
+            }
+            u += len;
+        }
+        break;
+    case DPAR__COLL_ALL_TO_ALL: { /* out[j]'s blocks u0..u1-1: block i from in[i]'s split j */
+        int64_t oshape[DPAR_MAX_DIMS], ext[DPAR_MAX_DIMS], soff[DPAR_MAX_DIMS], doff[DPAR_MAX_DIMS];
+        for (int d = 0; d < c->ndim; d++) {
+            oshape[d] = ext[d] = c->in_shape[d];
+            soff[d] = doff[d] = 0;
+        }
+        ext[c->split_dim] = c->in_shape[c->split_dim] / n;
+        oshape[c->split_dim] /= n;
+        oshape[c->concat_dim] *= n;
+        soff[c->split_dim] = (int64_t)j * ext[c->split_dim];
+        for (int64_t i = u0; i < u1; i++) {
+            doff[c->concat_dim] = i * ext[c->concat_dim];
+            dpar__copy_block(out[j], oshape, doff, in[i], c->in_shape, soff, ext, c->ndim, es);
+        }
+        break;
+    }
+    default: break;
+    }
+}
+
 /* The work of member c->rank on host-visible views in[] / out[]; between the
    two barriers of the host path. all_out: every member's out[] may be written
-   here (one process); else only out[rank] (across processes). */
+   here (one process): the member claims the chunks of its own slice first
+   (the lines it touched last call), then the chunks of the others' slices no
+   member has claimed yet, from the group's counters (g->claim, zeroed by each
+   member for its slice before it posts a call). So the members that have a
+   core do the work of those waiting for one (more members than CPUs, or a
+   loaded machine) instead of every slice waiting for its member. Else (across
+   processes) member r writes only out[r], alone. */
 static void dpar__host_work(const dpar__coll *c, char *const *in, char *const *out, char *scratch, int all_out) {
     int n = c->n, r = c->rank;
     size_t es = dpar_dtype_size(c->dtype);
-    switch (c->kind) {
-    case DPAR__COLL_ALL_REDUCE: {
-        int64_t lo = c->count * r / n, hi = c->count * (r + 1) / n;
-        const char *src[DPAR_MAX_DEVICES];
-        char *dst[DPAR_MAX_DEVICES];
-        for (int j = 0; j < n; j++) {
-            src[j] = in[j] + (size_t)lo * es;
-            dst[j] = out[j] + (size_t)lo * es;
-        }
-        dpar__reduce_span(c->dtype, c->op, n, src, dst, n, hi - lo);
-        break;
-    }
-    case DPAR__COLL_BROADCAST: { /* slice r of the root's buffer to every member: read once */
-        int64_t lo = c->count * r / n, hi = c->count * (r + 1) / n;
-        char *dst[DPAR_MAX_DEVICES];
-        for (int j = 0; j < n; j++) dst[j] = out[j] + (size_t)lo * es;
-        if (hi > lo)
-            dpar__copy_fanout(dst, n, in[c->root] + (size_t)lo * es, (size_t)(hi - lo) * es,
-                              dpar__streaming((uint64_t)c->count * es * (uint64_t)(n + 1)));
-        break;
-    }
-    case DPAR__COLL_ALL_GATHER: { /* member r's block to every member: each input read once */
-        char *dst[DPAR_MAX_DEVICES];
-        if (!all_out) {
-            for (int k = 0; k < n; k++)
-                for (int64_t o = 0; o < c->outer; o++)
-                    if (c->inner)
-                        memcpy(out[r] + (size_t)((o * n + k) * c->inner) * es, in[k] + (size_t)(o * c->inner) * es,
-                               (size_t)c->inner * es);
-            break;
-        }
-        int nt = dpar__streaming((uint64_t)c->outer * (uint64_t)c->inner * es * (uint64_t)n * (uint64_t)(n + 1));
-        for (int64_t o = 0; o < c->outer && c->inner; o++) {
-            for (int j = 0; j < n; j++) dst[j] = out[j] + (size_t)((o * n + r) * c->inner) * es;
-            dpar__copy_fanout(dst, n, in[r] + (size_t)(o * c->inner) * es, (size_t)c->inner * es, nt);
-        }
-        break;
-    }
-    case DPAR__COLL_REDUCE_SCATTER: {
-        const char *src[DPAR_MAX_DEVICES];
-        for (int64_t o = 0; o < c->outer; o++) {
-            for (int j = 0; j < n; j++) src[j] = in[j] + (size_t)((o * n + r) * c->inner) * es;
-            char *dst = out[r] + (size_t)(o * c->inner) * es;
-            dpar__reduce_span(c->dtype, DPAR_SUM, n, src, &dst, 1, c->inner);
-        }
-        break;
-    }
-    case DPAR__COLL_PERMUTE: {
+    if (c->kind == DPAR__COLL_PERMUTE) {
         char *dst = scratch ? scratch : out[r];
         int s = c->src_of[r];
         if (c->count) {
@@ -6340,29 +6394,26 @@ static void dpar__host_work(const dpar__coll *c, char *const *in, char *const *o
             else
                 memcpy(dst, in[s], (size_t)c->count * es);
         }
-        break;
+        return;
     }
-    case DPAR__COLL_ALL_TO_ALL: {
-        int64_t oshape[DPAR_MAX_DIMS], ext[DPAR_MAX_DIMS], soff[DPAR_MAX_DIMS], doff[DPAR_MAX_DIMS];
-        for (int d = 0; d < c->ndim; d++) {
-            oshape[d] = c->in_shape[d];
-            ext[d] = c->in_shape[d];
-        }
-        ext[c->split_dim] = c->in_shape[c->split_dim] / n;
-        oshape[c->split_dim] /= n;
-        oshape[c->concat_dim] *= n;
-        for (int i = 0; i < n; i++) {
-            for (int d = 0; d < c->ndim; d++) {
-                soff[d] = 0;
-                doff[d] = 0;
-            }
-            soff[c->split_dim] = (int64_t)r * ext[c->split_dim];
-            doff[c->concat_dim] = (int64_t)i * ext[c->concat_dim];
-            dpar__copy_block(out[r], oshape, doff, in[i], c->in_shape, soff, ext, c->ndim, es);
-        }
-        break;
+    int nt = dpar__coll_streaming(c);
+    if (!all_out) {
+        if (c->kind == DPAR__COLL_ALL_GATHER) /* out[r] from every input */
+            for (int k = 0; k < n; k++)
+                for (int64_t o = 0; o < c->outer; o++)
+                    if (c->inner)
+                        memcpy(out[r] + (size_t)((o * n + k) * c->inner) * es, in[k] + (size_t)(o * c->inner) * es,
+                               (size_t)c->inner * es);
+        if (c->kind == DPAR__COLL_REDUCE_SCATTER || c->kind == DPAR__COLL_ALL_TO_ALL)
+            dpar__host_piece(c, in, out, r, 0, dpar__slice_units(c, r), nt);
+        return;
     }
-    default: break;
+    int64_t per = dpar__chunk_units(c);
+    for (int t = 0; t < n; t++) {
+        int j = (r + t) % n;
+        int64_t units = dpar__slice_units(c, j), chunks = (units + per - 1) / per;
+        for (int64_t q; (q = DPAR__ATOMIC_FETCH_ADD(&c->group->claim[j], (int64_t)1)) < chunks;)
+            dpar__host_piece(c, in, out, j, q * per, (q + 1) * per < units ? (q + 1) * per : units, nt);
     }
 }
 
@@ -6681,6 +6732,8 @@ static dpar_status dpar__coll_match(dpar_ctx *ctx, dpar__call *k, const dpar__st
     g->out_bufs[rank] = k->out;
     g->in_ptr[rank] = io->in_h;
     g->out_ptr[rank] = io->out_h;
+    /* every claim on this slice in the last call came before its closing barrier */
+    DPAR__ATOMIC_STORE_RELAXED(&g->claim[rank], (int64_t)0);
     dpar_status s = dpar__barrier(g, rank, ctx, k->st.what);
     if (s) return s;
     const int L = g->leader;

@@ -857,16 +857,16 @@ static dpar_status dpar__mpi_allreduce_f32(dpar_ctx *ctx, dpar__group *g, const 
     int64_t nch = cnt ? (cnt + CH - 1) / CH : 1;
     for (int64_t k = 0; k < nch; k++) {
         int64_t off = k * CH, len = cnt - off < CH ? cnt - off : CH;
-        if (k == 0 && len) {
+        if (k == 0 && len) { /* ordinary stores: MPI reads acc back at once */
             char *a0 = (char *)acc;
-            dpar__reduce_span(DPAR_F32, lop, nl, src, &a0, 1, len);
+            dpar__reduce_span(DPAR_F32, lop, nl, src, &a0, 1, len, 0);
         }
         DPAR__MPI_CALL(mp, MPI_Iallreduce(MPI_IN_PLACE, acc + off, (int)len, MPI_FLOAT, op, mg->comm, &req));
         if (k + 1 < nch) { /* overlap: the next chunk's local part */
             int64_t o2 = off + CH, l2 = cnt - o2 < CH ? cnt - o2 : CH;
             char *a2 = (char *)(acc + o2);
             for (int j = 0; j < nl; j++) sp[j] = src[j] + o2 * 4;
-            dpar__reduce_span(DPAR_F32, lop, nl, sp, &a2, 1, l2);
+            dpar__reduce_span(DPAR_F32, lop, nl, sp, &a2, 1, l2, 0);
         }
         if ((s = dpar__mpi_data_wait(ctx, mg, &req, dlp, what, job, seq))) return s;
         if (c->op == DPAR_MEAN)

@@ -2381,7 +2381,9 @@ static dpar_status dpar__vk_allreduce_pipelined(dpar__vk *st, dpar__coll *c) {
             dst[j] = (char *)dj->cstage.map + (size_t)cur * (dj->cstage.size / 2) + (size_t)lo * es;
             src[j] = dst[j];
         }
-        if (hi > lo) dpar__reduce_span(c->dtype, c->op, n, src, dst, n, hi - lo);
+        if (hi > lo) /* streaming stores as for the whole collective's working set: this chunk's, of every member */
+            dpar__reduce_span(c->dtype, c->op, n, src, dst, n, hi - lo,
+                              dpar__streaming((uint64_t)m * es * 2u * (uint64_t)n));
         if ((s = dpar__coll_barrier(c)) != DPAR_OK) return s; /* chunk k reduced everywhere */
         if (!d->cstage.coherent && (s = dpar__vk_map_range(st, d->ph, d->cstage.mem, d->cstage.alloc_size,
                                                            (size_t)cur * slot, len, 0)) != DPAR_OK)

@@ -6,7 +6,10 @@
    split in rows) and broadcast (out of place and in place, from a root that
    is not member 0), with byte counts that are not multiples of the 128-byte
    copy step, checked element by element against values made from the source
-   member and the index. */
+   member and the index. The host path cuts its work into 64 KB chunks that any
+   member may do: reduce-scatter with blocks longer than a chunk (split
+   between chunks) and shorter (several in one), and all-to-all, checked bit
+   for bit against the sum in member order. */
 #include "testutil.h"
 
 typedef struct {
@@ -96,10 +99,85 @@ static void test_broadcast_copy(void **st) {
     run(2, 3, 1, 1);
 }
 
+/* psum_scatter tiled along dim 1 of [rows, n * cols] f32 inputs: block (row,
+   member) is cols elements, summed over the members in order */
+typedef struct {
+    dpar_array *in, *out;
+    int a2a;
+} rs_job;
+static dpar_status rs_fn(dpar_ctx *ctx, void *user) {
+    rs_job *j = (rs_job *)user;
+    int d = dpar_ctx_device(ctx);
+    dpar_buffer *in = dpar_array_shard(j->in, d), *out = dpar_array_shard(j->out, d);
+    return j->a2a ? dpar_all_to_all(ctx, out, in, "data", 1, 0) : dpar_psum_scatter(ctx, out, in, "data", 1, true);
+}
+static float rs_val(int member, int64_t i) {
+    return (float)(member + 1) * 0.1f + (float)(i % 1009) * 1.3e-3f; /* sums that round */
+}
+static void run_rs(int n, int64_t rows, int64_t cols, int a2a) {
+    dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, n);
+    dpar_mesh *m = t_mesh1(rt, n, "data");
+    int64_t per = rows * n * cols; /* one member's input */
+    float *h = malloc((size_t)(per * n) * 4), *o = malloc((size_t)(per * n) * 4);
+    assert_non_null(h);
+    assert_non_null(o);
+    for (int r = 0; r < n; r++)
+        for (int64_t i = 0; i < per; i++) h[r * per + i] = rs_val(r, i);
+    rs_job j = { NULL, NULL, a2a };
+    dpar_array_desc din = { .dtype = DPAR_F32, .ndim = 2, .shape = { rows * n, n * cols }, .spec = { "data" } };
+    dpar_array_desc dout = { .dtype = DPAR_F32, .ndim = 2, .shape = { rows * n, cols }, .spec = { "data" } };
+    if (a2a) /* split dim 1 into n, concatenate along dim 0: out [n * rows, cols] per member */
+        dout.shape[0] = rows * n * n;
+    T_OK(dpar_array_create(m, &din, &j.in));
+    T_OK(dpar_array_put(j.in, h));
+    T_OK(dpar_array_create(m, &dout, &j.out));
+    dpar_shard_map_desc sd = { .fn = rs_fn, .user = &j };
+    T_OK(dpar_shard_map(m, &sd));
+    T_OK(dpar_array_get(j.out, o));
+    int64_t per_out = a2a ? per : rows * cols;
+    for (int d = 0; d < n; d++)
+        for (int64_t i = 0; i < per_out; i++) {
+            float want;
+            if (a2a) { /* out row s * rows + r of member d: member s's row r, columns of split d */
+                int s = (int)(i / (rows * cols));
+                int64_t r = i / cols % rows, c = i % cols;
+                want = rs_val(s, r * n * cols + d * cols + c);
+            } else {
+                int64_t r = i / cols, c = i % cols, at = r * n * cols + d * cols + c;
+                volatile float acc = rs_val(0, at);
+                for (int k = 1; k < n; k++) acc = acc + rs_val(k, at);
+                want = acc;
+            }
+            float got = o[(int64_t)d * per_out + i];
+            if (memcmp(&got, &want, 4))
+                fail_msg("n=%d %s %lldx%lld: member %d element %lld = %.9g, want %.9g", n,
+                         a2a ? "all_to_all" : "psum_scatter", (long long)rows, (long long)cols, d, (long long)i,
+                         (double)got, (double)want);
+        }
+    dpar_array_destroy(j.in);
+    dpar_array_destroy(j.out);
+    dpar_runtime_destroy(rt);
+    free(h);
+    free(o);
+}
+static void test_reduce_scatter_chunks(void **st) {
+    (void)st;
+    run_rs(3, 5, 40009, 0); /* blocks of 40009 elements: split between 64 KB chunks */
+    run_rs(8, 7, 1031, 0);  /* 8 members on fewer cores: chunks of several blocks, claimed by any member */
+    run_rs(2, 1, 3, 0);
+}
+static void test_all_to_all_chunks(void **st) {
+    (void)st;
+    run_rs(8, 3, 517, 1); /* 64 blocks, any member copies any */
+    run_rs(3, 2, 20011, 1);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_all_gather_copy),
         cmocka_unit_test(test_broadcast_copy),
+        cmocka_unit_test(test_reduce_scatter_chunks),
+        cmocka_unit_test(test_all_to_all_chunks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
