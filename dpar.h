@@ -2475,7 +2475,7 @@ DPAR__PLATFORM_FN int dpar__cond_timedwait(dpar__cond *cv, dpar__mutex *m, uint6
 #endif
 }
 
-/* --- the machine: CPUs, memory, last-level cache, process id --- */
+/* --- the machine: CPUs, memory, L2 and last-level caches, process id --- */
 /* online CPUs (>= 1) */
 DPAR__PLATFORM_FN int dpar__cpu_count(void) {
 #if defined(_WIN32)
