@@ -4826,10 +4826,13 @@ DPAR_API dpar_status dpar_mesh_group(const dpar_mesh *m, const char *axes, int d
 /* ---------------------------------------------------------------------------
    N-d block copy (row-major), used by arrays and the host collectives
    ------------------------------------------------------------------------ */
+static void dpar__copy_fanout(char *const *dst, int ndst, const char *src, size_t n, int nt);
 /* Copies the block of extent ext[ndim] from src (shape sshape, at soff) to
-   dst (shape dshape, at doff). esize bytes per element. */
-static void dpar__copy_block(char *dst, const int64_t *dshape, const int64_t *doff, const char *src,
-                             const int64_t *sshape, const int64_t *soff, const int64_t *ext, int ndim, size_t esize) {
+   dst (shape dshape, at doff). esize bytes per element. nt: rows of 4 KB and
+   more with streaming stores (dpar__copy_fanout). */
+static void dpar__copy_block_nt(char *dst, const int64_t *dshape, const int64_t *doff, const char *src,
+                                const int64_t *sshape, const int64_t *soff, const int64_t *ext, int ndim, size_t esize,
+                                int nt) {
     if (ndim == 0) {
         memcpy(dst, src, esize);
         return;
@@ -4860,7 +4863,11 @@ static void dpar__copy_block(char *dst, const int64_t *dshape, const int64_t *do
             dpos += (doff[i] + v) * dstride[i];
             spos += (soff[i] + v) * sstride[i];
         }
-        memcpy(dst + (size_t)dpos * esize, src + (size_t)spos * esize, run);
+        char *d = dst + (size_t)dpos * esize;
+        if (nt && run >= 4096)
+            dpar__copy_fanout(&d, 1, src + (size_t)spos * esize, run, 1);
+        else
+            memcpy(d, src + (size_t)spos * esize, run);
         int i = last - 1;
         while (i >= 0) {
             if (++idx[i] < ext[i]) break;
@@ -4869,6 +4876,10 @@ static void dpar__copy_block(char *dst, const int64_t *dshape, const int64_t *do
         }
         if (i < 0) break;
     }
+}
+static void dpar__copy_block(char *dst, const int64_t *dshape, const int64_t *doff, const char *src,
+                             const int64_t *sshape, const int64_t *soff, const int64_t *ext, int ndim, size_t esize) {
+    dpar__copy_block_nt(dst, dshape, doff, src, sshape, soff, ext, ndim, esize, 0);
 }
 
 /* ---------------------------------------------------------------------------
@@ -6311,6 +6322,7 @@ static int dpar__coll_streaming(const dpar__coll *c) {
     case DPAR__COLL_BROADCAST: return dpar__streaming((uint64_t)c->count * es * (n + 1u));
     case DPAR__COLL_ALL_GATHER:
     case DPAR__COLL_REDUCE_SCATTER: return dpar__streaming((uint64_t)(c->outer * c->inner) * es * n * (n + 1u));
+    case DPAR__COLL_ALL_TO_ALL: return dpar__streaming((uint64_t)c->count * es * 2u * n);
     default: return 0;
     }
 }
@@ -6365,7 +6377,7 @@ static void dpar__host_piece(const dpar__coll *c, char *const *in, char *const *
         soff[c->split_dim] = (int64_t)j * ext[c->split_dim];
         for (int64_t i = u0; i < u1; i++) {
             doff[c->concat_dim] = i * ext[c->concat_dim];
-            dpar__copy_block(out[j], oshape, doff, in[i], c->in_shape, soff, ext, c->ndim, es);
+            dpar__copy_block_nt(out[j], oshape, doff, in[i], c->in_shape, soff, ext, c->ndim, es, nt);
         }
         break;
     }
