@@ -134,6 +134,7 @@ typedef struct dpar__vkframe {
     uint64_t serial; /* serial of the batch it holds (0: never used) */
     int state;       /* 0 idle, 1 recording, 2 submitted */
     int nops;
+    bool bare; /* only its fence: it carries a program's recording alone (dpar__vk_prog_submit), cb unused */
 } dpar__vkframe;
 
 struct dpar__vk;
@@ -204,7 +205,7 @@ typedef struct dpar__vkdev {
     uint64_t sem_signal;    /* the next submit signals it (0: none) */
     uint64_t sem_wait;      /* the next submit waits for it (0: none): the engine's release */
     int loaned;             /* a buffer of this device is lent */
-    VkCommandBuffer prefix; /* >>vulkan program: the next submit runs this recording before its batch */
+    VkCommandBuffer suffix; /* >>vulkan program: the next submit runs this recording after its batch */
 } dpar__vkdev;
 
 /* Push constants shared by every shader (112 bytes; Vulkan guarantees 128). A shader declares the
@@ -522,8 +523,21 @@ static void dpar__vk_cmd_barrier(dpar__vk *st, VkCommandBuffer cb) {
     st->vkCmdPipelineBarrier(cb, stages, stages, 0, 1, &mb, 0, NULL, 0, NULL);
 }
 
-/* The recording batch of d, begun when none is open. Lock held. */
-static dpar_status dpar__vk_begin(dpar__vkdev *d, dpar__vkframe **out) {
+/* Device writes -> host reads: made available to the host domain before the fence signals (the
+   transfer/compute -> host barrier); the last command of every submitted command buffer. */
+static void dpar__vk_cmd_host_barrier(dpar__vk *st, VkCommandBuffer cb) {
+    VkMemoryBarrier mb;
+    memset(&mb, 0, sizeof mb);
+    mb.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER;
+    mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
+    mb.dstAccessMask = VK_ACCESS_HOST_READ_BIT | VK_ACCESS_HOST_WRITE_BIT;
+    st->vkCmdPipelineBarrier(cb, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
+                             VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &mb, 0, NULL, 0, NULL);
+}
+
+/* The recording batch of d, begun when none is open (bare: a batch of no commands of its own, for a
+   program's recording to be submitted with its fence; its command buffer is not begun). Lock held. */
+static dpar_status dpar__vk_begin_batch(dpar__vkdev *d, bool bare, dpar__vkframe **out) {
     dpar__vk *st = d->st;
     if (d->cur >= 0) {
         *out = &d->frames[d->cur];
@@ -538,21 +552,25 @@ static dpar_status dpar__vk_begin(dpar__vkdev *d, dpar__vkframe **out) {
     VkResult vr;
     if (f->serial != 0 && (vr = st->vkResetFences(d->ph->device, 1, &f->fence)) != VK_SUCCESS)
         return dpar__vk_fail(st, vr, "vkResetFences", "device %d", d->index);
-    if ((vr = st->vkResetDescriptorPool(d->ph->device, f->pool, 0)) != VK_SUCCESS)
+    if (!bare && (vr = st->vkResetDescriptorPool(d->ph->device, f->pool, 0)) != VK_SUCCESS)
         return dpar__vk_fail(st, vr, "vkResetDescriptorPool", "device %d", d->index);
     VkCommandBufferBeginInfo bi;
     memset(&bi, 0, sizeof bi);
     bi.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO;
     bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
-    if ((vr = st->vkBeginCommandBuffer(f->cb, &bi)) != VK_SUCCESS)
+    if (!bare && (vr = st->vkBeginCommandBuffer(f->cb, &bi)) != VK_SUCCESS)
         return dpar__vk_fail(st, vr, "vkBeginCommandBuffer", "device %d", d->index);
     f->serial = serial;
     f->state = 1;
     f->nops = 0;
+    f->bare = bare;
     d->next_serial++;
     d->cur = i;
     *out = f;
     return DPAR_OK;
+}
+static dpar_status dpar__vk_begin(dpar__vkdev *d, dpar__vkframe **out) {
+    return dpar__vk_begin_batch(d, false, out);
 }
 
 /* Ends and submits the recording batch, if any. Lock held. */
@@ -561,24 +579,16 @@ static dpar_status dpar__vk_submit(dpar__vkdev *d) {
     if (d->cur < 0) return DPAR_OK;
     dpar__vkframe *f = &d->frames[d->cur];
     d->cur = -1;
-    /* device writes -> host reads: made available to the host domain before
-       the fence signals (the transfer/compute -> host barrier) */
-    VkMemoryBarrier mb;
-    memset(&mb, 0, sizeof mb);
-    mb.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER;
-    mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
-    mb.dstAccessMask = VK_ACCESS_HOST_READ_BIT | VK_ACCESS_HOST_WRITE_BIT;
-    st->vkCmdPipelineBarrier(f->cb, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
-                             VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &mb, 0, NULL, 0, NULL);
-    VkResult vr = st->vkEndCommandBuffer(f->cb);
+    if (!f->bare) dpar__vk_cmd_host_barrier(st, f->cb);
+    VkResult vr = f->bare ? VK_SUCCESS : st->vkEndCommandBuffer(f->cb);
     if (vr == VK_SUCCESS) {
         VkSubmitInfo si;
         memset(&si, 0, sizeof si);
         si.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO;
-        VkCommandBuffer cbs[2] = { d->prefix, f->cb }; /* a program's recording, then the batch */
-        si.commandBufferCount = d->prefix ? 2 : 1;
-        si.pCommandBuffers = d->prefix ? cbs : &f->cb;
-        d->prefix = VK_NULL_HANDLE;
+        VkCommandBuffer cbs[2] = { f->cb, d->suffix }; /* the batch, then a program's recording */
+        si.commandBufferCount = (f->bare ? 0u : 1u) + (d->suffix ? 1u : 0u);
+        si.pCommandBuffers = f->bare ? cbs + 1 : cbs;
+        d->suffix = VK_NULL_HANDLE;
         /* a loan (>>vulkan interop): wait for the engine's release value, signal an export's ready value */
         VkTimelineSemaphoreSubmitInfo ti;
         memset(&ti, 0, sizeof ti);
@@ -2589,12 +2599,15 @@ static dpar_status dpar__vk_buffer_release(void *obj) {
    The backend's prog_* hooks (>>graph program in dpar.h): a graph records a
    device's run of ops once into a command buffer (descriptor sets made once,
    push constants baked in) and re-submits it every step. A submit first
-   submits what the ring holds (queue order is issue order), waits for the
-   recording's previous submit (it is not SIMULTANEOUS_USE), then submits the
-   recording ahead of an empty ring batch, whose serial and fence stand for it:
-   every listed buffer's last_serial moves to that batch, so reads, writes and
-   frees wait for it as for any batch. Each recorded command starts with the
-   full barrier of the ring's commands; the batch ends with the host barrier. */
+   waits for the recording's previous submit (it is not SIMULTANEOUS_USE), then submits the
+   recording in one vkQueueSubmit after the ring's open batch (a step's staged
+   feed copies, >>graph feeds in dpar.h), or alone with the fence of a bare
+   batch (no command buffer of its own to record) when none is open; that
+   batch's serial and fence stand for it: every listed buffer's last_serial moves
+   to that batch, so reads, writes and frees wait for it as for any batch. Each
+   recorded command starts with the full barrier of the ring's commands (so
+   the batch's commands run first); the recording ends with the host barrier,
+   as every batch does. */
 static dpar_status dpar__vk_prog_begin(void *state, int dev) {
     dpar__vk *st = (dpar__vk *)state;
     dpar__vkdev *d = &st->devs[dev];
@@ -2653,6 +2666,7 @@ static dpar_status dpar__vk_prog_end(void *state, int dev, void **prog) {
     *prog = NULL;
     if (!p) return dpar__err(DPAR_ERR_STATE, "vulkan: no graph program is being recorded for device %d", dev);
     dpar__vk_rec = NULL;
+    if (p->nops) dpar__vk_cmd_host_barrier(st, p->fr.cb); /* it runs last in its submit */
     VkResult vr = st->vkEndCommandBuffer(p->fr.cb);
     if (vr != VK_SUCCESS || p->nops == 0) {
         dpar__vk_prog_free(state, dev, p);
@@ -2670,15 +2684,14 @@ static dpar_status dpar__vk_prog_submit(void *state, int dev, void *prog) {
     if (dpar__vk_rec) return dpar__vk_rec_refuse("a program submit");
     dpar__mutex_lock(&d->lock);
     dpar_status s = dpar__vk_check_lost(st);
-    if (!s) s = dpar__vk_submit(d); /* what was issued before runs first */
-    if (!s && p->serial > d->completed) s = dpar__vk_wait_serial(d, p->serial);
+    if (!s && p->serial > d->completed) s = dpar__vk_wait_serial(d, p->serial); /* the open batch is newer */
     dpar__vkframe *f = NULL;
-    if (!s) s = dpar__vk_begin(d, &f);
+    if (!s) s = dpar__vk_begin_batch(d, d->cur < 0, &f); /* the open batch (its commands run first), else a bare one */
     if (!s) {
         uint64_t serial = f->serial;
-        d->prefix = p->fr.cb;
+        d->suffix = p->fr.cb;
         s = dpar__vk_submit(d);
-        d->prefix = VK_NULL_HANDLE;
+        d->suffix = VK_NULL_HANDLE;
         if (!s) {
             p->serial = serial;
             for (int i = 0; i < p->nbufs; i++) p->bufs[i]->last_serial = serial;
