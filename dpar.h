@@ -1922,7 +1922,9 @@ DPAR_API dpar_status dpar_graph_loss(dpar_graph *g, float *loss);
 /* How the graph's steps are replayed on a backend that records programs
    (Vulkan: command buffers; CUDA: CUDA Graphs by stream capture): the first
    run records each device's runs of device ops (everything but collectives,
-   optimizer steps, dropout, the index-checked embedding and
+   optimizer steps other than a plain SGD step with nothing asynchronous to
+   wait for (a bucket reduced blocking just before it: its copies back are
+   recorded with it), dropout, the index-checked embedding and
    cross-entropy-with-ignore, blocks, ZeRO-1 and pipeline graphs) once, each
    run between two such host nodes into one command buffer or CUDA Graph, and
    every later run re-submits them (vkQueueSubmit / cuGraphLaunch), running
@@ -9733,6 +9735,7 @@ typedef struct dpar__gbucket {
     int64_t count;     /* f32 elements */
     dpar_buffer **buf; /* [nlocal] */
     bool blocking;     /* waited for at once (dpar__g_bucket_blocking): reduced by a blocking collective */
+    bool at_opt;       /* blocking, and the next node that runs is the optimizer's: it copies the members back */
 } dpar__gbucket;
 
 typedef struct dpar__gopt {
@@ -11369,13 +11372,14 @@ DPAR_API dpar_status dpar_graph_adamw_masked(dpar_graph *g, const dpar_adamw_des
 static void dpar__g_prog_rerecord(dpar_graph *g); /* >>graph program */
 /* Whether the optimizer node's commands stay the same every step, so a recorded program may hold it:
    SGD (AdamW's bias correction moves with the step) without a clip norm (read on the host), ZeRO-1, a
-   split clip or a decay mask, in a graph with no asynchronous or bucketed reduction for it to wait for.
+   split clip or a decay mask, in a graph with no asynchronous reduction for it to wait for (a bucket
+   reduced blocking just before it leaves only device copies for its node: dpar__g_bucket_blocking).
    dpar_graph_set_lr that changes the rate turns it off (a schedule runs the optimizer op by op). */
 static bool dpar__g_opt_recordable(const dpar_graph *g) {
     if (!g->has_opt || g->opt.adamw || g->z1 || g->pp || g->opt.mixed || g->opt.decay || g->opt.d.clip_norm > 0.0f)
         return false;
     for (int i = 1; i < g->count; i++)
-        if (g->n[i].async || g->n[i].bucket) return false;
+        if (g->n[i].async || (g->n[i].bucket && !g->bk[g->n[i].bucket - 1].at_opt)) return false;
     return true;
 }
 DPAR_API dpar_status dpar_graph_set_lr(dpar_graph *g, float lr) {
@@ -12381,14 +12385,18 @@ static bool dpar__g_runs(const dpar__gnode *nd) {
 /* At compile, after the plan: a bucket whose start is followed by no work before it is waited for (the
    optimizer, or the end of the run) has nothing to overlap; its asynchronous collective would only add
    the hand-off to the comm threads and back (on Vulkan a comm thread per device, with its own waits).
-   Such a bucket is reduced by a blocking collective on the device's worker, as the eager step's pmeans. */
+   Such a bucket is reduced by a blocking collective on the device's worker, as the eager step's pmeans.
+   When the optimizer follows, its node copies the members' blocks back (at_opt): the copies and the
+   optimizer step are then one recorded segment after the collective (>>graph program), not ops issued
+   one by one. */
 static void dpar__g_bucket_blocking(dpar_graph *g) {
     for (int b = 0; b < g->nbk; b++) {
         dpar__gbucket *bk = &g->bk[b];
         if (!bk->n) continue;
         bk->blocking = true;
-        for (int j = bk->members[bk->n - 1] + 1; j < g->count && g->n[j].kind != DPAR__G_SGD && bk->blocking; j++)
-            bk->blocking = !dpar__g_runs(&g->n[j]);
+        int j = bk->members[bk->n - 1] + 1;
+        for (; j < g->count && g->n[j].kind != DPAR__G_SGD && bk->blocking; j++) bk->blocking = !dpar__g_runs(&g->n[j]);
+        bk->at_opt = bk->blocking && j < g->count && g->n[j].kind == DPAR__G_SGD;
     }
 }
 static void dpar__g_bucket_free(dpar_graph *g) {
@@ -12438,7 +12446,7 @@ static dpar_status dpar__g_bucket_start(dpar_graph *g, dpar_ctx *ctx, int li, in
         dpar_buffer *y = bk->buf[li];
         s = g->n[i].kind == DPAR__G_PMEAN ? dpar_pmean(ctx, y, y, g->n[i].axes_str)
                                           : dpar_psum(ctx, y, y, g->n[i].axes_str);
-        return s ? s : dpar__g_bucket_finish(g, li, i);
+        return s || bk->at_opt ? s : dpar__g_bucket_finish(g, li, i); /* at_opt: the optimizer's node copies */
     }
     return dpar_preduce_start(ctx, bk->buf[li], bk->buf[li], g->n[i].axes_str,
                               g->n[i].kind == DPAR__G_PMEAN ? DPAR_MEAN : DPAR_SUM, &g->reqs[i * g->nlocal + li]);
@@ -12688,7 +12696,10 @@ static dpar_status dpar__g_exec(dpar_graph *g, dpar_ctx *ctx, int li, int i) {
         return dpar_preduce_start(ctx, dpar__g_buf(g, i, li), dpar__g_buf(g, nd->in[0], li), nd->axes_str,
                                   nd->kind == DPAR__G_PMEAN ? DPAR_MEAN : DPAR_SUM, &g->reqs[i * g->nlocal + li]);
     if (nd->kind == DPAR__G_SGD) {
-        dpar_status s = dpar__g_wait_all(g, ctx, li);
+        dpar_status s = DPAR_OK;
+        for (int b = 0; b < g->nbk && !s; b++) /* blocking buckets reduced just before: their members' values */
+            if (g->bk[b].at_opt) s = dpar__g_bucket_finish(g, li, g->bk[b].members[g->bk[b].n - 1]);
+        if (!s) s = dpar__g_wait_all(g, ctx, li);
         if (s) return s;
         if (g->z1) return dpar__g_z1_step(g, ctx, li);
         int n = g->opt.n;

@@ -159,7 +159,7 @@ static void test_cnn_2_cuda(void **st) {
 }
 
 /* ---- Megatron column -> row MLP on 2x2 (data, model): a psum in the forward, SGD with momentum ---- */
-enum { MB = 8, MD = 6, MH = 8, MC = 5, SEG_DP = 3 };
+enum { MB = 8, MD = 6, MH = 8, MC = 5, SEG_DP = 4 };
 typedef struct mlp {
     dpar_graph *g;
     dpar_array *w[4];
@@ -285,9 +285,11 @@ static void sgd_recorded(dpar_backend_kind k) {
 }
 
 /* ---- the same MLP data-parallel on a 4x1 mesh: the pinned loss's pmean and the gradients' reductions share
-   one bucket, reduced where the SGD step waits for it, so a device's recording is split only by the two
-   collectives over the model axis (SEG_DP = 3 segments; 6 before the loss and the members' copies joined
-   the recording); bit for bit op by op, the same ops counted ---- */
+   one bucket, reduced blocking where the SGD step waits for it, so a device's recording is split only by
+   the two collectives over the model axis and by the bucket's collective, after which the copies back
+   from the bucket and the SGD step are one more segment (SEG_DP = 4 segments; 6 before the loss and the
+   members' copies joined the recording, 3 while the copies back and the SGD step ran op by op); bit for
+   bit op by op, the same ops counted ---- */
 static void data_parallel(dpar_backend_kind k) {
     mlp_pair p;
     pair_make(&p, k, 4, 1, 17);
