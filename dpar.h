@@ -5361,6 +5361,7 @@ static dpar_status dpar__devices_status(dpar_runtime *rt, int *device) {
 }
 
 /* Runs fn on every device of the mesh with args[pos * nargs + i]. */
+enum { DPAR__RUN_SMALL = 8 }; /* meshes of up to this many devices dispatch without a host allocation */
 static dpar_status dpar__run(dpar_mesh *m, dpar_fn fn, void *user, int nargs, dpar_buffer **args) {
     dpar_runtime *rt = m->rt;
     int bad_dev = -1;
@@ -5383,8 +5384,10 @@ static dpar_status dpar__run(dpar_mesh *m, dpar_fn fn, void *user, int nargs, dp
     job.mesh = m;
     job.fn = fn;
     job.user = user;
-    job.ctxs = (dpar_ctx *)dpar__calloc((size_t)m->size, sizeof(dpar_ctx));
+    dpar_ctx small[DPAR__RUN_SMALL]; /* a small mesh's contexts: no allocation per dispatch (a replayed step's) */
+    job.ctxs = m->size <= DPAR__RUN_SMALL ? small : (dpar_ctx *)DPAR_MALLOC((size_t)m->size * sizeof(dpar_ctx));
     if (!job.ctxs) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_pmap: out of host memory");
+    memset(job.ctxs, 0, (size_t)m->size * sizeof(dpar_ctx));
     dpar__mutex_init(&job.err_mu);
     for (int p = 0; p < m->size; p++) {
         dpar_ctx *c = &job.ctxs[p];
@@ -5441,7 +5444,7 @@ static dpar_status dpar__run(dpar_mesh *m, dpar_fn fn, void *user, int nargs, dp
     else
         dpar__clear_error();
     dpar__mutex_destroy(&job.err_mu);
-    DPAR_FREE(job.ctxs);
+    if (job.ctxs != small) DPAR_FREE(job.ctxs);
     if (t0 > 0.0) dpar__trace_event(dpar__trace_pid(rt), -1, "dispatch", "host", t0, dpar__now_us(), -1);
     return s;
 }
@@ -5470,14 +5473,16 @@ static dpar_status dpar__shard_map(dpar_mesh *m, const dpar_shard_map_desc *desc
         if (d->args[i]->mesh != m)
             return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_shard_map: args[%d] was created on another mesh", i);
     }
-    dpar_buffer **tab =
-        (dpar_buffer **)dpar__calloc((size_t)m->size * (size_t)(d->num_args ? d->num_args : 1), sizeof(dpar_buffer *));
+    size_t n = (size_t)m->size * (size_t)d->num_args;
+    /* a small mesh's table: no allocation per dispatch (ints: C++20 deprecates arithmetic between enums) */
+    dpar_buffer *small[(int)DPAR__RUN_SMALL * (int)DPAR_MAX_ARGS];
+    dpar_buffer **tab = n <= sizeof small / sizeof *small ? small : (dpar_buffer **)DPAR_MALLOC(n * sizeof *tab);
     if (!tab) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_shard_map: out of host memory");
     for (int p = 0; p < m->size; p++)
         for (int i = 0; i < d->num_args; i++)
             tab[(size_t)p * (size_t)d->num_args + (size_t)i] = d->args[i]->shards[p]; /* NULL if remote */
-    dpar_status s = dpar__run(m, d->fn, d->user, d->num_args, tab);
-    DPAR_FREE(tab);
+    dpar_status s = dpar__run(m, d->fn, d->user, d->num_args, d->num_args ? tab : NULL);
+    if (tab != small) DPAR_FREE(tab);
     return s;
 }
 
@@ -13083,6 +13088,7 @@ typedef struct dpar__gstage {
     dpar_array **own;   /* [2 * n] the two staged sets: own[set * n + k] */
     dpar_array **src;   /* [n] what is staged: own[next * n + k] (a host put) or the caller's array */
     dpar_buffer **take; /* [n * nlocal] the shards the taking run copies from (g->feed_take) */
+    int *at;            /* [n] a put's entry for each feed (no allocation per put) */
     int next;           /* the set the next host put fills */
     bool full, host;    /* a put no run took yet; it put host data (in set `next`) */
 } dpar__gstage;
@@ -13098,6 +13104,7 @@ static void dpar__g_stage_free(dpar_graph *g, bool alive) {
     DPAR_FREE(st->own);
     DPAR_FREE(st->src);
     DPAR_FREE(st->take);
+    DPAR_FREE(st->at);
     DPAR_FREE(st);
     g->stage = NULL;
 }
@@ -13123,8 +13130,9 @@ static dpar_status dpar__g_stage_make(dpar_graph *g) {
         st->own = (dpar_array **)dpar__calloc(2 * m, sizeof *st->own);
         st->src = (dpar_array **)dpar__calloc(m, sizeof *st->src);
         st->take = (dpar_buffer **)dpar__calloc(m * nl, sizeof *st->take);
+        st->at = (int *)dpar__calloc(m, sizeof *st->at);
     }
-    if (!st || !st->ids || !st->label || !st->feed || !st->dst || !st->own || !st->src || !st->take) {
+    if (!st || !st->ids || !st->label || !st->feed || !st->dst || !st->own || !st->src || !st->take || !st->at) {
         dpar__g_stage_free(g, true);
         return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_graph_put_feeds: out of host memory");
     }
@@ -13189,8 +13197,7 @@ static dpar_status dpar__g_put_feeds(dpar_graph *g, const dpar_graph_feed *feeds
         return dpar__err(DPAR_ERR_STATE,
                          "dpar_graph_put_feeds: feeds are staged already and no run took them; run the graph with "
                          "num_feeds = 0 first, or drop them with dpar_graph_put_feeds(g, NULL, 0)");
-    int *at = (int *)DPAR_MALLOC((size_t)(st->n ? st->n : 1) * sizeof *at);
-    if (!at) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_graph_put_feeds: out of host memory");
+    int *at = st->at;
     s = dpar__g_stage_match(st, feeds, num, at);
     st->host = false;
     for (int k = 0; k < st->n && !s; k++) {
@@ -13200,7 +13207,6 @@ static dpar_status dpar__g_put_feeds(dpar_graph *g, const dpar_graph_feed *feeds
         if (f->host && (s = dpar__array_scatter(st->src[k], f->host, true)))
             s = dpar__err(s, "dpar_graph_put_feeds: feed %s: %s", st->label[k], dpar_last_error());
     }
-    DPAR_FREE(at);
     st->full = !s;
     return s;
 }
