@@ -11,7 +11,7 @@
    than one segment per device) and dpar_device_stats counts the same ops per
    step either way. The same MLP on a 1x1 mesh records its SGD step too, and
    records again without it once dpar_graph_set_lr changes the rate; on a 4x1 mesh its loss and gradients
-   share one bucket and split no recording. A bad label inside a recorded segment is still
+   share one bucket, whose copies back are recorded with the SGD step. A bad label inside a recorded segment is still
    reported by the step that used it, and the next good step runs. The CPU
    backend records nothing; NULL is refused. A 1-device runtime runs fn on the caller's thread
    (DPAR_CALLER_THREAD=1, the default) bit for bit as on its worker (=0), on Vulkan and on the CPU. Every case but the last runs on
