@@ -1377,9 +1377,10 @@ DPAR_API dpar_status dpar_attention(dpar_buffer *out, dpar_buffer *stats, const 
      dp_ij = dout_i . v_j;  D_i = sum_j P_ij dp_ij;  ds_ij = P_ij (dp_ij - D_i)
      dq_i = scale sum_j ds_ij k_j;  dk_j = scale sum_i ds_ij q_i;  dv_j = sum_i P_ij dout_i
    dq, dk, dv shaped like q, k, v (any may be NULL: not computed, but not all three); stats: the
-   forward's (its [.., 1] column is overwritten with D_i); dout like out; scale and causal as given to
-   the forward. Two passes (one over query rows for dq and D, one over key rows for dk, dv), no
-   Tq x Tk matrix, deterministic (no atomics). Errors: as dpar_attention. */
+   forward's (its [.., 1] column is the backward's scratch: D_i); dout like out; scale and causal as
+   given to the forward. Two passes (one over query rows for dq and D, one over key rows for dk, dv; on
+   the CPU backend the second finds D itself, so a call without dq runs it alone), no Tq x Tk matrix,
+   deterministic (no atomics). Errors: as dpar_attention. */
 DPAR_API dpar_status dpar_attention_backward(dpar_buffer *dq, dpar_buffer *dk, dpar_buffer *dv, dpar_buffer *stats,
                                              const dpar_buffer *dout, const dpar_buffer *q, const dpar_buffer *k,
                                              const dpar_buffer *v, float scale, bool causal);
@@ -2911,7 +2912,7 @@ typedef enum dpar__op_kind {
     DPAR__OP_ATTN,           /* dst out, dst2 stats or NULL, src0 q, src1 k, src2 v; f[0] scale,
                                 p[0] batch, p[1] Tq, p[2] Tk, p[3] D, p[4] Dv, p[5] causal */
     DPAR__OP_ATTN_BWD_Q,     /* dst stats (reads lse, writes D), dst2 dq or NULL, src0 dout, src1 q, src2 k, src3 v */
-    DPAR__OP_ATTN_BWD_KV,    /* dst stats (read), dst2 dk, dst3 dv (NULL: skip), src0..3 as ATTN_BWD_Q */
+    DPAR__OP_ATTN_BWD_KV,    /* dst stats (read; CPU: writes D), dst2 dk, dst3 dv (NULL: skip), src0..3 as _Q */
     /* >>optim kinds (see >>optim) */
     DPAR__OP_ADAMW,     /* dst param, dst2 m, dst3 v, src0 grad; f[0]=lr f[1]=b1 f[2]=b2 f[3]=eps
                            f[4]=weight_decay f[5]=clip_scale f[6]=1/(1-b1^t) f[7]=1/(1-b2^t) */
@@ -8815,7 +8816,9 @@ DPAR_API dpar_status dpar_attention_backward(dpar_buffer *dq, dpar_buffer *dk, d
     op.src1 = q;
     op.src2 = k;
     op.src3 = v;
-    if ((s = dpar__op_run(&op))) return s;
+    /* the CPU's pass 2 computes D itself (the same bits): pass 1 only for dq there (the graph asks for
+       dq, dk and dv in three calls; each ran pass 1) */
+    if ((dq || stats->rt->be->kind != DPAR_BACKEND_CPU) && (s = dpar__op_run(&op))) return s;
     if (!dk && !dv) return DPAR_OK;
     op.kind = DPAR__OP_ATTN_BWD_KV; /* pass 2, over key rows: dk, dv (stats only read) */
     op.dst2 = dk;
@@ -16393,11 +16396,12 @@ static void *dpar__attn_scratch(const dpar__attn_geo *g, const char *fn, size_t 
     return p;
 }
 /* One row of attention's dS = P (dP - D): dr[j] = p[j] (dr[j] - D) with D = sum_j p[j] dr[j] (have_d: D
-   given), in double; returns D. f32: D as DPAR__NORM_LANES partial sums (element j in lane j % 8), the
-   lanes on one AVX-512 vector where there is one; f64: D summed in order. */
+   given; rnd: D computed, then rounded to the element type before use, as pass 2 reads it back from
+   the stats), in double; returns D. f32: D as DPAR__NORM_LANES partial sums (element j in lane j % 8),
+   the lanes on one AVX-512 vector where there is one; f64: D summed in order (rnd changes nothing). */
 #ifdef DPAR__X86_SIMD
 __attribute__((target("avx512f"))) static int64_t dpar__attn_dsrow_avx512(const float *p, float *dr, int64_t n,
-                                                                          int have_d, double *D, double *l) {
+                                                                          int have_d, int rnd, double *D, double *l) {
     int64_t j = 0;
     if (!have_d) {
         __m512d acc = _mm512_setzero_pd();
@@ -16407,6 +16411,7 @@ __attribute__((target("avx512f"))) static int64_t dpar__attn_dsrow_avx512(const 
         _mm512_storeu_pd(l, acc);
         for (int64_t k = j; k < n; k++) l[k % DPAR__NORM_LANES] += (double)p[k] * (double)dr[k];
         *D = dpar__norm_lanes_sum(l);
+        if (rnd) *D = (double)(float)*D;
     }
     const __m512d d = _mm512_set1_pd(*D);
     for (j = 0; j + 8 <= n; j += 8) {
@@ -16416,23 +16421,25 @@ __attribute__((target("avx512f"))) static int64_t dpar__attn_dsrow_avx512(const 
     return j;
 }
 #endif
-static double dpar__attn_dsrow_f32(const float *p, float *dr, int64_t n, int have_d, double D) {
+static double dpar__attn_dsrow_f32(const float *p, float *dr, int64_t n, int have_d, int rnd, double D) {
     double l[DPAR__NORM_LANES] = { 0 };
     int64_t j = 0;
 #ifdef DPAR__X86_SIMD
     if (__builtin_cpu_supports("avx512f")) {
-        j = dpar__attn_dsrow_avx512(p, dr, n, have_d, &D, l);
+        j = dpar__attn_dsrow_avx512(p, dr, n, have_d, rnd, &D, l);
         have_d = 1;
     }
 #endif
     if (!have_d) {
         for (int64_t k = 0; k < n; k++) l[k % DPAR__NORM_LANES] += (double)p[k] * (double)dr[k];
         D = dpar__norm_lanes_sum(l);
+        if (rnd) D = (double)(float)D;
     }
     for (; j < n; j++) dr[j] = (float)((double)p[j] * ((double)dr[j] - D));
     return D;
 }
-static double dpar__attn_dsrow_f64(const double *p, double *dr, int64_t n, int have_d, double D) {
+static double dpar__attn_dsrow_f64(const double *p, double *dr, int64_t n, int have_d, int rnd, double D) {
+    (void)rnd; /* D is already a double */
     if (!have_d)
         for (int64_t j = 0; j < n; j++) D += p[j] * dr[j];
     for (int64_t j = 0; j < n; j++) dr[j] = p[j] * (dr[j] - D);
@@ -16447,8 +16454,9 @@ static void dpar__exp_shifted_f64(double *e, const double *z, double mx, int64_t
    PROBS: P[r, j] = exp(scale q_i . k_j - lse_i) for query rows i = i0 + r < i1, keys j < nk (ld nk);
    zero past row i's last key. lse_i: from st (st_lse) or computed and stored there (P normalized
    either way). DSCORES: dS = P (dP - D_i) with dP = dout V^T, for one block of query rows; D_i
-   computed (and stored) or read. FWD: the forward. BWDQ: pass 1 over query rows: D_i = sum_j P_ij
-   dp_ij into stats[.., 1], dq_i = scale sum_j ds_ij k_j. BWDKV: pass 2: dk = scale dS^T q,
+   computed and stored in stats[.., 1], used as computed (pass 1) or as stored, rounded to T (pass 2:
+   the D that pass 1 leaves there, so pass 2 needs no pass 1 before it). FWD: the forward. BWDQ:
+   pass 1 over query rows: D_i, dq_i = scale sum_j ds_ij k_j. BWDKV: pass 2: dk = scale dS^T q,
    dv = P^T dout, summed over the query-row blocks in order. */
 #define DPAR__ATTN_DEF(PROBS, DSCORES, FWD, BWDQ, BWDKV, T, GEMM, EXPSH, DSROW)                                        \
     static void PROBS(dpar__cpu *c, int dev, const dpar__attn_geo *g, int64_t b, int64_t i0, int64_t i1, int64_t nk,   \
@@ -16478,16 +16486,11 @@ static void dpar__exp_shifted_f64(double *e, const double *z, double mx, int64_t
         }                                                                                                              \
     }                                                                                                                  \
     static void DSCORES(dpar__cpu *c, int dev, const dpar__attn_geo *g, int64_t b, int64_t i0, int64_t i1, int64_t nk, \
-                        const T *dO, const T *V, T *st, int st_d, const T *P, T *dS) {                                 \
+                        const T *dO, const T *V, T *st, int rnd, const T *P, T *dS) {                                  \
         GEMM(c, dev, i1 - i0, nk, g->dv, 0, 1, 1.0f, dO + (b * g->tq + i0) * g->dv, V + b * g->tk * g->dv, 0.0f, dS);  \
         for (int64_t i = i0; i < i1; i++) {                                                                            \
-            const T *pr = P + (i - i0) * nk;                                                                           \
-            T *dr = dS + (i - i0) * nk;                                                                                \
             int64_t row = b * g->tq + i;                                                                               \
-            if (st_d)                                                                                                  \
-                DSROW(pr, dr, nk, 1, (double)st[2 * row + 1]);                                                         \
-            else                                                                                                       \
-                st[2 * row + 1] = (T)DSROW(pr, dr, nk, 0, 0.0);                                                        \
+            st[2 * row + 1] = (T)DSROW(P + (i - i0) * nk, dS + (i - i0) * nk, nk, 0, rnd, 0.0);                        \
         }                                                                                                              \
     }                                                                                                                  \
     static dpar_status FWD(dpar__cpu *c, int dev, const dpar__op *op) {                                                \
