@@ -15101,16 +15101,38 @@ __attribute__((target("avx2"))) static int64_t dpar__bias_add_avx2(float *y, con
 }
 /* column sums s[j] = ((0 + x[0][j]) + x[1][j]) + ..., then y[j] = (beta ? beta y[j] : 0) + s[j], for j < n8,
    n8 = n rounded down to 8, of x's m rows of stride ld */
+/* y[j] = beta y[j] + (sum over rows of x[., j]) for 8 columns from j, the sum in row order */
+__attribute__((target("avx2"))) static void dpar__bias_grad_put8(float *y, __m256 acc, float beta) {
+    __m256 base = beta == 0.0f ? _mm256_setzero_ps() : _mm256_mul_ps(_mm256_set1_ps(beta), _mm256_loadu_ps(y));
+    _mm256_storeu_ps(y, _mm256_add_ps(base, acc));
+}
+/* 64 columns at a time (8 sums in flight: one chain of dependent adds ran at a quarter of the adder's
+   rate, measured 5.7% of the GPT step), then 8; each column still adds its rows in order */
 __attribute__((target("avx2"))) static int64_t dpar__bias_grad_avx2(float *y, const float *x, int64_t m, int64_t ld,
                                                                     int64_t n, float beta) {
-    int64_t n8 = n / 8 * 8;
-    for (int64_t j = 0; j < n8; j += 8) {
+    int64_t j = 0;
+    for (; j + 64 <= n; j += 64) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+        for (int64_t i = 0; i < m; i++) {
+            const float *r = x + i * ld + j;
+            a0 = _mm256_add_ps(a0, _mm256_loadu_ps(r));
+            a1 = _mm256_add_ps(a1, _mm256_loadu_ps(r + 8));
+            a2 = _mm256_add_ps(a2, _mm256_loadu_ps(r + 16));
+            a3 = _mm256_add_ps(a3, _mm256_loadu_ps(r + 24));
+            a4 = _mm256_add_ps(a4, _mm256_loadu_ps(r + 32));
+            a5 = _mm256_add_ps(a5, _mm256_loadu_ps(r + 40));
+            a6 = _mm256_add_ps(a6, _mm256_loadu_ps(r + 48));
+            a7 = _mm256_add_ps(a7, _mm256_loadu_ps(r + 56));
+        }
+        __m256 acc[8] = { a0, a1, a2, a3, a4, a5, a6, a7 };
+        for (int k = 0; k < 8; k++) dpar__bias_grad_put8(y + j + 8 * k, acc[k], beta);
+    }
+    for (; j + 8 <= n; j += 8) {
         __m256 acc = _mm256_setzero_ps();
         for (int64_t i = 0; i < m; i++) acc = _mm256_add_ps(acc, _mm256_loadu_ps(x + i * ld + j));
-        __m256 base = beta == 0.0f ? _mm256_setzero_ps() : _mm256_mul_ps(_mm256_set1_ps(beta), _mm256_loadu_ps(y + j));
-        _mm256_storeu_ps(y + j, _mm256_add_ps(base, acc));
+        dpar__bias_grad_put8(y + j, acc, beta);
     }
-    return n8;
+    return j;
 }
 #endif
 

@@ -162,6 +162,24 @@ static void test_bias(void **st) {
     float db2[3];
     t_read(g, db2);
     for (int j = 0; j < 3; j++) assert_true(db2[j] == 0.5f * db[j] + db[j]);
+    /* 139 columns: two blocks of 64, one of 8 and 3 left (every loop of the vector path); magnitudes 1
+       and 2^20 plus tenths, so that another order of the row sums would show (reversed rows, or 8
+       interleaved partial sums, change 123-125 of the 139 sums); exact against the rows added in order */
+    enum { GR = 37, GC = 139 };
+    static float gx[GR * GC], gb[GC], gs[GC];
+    for (int i = 0; i < GR * GC; i++) gx[i] = ival(i, 7) * (i % 5 == 0 ? 1048576.0f : 1.0f) + 0.1f * (float)(i % 3);
+    for (int j = 0; j < GC; j++) gb[j] = ival(j, 3);
+    int64_t gsh[2] = { GR, GC }, gn = GC;
+    dpar_buffer *gdy = mkf(2, gsh, gx), *gdb = t_buf(RT, 0, DPAR_F32, 1, &gn, gb);
+    T_OK(dpar_bias_grad(gdb, gdy, 0.5f));
+    t_read(gdb, gs);
+    for (int j = 0; j < GC; j++) {
+        float s = 0;
+        for (int r = 0; r < GR; r++) s += gx[r * GC + j];
+        assert_true(gs[j] == 0.5f * gb[j] + s);
+    }
+    dpar_buffer_destroy(gdy);
+    dpar_buffer_destroy(gdb);
     int64_t s4 = 4, s23[2] = { 2, 3 };
     dpar_buffer *b4 = t_buf1(RT, DPAR_F32, 4, NULL), *b2d = mkf(2, s23, NULL),
                 *bi = t_buf(RT, 0, DPAR_I32, 1, ys + 2, NULL), *bo = t_buf(RT, 1, DPAR_F32, 1, ys + 2, NULL);
