@@ -180,6 +180,19 @@ static void test_bias(void **st) {
     }
     dpar_buffer_destroy(gdy);
     dpar_buffer_destroy(gdb);
+    /* axpy: y += alpha x, a rounded multiply then the add, exactly; 37 elements (vector loop and tail),
+       then x aliasing y */
+    float ay0[37], ax[37], ay[37];
+    for (int i = 0; i < 37; i++) ay0[i] = ival(i, 5) + 0.1f * (float)i, ax[i] = ival(i, 6) * 0.3f + 1e-3f * (float)i;
+    dpar_buffer *bay = t_buf1(RT, DPAR_F32, 37, ay0), *bax = t_buf1(RT, DPAR_F32, 37, ax);
+    T_OK(dpar_axpy(bay, 0.7f, bax));
+    t_read(bay, ay);
+    for (int i = 0; i < 37; i++) assert_true(ay[i] == ay0[i] + 0.7f * ax[i]);
+    T_OK(dpar_axpy(bax, -0.5f, bax));
+    t_read(bax, ay);
+    for (int i = 0; i < 37; i++) assert_true(ay[i] == ax[i] + -0.5f * ax[i]);
+    dpar_buffer_destroy(bay);
+    dpar_buffer_destroy(bax);
     int64_t s4 = 4, s23[2] = { 2, 3 };
     dpar_buffer *b4 = t_buf1(RT, DPAR_F32, 4, NULL), *b2d = mkf(2, s23, NULL),
                 *bi = t_buf(RT, 0, DPAR_I32, 1, ys + 2, NULL), *bo = t_buf(RT, 1, DPAR_F32, 1, ys + 2, NULL);
