@@ -15305,8 +15305,28 @@ static void dpar__exp_f32(float *y, const float *x, int64_t n) {
 #endif
     for (; i < n; i++) y[i] = dpar__exp_f32_1(x[i]);
 }
-/* e[j] = exp(z[j] - mx), j < n (the softmax and cross-entropy rows; the difference rounded to f32) */
+#ifdef DPAR__X86_SIMD
+/* dpar__exp_shifted_f32 on 16 lanes, the subtraction in the register (the scalar loop that wrote the
+   differences first was a third of attention's row work) */
+__attribute__((target("avx512f"))) static void dpar__exp_shifted_avx512(float *e, const float *z, float mx, int64_t n) {
+    const __m512 m = _mm512_set1_ps(mx);
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) _mm512_storeu_ps(e + j, dpar__exp_f32_v16(_mm512_sub_ps(_mm512_loadu_ps(z + j), m)));
+    if (j < n) {
+        __mmask16 k = (__mmask16)((1u << (n - j)) - 1u);
+        _mm512_mask_storeu_ps(e + j, k, dpar__exp_f32_v16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, z + j), m)));
+    }
+}
+#endif
+/* e[j] = exp(z[j] - mx), j < n (the softmax, cross-entropy and attention rows; the difference rounded
+   to f32; e may be z) */
 static void dpar__exp_shifted_f32(float *e, const float *z, float mx, int64_t n) {
+#ifdef DPAR__X86_SIMD
+    if (__builtin_cpu_supports("avx512f")) {
+        dpar__exp_shifted_avx512(e, z, mx, n);
+        return;
+    }
+#endif
     for (int64_t j = 0; j < n; j++) e[j] = z[j] - mx;
     dpar__exp_f32(e, e, n);
 }
@@ -16480,12 +16500,40 @@ static double dpar__attn_dsrow_f64(const double *p, double *dr, int64_t n, int h
     for (int64_t j = 0; j < n; j++) dr[j] = p[j] * (dr[j] - D);
     return D;
 }
+/* the largest of r[0..n) that is not NaN (-inf for none), as the loop r[j] > mx ? r[j] : mx: lanes
+   then a fold give the same maximum (a zero's sign may differ, which no use of it can tell: z - mx and
+   mx + log(se) come out the same) */
+#ifdef DPAR__X86_SIMD
+__attribute__((target("avx512f"))) static float dpar__rowmax_avx512(const float *r, int64_t n) {
+    __m512 m = _mm512_set1_ps(-INFINITY);
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) m = _mm512_max_ps(_mm512_loadu_ps(r + j), m); /* NaN lanes keep m */
+    if (j < n) {
+        __mmask16 k = (__mmask16)((1u << (n - j)) - 1u);
+        m = _mm512_mask_max_ps(m, k, _mm512_maskz_loadu_ps(k, r + j), m);
+    }
+    return _mm512_reduce_max_ps(m);
+}
+#endif
+static float dpar__rowmax_f32(const float *r, int64_t n) {
+    float mx = -INFINITY;
+#ifdef DPAR__X86_SIMD
+    if (__builtin_cpu_supports("avx512f")) return dpar__rowmax_avx512(r, n);
+#endif
+    for (int64_t j = 0; j < n; j++) mx = r[j] > mx ? r[j] : mx;
+    return mx;
+}
+static double dpar__rowmax_f64(const double *r, int64_t n) {
+    double mx = -INFINITY;
+    for (int64_t j = 0; j < n; j++) mx = r[j] > mx ? r[j] : mx;
+    return mx;
+}
 /* e[j] = exp(z[j] - mx) in double: the f64 attention's dpar__exp_shifted_f32 */
 static void dpar__exp_shifted_f64(double *e, const double *z, double mx, int64_t n) {
     for (int64_t j = 0; j < n; j++) e[j] = exp(z[j] - mx);
 }
 /* The attention kernels, one body for f32 and f64 (>>f64 api; stats then f64 too): element type T,
-   its GEMM (dpar__cpu_sgemm, dpar__cpu64_gemm) and shifted exp; sums and lse in double either way.
+   its GEMM (dpar__cpu_sgemm, dpar__cpu64_gemm), shifted exp, dS row and row max; sums and lse in double.
    PROBS: P[r, j] = exp(scale q_i . k_j - lse_i) for query rows i = i0 + r < i1, keys j < nk (ld nk);
    zero past row i's last key. lse_i: from st (st_lse) or computed and stored there (P normalized
    either way). DSCORES: dS = P (dP - D_i) with dP = dout V^T, for one block of query rows; D_i
@@ -16493,7 +16541,7 @@ static void dpar__exp_shifted_f64(double *e, const double *z, double mx, int64_t
    the D that pass 1 leaves there, so pass 2 needs no pass 1 before it). FWD: the forward. BWDQ:
    pass 1 over query rows: D_i, dq_i = scale sum_j ds_ij k_j. BWDKV: pass 2: dk = scale dS^T q,
    dv = P^T dout, summed over the query-row blocks in order. */
-#define DPAR__ATTN_DEF(PROBS, DSCORES, FWD, BWDQ, BWDKV, T, GEMM, EXPSH, DSROW)                                        \
+#define DPAR__ATTN_DEF(PROBS, DSCORES, FWD, BWDQ, BWDKV, T, GEMM, EXPSH, DSROW, ROWMAX)                                \
     static void PROBS(dpar__cpu *c, int dev, const dpar__attn_geo *g, int64_t b, int64_t i0, int64_t i1, int64_t nk,   \
                       const T *Q, const T *K, T *st, int st_lse, T *P) {                                               \
         GEMM(c, dev, i1 - i0, nk, g->d, 0, 1, g->scale, Q + (b * g->tq + i0) * g->d, K + b * g->tk * g->d, 0.0f, P);   \
@@ -16504,9 +16552,8 @@ static void dpar__exp_shifted_f64(double *e, const double *z, double mx, int64_t
             if (st_lse) {                                                                                              \
                 lse = (double)st[2 * row];                                                                             \
             } else {                                                                                                   \
-                T mx = -INFINITY;                                                                                      \
+                T mx = ROWMAX(pr, nj);                                                                                 \
                 double se = 0.0;                                                                                       \
-                for (int64_t j = 0; j < nj; j++) mx = pr[j] > mx ? pr[j] : mx;                                         \
                 for (int64_t j0 = 0; j0 < nj; j0 += DPAR__EXP_BLOCK) {                                                 \
                     T e[DPAR__EXP_BLOCK];                                                                              \
                     int64_t nb = nj - j0 < DPAR__EXP_BLOCK ? nj - j0 : (int64_t)DPAR__EXP_BLOCK;                       \
@@ -16591,9 +16638,10 @@ static void dpar__exp_shifted_f64(double *e, const double *z, double mx, int64_t
         return DPAR_OK;                                                                                                \
     }
 DPAR__ATTN_DEF(dpar__attn_probs, dpar__attn_dscores, dpar__cpu_attn, dpar__cpu_attn_bwd_q, dpar__cpu_attn_bwd_kv, float,
-               dpar__cpu_sgemm, dpar__exp_shifted_f32, dpar__attn_dsrow_f32)
+               dpar__cpu_sgemm, dpar__exp_shifted_f32, dpar__attn_dsrow_f32, dpar__rowmax_f32)
 DPAR__ATTN_DEF(dpar__attn64_probs, dpar__attn64_dscores, dpar__cpu64_attn, dpar__cpu64_attn_bwd_q,
-               dpar__cpu64_attn_bwd_kv, double, dpar__cpu64_gemm, dpar__exp_shifted_f64, dpar__attn_dsrow_f64)
+               dpar__cpu64_attn_bwd_kv, double, dpar__cpu64_gemm, dpar__exp_shifted_f64, dpar__attn_dsrow_f64,
+               dpar__rowmax_f64)
 #undef DPAR__ATTN_DEF
 static dpar_status dpar__cpu_op_attn(DPAR__CPU_OP_ARGS) {
     DPAR__CPU_OP_UNUSED;
