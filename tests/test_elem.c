@@ -274,6 +274,29 @@ static void test_binary_broadcast_and_grad(void **state) {
     }
 }
 
+/* add without broadcast: da = db = 0 + dy exactly (as the sum over one element: -0 gives +0, NaN stays) */
+static void test_binary_add_grad_exact(void **state) {
+    (void)state;
+    int64_t sh[2] = { 3, 7 };
+    float w[21], da[21], db[21];
+    for (int i = 0; i < 21; i++) w[i] = (float)(i - 10) * 0.37f;
+    w[3] = -0.0f, w[4] = NAN, w[5] = -INFINITY;
+    dpar_buffer *a = mk(g_rt, DPAR_F32, 2, sh), *b = mk(g_rt, DPAR_F32, 2, sh), *dy = mk(g_rt, DPAR_F32, 2, sh);
+    dpar_buffer *ga = mk(g_rt, DPAR_F32, 2, sh), *gb = mk(g_rt, DPAR_F32, 2, sh);
+    put(dy, w);
+    T_OK(dpar_binary_backward(ga, gb, dy, a, b, DPAR_BINARY_ADD));
+    get(ga, da);
+    get(gb, db);
+    for (int i = 0; i < 21; i++) {
+        float e = 0.0f + w[i];
+        assert_true(i == 4 ? isnan(da[i]) && isnan(db[i])
+                           : memcmp(&da[i], &e, sizeof e) == 0 && memcmp(&db[i], &e, sizeof e) == 0);
+    }
+    assert_true(!signbit(da[3]) && !signbit(db[3]));
+    dpar_buffer *all[5] = { a, b, dy, ga, gb };
+    for (int i = 0; i < 5; i++) dpar_buffer_destroy(all[i]);
+}
+
 /* ---- reductions ---------------------------------------------------------------------- */
 typedef struct rcase {
     int nd;
@@ -1086,6 +1109,7 @@ int main(void) {
         cmocka_unit_test(test_unary_exact),
         cmocka_unit_test(test_unary_grad),
         cmocka_unit_test(test_binary_broadcast_and_grad),
+        cmocka_unit_test(test_binary_add_grad_exact),
         cmocka_unit_test(test_reduce),
         cmocka_unit_test(test_reduce_nan_and_ties),
         cmocka_unit_test(test_softmax_grad),
