@@ -881,9 +881,10 @@ static dpar_status dpar__vk_dispatch(dpar__vk *st, int dev, int id, dpar__vkbuf 
     return dpar__vk_dispatch3(st, dev, id, b, pc, gx, gy, 1);
 }
 
-/* Records vkCmdFillBuffer (src == NULL) or vkCmdCopyBuffer src -> dst. */
-static dpar_status dpar__vk_transfer(dpar__vk *st, int dev, dpar__vkbuf *dst, dpar__vkbuf *src, VkDeviceSize size,
-                                     uint32_t pattern) {
+/* Records vkCmdFillBuffer of dst's first `size` bytes (src == NULL) or vkCmdCopyBuffer of `size` bytes from
+   src at byte soff to dst at byte doff. */
+static dpar_status dpar__vk_transfer(dpar__vk *st, int dev, dpar__vkbuf *dst, dpar__vkbuf *src, VkDeviceSize soff,
+                                     VkDeviceSize doff, VkDeviceSize size, uint32_t pattern) {
     dpar__vkdev *d = &st->devs[dev];
     dpar__mutex_lock(&d->lock);
     dpar__vkframe *f;
@@ -896,8 +897,8 @@ static dpar_status dpar__vk_transfer(dpar__vk *st, int dev, dpar__vkbuf *dst, dp
     dpar__vk_cmd_barrier(st, f->cb);
     if (src) {
         VkBufferCopy r;
-        r.srcOffset = 0;
-        r.dstOffset = 0;
+        r.srcOffset = soff;
+        r.dstOffset = doff;
         r.size = size;
         st->vkCmdCopyBuffer(f->cb, src->buf, dst->buf, 1, &r);
         s = dpar__vk_used(rec, src, f->serial);
@@ -1665,7 +1666,7 @@ static dpar_status dpar__vk_alloc(void *state, int dev, size_t nbytes, void **me
             DPAR_FREE(b);
             return s;
         }
-    } else if ((s = dpar__vk_transfer(st, dev, b, NULL, b->size, 0)) != DPAR_OK) {
+    } else if ((s = dpar__vk_transfer(st, dev, b, NULL, 0, 0, b->size, 0)) != DPAR_OK) {
         dpar__vk_destroy_vkbuf(st, b);
         DPAR_FREE(b);
         return s;
@@ -1890,7 +1891,13 @@ static dpar_status dpar__vk_op_elem(dpar__vk *st, int dev, const dpar__op *op, d
         pc->flags = op->kind == DPAR__OP_SOFTMAX_BWD ? 1u : 0u;
         items = (uint64_t)op->m;
         break;
-    default: id = DPAR__SPV_STRIDED; break; /* DPAR__OP_STRIDED */
+    default: /* DPAR__OP_STRIDED; one contiguous run (a graph bucket's copies, concat on axis 0) is a buffer
+                copy: on llvmpipe such a dispatch cost ~75 us of its threads, a copy a few (results.md) */
+        id = DPAR__SPV_STRIDED;
+        if (items && b[0] != b[2] && op->p[7] == 1 && op->p[11] == 1 && op->p[0] * op->p[1] * op->p[2] == 1)
+            return dpar__vk_transfer(st, dev, b[0], b[2], 4 * (VkDeviceSize)op->p[12], 4 * (VkDeviceSize)op->p[13],
+                                     4 * items, 0);
+        break;
     }
     if (items == 0) return DPAR_OK;
     return dpar__vk_dispatch(st, dev, id, b, pc, dpar__vk_groups(ph, items), 1);
@@ -2167,15 +2174,15 @@ static dpar_status dpar__vk_op_basic(dpar__vk *st, int dev, const dpar__op *op, 
         return dpar__vk_dispatch(st, dev, DPAR__SPV_REDUCE, b, pc, 1, 1);
     case DPAR__OP_FILL:
         if (n == 0) return DPAR_OK;
-        return dpar__vk_transfer(st, dev, dst, NULL, dst->size, dpar__vk_fill_pattern(op->dst->dtype, op->f[0]));
+        return dpar__vk_transfer(st, dev, dst, NULL, 0, 0, dst->size, dpar__vk_fill_pattern(op->dst->dtype, op->f[0]));
     case DPAR__OP_COPY:
         if (op->dst->nbytes == 0 || dst == src0) return DPAR_OK;
-        return dpar__vk_transfer(st, dev, dst, src0, op->dst->nbytes, 0);
+        return dpar__vk_transfer(st, dev, dst, src0, 0, 0, op->dst->nbytes, 0);
     case DPAR__OP_CAST: {
         if (n == 0) return DPAR_OK;
         if (op->dst->dtype == op->src0->dtype) {
             if (dst == src0) return DPAR_OK;
-            return dpar__vk_transfer(st, dev, dst, src0, op->dst->nbytes, 0);
+            return dpar__vk_transfer(st, dev, dst, src0, 0, 0, op->dst->nbytes, 0);
         }
         pc->n = (uint32_t)n;
         pc->flags = (uint32_t)op->src0->dtype | ((uint32_t)op->dst->dtype << 8);

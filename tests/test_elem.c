@@ -750,6 +750,15 @@ static int64_t run_program(dpar_runtime *rt, float *out) {
     const dpar_buffer *two[2] = { x, y };
     T_OK(dpar_concat(cc, two, 2, 1));
     OUT(cc);
+    /* along axis 0 each part is one contiguous run at an offset (on Vulkan a buffer copy, not a shader) */
+    int64_t cs0[3] = { 6, 5, 67 }, s1r[3] = { 1, 0, 0 };
+    dpar_buffer *cc0 = mk(rt, DPAR_F32, 3, cs0), *sr0 = mk(rt, DPAR_F32, 3, (int64_t[3]){ 2, 5, 67 });
+    T_OK(dpar_concat(cc0, two, 2, 0));
+    OUT(cc0);
+    T_OK(dpar_slice(sr0, x, s1r, NULL)); /* rows 1..2: one run from an offset */
+    OUT(sr0);
+    dpar_buffer_destroy(cc0);
+    dpar_buffer_destroy(sr0);
     /* 6 dims that do not merge: the core issues the op once per outer index (offsets p[12..14]) */
     int64_t s6a[6] = { 2, 1, 3, 1, 2, 5 }, s6b[6] = { 1, 4, 1, 2, 1, 5 }, s6y[6] = { 2, 4, 3, 2, 2, 5 };
     int64_t s2d[3] = { 4, 2, 5 };
