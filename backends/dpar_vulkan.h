@@ -2605,8 +2605,11 @@ static dpar_status dpar__vk_buffer_release(void *obj) {
 /* >>vulkan program ===========================================================
    The backend's prog_* hooks (>>graph program in dpar.h): a graph records a
    device's run of ops once into a command buffer (descriptor sets made once,
-   push constants baked in) and re-submits it every step. A submit first
-   waits for the recording's previous submit (it is not SIMULTANEOUS_USE), then submits the
+   push constants baked in) and re-submits it every step. A recording is
+   SIMULTANEOUS_USE: a submit does not wait for its previous submit (the
+   queue runs them in order, and the first command's full barrier orders it
+   after every earlier submission), so the host can queue step k+1 while the
+   device runs step k (up to the ring's DPAR__VK_FRAMES batches). It submits the
    recording in one vkQueueSubmit after the ring's open batch (a step's staged
    feed copies, >>graph feeds in dpar.h), or alone with the fence of a bare
    batch (no command buffer of its own to record) when none is open; that
@@ -2636,8 +2639,9 @@ static dpar_status dpar__vk_prog_begin(void *state, int dev) {
     ai.commandBufferCount = 1;
     VkCommandBufferBeginInfo bi;
     memset(&bi, 0, sizeof bi);
-    bi.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO; /* no ONE_TIME_SUBMIT: submitted every step */
-    dpar__mutex_lock(&d->lock);                             /* the command pool is externally synchronized */
+    bi.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO;
+    bi.flags = VK_COMMAND_BUFFER_USAGE_SIMULTANEOUS_USE_BIT; /* submitted every step, the next before this one ran */
+    dpar__mutex_lock(&d->lock);                              /* the command pool is externally synchronized */
     VkResult vr = st->vkAllocateCommandBuffers(d->ph->device, &ai, &p->fr.cb);
     if (vr == VK_SUCCESS && (vr = st->vkBeginCommandBuffer(p->fr.cb, &bi)) != VK_SUCCESS)
         st->vkFreeCommandBuffers(d->ph->device, d->cmd_pool, 1, &p->fr.cb);
@@ -2691,7 +2695,6 @@ static dpar_status dpar__vk_prog_submit(void *state, int dev, void *prog) {
     if (dpar__vk_rec) return dpar__vk_rec_refuse("a program submit");
     dpar__mutex_lock(&d->lock);
     dpar_status s = dpar__vk_check_lost(st);
-    if (!s && p->serial > d->completed) s = dpar__vk_wait_serial(d, p->serial); /* the open batch is newer */
     dpar__vkframe *f = NULL;
     if (!s) s = dpar__vk_begin_batch(d, d->cur < 0, &f); /* the open batch (its commands run first), else a bare one */
     if (!s) {

@@ -12,7 +12,8 @@
    step either way. The same MLP on a 1x1 mesh records its SGD step too, and
    records again without it once dpar_graph_set_lr changes the rate; on a 4x1 mesh its loss and gradients
    share one bucket, whose copies back are recorded with the SGD step. A bad label inside a recorded segment is still
-   reported by the step that used it, and the next good step runs. The CPU
+   reported by the step that used it, and the next good step runs. Steps fed by dpar_graph_put_feeds with
+   no loss read queue up behind each other and still give the op-by-op values. The CPU
    backend records nothing; NULL is refused. A 1-device runtime runs fn on the caller's thread
    (DPAR_CALLER_THREAD=1, the default) bit for bit as on its worker (=0), on Vulkan and on the CPU. Every case but the last runs on
    Vulkan and on CUDA; each skips when its backend is absent (tests/
@@ -307,6 +308,87 @@ static void data_parallel(dpar_backend_kind k) {
     pair_finish(&p, 10);
 }
 
+/* ---- steps queued while the device runs (>>vulkan program: recordings are SIMULTANEOUS_USE): a 1-device
+   softmax regression with SGD momentum (one recording a step, nothing between steps) fed by
+   dpar_graph_put_feeds and run with loss = NULL, so no step waits for the one before; a parameter read
+   between steps and dpar_graph_loss after them see the last step's values, and destroying the graph right
+   after its last run waits for it: bit for bit the op-by-op replay fed and read step by step ---- */
+typedef struct softreg {
+    dpar_graph *g;
+    dpar_array *w[2];
+    dpar_value x, y;
+} softreg;
+static void softreg_build(softreg *t, dpar_mesh *m, float *const init[2]) {
+    const int64_t sw[2] = { MD, MC }, sb[1] = { MC };
+    t->w[0] = arr(m, 2, sw, NULL, init[0]), t->w[1] = arr(m, 1, sb, NULL, init[1]);
+    T_OK(dpar_graph_create(m, &t->g));
+    dpar_graph *g = t->g;
+    dpar_array_desc xd = { DPAR_F32, 2, { MB, MD }, { "data" } }, yd = { DPAR_I32, 1, { MB }, { "data" } };
+    t->x = dpar_g_feed(g, "x", &xd), t->y = dpar_g_feed(g, "y", &yd);
+    dpar_value p[2] = { dpar_g_param(g, "w", t->w[0]), dpar_g_param(g, "b", t->w[1]) }, gr[2];
+    dpar_value z = dpar_g_bias_add(g, dpar_g_matmul(g, t->x, p[0], false, false), p[1]);
+    T_OK(dpar_graph_value_and_grad(g, dpar_g_softmax_xent(g, z, t->y), p, 2, gr));
+    T_OK(dpar_graph_sgd(g, &(dpar_sgd_desc){ .learning_rate = 0.3f, .momentum = 0.9f }, p, gr, 2));
+    T_OK(dpar_graph_compile(g, NULL));
+}
+static void softreg_batch(float *xs, int32_t *ys, int s) { /* step s's batch, the same for both graphs */
+    rng_state = 1000 + (uint64_t)s;
+    fill(xs, MB * MD, 1.0);
+    for (int i = 0; i < MB; i++) ys[i] = (int32_t)((i * 5 + s) % MC);
+}
+static void pipelined(dpar_backend_kind k) {
+    dpar_runtime *rt = t_runtime_or_skip(k, 1);
+    dpar_mesh *m = t_mesh1(rt, 1, "data");
+    static float w0[MD * MC], b0[MC], xs[MB * MD];
+    int32_t ys[MB];
+    rng_state = 23;
+    fill(w0, MD * MC, 1.0), fill(b0, MC, 0.1);
+    float *init[2] = { w0, b0 };
+    softreg t[2]; /* op by op, recorded */
+    for (int r = 0; r < 2; r++) softreg_build(&t[r], m, init);
+    float mid[2][MD * MC], last[2];
+    static float w[2][2][MD * MC]; /* zero past each parameter's own elements */
+    enum { QSTEPS = 12 };
+    for (int r = 0; r < 2; r++) /* the op-by-op graph's steps first: none of them between the queued ones */
+        for (int s = 0; s < QSTEPS + 3; s++) {
+            softreg_batch(xs, ys, s);
+            if (r == 0)
+                step(t[0].g, false, t[0].x, xs, t[0].y, ys, NULL);
+            else {
+                setenv("DPAR_GRAPH_RECORD", "1", 1); /* read at the graph's first run */
+                dpar_graph_feed f[2] = { { t[1].x, xs, NULL }, { t[1].y, ys, NULL } };
+                T_OK(dpar_graph_put_feeds(t[1].g, f, 2));
+                T_OK(dpar_graph_run(t[1].g, NULL, 0, NULL));
+            }
+            if (s == QSTEPS / 2) T_OK(dpar_array_get(t[r].w[0], mid[r])); /* steps in flight: waits for the last */
+            if (s == QSTEPS - 1) T_OK(dpar_graph_loss(t[r].g, &last[r]));
+        }
+    want_same(mid[0], mid[1], sizeof mid[0], "a parameter read between steps", QSTEPS / 2);
+    want_same(&last[0], &last[1], sizeof last[0], "dpar_graph_loss", QSTEPS - 1);
+    int seg = 0;
+    T_OK(dpar_graph_recorded(t[1].g, &seg, NULL));
+    if (seg != 1) fail_msg("%d segments; want the whole step in one recording", seg);
+    T_OK(dpar_graph_destroy(t[1].g)); /* right after its last run: waits for the queued steps */
+    for (int r = 0; r < 2; r++)
+        for (int i = 0; i < 2; i++) T_OK(dpar_array_get(t[r].w[i], w[r][i]));
+    want_same(w[0], w[1], sizeof w[0], "the parameters", QSTEPS + 3);
+    T_OK(dpar_graph_destroy(t[0].g));
+    for (int r = 0; r < 2; r++) dpar_array_destroy(t[r].w[0]), dpar_array_destroy(t[r].w[1]);
+    T_OK(dpar_mesh_destroy(m));
+    T_OK(dpar_runtime_destroy(rt));
+    printf("softmax regression on 1 %s device, staged feeds and no loss read: one recording, bit for bit over %d "
+           "queued steps\n",
+           be_name(k), QSTEPS + 3);
+}
+static void test_pipelined(void **st) {
+    (void)st;
+    pipelined(DPAR_BACKEND_VULKAN);
+}
+static void test_pipelined_cuda(void **st) {
+    (void)st;
+    pipelined(DPAR_BACKEND_CUDA);
+}
+
 /* ---- a bad label inside a recorded segment: reported by its step, then the graph runs on ---- */
 static dpar_graph *label_graph(dpar_mesh *m, dpar_array *w, dpar_value *x, dpar_value *y) {
     dpar_graph *g = NULL;
@@ -484,6 +566,7 @@ int main(void) {
         cmocka_unit_test(test_sgd_recorded),
         cmocka_unit_test(test_data_parallel),
         cmocka_unit_test(test_bad_label),
+        cmocka_unit_test(test_pipelined),
         cmocka_unit_test(test_caller_thread),
         cmocka_unit_test(test_caller_thread_cpu),
         cmocka_unit_test(test_cnn_1_cuda),
@@ -492,6 +575,7 @@ int main(void) {
         cmocka_unit_test(test_sgd_recorded_cuda),
         cmocka_unit_test(test_data_parallel_cuda),
         cmocka_unit_test(test_bad_label_cuda),
+        cmocka_unit_test(test_pipelined_cuda),
         cmocka_unit_test(test_cpu_and_bad_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
