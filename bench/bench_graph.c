@@ -4,7 +4,11 @@
    6 forward calls, 6 backward calls, a pmean per gradient, one fused SGD
    step in a shard_map) and the same step as a compiled graph replayed by
    dpar_graph_run. Both start from the same weights and see the same host
-   batches (uploaded every step).
+   batches (uploaded every step), each fed as its documented fast path
+   feeds it: the eager step by dpar_array_put into its input arrays, the
+   graph by dpar_graph_put_feeds (staged, double-buffered: on Vulkan the
+   next step is queued while the device runs the last) and a run with
+   num_feeds = 0 and loss = NULL.
 
    Interleaved (DESIGN §8): R rounds, each timing a block of K eager steps
    and a block of K graph steps (the order alternating per round), so a busy
@@ -158,7 +162,8 @@ static dpar_status block(dpar_mesh *mesh, eager *e, graphed *t, data *dt, int k,
         const int32_t *y = dt->y[dt->it % NB];
         if (graph) {
             dpar_graph_feed f[2] = { { t->x, x, NULL }, { t->y, y, NULL } };
-            CK(dpar_graph_run(t->g, f, 2, s + 1 == k ? loss : NULL));
+            CK(dpar_graph_put_feeds(t->g, f, 2)); /* staged: no wait for the step in flight */
+            CK(dpar_graph_run(t->g, NULL, 0, s + 1 == k ? loss : NULL));
         } else {
             CK(dpar_array_put(e->act[0], x));
             CK(dpar_array_put(e->y, y));
