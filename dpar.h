@@ -15108,15 +15108,15 @@ __attribute__((target("avx2"))) static int64_t dpar__bias_add_avx2(float *y, con
             _mm256_storeu_ps(y + i * n + j, _mm256_add_ps(_mm256_loadu_ps(y + i * n + j), _mm256_loadu_ps(b + j)));
     return n8;
 }
-/* column sums s[j] = ((0 + x[0][j]) + x[1][j]) + ..., then y[j] = (beta ? beta y[j] : 0) + s[j], for j < n8,
-   n8 = n rounded down to 8, of x's m rows of stride ld */
 /* y[j] = beta y[j] + (sum over rows of x[., j]) for 8 columns from j, the sum in row order */
 __attribute__((target("avx2"))) static void dpar__bias_grad_put8(float *y, __m256 acc, float beta) {
     __m256 base = beta == 0.0f ? _mm256_setzero_ps() : _mm256_mul_ps(_mm256_set1_ps(beta), _mm256_loadu_ps(y));
     _mm256_storeu_ps(y, _mm256_add_ps(base, acc));
 }
-/* 64 columns at a time (8 sums in flight: one chain of dependent adds ran at a quarter of the adder's
-   rate, measured 5.7% of the GPT step), then 8; each column still adds its rows in order */
+/* column sums s[j] = ((0 + x[0][j]) + x[1][j]) + ..., then y[j] = (beta ? beta y[j] : 0) + s[j], for j < n8,
+   n8 = n rounded down to 8, of x's m rows of stride ld; returns n8. 64 columns at a time (8 sums in
+   flight: one chain of dependent adds ran at a quarter of the adder's rate, measured 5.7% of the GPT
+   step), then 8; each column still adds its rows in order */
 __attribute__((target("avx2"))) static int64_t dpar__bias_grad_avx2(float *y, const float *x, int64_t m, int64_t ld,
                                                                     int64_t n, float beta) {
     int64_t j = 0;
