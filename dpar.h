@@ -14430,8 +14430,13 @@ static void dpar__cpu_range_part(void *arg, int part, int nparts) {
         r->fn(r->arg, lo, lo + r->chunk < r->n ? lo + r->chunk : r->n);
     }
 }
+/* the device's intra-op threads for a job of `work` (items x cost per item): all of them once it
+   pays for the fork (2^16), else 1 (no pool, or dev not one of c's devices: 1) */
+static int dpar__cpu_threads(const dpar__cpu *c, int dev, double work) {
+    return c && c->pools && dev >= 0 && dev < c->ndev && work >= 65536.0 ? c->threads : 1;
+}
 static void dpar__cpu_parallel(dpar__cpu *c, int dev, int64_t n, int64_t cost, dpar__cpu_range_fn fn, const void *arg) {
-    int parts = c && c->pools && dev >= 0 && dev < c->ndev && n > 1 && n * cost >= ((int64_t)1 << 16) ? c->threads : 1;
+    int parts = n > 1 ? dpar__cpu_threads(c, dev, (double)n * (double)cost) : 1;
     if (parts <= 1) {
         fn(arg, 0, n);
         return;
@@ -15042,9 +15047,8 @@ static void dpar__cpu_sgemm(dpar__cpu *c, int dev, int64_t M, int64_t N, int64_t
     g.A = A;
     g.B = B;
     g.C = C;
-    /* threads from M N K >= 2^22 multiply-adds on (dpar__cpu_parallel's threshold at this cost) */
-    int nt =
-        c && c->pools && dev >= 0 && dev < c->ndev && (double)M * (double)N * (double)K >= 4194304.0 ? c->threads : 1;
+    /* cost 2 M N K / DPAR__SGEMM_COLS: threads from M N K >= 2^22 multiply-adds on */
+    int nt = dpar__cpu_threads(c, dev, 2.0 * (double)M * (double)N * (double)K / DPAR__SGEMM_COLS);
     dpar__sgemm_items(&g, nt);
     int64_t n = (M + g.rows - 1) / g.rows * g.ncols;
     /* cost per item 2 rows K cols / 128 */
