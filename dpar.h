@@ -1089,7 +1089,8 @@ DPAR_API dpar_status dpar_conv2d_output_shape(const int64_t x_shape[4], const in
    out-of-image x reads as 0). All f32, f16 or bf16 (one dtype: see 16-bit storage
    above; every backend), or all f64 (cpu backend, in double: >>f64 api), on one
    device; y must not alias x or w.
-   CPU: blocked im2col + the matrix product (scratch <= 2 MiB per call, 4 MiB in f64). CUDA:
+   CPU: im2col a cache-sized block at a time, each block straight into the matrix product (f32:
+   scratch per thread 128 KiB or 24 im2col rows, w^T for the input gradient; f64: 4 MiB). CUDA:
    im2col + cuBLAS sgemm over chunks of images (column matrix <= 64 MiB; a 1x1
    stride-1 unpadded kernel multiplies x in place); the input gradient folds
    the column gradient back with a gather, so results repeat bit for bit.
@@ -15774,11 +15775,12 @@ static dpar_status dpar__cpu_op_strided(dpar__cpu *c, int dev, const dpar__op *o
 }
 
 /* >>cpu conv-pool =============================================================
-   conv2d as blocked im2col + dpar__cpu_sgemm: the im2col matrix [N*OH*OW,
-   KH*KW*C] (row = output pixel, columns in HWI order, so the HWIO kernel is
-   already its [K, O] right-hand side) is built DPAR__CONV_ROWS(K) rows at a
-   time, which bounds the scratch at DPAR__CONV_SCRATCH floats whatever the
-   batch. A 1x1 stride-1 unpadded conv reads x in place. Pools: direct loops,
+   conv2d as blocked im2col + the GEMM: the im2col matrix [N*OH*OW, KH*KW*C]
+   (row = output pixel, columns in HWI order, so the HWIO kernel is already
+   its [K, O] right-hand side) is built a block of rows at a time: f64
+   DPAR__CONV_ROWS(K) rows (dpar__cpu64_conv2d), f32 a cache-sized block that
+   the GEMM reads at once (dpar__cpu_conv2d), in the sums' order of the f64
+   blocks. A 1x1 stride-1 unpadded conv reads x in place. Pools: direct loops,
    window positions in row-major order (the order every backend sums in). */
 #define DPAR__CONV_SCRATCH ((int64_t)1 << 19) /* floats: 2 MiB */
 static int64_t dpar__conv_rows(int64_t K, int64_t M) {
@@ -15793,34 +15795,76 @@ static int dpar__conv_direct(const dpar__win2d *g) { /* x is its own im2col matr
 typedef enum { DPAR__CONV_FWD, DPAR__CONV_BWD_INPUT, DPAR__CONV_BWD_KERNEL } dpar__conv_pass;
 static void dpar__cpu64_gemm(dpar__cpu *c, int dev, int64_t M, int64_t N, int64_t K, int ta, int tb, float alpha,
                              const double *A, const double *B, float beta, double *C);
-/* IM2COL: rows [r0, r0 + rows) of im2col(x) into col (add = 0), or col added back into x (add = 1:
-   col2im). CONV: one pass of conv2d over the im2col blocks; x is the input side (x or dx), k the
-   kernel side (w or dw), y the output side (y or dy). One body for f32 (dpar__cpu_sgemm) and f64
-   (dpar__cpu64_gemm, the blocked f64 GEMM of dpar_matmul; its scratch is then 4 MiB). */
+/* y[0:n] += x[0:n], its leading part on vectors: returns how many it did (the caller adds the rest; gcc's
+   -O2 left col2im's loop scalar, a quarter of conv2's input gradient) */
+static int64_t dpar__add_simd_f32(float *y, const float *x, int64_t n) {
+#ifdef DPAR__X86_SIMD
+    if (__builtin_cpu_supports("avx2")) return dpar__bias_add_avx2(y, x, 1, n);
+#endif
+    DPAR__UNUSED(y);
+    DPAR__UNUSED(x);
+    DPAR__UNUSED(n);
+    return 0;
+}
+static int64_t dpar__add_simd_f64(double *y, const double *x, int64_t n) {
+    DPAR__UNUSED(y);
+    DPAR__UNUSED(x);
+    DPAR__UNUSED(n);
+    return 0;
+}
+/* IM2COL: columns [k0, k1) of rows [r0, r0 + rows) of im2col(x) into col (row stride k1 - k0; add = 0),
+   or col added back into x (add = 1: col2im). CONV: one pass of conv2d over the im2col blocks; x is the
+   input side (x or dx), k the kernel side (w or dw), y the output side (y or dy). IM2COL serves f32 and
+   f64; CONV is f64's (dpar__cpu64_gemm, the blocked f64 GEMM of dpar_matmul; its scratch is 4 MiB). */
+#define DPAR__IM2COL_DEF(IM2COL, T, VADD)                                                                    \
+    static void IM2COL(const dpar__win2d *g, T *x, int64_t r0, int64_t rows, int64_t k0, int64_t k1, T *col, \
+                       int add) {                                                                            \
+        int64_t C = g->c, ohw = g->oh * g->ow, n = r0 / ohw, i = r0 % ohw / g->ow, j = r0 % g->ow;           \
+        for (int64_t r = 0; r < rows; r++, col += k1 - k0) {                                                 \
+            int64_t iw0 = j * g->sw - g->pl, span = g->kw * C;                                               \
+            if (!add && k0 == 0 && k1 == span * g->kh && g->dw == 1 && iw0 >= 0 && iw0 + g->kw <= g->w) {    \
+                /* the window inside across: a span of x per kernel row (conv1's rows are 3 floats) */       \
+                for (int64_t p = 0; p < g->kh; p++) {                                                        \
+                    int64_t ih = i * g->sh - g->pt + p * g->dh;                                              \
+                    const T *xp = x + ((n * g->h + ih) * g->w + iw0) * C;                                    \
+                    if (ih < 0 || ih >= g->h)                                                                \
+                        memset(col + p * span, 0, (size_t)span * sizeof(T));                                 \
+                    else if (span >= 16)                                                                     \
+                        memcpy(col + p * span, xp, (size_t)span * sizeof(T));                                \
+                    else                                                                                     \
+                        for (int64_t q = 0; q < span; q++) col[p * span + q] = xp[q];                        \
+                }                                                                                            \
+                if (++j == g->ow && (j = 0, ++i == g->oh)) i = 0, n++;                                       \
+                continue;                                                                                    \
+            }                                                                                                \
+            for (int64_t p = 0; p < g->kh; p++) {                                                            \
+                int64_t ih = i * g->sh - g->pt + p * g->dh, kp = p * g->kw * C;                              \
+                int64_t run = g->dw == 1 && iw0 >= 0 && iw0 + g->kw <= g->w ? g->kw * C : C;                 \
+                if (kp >= k1 || kp + g->kw * C <= k0) continue; /* the kernel row is outside the columns */  \
+                for (int64_t t = 0; t < g->kw; t += run / C) {                                               \
+                    /* run: the kernel row's pixels as one span of x when they are adjacent and inside */    \
+                    int64_t iw = iw0 + t * g->dw, a = kp + t * C, e = a + run;                               \
+                    int64_t a1 = a > k0 ? a : k0, e1 = e < k1 ? e : k1, len = e1 - a1;                       \
+                    int in = ih >= 0 && ih < g->h && iw >= 0 && iw < g->w;                                   \
+                    T *cr = col + a1 - k0, *xp = in ? x + ((n * g->h + ih) * g->w + iw) * C + a1 - a : NULL; \
+                    if (len <= 0) continue;                                                                  \
+                    if (add && in)                                                                           \
+                        for (int64_t q = len >= 16 ? VADD(xp, cr, len) : 0; q < len; q++) xp[q] += cr[q];    \
+                    else if (!add && in && len >= 16)                                                        \
+                        memcpy(cr, xp, (size_t)len * sizeof(T));                                             \
+                    else if (!add && in) /* short runs (conv1's 3 floats): no call */                        \
+                        for (int64_t q = 0; q < len; q++) cr[q] = xp[q];                                     \
+                    else if (!add)                                                                           \
+                        memset(cr, 0, (size_t)len * sizeof(T)); /* +0 */                                     \
+                }                                                                                            \
+            }                                                                                                \
+            if (++j == g->ow && (j = 0, ++i == g->oh)) i = 0, n++; /* the next output pixel */               \
+        }                                                                                                    \
+    }
+DPAR__IM2COL_DEF(dpar__im2col, float, dpar__add_simd_f32)
+DPAR__IM2COL_DEF(dpar__im2col64, double, dpar__add_simd_f64)
+#undef DPAR__IM2COL_DEF
 #define DPAR__CONV_DEF(IM2COL, CONV, T, GEMM)                                                                      \
-    static void IM2COL(const dpar__win2d *g, T *x, int64_t r0, int64_t rows, T *col, int add) {                    \
-        int64_t C = g->c, K = g->kh * g->kw * C, ohw = g->oh * g->ow;                                              \
-        for (int64_t r = 0; r < rows; r++) {                                                                       \
-            int64_t q = r0 + r, n = q / ohw, i = q % ohw / g->ow, j = q % g->ow;                                   \
-            T *cr = col + r * K;                                                                                   \
-            for (int64_t p = 0; p < g->kh; p++) {                                                                  \
-                int64_t ih = i * g->sh - g->pt + p * g->dh, iw0 = j * g->sw - g->pl;                               \
-                int64_t run = g->dw == 1 && iw0 >= 0 && iw0 + g->kw <= g->w ? g->kw * C : C;                       \
-                for (int64_t t = 0; t < g->kw; t += run / C, cr += run) {                                          \
-                    /* run: the kernel row's pixels as one span of x when they are adjacent and inside */          \
-                    int64_t iw = iw0 + t * g->dw;                                                                  \
-                    int in = ih >= 0 && ih < g->h && iw >= 0 && iw < g->w;                                         \
-                    T *xp = in ? x + ((n * g->h + ih) * g->w + iw) * C : NULL;                                     \
-                    if (add && in)                                                                                 \
-                        for (int64_t e = 0; e < run; e++) xp[e] += cr[e];                                          \
-                    else if (!add && in)                                                                           \
-                        memcpy(cr, xp, (size_t)run * sizeof(T));                                                   \
-                    else if (!add)                                                                                 \
-                        memset(cr, 0, (size_t)run * sizeof(T)); /* +0 */                                           \
-                }                                                                                                  \
-            }                                                                                                      \
-        }                                                                                                          \
-    }                                                                                                              \
     typedef struct IM2COL##_job {                                                                                  \
         const dpar__win2d *g;                                                                                      \
         T *x, *col, *y; /* y: the forward's output rows, set to b (or 0) with their im2col rows */                 \
@@ -15830,7 +15874,8 @@ static void dpar__cpu64_gemm(dpar__cpu *c, int dev, int64_t M, int64_t N, int64_
     static void IM2COL##_rows(const void *arg, int64_t lo, int64_t hi) { /* rows are independent */                \
         const IM2COL##_job *j = (const IM2COL##_job *)arg;                                                         \
         int64_t O = j->g->o;                                                                                       \
-        if (j->col) IM2COL(j->g, j->x, j->r0 + lo, hi - lo, j->col + lo * j->g->kh * j->g->kw * j->g->c, 0);       \
+        int64_t K = j->g->kh * j->g->kw * j->g->c;                                                                 \
+        if (j->col) IM2COL(j->g, j->x, j->r0 + lo, hi - lo, 0, K, j->col + lo * K, 0);                             \
         if (j->y)                                                                                                  \
             for (int64_t r = j->r0 + lo; r < j->r0 + hi; r++)                                                      \
                 for (int64_t o = 0; o < O; o++) j->y[r * O + o] = j->b ? j->b[o] : (T)0;                           \
@@ -15842,7 +15887,8 @@ static void dpar__cpu64_gemm(dpar__cpu *c, int dev, int64_t M, int64_t N, int64_
         int64_t ohw = j->g->oh * j->g->ow, n0 = j->r0 / ohw, a = (n0 + lo) * ohw, e = (n0 + hi) * ohw;             \
         if (a < j->r0) a = j->r0;                                                                                  \
         if (e > j->r0 + j->rows) e = j->r0 + j->rows;                                                              \
-        IM2COL(j->g, j->x, a, e - a, j->col + (a - j->r0) * j->g->kh * j->g->kw * j->g->c, 1);                     \
+        int64_t K = j->g->kh * j->g->kw * j->g->c;                                                                 \
+        IM2COL(j->g, j->x, a, e - a, 0, K, j->col + (a - j->r0) * K, 1);                                           \
     }                                                                                                              \
     static dpar_status CONV(dpar__cpu *c, int dev, const dpar__op *op, dpar__conv_pass pass, T *x, T *k, T *y) {   \
         dpar__win2d g = dpar__win2d_get(op);                                                                       \
@@ -15889,9 +15935,130 @@ static void dpar__cpu64_gemm(dpar__cpu *c, int dev, int64_t M, int64_t N, int64_
         DPAR_ALIGNED_FREE(col);                                                                                    \
         return DPAR_OK;                                                                                            \
     }
-DPAR__CONV_DEF(dpar__im2col, dpar__cpu_conv2d, float, dpar__cpu_sgemm)
 DPAR__CONV_DEF(dpar__im2col64, dpar__cpu64_conv2d, double, dpar__cpu64_gemm)
 #undef DPAR__CONV_DEF
+
+/* The f32 passes build no im2col matrix. Each takes its rows in blocks of at most DPAR__CONV_BLOCK
+   floats of im2col (in L2), builds a block in its thread's buffer and hands it to the GEMM at once,
+   which reads it back from cache; dpar__cpu64_conv2d's blocks (2 MiB) went to memory and back, 10-15%
+   of the CNN's step. Every sum keeps its order, so the bits are those of the blocked im2col: a row of
+   the forward's and of the input gradient's products sums over K or O in the GEMM's k blocks
+   whatever block of rows it is in, and col2im adds each image's rows in row order; the kernel
+   gradient, whose product sums over rows, takes them in the k blocks (DPAR__KC rows) of the blocks
+   of dpar__conv_rows, C += each block's sum, in row order. Threads: blocks of rows (forward), images
+   (input gradient), row strips of dw (kernel gradient: each thread builds its strip's columns). */
+#define DPAR__CONV_BLOCK ((int64_t)1 << 15) /* floats: 128 KiB */
+typedef struct dpar__conv_job {
+    const dpar__win2d *g;
+    float *x, *k, *y, *col;    /* as dpar__cpu_conv2d's; col: each part's block */
+    float *kt;                 /* the input gradient's w^T [O, K]: read in place by every block's GEMM */
+    const float *b;            /* the forward's bias, or NULL */
+    int64_t K, M, O, rows;     /* rows: per block (forward, input gradient), of dw per part (kernel) */
+    int64_t ncol, items, next; /* floats of a part's col; items: blocks or images, the next one to take */
+} dpar__conv_job;
+/* forward: y = b (or 0), then y += im2col(x) w, block by block */
+static void dpar__conv_fwd_part(void *arg, int part, int nparts) {
+    dpar__conv_job *j = (dpar__conv_job *)arg;
+    float *col = j->col ? j->col + part * j->ncol : NULL;
+    (void)nparts;
+    for (int64_t t; (t = DPAR__ATOMIC_FETCH_ADD(&j->next, 1)) < j->items;) {
+        int64_t r0 = t * j->rows, rows = j->M - r0 < j->rows ? j->M - r0 : j->rows;
+        float *yb = j->y + r0 * j->O;
+        for (int64_t r = 0; r < rows; r++)
+            if (j->b)
+                memcpy(yb + r * j->O, j->b, (size_t)j->O * sizeof(float));
+            else
+                memset(yb + r * j->O, 0, (size_t)j->O * sizeof(float));
+        if (col) dpar__im2col(j->g, j->x, r0, rows, 0, j->K, col, 0);
+        dpar__cpu_sgemm(NULL, 0, rows, j->O, j->K, 0, 0, 1.0f, col ? col : j->x + r0 * j->K, j->k, 1.0f, yb);
+    }
+}
+/* input gradient, an image at a time: dx = 0, then per block col = dy w^T, added back into dx */
+static void dpar__conv_bwd_input_part(void *arg, int part, int nparts) {
+    dpar__conv_job *j = (dpar__conv_job *)arg;
+    const dpar__win2d *g = j->g;
+    int64_t ohw = g->oh * g->ow, hwc = g->h * g->w * g->c;
+    float *col = j->col ? j->col + part * j->ncol : NULL;
+    (void)nparts;
+    for (int64_t t; (t = DPAR__ATOMIC_FETCH_ADD(&j->next, 1)) < j->items;) {
+        memset(j->x + t * hwc, 0, (size_t)hwc * sizeof(float));
+        for (int64_t r0 = t * ohw; r0 < (t + 1) * ohw; r0 += j->rows) {
+            int64_t rows = (t + 1) * ohw - r0 < j->rows ? (t + 1) * ohw - r0 : j->rows;
+            dpar__cpu_sgemm(NULL, 0, rows, j->K, j->O, 0, 0, 1.0f, j->y + r0 * j->O, j->kt, 0.0f,
+                            col ? col : j->x + r0 * j->K);
+            if (col) dpar__im2col(g, j->x, r0, rows, 0, j->K, col, 1);
+        }
+    }
+}
+/* kernel gradient, rows [k0, k1) of dw: their columns of im2col, DPAR__KC rows at a time */
+static void dpar__conv_bwd_kernel_part(void *arg, int part, int nparts) {
+    dpar__conv_job *j = (dpar__conv_job *)arg;
+    int64_t k0 = part * j->rows, k1 = k0 + j->rows < j->K ? k0 + j->rows : j->K, R = dpar__conv_rows(j->K, j->M);
+    float *col = j->col + part * j->ncol;
+    (void)nparts;
+    for (int64_t r0 = 0; r0 < j->M && k0 < k1; r0 += R) {
+        int64_t r1 = j->M - r0 < R ? j->M : r0 + R;
+        for (int64_t q0 = r0; q0 < r1; q0 += DPAR__KC) {
+            int64_t kc = r1 - q0 < DPAR__KC ? r1 - q0 : DPAR__KC;
+            dpar__im2col(j->g, j->x, q0, kc, k0, k1, col, 0);
+            dpar__cpu_sgemm(NULL, 0, k1 - k0, j->O, kc, 1, 0, 1.0f, col, j->y + q0 * j->O, q0 ? 1.0f : 0.0f,
+                            j->k + k0 * j->O);
+        }
+    }
+}
+static dpar_status dpar__cpu_conv2d(dpar__cpu *c, int dev, const dpar__op *op, dpar__conv_pass pass, float *x, float *k,
+                                    float *y) {
+    dpar__win2d g = dpar__win2d_get(op);
+    int64_t K = g.kh * g.kw * g.c, M = g.n * g.oh * g.ow, O = g.o;
+    dpar__conv_job j;
+    memset(&j, 0, sizeof j);
+    j.g = &g, j.x = x, j.k = k, j.y = y, j.K = K, j.M = M, j.O = O;
+    j.b = pass == DPAR__CONV_FWD && op->src2 ? (const float *)op->src2->mem : NULL;
+    if (M == 0 || O == 0 || K == 0) { /* y = b (or 0), dx = 0, dw = 0 */
+        if (pass == DPAR__CONV_FWD)
+            for (int64_t q = 0; q < M * O; q++) y[q] = j.b ? j.b[q % O] : 0.0f; /* O = 0 or K = 0: rare */
+        else if (pass == DPAR__CONV_BWD_INPUT)
+            memset(x, 0, (size_t)(g.n * g.h * g.w * g.c) * sizeof(float));
+        else
+            memset(k, 0, (size_t)(K * O) * sizeof(float));
+        return DPAR_OK;
+    }
+    int parts = dpar__cpu_threads(c, dev, 2.0 * (double)M * (double)K * (double)O / DPAR__SGEMM_COLS);
+    int64_t rows = DPAR__CONV_BLOCK / K > 24 ? DPAR__CONV_BLOCK / K / 24 * 24 : 24; /* whole tiles of 6 and 8 */
+    void (*fn)(void *, int, int) = dpar__conv_fwd_part;
+    if (pass == DPAR__CONV_FWD) {
+        j.rows = rows < M ? rows : M;
+        j.items = (M + j.rows - 1) / j.rows;
+    } else if (pass == DPAR__CONV_BWD_INPUT) { /* blocks of equal rows within an image */
+        int64_t ohw = g.oh * g.ow, nb = (ohw + rows - 1) / rows;
+        j.rows = (ohw + nb - 1) / nb;
+        j.items = g.n;
+        fn = dpar__conv_bwd_input_part;
+    } else { /* strips of dw's rows, whole tiles of 6 and 8 rows */
+        j.rows = (K + parts - 1) / parts;
+        j.rows = (j.rows + 23) / 24 * 24;
+        j.items = (K + j.rows - 1) / j.rows;
+        fn = dpar__conv_bwd_kernel_part;
+    }
+    if (parts > j.items) parts = (int)j.items;
+    j.ncol = pass == DPAR__CONV_BWD_KERNEL ? DPAR__KC * j.rows : j.rows * K;
+    /* w^T once: a transposed B is packed at every GEMM call, once per block (a third of the time) */
+    int64_t nkt = pass == DPAR__CONV_BWD_INPUT ? K * O : 0, ncol = dpar__conv_direct(&g) ? 0 : parts * j.ncol;
+    if (pass == DPAR__CONV_BWD_KERNEL) ncol = parts * j.ncol;
+    if (ncol + nkt) {
+        if (!(j.kt = (float *)DPAR_ALIGNED_MALLOC((size_t)(ncol + nkt) * sizeof(float), 64)))
+            return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "%s: out of host memory", dpar__op_name(op->kind));
+        j.col = ncol ? j.kt + nkt : NULL;
+        for (int64_t o = 0; o < nkt / K; o++)
+            for (int64_t q = 0; q < K; q++) j.kt[o * K + q] = k[q * O + o];
+    }
+    if (parts > 1)
+        dpar__cpu_fork(&c->pools[dev], parts, fn, &j);
+    else
+        fn(&j, 0, 1);
+    DPAR_ALIGNED_FREE(j.kt);
+    return DPAR_OK;
+}
 
 /* The in-image part of window (i, j): rows [*h0, *h1), columns [*w0, *w1). */
 static void dpar__pool_span(const dpar__win2d *g, int64_t i, int64_t j, int64_t *h0, int64_t *h1, int64_t *w0,

@@ -530,14 +530,14 @@ static int64_t threads_program(dpar_runtime *rt, float *out) {
     int64_t at = 0;
     dpar_conv2d_desc cd = { .padding = DPAR_PADDING_SAME };
     dpar_pool2d_desc pd = { .window = { 2, 2 } };
-    T_OK(dpar_conv2d(y, x, w, b, &cd)); /* im2col rows */
+    T_OK(dpar_conv2d(y, x, w, b, &cd)); /* blocks of im2col rows */
     keep(y, out, &at);
-    T_OK(dpar_conv2d_backward_kernel(dw, NULL, x, dy, &cd)); /* the GEMM's row blocks */
+    T_OK(dpar_conv2d_backward_kernel(dw, NULL, x, dy, &cd)); /* strips of dw's rows, each its im2col columns */
     keep(dw, out, &at);
-    T_OK(dpar_conv2d_backward_input(dx, dy, w, &cd)); /* col2im by images */
+    T_OK(dpar_conv2d_backward_input(dx, dy, w, &cd)); /* images, col2im block by block */
     keep(dx, out, &at);
-    /* conv1's shapes (one input channel, 32 outputs): the GEMMs' row blocks, the kernel gradient's
-       column strips (9 rows of dw, too few to split; 16 x 32 x 32 pixels put 9 x 32 x 16384 above the split) */
+    /* conv1's shapes (one input channel, 32 outputs): the forward's blocks of rows; the kernel gradient's
+       9 rows of dw, too few to split, in one thread (its 256-row k blocks' GEMMs are below the split) */
     enum { S1 = 32, O1 = 32 };
     const int64_t x1s[4] = { NB, S1, S1, 1 }, w1s[4] = { 3, 3, 1, O1 }, y1s[4] = { NB, S1, S1, O1 };
     float *v1 = rnd_vec(NB * S1 * S1 * O1, 9u);
@@ -580,15 +580,20 @@ static int64_t threads_program(dpar_runtime *rt, float *out) {
 }
 static void test_threads_bitwise(void **st) {
     (void)st;
-    dpar_runtime *r1 = t_cpu_runtime_threads("1"), *r3 = t_cpu_runtime_threads("3");
+    /* 3 threads split the kernel gradient's 288 rows of dw at kernel rows (96, 192), 2 threads inside
+       one (144: each thread builds part of a kernel row's span of im2col columns) */
+    dpar_runtime *r1 = t_cpu_runtime_threads("1"), *r2 = t_cpu_runtime_threads("2"), *r3 = t_cpu_runtime_threads("3");
     int64_t n = threads_program(r1, NULL);
     float *a = malloc((size_t)n * sizeof(float)), *b = malloc((size_t)n * sizeof(float));
     threads_program(r1, a);
+    threads_program(r2, b);
+    assert_memory_equal(a, b, (size_t)n * sizeof(float));
     threads_program(r3, b);
     assert_memory_equal(a, b, (size_t)n * sizeof(float));
     free(a);
     free(b);
     T_OK(dpar_runtime_destroy(r1));
+    T_OK(dpar_runtime_destroy(r2));
     T_OK(dpar_runtime_destroy(r3));
 }
 
