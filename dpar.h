@@ -3016,7 +3016,8 @@ typedef struct dpar__coll {
     const int *gdevices;
     const void *xid;
     dpar__group *group;
-    void *ctx; /* core's per-call state */
+    int64_t *claim; /* [n] the call's chunk counters of dpar__host_work (the core sets them) */
+    void *ctx;      /* core's per-call state */
 } dpar__coll;
 
 /* Barrier of all members of the collective's group (with the runtime's
@@ -3949,12 +3950,18 @@ struct dpar__group {
     int *devices; /* [n] in reduction order */
     uint64_t gen; /* barrier generation (atomic: waiters spin on it) */
     int arrived;
-    int sleepers;                      /* members blocked in the condition wait */
-    unsigned char *here;               /* [n] arrived in the current barrier */
-    uint64_t seq;                      /* collectives completed, for messages */
-    dpar__post *posts;                 /* [n] */
+    int sleepers;        /* members blocked in the condition wait */
+    unsigned char *here; /* [n] arrived in the current barrier */
+    uint64_t seq;        /* collectives completed, for messages */
+    /* posts, in_ptr, out_ptr and claim hold two calls' records, [2n]: call c of a
+       group on one process uses half c % 2 (dpar__coll_match). Its host path ends
+       without a barrier (each member waits for the work, not for the others to
+       return), so a member may post call c + 1 while another still reads call
+       c's records; call c + 2 waits in its entry barrier for every member to
+       have left call c. A group across processes uses half 0 only. */
+    dpar__post *posts;                 /* [2n] */
     dpar_buffer **in_bufs, **out_bufs; /* [n] */
-    void **in_ptr, **out_ptr;          /* [n] host-visible views used by the host path */
+    void **in_ptr, **out_ptr;          /* [2n] host-visible views used by the host path */
     void **stage;                      /* [n] per-member host staging (grown on demand) */
     size_t *stage_cap;                 /* [n] */
     int nlocal;                        /* members on this process (== n without MPI) */
@@ -3964,7 +3971,9 @@ struct dpar__group {
     dpar_status xstatus;               /* leader's cross-process result, read by the other local members */
     char *xmsg;                        /* its error text (DPAR__ERR_LEN) */
     void *mpi;                         /* the transport's per-group state (backends/dpar_mpi.h) */
-    int64_t *claim;                    /* [n] chunks of slice j claimed in the host work (atomic) */
+    int64_t *claim;                    /* [2n] chunks of slice j claimed in the host work (atomic) */
+    int64_t done[2];                   /* chunks of the host work finished, per half (atomic) */
+    uint64_t *calls;                   /* [n] collectives member r entered (its own; 0 at each dispatch's end) */
 };
 
 struct dpar_mesh {
@@ -4573,6 +4582,7 @@ static void dpar__mesh_free(dpar_mesh *m) {
             DPAR_FREE(gr->xin_ptr);
             DPAR_FREE(gr->xmsg);
             DPAR_FREE(gr->claim);
+            DPAR_FREE(gr->calls);
         }
         DPAR_FREE(m->groups[k]);
     }
@@ -4671,18 +4681,19 @@ static dpar_status dpar__mesh_build_groups(dpar_mesh *m) {
             gr->n = gs;
             gr->devices = (int *)dpar__calloc((size_t)gs, sizeof(int));
             gr->here = (unsigned char *)dpar__calloc((size_t)gs, 1);
-            gr->posts = (dpar__post *)dpar__calloc((size_t)gs, sizeof(dpar__post));
+            gr->posts = (dpar__post *)dpar__calloc(2 * (size_t)gs, sizeof(dpar__post));
             gr->in_bufs = (dpar_buffer **)dpar__calloc((size_t)gs, sizeof(void *));
             gr->out_bufs = (dpar_buffer **)dpar__calloc((size_t)gs, sizeof(void *));
-            gr->in_ptr = (void **)dpar__calloc((size_t)gs, sizeof(void *));
-            gr->out_ptr = (void **)dpar__calloc((size_t)gs, sizeof(void *));
+            gr->in_ptr = (void **)dpar__calloc(2 * (size_t)gs, sizeof(void *));
+            gr->out_ptr = (void **)dpar__calloc(2 * (size_t)gs, sizeof(void *));
             gr->stage = (void **)dpar__calloc((size_t)gs, sizeof(void *));
             gr->stage_cap = (size_t *)dpar__calloc((size_t)gs, sizeof(size_t));
             gr->xin_ptr = (void **)dpar__calloc((size_t)gs, sizeof(void *));
             gr->xmsg = (char *)dpar__calloc(DPAR__ERR_LEN, 1);
-            gr->claim = (int64_t *)dpar__calloc((size_t)gs, sizeof(int64_t));
+            gr->claim = (int64_t *)dpar__calloc(2 * (size_t)gs, sizeof(int64_t));
+            gr->calls = (uint64_t *)dpar__calloc((size_t)gs, sizeof(uint64_t));
             if (!gr->devices || !gr->here || !gr->posts || !gr->in_bufs || !gr->out_bufs || !gr->in_ptr ||
-                !gr->out_ptr || !gr->stage || !gr->stage_cap || !gr->xin_ptr || !gr->xmsg || !gr->claim) {
+                !gr->out_ptr || !gr->stage || !gr->stage_cap || !gr->xin_ptr || !gr->xmsg || !gr->claim || !gr->calls) {
                 return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_mesh_create: out of host memory");
             }
         }
@@ -5343,6 +5354,7 @@ static void dpar__reset_groups(dpar_mesh *m) {
             dpar__mutex_lock(&gr->mu);
             gr->arrived = 0;
             memset(gr->here, 0, (size_t)gr->n);
+            memset(gr->calls, 0, (size_t)gr->n * sizeof(uint64_t)); /* every dispatch starts at half 0 */
             gr->gen++;
             dpar__mutex_unlock(&gr->mu);
         }
@@ -5928,6 +5940,43 @@ static dpar_status dpar__barrier_t(dpar__group *g, int rank, dpar_ctx *ctx, cons
     return s;
 }
 
+/* The end of a call's host work on one process: adds this member's `did`
+   chunks to the half's count (release: its writes come before) and waits
+   until the members did all `total` (acquire: theirs are then visible), with
+   the barrier's spin, then the condition wait; the member that completes the
+   count wakes the sleepers. Every claimed chunk is done by a member that is
+   running, so the wait ends without the others calling again. */
+static int dpar__spin_reached(const void *word, uint64_t total) {
+    return DPAR__ATOMIC_LOAD((const int64_t *)word) >= (int64_t)total;
+}
+static dpar_status dpar__host_wait_done(dpar__group *g, int half, int64_t did, int64_t total, dpar_ctx *ctx,
+                                        const char *what) {
+    int64_t *done = &g->done[half];
+    if (did && DPAR__ATOMIC_ADD_FETCH(done, did) == total) {
+        dpar__mutex_lock(&g->mu);
+        if (g->sleepers) dpar__cond_broadcast(&g->cv);
+        dpar__mutex_unlock(&g->mu);
+        return DPAR_OK;
+    }
+    if (dpar__spin_until(dpar__spin_reached, done, (uint64_t)total, &ctx->job->abort, ctx->rt->nlocal)) return DPAR_OK;
+    dpar_status s = DPAR_OK;
+    uint64_t dl = dpar__deadline(ctx->rt->timeout_ms);
+    dpar__mutex_lock(&g->mu);
+    g->sleepers++;
+    while (DPAR__ATOMIC_LOAD(done) < total)
+        if (dpar__cond_timedwait(&g->cv, &g->mu, dl) == ETIMEDOUT && DPAR__ATOMIC_LOAD(done) < total) {
+            s = dpar__err(DPAR_ERR_TIMEOUT,
+                          "%s (collective #%llu of this group): the members' work was not done after %d ms (a member "
+                          "stopped while it held a share of it); DPAR_TIMEOUT_MS sets the timeout",
+                          what, (unsigned long long)g->seq, ctx->rt->timeout_ms);
+            break;
+        }
+    g->sleepers--;
+    dpar__mutex_unlock(&g->mu);
+    if (s) dpar__job_fail(ctx->job, ctx->device, s);
+    return s;
+}
+
 typedef struct dpar__coll_state {
     dpar_ctx *ctx;
     char what[160];
@@ -6394,16 +6443,23 @@ static void dpar__host_piece(const dpar__coll *c, char *const *in, char *const *
     }
 }
 
-/* The work of member c->rank on host-visible views in[] / out[]; between the
-   two barriers of the host path. all_out: every member's out[] may be written
+/* chunks of slice j of the host work */
+static int64_t dpar__slice_chunks(const dpar__coll *c, int j) {
+    int64_t per = dpar__chunk_units(c);
+    return (dpar__slice_units(c, j) + per - 1) / per;
+}
+
+/* The work of member c->rank on host-visible views in[] / out[], after the
+   entry barrier of the host path. all_out: every member's out[] may be written
    here (one process): the member claims the chunks of its own slice first
    (the lines it touched last call), then the chunks of the others' slices no
-   member has claimed yet, from the group's counters (g->claim, zeroed by each
-   member for its slice before it posts a call). So the members that have a
+   member has claimed yet, from the call's counters c->claim (zeroed by each
+   member for its slice before it posts the call). So the members that have a
    core do the work of those waiting for one (more members than CPUs, or a
-   loaded machine) instead of every slice waiting for its member. Else (across
-   processes) member r writes only out[r], alone. */
-static void dpar__host_work(const dpar__coll *c, char *const *in, char *const *out, char *scratch, int all_out) {
+   loaded machine) instead of every slice waiting for its member. Returns the
+   chunks this member did. Else (across processes) member r writes only out[r],
+   alone (returns 0). */
+static int64_t dpar__host_work(const dpar__coll *c, char *const *in, char *const *out, char *scratch, int all_out) {
     int n = c->n, r = c->rank;
     size_t es = dpar_dtype_size(c->dtype);
     if (c->kind == DPAR__COLL_PERMUTE) {
@@ -6415,7 +6471,7 @@ static void dpar__host_work(const dpar__coll *c, char *const *in, char *const *o
             else
                 memcpy(dst, in[s], (size_t)c->count * es);
         }
-        return;
+        return 0;
     }
     int nt = dpar__coll_streaming(c);
     if (!all_out) {
@@ -6427,15 +6483,16 @@ static void dpar__host_work(const dpar__coll *c, char *const *in, char *const *o
                                (size_t)c->inner * es);
         if (c->kind == DPAR__COLL_REDUCE_SCATTER || c->kind == DPAR__COLL_ALL_TO_ALL)
             dpar__host_piece(c, in, out, r, 0, dpar__slice_units(c, r), nt);
-        return;
+        return 0;
     }
-    int64_t per = dpar__chunk_units(c);
+    int64_t per = dpar__chunk_units(c), did = 0;
     for (int t = 0; t < n; t++) {
         int j = (r + t) % n;
-        int64_t units = dpar__slice_units(c, j), chunks = (units + per - 1) / per;
-        for (int64_t q; (q = DPAR__ATOMIC_FETCH_ADD(&c->group->claim[j], (int64_t)1)) < chunks;)
+        int64_t units = dpar__slice_units(c, j), chunks = dpar__slice_chunks(c, j);
+        for (int64_t q; (q = DPAR__ATOMIC_FETCH_ADD(&c->claim[j], (int64_t)1)) < chunks; did++)
             dpar__host_piece(c, in, out, j, q * per, (q + 1) * per < units ? (q + 1) * per : units, nt);
     }
+    return did;
 }
 
 static int dpar__grow(void **p, size_t *cap, size_t need) {
@@ -6462,6 +6519,7 @@ typedef struct dpar__call {
     const dpar_buffer *in;
     dpar_buffer *out;
     int use_backend; /* the backend's collective, else the core's host path */
+    int half;        /* which half of the group's two-call records this call uses */
 } dpar__call;
 
 /* Host path: this member's data as host-visible views (mapped or staged). */
@@ -6747,23 +6805,27 @@ static dpar_status dpar__coll_stage_in(dpar_ctx *ctx, dpar__call *k, dpar__stage
    way, so all get the same verdict). */
 static dpar_status dpar__coll_match(dpar_ctx *ctx, dpar__call *k, const dpar__stage *io) {
     dpar__group *g = k->g;
-    int rank = k->c.rank;
-    g->posts[rank] = k->post;
+    int rank = k->c.rank, n = g->n, h = k->half = g->cross ? 0 : (int)(g->calls[rank] & 1u);
+    g->posts[h * n + rank] = k->post;
     g->in_bufs[rank] = (dpar_buffer *)k->in;
     g->out_bufs[rank] = k->out;
-    g->in_ptr[rank] = io->in_h;
-    g->out_ptr[rank] = io->out_h;
-    /* every claim on this slice in the last call came before its closing barrier */
-    DPAR__ATOMIC_STORE_RELAXED(&g->claim[rank], (int64_t)0);
+    g->in_ptr[h * n + rank] = io->in_h;
+    g->out_ptr[h * n + rank] = io->out_h;
+    /* this half's last call (two calls ago) ended for every member before the last entry barrier */
+    k->c.claim = g->claim + h * n;
+    DPAR__ATOMIC_STORE_RELAXED(&k->c.claim[rank], (int64_t)0);
+    if (rank == g->leader) DPAR__ATOMIC_STORE_RELAXED(&g->done[h], (int64_t)0);
     dpar_status s = dpar__barrier(g, rank, ctx, k->st.what);
     if (s) return s;
+    g->calls[rank]++;
+    const dpar__post *posts = g->posts + h * n;
     const int L = g->leader;
-    for (int j = 0; j < g->n; j++) {
+    for (int j = 0; j < n; j++) {
         if (j == L || !dpar__is_local(ctx->rt, g->devices[j])) continue;
-        if (dpar__post_eq(&g->posts[L], &g->posts[j])) continue;
+        if (dpar__post_eq(&posts[L], &posts[j])) continue;
         char x[200], y[200];
-        dpar__post_str(&g->posts[L], x, sizeof x);
-        dpar__post_str(&g->posts[j], y, sizeof y);
+        dpar__post_str(&posts[L], x, sizeof x);
+        dpar__post_str(&posts[j], y, sizeof y);
         s = dpar__err(
             DPAR_ERR_COLLECTIVE_MISMATCH,
             "%s (collective #%llu of this group): device %d called %s but device %d called %s; every member of a group "
@@ -6819,8 +6881,12 @@ static dpar_status dpar__coll_backend(dpar_ctx *ctx, dpar__call *k) {
     return dpar__barrier(g, c->rank, ctx, k->st.what);
 }
 
-/* The core's host path between the barriers: the local members share the
-   work; across processes the leader's transport part comes first. */
+/* The core's host path after the entry barrier: the local members share the
+   work; across processes the leader's transport part comes first. On one
+   process a member then waits for the work to be done, not for the others to
+   leave (a member that finds every chunk done returns without waiting for a
+   core for the others: one rendezvous a call, not two); PERMUTE, whose members
+   read each other's input alone, keeps its closing barrier. */
 static dpar_status dpar__coll_host(dpar_ctx *ctx, dpar__call *k, const dpar__stage *io) {
     dpar__group *g = k->g;
     const dpar__coll *c = &k->c;
@@ -6831,9 +6897,14 @@ static dpar_status dpar__coll_host(dpar_ctx *ctx, dpar__call *k, const dpar__sta
         dpar__host_work(c, (char *const *)g->xin_ptr, (char *const *)g->out_ptr, io->scratch, 0);
         return dpar__barrier(g, c->rank, ctx, k->st.what);
     }
-    dpar__host_work(c, (char *const *)g->in_ptr, (char *const *)g->out_ptr, io->scratch, 1);
+    int h = k->half, n = g->n;
+    int64_t did =
+        dpar__host_work(c, (char *const *)(g->in_ptr + h * n), (char *const *)(g->out_ptr + h * n), io->scratch, 1);
     if (c->rank == g->leader) g->seq++;
-    return dpar__barrier(g, c->rank, ctx, k->st.what);
+    if (c->kind == DPAR__COLL_PERMUTE) return dpar__barrier(g, c->rank, ctx, k->st.what);
+    int64_t total = 0;
+    for (int j = 0; j < n; j++) total += dpar__slice_chunks(c, j);
+    return dpar__host_wait_done(g, h, did, total, ctx, k->st.what);
 }
 
 /* Host path: the result back to the device (release the mapping, or write). */
