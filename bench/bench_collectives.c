@@ -21,22 +21,15 @@
      moved    = the DRAM bytes the collective must read plus write, S = bytes:
                 all-reduce 2nS (n inputs read, n outputs written), all-gather,
                 reduce-scatter and broadcast (n+1)S, all-to-all 2nS
-     limit_us = moved / stream bandwidth, the stream kernel (for the
-                reductions the best of copy, add and in-place add, as
-                bench_ops: all-reduce reads and writes as many bytes, a mix
-                add's 2 reads + 1 write does not bound; copy otherwise) run by
-                min(n, online CPUs) threads over the same footprint (capped at
-                STREAM_CAP bytes, beyond which its bandwidth is flat), the
-                faster of non-temporal and ordinary stores (a footprint that
-                fits in the cache is bounded by the cache, not by DRAM).
-                Not n threads when n > CPUs: each of them passes over its own
-                1/n of the footprint again and again while it has a core, so
-                its slice stays in that core's L2 between passes (here 8
-                threads over 16 MB: 2 MB each, the L2's size, ran at 2-5x
-                the bandwidth 2 threads get over the same 16 MB, and alike
-                from 32 MB on), while every collective call touches the whole
-                footprint once, which n threads on fewer cores cannot move
-                faster than one thread a core
+     limit_us = moved / stream bandwidth, the best of bench_util.h's
+                stream kernels (copy, add, in-place add, fill and read: the
+                most favourable access mix, as bench_ops; a collective's mix
+                is its own, e.g. a broadcast writes n bytes for each it
+                reads, and ran above the copy kernel's bandwidth) run by n
+                threads over the same footprint (capped at STREAM_CAP bytes, beyond
+                which its bandwidth is flat), the faster of non-temporal and
+                ordinary stores (a footprint that fits in the cache is
+                bounded by the cache, not by DRAM)
      pct      = 100 * limit_us / time_us
 
    Timing: the stream kernel and dpar alternate `alts` times per point (5 by
@@ -64,7 +57,6 @@
    left out (not an error). DPAR_TRACE=file.json traces the run. */
 #include "dpar.h"
 #include "bench_util.h" /* clock, median, the stream kernels */
-#include <unistd.h>     /* sysconf: the online CPUs */
 
 enum { OP_ALLREDUCE, OP_ALLGATHER, OP_REDUCESCATTER, OP_BROADCAST, OP_ALLTOALL, OP_COUNT };
 static const char *op_names[OP_COUNT] = { "allreduce", "allgather", "reducescatter", "broadcast", "alltoall" };
@@ -143,9 +135,7 @@ static int run_point(const char *bname, dpar_mesh *m, int op, int n, int64_t byt
     double S = (double)count * 4.0, moved = moved_bytes(op, n, S);
     stream_set ss;
     int rc = 0;
-    long ncpu = sysconf(_SC_NPROCESSORS_ONLN); /* more threads than cores re-read their slice from L2 (header) */
-    int threads = ncpu >= 1 && ncpu < n ? (int)ncpu : n;
-    if (stream_init(&ss, threads, op == OP_ALLREDUCE || op == OP_REDUCESCATTER, (int64_t)moved)) {
+    if (stream_init(&ss, n, 1, (int64_t)moved)) { /* 3 arrays: every kernel of stream_bw_best */
         fprintf(stderr, "%s %s n=%d: no memory for the stream arrays\n", bname, op_names[op], n);
         rc = -1;
         goto done;
@@ -164,7 +154,7 @@ static int run_point(const char *bname, dpar_mesh *m, int op, int n, int64_t byt
     j.warm = 0;
     double t[MAX_ALTS], pct[MAX_ALTS], bw = 0;
     for (int k = 0; k < alts; k++) {
-        double b = ss.add ? stream_bw_best(&ss, target / alts / 4) : stream_bw(&ss, target / alts / 4);
+        double b = stream_bw_best(&ss, target / alts / 4);
         if (b > bw) bw = b;
         if (dpar_shard_map(m, &sd)) {
             fprintf(stderr, "%s: %s\n", op_names[op], dpar_last_error());

@@ -17,8 +17,8 @@
 
    Limits (both measured alternating with the op):
      stream  bytes / the stream bandwidth (bench_util.h stream_bw_best: the
-             fastest of copy, add and in-place add kernels, each with
-             non-temporal and ordinary stores, so no access mix an op has
+             fastest of copy, add, in-place add, fill and read kernels, each
+             with non-temporal and ordinary stores, so no access mix an op has
              can beat it; as many threads as the op uses; a footprint of the
              op's bytes, so a cache-resident op is held to the cache's
              bandwidth). A lower bound on the op's time. bytes = what the op must read

@@ -10,13 +10,14 @@
                       /proc has none: a driver's threads, llvmpipe's, left out)
      >>bench median   median() of a trial array (sorts it: v[0] is then the min)
      >>bench stream   the stream kernels that measure this machine's memory
-                      bandwidth in the same run: copy (z = x) or add
-                      (z = x + y), n threads each over its own arrays, the
+                      bandwidth in the same run: copy (z = x), add
+                      (z = x + y, or in place), fill (z = 0) and read
+                      (sum x), n threads each over its own arrays, the
                       faster of non-temporal and ordinary stores (a
                       footprint that fits in the cache is bounded by the
                       cache, not by DRAM). stream_init sizes the arrays for
-                      a footprint; stream_bw returns bytes read + written per
-                      second.
+                      a footprint; stream_bw_best returns the best kernel's
+                      bytes read + written per second.
      >>bench openblas cblas_sgemm opened at run time (libopenblas.so.0,
                       Debian's libopenblas0-pthread; BENCH_OPENBLAS=path
                       overrides; its AVX-512 kernels named on CPUs that
@@ -110,39 +111,64 @@ static inline double median(double *v, int n) {
 /* >>bench stream =========================================================== */
 #define STREAM_CAP ((int64_t)256 << 20)         /* 8x the 32 MB L3 of the machine this was written on */
 enum { STREAM_MAX_THREADS = DPAR_MAX_DEVICES }; /* one per device at most */
+/* a stream kernel's access mix: copy z = x (1 read : 1 write), add z = x + y
+   (2 : 1; y = z: in place, no read-for-ownership of z), fill z = 0 (0 : 1) and
+   read (sum x: 1 : 0) */
+enum { ST_COPY, ST_ADD, ST_FILL, ST_READ };
 typedef struct {
-    float *x, *y, *z; /* copy: z = x; add: z = x + y */
-    int64_t len;      /* floats per array */
-    int add, nt, iters;
+    float *x, *y, *z;
+    int64_t len; /* floats per array */
+    int kind, nt, iters;
+    float sink; /* read's sum, so the loads stay */
     pthread_barrier_t *bar;
     double t;
 } st_arg;
 
+/* elements [i, len) of a pass, scalar */
+static inline void st_pass_tail(st_arg *a, int64_t i) {
+    for (; i < a->len; i++)
+        if (a->kind == ST_READ)
+            a->sink += a->x[i];
+        else
+            a->z[i] = a->kind == ST_FILL ? 0.0f : a->x[i] + (a->kind == ST_ADD ? a->y[i] : 0.0f);
+}
 #ifdef BENCH_X86
-__attribute__((target("avx2"))) static inline void st_pass_avx2(const st_arg *a) {
+__attribute__((target("avx2"))) static inline void st_pass_avx2(st_arg *a) {
     int64_t i = 0, n = a->len & ~(int64_t)15;
-    if (a->add && a->nt)
+    const __m256 zero = _mm256_setzero_ps();
+    __m256 acc = zero;
+    if (a->kind == ST_ADD && a->nt)
         for (; i < n; i += 8)
             _mm256_stream_ps(a->z + i, _mm256_add_ps(_mm256_load_ps(a->x + i), _mm256_load_ps(a->y + i)));
-    else if (a->add)
+    else if (a->kind == ST_ADD)
         for (; i < n; i += 8)
             _mm256_store_ps(a->z + i, _mm256_add_ps(_mm256_load_ps(a->x + i), _mm256_load_ps(a->y + i)));
+    else if (a->kind == ST_FILL && a->nt)
+        for (; i < n; i += 8) _mm256_stream_ps(a->z + i, zero);
+    else if (a->kind == ST_FILL)
+        for (; i < n; i += 8) _mm256_store_ps(a->z + i, zero);
+    else if (a->kind == ST_READ)
+        for (; i < n; i += 16)
+            acc = _mm256_add_ps(acc, _mm256_add_ps(_mm256_load_ps(a->x + i), _mm256_load_ps(a->x + i + 8)));
     else if (a->nt)
         for (; i < n; i += 8) _mm256_stream_ps(a->z + i, _mm256_load_ps(a->x + i));
     else
         for (; i < n; i += 8) _mm256_store_ps(a->z + i, _mm256_load_ps(a->x + i));
     if (a->nt) _mm_sfence();
-    for (; i < a->len; i++) a->z[i] = a->x[i] + (a->add ? a->y[i] : 0.0f);
+    float l[8];
+    _mm256_storeu_ps(l, acc);
+    for (int k = 0; k < 8; k++) a->sink += l[k];
+    if (i < a->len) st_pass_tail(a, i);
 }
 #endif
-static inline void st_pass(const st_arg *a) {
+static inline void st_pass(st_arg *a) {
 #ifdef BENCH_X86
     if (__builtin_cpu_supports("avx2")) {
         st_pass_avx2(a);
         return;
     }
 #endif
-    for (int64_t i = 0; i < a->len; i++) a->z[i] = a->x[i] + (a->add ? a->y[i] : 0.0f);
+    st_pass_tail(a, 0);
 }
 static inline void *st_main(void *p) {
     st_arg *a = (st_arg *)p;
@@ -184,7 +210,7 @@ static inline int stream_init(stream_set *s, int threads, int add, int64_t moved
         s->a[t].y = add ? base + len : base;
         s->a[t].z = base + (arrays - 1) * len;
         s->a[t].len = len;
-        s->a[t].add = add;
+        s->a[t].kind = add ? ST_ADD : ST_COPY;
     }
     return 0;
 }
@@ -204,42 +230,33 @@ static inline double stream_trial(stream_set *s, int nt, int iters) {
     pthread_barrier_destroy(&bar);
     return s->a[0].t / iters / (clock_id == CLOCK_MONOTONIC ? 1 : s->threads);
 }
-/* bytes read + written per second, over about `target` seconds: the faster
-   of ordinary and streaming stores */
-static inline double stream_bw(stream_set *s, double target) {
-    double best = 0;
-    for (int nt = 0; nt < 2; nt++) {
-        double per = stream_trial(s, nt, 1);
-        int iters = (int)(target / (per > 1e-7 ? per : 1e-7));
-        iters = iters < 1 ? 1 : iters > 20000 ? 20000 : iters;
-        double bw = (double)s->footprint / stream_trial(s, nt, iters);
-        if (bw > best) best = bw;
-    }
-    return best;
-}
-/* The best bytes per second of three kernels over a set made with add = 1:
-   copy (z = x: 2 accesses an element), add (z = x + y: 3) and in place
-   (z = z + x: 3, and no read-for-ownership of z, which an in-place op such
-   as an optimizer step does not pay either), each with ordinary and
-   streaming stores. The most favourable access mix bounds any op's. */
+/* The best bytes per second of five kernels over a set made with add = 1:
+   copy (z = x: 2 accesses an element), add (z = x + y: 3), in place (z = z +
+   x: 3, and no read-for-ownership of z, which an in-place op such as an
+   optimizer step does not pay either), fill (z = 0: 1) and read (sum x: 1),
+   each with ordinary and streaming stores. The most favourable access mix
+   bounds any op's: a broadcast or all-gather writes n bytes for each it
+   reads, which ran at 100-113% of the copy kernel's bandwidth here (the
+   write-only fill bounds it); a reduce-scatter reads n for each it writes. */
 static inline double stream_bw_best(stream_set *s, double target) {
+    static const int kinds[5] = { ST_COPY, ST_ADD, ST_ADD, ST_FILL, ST_READ }, acc[5] = { 2, 3, 3, 1, 1 };
     double best = 0;
-    for (int kind = 0; kind < 3; kind++) {
+    for (int q = 0; q < 5; q++) {
         for (int t = 0; t < s->threads; t++) {
-            s->a[t].add = kind > 0;
-            s->a[t].y = kind == 2 ? s->a[t].z : s->a[t].z - s->a[t].len; /* add: y is the middle array */
+            s->a[t].kind = kinds[q];
+            s->a[t].y = q == 2 ? s->a[t].z : s->a[t].z - s->a[t].len; /* add: y is the middle array */
         }
-        double per_pass = (double)s->threads * (double)s->a[0].len * 4.0 * (kind ? 3 : 2);
-        for (int nt = 0; nt < 2; nt++) {
+        double per_pass = (double)s->threads * (double)s->a[0].len * 4.0 * acc[q];
+        for (int nt = 0; nt < (kinds[q] == ST_READ ? 1 : 2); nt++) {
             double one = stream_trial(s, nt, 1);
-            int iters = (int)(target / 6 / (one > 1e-7 ? one : 1e-7));
+            int iters = (int)(target / 9 / (one > 1e-7 ? one : 1e-7));
             iters = iters < 1 ? 1 : iters > 20000 ? 20000 : iters;
             double bw = per_pass / stream_trial(s, nt, iters);
             if (bw > best) best = bw;
         }
     }
     for (int t = 0; t < s->threads; t++) { /* back to the set's own kernel */
-        s->a[t].add = s->add;
+        s->a[t].kind = s->add ? ST_ADD : ST_COPY;
         s->a[t].y = s->a[t].z - s->a[t].len;
     }
     return best;
