@@ -7010,11 +7010,21 @@ static dpar_status dpar__coll_start(dpar_ctx *ctx, const dpar__cargs *a, struct 
     return DPAR_OK;
 }
 
+/* Waits until the communication thread has issued every async collective started on this device (on a
+   GPU, issued is not finished: their commands are in the device's streams). Called with w->qmu held. */
+static void dpar__worker_issued_locked(dpar__worker *w) {
+    while (w->pending > 0) dpar__cond_wait(&w->qcv, &w->qmu);
+}
+static void dpar__worker_issued(dpar__worker *w) {
+    dpar__mutex_lock(&w->qmu);
+    dpar__worker_issued_locked(w);
+    dpar__mutex_unlock(&w->qmu);
+}
 /* At the end of fn: waits for this device's async collectives and frees the
    ones fn never waited for (an error: their buffers were in use). */
 static void dpar__worker_drain(dpar__worker *w) {
     dpar__mutex_lock(&w->qmu);
-    while (w->pending > 0) dpar__cond_wait(&w->qcv, &w->qmu);
+    dpar__worker_issued_locked(w);
     int leftover = 0;
     dpar_ctx *ctx = NULL;
     while (w->live) {
@@ -12941,6 +12951,10 @@ static dpar_status dpar__g_prog_record(dpar_graph *g, dpar_ctx *ctx, int li, int
     while (i1 < g->count && dpar__g_recordable(g, &g->n[i1])) i1++;
     void *prog = NULL;
     uint64_t ops0 = dpar__obs_ops(g->rt, dev);
+    /* The communication thread issues this device's async gradient reductions into the same streams; one
+       issued while the recording is open would land in it (a CUDA stream capture takes every thread's
+       work, and replays it every step). Waiting costs the first run only: later runs submit, not record. */
+    dpar__worker_issued(&g->rt->workers[ctx->device - ctx->rt->local_base]);
     dpar_status s = be->prog_begin(g->rt->bstate, dev);
     if (!s) {
         for (int j = i0; j < i1 && !s; j++) s = dpar__g_exec(g, ctx, li, j);

@@ -82,7 +82,9 @@ static void cnn_build(cnn *t, dpar_mesh *m, int n, float *const init[NP]) {
 static const char *be_name(dpar_backend_kind k) {
     return k == DPAR_BACKEND_CUDA ? "CUDA" : "Vulkan";
 }
-static void cnn_case(dpar_backend_kind be, int n) {
+/* async: every gradient reduced asynchronously (DPAR_GRAPH_ASYNC_BYTES=1, read when the gradients are built), so
+   the communication thread issues reductions while the device's next segment is being recorded. */
+static void cnn_case(dpar_backend_kind be, int n, bool async) {
     dpar_runtime *rt = t_runtime_or_skip(be, n);
     dpar_mesh *m = t_mesh1(rt, n, "data");
     static float init[NP][CF * NCL];
@@ -97,8 +99,10 @@ static void cnn_case(dpar_backend_kind be, int n) {
         ip[i] = init[i];
     }
     cnn plain, rec;
+    if (async) setenv("DPAR_GRAPH_ASYNC_BYTES", "1", 1);
     cnn_build(&plain, m, n, ip);
     cnn_build(&rec, m, n, ip);
+    unsetenv("DPAR_GRAPH_ASYNC_BYTES");
     static float xs[4 * CB * CH * CH * CC], kp[CB * CF], kr[CB * CF];
     int32_t ys[4 * CB];
     for (int s = 0; s < STEPS; s++) {
@@ -134,8 +138,8 @@ static void cnn_case(dpar_backend_kind be, int n) {
     assert_int_equal(segp, 0);
     assert_int_equal(nodp, 0);
     if (segr < 2 * n) fail_msg("%d segments recorded on %d devices; want at least 2 each (split at dropout)", segr, n);
-    printf("CNN on %d %s device(s): %d segments holding %d nodes, bit for bit over %d steps\n", n, be_name(be), segr,
-           nodr, STEPS);
+    printf("CNN on %d %s device(s)%s: %d segments holding %d nodes, bit for bit over %d steps\n", n, be_name(be),
+           async ? ", gradients reduced asynchronously" : "", segr, nodr, STEPS);
     T_OK(dpar_graph_destroy(plain.g));
     T_OK(dpar_graph_destroy(rec.g));
     for (int i = 0; i < NP; i++) dpar_array_destroy(plain.w[i]), dpar_array_destroy(rec.w[i]);
@@ -144,19 +148,27 @@ static void cnn_case(dpar_backend_kind be, int n) {
 }
 static void test_cnn_1(void **st) {
     (void)st;
-    cnn_case(DPAR_BACKEND_VULKAN, 1);
+    cnn_case(DPAR_BACKEND_VULKAN, 1, false);
 }
 static void test_cnn_2(void **st) {
     (void)st;
-    cnn_case(DPAR_BACKEND_VULKAN, 2);
+    cnn_case(DPAR_BACKEND_VULKAN, 2, false);
+}
+static void test_cnn_2_async(void **st) {
+    (void)st;
+    cnn_case(DPAR_BACKEND_VULKAN, 2, true);
 }
 static void test_cnn_1_cuda(void **st) {
     (void)st;
-    cnn_case(DPAR_BACKEND_CUDA, 1);
+    cnn_case(DPAR_BACKEND_CUDA, 1, false);
 }
 static void test_cnn_2_cuda(void **st) {
     (void)st;
-    cnn_case(DPAR_BACKEND_CUDA, 2);
+    cnn_case(DPAR_BACKEND_CUDA, 2, false);
+}
+static void test_cnn_2_async_cuda(void **st) {
+    (void)st;
+    cnn_case(DPAR_BACKEND_CUDA, 2, true);
 }
 
 /* ---- Megatron column -> row MLP on 2x2 (data, model): a psum in the forward, SGD with momentum ---- */
@@ -562,6 +574,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cnn_1),
         cmocka_unit_test(test_cnn_2),
+        cmocka_unit_test(test_cnn_2_async),
         cmocka_unit_test(test_megatron),
         cmocka_unit_test(test_sgd_recorded),
         cmocka_unit_test(test_data_parallel),
@@ -571,6 +584,7 @@ int main(void) {
         cmocka_unit_test(test_caller_thread_cpu),
         cmocka_unit_test(test_cnn_1_cuda),
         cmocka_unit_test(test_cnn_2_cuda),
+        cmocka_unit_test(test_cnn_2_async_cuda),
         cmocka_unit_test(test_megatron_cuda),
         cmocka_unit_test(test_sgd_recorded_cuda),
         cmocka_unit_test(test_data_parallel_cuda),

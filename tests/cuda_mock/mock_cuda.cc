@@ -80,6 +80,7 @@
 #include <memory>
 #include <thread>
 #include <chrono>
+#include <atomic>
 #include <condition_variable>
 #include <mutex>
 #include <string>
@@ -182,27 +183,49 @@ struct kinfo {
     { #name, (void *)&name, launcher_of(&name), thr, capture_of(&name) }
 // clang-format off: one kernel per line
 static const kinfo g_kernels[] = {
-    K(dpar_k_scale, false),         K(dpar_k_axpy, false),
-    K(dpar_k_relu, false),          K(dpar_k_relu_bwd, false),
-    K(dpar_k_bias_add, false),      K(dpar_k_bias_grad, false),
-    K(dpar_k_cast, false),          K(dpar_k_sgd, false),
-    K(dpar_k_reduce_partial, true), K(dpar_k_reduce_partial_f64, true),
-    K(dpar_k_mse_partial, true),    K(dpar_k_reduce_final, true),
-    K(dpar_k_xent_rows, true),      K(dpar_k_vreduce, false),
-    K(dpar_k_to_key, false),        K(dpar_k_from_key, false),
-    K(dpar_k_div_i32, false),       K(dpar_k_copy_nd, false),
-    K(dpar_k_unary, false),         K(dpar_k_binary, false),
-    K(dpar_k_reduce_axes, false),   K(dpar_k_where, false),
-    K(dpar_k_softmax, false),       K(dpar_k_strided, false),
-    K(dpar_k_norm_fwd, true),       K(dpar_k_norm_bwd, true),
-    K(dpar_k_norm_wgrad, false),    K(dpar_k_attn_fwd, true),
-    K(dpar_k_attn_bwd_q, true),     K(dpar_k_attn_bwd_kv, true),
-    K(dpar_k_im2col, false),        K(dpar_k_col2im, false),
-    K(dpar_k_pool2d, false),        K(dpar_k_pool2d_bwd, false),
-    K(dpar_k_adamw, false),         K(dpar_k_check_index, false),
-    K(dpar_k_count_rows, false),    K(dpar_k_xent_ignore_rows, false),
-    K(dpar_k_div_final, false),     K(dpar_k_embed, false),
-    K(dpar_k_embed_bwd, false),     K(dpar_k_dropout, false),
+    K(dpar_k_scale, false),
+    K(dpar_k_axpy, false),
+    K(dpar_k_relu, false),
+    K(dpar_k_relu_bwd, false),
+    K(dpar_k_bias_add, false),
+    K(dpar_k_bias_grad, true),
+    K(dpar_k_bias_grad_final, false),
+    K(dpar_k_cast, false),
+    K(dpar_k_sgd, false),
+    K(dpar_k_reduce_partial, true),
+    K(dpar_k_reduce_partial_f64, true),
+    K(dpar_k_mse_partial, true),
+    K(dpar_k_reduce_final, true),
+    K(dpar_k_xent_rows, true),
+    K(dpar_k_vreduce, false),
+    K(dpar_k_to_key, false),
+    K(dpar_k_from_key, false),
+    K(dpar_k_div_i32, false),
+    K(dpar_k_copy_nd, false),
+    K(dpar_k_unary, false),
+    K(dpar_k_binary, false),
+    K(dpar_k_reduce_axes, false),
+    K(dpar_k_where, false),
+    K(dpar_k_softmax, false),
+    K(dpar_k_strided, false),
+    K(dpar_k_norm_fwd, true),
+    K(dpar_k_norm_bwd, true),
+    K(dpar_k_norm_wgrad, false),
+    K(dpar_k_attn_fwd, true),
+    K(dpar_k_attn_bwd_q, true),
+    K(dpar_k_attn_bwd_kv, true),
+    K(dpar_k_im2col, false),
+    K(dpar_k_col2im, false),
+    K(dpar_k_pool2d, false),
+    K(dpar_k_pool2d_bwd, false),
+    K(dpar_k_adamw, false),
+    K(dpar_k_check_index, false),
+    K(dpar_k_count_rows, false),
+    K(dpar_k_xent_ignore_rows, false),
+    K(dpar_k_div_final, false),
+    K(dpar_k_embed, false),
+    K(dpar_k_embed_bwd, false),
+    K(dpar_k_dropout, false),
 };
 // clang-format on
 
@@ -278,8 +301,11 @@ struct mstream {
     uint64_t enq = 0, done = 0;
     bool stop = false;
     std::thread th;
-    /* stream capture (CUDA Graphs): set and read by the capturing thread only */
-    bool capturing = false, cap_invalid = false;
+    /* stream capture (CUDA Graphs): changed and recorded into by the capturing thread (cap_thread) only;
+       `capturing` is read by every thread, so that another thread's operation on the stream is caught */
+    std::atomic<bool> capturing{ false };
+    bool cap_invalid = false;
+    std::thread::id cap_thread;
     std::vector<std::function<void()>> cap;
 };
 struct mgraph {
@@ -320,9 +346,26 @@ static void stream_loop(mstream *s) {
         s->cv.notify_all();
     }
 }
+/* Another thread's operation on a capturing stream: the real driver (relaxed mode) silently captures it into
+   that thread's graph, where it runs at every replay instead of once, and an event it records can then be
+   waited for only inside that capture (another device's stream gets CUDA_ERROR_STREAM_CAPTURE_MERGE, as a
+   communication thread's collective did on an H200). dpar never means it, so it is fatal here. */
+static void cap_foreign(mstream *s, const char *what) {
+    if (!s || !s->capturing.load() || s->cap_thread == std::this_thread::get_id()) return;
+    fprintf(stderr,
+            "mock cuda: %s on a stream that another thread is capturing (it would land in that thread's "
+            "CUDA Graph)\n",
+            what);
+    abort();
+}
 static void enqueue(void *sv, std::function<void()> f) {
     mstream *s = (mstream *)sv;
+    cap_foreign(s, "an operation");
     if (s && s->capturing) {
+        /* capture costs host time on the real driver (graph-node bookkeeping, cuBLAS's own calls): without
+           it here, the window in which another thread's call lands in a capture would be too short to see */
+        static thread_local unsigned seed = (unsigned)(uintptr_t)&seed;
+        if (jitter_us() > 0) std::this_thread::sleep_for(std::chrono::microseconds(rand_r(&seed) % (jitter_us() + 1)));
         s->cap.push_back(std::move(f));
         return;
     }
@@ -362,6 +405,7 @@ enum {
 /* An operation stream capture forbids on a capturing stream: the capture is invalidated. */
 static bool cap_refuse(void *sv) {
     mstream *s = (mstream *)sv;
+    cap_foreign(s, "a synchronization, host copy or event");
     if (!s || !s->capturing) return false;
     s->cap_invalid = true;
     return true;
@@ -724,9 +768,10 @@ CUresult cuStreamBeginCapture_v2(void *sv, int mode) {
     mstream *s = (mstream *)sv;
     if (!s || mode < 0 || mode > 2) return ERR_INVALID_VALUE;
     if (s->capturing) return ERR_CAPTURE_UNSUPPORTED;
-    s->capturing = true;
     s->cap_invalid = false;
     s->cap.clear();
+    s->cap_thread = std::this_thread::get_id();
+    s->capturing = true;
     if (mode != 2) t_strict_captures++;
     return OK;
 }
