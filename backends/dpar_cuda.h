@@ -228,6 +228,7 @@ typedef enum {
     DPAR__CUK_RELU_BWD,
     DPAR__CUK_BIAS_ADD,
     DPAR__CUK_BIAS_GRAD,
+    DPAR__CUK_BIAS_GRAD_FINAL,
     DPAR__CUK_CAST,
     DPAR__CUK_SGD,
     DPAR__CUK_REDUCE_PARTIAL,
@@ -271,10 +272,10 @@ typedef enum {
 } dpar__cuk;
 static const char *const dpar__cuk_names[DPAR__CUK_COUNT] = {
     "dpar_k_scale", "dpar_k_axpy", "dpar_k_relu", "dpar_k_relu_bwd", "dpar_k_bias_add", "dpar_k_bias_grad",
-    "dpar_k_cast", "dpar_k_sgd", "dpar_k_reduce_partial", "dpar_k_mse_partial", "dpar_k_reduce_final",
-    "dpar_k_xent_rows", "dpar_k_vreduce", "dpar_k_to_key", "dpar_k_from_key", "dpar_k_div_i32", "dpar_k_copy_nd",
-    "dpar_k_reduce_partial_f64", "dpar_k_unary", "dpar_k_binary", "dpar_k_reduce_axes", "dpar_k_where",
-    "dpar_k_softmax", "dpar_k_strided",
+    "dpar_k_bias_grad_final", "dpar_k_cast", "dpar_k_sgd", "dpar_k_reduce_partial", "dpar_k_mse_partial",
+    "dpar_k_reduce_final", "dpar_k_xent_rows", "dpar_k_vreduce", "dpar_k_to_key", "dpar_k_from_key", "dpar_k_div_i32",
+    "dpar_k_copy_nd", "dpar_k_reduce_partial_f64", "dpar_k_unary", "dpar_k_binary", "dpar_k_reduce_axes",
+    "dpar_k_where", "dpar_k_softmax", "dpar_k_strided",
     /* >>norm-attn kernels */
     "dpar_k_norm_fwd", "dpar_k_norm_bwd", "dpar_k_norm_wgrad", "dpar_k_attn_fwd", "dpar_k_attn_bwd_q",
     "dpar_k_attn_bwd_kv",
@@ -1655,7 +1656,30 @@ static dpar_status dpar__cu_op_optim(dpar__cu_state *st, int dev, const dpar__op
     }
 }
 
-/* The one-kernel pointwise kinds: bias add and its gradient, ReLU and its
+/* db[n] = beta * db + the column sums of dy[m, n] (kernels/dpar_kernels.cu, dpar_k_bias_grad): tiles of 32
+   columns times chunks of at least 256 rows, at most 4096 blocks, chosen from m and n only so that every GPU
+   adds in the same order; more than one chunk adds the chunks' partial sums (scratch slot 0) in a second launch. */
+static dpar_status dpar__cu_bias_grad(dpar__cu_state *st, int dev, dpar__CUdeviceptr db, dpar__CUdeviceptr dy,
+                                      int64_t m, int64_t n, float beta) {
+    dpar__CUstream s = st->dev[dev].compute;
+    if (n == 0) return DPAR_OK;
+    int64_t tiles = (n + 31) / 32, chunks = (m + 255) / 256, cap = 4096 / tiles > 1 ? 4096 / tiles : 1;
+    if (chunks > cap) chunks = cap;
+    if (chunks < 1) chunks = 1;
+    int64_t rows = (m + chunks - 1) / chunks;
+    dpar__CUdeviceptr part = 0;
+    if (chunks > 1) {
+        dpar_status e = dpar__cu_scratch(st, dev, 0, (size_t)(chunks * n) * 4, &part);
+        if (e) return e;
+    }
+    void *args[] = { &db, &part, &dy, &m, &n, &rows, &tiles, &beta };
+    dpar_status e = dpar__cu_launch(st, dev, DPAR__CUK_BIAS_GRAD, (unsigned)(tiles * chunks), DPAR__CU_BLOCK, s, args);
+    if (e || chunks == 1) return e;
+    void *fargs[] = { &db, &part, &chunks, &n, &beta };
+    return dpar__cu_launch(st, dev, DPAR__CUK_BIAS_GRAD_FINAL, dpar__cu_grid(n, 1, 8192), DPAR__CU_BLOCK, s, fargs);
+}
+
+/* The one-kernel pointwise kinds: bias add and its gradient (above), ReLU and its
    gradient, axpy, scale and the fused SGD update. */
 static dpar_status dpar__cu_op_pointwise(dpar__cu_state *st, int dev, const dpar__op *op) {
     dpar__CUstream s = st->dev[dev].compute;
@@ -1672,11 +1696,7 @@ static dpar_status dpar__cu_op_pointwise(dpar__cu_state *st, int dev, const dpar
         if (total == 0) return DPAR_OK;
         return dpar__cu_launch(st, dev, DPAR__CUK_BIAS_ADD, dpar__cu_grid(total, 4, 8192), DPAR__CU_BLOCK, s, args);
     }
-    case DPAR__OP_BIAS_GRAD: {
-        void *args[] = { &dst, &a, &m, &n, &f1 };
-        if (n == 0) return DPAR_OK;
-        return dpar__cu_launch(st, dev, DPAR__CUK_BIAS_GRAD, dpar__cu_grid(n, 1, 8192), DPAR__CU_BLOCK, s, args);
-    }
+    case DPAR__OP_BIAS_GRAD: return dpar__cu_bias_grad(st, dev, dst, a, m, n, f1);
     case DPAR__OP_RELU: {
         void *args[] = { &dst, &a, &n };
         if (n == 0) return DPAR_OK;

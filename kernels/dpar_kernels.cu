@@ -143,11 +143,35 @@ __global__ void dpar_k_bias_add(float *y, const float *b, int64_t m, int64_t n) 
     for (int64_t i = DK_TID; i < total; i += DK_STRIDE) y[i] += b[i % n];
 }
 
-/* db[N] = beta * db + sum_m dy[m, :] (rows added in order; beta == 0 ignores db) */
-__global__ void dpar_k_bias_grad(float *db, const float *dy, int64_t m, int64_t n, float beta) {
+/* db[N] = beta * db + sum_m dy[m, :] (beta == 0 ignores db), in two deterministic phases whose shape the host
+   derives from m and n alone. dpar_k_bias_grad: block b sums 32 columns (tile b % tiles) over one chunk of
+   `rows` rows (chunk b / tiles): its 8 warps take every 8th row, lane k column k (each warp reads whole rows,
+   coalesced), then the warps' sums are added in warp order. With one chunk it writes db, else part[chunk, :],
+   which dpar_k_bias_grad_final adds in chunk order. One thread per column summing every row, as before, kept
+   a few warps busy for milliseconds on a conv gradient's [N*H*W, C]. */
+#define DK_BG_WARPS 8
+__global__ void dpar_k_bias_grad(float *db, float *part, const float *dy, int64_t m, int64_t n, int64_t rows,
+                                 int64_t tiles, float beta) {
+    __shared__ float sh[DK_BG_WARPS][32];
+    int lane = (int)(threadIdx.x & 31), w = (int)(threadIdx.x >> 5);
+    int64_t tile = blockIdx.x % tiles, chunk = blockIdx.x / tiles, j = tile * 32 + lane;
+    int64_t r0 = chunk * rows, r1 = r0 + rows < m ? r0 + rows : m;
+    float s = 0.0f;
+    if (j < n)
+        for (int64_t r = r0 + w; r < r1; r += DK_BG_WARPS) s += dy[r * n + j];
+    sh[w][lane] = s;
+    __syncthreads();
+    if (w || j >= n) return;
+    for (int k = 1; k < DK_BG_WARPS; k++) s += sh[k][lane];
+    if (gridDim.x == tiles)
+        db[j] = (beta == 0.0f ? 0.0f : beta * db[j]) + s;
+    else
+        part[chunk * n + j] = s;
+}
+__global__ void dpar_k_bias_grad_final(float *db, const float *part, int64_t chunks, int64_t n, float beta) {
     for (int64_t j = DK_TID; j < n; j += DK_STRIDE) {
         float s = 0.0f;
-        for (int64_t r = 0; r < m; r++) s += dy[r * n + j];
+        for (int64_t c = 0; c < chunks; c++) s += part[c * n + j];
         db[j] = (beta == 0.0f ? 0.0f : beta * db[j]) + s;
     }
 }
