@@ -85,3 +85,11 @@ if [ -z "${VK_DRIVER_FILES:-}" ] && [ -f /usr/local/nvidia/share/vulkan/icd.d/nv
     export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
     echo "vulkan: VK_DRIVER_FILES=$VK_DRIVER_FILES" | tee -a "$DIR/deps.txt"
 fi
+# the ICD's own library and what it cannot find (a missing one makes vkCreateInstance fail)
+for j in ${VK_DRIVER_FILES:-}; do
+    icd=$(sed -n 's/.*"library_path" *: *"\([^"]*\)".*/\1/p' "$j" 2>/dev/null)
+    [ -n "$icd" ] || continue
+    case $icd in /*) ;; *) icd=$(find_lib "$icd" /usr/local/nvidia /usr/lib/x86_64-linux-gnu)/$icd ;; esac
+    echo "vulkan: ICD $j -> $icd; unresolved: $(ldd "$icd" 2>&1 | grep -c 'not found')" | tee -a "$DIR/deps.txt"
+    ldd "$icd" 2>&1 | grep 'not found' | tee -a "$DIR/deps.txt"
+done
