@@ -109,8 +109,8 @@ static inline float __uint_as_float(unsigned u) {
     return f;
 }
 
-static pthread_barrier_t g_block_bar;    // all threads of the running block
-static pthread_barrier_t g_warp_bar[32]; // per warp
+static pthread_barrier_t *g_block_bar; // all threads of the running block (its pool's)
+static pthread_barrier_t *g_warp_bar;  // per warp of the running block
 static double g_warp_val[32][32];
 static bool g_threaded; // running a block with real threads
 
@@ -119,7 +119,7 @@ static void mock_syncthreads() {
         fprintf(stderr, "mock: __syncthreads in a kernel not marked threaded\n");
         abort();
     }
-    pthread_barrier_wait(&g_block_bar);
+    pthread_barrier_wait(g_block_bar);
 }
 template <typename T> static T mock_shfl_xor(T v, int o) {
     if (!g_threaded) {
@@ -229,24 +229,60 @@ static const kinfo g_kernels[] = {
 };
 // clang-format on
 
-struct thr_arg {
-    const kinfo *k;
-    void **args;
-    dim3 b, bd, gd;
-    unsigned t;
-};
-static void *thr_main(void *p) {
-    thr_arg *a = (thr_arg *)p;
-    threadIdx = dim3{ a->t, 0, 0 };
-    blockIdx = a->b;
-    blockDim = a->bd;
-    gridDim = a->gd;
-    a->k->run(a->k->fn, a->args);
-    return NULL;
-}
-
 static std::mutex g_launch_mu; // one kernel at a time (the shim's state is global)
 static int g_launches;
+
+// Threaded kernels run each block on a pool of bx threads kept per block size (a kernel launch used to
+// create bx threads per block: hundreds of thousands per test, most of the mock's time on 2 cores).
+// The launcher and the pool meet at `start` and `end` (bx + 1 each) around every block.
+struct block_pool {
+    unsigned bx;
+    pthread_barrier_t start, end, block, warp[32];
+    const kinfo *k;
+    void **args;
+    dim3 b, gd;
+};
+struct pool_arg {
+    block_pool *bp;
+    unsigned t;
+};
+static void *pool_main(void *p) {
+    block_pool *bp = ((pool_arg *)p)->bp;
+    unsigned t = ((pool_arg *)p)->t;
+    for (;;) {
+        pthread_barrier_wait(&bp->start);
+        threadIdx = dim3{ t, 0, 0 };
+        blockIdx = bp->b;
+        blockDim = dim3{ bp->bx, 1, 1 };
+        gridDim = bp->gd;
+        bp->k->run(bp->k->fn, bp->args);
+        pthread_barrier_wait(&bp->end);
+    }
+    return NULL;
+}
+static block_pool *pool_for(unsigned bx) { /* called with g_launch_mu held */
+    static std::map<unsigned, block_pool *> pools;
+    block_pool *&bp = pools[bx];
+    if (bp) return bp;
+    bp = new block_pool();
+    bp->bx = bx;
+    pthread_barrier_init(&bp->start, NULL, bx + 1);
+    pthread_barrier_init(&bp->end, NULL, bx + 1);
+    pthread_barrier_init(&bp->block, NULL, bx);
+    for (unsigned w = 0; w < bx / 32; w++) pthread_barrier_init(&bp->warp[w], NULL, 32);
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, 256 * 1024);
+    for (unsigned t = 0; t < bx; t++) {
+        pthread_t th;
+        if (pthread_create(&th, &attr, pool_main, new pool_arg{ bp, t }) || pthread_detach(th)) {
+            fprintf(stderr, "mock: pthread_create\n");
+            abort();
+        }
+    }
+    pthread_attr_destroy(&attr);
+    return bp;
+}
 
 static void run_kernel(const kinfo *k, unsigned gx, unsigned bx, void **args) {
     std::lock_guard<std::mutex> lock(g_launch_mu);
@@ -267,27 +303,18 @@ static void run_kernel(const kinfo *k, unsigned gx, unsigned bx, void **args) {
         fprintf(stderr, "mock: threaded kernel %s with block %u\n", k->name, bx);
         abort();
     }
+    block_pool *bp = pool_for(bx);
     g_threaded = true;
-    std::vector<pthread_t> th(bx);
-    std::vector<thr_arg> ta(bx);
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setstacksize(&attr, 256 * 1024);
+    g_block_bar = &bp->block;
+    g_warp_bar = bp->warp;
+    bp->k = k;
+    bp->args = args;
+    bp->gd = gd;
     for (unsigned b = 0; b < gx; b++) {
-        pthread_barrier_init(&g_block_bar, NULL, bx);
-        for (unsigned w = 0; w < bx / 32; w++) pthread_barrier_init(&g_warp_bar[w], NULL, 32);
-        for (unsigned t = 0; t < bx; t++) {
-            ta[t] = thr_arg{ k, args, dim3{ b, 0, 0 }, bd, gd, t };
-            if (pthread_create(&th[t], &attr, thr_main, &ta[t])) {
-                fprintf(stderr, "mock: pthread_create\n");
-                abort();
-            }
-        }
-        for (unsigned t = 0; t < bx; t++) pthread_join(th[t], NULL);
-        pthread_barrier_destroy(&g_block_bar);
-        for (unsigned w = 0; w < bx / 32; w++) pthread_barrier_destroy(&g_warp_bar[w]);
+        bp->b = dim3{ b, 0, 0 };
+        pthread_barrier_wait(&bp->start);
+        pthread_barrier_wait(&bp->end);
     }
-    pthread_attr_destroy(&attr);
     g_threaded = false;
 }
 
