@@ -2913,7 +2913,8 @@ typedef enum dpar__op_kind {
     DPAR__OP_ATTN,           /* dst out, dst2 stats or NULL, src0 q, src1 k, src2 v; f[0] scale,
                                 p[0] batch, p[1] Tq, p[2] Tk, p[3] D, p[4] Dv, p[5] causal */
     DPAR__OP_ATTN_BWD_Q,     /* dst stats (reads lse, writes D), dst2 dq or NULL, src0 dout, src1 q, src2 k, src3 v */
-    DPAR__OP_ATTN_BWD_KV,    /* dst stats (read; CPU: writes D), dst2 dk, dst3 dv (NULL: skip), src0..3 as _Q */
+    DPAR__OP_ATTN_BWD_KV,    /* dst stats (read; writes D where the backend's attn_kv_computes_d), dst2 dk,
+                                dst3 dv (NULL: skip), src0..3 as _Q */
     /* >>optim kinds (see >>optim) */
     DPAR__OP_ADAMW,     /* dst param, dst2 m, dst3 v, src0 grad; f[0]=lr f[1]=b1 f[2]=b2 f[3]=eps
                            f[4]=weight_decay f[5]=clip_scale f[6]=1/(1-b1^t) f[7]=1/(1-b2^t) */
@@ -3027,6 +3028,10 @@ static dpar_status dpar__coll_barrier(dpar__coll *c);
 typedef struct dpar__backend_iface {
     const char *name;
     dpar_backend_kind kind;
+    /* true when the backend's ATTN_BWD_KV computes attention's D_i = sum_j P dP itself (CPU), so
+       dpar_attention_backward issues ATTN_BWD_Q only for dq; false (the safe default): pass 2 reads
+       the D that ATTN_BWD_Q leaves in stats[.., 1], so pass 1 always runs first */
+    bool attn_kv_computes_d;
     /* Opens `requested` devices (0: the backend's default). Sets *state, *count.
        local_index / local_count: this process's index among the processes
        of its node, and their count (0 / 1 without MPI); a GPU backend opens
@@ -8898,11 +8903,11 @@ DPAR_API dpar_status dpar_attention_backward(dpar_buffer *dq, dpar_buffer *dk, d
     op.src1 = q;
     op.src2 = k;
     op.src3 = v;
-    /* the CPU's pass 2 computes D itself (the same bits): pass 1 only for dq there (the graph asks for
-       dq, dk and dv in three calls; each ran pass 1) */
-    if ((dq || stats->rt->be->kind != DPAR_BACKEND_CPU) && (s = dpar__op_run(&op))) return s;
+    /* a pass 2 that computes D itself (the same bits) needs pass 1 only for dq (the graph asks for dq,
+       dk and dv in three calls; each ran pass 1) */
+    if ((dq || !stats->rt->be->attn_kv_computes_d) && (s = dpar__op_run(&op))) return s;
     if (!dk && !dv) return DPAR_OK;
-    op.kind = DPAR__OP_ATTN_BWD_KV; /* pass 2, over key rows: dk, dv (stats only read) */
+    op.kind = DPAR__OP_ATTN_BWD_KV; /* pass 2, over key rows: dk, dv */
     op.dst2 = dk;
     op.dst3 = dv;
     return dpar__op_run(&op);
@@ -17663,6 +17668,7 @@ static dpar_status dpar__cpu_op(void *st, int dev, const dpar__op *op) {
 static const dpar__backend_iface dpar__cpu_backend = {
     "cpu",
     DPAR_BACKEND_CPU,
+    true /* attn_kv_computes_d: pass 2 recomputes D (DPAR__ATTN_DEF's BWDKV) */,
     dpar__cpu_init,
     dpar__cpu_shutdown,
     dpar__cpu_info,

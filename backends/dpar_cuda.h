@@ -2500,6 +2500,7 @@ static dpar_status dpar__cu_collective(void *state, dpar__coll *c) {
 static const dpar__backend_iface *dpar__cuda_iface(void) {
     static const dpar__backend_iface iface = { "cuda",
                                                DPAR_BACKEND_CUDA,
+                                               false, /* attn_kv_computes_d: the KV kernel reads pass 1's D */
                                                dpar__cu_init,
                                                dpar__cu_shutdown,
                                                dpar__cu_device_info,

@@ -2716,6 +2716,7 @@ static const dpar__backend_iface *dpar__vulkan_iface(void) {
     static const dpar__backend_iface iface = {
         "vulkan",
         DPAR_BACKEND_VULKAN,
+        false, /* attn_kv_computes_d: attention_bwd_kv.comp reads pass 1's D */
         dpar__vk_init,
         dpar__vk_shutdown,
         dpar__vk_device_info,

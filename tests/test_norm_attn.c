@@ -120,6 +120,7 @@ typedef struct attn_io {
     geo g;
     float *q, *k, *v, *dout;
     float *out, *st, *dq, *dk, *dv;
+    int kv_only; /* the backward asks for dk and dv alone (dq stays unread) */
 } attn_io;
 static void attn_run(dpar_runtime *rt, attn_io *io) {
     geo g = io->g;
@@ -134,8 +135,8 @@ static void attn_run(dpar_runtime *rt, attn_io *io) {
     T_OK(dpar_attention(o, st, q, k, v, g.scale, g.causal));
     t_read(o, io->out);
     if (io->dout) {
-        T_OK(dpar_attention_backward(dq, dk, dv, st, dout, q, k, v, g.scale, g.causal));
-        t_read(dq, io->dq);
+        T_OK(dpar_attention_backward(io->kv_only ? NULL : dq, dk, dv, st, dout, q, k, v, g.scale, g.causal));
+        if (!io->kv_only) t_read(dq, io->dq);
         t_read(dk, io->dk);
         t_read(dv, io->dv);
     }
@@ -423,6 +424,22 @@ static void test_attention_causal_mask(void **state) {
     attn_free(&a);
     attn_free(&b);
 }
+/* dk and dv asked for alone, on stats fresh from the forward, equal those of full (the same call with dq)
+   bit for bit: a backend whose pass 2 reads the D of pass 1 must still get pass 1 without dq, one that
+   computes D itself (the backend's attn_kv_computes_d) must not need it */
+static void attn_kv_only(dpar_runtime *rt, const attn_io *full, unsigned seed, const char *what) {
+    geo g = full->g;
+    attn_io kv;
+    attn_alloc(&kv, g, seed, 1);
+    kv.kv_only = 1;
+    attn_run(rt, &kv);
+    char w2[192];
+    snprintf(w2, sizeof w2, "%s, dk alone", what);
+    nearf(w2, kv.dk, full->dk, g.bh * g.tk * g.d, 0.0);
+    snprintf(w2, sizeof w2, "%s, dv alone", what);
+    nearf(w2, kv.dv, full->dv, g.bh * g.tk * g.dv, 0.0);
+    attn_free(&kv);
+}
 /* every element's gradient when step is 1, else every step-th (long sequences) */
 static void attn_check_every(geo g, unsigned seed, int64_t step) {
     attn_io io;
@@ -437,6 +454,7 @@ static void attn_check_every(geo g, unsigned seed, int64_t step) {
     snprintf(what, sizeof what, "attention bh%lld tq%lld tk%lld d%lld dv%lld causal%d", (long long)g.bh,
              (long long)g.tq, (long long)g.tk, (long long)g.d, (long long)g.dv, g.causal);
     near(what, io.out, o, no, 1e-5);
+    attn_kv_only(RT, &io, seed, what);
     const double h = 1e-6;
     double *params[3] = { q, k, v };
     const float *got[3] = { io.dq, io.dk, io.dv };
@@ -770,6 +788,7 @@ static void parity(dpar_backend_kind kind) {
         nearf(what, b.dq, a.dq, g.bh * g.tq * g.d, 1e-4);
         nearf(what, b.dk, a.dk, g.bh * g.tk * g.d, 1e-4);
         nearf(what, b.dv, a.dv, g.bh * g.tk * g.dv, 1e-4);
+        attn_kv_only(gpu, &b, (unsigned)(70 + c), what);
         attn_free(&a);
         attn_free(&b);
     }
