@@ -15885,27 +15885,23 @@ static int dpar__conv_direct(const dpar__win2d *g) { /* x is its own im2col matr
 typedef enum { DPAR__CONV_FWD, DPAR__CONV_BWD_INPUT, DPAR__CONV_BWD_KERNEL } dpar__conv_pass;
 static void dpar__cpu64_gemm(dpar__cpu *c, int dev, int64_t M, int64_t N, int64_t K, int ta, int tb, float alpha,
                              const double *A, const double *B, float beta, double *C);
-/* y[0:n] += x[0:n], its leading part on vectors: returns how many it did (the caller adds the rest; gcc's
-   -O2 left col2im's loop scalar, a quarter of conv2's input gradient) */
-static int64_t dpar__add_simd_f32(float *y, const float *x, int64_t n) {
+/* y[0:n] += x[0:n], col2im's add. f32: runs of 16 and more on AVX2 vectors first where there are
+   (gcc's -O2 left the loop scalar, a quarter of conv2's input gradient); f64: the loop. */
+static void dpar__add_f32(float *y, const float *x, int64_t n) {
+    int64_t j = 0;
 #ifdef DPAR__X86_SIMD
-    if (__builtin_cpu_supports("avx2")) return dpar__bias_add_avx2(y, x, 1, n);
+    if (n >= 16 && __builtin_cpu_supports("avx2")) j = dpar__bias_add_avx2(y, x, 1, n);
 #endif
-    DPAR__UNUSED(y);
-    DPAR__UNUSED(x);
-    DPAR__UNUSED(n);
-    return 0;
+    for (; j < n; j++) y[j] += x[j];
 }
-static int64_t dpar__add_simd_f64(double *y, const double *x, int64_t n) {
-    DPAR__UNUSED(y);
-    DPAR__UNUSED(x);
-    DPAR__UNUSED(n);
-    return 0;
+static void dpar__add_f64(double *y, const double *x, int64_t n) {
+    for (int64_t j = 0; j < n; j++) y[j] += x[j];
 }
 /* IM2COL: columns [k0, k1) of rows [r0, r0 + rows) of im2col(x) into col (row stride k1 - k0; add = 0),
    or col added back into x (add = 1: col2im). CONV: one pass of conv2d over the im2col blocks; x is the
    input side (x or dx), k the kernel side (w or dw), y the output side (y or dy). IM2COL serves f32 and
-   f64; CONV is f64's (dpar__cpu64_gemm, the blocked f64 GEMM of dpar_matmul; its scratch is 4 MiB). */
+   f64 (VADD: dpar__add_f32 / _f64); CONV is f64's (dpar__cpu64_gemm, the blocked f64 GEMM of
+   dpar_matmul; its scratch is 4 MiB). */
 #define DPAR__IM2COL_DEF(IM2COL, T, VADD)                                                                    \
     static void IM2COL(const dpar__win2d *g, T *x, int64_t r0, int64_t rows, int64_t k0, int64_t k1, T *col, \
                        int add) {                                                                            \
@@ -15939,7 +15935,7 @@ static int64_t dpar__add_simd_f64(double *y, const double *x, int64_t n) {
                     T *cr = col + a1 - k0, *xp = in ? x + ((n * g->h + ih) * g->w + iw) * C + a1 - a : NULL; \
                     if (len <= 0) continue;                                                                  \
                     if (add && in)                                                                           \
-                        for (int64_t q = len >= 16 ? VADD(xp, cr, len) : 0; q < len; q++) xp[q] += cr[q];    \
+                        VADD(xp, cr, len);                                                                   \
                     else if (!add && in && len >= 16)                                                        \
                         memcpy(cr, xp, (size_t)len * sizeof(T));                                             \
                     else if (!add && in) /* short runs (conv1's 3 floats): no call */                        \
@@ -15951,8 +15947,8 @@ static int64_t dpar__add_simd_f64(double *y, const double *x, int64_t n) {
             if (++j == g->ow && (j = 0, ++i == g->oh)) i = 0, n++; /* the next output pixel */               \
         }                                                                                                    \
     }
-DPAR__IM2COL_DEF(dpar__im2col, float, dpar__add_simd_f32)
-DPAR__IM2COL_DEF(dpar__im2col64, double, dpar__add_simd_f64)
+DPAR__IM2COL_DEF(dpar__im2col, float, dpar__add_f32)
+DPAR__IM2COL_DEF(dpar__im2col64, double, dpar__add_f64)
 #undef DPAR__IM2COL_DEF
 #define DPAR__CONV_DEF(IM2COL, CONV, T, GEMM)                                                                      \
     typedef struct IM2COL##_job {                                                                                  \
@@ -16775,9 +16771,9 @@ static double dpar__attn_dsrow_f64(const double *p, double *dr, int64_t n, int h
     for (int64_t j = 0; j < n; j++) dr[j] = p[j] * (dr[j] - D);
     return D;
 }
-/* the largest of r[0..n) that is not NaN (-inf for none), as the loop r[j] > mx ? r[j] : mx: lanes
-   then a fold give the same maximum (a zero's sign may differ, which no use of it can tell: z - mx and
-   mx + log(se) come out the same) */
+/* the largest of r[0..n) that is not NaN (-inf for none), as the loop r[j] > mx ? r[j] : mx. f64: that
+   loop; f32: on AVX-512 lanes then a fold, the same maximum (a zero's sign may differ, which no use of
+   it can tell: z - mx and mx + log(se) come out the same) */
 #ifdef DPAR__X86_SIMD
 __attribute__((target("avx512f"))) static float dpar__rowmax_avx512(const float *r, int64_t n) {
     __m512 m = _mm512_set1_ps(-INFINITY);
