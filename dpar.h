@@ -2501,20 +2501,16 @@ DPAR__PLATFORM_FN uint64_t dpar__memory_bytes(void) {
     return (pages > 0 && psz > 0) ? (uint64_t)pages * (uint64_t)psz : 0;
 #endif
 }
-/* level-2 / last-level (L3) cache bytes where the C library says (glibc), else 0 */
-DPAR__PLATFORM_FN long dpar__l2_cache_bytes(void) {
+/* bytes of the level-2 or level-3 (last-level) cache where the C library says (glibc), else 0 */
+DPAR__PLATFORM_FN long dpar__cache_bytes(int level) {
 #if defined(_SC_LEVEL2_CACHE_SIZE)
-    return sysconf(_SC_LEVEL2_CACHE_SIZE);
-#else
-    return 0;
+    if (level == 2) return sysconf(_SC_LEVEL2_CACHE_SIZE);
 #endif
-}
-DPAR__PLATFORM_FN long dpar__l3_cache_bytes(void) {
 #if defined(_SC_LEVEL3_CACHE_SIZE)
-    return sysconf(_SC_LEVEL3_CACHE_SIZE);
-#else
-    return 0;
+    if (level == 3) return sysconf(_SC_LEVEL3_CACHE_SIZE);
 #endif
+    (void)level;
+    return 0;
 }
 DPAR__PLATFORM_FN long dpar__pid(void) {
 #if defined(_WIN32)
@@ -6099,9 +6095,9 @@ static int dpar__streaming(uint64_t bytes) {
     long c = DPAR__ATOMIC_LOAD(&fit);
     if (!c) {
         long l3 = dpar__sys_cache_bytes(3), l2 = dpar__sys_cache_bytes(2);
-        if (l3 <= 0) l3 = dpar__l3_cache_bytes();
+        if (l3 <= 0) l3 = dpar__cache_bytes(3);
         if (l3 <= 0) l3 = 32L << 20;
-        if (l2 <= 0) l2 = dpar__l2_cache_bytes();
+        if (l2 <= 0) l2 = dpar__cache_bytes(2);
         long cpus = dpar__cpu_count();
         c = l2 > 0 && cpus > 0 && l2 * cpus < l3 ? l2 * cpus : l3;
         DPAR__ATOMIC_STORE(&fit, c);
