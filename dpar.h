@@ -9916,6 +9916,14 @@ static dpar_value dpar__gv(int id) {
     v.id = id;
     return v;
 }
+/* Keeps the thread's error as the graph's first error (a later one does not replace it); returns s. */
+static dpar_status dpar__g_keep(dpar_graph *g, dpar_status s) {
+    if (g && !g->err) {
+        g->err = s;
+        memcpy(g->errtext, dpar__err_text, DPAR__ERR_LEN);
+    }
+    return s;
+}
 /* Records the graph's first error (and sets the thread's); returns the invalid value. */
 static dpar_value dpar__g_fail(dpar_graph *g, dpar_status s, const char *fmt, ...)
 #if defined(__GNUC__)
@@ -9927,10 +9935,7 @@ static dpar_value dpar__g_fail(dpar_graph *g, dpar_status s, const char *fmt, ..
     va_start(ap, fmt);
     dpar__err_vset(fmt, ap);
     va_end(ap);
-    if (g && !g->err) {
-        g->err = s;
-        memcpy(g->errtext, dpar__err_text, DPAR__ERR_LEN);
-    }
+    dpar__g_keep(g, s);
     return dpar__gv(0);
 }
 /* As dpar__g_fail, returning the status (for the calls that return one). */
@@ -9944,11 +9949,7 @@ static dpar_status dpar__g_err(dpar_graph *g, dpar_status s, const char *fmt, ..
     va_start(ap, fmt);
     dpar__err_vset(fmt, ap);
     va_end(ap);
-    if (g && !g->err) {
-        g->err = s;
-        memcpy(g->errtext, dpar__err_text, DPAR__ERR_LEN);
-    }
-    return s;
+    return dpar__g_keep(g, s);
 }
 static dpar_status dpar__g_status(const dpar_graph *g) {
     if (g->err) memcpy(dpar__err_text, g->errtext, DPAR__ERR_LEN);
