@@ -7463,6 +7463,15 @@ DPAR_API dpar_status dpar_matmul(dpar_buffer *C, const dpar_buffer *A, const dpa
     op.f[1] = beta;
     return dpar__op_run(&op);
 }
+/* v (NULL: none) is [N] for x [..., N]: a bias, a norm's scale, their gradients */
+static dpar_status dpar__last_dim_vec(const char *fn, const dpar_buffer *v, const char *vn, const dpar_buffer *x,
+                                      const char *xn) {
+    if (!v || (v->ndim == 1 && x->ndim >= 1 && v->shape[0] == x->shape[x->ndim - 1])) return DPAR_OK;
+    char a[160], b[160];
+    return dpar__err(DPAR_ERR_SHAPE, "%s: %s %s must be 1-d with the size of %s's last dimension (%s is %s)", fn, vn,
+                     dpar__shape_str(a, sizeof a, v->ndim, v->shape), xn, xn,
+                     dpar__shape_str(b, sizeof b, x->ndim, x->shape));
+}
 /* y [..., N] and b [N] */
 DPAR_API dpar_status dpar_bias_add(dpar_buffer *y, const dpar_buffer *b) {
     dpar__clear_error();
@@ -7470,12 +7479,7 @@ DPAR_API dpar_status dpar_bias_add(dpar_buffer *y, const dpar_buffer *b) {
     if (s || (s = dpar__need_ft("dpar_bias_add", y, "y", dpar__fdt(y))) ||
         (s = dpar__need_ft("dpar_bias_add", b, "bias", dpar__fdt(y))))
         return s;
-    if (y->ndim < 1 || b->ndim != 1 || b->shape[0] != y->shape[y->ndim - 1]) {
-        char x[160], z[160];
-        return dpar__err(
-            DPAR_ERR_SHAPE, "dpar_bias_add: bias %s must be 1-d with the size of y's last dimension (y is %s)",
-            dpar__shape_str(z, sizeof z, b->ndim, b->shape), dpar__shape_str(x, sizeof x, y->ndim, y->shape));
-    }
+    if ((s = dpar__last_dim_vec("dpar_bias_add", b, "bias", y, "y"))) return s;
     dpar__op op;
     dpar__op_init(&op, DPAR__OP_BIAS_ADD, y);
     op.src0 = b;
@@ -7489,12 +7493,7 @@ DPAR_API dpar_status dpar_bias_grad(dpar_buffer *db, const dpar_buffer *dy, floa
     const dpar_buffer *fl[2] = { db, dy };
     const char *fln[2] = { "db", "dy" };
     if (s || (s = dpar__same_float64("dpar_bias_grad", fl, fln, 2))) return s;
-    if (dy->ndim < 1 || db->ndim != 1 || db->shape[0] != dy->shape[dy->ndim - 1]) {
-        char x[160], z[160];
-        return dpar__err(
-            DPAR_ERR_SHAPE, "dpar_bias_grad: db %s must be 1-d with the size of dy's last dimension (dy is %s)",
-            dpar__shape_str(z, sizeof z, db->ndim, db->shape), dpar__shape_str(x, sizeof x, dy->ndim, dy->shape));
-    }
+    if ((s = dpar__last_dim_vec("dpar_bias_grad", db, "db", dy, "dy"))) return s;
     dpar__op op;
     dpar__op_init(&op, DPAR__OP_BIAS_GRAD, db);
     op.src0 = dy;
@@ -8647,13 +8646,6 @@ DPAR_API dpar_status dpar_sgd_step(dpar_ctx *ctx, const dpar_sgd_desc *d, dpar_b
    layer_norm / rms_norm, batched matmul, causal attention: checks, then one op
    record each (the CPU reference is in >>cpu norm-attn, Vulkan in
    shaders/layernorm*.comp + attention*.comp, CUDA in kernels/norm_attn.cu). */
-/* x [..., N] as rows x cols; v (if given) must be [N] */
-static dpar_status dpar__norm_vec(const char *fn, const dpar_buffer *v, const char *vn, const dpar_buffer *x) {
-    if (!v || (v->ndim == 1 && x->ndim >= 1 && v->shape[0] == x->shape[x->ndim - 1])) return DPAR_OK;
-    char a[160], b[160];
-    return dpar__err(DPAR_ERR_SHAPE, "%s: %s %s must be 1-d with the size of x's last dimension (x is %s)", fn, vn,
-                     dpar__shape_str(a, sizeof a, v->ndim, v->shape), dpar__shape_str(b, sizeof b, x->ndim, x->shape));
-}
 /* Rows of x [..., N]: the product of its leading dims (also when N = 0, where count / N cannot
    give it), capped above 2^40 so that dims of 2^40 each cannot overflow it. */
 static int64_t dpar__norm_rows(const dpar_buffer *x) {
@@ -8681,7 +8673,7 @@ static dpar_status dpar__norm_fwd(const char *fn, int rms, dpar_buffer *y, dpar_
         (stats && (s = dpar__need_ft(fn, stats, "stats", dpar__fdt(x)))) || (s = dpar__same_shape(fn, y, "y", x, "x")))
         return s;
     if (x->ndim < 1) return dpar__err(DPAR_ERR_SHAPE, "%s: x is a scalar; it needs a last axis to normalize", fn);
-    if ((s = dpar__norm_vec(fn, w, "w", x)) || (s = dpar__norm_vec(fn, b, "b", x))) return s;
+    if ((s = dpar__last_dim_vec(fn, w, "w", x, "x")) || (s = dpar__last_dim_vec(fn, b, "b", x, "x"))) return s;
     int64_t n = x->shape[x->ndim - 1], m = dpar__norm_rows(x);
     if ((s = dpar__stats_count(fn, stats, m, "x"))) return s;
     if (!(eps > 0.0f) || !isfinite(eps))
@@ -8716,8 +8708,8 @@ static dpar_status dpar__norm_bwd(const char *fn, int rms, dpar_buffer *dx, dpar
         (dx && (s = dpar__same_shape(fn, dx, "dx", x, "x"))) || (s = dpar__same_shape(fn, dy, "dy", x, "x")))
         return s;
     if (x->ndim < 1) return dpar__err(DPAR_ERR_SHAPE, "%s: x is a scalar; it needs a last axis to normalize", fn);
-    if ((s = dpar__norm_vec(fn, w, "w", x)) || (s = dpar__norm_vec(fn, dw, "dw", x)) ||
-        (s = dpar__norm_vec(fn, db, "db", x)))
+    if ((s = dpar__last_dim_vec(fn, w, "w", x, "x")) || (s = dpar__last_dim_vec(fn, dw, "dw", x, "x")) ||
+        (s = dpar__last_dim_vec(fn, db, "db", x, "x")))
         return s;
     int64_t n = x->shape[x->ndim - 1], m = dpar__norm_rows(x);
     if ((s = dpar__stats_count(fn, stats, m, "x"))) return s;
