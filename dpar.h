@@ -8500,6 +8500,15 @@ DPAR_API dpar_status dpar_max_pool2d_backward(dpar_buffer *dx, const dpar_buffer
 /* ---------------------------------------------------------------------------
    SGD
    ------------------------------------------------------------------------ */
+/* the ranges of the fields that SGD and AdamW share, checked last in both */
+static dpar_status dpar__decay_clip_check(const char *fn, float weight_decay, float clip_norm) {
+    if (!(weight_decay >= 0.0f) || !isfinite(weight_decay))
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: weight_decay = %g; it must be >= 0", fn, (double)weight_decay);
+    if (!(clip_norm >= 0.0f) || !isfinite(clip_norm))
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: clip_norm = %g; use 0 (off) or a positive norm", fn,
+                         (double)clip_norm);
+    return DPAR_OK;
+}
 static dpar_status dpar__sgd_check(const char *fn, const dpar_sgd_desc *d) {
     if (!d) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: desc is NULL", fn);
     if (!(d->learning_rate >= 0.0f) || !isfinite(d->learning_rate)) /* 0: a warm-up's first step */
@@ -8509,13 +8518,7 @@ static dpar_status dpar__sgd_check(const char *fn, const dpar_sgd_desc *d) {
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: momentum = %g; it must be in [0, 1)", fn, (double)d->momentum);
     if (d->nesterov && d->momentum == 0.0f)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: nesterov needs momentum > 0", fn);
-    if (!(d->weight_decay >= 0.0f) || !isfinite(d->weight_decay))
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: weight_decay = %g; it must be >= 0", fn,
-                         (double)d->weight_decay);
-    if (!(d->clip_norm >= 0.0f) || !isfinite(d->clip_norm))
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: clip_norm = %g; use 0 (off) or a positive norm", fn,
-                         (double)d->clip_norm);
-    return DPAR_OK;
+    return dpar__decay_clip_check(fn, d->weight_decay, d->clip_norm);
 }
 DPAR_API dpar_status dpar_sgd_check(const dpar_sgd_desc *d) {
     dpar__clear_error();
@@ -8942,13 +8945,7 @@ static dpar_status dpar__adamw_resolve(const char *fn, const dpar_adamw_desc *d,
                          (double)r->b1, (double)r->b2);
     if (!(r->eps > 0.0f) || !isfinite(r->eps))
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: eps = %g; it must be a finite number > 0", fn, (double)r->eps);
-    if (!(r->weight_decay >= 0.0f) || !isfinite(r->weight_decay))
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: weight_decay = %g; it must be >= 0", fn,
-                         (double)r->weight_decay);
-    if (!(r->clip_norm >= 0.0f) || !isfinite(r->clip_norm))
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: clip_norm = %g; use 0 (off) or a positive norm", fn,
-                         (double)r->clip_norm);
-    return DPAR_OK;
+    return dpar__decay_clip_check(fn, r->weight_decay, r->clip_norm);
 }
 DPAR_API dpar_status dpar_adamw_check(const dpar_adamw_desc *d) {
     dpar__clear_error();
