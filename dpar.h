@@ -1899,7 +1899,8 @@ DPAR_API dpar_array *dpar_graph_feed_array(const dpar_graph *g, dpar_value v);
    not touch what the running step reads), so step N+1's batch uploads while
    step N computes; the host data may be reused as soon as it returns.
    feeds: every feed of g once, as for dpar_graph_run (host: row-major global
-   data of the feed's dtype and shape; array: of the graph's mesh with the
+   data of the feed's dtype and shape, of which a process reads only the
+   parts its devices hold (dpar_array_local_rows); array: of the graph's mesh with the
    feed's dtype, global shape and spec, which must stay alive and unwritten
    until the run that takes it). feeds = NULL, num_feeds = 0: drops the staged
    feeds. Puts and runs of a graph come from one thread (or are serialized
@@ -1921,6 +1922,22 @@ DPAR_API dpar_status dpar_graph_put_feeds(dpar_graph *g, const dpar_graph_feed *
    has no loss), DPAR_ERR_STATE (not run yet; a step in flight: wait for it
    first; the mesh was destroyed). */
 DPAR_API dpar_status dpar_graph_loss(dpar_graph *g, float *loss);
+/* Logs each run's loss on the devices, so that many steps' losses come back
+   with one wait (an epoch's mean, a NaN check a few steps late) while every
+   run passes loss = NULL and the steps queue: from the next run on, each run
+   (dpar_graph_run, dpar_graph_run_start) appends its loss to a ring of
+   `capacity` f32 slots on this process's first device (a 4-byte device copy,
+   no host read). capacity 0 stops logging and frees the ring; another
+   capacity starts a new, empty ring. Errors: DPAR_ERR_INVALID_ARGUMENT (g
+   NULL, capacity < 0, the graph has no loss), DPAR_ERR_DTYPE (an f64 loss),
+   DPAR_ERR_STATE (a step in flight; g destroyed), DPAR_ERR_OUT_OF_MEMORY. */
+DPAR_API dpar_status dpar_graph_log_losses(dpar_graph *g, int capacity);
+/* The losses of the last n logged runs (dpar_graph_log_losses), oldest first,
+   as dpar_graph_run's *loss would have read them, read with one wait for the
+   devices. Errors: DPAR_ERR_INVALID_ARGUMENT (NULL with n > 0, n < 0, n more
+   than the ring holds or than the runs logged since it was made, no ring),
+   DPAR_ERR_STATE (a step in flight; g destroyed). */
+DPAR_API dpar_status dpar_graph_losses(dpar_graph *g, float *out, int n);
 /* How the graph's steps are replayed on a backend that records programs
    (Vulkan: command buffers; CUDA: CUDA Graphs by stream capture): the first
    run records each device's runs of device ops (everything but collectives,
@@ -9870,6 +9887,8 @@ struct dpar_graph {
     struct dpar__gprog *prog;   /* [nlocal] recorded command buffers (>>graph program), NULL: op by op */
     struct dpar__gstage *stage; /* staged feeds (>>graph feeds), NULL: none put yet */
     dpar_buffer **feed_take;    /* the running step's staged shards [feed * nlocal + li], NULL: none */
+    dpar_buffer *loss_log;      /* dpar_graph_log_losses: the ring of losses on device first, NULL: off */
+    int64_t losses_logged;      /* runs logged into it; run r in slot r % its count */
 };
 static bool dpar__g_pipe_inputs(dpar_graph *g, int nin, const int *in); /* >>graph zero1-pipe */
 static bool dpar__g_pipe_feed(dpar_graph *g, int id, const char *name);
@@ -13098,6 +13117,7 @@ static dpar_status dpar__g_run_entered(dpar_graph *g, const dpar_graph_feed *fee
 DPAR_API dpar_status dpar_graph_run(dpar_graph *g, const dpar_graph_feed *feeds, int num_feeds, float *loss) {
     return dpar__g_run_entered(g, feeds, num_feeds, loss, true);
 }
+static dpar_status dpar__g_log_loss(dpar_graph *g); /* >>graph feeds */
 static dpar_status dpar__g_run(dpar_graph *g, const dpar_graph_feed *feeds, int num_feeds, float *loss, bool take) {
     if (g->err) return dpar__g_status(g);
     if (num_feeds < 0 || (num_feeds && !feeds))
@@ -13126,6 +13146,7 @@ static dpar_status dpar__g_run(dpar_graph *g, const dpar_graph_feed *feeds, int 
     if ((s = dpar_shard_map(g->mesh, &d))) return s;
     g->ran = true;
     g->opt.step++;
+    if (g->loss_log && (s = dpar__g_log_loss(g))) return s;
     if (loss && g->n[g->loss_value].dtype == DPAR_F64) { /* an f64 loss: rounded here, dpar_graph_get has it whole */
         double lv = 0.0;
         s = dpar_buffer_read(dpar__g_buf(g, g->loss_value, 0), 0, &lv, sizeof lv);
@@ -13366,6 +13387,73 @@ DPAR_API dpar_status dpar_graph_loss(dpar_graph *g, float *loss) {
     dpar__live_leave(rt, 0);
     return s;
 }
+/* The loss log (dpar_graph_log_losses): after each run, a device copy of the pinned loss into the ring's next
+   slot, queued behind the step like its other ops, so that no run waits for the device. */
+static dpar_status dpar__g_log_loss(dpar_graph *g) {
+    int64_t one = 1, cap = g->loss_log->count;
+    dpar_status s =
+        dpar__strided(g->loss_log, dpar__g_buf(g, g->loss_value, 0), 1, &one, &one, 0, &one, g->losses_logged % cap);
+    if (s) return dpar__err(s, "dpar_graph_run: logging the loss (dpar_graph_log_losses): %s", dpar_last_error());
+    g->losses_logged++;
+    return DPAR_OK;
+}
+static dpar_status dpar__g_log_losses(dpar_graph *g, int capacity) {
+    const char *fn = "dpar_graph_log_losses";
+    dpar_status s = dpar__busy(g->rt, NULL, fn);
+    if (s) return s;
+    if (g->err) return dpar__g_status(g);
+    if (capacity < 0) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: capacity %d is negative", fn, capacity);
+    if (!g->loss_value)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: the graph has no loss; call dpar_graph_value_and_grad", fn);
+    if (g->n[g->loss_value].dtype != DPAR_F32)
+        return dpar__err(DPAR_ERR_DTYPE,
+                         "%s: the loss is %s; the log holds f32 losses (read an f64 one with "
+                         "dpar_graph_get)",
+                         fn, dpar_dtype_name(g->n[g->loss_value].dtype));
+    if (!dpar__g_mesh_alive(g)) return dpar__err(DPAR_ERR_STATE, "%s: the graph's mesh was destroyed", fn);
+    if ((s = dpar_buffer_destroy(g->loss_log))) return s;
+    g->loss_log = NULL;
+    g->losses_logged = 0;
+    int64_t n = capacity;
+    if (capacity && (s = dpar_buffer_create(g->rt, g->first, DPAR_F32, 1, &n, &g->loss_log)))
+        return dpar__err(s, "%s: the ring of %d losses: %s", fn, capacity, dpar_last_error());
+    return DPAR_OK;
+}
+DPAR_API dpar_status dpar_graph_log_losses(dpar_graph *g, int capacity) {
+    dpar__clear_error();
+    if (!g) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_log_losses: graph is NULL");
+    dpar_runtime *rt = NULL;
+    if (dpar__live_enter(g, DPAR__LIVE_GRAPH, "dpar_graph_log_losses", 0, &rt)) return DPAR_ERR_STATE;
+    dpar_status s = dpar__g_log_losses(g, capacity);
+    dpar__live_leave(rt, 0);
+    return s;
+}
+/* The last n logged losses, oldest first: at most two reads (the ring may wrap), the first one waits. */
+static dpar_status dpar__g_losses(dpar_graph *g, float *out, int n) {
+    const char *fn = "dpar_graph_losses";
+    if (n < 0 || (n && !out))
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: n = %d with out %s", fn, n, out ? "given" : "NULL");
+    if (!g->loss_log)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: no losses are logged; call dpar_graph_log_losses first", fn);
+    int64_t cap = g->loss_log->count, have = g->losses_logged < cap ? g->losses_logged : cap;
+    if (n > have)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                         "%s: %d losses asked for, the ring holds %lld (%lld runs logged, capacity %lld)", fn, n,
+                         (long long)have, (long long)g->losses_logged, (long long)cap);
+    int64_t at = (g->losses_logged - n) % cap, first = n < cap - at ? n : cap - at;
+    dpar_status s = dpar_buffer_read(g->loss_log, (size_t)at * sizeof *out, out, (size_t)first * sizeof *out);
+    if (!s && n > first) s = dpar_buffer_read(g->loss_log, 0, out + first, (size_t)(n - first) * sizeof *out);
+    return s;
+}
+DPAR_API dpar_status dpar_graph_losses(dpar_graph *g, float *out, int n) {
+    dpar__clear_error();
+    if (!g) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_losses: graph is NULL");
+    dpar_runtime *rt = NULL;
+    if (dpar__live_enter(g, DPAR__LIVE_GRAPH, "dpar_graph_losses", 0, &rt)) return DPAR_ERR_STATE;
+    dpar_status s = dpar__g_losses(g, out, n);
+    dpar__live_leave(rt, 0);
+    return s;
+}
 
 /* ---- inspect ---- */
 static dpar_status dpar__g_readable(const dpar_graph *g, const char *fn, dpar_value v) {
@@ -13516,6 +13604,7 @@ static void dpar__g_free(void *self) {
     }
     dpar__g_z1_destroy(g, alive);
     dpar__g_stage_free(g, alive); /* >>graph feeds */
+    dpar_buffer_destroy(g->loss_log);
     dpar__g_pipe_destroy(g);
     dpar__g_bucket_free(g);
     DPAR_FREE(g->slot_bytes);

@@ -2,7 +2,10 @@
    (dpar_graph_loss): a 4-device classifier trained for several steps on
    staged batches, each put while the previous step is in flight, gives bit
    for bit the losses and weights of plain runs with explicit feeds, on the
-   CPU backend and on Vulkan; then every refusal of the staging API. */
+   CPU backend and on Vulkan; the losses logged on the devices
+   (dpar_graph_log_losses) and read several steps at a time (dpar_graph_losses,
+   the ring wrapped) are bit for bit each plain run's loss, on both backends;
+   then every refusal of the staging and the logging API. */
 #include "testutil.h"
 
 enum { B = 8, F = 4, C = 3, STEPS = 6 };
@@ -105,6 +108,40 @@ static void test_staged_equals_plain_vulkan(void **state) {
     staged_equals_plain(DPAR_BACKEND_VULKAN);
 }
 
+/* Queued steps with no loss read, their losses logged in a ring of 4 and read 3, then 4 (wrapped), then 1 at a
+   time: each one the plain run's loss of its step, bit for bit. */
+static void logged_losses(dpar_backend_kind k) {
+    fixture fx;
+    fixture_open(&fx, k, 4);
+    float x[B * F], la[STEPS], lb[STEPS];
+    int32_t y[B];
+    T_OK(dpar_graph_log_losses(fx.b.g, 4));
+    for (int s = 0; s < STEPS; s++) {
+        batch(s, x, y);
+        T_OK(dpar_graph_run(fx.a.g, (dpar_graph_feed[]){ { fx.a.x, x, NULL }, { fx.a.y, y, NULL } }, 2, &la[s]));
+        T_OK(dpar_graph_put_feeds(fx.b.g, (dpar_graph_feed[]){ { fx.b.x, x, NULL }, { fx.b.y, y, NULL } }, 2));
+        T_OK(dpar_graph_run(fx.b.g, NULL, 0, NULL));
+        if (s == 2) {
+            T_OK(dpar_graph_losses(fx.b.g, lb, 3));
+            assert_memory_equal(la, lb, 3 * sizeof *la);
+        }
+    }
+    T_OK(dpar_graph_losses(fx.b.g, lb, 4)); /* steps 2..5: slots 2, 3, 0, 1 */
+    assert_memory_equal(la + STEPS - 4, lb, 4 * sizeof *la);
+    T_OK(dpar_graph_losses(fx.b.g, lb, 1));
+    assert_memory_equal(la + STEPS - 1, lb, sizeof *la);
+    T_ERR(dpar_graph_losses(fx.b.g, lb, 5), DPAR_ERR_INVALID_ARGUMENT, "5 losses asked for", "holds 4");
+    fixture_close(&fx);
+}
+static void test_logged_losses_cpu(void **state) {
+    (void)state;
+    logged_losses(DPAR_BACKEND_CPU);
+}
+static void test_logged_losses_vulkan(void **state) {
+    (void)state;
+    logged_losses(DPAR_BACKEND_VULKAN);
+}
+
 /* Device arrays staged by reference, and runs with loss = NULL read later: the plain losses again. */
 static void test_staged_arrays_and_late_loss(void **state) {
     (void)state;
@@ -188,6 +225,27 @@ static void test_put_feeds_errors(void **state) {
     float lc = 0;
     T_OK(dpar_graph_loss(fx.a.g, &lc));
     assert_memory_equal(&l, &lc, sizeof l);
+    /* the loss log: refused arguments, no ring yet, in flight, restarted empty, stopped */
+    T_ERR(dpar_graph_log_losses(NULL, 4), DPAR_ERR_INVALID_ARGUMENT, "graph is NULL");
+    T_ERR(dpar_graph_log_losses(fx.a.g, -1), DPAR_ERR_INVALID_ARGUMENT, "capacity -1");
+    T_ERR(dpar_graph_losses(NULL, &l, 1), DPAR_ERR_INVALID_ARGUMENT, "graph is NULL");
+    T_ERR(dpar_graph_losses(fx.a.g, &l, 1), DPAR_ERR_INVALID_ARGUMENT, "no losses are logged", "dpar_graph_log_losses");
+    T_OK(dpar_graph_log_losses(fx.a.g, 2));
+    T_ERR(dpar_graph_losses(fx.a.g, &l, -1), DPAR_ERR_INVALID_ARGUMENT, "n = -1");
+    T_ERR(dpar_graph_losses(fx.a.g, NULL, 1), DPAR_ERR_INVALID_ARGUMENT, "out NULL");
+    T_ERR(dpar_graph_losses(fx.a.g, &l, 1), DPAR_ERR_INVALID_ARGUMENT, "holds 0", "0 runs logged");
+    T_OK(dpar_graph_losses(fx.a.g, NULL, 0));
+    T_OK(dpar_graph_run(fx.a.g, f, 2, &l));
+    T_OK(dpar_graph_run_start(fx.b.g, (dpar_graph_feed[]){ { fx.b.x, x, NULL }, { fx.b.y, y, NULL } }, 2, NULL, &req));
+    T_ERR(dpar_graph_losses(fx.a.g, &lc, 1), DPAR_ERR_STATE, "in flight");
+    T_ERR(dpar_graph_log_losses(fx.a.g, 3), DPAR_ERR_STATE, "in flight");
+    T_OK(dpar_wait(NULL, req));
+    T_OK(dpar_graph_losses(fx.a.g, &lc, 1));
+    assert_memory_equal(&l, &lc, sizeof l);
+    T_OK(dpar_graph_log_losses(fx.a.g, 3)); /* a new ring: the run above is not in it */
+    T_ERR(dpar_graph_losses(fx.a.g, &lc, 1), DPAR_ERR_INVALID_ARGUMENT, "holds 0");
+    T_OK(dpar_graph_log_losses(fx.a.g, 0));
+    T_ERR(dpar_graph_losses(fx.a.g, &lc, 1), DPAR_ERR_INVALID_ARGUMENT, "no losses are logged");
     /* a graph without a loss */
     dpar_graph *nl;
     T_OK(dpar_graph_create(fx.m, &nl));
@@ -196,6 +254,7 @@ static void test_put_feeds_errors(void **state) {
     T_OK(dpar_graph_put_feeds(nl, (dpar_graph_feed[]){ { nx, x, NULL } }, 1));
     T_OK(dpar_graph_run(nl, NULL, 0, NULL));
     T_ERR(dpar_graph_loss(nl, &l), DPAR_ERR_INVALID_ARGUMENT, "no loss");
+    T_ERR(dpar_graph_log_losses(nl, 4), DPAR_ERR_INVALID_ARGUMENT, "no loss");
     /* destroy with feeds staged and never run: freed with the graph (the leak check of CI sees it) */
     T_OK(dpar_graph_put_feeds(nl, (dpar_graph_feed[]){ { nx, x, NULL } }, 1));
     T_OK(dpar_graph_destroy(nl));
@@ -205,10 +264,9 @@ static void test_put_feeds_errors(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_staged_equals_plain_cpu),
-        cmocka_unit_test(test_staged_equals_plain_vulkan),
-        cmocka_unit_test(test_staged_arrays_and_late_loss),
-        cmocka_unit_test(test_put_feeds_errors),
+        cmocka_unit_test(test_staged_equals_plain_cpu),     cmocka_unit_test(test_staged_equals_plain_vulkan),
+        cmocka_unit_test(test_logged_losses_cpu),           cmocka_unit_test(test_logged_losses_vulkan),
+        cmocka_unit_test(test_staged_arrays_and_late_loss), cmocka_unit_test(test_put_feeds_errors),
     };
     return cmocka_run_group_tests_name("graph_async", tests, NULL, NULL);
 }
