@@ -6,7 +6,15 @@
    library appends the backward pass, averages the loss and the gradients
    over "data" (the parameters are replicated over it), and adds the SGD step
    with momentum, so the replicas stay bitwise identical. Each step is one
-   dpar_graph_run: the batch in, the loss out.
+   dpar_graph_run on the batch staged by dpar_graph_put_feeds, which asks for
+   no loss back: the steps queue on the devices (on Vulkan and CUDA the next
+   batch uploads while the device runs the last step) and the graph logs each
+   step's loss on the device (dpar_graph_log_losses). The host reads the
+   logged losses every LOSS_EVERY steps and at each epoch's end, one wait for
+   them all, and checks each for NaN by its own step number: a diverging run
+   stops naming the step that first went NaN, at most LOSS_EVERY - 1 steps
+   after it ran. The printed losses are the same numbers, summed in the same
+   order, as a read after every step.
 
    build/train_digits [--backend cpu|vulkan|cuda] [--devices N] [--epochs N]
                       [--batch N] [--lr X] [--momentum X] [--seed N] [--hidden N]
@@ -19,8 +27,8 @@
    Multi-process: built with -DDPAR_MPI (make build/train_digits_mpi) and run
    as `mpirun -np P build/train_digits_mpi --devices D`, each of the P
    processes opens D/P devices, loads only its own rows of every batch
-   (dpar_array_local_rows + dpar_array_put_rows into the graph's feed arrays),
-   and process 0 prints. */
+   (dpar_array_local_rows; dpar_graph_put_feeds reads only this process's
+   rows of the global batch), and process 0 prints. */
 #include "digits_common.h" /* data, fixed-seed split, RNG, init, flags: shared with the other digits examples */
 #ifdef DPAR_MPI
 #include <mpi.h>
@@ -28,6 +36,7 @@
 
 /* ------------------------------------------------------------------ model */
 enum { W1, B1, W2, B2, NPARAM };
+enum { LOSS_EVERY = 32 }; /* steps between two reads of the logged losses (and at each epoch's end) */
 
 /* The step as a graph: x [batch, 64] f32 and y [batch] i32 split over "data"; the parameters W1 [64, H], b1 [H],
    W2 [H, 10], b2 [10] replicated. Gradients, their pmean over "data" and the SGD step come from the library. */
@@ -128,8 +137,7 @@ int main(int argc, char **argv) {
     dpar_value fx, fy;
     if (build_step(mesh, param, batch, &(dpar_sgd_desc){ .learning_rate = lr, .momentum = momentum }, &step, &fx, &fy))
         return digits_fail("step graph");
-    dpar_array *bx = dpar_graph_feed_array(step, fx), *by = dpar_graph_feed_array(step, fy);
-    dpar_graph_feed feeds[2] = { { .value = fx, .array = bx }, { .value = fy, .array = by } };
+    if (dpar_graph_log_losses(step, LOSS_EVERY)) return digits_fail("loss log");
 
     /* test set, padded to a multiple of the device count */
     int tpad = (ntest + devices - 1) / devices * devices;
@@ -144,8 +152,9 @@ int main(int argc, char **argv) {
         memcpy(xt + (size_t)(i - r0) * NPIX, all.x + (size_t)test_idx[i] * NPIX, NPIX * sizeof(float));
     if (dpar_array_put_rows(tx, r0, rn, xt)) return digits_fail("test set");
 
-    float *xb = malloc((size_t)batch * NPIX * sizeof(float));
+    float *xb = malloc((size_t)batch * NPIX * sizeof(float)), losses[LOSS_EVERY];
     int32_t *yb = malloc((size_t)batch * sizeof(int32_t));
+    dpar_graph_feed feeds[2] = { { .value = fx, .host = xb }, { .value = fy, .host = yb } };
     int steps = ntrain / batch; /* drop the last partial batch: the global batch is constant */
     dpar_shard_map_desc eval = { .fn = digits_eval_step, .user = param, .num_args = 3, .args = { tx, th, tl } };
     double epoch_loss = 0.0, acc = 0.0;
@@ -154,19 +163,23 @@ int main(int argc, char **argv) {
         shuffle(train_idx, ntrain);
         double t0 = now_s(), sum = 0.0;
         int64_t b0, bn; /* this process's rows of the global batch */
-        if (dpar_array_local_rows(bx, &b0, &bn)) return digits_fail("batch rows");
-        for (int s = 0; s < steps; s++) {
-            for (int64_t b = b0; b < b0 + bn; b++) {
+        if (dpar_array_local_rows(dpar_graph_feed_array(step, fx), &b0, &bn)) return digits_fail("batch rows");
+        for (int s = 0, logged = 0; s < steps; s++) {
+            for (int64_t b = b0; b < b0 + bn; b++) { /* at their places in the global batch */
                 int k = train_idx[s * batch + b];
-                memcpy(xb + (size_t)(b - b0) * NPIX, all.x + (size_t)k * NPIX, NPIX * sizeof(float));
-                yb[b - b0] = all.y[k];
+                memcpy(xb + (size_t)b * NPIX, all.x + (size_t)k * NPIX, NPIX * sizeof(float));
+                yb[b] = all.y[k];
             }
-            if (dpar_array_put_rows(bx, b0, bn, xb) || dpar_array_put_rows(by, b0, bn, yb))
-                return digits_fail("batch upload");
-            float loss;
-            if (dpar_graph_run(step, feeds, 2, &loss)) return digits_fail("train step");
-            if (ex_check_loss("train_digits", loss, (long long)(e - 1) * steps + s + 1, e, lr)) return 1;
-            sum += loss;
+            if (dpar_graph_put_feeds(step, feeds, 2)) return digits_fail("batch upload");
+            if (dpar_graph_run(step, NULL, 0, NULL)) return digits_fail("train step");
+            if (++logged < LOSS_EVERY && s + 1 < steps) continue;
+            if (dpar_graph_losses(step, losses, logged)) return digits_fail("train loss");
+            for (int i = 0; i < logged; i++) { /* steps s + 1 - logged .. s */
+                long long at = (long long)(e - 1) * steps + s + 2 - logged + i;
+                if (ex_check_loss("train_digits", losses[i], at, e, lr)) return 1;
+                sum += losses[i];
+            }
+            logged = 0;
         }
         double dt = now_s() - t0;
         epoch_loss = sum / steps;

@@ -149,6 +149,10 @@ for ex in train_digits train_digits_tp train_digits_zero1 train_digits_pipeline;
     run $ex --lr 1e30 --epochs 1
     refused "$ex --lr 1e30 stops at the NaN loss, naming the step" 1 "training loss is" "at step 2 (epoch 1)"
 done
+# train_digits reads its logged losses every 32 steps: at --batch 8 (179 steps an epoch) the NaN of step 2 is
+# found at step 32's read, mid-epoch, and still named by its own step
+run train_digits --lr 1e30 --epochs 1 --batch 8
+refused "train_digits --lr 1e30 --batch 8 names the first NaN step from a lagged read" 1 "at step 2 (epoch 1)"
 run train_digits --lr -0.1
 refused "train_digits --lr -0.1 is named with its limit" 2 "--lr -0.1: must be a finite number > 0"
 # a number past its type is out of range, named as typed (was "not an integer" / "--lr inf"),
