@@ -51,8 +51,8 @@
 // "mock nccl: N communicator rank(s) spanning processes, M collective(s)
 // through shared memory" (ncclCommInitRank ranks of this process whose
 // communicator has ranks in other processes, and the collectives / p2p
-// groups they ran) and "mock nccl: K unique id(s) made" (ncclGetUniqueId
-// calls); MOCK_NCCL_TIMEOUT_MS (default 10000) bounds every wait of
+// groups they ran), "mock nccl: K unique id(s) made" (ncclGetUniqueId
+// calls) and "mock calls: NAME N" per entry point called; MOCK_NCCL_TIMEOUT_MS (default 10000) bounds every wait of
 // a cross-process communicator; MOCK_NCCL_STALL=k (MOCK_NCCL_STALL_ERROR=1)
 // hangs the k-th collective of every rank until ncclCommAbort (and reports
 // ncclSystemError asynchronously); MOCK_NCCL_TRACE=1 logs NCCL operations.
@@ -474,8 +474,36 @@ static bool in_alloc(CUdeviceptr p, size_t n) {
     return (uintptr_t)p >= it->first && (uintptr_t)p + n <= it->first + it->second;
 }
 
+// MOCK_CUDA_REPORT: how often each API entry point was called (its first
+// call registers its counter; the report lists them by name).
+struct call_count {
+    const char *name;
+    unsigned long n = 0; /* atomic */
+    call_count *next;
+    explicit call_count(const char *nm);
+};
+static call_count *g_counts; /* atomic list head */
+call_count::call_count(const char *nm) : name(nm), next(NULL) {
+    next = __atomic_load_n(&g_counts, __ATOMIC_ACQUIRE);
+    while (!__atomic_compare_exchange_n(&g_counts, &next, this, true, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {}
+}
+/* The calls of entry point `name` so far (0: never called): tests/cuda_mock/step_calls.c
+   takes its per-step counts from it (dlsym on libcuda.so.1). */
+extern "C" unsigned long mock_cuda_calls(const char *name) {
+    for (call_count *c = __atomic_load_n(&g_counts, __ATOMIC_ACQUIRE); c; c = c->next)
+        if (strcmp(c->name, name) == 0) return __atomic_load_n(&c->n, __ATOMIC_RELAXED);
+    return 0;
+}
+#define COUNT_AS(name)                                      \
+    do {                                                    \
+        static call_count count_(name);                     \
+        __atomic_add_fetch(&count_.n, 1, __ATOMIC_RELAXED); \
+    } while (0)
+#define COUNT_CALL() COUNT_AS(__func__)
+
 extern "C" {
 CUresult cuInit(unsigned flags) {
+    COUNT_CALL();
     (void)flags;
     const char *nd = getenv("MOCK_CUDA_NO_DEVICE");
     if (nd && *nd == '1') return ERR_NO_DEVICE;
@@ -506,6 +534,7 @@ CUresult cuInit(unsigned flags) {
     return OK;
 }
 CUresult cuDriverGetVersion(int *v) {
+    COUNT_CALL();
     *v = 13000;
     return OK;
 }
@@ -530,22 +559,26 @@ CUresult cuGetErrorString(CUresult r, const char **s) {
     return OK;
 }
 CUresult cuDeviceGetCount(int *n) {
+    COUNT_CALL();
     if (!g_inited) return ERR_NOT_INIT;
     *n = g_ngpu;
     return OK;
 }
 CUresult cuDeviceGet(int *d, int i) {
+    COUNT_CALL();
     if (i < 0 || i >= g_ngpu) return ERR_INVALID_DEVICE;
     *d = i;
     return OK;
 }
 CUresult cuDeviceGetName(char *s, int len, int d) {
+    COUNT_CALL();
     if (d < 0 || d >= g_ngpu) return ERR_INVALID_DEVICE;
     snprintf(s, (size_t)len, "Mock GPU %d", g_phys[d]);
     return OK;
 }
 /* the same 16 bytes for one physical mock GPU in every process */
 CUresult cuDeviceGetUuid(CUuuid *u, int d) {
+    COUNT_CALL();
     if (!u) return ERR_INVALID_VALUE;
     if (d < 0 || d >= g_ngpu) return ERR_INVALID_DEVICE;
     char b[17];
@@ -554,19 +587,23 @@ CUresult cuDeviceGetUuid(CUuuid *u, int d) {
     return OK;
 }
 CUresult cuDeviceGetUuid_v2(CUuuid *u, int d) {
+    COUNT_CALL();
     return cuDeviceGetUuid(u, d);
 }
 CUresult cuDeviceTotalMem_v2(size_t *b, int d) {
+    COUNT_CALL();
     (void)d;
     *b = (size_t)1 << 34;
     return OK;
 }
 CUresult cuDeviceGetAttribute(int *v, int attr, int d) {
+    COUNT_CALL();
     (void)d;
     *v = attr == 75 ? 9 : attr == 76 ? 0 : attr == 16 ? 132 : 0;
     return OK;
 }
 CUresult cuDevicePrimaryCtxRetain(void **c, int d) {
+    COUNT_CALL();
     if (d < 0 || d >= g_ngpu) return ERR_INVALID_DEVICE;
     std::lock_guard<std::mutex> lock(g_mu);
     g_ctx[d].dev = d;
@@ -575,16 +612,19 @@ CUresult cuDevicePrimaryCtxRetain(void **c, int d) {
     return OK;
 }
 CUresult cuDevicePrimaryCtxRelease_v2(int d) {
+    COUNT_CALL();
     std::lock_guard<std::mutex> lock(g_mu);
     if (g_ctx[d].refs <= 0) return fail_bad("cuDevicePrimaryCtxRelease without retain");
     g_ctx[d].refs--;
     return OK;
 }
 CUresult cuCtxSetCurrent(void *c) {
+    COUNT_CALL();
     t_cur = (mock_ctx *)c;
     return OK;
 }
 CUresult cuStreamCreate(void **s, unsigned f) {
+    COUNT_CALL();
     NEED_CTX();
     (void)f;
     mstream *m = new mstream();
@@ -593,6 +633,7 @@ CUresult cuStreamCreate(void **s, unsigned f) {
     return OK;
 }
 CUresult cuStreamDestroy_v2(void *s) {
+    COUNT_CALL();
     mstream *m = (mstream *)s;
     stream_sync(m);
     {
@@ -605,27 +646,32 @@ CUresult cuStreamDestroy_v2(void *s) {
     return OK;
 }
 CUresult cuStreamSynchronize(void *s) {
+    COUNT_CALL();
     if (cap_refuse(s)) return ERR_CAPTURE_UNSUPPORTED;
     stream_sync(s);
     return OK;
 }
 CUresult cuStreamQuery(void *s) {
+    COUNT_CALL();
     if (cap_refuse(s)) return ERR_CAPTURE_UNSUPPORTED;
     mstream *m = (mstream *)s;
     std::lock_guard<std::mutex> l(m->mu);
     return m->done == m->enq ? OK : 600;
 }
 CUresult cuEventCreate(void **e, unsigned f) {
+    COUNT_CALL();
     NEED_CTX();
     (void)f;
     *e = new mevent();
     return OK;
 }
 CUresult cuEventDestroy_v2(void *e) {
+    COUNT_CALL();
     delete (mevent *)e;
     return OK;
 }
 CUresult cuEventRecord(void *ev, void *s) {
+    COUNT_CALL();
     mevent *e = (mevent *)ev;
     if (!e) return ERR_INVALID_VALUE;
     if (cap_refuse(s)) return ERR_CAPTURE_UNSUPPORTED;
@@ -642,11 +688,13 @@ CUresult cuEventRecord(void *ev, void *s) {
     return OK;
 }
 CUresult cuEventQuery(void *ev) {
+    COUNT_CALL();
     mevent *e = (mevent *)ev;
     std::lock_guard<std::mutex> l(e->mu);
     return e->comp >= e->rec ? OK : 600;
 }
 CUresult cuStreamWaitEvent(void *s, void *ev, unsigned f) {
+    COUNT_CALL();
     (void)f;
     mevent *e = (mevent *)ev;
     if (!e) return ERR_INVALID_VALUE;
@@ -663,6 +711,7 @@ CUresult cuStreamWaitEvent(void *s, void *ev, unsigned f) {
     return OK;
 }
 CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
+    COUNT_CALL();
     NEED_CTX();
     if (t_strict_captures) return ERR_CAPTURE_UNSUPPORTED; /* only relaxed mode allows it */
     if (n == 0) return ERR_INVALID_VALUE;                  // as the real driver
@@ -676,6 +725,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
     return OK;
 }
 CUresult cuMemFree_v2(CUdeviceptr p) {
+    COUNT_CALL();
     NEED_CTX();
     if (t_strict_captures) return ERR_CAPTURE_UNSUPPORTED;
     std::lock_guard<std::mutex> lock(g_mu);
@@ -703,12 +753,14 @@ CUresult cuMemFree_v2(CUdeviceptr p) {
         }                                                                                                             \
     } while (0)
 CUresult cuMemsetD8Async(CUdeviceptr p, unsigned char v, size_t n, void *s) {
+    COUNT_CALL();
     NEED_CTX();
     CHECK_RANGE(p, n);
     enqueue(s, [=] { memset((void *)(uintptr_t)p, v, n); });
     return OK;
 }
 CUresult cuMemsetD16Async(CUdeviceptr p, unsigned short v, size_t n, void *s) {
+    COUNT_CALL();
     NEED_CTX();
     CHECK_RANGE(p, 2 * n);
     enqueue(s, [=] {
@@ -717,6 +769,7 @@ CUresult cuMemsetD16Async(CUdeviceptr p, unsigned short v, size_t n, void *s) {
     return OK;
 }
 CUresult cuMemsetD32Async(CUdeviceptr p, unsigned v, size_t n, void *s) {
+    COUNT_CALL();
     NEED_CTX();
     CHECK_RANGE(p, 4 * n);
     enqueue(s, [=] {
@@ -725,6 +778,7 @@ CUresult cuMemsetD32Async(CUdeviceptr p, unsigned v, size_t n, void *s) {
     return OK;
 }
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *h, size_t n, void *s) {
+    COUNT_CALL();
     NEED_CTX();
     if (cap_refuse(s)) return ERR_CAPTURE_UNSUPPORTED; /* pageable host memory */
     CHECK_RANGE(d, n);
@@ -734,6 +788,7 @@ CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *h, size_t n, void *s) {
     return OK;
 }
 CUresult cuMemcpyDtoHAsync_v2(void *h, CUdeviceptr d, size_t n, void *s) {
+    COUNT_CALL();
     NEED_CTX();
     if (cap_refuse(s)) return ERR_CAPTURE_UNSUPPORTED;
     CHECK_RANGE(d, n);
@@ -750,6 +805,7 @@ CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr sp, size_t n, void *s) 
     return OK;
 }
 CUresult cuModuleLoadDataEx(void **m, const void *img, unsigned n, int *opts, void **vals) {
+    COUNT_CALL();
     NEED_CTX();
     (void)n;
     (void)opts;
@@ -759,10 +815,12 @@ CUresult cuModuleLoadDataEx(void **m, const void *img, unsigned n, int *opts, vo
     return OK;
 }
 CUresult cuModuleUnload(void *m) {
+    COUNT_CALL();
     free(m);
     return OK;
 }
 CUresult cuModuleGetFunction(void **f, void *m, const char *name) {
+    COUNT_CALL();
     (void)m;
     for (const kinfo &k : g_kernels)
         if (strcmp(k.name, name) == 0) {
@@ -773,6 +831,8 @@ CUresult cuModuleGetFunction(void **f, void *m, const char *name) {
 }
 CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                         unsigned shmem, void *s, void **args, void **extra) {
+    COUNT_CALL();
+    COUNT_CALL();
     NEED_CTX();
     (void)shmem;
     if (!f || gy != 1 || gz != 1 || by != 1 || bz != 1 || extra || !args || gx == 0 || bx == 0 || bx > 1024)
@@ -791,6 +851,7 @@ CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned
 // CUDA Graphs through stream capture
 // ---------------------------------------------------------------------------
 CUresult cuStreamBeginCapture_v2(void *sv, int mode) {
+    COUNT_CALL();
     NEED_CTX();
     mstream *s = (mstream *)sv;
     if (!s || mode < 0 || mode > 2) return ERR_INVALID_VALUE;
@@ -803,6 +864,7 @@ CUresult cuStreamBeginCapture_v2(void *sv, int mode) {
     return OK;
 }
 CUresult cuStreamEndCapture(void *sv, void **graph) {
+    COUNT_CALL();
     mstream *s = (mstream *)sv;
     if (!s || !graph) return ERR_INVALID_VALUE;
     *graph = NULL;
@@ -819,11 +881,13 @@ CUresult cuStreamEndCapture(void *sv, void **graph) {
     return OK;
 }
 CUresult cuGraphInstantiateWithFlags(void **exec, void *graph, unsigned long long flags) {
+    COUNT_CALL();
     if (!exec || !graph || flags) return ERR_INVALID_VALUE;
     *exec = new mgraph(*(mgraph *)graph); /* independent of the graph from now on, as the driver's */
     return OK;
 }
 CUresult cuGraphLaunch(void *exec, void *s) {
+    COUNT_CALL();
     NEED_CTX();
     if (!exec || !s) return ERR_INVALID_VALUE;
     if (cap_refuse(s)) return ERR_CAPTURE_UNSUPPORTED;
@@ -831,10 +895,12 @@ CUresult cuGraphLaunch(void *exec, void *s) {
     return OK;
 }
 CUresult cuGraphExecDestroy(void *exec) {
+    COUNT_CALL();
     delete (mgraph *)exec;
     return OK;
 }
 CUresult cuGraphDestroy(void *graph) {
+    COUNT_CALL();
     delete (mgraph *)graph;
     return OK;
 }
@@ -846,15 +912,18 @@ struct mblas {
     void *stream;
 };
 int cublasCreate_v2(void **h) {
+    COUNT_CALL();
     if (!t_cur) return 1;
     *h = new mblas{ NULL };
     return 0;
 }
 int cublasDestroy_v2(void *h) {
+    COUNT_CALL();
     delete (mblas *)h;
     return 0;
 }
 int cublasSetStream_v2(void *h, void *s) {
+    COUNT_CALL();
     ((mblas *)h)->stream = s;
     return 0;
 }
@@ -913,6 +982,8 @@ static int gemm_check(int ta, int tb, int m, int n, int k, int lda, int ldb, int
 }
 int cublasSgemm_v2(void *h, int ta, int tb, int m, int n, int k, const float *alpha, const float *A, int lda,
                    const float *B, int ldb, const float *beta, float *C, int ldc) {
+    COUNT_CALL();
+    COUNT_CALL();
     int e = gemm_check(ta, tb, m, n, k, lda, ldb, ldc, 0);
     if (e) return e;
     float al = *alpha, be = *beta;
@@ -921,6 +992,8 @@ int cublasSgemm_v2(void *h, int ta, int tb, int m, int n, int k, const float *al
 }
 int cublasGemmEx(void *h, int ta, int tb, int m, int n, int k, const void *alpha, const void *A, int at, int lda,
                  const void *B, int bt, int ldb, const void *beta, void *C, int ct, int ldc, int compute, int algo) {
+    COUNT_CALL();
+    COUNT_CALL();
     (void)algo;
     if (compute != 68 || (at != 2 && at != 14) || bt != at) return 7;
     int e = gemm_check(ta, tb, m, n, k, lda, ldb, ldc, ct);
@@ -1433,6 +1506,7 @@ static void xrun_p2p(std::vector<pending> &ops) {
 }
 
 int ncclGetVersion(int *v) {
+    COUNT_CALL();
     *v = 22809;
     return 0;
 }
@@ -1449,6 +1523,7 @@ const char *ncclGetLastError(void *c) {
     return "";
 }
 int ncclCommInitAll(void **comms, int n, const int *devs) {
+    COUNT_CALL();
     if (n < 1) return 4;
     for (int i = 0; i < n; i++)
         for (int j = 0; j < i; j++)
@@ -1480,6 +1555,7 @@ struct ncclUniqueId {
 };
 static unsigned g_unique_ids; /* ncclGetUniqueId calls (MOCK_CUDA_REPORT) */
 int ncclGetUniqueId(ncclUniqueId *id) {
+    COUNT_CALL();
     if (!id) return 4;
     unsigned k = __atomic_add_fetch(&g_unique_ids, 1u, __ATOMIC_SEQ_CST);
     struct timespec ts;
@@ -1644,6 +1720,7 @@ static int xinit(std::vector<mcomm *> &ms) {
 static thread_local int t_depth;
 static thread_local std::vector<mcomm *> t_inits; /* ncclCommInitRank inside a group: done at ncclGroupEnd */
 int ncclCommInitRank(void **comm, int nranks, ncclUniqueId id, int rank) {
+    COUNT_CALL();
     if (!comm) return 4;
     *comm = NULL;
     if (nranks < 1 || nranks > XMAXR || rank < 0 || rank >= nranks) {
@@ -1676,18 +1753,22 @@ int ncclCommInitRank(void **comm, int nranks, ncclUniqueId id, int rank) {
     return r;
 }
 int ncclCommCount(void *c, int *n) {
+    COUNT_CALL();
     *n = ((mcomm *)c)->n;
     return 0;
 }
 int ncclCommUserRank(void *c, int *r) {
+    COUNT_CALL();
     *r = ((mcomm *)c)->rank;
     return 0;
 }
 int ncclCommCuDevice(void *c, int *d) {
+    COUNT_CALL();
     *d = ((mcomm *)c)->dev;
     return 0;
 }
 int ncclCommDestroy(void *c) {
+    COUNT_CALL();
     mcomm *m = (mcomm *)c;
     if (!m) return 4;
     if (m->c) {
@@ -1712,6 +1793,7 @@ int ncclCommDestroy(void *c) {
     return 0;
 }
 int ncclCommAbort(void *c) { /* releases stalled operations; the handle stays valid for them */
+    COUNT_CALL();
     mcomm *m = (mcomm *)c;
     if (!m) return 4;
     if (m->c) {
@@ -1755,6 +1837,7 @@ static bool stalled(mcomm *m) {
     return true;
 }
 int ncclCommGetAsyncError(void *c, int *e) {
+    COUNT_CALL();
     mcomm *m = (mcomm *)c;
     *e = m->c ? m->c->err : XLD(&m->err);
     return 0;
@@ -1784,6 +1867,7 @@ static int nccl_check(int t, int op) {
     return !nccl_es(t) || op < 0 || op > 4 ? 4 : 0;
 }
 int ncclAllReduce(const void *s, void *r, size_t count, int t, int op, void *c, void *st) {
+    COUNT_CALL();
     if (nccl_check(t, op)) return 4;
     mcomm *m = (mcomm *)c;
     if (!m->c) return xallreduce(s, r, count, t, op, m, st);
@@ -1797,6 +1881,7 @@ int ncclAllReduce(const void *s, void *r, size_t count, int t, int op, void *c, 
     return 0;
 }
 int ncclBroadcast(const void *s, void *r, size_t count, int t, int root, void *c, void *st) {
+    COUNT_CALL();
     mcomm *m = (mcomm *)c;
     if (nccl_check(t, 0) || root < 0 || root >= m->n) return 4;
     if (!m->c) return xbroadcast(s, r, count, t, root, m, st);
@@ -1811,6 +1896,7 @@ int ncclBroadcast(const void *s, void *r, size_t count, int t, int root, void *c
     return 0;
 }
 int ncclAllGather(const void *s, void *r, size_t count, int t, void *c, void *st) {
+    COUNT_CALL();
     if (nccl_check(t, 0)) return 4;
     mcomm *m = (mcomm *)c;
     if (!m->c) return xallgather(s, r, count, t, m, st);
@@ -1826,6 +1912,7 @@ int ncclAllGather(const void *s, void *r, size_t count, int t, void *c, void *st
     return 0;
 }
 int ncclReduceScatter(const void *s, void *r, size_t count, int t, int op, void *c, void *st) {
+    COUNT_CALL();
     if (nccl_check(t, op)) return 4;
     mcomm *m = (mcomm *)c;
     if (!m->c) return xreducescatter(s, r, count, t, op, m, st);
@@ -1840,6 +1927,7 @@ int ncclReduceScatter(const void *s, void *r, size_t count, int t, int op, void 
 }
 static thread_local std::vector<pending> t_group;
 int ncclSend(const void *b, size_t count, int t, int peer, void *c, void *st) {
+    COUNT_CALL();
     if (!t_depth) {
         fail_bad("ncclSend outside a group (the mock supports grouped p2p only)");
         return 4;
@@ -1852,6 +1940,7 @@ int ncclSend(const void *b, size_t count, int t, int peer, void *c, void *st) {
     return 0;
 }
 int ncclRecv(void *b, size_t count, int t, int peer, void *c, void *st) {
+    COUNT_CALL();
     if (!t_depth) {
         fail_bad("ncclRecv outside a group");
         return 4;
@@ -1864,6 +1953,7 @@ int ncclRecv(void *b, size_t count, int t, int peer, void *c, void *st) {
     return 0;
 }
 int ncclGroupStart(void) {
+    COUNT_CALL();
     t_depth++;
     return 0;
 }
@@ -1934,6 +2024,7 @@ static int run_p2p(std::vector<pending> &t_group) {
    sends and receives, one task per stream (one thread may drive several
    ranks, as with real NCCL) */
 int ncclGroupEnd(void) {
+    COUNT_CALL();
     if (t_depth <= 0) {
         fprintf(stderr, "mock NCCL: ncclGroupEnd without ncclGroupStart\n");
         return 5;
@@ -2017,8 +2108,10 @@ int nvmlDeviceGetPowerUsage(void *h, unsigned *mw) {
 }
 } // extern "C"
 
-// MOCK_CUDA_REPORT=1: at exit, print the allocations never freed (by size)
-// and how much NCCL work crossed processes.
+// MOCK_CUDA_REPORT=1: at exit, print the allocations never freed (by size),
+// how much NCCL work crossed processes, and "mock calls: NAME N" for every
+// driver / cuBLAS / NCCL entry point called (tests/test_cuda_mock.sh takes
+// per-step counts as the difference between runs of N and N+k steps).
 __attribute__((destructor)) static void mock_report(void) {
     if (!getenv("MOCK_CUDA_REPORT")) return;
     std::lock_guard<std::mutex> lock(g_mu);
@@ -2027,4 +2120,8 @@ __attribute__((destructor)) static void mock_report(void) {
     fprintf(stderr, "mock nccl: %d communicator rank(s) spanning processes, %d collective(s) through shared memory\n",
             XLD(&g_xranks), XLD(&g_xops));
     fprintf(stderr, "mock nccl: %u unique id(s) made\n", __atomic_load_n(&g_unique_ids, __ATOMIC_SEQ_CST));
+    std::map<std::string, unsigned long> calls; /* by name */
+    for (call_count *c = __atomic_load_n(&g_counts, __ATOMIC_ACQUIRE); c; c = c->next)
+        calls[c->name] = __atomic_load_n(&c->n, __ATOMIC_RELAXED);
+    for (auto &c : calls) fprintf(stderr, "mock calls: %s %lu\n", c.first.c_str(), c.second);
 }
