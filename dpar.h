@@ -11295,7 +11295,10 @@ static int dpar__g_final_grad(dpar_graph *g, dpar__gback *bk, int w, int c, cons
     }
     if (!c) return 0;
     dpar__gnode *cn = &g->n[c];
+    /* over axes of one device the reduction is the identity: not handed to the communication thread
+       (nothing to overlap), so the plan can make it run nothing (dpar__g_ident_ok) */
     cn->async = (cn->kind == DPAR__G_PSUM || cn->kind == DPAR__G_PMEAN) && bk->owner[c] == w &&
+                dpar__mask_size(g->mesh, cn->axes) > 1 &&
                 (uint64_t)dpar__g_count(cn) * dpar_dtype_size(cn->dtype) >= dpar__g_async_bytes();
     cn->keep = true;
     cn->vary = g->n[w].vary;

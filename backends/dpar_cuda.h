@@ -21,7 +21,8 @@
    - num_devices <= physical GPUs: device i is GPU i (see MPI below), collectives go through
      NCCL, one communicator per mesh-axis group (created on first use with
      ncclCommInitAll, cached by the group's device list), on a per-device
-     communication stream ordered against the compute stream with events.
+     communication stream ordered against the compute stream with events; a
+     group of one device is a copy on the compute stream (no NCCL).
    - num_devices > physical GPUs (DPAR_DEVICES=N on a 1-GPU machine): N
      virtual devices on GPU 0, each with its own streams. NCCL cannot have
      two ranks on one GPU, so collectives are done by the backend's own
@@ -2485,11 +2486,9 @@ static dpar_status dpar__cu_collective(void *state, dpar__coll *c) {
     if (c->n > DPAR__CU_MAXV && st->virt)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "cuda: a group of %d virtual devices exceeds %d", c->n,
                          DPAR__CU_MAXV);
-    if (c->n == 1) {
-        /* a 1-rank NCCL all-reduce on a real GPU (what a 1-GPU job runs), else a copy */
-        if (!st->virt && dpar__cu.lib_nccl && c->kind == DPAR__COLL_ALL_REDUCE) return dpar__cu_coll_nccl(st, c);
-        return dpar__cu_coll_local(st, me, c);
-    }
+    /* a 1-member group is a copy on the compute stream: no NCCL communicator, so no
+       communication stream, events or polled waits for a 1-GPU job */
+    if (c->n == 1) return dpar__cu_coll_local(st, me, c);
     if (st->virt) return dpar__cu_coll_virtual(st, c);
     /* NCCL calls do not synchronize the host threads; the core's barrier
        after every backend collective keeps a fast member from posting its
