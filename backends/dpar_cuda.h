@@ -52,6 +52,8 @@
      the dispatch's buffers; destroy the runtime. Long compute work never
      times out. Reads and writes wait for the stream the same way first
      (a copy with pageable host memory would block inside the driver).
+     A write returns once the driver has staged the host data (it is
+     reusable then); it does not wait for the copy or the stream.
    - Collectives run on a per-device communication stream: the compute
      stream's work so far -> NCCL -> the compute stream's later work, with
      events, so the host returns at once (dpar_*_start / dpar_wait overlap
@@ -168,6 +170,8 @@ typedef struct dpar__cu_api {
     dpar__CUresult (*cuEventQuery)(dpar__CUevent);
     dpar__CUresult (*cuMemAlloc)(dpar__CUdeviceptr *, size_t);
     dpar__CUresult (*cuMemFree)(dpar__CUdeviceptr);
+    dpar__CUresult (*cuMemAllocHost)(void **, size_t);
+    dpar__CUresult (*cuMemFreeHost)(void *);
     dpar__CUresult (*cuMemsetD8Async)(dpar__CUdeviceptr, unsigned char, size_t, dpar__CUstream);
     dpar__CUresult (*cuMemsetD16Async)(dpar__CUdeviceptr, unsigned short, size_t, dpar__CUstream);
     dpar__CUresult (*cuMemsetD32Async)(dpar__CUdeviceptr, unsigned int, size_t, dpar__CUstream);
@@ -352,6 +356,7 @@ typedef struct dpar__cu_dev {
     size_t scratch_cap[DPAR__CU_NSCRATCH];
     dpar__cu_mem half[7];      /* views into scratch slot 2: the 16-bit layer ops' temporaries (>>cuda half storage) */
     dpar__CUdeviceptr idx_err; /* error words of the index checks (>>cuda optim), made on first use */
+    uint32_t *idx_host;        /* their pinned host copy: fetched without a blocking copy of its own */
     int idx_pending;           /* a check ran since the last report (atomic) */
     dpar__cu_prog *cap;        /* the recording under way on compute (>>cuda graphs), else NULL */
 } dpar__cu_dev;
@@ -500,6 +505,8 @@ static dpar_status dpar__cu_load_driver(void) {
     DPAR__CU_SYM(l, cuEventQuery, "cuEventQuery", "libcuda.so.1");
     DPAR__CU_SYM(l, cuMemAlloc, "cuMemAlloc_v2", "libcuda.so.1");
     DPAR__CU_SYM(l, cuMemFree, "cuMemFree_v2", "libcuda.so.1");
+    DPAR__CU_SYM(l, cuMemAllocHost, "cuMemAllocHost_v2", "libcuda.so.1");
+    DPAR__CU_SYM(l, cuMemFreeHost, "cuMemFreeHost", "libcuda.so.1");
     DPAR__CU_SYM(l, cuMemsetD8Async, "cuMemsetD8Async", "libcuda.so.1");
     DPAR__CU_SYM(l, cuMemsetD16Async, "cuMemsetD16Async", "libcuda.so.1");
     DPAR__CU_SYM(l, cuMemsetD32Async, "cuMemsetD32Async", "libcuda.so.1");
@@ -837,6 +844,7 @@ static void dpar__cu_shutdown(void *state) {
             for (k = 0; k < DPAR__CU_NSCRATCH; k++)
                 if (d->scratch[k]) dpar__cu.cuMemFree(d->scratch[k]);
             if (d->idx_err) dpar__cu.cuMemFree(d->idx_err);
+            if (d->idx_host) dpar__cu.cuMemFreeHost(d->idx_host);
             for (k = 0; k < DPAR__CU_RING; k++) {
                 if (d->pre[k]) dpar__cu.cuEventDestroy(d->pre[k]);
                 if (d->post[k]) dpar__cu.cuEventDestroy(d->post[k]);
@@ -1162,11 +1170,13 @@ static dpar_status dpar__cu_write(void *state, int dev, void *mem, size_t off, c
     if (!nbytes) return DPAR_OK;
     if ((s = dpar__cu_bind(st, dev))) return s;
     if ((s = dpar__cu_wait_before_copy(st, dev, "buffer write"))) return s;
+    /* from pageable memory the driver stages src before it returns (CUDA's "API synchronization
+       behavior"), so the caller may reuse src at once without a wait for the stream */
     DPAR__CU_TRY(dev, "cuMemcpyHtoDAsync", dpar__cu.cuMemcpyHtoDAsync(m->ptr + off, src, nbytes, st->dev[dev].compute));
-    /* the caller may reuse src at once */
-    return dpar__cu_wait(st, dev, st->dev[dev].compute, "buffer write");
+    return DPAR_OK;
 }
 
+static dpar_status dpar__cu_idx_fetch(dpar__cu_state *st, int dev, int *fetched);
 static dpar_status dpar__cu_idx_report(dpar__cu_state *st, int dev);
 static dpar_status dpar__cu_read(void *state, int dev, void *mem, size_t off, void *dst, size_t nbytes) {
     dpar__cu_state *st = (dpar__cu_state *)state;
@@ -1175,17 +1185,20 @@ static dpar_status dpar__cu_read(void *state, int dev, void *mem, size_t off, vo
     if (!nbytes) return DPAR_OK;
     if ((s = dpar__cu_bind(st, dev))) return s;
     if ((s = dpar__cu_wait_before_copy(st, dev, "buffer read"))) return s;
+    int fetched; /* the index checks' words, copied ahead of dst: one blocking copy for both */
+    if ((s = dpar__cu_idx_fetch(st, dev, &fetched))) return s;
+    /* into pageable memory the copy is done when the call returns: the stream's work before it too */
     DPAR__CU_TRY(dev, "cuMemcpyDtoHAsync", dpar__cu.cuMemcpyDtoHAsync(dst, m->ptr + off, nbytes, st->dev[dev].compute));
-    if ((s = dpar__cu_wait(st, dev, st->dev[dev].compute, "buffer read"))) return s;
-    return dpar__cu_idx_report(st, dev); /* a bad index found by an earlier op */
+    return fetched ? dpar__cu_idx_report(st, dev) : DPAR_OK; /* a bad index found by an earlier op */
 }
 
 static dpar_status dpar__cu_sync(void *state, int dev) {
     dpar__cu_state *st = (dpar__cu_state *)state;
     dpar_status s;
-    if ((s = dpar__cu_bind(st, dev))) return s;
+    int fetched;
+    if ((s = dpar__cu_bind(st, dev)) || (s = dpar__cu_idx_fetch(st, dev, &fetched))) return s;
     if ((s = dpar__cu_wait_dev(st, dev, "device sync"))) return s;
-    return dpar__cu_idx_report(st, dev);
+    return fetched ? dpar__cu_idx_report(st, dev) : DPAR_OK;
 }
 
 static void *dpar__cu_host_ptr(void *state, int dev, void *mem) {
@@ -1546,6 +1559,11 @@ static dpar_status dpar__cu_op_pool(dpar__cu_state *st, int dev, const dpar__op 
 static dpar_status dpar__cu_idx_words(dpar__cu_state *st, int dev) {
     dpar__cu_dev *d = &st->dev[dev];
     if (d->idx_err) return DPAR_OK;
+    if (!d->idx_host) {
+        void *h = NULL;
+        DPAR__CU_TRY(dev, "cuMemAllocHost(index check words)", dpar__cu.cuMemAllocHost(&h, 32));
+        d->idx_host = (uint32_t *)h;
+    }
     DPAR__CU_TRY(dev, "cuMemAlloc(index check words)", dpar__cu.cuMemAlloc(&d->idx_err, 32));
     DPAR__CU_TRY(dev, "cuMemsetD8Async", dpar__cu.cuMemsetD8Async(d->idx_err, 0, 32, d->compute));
     return DPAR_OK;
@@ -1564,15 +1582,24 @@ static dpar_status dpar__cu_idx_check(dpar__cu_state *st, int dev, const dpar_bu
     if (!s && d->cap) d->cap->checks = 1; /* each replay runs the check again */
     return s;
 }
-/* the error words of the checks run since the last report: the first bad index as the op's error */
+/* When checks ran since the last report (*fetched = 1): queues the copy of their error words into
+   the pinned host copy, asynchronous; the caller's next wait or blocking copy on the compute stream
+   completes it, then dpar__cu_idx_report reads it. */
+static dpar_status dpar__cu_idx_fetch(dpar__cu_state *st, int dev, int *fetched) {
+    dpar__cu_dev *d = &st->dev[dev];
+    *fetched = DPAR__ATOMIC_EXCHANGE(&d->idx_pending, 0);
+    if (!*fetched) return DPAR_OK;
+    dpar__CUresult r = dpar__cu.cuMemcpyDtoHAsync(d->idx_host, d->idx_err, 5 * sizeof(uint32_t), d->compute);
+    if (r == DPAR__CUDA_SUCCESS) return DPAR_OK;
+    DPAR__ATOMIC_STORE(&d->idx_pending, 1); /* not fetched: the next read or sync tries again */
+    *fetched = 0;
+    return dpar__cu_fail(dev, "cuMemcpyDtoHAsync(index check words)", r);
+}
+/* The fetched error words (the fetch completed): the first bad index as the op's error. */
 static dpar_status dpar__cu_idx_report(dpar__cu_state *st, int dev) {
     dpar__cu_dev *d = &st->dev[dev];
-    uint32_t w[5];
-    if (!DPAR__ATOMIC_EXCHANGE(&d->idx_pending, 0)) return DPAR_OK;
-    DPAR__CU_TRY(dev, "cuMemcpyDtoHAsync(index check words)",
-                 dpar__cu.cuMemcpyDtoHAsync(w, d->idx_err, sizeof w, d->compute));
-    dpar_status s = dpar__cu_wait(st, dev, d->compute, "index check");
-    if (s || !w[0]) return s;
+    const uint32_t *w = d->idx_host;
+    if (!w[0]) return DPAR_OK;
     DPAR__CU_TRY(dev, "cuMemsetD8Async", dpar__cu.cuMemsetD8Async(d->idx_err, 0, 32, d->compute));
     return dpar__bad_index((int)w[3], (int64_t)w[1], (int32_t)w[2], (int64_t)w[4]);
 }

@@ -8,6 +8,8 @@
 // through a small shim and run with CUDA's semantics: blocks one after
 // another, the threads of a block concurrently (real threads, so
 // __syncthreads and warp shuffles behave) when the kernel needs it.
+// cuMemAllocHost blocks are pinned host memory: a device-to-host copy into
+// one is asynchronous, into other (pageable) memory it returns when done.
 // Streams are asynchronous, as on a GPU: each stream is a thread running its
 // queue in order, with a random delay before every operation (MOCK_CUDA_
 // JITTER_US, default 20) so that a missing event or stream wait shows up as
@@ -441,6 +443,7 @@ static const size_t GUARD = 64;
 static std::mutex g_mu;
 static std::map<uintptr_t, size_t> g_allocs;
 static std::vector<void *> g_quarantine;
+static std::map<uintptr_t, size_t> g_pinned; /* cuMemAllocHost blocks */
 static int g_inited, g_ngpu = 1;
 static int g_phys[16] = { 0 }; /* ordinal -> physical mock GPU (CUDA_VISIBLE_DEVICES) */
 struct CUuuid {
@@ -792,12 +795,41 @@ CUresult cuMemcpyDtoHAsync_v2(void *h, CUdeviceptr d, size_t n, void *s) {
     NEED_CTX();
     if (cap_refuse(s)) return ERR_CAPTURE_UNSUPPORTED;
     CHECK_RANGE(d, n);
-    /* pageable destination: returns when the copy is done, as the driver does */
+    bool pinned;
+    {
+        std::lock_guard<std::mutex> lock(g_mu);
+        auto it = g_pinned.upper_bound((uintptr_t)h);
+        pinned = it != g_pinned.begin() && (uintptr_t)h + n <= (--it)->first + it->second;
+    }
     enqueue(s, [=] { memcpy(h, (const void *)(uintptr_t)d, n); });
+    if (pinned) return OK; /* asynchronous, as the driver's */
+    /* pageable destination: returns when the copy is done, as the driver does */
+    COUNT_AS("cuMemcpyDtoHAsync_v2:pageable"); /* the host waits for the stream */
     stream_sync(s);
     return OK;
 }
+CUresult cuMemAllocHost_v2(void **p, size_t n) {
+    COUNT_CALL();
+    NEED_CTX();
+    if (!p || n == 0) return ERR_INVALID_VALUE;
+    *p = malloc(n);
+    if (!*p) return ERR_OOM;
+    std::lock_guard<std::mutex> lock(g_mu);
+    g_pinned[(uintptr_t)*p] = n;
+    return OK;
+}
+CUresult cuMemFreeHost(void *p) {
+    COUNT_CALL();
+    std::lock_guard<std::mutex> lock(g_mu);
+    if (!g_pinned.erase((uintptr_t)p)) {
+        fprintf(stderr, "mock cuda: cuMemFreeHost of unknown pointer %p\n", p);
+        abort();
+    }
+    free(p);
+    return OK;
+}
 CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr sp, size_t n, void *s) {
+    COUNT_CALL();
     NEED_CTX();
     CHECK_RANGE(d, n);
     CHECK_RANGE(sp, n);
@@ -2115,7 +2147,8 @@ int nvmlDeviceGetPowerUsage(void *h, unsigned *mw) {
 __attribute__((destructor)) static void mock_report(void) {
     if (!getenv("MOCK_CUDA_REPORT")) return;
     std::lock_guard<std::mutex> lock(g_mu);
-    fprintf(stderr, "mock cuda: %zu allocation(s) never freed, %zu freed\n", g_allocs.size(), g_quarantine.size());
+    fprintf(stderr, "mock cuda: %zu allocation(s) never freed, %zu freed\n", g_allocs.size() + g_pinned.size(),
+            g_quarantine.size());
     for (auto &a : g_allocs) fprintf(stderr, "mock cuda:   live allocation of %zu bytes\n", a.second);
     fprintf(stderr, "mock nccl: %d communicator rank(s) spanning processes, %d collective(s) through shared memory\n",
             XLD(&g_xranks), XLD(&g_xops));
