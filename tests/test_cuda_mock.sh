@@ -6,8 +6,9 @@
 # (4 mock GPUs), with asynchronous streams and random delays (so missing
 # stream/event waits show up), the "no device" error text, a hung NCCL
 # collective turning into DPAR_ERR_TIMEOUT / an asynchronous NCCL error, the
-# mock's NCCL communicators spanning processes (tests/cuda_mock/xproc.c), and
-# the digits training on 4 devices matching the CPU backend. The PTX itself,
+# mock's NCCL communicators spanning processes (tests/cuda_mock/xproc.c), the
+# driver calls of a steady recorded training step (tests/cuda_mock/step_calls.c),
+# and the digits training on 4 devices matching the CPU backend. The PTX itself,
 # real NCCL and timing are NOT exercised: that needs a GPU (scripts/gpu-check.sh).
 # Prints PASS / FAIL / SKIPPED lines for tests/run.sh. Needs a CUDA=1 build.
 BUILD=${BUILD:-build}
@@ -133,6 +134,16 @@ if [ -f "$BUILD/dpar.o" ] && "$CC" -std=c99 -Wall -Wextra -Werror -D_GNU_SOURCE 
     fi
 else
     cat "$log"; echo "FAIL cuda_mock_stall_build: could not build tests/cuda_mock/stall.c against $BUILD/dpar.o"
+fi
+
+# what a steady recorded training step asks of the driver, counted by the mock (tests/cuda_mock/step_calls.c):
+# no allocation, no NCCL or polling on 1 device, two feeds put, one loss read, CUDA Graphs replayed
+if [ -f "$BUILD/dpar.o" ] && "$CC" -std=c99 -Wall -Wextra -Werror -D_GNU_SOURCE -I. $SANFLAGS tests/cuda_mock/step_calls.c \
+        "$BUILD/dpar.o" -o "$MOCK/step_calls" $SANFLAGS -lpthread -lm -ldl 2>"$log" &&
+   LD_LIBRARY_PATH="$MOCK" MOCK_CUDA_JITTER_US=0 timeout 120 "$MOCK/step_calls" >"$log" 2>&1; then
+    echo "PASS cuda_mock_step_calls ($(sed -n 's/^step calls (per step, \([0-9]*\) .*cuMemAlloc_v2 \([0-9.]*\) .*cuStreamSynchronize \([0-9.]*\) .*cuMemcpyDtoHAsync_v2:pageable \([0-9.]*\) .*cuGraphLaunch \([0-9.]*\) .*/\1 segment(s); per step: \2 allocations, \3 syncs, \4 blocking reads, \5 graph launches/p' "$log"))"
+else
+    cat "$log"; echo "FAIL cuda_mock_step_calls: a recorded CNN step allocates, synchronizes or reads more than it should"
 fi
 
 # NCCL communicators spanning processes (ncclGetUniqueId + ncclCommInitRank,
