@@ -429,7 +429,9 @@ int main(int argc, char **argv) {
         double dt = now_s() - t0;
         epoch_loss = sum / steps;
         if (cnn_accuracy(eval, xt, logits, x_test, y_test, o.devices, logit_buf, &acc)) return digits_fail("test");
-        printf("epoch %3d  loss %.8f  test_accuracy %.4f  samples/s %.0f\n", e, epoch_loss, acc, steps * o.batch / dt);
+        /* dt: the epoch's steps (batches gathered, put, run, the loss read each step), not the test pass */
+        printf("epoch %3d  loss %.8f  test_accuracy %.4f  samples/s %.0f  ms/step %.3f\n", e, epoch_loss, acc,
+               steps * o.batch / dt, 1e3 * dt / steps);
         if (o.monitor) ex_monitor(rt);
         fflush(stdout);
         if (o.checkpoint && dpar_graph_save_extra(train, o.checkpoint, shape_entry, 2))

@@ -107,12 +107,12 @@ step test_optim      60 "$B"/test_optim
 step test_graph_record 60 "$B"/test_graph_record
 step digits_cuda_1   60 "$B"/train_digits --backend cuda --devices 1
 step digits_cuda_4   60 "$B"/train_digits --backend cuda --devices 4
-step cnn_cuda_1      60 "$B"/train_cnn --backend cuda --devices 1 --epochs 2
+step cnn_cuda_1      60 "$B"/train_cnn --backend cuda --devices 1 --epochs 2 --monitor 1
 # the same without CUDA Graphs: the step-time difference is what recording saves
 DPAR_GRAPH_RECORD=0 step cnn_cuda_1_oplist 60 "$B"/train_cnn --backend cuda --devices 1 --epochs 2
 step cnn_cuda_4      60 "$B"/train_cnn --backend cuda --devices 4 --epochs 2
 if [ -f examples/train_gpt.c ]; then
-    step gpt_cuda_1x1 60 "$B"/train_gpt --backend cuda --devices 1 --dp 1 --tp 1 --steps 200
+    step gpt_cuda_1x1 60 "$B"/train_gpt --backend cuda --devices 1 --dp 1 --tp 1 --steps 200 --monitor 1
     step gpt_cuda_2x2 60 "$B"/train_gpt --backend cuda --devices 4 --dp 2 --tp 2 --steps 200
 fi
 step bench_cuda     100 "$B"/bench_cuda
