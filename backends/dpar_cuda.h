@@ -1845,7 +1845,7 @@ static dpar_status dpar__cu_op(void *state, int dev, const dpar__op *op) {
                 DPAR__CU_TRY(dev, "cuMemcpyDtoDAsync", dpar__cu.cuMemcpyDtoDAsync(dst, a, op->dst->nbytes, s));
             return DPAR_OK;
         }
-        return dpar__cu_launch(st, dev, DPAR__CUK_CAST, dpar__cu_grid(cnt, 4, 8192), DPAR__CU_BLOCK, s, args);
+        return dpar__cu_launch(st, dev, DPAR__CUK_CAST, dpar__cu_grid(cnt, 8, 8192), DPAR__CU_BLOCK, s, args);
     }
     case DPAR__OP_UNARY:
     case DPAR__OP_UNARY_BWD:

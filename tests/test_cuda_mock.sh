@@ -67,7 +67,7 @@ run_mock cuda_mock_norm_attn_parity 1 test_norm_attn "has '^\[       OK \] test_
 
 # the optimizer and training ops (kernels/optim.cu) against the CPU reference
 run_mock cuda_mock_half_parity 1 test_dtypes \
-    "has '^\[       OK \] test_cuda_half_parity' && has '^\[       OK \] test_cuda_half_queued' && has '^\[       OK \] test_cuda_f16_reduce' && no_leaks" \
+    "has '^\[       OK \] test_cuda_half_parity' && has '^\[       OK \] test_cuda_half_queued' && has '^\[       OK \] test_cuda_f16_reduce' && has '^\[       OK \] test_cuda_cast_bits' && no_leaks" \
     'grep "^cuda bf16:" "$log" | cut -d: -f2' "test_dtypes (f16/bf16 layer ops)"
 run_mock cuda_mock_optim_parity 1 test_optim "has '^\[       OK \] test_parity_cuda' && no_leaks" \
     "echo 'AdamW, xent with ignore/smoothing, embedding, dropout, bad labels vs cpu'" test_optim

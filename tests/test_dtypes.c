@@ -13,7 +13,9 @@
    differently); a missing backend prints SKIPPED. Issued back to back with no
    read in between (their temporaries reused in queue order) they give the
    same results. Mixed dtypes give DPAR_ERR_DTYPE naming both operands; i32 is
-   refused on every backend, naming the op, the dtype and the backend. */
+   refused on every backend, naming the op, the dtype and the backend. dpar_cast
+   between f32 and f16 / bf16 equals the host conversions bit for bit on every
+   backend, at lengths that leave every tail of the GPU kernels' wide words. */
 #include "testutil.h"
 
 T_CPU_FIXTURE(1)
@@ -440,6 +442,72 @@ static void test_dtype_errors(void **state) {
     dpar_buffer_destroy(st16);
 }
 
+/* dpar_cast between f32 and f16 / bf16 on a backend, bit for bit against the host conversions (round to nearest even,
+   NaN payloads kept): random f32 bit patterns (NaN, infinities, subnormals) with rounding ties planted in every
+   other element, narrowed; then 16-bit patterns (all 65536 in the longest run) widened. The lengths leave every tail
+   of the GPU kernels' 8-element words (n % 8 from 0 to 7; n < 8 is all tail); on the CUDA mock, guard bytes after
+   each allocation catch a store past the end. */
+static void cast_bits(dpar_backend_kind k) {
+    dpar_runtime *rt = t_runtime_or_skip(k, 1);
+    if (!rt) return;
+    const char *be = dpar_backend_name(k);
+    const int64_t lens[] = { 1, 2, 3, 5, 7, 8, 9, 14, 15, 16, 17, 255, 1030, 4099, 65536 + 3 };
+    uint32_t s = 2463534242u;
+    for (int t = 0; t < 2; t++) {
+        dpar_dtype ht = t ? DPAR_BF16 : DPAR_F16;
+        for (size_t l = 0; l < sizeof lens / sizeof lens[0]; l++) {
+            int64_t n = lens[l];
+            uint32_t *f = malloc((size_t)n * 4), *wide = malloc((size_t)n * 4);
+            uint16_t *h = malloc((size_t)n * 2), *narrow = malloc((size_t)n * 2);
+            for (int64_t i = 0; i < n; i++) {
+                s ^= s << 13, s ^= s >> 17, s ^= s << 5; /* xorshift32 */
+                f[i] = s;
+                if (i % 4 == 1) f[i] = (s & 0xffff0000u) | 0x8000u; /* a bf16 tie */
+                if (i % 4 == 3) f[i] = (s & 0x80000000u) | ((103u + s % 40u) << 23) | (s & 0x7fe000u) | 0x1000u;
+                h[i] = (uint16_t)((uint32_t)i * 40503u + 7u); /* odd multiplier: every pattern once in 65536 */
+            }
+            dpar_buffer *bf = t_buf1(rt, DPAR_F32, n, f), *bh = t_buf1(rt, ht, n, NULL);
+            T_OK(dpar_cast(bh, bf));
+            t_read(bh, narrow);
+            T_OK(dpar_buffer_write(bh, 0, h, (size_t)n * 2));
+            T_OK(dpar_cast(bf, bh));
+            t_read(bf, wide);
+            for (int64_t i = 0; i < n; i++) {
+                float v = t_u2f(f[i]);
+                uint16_t wn = t ? dpar_f32_to_bf16(v) : dpar_f32_to_f16(v);
+                uint32_t ww = t_f2u(t ? dpar_bf16_to_f32(h[i]) : dpar_f16_to_f32(h[i]));
+                if (narrow[i] != wn)
+                    fail_msg("%s: cast f32 -> %s, n %lld, [%lld] = 0x%08x: 0x%04x, want 0x%04x", be,
+                             dpar_dtype_name(ht), (long long)n, (long long)i, f[i], narrow[i], wn);
+                if (wide[i] != ww)
+                    fail_msg("%s: cast %s -> f32, n %lld, [%lld] = 0x%04x: 0x%08x, want 0x%08x", be,
+                             dpar_dtype_name(ht), (long long)n, (long long)i, h[i], wide[i], ww);
+            }
+            dpar_buffer_destroy(bf);
+            dpar_buffer_destroy(bh);
+            free(f);
+            free(wide);
+            free(h);
+            free(narrow);
+        }
+    }
+    printf("%s: f32 <-> f16 / bf16 casts equal the host conversions bit for bit at %d lengths\n", be,
+           (int)(sizeof lens / sizeof lens[0]));
+    dpar_runtime_destroy(rt);
+}
+static void test_cpu_cast_bits(void **state) {
+    (void)state;
+    cast_bits(DPAR_BACKEND_CPU);
+}
+static void test_vulkan_cast_bits(void **state) {
+    (void)state;
+    cast_bits(DPAR_BACKEND_VULKAN);
+}
+static void test_cuda_cast_bits(void **state) {
+    (void)state;
+    cast_bits(DPAR_BACKEND_CUDA);
+}
+
 /* On a GPU backend, every case in f16 and bf16: each 16-bit result is that backend's f32 result rounded once (bit for
    bit), and matches the CPU's 16-bit result (parity_case). i32 operands are still refused, naming the op, the dtype
    and the backend. */
@@ -539,6 +607,9 @@ int main(void) {
         cmocka_unit_test(test_cuda_f16_reduce),
         cmocka_unit_test(test_f16_conv_exact_sums),
         cmocka_unit_test(test_dtype_errors),
+        cmocka_unit_test(test_cpu_cast_bits),
+        cmocka_unit_test(test_vulkan_cast_bits),
+        cmocka_unit_test(test_cuda_cast_bits),
         cmocka_unit_test(test_vulkan_half_parity),
         cmocka_unit_test(test_cuda_half_parity),
         cmocka_unit_test(test_vulkan_half_queued),

@@ -100,6 +100,9 @@ static thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
 struct float4 {
     float x, y, z, w;
 };
+struct uint4 {
+    unsigned x, y, z, w;
+};
 static inline unsigned __float_as_uint(float f) {
     unsigned u;
     memcpy(&u, &f, 4);
