@@ -3032,6 +3032,9 @@ typedef struct dpar__coll {
     dpar__group *group;
     int64_t *claim; /* [n] the call's chunk counters of dpar__host_work (the core sets them) */
     void *ctx;      /* core's per-call state */
+    /* issued by the device's comm thread (dpar_*_start, or a blocking call queued behind one): a GPU backend runs it
+       on a stream of its own to overlap compute; 0: blocking, on the device's own thread, nothing to overlap */
+    int async;
 } dpar__coll;
 
 /* Barrier of all members of the collective's group (with the runtime's
@@ -6941,14 +6944,15 @@ static dpar_status dpar__coll_stage_out(dpar_ctx *ctx, const dpar__call *k, cons
     return DPAR_OK;
 }
 
-/* Executes one collective for one member (blocking), phase by phase. */
-static dpar_status dpar__coll_exec(dpar_ctx *ctx, const dpar__cargs *a) {
+/* Executes one collective for one member (blocking), phase by phase; async: issued by the comm thread (dpar__coll). */
+static dpar_status dpar__coll_exec(dpar_ctx *ctx, const dpar__cargs *a, int async) {
     dpar__call k;
     dpar__stage io;
     memset(&k, 0, sizeof k);
     memset(&io, 0, sizeof io);
     dpar_status s;
     if ((s = dpar__coll_begin(ctx, a, &k))) return s; /* group, buffers, dtype */
+    k.c.async = async;
     if ((s = dpar__coll_check(ctx, a, &k))) return s; /* per-kind arguments and output shape */
     /* a group across processes runs on the backend only where every process's
        backend can (CUDA: NCCL across processes), else on the host over MPI */
@@ -14256,7 +14260,7 @@ static dpar_status dpar__trace_op(dpar__op *op) {
 }
 static dpar_status dpar__coll_run(dpar_ctx *ctx, const struct dpar__cargs *a, int comm) {
     double t0 = dpar__now_us();
-    dpar_status s = dpar__coll_exec(ctx, a);
+    dpar_status s = dpar__coll_exec(ctx, a, comm);
     dpar_runtime *rt = ctx->rt;
     int li = ctx->device - rt->local_base;
     dpar__obs_time(rt, li, DPAR__OBS_COLL, t0);
