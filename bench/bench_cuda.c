@@ -10,13 +10,19 @@
         (f32 4096^3, bf16 8192^3): TFLOP/s and ratio.
      4. 1-rank all-reduce: dpar_psum on a 1-device mesh against ncclAllReduce
         on a 1-rank communicator (1 MB, 64 MB, 256 MB f32): time and ratio.
+     5. conv2d at examples/train_cnn.c's two layers (batch 64, 3x3 SAME, no
+        bias): forward, backward-data and backward-filter, each against
+        cublasSgemm called directly at its im2col GEMM shape (M = N*OH*OW,
+        K = C*KH*KW, N = OC; backward-data [M, K] = dy w^T, backward-filter
+        [K, OC] = col^T dy): time and dpar/GEMM time (what im2col, col2im
+        and dpar's dispatch add to the one GEMM).
 
    Every figure is measured here; nothing is assumed. Without a GPU (or in a
    build without DPAR_CUDA) it prints "SKIPPED: <reason>" and exits 0, or
    "FAIL: <reason>" and exits 1 when DPAR_REQUIRE_BACKENDS lists cuda (as
    scripts/gpu-check.sh sets it).
    Usage: bench_cuda [--quick] [--mb N]
-     --quick  fewer repetitions and small matrix products (a smoke test)
+     --quick  fewer repetitions, small matrix products, batch 2 convs (a smoke test)
      --mb N   buffer size for (1), (2) and the largest all-reduce (default 256) */
 #include <dlfcn.h>
 #include <stdio.h>
@@ -93,6 +99,14 @@ static int load_raw(void) {
 
 static int reps = 20;
 
+/* A buffer on device 0 holding v everywhere. */
+static dpar_buffer *filled(dpar_runtime *rt, dpar_dtype t, int ndim, const int64_t *shape, float v) {
+    dpar_buffer *b;
+    CHECK(dpar_buffer_create(rt, 0, t, ndim, shape, &b));
+    CHECK(dpar_fill(b, v));
+    return b;
+}
+
 /* ---- 1. device copy ---- */
 static double copy_bw(size_t bytes) {
     cuptr a, b;
@@ -160,12 +174,8 @@ static double dpar_op_bw(dpar_runtime *rt, opk k, int64_t n) {
 /* ---- 3. matmul ---- */
 static void bench_matmul(dpar_runtime *rt, dpar_dtype t, int nsz) {
     int64_t s2[2] = { nsz, nsz };
-    dpar_buffer *A, *B, *C;
-    CHECK(dpar_buffer_create(rt, 0, t, 2, s2, &A));
-    CHECK(dpar_buffer_create(rt, 0, t, 2, s2, &B));
+    dpar_buffer *A = filled(rt, t, 2, s2, 0.01f), *B = filled(rt, t, 2, s2, 0.01f), *C;
     CHECK(dpar_buffer_create(rt, 0, DPAR_F32, 2, s2, &C));
-    CHECK(dpar_fill(A, 0.01f));
-    CHECK(dpar_fill(B, 0.01f));
     int r = nsz >= 8192 ? reps / 4 + 1 : reps;
     double flops = 2.0 * (double)nsz * nsz * nsz, best_d = 1e30, best_r = 1e30;
     for (int trial = 0; trial < 3; trial++) {
@@ -300,6 +310,81 @@ static void bench_allreduce(dpar_runtime *rt, int64_t n) {
         printf("   (raw NCCL: libnccl.so.2 not loadable)\n");
 }
 
+/* ---- 5. conv2d against its im2col GEMM ---- */
+/* Row-major C[M,N] = op(A) op(B), as dpar's CUDA conv does it: column-major C^T = op(B)^T op(A)^T. */
+static void sgemm_rm(void *h, int ta, int tb, int M, int N, int K, cuptr A, cuptr B, cuptr C) {
+    float al = 1.0f, be = 0.0f;
+    R.cublasSgemm(h, tb, ta, N, M, K, &al, (const float *)(size_t)B, tb ? K : N, (const float *)(size_t)A, ta ? M : K,
+                  &be, (float *)(size_t)C, N);
+}
+/* The best time of cublasSgemm at row-major [M,N] = op(A) op(B), K inner; 0 when cuBLAS is missing. */
+static double gemm_time(int ta, int tb, int M, int N, int K) {
+    void *h;
+    cuptr a, b, c;
+    if (!have_blas) return 0;
+    if (R.cublasCreate(&h) || R.cublasSetStream(h, stream) || R.cuMemAlloc(&a, (size_t)M * (size_t)K * 4) ||
+        R.cuMemAlloc(&b, (size_t)K * (size_t)N * 4) || R.cuMemAlloc(&c, (size_t)M * (size_t)N * 4)) {
+        printf("conv2d: raw cuBLAS setup failed\n");
+        return 0;
+    }
+    R.cuMemsetD32Async(a, 0x3c003c00u, (size_t)M * (size_t)K, stream);
+    R.cuMemsetD32Async(b, 0x3c003c00u, (size_t)K * (size_t)N, stream);
+    double best = 1e30;
+    for (int trial = 0; trial < 4; trial++) {
+        R.cuStreamSynchronize(stream);
+        double t0 = now();
+        for (int i = 0; i < reps; i++) sgemm_rm(h, ta, tb, M, N, K, a, b, c);
+        R.cuStreamSynchronize(stream);
+        double t = (now() - t0) / reps;
+        if (trial > 0 && t < best) best = t; /* trial 0 warms up */
+    }
+    R.cuMemFree(a);
+    R.cuMemFree(b);
+    R.cuMemFree(c);
+    return best;
+}
+typedef enum { CONV_FWD, CONV_BWD_DATA, CONV_BWD_FILTER } convk;
+static const char *conv_name[] = { "fwd", "bwd-data", "bwd-filter" };
+/* One layer, x [n, hw, hw, c] and w [3, 3, c, oc], SAME: a row per direction. */
+static void bench_conv(dpar_runtime *rt, const char *layer, int64_t n, int64_t hw, int64_t c, int64_t oc) {
+    int64_t xs[4] = { n, hw, hw, c }, ws[4] = { 3, 3, c, oc }, ys[4] = { n, hw, hw, oc };
+    dpar_buffer *x = filled(rt, DPAR_F32, 4, xs, 0.5f), *w = filled(rt, DPAR_F32, 4, ws, 0.01f);
+    dpar_buffer *y = filled(rt, DPAR_F32, 4, ys, 0.25f);
+    int M = (int)(n * hw * hw), K = (int)(9 * c), O = (int)oc;
+    for (int k = CONV_FWD; k <= CONV_BWD_FILTER; k++) {
+        double best = 1e30;
+        for (int trial = 0; trial < 4; trial++) {
+            CHECK(dpar_runtime_device_sync(rt, 0));
+            double t0 = now();
+            for (int i = 0; i < reps; i++) {
+                switch ((convk)k) {
+                case CONV_FWD: CHECK(dpar_conv2d(y, x, w, NULL, NULL)); break;
+                case CONV_BWD_DATA: CHECK(dpar_conv2d_backward_input(x, y, w, NULL)); break;
+                case CONV_BWD_FILTER: CHECK(dpar_conv2d_backward_kernel(w, NULL, x, y, NULL)); break;
+                }
+            }
+            CHECK(dpar_runtime_device_sync(rt, 0));
+            double t = (now() - t0) / reps;
+            if (trial > 0 && t < best) best = t; /* trial 0 warms up */
+        }
+        /* the GEMM's row-major [rows, cols] and inner size, as dpar__cu_op_conv calls it */
+        int ta = k == CONV_BWD_FILTER, tb = k == CONV_BWD_DATA;
+        int rows = k == CONV_BWD_FILTER ? K : M, cols = k == CONV_BWD_DATA ? K : O;
+        int inner = k == CONV_FWD ? K : k == CONV_BWD_DATA ? O : M;
+        double g = gemm_time(ta, tb, rows, cols, inner);
+        printf("conv2d %s %-10s %3lldx%2lldx%2lldx%-2lld -> %2lld: dpar %8.1f us", layer, conv_name[k], (long long)n,
+               (long long)hw, (long long)hw, (long long)c, (long long)oc, best * 1e6);
+        if (g > 0)
+            printf("   sgemm M %5d N %3d K %5d %8.1f us   dpar/GEMM time = %.3f\n", rows, cols, inner, g * 1e6,
+                   best / g);
+        else
+            printf("   (cuBLAS direct: library not loadable)\n");
+    }
+    dpar_buffer_destroy(x);
+    dpar_buffer_destroy(w);
+    dpar_buffer_destroy(y);
+}
+
 int main(int argc, char **argv) {
     int quick = 0, mb = 256;
     for (int i = 1; i < argc; i++) {
@@ -344,6 +429,9 @@ int main(int argc, char **argv) {
     bench_allreduce(rt, (int64_t)1 << 18 < n ? (int64_t)1 << 18 : n);
     if (!quick) bench_allreduce(rt, (int64_t)16 << 20 < n ? (int64_t)16 << 20 : n);
     bench_allreduce(rt, n);
+    int64_t batch = quick ? 2 : 64; /* examples/train_cnn.c's global batch on one device */
+    bench_conv(rt, "conv1", batch, 28, 1, 32);
+    bench_conv(rt, "conv2", batch, 14, 32, 64);
     dpar_runtime_destroy(rt);
     return 0;
 }

@@ -142,7 +142,7 @@ fi
     for t in test_cuda test_parity test_elem test_conv test_norm_attn test_optim; do
         [ -f "$DIR/$t.log" ] && grep -HE '^\[ +(PASSED|FAILED|SKIPPED) +\] [0-9]|^parity |^cuda: [0-9]* results' "$DIR/$t.log" | sed "s|^$DIR/||"
     done
-    grep -hE '^(device|matmul|all-reduce|sgd|axpy|scale|relu|cast|SKIPPED)' "$DIR"/bench_cuda.log 2>/dev/null
+    grep -hE '^(device|matmul|all-reduce|sgd|axpy|scale|relu|cast|conv2d|SKIPPED)' "$DIR"/bench_cuda.log 2>/dev/null
     echo "total: $(($(date +%s) - START))s of ${BUDGET}s"
 } >>"$SUMMARY"
 echo
