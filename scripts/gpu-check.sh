@@ -132,6 +132,18 @@ if command -v mpirun >/dev/null 2>&1 && [ -x "$B"/mpi_collectives ]; then
 else
     echo "SKIPPED  mpi_cuda (no mpirun or $B/mpi_collectives on this machine)" | tee -a "$SUMMARY"
 fi
+# PyTorch's CUDA step time for the CNN and the GPT next to dpar's above (informational: SOFT, last, and each only
+# where python3's torch sees the GPU and 65 s of the budget are left, so they never fail the check)
+torch_step() {
+    if [ $((BUDGET - ($(date +%s) - START))) -gt 65 ]; then SOFT=1 step "$@"
+    else echo "SKIPPED  $1 (informational; under 65 s of the budget left)" | tee -a "$SUMMARY"; fi
+}
+if python3 -c "import torch; assert torch.cuda.is_available()" >/dev/null 2>&1; then
+    torch_step torch_cnn_cuda 60 python3 bench/peers/cnn_torch.py --device cuda --epochs 2
+    torch_step torch_gpt_cuda 60 python3 bench/peers/gpt_torch.py --device cuda --steps 200
+else
+    echo "SKIPPED  torch_cuda (informational; python3 has no torch that sees the GPU)" | tee -a "$SUMMARY"
+fi
 
 {
     echo
@@ -143,6 +155,9 @@ fi
         [ -f "$DIR/$t.log" ] && grep -HE '^\[ +(PASSED|FAILED|SKIPPED) +\] [0-9]|^parity |^cuda: [0-9]* results' "$DIR/$t.log" | sed "s|^$DIR/||"
     done
     grep -hE '^(device|matmul|all-reduce|sgd|axpy|scale|relu|cast|conv2d|SKIPPED)' "$DIR"/bench_cuda.log 2>/dev/null
+    for t in torch_cnn_cuda torch_gpt_cuda; do # PyTorch on the GPU: its final line, step_ms= the step time
+        [ -f "$DIR/$t.log" ] && grep -H '^final:' "$DIR/$t.log" | sed "s|^$DIR/||"
+    done
     echo "total: $(($(date +%s) - START))s of ${BUDGET}s"
 } >>"$SUMMARY"
 echo

@@ -2,9 +2,12 @@
 torch.nn on the CPU, AdamW lr 1e-3 wd 1e-4 (torch.optim.AdamW: decay
 multiplied by lr, as optax), on one process or data-parallel over N
 processes with DistributedDataParallel over gloo (each takes its 64 / N rows
-of every global batch; DDP averages the gradients).
+of every global batch; DDP averages the gradients). --device cuda runs the
+one process on GPU 0 instead (the data set moved there once; an epoch's time
+ends after torch.cuda.synchronize), for train_cnn.c --backend cuda's step time.
 
     python bench/peers/cnn_torch.py [--devices 1|2|4] [--epochs 10] [--batch 64] [--seed 42]
+                                    [--device cpu|cuda]
 
 The data, split, batch order and initial weights of cnn_common.py (the same
 as train_cnn.c's); NHWC weights are transposed to torch's layouts and the
@@ -60,30 +63,32 @@ def worker(rank, a):
     import cnn_common
 
     n = a.devices
+    dev = torch.device(a.device)
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // n))
     if n > 1:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(a.port))
         dist.init_process_group("gloo", rank=rank, world_size=n)
     rng, x, y, train_idx, test_idx, init = cnn_common.prepare(a.seed)
-    model = build(init)
+    model = build(init).to(dev)
     nparam = sum(p.numel() for p in model.parameters())
     net = torch.nn.parallel.DistributedDataParallel(model) if n > 1 else model
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=a.wd)
     lossf = torch.nn.CrossEntropyLoss()
-    xs, ys = torch.from_numpy(x), torch.from_numpy(y).long()
-    xt, yt = xs[torch.from_numpy(test_idx)], ys[torch.from_numpy(test_idx)]
+    xs, ys = torch.from_numpy(x).to(dev), torch.from_numpy(y).long().to(dev)
+    xt, yt = xs[torch.from_numpy(test_idx).to(dev)], ys[torch.from_numpy(test_idx).to(dev)]
     steps, per = len(train_idx) // a.batch, a.batch // n
     if rank == 0:
-        print("torch %s, %d process(es), %d parameters, %d steps of %d per epoch" %
-              (torch.__version__, n, nparam, steps, a.batch), flush=True)
+        print("torch %s, %d process(es)%s, %d parameters, %d steps of %d per epoch" %
+              (torch.__version__, n, " on " + torch.cuda.get_device_name(dev) if dev.type == "cuda" else "", nparam,
+               steps, a.batch), flush=True)
     times, loss_mean, acc = [], 0.0, 0.0
     for e in range(1, a.epochs + 1):
         cnn_common.epoch_order(rng, train_idx)
         t0 = time.perf_counter()
-        total = torch.zeros(1)
+        total = torch.zeros(1, device=dev)
         for s in range(steps):
-            rows = torch.from_numpy(train_idx[s * a.batch + rank * per:s * a.batch + (rank + 1) * per])
+            rows = torch.from_numpy(train_idx[s * a.batch + rank * per:s * a.batch + (rank + 1) * per]).to(dev)
             loss = lossf(net(xs[rows]), ys[rows])
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -92,6 +97,8 @@ def worker(rank, a):
         if n > 1:
             dist.all_reduce(total)
             total /= n
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)  # the epoch's kernels, not only their launches
         dt = time.perf_counter() - t0
         times.append(dt)
         loss_mean = float(total) / steps
@@ -117,9 +124,18 @@ def main():
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--wd", type=float, default=1e-4)
     ap.add_argument("--port", type=int, default=29500 + os.getpid() % 1000)
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     a = ap.parse_args()
     if a.batch % a.devices:
         sys.exit("batch %d not divisible by %d processes" % (a.batch, a.devices))
+    if a.device == "cuda":
+        import torch
+
+        if a.devices != 1:
+            sys.exit("cnn_torch: --device cuda runs one process on GPU 0; give --devices 1")
+        if not torch.cuda.is_available():
+            sys.exit("cnn_torch: --device cuda: torch %s sees no GPU (torch.cuda.is_available() is False)" %
+                     torch.__version__)
     if a.devices == 1:
         worker(0, a)
     else:

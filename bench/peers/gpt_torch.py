@@ -1,8 +1,11 @@
 """The PyTorch peer of examples/train_gpt.c: the same character-level GPT in
-torch.nn on the CPU, one process.
+torch.nn on the CPU, one process; --device cuda on GPU 0 (for train_gpt.c
+--backend cuda's step time; two steps in flight, as the JAX peer, so a
+logging block's time covers its kernels, not only their launches).
 
     python bench/peers/gpt_torch.py [--steps 1000] [--seed 42] [--log-every 50] [--eval-every 250]
                                     [--val-batches 20] [--batch 32] [--lr 3e-3] [--threads N (default: cores)]
+                                    [--device cpu|cuda]
 
 Pre-LN blocks, learned positions, causal attention (4 heads of 32, through
 scaled_dot_product_attention), GELU (tanh) MLP 4x, untied head; 818,241
@@ -81,15 +84,21 @@ def build(init, vocab):
 def main():
     import gpt_common as gc
 
-    a = gc.parse_args([("--threads", int, os.cpu_count() or 1)])
+    a = gc.parse_args([("--threads", int, os.cpu_count() or 1), ("--device", str, "cpu")])
     import numpy as np
     import torch
     import torch.nn.functional as F
 
+    if a.device not in ("cpu", "cuda"):
+        sys.exit("gpt_torch: --device %s: give cpu or cuda" % a.device)
+    if a.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("gpt_torch: --device cuda: torch %s sees no GPU (torch.cuda.is_available() is False)" %
+                 torch.__version__)
+    dev = torch.device(a.device)
     torch.set_num_threads(a.threads)
     rng, data, init = gc.prepare(a.seed)
     vocab = len(data[1])
-    model = build(init, vocab)
+    model = build(init, vocab).to(dev)
     nparam = sum(p.numel() for p in model.parameters())
     if nparam != gc.NPARAM:
         sys.exit("gpt_torch: %d parameters, train_gpt.c has %d; the models differ" % (nparam, gc.NPARAM))
@@ -97,12 +106,14 @@ def main():
     other = [p for p in model.parameters() if p.ndim != 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": other, "weight_decay": 0.0}],
                             lr=a.lr, betas=(0.9, 0.99), eps=1e-8)
-    print("torch %s, 1 process, %d threads: GPT %d layers, %d heads, %d embd, context %d: %d parameters; "
-          "batch %d, %d steps" % (torch.__version__, torch.get_num_threads(), gc.N_LAYER, gc.N_HEAD, gc.N_EMBD,
-                                  gc.CTX, nparam, a.batch, a.steps), flush=True)
+    print("torch %s, 1 process, %d threads%s: GPT %d layers, %d heads, %d embd, context %d: %d parameters; "
+          "batch %d, %d steps" % (torch.__version__, torch.get_num_threads(),
+                                  " on " + torch.cuda.get_device_name(dev) if dev.type == "cuda" else "", gc.N_LAYER,
+                                  gc.N_HEAD, gc.N_EMBD, gc.CTX, nparam, a.batch, a.steps), flush=True)
 
     def loss_of(x, y):
-        return F.cross_entropy(model(torch.from_numpy(x).long()).view(-1, vocab), torch.from_numpy(y).long().view(-1))
+        x, y = torch.from_numpy(x).long().to(dev), torch.from_numpy(y).long().to(dev)
+        return F.cross_entropy(model(x).view(-1, vocab), y.view(-1))
 
     def val_loss():
         with torch.no_grad():
@@ -117,9 +128,9 @@ def main():
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        return loss.item()
+        return loss.detach() if dev.type == "cuda" else loss.item()
 
-    gc.train(a, rng, data, train_step, val_loss, "torch")
+    gc.train(a, rng, data, train_step, val_loss, "torch", wait=float if dev.type == "cuda" else None)
 
 
 if __name__ == "__main__":
