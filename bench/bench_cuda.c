@@ -4,7 +4,7 @@
      1. Device-copy bandwidth: cuMemcpyDtoDAsync of a 256 MB buffer, counted
         as bytes read + bytes written (the reference for 2-3).
      2. Memory-bound dpar ops on 256 MB f32 buffers (SGD step with and
-        without momentum, axpy, scale, relu, cast f32->bf16): effective
+        without momentum, axpy, scale, relu, casts f32 <-> bf16 / f16): effective
         bandwidth (bytes each op must read + write) as % of (1).
      3. dpar_matmul against cublasSgemm / cublasGemmEx called directly
         (f32 4096^3, bf16 8192^3): TFLOP/s and ratio.
@@ -131,18 +131,33 @@ static double copy_bw(size_t bytes) {
 }
 
 /* ---- 2. dpar memory-bound ops ---- */
-typedef enum { OP_SGD_MOM, OP_SGD, OP_AXPY, OP_SCALE, OP_RELU, OP_CAST_BF16 } opk;
-static const char *op_name[] = { "sgd step (momentum 0.9)", "sgd step (no momentum)", "axpy", "scale", "relu",
-                                 "cast f32->bf16" };
-static const double op_traffic[] = { 5, 3, 3, 2, 2, 1.5 }; /* x buffer bytes read + written */
+typedef enum {
+    OP_SGD_MOM,
+    OP_SGD,
+    OP_AXPY,
+    OP_SCALE,
+    OP_RELU,
+    OP_CAST_BF16,
+    OP_CAST_F16,
+    OP_BF16_TO_F32,
+    OP_F16_TO_F32
+} opk;
+static const char *op_name[] = {
+    "sgd step (momentum 0.9)", "sgd step (no momentum)", "axpy",           "scale",        "relu",
+    "cast f32->bf16",          "cast f32->f16",          "cast bf16->f32", "cast f16->f32"
+};
+static const double op_traffic[] = { 5, 3, 3, 2, 2, 1.5, 1.5, 1.5, 1.5 }; /* x buffer bytes read + written */
 
 static double dpar_op_bw(dpar_runtime *rt, opk k, int64_t n) {
-    dpar_buffer *p, *g, *v, *h;
+    dpar_buffer *p, *g, *v, *h, *f16;
     int64_t shape[1] = { n };
     CHECK(dpar_buffer_create(rt, 0, DPAR_F32, 1, shape, &p));
     CHECK(dpar_buffer_create(rt, 0, DPAR_F32, 1, shape, &g));
     CHECK(dpar_buffer_create(rt, 0, DPAR_F32, 1, shape, &v));
     CHECK(dpar_buffer_create(rt, 0, DPAR_BF16, 1, shape, &h));
+    CHECK(dpar_buffer_create(rt, 0, DPAR_F16, 1, shape, &f16));
+    CHECK(dpar_fill(h, 0.001f));
+    CHECK(dpar_fill(f16, 0.001f));
     CHECK(dpar_fill(p, 1.0f));
     CHECK(dpar_fill(g, 0.001f));
     dpar_sgd_desc d = { .learning_rate = 0.01f, .momentum = k == OP_SGD_MOM ? 0.9f : 0.0f };
@@ -158,6 +173,9 @@ static double dpar_op_bw(dpar_runtime *rt, opk k, int64_t n) {
             case OP_SCALE: CHECK(dpar_scale(p, 1.0f)); break;
             case OP_RELU: CHECK(dpar_relu(p, g)); break;
             case OP_CAST_BF16: CHECK(dpar_cast(h, g)); break;
+            case OP_CAST_F16: CHECK(dpar_cast(f16, g)); break;
+            case OP_BF16_TO_F32: CHECK(dpar_cast(g, h)); break;
+            case OP_F16_TO_F32: CHECK(dpar_cast(g, f16)); break;
             }
         }
         CHECK(dpar_runtime_device_sync(rt, 0));
@@ -168,6 +186,7 @@ static double dpar_op_bw(dpar_runtime *rt, opk k, int64_t n) {
     dpar_buffer_destroy(g);
     dpar_buffer_destroy(v);
     dpar_buffer_destroy(h);
+    dpar_buffer_destroy(f16);
     return op_traffic[k] * 4.0 * (double)n / best;
 }
 
@@ -420,7 +439,7 @@ int main(int argc, char **argv) {
     const int64_t n = (int64_t)mb << 18; /* mb MB of f32 */
     double cbw = copy_bw((size_t)n * 4);
     printf("device copy (cuMemcpyDtoDAsync, %d MB): %8.1f GB/s (read + write)\n", mb, cbw * 1e-9);
-    for (int k = 0; k <= OP_CAST_BF16; k++) {
+    for (int k = 0; k <= OP_F16_TO_F32; k++) {
         double bw = dpar_op_bw(rt, (opk)k, n);
         printf("%-26s %d MB: %8.1f GB/s = %5.1f%% of device copy\n", op_name[k], mb, bw * 1e-9, 100.0 * bw / cbw);
     }
