@@ -1334,6 +1334,18 @@ static dpar_status dpar__cu_op_fill(dpar__cu_state *st, int dev, const dpar__op 
     return DPAR_OK;
 }
 
+/* The launch shape of a column sum over m rows of n (dpar_k_bias_grad, dpar_k_norm_wgrad): tiles of 32 columns
+   times chunks of at least 256 rows, at most 4096 blocks, from m and n only so that every GPU adds in the same
+   order. Returns the chunk count; *tiles and *rows (rows per chunk) complete the shape. */
+static int64_t dpar__cu_col_chunks(int64_t m, int64_t n, int64_t *tiles, int64_t *rows) {
+    int64_t t = (n + 31) / 32, chunks = (m + 255) / 256, cap = 4096 / t > 1 ? 4096 / t : 1;
+    if (chunks > cap) chunks = cap;
+    if (chunks < 1) chunks = 1;
+    *tiles = t;
+    *rows = (m + chunks - 1) / chunks;
+    return chunks;
+}
+
 /* >>cuda elementwise ===========================================================
    The elementwise kinds (see >>elementwise ops in dpar.h) on the kernels of
    kernels/elementwise.cu; the geometry p[] travels as one by-value struct. */
@@ -1382,6 +1394,30 @@ static unsigned dpar__cu_rows(int64_t rows) {
 static dpar__CUdeviceptr dpar__cu_ptr_or0(const dpar_buffer *b) {
     return b ? DPAR__CU_PTR(b) : 0;
 }
+/* dw, db (either may be 0) = the column sums of dy * xhat and dy over m rows of n (dpar_k_norm_wgrad), in the
+   shape of dpar__cu_col_chunks; more than one chunk adds each output's partial sums (scratch slot 0: dw's
+   chunks, then db's) in chunk order with dpar_k_bias_grad_final. */
+static dpar_status dpar__cu_norm_wgrad(dpar__cu_state *st, int dev, dpar__CUdeviceptr dw, dpar__CUdeviceptr db,
+                                       dpar__CUdeviceptr dy, dpar__CUdeviceptr x, dpar__CUdeviceptr stats, int64_t m,
+                                       int64_t n) {
+    dpar__CUstream s = st->dev[dev].compute;
+    int64_t tiles, rows, chunks = dpar__cu_col_chunks(m, n, &tiles, &rows);
+    dpar__CUdeviceptr part = 0;
+    dpar_status e;
+    if (chunks > 1 && (e = dpar__cu_scratch(st, dev, 0, (size_t)(2 * chunks * n) * 4, &part))) return e;
+    void *args[] = { &dy, &x, &stats, &dw, &db, &part, &m, &n, &rows, &tiles };
+    e = dpar__cu_launch(st, dev, DPAR__CUK_NORM_WGRAD, (unsigned)(tiles * chunks), DPAR__CU_BLOCK, s, args);
+    if (e || chunks == 1) return e;
+    float beta = 0.0f;
+    for (int k = 0; k < 2; k++) {
+        dpar__CUdeviceptr out = k ? db : dw, pk = part + (dpar__CUdeviceptr)(k * chunks * n * 4);
+        void *fargs[] = { &out, &pk, &chunks, &n, &beta };
+        if (out && (e = dpar__cu_launch(st, dev, DPAR__CUK_BIAS_GRAD_FINAL, dpar__cu_grid(n, 1, 8192), DPAR__CU_BLOCK,
+                                        s, fargs)))
+            return e;
+    }
+    return DPAR_OK;
+}
 static dpar_status dpar__cu_op_norm(dpar__cu_state *st, int dev, const dpar__op *op) {
     dpar__CUstream s = st->dev[dev].compute;
     int64_t m = op->m, n = op->n;
@@ -1396,12 +1432,8 @@ static dpar_status dpar__cu_op_norm(dpar__cu_state *st, int dev, const dpar__op 
         return dpar__cu_launch(st, dev, DPAR__CUK_NORM_FWD, dpar__cu_rows(m), 256, s, args);
     }
     dpar_status e;
-    if (d2 || d3) { /* dw, db first: dx may alias dy */
-        void *args[] = { &a, &b, &x3, &d2, &d3, &m, &n };
-        if (n > 0 &&
-            (e = dpar__cu_launch(st, dev, DPAR__CUK_NORM_WGRAD, dpar__cu_grid(n, 1, 8192), DPAR__CU_BLOCK, s, args)))
-            return e;
-    }
+    if ((d2 || d3) && n > 0 && (e = dpar__cu_norm_wgrad(st, dev, d2, d3, a, b, x3, m, n)))
+        return e; /* dw, db first: dx may alias dy */
     void *args[] = { &a, &b, &w, &x3, &y, &m, &n, &rms };
     if (m == 0 || op->p[1]) return DPAR_OK; /* p[1]: no dx */
     return dpar__cu_launch(st, dev, DPAR__CUK_NORM_BWD, dpar__cu_rows(m), 256, s, args);
@@ -1688,17 +1720,13 @@ static dpar_status dpar__cu_op_optim(dpar__cu_state *st, int dev, const dpar__op
     }
 }
 
-/* db[n] = beta * db + the column sums of dy[m, n] (kernels/dpar_kernels.cu, dpar_k_bias_grad): tiles of 32
-   columns times chunks of at least 256 rows, at most 4096 blocks, chosen from m and n only so that every GPU
-   adds in the same order; more than one chunk adds the chunks' partial sums (scratch slot 0) in a second launch. */
+/* db[n] = beta * db + the column sums of dy[m, n] (kernels/dpar_kernels.cu, dpar_k_bias_grad) in the shape of
+   dpar__cu_col_chunks; more than one chunk adds the chunks' partial sums (scratch slot 0) in a second launch. */
 static dpar_status dpar__cu_bias_grad(dpar__cu_state *st, int dev, dpar__CUdeviceptr db, dpar__CUdeviceptr dy,
                                       int64_t m, int64_t n, float beta) {
     dpar__CUstream s = st->dev[dev].compute;
     if (n == 0) return DPAR_OK;
-    int64_t tiles = (n + 31) / 32, chunks = (m + 255) / 256, cap = 4096 / tiles > 1 ? 4096 / tiles : 1;
-    if (chunks > cap) chunks = cap;
-    if (chunks < 1) chunks = 1;
-    int64_t rows = (m + chunks - 1) / chunks;
+    int64_t tiles, rows, chunks = dpar__cu_col_chunks(m, n, &tiles, &rows);
     dpar__CUdeviceptr part = 0;
     if (chunks > 1) {
         dpar_status e = dpar__cu_scratch(st, dev, 0, (size_t)(chunks * n) * 4, &part);

@@ -6,8 +6,8 @@
    64-bit counts, fixed reduction trees so results repeat bit for bit), and
    the same algorithms as shaders/layernorm*.comp and attention*.comp:
    - norms: one block of 256 per row, the mean shifted by the row's first
-     element (a constant row has exactly zero variance); dw/db one thread
-     per column summing rows in order.
+     element (a constant row has exactly zero variance); dw/db as the bias
+     gradient: 32-column tiles over chunks of rows, then the chunks in order.
    - attention: one block of 64 per query row (forward, backward pass 1) or
      key row (backward pass 2), keys / queries in chunks of 64, an online
      softmax in the forward; no Tq x Tk matrix. D, Dv <= 512 (checked on
@@ -100,18 +100,40 @@ __global__ void dpar_k_norm_bwd(const float *dy, const float *x, const float *w,
     }
 }
 
-/* dw[j] = sum_r dy xhat, db[j] = sum_r dy (either may be 0) */
-__global__ void dpar_k_norm_wgrad(const float *dy, const float *x, const float *stats, float *dw, float *db, int64_t m,
-                                  int64_t n) {
-    for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < n; j += (int64_t)gridDim.x * blockDim.x) {
-        float aw = 0.0f, ab = 0.0f;
-        for (int64_t r = 0; r < m; r++) {
+/* dw[j] = sum_r dy xhat, db[j] = sum_r dy (either may be 0), in the shape of dpar_k_bias_grad (dpar_kernels.cu),
+   which the host derives from m and n alone: block b sums 32 columns (tile b % tiles) over one chunk of `rows`
+   rows (chunk b / tiles), its 8 warps taking every 8th row (whole rows, coalesced), then adds the warps' sums in
+   warp order. With one chunk it writes dw, db; else part[chunk, :] (dw) and part[chunks + chunk, :] (db), which
+   dpar_k_bias_grad_final adds in chunk order. One thread per column summing every row left all but a few warps
+   idle on the GPT's [B*T, 128] norms. */
+#define DK_NW_WARPS 8
+__global__ void dpar_k_norm_wgrad(const float *dy, const float *x, const float *stats, float *dw, float *db,
+                                  float *part, int64_t m, int64_t n, int64_t rows, int64_t tiles) {
+    __shared__ float shw[DK_NW_WARPS][32], shb[DK_NW_WARPS][32];
+    int lane = (int)(threadIdx.x & 31), w = (int)(threadIdx.x >> 5);
+    int64_t tile = blockIdx.x % tiles, chunk = blockIdx.x / tiles, chunks = gridDim.x / tiles, j = tile * 32 + lane;
+    int64_t r0 = chunk * rows, r1 = r0 + rows < m ? r0 + rows : m;
+    float aw = 0.0f, ab = 0.0f;
+    if (j < n)
+        for (int64_t r = r0 + w; r < r1; r += DK_NW_WARPS) {
             float g = dy[r * n + j];
             aw += g * ((x[r * n + j] - stats[2 * r]) * stats[2 * r + 1]);
             ab += g;
         }
+    shw[w][lane] = aw;
+    shb[w][lane] = ab;
+    __syncthreads();
+    if (w || j >= n) return;
+    for (int k = 1; k < DK_NW_WARPS; k++) {
+        aw += shw[k][lane];
+        ab += shb[k][lane];
+    }
+    if (chunks == 1) {
         if (dw) dw[j] = aw;
         if (db) db[j] = ab;
+    } else {
+        part[chunk * n + j] = aw;
+        part[(chunks + chunk) * n + j] = ab;
     }
 }
 

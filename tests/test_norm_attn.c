@@ -712,8 +712,9 @@ static void parity(dpar_backend_kind kind) {
     char what[160];
     /* small on purpose: the CUDA mock runs every GPU thread as a host thread */
     /* 257 rows: one past the 256 rows of a workgroup of the Vulkan row-per-invocation variants (forward and
-       backward); 33x128: the GPT's row length */
-    const int64_t nshape[][2] = { { 3, 5 }, { 7, 300 }, { 1, 1 }, { 0, 4 }, { 5, 64 }, { 257, 3 }, { 33, 128 } };
+       backward), and two chunks of rows for CUDA's dw/db (33 columns: a ragged second tile of 32); 33x128: the
+       GPT's row length */
+    const int64_t nshape[][2] = { { 3, 5 }, { 7, 300 }, { 1, 1 }, { 0, 4 }, { 5, 64 }, { 257, 33 }, { 33, 128 } };
     for (int rms = 0; rms < 2; rms++)
         for (int c = 0; c < (int)(sizeof nshape / sizeof nshape[0]); c++)
             for (int affine = 0; affine < 2; affine++) {

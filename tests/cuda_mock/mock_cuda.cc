@@ -215,7 +215,7 @@ static const kinfo g_kernels[] = {
     K(dpar_k_strided, false),
     K(dpar_k_norm_fwd, true),
     K(dpar_k_norm_bwd, true),
-    K(dpar_k_norm_wgrad, false),
+    K(dpar_k_norm_wgrad, true),
     K(dpar_k_attn_fwd, true),
     K(dpar_k_attn_bwd_q, true),
     K(dpar_k_attn_bwd_kv, true),
