@@ -252,6 +252,8 @@ typedef enum {
     DPAR__CUK_UNARY, /* kernels/elementwise.cu */
     DPAR__CUK_BINARY,
     DPAR__CUK_REDUCE_AXES,
+    DPAR__CUK_REDUCE_COLS,
+    DPAR__CUK_REDUCE_COLS_FINAL,
     DPAR__CUK_WHERE,
     DPAR__CUK_SOFTMAX,
     DPAR__CUK_STRIDED,
@@ -283,7 +285,7 @@ static const char *const dpar__cuk_names[DPAR__CUK_COUNT] = {
     "dpar_k_bias_grad_final", "dpar_k_cast", "dpar_k_sgd", "dpar_k_reduce_partial", "dpar_k_mse_partial",
     "dpar_k_reduce_final", "dpar_k_xent_rows", "dpar_k_vreduce", "dpar_k_to_key", "dpar_k_from_key", "dpar_k_div_i32",
     "dpar_k_copy_nd", "dpar_k_reduce_partial_f64", "dpar_k_unary", "dpar_k_binary", "dpar_k_reduce_axes",
-    "dpar_k_where", "dpar_k_softmax", "dpar_k_strided",
+    "dpar_k_reduce_cols", "dpar_k_reduce_cols_final", "dpar_k_where", "dpar_k_softmax", "dpar_k_strided",
     /* >>norm-attn kernels */
     "dpar_k_norm_fwd", "dpar_k_norm_bwd", "dpar_k_norm_wgrad", "dpar_k_attn_fwd", "dpar_k_attn_bwd_q",
     "dpar_k_attn_bwd_kv",
@@ -1352,6 +1354,36 @@ static int64_t dpar__cu_col_chunks(int64_t m, int64_t n, int64_t *tiles, int64_t
 typedef struct {
     int64_t p[16];
 } dpar__cu_geo; /* same layout as dke_geo (elementwise.cu) and dkc_win (conv.cu) */
+static int64_t dpar__cu_reduce_len(const dpar__cu_geo *g) { /* the elements each output folds */
+    int64_t R = 1;
+    for (int d = 0; d < 4; d++) R *= (g->p[13] >> d & 1) ? g->p[d] : 1;
+    return R;
+}
+/* The sum kinds of a reduce (not max, argmax nor the max backward) with few outputs (at most 16384) of at least
+   256 elements each: one thread per output would leave the GPU idle, so dpar__cu_reduce_cols takes them. */
+static int dpar__cu_reduce_few(const dpar__cu_geo *g, int64_t nout) {
+    int64_t kind = g->p[12], R = dpar__cu_reduce_len(g);
+    return kind != DPAR_REDUCE_MAX && kind != DPAR_REDUCE_ARGMAX && kind != DPAR__RED_MAX_BWD && nout <= 16384 &&
+           R >= 256;
+}
+/* dpar_k_reduce_cols sums 32-output tiles over chunks of the reduced elements (dpar__cu_col_chunks: from the
+   shape alone) and, past one chunk, dpar_k_reduce_cols_final adds the chunks' partial sums (scratch slot 0) in
+   chunk order. */
+static dpar_status dpar__cu_reduce_cols(dpar__cu_state *st, int dev, dpar__CUdeviceptr y, dpar__CUdeviceptr x,
+                                        dpar__CUdeviceptr a, dpar__CUdeviceptr b, dpar__cu_geo *g, int64_t nout) {
+    dpar__CUstream s = st->dev[dev].compute;
+    int64_t R = dpar__cu_reduce_len(g), tiles, per;
+    int64_t chunks = dpar__cu_col_chunks(R, nout, &tiles, &per), div = g->p[12] == DPAR_REDUCE_MEAN ? R : 1;
+    dpar__CUdeviceptr part = 0;
+    dpar_status e;
+    if (chunks > 1 && (e = dpar__cu_scratch(st, dev, 0, (size_t)(chunks * nout) * 4, &part))) return e;
+    void *args[] = { &y, &part, &x, &a, &b, g, &nout, &per, &tiles };
+    e = dpar__cu_launch(st, dev, DPAR__CUK_REDUCE_COLS, (unsigned)(tiles * chunks), DPAR__CU_BLOCK, s, args);
+    if (e || chunks == 1) return e;
+    void *fargs[] = { &y, &part, &chunks, &nout, &div };
+    return dpar__cu_launch(st, dev, DPAR__CUK_REDUCE_COLS_FINAL, dpar__cu_grid(nout, 1, 8192), DPAR__CU_BLOCK, s,
+                           fargs);
+}
 static dpar_status dpar__cu_op_elem(dpar__cu_state *st, int dev, const dpar__op *op) {
     dpar__CUstream s = st->dev[dev].compute;
     dpar__CUdeviceptr y = DPAR__CU_PTR(op->dst);
@@ -1382,6 +1414,8 @@ static dpar_status dpar__cu_op_elem(dpar__cu_state *st, int dev, const dpar__op 
     default: break; /* DPAR__OP_STRIDED */
     }
     if (items == 0) return DPAR_OK;
+    if (k == DPAR__CUK_REDUCE_AXES && dpar__cu_reduce_few(&g, n))
+        return dpar__cu_reduce_cols(st, dev, y, x0, x1, x2, &g, n);
     return dpar__cu_launch(st, dev, k, dpar__cu_grid(items, 1, 8192), DPAR__CU_BLOCK, s, args);
 }
 

@@ -3,7 +3,8 @@
    ops). Conventions as kernels/dpar_kernels.cu: extern "C" dpar_k_* entry
    points whose argument order backends/dpar_cuda.h follows, grid-stride loops
    over 64-bit counts, f32 math (the CPU reference computes in double; parity
-   within 2e-5), no atomics (one thread per output: deterministic).
+   within 2e-5), no atomics (one thread per output, or fixed partial sums
+   added in a fixed order: deterministic).
    Geometry (dke_geo): a 4-d iteration shape p[0..3] with per-operand strides
    p[4..7], p[8..11] (and p[12..15] for dpar_where), offsets p[12..14]; see
    >>elementwise ops in dpar.h. */
@@ -98,72 +99,117 @@ __global__ void dpar_k_binary(float *y, const float *a, const float *b, dke_geo 
     }
 }
 
+/* c[d] for the dims that mask selects (sel 1: the reduced ones) or leaves (sel 0: the kept ones), from the
+   flat index i over those dims */
+__device__ __forceinline__ void dke_unflat(int64_t *c, int64_t i, const dke_geo &g, int64_t mask, int64_t sel) {
+    for (int d = 3; d >= 0; d--)
+        if ((mask >> d & 1) == sel) {
+            c[d] = i % g.p[d];
+            i /= g.p[d];
+        }
+}
+/* x's offset at c (dense strides xs) */
+__device__ __forceinline__ int64_t dke_xoff(const int64_t *c, const int64_t *xs) {
+    return c[0] * xs[0] + c[1] * xs[1] + c[2] * xs[2] + c[3] * xs[3];
+}
+/* The summand at c of the sum kinds (0, 1, 4..8) */
+__device__ __forceinline__ float dke_red_term(int64_t kind, float v, const float *a, const float *b, const dke_geo &g,
+                                              const int64_t *c) {
+    int64_t ao = 0, bo = 0;
+    for (int d = 0; d < 4; d++) {
+        ao += c[d] * g.p[4 + d];
+        bo += c[d] * g.p[8 + d];
+    }
+    switch (kind) {
+    case 4: return -v;
+    case 5: return v * b[bo];
+    case 6: return v * a[ao];
+    case 7: return v / b[bo];
+    case 8: return -v * a[ao] / (b[bo] * b[bo]);
+    default: return v;
+    }
+}
+/* xs[d]: the dense strides of shape p[0..3]; returns R, the element count of the dims in mask */
+__device__ __forceinline__ int64_t dke_red_shape(const dke_geo &g, int64_t mask, int64_t *xs) {
+    int64_t R = 1;
+    xs[3] = 1;
+    for (int d = 2; d >= 0; d--) xs[d] = xs[d + 1] * g.p[d + 1];
+    for (int d = 0; d < 4; d++) R *= (mask >> d & 1) ? g.p[d] : 1;
+    return R;
+}
+
 /* y[o] = fold over the dims in mask p13 of dense x (shape p[0..3]); kind p12:
    0 sum, 1 mean, 2 max, 3 argmax (i32), 4 -sum, 5 sum(dy b), 6 sum(dy a),
    7 sum(dy / b), 8 sum(-dy a / b^2); a, b at strides p[4..7], p[8..11];
    9 the max backward: y is dx (x's shape), slice o gets a[o] (dy) at its
-   first maximum, 0 elsewhere */
+   first maximum, 0 elsewhere. One thread per output: the host takes
+   dpar_k_reduce_cols for few outputs of many elements each. */
 __global__ void dpar_k_reduce_axes(void *y, const float *x, const float *a, const float *b, dke_geo g, int64_t nout) {
-    int64_t mask = g.p[13], kind = g.p[12], xs[4], R = 1;
-    xs[3] = 1;
-    for (int d = 2; d >= 0; d--) xs[d] = xs[d + 1] * g.p[d + 1];
-    for (int d = 0; d < 4; d++) R *= (mask >> d & 1) ? g.p[d] : 1;
+    int64_t mask = g.p[13], kind = g.p[12], xs[4], R = dke_red_shape(g, mask, xs);
     for (int64_t o = DKE_TID; o < nout; o += DKE_STRIDE) {
-        int64_t c[4] = { 0, 0, 0, 0 }, rem = o, best = -1;
-        for (int d = 3; d >= 0; d--)
-            if (!(mask >> d & 1)) {
-                c[d] = rem % g.p[d];
-                rem /= g.p[d];
-            }
+        int64_t c[4] = { 0, 0, 0, 0 }, best = -1;
+        dke_unflat(c, o, g, mask, 0);
         float acc = 0.0f;
         for (int64_t r = 0; r < R; r++) {
-            rem = r;
-            for (int d = 3; d >= 0; d--)
-                if (mask >> d & 1) {
-                    c[d] = rem % g.p[d];
-                    rem /= g.p[d];
-                }
-            int64_t xo = 0, ao = 0, bo = 0;
-            for (int d = 0; d < 4; d++) {
-                xo += c[d] * xs[d];
-                ao += c[d] * g.p[4 + d];
-                bo += c[d] * g.p[8 + d];
-            }
-            float v = x[xo];
-            switch (kind) {
-            case 0:
-            case 1: acc += v; break;
-            case 2:
-            case 3:
-            case 9:
+            dke_unflat(c, r, g, mask, 1);
+            float v = x[dke_xoff(c, xs)];
+            if (kind == 2 || kind == 3 || kind == 9) {
                 if (best < 0 || v > acc || (v != v && acc == acc)) {
                     acc = v;
                     best = r;
                 }
-                break;
-            case 4: acc -= v; break;
-            case 5: acc += v * b[bo]; break;
-            case 6: acc += v * a[ao]; break;
-            case 7: acc += v / b[bo]; break;
-            default: acc += -v * a[ao] / (b[bo] * b[bo]); break;
-            }
+            } else
+                acc += dke_red_term(kind, v, a, b, g, c);
         }
         if (kind == 9) {
             for (int64_t r = 0; r < R; r++) {
-                int64_t xo = 0;
-                rem = r;
-                for (int d = 3; d >= 0; d--)
-                    if (mask >> d & 1) {
-                        c[d] = rem % g.p[d];
-                        rem /= g.p[d];
-                    }
-                for (int d = 0; d < 4; d++) xo += c[d] * xs[d];
-                ((float *)y)[xo] = r == best ? a[o] : 0.0f;
+                dke_unflat(c, r, g, mask, 1);
+                ((float *)y)[dke_xoff(c, xs)] = r == best ? a[o] : 0.0f;
             }
         } else if (kind == 3)
             ((int32_t *)y)[o] = (int32_t)best;
         else
             ((float *)y)[o] = kind == 1 ? acc / (float)R : acc;
+    }
+}
+
+/* The sum kinds of dpar_k_reduce_axes for few outputs of many elements each (a reduce over rows to [1, N], or
+   to a scalar), in the shape of dpar_k_bias_grad that the host derives from the shape alone: block b sums 32
+   outputs (tile b % tiles, lane k output tile * 32 + k: a reduce over rows reads whole rows) over one chunk of
+   `per` reduced elements (chunk b / tiles), its 8 warps taking every 8th element, then adds the warps' sums in
+   warp order. With one chunk it writes y (the mean divided by R), else part[chunk, :], which
+   dpar_k_reduce_cols_final adds in chunk order. */
+#define DKE_RC_WARPS 8
+__global__ void dpar_k_reduce_cols(float *y, float *part, const float *x, const float *a, const float *b, dke_geo g,
+                                   int64_t nout, int64_t per, int64_t tiles) {
+    __shared__ float sh[DKE_RC_WARPS][32];
+    int lane = (int)(threadIdx.x & 31), w = (int)(threadIdx.x >> 5);
+    int64_t mask = g.p[13], kind = g.p[12], xs[4], R = dke_red_shape(g, mask, xs);
+    int64_t tile = blockIdx.x % tiles, chunk = blockIdx.x / tiles, o = tile * 32 + lane;
+    int64_t r0 = chunk * per, r1 = r0 + per < R ? r0 + per : R, c[4] = { 0, 0, 0, 0 };
+    float s = 0.0f;
+    if (o < nout) {
+        dke_unflat(c, o, g, mask, 0);
+        for (int64_t r = r0 + w; r < r1; r += DKE_RC_WARPS) {
+            dke_unflat(c, r, g, mask, 1);
+            s += dke_red_term(kind, x[dke_xoff(c, xs)], a, b, g, c);
+        }
+    }
+    sh[w][lane] = s;
+    __syncthreads();
+    if (w || o >= nout) return;
+    for (int k = 1; k < DKE_RC_WARPS; k++) s += sh[k][lane];
+    if (gridDim.x == tiles)
+        y[o] = kind == 1 ? s / (float)R : s;
+    else
+        part[chunk * nout + o] = s;
+}
+/* y[o] = the sum over chunks, in order, of part[chunk, o] (divided by div: R for the mean, else 1) */
+__global__ void dpar_k_reduce_cols_final(float *y, const float *part, int64_t chunks, int64_t nout, int64_t div) {
+    for (int64_t o = DKE_TID; o < nout; o += DKE_STRIDE) {
+        float s = 0.0f;
+        for (int64_t c = 0; c < chunks; c++) s += part[c * nout + o];
+        y[o] = div == 1 ? s : s / (float)div;
     }
 }
 

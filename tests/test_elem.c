@@ -772,6 +772,35 @@ static int64_t run_program(dpar_runtime *rt, float *out) {
     int ax6[3] = { 0, 2, -3 };
     T_OK(dpar_reduce(r6, y6, DPAR_REDUCE_SUM, ax6, 3));
     OUT(r6);
+    /* few outputs of many elements: the CUDA backend sums them in tiles of 32 outputs over chunks of the rows
+       (600 rows: 3 chunks; 40 columns: a ragged second tile), the mean of all 24,000 in 94 chunks; the binary
+       gradients of a broadcast row cover the other sum kinds (-dy, dy b, dy a, dy / b, -dy a / b^2) */
+    int64_t sg[2] = { 600, 40 }, sgr[2] = { 1, 40 }, sg1[2] = { 1, 1 };
+    dpar_buffer *gx = mk(rt, DPAR_F32, 2, sg), *gdy = mk(rt, DPAR_F32, 2, sg), *gd = mk(rt, DPAR_F32, 2, sg);
+    dpar_buffer *gb = mk(rt, DPAR_F32, 2, sgr), *gdb = mk(rt, DPAR_F32, 2, sgr), *g1 = mk(rt, DPAR_F32, 2, sg1);
+    float *gv = (float *)malloc(600 * 40 * sizeof(float));
+    fill_rnd(gv, 600 * 40, 0.5f, 2);
+    put(gx, gv);
+    fill_rnd(gv, 600 * 40, -1, 1);
+    put(gdy, gv);
+    fill_rnd(gv, 40, 0.5f, 2);
+    put(gb, gv);
+    free(gv);
+    int gax[2] = { 0, 1 };
+    for (int k = 0; k < 2; k++) {
+        T_OK(dpar_reduce(gdb, gx, (dpar_reduce_kind)k, gax, 1));
+        OUT(gdb);
+    }
+    T_OK(dpar_reduce(g1, gdy, DPAR_REDUCE_MEAN, gax, 2));
+    OUT(g1);
+    for (int o = 0; o < DPAR_BINARY_COUNT; o++) {
+        T_OK(dpar_binary_backward(gd, gdb, gdy, gx, gb, (dpar_binary_op)o)); /* db: -dy, dy a, -dy a / b^2 */
+        OUT(gdb);
+        T_OK(dpar_binary_backward(gdb, gd, gdy, gb, gx, (dpar_binary_op)o)); /* da: dy b, dy / b */
+        OUT(gdb);
+    }
+    dpar_buffer *gall[6] = { gx, gdy, gd, gb, gdb, g1 };
+    for (int i = 0; i < 6; i++) dpar_buffer_destroy(gall[i]);
 #undef OUT
     dpar_buffer *all[17] = { x, y, dy, xp, b, db, r, ri, c, t, sl, pd, cc, a6, b6, y6, r6 };
     for (int i = 0; i < 17; i++) dpar_buffer_destroy(all[i]);
