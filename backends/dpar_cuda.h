@@ -253,7 +253,6 @@ typedef enum {
     DPAR__CUK_BINARY,
     DPAR__CUK_REDUCE_AXES,
     DPAR__CUK_REDUCE_COLS,
-    DPAR__CUK_REDUCE_COLS_FINAL,
     DPAR__CUK_WHERE,
     DPAR__CUK_SOFTMAX,
     DPAR__CUK_STRIDED,
@@ -285,7 +284,7 @@ static const char *const dpar__cuk_names[DPAR__CUK_COUNT] = {
     "dpar_k_bias_grad_final", "dpar_k_cast", "dpar_k_sgd", "dpar_k_reduce_partial", "dpar_k_mse_partial",
     "dpar_k_reduce_final", "dpar_k_xent_rows", "dpar_k_vreduce", "dpar_k_to_key", "dpar_k_from_key", "dpar_k_div_i32",
     "dpar_k_copy_nd", "dpar_k_reduce_partial_f64", "dpar_k_unary", "dpar_k_binary", "dpar_k_reduce_axes",
-    "dpar_k_reduce_cols", "dpar_k_reduce_cols_final", "dpar_k_where", "dpar_k_softmax", "dpar_k_strided",
+    "dpar_k_reduce_cols", "dpar_k_where", "dpar_k_softmax", "dpar_k_strided",
     /* >>norm-attn kernels */
     "dpar_k_norm_fwd", "dpar_k_norm_bwd", "dpar_k_norm_wgrad", "dpar_k_attn_fwd", "dpar_k_attn_bwd_q",
     "dpar_k_attn_bwd_kv",
@@ -1367,22 +1366,22 @@ static int dpar__cu_reduce_few(const dpar__cu_geo *g, int64_t nout) {
            R >= 256;
 }
 /* dpar_k_reduce_cols sums 32-output tiles over chunks of the reduced elements (dpar__cu_col_chunks: from the
-   shape alone) and, past one chunk, dpar_k_reduce_cols_final adds the chunks' partial sums (scratch slot 0) in
-   chunk order. */
+   shape alone) and, past one chunk, dpar_k_bias_grad_final adds the chunks' partial sums (scratch slot 0) in
+   chunk order, dividing a mean by R there. */
 static dpar_status dpar__cu_reduce_cols(dpar__cu_state *st, int dev, dpar__CUdeviceptr y, dpar__CUdeviceptr x,
                                         dpar__CUdeviceptr a, dpar__CUdeviceptr b, dpar__cu_geo *g, int64_t nout) {
     dpar__CUstream s = st->dev[dev].compute;
     int64_t R = dpar__cu_reduce_len(g), tiles, per;
-    int64_t chunks = dpar__cu_col_chunks(R, nout, &tiles, &per), div = g->p[12] == DPAR_REDUCE_MEAN ? R : 1;
+    int64_t chunks = dpar__cu_col_chunks(R, nout, &tiles, &per);
     dpar__CUdeviceptr part = 0;
     dpar_status e;
     if (chunks > 1 && (e = dpar__cu_scratch(st, dev, 0, (size_t)(chunks * nout) * 4, &part))) return e;
     void *args[] = { &y, &part, &x, &a, &b, g, &nout, &per, &tiles };
     e = dpar__cu_launch(st, dev, DPAR__CUK_REDUCE_COLS, (unsigned)(tiles * chunks), DPAR__CU_BLOCK, s, args);
     if (e || chunks == 1) return e;
-    void *fargs[] = { &y, &part, &chunks, &nout, &div };
-    return dpar__cu_launch(st, dev, DPAR__CUK_REDUCE_COLS_FINAL, dpar__cu_grid(nout, 1, 8192), DPAR__CU_BLOCK, s,
-                           fargs);
+    float beta = 0.0f, div = g->p[12] == DPAR_REDUCE_MEAN ? (float)R : 1.0f;
+    void *fargs[] = { &y, &part, &chunks, &nout, &beta, &div };
+    return dpar__cu_launch(st, dev, DPAR__CUK_BIAS_GRAD_FINAL, dpar__cu_grid(nout, 1, 8192), DPAR__CU_BLOCK, s, fargs);
 }
 static dpar_status dpar__cu_op_elem(dpar__cu_state *st, int dev, const dpar__op *op) {
     dpar__CUstream s = st->dev[dev].compute;
@@ -1442,10 +1441,10 @@ static dpar_status dpar__cu_norm_wgrad(dpar__cu_state *st, int dev, dpar__CUdevi
     void *args[] = { &dy, &x, &stats, &dw, &db, &part, &m, &n, &rows, &tiles };
     e = dpar__cu_launch(st, dev, DPAR__CUK_NORM_WGRAD, (unsigned)(tiles * chunks), DPAR__CU_BLOCK, s, args);
     if (e || chunks == 1) return e;
-    float beta = 0.0f;
+    float beta = 0.0f, div = 1.0f;
     for (int k = 0; k < 2; k++) {
         dpar__CUdeviceptr out = k ? db : dw, pk = part + (dpar__CUdeviceptr)(k * chunks * n * 4);
-        void *fargs[] = { &out, &pk, &chunks, &n, &beta };
+        void *fargs[] = { &out, &pk, &chunks, &n, &beta, &div };
         if (out && (e = dpar__cu_launch(st, dev, DPAR__CUK_BIAS_GRAD_FINAL, dpar__cu_grid(n, 1, 8192), DPAR__CU_BLOCK,
                                         s, fargs)))
             return e;
@@ -1769,7 +1768,8 @@ static dpar_status dpar__cu_bias_grad(dpar__cu_state *st, int dev, dpar__CUdevic
     void *args[] = { &db, &part, &dy, &m, &n, &rows, &tiles, &beta };
     dpar_status e = dpar__cu_launch(st, dev, DPAR__CUK_BIAS_GRAD, (unsigned)(tiles * chunks), DPAR__CU_BLOCK, s, args);
     if (e || chunks == 1) return e;
-    void *fargs[] = { &db, &part, &chunks, &n, &beta };
+    float div = 1.0f;
+    void *fargs[] = { &db, &part, &chunks, &n, &beta, &div };
     return dpar__cu_launch(st, dev, DPAR__CUK_BIAS_GRAD_FINAL, dpar__cu_grid(n, 1, 8192), DPAR__CU_BLOCK, s, fargs);
 }
 

@@ -168,11 +168,13 @@ __global__ void dpar_k_bias_grad(float *db, float *part, const float *dy, int64_
     else
         part[chunk * n + j] = s;
 }
-__global__ void dpar_k_bias_grad_final(float *db, const float *part, int64_t chunks, int64_t n, float beta) {
+/* db[j] = beta * db + (the sum over chunks, in order, of part[chunk, j]) / div: also the last phase of the norms'
+   dw, db and of dpar_k_reduce_cols (elementwise.cu; div = R for a mean, else 1, which divides exactly) */
+__global__ void dpar_k_bias_grad_final(float *db, const float *part, int64_t chunks, int64_t n, float beta, float div) {
     for (int64_t j = DK_TID; j < n; j += DK_STRIDE) {
         float s = 0.0f;
         for (int64_t c = 0; c < chunks; c++) s += part[c * n + j];
-        db[j] = (beta == 0.0f ? 0.0f : beta * db[j]) + s;
+        db[j] = (beta == 0.0f ? 0.0f : beta * db[j]) + s / div;
     }
 }
 

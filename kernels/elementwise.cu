@@ -178,7 +178,7 @@ __global__ void dpar_k_reduce_axes(void *y, const float *x, const float *a, cons
    outputs (tile b % tiles, lane k output tile * 32 + k: a reduce over rows reads whole rows) over one chunk of
    `per` reduced elements (chunk b / tiles), its 8 warps taking every 8th element, then adds the warps' sums in
    warp order. With one chunk it writes y (the mean divided by R), else part[chunk, :], which
-   dpar_k_reduce_cols_final adds in chunk order. */
+   dpar_k_bias_grad_final (dpar_kernels.cu) adds in chunk order. */
 #define DKE_RC_WARPS 8
 __global__ void dpar_k_reduce_cols(float *y, float *part, const float *x, const float *a, const float *b, dke_geo g,
                                    int64_t nout, int64_t per, int64_t tiles) {
@@ -204,15 +204,6 @@ __global__ void dpar_k_reduce_cols(float *y, float *part, const float *x, const 
     else
         part[chunk * nout + o] = s;
 }
-/* y[o] = the sum over chunks, in order, of part[chunk, o] (divided by div: R for the mean, else 1) */
-__global__ void dpar_k_reduce_cols_final(float *y, const float *part, int64_t chunks, int64_t nout, int64_t div) {
-    for (int64_t o = DKE_TID; o < nout; o += DKE_STRIDE) {
-        float s = 0.0f;
-        for (int64_t c = 0; c < chunks; c++) s += part[c * nout + o];
-        y[o] = div == 1 ? s : s / (float)div;
-    }
-}
-
 /* y[i] = cond[i.sc] ? a[i.sa] : b[i.sb]; cond f32 (nonzero or NaN) or i32 (ci32);
    a / b NULL: av / bv */
 __global__ void dpar_k_where(float *y, const void *cond, const float *a, const float *b, dke_geo g, int64_t n,

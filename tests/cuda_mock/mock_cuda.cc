@@ -211,7 +211,6 @@ static const kinfo g_kernels[] = {
     K(dpar_k_binary, false),
     K(dpar_k_reduce_axes, false),
     K(dpar_k_reduce_cols, true),
-    K(dpar_k_reduce_cols_final, false),
     K(dpar_k_where, false),
     K(dpar_k_softmax, false),
     K(dpar_k_strided, false),
