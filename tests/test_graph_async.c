@@ -262,10 +262,63 @@ static void test_put_feeds_errors(void **state) {
     fixture_close(&fx);
 }
 
+/* Two graphs logging at once, rings wrapping many times (capacities 3 and 5 over 23 steps), one of them also
+   reading each step's loss: each ring holds its graph's last losses, bit for bit the plain reads; a new ring that
+   cannot be made leaves the old one logging; an f64 loss is refused with DPAR_ERR_DTYPE. */
+static void logged_losses_edges(dpar_backend_kind k) {
+    enum { N = 23 };
+    fixture fx;
+    fixture_open(&fx, k, 4);
+    float x[B * F], la[N], lr[5];
+    int32_t y[B];
+    T_OK(dpar_graph_log_losses(fx.a.g, 3));
+    T_OK(dpar_graph_log_losses(fx.b.g, 5));
+    for (int s = 0; s < N; s++) {
+        batch(s, x, y);
+        T_OK(dpar_graph_run(fx.a.g, (dpar_graph_feed[]){ { fx.a.x, x, NULL }, { fx.a.y, y, NULL } }, 2, &la[s]));
+        T_OK(dpar_graph_run(fx.b.g, (dpar_graph_feed[]){ { fx.b.x, x, NULL }, { fx.b.y, y, NULL } }, 2, NULL));
+    }
+    T_OK(dpar_graph_losses(fx.a.g, lr, 3));
+    assert_memory_equal(la + N - 3, lr, 3 * sizeof *la);
+    T_OK(dpar_graph_losses(fx.b.g, lr, 5));
+    assert_memory_equal(la + N - 5, lr, 5 * sizeof *la);
+    T_OK(dpar_graph_log_losses(fx.a.g, 0));
+    if (k == DPAR_BACKEND_CPU) { /* an f64 loss (f64 runs on the cpu backend only) */
+        dpar_array *p;
+        dpar_graph *g;
+        double p0[4] = { 1, 2, 3, 4 };
+        T_OK(dpar_array_create(fx.m, &(dpar_array_desc){ DPAR_F64, 1, { 4 }, { NULL } }, &p));
+        T_OK(dpar_array_put(p, p0));
+        T_OK(dpar_graph_create(fx.m, &g));
+        dpar_value w = dpar_g_param(g, "w", p), dw;
+        T_OK(dpar_graph_value_and_grad(g, dpar_g_sum(g, w), &w, 1, &dw));
+        T_ERR(dpar_graph_log_losses(g, 4), DPAR_ERR_DTYPE, "f64", "dpar_graph_get");
+        T_OK(dpar_graph_destroy(g));
+        T_OK(dpar_array_destroy(p));
+    } else { /* a ring too large for llvmpipe (the CPU backend would make its 8 GiB): refused, the old one kept */
+        dpar_status s = dpar_graph_log_losses(fx.b.g, 0x7fffffff);
+        if (s) {
+            assert_int_equal(s, DPAR_ERR_OUT_OF_MEMORY);
+            T_OK(dpar_graph_losses(fx.b.g, lr, 5));
+            assert_memory_equal(la + N - 5, lr, 5 * sizeof *la);
+        }
+    }
+    fixture_close(&fx);
+}
+static void test_logged_losses_edges_cpu(void **state) {
+    (void)state;
+    logged_losses_edges(DPAR_BACKEND_CPU);
+}
+static void test_logged_losses_edges_vulkan(void **state) {
+    (void)state;
+    logged_losses_edges(DPAR_BACKEND_VULKAN);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_staged_equals_plain_cpu),     cmocka_unit_test(test_staged_equals_plain_vulkan),
         cmocka_unit_test(test_logged_losses_cpu),           cmocka_unit_test(test_logged_losses_vulkan),
+        cmocka_unit_test(test_logged_losses_edges_cpu),     cmocka_unit_test(test_logged_losses_edges_vulkan),
         cmocka_unit_test(test_staged_arrays_and_late_loss), cmocka_unit_test(test_put_feeds_errors),
     };
     return cmocka_run_group_tests_name("graph_async", tests, NULL, NULL);
