@@ -1928,7 +1928,7 @@ DPAR_API dpar_status dpar_graph_loss(dpar_graph *g, float *loss);
    (dpar_graph_run, dpar_graph_run_start) appends its loss to a ring of
    `capacity` f32 slots on this process's first device (a 4-byte device copy,
    no host read). capacity 0 stops logging and frees the ring; another
-   capacity starts a new, empty ring. Errors: DPAR_ERR_INVALID_ARGUMENT (g
+   capacity starts a new, empty ring (refused: the old ring logs on). Errors: DPAR_ERR_INVALID_ARGUMENT (g
    NULL, capacity < 0, the graph has no loss), DPAR_ERR_DTYPE (an f64 loss),
    DPAR_ERR_STATE (a step in flight; g destroyed), DPAR_ERR_OUT_OF_MEMORY. */
 DPAR_API dpar_status dpar_graph_log_losses(dpar_graph *g, int capacity);
@@ -13418,12 +13418,16 @@ static dpar_status dpar__g_log_losses(dpar_graph *g, int capacity) {
                          "dpar_graph_get)",
                          fn, dpar_dtype_name(g->n[g->loss_value].dtype));
     if (!dpar__g_mesh_alive(g)) return dpar__err(DPAR_ERR_STATE, "%s: the graph's mesh was destroyed", fn);
-    if ((s = dpar_buffer_destroy(g->loss_log))) return s;
-    g->loss_log = NULL;
-    g->losses_logged = 0;
+    dpar_buffer *ring = NULL; /* made before the old ring goes: a refused one leaves the log as it was */
     int64_t n = capacity;
-    if (capacity && (s = dpar_buffer_create(g->rt, g->first, DPAR_F32, 1, &n, &g->loss_log)))
-        return dpar__err(s, "%s: the ring of %d losses: %s", fn, capacity, dpar_last_error());
+    if (capacity && (s = dpar_buffer_create(g->rt, g->first, DPAR_F32, 1, &n, &ring)))
+        return dpar__err(s, "%s: the ring of %d losses: %s; the old ring logs on", fn, capacity, dpar_last_error());
+    if ((s = dpar_buffer_destroy(g->loss_log))) {
+        dpar_buffer_destroy(ring);
+        return s;
+    }
+    g->loss_log = ring;
+    g->losses_logged = 0;
     return DPAR_OK;
 }
 DPAR_API dpar_status dpar_graph_log_losses(dpar_graph *g, int capacity) {
