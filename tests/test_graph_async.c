@@ -237,7 +237,7 @@ static void test_put_feeds_errors(void **state) {
     T_OK(dpar_graph_losses(fx.a.g, NULL, 0));
     T_OK(dpar_graph_run(fx.a.g, f, 2, &l));
     T_OK(dpar_graph_run_start(fx.b.g, (dpar_graph_feed[]){ { fx.b.x, x, NULL }, { fx.b.y, y, NULL } }, 2, NULL, &req));
-    T_ERR(dpar_graph_losses(fx.a.g, &lc, 1), DPAR_ERR_STATE, "in flight");
+    T_ERR(dpar_graph_losses(fx.a.g, &lc, 1), DPAR_ERR_STATE, "dpar_graph_losses: ", "in flight");
     T_ERR(dpar_graph_log_losses(fx.a.g, 3), DPAR_ERR_STATE, "in flight");
     T_OK(dpar_wait(NULL, req));
     T_OK(dpar_graph_losses(fx.a.g, &lc, 1));
