@@ -13442,6 +13442,9 @@ DPAR_API dpar_status dpar_graph_log_losses(dpar_graph *g, int capacity) {
 /* The last n logged losses, oldest first: at most two reads (the ring may wrap), the first one waits. */
 static dpar_status dpar__g_losses(dpar_graph *g, float *out, int n) {
     const char *fn = "dpar_graph_losses";
+    dpar_status s = dpar__busy(g->rt, NULL, fn);
+    if (s) return s;
+    if (g->err) return dpar__g_status(g);
     if (n < 0 || (n && !out))
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: n = %d with out %s", fn, n, out ? "given" : "NULL");
     if (!g->loss_log)
@@ -13452,7 +13455,7 @@ static dpar_status dpar__g_losses(dpar_graph *g, float *out, int n) {
                          "%s: %d losses asked for, the ring holds %lld (%lld runs logged, capacity %lld)", fn, n,
                          (long long)have, (long long)g->losses_logged, (long long)cap);
     int64_t at = (g->losses_logged - n) % cap, first = n < cap - at ? n : cap - at;
-    dpar_status s = dpar_buffer_read(g->loss_log, (size_t)at * sizeof *out, out, (size_t)first * sizeof *out);
+    s = dpar_buffer_read(g->loss_log, (size_t)at * sizeof *out, out, (size_t)first * sizeof *out);
     if (!s && n > first) s = dpar_buffer_read(g->loss_log, 0, out + first, (size_t)(n - first) * sizeof *out);
     return s;
 }
