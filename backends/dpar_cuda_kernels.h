@@ -3,6 +3,8 @@
    PTX for compute_75 (nvcc -ptx --fmad=false -O3). */
 #ifndef DPAR_CUDA_KERNELS_H_INCLUDED
 #define DPAR_CUDA_KERNELS_H_INCLUDED
+/* generated data, laid out as the PTX lines are */
+// clang-format off
 
 static const char dpar__cuda_ptx_0[] =
     "//\n"
@@ -23232,5 +23234,6 @@ static const struct { const char *name; const char *ptx; } dpar__cuda_modules[] 
     { "optim", dpar__cuda_ptx_4 },
 };
 #define DPAR__CUDA_NUM_MODULES 5
+// clang-format on
 
 #endif

@@ -5,6 +5,8 @@
 #define DPAR_VULKAN_SPIRV_H_INCLUDED
 #include <stddef.h>
 #include <stdint.h>
+/* generated data, eight words a line */
+// clang-format off
 
 static const uint32_t dpar__spv_adamw[1029] = {
     0x07230203, 0x00010300, 0x0008000b, 0x00000097, 0x00000000, 0x00020011, 0x00000001, 0x0006000b,
@@ -7477,4 +7479,5 @@ static const struct { const char *name; const uint32_t *code; size_t size; } dpa
     { "unary", dpar__spv_unary, sizeof dpar__spv_unary },
     { "where", dpar__spv_where, sizeof dpar__spv_where },
 };
+// clang-format on
 #endif /* DPAR_VULKAN_SPIRV_H_INCLUDED */

@@ -61,13 +61,14 @@ def main():
              % ", ".join(src.replace(os.sep, "/") for _, src, _ in mods))
     h.append("   Regenerate: make CUDA=1 cuda-kernels   Check: make CUDA=1 check-ptx\n"
              "   PTX for %s (nvcc -ptx --fmad=false -O3). */\n" % a.arch)
-    h.append("#ifndef DPAR_CUDA_KERNELS_H_INCLUDED\n#define DPAR_CUDA_KERNELS_H_INCLUDED\n\n")
+    h.append("#ifndef DPAR_CUDA_KERNELS_H_INCLUDED\n#define DPAR_CUDA_KERNELS_H_INCLUDED\n")
+    h.append("/* generated data, laid out as the PTX lines are */\n// clang-format off\n\n")
     for i, (name, _, ptx) in enumerate(mods):
         h.append("static const char dpar__cuda_ptx_%d[] =\n%s;\n\n" % (i, c_string_lines(ptx)))
     h.append("static const struct { const char *name; const char *ptx; } dpar__cuda_modules[] = {\n")
     for i, (name, _, _) in enumerate(mods):
         h.append('    { "%s", dpar__cuda_ptx_%d },\n' % (name, i))
-    h.append("};\n#define DPAR__CUDA_NUM_MODULES %d\n\n#endif\n" % len(mods))
+    h.append("};\n#define DPAR__CUDA_NUM_MODULES %d\n// clang-format on\n\n#endif\n" % len(mods))
     text = "".join(h)
 
     tmp = a.output + ".tmp"

@@ -50,6 +50,8 @@ def main():
         "#define DPAR_VULKAN_SPIRV_H_INCLUDED",
         "#include <stddef.h>",
         "#include <stdint.h>",
+        "/* generated data, eight words a line */",
+        "// clang-format off",
         "",
     ]
     names = []
@@ -75,6 +77,7 @@ def main():
     for name in names:
         lines.append("    { \"%s\", dpar__spv_%s, sizeof dpar__spv_%s }," % (name, name, name))
     lines.append("};")
+    lines.append("// clang-format on")
     lines.append("#endif /* DPAR_VULKAN_SPIRV_H_INCLUDED */")
     text = "\n".join(lines) + "\n"
     tmp_out = args.output + ".tmp"

@@ -186,7 +186,7 @@ struct kinfo {
 };
 #define K(name, thr) \
     { #name, (void *)&name, launcher_of(&name), thr, capture_of(&name) }
-// clang-format off: one kernel per line
+// one kernel per line
 static const kinfo g_kernels[] = {
     K(dpar_k_scale, false),
     K(dpar_k_axpy, false),
@@ -233,7 +233,6 @@ static const kinfo g_kernels[] = {
     K(dpar_k_embed_bwd, false),
     K(dpar_k_dropout, false),
 };
-// clang-format on
 
 static std::mutex g_launch_mu; // one kernel at a time (the shim's state is global)
 static int g_launches;
