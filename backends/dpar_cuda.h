@@ -1183,6 +1183,12 @@ static dpar_status dpar__cu_write(void *state, int dev, void *mem, size_t off, c
 
 static dpar_status dpar__cu_idx_fetch(dpar__cu_state *st, int dev, int *fetched);
 static dpar_status dpar__cu_idx_report(dpar__cu_state *st, int dev);
+/* The wait that completes a fetch failed: the words stay on the device (a report clears them only after
+   reading them), so the next read or sync fetches them again and a bad index is still reported. */
+static dpar_status dpar__cu_idx_unfetch(dpar__cu_state *st, int dev, int fetched, dpar_status s) {
+    if (fetched) DPAR__ATOMIC_STORE(&st->dev[dev].idx_pending, 1);
+    return s;
+}
 static dpar_status dpar__cu_read(void *state, int dev, void *mem, size_t off, void *dst, size_t nbytes) {
     dpar__cu_state *st = (dpar__cu_state *)state;
     dpar__cu_mem *m = (dpar__cu_mem *)mem;
@@ -1193,7 +1199,9 @@ static dpar_status dpar__cu_read(void *state, int dev, void *mem, size_t off, vo
     int fetched; /* the index checks' words, copied ahead of dst: one blocking copy for both */
     if ((s = dpar__cu_idx_fetch(st, dev, &fetched))) return s;
     /* into pageable memory the copy is done when the call returns: the stream's work before it too */
-    DPAR__CU_TRY(dev, "cuMemcpyDtoHAsync", dpar__cu.cuMemcpyDtoHAsync(dst, m->ptr + off, nbytes, st->dev[dev].compute));
+    dpar__CUresult r = dpar__cu.cuMemcpyDtoHAsync(dst, m->ptr + off, nbytes, st->dev[dev].compute);
+    if (r != DPAR__CUDA_SUCCESS)
+        return dpar__cu_idx_unfetch(st, dev, fetched, dpar__cu_fail(dev, "cuMemcpyDtoHAsync", r));
     return fetched ? dpar__cu_idx_report(st, dev) : DPAR_OK; /* a bad index found by an earlier op */
 }
 
@@ -1202,7 +1210,7 @@ static dpar_status dpar__cu_sync(void *state, int dev) {
     dpar_status s;
     int fetched;
     if ((s = dpar__cu_bind(st, dev)) || (s = dpar__cu_idx_fetch(st, dev, &fetched))) return s;
-    if ((s = dpar__cu_wait_dev(st, dev, "device sync"))) return s;
+    if ((s = dpar__cu_wait_dev(st, dev, "device sync"))) return dpar__cu_idx_unfetch(st, dev, fetched, s);
     return fetched ? dpar__cu_idx_report(st, dev) : DPAR_OK;
 }
 
@@ -1346,6 +1354,14 @@ static int64_t dpar__cu_col_chunks(int64_t m, int64_t n, int64_t *tiles, int64_t
     *rows = (m + chunks - 1) / chunks;
     return chunks;
 }
+/* out[n] = beta * out + (the sum over chunks of part[chunk, :]) / div, the chunks added in order
+   (dpar_k_bias_grad_final): the second launch of every chunked column sum. */
+static dpar_status dpar__cu_add_chunks(dpar__cu_state *st, int dev, dpar__CUdeviceptr out, dpar__CUdeviceptr part,
+                                       int64_t chunks, int64_t n, float beta, float div) {
+    void *args[] = { &out, &part, &chunks, &n, &beta, &div };
+    return dpar__cu_launch(st, dev, DPAR__CUK_BIAS_GRAD_FINAL, dpar__cu_grid(n, 1, 8192), DPAR__CU_BLOCK,
+                           st->dev[dev].compute, args);
+}
 
 /* >>cuda elementwise ===========================================================
    The elementwise kinds (see >>elementwise ops in dpar.h) on the kernels of
@@ -1379,9 +1395,7 @@ static dpar_status dpar__cu_reduce_cols(dpar__cu_state *st, int dev, dpar__CUdev
     void *args[] = { &y, &part, &x, &a, &b, g, &nout, &per, &tiles };
     e = dpar__cu_launch(st, dev, DPAR__CUK_REDUCE_COLS, (unsigned)(tiles * chunks), DPAR__CU_BLOCK, s, args);
     if (e || chunks == 1) return e;
-    float beta = 0.0f, div = g->p[12] == DPAR_REDUCE_MEAN ? (float)R : 1.0f;
-    void *fargs[] = { &y, &part, &chunks, &nout, &beta, &div };
-    return dpar__cu_launch(st, dev, DPAR__CUK_BIAS_GRAD_FINAL, dpar__cu_grid(nout, 1, 8192), DPAR__CU_BLOCK, s, fargs);
+    return dpar__cu_add_chunks(st, dev, y, part, chunks, nout, 0.0f, g->p[12] == DPAR_REDUCE_MEAN ? (float)R : 1.0f);
 }
 static dpar_status dpar__cu_op_elem(dpar__cu_state *st, int dev, const dpar__op *op) {
     dpar__CUstream s = st->dev[dev].compute;
@@ -1441,15 +1455,9 @@ static dpar_status dpar__cu_norm_wgrad(dpar__cu_state *st, int dev, dpar__CUdevi
     void *args[] = { &dy, &x, &stats, &dw, &db, &part, &m, &n, &rows, &tiles };
     e = dpar__cu_launch(st, dev, DPAR__CUK_NORM_WGRAD, (unsigned)(tiles * chunks), DPAR__CU_BLOCK, s, args);
     if (e || chunks == 1) return e;
-    float beta = 0.0f, div = 1.0f;
-    for (int k = 0; k < 2; k++) {
-        dpar__CUdeviceptr out = k ? db : dw, pk = part + (dpar__CUdeviceptr)(k * chunks * n * 4);
-        void *fargs[] = { &out, &pk, &chunks, &n, &beta, &div };
-        if (out && (e = dpar__cu_launch(st, dev, DPAR__CUK_BIAS_GRAD_FINAL, dpar__cu_grid(n, 1, 8192), DPAR__CU_BLOCK,
-                                        s, fargs)))
-            return e;
-    }
-    return DPAR_OK;
+    if (dw && (e = dpar__cu_add_chunks(st, dev, dw, part, chunks, n, 0.0f, 1.0f))) return e;
+    return db ? dpar__cu_add_chunks(st, dev, db, part + (dpar__CUdeviceptr)(chunks * n * 4), chunks, n, 0.0f, 1.0f)
+              : DPAR_OK;
 }
 static dpar_status dpar__cu_op_norm(dpar__cu_state *st, int dev, const dpar__op *op) {
     dpar__CUstream s = st->dev[dev].compute;
@@ -1768,9 +1776,7 @@ static dpar_status dpar__cu_bias_grad(dpar__cu_state *st, int dev, dpar__CUdevic
     void *args[] = { &db, &part, &dy, &m, &n, &rows, &tiles, &beta };
     dpar_status e = dpar__cu_launch(st, dev, DPAR__CUK_BIAS_GRAD, (unsigned)(tiles * chunks), DPAR__CU_BLOCK, s, args);
     if (e || chunks == 1) return e;
-    float div = 1.0f;
-    void *fargs[] = { &db, &part, &chunks, &n, &beta, &div };
-    return dpar__cu_launch(st, dev, DPAR__CUK_BIAS_GRAD_FINAL, dpar__cu_grid(n, 1, 8192), DPAR__CU_BLOCK, s, fargs);
+    return dpar__cu_add_chunks(st, dev, db, part, chunks, n, beta, 1.0f);
 }
 
 /* The one-kernel pointwise kinds: bias add and its gradient (above), ReLU and its
