@@ -1928,13 +1928,15 @@ DPAR_API dpar_status dpar_graph_loss(dpar_graph *g, float *loss);
    (dpar_graph_run, dpar_graph_run_start) appends its loss to a ring of
    `capacity` f32 slots on this process's first device (a 4-byte device copy,
    no host read). capacity 0 stops logging and frees the ring; another
-   capacity starts a new, empty ring (refused: the old ring logs on). Errors: DPAR_ERR_INVALID_ARGUMENT (g
-   NULL, capacity < 0, the graph has no loss), DPAR_ERR_DTYPE (an f64 loss),
-   DPAR_ERR_STATE (a step in flight; g destroyed), DPAR_ERR_OUT_OF_MEMORY. */
+   capacity starts a new, empty ring (4 * capacity bytes of device memory; if
+   it cannot be made, the old ring logs on). Errors:
+   DPAR_ERR_INVALID_ARGUMENT (g NULL, capacity < 0, the graph has no loss),
+   DPAR_ERR_DTYPE (an f64 loss), DPAR_ERR_STATE (a step in flight; g
+   destroyed), DPAR_ERR_OUT_OF_MEMORY. */
 DPAR_API dpar_status dpar_graph_log_losses(dpar_graph *g, int capacity);
-/* The losses of the last n logged runs (dpar_graph_log_losses), oldest first,
-   as dpar_graph_run's *loss would have read them, read with one wait for the
-   devices. Errors: DPAR_ERR_INVALID_ARGUMENT (NULL with n > 0, n < 0, n more
+/* The losses of the last n logged runs (dpar_graph_log_losses) into out[n]
+   (f32, host memory), oldest first, as dpar_graph_run's *loss would have read
+   them, read with one wait for the devices. Errors: DPAR_ERR_INVALID_ARGUMENT (NULL with n > 0, n < 0, n more
    than the ring holds or than the runs logged since it was made, no ring),
    DPAR_ERR_STATE (a step in flight; g destroyed). */
 DPAR_API dpar_status dpar_graph_losses(dpar_graph *g, float *out, int n);
