@@ -1175,8 +1175,10 @@ static dpar_status dpar__cu_write(void *state, int dev, void *mem, size_t off, c
     if (!nbytes) return DPAR_OK;
     if ((s = dpar__cu_bind(st, dev))) return s;
     if ((s = dpar__cu_wait_before_copy(st, dev, "buffer write"))) return s;
-    /* from pageable memory the driver stages src before it returns (CUDA's "API synchronization
-       behavior"), so the caller may reuse src at once without a wait for the stream */
+    /* src is pageable: the driver copies it into pinned staging memory before it returns (the driver
+       API's "API synchronization behavior", asynchronous memcpy: "the driver may synchronize with the
+       stream and stage the copy into pinned memory"; PyTorch's non_blocking copies from pageable
+       memory rely on the same), so the caller may reuse src at once without a wait for the stream */
     DPAR__CU_TRY(dev, "cuMemcpyHtoDAsync", dpar__cu.cuMemcpyHtoDAsync(m->ptr + off, src, nbytes, st->dev[dev].compute));
     return DPAR_OK;
 }
