@@ -275,6 +275,8 @@ typedef enum {
     DPAR__CUK_XENT_IGNORE_ROWS,
     DPAR__CUK_DIV_FINAL,
     DPAR__CUK_EMBED,
+    DPAR__CUK_EMBED_SORT,
+    DPAR__CUK_EMBED_MERGE,
     DPAR__CUK_EMBED_BWD,
     DPAR__CUK_DROPOUT,
     DPAR__CUK_COUNT
@@ -292,7 +294,7 @@ static const char *const dpar__cuk_names[DPAR__CUK_COUNT] = {
     "dpar_k_im2col", "dpar_k_col2im", "dpar_k_pool2d", "dpar_k_pool2d_bwd",
     /* kernels/optim.cu */
     "dpar_k_adamw", "dpar_k_check_index", "dpar_k_count_rows", "dpar_k_xent_ignore_rows", "dpar_k_div_final",
-    "dpar_k_embed", "dpar_k_embed_bwd", "dpar_k_dropout"
+    "dpar_k_embed", "dpar_k_embed_sort", "dpar_k_embed_merge", "dpar_k_embed_bwd", "dpar_k_dropout"
 };
 
 enum {
@@ -301,6 +303,7 @@ enum {
     DPAR__CU_MAX_PARTIALS = 1024,
     DPAR__CU_NSCRATCH = 3,         /* 0: partials, 1: conv2d's columns, 2: the 16-bit layer ops' f32 temporaries */
     DPAR__CU_COL_BYTES = 64 << 20, /* conv2d's column matrix per chunk of images (scratch slot 1) */
+    DPAR__CU_EMBED_TILE = 2048,    /* tokens per block of dpar_k_embed_sort (DK_EMBED_TILE, kernels/optim.cu) */
     DPAR__CU_RING = 32             /* NCCL collectives tracked per device for hang detection */
 };
 
@@ -1712,6 +1715,33 @@ static dpar_status dpar__cu_op_xent_ignore(dpar__cu_state *st, int dev, const dp
     void *fargs[] = { &scr, &parts, &count, &dst };
     return dpar__cu_launch(st, dev, DPAR__CUK_DIV_FINAL, 1, 1, s, fargs);
 }
+/* dt[v, d] += the rows of dout[k, d] at idx[k], each row's tokens added in increasing position (the CPU's
+   order, so its bits) yet parallel over tokens and columns: dpar_k_embed_sort sorts tiles of tokens by row,
+   dpar_k_embed_merge places every token in the stable order of all of them, dpar_k_embed_bwd sums each row
+   present over its run of that order. Scratch slot 0: [tile keys | tile positions | order | rows], k each. */
+static dpar_status dpar__cu_embed_bwd(dpar__cu_state *st, int dev, dpar__CUdeviceptr dt, dpar__CUdeviceptr dout,
+                                      dpar__CUdeviceptr idx, int64_t k, int64_t d, int64_t v) {
+    dpar__CUstream s = st->dev[dev].compute;
+    dpar__CUdeviceptr skey, stok, order, srow;
+    if (k > (int64_t)UINT32_MAX)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                         "cuda: dpar_embedding_backward: %lld indices; the CUDA sort takes at most 2^32 - 1 "
+                         "(split the batch)",
+                         (long long)k);
+    dpar_status e = dpar__cu_scratch(st, dev, 0, (size_t)k * 16, &skey);
+    if (e) return e;
+    stok = skey + (dpar__CUdeviceptr)k * 4;
+    order = stok + (dpar__CUdeviceptr)k * 4;
+    srow = order + (dpar__CUdeviceptr)k * 4;
+    void *sargs[] = { &skey, &stok, &idx, &k, &v };
+    void *margs[] = { &order, &srow, &skey, &stok, &k };
+    void *bargs[] = { &dt, &dout, &order, &srow, &k, &d };
+    unsigned tiles = (unsigned)((k + DPAR__CU_EMBED_TILE - 1) / DPAR__CU_EMBED_TILE);
+    if ((e = dpar__cu_launch(st, dev, DPAR__CUK_EMBED_SORT, tiles, DPAR__CU_BLOCK, s, sargs))) return e;
+    if ((e = dpar__cu_launch(st, dev, DPAR__CUK_EMBED_MERGE, dpar__cu_grid(k, 1, 8192), DPAR__CU_BLOCK, s, margs)))
+        return e;
+    return dpar__cu_launch(st, dev, DPAR__CUK_EMBED_BWD, dpar__cu_grid(k * d, 4, 8192), DPAR__CU_BLOCK, s, bargs);
+}
 static dpar_status dpar__cu_op_optim(dpar__cu_state *st, int dev, const dpar__op *op) {
     dpar__CUstream s = st->dev[dev].compute;
     dpar__CUdeviceptr dst = DPAR__CU_PTR(op->dst), a = DPAR__CU_PTR(op->src0);
@@ -1740,15 +1770,15 @@ static dpar_status dpar__cu_op_optim(dpar__cu_state *st, int dev, const dpar__op
         if (n == 0) return DPAR_OK;
         return dpar__cu_launch(st, dev, DPAR__CUK_ADAMW, dpar__cu_grid(n, 4, 8192), DPAR__CU_BLOCK, s, args);
     }
-    case DPAR__OP_EMBED:
-    case DPAR__OP_EMBED_BWD: {
-        int bwd = op->kind == DPAR__OP_EMBED_BWD;
+    case DPAR__OP_EMBED: {
         dpar__CUdeviceptr idx = DPAR__CU_PTR(op->src1);
         void *args[] = { &dst, &a, &idx, &m, &n, &k };
         if ((e = dpar__cu_idx_check(st, dev, op->src1, k, 0, 0, (int)op->p[2])) || m == 0 || n == 0) return e;
-        return dpar__cu_launch(st, dev, bwd ? DPAR__CUK_EMBED_BWD : DPAR__CUK_EMBED,
-                               dpar__cu_grid(bwd ? n : m * n, bwd ? 1 : 4, 8192), DPAR__CU_BLOCK, s, args);
+        return dpar__cu_launch(st, dev, DPAR__CUK_EMBED, dpar__cu_grid(m * n, 4, 8192), DPAR__CU_BLOCK, s, args);
     }
+    case DPAR__OP_EMBED_BWD:
+        if ((e = dpar__cu_idx_check(st, dev, op->src1, k, 0, 0, (int)op->p[2])) || m == 0 || n == 0) return e;
+        return dpar__cu_embed_bwd(st, dev, dst, a, DPAR__CU_PTR(op->src1), m, n, k);
     case DPAR__OP_DROPOUT: {
         uint32_t w[6];
         float scale = op->f[0];

@@ -6,8 +6,9 @@
    Same conventions as dpar_kernels.cu (grid-stride loops over 64-bit counts,
    compiled with --fmad=false and IEEE division and square root): AdamW,
    embedding, its gradient and dropout give the CPU reference's bits. Only
-   plain integer and float arithmetic (no intrinsics, no shared memory), so the
-   mock driver runs them as host C++. */
+   plain integer and float arithmetic (no intrinsics), so the mock driver runs
+   them as host C++; dpar_k_embed_sort's shared tile and __syncthreads run on
+   the mock's threaded blocks. */
 #include <stdint.h>
 
 /* AdamW (formula at dpar_adamw_desc), the CPU loop's operation order */
@@ -104,14 +105,80 @@ extern "C" __global__ void dpar_k_embed(float *out, const float *tab, const int3
     }
 }
 
-/* dtable[idx[i], j] += dout[i, j] for i in order, one thread per column j (the CPU's order) */
-extern "C" __global__ void dpar_k_embed_bwd(float *dt, const float *dout, const int32_t *idx, int64_t k, int64_t d,
-                                            int64_t v) {
-    for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < d; j += (int64_t)gridDim.x * blockDim.x)
-        for (int64_t i = 0; i < k; i++) {
-            int32_t r = idx[i];
-            if (r >= 0 && (int64_t)r < v) dt[(int64_t)r * d + j] += dout[i * d + j];
+/* The embedding gradient, parallel over tokens and columns yet in the CPU's order: a stable sort of the
+   token positions by row (dpar_k_embed_sort within tiles of DK_EMBED_TILE, dpar_k_embed_merge across them)
+   lets one thread per (row present, column) add that row's tokens in increasing position. Keys are the
+   rows, DK_EMBED_BAD for an index outside 0..v-1 (sorted last, never added; the check reports it). */
+#define DK_EMBED_TILE 2048 /* tokens per block of dpar_k_embed_sort (DPAR__CU_EMBED_TILE) */
+#define DK_EMBED_BAD  0xffffffffu
+/* One block per tile of tokens: skey / stok[tile] = its keys / positions sorted by (key, position), each
+   token's place counted against the whole tile in shared memory (no atomics: the same bits every run). */
+extern "C" __global__ void dpar_k_embed_sort(uint32_t *skey, uint32_t *stok, const int32_t *idx, int64_t k,
+                                             int64_t v) {
+    __shared__ uint32_t key[DK_EMBED_TILE];
+    const int64_t base = (int64_t)blockIdx.x * DK_EMBED_TILE;
+    const int n = (int)(k - base < DK_EMBED_TILE ? k - base : DK_EMBED_TILE);
+    for (int t = threadIdx.x; t < n; t += blockDim.x) {
+        int32_t r = idx[base + t];
+        key[t] = r >= 0 && (int64_t)r < v ? (uint32_t)r : DK_EMBED_BAD;
+    }
+    __syncthreads();
+    for (int t = threadIdx.x; t < n; t += blockDim.x) {
+        uint32_t x = key[t];
+        int pos = 0;
+        for (int u = 0; u < n; u++) pos += key[u] < x || (key[u] == x && u < t);
+        skey[base + pos] = x;
+        stok[base + pos] = (uint32_t)(base + t);
+    }
+}
+/* The keys of the sorted s[0..n) before x: those < x, or <= x with `ties` (binary search) */
+__device__ __forceinline__ int64_t dk_embed_before(const uint32_t *s, int64_t n, uint32_t x, int ties) {
+    int64_t lo = 0, hi = n;
+    while (lo < hi) {
+        int64_t mid = (lo + hi) / 2;
+        if (s[mid] < x || (ties && s[mid] == x))
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+/* Token e of the sorted tiles to its place in the whole stable order: its place in its tile plus, in every
+   other tile, the keys before it (<= its key in earlier tiles, < in later ones). */
+extern "C" __global__ void dpar_k_embed_merge(uint32_t *order, uint32_t *srow, const uint32_t *skey,
+                                              const uint32_t *stok, int64_t k) {
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < k; e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t b = e / DK_EMBED_TILE;
+        const uint32_t x = skey[e];
+        int64_t pos = e - b * DK_EMBED_TILE;
+        for (int64_t c = 0; c * DK_EMBED_TILE < k; c++) {
+            int64_t n = k - c * DK_EMBED_TILE < DK_EMBED_TILE ? k - c * DK_EMBED_TILE : DK_EMBED_TILE;
+            if (c != b) pos += dk_embed_before(skey + c * DK_EMBED_TILE, n, x, c < b);
         }
+        order[pos] = stok[e];
+        srow[pos] = x;
+    }
+}
+/* dt[row, j] += dout[i, j] over the row's tokens i in increasing order: one thread per (sorted token, column),
+   only a row's first token in the sorted order working (the CPU's order and bits). The run's end comes first
+   (srow ascends), so that the loop knows its length and keeps 8 rows' loads in flight ahead of the adds: a
+   frequent row (a character-level GPT's space) is hundreds of tokens long. */
+extern "C" __global__ void dpar_k_embed_bwd(float *dt, const float *dout, const uint32_t *order, const uint32_t *srow,
+                                            int64_t k, int64_t d) {
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < k * d; e += (int64_t)gridDim.x * blockDim.x) {
+        int64_t p = e / d, j = e - p * d;
+        uint32_t r = srow[p];
+        if (r == DK_EMBED_BAD || (p > 0 && srow[p - 1] == r)) continue;
+        const int64_t end = p + 1 + dk_embed_before(srow + p + 1, k - p - 1, r, 1);
+        float s = dt[(int64_t)r * d + j], x[8];
+        int64_t q = p;
+        for (; q + 8 <= end; q += 8) {
+            for (int u = 0; u < 8; u++) x[u] = dout[(int64_t)order[q + u] * d + j];
+            for (int u = 0; u < 8; u++) s += x[u];
+        }
+        for (; q < end; q++) s += dout[(int64_t)order[q] * d + j];
+        dt[(int64_t)r * d + j] = s;
+    }
 }
 
 /* Philox-4x32-10 (Random123), plain 64-bit products */

@@ -731,6 +731,29 @@ static void parity_bad_index(dpar_runtime *rt) {
     dpar_buffer *all[5] = { bz, bl, bo, bt, be };
     for (int j = 0; j < 5; j++) dpar_buffer_destroy(all[j]);
 }
+/* CUDA adds the good indices' rows and reports the bad ones at the next read (the CPU refuses the op
+   before adding anything): afterwards dtable holds the rows of the good positions, added in order. */
+static void parity_embed_bad_cuda(dpar_runtime *rt) {
+    enum { V = 6, D = 5, K = 2100 }; /* two sort tiles */
+    int64_t ts[2] = { V, D }, os[2] = { K, D }, ks = K;
+    static float dout[K * D], want[V * D], got[V * D];
+    static int32_t idx[K];
+    for (int i = 0; i < K * D; i++) dout[i] = sinf((float)i * 0.37f) * 3;
+    for (int i = 0; i < V * D; i++) want[i] = (float)i * 0.25f;
+    for (int i = 0; i < K; i++) idx[i] = i % 7 == 3 ? V + i % 3 : i % 11 == 5 ? -1 - i : (i * 5 + i / 9) % V;
+    dpar_buffer *bd = t_buf(rt, 0, DPAR_F32, 2, ts, want), *bo = t_buf(rt, 0, DPAR_F32, 2, os, dout),
+                *bi = t_buf(rt, 0, DPAR_I32, 1, &ks, idx);
+    for (int i = 0; i < K; i++)
+        for (int j = 0; idx[i] >= 0 && idx[i] < V && j < D; j++) want[idx[i] * D + j] += dout[i * D + j];
+    dpar_status s = dpar_embedding_backward(bd, bo, bi, 1);
+    if (s == DPAR_OK) s = dpar_buffer_read(bd, 0, got, sizeof got);
+    T_ERR(s, DPAR_ERR_INVALID_ARGUMENT, "dpar_embedding_backward", "idx[3] = 6", "0..5");
+    rdb(bd, got);
+    assert_memory_equal(got, want, sizeof got);
+    dpar_buffer_destroy(bd);
+    dpar_buffer_destroy(bo);
+    dpar_buffer_destroy(bi);
+}
 static void run_parity(dpar_backend_kind k) {
     dpar_runtime *rt = t_runtime_or_skip(k, 1);
     if (!rt) return;
@@ -742,7 +765,14 @@ static void run_parity(dpar_backend_kind k) {
     parity_embed_dropout(rt, 1, 1, 1, 1);
     parity_embed_dropout(rt, 50, 7, 333, 100003);
     parity_embed_dropout(rt, 3, 300, 5, 5);
+    /* the sorted gradient (>>cuda optim): rows of ~1700 tokens across three sort tiles, many rows over
+       tiles, k one past a tile, no token at all */
+    parity_embed_dropout(rt, 3, 5, 5000, 1);
+    parity_embed_dropout(rt, 1000, 3, 4099, 1);
+    parity_embed_dropout(rt, 20, 4, 2049, 1);
+    parity_embed_dropout(rt, 4, 3, 0, 1);
     parity_bad_index(rt);
+    if (k == DPAR_BACKEND_CUDA) parity_embed_bad_cuda(rt);
     T_OK(dpar_runtime_destroy(rt));
 }
 static void test_parity_vulkan(void **st) {

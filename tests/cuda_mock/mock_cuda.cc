@@ -230,6 +230,8 @@ static const kinfo g_kernels[] = {
     K(dpar_k_xent_ignore_rows, false),
     K(dpar_k_div_final, false),
     K(dpar_k_embed, false),
+    K(dpar_k_embed_sort, true),
+    K(dpar_k_embed_merge, false),
     K(dpar_k_embed_bwd, false),
     K(dpar_k_dropout, false),
 };
