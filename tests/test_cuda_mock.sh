@@ -8,7 +8,8 @@
 # collective turning into DPAR_ERR_TIMEOUT / an asynchronous NCCL error, the
 # mock's NCCL communicators spanning processes (tests/cuda_mock/xproc.c), the
 # driver calls of a steady recorded training step (tests/cuda_mock/step_calls.c),
-# and the digits training on 4 devices matching the CPU backend. The PTX itself,
+# dpar_k_cast at every start offset (tests/cuda_mock/cast_offsets.c), and the
+# digits training on 4 devices matching the CPU backend. The PTX itself,
 # real NCCL and timing are NOT exercised: that needs a GPU (scripts/gpu-check.sh).
 # Prints PASS / FAIL / SKIPPED lines for tests/run.sh. Needs a CUDA=1 build.
 BUILD=${BUILD:-build}
@@ -144,6 +145,16 @@ if [ -f "$BUILD/dpar.o" ] && "$CC" -std=c99 -Wall -Wextra -Werror -D_GNU_SOURCE 
     echo "PASS cuda_mock_step_calls ($(sed -n 's/^step calls (per step, \([0-9]*\) .*cuMemAlloc_v2 \([0-9.]*\) .*cuStreamSynchronize \([0-9.]*\) .*cuMemcpyDtoHAsync_v2:pageable \([0-9.]*\) .*cuGraphLaunch \([0-9.]*\) .*/\1 segment(s); per step: \2 allocations, \3 syncs, \4 blocking reads, \5 graph launches/p' "$log"))"
 else
     cat "$log"; echo "FAIL cuda_mock_step_calls: a recorded CNN step allocates, synchronizes or reads more than it should"
+fi
+
+# dpar_k_cast between f32 and f16 / bf16 at every start offset within 16 bytes, both ways, launched through the
+# driver API (tests/cuda_mock/cast_offsets.c): the word paths and the scalar path equal the host conversions
+if [ -f "$BUILD/dpar.o" ] && "$CC" -std=c99 -Wall -Wextra -Werror -D_GNU_SOURCE -I. $SANFLAGS tests/cuda_mock/cast_offsets.c \
+        "$BUILD/dpar.o" -o "$MOCK/cast_offsets" -L"$MOCK" -ldparmock $SANFLAGS -lpthread -lm -ldl 2>"$log" &&
+   LD_LIBRARY_PATH="$MOCK" MOCK_CUDA_JITTER_US=0 timeout 120 "$MOCK/cast_offsets" >"$log" 2>&1; then
+    echo "PASS cuda_mock_cast_offsets ($(sed -n 's/^cast offsets: \([0-9]*\) casts.*/\1 casts at offsets 0..7 bit for bit/p' "$log"))"
+else
+    cat "$log"; echo "FAIL cuda_mock_cast_offsets: dpar_k_cast at unaligned offsets against the host conversions"
 fi
 
 # NCCL communicators spanning processes (ncclGetUniqueId + ncclCommInitRank,

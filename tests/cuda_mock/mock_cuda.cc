@@ -100,6 +100,9 @@ static thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
 struct float4 {
     float x, y, z, w;
 };
+struct uint2 {
+    unsigned x, y;
+};
 struct uint4 {
     unsigned x, y, z, w;
 };
