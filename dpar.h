@@ -15093,16 +15093,21 @@ static void dpar__pack_b(const dpar__ukr *u, float *bp, const float *B, int64_t 
    ap[k * mr + i], zero padded; strips read in place (direct) are left out */
 static void dpar__pack_a(const dpar__ukr *u, float *ap, const float *A, int64_t M, int64_t K, int ta, int64_t pc,
                          int64_t kc, int64_t ic, int64_t mc, int direct) {
-    const int64_t MR = u->mr;
+    const int64_t MR = u->mr, mfull = direct ? 0 : mc / MR * MR;
+    /* the full strips of a transposed A: each row of the stored A (one k) read once, in order, MR floats
+       to each strip; strip by strip it was kc strided rows per strip, slower than reading A in place */
+    for (int64_t k = 0; ta && k < kc; k++) {
+        const float *src = A + (pc + k) * M + ic;
+        float *dst = ap + k * MR;
+        if (MR == 8) /* the AVX-512 tile: a constant size, one vector move */
+            for (int64_t ir = 0; ir < mfull; ir += 8) memcpy(dst + ir * kc, src + ir, 8 * sizeof(float));
+        else
+            for (int64_t ir = 0; ir < mfull; ir += MR) memcpy(dst + ir * kc, src + ir, (size_t)MR * sizeof(float));
+    }
     for (int64_t ir = 0; ir < mc; ir += MR) {
         float *dst = ap + ir * kc;
         int64_t mr = mc - ir < MR ? mc - ir : MR;
-        if (direct && (mr == MR || u->edges)) continue;
-        if (ta && mr == MR) { /* full strips of a transposed A: whole rows */
-            for (int64_t k = 0; k < kc; k++)
-                for (int64_t i = 0; i < MR; i++) dst[k * MR + i] = A[(pc + k) * M + ic + ir + i];
-            continue;
-        }
+        if ((direct && (mr == MR || u->edges)) || (ta && mr == MR)) continue;
         for (int64_t k = 0; k < kc; k++, dst += MR) {
             for (int64_t i = 0; i < mr; i++)
                 dst[i] = ta ? A[(pc + k) * M + ic + ir + i] : A[(ic + ir + i) * K + pc + k];
