@@ -14758,7 +14758,7 @@ static void *dpar__cpu_host_ptr(void *st, int dev, void *mem) {
    mr-row strips, an mr x nr register-tile micro-kernel chosen at run time
    (dpar__ukr_pick: 8 x 32 with AVX-512, 6 x 16 with AVX2, NEON or portable
    C). An operand is read in place where the copy would cost more than it
-   saves: a non-transposed A always, a transposed A up to 512 rows, a
+   saves: a non-transposed A always, a transposed A below 512 rows, a
    non-transposed B for at most 128 rows of C, and B's edge strip whenever the
    kernel masks edges (AVX-512). Each C element accumulates k in ascending
    order within a KC block and the blocks in ascending order. On an x86 CPU
@@ -14772,13 +14772,13 @@ static void *dpar__cpu_host_ptr(void *st, int dev, void *mem) {
    the packs, a plain loop (multiply, then add, k in order, no k blocks) gives
    the same values to rounding, not the same bits. No zero-skipping:
    0 * NaN and 0 * Inf give NaN, as in reference BLAS. */
-#define DPAR__MR             6    /* micro-tile rows (AVX2, NEON, C; AVX-512: DPAR__MR512) */
-#define DPAR__NR             16   /* micro-tile columns (two 8-float vectors) */
-#define DPAR__KC             256  /* k block: an NR strip of B stays in L1 */
-#define DPAR__MC             96   /* rows of A packed per block (L2) */
-#define DPAR__NC             1024 /* columns of B packed per block: 1 MiB at KC, half of L2 (1024^3: 1.04x of 512) */
-#define DPAR__DIRECT_B_ROWS  128
-#define DPAR__DIRECT_AT_ROWS 512
+#define DPAR__MR            6    /* micro-tile rows (AVX2, NEON, C; AVX-512: DPAR__MR512) */
+#define DPAR__NR            16   /* micro-tile columns (two 8-float vectors) */
+#define DPAR__KC            256  /* k block: an NR strip of B stays in L1 */
+#define DPAR__MC            96   /* rows of A packed per block (L2) */
+#define DPAR__NC            1024 /* columns of B packed per block: 1 MiB at KC, half of L2 (1024^3: 1.04x of 512) */
+#define DPAR__DIRECT_B_ROWS 128
+#define DPAR__PACK_AT_ROWS  512 /* a transposed A of this many rows or more is packed */
 /* ow: C starts as +0 (beta = 0, first k block): C = 0 + alpha * acc, without reading C.
    a: element (i, k) of the A micro-panel at a[i * ars + k * acs] (packed: ars 1, acs MR;
    unpacked rows of a non-transposed A: ars lda, acs 1). */
@@ -15146,9 +15146,12 @@ static void dpar__sgemm_tile(int64_t M, int64_t N, int64_t K, int ta, int tb, fl
        pay for the copy (measured, 1 thread: 16x256x3136 1.6x, 64x128x64 1.13x, 128x128x128 1.08x faster;
        packing A's rows into a compact block did nothing at 1024^3, so A's 4 KiB row stride costs
        nothing measurable). A non-transposed A is always read in place
-       (its rows are contiguous in k); a transposed one (each k a row of M) while its kc rows of a strip
-       stay cached (measured, 1 thread: 64x32x64:tn 1.7x, 288x64x1818:tn 1.35x faster; 1024^3:tn 0.8x) */
-    int directb = i1 - i0 <= DPAR__DIRECT_B_ROWS, directa = !ta || M <= DPAR__DIRECT_AT_ROWS || K <= 16;
+       (its rows are contiguous in k); a transposed one (each k a row of M) below DPAR__PACK_AT_ROWS rows
+       (measured on Zen 4, 1 thread, against packing: 64x32x64:tn 1.15x, 288x64x1818:tn 1.2x, 384x128x2048:tn
+       1.05x faster in place; at 512 rows and 2 KiB strides, and at 1024 and 2048, packed is 1.1-1.2x faster),
+       or of any size when C has one strip of columns: each element is read once, the copy saves nothing
+       (measured: 2048x16x512:tn 1.6x, 512x32x512:tn 1.3x faster in place) */
+    int directb = i1 - i0 <= DPAR__DIRECT_B_ROWS, directa = !ta || M < DPAR__PACK_AT_ROWS || K <= 16 || j1 - j0 <= NR;
     const int64_t ars = ta ? 1 : K, acs = ta ? M : 1;
     for (int64_t jc = j0; jc < j1; jc += DPAR__NC) {
         int64_t nc = j1 - jc < DPAR__NC ? j1 - jc : DPAR__NC;
