@@ -9,7 +9,8 @@
    memcmp on random data of mixed magnitudes, so any change of order or
    rounding shows. The shapes cross every edge of the blocking: rows over
    and under the micro-tiles (6 and, on AVX-512, 8), the in-place-B limit
-   (128), the row block (96) and the in-place transposed-A limit (512);
+   (128), the row block (96) and the packed transposed-A limit (512 rows
+   and more, in place again for one strip of columns);
    columns under and over the strips (16, 32) and the column block (1024); k
    over the k block; all transposes. */
 #include "testutil.h"
@@ -111,12 +112,13 @@ static void bits_case(int64_t M, int64_t N, int64_t K, int ta, int tb, float alp
 /* the per-device shapes of the jobs (B read in place for M <= 128) and the edges */
 static void test_small_bits(void **st) {
     (void)st;
-    static const int64_t shapes[][3] = { { 64, 128, 64 },  { 16, 256, 600 }, { 16, 384, 128 },  { 1, 1, 1 },
-                                         { 5, 17, 3 },     { 6, 16, 256 },   { 7, 33, 257 },    { 31, 47, 513 },
-                                         { 32, 530, 40 },  { 33, 15, 70 },   { 97, 40, 300 },   { 16, 10, 128 },
-                                         { 8, 32, 64 },    { 9, 31, 65 },    { 64, 10, 128 },   { 23, 65, 17 },
-                                         { 601, 20, 40 },  { 513, 33, 16 },  { 128, 600, 300 }, { 129, 40, 70 },
-                                         { 20, 1100, 40 }, { 130, 1060, 20 } };
+    static const int64_t shapes[][3] = { { 64, 128, 64 },  { 16, 256, 600 },  { 16, 384, 128 },  { 1, 1, 1 },
+                                         { 5, 17, 3 },     { 6, 16, 256 },    { 7, 33, 257 },    { 31, 47, 513 },
+                                         { 32, 530, 40 },  { 33, 15, 70 },    { 97, 40, 300 },   { 16, 10, 128 },
+                                         { 8, 32, 64 },    { 9, 31, 65 },     { 64, 10, 128 },   { 23, 65, 17 },
+                                         { 601, 20, 40 },  { 513, 33, 16 },   { 128, 600, 300 }, { 129, 40, 70 },
+                                         { 20, 1100, 40 }, { 130, 1060, 20 }, { 511, 40, 300 },  { 512, 40, 300 },
+                                         { 515, 70, 260 }, { 600, 32, 300 } };
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         for (int t = 0; t < 4; t++) bits_case(shapes[s][0], shapes[s][1], shapes[s][2], t & 1, t >> 1, 1.0f, 0.0f);
     bits_case(16, 40, 300, 0, 0, 0.5f, 1.0f);  /* accumulate into C */
