@@ -15203,9 +15203,11 @@ static void dpar__sgemm_range(const void *arg, int64_t lo, int64_t hi) {
    multiply-adds in any item, so the split never changes a bit. */
 static void dpar__sgemm_items(dpar__sgemm_args *g, int nt) {
     int64_t M = g->M, N = g->N, want = 4 * (int64_t)nt, nr = 1;
-    if (nt <= 1) { /* one item, all of C: each item packs its own A (a transposed A of 1024 rows and 1024
-                      columns took 1.17x the time in items of 128 columns) */
-        g->rows = M > 0 ? M : 1;
+    if (nt <= 1 && g->ta && M >= DPAR__PACK_AT_ROWS && g->K > 16) {
+        /* one thread and an A that dpar__sgemm_tile packs: one item, all of C, so A is packed once per
+           DPAR__NC columns, not once per 128 (1024^3:tn 0.90 -> 1.03 of OpenBLAS). Not for the rest: one
+           item of 3136 columns ran 16x3136x256:nt at 0.84 of OpenBLAS against 0.93 in items of 128 */
+        g->rows = M;
         g->cols = N > 0 ? N : 1;
         g->ncols = 1;
         return;
