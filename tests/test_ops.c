@@ -162,10 +162,11 @@ static void test_bias(void **st) {
     float db2[3];
     t_read(g, db2);
     for (int j = 0; j < 3; j++) assert_true(db2[j] == 0.5f * db[j] + db[j]);
-    /* 139 columns: two blocks of 64, one of 8 and 3 left (every loop of the vector path); magnitudes 1
-       and 2^20 plus tenths, so that another order of the row sums would show (reversed rows, or 8
-       interleaved partial sums, change 123-125 of the 139 sums); exact against the rows added in order */
-    enum { GR = 37, GC = 139 };
+    /* 187 columns: two blocks of 64, one of 32, one of 24 (its fourth vector re-reads the first) and 3
+       left (every loop of the vector path); magnitudes 1 and 2^20 plus tenths, so that another order of
+       the row sums would show (reversed rows, or 8 interleaved partial sums, change most of the sums);
+       exact against the rows added in order */
+    enum { GR = 37, GC = 187 };
     static float gx[GR * GC], gb[GC], gs[GC];
     for (int i = 0; i < GR * GC; i++) gx[i] = ival(i, 7) * (i % 5 == 0 ? 1048576.0f : 1.0f) + 0.1f * (float)(i % 3);
     for (int j = 0; j < GC; j++) gb[j] = ival(j, 3);
