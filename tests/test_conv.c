@@ -521,7 +521,7 @@ static int64_t threads_program(dpar_runtime *rt, float *out) {
     enum { NB = 16, H = 14, W = 14, C = 32, O = 16 };
     const int64_t xs[4] = { NB, H, W, C }, ws[4] = { 3, 3, C, O }, ys[4] = { NB, H, W, O }, os[1] = { O };
     const int64_t ps[4] = { NB, H / 2, W / 2, C }, flat[1] = { NB * H * W * C }, rows[2] = { NB * H * W * C / O, O };
-    float *v = rnd_vec(NB * H * W * C, 7u), *dv = rnd_vec(NB * H * W * C, 8u);
+    float *v = rnd_vec(NB * H * W * C, 7u), *dv = rnd_vec(NB * H * W * C + 1, 8u); /* mo reads dv + 1 */
     dpar_buffer *x = mk(rt, 4, xs, v), *w = mk(rt, 4, ws, v + 5), *b = mk(rt, 1, os, v + 9), *y = mk(rt, 4, ys, NULL);
     dpar_buffer *dy = mk(rt, 4, ys, dv), *dx = mk(rt, 4, xs, NULL), *dw = mk(rt, 4, ws, NULL), *db = mk(rt, 1, os, v);
     dpar_buffer *p = mk(rt, 4, ps, NULL), *dp = mk(rt, 4, ps, dv + 3), *e = mk(rt, 1, flat, NULL);
