@@ -16195,18 +16195,54 @@ static void dpar__conv_bwd_input_part(void *arg, int part, int nparts) {
         }
     }
 }
-/* kernel gradient, rows [k0, k1) of dw: their columns of im2col, DPAR__KC rows at a time */
+/* rows [k0, k1) of im2col's transpose for a one-channel x: row t - k0 (kernel tap t) holds the
+   pixel under tap t for output pixels [r0, r0 + rows), row stride rows (+0 in the padding). Along an
+   output row a tap reads one span of x's row (stride 1): a copy, where im2col's rows are 3-float
+   pieces, 45% of conv1's kernel gradient */
+static void dpar__im2col_t1(const dpar__win2d *g, const float *x, int64_t r0, int64_t rows, int64_t k0, int64_t k1,
+                            float *colt) {
+    const int64_t ohw = g->oh * g->ow;
+    for (int64_t t = k0; t < k1; t++, colt += rows) {
+        const int64_t p = t / g->kw, q = t % g->kw;
+        for (int64_t r = 0, len; r < rows; r += len) { /* the output pixels of one output row */
+            int64_t o = r0 + r, n = o / ohw, i = o % ohw / g->ow, j0 = o % g->ow, ih = i * g->sh - g->pt + p * g->dh;
+            int64_t iw0 = j0 * g->sw - g->pl + q * g->dw; /* the column under output column j0 */
+            float *d = colt + r;
+            len = g->ow - j0 < rows - r ? g->ow - j0 : rows - r;
+            if (ih < 0 || ih >= g->h) {
+                memset(d, 0, (size_t)len * sizeof(float));
+                continue;
+            }
+            const float *xr = x + (n * g->h + ih) * g->w;
+            if (g->sw == 1) { /* [0, a) and [e, len) fall outside x's row */
+                int64_t a = iw0 < 0 ? (-iw0 < len ? -iw0 : len) : 0, e = g->w - iw0 < len ? g->w - iw0 : len;
+                if (e < a) e = a;
+                memset(d, 0, (size_t)a * sizeof(float));
+                memcpy(d + a, xr + iw0 + a, (size_t)(e - a) * sizeof(float));
+                memset(d + e, 0, (size_t)(len - e) * sizeof(float));
+            } else {
+                for (int64_t u = 0, iw = iw0; u < len; u++, iw += g->sw) d[u] = iw >= 0 && iw < g->w ? xr[iw] : 0.0f;
+            }
+        }
+    }
+}
+/* kernel gradient, rows [k0, k1) of dw: their columns of im2col, DPAR__KC rows at a time (one channel:
+   im2col's transpose, the same products in the same order) */
 static void dpar__conv_bwd_kernel_part(void *arg, int part, int nparts) {
     dpar__conv_job *j = (dpar__conv_job *)arg;
     int64_t k0 = part * j->rows, k1 = k0 + j->rows < j->K ? k0 + j->rows : j->K, R = dpar__conv_rows(j->K, j->M);
     float *col = j->col + part * j->ncol;
+    int t1 = j->g->c == 1;
     (void)nparts;
     for (int64_t r0 = 0; r0 < j->M && k0 < k1; r0 += R) {
         int64_t r1 = j->M - r0 < R ? j->M : r0 + R;
         for (int64_t q0 = r0; q0 < r1; q0 += DPAR__KC) {
             int64_t kc = r1 - q0 < DPAR__KC ? r1 - q0 : DPAR__KC;
-            dpar__im2col(j->g, j->x, q0, kc, k0, k1, col, 0);
-            dpar__cpu_sgemm(NULL, 0, k1 - k0, j->O, kc, 1, 0, 1.0f, col, j->y + q0 * j->O, q0 ? 1.0f : 0.0f,
+            if (t1)
+                dpar__im2col_t1(j->g, j->x, q0, kc, k0, k1, col);
+            else
+                dpar__im2col(j->g, j->x, q0, kc, k0, k1, col, 0);
+            dpar__cpu_sgemm(NULL, 0, k1 - k0, j->O, kc, !t1, 0, 1.0f, col, j->y + q0 * j->O, q0 ? 1.0f : 0.0f,
                             j->k + k0 * j->O);
         }
     }
