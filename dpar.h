@@ -16270,9 +16270,11 @@ static dpar_status dpar__cpu_conv2d(dpar__cpu *c, int dev, const dpar__op *op, d
     if (pass == DPAR__CONV_FWD) {
         j.rows = rows < M ? rows : M;
         j.items = (M + j.rows - 1) / j.rows;
-    } else if (pass == DPAR__CONV_BWD_INPUT) { /* blocks of equal rows within an image */
+    } else if (pass == DPAR__CONV_BWD_INPUT) {
+        /* blocks of about equal rows within an image, whole tiles of 6 and 8 rows but the last: conv2's
+           196 rows as 72 + 72 + 52 run 25 rows of 8 x 32 tiles, 66 + 66 + 64 ran 26 (two part tiles) */
         int64_t ohw = g.oh * g.ow, nb = (ohw + rows - 1) / rows;
-        j.rows = (ohw + nb - 1) / nb;
+        j.rows = ((ohw + nb - 1) / nb + 23) / 24 * 24;
         j.items = g.n;
         fn = dpar__conv_bwd_input_part;
     } else { /* strips of dw's rows, whole tiles of 6 and 8 rows; of 8 for few rows (conv1's 9: 8 + 1,
