@@ -16285,10 +16285,10 @@ static dpar_status dpar__cpu_conv2d(dpar__cpu *c, int dev, const dpar__op *op, d
         j.rows = ((ohw + nb - 1) / nb + 23) / 24 * 24;
         j.items = g.n;
         fn = dpar__conv_bwd_input_part;
-    } else { /* strips of dw's rows, whole tiles of 6 and 8 rows; of 8 for few rows (conv1's 9: 8 + 1,
-                the 1-row tile costing a full one, so the two threads are even) */
+    } else { /* strips of dw's rows, whole tiles of 6 and 8 rows; even strips for few rows (conv1's 9:
+                5 + 4, edge tiles costing their rows; 8 + 1 left one thread a quarter of the work) */
         j.rows = (K + parts - 1) / parts;
-        j.rows = j.rows > 24 ? (j.rows + 23) / 24 * 24 : (j.rows + 7) / 8 * 8;
+        if (j.rows > 24) j.rows = (j.rows + 23) / 24 * 24;
         j.items = (K + j.rows - 1) / j.rows;
         fn = dpar__conv_bwd_kernel_part;
     }

@@ -563,7 +563,7 @@ static int64_t threads_program(dpar_runtime *rt, float *out) {
     T_OK(dpar_conv2d_backward_input(dx, dy, w, &cd)); /* images, col2im block by block */
     keep(dx, out, &at);
     /* conv1's shapes (one input channel, 32 outputs): the forward's blocks of rows; the kernel gradient's
-       9 rows of dw in strips of 8 + 1 (16 x 32 x 32 pixels put 9 x 32 x 16384 above the split) */
+       9 rows of dw in strips of 5 + 4 (16 x 32 x 32 pixels put 9 x 32 x 16384 above the split) */
     enum { S1 = 32, O1 = 32 };
     const int64_t x1s[4] = { NB, S1, S1, 1 }, w1s[4] = { 3, 3, 1, O1 }, y1s[4] = { NB, S1, S1, O1 };
     float *v1 = rnd_vec(NB * S1 * S1 * O1, 9u);
