@@ -25,11 +25,17 @@
                 stream kernels (copy, add, in-place add, fill and read: the
                 most favourable access mix, as bench_ops; a collective's mix
                 is its own, e.g. a broadcast writes n bytes for each it
-                reads, and ran above the copy kernel's bandwidth) run by n
-                threads over the same footprint (capped at STREAM_CAP bytes, beyond
-                which its bandwidth is flat), the faster of non-temporal and
-                ordinary stores (a footprint that fits in the cache is
-                bounded by the cache, not by DRAM)
+                reads, and ran above the copy kernel's bandwidth) and of the
+                collectives' own patterns over n members, each thread over
+                its slice of every member's buffer as dpar's host path does
+                (sum_all: n reads summed into n writes, all-reduce; sum_one:
+                into 1, reduce-scatter; fanout: 1 read to n writes, broadcast
+                and all-gather; all-to-all's block copies are copy's mix),
+                which keep as many streams in flight per thread as dpar does,
+                run by n threads over the same footprint (capped at
+                STREAM_CAP bytes, beyond which its bandwidth is flat), the
+                faster of non-temporal and ordinary stores (a footprint that
+                fits in the cache is bounded by the cache, not by DRAM)
      pct      = 100 * limit_us / time_us
 
    Timing: the stream kernel and dpar alternate `alts` times per point (5 by
@@ -140,6 +146,7 @@ static int run_point(const char *bname, dpar_mesh *m, int op, int n, int64_t byt
         rc = -1;
         goto done;
     }
+    ss.ways = n; /* and the collectives' own access patterns over n members */
     dpar_shard_map_desc sd = { .fn = bench_fn, .user = &j };
     j.iters = 1; /* calibrate (with a warm-up collective first) */
     j.warm = 1;

@@ -111,33 +111,85 @@ static inline double median(double *v, int n) {
 /* >>bench stream =========================================================== */
 #define STREAM_CAP ((int64_t)256 << 20)         /* 8x the 32 MB L3 of the machine this was written on */
 enum { STREAM_MAX_THREADS = DPAR_MAX_DEVICES }; /* one per device at most */
-/* a stream kernel's access mix: copy z = x (1 read : 1 write), add z = x + y
-   (2 : 1; y = z: in place, no read-for-ownership of z), fill z = 0 (0 : 1) and
-   read (sum x: 1 : 0) */
-enum { ST_COPY, ST_ADD, ST_FILL, ST_READ };
+/* a stream kernel's access mix, per thread: copy z = x (1 read : 1 write),
+   add z = x + y (2 : 1; y = z: in place, no read-for-ownership of z), fill
+   z = 0 (0 : 1), read (sum x: 1 : 0), and the CPU collectives' own patterns
+   over `ways` arrays (dpar.h's host path, each thread over its slice of
+   every member's buffer): sum_all z_k = x_0 + ... + x_{w-1} for every k
+   (all-reduce: w : w), sum_one z_0 = the same (reduce-scatter: w : 1) and
+   fanout z_k = x for every k in 8 KB pieces, so x is read once (broadcast,
+   all-gather: 1 : w) */
+enum { ST_COPY, ST_ADD, ST_FILL, ST_READ, ST_SUM_ALL, ST_SUM_ONE, ST_FANOUT };
 typedef struct {
-    float *x, *y, *z;
-    int64_t len; /* floats per array */
-    int kind, nt, iters;
+    float *x, *y, *z; /* the ways kernels: array i of x / z at x + i * stride */
+    int64_t len;      /* floats per array */
+    int64_t stride;
+    int kind, ways, nt, iters;
     float sink; /* read's sum, so the loads stay */
     pthread_barrier_t *bar;
     double t;
 } st_arg;
+enum { ST_PIECE = 2048 }; /* fanout's piece: dpar__copy_fanout's 8 KB, read once, stays in L1 */
 
 /* elements [i, len) of a pass, scalar */
 static inline void st_pass_tail(st_arg *a, int64_t i) {
-    for (; i < a->len; i++)
+    int outs = a->kind == ST_SUM_ALL || a->kind == ST_FANOUT ? a->ways : 1;
+    for (; i < a->len; i++) {
+        float v = a->kind == ST_FILL ? 0.0f : a->x[i];
+        if (a->kind == ST_ADD) v += a->y[i];
+        if (a->kind == ST_SUM_ALL || a->kind == ST_SUM_ONE)
+            for (int j = 1; j < a->ways; j++) v += a->x[j * a->stride + i];
         if (a->kind == ST_READ)
-            a->sink += a->x[i];
+            a->sink += v;
         else
-            a->z[i] = a->kind == ST_FILL ? 0.0f : a->x[i] + (a->kind == ST_ADD ? a->y[i] : 0.0f);
+            for (int k = 0; k < outs; k++) a->z[k * a->stride + i] = v;
+    }
 }
 #ifdef BENCH_X86
+/* the sums of `ways` arrays into `outs` arrays, 16 floats a step as dpar__sum_f32_avx2 */
+__attribute__((target("avx2"))) static inline int64_t st_sum_avx2(st_arg *a, int outs, int64_t n) {
+    const int64_t w = a->stride;
+    int64_t i = 0;
+    for (; i < n; i += 16) {
+        __m256 a0 = _mm256_load_ps(a->x + i), a1 = _mm256_load_ps(a->x + i + 8);
+        for (int j = 1; j < a->ways; j++) {
+            a0 = _mm256_add_ps(a0, _mm256_load_ps(a->x + j * w + i));
+            a1 = _mm256_add_ps(a1, _mm256_load_ps(a->x + j * w + i + 8));
+        }
+        for (int k = 0; k < outs; k++)
+            if (a->nt) {
+                _mm256_stream_ps(a->z + k * w + i, a0);
+                _mm256_stream_ps(a->z + k * w + i + 8, a1);
+            } else {
+                _mm256_store_ps(a->z + k * w + i, a0);
+                _mm256_store_ps(a->z + k * w + i + 8, a1);
+            }
+    }
+    return i;
+}
+/* x to every z_k, a piece at a time */
+__attribute__((target("avx2"))) static inline int64_t st_fanout_avx2(st_arg *a, int64_t n) {
+    for (int64_t p = 0; p < n; p += ST_PIECE) {
+        int64_t e = n - p < ST_PIECE ? n : p + ST_PIECE;
+        for (int k = 0; k < a->ways; k++) {
+            float *z = a->z + k * a->stride;
+            if (a->nt)
+                for (int64_t i = p; i < e; i += 8) _mm256_stream_ps(z + i, _mm256_load_ps(a->x + i));
+            else
+                for (int64_t i = p; i < e; i += 8) _mm256_store_ps(z + i, _mm256_load_ps(a->x + i));
+        }
+    }
+    return n;
+}
 __attribute__((target("avx2"))) static inline void st_pass_avx2(st_arg *a) {
     int64_t i = 0, n = a->len & ~(int64_t)15;
     const __m256 zero = _mm256_setzero_ps();
     __m256 acc = zero;
-    if (a->kind == ST_ADD && a->nt)
+    if (a->kind == ST_SUM_ALL || a->kind == ST_SUM_ONE)
+        i = st_sum_avx2(a, a->kind == ST_SUM_ALL ? a->ways : 1, n);
+    else if (a->kind == ST_FANOUT)
+        i = st_fanout_avx2(a, n);
+    else if (a->kind == ST_ADD && a->nt)
         for (; i < n; i += 8)
             _mm256_stream_ps(a->z + i, _mm256_add_ps(_mm256_load_ps(a->x + i), _mm256_load_ps(a->y + i)));
     else if (a->kind == ST_ADD)
@@ -185,12 +237,14 @@ static inline void *st_main(void *p) {
 }
 typedef struct {
     int threads, add;
+    int ways;          /* > 1: stream_bw_best adds the collectives' kernels over this many members */
     int64_t footprint; /* bytes of all arrays together */
     float *mem;
     st_arg a[STREAM_MAX_THREADS];
 } stream_set;
 /* arrays for `threads` threads over a footprint of `moved` bytes (capped at
-   STREAM_CAP, at least 64 bytes per array); -1 when out of memory */
+   STREAM_CAP, at least 64 bytes per array); -1 when out of memory. ways = 0:
+   set it to the member count for the collectives' kernels. */
 static inline int stream_init(stream_set *s, int threads, int add, int64_t moved) {
     memset(s, 0, sizeof *s);
     threads = threads < 1 ? 1 : threads > STREAM_MAX_THREADS ? STREAM_MAX_THREADS : threads;
@@ -230,35 +284,74 @@ static inline double stream_trial(stream_set *s, int nt, int iters) {
     pthread_barrier_destroy(&bar);
     return s->a[0].t / iters / (clock_id == CLOCK_MONOTONIC ? 1 : s->threads);
 }
-/* The best bytes per second of five kernels over a set made with add = 1:
-   copy (z = x: 2 accesses an element), add (z = x + y: 3), in place (z = z +
-   x: 3, and no read-for-ownership of z, which an in-place op such as an
-   optimizer step does not pay either), fill (z = 0: 1) and read (sum x: 1),
-   each with ordinary and streaming stores. The most favourable access mix
+/* The kernels of the limit (a set made with add = 1): copy (z = x: 2
+   accesses an element), add (z = x + y: 3), in place (z = z + x: 3, and no
+   read-for-ownership of z, which an in-place op such as an optimizer step
+   does not pay either), fill (z = 0: 1), read (sum x: 1), and with ways = w
+   > 1 the collectives' own: sum_all (2w), sum_one and fanout (w + 1). The
+   first five lay each thread's arrays side by side; the collectives' ones
+   lay out w (+ w or 1) member buffers over the same memory, each thread
+   over its slice of every buffer, as dpar's threads are. */
+enum { ST_K_COPY, ST_K_ADD, ST_K_INPLACE, ST_K_FILL, ST_K_READ, ST_K_SUM_ALL, ST_K_SUM_ONE, ST_K_FANOUT, ST_KERNELS };
+static const char *const stream_kernel_names[ST_KERNELS] = { "copy", "add",     "inplace", "fill",
+                                                             "read", "sum_all", "sum_one", "fanout" };
+/* points every thread's arrays at kernel q's; returns its bytes per pass, 0
+   when the set has no such kernel (q = -1: back to the set's own kernel) */
+static inline double stream_kernel_set(stream_set *s, int q) {
+    static const int kinds[ST_KERNELS] = {
+        ST_COPY, ST_ADD, ST_ADD, ST_FILL, ST_READ, ST_SUM_ALL, ST_SUM_ONE, ST_FANOUT
+    };
+    int T = s->threads, w = s->ways, arrays = s->add ? 3 : 2;
+    int64_t len = s->footprint / 4 / arrays / T; /* stream_init's */
+    int ins = q == ST_K_FANOUT ? 1 : w, outs = q == ST_K_SUM_ONE ? 1 : w;
+    int64_t seg = q >= ST_K_SUM_ALL ? (arrays * len / (ins + outs)) & ~(int64_t)15 : len;
+    if ((q >= ST_K_SUM_ALL && (w < 2 || seg < 16)) || (q >= 0 && q != ST_K_COPY && !s->add)) return 0;
+    for (int t = 0; t < T; t++) {
+        st_arg *a = &s->a[t];
+        float *base = s->mem + (int64_t)t * arrays * len;
+        a->kind = q < 0 ? (s->add ? ST_ADD : ST_COPY) : kinds[q];
+        a->ways = w;
+        a->len = seg;
+        a->stride = (int64_t)T * seg;
+        a->x = q >= ST_K_SUM_ALL ? s->mem + t * seg : base;
+        a->z = q >= ST_K_SUM_ALL ? a->x + ins * a->stride : base + (arrays - 1) * len;
+        a->y = q == ST_K_INPLACE ? a->z : s->add ? base + len : base;
+    }
+    int acc = q == ST_K_COPY ? 2 : q <= ST_K_INPLACE ? 3 : q <= ST_K_READ ? 1 : ins + outs;
+    return (double)T * (double)seg * 4.0 * acc;
+}
+/* kernel q's bytes read + written per second with streaming stores (nt) or
+   ordinary ones, over about `target` seconds; 0 when the set has no such kernel */
+static inline double stream_bw_kernel(stream_set *s, int q, int nt, double target) {
+    double per_pass = stream_kernel_set(s, q), bw = 0;
+    if (per_pass > 0) {
+        double one = stream_trial(s, nt, 1);
+        int iters = (int)(target / (one > 1e-7 ? one : 1e-7));
+        iters = iters < 1 ? 1 : iters > 20000 ? 20000 : iters;
+        bw = per_pass / stream_trial(s, nt, iters);
+    }
+    stream_kernel_set(s, -1);
+    return bw;
+}
+/* The best bytes per second of the kernels above, each with ordinary and
+   streaming stores (read stores nothing). The most favourable access mix
    bounds any op's: a broadcast or all-gather writes n bytes for each it
    reads, which ran at 100-113% of the copy kernel's bandwidth here (the
-   write-only fill bounds it); a reduce-scatter reads n for each it writes. */
+   write-only fill bounds it); a reduce-scatter reads n for each it writes.
+   The collectives' kernels keep as many streams in flight per thread as
+   dpar's threads do (a 4-device all-reduce reads 4 and writes 4 at once,
+   where copy has 2): the limit of a 4-device all-reduce on a 16-core host
+   was below what dpar did (106%) with the five alone. */
 static inline double stream_bw_best(stream_set *s, double target) {
-    static const int kinds[5] = { ST_COPY, ST_ADD, ST_ADD, ST_FILL, ST_READ }, acc[5] = { 2, 3, 3, 1, 1 };
+    int trials = 0;
+    for (int q = 0; q < ST_KERNELS; q++)
+        if (stream_kernel_set(s, q) > 0) trials += q == ST_K_READ ? 1 : 2;
     double best = 0;
-    for (int q = 0; q < 5; q++) {
-        for (int t = 0; t < s->threads; t++) {
-            s->a[t].kind = kinds[q];
-            s->a[t].y = q == 2 ? s->a[t].z : s->a[t].z - s->a[t].len; /* add: y is the middle array */
-        }
-        double per_pass = (double)s->threads * (double)s->a[0].len * 4.0 * acc[q];
-        for (int nt = 0; nt < (kinds[q] == ST_READ ? 1 : 2); nt++) {
-            double one = stream_trial(s, nt, 1);
-            int iters = (int)(target / 9 / (one > 1e-7 ? one : 1e-7));
-            iters = iters < 1 ? 1 : iters > 20000 ? 20000 : iters;
-            double bw = per_pass / stream_trial(s, nt, iters);
+    for (int q = 0; q < ST_KERNELS; q++)
+        for (int nt = 0; nt < (q == ST_K_READ ? 1 : 2); nt++) {
+            double bw = stream_bw_kernel(s, q, nt, target / (trials ? trials : 1));
             if (bw > best) best = bw;
         }
-    }
-    for (int t = 0; t < s->threads; t++) { /* back to the set's own kernel */
-        s->a[t].kind = s->add ? ST_ADD : ST_COPY;
-        s->a[t].y = s->a[t].z - s->a[t].len;
-    }
     return best;
 }
 
