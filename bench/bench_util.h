@@ -324,11 +324,11 @@ static inline double stream_kernel_set(stream_set *s, int q) {
    ordinary ones, over about `target` seconds; 0 when the set has no such kernel */
 static inline double stream_bw_kernel(stream_set *s, int q, int nt, double target) {
     double per_pass = stream_kernel_set(s, q), bw = 0;
-    if (per_pass > 0) {
+    if (per_pass > 0) { /* one pass sizes the trial, and is the trial when no second pass fits the target */
         double one = stream_trial(s, nt, 1);
         int iters = (int)(target / (one > 1e-7 ? one : 1e-7));
-        iters = iters < 1 ? 1 : iters > 20000 ? 20000 : iters;
-        bw = per_pass / stream_trial(s, nt, iters);
+        iters = iters > 20000 ? 20000 : iters;
+        bw = per_pass / (iters < 2 ? one : stream_trial(s, nt, iters));
     }
     stream_kernel_set(s, -1);
     return bw;
