@@ -12,12 +12,15 @@
      >>bench stream   the stream kernels that measure this machine's memory
                       bandwidth in the same run: copy (z = x), add
                       (z = x + y, or in place), fill (z = 0) and read
-                      (sum x), n threads each over its own arrays, the
-                      faster of non-temporal and ordinary stores (a
-                      footprint that fits in the cache is bounded by the
-                      cache, not by DRAM). stream_init sizes the arrays for
-                      a footprint; stream_bw_best returns the best kernel's
-                      bytes read + written per second.
+                      (sum x), n threads each over its own arrays, and
+                      with stream_set.ways = w the CPU collectives' own
+                      patterns over w member buffers (sum_all, sum_one,
+                      fanout), the faster of non-temporal and ordinary
+                      stores (a footprint that fits in the cache is
+                      bounded by the cache, not by DRAM). stream_init
+                      sizes the arrays for a footprint; stream_bw_best
+                      returns the best kernel's bytes read + written per
+                      second, stream_bw_kernel one kernel's.
      >>bench openblas cblas_sgemm opened at run time (libopenblas.so.0,
                       Debian's libopenblas0-pthread; BENCH_OPENBLAS=path
                       overrides; its AVX-512 kernels named on CPUs that
