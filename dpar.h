@@ -2915,8 +2915,8 @@ typedef enum dpar__op_kind {
     DPAR__OP_FILL,         /* dst = f[0] (any dtype) */
     DPAR__OP_COPY,         /* dst = src0 (same dtype, byte copy) */
     DPAR__OP_CAST,         /* dst = cast(src0) */
-    DPAR__OP_SUM,          /* dst[1] = sum(src0) */
-    DPAR__OP_SUMSQ,        /* dst[1] = sum(src0^2) */
+    DPAR__OP_SUM,          /* dst[p[0]] = sum(src0) */
+    DPAR__OP_SUMSQ,        /* dst[p[0]] = sum(src0^2) */
     DPAR__OP_SGD,          /* dst param, dst2 momentum (NULL if f[1]==0), src0 grad;
                               f[0]=lr f[1]=momentum f[2]=weight_decay f[3]=clip_scale; nesterov */
     /* >>norm-attn kinds (see >>layers-norm-attn) */
@@ -7678,23 +7678,32 @@ DPAR_API dpar_status dpar_cast(dpar_buffer *dst, const dpar_buffer *src) {
     op.src0 = src;
     return dpar__op_run(&op);
 }
-static dpar_status dpar__reduce_op(const char *name, dpar__op_kind k, dpar_buffer *out, const dpar_buffer *x) {
+/* out[at] = the reduction of x (op.p[0] = at): dpar_sum and dpar_sum_squares pass at < 0, the one element
+   of a 1-element out; the clip's norms (dpar__clip_scale) write element i of one buffer for gradient i, so
+   a single read fetches them all */
+static dpar_status dpar__reduce_op(const char *name, dpar__op_kind k, dpar_buffer *out, int64_t at,
+                                   const dpar_buffer *x) {
     dpar__clear_error();
     static const char *const opn[] = { "x" };
     dpar_status s = dpar__op_check_named(name, out, &x, opn, 1);
-    if (s || (s = dpar__need_ft(name, x, "x", dpar__fdt(x))) || (s = dpar__scalar_out_t(name, out, dpar__fdt(x))))
-        return s;
+    if (s || (s = dpar__need_ft(name, x, "x", dpar__fdt(x)))) return s;
+    if (at < 0 && (s = dpar__scalar_out_t(name, out, dpar__fdt(x)))) return s;
+    if (at < 0) at = 0;
+    if (at >= out->count || out->dtype != dpar__fdt(x))
+        return dpar__err(DPAR_ERR_SHAPE, "%s: element %lld of a %lld-element %s result buffer", name, (long long)at,
+                         (long long)out->count, dpar_dtype_name(out->dtype));
     dpar__op op;
     dpar__op_init(&op, k, out);
     op.src0 = x;
     op.n = x->count;
+    op.p[0] = at;
     return dpar__op_run(&op);
 }
 DPAR_API dpar_status dpar_sum(dpar_buffer *out, const dpar_buffer *x) {
-    return dpar__reduce_op("dpar_sum", DPAR__OP_SUM, out, x);
+    return dpar__reduce_op("dpar_sum", DPAR__OP_SUM, out, -1, x);
 }
 DPAR_API dpar_status dpar_sum_squares(dpar_buffer *out, const dpar_buffer *x) {
-    return dpar__reduce_op("dpar_sum_squares", DPAR__OP_SUMSQ, out, x);
+    return dpar__reduce_op("dpar_sum_squares", DPAR__OP_SUMSQ, out, -1, x);
 }
 
 /* >>elementwise ops ===========================================================
@@ -8589,38 +8598,55 @@ DPAR_API dpar_status dpar_sgd_update(const dpar_sgd_desc *d, dpar_buffer *param,
     return dpar__op_run(&op);
 }
 /* the global norm of n gradient buffers of ctx's device (psum'd over axes
-   when set) and the clip factor for clip_norm (0: off -> 1); fn names the caller */
+   when set) and the clip factor for clip_norm (0: off -> 1); fn names the caller.
+   Every f32 gradient's sum of squares goes to its element of one buffer, read
+   once: a read waits for the device, and one per gradient left it idle
+   between each of the ~70 small reductions of the GPT's step. The host adds
+   them in gradient order in double, as before (f64 gradients: >>f64 api). */
 static dpar_status dpar__clip_scale(const char *fn, dpar_ctx *ctx, float clip_norm, const char *axes,
                                     dpar_buffer *const *grads, int n, float *scale, float *norm_out) {
-    dpar_buffer *tmp = NULL, *tmp64 = NULL; /* f64 gradients sum into tmp64 (>>f64 api) */
-    int64_t one = 1;
+    dpar_buffer *tmp = NULL, *tmp64 = NULL; /* tmp: element i for f32 gradient i; f64 ones sum into tmp64 */
+    int64_t one = 1, cnt = n > 0 ? n : 1;
+    float *sq = NULL;
+    bool any32 = false;
     dpar_status s = dpar__ctx_check(ctx, fn);
-    if (!s) s = dpar_buffer_create(ctx->rt, ctx->device, DPAR_F32, 1, &one, &tmp);
+    if (!s) s = dpar_buffer_create(ctx->rt, ctx->device, DPAR_F32, 1, &cnt, &tmp);
     if (s) return s;
+    if (!(sq = (float *)DPAR_MALLOC((size_t)cnt * sizeof(float)))) {
+        dpar_buffer_destroy(tmp);
+        return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "%s: out of memory (%d gradient norms)", fn, n);
+    }
+    for (int i = 0; i < n && !s; i++) {
+        if (grads[i] && !dpar__live_buf(grads[i], fn, "grads[i]") && grads[i]->dtype == DPAR_F64) continue;
+        s = dpar__reduce_op("dpar_sum_squares", DPAR__OP_SUMSQ, tmp, i, grads[i]);
+        any32 = true;
+    }
+    if (!s && any32) s = dpar_buffer_read(tmp, 0, sq, (size_t)n * sizeof(float));
     double total = 0.0;
     for (int i = 0; i < n && !s; i++) {
-        float v = 0.0f;
         double v64 = 0.0;
-        if (grads[i] && !dpar__live_buf(grads[i], fn, "grads[i]") && grads[i]->dtype == DPAR_F64) {
-            if (!tmp64) s = dpar_buffer_create(ctx->rt, ctx->device, DPAR_F64, 1, &one, &tmp64);
-            if (!s) s = dpar_sum_squares(tmp64, grads[i]);
-            if (!s) s = dpar_buffer_read(tmp64, 0, &v64, 8);
-            total += v64;
+        if (grads[i]->dtype != DPAR_F64) {
+            total += (double)sq[i];
             continue;
         }
-        s = dpar_sum_squares(tmp, grads[i]);
-        if (!s) s = dpar_buffer_read(tmp, 0, &v, 4);
-        total += (double)v;
+        if (!tmp64) s = dpar_buffer_create(ctx->rt, ctx->device, DPAR_F64, 1, &one, &tmp64);
+        if (!s) s = dpar_sum_squares(tmp64, grads[i]);
+        if (!s) s = dpar_buffer_read(tmp64, 0, &v64, 8);
+        total += v64;
     }
+    DPAR_FREE(sq);
     if (!s && axes && *axes && tmp64) { /* the f64 total psum'd in double */
         s = dpar_buffer_write(tmp64, 0, &total, 8);
         if (!s) s = dpar_psum(ctx, tmp64, tmp64, axes);
         if (!s) s = dpar_buffer_read(tmp64, 0, &total, 8);
-    } else if (!s && axes && *axes) {
+    } else if (!s && axes && *axes) { /* the f32 total psum'd as a 1-element f32 buffer */
         float v = (float)total;
-        s = dpar_buffer_write(tmp, 0, &v, 4);
-        if (!s) s = dpar_psum(ctx, tmp, tmp, axes);
-        if (!s) s = dpar_buffer_read(tmp, 0, &v, 4);
+        dpar_buffer *tot = NULL;
+        s = dpar_buffer_create(ctx->rt, ctx->device, DPAR_F32, 1, &one, &tot);
+        if (!s) s = dpar_buffer_write(tot, 0, &v, 4);
+        if (!s) s = dpar_psum(ctx, tot, tot, axes);
+        if (!s) s = dpar_buffer_read(tot, 0, &v, 4);
+        dpar_buffer_destroy(tot);
         total = (double)v;
     }
     dpar_buffer_destroy(tmp);
@@ -16656,14 +16682,14 @@ static dpar_status dpar__cpu_op_sum(DPAR__CPU_OP_ARGS) {
     DPAR__CPU_OP_UNUSED;
     double s = 0.0;
     for (int64_t i = 0; i < op->n; i++) s += (double)x0[i];
-    y[0] = (float)s;
+    y[op->p[0]] = (float)s;
     return DPAR_OK;
 }
 static dpar_status dpar__cpu_op_sumsq(DPAR__CPU_OP_ARGS) {
     DPAR__CPU_OP_UNUSED;
     double s = 0.0;
     for (int64_t i = 0; i < op->n; i++) s += (double)x0[i] * (double)x0[i];
-    y[0] = (float)s;
+    y[op->p[0]] = (float)s;
     return DPAR_OK;
 }
 static dpar_status dpar__cpu_op_sgd(DPAR__CPU_OP_ARGS) {
@@ -17720,7 +17746,7 @@ static void dpar__cpu64_small(const dpar__op *op) {
     case DPAR__OP_SUM:
     case DPAR__OP_SUMSQ:
         for (int64_t i = 0; i < op->n; i++) s += op->kind == DPAR__OP_SUM ? x0[i] : x0[i] * x0[i];
-        y[0] = s;
+        y[op->p[0]] = s;
         break;
     case DPAR__OP_MSE:
         for (int64_t i = 0; i < op->n; i++) {

@@ -1930,7 +1930,7 @@ static dpar_status dpar__cu_op(void *state, int dev, const dpar__op *op) {
         dpar_status e = dpar__cu_scratch(st, dev, 0, DPAR__CU_MAX_PARTIALS * 8, &scr);
         if (e) return e;
         if ((e = dpar__cu_launch(st, dev, DPAR__CUK_REDUCE_PARTIAL, g, DPAR__CU_BLOCK, s, args))) return e;
-        return dpar__cu_final(st, dev, scr, parts, 1.0, dst);
+        return dpar__cu_final(st, dev, scr, parts, 1.0, dst + (dpar__CUdeviceptr)op->p[0] * sizeof(float));
     }
     case DPAR__OP_FILL: return dpar__cu_op_fill(st, dev, op);
     case DPAR__OP_COPY: {

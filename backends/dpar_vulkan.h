@@ -2169,6 +2169,7 @@ static dpar_status dpar__vk_op_basic(dpar__vk *st, int dev, const dpar__op *op, 
     case DPAR__OP_SUM:
     case DPAR__OP_SUMSQ:
         pc->n = (uint32_t)op->src0->count;
+        pc->m = (uint32_t)op->p[0]; /* the result's element */
         pc->flags = op->kind == DPAR__OP_SUMSQ ? 1u : 0u;
         b[2] = src0;
         return dpar__vk_dispatch(st, dev, DPAR__SPV_REDUCE, b, pc, 1, 1);

@@ -1,6 +1,6 @@
 #version 450
-// out[0] = sum(x) (flags bit0 = 0) or sum(x*x) (bit0 = 1) over n elements
-// (dpar_sum / dpar_sum_squares). One workgroup of 256: invocation t sums
+// out[m] = sum(x) (flags bit0 = 0) or sum(x*x) (bit0 = 1) over n elements
+// (dpar_sum / dpar_sum_squares: m = 0; the clip's norms: m = the gradient's). One workgroup of 256: invocation t sums
 // elements t, t+256, ... in order with Neumaier's compensated summation, then
 // the (sum, compensation) pairs meet in a fixed tree over shared memory. The
 // result is close to the correctly rounded sum (the CPU backend sums in double)
@@ -45,6 +45,6 @@ void main() {
     }
     if (t == 0u) {
         precise float r = ps[0] + pcomp[0];
-        o[0] = isnan(r) && !isnan(ps[0]) ? ps[0] : r;   // +-Inf: the compensation is NaN
+        o[pc.m] = isnan(r) && !isnan(ps[0]) ? ps[0] : r;   // +-Inf: the compensation is NaN
     }
 }

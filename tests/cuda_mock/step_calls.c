@@ -9,8 +9,10 @@
    replays its CUDA Graphs. DPAR_GRAPH_ASYNC_BYTES=1024
    makes every gradient big enough for the asynchronous reduction, so a
    1-device graph that handed one to the communication thread would show.
-   Prints one "step calls:" line and exits 0 when every count is within its
-   limit, else names each count over it. */
+   The same step clipped by the global gradient norm (clip_norm, run op by op)
+   then reads twice a step: the loss and every gradient's squared norm at once
+   (a read each was a sync each). Prints a "step calls:" line per graph and
+   exits 0 when every count is within its limit, else names each count over it. */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,16 +23,17 @@ enum { B = 8, S = 8, C = 4, NCLASS = 10, WARM = 3, STEPS = 10 };
 
 typedef unsigned long (*calls_fn)(const char *name);
 /* the entry points counted and the most one step may call each (-1: printed, any count); the 4
-   kernels launched outside the CUDA Graph are the AdamW step's, one a parameter (not recorded) */
+   kernels launched outside the CUDA Graph are the AdamW step's, one a parameter (not recorded); max_clip:
+   the same with clip_norm, whose optimizer runs op by op */
 static const struct {
     const char *name;
-    long max;
+    long max, max_clip;
 } counted[] = {
-    { "cuMemAlloc_v2", 0 },     { "cuMemFree_v2", 0 },          { "cuStreamSynchronize", 0 },
-    { "cuStreamQuery", 0 },     { "cuEventQuery", 0 },          { "cuEventRecord", 0 },
-    { "cuStreamWaitEvent", 0 }, { "cuMemcpyHtoDAsync_v2", 2 },  { "cuMemcpyDtoHAsync_v2:pageable", 1 },
-    { "ncclAllReduce", 0 },     { "cuGraphLaunch", -1 },        { "cuLaunchKernel", 4 },
-    { "cublasSgemm_v2", -1 },   { "cuMemcpyDtoDAsync_v2", -1 },
+    { "cuMemAlloc_v2", 0, -1 },     { "cuMemFree_v2", 0, -1 },          { "cuStreamSynchronize", 0, -1 },
+    { "cuStreamQuery", 0, -1 },     { "cuEventQuery", 0, -1 },          { "cuEventRecord", 0, -1 },
+    { "cuStreamWaitEvent", 0, -1 }, { "cuMemcpyHtoDAsync_v2", 2, -1 },  { "cuMemcpyDtoHAsync_v2:pageable", 1, 2 },
+    { "ncclAllReduce", 0, 0 },      { "cuGraphLaunch", -1, -1 },        { "cuLaunchKernel", 4, -1 },
+    { "cublasSgemm_v2", -1, -1 },   { "cuMemcpyDtoDAsync_v2", -1, -1 },
 };
 enum { NCOUNTED = (int)(sizeof counted / sizeof counted[0]) };
 
@@ -57,8 +60,8 @@ static dpar_status make_params(dpar_mesh *mesh, dpar_array *p[4]) {
 }
 
 /* Feeds x [B, S, S, 1] and y [B]; conv 3x3 SAME + relu, 2x2 average pool, dense, cross-entropy, AdamW. */
-static dpar_status make_graph(dpar_mesh *mesh, dpar_array *const param[4], dpar_graph **out, dpar_value *x,
-                              dpar_value *y) {
+static dpar_status make_graph(dpar_mesh *mesh, dpar_array *const param[4], float clip_norm, dpar_graph **out,
+                              dpar_value *x, dpar_value *y) {
     const dpar_pool2d_desc pool = { .window = { 2, 2 }, .stride = { 2, 2 } };
     static const char *const names[4] = { "conv.w", "conv.b", "dense.w", "dense.b" };
     dpar_graph *g;
@@ -73,9 +76,43 @@ static dpar_status make_graph(dpar_mesh *mesh, dpar_array *const param[4], dpar_
     h = dpar_g_reshape(g, h, 2, (int64_t[]){ B, (S / 2) * (S / 2) * C });
     dpar_value loss = dpar_g_softmax_xent(g, dpar_g_bias_add(g, dpar_g_matmul(g, h, p[2], false, false), p[3]), *y);
     if ((s = dpar_graph_value_and_grad(g, loss, p, 4, grad))) return s;
-    if ((s = dpar_graph_adamw(g, &(dpar_adamw_desc){ .learning_rate = 1e-3f, .weight_decay = 1e-4f }, p, grad, 4)))
-        return s;
+    dpar_adamw_desc ad = { .learning_rate = 1e-3f, .weight_decay = 1e-4f, .clip_norm = clip_norm };
+    if ((s = dpar_graph_adamw(g, &ad, p, grad, 4))) return s;
     return dpar_graph_compile(g, NULL);
+}
+
+/* WARM steps, then STEPS counted: prints the counts, returns how many exceed their limit (clip: max_clip) */
+static int count_steps(dpar_graph *g, dpar_value x, dpar_value y, calls_fn calls, int clip) {
+    float xb[B * S * S], loss = 0.0f;
+    int32_t yb[B];
+    unsigned long before[NCOUNTED];
+    for (int step = 0; step < WARM + STEPS; step++) {
+        if (step == WARM)
+            for (int k = 0; k < NCOUNTED; k++) before[k] = calls(counted[k].name);
+        for (int i = 0; i < B * S * S; i++) xb[i] = (float)((i * 13 + step) % 17) / 16.0f;
+        for (int i = 0; i < B; i++) yb[i] = (i + step) % NCLASS;
+        dpar_graph_feed f[2] = { { .value = x, .host = xb }, { .value = y, .host = yb } };
+        if (dpar_graph_run(g, f, 2, &loss)) return fail("step");
+    }
+    int segments = 0, bad = 0;
+    dpar_graph_recorded(g, &segments, NULL);
+    printf("step calls (per step%s, %d recorded segment(s)):", clip ? ", clip_norm 1" : "", segments);
+    for (int k = 0; k < NCOUNTED; k++) {
+        unsigned long d = calls(counted[k].name) - before[k];
+        long max = clip ? counted[k].max_clip : counted[k].max;
+        printf(" %s %g", counted[k].name, (double)d / STEPS);
+        if (max >= 0 && d > (unsigned long)max * STEPS) bad++;
+    }
+    printf("; loss %.6f\n", (double)loss);
+    for (int k = 0; k < NCOUNTED; k++) {
+        unsigned long d = calls(counted[k].name) - before[k];
+        long max = clip ? counted[k].max_clip : counted[k].max;
+        if (max >= 0 && d > (unsigned long)max * STEPS)
+            fprintf(stderr, "step_calls: %s: %g per step, at most %ld expected\n", counted[k].name, (double)d / STEPS,
+                    max);
+    }
+    if (!segments) fprintf(stderr, "step_calls: the step was not recorded as CUDA Graphs\n"), bad++;
+    return bad;
 }
 
 int main(void) {
@@ -93,38 +130,15 @@ int main(void) {
     if (dpar_mesh_create(rt, &(dpar_mesh_desc){ .ndim = 1, .shape = { 1 }, .axis_names = { "data" } }, &mesh))
         return fail("mesh");
     dpar_array *param[4];
-    dpar_graph *g;
     dpar_value x, y;
+    int bad = 0;
     if (make_params(mesh, param)) return fail("parameters");
-    if (make_graph(mesh, param, &g, &x, &y)) return fail("graph");
-    float xb[B * S * S], loss = 0.0f;
-    int32_t yb[B];
-    unsigned long before[NCOUNTED];
-    for (int step = 0; step < WARM + STEPS; step++) {
-        if (step == WARM)
-            for (int k = 0; k < NCOUNTED; k++) before[k] = calls(counted[k].name);
-        for (int i = 0; i < B * S * S; i++) xb[i] = (float)((i * 13 + step) % 17) / 16.0f;
-        for (int i = 0; i < B; i++) yb[i] = (i + step) % NCLASS;
-        dpar_graph_feed f[2] = { { .value = x, .host = xb }, { .value = y, .host = yb } };
-        if (dpar_graph_run(g, f, 2, &loss)) return fail("step");
+    for (int clip = 0; clip < 2; clip++) {
+        dpar_graph *g;
+        if (make_graph(mesh, param, clip ? 1.0f : 0.0f, &g, &x, &y)) return fail("graph");
+        bad += count_steps(g, x, y, calls, clip);
+        dpar_graph_destroy(g);
     }
-    int segments = 0, bad = 0;
-    dpar_graph_recorded(g, &segments, NULL);
-    printf("step calls (per step, %d recorded segment(s)):", segments);
-    for (int k = 0; k < NCOUNTED; k++) {
-        unsigned long d = calls(counted[k].name) - before[k];
-        printf(" %s %g", counted[k].name, (double)d / STEPS);
-        if (counted[k].max >= 0 && d > (unsigned long)counted[k].max * STEPS) bad++;
-    }
-    printf("; loss %.6f\n", (double)loss);
-    for (int k = 0; k < NCOUNTED; k++) {
-        unsigned long d = calls(counted[k].name) - before[k];
-        if (counted[k].max >= 0 && d > (unsigned long)counted[k].max * STEPS)
-            fprintf(stderr, "step_calls: %s: %g per step, at most %ld expected\n", counted[k].name, (double)d / STEPS,
-                    counted[k].max);
-    }
-    if (!segments) fprintf(stderr, "step_calls: the step was not recorded as CUDA Graphs\n"), bad++;
-    dpar_graph_destroy(g);
     dpar_runtime_destroy(rt);
     dlclose(lib);
     return bad ? 1 : 0;
