@@ -15150,6 +15150,11 @@ static void dpar__pack_a(const dpar__ukr *u, float *ap, const float *A, int64_t 
     }
 }
 /* Rows i0..i1-1, columns j0..j1-1 of C[M,N] = alpha op(A) op(B) + beta C, f32, row-major. */
+/* whether dpar__sgemm_tile packs A[M,K] for ncols columns of C with nr-column strips: a transposed A of
+   DPAR__PACK_AT_ROWS rows or more and more than one strip (the rule's measurements are at its use) */
+static int dpar__sgemm_packs_a(int ta, int64_t M, int64_t K, int64_t ncols, int64_t nr) {
+    return ta && M >= DPAR__PACK_AT_ROWS && K > 16 && ncols > nr;
+}
 static void dpar__sgemm_tile(int64_t M, int64_t N, int64_t K, int ta, int tb, float alpha, const float *A,
                              const float *B, float beta, float *C, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
     int trivial = K == 0 || alpha == 0.0f || i1 <= i0 || j1 <= j0;
@@ -15185,7 +15190,7 @@ static void dpar__sgemm_tile(int64_t M, int64_t N, int64_t K, int ta, int tb, fl
        1.05x faster in place; at 512 rows and 2 KiB strides, and at 1024 and 2048, packed is 1.1-1.2x faster),
        or of any size when C has one strip of columns: each element is read once, the copy saves nothing
        (measured: 2048x16x512:tn 1.6x, 512x32x512:tn 1.3x faster in place) */
-    int directb = i1 - i0 <= DPAR__DIRECT_B_ROWS, directa = !ta || M < DPAR__PACK_AT_ROWS || K <= 16 || j1 - j0 <= NR;
+    int directb = i1 - i0 <= DPAR__DIRECT_B_ROWS, directa = !dpar__sgemm_packs_a(ta, M, K, j1 - j0, NR);
     const int64_t ars = ta ? 1 : K, acs = ta ? M : 1;
     for (int64_t jc = j0; jc < j1; jc += DPAR__NC) {
         int64_t nc = j1 - jc < DPAR__NC ? j1 - jc : DPAR__NC;
@@ -15237,7 +15242,7 @@ static void dpar__sgemm_range(const void *arg, int64_t lo, int64_t hi) {
    multiply-adds in any item, so the split never changes a bit. */
 static void dpar__sgemm_items(dpar__sgemm_args *g, int nt) {
     int64_t M = g->M, N = g->N, want = 4 * (int64_t)nt, nr = 1;
-    if (nt <= 1 && g->ta && M >= DPAR__PACK_AT_ROWS && g->K > 16) {
+    if (nt <= 1 && dpar__sgemm_packs_a(g->ta, M, g->K, N, dpar__ukr_pick().nr)) {
         /* one thread and an A that dpar__sgemm_tile packs: one item, all of C, so A is packed once per
            DPAR__NC columns, not once per 128 (1024^3:tn 0.90 -> 1.03 of OpenBLAS). Not for the rest: one
            item of 3136 columns ran 16x3136x256:nt at 0.84 of OpenBLAS against 0.93 in items of 128 */
