@@ -7690,8 +7690,9 @@ static dpar_status dpar__reduce_op(const char *name, dpar__op_kind k, dpar_buffe
     if (at < 0 && (s = dpar__scalar_out_t(name, out, dpar__fdt(x)))) return s;
     if (at < 0) at = 0;
     if (at >= out->count || out->dtype != dpar__fdt(x))
-        return dpar__err(DPAR_ERR_SHAPE, "%s: element %lld of a %lld-element %s result buffer", name, (long long)at,
-                         (long long)out->count, dpar_dtype_name(out->dtype));
+        return dpar__err(DPAR_ERR_SHAPE, "%s: result element %lld of a %lld-element %s buffer: out of range or not %s",
+                         name, (long long)at, (long long)out->count, dpar_dtype_name(out->dtype),
+                         dpar_dtype_name(dpar__fdt(x)));
     dpar__op op;
     dpar__op_init(&op, k, out);
     op.src0 = x;
