@@ -1507,7 +1507,11 @@ DPAR_API void dpar_trace_event(const dpar_runtime *rt, int device, const char *n
    gpu_util_pct, temperature_c and power_w are read from NVML (libnvidia-ml,
    opened at run time) when the stats are read, on the CUDA backend; -1
    where there is no such reading (other backends, no NVML, a virtual device
-   reports its GPU's). */
+   reports its GPU's).
+   host_waits (Vulkan; 0 on the other backends): the times in the window the
+   host blocked on the device's queued work (a vkWaitForFences, for one batch
+   or several at once). A replayed graph fed by dpar_graph_put_feeds with no
+   loss read takes about one per three steps while the device is behind. */
 typedef struct dpar_device_stats {
     uint64_t memory_in_use;        /* bytes of the device's live buffers */
     uint64_t memory_peak;          /* high-water mark of memory_in_use in the window */
@@ -1523,6 +1527,7 @@ typedef struct dpar_device_stats {
     int gpu_util_pct;              /* NVML: percent of the window's last sample period the GPU ran kernels; -1 */
     int temperature_c;             /* NVML: GPU core temperature, degrees C; -1 */
     double power_w;                /* NVML: board power draw, watts; -1 */
+    uint64_t host_waits;           /* Vulkan: fence waits, the times the host blocked on the device; 0 elsewhere */
 } dpar_device_stats;
 /* Stats of `device` (a device of this process).
    Errors: DPAR_ERR_INVALID_ARGUMENT (NULL, device out of range). */
@@ -1890,8 +1895,11 @@ DPAR_API dpar_status dpar_graph_run(dpar_graph *g, const dpar_graph_feed *feeds,
    a feed of g. */
 DPAR_API dpar_array *dpar_graph_feed_array(const dpar_graph *g, dpar_value v);
 /* Stages the next step's feeds (JAX's asynchronous device_put): copies each
-   host entry now, into one of two staged copies of the feeds' arrays (the
-   first put allocates them: twice the feeds' bytes per device), and takes
+   host entry now, into one of three staged copies of the feeds' arrays, in
+   turn (the first put allocates them: three times the feeds' bytes per
+   device; on Vulkan, a put that must wait for a step waits for every queued
+   step, so the next two puts do not wait: one sleep per three steps while
+   the device is behind), and takes
    array entries by reference; the next dpar_graph_run / dpar_graph_run_start
    with num_feeds = 0 runs on them (each device copies them into the feeds as
    the step's first op). Allowed while a step started with
@@ -2008,8 +2016,8 @@ DPAR_API dpar_value dpar_g_dropout(dpar_graph *g, dpar_value x, float rate, uint
    destroy, dpar_mesh_destroy, dpar_graph_destroy, dpar_runtime_destroy,
    dpar_vulkan_buffer_export/release) returns DPAR_ERR_STATE and does nothing;
    dpar_test, dpar_wait, dpar_runtime_device_info/stats, dpar_last_error and
-   dpar_graph_put_feeds (staging the next step's feeds: double-buffered, the
-   step never reads what it writes) are allowed. Only one thread may wait for
+   dpar_graph_put_feeds (staging the next step's feeds: three sets in turn,
+   the step never reads what it writes) are allowed. Only one thread may wait for
    or test a given request.
    Errors of the start calls: DPAR_ERR_INVALID_ARGUMENT (NULL mesh, graph,
    desc, fn or req), DPAR_ERR_STATE (called inside a pmap function, another
@@ -3104,6 +3112,12 @@ typedef struct dpar__backend_iface {
     dpar_status (*prog_end)(void *state, int dev, void **prog);
     dpar_status (*prog_submit)(void *state, int dev, void *prog);
     void (*prog_free)(void *state, int dev, void *prog);
+    /* optional: write, for a buffer the host refills in turn with a few others (>>graph feeds' staged
+       sets): when queued work still touches mem, waits for all of dev's submitted work, not just mem's,
+       so the next refills find theirs free (one sleep per few steps, not one a step). NULL: write */
+    dpar_status (*refill)(void *state, int dev, void *mem, size_t off, const void *src, size_t nbytes);
+    /* optional: the times the host blocked on dev's queued work (dpar_device_stats.host_waits); NULL: 0 */
+    uint64_t (*host_waits)(void *state, int dev);
 } dpar__backend_iface;
 
 static const dpar__backend_iface *dpar__cpu_iface(void);
@@ -5103,9 +5117,10 @@ static dpar_status dpar__array_scatter(dpar_array *a, const void *host, bool dir
         dpar_buffer *b = a->shards[p];
         if (!direct) {
             s = dpar_buffer_write(b, 0, src, nb);
-        } else if (nb) {
+        } else if (nb) { /* a staged set, refilled in turn with the others */
+            const dpar__backend_iface *be = b->rt->be;
             double t0 = dpar__now_us();
-            s = b->rt->be->write(b->rt->bstate, b->device, b->mem, 0, src, nb);
+            s = (be->refill ? be->refill : be->write)(b->rt->bstate, b->device, b->mem, 0, src, nb);
             dpar__obs_time(b->rt, b->device, DPAR__OBS_TRANSFER, t0);
         }
     }
@@ -13206,23 +13221,29 @@ DPAR_API dpar_array *dpar_graph_feed_array(const dpar_graph *g, dpar_value v) {
 /* >>graph feeds ==============================================================
    Issue 12's "feeds in, the loss out": the asynchronous device_put of the next
    step's feeds, and the loss left on the devices until read.
-   dpar_graph_put_feeds copies host batches into one of two staged sets of
-   arrays shaped like the feeds (made by the first put), also while a step is
-   in flight; a run with num_feeds = 0 takes the staged set, and each device
-   copies its shards into the feeds' own arrays as the first op of the step's
-   dispatch (no dispatch of its own). Two sets: the step in flight reads the
-   set it took while the next put fills the other. Only the caller's thread
+   dpar_graph_put_feeds copies host batches into one of DPAR__G_STAGE_SETS
+   staged sets of arrays shaped like the feeds (made by the first put), in
+   turn, also while a step is in flight; a run with num_feeds = 0 takes the
+   staged set, and each device copies its shards into the feeds' own arrays as
+   the first op of the step's dispatch (no dispatch of its own). The steps in
+   flight read the sets they took while the next put fills another; a put
+   whose set a queued step still reads waits through the backend's refill,
+   for every submitted step (Vulkan), so the next two puts find theirs free:
+   one sleep per three steps instead of one a step while the device is behind
+   (three, not more: Vulkan's ring holds three batches, one a replayed step,
+   and its frames would bound the next puts instead). Only the caller's thread
    touches the stage (puts, and the takes of dpar_graph_run / _start, which no
    step is in flight for); the step's workers read g->feed_take, set before the
    step starts. A put reads only the stage, cached at the first put: the step
    in flight may be compiling the graph's nodes. */
+enum { DPAR__G_STAGE_SETS = 3 };
 typedef struct dpar__gstage {
     int n;              /* the graph's feeds */
     int *ids;           /* [n] their nodes */
     char (*label)[96];  /* [n] their labels, for errors */
     dpar_array **feed;  /* [n] their own arrays (what the step reads) */
     dpar_buffer **dst;  /* [n * nlocal] their shards on this process's devices */
-    dpar_array **own;   /* [2 * n] the two staged sets: own[set * n + k] */
+    dpar_array **own;   /* [DPAR__G_STAGE_SETS * n] the staged sets: own[set * n + k] */
     dpar_array **src;   /* [n] what is staged: own[next * n + k] (a host put) or the caller's array */
     dpar_buffer **take; /* [n * nlocal] the shards the taking run copies from (g->feed_take) */
     int *at;            /* [n] a put's entry for each feed (no allocation per put) */
@@ -13233,7 +13254,7 @@ typedef struct dpar__gstage {
 static void dpar__g_stage_free(dpar_graph *g, bool alive) {
     dpar__gstage *st = g->stage;
     if (!st) return;
-    for (int k = 0; alive && st->own && k < 2 * st->n; k++) dpar_array_destroy(st->own[k]);
+    for (int k = 0; alive && st->own && k < DPAR__G_STAGE_SETS * st->n; k++) dpar_array_destroy(st->own[k]);
     DPAR_FREE(st->ids);
     DPAR_FREE(st->label);
     DPAR_FREE(st->feed);
@@ -13245,7 +13266,7 @@ static void dpar__g_stage_free(dpar_graph *g, bool alive) {
     DPAR_FREE(st);
     g->stage = NULL;
 }
-/* The first put: the stage and its two sets of arrays (the feeds' global shapes and specs). */
+/* The first put: the stage and its sets of arrays (the feeds' global shapes and specs). */
 static dpar_status dpar__g_stage_make(dpar_graph *g) {
     if (DPAR__ATOMIC_LOAD(&g->rt->async_req))
         return dpar__err(DPAR_ERR_STATE,
@@ -13264,7 +13285,7 @@ static dpar_status dpar__g_stage_make(dpar_graph *g) {
         st->label = (char(*)[96])dpar__calloc(m, sizeof *st->label);
         st->feed = (dpar_array **)dpar__calloc(m, sizeof *st->feed);
         st->dst = (dpar_buffer **)dpar__calloc(m * nl, sizeof *st->dst);
-        st->own = (dpar_array **)dpar__calloc(2 * m, sizeof *st->own);
+        st->own = (dpar_array **)dpar__calloc(DPAR__G_STAGE_SETS * m, sizeof *st->own);
         st->src = (dpar_array **)dpar__calloc(m, sizeof *st->src);
         st->take = (dpar_buffer **)dpar__calloc(m * nl, sizeof *st->take);
         st->at = (int *)dpar__calloc(m, sizeof *st->at);
@@ -13281,7 +13302,7 @@ static dpar_status dpar__g_stage_make(dpar_graph *g) {
         st->feed[k] = g->n[i].array;
         for (int li = 0; li < g->nlocal; li++)
             st->dst[(size_t)k * nl + (size_t)li] = dpar_array_shard(st->feed[k], g->first + li);
-        for (int set = 0; set < 2 && !s; set++) s = dpar__g_grad_array(g, i, &st->own[set * n + k]);
+        for (int set = 0; set < DPAR__G_STAGE_SETS && !s; set++) s = dpar__g_grad_array(g, i, &st->own[set * n + k]);
         k++;
     }
     if (s) {
@@ -13379,7 +13400,7 @@ static dpar_status dpar__g_stage_take(dpar_graph *g, int num_feeds, const char *
             st->take[(size_t)k * nl + (size_t)li] = dpar_array_shard(st->src[k], g->first + li);
     }
     st->full = false;
-    if (st->host) st->next ^= 1; /* the next put fills the other set while this one is read */
+    if (st->host) st->next = (st->next + 1) % DPAR__G_STAGE_SETS; /* the next put fills another set */
     g->feed_take = st->take;
     return DPAR_OK;
 }
@@ -13389,7 +13410,7 @@ static void dpar__g_stage_untake(dpar_graph *g) {
     if (!g->feed_take) return;
     g->feed_take = NULL;
     st->full = true;
-    if (st->host) st->next ^= 1;
+    if (st->host) st->next = (st->next + DPAR__G_STAGE_SETS - 1) % DPAR__G_STAGE_SETS;
 }
 /* Device li's first op of a step that took staged feeds: their shards into the feeds' own arrays. */
 static dpar_status dpar__g_stage_copy(const dpar_graph *g, int li) {
@@ -14208,6 +14229,7 @@ typedef struct dpar__devstats {
     uint64_t in_use, peak, buffers;           /* under rt->list_mu */
     uint64_t ops, colls, bytes_in, bytes_out; /* atomic (worker and comm threads) */
     uint64_t ns[3];                           /* atomic: DPAR__OBS_COMPUTE, _COLL, _TRANSFER */
+    uint64_t waits0;                          /* atomic: the backend's host_waits at the window's start */
 } dpar__devstats;
 struct dpar__obs {
     int pid; /* trace process id of this runtime */
@@ -14533,6 +14555,7 @@ DPAR_API dpar_status dpar_runtime_device_stats(const dpar_runtime *rt, int devic
     out->gpu_util_pct = out->temperature_c = -1;
     out->power_w = -1;
     if (rt->be->health) rt->be->health(rt->bstate, li, out); /* NVML readings; leaves -1 where it has none */
+    if (rt->be->host_waits) out->host_waits = rt->be->host_waits(rt->bstate, li) - DPAR__ATOMIC_LOAD(&d->waits0);
     return DPAR_OK;
 }
 DPAR_API void dpar_runtime_stats_reset(dpar_runtime *rt) {
@@ -14547,6 +14570,7 @@ DPAR_API void dpar_runtime_stats_reset(dpar_runtime *rt) {
         DPAR__ATOMIC_STORE_RELAXED(&d->bytes_in, 0);
         DPAR__ATOMIC_STORE_RELAXED(&d->bytes_out, 0);
         for (int k = 0; k < 3; k++) DPAR__ATOMIC_STORE_RELAXED(&d->ns[k], 0);
+        if (rt->be->host_waits) DPAR__ATOMIC_STORE(&d->waits0, rt->be->host_waits(rt->bstate, i));
     }
     dpar__mutex_unlock(&rt->list_mu);
 }
@@ -17885,7 +17909,9 @@ static const dpar__backend_iface dpar__cpu_backend = {
     NULL /* prog_begin: graphs replay op by op */,
     NULL /* prog_end */,
     NULL /* prog_submit */,
-    NULL /* prog_free */
+    NULL /* prog_free */,
+    NULL /* refill: a write waits for nothing */,
+    NULL /* host_waits */
 };
 static const dpar__backend_iface *dpar__cpu_iface(void) {
     return &dpar__cpu_backend;

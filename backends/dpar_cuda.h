@@ -2659,7 +2659,9 @@ static const dpar__backend_iface *dpar__cuda_iface(void) {
                                                dpar__cu_prog_begin,
                                                dpar__cu_prog_end,
                                                dpar__cu_prog_submit,
-                                               dpar__cu_prog_free };
+                                               dpar__cu_prog_free,
+                                               NULL, /* refill: a write waits for mem's work alone */
+                                               NULL /* host_waits */ };
     return &iface;
 }
 

@@ -206,6 +206,7 @@ typedef struct dpar__vkdev {
     uint64_t sem_wait;      /* the next submit waits for it (0: none): the engine's release */
     int loaned;             /* a buffer of this device is lent */
     VkCommandBuffer suffix; /* >>vulkan program: the next submit runs this recording after its batch */
+    uint64_t host_waits;    /* vkWaitForFences calls (atomic: dpar_device_stats.host_waits reads it) */
 } dpar__vkdev;
 
 /* Push constants shared by every shader (112 bytes; Vulkan guarantees 128). A shader declares the
@@ -488,12 +489,18 @@ static dpar_status dpar__vk_create_vkbuf(dpar__vk *st, dpar__vkphys *ph, int dev
 /* ---------------------------------------------------------------------------
    Batches: each logical device records into a ring of command buffers
    ------------------------------------------------------------------------ */
-/* Waits until every batch with serial <= s has finished (in order). Lock held. */
+/* Waits until every batch with serial <= s has finished, newest first: the queue runs its batches in
+   order and a fence's signal covers every earlier submission on the queue, so the first wait is the one
+   sleep and the older fences are found signaled (lavapipe sleeps and wakes once per fence waited for
+   while unsignaled, also for a wait on several). Lock held. */
 static dpar_status dpar__vk_wait_serial(dpar__vkdev *d, uint64_t s) {
     dpar__vk *st = d->st;
-    for (uint64_t x = d->completed + 1; x <= s; x++) {
+    bool counted = false;
+    for (uint64_t x = s; x > d->completed; x--) {
         dpar__vkframe *f = &d->frames[x % DPAR__VK_FRAMES];
         if (f->serial != x || f->state != 2) continue;
+        if (!counted) DPAR__ATOMIC_ADD_FETCH(&d->host_waits, 1);
+        counted = true;
         VkResult vr = st->vkWaitForFences(d->ph->device, 1, &f->fence, VK_TRUE, DPAR__VK_FENCE_TIMEOUT_NS);
         if (vr != VK_SUCCESS) {
             if (vr == VK_TIMEOUT)
@@ -504,10 +511,13 @@ static dpar_status dpar__vk_wait_serial(dpar__vkdev *d, uint64_t s) {
             return dpar__vk_fail(st, vr, "vkWaitForFences", "device %d", d->index);
         }
         f->state = 0;
-        d->completed = x;
     }
     if (s > d->completed) d->completed = s;
     return DPAR_OK;
+}
+/* The newest batch of d that was submitted (the open batch, if any, is not). Lock held. */
+static uint64_t dpar__vk_newest(const dpar__vkdev *d) {
+    return d->next_serial - 1 - (d->cur >= 0 ? 1u : 0u);
 }
 
 /* A full memory barrier between consecutive commands (compute and transfer).
@@ -548,7 +558,12 @@ static dpar_status dpar__vk_begin_batch(dpar__vkdev *d, bool bare, dpar__vkframe
     uint64_t serial = d->next_serial;
     int i = (int)(serial % DPAR__VK_FRAMES);
     dpar__vkframe *f = &d->frames[i];
-    if (f->state == 2 && (s = dpar__vk_wait_serial(d, f->serial)) != DPAR_OK) return s;
+    /* a bare batch carries a recording, submitted right after: when its frame is still in flight, wait for
+       every submitted batch, not just the frame's (the device idles only for the wake-up, and the next
+       steps find their frames free: one sleep per DPAR__VK_FRAMES replayed steps, not one a step). A
+       batch of ops waits for its frame alone: the device keeps running the newer batches while the host
+       records this one op by op (>>vulkan program) */
+    if (f->state == 2 && (s = dpar__vk_wait_serial(d, bare ? dpar__vk_newest(d) : f->serial)) != DPAR_OK) return s;
     VkResult vr;
     if (f->serial != 0 && (vr = st->vkResetFences(d->ph->device, 1, &f->fence)) != VK_SUCCESS)
         return dpar__vk_fail(st, vr, "vkResetFences", "device %d", d->index);
@@ -641,6 +656,17 @@ static dpar_status dpar__vk_buf_idle(dpar__vkdev *d, const dpar__vkbuf *b) {
         if (s) return s;
     }
     return dpar__vk_wait_serial(d, b->last_serial);
+}
+
+/* dpar__vk_buf_idle before the host refills b, one of a few buffers it writes in turn (the graph's
+   staged feed sets, >>graph feeds in dpar.h): when b is still in a submitted batch, waits for every
+   submitted batch, not just b's, so the next refills find theirs free and the host sleeps once per
+   few steps, not once a step (the device, far behind, is drained: it idles only while the host wakes
+   and submits the next step). Lock held. */
+static dpar_status dpar__vk_buf_refill(dpar__vkdev *d, const dpar__vkbuf *b) {
+    uint64_t newest = dpar__vk_newest(d);
+    if (b->last_serial <= d->completed || b->last_serial > newest) return dpar__vk_buf_idle(d, b); /* the open batch */
+    return dpar__vk_wait_serial(d, newest);
 }
 
 /* Counts one recorded command; submits the batch when it is full. Lock held. */
@@ -1692,15 +1718,15 @@ static void dpar__vk_free(void *state, int dev, void *mem) {
     DPAR_FREE(b);
 }
 
-static dpar_status dpar__vk_write(void *state, int dev, void *mem, size_t off, const void *src, size_t nbytes) {
-    dpar__vk *st = (dpar__vk *)state;
-    dpar__vkbuf *b = (dpar__vkbuf *)mem;
+/* A host write to b (refill: one of the buffers the host refills in turn, dpar__vk_buf_refill). */
+static dpar_status dpar__vk_write_buf(dpar__vk *st, int dev, dpar__vkbuf *b, size_t off, const void *src, size_t nbytes,
+                                      bool refill) {
     dpar__vkdev *d = &st->devs[dev];
     if (nbytes == 0) return DPAR_OK;
     if (dpar__vk_recording(dev)) return dpar__vk_rec_refuse("a buffer write");
     dpar__mutex_lock(&d->lock);
     dpar_status s = dpar__vk_check_lost(st);
-    if (!s) s = dpar__vk_buf_idle(d, b); /* no queued work may still read or write b */
+    if (!s) s = refill ? dpar__vk_buf_refill(d, b) : dpar__vk_buf_idle(d, b); /* no queued work may touch b */
     if (!s && b->map) {
         memcpy(b->map + off, src, nbytes);
         if (!b->coherent) s = dpar__vk_map_range(st, b->ph, b->mem, b->alloc_size, off, nbytes, 0);
@@ -1727,6 +1753,16 @@ static dpar_status dpar__vk_write(void *state, int dev, void *mem, size_t off, c
     }
     dpar__mutex_unlock(&d->lock);
     return s;
+}
+
+static dpar_status dpar__vk_write(void *state, int dev, void *mem, size_t off, const void *src, size_t nbytes) {
+    return dpar__vk_write_buf((dpar__vk *)state, dev, (dpar__vkbuf *)mem, off, src, nbytes, false);
+}
+static dpar_status dpar__vk_refill(void *state, int dev, void *mem, size_t off, const void *src, size_t nbytes) {
+    return dpar__vk_write_buf((dpar__vk *)state, dev, (dpar__vkbuf *)mem, off, src, nbytes, true);
+}
+static uint64_t dpar__vk_host_waits(void *state, int dev) {
+    return (uint64_t)DPAR__ATOMIC_LOAD_RELAXED(&((dpar__vk *)state)->devs[dev].host_waits);
 }
 
 static dpar_status dpar__vk_idx_report(dpar__vk *st, int dev);
@@ -2742,6 +2778,8 @@ static const dpar__backend_iface *dpar__vulkan_iface(void) {
         dpar__vk_prog_end,
         dpar__vk_prog_submit,
         dpar__vk_prog_free,
+        dpar__vk_refill,
+        dpar__vk_host_waits,
     };
     return &iface;
 }
