@@ -1659,8 +1659,8 @@ DPAR_API dpar_value dpar_g_rms_norm(dpar_graph *g, dpar_value x, dpar_value w, d
    both; a shared b's gradient is summed over the batch. */
 DPAR_API dpar_value dpar_g_matmul_batched(dpar_graph *g, dpar_value a, dpar_value b, bool trans_a, bool trans_b);
 /* Attention (dpar_attention): q [..., Tq, D], k [..., Tk, D], v [..., Tk, Dv] -> [..., Tq, Dv]; scale 0 means
-   1/sqrt(D); causal needs Tq == Tk. Gradients to q, k and v: one node each, every one re-running the eager
-   backward's first pass (and dk, dv the second), about twice the work of one fused backward. */
+   1/sqrt(D); causal needs Tq == Tk. Gradients to q, k and v: one node each, computed together by the first
+   of them in one dpar_attention_backward call (the others run nothing). */
 DPAR_API dpar_value dpar_g_attention(dpar_graph *g, dpar_value q, dpar_value k, dpar_value v, float scale, bool causal);
 /* conv2d of x [N,H,W,C] with w [KH,KW,C,O] plus b [O] (b = {0}: no bias) -> [N,OH,OW,O]
    (dpar_conv2d; d may be NULL, copied). Gradients to x, w and b. */
@@ -9865,7 +9865,9 @@ typedef struct dpar__gnode {
     int remat;         /* > 0: made inside remat segment `remat` (>>graph remat) */
     int remat_of;      /* > 0: the backward's recomputed copy of that forward node */
     int fused;         /* compiled: a loss, > 0: its gradient node, computed in the same pass; the gradient
-                          node, < 0: minus the loss that computes it (dpar__g_fuse_losses) */
+                          node, < 0: minus the loss that computes it (dpar__g_fuse_losses); the same for
+                          attention's gradient nodes (the first computes the others: dpar__g_fuse_attn) */
+    int fused2;        /* compiled: attention's first gradient node, > 0: the third, computed in the same call */
     int bucket;        /* compiled: a small gradient's reduction, 1 + its bucket (dpar__g_bucket_plan); 0: alone */
     bool ident;        /* compiled: a psum/pmean over one device whose input writes its buffer: runs nothing
                           (dpar__g_ident_ok) */
@@ -10932,11 +10934,14 @@ static dpar_status dpar__g_exec_norm_attn(const dpar_graph *g, const dpar__gnode
     case DPAR__G_ATTN_STATS: return DPAR_OK; /* filled by the NORM / ATTN node */
     case DPAR__G_ATTN: return dpar_attention(y, in[3], in[0], in[1], in[2], nd->fp, causal);
     case DPAR__G_ATTN_DQ: /* dout, q, k, v, stats (the backward rewrites its D column, the same each time) */
-        return dpar_attention_backward(y, NULL, NULL, in[4], in[0], in[1], in[2], in[3], nd->fp, causal);
     case DPAR__G_ATTN_DK:
-        return dpar_attention_backward(NULL, y, NULL, in[4], in[0], in[1], in[2], in[3], nd->fp, causal);
-    case DPAR__G_ATTN_DV:
-        return dpar_attention_backward(NULL, NULL, y, in[4], in[0], in[1], in[2], in[3], nd->fp, causal);
+    case DPAR__G_ATTN_DV: { /* this node's gradient and those fused into it (dpar__g_fuse_attn) */
+        dpar_buffer *d[3] = { NULL, NULL, NULL };
+        d[nd->kind - DPAR__G_ATTN_DQ] = y;
+        if (nd->fused > 0) d[g->n[nd->fused].kind - DPAR__G_ATTN_DQ] = dpar__g_buf(g, nd->fused, li);
+        if (nd->fused2 > 0) d[g->n[nd->fused2].kind - DPAR__G_ATTN_DQ] = dpar__g_buf(g, nd->fused2, li);
+        return dpar_attention_backward(d[0], d[1], d[2], in[4], in[0], in[1], in[2], in[3], nd->fp, causal);
+    }
     case DPAR__G_NORM:
         return rms ? dpar_rms_norm(y, in[2], in[0], in[1], in[3], nd->fp)
                    : dpar_layer_norm(y, in[2], in[0], in[1], in[3], nd->fp);
@@ -12625,6 +12630,28 @@ static void dpar__g_fuse_losses(dpar_graph *g) {
             }
     }
 }
+/* Attention's gradient nodes (dq, dk, dv) read the same dout, q, k, v and statistics (the rule of >>graph
+   grad makes one node each): the first computes all of them in one dpar_attention_backward call, so the
+   backward recomputes P and dP once, not once a node (the GPT step's 1x1 CPU time: see CHANGELOG); the
+   others' buffers are then live from the first on (dpar__g_plan), as a fused loss's gradient. */
+static bool dpar__g_attn_grad(const dpar__gnode *nd) {
+    return nd->kind == DPAR__G_ATTN_DQ || nd->kind == DPAR__G_ATTN_DK || nd->kind == DPAR__G_ATTN_DV;
+}
+static void dpar__g_fuse_attn(dpar_graph *g) {
+    for (int i = 1; i < g->count; i++) {
+        dpar__gnode *a = &g->n[i];
+        if (!dpar__g_attn_grad(a) || a->fused) continue;
+        for (int j = i + 1; j < g->count && !a->fused2; j++) {
+            dpar__gnode *b = &g->n[j];
+            if (!dpar__g_attn_grad(b) || b->fused || b->kind == a->kind || b->stage != a->stage ||
+                memcmp(b->in, a->in, 5 * sizeof a->in[0]) || b->ip[0] != a->ip[0] || b->fp != a->fp ||
+                (a->fused && g->n[a->fused].kind == b->kind))
+                continue;
+            *(a->fused ? &a->fused2 : &a->fused) = j;
+            b->fused = -i;
+        }
+    }
+}
 static dpar_status dpar__g_plan(dpar_graph *g) {
     int c = g->count;
     dpar__gplan p;
@@ -12650,6 +12677,8 @@ static dpar_status dpar__g_plan(dpar_graph *g) {
         for (int i = 1; i < c; i++)
             if (g->n[i].fused > 0) p.born[g->n[i].fused] = i;
         for (int i = 1; i < c; i++)
+            if (g->n[i].fused2 > 0) p.born[g->n[i].fused2] = i;
+        for (int i = 1; i < c; i++)
             for (int j = 0; j < g->n[i].nin; j++) p.last[g->n[i].in[j]] = i;
         for (int i = 1; i < c; i++) /* an async reduction reads its input until it is waited for */
             if (g->n[i].async) p.last[g->n[i].in[0]] = c;
@@ -12660,6 +12689,7 @@ static dpar_status dpar__g_plan(dpar_graph *g) {
         for (int i = 1; i < c && !s; i++) {
             if (g->n[i].fused >= 0) s = dpar__g_assign(g, &p, i); /* a fused gradient: assigned with its loss */
             if (!s && g->n[i].fused > 0) s = dpar__g_assign(g, &p, g->n[i].fused);
+            if (!s && g->n[i].fused2 > 0) s = dpar__g_assign(g, &p, g->n[i].fused2);
             for (int j = 0; j < g->n[i].nin; j++) dpar__g_release(g, &p, g->n[i].in[j], i);
             const dpar__gbucket *bk = g->n[i].bucket ? &g->bk[g->n[i].bucket - 1] : NULL;
             for (int k = 0; bk && dpar__g_bucket_starts(g, i) && k < bk->n; k++) /* the bucket started here */
@@ -12747,6 +12777,7 @@ DPAR_API dpar_status dpar_graph_compile(dpar_graph *g, dpar_graph_stats *stats) 
     dpar_status s = g->pp ? dpar__g_pipe_check(g) : DPAR_OK;
     if (s) return s;
     dpar__g_fuse_losses(g);
+    dpar__g_fuse_attn(g);
     s = dpar__g_bucket_plan(g);
     if (!s) s = dpar__g_plan(g);
     if (!s) s = dpar__g_bucket_alloc(g);
@@ -12841,7 +12872,8 @@ static dpar_status dpar__g_wait_all(dpar_graph *g, dpar_ctx *ctx, int li) {
 static dpar_status dpar__g_exec(dpar_graph *g, dpar_ctx *ctx, int li, int i) {
     const dpar__gnode *nd = &g->n[i];
     if (nd->kind == DPAR__G_FEED || nd->kind == DPAR__G_PARAM || nd->kind == DPAR__G_CONST) return DPAR_OK;
-    if (nd->fused < 0 || nd->ident) return DPAR_OK; /* written by its loss node; by its input's */
+    if (nd->fused < 0 || nd->ident)
+        return DPAR_OK; /* written by its loss (attention: first gradient) node; by its input's */
     if (nd->bucket) return dpar__g_bucket_start(g, ctx, li, i);
     if (nd->async) /* a gradient's reduction overlaps the rest of the backward pass (DDP's buckets, one per grad) */
         return dpar_preduce_start(ctx, dpar__g_buf(g, i, li), dpar__g_buf(g, nd->in[0], li), nd->axes_str,
