@@ -1380,8 +1380,8 @@ DPAR_API dpar_status dpar_attention(dpar_buffer *out, dpar_buffer *stats, const 
    dq, dk, dv shaped like q, k, v (any may be NULL: not computed, but not all three); stats: the
    forward's (its [.., 1] column is the backward's scratch: D_i); dout like out; scale and causal as
    given to the forward. Two passes (one over query rows for dq and D, one over key rows for dk, dv; on
-   the CPU backend the second finds D itself, so a call without dq runs it alone), no Tq x Tk matrix,
-   deterministic (no atomics). Errors: as dpar_attention. */
+   the CPU backend the second finds D and dq itself, so a call runs one pass: the second, or the first
+   for dq alone), no Tq x Tk matrix, deterministic (no atomics). Errors: as dpar_attention. */
 DPAR_API dpar_status dpar_attention_backward(dpar_buffer *dq, dpar_buffer *dk, dpar_buffer *dv, dpar_buffer *stats,
                                              const dpar_buffer *dout, const dpar_buffer *q, const dpar_buffer *k,
                                              const dpar_buffer *v, float scale, bool causal);
@@ -2937,7 +2937,8 @@ typedef enum dpar__op_kind {
                                 p[0] batch, p[1] Tq, p[2] Tk, p[3] D, p[4] Dv, p[5] causal */
     DPAR__OP_ATTN_BWD_Q,     /* dst stats (reads lse, writes D), dst2 dq or NULL, src0 dout, src1 q, src2 k, src3 v */
     DPAR__OP_ATTN_BWD_KV,    /* dst stats (read; writes D where the backend's attn_kv_computes_d), dst2 dk,
-                                dst3 dv (NULL: skip), src0..3 as _Q */
+                                dst3 dv (NULL: skip), dst4 dq (only where attn_kv_computes_d; NULL: skip),
+                                src0..3 as _Q */
     /* >>optim kinds (see >>optim) */
     DPAR__OP_ADAMW,     /* dst param, dst2 m, dst3 v, src0 grad; f[0]=lr f[1]=b1 f[2]=b2 f[3]=eps
                            f[4]=weight_decay f[5]=clip_scale f[6]=1/(1-b1^t) f[7]=1/(1-b2^t) */
@@ -2969,13 +2970,14 @@ typedef enum dpar__op_kind {
 
 typedef struct dpar__op {
     dpar__op_kind kind;
-    dpar_buffer *dst, *dst2, *dst3;
+    dpar_buffer *dst, *dst2, *dst3, *dst4;
     const dpar_buffer *src0, *src1, *src2, *src3;
     int64_t m, n, k; /* matmul M,N,K; row ops M (rows), N (cols); element ops n = count */
     bool trans_a, trans_b, nesterov;
     float f[8];
     int64_t p[16]; /* integer parameters of the layer ops (geometry, axes, strides); see each kind */
 } dpar__op;
+enum { DPAR__OP_DSTS = 4, DPAR__OP_BUFS = 8 }; /* dst..dst4, then src0..src3: the half-precision wrappers' order */
 
 /* The window geometry of conv2d and the 2-D pools, resolved by the core
    (defaults, SAME pads), stored in dpar__op.p (see dpar__win2d_put):
@@ -3054,9 +3056,9 @@ static dpar_status dpar__coll_barrier(dpar__coll *c);
 typedef struct dpar__backend_iface {
     const char *name;
     dpar_backend_kind kind;
-    /* true when the backend's ATTN_BWD_KV computes attention's D_i = sum_j P dP itself (CPU), so
-       dpar_attention_backward issues ATTN_BWD_Q only for dq; false (the safe default): pass 2 reads
-       the D that ATTN_BWD_Q leaves in stats[.., 1], so pass 1 always runs first */
+    /* true when the backend's ATTN_BWD_KV computes attention's D_i = sum_j P dP itself (CPU), and dq
+       too (dst4), so dpar_attention_backward issues ATTN_BWD_Q only for dq alone; false (the safe
+       default): pass 2 reads the D that ATTN_BWD_Q leaves in stats[.., 1], so pass 1 always runs first */
     bool attn_kv_computes_d;
     /* Opens `requested` devices (0: the backend's default). Sets *state, *count.
        local_index / local_count: this process's index among the processes
@@ -8959,13 +8961,15 @@ DPAR_API dpar_status dpar_attention_backward(dpar_buffer *dq, dpar_buffer *dk, d
     op.src1 = q;
     op.src2 = k;
     op.src3 = v;
-    /* a pass 2 that computes D itself (the same bits) needs pass 1 only for dq (the graph asks for dq,
-       dk and dv in three calls; each ran pass 1) */
-    if ((dq || !stats->rt->be->attn_kv_computes_d) && (s = dpar__op_run(&op))) return s;
+    /* a pass 2 that computes D and dq itself (the same bits) needs no pass 1 unless dq is all there is:
+       P and dP once, not once a pass */
+    bool one = stats->rt->be->attn_kv_computes_d;
+    if ((one ? dq && !dk && !dv : true) && (s = dpar__op_run(&op))) return s;
     if (!dk && !dv) return DPAR_OK;
-    op.kind = DPAR__OP_ATTN_BWD_KV; /* pass 2, over key rows: dk, dv */
+    op.kind = DPAR__OP_ATTN_BWD_KV; /* pass 2, over key rows: dk, dv (and dq) */
     op.dst2 = dk;
     op.dst3 = dv;
+    op.dst4 = one ? dq : NULL;
     return dpar__op_run(&op);
 }
 
@@ -16967,8 +16971,9 @@ static dpar__attn_geo dpar__attn_geo_of(const dpar__op *op) {
     g.rb = g.tq < cap ? g.tq : cap > 0 ? cap : 1;
     return g;
 }
-static void *dpar__attn_scratch(const dpar__attn_geo *g, const char *fn, size_t es) {
-    void *p = DPAR_MALLOC((size_t)(2 * g->rb * g->tk + 1) * es);
+/* nb blocks of rb x tk scores (P, dS, dq's dS) */
+static void *dpar__attn_scratch(const dpar__attn_geo *g, const char *fn, size_t es, int nb) {
+    void *p = DPAR_MALLOC((size_t)(nb * g->rb * g->tk + 1) * es);
     if (!p)
         dpar__err(DPAR_ERR_OUT_OF_MEMORY, "%s: out of host memory (%lld x %lld scores)", fn, (long long)g->rb,
                   (long long)g->tk);
@@ -17062,9 +17067,10 @@ static void dpar__exp_shifted_f64(double *e, const double *z, double mx, int64_t
    zero past row i's last key. lse_i: from st (st_lse) or computed and stored there (P normalized
    either way). DSCORES: dS = P (dP - D_i) with dP = dout V^T, for one block of query rows; D_i
    computed and stored in stats[.., 1], used as computed (pass 1) or as stored, rounded to T (pass 2:
-   the D that pass 1 leaves there, so pass 2 needs no pass 1 before it). FWD: the forward. BWDQ:
-   pass 1 over query rows: D_i, dq_i = scale sum_j ds_ij k_j. BWDKV: pass 2: dk = scale dS^T q,
-   dv = P^T dout, summed over the query-row blocks in order. */
+   the D that pass 1 leaves there, so pass 2 needs no pass 1 before it); with dSq, both: dSq with D as
+   computed (dq's), dS with D rounded (dk's). FWD: the forward. BWDQ: pass 1 over query rows: D_i,
+   dq_i = scale sum_j ds_ij k_j. BWDKV: pass 2: dk = scale dS^T q, dv = P^T dout, summed over the
+   query-row blocks in order, and dq as pass 1 computes it (from the same P and dP: one pass for all). */
 #define DPAR__ATTN_DEF(PROBS, DSCORES, FWD, BWDQ, BWDKV, T, GEMM, EXPSH, DSROW, ROWMAX)                                \
     static void PROBS(dpar__cpu *c, int dev, const dpar__attn_geo *g, int64_t b, int64_t i0, int64_t i1, int64_t nk,   \
                       const T *Q, const T *K, T *st, int st_lse, T *P) {                                               \
@@ -17092,17 +17098,22 @@ static void dpar__exp_shifted_f64(double *e, const double *z, double mx, int64_t
         }                                                                                                              \
     }                                                                                                                  \
     static void DSCORES(dpar__cpu *c, int dev, const dpar__attn_geo *g, int64_t b, int64_t i0, int64_t i1, int64_t nk, \
-                        const T *dO, const T *V, T *st, int rnd, const T *P, T *dS) {                                  \
+                        const T *dO, const T *V, T *st, int rnd, const T *P, T *dS, T *dSq) {                          \
         GEMM(c, dev, i1 - i0, nk, g->dv, 0, 1, 1.0f, dO + (b * g->tq + i0) * g->dv, V + b * g->tk * g->dv, 0.0f, dS);  \
         for (int64_t i = i0; i < i1; i++) {                                                                            \
             int64_t row = b * g->tq + i;                                                                               \
-            st[2 * row + 1] = (T)DSROW(P + (i - i0) * nk, dS + (i - i0) * nk, nk, 0, rnd, 0.0);                        \
+            const T *pr = P + (i - i0) * nk;                                                                           \
+            T *dr = dS + (i - i0) * nk, *qr = dSq ? dSq + (i - i0) * nk : NULL;                                        \
+            if (qr) memcpy(qr, dr, (size_t)nk * sizeof(T));                                                            \
+            double D = qr ? DSROW(pr, qr, nk, 0, 0, 0.0) : DSROW(pr, dr, nk, 0, rnd, 0.0);                             \
+            if (qr) DSROW(pr, dr, nk, 1, 0, (double)(T)D);                                                             \
+            st[2 * row + 1] = (T)D;                                                                                    \
         }                                                                                                              \
     }                                                                                                                  \
     static dpar_status FWD(dpar__cpu *c, int dev, const dpar__op *op) {                                                \
         dpar__attn_geo g = dpar__attn_geo_of(op);                                                                      \
         T *y = (T *)op->dst->mem, *st = op->dst2 ? (T *)op->dst2->mem : NULL;                                          \
-        T *P = (T *)dpar__attn_scratch(&g, "dpar_attention", sizeof(T));                                               \
+        T *P = (T *)dpar__attn_scratch(&g, "dpar_attention", sizeof(T), 2);                                            \
         const T *Q = (const T *)op->src0->mem, *K = (const T *)op->src1->mem, *V = (const T *)op->src2->mem;           \
         if (!P) return DPAR_ERR_OUT_OF_MEMORY;                                                                         \
         for (int64_t b = 0; b < g.bh; b++)                                                                             \
@@ -17119,14 +17130,14 @@ static void dpar__exp_shifted_f64(double *e, const double *z, double mx, int64_t
         const T *dO = (const T *)op->src0->mem, *Q = (const T *)op->src1->mem, *K = (const T *)op->src2->mem,          \
                 *V = (const T *)op->src3->mem;                                                                         \
         T *st = (T *)op->dst->mem, *dq = op->dst2 ? (T *)op->dst2->mem : NULL;                                         \
-        T *P = (T *)dpar__attn_scratch(&g, "dpar_attention_backward", sizeof(T));                                      \
+        T *P = (T *)dpar__attn_scratch(&g, "dpar_attention_backward", sizeof(T), 2);                                   \
         if (!P) return DPAR_ERR_OUT_OF_MEMORY;                                                                         \
         T *dS = P + g.rb * g.tk;                                                                                       \
         for (int64_t b = 0; b < g.bh; b++)                                                                             \
             for (int64_t i0 = 0; i0 < g.tq; i0 += g.rb) {                                                              \
                 int64_t i1 = i0 + g.rb < g.tq ? i0 + g.rb : g.tq, nk = g.causal && i1 < g.tk ? i1 : g.tk;              \
                 PROBS(c, dev, &g, b, i0, i1, nk, Q, K, st, 1, P);                                                      \
-                DSCORES(c, dev, &g, b, i0, i1, nk, dO, V, st, 0, P, dS);                                               \
+                DSCORES(c, dev, &g, b, i0, i1, nk, dO, V, st, 0, P, dS, NULL);                                         \
                 if (dq)                                                                                                \
                     GEMM(c, dev, i1 - i0, g.d, nk, 0, 0, g.scale, dS, K + b * g.tk * g.d, 0.0f,                        \
                          dq + (b * g.tq + i0) * g.d);                                                                  \
@@ -17139,21 +17150,24 @@ static void dpar__exp_shifted_f64(double *e, const double *z, double mx, int64_t
         const T *dO = (const T *)op->src0->mem, *Q = (const T *)op->src1->mem, *K = (const T *)op->src2->mem,          \
                 *V = (const T *)op->src3->mem;                                                                         \
         T *st = (T *)op->dst->mem, *dk = op->dst2 ? (T *)op->dst2->mem : NULL;                                         \
-        T *dv = op->dst3 ? (T *)op->dst3->mem : NULL;                                                                  \
-        T *P = (T *)dpar__attn_scratch(&g, "dpar_attention_backward", sizeof(T));                                      \
+        T *dv = op->dst3 ? (T *)op->dst3->mem : NULL, *dq = op->dst4 ? (T *)op->dst4->mem : NULL;                      \
+        T *P = (T *)dpar__attn_scratch(&g, "dpar_attention_backward", sizeof(T), dq && dk ? 3 : 2);                    \
         if (!P) return DPAR_ERR_OUT_OF_MEMORY;                                                                         \
-        T *dS = P + g.rb * g.tk;                                                                                       \
-        if (dk) memset(dk, 0, (size_t)(g.bh * g.tk * g.d) * sizeof(T)); /* keys no query sees get 0 */                 \
+        T *dS = P + g.rb * g.tk, *dSq = dq && dk ? dS + g.rb * g.tk : dS; /* dq's dS: D unrounded, as pass 1's */      \
+        if (dk) memset(dk, 0, (size_t)(g.bh * g.tk * g.d) * sizeof(T));   /* keys no query sees get 0 */               \
         if (dv) memset(dv, 0, (size_t)(g.bh * g.tk * g.dv) * sizeof(T));                                               \
         for (int64_t b = 0; b < g.bh; b++)                                                                             \
             for (int64_t i0 = 0; i0 < g.tq; i0 += g.rb) {                                                              \
                 int64_t i1 = i0 + g.rb < g.tq ? i0 + g.rb : g.tq, nk = g.causal && i1 < g.tk ? i1 : g.tk;              \
                 PROBS(c, dev, &g, b, i0, i1, nk, Q, K, st, 1, P);                                                      \
-                if (dk) {                                                                                              \
-                    DSCORES(c, dev, &g, b, i0, i1, nk, dO, V, st, 1, P, dS);                                           \
+                if (dk || dq)                                                                                          \
+                    DSCORES(c, dev, &g, b, i0, i1, nk, dO, V, st, dk != NULL, P, dS, dSq != dS ? dSq : NULL);          \
+                if (dq)                                                                                                \
+                    GEMM(c, dev, i1 - i0, g.d, nk, 0, 0, g.scale, dSq, K + b * g.tk * g.d, 0.0f,                       \
+                         dq + (b * g.tq + i0) * g.d);                                                                  \
+                if (dk)                                                                                                \
                     GEMM(c, dev, nk, g.d, i1 - i0, 1, 0, g.scale, dS, Q + (b * g.tq + i0) * g.d, i0 ? 1.0f : 0.0f,     \
                          dk + b * g.tk * g.d);                                                                         \
-                }                                                                                                      \
                 if (dv)                                                                                                \
                     GEMM(c, dev, nk, g.dv, i1 - i0, 1, 0, 1.0f, P, dO + (b * g.tq + i0) * g.dv, i0 ? 1.0f : 0.0f,      \
                          dv + b * g.tk * g.dv);                                                                        \
@@ -17410,17 +17424,18 @@ static int dpar__cpu_half_kind(dpar__op_kind k) {
     }
 }
 static int dpar__op_has_half(const dpar__op *op) {
-    return dpar__is_half(op->dst) || dpar__is_half(op->dst2) || dpar__is_half(op->dst3) || dpar__is_half(op->src0) ||
-           dpar__is_half(op->src1) || dpar__is_half(op->src2) || dpar__is_half(op->src3);
+    return dpar__is_half(op->dst) || dpar__is_half(op->dst2) || dpar__is_half(op->dst3) || dpar__is_half(op->dst4) ||
+           dpar__is_half(op->src0) || dpar__is_half(op->src1) || dpar__is_half(op->src2) || dpar__is_half(op->src3);
 }
 static dpar_status dpar__cpu_op(void *st, int dev, const dpar__op *op);
 static dpar_status dpar__cpu_op_half(void *st, int dev, const dpar__op *op) {
-    const dpar_buffer *orig[7] = { op->dst, op->dst2, op->dst3, op->src0, op->src1, op->src2, op->src3 };
-    const dpar_buffer *map[7];
-    dpar_buffer wide[7];
+    const dpar_buffer *orig[DPAR__OP_BUFS] = { op->dst,  op->dst2, op->dst3, op->dst4,
+                                               op->src0, op->src1, op->src2, op->src3 };
+    const dpar_buffer *map[DPAR__OP_BUFS];
+    dpar_buffer wide[DPAR__OP_BUFS];
     dpar_status s = DPAR_OK;
     int nw = 0;
-    for (int i = 0; i < 7 && !s; i++) {
+    for (int i = 0; i < DPAR__OP_BUFS && !s; i++) {
         int j = 0;
         while (j < i && orig[j] != orig[i]) j++;
         map[i] = j < i ? map[j] : orig[i];
@@ -17442,11 +17457,11 @@ static dpar_status dpar__cpu_op_half(void *st, int dev, const dpar__op *op) {
     if (!s) {
         dpar__op w = *op;
         w.dst = (dpar_buffer *)(uintptr_t)map[0], w.dst2 = (dpar_buffer *)(uintptr_t)map[1];
-        w.dst3 = (dpar_buffer *)(uintptr_t)map[2];
-        w.src0 = map[3], w.src1 = map[4], w.src2 = map[5], w.src3 = map[6];
+        w.dst3 = (dpar_buffer *)(uintptr_t)map[2], w.dst4 = (dpar_buffer *)(uintptr_t)map[3];
+        w.src0 = map[4], w.src1 = map[5], w.src2 = map[6], w.src3 = map[7];
         s = dpar__cpu_op(st, dev, &w);
     }
-    for (int i = 0; i < 3 && !s; i++) { /* the outputs, rounded once */
+    for (int i = 0; i < DPAR__OP_DSTS && !s; i++) { /* the outputs, rounded once */
         if (!dpar__is_half(orig[i])) continue;
         const float *m = (const float *)map[i]->mem;
         uint16_t *h = (uint16_t *)orig[i]->mem;
@@ -17467,8 +17482,8 @@ static int dpar__is_f64(const dpar_buffer *b) {
     return b && b->dtype == DPAR_F64;
 }
 static int dpar__op_has_f64(const dpar__op *op) {
-    return dpar__is_f64(op->dst) || dpar__is_f64(op->dst2) || dpar__is_f64(op->dst3) || dpar__is_f64(op->src0) ||
-           dpar__is_f64(op->src1) || dpar__is_f64(op->src2) || dpar__is_f64(op->src3);
+    return dpar__is_f64(op->dst) || dpar__is_f64(op->dst2) || dpar__is_f64(op->dst3) || dpar__is_f64(op->dst4) ||
+           dpar__is_f64(op->src0) || dpar__is_f64(op->src1) || dpar__is_f64(op->src2) || dpar__is_f64(op->src3);
 }
 #define DPAR__D(b)  ((double *)(b)->mem)
 #define DPAR__CD(b) ((b) ? (const double *)(b)->mem : (const double *)NULL)
@@ -17977,13 +17992,14 @@ static dpar_status dpar__half_cast(void *st, int dev, const dpar__half_hooks *h,
     return h->run(st, dev, &c);
 }
 static dpar_status dpar__half_lowered(void *st, int dev, const dpar__op *op, const dpar__half_hooks *h) {
-    const dpar_buffer *orig[7] = { op->dst, op->dst2, op->dst3, op->src0, op->src1, op->src2, op->src3 };
-    const dpar_buffer *map[7];
-    dpar_buffer wide[7];
-    size_t nbytes[7];
-    void *mem[7];
-    int nw = 0, first[7] = { 0 }, slot[7];
-    for (int i = 0; i < 7; i++) { /* which operands are widened, into which temporary */
+    const dpar_buffer *orig[DPAR__OP_BUFS] = { op->dst,  op->dst2, op->dst3, op->dst4,
+                                               op->src0, op->src1, op->src2, op->src3 };
+    const dpar_buffer *map[DPAR__OP_BUFS];
+    dpar_buffer wide[DPAR__OP_BUFS];
+    size_t nbytes[DPAR__OP_BUFS];
+    void *mem[DPAR__OP_BUFS];
+    int nw = 0, first[DPAR__OP_BUFS] = { 0 }, slot[DPAR__OP_BUFS];
+    for (int i = 0; i < DPAR__OP_BUFS; i++) { /* which operands are widened, into which temporary */
         int j = 0;
         while (j < i && orig[j] != orig[i]) j++;
         first[i] = j == i;
@@ -17995,7 +18011,7 @@ static dpar_status dpar__half_lowered(void *st, int dev, const dpar__op *op, con
         slot[i] = nw++;
     }
     dpar_status s = nw ? h->temps(st, dev, nw, nbytes, mem) : DPAR_OK;
-    for (int i = 0; i < 7 && !s; i++) {
+    for (int i = 0; i < DPAR__OP_BUFS && !s; i++) {
         map[i] = slot[i] < 0 ? orig[i] : &wide[slot[i]];
         if (slot[i] < 0 || !first[i]) continue;
         wide[slot[i]].mem = mem[slot[i]];
@@ -18004,11 +18020,11 @@ static dpar_status dpar__half_lowered(void *st, int dev, const dpar__op *op, con
     if (!s) {
         dpar__op w = *op;
         w.dst = (dpar_buffer *)(uintptr_t)map[0], w.dst2 = (dpar_buffer *)(uintptr_t)map[1];
-        w.dst3 = (dpar_buffer *)(uintptr_t)map[2];
-        w.src0 = map[3], w.src1 = map[4], w.src2 = map[5], w.src3 = map[6];
+        w.dst3 = (dpar_buffer *)(uintptr_t)map[2], w.dst4 = (dpar_buffer *)(uintptr_t)map[3];
+        w.src0 = map[4], w.src1 = map[5], w.src2 = map[6], w.src3 = map[7];
         s = h->run(st, dev, &w);
     }
-    for (int i = 0; i < 3 && !s; i++) /* the outputs, rounded once */
+    for (int i = 0; i < DPAR__OP_DSTS && !s; i++) /* the outputs, rounded once */
         if (first[i] && slot[i] >= 0) s = dpar__half_cast(st, dev, h, (dpar_buffer *)(uintptr_t)orig[i], map[i]);
     return s;
 }

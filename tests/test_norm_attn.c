@@ -121,6 +121,7 @@ typedef struct attn_io {
     float *q, *k, *v, *dout;
     float *out, *st, *dq, *dk, *dv;
     int kv_only; /* the backward asks for dk and dv alone (dq stays unread) */
+    int q_only;  /* the backward asks for dq alone (dk, dv stay unread) */
 } attn_io;
 static void attn_run(dpar_runtime *rt, attn_io *io) {
     geo g = io->g;
@@ -135,10 +136,10 @@ static void attn_run(dpar_runtime *rt, attn_io *io) {
     T_OK(dpar_attention(o, st, q, k, v, g.scale, g.causal));
     t_read(o, io->out);
     if (io->dout) {
-        T_OK(dpar_attention_backward(io->kv_only ? NULL : dq, dk, dv, st, dout, q, k, v, g.scale, g.causal));
+        T_OK(dpar_attention_backward(io->kv_only ? NULL : dq, io->q_only ? NULL : dk, io->q_only ? NULL : dv, st, dout,
+                                     q, k, v, g.scale, g.causal));
         if (!io->kv_only) t_read(dq, io->dq);
-        t_read(dk, io->dk);
-        t_read(dv, io->dv);
+        if (!io->q_only) t_read(dk, io->dk), t_read(dv, io->dv);
     }
     t_read(st, io->st);
     dpar_buffer *all[9] = { q, k, v, o, st, dout, dq, dk, dv };
@@ -426,7 +427,8 @@ static void test_attention_causal_mask(void **state) {
 }
 /* dk and dv asked for alone, on stats fresh from the forward, equal those of full (the same call with dq)
    bit for bit: a backend whose pass 2 reads the D of pass 1 must still get pass 1 without dq, one that
-   computes D itself (the backend's attn_kv_computes_d) must not need it */
+   computes D itself (the backend's attn_kv_computes_d) must not need it. And dq alone (pass 1 only)
+   equals full's: where pass 2 computes dq with dk and dv, it must be pass 1's dq */
 static void attn_kv_only(dpar_runtime *rt, const attn_io *full, unsigned seed, const char *what) {
     geo g = full->g;
     attn_io kv;
@@ -438,6 +440,12 @@ static void attn_kv_only(dpar_runtime *rt, const attn_io *full, unsigned seed, c
     nearf(w2, kv.dk, full->dk, g.bh * g.tk * g.d, 0.0);
     snprintf(w2, sizeof w2, "%s, dv alone", what);
     nearf(w2, kv.dv, full->dv, g.bh * g.tk * g.dv, 0.0);
+    attn_free(&kv);
+    attn_alloc(&kv, g, seed, 1);
+    kv.q_only = 1;
+    attn_run(rt, &kv);
+    snprintf(w2, sizeof w2, "%s, dq alone", what);
+    nearf(w2, kv.dq, full->dq, g.bh * g.tq * g.d, 0.0);
     attn_free(&kv);
 }
 /* every element's gradient when step is 1, else every step-th (long sequences) */
