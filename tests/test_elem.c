@@ -305,10 +305,20 @@ typedef struct rcase {
     int keep;
 } rcase;
 static const rcase g_rcases[] = {
-    { 2, { 3, 4 }, 1, { 1 }, 0 },       { 2, { 3, 4 }, 1, { 0 }, 1 },          { 3, { 2, 3, 4 }, 2, { 0, 2 }, 0 },
-    { 3, { 2, 3, 4 }, 1, { -2 }, 1 },   { 4, { 2, 3, 2, 3 }, 2, { 1, 3 }, 0 }, { 3, { 2, 0, 3 }, 1, { 1 }, 0 },
-    { 2, { 1, 5 }, 1, { 0 }, 0 },       { 3, { 2, 3, 4 }, -1, { 0 }, 0 },      { 1, { 9 }, 1, { 0 }, 1 },
+    { 2, { 3, 4 }, 1, { 1 }, 0 },
+    { 2, { 3, 4 }, 1, { 0 }, 1 },
+    { 3, { 2, 3, 4 }, 2, { 0, 2 }, 0 },
+    { 3, { 2, 3, 4 }, 1, { -2 }, 1 },
+    { 4, { 2, 3, 2, 3 }, 2, { 1, 3 }, 0 },
+    { 3, { 2, 0, 3 }, 1, { 1 }, 0 },
+    { 2, { 1, 5 }, 1, { 0 }, 0 },
+    { 3, { 2, 3, 4 }, -1, { 0 }, 0 },
+    { 1, { 9 }, 1, { 0 }, 1 },
     { 3, { 2, 3, 4 }, 2, { 2, 0 }, 1 }, /* axes out of order: argmax still counts in x's order */
+    /* a kept last dim of 8 or more: sums of 8 neighbours at a time (AVX-512), the rest one by one */
+    { 2, { 3, 11 }, 1, { 0 }, 0 },
+    { 3, { 2, 3, 9 }, 2, { 0, 1 }, 0 },
+    { 3, { 2, 2, 17 }, 1, { 1 }, 1 },
 };
 /* y shape (keepdims or not) and, per x element, the y element it falls into and its index in the reduced set */
 static int rc_shape(const rcase *c, unsigned mask, int64_t *ysh) {
