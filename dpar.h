@@ -1157,7 +1157,10 @@ DPAR_API dpar_status dpar_sgd_check(const dpar_sgd_desc *d);
 DPAR_API dpar_status dpar_sgd_update(const dpar_sgd_desc *d, dpar_buffer *param, const dpar_buffer *grad,
                                      dpar_buffer *momentum, float clip_scale);
 /* Global norm of `n` gradient buffers of this device (psum'd over
-   d->norm_axes when set) and the clip factor; *norm may be NULL. */
+   d->norm_axes when set) and the clip factor; *norm may be NULL. The squared
+   norms go through a scratch the device keeps until the runtime is destroyed
+   (n + 1 floats for the largest n asked; dpar_runtime_device_stats counts
+   it), so a steady clipped step allocates nothing. */
 DPAR_API dpar_status dpar_sgd_clip_scale(dpar_ctx *ctx, const dpar_sgd_desc *d, dpar_buffer *const *grads, int n,
                                          float *scale, float *norm);
 /* Full step over `n` parameters (inside fn): clipping (if on) then the fused
@@ -3203,6 +3206,8 @@ struct dpar__worker {
     int pending;               /* started and not finished */
     struct dpar_request *live; /* started and not waited */
     int stop;
+    dpar_buffer *norms[3]; /* dpar__clip_scale's scratch on this device, kept (dpar__norm_scratch) */
+    float *norms_host;     /* the host copy of norms[0], as many floats */
 };
 
 struct dpar_runtime {
@@ -3410,6 +3415,7 @@ static void dpar__runtime_free(dpar_runtime *rt) {
             }
             dpar__mutex_destroy(&w->qmu);
             dpar__cond_destroy(&w->qcv);
+            DPAR_FREE(w->norms_host); /* its device buffers went with the runtime's */
         }
         DPAR_FREE(rt->workers);
     }
@@ -8615,6 +8621,31 @@ DPAR_API dpar_status dpar_sgd_update(const dpar_sgd_desc *d, dpar_buffer *param,
     op.nesterov = d->nesterov;
     return dpar__op_run(&op);
 }
+/* The clip's scratch on ctx's device (slot DPAR__NORM_*), at least count
+   elements, and for DPAR__NORM_SQ its host copy: kept by the device's worker
+   from one step to the next, so a steady clipped step allocates and frees
+   nothing (a CUDA cuMemFree waits for the whole device). It grows (the old
+   one freed) when a call needs more and goes with the runtime's other
+   buffers. Only the device's own worker runs its dispatches: no lock. */
+enum { DPAR__NORM_SQ, DPAR__NORM_F64, DPAR__NORM_TOT }; /* f32 [n] per-gradient sums, f64 [1], f32 [1] psum'd total */
+static dpar_status dpar__norm_scratch(const char *fn, dpar_ctx *ctx, int slot, int64_t count, dpar_buffer **out) {
+    dpar__worker *w = &ctx->rt->workers[ctx->device - ctx->rt->local_base];
+    dpar_buffer **b = &w->norms[slot];
+    *out = *b;
+    if (*b && (*b)->count >= count) return DPAR_OK;
+    dpar_status s = *b ? dpar_buffer_destroy(*b) : DPAR_OK;
+    if (s) return s;
+    *out = *b = NULL;
+    if (slot == DPAR__NORM_SQ) {
+        DPAR_FREE(w->norms_host);
+        if (!(w->norms_host = (float *)DPAR_MALLOC((size_t)count * sizeof(float))))
+            return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "%s: out of host memory (%lld gradient norms)", fn,
+                             (long long)count);
+    }
+    s = dpar_buffer_create(ctx->rt, ctx->device, slot == DPAR__NORM_F64 ? DPAR_F64 : DPAR_F32, 1, &count, b);
+    *out = *b;
+    return s;
+}
 /* the global norm of n gradient buffers of ctx's device (psum'd over axes
    when set) and the clip factor for clip_norm (0: off -> 1); fn names the caller.
    Every f32 gradient's sum of squares goes to its element of one buffer, read
@@ -8624,16 +8655,11 @@ DPAR_API dpar_status dpar_sgd_update(const dpar_sgd_desc *d, dpar_buffer *param,
 static dpar_status dpar__clip_scale(const char *fn, dpar_ctx *ctx, float clip_norm, const char *axes,
                                     dpar_buffer *const *grads, int n, float *scale, float *norm_out) {
     dpar_buffer *tmp = NULL, *tmp64 = NULL; /* tmp: element i for f32 gradient i; f64 ones sum into tmp64 */
-    int64_t one = 1, cnt = n > 0 ? n : 1;
-    float *sq = NULL;
     bool any32 = false;
     dpar_status s = dpar__ctx_check(ctx, fn);
-    if (!s) s = dpar_buffer_create(ctx->rt, ctx->device, DPAR_F32, 1, &cnt, &tmp);
+    if (!s) s = dpar__norm_scratch(fn, ctx, DPAR__NORM_SQ, n > 0 ? n : 1, &tmp);
     if (s) return s;
-    if (!(sq = (float *)DPAR_MALLOC((size_t)cnt * sizeof(float)))) {
-        dpar_buffer_destroy(tmp);
-        return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "%s: out of memory (%d gradient norms)", fn, n);
-    }
+    float *sq = ctx->rt->workers[ctx->device - ctx->rt->local_base].norms_host;
     for (int i = 0; i < n && !s; i++) {
         if (grads[i] && !dpar__live_buf(grads[i], fn, "grads[i]") && grads[i]->dtype == DPAR_F64) continue;
         s = dpar__reduce_op("dpar_sum_squares", DPAR__OP_SUMSQ, tmp, i, grads[i]);
@@ -8647,12 +8673,11 @@ static dpar_status dpar__clip_scale(const char *fn, dpar_ctx *ctx, float clip_no
             total += (double)sq[i];
             continue;
         }
-        if (!tmp64) s = dpar_buffer_create(ctx->rt, ctx->device, DPAR_F64, 1, &one, &tmp64);
+        if (!tmp64) s = dpar__norm_scratch(fn, ctx, DPAR__NORM_F64, 1, &tmp64);
         if (!s) s = dpar_sum_squares(tmp64, grads[i]);
         if (!s) s = dpar_buffer_read(tmp64, 0, &v64, 8);
         total += v64;
     }
-    DPAR_FREE(sq);
     if (!s && axes && *axes && tmp64) { /* the f64 total psum'd in double */
         s = dpar_buffer_write(tmp64, 0, &total, 8);
         if (!s) s = dpar_psum(ctx, tmp64, tmp64, axes);
@@ -8660,15 +8685,12 @@ static dpar_status dpar__clip_scale(const char *fn, dpar_ctx *ctx, float clip_no
     } else if (!s && axes && *axes) { /* the f32 total psum'd as a 1-element f32 buffer */
         float v = (float)total;
         dpar_buffer *tot = NULL;
-        s = dpar_buffer_create(ctx->rt, ctx->device, DPAR_F32, 1, &one, &tot);
+        s = dpar__norm_scratch(fn, ctx, DPAR__NORM_TOT, 1, &tot);
         if (!s) s = dpar_buffer_write(tot, 0, &v, 4);
         if (!s) s = dpar_psum(ctx, tot, tot, axes);
         if (!s) s = dpar_buffer_read(tot, 0, &v, 4);
-        dpar_buffer_destroy(tot);
         total = (double)v;
     }
-    dpar_buffer_destroy(tmp);
-    dpar_buffer_destroy(tmp64);
     if (s) return s;
     float norm = (float)sqrt(total);
     if (norm_out) *norm_out = norm;

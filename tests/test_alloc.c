@@ -80,7 +80,22 @@ static void test_aligned_default(void **state) {
     assert_int_equal(__atomic_load_n(&t_live, __ATOMIC_RELAXED), live0);
 }
 
-/* a whole runtime's life (workers, meshes, a training-sized op) leaves nothing behind */
+/* one SGD step clipped by the global norm over "data" on each device: the clip's scratch stays with the runtime */
+static dpar_status clipped_step(dpar_ctx *ctx, void *user) {
+    (void)user;
+    int64_t n = 64;
+    dpar_buffer *p = NULL, *g = NULL;
+    dpar_status s = dpar_ctx_buffer(ctx, DPAR_F32, 1, &n, &p);
+    if (!s) s = dpar_ctx_buffer(ctx, DPAR_F32, 1, &n, &g);
+    if (!s) s = dpar_fill(p, 1.0f);
+    if (!s) s = dpar_fill(g, 2.0f);
+    dpar_sgd_desc d = { .learning_rate = 0.5f, .clip_norm = 1.0f, .norm_axes = "data" };
+    if (!s) s = dpar_sgd_step(ctx, &d, &p, &g, NULL, 1);
+    dpar_buffer_destroy(p);
+    dpar_buffer_destroy(g);
+    return s;
+}
+/* a whole runtime's life (workers, meshes, a training-sized op, a clipped step) leaves nothing behind */
 static void test_runtime_life_balanced(void **state) {
     (void)state;
     size_t live0 = __atomic_load_n(&t_live, __ATOMIC_RELAXED), calls0 = __atomic_load_n(&t_calls, __ATOMIC_RELAXED);
@@ -97,6 +112,8 @@ static void test_runtime_life_balanced(void **state) {
     assert_true(v == 256.0f);
     dpar_buffer_destroy(a);
     dpar_buffer_destroy(c);
+    dpar_pmap_desc pd = { .axis = "data", .fn = clipped_step };
+    T_OK(dpar_pmap(m, &pd));
     dpar_mesh_destroy(m);
     dpar_runtime_destroy(rt);
     printf("runtime life: %zu allocations through the hooks\n", __atomic_load_n(&t_calls, __ATOMIC_RELAXED) - calls0);

@@ -29,9 +29,18 @@ typedef struct hold_job {
 static dpar_status hold(dpar_ctx *ctx, void *user) {
     hold_job *j = (hold_job *)user;
     if (dpar_ctx_device(ctx) != 0) return DPAR_OK;
+    /* a clip first: its scratch, kept by device 0, is live under the destroys refused meanwhile */
+    dpar_sgd_desc sd = { .learning_rate = 1.0f, .clip_norm = 1.0f };
+    dpar_buffer *g = NULL;
+    int64_t four = 4;
+    float scale = 0.0f;
+    dpar_status s = dpar_ctx_buffer(ctx, DPAR_F32, 1, &four, &g);
+    if (!s) s = dpar_fill(g, 1.0f);
+    if (!s) s = dpar_sgd_clip_scale(ctx, &sd, &g, 1, &scale, NULL);
+    dpar_buffer_destroy(g);
     __atomic_store_n(&j->started, 1, __ATOMIC_RELEASE);
     while (!__atomic_load_n(&j->release, __ATOMIC_ACQUIRE)) sched_yield();
-    return DPAR_OK;
+    return s ? s : scale == 0.5f ? DPAR_OK : DPAR_ERR_BACKEND; /* norm 2 */
 }
 typedef struct dispatcher {
     dpar_mesh *m;

@@ -1,7 +1,8 @@
 /* SGD: the fused update against a reference (plain, momentum, Nesterov,
    weight decay, clip scale), clipping by global norm (also over sharded
    gradients with norm_axes), rejected hyper-parameters that leave params
-   untouched, and replicas that stay bitwise identical on 4 devices. */
+   untouched, replicas that stay bitwise identical on 4 devices, and the
+   clip's scratch kept on each device (CPU and Vulkan). */
 #include "testutil.h"
 
 T_CPU_FIXTURE(4)
@@ -265,6 +266,73 @@ static void test_clip_global_norm(void **st) {
     dpar_mesh_destroy(m);
 }
 
+/* The clip keeps its scratch on each device: the first clipped call leaves
+   the norms' f32 [n] and the psum'd total's f32 [1] allocated, steady calls
+   allocate nothing more, a call with more gradients grows it, one with fewer
+   reuses it; the norms stay exact throughout (gradient k of device d: 4
+   elements (k + 1) (d + 1), psum'd over 2 devices). */
+enum { KEEP_CALLS = 6 };
+static const int keep_n[KEEP_CALLS] = { 0, 2, 2, 2, 3, 1 }; /* gradients per call; 0: none yet */
+typedef struct keep {
+    dpar_runtime *rt;
+    uint64_t mem[2][KEEP_CALLS], bufs[2][KEEP_CALLS]; /* the device's stats after each call */
+    float norm[2][KEEP_CALLS];
+} keep;
+static dpar_status keep_fn(dpar_ctx *ctx, void *user) {
+    keep *w = (keep *)user;
+    int d = dpar_ctx_device(ctx);
+    int64_t four = 4;
+    dpar_buffer *g[3];
+    dpar_status s = DPAR_OK;
+    for (int k = 0; k < 3 && !s; k++) {
+        float v[4] = { 0 };
+        for (int i = 0; i < 4; i++) v[i] = (float)((k + 1) * (d + 1));
+        s = dpar_ctx_buffer(ctx, DPAR_F32, 1, &four, &g[k]);
+        if (!s) s = dpar_buffer_write(g[k], 0, v, sizeof v);
+    }
+    dpar_sgd_desc sd = { .learning_rate = 1.0f, .clip_norm = 1.0f, .norm_axes = "data" };
+    for (int c = 0; c < KEEP_CALLS && !s; c++) {
+        float scale;
+        dpar_device_stats st;
+        if (keep_n[c]) s = dpar_sgd_clip_scale(ctx, &sd, g, keep_n[c], &scale, &w->norm[d][c]);
+        if (!s) s = dpar_runtime_device_stats(w->rt, d, &st);
+        w->mem[d][c] = st.memory_in_use;
+        w->bufs[d][c] = st.buffers;
+    }
+    return s;
+}
+static void clip_scratch_kept(dpar_runtime *rt) {
+    dpar_mesh *m = t_mesh1(rt, 2, "data");
+    keep w = { .rt = rt };
+    dpar_shard_map_desc sd = { .fn = keep_fn, .user = &w };
+    T_OK(dpar_shard_map(m, &sd));
+    static const double sq[KEEP_CALLS] = { 0, 100, 100, 100, 280, 20 }; /* 4 (1 + 4) sum_k (k + 1)^2 */
+    for (int d = 0; d < 2; d++)
+        for (int c = 1; c < KEEP_CALLS; c++) {
+            int64_t cap = c < 4 ? 2 : 3; /* the norms' elements held */
+            if (w.norm[d][c] != (float)sqrt(sq[c]))
+                fail_msg("device %d call %d: norm %.9g, want %.9g", d, c, (double)w.norm[d][c], sqrt(sq[c]));
+            if (w.mem[d][c] != w.mem[d][0] + (uint64_t)(4 * cap + 4) || w.bufs[d][c] != w.bufs[d][0] + 2)
+                fail_msg("device %d after call %d (%d gradients): %llu bytes in %llu buffers, want %llu in %llu", d, c,
+                         keep_n[c], (unsigned long long)w.mem[d][c], (unsigned long long)w.bufs[d][c],
+                         (unsigned long long)(w.mem[d][0] + (uint64_t)(4 * cap + 4)),
+                         (unsigned long long)w.bufs[d][0] + 2);
+        }
+    dpar_mesh_destroy(m);
+}
+static void test_clip_scratch_kept(void **st) {
+    (void)st;
+    dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 2); /* RT's devices hold the other tests' scratch */
+    clip_scratch_kept(rt);
+    T_OK(dpar_runtime_destroy(rt)); /* with the scratch */
+}
+static void test_clip_scratch_kept_vulkan(void **st) {
+    (void)st;
+    dpar_runtime *rt = t_runtime_or_skip(DPAR_BACKEND_VULKAN, 2);
+    clip_scratch_kept(rt);
+    T_OK(dpar_runtime_destroy(rt));
+}
+
 /* data-parallel steps on 4 devices: gradients pmean'd, SGD with everything on;
    every replica stays bitwise identical */
 typedef struct rep {
@@ -359,9 +427,10 @@ static void test_step_all_or_nothing(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_update_formulas),     cmocka_unit_test(test_invalid_rejected),
-        cmocka_unit_test(test_step_all_or_nothing), cmocka_unit_test(test_clip_global_norm),
-        cmocka_unit_test(test_replicas_identical),
+        cmocka_unit_test(test_update_formulas),          cmocka_unit_test(test_invalid_rejected),
+        cmocka_unit_test(test_step_all_or_nothing),      cmocka_unit_test(test_clip_global_norm),
+        cmocka_unit_test(test_replicas_identical),       cmocka_unit_test(test_clip_scratch_kept),
+        cmocka_unit_test(test_clip_scratch_kept_vulkan),
     };
     return cmocka_run_group_tests(tests, t_setup, t_teardown);
 }

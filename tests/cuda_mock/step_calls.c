@@ -11,8 +11,11 @@
    1-device graph that handed one to the communication thread would show.
    The same step clipped by the global gradient norm (clip_norm, run op by op)
    then reads twice a step: the loss and every gradient's squared norm at once
-   (a read each was a sync each). Prints a "step calls:" line per graph and
-   exits 0 when every count is within its limit, else names each count over it. */
+   (a read each was a sync each), into the device's kept scratch: no
+   allocation, no free (a cuMemFree waits for the whole device) and no stream
+   synchronization beyond the reads themselves. Prints a "step calls:" line
+   per graph and exits 0 when every count is within its limit, else names
+   each count over it. */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,7 +32,7 @@ static const struct {
     const char *name;
     long max, max_clip;
 } counted[] = {
-    { "cuMemAlloc_v2", 0, -1 },     { "cuMemFree_v2", 0, -1 },          { "cuStreamSynchronize", 0, -1 },
+    { "cuMemAlloc_v2", 0, 0 },      { "cuMemFree_v2", 0, 0 },           { "cuStreamSynchronize", 0, 0 },
     { "cuStreamQuery", 0, -1 },     { "cuEventQuery", 0, -1 },          { "cuEventRecord", 0, -1 },
     { "cuStreamWaitEvent", 0, -1 }, { "cuMemcpyHtoDAsync_v2", 2, -1 },  { "cuMemcpyDtoHAsync_v2:pageable", 1, 2 },
     { "ncclAllReduce", 0, 0 },      { "cuGraphLaunch", -1, -1 },        { "cuLaunchKernel", 4, -1 },
