@@ -8646,27 +8646,32 @@ static dpar_status dpar__norm_scratch(const char *fn, dpar_ctx *ctx, int slot, i
     *out = *b;
     return s;
 }
-/* the global norm of n gradient buffers of ctx's device (psum'd over axes
-   when set) and the clip factor for clip_norm (0: off -> 1); fn names the caller.
-   Every f32 gradient's sum of squares goes to its element of one buffer, read
-   once: a read waits for the device, and one per gradient left it idle
-   between each of the ~70 small reductions of the GPT's step. The host adds
-   them in gradient order in double, as before (f64 gradients: >>f64 api). */
-static dpar_status dpar__clip_scale(const char *fn, dpar_ctx *ctx, float clip_norm, const char *axes,
-                                    dpar_buffer *const *grads, int n, float *scale, float *norm_out) {
-    dpar_buffer *tmp = NULL, *tmp64 = NULL; /* tmp: element i for f32 gradient i; f64 ones sum into tmp64 */
+/* Every f32 gradient's sum of squares into its element of ctx's scratch,
+   read once into *sq (the worker's host copy, n floats): a read waits for the
+   device, and one per gradient left it idle between each of the ~70 small
+   reductions of the GPT's step. f64 gradients are left to dpar__norms_total. */
+static dpar_status dpar__norms_read(const char *fn, dpar_ctx *ctx, dpar_buffer *const *grads, int n, float **sq) {
+    dpar_buffer *tmp = NULL;
     bool any32 = false;
     dpar_status s = dpar__ctx_check(ctx, fn);
     if (!s) s = dpar__norm_scratch(fn, ctx, DPAR__NORM_SQ, n > 0 ? n : 1, &tmp);
     if (s) return s;
-    float *sq = ctx->rt->workers[ctx->device - ctx->rt->local_base].norms_host;
+    *sq = ctx->rt->workers[ctx->device - ctx->rt->local_base].norms_host;
     for (int i = 0; i < n && !s; i++) {
         if (grads[i] && !dpar__live_buf(grads[i], fn, "grads[i]") && grads[i]->dtype == DPAR_F64) continue;
         s = dpar__reduce_op("dpar_sum_squares", DPAR__OP_SUMSQ, tmp, i, grads[i]);
         any32 = true;
     }
-    if (!s && any32) s = dpar_buffer_read(tmp, 0, sq, (size_t)n * sizeof(float));
+    return !s && any32 ? dpar_buffer_read(tmp, 0, *sq, (size_t)n * sizeof(float)) : s;
+}
+/* The squared global norm of n gradients (sq: their f32 sums of squares from
+   dpar__norms_read) psum'd over axes when set: the host adds them in gradient
+   order in double (f64 gradients summed here: >>f64 api). */
+static dpar_status dpar__norms_total(const char *fn, dpar_ctx *ctx, const char *axes, dpar_buffer *const *grads, int n,
+                                     const float *sq, double *out) {
+    dpar_buffer *tmp64 = NULL; /* the f64 gradients' sums */
     double total = 0.0;
+    dpar_status s = DPAR_OK;
     for (int i = 0; i < n && !s; i++) {
         double v64 = 0.0;
         if (grads[i]->dtype != DPAR_F64) {
@@ -8691,14 +8696,30 @@ static dpar_status dpar__clip_scale(const char *fn, dpar_ctx *ctx, float clip_no
         if (!s) s = dpar_buffer_read(tot, 0, &v, 4);
         total = (double)v;
     }
+    *out = total;
+    return s;
+}
+/* The norm of a squared total, refused when it is not finite (fn names the caller). */
+static dpar_status dpar__norm_of(const char *fn, double total, float *norm) {
+    *norm = (float)sqrt(total);
+    if (isfinite(*norm)) return DPAR_OK;
+    return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                     "%s: the global gradient norm is %g: the gradients hold NaN or Inf "
+                     "(lower the learning rate or check the loss); no parameter was changed",
+                     fn, (double)*norm);
+}
+/* the global norm of n gradient buffers of ctx's device (psum'd over axes
+   when set) and the clip factor for clip_norm (0: off -> 1); fn names the caller. */
+static dpar_status dpar__clip_scale(const char *fn, dpar_ctx *ctx, float clip_norm, const char *axes,
+                                    dpar_buffer *const *grads, int n, float *scale, float *norm_out) {
+    float *sq = NULL, norm = 0.0f;
+    double total = 0.0;
+    dpar_status s = dpar__norms_read(fn, ctx, grads, n, &sq);
+    if (!s) s = dpar__norms_total(fn, ctx, axes, grads, n, sq, &total);
     if (s) return s;
-    float norm = (float)sqrt(total);
+    s = dpar__norm_of(fn, total, &norm);
     if (norm_out) *norm_out = norm;
-    if (!isfinite(norm))
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
-                         "%s: the global gradient norm is %g: the gradients hold NaN or Inf "
-                         "(lower the learning rate or check the loss); no parameter was changed",
-                         fn, (double)norm);
+    if (s) return s;
     *scale = (clip_norm > 0.0f && !(norm < clip_norm)) ? clip_norm / norm : 1.0f;
     return DPAR_OK;
 }
@@ -11592,26 +11613,40 @@ static void dpar__g_axes_text(const dpar_graph *g, unsigned mask, char *buf, siz
    norm of the whole gradient, the same bits on every replica. */
 static dpar_status dpar__g_clip_mixed(dpar_graph *g, dpar_ctx *ctx, float clip_norm, dpar_buffer *const *grads,
                                       float *scale) {
-    int n = g->opt.n, cnt;
-    dpar_buffer **sub = (dpar_buffer **)DPAR_MALLOC((size_t)n * sizeof(dpar_buffer *));
-    if (!sub) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_graph_run: out of memory (clipping)");
-    double total = 0.0;
-    dpar_status s = DPAR_OK;
-    for (int k = 0; k < n && !s; k++) {
+    int n = g->opt.n, cnt = 0;
+    dpar_buffer **sub = (dpar_buffer **)dpar__calloc((size_t)n, sizeof(dpar_buffer *));
+    int *end = (int *)DPAR_MALLOC((size_t)n * sizeof(int)); /* end[k]: where in sub the split of param k ends */
+    if (!sub || !end) {
+        DPAR_FREE(sub);
+        DPAR_FREE(end);
+        return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_graph_run: out of memory (clipping)");
+    }
+    for (int k = 0; k < n; k++) { /* the gradients grouped by split, each split's in param order */
+        end[k] = -1;              /* param k is not the first of its split */
         unsigned split = g->n[g->opt.params[k]].vary;
-        bool first = true; /* the first param of its split: sum the split's group now */
+        bool first = true;
         for (int j = 0; j < k; j++) first &= g->n[g->opt.params[j]].vary != split;
-        if (!first) continue;
-        cnt = 0;
-        for (int j = k; j < n; j++)
+        for (int j = k; j < n && first; j++)
             if (g->n[g->opt.params[j]].vary == split) sub[cnt++] = grads[j];
+        if (first) end[k] = cnt;
+    }
+    /* every split's squared norms in one read, then each split's total psum'd over its axes */
+    float *sq = NULL;
+    double total = 0.0;
+    dpar_status s = dpar__norms_read("dpar_graph_run", ctx, sub, n, &sq);
+    for (int k = 0, at = 0; k < n && !s; k++) {
+        if (end[k] < 0) continue;
         char axes[64];
-        float unit, norm;
-        dpar__g_axes_text(g, split, axes, sizeof axes);
-        s = dpar__clip_scale("dpar_graph_run", ctx, 0.0f, axes, sub, cnt, &unit, &norm);
+        double part = 0.0;
+        float norm = 0.0f;
+        dpar__g_axes_text(g, g->n[g->opt.params[k]].vary, axes, sizeof axes);
+        s = dpar__norms_total("dpar_graph_run", ctx, axes, sub + at, end[k] - at, sq + at, &part);
+        if (!s) s = dpar__norm_of("dpar_graph_run", part, &norm);
         total += (double)norm * (double)norm;
+        at = end[k];
     }
     DPAR_FREE(sub);
+    DPAR_FREE(end);
     float norm = (float)sqrt(total);
     if (!s) *scale = (clip_norm > 0.0f && !(norm < clip_norm)) ? clip_norm / norm : 1.0f;
     return s;
