@@ -1156,11 +1156,23 @@ typedef struct dpar_sgd_desc {
 DPAR_API dpar_status dpar_sgd_check(const dpar_sgd_desc *d);
 DPAR_API dpar_status dpar_sgd_update(const dpar_sgd_desc *d, dpar_buffer *param, const dpar_buffer *grad,
                                      dpar_buffer *momentum, float clip_scale);
-/* Global norm of `n` gradient buffers of this device (psum'd over
-   d->norm_axes when set) and the clip factor; *norm may be NULL. The squared
-   norms go through a scratch the device keeps until the runtime is destroyed
-   (n + 1 floats for the largest n asked; dpar_runtime_device_stats counts
-   it), so a steady clipped step allocates nothing. */
+/* Clipping by the global norm (inside fn): *norm = sqrt(sum_i sum(grads[i]^2))
+   over the n gradient buffers of this device (any shapes; f32, or f64 on the
+   cpu backend), the squared total psum'd over d->norm_axes when set (sharded
+   gradients); *scale = d->clip_norm / *norm when clipping is on and *norm >=
+   clip_norm, else 1 (optax.clip_by_global_norm, PyTorch's clip_grad_norm_).
+   Each sum of squares is f32 (f64 for f64 gradients), added on the host in
+   gradient order in double: the same bits on every replica. norm may be NULL;
+   n = 0 gives norm 0, scale 1. The squared norms go through a scratch the
+   device keeps until the runtime is destroyed (f32 [n] for the largest n
+   asked, f32 [1] for the psum'd total, f64 [1] with f64 gradients;
+   dpar_runtime_device_stats counts it), so a steady clipped step allocates
+   nothing; one blocking read per call (more with f64 gradients).
+   Errors: DPAR_ERR_INVALID_ARGUMENT (NULL ctx, scale or grads with n > 0,
+   n < 0, bad hyper-parameters as dpar_sgd_check, an unknown axis in
+   norm_axes, a norm that is NaN or Inf: the gradients hold NaN or Inf),
+   DPAR_ERR_DTYPE (a gradient that is not float), DPAR_ERR_STATE (a destroyed
+   gradient), DPAR_ERR_OUT_OF_MEMORY (the scratch); nothing is changed. */
 DPAR_API dpar_status dpar_sgd_clip_scale(dpar_ctx *ctx, const dpar_sgd_desc *d, dpar_buffer *const *grads, int n,
                                          float *scale, float *norm);
 /* Full step over `n` parameters (inside fn): clipping (if on) then the fused
