@@ -9019,7 +9019,7 @@ DPAR_API dpar_status dpar_attention_backward(dpar_buffer *dq, dpar_buffer *dk, d
     /* a pass 2 that computes D and dq itself (the same bits) needs no pass 1 unless dq is all there is:
        P and dP once, not once a pass */
     bool one = stats->rt->be->attn_kv_computes_d;
-    if ((one ? dq && !dk && !dv : true) && (s = dpar__op_run(&op))) return s;
+    if ((!one || (dq && !dk && !dv)) && (s = dpar__op_run(&op))) return s;
     if (!dk && !dv) return DPAR_OK;
     op.kind = DPAR__OP_ATTN_BWD_KV; /* pass 2, over key rows: dk, dv (and dq) */
     op.dst2 = dk;
