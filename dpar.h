@@ -9951,8 +9951,9 @@ typedef struct dpar__gopt {
     int64_t step;       /* AdamW: updates done (the next run does step + 1) */
     char norm_axes[64];
     int n, *params, *grads;
-    bool mixed;  /* params split over different axes: the clip norm is summed per split (dpar__g_opt_step) */
-    bool *decay; /* AdamW: weight decay on params[k] only where decay[k] (NULL: on all) */
+    bool mixed; /* params split over different axes: the clip norm is summed per split (dpar__g_opt_step) */
+    int nsplit, *split_order, *split_end; /* clipped: params grouped by split (each in param order), group ends */
+    bool *decay;                          /* AdamW: weight decay on params[k] only where decay[k] (NULL: on all) */
 } dpar__gopt;
 
 struct dpar_graph {
@@ -9979,6 +9980,7 @@ struct dpar_graph {
     dpar_buffer **scratch;   /* one f32 element per device (the discarded loss of xent_grad) */
     dpar_buffer **scratch64; /* the same in f64, for a graph with f64 values (NULL otherwise) */
     dpar_buffer **sgd_ptrs;  /* [li][4][n] params, grads, optimizer state (momentum / AdamW m, v) */
+    dpar_buffer **clip_ptrs; /* [li][n] a clip's grads in opt.split_order (dpar__g_clip_mixed) */
     dpar_request **reqs;     /* [node * nlocal + li] async reductions in flight */
     dpar__gbucket *bk;       /* gradient buckets (>>graph buckets), nbk of them */
     int nbk;
@@ -11498,6 +11500,28 @@ DPAR_API dpar_status dpar_graph_keep(dpar_graph *g, dpar_value v) {
 /* ---- optimizer nodes ---- */
 static dpar_status dpar__g_z1_rewrite(dpar_graph *g, const char *fn, const dpar_value *params, const dpar_value *grads,
                                       int n, float clip_norm); /* >>graph zero1-pipe */
+/* A clip's grouping, once: the params of each distinct split (the mesh axes
+   they vary over) together, each split's in param order, and where each group
+   ends, so a step reads every norm in one pass (dpar__g_clip_mixed). */
+static dpar_status dpar__g_split_groups(dpar_graph *g, const char *fn) {
+    dpar__gopt *o = &g->opt;
+    int n = o->n;
+    o->split_order = (int *)DPAR_MALLOC((size_t)n * sizeof(int));
+    o->split_end = (int *)DPAR_MALLOC((size_t)n * sizeof(int));
+    if (!o->split_order || !o->split_end) return dpar__g_err(g, DPAR_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+    int cnt = 0;
+    o->nsplit = 0;
+    for (int k = 0; k < n; k++) {
+        unsigned split = g->n[o->params[k]].vary;
+        bool first = true; /* param k opens its split's group */
+        for (int j = 0; j < k && first; j++) first = g->n[o->params[j]].vary != split;
+        if (!first) continue;
+        for (int j = k; j < n; j++)
+            if (g->n[o->params[j]].vary == split) o->split_order[cnt++] = j;
+        o->split_end[o->nsplit++] = cnt;
+    }
+    return DPAR_OK;
+}
 /* The optimizer node's params and grads, checked (params, same sizes); notes whether their specs differ. */
 static dpar_status dpar__g_opt_add(dpar_graph *g, const char *fn, const dpar_value *params, const dpar_value *grads,
                                    int n, float clip_norm) {
@@ -11541,6 +11565,7 @@ static dpar_status dpar__g_opt_add(dpar_graph *g, const char *fn, const dpar_val
     dpar_status s = g->z1 ? dpar__g_z1_rewrite(g, fn, params, grads, n, clip_norm) : DPAR_OK;
     if (s) return s;
     for (int k = 0; k < n; k++) o->params[k] = params[k].id, o->grads[k] = grads[k].id;
+    if (clip_norm > 0 && (s = dpar__g_split_groups(g, fn))) return s;
     g->has_opt = true;
     int id = dpar__g_push(g, DPAR__G_SGD, 0, NULL, DPAR_F32, 0, NULL);
     return id ? DPAR_OK : dpar__g_status(g);
@@ -11622,54 +11647,35 @@ static void dpar__g_axes_text(const dpar_graph *g, unsigned mask, char *buf, siz
    (Megatron's split weights next to replicated ones): the params of each
    distinct split sum their gradients' squares, psum'd over that split's axes
    (dpar__clip_scale), and the splits' totals add up. So every device gets the
-   norm of the whole gradient, the same bits on every replica. */
-static dpar_status dpar__g_clip_mixed(dpar_graph *g, dpar_ctx *ctx, float clip_norm, dpar_buffer *const *grads,
-                                      float *scale) {
-    int n = g->opt.n, cnt = 0;
-    dpar_buffer **sub = (dpar_buffer **)dpar__calloc((size_t)n, sizeof(dpar_buffer *));
-    int *end = (int *)DPAR_MALLOC((size_t)n * sizeof(int)); /* end[k]: where in sub the split of param k ends */
-    if (!sub || !end) {
-        DPAR_FREE(sub);
-        DPAR_FREE(end);
-        return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_graph_run: out of memory (clipping)");
-    }
-    for (int k = 0; k < n; k++) { /* the gradients grouped by split, each split's in param order */
-        end[k] = -1;              /* param k is not the first of its split */
-        unsigned split = g->n[g->opt.params[k]].vary;
-        bool first = true;
-        for (int j = 0; j < k; j++) first &= g->n[g->opt.params[j]].vary != split;
-        for (int j = k; j < n && first; j++)
-            if (g->n[g->opt.params[j]].vary == split) sub[cnt++] = grads[j];
-        if (first) end[k] = cnt;
-    }
+   norm of the whole gradient, the same bits on every replica. li: the local
+   device, whose grads clip_ptrs holds in the order dpar__g_split_groups chose. */
+static dpar_status dpar__g_clip_mixed(dpar_graph *g, dpar_ctx *ctx, float clip_norm, int li, float *scale) {
+    const dpar__gopt *o = &g->opt;
+    dpar_buffer **sub = g->clip_ptrs + (size_t)li * (size_t)o->n; /* the grads grouped by split */
     /* every split's squared norms in one read, then each split's total psum'd over its axes */
     float *sq = NULL;
     double total = 0.0;
-    dpar_status s = dpar__norms_read("dpar_graph_run", ctx, sub, n, &sq);
-    for (int k = 0, at = 0; k < n && !s; k++) {
-        if (end[k] < 0) continue;
+    dpar_status s = dpar__norms_read("dpar_graph_run", ctx, sub, o->n, &sq);
+    for (int t = 0, at = 0; t < o->nsplit && !s; at = o->split_end[t++]) {
         char axes[64];
         double part = 0.0;
         float norm = 0.0f;
-        dpar__g_axes_text(g, g->n[g->opt.params[k]].vary, axes, sizeof axes);
-        s = dpar__norms_total("dpar_graph_run", ctx, axes, sub + at, end[k] - at, sq + at, &part);
+        dpar__g_axes_text(g, g->n[o->params[o->split_order[at]]].vary, axes, sizeof axes);
+        s = dpar__norms_total("dpar_graph_run", ctx, axes, sub + at, o->split_end[t] - at, sq + at, &part);
         if (!s) s = dpar__norm_of("dpar_graph_run", part, &norm);
         total += (double)norm * (double)norm;
-        at = end[k];
     }
-    DPAR_FREE(sub);
-    DPAR_FREE(end);
     float norm = (float)sqrt(total);
     if (!s) *scale = (clip_norm > 0.0f && !(norm < clip_norm)) ? clip_norm / norm : 1.0f;
     return s;
 }
 /* The optimizer node with mixed splits or a decay mask: one clip factor
    (dpar__g_clip_mixed), then the update of each param with its own decay. */
-static dpar_status dpar__g_opt_step(dpar_graph *g, dpar_ctx *ctx, dpar_buffer *const *p) {
+static dpar_status dpar__g_opt_step(dpar_graph *g, dpar_ctx *ctx, int li, dpar_buffer *const *p) {
     const dpar__gopt *o = &g->opt;
     int n = o->n;
     float clip_norm = o->adamw ? o->ad.clip_norm : o->d.clip_norm, scale = 1.0f;
-    dpar_status s = clip_norm > 0.0f ? dpar__g_clip_mixed(g, ctx, clip_norm, p + n, &scale) : DPAR_OK;
+    dpar_status s = clip_norm > 0.0f ? dpar__g_clip_mixed(g, ctx, clip_norm, li, &scale) : DPAR_OK;
     for (int k = 0; k < n && !s; k++) {
         if (!o->adamw) {
             s = dpar_sgd_update(&o->d, p[k], p[n + k], o->d.momentum != 0.0f ? p[2 * n + k] : NULL, scale);
@@ -12801,9 +12807,10 @@ static dpar_status dpar__g_state(dpar_graph *g) {
     g->scratch = (dpar_buffer **)DPAR_MALLOC((size_t)nl * sizeof(dpar_buffer *));
     g->opt_state = (dpar_array **)DPAR_MALLOC((size_t)(2 * n + 1) * sizeof(dpar_array *));
     g->sgd_ptrs = (dpar_buffer **)DPAR_MALLOC((size_t)(4 * n * nl + 1) * sizeof(dpar_buffer *));
+    g->clip_ptrs = (dpar_buffer **)DPAR_MALLOC((size_t)(n * nl + 1) * sizeof(dpar_buffer *));
     g->reqs = (dpar_request **)DPAR_MALLOC((size_t)g->count * (size_t)nl * sizeof(dpar_request *));
     if (g->reqs) memset(g->reqs, 0, (size_t)g->count * (size_t)nl * sizeof(dpar_request *));
-    if (!g->scratch || !g->opt_state || !g->sgd_ptrs || !g->reqs)
+    if (!g->scratch || !g->opt_state || !g->sgd_ptrs || !g->clip_ptrs || !g->reqs)
         return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_graph_compile: out of memory");
     memset(g->scratch, 0, (size_t)nl * sizeof(dpar_buffer *));
     memset(g->opt_state, 0, (size_t)(2 * n + 1) * sizeof(dpar_array *));
@@ -12836,6 +12843,10 @@ static dpar_status dpar__g_state(dpar_graph *g) {
             if (!g->z1 && li == 0)
                 g->stats.opt_bytes += (uint64_t)nstate * (uint64_t)dpar__g_count(p) * dpar_dtype_size(p->dtype);
         }
+    for (int k = 0; k < n && g->opt.split_order; k++) /* a clip's grads, grouped by split */
+        for (int li = 0; li < nl; li++)
+            g->clip_ptrs[(size_t)li * (size_t)n + (size_t)k] =
+                g->sgd_ptrs[(size_t)li * 4 * (size_t)n + (size_t)n + (size_t)g->opt.split_order[k]];
     return s ? s : dpar__g_state_list(g);
 }
 DPAR_API dpar_status dpar_graph_compile(dpar_graph *g, dpar_graph_stats *stats) {
@@ -12960,7 +12971,7 @@ static dpar_status dpar__g_exec(dpar_graph *g, dpar_ctx *ctx, int li, int i) {
         if (g->z1) return dpar__g_z1_step(g, ctx, li);
         int n = g->opt.n;
         dpar_buffer **p = g->sgd_ptrs + (size_t)li * 4 * (size_t)n;
-        if (g->opt.mixed || g->opt.decay) return dpar__g_opt_step(g, ctx, p);
+        if (g->opt.mixed || g->opt.decay) return dpar__g_opt_step(g, ctx, li, p);
         if (g->opt.adamw) return dpar_adamw_step(ctx, &g->opt.ad, p, p + n, p + 2 * n, p + 3 * n, n, g->opt.step + 1);
         return dpar_sgd_step(ctx, &g->opt.d, p, p + n, g->opt.d.momentum != 0.0f ? p + 2 * n : NULL, n);
     }
@@ -13785,12 +13796,15 @@ static void dpar__g_free(void *self) {
     DPAR_FREE(g->state);
     DPAR_FREE(g->scratch);
     DPAR_FREE(g->sgd_ptrs);
+    DPAR_FREE(g->clip_ptrs);
     DPAR_FREE(g->reqs);
     DPAR_FREE(g->slots);
     DPAR_FREE(g->slot_owned);
     DPAR_FREE(g->opt.params);
     DPAR_FREE(g->opt.grads);
     DPAR_FREE(g->opt.decay);
+    DPAR_FREE(g->opt.split_order);
+    DPAR_FREE(g->opt.split_end);
     DPAR_FREE(g->n);
     DPAR_FREE(g->errtext);
     dpar__handle_free(g);

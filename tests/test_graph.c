@@ -5,9 +5,9 @@
    eager step of train_digits.c (per-step losses bit for bit on 1 and 4
    devices); a Megatron column -> row MLP on a 2x2 (data, model) mesh against
    the 1-device graph (1e-5; both loss styles: pinned and explicit pmean),
-   replicas bitwise equal after 10 SGD steps; the same with AdamW, a decay
-   mask and one clipping norm over the split and replicated params
-   (dpar_graph_adamw_masked, 1e-4 after 4 clipped steps); the planner's in-place aliasing
+   replicas bitwise equal after 10 SGD steps; the same with one clipping norm
+   over the split and replicated params, AdamW with a decay mask
+   (dpar_graph_adamw_masked, 1e-4 after 4 clipped steps) and plain SGD (1e-5); the planner's in-place aliasing
    (DPAR_GRAPH_ALIAS) against the unaliased plan: fewer planned bytes, bit for bit the same
    losses, gradients and params, no aliasing where the input is read later, a gradient's psum over
    one device run as the identity (its input written into the kept gradient); bad input. Each runs on the CPU
@@ -620,7 +620,7 @@ typedef struct mlp_graph {
     dpar_array *w[4];
     dpar_value x, y, p[4], gr[4];
 } mlp_graph;
-enum { OPT_NONE, OPT_SGD, OPT_ADAMW_MASKED };
+enum { OPT_NONE, OPT_SGD, OPT_ADAMW_MASKED, OPT_SGD_CLIP };
 static void megatron_build(mlp_graph *t, dpar_mesh *m, bool tp, bool explicit_pmean, const float *const init[4],
                            int opt) {
     const char *model = tp ? "model" : NULL;
@@ -649,6 +649,12 @@ static void megatron_build(mlp_graph *t, dpar_mesh *m, bool tp, bool explicit_pm
         dpar_sgd_desc sd;
         memset(&sd, 0, sizeof sd);
         sd.learning_rate = 0.2f, sd.momentum = 0.9f, sd.weight_decay = 1e-3f;
+        T_OK(dpar_graph_sgd(g, &sd, t->p, t->gr, 4));
+    }
+    if (opt == OPT_SGD_CLIP) { /* plain SGD moves by the clip factor itself (AdamW's m / sqrt(v) hides it) */
+        dpar_sgd_desc sd;
+        memset(&sd, 0, sizeof sd);
+        sd.learning_rate = 0.5f, sd.clip_norm = 0.05f;
         T_OK(dpar_graph_sgd(g, &sd, t->p, t->gr, 4));
     }
     T_OK(dpar_graph_compile(g, NULL));
@@ -737,8 +743,11 @@ static void megatron(void) {
     T_OK(dpar_runtime_destroy(rt1));
 }
 
-/* ---- AdamW with a decay mask, clipped by one global norm over Megatron's split and replicated params ---- */
-static void megatron_adamw(void) {
+/* ---- One clipping norm over Megatron's split and replicated params: AdamW with a decay mask, and SGD ----
+   The 2x2 graph sums the norm per split (dpar__g_clip_mixed); the 1-device SGD graph clips in
+   dpar_sgd_step, a separate path, so a wrong grouping of the splits shows in SGD's params. */
+static void megatron_clipped(int opt) {
+    double tol = opt == OPT_SGD_CLIP ? 1e-5 : 1e-4;
     static float xs[4][MB * MD];
     static int32_t ys[4][MB];
     megatron_data(7, 4, 5, xs, ys);
@@ -747,15 +756,15 @@ static void megatron_adamw(void) {
     const char *names[2] = { "data", "model" };
     dpar_mesh *m4 = t_mesh(rt4, 2, shape, names), *m1 = t_mesh1(rt1, 1, "data");
     mlp_graph tp, one;
-    megatron_build(&tp, m4, true, false, mg_init, OPT_ADAMW_MASKED);
-    megatron_build(&one, m1, false, false, mg_init, OPT_ADAMW_MASKED);
+    megatron_build(&tp, m4, true, false, mg_init, opt);
+    megatron_build(&one, m1, false, false, mg_init, opt);
     for (int s = 0; s < 4; s++) {
         float l4, l1;
         dpar_graph_feed f[2] = { { tp.x, xs[s], NULL }, { tp.y, ys[s], NULL } };
         dpar_graph_feed f1[2] = { { one.x, xs[s], NULL }, { one.y, ys[s], NULL } };
         T_OK(dpar_graph_run(tp.g, f, 2, &l4));
         T_OK(dpar_graph_run(one.g, f1, 2, &l1));
-        close_rel(&l4, &l1, 1, 1e-5, "adamw loss 2x2 vs 1 device");
+        close_rel(&l4, &l1, 1, 1e-5, "clipped loss 2x2 vs 1 device");
         double sq = 0.0; /* the clip must bind, or the test would not see a wrong norm */
         for (int i = 0; i < 4; i++) {
             float gr[MD * MH];
@@ -764,7 +773,7 @@ static void megatron_adamw(void) {
         }
         if (!(sqrt(sq) > 0.05)) fail_msg("gradient norm %g does not exceed the clip norm 0.05", sqrt(sq));
     }
-    megatron_check_params(&tp, &one, 1e-4, "adamw parameter after 4 steps"); /* after 4 clipped steps */
+    megatron_check_params(&tp, &one, tol, "clipped parameter after 4 steps");
     T_OK(dpar_graph_destroy(tp.g));
     T_OK(dpar_graph_destroy(one.g));
     T_OK(dpar_runtime_destroy(rt4));
@@ -970,13 +979,15 @@ static void test_megatron_vulkan(void **st) {
 static void test_adamw_masked_cpu(void **st) {
     (void)st;
     BK = DPAR_BACKEND_CPU;
-    megatron_adamw();
+    megatron_clipped(OPT_ADAMW_MASKED);
+    megatron_clipped(OPT_SGD_CLIP);
     adamw_mask_alone();
 }
 static void test_adamw_masked_vulkan(void **st) {
     (void)st;
     BK = DPAR_BACKEND_VULKAN;
-    megatron_adamw();
+    megatron_clipped(OPT_ADAMW_MASKED);
+    megatron_clipped(OPT_SGD_CLIP);
     adamw_mask_alone();
 }
 
