@@ -130,7 +130,7 @@ typedef struct {
     int kind, ways, nt, iters;
     float sink; /* read's sum, so the loads stay */
     pthread_barrier_t *bar;
-    double t;
+    double t0, t1; /* this thread's first pass began, and all threads' passes had ended */
 } st_arg;
 enum { ST_PIECE = 2048 }; /* fanout's piece: dpar__copy_fanout's 8 KB, read once, stays in L1 */
 
@@ -229,13 +229,13 @@ static inline void *st_main(void *p) {
     st_arg *a = (st_arg *)p;
     st_pass(a); /* warm-up */
     pthread_barrier_wait(a->bar);
-    double t0 = now_s();
+    a->t0 = now_s();
     for (int i = 0; i < a->iters; i++) {
         st_pass(a);
         __asm__ __volatile__("" ::: "memory");
     }
-    pthread_barrier_wait(a->bar); /* thread 0's time covers every thread's passes */
-    a->t = now_s() - t0;
+    pthread_barrier_wait(a->bar);
+    a->t1 = now_s();
     return NULL;
 }
 typedef struct {
@@ -285,7 +285,15 @@ static inline double stream_trial(stream_set *s, int nt, int iters) {
     if (s->threads == 1) st_main(&s->a[0]); /* on this thread: no start-up cost on a loaded machine */
     for (int t = 0; t < s->threads && s->threads > 1; t++) pthread_join(th[t], NULL);
     pthread_barrier_destroy(&bar);
-    return s->a[0].t / iters / (clock_id == CLOCK_MONOTONIC ? 1 : s->threads);
+    /* from the first thread's start to the last one's end: with more threads than cores, thread 0 may be
+       scheduled after the others began, and its own interval would leave their first passes out (a
+       thread's CPU clock is its own: thread 0's interval then) */
+    double t0 = s->a[0].t0, t1 = s->a[0].t1;
+    for (int t = 1; t < s->threads && clock_id != CLOCK_THREAD_CPUTIME_ID; t++) {
+        t0 = s->a[t].t0 < t0 ? s->a[t].t0 : t0;
+        t1 = s->a[t].t1 > t1 ? s->a[t].t1 : t1;
+    }
+    return (t1 - t0) / iters / (clock_id == CLOCK_MONOTONIC ? 1 : s->threads);
 }
 /* The kernels of the limit (a set made with add = 1): copy (z = x: 2
    accesses an element), add (z = x + y: 3), in place (z = z + x: 3, and no
