@@ -315,8 +315,9 @@ static inline double stream_kernel_set(stream_set *s, int q) {
     int T = s->threads, w = s->ways, arrays = s->add ? 3 : 2;
     int64_t len = s->footprint / 4 / arrays / T; /* stream_init's */
     int ins = q == ST_K_FANOUT ? 1 : w, outs = q == ST_K_SUM_ONE ? 1 : w;
+    if ((q >= ST_K_SUM_ALL && w < 2) || (q >= 0 && q != ST_K_COPY && !s->add)) return 0; /* ways 0: no 0 / 0 */
     int64_t seg = q >= ST_K_SUM_ALL ? (arrays * len / (ins + outs)) & ~(int64_t)15 : len;
-    if ((q >= ST_K_SUM_ALL && (w < 2 || seg < 16)) || (q >= 0 && q != ST_K_COPY && !s->add)) return 0;
+    if (q >= ST_K_SUM_ALL && seg < 16) return 0;
     for (int t = 0; t < T; t++) {
         st_arg *a = &s->a[t];
         float *base = s->mem + (int64_t)t * arrays * len;
