@@ -3129,6 +3129,10 @@ typedef struct dpar__backend_iface {
     dpar_status (*prog_end)(void *state, int dev, void **prog);
     dpar_status (*prog_submit)(void *state, int dev, void *prog);
     void (*prog_free)(void *state, int dev, void *prog);
+    /* optional (with the four): prog_submit of recording pre, then prog, as one submission (one driver
+       call, no batch of the backend's own): a replayed step's staged feed copies (>>graph feeds). NULL:
+       the graph copies staged feeds op by op */
+    dpar_status (*prog_submit_pre)(void *state, int dev, void *pre, void *prog);
     /* optional: write, for a buffer the host refills in turn with a few others (>>graph feeds' staged
        sets): when queued work still touches mem, waits for all of dev's submitted work, not just mem's,
        so the next refills find theirs free (one sleep per few steps, not one a step). NULL: write */
@@ -13159,17 +13163,22 @@ static dpar_status dpar__g_prog_record(dpar_graph *g, dpar_ctx *ctx, int li, int
     return DPAR_OK;
 }
 /* One node (pr NULL or op by op), or from a recorded run's first node: submits
-   (state 1) or records (state 0) the run and moves *i to its last node. *k: the next segment. */
-static dpar_status dpar__g_step_node(dpar_graph *g, dpar_ctx *ctx, int li, dpar__gprog *pr, int *i, int *k) {
+   (state 1) or records (state 0) the run and moves *i to its last node. *k: the next segment. pre: the
+   step's staged feed copies as a recording (>>graph feeds), submitted with the next segment; prog NULL: none. */
+static dpar_status dpar__g_step_node(dpar_graph *g, dpar_ctx *ctx, int li, dpar__gprog *pr, int *i, int *k,
+                                     dpar__gseg *pre) {
     if (pr && pr->state == 0 && dpar__g_recordable(g, &g->n[*i])) return dpar__g_prog_record(g, ctx, li, i);
     if (pr && pr->state == 1 && *k < pr->nseg && pr->seg[*k].i0 == *i) {
+        const dpar__backend_iface *be = g->rt->be;
         const dpar__gseg *sg = &pr->seg[(*k)++];
         int dev = dpar__g_bdev(g, li);
         double t0 = dpar__now_us();
         *i = sg->i1 - 1;
-        dpar_status s = g->rt->be->prog_submit(g->rt->bstate, dev, sg->prog);
-        dpar__obs_add_ops(g->rt, dev, sg->nops); /* its ops and their issue time, as op by op */
+        dpar_status s = pre->prog ? be->prog_submit_pre(g->rt->bstate, dev, pre->prog, sg->prog)
+                                  : be->prog_submit(g->rt->bstate, dev, sg->prog);
+        dpar__obs_add_ops(g->rt, dev, sg->nops + pre->nops); /* their ops and issue time, as op by op */
         dpar__obs_time(g->rt, dev, DPAR__OBS_COMPUTE, t0);
+        pre->prog = NULL, pre->nops = 0;
         return s;
     }
     return dpar__g_exec(g, ctx, li, *i);
@@ -13188,14 +13197,17 @@ DPAR_API dpar_status dpar_graph_recorded(const dpar_graph *g, int *segments, int
     return DPAR_OK;
 }
 
+static dpar_status dpar__g_stage_in(dpar_graph *g, dpar_ctx *ctx, int li, const dpar__gprog *pr,
+                                    dpar__gseg *pre); /* >>graph feeds */
 static dpar_status dpar__g_dispatch(dpar_ctx *ctx, void *user) {
     dpar_graph *g = (dpar_graph *)user;
     int li = dpar_ctx_device(ctx) - g->first, k = 0;
     dpar__gprog *pr = g->prog && g->prog[li].state >= 0 && !DPAR__ATOMIC_LOAD(&dpar__trace_on) ? &g->prog[li] : NULL;
-    dpar_status staged = g->feed_take ? dpar__g_stage_copy(g, li) : DPAR_OK; /* >>graph feeds */
+    dpar__gseg pre = { 0, 0, NULL, 0 };
+    dpar_status staged = g->feed_take ? dpar__g_stage_in(g, ctx, li, pr, &pre) : DPAR_OK; /* >>graph feeds */
     if (staged) return staged;
     for (int i = 1; i < g->count; i++) {
-        dpar_status s = dpar__g_step_node(g, ctx, li, pr, &i, &k);
+        dpar_status s = dpar__g_step_node(g, ctx, li, pr, &i, &k, &pre);
         if (!s) continue;
         if (pr && pr->state == 0) dpar__g_prog_clear(g, li); /* a failed first run: record again next time */
         dpar__g_node_err(g, s, i);
@@ -13341,7 +13353,9 @@ DPAR_API dpar_array *dpar_graph_feed_array(const dpar_graph *g, dpar_value v) {
    staged sets of arrays shaped like the feeds (made by the first put), in
    turn, also while a step is in flight; a run with num_feeds = 0 takes the
    staged set, and each device copies its shards into the feeds' own arrays as
-   the first op of the step's dispatch (no dispatch of its own). The steps in
+   the first op of the step's dispatch (no dispatch of its own); a replayed step
+   that took a whole set submits that set's copies prerecorded, with its first
+   segment (dpar__g_stage_in: one submit, nothing recorded per step). The steps in
    flight read the sets they took while the next put fills another; a put
    whose set a queued step still reads waits through the backend's refill,
    for every submitted step (Vulkan), so the next two puts find theirs free:
@@ -13364,12 +13378,17 @@ typedef struct dpar__gstage {
     dpar_buffer **take; /* [n * nlocal] the shards the taking run copies from (g->feed_take) */
     int *at;            /* [n] a put's entry for each feed (no allocation per put) */
     int next;           /* the set the next host put fills */
+    int taken;          /* the set the running step took whole (every feed a host put), -1: none */
     bool full, host;    /* a put no run took yet; it put host data (in set `next`) */
+    dpar__gseg *pre;    /* [DPAR__G_STAGE_SETS * nlocal] set's copies on device li, recorded (prog NULL: not yet) */
+    bool *pre_off;      /* [nlocal] device li's copies could not be recorded: op by op */
 } dpar__gstage;
 
 static void dpar__g_stage_free(dpar_graph *g, bool alive) {
     dpar__gstage *st = g->stage;
     if (!st) return;
+    for (int k = 0; alive && st->pre && k < DPAR__G_STAGE_SETS * g->nlocal; k++)
+        if (st->pre[k].prog) g->rt->be->prog_free(g->rt->bstate, dpar__g_bdev(g, k % g->nlocal), st->pre[k].prog);
     for (int k = 0; alive && st->own && k < DPAR__G_STAGE_SETS * st->n; k++) dpar_array_destroy(st->own[k]);
     DPAR_FREE(st->ids);
     DPAR_FREE(st->label);
@@ -13379,6 +13398,8 @@ static void dpar__g_stage_free(dpar_graph *g, bool alive) {
     DPAR_FREE(st->src);
     DPAR_FREE(st->take);
     DPAR_FREE(st->at);
+    DPAR_FREE(st->pre);
+    DPAR_FREE(st->pre_off);
     DPAR_FREE(st);
     g->stage = NULL;
 }
@@ -13405,8 +13426,11 @@ static dpar_status dpar__g_stage_make(dpar_graph *g) {
         st->src = (dpar_array **)dpar__calloc(m, sizeof *st->src);
         st->take = (dpar_buffer **)dpar__calloc(m * nl, sizeof *st->take);
         st->at = (int *)dpar__calloc(m, sizeof *st->at);
+        st->pre = (dpar__gseg *)dpar__calloc(DPAR__G_STAGE_SETS * nl, sizeof *st->pre);
+        st->pre_off = (bool *)dpar__calloc(nl, sizeof *st->pre_off);
     }
-    if (!st || !st->ids || !st->label || !st->feed || !st->dst || !st->own || !st->src || !st->take || !st->at) {
+    if (!st || !st->ids || !st->label || !st->feed || !st->dst || !st->own || !st->src || !st->take || !st->at ||
+        !st->pre || !st->pre_off) {
         dpar__g_stage_free(g, true);
         return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_graph_put_feeds: out of host memory");
     }
@@ -13508,10 +13532,12 @@ static dpar_status dpar__g_stage_take(dpar_graph *g, int num_feeds, const char *
                          "to run on the staged ones, or drop them first with dpar_graph_put_feeds(g, NULL, 0)",
                          fn, num_feeds);
     size_t nl = (size_t)g->nlocal;
+    st->taken = st->next;
     for (int k = 0; k < st->n; k++) {
         bool own = st->src[k] == st->own[st->next * st->n + k];
         dpar_status s = own ? DPAR_OK : dpar__g_feed_check(st->src[k], st->feed[k], st->label[k], fn); /* still live */
         if (s) return s;
+        if (!own) st->taken = -1;
         for (int li = 0; li < g->nlocal; li++)
             st->take[(size_t)k * nl + (size_t)li] = dpar_array_shard(st->src[k], g->first + li);
     }
@@ -13537,6 +13563,43 @@ static dpar_status dpar__g_stage_copy(const dpar_graph *g, int li) {
         dpar_status s = dpar_copy(st->dst[at], g->feed_take[at]);
         if (s) return dpar__err(s, "dpar_graph_run: staged feed %s: %s", st->label[k], dpar_last_error());
     }
+    return DPAR_OK;
+}
+/* Device li's staged feed copies for a step that took them. A replayed step (pr recorded from node 1 on)
+   that took a whole staged set gets the set's copies as a recording of their own, made the first time li
+   takes the set (3 per device, a few commands each) and submitted with the step's first segment (*pre;
+   pre->nops 0 the step it is recorded, whose copies count as they record): the step is one submit of
+   prerecorded command buffers, with no batch of the backend's own to record. Otherwise (the first run,
+   caller's arrays staged, op by op, no prog_submit_pre) the copies run op by op as the step's first ops. */
+static dpar_status dpar__g_stage_in(dpar_graph *g, dpar_ctx *ctx, int li, const dpar__gprog *pr, dpar__gseg *pre) {
+    dpar__gstage *st = g->stage;
+    const dpar__backend_iface *be = g->rt->be;
+    if (!pr || pr->state != 1 || !pr->nseg || pr->seg[0].i0 != 1 || st->taken < 0 || !st->n || st->pre_off[li] ||
+        !be->prog_submit_pre)
+        return dpar__g_stage_copy(g, li);
+    dpar__gseg *sg = &st->pre[st->taken * g->nlocal + li];
+    if (sg->prog) {
+        *pre = *sg;
+        return DPAR_OK;
+    }
+    int dev = dpar__g_bdev(g, li);
+    uint64_t ops0 = dpar__obs_ops(g->rt, dev);
+    dpar__worker_issued(&g->rt->workers[ctx->device - ctx->rt->local_base]); /* as dpar__g_prog_record */
+    dpar_status s = be->prog_begin(g->rt->bstate, dev);
+    if (!s) {
+        s = dpar__g_stage_copy(g, li);
+        dpar_status e = be->prog_end(g->rt->bstate, dev, &sg->prog);
+        if (!s) s = e;
+    }
+    if (s || !sg->prog) { /* not recordable after all: op by op from now on (a real error shows there) */
+        if (sg->prog) be->prog_free(g->rt->bstate, dev, sg->prog);
+        sg->prog = NULL;
+        st->pre_off[li] = true;
+        dpar__clear_error();
+        return dpar__g_stage_copy(g, li);
+    }
+    sg->nops = dpar__obs_ops(g->rt, dev) - ops0;
+    pre->prog = sg->prog; /* its copies counted as they recorded */
     return DPAR_OK;
 }
 /* The loss of the last run, read now (dpar_graph_run with loss = NULL leaves it on the devices). */
@@ -13774,6 +13837,7 @@ static void dpar__g_free(void *self) {
     for (int li = 0; g->prog && li < g->nlocal; li++)
         if (alive) dpar__g_prog_clear(g, li); /* before the buffers they use */
     DPAR_FREE(g->prog);
+    dpar__g_stage_free(g, alive); /* >>graph feeds: its recordings too, before the feeds' arrays */
     for (int k = 0; k < g->nslots; k++)
         for (int li = 0; li < g->nlocal && g->slot_owned[k]; li++)
             dpar__g_slot_free(g, k, g->slots[k * g->nlocal + li]);
@@ -13783,7 +13847,6 @@ static void dpar__g_free(void *self) {
         if (g->n[i].kind != DPAR__G_PARAM && g->n[i].array && alive) dpar_array_destroy(g->n[i].array);
     }
     dpar__g_z1_destroy(g, alive);
-    dpar__g_stage_free(g, alive); /* >>graph feeds */
     dpar_buffer_destroy(g->loss_log);
     dpar__g_pipe_destroy(g);
     dpar__g_bucket_free(g);
@@ -18072,6 +18135,7 @@ static const dpar__backend_iface dpar__cpu_backend = {
     NULL /* prog_end */,
     NULL /* prog_submit */,
     NULL /* prog_free */,
+    NULL /* prog_submit_pre */,
     NULL /* refill: a write waits for nothing */,
     NULL /* host_waits */
 };

@@ -2660,6 +2660,7 @@ static const dpar__backend_iface *dpar__cuda_iface(void) {
                                                dpar__cu_prog_end,
                                                dpar__cu_prog_submit,
                                                dpar__cu_prog_free,
+                                               NULL, /* prog_submit_pre: staged feeds copied op by op */
                                                NULL, /* refill: a write waits for mem's work alone */
                                                NULL /* host_waits */ };
     return &iface;

@@ -200,13 +200,13 @@ typedef struct dpar__vkdev {
     dpar__vkbuf *half[7];     /* f32 temporaries of the 16-bit layer ops (>>vulkan half storage), kept */
     int idx_pending;          /* a check ran since the last report (atomic) */
     /* >>vulkan interop: one buffer lent at a time; values of the timeline semaphore `sem` */
-    VkSemaphore sem;        /* made by the first export */
-    uint64_t sem_value;     /* last value handed out (an export's ready value, then its release value) */
-    uint64_t sem_signal;    /* the next submit signals it (0: none) */
-    uint64_t sem_wait;      /* the next submit waits for it (0: none): the engine's release */
-    int loaned;             /* a buffer of this device is lent */
-    VkCommandBuffer suffix; /* >>vulkan program: the next submit runs this recording after its batch */
-    uint64_t host_waits;    /* vkWaitForFences calls (atomic: dpar_device_stats.host_waits reads it) */
+    VkSemaphore sem;           /* made by the first export */
+    uint64_t sem_value;        /* last value handed out (an export's ready value, then its release value) */
+    uint64_t sem_signal;       /* the next submit signals it (0: none) */
+    uint64_t sem_wait;         /* the next submit waits for it (0: none): the engine's release */
+    int loaned;                /* a buffer of this device is lent */
+    VkCommandBuffer suffix[2]; /* >>vulkan program: the next submit runs these recordings after its batch */
+    uint64_t host_waits;       /* vkWaitForFences calls (atomic: dpar_device_stats.host_waits reads it) */
 } dpar__vkdev;
 
 /* Push constants shared by every shader (112 bytes; Vulkan guarantees 128). A shader declares the
@@ -600,10 +600,11 @@ static dpar_status dpar__vk_submit(dpar__vkdev *d) {
         VkSubmitInfo si;
         memset(&si, 0, sizeof si);
         si.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO;
-        VkCommandBuffer cbs[2] = { f->cb, d->suffix }; /* the batch, then a program's recording */
-        si.commandBufferCount = (f->bare ? 0u : 1u) + (d->suffix ? 1u : 0u);
+        /* the batch, then a program's recordings (none, prog, or a step's staged copies and prog) */
+        VkCommandBuffer cbs[3] = { f->cb, d->suffix[0], d->suffix[1] };
+        si.commandBufferCount = (f->bare ? 0u : 1u) + (d->suffix[0] ? 1u : 0u) + (d->suffix[1] ? 1u : 0u);
         si.pCommandBuffers = f->bare ? cbs + 1 : cbs;
-        d->suffix = VK_NULL_HANDLE;
+        d->suffix[0] = d->suffix[1] = VK_NULL_HANDLE;
         /* a loan (>>vulkan interop): wait for the engine's release value, signal an export's ready value */
         VkTimelineSemaphoreSubmitInfo ti;
         memset(&ti, 0, sizeof ti);
@@ -2647,10 +2648,11 @@ static dpar_status dpar__vk_buffer_release(void *obj) {
    queue runs them in order, and the first command's full barrier orders it
    after every earlier submission), so the host can queue step k+1 while the
    device runs step k (up to the ring's DPAR__VK_FRAMES batches). It submits the
-   recording in one vkQueueSubmit after the ring's open batch (a step's staged
-   feed copies, >>graph feeds in dpar.h), or alone with the fence of a bare
-   batch (no command buffer of its own to record) when none is open; that
-   batch's serial and fence stand for it: every listed buffer's last_serial moves
+   recording in one vkQueueSubmit after the ring's open batch, if any, and after
+   another recording for prog_submit_pre (a replayed step's staged feed copies,
+   >>graph feeds in dpar.h, so the step records nothing), with the fence of a
+   bare batch (no command buffer of its own to record) when none is open; that
+   batch's serial and fence stand for them: every listed buffer's last_serial moves
    to that batch, so reads, writes and frees wait for it as for any batch. Each
    recorded command starts with the full barrier of the ring's commands (so
    the batch's commands run first); the recording ends with the host barrier,
@@ -2725,10 +2727,11 @@ static dpar_status dpar__vk_prog_end(void *state, int dev, void **prog) {
     *prog = p;
     return DPAR_OK;
 }
-static dpar_status dpar__vk_prog_submit(void *state, int dev, void *prog) {
+/* Submits recordings pre (NULL: none) and prog in one vkQueueSubmit, after the open batch if any. */
+static dpar_status dpar__vk_prog_submit_pre(void *state, int dev, void *pre, void *prog) {
     dpar__vk *st = (dpar__vk *)state;
     dpar__vkdev *d = &st->devs[dev];
-    dpar__vkprog *p = (dpar__vkprog *)prog;
+    dpar__vkprog *ps[2] = { (dpar__vkprog *)pre, (dpar__vkprog *)prog };
     if (dpar__vk_rec) return dpar__vk_rec_refuse("a program submit");
     dpar__mutex_lock(&d->lock);
     dpar_status s = dpar__vk_check_lost(st);
@@ -2736,10 +2739,14 @@ static dpar_status dpar__vk_prog_submit(void *state, int dev, void *prog) {
     if (!s) s = dpar__vk_begin_batch(d, d->cur < 0, &f); /* the open batch (its commands run first), else a bare one */
     if (!s) {
         uint64_t serial = f->serial;
-        d->suffix = p->fr.cb;
+        int n = 0;
+        for (int j = 0; j < 2; j++)
+            if (ps[j]) d->suffix[n++] = ps[j]->fr.cb;
         s = dpar__vk_submit(d);
-        d->suffix = VK_NULL_HANDLE;
-        if (!s) {
+        d->suffix[0] = d->suffix[1] = VK_NULL_HANDLE;
+        for (int j = 0; j < 2 && !s; j++) {
+            dpar__vkprog *p = ps[j];
+            if (!p) continue;
             p->serial = serial;
             for (int i = 0; i < p->nbufs; i++) p->bufs[i]->last_serial = serial;
             if (p->idx) DPAR__ATOMIC_STORE(&d->idx_pending, 1);
@@ -2747,6 +2754,9 @@ static dpar_status dpar__vk_prog_submit(void *state, int dev, void *prog) {
     }
     dpar__mutex_unlock(&d->lock);
     return s;
+}
+static dpar_status dpar__vk_prog_submit(void *state, int dev, void *prog) {
+    return dpar__vk_prog_submit_pre(state, dev, NULL, prog);
 }
 
 static const dpar__backend_iface *dpar__vulkan_iface(void) {
@@ -2778,6 +2788,7 @@ static const dpar__backend_iface *dpar__vulkan_iface(void) {
         dpar__vk_prog_end,
         dpar__vk_prog_submit,
         dpar__vk_prog_free,
+        dpar__vk_prog_submit_pre,
         dpar__vk_refill,
         dpar__vk_host_waits,
     };

@@ -13,7 +13,8 @@
    records again without it once dpar_graph_set_lr changes the rate; on a 4x1 mesh its loss and gradients
    share one bucket, whose copies back are recorded with the SGD step. A bad label inside a recorded segment is still
    reported by the step that used it, and the next good step runs. Steps fed by dpar_graph_put_feeds with
-   no loss read queue up behind each other and still give the op-by-op values, and on Vulkan the host
+   no loss read queue up behind each other and still give the op-by-op values (mixed with plain runs and a
+   staged array; on 1 device and on the 4x1 mesh, whose ops counted match), and on Vulkan the host
    blocks once per three of them (dpar_device_stats.host_waits). The CPU
    backend records nothing; NULL is refused. A 1-device runtime runs fn on the caller's thread
    (DPAR_CALLER_THREAD=1, the default) bit for bit as on its worker (=0), on Vulkan and on the CPU. Every case but the last runs on
@@ -220,8 +221,9 @@ static void pair_make(mlp_pair *p, dpar_backend_kind k, int dp, int tp, uint64_t
     mlp_build(&p->plain, p->m, init);
     mlp_build(&p->rec, p->m, init);
 }
-/* Step s of both on the same batch: the losses bit for bit. With ops: each graph's op count on device dev. */
-static void pair_step(mlp_pair *p, int s, int dev, uint64_t ops[2]) {
+/* Step s of both on the same batch: the losses bit for bit. With ops: each graph's op count on device dev.
+   staged: both fed through dpar_graph_put_feeds (the copies into the feeds count as ops either way). */
+static void pair_step(mlp_pair *p, int s, int dev, uint64_t ops[2], bool staged) {
     static float xs[MB * MD];
     int32_t ys[MB];
     fill(xs, MB * MD, 1.0);
@@ -230,7 +232,13 @@ static void pair_step(mlp_pair *p, int s, int dev, uint64_t ops[2]) {
     float l[2] = { 0, 0 };
     for (int r = 0; r < 2; r++) {
         if (ops) dpar_runtime_stats_reset(p->rt);
-        step(t[r]->g, r == 1, t[r]->x, xs, t[r]->y, ys, &l[r]);
+        if (staged) {
+            setenv("DPAR_GRAPH_RECORD", r == 1 ? "1" : "0", 1);
+            T_OK(dpar_graph_put_feeds(t[r]->g, (dpar_graph_feed[]){ { t[r]->x, xs, NULL }, { t[r]->y, ys, NULL } }, 2));
+            T_OK(dpar_graph_run(t[r]->g, NULL, 0, &l[r]));
+        } else {
+            step(t[r]->g, r == 1, t[r]->x, xs, t[r]->y, ys, &l[r]);
+        }
         if (ops) {
             dpar_device_stats ds;
             T_OK(dpar_runtime_device_stats(p->rt, dev, &ds));
@@ -258,7 +266,7 @@ static void megatron(dpar_backend_kind k) {
     pair_make(&p, k, 2, 2, 99);
     uint64_t ops[2] = { 0, 0 };
     for (int s = 0; s < 10; s++) {
-        pair_step(&p, s, 3, ops);
+        pair_step(&p, s, 3, ops, false);
         if (ops[0] != ops[1] || ops[0] == 0) /* a recorded segment's submit counts its ops */
             fail_msg("step %d: device 3 counted %llu ops op by op, %llu recorded", s, (unsigned long long)ops[0],
                      (unsigned long long)ops[1]);
@@ -286,7 +294,7 @@ static void sgd_recorded(dpar_backend_kind k) {
             T_OK(dpar_graph_set_lr(p.plain.g, 0.05f));
             T_OK(dpar_graph_set_lr(p.rec.g, 0.05f));
         }
-        pair_step(&p, s, 0, NULL);
+        pair_step(&p, s, 0, NULL, false);
     }
     T_OK(dpar_graph_recorded(p.rec.g, NULL, &nodes[1]));
     if (seg < 1 || nodes[0] - nodes[1] != 1)
@@ -303,13 +311,15 @@ static void sgd_recorded(dpar_backend_kind k) {
    the two collectives over the model axis and by the bucket's collective, after which the copies back
    from the bucket and the SGD step are one more segment (SEG_DP = 4 segments; 6 before the loss and the
    members' copies joined the recording, 3 while the copies back and the SGD step ran op by op); bit for
-   bit op by op, the same ops counted ---- */
+   bit op by op, the same ops counted. Most steps are fed through dpar_graph_put_feeds, every fourth by
+   dpar_graph_run's own feeds: the recorded graph's staged copies, prerecorded per staged set and device
+   and submitted with the first segment, count their ops as the op-by-op copies do ---- */
 static void data_parallel(dpar_backend_kind k) {
     mlp_pair p;
     pair_make(&p, k, 4, 1, 17);
     uint64_t ops[2] = { 0, 0 };
     for (int s = 0; s < 10; s++) {
-        pair_step(&p, s, 2, ops);
+        pair_step(&p, s, 2, ops, s % 4 != 3);
         if (ops[0] != ops[1] || ops[0] == 0)
             fail_msg("step %d: device 2 counted %llu ops op by op, %llu recorded", s, (unsigned long long)ops[0],
                      (unsigned long long)ops[1]);
@@ -325,7 +335,10 @@ static void data_parallel(dpar_backend_kind k) {
    softmax regression with SGD momentum (one recording a step, nothing between steps) fed by
    dpar_graph_put_feeds and run with loss = NULL, so no step waits for the one before; a parameter read
    between steps and dpar_graph_loss after them see the last step's values, and destroying the graph right
-   after its last run waits for it: bit for bit the op-by-op replay fed and read step by step ---- */
+   after its last run waits for it: bit for bit the op-by-op replay fed and read step by step. A replayed
+   step submits its staged set's copies prerecorded (three recordings, taken in turn, each step's batch
+   different: a copy from the wrong set shows in the bits); step 5 is a plain run with dpar_graph_run's own
+   feeds and step 8 stages the caller's array for x (copied op by op), between the staged ones ---- */
 typedef struct softreg {
     dpar_graph *g;
     dpar_array *w[2];
@@ -359,6 +372,9 @@ static void pipelined(dpar_backend_kind k) {
     float *init[2] = { w0, b0 };
     softreg t[2]; /* op by op, recorded */
     for (int r = 0; r < 2; r++) softreg_build(&t[r], m, init);
+    const int64_t sx[2] = { MB, MD };
+    const char *const dspec[2] = { "data", NULL };
+    dpar_array *xa = arr(m, 2, sx, dspec, xs);
     float mid[2][MD * MC], last[2];
     static float w[2][2][MD * MC]; /* zero past each parameter's own elements */
     enum { QSTEPS = 24 };
@@ -374,9 +390,16 @@ static void pipelined(dpar_backend_kind k) {
             }
             if (r == 0)
                 step(t[0].g, false, t[0].x, xs, t[0].y, ys, NULL);
+            else if (s == 5) /* a plain run between staged ones: the next put fills the set it would have */
+                T_OK(
+                    dpar_graph_run(t[1].g, (dpar_graph_feed[]){ { t[1].x, xs, NULL }, { t[1].y, ys, NULL } }, 2, NULL));
             else {
                 setenv("DPAR_GRAPH_RECORD", "1", 1); /* read at the graph's first run */
                 dpar_graph_feed f[2] = { { t[1].x, xs, NULL }, { t[1].y, ys, NULL } };
+                if (s == 8) { /* the caller's array staged for x: not a whole staged set, copied op by op */
+                    T_OK(dpar_array_put(xa, xs));
+                    f[0].host = NULL, f[0].array = xa;
+                }
                 T_OK(dpar_graph_put_feeds(t[1].g, f, 2));
                 T_OK(dpar_graph_run(t[1].g, NULL, 0, NULL));
             }
@@ -408,6 +431,7 @@ static void pipelined(dpar_backend_kind k) {
     want_same(w[0], w[1], sizeof w[0], "the parameters", QSTEPS + 3);
     T_OK(dpar_graph_destroy(t[0].g));
     for (int r = 0; r < 2; r++) dpar_array_destroy(t[r].w[0]), dpar_array_destroy(t[r].w[1]);
+    dpar_array_destroy(xa);
     T_OK(dpar_mesh_destroy(m));
     T_OK(dpar_runtime_destroy(rt));
     printf("softmax regression on 1 %s device, staged feeds and no loss read: one recording, bit for bit over %d "
