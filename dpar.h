@@ -1910,10 +1910,10 @@ DPAR_API dpar_status dpar_graph_run(dpar_graph *g, const dpar_graph_feed *feeds,
    a feed of g. */
 DPAR_API dpar_array *dpar_graph_feed_array(const dpar_graph *g, dpar_value v);
 /* Stages the next step's feeds (JAX's asynchronous device_put): copies each
-   host entry now, into one of three staged copies of the feeds' arrays, in
-   turn (the first put allocates them: three times the feeds' bytes per
+   host entry now, into one of six staged copies of the feeds' arrays, in
+   turn (the first put allocates them: six times the feeds' bytes per
    device; on Vulkan, a put that must wait for a step waits for every queued
-   step, so the next two puts do not wait: one sleep per three steps while
+   step, so the next five puts do not wait: one sleep per six steps while
    the device is behind), and takes
    array entries by reference; the next dpar_graph_run / dpar_graph_run_start
    with num_feeds = 0 runs on them (each device copies them into the feeds as
@@ -2031,7 +2031,7 @@ DPAR_API dpar_value dpar_g_dropout(dpar_graph *g, dpar_value x, float rate, uint
    destroy, dpar_mesh_destroy, dpar_graph_destroy, dpar_runtime_destroy,
    dpar_vulkan_buffer_export/release) returns DPAR_ERR_STATE and does nothing;
    dpar_test, dpar_wait, dpar_runtime_device_info/stats, dpar_last_error and
-   dpar_graph_put_feeds (staging the next step's feeds: three sets in turn,
+   dpar_graph_put_feeds (staging the next step's feeds: six sets in turn,
    the step never reads what it writes) are allowed. Only one thread may wait for
    or test a given request.
    Errors of the start calls: DPAR_ERR_INVALID_ARGUMENT (NULL mesh, graph,
@@ -13358,15 +13358,16 @@ DPAR_API dpar_array *dpar_graph_feed_array(const dpar_graph *g, dpar_value v) {
    segment (dpar__g_stage_in: one submit, nothing recorded per step). The steps in
    flight read the sets they took while the next put fills another; a put
    whose set a queued step still reads waits through the backend's refill,
-   for every submitted step (Vulkan), so the next two puts find theirs free:
-   one sleep per three steps instead of one a step while the device is behind
-   (three, not more: Vulkan's ring holds three batches, one a replayed step,
-   and its frames would bound the next puts instead). Only the caller's thread
+   for every submitted step (Vulkan), so the next five puts find theirs free:
+   one sleep per six steps instead of one a step while the device is behind
+   (as many as Vulkan's ring holds batches, one a replayed step: its frames
+   would bound the puts otherwise; each wait costs the host a sleep and a
+   wake, the largest part of a replayed step's host time at three). Only the caller's thread
    touches the stage (puts, and the takes of dpar_graph_run / _start, which no
    step is in flight for); the step's workers read g->feed_take, set before the
    step starts. A put reads only the stage, cached at the first put: the step
    in flight may be compiling the graph's nodes. */
-enum { DPAR__G_STAGE_SETS = 3 };
+enum { DPAR__G_STAGE_SETS = 6 };
 typedef struct dpar__gstage {
     int n;              /* the graph's feeds */
     int *ids;           /* [n] their nodes */

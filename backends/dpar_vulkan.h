@@ -114,7 +114,7 @@
 /* clang-format on */
 
 enum {
-    DPAR__VK_FRAMES = 3,      /* command buffers in flight per logical device */
+    DPAR__VK_FRAMES = 6,      /* batches in flight per logical device (>>graph feeds' staged sets: as many) */
     DPAR__VK_FRAME_OPS = 128, /* ops recorded before a command buffer is submitted */
     DPAR__VK_BINDINGS = 8,    /* dst, dst2, src0, src1, dst3, src2, src3, spare (the layer ops need 7) */
     DPAR__VK_WG = 256         /* 1-D workgroup size of the element-wise shaders */
