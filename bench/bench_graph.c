@@ -6,9 +6,9 @@
    dpar_graph_run. Both start from the same weights and see the same host
    batches (uploaded every step), each fed as its documented fast path
    feeds it: the eager step by dpar_array_put into its input arrays, the
-   graph by dpar_graph_put_feeds (staged, three sets in turn: on Vulkan the
+   graph by dpar_graph_put_feeds (staged, six sets in turn: on Vulkan the
    next steps are queued while the device runs the last, and the host
-   sleeps about once per three steps) and a run with
+   sleeps about once per six steps) and a run with
    num_feeds = 0 and loss = NULL.
 
    Interleaved (DESIGN §8): R rounds, each timing a block of K eager steps
