@@ -7,7 +7,8 @@
 // Lanes run over rows only: a workgroup of 8 computes a 32x16 block of C, each invocation 4 rows
 // (r0 + 8 i) by the block's 16 columns. Every lane reads the same elements of B, loaded once: per k,
 // 4 lane-by-lane loads of A feed 64 products. The same sums over k in the same order, no fused
-// multiply-add: bit for bit matmul.comp's result. Batch z of workgroup z (strided by the count).
+// multiply-add: bit for bit matmul.comp's result. Batch z of workgroup z and column block y of workgroup
+// y, each strided by the count (the host gives a workgroup several column blocks).
 layout(local_size_x = 8) in;
 #include "matmul_common.glsl"
 
@@ -68,6 +69,7 @@ void main() {
         offA = z * pc.p[1];
         offB = z * pc.p[2];
         offC = z * pc.p[3];
-        direct(gl_WorkGroupID.x * 8u * R + gl_LocalInvocationID.x, gl_WorkGroupID.y * NB);
+        for (uint cb = gl_WorkGroupID.y; cb * NB < pc.n; cb += gl_NumWorkGroups.y)
+            direct(gl_WorkGroupID.x * 8u * R + gl_LocalInvocationID.x, cb * NB);
     }
 }

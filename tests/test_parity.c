@@ -555,6 +555,16 @@ static const pcase op_cases[] = {
       .beta = 1,
       .rtol = 1e-5,
       .atol = 1e-4 },
+    /* a CPU device's direct matmul walks several column blocks a workgroup: 19 blocks over 3 workgroups */
+    { .name = "matmul 40x33x300 tA tB beta",
+      .fn = c_matmul,
+      .dt = DPAR_F32,
+      .shape = { 40, 33, 300 },
+      .trans = 3,
+      .alpha = 1,
+      .beta = 0.5f,
+      .rtol = 1e-5,
+      .atol = 1e-4 },
     /* Vulkan's direct variant on llvmpipe (blocks of 32 rows by 16 columns): the digits MLP's shapes (N = 10,
        its dW with A transposed, its dX with K = 10 and B transposed), edges one past a block, M and N of 1,
        K of 1 and 0 */
