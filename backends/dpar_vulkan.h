@@ -169,6 +169,7 @@ typedef struct dpar__vkphys {
     char driver[64];
     uint8_t uuid[VK_UUID_SIZE]; /* VkPhysicalDeviceIDProperties::deviceUUID */
     int prefer_mappable;        /* map device memory in place */
+    int lanes8;                 /* compute subgroups of 8 with broadcast (matmul_direct.comp's flags bit 5) */
     VkDevice device;
     uint32_t family;
     int nqueues;
@@ -1250,16 +1251,22 @@ static void dpar__vk_query_phys(dpar__vk *st, dpar__vkphys *ph) {
     memset(&idp, 0, sizeof idp);
     idp.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_ID_PROPERTIES;
     idp.pNext = &m3;
+    VkPhysicalDeviceSubgroupProperties sg;
+    memset(&sg, 0, sizeof sg);
+    sg.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES;
+    sg.pNext = &idp;
     VkPhysicalDeviceProperties2 p2;
     memset(&p2, 0, sizeof p2);
     p2.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2;
-    p2.pNext = &idp;
+    p2.pNext = &sg;
     st->vkGetPhysicalDeviceProperties(ph->pd, &ph->props);
     int has_drv = (uint32_t)st->api_version >= VK_API_VERSION_1_2 && ph->props.apiVersion >= VK_API_VERSION_1_2;
     if (has_drv) m3.pNext = &drv;
     st->vkGetPhysicalDeviceProperties2(ph->pd, &p2);
     ph->max_alloc = m3.maxMemoryAllocationSize ? m3.maxMemoryAllocationSize : ~(VkDeviceSize)0;
     memcpy(ph->uuid, idp.deviceUUID, sizeof ph->uuid);
+    ph->lanes8 = sg.subgroupSize == 8 && (sg.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
+                 (sg.supportedOperations & VK_SUBGROUP_FEATURE_BALLOT_BIT);
     if (has_drv && drv.driverName[0])
         snprintf(ph->driver, sizeof ph->driver, "%.31s %.31s", drv.driverName, drv.driverInfo);
     else
@@ -1968,9 +1975,11 @@ static uint32_t dpar__vk_rows(int64_t rows) {
 static int dpar__vk_on_cpu(const dpar__vk *st, int dev) {
     return st->devs[dev].ph->props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU;
 }
-/* The matmul shader for C [m, n] on device dev and its workgroups (g[0], g[1]). */
-static int dpar__vk_mm_pick(const dpar__vk *st, int dev, int64_t m, int64_t n, uint32_t g[2]) {
+/* The matmul shader for C [m, n] on device dev, its workgroups (g[0], g[1]) and its flags beyond the
+   operands' (pc->flags). */
+static int dpar__vk_mm_pick(const dpar__vk *st, int dev, int64_t m, int64_t n, uint32_t g[2], dpar__vkpc *pc) {
     if (dpar__vk_on_cpu(st, dev)) { /* blocks of 32 rows by 16 columns, up to DPAR__VK_CPU_MM_COLS a workgroup */
+        if (st->devs[dev].ph->lanes8) pc->flags |= 32u;
         g[0] = (uint32_t)((m + 31) / 32);
         g[1] = (uint32_t)((n + 16 * DPAR__VK_CPU_MM_COLS - 1) / (16 * DPAR__VK_CPU_MM_COLS));
         return DPAR__SPV_MATMUL_DIRECT;
@@ -2023,7 +2032,7 @@ static dpar_status dpar__vk_op_matmul_batched(dpar__vk *st, int dev, const dpar_
     for (int i = 0; i < 4; i++) pc->p[i] = (uint32_t)op->p[i];
     b[0] = dpar__vk_mem(op->dst), b[2] = dpar__vk_mem(op->src0), b[3] = dpar__vk_mem(op->src1);
     uint32_t g[2];
-    int id = dpar__vk_mm_pick(st, dev, op->m, op->n, g);
+    int id = dpar__vk_mm_pick(st, dev, op->m, op->n, g, pc);
     return dpar__vk_dispatch3(st, dev, id, b, pc, g[0], g[1], dpar__vk_rows(op->p[0]));
 }
 static dpar_status dpar__vk_op_attn(dpar__vk *st, int dev, const dpar__op *op, dpar__vkpc *pc) {
@@ -2172,7 +2181,7 @@ static dpar_status dpar__vk_op_basic(dpar__vk *st, int dev, const dpar__op *op, 
         b[2] = src0;
         b[3] = src1;
         uint32_t g[2];
-        int id = dpar__vk_mm_pick(st, dev, op->m, op->n, g);
+        int id = dpar__vk_mm_pick(st, dev, op->m, op->n, g, pc);
         return dpar__vk_dispatch(st, dev, id, b, pc, g[0], g[1]);
     }
     case DPAR__OP_BIAS_ADD: {
