@@ -2090,18 +2090,32 @@ static dpar_status dpar__vk_op_conv_pool(dpar__vk *st, int dev, const dpar__op *
 
 /* >>vulkan optim =============================================================
    AdamW, embedding, dropout, and the index check of the label/index ops: a
-   shader records the first bad index in the device's error words, reported
-   as the op's error at the next sync or read of that device. */
-static dpar_status dpar__vk_idx_check(dpar__vk *st, int dev, const dpar_buffer *idx, int64_t bound, int use_ignore,
-                                      int32_t ignore, int fn) {
+   shader (check_index.comp, or softmax_xent.comp for its labels) records the
+   first bad index in the device's error words, reported as the op's error at
+   the next sync or read of that device. */
+static dpar_status dpar__vk_idx_words(dpar__vk *st, int dev, dpar__vkbuf **out) {
     dpar__vkdev *d = &st->devs[dev];
-    dpar_status s = DPAR_OK;
-    if (idx->count == 0) return DPAR_OK;
     if (!d->idx_err) {
         void *mem = NULL;
-        if ((s = dpar__vk_alloc(st, dev, 32, &mem))) return s; /* zeroed: no error */
+        dpar_status s = dpar__vk_alloc(st, dev, 32, &mem); /* zeroed: no error */
+        if (s) return s;
         d->idx_err = (dpar__vkbuf *)mem;
     }
+    *out = d->idx_err;
+    return DPAR_OK;
+}
+/* after a checking dispatch recorded without error: a report is pending */
+static void dpar__vk_idx_recorded(dpar__vk *st, int dev) {
+    struct dpar__vkprog *rec = dpar__vk_recording(dev);
+    if (rec) rec->idx = 1; /* each submit of the recording leaves a report pending */
+    if (!rec) DPAR__ATOMIC_STORE(&st->devs[dev].idx_pending, 1);
+}
+static dpar_status dpar__vk_idx_check(dpar__vk *st, int dev, const dpar_buffer *idx, int64_t bound, int use_ignore,
+                                      int32_t ignore, int fn) {
+    dpar__vkbuf *err = NULL;
+    dpar_status s = DPAR_OK;
+    if (idx->count == 0) return DPAR_OK;
+    if ((s = dpar__vk_idx_words(st, dev, &err))) return s;
     dpar__vkpc pc;
     memset(&pc, 0, sizeof pc);
     pc.n = (uint32_t)idx->count;
@@ -2109,11 +2123,9 @@ static dpar_status dpar__vk_idx_check(dpar__vk *st, int dev, const dpar_buffer *
     pc.flags = use_ignore ? 1u : 0u;
     pc.p[0] = (uint32_t)ignore;
     pc.p[1] = (uint32_t)fn;
-    dpar__vkbuf *b[DPAR__VK_BINDINGS] = { d->idx_err, NULL, NULL, (dpar__vkbuf *)idx->mem };
+    dpar__vkbuf *b[DPAR__VK_BINDINGS] = { err, NULL, NULL, (dpar__vkbuf *)idx->mem };
     s = dpar__vk_dispatch(st, dev, DPAR__SPV_CHECK_INDEX, b, &pc, 1, 1);
-    struct dpar__vkprog *rec = dpar__vk_recording(dev);
-    if (!s && rec) rec->idx = 1; /* each submit of the recording leaves a report pending */
-    if (!s && !rec) DPAR__ATOMIC_STORE(&d->idx_pending, 1);
+    if (!s) dpar__vk_idx_recorded(st, dev);
     return s;
 }
 /* the error words of the checks run since the last report: the first bad index as the op's error */
@@ -2207,11 +2219,14 @@ static dpar_status dpar__vk_op_basic(dpar__vk *st, int dev, const dpar__op *op, 
         pc->flags = dst2 ? 1u : 0u;
         pc->p[0] = op->p[0] ? 1u : 0u;
         pc->p[1] = (uint32_t)op->p[1];
+        pc->p[2] = (uint32_t)op->p[2]; /* the public function, for a bad label's error */
         b[1] = dst2;
         b[2] = src0;
         b[3] = src1;
-        dpar_status s = dpar__vk_dispatch(st, dev, DPAR__SPV_SOFTMAX_XENT, b, pc, 1, 1);
-        return s ? s : dpar__vk_idx_check(st, dev, op->src1, cols, (int)op->p[0], (int32_t)op->p[1], (int)op->p[2]);
+        dpar_status s = dpar__vk_idx_words(st, dev, &b[4]); /* the shader checks the labels */
+        if (!s) s = dpar__vk_dispatch(st, dev, DPAR__SPV_SOFTMAX_XENT, b, pc, 1, 1);
+        if (!s && rows) dpar__vk_idx_recorded(st, dev);
+        return s;
     }
     case DPAR__OP_MSE:
         pc->n = (uint32_t)op->src0->count;

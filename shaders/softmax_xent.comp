@@ -5,7 +5,9 @@
 // loss[0] = sum over counted rows of (lse(z_i) - q_i . z_i) / counted;
 // dlogits (flags bit0) = (softmax(z_i) - q_i) / counted. Max subtracted:
 // row loss (max - z_label) + log(sum exp(z - max)) when a = 0.
-// A label outside 0..C-1 gives a NaN row loss and a NaN gradient row (check_index reports it).
+// A label outside 0..C-1 gives a NaN row loss and a NaN gradient row, and the lowest such row is
+// recorded in the device's error words (binding 4) as check_index.comp records it (function p[2]): the
+// check rides on the label count's pass, so it costs no dispatch of its own.
 // One workgroup of 64, rows t, t+64, ... per invocation; the per-invocation counts and sums are added
 // in invocation order: deterministic, with two barriers (llvmpipe splits a workgroup at each one).
 layout(local_size_x = 64) in;
@@ -13,9 +15,10 @@ layout(std430, set = 0, binding = 0) buffer Loss { float loss[]; };
 layout(std430, set = 0, binding = 1) buffer Grad { float dz[]; };
 layout(std430, set = 0, binding = 2) readonly buffer Logits { float z[]; };
 layout(std430, set = 0, binding = 3) readonly buffer Labels { int labels[]; };
+layout(std430, set = 0, binding = 4) buffer Err { uint err[]; };
 layout(push_constant) uniform PC { uint n; uint m; uint k; uint flags; float f[8]; uint p[16]; } pc;
 shared float part[64];
-shared uint cnt[64];
+shared uint cnt[64], first_bad[64];
 void main() {
     uint t = gl_LocalInvocationID.x;
     uint M = pc.m, C = pc.n;
@@ -23,10 +26,26 @@ void main() {
     int ignore = int(pc.p[1]);
     float a = pc.f[0];
     float qnan = uintBitsToFloat(0x7fc00000u);
-    uint c_own = 0u;
-    for (uint r = t; r < M; r += 64u) c_own += (ign && labels[r] == ignore) ? 0u : 1u;
+    uint c_own = 0u, bad = 0xffffffffu;
+    for (uint r = t; r < M; r += 64u) { // rising r: the first bad one is this invocation's lowest
+        int lab = labels[r];
+        bool skip = ign && lab == ignore;
+        c_own += skip ? 0u : 1u;
+        if (bad == 0xffffffffu && !skip && (lab < 0 || uint(lab) >= C)) bad = r;
+    }
     cnt[t] = c_own;
+    first_bad[t] = bad;
     barrier();
+    if (t == 0u) {
+        for (uint i = 0u; i < 64u; i++) bad = min(bad, first_bad[i]);
+        if (bad != 0xffffffffu && err[0] == 0u) {
+            err[1] = bad;
+            err[2] = uint(labels[bad]);
+            err[3] = pc.p[2];
+            err[4] = C;
+            err[0] = 1u;
+        }
+    }
     uint counted = 0u;
     for (uint i = 0u; i < 64u; i++) counted += cnt[i];
     float inv_m = 1.0 / float(counted);
