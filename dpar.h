@@ -15233,6 +15233,80 @@ static void dpar__ukr_fma512(int64_t kc, const float *a, int64_t ars, int64_t ac
     (mr == DPAR__MR512 && nr == DPAR__NR512 ? dpar__ukr_fma512_f : dpar__ukr_fma512_e)(kc, a, ars, acs, b, bs, c, ldc,
                                                                                        alpha, mr, nr, ow);
 }
+/* row i of the tap tile at step k: x = A(i, k), read from the tap's pointer for row i */
+#define DPAR__TAPROW512(i)                          \
+    do {                                            \
+        const __m512 x_ = _mm512_set1_ps(a##i[k]);  \
+        c##i##0 = _mm512_fmadd_ps(x_, b0, c##i##0); \
+        c##i##1 = _mm512_fmadd_ps(x_, b1, c##i##1); \
+    } while (0)
+/* row i of C (row stride ldc) += acc: DPAR__STORE512's write-back at alpha 1, C read (ow 0) */
+#define DPAR__TAPSTORE512(i)                                                           \
+    do {                                                                               \
+        float *ci_ = c + i * ldc;                                                      \
+        if (i >= mr) break;                                                            \
+        _mm512_storeu_ps(ci_, _mm512_add_ps(_mm512_loadu_ps(ci_), c##i##0));           \
+        _mm512_storeu_ps(ci_ + 16, _mm512_add_ps(_mm512_loadu_ps(ci_ + 16), c##i##1)); \
+    } while (0)
+/* C[mr, 32] += A B over kc steps, A read in place from a convolution's input (implicit GEMM, no im2col
+   copy): the steps come in taps of seg (a tap's channels, contiguous in NHWC), row i of the tap s at
+   ap[s * 8 + i], a pixel of x or zeros in the padding. Per element the fused multiply-adds of
+   dpar__ukr_fma512_f in the same order from +0, then C + 1 * acc: the same bits as the GEMM on im2col's
+   rows. Rows past mr point at zeros and are not stored. */
+__attribute__((target("avx512f,fma"))) static void dpar__ukr_taps512(int64_t kc, int64_t seg, const float *const *ap,
+                                                                     const float *b, int64_t bs, float *c, int64_t ldc,
+                                                                     int mr) {
+    for (int i_ = 0; i_ < mr; i_++) { /* C's tile, read after the loop */
+        _mm_prefetch((const char *)(c + i_ * ldc), _MM_HINT_T0);
+        _mm_prefetch((const char *)(c + i_ * ldc + DPAR__NR512 - 1), _MM_HINT_T0);
+    }
+    __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00;
+    __m512 c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00, c60 = c00, c61 = c00, c70 = c00, c71 = c00;
+    for (int64_t s = 0; s < kc; s += seg, ap += DPAR__MR512) {
+        const float *a0 = ap[0], *a1 = ap[1], *a2 = ap[2], *a3 = ap[3], *a4 = ap[4], *a5 = ap[5], *a6 = ap[6],
+                    *a7 = ap[7];
+        for (int64_t k = 0; k < seg; k++, b += bs) {
+            const __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
+            DPAR__TAPROW512(0);
+            DPAR__TAPROW512(1);
+            DPAR__TAPROW512(2);
+            DPAR__TAPROW512(3);
+            DPAR__TAPROW512(4);
+            DPAR__TAPROW512(5);
+            DPAR__TAPROW512(6);
+            DPAR__TAPROW512(7);
+        }
+    }
+    DPAR__TAPSTORE512(0);
+    DPAR__TAPSTORE512(1);
+    DPAR__TAPSTORE512(2);
+    DPAR__TAPSTORE512(3);
+    DPAR__TAPSTORE512(4);
+    DPAR__TAPSTORE512(5);
+    DPAR__TAPSTORE512(6);
+    DPAR__TAPSTORE512(7);
+}
+/* C[8, 32] = A B over kc steps (A's rows at a + i * ars, read in place; B as dpar__ukr_fma512_f's), each
+   row i added into dst[i] (none where NULL): the input gradient's col2im fused into the write-back. dst[i]
+   + (0 + acc) is col2im's add of the element that the GEMM's first k block stores, the same bits. */
+__attribute__((target("avx512f,fma"))) static void dpar__ukr_scatter512(int64_t kc, const float *a, int64_t ars,
+                                                                        const float *b, int64_t bs, float *const *dst) {
+    const int64_t acs = 1, o0 = 0, o1 = ars, o2 = 2 * ars, o3 = 3 * ars, o4 = 4 * ars, o5 = 5 * ars, o6 = 6 * ars,
+                  o7 = 7 * ars;
+    const __mmask16 m0 = 0xffff, m1 = 0xffff;
+    __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00;
+    __m512 c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00, c60 = c00, c61 = c00, c70 = c00, c71 = c00;
+    DPAR__KLOOP512(_mm512_fmadd_ps, 2, DPAR__MR512);
+    const __m512 z = _mm512_setzero_ps();
+    const __m512 acc[DPAR__MR512][2] = { { c00, c01 }, { c10, c11 }, { c20, c21 }, { c30, c31 },
+                                         { c40, c41 }, { c50, c51 }, { c60, c61 }, { c70, c71 } };
+    for (int i = 0; i < DPAR__MR512; i++)
+        for (int h = 0; dst[i] && h < 2; h++)
+            _mm512_storeu_ps(dst[i] + 16 * h,
+                             _mm512_add_ps(_mm512_loadu_ps(dst[i] + 16 * h), _mm512_add_ps(z, acc[i][h])));
+}
+#undef DPAR__TAPROW512
+#undef DPAR__TAPSTORE512
 #endif
 /* dst[k * ldd + j] = src[j * ld + k], j < 16, k < kc: 16 columns of a transposed B packed
    (row j of the stored B is column j of op(B)); rows read in order, the copy is exact */
@@ -16439,8 +16513,54 @@ typedef struct dpar__conv_job {
     const float *b;            /* the forward's bias, or NULL */
     int64_t K, M, O, rows;     /* rows: per block (forward, input gradient), of dw per part (kernel) */
     int64_t ncol, items, next; /* floats of a part's col; items: blocks or images, the next one to take */
+    int taps; /* x read in place (forward: col its tap pointers) or dx added to in place (input gradient) */
 } dpar__conv_job;
-/* forward: y = b (or 0), then y += im2col(x) w, block by block */
+#ifdef DPAR__X86_SIMD
+static const float dpar__conv_zeros[DPAR__KC] = { 0.0f }; /* a padded tap's channels */
+/* whether the forward reads x in place (dpar__conv_fwd_taps): the AVX-512 FMA tile, the kernel that
+   dpar__cpu_sgemm runs on im2col's rows here (so the same bits), whole 32-column strips of y, and taps
+   of at least 8 channels (conv1's one channel stays with im2col) that tile the k blocks */
+static int dpar__conv_taps(const dpar__win2d *g) {
+#ifdef DPAR_USE_CBLAS
+    (void)g;
+    return 0;
+#else
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma") && g->o % DPAR__NR512 == 0 &&
+           g->c % 8 == 0 && DPAR__KC % g->c == 0 && !dpar__conv_direct(g);
+#endif
+}
+/* y[r0, r0 + rows) += im2col(x) w, the rows read from x in place: tab (ceil(rows / 8) * KH * KW * 8
+   pointers) gets, per tile of 8 rows and kernel tap, each row's pixel under the tap (zeros in the
+   padding and past the block); then the GEMM's loops over k blocks (taps, as DPAR__KC % C == 0), strips
+   of 32 columns and tiles. im2col's pass wrote and read back 9% of conv2's forward samples. */
+static void dpar__conv_fwd_taps(const dpar__conv_job *j, int64_t r0, int64_t rows, const float **tab, float *yb) {
+    const dpar__win2d *g = j->g;
+    const int64_t T = g->kh * g->kw, ohw = g->oh * g->ow, tiles = (rows + DPAR__MR512 - 1) / DPAR__MR512, O = j->O;
+    int64_t n = r0 / ohw, i = r0 % ohw / g->ow, jw = r0 % g->ow; /* output pixel r0 + r, stepped: no divisions */
+    for (int64_t r = 0; r < tiles * DPAR__MR512; r++) {
+        const float **tr = tab + r / DPAR__MR512 * T * DPAR__MR512 + r % DPAR__MR512;
+        const int64_t ih0 = i * g->sh - g->pt, iw0 = jw * g->sw - g->pl;
+        const float *xn = j->x + n * g->h * g->w * g->c;
+        for (int64_t p = 0, s = 0; p < g->kh; p++)
+            for (int64_t q = 0; q < g->kw; q++, s++) {
+                const int64_t ih = ih0 + p * g->dh, iw = iw0 + q * g->dw;
+                const int in = r < rows && ih >= 0 && ih < g->h && iw >= 0 && iw < g->w;
+                tr[s * DPAR__MR512] = in ? xn + (ih * g->w + iw) * g->c : dpar__conv_zeros;
+            }
+        if (++jw == g->ow && (jw = 0, ++i == g->oh)) i = 0, n++;
+    }
+    for (int64_t pc = 0; pc < j->K; pc += DPAR__KC) {
+        const int64_t kc = j->K - pc < DPAR__KC ? j->K - pc : DPAR__KC;
+        for (int64_t jr = 0; jr < O; jr += DPAR__NR512)
+            for (int64_t t = 0; t < tiles; t++) {
+                const int mr = (int)(rows - t * DPAR__MR512 < DPAR__MR512 ? rows - t * DPAR__MR512 : DPAR__MR512);
+                dpar__ukr_taps512(kc, g->c, tab + (t * T + pc / g->c) * DPAR__MR512, j->k + pc * O + jr, O,
+                                  yb + t * DPAR__MR512 * O + jr, O, mr);
+            }
+    }
+}
+#endif
+/* forward: y = b (or 0), then y += im2col(x) w, block by block (x read in place where j->taps) */
 static void dpar__conv_fwd_part(void *arg, int part, int nparts) {
     dpar__conv_job *j = (dpar__conv_job *)arg;
     float *col = j->col ? j->col + part * j->ncol : NULL;
@@ -16453,10 +16573,61 @@ static void dpar__conv_fwd_part(void *arg, int part, int nparts) {
                 memcpy(yb + r * j->O, j->b, (size_t)j->O * sizeof(float));
             else
                 memset(yb + r * j->O, 0, (size_t)j->O * sizeof(float));
+#ifdef DPAR__X86_SIMD
+        if (j->taps) {
+            dpar__conv_fwd_taps(j, r0, rows, (const float **)(void *)col, yb);
+            continue;
+        }
+#endif
         if (col) dpar__im2col(j->g, j->x, r0, rows, 0, j->K, col, 0);
         dpar__cpu_sgemm(NULL, 0, rows, j->O, j->K, 0, 0, 1.0f, col ? col : j->x + r0 * j->K, j->k, 1.0f, yb);
     }
 }
+#ifdef DPAR__X86_SIMD
+/* whether the input gradient adds dy w^T's tiles straight into dx (dpar__conv_bwd_input_taps): the AVX-512
+   FMA tile, one k block (O <= DPAR__KC: each element of im2col's gradient is then one tile's sum) and
+   32-column strips inside a tap (C % 32 == 0) */
+static int dpar__conv_scatter(const dpar__win2d *g) {
+#ifdef DPAR_USE_CBLAS
+    (void)g;
+    return 0;
+#else
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma") && g->c % DPAR__NR512 == 0 &&
+           g->o <= DPAR__KC && !dpar__conv_direct(g);
+#endif
+}
+/* dx of image t = the sum of dy w^T's rows over their taps, without im2col's gradient in memory: per tile of
+   8 output pixels (dy's rows, a part tile copied to pad: 8 x O floats, zeros past it) and strip of 32
+   columns (channels of one tap), the kernel adds each row into the pixel under the tap. col2im added each
+   element's terms in output pixel order; here the tiles go in that order and, within a tile, the taps from
+   last to first: two rows of a tile that reach one pixel do it through taps in the opposite order. */
+static void dpar__conv_bwd_input_taps(const dpar__conv_job *j, int64_t t, float *pad) {
+    const dpar__win2d *g = j->g;
+    const int64_t ohw = g->oh * g->ow, O = j->O, K = j->K, C = g->c;
+    float *dxn = j->x + t * g->h * g->w * C;
+    for (int64_t r = 0; r < ohw; r += DPAR__MR512) {
+        const int64_t mr = ohw - r < DPAR__MR512 ? ohw - r : DPAR__MR512;
+        const float *a = j->y + (t * ohw + r) * O;
+        int64_t ih0[DPAR__MR512], iw0[DPAR__MR512];
+        if (mr < DPAR__MR512) { /* the kernel reads 8 rows: not past dy's end */
+            memcpy(pad, a, (size_t)(mr * O) * sizeof(float));
+            memset(pad + mr * O, 0, (size_t)((DPAR__MR512 - mr) * O) * sizeof(float));
+            a = pad;
+        }
+        for (int64_t i = 0; i < mr; i++)
+            ih0[i] = (r + i) / g->ow * g->sh - g->pt, iw0[i] = (r + i) % g->ow * g->sw - g->pl;
+        for (int64_t jr = K - DPAR__NR512; jr >= 0; jr -= DPAR__NR512) {
+            const int64_t s = jr / C, ph = s / g->kw * g->dh, qw = s % g->kw * g->dw;
+            float *dst[DPAR__MR512];
+            for (int64_t i = 0; i < DPAR__MR512; i++) {
+                const int64_t ih = i < mr ? ih0[i] + ph : -1, iw = i < mr ? iw0[i] + qw : -1;
+                dst[i] = ih >= 0 && ih < g->h && iw >= 0 && iw < g->w ? dxn + (ih * g->w + iw) * C + jr % C : NULL;
+            }
+            dpar__ukr_scatter512(O, a, O, j->kt + jr, K, dst);
+        }
+    }
+}
+#endif
 /* input gradient, an image at a time: dx = 0, then per block col = dy w^T, added back into dx */
 static void dpar__conv_bwd_input_part(void *arg, int part, int nparts) {
     dpar__conv_job *j = (dpar__conv_job *)arg;
@@ -16466,6 +16637,12 @@ static void dpar__conv_bwd_input_part(void *arg, int part, int nparts) {
     (void)nparts;
     for (int64_t t; (t = DPAR__ATOMIC_FETCH_ADD(&j->next, 1)) < j->items;) {
         memset(j->x + t * hwc, 0, (size_t)hwc * sizeof(float));
+#ifdef DPAR__X86_SIMD
+        if (j->taps) {
+            dpar__conv_bwd_input_taps(j, t, col);
+            continue;
+        }
+#endif
         for (int64_t r0 = t * ohw; r0 < (t + 1) * ohw; r0 += j->rows) {
             int64_t rows = (t + 1) * ohw - r0 < j->rows ? (t + 1) * ohw - r0 : j->rows;
             dpar__cpu_sgemm(NULL, 0, rows, j->K, j->O, 0, 0, 1.0f, j->y + r0 * j->O, j->kt, 0.0f,
@@ -16565,6 +16742,12 @@ static dpar_status dpar__cpu_conv2d(dpar__cpu *c, int dev, const dpar__op *op, d
     }
     if (parts > j.items) parts = (int)j.items;
     j.ncol = pass == DPAR__CONV_BWD_KERNEL ? DPAR__KC * j.rows : j.rows * K;
+#ifdef DPAR__X86_SIMD
+    if (pass == DPAR__CONV_FWD && (j.taps = dpar__conv_taps(&g))) /* tab's pointers, in floats */
+        j.ncol = (j.rows + DPAR__MR512 - 1) / DPAR__MR512 * DPAR__MR512 * g.kh * g.kw * (int64_t)sizeof(float *) /
+                 (int64_t)sizeof(float);
+    if (pass == DPAR__CONV_BWD_INPUT && (j.taps = dpar__conv_scatter(&g))) j.ncol = DPAR__MR512 * O; /* pad */
+#endif
     /* w^T once: a transposed B is packed at every GEMM call, once per block (a third of the time) */
     int64_t nkt = pass == DPAR__CONV_BWD_INPUT ? K * O : 0, ncol = dpar__conv_direct(&g) ? 0 : parts * j.ncol;
     if (pass == DPAR__CONV_BWD_KERNEL) ncol = parts * j.ncol;

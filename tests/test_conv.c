@@ -616,6 +616,87 @@ static void test_threads_bitwise(void **st) {
     T_OK(dpar_runtime_destroy(r3));
 }
 
+/* The bits of the GEMM on im2col's matrix (built here: exact copies, +0 in the padding). The forward
+   without bias: dpar_matmul(im2col(x), w), y = 0 + each k block's sum in turn, as the GEMM's C. The input
+   gradient: dpar_matmul(dy, w^T) added back into dx pixel by pixel in output pixel order, each tap's
+   channels, as col2im. On AVX-512 these cases take the passes that read x and write dx in place (channels
+   a divisor of 256 and of 32, 32-column strips of y): two and three k blocks, part tiles of rows,
+   strides, dilations, explicit pads, taps off every edge. */
+static void test_im2col_bits(void **st) {
+    (void)st;
+    static const ccase cases[] = {
+        { "seed CNN conv 2", { 2, 14, 14, 32 }, 3, 3, 64, { { 0 }, { 0 }, DPAR_PADDING_SAME, { { 0 } } }, 0, 0 },
+        { "C 16, stride (2,1), dilation (1,2), explicit pads",
+          { 1, 9, 7, 16 },
+          3,
+          2,
+          32,
+          { { 2, 1 }, { 1, 2 }, DPAR_PADDING_EXPLICIT, { { 1, 2 }, { 2, 1 } } },
+          0,
+          0 },
+        { "C 32, stride (1,2), dilation (2,1), explicit pads",
+          { 2, 9, 8, 32 },
+          2,
+          3,
+          32,
+          { { 1, 2 }, { 2, 1 }, DPAR_PADDING_EXPLICIT, { { 2, 1 }, { 1, 2 } } },
+          0,
+          0 },
+        { "C 64, three k blocks, O 96",
+          { 1, 5, 6, 64 },
+          3,
+          3,
+          96,
+          { { 0 }, { 0 }, DPAR_PADDING_SAME, { { 0 } } },
+          0,
+          0 },
+        { "C 8, kernel wider than the image",
+          { 1, 4, 5, 8 },
+          5,
+          5,
+          32,
+          { { 0 }, { 0 }, DPAR_PADDING_SAME, { { 0 } } },
+          0,
+          0 },
+    };
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const ccase *c = &cases[ci];
+        conv_data d = conv_data_make(c, (uint32_t)(300 + ci));
+        const geom *g = &d.g;
+        int64_t K = g->kh * g->kw * g->c, M = g->n * g->oh * g->ow, cs[2] = { M, K }, ws[2] = { K, g->o },
+                ys[2] = { M, g->o }, y4[4] = { g->n, g->oh, g->ow, g->o }, w4[4] = { g->kh, g->kw, g->c, g->o };
+        float *col = calloc((size_t)(M * K + 1), sizeof(float)), *dx = calloc((size_t)(nx(g) + 1), sizeof(float));
+        for (int64_t r = 0; r < M; r++)
+            for (int64_t t = 0; t < g->kh * g->kw; t++)
+                for (int64_t ch = 0; ch < g->c; ch++) {
+                    int64_t a = xat(g, r / (g->oh * g->ow), r / g->ow % g->oh, r % g->ow, t / g->kw, t % g->kw, ch);
+                    if (a >= 0) col[r * K + t * g->c + ch] = d.x[a];
+                }
+        dpar_buffer *X = mk(CPU, 4, c->x, d.x), *W = mk(CPU, 4, w4, d.w), *Y = mk(CPU, 4, y4, NULL);
+        dpar_buffer *A = mk(CPU, 2, cs, col), *B = mk(CPU, 2, ws, d.w), *C = mk(CPU, 2, ys, NULL);
+        dpar_buffer *DY = mk(CPU, 4, y4, d.dy), *DY2 = mk(CPU, 2, ys, d.dy), *DX = mk(CPU, 4, c->x, NULL);
+        T_OK(dpar_conv2d(Y, X, W, NULL, &c->d));
+        T_OK(dpar_matmul(C, A, B, false, false, 1.0f, 0.0f));
+        T_OK(dpar_conv2d_backward_input(DX, DY, W, &c->d));
+        T_OK(dpar_matmul(A, DY2, B, false, true, 1.0f, 0.0f)); /* dy w^T [M, K], then col2im */
+        float *y = rd(Y), *want = rd(C), *got = rd(DX), *dcol = rd(A);
+        for (int64_t r = 0; r < M; r++)
+            for (int64_t t = 0; t < g->kh * g->kw; t++)
+                for (int64_t ch = 0; ch < g->c; ch++) {
+                    int64_t a = xat(g, r / (g->oh * g->ow), r / g->ow % g->oh, r % g->ow, t / g->kw, t % g->kw, ch);
+                    if (a >= 0) dx[a] += dcol[r * K + t * g->c + ch];
+                }
+        if (memcmp(y, want, (size_t)ny(g) * sizeof(float)))
+            fail_msg("%s: conv2d's forward differs from the GEMM on im2col's matrix", c->name);
+        if (memcmp(got, dx, (size_t)nx(g) * sizeof(float)))
+            fail_msg("%s: conv2d's input gradient differs from the GEMM and col2im", c->name);
+        dpar_buffer *all[] = { X, W, Y, A, B, C, DY, DY2, DX };
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dpar_buffer_destroy(all[i]);
+        free(col), free(dx), free(y), free(want), free(got), free(dcol);
+        conv_data_free(&d);
+    }
+}
+
 static void test_errors(void **st) {
     (void)st;
     int64_t xs[4] = { 2, 5, 5, 3 }, ws[4] = { 3, 3, 3, 4 }, ys[4] = { 2, 5, 5, 4 }, w2[4] = { 3, 3, 2, 4 };
@@ -789,12 +870,12 @@ static void test_graph_errors(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_conv_exact_3x3),   cmocka_unit_test(test_pool_exact),
-        cmocka_unit_test(test_conv_cpu),         cmocka_unit_test(test_pool_cpu),
-        cmocka_unit_test(test_threads_bitwise),  cmocka_unit_test(test_errors),
-        cmocka_unit_test(test_graph_cnn),        cmocka_unit_test(test_graph_errors),
-        cmocka_unit_test(test_vulkan_vs_cpu),    cmocka_unit_test(test_cuda_vs_cpu),
-        cmocka_unit_test(test_graph_cnn_vulkan),
+        cmocka_unit_test(test_conv_exact_3x3),  cmocka_unit_test(test_pool_exact),
+        cmocka_unit_test(test_conv_cpu),        cmocka_unit_test(test_pool_cpu),
+        cmocka_unit_test(test_threads_bitwise), cmocka_unit_test(test_im2col_bits),
+        cmocka_unit_test(test_errors),          cmocka_unit_test(test_graph_cnn),
+        cmocka_unit_test(test_graph_errors),    cmocka_unit_test(test_vulkan_vs_cpu),
+        cmocka_unit_test(test_cuda_vs_cpu),     cmocka_unit_test(test_graph_cnn_vulkan),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
