@@ -619,9 +619,11 @@ static void test_threads_bitwise(void **st) {
 /* The bits of the GEMM on im2col's matrix (built here: exact copies, +0 in the padding). The forward
    without bias: dpar_matmul(im2col(x), w), y = 0 + each k block's sum in turn, as the GEMM's C. The input
    gradient: dpar_matmul(dy, w^T) added back into dx pixel by pixel in output pixel order, each tap's
-   channels, as col2im. On AVX-512 these cases take the passes that read x and write dx in place (channels
-   a divisor of 256 and of 32, 32-column strips of y): two and three k blocks, part tiles of rows,
-   strides, dilations, explicit pads, taps off every edge. */
+   channels, as col2im. The kernel gradient: dpar_matmul(im2col(x)^T, dy) (fewer output pixels than one
+   block of dpar__conv_rows: k blocks of 256 from the first). On AVX-512 these cases take the passes that
+   read x and write dx in place (channels a multiple of 8 dividing 256, or of 32 for dx; 32-column strips
+   of y): one to three k blocks, part tiles of rows, strides, dilations, explicit pads, taps off every
+   edge. */
 static void test_im2col_bits(void **st) {
     (void)st;
     static const ccase cases[] = {
@@ -675,11 +677,14 @@ static void test_im2col_bits(void **st) {
         dpar_buffer *X = mk(CPU, 4, c->x, d.x), *W = mk(CPU, 4, w4, d.w), *Y = mk(CPU, 4, y4, NULL);
         dpar_buffer *A = mk(CPU, 2, cs, col), *B = mk(CPU, 2, ws, d.w), *C = mk(CPU, 2, ys, NULL);
         dpar_buffer *DY = mk(CPU, 4, y4, d.dy), *DY2 = mk(CPU, 2, ys, d.dy), *DX = mk(CPU, 4, c->x, NULL);
+        dpar_buffer *DW = mk(CPU, 4, w4, NULL), *CW = mk(CPU, 2, ws, NULL);
         T_OK(dpar_conv2d(Y, X, W, NULL, &c->d));
         T_OK(dpar_matmul(C, A, B, false, false, 1.0f, 0.0f));
+        T_OK(dpar_conv2d_backward_kernel(DW, NULL, X, DY, &c->d));
+        T_OK(dpar_matmul(CW, A, DY2, true, false, 1.0f, 0.0f)); /* im2col^T dy [K, O] */
         T_OK(dpar_conv2d_backward_input(DX, DY, W, &c->d));
         T_OK(dpar_matmul(A, DY2, B, false, true, 1.0f, 0.0f)); /* dy w^T [M, K], then col2im */
-        float *y = rd(Y), *want = rd(C), *got = rd(DX), *dcol = rd(A);
+        float *y = rd(Y), *want = rd(C), *got = rd(DX), *dcol = rd(A), *dw = rd(DW), *dww = rd(CW);
         for (int64_t r = 0; r < M; r++)
             for (int64_t t = 0; t < g->kh * g->kw; t++)
                 for (int64_t ch = 0; ch < g->c; ch++) {
@@ -690,9 +695,11 @@ static void test_im2col_bits(void **st) {
             fail_msg("%s: conv2d's forward differs from the GEMM on im2col's matrix", c->name);
         if (memcmp(got, dx, (size_t)nx(g) * sizeof(float)))
             fail_msg("%s: conv2d's input gradient differs from the GEMM and col2im", c->name);
-        dpar_buffer *all[] = { X, W, Y, A, B, C, DY, DY2, DX };
+        if (memcmp(dw, dww, (size_t)nw(g) * sizeof(float)))
+            fail_msg("%s: conv2d's kernel gradient differs from the GEMM on im2col's matrix", c->name);
+        dpar_buffer *all[] = { X, W, Y, A, B, C, DY, DY2, DX, DW, CW };
         for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dpar_buffer_destroy(all[i]);
-        free(col), free(dx), free(y), free(want), free(got), free(dcol);
+        free(col), free(dx), free(y), free(want), free(got), free(dcol), free(dw), free(dww);
         conv_data_free(&d);
     }
 }
