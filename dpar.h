@@ -1090,7 +1090,9 @@ DPAR_API dpar_status dpar_conv2d_output_shape(const int64_t x_shape[4], const in
    above; every backend), or all f64 (cpu backend, in double: >>f64 api), on one
    device; y must not alias x or w.
    CPU: im2col a cache-sized block at a time, each block straight into the matrix product (f32:
-   scratch per thread 128 KiB or 24 im2col rows, w^T for the input gradient; f64: 4 MiB). CUDA:
+   scratch per thread 128 KiB or 24 im2col rows, w^T for the input gradient; f64: 4 MiB); f32 on
+   AVX-512 with FMA and channels a multiple of 8 (input gradient: of 32) reads x and adds into dx in
+   place through tables of tap pointers (implicit GEMM), the same bits. CUDA:
    im2col + cuBLAS sgemm over chunks of images (column matrix <= 64 MiB; a 1x1
    stride-1 unpadded kernel multiplies x in place); the input gradient folds
    the column gradient back with a gather, so results repeat bit for bit.
@@ -16533,7 +16535,9 @@ DPAR__CONV_DEF(dpar__im2col64, dpar__cpu64_conv2d, double, dpar__cpu64_gemm)
    whatever block of rows it is in, and col2im adds each image's rows in row order; the kernel
    gradient, whose product sums over rows, takes them in the k blocks (DPAR__KC rows) of the blocks
    of dpar__conv_rows, C += each block's sum, in row order. Threads: blocks of rows (forward), images
-   (input gradient), row strips of dw (kernel gradient: each thread builds its strip's columns). */
+   (input gradient), row strips of dw (kernel gradient: each thread builds its strip's columns). Where
+   dpar__conv_in_place holds, no block is built at all: the kernels read each tile's rows (columns) of
+   im2col at x's pixels, and the input gradient's tiles are added into dx as col2im would add them. */
 #define DPAR__CONV_BLOCK ((int64_t)1 << 15) /* floats: 128 KiB */
 typedef struct dpar__conv_job {
     const dpar__win2d *g;
@@ -16546,16 +16550,20 @@ typedef struct dpar__conv_job {
 } dpar__conv_job;
 #ifdef DPAR__X86_SIMD
 static const float dpar__conv_zeros[DPAR__KC] = { 0.0f }; /* a padded tap's channels */
-/* whether the forward reads x in place (dpar__conv_fwd_taps): the AVX-512 FMA tile, the kernel that
-   dpar__cpu_sgemm runs on im2col's rows here (so the same bits), whole 32-column strips of y, and taps
-   of at least 8 channels (conv1's one channel stays with im2col) that tile the k blocks */
-static int dpar__conv_taps(const dpar__win2d *g) {
+/* whether a pass reads x (the input gradient: writes dx) in place, without im2col's block: on the AVX-512
+   FMA tile (the kernel dpar__cpu_sgemm runs there, so the same bits), not a 1x1 conv (x is its own im2col
+   matrix). Forward and kernel gradient: 32-column strips of y (dw) and taps of a multiple of 8 channels
+   that divides DPAR__KC, so k blocks start at taps (conv1's one channel stays with im2col); input
+   gradient: one k block (O <= DPAR__KC: each element of im2col's gradient is then one tile's sum) and
+   32-column strips inside a tap (C % 32 == 0). */
+static int dpar__conv_in_place(const dpar__win2d *g, dpar__conv_pass pass) {
 #ifdef DPAR_USE_CBLAS
-    (void)g;
+    (void)g, (void)pass;
     return 0;
 #else
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma") && g->o % DPAR__NR512 == 0 &&
-           g->c % 8 == 0 && DPAR__KC % g->c == 0 && !dpar__conv_direct(g);
+    if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("fma") || dpar__conv_direct(g)) return 0;
+    if (pass == DPAR__CONV_BWD_INPUT) return g->c % DPAR__NR512 == 0 && g->o <= DPAR__KC;
+    return g->o % DPAR__NR512 == 0 && g->c % 8 == 0 && DPAR__KC % g->c == 0;
 #endif
 }
 /* y[r0, r0 + rows) += im2col(x) w, the rows read from x in place: tab (ceil(rows / 8) * KH * KW * 8
@@ -16613,18 +16621,6 @@ static void dpar__conv_fwd_part(void *arg, int part, int nparts) {
     }
 }
 #ifdef DPAR__X86_SIMD
-/* whether the input gradient adds dy w^T's tiles straight into dx (dpar__conv_bwd_input_taps): the AVX-512
-   FMA tile, one k block (O <= DPAR__KC: each element of im2col's gradient is then one tile's sum) and
-   32-column strips inside a tap (C % 32 == 0) */
-static int dpar__conv_scatter(const dpar__win2d *g) {
-#ifdef DPAR_USE_CBLAS
-    (void)g;
-    return 0;
-#else
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma") && g->c % DPAR__NR512 == 0 &&
-           g->o <= DPAR__KC && !dpar__conv_direct(g);
-#endif
-}
 /* dx of image t = the sum of dy w^T's rows over their taps, without im2col's gradient in memory: per tile of
    8 output pixels (dy's rows, a part tile copied to pad: 8 x O floats, zeros past it) and strip of 32
    columns (channels of one tap), the kernel adds each row into the pixel under the tap. col2im added each
@@ -16803,11 +16799,12 @@ static dpar_status dpar__cpu_conv2d(dpar__cpu *c, int dev, const dpar__op *op, d
     if (parts > j.items) parts = (int)j.items;
     j.ncol = pass == DPAR__CONV_BWD_KERNEL ? DPAR__KC * j.rows : j.rows * K;
 #ifdef DPAR__X86_SIMD
-    if (pass == DPAR__CONV_FWD && (j.taps = dpar__conv_taps(&g))) /* tab's pointers, in floats */
+    if (pass == DPAR__CONV_FWD && (j.taps = dpar__conv_in_place(&g, pass))) /* tab's pointers, in floats */
         j.ncol = (j.rows + DPAR__MR512 - 1) / DPAR__MR512 * DPAR__MR512 * g.kh * g.kw * (int64_t)sizeof(float *) /
                  (int64_t)sizeof(float);
-    if (pass == DPAR__CONV_BWD_INPUT && (j.taps = dpar__conv_scatter(&g))) j.ncol = DPAR__MR512 * O;  /* pad */
-    if (pass == DPAR__CONV_BWD_KERNEL && (j.taps = dpar__conv_taps(&g) && j.rows % DPAR__MR512 == 0)) /* tab */
+    if (pass == DPAR__CONV_BWD_INPUT && (j.taps = dpar__conv_in_place(&g, pass))) j.ncol = DPAR__MR512 * O; /* pad */
+    if (pass == DPAR__CONV_BWD_KERNEL &&
+        (j.taps = dpar__conv_in_place(&g, pass) && j.rows % DPAR__MR512 == 0)) /* tab */
         j.ncol = (j.rows / g.c + 2) * DPAR__KC * (int64_t)sizeof(float *) / (int64_t)sizeof(float);
 #endif
     /* w^T once: a transposed B is packed at every GEMM call, once per block (a third of the time) */
