@@ -15253,13 +15253,15 @@ static void dpar__ukr_fma512(int64_t kc, const float *a, int64_t ars, int64_t ac
         DPAR__PTRROW512(6, kx); \
         DPAR__PTRROW512(7, kx); \
     } while (0)
-/* C's first mr rows (row stride ldc) = (ow ? 0 : C) + acc: DPAR__STORE512's write-back at alpha 1 */
+/* C's first mr rows (row stride ldc) = (ow ? 0 : C0) + acc, C0's rows at c0 + i * ldc0 (C itself, or
+   a row it starts from): DPAR__STORE512's write-back at alpha 1 */
 #define DPAR__PTRSTORE512(i)                                                                    \
     do {                                                                                        \
         float *ci_ = c + i * ldc;                                                               \
+        const float *si_ = c0 + i * ldc0;                                                       \
         if (i >= mr) break;                                                                     \
-        _mm512_storeu_ps(ci_, _mm512_add_ps(ow ? z : _mm512_loadu_ps(ci_), c##i##0));           \
-        _mm512_storeu_ps(ci_ + 16, _mm512_add_ps(ow ? z : _mm512_loadu_ps(ci_ + 16), c##i##1)); \
+        _mm512_storeu_ps(ci_, _mm512_add_ps(ow ? z : _mm512_loadu_ps(si_), c##i##0));           \
+        _mm512_storeu_ps(ci_ + 16, _mm512_add_ps(ow ? z : _mm512_loadu_ps(si_ + 16), c##i##1)); \
     } while (0)
 #define DPAR__PTRSTORES512()                  \
     do {                                      \
@@ -15273,17 +15275,18 @@ static void dpar__ukr_fma512(int64_t kc, const float *a, int64_t ars, int64_t ac
         DPAR__PTRSTORE512(6);                 \
         DPAR__PTRSTORE512(7);                 \
     } while (0)
-/* C[mr, 32] += A B over kc steps, A read in place from a convolution's input (implicit GEMM, no im2col
-   copy): the steps come in taps of seg (a tap's channels, contiguous in NHWC), row i of the tap s at
-   ap[s * 8 + i], a pixel of x or zeros in the padding. Per element the fused multiply-adds of
-   dpar__ukr_fma512_f in the same order from +0, then C + 1 * acc: the same bits as the GEMM on im2col's
-   rows. Rows past mr point at zeros and are not stored. */
+/* C[mr, 32] = (ow ? 0 : C0) + A B over kc steps, A read in place from a convolution's input (implicit GEMM,
+   no im2col copy): the steps come in taps of seg (a tap's channels, contiguous in NHWC), row i of the tap
+   s at ap[s * 8 + i], a pixel of x or zeros in the padding; C0's rows at c0 + i * ldc0 (C itself, or the
+   bias the forward's C started from: ldc0 0). Per element the fused multiply-adds of dpar__ukr_fma512_f
+   in the same order from +0, then C0 + 1 * acc: the same bits as the GEMM on im2col's rows. Rows past mr
+   point at zeros and are not stored. */
 __attribute__((target("avx512f,fma"))) static void dpar__ukr_taps512(int64_t kc, int64_t seg, const float *const *ap,
                                                                      const float *b, int64_t bs, float *c, int64_t ldc,
-                                                                     int mr) {
-    for (int i_ = 0; i_ < mr; i_++) { /* C's tile, read after the loop */
-        _mm_prefetch((const char *)(c + i_ * ldc), _MM_HINT_T0);
-        _mm_prefetch((const char *)(c + i_ * ldc + DPAR__NR512 - 1), _MM_HINT_T0);
+                                                                     const float *c0, int64_t ldc0, int ow, int mr) {
+    for (int i_ = 0; ldc0 && !ow && i_ < mr; i_++) { /* C's tile, read after the loop */
+        _mm_prefetch((const char *)(c0 + i_ * ldc0), _MM_HINT_T0);
+        _mm_prefetch((const char *)(c0 + i_ * ldc0 + DPAR__NR512 - 1), _MM_HINT_T0);
     }
     __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00;
     __m512 c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00, c60 = c00, c61 = c00, c70 = c00, c71 = c00;
@@ -15295,7 +15298,6 @@ __attribute__((target("avx512f,fma"))) static void dpar__ukr_taps512(int64_t kc,
             DPAR__PTRROWS512(k);
         }
     }
-    const int ow = 0;
     DPAR__PTRSTORES512();
 }
 /* C[8, 32] = A B over kc steps (A's rows at a + i * ars, read in place; B as dpar__ukr_fma512_f's), each
@@ -15324,6 +15326,8 @@ __attribute__((target("avx512f,fma"))) static void dpar__ukr_cols512(int64_t kc,
                                                                      const float *b, int64_t bs, float *c, int64_t ldc,
                                                                      int ow) {
     const int mr = DPAR__MR512;
+    const float *c0 = c;
+    const int64_t ldc0 = ldc;
     for (int i_ = 0; !ow && i_ < mr; i_++) { /* C's tile, read after the loop */
         _mm_prefetch((const char *)(c + i_ * ldc), _MM_HINT_T0);
         _mm_prefetch((const char *)(c + i_ * ldc + DPAR__NR512 - 1), _MM_HINT_T0);
@@ -16566,6 +16570,20 @@ static int dpar__conv_in_place(const dpar__win2d *g, dpar__conv_pass pass) {
     return g->o % DPAR__NR512 == 0 && g->c % 8 == 0 && DPAR__KC % g->c == 0;
 #endif
 }
+/* the pixels of image xn under taps [s0, s1) of the window at (ih0, iw0) (its top left corner), tap s's
+   at out[(s - s0) * stride]: x's channels, or zeros in the padding (all zeros: !valid, a row past the
+   block). A window inside the image, most of them, takes no test per tap. */
+static void dpar__conv_tap_ptrs(const dpar__win2d *g, const float *xn, int64_t ih0, int64_t iw0, int valid, int64_t s0,
+                                int64_t s1, const float **out, int64_t stride) {
+    const int inside =
+        valid && ih0 >= 0 && ih0 + (g->kh - 1) * g->dh < g->h && iw0 >= 0 && iw0 + (g->kw - 1) * g->dw < g->w;
+    for (int64_t s = s0, p = s0 / g->kw, q = s0 % g->kw; s < s1; s++) { /* tap s = (p, q), stepped */
+        const int64_t ih = ih0 + p * g->dh, iw = iw0 + q * g->dw;
+        const int in = inside || (valid && ih >= 0 && ih < g->h && iw >= 0 && iw < g->w);
+        out[(s - s0) * stride] = in ? xn + (ih * g->w + iw) * g->c : dpar__conv_zeros;
+        if (++q == g->kw) q = 0, p++;
+    }
+}
 /* y[r0, r0 + rows) += im2col(x) w, the rows read from x in place: tab (ceil(rows / 8) * KH * KW * 8
    pointers) gets, per tile of 8 rows and kernel tap, each row's pixel under the tap (zeros in the
    padding and past the block); then the GEMM's loops over k blocks (taps, as DPAR__KC % C == 0), strips
@@ -16577,13 +16595,7 @@ static void dpar__conv_fwd_taps(const dpar__conv_job *j, int64_t r0, int64_t row
     for (int64_t r = 0; r < tiles * DPAR__MR512; r++) {
         const float **tr = tab + r / DPAR__MR512 * T * DPAR__MR512 + r % DPAR__MR512;
         const int64_t ih0 = i * g->sh - g->pt, iw0 = jw * g->sw - g->pl;
-        const float *xn = j->x + n * g->h * g->w * g->c;
-        for (int64_t p = 0, s = 0; p < g->kh; p++)
-            for (int64_t q = 0; q < g->kw; q++, s++) {
-                const int64_t ih = ih0 + p * g->dh, iw = iw0 + q * g->dw;
-                const int in = r < rows && ih >= 0 && ih < g->h && iw >= 0 && iw < g->w;
-                tr[s * DPAR__MR512] = in ? xn + (ih * g->w + iw) * g->c : dpar__conv_zeros;
-            }
+        dpar__conv_tap_ptrs(g, j->x + n * g->h * g->w * g->c, ih0, iw0, r < rows, 0, T, tr, DPAR__MR512);
         if (++jw == g->ow && (jw = 0, ++i == g->oh)) i = 0, n++;
     }
     for (int64_t pc = 0; pc < j->K; pc += DPAR__KC) {
@@ -16591,8 +16603,10 @@ static void dpar__conv_fwd_taps(const dpar__conv_job *j, int64_t r0, int64_t row
         for (int64_t jr = 0; jr < O; jr += DPAR__NR512)
             for (int64_t t = 0; t < tiles; t++) {
                 const int mr = (int)(rows - t * DPAR__MR512 < DPAR__MR512 ? rows - t * DPAR__MR512 : DPAR__MR512);
-                dpar__ukr_taps512(kc, g->c, tab + (t * T + pc / g->c) * DPAR__MR512, j->k + pc * O + jr, O,
-                                  yb + t * DPAR__MR512 * O + jr, O, mr);
+                float *ct = yb + t * DPAR__MR512 * O + jr; /* y = b (or 0) + the first block's sums, then += */
+                const float *c0 = pc || !j->b ? ct : j->b + jr;
+                dpar__ukr_taps512(kc, g->c, tab + (t * T + pc / g->c) * DPAR__MR512, j->k + pc * O + jr, O, ct, O, c0,
+                                  pc ? O : 0, !pc && !j->b, mr);
             }
     }
 }
@@ -16605,17 +16619,17 @@ static void dpar__conv_fwd_part(void *arg, int part, int nparts) {
     for (int64_t t; (t = DPAR__ATOMIC_FETCH_ADD(&j->next, 1)) < j->items;) {
         int64_t r0 = t * j->rows, rows = j->M - r0 < j->rows ? j->M - r0 : j->rows;
         float *yb = j->y + r0 * j->O;
+#ifdef DPAR__X86_SIMD
+        if (j->taps) { /* y's rows start from b (or 0) in the kernel's first write-back */
+            dpar__conv_fwd_taps(j, r0, rows, (const float **)(void *)col, yb);
+            continue;
+        }
+#endif
         for (int64_t r = 0; r < rows; r++)
             if (j->b)
                 memcpy(yb + r * j->O, j->b, (size_t)j->O * sizeof(float));
             else
                 memset(yb + r * j->O, 0, (size_t)j->O * sizeof(float));
-#ifdef DPAR__X86_SIMD
-        if (j->taps) {
-            dpar__conv_fwd_taps(j, r0, rows, (const float **)(void *)col, yb);
-            continue;
-        }
-#endif
         if (col) dpar__im2col(j->g, j->x, r0, rows, 0, j->K, col, 0);
         dpar__cpu_sgemm(NULL, 0, rows, j->O, j->K, 0, 0, 1.0f, col ? col : j->x + r0 * j->K, j->k, 1.0f, yb);
     }
@@ -16718,13 +16732,8 @@ static void dpar__conv_bwd_kernel_taps(const dpar__conv_job *j, int64_t k0, int6
     const int64_t C = g->c, ohw = g->oh * g->ow, s0 = k0 / C, s1 = (k1 - 1) / C + 1, O = j->O;
     int64_t n = q0 / ohw, i = q0 % ohw / g->ow, jw = q0 % g->ow; /* output pixel q0 + k, stepped */
     for (int64_t k = 0; k < kc; k++) {
-        const int64_t ih0 = i * g->sh - g->pt, iw0 = jw * g->sw - g->pl;
-        const float *xn = j->x + n * g->h * g->w * C;
-        for (int64_t s = s0; s < s1; s++) {
-            const int64_t ih = ih0 + s / g->kw * g->dh, iw = iw0 + s % g->kw * g->dw;
-            const int in = ih >= 0 && ih < g->h && iw >= 0 && iw < g->w;
-            tab[(s - s0) * kc + k] = in ? xn + (ih * g->w + iw) * C : dpar__conv_zeros;
-        }
+        dpar__conv_tap_ptrs(g, j->x + n * g->h * g->w * C, i * g->sh - g->pt, jw * g->sw - g->pl, 1, s0, s1, tab + k,
+                            kc);
         if (++jw == g->ow && (jw = 0, ++i == g->oh)) i = 0, n++;
     }
     for (int64_t jr = 0; jr < O; jr += DPAR__NR512)

@@ -616,8 +616,9 @@ static void test_threads_bitwise(void **st) {
     T_OK(dpar_runtime_destroy(r3));
 }
 
-/* The bits of the GEMM on im2col's matrix (built here: exact copies, +0 in the padding). The forward
-   without bias: dpar_matmul(im2col(x), w), y = 0 + each k block's sum in turn, as the GEMM's C. The input
+/* The bits of the GEMM on im2col's matrix (built here: exact copies, +0 in the padding). The forward:
+   dpar_matmul(im2col(x), w) into C = 0 (beta 0) or, with a bias, b's rows (beta 1): y = b (or 0) + each k
+   block's sum in turn, as the GEMM's C. The input
    gradient: dpar_matmul(dy, w^T) added back into dx pixel by pixel in output pixel order, each tap's
    channels, as col2im. The kernel gradient: dpar_matmul(im2col(x)^T, dy) (fewer output pixels than one
    block of dpar__conv_rows: k blocks of 256 from the first). On AVX-512 these cases take the passes that
@@ -675,11 +676,15 @@ static void test_im2col_bits(void **st) {
                     if (a >= 0) col[r * K + t * g->c + ch] = d.x[a];
                 }
         dpar_buffer *X = mk(CPU, 4, c->x, d.x), *W = mk(CPU, 4, w4, d.w), *Y = mk(CPU, 4, y4, NULL);
-        dpar_buffer *A = mk(CPU, 2, cs, col), *B = mk(CPU, 2, ws, d.w), *C = mk(CPU, 2, ys, NULL);
+        float *yb = malloc((size_t)(M * g->o + 1) * sizeof(float)); /* every other case: y starts from b */
+        for (int64_t r = 0; r < M * g->o; r++) yb[r] = ci % 2 == 0 ? d.b[r % g->o] : 0.0f;
+        int64_t bs = g->o;
+        dpar_buffer *A = mk(CPU, 2, cs, col), *B = mk(CPU, 2, ws, d.w), *C = mk(CPU, 2, ys, yb);
+        dpar_buffer *BIAS = mk(CPU, 1, &bs, d.b);
         dpar_buffer *DY = mk(CPU, 4, y4, d.dy), *DY2 = mk(CPU, 2, ys, d.dy), *DX = mk(CPU, 4, c->x, NULL);
         dpar_buffer *DW = mk(CPU, 4, w4, NULL), *CW = mk(CPU, 2, ws, NULL);
-        T_OK(dpar_conv2d(Y, X, W, NULL, &c->d));
-        T_OK(dpar_matmul(C, A, B, false, false, 1.0f, 0.0f));
+        T_OK(dpar_conv2d(Y, X, W, ci % 2 == 0 ? BIAS : NULL, &c->d));
+        T_OK(dpar_matmul(C, A, B, false, false, 1.0f, ci % 2 == 0 ? 1.0f : 0.0f));
         T_OK(dpar_conv2d_backward_kernel(DW, NULL, X, DY, &c->d));
         T_OK(dpar_matmul(CW, A, DY2, true, false, 1.0f, 0.0f)); /* im2col^T dy [K, O] */
         T_OK(dpar_conv2d_backward_input(DX, DY, W, &c->d));
@@ -697,9 +702,9 @@ static void test_im2col_bits(void **st) {
             fail_msg("%s: conv2d's input gradient differs from the GEMM and col2im", c->name);
         if (memcmp(dw, dww, (size_t)nw(g) * sizeof(float)))
             fail_msg("%s: conv2d's kernel gradient differs from the GEMM on im2col's matrix", c->name);
-        dpar_buffer *all[] = { X, W, Y, A, B, C, DY, DY2, DX, DW, CW };
+        dpar_buffer *all[] = { X, W, Y, A, B, C, DY, DY2, DX, DW, CW, BIAS };
         for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dpar_buffer_destroy(all[i]);
-        free(col), free(dx), free(y), free(want), free(got), free(dcol), free(dw), free(dww);
+        free(col), free(dx), free(y), free(want), free(got), free(dcol), free(dw), free(dww), free(yb);
         conv_data_free(&d);
     }
 }
