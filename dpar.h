@@ -15018,8 +15018,8 @@ static void *dpar__cpu_host_ptr(void *st, int dev, void *mem) {
 /* ow: C starts as +0 (beta = 0, first k block): C = 0 + alpha * acc, without reading C.
    a: element (i, k) of the A micro-panel at a[i * ars + k * acs] (packed: ars 1, acs MR;
    unpacked rows of a non-transposed A: ars lda, acs 1). */
-static void dpar__ukr_c(int64_t kc, const float *a, int64_t ars, int64_t acs, const float *b, int64_t bs, float *c,
-                        int64_t ldc, float alpha, int mr, int nr, int ow) {
+DPAR__MAYBE_UNUSED static void dpar__ukr_c(int64_t kc, const float *a, int64_t ars, int64_t acs, const float *b,
+                                           int64_t bs, float *c, int64_t ldc, float alpha, int mr, int nr, int ow) {
     float acc[DPAR__MR][DPAR__NR];
     memset(acc, 0, sizeof acc);
     for (int64_t k = 0; k < kc; k++, a += acs, b += bs)
@@ -15031,8 +15031,8 @@ static void dpar__ukr_c(int64_t kc, const float *a, int64_t ars, int64_t acs, co
 #ifdef DPAR__ARM_NEON
 /* dpar__ukr_c with NEON: the same multiply then add per k, in the same
    order, and the same write-back: the same bits */
-static void dpar__ukr_neon(int64_t kc, const float *a, int64_t ars, int64_t acs, const float *b, int64_t bs, float *c,
-                           int64_t ldc, float alpha, int mr, int nr, int ow) {
+DPAR__MAYBE_UNUSED static void dpar__ukr_neon(int64_t kc, const float *a, int64_t ars, int64_t acs, const float *b,
+                                              int64_t bs, float *c, int64_t ldc, float alpha, int mr, int nr, int ow) {
     float32x4_t r[DPAR__MR][4];
     for (int i = 0; i < DPAR__MR; i++)
         for (int q = 0; q < 4; q++) r[i][q] = vdupq_n_f32(0.0f);
@@ -15075,9 +15075,10 @@ __attribute__((target("avx2"))) static inline void dpar__ukr_store(__m256 r[DPAR
     for (int i = 0; i < mr; i++)
         for (int j = 0; j < nr; j++) c[i * ldc + j] = (ow ? 0.0f : c[i * ldc + j]) + alpha * t[i][j];
 }
-__attribute__((target("avx2"))) static void dpar__ukr_avx2(int64_t kc, const float *a, int64_t ars, int64_t acs,
-                                                           const float *b, int64_t bs, float *c, int64_t ldc,
-                                                           float alpha, int mr, int nr, int ow) {
+__attribute__((target("avx2"))) DPAR__MAYBE_UNUSED static void dpar__ukr_avx2(int64_t kc, const float *a, int64_t ars,
+                                                                              int64_t acs, const float *b, int64_t bs,
+                                                                              float *c, int64_t ldc, float alpha,
+                                                                              int mr, int nr, int ow) {
     __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
     __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
     const float *a1 = a + ars, *a2 = a + 2 * ars, *a3 = a + 3 * ars, *a4 = a + 4 * ars, *a5 = a + 5 * ars;
@@ -15107,9 +15108,9 @@ __attribute__((target("avx2"))) static void dpar__ukr_avx2(int64_t kc, const flo
 }
 /* the same with fused multiply-adds: twice the throughput of the separate
    multiply and add here, used wherever the CPU has FMA (see dpar__ukr_pick) */
-__attribute__((target("avx2,fma"))) static void dpar__ukr_fma(int64_t kc, const float *a, int64_t ars, int64_t acs,
-                                                              const float *b, int64_t bs, float *c, int64_t ldc,
-                                                              float alpha, int mr, int nr, int ow) {
+__attribute__((target("avx2,fma"))) DPAR__MAYBE_UNUSED static void
+dpar__ukr_fma(int64_t kc, const float *a, int64_t ars, int64_t acs, const float *b, int64_t bs, float *c, int64_t ldc,
+              float alpha, int mr, int nr, int ow) {
     __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
     __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
     const float *a1 = a + ars, *a2 = a + 2 * ars, *a3 = a + 3 * ars, *a4 = a + 4 * ars, *a5 = a + 5 * ars;
@@ -15225,13 +15226,15 @@ DPAR__UKR512(dpar__ukr_fma512_16, dpar__ukr_fma512_16, "avx512f,fma", _mm512_fma
 DPAR__UKR512(dpar__ukr_fma512_e, dpar__ukr_fma512_16, "avx512f,fma", _mm512_fmadd_ps, 2, 0)
 DPAR__UKR512(dpar__ukr_fma512_f, dpar__ukr_fma512_16, "avx512f,fma", _mm512_fmadd_ps, 2, 1)
 /* the tile's kernels: the full form where the tile is whole, the masked one at the edges */
-static void dpar__ukr_avx512(int64_t kc, const float *a, int64_t ars, int64_t acs, const float *b, int64_t bs, float *c,
-                             int64_t ldc, float alpha, int mr, int nr, int ow) {
+DPAR__MAYBE_UNUSED static void dpar__ukr_avx512(int64_t kc, const float *a, int64_t ars, int64_t acs, const float *b,
+                                                int64_t bs, float *c, int64_t ldc, float alpha, int mr, int nr,
+                                                int ow) {
     (mr == DPAR__MR512 && nr == DPAR__NR512 ? dpar__ukr_avx512_f : dpar__ukr_avx512_e)(kc, a, ars, acs, b, bs, c, ldc,
                                                                                        alpha, mr, nr, ow);
 }
-static void dpar__ukr_fma512(int64_t kc, const float *a, int64_t ars, int64_t acs, const float *b, int64_t bs, float *c,
-                             int64_t ldc, float alpha, int mr, int nr, int ow) {
+DPAR__MAYBE_UNUSED static void dpar__ukr_fma512(int64_t kc, const float *a, int64_t ars, int64_t acs, const float *b,
+                                                int64_t bs, float *c, int64_t ldc, float alpha, int mr, int nr,
+                                                int ow) {
     (mr == DPAR__MR512 && nr == DPAR__NR512 ? dpar__ukr_fma512_f : dpar__ukr_fma512_e)(kc, a, ars, acs, b, bs, c, ldc,
                                                                                        alpha, mr, nr, ow);
 }
@@ -15352,8 +15355,8 @@ static void dpar__pack_bt_c(float *dst, int64_t ldd, const float *src, int64_t l
 #ifdef DPAR__X86_SIMD
 /* the same by 16 x 16 register transposes, the k tail by dpar__pack_bt_c's loop;
    the scalar strided gather was a third of the packing time of attention's small Q K^T products */
-__attribute__((target("avx512f"))) static void dpar__pack_bt_avx512(float *dst, int64_t ldd, const float *src,
-                                                                    int64_t ld, int64_t kc) {
+__attribute__((target("avx512f"))) DPAR__MAYBE_UNUSED static void
+dpar__pack_bt_avx512(float *dst, int64_t ldd, const float *src, int64_t ld, int64_t kc) {
     int64_t k = 0;
     for (; k + 16 <= kc; k += 16) {
         __m512 r[16], t[16];
@@ -15390,6 +15393,15 @@ typedef struct dpar__ukr {
     int mr, nr; /* the tile: rows, columns (a multiple of 16) */
     int edges;  /* reads only the mr x nr corner it is given: edge strips need no zero-padded copy */
 } dpar__ukr;
+/* columns per work item: a whole number of every kernel's strips, and enough that a split is worth
+   reading A once more (measured, 2 threads: 32-column items took 1.2x the CPU time of 1818x64x288) */
+#define DPAR__SGEMM_COLS 128
+/* rows per work item at least: a whole number of every kernel's tile rows (6, 8), and a block of A
+   (DPAR__MC) for each packed copy of B */
+#define DPAR__SGEMM_ROWS 96
+/* dpar's own sgemm driver, left out of a DPAR_USE_CBLAS build (cblas_sgemm picks, packs and splits itself):
+   the micro-kernels only it picks are DPAR__MAYBE_UNUSED there */
+#ifndef DPAR_USE_CBLAS
 /* the fastest kernel this CPU has: fused multiply-adds where it has FMA (else a rounded multiply, then an add) */
 static dpar__ukr dpar__ukr_pick(void) {
     dpar__ukr u = { dpar__ukr_c, dpar__pack_bt_c, DPAR__MR, DPAR__NR, 0 };
@@ -15538,12 +15550,6 @@ typedef struct dpar__sgemm_args {
     float *C;
     int64_t rows, cols, ncols; /* a work item: rows x cols of C; ncols items across */
 } dpar__sgemm_args;
-/* columns per work item: a whole number of every kernel's strips, and enough that a split is worth
-   reading A once more (measured, 2 threads: 32-column items took 1.2x the CPU time of 1818x64x288) */
-#define DPAR__SGEMM_COLS 128
-/* rows per work item at least: a whole number of every kernel's tile rows (6, 8), and a block of A
-   (DPAR__MC) for each packed copy of B */
-#define DPAR__SGEMM_ROWS 96
 static void dpar__sgemm_range(const void *arg, int64_t lo, int64_t hi) {
     const dpar__sgemm_args *g = (const dpar__sgemm_args *)arg;
     for (int64_t t = lo; t < hi; t++) {
@@ -15581,6 +15587,7 @@ static void dpar__sgemm_items(dpar__sgemm_args *g, int nt) {
         g->ncols = (N + g->cols - 1) / g->cols;
     }
 }
+#endif
 /* C[M,N] = alpha op(A) op(B) + beta C, f32, row-major; on the device's
    helper threads too when it has them and the product is large. */
 static void dpar__cpu_sgemm(dpar__cpu *c, int dev, int64_t M, int64_t N, int64_t K, int ta, int tb, float alpha,
