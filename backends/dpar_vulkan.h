@@ -117,13 +117,12 @@ enum {
     DPAR__VK_FRAMES = 6,      /* batches in flight per logical device (>>graph feeds' staged sets: as many) */
     DPAR__VK_FRAME_OPS = 128, /* ops recorded before a command buffer is submitted */
     DPAR__VK_BINDINGS = 8,    /* dst, dst2, src0, src1, dst3, src2, src3, spare (the layer ops need 7) */
-    DPAR__VK_WG = 256,        /* 1-D workgroup size of the element-wise shaders */
-    /* On a CPU device (llvmpipe) each workgroup costs a setup of its own, so a grid-stride shader gets
-       a workgroup per DPAR__VK_CPU_ITEMS items (16 an invocation) and the direct matmul walks up to
-       DPAR__VK_CPU_MM_COLS column blocks a workgroup: the digits job ran 13% faster than with an
-       invocation per item and a workgroup per block (bench/results/results.md) */
-    DPAR__VK_CPU_ITEMS = 4096,
-    DPAR__VK_CPU_MM_COLS = 8
+    /* 1-D workgroup size of the element-wise shaders, an item an invocation on every device. Not fewer,
+       fuller workgroups on a CPU device (16 items an invocation, 8 matmul column blocks a workgroup: the
+       digits job 13% faster): llvmpipe ends a shader's loops after 65,535 iterations an invocation, all
+       loops together (Mesa's LP_MAX_TGSI_LOOP_ITERATIONS), so a conv kernel gradient summing 7,200
+       terms 16 times, or a K = 9,000 product over 8 blocks, came out wrong with no error */
+    DPAR__VK_WG = 256
 };
 #define DPAR__VK_CHUNK            ((VkDeviceSize)16 << 20) /* staging chunk */
 #define DPAR__VK_FENCE_TIMEOUT_NS ((uint64_t)600 * 1000000000ull)
@@ -1857,8 +1856,7 @@ static dpar_status dpar__vk_host_release(void *state, int dev, void *mem, size_t
 
 /* Workgroups for a grid-stride loop over n items (at least 1, capped). */
 static uint32_t dpar__vk_groups(const dpar__vkphys *ph, uint64_t n) {
-    uint64_t per = ph->props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU ? DPAR__VK_CPU_ITEMS : DPAR__VK_WG;
-    uint64_t g = (n + per - 1) / per;
+    uint64_t g = (n + DPAR__VK_WG - 1) / DPAR__VK_WG;
     uint64_t cap = ph->props.limits.maxComputeWorkGroupCount[0];
     if (cap > 65535) cap = 65535;
     if (g > cap) g = cap;
@@ -1978,10 +1976,9 @@ static int dpar__vk_on_cpu(const dpar__vk *st, int dev) {
 /* The matmul shader for C [m, n] on device dev, its workgroups (g[0], g[1]) and its flags beyond the
    operands' (pc->flags). */
 static int dpar__vk_mm_pick(const dpar__vk *st, int dev, int64_t m, int64_t n, uint32_t g[2], dpar__vkpc *pc) {
-    if (dpar__vk_on_cpu(st, dev)) { /* blocks of 32 rows by 16 columns, up to DPAR__VK_CPU_MM_COLS a workgroup */
+    if (dpar__vk_on_cpu(st, dev)) { /* 32 rows by 16 columns a workgroup */
         if (st->devs[dev].ph->lanes8) pc->flags |= 32u;
-        g[0] = (uint32_t)((m + 31) / 32);
-        g[1] = (uint32_t)((n + 16 * DPAR__VK_CPU_MM_COLS - 1) / (16 * DPAR__VK_CPU_MM_COLS));
+        g[0] = (uint32_t)((m + 31) / 32), g[1] = (uint32_t)((n + 15) / 16);
         return DPAR__SPV_MATMUL_DIRECT;
     }
     g[0] = (uint32_t)((n + 31) / 32), g[1] = (uint32_t)((m + 31) / 32);

@@ -555,7 +555,17 @@ static const pcase op_cases[] = {
       .beta = 1,
       .rtol = 1e-5,
       .atol = 1e-4 },
-    /* a CPU device's direct matmul walks several column blocks a workgroup: 19 blocks over 3 workgroups */
+    /* a long k: llvmpipe ends an invocation's loops after 65,535 iterations (several column blocks of
+       this a workgroup came out wrong, no error) */
+    { .name = "matmul 64x9000x256",
+      .fn = c_matmul,
+      .dt = DPAR_F32,
+      .shape = { 64, 9000, 256 },
+      .alpha = 1,
+      .rtol = 1e-4,
+      .atol = 1e-3 },
+    /* the direct matmul's column-block stride over a workgroup's blocks (one a workgroup as the host
+       dispatches it): 19 blocks */
     { .name = "matmul 40x33x300 tA tB beta",
       .fn = c_matmul,
       .dt = DPAR_F32,
