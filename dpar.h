@@ -1528,7 +1528,9 @@ DPAR_API void dpar_trace_event(const dpar_runtime *rt, int device, const char *n
    host_waits (Vulkan; 0 on the other backends): the times in the window the
    host blocked on the device's queued work (a vkWaitForFences, for one batch
    or several at once). A replayed graph fed by dpar_graph_put_feeds with no
-   loss read takes about one per three steps while the device is behind. */
+   loss read takes about one per six steps while the device is behind (the
+   six staged sets); a step with a host-staged collective (a gradient psum
+   over several devices) waits at every step. */
 typedef struct dpar_device_stats {
     uint64_t memory_in_use;        /* bytes of the device's live buffers */
     uint64_t memory_peak;          /* high-water mark of memory_in_use in the window */
