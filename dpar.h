@@ -1475,8 +1475,9 @@ DPAR_API dpar_status dpar_shard_map_specs(dpar_mesh *m, const dpar_shard_map_spe
    ------------------------------------------------------------------------ */
 /* Tracing: a Chrome / Perfetto trace (JSON "traceEvents", open it in
    ui.perfetto.dev or chrome://tracing). One process per runtime, one track
-   per device for its worker thread (ops, blocking collectives, waits for
-   async ones, the data-parallel helper's staging copies), one track per
+   per device for its worker thread (ops, blocking collectives, the hand-off
+   of each async one ("collective start") and the waits for them, the
+   data-parallel helper's staging copies), one track per
    device for its communication thread (async collectives), and a "host"
    track (pmap / shard_map dispatches). Collective events carry their byte
    counts. Times are host times: on GPU backends an op's event is the time to
@@ -7045,6 +7046,7 @@ static DPAR__THREAD_FN(dpar__comm_main, arg) {
 
 static dpar_status dpar__coll_start(dpar_ctx *ctx, const dpar__cargs *a, struct dpar_request **out) {
     *out = NULL;
+    double t0 = DPAR__ATOMIC_LOAD(&dpar__trace_on) ? dpar__now_us() : 0.0;
     dpar__worker *w = &ctx->rt->workers[ctx->device - ctx->rt->local_base];
     struct dpar_request *r = (struct dpar_request *)dpar__calloc(1, sizeof *r);
     if (!r)
@@ -7073,6 +7075,10 @@ static dpar_status dpar__coll_start(dpar_ctx *ctx, const dpar__cargs *a, struct 
     w->live = r;
     dpar__cond_broadcast(&w->qcv);
     dpar__mutex_unlock(&w->qmu);
+    /* the hand-off on the worker's track: what the worker runs between it and the "wait" overlaps the collective */
+    if (t0 > 0.0)
+        dpar__trace_event(dpar__trace_pid(ctx->rt), ctx->device, dpar__coll_name(a->kind, a->op), "collective start",
+                          t0, dpar__now_us(), a->in ? (int64_t)a->in->nbytes : 0);
     *out = r;
     return DPAR_OK;
 }

@@ -168,14 +168,16 @@ static void test_env_trace(void **state) {
     assert_non_null(strstr(s, "\"name\":\"device 0 comm\""));
     assert_non_null(strstr(s, "\"name\":\"device 1 comm\""));
     assert_non_null(strstr(s, "\"name\":\"host\""));
-    /* 3 steps x 2 devices: 3 matmuls each, 3 blocking psums, 3 async psums, 3 waits */
+    /* 3 steps x 2 devices: 3 matmuls each, 3 blocking psums, 3 async psums (each with its hand-off on
+       the worker's track), 3 waits */
     assert_int_equal(count(s, "\"name\":\"matmul\""), 6);
     assert_int_equal(count(s, "\"name\":\"fill\""), 12);
     assert_int_equal(count(s, "\"cat\":\"collective\""), 6);
     assert_int_equal(count(s, "\"cat\":\"collective async\""), 6);
+    assert_int_equal(count(s, "\"cat\":\"collective start\""), 6);
     assert_int_equal(count(s, "\"name\":\"wait\""), 6);
     assert_int_equal(count(s, "\"name\":\"dispatch\""), 3);
-    assert_int_equal(count(s, "\"bytes\":256"), 12); /* 8x8 f32 per collective */
+    assert_int_equal(count(s, "\"bytes\":256"), 18); /* 8x8 f32 per collective and per hand-off */
     assert_non_null(strstr(s, "\"ph\":\"X\""));
     free(s);
     T_OK(dpar_trace_end());
