@@ -21,14 +21,24 @@ void add(inout float s, inout float c, float v) {
     c = cc;
 }
 
+// (s, c) += v or v*v
+void term(inout float s, inout float c, float v, bool sq) {
+    precise float w = sq ? v * v : v;
+    add(s, c, w);
+}
+
 void main() {
     uint t = gl_LocalInvocationID.x;
     bool sq = (pc.flags & 1u) != 0u;
     float s = 0.0, c = 0.0;
-    for (uint i = t; i < pc.n; i += 256u) {
-        float v = x[i];
-        precise float w = sq ? v * v : v;
-        add(s, c, w);
+    // elements t, t+256, t+512, t+768 an iteration, in that order: a quarter of the iterations, so the
+    // loop stays under llvmpipe's cap (65,535 iterations an invocation, every loop counted) at every n a
+    // buffer can hold there (32M floats in 128 MiB); the same order, so the same bits, as one a turn
+    for (uint i = t; i < pc.n; i += 1024u) {
+        term(s, c, x[i], sq);
+        if (pc.n - i > 256u) term(s, c, x[i + 256u], sq);
+        if (pc.n - i > 512u) term(s, c, x[i + 512u], sq);
+        if (pc.n - i > 768u) term(s, c, x[i + 768u], sq);
     }
     ps[t] = s;
     pcomp[t] = c;
