@@ -126,6 +126,7 @@ enum {
 };
 #define DPAR__VK_CHUNK            ((VkDeviceSize)16 << 20) /* staging chunk */
 #define DPAR__VK_FENCE_TIMEOUT_NS ((uint64_t)600 * 1000000000ull)
+#define DPAR__VK_LOOP_CAP         65535u /* llvmpipe's LP_MAX_TGSI_LOOP_ITERATIONS (>>vulkan loops) */
 
 typedef struct dpar__vkqueue {
     VkQueue queue;
@@ -169,6 +170,7 @@ typedef struct dpar__vkphys {
     uint8_t uuid[VK_UUID_SIZE]; /* VkPhysicalDeviceIDProperties::deviceUUID */
     int prefer_mappable;        /* map device memory in place */
     int lanes8;                 /* compute subgroups of 8 with broadcast (matmul_direct.comp's flags bit 5) */
+    uint32_t loop_cap;          /* shader loops end after this many turns an invocation (llvmpipe); 0: none */
     VkDevice device;
     uint32_t family;
     int nqueues;
@@ -1266,6 +1268,8 @@ static void dpar__vk_query_phys(dpar__vk *st, dpar__vkphys *ph) {
     memcpy(ph->uuid, idp.deviceUUID, sizeof ph->uuid);
     ph->lanes8 = sg.subgroupSize == 8 && (sg.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
                  (sg.supportedOperations & VK_SUBGROUP_FEATURE_BALLOT_BIT);
+    int llvmpipe = has_drv && drv.driverID == VK_DRIVER_ID_MESA_LLVMPIPE;
+    ph->loop_cap = llvmpipe || ph->props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU ? DPAR__VK_LOOP_CAP : 0;
     if (has_drv && drv.driverName[0])
         snprintf(ph->driver, sizeof ph->driver, "%.31s %.31s", drv.driverName, drv.driverInfo);
     else
@@ -2295,6 +2299,137 @@ static dpar_status dpar__vk_half_temps(void *state, int dev, int n, const size_t
 static dpar_status dpar__vk_op(void *state, int dev, const dpar__op *op);
 static const dpar__half_hooks dpar__vk_half = { dpar__vk_op, dpar__vk_half_temps };
 
+/* >>vulkan loops ==============================================================
+   llvmpipe (Mesa's gallivm) ends a shader's loops after LP_MAX_TGSI_LOOP_ITERATIONS = 65,535
+   iterations an invocation, every loop of the invocation counted together (one counter a function,
+   lp_exec_mask_function_init): past it the loops just end and the op's result is wrong, with no error.
+   Measured on Mesa 22.3.6 (llvmpipe, 256 bits) through this backend: dpar_sum (one loop of
+   ceil(n/256) turns, then the tree's 8) is right for n = 256 * 65,526 and wrong from one element more
+   (8,387,456 for 16,774,912 ones); softmax over one row of n (three loops of n turns each, none near
+   the cap) is right at n = 21,843 and wrong (the row unwritten) from 21,844: the cap counts all loops
+   of an invocation, each turn plus about one a loop entered. So the shaders' geometry keeps the trip
+   count down where it can (reduce.comp: 4 elements a turn), and where one invocation must loop with
+   the input (a matmul's K, a softmax row, a conv window, ...) the op is refused on such a device
+   before anything is recorded, with an upper bound of its invocations' turns below. GPUs loop freely. */
+static uint64_t dpar__vk_ceil(uint64_t a, uint64_t b) {
+    return b ? (a + b - 1) / b : 0;
+}
+/* Items of a grid-stride loop over n items an invocation takes (at most dpar__vk_groups' groups). */
+static uint64_t dpar__vk_per_inv(const dpar__vkphys *ph, uint64_t n) {
+    return dpar__vk_ceil(n, (uint64_t)dpar__vk_groups(ph, n) * DPAR__VK_WG);
+}
+/* Attention: an upper bound of the turns of a query (or key) row over nk keys (queries) in chunks of 64
+   with heads D, Dv: per chunk a lane's dot products (D, Dv) and the lanes' reductions, and the 64-turn
+   accumulations of each of the ceil(D/64), ceil(Dv/64) columns a lane keeps. */
+static uint64_t dpar__vk_attn_turns(uint64_t nk, uint64_t D, uint64_t Dv) {
+    uint64_t cols = dpar__vk_ceil(D, 64) + dpar__vk_ceil(Dv, 64), chunks = dpar__vk_ceil(nk, 64);
+    uint64_t per_chunk = 2 * (D + 1) + 2 * (Dv + 1) + 4 * 7 + 66 * (cols + 2);
+    return 2 * (chunks + 1) + chunks * per_chunk + 4 * (cols + 2);
+}
+/* An upper bound of the loop turns one invocation of op's shaders takes on device dev (turns plus one
+   a loop entered; 0: bounded by constants whatever the shape). Mirrors the dispatch geometry below. */
+static uint64_t dpar__vk_op_turns(const dpar__vk *st, int dev, const dpar__op *op) {
+    const dpar__vkphys *ph = st->devs[dev].ph;
+    uint64_t n = op->dst ? (uint64_t)op->dst->count : 0;
+    const int64_t *p = op->p;
+    switch (op->kind) {
+    case DPAR__OP_MATMUL:
+    case DPAR__OP_MATMUL_BATCHED: { /* matmul_direct.comp: one K loop a block, batches over 65535 groups */
+        uint64_t zs = op->kind == DPAR__OP_MATMUL ? 1 : dpar__vk_ceil((uint64_t)p[0], 65535);
+        return zs * ((uint64_t)op->k + 2) + zs + 1;
+    }
+    case DPAR__OP_SUM:
+    case DPAR__OP_SUMSQ: return dpar__vk_ceil((uint64_t)op->src0->count, 1024) + 10; /* one group, 4 a turn */
+    case DPAR__OP_MSE: return dpar__vk_ceil((uint64_t)op->src0->count, 256) + 10;  /* one group */
+    case DPAR__OP_BIAS_GRAD: /* a column's rows */
+        return n ? dpar__vk_per_inv(ph, n) * ((uint64_t)op->src0->count / n + 1) + 1 : 0;
+    case DPAR__OP_SOFTMAX_XENT: { /* one group of 64: rows t, t+64, ..., four loops over a row */
+        uint64_t rows = (uint64_t)op->src1->count, cols = rows ? (uint64_t)op->src0->count / rows : 0;
+        return dpar__vk_ceil(rows, 64) * (4 * (cols + 1) + 2) + 4 * 65 + 2;
+    }
+    case DPAR__OP_EMBED:
+    case DPAR__OP_EMBED_BWD: { /* the index check's one group; embed_bwd: a column's indices */
+        uint64_t idx = (uint64_t)op->src1->count;
+        uint64_t turns = dpar__vk_ceil(idx, 256) + 10;
+        if (op->kind == DPAR__OP_EMBED_BWD && op->n > 0) {
+            uint64_t t = dpar__vk_per_inv(ph, (uint64_t)op->n) * ((uint64_t)op->m + 1) + 1;
+            turns = t > turns ? t : turns;
+        }
+        return turns;
+    }
+    case DPAR__OP_REDUCE: { /* reduce_axes.comp: an output's reduced elements (twice for argmax's scatter) */
+        uint64_t r = 1;
+        for (int d = 0; d < 4; d++)
+            if ((p[13] >> d) & 1) r *= (uint64_t)p[d];
+        return dpar__vk_per_inv(ph, (uint64_t)op->n) * (2 * (r + 1) + 1) + 1;
+    }
+    case DPAR__OP_SOFTMAX:
+    case DPAR__OP_SOFTMAX_BWD: /* a row's three loops */
+        return dpar__vk_per_inv(ph, (uint64_t)op->m) * (3 * ((uint64_t)op->n + 1) + 1) + 1;
+    case DPAR__OP_NORM:
+    case DPAR__OP_NORM_BWD: { /* a row's loops (six with the overflow-safe rescale), columns over 256 lanes
+                                 or one lane, the tree reductions; layernorm_wgrad: a column's rows */
+        uint64_t m = (uint64_t)op->m, N = (uint64_t)op->n;
+        int per_row = dpar__vk_on_cpu(st, dev) || op->n <= 32;
+        uint64_t rows = per_row ? dpar__vk_ceil(dpar__vk_ceil(m, 256), dpar__vk_rows((int64_t)dpar__vk_ceil(m, 256)))
+                                : dpar__vk_ceil(m, dpar__vk_rows((int64_t)m));
+        uint64_t turns = rows * (6 * (dpar__vk_ceil(N, per_row ? 1 : 256) + 1) + 5 * 9 + 1) + 1;
+        if (op->kind == DPAR__OP_NORM_BWD && (op->dst2 || op->dst3)) {
+            uint64_t w = dpar__vk_per_inv(ph, N) * (m + 1) + 1;
+            turns = w > turns ? w : turns;
+        }
+        return turns;
+    }
+    case DPAR__OP_ATTN:
+    case DPAR__OP_ATTN_BWD_Q:
+    case DPAR__OP_ATTN_BWD_KV: { /* p: B*H, Tq, Tk, D, Dv; rows over 65535 groups */
+        int kv = op->kind == DPAR__OP_ATTN_BWD_KV;
+        uint64_t rows = (uint64_t)(p[0] * (kv ? p[2] : p[1])), nk = (uint64_t)(kv ? p[1] : p[2]);
+        return dpar__vk_ceil(rows, 65535) * dpar__vk_attn_turns(nk, (uint64_t)p[3], (uint64_t)p[4]);
+    }
+    case DPAR__OP_CONV2D:
+    case DPAR__OP_CONV2D_BWD_INPUT:
+    case DPAR__OP_CONV2D_BWD_KERNEL:
+    case DPAR__OP_AVG_POOL:
+    case DPAR__OP_AVG_POOL_BWD:
+    case DPAR__OP_MAX_POOL:
+    case DPAR__OP_MAX_POOL_BWD: { /* p: n h w c oh ow o kh kw sh sw (dpar__win2d): an element's window */
+        uint64_t N = (uint64_t)p[0], C = (uint64_t)p[3], OH = (uint64_t)p[4], OW = (uint64_t)p[5];
+        uint64_t O = (uint64_t)p[6], KH = (uint64_t)p[7], KW = (uint64_t)p[8];
+        uint64_t win = KH + 1 + KH * (KW + 1), e;
+        switch (op->kind) {
+        case DPAR__OP_CONV2D: e = win + KH * KW * (C + 1); break;
+        case DPAR__OP_CONV2D_BWD_INPUT: e = win + KH * KW * (O + 1); break;
+        case DPAR__OP_CONV2D_BWD_KERNEL: e = N + 1 + N * (OH + 1) + N * OH * (OW + 1); break;
+        case DPAR__OP_AVG_POOL:
+        case DPAR__OP_MAX_POOL: e = win; break;
+        default: { /* the windows holding an element, each rescanned for its maximum */
+            uint64_t wi = dpar__vk_ceil(KH, (uint64_t)p[9]) + 1, wj = dpar__vk_ceil(KW, (uint64_t)p[10]) + 1;
+            e = wi + 1 + wi * (wj + 1) + (op->kind == DPAR__OP_MAX_POOL_BWD ? wi * wj * win : 0);
+        }
+        }
+        return dpar__vk_per_inv(ph, n) * (e + 1) + 1;
+    }
+    default: return 0; /* element-wise: a few items an invocation, constant loops */
+    }
+}
+/* Refuses op on a device that caps shader loops (ph->loop_cap) when an invocation would pass the cap. */
+static dpar_status dpar__vk_loop_check(const dpar__vk *st, int dev, const dpar__op *op) {
+    const dpar__vkphys *ph = st->devs[dev].ph;
+    if (!ph->loop_cap) return DPAR_OK;
+    uint64_t turns = dpar__vk_op_turns(st, dev, op);
+    if (turns < ph->loop_cap) return DPAR_OK;
+    char a[96], b[96];
+    const dpar_buffer *x = op->src0 ? op->src0 : op->dst;
+    const dpar_buffer *y = op->src1 ? op->src1 : op->dst;
+    return dpar__err(DPAR_ERR_SHAPE,
+                     "vulkan: %s of %s and %s: an invocation would loop about %llu times (m %lld, n %lld, k %lld); "
+                     "llvmpipe ends shader loops after 65,535 iterations; split the op or use the CPU backend",
+                     dpar__op_name(op->kind), x ? dpar__shape_str(a, sizeof a, x->ndim, x->shape) : "-",
+                     y ? dpar__shape_str(b, sizeof b, y->ndim, y->shape) : "-", (unsigned long long)turns,
+                     (long long)op->m, (long long)op->n, (long long)op->k);
+}
+
 static dpar_status dpar__vk_op(void *state, int dev, const dpar__op *op) {
     dpar__vk *st = (dpar__vk *)state;
     dpar__vkbuf *dst = op->dst ? (dpar__vkbuf *)op->dst->mem : NULL;
@@ -2314,6 +2449,8 @@ static dpar_status dpar__vk_op(void *state, int dev, const dpar__op *op) {
                          (long long)big);
     DPAR_ASSERT((int)op->kind >= 0 && op->kind < DPAR__OP_COUNT);
     if (dpar__cpu_half_kind(op->kind) && dpar__op_has_half(op)) return dpar__half_lowered(st, dev, op, &dpar__vk_half);
+    dpar_status s = dpar__vk_loop_check(st, dev, op); /* before anything is recorded */
+    if (s) return s;
     switch (op->kind) {
     case DPAR__OP_MATMUL:
     case DPAR__OP_BIAS_ADD:
