@@ -70,6 +70,14 @@
    and accumulate in f32. Every buffer is its own VkDeviceMemory allocation
    (drivers allow at least 4096; no sub-allocator yet).
 
+   Loops: llvmpipe ends a shader's loops after 65,535 turns an invocation,
+   all its loops counted together, and the result is silently wrong past it
+   (>>vulkan loops). The shaders keep their loops short where the geometry
+   allows (dpar_sum at any size); an op whose invocations must loop past the
+   cap (a matmul's K above about 65,530, a softmax row above 21,843, a large
+   conv window, ...) fails there with DPAR_ERR_SHAPE before anything is
+   recorded, its output untouched. GPUs are not limited.
+
    Tests: tests/test_vulkan.c (this backend), tests/test_parity.c (every op
    and collective against the CPU backend), tests/test_graph_record.c (recorded
    graph programs against the op-by-op replay), tests/vulkan_validation.sh (the
@@ -2339,8 +2347,8 @@ static uint64_t dpar__vk_op_turns(const dpar__vk *st, int dev, const dpar__op *o
         return zs * ((uint64_t)op->k + 2) + zs + 1;
     }
     case DPAR__OP_SUM:
-    case DPAR__OP_SUMSQ: return dpar__vk_ceil((uint64_t)op->src0->count, 1024) + 10; /* one group, 4 a turn */
-    case DPAR__OP_MSE: return dpar__vk_ceil((uint64_t)op->src0->count, 256) + 10;  /* one group */
+    case DPAR__OP_SUMSQ: /* one group, 4 elements a turn */ return dpar__vk_ceil((uint64_t)op->src0->count, 1024) + 10;
+    case DPAR__OP_MSE: /* one group */ return dpar__vk_ceil((uint64_t)op->src0->count, 256) + 10;
     case DPAR__OP_BIAS_GRAD: /* a column's rows */
         return n ? dpar__vk_per_inv(ph, n) * ((uint64_t)op->src0->count / n + 1) + 1 : 0;
     case DPAR__OP_SOFTMAX_XENT: { /* one group of 64: rows t, t+64, ..., four loops over a row */

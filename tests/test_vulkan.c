@@ -1228,6 +1228,76 @@ static void test_export_destroy_repeated(void **state) {
 #endif
 }
 
+/* ---- llvmpipe's loop cap (>>vulkan loops in backends/dpar_vulkan.h) ---- */
+/* llvmpipe ends a shader's loops after 65,535 turns an invocation, silently: dpar refuses there what it
+   cannot split */
+static int loop_capped(dpar_runtime *rt) {
+    dpar_device_info info;
+    T_OK(dpar_runtime_device_info(rt, 0, &info));
+    return strstr(info.driver, "llvmpipe") != NULL || strstr(info.name, "llvmpipe") != NULL;
+}
+/* dpar_sum of 2^24 ones: reduce.comp's invocations looped 65,536 times and the sum came out 131,070 */
+static void test_loop_cap_sum(void **state) {
+    (void)state;
+    dpar_runtime *rt = vk_runtime(1, 0);
+    dpar_buffer *x = t_buf1(rt, DPAR_F32, (int64_t)1 << 24, NULL), *out = t_buf1(rt, DPAR_F32, 1, NULL);
+    float r = 0;
+    T_OK(dpar_fill(x, 1.0f));
+    T_OK(dpar_sum(out, x));
+    t_read(out, &r);
+    assert_true(r == 16777216.0f); /* exact: every partial sum is an integer below 2^24 */
+    T_OK(dpar_sum_squares(out, x));
+    t_read(out, &r);
+    assert_true(r == 16777216.0f);
+    dpar_buffer_destroy(x);
+    dpar_buffer_destroy(out);
+    dpar_runtime_destroy(rt);
+}
+/* softmax over a row of n zeros (1/n each), n just under and just over the cap on llvmpipe (three loops
+   over the row: right at 21,843, the row left unwritten from 21,844); a matmul of K = 70,000 (ones: 70,000).
+   Refused on llvmpipe with the output untouched, right on any other device. */
+static void test_loop_cap_refused(void **state) {
+    (void)state;
+    dpar_runtime *rt = vk_runtime(1, 0);
+    int capped = loop_capped(rt);
+    for (int64_t n = 21843; n <= 21844; n++) {
+        int64_t sh[2] = { 1, n };
+        dpar_buffer *x = t_buf(rt, 0, DPAR_F32, 2, sh, NULL), *y = t_buf(rt, 0, DPAR_F32, 2, sh, NULL);
+        float *h = (float *)malloc((size_t)n * sizeof(float));
+        assert_non_null(h);
+        T_OK(dpar_fill(y, -1.0f));
+        if (capped && n > 21843)
+            T_ERR(dpar_softmax(y, x, false), DPAR_ERR_SHAPE, "softmax of [1, 21844]", "would loop about 65537 times",
+                  "llvmpipe ends shader loops after 65,535 iterations; split the op or use the CPU backend");
+        else
+            T_OK(dpar_softmax(y, x, false));
+        t_read(y, h);
+        float want = capped && n > 21843 ? -1.0f : 1.0f / (float)n;
+        for (int64_t i = 0; i < n; i++) assert_float_equal(h[i], want, 1e-6f * want);
+        free(h);
+        dpar_buffer_destroy(x);
+        dpar_buffer_destroy(y);
+    }
+    int64_t sa[2] = { 1, 70000 }, sb[2] = { 70000, 1 }, sc[2] = { 1, 1 };
+    dpar_buffer *a = t_buf(rt, 0, DPAR_F32, 2, sa, NULL), *b = t_buf(rt, 0, DPAR_F32, 2, sb, NULL);
+    dpar_buffer *c = t_buf(rt, 0, DPAR_F32, 2, sc, NULL);
+    T_OK(dpar_fill(a, 1.0f));
+    T_OK(dpar_fill(b, 1.0f));
+    T_OK(dpar_fill(c, 5.0f));
+    float r = 0;
+    if (capped)
+        T_ERR(dpar_matmul(c, a, b, false, false, 1.0f, 0.0f), DPAR_ERR_SHAPE, "matmul of [1, 70000] and [70000, 1]",
+              "k 70000", "llvmpipe ends shader loops after 65,535 iterations");
+    else
+        T_OK(dpar_matmul(c, a, b, false, false, 1.0f, 0.0f));
+    t_read(c, &r);
+    assert_true(r == (capped ? 5.0f : 70000.0f));
+    dpar_buffer_destroy(a);
+    dpar_buffer_destroy(b);
+    dpar_buffer_destroy(c);
+    dpar_runtime_destroy(rt);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_device_info),
@@ -1252,6 +1322,8 @@ int main(void) {
         cmocka_unit_test(test_adopt_bad_inputs),
         cmocka_unit_test(test_export_contract),
         cmocka_unit_test(test_export_destroy_repeated),
+        cmocka_unit_test(test_loop_cap_sum),
+        cmocka_unit_test(test_loop_cap_refused),
     };
     return cmocka_run_group_tests_name("vulkan", tests, NULL, NULL);
 }
