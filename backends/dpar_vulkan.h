@@ -2348,7 +2348,7 @@ static uint64_t dpar__vk_op_turns(const dpar__vk *st, int dev, const dpar__op *o
     }
     case DPAR__OP_SUM:
     case DPAR__OP_SUMSQ: /* one group, 4 elements a turn */ return dpar__vk_ceil((uint64_t)op->src0->count, 1024) + 10;
-    case DPAR__OP_MSE: /* one group */ return dpar__vk_ceil((uint64_t)op->src0->count, 256) + 10;
+    case DPAR__OP_MSE: /* one group, 4 elements a turn */ return dpar__vk_ceil((uint64_t)op->src0->count, 1024) + 10;
     case DPAR__OP_BIAS_GRAD: /* a column's rows */
         return n ? dpar__vk_per_inv(ph, n) * ((uint64_t)op->src0->count / n + 1) + 1 : 0;
     case DPAR__OP_SOFTMAX_XENT: { /* one group of 64: rows t, t+64, ..., four loops over a row */
@@ -2356,9 +2356,8 @@ static uint64_t dpar__vk_op_turns(const dpar__vk *st, int dev, const dpar__op *o
         return dpar__vk_ceil(rows, 64) * (4 * (cols + 1) + 2) + 4 * 65 + 2;
     }
     case DPAR__OP_EMBED:
-    case DPAR__OP_EMBED_BWD: { /* the index check's one group; embed_bwd: a column's indices */
-        uint64_t idx = (uint64_t)op->src1->count;
-        uint64_t turns = dpar__vk_ceil(idx, 256) + 10;
+    case DPAR__OP_EMBED_BWD: { /* the index check's one group, 4 a turn; embed_bwd: a column's indices */
+        uint64_t turns = dpar__vk_ceil((uint64_t)op->src1->count, 1024) + 10;
         if (op->kind == DPAR__OP_EMBED_BWD && op->n > 0) {
             uint64_t t = dpar__vk_per_inv(ph, (uint64_t)op->n) * ((uint64_t)op->m + 1) + 1;
             turns = t > turns ? t : turns;

@@ -9,13 +9,20 @@ layout(std430, set = 0, binding = 0) buffer Err { uint err[]; };
 layout(std430, set = 0, binding = 3) readonly buffer Idx { int idx[]; };
 layout(push_constant) uniform PC { uint n; uint m; uint k; uint flags; float f[8]; uint p[16]; } pc;
 shared uint best[256];
+bool bad(uint i) {
+    int v = idx[i];
+    return (v < 0 || uint(v) >= pc.m) && !((pc.flags & 1u) != 0u && v == int(pc.p[0]));
+}
+
 void main() {
     uint t = gl_LocalInvocationID.x, b = 0xffffffffu;
-    bool ign = (pc.flags & 1u) != 0u;
-    int ignore = int(pc.p[0]);
-    for (uint i = t; i < pc.n; i += 256u) { // rising i: the first bad one is this thread's lowest
-        int v = idx[i];
-        if ((v < 0 || uint(v) >= pc.m) && !(ign && v == ignore)) { b = i; break; }
+    // rising i, four a turn (i, i+256, i+512, i+768: under llvmpipe's cap of 65,535 loop turns an
+    // invocation at every n its buffers hold): the first bad one is this thread's lowest
+    for (uint i = t; i < pc.n && b == 0xffffffffu; i += 1024u) {
+        if (bad(i)) b = i;
+        else if (pc.n - i > 256u && bad(i + 256u)) b = i + 256u;
+        else if (pc.n - i > 512u && bad(i + 512u)) b = i + 512u;
+        else if (pc.n - i > 768u && bad(i + 768u)) b = i + 768u;
     }
     best[t] = b;
     barrier();

@@ -9,15 +9,26 @@ layout(std430, set = 0, binding = 2) readonly buffer Pred { float pred[]; };
 layout(std430, set = 0, binding = 3) readonly buffer Target { float target[]; };
 layout(push_constant) uniform PC { uint n; uint m; uint k; uint flags; float f0; float f1; float f2; float f3; } pc;
 shared float part[256];
+// acc += (pred[i] - target[i])^2, and its gradient into dpred
+void term(uint i, inout float acc, bool grad, float inv_n) {
+    precise float d = pred[i] - target[i];
+    precise float a = acc + d * d;
+    acc = a;
+    if (grad) { precise float g = 2.0 * d * inv_n; dpred[i] = g; }
+}
+
 void main() {
     uint t = gl_LocalInvocationID.x;
     bool grad = (pc.flags & 1u) != 0u;
     float inv_n = 1.0 / float(pc.n);
     precise float acc = 0.0;
-    for (uint i = t; i < pc.n; i += 256u) {
-        precise float d = pred[i] - target[i];
-        acc += d * d;
-        if (grad) { precise float g = 2.0 * d * inv_n; dpred[i] = g; }
+    // elements i, i+256, i+512, i+768 a turn, in that order (the bits of one a turn): under llvmpipe's cap
+    // of 65,535 loop turns an invocation at every n its buffers hold (as reduce.comp)
+    for (uint i = t; i < pc.n; i += 1024u) {
+        term(i, acc, grad, inv_n);
+        if (pc.n - i > 256u) term(i + 256u, acc, grad, inv_n);
+        if (pc.n - i > 512u) term(i + 512u, acc, grad, inv_n);
+        if (pc.n - i > 768u) term(i + 768u, acc, grad, inv_n);
     }
     part[t] = acc;
     barrier();

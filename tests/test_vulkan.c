@@ -1236,11 +1236,14 @@ static int loop_capped(dpar_runtime *rt) {
     T_OK(dpar_runtime_device_info(rt, 0, &info));
     return strstr(info.driver, "llvmpipe") != NULL || strstr(info.name, "llvmpipe") != NULL;
 }
-/* dpar_sum of 2^24 ones: reduce.comp's invocations looped 65,536 times and the sum came out 131,070 */
-static void test_loop_cap_sum(void **state) {
+/* The one-workgroup shaders over 2^24 elements (65,536 turns of 256 lanes; on main each came out wrong):
+   dpar_sum and dpar_sum_squares of ones (131,070), dpar_mse of ones against zeros, and the index check of
+   dpar_embedding with the one bad index last (not seen: no error). */
+static void test_loop_cap_one_group(void **state) {
     (void)state;
+    const int64_t n = (int64_t)1 << 24, d1[2] = { 2, 1 };
     dpar_runtime *rt = vk_runtime(1, 0);
-    dpar_buffer *x = t_buf1(rt, DPAR_F32, (int64_t)1 << 24, NULL), *out = t_buf1(rt, DPAR_F32, 1, NULL);
+    dpar_buffer *x = t_buf1(rt, DPAR_F32, n, NULL), *out = t_buf1(rt, DPAR_F32, 1, NULL);
     float r = 0;
     T_OK(dpar_fill(x, 1.0f));
     T_OK(dpar_sum(out, x));
@@ -1249,6 +1252,18 @@ static void test_loop_cap_sum(void **state) {
     T_OK(dpar_sum_squares(out, x));
     t_read(out, &r);
     assert_true(r == 16777216.0f);
+    dpar_buffer *zero = t_buf1(rt, DPAR_F32, n, NULL); /* zeroed */
+    T_OK(dpar_mse(out, NULL, x, zero));
+    t_read(out, &r);
+    assert_true(r == 1.0f);
+    dpar_buffer_destroy(zero);
+    dpar_buffer *idx = t_buf1(rt, DPAR_I32, n, NULL), *table = t_buf(rt, 0, DPAR_F32, 2, d1, NULL); /* zeroed */
+    int32_t bad = 2;
+    T_OK(dpar_buffer_write(idx, (size_t)(n - 1) * 4, &bad, 4));
+    T_OK(dpar_embedding(x, table, idx));
+    T_ERR(dpar_buffer_read(x, 0, &r, 4), DPAR_ERR_INVALID_ARGUMENT, "16777215", "= 2");
+    dpar_buffer_destroy(idx);
+    dpar_buffer_destroy(table);
     dpar_buffer_destroy(x);
     dpar_buffer_destroy(out);
     dpar_runtime_destroy(rt);
@@ -1322,7 +1337,7 @@ int main(void) {
         cmocka_unit_test(test_adopt_bad_inputs),
         cmocka_unit_test(test_export_contract),
         cmocka_unit_test(test_export_destroy_repeated),
-        cmocka_unit_test(test_loop_cap_sum),
+        cmocka_unit_test(test_loop_cap_one_group),
         cmocka_unit_test(test_loop_cap_refused),
     };
     return cmocka_run_group_tests_name("vulkan", tests, NULL, NULL);
