@@ -73,10 +73,11 @@
    Loops: llvmpipe ends a shader's loops after 65,535 turns an invocation,
    all its loops counted together, and the result is silently wrong past it
    (>>vulkan loops). The shaders keep their loops short where the geometry
-   allows (dpar_sum at any size); an op whose invocations must loop past the
-   cap (a matmul's K above about 65,530, a softmax row above 21,843, a large
-   conv window, ...) fails there with DPAR_ERR_SHAPE before anything is
-   recorded, its output untouched. GPUs are not limited.
+   allows (dpar_sum and dpar_mse at any size, softmax rows of up to about
+   5.5M); an op whose invocations must loop past the cap (a matmul's K above
+   about 65,530, a bias gradient over more than 65,532 rows, a large conv
+   window, ...) fails there with DPAR_ERR_SHAPE before anything is recorded,
+   its output untouched. GPUs are not limited.
 
    Tests: tests/test_vulkan.c (this backend), tests/test_parity.c (every op
    and collective against the CPU backend), tests/test_graph_record.c (recorded
@@ -1875,6 +1876,10 @@ static uint32_t dpar__vk_groups(const dpar__vkphys *ph, uint64_t n) {
     return (uint32_t)(g ? g : 1);
 }
 
+/* Workgroups for rows taken a workgroup each (strided over at most 65535). */
+static uint32_t dpar__vk_rows(int64_t rows) {
+    return rows <= 0 ? 0u : rows > 65535 ? 65535u : (uint32_t)rows;
+}
 /* The 32-bit pattern that fills a buffer of dtype t with v (vkCmdFillBuffer). */
 static uint32_t dpar__vk_fill_pattern(dpar_dtype t, float v) {
     uint32_t pat;
@@ -1920,6 +1925,9 @@ static dpar_status dpar__vk_op_elementwise(dpar__vk *st, int dev, const dpar__op
     return dpar__vk_dispatch(st, dev, id, b, pc, dpar__vk_groups(st->devs[dev].ph, (uint64_t)n), 1);
 }
 
+/* Softmax rows at least this long take a workgroup each (softmax.comp flags bit1): an invocation's three
+   loops over a row stay under llvmpipe's loop cap up to 21,843 elements, a workgroup's up to 5.5M. */
+#define DPAR__VK_WIDE_ROW 4096
 /* >>vulkan elementwise =========================================================
    The elementwise kinds (see >>elementwise ops in dpar.h): one shader per
    family, geometry in p[] (uint32: the core's buffers stay below 2^32
@@ -1951,6 +1959,10 @@ static dpar_status dpar__vk_op_elem(dpar__vk *st, int dev, const dpar__op *op, d
         pc->m = (uint32_t)op->m;
         pc->flags = op->kind == DPAR__OP_SOFTMAX_BWD ? 1u : 0u;
         items = (uint64_t)op->m;
+        if (op->n >= DPAR__VK_WIDE_ROW && items) { /* a workgroup a row */
+            pc->flags |= 2u;
+            return dpar__vk_dispatch(st, dev, id, b, pc, dpar__vk_rows(op->m), 1);
+        }
         break;
     default: /* DPAR__OP_STRIDED; one contiguous run (a graph bucket's copies, concat on axis 0) is a buffer
                 copy: on llvmpipe such a dispatch cost ~75 us of its threads, a copy a few (results.md) */
@@ -1971,9 +1983,6 @@ static dpar_status dpar__vk_op_elem(dpar__vk *st, int dev, const dpar__op *op, d
 #define DPAR__VK_ATTN_MAX_HEAD 512 /* D and Dv held in shared memory by attention*.comp */
 static dpar__vkbuf *dpar__vk_mem(const dpar_buffer *b) {
     return b ? (dpar__vkbuf *)b->mem : NULL;
-}
-static uint32_t dpar__vk_rows(int64_t rows) {
-    return rows <= 0 ? 0u : rows > 65535 ? 65535u : (uint32_t)rows;
 }
 /* Variants for a CPU device (llvmpipe runs a workgroup as SIMD lanes on one thread, splits it at each
    barrier and loads a buffer element lane by lane unless no lane's id enters its address):
@@ -2371,7 +2380,11 @@ static uint64_t dpar__vk_op_turns(const dpar__vk *st, int dev, const dpar__op *o
         return dpar__vk_per_inv(ph, (uint64_t)op->n) * (2 * (r + 1) + 1) + 1;
     }
     case DPAR__OP_SOFTMAX:
-    case DPAR__OP_SOFTMAX_BWD: /* a row's three loops */
+    case DPAR__OP_SOFTMAX_BWD: /* a row's three loops, over an invocation or over a workgroup's lanes */
+        if (op->n >= DPAR__VK_WIDE_ROW)
+            return dpar__vk_ceil((uint64_t)op->m, dpar__vk_rows(op->m)) *
+                       (3 * (dpar__vk_ceil((uint64_t)op->n, DPAR__VK_WG) + 1) + 3 * 9 + 1) +
+                   1;
         return dpar__vk_per_inv(ph, (uint64_t)op->m) * (3 * ((uint64_t)op->n + 1) + 1) + 1;
     case DPAR__OP_NORM:
     case DPAR__OP_NORM_BWD: { /* a row's loops (six with the overflow-safe rescale), columns over 256 lanes
