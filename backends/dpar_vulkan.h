@@ -73,11 +73,12 @@
    Loops: llvmpipe ends a shader's loops after 65,535 turns an invocation,
    all its loops counted together, and the result is silently wrong past it
    (>>vulkan loops). The shaders keep their loops short where the geometry
-   allows (dpar_sum and dpar_mse at any size, softmax rows of up to about
-   5.5M); an op whose invocations must loop past the cap (a matmul's K above
-   about 65,530, a bias gradient over more than 65,532 rows, a large conv
-   window, ...) fails there with DPAR_ERR_SHAPE before anything is recorded,
-   its output untouched. GPUs are not limited.
+   allows: dpar_sum and dpar_mse at any size, softmax rows up to about 5.5M,
+   bias and layer-norm parameter gradients over up to 16M rows. An op whose
+   invocations must loop past the cap (a matmul's K above about 65,530, an
+   embedding gradient over more than 65,532 indices, a large conv window,
+   ...) fails there with DPAR_ERR_SHAPE before anything is recorded, its
+   output untouched. GPUs are not limited.
 
    Tests: tests/test_vulkan.c (this backend), tests/test_parity.c (every op
    and collective against the CPU backend), tests/test_graph_record.c (recorded
@@ -136,6 +137,10 @@ enum {
 #define DPAR__VK_CHUNK            ((VkDeviceSize)16 << 20) /* staging chunk */
 #define DPAR__VK_FENCE_TIMEOUT_NS ((uint64_t)600 * 1000000000ull)
 #define DPAR__VK_LOOP_CAP         65535u /* llvmpipe's LP_MAX_TGSI_LOOP_ITERATIONS (>>vulkan loops) */
+/* A softmax row, or a column summed by bias_grad / layernorm_wgrad, at least this long takes a workgroup
+   (its lanes share the loop, a fixed tree adds their parts): llvmpipe's cap, and parallelism where rows
+   or columns are few (softmax.comp flags bit1, bias_grad.comp bit0, layernorm_wgrad.comp bit2). */
+#define DPAR__VK_WIDE 4096
 
 typedef struct dpar__vkqueue {
     VkQueue queue;
@@ -1925,9 +1930,6 @@ static dpar_status dpar__vk_op_elementwise(dpar__vk *st, int dev, const dpar__op
     return dpar__vk_dispatch(st, dev, id, b, pc, dpar__vk_groups(st->devs[dev].ph, (uint64_t)n), 1);
 }
 
-/* Softmax rows at least this long take a workgroup each (softmax.comp flags bit1): an invocation's three
-   loops over a row stay under llvmpipe's loop cap up to 21,843 elements, a workgroup's up to 5.5M. */
-#define DPAR__VK_WIDE_ROW 4096
 /* >>vulkan elementwise =========================================================
    The elementwise kinds (see >>elementwise ops in dpar.h): one shader per
    family, geometry in p[] (uint32: the core's buffers stay below 2^32
@@ -1959,7 +1961,7 @@ static dpar_status dpar__vk_op_elem(dpar__vk *st, int dev, const dpar__op *op, d
         pc->m = (uint32_t)op->m;
         pc->flags = op->kind == DPAR__OP_SOFTMAX_BWD ? 1u : 0u;
         items = (uint64_t)op->m;
-        if (op->n >= DPAR__VK_WIDE_ROW && items) { /* a workgroup a row */
+        if (op->n >= DPAR__VK_WIDE && items) { /* a workgroup a row */
             pc->flags |= 2u;
             return dpar__vk_dispatch(st, dev, id, b, pc, dpar__vk_rows(op->m), 1);
         }
@@ -2024,11 +2026,11 @@ static dpar_status dpar__vk_op_norm(dpar__vk *st, int dev, const dpar__op *op, d
     b[2] = dpar__vk_mem(op->src0), b[3] = dpar__vk_mem(op->src1), b[6] = dpar__vk_mem(op->src3);
     if (op->dst2 || op->dst3) { /* dw, db first: dx may alias dy */
         dpar__vkpc pw = *pc;
-        pw.flags = (op->dst2 ? 1u : 0u) | (op->dst3 ? 2u : 0u);
+        pw.flags = (op->dst2 ? 1u : 0u) | (op->dst3 ? 2u : 0u) | (op->m >= DPAR__VK_WIDE ? 4u : 0u);
         b[1] = dpar__vk_mem(op->dst2), b[4] = dpar__vk_mem(op->dst3);
-        if ((s = dpar__vk_dispatch(st, dev, DPAR__SPV_LAYERNORM_WGRAD, b, &pw,
-                                   dpar__vk_groups(st->devs[dev].ph, (uint64_t)op->n), 1)))
-            return s;
+        uint32_t g = op->m >= DPAR__VK_WIDE ? dpar__vk_rows(op->n) /* a workgroup a column */
+                                            : dpar__vk_groups(st->devs[dev].ph, (uint64_t)op->n);
+        if ((s = dpar__vk_dispatch(st, dev, DPAR__SPV_LAYERNORM_WGRAD, b, &pw, g, 1))) return s;
         b[1] = b[4] = NULL;
     }
     if (op->p[1]) return DPAR_OK; /* no dx */
@@ -2227,6 +2229,10 @@ static dpar_status dpar__vk_op_basic(dpar__vk *st, int dev, const dpar__op *op, 
         pc->n = (uint32_t)n;
         pc->m = (uint32_t)(op->src0->count / n);
         b[2] = src0;
+        if (op->src0->count / n >= DPAR__VK_WIDE) { /* a workgroup a column */
+            pc->flags = 1u;
+            return dpar__vk_dispatch(st, dev, DPAR__SPV_BIAS_GRAD, b, pc, dpar__vk_rows(n), 1);
+        }
         return dpar__vk_dispatch(st, dev, DPAR__SPV_BIAS_GRAD, b, pc, dpar__vk_groups(st->devs[dev].ph, (uint64_t)n),
                                  1);
     }
@@ -2335,6 +2341,13 @@ static uint64_t dpar__vk_ceil(uint64_t a, uint64_t b) {
 static uint64_t dpar__vk_per_inv(const dpar__vkphys *ph, uint64_t n) {
     return dpar__vk_ceil(n, (uint64_t)dpar__vk_groups(ph, n) * DPAR__VK_WG);
 }
+/* Column sums of m rows over n columns (bias_grad.comp, layernorm_wgrad.comp): an invocation a column,
+   or a workgroup a column, its lanes over the rows, then the tree. */
+static uint64_t dpar__vk_col_turns(const dpar__vkphys *ph, uint64_t n, uint64_t m) {
+    if (m >= DPAR__VK_WIDE)
+        return dpar__vk_ceil(n, dpar__vk_rows((int64_t)n)) * (dpar__vk_ceil(m, DPAR__VK_WG) + 11) + 1;
+    return dpar__vk_per_inv(ph, n) * (m + 1) + 1;
+}
 /* Attention: an upper bound of the turns of a query (or key) row over nk keys (queries) in chunks of 64
    with heads D, Dv: per chunk a lane's dot products (D, Dv) and the lanes' reductions, and the 64-turn
    accumulations of each of the ceil(D/64), ceil(Dv/64) columns a lane keeps. */
@@ -2359,7 +2372,7 @@ static uint64_t dpar__vk_op_turns(const dpar__vk *st, int dev, const dpar__op *o
     case DPAR__OP_SUMSQ: /* one group, 4 elements a turn */ return dpar__vk_ceil((uint64_t)op->src0->count, 1024) + 10;
     case DPAR__OP_MSE: /* one group, 4 elements a turn */ return dpar__vk_ceil((uint64_t)op->src0->count, 1024) + 10;
     case DPAR__OP_BIAS_GRAD: /* a column's rows */
-        return n ? dpar__vk_per_inv(ph, n) * ((uint64_t)op->src0->count / n + 1) + 1 : 0;
+        return n ? dpar__vk_col_turns(ph, n, (uint64_t)op->src0->count / n) : 0;
     case DPAR__OP_SOFTMAX_XENT: { /* one group of 64: rows t, t+64, ..., four loops over a row */
         uint64_t rows = (uint64_t)op->src1->count, cols = rows ? (uint64_t)op->src0->count / rows : 0;
         return dpar__vk_ceil(rows, 64) * (4 * (cols + 1) + 2) + 4 * 65 + 2;
@@ -2381,7 +2394,7 @@ static uint64_t dpar__vk_op_turns(const dpar__vk *st, int dev, const dpar__op *o
     }
     case DPAR__OP_SOFTMAX:
     case DPAR__OP_SOFTMAX_BWD: /* a row's three loops, over an invocation or over a workgroup's lanes */
-        if (op->n >= DPAR__VK_WIDE_ROW)
+        if (op->n >= DPAR__VK_WIDE)
             return dpar__vk_ceil((uint64_t)op->m, dpar__vk_rows(op->m)) *
                        (3 * (dpar__vk_ceil((uint64_t)op->n, DPAR__VK_WG) + 1) + 3 * 9 + 1) +
                    1;
@@ -2395,7 +2408,7 @@ static uint64_t dpar__vk_op_turns(const dpar__vk *st, int dev, const dpar__op *o
                                 : dpar__vk_ceil(m, dpar__vk_rows((int64_t)m));
         uint64_t turns = rows * (6 * (dpar__vk_ceil(N, per_row ? 1 : 256) + 1) + 5 * 9 + 1) + 1;
         if (op->kind == DPAR__OP_NORM_BWD && (op->dst2 || op->dst3)) {
-            uint64_t w = dpar__vk_per_inv(ph, N) * (m + 1) + 1;
+            uint64_t w = dpar__vk_col_turns(ph, N, m);
             turns = w > turns ? w : turns;
         }
         return turns;
