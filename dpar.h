@@ -3144,6 +3144,10 @@ typedef struct dpar__backend_iface {
     dpar_status (*refill)(void *state, int dev, void *mem, size_t off, const void *src, size_t nbytes);
     /* optional: the times the host blocked on dev's queued work (dpar_device_stats.host_waits); NULL: 0 */
     uint64_t (*host_waits)(void *state, int dev);
+    /* optional (ggml's supports_op): refuses op, setting the error, where dev cannot run it at these
+       shapes (Vulkan on llvmpipe: shader loops past its cap), so that a call issued as several ops is
+       refused before its first one writes anything; `op` refuses it again. NULL: every op fits */
+    dpar_status (*op_fits)(void *state, int dev, const dpar__op *op);
 } dpar__backend_iface;
 
 static const dpar__backend_iface *dpar__cpu_iface(void);
@@ -7485,6 +7489,11 @@ static dpar_status dpar__op_run(dpar__op *op) {
     dpar__obs_time(rt, dev, DPAR__OBS_COMPUTE, t0);
     return s;
 }
+/* The backend's refusal of op (be->op_fits), for a call issued as several ops: before the first runs. */
+static dpar_status dpar__op_fits(const dpar__op *op) {
+    const dpar__backend_iface *be = op->dst->rt->be;
+    return be->op_fits ? be->op_fits(op->dst->rt->bstate, op->dst->device, op) : DPAR_OK;
+}
 static void dpar__op_init(dpar__op *op, dpar__op_kind k, dpar_buffer *dst) {
     memset(op, 0, sizeof *op);
     op->kind = k;
@@ -9033,13 +9042,15 @@ DPAR_API dpar_status dpar_attention_backward(dpar_buffer *dq, dpar_buffer *dk, d
     /* a pass 2 that computes D and dq itself (the same bits) needs no pass 1 unless dq is all there is:
        P and dP once, not once a pass */
     bool one = stats->rt->be->attn_kv_computes_d;
-    if ((!one || (dq && !dk && !dv)) && (s = dpar__op_run(&op))) return s;
-    if (!dk && !dv) return DPAR_OK;
-    op.kind = DPAR__OP_ATTN_BWD_KV; /* pass 2, over key rows: dk, dv (and dq) */
-    op.dst2 = dk;
-    op.dst3 = dv;
-    op.dst4 = one ? dq : NULL;
-    return dpar__op_run(&op);
+    dpar__op kv = op; /* pass 2, over key rows: dk, dv (and dq) */
+    kv.kind = DPAR__OP_ATTN_BWD_KV;
+    kv.dst2 = dk;
+    kv.dst3 = dv;
+    kv.dst4 = one ? dq : NULL;
+    bool pass1 = !one || (dq && !dk && !dv), pass2 = dk || dv;
+    if ((pass1 && (s = dpar__op_fits(&op))) || (pass2 && (s = dpar__op_fits(&kv)))) return s; /* nothing written */
+    if (pass1 && (s = dpar__op_run(&op))) return s;
+    return pass2 ? dpar__op_run(&kv) : DPAR_OK;
 }
 
 /* >>optim ====================================================================
@@ -9345,14 +9356,15 @@ DPAR_API dpar_status dpar_embedding_backward(dpar_buffer *dtable, const dpar_buf
     if (s) return s;
     if (!isfinite(beta))
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_embedding_backward: beta = %g must be finite", (double)beta);
+    dpar__op op;
+    dpar__embed_op(&op, DPAR__OP_EMBED_BWD, DPAR__IDX_EMBED_BWD, dtable, dout, idx, dtable);
+    if ((s = dpar__op_fits(&op))) return s; /* dtable untouched */
     /* beta first, as its own op, so every backend adds the rows to the same values */
     if (beta == 0.0f)
         s = dpar_fill(dtable, 0.0f);
     else if (beta != 1.0f)
         s = dpar_scale(dtable, beta);
     if (s) return s;
-    dpar__op op;
-    dpar__embed_op(&op, DPAR__OP_EMBED_BWD, DPAR__IDX_EMBED_BWD, dtable, dout, idx, dtable);
     return dpar__op_run(&op);
 }
 
@@ -18552,7 +18564,8 @@ static const dpar__backend_iface dpar__cpu_backend = {
     NULL /* prog_free */,
     NULL /* prog_submit_pre */,
     NULL /* refill: a write waits for nothing */,
-    NULL /* host_waits */
+    NULL /* host_waits */,
+    NULL /* op_fits: every op fits */
 };
 static const dpar__backend_iface *dpar__cpu_iface(void) {
     return &dpar__cpu_backend;

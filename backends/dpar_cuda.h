@@ -2662,7 +2662,8 @@ static const dpar__backend_iface *dpar__cuda_iface(void) {
                                                dpar__cu_prog_free,
                                                NULL, /* prog_submit_pre: staged feeds copied op by op */
                                                NULL, /* refill: a write waits for mem's work alone */
-                                               NULL /* host_waits */ };
+                                               NULL /* host_waits */,
+                                               NULL /* op_fits: every op fits */ };
     return &iface;
 }
 

@@ -2462,6 +2462,10 @@ static dpar_status dpar__vk_loop_check(const dpar__vk *st, int dev, const dpar__
                      y ? dpar__shape_str(b, sizeof b, y->ndim, y->shape) : "-", (unsigned long long)turns,
                      (long long)op->m, (long long)op->n, (long long)op->k);
 }
+/* be->op_fits: the loop cap, checked before a call issued as several ops runs its first */
+static dpar_status dpar__vk_op_fits(void *state, int dev, const dpar__op *op) {
+    return dpar__vk_loop_check((const dpar__vk *)state, dev, op);
+}
 
 static dpar_status dpar__vk_op(void *state, int dev, const dpar__op *op) {
     dpar__vk *st = (dpar__vk *)state;
@@ -2990,6 +2994,7 @@ static const dpar__backend_iface *dpar__vulkan_iface(void) {
         dpar__vk_prog_submit_pre,
         dpar__vk_refill,
         dpar__vk_host_waits,
+        dpar__vk_op_fits,
     };
     return &iface;
 }

@@ -1345,12 +1345,28 @@ static void test_loop_cap_column_sums(void **state) {
     dpar_runtime_destroy(rt);
 }
 /* Ops whose invocations must loop past llvmpipe's cap are refused there with their output untouched, and
-   right on any other device: a matmul of K = 70,000. */
+   right on any other device: a matmul of K = 70,000; an embedding gradient over 70,000 indices with beta 0.5
+   (refused before the core scales dtable: be->op_fits). */
 static void test_loop_cap_refused(void **state) {
     (void)state;
     dpar_runtime *rt = vk_runtime(1, 0);
     int capped = loop_capped(rt);
-    float r = 0;
+    float r = 0, tab[2];
+    int64_t sk[2] = { 70000, 1 }, st[2] = { 2, 1 };
+    dpar_buffer *idx = t_buf1(rt, DPAR_I32, 70000, NULL), *dout = t_buf(rt, 0, DPAR_F32, 2, sk, NULL); /* zeros */
+    dpar_buffer *dt = t_buf(rt, 0, DPAR_F32, 2, st, NULL);
+    T_OK(dpar_fill(dout, 1.0f));
+    T_OK(dpar_fill(dt, 5.0f));
+    if (capped)
+        T_ERR(dpar_embedding_backward(dt, dout, idx, 0.5f), DPAR_ERR_SHAPE, "embedding_backward of [70000, 1]",
+              "llvmpipe ends shader loops after 65,535 iterations");
+    else
+        T_OK(dpar_embedding_backward(dt, dout, idx, 0.5f));
+    t_read(dt, tab);
+    assert_true(tab[0] == (capped ? 5.0f : 70002.5f) && tab[1] == (capped ? 5.0f : 2.5f));
+    dpar_buffer_destroy(idx);
+    dpar_buffer_destroy(dout);
+    dpar_buffer_destroy(dt);
     int64_t sa[2] = { 1, 70000 }, sb[2] = { 70000, 1 }, sc[2] = { 1, 1 };
     dpar_buffer *a = t_buf(rt, 0, DPAR_F32, 2, sa, NULL), *b = t_buf(rt, 0, DPAR_F32, 2, sb, NULL);
     dpar_buffer *c = t_buf(rt, 0, DPAR_F32, 2, sc, NULL);
