@@ -74,7 +74,8 @@
    all its loops counted together, and the result is silently wrong past it
    (>>vulkan loops). The shaders keep their loops short where the geometry
    allows: dpar_sum and dpar_mse at any size, softmax rows up to about 5.5M,
-   bias and layer-norm parameter gradients over up to 16M rows. An op whose
+   bias and layer-norm parameter gradients over up to 16M rows, conv2d's
+   kernel gradient over up to 16M outputs. An op whose
    invocations must loop past the cap (a matmul's K above about 65,530, an
    embedding gradient over more than 65,532 indices, a large conv window,
    ...) fails there with DPAR_ERR_SHAPE before anything is recorded, its
@@ -137,9 +138,10 @@ enum {
 #define DPAR__VK_CHUNK            ((VkDeviceSize)16 << 20) /* staging chunk */
 #define DPAR__VK_FENCE_TIMEOUT_NS ((uint64_t)600 * 1000000000ull)
 #define DPAR__VK_LOOP_CAP         65535u /* llvmpipe's LP_MAX_TGSI_LOOP_ITERATIONS (>>vulkan loops) */
-/* A softmax row, or a column summed by bias_grad / layernorm_wgrad, at least this long takes a workgroup
-   (its lanes share the loop, a fixed tree adds their parts): llvmpipe's cap, and parallelism where rows
-   or columns are few (softmax.comp flags bit1, bias_grad.comp bit0, layernorm_wgrad.comp bit2). */
+/* A softmax row, a column summed by bias_grad / layernorm_wgrad, or the outputs summed into a conv kernel
+   gradient's element, at least this long takes a workgroup (its lanes share the loop, a fixed tree adds
+   their parts): llvmpipe's cap, and parallelism where rows or columns are few (softmax.comp flags bit1,
+   bias_grad.comp bit0, layernorm_wgrad.comp bit2, conv2d_bwd_kernel.comp bit1). */
 #define DPAR__VK_WIDE 4096
 
 typedef struct dpar__vkqueue {
@@ -2087,6 +2089,11 @@ static dpar_status dpar__vk_op_attn(dpar__vk *st, int dev, const dpar__op *op, d
    invocation per output element, each a gather in the CPU's order (no
    atomics: deterministic). The dpar__win2d geometry goes in the push
    constants' p[]. Bindings: 0 dst, 2 src0, 3 src1, 5 src2 (the bias). */
+/* conv2d's kernel gradient summing at least DPAR__VK_WIDE outputs (n oh ow) into each dw element: a
+   workgroup an element (conv2d_bwd_kernel.comp flags bit1). */
+static int dpar__vk_conv_wide(const dpar__op *op) {
+    return op->kind == DPAR__OP_CONV2D_BWD_KERNEL && op->p[0] * op->p[4] * op->p[5] >= DPAR__VK_WIDE;
+}
 static dpar_status dpar__vk_op_conv_pool(dpar__vk *st, int dev, const dpar__op *op, dpar__vkpc *pc) {
     static const int ids[] = { DPAR__SPV_CONV2D,    DPAR__SPV_CONV2D_BWD_INPUT, DPAR__SPV_CONV2D_BWD_KERNEL,
                                DPAR__SPV_POOL2D,    DPAR__SPV_POOL2D_BWD,       DPAR__SPV_POOL2D,
@@ -2105,6 +2112,10 @@ static dpar_status dpar__vk_op_conv_pool(dpar__vk *st, int dev, const dpar__op *
                                             : (op->kind == DPAR__OP_MAX_POOL || op->kind == DPAR__OP_MAX_POOL_BWD);
     b[0] = dpar__vk_mem(op->dst), b[2] = dpar__vk_mem(op->src0), b[3] = dpar__vk_mem(op->src1);
     b[5] = dpar__vk_mem(op->src2);
+    if (dpar__vk_conv_wide(op)) { /* a workgroup a dw element */
+        pc->flags = 2u;
+        return dpar__vk_dispatch(st, dev, ids[k], b, pc, dpar__vk_rows(op->dst->count), 1);
+    }
     return dpar__vk_dispatch(st, dev, ids[k], b, pc, dpar__vk_groups(st->devs[dev].ph, (uint64_t)op->dst->count), 1);
 }
 
@@ -2356,12 +2367,39 @@ static uint64_t dpar__vk_attn_turns(uint64_t nk, uint64_t D, uint64_t Dv) {
     uint64_t per_chunk = 2 * (D + 1) + 2 * (Dv + 1) + 4 * 7 + 66 * (cols + 2);
     return 2 * (chunks + 1) + chunks * per_chunk + 4 * (cols + 2);
 }
+/* conv2d's three passes and the pools (p: n h w c oh ow o kh kw sh sw, dpar__win2d): an element's window,
+   the windows holding it for the pools' gradients. */
+static uint64_t dpar__vk_win_turns(const dpar__vkphys *ph, const dpar__op *op) {
+    const int64_t *p = op->p;
+    uint64_t n = (uint64_t)op->dst->count;
+    uint64_t N = (uint64_t)p[0], C = (uint64_t)p[3], OH = (uint64_t)p[4], OW = (uint64_t)p[5];
+    uint64_t O = (uint64_t)p[6], KH = (uint64_t)p[7], KW = (uint64_t)p[8];
+    uint64_t win = KH + 1 + KH * (KW + 1), e;
+    switch (op->kind) {
+    case DPAR__OP_CONV2D: e = win + KH * KW * (C + 1); break;
+    case DPAR__OP_CONV2D_BWD_INPUT: e = win + KH * KW * (O + 1); break;
+    case DPAR__OP_CONV2D_BWD_KERNEL:
+        if (dpar__vk_conv_wide(op)) /* lanes over the outputs, then the tree */
+            return dpar__vk_ceil(n, dpar__vk_rows((int64_t)n)) * (dpar__vk_ceil(N * OH * OW, DPAR__VK_WG) + 11) + 1;
+        e = N + 1 + N * (OH + 1) + N * OH * (OW + 1);
+        break;
+    case DPAR__OP_AVG_POOL:
+    case DPAR__OP_MAX_POOL: e = win; break;
+    default: { /* the windows holding an element, each rescanned for its maximum */
+        uint64_t wi = dpar__vk_ceil(KH, (uint64_t)p[9]) + 1, wj = dpar__vk_ceil(KW, (uint64_t)p[10]) + 1;
+        e = wi + 1 + wi * (wj + 1) + (op->kind == DPAR__OP_MAX_POOL_BWD ? wi * wj * win : 0);
+    }
+    }
+    return dpar__vk_per_inv(ph, n) * (e + 1) + 1;
+}
 /* An upper bound of the loop turns one invocation of op's shaders takes on device dev (turns plus one
    a loop entered; 0: bounded by constants whatever the shape). Mirrors the dispatch geometry below. */
 static uint64_t dpar__vk_op_turns(const dpar__vk *st, int dev, const dpar__op *op) {
     const dpar__vkphys *ph = st->devs[dev].ph;
     uint64_t n = op->dst ? (uint64_t)op->dst->count : 0;
     const int64_t *p = op->p;
+    if (op->kind >= DPAR__OP_CONV2D && op->kind <= DPAR__OP_MAX_POOL_BWD) /* the seven consecutive kinds */
+        return dpar__vk_win_turns(ph, op);
     switch (op->kind) {
     case DPAR__OP_MATMUL:
     case DPAR__OP_MATMUL_BATCHED: { /* matmul_direct.comp: one K loop a block, batches over 65535 groups */
@@ -2419,29 +2457,6 @@ static uint64_t dpar__vk_op_turns(const dpar__vk *st, int dev, const dpar__op *o
         int kv = op->kind == DPAR__OP_ATTN_BWD_KV;
         uint64_t rows = (uint64_t)(p[0] * (kv ? p[2] : p[1])), nk = (uint64_t)(kv ? p[1] : p[2]);
         return dpar__vk_ceil(rows, 65535) * dpar__vk_attn_turns(nk, (uint64_t)p[3], (uint64_t)p[4]);
-    }
-    case DPAR__OP_CONV2D:
-    case DPAR__OP_CONV2D_BWD_INPUT:
-    case DPAR__OP_CONV2D_BWD_KERNEL:
-    case DPAR__OP_AVG_POOL:
-    case DPAR__OP_AVG_POOL_BWD:
-    case DPAR__OP_MAX_POOL:
-    case DPAR__OP_MAX_POOL_BWD: { /* p: n h w c oh ow o kh kw sh sw (dpar__win2d): an element's window */
-        uint64_t N = (uint64_t)p[0], C = (uint64_t)p[3], OH = (uint64_t)p[4], OW = (uint64_t)p[5];
-        uint64_t O = (uint64_t)p[6], KH = (uint64_t)p[7], KW = (uint64_t)p[8];
-        uint64_t win = KH + 1 + KH * (KW + 1), e;
-        switch (op->kind) {
-        case DPAR__OP_CONV2D: e = win + KH * KW * (C + 1); break;
-        case DPAR__OP_CONV2D_BWD_INPUT: e = win + KH * KW * (O + 1); break;
-        case DPAR__OP_CONV2D_BWD_KERNEL: e = N + 1 + N * (OH + 1) + N * OH * (OW + 1); break;
-        case DPAR__OP_AVG_POOL:
-        case DPAR__OP_MAX_POOL: e = win; break;
-        default: { /* the windows holding an element, each rescanned for its maximum */
-            uint64_t wi = dpar__vk_ceil(KH, (uint64_t)p[9]) + 1, wj = dpar__vk_ceil(KW, (uint64_t)p[10]) + 1;
-            e = wi + 1 + wi * (wj + 1) + (op->kind == DPAR__OP_MAX_POOL_BWD ? wi * wj * win : 0);
-        }
-        }
-        return dpar__vk_per_inv(ph, n) * (e + 1) + 1;
     }
     default: return 0; /* element-wise: a few items an invocation, constant loops */
     }

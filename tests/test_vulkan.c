@@ -1344,6 +1344,48 @@ static void test_loop_cap_column_sums(void **state) {
     free(x), free(dy), free(st);
     dpar_runtime_destroy(rt);
 }
+/* conv2d's kernel gradient (and db) over 64 x 32 x 32 outputs, 3x3 SAME (a workgroup a dw element): against
+   double on the host. An invocation a dw element looped 64 x 32 x 33 times: wrong on llvmpipe, no error. */
+static void test_loop_cap_conv_kernel_grad(void **state) {
+    (void)state;
+    enum { N = 64, H = 32, W = 32, O = 2 };
+    int64_t sx[4] = { N, H, W, 1 }, sy[4] = { N, H, W, O }, sw[4] = { 3, 3, 1, O }, sb[1] = { O };
+    dpar_runtime *rt = vk_runtime(1, 0);
+    float *x = (float *)malloc(sizeof(float) * N * H * W), *dy = (float *)malloc(sizeof(float) * N * H * W * O);
+    float dw[9 * O], db[O];
+    assert_true(x && dy);
+    for (int i = 0; i < N * H * W; i++) x[i] = (float)((i * 7919) % 1000) / 500.0f - 1.0f;
+    for (int i = 0; i < N * H * W * O; i++) dy[i] = (float)(i % 7) - 3.0f;
+    dpar_buffer *bx = t_buf(rt, 0, DPAR_F32, 4, sx, x), *bdy = t_buf(rt, 0, DPAR_F32, 4, sy, dy);
+    dpar_buffer *bdw = t_buf(rt, 0, DPAR_F32, 4, sw, NULL), *bdb = t_buf(rt, 0, DPAR_F32, 1, sb, NULL);
+    dpar_conv2d_desc cd = { 0 }; /* stride 1, SAME */
+    T_OK(dpar_conv2d_backward_kernel(bdw, bdb, bx, bdy, &cd));
+    t_read(bdw, dw);
+    t_read(bdb, db);
+    for (int p = 0; p < 3; p++)
+        for (int q = 0; q < 3; q++)
+            for (int o = 0; o < O; o++) {
+                double sum = 0, mag = 0, bsum = 0;
+                for (int n = 0; n < N; n++)
+                    for (int i = 0; i < H; i++)
+                        for (int j = 0; j < W; j++) {
+                            int ih = i - 1 + p, iw = j - 1 + q;
+                            double g = dy[((n * H + i) * W + j) * O + o];
+                            bsum += g;
+                            if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
+                            double t = x[(n * H + ih) * W + iw] * g;
+                            sum += t, mag += fabs(t);
+                        }
+                float got = dw[(p * 3 + q) * O + o];
+                if (fabs(got - sum) > 1e-5 * mag || fabs(db[o] - bsum) > 1e-6 * N * H * W)
+                    fail_msg("dw[%d,%d,0,%d] = %.9g (want %.9g), db[%d] = %.9g (want %.9g)", p, q, o, got, sum, o,
+                             db[o], bsum);
+            }
+    dpar_buffer *bufs[] = { bx, bdy, bdw, bdb };
+    for (int i = 0; i < 4; i++) dpar_buffer_destroy(bufs[i]);
+    free(x), free(dy);
+    dpar_runtime_destroy(rt);
+}
 /* Ops whose invocations must loop past llvmpipe's cap are refused there with their output untouched, and
    right on any other device: a matmul of K = 70,000; an embedding gradient over 70,000 indices with beta 0.5
    (refused before the core scales dtable: be->op_fits). */
@@ -1413,6 +1455,7 @@ int main(void) {
         cmocka_unit_test(test_loop_cap_one_group),
         cmocka_unit_test(test_loop_cap_softmax_rows),
         cmocka_unit_test(test_loop_cap_column_sums),
+        cmocka_unit_test(test_loop_cap_conv_kernel_grad),
         cmocka_unit_test(test_loop_cap_refused),
     };
     return cmocka_run_group_tests_name("vulkan", tests, NULL, NULL);
