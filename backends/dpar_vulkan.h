@@ -74,12 +74,12 @@
    all its loops counted together, and the result is silently wrong past it
    (>>vulkan loops). The shaders keep their loops short where the geometry
    allows: dpar_sum and dpar_mse at any size, softmax rows up to about 5.5M,
-   bias and layer-norm parameter gradients over up to 16M rows, conv2d's
-   kernel gradient over up to 16M outputs. An op whose
-   invocations must loop past the cap (a matmul's K above about 65,530, an
-   embedding gradient over more than 65,532 indices, a large conv window,
-   ...) fails there with DPAR_ERR_SHAPE before anything is recorded, its
-   output untouched. GPUs are not limited.
+   layer-norm rows up to about 2.7M, bias and layer-norm parameter gradients
+   over up to 16M rows, conv2d's kernel gradient over up to 16M outputs. An
+   op whose invocations must loop past the cap (a matmul's K above about
+   65,530, an embedding gradient over more than 65,532 indices, a large conv
+   window, ...) fails there with DPAR_ERR_SHAPE before anything is recorded,
+   its output untouched. GPUs are not limited.
 
    Tests: tests/test_vulkan.c (this backend), tests/test_parity.c (every op
    and collective against the CPU backend), tests/test_graph_record.c (recorded
@@ -141,7 +141,8 @@ enum {
 /* A softmax row, a column summed by bias_grad / layernorm_wgrad, or the outputs summed into a conv kernel
    gradient's element, at least this long takes a workgroup (its lanes share the loop, a fixed tree adds
    their parts): llvmpipe's cap, and parallelism where rows or columns are few (softmax.comp flags bit1,
-   bias_grad.comp bit0, layernorm_wgrad.comp bit2, conv2d_bwd_kernel.comp bit1). */
+   bias_grad.comp bit0, layernorm_wgrad.comp bit2, conv2d_bwd_kernel.comp bit1; layer-norm rows: their
+   workgroup variant). */
 #define DPAR__VK_WIDE 4096
 
 typedef struct dpar__vkqueue {
@@ -2009,6 +2010,12 @@ static int dpar__vk_mm_pick(const dpar__vk *st, int dev, int64_t m, int64_t n, u
     g[0] = (uint32_t)((n + 31) / 32), g[1] = (uint32_t)((m + 31) / 32);
     return DPAR__SPV_MATMUL;
 }
+/* layernorm.comp's and layernorm_bwd.comp's row an invocation (flags bit4) rather than a workgroup: on a
+   CPU device unless the row is DPAR__VK_WIDE or longer (llvmpipe's loop cap: six loops over a row of
+   10,900 pass it), and for rows of at most 32 anywhere. */
+static int dpar__vk_norm_per_row(const dpar__vk *st, int dev, const dpar__op *op) {
+    return (dpar__vk_on_cpu(st, dev) && op->n < DPAR__VK_WIDE) || op->n <= 32;
+}
 static dpar_status dpar__vk_op_norm(dpar__vk *st, int dev, const dpar__op *op, dpar__vkpc *pc) {
     dpar__vkbuf *b[DPAR__VK_BINDINGS] = { NULL };
     pc->n = (uint32_t)op->n;
@@ -2018,7 +2025,7 @@ static dpar_status dpar__vk_op_norm(dpar__vk *st, int dev, const dpar__op *op, d
         pc->flags |= (op->dst2 ? 1u : 0u) | (op->src1 ? 2u : 0u) | (op->src2 ? 4u : 0u);
         b[0] = dpar__vk_mem(op->dst), b[1] = dpar__vk_mem(op->dst2), b[2] = dpar__vk_mem(op->src0);
         b[3] = dpar__vk_mem(op->src1), b[5] = dpar__vk_mem(op->src2);
-        if (dpar__vk_on_cpu(st, dev) || op->n <= 32) { /* 256 rows a workgroup */
+        if (dpar__vk_norm_per_row(st, dev, op)) { /* 256 rows a workgroup */
             pc->flags |= 16u;
             return dpar__vk_dispatch(st, dev, DPAR__SPV_LAYERNORM, b, pc, dpar__vk_rows((op->m + 255) / 256), 1);
         }
@@ -2038,7 +2045,7 @@ static dpar_status dpar__vk_op_norm(dpar__vk *st, int dev, const dpar__op *op, d
     if (op->p[1]) return DPAR_OK; /* no dx */
     pc->flags |= op->src2 ? 2u : 0u;
     b[0] = dpar__vk_mem(op->dst), b[5] = dpar__vk_mem(op->src2);
-    if (dpar__vk_on_cpu(st, dev) || op->n <= 32) { /* 256 rows a workgroup */
+    if (dpar__vk_norm_per_row(st, dev, op)) { /* 256 rows a workgroup */
         pc->flags |= 16u;
         return dpar__vk_dispatch(st, dev, DPAR__SPV_LAYERNORM_BWD, b, pc, dpar__vk_rows((op->m + 255) / 256), 1);
     }
@@ -2441,7 +2448,7 @@ static uint64_t dpar__vk_op_turns(const dpar__vk *st, int dev, const dpar__op *o
     case DPAR__OP_NORM_BWD: { /* a row's loops (six with the overflow-safe rescale), columns over 256 lanes
                                  or one lane, the tree reductions; layernorm_wgrad: a column's rows */
         uint64_t m = (uint64_t)op->m, N = (uint64_t)op->n;
-        int per_row = dpar__vk_on_cpu(st, dev) || op->n <= 32;
+        int per_row = dpar__vk_norm_per_row(st, dev, op);
         uint64_t rows = per_row ? dpar__vk_ceil(dpar__vk_ceil(m, 256), dpar__vk_rows((int64_t)dpar__vk_ceil(m, 256)))
                                 : dpar__vk_ceil(m, dpar__vk_rows((int64_t)m));
         uint64_t turns = rows * (6 * (dpar__vk_ceil(N, per_row ? 1 : 256) + 1) + 5 * 9 + 1) + 1;

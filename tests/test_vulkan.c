@@ -1344,6 +1344,45 @@ static void test_loop_cap_column_sums(void **state) {
     free(x), free(dy), free(st);
     dpar_runtime_destroy(rt);
 }
+/* layer_norm and its backward over 2 rows of 24,000 (a workgroup a row): against double on the host. A row
+   an invocation looped 3 x 24,000 times: wrong on llvmpipe, no error. */
+static void test_loop_cap_norm_rows(void **state) {
+    (void)state;
+    enum { M = 2, N = 24000 };
+    int64_t sh[2] = { M, N }, sst[2] = { M, 2 };
+    dpar_runtime *rt = vk_runtime(1, 0);
+    float *x = (float *)malloc(sizeof(float) * M * N), *dy = (float *)malloc(sizeof(float) * M * N);
+    float *y = (float *)malloc(sizeof(float) * M * N), *dx = (float *)malloc(sizeof(float) * M * N);
+    assert_true(x && dy && y && dx);
+    for (int i = 0; i < M * N; i++) x[i] = (float)((i * 7919) % 1000) / 250.0f + 3.0f, dy[i] = (float)(i % 13) - 6.0f;
+    dpar_buffer *bx = t_buf(rt, 0, DPAR_F32, 2, sh, x), *bdy = t_buf(rt, 0, DPAR_F32, 2, sh, dy);
+    dpar_buffer *by = t_buf(rt, 0, DPAR_F32, 2, sh, NULL), *bdx = t_buf(rt, 0, DPAR_F32, 2, sh, NULL);
+    dpar_buffer *bst = t_buf(rt, 0, DPAR_F32, 2, sst, NULL);
+    T_OK(dpar_layer_norm(by, bst, bx, NULL, NULL, 1e-5f));
+    T_OK(dpar_layer_norm_backward(bdx, NULL, NULL, bdy, bx, NULL, bst));
+    t_read(by, y);
+    t_read(bdx, dx);
+    for (int r = 0; r < M; r++) {
+        const float *xr = x + r * N, *gr = dy + r * N;
+        double mean = 0, var = 0, mg = 0, mgx = 0;
+        for (int j = 0; j < N; j++) mean += xr[j];
+        mean /= N;
+        for (int j = 0; j < N; j++) var += (xr[j] - mean) * (xr[j] - mean);
+        double rstd = 1 / sqrt(var / N + 1e-5);
+        for (int j = 0; j < N; j++) mg += gr[j], mgx += gr[j] * (xr[j] - mean) * rstd;
+        mg /= N, mgx /= N;
+        for (int j = 0; j < N; j++) {
+            double xh = (xr[j] - mean) * rstd, g = rstd * (gr[j] - mg - xh * mgx);
+            if (fabs(y[r * N + j] - xh) > 1e-4 || fabs(dx[r * N + j] - g) > 1e-4 * (fabs(g) + 1))
+                fail_msg("row %d [%d]: y %.9g (want %.9g), dx %.9g (want %.9g)", r, j, y[r * N + j], xh, dx[r * N + j],
+                         g);
+        }
+    }
+    dpar_buffer *bufs[] = { bx, bdy, by, bdx, bst };
+    for (int i = 0; i < 5; i++) dpar_buffer_destroy(bufs[i]);
+    free(x), free(dy), free(y), free(dx);
+    dpar_runtime_destroy(rt);
+}
 /* conv2d's kernel gradient (and db) over 64 x 32 x 32 outputs, 3x3 SAME (a workgroup a dw element): against
    double on the host. An invocation a dw element looped 64 x 32 x 33 times: wrong on llvmpipe, no error. */
 static void test_loop_cap_conv_kernel_grad(void **state) {
@@ -1455,6 +1494,7 @@ int main(void) {
         cmocka_unit_test(test_loop_cap_one_group),
         cmocka_unit_test(test_loop_cap_softmax_rows),
         cmocka_unit_test(test_loop_cap_column_sums),
+        cmocka_unit_test(test_loop_cap_norm_rows),
         cmocka_unit_test(test_loop_cap_conv_kernel_grad),
         cmocka_unit_test(test_loop_cap_refused),
     };
