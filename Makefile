@@ -78,10 +78,10 @@ $(BUILD)/cpp_example: examples/cpp_example.cpp $(BUILD)/dpar.o
 	$(CXX) $(CXXSTD) $(CPPFLAGS) $(IMPL_DEFS) $(CFLAGS) $(WARN) $< $(BUILD)/dpar.o -o $@ $(LDFLAGS) $(IMPL_LIBS) $(LDLIBS)
 
 # An engine that owns its Vulkan device (VULKAN=1 builds): it links the Vulkan loader, as engines do.
-$(BUILD)/engine_vulkan: examples/engine_vulkan.cpp examples/example_util.h $(BUILD)/dpar.o
+$(BUILD)/engine_vulkan: examples/engine_vulkan.cpp examples/example_util.h examples/flags.h $(BUILD)/dpar.o
 	$(CXX) $(CXXSTD) $(CPPFLAGS) $(IMPL_DEFS) $(CFLAGS) $(WARN) $< $(BUILD)/dpar.o -o $@ $(LDFLAGS) $(IMPL_LIBS) -lvulkan -lz $(LDLIBS)
 
-$(BUILD)/%: bench/%.c bench/bench_util.h util/dpar_train.h $(BUILD)/dpar.o
+$(BUILD)/%: bench/%.c bench/bench_util.h examples/flags.h util/dpar_train.h $(BUILD)/dpar.o
 	$(CC) $(CSTD) $(CPPFLAGS) $(IMPL_DEFS) $(CFLAGS) $(WARN) $< $(BUILD)/dpar.o -o $@ $(LDFLAGS) $(IMPL_LIBS) -lz $(LDLIBS)
 
 $(BUILD):

@@ -236,41 +236,26 @@ static int run_backend(const char *bname, dpar_backend_kind kind, int n, const c
 
 int main(int argc, char **argv) {
     const char *backends = "cpu", *devs = "2,4,8", *ops = "allreduce,allgather,reducescatter,broadcast,alltoall";
-    int64_t lo = 4096, hi = (int64_t)64 << 20;
-    int factor = 4, alts = 5;
-    double target = 0.2;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!v) {
-            fprintf(stderr, "bench_collectives: %s needs a value\n", a);
-            return 2;
-        }
-        if (!strcmp(a, "--backend"))
-            backends = v;
-        else if (!strcmp(a, "--devices"))
-            devs = v;
-        else if (!strcmp(a, "--ops"))
-            ops = v;
-        else if (!strcmp(a, "--min"))
-            lo = atoll(v);
-        else if (!strcmp(a, "--max"))
-            hi = atoll(v);
-        else if (!strcmp(a, "--factor"))
-            factor = atoi(v);
-        else if (!strcmp(a, "--time"))
-            target = atof(v);
-        else if (!strcmp(a, "--alts"))
-            alts = atoi(v);
-        else if (!strcmp(a, "--clock") && (!strcmp(v, "cpu") || !strcmp(v, "wall")))
-            clock_id = strcmp(v, "cpu") ? CLOCK_MONOTONIC : CLOCK_PROCESS_CPUTIME_ID;
-        else {
-            fprintf(stderr, "bench_collectives: unknown flag %s\n", a);
-            return 2;
-        }
-        i++;
-    }
-    if (lo < 64 || hi < lo || factor < 2 || target <= 0 || alts < 1 || alts > MAX_ALTS) {
-        fprintf(stderr, "bench_collectives: bad --min/--max/--factor/--time/--alts (alts 1..%d)\n", MAX_ALTS);
+    const char *clk = "wall";
+    int lo = 4096, hi = 64 << 20, factor = 4, alts = 5;
+    float target = 0.2f;
+    const ex_flag flags[] = {
+        EX_S("--backend", &backends, "cpu,vulkan,cuda (a list)"),
+        EX_S("--devices", &devs, "device counts, a list"),
+        EX_S("--ops", &ops, "collectives, a list"),
+        EX_I("--min", &lo, 64, INT_MAX),
+        EX_I("--max", &hi, 64, INT_MAX),
+        EX_I("--factor", &factor, 2, 1024),
+        EX_F("--time", &target, "seconds > 0 per point"),
+        EX_I("--alts", &alts, 1, MAX_ALTS),
+        EX_S("--clock", &clk, "cpu|wall"),
+    };
+    int rc = ex_parse("bench_collectives", argc, argv, flags, (int)(sizeof flags / sizeof flags[0]));
+    if (!rc) rc = bench_clock("bench_collectives", clk, CLOCK_PROCESS_CPUTIME_ID);
+    if (!rc) rc = bench_check_time("bench_collectives", target);
+    if (rc) return ex_exit_status(rc);
+    if (hi < lo) {
+        fprintf(stderr, "bench_collectives: --max %d is below --min %d\n", hi, lo);
         return 2;
     }
     printf("kind,backend,op,devices,bytes,time_us,algbw_GBps,busbw_GBps,limit_us,pct_limit,pct_min,pct_max,alts\n");

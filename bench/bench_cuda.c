@@ -21,15 +21,16 @@
    build without DPAR_CUDA) it prints "SKIPPED: <reason>" and exits 0, or
    "FAIL: <reason>" and exits 1 when DPAR_REQUIRE_BACKENDS lists cuda (as
    scripts/gpu-check.sh sets it).
-   Usage: bench_cuda [--quick] [--mb N]
-     --quick  fewer repetitions, small matrix products, batch 2 convs (a smoke test)
-     --mb N   buffer size for (1), (2) and the largest all-reduce (default 256) */
+   Usage: bench_cuda [--quick 0|1] [--mb N]
+     --quick 1  fewer repetitions, small matrix products, batch 2 convs (a smoke test)
+     --mb N     buffer size for (1), (2) and the largest all-reduce (default 256) */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include "dpar.h"
+#include "examples/flags.h" /* ex_parse */
 
 typedef unsigned long long cuptr;
 static struct {
@@ -406,17 +407,13 @@ static void bench_conv(dpar_runtime *rt, const char *layer, int64_t n, int64_t h
 
 int main(int argc, char **argv) {
     int quick = 0, mb = 256;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--quick") == 0) {
-            quick = 1;
-            reps = 3;
-        } else if (strcmp(argv[i], "--mb") == 0 && i + 1 < argc && atoi(argv[i + 1]) > 0)
-            mb = atoi(argv[++i]);
-        else {
-            printf("usage: %s [--quick] [--mb N]\n", argv[0]);
-            return 2;
-        }
-    }
+    const ex_flag flags[] = {
+        EX_I("--quick", &quick, 0, 1), /* fewer repetitions, small products, batch 2 convs */
+        EX_I("--mb", &mb, 1, 65536),
+    };
+    int rc = ex_parse("bench_cuda", argc, argv, flags, (int)(sizeof flags / sizeof flags[0]));
+    if (rc) return ex_exit_status(rc);
+    if (quick) reps = 3;
     dpar_runtime_desc rd = { .backend = DPAR_BACKEND_CUDA, .num_devices = 1 };
     dpar_runtime *rt = NULL;
     dpar_status s = dpar_runtime_create(&rd, &rt);

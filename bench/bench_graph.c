@@ -262,29 +262,16 @@ static int run(dpar_backend_kind kind, const char *bname, int n, int rounds, dou
 int main(int argc, char **argv) {
     const char *backend = "cpu", *devs = "1,4";
     int rounds = 7;
-    double target = 0.2;
-    for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--backend"))
-            backend = argv[i + 1];
-        else if (!strcmp(argv[i], "--devices"))
-            devs = argv[i + 1];
-        else if (!strcmp(argv[i], "--rounds"))
-            rounds = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--time"))
-            target = atof(argv[i + 1]);
-        else {
-            fprintf(stderr, "bench_graph: unknown flag %s\n", argv[i]);
-            return 2;
-        }
-    }
-    if (argc % 2 == 0) {
-        fprintf(stderr, "bench_graph: %s needs a value\n", argv[argc - 1]);
-        return 2;
-    }
-    if (rounds < 5 || rounds > MAXR) {
-        fprintf(stderr, "bench_graph: --rounds %d; give 5..%d (interleaved: at least 5 alternations)\n", rounds, MAXR);
-        return 2;
-    }
+    float target = 0.2f;
+    const ex_flag flags[] = {
+        EX_S("--backend", &backend, "cpu|vulkan|cuda"),
+        EX_S("--devices", &devs, "device counts, a list"),
+        EX_I("--rounds", &rounds, 5, MAXR), /* interleaved: at least 5 alternations */
+        EX_F("--time", &target, "seconds > 0 per round"),
+    };
+    int rc = ex_parse("bench_graph", argc, argv, flags, (int)(sizeof flags / sizeof flags[0]));
+    if (!rc) rc = bench_check_time("bench_graph", target);
+    if (rc) return ex_exit_status(rc);
     dpar_backend_kind kind;
     if (dpar_backend_from_name(backend, &kind)) {
         fprintf(stderr, "bench_graph: %s\n", dpar_last_error());

@@ -157,28 +157,15 @@ static int run(const char *name, int n, int nops, int rounds, double target) {
 
 int main(int argc, char **argv) {
     int rounds = 7, nops = 256;
-    double target = 0.2;
-    for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--rounds"))
-            rounds = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--time"))
-            target = atof(argv[i + 1]);
-        else if (!strcmp(argv[i], "--ops"))
-            nops = atoi(argv[i + 1]);
-        else {
-            fprintf(stderr, "bench_graph_record: unknown flag %s\n", argv[i]);
-            return 2;
-        }
-    }
-    if (argc % 2 == 0) {
-        fprintf(stderr, "bench_graph_record: %s needs a value\n", argv[argc - 1]);
-        return 2;
-    }
-    if (rounds < 5 || rounds > MAXR || nops < 1 || nops > 100000) {
-        fprintf(stderr, "bench_graph_record: --rounds %d --ops %d; give 5..%d rounds and 1..100000 ops\n", rounds, nops,
-                MAXR);
-        return 2;
-    }
+    float target = 0.2f;
+    const ex_flag flags[] = {
+        EX_I("--rounds", &rounds, 5, MAXR),
+        EX_F("--time", &target, "seconds > 0 per round"),
+        EX_I("--ops", &nops, 1, 100000),
+    };
+    int rc = ex_parse("bench_graph_record", argc, argv, flags, (int)(sizeof flags / sizeof flags[0]));
+    if (!rc) rc = bench_check_time("bench_graph_record", target);
+    if (rc) return ex_exit_status(rc);
     if (run("chain", 1, nops, rounds, target)) return 1;
     if (run("digits", 1, 0, rounds, target)) return 1;
     return run("digits", 4, 0, rounds, target);

@@ -141,27 +141,19 @@ int main(int argc, char **argv) {
     const char *shapes = "64x128x64,64x128x64:tn,64x64x128:nt,16x256x3136,3136x256x16:tn,16x3136x256:nt,1818x64x288,"
                          "288x64x1818:tn,1818x288x64:nt,16x384x128,16x128x384:nt,512x1024x1024";
     int threads = 1, alts = 5;
-    double target = 0.5;
-    for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--shapes"))
-            shapes = argv[i + 1];
-        else if (!strcmp(argv[i], "--threads"))
-            threads = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--time"))
-            target = atof(argv[i + 1]);
-        else if (!strcmp(argv[i], "--alts"))
-            alts = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--clock") && (!strcmp(argv[i + 1], "cpu") || !strcmp(argv[i + 1], "wall")))
-            clock_id = strcmp(argv[i + 1], "cpu") ? CLOCK_MONOTONIC : CLOCK_THREAD_CPUTIME_ID;
-        else {
-            fprintf(stderr, "bench_matmul: unknown flag %s\n", argv[i]);
-            return 2;
-        }
-    }
-    if (threads < 1 || threads > 64 || alts < 1 || alts > MAX_ALTS || target <= 0 ||
-        (threads > 1 && clock_id != CLOCK_MONOTONIC)) {
-        fprintf(stderr, "bench_matmul: bad --threads (1..64), --alts (1..%d), --time or --clock (cpu: 1 thread)\n",
-                MAX_ALTS);
+    float target = 0.5f;
+    const char *clk = "wall";
+    const ex_flag flags[] = {
+        EX_S("--shapes", &shapes, "MxKxN[:tn|:nt], a list"), EX_I("--threads", &threads, 1, 64),
+        EX_F("--time", &target, "seconds > 0 per shape"),    EX_I("--alts", &alts, 1, MAX_ALTS),
+        EX_S("--clock", &clk, "cpu|wall (cpu: 1 thread)"),
+    };
+    int rc = ex_parse("bench_matmul", argc, argv, flags, (int)(sizeof flags / sizeof flags[0]));
+    if (!rc) rc = bench_clock("bench_matmul", clk, CLOCK_THREAD_CPUTIME_ID);
+    if (!rc) rc = bench_check_time("bench_matmul", target);
+    if (rc) return ex_exit_status(rc);
+    if (threads > 1 && clock_id != CLOCK_MONOTONIC) {
+        fprintf(stderr, "bench_matmul: --clock cpu times one thread; give --threads 1 with it\n");
         return 2;
     }
     const char *lib;
@@ -182,7 +174,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     printf("kind,shape,threads,dpar_us,dpar_gflops,blas_us,blas_gflops,ratio,ratio_min,ratio_max,alts\n");
-    int rc = 0;
+    rc = 0;
     for (const char *q = shapes; *q && rc >= 0;) {
         char s[64];
         size_t len = strcspn(q, ",");

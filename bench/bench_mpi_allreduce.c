@@ -3,40 +3,32 @@
    then the median of --trials trials (5 by default; bench/run.sh runs 1 per
    alternation with dpar) of `iters` back to back between two barriers, each
    trial's time the max over ranks).
-   Built with mpicc by bench/run.sh, run as
+   Built with mpicc -I. by bench/run.sh, run as
        mpirun --allow-run-as-root --oversubscribe -np N build/bench_mpi_allreduce [--min B] [--max B] [--factor F]
               [--time S] [--trials T]
    Prints rows like bench_collectives:
        coll,mpi,allreduce,N,bytes,time_us,algbw_GBps,busbw_GBps
    with busbw = algbw * 2(N-1)/N (nccl-tests). */
 #include <mpi.h>
+#include "examples/flags.h" /* ex_parse */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 int main(int argc, char **argv) {
+    int lo = 4096, hi = 256 << 20, factor = 4, trials = 5;
+    float target = 0.2f;
+    const ex_flag flags[] = {
+        EX_I("--min", &lo, 4, INT_MAX),     EX_I("--max", &hi, 4, INT_MAX),
+        EX_I("--factor", &factor, 2, 1024), EX_F("--time", &target, "seconds > 0 per size"),
+        EX_I("--trials", &trials, 1, 64),
+    };
+    int rc = ex_parse("bench_mpi_allreduce", argc, argv, flags, (int)(sizeof flags / sizeof flags[0]));
+    if (rc) return ex_exit_status(rc); /* before MPI_Init: --help and a bad flag need no MPI */
     MPI_Init(&argc, &argv);
     int rank, n;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &n);
-    long long lo = 4096, hi = 256LL << 20;
-    int factor = 4;
-    double target = 0.2;
-    int trials = 5;
-    for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--min"))
-            lo = atoll(argv[i + 1]);
-        else if (!strcmp(argv[i], "--max"))
-            hi = atoll(argv[i + 1]);
-        else if (!strcmp(argv[i], "--factor"))
-            factor = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--time"))
-            target = atof(argv[i + 1]);
-        else if (!strcmp(argv[i], "--trials"))
-            trials = atoi(argv[i + 1]);
-    }
-    if (factor < 2) factor = 2;
-    if (trials < 1 || trials > 64) trials = 5;
     for (long long bytes = lo; bytes <= hi; bytes *= factor) {
         long long count = bytes / 4;
         float *in = (float *)malloc((size_t)count * 4), *out = (float *)malloc((size_t)count * 4);

@@ -880,37 +880,22 @@ static void shape_rows(bench *B, dpar_dtype dt) {
 
 /* >>ops main ================================================================= */
 static int parse(int argc, char **argv, bench *B) {
-    for (int i = 1; i < argc; i += 2) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!v) {
-            fprintf(stderr, "bench_ops: %s needs a value\n", a);
-            return 2;
-        }
-        if (!strcmp(a, "--backend"))
-            B->backend = v;
-        else if (!strcmp(a, "--threads"))
-            B->threads = atoi(v);
-        else if (!strcmp(a, "--time"))
-            B->target = atof(v);
-        else if (!strcmp(a, "--alts"))
-            B->alts = atoi(v);
-        else if (!strcmp(a, "--only"))
-            B->only = v;
-        else if (!strcmp(a, "--dtypes"))
-            B->dtypes = v;
-        else if (!strcmp(a, "--clock") && (!strcmp(v, "cpu") || !strcmp(v, "wall")))
-            clock_id = strcmp(v, "cpu") ? CLOCK_MONOTONIC : CLOCK_PROCESS_CPUTIME_ID;
-        else {
-            fprintf(stderr, "bench_ops: unknown flag %s (--backend --threads --time --alts --only --dtypes --clock)\n",
-                    a);
-            return 2;
-        }
-    }
-    if (B->threads < 1 || B->threads > 64 || B->alts < 1 || B->alts > MAX_ALTS || !(B->target > 0)) {
-        fprintf(stderr, "bench_ops: bad --threads (1..64), --alts (1..%d) or --time (> 0)\n", MAX_ALTS);
-        return 2;
-    }
-    return 0;
+    const char *clk = "wall";
+    float target = (float)B->target;
+    const ex_flag flags[] = {
+        EX_S("--backend", &B->backend, "cpu|vulkan|cuda"),
+        EX_I("--threads", &B->threads, 1, 64),
+        EX_F("--time", &target, "seconds > 0 per op"),
+        EX_I("--alts", &B->alts, 1, MAX_ALTS),
+        EX_FLAG("--only", EX_STR, &B->only, 0, 0, "a substring of op names", "all"),
+        EX_FLAG("--dtypes", EX_STR, &B->dtypes, 0, 0, "dtype names, a list", "all"),
+        EX_S("--clock", &clk, "cpu|wall"),
+    };
+    int rc = ex_parse("bench_ops", argc, argv, flags, (int)(sizeof flags / sizeof flags[0]));
+    if (!rc) rc = bench_clock("bench_ops", clk, CLOCK_PROCESS_CPUTIME_ID);
+    if (!rc) rc = bench_check_time("bench_ops", target);
+    B->target = target;
+    return rc;
 }
 
 /* a one-device runtime of the backend; 1 (and a skip line) when it is not there */
@@ -945,7 +930,7 @@ static int open_backend(bench *B) {
 int main(int argc, char **argv) {
     bench B = { .backend = "cpu", .threads = 1, .alts = 5, .target = 0.2 };
     int rc = parse(argc, argv, &B);
-    if (rc) return rc;
+    if (rc) return ex_exit_status(rc);
     rc = open_backend(&B);
     if (rc) {
         dpar_runtime_destroy(B.rt);

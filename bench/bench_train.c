@@ -23,6 +23,7 @@
    DPAR_TRACE=file.json traces the run. */
 #include "dpar.h"
 #include "util/dpar_train.h"
+#include "bench/bench_util.h" /* now_s, ex_parse, bench_check_time */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,11 +32,6 @@
 
 enum { MAXL = 8 };
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 static uint64_t rs = 12345;
 static uint64_t rnd(void) {
     uint64_t z = (rs += 0x9e3779b97f4a7c15ull);
@@ -227,37 +223,23 @@ static int run(dpar_backend_kind kind, const char *bname, const char *name, int 
 int main(int argc, char **argv) {
     const char *name = "digits", *layers = "64,128,10", *devs = "1,2,4", *grads = "dp", *backend = "cpu";
     int batch = 64, steps = 0;
-    double target = 2.0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!v) {
-            fprintf(stderr, "bench_train: %s needs a value\n", a);
-            return 2;
-        }
-        if (!strcmp(a, "--name"))
-            name = v;
-        else if (!strcmp(a, "--layers"))
-            layers = v;
-        else if (!strcmp(a, "--batch"))
-            batch = atoi(v);
-        else if (!strcmp(a, "--devices"))
-            devs = v;
-        else if (!strcmp(a, "--steps"))
-            steps = atoi(v);
-        else if (!strcmp(a, "--time"))
-            target = atof(v);
-        else if (!strcmp(a, "--grads"))
-            grads = v;
-        else if (!strcmp(a, "--backend"))
-            backend = v;
-        else if (!strcmp(a, "--bucket-bytes"))
-            bucket_bytes = (size_t)atoll(v);
-        else {
-            fprintf(stderr, "bench_train: unknown flag %s\n", a);
-            return 2;
-        }
-        i++;
-    }
+    float target = 2.0f;
+    int bucket = (int)bucket_bytes;
+    const ex_flag flags[] = {
+        EX_S("--name", &name, "the row's name"),
+        EX_S("--layers", &layers, "layer sizes, a list"),
+        EX_I("--batch", &batch, 1, INT_MAX),
+        EX_S("--devices", &devs, "device counts, a list"),
+        EX_FLAG("--steps", EX_INT, &steps, 0, INT_MAX, NULL, "0: as many as --time allows"),
+        EX_F("--time", &target, "seconds > 0 per point"),
+        EX_S("--grads", &grads, "dp|pmean"),
+        EX_S("--backend", &backend, "cpu|vulkan|cuda"),
+        EX_FLAG("--bucket-bytes", EX_INT, &bucket, 0, INT_MAX, NULL, "0: the helper's 25 MiB"),
+    };
+    int rc = ex_parse("bench_train", argc, argv, flags, (int)(sizeof flags / sizeof flags[0]));
+    if (!rc) rc = bench_check_time("bench_train", target);
+    if (rc) return ex_exit_status(rc);
+    bucket_bytes = (size_t)bucket;
     int sizes[MAXL + 1], nl = -1;
     for (const char *p = layers; *p && nl < MAXL;) {
         sizes[++nl] = atoi(p);

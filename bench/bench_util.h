@@ -1,7 +1,7 @@
 /* bench_util.h — the pieces the benchmarks share (include after dpar.h):
 
      >>bench clock    now_s() on clock_id (CLOCK_MONOTONIC; a program's
-                      --clock cpu sets a CPU-time clock instead)
+                      --clock cpu sets a CPU-time clock instead: bench_clock)
      >>bench process  cpu_s() (the process's user + system seconds, all
                       threads) and load1() (the 1-minute load average, -1
                       where /proc has none), printed beside timings taken on
@@ -26,6 +26,7 @@
                       overrides; its AVX-512 kernels named on CPUs that
                       have them) and timed by blas_trial.
 
+   The flags are read by ex_parse (examples/flags.h, the examples' parser).
    Every function is static inline: a program that leaves one unused gets
    no warning. */
 #ifndef DPAR_BENCH_UTIL_H
@@ -38,6 +39,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <time.h>
+#include "examples/flags.h" /* ex_parse: the flags */
 #if defined(__GNUC__) && defined(__x86_64__)
 #include <immintrin.h>
 #define BENCH_X86 1
@@ -49,6 +51,19 @@ static inline double now_s(void) {
     struct timespec ts;
     clock_gettime(clock_id, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+/* --clock's value: "wall" (CLOCK_MONOTONIC) or "cpu" (the program's CPU clock, cpu) into clock_id
+   and 0; else 2 (a usage error) after saying so. */
+static inline int bench_clock(const char *prog, const char *v, clockid_t cpu) {
+    if (strcmp(v, "wall") && strcmp(v, "cpu")) return ex_bad_value(prog, "--clock", v, "must be cpu or wall");
+    clock_id = strcmp(v, "cpu") ? CLOCK_MONOTONIC : cpu;
+    return 0;
+}
+/* --time's value (the seconds one measurement runs): 0 when > 0; else 2 (a usage error) after saying so. */
+static inline int bench_check_time(const char *prog, float t) {
+    if (t > 0) return 0;
+    fprintf(stderr, "%s: --time %g: must be > 0 (seconds)\n", prog, (double)t);
+    return 2;
 }
 
 /* >>bench process ========================================================== */

@@ -71,7 +71,7 @@ rows "$BUILD/bench_collectives" --backend vulkan --devices "$VDEV" --ops allredu
 # ---- all-reduce: dpar and Open MPI interleaved, ALTS alternations per device count
 have_mpi=0
 if command -v mpicc >/dev/null 2>&1 && command -v mpirun >/dev/null 2>&1; then
-    mpicc -O2 -Wall -Wextra -Werror bench/bench_mpi_allreduce.c -o "$BUILD/bench_mpi_allreduce" && have_mpi=1 || log "mpicc failed"
+    mpicc -I. -O2 -Wall -Wextra -Werror bench/bench_mpi_allreduce.c -o "$BUILD/bench_mpi_allreduce" && have_mpi=1 || log "mpicc failed"
 fi
 [ "$have_mpi" = 1 ] || { log "no mpicc/mpirun: the MPI peer is skipped"; echo "skip,mpi,no mpicc/mpirun" >> "$raw"; }
 if [ "$have_mpi" = 1 ]; then

@@ -41,8 +41,8 @@ dpar_mesh_desc line_mesh(int n, const char *axis) {
 int main(int argc, char **argv) {
     if (argc > 1) { // no flags: --help says so (exit 0), anything else is a usage error (exit 2), as in every example
         bool help = !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h");
-        std::fprintf(help ? stdout : stderr, "%susage: cpp_example (no flags; psum of x [4, 3] over 4 CPU devices)\n",
-                     help ? "" : "cpp_example: takes no flags\n");
+        if (!help) std::fprintf(stderr, "cpp_example: unknown flag %s (it takes no flags)\n", argv[1]);
+        std::fprintf(help ? stdout : stderr, "usage: cpp_example (no flags; psum of x [4, 3] over 4 CPU devices)\n");
         return help ? 0 : 2;
     }
     constexpr int ndev = 4, cols = 3;

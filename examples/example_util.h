@@ -1,6 +1,7 @@
 /* example_util.h — what every example shares: CHECK, TRY, the --backend
-   name, and the one "--flag value" parser (ex_parse) that the digits examples
-   (through digits_parse), train_cnn and the others build their flags on.
+   name, and the one "--flag value" parser (ex_parse, in flags.h, which the
+   bench/ programs share) that the digits examples (through digits_parse),
+   train_cnn and the others build their flags on.
    Included by the examples (not compiled on its own). */
 #ifndef EXAMPLE_UTIL_H
 #define EXAMPLE_UTIL_H
@@ -41,168 +42,13 @@ static inline dpar_backend_kind parse_backend(const char *s) {
         if (s_ != DPAR_OK) return s_; \
     } while (0)
 
-/* ------------------------------------------------------------------ flags */
-/* One "--name value" flag of an example: its name, where the value goes, the
-   values it takes and, for --help, how to say so. */
-typedef enum { EX_INT, EX_FLOAT, EX_STR } ex_flag_type;
-typedef struct ex_flag {
-    const char *name;  /* "--epochs" */
-    ex_flag_type type; /* EX_INT: dst is an int *, EX_FLOAT: a float *, EX_STR: a const char ** */
-    void *dst;         /* keeps its value (the default) unless the flag is given */
-    int lo, hi;        /* EX_INT: the accepted range, inclusive (0, 1: an on/off switch) */
-    const char *range; /* --help: the values it takes (EX_INT: NULL, said from lo and hi) */
-    const char *dflt;  /* --help: the default when it is not dst's value (NULL: dst's value) */
-} ex_flag;
-/* Table entries: an integer in [lo, hi]; a float or a string, with the values
-   they take as --help says them ("a finite number > 0", "cpu|vulkan|cuda");
-   EX_FLAG: any entry, with the default --help prints ("--dp x --tp"). */
-#define EX_I(name, dst, lo, hi) \
-    { name, EX_INT, dst, lo, hi, NULL, NULL }
-#define EX_F(name, dst, range) \
-    { name, EX_FLOAT, dst, 0, 0, range, NULL }
-#define EX_S(name, dst, range) \
-    { name, EX_STR, dst, 0, 0, range, NULL }
-#define EX_FLAG(name, type, dst, lo, hi, range, dflt) \
-    { name, type, dst, lo, hi, range, dflt }
-/* ex_parse's status after --help printed the flags: main returns 0 (ex_exit_status). */
-#define EX_HELP (-1)
-/* The exit status for a parser's result: 0 after --help (EX_HELP), else the result (2: a usage error). */
-static inline int ex_exit_status(int parsed) {
-    return parsed == EX_HELP ? 0 : parsed;
-}
-
-/* Prints "<prog>: <what>" and the flags of the table to stderr; returns 2 (a usage error). */
-static inline int ex_usage(const char *prog, const char *what, const char *arg, const ex_flag *flags, int n) {
-    fprintf(stderr, "%s: %s%s\nusage: %s", prog, what, arg ? arg : "", prog);
-    for (int k = 0; k < n && flags[k].name; k++)
-        fprintf(stderr, " [%s %s]", flags[k].name, flags[k].type == EX_STR ? "S" : flags[k].type == EX_INT ? "N" : "X");
-    fprintf(stderr, " (--help: each flag's values and default)\n");
-    return 2;
-}
-
-/* An integer range as --help says it: "0 or 1 (off/on)", "an integer >= 1", "an integer from 1 to 4096". */
-static inline void ex_int_range(int lo, int hi, char *buf, size_t cap) {
-    if (lo == 0 && hi == 1)
-        snprintf(buf, cap, "0 or 1 (off/on)");
-    else if (lo == INT_MIN && hi == INT_MAX)
-        snprintf(buf, cap, "any integer");
-    else if (hi == INT_MAX)
-        snprintf(buf, cap, "an integer >= %d", lo);
-    else
-        snprintf(buf, cap, "an integer from %d to %d", lo, hi);
-}
-
-/* --help: "usage: <prog> [--flag value]..." then one line per flag, its
-   values and its default (dst's value before any flag is read), to stdout;
-   returns EX_HELP. */
-static inline int ex_help(const char *prog, const ex_flag *flags, int n) {
-    printf("usage: %s [--flag value]...\n", prog);
-    for (int k = 0; k < n && flags[k].name; k++) {
-        const ex_flag *f = &flags[k];
-        char range[64], dflt[64];
-        if (f->type == EX_INT) {
-            ex_int_range(f->lo, f->hi, range, sizeof range);
-            snprintf(dflt, sizeof dflt, "%d", *(const int *)f->dst);
-        } else if (f->type == EX_FLOAT) {
-            snprintf(range, sizeof range, "%s", f->range ? f->range : "a finite number");
-            snprintf(dflt, sizeof dflt, "%g", (double)*(const float *)f->dst);
-        } else {
-            const char *v = *(const char *const *)f->dst;
-            snprintf(range, sizeof range, "%s", f->range ? f->range : "a string");
-            snprintf(dflt, sizeof dflt, "%s", v ? (*v ? v : "''") : "none");
-        }
-        char flag[40];
-        snprintf(flag, sizeof flag, "%s %s", f->name, f->type == EX_STR ? "S" : f->type == EX_INT ? "N" : "X");
-        printf("  %-20s %s (default %s)\n", flag, f->type == EX_INT && f->range ? f->range : range,
-               f->dflt ? f->dflt : dflt);
-    }
-    return EX_HELP;
-}
-
-/* Prints "<prog>: <flag> <value>: <why>" (the value as typed) and returns 2 (a usage error). */
-static inline int ex_bad_value(const char *prog, const char *flag, const char *value, const char *why) {
-    fprintf(stderr, "%s: %s %s: %s\n", prog, flag, value, why);
-    return 2;
-}
-
-/* An integer flag's value v (as typed; x as read, clamped by strtoll) outside
-   [lo, hi]: prints the flag's own limit ("--epochs 0: must be >= 1", "--remat
-   2: must be 0 (off) or 1 (on)"), or the whole range when the value is past
-   what an int holds, and returns 2 (a usage error). */
-static inline int ex_bad_int(const char *prog, const char *flag, const char *v, long long x, int lo, int hi) {
-    char why[96];
-    if (lo == 0 && hi == 1)
-        snprintf(why, sizeof why, "must be 0 (off) or 1 (on)");
-    else if (x < lo && lo > INT_MIN)
-        snprintf(why, sizeof why, "must be >= %d", lo);
-    else if (x > hi && hi < INT_MAX)
-        snprintf(why, sizeof why, "must be <= %d", hi);
-    else
-        snprintf(why, sizeof why, "out of range; an integer from %d to %d", lo, hi);
-    return ex_bad_value(prog, flag, v, why);
-}
-
-/* Parses argv[1..argc) as "--name value" pairs against flags[0..n) (a NULL
-   name ends the table early). A number must be the whole token ("--epochs 3x"
-   is refused) and fit its type: an int within the flag's [lo, hi], or a float
-   of magnitude <= FLT_MAX ("--lr 1e40" is refused as out of range, naming the
-   value as typed, not passed on as inf; "--lr 1e-50", which rounds to 0,
-   too); floats are read as double, then
-   rounded to float. A flag given twice keeps the last value. Returns 0;
-   EX_HELP after --help (or -h) anywhere among the flags printed the flags
-   with their defaults to stdout (ex_help: nothing else is parsed, so the
-   defaults are the example's own); or 2 after printing the usage error to
-   stderr (unknown flag, missing, malformed or out-of-range value). */
-static inline int ex_parse(const char *prog, int argc, char **argv, const ex_flag *flags, int n) {
-    for (int i = 1; i < argc; i += 2)
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return ex_help(prog, flags, n);
-    for (int i = 1; i < argc; i += 2) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int k = 0;
-        while (k < n && flags[k].name && strcmp(a, flags[k].name)) k++;
-        if (k == n || !flags[k].name) return ex_usage(prog, "unknown flag ", a, flags, n);
-        if (!v) return ex_usage(prog, "a value is missing after ", a, flags, n);
-        if (flags[k].type == EX_STR) {
-            *(const char **)flags[k].dst = v;
-            continue;
-        }
-        char *end;
-        errno = 0;
-        if (flags[k].type == EX_INT) {
-            long long x = strtoll(v, &end, 10);
-            if (end == v || *end) return ex_bad_value(prog, a, v, "not an integer");
-            if (errno == ERANGE || x < flags[k].lo || x > flags[k].hi)
-                return ex_bad_int(prog, a, v, x, flags[k].lo, flags[k].hi);
-            *(int *)flags[k].dst = (int)x;
-        } else {
-            double x = strtod(v, &end);
-            if (end == v || *end) return ex_bad_value(prog, a, v, "not a number");
-            if ((errno == ERANGE && isinf(x)) || (isfinite(x) && fabs(x) > FLT_MAX)) { /* would become inf */
-                fprintf(stderr, "%s: %s %s: out of range; a number from %g to %g\n", prog, a, v, -(double)FLT_MAX,
-                        (double)FLT_MAX);
-                return 2;
-            }
-            if (x != 0.0 && (float)x == 0.0f) { /* would be refused later as "0", not as typed */
-                fprintf(stderr, "%s: %s %s: too small for a float (it rounds to 0)\n", prog, a, v);
-                return 2;
-            }
-            *(float *)flags[k].dst = (float)x;
-        }
-    }
-    return 0;
-}
+/* the flags: ex_parse and its table (flags.h, shared with bench/) */
+#include "flags.h"
 
 /* The last component of a path ("examples/data/mnist_5k.csv.gz" -> "mnist_5k.csv.gz"), for output lines. */
 static inline const char *ex_basename(const char *path) {
     const char *slash = strrchr(path, '/');
     return slash ? slash + 1 : path;
-}
-
-/* Was "--name" given on the command line (as a flag, not as another flag's value)? */
-static inline int ex_given(int argc, char **argv, const char *name) {
-    for (int i = 1; i < argc; i += 2)
-        if (!strcmp(argv[i], name)) return 1;
-    return 0;
 }
 
 /* ----------------------------------------------------------------- checks */

@@ -176,10 +176,10 @@ else
 fi
 
 if [ -x "$BUILD/bench_cuda" ]; then
-    if LD_LIBRARY_PATH="$MOCK" MOCK_CUDA_JITTER_US=0 timeout 120 "$BUILD/bench_cuda" --quick --mb 1 >"$log" 2>&1 &&
+    if LD_LIBRARY_PATH="$MOCK" MOCK_CUDA_JITTER_US=0 timeout 120 "$BUILD/bench_cuda" --quick 1 --mb 1 >"$log" 2>&1 &&
        grep -q '^all-reduce 1 rank' "$log" && grep -q '^matmul bf16' "$log" &&
        grep -q '^conv2d conv2 bwd-filter .* dpar/GEMM time' "$log"; then
-        echo "PASS cuda_mock_bench_smoke (bench_cuda --quick --mb 1 runs end to end; figures meaningless on the mock)"
+        echo "PASS cuda_mock_bench_smoke (bench_cuda --quick 1 --mb 1 runs end to end; figures meaningless on the mock)"
     else
         cat "$log"; echo "FAIL cuda_mock_bench_smoke"
     fi

@@ -291,7 +291,7 @@ if [ "$rc" -eq 0 ] && [ -z "$herr_text" ] && printf '%s\n' "$hout" | grep -q "^u
     ! printf '%s\n' "$hout" | grep -q "^device 0:"; then pass "cpp_example --help: its usage on stdout, exit 0"
 else fail "cpp_example --help" "exit status $rc: $(printf '%s\n' "$hout" | head -1)"; fi
 run cpp_example --devices 2
-refused "cpp_example names a flag it does not take" 2 "cpp_example: takes no flags"
+refused "cpp_example names a flag it does not take" 2 "cpp_example: unknown flag --devices (it takes no flags)"
 run engine_vulkan --budget-ms 0
 refused "engine_vulkan --budget-ms 0 is named with its limit" 2 "--budget-ms 0: must be a finite number > 0"
 

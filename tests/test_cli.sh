@@ -1,0 +1,46 @@
+#!/bin/sh
+# Every built benchmark and example answers its command line before it runs anything: --help and -h print
+# the usage to stdout and exit 0; an unknown flag, and a flag with its value missing, print what is wrong and
+# the usage to stderr and exit non-zero (not killed, not run). Nothing is measured or trained here: a program
+# that starts its work instead is stopped by the timeout and fails. A program not built is SKIPPED.
+BUILD=${BUILD:-build}
+out=$(mktemp)
+err=$(mktemp)
+trap 'rm -f "$out" "$err"' EXIT
+# try BIN ARGS...: runs it (at most 20 s), stdout in $out, stderr in $err, exit status in $rc
+try() {
+    timeout 20 ${DPAR_TEST_WRAPPER:-} "$@" >"$out" 2>"$err" </dev/null
+    rc=$?
+}
+# check NAME WHAT COND: one PASS or FAIL line, the program's output under a FAIL
+check() {
+    if [ "$3" = 1 ]; then
+        echo "PASS cli $1 $2"
+    else
+        echo "FAIL cli $1 $2: exit status $rc"
+        sed 's/^/    /' "$out" "$err" | head -8
+    fi
+}
+for src in bench/*.c examples/*.c examples/*.cpp; do
+    name=$(basename "$src"); name=${name%.*}
+    bin="$BUILD/$name"
+    if [ ! -x "$bin" ]; then
+        echo "SKIPPED cli $name: $bin is not built"
+        continue
+    fi
+    for h in --help -h; do
+        try "$bin" $h
+        ok=0; [ "$rc" -eq 0 ] && grep -q '^usage: ' "$out" && [ ! -s "$err" ] && ok=1
+        check "$name" "$h (usage on stdout, exit 0)" $ok
+    done
+    try "$bin" --no-such-flag 1
+    ok=0; [ "$rc" -ne 0 ] && [ "$rc" -lt 124 ] && grep -q -- '--no-such-flag' "$err" && grep -q 'usage: ' "$err" && ok=1
+    check "$name" "--no-such-flag 1 (named, usage on stderr, exit non-zero)" $ok
+    # the first flag --help lists, given without its value
+    try "$bin" --help
+    flag=$(sed -n 's/^  \(--[a-z0-9-]*\) .*/\1/p' "$out" | head -1)
+    [ -n "$flag" ] || continue
+    try "$bin" "$flag"
+    ok=0; [ "$rc" -ne 0 ] && [ "$rc" -lt 124 ] && grep -q -- "missing after $flag" "$err" && grep -q 'usage: ' "$err" && ok=1
+    check "$name" "$flag without its value (named, usage on stderr, exit non-zero)" $ok
+done
