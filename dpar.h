@@ -1906,7 +1906,11 @@ typedef struct dpar_graph_feed {
    Errors: DPAR_ERR_INVALID_ARGUMENT (a feed missing, given twice, not a feed,
    an array of another mesh; no loss while loss != NULL), DPAR_ERR_SHAPE /
    DPAR_ERR_DTYPE (feed array differs, naming both), the errors of the ops, each
-   prefixed with the node that failed. */
+   prefixed with the device and the node that failed ("device 0: dpar_graph_run:
+   node 5 (softmax_xent): dpar_softmax_xent: labels[1] = 9 is outside 0..4 ...");
+   a bad label or index that Vulkan or CUDA check on the device and read back
+   later (in a later node, at the loss read or dpar_graph_loss) names the node
+   that checked it, as the CPU does. */
 DPAR_API dpar_status dpar_graph_run(dpar_graph *g, const dpar_graph_feed *feeds, int num_feeds, float *loss);
 /* The graph's own array behind feed v (the global shape and spec given to
    dpar_g_feed): fill it in place (dpar_array_put_rows when each process loads
@@ -2751,6 +2755,9 @@ DPAR__PLATFORM_FN int dpar__file_replace(const char *from, const char *to, char 
    ------------------------------------------------------------------------ */
 enum { DPAR__ERR_LEN = 1024 };
 static DPAR__TLS char dpar__err_text[DPAR__ERR_LEN];
+/* The graph node (its site: dpar__g_site, >>graph) whose deferred index check the last error reports, 0: none
+   (the error is no bad index, or no graph node's); set by dpar__bad_index, cleared by every other error. */
+static DPAR__TLS uint32_t dpar__err_site;
 
 DPAR__MAYBE_UNUSED static int dpar__verbose(void) {
     const char *v = getenv("DPAR_VERBOSE");
@@ -2769,6 +2776,7 @@ static void dpar__err_vset(const char *fmt, va_list ap) {
     char t[DPAR__ERR_LEN];
     vsnprintf(t, sizeof t, fmt, ap);
     memcpy(dpar__err_text, t, sizeof t);
+    dpar__err_site = 0;
 }
 static dpar_status dpar__err(dpar_status s, const char *fmt, ...) {
     va_list ap;
@@ -2779,6 +2787,7 @@ static dpar_status dpar__err(dpar_status s, const char *fmt, ...) {
 }
 static void dpar__clear_error(void) {
     dpar__err_text[0] = 0;
+    dpar__err_site = 0;
 }
 /* Runs a destroy or release: when it succeeds the last error is left as it was,
    since a cleanup must not wipe the error the caller is about to print. */
@@ -2936,7 +2945,7 @@ typedef enum dpar__op_kind {
     DPAR__OP_RELU,         /* dst = max(src0, 0), n elements */
     DPAR__OP_RELU_BWD,     /* dst = src0 (dy) where src1 (x) > 0 else 0 */
     DPAR__OP_SOFTMAX_XENT, /* dst (loss[1]), dst2 (dlogits [M,N] or NULL), src0 logits [M,N], src1 labels[M] i32;
-                              p[0] use_ignore, p[1] ignore_label, p[2] public fn (dpar__idx_fn), f[0] smoothing */
+                              p[0] use_ignore, p[1] ignore_label, p[2] fn word (dpar__idx_word), f[0] smoothing */
     DPAR__OP_MSE,          /* dst (loss[1]), dst2 (dpred or NULL), src0 pred, src1 target; n elements */
     DPAR__OP_AXPY,         /* dst += f[0] * src0 */
     DPAR__OP_SCALE,        /* dst *= f[0] */
@@ -7615,6 +7624,15 @@ DPAR_API dpar_status dpar_relu_backward(dpar_buffer *dx, const dpar_buffer *dy, 
 static const char *const dpar__idx_fn[] = { "dpar_softmax_xent", "dpar_cross_entropy", "dpar_embedding",
                                             "dpar_embedding_backward" };
 enum { DPAR__IDX_SOFTMAX_XENT = 0, DPAR__IDX_XENT, DPAR__IDX_EMBED, DPAR__IDX_EMBED_BWD };
+/* The graph node whose ops this thread issues (dpar__g_exec sets it), 0: none. Vulkan and CUDA check labels and
+   indices on the device and read the result back at a later read or sync, perhaps in another node or after the
+   step; so an index-checking op carries the site in its function word, fn | site << 4, which the checks pass
+   through to their error words unchanged, and dpar__bad_index hands it on (dpar__err_site): the graph names the
+   node that checked, as on the CPU, wherever the error comes back. */
+static DPAR__TLS uint32_t dpar__idx_site;
+static int64_t dpar__idx_word(int fn_id) {
+    return (int64_t)((uint32_t)fn_id | dpar__idx_site << 4);
+}
 /* softmax cross-entropy of dpar_softmax_xent / dpar_cross_entropy (fn_id: dpar__idx_fn; d NULL: plain) */
 static dpar_status dpar__xent(int fn_id, dpar_buffer *loss, dpar_buffer *dlogits, const dpar_buffer *logits,
                               const dpar_buffer *labels, const dpar_xent_desc *d) {
@@ -7650,7 +7668,7 @@ static dpar_status dpar__xent(int fn_id, dpar_buffer *loss, dpar_buffer *dlogits
     op.n = logits->shape[1];
     op.p[0] = d && d->use_ignore;
     op.p[1] = d ? d->ignore_label : 0;
-    op.p[2] = fn_id;
+    op.p[2] = dpar__idx_word(fn_id);
     op.f[0] = d ? d->label_smoothing : 0.0f;
     return dpar__op_run(&op);
 }
@@ -9057,9 +9075,9 @@ DPAR_API dpar_status dpar_attention_backward(dpar_buffer *dq, dpar_buffer *dk, d
    AdamW, learning-rate schedules, loss scaling, cross-entropy with an ignore
    label, embedding, dropout: argument checks and op records (the kernels are
    in each backend). */
-/* The error of an index out of range, for every backend: fn from dpar__idx_fn,
-   pos the first bad position, value its index, bound the number of classes/rows. */
-static dpar_status dpar__bad_index(int fn, int64_t pos, int32_t value, int64_t bound) {
+/* The text of an index out of range: fn from dpar__idx_fn, pos the first bad position, value its index, bound the
+   number of classes/rows. */
+static dpar_status dpar__bad_index_text(int fn, int64_t pos, int32_t value, int64_t bound) {
     int lab = fn == DPAR__IDX_SOFTMAX_XENT || fn == DPAR__IDX_XENT;
     if (bound <= 0) /* no index is valid: the data is fine, the table or the class axis is empty */
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: %s[%lld] = %d indexes %s; give it at least one%s",
@@ -9071,6 +9089,13 @@ static dpar_status dpar__bad_index(int fn, int64_t pos, int32_t value, int64_t b
                      dpar__idx_fn[fn >= 0 && fn < 4 ? fn : 1], lab ? "labels" : "idx", (long long)pos, (int)value,
                      (long long)bound - 1, fn == DPAR__IDX_XENT ? " and is not the ignore label" : "",
                      lab ? " or mark padding with dpar_xent_desc.ignore_label" : "");
+}
+/* The error of an index out of range, for every backend: word the op's function word (dpar__idx_word: fn and the
+   site of the graph node that issued it, handed on in dpar__err_site). */
+static dpar_status dpar__bad_index(int word, int64_t pos, int32_t value, int64_t bound) {
+    dpar_status s = dpar__bad_index_text(word & 15, pos, value, bound);
+    dpar__err_site = (uint32_t)word >> 4;
+    return s;
 }
 /* first position of idx[0..n) outside 0..bound-1 (ignore skipped when use_ignore), or -1 */
 static int64_t dpar__first_bad_index(const int32_t *idx, int64_t n, int64_t bound, int use_ignore, int32_t ignore) {
@@ -9339,7 +9364,7 @@ static void dpar__embed_op(dpar__op *op, dpar__op_kind k, int fn_id, dpar_buffer
     op->m = idx->count;
     op->n = table->shape[1];
     op->k = table->shape[0];
-    op->p[2] = fn_id;
+    op->p[2] = dpar__idx_word(fn_id);
 }
 DPAR_API dpar_status dpar_embedding(dpar_buffer *out, const dpar_buffer *table, const dpar_buffer *idx) {
     dpar__clear_error();
@@ -9996,6 +10021,7 @@ struct dpar_graph {
     bool has_opt, compiled, ran;
     bool opt_rec;      /* compiled: the optimizer node may join a recorded program (dpar__g_opt_recordable) */
     int first, nlocal; /* this process's devices */
+    uint32_t tag;      /* tells the graph's node sites (dpar__g_site) from other graphs': one of 256, in turn */
     int nslots;
     dpar_buffer **slots;        /* [slot * nlocal + li] */
     bool *slot_owned;           /* slot's buffers belong to the graph (not to an array) */
@@ -10046,13 +10072,27 @@ static const char *dpar__g_label(const dpar_graph *g, int id, char *buf, size_t 
         snprintf(buf, cap, "node %d (%s)", id, dpar__g_kind_name(g, nd));
     return buf;
 }
+/* Node i's site (dpar__idx_site): i and the graph's tag; 0 (none) past 2^19 nodes, which keeps the op's function
+   word an int. */
+static uint32_t dpar__g_site(const dpar_graph *g, int i) {
+    return i < (1 << 19) ? (uint32_t)i << 8 | g->tag : 0u;
+}
+/* The node of this graph whose deferred label or index check the last error reports (dpar__err_site), else id. */
+static int dpar__g_site_node(const dpar_graph *g, int id) {
+    uint32_t site = dpar__err_site;
+    int i = (int)(site >> 8);
+    return site && (site & 255u) == g->tag && i > 0 && i < g->count ? i : id;
+}
 /* A node of a run failed with s: the last error becomes "dpar_graph_run:
    <node>: <the node's error>", without a second "dpar_graph_run: " where
-   the node's error (the optimizer's clip norm, say) already starts so. */
+   the node's error (the optimizer's clip norm, say) already starts so. A
+   bad label found on the device by an earlier node and read back in this
+   one names the node that checked it (dpar__g_site_node). */
 static dpar_status dpar__g_node_err(const dpar_graph *g, dpar_status s, int id) {
     static const char run[] = "dpar_graph_run: ";
     const char *why = dpar_last_error();
     char l[96];
+    id = dpar__g_site_node(g, id);
     if (!strncmp(why, run, sizeof run - 1)) why += sizeof run - 1;
     return dpar__err(s, "%s%s: %s", run, dpar__g_label(g, id, l, sizeof l), why);
 }
@@ -10186,6 +10226,8 @@ DPAR_API dpar_status dpar_graph_create(dpar_mesh *mesh, dpar_graph **out) {
         return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_graph_create: out of memory");
     }
     g->errtext[0] = 0;
+    static int tags;
+    g->tag = (uint32_t)DPAR__ATOMIC_FETCH_ADD(&tags, 1) & 255u;
     g->mesh = mesh;
     g->rt = mesh->rt;
     g->cap = 64;
@@ -12979,7 +13021,16 @@ static dpar_status dpar__g_wait_all(dpar_graph *g, dpar_ctx *ctx, int li) {
     }
     return first;
 }
+static dpar_status dpar__g_exec_node(dpar_graph *g, dpar_ctx *ctx, int li, int i);
+/* Runs node i on device li with its site set (dpar__idx_site): a label or index it checks on the device names
+   it when the check's result comes back later, in another node or after the step. */
 static dpar_status dpar__g_exec(dpar_graph *g, dpar_ctx *ctx, int li, int i) {
+    dpar__idx_site = dpar__g_site(g, i);
+    dpar_status s = dpar__g_exec_node(g, ctx, li, i);
+    dpar__idx_site = 0;
+    return s;
+}
+static dpar_status dpar__g_exec_node(dpar_graph *g, dpar_ctx *ctx, int li, int i) {
     const dpar__gnode *nd = &g->n[i];
     if (nd->kind == DPAR__G_FEED || nd->kind == DPAR__G_PARAM || nd->kind == DPAR__G_CONST) return DPAR_OK;
     if (nd->fused < 0 || nd->ident)
@@ -13319,6 +13370,14 @@ DPAR_API dpar_status dpar_graph_run(dpar_graph *g, const dpar_graph_feed *feeds,
     return dpar__g_run_entered(g, feeds, num_feeds, loss, true);
 }
 static dpar_status dpar__g_log_loss(dpar_graph *g); /* >>graph feeds */
+/* An error of a read after the step (the loss, on b's device): a bad label that a node checked on the device
+   (Vulkan, CUDA: read back here) reads as the CPU's step reports it, "device D: dpar_graph_run: <node>: ...". */
+static dpar_status dpar__g_late_err(const dpar_graph *g, dpar_status s, const dpar_buffer *b) {
+    int id = s && b ? dpar__g_site_node(g, 0) : 0;
+    if (!id) return s;
+    dpar__g_node_err(g, s, id);
+    return dpar__err(s, "device %d: %s", b->gdev, dpar_last_error());
+}
 static dpar_status dpar__g_run(dpar_graph *g, const dpar_graph_feed *feeds, int num_feeds, float *loss, bool take) {
     if (g->err) return dpar__g_status(g);
     if (num_feeds < 0 || (num_feeds && !feeds))
@@ -13347,14 +13406,15 @@ static dpar_status dpar__g_run(dpar_graph *g, const dpar_graph_feed *feeds, int 
     if ((s = dpar_shard_map(g->mesh, &d))) return s;
     g->ran = true;
     g->opt.step++;
+    dpar_buffer *lb = g->loss_value ? dpar__g_buf(g, g->loss_value, 0) : NULL;
     if (g->loss_log && (s = dpar__g_log_loss(g))) return s;
     if (loss && g->n[g->loss_value].dtype == DPAR_F64) { /* an f64 loss: rounded here, dpar_graph_get has it whole */
         double lv = 0.0;
-        s = dpar_buffer_read(dpar__g_buf(g, g->loss_value, 0), 0, &lv, sizeof lv);
+        s = dpar_buffer_read(lb, 0, &lv, sizeof lv);
         *loss = (float)lv;
-        return s;
+        return dpar__g_late_err(g, s, lb);
     }
-    if (loss) return dpar_buffer_read(dpar__g_buf(g, g->loss_value, 0), 0, loss, sizeof *loss);
+    if (loss) return dpar__g_late_err(g, dpar_buffer_read(lb, 0, loss, sizeof *loss), lb);
     return DPAR_OK;
 }
 
@@ -13635,7 +13695,8 @@ static dpar_status dpar__g_loss(dpar_graph *g, float *loss) {
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: the graph has no loss; call dpar_graph_value_and_grad", fn);
     if (!g->ran) return dpar__err(DPAR_ERR_STATE, "%s: the graph has not run yet (dpar_graph_run)", fn);
     if (!dpar__g_mesh_alive(g)) return dpar__err(DPAR_ERR_STATE, "%s: the graph's mesh was destroyed", fn);
-    return dpar_buffer_read(dpar__g_buf(g, g->loss_value, 0), 0, loss, sizeof *loss);
+    dpar_buffer *lb = dpar__g_buf(g, g->loss_value, 0);
+    return dpar__g_late_err(g, dpar_buffer_read(lb, 0, loss, sizeof *loss), lb);
 }
 DPAR_API dpar_status dpar_graph_loss(dpar_graph *g, float *loss) {
     dpar__clear_error();

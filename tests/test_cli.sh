@@ -41,6 +41,7 @@ for src in bench/*.c examples/*.c examples/*.cpp; do
     flag=$(sed -n 's/^  \(--[a-z0-9-]*\) .*/\1/p' "$out" | head -1)
     [ -n "$flag" ] || continue
     try "$bin" "$flag"
-    ok=0; [ "$rc" -ne 0 ] && [ "$rc" -lt 124 ] && grep -q -- "missing after $flag" "$err" && grep -q 'usage: ' "$err" && ok=1
+    ok=0
+    [ "$rc" -ne 0 ] && [ "$rc" -lt 124 ] && grep -q -- "missing after $flag" "$err" && grep -q 'usage: ' "$err" && ok=1
     check "$name" "$flag without its value (named, usage on stderr, exit non-zero)" $ok
 done
