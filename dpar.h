@@ -13370,9 +13370,23 @@ DPAR_API dpar_status dpar_graph_run(dpar_graph *g, const dpar_graph_feed *feeds,
     return dpar__g_run_entered(g, feeds, num_feeds, loss, true);
 }
 static dpar_status dpar__g_log_loss(dpar_graph *g); /* >>graph feeds */
+/* Whether a run of g leaves label or index checks on the devices to read back later (Vulkan, CUDA: the loss
+   and embedding nodes check there; the CPU backend checks as it runs). */
+static bool dpar__g_checks_late(const dpar_graph *g) {
+    if (g->rt->be->kind == DPAR_BACKEND_CPU) return false;
+    for (int i = 1; i < g->count; i++)
+        if (g->n[i].kind == DPAR__G_XENT || g->n[i].kind == DPAR__G_XENT_IGN || g->n[i].kind == DPAR__G_EMBED)
+            return true;
+    return false;
+}
 /* An error of a read after the step (the loss, on b's device): a bad label that a node checked on the device
    (Vulkan, CUDA: read back here) reads as the CPU's step reports it, "device D: dpar_graph_run: <node>: ...". */
 static dpar_status dpar__g_late_err(const dpar_graph *g, dpar_status s, const dpar_buffer *b) {
+    if (!s && b && g->nlocal > 1 && dpar__g_checks_late(g)) /* the loss read waited for b's device only */
+        for (int li = 0; li < g->nlocal && !s; li++) {
+            const dpar_buffer *o = dpar__g_buf(g, g->loss_value, li);
+            if (o != b) s = g->rt->be->sync(g->rt->bstate, o->device), b = o;
+        }
     int id = s && b ? dpar__g_site_node(g, 0) : 0;
     if (!id) return s;
     dpar__g_node_err(g, s, id);

@@ -449,12 +449,14 @@ static void test_pipelined_cuda(void **st) {
 }
 
 /* ---- a bad label inside a recorded segment: reported by its step, then the graph runs on ---- */
-/* x [4,3] @ w [3,5] -> softmax_xent with y; *loss its node. clip: an SGD step clipped by the global norm follows,
+/* x [4n,3] @ w [3,5] -> softmax_xent with y (n devices: split over "data"); *loss its node. clip: an SGD step clipped by the global norm follows,
    whose norm read on Vulkan and CUDA is where the device's label check comes back (else at the loss read). */
 static dpar_graph *label_graph(dpar_mesh *m, dpar_array *w, dpar_value *x, dpar_value *y, dpar_value *loss, bool clip) {
     dpar_graph *g = NULL;
     T_OK(dpar_graph_create(m, &g));
-    dpar_array_desc xd = { DPAR_F32, 2, { 4, 3 }, { NULL } }, yd = { DPAR_I32, 1, { 4 }, { NULL } };
+    int n = dpar_mesh_size(m); /* 4 rows a device, split over "data" */
+    const char *split = n > 1 ? "data" : NULL;
+    dpar_array_desc xd = { DPAR_F32, 2, { 4 * n, 3 }, { split } }, yd = { DPAR_I32, 1, { 4 * n }, { split } };
     *x = dpar_g_feed(g, "x", &xd), *y = dpar_g_feed(g, "y", &yd);
     dpar_value p = dpar_g_param(g, "w", w), gr;
     *loss = dpar_g_softmax_xent(g, dpar_g_matmul(g, *x, p, false, false), *y);
@@ -506,9 +508,44 @@ static void bad_label_run(dpar_backend_kind k, bool clip) {
     T_OK(dpar_mesh_destroy(m));
     T_OK(dpar_runtime_destroy(rt));
 }
+/* Data parallel on 2 devices, the bad label on device 1 (its row 1): the loss read waits for device 0, and the
+   run still reports device 1's check, read at once or left on the devices and read by dpar_graph_loss. */
+static void bad_label_dp(dpar_backend_kind k) {
+    dpar_runtime *rt = t_runtime_or_skip(k, 2);
+    dpar_mesh *m = t_mesh1(rt, 2, "data");
+    float w0[3 * 5], xs[8 * 3], loss;
+    rng_state = 5;
+    fill(w0, 15, 1.0), fill(xs, 24, 1.0);
+    int64_t sh[2] = { 3, 5 };
+    dpar_array *w = arr(m, 2, sh, NULL, w0);
+    for (int r = 0; r < 4; r++) { /* recorded or not; the loss read by the run or by dpar_graph_loss */
+        setenv("DPAR_GRAPH_RECORD", r & 1 ? "1" : "0", 1);
+        dpar_value x, y, l;
+        dpar_graph *g = label_graph(m, w, &x, &y, &l, false);
+        int32_t good[8] = { 0, 1, 2, 4, 3, 2, 1, 0 }, wrong[8] = { 0, 1, 2, 4, 3, 9, 1, 0 };
+        T_OK(dpar_graph_run(g, (dpar_graph_feed[]){ { x, xs, NULL }, { y, good, NULL } }, 2, &loss));
+        dpar_graph_feed f[2] = { { x, xs, NULL }, { y, wrong, NULL } };
+        dpar_status s = r & 2 ? dpar_graph_run(g, f, 2, NULL) : dpar_graph_run(g, f, 2, &loss);
+        if (!s && r & 2) s = dpar_graph_loss(g, &loss);
+        char want[320];
+        snprintf(want, sizeof want,
+                 "device 1: dpar_graph_run: node %d (softmax_xent): dpar_softmax_xent: labels[1] = 9 is outside 0..4 "
+                 "(first bad position); fix the data or mark padding with dpar_xent_desc.ignore_label",
+                 l.id);
+        if (s != DPAR_ERR_INVALID_ARGUMENT || strcmp(dpar_last_error(), want))
+            fail_msg("%s, 2 devices, case %d: got %s: %s\nwant %s", dpar_backend_name(k), r, dpar_status_string(s),
+                     dpar_last_error(), want);
+        T_OK(dpar_graph_run(g, (dpar_graph_feed[]){ { x, xs, NULL }, { y, good, NULL } }, 2, &loss));
+        T_OK(dpar_graph_destroy(g));
+    }
+    dpar_array_destroy(w);
+    T_OK(dpar_mesh_destroy(m));
+    T_OK(dpar_runtime_destroy(rt));
+}
 static void bad_label(dpar_backend_kind k) {
     bad_label_run(k, false);
     bad_label_run(k, true);
+    bad_label_dp(k);
 }
 
 static void test_megatron(void **st) {
@@ -618,13 +655,13 @@ static void test_cpu_and_bad_input(void **st) {
     setenv("DPAR_GRAPH_RECORD", "1", 1);
     dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 2);
     dpar_mesh *m = t_mesh1(rt, 2, "data");
-    float w0[15], xs[12];
-    fill(w0, 15, 1.0), fill(xs, 12, 1.0);
+    float w0[15], xs[24];
+    fill(w0, 15, 1.0), fill(xs, 24, 1.0);
     int64_t sh[2] = { 3, 5 };
     dpar_array *w = arr(m, 2, sh, NULL, w0);
     dpar_value x, y, l;
     dpar_graph *g = label_graph(m, w, &x, &y, &l, false);
-    int32_t good[4] = { 0, 1, 2, 4 };
+    int32_t good[8] = { 0, 1, 2, 4, 4, 2, 1, 0 };
     float loss;
     T_OK(dpar_graph_run(g, (dpar_graph_feed[]){ { x, xs, NULL }, { y, good, NULL } }, 2, &loss));
     int seg = -1, nodes = -1;
