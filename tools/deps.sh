@@ -25,7 +25,8 @@ if [ "$mode" = test ]; then
     need openmpi-bin command -v mpirun
     need cmake command -v cmake           # tests/test_packaging.sh: CMake and pkg-config consumers
     need pkg-config command -v pkg-config
-    need libopenblas-dev sh -c 'ls /usr/include/*/cblas.h' # test_bench_smoke.sh's sgemm peer, test_cblas.sh
+    # -lopenblas: test_bench_smoke.sh's sgemm peer, test_cblas.sh (a cblas.h alone may be libblas-dev's)
+    need libopenblas-dev sh -c 'ls /usr/lib/*/libopenblas.so'
 fi
 [ -z "$missing" ] && exit 0
 echo "deps: installing:$missing"
