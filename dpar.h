@@ -10057,12 +10057,31 @@ static bool dpar__g_pipe_inputs(dpar_graph *g, int nin, const int *in); /* >>gra
 static bool dpar__g_pipe_feed(dpar_graph *g, int id, const char *name);
 
 /* ---- building: validity, errors, nodes ---- */
-/* A node's kind as printed graphs and errors name it: the optimizer node
-   (DPAR__G_SGD, one kind for every optimizer) by the optimizer the graph
-   was given, "sgd", "adamw" or "adamw_masked" (a decay mask). */
+/* A node's kind as printed graphs and errors name it: a kind shared by several
+   builders by the builder the user called (log_softmax, rms_norm: ip[0] set,
+   layer_norm), the optimizer node (DPAR__G_SGD, one kind for every optimizer)
+   by the optimizer the graph was given, "sgd", "adamw" or "adamw_masked". */
 static const char *dpar__g_kind_name(const dpar_graph *g, const dpar__gnode *nd) {
-    if (nd->kind != DPAR__G_SGD || !g->opt.adamw) return dpar__g_kinds[nd->kind].name;
-    return g->opt.decay ? "adamw_masked" : "adamw";
+    static const char *const norm[2][4] = { { "layer_norm_stats", "layer_norm", "layer_norm_dx", "layer_norm_dw" },
+                                            { "rms_norm_stats", "rms_norm", "rms_norm_dx", "rms_norm_dw" } };
+    int set = nd->ip[0] != 0;
+    switch (nd->kind) {
+    case DPAR__G_SGD:
+        if (g->opt.adamw) return g->opt.decay ? "adamw_masked" : "adamw";
+        break;
+    case DPAR__G_SOFTMAX:
+        if (set) return "log_softmax";
+        break;
+    case DPAR__G_SOFTMAX_GRAD:
+        if (set) return "log_softmax_grad";
+        break;
+    case DPAR__G_NORM_STATS:
+    case DPAR__G_NORM:
+    case DPAR__G_NORM_DX:
+    case DPAR__G_NORM_DW: return norm[set][nd->kind - DPAR__G_NORM_STATS];
+    default: break;
+    }
+    return dpar__g_kinds[nd->kind].name;
 }
 static const char *dpar__g_label(const dpar_graph *g, int id, char *buf, size_t cap) {
     const dpar__gnode *nd = &g->n[id];

@@ -850,6 +850,36 @@ static void test_optimizer_node_name(void **st) {
     T_OK(dpar_runtime_destroy(rt));
 }
 
+/* Kinds shared by two builders are named for the builder called (dpar_graph_print
+   and errors said "softmax" for log_softmax and "norm" for layer_norm). */
+static void test_shared_kind_names(void **st) {
+    (void)st;
+    dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 1);
+    dpar_mesh *m = t_mesh1(rt, 1, "data");
+    dpar_array *w = arr(m, DPAR_F32, 1, 3, 0, NULL, NULL), *b = arr(m, DPAR_F32, 1, 3, 0, NULL, NULL);
+    dpar_graph *g;
+    T_OK(dpar_graph_create(m, &g));
+    dpar_value x = dpar_g_feed(g, "x", &(dpar_array_desc){ DPAR_F32, 2, { 2, 3 }, { NULL } });
+    dpar_value p[2] = { dpar_g_param(g, "w", w), dpar_g_param(g, "b", b) }, gr[2];
+    dpar_value ln = dpar_g_softmax(g, dpar_g_layer_norm(g, x, p[0], p[1], 1e-5f), true);
+    dpar_value rn = dpar_g_softmax(g, dpar_g_rms_norm(g, x, p[0], p[1], 1e-5f), false);
+    T_OK(dpar_graph_value_and_grad(g, dpar_g_add(g, dpar_g_sum(g, ln), dpar_g_sum(g, rn)), p, 2, gr));
+    T_OK(dpar_graph_compile(g, NULL));
+    char text[16384];
+    t_graph_text(g, "test_graph_kind_names", text, sizeof text);
+    static const char *const want[] = { " log_softmax ",   " log_softmax_grad ", " softmax ",
+                                        " softmax_grad ",  " layer_norm_stats ", " layer_norm ",
+                                        " layer_norm_dw ", " rms_norm_stats ",   " rms_norm ",
+                                        " rms_norm_dw " };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        if (!strstr(text, want[i])) fail_msg("dpar_graph_print lacks \"%s\":\n%s", want[i], text);
+    if (strstr(text, " norm ") || strstr(text, " norm_stats ")) fail_msg("a node named \"norm\":\n%s", text);
+    T_OK(dpar_graph_destroy(g));
+    dpar_array_destroy(w), dpar_array_destroy(b);
+    T_OK(dpar_mesh_destroy(m));
+    T_OK(dpar_runtime_destroy(rt));
+}
+
 /* ---- bad input: clear errors, never a crash ---- */
 static void test_bad_input(void **st) {
     (void)st;
@@ -1004,6 +1034,7 @@ int main(void) {
         cmocka_unit_test(test_adamw_masked_cpu),
         cmocka_unit_test(test_adamw_masked_vulkan),
         cmocka_unit_test(test_optimizer_node_name),
+        cmocka_unit_test(test_shared_kind_names),
         cmocka_unit_test(test_bad_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
