@@ -857,6 +857,13 @@ static dpar_status dpar__vk_pipeline(dpar__vk *st, dpar__vkphys *ph, int id, VkP
     return DPAR_OK;
 }
 
+/* The error of a buffer of `size` bytes that a shader cannot bind (fn: the shader or op). */
+static dpar_status dpar__vk_range_err(const dpar__vkphys *ph, int dev, const char *fn, uint64_t size) {
+    return dpar__err(DPAR_ERR_BACKEND,
+                     "vulkan: %s: a buffer of %llu bytes exceeds maxStorageBufferRange "
+                     "(%u bytes) of device %d; shard it over more devices or use smaller buffers",
+                     fn, (unsigned long long)size, ph->props.limits.maxStorageBufferRange, dev);
+}
 /* Records one dispatch of shader `id` on device dev with buffers b[0..6] = dst, dst2, src0, src1,
    dst3, src2, src3 (NULL: unused), gx x gy x gz workgroups. */
 static dpar_status dpar__vk_dispatch3(dpar__vk *st, int dev, int id, dpar__vkbuf *const b[DPAR__VK_BINDINGS],
@@ -872,11 +879,7 @@ static dpar_status dpar__vk_dispatch3(dpar__vk *st, int dev, int id, dpar__vkbuf
                          ph->props.limits.maxComputeWorkGroupCount[1], ph->props.limits.maxComputeWorkGroupCount[2]);
     for (int i = 0; i < DPAR__VK_BINDINGS; i++)
         if (b[i] && b[i]->size > ph->props.limits.maxStorageBufferRange)
-            return dpar__err(DPAR_ERR_BACKEND,
-                             "vulkan: %s: a buffer of %llu bytes exceeds maxStorageBufferRange "
-                             "(%u bytes) of device %d; shard it over more devices or use smaller buffers",
-                             dpar__spv_table[id].name, (unsigned long long)b[i]->size,
-                             ph->props.limits.maxStorageBufferRange, dev);
+            return dpar__vk_range_err(ph, dev, dpar__spv_table[id].name, b[i]->size);
     VkPipeline pipe = VK_NULL_HANDLE;
     dpar_status s = dpar__vk_pipeline(st, ph, id, &pipe);
     if (s) return s;
@@ -2484,9 +2487,20 @@ static dpar_status dpar__vk_loop_check(const dpar__vk *st, int dev, const dpar__
                      y ? dpar__shape_str(b, sizeof b, y->ndim, y->shape) : "-", (unsigned long long)turns,
                      (long long)op->m, (long long)op->n, (long long)op->k);
 }
-/* be->op_fits: the loop cap, checked before a call issued as several ops runs its first */
+/* be->op_fits: the buffers' range, then the loop cap (a buffer past the range is the reason an op cannot run, whatever
+   its loops), checked by dpar__vk_op and before a call issued as several ops runs its first */
 static dpar_status dpar__vk_op_fits(void *state, int dev, const dpar__op *op) {
-    return dpar__vk_loop_check((const dpar__vk *)state, dev, op);
+    const dpar__vk *st = (const dpar__vk *)state;
+    const dpar__vkphys *ph = st->devs[dev].ph;
+    const dpar_buffer *b[8] = { op->dst, op->dst2, op->dst3, op->dst4, op->src0, op->src1, op->src2, op->src3 };
+    bool transfer = op->kind == DPAR__OP_FILL || op->kind == DPAR__OP_COPY ||
+                    (op->kind == DPAR__OP_CAST && op->dst->dtype == op->src0->dtype); /* no shader: no range */
+    for (int i = 0; i < 8 && !transfer; i++) {
+        const dpar__vkbuf *vb = b[i] ? (const dpar__vkbuf *)b[i]->mem : NULL;
+        if (vb && vb->size > ph->props.limits.maxStorageBufferRange)
+            return dpar__vk_range_err(ph, dev, dpar__op_name(op->kind), vb->size);
+    }
+    return dpar__vk_loop_check(st, dev, op);
 }
 
 static dpar_status dpar__vk_op(void *state, int dev, const dpar__op *op) {
@@ -2508,7 +2522,7 @@ static dpar_status dpar__vk_op(void *state, int dev, const dpar__op *op) {
                          (long long)big);
     DPAR_ASSERT((int)op->kind >= 0 && op->kind < DPAR__OP_COUNT);
     if (dpar__cpu_half_kind(op->kind) && dpar__op_has_half(op)) return dpar__half_lowered(st, dev, op, &dpar__vk_half);
-    dpar_status s = dpar__vk_loop_check(st, dev, op); /* before anything is recorded */
+    dpar_status s = dpar__vk_op_fits(st, dev, op); /* before anything is recorded */
     if (s) return s;
     switch (op->kind) {
     case DPAR__OP_MATMUL:
