@@ -14756,11 +14756,17 @@ static dpar_status dpar__trace_write_locked(void) {
                 first ? "" : ",\n", pid, dpar__trace_pname[pid - 1]);
         first = 0;
     }
+    /* every distinct (pid, tid), wherever it first appears (a later runtime's tracks come late): a short list */
+    struct {
+        int pid, tid;
+    } track[1024];
+    int ntrack = 0;
     for (size_t i = 0; i < dpar__tev_n; i++) {
         const dpar__tev *e = &dpar__tev_buf[i];
         int seen = 0;
-        for (size_t j = 0; j < i && !seen; j++) seen = dpar__tev_buf[j].pid == e->pid && dpar__tev_buf[j].tid == e->tid;
-        if (seen) continue;
+        for (int j = ntrack - 1; j >= 0 && !seen; j--) seen = track[j].pid == e->pid && track[j].tid == e->tid;
+        if (seen || ntrack == (int)(sizeof track / sizeof track[0])) continue;
+        track[ntrack].pid = e->pid, track[ntrack++].tid = e->tid;
         int tid = e->tid < 0 ? 0 : e->tid + 1, sort = e->tid < 0                 ? 0
                                                       : e->tid >= DPAR__TID_COMM ? 2 * (e->tid - DPAR__TID_COMM) + 2
                                                                                  : 2 * e->tid + 1;
@@ -14777,7 +14783,6 @@ static dpar_status dpar__trace_write_locked(void) {
                 ",\n{\"ph\":\"M\",\"name\":\"thread_sort_index\",\"pid\":%d,\"tid\":%d,\"args\":{\"sort_index\":%d}}",
                 e->pid, tid, sort);
         first = 0;
-        if (i > 4096) break; /* tracks appear early; bound the quadratic scan */
     }
     for (size_t i = 0; i < dpar__tev_n; i++) {
         const dpar__tev *e = &dpar__tev_buf[i];

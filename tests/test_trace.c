@@ -213,6 +213,46 @@ static void test_api_trace(void **state) {
     T_ERR(dpar_trace_end(), DPAR_ERR_STATE, "not tracing");
 }
 
+/* Every track of the trace has its name, however late it first appears: a second runtime's tracks after
+   the first's 5,000 events had none (the metadata scan stopped at event 4,096). */
+static dpar_status many_ops(dpar_ctx *ctx, void *user) {
+    (void)user;
+    dpar_status s = DPAR_OK;
+    for (int i = 0; i < 5000 && !s; i++) s = dpar_scale(dpar_ctx_arg(ctx, 0), 1.0f);
+    return s;
+}
+static void test_late_tracks(void **state) {
+    (void)state;
+    char path[128];
+    snprintf(path, sizeof path, "%s/late.json", tmpdir);
+    T_OK(dpar_trace_begin(path));
+    dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 1);
+    dpar_mesh *m = t_mesh1(rt, 1, "data");
+    dpar_array *a;
+    T_OK(dpar_array_create(m, &(dpar_array_desc){ .dtype = DPAR_F32, .ndim = 1, .shape = { 4 } }, &a));
+    T_OK(dpar_shard_map(m, &(dpar_shard_map_desc){ .fn = many_ops, .num_args = 1, .args = { a } }));
+    dpar_runtime *rt2 = t_runtime(DPAR_BACKEND_CPU, 2);
+    run_work(rt2, 2);
+    dpar_runtime_destroy(rt2);
+    dpar_runtime_destroy(rt);
+    T_OK(dpar_trace_end());
+    char *s;
+    check_json(path, &s);
+    int events = 0, last_pid = -1, last_tid = -1;
+    for (const char *p = strstr(s, "\"ph\":\"X\""); p; p = strstr(p + 1, "\"ph\":\"X\""), events++) {
+        int pid, tid;
+        const char *q = strstr(p, "\"pid\":");
+        if (!q || sscanf(q, "\"pid\":%d,\"tid\":%d", &pid, &tid) != 2) fail_msg("an event without pid, tid");
+        if (pid == last_pid && tid == last_tid) continue;
+        last_pid = pid, last_tid = tid;
+        char want[96];
+        snprintf(want, sizeof want, "\"name\":\"thread_name\",\"pid\":%d,\"tid\":%d,", pid, tid);
+        if (!strstr(s, want)) fail_msg("track pid %d tid %d has no thread_name", pid, tid);
+    }
+    assert_true(events > 5000);
+    free(s);
+}
+
 /* stats: memory in use and peak per device, op and collective counts and bytes */
 static dpar_status psums(dpar_ctx *ctx, void *user) {
     (void)user;
@@ -360,11 +400,9 @@ static int teardown(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_env_trace),
-        cmocka_unit_test(test_api_trace),
-        cmocka_unit_test(test_stats),
-        cmocka_unit_test(test_stats_times),
-        cmocka_unit_test(test_stats_reset_mid_call),
+        cmocka_unit_test(test_env_trace),   cmocka_unit_test(test_api_trace),
+        cmocka_unit_test(test_late_tracks), cmocka_unit_test(test_stats),
+        cmocka_unit_test(test_stats_times), cmocka_unit_test(test_stats_reset_mid_call),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
