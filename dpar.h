@@ -1993,7 +1993,10 @@ DPAR_API dpar_status dpar_graph_recorded(const dpar_graph *g, int *segments, int
 /* Copies a kept value to host after a run: gradients of params and feeds as
    their global array (row-major), other values as the shard of the first
    device of this process. dpar_graph_read_shard: the shard of `device`.
-   Errors: DPAR_ERR_INVALID_ARGUMENT (not kept, not a value, device not local),
+   Errors: DPAR_ERR_INVALID_ARGUMENT (not kept, not a value, device not local;
+   or a label or index that a run's node checked on a device, Vulkan or CUDA,
+   read back here: "device D: dpar_graph_run: <node>: ...", as the loss read
+   reports it; a plain dpar_array_get reports it without the node),
    DPAR_ERR_STATE (not run yet). */
 DPAR_API dpar_status dpar_graph_get(dpar_graph *g, dpar_value v, void *host);
 DPAR_API dpar_status dpar_graph_read_shard(dpar_graph *g, dpar_value v, int device, void *host);
@@ -13398,12 +13401,13 @@ static bool dpar__g_checks_late(const dpar_graph *g) {
             return true;
     return false;
 }
-/* An error of a read after the step (the loss, on b's device): a bad label that a node checked on the device
-   (Vulkan, CUDA: read back here) reads as the CPU's step reports it, "device D: dpar_graph_run: <node>: ...". */
-static dpar_status dpar__g_late_err(const dpar_graph *g, dpar_status s, const dpar_buffer *b) {
-    if (!s && b && g->nlocal > 1 && dpar__g_checks_late(g)) /* the loss read waited for b's device only */
+/* An error of a read after the step (s: of value v's buffer b, on b's device; b NULL: no read yet): a bad label
+   that a node checked on a device (Vulkan, CUDA: read back here) reads as the CPU's step reports it, "device D:
+   dpar_graph_run: <node>: ...". The read waited for b's device only: the others are synced here, in turn. */
+static dpar_status dpar__g_late_err(const dpar_graph *g, dpar_status s, int v, const dpar_buffer *b) {
+    if (!s && (!b || g->nlocal > 1) && dpar__g_checks_late(g))
         for (int li = 0; li < g->nlocal && !s; li++) {
-            const dpar_buffer *o = dpar__g_buf(g, g->loss_value, li);
+            const dpar_buffer *o = dpar__g_buf(g, v, li);
             if (o != b) s = g->rt->be->sync(g->rt->bstate, o->device), b = o;
         }
     int id = s && b ? dpar__g_site_node(g, 0) : 0;
@@ -13445,9 +13449,9 @@ static dpar_status dpar__g_run(dpar_graph *g, const dpar_graph_feed *feeds, int 
         double lv = 0.0;
         s = dpar_buffer_read(lb, 0, &lv, sizeof lv);
         *loss = (float)lv;
-        return dpar__g_late_err(g, s, lb);
+        return dpar__g_late_err(g, s, g->loss_value, lb);
     }
-    if (loss) return dpar__g_late_err(g, dpar_buffer_read(lb, 0, loss, sizeof *loss), lb);
+    if (loss) return dpar__g_late_err(g, dpar_buffer_read(lb, 0, loss, sizeof *loss), g->loss_value, lb);
     return DPAR_OK;
 }
 
@@ -13729,7 +13733,7 @@ static dpar_status dpar__g_loss(dpar_graph *g, float *loss) {
     if (!g->ran) return dpar__err(DPAR_ERR_STATE, "%s: the graph has not run yet (dpar_graph_run)", fn);
     if (!dpar__g_mesh_alive(g)) return dpar__err(DPAR_ERR_STATE, "%s: the graph's mesh was destroyed", fn);
     dpar_buffer *lb = dpar__g_buf(g, g->loss_value, 0);
-    return dpar__g_late_err(g, dpar_buffer_read(lb, 0, loss, sizeof *loss), lb);
+    return dpar__g_late_err(g, dpar_buffer_read(lb, 0, loss, sizeof *loss), g->loss_value, lb);
 }
 DPAR_API dpar_status dpar_graph_loss(dpar_graph *g, float *loss) {
     dpar__clear_error();
@@ -13838,14 +13842,17 @@ DPAR_API dpar_status dpar_graph_read_shard(dpar_graph *g, dpar_value v, int devi
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_read_shard: host is NULL or device %d is not local",
                          device);
     const dpar_buffer *b = dpar__g_buf(g, v.id, device - g->first);
-    return dpar_buffer_read(b, 0, host, dpar_buffer_nbytes(b));
+    return dpar__g_late_err(g, dpar_buffer_read(b, 0, host, dpar_buffer_nbytes(b)), v.id, b);
 }
 DPAR_API dpar_status dpar_graph_get(dpar_graph *g, dpar_value v, void *host) {
     dpar__clear_error();
     dpar_status s = dpar__g_readable(g, "dpar_graph_get", v);
     if (s) return s;
     if (!host) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_get: host is NULL");
-    if (g->n[v.id].array) return dpar_array_get(g->n[v.id].array, host);
+    if (g->n[v.id].array) { /* the devices' checks first: the array's read would not name their node */
+        if ((s = dpar__g_late_err(g, DPAR_OK, v.id, NULL))) return s;
+        return dpar_array_get(g->n[v.id].array, host);
+    }
     return dpar_graph_read_shard(g, v, g->first, host);
 }
 static void dpar__g_axes_text(const dpar_graph *g, unsigned mask, char *buf, size_t cap) {

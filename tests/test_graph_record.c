@@ -451,6 +451,7 @@ static void test_pipelined_cuda(void **st) {
 /* ---- a bad label inside a recorded segment: reported by its step, then the graph runs on ---- */
 /* x [4n,3] @ w [3,5] -> softmax_xent with y (n devices: split over "data"); *loss its node. clip: an SGD step clipped by the global norm follows,
    whose norm read on Vulkan and CUDA is where the device's label check comes back (else at the loss read). */
+static dpar_value label_w; /* label_graph's param w */
 static dpar_graph *label_graph(dpar_mesh *m, dpar_array *w, dpar_value *x, dpar_value *y, dpar_value *loss, bool clip) {
     dpar_graph *g = NULL;
     T_OK(dpar_graph_create(m, &g));
@@ -458,7 +459,7 @@ static dpar_graph *label_graph(dpar_mesh *m, dpar_array *w, dpar_value *x, dpar_
     const char *split = n > 1 ? "data" : NULL;
     dpar_array_desc xd = { DPAR_F32, 2, { 4 * n, 3 }, { split } }, yd = { DPAR_I32, 1, { 4 * n }, { split } };
     *x = dpar_g_feed(g, "x", &xd), *y = dpar_g_feed(g, "y", &yd);
-    dpar_value p = dpar_g_param(g, "w", w), gr;
+    dpar_value p = label_w = dpar_g_param(g, "w", w), gr;
     *loss = dpar_g_softmax_xent(g, dpar_g_matmul(g, *x, p, false, false), *y);
     T_OK(dpar_graph_value_and_grad(g, *loss, &p, 1, &gr));
     dpar_sgd_desc sd = { .learning_rate = 0.1f, .clip_norm = 1.0f };
@@ -509,7 +510,8 @@ static void bad_label_run(dpar_backend_kind k, bool clip) {
     T_OK(dpar_runtime_destroy(rt));
 }
 /* Data parallel on 2 devices, the bad label on device 1 (its row 1): the loss read waits for device 0, and the
-   run still reports device 1's check, read at once or left on the devices and read by dpar_graph_loss. */
+   run still reports device 1's check, read at once or left on the devices and read by dpar_graph_loss, or by
+   dpar_graph_get of a feed's shard or of the param (an array: the devices' checks are read before it). */
 static void bad_label_dp(dpar_backend_kind k) {
     dpar_runtime *rt = t_runtime_or_skip(k, 2);
     dpar_mesh *m = t_mesh1(rt, 2, "data");
@@ -518,15 +520,18 @@ static void bad_label_dp(dpar_backend_kind k) {
     fill(w0, 15, 1.0), fill(xs, 24, 1.0);
     int64_t sh[2] = { 3, 5 };
     dpar_array *w = arr(m, 2, sh, NULL, w0);
-    for (int r = 0; r < 4; r++) { /* recorded or not; the loss read by the run or by dpar_graph_loss */
+    for (int r = 0; r < 8; r++) { /* recorded or not; the loss read by the run or dpar_graph_loss; dpar_graph_get */
         setenv("DPAR_GRAPH_RECORD", r & 1 ? "1" : "0", 1);
         dpar_value x, y, l;
         dpar_graph *g = label_graph(m, w, &x, &y, &l, false);
         int32_t good[8] = { 0, 1, 2, 4, 3, 2, 1, 0 }, wrong[8] = { 0, 1, 2, 4, 3, 9, 1, 0 };
         T_OK(dpar_graph_run(g, (dpar_graph_feed[]){ { x, xs, NULL }, { y, good, NULL } }, 2, &loss));
         dpar_graph_feed f[2] = { { x, xs, NULL }, { y, wrong, NULL } };
-        dpar_status s = r & 2 ? dpar_graph_run(g, f, 2, NULL) : dpar_graph_run(g, f, 2, &loss);
-        if (!s && r & 2) s = dpar_graph_loss(g, &loss);
+        dpar_status s = r & 6 ? dpar_graph_run(g, f, 2, NULL) : dpar_graph_run(g, f, 2, &loss);
+        float got[24];
+        if (!s && (r & 6) == 2) s = dpar_graph_loss(g, &loss);
+        if (!s && (r & 6) == 4) s = dpar_graph_get(g, x, got);
+        if (!s && (r & 6) == 6) s = dpar_graph_get(g, label_w, got);
         char want[320];
         snprintf(want, sizeof want,
                  "device 1: dpar_graph_run: node %d (softmax_xent): dpar_softmax_xent: labels[1] = 9 is outside 0..4 "
