@@ -119,8 +119,10 @@ static inline int ex_bad_int(const char *prog, const char *flag, const char *v, 
    is refused) and fit its type: an int within the flag's [lo, hi], or a float
    of magnitude <= FLT_MAX ("--lr 1e40" is refused as out of range, naming the
    value as typed, not passed on as inf; "--lr 1e-50", which rounds to 0,
-   too); floats are read as double, then
-   rounded to float. A flag given twice keeps the last value. Returns 0;
+   too); floats are read as double, then rounded to float. A value that
+   begins with "--" is a flag, never a value ("--checkpoint --help" is
+   refused, not a file named "--help"); "-1" is a value. A flag given twice
+   keeps the last value. Returns 0;
    EX_HELP after --help (or -h) anywhere among the flags printed the flags
    with their defaults to stdout (ex_help: nothing else is parsed, so the
    defaults are the example's own); or 2 after printing the usage error to
@@ -134,6 +136,11 @@ static inline int ex_parse(const char *prog, int argc, char **argv, const ex_fla
         while (k < n && flags[k].name && strcmp(a, flags[k].name)) k++;
         if (k == n || !flags[k].name) return ex_usage(prog, "unknown flag ", a, flags, n);
         if (!v) return ex_usage(prog, "a value is missing after ", a, flags, n);
+        if (!strncmp(v, "--", 2)) { /* "--checkpoint --help": a forgotten value, not a file named "--help" */
+            char what[80];
+            snprintf(what, sizeof what, "%.40s needs a value; got the flag ", a);
+            return ex_usage(prog, what, v, flags, n);
+        }
         if (flags[k].type == EX_STR) {
             *(const char **)flags[k].dst = v;
             continue;

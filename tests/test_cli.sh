@@ -1,8 +1,9 @@
 #!/bin/sh
 # Every built benchmark and example answers its command line before it runs anything: --help and -h print
 # the usage to stdout and exit 0; an unknown flag, and a flag with its value missing, print what is wrong and
-# the usage to stderr and exit non-zero (not killed, not run). Nothing is measured or trained here: a program
-# that starts its work instead is stopped by the timeout and fails. A program not built is SKIPPED.
+# the usage to stderr and exit non-zero; a bad value (each `refuse` below) prints what is wrong to stderr,
+# nothing to stdout, and exits 2 (not killed, not run). Nothing is measured or trained here: a program that
+# starts its work instead is stopped by the timeout and fails. A program not built is SKIPPED.
 BUILD=${BUILD:-build}
 out=$(mktemp)
 err=$(mktemp)
@@ -20,6 +21,18 @@ check() {
         echo "FAIL cli $1 $2: exit status $rc"
         sed 's/^/    /' "$out" "$err" | head -8
     fi
+}
+# refuse NAME PATTERN ARGS...: $BUILD/NAME given ARGS exits 2, prints PATTERN (grep) to stderr and
+# nothing to stdout (it checked its whole command line before any output)
+refuse() {
+    n=$1; pat=$2; shift 2
+    if [ ! -x "$BUILD/$n" ]; then
+        echo "SKIPPED cli $n $*: $BUILD/$n is not built"
+        return
+    fi
+    try "$BUILD/$n" "$@"
+    ok=0; [ "$rc" -eq 2 ] && [ ! -s "$out" ] && grep -q -e "$pat" "$err" && ok=1
+    check "$n" "$* (exit 2, '$pat' on stderr, nothing on stdout)" $ok
 }
 case "$BUILD" in *address*|*thread*) # CI's 45 minutes: the sanitizer suites run the library's own tests
     echo "SKIPPED cli under $BUILD: the command lines (the plain run covers them)"
@@ -50,10 +63,24 @@ for src in bench/*.c examples/*.c examples/*.cpp; do
     check "$name" "--no-such-flag 1 (named, usage on stderr, exit non-zero)" $ok
     # the first flag --help lists, given without its value
     try "$bin" --help
-    flag=$(sed -n 's/^  \(--[a-z0-9-]*\) .*/\1/p' "$out" | head -1)
+    help=$(cat "$out")
+    flag=$(echo "$help" | sed -n 's/^  \(--[a-z0-9-]*\) .*/\1/p' | head -1)
     [ -n "$flag" ] || continue
     try "$bin" "$flag"
     ok=0
     [ "$rc" -ne 0 ] && [ "$rc" -lt 124 ] && grep -q -- "missing after $flag" "$err" && grep -q 'usage: ' "$err" && ok=1
     check "$name" "$flag without its value (named, usage on stderr, exit non-zero)" $ok
+    # the first string flag followed by a flag: refused, not taken as its value (the unknown flag after it
+    # stops a parser that takes it before anything runs)
+    sflag=$(echo "$help" | sed -n 's/^  \(--[a-z0-9-]*\) S .*/\1/p' | head -1)
+    [ -z "$sflag" ] || refuse "$name" "$sflag needs a value; got the flag --help" "$sflag" --help --no-such-flag 1
 done
+# a path flag followed by a flag writes no file named "--help"
+rm -f ./--help
+refuse train_cnn "--checkpoint needs a value; got the flag --help" --checkpoint --help
+ok=1; [ -e ./--help ] && ok=0 && rm -f ./--help
+check train_cnn "--checkpoint --help wrote no file named --help" $ok
+# a negative number is a value, not a flag: --seed -1 is taken (the unknown flag after it is what stops
+# the run), --lr -1 reaches --lr's own check
+refuse train_digits "unknown flag --no-such-flag" --seed -1 --no-such-flag 1
+refuse train_digits "--lr -1: must be a finite number > 0" --lr -1
