@@ -246,13 +246,13 @@ int main(int argc, char **argv) {
         EX_I("--min", &lo, 64, INT_MAX),
         EX_I("--max", &hi, 64, INT_MAX),
         EX_I("--factor", &factor, 2, 1024),
-        EX_F("--time", &target, "seconds > 0 per point"),
+        EX_F("--time", &target, "seconds per point, > 0 and <= 3600"),
         EX_I("--alts", &alts, 1, MAX_ALTS),
         EX_S("--clock", &clk, "cpu|wall"),
     };
     int rc = ex_parse("bench_collectives", argc, argv, flags, (int)(sizeof flags / sizeof flags[0]));
     if (!rc) rc = bench_clock("bench_collectives", clk, CLOCK_PROCESS_CPUTIME_ID);
-    if (!rc) rc = bench_check_time("bench_collectives", target);
+    if (!rc) rc = ex_check_seconds("bench_collectives", "--time", target);
     if (rc) return ex_exit_status(rc);
     if (hi < lo) {
         fprintf(stderr, "bench_collectives: --max %d is below --min %d\n", hi, lo);

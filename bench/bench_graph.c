@@ -267,10 +267,10 @@ int main(int argc, char **argv) {
         EX_S("--backend", &backend, "cpu|vulkan|cuda"),
         EX_S("--devices", &devs, "device counts, a list"),
         EX_I("--rounds", &rounds, 5, MAXR), /* interleaved: at least 5 alternations */
-        EX_F("--time", &target, "seconds > 0 per round"),
+        EX_F("--time", &target, "seconds per round, > 0 and <= 3600"),
     };
     int rc = ex_parse("bench_graph", argc, argv, flags, (int)(sizeof flags / sizeof flags[0]));
-    if (!rc) rc = bench_check_time("bench_graph", target);
+    if (!rc) rc = ex_check_seconds("bench_graph", "--time", target);
     if (rc) return ex_exit_status(rc);
     dpar_backend_kind kind;
     if (dpar_backend_from_name(backend, &kind)) {

@@ -160,11 +160,11 @@ int main(int argc, char **argv) {
     float target = 0.2f;
     const ex_flag flags[] = {
         EX_I("--rounds", &rounds, 5, MAXR),
-        EX_F("--time", &target, "seconds > 0 per round"),
+        EX_F("--time", &target, "seconds per round, > 0 and <= 3600"),
         EX_I("--ops", &nops, 1, 100000),
     };
     int rc = ex_parse("bench_graph_record", argc, argv, flags, (int)(sizeof flags / sizeof flags[0]));
-    if (!rc) rc = bench_check_time("bench_graph_record", target);
+    if (!rc) rc = ex_check_seconds("bench_graph_record", "--time", target);
     if (rc) return ex_exit_status(rc);
     if (run("chain", 1, nops, rounds, target)) return 1;
     if (run("digits", 1, 0, rounds, target)) return 1;

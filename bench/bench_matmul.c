@@ -144,13 +144,15 @@ int main(int argc, char **argv) {
     float target = 0.5f;
     const char *clk = "wall";
     const ex_flag flags[] = {
-        EX_S("--shapes", &shapes, "MxKxN[:tn|:nt], a list"), EX_I("--threads", &threads, 1, 64),
-        EX_F("--time", &target, "seconds > 0 per shape"),    EX_I("--alts", &alts, 1, MAX_ALTS),
+        EX_S("--shapes", &shapes, "MxKxN[:tn|:nt], a list"),
+        EX_I("--threads", &threads, 1, 64),
+        EX_F("--time", &target, "seconds per shape, > 0 and <= 3600"),
+        EX_I("--alts", &alts, 1, MAX_ALTS),
         EX_S("--clock", &clk, "cpu|wall (cpu: 1 thread)"),
     };
     int rc = ex_parse("bench_matmul", argc, argv, flags, (int)(sizeof flags / sizeof flags[0]));
     if (!rc) rc = bench_clock("bench_matmul", clk, CLOCK_THREAD_CPUTIME_ID);
-    if (!rc) rc = bench_check_time("bench_matmul", target);
+    if (!rc) rc = ex_check_seconds("bench_matmul", "--time", target);
     if (rc) return ex_exit_status(rc);
     if (threads > 1 && clock_id != CLOCK_MONOTONIC) {
         fprintf(stderr, "bench_matmul: --clock cpu times one thread; give --threads 1 with it\n");

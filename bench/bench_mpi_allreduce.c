@@ -10,7 +10,7 @@
        coll,mpi,allreduce,N,bytes,time_us,algbw_GBps,busbw_GBps
    with busbw = algbw * 2(N-1)/N (nccl-tests). */
 #include <mpi.h>
-#include "examples/flags.h" /* ex_parse */
+#include "examples/flags.h" /* ex_parse, ex_check_seconds */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,10 +20,11 @@ int main(int argc, char **argv) {
     float target = 0.2f;
     const ex_flag flags[] = {
         EX_I("--min", &lo, 4, INT_MAX),     EX_I("--max", &hi, 4, INT_MAX),
-        EX_I("--factor", &factor, 2, 1024), EX_F("--time", &target, "seconds > 0 per size"),
+        EX_I("--factor", &factor, 2, 1024), EX_F("--time", &target, "seconds per size, > 0 and <= 3600"),
         EX_I("--trials", &trials, 1, 64),
     };
     int rc = ex_parse("bench_mpi_allreduce", argc, argv, flags, (int)(sizeof flags / sizeof flags[0]));
+    if (!rc) rc = ex_check_seconds("bench_mpi_allreduce", "--time", target);
     if (rc) return ex_exit_status(rc); /* before MPI_Init: --help and a bad flag need no MPI */
     MPI_Init(&argc, &argv);
     int rank, n;

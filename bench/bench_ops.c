@@ -885,7 +885,7 @@ static int parse(int argc, char **argv, bench *B) {
     const ex_flag flags[] = {
         EX_S("--backend", &B->backend, "cpu|vulkan|cuda"),
         EX_I("--threads", &B->threads, 1, 64),
-        EX_F("--time", &target, "seconds > 0 per op"),
+        EX_F("--time", &target, "seconds per op, > 0 and <= 3600"),
         EX_I("--alts", &B->alts, 1, MAX_ALTS),
         EX_FLAG("--only", EX_STR, &B->only, 0, 0, "a substring of op names", "all"),
         EX_FLAG("--dtypes", EX_STR, &B->dtypes, 0, 0, "dtype names, a list", "all"),
@@ -893,7 +893,7 @@ static int parse(int argc, char **argv, bench *B) {
     };
     int rc = ex_parse("bench_ops", argc, argv, flags, (int)(sizeof flags / sizeof flags[0]));
     if (!rc) rc = bench_clock("bench_ops", clk, CLOCK_PROCESS_CPUTIME_ID);
-    if (!rc) rc = bench_check_time("bench_ops", target);
+    if (!rc) rc = ex_check_seconds("bench_ops", "--time", target);
     B->target = target;
     return rc;
 }

@@ -23,7 +23,7 @@
    DPAR_TRACE=file.json traces the run. */
 #include "dpar.h"
 #include "util/dpar_train.h"
-#include "bench/bench_util.h" /* now_s, ex_parse, bench_check_time */
+#include "bench/bench_util.h" /* now_s, ex_parse, ex_check_seconds */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -231,13 +231,13 @@ int main(int argc, char **argv) {
         EX_I("--batch", &batch, 1, INT_MAX),
         EX_S("--devices", &devs, "device counts, a list"),
         EX_FLAG("--steps", EX_INT, &steps, 0, INT_MAX, NULL, "0: as many as --time allows"),
-        EX_F("--time", &target, "seconds > 0 per point"),
+        EX_F("--time", &target, "seconds per point, > 0 and <= 3600"),
         EX_S("--grads", &grads, "dp|pmean"),
         EX_S("--backend", &backend, "cpu|vulkan|cuda"),
         EX_FLAG("--bucket-bytes", EX_INT, &bucket, 0, INT_MAX, NULL, "0: the helper's 25 MiB"),
     };
     int rc = ex_parse("bench_train", argc, argv, flags, (int)(sizeof flags / sizeof flags[0]));
-    if (!rc) rc = bench_check_time("bench_train", target);
+    if (!rc) rc = ex_check_seconds("bench_train", "--time", target);
     if (rc) return ex_exit_status(rc);
     bucket_bytes = (size_t)bucket;
     int sizes[MAXL + 1], nl = -1;

@@ -59,12 +59,6 @@ static inline int bench_clock(const char *prog, const char *v, clockid_t cpu) {
     clock_id = strcmp(v, "cpu") ? CLOCK_MONOTONIC : cpu;
     return 0;
 }
-/* --time's value (the seconds one measurement runs): 0 when > 0; else 2 (a usage error) after saying so. */
-static inline int bench_check_time(const char *prog, float t) {
-    if (t > 0) return 0;
-    fprintf(stderr, "%s: --time %g: must be > 0 (seconds)\n", prog, (double)t);
-    return 2;
-}
 
 /* >>bench process ========================================================== */
 static inline double cpu_s(void) {

@@ -116,13 +116,13 @@ static inline int ex_bad_int(const char *prog, const char *flag, const char *v, 
 
 /* Parses argv[1..argc) as "--name value" pairs against flags[0..n) (a NULL
    name ends the table early). A number must be the whole token ("--epochs 3x"
-   is refused) and fit its type: an int within the flag's [lo, hi], or a float
-   of magnitude <= FLT_MAX ("--lr 1e40" is refused as out of range, naming the
-   value as typed, not passed on as inf; "--lr 1e-50", which rounds to 0,
-   too); floats are read as double, then rounded to float. A value that
-   begins with "--" is a flag, never a value ("--checkpoint --help" is
-   refused, not a file named "--help"); "-1" is a value. A flag given twice
-   keeps the last value. Returns 0;
+   is refused) and fit its type: an int within the flag's [lo, hi], or a
+   finite float ("inf" and "nan" are refused) of magnitude <= FLT_MAX ("--lr
+   1e40" is refused as out of range, naming the value as typed, not passed on
+   as inf; "--lr 1e-50", which rounds to 0, too); floats are read as double,
+   then rounded to float. A value that begins with "--" is a flag, never a
+   value ("--checkpoint --help" is refused, not a file named "--help"); "-1"
+   is a value. A flag given twice keeps the last value. Returns 0;
    EX_HELP after --help (or -h) anywhere among the flags printed the flags
    with their defaults to stdout (ex_help: nothing else is parsed, so the
    defaults are the example's own); or 2 after printing the usage error to
@@ -161,6 +161,7 @@ static inline int ex_parse(const char *prog, int argc, char **argv, const ex_fla
                         (double)FLT_MAX);
                 return 2;
             }
+            if (!isfinite(x)) return ex_bad_value(prog, a, v, "not a finite number"); /* "inf", "nan" as typed */
             if (x != 0.0 && (float)x == 0.0f) { /* would be refused later as "0", not as typed */
                 fprintf(stderr, "%s: %s %s: too small for a float (it rounds to 0)\n", prog, a, v);
                 return 2;
@@ -169,6 +170,16 @@ static inline int ex_parse(const char *prog, int argc, char **argv, const ex_fla
         }
     }
     return 0;
+}
+
+/* A duration flag's value t in seconds ("--time 0.2"): 0 when 0 < t <= EX_MAX_SECONDS; else prints
+   why and returns 2 (a usage error). The cap keeps a typo ("--time 1e9") from running for decades;
+   the parser has refused inf and nan already. */
+#define EX_MAX_SECONDS 3600
+static inline int ex_check_seconds(const char *prog, const char *flag, float t) {
+    if (t > 0 && t <= EX_MAX_SECONDS) return 0;
+    fprintf(stderr, "%s: %s %g: must be > 0 and at most %d (seconds)\n", prog, flag, (double)t, EX_MAX_SECONDS);
+    return 2;
 }
 
 /* Was "--name" given on the command line (as a flag, not as another flag's value)? */

@@ -74,6 +74,9 @@ for src in bench/*.c examples/*.c examples/*.cpp; do
     # stops a parser that takes it before anything runs)
     sflag=$(echo "$help" | sed -n 's/^  \(--[a-z0-9-]*\) S .*/\1/p' | head -1)
     [ -z "$sflag" ] || refuse "$name" "$sflag needs a value; got the flag --help" "$sflag" --help --no-such-flag 1
+    if echo "$help" | grep -q '^  --time '; then
+        for t in inf nan -1 0 86400; do refuse "$name" "--time $t" --time $t; done
+    fi
 done
 # a path flag followed by a flag writes no file named "--help"
 rm -f ./--help
