@@ -253,11 +253,8 @@ int main(int argc, char **argv) {
     int rc = ex_parse("bench_collectives", argc, argv, flags, (int)(sizeof flags / sizeof flags[0]));
     if (!rc) rc = bench_clock("bench_collectives", clk, CLOCK_PROCESS_CPUTIME_ID);
     if (!rc) rc = ex_check_seconds("bench_collectives", "--time", target);
+    if (!rc) rc = ex_check_order("bench_collectives", "--min", lo, "--max", hi);
     if (rc) return ex_exit_status(rc);
-    if (hi < lo) {
-        fprintf(stderr, "bench_collectives: --max %d is below --min %d\n", hi, lo);
-        return 2;
-    }
     printf("kind,backend,op,devices,bytes,time_us,algbw_GBps,busbw_GBps,limit_us,pct_limit,pct_min,pct_max,alts\n");
     for (const char *q = backends; *q;) { /* (not strtok: drivers use it too) */
         char b[32];

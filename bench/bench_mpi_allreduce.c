@@ -10,7 +10,7 @@
        coll,mpi,allreduce,N,bytes,time_us,algbw_GBps,busbw_GBps
    with busbw = algbw * 2(N-1)/N (nccl-tests). */
 #include <mpi.h>
-#include "examples/flags.h" /* ex_parse, ex_check_seconds */
+#include "examples/flags.h" /* ex_parse, ex_check_seconds, ex_check_order */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +25,7 @@ int main(int argc, char **argv) {
     };
     int rc = ex_parse("bench_mpi_allreduce", argc, argv, flags, (int)(sizeof flags / sizeof flags[0]));
     if (!rc) rc = ex_check_seconds("bench_mpi_allreduce", "--time", target);
+    if (!rc) rc = ex_check_order("bench_mpi_allreduce", "--min", lo, "--max", hi);
     if (rc) return ex_exit_status(rc); /* before MPI_Init: --help and a bad flag need no MPI */
     MPI_Init(&argc, &argv);
     int rank, n;

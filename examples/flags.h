@@ -182,6 +182,14 @@ static inline int ex_check_seconds(const char *prog, const char *flag, float t) 
     return 2;
 }
 
+/* A range given as two flags ("--min 100 --max 10"): 0 when lo <= hi; else prints why and returns 2
+   (a usage error), before anything runs or prints. */
+static inline int ex_check_order(const char *prog, const char *lo_flag, int lo, const char *hi_flag, int hi) {
+    if (lo <= hi) return 0;
+    fprintf(stderr, "%s: %s %d is below %s %d; give %s >= %s\n", prog, hi_flag, hi, lo_flag, lo, hi_flag, lo_flag);
+    return 2;
+}
+
 /* Was "--name" given on the command line (as a flag, not as another flag's value)? */
 static inline int ex_given(int argc, char **argv, const char *name) {
     for (int i = 1; i < argc; i += 2)

@@ -77,6 +77,9 @@ for src in bench/*.c examples/*.c examples/*.cpp; do
     if echo "$help" | grep -q '^  --time '; then
         for t in inf nan -1 0 86400; do refuse "$name" "--time $t" --time $t; done
     fi
+    if echo "$help" | grep -q '^  --min ' && echo "$help" | grep -q '^  --max '; then
+        refuse "$name" "--max 4096 is below --min 8192" --min 8192 --max 4096
+    fi
 done
 # a path flag followed by a flag writes no file named "--help"
 rm -f ./--help
