@@ -234,6 +234,45 @@ static int run_backend(const char *bname, dpar_backend_kind kind, int n, const c
     return rc;
 }
 
+/* --backend, --devices and --ops, each a list of names or counts it runs: 0; else prints the first
+   item that is not and returns 2 (a usage error), before the CSV header: a bad list would otherwise
+   print the header, or measure nothing and exit 0. */
+static int check_lists(const char *backends, const char *devs, const char *ops) {
+    char item[32], why[160];
+    if (!*backends || !*devs || !*ops) {
+        const char *flag = !*backends ? "--backend" : !*devs ? "--devices" : "--ops";
+        return ex_bad_value("bench_collectives", flag, "''", "an empty list; give one item at least");
+    }
+    for (const char *q = backends; ex_list_next(&q, item, sizeof item);) {
+        dpar_backend_kind k = DPAR_BACKEND_DEFAULT;
+        if (dpar_backend_from_name(item, &k) || k == DPAR_BACKEND_DEFAULT) {
+            snprintf(why, sizeof why, "'%s' is not a backend; use cpu, vulkan or cuda (a list: cpu,vulkan)", item);
+            return ex_bad_value("bench_collectives", "--backend", backends, why);
+        }
+    }
+    for (const char *q = devs; ex_list_next(&q, item, sizeof item);) {
+        char *end;
+        long n = strtol(item, &end, 10);
+        if (end == item || *end || n < 1 || n > DPAR_MAX_DEVICES) {
+            snprintf(why, sizeof why, "'%s' is not a device count; use counts from 1 to %d (a list: 2,4,8)", item,
+                     DPAR_MAX_DEVICES);
+            return ex_bad_value("bench_collectives", "--devices", devs, why);
+        }
+    }
+    for (const char *q = ops; ex_list_next(&q, item, sizeof item);) {
+        int op = 0;
+        while (op < OP_COUNT && strcmp(item, op_names[op])) op++;
+        if (op == OP_COUNT) {
+            int len = snprintf(why, sizeof why, "'%s' is not a collective; use", item);
+            for (op = 0; op < OP_COUNT && len > 0 && (size_t)len < sizeof why; op++)
+                len += snprintf(why + len, sizeof why - (size_t)len, " %s%s", op_names[op],
+                                op + 1 < OP_COUNT ? "," : " (a list)");
+            return ex_bad_value("bench_collectives", "--ops", ops, why);
+        }
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     const char *backends = "cpu", *devs = "2,4,8", *ops = "allreduce,allgather,reducescatter,broadcast,alltoall";
     const char *clk = "wall";
@@ -254,29 +293,15 @@ int main(int argc, char **argv) {
     if (!rc) rc = bench_clock("bench_collectives", clk, CLOCK_PROCESS_CPUTIME_ID);
     if (!rc) rc = ex_check_seconds("bench_collectives", "--time", target);
     if (!rc) rc = ex_check_order("bench_collectives", "--min", lo, "--max", hi);
+    if (!rc) rc = check_lists(backends, devs, ops);
     if (rc) return ex_exit_status(rc);
     printf("kind,backend,op,devices,bytes,time_us,algbw_GBps,busbw_GBps,limit_us,pct_limit,pct_min,pct_max,alts\n");
-    for (const char *q = backends; *q;) { /* (not strtok: drivers use it too) */
-        char b[32];
-        size_t len = strcspn(q, ",");
-        snprintf(b, sizeof b, "%.*s", (int)(len < sizeof b ? len : sizeof b - 1), q);
-        q += len + (q[len] == ',');
+    char b[32], n[32];
+    for (const char *q = backends; ex_list_next(&q, b, sizeof b);) { /* check_lists took every item */
         dpar_backend_kind k = DPAR_BACKEND_DEFAULT;
-        if (dpar_backend_from_name(b, &k) || k == DPAR_BACKEND_DEFAULT) {
-            fprintf(stderr, "bench_collectives: unknown backend %s (cpu, vulkan, cuda)\n", b);
-            return 2;
-        }
-        const char *p = devs;
-        while (*p) {
-            int n = atoi(p);
-            if (n > DPAR_MAX_DEVICES) {
-                fprintf(stderr, "bench_collectives: at most %d devices\n", DPAR_MAX_DEVICES);
-                return 2;
-            }
-            if (n >= 1 && run_backend(b, k, n, ops, lo, hi, factor, target, alts)) return 1;
-            while (*p && *p != ',') p++;
-            if (*p == ',') p++;
-        }
+        dpar_backend_from_name(b, &k);
+        for (const char *p = devs; ex_list_next(&p, n, sizeof n);)
+            if (run_backend(b, k, atoi(n), ops, lo, hi, factor, target, alts)) return 1;
     }
     return broken ? 3 : 0;
 }

@@ -172,6 +172,18 @@ static inline int ex_parse(const char *prog, int argc, char **argv, const ex_fla
     return 0;
 }
 
+/* A comma-separated flag value ("--backend cpu,vulkan"): its next item, cut to cap - 1 bytes, into
+   item and *list past it, and 1; 0 at the end of the list ("a,,b" holds an empty item). Not strtok:
+   drivers use it too. */
+static inline int ex_list_next(const char **list, char *item, size_t cap) {
+    const char *q = *list;
+    if (!*q) return 0;
+    size_t len = strcspn(q, ",");
+    snprintf(item, cap, "%.*s", (int)(len < cap ? len : cap - 1), q);
+    *list = q + len + (q[len] == ',');
+    return 1;
+}
+
 /* A duration flag's value t in seconds ("--time 0.2"): 0 when 0 < t <= EX_MAX_SECONDS; else prints
    why and returns 2 (a usage error). The cap keeps a typo ("--time 1e9") from running for decades;
    the parser has refused inf and nan already. */

@@ -80,7 +80,11 @@ for src in bench/*.c examples/*.c examples/*.cpp; do
     if echo "$help" | grep -q '^  --min ' && echo "$help" | grep -q '^  --max '; then
         refuse "$name" "--max 4096 is below --min 8192" --min 8192 --max 4096
     fi
+    if echo "$help" | grep -q '^  --backend '; then refuse "$name" "bogus" --backend bogus; fi
 done
+# the lists of the benchmarks, each item checked before the CSV header
+refuse bench_collectives "'bogus' is not a collective; use allreduce" --ops allreduce,bogus
+refuse bench_collectives "'0' is not a device count" --devices 2,0
 # a path flag followed by a flag writes no file named "--help"
 rm -f ./--help
 refuse train_cnn "--checkpoint needs a value; got the flag --help" --checkpoint --help
