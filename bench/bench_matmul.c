@@ -54,11 +54,13 @@ static double mm_blas(const mm_job *j, const float *a, const float *b, float *c,
     return blas_trial(blas_sgemm, j->M, j->N, j->K, j->ta, j->tb, a, b, c, iters);
 }
 
+/* "MxNxK[:tn|:nt|:tt]" (the whole string) into j; -1 when s is not one */
 static int parse_shape(const char *s, mm_job *j) {
     long long m, n, k;
     char t[3] = "nn";
-    int got = sscanf(s, "%lldx%lldx%lld:%2[nt]", &m, &n, &k, t);
-    if (got < 3 || m < 1 || n < 1 || k < 1) return -1;
+    int end = 0;
+    int got = sscanf(s, "%lldx%lldx%lld%n:%2[nt]%n", &m, &n, &k, &end, t, &end);
+    if (got < 3 || s[end] || t[1] == 0 || m < 1 || n < 1 || k < 1) return -1;
     j->M = m;
     j->N = n;
     j->K = k;
@@ -137,6 +139,23 @@ out:
     return rc;
 }
 
+/* Every item of --shapes is a shape: 0; else prints the first that is not, and the form, and
+   returns 2 (a usage error), before any output. */
+static int check_shapes(const char *shapes) {
+    char s[64], why[192];
+    mm_job j;
+    if (!*shapes) return ex_bad_value("bench_matmul", "--shapes", "''", "an empty list; give one shape at least");
+    for (const char *q = shapes; ex_list_next(&q, s, sizeof s);)
+        if (parse_shape(s, &j)) {
+            snprintf(why, sizeof why,
+                     "'%s' is not a shape; want MxNxK[:tn|:nt|:tt] (C[M,N] = op(A)[M,K] op(B)[K,N], t: transposed), "
+                     "a list: 64x128x64,64x128x64:tn",
+                     s);
+            return ex_bad_value("bench_matmul", "--shapes", shapes, why);
+        }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     const char *shapes = "64x128x64,64x128x64:tn,64x64x128:nt,16x256x3136,3136x256x16:tn,16x3136x256:nt,1818x64x288,"
                          "288x64x1818:tn,1818x288x64:nt,16x384x128,16x128x384:nt,512x1024x1024";
@@ -144,7 +163,7 @@ int main(int argc, char **argv) {
     float target = 0.5f;
     const char *clk = "wall";
     const ex_flag flags[] = {
-        EX_S("--shapes", &shapes, "MxKxN[:tn|:nt], a list"),
+        EX_S("--shapes", &shapes, "MxNxK[:tn|:nt|:tt], a list"),
         EX_I("--threads", &threads, 1, 64),
         EX_F("--time", &target, "seconds per shape, > 0 and <= 3600"),
         EX_I("--alts", &alts, 1, MAX_ALTS),
@@ -153,6 +172,7 @@ int main(int argc, char **argv) {
     int rc = ex_parse("bench_matmul", argc, argv, flags, (int)(sizeof flags / sizeof flags[0]));
     if (!rc) rc = bench_clock("bench_matmul", clk, CLOCK_THREAD_CPUTIME_ID);
     if (!rc) rc = ex_check_seconds("bench_matmul", "--time", target);
+    if (!rc) rc = check_shapes(shapes);
     if (rc) return ex_exit_status(rc);
     if (threads > 1 && clock_id != CLOCK_MONOTONIC) {
         fprintf(stderr, "bench_matmul: --clock cpu times one thread; give --threads 1 with it\n");
@@ -177,11 +197,8 @@ int main(int argc, char **argv) {
     }
     printf("kind,shape,threads,dpar_us,dpar_gflops,blas_us,blas_gflops,ratio,ratio_min,ratio_max,alts\n");
     rc = 0;
-    for (const char *q = shapes; *q && rc >= 0;) {
-        char s[64];
-        size_t len = strcspn(q, ",");
-        snprintf(s, sizeof s, "%.*s", (int)(len < sizeof s ? len : sizeof s - 1), q);
-        q += len + (q[len] == ',');
+    char s[64];
+    for (const char *q = shapes; rc >= 0 && ex_list_next(&q, s, sizeof s);) {
         int r = run_shape(rt, mesh, s, threads, target, alts);
         if (r) rc = r;
     }

@@ -85,6 +85,8 @@ done
 # the lists of the benchmarks, each item checked before the CSV header
 refuse bench_collectives "'bogus' is not a collective; use allreduce" --ops allreduce,bogus
 refuse bench_collectives "'0' is not a device count" --devices 2,0
+refuse bench_matmul "'bogus' is not a shape; want MxNxK\\[:tn|:nt|:tt\\]" --shapes bogus
+refuse bench_matmul "'64x64x64:xx' is not a shape" --shapes 64x64x64:xx
 # a path flag followed by a flag writes no file named "--help"
 rm -f ./--help
 refuse train_cnn "--checkpoint needs a value; got the flag --help" --checkpoint --help
