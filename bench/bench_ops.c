@@ -55,7 +55,9 @@
    bench_ops [--backend cpu|vulkan] [--threads T] [--time SECONDS] [--alts N] [--only SUBSTRING]
              [--dtypes f32,f16,...] [--clock wall|cpu]
    --only: the rows whose op name contains SUBSTRING; --dtypes: the rows of
-   those dtypes (a cast's dtype is its destination); default: all.
+   those dtypes (a cast's dtype is its destination); default: all. An
+   unknown dtype, or an --only and --dtypes that take no row, is refused
+   with the valid names (exit 2).
    --threads: CPU backend threads per device (DPAR_CPU_THREADS; default 1,
    every device of the seed jobs is one thread on this machine). Vulkan: the
    device is llvmpipe where no GPU is, which computes on the same CPU cores
@@ -103,7 +105,10 @@ typedef struct {
     const char *backend, *only, *dtypes; /* dtypes: names to run, comma-separated; NULL: all */
     int threads, alts, failed, broken;
     double target;
-    sgemm_fn sgemm; /* NULL: no OpenBLAS */
+    sgemm_fn sgemm;   /* NULL: no OpenBLAS */
+    int dry;          /* check_rows' pass: every case off; counts what --only and --dtypes take */
+    int named, taken; /* the cases whose op --only takes; of them, those --dtypes takes too */
+    char ops[4096];   /* the op names, comma-separated, each once */
 } bench;
 
 static int64_t count_of(int ndim, const int64_t *shape) {
@@ -165,14 +170,25 @@ static int dtype_on(const bench *B, const char *name) {
         if ((p == B->dtypes || p[-1] == ',') && (p[n] == 0 || p[n] == ',')) return 1;
     return 0;
 }
-static ops_case *begin(const bench *B, ops_case *c, const char *op, dpar_dtype dt, const char *shape, ops_fn run) {
+/* the dry pass's count of one case, and its op name into B->ops once */
+static void count_case(bench *B, const char *op, int named, int taken) {
+    size_t n = strlen(op), len = strlen(B->ops), k;
+    const char *p = B->ops; /* "a, b, c": op names hold no commas */
+    while (*p && ((k = strcspn(p, ",")) != n || strncmp(p, op, n))) p += k + (p[k] ? 2 : 0);
+    if (!*p) snprintf(B->ops + len, sizeof B->ops - len, "%s%s", len ? ", " : "", op);
+    B->named += named;
+    B->taken += taken;
+}
+static ops_case *begin(bench *B, ops_case *c, const char *op, dpar_dtype dt, const char *shape, ops_fn run) {
     memset(c, 0, sizeof *c);
     snprintf(c->op, sizeof c->op, "%s", op);
     snprintf(c->shape, sizeof c->shape, "%s", shape);
     c->dt = dt;
     c->run = run;
     c->gfrac = 1.0;
-    c->off = (B->only && !strstr(op, B->only)) || !dtype_on(B, dpar_dtype_name(dt));
+    int named = !B->only || strstr(op, B->only), taken = named && dtype_on(B, dpar_dtype_name(dt));
+    if (B->dry) count_case(B, op, named, taken);
+    c->off = B->dry || !taken;
     return c;
 }
 static void gemm(ops_case *c, int64_t m, int64_t n, int64_t k, int ta, int tb, int count) {
@@ -879,6 +895,55 @@ static void shape_rows(bench *B, dpar_dtype dt) {
 }
 
 /* >>ops main ================================================================= */
+/* every row: the float dtypes' rows, then i32's, then the casts */
+static void all_rows(bench *B) {
+    void (*const per_dtype[])(bench *, dpar_dtype) = { cnn_rows,    gpt_rows,   unary_rows, binary_rows,
+                                                       reduce_rows, optim_rows, shape_rows, digits_rows };
+    for (int d = 0; d < DPAR_DTYPE_COUNT; d++) {
+        if (d == DPAR_I32) continue; /* the float dtypes; i32 below */
+        for (size_t f = 0; f < sizeof per_dtype / sizeof *per_dtype; f++) per_dtype[f](B, (dpar_dtype)d);
+    }
+    shape_rows(B, DPAR_I32);
+    ops_case cc;
+    begin(B, &cc, "copy", DPAR_I32, "802816", r_copy);
+    mk(B, &cc, ACC_W, DPAR_I32, 1, SH(P_N), 1000), mk(B, &cc, ACC_R, DPAR_I32, 1, SH(P_N), 1000);
+    finish(B, &cc);
+    for (int d = 0; d < DPAR_DTYPE_COUNT; d++) cast_rows(B, (dpar_dtype)d);
+}
+
+/* Every item of --dtypes names a dtype, and --only with --dtypes takes a row (a dry pass over the
+   rows, which builds nothing): 0; else prints what is wrong and the valid names and returns 2 (a
+   usage error), before any output: such a run would measure nothing and exit 0. */
+static int check_rows(bench *B) {
+    char item[32], why[128];
+    if (B->dtypes && !*B->dtypes)
+        return ex_bad_value("bench_ops", "--dtypes", "''", "an empty list; give one dtype at least");
+    for (const char *q = B->dtypes ? B->dtypes : ""; ex_list_next(&q, item, sizeof item);) {
+        int d = 0;
+        while (d < DPAR_DTYPE_COUNT && strcmp(item, dpar_dtype_name((dpar_dtype)d))) d++;
+        if (d == DPAR_DTYPE_COUNT) {
+            int len = snprintf(why, sizeof why, "'%s' is not a dtype; use", item);
+            for (d = 0; d < DPAR_DTYPE_COUNT && len > 0 && (size_t)len < sizeof why; d++)
+                len += snprintf(why + len, sizeof why - (size_t)len, " %s%s", dpar_dtype_name((dpar_dtype)d),
+                                d + 1 < DPAR_DTYPE_COUNT ? "," : " (a list)");
+            return ex_bad_value("bench_ops", "--dtypes", B->dtypes, why);
+        }
+    }
+    B->dry = 1;
+    all_rows(B);
+    B->dry = 0;
+    if (!B->named) {
+        fprintf(stderr, "bench_ops: --only %s: no op name contains it; the ops: %s\n", B->only, B->ops);
+        return 2;
+    }
+    if (!B->taken) {
+        fprintf(stderr, "bench_ops: --only %s --dtypes %s: no op that --only takes has a row of those dtypes\n",
+                B->only ? B->only : "(all)", B->dtypes);
+        return 2;
+    }
+    return 0;
+}
+
 static int parse(int argc, char **argv, bench *B) {
     const char *clk = "wall";
     float target = (float)B->target;
@@ -894,6 +959,7 @@ static int parse(int argc, char **argv, bench *B) {
     int rc = ex_parse("bench_ops", argc, argv, flags, (int)(sizeof flags / sizeof flags[0]));
     if (!rc) rc = bench_clock("bench_ops", clk, CLOCK_PROCESS_CPUTIME_ID);
     if (!rc) rc = ex_check_seconds("bench_ops", "--time", target);
+    if (!rc) rc = check_rows(B);
     B->target = target;
     return rc;
 }
@@ -941,18 +1007,7 @@ int main(int argc, char **argv) {
         printf("skip,openblas,%s not found (apt-get install libopenblas0-pthread): no sgemm limits\n", lib);
     printf("kind,backend,op,dtype,shape,threads,time_us,GBps,stream_GBps,pct_stream,pct_stream_min,pct_stream_max,"
            "gflops,blas_gflops,pct_blas,pct_blas_min,pct_blas_max,alts\n");
-    void (*const per_dtype[])(bench *, dpar_dtype) = { cnn_rows,    gpt_rows,   unary_rows, binary_rows,
-                                                       reduce_rows, optim_rows, shape_rows, digits_rows };
-    for (int d = 0; d < DPAR_DTYPE_COUNT; d++) {
-        if (d == DPAR_I32) continue; /* the float dtypes; i32 below */
-        for (size_t f = 0; f < sizeof per_dtype / sizeof *per_dtype; f++) per_dtype[f](&B, (dpar_dtype)d);
-    }
-    shape_rows(&B, DPAR_I32);
-    ops_case cc;
-    begin(&B, &cc, "copy", DPAR_I32, "802816", r_copy);
-    mk(&B, &cc, ACC_W, DPAR_I32, 1, SH(P_N), 1000), mk(&B, &cc, ACC_R, DPAR_I32, 1, SH(P_N), 1000);
-    finish(&B, &cc);
-    for (int d = 0; d < DPAR_DTYPE_COUNT; d++) cast_rows(&B, (dpar_dtype)d);
+    all_rows(&B);
     dpar_runtime_destroy(B.rt);
     return B.broken ? 3 : B.failed ? 1 : 0;
 }

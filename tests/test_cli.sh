@@ -87,6 +87,9 @@ refuse bench_collectives "'bogus' is not a collective; use allreduce" --ops allr
 refuse bench_collectives "'0' is not a device count" --devices 2,0
 refuse bench_matmul "'bogus' is not a shape; want MxNxK\\[:tn|:nt|:tt\\]" --shapes bogus
 refuse bench_matmul "'64x64x64:xx' is not a shape" --shapes 64x64x64:xx
+refuse bench_ops "'bogus' is not a dtype; use f32, f16" --dtypes bogus
+refuse bench_ops "--only zzz: no op name contains it; the ops: .*matmul" --only zzz
+refuse bench_ops "no op that --only takes has a row of those dtypes" --only attention --dtypes i32
 # a path flag followed by a flag writes no file named "--help"
 rm -f ./--help
 refuse train_cnn "--checkpoint needs a value; got the flag --help" --checkpoint --help
