@@ -32,6 +32,9 @@
 #include "digits_common.h" /* data, fixed-seed split, RNG, init, flags: shared with the other digits examples */
 #ifdef DPAR_MPI
 #include <mpi.h>
+#define PROG "train_digits_mpi" /* the name in its usage and messages: the program the user ran */
+#else
+#define PROG "train_digits"
 #endif
 
 /* ------------------------------------------------------------------ model */
@@ -73,13 +76,13 @@ int main(int argc, char **argv) {
                       .lr = 0.1f,
                       .momentum = 0.9f,
                       .extra = { EX_I("--monitor", &monitor, 0, 1) } };
-    int rc = digits_parse("train_digits", argc, argv, &o);
+    int rc = digits_parse(PROG, argc, argv, &o);
     if (rc) return ex_exit_status(rc);
     const char *backend = o.backend;
     int devices = o.devices, epochs = o.epochs, batch = o.batch, hidden = o.hidden;
     float lr = o.lr, momentum = o.momentum;
     if (batch % devices) {
-        fprintf(stderr, "train_digits: --batch %d is not divisible by --devices %d\n", batch, devices);
+        fprintf(stderr, PROG ": --batch %d is not divisible by --devices %d\n", batch, devices);
         return 2;
     }
     int nproc = 1, proc = 0;
@@ -90,7 +93,7 @@ int main(int argc, char **argv) {
     MPI_Comm_rank(MPI_COMM_WORLD, &proc);
     MPI_Comm world = MPI_COMM_WORLD;
     if (devices % nproc) {
-        fprintf(stderr, "train_digits: --devices %d is not divisible by the %d processes\n", devices, nproc);
+        fprintf(stderr, PROG ": --devices %d is not divisible by the %d processes\n", devices, nproc);
         MPI_Finalize();
         return 2;
     }
@@ -98,7 +101,7 @@ int main(int argc, char **argv) {
 
     /* data: fixed-seed 80/20 split and the initial weights (drawn in this order) */
     digits_setup ds;
-    if ((rc = digits_prepare("train_digits", &o, &ds))) return rc;
+    if ((rc = digits_prepare(PROG, &o, &ds))) return rc;
     dataset all = ds.all;
     int ntest = ds.ntest, ntrain = ds.ntrain, *train_idx = ds.train_idx, *test_idx = ds.test_idx;
 
@@ -108,7 +111,7 @@ int main(int argc, char **argv) {
     rd.mpi.comm = &world;
 #endif
     if (digits_backend(backend, &rd.backend)) {
-        fprintf(stderr, "train_digits: unknown backend '%s' (cpu, vulkan, cuda)\n", backend);
+        fprintf(stderr, PROG ": unknown backend '%s' (cpu, vulkan, cuda)\n", backend);
         return 2;
     }
     dpar_runtime *rt;
@@ -176,7 +179,7 @@ int main(int argc, char **argv) {
             if (dpar_graph_losses(step, losses, logged)) return digits_fail("train loss");
             for (int i = 0; i < logged; i++) { /* steps s + 1 - logged .. s */
                 long long at = (long long)(e - 1) * steps + s + 2 - logged + i;
-                if (ex_check_loss("train_digits", losses[i], at, e, lr)) return 1;
+                if (ex_check_loss(PROG, losses[i], at, e, lr)) return 1;
                 sum += losses[i];
             }
             logged = 0;

@@ -1,9 +1,10 @@
 #!/bin/sh
 # Every built benchmark and example answers its command line before it runs anything: --help and -h print
-# the usage to stdout and exit 0; an unknown flag, and a flag with its value missing, print what is wrong and
-# the usage to stderr and exit non-zero; a bad value (each `refuse` below) prints what is wrong to stderr,
-# nothing to stdout, and exits 2 (not killed, not run). Nothing is measured or trained here: a program that
-# starts its work instead is stopped by the timeout and fails. A program not built is SKIPPED.
+# the usage, naming the program, to stdout and exit 0; an unknown flag, and a flag with its value missing,
+# print what is wrong and the usage to stderr and exit non-zero; a bad value (each `refuse` below) prints
+# what is wrong to stderr, nothing to stdout, and exits 2 (not killed, not run). Nothing is measured or
+# trained here: a program that starts its work instead is stopped by the timeout and fails. A program not
+# built is SKIPPED.
 BUILD=${BUILD:-build}
 out=$(mktemp)
 err=$(mktemp)
@@ -46,20 +47,22 @@ if command -v mpicc >/dev/null 2>&1; then
     mpicc -I. -O2 -Wall -Wextra -Werror bench/bench_mpi_allreduce.c -o "$BUILD/bench_mpi_allreduce" ||
         echo "FAIL cli: mpicc bench/bench_mpi_allreduce.c"
 fi
-for src in bench/*.c examples/*.c examples/*.cpp; do
+# train_digits_mpi: train_digits.c built with mpicc (make test, where mpicc is)
+for src in bench/*.c examples/*.c examples/*.cpp train_digits_mpi; do
     name=$(basename "$src"); name=${name%.*}
     bin="$BUILD/$name"
     if [ ! -x "$bin" ]; then
-        echo "SKIPPED cli $name: $bin is not built (bench_mpi_allreduce: no mpicc; the rest: make test builds them)"
+        echo "SKIPPED cli $name: $bin is not built (bench_mpi_allreduce, train_digits_mpi: no mpicc; the rest: make test builds them)"
         continue
     fi
     for h in --help -h; do
         try "$bin" $h
-        ok=0; [ "$rc" -eq 0 ] && grep -q '^usage: ' "$out" && [ ! -s "$err" ] && ok=1
-        check "$name" "$h (usage on stdout, exit 0)" $ok
+        ok=0; [ "$rc" -eq 0 ] && grep -q "^usage: $name " "$out" && [ ! -s "$err" ] && ok=1
+        check "$name" "$h (usage naming $name on stdout, exit 0)" $ok
     done
     try "$bin" --no-such-flag 1
-    ok=0; [ "$rc" -ne 0 ] && [ "$rc" -lt 124 ] && grep -q -- '--no-such-flag' "$err" && grep -q 'usage: ' "$err" && ok=1
+    ok=0
+    [ "$rc" -ne 0 ] && [ "$rc" -lt 124 ] && grep -q -- '--no-such-flag' "$err" && grep -q "usage: $name " "$err" && ok=1
     check "$name" "--no-such-flag 1 (named, usage on stderr, exit non-zero)" $ok
     # the first flag --help lists, given without its value
     try "$bin" --help
