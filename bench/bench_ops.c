@@ -12,19 +12,23 @@
    DPAR_ERR_BACKEND) prints "opskip,backend,op,dtype,reason" instead of a row.
 
        ops,backend,op,dtype,shape,threads,time_us,GBps,stream_GBps,pct_stream,pct_stream_min,pct_stream_max,
-           gflops,blas_gflops,pct_blas,pct_blas_min,pct_blas_max,alts
+           gflops,blas_gflops,pct_blas,pct_blas_min,pct_blas_max,alts,working_set_bytes,stream_kernel
    (rates to 4 significant digits, percentages to 3: a llvmpipe row can be at 0.01%)
 
    Limits (both measured alternating with the op):
      stream  bytes / the stream bandwidth (bench_util.h stream_bw_best: the
-             fastest of copy, add, in-place add, fill and read kernels, each
-             with non-temporal and ordinary stores, so no access mix an op has
-             can beat it; as many threads as the op uses; a footprint of the
-             op's bytes, so a cache-resident op is held to the cache's
-             bandwidth). A lower bound on the op's time. bytes = what the op must read
-             plus write at the least: every operand it needs read once, every
-             output written once (the formula of each op is in its builder).
-             Every row has it; pct_stream = 100 * limit / time.
+             fastest of copy, add, in-place add, fill, read and the op's own
+             access mix (its read-only, in-place and write-only operands in
+             units of its largest), each with non-temporal and ordinary
+             stores; as many threads as the op uses; every kernel over the
+             op's working set, working_set_bytes: the distinct bytes it
+             touches, so an op whose operands fit in the L1, L2 or L3 is held
+             to that cache's bandwidth, not DRAM's; stream_kernel names the
+             kernel of the limit). A lower bound on the op's time. bytes =
+             what the op must read plus write at the least: every operand it
+             needs read once, every output written once, an operand updated
+             in place both (the formula of each op is in its builder). Every
+             row has it; pct_stream = 100 * limit / time.
      sgemm   for matmul, conv2d (forward and both backward ops) and
              attention: OpenBLAS cblas_sgemm (opened at run time as
              bench_matmul does) at the equivalent GEMM shapes, as many
@@ -42,7 +46,9 @@
    filling its share of --time; time_us is the median op trial, the pcts the
    medians of the per-alternation ratios with their min and max. The stream
    limit uses the best stream trial of the row (the least disturbed view of
-   what the machine did). The op runs in a one-device shard_map, as the
+   what the machine did); a stream trial starts after two warm-up passes
+   over its arrays, in the cache state that the op's back-to-back calls
+   keep too (bench_util.h ST_WARM). The op runs in a one-device shard_map, as the
    training jobs call it, and each trial ends with a read of its output (the
    device has finished).
 
@@ -89,6 +95,7 @@ struct ops_case {
     int nb;
     dpar_buffer *sync; /* read after each trial: the device is done */
     double rd, wr;     /* bytes the op must read / write */
+    double rw, big;    /* of those, bytes read and written in place (in both); the largest operand's bytes */
     gemm_shape g[MAXG];
     int ng;
     double gfrac;          /* share of the products' flops the op needs (causal attention) */
@@ -153,6 +160,8 @@ static dpar_buffer *mk(bench *B, ops_case *c, int acc, dpar_dtype dt, int ndim, 
     double bytes = (double)count_of(ndim, shape) * (double)dpar_dtype_size(dt);
     if (acc & ACC_R) c->rd += bytes;
     if (acc & ACC_W) c->wr += bytes;
+    if (acc == ACC_RW) c->rw += bytes;
+    if (acc && bytes > c->big) c->big = bytes;
     if ((acc & ACC_W) && !c->sync) c->sync = b;
     return b;
 }
@@ -264,17 +273,35 @@ static int refused(bench *B, const ops_case *c, dpar_status s) {
     return 1;
 }
 
-static void print_row(bench *B, const ops_case *c, double *t, double *ps, double *pb, double bw, double blas_t) {
+/* the distinct bytes the op touches (an operand read and written in place counts once): the stream
+   kernels' footprint, so the limit comes from the cache level the op's operands live in */
+static double working_set(const ops_case *c) {
+    return c->rd + c->wr - c->rw;
+}
+/* the op's access mix in arrays of its largest operand (read-only, in place, write-only), for the
+   stream set's mix kernel: exact for the element-wise ops and optimizer steps, whose operands are one
+   size (SGD with momentum: 1 read, 2 in place, which on this VM's L3 moved 49 GB/s where the in-place
+   add moved 44) */
+static void access_mix(const ops_case *c, stream_set *ss) {
+    if (c->big <= 0) return;
+    ss->mix[0] = (int)lround((c->rd - c->rw) / c->big);
+    ss->mix[1] = (int)lround(c->rw / c->big);
+    ss->mix[2] = (int)lround((c->wr - c->rw) / c->big);
+}
+
+static void print_row(bench *B, const ops_case *c, double *t, double *ps, double *pb, double bw, double blas_t,
+                      const char *kernel) {
     int n = B->alts;
     double tm = median(t, n), bytes = c->rd + c->wr, psm = median(ps, n);
     printf("ops,%s,%s,%s,%s,%d,%.3f,%.4g,%.4g,%.3g,%.3g,%.3g,", B->backend, c->op, dpar_dtype_name(c->dt), c->shape,
            B->threads, tm * 1e6, bytes / tm / 1e9, bw / 1e9, psm, ps[0], ps[n - 1]);
     if (pb) {
         double f = gemm_flop(c), pbm = median(pb, n);
-        printf("%.4g,%.4g,%.3g,%.3g,%.3g,%d\n", f / tm / 1e9, f / blas_t / 1e9, pbm, pb[0], pb[n - 1], n);
+        printf("%.4g,%.4g,%.3g,%.3g,%.3g,", f / tm / 1e9, f / blas_t / 1e9, pbm, pb[0], pb[n - 1]);
     } else {
-        printf(",,,,,%d\n", n);
+        printf(",,,,,");
     }
+    printf("%d,%.0f,%s\n", n, working_set(c), kernel);
     fflush(stdout);
     if (psm > 100.0) {
         fprintf(stderr,
@@ -303,18 +330,23 @@ static void measure(bench *B, const ops_case *c) {
     int alts = B->alts, blas = c->ng && B->sgemm;
     stream_set ss;
     gemm_mem gm = { 0 };
-    if (stream_init(&ss, B->threads, 1, (int64_t)(c->rd + c->wr)) || (blas && gemm_alloc(c, &gm))) {
+    if (stream_init(&ss, B->threads, 1, (int64_t)working_set(c)) || (blas && gemm_alloc(c, &gm))) {
         fprintf(stderr, "bench_ops: %s: no memory for the limit's arrays\n", c->op);
         B->failed = 1;
         goto done;
     }
+    access_mix(c, &ss);
+    char kernel[32] = "";
     if (blas) pg = (gemm_pass(B, c, &gm, 1), gemm_pass(B, c, &gm, 1)); /* warm, then time one pass */
     int iters = (int)(B->target / alts / 2 / (per > pg ? per : pg));
     j.iters = iters < 1 ? 1 : iters > 100000 ? 100000 : iters;
     double t[MAX_ALTS], ps[MAX_ALTS], pb[MAX_ALTS], tg[MAX_ALTS];
     for (int k = 0; k < alts; k++) {
         double b = stream_bw_best(&ss, B->target / alts / 4);
-        if (b > bw) bw = b;
+        if (b > bw) {
+            bw = b;
+            stream_kernel_label(&ss, ss.best_q, ss.best_nt, kernel, sizeof kernel);
+        }
         if ((s = dpar_shard_map(B->mesh, &sd))) {
             fprintf(stderr, "bench_ops: %s: %s\n", c->op, dpar_last_error());
             B->failed = 1;
@@ -328,7 +360,7 @@ static void measure(bench *B, const ops_case *c) {
     }
     double lm = (c->rd + c->wr) / bw; /* the best stream trial */
     for (int k = 0; k < alts; k++) ps[k] = 100.0 * lm / t[k];
-    print_row(B, c, t, ps, blas ? pb : NULL, bw, blas ? median(tg, alts) : 0);
+    print_row(B, c, t, ps, blas ? pb : NULL, bw, blas ? median(tg, alts) : 0, kernel);
 done:
     free(ss.mem);
     free(gm.a);
@@ -1006,7 +1038,7 @@ int main(int argc, char **argv) {
     if (!(B.sgemm = blas_open(B.threads, &lib)))
         printf("skip,openblas,%s not found (apt-get install libopenblas0-pthread): no sgemm limits\n", lib);
     printf("kind,backend,op,dtype,shape,threads,time_us,GBps,stream_GBps,pct_stream,pct_stream_min,pct_stream_max,"
-           "gflops,blas_gflops,pct_blas,pct_blas_min,pct_blas_max,alts\n");
+           "gflops,blas_gflops,pct_blas,pct_blas_min,pct_blas_max,alts,working_set_bytes,stream_kernel\n");
     all_rows(&B);
     dpar_runtime_destroy(B.rt);
     return B.broken ? 3 : B.failed ? 1 : 0;

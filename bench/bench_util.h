@@ -15,12 +15,17 @@
                       (sum x), n threads each over its own arrays, and
                       with stream_set.ways = w the CPU collectives' own
                       patterns over w member buffers (sum_all, sum_one,
-                      fanout), the faster of non-temporal and ordinary
-                      stores (a footprint that fits in the cache is
-                      bounded by the cache, not by DRAM). stream_init
-                      sizes the arrays for a footprint; stream_bw_best
-                      returns the best kernel's bytes read + written per
-                      second, stream_bw_kernel one kernel's.
+                      fanout), with stream_set.mix an op's own mix of
+                      read-only, in-place and write-only arrays, the
+                      faster of non-temporal and ordinary stores. Every
+                      kernel's arrays span the set's footprint, so a
+                      footprint that fits in the cache is bounded by the
+                      cache, not by DRAM; each trial starts in the cache
+                      state its passes keep (ST_WARM). stream_init sizes
+                      the arrays for a footprint; stream_bw_best returns
+                      the best kernel's bytes read + written per second
+                      (stream_kernel_label names it), stream_bw_kernel
+                      one kernel's.
      >>bench openblas cblas_sgemm opened at run time (libopenblas.so.0,
                       Debian's libopenblas0-pthread; BENCH_OPENBLAS=path
                       overrides; its AVX-512 kernels named on CPUs that
@@ -130,22 +135,41 @@ enum { STREAM_MAX_THREADS = DPAR_MAX_DEVICES }; /* one per device at most */
    every member's buffer): sum_all z_k = x_0 + ... + x_{w-1} for every k
    (all-reduce: w : w), sum_one z_0 = the same (reduce-scatter: w : 1) and
    fanout z_k = x for every k in 8 KB pieces, so x is read once (broadcast,
-   all-gather: 1 : w) */
-enum { ST_COPY, ST_ADD, ST_FILL, ST_READ, ST_SUM_ALL, ST_SUM_ONE, ST_FANOUT };
+   all-gather: 1 : w), and mix: an op's access mix over mix[0] read-only,
+   mix[1] in-place and mix[2] write-only arrays (array i at x + i * stride),
+   v = the sum of the arrays it reads, stored to every array it writes
+   (mix[0] + mix[1] : mix[1] + mix[2]; in place, no read-for-ownership) */
+enum { ST_COPY, ST_ADD, ST_FILL, ST_READ, ST_SUM_ALL, ST_SUM_ONE, ST_FANOUT, ST_MIX };
 typedef struct {
     float *x, *y, *z; /* the ways kernels: array i of x / z at x + i * stride */
     int64_t len;      /* floats per array */
     int64_t stride;
     int kind, ways, nt, iters;
+    int warm;   /* passes before the timed ones */
+    int mix[3]; /* ST_MIX: read-only, in-place and write-only arrays */
     float sink; /* read's sum, so the loads stay */
     pthread_barrier_t *bar;
     double t0, t1; /* this thread's first pass began, and all threads' passes had ended */
 } st_arg;
 enum { ST_PIECE = 2048 }; /* fanout's piece: dpar__copy_fanout's 8 KB, read once, stays in L1 */
 
+/* elements [i, len) of a mix pass, scalar */
+static inline void st_mix_tail(st_arg *a, int64_t i) {
+    const int rd = a->mix[0] + a->mix[1], all = rd + a->mix[2];
+    for (; i < a->len; i++) {
+        float v = 0.0f;
+        for (int j = 0; j < rd; j++) v += a->x[j * a->stride + i];
+        for (int k = a->mix[0]; k < all; k++) a->x[k * a->stride + i] = v;
+    }
+}
+
 /* elements [i, len) of a pass, scalar */
 static inline void st_pass_tail(st_arg *a, int64_t i) {
     int outs = a->kind == ST_SUM_ALL || a->kind == ST_FANOUT ? a->ways : 1;
+    if (a->kind == ST_MIX) {
+        st_mix_tail(a, i);
+        return;
+    }
     for (; i < a->len; i++) {
         float v = a->kind == ST_FILL ? 0.0f : a->x[i];
         if (a->kind == ST_ADD) v += a->y[i];
@@ -193,6 +217,48 @@ __attribute__((target("avx2"))) static inline int64_t st_fanout_avx2(st_arg *a, 
     }
     return n;
 }
+/* the mix kernel, a 64-byte line of every array a step (the loops over the arrays cost what the
+   accesses do at 8 floats, in the L2); streaming stores (nt) to the write-only arrays only: an in-place
+   array's line is in the cache already */
+__attribute__((target("avx2"))) static inline int64_t st_mix_avx2(st_arg *a, int64_t n) {
+    const int64_t w = a->stride;
+    float *const rw = a->x + a->mix[0] * w, *const wo = a->x + (a->mix[0] + a->mix[1]) * w;
+    float *const end = wo + a->mix[2] * w;
+    int64_t i = 0;
+    for (; i < n; i += 16) {
+        __m256 v0 = _mm256_setzero_ps(), v1 = v0;
+        for (const float *p = a->x + i; p < wo + i; p += w) {
+            v0 = _mm256_add_ps(v0, _mm256_load_ps(p));
+            v1 = _mm256_add_ps(v1, _mm256_load_ps(p + 8));
+        }
+        for (float *p = rw + i; p < end + i; p += w)
+            if (a->nt && p >= wo + i) {
+                _mm256_stream_ps(p, v0);
+                _mm256_stream_ps(p + 8, v1);
+            } else {
+                _mm256_store_ps(p, v0);
+                _mm256_store_ps(p + 8, v1);
+            }
+    }
+    return i;
+}
+/* the same with one 64-byte access per line (st_pass_avx512 says why) */
+__attribute__((target("avx512f"))) static inline int64_t st_mix_avx512(st_arg *a, int64_t n) {
+    const int64_t w = a->stride;
+    float *const rw = a->x + a->mix[0] * w, *const wo = a->x + (a->mix[0] + a->mix[1]) * w;
+    float *const end = wo + a->mix[2] * w;
+    int64_t i = 0;
+    for (; i < n; i += 16) {
+        __m512 v = _mm512_setzero_ps();
+        for (const float *p = a->x + i; p < wo + i; p += w) v = _mm512_add_ps(v, _mm512_load_ps(p));
+        for (float *p = rw + i; p < end + i; p += w)
+            if (a->nt && p >= wo + i)
+                _mm512_stream_ps(p, v);
+            else
+                _mm512_store_ps(p, v);
+    }
+    return i;
+}
 __attribute__((target("avx2"))) static inline void st_pass_avx2(st_arg *a) {
     int64_t i = 0, n = a->len & ~(int64_t)15;
     const __m256 zero = _mm256_setzero_ps();
@@ -201,6 +267,8 @@ __attribute__((target("avx2"))) static inline void st_pass_avx2(st_arg *a) {
         i = st_sum_avx2(a, a->kind == ST_SUM_ALL ? a->ways : 1, n);
     else if (a->kind == ST_FANOUT)
         i = st_fanout_avx2(a, n);
+    else if (a->kind == ST_MIX)
+        i = st_mix_avx2(a, n);
     else if (a->kind == ST_ADD && a->nt)
         for (; i < n; i += 8)
             _mm256_stream_ps(a->z + i, _mm256_add_ps(_mm256_load_ps(a->x + i), _mm256_load_ps(a->y + i)));
@@ -225,8 +293,42 @@ __attribute__((target("avx2"))) static inline void st_pass_avx2(st_arg *a) {
     if (i < a->len) st_pass_tail(a, i);
 }
 #endif
+#ifdef BENCH_X86
+/* copy, add, fill and mix with 64-byte accesses, on CPUs with AVX-512: in the L1 the AVX2 loops are
+   bound by their instructions, not by the cache (a 17 KB copy, add and in-place add: 170-200 GB/s,
+   here 370-400), and dpar's AVX-512 ops would outrun a limit measured with them. read stays AVX2:
+   its AVX-512 form (four sums) ran at half the AVX2 one's 140 GB/s in the L1 of this VM. The
+   collectives' kernels stay AVX2. */
+__attribute__((target("avx512f"))) static inline void st_pass_avx512(st_arg *a) {
+    int64_t i = 0, n = a->len & ~(int64_t)15;
+    const __m512 zero = _mm512_setzero_ps();
+    const float *x = a->x, *y = a->y;
+    float *z = a->z;
+    if (a->kind == ST_MIX)
+        i = st_mix_avx512(a, n);
+    else if (a->kind == ST_ADD && a->nt)
+        for (; i < n; i += 16) _mm512_stream_ps(z + i, _mm512_add_ps(_mm512_load_ps(x + i), _mm512_load_ps(y + i)));
+    else if (a->kind == ST_ADD)
+        for (; i < n; i += 16) _mm512_store_ps(z + i, _mm512_add_ps(_mm512_load_ps(x + i), _mm512_load_ps(y + i)));
+    else if (a->kind == ST_FILL && a->nt)
+        for (; i < n; i += 16) _mm512_stream_ps(z + i, zero);
+    else if (a->kind == ST_FILL)
+        for (; i < n; i += 16) _mm512_store_ps(z + i, zero);
+    else if (a->nt)
+        for (; i < n; i += 16) _mm512_stream_ps(z + i, _mm512_load_ps(x + i));
+    else
+        for (; i < n; i += 16) _mm512_store_ps(z + i, _mm512_load_ps(x + i));
+    if (a->nt) _mm_sfence();
+    if (i < a->len) st_pass_tail(a, i);
+}
+#endif
 static inline void st_pass(st_arg *a) {
 #ifdef BENCH_X86
+    if ((a->kind == ST_COPY || a->kind == ST_ADD || a->kind == ST_FILL || a->kind == ST_MIX) &&
+        __builtin_cpu_supports("avx512f")) {
+        st_pass_avx512(a);
+        return;
+    }
     if (__builtin_cpu_supports("avx2")) {
         st_pass_avx2(a);
         return;
@@ -234,9 +336,19 @@ static inline void st_pass(st_arg *a) {
 #endif
     st_pass_tail(a, 0);
 }
+/* Warm-up passes before a trial: with one, the trial did not start in the cache state its passes
+   keep, as the op it bounds does after its back-to-back calls. After another kernel's arrays (or
+   streaming stores), a 6.4 MB in-place add on this VM (2 MB L2) ran at 31 GB/s after one warm-up
+   pass, 41-45 after two and 44-45 after three, its lines reaching the L3 only as the L2 evicts them;
+   axpy, at 42, was at 125% of the one-pass limit. A trial with streaming stores keeps one pass: its
+   stores bypass the cache, so it wins only where the footprint streams from DRAM, where a second pass
+   changes nothing; there it made the quick collectives' sweep 45 s long instead of 32 (one pass
+   everywhere: 24 s; 16 MB over 4 devices is milliseconds a pass). A trial right after its kernel's
+   sizing trial, over the same arrays, starts warm (warm = 0). */
+enum { ST_WARM = 2 };
 static inline void *st_main(void *p) {
     st_arg *a = (st_arg *)p;
-    st_pass(a); /* warm-up */
+    for (int w = 0; w < a->warm; w++) st_pass(a);
     pthread_barrier_wait(a->bar);
     a->t0 = now_s();
     for (int i = 0; i < a->iters; i++) {
@@ -250,8 +362,10 @@ static inline void *st_main(void *p) {
 typedef struct {
     int threads, add;
     int ways;          /* > 1: stream_bw_best adds the collectives' kernels over this many members */
-    int64_t footprint; /* bytes of all arrays together */
+    int mix[3];        /* read-only, in-place, write-only arrays; any > 0: stream_bw_best adds the mix kernel */
+    int64_t footprint; /* bytes of all arrays together: the working set of every kernel */
     float *mem;
+    int best_q, best_nt; /* the kernel and stores of stream_bw_best's best trial */
     st_arg a[STREAM_MAX_THREADS];
 } stream_set;
 /* arrays for `threads` threads over a footprint of `moved` bytes (capped at
@@ -280,14 +394,15 @@ static inline int stream_init(stream_set *s, int threads, int add, int64_t moved
     }
     return 0;
 }
-/* seconds per pass of all threads over the footprint */
-static inline double stream_trial(stream_set *s, int nt, int iters) {
+/* seconds per pass of all threads over the footprint, after `warm` passes */
+static inline double stream_trial(stream_set *s, int nt, int iters, int warm) {
     pthread_t th[STREAM_MAX_THREADS];
     pthread_barrier_t bar;
     pthread_barrier_init(&bar, NULL, (unsigned)s->threads);
     for (int t = 0; t < s->threads; t++) {
         s->a[t].nt = nt;
         s->a[t].iters = iters;
+        s->a[t].warm = warm;
         s->a[t].bar = &bar;
         if (s->threads > 1) pthread_create(&th[t], NULL, st_main, &s->a[t]);
     }
@@ -307,38 +422,61 @@ static inline double stream_trial(stream_set *s, int nt, int iters) {
 /* The kernels of the limit (a set made with add = 1): copy (z = x: 2
    accesses an element), add (z = x + y: 3), in place (z = z + x: 3, and no
    read-for-ownership of z, which an in-place op such as an optimizer step
-   does not pay either), fill (z = 0: 1), read (sum x: 1), and with ways = w
-   > 1 the collectives' own: sum_all (2w), sum_one and fanout (w + 1). The
-   first five lay each thread's arrays side by side; the collectives' ones
-   lay out w (+ w or 1) member buffers over the same memory, each thread
-   over its slice of every buffer, as dpar's threads are. */
-enum { ST_K_COPY, ST_K_ADD, ST_K_INPLACE, ST_K_FILL, ST_K_READ, ST_K_SUM_ALL, ST_K_SUM_ONE, ST_K_FANOUT, ST_KERNELS };
-static const char *const stream_kernel_names[ST_KERNELS] = { "copy", "add",     "inplace", "fill",
-                                                             "read", "sum_all", "sum_one", "fanout" };
+   does not pay either), fill (z = 0: 1), read (sum x: 1), with ways = w
+   > 1 the collectives' own: sum_all (2w), sum_one and fanout (w + 1), and
+   with a mix the op's own (reads + in-place twice + writes). Each lays its
+   arrays over the whole of its thread's share of the footprint, so every
+   kernel runs over the same working set (the op's, in bench_ops: copy and
+   fill over two thirds and one third of it ran in a faster cache level
+   than the op); the collectives' ones as w (+ w or 1) member buffers, each
+   thread over its slice of every buffer, as dpar's threads are. */
+enum {
+    ST_K_COPY,
+    ST_K_ADD,
+    ST_K_INPLACE,
+    ST_K_FILL,
+    ST_K_READ,
+    ST_K_SUM_ALL,
+    ST_K_SUM_ONE,
+    ST_K_FANOUT,
+    ST_K_MIX,
+    ST_KERNELS
+};
+enum { ST_MIX_MAX = 16 }; /* arrays of the mix kernel at most */
+static const char *const stream_kernel_names[ST_KERNELS] = { "copy",    "add",     "inplace", "fill", "read",
+                                                             "sum_all", "sum_one", "fanout",  "mix" };
 /* points every thread's arrays at kernel q's; returns its bytes per pass, 0
-   when the set has no such kernel (q = -1: back to the set's own kernel) */
+   when the set has no such kernel (q = -1: back to the set's own kernel,
+   add or copy over 3 or 2 arrays) */
 static inline double stream_kernel_set(stream_set *s, int q) {
-    static const int kinds[ST_KERNELS] = {
-        ST_COPY, ST_ADD, ST_ADD, ST_FILL, ST_READ, ST_SUM_ALL, ST_SUM_ONE, ST_FANOUT
-    };
-    int T = s->threads, w = s->ways, arrays = s->add ? 3 : 2;
-    int64_t len = s->footprint / 4 / arrays / T; /* stream_init's */
+    static const int kinds[ST_KERNELS] = { ST_COPY,    ST_ADD,     ST_ADD,    ST_FILL, ST_READ,
+                                           ST_SUM_ALL, ST_SUM_ONE, ST_FANOUT, ST_MIX };
+    static const int arrays_of[ST_K_SUM_ALL] = { 2, 3, 2, 1, 1 }, acc_of[ST_K_SUM_ALL] = { 2, 3, 3, 1, 1 };
+    int T = s->threads, w = s->ways, nmix = s->mix[0] + s->mix[1] + s->mix[2];
+    int64_t share = s->footprint / 4 / T; /* floats of each thread's share */
     int ins = q == ST_K_FANOUT ? 1 : w, outs = q == ST_K_SUM_ONE ? 1 : w;
-    if ((q >= ST_K_SUM_ALL && w < 2) || (q >= 0 && q != ST_K_COPY && !s->add)) return 0; /* ways 0: no 0 / 0 */
-    int64_t seg = q >= ST_K_SUM_ALL ? (arrays * len / (ins + outs)) & ~(int64_t)15 : len;
-    if (q >= ST_K_SUM_ALL && seg < 16) return 0;
+    if ((q >= ST_K_SUM_ALL && q <= ST_K_FANOUT && w < 2) || (q >= 0 && q != ST_K_COPY && !s->add))
+        return 0; /* ways 0: no 0 / 0 */
+    if (q == ST_K_MIX && (nmix < 1 || nmix > ST_MIX_MAX)) return 0;
+    int arrays = q < 0 ? (s->add ? 3 : 2) : q == ST_K_MIX ? nmix : q >= ST_K_SUM_ALL ? ins + outs : arrays_of[q];
+    int64_t seg = (share / arrays) & ~(int64_t)15;
+    if (seg < 16) return 0;
     for (int t = 0; t < T; t++) {
         st_arg *a = &s->a[t];
-        float *base = s->mem + (int64_t)t * arrays * len;
+        float *base = s->mem + (int64_t)t * share;
         a->kind = q < 0 ? (s->add ? ST_ADD : ST_COPY) : kinds[q];
         a->ways = w;
+        memcpy(a->mix, s->mix, sizeof a->mix);
         a->len = seg;
-        a->stride = (int64_t)T * seg;
-        a->x = q >= ST_K_SUM_ALL ? s->mem + t * seg : base;
-        a->z = q >= ST_K_SUM_ALL ? a->x + ins * a->stride : base + (arrays - 1) * len;
-        a->y = q == ST_K_INPLACE ? a->z : s->add ? base + len : base;
+        a->stride = q >= ST_K_SUM_ALL && q <= ST_K_FANOUT ? (int64_t)T * seg : seg;
+        a->x = q >= ST_K_SUM_ALL && q <= ST_K_FANOUT ? s->mem + t * seg : base;
+        a->z = q >= ST_K_SUM_ALL && q <= ST_K_FANOUT ? a->x + ins * a->stride : base + (arrays - 1) * seg;
+        a->y = q == ST_K_INPLACE ? a->z : arrays == 3 ? base + seg : base;
     }
-    int acc = q == ST_K_COPY ? 2 : q <= ST_K_INPLACE ? 3 : q <= ST_K_READ ? 1 : ins + outs;
+    int acc = q < 0               ? arrays
+              : q == ST_K_MIX     ? s->mix[0] + 2 * s->mix[1] + s->mix[2]
+              : q >= ST_K_SUM_ALL ? ins + outs
+                                  : acc_of[q];
     return (double)T * (double)seg * 4.0 * acc;
 }
 /* kernel q's bytes read + written per second with streaming stores (nt) or
@@ -346,34 +484,53 @@ static inline double stream_kernel_set(stream_set *s, int q) {
 static inline double stream_bw_kernel(stream_set *s, int q, int nt, double target) {
     double per_pass = stream_kernel_set(s, q), bw = 0;
     if (per_pass > 0) { /* one pass sizes the trial, and is the trial when no second pass fits the target */
-        double one = stream_trial(s, nt, 1);
+        double one = stream_trial(s, nt, 1, nt ? 1 : ST_WARM);
         int iters = (int)(target / (one > 1e-7 ? one : 1e-7));
         iters = iters > 20000 ? 20000 : iters;
-        bw = per_pass / (iters < 2 ? one : stream_trial(s, nt, iters));
+        bw = per_pass / (iters < 2 ? one : stream_trial(s, nt, iters, 0));
     }
     stream_kernel_set(s, -1);
     return bw;
 }
+/* 2 when kernel q stores to an array it does not read (ordinary and streaming stores differ), else 1 */
+static inline int stream_store_kinds(const stream_set *s, int q) {
+    return q == ST_K_READ || (q == ST_K_MIX && s->mix[2] == 0) ? 1 : 2;
+}
 /* The best bytes per second of the kernels above, each with ordinary and
-   streaming stores (read stores nothing). The most favourable access mix
-   bounds any op's: a broadcast or all-gather writes n bytes for each it
-   reads, which ran at 100-113% of the copy kernel's bandwidth here (the
-   write-only fill bounds it); a reduce-scatter reads n for each it writes.
-   The collectives' kernels keep as many streams in flight per thread as
-   dpar's threads do (a 4-device all-reduce reads 4 and writes 4 at once,
-   where copy has 2): the limit of a 4-device all-reduce on a 16-core host
-   was below what dpar did (106%) with the five alone. */
+   streaming stores (read and an in-place mix store nothing elsewhere; the
+   best is left in s->best_q, s->best_nt). No one mix bounds every other:
+   a broadcast or all-gather writes n bytes for each it reads, which ran at
+   100-113% of the copy kernel's bandwidth here (the write-only fill bounds
+   it); a reduce-scatter reads n for each it writes; in a cache, where
+   reads and write-backs travel apart, SGD with momentum (1 read : 2 in
+   place) moved 49 GB/s where the in-place add (1 : 1) moved 44, so an op's
+   own mix is a kernel of its own (stream_set.mix). The collectives'
+   kernels keep as many streams in flight per thread as dpar's threads do
+   (a 4-device all-reduce reads 4 and writes 4 at once, where copy has 2):
+   the limit of a 4-device all-reduce on a 16-core host was below what dpar
+   did (106%) with the five alone. */
 static inline double stream_bw_best(stream_set *s, double target) {
     int trials = 0;
     for (int q = 0; q < ST_KERNELS; q++)
-        if (stream_kernel_set(s, q) > 0) trials += q == ST_K_READ ? 1 : 2;
+        if (stream_kernel_set(s, q) > 0) trials += stream_store_kinds(s, q);
     double best = 0;
     for (int q = 0; q < ST_KERNELS; q++)
-        for (int nt = 0; nt < (q == ST_K_READ ? 1 : 2); nt++) {
+        for (int nt = 0; nt < stream_store_kinds(s, q); nt++) {
             double bw = stream_bw_kernel(s, q, nt, target / (trials ? trials : 1));
-            if (bw > best) best = bw;
+            if (bw > best) {
+                best = bw;
+                s->best_q = q;
+                s->best_nt = nt;
+            }
         }
     return best;
+}
+/* kernel q's name with its stores ("inplace", "copy/nt", "mix r1 rw2 w0/nt") into buf */
+static inline void stream_kernel_label(const stream_set *s, int q, int nt, char *buf, size_t cap) {
+    if (q == ST_K_MIX)
+        snprintf(buf, cap, "mix r%d rw%d w%d%s", s->mix[0], s->mix[1], s->mix[2], nt ? "/nt" : "");
+    else
+        snprintf(buf, cap, "%s%s", q >= 0 && q < ST_KERNELS ? stream_kernel_names[q] : "?", nt ? "/nt" : "");
 }
 
 /* >>bench openblas ========================================================= */

@@ -13,7 +13,7 @@ Rows (CSV, no header):
   mm,shape,threads,dpar_us,dpar_gflops,blas_us,blas_gflops,ratio,ratio_min,ratio_max,alts  (bench_matmul)
   train,framework,model,devices,batch,step_ms,samples_per_s[,note]
   ops,backend,op,dtype,shape,threads,time_us,GBps,stream_GBps,pct_stream,min,max,gflops,blas_gflops,
-      pct_blas,min,max,alts                                                      (bench_ops; GEMM columns may be empty)
+      pct_blas,min,max,alts,working_set_bytes,stream_kernel                      (bench_ops; GEMM columns may be empty)
   opskip,backend,op,dtype,reason                                                 (bench_ops: dtype refused)
   gptstep,round,system,mesh,step_ms,load1                                  (run_gpt.sh, interleaved)
   gptval,system,mesh,seed,steps,train_loss,val_loss,step_ms,load1          (run_gpt.sh, 1000 steps)
@@ -29,9 +29,13 @@ import time
 
 
 def human(b):
-    for unit, k in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+    units = (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10))
+    for unit, k in units:
         if b >= k and b % k == 0:
             return "%d %s" % (b // k, unit)
+    for unit, k in units:  # not a whole number of any: 3 digits of the largest that fits
+        if b >= k:
+            return "%.3g %s" % (b / k, unit)
     return "%d B" % b
 
 
@@ -53,7 +57,8 @@ def parse_ops(r):
     f = lambda x: float(x) if x else None
     o = dict(backend=r[1], op=r[2], dtype=r[3], shape=r[4], threads=int(r[5]), us=float(r[6]), gbps=float(r[7]),
              stream=float(r[8]), ps=float(r[9]), psmin=float(r[10]), psmax=float(r[11]), gflops=f(r[12]),
-             blas=f(r[13]), pb=f(r[14]), pbmin=f(r[15]), pbmax=f(r[16]), alts=int(r[17]))
+             blas=f(r[13]), pb=f(r[14]), pbmin=f(r[15]), pbmax=f(r[16]), alts=int(r[17]),
+             ws=int(r[18]) if len(r) > 19 else None, kernel=r[19] if len(r) > 19 else "")
     o["pct"], o["limit"] = (o["pb"], "sgemm") if o["pb"] is not None else (o["ps"], "stream")
     return o
 
@@ -62,8 +67,10 @@ def ops_section(ops, opskip):
     """the Markdown of bench_ops's rows: a table per backend, the worst rows, the refused dtypes"""
     md = ["## Ops against their limits (bench_ops: the CNN's and the GPT's per-device shapes)", "",
           "Per row the op alternates with its limits (median of the alternations, min-max): the stream limit = "
-          "the bytes the op must read + write (formula per op in bench/bench_ops.c) / the best of the copy, add "
-          "and in-place add stream kernels over the same footprint with the same threads (above 100% the run "
+          "the bytes the op must read + write (formula per op in bench/bench_ops.c) / the best of the copy, add, "
+          "in-place add, fill, read and the op's own access-mix stream kernels, each over the op's working set "
+          "(the distinct bytes it touches: a cache-resident op against a cache-resident stream) with the same "
+          "threads; `limit kernel` names the kernel that set it (above 100% the run "
           "fails: the measurement would be broken); for matmul, conv2d and attention also OpenBLAS sgemm at the "
           "equivalent GEMM shapes (`% sgemm` = sgemm time / op time; above 100% dpar is faster than OpenBLAS "
           "there, which is possible). `% limit` is the sgemm figure for those rows, the stream figure for the "
@@ -72,14 +79,15 @@ def ops_section(ops, opskip):
     for backend in sorted({o["backend"] for o in ops}):
         rows = [o for o in ops if o["backend"] == backend]
         md += ["### %s backend (%d threads)" % (backend, rows[0]["threads"]), "",
-               "| op | dtype | shape | time us | GB/s | % stream (min-max) | GFLOP/s | sgemm GFLOP/s "
-               "| % sgemm (min-max) |",
-               "|---|---|---|---|---|---|---|---|---|"]
+               "| op | dtype | shape | time us | GB/s | % stream (min-max) | limit kernel (working set) | GFLOP/s "
+               "| sgemm GFLOP/s | % sgemm (min-max) |",
+               "|---|---|---|---|---|---|---|---|---|---|"]
         for o in rows:
             g = ("%.1f" % o["gflops"], "%.1f" % o["blas"], "%.0f%% (%.0f-%.0f)" % (o["pb"], o["pbmin"], o["pbmax"])) \
                 if o["pb"] is not None else ("", "", "")
-            md.append("| %s | %s | %s | %.2f | %.3g | %.3g%% (%.3g-%.3g) | %s | %s | %s |" % (
-                o["op"], o["dtype"], o["shape"], o["us"], o["gbps"], o["ps"], o["psmin"], o["psmax"], *g))
+            k = "%s (%s)" % (o["kernel"], human(o["ws"])) if o["ws"] is not None else ""
+            md.append("| %s | %s | %s | %.2f | %.3g | %.3g%% (%.3g-%.3g) | %s | %s | %s | %s |" % (
+                o["op"], o["dtype"], o["shape"], o["us"], o["gbps"], o["ps"], o["psmin"], o["psmax"], k, *g))
         worst = sorted(rows, key=lambda o: o["pct"])[:3]
         md += ["", "Furthest from their limit: " + "; ".join(
             "%s %s (%s) %.3g%% of %s" % (o["op"], o["dtype"], o["shape"], o["pct"], o["limit"]) for o in worst) + ".",
@@ -356,11 +364,11 @@ def main():
               ([t["fw"], t["model"], t["n"], t["batch"], t["ms"], t["sps"], t["note"]] for t in train))
 
     keys = ["backend", "op", "dtype", "shape", "threads", "us", "gbps", "stream", "ps", "psmin", "psmax", "gflops",
-            "blas", "pb", "pbmin", "pbmax", "limit", "pct", "alts"]
+            "blas", "pb", "pbmin", "pbmax", "limit", "pct", "alts", "ws", "kernel"]
     write_csv(os.path.join(out, "ops.csv"),
               ["backend", "op", "dtype", "shape", "threads", "time_us", "GBps", "stream_GBps", "pct_stream",
                "pct_stream_min", "pct_stream_max", "gflops", "openblas_gflops", "pct_sgemm", "pct_sgemm_min",
-               "pct_sgemm_max", "limit", "pct_of_limit", "alternations"],
+               "pct_sgemm_max", "limit", "pct_of_limit", "alternations", "working_set_bytes", "stream_kernel"],
               (["" if o[k] is None else o[k] for k in keys] for o in oprows))
 
     def get(backend, op, n, b):

@@ -41,6 +41,17 @@ run() {
     fi
 }
 run "bench_ops cpu" 100 "$BUILD/bench_ops" --backend cpu --threads 1 --time 0.01 --alts 1
+# the stream limit runs over the op's working set (the distinct bytes it touches) and names its kernel: axpy
+# touches y and x (2 x 802,816 f32), sgd_update:digits the parameter, gradient and momentum (3 x 64 x 128)
+"$BUILD/bench_ops" --backend cpu --time 0.01 --alts 1 --dtypes f32 --only axpy >"$out" 2>&1
+"$BUILD/bench_ops" --backend cpu --time 0.01 --alts 1 --dtypes f32 --only sgd_update:digits >>"$out" 2>&1
+got=$(awk -F, '$1 == "ops" && $20 != "" { printf "%s=%s ", $3, $19 }' "$out")
+if [ "$got" = "axpy=6422528 sgd_update:digits=98304 " ]; then
+    echo "PASS bench_smoke bench_ops limit at the op's working set, its kernel named"
+else
+    tail -5 "$out"
+    echo "FAIL bench_smoke bench_ops limit at the op's working set: got '$got' (axpy=6422528 sgd_update:digits=98304)"
+fi
 run "bench_ops vulkan conv" 6 "$BUILD/bench_ops" --backend vulkan --threads 1 --time 0.01 --alts 1 --only conv
 run "bench_collectives cpu" 20 "$BUILD/bench_collectives" --backend cpu --devices 2,4 --min 65536 --max 262144 \
     --factor 4 --time 0.02 --alts 1
