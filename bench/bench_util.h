@@ -342,9 +342,10 @@ static inline void st_pass(st_arg *a) {
    pass, 41-45 after two and 44-45 after three, its lines reaching the L3 only as the L2 evicts them;
    axpy, at 42, was at 125% of the one-pass limit. A trial with streaming stores keeps one pass: its
    stores bypass the cache, so it wins only where the footprint streams from DRAM, where a second pass
-   changes nothing; there it made the quick collectives' sweep 45 s long instead of 32 (one pass
-   everywhere: 24 s; 16 MB over 4 devices is milliseconds a pass). A trial right after its kernel's
-   sizing trial, over the same arrays, starts warm (warm = 0). */
+   changes nothing; there it made the quick collectives' sweep 45 s long instead of 32 (load 7-10;
+   one pass everywhere, kernels over part of the footprint: 24 s; 16 MB over 4 devices is
+   milliseconds a pass). A trial right after its kernel's sizing trial, over the same arrays, starts
+   warm (warm = 0). */
 enum { ST_WARM = 2 };
 static inline void *st_main(void *p) {
     st_arg *a = (st_arg *)p;
