@@ -6,7 +6,7 @@
 # not in a quick run), the CNN against JAX and PyTorch in cnn.md (bench/peers/run_cnn.sh;
 # not in a quick run) and ends with one line "summary: ...".
 #   sh bench/run.sh BUILD_DIR
-#   BENCH_QUICK=1   a quick run (under a minute: fewer sizes, shapes and device counts)
+#   BENCH_QUICK=1   a quick run (about a minute: fewer sizes, shapes and device counts)
 #   BENCH_NO_JAX=1  skip the JAX peer, the GPT, conv and CNN peers (and the venv they need)
 #   BENCH_ALTS=N    alternations per ratio (default 5)
 #   DPAR_TRACE=f.json is passed through to the dpar benchmarks.
