@@ -8156,6 +8156,14 @@ static dpar_status dpar__strided(dpar_buffer *dst, const dpar_buffer *src, int n
     int64_t off[3] = { soff, doff, 0 };
     return dpar__geo_issue(&op, &g, off);
 }
+/* The backend's refusal of a strided copy from src into dst (be->op_fits), for a call that writes dst first (a
+   fill): asked before that write, so a refused call leaves dst untouched. */
+static dpar_status dpar__strided_fits(dpar_buffer *dst, const dpar_buffer *src) {
+    dpar__op op;
+    dpar__op_init(&op, DPAR__OP_STRIDED, dst);
+    op.src0 = src;
+    return dpar__op_fits(&op);
+}
 static dpar_status dpar__shape_op_check(const char *fn, const dpar_buffer *y, const dpar_buffer *x, int same_rank) {
     dpar_status s = dpar__op_check(fn, y, &x, 1);
     if (s) return s;
@@ -8321,7 +8329,9 @@ DPAR_API dpar_status dpar_slice_backward(dpar_buffer *dx, const dpar_buffer *dy,
     dpar__clear_error();
     int64_t st[DPAR_MAX_DIMS], src_st[DPAR_MAX_DIMS], off;
     dpar_status s = dpar__shape_op_check(fn, dx, dy, 1);
-    if (s || (s = dpar__slice_geo(fn, dx, dy, start, step, st, &off)) || (s = dpar_fill(dx, 0.0f))) return s;
+    if (s || (s = dpar__slice_geo(fn, dx, dy, start, step, st, &off)) || (s = dpar__strided_fits(dx, dy)) ||
+        (s = dpar_fill(dx, 0.0f)))
+        return s;
     dpar__dense_strides(dy->ndim, dy->shape, src_st);
     return dpar__strided(dx, dy, dy->ndim, dy->shape, src_st, 0, st, off);
 }
@@ -8331,7 +8341,9 @@ DPAR_API dpar_status dpar_pad(dpar_buffer *y, const dpar_buffer *x, const int64_
     int64_t zeros[DPAR_MAX_DIMS], st[DPAR_MAX_DIMS], src_st[DPAR_MAX_DIMS], off;
     memset(zeros, 0, sizeof zeros);
     dpar_status s = dpar__shape_op_check(fn, y, x, 1);
-    if (s || (s = dpar__slice_geo(fn, y, x, lo ? lo : zeros, NULL, st, &off)) || (s = dpar_fill(y, value))) return s;
+    if (s || (s = dpar__slice_geo(fn, y, x, lo ? lo : zeros, NULL, st, &off)) || (s = dpar__strided_fits(y, x)) ||
+        (s = dpar_fill(y, value)))
+        return s;
     dpar__dense_strides(x->ndim, x->shape, src_st);
     return dpar__strided(y, x, x->ndim, x->shape, src_st, 0, st, off);
 }

@@ -1228,7 +1228,7 @@ static int loop_capped(dpar_runtime *rt) {
 }
 /* A buffer past maxStorageBufferRange (llvmpipe's 128 MiB; a GPU binds 272 MiB): transfers fill and read it;
    ops that bind it in a shader are refused with the range as the reason (dpar_sum named its loop cap, checked
-   first) and write nothing. */
+   first) and write nothing, calls of several ops (pad, slice_backward) included. */
 static void test_buffer_range(void **state) {
     (void)state;
     dpar_runtime *rt = vk_runtime(1, 0);
@@ -1243,6 +1243,12 @@ static void test_buffer_range(void **state) {
     if (llvmpipe) {
         T_ERR(dpar_scale(b, 2.0f), DPAR_ERR_BACKEND, "vulkan: scale", "exceeds maxStorageBufferRange");
         T_ERR(dpar_sum(r, b), DPAR_ERR_BACKEND, "vulkan: sum", "exceeds maxStorageBufferRange");
+        /* pad and slice_backward fill b, then copy into it: refused before the fill (b was -5, then 0) */
+        dpar_buffer *x = t_buf1(rt, DPAR_F32, 4, NULL);
+        const int64_t at[1] = { 8 };
+        T_ERR(dpar_pad(b, x, at, -5.0f), DPAR_ERR_BACKEND, "strided_copy", "exceeds maxStorageBufferRange");
+        T_ERR(dpar_slice_backward(b, x, at, NULL), DPAR_ERR_BACKEND, "strided_copy", "exceeds maxStorageBufferRange");
+        dpar_buffer_destroy(x);
     } else {
         T_OK(dpar_scale(b, 2.0f));
         T_OK(dpar_sum(r, b));
