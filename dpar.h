@@ -14761,6 +14761,17 @@ DPAR_API dpar_status dpar_trace_begin(const char *path) {
     return DPAR_OK;
 }
 
+/* s as the body of a JSON string (RFC 8259 section 7): names come from users (dpar_trace_event, node names) */
+static void dpar__json_puts(FILE *f, const char *s) {
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\')
+            fprintf(f, "\\%c", *p);
+        else if (*p < 0x20)
+            fprintf(f, "\\u%04x", *p);
+        else
+            fputc(*p, f);
+    }
+}
 static dpar_status dpar__trace_write_locked(void) {
     FILE *f = fopen(dpar__trace_path, "w");
     if (!f) return dpar__err(DPAR_ERR_IO, "dpar trace: cannot write '%s': %s", dpar__trace_path, strerror(errno));
@@ -14806,8 +14817,12 @@ static dpar_status dpar__trace_write_locked(void) {
     for (size_t i = 0; i < dpar__tev_n; i++) {
         const dpar__tev *e = &dpar__tev_buf[i];
         int tid = e->tid < 0 ? 0 : e->tid + 1;
-        fprintf(f, "%s{\"ph\":\"X\",\"name\":\"%s\",\"cat\":\"%s\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f",
-                first ? "" : ",\n", e->name, e->cat, e->pid, tid, e->ts, e->dur > 0.0 ? e->dur : 0.0);
+        fprintf(f, "%s{\"ph\":\"X\",\"name\":\"", first ? "" : ",\n");
+        dpar__json_puts(f, e->name);
+        fputs("\",\"cat\":\"", f);
+        dpar__json_puts(f, e->cat);
+        fprintf(f, "\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f", e->pid, tid, e->ts,
+                e->dur > 0.0 ? e->dur : 0.0);
         if (e->bytes >= 0) fprintf(f, ",\"args\":{\"bytes\":%lld}", (long long)e->bytes);
         fputc('}', f);
         first = 0;

@@ -214,7 +214,8 @@ static void test_api_trace(void **state) {
 }
 
 /* Every track of the trace has its name, however late it first appears: a second runtime's tracks after
-   the first's 5,000 events had none (the metadata scan stopped at event 4,096). */
+   the first's 5,000 events had none (the metadata scan stopped at event 4,096); an event's name and category
+   are escaped (a quote made the file invalid JSON). */
 static dpar_status many_ops(dpar_ctx *ctx, void *user) {
     (void)user;
     dpar_status s = DPAR_OK;
@@ -233,11 +234,14 @@ static void test_late_tracks(void **state) {
     T_OK(dpar_shard_map(m, &(dpar_shard_map_desc){ .fn = many_ops, .num_args = 1, .args = { a } }));
     dpar_runtime *rt2 = t_runtime(DPAR_BACKEND_CPU, 2);
     run_work(rt2, 2);
+    double t0 = dpar_trace_clock_us(); /* a user's name with JSON's special characters: escaped */
+    dpar_trace_event(rt2, 1, "quote\"back\\slash\nnl\ttab", "c\"at", t0, t0 + 1.0, -1);
     dpar_runtime_destroy(rt2);
     dpar_runtime_destroy(rt);
     T_OK(dpar_trace_end());
     char *s;
     check_json(path, &s);
+    assert_non_null(strstr(s, "\"name\":\"quote\\\"back\\\\slash\\u000anl\\u0009tab\",\"cat\":\"c\\\"at\""));
     int events = 0, last_pid = -1, last_tid = -1;
     for (const char *p = strstr(s, "\"ph\":\"X\""); p; p = strstr(p + 1, "\"ph\":\"X\""), events++) {
         int pid, tid;
