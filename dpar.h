@@ -1622,7 +1622,9 @@ DPAR_API dpar_status dpar_graph_destroy(dpar_graph *g);
 /* The first error of the graph's builder calls (DPAR_OK if none); sets the
    last error text to that error's text again. */
 DPAR_API dpar_status dpar_graph_status(const dpar_graph *g);
-/* Names a value (copied, < DPAR_NAME_LEN chars) for print, DOT and errors; returns v. */
+/* Names a value (copied, < DPAR_NAME_LEN chars) for print, DOT and errors; returns v.
+   Errors (recorded): DPAR_ERR_INVALID_ARGUMENT (a control character, '"' or '\\' in the name; feed and
+   param names too). */
 DPAR_API dpar_value dpar_g_name(dpar_graph *g, dpar_value v, const char *name);
 /* Per-device shape of v into ndim / shape[DPAR_MAX_DIMS] and its dtype (each may be NULL).
    Errors: DPAR_ERR_INVALID_ARGUMENT (not a value of g). */
@@ -10286,8 +10288,21 @@ DPAR_API dpar_status dpar_graph_status(const dpar_graph *g) {
     return dpar__g_status(g);
 }
 
+/* Whether a name can be printed as it is in print, DOT, traces and errors (no control character, quote or
+   backslash); if not, records the graph's error, naming fn and the first bad byte's position. */
+static bool dpar__g_name_ok(dpar_graph *g, const char *fn, const char *name) {
+    for (const unsigned char *p = (const unsigned char *)(name ? name : ""); *p; p++)
+        if (*p < 0x20 || *p == 0x7f || *p == '"' || *p == '\\') {
+            dpar__g_fail(g, DPAR_ERR_INVALID_ARGUMENT,
+                         "%s: the name has a control character, a quote or a backslash at byte %d; names are printed "
+                         "as they are in graphs, DOT, traces and errors",
+                         fn, (int)(p - (const unsigned char *)name));
+            return false;
+        }
+    return true;
+}
 DPAR_API dpar_value dpar_g_name(dpar_graph *g, dpar_value v, const char *name) {
-    if (!dpar__g_args(g, "dpar_g_name", 1, &v)) return dpar__gv(0);
+    if (!dpar__g_args(g, "dpar_g_name", 1, &v) || !dpar__g_name_ok(g, "dpar_g_name", name)) return dpar__gv(0);
     snprintf(g->n[v.id].name, DPAR_NAME_LEN, "%s", name ? name : "");
     return v;
 }
@@ -10324,8 +10339,9 @@ static int dpar__g_leaf(dpar_graph *g, int kind, const char *name, dpar_array *a
     return id;
 }
 DPAR_API dpar_value dpar_g_feed(dpar_graph *g, const char *name, const dpar_array_desc *desc) {
-    if (!dpar__g_args(g, "dpar_g_feed", 0, NULL)) return dpar__gv(0);
-    if (!desc) return dpar__g_fail(g, DPAR_ERR_INVALID_ARGUMENT, "dpar_g_feed: feed '%s': desc is NULL", name);
+    if (!dpar__g_args(g, "dpar_g_feed", 0, NULL) || !dpar__g_name_ok(g, "dpar_g_feed", name)) return dpar__gv(0);
+    if (!desc)
+        return dpar__g_fail(g, DPAR_ERR_INVALID_ARGUMENT, "dpar_g_feed: feed '%s': desc is NULL", name ? name : "");
     dpar_array *a = NULL;
     dpar_status s = dpar_array_create(g->mesh, desc, &a);
     if (s) return dpar__g_fail(g, s, "dpar_g_feed: feed '%s': %s", name ? name : "", dpar_last_error());
@@ -10335,8 +10351,9 @@ DPAR_API dpar_value dpar_g_feed(dpar_graph *g, const char *name, const dpar_arra
     return dpar__gv(id);
 }
 DPAR_API dpar_value dpar_g_param(dpar_graph *g, const char *name, dpar_array *a) {
-    if (!dpar__g_args(g, "dpar_g_param", 0, NULL)) return dpar__gv(0);
-    if (!a) return dpar__g_fail(g, DPAR_ERR_INVALID_ARGUMENT, "dpar_g_param: param '%s': array is NULL", name);
+    if (!dpar__g_args(g, "dpar_g_param", 0, NULL) || !dpar__g_name_ok(g, "dpar_g_param", name)) return dpar__gv(0);
+    if (!a)
+        return dpar__g_fail(g, DPAR_ERR_INVALID_ARGUMENT, "dpar_g_param: param '%s': array is NULL", name ? name : "");
     if (dpar__live_arg(a, DPAR__LIVE_ARRAY, "dpar_g_param", "the array"))
         return dpar__g_fail(g, DPAR_ERR_STATE, "%s", dpar_last_error());
     if (a->mesh != g->mesh)

@@ -880,6 +880,39 @@ static void test_shared_kind_names(void **st) {
     T_OK(dpar_runtime_destroy(rt));
 }
 
+/* A name with a control character, a quote or a backslash is refused (DOT and dpar_graph_print wrote it as
+   it was: a broken label, a line cut in two); plain names, NULL and "" are fine. */
+static void test_bad_names(void **st) {
+    (void)st;
+    dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 1);
+    dpar_mesh *m = t_mesh1(rt, 1, "data");
+    dpar_array *w = arr(m, DPAR_F32, 1, 3, 0, NULL, NULL);
+    static const char *const bad[] = { "re\"lu", "two\nlines", "tab\there", "back\\slash" };
+    for (int k = 0; k < 4; k++) {
+        dpar_graph *g;
+        T_OK(dpar_graph_create(m, &g));
+        dpar_value x = dpar_g_feed(g, k == 2 ? bad[k] : "x", &(dpar_array_desc){ DPAR_F32, 1, { 3 }, { NULL } });
+        dpar_value p = dpar_g_param(g, k == 3 ? bad[k] : "w", w);
+        dpar_value y = dpar_g_name(g, dpar_g_add(g, x, p), k < 2 ? bad[k] : NULL);
+        if (k < 2) assert_int_equal(y.id, 0);
+        T_ERR(dpar_graph_status(g), DPAR_ERR_INVALID_ARGUMENT,
+              k == 2   ? "dpar_g_feed"
+              : k == 3 ? "dpar_g_param"
+                       : "dpar_g_name",
+              "a control character, a quote or a backslash at byte");
+        T_OK(dpar_graph_destroy(g));
+    }
+    dpar_graph *g;
+    T_OK(dpar_graph_create(m, &g));
+    dpar_value x = dpar_g_feed(g, NULL, &(dpar_array_desc){ DPAR_F32, 1, { 3 }, { NULL } });
+    assert_true(dpar_g_name(g, dpar_g_add(g, x, dpar_g_param(g, "", w)), "sum 'a' (b)").id > 0);
+    T_OK(dpar_graph_status(g));
+    T_OK(dpar_graph_destroy(g));
+    dpar_array_destroy(w);
+    T_OK(dpar_mesh_destroy(m));
+    T_OK(dpar_runtime_destroy(rt));
+}
+
 /* ---- bad input: clear errors, never a crash ---- */
 static void test_bad_input(void **st) {
     (void)st;
@@ -1035,6 +1068,7 @@ int main(void) {
         cmocka_unit_test(test_adamw_masked_vulkan),
         cmocka_unit_test(test_optimizer_node_name),
         cmocka_unit_test(test_shared_kind_names),
+        cmocka_unit_test(test_bad_names),
         cmocka_unit_test(test_bad_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
