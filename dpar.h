@@ -2763,6 +2763,10 @@ static DPAR__TLS char dpar__err_text[DPAR__ERR_LEN];
 /* The graph node (its site: dpar__g_site, >>graph) whose deferred index check the last error reports, 0: none
    (the error is no bad index, or no graph node's); set by dpar__bad_index, cleared by every other error. */
 static DPAR__TLS uint32_t dpar__err_site;
+/* The last error follows from another device's (a graph's non-finite clip norm, whose NaN a bad label on another
+   device put into the reduced gradients): a job keeps any other device's error over it (dpar__job_fail). Set by
+   the graph's dispatch, cleared by every other error. */
+static DPAR__TLS int dpar__err_secondary;
 
 DPAR__MAYBE_UNUSED static int dpar__verbose(void) {
     const char *v = getenv("DPAR_VERBOSE");
@@ -2781,7 +2785,7 @@ static void dpar__err_vset(const char *fmt, va_list ap) {
     char t[DPAR__ERR_LEN];
     vsnprintf(t, sizeof t, fmt, ap);
     memcpy(dpar__err_text, t, sizeof t);
-    dpar__err_site = 0;
+    dpar__err_site = 0, dpar__err_secondary = 0;
 }
 static dpar_status dpar__err(dpar_status s, const char *fmt, ...) {
     va_list ap;
@@ -2792,7 +2796,7 @@ static dpar_status dpar__err(dpar_status s, const char *fmt, ...) {
 }
 static void dpar__clear_error(void) {
     dpar__err_text[0] = 0;
-    dpar__err_site = 0;
+    dpar__err_site = 0, dpar__err_secondary = 0;
 }
 /* Runs a destroy or release: when it succeeds the last error is left as it was,
    since a cleanup must not wipe the error the caller is about to print. */
@@ -5319,7 +5323,7 @@ struct dpar__job {
     int abort;      /* atomic */
     dpar__mutex err_mu;
     dpar_status first_status;
-    int first_device;
+    int first_device, first_secondary; /* first_secondary: the error followed from another's (dpar__err_secondary) */
     char first_msg[DPAR__ERR_LEN];
     unsigned char departed[DPAR_MAX_DEVICES]; /* by position, atomic */
 };
@@ -5337,11 +5341,15 @@ static void dpar__wake_all_groups(dpar_mesh *m) {
    text) and tells every device to stop. */
 static void dpar__job_fail(dpar__job *job, int device, dpar_status s) {
     if (s == DPAR_OK) return;
+    int secondary = dpar__err_secondary;
+    dpar__err_secondary = 0;
     dpar__mutex_lock(&job->err_mu);
-    /* an ABORTED status is only the first error if nothing else failed */
-    if (job->first_status == DPAR_OK || (job->first_status == DPAR_ERR_ABORTED && s != DPAR_ERR_ABORTED)) {
+    /* an ABORTED status is only the first error if nothing else failed; a secondary one if nothing primary did */
+    if (job->first_status == DPAR_OK || (job->first_status == DPAR_ERR_ABORTED && s != DPAR_ERR_ABORTED) ||
+        (job->first_secondary && !secondary && s != DPAR_ERR_ABORTED)) {
         job->first_status = s;
         job->first_device = device;
+        job->first_secondary = secondary;
         snprintf(job->first_msg, sizeof job->first_msg, "%s",
                  dpar__err_text[0] ? dpar__err_text : dpar_status_string(s));
     }
@@ -13323,6 +13331,7 @@ DPAR_API dpar_status dpar_graph_recorded(const dpar_graph *g, int *segments, int
 
 static dpar_status dpar__g_stage_in(dpar_graph *g, dpar_ctx *ctx, int li, const dpar__gprog *pr,
                                     dpar__gseg *pre); /* >>graph feeds */
+static bool dpar__g_checks_late(const dpar_graph *g); /* >>graph run */
 static dpar_status dpar__g_dispatch(dpar_ctx *ctx, void *user) {
     dpar_graph *g = (dpar_graph *)user;
     int li = dpar_ctx_device(ctx) - g->first, k = 0;
@@ -13334,11 +13343,14 @@ static dpar_status dpar__g_dispatch(dpar_ctx *ctx, void *user) {
         dpar_status s = dpar__g_step_node(g, ctx, li, pr, &i, &k, &pre);
         if (!s) continue;
         if (pr && pr->state == 0) dpar__g_prog_clear(g, li); /* a failed first run: record again next time */
+        /* the optimizer's non-finite norm, no check of this device behind it: perhaps another device's bad label */
+        int secondary = g->n[i].kind == DPAR__G_SGD && !dpar__g_site_node(g, 0) && dpar__g_checks_late(g);
         dpar__g_node_err(g, s, i);
         char text[DPAR__ERR_LEN];
         memcpy(text, dpar__err_text, sizeof text);
         dpar__g_wait_all(g, ctx, li); /* nothing left in flight; the first error stays */
         memcpy(dpar__err_text, text, sizeof text);
+        dpar__err_secondary = secondary;
         return s;
     }
     if (pr && pr->state == 0) pr->state = 1;
