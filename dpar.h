@@ -1971,7 +1971,8 @@ DPAR_API dpar_status dpar_graph_log_losses(dpar_graph *g, int capacity);
 /* The losses of the last n logged runs (dpar_graph_log_losses) into out[n]
    (f32, host memory), oldest first, as dpar_graph_run's *loss would have read
    them, read with one wait for the devices. Errors: DPAR_ERR_INVALID_ARGUMENT (NULL with n > 0, n < 0, n more
-   than the ring holds or than the runs logged since it was made, no ring),
+   than the ring holds or than the runs logged since it was made, no ring; a label or index that a logged run's
+   node checked on a device, Vulkan or CUDA, reported as dpar_graph_get reports it: its NaN loss is in the ring),
    DPAR_ERR_STATE (a step in flight; g destroyed). */
 DPAR_API dpar_status dpar_graph_losses(dpar_graph *g, float *out, int n);
 /* How the graph's steps are replayed on a backend that records programs
@@ -13845,6 +13846,7 @@ static dpar_status dpar__g_losses(dpar_graph *g, float *out, int n) {
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
                          "%s: %d losses asked for, the ring holds %lld (%lld runs logged, capacity %lld)", fn, n,
                          (long long)have, (long long)g->losses_logged, (long long)cap);
+    if (n && (s = dpar__g_late_err(g, DPAR_OK, g->loss_value, NULL))) return s; /* a logged NaN's bad label */
     int64_t at = (g->losses_logged - n) % cap, first = n < cap - at ? n : cap - at;
     s = dpar_buffer_read(g->loss_log, (size_t)at * sizeof *out, out, (size_t)first * sizeof *out);
     if (!s && n > first) s = dpar_buffer_read(g->loss_log, 0, out + first, (size_t)(n - first) * sizeof *out);

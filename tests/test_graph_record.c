@@ -544,6 +544,16 @@ static void bad_label_dp(dpar_backend_kind k) {
             fail_msg("%s, 2 devices, case %d: got %s: %s\nwant %s", dpar_backend_name(k), r, dpar_status_string(s),
                      dpar_last_error(), want);
         T_OK(dpar_graph_run(g, (dpar_graph_feed[]){ { x, xs, NULL }, { y, good, NULL } }, 2, &loss));
+        if (r == 1 && k != DPAR_BACKEND_CPU) { /* logged losses, each left on the devices (the CPU's run reports
+                                                  at once): dpar_graph_losses reports the label */
+            float ring[3];
+            dpar_graph_feed ok[2] = { { x, xs, NULL }, { y, good, NULL } };
+            T_OK(dpar_graph_log_losses(g, 4));
+            for (int i = 0; i < 3; i++) T_OK(dpar_graph_run(g, i == 1 ? f : ok, 2, NULL));
+            T_ERR(dpar_graph_losses(g, ring, 3), DPAR_ERR_INVALID_ARGUMENT, want);
+            T_OK(dpar_graph_losses(g, ring, 3));
+            assert_true(isfinite(ring[0]) && isnan(ring[1]) && isfinite(ring[2]));
+        }
         T_OK(dpar_graph_destroy(g));
     }
     dpar_array_destroy(w);
