@@ -1911,8 +1911,13 @@ typedef struct dpar_graph_feed {
    prefixed with the device and the node that failed ("device 0: dpar_graph_run:
    node 5 (softmax_xent): dpar_softmax_xent: labels[1] = 9 is outside 0..4 ...");
    a bad label or index that Vulkan or CUDA check on the device and read back
-   later (in a later node, at the loss read or dpar_graph_loss) names the node
-   that checked it, as the CPU does. */
+   later (in a later node, at the loss read, dpar_graph_loss, dpar_graph_get or
+   dpar_graph_losses) names the node that checked it, as the CPU does. Unlike
+   the CPU's, such a step has run to its end: its optimizer nodes have updated
+   the params with the NaN gradients of the bad rows (clipping by the global
+   norm refuses that update; an embedding's bad index updates with finite
+   values). Keep a checkpoint (util/dpar_train.h: dpar_graph_save) to go back
+   to, or check labels on the host where they can be wrong. */
 DPAR_API dpar_status dpar_graph_run(dpar_graph *g, const dpar_graph_feed *feeds, int num_feeds, float *loss);
 /* The graph's own array behind feed v (the global shape and spec given to
    dpar_g_feed): fill it in place (dpar_array_put_rows when each process loads
