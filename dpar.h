@@ -14868,18 +14868,22 @@ static dpar_status dpar__trace_write_locked(void) {
         return dpar__err(DPAR_ERR_IO, "dpar trace: error writing '%s': %s", dpar__trace_path, strerror(errno));
     return DPAR_OK;
 }
-DPAR_API dpar_status dpar_trace_flush(void) {
+/* Writes the trace file (fn: the caller, for the error) */
+static dpar_status dpar__trace_flush(const char *fn) {
     dpar__clear_error();
     dpar__mutex_lock(&dpar__trace_mu);
-    dpar_status s = DPAR__ATOMIC_LOAD(&dpar__trace_on) && dpar__trace_path
-                        ? dpar__trace_write_locked()
-                        : dpar__err(DPAR_ERR_STATE,
-                                    "dpar_trace_flush: not tracing; call dpar_trace_begin or set DPAR_TRACE=file.json");
+    dpar_status s =
+        DPAR__ATOMIC_LOAD(&dpar__trace_on) && dpar__trace_path
+            ? dpar__trace_write_locked()
+            : dpar__err(DPAR_ERR_STATE, "%s: not tracing; call dpar_trace_begin or set DPAR_TRACE=file.json", fn);
     dpar__mutex_unlock(&dpar__trace_mu);
     return s;
 }
+DPAR_API dpar_status dpar_trace_flush(void) {
+    return dpar__trace_flush("dpar_trace_flush");
+}
 DPAR_API dpar_status dpar_trace_end(void) {
-    dpar_status s = dpar_trace_flush();
+    dpar_status s = dpar__trace_flush("dpar_trace_end");
     dpar__mutex_lock(&dpar__trace_mu);
     DPAR__ATOMIC_STORE(&dpar__trace_on, 0);
     DPAR_FREE(dpar__tev_buf);

@@ -207,7 +207,7 @@ static void test_api_trace(void **state) {
     assert_int_equal(count(s, "\"name\":\"matmul\""), 18);
     assert_true(count(s, "\"name\":\"process_name\"") >= 2);
     free(s);
-    T_ERR(dpar_trace_end(), DPAR_ERR_STATE, "not tracing");
+    T_ERR(dpar_trace_end(), DPAR_ERR_STATE, "dpar_trace_end: not tracing"); /* it named dpar_trace_flush */
     /* bad path: an IO error naming it, at once, and nothing starts */
     T_ERR(dpar_trace_begin("/nonexistent-dir/x/trace.json"), DPAR_ERR_IO, "/nonexistent-dir/x/trace.json");
     T_ERR(dpar_trace_end(), DPAR_ERR_STATE, "not tracing");
