@@ -3500,6 +3500,7 @@ static const struct dpar__env_range {
     { "DPAR_GRAPH_ASYNC_BYTES", "a gradient size in bytes", 0, 2000000000L },
     { "DPAR_GRAPH_ALIAS", "a flag (0: a graph node's output never takes its input's buffer)", 0, 1 },
     { "DPAR_CALLER_THREAD", "a flag (0: a 1-device runtime's dispatches run on its worker thread)", 0, 1 },
+    { "DPAR_GRAPH_RECORD", "a flag (0: graphs replay op by op, never recorded)", 0, 1 },
 };
 /* DPAR_ERR_INVALID_ARGUMENT naming the first variable set to a value that is
    not a decimal integer in its range, the value and the range. */

@@ -171,6 +171,8 @@ static void test_env_ranges(void **st) {
         { "DPAR_CPU_THREADS", "99999999999999999999", "1..64" },
         { "DPAR_GRAPH_ASYNC_BYTES", "-1", "0..2000000000" },
         { "DPAR_GRAPH_ASYNC_BYTES", "1M", "0..2000000000" },
+        { "DPAR_GRAPH_RECORD", "banana", "0..1" }, /* it was taken as 1 */
+        { "DPAR_GRAPH_RECORD", "2", "0..1" },
     };
     dpar_runtime_desc d = { .backend = DPAR_BACKEND_CPU, .num_devices = 1 };
     dpar_runtime *rt = NULL;
