@@ -13934,7 +13934,7 @@ DPAR_API dpar_status dpar_graph_print(const dpar_graph *g, const char *path) {
         char sh[160], v[64], ax[64];
         dpar__g_axes_text(g, nd->vary, v, sizeof v);
         dpar__g_axes_text(g, nd->axes, ax, sizeof ax);
-        fprintf(f, "%4d %-13s %-12s in(", i, dpar__g_kind_name(g, nd), nd->name);
+        fprintf(f, "%4d %-18s %-12s in(", i, dpar__g_kind_name(g, nd), nd->name); /* cross_entropy_grad */
         for (int j = 0; j < nd->nin; j++) fprintf(f, j ? ",%d" : "%d", nd->in[j]);
         fprintf(f, ") %s %s", dpar_dtype_name(nd->dtype), dpar__g_shape(nd, sh, sizeof sh));
         if (nd->vary) fprintf(f, " varies{%s}", v);
