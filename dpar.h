@@ -2004,7 +2004,8 @@ DPAR_API dpar_status dpar_graph_recorded(const dpar_graph *g, int *segments, int
    Errors: DPAR_ERR_INVALID_ARGUMENT (not kept, not a value, device not local;
    or a label or index that a run's node checked on a device, Vulkan or CUDA,
    read back here: "device D: dpar_graph_run: <node>: ...", as the loss read
-   reports it; a plain dpar_array_get reports it without the node),
+   reports it; a plain dpar_array_get reports only the checks of the devices it
+   reads, without the node, and leaves the others to the next run or read),
    DPAR_ERR_STATE (not run yet). */
 DPAR_API dpar_status dpar_graph_get(dpar_graph *g, dpar_value v, void *host);
 DPAR_API dpar_status dpar_graph_read_shard(dpar_graph *g, dpar_value v, int device, void *host);
