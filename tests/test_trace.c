@@ -246,7 +246,7 @@ static void test_late_tracks(void **state) {
     for (const char *p = strstr(s, "\"ph\":\"X\""); p; p = strstr(p + 1, "\"ph\":\"X\""), events++) {
         int pid, tid;
         const char *q = strstr(p, "\"pid\":");
-        if (!q || sscanf(q, "\"pid\":%d,\"tid\":%d", &pid, &tid) != 2) fail_msg("an event without pid, tid");
+        if (!q || sscanf(q, "\"pid\":%d,\"tid\":%d", &pid, &tid) != 2) fail_msg("%s", "an event without pid, tid");
         if (pid == last_pid && tid == last_tid) continue;
         last_pid = pid, last_tid = tid;
         char want[96];

@@ -91,7 +91,7 @@ if nice make -j2 CC=${CROSS}gcc CXX=${CROSS}g++ VULKAN=0 MPICC=none BUILD="$WB" 
     TEST_LIBS="$CM/libcmocka.a" $tests $examples >"$log" 2>&1; then
     echo "PASS windows build (library, tests, examples; MinGW-w64, -Werror)"
 else
-    echo "FAIL windows build:"; grep -E 'error|Error' "$log" | head -25 | sed 's/^/    /'; rm -f "$log"; exit 0
+    echo "FAIL windows build:"; grep -E 'error:|Error [0-9]' "$log" | head -25 | sed 's/^/    /'; rm -f "$log"; exit 0
 fi
 # the branch MSVC takes for atomics (Interlocked*), compiled by MinGW; its
 # 4/8-byte generic macros mix signedness, which MSVC's /W3 does not flag
