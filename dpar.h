@@ -10053,6 +10053,7 @@ struct dpar_graph {
     dpar__gopt opt;
     bool has_opt, compiled, ran;
     bool opt_rec;      /* compiled: the optimizer node may join a recorded program (dpar__g_opt_recordable) */
+    bool checks_late;  /* compiled: a run leaves label or index checks on the devices (dpar__g_checks_late) */
     int first, nlocal; /* this process's devices */
     uint32_t tag;      /* tells the graph's node sites (dpar__g_site) from other graphs': one of 256, in turn */
     int nslots;
@@ -12984,6 +12985,7 @@ static dpar_status dpar__g_state(dpar_graph *g) {
                 g->sgd_ptrs[(size_t)li * 4 * (size_t)n + (size_t)n + (size_t)g->opt.split_order[k]];
     return s ? s : dpar__g_state_list(g);
 }
+static bool dpar__g_checks_late(const dpar_graph *g); /* >>graph run */
 DPAR_API dpar_status dpar_graph_compile(dpar_graph *g, dpar_graph_stats *stats) {
     dpar__clear_error();
     if (!g) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_compile: graph is NULL");
@@ -13012,6 +13014,7 @@ DPAR_API dpar_status dpar_graph_compile(dpar_graph *g, dpar_graph_stats *stats) 
                                     (nd->bucket ? dpar__g_bucket_starts(g, i) : nd->spec_of != 0);
     }
     g->opt_rec = dpar__g_opt_recordable(g);
+    g->checks_late = dpar__g_checks_late(g);
     g->compiled = true;
     if (stats) *stats = g->stats;
     return DPAR_OK;
@@ -13339,7 +13342,6 @@ DPAR_API dpar_status dpar_graph_recorded(const dpar_graph *g, int *segments, int
 
 static dpar_status dpar__g_stage_in(dpar_graph *g, dpar_ctx *ctx, int li, const dpar__gprog *pr,
                                     dpar__gseg *pre); /* >>graph feeds */
-static bool dpar__g_checks_late(const dpar_graph *g); /* >>graph run */
 static dpar_status dpar__g_dispatch(dpar_ctx *ctx, void *user) {
     dpar_graph *g = (dpar_graph *)user;
     int li = dpar_ctx_device(ctx) - g->first, k = 0;
@@ -13352,7 +13354,7 @@ static dpar_status dpar__g_dispatch(dpar_ctx *ctx, void *user) {
         if (!s) continue;
         if (pr && pr->state == 0) dpar__g_prog_clear(g, li); /* a failed first run: record again next time */
         /* the optimizer's non-finite norm, no check of this device behind it: perhaps another device's bad label */
-        int secondary = g->n[i].kind == DPAR__G_SGD && !dpar__g_site_node(g, 0) && dpar__g_checks_late(g);
+        int secondary = g->n[i].kind == DPAR__G_SGD && !dpar__g_site_node(g, 0) && g->checks_late;
         dpar__g_node_err(g, s, i);
         char text[DPAR__ERR_LEN];
         memcpy(text, dpar__err_text, sizeof text);
@@ -13442,7 +13444,7 @@ DPAR_API dpar_status dpar_graph_run(dpar_graph *g, const dpar_graph_feed *feeds,
 }
 static dpar_status dpar__g_log_loss(dpar_graph *g); /* >>graph feeds */
 /* Whether a run of g leaves label or index checks on the devices to read back later (Vulkan, CUDA: the loss
-   and embedding nodes check there; the CPU backend checks as it runs). */
+   and embedding nodes check there; the CPU backend checks as it runs); kept by compile as g->checks_late. */
 static bool dpar__g_checks_late(const dpar_graph *g) {
     if (g->rt->be->kind == DPAR_BACKEND_CPU) return false;
     for (int i = 1; i < g->count; i++)
@@ -13454,7 +13456,7 @@ static bool dpar__g_checks_late(const dpar_graph *g) {
    that a node checked on a device (Vulkan, CUDA: read back here) reads as the CPU's step reports it, "device D:
    dpar_graph_run: <node>: ...". The read waited for b's device only: the others are synced here, in turn. */
 static dpar_status dpar__g_late_err(const dpar_graph *g, dpar_status s, int v, const dpar_buffer *b) {
-    if (!s && (!b || g->nlocal > 1) && dpar__g_checks_late(g))
+    if (!s && (!b || g->nlocal > 1) && g->checks_late)
         for (int li = 0; li < g->nlocal && !s; li++) {
             const dpar_buffer *o = dpar__g_buf(g, v, li);
             if (o != b) s = g->rt->be->sync(g->rt->bstate, o->device), b = o;
