@@ -7503,12 +7503,12 @@ static dpar_status dpar__same_float64(const char *fn, const dpar_buffer *const *
     }
     return DPAR_OK;
 }
-static const char *dpar__op_name(dpar__op_kind k);
+static const char *dpar__op_name(const dpar__op *op);
 static dpar_status dpar__op_run(dpar__op *op) {
     dpar_runtime *rt = op->dst->rt;
     if (DPAR__UNLIKELY(dpar__buffer_owner(op->dst, "op") != DPAR_OK)) { /* two compares when fine */
         char fn[64];
-        snprintf(fn, sizeof fn, "dpar_%s", dpar__op_name(op->kind));
+        snprintf(fn, sizeof fn, "dpar_%s", dpar__op_name(op));
         return dpar__buffer_owner(op->dst, fn);
     }
     int dev = op->dst->device; /* backend-local index */
@@ -14643,12 +14643,15 @@ static int dpar__trace_pid(const dpar_runtime *rt) {
     return rt && rt->obs ? rt->obs->pid : 0;
 }
 
-static const char *dpar__op_name(dpar__op_kind k) {
+/* The op's name in errors and traces: its kind's, or for a kind that several public ops share, the caller's
+   (layer_norm / rms_norm, log_softmax: p[0]). */
+static const char *dpar__op_name(const dpar__op *op) {
     static const char *const names[DPAR__OP_COUNT + 1] = {
         "matmul", "bias_add", "bias_grad", "relu", "relu_backward", "softmax_xent", "mse", "axpy", "scale", "fill",
         "copy", "cast", "sum", "sum_squares", "sgd",
         /* >>norm-attn kinds */
-        "norm", "norm_backward", "matmul_batched", "attention", "attention_backward_q", "attention_backward_kv",
+        "layer_norm", "layer_norm_backward", "matmul_batched", "attention", "attention_backward_q",
+        "attention_backward_kv",
         /* >>optim kinds */
         "adamw", "embedding", "embedding_backward", "dropout",
         /* >>elementwise kinds */
@@ -14657,13 +14660,18 @@ static const char *dpar__op_name(dpar__op_kind k) {
         "conv2d", "conv2d_backward_input", "conv2d_backward_kernel", "avg_pool2d", "avg_pool2d_backward", "max_pool2d",
         "max_pool2d_backward", "op"
     };
+    dpar__op_kind k = op->kind;
+    if (op->p[0] && (k == DPAR__OP_NORM || k == DPAR__OP_NORM_BWD))
+        return k == DPAR__OP_NORM ? "rms_norm" : "rms_norm_backward";
+    if (op->p[0] && (k == DPAR__OP_SOFTMAX || k == DPAR__OP_SOFTMAX_BWD))
+        return k == DPAR__OP_SOFTMAX ? "log_softmax" : "log_softmax_backward";
     return (int)k >= 0 && (int)k < (int)DPAR__OP_COUNT && names[k] ? names[k] : "op";
 }
 /* A backend's answer to an op kind it has no kernel for (the default of its op switch; unused in a
    CPU-only build). */
 DPAR__MAYBE_UNUSED static dpar_status dpar__op_unsupported(const char *backend, const dpar__op *op) {
     return dpar__err(DPAR_ERR_BACKEND, "%s: op %s (kind %d) is not implemented on this backend; use the cpu backend",
-                     backend, dpar__op_name(op->kind), (int)op->kind);
+                     backend, dpar__op_name(op), (int)op->kind);
 }
 
 /* hooks called by the core (declared before it) */
@@ -14671,7 +14679,7 @@ static dpar_status dpar__trace_op(dpar__op *op) {
     dpar_runtime *rt = op->dst->rt;
     double t0 = dpar__now_us();
     dpar_status s = rt->be->op(rt->bstate, op->dst->device, op);
-    dpar__trace_event(dpar__trace_pid(rt), op->dst->gdev, dpar__op_name(op->kind), "op", t0, dpar__now_us(), -1);
+    dpar__trace_event(dpar__trace_pid(rt), op->dst->gdev, dpar__op_name(op), "op", t0, dpar__now_us(), -1);
     return s;
 }
 static dpar_status dpar__coll_run(dpar_ctx *ctx, const struct dpar__cargs *a, int comm) {
@@ -16720,76 +16728,75 @@ static void dpar__add_f64(double *y, const double *x, int64_t n) {
 DPAR__IM2COL_DEF(dpar__im2col, float, dpar__add_f32)
 DPAR__IM2COL_DEF(dpar__im2col64, double, dpar__add_f64)
 #undef DPAR__IM2COL_DEF
-#define DPAR__CONV_DEF(IM2COL, CONV, T, GEMM)                                                                      \
-    typedef struct IM2COL##_job {                                                                                  \
-        const dpar__win2d *g;                                                                                      \
-        T *x, *col, *y; /* y: the forward's output rows, set to b (or 0) with their im2col rows */                 \
-        const T *b;                                                                                                \
-        int64_t r0, rows; /* the block: im2col rows [r0, r0 + rows) */                                             \
-    } IM2COL##_job;                                                                                                \
-    static void IM2COL##_rows(const void *arg, int64_t lo, int64_t hi) { /* rows are independent */                \
-        const IM2COL##_job *j = (const IM2COL##_job *)arg;                                                         \
-        int64_t O = j->g->o;                                                                                       \
-        int64_t K = j->g->kh * j->g->kw * j->g->c;                                                                 \
-        if (j->col) IM2COL(j->g, j->x, j->r0 + lo, hi - lo, 0, K, j->col + lo * K, 0);                             \
-        if (j->y)                                                                                                  \
-            for (int64_t r = j->r0 + lo; r < j->r0 + hi; r++)                                                      \
-                for (int64_t o = 0; o < O; o++) j->y[r * O + o] = j->b ? j->b[o] : (T)0;                           \
-    }                                                                                                              \
+#define DPAR__CONV_DEF(IM2COL, CONV, T, GEMM)                                                                       \
+    typedef struct IM2COL##_job {                                                                                   \
+        const dpar__win2d *g;                                                                                       \
+        T *x, *col, *y; /* y: the forward's output rows, set to b (or 0) with their im2col rows */                  \
+        const T *b;                                                                                                 \
+        int64_t r0, rows; /* the block: im2col rows [r0, r0 + rows) */                                              \
+    } IM2COL##_job;                                                                                                 \
+    static void IM2COL##_rows(const void *arg, int64_t lo, int64_t hi) { /* rows are independent */                 \
+        const IM2COL##_job *j = (const IM2COL##_job *)arg;                                                          \
+        int64_t O = j->g->o;                                                                                        \
+        int64_t K = j->g->kh * j->g->kw * j->g->c;                                                                  \
+        if (j->col) IM2COL(j->g, j->x, j->r0 + lo, hi - lo, 0, K, j->col + lo * K, 0);                              \
+        if (j->y)                                                                                                   \
+            for (int64_t r = j->r0 + lo; r < j->r0 + hi; r++)                                                       \
+                for (int64_t o = 0; o < O; o++) j->y[r * O + o] = j->b ? j->b[o] : (T)0;                            \
+    }                                                                                                               \
     /* col2im of the block's rows that fall in images [lo, hi) of it: images write disjoint parts of x,     \
-       and each image's rows are added in the order of the one-thread loop */      \
-    static void IM2COL##_add_images(const void *arg, int64_t lo, int64_t hi) {                                     \
-        const IM2COL##_job *j = (const IM2COL##_job *)arg;                                                         \
-        int64_t ohw = j->g->oh * j->g->ow, n0 = j->r0 / ohw, a = (n0 + lo) * ohw, e = (n0 + hi) * ohw;             \
-        if (a < j->r0) a = j->r0;                                                                                  \
-        if (e > j->r0 + j->rows) e = j->r0 + j->rows;                                                              \
-        int64_t K = j->g->kh * j->g->kw * j->g->c;                                                                 \
-        IM2COL(j->g, j->x, a, e - a, 0, K, j->col + (a - j->r0) * K, 1);                                           \
-    }                                                                                                              \
-    static dpar_status CONV(dpar__cpu *c, int dev, const dpar__op *op, dpar__conv_pass pass, T *x, T *k, T *y) {   \
-        dpar__win2d g = dpar__win2d_get(op);                                                                       \
-        int64_t K = g.kh * g.kw * g.c, M = g.n * g.oh * g.ow, O = g.o, R = dpar__conv_rows(K, M);                  \
-        if (pass == DPAR__CONV_FWD && (K == 0 || O == 0)) { /* y = b (or 0), then y += im2col(x) w */              \
-            const T *b = op->src2 ? (const T *)op->src2->mem : NULL;                                               \
-            for (int64_t r = 0; r < M; r++)                                                                        \
-                for (int64_t o = 0; o < O; o++) y[r * O + o] = b ? b[o] : (T)0;                                    \
-        } else if (pass == DPAR__CONV_BWD_INPUT) {                                                                 \
-            memset(x, 0, (size_t)(g.n * g.h * g.w * g.c) * sizeof(T));                                             \
-        } else if (M == 0) {                                                                                       \
-            memset(k, 0, (size_t)(K * O) * sizeof(T));                                                             \
-        }                                                                                                          \
-        if (M == 0 || O == 0 || K == 0) return DPAR_OK;                                                            \
-        int direct = dpar__conv_direct(&g);                                                                        \
-        T *col = direct ? NULL : (T *)DPAR_ALIGNED_MALLOC((size_t)(R * K) * sizeof(T), 64);                        \
-        if (!direct && !col)                                                                                       \
-            return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "%s: out of host memory", dpar__op_name(op->kind));           \
-        for (int64_t r0 = 0; r0 < M; r0 += R) {                                                                    \
-            int64_t rows = M - r0 < R ? M - r0 : R;                                                                \
-            T *cb = direct ? x + r0 * K : col, *yb = y + r0 * O;                                                   \
-            int fwd = pass == DPAR__CONV_FWD;                                                                      \
-            IM2COL##_job job = { &g,                                                                               \
-                                 x,                                                                                \
-                                 direct ? NULL : col,                                                              \
-                                 fwd ? y : NULL,                                                                   \
-                                 fwd && op->src2 ? (const T *)op->src2->mem : NULL,                                \
-                                 r0,                                                                               \
-                                 rows };                                                                           \
-            if (job.y || (job.col && pass != DPAR__CONV_BWD_INPUT))                                                \
-                dpar__cpu_parallel(c, dev, rows, K + (fwd ? O : 0), IM2COL##_rows, &job);                          \
-            if (pass == DPAR__CONV_FWD) {                                                                          \
-                GEMM(c, dev, rows, O, K, 0, 0, 1.0f, cb, k, 1.0f, yb); /* [rows,K] [K,O] */                        \
-            } else if (pass == DPAR__CONV_BWD_KERNEL) {                                                            \
-                GEMM(c, dev, K, O, rows, 1, 0, 1.0f, cb, yb, r0 ? 1.0f : 0.0f, k); /* [K,rows] [rows,O] */         \
-            } else {                                                                                               \
-                GEMM(c, dev, rows, K, O, 0, 1, 1.0f, yb, k, 0.0f, cb);                    /* [rows,O] [O,K] */     \
-                int64_t ohw = g.oh * g.ow, n0 = r0 / ohw, n1 = (r0 + rows - 1) / ohw + 1; /* images touched */     \
-                if (!direct)                                                                                       \
-                    dpar__cpu_parallel(c, dev, n1 - n0, (rows + n1 - n0 - 1) / (n1 - n0) * K, IM2COL##_add_images, \
-                                       &job);                                                                      \
-            }                                                                                                      \
-        }                                                                                                          \
-        DPAR_ALIGNED_FREE(col);                                                                                    \
-        return DPAR_OK;                                                                                            \
+       and each image's rows are added in the order of the one-thread loop */       \
+    static void IM2COL##_add_images(const void *arg, int64_t lo, int64_t hi) {                                      \
+        const IM2COL##_job *j = (const IM2COL##_job *)arg;                                                          \
+        int64_t ohw = j->g->oh * j->g->ow, n0 = j->r0 / ohw, a = (n0 + lo) * ohw, e = (n0 + hi) * ohw;              \
+        if (a < j->r0) a = j->r0;                                                                                   \
+        if (e > j->r0 + j->rows) e = j->r0 + j->rows;                                                               \
+        int64_t K = j->g->kh * j->g->kw * j->g->c;                                                                  \
+        IM2COL(j->g, j->x, a, e - a, 0, K, j->col + (a - j->r0) * K, 1);                                            \
+    }                                                                                                               \
+    static dpar_status CONV(dpar__cpu *c, int dev, const dpar__op *op, dpar__conv_pass pass, T *x, T *k, T *y) {    \
+        dpar__win2d g = dpar__win2d_get(op);                                                                        \
+        int64_t K = g.kh * g.kw * g.c, M = g.n * g.oh * g.ow, O = g.o, R = dpar__conv_rows(K, M);                   \
+        if (pass == DPAR__CONV_FWD && (K == 0 || O == 0)) { /* y = b (or 0), then y += im2col(x) w */               \
+            const T *b = op->src2 ? (const T *)op->src2->mem : NULL;                                                \
+            for (int64_t r = 0; r < M; r++)                                                                         \
+                for (int64_t o = 0; o < O; o++) y[r * O + o] = b ? b[o] : (T)0;                                     \
+        } else if (pass == DPAR__CONV_BWD_INPUT) {                                                                  \
+            memset(x, 0, (size_t)(g.n * g.h * g.w * g.c) * sizeof(T));                                              \
+        } else if (M == 0) {                                                                                        \
+            memset(k, 0, (size_t)(K * O) * sizeof(T));                                                              \
+        }                                                                                                           \
+        if (M == 0 || O == 0 || K == 0) return DPAR_OK;                                                             \
+        int direct = dpar__conv_direct(&g);                                                                         \
+        T *col = direct ? NULL : (T *)DPAR_ALIGNED_MALLOC((size_t)(R * K) * sizeof(T), 64);                         \
+        if (!direct && !col) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "%s: out of host memory", dpar__op_name(op)); \
+        for (int64_t r0 = 0; r0 < M; r0 += R) {                                                                     \
+            int64_t rows = M - r0 < R ? M - r0 : R;                                                                 \
+            T *cb = direct ? x + r0 * K : col, *yb = y + r0 * O;                                                    \
+            int fwd = pass == DPAR__CONV_FWD;                                                                       \
+            IM2COL##_job job = { &g,                                                                                \
+                                 x,                                                                                 \
+                                 direct ? NULL : col,                                                               \
+                                 fwd ? y : NULL,                                                                    \
+                                 fwd && op->src2 ? (const T *)op->src2->mem : NULL,                                 \
+                                 r0,                                                                                \
+                                 rows };                                                                            \
+            if (job.y || (job.col && pass != DPAR__CONV_BWD_INPUT))                                                 \
+                dpar__cpu_parallel(c, dev, rows, K + (fwd ? O : 0), IM2COL##_rows, &job);                           \
+            if (pass == DPAR__CONV_FWD) {                                                                           \
+                GEMM(c, dev, rows, O, K, 0, 0, 1.0f, cb, k, 1.0f, yb); /* [rows,K] [K,O] */                         \
+            } else if (pass == DPAR__CONV_BWD_KERNEL) {                                                             \
+                GEMM(c, dev, K, O, rows, 1, 0, 1.0f, cb, yb, r0 ? 1.0f : 0.0f, k); /* [K,rows] [rows,O] */          \
+            } else {                                                                                                \
+                GEMM(c, dev, rows, K, O, 0, 1, 1.0f, yb, k, 0.0f, cb);                    /* [rows,O] [O,K] */      \
+                int64_t ohw = g.oh * g.ow, n0 = r0 / ohw, n1 = (r0 + rows - 1) / ohw + 1; /* images touched */      \
+                if (!direct)                                                                                        \
+                    dpar__cpu_parallel(c, dev, n1 - n0, (rows + n1 - n0 - 1) / (n1 - n0) * K, IM2COL##_add_images,  \
+                                       &job);                                                                       \
+            }                                                                                                       \
+        }                                                                                                           \
+        DPAR_ALIGNED_FREE(col);                                                                                     \
+        return DPAR_OK;                                                                                             \
     }
 DPAR__CONV_DEF(dpar__im2col64, dpar__cpu64_conv2d, double, dpar__cpu64_gemm)
 #undef DPAR__CONV_DEF
@@ -17164,7 +17171,7 @@ static dpar_status dpar__cpu_conv2d(dpar__cpu *c, int dev, const dpar__op *op, d
     if (pass == DPAR__CONV_BWD_KERNEL) ncol = parts * j.ncol;
     if (ncol + nkt + ntl) {
         if (!(j.kt = (float *)DPAR_ALIGNED_MALLOC((size_t)(ncol + nkt + ntl) * sizeof(float), 64)))
-            return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "%s: out of host memory", dpar__op_name(op->kind));
+            return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "%s: out of host memory", dpar__op_name(op));
         j.col = ncol ? j.kt + nkt : NULL;
         for (int64_t o = 0; o < nkt / K; o++)
             for (int64_t q = 0; q < K; q++) j.kt[o * K + q] = k[q * O + o];
@@ -17288,7 +17295,7 @@ static void dpar__pool_acc_f64(double *y, const double *x, int64_t n, double d) 
         int64_t per_image = g.oh * g.ow * g.kh * g.kw * g.c + 1; /* window reads of an image */                    \
         dpar__cpu_parallel(c, dev, g.n, per_image, NAME##_images, &job);                                           \
         if (DPAR__ATOMIC_LOAD(&oom))                                                                               \
-            return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "%s: out of host memory", dpar__op_name(op->kind));           \
+            return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "%s: out of host memory", dpar__op_name(op));                 \
         return DPAR_OK;                                                                                            \
     }
 DPAR__POOL2D_DEF(dpar__cpu_pool2d, float, dpar__pool_acc_f32)
@@ -18226,7 +18233,7 @@ static dpar_status dpar__cpu_op_half(void *st, int dev, const dpar__op *op) {
         float *m = (float *)DPAR_MALLOC((size_t)(b->count + 1) * sizeof(float));
         if (!m) {
             s = dpar__err(DPAR_ERR_OUT_OF_MEMORY, "%s: out of host memory widening %lld %s elements to f32",
-                          dpar__op_name(op->kind), (long long)b->count, dpar_dtype_name(b->dtype));
+                          dpar__op_name(op), (long long)b->count, dpar_dtype_name(b->dtype));
             break;
         }
         for (int64_t e = 0; e < b->count; e++) m[e] = dpar__load_f(b->mem, b->dtype, e);
@@ -18693,7 +18700,7 @@ static dpar_status dpar__cpu_op_f64(dpar__cpu *c, int dev, const dpar__op *op) {
         return dpar__err(DPAR_ERR_DTYPE,
                          "dpar_%s: the cpu backend has no f64 kernel for this op (see the f64 table in dpar.h); "
                          "dpar_cast to f32",
-                         dpar__op_name(op->kind));
+                         dpar__op_name(op));
     }
 }
 #undef DPAR__D

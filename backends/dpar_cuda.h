@@ -1789,7 +1789,7 @@ static dpar_status dpar__cu_op_optim(dpar__cu_state *st, int dev, const dpar__op
         return dpar__cu_launch(st, dev, DPAR__CUK_DROPOUT, dpar__cu_grid((n + 3) / 4, 1, 8192), DPAR__CU_BLOCK, s,
                                args);
     }
-    default: return dpar__err(DPAR_ERR_BACKEND, "cuda: op %s is not an optim op", dpar__op_name(op->kind));
+    default: return dpar__err(DPAR_ERR_BACKEND, "cuda: op %s is not an optim op", dpar__op_name(op));
     }
 }
 
@@ -1855,7 +1855,7 @@ static dpar_status dpar__cu_op_pointwise(dpar__cu_state *st, int dev, const dpar
         if (n == 0) return DPAR_OK;
         return dpar__cu_launch(st, dev, DPAR__CUK_SGD, dpar__cu_grid(n, 16, 8192), DPAR__CU_BLOCK, s, args);
     }
-    default: return dpar__err(DPAR_ERR_BACKEND, "cuda: op %s is not a pointwise op", dpar__op_name(op->kind));
+    default: return dpar__err(DPAR_ERR_BACKEND, "cuda: op %s is not a pointwise op", dpar__op_name(op));
     }
 }
 

@@ -2113,7 +2113,7 @@ static dpar_status dpar__vk_op_conv_pool(dpar__vk *st, int dev, const dpar__op *
     for (int i = 0; i < 16; i++) {
         if (op->p[i] < 0 || op->p[i] > (int64_t)0xffffffff)
             return dpar__err(DPAR_ERR_BACKEND, "vulkan: %s: geometry value %lld does not fit the shader's 32 bits",
-                             dpar__op_name(op->kind), (long long)op->p[i]);
+                             dpar__op_name(op), (long long)op->p[i]);
         pc->p[i] = (uint32_t)op->p[i];
     }
     if (op->dst->count == 0) return DPAR_OK;
@@ -2207,7 +2207,7 @@ static dpar_status dpar__vk_op_optim(dpar__vk *st, int dev, const dpar__op *op, 
         pc->n = (uint32_t)op->n;
         for (int i = 0; i < 6; i++) pc->p[i] = (uint32_t)op->p[i];
         return dpar__vk_dispatch(st, dev, DPAR__SPV_DROPOUT, b, pc, dpar__vk_groups(ph, ((uint64_t)op->n + 3) / 4), 1);
-    default: return dpar__err(DPAR_ERR_BACKEND, "vulkan: op %s is not an optim op", dpar__op_name(op->kind));
+    default: return dpar__err(DPAR_ERR_BACKEND, "vulkan: op %s is not an optim op", dpar__op_name(op));
     }
 }
 
@@ -2308,7 +2308,7 @@ static dpar_status dpar__vk_op_basic(dpar__vk *st, int dev, const dpar__op *op, 
     }
     default: /* dpar__vk_op routes only the kinds above here */
         return dpar__err(DPAR_ERR_BACKEND, "vulkan: op %s reached the basic kernels; a dispatch bug",
-                         dpar__op_name(op->kind));
+                         dpar__op_name(op));
     }
 }
 
@@ -2483,7 +2483,7 @@ static dpar_status dpar__vk_loop_check(const dpar__vk *st, int dev, const dpar__
     return dpar__err(DPAR_ERR_SHAPE,
                      "vulkan: %s of %s and %s: an invocation would loop about %llu times (m %lld, n %lld, k %lld); "
                      "llvmpipe ends shader loops after 65,535 iterations; split the op or use the CPU backend",
-                     dpar__op_name(op->kind), x ? dpar__shape_str(a, sizeof a, x->ndim, x->shape) : "-",
+                     dpar__op_name(op), x ? dpar__shape_str(a, sizeof a, x->ndim, x->shape) : "-",
                      y ? dpar__shape_str(b, sizeof b, y->ndim, y->shape) : "-", (unsigned long long)turns,
                      (long long)op->m, (long long)op->n, (long long)op->k);
 }
@@ -2498,7 +2498,7 @@ static dpar_status dpar__vk_op_fits(void *state, int dev, const dpar__op *op) {
     for (int i = 0; i < 8 && !transfer; i++) {
         const dpar__vkbuf *vb = b[i] ? (const dpar__vkbuf *)b[i]->mem : NULL;
         if (vb && vb->size > ph->props.limits.maxStorageBufferRange)
-            return dpar__vk_range_err(ph, dev, dpar__op_name(op->kind), vb->size);
+            return dpar__vk_range_err(ph, dev, dpar__op_name(op), vb->size);
     }
     return dpar__vk_loop_check(st, dev, op);
 }

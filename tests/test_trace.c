@@ -213,6 +213,35 @@ static void test_api_trace(void **state) {
     T_ERR(dpar_trace_end(), DPAR_ERR_STATE, "not tracing");
 }
 
+/* Ops of a kind that several public ops share are traced (and named in backend errors) as the op called:
+   layer_norm, rms_norm, log_softmax; the trace said "norm" for both norms and "softmax" for log_softmax. */
+static void test_shared_kind_names(void **state) {
+    (void)state;
+    char path[128], *s;
+    snprintf(path, sizeof path, "%s/kinds.json", tmpdir);
+    T_OK(dpar_trace_begin(path));
+    dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 1);
+    int64_t sh[2] = { 2, 4 }, ss[2] = { 2, 2 };
+    float x[8] = { 1, 2, 3, 4, 5, 6, 7, 9 };
+    dpar_buffer *bx = t_buf(rt, 0, DPAR_F32, 2, sh, x), *by = t_buf(rt, 0, DPAR_F32, 2, sh, NULL);
+    dpar_buffer *st = t_buf(rt, 0, DPAR_F32, 2, ss, NULL);
+    T_OK(dpar_layer_norm(by, st, bx, NULL, NULL, 1e-5f));
+    T_OK(dpar_rms_norm(by, st, bx, NULL, NULL, 1e-5f));
+    T_OK(dpar_rms_norm(by, st, bx, NULL, NULL, 1e-5f));
+    T_OK(dpar_softmax(by, bx, true));
+    T_OK(dpar_softmax(by, bx, false));
+    T_OK(dpar_trace_end());
+    check_json(path, &s);
+    assert_int_equal(count(s, "\"name\":\"layer_norm\""), 1);
+    assert_int_equal(count(s, "\"name\":\"rms_norm\""), 2);
+    assert_int_equal(count(s, "\"name\":\"log_softmax\""), 1);
+    assert_int_equal(count(s, "\"name\":\"softmax\""), 1);
+    assert_int_equal(count(s, "\"name\":\"norm\""), 0);
+    free(s);
+    dpar_buffer_destroy(bx), dpar_buffer_destroy(by), dpar_buffer_destroy(st);
+    dpar_runtime_destroy(rt);
+}
+
 /* Every track of the trace has its name, however late it first appears: a second runtime's tracks after
    the first's 5,000 events had none (the metadata scan stopped at event 4,096); an event's name and category
    are escaped (a quote made the file invalid JSON). */
@@ -404,9 +433,13 @@ static int teardown(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_env_trace),   cmocka_unit_test(test_api_trace),
-        cmocka_unit_test(test_late_tracks), cmocka_unit_test(test_stats),
-        cmocka_unit_test(test_stats_times), cmocka_unit_test(test_stats_reset_mid_call),
+        cmocka_unit_test(test_env_trace),
+        cmocka_unit_test(test_api_trace),
+        cmocka_unit_test(test_late_tracks),
+        cmocka_unit_test(test_shared_kind_names),
+        cmocka_unit_test(test_stats),
+        cmocka_unit_test(test_stats_times),
+        cmocka_unit_test(test_stats_reset_mid_call),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
