@@ -2477,15 +2477,17 @@ static dpar_status dpar__vk_loop_check(const dpar__vk *st, int dev, const dpar__
     if (!ph->loop_cap) return DPAR_OK;
     uint64_t turns = dpar__vk_op_turns(st, dev, op);
     if (turns < ph->loop_cap) return DPAR_OK;
-    char a[96], b[96];
+    char a[96], b[96], mnk[96] = "";
     const dpar_buffer *x = op->src0 ? op->src0 : op->dst;
     const dpar_buffer *y = op->src1 ? op->src1 : op->dst;
+    if (op->kind == DPAR__OP_MATMUL ||
+        op->kind == DPAR__OP_MATMUL_BATCHED) /* the product's own sizes; other ops' m, n, k are the backend's */
+        snprintf(mnk, sizeof mnk, " (m %lld, n %lld, k %lld)", (long long)op->m, (long long)op->n, (long long)op->k);
     return dpar__err(DPAR_ERR_SHAPE,
-                     "vulkan: %s of %s and %s: an invocation would loop about %llu times (m %lld, n %lld, k %lld); "
-                     "llvmpipe ends shader loops after 65,535 iterations; split the op or use the CPU backend",
+                     "vulkan: %s of %s and %s: an invocation would loop about %llu times%s; llvmpipe ends shader "
+                     "loops after 65,535 iterations; split the op or use the CPU backend",
                      dpar__op_name(op), x ? dpar__shape_str(a, sizeof a, x->ndim, x->shape) : "-",
-                     y ? dpar__shape_str(b, sizeof b, y->ndim, y->shape) : "-", (unsigned long long)turns,
-                     (long long)op->m, (long long)op->n, (long long)op->k);
+                     y ? dpar__shape_str(b, sizeof b, y->ndim, y->shape) : "-", (unsigned long long)turns, mnk);
 }
 /* be->op_fits: the buffers' range, then the loop cap (a buffer past the range is the reason an op cannot run, whatever
    its loops), checked by dpar__vk_op and before a call issued as several ops runs its first */
