@@ -3,7 +3,7 @@
 # rename). Rerunnable: each rename is a whole-word sed substitution, so a file
 # already on the new names is left as it is. Arguments: files to rewrite;
 # none: every tracked C/C++ source, header, script and Markdown file except
-# CHANGELOG.md and the old-names compatibility test. In dpar.h the block
+# CHANGELOG.md and the old-names compatibility tests. In dpar.h the block
 # between "BEGIN DEPRECATED NAMES" and "END DEPRECATED NAMES" (the aliases
 # themselves) is left alone.
 #   sh tools/rename_api.sh            # whole tree
@@ -22,11 +22,23 @@ dpar_stats_reset       dpar_runtime_stats_reset
 dpar_axis_index        dpar_ctx_axis_index
 dpar_axis_size         dpar_ctx_axis_size
 '
+# Fields of dpar_runtime_desc that moved into the backends' settings, rewritten in the files given (not in
+# the whole tree, whose compatibility path reads the old fields) and only as members (after . or ->): a
+# variable of the program's own named mpi_comm stays. vulkan_physical_device is not rewritten: it counted
+# from 0 and .vulkan.physical_device counts from 1; each use is listed for a change by hand.
+FIELDS='
+vulkan_force_noncoherent vulkan.force_noncoherent
+mpi_comm                 mpi.comm
+'
 script=$(echo "$RENAMES" | awk 'NF == 2 { printf "s/\\<%s\\>/%s/g;", $1, $2 }')
+[ $# -eq 0 ] ||
+    script=$script$(echo "$FIELDS" | awk 'NF == 2 { printf "s/\\(\\.\\|->\\)\\([[:space:]]*\\)%s\\>/\\1\\2%s/g;", $1, $2 }')
+given=$# # files named: the fields too
 if [ $# -eq 0 ]; then
     cd "$(dirname "$0")/.."
     set -- $(git ls-files '*.c' '*.h' '*.cpp' '*.cu' '*.sh' '*.py' '*.md' |
-             grep -v -e '^CHANGELOG.md$' -e '^tests/api_compat/old_names.c$' -e '^tools/rename_api.sh$')
+             grep -v -e '^CHANGELOG.md$' -e '^tests/api_compat/old_names.c$' -e '^tools/rename_api.sh$' \
+                 -e '^tests/test_api_compat.sh$')
 fi
 # every argument checked before any file changes: a typo names itself, nothing is rewritten
 for f in "$@"; do
@@ -39,4 +51,8 @@ for f in "$@"; do
     # the aliases block keeps the old names; everything else gets the new ones
     sed -e "/BEGIN DEPRECATED NAMES/,/END DEPRECATED NAMES/b" -e "$script" "$f" >"$f.rename.tmp"
     if cmp -s "$f" "$f.rename.tmp"; then rm -f "$f.rename.tmp"; else cat "$f.rename.tmp" >"$f"; rm -f "$f.rename.tmp"; echo "renamed: $f"; fi
+    [ "$given" -eq 0 ] || grep -n -e '\(\.\|->\)[[:space:]]*vulkan_physical_device\>' "$f" | while IFS=: read -r line _; do
+        echo "rename_api.sh: $f:$line: vulkan_physical_device (0-based; -1 or 0: the default) is not rewritten:" \
+            "use .vulkan.physical_device = k + 1 (1-based; 0: the default)" >&2
+    done
 done
