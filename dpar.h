@@ -434,8 +434,9 @@ typedef struct dpar_runtime_desc {
     int timeout_ms;            /* collective timeout; 0: DPAR_TIMEOUT_MS env, else 60000 */
 #ifndef DPAR_NO_DEPRECATED
     int vulkan_force_noncoherent; /* deprecated: use .vulkan.force_noncoherent (nonzero: the same) */
-    int vulkan_physical_device;   /* deprecated: use .vulkan.physical_device, which is 1-based. Here
-                                     k > 0 picks usable device k; -1 or 0: the default */
+    int vulkan_physical_device;   /* deprecated: use .vulkan.physical_device = k + 1 (1-based). Here
+                                     0-based, as DPAR_VK_DEVICE: k > 0 picks the usable device of index k;
+                                     -1 or 0: the default (so index 0 only as the default's first) */
 #else
     int dpar__reserved_vk[2];       /* keeps the layout of builds that have the deprecated names */
 #endif
