@@ -1,6 +1,6 @@
 /* The copying collectives of the CPU host path at the sizes where they switch
-   to streaming stores (the whole collective above 3/4 of the caches it can
-   stay in: the last-level cache, at most the L2s of all CPUs; 3 MB on a 2-CPU
+   to streaming stores (the whole collective above the caches it can stay in:
+   the L2s of all CPUs, at most 3/4 of the last-level cache; 4 MB on a 2-CPU
    machine with 2 MB L2s) and at sizes that stay in the cache: all-gather
    (tiled along dim 0, and stacked along dim 1 so that every member's block is
    split in rows) and broadcast (out of place and in place, from a root that
