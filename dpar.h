@@ -905,7 +905,9 @@ DPAR_API dpar_status dpar_relu_backward(dpar_buffer *dx, const dpar_buffer *dy, 
    Numerically stable (max subtracted). A label out of range gives
    DPAR_ERR_INVALID_ARGUMENT naming the first bad row and its value (CPU: at
    once, nothing written; GPUs: NaN rows, and the error at the next sync or
-   read of that device). dpar_cross_entropy adds an ignore label and smoothing. */
+   read of that device; until then Vulkan's dpar_sgd_update and
+   dpar_adamw_update on that device skip their update). dpar_cross_entropy adds
+   an ignore label and smoothing. */
 DPAR_API dpar_status dpar_softmax_xent(dpar_buffer *loss, dpar_buffer *dlogits, const dpar_buffer *logits,
                                        const dpar_buffer *labels);
 /* Mean squared error: loss (1 element) = mean((pred - target)^2); dpred (may be
@@ -1151,7 +1153,11 @@ typedef struct dpar_sgd_desc {
 
 /* One fused step for one buffer: param, grad, momentum (f32, or all f64 on the
    cpu backend: the update in double; same count).
-   clip_scale from dpar_sgd_clip_scale (1 when not clipping).
+   clip_scale from dpar_sgd_clip_scale (1 when not clipping). On Vulkan, while
+   a label or index check of this device (dpar_softmax_xent, dpar_cross_entropy,
+   dpar_embedding(_backward)) holds an error not yet read back (the device's
+   next sync or read reports it), the update is skipped whole: param and
+   momentum stay as they were (bad input loses nothing). The same for AdamW.
    Errors: DPAR_ERR_INVALID_ARGUMENT (bad hyper-parameters, missing momentum
    buffer when momentum > 0), DPAR_ERR_SHAPE, DPAR_ERR_DTYPE. */
 /* Checks the hyper-parameters alone (every SGD call does it first).
@@ -1213,7 +1219,8 @@ DPAR_API dpar_status dpar_adamw_check(const dpar_adamw_desc *d);
 /* One fused update of one buffer: param, grad, m, v f32 (or all f64, cpu
    backend) of one count on one device; step >= 1 counts updates including this one; clip_scale finite >= 0
    (1 when not clipping). Deterministic: replicas given identical inputs stay
-   bitwise identical. Errors: DPAR_ERR_INVALID_ARGUMENT (hyper-parameters, step
+   bitwise identical. Skipped on Vulkan while a label or index check's error
+   waits on the device (see dpar_sgd_update): param, m and v stay. Errors: DPAR_ERR_INVALID_ARGUMENT (hyper-parameters, step
    < 1, aliasing, NULL), DPAR_ERR_SHAPE (counts differ, naming both), DPAR_ERR_DTYPE. */
 DPAR_API dpar_status dpar_adamw_update(const dpar_adamw_desc *d, dpar_buffer *param, const dpar_buffer *grad,
                                        dpar_buffer *m, dpar_buffer *v, int64_t step, float clip_scale);
@@ -1913,12 +1920,16 @@ typedef struct dpar_graph_feed {
    node 5 (softmax_xent): dpar_softmax_xent: labels[1] = 9 is outside 0..4 ...");
    a bad label or index that Vulkan or CUDA check on the device and read back
    later (in a later node, at the loss read, dpar_graph_loss, dpar_graph_get or
-   dpar_graph_losses) names the node that checked it, as the CPU does. Unlike
-   the CPU's, such a step has run to its end: its optimizer nodes have updated
-   the params with the NaN gradients of the bad rows (clipping by the global
-   norm refuses that update; an embedding's bad index updates with finite
-   values). Keep a checkpoint (util/dpar_train.h: dpar_graph_save) to go back
-   to, or check labels on the host where they can be wrong. */
+   dpar_graph_losses) names the node that checked it, as the CPU does. As on
+   the CPU, such a step loses nothing: on Vulkan the optimizer's update kernels
+   skip their update while a check's error waits on the device to be read
+   back, so the bad step and every step queued after it before that read (a
+   CUDA-like sticky error) leave the params and the optimizer state (momentum,
+   AdamW's m and v) as they were, and the graph's step count (dpar_graph_step:
+   AdamW's bias correction, dropout) leaves them out once one of those reads
+   reports the error; on several devices the reduction of the gradients reads
+   every device's checks first, so the run itself fails before any update.
+   The next good step updates as if the failed ones never ran. */
 DPAR_API dpar_status dpar_graph_run(dpar_graph *g, const dpar_graph_feed *feeds, int num_feeds, float *loss);
 /* The graph's own array behind feed v (the global shape and spec given to
    dpar_g_feed): fill it in place (dpar_array_put_rows when each process loads
@@ -2775,6 +2786,10 @@ static DPAR__TLS uint32_t dpar__err_site;
    device put into the reduced gradients): a job keeps any other device's error over it (dpar__job_fail). Set by
    the graph's dispatch, cleared by every other error. */
 static DPAR__TLS int dpar__err_secondary;
+/* The graph steps whose optimizer updates the device skipped for the bad index that the last error reports (the
+   guard of Vulkan's and CUDA's update kernels, counted by each step's first update: dpar__opt_first); the graph
+   takes them off its step count. Set by the backend's report of the index check, cleared by every other error. */
+static DPAR__TLS uint32_t dpar__err_skipped;
 
 DPAR__MAYBE_UNUSED static int dpar__verbose(void) {
     const char *v = getenv("DPAR_VERBOSE");
@@ -2793,7 +2808,7 @@ static void dpar__err_vset(const char *fmt, va_list ap) {
     char t[DPAR__ERR_LEN];
     vsnprintf(t, sizeof t, fmt, ap);
     memcpy(dpar__err_text, t, sizeof t);
-    dpar__err_site = 0, dpar__err_secondary = 0;
+    dpar__err_site = 0, dpar__err_secondary = 0, dpar__err_skipped = 0;
 }
 static dpar_status dpar__err(dpar_status s, const char *fmt, ...) {
     va_list ap;
@@ -2804,7 +2819,7 @@ static dpar_status dpar__err(dpar_status s, const char *fmt, ...) {
 }
 static void dpar__clear_error(void) {
     dpar__err_text[0] = 0;
-    dpar__err_site = 0, dpar__err_secondary = 0;
+    dpar__err_site = 0, dpar__err_secondary = 0, dpar__err_skipped = 0;
 }
 /* Runs a destroy or release: when it succeeds the last error is left as it was,
    since a cleanup must not wipe the error the caller is about to print. */
@@ -5354,8 +5369,11 @@ static void dpar__job_fail(dpar__job *job, int device, dpar_status s) {
     dpar__err_secondary = 0;
     dpar__mutex_lock(&job->err_mu);
     /* an ABORTED status is only the first error if nothing else failed; a secondary one if nothing primary did */
+    /* or the same error again with context added (a collective fails the job at once; the graph's dispatch then
+       names the node of the bad label that the collective read back) */
+    bool again = job->first_status == s && job->first_device == device && strstr(dpar__err_text, job->first_msg);
     if (job->first_status == DPAR_OK || (job->first_status == DPAR_ERR_ABORTED && s != DPAR_ERR_ABORTED) ||
-        (job->first_secondary && !secondary && s != DPAR_ERR_ABORTED)) {
+        (job->first_secondary && !secondary && s != DPAR_ERR_ABORTED) || again) {
         job->first_status = s;
         job->first_device = device;
         job->first_secondary = secondary;
@@ -5880,6 +5898,7 @@ struct dpar_request {
     int done;
     dpar_status status;
     char msg[DPAR__ERR_LEN];
+    uint32_t site, skipped;  /* the error's dpar__err_site and dpar__err_skipped (a bad index read back by it) */
     struct dpar__disp *disp; /* a step (>>async dispatch); NULL: a collective */
 };
 static dpar_status dpar__disp_wait(struct dpar_request *r);
@@ -7056,6 +7075,7 @@ static void dpar__req_run(dpar__worker *w, struct dpar_request *r) {
     DPAR_ASSERT(!r->done && w->pending > 0); /* queued -> done, once */
     r->status = s;
     if (s) snprintf(r->msg, sizeof r->msg, "%s", dpar__err_text);
+    r->site = dpar__err_site, r->skipped = dpar__err_skipped;
     r->done = 1;
     w->pending--;
     dpar__cond_broadcast(&w->qcv);
@@ -7180,6 +7200,7 @@ DPAR_API dpar_status dpar_wait(dpar_ctx *ctx, dpar_request *r) {
     dpar__mutex_unlock(&w->qmu);
     dpar_status s = r->status;
     if (s) dpar__err(s, "%s", r->msg);
+    if (s) dpar__err_site = r->site, dpar__err_skipped = r->skipped;
     DPAR_FREE(r);
     return s;
 }
@@ -7655,6 +7676,14 @@ enum { DPAR__IDX_SOFTMAX_XENT = 0, DPAR__IDX_XENT, DPAR__IDX_EMBED, DPAR__IDX_EM
    through to their error words unchanged, and dpar__bad_index hands it on (dpar__err_site): the graph names the
    node that checked, as on the CPU, wherever the error comes back. */
 static DPAR__TLS uint32_t dpar__idx_site;
+/* 1 while a graph's optimizer node issues its first update (dpar__g_exec): that op (p[4] = 1) counts the step in
+   the device's error words when the guard skips it (dpar__err_skipped). */
+static DPAR__TLS int dpar__opt_first;
+static int64_t dpar__opt_take_first(void) {
+    int64_t f = dpar__opt_first;
+    dpar__opt_first = 0;
+    return f;
+}
 static int64_t dpar__idx_word(int fn_id) {
     return (int64_t)((uint32_t)fn_id | dpar__idx_site << 4);
 }
@@ -8709,6 +8738,7 @@ DPAR_API dpar_status dpar_sgd_update(const dpar_sgd_desc *d, dpar_buffer *param,
     op.f[2] = d->weight_decay;
     op.f[3] = clip_scale;
     op.nesterov = d->nesterov;
+    op.p[4] = dpar__opt_take_first();
     return dpar__op_run(&op);
 }
 /* The clip's scratch on ctx's device (slot DPAR__NORM_*), at least count
@@ -9196,6 +9226,7 @@ static dpar_status dpar__adamw_run(const dpar_adamw_desc *r, dpar_buffer *param,
     op.f[7] = (float)(1.0 / (1.0 - pow((double)r->b2, (double)step)));
     double c[2] = { 1.0 / (1.0 - pow((double)r->b1, (double)step)), 1.0 / (1.0 - pow((double)r->b2, (double)step)) };
     memcpy(op.p, c, sizeof c); /* unrounded, for the f64 kernel */
+    op.p[4] = dpar__opt_take_first();
     return dpar__op_run(&op);
 }
 DPAR_API dpar_status dpar_adamw_update(const dpar_adamw_desc *d, dpar_buffer *param, const dpar_buffer *grad,
@@ -10058,6 +10089,7 @@ struct dpar_graph {
     bool has_opt, compiled, ran;
     bool opt_rec;      /* compiled: the optimizer node may join a recorded program (dpar__g_opt_recordable) */
     bool checks_late;  /* compiled: a run leaves label or index checks on the devices (dpar__g_checks_late) */
+    int skipped;       /* atomic: the steps a failed run's devices skipped (dpar__err_skipped), for dpar__g_run */
     int first, nlocal; /* this process's devices */
     uint32_t tag;      /* tells the graph's node sites (dpar__g_site) from other graphs': one of 256, in turn */
     int nslots;
@@ -13085,14 +13117,18 @@ static dpar_status dpar__g_block_run(dpar_ctx *ctx, const dpar__gnode *nd, const
 /* Waits for this device's async gradient reductions; the first error is returned, every one is waited for. */
 static dpar_status dpar__g_wait_all(dpar_graph *g, dpar_ctx *ctx, int li) {
     dpar_status first = DPAR_OK;
+    char text[DPAR__ERR_LEN];
+    uint32_t site = 0, skipped = 0;
     for (int i = 1; i < g->count; i++) {
         dpar_request **r = &g->reqs[i * g->nlocal + li];
         if (!*r) continue;
         dpar_status s = dpar_wait(ctx, *r);
         *r = NULL;
         if (!s && g->n[i].bucket) s = dpar__g_bucket_finish(g, li, i);
-        if (s && !first) first = s;
+        if (s && !first)
+            first = s, site = dpar__err_site, skipped = dpar__err_skipped, memcpy(text, dpar__err_text, sizeof text);
     }
+    if (first) memcpy(dpar__err_text, text, sizeof text), dpar__err_site = site, dpar__err_skipped = skipped;
     return first;
 }
 static dpar_status dpar__g_exec_node(dpar_graph *g, dpar_ctx *ctx, int li, int i);
@@ -13100,8 +13136,9 @@ static dpar_status dpar__g_exec_node(dpar_graph *g, dpar_ctx *ctx, int li, int i
    it when the check's result comes back later, in another node or after the step. */
 static dpar_status dpar__g_exec(dpar_graph *g, dpar_ctx *ctx, int li, int i) {
     dpar__idx_site = dpar__g_site(g, i);
+    dpar__opt_first = g->n[i].kind == DPAR__G_SGD;
     dpar_status s = dpar__g_exec_node(g, ctx, li, i);
-    dpar__idx_site = 0;
+    dpar__idx_site = 0, dpar__opt_first = 0;
     return s;
 }
 static dpar_status dpar__g_exec_node(dpar_graph *g, dpar_ctx *ctx, int li, int i) {
@@ -13359,6 +13396,7 @@ static dpar_status dpar__g_dispatch(dpar_ctx *ctx, void *user) {
         if (pr && pr->state == 0) dpar__g_prog_clear(g, li); /* a failed first run: record again next time */
         /* the optimizer's non-finite norm, no check of this device behind it: perhaps another device's bad label */
         int secondary = g->n[i].kind == DPAR__G_SGD && !dpar__g_site_node(g, 0) && g->checks_late;
+        if (dpar__err_skipped) DPAR__ATOMIC_STORE(&g->skipped, (int)dpar__err_skipped); /* the same on each device */
         dpar__g_node_err(g, s, i);
         char text[DPAR__ERR_LEN];
         memcpy(text, dpar__err_text, sizeof text);
@@ -13368,7 +13406,9 @@ static dpar_status dpar__g_dispatch(dpar_ctx *ctx, void *user) {
         return s;
     }
     if (pr && pr->state == 0) pr->state = 1;
-    return dpar__g_wait_all(g, ctx, li);
+    dpar_status s = dpar__g_wait_all(g, ctx, li);
+    int id = s ? dpar__g_site_node(g, 0) : 0; /* a bad label read back by a reduction the step waits for last */
+    return id ? dpar__g_node_err(g, s, id) : s;
 }
 /* Whether the graph's mesh still exists (its feed and gradient arrays die with it). */
 static bool dpar__g_mesh_alive(const dpar_graph *g) {
@@ -13459,7 +13499,7 @@ static bool dpar__g_checks_late(const dpar_graph *g) {
 /* An error of a read after the step (s: of value v's buffer b, on b's device; b NULL: no read yet): a bad label
    that a node checked on a device (Vulkan, CUDA: read back here) reads as the CPU's step reports it, "device D:
    dpar_graph_run: <node>: ...". The read waited for b's device only: the others are synced here, in turn. */
-static dpar_status dpar__g_late_err(const dpar_graph *g, dpar_status s, int v, const dpar_buffer *b) {
+static dpar_status dpar__g_late_err(dpar_graph *g, dpar_status s, int v, const dpar_buffer *b) {
     if (!s && (!b || g->nlocal > 1) && g->checks_late)
         for (int li = 0; li < g->nlocal && !s; li++) {
             const dpar_buffer *o = dpar__g_buf(g, v, li);
@@ -13467,6 +13507,7 @@ static dpar_status dpar__g_late_err(const dpar_graph *g, dpar_status s, int v, c
         }
     int id = s && b ? dpar__g_site_node(g, 0) : 0;
     if (!id) return s;
+    g->opt.step -= dpar__err_skipped; /* the steps the devices' guard skipped never ran, as on the CPU */
     dpar__g_node_err(g, s, id);
     return dpar__err(s, "device %d: %s", b->gdev, dpar_last_error());
 }
@@ -13495,7 +13536,10 @@ static dpar_status dpar__g_run(dpar_graph *g, const dpar_graph_feed *feeds, int 
     memset(&d, 0, sizeof d);
     d.fn = g->pp ? dpar__g_pipe_dispatch : dpar__g_dispatch;
     d.user = g;
-    if ((s = dpar_shard_map(g->mesh, &d))) return s;
+    if ((s = dpar_shard_map(g->mesh, &d))) {
+        g->opt.step -= DPAR__ATOMIC_EXCHANGE(&g->skipped, 0); /* earlier steps that the devices' guard skipped */
+        return s;
+    }
     g->ran = true;
     g->opt.step++;
     dpar_buffer *lb = g->loss_value ? dpar__g_buf(g, g->loss_value, 0) : NULL;

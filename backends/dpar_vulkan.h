@@ -1913,6 +1913,14 @@ static uint32_t dpar__vk_fill_pattern(dpar_dtype t, float v) {
     return pat;
 }
 
+/* The index-check guard of an SGD or AdamW update (sgd.comp): once the device has error words (a label or
+   index check ran on it), they go in binding 4 and the update skips itself while a check's error waits for
+   its report; op->p[4]: the first update of a graph step, which counts a skipped step. The push flags. */
+static uint32_t dpar__vk_opt_guard(dpar__vk *st, int dev, const dpar__op *op, dpar__vkbuf **b) {
+    b[4] = st->devs[dev].idx_err;
+    return b[4] ? 4u | (op->p[4] ? 8u : 0u) : 0u;
+}
+
 /* RELU, RELU_BWD, AXPY, SCALE, SGD: one thread per element of dst (b[0]). */
 static dpar_status dpar__vk_op_elementwise(dpar__vk *st, int dev, const dpar__op *op, dpar__vkbuf **b, dpar__vkpc *pc) {
     int64_t n = op->dst->count;
@@ -1930,7 +1938,7 @@ static dpar_status dpar__vk_op_elementwise(dpar__vk *st, int dev, const dpar__op
     } else if (op->kind == DPAR__OP_SGD) {
         id = DPAR__SPV_SGD;
         int mom = op->dst2 != NULL && op->f[1] != 0.0f;
-        pc->flags = (op->nesterov && mom ? 1u : 0u) | (mom ? 2u : 0u);
+        pc->flags = (op->nesterov && mom ? 1u : 0u) | (mom ? 2u : 0u) | dpar__vk_opt_guard(st, dev, op, b);
         b[1] = mom ? (dpar__vkbuf *)op->dst2->mem : NULL;
     }
     return dpar__vk_dispatch(st, dev, id, b, pc, dpar__vk_groups(st->devs[dev].ph, (uint64_t)n), 1);
@@ -2173,12 +2181,14 @@ static dpar_status dpar__vk_idx_check(dpar__vk *st, int dev, const dpar_buffer *
 static dpar_status dpar__vk_idx_report(dpar__vk *st, int dev) {
     dpar__vkdev *d = &st->devs[dev];
     if (!DPAR__ATOMIC_EXCHANGE(&d->idx_pending, 0)) return DPAR_OK;
-    uint32_t w[5];
-    static const uint32_t zero[5] = { 0, 0, 0, 0, 0 };
+    uint32_t w[6];
+    static const uint32_t zero[6] = { 0, 0, 0, 0, 0, 0 };
     dpar_status s = dpar__vk_read(st, dev, d->idx_err, 0, w, sizeof w);
     if (s || !w[0]) return s;
     if ((s = dpar__vk_write(st, dev, d->idx_err, 0, zero, sizeof zero))) return s;
-    return dpar__bad_index((int)w[3], (int64_t)w[1], (int32_t)w[2], (int64_t)w[4]);
+    s = dpar__bad_index((int)w[3], (int64_t)w[1], (int32_t)w[2], (int64_t)w[4]);
+    dpar__err_skipped = w[5]; /* the graph steps whose update the error skipped (sgd.comp) */
+    return s;
 }
 static dpar_status dpar__vk_op_optim(dpar__vk *st, int dev, const dpar__op *op, dpar__vkbuf **b, dpar__vkpc *pc) {
     const dpar__vkphys *ph = st->devs[dev].ph;
@@ -2187,6 +2197,7 @@ static dpar_status dpar__vk_op_optim(dpar__vk *st, int dev, const dpar__op *op, 
     case DPAR__OP_ADAMW:
         if (op->n == 0) return DPAR_OK;
         pc->n = (uint32_t)op->n;
+        pc->flags = dpar__vk_opt_guard(st, dev, op, b);
         b[1] = (dpar__vkbuf *)op->dst2->mem;
         b[3] = (dpar__vkbuf *)op->dst3->mem;
         return dpar__vk_dispatch(st, dev, DPAR__SPV_ADAMW, b, pc, dpar__vk_groups(ph, (uint64_t)op->n), 1);
@@ -2706,6 +2717,10 @@ static dpar_status dpar__vk_collective(void *state, dpar__coll *c) {
     dpar__vkbuf *bin = (dpar__vkbuf *)in->mem, *bout = (dpar__vkbuf *)out->mem;
     if (dpar__vk_rec) return dpar__vk_rec_refuse("a collective");
     dpar_status s = dpar__vk_check_lost(st);
+    /* a check of this member's labels or indices first: its error fails the job before any member's optimizer
+       update takes the reduced NaN (the guard of sgd.comp sees this device's words only); the staging below
+       waits for the device anyway */
+    if (!s && DPAR__ATOMIC_LOAD(&d->idx_pending)) s = dpar__vk_idx_report(st, dev);
     if (s) return s;
     int all_unmapped = 1;
     for (int j = 0; j < n; j++)

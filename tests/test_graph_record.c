@@ -496,6 +496,18 @@ static void bad_label_run(dpar_backend_kind k, bool clip) {
             fail_msg("%s, recorded %d, clip %d: got %s: %s\nwant %s", dpar_backend_name(k), r, clip,
                      dpar_status_string(bad[r]), dpar_last_error(), want);
         T_OK(dpar_graph_run(g, (dpar_graph_feed[]){ { x, xs, NULL }, { y, good, NULL } }, 2, &loss[r][2]));
+        if (r && !clip && k != DPAR_BACKEND_CPU) { /* logged losses, each left on the device (the CPU's run, and
+                                                      a reduction of several devices' gradients, report at once):
+                                                      dpar_graph_losses reports the label */
+            float ring[3];
+            dpar_graph_feed ok[2] = { { x, xs, NULL }, { y, good, NULL } },
+                            f[2] = { { x, xs, NULL }, { y, wrong, NULL } };
+            T_OK(dpar_graph_log_losses(g, 4));
+            for (int i = 0; i < 3; i++) T_OK(dpar_graph_run(g, i == 1 ? f : ok, 2, NULL));
+            T_ERR(dpar_graph_losses(g, ring, 3), DPAR_ERR_INVALID_ARGUMENT, want);
+            T_OK(dpar_graph_losses(g, ring, 3));
+            assert_true(isfinite(ring[0]) && isnan(ring[1]) && isfinite(ring[2]));
+        }
         int seg = 0;
         T_OK(dpar_graph_recorded(g, &seg, NULL));
         assert_int_equal(seg > 0, r && k != DPAR_BACKEND_CPU);
@@ -544,16 +556,6 @@ static void bad_label_dp(dpar_backend_kind k) {
             fail_msg("%s, 2 devices, case %d: got %s: %s\nwant %s", dpar_backend_name(k), r, dpar_status_string(s),
                      dpar_last_error(), want);
         T_OK(dpar_graph_run(g, (dpar_graph_feed[]){ { x, xs, NULL }, { y, good, NULL } }, 2, &loss));
-        if (r == 1 && k != DPAR_BACKEND_CPU) { /* logged losses, each left on the devices (the CPU's run reports
-                                                  at once): dpar_graph_losses reports the label */
-            float ring[3];
-            dpar_graph_feed ok[2] = { { x, xs, NULL }, { y, good, NULL } };
-            T_OK(dpar_graph_log_losses(g, 4));
-            for (int i = 0; i < 3; i++) T_OK(dpar_graph_run(g, i == 1 ? f : ok, 2, NULL));
-            T_ERR(dpar_graph_losses(g, ring, 3), DPAR_ERR_INVALID_ARGUMENT, want);
-            T_OK(dpar_graph_losses(g, ring, 3));
-            assert_true(isfinite(ring[0]) && isnan(ring[1]) && isfinite(ring[2]));
-        }
         T_OK(dpar_graph_destroy(g));
     }
     dpar_array_destroy(w);
@@ -564,6 +566,100 @@ static void bad_label(dpar_backend_kind k) {
     bad_label_run(k, false);
     bad_label_run(k, true);
     bad_label_dp(k);
+}
+
+/* ---- a step with a bad label changes no param and no optimizer state, on every device ---- */
+#define KEEP_DEVS 4
+/* label_graph with an optimizer: opt bit0 AdamW (else SGD with momentum), bit1 clipped by the global norm */
+static dpar_graph *keep_graph(dpar_mesh *m, dpar_array *w, int opt, dpar_value *x, dpar_value *y) {
+    dpar_graph *g = NULL;
+    T_OK(dpar_graph_create(m, &g));
+    int n = dpar_mesh_size(m);
+    const char *split = n > 1 ? "data" : NULL;
+    dpar_array_desc xd = { DPAR_F32, 2, { 4 * n, 3 }, { split } }, yd = { DPAR_I32, 1, { 4 * n }, { split } };
+    *x = dpar_g_feed(g, "x", &xd), *y = dpar_g_feed(g, "y", &yd);
+    dpar_value p = dpar_g_param(g, "w", w), gr;
+    dpar_value l = dpar_g_softmax_xent(g, dpar_g_matmul(g, *x, p, false, false), *y);
+    T_OK(dpar_graph_value_and_grad(g, l, &p, 1, &gr));
+    float clip = opt & 2 ? 1.0f : 0.0f;
+    dpar_adamw_desc ad = { .learning_rate = 0.05f, .weight_decay = 0.01f, .clip_norm = clip };
+    dpar_sgd_desc sd = { .learning_rate = 0.1f, .momentum = 0.9f, .clip_norm = clip };
+    T_OK(opt & 1 ? dpar_graph_adamw(g, &ad, &p, &gr, 1) : dpar_graph_sgd(g, &sd, &p, &gr, 1));
+    T_OK(dpar_graph_compile(g, NULL));
+    return g;
+}
+/* the graph's training state: w [3,5], then its momentum or AdamW's m and v, 15 floats each */
+static void keep_state(dpar_graph *g, float out[3 * 15]) {
+    int c = 0;
+    memset(out, 0, 3 * 15 * sizeof *out);
+    T_OK(dpar_graph_state_count(g, &c));
+    for (int i = 0; i < c && i < 3; i++) {
+        const char *name = NULL;
+        dpar_array *a = NULL;
+        T_OK(dpar_graph_state(g, i, &name, &a, NULL));
+        T_OK(dpar_array_get(a, out + 15 * i));
+    }
+}
+/* Label 9 at row 1 of the last of n devices: the failing step (loss read by the run; left on the devices and
+   read by dpar_graph_loss; or a good step queued behind it before that read) leaves w and the optimizer state
+   bit for bit as they were and the step count as it was, SGD with momentum and AdamW, clipped or not, recorded
+   or not; the next good step then matches a graph that never saw the bad one. */
+static void bad_step_keeps(dpar_backend_kind k, int n) {
+    dpar_runtime *rt = t_runtime_or_skip(k, n);
+    dpar_mesh *m = t_mesh1(rt, n, "data");
+    float w0[15], xs[4 * KEEP_DEVS * 3], loss;
+    rng_state = 11;
+    fill(w0, 15, 1.0), fill(xs, 12 * n, 1.0);
+    int64_t sh[2] = { 3, 5 };
+    int32_t good[4 * KEEP_DEVS], wrong[4 * KEEP_DEVS];
+    for (int i = 0; i < 4 * n; i++) good[i] = wrong[i] = i % 5;
+    wrong[4 * (n - 1) + 1] = 9;
+    for (int c = 0; c < 24; c++) { /* c & 3: keep_graph's opt; c >> 2 & 1: recorded; c >> 3: how the loss is read */
+        int opt = c & 3, mode = c >> 3;
+        setenv("DPAR_GRAPH_RECORD", c >> 2 & 1 ? "1" : "0", 1);
+        dpar_array *w[2];
+        dpar_graph *g[2];
+        dpar_value x[2], y[2];
+        for (int j = 0; j < 2; j++) w[j] = arr(m, 2, sh, NULL, w0), g[j] = keep_graph(m, w[j], opt, &x[j], &y[j]);
+        float before[45], after[45], ref[45];
+        for (int j = 0; j < 2; j++)
+            T_OK(dpar_graph_run(g[j], (dpar_graph_feed[]){ { x[j], xs, NULL }, { y[j], good, NULL } }, 2, &loss));
+        keep_state(g[0], before);
+        dpar_graph_feed ok[2] = { { x[0], xs, NULL }, { y[0], good, NULL } },
+                        bad[2] = { { x[0], xs, NULL }, { y[0], wrong, NULL } };
+        dpar_status s = dpar_graph_run(g[0], bad, 2, mode ? NULL : &loss);
+        if (!s && mode == 2) s = dpar_graph_run(g[0], ok, 2, NULL);
+        if (!s) s = dpar_graph_loss(g[0], &loss);
+        char dev[32];
+        snprintf(dev, sizeof dev, "device %d: ", n - 1);
+        if (s != DPAR_ERR_INVALID_ARGUMENT || strncmp(dpar_last_error(), dev, strlen(dev)) ||
+            !strstr(dpar_last_error(), "labels[1] = 9 is outside 0..4"))
+            fail_msg("%s, %d devices, case %d: got %s: %s", dpar_backend_name(k), n, c, dpar_status_string(s),
+                     dpar_last_error());
+        keep_state(g[0], after);
+        if (memcmp(before, after, sizeof before) || dpar_graph_step(g[0]) != 1)
+            fail_msg("%s, %d devices, case %d: the failed step changed the state (w[0] %.9g -> %.9g, state[0] "
+                     "%.9g -> %.9g) or the step count (%lld; want 1)",
+                     dpar_backend_name(k), n, c, (double)before[0], (double)after[0], (double)before[15],
+                     (double)after[15], (long long)dpar_graph_step(g[0]));
+        for (int j = 0; j < 2; j++)
+            T_OK(dpar_graph_run(g[j], (dpar_graph_feed[]){ { x[j], xs, NULL }, { y[j], good, NULL } }, 2, &loss));
+        keep_state(g[0], after), keep_state(g[1], ref);
+        if (memcmp(ref, after, sizeof ref))
+            fail_msg("%s, %d devices, case %d: the step after the failed one differs from a run without it",
+                     dpar_backend_name(k), n, c);
+        for (int j = 0; j < 2; j++) {
+            T_OK(dpar_graph_destroy(g[j]));
+            dpar_array_destroy(w[j]);
+        }
+    }
+    T_OK(dpar_mesh_destroy(m));
+    T_OK(dpar_runtime_destroy(rt));
+    printf("%s, %d devices: a bad label's step left the params and optimizer state as they were\n",
+           dpar_backend_name(k), n);
+}
+static void bad_steps_keep(dpar_backend_kind k) {
+    for (int n = 1; n <= KEEP_DEVS; n *= 2) bad_step_keeps(k, n);
 }
 
 static void test_megatron(void **st) {
@@ -601,6 +697,18 @@ static void test_bad_label_cuda(void **st) {
 static void test_bad_label_cpu(void **st) {
     (void)st;
     bad_label(DPAR_BACKEND_CPU);
+}
+static void test_bad_step_keeps(void **st) {
+    (void)st;
+    bad_steps_keep(DPAR_BACKEND_VULKAN);
+}
+static void test_bad_step_keeps_cuda(void **st) {
+    (void)st;
+    bad_steps_keep(DPAR_BACKEND_CUDA);
+}
+static void test_bad_step_keeps_cpu(void **st) {
+    (void)st;
+    bad_steps_keep(DPAR_BACKEND_CPU);
 }
 
 /* ---- a 1-device runtime runs fn on the caller's thread (DPAR_CALLER_THREAD) ---- */
@@ -704,6 +812,7 @@ int main(void) {
         cmocka_unit_test(test_sgd_recorded),
         cmocka_unit_test(test_data_parallel),
         cmocka_unit_test(test_bad_label),
+        cmocka_unit_test(test_bad_step_keeps),
         cmocka_unit_test(test_pipelined),
         cmocka_unit_test(test_caller_thread),
         cmocka_unit_test(test_caller_thread_cpu),
@@ -715,6 +824,8 @@ int main(void) {
         cmocka_unit_test(test_data_parallel_cuda),
         cmocka_unit_test(test_bad_label_cuda),
         cmocka_unit_test(test_bad_label_cpu),
+        cmocka_unit_test(test_bad_step_keeps_cuda),
+        cmocka_unit_test(test_bad_step_keeps_cpu),
         cmocka_unit_test(test_pipelined_cuda),
         cmocka_unit_test(test_cpu_and_bad_input),
     };
