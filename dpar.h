@@ -905,8 +905,8 @@ DPAR_API dpar_status dpar_relu_backward(dpar_buffer *dx, const dpar_buffer *dy, 
    Numerically stable (max subtracted). A label out of range gives
    DPAR_ERR_INVALID_ARGUMENT naming the first bad row and its value (CPU: at
    once, nothing written; GPUs: NaN rows, and the error at the next sync or
-   read of that device; until then Vulkan's dpar_sgd_update and
-   dpar_adamw_update on that device skip their update). dpar_cross_entropy adds
+   read of that device; until then dpar_sgd_update and dpar_adamw_update on
+   that device skip their update). dpar_cross_entropy adds
    an ignore label and smoothing. */
 DPAR_API dpar_status dpar_softmax_xent(dpar_buffer *loss, dpar_buffer *dlogits, const dpar_buffer *logits,
                                        const dpar_buffer *labels);
@@ -1153,8 +1153,8 @@ typedef struct dpar_sgd_desc {
 
 /* One fused step for one buffer: param, grad, momentum (f32, or all f64 on the
    cpu backend: the update in double; same count).
-   clip_scale from dpar_sgd_clip_scale (1 when not clipping). On Vulkan, while
-   a label or index check of this device (dpar_softmax_xent, dpar_cross_entropy,
+   clip_scale from dpar_sgd_clip_scale (1 when not clipping). On Vulkan and
+   CUDA, while a label or index check of this device (dpar_softmax_xent, dpar_cross_entropy,
    dpar_embedding(_backward)) holds an error not yet read back (the device's
    next sync or read reports it), the update is skipped whole: param and
    momentum stay as they were (bad input loses nothing). The same for AdamW.
@@ -1219,8 +1219,9 @@ DPAR_API dpar_status dpar_adamw_check(const dpar_adamw_desc *d);
 /* One fused update of one buffer: param, grad, m, v f32 (or all f64, cpu
    backend) of one count on one device; step >= 1 counts updates including this one; clip_scale finite >= 0
    (1 when not clipping). Deterministic: replicas given identical inputs stay
-   bitwise identical. Skipped on Vulkan while a label or index check's error
-   waits on the device (see dpar_sgd_update): param, m and v stay. Errors: DPAR_ERR_INVALID_ARGUMENT (hyper-parameters, step
+   bitwise identical. Skipped on Vulkan and CUDA while a label or index
+   check's error waits on the device (see dpar_sgd_update): param, m and v
+   stay. Errors: DPAR_ERR_INVALID_ARGUMENT (hyper-parameters, step
    < 1, aliasing, NULL), DPAR_ERR_SHAPE (counts differ, naming both), DPAR_ERR_DTYPE. */
 DPAR_API dpar_status dpar_adamw_update(const dpar_adamw_desc *d, dpar_buffer *param, const dpar_buffer *grad,
                                        dpar_buffer *m, dpar_buffer *v, int64_t step, float clip_scale);
@@ -1921,15 +1922,18 @@ typedef struct dpar_graph_feed {
    a bad label or index that Vulkan or CUDA check on the device and read back
    later (in a later node, at the loss read, dpar_graph_loss, dpar_graph_get or
    dpar_graph_losses) names the node that checked it, as the CPU does. As on
-   the CPU, such a step loses nothing: on Vulkan the optimizer's update kernels
-   skip their update while a check's error waits on the device to be read
-   back, so the bad step and every step queued after it before that read (a
-   CUDA-like sticky error) leave the params and the optimizer state (momentum,
+   the CPU, such a step loses nothing: the optimizer's update kernels skip
+   their update while a check's error waits on the device to be read back, so
+   the bad step and every step queued after it before that read (a sticky
+   error, as CUDA's) leave the params and the optimizer state (momentum,
    AdamW's m and v) as they were, and the graph's step count (dpar_graph_step:
-   AdamW's bias correction, dropout) leaves them out once one of those reads
-   reports the error; on several devices the reduction of the gradients reads
-   every device's checks first, so the run itself fails before any update.
-   The next good step updates as if the failed ones never ran. */
+   AdamW's bias correction, dropout) leaves them out once one of the graph's
+   reads above reports the error (a read of another array or a dpar_sync that
+   reports it first leaves them counted). On several local devices the first
+   collective after the last check waits for each device and reads its checks,
+   so the run itself fails on every device before any update (a wait per step
+   in such graphs alone). The next good step updates as if the failed ones
+   never ran. */
 DPAR_API dpar_status dpar_graph_run(dpar_graph *g, const dpar_graph_feed *feeds, int num_feeds, float *loss);
 /* The graph's own array behind feed v (the global shape and spec given to
    dpar_g_feed): fill it in place (dpar_array_put_rows when each process loads
@@ -10090,6 +10094,7 @@ struct dpar_graph {
     bool opt_rec;      /* compiled: the optimizer node may join a recorded program (dpar__g_opt_recordable) */
     bool checks_late;  /* compiled: a run leaves label or index checks on the devices (dpar__g_checks_late) */
     int skipped;       /* atomic: the steps a failed run's devices skipped (dpar__err_skipped), for dpar__g_run */
+    int check_sync;    /* compiled: the node that reads every device's checks first (dpar__g_check_sync), or 0 */
     int first, nlocal; /* this process's devices */
     uint32_t tag;      /* tells the graph's node sites (dpar__g_site) from other graphs': one of 256, in turn */
     int nslots;
@@ -13022,6 +13027,7 @@ static dpar_status dpar__g_state(dpar_graph *g) {
     return s ? s : dpar__g_state_list(g);
 }
 static bool dpar__g_checks_late(const dpar_graph *g); /* >>graph run */
+static int dpar__g_check_sync(const dpar_graph *g);
 DPAR_API dpar_status dpar_graph_compile(dpar_graph *g, dpar_graph_stats *stats) {
     dpar__clear_error();
     if (!g) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_compile: graph is NULL");
@@ -13051,6 +13057,7 @@ DPAR_API dpar_status dpar_graph_compile(dpar_graph *g, dpar_graph_stats *stats) 
     }
     g->opt_rec = dpar__g_opt_recordable(g);
     g->checks_late = dpar__g_checks_late(g);
+    g->check_sync = dpar__g_check_sync(g);
     g->compiled = true;
     if (stats) *stats = g->stats;
     return DPAR_OK;
@@ -13137,7 +13144,9 @@ static dpar_status dpar__g_exec_node(dpar_graph *g, dpar_ctx *ctx, int li, int i
 static dpar_status dpar__g_exec(dpar_graph *g, dpar_ctx *ctx, int li, int i) {
     dpar__idx_site = dpar__g_site(g, i);
     dpar__opt_first = g->n[i].kind == DPAR__G_SGD;
-    dpar_status s = dpar__g_exec_node(g, ctx, li, i);
+    dpar_status s =
+        i == g->check_sync ? g->rt->be->sync(g->rt->bstate, dpar_ctx_device(ctx) - g->rt->local_base) : DPAR_OK;
+    if (!s) s = dpar__g_exec_node(g, ctx, li, i);
     dpar__idx_site = 0, dpar__opt_first = 0;
     return s;
 }
@@ -13495,6 +13504,26 @@ static bool dpar__g_checks_late(const dpar_graph *g) {
         if (g->n[i].kind == DPAR__G_XENT || g->n[i].kind == DPAR__G_XENT_IGN || g->n[i].kind == DPAR__G_EMBED)
             return true;
     return false;
+}
+/* The first collective node after the last label or index check of a graph with checks on several local devices,
+   or 0: each device's checks are read (synced) there, so a bad label on one device fails the run on all of them
+   before any optimizer update takes the NaN that the reduction spreads (a device's update guard sees its own
+   check words only). Costs a wait for the device at that node, in those graphs alone. */
+static int dpar__g_check_sync(const dpar_graph *g) {
+    int last = 0;
+    if (!g->checks_late || g->nlocal < 2 || g->pp) return 0;
+    for (int i = 1; i < g->count; i++) {
+        int k = g->n[i].kind;
+        if (k == DPAR__G_XENT || k == DPAR__G_XENT_IGN || k == DPAR__G_EMBED || k == DPAR__G_EMBED_GRAD) last = i;
+    }
+    for (int i = last + 1; i < g->count; i++) {
+        int k = g->n[i].kind;
+        if (k == DPAR__G_PSUM || k == DPAR__G_PMEAN || k == DPAR__G_PMAX || k == DPAR__G_PMIN ||
+            k == DPAR__G_ALL_GATHER || k == DPAR__G_PSUM_SCATTER || k == DPAR__G_PPERMUTE || k == DPAR__G_ALL_TO_ALL ||
+            k == DPAR__G_PBROADCAST || k == DPAR__G_ZERO1_SCATTER || k == DPAR__G_SGD)
+            return i;
+    }
+    return 0;
 }
 /* An error of a read after the step (s: of value v's buffer b, on b's device; b NULL: no read yet): a bad label
    that a node checked on a device (Vulkan, CUDA: read back here) reads as the CPU's step reports it, "device D:

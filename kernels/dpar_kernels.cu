@@ -265,8 +265,15 @@ __device__ __forceinline__ void dk_sgd1(float &p, float gr, float *v, float lr, 
     }
     p = p - lr * u;
 }
+/* err: the device's index-check error words (NULL: none yet). While a label or index check's error
+   waits there for the host's report, the update is skipped whole (bad input loses nothing); the first
+   update of a graph step (first) counts the skipped step in err[5], taken off the graph's step count. */
 __global__ void dpar_k_sgd(float *param, const float *grad, float *mom, int64_t n,
-                           float lr, float mu, float wd, float clip, int nesterov) {
+                           float lr, float mu, float wd, float clip, int nesterov, unsigned *err, int first) {
+    if (err && err[0] != 0u) {
+        if (first && DK_TID == 0) err[5] += 1u;
+        return;
+    }
     int64_t n4 = n >> 2;
     float4 *p4 = (float4 *)param;
     const float4 *g4 = (const float4 *)grad;
