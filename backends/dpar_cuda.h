@@ -366,6 +366,7 @@ typedef struct dpar__cu_dev {
     dpar__CUdeviceptr idx_err; /* error words of the index checks (>>cuda optim), made on first use */
     uint32_t *idx_host;        /* their pinned host copy: fetched without a blocking copy of its own */
     int idx_pending;           /* a check ran since the last report (atomic) */
+    int idx_used;              /* a check ever ran: the optimizer updates are guarded (atomic) */
     dpar__cu_prog *cap;        /* the recording under way on compute (>>cuda graphs), else NULL */
 } dpar__cu_dev;
 
@@ -1660,9 +1661,14 @@ static dpar_status dpar__cu_idx_check(dpar__cu_state *st, int dev, const dpar_bu
     if (s) return s;
     void *args[] = { &p, &n, &bound, &use_ignore, &ignore, &fn, &d->idx_err };
     s = dpar__cu_launch(st, dev, DPAR__CUK_CHECK_INDEX, 1, 1, d->compute, args);
-    if (!s) DPAR__ATOMIC_STORE(&d->idx_pending, 1);
+    if (!s) DPAR__ATOMIC_STORE(&d->idx_pending, 1), DPAR__ATOMIC_STORE(&d->idx_used, 1);
     if (!s && d->cap) d->cap->checks = 1; /* each replay runs the check again */
     return s;
+}
+/* The error words that guard an SGD or AdamW update (dpar_k_sgd) once a label or index check ran on the device,
+   else 0: a device that never checks pays nothing. */
+static dpar__CUdeviceptr dpar__cu_opt_guard(dpar__cu_state *st, int dev) {
+    return DPAR__ATOMIC_LOAD_RELAXED(&st->dev[dev].idx_used) ? st->dev[dev].idx_err : 0;
 }
 /* When checks ran since the last report (*fetched = 1): queues the copy of their error words into
    the pinned host copy, asynchronous; the caller's next wait or blocking copy on the compute stream
@@ -1754,7 +1760,7 @@ static dpar_status dpar__cu_op_optim(dpar__cu_state *st, int dev, const dpar__op
         e = op->p[0] || op->f[0] != 0.0f ? dpar__cu_op_xent_ignore(st, dev, op) : dpar__cu_op_xent(st, dev, op);
         return e ? e : dpar__cu_idx_check(st, dev, op->src1, op->n, (int)op->p[0], (int32_t)op->p[1], (int)op->p[2]);
     case DPAR__OP_ADAMW: {
-        dpar__CUdeviceptr m1 = DPAR__CU_PTR(op->dst2), m2 = DPAR__CU_PTR(op->dst3), err = st->dev[dev].idx_err;
+        dpar__CUdeviceptr m1 = DPAR__CU_PTR(op->dst2), m2 = DPAR__CU_PTR(op->dst3), err = dpar__cu_opt_guard(st, dev);
         int first = op->p[4] != 0;
         const float *f = op->f;
         void *args[] = { &dst,
@@ -1856,7 +1862,7 @@ static dpar_status dpar__cu_op_pointwise(dpar__cu_state *st, int dev, const dpar
     }
     case DPAR__OP_SGD: { /* guarded by the device's index-check error words (dpar_k_sgd) */
         int nesterov = op->nesterov ? 1 : 0, first = op->p[4] != 0;
-        dpar__CUdeviceptr err = st->dev[dev].idx_err;
+        dpar__CUdeviceptr err = dpar__cu_opt_guard(st, dev);
         void *args[] = { &dst, &a, &dst2, &n, &f0, &f1, &f2, &f3, &nesterov, &err, &first };
         if (n == 0) return DPAR_OK;
         return dpar__cu_launch(st, dev, DPAR__CUK_SGD, dpar__cu_grid(n, 16, 8192), DPAR__CU_BLOCK, s, args);

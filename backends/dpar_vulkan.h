@@ -224,6 +224,7 @@ typedef struct dpar__vkdev {
     dpar__vkbuf *idx_err;     /* error words of the index checks (>>vulkan optim), made on first use */
     dpar__vkbuf *half[7];     /* f32 temporaries of the 16-bit layer ops (>>vulkan half storage), kept */
     int idx_pending;          /* a check ran since the last report (atomic) */
+    int idx_used;             /* a check ever ran: the optimizer updates are guarded (atomic) */
     /* >>vulkan interop: one buffer lent at a time; values of the timeline semaphore `sem` */
     VkSemaphore sem;           /* made by the first export */
     uint64_t sem_value;        /* last value handed out (an export's ready value, then its release value) */
@@ -1913,11 +1914,12 @@ static uint32_t dpar__vk_fill_pattern(dpar_dtype t, float v) {
     return pat;
 }
 
-/* The index-check guard of an SGD or AdamW update (sgd.comp): once the device has error words (a label or
-   index check ran on it), they go in binding 4 and the update skips itself while a check's error waits for
-   its report; op->p[4]: the first update of a graph step, which counts a skipped step. The push flags. */
+/* The index-check guard of an SGD or AdamW update (sgd.comp): once a label or index check ran on the device,
+   its error words go in binding 4 and the update skips itself while a check's error waits for its report
+   (a device that never checks pays nothing); op->p[4]: the first update of a graph step, which counts a
+   skipped step. The push flags. */
 static uint32_t dpar__vk_opt_guard(dpar__vk *st, int dev, const dpar__op *op, dpar__vkbuf **b) {
-    b[4] = st->devs[dev].idx_err;
+    b[4] = DPAR__ATOMIC_LOAD_RELAXED(&st->devs[dev].idx_used) ? st->devs[dev].idx_err : NULL;
     return b[4] ? 4u | (op->p[4] ? 8u : 0u) : 0u;
 }
 
@@ -2156,6 +2158,7 @@ static dpar_status dpar__vk_idx_words(dpar__vk *st, int dev, dpar__vkbuf **out) 
 /* after a checking dispatch recorded without error: a report is pending */
 static void dpar__vk_idx_recorded(dpar__vk *st, int dev) {
     struct dpar__vkprog *rec = dpar__vk_recording(dev);
+    DPAR__ATOMIC_STORE(&st->devs[dev].idx_used, 1);
     if (rec) rec->idx = 1; /* each submit of the recording leaves a report pending */
     if (!rec) DPAR__ATOMIC_STORE(&st->devs[dev].idx_pending, 1);
 }
