@@ -570,17 +570,21 @@ static void bad_label(dpar_backend_kind k) {
 
 /* ---- a step with a bad label changes no param and no optimizer state, on every device ---- */
 #define KEEP_DEVS 4
-/* label_graph with an optimizer: opt bit0 AdamW (else SGD with momentum), bit1 clipped by the global norm */
-static dpar_graph *keep_graph(dpar_mesh *m, dpar_array *w, int opt, dpar_value *x, dpar_value *y) {
+/* label_graph with an optimizer: opt bit0 AdamW (else SGD with momentum), bit1 clipped by the global norm, bit2
+   its state sharded by ZeRO-1 over "data". tp: a 2x2 "data" x "model" mesh, w [3,4] split over "model" by
+   columns (Megatron), the logits all-gathered over "model" */
+static dpar_graph *keep_graph(dpar_mesh *m, dpar_array *w, int opt, bool tp, dpar_value *x, dpar_value *y) {
     dpar_graph *g = NULL;
     T_OK(dpar_graph_create(m, &g));
-    int n = dpar_mesh_size(m);
+    int n = tp ? 2 : dpar_mesh_size(m);
     const char *split = n > 1 ? "data" : NULL;
     dpar_array_desc xd = { DPAR_F32, 2, { 4 * n, 3 }, { split } }, yd = { DPAR_I32, 1, { 4 * n }, { split } };
     *x = dpar_g_feed(g, "x", &xd), *y = dpar_g_feed(g, "y", &yd);
     dpar_value p = dpar_g_param(g, "w", w), gr;
-    dpar_value l = dpar_g_softmax_xent(g, dpar_g_matmul(g, *x, p, false, false), *y);
+    dpar_value z = dpar_g_matmul(g, *x, p, false, false);
+    dpar_value l = dpar_g_softmax_xent(g, tp ? dpar_g_all_gather(g, z, "model", 1, true) : z, *y);
     T_OK(dpar_graph_value_and_grad(g, l, &p, 1, &gr));
+    if (opt & 4) T_OK(dpar_graph_zero1(g, "data"));
     float clip = opt & 2 ? 1.0f : 0.0f;
     dpar_adamw_desc ad = { .learning_rate = 0.05f, .weight_decay = 0.01f, .clip_norm = clip };
     dpar_sgd_desc sd = { .learning_rate = 0.1f, .momentum = 0.9f, .clip_norm = clip };
@@ -588,40 +592,45 @@ static dpar_graph *keep_graph(dpar_mesh *m, dpar_array *w, int opt, dpar_value *
     T_OK(dpar_graph_compile(g, NULL));
     return g;
 }
-/* the graph's training state: w [3,5], then its momentum or AdamW's m and v, 15 floats each */
-static void keep_state(dpar_graph *g, float out[3 * 15]) {
+/* the graph's training state: w [3,5], then its momentum or AdamW's m and v (ZeRO-1: [16], padded), 16 floats
+   apart */
+static void keep_state(dpar_graph *g, float out[3 * 16]) {
     int c = 0;
-    memset(out, 0, 3 * 15 * sizeof *out);
+    memset(out, 0, 3 * 16 * sizeof *out);
     T_OK(dpar_graph_state_count(g, &c));
     for (int i = 0; i < c && i < 3; i++) {
         const char *name = NULL;
         dpar_array *a = NULL;
         T_OK(dpar_graph_state(g, i, &name, &a, NULL));
-        T_OK(dpar_array_get(a, out + 15 * i));
+        T_OK(dpar_array_get(a, out + 16 * i));
     }
 }
 /* Label 9 at row 1 of the last of n devices: the failing step (loss read by the run; left on the devices and
    read by dpar_graph_loss; or a good step queued behind it before that read) leaves w and the optimizer state
-   bit for bit as they were and the step count as it was, SGD with momentum and AdamW, clipped or not, recorded
-   or not; the next good step then matches a graph that never saw the bad one. */
-static void bad_step_keeps(dpar_backend_kind k, int n) {
+   bit for bit as they were and the step count as it was, SGD with momentum and AdamW, clipped or not, ZeRO-1 or
+   not (several devices), recorded or not; the next good step then matches a graph that never saw the bad one. */
+static void bad_step_keeps(dpar_backend_kind k, int n, bool tp) {
     dpar_runtime *rt = t_runtime_or_skip(k, n);
-    dpar_mesh *m = t_mesh1(rt, n, "data");
+    int shape[2] = { 2, 2 }, nd = tp ? 2 : n, classes = tp ? 4 : 5; /* nd: devices along "data" */
+    const char *names[2] = { "data", "model" }, *wspec[2] = { NULL, "model" };
+    dpar_mesh *m = tp ? t_mesh(rt, 2, shape, names) : t_mesh1(rt, n, "data");
     float w0[15], xs[4 * KEEP_DEVS * 3], loss;
     rng_state = 11;
-    fill(w0, 15, 1.0), fill(xs, 12 * n, 1.0);
-    int64_t sh[2] = { 3, 5 };
+    fill(w0, 15, 1.0), fill(xs, 12 * nd, 1.0);
+    int64_t sh[2] = { 3, classes };
     int32_t good[4 * KEEP_DEVS], wrong[4 * KEEP_DEVS];
-    for (int i = 0; i < 4 * n; i++) good[i] = wrong[i] = i % 5;
-    wrong[4 * (n - 1) + 1] = 9;
-    for (int c = 0; c < 24; c++) { /* c & 3: keep_graph's opt; c >> 2 & 1: recorded; c >> 3: how the loss is read */
-        int opt = c & 3, mode = c >> 3;
-        setenv("DPAR_GRAPH_RECORD", c >> 2 & 1 ? "1" : "0", 1);
+    for (int i = 0; i < 4 * nd; i++) good[i] = wrong[i] = i % classes;
+    wrong[4 * (nd - 1) + 1] = 9;   /* tp: on devices 2 and 3 */
+    for (int c = 0; c < 48; c++) { /* c & 7: keep_graph's opt; c >> 3 & 1: recorded; c >> 4: how the loss is read */
+        int opt = c & 7, mode = c >> 4;
+        if ((opt & 4) && (n == 1 || tp)) continue;
+        setenv("DPAR_GRAPH_RECORD", c >> 3 & 1 ? "1" : "0", 1);
         dpar_array *w[2];
         dpar_graph *g[2];
         dpar_value x[2], y[2];
-        for (int j = 0; j < 2; j++) w[j] = arr(m, 2, sh, NULL, w0), g[j] = keep_graph(m, w[j], opt, &x[j], &y[j]);
-        float before[45], after[45], ref[45];
+        for (int j = 0; j < 2; j++)
+            w[j] = arr(m, 2, sh, tp ? wspec : NULL, w0), g[j] = keep_graph(m, w[j], opt, tp, &x[j], &y[j]);
+        float before[48], after[48], ref[48];
         for (int j = 0; j < 2; j++)
             T_OK(dpar_graph_run(g[j], (dpar_graph_feed[]){ { x[j], xs, NULL }, { y[j], good, NULL } }, 2, &loss));
         keep_state(g[0], before);
@@ -630,10 +639,11 @@ static void bad_step_keeps(dpar_backend_kind k, int n) {
         dpar_status s = dpar_graph_run(g[0], bad, 2, mode ? NULL : &loss);
         if (!s && mode == 2) s = dpar_graph_run(g[0], ok, 2, NULL);
         if (!s) s = dpar_graph_loss(g[0], &loss);
-        char dev[32];
-        snprintf(dev, sizeof dev, "device %d: ", n - 1);
+        char dev[32], text[64];
+        snprintf(dev, sizeof dev, "device %d: ", tp && !strncmp(dpar_last_error(), "device 2: ", 10) ? 2 : n - 1);
+        snprintf(text, sizeof text, "labels[1] = 9 is outside 0..%d", classes - 1);
         if (s != DPAR_ERR_INVALID_ARGUMENT || strncmp(dpar_last_error(), dev, strlen(dev)) ||
-            !strstr(dpar_last_error(), "labels[1] = 9 is outside 0..4"))
+            !strstr(dpar_last_error(), text))
             fail_msg("%s, %d devices, case %d: got %s: %s", dpar_backend_name(k), n, c, dpar_status_string(s),
                      dpar_last_error());
         keep_state(g[0], after);
@@ -655,11 +665,12 @@ static void bad_step_keeps(dpar_backend_kind k, int n) {
     }
     T_OK(dpar_mesh_destroy(m));
     T_OK(dpar_runtime_destroy(rt));
-    printf("%s, %d devices: a bad label's step left the params and optimizer state as they were\n",
-           dpar_backend_name(k), n);
+    printf("%s, %d devices%s: a bad label's step left the params and optimizer state as they were\n",
+           dpar_backend_name(k), n, tp ? " (2x2, w split over \"model\")" : "");
 }
 static void bad_steps_keep(dpar_backend_kind k) {
-    for (int n = 1; n <= KEEP_DEVS; n *= 2) bad_step_keeps(k, n);
+    for (int n = 1; n <= KEEP_DEVS; n *= 2) bad_step_keeps(k, n, false);
+    bad_step_keeps(k, 4, true);
 }
 
 static void test_megatron(void **st) {
