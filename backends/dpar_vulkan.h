@@ -128,12 +128,17 @@ enum {
     DPAR__VK_FRAMES = 6,      /* batches in flight per logical device (>>graph feeds' staged sets: as many) */
     DPAR__VK_FRAME_OPS = 128, /* ops recorded before a command buffer is submitted */
     DPAR__VK_BINDINGS = 8,    /* dst, dst2, src0, src1, dst3, src2, src3, spare (the layer ops need 7) */
-    /* 1-D workgroup size of the element-wise shaders, an item an invocation on every device. Not fewer,
-       fuller workgroups on a CPU device (16 items an invocation, 8 matmul column blocks a workgroup: the
-       digits job 13% faster): llvmpipe ends a shader's loops after 65,535 iterations an invocation, all
-       loops together (Mesa's LP_MAX_TGSI_LOOP_ITERATIONS), so a conv kernel gradient summing 7,200
-       terms 16 times, or a K = 9,000 product over 8 blocks, came out wrong with no error */
-    DPAR__VK_WG = 256
+    DPAR__VK_WG = 256,        /* 1-D workgroup size of the element-wise shaders */
+    /* On a CPU device (llvmpipe) each workgroup costs a setup of its own, so fewer, fuller workgroups, but
+       only where the loop cap allows (>>vulkan loops): a shader whose items take a few fixed turns each
+       gets a workgroup per DPAR__VK_CPU_ITEMS items (16 an invocation; dpar__vk_flat_groups), and the
+       direct matmul up to DPAR__VK_CPU_MM_COLS column blocks a workgroup while an invocation's turns stay
+       within DPAR__VK_CPU_TURNS (dpar__vk_mm_cols). Shaders whose items loop with the shape (a conv
+       kernel gradient's sums, a softmax row, ...) keep an item an invocation: 16 conv sums of 7,200
+       terms an invocation came out wrong with no error. */
+    DPAR__VK_CPU_ITEMS = 4096,
+    DPAR__VK_CPU_MM_COLS = 8,
+    DPAR__VK_CPU_TURNS = 8192
 };
 #define DPAR__VK_CHUNK            ((VkDeviceSize)16 << 20) /* staging chunk */
 #define DPAR__VK_FENCE_TIMEOUT_NS ((uint64_t)600 * 1000000000ull)
@@ -1879,6 +1884,10 @@ static dpar_status dpar__vk_host_release(void *state, int dev, void *mem, size_t
     return DPAR_OK;
 }
 
+/* ceil(a / b); 0 for b = 0 */
+static uint64_t dpar__vk_ceil(uint64_t a, uint64_t b) {
+    return b ? (a + b - 1) / b : 0;
+}
 /* Workgroups for a grid-stride loop over n items (at least 1, capped). */
 static uint32_t dpar__vk_groups(const dpar__vkphys *ph, uint64_t n) {
     uint64_t g = (n + DPAR__VK_WG - 1) / DPAR__VK_WG;
@@ -1886,6 +1895,14 @@ static uint32_t dpar__vk_groups(const dpar__vkphys *ph, uint64_t n) {
     if (cap > 65535) cap = 65535;
     if (g > cap) g = cap;
     return (uint32_t)(g ? g : 1);
+}
+
+/* Workgroups for a grid-stride loop over n items that take a few fixed loop turns each (element-wise):
+   a workgroup per DPAR__VK_CPU_ITEMS items on a CPU device, so an invocation takes at most 16 items, or
+   257 at 2^32 items over the 65,535 workgroups: far below llvmpipe's loop cap whatever n. */
+static uint32_t dpar__vk_flat_groups(const dpar__vkphys *ph, uint64_t n) {
+    if (ph->props.deviceType != VK_PHYSICAL_DEVICE_TYPE_CPU) return dpar__vk_groups(ph, n);
+    return dpar__vk_groups(ph, (n + DPAR__VK_CPU_ITEMS - 1) / DPAR__VK_CPU_ITEMS * DPAR__VK_WG);
 }
 
 /* Workgroups for rows taken a workgroup each (strided over at most 65535). */
@@ -1943,7 +1960,7 @@ static dpar_status dpar__vk_op_elementwise(dpar__vk *st, int dev, const dpar__op
         pc->flags = (op->nesterov && mom ? 1u : 0u) | (mom ? 2u : 0u) | dpar__vk_opt_guard(st, dev, op, b);
         b[1] = mom ? (dpar__vkbuf *)op->dst2->mem : NULL;
     }
-    return dpar__vk_dispatch(st, dev, id, b, pc, dpar__vk_groups(st->devs[dev].ph, (uint64_t)n), 1);
+    return dpar__vk_dispatch(st, dev, id, b, pc, dpar__vk_flat_groups(st->devs[dev].ph, (uint64_t)n), 1);
 }
 
 /* >>vulkan elementwise =========================================================
@@ -1991,7 +2008,10 @@ static dpar_status dpar__vk_op_elem(dpar__vk *st, int dev, const dpar__op *op, d
         break;
     }
     if (items == 0) return DPAR_OK;
-    return dpar__vk_dispatch(st, dev, id, b, pc, dpar__vk_groups(ph, items), 1);
+    /* a reduced output's or a softmax row's items loop with the shape: an item an invocation */
+    uint32_t groups = id == DPAR__SPV_REDUCE_AXES || id == DPAR__SPV_SOFTMAX ? dpar__vk_groups(ph, items)
+                                                                             : dpar__vk_flat_groups(ph, items);
+    return dpar__vk_dispatch(st, dev, id, b, pc, groups, 1);
 }
 
 /* >>vulkan norm-attn ==========================================================
@@ -2012,12 +2032,22 @@ static dpar__vkbuf *dpar__vk_mem(const dpar_buffer *b) {
 static int dpar__vk_on_cpu(const dpar__vk *st, int dev) {
     return st->devs[dev].ph->props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU;
 }
-/* The matmul shader for C [m, n] on device dev, its workgroups (g[0], g[1]) and its flags beyond the
-   operands' (pc->flags). */
-static int dpar__vk_mm_pick(const dpar__vk *st, int dev, int64_t m, int64_t n, uint32_t g[2], dpar__vkpc *pc) {
-    if (dpar__vk_on_cpu(st, dev)) { /* 32 rows by 16 columns a workgroup */
+/* Column blocks of 16 a workgroup of the direct matmul on a CPU device, for K = k over batches: up to
+   DPAR__VK_CPU_MM_COLS while an invocation's turns (dpar__vk_op_turns) stay within DPAR__VK_CPU_TURNS,
+   else one, so the op is refused at llvmpipe's loop cap exactly where a block a workgroup would be. */
+static uint64_t dpar__vk_mm_cols(int64_t k, int64_t batches) {
+    uint64_t zs = dpar__vk_ceil(batches > 1 ? (uint64_t)batches : 1, 65535),
+             c = DPAR__VK_CPU_TURNS / (zs * ((uint64_t)k + 3));
+    return c < 1 ? 1 : c > (uint64_t)DPAR__VK_CPU_MM_COLS ? (uint64_t)DPAR__VK_CPU_MM_COLS : c;
+}
+/* The matmul shader for C [m, n] (K = k, over batches) on device dev, its workgroups (g[0], g[1]) and its
+   flags beyond the operands' (pc->flags). */
+static int dpar__vk_mm_pick(const dpar__vk *st, int dev, int64_t m, int64_t n, int64_t k, int64_t batches,
+                            uint32_t g[2], dpar__vkpc *pc) {
+    if (dpar__vk_on_cpu(st, dev)) { /* blocks of 32 rows by 16 columns, dpar__vk_mm_cols a workgroup */
         if (st->devs[dev].ph->lanes8) pc->flags |= 32u;
-        g[0] = (uint32_t)((m + 31) / 32), g[1] = (uint32_t)((n + 15) / 16);
+        g[0] = (uint32_t)((m + 31) / 32);
+        g[1] = (uint32_t)dpar__vk_ceil(dpar__vk_ceil((uint64_t)n, 16), dpar__vk_mm_cols(k, batches));
         return DPAR__SPV_MATMUL_DIRECT;
     }
     g[0] = (uint32_t)((n + 31) / 32), g[1] = (uint32_t)((m + 31) / 32);
@@ -2074,7 +2104,7 @@ static dpar_status dpar__vk_op_matmul_batched(dpar__vk *st, int dev, const dpar_
     for (int i = 0; i < 4; i++) pc->p[i] = (uint32_t)op->p[i];
     b[0] = dpar__vk_mem(op->dst), b[2] = dpar__vk_mem(op->src0), b[3] = dpar__vk_mem(op->src1);
     uint32_t g[2];
-    int id = dpar__vk_mm_pick(st, dev, op->m, op->n, g, pc);
+    int id = dpar__vk_mm_pick(st, dev, op->m, op->n, op->k, op->p[0], g, pc);
     return dpar__vk_dispatch3(st, dev, id, b, pc, g[0], g[1], dpar__vk_rows(op->p[0]));
 }
 static dpar_status dpar__vk_op_attn(dpar__vk *st, int dev, const dpar__op *op, dpar__vkpc *pc) {
@@ -2203,7 +2233,7 @@ static dpar_status dpar__vk_op_optim(dpar__vk *st, int dev, const dpar__op *op, 
         pc->flags = dpar__vk_opt_guard(st, dev, op, b);
         b[1] = (dpar__vkbuf *)op->dst2->mem;
         b[3] = (dpar__vkbuf *)op->dst3->mem;
-        return dpar__vk_dispatch(st, dev, DPAR__SPV_ADAMW, b, pc, dpar__vk_groups(ph, (uint64_t)op->n), 1);
+        return dpar__vk_dispatch(st, dev, DPAR__SPV_ADAMW, b, pc, dpar__vk_flat_groups(ph, (uint64_t)op->n), 1);
     case DPAR__OP_EMBED:
     case DPAR__OP_EMBED_BWD: {
         int bwd = op->kind == DPAR__OP_EMBED_BWD;
@@ -2220,7 +2250,8 @@ static dpar_status dpar__vk_op_optim(dpar__vk *st, int dev, const dpar__op *op, 
         if (op->n == 0) return DPAR_OK;
         pc->n = (uint32_t)op->n;
         for (int i = 0; i < 6; i++) pc->p[i] = (uint32_t)op->p[i];
-        return dpar__vk_dispatch(st, dev, DPAR__SPV_DROPOUT, b, pc, dpar__vk_groups(ph, ((uint64_t)op->n + 3) / 4), 1);
+        return dpar__vk_dispatch(st, dev, DPAR__SPV_DROPOUT, b, pc, dpar__vk_flat_groups(ph, ((uint64_t)op->n + 3) / 4),
+                                 1);
     default: return dpar__err(DPAR_ERR_BACKEND, "vulkan: op %s is not an optim op", dpar__op_name(op));
     }
 }
@@ -2248,7 +2279,7 @@ static dpar_status dpar__vk_op_basic(dpar__vk *st, int dev, const dpar__op *op, 
         b[2] = src0;
         b[3] = src1;
         uint32_t g[2];
-        int id = dpar__vk_mm_pick(st, dev, op->m, op->n, g, pc);
+        int id = dpar__vk_mm_pick(st, dev, op->m, op->n, op->k, 1, g, pc);
         return dpar__vk_dispatch(st, dev, id, b, pc, g[0], g[1]);
     }
     case DPAR__OP_BIAS_ADD: {
@@ -2257,7 +2288,8 @@ static dpar_status dpar__vk_op_basic(dpar__vk *st, int dev, const dpar__op *op, 
         pc->n = (uint32_t)n;
         pc->m = (uint32_t)cols;
         b[2] = src0;
-        return dpar__vk_dispatch(st, dev, DPAR__SPV_BIAS_ADD, b, pc, dpar__vk_groups(st->devs[dev].ph, (uint64_t)n), 1);
+        return dpar__vk_dispatch(st, dev, DPAR__SPV_BIAS_ADD, b, pc,
+                                 dpar__vk_flat_groups(st->devs[dev].ph, (uint64_t)n), 1);
     }
     case DPAR__OP_BIAS_GRAD: {
         if (n == 0) return DPAR_OK;
@@ -2318,7 +2350,7 @@ static dpar_status dpar__vk_op_basic(dpar__vk *st, int dev, const dpar__op *op, 
         b[2] = src0;
         int half = op->dst->dtype == DPAR_F16 || op->dst->dtype == DPAR_BF16;
         return dpar__vk_dispatch(st, dev, DPAR__SPV_CAST, b, pc,
-                                 dpar__vk_groups(st->devs[dev].ph, half ? ((uint64_t)n + 1) / 2 : (uint64_t)n), 1);
+                                 dpar__vk_flat_groups(st->devs[dev].ph, half ? ((uint64_t)n + 1) / 2 : (uint64_t)n), 1);
     }
     default: /* dpar__vk_op routes only the kinds above here */
         return dpar__err(DPAR_ERR_BACKEND, "vulkan: op %s reached the basic kernels; a dispatch bug",
@@ -2369,9 +2401,6 @@ static const dpar__half_hooks dpar__vk_half = { dpar__vk_op, dpar__vk_half_temps
    count down where it can (reduce.comp: 4 elements a turn), and where one invocation must loop with
    the input (a matmul's K, a softmax row, a conv window, ...) the op is refused on such a device
    before anything is recorded, with an upper bound of its invocations' turns below. GPUs loop freely. */
-static uint64_t dpar__vk_ceil(uint64_t a, uint64_t b) {
-    return b ? (a + b - 1) / b : 0;
-}
 /* Items of a grid-stride loop over n items an invocation takes (at most dpar__vk_groups' groups). */
 static uint64_t dpar__vk_per_inv(const dpar__vkphys *ph, uint64_t n) {
     return dpar__vk_ceil(n, (uint64_t)dpar__vk_groups(ph, n) * DPAR__VK_WG);
@@ -2426,9 +2455,10 @@ static uint64_t dpar__vk_op_turns(const dpar__vk *st, int dev, const dpar__op *o
         return dpar__vk_win_turns(ph, op);
     switch (op->kind) {
     case DPAR__OP_MATMUL:
-    case DPAR__OP_MATMUL_BATCHED: { /* matmul_direct.comp: one K loop a block, batches over 65535 groups */
-        uint64_t zs = op->kind == DPAR__OP_MATMUL ? 1 : dpar__vk_ceil((uint64_t)p[0], 65535);
-        return zs * ((uint64_t)op->k + 2) + zs + 1;
+    case DPAR__OP_MATMUL_BATCHED: { /* matmul_direct.comp: a K loop a column block, batches over 65535 groups */
+        int64_t batches = op->kind == DPAR__OP_MATMUL ? 1 : p[0];
+        uint64_t zs = dpar__vk_ceil(batches > 1 ? (uint64_t)batches : 1, 65535);
+        return zs * dpar__vk_mm_cols(op->k, batches) * ((uint64_t)op->k + 3) + 1;
     }
     case DPAR__OP_SUM:
     case DPAR__OP_SUMSQ: /* one group, 4 elements a turn */ return dpar__vk_ceil((uint64_t)op->src0->count, 1024) + 10;
@@ -2482,7 +2512,7 @@ static uint64_t dpar__vk_op_turns(const dpar__vk *st, int dev, const dpar__op *o
         uint64_t rows = (uint64_t)(p[0] * (kv ? p[2] : p[1])), nk = (uint64_t)(kv ? p[1] : p[2]);
         return dpar__vk_ceil(rows, 65535) * dpar__vk_attn_turns(nk, (uint64_t)p[3], (uint64_t)p[4]);
     }
-    default: return 0; /* element-wise: a few items an invocation, constant loops */
+    default: return 0; /* element-wise: at most 257 items an invocation (dpar__vk_flat_groups), fixed loops each */
     }
 }
 /* Refuses op on a device that caps shader loops (ph->loop_cap) when an invocation would pass the cap. */

@@ -1451,6 +1451,95 @@ static void test_loop_cap_conv_kernel_grad(void **state) {
     free(x), free(dy);
     dpar_runtime_destroy(rt);
 }
+/* The direct matmul's column blocks a workgroup on a CPU device (dpar__vk_mm_cols: 8 up to K = 1,021, 7 at
+   1,022, one from 2,728) and K at the cap's boundary: 65,530 runs, 65,531 is refused as with a block a
+   workgroup. Small integers: every sum exact in f32, so against the host's exactly. */
+static void test_loop_cap_matmul_blocks(void **state) {
+    (void)state;
+    enum { M = 33, N = 389 };
+    static const int64_t ks[] = { 1021, 1022, 2728, 8190 };
+    dpar_runtime *rt = vk_runtime(1, 0);
+    int capped = loop_capped(rt);
+    for (size_t t = 0; t < sizeof ks / sizeof ks[0]; t++) {
+        int64_t K = ks[t], sa[2] = { M, K }, sb[2] = { N, K }, sc[2] = { M, N }; /* B transposed: [N, K] */
+        float *a = (float *)malloc(sizeof(float) * (size_t)(M * K)),
+              *b = (float *)malloc(sizeof(float) * (size_t)(N * K));
+        float *c = (float *)malloc(sizeof(float) * M * N);
+        assert_true(a && b && c);
+        for (int64_t i = 0; i < M * K; i++) a[i] = (float)(i % 5) - 2.0f;
+        for (int64_t i = 0; i < N * K; i++) b[i] = (float)((i * 3) % 7) - 3.0f;
+        dpar_buffer *ba = t_buf(rt, 0, DPAR_F32, 2, sa, a), *bb = t_buf(rt, 0, DPAR_F32, 2, sb, b);
+        dpar_buffer *bc = t_buf(rt, 0, DPAR_F32, 2, sc, NULL);
+        T_OK(dpar_matmul(bc, ba, bb, false, true, 1.0f, 0.0f));
+        t_read(bc, c);
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < N; j++) {
+                double want = 0;
+                for (int64_t kk = 0; kk < K; kk++) want += (double)a[i * K + kk] * b[j * K + kk];
+                if (c[i * N + j] != (float)want)
+                    fail_msg("K %lld: C[%d, %d] = %.9g (want %.9g)", (long long)K, i, j, c[i * N + j], want);
+            }
+        dpar_buffer_destroy(ba), dpar_buffer_destroy(bb), dpar_buffer_destroy(bc);
+        free(a), free(b), free(c);
+    }
+    for (int64_t K = 65530; K <= 65531; K++) {
+        int64_t sa[2] = { 1, K }, sb[2] = { K, 17 }, sc[2] = { 1, 17 };
+        float c[17];
+        dpar_buffer *ba = t_buf(rt, 0, DPAR_F32, 2, sa, NULL), *bb = t_buf(rt, 0, DPAR_F32, 2, sb, NULL);
+        dpar_buffer *bc = t_buf(rt, 0, DPAR_F32, 2, sc, NULL);
+        T_OK(dpar_fill(ba, 1.0f));
+        T_OK(dpar_fill(bb, 1.0f));
+        T_OK(dpar_fill(bc, 5.0f));
+        int refused = capped && K == 65531;
+        if (refused)
+            T_ERR(dpar_matmul(bc, ba, bb, false, false, 1.0f, 0.0f), DPAR_ERR_SHAPE, "k 65531",
+                  "llvmpipe ends shader loops after 65,535 iterations");
+        else
+            T_OK(dpar_matmul(bc, ba, bb, false, false, 1.0f, 0.0f));
+        t_read(bc, c);
+        for (int j = 0; j < 17; j++)
+            if (c[j] != (refused ? 5.0f : (float)K)) fail_msg("K %lld: C[0, %d] = %.9g", (long long)K, j, c[j]);
+        dpar_buffer_destroy(ba), dpar_buffer_destroy(bb), dpar_buffer_destroy(bc);
+    }
+    dpar_runtime_destroy(rt);
+}
+/* The element-wise shaders' fuller workgroups on a CPU device (dpar__vk_flat_groups: up to 16 items an
+   invocation): bias_add stepping its column across an invocation's items ([3001, 10] and [4097, 7]:
+   strides of 2,048 and 4,352 are not multiples of the columns), relu and relu_backward, exactly against the
+   host at workgroup boundaries (4,096 items a workgroup, one item more or less). */
+static void test_fuller_workgroups(void **state) {
+    (void)state;
+    static const int64_t shapes[][2] = { { 3001, 10 }, { 4097, 7 }, { 16, 256 }, { 16, 257 }, { 4095, 16 }, { 1, 1 } };
+    dpar_runtime *rt = vk_runtime(1, 0);
+    for (size_t t = 0; t < sizeof shapes / sizeof shapes[0]; t++) {
+        int64_t m = shapes[t][0], n = shapes[t][1], cnt = m * n;
+        float *x = (float *)malloc(sizeof(float) * (size_t)cnt), *dy = (float *)malloc(sizeof(float) * (size_t)cnt);
+        float *y = (float *)malloc(sizeof(float) * (size_t)cnt), *dx = (float *)malloc(sizeof(float) * (size_t)cnt);
+        float *bias = (float *)malloc(sizeof(float) * (size_t)n);
+        assert_true(x && dy && y && dx && bias);
+        for (int64_t i = 0; i < cnt; i++)
+            x[i] = (float)((i * 7919) % 1001) / 64.0f - 7.0f, dy[i] = (float)(i % 13) - 6.0f;
+        for (int64_t j = 0; j < n; j++) bias[j] = (float)j * 0.25f + 0.125f;
+        dpar_buffer *bx = t_buf(rt, 0, DPAR_F32, 2, shapes[t], x), *bb = t_buf1(rt, DPAR_F32, n, bias);
+        dpar_buffer *bdy = t_buf(rt, 0, DPAR_F32, 2, shapes[t], dy), *by = t_buf(rt, 0, DPAR_F32, 2, shapes[t], NULL);
+        dpar_buffer *bdx = t_buf(rt, 0, DPAR_F32, 2, shapes[t], NULL);
+        T_OK(dpar_bias_add(bx, bb));
+        T_OK(dpar_relu(by, bx));
+        T_OK(dpar_relu_backward(bdx, bdy, bx));
+        t_read(by, y);
+        t_read(bdx, dx);
+        for (int64_t i = 0; i < cnt; i++) {
+            float h = x[i] + bias[i % n];
+            if (y[i] != (h > 0.0f ? h : 0.0f) || dx[i] != (h > 0.0f ? dy[i] : 0.0f))
+                fail_msg("[%lld, %lld] element %lld: relu %.9g, relu_backward %.9g (x + b = %.9g, dy %.9g)",
+                         (long long)m, (long long)n, (long long)i, y[i], dx[i], h, dy[i]);
+        }
+        dpar_buffer *bufs[] = { bx, bb, bdy, by, bdx };
+        for (int i = 0; i < 5; i++) dpar_buffer_destroy(bufs[i]);
+        free(x), free(dy), free(y), free(dx), free(bias);
+    }
+    dpar_runtime_destroy(rt);
+}
 /* Ops whose invocations must loop past llvmpipe's cap are refused there with their output untouched, and
    right on any other device: a matmul of K = 70,000; an embedding gradient over 70,000 indices with beta 0.5
    (refused before the core scales dtable: be->op_fits). */
@@ -1525,6 +1614,8 @@ int main(void) {
         cmocka_unit_test(test_loop_cap_norm_rows),
         cmocka_unit_test(test_loop_cap_conv_kernel_grad),
         cmocka_unit_test(test_loop_cap_refused),
+        cmocka_unit_test(test_loop_cap_matmul_blocks),
+        cmocka_unit_test(test_fuller_workgroups),
     };
     return cmocka_run_group_tests_name("vulkan", tests, NULL, NULL);
 }
