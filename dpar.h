@@ -2976,7 +2976,7 @@ struct dpar_buffer {
 /* One op, checked by the core; backends execute it. Shapes are resolved. */
 typedef enum dpar__op_kind {
     DPAR__OP_MATMUL = 0,   /* dst[M,N] = f[0]*op(src0)[M,K] op(src1)[K,N] + f[1]*dst; ta, tb */
-    DPAR__OP_BIAS_ADD,     /* dst[M,N] += src0[N] */
+    DPAR__OP_BIAS_ADD,     /* dst[M,N] += src0[N]; dst2 (only where the backend's bias_add_relu): max(dst, 0) */
     DPAR__OP_BIAS_GRAD,    /* dst[N] = f[1]*dst + sum_m src0[M,N] */
     DPAR__OP_RELU,         /* dst = max(src0, 0), n elements */
     DPAR__OP_RELU_BWD,     /* dst = src0 (dy) where src1 (x) > 0 else 0 */
@@ -3125,6 +3125,9 @@ typedef struct dpar__backend_iface {
        too (dst4), so dpar_attention_backward issues ATTN_BWD_Q only for dq alone; false (the safe
        default): pass 2 reads the D that ATTN_BWD_Q leaves in stats[.., 1], so pass 1 always runs first */
     bool attn_kv_computes_d;
+    /* true when the backend's BIAS_ADD also writes the ReLU of its result to dst2 when dst2 is set (Vulkan:
+       a dispatch fewer in a graph's bias_add -> relu, dpar__g_fuse_bias_relu); false: dst2 is always NULL */
+    bool bias_add_relu;
     /* Opens `requested` devices (0: the backend's default). Sets *state, *count.
        local_index / local_count: this process's index among the processes
        of its node, and their count (0 / 1 without MPI); a GPU backend opens
@@ -7612,20 +7615,27 @@ static dpar_status dpar__last_dim_vec(const char *fn, const dpar_buffer *v, cons
                      dpar__shape_str(a, sizeof a, v->ndim, v->shape), xn, xn,
                      dpar__shape_str(b, sizeof b, x->ndim, x->shape));
 }
-/* y [..., N] and b [N] */
-DPAR_API dpar_status dpar_bias_add(dpar_buffer *y, const dpar_buffer *b) {
+/* y [..., N] += b [N], and relu = max(y, 0) in the same op where relu is not NULL (a graph's fused
+   bias_add -> relu, dpar__g_fuse_bias_relu: only on a backend with bias_add_relu, relu f32 as y). */
+static dpar_status dpar__bias_add(dpar_buffer *y, dpar_buffer *relu, const dpar_buffer *b) {
     dpar__clear_error();
     dpar_status s = dpar__op_check("dpar_bias_add", y, &b, 1);
     if (s || (s = dpar__need_ft("dpar_bias_add", y, "y", dpar__fdt(y))) ||
         (s = dpar__need_ft("dpar_bias_add", b, "bias", dpar__fdt(y))))
         return s;
     if ((s = dpar__last_dim_vec("dpar_bias_add", b, "bias", y, "y"))) return s;
+    DPAR_ASSERT(!relu || (y->rt->be->bias_add_relu && relu->dtype == DPAR_F32 && y->dtype == DPAR_F32 &&
+                          relu->count == y->count && relu->rt == y->rt && relu->device == y->device));
     dpar__op op;
     dpar__op_init(&op, DPAR__OP_BIAS_ADD, y);
+    op.dst2 = relu;
     op.src0 = b;
     op.n = b->shape[0];
     op.m = b->shape[0] ? y->count / b->shape[0] : 0;
     return dpar__op_run(&op);
+}
+DPAR_API dpar_status dpar_bias_add(dpar_buffer *y, const dpar_buffer *b) {
+    return dpar__bias_add(y, NULL, b);
 }
 DPAR_API dpar_status dpar_bias_grad(dpar_buffer *db, const dpar_buffer *dy, float beta) {
     dpar__clear_error();
@@ -12599,10 +12609,12 @@ static dpar_status dpar__g_grad_array(dpar_graph *g, int w, dpar_array **out) {
 /* The input whose buffer node i's output may take (0: none): one its kind may overwrite (dpar__g_inplace),
    a pooled value (no feed, param, const or kept value: nothing the user reads) that node i
    reads last (nothing later, backward and remat copies included, needs it) and through no other operand,
-   of i's dtype and shape (a copy or reshape: its element count). Node i is no fused loss or gradient. */
+   of i's dtype and shape (a copy or reshape: its element count). Node i is no fused loss or gradient (a
+   bias_add writing a fused relu may: the relu's buffer is another, dpar__g_fuse_bias_relu). */
 static int dpar__g_alias_of(const dpar_graph *g, const dpar__gplan *p, int i) {
     const dpar__gnode *nd = &g->n[i];
-    unsigned mask = p->alias_on && !nd->fused ? dpar__g_inplace(nd->kind) : 0u;
+    bool fused = nd->fused && nd->kind != DPAR__G_BIAS_ADD;
+    unsigned mask = p->alias_on && !fused ? dpar__g_inplace(nd->kind) : 0u;
     bool copy = nd->kind == DPAR__G_COPY || nd->kind == DPAR__G_PCAST;
     for (int k = 0; k < nd->nin && mask; k++) {
         int j = nd->in[k], uses = 0;
@@ -12886,6 +12898,27 @@ static void dpar__g_fuse_losses(dpar_graph *g) {
             }
     }
 }
+/* A relu of a bias_add's output that the backward reads too (RELU_GRAD reads the relu's input): on a
+   backend whose BIAS_ADD also writes the ReLU (bias_add_relu, f32), the bias_add node writes both, the
+   relu node runs nothing, and its buffer is live from the bias_add on (dpar__g_plan), as a fused loss's
+   gradient: one dispatch fewer a layer on Vulkan, where each costs llvmpipe ~16 us of waking its threads
+   and a setup (bench/results/results.md). Without another reader the relu stays in place on the sum. */
+static void dpar__g_fuse_bias_relu(dpar_graph *g) {
+    if (!g->rt->be->bias_add_relu) return;
+    for (int j = 1; j < g->count; j++) {
+        dpar__gnode *r = &g->n[j];
+        int i = r->in[0], readers = 0;
+        if (r->kind != DPAR__G_RELU || r->fused || i <= 0) continue;
+        const dpar__gnode *b = &g->n[i];
+        if (b->kind != DPAR__G_BIAS_ADD || b->fused || b->stage != r->stage || b->dtype != DPAR_F32 ||
+            r->dtype != DPAR_F32)
+            continue;
+        for (int k = i + 1; k < g->count; k++)
+            for (int m = 0; m < g->n[k].nin; m++) readers += g->n[k].in[m] == i;
+        if (readers < 2) continue;
+        g->n[i].fused = j, r->fused = -i;
+    }
+}
 /* Attention's gradient nodes (dq, dk, dv) read the same dout, q, k, v and statistics (the rule of >>graph
    grad makes one node each): the first computes all of them in one dpar_attention_backward call, so the
    backward recomputes P and dP once, not once a node (the GPT step's 1x1 CPU time: see CHANGELOG); the
@@ -13041,6 +13074,7 @@ DPAR_API dpar_status dpar_graph_compile(dpar_graph *g, dpar_graph_stats *stats) 
     if (s) return s;
     dpar__g_fuse_losses(g);
     dpar__g_fuse_attn(g);
+    dpar__g_fuse_bias_relu(g);
     s = dpar__g_bucket_plan(g);
     if (!s) s = dpar__g_plan(g);
     if (!s) s = dpar__g_bucket_alloc(g);
@@ -13184,7 +13218,8 @@ static dpar_status dpar__g_exec_node(dpar_graph *g, dpar_ctx *ctx, int li, int i
     case DPAR__G_DROPOUT: return dpar__g_exec_optim(g, ctx, li, nd, y, a, b);
     case DPAR__G_ZERO1_SCATTER: return dpar__g_z1_scatter(g, ctx, li, nd, y, a);
     case DPAR__G_MATMUL: return dpar_matmul(y, a, b, nd->ip[0] != 0, nd->ip[1] != 0, 1.0f, 0.0f);
-    case DPAR__G_BIAS_ADD: return (s = dpar_copy(y, a)) ? s : dpar_bias_add(y, b);
+    case DPAR__G_BIAS_ADD: /* and a fused relu's output (dpar__g_fuse_bias_relu) */
+        return (s = dpar_copy(y, a)) ? s : dpar__bias_add(y, nd->fused ? dpar__g_buf(g, nd->fused, li) : NULL, b);
     case DPAR__G_BIAS_GRAD: return dpar_bias_grad(y, a, 0.0f);
     case DPAR__G_RELU: return dpar_relu(y, a);
     case DPAR__G_RELU_GRAD: return dpar_relu_backward(y, a, b);
@@ -18799,6 +18834,7 @@ static const dpar__backend_iface dpar__cpu_backend = {
     "cpu",
     DPAR_BACKEND_CPU,
     true /* attn_kv_computes_d: pass 2 recomputes D (DPAR__ATTN_DEF's BWDKV) */,
+    false /* bias_add_relu: the separate passes cost the CPU little */,
     dpar__cpu_init,
     dpar__cpu_shutdown,
     dpar__cpu_info,

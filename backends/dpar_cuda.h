@@ -2648,6 +2648,7 @@ static const dpar__backend_iface *dpar__cuda_iface(void) {
     static const dpar__backend_iface iface = { "cuda",
                                                DPAR_BACKEND_CUDA,
                                                false, /* attn_kv_computes_d: the KV kernel reads pass 1's D */
+                                               false, /* bias_add_relu: not written for the CUDA kernel */
                                                dpar__cu_init,
                                                dpar__cu_shutdown,
                                                dpar__cu_device_info,

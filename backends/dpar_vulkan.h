@@ -2287,6 +2287,8 @@ static dpar_status dpar__vk_op_basic(dpar__vk *st, int dev, const dpar__op *op, 
         if (n == 0 || cols == 0) return DPAR_OK;
         pc->n = (uint32_t)n;
         pc->m = (uint32_t)cols;
+        pc->flags = dst2 ? 1u : 0u;
+        b[1] = dst2;
         b[2] = src0;
         return dpar__vk_dispatch(st, dev, DPAR__SPV_BIAS_ADD, b, pc,
                                  dpar__vk_flat_groups(st->devs[dev].ph, (uint64_t)n), 1);
@@ -3053,6 +3055,7 @@ static const dpar__backend_iface *dpar__vulkan_iface(void) {
         "vulkan",
         DPAR_BACKEND_VULKAN,
         false, /* attn_kv_computes_d: attention_bwd_kv.comp reads pass 1's D */
+        true,  /* bias_add_relu: bias_add.comp writes the ReLU too (flags bit 0) */
         dpar__vk_init,
         dpar__vk_shutdown,
         dpar__vk_device_info,
