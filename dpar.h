@@ -2977,7 +2977,8 @@ struct dpar_buffer {
 typedef enum dpar__op_kind {
     DPAR__OP_MATMUL = 0,   /* dst[M,N] = f[0]*op(src0)[M,K] op(src1)[K,N] + f[1]*dst; ta, tb */
     DPAR__OP_BIAS_ADD,     /* dst[M,N] += src0[N]; dst2 (only where the backend's bias_add_relu): max(dst, 0) */
-    DPAR__OP_BIAS_GRAD,    /* dst[N] = f[1]*dst + sum_m src0[M,N] */
+    DPAR__OP_BIAS_GRAD,    /* dst[N] = f[1]*dst + sum_m src0[M,N]; with src1 (only where the backend's
+                              bias_grad_relu): src0 masked where src1 > 0 (relu's gradient), written to dst2 */
     DPAR__OP_RELU,         /* dst = max(src0, 0), n elements */
     DPAR__OP_RELU_BWD,     /* dst = src0 (dy) where src1 (x) > 0 else 0 */
     DPAR__OP_SOFTMAX_XENT, /* dst (loss[1]), dst2 (dlogits [M,N] or NULL), src0 logits [M,N], src1 labels[M] i32;
@@ -3128,6 +3129,9 @@ typedef struct dpar__backend_iface {
     /* true when the backend's BIAS_ADD also writes the ReLU of its result to dst2 when dst2 is set (Vulkan:
        a dispatch fewer in a graph's bias_add -> relu, dpar__g_fuse_bias_relu); false: dst2 is always NULL */
     bool bias_add_relu;
+    /* true when the backend's BIAS_GRAD with src1 set sums dy masked by src1 > 0 (relu_backward) and writes
+       the masked dy to dst2 (Vulkan: a graph's relu_backward -> bias_grad in one dispatch); false: never */
+    bool bias_grad_relu;
     /* Opens `requested` devices (0: the backend's default). Sets *state, *count.
        local_index / local_count: this process's index among the processes
        of its node, and their count (0 / 1 without MPI); a GPU backend opens
@@ -7637,20 +7641,32 @@ static dpar_status dpar__bias_add(dpar_buffer *y, dpar_buffer *relu, const dpar_
 DPAR_API dpar_status dpar_bias_add(dpar_buffer *y, const dpar_buffer *b) {
     return dpar__bias_add(y, NULL, b);
 }
-DPAR_API dpar_status dpar_bias_grad(dpar_buffer *db, const dpar_buffer *dy, float beta) {
+/* db [N] = beta db + the column sums of dy [..., N]; where x is not NULL (a graph's fused relu_backward ->
+   bias_grad, dpar__g_fuse_relu_grad: only on a backend with bias_grad_relu, all f32) the sums of dy masked
+   where x > 0, and that masked dy written to dx (relu_backward's result) in the same op. */
+static dpar_status dpar__bias_grad(dpar_buffer *db, dpar_buffer *dx, const dpar_buffer *dy, const dpar_buffer *x,
+                                   float beta) {
     dpar__clear_error();
     dpar_status s = dpar__op_check("dpar_bias_grad", db, &dy, 1);
     const dpar_buffer *fl[2] = { db, dy };
     const char *fln[2] = { "db", "dy" };
     if (s || (s = dpar__same_float64("dpar_bias_grad", fl, fln, 2))) return s;
     if ((s = dpar__last_dim_vec("dpar_bias_grad", db, "db", dy, "dy"))) return s;
+    DPAR_ASSERT(!x ||
+                (db->rt->be->bias_grad_relu && dx && db->dtype == DPAR_F32 && dy->dtype == DPAR_F32 &&
+                 x->dtype == DPAR_F32 && dx->dtype == DPAR_F32 && x->count == dy->count && dx->count == dy->count));
     dpar__op op;
     dpar__op_init(&op, DPAR__OP_BIAS_GRAD, db);
+    op.dst2 = x ? dx : NULL;
+    op.src1 = x;
     op.src0 = dy;
     op.n = db->shape[0];
     op.m = db->shape[0] ? dy->count / db->shape[0] : 0;
     op.f[1] = beta;
     return dpar__op_run(&op);
+}
+DPAR_API dpar_status dpar_bias_grad(dpar_buffer *db, const dpar_buffer *dy, float beta) {
+    return dpar__bias_grad(db, NULL, dy, NULL, beta);
 }
 DPAR_API dpar_status dpar_relu(dpar_buffer *y, const dpar_buffer *x) {
     dpar__clear_error();
@@ -12610,10 +12626,11 @@ static dpar_status dpar__g_grad_array(dpar_graph *g, int w, dpar_array **out) {
    a pooled value (no feed, param, const or kept value: nothing the user reads) that node i
    reads last (nothing later, backward and remat copies included, needs it) and through no other operand,
    of i's dtype and shape (a copy or reshape: its element count). Node i is no fused loss or gradient (a
-   bias_add writing a fused relu may: the relu's buffer is another, dpar__g_fuse_bias_relu). */
+   bias_add writing a fused relu, or a relu gradient a fused bias gradient, may: that buffer is another,
+   dpar__g_fuse_bias_relu, dpar__g_fuse_relu_grad). */
 static int dpar__g_alias_of(const dpar_graph *g, const dpar__gplan *p, int i) {
     const dpar__gnode *nd = &g->n[i];
-    bool fused = nd->fused && nd->kind != DPAR__G_BIAS_ADD;
+    bool fused = nd->fused && nd->kind != DPAR__G_BIAS_ADD && nd->kind != DPAR__G_RELU_GRAD;
     unsigned mask = p->alias_on && !fused ? dpar__g_inplace(nd->kind) : 0u;
     bool copy = nd->kind == DPAR__G_COPY || nd->kind == DPAR__G_PCAST;
     for (int k = 0; k < nd->nin && mask; k++) {
@@ -12919,6 +12936,23 @@ static void dpar__g_fuse_bias_relu(dpar_graph *g) {
         g->n[i].fused = j, r->fused = -i;
     }
 }
+/* A bias gradient of a relu gradient's output (the layer's dW reads it too): on a backend whose BIAS_GRAD
+   also masks (bias_grad_relu, f32), the relu gradient node computes both in one op (as
+   dpar__g_fuse_bias_relu: the bias gradient's buffer is live from it on) and the bias_grad node runs
+   nothing. The same sums in the same order: bit for bit the two ops' results. */
+static void dpar__g_fuse_relu_grad(dpar_graph *g) {
+    if (!g->rt->be->bias_grad_relu) return;
+    for (int j = 1; j < g->count; j++) {
+        dpar__gnode *b = &g->n[j];
+        int i = b->in[0];
+        if (b->kind != DPAR__G_BIAS_GRAD || b->fused || i <= 0) continue;
+        const dpar__gnode *r = &g->n[i];
+        if (r->kind != DPAR__G_RELU_GRAD || r->fused || r->stage != b->stage || r->dtype != DPAR_F32 ||
+            b->dtype != DPAR_F32 || g->n[r->in[0]].dtype != DPAR_F32 || g->n[r->in[1]].dtype != DPAR_F32)
+            continue;
+        g->n[i].fused = j, b->fused = -i;
+    }
+}
 /* Attention's gradient nodes (dq, dk, dv) read the same dout, q, k, v and statistics (the rule of >>graph
    grad makes one node each): the first computes all of them in one dpar_attention_backward call, so the
    backward recomputes P and dP once, not once a node (the GPT step's 1x1 CPU time: see CHANGELOG); the
@@ -13075,6 +13109,7 @@ DPAR_API dpar_status dpar_graph_compile(dpar_graph *g, dpar_graph_stats *stats) 
     dpar__g_fuse_losses(g);
     dpar__g_fuse_attn(g);
     dpar__g_fuse_bias_relu(g);
+    dpar__g_fuse_relu_grad(g);
     s = dpar__g_bucket_plan(g);
     if (!s) s = dpar__g_plan(g);
     if (!s) s = dpar__g_bucket_alloc(g);
@@ -13222,7 +13257,8 @@ static dpar_status dpar__g_exec_node(dpar_graph *g, dpar_ctx *ctx, int li, int i
         return (s = dpar_copy(y, a)) ? s : dpar__bias_add(y, nd->fused ? dpar__g_buf(g, nd->fused, li) : NULL, b);
     case DPAR__G_BIAS_GRAD: return dpar_bias_grad(y, a, 0.0f);
     case DPAR__G_RELU: return dpar_relu(y, a);
-    case DPAR__G_RELU_GRAD: return dpar_relu_backward(y, a, b);
+    case DPAR__G_RELU_GRAD: /* and a fused bias gradient (dpar__g_fuse_relu_grad) */
+        return nd->fused ? dpar__bias_grad(dpar__g_buf(g, nd->fused, li), y, a, b, 0.0f) : dpar_relu_backward(y, a, b);
     case DPAR__G_XENT: return dpar_softmax_xent(y, nd->fused ? dpar__g_buf(g, nd->fused, li) : NULL, a, b);
     case DPAR__G_XENT_GRAD: return dpar_softmax_xent(dpar__g_scratch(g, li, y), y, a, b);
     case DPAR__G_MSE: return dpar_mse(y, nd->fused ? dpar__g_buf(g, nd->fused, li) : NULL, a, b);
@@ -18835,6 +18871,7 @@ static const dpar__backend_iface dpar__cpu_backend = {
     DPAR_BACKEND_CPU,
     true /* attn_kv_computes_d: pass 2 recomputes D (DPAR__ATTN_DEF's BWDKV) */,
     false /* bias_add_relu: the separate passes cost the CPU little */,
+    false /* bias_grad_relu: as bias_add_relu */,
     dpar__cpu_init,
     dpar__cpu_shutdown,
     dpar__cpu_info,

@@ -2297,9 +2297,12 @@ static dpar_status dpar__vk_op_basic(dpar__vk *st, int dev, const dpar__op *op, 
         if (n == 0) return DPAR_OK;
         pc->n = (uint32_t)n;
         pc->m = (uint32_t)(op->src0->count / n);
+        pc->flags = src1 ? 2u : 0u; /* relu's gradient too */
+        b[1] = dst2;
         b[2] = src0;
+        b[3] = src1;
         if (op->src0->count / n >= DPAR__VK_WIDE) { /* a workgroup a column */
-            pc->flags = 1u;
+            pc->flags |= 1u;
             return dpar__vk_dispatch(st, dev, DPAR__SPV_BIAS_GRAD, b, pc, dpar__vk_rows(n), 1);
         }
         return dpar__vk_dispatch(st, dev, DPAR__SPV_BIAS_GRAD, b, pc, dpar__vk_groups(st->devs[dev].ph, (uint64_t)n),
@@ -3056,6 +3059,7 @@ static const dpar__backend_iface *dpar__vulkan_iface(void) {
         DPAR_BACKEND_VULKAN,
         false, /* attn_kv_computes_d: attention_bwd_kv.comp reads pass 1's D */
         true,  /* bias_add_relu: bias_add.comp writes the ReLU too (flags bit 0) */
+        true,  /* bias_grad_relu: bias_grad.comp masks dy and writes it (flags bit 1) */
         dpar__vk_init,
         dpar__vk_shutdown,
         dpar__vk_device_info,

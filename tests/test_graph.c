@@ -1054,14 +1054,15 @@ static void test_adamw_masked_vulkan(void **st) {
     adamw_mask_alone();
 }
 
-/* ---- bias_add -> relu in one op (dpar__g_fuse_bias_relu, Vulkan's bias_add_relu) ---- */
-/* h = relu(x + b) kept, loss = sum(h^2), its gradient db = sum over rows of 2 h: the relu's values exactly
-   the host's (f32 x + b, then max), db against double, and the ops a run issues, op by op
-   (DPAR_GRAPH_RECORD=0): on Vulkan one fewer than on the CPU (the relu written by the bias_add), on the CPU
-   the same graph's. Shapes: the digits layer, workgroup boundaries of the fuller element-wise workgroups
-   (4,096 items), 70,000 rows (bias_grad's workgroup a column). */
+/* ---- bias_add -> relu and relu_backward -> bias_grad in one op each (dpar__g_fuse_bias_relu,
+   dpar__g_fuse_relu_grad; Vulkan's bias_add_relu, bias_grad_relu) ---- */
+/* h = relu(x + b) kept, loss = sum(h^2), its gradients dx = 2 h (where x + b > 0) and db = sum over rows
+   of 2 h: h and dx exactly the host's (f32 x + b, then max, then doubled), db against double, and the ops
+   a run issues, op by op (DPAR_GRAPH_RECORD=0): on Vulkan two fewer than on the CPU (the relu written by
+   the bias_add, the bias gradient by the relu's gradient). Shapes: the digits layer, workgroup boundaries
+   of the fuller element-wise workgroups (4,096 items), 70,000 rows (bias_grad's workgroup a column). */
 static uint64_t bias_relu_run(dpar_backend_kind k, int64_t M, int64_t N, const float *x, const float *bias, float *h,
-                              float *db) {
+                              float *dx, float *db) {
     dpar_runtime *rt = t_runtime_or_skip(k, 1);
     dpar_mesh *m = t_mesh1(rt, 1, "data");
     dpar_array *ab = arr(m, DPAR_F32, 1, N, 0, NULL, NULL);
@@ -1069,19 +1070,20 @@ static uint64_t bias_relu_run(dpar_backend_kind k, int64_t M, int64_t N, const f
     dpar_graph *g = NULL;
     T_OK(dpar_graph_create(m, &g));
     dpar_array_desc xd = { DPAR_F32, 2, { M, N }, { NULL } };
-    dpar_value vx = dpar_g_feed(g, "x", &xd), vb = dpar_g_param(g, "b", ab), gb;
-    dpar_value vh = dpar_g_relu(g, dpar_g_bias_add(g, vx, vb));
-    T_OK(dpar_graph_value_and_grad(g, dpar_g_sum_squares(g, vh), &vb, 1, &gb));
+    dpar_value v[2] = { dpar_g_feed(g, "x", &xd), dpar_g_param(g, "b", ab) }, gr[2];
+    dpar_value vh = dpar_g_relu(g, dpar_g_bias_add(g, v[0], v[1]));
+    T_OK(dpar_graph_value_and_grad(g, dpar_g_sum_squares(g, vh), v, 2, gr));
     T_OK(dpar_graph_keep(g, vh));
     T_OK(dpar_graph_compile(g, NULL));
-    dpar_graph_feed f = { vx, x, NULL };
+    dpar_graph_feed f = { v[0], x, NULL };
     T_OK(dpar_graph_run(g, &f, 1, NULL));
     dpar_runtime_stats_reset(rt);
     T_OK(dpar_graph_run(g, &f, 1, NULL));
     dpar_device_stats ds;
     T_OK(dpar_runtime_device_stats(rt, 0, &ds));
     T_OK(dpar_graph_get(g, vh, h));
-    T_OK(dpar_graph_get(g, gb, db));
+    T_OK(dpar_graph_get(g, gr[0], dx));
+    T_OK(dpar_graph_get(g, gr[1], db));
     T_OK(dpar_graph_destroy(g));
     T_OK(dpar_runtime_destroy(rt));
     return ds.ops;
@@ -1096,29 +1098,32 @@ static void test_bias_relu_fused(void **st) {
         int64_t M = shapes[t][0], N = shapes[t][1];
         float *x = (float *)malloc(sizeof(float) * (size_t)(M * N)),
               *h = (float *)malloc(sizeof(float) * (size_t)(M * N));
-        float *bias = (float *)malloc(sizeof(float) * (size_t)N), *db = (float *)malloc(sizeof(float) * (size_t)N);
-        assert_true(x && h && bias && db);
+        float *dx = (float *)malloc(sizeof(float) * (size_t)(M * N)),
+              *bias = (float *)malloc(sizeof(float) * (size_t)N);
+        float *db = (float *)malloc(sizeof(float) * (size_t)N);
+        assert_true(x && h && dx && bias && db);
         for (int64_t i = 0; i < M * N; i++) x[i] = (float)((i * 7919) % 1001) / 64.0f - 7.0f;
         for (int64_t j = 0; j < N; j++) bias[j] = (float)j * 0.25f - 0.375f;
-        uint64_t ops_cpu = bias_relu_run(DPAR_BACKEND_CPU, M, N, x, bias, h, db);
-        uint64_t ops_vk = bias_relu_run(DPAR_BACKEND_VULKAN, M, N, x, bias, h, db);
-        if (ops_vk + 1 != ops_cpu)
-            fail_msg("[%lld, %lld]: %llu ops a run on Vulkan, %llu on the CPU (want one fewer: the relu fused)",
+        uint64_t ops_cpu = bias_relu_run(DPAR_BACKEND_CPU, M, N, x, bias, h, dx, db);
+        uint64_t ops_vk = bias_relu_run(DPAR_BACKEND_VULKAN, M, N, x, bias, h, dx, db);
+        if (ops_vk + 2 != ops_cpu)
+            fail_msg("[%lld, %lld]: %llu ops a run on Vulkan, %llu on the CPU (want two fewer: both fused)",
                      (long long)M, (long long)N, (unsigned long long)ops_vk, (unsigned long long)ops_cpu);
         for (int64_t j = 0; j < N; j++) {
             double want = 0, mag = 0;
             for (int64_t i = 0; i < M; i++) {
                 float v = x[i * N + j] + bias[j], r = v > 0.0f ? v : 0.0f;
-                if (h[i * N + j] != r)
-                    fail_msg("[%lld, %lld] h[%lld, %lld] = %.9g (want %.9g)", (long long)M, (long long)N, (long long)i,
-                             (long long)j, (double)h[i * N + j], (double)r);
+                if (h[i * N + j] != r || dx[i * N + j] != 2.0f * r)
+                    fail_msg("[%lld, %lld] [%lld, %lld]: h %.9g, dx %.9g (want %.9g, %.9g)", (long long)M, (long long)N,
+                             (long long)i, (long long)j, (double)h[i * N + j], (double)dx[i * N + j], (double)r,
+                             2.0 * r);
                 want += 2.0 * r, mag += 2.0 * fabs(r);
             }
             if (fabs(db[j] - want) > 1e-5 * mag + 1e-6)
                 fail_msg("[%lld, %lld] db[%lld] = %.9g (want %.9g)", (long long)M, (long long)N, (long long)j,
                          (double)db[j], want);
         }
-        free(x), free(h), free(bias), free(db);
+        free(x), free(h), free(dx), free(bias), free(db);
     }
     unsetenv("DPAR_GRAPH_RECORD");
 }
