@@ -1898,7 +1898,9 @@ typedef struct dpar_graph_stats {
 } dpar_graph_stats;
 /* Schedules (the order built), plans memory (a buffer reused once its last
    reader ran; params and feeds not counted) and allocates on every device.
-   stats may be NULL. Errors: the recorded builder error, DPAR_ERR_STATE (twice),
+   A loss and its gradient run as one op; on Vulkan so do a relu of a
+   bias_add and a bias gradient of a relu's gradient (a dispatch fewer each,
+   the same bits). stats may be NULL. Errors: the recorded builder error, DPAR_ERR_STATE (twice),
    DPAR_ERR_OUT_OF_MEMORY. */
 DPAR_API dpar_status dpar_graph_compile(dpar_graph *g, dpar_graph_stats *stats);
 typedef struct dpar_graph_feed {

@@ -1452,8 +1452,8 @@ static void test_loop_cap_conv_kernel_grad(void **state) {
     dpar_runtime_destroy(rt);
 }
 /* The direct matmul's column blocks a workgroup on a CPU device (dpar__vk_mm_cols: 8 up to K = 1,021, 7 at
-   1,022, one from 2,728) and K at the cap's boundary: 65,530 runs, 65,531 is refused as with a block a
-   workgroup. Small integers: every sum exact in f32, so against the host's exactly. */
+   1,022, 2 at 2,728, one from 4,094) and K at the cap's boundary: 65,530 runs, 65,531 is refused as with a
+   block a workgroup. Small integers: every sum exact in f32, so against the host's exactly. */
 static void test_loop_cap_matmul_blocks(void **state) {
     (void)state;
     enum { M = 33, N = 389 };
