@@ -40,7 +40,8 @@
 
    Timing: the stream kernel and dpar alternate `alts` times per point (5 by
    default), each trial the mean over `iters` back-to-back calls (sized to
-   fill --time seconds over all trials). The stream bandwidth is the best of
+   fill --time seconds over all trials; a stream trial's threads start together and it is sized by
+   their own pass time: bench_util.h's st_gate). The stream bandwidth is the best of
    its trials (what the machine did at least once in this run, with these
    threads and this footprint: on a shared machine a single trial can be
    slowed by the neighbours, which would make the limit too low). time_us is

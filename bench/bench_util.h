@@ -39,6 +39,7 @@
 #include <dirent.h>
 #include <dlfcn.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -144,12 +145,12 @@ typedef struct {
     float *x, *y, *z; /* the ways kernels: array i of x / z at x + i * stride */
     int64_t len;      /* floats per array */
     int64_t stride;
-    int kind, ways, nt, iters;
-    int warm;   /* passes before the timed ones */
-    int mix[3]; /* ST_MIX: read-only, in-place and write-only arrays */
-    float sink; /* read's sum, so the loads stay */
-    pthread_barrier_t *bar;
-    double t0, t1; /* this thread's first pass began, and all threads' passes had ended */
+    int kind, ways, nt, iters, nthreads;
+    int warm;      /* passes before the timed ones */
+    int mix[3];    /* ST_MIX: read-only, in-place and write-only arrays */
+    float sink;    /* read's sum, so the loads stay */
+    int *arrived;  /* threads at the trial's start gate (st_gate), of nthreads */
+    double t0, t1; /* this thread's first pass began, and its last one ended */
 } st_arg;
 enum { ST_PIECE = 2048 }; /* fanout's piece: dpar__copy_fanout's 8 KB, read once, stays in L1 */
 
@@ -347,16 +348,29 @@ static inline void st_pass(st_arg *a) {
    milliseconds a pass). A trial right after its kernel's sizing trial, over the same arrays, starts
    warm (warm = 0). */
 enum { ST_WARM = 2 };
+/* The trial's start: returns once all `threads` threads have arrived, spinning (yielding now and then:
+   one not yet arrived may need this core), so they begin their passes together. Behind a futex
+   barrier the last to arrive began at once and the sleepers 5-50 us later (more on a loaded machine),
+   and each thread's end waited for a wake-up too: against a 64 KB all-reduce's 1-3 us pass, that skew
+   was most of a short trial, and the 2-thread limit came out near one thread's bandwidth. */
+static inline void st_gate(int *arrived, int threads) {
+    __atomic_add_fetch(arrived, 1, __ATOMIC_ACQ_REL);
+    for (unsigned i = 1; __atomic_load_n(arrived, __ATOMIC_ACQUIRE) < threads; i++) {
+        if (i % 64 == 0) sched_yield();
+#ifdef BENCH_X86
+        _mm_pause();
+#endif
+    }
+}
 static inline void *st_main(void *p) {
     st_arg *a = (st_arg *)p;
     for (int w = 0; w < a->warm; w++) st_pass(a);
-    pthread_barrier_wait(a->bar);
+    st_gate(a->arrived, a->nthreads);
     a->t0 = now_s();
     for (int i = 0; i < a->iters; i++) {
         st_pass(a);
         __asm__ __volatile__("" ::: "memory");
     }
-    pthread_barrier_wait(a->bar);
     a->t1 = now_s();
     return NULL;
 }
@@ -395,30 +409,33 @@ static inline int stream_init(stream_set *s, int threads, int add, int64_t moved
     }
     return 0;
 }
-/* seconds per pass of all threads over the footprint, after `warm` passes */
-static inline double stream_trial(stream_set *s, int nt, int iters, int warm) {
+/* seconds per pass of all threads over the footprint, after `warm` passes; *own (unless NULL): the
+   slowest thread's own seconds per pass, what sizes a trial (the span also holds the threads' start-up) */
+static inline double stream_trial(stream_set *s, int nt, int iters, int warm, double *own) {
     pthread_t th[STREAM_MAX_THREADS];
-    pthread_barrier_t bar;
-    pthread_barrier_init(&bar, NULL, (unsigned)s->threads);
+    int arrived = 0;
     for (int t = 0; t < s->threads; t++) {
         s->a[t].nt = nt;
         s->a[t].iters = iters;
         s->a[t].warm = warm;
-        s->a[t].bar = &bar;
+        s->a[t].nthreads = s->threads;
+        s->a[t].arrived = &arrived;
         if (s->threads > 1) pthread_create(&th[t], NULL, st_main, &s->a[t]);
     }
     if (s->threads == 1) st_main(&s->a[0]); /* on this thread: no start-up cost on a loaded machine */
     for (int t = 0; t < s->threads && s->threads > 1; t++) pthread_join(th[t], NULL);
-    pthread_barrier_destroy(&bar);
     /* from the first thread's start to the last one's end: with more threads than cores, thread 0 may be
        scheduled after the others began, and its own interval would leave their first passes out (a
        thread's CPU clock is its own: thread 0's interval then) */
-    double t0 = s->a[0].t0, t1 = s->a[0].t1;
+    double t0 = s->a[0].t0, t1 = s->a[0].t1, slow = t1 - t0;
     for (int t = 1; t < s->threads && clock_id != CLOCK_THREAD_CPUTIME_ID; t++) {
         t0 = s->a[t].t0 < t0 ? s->a[t].t0 : t0;
         t1 = s->a[t].t1 > t1 ? s->a[t].t1 : t1;
+        slow = s->a[t].t1 - s->a[t].t0 > slow ? s->a[t].t1 - s->a[t].t0 : slow;
     }
-    return (t1 - t0) / iters / (clock_id == CLOCK_MONOTONIC ? 1 : s->threads);
+    double per = clock_id == CLOCK_MONOTONIC ? 1.0 : s->threads;
+    if (own) *own = slow / iters / per;
+    return (t1 - t0) / iters / per;
 }
 /* The kernels of the limit (a set made with add = 1): copy (z = x: 2
    accesses an element), add (z = x + y: 3), in place (z = z + x: 3, and no
@@ -484,11 +501,13 @@ static inline double stream_kernel_set(stream_set *s, int q) {
    ordinary ones, over about `target` seconds; 0 when the set has no such kernel */
 static inline double stream_bw_kernel(stream_set *s, int q, int nt, double target) {
     double per_pass = stream_kernel_set(s, q), bw = 0;
-    if (per_pass > 0) { /* one pass sizes the trial, and is the trial when no second pass fits the target */
-        double one = stream_trial(s, nt, 1, nt ? 1 : ST_WARM);
-        int iters = (int)(target / (one > 1e-7 ? one : 1e-7));
+    if (per_pass > 0) { /* one pass sizes the trial, and is the trial when no second pass fits the target; sized
+                           by the threads' own pass time: the span of a 3 us pass was 10-50 us here, which
+                           cut a 333 us trial to 6-30 passes */
+        double own, one = stream_trial(s, nt, 1, nt ? 1 : ST_WARM, &own);
+        int iters = (int)(target / (own > 1e-7 ? own : 1e-7));
         iters = iters > 20000 ? 20000 : iters;
-        bw = per_pass / (iters < 2 ? one : stream_trial(s, nt, iters, 0));
+        bw = per_pass / (iters < 2 ? one : stream_trial(s, nt, iters, 0, NULL));
     }
     stream_kernel_set(s, -1);
     return bw;

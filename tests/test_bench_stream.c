@@ -1,8 +1,9 @@
 /* The benchmarks' stream limit (bench/bench_util.h): every kernel runs over the set's whole footprint (an
    op's working set in bench_ops, so a cache-resident op meets a cache-resident stream), the mix kernel
    (an op's own read-only, in-place and write-only arrays) reads and writes what it says on the AVX-512,
-   AVX2 and scalar paths, and the best kernel is named. Nothing here is timed: stream_bw_best runs only to
-   name its kernel. */
+   AVX2 and scalar paths, the best kernel is named, and a trial's threads start together and end on their
+   own clocks. No figure is checked: stream_bw_best runs only to name its kernel, the trial's clocks are
+   compared with each other only. */
 #include "testutil.h"
 #if defined(_WIN32) /* bench_util.h is POSIX (pthreads, dlopen, getrusage): the benchmarks are not built there */
 static void test_skipped(void **state) {
@@ -114,9 +115,31 @@ static void test_best_kernel_named(void **state) {
     free(s.mem);
 }
 
+/* Two threads, thread 1 with all the work (copies of 4 MB), thread 0 with 16 floats: thread 0 must not
+   start before thread 1 has done its warm-up passes (the gate), and its end must be its own, not thread
+   1's (a barrier before the end clock made every thread's interval the slowest one's, and thread 0's
+   idle wait part of the trial); the trial spans both, and the sizing figure is the slowest thread's. */
+static void test_trial_gate_and_ends(void **state) {
+    (void)state;
+    stream_set s;
+    assert_int_equal(stream_init(&s, 2, 1, (int64_t)16 << 20), 0);
+    assert_true(stream_kernel_set(&s, ST_K_COPY) > 0);
+    s.a[0].len = 16;
+    double own = 0, span = stream_trial(&s, 0, 4, 2, &own);
+    const st_arg *a0 = &s.a[0], *a1 = &s.a[1];
+    double pass1 = (a1->t1 - a1->t0) / 4; /* thread 1's pass; its 2 warm-up passes came before the gate */
+    assert_true(a0->t0 >= a1->t0 - pass1);
+    assert_true(a0->t1 - a0->t0 < 0.5 * (a1->t1 - a1->t0));
+    assert_true(own == (a1->t1 - a1->t0) / 4);
+    assert_true(span >= own);
+    assert_true(span * 4 >= a1->t1 - (a0->t0 < a1->t0 ? a0->t0 : a1->t0));
+    free(s.mem);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kernels_span_working_set),
+        cmocka_unit_test(test_trial_gate_and_ends),
         cmocka_unit_test(test_mix_pass),
         cmocka_unit_test(test_best_kernel_named),
     };
