@@ -1,8 +1,8 @@
 /* The benchmarks' stream limit (bench/bench_util.h): every kernel runs over the set's whole footprint (an
    op's working set in bench_ops, so a cache-resident op meets a cache-resident stream), the mix kernel
    (an op's own read-only, in-place and write-only arrays) reads and writes what it says on the AVX-512,
-   AVX2 and scalar paths, the best kernel is named, and a trial's threads start together and end on their
-   own clocks. No figure is checked: stream_bw_best runs only to name its kernel, the trial's clocks are
+   AVX2 and scalar paths, the best kernel is named, a trial's threads wait at its gate for each other and
+   end on their own clocks. No figure is checked: stream_bw_best runs only to name its kernel, the trial's clocks are
    compared with each other only. */
 #include "testutil.h"
 #if defined(_WIN32) /* bench_util.h is POSIX (pthreads, dlopen, getrusage): the benchmarks are not built there */
@@ -115,32 +115,52 @@ static void test_best_kernel_named(void **state) {
     free(s.mem);
 }
 
-/* Two threads, thread 1 with all the work (copies of 4 MB), thread 0 with 16 floats: thread 0 must not
-   start before thread 1 has done its warm-up passes (the gate), and its end must be its own, not thread
-   1's (a barrier before the end clock made every thread's interval the slowest one's, and thread 0's
-   idle wait part of the trial); the trial spans both, and the sizing figure is the slowest thread's. */
-static void test_trial_gate_and_ends(void **state) {
+/* The gate holds a thread until every thread has reached it: the other one here arrives 20 ms later. */
+static int gate_passed;
+static void *gate_thread(void *arrived) {
+    st_gate((int *)arrived, 2);
+    __atomic_store_n(&gate_passed, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+static void test_gate_waits_for_all(void **state) {
     (void)state;
+    int arrived = 0;
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, gate_thread, &arrived), 0);
+    struct timespec ms20 = { 0, 20000000L };
+    nanosleep(&ms20, NULL);
+    assert_int_equal(__atomic_load_n(&gate_passed, __ATOMIC_ACQUIRE), 0);
+    st_gate(&arrived, 2);
+    pthread_join(th, NULL);
+    assert_int_equal(gate_passed, 1);
+    assert_int_equal(arrived, 2);
+}
+
+/* Two threads, thread 1 with all the work (64 copies of 4 MB), thread 0 with 16 floats: thread 0's end
+   must be its own, not thread 1's (a barrier before the end clock made every thread's interval the
+   slowest one's, and thread 0's idle wait part of the trial); the trial spans both, and the sizing
+   figure is the slowest thread's own. */
+static void test_trial_ends_own(void **state) {
+    (void)state;
+    enum { ITERS = 64 };
     stream_set s;
     assert_int_equal(stream_init(&s, 2, 1, (int64_t)16 << 20), 0);
     assert_true(stream_kernel_set(&s, ST_K_COPY) > 0);
     s.a[0].len = 16;
-    double own = 0, span = stream_trial(&s, 0, 4, 2, &own);
-    const st_arg *a0 = &s.a[0], *a1 = &s.a[1];
-    double pass1 = (a1->t1 - a1->t0) / 4; /* thread 1's pass; its 2 warm-up passes came before the gate */
-    assert_true(a0->t0 >= a1->t0 - pass1);
-    assert_true(a0->t1 - a0->t0 < 0.5 * (a1->t1 - a1->t0));
-    assert_true(own == (a1->t1 - a1->t0) / 4);
+    double own = 0, span = stream_trial(&s, 0, ITERS, 2, &own);
+    const double d0 = s.a[0].t1 - s.a[0].t0, d1 = s.a[1].t1 - s.a[1].t0;
+    assert_true(d0 < 0.5 * d1);
+    assert_true(own == (d0 > d1 ? d0 : d1) / ITERS);
+    double first = s.a[0].t0 < s.a[1].t0 ? s.a[0].t0 : s.a[1].t0, last = s.a[0].t1 > s.a[1].t1 ? s.a[0].t1 : s.a[1].t1;
+    assert_true(span == (last - first) / ITERS);
     assert_true(span >= own);
-    assert_true(span * 4 >= a1->t1 - (a0->t0 < a1->t0 ? a0->t0 : a1->t0));
     free(s.mem);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_kernels_span_working_set),
-        cmocka_unit_test(test_trial_gate_and_ends),
-        cmocka_unit_test(test_mix_pass),
+        cmocka_unit_test(test_kernels_span_working_set), cmocka_unit_test(test_gate_waits_for_all),
+        cmocka_unit_test(test_trial_ends_own),           cmocka_unit_test(test_mix_pass),
         cmocka_unit_test(test_best_kernel_named),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
