@@ -19,8 +19,7 @@ int main(void) {
     memset(&rd, 0, sizeof rd);
     rd.backend = DPAR_BACKEND_CPU;
     rd.num_devices = 2;
-    rd.vulkan_force_noncoherent = 0; /* moved fields: tools/rename_api.sh rewrites them as members */
-    rd.mpi_comm = NULL;
+    rd.vulkan_force_noncoherent = 0; /* a moved field: tools/rename_api.sh rewrites it as a member */
     dpar_runtime *rt = NULL;
     if (dpar_runtime_create(&rd, &rt)) {
         fprintf(stderr, "%s\n", dpar_last_error());
