@@ -3983,8 +3983,8 @@ static dpar_status dpar__buffer_span(const dpar_buffer *b, size_t offset, size_t
     if (s) return s;
     if (dpar__buffer_owner(b, fn)) return DPAR_ERR_STATE;
     if (offset > b->nbytes || nbytes > b->nbytes - offset)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: bytes [%zu, %zu) are outside the %zu-byte buffer", fn, offset,
-                         offset + nbytes, b->nbytes);
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: %zu bytes at offset %zu are outside the %zu-byte buffer", fn,
+                         nbytes, offset, b->nbytes); /* no end printed: offset + nbytes may wrap */
     return DPAR_OK;
 }
 DPAR_API dpar_status dpar_buffer_write(dpar_buffer *b, size_t offset, const void *src, size_t nbytes) {
@@ -7508,8 +7508,8 @@ static dpar_status dpar__same_float(const char *fn, const dpar_buffer *const *b,
     for (int i = r + 1; i < n; i++)
         if (b[i] && b[i]->dtype != t)
             return dpar__err(DPAR_ERR_DTYPE,
-                             "%s: %s is %s but %s is %s; the op's tensors share one dtype (stats stay "
-                             "f32); convert with dpar_cast",
+                             "%s: %s is %s but %s is %s; the op's tensors share one dtype; convert "
+                             "with dpar_cast",
                              fn, names[i], dpar_dtype_name(b[i]->dtype), names[r], dpar_dtype_name(t));
     return DPAR_OK;
 }
@@ -7534,7 +7534,14 @@ static dpar_status dpar__need_ft(const char *name, const dpar_buffer *b, const c
 static dpar_status dpar__same_float64(const char *fn, const dpar_buffer *const *b, const char *const *names, int n) {
     int r = 0;
     while (r < n && !b[r]) r++;
-    if (r == n || b[r]->dtype != DPAR_F64) return dpar__same_float(fn, b, names, n);
+    if (r == n) return DPAR_OK;
+    dpar_dtype t = b[r]->dtype;
+    if (t == DPAR_I32) /* dpar__same_float's text would leave f64 out */
+        return dpar__err(DPAR_ERR_DTYPE,
+                         "%s: %s is %s but this op takes f32, f16 or bf16 on every backend, or f64 on the cpu "
+                         "backend (%s here); convert with dpar_cast",
+                         fn, names[r], dpar_dtype_name(t), b[r]->rt->be->name);
+    if (t != DPAR_F64) return dpar__same_float(fn, b, names, n);
     for (int i = r + 1; i < n; i++) {
         dpar_status s = b[i] ? dpar__need_ft(fn, b[i], names[i], DPAR_F64) : DPAR_OK;
         if (s) return s;

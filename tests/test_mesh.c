@@ -236,6 +236,9 @@ static void test_buffers(void **st) {
     assert_true(z[0] == 4.0f && z[1] == 5.0f);
     T_ERR(dpar_buffer_write(b, 40, v, 16), DPAR_ERR_INVALID_ARGUMENT, "48");
     T_ERR(dpar_buffer_read(b, 49, z, 0), DPAR_ERR_INVALID_ARGUMENT, "");
+    /* an offset near SIZE_MAX: the text gives offset and count, not a wrapped end ("bytes [18446744073709551613, 1)") */
+    T_ERR(dpar_buffer_write(b, (size_t)-3, v, 4), DPAR_ERR_INVALID_ARGUMENT, "4 bytes at offset 18446744073709551613",
+          "outside the 48-byte buffer");
     int64_t r[1] = { 12 }, bad[2] = { 5, 2 };
     T_OK(dpar_buffer_reshape(b, 1, r));
     assert_int_equal(dpar_buffer_ndim(b), 1);

@@ -306,6 +306,8 @@ static void test_norm_errors(void **state) {
     T_ERR(dpar_layer_norm(y, stb, x, w4, NULL, 1e-5f), DPAR_ERR_SHAPE, "stats", "6");
     T_ERR(dpar_layer_norm(y, st, x, w4, NULL, 0.0f), DPAR_ERR_INVALID_ARGUMENT, "eps");
     T_ERR(dpar_rms_norm(y, st, xi, NULL, NULL, 1e-5f), DPAR_ERR_DTYPE, "dpar_rms_norm", "i32");
+    T_ERR(dpar_rms_norm(xi, st, xi, NULL, NULL, 1e-5f), DPAR_ERR_DTYPE, "dpar_rms_norm", "y is i32",
+          "or f64 on the cpu backend"); /* the cpu's norms take f64 too: the text said f32, f16 or bf16 alone */
     T_ERR(dpar_layer_norm(NULL, st, x, NULL, NULL, 1e-5f), DPAR_ERR_INVALID_ARGUMENT, "NULL");
     T_ERR(dpar_layer_norm_backward(x, NULL, NULL, y, x, NULL, st), DPAR_ERR_INVALID_ARGUMENT, "alias");
     T_ERR(dpar_rms_norm_backward(y, w3, NULL, y, x, NULL, st), DPAR_ERR_SHAPE, "dw");
