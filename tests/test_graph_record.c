@@ -624,6 +624,10 @@ static void bad_step_keeps(dpar_backend_kind k, int n, bool tp) {
     for (int c = 0; c < 48; c++) { /* c & 7: keep_graph's opt; c >> 3 & 1: recorded; c >> 4: how the loss is read */
         int opt = c & 7, mode = c >> 4;
         if ((opt & 4) && (n == 1 || tp)) continue;
+        /* every case on the CPU; on Vulkan and CUDA, where a case compiles and records two graphs (about 1.2 s on
+           the CUDA mock, minutes under TSan for all), the quarter in which each optimizer, recording and read
+           still occurs */
+        if (k != DPAR_BACKEND_CPU && (opt + 3 * (c >> 3 & 1) + mode) % 4) continue;
         setenv("DPAR_GRAPH_RECORD", c >> 3 & 1 ? "1" : "0", 1);
         dpar_array *w[2];
         dpar_graph *g[2];
