@@ -2741,6 +2741,7 @@ DPAR__PLATFORM_FN int dpar__file_replace(const char *from, const char *to, char 
 #include <math.h>
 #include <time.h>
 #include <errno.h>
+#include <ctype.h>
 #ifndef DPAR_ASSERT
 #include <assert.h>
 #define DPAR_ASSERT(c) assert(c)
@@ -2799,6 +2800,7 @@ static DPAR__TLS uint32_t dpar__err_skipped;
 
 DPAR__MAYBE_UNUSED static int dpar__verbose(void) {
     const char *v = getenv("DPAR_VERBOSE");
+    while (v && isspace((unsigned char)*v)) v++; /* as every DPAR_* value (dpar__env_long) */
     return v && v[0] && v[0] != '0';
 }
 
@@ -3255,13 +3257,26 @@ static const char *dpar__shape_str(char *buf, size_t cap, int ndim, const int64_
     if (at < cap) snprintf(buf + at, cap - at, "]");
     return buf;
 }
-static int dpar__env_int(const char *name, int dflt) {
+/* Environment values are read one way for every DPAR_* variable: surrounding whitespace is ignored (a shell
+   line's stray space in DPAR_DEVICES='2 ' means 2, as ' 2' always did through strtol). *x: the decimal
+   integer; returns 0 when the variable is unset or blank, 1 when read, -1 when not a decimal integer. */
+static int dpar__env_long(const char *name, long *x) {
     const char *v = getenv(name);
-    if (!v || !*v) return dflt;
+    if (!v) return 0;
+    while (isspace((unsigned char)*v)) v++;
+    if (!*v) return 0;
     char *end = NULL;
-    long x = strtol(v, &end, 10);
-    if (!end || *end || x < 0 || x > 1000000000L) return -1;
-    return (int)x;
+    errno = 0;
+    *x = strtol(v, &end, 10);
+    while (end != v && isspace((unsigned char)*end)) end++;
+    return end == v || *end || errno == ERANGE ? -1 : 1;
+}
+/* An integer DPAR_* variable that dpar_runtime_create checked (dpar__env_ranges): dflt when unset or blank. */
+static int dpar__env_int(const char *name, int dflt) {
+    long x = 0;
+    int r = dpar__env_long(name, &x);
+    if (r == 0) return dflt;
+    return r < 0 || x < 0 || x > 1000000000L ? -1 : (int)x;
 }
 /* ---------------------------------------------------------------------------
    Runtime and workers
@@ -3531,21 +3546,21 @@ static const struct dpar__env_range {
     { "DPAR_GRAPH_ALIAS", "a flag (0: a graph node's output never takes its input's buffer)", 0, 1 },
     { "DPAR_CALLER_THREAD", "a flag (0: a 1-device runtime's dispatches run on its worker thread)", 0, 1 },
     { "DPAR_GRAPH_RECORD", "a flag (0: graphs replay op by op, never recorded)", 0, 1 },
+    { "DPAR_VK_DEVICE", "a 0-based index of a usable Vulkan device", 0, DPAR_MAX_DEVICES - 1 },
+    { "DPAR_VK_NONCOHERENT", "a flag (1: Vulkan host-visible memory is treated as non-coherent)", 0, 1 },
+    { "DPAR_VK_FORCE_STAGING", "a flag (1: Vulkan buffers are never mapped)", 0, 1 },
 };
 /* DPAR_ERR_INVALID_ARGUMENT naming the first variable set to a value that is
    not a decimal integer in its range, the value and the range. */
 static dpar_status dpar__env_check(const char *where) {
     for (size_t i = 0; i < sizeof dpar__env_ranges / sizeof dpar__env_ranges[0]; i++) {
         const struct dpar__env_range *r = &dpar__env_ranges[i];
-        const char *v = getenv(r->name);
-        if (!v || !*v) continue;
-        char *end = NULL;
-        errno = 0;
-        long x = strtol(v, &end, 10);
-        if (end == v || *end || errno == ERANGE || x < r->lo || x > r->hi)
+        long x = 0;
+        int got = dpar__env_long(r->name, &x);
+        if (got < 0 || (got && (x < r->lo || x > r->hi)))
             return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
                              "%s: %s='%.64s' is not %s in %ld..%ld; set it in that range or unset it for the default",
-                             where, r->name, v, r->what, r->lo, r->hi);
+                             where, r->name, getenv(r->name), r->what, r->lo, r->hi);
     }
     return DPAR_OK;
 }
@@ -13377,8 +13392,7 @@ static void dpar__g_prog_rerecord(dpar_graph *g) {
    (out of memory: op by op). */
 static void dpar__g_prog_setup(dpar_graph *g) {
     if (g->prog || g->pp || !g->rt->be->prog_begin || DPAR__ATOMIC_LOAD(&dpar__trace_on)) return;
-    const char *e = getenv("DPAR_GRAPH_RECORD");
-    if (e && !strcmp(e, "0")) return;
+    if (!dpar__env_int("DPAR_GRAPH_RECORD", 1)) return; /* in range: dpar_runtime_create checked it */
     g->prog = (dpar__gprog *)DPAR_MALLOC((size_t)g->nlocal * sizeof *g->prog);
     if (g->prog) memset(g->prog, 0, (size_t)g->nlocal * sizeof *g->prog);
 }

@@ -956,15 +956,6 @@ static dpar_status dpar__cu_init_dev(dpar__cu_state *st, int i) {
     return DPAR_OK;
 }
 
-static int dpar__cu_env_int(const char *name, int def) {
-    const char *v = getenv(name);
-    if (v && *v) {
-        long x = strtol(v, NULL, 10);
-        if (x > 0 && x < 0x7fffffff) return (int)x;
-    }
-    return def;
-}
-
 static dpar_status dpar__cu_init(const dpar_runtime_desc *desc, int requested, int local_index, int local_count,
                                  void **state, int *count) {
     dpar__cu_state *st;
@@ -1039,7 +1030,7 @@ static dpar_status dpar__cu_init(const dpar_runtime_desc *desc, int requested, i
     st->virt = requested > avail;
     st->nphys = st->virt ? 1 : requested;
     st->ndev = requested;
-    st->timeout_ms = desc && desc->timeout_ms > 0 ? desc->timeout_ms : dpar__cu_env_int("DPAR_TIMEOUT_MS", 60000);
+    st->timeout_ms = desc && desc->timeout_ms > 0 ? desc->timeout_ms : dpar__env_int("DPAR_TIMEOUT_MS", 60000);
     st->phys = (dpar__cu_phys *)DPAR_MALLOC(sizeof(dpar__cu_phys) * (size_t)st->nphys);
     st->dev = (dpar__cu_dev *)DPAR_MALLOC(sizeof(dpar__cu_dev) * (size_t)st->ndev);
     if (!st->phys || !st->dev) {

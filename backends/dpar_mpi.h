@@ -130,10 +130,9 @@ static void dpar__mpi_settings_get(const dpar_runtime_desc *desc, dpar_mpi_desc 
 #ifndef DPAR_NO_DEPRECATED
     if (!out->comm) out->comm = desc->mpi_comm;
 #endif
-    const char *allow = getenv("DPAR_ALLOW_SHARED_DEVICE");
-    if (!out->allow_shared_device) out->allow_shared_device = allow && *allow == '1';
-    const char *xe = getenv("DPAR_MPI_BACKEND_COLLECTIVES");
-    if (!out->host_collectives) out->host_collectives = xe && *xe == '0';
+    /* both in range: dpar_runtime_create checked them (dpar__env_ranges) */
+    if (!out->allow_shared_device) out->allow_shared_device = dpar__env_int("DPAR_ALLOW_SHARED_DEVICE", 0) == 1;
+    if (!out->host_collectives) out->host_collectives = dpar__env_int("DPAR_MPI_BACKEND_COLLECTIVES", 1) == 0;
 }
 
 /* Before the backend opens its devices: the communicator, this process's

@@ -332,11 +332,6 @@ static dpar_status dpar__vk_check_lost(dpar__vk *st) {
     return DPAR_OK;
 }
 
-static int dpar__vk_env_flag(const char *name) {
-    const char *v = getenv(name);
-    return v && v[0] && v[0] != '0';
-}
-
 /* >>vulkan settings ==========================================================
    desc.vulkan (and its deprecated flat names), then the environment: the only
    place this backend reads either. */
@@ -356,7 +351,6 @@ static dpar_status dpar__vk_settings_get(const dpar_runtime_desc *desc, dpar__vk
 #else
     int old_noncoherent = desc->dpar__reserved_vk[0], old_device = desc->dpar__reserved_vk[1];
 #endif
-    const char *env_dev = getenv("DPAR_VK_DEVICE");
     memset(out, 0, sizeof *out);
     out->device = -1;
     if (desc->vulkan.physical_device < 0)
@@ -381,13 +375,13 @@ static dpar_status dpar__vk_settings_get(const dpar_runtime_desc *desc, dpar__vk
     } else if (old_device > 0) {
         out->device = old_device;
         snprintf(out->device_from, sizeof out->device_from, "desc.vulkan_physical_device = %d", old_device);
-    } else if (env_dev && env_dev[0]) {
-        out->device = atoi(env_dev);
-        snprintf(out->device_from, sizeof out->device_from, "DPAR_VK_DEVICE=%.32s", env_dev);
+    } else if (dpar__env_int("DPAR_VK_DEVICE", -1) >= 0) { /* in range: dpar_runtime_create checked it */
+        out->device = dpar__env_int("DPAR_VK_DEVICE", -1);
+        snprintf(out->device_from, sizeof out->device_from, "DPAR_VK_DEVICE=%d", out->device);
     }
-    out->force_noncoherent = desc->vulkan.force_noncoherent || old_noncoherent ||
-                             dpar__env_int("DPAR_VK_NONCOHERENT", 0) > 0 || dpar__vk_env_flag("DPAR_VK_NONCOHERENT");
-    out->force_staging = dpar__vk_env_flag("DPAR_VK_FORCE_STAGING");
+    out->force_noncoherent =
+        desc->vulkan.force_noncoherent || old_noncoherent || dpar__env_int("DPAR_VK_NONCOHERENT", 0) > 0;
+    out->force_staging = dpar__env_int("DPAR_VK_FORCE_STAGING", 0) > 0; /* both in range: dpar_runtime_create */
     return DPAR_OK;
 }
 

@@ -40,9 +40,10 @@ static dpar_array *arr(dpar_mesh *m, int nd, const int64_t *shape, const char *c
     T_OK(dpar_array_put(a, init));
     return a;
 }
-/* One step with DPAR_GRAPH_RECORD set as wanted (the graph reads it at its first run). */
+/* One step with DPAR_GRAPH_RECORD set as wanted (the graph reads it at its first run), spaced as a shell line
+   may leave it: " 0" was taken as 1 while dpar_runtime_create read it as 0. */
 static void step(dpar_graph *g, bool record, dpar_value x, const void *xs, dpar_value y, const void *ys, float *loss) {
-    setenv("DPAR_GRAPH_RECORD", record ? "1" : "0", 1);
+    setenv("DPAR_GRAPH_RECORD", record ? "1 " : " 0", 1);
     T_OK(dpar_graph_run(g, (dpar_graph_feed[]){ { x, xs, NULL }, { y, ys, NULL } }, 2, loss));
 }
 static void want_same(const void *a, const void *b, size_t n, const char *what, int step) {
@@ -298,6 +299,9 @@ static void sgd_recorded(dpar_backend_kind k) {
         pair_step(&p, s, 0, NULL, false);
     }
     T_OK(dpar_graph_recorded(p.rec.g, NULL, &nodes[1]));
+    int plain_seg = -1;
+    T_OK(dpar_graph_recorded(p.plain.g, &plain_seg, NULL));
+    if (plain_seg != 0) fail_msg("DPAR_GRAPH_RECORD=' 0': the op-by-op graph recorded %d segments", plain_seg);
     if (seg < 1 || nodes[0] - nodes[1] != 1)
         fail_msg("%d segments holding %d nodes with the SGD step, %d after dpar_graph_set_lr; want one node fewer", seg,
                  nodes[0], nodes[1]);

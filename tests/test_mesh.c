@@ -173,6 +173,11 @@ static void test_env_ranges(void **st) {
         { "DPAR_GRAPH_ASYNC_BYTES", "1M", "0..2000000000" },
         { "DPAR_GRAPH_RECORD", "banana", "0..1" }, /* it was taken as 1 */
         { "DPAR_GRAPH_RECORD", "2", "0..1" },
+        { "DPAR_VK_DEVICE", "abc", "0..255" }, /* atoi took it as device 0 */
+        { "DPAR_VK_DEVICE", "-1", "0..255" },
+        { "DPAR_VK_NONCOHERENT", "2", "0..1" },
+        { "DPAR_VK_FORCE_STAGING", "on", "0..1" },
+        { "DPAR_DEVICES", "2 x", "1..256" },
     };
     dpar_runtime_desc d = { .backend = DPAR_BACKEND_CPU, .num_devices = 1 };
     dpar_runtime *rt = NULL;
@@ -190,6 +195,21 @@ static void test_env_ranges(void **st) {
     dpar_runtime_destroy(rt);
     unsetenv("DPAR_SPIN_US");
     unsetenv("DPAR_CPU_THREADS");
+    /* surrounding whitespace is ignored by every variable alike ("2 " was refused while " 2" was taken), and a
+       blank value is an unset one */
+    static const struct {
+        const char *value;
+        int devices;
+    } spaced[] = { { "3 ", 3 }, { " 3", 3 }, { "\t2\n", 2 }, { "  ", 0 } };
+    dpar_runtime_desc d0 = { .backend = DPAR_BACKEND_CPU };
+    for (size_t i = 0; i < sizeof spaced / sizeof spaced[0]; i++) {
+        setenv("DPAR_DEVICES", spaced[i].value, 1);
+        T_OK(dpar_runtime_create(&d0, &rt));
+        if (spaced[i].devices && dpar_runtime_device_count(rt) != spaced[i].devices)
+            fail_msg("DPAR_DEVICES='%s': %d devices, want %d", spaced[i].value, dpar_runtime_device_count(rt),
+                     spaced[i].devices);
+        dpar_runtime_destroy(rt);
+    }
     clear_env();
 }
 

@@ -448,6 +448,9 @@ static void test_choose_physical_device(void **state) {
     d.vulkan_physical_device = 1; /* deprecated name, 0-based */
     int old_name = all_on_physical(&d, 1);
     d.vulkan_physical_device = 0;
+    setenv("DPAR_VK_DEVICE", " 1 ", 1); /* 0-based, spaced as a shell line may leave it */
+    int from_env = all_on_physical(&d, 1);
+    unsetenv("DPAR_VK_DEVICE");
     d.vulkan.physical_device = 3;
     dpar_runtime *rt = NULL;
     dpar_status too_far = dpar_runtime_create(&d, &rt);
@@ -457,6 +460,7 @@ static void test_choose_physical_device(void **state) {
     assert_true(first_alone);
     assert_true(second_alone);
     assert_true(old_name);
+    assert_true(from_env);
     assert_int_equal(too_far, DPAR_ERR_DEVICE_COUNT);
     assert_int_equal(negative, DPAR_ERR_INVALID_ARGUMENT);
     assert_null(rt);
