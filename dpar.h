@@ -1934,8 +1934,21 @@ typedef struct dpar_graph_feed {
    reports it first leaves them counted). On several local devices the first
    collective after the last check waits for each device and reads its checks,
    so the run itself fails on every device before any update (a wait per step
-   in such graphs alone). The next good step updates as if the failed ones
-   never ran. */
+   in such graphs alone). On a mesh across MPI processes (any backend, one
+   device a process too) that node also agrees on the checks with every
+   process (one pmin of 4 bytes over the mesh a step, in graphs with checks
+   alone; the CPU's check error waits there, its device running on, so that
+   it makes the same collective calls as the other processes): the run fails
+   on every process with the check's error, naming the device and its process
+   ("device 3 (process 1): dpar_graph_run: node 5 (softmax_xent): ..."), no
+   process updates a param or the optimizer state, and the runtime stays
+   usable. Known limits across processes: pipeline graphs
+   (dpar_graph_pipeline) do not agree on the checks (a bad label there puts
+   the processes out of step: destroy the runtime), and on Vulkan a
+   collective across processes between a check and the graph's last check
+   (an embedding, then a tensor-parallel all_gather before the loss) reads
+   the device's pending check first (host-staged) and fails there, with the
+   same result. The next good step updates as if the failed ones never ran. */
 DPAR_API dpar_status dpar_graph_run(dpar_graph *g, const dpar_graph_feed *feeds, int num_feeds, float *loss);
 /* The graph's own array behind feed v (the global shape and spec given to
    dpar_g_feed): fill it in place (dpar_array_put_rows when each process loads
@@ -5599,7 +5612,9 @@ static dpar_status dpar__run(dpar_mesh *m, dpar_fn fn, void *user, int nargs, dp
     dpar__mutex_unlock(&rt->dispatch_mu);
     dpar__live_dispatch(rt, -1);
     dpar_status s = job.first_status;
-    if (s != DPAR_OK && job.first_device >= 0)
+    if (s != DPAR_OK && job.first_device >= 0 && rt->nproc > 1)
+        dpar__err(s, "device %d (process %d): %s", job.first_device, job.first_device / rt->nlocal, job.first_msg);
+    else if (s != DPAR_OK && job.first_device >= 0)
         dpar__err(s, "device %d: %s", job.first_device, job.first_msg);
     else if (s != DPAR_OK)
         dpar__err(s, "%s", job.first_msg);
@@ -10129,6 +10144,14 @@ typedef struct dpar__gopt {
     bool *decay;                          /* AdamW: weight decay on params[k] only where decay[k] (NULL: on all) */
 } dpar__gopt;
 
+/* A device's failed label or index check in a run on a mesh across processes: the CPU's, kept from the node
+   that checked until check_sync (the device runs on, so that it makes the same collective calls as the other
+   processes' devices); or Vulkan's and CUDA's, read there. */
+struct dpar__gcheck {
+    dpar_status s;
+    uint32_t site, skipped; /* the node that checked (dpar__g_site); dpar__err_skipped */
+    char text[DPAR__ERR_LEN];
+};
 struct dpar_graph {
     dpar_mesh *mesh;
     dpar_runtime *rt;
@@ -10161,6 +10184,8 @@ struct dpar_graph {
     dpar_request **reqs;     /* [node * nlocal + li] async reductions in flight */
     dpar__gbucket *bk;       /* gradient buckets (>>graph buckets), nbk of them */
     int nbk;
+    /* [li] a device's failed check, on a mesh across processes with check_sync (dpar__g_check_agree); else NULL */
+    struct dpar__gcheck *check_x;
     dpar_graph_stats stats;
     struct dpar__gz1 *z1;       /* ZeRO-1 (dpar_graph_zero1), NULL: off */
     struct dpar__gpipe *pp;     /* pipeline (dpar_graph_pipeline), NULL: off */
@@ -13151,6 +13176,9 @@ DPAR_API dpar_status dpar_graph_compile(dpar_graph *g, dpar_graph_stats *stats) 
     g->opt_rec = dpar__g_opt_recordable(g);
     g->checks_late = dpar__g_checks_late(g);
     g->check_sync = dpar__g_check_sync(g);
+    if (g->check_sync && g->mesh->size > g->nlocal &&
+        !(g->check_x = (struct dpar__gcheck *)dpar__calloc((size_t)g->nlocal, sizeof *g->check_x)))
+        return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_graph_compile: out of memory");
     g->compiled = true;
     if (stats) *stats = g->stats;
     return DPAR_OK;
@@ -13231,14 +13259,56 @@ static dpar_status dpar__g_wait_all(dpar_graph *g, dpar_ctx *ctx, int li) {
     if (first) memcpy(dpar__err_text, text, sizeof text), dpar__err_site = site, dpar__err_skipped = skipped;
     return first;
 }
+/* Whether node kind k checks labels or indexes (the CPU as it runs, Vulkan and CUDA on the device). */
+static bool dpar__g_is_check(int k) {
+    return k == DPAR__G_XENT || k == DPAR__G_XENT_IGN || k == DPAR__G_EMBED || k == DPAR__G_EMBED_GRAD;
+}
+static void dpar__g_check_keep(struct dpar__gcheck *c, dpar_status s) {
+    c->s = s, c->site = dpar__err_site, c->skipped = dpar__err_skipped;
+    memcpy(c->text, dpar__err_text, sizeof c->text);
+}
+/* At check_sync on a mesh across processes: every device learns the lowest device, of any process, whose check
+   failed (a pmin of one f32 over every mesh axis), so every process fails the run there, before any optimizer
+   update, and none leaves the collectives early (which would put the processes out of step). The device that
+   failed returns its check's error; the others a secondary one naming it, which the processes' end-of-dispatch
+   agreement replaces by the check's text. */
+static dpar_status dpar__g_check_agree(dpar_graph *g, dpar_ctx *ctx, int li, dpar_status s) {
+    struct dpar__gcheck *c = &g->check_x[li];
+    if (s) dpar__g_check_keep(c, s);
+    const dpar_mesh *m = g->mesh;
+    char axes[DPAR_MAX_AXES * DPAR_NAME_LEN] = "";
+    for (int a = 0; a < m->ndim; a++) strcat(strcat(axes, a ? "," : ""), m->names[a]);
+    float v = c->s ? (float)dpar_ctx_device(ctx) : (float)DPAR_MAX_DEVICES;
+    dpar_buffer *b = g->scratch[li]; /* free here: the discarded loss of a loss gradient */
+    dpar_status e = dpar_buffer_write(b, 0, &v, sizeof v);
+    if (!e) e = dpar_pmin(ctx, b, b, axes);
+    if (!e) e = dpar_buffer_read(b, 0, &v, sizeof v);
+    if (e) return e;
+    if (c->s) {
+        memcpy(dpar__err_text, c->text, sizeof c->text);
+        dpar__err_site = c->site, dpar__err_skipped = c->skipped;
+        s = c->s, c->s = DPAR_OK;
+        return s;
+    }
+    if (v >= (float)DPAR_MAX_DEVICES) return DPAR_OK;
+    int d = (int)v;
+    s = dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                  "device %d (process %d) failed a label or index check before this node, so no device of any "
+                  "process ran the step's optimizer update (that process's error names the check)",
+                  d, d / g->rt->nlocal);
+    dpar__err_secondary = 1;
+    return s;
+}
 static dpar_status dpar__g_exec_node(dpar_graph *g, dpar_ctx *ctx, int li, int i);
 /* Runs node i on device li with its site set (dpar__idx_site): a label or index it checks on the device names
    it when the check's result comes back later, in another node or after the step. */
 static dpar_status dpar__g_exec(dpar_graph *g, dpar_ctx *ctx, int li, int i) {
     dpar__idx_site = dpar__g_site(g, i);
     dpar__opt_first = g->n[i].kind == DPAR__G_SGD;
-    dpar_status s =
-        i == g->check_sync ? g->rt->be->sync(g->rt->bstate, dpar_ctx_device(ctx) - g->rt->local_base) : DPAR_OK;
+    dpar_status s = i == g->check_sync && g->checks_late
+                        ? g->rt->be->sync(g->rt->bstate, dpar_ctx_device(ctx) - g->rt->local_base)
+                        : DPAR_OK;
+    if (i == g->check_sync && g->check_x) s = dpar__g_check_agree(g, ctx, li, s);
     if (!s) s = dpar__g_exec_node(g, ctx, li, i);
     dpar__idx_site = 0, dpar__opt_first = 0;
     return s;
@@ -13493,12 +13563,20 @@ static dpar_status dpar__g_dispatch(dpar_ctx *ctx, void *user) {
     dpar__gseg pre = { 0, 0, NULL, 0 };
     dpar_status staged = g->feed_take ? dpar__g_stage_in(g, ctx, li, pr, &pre) : DPAR_OK; /* >>graph feeds */
     if (staged) return staged;
+    if (g->check_x) g->check_x[li].s = DPAR_OK;
     for (int i = 1; i < g->count; i++) {
         dpar_status s = dpar__g_step_node(g, ctx, li, pr, &i, &k, &pre);
         if (!s) continue;
+        if (s == DPAR_ERR_INVALID_ARGUMENT && g->check_x && i < g->check_sync && dpar__g_is_check(g->n[i].kind) &&
+            !g->check_x[li].s) { /* the CPU's check: reported at check_sync, where every process learns of it */
+            dpar__err_site = dpar__g_site(g, i);
+            dpar__g_check_keep(&g->check_x[li], s);
+            continue;
+        }
         if (pr && pr->state == 0) dpar__g_prog_clear(g, li); /* a failed first run: record again next time */
         /* the optimizer's non-finite norm, no check of this device behind it: perhaps another device's bad label */
-        int secondary = g->n[i].kind == DPAR__G_SGD && !dpar__g_site_node(g, 0) && g->checks_late;
+        int secondary =
+            (g->n[i].kind == DPAR__G_SGD && !dpar__g_site_node(g, 0) && g->checks_late) || dpar__err_secondary;
         if (dpar__err_skipped) DPAR__ATOMIC_STORE(&g->skipped, (int)dpar__err_skipped); /* the same on each device */
         dpar__g_node_err(g, s, i);
         char text[DPAR__ERR_LEN];
@@ -13595,27 +13673,27 @@ static dpar_status dpar__g_log_loss(dpar_graph *g); /* >>graph feeds */
 static bool dpar__g_checks_late(const dpar_graph *g) {
     if (g->rt->be->kind == DPAR_BACKEND_CPU) return false;
     for (int i = 1; i < g->count; i++)
-        if (g->n[i].kind == DPAR__G_XENT || g->n[i].kind == DPAR__G_XENT_IGN || g->n[i].kind == DPAR__G_EMBED)
-            return true;
+        if (dpar__g_is_check(g->n[i].kind)) return true;
     return false;
 }
-/* The first collective node after the last label or index check of a graph with checks on several local devices,
-   or 0: each device's checks are read (synced) there, so a bad label on one device fails the run on all of them
-   before any optimizer update takes the NaN that the reduction spreads (a device's update guard sees its own
-   check words only). Costs a wait for the device at that node, in those graphs alone. */
+/* The first collective node after the last label or index check that runs on the host (a recorded program can
+   not wait; a bucket's reduction starts at its first member's node) in a graph with checks on several local
+   devices or on a mesh across processes, or 0: each device's checks are read (synced) there, so a bad label on
+   one device fails the run on all of them before any optimizer update takes the NaN that the reduction spreads
+   (a device's update guard sees its own check words only); across processes the devices also agree there on
+   whether any check failed (dpar__g_check_agree). Costs a wait for the device at that node, in those graphs
+   alone, and a 4-byte pmin over the mesh across processes. */
 static int dpar__g_check_sync(const dpar_graph *g) {
     int last = 0;
-    if (!g->checks_late || g->nlocal < 2 || g->pp) return 0;
-    for (int i = 1; i < g->count; i++) {
-        int k = g->n[i].kind;
-        if (k == DPAR__G_XENT || k == DPAR__G_XENT_IGN || k == DPAR__G_EMBED || k == DPAR__G_EMBED_GRAD) last = i;
-    }
+    for (int i = 1; i < g->count; i++)
+        if (dpar__g_is_check(g->n[i].kind)) last = i;
+    if (!last || g->pp || !(g->mesh->size > g->nlocal || (g->checks_late && g->nlocal > 1))) return 0;
     for (int i = last + 1; i < g->count; i++) {
         int k = g->n[i].kind;
         if (k == DPAR__G_PSUM || k == DPAR__G_PMEAN || k == DPAR__G_PMAX || k == DPAR__G_PMIN ||
             k == DPAR__G_ALL_GATHER || k == DPAR__G_PSUM_SCATTER || k == DPAR__G_PPERMUTE || k == DPAR__G_ALL_TO_ALL ||
             k == DPAR__G_PBROADCAST || k == DPAR__G_ZERO1_SCATTER || k == DPAR__G_SGD)
-            return i;
+            if (!dpar__g_recordable(g, &g->n[i])) return i; /* on the host (not a bucket member's copy) */
     }
     return 0;
 }
@@ -14208,6 +14286,7 @@ static void dpar__g_free(void *self) {
     DPAR_FREE(g->sgd_ptrs);
     DPAR_FREE(g->clip_ptrs);
     DPAR_FREE(g->reqs);
+    DPAR_FREE(g->check_x);
     DPAR_FREE(g->slots);
     DPAR_FREE(g->slot_owned);
     DPAR_FREE(g->opt.params);

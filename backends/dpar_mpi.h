@@ -1094,7 +1094,8 @@ static void dpar__mpi_agree_abandon(dpar_runtime *rt, dpar__mpi *mp) {
 
 /* At the end of a dispatch every process learns whether any process failed,
    so the same pmap returns an error everywhere (the lowest failing process's
-   error is adopted by the processes that did not fail themselves). */
+   error is adopted by the processes that did not fail themselves, or whose
+   errors only follow from another's: dpar__err_secondary). */
 static void dpar__mpi_job_agree(dpar_runtime *rt, dpar__job *job) {
     dpar__mpi *mp = (dpar__mpi *)rt->mpi;
     if (!mp || mp->size < 2) return;
@@ -1135,9 +1136,10 @@ static void dpar__mpi_job_agree(dpar_runtime *rt, dpar__job *job) {
         dpar__mpi_agree_abandon(rt, mp);
         return;
     }
-    mp->agree_mine[0] = job->first_status ? rt->proc : rt->nproc;
+    /* a failed process's own error first, then one that follows from another's, then none */
+    mp->agree_mine[0] = !job->first_status ? 2 * rt->nproc : job->first_secondary ? rt->nproc + rt->proc : rt->proc;
     mp->agree_mine[1] = -mp->broken; /* so that every process knows it must be destroyed */
-    mp->agree_lowest[0] = rt->nproc;
+    mp->agree_lowest[0] = 2 * rt->nproc;
     mp->agree_lowest[1] = 0;
     MPI_Request req = MPI_REQUEST_NULL;
     dpar__mutex_lock(&mp->mu);
@@ -1156,9 +1158,9 @@ static void dpar__mpi_job_agree(dpar_runtime *rt, dpar__job *job) {
         }
         return;
     }
-    int lowest = mp->agree_lowest[0];
-    if (mp->agree_lowest[1] < 0) mp->broken = 1; /* some process is out of step: so is this one */
-    if (lowest >= rt->nproc) return;             /* everyone succeeded */
+    int lowest = mp->agree_lowest[0] % rt->nproc, primary = mp->agree_lowest[0] < rt->nproc;
+    if (mp->agree_lowest[1] < 0) mp->broken = 1;      /* some process is out of step: so is this one */
+    if (mp->agree_lowest[0] >= 2 * rt->nproc) return; /* everyone succeeded */
     memset(&mp->agree_e, 0, sizeof mp->agree_e);
     if (lowest == rt->proc) {
         mp->agree_e.status = (int)job->first_status;
@@ -1185,10 +1187,14 @@ static void dpar__mpi_job_agree(dpar_runtime *rt, dpar__job *job) {
         memcpy(msg, mp->agree_e.msg, sizeof msg);
         msg[sizeof msg - 1] = 0;
     }
-    if (!job->first_status) {
+    if (!job->first_status || (job->first_secondary && primary && lowest != rt->proc)) {
         job->first_status = (dpar_status)st;
         job->first_device = dev;
-        snprintf(job->first_msg, sizeof job->first_msg, "(failed on process %d) %s", lowest, msg);
+        job->first_secondary = 0;
+        if (dev >= 0) /* the error is prefixed with the device and its process */
+            snprintf(job->first_msg, sizeof job->first_msg, "%s", msg);
+        else
+            snprintf(job->first_msg, sizeof job->first_msg, "(failed on process %d) %s", lowest, msg);
     }
 }
 

@@ -2,14 +2,16 @@
 # Multi-process tests under mpirun on this machine (loopback): every
 # collective over axes inside and across processes with exact data, the
 # mismatch / uneven-step / timeout cases, 100 init/destroy cycles (np 2 and
-# 4, 2 CPU devices per process), and the digits run under mpirun -np 2 with 2
+# 4, 2 CPU devices per process), a bad label on one rank (tests/mpi/badlabel.c),
+# and the digits run under mpirun -np 2 with 2
 # devices per process against the single-process 4-device run (1e-5 relative).
 # MPI is required: a missing mpirun or MPI build is a FAIL, never a skip.
 BUILD=${BUILD:-build}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 if ! command -v mpirun >/dev/null 2>&1; then echo "FAIL mpi: mpirun not found (apt-get install openmpi-bin libopenmpi-dev)"; exit 1; fi
-if [ ! -x "$BUILD/mpi_collectives" ] || [ ! -x "$BUILD/mpi_late" ] || [ ! -x "$BUILD/mpi_remesh" ] || [ ! -x "$BUILD/train_digits_mpi" ]; then
-    echo "FAIL mpi: $BUILD/mpi_collectives, mpi_late, mpi_remesh or train_digits_mpi not built (needs mpicc: make mpi)"; exit 1
+if [ ! -x "$BUILD/mpi_collectives" ] || [ ! -x "$BUILD/mpi_late" ] || [ ! -x "$BUILD/mpi_remesh" ] ||
+   [ ! -x "$BUILD/mpi_badlabel" ] || [ ! -x "$BUILD/train_digits_mpi" ]; then
+    echo "FAIL mpi: $BUILD/mpi_collectives, mpi_late, mpi_remesh, mpi_badlabel or train_digits_mpi not built (needs mpicc: make mpi)"; exit 1
 fi
 case "$BUILD" in *thread*)
     echo "SKIPPED mpi under TSan: Open MPI's own threads are not instrumented (the MPI tests run in the plain and ASan runs)"; exit 0;;
@@ -42,6 +44,18 @@ else
     cat "$late"; echo "FAIL mpi_late: exit status $rc"
 fi
 rm -f "$late"
+# A bad label on rank 1 (2 and 1 devices per process): both ranks fail naming it, nothing updated, no hang.
+for local in 2 1; do
+    bl=$(mktemp)
+    timeout 120 mpirun $OVER -np 2 ${DPAR_TEST_WRAPPER:-} "$BUILD/mpi_badlabel" $local >"$bl" 2>&1
+    rc=$?
+    if [ "$rc" -eq 0 ] && [ "$(grep -c '^rank [01]: ok$' "$bl")" -eq 2 ]; then
+        echo "PASS a bad label on rank 1 ($local device(s) a process): both ranks' runs fail naming rank 1's device, params and optimizer state kept, the next step as if it never ran"
+    else
+        cat "$bl"; echo "FAIL mpi_badlabel with $local device(s) a process: exit status $rc"
+    fi
+    rm -f "$bl"
+done
 # Two ranks that resolve to the same GPU on one node: an immediate error on every rank.
 # (llvmpipe is one physical Vulkan device, so two ranks on it collide.)
 dup=$(mktemp)
@@ -49,6 +63,14 @@ if "$BUILD/train_digits" --backend vulkan --devices 1 --epochs 1 >/dev/null 2>&1
     timeout 300 mpirun $OVER -np 2 "$BUILD/train_digits_mpi" --backend vulkan --devices 2 --epochs 1 >"$dup" 2>&1
     n=$(grep -c "ranks 0 and 1 both resolve to physical vulkan device 0" "$dup")
     [ "$n" -eq 2 ] && echo "PASS two ranks on one physical device: both ranks get an error naming ranks 0 and 1 and the device"         || { echo "FAIL two ranks on one physical device: $n of 2 ranks reported it"; cat "$dup"; }
+    # allowed to share it: the bad label on rank 1 on Vulkan (read back at the check sync, recorded or not)
+    DPAR_BACKEND=vulkan DPAR_ALLOW_SHARED_DEVICE=1 timeout 300 mpirun $OVER -np 2 ${DPAR_TEST_WRAPPER:-} "$BUILD/mpi_badlabel" 2 >"$dup" 2>&1
+    rc=$?
+    if [ "$rc" -eq 0 ] && [ "$(grep -c '^rank [01]: ok$' "$dup")" -eq 2 ]; then
+        echo "PASS a bad label on rank 1 on Vulkan (2 devices a process, one llvmpipe shared): both ranks' runs fail naming it, nothing updated"
+    else
+        cat "$dup"; echo "FAIL mpi_badlabel on Vulkan: exit status $rc"
+    fi
 else
     echo "SKIPPED two ranks on one physical device: no Vulkan device in this build/machine"
 fi

@@ -16,6 +16,9 @@
 #    "same device" error, NCCL across processes still used;
 #  - two ranks resolving to one GPU: an error on both ranks naming them; with
 #    DPAR_ALLOW_SHARED_DEVICE=1 the run works and takes the host path;
+#  - a bad label on rank 1 (tests/mpi/badlabel.c; 2 devices a process over
+#    NCCL and over the host path, 1 over NCCL): both ranks fail naming it,
+#    nothing updated;
 #  - the digits run under mpirun -np 2 x 2 devices matches 4 devices in one
 #    process (NCCL in one process) per epoch within 1e-5 relative.
 # Prints PASS / FAIL / SKIPPED lines for tests/run.sh.
@@ -119,6 +122,18 @@ if n=$(run_coll mpi_cuda_mock_shared_gpu_allowed 2 2 DPAR_ALLOW_SHARED_DEVICE=1)
 else
     echo "$n"
 fi
+
+# a bad label on rank 1: both ranks' runs fail naming it, params and optimizer state kept on both
+for c in 2:1 1:1 2:0; do # devices a process : backend collectives
+    k=${c%:*} bc=${c#*:}
+    if env LD_LIBRARY_PATH="$LIBS" MOCK_CUDA_GPUS=$((k * 2)) DPAR_BACKEND=cuda DPAR_MPI_BACKEND_COLLECTIVES=$bc \
+            timeout 300 mpirun $OVER -np 2 ${DPAR_TEST_WRAPPER:-} "$BUILD/mpi_badlabel" $k >"$log" 2>&1 &&
+       [ "$(grep -c '^rank [01]: ok$' "$log")" -eq 2 ]; then
+        echo "PASS mpi_cuda_mock_bad_label ($k mock GPU(s) a process, backend collectives $bc: both ranks fail naming rank 1's device, nothing updated)"
+    else
+        cat "$log"; echo "FAIL mpi_cuda_mock_bad_label ($k mock GPU(s) a process, backend collectives $bc)"
+    fi
+done
 
 # digits: 2 processes x 2 GPUs (NCCL across processes) vs 1 process x 4 GPUs (NCCL inside it)
 one=$(mktemp); two=$(mktemp)
