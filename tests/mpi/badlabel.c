@@ -33,15 +33,23 @@ static dpar_graph *graph(dpar_mesh *m, dpar_array *w, int opt, dpar_value *x, dp
     }
     return g;
 }
-/* w [3,5], then its momentum or AdamW's m and v, 16 floats apart (a collective read: every rank calls it) */
-static void state(dpar_graph *g, float out[48]) {
-    int c = 0;
+/* w [3,5], then its momentum or AdamW's m and v, 16 floats apart (a collective read: every rank calls it; each
+   array is read from device 0, so every copy on this rank's devices must equal it too) */
+static void state(dpar_runtime *rt, dpar_graph *g, float out[48]) {
+    int c = 0, first = 0, count = 0;
     memset(out, 0, 48 * sizeof *out);
     OK(dpar_graph_state_count(g, &c));
+    dpar_runtime_local_devices(rt, &first, &count);
     for (int i = 0; i < c && i < 3; i++) {
         const char *name = NULL;
         dpar_array *a = NULL;
-        if (!OK(dpar_graph_state(g, i, &name, &a, NULL))) OK(dpar_array_get(a, out + 16 * i));
+        float mine[15];
+        if (OK(dpar_graph_state(g, i, &name, &a, NULL)) || OK(dpar_array_get(a, out + 16 * i))) continue;
+        for (int d = first; d < first + count; d++)
+            if (!OK(dpar_buffer_read(dpar_array_shard(a, d), 0, mine, sizeof mine)) &&
+                memcmp(mine, out + 16 * i, sizeof mine))
+                FAIL("device %d's copy of %s differs from device 0's (%.9g vs %.9g)", d, name, (double)mine[0],
+                     (double)out[16 * i]);
     }
 }
 
@@ -82,7 +90,7 @@ int main(int argc, char **argv) {
         float before[48], after[48], ref[48];
         for (int j = 0; j < 2; j++)
             OK(dpar_graph_run(g[j], (dpar_graph_feed[]){ { x[j], xs, NULL }, { y[j], good, NULL } }, 2, &loss));
-        state(g[0], before);
+        state(rt, g[0], before);
         dpar_graph_feed f[2] = { { x[0], xs, NULL }, { y[0], rank == 1 ? wrong : good, NULL } };
         dpar_status s = dpar_graph_run(g[0], f, 2, c ? NULL : &loss);
         if (!s && c) s = dpar_graph_loss(g[0], &loss);
@@ -92,7 +100,7 @@ int main(int argc, char **argv) {
                  dpar_status_string(s), s ? e : "", want);
         else
             printf("rank %d: case %d: %s\n", rank, c, e);
-        state(g[0], after);
+        state(rt, g[0], after);
         if (memcmp(before, after, sizeof before) || dpar_graph_step(g[0]) != 1)
             FAIL("case %d: the failed step changed the state (w[0] %.9g -> %.9g, state[0] %.9g -> %.9g) or the step "
                  "count (%lld; want 1)",
@@ -100,7 +108,7 @@ int main(int argc, char **argv) {
                  (long long)dpar_graph_step(g[0]));
         for (int j = 0; j < 2; j++)
             OK(dpar_graph_run(g[j], (dpar_graph_feed[]){ { x[j], xs, NULL }, { y[j], good, NULL } }, 2, &loss));
-        state(g[0], after), state(g[1], ref);
+        state(rt, g[0], after), state(rt, g[1], ref);
         if (memcmp(ref, after, sizeof ref))
             FAIL("case %d: the step after the failed one differs from a run without it", c);
         for (int j = 0; j < 2; j++) {
