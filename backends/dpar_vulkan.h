@@ -66,7 +66,9 @@
 
    Limits: one buffer may be at most maxStorageBufferRange bytes for ops
    (llvmpipe: 128 MiB; copies, fills and collectives have no such limit);
-   element counts below 2^32. Matrix products take f32, f16 or bf16 operands
+   element counts below 2^32. Workgroup counts never pass maxComputeWorkGroupCount:
+   the shaders stride over at most 65,535 workgroups, and a matmul past the counts
+   runs as several dispatches. Matrix products take f32, f16 or bf16 operands
    and accumulate in f32. Every buffer is its own VkDeviceMemory allocation
    (drivers allow at least 4096; no sub-allocator yet).
 
@@ -873,8 +875,8 @@ static dpar_status dpar__vk_dispatch3(dpar__vk *st, int dev, int id, dpar__vkbuf
     if (gx > ph->props.limits.maxComputeWorkGroupCount[0] || gy > ph->props.limits.maxComputeWorkGroupCount[1] ||
         gz > ph->props.limits.maxComputeWorkGroupCount[2])
         return dpar__err(DPAR_ERR_BACKEND,
-                         "vulkan: %s needs %u x %u x %u workgroups, more than the device allows "
-                         "(%u x %u x %u); split the op",
+                         "vulkan: shader %s needs %u x %u x %u workgroups, more than the device allows "
+                         "(%u x %u x %u): a backend bug (every op keeps its dispatches within them); please report it",
                          dpar__spv_table[id].name, gx, gy, gz, ph->props.limits.maxComputeWorkGroupCount[0],
                          ph->props.limits.maxComputeWorkGroupCount[1], ph->props.limits.maxComputeWorkGroupCount[2]);
     for (int i = 0; i < DPAR__VK_BINDINGS; i++)
@@ -2047,6 +2049,26 @@ static int dpar__vk_mm_pick(const dpar__vk *st, int dev, int64_t m, int64_t n, i
     g[0] = (uint32_t)((n + 31) / 32), g[1] = (uint32_t)((m + 31) / 32);
     return DPAR__SPV_MATMUL;
 }
+/* Records matmul shader id's gx x gy x gz workgroups (dpar__vk_mm_pick; gz within 65535) as dispatches of at
+   most the device's workgroup counts on x and y, each with its first workgroup in pc->p[4], p[5] and the
+   workgroups on y in all in p[6] (matmul_common.glsl): one dispatch where they fit, several for a product
+   past them, such as the direct matmul's 65,536 column blocks of a graph's mul_scalar over 8,388,608
+   elements ([1, 1] @ [1, n]) or the tiled one's rows past 2,097,120 where y allows 65,535. */
+static dpar_status dpar__vk_dispatch_mm(dpar__vk *st, int dev, int id, dpar__vkbuf *const b[DPAR__VK_BINDINGS],
+                                        dpar__vkpc *pc, uint32_t gx, uint32_t gy, uint32_t gz) {
+    const uint32_t *lim = st->devs[dev].ph->props.limits.maxComputeWorkGroupCount;
+    dpar_status s = DPAR_OK;
+    pc->p[6] = gy;
+    for (uint32_t y = 0, h = 0; y < gy && !s; y += h) {
+        h = gy - y < lim[1] ? gy - y : lim[1];
+        for (uint32_t x = 0, w = 0; x < gx && !s; x += w) {
+            w = gx - x < lim[0] ? gx - x : lim[0];
+            pc->p[4] = x, pc->p[5] = y;
+            s = dpar__vk_dispatch3(st, dev, id, b, pc, w, h, gz);
+        }
+    }
+    return s;
+}
 /* layernorm.comp's and layernorm_bwd.comp's row an invocation (flags bit4) rather than a workgroup: on a
    CPU device unless the row is DPAR__VK_WIDE or longer (llvmpipe's loop cap: six loops over a row of
    10,900 pass it), and for rows of at most 32 anywhere. */
@@ -2099,7 +2121,7 @@ static dpar_status dpar__vk_op_matmul_batched(dpar__vk *st, int dev, const dpar_
     b[0] = dpar__vk_mem(op->dst), b[2] = dpar__vk_mem(op->src0), b[3] = dpar__vk_mem(op->src1);
     uint32_t g[2];
     int id = dpar__vk_mm_pick(st, dev, op->m, op->n, op->k, op->p[0], g, pc);
-    return dpar__vk_dispatch3(st, dev, id, b, pc, g[0], g[1], dpar__vk_rows(op->p[0]));
+    return dpar__vk_dispatch_mm(st, dev, id, b, pc, g[0], g[1], dpar__vk_rows(op->p[0]));
 }
 static dpar_status dpar__vk_op_attn(dpar__vk *st, int dev, const dpar__op *op, dpar__vkpc *pc) {
     dpar__vkbuf *b[DPAR__VK_BINDINGS] = { NULL };
@@ -2274,7 +2296,7 @@ static dpar_status dpar__vk_op_basic(dpar__vk *st, int dev, const dpar__op *op, 
         b[3] = src1;
         uint32_t g[2];
         int id = dpar__vk_mm_pick(st, dev, op->m, op->n, op->k, 1, g, pc);
-        return dpar__vk_dispatch(st, dev, id, b, pc, g[0], g[1]);
+        return dpar__vk_dispatch_mm(st, dev, id, b, pc, g[0], g[1], 1);
     }
     case DPAR__OP_BIAS_ADD: {
         int64_t cols = op->src0->count;

@@ -10,7 +10,8 @@
 // Each output sums over k in increasing order: deterministic, run after run.
 // matmul_direct.comp computes the same sums without shared memory (the host's choice on llvmpipe).
 // Batched (dpar_matmul_batched, f32): p[0] batches (0: one), p[1..3] batch strides of A, B (0: shared),
-// C in elements; batch z of workgroup row z (strided by the workgroup count).
+// C in elements; batch z of workgroup row z (strided by the workgroup count). Workgroup (x, y) of a
+// dispatch computes block (x + p[4], y + p[5]) of C (matmul_common.glsl).
 layout(local_size_x = 16, local_size_y = 16) in;
 #include "matmul_common.glsl"
 
@@ -37,7 +38,7 @@ void main() {
     offB = z * pc.p[2];
     offC = z * pc.p[3];
     uint tx = gl_LocalInvocationID.x, ty = gl_LocalInvocationID.y;
-    uint row0 = gl_WorkGroupID.y * BM, col0 = gl_WorkGroupID.x * BN;
+    uint row0 = (gl_WorkGroupID.y + pc.p[5]) * BM, col0 = (gl_WorkGroupID.x + pc.p[4]) * BN;
     uint t = ty * 16u + tx;           // 0..255
     precise float acc00 = 0.0, acc01 = 0.0, acc10 = 0.0, acc11 = 0.0;
     for (uint k0 = 0u; k0 < pc.k; k0 += BK) {

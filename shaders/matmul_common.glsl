@@ -1,4 +1,7 @@
 // Shared by matmul.comp and matmul_direct.comp: bindings, push constants, the operands' widening.
+// A product with more workgroups than the device allows on x or y runs as several dispatches
+// (dpar__vk_dispatch_mm): p[4], p[5] hold a dispatch's first workgroup on x and on y (0, 0 where one
+// dispatch fits), p[6] the product's workgroups on y (matmul_direct.comp strides its column blocks by it).
 layout(std430, set = 0, binding = 0) buffer Dst { float c[]; };
 layout(std430, set = 0, binding = 2) readonly buffer SrcA { uint a[]; };
 layout(std430, set = 0, binding = 3) readonly buffer SrcB { uint b[]; };

@@ -12,7 +12,8 @@
 // share cost llvmpipe more (fc1 of the digits step 300 -> 230 us, bench/results/results.md).
 // The same sums over k in the same order, no fused multiply-add: bit for bit matmul.comp's result.
 // Batch z of workgroup z and column block y of workgroup y, each strided by the count (the host gives
-// a workgroup several column blocks).
+// a workgroup several column blocks; the column blocks by the product's count p[6], its dispatches
+// offset by p[4], p[5]: matmul_common.glsl).
 layout(local_size_x = 8) in;
 #include "matmul_common.glsl"
 
@@ -93,7 +94,7 @@ void main() {
         offA = z * pc.p[1];
         offB = z * pc.p[2];
         offC = z * pc.p[3];
-        for (uint cb = gl_WorkGroupID.y; cb * NB < pc.n; cb += gl_NumWorkGroups.y)
-            direct(gl_WorkGroupID.x * 8u * R + gl_LocalInvocationID.x, cb * NB);
+        for (uint cb = gl_WorkGroupID.y + pc.p[5]; cb * NB < pc.n; cb += pc.p[6])
+            direct((gl_WorkGroupID.x + pc.p[4]) * 8u * R + gl_LocalInvocationID.x, cb * NB);
     }
 }

@@ -1587,6 +1587,81 @@ static void test_loop_cap_refused(void **state) {
     dpar_runtime_destroy(rt);
 }
 
+/* ---- workgroup counts past the device's (maxComputeWorkGroupCount) ---- */
+/* Runs a graph of y = mul_scalar(0.75, x) into y on rt (one device) over x of n elements (host). The error
+   of the run or of the read. */
+static dpar_status graph_mul_scalar(dpar_runtime *rt, int64_t n, const float *x, float *y) {
+    dpar_mesh *m = t_mesh1(rt, 1, "data");
+    dpar_graph *g = NULL;
+    T_OK(dpar_graph_create(m, &g));
+    const int64_t one[1] = { 1 };
+    dpar_value vx = dpar_g_feed(g, "x", &(dpar_array_desc){ DPAR_F32, 1, { n }, { NULL } });
+    dpar_value vy = dpar_g_mul_scalar(g, dpar_g_const(g, DPAR_F32, 1, one, 0.75f), vx);
+    T_OK(dpar_graph_keep(g, vy));
+    dpar_graph_feed f = { vx, x, NULL };
+    dpar_status s = dpar_graph_run(g, &f, 1, NULL);
+    if (!s) s = dpar_graph_get(g, vy, y);
+    dpar_graph_destroy(g);
+    dpar_mesh_destroy(m);
+    return s;
+}
+/* A graph's mul_scalar over 8,388,608 elements is a [1, 1] @ [1, 8388608] matmul: on a CPU device the
+   direct matmul's 65,536 workgroups of column blocks, past llvmpipe's 65,535 (refused before, naming the
+   shader), now two dispatches; equal to the CPU backend's bit for bit. */
+static void test_workgroups_graph_mul_scalar(void **state) {
+    (void)state;
+    const int64_t n = 8388608;
+    float *x = (float *)malloc(sizeof(float) * (size_t)n), *y = (float *)malloc(sizeof(float) * (size_t)n);
+    float *want = (float *)malloc(sizeof(float) * (size_t)n);
+    assert_true(x && y && want);
+    for (int64_t i = 0; i < n; i++) x[i] = (float)((i * 7919) % 1999) / 8.0f - 100.0f;
+    dpar_runtime *cpu = t_runtime(DPAR_BACKEND_CPU, 1), *rt = vk_runtime(1, 0);
+    T_OK(graph_mul_scalar(cpu, n, x, want));
+    T_OK(graph_mul_scalar(rt, n, x, y));
+    for (int64_t i = 0; i < n; i++)
+        if (t_f2u(y[i]) != t_f2u(want[i]))
+            fail_msg("y[%lld] = %.9g (cpu %.9g, x %.9g)", (long long)i, y[i], want[i], x[i]);
+    free(x), free(y), free(want);
+    dpar_runtime_destroy(rt);
+    dpar_runtime_destroy(cpu);
+}
+/* Products with more row blocks than a device's workgroup count allows (M = 65,535 * 32 + 33: 65,537
+   blocks of 32 rows, on x of the direct matmul, on y of the tiled one where GPUs allow 65,535): dpar_matmul
+   of A [M, 1] by B^T ([2, 1] transposed) and dpar_matmul_batched of A [1, M, 1] by a shared [1, 1], both with
+   beta 1, against the CPU backend bit for bit (small integers: every result exact). Both were
+   refused before. */
+static void test_workgroups_tall_matmul(void **state) {
+    (void)state;
+    const int64_t M = 65535 * 32 + 33, sa[2] = { M, 1 }, sb[2] = { 2, 1 }, sc[2] = { M, 2 };
+    const int64_t sa3[3] = { 1, M, 1 }, sb3[2] = { 1, 1 }, sc3[3] = { 1, M, 1 };
+    float *a = (float *)malloc(sizeof(float) * (size_t)(2 * M)), *c0 = (float *)malloc(sizeof(float) * (size_t)(2 * M));
+    float *c = (float *)malloc(sizeof(float) * (size_t)(2 * M)),
+          *want = (float *)malloc(sizeof(float) * (size_t)(2 * M));
+    const float b[2] = { 3.0f, -2.0f };
+    assert_true(a && c0 && c && want);
+    for (int64_t i = 0; i < 2 * M; i++) a[i] = (float)(i % 7) - 3.0f, c0[i] = (float)(i % 5);
+    dpar_runtime *rts[2] = { t_runtime(DPAR_BACKEND_CPU, 1), vk_runtime(1, 0) };
+    for (int batched = 0; batched < 2; batched++) {
+        for (int r = 0; r < 2; r++) {
+            dpar_runtime *rt = rts[r];
+            dpar_buffer *ba = batched ? t_buf(rt, 0, DPAR_F32, 3, sa3, a) : t_buf(rt, 0, DPAR_F32, 2, sa, a);
+            dpar_buffer *bb = t_buf(rt, 0, DPAR_F32, 2, batched ? sb3 : sb, b);
+            dpar_buffer *bc = batched ? t_buf(rt, 0, DPAR_F32, 3, sc3, c0) : t_buf(rt, 0, DPAR_F32, 2, sc, c0);
+            T_OK(batched ? dpar_matmul_batched(bc, ba, bb, false, false, 1.0f, 1.0f)
+                         : dpar_matmul(bc, ba, bb, false, true, 1.0f, 1.0f));
+            t_read(bc, r ? c : want);
+            dpar_buffer_destroy(ba), dpar_buffer_destroy(bb), dpar_buffer_destroy(bc);
+        }
+        for (int64_t i = 0; i < (batched ? M : 2 * M); i++)
+            if (t_f2u(c[i]) != t_f2u(want[i]))
+                fail_msg("%s: C element %lld = %.9g (cpu %.9g)", batched ? "matmul_batched" : "matmul", (long long)i,
+                         c[i], want[i]);
+    }
+    free(a), free(c0), free(c), free(want);
+    dpar_runtime_destroy(rts[1]);
+    dpar_runtime_destroy(rts[0]);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_device_info),
@@ -1620,6 +1695,8 @@ int main(void) {
         cmocka_unit_test(test_loop_cap_refused),
         cmocka_unit_test(test_loop_cap_matmul_blocks),
         cmocka_unit_test(test_fuller_workgroups),
+        cmocka_unit_test(test_workgroups_graph_mul_scalar),
+        cmocka_unit_test(test_workgroups_tall_matmul),
     };
     return cmocka_run_group_tests_name("vulkan", tests, NULL, NULL);
 }
