@@ -13411,6 +13411,15 @@ static dpar_status dpar__g_exec_node(dpar_graph *g, dpar_ctx *ctx, int li, int i
     }
     /* the 2-d views back to the nodes' shapes (a param's shard must keep its shape) */
     dpar__g_buf(g, i, li), dpar__g_buf(g, nd->in[0], li), dpar__g_buf(g, nd->in[1], li);
+    if (s && !dpar__err_site) { /* mul_scalar and dot: the backend's refusal names the matmul they run as */
+        char mm[96];
+        long long c = (long long)b->count;
+        if (nd->kind == DPAR__G_MULS)
+            snprintf(mm, sizeof mm, "[1, 1] @ [1, %lld]", c);
+        else
+            snprintf(mm, sizeof mm, "[1, %lld] @ [%lld, 1]", c, c);
+        s = dpar__err(s, "%s (%s runs as the matmul %s)", dpar_last_error(), dpar__g_kind_name(g, nd), mm);
+    }
     return s;
 }
 /* >>graph program ============================================================

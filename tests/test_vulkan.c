@@ -1588,39 +1588,43 @@ static void test_loop_cap_refused(void **state) {
 }
 
 /* ---- workgroup counts past the device's (maxComputeWorkGroupCount) ---- */
-/* Runs a graph of y = mul_scalar(0.75, x) into y on rt (one device) over x of n elements (host). The error
-   of the run or of the read. */
-static dpar_status graph_mul_scalar(dpar_runtime *rt, int64_t n, const float *x, float *y) {
+/* Runs a graph of y = mul_scalar(0.75, x) into y, or (y NULL) of t = dot(x, x) into *t, on rt (one device)
+   over x of n elements (host). The error of the run or of the read. */
+static dpar_status graph_scalars(dpar_runtime *rt, int64_t n, const float *x, float *y, float *t) {
     dpar_mesh *m = t_mesh1(rt, 1, "data");
     dpar_graph *g = NULL;
     T_OK(dpar_graph_create(m, &g));
     const int64_t one[1] = { 1 };
     dpar_value vx = dpar_g_feed(g, "x", &(dpar_array_desc){ DPAR_F32, 1, { n }, { NULL } });
-    dpar_value vy = dpar_g_mul_scalar(g, dpar_g_const(g, DPAR_F32, 1, one, 0.75f), vx);
-    T_OK(dpar_graph_keep(g, vy));
+    dpar_value vt = y ? dpar_g_mul_scalar(g, dpar_g_const(g, DPAR_F32, 1, one, 0.75f), vx) : dpar_g_dot(g, vx, vx);
+    T_OK(dpar_graph_keep(g, vt));
     dpar_graph_feed f = { vx, x, NULL };
     dpar_status s = dpar_graph_run(g, &f, 1, NULL);
-    if (!s) s = dpar_graph_get(g, vy, y);
+    if (!s) s = dpar_graph_get(g, vt, y ? (void *)y : (void *)t);
     dpar_graph_destroy(g);
     dpar_mesh_destroy(m);
     return s;
 }
 /* A graph's mul_scalar over 8,388,608 elements is a [1, 1] @ [1, 8388608] matmul: on a CPU device the
    direct matmul's 65,536 workgroups of column blocks, past llvmpipe's 65,535 (refused before, naming the
-   shader), now two dispatches; equal to the CPU backend's bit for bit. */
+   shader), now two dispatches; equal to the CPU backend's bit for bit. Where a refusal remains (a dot's
+   K past llvmpipe's loop cap) it names the graph's op and the matmul it runs as. */
 static void test_workgroups_graph_mul_scalar(void **state) {
     (void)state;
     const int64_t n = 8388608;
     float *x = (float *)malloc(sizeof(float) * (size_t)n), *y = (float *)malloc(sizeof(float) * (size_t)n);
-    float *want = (float *)malloc(sizeof(float) * (size_t)n);
+    float *want = (float *)malloc(sizeof(float) * (size_t)n), t = 0;
     assert_true(x && y && want);
     for (int64_t i = 0; i < n; i++) x[i] = (float)((i * 7919) % 1999) / 8.0f - 100.0f;
     dpar_runtime *cpu = t_runtime(DPAR_BACKEND_CPU, 1), *rt = vk_runtime(1, 0);
-    T_OK(graph_mul_scalar(cpu, n, x, want));
-    T_OK(graph_mul_scalar(rt, n, x, y));
+    T_OK(graph_scalars(cpu, n, x, want, NULL));
+    T_OK(graph_scalars(rt, n, x, y, NULL));
     for (int64_t i = 0; i < n; i++)
         if (t_f2u(y[i]) != t_f2u(want[i]))
             fail_msg("y[%lld] = %.9g (cpu %.9g, x %.9g)", (long long)i, y[i], want[i], x[i]);
+    if (loop_capped(rt))
+        T_ERR(graph_scalars(rt, 70000, x, NULL, &t), DPAR_ERR_SHAPE, "node 2 (dot)", "k 70000",
+              "(dot runs as the matmul [1, 70000] @ [70000, 1])");
     free(x), free(y), free(want);
     dpar_runtime_destroy(rt);
     dpar_runtime_destroy(cpu);
