@@ -1624,6 +1624,15 @@ typedef struct dpar_value {
 DPAR_API dpar_status dpar_graph_create(dpar_mesh *mesh, dpar_graph **out);
 /* Frees the graph and everything it allocated (feed arrays, gradient arrays,
    buffers, optimizer state); not the params. NULL is a no-op (DPAR_OK).
+   A graph that ran label or index checks on Vulkan or CUDA devices first
+   reads their checks back (a wait for each device), so that an error its
+   last steps left there comes back here, named as dpar_graph_run names it,
+   and not at the next read of another graph or op on that device; its
+   skipped steps (dpar_graph_run) go with it. That error (or another op's
+   error pending on those devices) is returned, DPAR_ERR_INVALID_ARGUMENT
+   "device D: dpar_graph_run: <node>: ... (dpar_graph_destroy read it back;
+   the graph is destroyed all the same)": the graph is freed all the same.
+   A graph freed with its mesh or runtime reads nothing back.
    Errors (nothing is freed): DPAR_ERR_STATE inside a pmap/shard_map function,
    while a call on its runtime runs on another thread, or for a stale graph
    (destroyed, or freed with its mesh or runtime). */
@@ -1865,7 +1874,9 @@ DPAR_API dpar_status dpar_graph_state_count(dpar_graph *g, int *count);
    (not compiled; the mesh was destroyed). */
 DPAR_API dpar_status dpar_graph_state(const dpar_graph *g, int i, const char **name, dpar_array **array, bool *padded);
 /* The graph's step counter: the runs done (AdamW's bias correction uses
-   step + 1 on the next run, dropout masks use step). -1 when g is NULL. */
+   step + 1 on the next run, dropout masks use step), less the steps that
+   Vulkan's or CUDA's update guard skipped once any read reported their error
+   (dpar_graph_run). -1 when g is NULL. */
 DPAR_API int64_t dpar_graph_step(const dpar_graph *g);
 /* Sets the step counter (restoring a checkpoint, or skipping a schedule ahead).
    Errors: DPAR_ERR_INVALID_ARGUMENT (NULL, step < 0), DPAR_ERR_STATE (a step
@@ -1927,11 +1938,19 @@ typedef struct dpar_graph_feed {
    the CPU, such a step loses nothing: the optimizer's update kernels skip
    their update while a check's error waits on the device to be read back, so
    the bad step and every step queued after it before that read (a sticky
-   error, as CUDA's) leave the params and the optimizer state (momentum,
-   AdamW's m and v) as they were, and the graph's step count (dpar_graph_step:
-   AdamW's bias correction, dropout) leaves them out once one of the graph's
-   reads above reports the error (a read of another array or a dpar_sync that
-   reports it first leaves them counted). On several local devices the first
+   error, as CUDA's; another graph's steps on that device too) leave the params
+   and the optimizer state (momentum, AdamW's m and v) as they were, and each
+   graph's step count (dpar_graph_step: AdamW's bias correction, dropout) and
+   logged losses (dpar_graph_losses) leave its skipped steps out, whichever
+   call reads the error back first: the graph's reads above, a plain read
+   (dpar_array_get, dpar_buffer_read), dpar_runtime_device_sync, an eager op or
+   collective, or dpar_graph_destroy (each step's first update counts a skipped
+   step under its graph's own id, which the read notes on the host; the graph
+   takes its own count at its next run or read, no other graph's). Counted per
+   error for up to 12 graphs on one device: a 13th graph's steps skipped behind
+   the same error stay counted, and the error's text says so. A read that
+   reports the error from another graph's check, or an op's, returns it
+   without naming this graph's nodes. On several local devices the first
    collective after the last check waits for each device and reads its checks,
    so the run itself fails on every device before any update (a wait per step
    in such graphs alone). On a mesh across MPI processes (any backend, one
@@ -2006,7 +2025,9 @@ DPAR_API dpar_status dpar_graph_loss(dpar_graph *g, float *loss);
 DPAR_API dpar_status dpar_graph_log_losses(dpar_graph *g, int capacity);
 /* The losses of the last n logged runs (dpar_graph_log_losses) into out[n]
    (f32, host memory), oldest first, as dpar_graph_run's *loss would have read
-   them, read with one wait for the devices. Errors: DPAR_ERR_INVALID_ARGUMENT (NULL with n > 0, n < 0, n more
+   them, read with one wait for the devices. A step that Vulkan's or CUDA's update guard skipped (dpar_graph_run)
+   logs no loss: once its error was read back (here or by any read), its slot and its runs' count are undone and
+   the next run logs there. Errors: DPAR_ERR_INVALID_ARGUMENT (NULL with n > 0, n < 0, n more
    than the ring holds or than the runs logged since it was made, no ring; a label or index that a logged run's
    node checked on a device, Vulkan or CUDA, reported as dpar_graph_get reports it: its NaN loss is in the ring),
    DPAR_ERR_STATE (a step in flight; g destroyed). */
@@ -2806,10 +2827,6 @@ static DPAR__TLS uint32_t dpar__err_site;
    device put into the reduced gradients): a job keeps any other device's error over it (dpar__job_fail). Set by
    the graph's dispatch, cleared by every other error. */
 static DPAR__TLS int dpar__err_secondary;
-/* The graph steps whose optimizer updates the device skipped for the bad index that the last error reports (the
-   guard of Vulkan's and CUDA's update kernels, counted by each step's first update: dpar__opt_first); the graph
-   takes them off its step count. Set by the backend's report of the index check, cleared by every other error. */
-static DPAR__TLS uint32_t dpar__err_skipped;
 
 DPAR__MAYBE_UNUSED static int dpar__verbose(void) {
     const char *v = getenv("DPAR_VERBOSE");
@@ -2829,7 +2846,7 @@ static void dpar__err_vset(const char *fmt, va_list ap) {
     char t[DPAR__ERR_LEN];
     vsnprintf(t, sizeof t, fmt, ap);
     memcpy(dpar__err_text, t, sizeof t);
-    dpar__err_site = 0, dpar__err_secondary = 0, dpar__err_skipped = 0;
+    dpar__err_site = 0, dpar__err_secondary = 0;
 }
 static dpar_status dpar__err(dpar_status s, const char *fmt, ...) {
     va_list ap;
@@ -2840,7 +2857,7 @@ static dpar_status dpar__err(dpar_status s, const char *fmt, ...) {
 }
 static void dpar__clear_error(void) {
     dpar__err_text[0] = 0;
-    dpar__err_site = 0, dpar__err_secondary = 0, dpar__err_skipped = 0;
+    dpar__err_site = 0, dpar__err_secondary = 0;
 }
 /* Runs a destroy or release: when it succeeds the last error is left as it was,
    since a cleanup must not wipe the error the caller is about to print. */
@@ -5941,7 +5958,7 @@ struct dpar_request {
     int done;
     dpar_status status;
     char msg[DPAR__ERR_LEN];
-    uint32_t site, skipped;  /* the error's dpar__err_site and dpar__err_skipped (a bad index read back by it) */
+    uint32_t site;           /* the error's dpar__err_site (a bad index read back by it) */
     struct dpar__disp *disp; /* a step (>>async dispatch); NULL: a collective */
 };
 static dpar_status dpar__disp_wait(struct dpar_request *r);
@@ -7118,7 +7135,7 @@ static void dpar__req_run(dpar__worker *w, struct dpar_request *r) {
     DPAR_ASSERT(!r->done && w->pending > 0); /* queued -> done, once */
     r->status = s;
     if (s) snprintf(r->msg, sizeof r->msg, "%s", dpar__err_text);
-    r->site = dpar__err_site, r->skipped = dpar__err_skipped;
+    r->site = dpar__err_site;
     r->done = 1;
     w->pending--;
     dpar__cond_broadcast(&w->qcv);
@@ -7243,7 +7260,7 @@ DPAR_API dpar_status dpar_wait(dpar_ctx *ctx, dpar_request *r) {
     dpar__mutex_unlock(&w->qmu);
     dpar_status s = r->status;
     if (s) dpar__err(s, "%s", r->msg);
-    if (s) dpar__err_site = r->site, dpar__err_skipped = r->skipped;
+    if (s) dpar__err_site = r->site;
     DPAR_FREE(r);
     return s;
 }
@@ -7745,13 +7762,94 @@ enum { DPAR__IDX_SOFTMAX_XENT = 0, DPAR__IDX_XENT, DPAR__IDX_EMBED, DPAR__IDX_EM
    through to their error words unchanged, and dpar__bad_index hands it on (dpar__err_site): the graph names the
    node that checked, as on the CPU, wherever the error comes back. */
 static DPAR__TLS uint32_t dpar__idx_site;
-/* 1 while a graph's optimizer node issues its first update (dpar__g_exec): that op (p[4] = 1) counts the step in
-   the device's error words when the guard skips it (dpar__err_skipped). */
-static DPAR__TLS int dpar__opt_first;
+/* The graph's id (dpar_graph's uid) while its optimizer node issues its first update (dpar__g_exec), else 0: that
+   op (p[4] = the id) counts the step under the id in the device's error words when the guard skips it. */
+static DPAR__TLS uint32_t dpar__opt_first;
 static int64_t dpar__opt_take_first(void) {
     int64_t f = dpar__opt_first;
     dpar__opt_first = 0;
     return f;
+}
+
+/* >>skipped steps ============================================================
+   Vulkan's and CUDA's update kernels skip while a label or index check's error waits in the device's error words
+   (sgd.comp, dpar_k_sgd), and the first update of each graph step counts the skipped step there under its
+   graph's id: words 0-4 the error, 5 the skipped steps in all, then DPAR__IDX_SLOTS pairs (graph id, steps), the
+   first free pair taken by a graph's first skip. Whoever reads the words back (any read or sync of the device:
+   the graph's own reads, a plain read, an eager op, a collective) notes the pairs here; each graph takes its own
+   count at its next run or read (dpar__g_settle: no device work) and drops it when destroyed, so the count
+   reaches the graph whose steps were skipped whichever call reported the error, and no other graph. */
+enum { DPAR__IDX_SLOTS = 12, DPAR__IDX_SLOT0 = 8, DPAR__IDX_WORDS = DPAR__IDX_SLOT0 + 2 * DPAR__IDX_SLOTS };
+typedef struct dpar__skip {
+    uint32_t graph; /* dpar_graph's uid */
+    int dev;        /* the backend's device index (a graph's devices share one backend) */
+    int64_t steps;  /* its steps that this device skipped, noted since the graph last took them */
+} dpar__skip;
+static struct {
+    int lock; /* atomic spin lock: held for a few loads and stores */
+    int n, cap;
+    dpar__skip *e;
+} dpar__skips;
+static int dpar__skips_gen; /* atomic: bumped by each note, so that a graph without news pays one load */
+static void dpar__skips_lock(void) {
+    while (DPAR__ATOMIC_EXCHANGE(&dpar__skips.lock, 1)) dpar__thread_yield();
+}
+static void dpar__skips_unlock(void) {
+    DPAR__ATOMIC_STORE(&dpar__skips.lock, 0);
+}
+/* A device's read of its error words found `steps` skipped steps of graph `graph`. Without memory for the note
+   the steps stay counted, and false says so (the caller's error text tells). */
+static bool dpar__skip_note(uint32_t graph, int dev, uint32_t steps) {
+    if (!graph || !steps) return true;
+    dpar__skips_lock();
+    int k = 0;
+    while (k < dpar__skips.n && (dpar__skips.e[k].graph != graph || dpar__skips.e[k].dev != dev)) k++;
+    if (k == dpar__skips.n && k == dpar__skips.cap) {
+        int cap = k ? 2 * k : 8;
+        dpar__skip *e = (dpar__skip *)DPAR_REALLOC(dpar__skips.e, (size_t)cap * sizeof *e);
+        if (!e) {
+            dpar__skips_unlock();
+            return false;
+        }
+        dpar__skips.e = e, dpar__skips.cap = cap;
+    }
+    if (k == dpar__skips.n) dpar__skips.e[dpar__skips.n++] = (dpar__skip){ graph, dev, 0 };
+    dpar__skips.e[k].steps += steps;
+    DPAR__ATOMIC_FETCH_ADD(&dpar__skips_gen, 1);
+    dpar__skips_unlock();
+    return true;
+}
+/* The steps of graph `graph` noted as skipped: the most any of its devices skipped (its devices run the same
+   steps); take: and forgets them (the graph took them off its count, or is destroyed). */
+static int64_t dpar__skip_count(uint32_t graph, bool take) {
+    int64_t most = 0;
+    dpar__skips_lock();
+    for (int k = 0; k < dpar__skips.n;) {
+        dpar__skip *e = &dpar__skips.e[k];
+        if (e->graph != graph) {
+            k++;
+            continue;
+        }
+        most = e->steps > most ? e->steps : most;
+        if (take)
+            *e = dpar__skips.e[--dpar__skips.n];
+        else
+            k++;
+    }
+    if (take && !dpar__skips.n) DPAR_FREE(dpar__skips.e), dpar__skips.e = NULL, dpar__skips.cap = 0;
+    dpar__skips_unlock();
+    return most;
+}
+/* The backend's read of a device's error words w[DPAR__IDX_WORDS] (w[0] set): notes each graph's skipped steps.
+   Returns the skipped steps it could not tell the graph of (more graphs than the words have pairs for, or no
+   memory): those stay in their graphs' step counts. */
+static uint32_t dpar__skip_words(int dev, const uint32_t *w) {
+    uint32_t told = 0;
+    for (int k = 0; k < DPAR__IDX_SLOTS; k++) {
+        const uint32_t *pair = w + DPAR__IDX_SLOT0 + 2 * k;
+        if (dpar__skip_note(pair[0], dev, pair[1])) told += pair[1];
+    }
+    return w[5] > told ? w[5] - told : 0;
 }
 static int64_t dpar__idx_word(int fn_id) {
     return (int64_t)((uint32_t)fn_id | dpar__idx_site << 4);
@@ -9233,6 +9331,20 @@ static dpar_status dpar__bad_index(int word, int64_t pos, int32_t value, int64_t
     dpar__err_site = (uint32_t)word >> 4;
     return s;
 }
+/* The error that a device's error words w[DPAR__IDX_WORDS] hold (w[0] set), read back by the backend from its
+   device dev; notes the graph steps skipped behind it for their graphs (>>skipped steps). */
+DPAR__MAYBE_UNUSED static dpar_status dpar__bad_index_words(int dev, const uint32_t *w) {
+    uint32_t lost = dpar__skip_words(dev, w);
+    dpar_status s = dpar__bad_index((int)w[3], (int64_t)w[1], (int32_t)w[2], (int64_t)w[4]);
+    if (!lost) return s;
+    uint32_t site = dpar__err_site;
+    dpar__err(s,
+              "%s (%u graph steps skipped behind it stay in their graphs' step counts: more graphs stepped on "
+              "device %d than its error words count for, %d)",
+              dpar_last_error(), lost, dev, (int)DPAR__IDX_SLOTS);
+    dpar__err_site = site;
+    return s;
+}
 /* first position of idx[0..n) outside 0..bound-1 (ignore skipped when use_ignore), or -1 */
 static int64_t dpar__first_bad_index(const int32_t *idx, int64_t n, int64_t bound, int use_ignore, int32_t ignore) {
     for (int64_t i = 0; i < n; i++)
@@ -10149,7 +10261,7 @@ typedef struct dpar__gopt {
    processes' devices); or Vulkan's and CUDA's, read there. */
 struct dpar__gcheck {
     dpar_status s;
-    uint32_t site, skipped; /* the node that checked (dpar__g_site); dpar__err_skipped */
+    uint32_t site; /* the node that checked (dpar__g_site) */
     char text[DPAR__ERR_LEN];
 };
 struct dpar_graph {
@@ -10166,7 +10278,10 @@ struct dpar_graph {
     bool has_opt, compiled, ran;
     bool opt_rec;      /* compiled: the optimizer node may join a recorded program (dpar__g_opt_recordable) */
     bool checks_late;  /* compiled: a run leaves label or index checks on the devices (dpar__g_checks_late) */
-    int skipped;       /* atomic: the steps a failed run's devices skipped (dpar__err_skipped), for dpar__g_run */
+    uint32_t uid;      /* the graph's id, never reused: its steps skipped on a device are noted under it */
+    int skips_gen;     /* dpar__skips_gen when the graph last took its skipped steps (dpar__g_settle) */
+    int issued;        /* atomic: this run issued the optimizer's first update (a failed run's step may count) */
+    int opt_node;      /* compiled: the optimizer node, or 0 */
     int check_sync;    /* compiled: the node that reads every device's checks first (dpar__g_check_sync), or 0 */
     int first, nlocal; /* this process's devices */
     uint32_t tag;      /* tells the graph's node sites (dpar__g_site) from other graphs': one of 256, in turn */
@@ -10202,6 +10317,7 @@ struct dpar_graph {
     dpar_buffer **feed_take;    /* the running step's staged shards [feed * nlocal + li], NULL: none */
     dpar_buffer *loss_log;      /* dpar_graph_log_losses: the ring of losses on device first, NULL: off */
     int64_t losses_logged;      /* runs logged into it; run r in slot r % its count */
+    int64_t *loss_steps;        /* [its count] the step count after each slot's run (a skipped step's slot is undone) */
 };
 static bool dpar__g_pipe_inputs(dpar_graph *g, int nin, const int *in); /* >>graph zero1-pipe */
 static bool dpar__g_pipe_feed(dpar_graph *g, int id, const char *name);
@@ -10397,6 +10513,9 @@ DPAR_API dpar_status dpar_graph_create(dpar_mesh *mesh, dpar_graph **out) {
     g->errtext[0] = 0;
     static int tags;
     g->tag = (uint32_t)DPAR__ATOMIC_FETCH_ADD(&tags, 1) & 255u;
+    static int uids; /* wraps after 2^32 graphs; 0 stays "no graph" */
+    do g->uid = (uint32_t)DPAR__ATOMIC_FETCH_ADD(&uids, 1) + 1u;
+    while (!g->uid);
     g->mesh = mesh;
     g->rt = mesh->rt;
     g->cap = 64;
@@ -13174,6 +13293,8 @@ DPAR_API dpar_status dpar_graph_compile(dpar_graph *g, dpar_graph_stats *stats) 
                                     (nd->bucket ? dpar__g_bucket_starts(g, i) : nd->spec_of != 0);
     }
     g->opt_rec = dpar__g_opt_recordable(g);
+    for (int i = 1; i < g->count; i++)
+        if (g->n[i].kind == DPAR__G_SGD) g->opt_node = i;
     g->checks_late = dpar__g_checks_late(g);
     g->check_sync = dpar__g_check_sync(g);
     if (g->check_sync && g->mesh->size > g->nlocal &&
@@ -13246,17 +13367,16 @@ static dpar_status dpar__g_block_run(dpar_ctx *ctx, const dpar__gnode *nd, const
 static dpar_status dpar__g_wait_all(dpar_graph *g, dpar_ctx *ctx, int li) {
     dpar_status first = DPAR_OK;
     char text[DPAR__ERR_LEN];
-    uint32_t site = 0, skipped = 0;
+    uint32_t site = 0;
     for (int i = 1; i < g->count; i++) {
         dpar_request **r = &g->reqs[i * g->nlocal + li];
         if (!*r) continue;
         dpar_status s = dpar_wait(ctx, *r);
         *r = NULL;
         if (!s && g->n[i].bucket) s = dpar__g_bucket_finish(g, li, i);
-        if (s && !first)
-            first = s, site = dpar__err_site, skipped = dpar__err_skipped, memcpy(text, dpar__err_text, sizeof text);
+        if (s && !first) first = s, site = dpar__err_site, memcpy(text, dpar__err_text, sizeof text);
     }
-    if (first) memcpy(dpar__err_text, text, sizeof text), dpar__err_site = site, dpar__err_skipped = skipped;
+    if (first) memcpy(dpar__err_text, text, sizeof text), dpar__err_site = site;
     return first;
 }
 /* Whether node kind k checks labels or indexes (the CPU as it runs, Vulkan and CUDA on the device). */
@@ -13264,7 +13384,7 @@ static bool dpar__g_is_check(int k) {
     return k == DPAR__G_XENT || k == DPAR__G_XENT_IGN || k == DPAR__G_EMBED || k == DPAR__G_EMBED_GRAD;
 }
 static void dpar__g_check_keep(struct dpar__gcheck *c, dpar_status s) {
-    c->s = s, c->site = dpar__err_site, c->skipped = dpar__err_skipped;
+    c->s = s, c->site = dpar__err_site;
     memcpy(c->text, dpar__err_text, sizeof c->text);
 }
 /* At check_sync on a mesh across processes: every device learns the lowest device, of any process, whose check
@@ -13286,7 +13406,7 @@ static dpar_status dpar__g_check_agree(dpar_graph *g, dpar_ctx *ctx, int li, dpa
     if (e) return e;
     if (c->s) {
         memcpy(dpar__err_text, c->text, sizeof c->text);
-        dpar__err_site = c->site, dpar__err_skipped = c->skipped;
+        dpar__err_site = c->site;
         s = c->s, c->s = DPAR_OK;
         return s;
     }
@@ -13304,12 +13424,13 @@ static dpar_status dpar__g_exec_node(dpar_graph *g, dpar_ctx *ctx, int li, int i
    it when the check's result comes back later, in another node or after the step. */
 static dpar_status dpar__g_exec(dpar_graph *g, dpar_ctx *ctx, int li, int i) {
     dpar__idx_site = dpar__g_site(g, i);
-    dpar__opt_first = g->n[i].kind == DPAR__G_SGD;
+    dpar__opt_first = g->n[i].kind == DPAR__G_SGD ? g->uid : 0u;
     dpar_status s = i == g->check_sync && g->checks_late
                         ? g->rt->be->sync(g->rt->bstate, dpar_ctx_device(ctx) - g->rt->local_base)
                         : DPAR_OK;
     if (i == g->check_sync && g->check_x) s = dpar__g_check_agree(g, ctx, li, s);
     if (!s) s = dpar__g_exec_node(g, ctx, li, i);
+    if (g->n[i].kind == DPAR__G_SGD && !dpar__opt_first) DPAR__ATOMIC_STORE(&g->issued, 1); /* its first update */
     dpar__idx_site = 0, dpar__opt_first = 0;
     return s;
 }
@@ -13542,6 +13663,7 @@ static dpar_status dpar__g_step_node(dpar_graph *g, dpar_ctx *ctx, int li, dpar_
         *i = sg->i1 - 1;
         dpar_status s = pre->prog ? be->prog_submit_pre(g->rt->bstate, dev, pre->prog, sg->prog)
                                   : be->prog_submit(g->rt->bstate, dev, sg->prog);
+        if (!s && g->opt_node >= sg->i0 && g->opt_node < sg->i1) DPAR__ATOMIC_STORE(&g->issued, 1);
         dpar__obs_add_ops(g->rt, dev, sg->nops + pre->nops); /* their ops and issue time, as op by op */
         dpar__obs_time(g->rt, dev, DPAR__OBS_COMPUTE, t0);
         pre->prog = NULL, pre->nops = 0;
@@ -13586,7 +13708,6 @@ static dpar_status dpar__g_dispatch(dpar_ctx *ctx, void *user) {
         /* the optimizer's non-finite norm, no check of this device behind it: perhaps another device's bad label */
         int secondary =
             (g->n[i].kind == DPAR__G_SGD && !dpar__g_site_node(g, 0) && g->checks_late) || dpar__err_secondary;
-        if (dpar__err_skipped) DPAR__ATOMIC_STORE(&g->skipped, (int)dpar__err_skipped); /* the same on each device */
         dpar__g_node_err(g, s, i);
         char text[DPAR__ERR_LEN];
         memcpy(text, dpar__err_text, sizeof text);
@@ -13706,6 +13827,18 @@ static int dpar__g_check_sync(const dpar_graph *g) {
     }
     return 0;
 }
+/* Takes the graph's steps that its devices' guard skipped (>>skipped steps) off its step count: they never ran,
+   as on the CPU, whose run stops at the bad label; their logged losses go too (the ring's last slots are written
+   again). Host only: the reads that noted them have happened, whoever made them. */
+static void dpar__g_settle(dpar_graph *g) {
+    int gen = DPAR__ATOMIC_LOAD(&dpar__skips_gen);
+    if (gen == g->skips_gen) return;
+    g->skips_gen = gen;
+    int64_t n = dpar__skip_count(g->uid, true), cap = g->loss_log ? g->loss_log->count : 0;
+    if (!n) return;
+    g->opt.step -= n;
+    while (cap && g->losses_logged > 0 && g->loss_steps[(g->losses_logged - 1) % cap] > g->opt.step) g->losses_logged--;
+}
 /* An error of a read after the step (s: of value v's buffer b, on b's device; b NULL: no read yet): a bad label
    that a node checked on a device (Vulkan, CUDA: read back here) reads as the CPU's step reports it, "device D:
    dpar_graph_run: <node>: ...". The read waited for b's device only: the others are synced here, in turn. */
@@ -13715,9 +13848,9 @@ static dpar_status dpar__g_late_err(dpar_graph *g, dpar_status s, int v, const d
             const dpar_buffer *o = dpar__g_buf(g, v, li);
             if (o != b) s = g->rt->be->sync(g->rt->bstate, o->device), b = o;
         }
+    dpar__g_settle(g);
     int id = s && b ? dpar__g_site_node(g, 0) : 0;
     if (!id) return s;
-    g->opt.step -= dpar__err_skipped; /* the steps the devices' guard skipped never ran, as on the CPU */
     dpar__g_node_err(g, s, id);
     return dpar__err(s, "device %d: %s", b->gdev, dpar_last_error());
 }
@@ -13731,6 +13864,7 @@ static dpar_status dpar__g_run(dpar_graph *g, const dpar_graph_feed *feeds, int 
                          "dpar_graph_run: the graph's mesh was destroyed; destroy a graph before its mesh");
     dpar_status busy = dpar__busy(g->mesh->rt, NULL, "dpar_graph_run");
     if (busy) return busy;
+    dpar__g_settle(g); /* steps skipped behind an error that another call read: before this step counts on */
     if (loss && !g->loss_value)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
                          "dpar_graph_run: the graph has no loss; call dpar_graph_value_and_grad or pass loss = NULL");
@@ -13746,12 +13880,14 @@ static dpar_status dpar__g_run(dpar_graph *g, const dpar_graph_feed *feeds, int 
     memset(&d, 0, sizeof d);
     d.fn = g->pp ? dpar__g_pipe_dispatch : dpar__g_dispatch;
     d.user = g;
-    if ((s = dpar_shard_map(g->mesh, &d))) {
-        g->opt.step -= DPAR__ATOMIC_EXCHANGE(&g->skipped, 0); /* earlier steps that the devices' guard skipped */
+    s = dpar_shard_map(g->mesh, &d);
+    /* a failed step counts when its update was issued: a device that skipped it noted it (dpar__g_settle) */
+    if (DPAR__ATOMIC_EXCHANGE(&g->issued, 0) || !s) g->opt.step++;
+    if (s) {
+        dpar__g_settle(g);
         return s;
     }
     g->ran = true;
-    g->opt.step++;
     dpar_buffer *lb = g->loss_value ? dpar__g_buf(g, g->loss_value, 0) : NULL;
     if (g->loss_log && (s = dpar__g_log_loss(g))) return s;
     if (loss && g->n[g->loss_value].dtype == DPAR_F64) { /* an f64 loss: rounded here, dpar_graph_get has it whole */
@@ -14060,7 +14196,7 @@ static dpar_status dpar__g_log_loss(dpar_graph *g) {
     dpar_status s =
         dpar__strided(g->loss_log, dpar__g_buf(g, g->loss_value, 0), 1, &one, &one, 0, &one, g->losses_logged % cap);
     if (s) return dpar__err(s, "dpar_graph_run: logging the loss (dpar_graph_log_losses): %s", dpar_last_error());
-    g->losses_logged++;
+    g->loss_steps[g->losses_logged++ % cap] = g->opt.step;
     return DPAR_OK;
 }
 static dpar_status dpar__g_log_losses(dpar_graph *g, int capacity) {
@@ -14078,14 +14214,19 @@ static dpar_status dpar__g_log_losses(dpar_graph *g, int capacity) {
                          fn, dpar_dtype_name(g->n[g->loss_value].dtype));
     if (!dpar__g_mesh_alive(g)) return dpar__err(DPAR_ERR_STATE, "%s: the graph's mesh was destroyed", fn);
     dpar_buffer *ring = NULL; /* made before the old ring goes: a refused one leaves the log as it was */
-    int64_t n = capacity;
-    if (capacity && (s = dpar_buffer_create(g->rt, g->first, DPAR_F32, 1, &n, &ring)))
+    int64_t n = capacity, *steps = capacity ? (int64_t *)DPAR_MALLOC((size_t)capacity * sizeof *steps) : NULL;
+    if (capacity && !steps) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "%s: out of memory; the old ring logs on", fn);
+    if (capacity && (s = dpar_buffer_create(g->rt, g->first, DPAR_F32, 1, &n, &ring))) {
+        DPAR_FREE(steps);
         return dpar__err(s, "%s: the ring of %d losses: %s; the old ring logs on", fn, capacity, dpar_last_error());
+    }
     if ((s = dpar_buffer_destroy(g->loss_log))) {
         dpar_buffer_destroy(ring);
+        DPAR_FREE(steps);
         return s;
     }
-    g->loss_log = ring;
+    DPAR_FREE(g->loss_steps);
+    g->loss_log = ring, g->loss_steps = steps;
     g->losses_logged = 0;
     return DPAR_OK;
 }
@@ -14108,6 +14249,7 @@ static dpar_status dpar__g_losses(dpar_graph *g, float *out, int n) {
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: n = %d with out %s", fn, n, out ? "given" : "NULL");
     if (!g->loss_log)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: no losses are logged; call dpar_graph_log_losses first", fn);
+    dpar__g_settle(g); /* a skipped step logged no loss */
     int64_t cap = g->loss_log->count, have = g->losses_logged < cap ? g->losses_logged : cap;
     if (n > have)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
@@ -14246,6 +14388,24 @@ DPAR_API dpar_status dpar_graph_write_dot(const dpar_graph *g, const char *path)
     return dpar__g_close("dpar_graph_write_dot", path, f);
 }
 
+/* Reads back the checks that the graph's runs left on its devices (Vulkan, CUDA), so that an error of its steps
+   comes back here, named as dpar_graph_run names it, and not at another graph's or op's read later; the graph's
+   skipped steps go with it (dpar__g_free). The first device's error, if any. */
+static dpar_status dpar__g_destroy_checks(dpar_graph *g) {
+    dpar_status first = DPAR_OK;
+    char text[DPAR__ERR_LEN];
+    for (int li = 0; g->checks_late && g->ran && dpar__g_mesh_alive(g) && li < g->nlocal; li++) {
+        dpar_status s = g->rt->be->sync(g->rt->bstate, dpar__g_bdev(g, li));
+        if (!s || first) continue;
+        int id = dpar__g_site_node(g, 0);
+        if (id) dpar__g_node_err(g, s, id);
+        first = dpar__err(s, "device %d: %s (dpar_graph_destroy read it back; the graph is destroyed all the same)",
+                          g->first + li, dpar_last_error());
+        memcpy(text, dpar__err_text, sizeof text);
+    }
+    if (first) memcpy(dpar__err_text, text, sizeof text);
+    return first;
+}
 static dpar_status dpar__graph_destroy(void *obj);
 DPAR_API dpar_status dpar_graph_destroy(dpar_graph *g) {
     return dpar__destroy_kept(dpar__graph_destroy, g);
@@ -14259,8 +14419,9 @@ static dpar_status dpar__graph_destroy(void *obj) {
     dpar_status s = dpar__busy(g->mesh->rt, NULL, "dpar_graph_destroy");
     if (!s) s = dpar__live_detach(g, DPAR__LIVE_GRAPH, "dpar_graph_destroy", NULL);
     if (s) return s;
+    s = dpar__g_destroy_checks(g);
     dpar__g_free(g);
-    return DPAR_OK;
+    return s;
 }
 /* Frees g and what it allocated (its mesh still exists: a mesh releases its
    graphs before its arrays). */
@@ -14282,6 +14443,8 @@ static void dpar__g_free(void *self) {
     }
     dpar__g_z1_destroy(g, alive);
     dpar_buffer_destroy(g->loss_log);
+    DPAR_FREE(g->loss_steps);
+    dpar__skip_count(g->uid, true); /* its skipped steps die with it */
     dpar__g_pipe_destroy(g);
     dpar__g_bucket_free(g);
     DPAR_FREE(g->slot_bytes);
@@ -14817,7 +14980,8 @@ DPAR_API dpar_status dpar_graph_state(const dpar_graph *g, int i, const char **n
     return DPAR_OK;
 }
 DPAR_API int64_t dpar_graph_step(const dpar_graph *g) {
-    return dpar__live_got(g, DPAR__LIVE_GRAPH, "dpar_graph_step") ? g->opt.step : -1;
+    if (!dpar__live_got(g, DPAR__LIVE_GRAPH, "dpar_graph_step")) return -1;
+    return g->opt.step - (DPAR__ATOMIC_LOAD(&dpar__skips_gen) != g->skips_gen ? dpar__skip_count(g->uid, false) : 0);
 }
 DPAR_API dpar_status dpar_graph_set_step(dpar_graph *g, int64_t step) {
     dpar__clear_error();
@@ -14827,6 +14991,8 @@ DPAR_API dpar_status dpar_graph_set_step(dpar_graph *g, int64_t step) {
                          g ? "the step must be >= 0 (the number of runs done)" : "graph is NULL");
     dpar_status busy = dpar__busy(g->rt, NULL, "dpar_graph_set_step"); /* a step in flight advances it */
     if (busy) return busy;
+    dpar__g_settle(g); /* the skipped steps noted so far are in the count replaced */
+    for (int64_t k = 0; g->loss_log && k < g->loss_log->count; k++) g->loss_steps[k] += step - g->opt.step;
     g->opt.step = step;
     return DPAR_OK;
 }

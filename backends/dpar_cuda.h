@@ -1635,11 +1635,11 @@ static dpar_status dpar__cu_idx_words(dpar__cu_state *st, int dev) {
     if (d->idx_err) return DPAR_OK;
     if (!d->idx_host) {
         void *h = NULL;
-        DPAR__CU_TRY(dev, "cuMemAllocHost(index check words)", dpar__cu.cuMemAllocHost(&h, 32));
+        DPAR__CU_TRY(dev, "cuMemAllocHost(index check words)", dpar__cu.cuMemAllocHost(&h, DPAR__IDX_WORDS * 4));
         d->idx_host = (uint32_t *)h;
     }
-    DPAR__CU_TRY(dev, "cuMemAlloc(index check words)", dpar__cu.cuMemAlloc(&d->idx_err, 32));
-    DPAR__CU_TRY(dev, "cuMemsetD8Async", dpar__cu.cuMemsetD8Async(d->idx_err, 0, 32, d->compute));
+    DPAR__CU_TRY(dev, "cuMemAlloc(index check words)", dpar__cu.cuMemAlloc(&d->idx_err, DPAR__IDX_WORDS * 4));
+    DPAR__CU_TRY(dev, "cuMemsetD8Async", dpar__cu.cuMemsetD8Async(d->idx_err, 0, DPAR__IDX_WORDS * 4, d->compute));
     return DPAR_OK;
 }
 static dpar_status dpar__cu_idx_check(dpar__cu_state *st, int dev, const dpar_buffer *idx, int64_t bound,
@@ -1668,7 +1668,7 @@ static dpar_status dpar__cu_idx_fetch(dpar__cu_state *st, int dev, int *fetched)
     dpar__cu_dev *d = &st->dev[dev];
     *fetched = DPAR__ATOMIC_EXCHANGE(&d->idx_pending, 0);
     if (!*fetched) return DPAR_OK;
-    dpar__CUresult r = dpar__cu.cuMemcpyDtoHAsync(d->idx_host, d->idx_err, 6 * sizeof(uint32_t), d->compute);
+    dpar__CUresult r = dpar__cu.cuMemcpyDtoHAsync(d->idx_host, d->idx_err, DPAR__IDX_WORDS * 4, d->compute);
     if (r == DPAR__CUDA_SUCCESS) return DPAR_OK;
     DPAR__ATOMIC_STORE(&d->idx_pending, 1); /* not fetched: the next read or sync tries again */
     *fetched = 0;
@@ -1679,10 +1679,8 @@ static dpar_status dpar__cu_idx_report(dpar__cu_state *st, int dev) {
     dpar__cu_dev *d = &st->dev[dev];
     const uint32_t *w = d->idx_host;
     if (!w[0]) return DPAR_OK;
-    DPAR__CU_TRY(dev, "cuMemsetD8Async", dpar__cu.cuMemsetD8Async(d->idx_err, 0, 32, d->compute));
-    dpar_status s = dpar__bad_index((int)w[3], (int64_t)w[1], (int32_t)w[2], (int64_t)w[4]);
-    dpar__err_skipped = w[5]; /* the graph steps whose update the error skipped (dpar_k_sgd) */
-    return s;
+    DPAR__CU_TRY(dev, "cuMemsetD8Async", dpar__cu.cuMemsetD8Async(d->idx_err, 0, DPAR__IDX_WORDS * 4, d->compute));
+    return dpar__bad_index_words(dev, w); /* and the graph steps it skipped (opt_guard.cuh) */
 }
 /* cross-entropy with an ignore label or smoothing: the counted rows on the
    device, per-row losses in double, a fixed-order reduction divided by the count */
@@ -1752,7 +1750,7 @@ static dpar_status dpar__cu_op_optim(dpar__cu_state *st, int dev, const dpar__op
         return e ? e : dpar__cu_idx_check(st, dev, op->src1, op->n, (int)op->p[0], (int32_t)op->p[1], (int)op->p[2]);
     case DPAR__OP_ADAMW: {
         dpar__CUdeviceptr m1 = DPAR__CU_PTR(op->dst2), m2 = DPAR__CU_PTR(op->dst3), err = dpar__cu_opt_guard(st, dev);
-        int first = op->p[4] != 0;
+        uint32_t graph = (uint32_t)op->p[4]; /* the first update of a graph step (opt_guard.cuh) */
         const float *f = op->f;
         void *args[] = { &dst,
                          &m1,
@@ -1768,7 +1766,7 @@ static dpar_status dpar__cu_op_optim(dpar__cu_state *st, int dev, const dpar__op
                          (void *)&f[6],
                          (void *)&f[7],
                          &err,
-                         &first };
+                         &graph };
         if (n == 0) return DPAR_OK;
         return dpar__cu_launch(st, dev, DPAR__CUK_ADAMW, dpar__cu_grid(n, 4, 8192), DPAR__CU_BLOCK, s, args);
     }
@@ -1852,9 +1850,10 @@ static dpar_status dpar__cu_op_pointwise(dpar__cu_state *st, int dev, const dpar
         return dpar__cu_launch(st, dev, DPAR__CUK_SCALE, dpar__cu_grid(n, 16, 8192), DPAR__CU_BLOCK, s, args);
     }
     case DPAR__OP_SGD: { /* guarded by the device's index-check error words (dpar_k_sgd) */
-        int nesterov = op->nesterov ? 1 : 0, first = op->p[4] != 0;
+        int nesterov = op->nesterov ? 1 : 0;
+        uint32_t graph = (uint32_t)op->p[4]; /* the first update of a graph step (opt_guard.cuh) */
         dpar__CUdeviceptr err = dpar__cu_opt_guard(st, dev);
-        void *args[] = { &dst, &a, &dst2, &n, &f0, &f1, &f2, &f3, &nesterov, &err, &first };
+        void *args[] = { &dst, &a, &dst2, &n, &f0, &f1, &f2, &f3, &nesterov, &err, &graph };
         if (n == 0) return DPAR_OK;
         return dpar__cu_launch(st, dev, DPAR__CUK_SGD, dpar__cu_grid(n, 16, 8192), DPAR__CU_BLOCK, s, args);
     }

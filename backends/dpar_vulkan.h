@@ -1927,13 +1927,14 @@ static uint32_t dpar__vk_fill_pattern(dpar_dtype t, float v) {
     return pat;
 }
 
-/* The index-check guard of an SGD or AdamW update (sgd.comp): once a label or index check ran on the device,
-   its error words go in binding 4 and the update skips itself while a check's error waits for its report
-   (a device that never checks pays nothing); op->p[4]: the first update of a graph step, which counts a
-   skipped step. The push flags. */
-static uint32_t dpar__vk_opt_guard(dpar__vk *st, int dev, const dpar__op *op, dpar__vkbuf **b) {
+/* The index-check guard of an SGD or AdamW update (opt_guard.glsl): once a label or index check ran on the
+   device, its error words go in binding 4 and the update skips itself while a check's error waits for its report
+   (a device that never checks pays nothing); op->p[4], into pc->p[0]: the graph's id on the first update of a
+   graph step, which counts a skipped step under it. The push flags. */
+static uint32_t dpar__vk_opt_guard(dpar__vk *st, int dev, const dpar__op *op, dpar__vkbuf **b, dpar__vkpc *pc) {
     b[4] = DPAR__ATOMIC_LOAD_RELAXED(&st->devs[dev].idx_used) ? st->devs[dev].idx_err : NULL;
-    return b[4] ? 4u | (op->p[4] ? 8u : 0u) : 0u;
+    pc->p[0] = b[4] ? (uint32_t)op->p[4] : 0u;
+    return b[4] ? 4u : 0u;
 }
 
 /* RELU, RELU_BWD, AXPY, SCALE, SGD: one thread per element of dst (b[0]). */
@@ -1953,7 +1954,7 @@ static dpar_status dpar__vk_op_elementwise(dpar__vk *st, int dev, const dpar__op
     } else if (op->kind == DPAR__OP_SGD) {
         id = DPAR__SPV_SGD;
         int mom = op->dst2 != NULL && op->f[1] != 0.0f;
-        pc->flags = (op->nesterov && mom ? 1u : 0u) | (mom ? 2u : 0u) | dpar__vk_opt_guard(st, dev, op, b);
+        pc->flags = (op->nesterov && mom ? 1u : 0u) | (mom ? 2u : 0u) | dpar__vk_opt_guard(st, dev, op, b, pc);
         b[1] = mom ? (dpar__vkbuf *)op->dst2->mem : NULL;
     }
     return dpar__vk_dispatch(st, dev, id, b, pc, dpar__vk_flat_groups(st->devs[dev].ph, (uint64_t)n), 1);
@@ -2194,7 +2195,7 @@ static dpar_status dpar__vk_idx_words(dpar__vk *st, int dev, dpar__vkbuf **out) 
     dpar__vkdev *d = &st->devs[dev];
     if (!d->idx_err) {
         void *mem = NULL;
-        dpar_status s = dpar__vk_alloc(st, dev, 32, &mem); /* zeroed: no error */
+        dpar_status s = dpar__vk_alloc(st, dev, DPAR__IDX_WORDS * 4, &mem); /* zeroed: no error */
         if (s) return s;
         d->idx_err = (dpar__vkbuf *)mem;
     }
@@ -2230,14 +2231,12 @@ static dpar_status dpar__vk_idx_check(dpar__vk *st, int dev, const dpar_buffer *
 static dpar_status dpar__vk_idx_report(dpar__vk *st, int dev) {
     dpar__vkdev *d = &st->devs[dev];
     if (!DPAR__ATOMIC_EXCHANGE(&d->idx_pending, 0)) return DPAR_OK;
-    uint32_t w[6];
-    static const uint32_t zero[6] = { 0, 0, 0, 0, 0, 0 };
+    uint32_t w[DPAR__IDX_WORDS];
+    static const uint32_t zero[DPAR__IDX_WORDS];
     dpar_status s = dpar__vk_read(st, dev, d->idx_err, 0, w, sizeof w);
     if (s || !w[0]) return s;
     if ((s = dpar__vk_write(st, dev, d->idx_err, 0, zero, sizeof zero))) return s;
-    s = dpar__bad_index((int)w[3], (int64_t)w[1], (int32_t)w[2], (int64_t)w[4]);
-    dpar__err_skipped = w[5]; /* the graph steps whose update the error skipped (sgd.comp) */
-    return s;
+    return dpar__bad_index_words(dev, w); /* and the graph steps it skipped (opt_guard.glsl) */
 }
 static dpar_status dpar__vk_op_optim(dpar__vk *st, int dev, const dpar__op *op, dpar__vkbuf **b, dpar__vkpc *pc) {
     const dpar__vkphys *ph = st->devs[dev].ph;
@@ -2246,7 +2245,7 @@ static dpar_status dpar__vk_op_optim(dpar__vk *st, int dev, const dpar__op *op, 
     case DPAR__OP_ADAMW:
         if (op->n == 0) return DPAR_OK;
         pc->n = (uint32_t)op->n;
-        pc->flags = dpar__vk_opt_guard(st, dev, op, b);
+        pc->flags = dpar__vk_opt_guard(st, dev, op, b, pc);
         b[1] = (dpar__vkbuf *)op->dst2->mem;
         b[3] = (dpar__vkbuf *)op->dst3->mem;
         return dpar__vk_dispatch(st, dev, DPAR__SPV_ADAMW, b, pc, dpar__vk_flat_groups(ph, (uint64_t)op->n), 1);
@@ -2972,10 +2971,8 @@ static dpar_status dpar__vk_prog_begin(void *state, int dev) {
     dpar__vkdev *d = &st->devs[dev];
     if (dpar__vk_rec) return dpar__err(DPAR_ERR_STATE, "vulkan: a graph program is being recorded on this thread");
     dpar_status s = dpar__vk_check_lost(st);
-    if (!s && !d->idx_err) { /* made now: its zero-fill must not be recorded */
-        void *mem = NULL;
-        if (!(s = dpar__vk_alloc(st, dev, 32, &mem))) d->idx_err = (dpar__vkbuf *)mem;
-    }
+    dpar__vkbuf *err = NULL;
+    if (!s) s = dpar__vk_idx_words(st, dev, &err); /* made now: its zero-fill must not be recorded */
     if (s) return s;
     dpar__vkprog *p = (dpar__vkprog *)DPAR_MALLOC(sizeof *p);
     if (!p) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "vulkan: out of host memory (graph program)");

@@ -20,6 +20,8 @@
    - Reduce-op codes: 0 sum, 1 mean, 2 max, 3 min (dpar_reduce_op). */
 #include <stdint.h>
 
+#include "opt_guard.cuh"
+
 #define DPAR_K_MAXV 64 /* members of one virtual-device group (one GPU) */
 
 /* ---- scalar conversions (same algorithm as the host's dpar.h) ---------- */
@@ -265,15 +267,11 @@ __device__ __forceinline__ void dk_sgd1(float &p, float gr, float *v, float lr, 
     }
     p = p - lr * u;
 }
-/* err: the device's index-check error words (NULL: none yet). While a label or index check's error
-   waits there for the host's report, the update is skipped whole (bad input loses nothing); the first
-   update of a graph step (first) counts the skipped step in err[5], taken off the graph's step count. */
+/* err: the device's index-check error words (NULL: none yet), graph the graph's id on the first update of a
+   graph step (else 0): the guard of opt_guard.cuh. */
 __global__ void dpar_k_sgd(float *param, const float *grad, float *mom, int64_t n,
-                           float lr, float mu, float wd, float clip, int nesterov, unsigned *err, int first) {
-    if (err && err[0] != 0u) {
-        if (first && DK_TID == 0) err[5] += 1u;
-        return;
-    }
+                           float lr, float mu, float wd, float clip, int nesterov, unsigned *err, unsigned graph) {
+    if (dk_opt_skipped(err, graph, DK_TID == 0)) return;
     int64_t n4 = n >> 2;
     float4 *p4 = (float4 *)param;
     const float4 *g4 = (const float4 *)grad;

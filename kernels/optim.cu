@@ -11,15 +11,14 @@
    the mock's threaded blocks. */
 #include <stdint.h>
 
+#include "opt_guard.cuh"
+
 /* AdamW (formula at dpar_adamw_desc), the CPU loop's operation order; skipped while the device's index-check
-   error words hold an error, the step counted by its first update, as dpar_k_sgd */
+   error words hold an error, the step counted under the graph's id by its first update (opt_guard.cuh) */
 extern "C" __global__ void dpar_k_adamw(float *p, float *m, float *v, const float *gr, int64_t n, float lr, float b1,
                                         float b2, float eps, float wd, float cs, float c1, float c2, uint32_t *err,
-                                        int first) {
-    if (err && err[0] != 0u) {
-        if (first && blockIdx.x == 0 && threadIdx.x == 0) err[5] += 1u;
-        return;
-    }
+                                        uint32_t graph) {
+    if (dk_opt_skipped(err, graph, blockIdx.x == 0 && threadIdx.x == 0)) return;
     const float ob1 = 1.0f - b1, ob2 = 1.0f - b2;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         float g = gr[i] * cs;

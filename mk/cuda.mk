@@ -30,7 +30,7 @@ endif
 endif
 
 ifneq ($(NVCC),)
-$(CU_PTX_H): $(CU_KERNELS) tools/embed_ptx.py
+$(CU_PTX_H): $(CU_KERNELS) $(wildcard kernels/*.cuh) tools/embed_ptx.py
 	python3 tools/embed_ptx.py --nvcc $(NVCC) --arch $(CUDA_ARCH) -o $@ $(CU_KERNELS)
 endif
 

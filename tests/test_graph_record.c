@@ -676,6 +676,122 @@ static void bad_step_keeps(dpar_backend_kind k, int n, bool tp) {
     printf("%s, %d devices%s: a bad label's step left the params and optimizer state as they were\n",
            dpar_backend_name(k), n, tp ? " (2x2, w split over \"model\")" : "");
 }
+/* ---- the skipped-step count reaches its own graph, whoever reads the error first ---- */
+/* One device, classes 5: runs g on the good (or the bad: label 9) batch; the loss not read */
+static dpar_status count_run(dpar_graph *g, dpar_value x, dpar_value y, const float *xs, const int32_t *lab) {
+    return dpar_graph_run(g, (dpar_graph_feed[]){ { x, xs, NULL }, { y, lab, NULL } }, 2, NULL);
+}
+/* The bad batch's step, its loss not read: the CPU fails it at the label, Vulkan and CUDA leave the error on the
+   device (the run itself returns DPAR_OK) */
+static void count_bad_run(dpar_backend_kind k, dpar_graph *g, dpar_value x, dpar_value y, const float *xs,
+                          const int32_t *lab) {
+    dpar_status s = count_run(g, x, y, xs, lab);
+    if (s != (k == DPAR_BACKEND_CPU ? DPAR_ERR_INVALID_ARGUMENT : DPAR_OK))
+        fail_msg("%s: the bad step's run returned %s: %s", dpar_backend_name(k), dpar_status_string(s),
+                 dpar_last_error());
+}
+/* the state of a and b bit for bit the same and their step counts `steps` */
+static void count_same(dpar_backend_kind k, const char *what, dpar_graph *a, dpar_graph *b, int64_t steps) {
+    float sa[48], sb[48];
+    keep_state(a, sa), keep_state(b, sb);
+    if (memcmp(sa, sb, sizeof sa) || dpar_graph_step(a) != steps || dpar_graph_step(b) != steps)
+        fail_msg("%s, %s: w[0] %.9g, want %.9g (step counts %lld and %lld; want %lld)", dpar_backend_name(k), what,
+                 (double)sa[0], (double)sb[0], (long long)dpar_graph_step(a), (long long)dpar_graph_step(b),
+                 (long long)steps);
+}
+/* AdamW (and SGD with momentum, recorded), one device, the bad step's error read first by a plain read (a param's
+   dpar_array_get, dpar_runtime_device_sync), by the graph's destroy, or by another graph's read: each graph's step
+   count is the steps that ran, its next good step is bit for bit a graph's that never saw the bad one, its logged
+   losses hold no skipped step's, and no other graph reports the error or loses a step for it. */
+static void count_reads(dpar_backend_kind k) {
+    dpar_runtime *rt = t_runtime_or_skip(k, 1);
+    dpar_mesh *m = t_mesh1(rt, 1, "data");
+    bool dev = k != DPAR_BACKEND_CPU;
+    float w0[15], xs[12], lossv[4];
+    rng_state = 11;
+    fill(w0, 15, 1.0), fill(xs, 12, 1.0);
+    int64_t sh[2] = { 3, 5 };
+    int32_t good[4] = { 0, 1, 2, 3 }, wrong[4] = { 0, 9, 2, 3 };
+    setenv("DPAR_GRAPH_RECORD", "1", 1);
+    dpar_array *w[4];
+    dpar_graph *g[4];
+    dpar_value x[4], y[4];
+    /* a plain read takes the error: g[0] goes bad, g[1] never does */
+    for (int how = 0; how < 2; how++) {
+        for (int j = 0; j < 2; j++) w[j] = arr(m, 2, sh, NULL, w0), g[j] = keep_graph(m, w[j], 1, false, &x[j], &y[j]);
+        T_OK(dpar_graph_log_losses(g[0], 4));
+        for (int j = 0; j < 2; j++) T_OK(count_run(g[j], x[j], y[j], xs, good));
+        count_bad_run(k, g[0], x[0], y[0], xs, wrong);
+        float h[15];
+        dpar_status s = how ? dpar_runtime_device_sync(rt, 0) : dpar_array_get(w[0], h);
+        if (s != (dev ? DPAR_ERR_INVALID_ARGUMENT : DPAR_OK) || (dev && !strstr(dpar_last_error(), "labels[1] = 9")))
+            fail_msg("%s: the plain read (%d) returned %s: %s", dpar_backend_name(k), how, dpar_status_string(s),
+                     dpar_last_error());
+        if (dpar_graph_step(g[0]) != 1)
+            fail_msg("%s: after a plain read (%d) took the error the step count is %lld; want 1", dpar_backend_name(k),
+                     how, (long long)dpar_graph_step(g[0]));
+        s = dpar_graph_losses(g[0], lossv, 2); /* one step ran: one loss logged */
+        if (s != DPAR_ERR_INVALID_ARGUMENT)
+            fail_msg("%s: dpar_graph_losses of 2 after a plain read (%d) returned %s (loss[1] %g); want 1 logged",
+                     dpar_backend_name(k), how, dpar_status_string(s), (double)lossv[1]);
+        T_OK(dpar_graph_losses(g[0], lossv, 1));
+        for (int j = 0; j < 2; j++) T_OK(count_run(g[j], x[j], y[j], xs, good));
+        count_same(k, how ? "after a device sync took the error" : "after an array read took the error", g[0], g[1], 2);
+        T_OK(dpar_graph_losses(g[0], lossv, 2));
+        if (!isfinite(lossv[0]) || !isfinite(lossv[1]))
+            fail_msg("%s: logged losses %g, %g", dpar_backend_name(k), (double)lossv[0], (double)lossv[1]);
+        for (int j = 0; j < 2; j++) {
+            T_OK(dpar_graph_destroy(g[j]));
+            dpar_array_destroy(w[j]);
+        }
+    }
+    /* g[0] goes bad and is destroyed with its error pending; g[2] then runs beside g[1] as if nothing happened */
+    for (int j = 0; j < 3; j++) w[j] = arr(m, 2, sh, NULL, w0), g[j] = keep_graph(m, w[j], 1, false, &x[j], &y[j]);
+    T_OK(count_run(g[0], x[0], y[0], xs, good));
+    count_bad_run(k, g[0], x[0], y[0], xs, wrong);
+    dpar_status s = dpar_graph_destroy(g[0]);
+    if (s != (dev ? DPAR_ERR_INVALID_ARGUMENT : DPAR_OK) ||
+        (dev && (!strstr(dpar_last_error(), "labels[1] = 9") || !strstr(dpar_last_error(), "dpar_graph_destroy"))))
+        fail_msg("%s: destroying the bad graph returned %s: %s", dpar_backend_name(k), dpar_status_string(s),
+                 dpar_last_error());
+    for (int r = 0; r < 2; r++) {
+        float l2 = 0.0f;
+        T_OK(dpar_graph_run(g[2], (dpar_graph_feed[]){ { x[2], xs, NULL }, { y[2], good, NULL } }, 2, &l2));
+        T_OK(count_run(g[1], x[1], y[1], xs, good));
+    }
+    count_same(k, "a graph made after a bad one was destroyed", g[2], g[1], 2);
+    for (int j = 1; j < 3; j++) {
+        T_OK(dpar_graph_destroy(g[j]));
+        dpar_array_destroy(w[j]);
+    }
+    /* two graphs on the device, AdamW g[0] and recorded SGD g[1]: g[0] goes bad, g[1]'s step queued behind it
+       (skipped on Vulkan and CUDA, which report g[0]'s error at g[1]'s loss read, not naming g[1]'s nodes); g[2]
+       and g[3] the same graphs without the bad step */
+    for (int j = 0; j < 4; j++)
+        w[j] = arr(m, 2, sh, NULL, w0), g[j] = keep_graph(m, w[j], j % 2 ? 0 : 1, false, &x[j], &y[j]);
+    for (int j = 0; j < 4; j++) T_OK(count_run(g[j], x[j], y[j], xs, good));
+    count_bad_run(k, g[0], x[0], y[0], xs, wrong);
+    T_OK(count_run(g[1], x[1], y[1], xs, good));
+    float l1 = 0.0f;
+    s = dpar_graph_loss(g[1], &l1);
+    if (s != (dev ? DPAR_ERR_INVALID_ARGUMENT : DPAR_OK) || (dev && strstr(dpar_last_error(), "dpar_graph_run")))
+        fail_msg("%s: the other graph's loss read returned %s: %s", dpar_backend_name(k), dpar_status_string(s),
+                 dpar_last_error());
+    if (dpar_graph_step(g[0]) != 1 || dpar_graph_step(g[1]) != (dev ? 1 : 2))
+        fail_msg("%s: step counts %lld and %lld; want 1 and %d", dpar_backend_name(k), (long long)dpar_graph_step(g[0]),
+                 (long long)dpar_graph_step(g[1]), dev ? 1 : 2);
+    for (int j = 0; j < 4; j++) T_OK(count_run(g[j], x[j], y[j], xs, good));
+    if (!dev) T_OK(count_run(g[3], x[3], y[3], xs, good)); /* g[1]'s second step ran on the CPU */
+    count_same(k, "the bad graph, beside another", g[0], g[2], 2);
+    count_same(k, "the graph beside the bad one", g[1], g[3], dev ? 2 : 3);
+    for (int j = 0; j < 4; j++) {
+        T_OK(dpar_graph_destroy(g[j]));
+        dpar_array_destroy(w[j]);
+    }
+    T_OK(dpar_mesh_destroy(m));
+    T_OK(dpar_runtime_destroy(rt));
+    printf("%s: the skipped steps reach their own graph, whoever reads the error first\n", dpar_backend_name(k));
+}
 static void bad_steps_keep(dpar_backend_kind k) {
     for (int n = 1; n <= KEEP_DEVS; n *= 2) bad_step_keeps(k, n, false);
     bad_step_keeps(k, 4, true);
@@ -728,6 +844,18 @@ static void test_bad_step_keeps_cuda(void **st) {
 static void test_bad_step_keeps_cpu(void **st) {
     (void)st;
     bad_steps_keep(DPAR_BACKEND_CPU);
+}
+static void test_count_reads(void **st) {
+    (void)st;
+    count_reads(DPAR_BACKEND_VULKAN);
+}
+static void test_count_reads_cuda(void **st) {
+    (void)st;
+    count_reads(DPAR_BACKEND_CUDA);
+}
+static void test_count_reads_cpu(void **st) {
+    (void)st;
+    count_reads(DPAR_BACKEND_CPU);
 }
 
 /* ---- a 1-device runtime runs fn on the caller's thread (DPAR_CALLER_THREAD) ---- */
@@ -832,6 +960,7 @@ int main(void) {
         cmocka_unit_test(test_data_parallel),
         cmocka_unit_test(test_bad_label),
         cmocka_unit_test(test_bad_step_keeps),
+        cmocka_unit_test(test_count_reads),
         cmocka_unit_test(test_pipelined),
         cmocka_unit_test(test_caller_thread),
         cmocka_unit_test(test_caller_thread_cpu),
@@ -845,6 +974,8 @@ int main(void) {
         cmocka_unit_test(test_bad_label_cpu),
         cmocka_unit_test(test_bad_step_keeps_cuda),
         cmocka_unit_test(test_bad_step_keeps_cpu),
+        cmocka_unit_test(test_count_reads_cuda),
+        cmocka_unit_test(test_count_reads_cpu),
         cmocka_unit_test(test_pipelined_cuda),
         cmocka_unit_test(test_cpu_and_bad_input),
     };
