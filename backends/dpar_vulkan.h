@@ -230,6 +230,7 @@ typedef struct dpar__vkdev {
     char *coll_in, *coll_out; /* this member's host views, published to the group */
     dpar__vkbuf *idx_err;     /* error words of the index checks (>>vulkan optim), made on first use */
     dpar__vkbuf *half[7];     /* f32 temporaries of the 16-bit layer ops (>>vulkan half storage), kept */
+    dpar__vkbuf *xent_tmp;    /* softmax_xent.comp's wide passes' scratch (dpar__vk_xent), made on first use */
     int idx_pending;          /* a check ran since the last report (atomic) */
     int idx_used;             /* a check ever ran: the optimizer updates are guarded (atomic) */
     /* >>vulkan interop: one buffer lent at a time; values of the timeline semaphore `sem` */
@@ -1009,6 +1010,8 @@ static void dpar__vk_shutdown(void *state) {
             dpar__vk_destroy_vkbuf(st, &d->cstage);
             if (d->idx_err) dpar__vk_destroy_vkbuf(st, d->idx_err);
             DPAR_FREE(d->idx_err);
+            if (d->xent_tmp) dpar__vk_destroy_vkbuf(st, d->xent_tmp);
+            DPAR_FREE(d->xent_tmp);
             for (int j = 0; j < 7; j++) {
                 if (d->half[j]) dpar__vk_destroy_vkbuf(st, d->half[j]);
                 DPAR_FREE(d->half[j]);
@@ -2188,7 +2191,7 @@ static dpar_status dpar__vk_op_conv_pool(dpar__vk *st, int dev, const dpar__op *
 
 /* >>vulkan optim =============================================================
    AdamW, embedding, dropout, and the index check of the label/index ops: a
-   shader (check_index.comp, or softmax_xent.comp for its labels) records the
+   shader (check_index.comp, or softmax_xent(_wide).comp for its labels) records the
    first bad index in the device's error words, reported as the op's error at
    the next sync or read of that device. */
 static dpar_status dpar__vk_idx_words(dpar__vk *st, int dev, dpar__vkbuf **out) {
@@ -2271,6 +2274,55 @@ static dpar_status dpar__vk_op_optim(dpar__vk *st, int dev, const dpar__op *op, 
     }
 }
 
+/* softmax_xent.comp: one workgroup of 64 (an invocation a row) while an invocation's share of the logits,
+   ceil(rows / 64) * cols, stays within DPAR__VK_XENT_ONE (the digits' 64 x 10: one dispatch, no scratch);
+   past it softmax_xent_wide.comp's three passes (a workgroup a row, its lanes over the classes), so a
+   GPT-size vocabulary fits llvmpipe's loop cap and a GPU gets a workgroup a row. */
+#define DPAR__VK_XENT_ONE 1024
+static int dpar__vk_xent_wide(uint64_t rows, uint64_t cols) {
+    return dpar__vk_ceil(rows, 64) * cols > DPAR__VK_XENT_ONE;
+}
+/* The loss and dlogits of op (DPAR__OP_SOFTMAX_XENT), the labels checked by the shader itself. The wide
+   passes meet in the device's scratch d->xent_tmp (the counted rows, then a loss sum a workgroup: 1 +
+   65,535 floats whatever the shape), made on first use and kept: a recorded program replays with it, and
+   the queue runs one dispatch after the other (each begins with a full barrier). */
+static dpar_status dpar__vk_xent(dpar__vk *st, int dev, const dpar__op *op, dpar__vkbuf **b, dpar__vkpc *pc) {
+    dpar__vkdev *d = &st->devs[dev];
+    int64_t rows = op->src1->count, cols = rows ? op->src0->count / rows : 0;
+    pc->m = (uint32_t)rows;
+    pc->n = (uint32_t)cols;
+    pc->flags = op->dst2 ? 1u : 0u;
+    pc->p[0] = op->p[0] ? 1u : 0u;
+    pc->p[1] = (uint32_t)op->p[1];
+    pc->p[2] = (uint32_t)op->p[2]; /* the public function, for a bad label's error */
+    b[1] = op->dst2 ? (dpar__vkbuf *)op->dst2->mem : NULL;
+    b[2] = (dpar__vkbuf *)op->src0->mem;
+    b[3] = (dpar__vkbuf *)op->src1->mem;
+    dpar_status s = dpar__vk_idx_words(st, dev, &b[4]); /* the shader checks the labels */
+    if (!s && !dpar__vk_xent_wide((uint64_t)rows, (uint64_t)cols))
+        s = dpar__vk_dispatch(st, dev, DPAR__SPV_SOFTMAX_XENT, b, pc, 1, 1);
+    else if (!s) {
+        if (!d->xent_tmp) { /* no fill: each use writes what it reads */
+            dpar__vkbuf *t = (dpar__vkbuf *)DPAR_MALLOC(sizeof *t);
+            if (!t) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "vulkan: out of host memory (softmax_xent scratch)");
+            if ((s = dpar__vk_create_vkbuf(st, d->ph, dev, 4 * (1 + 65535), 0, t))) {
+                DPAR_FREE(t);
+                return s;
+            }
+            d->xent_tmp = t;
+        }
+        uint32_t g = dpar__vk_rows(rows);
+        b[5] = d->xent_tmp;
+        pc->k = g;
+        for (uint32_t pass = 0; pass < 3 && !s; pass++) {
+            pc->p[3] = pass;
+            s = dpar__vk_dispatch(st, dev, DPAR__SPV_SOFTMAX_XENT_WIDE, b, pc, pass == 1 ? g : 1, 1);
+        }
+    }
+    if (!s && rows) dpar__vk_idx_recorded(st, dev);
+    return s;
+}
+
 /* The kinds with one shader each and no helper of their own: matmul, bias,
    loss and reduction kernels, fills, copies and casts. `b` holds dst in
    binding 0; n is dst's element count. */
@@ -2323,22 +2375,7 @@ static dpar_status dpar__vk_op_basic(dpar__vk *st, int dev, const dpar__op *op, 
         return dpar__vk_dispatch(st, dev, DPAR__SPV_BIAS_GRAD, b, pc, dpar__vk_groups(st->devs[dev].ph, (uint64_t)n),
                                  1);
     }
-    case DPAR__OP_SOFTMAX_XENT: {
-        int64_t rows = op->src1->count, cols = rows ? op->src0->count / rows : 0;
-        pc->m = (uint32_t)rows;
-        pc->n = (uint32_t)cols;
-        pc->flags = dst2 ? 1u : 0u;
-        pc->p[0] = op->p[0] ? 1u : 0u;
-        pc->p[1] = (uint32_t)op->p[1];
-        pc->p[2] = (uint32_t)op->p[2]; /* the public function, for a bad label's error */
-        b[1] = dst2;
-        b[2] = src0;
-        b[3] = src1;
-        dpar_status s = dpar__vk_idx_words(st, dev, &b[4]); /* the shader checks the labels */
-        if (!s) s = dpar__vk_dispatch(st, dev, DPAR__SPV_SOFTMAX_XENT, b, pc, 1, 1);
-        if (!s && rows) dpar__vk_idx_recorded(st, dev);
-        return s;
-    }
+    case DPAR__OP_SOFTMAX_XENT: return dpar__vk_xent(st, dev, op, b, pc);
     case DPAR__OP_MSE:
         pc->n = (uint32_t)op->src0->count;
         pc->flags = dst2 ? 1u : 0u;
@@ -2485,9 +2522,16 @@ static uint64_t dpar__vk_op_turns(const dpar__vk *st, int dev, const dpar__op *o
     case DPAR__OP_MSE: /* one group, 4 elements a turn */ return dpar__vk_ceil((uint64_t)op->src0->count, 1024) + 10;
     case DPAR__OP_BIAS_GRAD: /* a column's rows */
         return n ? dpar__vk_col_turns(ph, n, (uint64_t)op->src0->count / n) : 0;
-    case DPAR__OP_SOFTMAX_XENT: { /* one group of 64: rows t, t+64, ..., four loops over a row */
+    case DPAR__OP_SOFTMAX_XENT: { /* dpar__vk_xent: one group of 64, rows t, t+64, ..., four loops over a row;
+                                     or the wide passes: the count's and the sum's strided loop and tree, and a
+                                     workgroup's rows, each three loops over its lanes' classes and two trees of
+                                     6 levels (measured: a row of 64 k classes is right on llvmpipe up to
+                                     3 k + 19 = 65,533 turns, k = 21,838, and one turn short past it) */
         uint64_t rows = (uint64_t)op->src1->count, cols = rows ? (uint64_t)op->src0->count / rows : 0;
-        return dpar__vk_ceil(rows, 64) * (4 * (cols + 1) + 2) + 4 * 65 + 2;
+        if (!dpar__vk_xent_wide(rows, cols)) return dpar__vk_ceil(rows, 64) * (4 * (cols + 1) + 2) + 4 * 65 + 2;
+        uint64_t g = dpar__vk_rows((int64_t)rows), sums = dpar__vk_ceil(rows, 64) + 1 + 7 + 1;
+        uint64_t row = dpar__vk_ceil(rows, g) * (3 * (dpar__vk_ceil(cols, 64) + 1) + 2 * 7 + 1) + 1;
+        return row > sums ? row : sums;
     }
     case DPAR__OP_EMBED:
     case DPAR__OP_EMBED_BWD: { /* the index check's one group, 4 a turn; embed_bwd: a column's indices */

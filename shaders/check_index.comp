@@ -1,5 +1,6 @@
 #version 450
-// The first index out of range of dpar_embedding(_backward) (softmax_xent.comp checks its labels itself):
+// The first index out of range of dpar_embedding(_backward) (softmax_xent(_wide).comp check their labels
+// themselves):
 // one workgroup scans idx[0..n) for a value outside 0..m-1 that is not the ignore label
 // (flags bit0 on, label p[0]). The lowest bad position is recorded in the device's error words
 // (binding 0) unless an earlier op did so first: err = { 1, position, value, p[1] (the public

@@ -452,6 +452,54 @@ static void test_pipelined_cuda(void **st) {
     pipelined(DPAR_BACKEND_CUDA);
 }
 
+/* ---- a wide cross-entropy (Vulkan's three passes over the device's scratch, dpar__vk_xent): x [128,3] @ w [3,600],
+   ignored rows and label smoothing, an SGD step; op by op and recorded, bit for bit over three steps ---- */
+static void xent_wide(dpar_backend_kind k) {
+    enum { XR = 128, XF = 3, XC = 600 };
+    dpar_runtime *rt = t_runtime_or_skip(k, 1);
+    dpar_mesh *m = t_mesh1(rt, 1, "data");
+    static float w0[XF * XC], wout[2][XF * XC];
+    float xs[XR * XF], loss[2][3];
+    int32_t ys[XR];
+    rng_state = 11;
+    fill(w0, XF * XC, 1.0), fill(xs, XR * XF, 2.0);
+    for (int i = 0; i < XR; i++) ys[i] = i % 5 == 3 ? -1 : (i * 37) % XC;
+    int64_t sh[2] = { XF, XC };
+    for (int r = 0; r < 2; r++) {
+        dpar_array *w = arr(m, 2, sh, NULL, w0);
+        dpar_graph *g = NULL;
+        T_OK(dpar_graph_create(m, &g));
+        dpar_array_desc xd = { DPAR_F32, 2, { XR, XF }, { NULL } }, yd = { DPAR_I32, 1, { XR }, { NULL } };
+        dpar_value x = dpar_g_feed(g, "x", &xd), y = dpar_g_feed(g, "y", &yd), p = dpar_g_param(g, "w", w), gr;
+        dpar_xent_desc d = { .use_ignore = true, .ignore_label = -1, .label_smoothing = 0.1f };
+        T_OK(dpar_graph_value_and_grad(g, dpar_g_cross_entropy(g, dpar_g_matmul(g, x, p, false, false), y, &d), &p, 1,
+                                       &gr));
+        dpar_sgd_desc sd = { .learning_rate = 0.5f };
+        T_OK(dpar_graph_sgd(g, &sd, &p, &gr, 1));
+        T_OK(dpar_graph_compile(g, NULL));
+        for (int i = 0; i < 3; i++) step(g, r, x, xs, y, ys, &loss[r][i]);
+        T_OK(dpar_array_get(w, wout[r]));
+        int seg = 0;
+        T_OK(dpar_graph_recorded(g, &seg, NULL));
+        assert_int_equal(seg > 0, r);
+        T_OK(dpar_graph_destroy(g));
+        dpar_array_destroy(w);
+    }
+    for (int i = 0; i < 3; i++) want_same(&loss[0][i], &loss[1][i], sizeof(float), "the loss", i);
+    want_same(wout[0], wout[1], sizeof wout[0], "the param", 3);
+    assert_true(isfinite(loss[0][2]) && loss[0][2] < loss[0][0]);
+    T_OK(dpar_mesh_destroy(m));
+    T_OK(dpar_runtime_destroy(rt));
+}
+static void test_xent_wide(void **st) {
+    (void)st;
+    xent_wide(DPAR_BACKEND_VULKAN);
+}
+static void test_xent_wide_cuda(void **st) {
+    (void)st;
+    xent_wide(DPAR_BACKEND_CUDA);
+}
+
 /* ---- a bad label inside a recorded segment: reported by its step, then the graph runs on ---- */
 /* x [4n,3] @ w [3,5] -> softmax_xent with y (n devices: split over "data"); *loss its node. clip: an SGD step clipped by the global norm follows,
    whose norm read on Vulkan and CUDA is where the device's label check comes back (else at the loss read). */
@@ -959,6 +1007,7 @@ int main(void) {
         cmocka_unit_test(test_sgd_recorded),
         cmocka_unit_test(test_data_parallel),
         cmocka_unit_test(test_bad_label),
+        cmocka_unit_test(test_xent_wide),
         cmocka_unit_test(test_bad_step_keeps),
         cmocka_unit_test(test_count_reads),
         cmocka_unit_test(test_pipelined),
@@ -971,6 +1020,7 @@ int main(void) {
         cmocka_unit_test(test_sgd_recorded_cuda),
         cmocka_unit_test(test_data_parallel_cuda),
         cmocka_unit_test(test_bad_label_cuda),
+        cmocka_unit_test(test_xent_wide_cuda),
         cmocka_unit_test(test_bad_label_cpu),
         cmocka_unit_test(test_bad_step_keeps_cuda),
         cmocka_unit_test(test_bad_step_keeps_cpu),

@@ -1547,6 +1547,80 @@ static void test_fuller_workgroups(void **state) {
 /* Ops whose invocations must loop past llvmpipe's cap are refused there with their output untouched, and
    right on any other device: a matmul of K = 70,000; an embedding gradient over 70,000 indices with beta 0.5
    (refused before the core scales dtable: be->op_fits). */
+/* The host's softmax cross-entropy of M rows of C (smoothing a, no ignored rows) in double, its gradient in g:
+   NaN for a row with a NaN logit or a label outside 0..C-1. */
+static double xent_want(int64_t M, int64_t C, const float *z, const int32_t *lab, double a, double *g) {
+    double loss = 0;
+    for (int64_t r = 0; r < M; r++) {
+        const float *zr = z + r * C;
+        double mx = -INFINITY, se = 0, zs = 0;
+        for (int64_t c = 0; c < C; c++) mx = zr[c] > mx || isnan(zr[c]) ? zr[c] : mx;
+        for (int64_t c = 0; c < C; c++) se += exp(zr[c] - mx), zs += zr[c] - mx;
+        int ok = lab[r] >= 0 && lab[r] < C && !isnan(mx);
+        loss += ok ? (1 - a) * (mx - zr[lab[r]] + log(se)) + a * (log(se) - zs / (double)C) : NAN;
+        for (int64_t c = 0; c < C; c++)
+            g[r * C + c] = ok ? (exp(zr[c] - mx) / se - (c == lab[r] ? 1 - a : 0) - a / (double)C) / (double)M : NAN;
+    }
+    return loss / (double)M;
+}
+/* dpar_cross_entropy of M rows of C (smoothing a) on rt against xent_want; bad: the bad label's error text
+   (at the next read), or NULL */
+static void xent_check(dpar_runtime *rt, int64_t M, int64_t C, const float *z, const int32_t *lab, float a,
+                       const char *bad) {
+    int64_t sz[2] = { M, C }, one = 1;
+    dpar_buffer *bz = t_buf(rt, 0, DPAR_F32, 2, sz, z), *bl = t_buf1(rt, DPAR_I32, M, lab);
+    dpar_buffer *bg = t_buf(rt, 0, DPAR_F32, 2, sz, NULL), *bo = t_buf1(rt, DPAR_F32, one, NULL);
+    float *g = (float *)malloc(sizeof(float) * (size_t)(M * C)), loss = 0;
+    double *want = (double *)malloc(sizeof(double) * (size_t)(M * C));
+    assert_true(g && want);
+    dpar_xent_desc d = { .label_smoothing = a };
+    T_OK(dpar_cross_entropy(bo, bg, bz, bl, &d));
+    if (bad) T_ERR(dpar_buffer_read(bo, 0, &loss, 4), DPAR_ERR_INVALID_ARGUMENT, bad);
+    t_read(bo, &loss);
+    t_read(bg, g);
+    double wl = xent_want(M, C, z, lab, a, want);
+    if (isnan(wl) != isnan(loss) || (!isnan(wl) && fabs(loss - wl) > 1e-5 * fabs(wl) + 1e-6))
+        fail_msg("xent %lldx%lld smoothing %g: loss %.9g, want %.9g", (long long)M, (long long)C, a, loss, wl);
+    for (int64_t i = 0; i < M * C; i++)
+        if (isnan(want[i]) != isnan(g[i]) || (!isnan(want[i]) && fabs(g[i] - want[i]) > 1e-4 * fabs(want[i]) + 1e-10))
+            fail_msg("xent %lldx%lld smoothing %g: dlogits[%lld] %.9g, want %.9g", (long long)M, (long long)C, a,
+                     (long long)i, g[i], want[i]);
+    dpar_buffer_destroy(bz), dpar_buffer_destroy(bl), dpar_buffer_destroy(bg), dpar_buffer_destroy(bo);
+    free(g), free(want);
+}
+/* Softmax cross-entropy of wide rows (a workgroup a row, its lanes over the classes: dpar__vk_xent) against
+   double on the host. A row of GPT-2's 50,257 classes was refused on llvmpipe (an invocation looped 4 x 50,257
+   times): plain and smoothed; 4 rows of them with a NaN logit in row 1 and bad labels in rows 2 and 3 (NaN
+   loss and rows, row 2 named). Then the cap's edge, 3 * ceil(C / 64) + 19 turns an invocation: a row of
+   1,397,632 classes runs right (let through, one turn more left its last gradients unwritten), one more
+   class is refused on llvmpipe. */
+static void test_loop_cap_xent_wide(void **state) {
+    (void)state;
+    const int64_t V = 50257, E = 21838 * 64;
+    dpar_runtime *rt = vk_runtime(1, 0);
+    int capped = loop_capped(rt);
+    float *z = (float *)malloc(sizeof(float) * (size_t)(E + 1));
+    assert_true(z != NULL);
+    for (int64_t i = 0; i <= E; i++) z[i] = (float)((i * 7919) % 1000) / 125.0f - 4.0f;
+    int32_t lab[4] = { 50000, 7, 50257, -1 };
+    xent_check(rt, 1, V, z, lab, 0.0f, NULL);
+    xent_check(rt, 1, V, z, lab, 0.1f, NULL);
+    z[V + 123] = NAN;
+    xent_check(rt, 4, V, z, lab, 0.1f, "labels[2] = 50257");
+    z[V + 123] = 1.0f;
+    xent_check(rt, 1, E, z, lab, 0.0f, NULL);
+    int64_t sz[2] = { 1, E + 1 }, one = 1;
+    dpar_buffer *bz = t_buf(rt, 0, DPAR_F32, 2, sz, z), *bl = t_buf1(rt, DPAR_I32, 1, lab);
+    dpar_buffer *bg = t_buf(rt, 0, DPAR_F32, 2, sz, NULL), *bo = t_buf1(rt, DPAR_F32, one, NULL);
+    if (capped)
+        T_ERR(dpar_softmax_xent(bo, bg, bz, bl), DPAR_ERR_SHAPE, "softmax_xent of [1, 1397633]",
+              "llvmpipe ends shader loops after 65,535 iterations");
+    else
+        T_OK(dpar_softmax_xent(bo, bg, bz, bl));
+    dpar_buffer_destroy(bz), dpar_buffer_destroy(bl), dpar_buffer_destroy(bg), dpar_buffer_destroy(bo);
+    free(z);
+    dpar_runtime_destroy(rt);
+}
 static void test_loop_cap_refused(void **state) {
     (void)state;
     dpar_runtime *rt = vk_runtime(1, 0);
@@ -1697,6 +1771,7 @@ int main(void) {
         cmocka_unit_test(test_loop_cap_norm_rows),
         cmocka_unit_test(test_loop_cap_conv_kernel_grad),
         cmocka_unit_test(test_loop_cap_refused),
+        cmocka_unit_test(test_loop_cap_xent_wide),
         cmocka_unit_test(test_loop_cap_matmul_blocks),
         cmocka_unit_test(test_fuller_workgroups),
         cmocka_unit_test(test_workgroups_graph_mul_scalar),
