@@ -1701,8 +1701,8 @@ static dpar_status dpar__cu_op_xent_ignore(dpar__cu_state *st, int dev, const dp
     if ((e = dpar__cu_launch(st, dev, DPAR__CUK_COUNT_ROWS, 1, 1, s, cargs))) return e;
     if (m > 0) {
         void *args[] = { &z, &lab, &m, &n, &ign, &ignore, &a, &count, &rowloss, &dst2 };
-        if ((e = dpar__cu_launch(st, dev, DPAR__CUK_XENT_IGNORE_ROWS, dpar__cu_grid(m, 1, 8192), DPAR__CU_BLOCK, s,
-                                 args)))
+        if ((e = dpar__cu_launch(st, dev, DPAR__CUK_XENT_IGNORE_ROWS, dpar__cu_grid(m * 32, 1, 8192), DPAR__CU_BLOCK, s,
+                                 args))) /* a warp a row */
             return e;
     }
     unsigned g = dpar__cu_grid(m, 8, DPAR__CU_MAX_PARTIALS);

@@ -58,34 +58,48 @@ extern "C" __global__ void dpar_k_count_rows(const int32_t *labels, int64_t m, i
     count[0] = (double)c;
 }
 
-/* Cross-entropy rows with an ignore label and smoothing a, one thread per row,
-   in double (as the CPU reference): rowloss[r] = lse - q . z (0 when ignored),
-   dlogits = (softmax - q) / count[0] (zero rows when ignored). A label out of
-   range gives NaN (dpar_k_check_index reports it). */
+/* Cross-entropy rows with an ignore label and smoothing a, one warp per row (the lanes over the classes, their
+   maxima and sums met by xor shuffles: the same in every lane, a fixed order), in double as the CPU reference:
+   rowloss[r] = lse - q . z (0 when ignored), dlogits = (softmax - q) / count[0] (zero rows when ignored). A
+   label out of range gives NaN (dpar_k_check_index reports it). */
 extern "C" __global__ void dpar_k_xent_ignore_rows(const float *z, const int32_t *labels, int64_t m, int64_t c,
                                                    int use_ignore, int32_t ignore, float smoothing,
                                                    const double *count, double *rowloss, float *dlogits) {
     const double a = (double)smoothing, qnan = (double)__uint_as_float(0x7fc00000u);
-    for (int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; r < m; r += (int64_t)gridDim.x * blockDim.x) {
+    int lane = threadIdx.x & 31;
+    int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int64_t nwarps = ((int64_t)gridDim.x * blockDim.x) >> 5;
+    for (int64_t r = warp; r < m; r += nwarps) { /* uniform in the warp */
         const float *zr = z + r * c;
         int32_t lab = labels[r];
         if (use_ignore && lab == ignore) {
-            rowloss[r] = 0.0;
-            for (int64_t j = 0; dlogits && j < c; j++) dlogits[r * c + j] = 0.0f;
+            if (lane == 0) rowloss[r] = 0.0;
+            for (int64_t j = lane; dlogits && j < c; j += 32) dlogits[r * c + j] = 0.0f;
             continue;
         }
         int ok = lab >= 0 && (int64_t)lab < c;
         float mx = -__uint_as_float(0x7f800000u);
-        for (int64_t j = 0; j < c; j++) mx = (zr[j] > mx || zr[j] != zr[j]) ? zr[j] : mx;
+        for (int64_t j = lane; j < c; j += 32) mx = (zr[j] > mx || zr[j] != zr[j]) ? zr[j] : mx;
+        for (int o = 16; o > 0; o >>= 1) {
+            float v = __shfl_xor_sync(0xffffffffu, mx, o);
+            mx = (v > mx || v != v) ? v : mx;
+        }
         double se = 0.0, zs = 0.0;
-        for (int64_t j = 0; j < c; j++) se += exp((double)zr[j] - (double)mx);
-        for (int64_t j = 0; a != 0.0 && j < c; j++) zs += (double)zr[j] - (double)mx;
+        for (int64_t j = lane; j < c; j += 32) {
+            double d = (double)zr[j] - (double)mx;
+            se += exp(d);
+            zs += a != 0.0 ? d : 0.0;
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            se += __shfl_xor_sync(0xffffffffu, se, o);
+            zs += __shfl_xor_sync(0xffffffffu, zs, o);
+        }
         double lse_rel = log(se);
         double rl = a == 0.0 ? ((double)mx - (double)zr[ok ? lab : 0]) + lse_rel
                              : (1.0 - a) * (((double)mx - (double)zr[ok ? lab : 0]) + lse_rel) +
                                    a * (lse_rel - zs / (double)c);
-        rowloss[r] = ok ? rl : qnan;
-        for (int64_t j = 0; dlogits && j < c; j++) {
+        if (lane == 0) rowloss[r] = ok ? rl : qnan;
+        for (int64_t j = lane; dlogits && j < c; j += 32) {
             double p = exp((double)zr[j] - (double)mx) / se, q = (j == lab ? 1.0 - a : 0.0) + a / (double)c;
             dlogits[r * c + j] = ok ? (float)((p - q) / count[0]) : (float)qnan;
         }

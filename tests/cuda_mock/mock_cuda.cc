@@ -230,7 +230,7 @@ static const kinfo g_kernels[] = {
     K(dpar_k_adamw, false),
     K(dpar_k_check_index, false),
     K(dpar_k_count_rows, false),
-    K(dpar_k_xent_ignore_rows, false),
+    K(dpar_k_xent_ignore_rows, true),
     K(dpar_k_div_final, false),
     K(dpar_k_embed, false),
     K(dpar_k_embed_sort, true),
