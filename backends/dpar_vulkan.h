@@ -230,7 +230,7 @@ typedef struct dpar__vkdev {
     char *coll_in, *coll_out; /* this member's host views, published to the group */
     dpar__vkbuf *idx_err;     /* error words of the index checks (>>vulkan optim), made on first use */
     dpar__vkbuf *half[7];     /* f32 temporaries of the 16-bit layer ops (>>vulkan half storage), kept */
-    dpar__vkbuf *xent_tmp;    /* softmax_xent.comp's wide passes' scratch (dpar__vk_xent), made on first use */
+    dpar__vkbuf *xent_tmp;    /* softmax_xent_wide.comp's scratch (dpar__vk_xent), made on first use */
     int idx_pending;          /* a check ran since the last report (atomic) */
     int idx_used;             /* a check ever ran: the optimizer updates are guarded (atomic) */
     /* >>vulkan interop: one buffer lent at a time; values of the timeline semaphore `sem` */
@@ -2284,7 +2284,7 @@ static int dpar__vk_xent_wide(uint64_t rows, uint64_t cols) {
 }
 /* The loss and dlogits of op (DPAR__OP_SOFTMAX_XENT), the labels checked by the shader itself. The wide
    passes meet in the device's scratch d->xent_tmp (the counted rows, then a loss sum a workgroup: 1 +
-   65,535 floats whatever the shape), made on first use and kept: a recorded program replays with it, and
+   65,535 words whatever the shape), made on first use and kept: a recorded program replays with it, and
    the queue runs one dispatch after the other (each begins with a full barrier). */
 static dpar_status dpar__vk_xent(dpar__vk *st, int dev, const dpar__op *op, dpar__vkbuf **b, dpar__vkpc *pc) {
     dpar__vkdev *d = &st->devs[dev];
