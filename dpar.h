@@ -7813,7 +7813,10 @@ static bool dpar__skip_note(uint32_t graph, int dev, uint32_t steps) {
         }
         dpar__skips.e = e, dpar__skips.cap = cap;
     }
-    if (k == dpar__skips.n) dpar__skips.e[dpar__skips.n++] = (dpar__skip){ graph, dev, 0 };
+    if (k == dpar__skips.n) {
+        dpar__skip *e = &dpar__skips.e[dpar__skips.n++];
+        e->graph = graph, e->dev = dev, e->steps = 0;
+    }
     dpar__skips.e[k].steps += steps;
     DPAR__ATOMIC_FETCH_ADD(&dpar__skips_gen, 1);
     dpar__skips_unlock();

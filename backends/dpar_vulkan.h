@@ -2235,7 +2235,7 @@ static dpar_status dpar__vk_idx_report(dpar__vk *st, int dev) {
     dpar__vkdev *d = &st->devs[dev];
     if (!DPAR__ATOMIC_EXCHANGE(&d->idx_pending, 0)) return DPAR_OK;
     uint32_t w[DPAR__IDX_WORDS];
-    static const uint32_t zero[DPAR__IDX_WORDS];
+    static const uint32_t zero[DPAR__IDX_WORDS] = { 0 };
     dpar_status s = dpar__vk_read(st, dev, d->idx_err, 0, w, sizeof w);
     if (s || !w[0]) return s;
     if ((s = dpar__vk_write(st, dev, d->idx_err, 0, zero, sizeof zero))) return s;
