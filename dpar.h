@@ -13701,10 +13701,10 @@ static dpar_status dpar__g_dispatch(dpar_ctx *ctx, void *user) {
     for (int i = 1; i < g->count; i++) {
         dpar_status s = dpar__g_step_node(g, ctx, li, pr, &i, &k, &pre);
         if (!s) continue;
-        if (s == DPAR_ERR_INVALID_ARGUMENT && g->check_x && i < g->check_sync && dpar__g_is_check(g->n[i].kind) &&
-            !g->check_x[li].s) { /* the CPU's check: reported at check_sync, where every process learns of it */
-            dpar__err_site = dpar__g_site(g, i);
-            dpar__g_check_keep(&g->check_x[li], s);
+        if (s == DPAR_ERR_INVALID_ARGUMENT && g->check_x && i < g->check_sync && dpar__g_is_check(g->n[i].kind)) {
+            /* the CPU's check: reported at check_sync, where every process learns of it; the first one that failed
+               (a later check of the same labels or indices fails too, and must not leave the collectives early) */
+            if (!g->check_x[li].s) dpar__err_site = dpar__g_site(g, i), dpar__g_check_keep(&g->check_x[li], s);
             continue;
         }
         if (pr && pr->state == 0) dpar__g_prog_clear(g, li); /* a failed first run: record again next time */

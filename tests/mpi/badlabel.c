@@ -3,7 +3,8 @@
    rank 1's last device gets label 9 of 5 classes at one step. Both ranks' runs must fail with the label's
    text naming rank 1 and its device, leave the params, the optimizer state and the step count bit for bit
    as they were on both ranks (SGD with momentum; AdamW clipped by the global norm, whose NaN norm would
-   otherwise reach the params), keep the runtime usable, and the next good step must equal a graph's that
+   otherwise reach the params; its loss adds a cross_entropy of the same labels, a second check that fails),
+   keep the runtime usable, and the next good step must equal a graph's that
    never saw the bad one. Prints "rank R: ok" per rank, or "rank R: FAIL ..." lines. */
 #include <mpi.h>
 #include <stdio.h>
@@ -22,7 +23,9 @@ static dpar_graph *graph(dpar_mesh *m, dpar_array *w, int opt, dpar_value *x, dp
     dpar_array_desc xd = { DPAR_F32, 2, { 4 * n, 3 }, { "data" } }, yd = { DPAR_I32, 1, { 4 * n }, { "data" } };
     *x = dpar_g_feed(g, "x", &xd), *y = dpar_g_feed(g, "y", &yd);
     dpar_value p = dpar_g_param(g, "w", w), gr;
-    dpar_value l = dpar_g_softmax_xent(g, dpar_g_matmul(g, *x, p, false, false), *y);
+    dpar_value z = dpar_g_matmul(g, *x, p, false, false), l = dpar_g_softmax_xent(g, z, *y);
+    if (opt) /* a second check of the same labels, which fails too: the CPU's device must still reach the agreement */
+        l = dpar_g_add(g, l, dpar_g_cross_entropy(g, z, *y, &(dpar_xent_desc){ .label_smoothing = 0.1f }));
     dpar_adamw_desc ad = { .learning_rate = 0.05f, .weight_decay = 0.01f, .clip_norm = 1.0f };
     dpar_sgd_desc sd = { .learning_rate = 0.1f, .momentum = 0.9f };
     if (OK(dpar_graph_value_and_grad(g, l, &p, 1, &gr)) ||
