@@ -3301,6 +3301,11 @@ static int dpar__env_long(const char *name, long *x) {
     while (end != v && isspace((unsigned char)*end)) end++;
     return end == v || *end || errno == ERANGE ? -1 : 1;
 }
+/* Whether an environment value is unset or blank (text variables: a path, a backend name). */
+static bool dpar__env_blank(const char *v) {
+    while (v && isspace((unsigned char)*v)) v++;
+    return !v || !*v;
+}
 /* An integer DPAR_* variable that dpar_runtime_create checked (dpar__env_ranges): dflt when unset or blank. */
 static int dpar__env_int(const char *name, int dflt) {
     long x = 0;
@@ -3606,9 +3611,18 @@ static dpar_status dpar__runtime_desc_defaults(const dpar_runtime_desc *in, dpar
     if (s) return s;
     if (out->backend == DPAR_BACKEND_DEFAULT) {
         const char *env = getenv("DPAR_BACKEND");
-        if (env && *env && dpar_backend_from_name(env, &out->backend) != DPAR_OK)
-            return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
-                             "dpar_runtime_create: DPAR_BACKEND='%s' is not a backend; use cpu, vulkan or cuda", env);
+        if (!dpar__env_blank(env)) { /* without surrounding whitespace, as every DPAR_* value (dpar__env_long) */
+            char name[16] = "";
+            while (isspace((unsigned char)*env)) env++;
+            size_t n = strlen(env);
+            while (n && isspace((unsigned char)env[n - 1])) n--;
+            if (n < sizeof name) memcpy(name, env, n), name[n] = 0;
+            if (n >= sizeof name || dpar_backend_from_name(name, &out->backend))
+                return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                                 "dpar_runtime_create: DPAR_BACKEND='%s' is not a backend; use cpu, vulkan, cuda or "
+                                 "default",
+                                 getenv("DPAR_BACKEND"));
+        }
     }
     if ((int)out->backend < 0 || out->backend > DPAR_BACKEND_CUDA)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_runtime_create: desc.backend = %d is not a dpar_backend_kind",
@@ -11758,8 +11772,8 @@ static dpar_status dpar__g_pin(dpar_graph *g, int loss) {
 /* Gradients of at least this many bytes are reduced asynchronously (DPAR_GRAPH_ASYNC_BYTES, default 256 KiB):
    below it, the hand-off to the communication thread costs more than the overlap saves. */
 static uint64_t dpar__g_async_bytes(void) {
-    const char *e = getenv("DPAR_GRAPH_ASYNC_BYTES"); /* in range: dpar_runtime_create checked it */
-    return e && *e ? (uint64_t)strtoull(e, NULL, 10) : (uint64_t)256 << 10;
+    long x = 0; /* in range: dpar_graph_value_and_grad checked it (dpar__env_check) */
+    return dpar__env_long("DPAR_GRAPH_ASYNC_BYTES", &x) > 0 ? (uint64_t)x : (uint64_t)256 << 10;
 }
 /* Gradient of wrt value w from its cotangent c: the pinned scale applied (a
    psum over exactly the pinned axes becomes the pmean the eager code would
@@ -11804,6 +11818,8 @@ DPAR_API dpar_status dpar_graph_value_and_grad(dpar_graph *g, dpar_value loss, c
         return dpar__g_err(g, DPAR_ERR_INVALID_ARGUMENT, "%s: n = %d with wrt or grads NULL", fn, n);
     if (n && !dpar__g_args(g, fn, n, wrt)) return dpar__g_status(g);
     if (g->loss) return dpar__g_err(g, DPAR_ERR_STATE, "%s: the graph has a loss already (once per graph)", fn);
+    dpar_status es = dpar__env_check(fn); /* DPAR_GRAPH_ASYNC_BYTES, read here, may have changed since the runtime */
+    if (es) return es;
     if (g->remat_open)
         return dpar__g_err(g, DPAR_ERR_STATE, "%s: remat segment %d is still open; call dpar_graph_remat_end first", fn,
                            g->remat_seg);
@@ -13274,9 +13290,10 @@ DPAR_API dpar_status dpar_graph_compile(dpar_graph *g, dpar_graph_stats *stats) 
     if (g->compiled) return dpar__err(DPAR_ERR_STATE, "dpar_graph_compile: the graph is compiled already");
     if (dpar_in_dispatch())
         return dpar__err(DPAR_ERR_STATE, "dpar_graph_compile: called inside a pmap/shard_map function");
-    memset(&g->stats, 0, sizeof g->stats);
-    dpar_status s = g->pp ? dpar__g_pipe_check(g) : DPAR_OK;
+    dpar_status s = dpar__env_check("dpar_graph_compile"); /* DPAR_GRAPH_ALIAS, read here */
     if (s) return s;
+    memset(&g->stats, 0, sizeof g->stats);
+    if ((s = g->pp ? dpar__g_pipe_check(g) : DPAR_OK)) return s;
     dpar__g_fuse_losses(g);
     dpar__g_fuse_attn(g);
     dpar__g_fuse_bias_relu(g);
@@ -13871,7 +13888,9 @@ static dpar_status dpar__g_run(dpar_graph *g, const dpar_graph_feed *feeds, int 
     if (loss && !g->loss_value)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
                          "dpar_graph_run: the graph has no loss; call dpar_graph_value_and_grad or pass loss = NULL");
-    dpar_status s = take ? dpar__g_stage_take(g, num_feeds, "dpar_graph_run") : DPAR_OK;
+    dpar_status s = g->ran ? DPAR_OK : dpar__env_check("dpar_graph_run"); /* DPAR_GRAPH_RECORD, read at the first */
+    if (s) return s;
+    s = take ? dpar__g_stage_take(g, num_feeds, "dpar_graph_run") : DPAR_OK;
     if (!s && !g->compiled) s = dpar_graph_compile(g, NULL);
     if (!s && !g->feed_take) s = dpar__g_feeds(g, feeds, num_feeds);
     if (s) {
@@ -15177,7 +15196,7 @@ static dpar_status dpar__obs_init(dpar_runtime *rt) {
     dpar__mutex_unlock(&dpar__trace_mu);
     rt->obs = o;
     const char *env = getenv("DPAR_TRACE");
-    if (first && env && *env && !DPAR__ATOMIC_LOAD(&dpar__trace_on)) {
+    if (first && !dpar__env_blank(env) && !DPAR__ATOMIC_LOAD(&dpar__trace_on)) {
         char path[1024];
         if (rt->nproc > 1) /* one file per MPI process: trace.json -> trace.rank3.json */
             snprintf(path, sizeof path, "%.*s.rank%d%s",

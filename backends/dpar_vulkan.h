@@ -1382,7 +1382,7 @@ static dpar_status dpar__vk_init_phys(dpar__vk *st, const dpar_runtime_desc *des
 static dpar_status dpar__vk_open_loader(dpar__vk *st, uint32_t *iver) {
     const char *libname = getenv("DPAR_VK_LOADER");
     char why[256];
-    if (!libname || !libname[0]) libname = DPAR__VK_LOADER_NAME;
+    if (dpar__env_blank(libname)) libname = DPAR__VK_LOADER_NAME;
     st->lib = dpar__dl_open(libname);
     if (!st->lib) {
         const char *e = dpar__dl_error(why, sizeof why);

@@ -850,6 +850,58 @@ static void test_optimizer_node_name(void **st) {
     T_OK(dpar_runtime_destroy(rt));
 }
 
+/* The graph's own variables are checked where the graph reads them, as dpar_runtime_create checks them: set
+   after the runtime, DPAR_GRAPH_ASYNC_BYTES=banana was taken as 0 and DPAR_GRAPH_RECORD=banana recorded; a
+   blank DPAR_GRAPH_ASYNC_BYTES meant 0 (every gradient reduced asynchronously) instead of the default. */
+static void test_env_read_late(void **st) {
+    (void)st;
+    dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 2);
+    dpar_mesh *m = t_mesh1(rt, 2, "data");
+    dpar_array *w = arr(m, DPAR_F32, 2, 3, 2, NULL, NULL);
+    float w0[6] = { 1, 2, 3, 4, 5, 6 }, xh[12] = { 1, 0, -1, 2, 3, 0, 1, 1, 0, 2, -2, 1 };
+    T_OK(dpar_array_put(w, w0));
+    static const char *const where[3] = { "dpar_graph_value_and_grad", "dpar_graph_compile", "dpar_graph_run" };
+    static const struct {
+        const char *var, *value;
+        int stage; /* set before where[stage]; 3: a blank value, taken as unset */
+    } bad[] = { { "DPAR_GRAPH_ASYNC_BYTES", "banana", 0 },
+                { "DPAR_GRAPH_ALIAS", "2", 1 },
+                { "DPAR_GRAPH_RECORD", " 0 x", 2 },
+                { "DPAR_GRAPH_ASYNC_BYTES", "  ", 3 } };
+    for (size_t c = 0; c < sizeof bad / sizeof bad[0]; c++) {
+        dpar_graph *g;
+        T_OK(dpar_graph_create(m, &g));
+        dpar_value x = dpar_g_feed(g, "x", &(dpar_array_desc){ DPAR_F32, 2, { 4, 3 }, { "data" } });
+        dpar_value p = dpar_g_param(g, "w", w), gr;
+        dpar_value l = dpar_g_sum(g, dpar_g_matmul(g, x, p, false, false));
+        dpar_graph_stats gs;
+        memset(&gs, 0, sizeof gs);
+        dpar_status s = DPAR_OK;
+        int at = 0;
+        for (; at < 3 && !s; at++) {
+            if (at == bad[c].stage || (at == 0 && bad[c].stage == 3)) setenv(bad[c].var, bad[c].value, 1);
+            s = at == 0   ? dpar_graph_value_and_grad(g, l, &p, 1, &gr)
+                : at == 1 ? dpar_graph_compile(g, &gs)
+                          : dpar_graph_run(g, &(dpar_graph_feed){ x, xh, NULL }, 1, NULL);
+        }
+        char text[1024];
+        snprintf(text, sizeof text, "%s", dpar_last_error());
+        unsetenv(bad[c].var);
+        if (bad[c].stage == 3) {
+            T_OK(s);
+            if (gs.grad_reductions != 1) /* the default: the small gradient in the blocking bucket */
+                fail_msg("DPAR_GRAPH_ASYNC_BYTES='  ': %d gradient reductions, want the default's 1",
+                         gs.grad_reductions);
+        } else if (s != DPAR_ERR_INVALID_ARGUMENT || at - 1 != bad[c].stage || !strstr(text, where[bad[c].stage]) ||
+                   !strstr(text, bad[c].var)) {
+            fail_msg("%s='%s' set before %s: %s: %s", bad[c].var, bad[c].value, where[bad[c].stage],
+                     dpar_status_string(s), text);
+        }
+        T_OK(dpar_graph_destroy(g));
+    }
+    T_OK(dpar_runtime_destroy(rt));
+}
+
 /* Kinds shared by two builders are named for the builder called (dpar_graph_print
    and errors said "softmax" for log_softmax and "norm" for layer_norm). */
 static void test_shared_kind_names(void **st) {
@@ -1130,21 +1182,14 @@ static void test_bias_relu_fused(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_fd_cpu),
-        cmocka_unit_test(test_fd_vulkan),
-        cmocka_unit_test(test_digits_mlp_cpu),
-        cmocka_unit_test(test_digits_mlp_vulkan),
-        cmocka_unit_test(test_alias_cpu),
-        cmocka_unit_test(test_alias_vulkan),
-        cmocka_unit_test(test_megatron_cpu),
-        cmocka_unit_test(test_megatron_vulkan),
-        cmocka_unit_test(test_adamw_masked_cpu),
-        cmocka_unit_test(test_adamw_masked_vulkan),
-        cmocka_unit_test(test_bias_relu_fused),
-        cmocka_unit_test(test_optimizer_node_name),
-        cmocka_unit_test(test_shared_kind_names),
-        cmocka_unit_test(test_bad_names),
-        cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_fd_cpu),           cmocka_unit_test(test_fd_vulkan),
+        cmocka_unit_test(test_digits_mlp_cpu),   cmocka_unit_test(test_digits_mlp_vulkan),
+        cmocka_unit_test(test_alias_cpu),        cmocka_unit_test(test_alias_vulkan),
+        cmocka_unit_test(test_megatron_cpu),     cmocka_unit_test(test_megatron_vulkan),
+        cmocka_unit_test(test_adamw_masked_cpu), cmocka_unit_test(test_adamw_masked_vulkan),
+        cmocka_unit_test(test_bias_relu_fused),  cmocka_unit_test(test_optimizer_node_name),
+        cmocka_unit_test(test_env_read_late),    cmocka_unit_test(test_shared_kind_names),
+        cmocka_unit_test(test_bad_names),        cmocka_unit_test(test_bad_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -138,7 +138,14 @@ static void test_env_backend_and_devices(void **st) {
     assert_null(rt);
     setenv("DPAR_DEVICES", "2", 1);
     setenv("DPAR_BACKEND", "tpu", 1);
-    T_ERR(dpar_runtime_create(&d, &rt), DPAR_ERR_INVALID_ARGUMENT, "DPAR_BACKEND", "tpu");
+    T_ERR(dpar_runtime_create(&d, &rt), DPAR_ERR_INVALID_ARGUMENT, "DPAR_BACKEND", "tpu", "or default");
+    assert_null(rt);
+    setenv("DPAR_BACKEND", " cpu\t", 1); /* surrounding whitespace ignored, as by every DPAR_* variable */
+    T_OK(dpar_runtime_create(&d, &rt));
+    assert_int_equal(dpar_runtime_backend(rt), DPAR_BACKEND_CPU);
+    dpar_runtime_destroy(rt);
+    setenv("DPAR_BACKEND", "cpuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuu", 1);
+    T_ERR(dpar_runtime_create(&d, &rt), DPAR_ERR_INVALID_ARGUMENT, "DPAR_BACKEND='cpuuuu");
     assert_null(rt);
     /* an explicit backend in the desc ignores DPAR_BACKEND */
     d.backend = DPAR_BACKEND_CPU;
