@@ -15112,6 +15112,7 @@ static const char *dpar__op_name(const dpar__op *op) {
         return k == DPAR__OP_NORM ? "rms_norm" : "rms_norm_backward";
     if (op->p[0] && (k == DPAR__OP_SOFTMAX || k == DPAR__OP_SOFTMAX_BWD))
         return k == DPAR__OP_SOFTMAX ? "log_softmax" : "log_softmax_backward";
+    if (k == DPAR__OP_SOFTMAX_XENT && (op->p[2] & 15) == DPAR__IDX_XENT) return "cross_entropy"; /* dpar__xent */
     return (int)k >= 0 && (int)k < (int)DPAR__OP_COUNT && names[k] ? names[k] : "op";
 }
 /* A backend's answer to an op kind it has no kernel for (the default of its op switch; unused in a

@@ -230,6 +230,11 @@ static void test_shared_kind_names(void **state) {
     T_OK(dpar_rms_norm(by, st, bx, NULL, NULL, 1e-5f));
     T_OK(dpar_softmax(by, bx, true));
     T_OK(dpar_softmax(by, bx, false));
+    int64_t one = 1, two = 2;
+    int32_t lab[2] = { 1, 3 };
+    dpar_buffer *loss = t_buf(rt, 0, DPAR_F32, 1, &one, NULL), *bl = t_buf(rt, 0, DPAR_I32, 1, &two, lab);
+    T_OK(dpar_softmax_xent(loss, by, bx, bl));
+    T_OK(dpar_cross_entropy(loss, by, bx, bl, NULL)); /* was traced (and refused) as "softmax_xent" */
     T_OK(dpar_trace_end());
     check_json(path, &s);
     assert_int_equal(count(s, "\"name\":\"layer_norm\""), 1);
@@ -237,8 +242,11 @@ static void test_shared_kind_names(void **state) {
     assert_int_equal(count(s, "\"name\":\"log_softmax\""), 1);
     assert_int_equal(count(s, "\"name\":\"softmax\""), 1);
     assert_int_equal(count(s, "\"name\":\"norm\""), 0);
+    assert_int_equal(count(s, "\"name\":\"softmax_xent\""), 1);
+    assert_int_equal(count(s, "\"name\":\"cross_entropy\""), 1);
     free(s);
     dpar_buffer_destroy(bx), dpar_buffer_destroy(by), dpar_buffer_destroy(st);
+    dpar_buffer_destroy(loss), dpar_buffer_destroy(bl);
     dpar_runtime_destroy(rt);
 }
 
