@@ -34,27 +34,29 @@ if timeout 120 mpirun $OVER -np 2 ${DPAR_TEST_WRAPPER:-} "$BUILD/mpi_remesh" 2>&
 else
     echo "FAIL mpi_remesh"
 fi
+# ranks_ok NAME WHAT SECONDS PROGRAM ARGS...: PASS WHAT when `mpirun -np 2 PROGRAM ARGS` exits 0 within SECONDS
+# and both ranks print "rank R: ok"; else its output and FAIL NAME.
+ranks_ok() {
+    name=$1 what=$2 secs=$3
+    shift 3
+    log=$(mktemp)
+    timeout "$secs" mpirun $OVER -np 2 ${DPAR_TEST_WRAPPER:-} "$@" >"$log" 2>&1
+    rc=$?
+    if [ "$rc" -eq 0 ] && [ "$(grep -c '^rank [01]: ok$' "$log")" -eq 2 ]; then
+        echo "PASS $what"
+    else
+        cat "$log"; echo "FAIL $name: exit status $rc"
+    fi
+    rm -f "$log"
+}
 # A rank far later than the timeout: clear errors on both ranks, then no crash in destroy / MPI_Finalize.
-late=$(mktemp)
-timeout 120 mpirun $OVER -np 2 ${DPAR_TEST_WRAPPER:-} "$BUILD/mpi_late" >"$late" 2>&1
-rc=$?
-if [ "$rc" -eq 0 ] && [ "$(grep -c '^rank [01]: ok$' "$late")" -eq 2 ]; then
-    echo "PASS a rank 3.5x the timeout late: the waiting rank errs within timeout + 1.5 s, both report it clearly, destroy their runtimes and finalize MPI"
-else
-    cat "$late"; echo "FAIL mpi_late: exit status $rc"
-fi
-rm -f "$late"
+ranks_ok mpi_late "a rank 3.5x the timeout late: the waiting rank errs within timeout + 1.5 s, both report it clearly, destroy their runtimes and finalize MPI" \
+    120 "$BUILD/mpi_late"
 # A bad label on rank 1 (2 and 1 devices per process): both ranks fail naming it, nothing updated, no hang.
 for local in 2 1; do
-    bl=$(mktemp)
-    timeout 120 mpirun $OVER -np 2 ${DPAR_TEST_WRAPPER:-} "$BUILD/mpi_badlabel" $local >"$bl" 2>&1
-    rc=$?
-    if [ "$rc" -eq 0 ] && [ "$(grep -c '^rank [01]: ok$' "$bl")" -eq 2 ]; then
-        echo "PASS a bad label on rank 1 ($local device(s) a process): both ranks' runs fail naming rank 1's device, params and optimizer state kept, the next step as if it never ran"
-    else
-        cat "$bl"; echo "FAIL mpi_badlabel with $local device(s) a process: exit status $rc"
-    fi
-    rm -f "$bl"
+    ranks_ok "mpi_badlabel with $local device(s) a process" \
+        "a bad label on rank 1 ($local device(s) a process): both ranks' runs fail naming rank 1's device, params and optimizer state kept, the next step as if it never ran" \
+        120 "$BUILD/mpi_badlabel" $local
 done
 # Two ranks that resolve to the same GPU on one node: an immediate error on every rank.
 # (llvmpipe is one physical Vulkan device, so two ranks on it collide.)
@@ -64,13 +66,10 @@ if "$BUILD/train_digits" --backend vulkan --devices 1 --epochs 1 >/dev/null 2>&1
     n=$(grep -c "ranks 0 and 1 both resolve to physical vulkan device 0" "$dup")
     [ "$n" -eq 2 ] && echo "PASS two ranks on one physical device: both ranks get an error naming ranks 0 and 1 and the device"         || { echo "FAIL two ranks on one physical device: $n of 2 ranks reported it"; cat "$dup"; }
     # allowed to share it: the bad label on rank 1 on Vulkan (read back at the check sync, recorded or not)
-    DPAR_BACKEND=vulkan DPAR_ALLOW_SHARED_DEVICE=1 timeout 300 mpirun $OVER -np 2 ${DPAR_TEST_WRAPPER:-} "$BUILD/mpi_badlabel" 2 >"$dup" 2>&1
-    rc=$?
-    if [ "$rc" -eq 0 ] && [ "$(grep -c '^rank [01]: ok$' "$dup")" -eq 2 ]; then
-        echo "PASS a bad label on rank 1 on Vulkan (2 devices a process, one llvmpipe shared): both ranks' runs fail naming it, nothing updated"
-    else
-        cat "$dup"; echo "FAIL mpi_badlabel on Vulkan: exit status $rc"
-    fi
+    (export DPAR_BACKEND=vulkan DPAR_ALLOW_SHARED_DEVICE=1
+     ranks_ok "mpi_badlabel on Vulkan" \
+        "a bad label on rank 1 on Vulkan (2 devices a process, one llvmpipe shared): both ranks' runs fail naming it, nothing updated" \
+        300 "$BUILD/mpi_badlabel" 2)
 else
     echo "SKIPPED two ranks on one physical device: no Vulkan device in this build/machine"
 fi
