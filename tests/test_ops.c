@@ -209,6 +209,35 @@ static void test_bias(void **st) {
 }
 
 /* ---- relu ---- */
+/* bias_grad split over intra-op threads: blocks of 32 columns, each column summed in row order
+   whatever the split, so 1 and 3 threads give the sums of the rows added in order, exactly. 3000 x 187
+   forks (6 blocks of 3000 rows); 187 columns end in a part block. */
+static void test_bias_grad_threads(void **st) {
+    (void)st;
+    enum { R = 3000, C = 187 };
+    float *x = malloc((size_t)R * C * 4), *want = malloc(C * 4), *got = malloc(C * 4), b0[C];
+    for (int i = 0; i < R * C; i++) x[i] = ival(i, 7) * (i % 5 == 0 ? 1048576.0f : 1.0f) + 0.1f * (float)(i % 3);
+    for (int j = 0; j < C; j++) {
+        b0[j] = ival(j, 3);
+        float s = 0;
+        for (int r = 0; r < R; r++) s += x[r * C + j];
+        want[j] = 0.5f * b0[j] + s;
+    }
+    const char *threads[2] = { "1", "3" };
+    for (int t = 0; t < 2; t++) {
+        dpar_runtime *rt = t_cpu_runtime_threads(threads[t]);
+        int64_t sh[2] = { R, C }, n = C;
+        dpar_buffer *dy = t_buf(rt, 0, DPAR_F32, 2, sh, x), *db = t_buf(rt, 0, DPAR_F32, 1, &n, b0);
+        T_OK(dpar_bias_grad(db, dy, 0.5f));
+        t_read(db, got);
+        for (int j = 0; j < C; j++)
+            if (got[j] != want[j]) fail_msg("%s threads: db[%d] = %.9g, want %.9g", threads[t], j, got[j], want[j]);
+        dpar_runtime_destroy(rt);
+    }
+    free(x);
+    free(want);
+    free(got);
+}
 static void test_relu(void **st) {
     (void)st;
     float x0[8] = { -2.0f, -0.0f, 0.0f, 1e-30f, 3.5f, NAN, -INFINITY, INFINITY }, y[8];
@@ -722,6 +751,7 @@ int main(void) {
         cmocka_unit_test(test_matmul_blocked),
         cmocka_unit_test(test_matmul_errors),
         cmocka_unit_test(test_bias),
+        cmocka_unit_test(test_bias_grad_threads),
         cmocka_unit_test(test_relu),
         cmocka_unit_test(test_softmax_xent),
         cmocka_unit_test(test_mse),
