@@ -44,7 +44,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 #include "examples/flags.h" /* ex_parse: the flags */
 #if defined(__GNUC__) && defined(__x86_64__)
 #include <immintrin.h>
@@ -106,6 +108,39 @@ static inline double host_cpu_s(void) {
     double c1 = thread_cpu_s();
     scans += c1 - c0;
     return t + c1 - scans;
+}
+/* Waits until no other thread of this process is running (state R in /proc/self/task/<tid>/stat on
+   two polls 0.2 ms apart), at most cap_s seconds; returns the seconds waited. OpenBLAS's workers spin
+   about 2^28 TSC cycles (~0.1 s here) after each call before they sleep (its THREAD_TIMEOUT): run
+   right after its pass, they held one of this machine's two cores while dpar's next pass ran, and
+   bench_ops' conv2 forward at 2 threads took 640-665 us instead of 394-420 (measured with the spin
+   cut short by OPENBLAS_THREAD_TIMEOUT=4). Called around every peer pass, so each side starts its
+   timed pass with the other side's threads asleep, and the peer keeps its own spin while it runs. */
+static inline double settle_threads(double cap_s) {
+    char self[32];
+    snprintf(self, sizeof self, "%ld", (long)syscall(SYS_gettid));
+    double t0 = now_s();
+    for (int quiet = 0; quiet < 2 && now_s() - t0 < cap_s;) {
+        int busy = 0;
+        DIR *d = opendir("/proc/self/task");
+        if (!d) return 0;
+        for (struct dirent *e; (e = readdir(d)) && !busy;) {
+            char path[320], st[256];
+            if (e->d_name[0] == '.' || !strcmp(e->d_name, self)) continue;
+            snprintf(path, sizeof path, "/proc/self/task/%s/stat", e->d_name);
+            FILE *f = fopen(path, "r");
+            if (!f) continue;
+            size_t n = fread(st, 1, sizeof st - 1, f);
+            fclose(f);
+            st[n] = 0;
+            const char *r = strrchr(st, ')'); /* "tid (comm) S ...": comm may hold spaces */
+            busy = r && r[1] == ' ' && r[2] == 'R';
+        }
+        closedir(d);
+        quiet = busy ? 0 : quiet + 1;
+        if (quiet < 2) nanosleep(&(struct timespec){ 0, 200000 }, NULL);
+    }
+    return now_s() - t0;
 }
 static inline double load1(void) {
     double l = -1;
@@ -583,10 +618,13 @@ static inline sgemm_fn blas_open(int threads, const char **lib) {
 /* seconds for `iters` row-major products C[M,N] = op(A)[M,K] op(B)[K,N] */
 static inline double blas_trial(sgemm_fn f, int64_t M, int64_t N, int64_t K, int ta, int tb, const float *a,
                                 const float *b, float *c, int iters) {
+    settle_threads(0.5); /* dpar's threads asleep before the peer runs, its own after (settle_threads) */
     double t0 = now_s();
     for (int i = 0; i < iters; i++)
         f(ROW_MAJOR, ta ? TRANS : NO_TRANS, tb ? TRANS : NO_TRANS, (int)M, (int)N, (int)K, 1.0f, a,
           ta ? (int)M : (int)K, b, tb ? (int)K : (int)N, 0.0f, c, (int)N);
-    return now_s() - t0;
+    double t = now_s() - t0;
+    settle_threads(0.5);
+    return t;
 }
 #endif
