@@ -10318,6 +10318,7 @@ struct dpar_graph {
     int nbk;
     /* [li] a device's failed check, on a mesh across processes with check_sync (dpar__g_check_agree); else NULL */
     struct dpar__gcheck *check_x;
+    char check_axes[DPAR_MAX_AXES * DPAR_NAME_LEN]; /* with check_x: every mesh axis, comma-joined (the pmin's) */
     dpar_graph_stats stats;
     struct dpar__gz1 *z1;       /* ZeRO-1 (dpar_graph_zero1), NULL: off */
     struct dpar__gpipe *pp;     /* pipeline (dpar_graph_pipeline), NULL: off */
@@ -13320,6 +13321,9 @@ DPAR_API dpar_status dpar_graph_compile(dpar_graph *g, dpar_graph_stats *stats) 
     if (g->check_sync && g->mesh->size > g->nlocal &&
         !(g->check_x = (struct dpar__gcheck *)dpar__calloc((size_t)g->nlocal, sizeof *g->check_x)))
         return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_graph_compile: out of memory");
+    g->check_axes[0] = 0;
+    for (int a = 0; g->check_x && a < g->mesh->ndim; a++)
+        strcat(strcat(g->check_axes, a ? "," : ""), g->mesh->names[a]);
     g->compiled = true;
     if (stats) *stats = g->stats;
     return DPAR_OK;
@@ -13415,13 +13419,10 @@ static void dpar__g_check_keep(struct dpar__gcheck *c, dpar_status s) {
 static dpar_status dpar__g_check_agree(dpar_graph *g, dpar_ctx *ctx, int li, dpar_status s) {
     struct dpar__gcheck *c = &g->check_x[li];
     if (s) dpar__g_check_keep(c, s);
-    const dpar_mesh *m = g->mesh;
-    char axes[DPAR_MAX_AXES * DPAR_NAME_LEN] = "";
-    for (int a = 0; a < m->ndim; a++) strcat(strcat(axes, a ? "," : ""), m->names[a]);
     float v = c->s ? (float)dpar_ctx_device(ctx) : (float)DPAR_MAX_DEVICES;
     dpar_buffer *b = g->scratch[li]; /* free here: the discarded loss of a loss gradient */
     dpar_status e = dpar_buffer_write(b, 0, &v, sizeof v);
-    if (!e) e = dpar_pmin(ctx, b, b, axes);
+    if (!e) e = dpar_pmin(ctx, b, b, g->check_axes);
     if (!e) e = dpar_buffer_read(b, 0, &v, sizeof v);
     if (e) return e;
     if (c->s) {
