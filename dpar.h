@@ -15428,8 +15428,11 @@ typedef struct dpar__cpu_pool {
     dpar__thread *th;
     dpar__mutex mu;
     dpar__cond cv, done;
-    uint64_t gen;
-    int left, stop, nparts;
+    uint64_t gen;     /* forks posted: written under mu, atomically (a spinning helper reads it) */
+    int next, nparts; /* the fork's next unclaimed part (from 1) and its parts, under mu */
+    int busy;         /* parts helpers claimed and have not finished: as gen */
+    int stop;         /* set (atomically) at shutdown */
+    int spin;         /* the backend's threads, all devices: the spin's budget (dpar__spin_until) */
     void (*fn)(void *arg, int part, int nparts);
     void *arg;
 } dpar__cpu_pool;
@@ -15447,39 +15450,60 @@ static DPAR__THREAD_FN(dpar__cpu_helper_main, arg) {
     DPAR_FREE(arg);
     dpar__cpu_pool *p = h.p;
     dpar__thread_name("cpu", h.idx);
-    dpar__mutex_lock(&p->mu);
     /* 0, the pool's generation at creation, not p->gen: a fork issued before this
-       thread first ran must still be picked up (else the fork waits forever) */
+       thread first ran must still be looked at (its parts may be unclaimed) */
     uint64_t seen = 0;
+    dpar__mutex_lock(&p->mu);
     for (;;) {
-        while (p->gen == seen && !p->stop) dpar__cond_wait(&p->cv, &p->mu);
+        if (p->gen == seen && !p->stop) { /* a step's next fork comes within microseconds: spin, then sleep */
+            dpar__mutex_unlock(&p->mu);
+            dpar__spin_until(dpar__spin_moved, &p->gen, seen, &p->stop, p->spin);
+            dpar__mutex_lock(&p->mu);
+            while (p->gen == seen && !p->stop) dpar__cond_wait(&p->cv, &p->mu);
+        }
         if (p->stop) break;
         seen = p->gen;
-        int part = h.idx + 1, nparts = p->nparts;
-        void (*fn)(void *, int, int) = p->fn;
-        void *fa = p->arg;
-        dpar__mutex_unlock(&p->mu);
-        if (part < nparts) fn(fa, part, nparts);
-        dpar__mutex_lock(&p->mu);
-        if (--p->left == 0) dpar__cond_signal(&p->done);
+        while (p->next < p->nparts) { /* the fork's parts that neither the caller nor another helper took */
+            int part = p->next++, nparts = p->nparts;
+            void (*fn)(void *, int, int) = p->fn;
+            void *fa = p->arg;
+            DPAR__ATOMIC_STORE(&p->busy, p->busy + 1);
+            dpar__mutex_unlock(&p->mu);
+            fn(fa, part, nparts);
+            dpar__mutex_lock(&p->mu);
+            DPAR__ATOMIC_STORE(&p->busy, p->busy - 1); /* release: the part's writes before it */
+            if (p->busy == 0) dpar__cond_signal(&p->done);
+        }
     }
     dpar__mutex_unlock(&p->mu);
     return 0;
 }
-/* Runs fn(arg, part, nparts) for part 0..nparts-1 (nparts <= helpers + 1):
-   part 0 on the calling thread, the others on the device's helpers. */
+/* Runs fn(arg, part, nparts) once for each part 0..nparts-1, part 0 on the calling thread, each other
+   part on whichever thread claims it first: a helper, or the caller once it is done with part 0. So
+   the caller never waits for a helper to wake up (a futex wake-up costs 5-50 us; on a machine whose
+   cores are taken by other processes, a whole time slice): it waits only for the parts helpers took.
+   A part's work must not depend on the thread that runs it. */
 static void dpar__cpu_fork(dpar__cpu_pool *p, int nparts, void (*fn)(void *, int, int), void *arg) {
     dpar__mutex_lock(&p->mu);
     p->fn = fn;
     p->arg = arg;
     p->nparts = nparts;
-    p->left = p->n;
-    p->gen++;
+    p->next = 1;
+    DPAR__ATOMIC_STORE(&p->gen, p->gen + 1);
     dpar__cond_broadcast(&p->cv);
     dpar__mutex_unlock(&p->mu);
     fn(arg, 0, nparts);
     dpar__mutex_lock(&p->mu);
-    while (p->left > 0) dpar__cond_wait(&p->done, &p->mu);
+    while (p->next < nparts) {
+        int part = p->next++;
+        dpar__mutex_unlock(&p->mu);
+        fn(arg, part, nparts);
+        dpar__mutex_lock(&p->mu);
+    }
+    dpar__mutex_unlock(&p->mu); /* no part is left to claim: only the helpers' claimed parts remain */
+    if (dpar__spin_until(dpar__spin_zero, &p->busy, 0, &p->stop, p->spin)) return;
+    dpar__mutex_lock(&p->mu);
+    while (p->busy > 0) dpar__cond_wait(&p->done, &p->mu);
     dpar__mutex_unlock(&p->mu);
 }
 /* fn(arg, lo, hi) over items [0, n), split on the device's intra-op threads when the work (n * cost)
@@ -15528,7 +15552,7 @@ static void dpar__cpu_shutdown(void *st) {
             dpar__cpu_pool *p = &c->pools[d];
             if (!p->th) continue;
             dpar__mutex_lock(&p->mu);
-            p->stop = 1;
+            DPAR__ATOMIC_STORE(&p->stop, 1);
             dpar__cond_broadcast(&p->cv);
             dpar__mutex_unlock(&p->mu);
             for (int i = 0; i < p->n; i++) dpar__thread_join(p->th[i]);
@@ -15567,6 +15591,7 @@ static dpar_status dpar__cpu_init(const dpar_runtime_desc *desc, int requested, 
             dpar__mutex_init(&p->mu);
             dpar__cond_init(&p->cv);
             dpar__cond_init(&p->done);
+            p->spin = requested * c->threads;
             p->th = (dpar__thread *)dpar__calloc((size_t)(c->threads - 1), sizeof(dpar__thread));
             if (!p->th) {
                 c->ndev = d + 1;
