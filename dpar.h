@@ -16891,28 +16891,111 @@ static void dpar__red_step(int red, double *acc, int64_t *best, int64_t r, doubl
     default: *acc += -v * a / (b * b); break; /* DPAR__RED_DIV_B2 */
     }
 }
+/* the kinds that sum a term per element (dpar__red_step's +=, -=): what the vector and row paths take */
+static int dpar__red_is_sum(int red) {
+    return red == DPAR_REDUCE_SUM || red == DPAR_REDUCE_MEAN || (red >= DPAR__RED_NEG && red <= DPAR__RED_DIV_B2);
+}
 #ifdef DPAR__X86_SIMD
-/* y[0..8) = the sums (mean: / R) of 8 neighbouring outputs along a kept last dim, x at their first
-   element, the reduced dims' extents e and strides xs: dpar__cpu_reduce_range's walk and double sums on
-   8 lanes, each lane's adds in the same order, so the same bits (the position embedding's gradient, a
-   sum over the batch walked per element, was 0.9% of the GPT's 1x1 step) */
-__attribute__((target("avx512f"))) static void dpar__red_sum8_avx512(float *y, const float *x, const int64_t *e,
-                                                                     const int64_t *xs, int64_t R, int mean) {
+/* 8 lanes of an operand's row from element i: dense (s 1) or one value broadcast along it (s 0) */
+__attribute__((target("avx512f"), always_inline)) static inline __m512d dpar__red_ld8(const float *p, int64_t i,
+                                                                                      int64_t s) {
+    return s ? _mm512_cvtps_pd(_mm256_loadu_ps(p + i)) : _mm512_set1_pd((double)*p);
+}
+/* r, or x in the lanes where x is NaN: an x86 op's result with x its first operand (of two NaNs it keeps the
+   first; every NaN here is quiet already). The compiler may swap a commutative op's operands. */
+__attribute__((target("avx512f"), always_inline)) static inline __m512d dpar__nan_first8(__m512d r, __m512d x) {
+    return _mm512_mask_mov_pd(r, _mm512_cmp_pd_mask(x, x, _CMP_UNORD_Q), x);
+}
+/* acc folded with x[i..i+8) (and a, b where the kind reads them): dpar__red_step's sum kinds on 8 double
+   lanes, the same IEEE ops in the same order, so the same bits, NaN payloads included: its compiled products
+   and adds keep dy's NaN, then the term's (dpar__nan_first8); a SUM or MEAN keeps acc's, as these lanes did
+   before (dpar__red_sum8_avx512) */
+__attribute__((target("avx512f"), always_inline)) static inline __m512d dpar__red_fold8(int red, __m512d acc,
+                                                                                        const float *x, const float *a,
+                                                                                        int64_t as, const float *b,
+                                                                                        int64_t bs, int64_t i) {
+    __m512d v = _mm512_cvtps_pd(_mm256_loadu_ps(x + i)), t;
+    switch (red) {
+    case DPAR__RED_NEG: return _mm512_sub_pd(acc, v);
+    case DPAR__RED_MUL_B: t = dpar__nan_first8(_mm512_mul_pd(v, dpar__red_ld8(b, i, bs)), v); break;
+    case DPAR__RED_MUL_A: t = dpar__nan_first8(_mm512_mul_pd(v, dpar__red_ld8(a, i, as)), v); break;
+    case DPAR__RED_DIV_B: t = _mm512_div_pd(v, dpar__red_ld8(b, i, bs)); break;
+    case DPAR__RED_DIV_B2: {
+        __m512d nv = _mm512_castsi512_pd(_mm512_xor_si512(_mm512_castpd_si512(v), _mm512_set1_epi64(INT64_MIN)));
+        __m512d vb = dpar__red_ld8(b, i, bs);
+        t = _mm512_div_pd(dpar__nan_first8(_mm512_mul_pd(nv, dpar__red_ld8(a, i, as)), nv), _mm512_mul_pd(vb, vb));
+        break;
+    }
+    default: return _mm512_add_pd(acc, v); /* SUM, MEAN */
+    }
+    return dpar__nan_first8(_mm512_add_pd(acc, t), t);
+}
+/* dpar__red_one_avx512's loop for one kind (red a constant where it is inlined) */
+__attribute__((target("avx512f"), always_inline)) static inline int64_t
+dpar__red_one8(int red, float *y, const float *x, const float *a, int64_t as, const float *b, int64_t bs, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm512_cvtpd_ps(dpar__red_fold8(red, _mm512_setzero_pd(), x, a, as, b, bs, i)));
+    return i;
+}
+/* dpar__red_one_row 8 elements at a time (a, b: strides 0 or 1); returns the elements done */
+__attribute__((target("avx512f"))) static int64_t dpar__red_one_avx512(int red, float *y, const float *x,
+                                                                       const float *a, int64_t as, const float *b,
+                                                                       int64_t bs, int64_t n) {
+    switch (red) {
+    case DPAR__RED_NEG: return dpar__red_one8(DPAR__RED_NEG, y, x, a, as, b, bs, n);
+    case DPAR__RED_MUL_B: return dpar__red_one8(DPAR__RED_MUL_B, y, x, a, as, b, bs, n);
+    case DPAR__RED_MUL_A: return dpar__red_one8(DPAR__RED_MUL_A, y, x, a, as, b, bs, n);
+    case DPAR__RED_DIV_B: return dpar__red_one8(DPAR__RED_DIV_B, y, x, a, as, b, bs, n);
+    case DPAR__RED_DIV_B2: return dpar__red_one8(DPAR__RED_DIV_B2, y, x, a, as, b, bs, n);
+    default: return dpar__red_one8(DPAR_REDUCE_SUM, y, x, a, as, b, bs, n);
+    }
+}
+/* dpar__red_sum8_avx512 for one kind (red a constant where it is inlined) */
+__attribute__((target("avx512f"), always_inline)) static inline void dpar__red_sum8(int red, float *y, const float *x,
+                                                                                    const float *a, const float *b,
+                                                                                    const int64_t *e, const int64_t *xs,
+                                                                                    const int64_t *p, int64_t R) {
     __m512d acc = _mm512_setzero_pd();
     for (int64_t i0 = 0; i0 < e[0]; i0++)
         for (int64_t i1 = 0; i1 < e[1]; i1++)
             for (int64_t i2 = 0; i2 < e[2]; i2++) {
-                const float *r = x + i0 * xs[0] + i1 * xs[1] + i2 * xs[2];
-                acc = _mm512_add_pd(acc, _mm512_cvtps_pd(_mm256_loadu_ps(r)));
+                const float *ar = a ? a + i0 * p[4] + i1 * p[5] + i2 * p[6] : NULL;
+                const float *br = b ? b + i0 * p[8] + i1 * p[9] + i2 * p[10] : NULL;
+                acc = dpar__red_fold8(red, acc, x + i0 * xs[0] + i1 * xs[1] + i2 * xs[2], ar, p[7], br, p[11], 0);
             }
-    if (mean) acc = _mm512_div_pd(acc, _mm512_set1_pd((double)R));
+    if (red == DPAR_REDUCE_MEAN) acc = _mm512_div_pd(acc, _mm512_set1_pd((double)R));
     _mm256_storeu_ps(y, _mm512_cvtpd_ps(acc));
+}
+/* y[0..8) = 8 neighbouring outputs along a kept last dim of a sum kind (mean: / R), x, a, b at their first
+   element, the reduced dims' extents e and x's strides xs (a's, b's: p[4..7], p[8..11], 0 or 1 along the last):
+   dpar__cpu_reduce_range's walk on 8 lanes, each lane's adds in the same order, so the same bits (the position
+   embedding's gradient, a sum over the batch walked per element, was 0.9% of the GPT's 1x1 step) */
+__attribute__((target("avx512f"))) static void dpar__red_sum8_avx512(int red, float *y, const float *x, const float *a,
+                                                                     const float *b, const int64_t *e,
+                                                                     const int64_t *xs, const int64_t *p, int64_t R) {
+    switch (red) {
+    case DPAR_REDUCE_MEAN: dpar__red_sum8(DPAR_REDUCE_MEAN, y, x, a, b, e, xs, p, R); break;
+    case DPAR__RED_NEG: dpar__red_sum8(DPAR__RED_NEG, y, x, a, b, e, xs, p, R); break;
+    case DPAR__RED_MUL_B: dpar__red_sum8(DPAR__RED_MUL_B, y, x, a, b, e, xs, p, R); break;
+    case DPAR__RED_MUL_A: dpar__red_sum8(DPAR__RED_MUL_A, y, x, a, b, e, xs, p, R); break;
+    case DPAR__RED_DIV_B: dpar__red_sum8(DPAR__RED_DIV_B, y, x, a, b, e, xs, p, R); break;
+    case DPAR__RED_DIV_B2: dpar__red_sum8(DPAR__RED_DIV_B2, y, x, a, b, e, xs, p, R); break;
+    default: dpar__red_sum8(DPAR_REDUCE_SUM, y, x, a, b, e, xs, p, R);
+    }
+}
+/* whether 8 neighbours along the last dim fill vector lanes: the operands red reads are dense (stride 1) or
+   broadcast (0) along it */
+static int dpar__red_lanes8(int red, const int64_t *p) {
+    int ra = red == DPAR__RED_MUL_A || red == DPAR__RED_DIV_B2;
+    int rb = red == DPAR__RED_MUL_B || red == DPAR__RED_DIV_B || red == DPAR__RED_DIV_B2;
+    return (!ra || (uint64_t)p[7] <= 1) && (!rb || (uint64_t)p[11] <= 1);
 }
 #endif
 /* y[o] = reduction over the dims in mask p[13] of dense x (shape p[0..3]); o runs over the kept dims.
    Each output walks its slice with nested loops (extent 1 along kept dims); DPAR__RED_MAX_BWD walks it
-   twice: find the first maximum, then write dx. A sum or mean over leading dims takes 8 outputs of the
-   last at a time where the CPU has AVX-512 (dpar__red_sum8_avx512). */
+   twice: find the first maximum, then write dx. A sum kind over leading dims takes 8 outputs of the last
+   at a time where the CPU has AVX-512 (dpar__red_sum8_avx512). */
 static void dpar__cpu_reduce_range(const void *arg, int64_t lo, int64_t hi) {
     const dpar__op *op = (const dpar__op *)arg;
     const int64_t *p = op->p;
@@ -16935,8 +17018,8 @@ static void dpar__cpu_reduce_range(const void *arg, int64_t lo, int64_t hi) {
         }
     int sum8 = 0;
 #ifdef DPAR__X86_SIMD
-    sum8 = (red == DPAR_REDUCE_SUM || red == DPAR_REDUCE_MEAN) && R > 1 && !(p[13] & 8) &&
-           __builtin_cpu_supports("avx512f");
+    sum8 =
+        dpar__red_is_sum(red) && R > 1 && !(p[13] & 8) && dpar__red_lanes8(red, p) && __builtin_cpu_supports("avx512f");
 #endif
     for (int64_t o = lo, nv = 1; o < hi; o += nv) {
         int64_t x_0 = 0, a_0 = 0, b_0 = 0, best = -1;
@@ -16954,12 +17037,12 @@ static void dpar__cpu_reduce_range(const void *arg, int64_t lo, int64_t hi) {
                 }
 #ifdef DPAR__X86_SIMD
         if (nv == 8) {
-            dpar__red_sum8_avx512(y + o, x0 + x_0, e, xs, R, red == DPAR_REDUCE_MEAN);
+            dpar__red_sum8_avx512(red, y + o, x0 + x_0, a ? a + a_0 : NULL, b ? b + b_0 : NULL, e, xs, p, R);
             continue;
         }
 #endif
         double acc = 0.0;
-        if (R == 1 && red != DPAR__RED_MAX_BWD) /* one element (binary_backward without broadcast): no walk */
+        if (R == 1 && red != DPAR__RED_MAX_BWD) /* one element (max, argmax over a dim of 1): no walk */
             dpar__red_step(red, &acc, &best, 0, (double)x0[x_0], a ? (double)a[a_0] : 0.0, b ? (double)b[b_0] : 0.0);
         for (int pass = 0; pass < (red == DPAR__RED_MAX_BWD ? 2 : R > 1); pass++) {
             int64_t r = 0;
@@ -16984,14 +17067,70 @@ static void dpar__cpu_reduce_range(const void *arg, int64_t lo, int64_t hi) {
             y[o] = (float)(red == DPAR_REDUCE_MEAN ? acc / (double)R : acc);
     }
 }
-/* y[o] = 0 + x[o] on [lo, hi): a sum over nothing but the element itself (binary_backward of an add
-   without broadcast; the walk per element was 1% of the GPT's step), as dpar__cpu_reduce_range's
-   0.0 + (double)x rounded back: -0 gives +0, a NaN stays NaN */
+/* y[0..n) = a sum kind over one element each: 0 + the term of x[i] (and a[i as], b[i bs]) rounded to f32, as
+   dpar__red_step from acc 0 (-0 gives +0, a NaN stays NaN); one loop per kind, 8 at a time with AVX-512 where
+   `lanes` (dpar__red_lanes8) */
+static void dpar__red_one_row(int red, float *y, const float *x, const float *a, int64_t as, const float *b, int64_t bs,
+                              int64_t n, int lanes) {
+    int64_t i = 0;
+#ifdef DPAR__X86_SIMD
+    if (lanes) i = dpar__red_one_avx512(red, y, x, a, as, b, bs, n);
+#endif
+    (void)lanes;
+    switch (red) {
+    case DPAR__RED_NEG:
+        for (; i < n; i++) y[i] = (float)(0.0 - (double)x[i]);
+        break;
+    case DPAR__RED_MUL_B:
+        for (; i < n; i++) y[i] = (float)(0.0 + (double)x[i] * (double)b[i * bs]);
+        break;
+    case DPAR__RED_MUL_A:
+        for (; i < n; i++) y[i] = (float)(0.0 + (double)x[i] * (double)a[i * as]);
+        break;
+    case DPAR__RED_DIV_B:
+        for (; i < n; i++) y[i] = (float)(0.0 + (double)x[i] / (double)b[i * bs]);
+        break;
+    case DPAR__RED_DIV_B2:
+        for (; i < n; i++) {
+            double v = (double)x[i], va = (double)a[i * as], vb = (double)b[i * bs];
+            y[i] = (float)(0.0 + -v * va / (vb * vb));
+        }
+        break;
+    default: /* SUM, MEAN (/ 1): (float)(0.0 + (double)x) is 0.0f + x */
+        for (; i < n; i++) y[i] = 0.0f + x[i];
+    }
+}
+/* y[o] on [lo, hi) of a sum kind over one element each (R == 1: binary_backward's gradient of an operand that
+   is not broadcast; dpar__cpu_reduce_range's index walk per element cost 7-14 ns): rows of the last dim */
 static void dpar__reduce_one_range(const void *arg, int64_t lo, int64_t hi) {
     const dpar__op *op = (const dpar__op *)arg;
+    const int64_t *p = op->p;
     float *y = (float *)op->dst->mem;
-    const float *x = (const float *)op->src0->mem;
-    for (int64_t o = lo; o < hi; o++) y[o] = 0.0f + x[o];
+    const float *x = (const float *)op->src0->mem, *a = op->src1 ? (const float *)op->src1->mem : NULL;
+    const float *b = op->src2 ? (const float *)op->src2->mem : NULL;
+    int red = (int)p[12], lanes = 0;
+#ifdef DPAR__X86_SIMD
+    lanes = dpar__red_lanes8(red, p) && __builtin_cpu_supports("avx512f");
+#endif
+    int64_t cd[4], rem = lo; /* lo's coordinates, then carried row by row */
+    for (int d = 3; d >= 0; d--) {
+        cd[d] = rem % p[d];
+        rem /= p[d];
+    }
+    for (int64_t o = lo; o < hi;) {
+        int64_t n = p[3] - cd[3] < hi - o ? p[3] - cd[3] : hi - o, ao = 0, bo = 0;
+        for (int d = 0; d < 4; d++) {
+            ao += cd[d] * p[4 + d];
+            bo += cd[d] * p[8 + d];
+        }
+        dpar__red_one_row(red, y + o, x + o, a ? a + ao : NULL, p[7], b ? b + bo : NULL, p[11], n, lanes);
+        o += n;
+        cd[3] += n;
+        for (int d = 3; d > 0 && cd[d] == p[d]; d--) {
+            cd[d] = 0;
+            cd[d - 1]++;
+        }
+    }
 }
 static dpar_status dpar__cpu_op_reduce(dpar__cpu *c, int dev, const dpar__op *op, float *y, const float *x0,
                                        const float *x1) {
@@ -17000,8 +17139,7 @@ static dpar_status dpar__cpu_op_reduce(dpar__cpu *c, int dev, const dpar__op *op
     DPAR__UNUSED(x1);
     int64_t R = 1;
     for (int d = 0; d < 4; d++) R *= op->p[13] >> d & 1 ? op->p[d] : 1;
-    int red = (int)op->p[12];
-    if (R == 1 && (red == DPAR_REDUCE_SUM || red == DPAR_REDUCE_MEAN))
+    if (R == 1 && dpar__red_is_sum((int)op->p[12]))
         dpar__cpu_parallel(c, dev, op->n, 1, dpar__reduce_one_range, op);
     else
         dpar__cpu_parallel(c, dev, op->n, R + 1, dpar__cpu_reduce_range, op);

@@ -297,6 +297,94 @@ static void test_binary_add_grad_exact(void **state) {
     for (int i = 0; i < 5; i++) dpar_buffer_destroy(all[i]);
 }
 
+/* binary_backward bit for bit against its double formulas (0.0 plus each term of an output, in dy's order,
+   rounded once to f32: -dy, dy b, dy a, dy / b, -dy a / (b b)): every op; rows of lengths 1..1000 (the vector
+   lanes' tails); an operand broadcast along leading dims or the last one, on both sides of the gradient (one
+   element per output, or a sum over the broadcast dims); +-0, subnormals, +-inf, NaN, huge and tiny values;
+   1 and 3 threads (splits inside a row and inside 8 outputs). A NaN result is checked as a NaN: which NaN an
+   op keeps when both operands are NaN is the compiler's order of them. */
+static float bits_value(int dense) { /* dense: half of them special (the vector tails' few elements) */
+    static const uint32_t sp[] = { 0x00000000u, 0x80000000u, 0x00000001u, 0x807fffffu, 0x00400000u, 0x7f800000u,
+                                   0xff800000u, 0x7fc00000u, 0xffc12345u, 0x7f7fffffu, 0xff7fffffu, 0x1f800000u,
+                                   0x5f800000u, 0x0f000000u, 0x3f800000u, 0xbf800000u };
+    g_seed = g_seed * 1664525u + 1013904223u;
+    uint32_t r = g_seed >> 8;
+    if (r % 16 == 0 || (dense && r % 2)) return t_u2f(sp[(r >> 4) % (sizeof sp / sizeof sp[0])]);
+    if (r % 16 == 1) return t_u2f(g_seed * 2654435761u); /* any bits: every exponent, NaN payloads */
+    return 4.0f * rnd();
+}
+static void test_binary_grad_bits(void **state) {
+    (void)state;
+    uint32_t keep = g_seed; /* the later tests' data as before */
+    typedef struct {
+        int64_t y[3], a[3], b[3];
+    } bcase;
+    static const int64_t lens[] = { 1, 7, 8, 9, 17, 1000 };
+    bcase cs[6 * 4 + 3];
+    int nc = 0;
+    for (int l = 0; l < 6; l++) {
+        int64_t n = lens[l];
+        bcase same = { { 1, 1, n }, { 1, 1, n }, { 1, 1, n } }, lead = { { 1, 5, n }, { 1, 5, n }, { 1, 1, n } };
+        bcase last = { { 1, 5, n }, { 1, 5, 1 }, { 1, 5, n } }, both = { { 3, 4, n }, { 3, 1, n }, { 1, 4, 1 } };
+        cs[nc++] = same, cs[nc++] = lead, cs[nc++] = last, cs[nc++] = both;
+    }
+    bcase big1 = { { 1, 66, 1000 }, { 1, 66, 1000 }, { 1, 66, 1000 } }; /* 3 threads: 66,000 elements */
+    bcase big2 = { { 1, 66, 1000 }, { 1, 66, 1000 }, { 1, 1, 1000 } },
+          big3 = { { 1, 66, 1000 }, { 1, 66, 1 }, { 1, 66, 1000 } };
+    cs[nc++] = big1, cs[nc++] = big2, cs[nc++] = big3;
+    dpar_runtime *rts[2] = { g_rt, t_cpu_runtime_threads("3") };
+    for (int ri = 0; ri < 2; ri++)
+        for (int k = 0; k < nc; k++) {
+            const bcase *c = &cs[k];
+            int64_t ny = cnt(3, c->y), na = cnt(3, c->a), nb = cnt(3, c->b);
+            dpar_buffer *dy = mk(rts[ri], DPAR_F32, 3, c->y), *a = mk(rts[ri], DPAR_F32, 3, c->a);
+            dpar_buffer *b = mk(rts[ri], DPAR_F32, 3, c->b), *da = mk(rts[ri], DPAR_F32, 3, c->a);
+            dpar_buffer *db = mk(rts[ri], DPAR_F32, 3, c->b);
+            float *v = (float *)malloc((size_t)(ny + na + nb) * 2 * sizeof(float)), *av = v + ny, *bv = av + na;
+            float *got = bv + nb;
+            double *acc = (double *)malloc((size_t)(na + nb) * sizeof(double));
+            assert_non_null(v);
+            assert_non_null(acc);
+            for (int f = 0; f < 2 * DPAR_BINARY_COUNT; f++) { /* each op on two fills */
+                int o = f % DPAR_BINARY_COUNT;
+                if (o == 0) {
+                    for (int64_t i = 0; i < ny + na + nb; i++) v[i] = bits_value(f > 0);
+                    put(dy, v);
+                    put(a, av);
+                    put(b, bv);
+                }
+                T_OK(dpar_binary_backward(da, db, dy, a, b, (dpar_binary_op)o));
+                get(da, got);
+                get(db, got + na);
+                for (int64_t i = 0; i < na + nb; i++) acc[i] = 0.0;
+                for (int64_t i = 0; i < ny; i++) {
+                    int64_t ia = bidx(3, c->y, 3, c->a, i), ib = bidx(3, c->y, 3, c->b, i);
+                    double w = (double)v[i], x = (double)av[ia], z = (double)bv[ib];
+                    acc[ia] += o == DPAR_BINARY_MUL ? w * z : o == DPAR_BINARY_DIV ? w / z : w;
+                    if (o == DPAR_BINARY_SUB)
+                        acc[na + ib] -= w;
+                    else
+                        acc[na + ib] += o == DPAR_BINARY_MUL ? w * x : o == DPAR_BINARY_DIV ? -w * x / (z * z) : w;
+                }
+                for (int64_t i = 0; i < na + nb; i++) {
+                    float want = (float)acc[i];
+                    if (isnan(want) ? !isnan(got[i]) : t_f2u(got[i]) != t_f2u(want))
+                        fail_msg(
+                            "%d threads, fill %d, case %d (dy %lldx%lldx%lld), op %d, d%c[%lld]: 0x%08x, want 0x%08x",
+                            ri ? 3 : 1, f / DPAR_BINARY_COUNT, k, (long long)c->y[0], (long long)c->y[1],
+                            (long long)c->y[2], o, i < na ? 'a' : 'b', (long long)(i < na ? i : i - na), t_f2u(got[i]),
+                            t_f2u(want));
+                }
+            }
+            free(v);
+            free(acc);
+            dpar_buffer *all[5] = { dy, a, b, da, db };
+            for (int i = 0; i < 5; i++) dpar_buffer_destroy(all[i]);
+        }
+    dpar_runtime_destroy(rts[1]);
+    g_seed = keep;
+}
+
 /* ---- reductions ---------------------------------------------------------------------- */
 typedef struct rcase {
     int nd;
@@ -1158,6 +1246,7 @@ int main(void) {
         cmocka_unit_test(test_unary_grad),
         cmocka_unit_test(test_binary_broadcast_and_grad),
         cmocka_unit_test(test_binary_add_grad_exact),
+        cmocka_unit_test(test_binary_grad_bits),
         cmocka_unit_test(test_reduce),
         cmocka_unit_test(test_reduce_nan_and_ties),
         cmocka_unit_test(test_softmax_grad),
