@@ -728,6 +728,12 @@ static void binary_rows(bench *B, dpar_dtype dt) {
     MK(ACC_W, dt, G_B, G_T, G_C), MK(ACC_W, dt, G_T, G_C), MK(ACC_R, dt, G_B, G_T, G_C);
     MK(ACC_NONE, dt, G_B, G_T, G_C), MK(ACC_NONE, dt, G_T, G_C);
     finish(B, c);
+    /* a product's gradients: da = dy b with b broadcast along rows, db = sum of dy a over the batch */
+    begin(B, c, "binary_backward:mul broadcast", dt, "16x64x128 * 64x128", r_binary_bwd);
+    c->k[0] = DPAR_BINARY_MUL;
+    MK(ACC_W, dt, G_B, G_T, G_C), MK(ACC_W, dt, G_T, G_C), MK(ACC_R, dt, G_B, G_T, G_C);
+    MK(ACC_R, dt, G_B, G_T, G_C), MK(ACC_R, dt, G_T, G_C);
+    finish(B, c);
     /* where: cond + a + b read, y written */
     begin(B, c, "where", dt, "1024x256", r_where);
     MK(ACC_W, dt, G_ROWS, G_F), MK(ACC_R, dt, G_ROWS, G_F), MK(ACC_R, dt, G_ROWS, G_F), MK(ACC_R, dt, G_ROWS, G_F);
