@@ -16906,36 +16906,40 @@ __attribute__((target("avx512f"), always_inline)) static inline __m512d dpar__re
 __attribute__((target("avx512f"), always_inline)) static inline __m512d dpar__nan_first8(__m512d r, __m512d x) {
     return _mm512_mask_mov_pd(r, _mm512_cmp_pd_mask(x, x, _CMP_UNORD_Q), x);
 }
-/* acc folded with x[i..i+8) (and a, b where the kind reads them): dpar__red_step's sum kinds on 8 double
-   lanes, the same IEEE ops in the same order, so the same bits, NaN payloads included: its compiled products
-   and adds keep dy's NaN, then the term's (dpar__nan_first8); a SUM or MEAN keeps acc's, as these lanes did
-   before (dpar__red_sum8_avx512) */
-__attribute__((target("avx512f"), always_inline)) static inline __m512d dpar__red_fold8(int red, __m512d acc,
-                                                                                        const float *x, const float *a,
-                                                                                        int64_t as, const float *b,
-                                                                                        int64_t bs, int64_t i) {
-    __m512d v = _mm512_cvtps_pd(_mm256_loadu_ps(x + i)), t;
+/* what a sum kind adds (NEG: subtracts) for x[i..i+8), with a, b where it reads them: dpar__red_step's
+   terms on 8 double lanes, the same IEEE ops in the same order, so the same bits, NaN payloads included:
+   its compiled products keep dy's NaN (dpar__nan_first8) */
+__attribute__((target("avx512f"), always_inline)) static inline __m512d
+dpar__red_term8(int red, const float *x, const float *a, int64_t as, const float *b, int64_t bs, int64_t i) {
+    __m512d v = _mm512_cvtps_pd(_mm256_loadu_ps(x + i));
     switch (red) {
-    case DPAR__RED_NEG: return _mm512_sub_pd(acc, v);
-    case DPAR__RED_MUL_B: t = dpar__nan_first8(_mm512_mul_pd(v, dpar__red_ld8(b, i, bs)), v); break;
-    case DPAR__RED_MUL_A: t = dpar__nan_first8(_mm512_mul_pd(v, dpar__red_ld8(a, i, as)), v); break;
-    case DPAR__RED_DIV_B: t = _mm512_div_pd(v, dpar__red_ld8(b, i, bs)); break;
+    case DPAR__RED_MUL_B: return dpar__nan_first8(_mm512_mul_pd(v, dpar__red_ld8(b, i, bs)), v);
+    case DPAR__RED_MUL_A: return dpar__nan_first8(_mm512_mul_pd(v, dpar__red_ld8(a, i, as)), v);
+    case DPAR__RED_DIV_B: return _mm512_div_pd(v, dpar__red_ld8(b, i, bs));
     case DPAR__RED_DIV_B2: {
         __m512d nv = _mm512_castsi512_pd(_mm512_xor_si512(_mm512_castpd_si512(v), _mm512_set1_epi64(INT64_MIN)));
         __m512d vb = dpar__red_ld8(b, i, bs);
-        t = _mm512_div_pd(dpar__nan_first8(_mm512_mul_pd(nv, dpar__red_ld8(a, i, as)), nv), _mm512_mul_pd(vb, vb));
-        break;
+        return _mm512_div_pd(dpar__nan_first8(_mm512_mul_pd(nv, dpar__red_ld8(a, i, as)), nv), _mm512_mul_pd(vb, vb));
     }
-    default: return _mm512_add_pd(acc, v); /* SUM, MEAN */
+    default: return v; /* SUM, MEAN, NEG */
     }
+}
+/* acc plus (NEG: minus) the term t as dpar__red_step folds it: its compiled add keeps the term's NaN where
+   both are NaN; a SUM or MEAN keeps acc's, as these lanes did before (dpar__red_sums_avx512) */
+__attribute__((target("avx512f"), always_inline)) static inline __m512d dpar__red_fold8(int red, __m512d acc,
+                                                                                        __m512d t) {
+    if (red == DPAR__RED_NEG) return _mm512_sub_pd(acc, t);
+    if (red == DPAR_REDUCE_SUM || red == DPAR_REDUCE_MEAN) return _mm512_add_pd(acc, t);
     return dpar__nan_first8(_mm512_add_pd(acc, t), t);
 }
 /* dpar__red_one_avx512's loop for one kind (red a constant where it is inlined) */
 __attribute__((target("avx512f"), always_inline)) static inline int64_t
 dpar__red_one8(int red, float *y, const float *x, const float *a, int64_t as, const float *b, int64_t bs, int64_t n) {
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(y + i, _mm512_cvtpd_ps(dpar__red_fold8(red, _mm512_setzero_pd(), x, a, as, b, bs, i)));
+    for (; i + 8 <= n; i += 8) { /* acc 0 is no NaN: 0 + t keeps t's */
+        __m512d t = dpar__red_term8(red, x, a, as, b, bs, i), z = _mm512_setzero_pd();
+        _mm256_storeu_ps(y + i, _mm512_cvtpd_ps(red == DPAR__RED_NEG ? _mm512_sub_pd(z, t) : _mm512_add_pd(z, t)));
+    }
     return i;
 }
 /* dpar__red_one_row 8 elements at a time (a, b: strides 0 or 1); returns the elements done */
@@ -16951,37 +16955,46 @@ __attribute__((target("avx512f"))) static int64_t dpar__red_one_avx512(int red, 
     default: return dpar__red_one8(DPAR_REDUCE_SUM, y, x, a, as, b, bs, n);
     }
 }
-/* dpar__red_sum8_avx512 for one kind (red a constant where it is inlined) */
-__attribute__((target("avx512f"), always_inline)) static inline void dpar__red_sum8(int red, float *y, const float *x,
-                                                                                    const float *a, const float *b,
-                                                                                    const int64_t *e, const int64_t *xs,
-                                                                                    const int64_t *p, int64_t R) {
-    __m512d acc = _mm512_setzero_pd();
+/* dpar__red_sums_avx512 for one kind (red a constant where it is inlined) */
+__attribute__((target("avx512f"), always_inline)) static inline void
+dpar__red_sums(int red, int w, float *y, const float *x, const float *a, const float *b, const int64_t *e,
+               const int64_t *xs, const int64_t *p, int64_t R) {
+    __m512d c0 = _mm512_setzero_pd(), c1 = c0, c2 = c0, c3 = c0;
     for (int64_t i0 = 0; i0 < e[0]; i0++)
         for (int64_t i1 = 0; i1 < e[1]; i1++)
             for (int64_t i2 = 0; i2 < e[2]; i2++) {
+                const float *xr = x + i0 * xs[0] + i1 * xs[1] + i2 * xs[2];
                 const float *ar = a ? a + i0 * p[4] + i1 * p[5] + i2 * p[6] : NULL;
                 const float *br = b ? b + i0 * p[8] + i1 * p[9] + i2 * p[10] : NULL;
-                acc = dpar__red_fold8(red, acc, x + i0 * xs[0] + i1 * xs[1] + i2 * xs[2], ar, p[7], br, p[11], 0);
+                c0 = dpar__red_fold8(red, c0, dpar__red_term8(red, xr, ar, p[7], br, p[11], 0));
+                if (w == 4) {
+                    c1 = dpar__red_fold8(red, c1, dpar__red_term8(red, xr, ar, p[7], br, p[11], 8));
+                    c2 = dpar__red_fold8(red, c2, dpar__red_term8(red, xr, ar, p[7], br, p[11], 16));
+                    c3 = dpar__red_fold8(red, c3, dpar__red_term8(red, xr, ar, p[7], br, p[11], 24));
+                }
             }
-    if (red == DPAR_REDUCE_MEAN) acc = _mm512_div_pd(acc, _mm512_set1_pd((double)R));
-    _mm256_storeu_ps(y, _mm512_cvtpd_ps(acc));
+    __m512d acc[4] = { c0, c1, c2, c3 };
+    for (int k = 0; k < w; k++) {
+        if (red == DPAR_REDUCE_MEAN) acc[k] = _mm512_div_pd(acc[k], _mm512_set1_pd((double)R));
+        _mm256_storeu_ps(y + 8 * k, _mm512_cvtpd_ps(acc[k]));
+    }
 }
-/* y[0..8) = 8 neighbouring outputs along a kept last dim of a sum kind (mean: / R), x, a, b at their first
-   element, the reduced dims' extents e and x's strides xs (a's, b's: p[4..7], p[8..11], 0 or 1 along the last):
-   dpar__cpu_reduce_range's walk on 8 lanes, each lane's adds in the same order, so the same bits (the position
-   embedding's gradient, a sum over the batch walked per element, was 0.9% of the GPT's 1x1 step) */
-__attribute__((target("avx512f"))) static void dpar__red_sum8_avx512(int red, float *y, const float *x, const float *a,
-                                                                     const float *b, const int64_t *e,
+/* y[0..8 w) = 8 w neighbouring outputs (w 1 or 4) along a kept last dim of a sum kind (mean: / R), x, a, b at
+   their first element, the reduced dims' extents e and x's strides xs (a's, b's: p[4..7], p[8..11], 0 or 1
+   along the last): dpar__cpu_reduce_range's walk on 8 lanes an accumulator, each lane's adds in the same order,
+   so the same bits; 4 accumulators keep 4 adds in flight (one waited out each add's latency). The position
+   embedding's gradient, a sum over the batch walked per element, was 0.9% of the GPT's 1x1 step. */
+__attribute__((target("avx512f"))) static void dpar__red_sums_avx512(int red, int w, float *y, const float *x,
+                                                                     const float *a, const float *b, const int64_t *e,
                                                                      const int64_t *xs, const int64_t *p, int64_t R) {
     switch (red) {
-    case DPAR_REDUCE_MEAN: dpar__red_sum8(DPAR_REDUCE_MEAN, y, x, a, b, e, xs, p, R); break;
-    case DPAR__RED_NEG: dpar__red_sum8(DPAR__RED_NEG, y, x, a, b, e, xs, p, R); break;
-    case DPAR__RED_MUL_B: dpar__red_sum8(DPAR__RED_MUL_B, y, x, a, b, e, xs, p, R); break;
-    case DPAR__RED_MUL_A: dpar__red_sum8(DPAR__RED_MUL_A, y, x, a, b, e, xs, p, R); break;
-    case DPAR__RED_DIV_B: dpar__red_sum8(DPAR__RED_DIV_B, y, x, a, b, e, xs, p, R); break;
-    case DPAR__RED_DIV_B2: dpar__red_sum8(DPAR__RED_DIV_B2, y, x, a, b, e, xs, p, R); break;
-    default: dpar__red_sum8(DPAR_REDUCE_SUM, y, x, a, b, e, xs, p, R);
+    case DPAR_REDUCE_MEAN: dpar__red_sums(DPAR_REDUCE_MEAN, w, y, x, a, b, e, xs, p, R); break;
+    case DPAR__RED_NEG: dpar__red_sums(DPAR__RED_NEG, w, y, x, a, b, e, xs, p, R); break;
+    case DPAR__RED_MUL_B: dpar__red_sums(DPAR__RED_MUL_B, w, y, x, a, b, e, xs, p, R); break;
+    case DPAR__RED_MUL_A: dpar__red_sums(DPAR__RED_MUL_A, w, y, x, a, b, e, xs, p, R); break;
+    case DPAR__RED_DIV_B: dpar__red_sums(DPAR__RED_DIV_B, w, y, x, a, b, e, xs, p, R); break;
+    case DPAR__RED_DIV_B2: dpar__red_sums(DPAR__RED_DIV_B2, w, y, x, a, b, e, xs, p, R); break;
+    default: dpar__red_sums(DPAR_REDUCE_SUM, w, y, x, a, b, e, xs, p, R);
     }
 }
 /* whether 8 neighbours along the last dim fill vector lanes: the operands red reads are dense (stride 1) or
@@ -16994,8 +17007,8 @@ static int dpar__red_lanes8(int red, const int64_t *p) {
 #endif
 /* y[o] = reduction over the dims in mask p[13] of dense x (shape p[0..3]); o runs over the kept dims.
    Each output walks its slice with nested loops (extent 1 along kept dims); DPAR__RED_MAX_BWD walks it
-   twice: find the first maximum, then write dx. A sum kind over leading dims takes 8 outputs of the last
-   at a time where the CPU has AVX-512 (dpar__red_sum8_avx512). */
+   twice: find the first maximum, then write dx. A sum kind over leading dims takes 32 or 8 outputs of the
+   last at a time where the CPU has AVX-512 (dpar__red_sums_avx512). */
 static void dpar__cpu_reduce_range(const void *arg, int64_t lo, int64_t hi) {
     const dpar__op *op = (const dpar__op *)arg;
     const int64_t *p = op->p;
@@ -17016,9 +17029,9 @@ static void dpar__cpu_reduce_range(const void *arg, int64_t lo, int64_t hi) {
             cd[d] = rem % p[d];
             rem /= p[d];
         }
-    int sum8 = 0;
+    int wide = 0;
 #ifdef DPAR__X86_SIMD
-    sum8 =
+    wide =
         dpar__red_is_sum(red) && R > 1 && !(p[13] & 8) && dpar__red_lanes8(red, p) && __builtin_cpu_supports("avx512f");
 #endif
     for (int64_t o = lo, nv = 1; o < hi; o += nv) {
@@ -17028,16 +17041,17 @@ static void dpar__cpu_reduce_range(const void *arg, int64_t lo, int64_t hi) {
             a_0 += cd[d] * p[4 + d];
             b_0 += cd[d] * p[8 + d];
         }
-        nv = sum8 && cd[3] + 8 <= p[3] && o + 8 <= hi ? 8 : 1;
-        for (int64_t v = 0; v < nv; v++)
-            for (int d = 3; d >= 0; d--) /* the next output's: last kept dim fastest */
-                if (!(p[13] >> d & 1)) {
-                    if (++cd[d] < p[d]) break;
-                    cd[d] = 0;
-                }
+        nv = !wide ? 1 : cd[3] + 32 <= p[3] && o + 32 <= hi ? 32 : cd[3] + 8 <= p[3] && o + 8 <= hi ? 8 : 1;
+        cd[3] += nv - 1;             /* nv > 1: along the kept last dim, within it */
+        for (int d = 3; d >= 0; d--) /* the next output's: last kept dim fastest */
+            if (!(p[13] >> d & 1)) {
+                if (++cd[d] < p[d]) break;
+                cd[d] = 0;
+            }
 #ifdef DPAR__X86_SIMD
-        if (nv == 8) {
-            dpar__red_sum8_avx512(red, y + o, x0 + x_0, a ? a + a_0 : NULL, b ? b + b_0 : NULL, e, xs, p, R);
+        if (nv > 1) {
+            dpar__red_sums_avx512(red, (int)nv / 8, y + o, x0 + x_0, a ? a + a_0 : NULL, b ? b + b_0 : NULL, e, xs, p,
+                                  R);
             continue;
         }
 #endif
