@@ -16648,7 +16648,8 @@ static void dpar__exp_shifted_f32(float *e, const float *z, float mx, int64_t n)
 
 /* >>cpu elementwise ===========================================================
    CPU reference of the elementwise kinds (see >>elementwise ops): math in
-   double, sums in order, one element after another. */
+   double, sums in order; vector lanes only where they give each element's
+   scalar bits. */
 #define DPAR__GELU_K 0.7978845608028654 /* sqrt(2 / pi) */
 /* op(x) in double: the f64 kernels, and the f32 ones of the kinds not built on exp (those:
    dpar__cpu_unary_exp_range) */
@@ -16666,8 +16667,8 @@ static double dpar__unary_f(int u, double x, double s) {
     case DPAR_UNARY_GELU_ERF: return 0.5 * x * (1.0 + erf(x * 0.7071067811865476));
     case DPAR_UNARY_SILU: return x / (1.0 + exp(-x));
     case DPAR_UNARY_SQUARE: return x * x;
-    case DPAR_UNARY_ADD_SCALAR: return x + s;
-    case DPAR_UNARY_MUL_SCALAR: return x * s;
+    case DPAR_UNARY_ADD_SCALAR: return x != x ? x + x : x + s; /* x's NaN first: see dpar__unary_grad1 */
+    case DPAR_UNARY_MUL_SCALAR: return x != x ? x + x : x * s;
     case DPAR_UNARY_RSUB_SCALAR: return s - x;
     case DPAR_UNARY_DIV_SCALAR: return x / s;
     case DPAR_UNARY_RDIV_SCALAR: return s / x;
@@ -16825,6 +16826,229 @@ static void dpar__cpu_unary_exp_range(const void *arg, int64_t lo, int64_t hi) {
             }
     }
 }
+/* dy d, d's NaN where both are NaN (x + s, x * s: x's). x86 returns the first operand's NaN, and
+   which operand of a commutative op comes first is the compiler's choice: the per-element loops these
+   replace had d (x) first; the choice is made here, the same on every path and compiler */
+static double dpar__unary_grad1(double dy, double d) {
+    return d != d ? d : dy * d;
+}
+/* the kinds whose derivative does not depend on x (dy times a constant: dpar__unary_d(u, 0, s)) */
+static int dpar__unary_const_d(int u) {
+    return u == DPAR_UNARY_NEG || u == DPAR_UNARY_ADD_SCALAR || u == DPAR_UNARY_MUL_SCALAR ||
+           u == DPAR_UNARY_RSUB_SCALAR || u == DPAR_UNARY_DIV_SCALAR;
+}
+/* kind K's forward (case K) and backward (case DPAR_UNARY_COUNT + K) loop over [i, n): K is a constant,
+   so dpar__unary_f / _d fold to its formula, the switch out of the loop. The constant derivatives are c,
+   read at run time: folded, dy * -1.0 would become -dy, which flips a NaN's sign where the multiply
+   keeps it */
+#define DPAR__UNARY_LOOP(K, T)                                                                                       \
+    case K:                                                                                                          \
+        for (; i < n; i++) y[i] = (T)dpar__unary_f(K, (double)x[i], s);                                              \
+        return;                                                                                                      \
+    case DPAR_UNARY_COUNT + K:                                                                                       \
+        for (; i < n; i++)                                                                                           \
+            y[i] =                                                                                                   \
+                (T)dpar__unary_grad1((double)dy[i], dpar__unary_const_d(K) ? c : dpar__unary_d(K, (double)x[i], s)); \
+        return;
+/* y[i] = f(x[i]) (k = the kind) or dy[i] f'(x[i]) (k = DPAR_UNARY_COUNT + the kind), i in [i, n), in
+   double as dpar__unary_f / _d: the vector kernels' tails and the CPUs without them (f32: the kinds not
+   built on exp, which dpar__cpu_unary_exp_range takes) */
+static void dpar__unary_f32_scalar(int k, float *y, const float *x, const float *dy, double s, double c, int64_t i,
+                                   int64_t n) {
+    switch (k) {
+        DPAR__UNARY_LOOP(DPAR_UNARY_NEG, float)
+        DPAR__UNARY_LOOP(DPAR_UNARY_LOG, float)
+        DPAR__UNARY_LOOP(DPAR_UNARY_SQRT, float)
+        DPAR__UNARY_LOOP(DPAR_UNARY_RSQRT, float)
+        DPAR__UNARY_LOOP(DPAR_UNARY_TANH, float)
+        DPAR__UNARY_LOOP(DPAR_UNARY_GELU_ERF, float)
+        DPAR__UNARY_LOOP(DPAR_UNARY_SQUARE, float)
+        DPAR__UNARY_LOOP(DPAR_UNARY_ADD_SCALAR, float)
+        DPAR__UNARY_LOOP(DPAR_UNARY_MUL_SCALAR, float)
+        DPAR__UNARY_LOOP(DPAR_UNARY_RSUB_SCALAR, float)
+        DPAR__UNARY_LOOP(DPAR_UNARY_DIV_SCALAR, float)
+        DPAR__UNARY_LOOP(DPAR_UNARY_RDIV_SCALAR, float)
+        DPAR__UNARY_LOOP(DPAR_UNARY_POW_SCALAR, float)
+    default: break;
+    }
+}
+/* the same for f64, every kind */
+static void dpar__unary_f64_scalar(int k, double *y, const double *x, const double *dy, double s, double c, int64_t i,
+                                   int64_t n) {
+    switch (k) {
+        DPAR__UNARY_LOOP(DPAR_UNARY_NEG, double)
+        DPAR__UNARY_LOOP(DPAR_UNARY_EXP, double)
+        DPAR__UNARY_LOOP(DPAR_UNARY_LOG, double)
+        DPAR__UNARY_LOOP(DPAR_UNARY_SQRT, double)
+        DPAR__UNARY_LOOP(DPAR_UNARY_RSQRT, double)
+        DPAR__UNARY_LOOP(DPAR_UNARY_TANH, double)
+        DPAR__UNARY_LOOP(DPAR_UNARY_SIGMOID, double)
+        DPAR__UNARY_LOOP(DPAR_UNARY_GELU_TANH, double)
+        DPAR__UNARY_LOOP(DPAR_UNARY_GELU_ERF, double)
+        DPAR__UNARY_LOOP(DPAR_UNARY_SILU, double)
+        DPAR__UNARY_LOOP(DPAR_UNARY_SQUARE, double)
+        DPAR__UNARY_LOOP(DPAR_UNARY_ADD_SCALAR, double)
+        DPAR__UNARY_LOOP(DPAR_UNARY_MUL_SCALAR, double)
+        DPAR__UNARY_LOOP(DPAR_UNARY_RSUB_SCALAR, double)
+        DPAR__UNARY_LOOP(DPAR_UNARY_DIV_SCALAR, double)
+        DPAR__UNARY_LOOP(DPAR_UNARY_RDIV_SCALAR, double)
+        DPAR__UNARY_LOOP(DPAR_UNARY_POW_SCALAR, double)
+    default: break;
+    }
+}
+#ifdef DPAR__X86_SIMD
+/* the kinds without a libm call, which the kernels below take (backward: LOG's 1 / x too) */
+static int dpar__unary_is_arith(int u, int bwd) {
+    return dpar__unary_const_d(u) || u == DPAR_UNARY_SQRT || u == DPAR_UNARY_RSQRT || u == DPAR_UNARY_SQUARE ||
+           u == DPAR_UNARY_RDIV_SCALAR || (bwd && u == DPAR_UNARY_LOG);
+}
+/* dpar__unary_f of the arithmetic kinds on 8 double lanes: the scalar formula's IEEE operations in the
+   same order, each rounded once (no fused multiply-add), so the same bits; u is a constant where it is
+   inlined */
+__attribute__((target("avx512f"), always_inline)) static inline __m512d dpar__unary_f8(int u, __m512d v, __m512d s) {
+    switch (u) {
+    case DPAR_UNARY_NEG:
+        return _mm512_castsi512_pd(_mm512_xor_si512(_mm512_castpd_si512(v), _mm512_set1_epi64(INT64_MIN)));
+    case DPAR_UNARY_SQRT: return _mm512_sqrt_pd(v);
+    case DPAR_UNARY_RSQRT: return _mm512_div_pd(_mm512_set1_pd(1.0), _mm512_sqrt_pd(v));
+    case DPAR_UNARY_SQUARE: return _mm512_mul_pd(v, v);
+    case DPAR_UNARY_ADD_SCALAR:
+        return _mm512_mask_add_pd(_mm512_add_pd(v, s), _mm512_cmp_pd_mask(v, v, _CMP_UNORD_Q), v, v);
+    case DPAR_UNARY_MUL_SCALAR:
+        return _mm512_mask_add_pd(_mm512_mul_pd(v, s), _mm512_cmp_pd_mask(v, v, _CMP_UNORD_Q), v, v);
+    case DPAR_UNARY_RSUB_SCALAR: return _mm512_sub_pd(s, v);
+    case DPAR_UNARY_DIV_SCALAR: return _mm512_div_pd(v, s);
+    default: return _mm512_div_pd(s, v); /* RDIV_SCALAR */
+    }
+}
+/* dy f'(x) (dpar__unary_grad1 of dpar__unary_d) of the arithmetic kinds, likewise; c: the constant
+   derivative (dpar__unary_const_d), -s for RDIV_SCALAR */
+__attribute__((target("avx512f"), always_inline)) static inline __m512d dpar__unary_d8(int u, __m512d g, __m512d v,
+                                                                                       __m512d c) {
+    __m512d d;
+    switch (u) {
+    case DPAR_UNARY_LOG: d = _mm512_div_pd(_mm512_set1_pd(1.0), v); break;
+    case DPAR_UNARY_SQRT: d = _mm512_div_pd(_mm512_set1_pd(0.5), _mm512_sqrt_pd(v)); break;
+    case DPAR_UNARY_RSQRT: d = _mm512_div_pd(_mm512_set1_pd(-0.5), _mm512_mul_pd(v, _mm512_sqrt_pd(v))); break;
+    case DPAR_UNARY_SQUARE: d = _mm512_mul_pd(_mm512_set1_pd(2.0), v); break;
+    case DPAR_UNARY_RDIV_SCALAR: d = _mm512_div_pd(c, _mm512_mul_pd(v, v)); break;
+    default: d = c; /* dpar__unary_const_d */
+    }
+    return _mm512_mask_mov_pd(_mm512_mul_pd(g, d), _mm512_cmp_pd_mask(d, d, _CMP_UNORD_Q), d);
+}
+/* dpar__unary_f8 in f32 lanes, for the kinds that are one IEEE operation on x and s: rounding the double
+   result to f32 gives the correctly rounded f32 result (double has 53 >= 2 x 24 + 2 bits, so rounding
+   twice is innocuous for +, -, x, / and sqrt), and a NaN keeps its payload either way. Twice the lanes,
+   and f32 divides and square roots are about 4x faster than double ones */
+__attribute__((target("avx512f"), always_inline)) static inline __m512 dpar__unary_f16(int u, __m512 v, __m512 s) {
+    switch (u) {
+    case DPAR_UNARY_SQRT: return _mm512_sqrt_ps(v);
+    case DPAR_UNARY_SQUARE: return _mm512_mul_ps(v, v);
+    case DPAR_UNARY_ADD_SCALAR:
+        return _mm512_mask_add_ps(_mm512_add_ps(v, s), _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), v, v);
+    case DPAR_UNARY_MUL_SCALAR:
+        return _mm512_mask_add_ps(_mm512_mul_ps(v, s), _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), v, v);
+    case DPAR_UNARY_RSUB_SCALAR: return _mm512_sub_ps(s, v);
+    case DPAR_UNARY_DIV_SCALAR: return _mm512_div_ps(v, s);
+    default: return _mm512_div_ps(s, v); /* RDIV_SCALAR */
+    }
+}
+#define DPAR__LD8_F32(p) _mm512_cvtps_pd(_mm256_loadu_ps(p))
+#define DPAR__F32_16(K)                                                                                        \
+    case K:                                                                                                    \
+        for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, dpar__unary_f16(K, _mm512_loadu_ps(x + i), s16)); \
+        break;
+#define DPAR__F32_8(K)                                                                             \
+    case K:                                                                                        \
+        for (; i + 8 <= n; i += 8)                                                                 \
+            _mm256_storeu_ps(y + i, _mm512_cvtpd_ps(dpar__unary_f8(K, DPAR__LD8_F32(x + i), s8))); \
+        break;
+#define DPAR__F64_8(K)                                                                                     \
+    case K:                                                                                                \
+        for (; i + 8 <= n; i += 8) _mm512_storeu_pd(y + i, dpar__unary_f8(K, _mm512_loadu_pd(x + i), s8)); \
+        break;
+#define DPAR__BWD_F32_8(K)                                                                                         \
+    case DPAR_UNARY_COUNT + K:                                                                                     \
+        for (; i + 8 <= n; i += 8)                                                                                 \
+            _mm256_storeu_ps(y + i,                                                                                \
+                             _mm512_cvtpd_ps(dpar__unary_d8(K, DPAR__LD8_F32(dy + i), DPAR__LD8_F32(x + i), c8))); \
+        break;
+#define DPAR__BWD_F64_8(K)                                                                                   \
+    case DPAR_UNARY_COUNT + K:                                                                               \
+        for (; i + 8 <= n; i += 8)                                                                           \
+            _mm512_storeu_pd(y + i, dpar__unary_d8(K, _mm512_loadu_pd(dy + i), _mm512_loadu_pd(x + i), c8)); \
+        break;
+/* dpar__unary_f32_scalar's loops for the arithmetic kinds (k as there), 16 or 8 elements at a time;
+   returns how many leading elements it did */
+__attribute__((target("avx512f"))) static int64_t
+dpar__unary_f32_avx512(int k, float *y, const float *x, const float *dy, double s, double c, int64_t n) {
+    const __m512 s16 = _mm512_set1_ps((float)s);
+    const __m512d s8 = _mm512_set1_pd(s), c8 = _mm512_set1_pd(c);
+    int64_t i = 0;
+    switch (k) {
+        DPAR__F32_8(DPAR_UNARY_NEG) /* f32 negation would keep a signalling NaN, which the double path quiets */
+        DPAR__F32_8(DPAR_UNARY_RSQRT)
+        DPAR__F32_16(DPAR_UNARY_SQRT)
+        DPAR__F32_16(DPAR_UNARY_SQUARE)
+        DPAR__F32_16(DPAR_UNARY_ADD_SCALAR)
+        DPAR__F32_16(DPAR_UNARY_MUL_SCALAR)
+        DPAR__F32_16(DPAR_UNARY_RSUB_SCALAR)
+        DPAR__F32_16(DPAR_UNARY_DIV_SCALAR)
+        DPAR__F32_16(DPAR_UNARY_RDIV_SCALAR)
+        DPAR__BWD_F32_8(DPAR_UNARY_NEG)
+        DPAR__BWD_F32_8(DPAR_UNARY_LOG)
+        DPAR__BWD_F32_8(DPAR_UNARY_SQRT)
+        DPAR__BWD_F32_8(DPAR_UNARY_RSQRT)
+        DPAR__BWD_F32_8(DPAR_UNARY_SQUARE)
+        DPAR__BWD_F32_8(DPAR_UNARY_ADD_SCALAR)
+        DPAR__BWD_F32_8(DPAR_UNARY_MUL_SCALAR)
+        DPAR__BWD_F32_8(DPAR_UNARY_RSUB_SCALAR)
+        DPAR__BWD_F32_8(DPAR_UNARY_DIV_SCALAR)
+        DPAR__BWD_F32_8(DPAR_UNARY_RDIV_SCALAR)
+    default: break;
+    }
+    return i;
+}
+/* the same for f64 (every lane in double: the scalar formula itself) */
+__attribute__((target("avx512f"))) static int64_t
+dpar__unary_f64_avx512(int k, double *y, const double *x, const double *dy, double s, double c, int64_t n) {
+    const __m512d s8 = _mm512_set1_pd(s), c8 = _mm512_set1_pd(c);
+    int64_t i = 0;
+    switch (k) {
+        DPAR__F64_8(DPAR_UNARY_NEG)
+        DPAR__F64_8(DPAR_UNARY_SQRT)
+        DPAR__F64_8(DPAR_UNARY_RSQRT)
+        DPAR__F64_8(DPAR_UNARY_SQUARE)
+        DPAR__F64_8(DPAR_UNARY_ADD_SCALAR)
+        DPAR__F64_8(DPAR_UNARY_MUL_SCALAR)
+        DPAR__F64_8(DPAR_UNARY_RSUB_SCALAR)
+        DPAR__F64_8(DPAR_UNARY_DIV_SCALAR)
+        DPAR__F64_8(DPAR_UNARY_RDIV_SCALAR)
+        DPAR__BWD_F64_8(DPAR_UNARY_NEG)
+        DPAR__BWD_F64_8(DPAR_UNARY_LOG)
+        DPAR__BWD_F64_8(DPAR_UNARY_SQRT)
+        DPAR__BWD_F64_8(DPAR_UNARY_RSQRT)
+        DPAR__BWD_F64_8(DPAR_UNARY_SQUARE)
+        DPAR__BWD_F64_8(DPAR_UNARY_ADD_SCALAR)
+        DPAR__BWD_F64_8(DPAR_UNARY_MUL_SCALAR)
+        DPAR__BWD_F64_8(DPAR_UNARY_RSUB_SCALAR)
+        DPAR__BWD_F64_8(DPAR_UNARY_DIV_SCALAR)
+        DPAR__BWD_F64_8(DPAR_UNARY_RDIV_SCALAR)
+    default: break;
+    }
+    return i;
+}
+#endif
+/* the scalar and the kernels' kind code (dpar__unary_f32_scalar's k) and the c they take: the constant
+   derivative (dpar__unary_const_d), -s for RDIV_SCALAR's, stored and read back through a volatile so the
+   compiler cannot fold it (see DPAR__UNARY_LOOP) */
+static int dpar__unary_code(const dpar__op *op, double *c) {
+    int u = (int)op->p[0], bwd = op->kind != DPAR__OP_UNARY;
+    double s = (double)op->f[0];
+    volatile double cv = u == DPAR_UNARY_RDIV_SCALAR ? -s : dpar__unary_const_d(u) ? dpar__unary_d(u, 0.0, s) : 0.0;
+    *c = cv;
+    return bwd ? DPAR_UNARY_COUNT + u : u;
+}
 static void dpar__cpu_unary_range(const void *arg, int64_t lo, int64_t hi) {
     const dpar__op *op = (const dpar__op *)arg;
     int u = (int)op->p[0];
@@ -16832,13 +17056,16 @@ static void dpar__cpu_unary_range(const void *arg, int64_t lo, int64_t hi) {
         dpar__cpu_unary_exp_range(op, lo, hi);
         return;
     }
-    double s = (double)op->f[0];
-    float *y = (float *)op->dst->mem;
-    const float *x = (const float *)op->src0->mem, *dy = op->src1 ? (const float *)op->src1->mem : NULL;
-    if (op->kind == DPAR__OP_UNARY)
-        for (int64_t i = lo; i < hi; i++) y[i] = (float)dpar__unary_f(u, (double)x[i], s);
-    else
-        for (int64_t i = lo; i < hi; i++) y[i] = (float)((double)dy[i] * dpar__unary_d(u, (double)x[i], s));
+    double s = (double)op->f[0], c;
+    int k = dpar__unary_code(op, &c);
+    float *y = (float *)op->dst->mem + lo;
+    const float *x = (const float *)op->src0->mem + lo, *dy = op->src1 ? (const float *)op->src1->mem + lo : NULL;
+    int64_t i = 0;
+#ifdef DPAR__X86_SIMD
+    if (dpar__unary_is_arith(u, k >= DPAR_UNARY_COUNT) && __builtin_cpu_supports("avx512f"))
+        i = dpar__unary_f32_avx512(k, y, x, dy, s, c, hi - lo);
+#endif
+    dpar__unary_f32_scalar(k, y, x, dy, s, c, i, hi - lo);
 }
 static dpar_status dpar__cpu_op_unary(dpar__cpu *c, int dev, const dpar__op *op, float *y, const float *x0,
                                       const float *x1) {
@@ -19029,11 +19256,16 @@ static void dpar__cpu64_gemm(dpar__cpu *c, int dev, int64_t M, int64_t N, int64_
 }
 static void dpar__cpu64_unary_range(const void *arg, int64_t lo, int64_t hi) {
     const dpar__op *op = (const dpar__op *)arg;
-    int u = (int)op->p[0];
-    double s = (double)op->f[0], *y = DPAR__D(op->dst);
-    const double *x = DPAR__CD(op->src0), *dy = DPAR__CD(op->src1);
-    for (int64_t i = lo; i < hi; i++)
-        y[i] = op->kind == DPAR__OP_UNARY ? dpar__unary_f(u, x[i], s) : dy[i] * dpar__unary_d(u, x[i], s);
+    double s = (double)op->f[0], c;
+    int k = dpar__unary_code(op, &c);
+    double *y = DPAR__D(op->dst) + lo;
+    const double *x = DPAR__CD(op->src0) + lo, *dy = op->src1 ? DPAR__CD(op->src1) + lo : NULL;
+    int64_t i = 0;
+#ifdef DPAR__X86_SIMD
+    if (dpar__unary_is_arith((int)op->p[0], k >= DPAR_UNARY_COUNT) && __builtin_cpu_supports("avx512f"))
+        i = dpar__unary_f64_avx512(k, y, x, dy, s, c, hi - lo);
+#endif
+    dpar__unary_f64_scalar(k, y, x, dy, s, c, i, hi - lo);
 }
 /* as dpar__cpu_op_binary: y[p14 + i] = a[p12 + i.sa] op b[p13 + i.sb] over the 4-d shape p[0..3] */
 static void dpar__cpu64_binary(const dpar__op *op) {

@@ -203,6 +203,161 @@ static void test_unary_grad(void **state) {
     dpar_buffer_destroy(dy);
 }
 
+/* ---- unary: the CPU kernels' bits ------------------------------------------------------ */
+/* dpar.h's formulas for the kinds not built on exp (dpar__unary_f, dpar__unary_d, dpar__unary_grad1),
+   copied: the kernels compute them in double, vector lanes or not, and must give these bits for every
+   input (NaN payloads and signs included: where both operands of x + s, x * s or dy * f'(x) are NaN,
+   x's and f'(x)'s come out) */
+static double bits_f(int u, double x, double s) {
+    switch (u) {
+    case DPAR_UNARY_NEG: return -x;
+    case DPAR_UNARY_LOG: return log(x);
+    case DPAR_UNARY_SQRT: return sqrt(x);
+    case DPAR_UNARY_RSQRT: return 1.0 / sqrt(x);
+    case DPAR_UNARY_TANH: return tanh(x);
+    case DPAR_UNARY_GELU_ERF: return 0.5 * x * (1.0 + erf(x * 0.7071067811865476));
+    case DPAR_UNARY_SQUARE: return x * x;
+    case DPAR_UNARY_ADD_SCALAR: return x != x ? x + x : x + s;
+    case DPAR_UNARY_MUL_SCALAR: return x != x ? x + x : x * s;
+    case DPAR_UNARY_RSUB_SCALAR: return s - x;
+    case DPAR_UNARY_DIV_SCALAR: return x / s;
+    case DPAR_UNARY_RDIV_SCALAR: return s / x;
+    default: return pow(x, s); /* POW_SCALAR */
+    }
+}
+static double bits_d(int u, double x, double s) {
+    switch (u) {
+    case DPAR_UNARY_NEG: return -1.0;
+    case DPAR_UNARY_LOG: return 1.0 / x;
+    case DPAR_UNARY_SQRT: return 0.5 / sqrt(x);
+    case DPAR_UNARY_RSQRT: return -0.5 / (x * sqrt(x));
+    case DPAR_UNARY_TANH: {
+        double t = tanh(x);
+        return 1.0 - t * t;
+    }
+    case DPAR_UNARY_GELU_ERF:
+        return 0.5 * (1.0 + erf(x * 0.7071067811865476)) + x * exp(-0.5 * x * x) * 0.3989422804014327;
+    case DPAR_UNARY_SQUARE: return 2.0 * x;
+    case DPAR_UNARY_ADD_SCALAR: return 1.0;
+    case DPAR_UNARY_MUL_SCALAR: return s;
+    case DPAR_UNARY_RSUB_SCALAR: return -1.0;
+    case DPAR_UNARY_DIV_SCALAR: return 1.0 / s;
+    case DPAR_UNARY_RDIV_SCALAR: return -s / (x * x);
+    default: return s == 0.0 ? 0.0 : s * pow(x, s - 1.0); /* POW_SCALAR */
+    }
+}
+static double bits_grad(double dy, double d) {
+    return d != d ? d : dy * d;
+}
+/* input i of a bits case: a special value (+-0, subnormals, the extremes, +-inf, quiet and signalling
+   NaNs with payloads) or random bits */
+static uint64_t bits_input(int f64, int64_t i, int64_t salt, uint64_t *rng) {
+    static const uint32_t s32[] = { 0x00000000u, 0x80000000u, 0x00000001u, 0x807fffffu, 0x00400000u, 0x00800000u,
+                                    0x3f800000u, 0xbf800000u, 0x40000000u, 0x3e99999au, 0x7f7fffffu, 0xff7fffffu,
+                                    0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc54321u, 0x7f800001u, 0xffa00000u,
+                                    0x0d000000u, 0x71000000u, 0x1f800000u, 0x5f800000u, 0x4b800001u };
+    static const uint64_t s64[] = { 0x0ull,
+                                    0x8000000000000000ull,
+                                    0x1ull,
+                                    0x800fffffffffffffull,
+                                    0x0010000000000000ull,
+                                    0x3ff0000000000000ull,
+                                    0xbff0000000000000ull,
+                                    0x4000000000000000ull,
+                                    0x3fd3333333333333ull,
+                                    0x7fefffffffffffffull,
+                                    0xffefffffffffffffull,
+                                    0x7ff0000000000000ull,
+                                    0xfff0000000000000ull,
+                                    0x7ff8000000000000ull,
+                                    0xfff8000000054321ull,
+                                    0x7ff0000000000001ull,
+                                    0xfff4000000000000ull,
+                                    0x3810000000000000ull,
+                                    0x47e0000000000000ull,
+                                    0x1ff0000000000000ull,
+                                    0x5ff0000000000000ull,
+                                    0x36a0000000000000ull,
+                                    0x4170000000000001ull };
+    enum { NS = sizeof s32 / sizeof s32[0] };
+    uint64_t r = (uint64_t)((t_splitmix(rng) + 1.0) * 4503599627370496.0);
+    r ^= r << 12;
+    if ((i + salt) % 3 == 2) return f64 ? r : (uint32_t)r;
+    return f64 ? s64[(i * 7 + salt) % NS] : s32[(i * 7 + salt) % NS];
+}
+/* every kind not built on exp, forward and backward, f32 and f64, at lengths that leave every vector
+   tail (and, 5003 on 3 threads, ranges starting off the vector width), against bits_f / bits_d */
+static void test_unary_bits(void **state) {
+    (void)state;
+    static const int kinds[] = { DPAR_UNARY_NEG,         DPAR_UNARY_LOG,        DPAR_UNARY_SQRT,
+                                 DPAR_UNARY_RSQRT,       DPAR_UNARY_TANH,       DPAR_UNARY_GELU_ERF,
+                                 DPAR_UNARY_SQUARE,      DPAR_UNARY_ADD_SCALAR, DPAR_UNARY_MUL_SCALAR,
+                                 DPAR_UNARY_RSUB_SCALAR, DPAR_UNARY_DIV_SCALAR, DPAR_UNARY_RDIV_SCALAR,
+                                 DPAR_UNARY_POW_SCALAR };
+    static const uint32_t scal[] = { 0x3fd9999au, 0x40000000u, 0x80000000u, 0x000116c2u,
+                                     0x7f61b1e6u, 0x7f800000u, 0x7fc12345u };
+    static const int64_t lens[] = { 1, 7, 8, 9, 15, 17, 1000, 5003 };
+    dpar_runtime *rt = t_cpu_runtime_threads("3");
+    uint64_t rng = 77;
+    for (int f64 = 0; f64 < 2; f64++)
+        for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+            int64_t n = lens[li];
+            size_t es = f64 ? 8 : 4;
+            dpar_dtype t = f64 ? DPAR_F64 : DPAR_F32;
+            dpar_buffer *x = mk(rt, t, 1, &n), *dy = mk(rt, t, 1, &n), *y = mk(rt, t, 1, &n);
+            unsigned char *xv = malloc((size_t)n * es), *dv = malloc((size_t)n * es), *yv = malloc((size_t)n * es);
+            assert_true(xv && dv && yv);
+            for (int64_t i = 0; i < n; i++) {
+                uint64_t a = bits_input(f64, i, (int64_t)li, &rng), b = bits_input(f64, i, (int64_t)li + 1, &rng);
+                uint32_t a32 = (uint32_t)a, b32 = (uint32_t)b;
+                memcpy(xv + (size_t)i * es, f64 ? (void *)&a : (void *)&a32, es);
+                memcpy(dv + (size_t)i * es, f64 ? (void *)&b : (void *)&b32, es);
+            }
+            T_OK(dpar_buffer_write(x, 0, xv, (size_t)n * es));
+            T_OK(dpar_buffer_write(dy, 0, dv, (size_t)n * es));
+            for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++)
+                for (size_t si = 0; si < sizeof scal / sizeof scal[0]; si++)
+                    for (int bwd = 0; bwd < 2; bwd++) {
+                        int u = kinds[k];
+                        float s = t_u2f(scal[si]);
+                        if (bwd)
+                            T_OK(dpar_unary_backward(y, dy, x, (dpar_unary_op)u, s));
+                        else
+                            T_OK(dpar_unary(y, x, (dpar_unary_op)u, s));
+                        T_OK(dpar_buffer_read(y, 0, yv, (size_t)n * es));
+                        for (int64_t i = 0; i < n; i++) {
+                            uint64_t got = 0, want;
+                            memcpy(&got, yv + (size_t)i * es, es);
+                            if (f64) {
+                                double xd, dd;
+                                memcpy(&xd, xv + (size_t)i * 8, 8);
+                                memcpy(&dd, dv + (size_t)i * 8, 8);
+                                double w = bwd ? bits_grad(dd, bits_d(u, xd, (double)s)) : bits_f(u, xd, (double)s);
+                                memcpy(&want, &w, 8);
+                            } else {
+                                float xf, df;
+                                memcpy(&xf, xv + (size_t)i * 4, 4);
+                                memcpy(&df, dv + (size_t)i * 4, 4);
+                                double w = bwd ? bits_grad((double)df, bits_d(u, (double)xf, (double)s))
+                                               : bits_f(u, (double)xf, (double)s);
+                                want = t_f2u((float)w);
+                            }
+                            if (got != want)
+                                fail_msg("%s unary %d%s s=0x%08x, %lld elements, [%lld]: got 0x%llx want 0x%llx",
+                                         f64 ? "f64" : "f32", u, bwd ? " backward" : "", scal[si], (long long)n,
+                                         (long long)i, (unsigned long long)got, (unsigned long long)want);
+                        }
+                    }
+            free(xv);
+            free(dv);
+            free(yv);
+            dpar_buffer_destroy(x);
+            dpar_buffer_destroy(dy);
+            dpar_buffer_destroy(y);
+        }
+    dpar_runtime_destroy(rt);
+}
+
 /* ---- binary with broadcasting -------------------------------------------------------- */
 typedef struct bshape {
     int na, nb, ny;
@@ -1244,6 +1399,7 @@ int main(void) {
         cmocka_unit_test(test_log_softmax_masked),
         cmocka_unit_test(test_unary_exact),
         cmocka_unit_test(test_unary_grad),
+        cmocka_unit_test(test_unary_bits),
         cmocka_unit_test(test_binary_broadcast_and_grad),
         cmocka_unit_test(test_binary_add_grad_exact),
         cmocka_unit_test(test_binary_grad_bits),
