@@ -17075,26 +17075,130 @@ static dpar_status dpar__cpu_op_unary(dpar__cpu *c, int dev, const dpar__op *op,
     dpar__cpu_parallel(c, dev, op->n, 16, dpar__cpu_unary_range, op);
     return DPAR_OK;
 }
+/* one element of BINARY: a op b, a's NaN where both are NaN (x86 returns the first operand's; in a + b
+   and a * b which comes first is the compiler's choice, here made as the per-element code had it) */
+#define DPAR__BINARY_1(bop, va, vb)           \
+    ((va) != (va)               ? (va) + (va) \
+     : (bop) == DPAR_BINARY_ADD ? (va) + (vb) \
+     : (bop) == DPAR_BINARY_SUB ? (va) - (vb) \
+     : (bop) == DPAR_BINARY_MUL ? (va) * (vb) \
+                                : (va) / (vb))
+#ifdef DPAR__X86_SIMD
+/* DPAR__BINARY_1 on 16 f32 / 8 f64 lanes (bop a constant where inlined) */
+__attribute__((target("avx512f"), always_inline)) static inline __m512 dpar__binary16(int bop, __m512 a, __m512 b) {
+    __m512 r = bop == DPAR_BINARY_ADD   ? _mm512_add_ps(a, b)
+               : bop == DPAR_BINARY_SUB ? _mm512_sub_ps(a, b)
+               : bop == DPAR_BINARY_MUL ? _mm512_mul_ps(a, b)
+                                        : _mm512_div_ps(a, b);
+    return _mm512_mask_add_ps(r, _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q), a, a);
+}
+__attribute__((target("avx512f"), always_inline)) static inline __m512d dpar__binary8(int bop, __m512d a, __m512d b) {
+    __m512d r = bop == DPAR_BINARY_ADD   ? _mm512_add_pd(a, b)
+                : bop == DPAR_BINARY_SUB ? _mm512_sub_pd(a, b)
+                : bop == DPAR_BINARY_MUL ? _mm512_mul_pd(a, b)
+                                         : _mm512_div_pd(a, b);
+    return _mm512_mask_add_pd(r, _mm512_cmp_pd_mask(a, a, _CMP_UNORD_Q), a, a);
+}
+#define DPAR__BINARY_ROW16(K)                                                                                     \
+    case K:                                                                                                       \
+        for (; i + 16 <= n; i += 16)                                                                              \
+            _mm512_storeu_ps(o + i, dpar__binary16(K, _mm512_loadu_ps(a + i), sb ? _mm512_loadu_ps(b + i) : b1)); \
+        break;
+#define DPAR__BINARY_ROW8(K)                                                                                     \
+    case K:                                                                                                      \
+        for (; i + 8 <= n; i += 8)                                                                               \
+            _mm512_storeu_pd(o + i, dpar__binary8(K, _mm512_loadu_pd(a + i), sb ? _mm512_loadu_pd(b + i) : b1)); \
+        break;
+/* o[i] = a[i] op b[i sb], i < n, a dense and b dense (sb 1) or one value (sb 0), 16 f32 at a time;
+   returns how many leading elements it did */
+__attribute__((target("avx512f"))) static int64_t dpar__binary_row_f32_avx512(int bop, float *o, const float *a,
+                                                                              const float *b, int64_t sb, int64_t n) {
+    const __m512 b1 = _mm512_set1_ps(b[0]);
+    int64_t i = 0;
+    switch (bop) {
+        DPAR__BINARY_ROW16(DPAR_BINARY_ADD)
+        DPAR__BINARY_ROW16(DPAR_BINARY_SUB)
+        DPAR__BINARY_ROW16(DPAR_BINARY_MUL)
+        DPAR__BINARY_ROW16(DPAR_BINARY_DIV)
+    default: break;
+    }
+    return i;
+}
+/* the same for f64, 8 at a time */
+__attribute__((target("avx512f"))) static int64_t dpar__binary_row_f64_avx512(int bop, double *o, const double *a,
+                                                                              const double *b, int64_t sb, int64_t n) {
+    const __m512d b1 = _mm512_set1_pd(b[0]);
+    int64_t i = 0;
+    switch (bop) {
+        DPAR__BINARY_ROW8(DPAR_BINARY_ADD)
+        DPAR__BINARY_ROW8(DPAR_BINARY_SUB)
+        DPAR__BINARY_ROW8(DPAR_BINARY_MUL)
+        DPAR__BINARY_ROW8(DPAR_BINARY_DIV)
+    default: break;
+    }
+    return i;
+}
+#endif
+/* the scalar loops of a BINARY row (from i), one per op */
+#define DPAR__BINARY_LOOPS(bop)                                                          \
+    switch (bop) {                                                                       \
+    case DPAR_BINARY_ADD:                                                                \
+        for (; i < n; i++) o[i] = DPAR__BINARY_1(DPAR_BINARY_ADD, a[i * sa], b[i * sb]); \
+        break;                                                                           \
+    case DPAR_BINARY_SUB:                                                                \
+        for (; i < n; i++) o[i] = DPAR__BINARY_1(DPAR_BINARY_SUB, a[i * sa], b[i * sb]); \
+        break;                                                                           \
+    case DPAR_BINARY_MUL:                                                                \
+        for (; i < n; i++) o[i] = DPAR__BINARY_1(DPAR_BINARY_MUL, a[i * sa], b[i * sb]); \
+        break;                                                                           \
+    default:                                                                             \
+        for (; i < n; i++) o[i] = DPAR__BINARY_1(DPAR_BINARY_DIV, a[i * sa], b[i * sb]); \
+        break;                                                                           \
+    }
+/* one row of BINARY's 4-d walk: o[i] = a[i sa] op b[i sb], i < n; wide: the CPU has AVX-512 (a dense
+   row with b dense or one value goes on its lanes) */
+static void dpar__binary_row_f32(int bop, int wide, float *o, const float *a, int64_t sa, const float *b, int64_t sb,
+                                 int64_t n) {
+    int64_t i = 0;
+#ifdef DPAR__X86_SIMD
+    if (wide && sa == 1 && sb <= 1 && n >= 16) i = dpar__binary_row_f32_avx512(bop, o, a, b, sb, n);
+#else
+    DPAR__UNUSED(wide);
+#endif
+    DPAR__BINARY_LOOPS(bop)
+}
+static void dpar__binary_row_f64(int bop, int wide, double *o, const double *a, int64_t sa, const double *b, int64_t sb,
+                                 int64_t n) {
+    int64_t i = 0;
+#ifdef DPAR__X86_SIMD
+    if (wide && sa == 1 && sb <= 1 && n >= 8) i = dpar__binary_row_f64_avx512(bop, o, a, b, sb, n);
+#else
+    DPAR__UNUSED(wide);
+#endif
+    DPAR__BINARY_LOOPS(bop)
+}
+/* whether the BINARY rows may take AVX-512 */
+static int dpar__binary_wide(void) {
+#ifdef DPAR__X86_SIMD
+    return __builtin_cpu_supports("avx512f");
+#else
+    return 0;
+#endif
+}
 /* y[p14 + i] = a[p12 + i.sa] op b[p13 + i.sb] over the 4-d shape p[0..3] */
 static dpar_status dpar__cpu_op_binary(dpar__cpu *c, int dev, const dpar__op *op, float *y, const float *x0,
                                        const float *x1) {
     DPAR__UNUSED(c);
     DPAR__UNUSED(dev);
     const int64_t *p = op->p;
-    int bop = (int)p[15];
+    int bop = (int)p[15], wide = dpar__binary_wide();
     float *o = y + p[14];
     for (int64_t i0 = 0; i0 < p[0]; i0++)
         for (int64_t i1 = 0; i1 < p[1]; i1++)
-            for (int64_t i2 = 0; i2 < p[2]; i2++) {
+            for (int64_t i2 = 0; i2 < p[2]; i2++, o += p[3]) {
                 const float *a = x0 + p[12] + i0 * p[4] + i1 * p[5] + i2 * p[6];
                 const float *b = x1 + p[13] + i0 * p[8] + i1 * p[9] + i2 * p[10];
-                for (int64_t i3 = 0; i3 < p[3]; i3++, o++) {
-                    float va = a[i3 * p[7]], vb = b[i3 * p[11]];
-                    *o = bop == DPAR_BINARY_ADD   ? va + vb
-                         : bop == DPAR_BINARY_SUB ? va - vb
-                         : bop == DPAR_BINARY_MUL ? va * vb
-                                                  : va / vb;
-                }
+                dpar__binary_row_f32(bop, wide, o, a, p[7], b, p[11], p[3]);
             }
     return DPAR_OK;
 }
@@ -19270,20 +19374,16 @@ static void dpar__cpu64_unary_range(const void *arg, int64_t lo, int64_t hi) {
 /* as dpar__cpu_op_binary: y[p14 + i] = a[p12 + i.sa] op b[p13 + i.sb] over the 4-d shape p[0..3] */
 static void dpar__cpu64_binary(const dpar__op *op) {
     const int64_t *p = op->p;
-    int bop = (int)p[15];
+    int bop = (int)p[15], wide = dpar__binary_wide();
     double *o = DPAR__D(op->dst) + p[14];
     const double *x0 = DPAR__CD(op->src0), *x1 = DPAR__CD(op->src1);
     for (int64_t i0 = 0; i0 < p[0]; i0++)
         for (int64_t i1 = 0; i1 < p[1]; i1++)
-            for (int64_t i2 = 0; i2 < p[2]; i2++)
-                for (int64_t i3 = 0; i3 < p[3]; i3++, o++) {
-                    double va = x0[p[12] + i0 * p[4] + i1 * p[5] + i2 * p[6] + i3 * p[7]];
-                    double vb = x1[p[13] + i0 * p[8] + i1 * p[9] + i2 * p[10] + i3 * p[11]];
-                    *o = bop == DPAR_BINARY_ADD   ? va + vb
-                         : bop == DPAR_BINARY_SUB ? va - vb
-                         : bop == DPAR_BINARY_MUL ? va * vb
-                                                  : va / vb;
-                }
+            for (int64_t i2 = 0; i2 < p[2]; i2++, o += p[3]) {
+                const double *a = x0 + p[12] + i0 * p[4] + i1 * p[5] + i2 * p[6];
+                const double *b = x1 + p[13] + i0 * p[8] + i1 * p[9] + i2 * p[10];
+                dpar__binary_row_f64(bop, wide, o, a, p[7], b, p[11], p[3]);
+            }
 }
 /* DPAR__OP_REDUCE (geometry as dpar__cpu_reduce_range) as one pass over x in storage order: element
    c (4-d) folds into output o = c . ks (dense over the kept dims) at slice position r = c . rs (dense

@@ -358,6 +358,79 @@ static void test_unary_bits(void **state) {
     dpar_runtime_destroy(rt);
 }
 
+/* a op b as the CPU kernels give it, in the operands' type: a's NaN where both are NaN */
+#define BITS_BINARY(o, a, b)              \
+    ((a) != (a)               ? (a) + (a) \
+     : (o) == DPAR_BINARY_ADD ? (a) + (b) \
+     : (o) == DPAR_BINARY_SUB ? (a) - (b) \
+     : (o) == DPAR_BINARY_MUL ? (a) * (b) \
+                              : (a) / (b))
+/* every binary op, f32 and f64, on specials and random bits: dense rows of every vector tail, b
+   broadcast along rows, down columns (one value per row) and a broadcast, bit for bit */
+static void test_binary_bits(void **state) {
+    (void)state;
+    static const struct {
+        int na, nb;
+        int64_t a[2], b[2];
+    } shapes[] = { { 2, 2, { 1, 1 }, { 1, 1 } },       { 2, 2, { 3, 7 }, { 3, 7 } }, { 2, 2, { 2, 17 }, { 2, 17 } },
+                   { 2, 2, { 3, 1000 }, { 3, 1000 } }, { 2, 1, { 5, 33 }, { 33 } },  { 2, 2, { 4, 31 }, { 4, 1 } },
+                   { 2, 2, { 3, 16 }, { 3, 1 } },      { 2, 2, { 6, 1 }, { 6, 15 } } };
+    uint64_t rng = 99;
+    for (int f64 = 0; f64 < 2; f64++)
+        for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+            int na = shapes[k].na, nb = shapes[k].nb;
+            const int64_t *as = shapes[k].a, *bs = shapes[k].b;
+            int64_t bl = bs[nb - 1], ys[2] = { as[0], as[1] > bl ? as[1] : bl };
+            int64_t nA = cnt(na, as), nB = cnt(nb, bs), nY = ys[0] * ys[1];
+            size_t es = f64 ? 8 : 4;
+            dpar_dtype t = f64 ? DPAR_F64 : DPAR_F32;
+            dpar_buffer *a = mk(g_rt, t, na, as), *b = mk(g_rt, t, nb, bs), *y = mk(g_rt, t, 2, ys);
+            unsigned char *av = malloc((size_t)nA * es), *bv = malloc((size_t)nB * es), *yv = malloc((size_t)nY * es);
+            assert_true(av && bv && yv);
+            for (int64_t i = 0; i < nA; i++) {
+                uint64_t v = bits_input(f64, i, (int64_t)k, &rng);
+                memcpy(av + (size_t)i * es, f64 ? (void *)&v : (void *)&(uint32_t){ (uint32_t)v }, es);
+            }
+            for (int64_t i = 0; i < nB; i++) {
+                uint64_t v = bits_input(f64, i, (int64_t)k + 1, &rng);
+                memcpy(bv + (size_t)i * es, f64 ? (void *)&v : (void *)&(uint32_t){ (uint32_t)v }, es);
+            }
+            T_OK(dpar_buffer_write(a, 0, av, (size_t)nA * es));
+            T_OK(dpar_buffer_write(b, 0, bv, (size_t)nB * es));
+            for (int o = 0; o < 4; o++) {
+                T_OK(dpar_binary(y, a, b, (dpar_binary_op)o));
+                T_OK(dpar_buffer_read(y, 0, yv, (size_t)nY * es));
+                for (int64_t i = 0; i < nY; i++) {
+                    int64_t ia = bidx(2, ys, na, as, i), ib = bidx(2, ys, nb, bs, i);
+                    uint64_t got = 0, want = 0;
+                    memcpy(&got, yv + (size_t)i * es, es);
+                    if (f64) {
+                        double x0, x1, w;
+                        memcpy(&x0, av + (size_t)ia * 8, 8);
+                        memcpy(&x1, bv + (size_t)ib * 8, 8);
+                        w = BITS_BINARY(o, x0, x1);
+                        memcpy(&want, &w, 8);
+                    } else {
+                        float x0, x1, w;
+                        memcpy(&x0, av + (size_t)ia * 4, 4);
+                        memcpy(&x1, bv + (size_t)ib * 4, 4);
+                        w = BITS_BINARY(o, x0, x1);
+                        want = t_f2u(w);
+                    }
+                    if (got != want)
+                        fail_msg("%s binary %d, shape case %zu, [%lld]: got 0x%llx want 0x%llx", f64 ? "f64" : "f32", o,
+                                 k, (long long)i, (unsigned long long)got, (unsigned long long)want);
+                }
+            }
+            free(av);
+            free(bv);
+            free(yv);
+            dpar_buffer_destroy(a);
+            dpar_buffer_destroy(b);
+            dpar_buffer_destroy(y);
+        }
+}
+
 /* ---- binary with broadcasting -------------------------------------------------------- */
 typedef struct bshape {
     int na, nb, ny;
@@ -1400,6 +1473,7 @@ int main(void) {
         cmocka_unit_test(test_unary_exact),
         cmocka_unit_test(test_unary_grad),
         cmocka_unit_test(test_unary_bits),
+        cmocka_unit_test(test_binary_bits),
         cmocka_unit_test(test_binary_broadcast_and_grad),
         cmocka_unit_test(test_binary_add_grad_exact),
         cmocka_unit_test(test_binary_grad_bits),
