@@ -16588,9 +16588,18 @@ static float dpar__exp_f32_1(float x) {
         V s2 = P##_cast##SI##_ps(P##_slli_epi32(P##_add_epi32(n2, bias), 23));                         \
         return NANS(P##_mul_ps(P##_mul_ps(p, s1), s2), x);                                             \
     }
-#define DPAR__EXP_NANS_V16(y, x) _mm512_mask_add_ps(y, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x, x)
-#define DPAR__EXP_NANS_V8(y, x)  _mm256_blendv_ps(y, _mm256_add_ps(x, x), _mm256_cmp_ps(x, x, _CMP_UNORD_Q))
-DPAR__EXP_F32_VEC(dpar__exp_f32_v16, "avx512f", _mm512, __m512, __m512i, si512, DPAR__EXP_NANS_V16)
+/* r, or x's NaN quieted (x + x) in the lanes where x is NaN: what an x86 op returns with x as its first
+   operand (of two NaNs it keeps the first's payload). The compiler may swap a commutative op's operands,
+   so the vector loops and their scalar tails say here which NaN a result keeps, as the per-element code
+   they replaced had it, the same on every path and compiler */
+__attribute__((target("avx512f"), always_inline)) static inline __m512 dpar__nan_first16(__m512 r, __m512 x) {
+    return _mm512_mask_add_ps(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x, x);
+}
+__attribute__((target("avx512f"), always_inline)) static inline __m512d dpar__nan_first8(__m512d r, __m512d x) {
+    return _mm512_mask_add_pd(r, _mm512_cmp_pd_mask(x, x, _CMP_UNORD_Q), x, x);
+}
+#define DPAR__EXP_NANS_V8(y, x) _mm256_blendv_ps(y, _mm256_add_ps(x, x), _mm256_cmp_ps(x, x, _CMP_UNORD_Q))
+DPAR__EXP_F32_VEC(dpar__exp_f32_v16, "avx512f", _mm512, __m512, __m512i, si512, dpar__nan_first16)
 DPAR__EXP_F32_VEC(dpar__exp_f32_v8, "avx2,fma", _mm256, __m256, __m256i, si256, DPAR__EXP_NANS_V8)
 /* y[i] = exp(x[i]) for i < n, the tail by masked loads (y may be x) */
 __attribute__((target("avx512f"))) static int64_t dpar__exp_f32_avx512(float *y, const float *x, int64_t n) {
@@ -16767,11 +16776,18 @@ __attribute__((target("avx512f"))) static int dpar__exp_bwd_avx512(int u, float 
             __m512d a = _mm512_mul_pd(_mm512_mul_pd(_mm512_mul_pd(_mm512_mul_pd(two, v), g), h), k);
             f = _mm512_add_pd(g, _mm512_mul_pd(a, _mm512_add_pd(one, _mm512_mul_pd(_mm512_mul_pd(k3, v), v))));
         }
-        _mm256_storeu_ps(y + i, _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_cvtps_pd(_mm256_loadu_ps(dy + i)), f)));
+        _mm256_storeu_ps(
+            y + i, _mm512_cvtpd_ps(dpar__nan_first8(_mm512_mul_pd(_mm512_cvtps_pd(_mm256_loadu_ps(dy + i)), f), f)));
     }
     return i;
 }
 #endif
+/* dy d, d's NaN where both are NaN (x + s, x * s: x's). x86 returns the first operand's NaN, and
+   which operand of a commutative op comes first is the compiler's choice: the per-element loops these
+   replace had d (x) first; the choice is made here, the same on every path and compiler */
+static double dpar__unary_grad1(double dy, double d) {
+    return d != d ? d : dy * d;
+}
 /* y = f(x) (kind UNARY) or dy f'(x) for the exp-based kinds, DPAR__EXP_BLOCK elements at a time:
    t = the exp's argument (x, -x, or -2u for GELU) rounded to f32, t = dpar__exp_f32(t), then the
    rest of the formula (as dpar__unary_f / dpar__unary_d would have it) in double on t */
@@ -16807,7 +16823,7 @@ static void dpar__cpu_unary_exp_range(const void *arg, int64_t lo, int64_t hi) {
         if (wide) i1 = bwd ? dpar__exp_bwd_avx512(u, yb, xb, dy + b, t, n) : dpar__exp_fwd_avx512(u, yb, xb, t, n);
 #endif
         if (u == DPAR_UNARY_EXP) /* backward */
-            for (int i = i1; i < n; i++) yb[i] = (float)((double)dy[b + i] * (double)t[i]);
+            for (int i = i1; i < n; i++) yb[i] = (float)dpar__unary_grad1((double)dy[b + i], (double)t[i]);
         else if (!bwd) /* sigmoid: g; SiLU and GELU: x g */
             for (int i = i1; i < n; i++) {
                 double g = 1.0 / (1.0 + (double)t[i]);
@@ -16822,15 +16838,9 @@ static void dpar__cpu_unary_exp_range(const void *arg, int64_t lo, int64_t hi) {
                     f = g * (1.0 + v * (1.0 - g));
                 else /* GELU_TANH, with g = sigmoid(2u) = 0.5 (1 + tanh u): 1 - tanh^2 u = 4 g (1 - g) */
                     f = g + 2.0 * v * g * (1.0 - g) * DPAR__GELU_K * (1.0 + 3.0 * 0.044715 * v * v);
-                yb[i] = (float)((double)dy[b + i] * f);
+                yb[i] = (float)dpar__unary_grad1((double)dy[b + i], f);
             }
     }
-}
-/* dy d, d's NaN where both are NaN (x + s, x * s: x's). x86 returns the first operand's NaN, and
-   which operand of a commutative op comes first is the compiler's choice: the per-element loops these
-   replace had d (x) first; the choice is made here, the same on every path and compiler */
-static double dpar__unary_grad1(double dy, double d) {
-    return d != d ? d : dy * d;
 }
 /* the kinds whose derivative does not depend on x (dy times a constant: dpar__unary_d(u, 0, s)) */
 static int dpar__unary_const_d(int u) {
@@ -16912,10 +16922,8 @@ __attribute__((target("avx512f"), always_inline)) static inline __m512d dpar__un
     case DPAR_UNARY_SQRT: return _mm512_sqrt_pd(v);
     case DPAR_UNARY_RSQRT: return _mm512_div_pd(_mm512_set1_pd(1.0), _mm512_sqrt_pd(v));
     case DPAR_UNARY_SQUARE: return _mm512_mul_pd(v, v);
-    case DPAR_UNARY_ADD_SCALAR:
-        return _mm512_mask_add_pd(_mm512_add_pd(v, s), _mm512_cmp_pd_mask(v, v, _CMP_UNORD_Q), v, v);
-    case DPAR_UNARY_MUL_SCALAR:
-        return _mm512_mask_add_pd(_mm512_mul_pd(v, s), _mm512_cmp_pd_mask(v, v, _CMP_UNORD_Q), v, v);
+    case DPAR_UNARY_ADD_SCALAR: return dpar__nan_first8(_mm512_add_pd(v, s), v);
+    case DPAR_UNARY_MUL_SCALAR: return dpar__nan_first8(_mm512_mul_pd(v, s), v);
     case DPAR_UNARY_RSUB_SCALAR: return _mm512_sub_pd(s, v);
     case DPAR_UNARY_DIV_SCALAR: return _mm512_div_pd(v, s);
     default: return _mm512_div_pd(s, v); /* RDIV_SCALAR */
@@ -16934,7 +16942,7 @@ __attribute__((target("avx512f"), always_inline)) static inline __m512d dpar__un
     case DPAR_UNARY_RDIV_SCALAR: d = _mm512_div_pd(c, _mm512_mul_pd(v, v)); break;
     default: d = c; /* dpar__unary_const_d */
     }
-    return _mm512_mask_mov_pd(_mm512_mul_pd(g, d), _mm512_cmp_pd_mask(d, d, _CMP_UNORD_Q), d);
+    return dpar__nan_first8(_mm512_mul_pd(g, d), d);
 }
 /* dpar__unary_f8 in f32 lanes, for the kinds that are one IEEE operation on x and s: rounding the double
    result to f32 gives the correctly rounded f32 result (double has 53 >= 2 x 24 + 2 bits, so rounding
@@ -16944,10 +16952,8 @@ __attribute__((target("avx512f"), always_inline)) static inline __m512 dpar__una
     switch (u) {
     case DPAR_UNARY_SQRT: return _mm512_sqrt_ps(v);
     case DPAR_UNARY_SQUARE: return _mm512_mul_ps(v, v);
-    case DPAR_UNARY_ADD_SCALAR:
-        return _mm512_mask_add_ps(_mm512_add_ps(v, s), _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), v, v);
-    case DPAR_UNARY_MUL_SCALAR:
-        return _mm512_mask_add_ps(_mm512_mul_ps(v, s), _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), v, v);
+    case DPAR_UNARY_ADD_SCALAR: return dpar__nan_first16(_mm512_add_ps(v, s), v);
+    case DPAR_UNARY_MUL_SCALAR: return dpar__nan_first16(_mm512_mul_ps(v, s), v);
     case DPAR_UNARY_RSUB_SCALAR: return _mm512_sub_ps(s, v);
     case DPAR_UNARY_DIV_SCALAR: return _mm512_div_ps(v, s);
     default: return _mm512_div_ps(s, v); /* RDIV_SCALAR */
@@ -17090,14 +17096,14 @@ __attribute__((target("avx512f"), always_inline)) static inline __m512 dpar__bin
                : bop == DPAR_BINARY_SUB ? _mm512_sub_ps(a, b)
                : bop == DPAR_BINARY_MUL ? _mm512_mul_ps(a, b)
                                         : _mm512_div_ps(a, b);
-    return _mm512_mask_add_ps(r, _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q), a, a);
+    return dpar__nan_first16(r, a);
 }
 __attribute__((target("avx512f"), always_inline)) static inline __m512d dpar__binary8(int bop, __m512d a, __m512d b) {
     __m512d r = bop == DPAR_BINARY_ADD   ? _mm512_add_pd(a, b)
                 : bop == DPAR_BINARY_SUB ? _mm512_sub_pd(a, b)
                 : bop == DPAR_BINARY_MUL ? _mm512_mul_pd(a, b)
                                          : _mm512_div_pd(a, b);
-    return _mm512_mask_add_pd(r, _mm512_cmp_pd_mask(a, a, _CMP_UNORD_Q), a, a);
+    return dpar__nan_first8(r, a);
 }
 #define DPAR__BINARY_ROW16(K)                                                                                     \
     case K:                                                                                                       \
@@ -17231,11 +17237,6 @@ static int dpar__red_is_sum(int red) {
 __attribute__((target("avx512f"), always_inline)) static inline __m512d dpar__red_ld8(const float *p, int64_t i,
                                                                                       int64_t s) {
     return s ? _mm512_cvtps_pd(_mm256_loadu_ps(p + i)) : _mm512_set1_pd((double)*p);
-}
-/* r, or x in the lanes where x is NaN: an x86 op's result with x its first operand (of two NaNs it keeps the
-   first; every NaN here is quiet already). The compiler may swap a commutative op's operands. */
-__attribute__((target("avx512f"), always_inline)) static inline __m512d dpar__nan_first8(__m512d r, __m512d x) {
-    return _mm512_mask_mov_pd(r, _mm512_cmp_pd_mask(x, x, _CMP_UNORD_Q), x);
 }
 /* what a sum kind adds (NEG: subtracts) for x[i..i+8), with a, b where it reads them: dpar__red_step's
    terms on 8 double lanes, the same IEEE ops in the same order, so the same bits, NaN payloads included:

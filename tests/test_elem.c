@@ -1456,6 +1456,43 @@ static void test_threads_bitwise(void **state) {
     free(b);
 }
 
+/* The exp-based unaries' gradient dy f'(x) with both dy and x NaN keeps f'(x)'s NaN, whose payload is x's,
+   wherever the element falls: in the vector lanes or the scalar tail of a thread's range. The lanes
+   used to keep dy's, so the bits changed with the thread count. 5,003 elements: 1 and 3 threads split
+   them at different places. */
+static void test_exp_grad_nan_threads(void **state) {
+    (void)state;
+    enum { N = 5003 };
+    static const dpar_unary_op kinds[4] = { DPAR_UNARY_EXP, DPAR_UNARY_SIGMOID, DPAR_UNARY_SILU, DPAR_UNARY_GELU_TANH };
+    uint32_t *x = (uint32_t *)malloc(N * 4), *dy = (uint32_t *)malloc(N * 4), *out[2];
+    for (int i = 0; i < N; i++) {
+        x[i] = 0x7fc00000u | (uint32_t)(i * 977 % 0x3fffff + 1);            /* quiet NaNs, payloads 1.. */
+        dy[i] = (i % 2 ? 0xffa00000u : 0x7fd00000u) | (uint32_t)(i % 4093); /* NaNs of other payloads */
+    }
+    int64_t sh[1] = { N };
+    const char *threads[2] = { "1", "3" };
+    for (int k = 0; k < 4; k++) {
+        for (int t = 0; t < 2; t++) {
+            dpar_runtime *rt = t_cpu_runtime_threads(threads[t]);
+            dpar_buffer *bx = mk(rt, DPAR_F32, 1, sh), *bdy = mk(rt, DPAR_F32, 1, sh), *by = mk(rt, DPAR_F32, 1, sh);
+            put(bx, x);
+            put(bdy, dy);
+            T_OK(dpar_unary_backward(by, bdy, bx, kinds[k], 0));
+            out[t] = (uint32_t *)malloc(N * 4);
+            get(by, out[t]);
+            dpar_buffer_destroy(bx), dpar_buffer_destroy(bdy), dpar_buffer_destroy(by);
+            dpar_runtime_destroy(rt);
+        }
+        for (int i = 0; i < N; i++)
+            if ((out[0][i] & 0x7fffffu) != (x[i] & 0x7fffffu) || out[0][i] != out[1][i])
+                fail_msg("kind %d, element %d: %08x (1 thread), %08x (3 threads); want x's payload %06x", (int)kinds[k],
+                         i, out[0][i], out[1][i], x[i] & 0x7fffffu);
+        free(out[0]), free(out[1]);
+    }
+    free(x);
+    free(dy);
+}
+
 static int setup(void **state) {
     (void)state;
     g_rt = t_runtime(DPAR_BACKEND_CPU, 1);
@@ -1490,6 +1527,7 @@ int main(void) {
         cmocka_unit_test(test_graph_grads_vulkan),
         cmocka_unit_test(test_graph_errors),
         cmocka_unit_test(test_threads_bitwise),
+        cmocka_unit_test(test_exp_grad_nan_threads),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
