@@ -395,6 +395,81 @@ static void test_pool_exact(void **st) {
 
 /* ---- CPU against the double reference, gradients by finite differences ---- */
 /* d(sum y*dy)/dv[i] by central differences of the double reference (f: which operand) */
+/* The average pools bit for bit, NaN payloads included, against sums written here in their order: forward 0 +
+   the window's pixels in row-major order, then / cnt (NaN for an empty window); backward each window pixel of
+   dx += dy / cnt, output pixels in order. Of two NaNs a sum keeps the pixel's (the added term's). 17 and 33
+   channels: AVX-512 lanes and the channels past them, which used to keep the running sum's NaN instead;
+   1 and 3 threads. */
+static float nan_add(float acc, float v) {
+    return v != v ? v + v : acc + v;
+}
+static uint32_t f2u(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+static void test_avg_pool_bits(void **st) {
+    (void)st;
+    static const pcase cases[3] = {
+        { "3x3 stride 1 SAME, 17 channels",
+          { 2, 6, 5, 17 },
+          { { 3, 3 }, { 1, 1 }, DPAR_PADDING_SAME, { { 0 } }, false } },
+        { "2x3 stride 2 SAME exclude pad, 33 channels",
+          { 1, 7, 6, 33 },
+          { { 2, 3 }, { 2, 2 }, DPAR_PADDING_SAME, { { 0 } }, true } },
+        { "2x2, 16 channels", { 2, 4, 4, 16 }, { { 2, 2 }, { 2, 2 }, DPAR_PADDING_VALID, { { 0 } }, false } },
+    };
+    const char *threads[2] = { "1", "3" };
+    for (int k = 0; k < 3; k++) {
+        const pcase *c = &cases[k];
+        geom g = pool_geom(c);
+        int64_t n_x = nx(&g), n_y = g.n * g.oh * g.ow * g.c;
+        float *x = rnd_vec(n_x, 7u + (uint32_t)k), *dy = rnd_vec(n_y, 11u + (uint32_t)k);
+        uint32_t s = 99u;
+        for (int64_t i = 0; i < n_x + n_y; i++) { /* a NaN of its own payload in one element of 4 */
+            float *e = i < n_x ? &x[i] : &dy[i - n_x];
+            s = s * 1664525u + 1013904223u;
+            uint32_t u = (s >> 9 & 1 ? 0xffc00000u : 0x7fc00000u) | (s >> 10 & 0x3fffffu);
+            if ((s >> 28) < 4) memcpy(e, &u, sizeof u);
+        }
+        float *ya = calloc((size_t)n_y + 1, sizeof(float)), *dxa = calloc((size_t)n_x + 1, sizeof(float));
+        for (int64_t n = 0; n < g.n; n++)
+            for (int64_t i = 0; i < g.oh; i++)
+                for (int64_t j = 0; j < g.ow; j++)
+                    for (int64_t ch = 0; ch < g.c; ch++) {
+                        int64_t cnt = 0, o = ((n * g.oh + i) * g.ow + j) * g.c + ch;
+                        float acc = 0.0f;
+                        for (int64_t p = 0; p < g.kh; p++)
+                            for (int64_t q = 0; q < g.kw; q++) {
+                                int64_t xi = xat(&g, n, i, j, p, q, ch);
+                                if (xi >= 0) acc = nan_add(acc, x[xi]), cnt++;
+                            }
+                        if (!g.excl) cnt = g.kh * g.kw;
+                        ya[o] = cnt ? acc / (float)cnt : NAN;
+                        for (int64_t p = 0; p < g.kh; p++)
+                            for (int64_t q = 0; q < g.kw; q++) {
+                                int64_t xi = xat(&g, n, i, j, p, q, ch);
+                                if (xi >= 0) dxa[xi] = nan_add(dxa[xi], dy[o] / (float)cnt);
+                            }
+                    }
+        for (int t = 0; t < 2; t++) {
+            dpar_runtime *rt = t_cpu_runtime_threads(threads[t]);
+            pool_out r;
+            pool_run(rt, c, &g, x, dy, &r);
+            for (int64_t i = 0; i < n_y; i++)
+                if (f2u(r.ya[i]) != f2u(ya[i]))
+                    fail_msg("%s, %s threads: y[%lld] = %08x, want %08x", c->name, threads[t], (long long)i,
+                             f2u(r.ya[i]), f2u(ya[i]));
+            for (int64_t i = 0; i < n_x; i++)
+                if (f2u(r.dxa[i]) != f2u(dxa[i]))
+                    fail_msg("%s, %s threads: dx[%lld] = %08x, want %08x", c->name, threads[t], (long long)i,
+                             f2u(r.dxa[i]), f2u(dxa[i]));
+            pool_free(&r);
+            dpar_runtime_destroy(rt);
+        }
+        free(x), free(dy), free(ya), free(dxa);
+    }
+}
 static double fd_conv(const geom *g, double *x, double *w, const double *dy, double *v, int64_t i, double *ybuf) {
     const double h = 1e-3, v0 = v[i];
     double lp = 0, lm = 0;
@@ -899,12 +974,13 @@ static void test_graph_errors(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_conv_exact_3x3),  cmocka_unit_test(test_pool_exact),
-        cmocka_unit_test(test_conv_cpu),        cmocka_unit_test(test_pool_cpu),
-        cmocka_unit_test(test_threads_bitwise), cmocka_unit_test(test_im2col_bits),
-        cmocka_unit_test(test_errors),          cmocka_unit_test(test_graph_cnn),
-        cmocka_unit_test(test_graph_errors),    cmocka_unit_test(test_vulkan_vs_cpu),
-        cmocka_unit_test(test_cuda_vs_cpu),     cmocka_unit_test(test_graph_cnn_vulkan),
+        cmocka_unit_test(test_conv_exact_3x3),   cmocka_unit_test(test_pool_exact),
+        cmocka_unit_test(test_avg_pool_bits),    cmocka_unit_test(test_conv_cpu),
+        cmocka_unit_test(test_pool_cpu),         cmocka_unit_test(test_threads_bitwise),
+        cmocka_unit_test(test_im2col_bits),      cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_graph_cnn),        cmocka_unit_test(test_graph_errors),
+        cmocka_unit_test(test_vulkan_vs_cpu),    cmocka_unit_test(test_cuda_vs_cpu),
+        cmocka_unit_test(test_graph_cnn_vulkan),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
