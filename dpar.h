@@ -16752,7 +16752,10 @@ __attribute__((target("avx512f"))) static int dpar__exp_fwd_avx512(int u, float 
     int i = 0;
     for (; i + 8 <= n; i += 8) {
         __m512d g = _mm512_div_pd(one, _mm512_add_pd(one, _mm512_cvtps_pd(_mm256_loadu_ps(t + i))));
-        if (u != DPAR_UNARY_SIGMOID) g = _mm512_mul_pd(_mm512_cvtps_pd(_mm256_loadu_ps(x + i)), g);
+        if (u != DPAR_UNARY_SIGMOID) { /* x g, x's NaN where x is NaN: g's is x's with the sign the compiler gave */
+            const __m512d v = _mm512_cvtps_pd(_mm256_loadu_ps(x + i));
+            g = dpar__nan_first8(_mm512_mul_pd(v, g), v);
+        }
         _mm256_storeu_ps(y + i, _mm512_cvtpd_ps(g));
     }
     return i;
@@ -16776,6 +16779,7 @@ __attribute__((target("avx512f"))) static int dpar__exp_bwd_avx512(int u, float 
             __m512d a = _mm512_mul_pd(_mm512_mul_pd(_mm512_mul_pd(_mm512_mul_pd(two, v), g), h), k);
             f = _mm512_add_pd(g, _mm512_mul_pd(a, _mm512_add_pd(one, _mm512_mul_pd(_mm512_mul_pd(k3, v), v))));
         }
+        if (u == DPAR_UNARY_SILU || u == DPAR_UNARY_GELU_TANH) f = dpar__nan_first8(f, v); /* as the forward */
         _mm256_storeu_ps(
             y + i, _mm512_cvtpd_ps(dpar__nan_first8(_mm512_mul_pd(_mm512_cvtps_pd(_mm256_loadu_ps(dy + i)), f), f)));
     }
@@ -16824,10 +16828,11 @@ static void dpar__cpu_unary_exp_range(const void *arg, int64_t lo, int64_t hi) {
 #endif
         if (u == DPAR_UNARY_EXP) /* backward */
             for (int i = i1; i < n; i++) yb[i] = (float)dpar__unary_grad1((double)dy[b + i], (double)t[i]);
-        else if (!bwd) /* sigmoid: g; SiLU and GELU: x g */
+        else if (!bwd) /* sigmoid: g; SiLU and GELU: x g (x's NaN where x is NaN) */
             for (int i = i1; i < n; i++) {
                 double g = 1.0 / (1.0 + (double)t[i]);
-                yb[i] = (float)(u == DPAR_UNARY_SIGMOID ? g : (double)xb[i] * g);
+                double v = (double)xb[i];
+                yb[i] = (float)(u == DPAR_UNARY_SIGMOID ? g : v != v ? v + v : v * g);
             }
         else
             for (int i = i1; i < n; i++) {
@@ -16838,6 +16843,7 @@ static void dpar__cpu_unary_exp_range(const void *arg, int64_t lo, int64_t hi) {
                     f = g * (1.0 + v * (1.0 - g));
                 else /* GELU_TANH, with g = sigmoid(2u) = 0.5 (1 + tanh u): 1 - tanh^2 u = 4 g (1 - g) */
                     f = g + 2.0 * v * g * (1.0 - g) * DPAR__GELU_K * (1.0 + 3.0 * 0.044715 * v * v);
+                if (u != DPAR_UNARY_SIGMOID && v != v) f = v + v; /* as the forward */
                 yb[i] = (float)dpar__unary_grad1((double)dy[b + i], f);
             }
     }
@@ -17209,10 +17215,19 @@ static dpar_status dpar__cpu_op_binary(dpar__cpu *c, int dev, const dpar__op *op
     return DPAR_OK;
 }
 /* one element of a REDUCE pass: folds dy (and a, b) into (acc, best) */
+/* acc + t, acc's NaN where acc is NaN: a sum keeps the first NaN it meets, on every path (the vector
+   lanes' dpar__red_fold8 too), where the compiler's operand order made it the first or the last */
+static double dpar__red_add(double acc, double t) {
+    return acc != acc ? acc : acc + t;
+}
+/* v * w with v's NaN where v is NaN: the product terms' operand order, fixed (dpar__red_term8's lanes too) */
+static double dpar__red_mul(double v, double w) {
+    return v != v ? v + v : v * w;
+}
 static void dpar__red_step(int red, double *acc, int64_t *best, int64_t r, double v, double a, double b) {
     switch (red) {
     case DPAR_REDUCE_SUM:
-    case DPAR_REDUCE_MEAN: *acc += v; break;
+    case DPAR_REDUCE_MEAN: *acc = dpar__red_add(*acc, v); break;
     case DPAR_REDUCE_MAX:
     case DPAR_REDUCE_ARGMAX:
     case DPAR__RED_MAX_BWD:
@@ -17221,11 +17236,11 @@ static void dpar__red_step(int red, double *acc, int64_t *best, int64_t r, doubl
             *best = r;
         }
         break;
-    case DPAR__RED_NEG: *acc -= v; break;
-    case DPAR__RED_MUL_B: *acc += v * b; break;
-    case DPAR__RED_MUL_A: *acc += v * a; break;
-    case DPAR__RED_DIV_B: *acc += v / b; break;
-    default: *acc += -v * a / (b * b); break; /* DPAR__RED_DIV_B2 */
+    case DPAR__RED_NEG: *acc = *acc != *acc ? *acc : *acc - v; break;
+    case DPAR__RED_MUL_B: *acc = dpar__red_add(*acc, dpar__red_mul(v, b)); break;
+    case DPAR__RED_MUL_A: *acc = dpar__red_add(*acc, dpar__red_mul(v, a)); break;
+    case DPAR__RED_DIV_B: *acc = dpar__red_add(*acc, v / b); break;
+    default: *acc = dpar__red_add(*acc, dpar__red_mul(-v, a) / (b * b)); break; /* DPAR__RED_DIV_B2 */
     }
 }
 /* the kinds that sum a term per element (dpar__red_step's +=, -=): what the vector and row paths take */
@@ -17256,13 +17271,10 @@ dpar__red_term8(int red, const float *x, const float *a, int64_t as, const float
     default: return v; /* SUM, MEAN, NEG */
     }
 }
-/* acc plus (NEG: minus) the term t as dpar__red_step folds it: its compiled add keeps the term's NaN where
-   both are NaN; a SUM or MEAN keeps acc's, as these lanes did before (dpar__red_sums_avx512) */
+/* acc plus (NEG: minus) the term t as dpar__red_step folds it: acc's NaN where acc is NaN (dpar__red_add) */
 __attribute__((target("avx512f"), always_inline)) static inline __m512d dpar__red_fold8(int red, __m512d acc,
                                                                                         __m512d t) {
-    if (red == DPAR__RED_NEG) return _mm512_sub_pd(acc, t);
-    if (red == DPAR_REDUCE_SUM || red == DPAR_REDUCE_MEAN) return _mm512_add_pd(acc, t);
-    return dpar__nan_first8(_mm512_add_pd(acc, t), t);
+    return dpar__nan_first8(red == DPAR__RED_NEG ? _mm512_sub_pd(acc, t) : _mm512_add_pd(acc, t), acc);
 }
 /* dpar__red_one_avx512's loop for one kind (red a constant where it is inlined) */
 __attribute__((target("avx512f"), always_inline)) static inline int64_t
@@ -17428,10 +17440,10 @@ static void dpar__red_one_row(int red, float *y, const float *x, const float *a,
         for (; i < n; i++) y[i] = (float)(0.0 - (double)x[i]);
         break;
     case DPAR__RED_MUL_B:
-        for (; i < n; i++) y[i] = (float)(0.0 + (double)x[i] * (double)b[i * bs]);
+        for (; i < n; i++) y[i] = (float)(0.0 + dpar__red_mul((double)x[i], (double)b[i * bs]));
         break;
     case DPAR__RED_MUL_A:
-        for (; i < n; i++) y[i] = (float)(0.0 + (double)x[i] * (double)a[i * as]);
+        for (; i < n; i++) y[i] = (float)(0.0 + dpar__red_mul((double)x[i], (double)a[i * as]));
         break;
     case DPAR__RED_DIV_B:
         for (; i < n; i++) y[i] = (float)(0.0 + (double)x[i] / (double)b[i * bs]);
@@ -17439,7 +17451,7 @@ static void dpar__red_one_row(int red, float *y, const float *x, const float *a,
     case DPAR__RED_DIV_B2:
         for (; i < n; i++) {
             double v = (double)x[i], va = (double)a[i * as], vb = (double)b[i * bs];
-            y[i] = (float)(0.0 + -v * va / (vb * vb));
+            y[i] = (float)(0.0 + dpar__red_mul(-v, va) / (vb * vb));
         }
         break;
     default: /* SUM, MEAN (/ 1): (float)(0.0 + (double)x) is 0.0f + x */
