@@ -403,11 +403,6 @@ static void test_pool_exact(void **st) {
 static float nan_add(float acc, float v) {
     return v != v ? v + v : acc + v;
 }
-static uint32_t f2u(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
 static void test_avg_pool_bits(void **st) {
     (void)st;
     static const pcase cases[3] = {
@@ -457,13 +452,13 @@ static void test_avg_pool_bits(void **st) {
             pool_out r;
             pool_run(rt, c, &g, x, dy, &r);
             for (int64_t i = 0; i < n_y; i++)
-                if (f2u(r.ya[i]) != f2u(ya[i]))
+                if (t_f2u(r.ya[i]) != t_f2u(ya[i]))
                     fail_msg("%s, %s threads: y[%lld] = %08x, want %08x", c->name, threads[t], (long long)i,
-                             f2u(r.ya[i]), f2u(ya[i]));
+                             t_f2u(r.ya[i]), t_f2u(ya[i]));
             for (int64_t i = 0; i < n_x; i++)
-                if (f2u(r.dxa[i]) != f2u(dxa[i]))
+                if (t_f2u(r.dxa[i]) != t_f2u(dxa[i]))
                     fail_msg("%s, %s threads: dx[%lld] = %08x, want %08x", c->name, threads[t], (long long)i,
-                             f2u(r.dxa[i]), f2u(dxa[i]));
+                             t_f2u(r.dxa[i]), t_f2u(dxa[i]));
             pool_free(&r);
             dpar_runtime_destroy(rt);
         }
