@@ -17945,31 +17945,45 @@ static void dpar__conv_fwd_part(void *arg, int part, int nparts) {
 /* dx of image t = the sum of dy w^T's rows over their taps, without im2col's gradient in memory: per tile of
    8 output pixels (dy's rows, a part tile copied to pad: 8 x O floats, zeros past it) and strip of 32
    columns (channels of one tap), the kernel adds each row into the pixel under the tap. col2im added each
-   element's terms in output pixel order; here the tiles go in that order and, within a tile, the taps from
-   last to first: two rows of a tile that reach one pixel do it through taps in the opposite order. */
+   element's terms in output pixel order. Here blocks of 16 tiles go in that order and, within a block, the
+   strips from the last tap to the first, each over the block's tiles: one pixel's terms from one block come
+   through distinct taps, and a later tap is an earlier output pixel, so the order is col2im's. Strip-major
+   keeps the strip of w^T (O x 32 floats) in L1 across the block's tiles, which the whole of w^T (conv2:
+   72 KiB) is not: 8% faster than tile-major on conv2. */
 static void dpar__conv_bwd_input_taps(const dpar__conv_job *j, int64_t t, float *pad) {
+    enum { TB = 16 };
     const dpar__win2d *g = j->g;
-    const int64_t ohw = g->oh * g->ow, O = j->O, K = j->K, C = g->c;
+    const int64_t ohw = g->oh * g->ow, O = j->O, K = j->K, C = g->c, dead = -((int64_t)1 << 40);
     float *dxn = j->x + t * g->h * g->w * C;
-    for (int64_t r = 0; r < ohw; r += DPAR__MR512) {
-        const int64_t mr = ohw - r < DPAR__MR512 ? ohw - r : DPAR__MR512;
-        const float *a = j->y + (t * ohw + r) * O;
-        int64_t ih0[DPAR__MR512], iw0[DPAR__MR512];
-        if (mr < DPAR__MR512) { /* the kernel reads 8 rows: not past dy's end */
-            memcpy(pad, a, (size_t)(mr * O) * sizeof(float));
-            memset(pad + mr * O, 0, (size_t)((DPAR__MR512 - mr) * O) * sizeof(float));
-            a = pad;
+    for (int64_t r0 = 0; r0 < ohw; r0 += TB * DPAR__MR512) {
+        const int64_t np = ohw - r0 < TB * DPAR__MR512 ? ohw - r0 : TB * DPAR__MR512;
+        const int64_t nt = (np + DPAR__MR512 - 1) / DPAR__MR512;
+        int64_t ih0[TB * DPAR__MR512], iw0[TB * DPAR__MR512];
+        const float *a[TB];
+        for (int64_t p = 0; p < nt * DPAR__MR512; p++) {
+            ih0[p] = p < np ? (r0 + p) / g->ow * g->sh - g->pt : dead;
+            iw0[p] = p < np ? (r0 + p) % g->ow * g->sw - g->pl : dead;
         }
-        for (int64_t i = 0; i < mr; i++)
-            ih0[i] = (r + i) / g->ow * g->sh - g->pt, iw0[i] = (r + i) % g->ow * g->sw - g->pl;
+        for (int64_t q = 0; q < nt; q++) a[q] = j->y + (t * ohw + r0 + q * DPAR__MR512) * O;
+        if (np % DPAR__MR512) { /* the kernel reads 8 rows: not past dy's end */
+            const int64_t mr = np % DPAR__MR512;
+            memcpy(pad, a[nt - 1], (size_t)(mr * O) * sizeof(float));
+            memset(pad + mr * O, 0, (size_t)((DPAR__MR512 - mr) * O) * sizeof(float));
+            a[nt - 1] = pad;
+        }
+        /* the strip's tap (th, tw) and channel cj, stepped back with jr: no division per strip */
+        int64_t th = (K - DPAR__NR512) / C / g->kw, tw = (K - DPAR__NR512) / C % g->kw, cj = (K - DPAR__NR512) % C;
         for (int64_t jr = K - DPAR__NR512; jr >= 0; jr -= DPAR__NR512) {
-            const int64_t s = jr / C, ph = s / g->kw * g->dh, qw = s % g->kw * g->dw;
-            float *dst[DPAR__MR512];
-            for (int64_t i = 0; i < DPAR__MR512; i++) {
-                const int64_t ih = i < mr ? ih0[i] + ph : -1, iw = i < mr ? iw0[i] + qw : -1;
-                dst[i] = ih >= 0 && ih < g->h && iw >= 0 && iw < g->w ? dxn + (ih * g->w + iw) * C + jr % C : NULL;
+            const int64_t ph = th * g->dh, qw = tw * g->dw;
+            for (int64_t q = 0; q < nt; q++) {
+                float *dst[DPAR__MR512];
+                for (int64_t i = 0; i < DPAR__MR512; i++) {
+                    const int64_t ih = ih0[q * DPAR__MR512 + i] + ph, iw = iw0[q * DPAR__MR512 + i] + qw;
+                    dst[i] = ih >= 0 && ih < g->h && iw >= 0 && iw < g->w ? dxn + (ih * g->w + iw) * C + cj : NULL;
+                }
+                dpar__ukr_scatter512(O, a[q], O, j->kt + jr, K, dst);
             }
-            dpar__ukr_scatter512(O, a, O, j->kt + jr, K, dst);
+            if ((cj -= DPAR__NR512) < 0 && (cj += C, --tw < 0)) tw = g->kw - 1, th--;
         }
     }
 }
