@@ -16590,6 +16590,14 @@ __attribute__((target("avx512f"), always_inline)) static inline __m512 dpar__nan
 __attribute__((target("avx512f"), always_inline)) static inline __m512d dpar__nan_first8(__m512d r, __m512d x) {
     return _mm512_mask_add_pd(r, _mm512_cmp_pd_mask(x, x, _CMP_UNORD_Q), x, x);
 }
+/* a + b with a as the instruction's first operand, so of two NaNs a's (x86's rule): what dpar__nan_first8
+   (a + b, a) gives, without its compare and blend on a dependent chain of adds (a row sum's, twice the
+   latency a step) */
+__attribute__((target("avx512f"), always_inline)) static inline __m512d dpar__add_first8(__m512d a, __m512d b) {
+    __m512d r;
+    __asm__("vaddpd {%2, %1, %0|%0, %1, %2}" : "=v"(r) : "v"(a), "v"(b));
+    return r;
+}
 #define DPAR__EXP_NANS_V8(y, x) _mm256_blendv_ps(y, _mm256_add_ps(x, x), _mm256_cmp_ps(x, x, _CMP_UNORD_Q))
 DPAR__EXP_F32_VEC(dpar__exp_f32_v16, "avx512f", _mm512, __m512, __m512i, si512, dpar__nan_first16)
 DPAR__EXP_F32_VEC(dpar__exp_f32_v8, "avx2,fma", _mm256, __m256, __m256i, si256, DPAR__EXP_NANS_V8)
@@ -17266,7 +17274,7 @@ dpar__red_term8(int red, const float *x, const float *a, int64_t as, const float
 /* acc plus (NEG: minus) the term t as dpar__red_step folds it: acc's NaN where acc is NaN (dpar__red_add) */
 __attribute__((target("avx512f"), always_inline)) static inline __m512d dpar__red_fold8(int red, __m512d acc,
                                                                                         __m512d t) {
-    return dpar__nan_first8(red == DPAR__RED_NEG ? _mm512_sub_pd(acc, t) : _mm512_add_pd(acc, t), acc);
+    return red == DPAR__RED_NEG ? _mm512_sub_pd(acc, t) : dpar__add_first8(acc, t); /* a sub is not swapped */
 }
 /* dpar__red_one_avx512's loop for one kind (red a constant where it is inlined) */
 __attribute__((target("avx512f"), always_inline)) static inline int64_t
