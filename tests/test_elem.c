@@ -445,9 +445,13 @@ static void test_binary_bits(void **state) {
                         w = BITS_BINARY(o, x0, x1);
                         want = t_f2u(w);
                     }
+                    uint64_t ua = 0, ub = 0;
+                    memcpy(&ua, av + (size_t)ia * es, es);
+                    memcpy(&ub, bv + (size_t)ib * es, es);
                     if (got != want)
-                        fail_msg("%s binary %d, shape case %zu, [%lld]: got 0x%llx want 0x%llx", f64 ? "f64" : "f32", o,
-                                 k, (long long)i, (unsigned long long)got, (unsigned long long)want);
+                        fail_msg("%s binary %d, shape case %zu, [%lld] = a 0x%llx op b 0x%llx: got 0x%llx want 0x%llx",
+                                 f64 ? "f64" : "f32", o, k, (long long)i, (unsigned long long)ua,
+                                 (unsigned long long)ub, (unsigned long long)got, (unsigned long long)want);
                 }
             }
             free(av);
