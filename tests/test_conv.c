@@ -399,13 +399,15 @@ static void test_pool_exact(void **st) {
    the window's pixels in row-major order, then / cnt (NaN for an empty window); backward each window pixel of
    dx += dy / cnt, output pixels in order. Of two NaNs a sum keeps the pixel's (the added term's). 17 and 33
    channels: AVX-512 lanes and the channels past them, which used to keep the running sum's NaN instead;
-   1 and 3 threads. */
+   1 and 3 threads. The max pools likewise: the first maximum in row-major window order (NaN beats numbers,
+   the first NaN later ones; ties, one x in 3 set to 0.5, go to the first), -inf for a window wholly in the
+   padding, and dx += dy at each window's winner, keeping dy's NaN of two. */
 static float nan_add(float acc, float v) {
     return v != v ? v + v : acc + v;
 }
-static void test_avg_pool_bits(void **st) {
+static void test_pool_bits(void **st) {
     (void)st;
-    static const pcase cases[3] = {
+    static const pcase cases[4] = {
         { "3x3 stride 1 SAME, 17 channels",
           { 2, 6, 5, 17 },
           { { 3, 3 }, { 1, 1 }, DPAR_PADDING_SAME, { { 0 } }, false } },
@@ -413,9 +415,12 @@ static void test_avg_pool_bits(void **st) {
           { 1, 7, 6, 33 },
           { { 2, 3 }, { 2, 2 }, DPAR_PADDING_SAME, { { 0 } }, true } },
         { "2x2, 16 channels", { 2, 4, 4, 16 }, { { 2, 2 }, { 2, 2 }, DPAR_PADDING_VALID, { { 0 } }, false } },
+        { "2x2 stride 1, pads (3, 0) (0, 3): windows wholly in the padding, 20 channels",
+          { 1, 3, 3, 20 },
+          { { 2, 2 }, { 1, 1 }, DPAR_PADDING_EXPLICIT, { { 3, 0 }, { 0, 3 } }, false } },
     };
     const char *threads[2] = { "1", "3" };
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < 4; k++) {
         const pcase *c = &cases[k];
         geom g = pool_geom(c);
         int64_t n_x = nx(&g), n_y = g.n * g.oh * g.ow * g.c;
@@ -425,9 +430,13 @@ static void test_avg_pool_bits(void **st) {
             float *e = i < n_x ? &x[i] : &dy[i - n_x];
             s = s * 1664525u + 1013904223u;
             uint32_t u = (s >> 9 & 1 ? 0xffc00000u : 0x7fc00000u) | (s >> 10 & 0x3fffffu);
-            if ((s >> 28) < 4) memcpy(e, &u, sizeof u);
+            if ((s >> 28) < 4)
+                memcpy(e, &u, sizeof u);
+            else if (i < n_x && (s >> 28) < 9)
+                *e = 0.5f;
         }
         float *ya = calloc((size_t)n_y + 1, sizeof(float)), *dxa = calloc((size_t)n_x + 1, sizeof(float));
+        float *ym = calloc((size_t)n_y + 1, sizeof(float)), *dxm = calloc((size_t)n_x + 1, sizeof(float));
         for (int64_t n = 0; n < g.n; n++)
             for (int64_t i = 0; i < g.oh; i++)
                 for (int64_t j = 0; j < g.ow; j++)
@@ -446,6 +455,15 @@ static void test_avg_pool_bits(void **st) {
                                 int64_t xi = xat(&g, n, i, j, p, q, ch);
                                 if (xi >= 0) dxa[xi] = nan_add(dxa[xi], dy[o] / (float)cnt);
                             }
+                        int64_t arg = -1;
+                        for (int64_t p = 0; p < g.kh; p++)
+                            for (int64_t q = 0; q < g.kw; q++) {
+                                int64_t xi = xat(&g, n, i, j, p, q, ch);
+                                if (xi >= 0 && (arg < 0 || x[xi] > x[arg] || (x[xi] != x[xi] && x[arg] == x[arg])))
+                                    arg = xi;
+                            }
+                        ym[o] = arg < 0 ? -INFINITY : x[arg];
+                        if (arg >= 0) dxm[arg] = nan_add(dxm[arg], dy[o]);
                     }
         for (int t = 0; t < 2; t++) {
             dpar_runtime *rt = t_cpu_runtime_threads(threads[t]);
@@ -459,10 +477,18 @@ static void test_avg_pool_bits(void **st) {
                 if (t_f2u(r.dxa[i]) != t_f2u(dxa[i]))
                     fail_msg("%s, %s threads: dx[%lld] = %08x, want %08x", c->name, threads[t], (long long)i,
                              t_f2u(r.dxa[i]), t_f2u(dxa[i]));
+            for (int64_t i = 0; i < n_y; i++)
+                if (t_f2u(r.ym[i]) != t_f2u(ym[i]))
+                    fail_msg("%s, %s threads: max y[%lld] = %08x, want %08x", c->name, threads[t], (long long)i,
+                             t_f2u(r.ym[i]), t_f2u(ym[i]));
+            for (int64_t i = 0; i < n_x; i++)
+                if (t_f2u(r.dxm[i]) != t_f2u(dxm[i]))
+                    fail_msg("%s, %s threads: max dx[%lld] = %08x, want %08x", c->name, threads[t], (long long)i,
+                             t_f2u(r.dxm[i]), t_f2u(dxm[i]));
             pool_free(&r);
             dpar_runtime_destroy(rt);
         }
-        free(x), free(dy), free(ya), free(dxa);
+        free(x), free(dy), free(ya), free(dxa), free(ym), free(dxm);
     }
 }
 static double fd_conv(const geom *g, double *x, double *w, const double *dy, double *v, int64_t i, double *ybuf) {
@@ -978,7 +1004,7 @@ static void test_graph_errors(void **st) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_conv_exact_3x3),   cmocka_unit_test(test_pool_exact),
-        cmocka_unit_test(test_avg_pool_bits),    cmocka_unit_test(test_conv_cpu),
+        cmocka_unit_test(test_pool_bits),        cmocka_unit_test(test_conv_cpu),
         cmocka_unit_test(test_pool_cpu),         cmocka_unit_test(test_threads_bitwise),
         cmocka_unit_test(test_im2col_bits),      cmocka_unit_test(test_errors),
         cmocka_unit_test(test_graph_cnn),        cmocka_unit_test(test_graph_errors),
