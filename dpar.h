@@ -1127,8 +1127,9 @@ DPAR_API dpar_status dpar_avg_pool2d_backward(dpar_buffer *dx, const dpar_buffer
    wins; a window wholly in the padding gives -inf: flax.linen.max_pool). */
 DPAR_API dpar_status dpar_max_pool2d(dpar_buffer *y, const dpar_buffer *x, const dpar_pool2d_desc *d);
 /* dx [N,H,W,C] = dy routed to the first maximum of each window (row-major in
-   the window; ties go to the first only), summed where windows overlap;
-   x is the forward input. Overwrites dx. */
+   the window; ties go to the first only), summed in output-pixel order where
+   windows overlap (CPU: of two NaNs the sum keeps the later dy's, as the
+   average pools keep the added term's); x is the forward input. Overwrites dx. */
 DPAR_API dpar_status dpar_max_pool2d_backward(dpar_buffer *dx, const dpar_buffer *dy, const dpar_buffer *x,
                                               const dpar_pool2d_desc *d);
 
