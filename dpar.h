@@ -6655,10 +6655,14 @@ static int64_t dpar__slice_chunks(const dpar__coll *c, int j) {
    member has claimed yet, from the call's counters c->claim (zeroed by each
    member for its slice before it posts the call). So the members that have a
    core do the work of those waiting for one (more members than CPUs, or a
-   loaded machine) instead of every slice waiting for its member. Returns the
-   chunks this member did. Else (across processes) member r writes only out[r],
-   alone (returns 0). */
-static int64_t dpar__host_work(const dpar__coll *c, char *const *in, char *const *out, char *scratch, int all_out) {
+   loaded machine) instead of every slice waiting for its member. descend
+   (odd calls of a group): a slice's chunks last to first, so a call starts on
+   the lines the previous call touched last, still in the L2, not on those it
+   evicted for them first (2-device 1 MB all-reduce: each member's 2 MB of
+   lines fill its 2 MB L2; 40 -> 30 us a call). Returns the chunks this member
+   did. Else (across processes) member r writes only out[r], alone (returns 0). */
+static int64_t dpar__host_work(const dpar__coll *c, char *const *in, char *const *out, char *scratch, int all_out,
+                               int descend) {
     int n = c->n, r = c->rank;
     size_t es = dpar_dtype_size(c->dtype);
     if (c->kind == DPAR__COLL_PERMUTE) {
@@ -6688,8 +6692,10 @@ static int64_t dpar__host_work(const dpar__coll *c, char *const *in, char *const
     for (int t = 0; t < n; t++) {
         int j = (r + t) % n;
         int64_t units = dpar__slice_units(c, j), chunks = dpar__slice_chunks(c, j);
-        for (int64_t q; (q = DPAR__ATOMIC_FETCH_ADD(&c->claim[j], (int64_t)1)) < chunks; did++)
+        for (int64_t q; (q = DPAR__ATOMIC_FETCH_ADD(&c->claim[j], (int64_t)1)) < chunks; did++) {
+            if (descend) q = chunks - 1 - q;
             dpar__host_piece(c, in, out, j, q * per, (q + 1) * per < units ? (q + 1) * per : units, nt);
+        }
     }
     return did;
 }
@@ -7093,12 +7099,12 @@ static dpar_status dpar__coll_host(dpar_ctx *ctx, dpar__call *k, const dpar__sta
     if (g->cross) {
         if ((s = dpar__coll_cross(ctx, k, 0))) return s;
         if (c->kind == DPAR__COLL_ALL_REDUCE || c->kind == DPAR__COLL_BROADCAST) return DPAR_OK;
-        dpar__host_work(c, (char *const *)g->xin_ptr, (char *const *)g->out_ptr, io->scratch, 0);
+        dpar__host_work(c, (char *const *)g->xin_ptr, (char *const *)g->out_ptr, io->scratch, 0, 0);
         return dpar__barrier(g, c->rank, ctx, k->st.what);
     }
     int h = k->half, n = g->n;
     int64_t did =
-        dpar__host_work(c, (char *const *)(g->in_ptr + h * n), (char *const *)(g->out_ptr + h * n), io->scratch, 1);
+        dpar__host_work(c, (char *const *)(g->in_ptr + h * n), (char *const *)(g->out_ptr + h * n), io->scratch, 1, h);
     if (c->rank == g->leader) g->seq++;
     if (c->kind == DPAR__COLL_PERMUTE) return dpar__barrier(g, c->rank, ctx, k->st.what);
     int64_t total = 0;

@@ -2858,7 +2858,7 @@ static dpar_status dpar__vk_collective(void *state, dpar__coll *c) {
         ins[j] = st->devs[c->devices[j]].coll_in;
         outs[j] = st->devs[c->devices[j]].coll_out;
     }
-    dpar__host_work(c, ins, outs, scratch, 1);            /* every member's views are visible here */
+    dpar__host_work(c, ins, outs, scratch, 1, 0);         /* every member's views are visible here */
     if ((s = dpar__coll_barrier(c)) != DPAR_OK) return s; /* nobody reads the views any more */
     if (scratch && outb) memcpy(out_h, scratch, outb);
     if (!outb) return DPAR_OK;

@@ -1300,6 +1300,82 @@ static void test_large_psum_bitwise(void **st) {
     dpar_runtime_destroy(rt);
 }
 
+/* Repeated calls into the same outputs with new inputs each call: the host
+   path claims a slice's chunks first to last on even calls of a group and last
+   to first on odd ones (dpar__host_work), so every call must still write every
+   element of every slice, the partial last chunk included, or an output keeps
+   the previous call's value. REP elements a member (64 KB chunks: slices of 2-9
+   chunks, the last partial, on 1, 2, 3, 4 and 8 devices); five collectives an
+   iteration, so each meets both orders. Bits: the sequential sum in mesh order. */
+enum { REP = 24 * 5465, REP_ITERS = 2, REP_OPS = 5 };
+typedef struct rep_job {
+    int n;
+    int64_t bad[MAXD];
+    char msg[MAXD][160];
+} rep_job;
+static float rep_val(int dev, int it, int64_t i) {
+    return (float)((i * 31 + dev * 977 + it * 131) % 2003) * 0.001f - 1.0f + (float)dev * 1e-4f;
+}
+static float rep_sum(int n, int it, int64_t i, int mean) {
+    volatile float acc = rep_val(0, it, i);
+    for (int k = 1; k < n; k++) acc = acc + rep_val(k, it, i);
+    return mean ? acc / (float)n : acc;
+}
+static void rep_check(rep_job *w, int d, const char *op, int it, int64_t i, float got, float want) {
+    if (memcmp(&got, &want, 4) && !w->bad[d]++) /* counts them all, names the first */
+        snprintf(w->msg[d], sizeof w->msg[d], "%s, iteration %d, element %lld on device %d: %.9g, want %.9g", op, it,
+                 (long long)i, d, (double)got, (double)want);
+}
+static dpar_status rep_fn(dpar_ctx *ctx, void *user) {
+    rep_job *w = (rep_job *)user;
+    int d = dpar_ctx_device(ctx), n = w->n;
+    int64_t len = REP, glen = (int64_t)REP * n, slen = REP / n;
+    dpar_buffer *x, *o[REP_OPS];
+    int64_t lens[REP_OPS] = { len, len, glen, slen, len };
+    dpar_status s = dpar_ctx_buffer(ctx, DPAR_F32, 1, &len, &x);
+    for (int k = 0; k < REP_OPS && !s; k++) s = dpar_ctx_buffer(ctx, DPAR_F32, 1, &lens[k], &o[k]);
+    float *h = (float *)malloc((size_t)glen * 4);
+    for (int it = 0; it < REP_ITERS && !s; it++) {
+        for (int64_t i = 0; i < REP; i++) h[i] = rep_val(d, it, i);
+        if (!s) s = dpar_buffer_write(x, 0, h, (size_t)REP * 4);
+        if (!s) s = dpar_psum(ctx, o[0], x, "data");
+        if (!s) s = dpar_pmean(ctx, o[1], x, "data");
+        if (!s) s = dpar_all_gather(ctx, o[2], x, "data", 0, true);
+        if (!s) s = dpar_psum_scatter(ctx, o[3], x, "data", 0, true);
+        if (!s) s = dpar_pbroadcast(ctx, o[4], x, "data", 0);
+        static const char *names[REP_OPS] = { "psum", "pmean", "all_gather", "psum_scatter", "pbroadcast" };
+        for (int k = 0; k < REP_OPS && !s; k++) {
+            if ((s = dpar_buffer_read(o[k], 0, h, (size_t)lens[k] * 4))) break;
+            for (int64_t i = 0; i < lens[k]; i++) {
+                float want = k < 2    ? rep_sum(n, it, i, k)
+                             : k == 2 ? rep_val((int)(i / REP), it, i % REP)
+                             : k == 3 ? rep_sum(n, it, (int64_t)d * slen + i, 0)
+                                      : rep_val(0, it, i);
+                rep_check(w, d, names[k], it, i, h[i], want);
+            }
+        }
+    }
+    free(h);
+    return s;
+}
+static void test_repeated_calls_chunk_order(void **st) {
+    (void)st;
+    static const int ns[] = { 1, 2, 3, 4, 8 };
+    for (size_t t = 0; t < sizeof ns / sizeof ns[0]; t++) {
+        int n = ns[t];
+        dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, n);
+        dpar_mesh *m = t_mesh1(rt, n, "data");
+        rep_job w;
+        memset(&w, 0, sizeof w);
+        w.n = n;
+        dpar_shard_map_desc sd = { .fn = rep_fn, .user = &w };
+        T_OK(dpar_shard_map(m, &sd));
+        for (int d = 0; d < n; d++)
+            if (w.bad[d]) fail_msg("%d devices: %lld wrong elements; first: %s", n, (long long)w.bad[d], w.msg[d]);
+        dpar_runtime_destroy(rt);
+    }
+}
+
 /* async collectives over different axes in flight at once (2x4 mesh), a
    blocking one over both axes behind them, waited out of order */
 typedef struct ax {
@@ -1449,6 +1525,7 @@ int main(void) {
         cmocka_unit_test(test_axis_tuple_order),
         cmocka_unit_test(test_not_in_place),
         cmocka_unit_test(test_large_psum_bitwise),
+        cmocka_unit_test(test_repeated_calls_chunk_order),
         cmocka_unit_test(test_async_over_axes),
         cmocka_unit_test(test_async_mismatch),
         cmocka_unit_test(test_async_abort),
