@@ -6287,8 +6287,9 @@ static long dpar__sys_cache_bytes(int index) {
    win from 8 MB on (64 vs 52 GB/s), ordinary ones up to 4 MB; the 2-device 1
    MB all-reduce and all-to-all (4 MB) moved 20% and 32% more with ordinary
    stores, a 1.25 MB all-reduce's 5 MB kernel 6% less. Linux's cache
-   description first: sysconf can report the host's figures. */
-static int dpar__streaming(uint64_t bytes) {
+   description first: sysconf can report the host's figures. dpar__cache_fit:
+   those caches' bytes. */
+static long dpar__cache_fit(void) {
     static long fit = 0;
     long c = DPAR__ATOMIC_LOAD(&fit);
     if (!c) {
@@ -6300,7 +6301,10 @@ static int dpar__streaming(uint64_t bytes) {
         c = l2 > 0 && cpus > 0 && l2 * cpus < l3 / 4 * 3 ? l2 * cpus : l3 / 4 * 3;
         DPAR__ATOMIC_STORE(&fit, c);
     }
-    return bytes > (uint64_t)c;
+    return c;
+}
+static int dpar__streaming(uint64_t bytes) {
+    return bytes > (uint64_t)dpar__cache_fit();
 }
 #ifdef DPAR__X86_SIMD
 /* memcpy with streaming stores (the caller fences) */
@@ -6571,15 +6575,15 @@ static int64_t dpar__chunk_units(const dpar__coll *c) {
     /* a multiple of 16 elements: chunks of an aligned buffer stay 64-byte aligned for streaming stores */
     return (int64_t)(DPAR__CHUNK_BYTES / dpar_dtype_size(c->dtype)) & ~(int64_t)15;
 }
-/* whether the whole collective's working set (every member's input and output) asks for streaming stores */
-static int dpar__coll_streaming(const dpar__coll *c) {
+/* the bytes of the whole collective's working set: every member's input and output */
+static uint64_t dpar__coll_bytes(const dpar__coll *c) {
     uint64_t es = dpar_dtype_size(c->dtype), n = (uint64_t)c->n;
     switch (c->kind) {
-    case DPAR__COLL_ALL_REDUCE: return dpar__streaming((uint64_t)c->count * es * 2u * n);
-    case DPAR__COLL_BROADCAST: return dpar__streaming((uint64_t)c->count * es * (n + 1u));
+    case DPAR__COLL_ALL_REDUCE: return (uint64_t)c->count * es * 2u * n;
+    case DPAR__COLL_BROADCAST: return (uint64_t)c->count * es * (n + 1u);
     case DPAR__COLL_ALL_GATHER:
-    case DPAR__COLL_REDUCE_SCATTER: return dpar__streaming((uint64_t)(c->outer * c->inner) * es * n * (n + 1u));
-    case DPAR__COLL_ALL_TO_ALL: return dpar__streaming((uint64_t)c->count * es * 2u * n);
+    case DPAR__COLL_REDUCE_SCATTER: return (uint64_t)(c->outer * c->inner) * es * n * (n + 1u);
+    case DPAR__COLL_ALL_TO_ALL: return (uint64_t)c->count * es * 2u * n;
     default: return 0;
     }
 }
@@ -6659,8 +6663,11 @@ static int64_t dpar__slice_chunks(const dpar__coll *c, int j) {
    (odd calls of a group): a slice's chunks last to first, so a call starts on
    the lines the previous call touched last, still in the L2, not on those it
    evicted for them first (2-device 1 MB all-reduce: each member's 2 MB of
-   lines fill its 2 MB L2; 40 -> 30 us a call). Returns the chunks this member
-   did. Else (across processes) member r writes only out[r], alone (returns 0). */
+   lines fill its 2 MB L2; 39 -> 30 us a call). Only while the working set is
+   at most 8x what the caches hold (dpar__cache_fit): beyond that little is
+   left to reuse, and the jumps back at each chunk cost 3-11% (64 MB). Returns
+   the chunks this member did. Else (across processes) member r writes only
+   out[r], alone (returns 0). */
 static int64_t dpar__host_work(const dpar__coll *c, char *const *in, char *const *out, char *scratch, int all_out,
                                int descend) {
     int n = c->n, r = c->rank;
@@ -6676,7 +6683,8 @@ static int64_t dpar__host_work(const dpar__coll *c, char *const *in, char *const
         }
         return 0;
     }
-    int nt = dpar__coll_streaming(c);
+    uint64_t bytes = dpar__coll_bytes(c);
+    int nt = dpar__streaming(bytes);
     if (!all_out) {
         if (c->kind == DPAR__COLL_ALL_GATHER) /* out[r] from every input */
             for (int k = 0; k < n; k++)
@@ -6689,6 +6697,7 @@ static int64_t dpar__host_work(const dpar__coll *c, char *const *in, char *const
         return 0;
     }
     int64_t per = dpar__chunk_units(c), did = 0;
+    if (bytes > 8u * (uint64_t)dpar__cache_fit()) descend = 0;
     for (int t = 0; t < n; t++) {
         int j = (r + t) % n;
         int64_t units = dpar__slice_units(c, j), chunks = dpar__slice_chunks(c, j);

@@ -1302,7 +1302,8 @@ static void test_large_psum_bitwise(void **st) {
 
 /* Repeated calls into the same outputs with new inputs each call: the host
    path claims a slice's chunks first to last on even calls of a group and last
-   to first on odd ones (dpar__host_work), so every call must still write every
+   to first on odd ones (dpar__host_work; working sets up to 8x the caches: with
+   4 MB of them all below but the 8-device all_gather), so every call must write every
    element of every slice, the partial last chunk included, or an output keeps
    the previous call's value. REP elements a member (64 KB chunks: slices of 2-9
    chunks, the last partial, on 1, 2, 3, 4 and 8 devices); five collectives an
