@@ -911,7 +911,7 @@ typedef struct cc {
 static dpar_status psum_fn(dpar_ctx *ctx, void *user) {
     cc *c = (cc *)user;
     int64_t one = 1;
-    dpar_buffer *x;
+    dpar_buffer *x = NULL;
     int i;
     dpar_status s = dpar_ctx_axis_index(ctx, dpar_mesh_axis_name(dpar_ctx_mesh(ctx), 0), &i);
     if (!s) s = dpar_ctx_buffer(ctx, DPAR_F32, 1, &one, &x);

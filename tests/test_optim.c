@@ -41,7 +41,8 @@ static void test_adamw_three_steps(void **st) {
                               .b2 = cases[c].b2,
                               .eps = cases[c].eps,
                               .weight_decay = cases[c].wd };
-        double b1 = d.b1 ? d.b1 : 0.9f, b2 = d.b2 ? d.b2 : 0.999f, eps = d.eps ? d.eps : 1e-8f; /* as f32 */
+        double b1 = d.b1 != 0.0f ? d.b1 : 0.9f, b2 = d.b2 != 0.0f ? d.b2 : 0.999f,
+               eps = d.eps != 0.0f ? d.eps : 1e-8f; /* as f32 */
         for (int t = 1; t <= 3; t++) {
             for (int i = 0; i < N; i++) g[i] = g0[i] = (float)(((i * 7 + t * 3) % 11) - 5) * 0.125f;
             T_OK(dpar_buffer_write(bg, 0, g0, sizeof g0));

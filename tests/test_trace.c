@@ -281,7 +281,7 @@ static void test_late_tracks(void **state) {
     assert_non_null(strstr(s, "\"name\":\"quote\\\"back\\\\slash\\u000anl\\u0009tab\",\"cat\":\"c\\\"at\""));
     int events = 0, last_pid = -1, last_tid = -1;
     for (const char *p = strstr(s, "\"ph\":\"X\""); p; p = strstr(p + 1, "\"ph\":\"X\""), events++) {
-        int pid, tid;
+        int pid = -1, tid = -1;
         const char *q = strstr(p, "\"pid\":");
         if (!q || sscanf(q, "\"pid\":%d,\"tid\":%d", &pid, &tid) != 2) fail_msg("%s", "an event without pid, tid");
         if (pid == last_pid && tid == last_tid) continue;
