@@ -938,7 +938,13 @@ DPAR_API dpar_status dpar_sum_squares(dpar_buffer *out, const dpar_buffer *x);
    broadcasting aligns trailing dims; a dim of size 1 stretches to any size
    (0 included). Errors, for all: DPAR_ERR_INVALID_ARGUMENT (NULL, different
    devices, op out of range, aliasing), DPAR_ERR_SHAPE (naming the shapes),
-   DPAR_ERR_DTYPE. Backends lacking an op return DPAR_ERR_BACKEND naming it. */
+   DPAR_ERR_DTYPE. Backends lacking an op return DPAR_ERR_BACKEND naming it.
+   NaN: an op with a NaN operand gives a NaN. Which NaN (sign, payload) the cpu backend gives is fixed on
+   x86, built with gcc or clang: x86's rule, a op b keeps a's NaN if a is one, else b's, quieted (a scalar
+   form: x first), on every path and thread count. LLVM's IR leaves NaN bits unspecified: the kernels keep
+   their op order against its folds and CI checks clang's bits, but another LLVM version could change them
+   (a bug to report). Only "a NaN" is promised on other CPUs (aarch64), for signalling NaNs, for two NaNs
+   combined in an order the formula leaves open (pow's gradient) and on the Vulkan and CUDA backends. */
 typedef enum dpar_unary_op {
     DPAR_UNARY_NEG = 0,     /* -x */
     DPAR_UNARY_EXP,         /* e^x */
@@ -6227,6 +6233,10 @@ static int64_t dpar__sum_f32_neon(int n, const float *const *src, float *const *
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && !defined(DPAR_NO_SIMD)
 #include <immintrin.h>
 #define DPAR__X86_SIMD 1
+/* v, which the optimizer must take as it is: LLVM (clang) may fold a NaN blend into the op that made v
+   (a - b, a's NaN blended in, became a + (isnan(a) ? a : -b), which flips b's NaN's sign), as its IR
+   leaves NaN bits unspecified. The empty asm keeps the op as written; it emits no instruction */
+#define DPAR__OPAQUE(v) __asm__("" : "+v"(v))
 __attribute__((target("avx2"))) static void dpar__sum_f32_avx2(int n, const float *const *src, float *const *dst,
                                                                int ndst, int64_t len, int mean, int nt) {
     int64_t i = 0;
@@ -16599,11 +16609,13 @@ static float dpar__exp_f32_1(float x) {
 /* r, or x's NaN quieted (x + x) in the lanes where x is NaN: what an x86 op returns with x as its first
    operand (of two NaNs it keeps the first's payload). The compiler may swap a commutative op's operands,
    so the vector loops and their scalar tails say here which NaN a result keeps, as the per-element code
-   they replaced had it, the same on every path and compiler */
+   they replaced had it, the same on every path and compiler (r opaque: clang would fold the blend into r's op) */
 __attribute__((target("avx512f"), always_inline)) static inline __m512 dpar__nan_first16(__m512 r, __m512 x) {
+    DPAR__OPAQUE(r);
     return _mm512_mask_add_ps(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x, x);
 }
 __attribute__((target("avx512f"), always_inline)) static inline __m512d dpar__nan_first8(__m512d r, __m512d x) {
+    DPAR__OPAQUE(r);
     return _mm512_mask_add_pd(r, _mm512_cmp_pd_mask(x, x, _CMP_UNORD_Q), x, x);
 }
 /* a + b with a as the instruction's first operand, so of two NaNs a's (x86's rule): what dpar__nan_first8
