@@ -6235,8 +6235,13 @@ static int64_t dpar__sum_f32_neon(int n, const float *const *src, float *const *
 #define DPAR__X86_SIMD 1
 /* v, which the optimizer must take as it is: LLVM (clang) may fold a NaN blend into the op that made v
    (a - b, a's NaN blended in, became a + (isnan(a) ? a : -b), which flips b's NaN's sign), as its IR
-   leaves NaN bits unspecified. The empty asm keeps the op as written; it emits no instruction */
+   leaves NaN bits unspecified. The empty asm keeps the op as written; it emits no instruction. gcc does
+   not fold so, and there it would only move registers in the reduce loops: nothing */
+#ifdef __clang__
 #define DPAR__OPAQUE(v) __asm__("" : "+v"(v))
+#else
+#define DPAR__OPAQUE(v) ((void)0)
+#endif
 __attribute__((target("avx2"))) static void dpar__sum_f32_avx2(int n, const float *const *src, float *const *dst,
                                                                int ndst, int64_t len, int mean, int nt) {
     int64_t i = 0;
