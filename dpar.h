@@ -3016,7 +3016,8 @@ struct dpar_buffer {
 
 /* One op, checked by the core; backends execute it. Shapes are resolved. */
 typedef enum dpar__op_kind {
-    DPAR__OP_MATMUL = 0,   /* dst[M,N] = f[0]*op(src0)[M,K] op(src1)[K,N] + f[1]*dst; ta, tb */
+    DPAR__OP_MATMUL = 0,   /* dst[M,N] = f[0]*op(src0)[M,K] op(src1)[K,N] + f[1]*dst; ta, tb; with src2 (only
+                              where the backend's matmul_bias) + src2[N] a row, dst2: max(dst, 0) too */
     DPAR__OP_BIAS_ADD,     /* dst[M,N] += src0[N]; dst2 (only where the backend's bias_add_relu): max(dst, 0) */
     DPAR__OP_BIAS_GRAD,    /* dst[N] = f[1]*dst + sum_m src0[M,N]; with src1 (only where the backend's
                               bias_grad_relu): src0 masked where src1 > 0 (relu's gradient), written to dst2 */
@@ -3173,6 +3174,10 @@ typedef struct dpar__backend_iface {
     /* true when the backend's BIAS_GRAD with src1 set sums dy masked by src1 > 0 (relu_backward) and writes
        the masked dy to dst2 (Vulkan: a graph's relu_backward -> bias_grad in one dispatch); false: never */
     bool bias_grad_relu;
+    /* true when the backend's MATMUL with src2 set adds that bias [N] to each row of its result and, with dst2
+       set, writes the result's ReLU there too (Vulkan: a graph's matmul -> bias_add (-> relu) in one dispatch,
+       dpar__g_fuse_matmul_bias); false: src2 and dst2 are always NULL */
+    bool matmul_bias;
     /* Opens `requested` devices (0: the backend's default). Sets *state, *count.
        local_index / local_count: this process's index among the processes
        of its node, and their count (0 / 1 without MPI); a GPU backend opens
@@ -7668,8 +7673,11 @@ static void dpar__op_init(dpar__op *op, dpar__op_kind k, dpar_buffer *dst) {
     if (dst) op->n = dst->count;
 }
 
-DPAR_API dpar_status dpar_matmul(dpar_buffer *C, const dpar_buffer *A, const dpar_buffer *B, bool ta, bool tb,
-                                 float alpha, float beta) {
+/* dpar_matmul, then C [M, N] += bias [N] a row and relu = max(C, 0) in the same op where bias (and relu) are not
+   NULL (a graph's fused matmul -> bias_add (-> relu), dpar__g_fuse_matmul_bias: only on a backend with
+   matmul_bias, bias and relu f32 as C). */
+static dpar_status dpar__matmul(dpar_buffer *C, dpar_buffer *relu, const dpar_buffer *A, const dpar_buffer *B,
+                                const dpar_buffer *bias, bool ta, bool tb, float alpha, float beta) {
     dpar__clear_error();
     const dpar_buffer *ops[2] = { A, B };
     dpar_status s = dpar__op_check("dpar_matmul", C, ops, 2);
@@ -7709,7 +7717,17 @@ DPAR_API dpar_status dpar_matmul(dpar_buffer *C, const dpar_buffer *A, const dpa
     op.trans_b = tb;
     op.f[0] = alpha;
     op.f[1] = beta;
+    op.src2 = bias;
+    op.dst2 = relu;
+    DPAR_ASSERT(!bias || (C->rt->be->matmul_bias && C->dtype == DPAR_F32 && bias->dtype == DPAR_F32 &&
+                          bias->rt == C->rt && bias->device == C->device && bias->count == N));
+    DPAR_ASSERT(!relu || (bias && relu->dtype == DPAR_F32 && relu->count == C->count && relu->rt == C->rt &&
+                          relu->device == C->device));
     return dpar__op_run(&op);
+}
+DPAR_API dpar_status dpar_matmul(dpar_buffer *C, const dpar_buffer *A, const dpar_buffer *B, bool ta, bool tb,
+                                 float alpha, float beta) {
+    return dpar__matmul(C, NULL, A, B, NULL, ta, tb, alpha, beta);
 }
 /* v (NULL: none) is [N] for x [..., N]: a bias, a norm's scale, their gradients */
 static dpar_status dpar__last_dim_vec(const char *fn, const dpar_buffer *v, const char *vn, const dpar_buffer *x,
@@ -10273,8 +10291,10 @@ typedef struct dpar__gnode {
     int remat_of;      /* > 0: the backward's recomputed copy of that forward node */
     int fused;         /* compiled: a loss, > 0: its gradient node, computed in the same pass; the gradient
                           node, < 0: minus the loss that computes it (dpar__g_fuse_losses); the same for
-                          attention's gradient nodes (the first computes the others: dpar__g_fuse_attn) */
-    int fused2;        /* compiled: attention's first gradient node, > 0: the third, computed in the same call */
+                          attention's gradient nodes (the first computes the others: dpar__g_fuse_attn), a
+                          matmul and its bias_add (and relu: dpar__g_fuse_matmul_bias) and the other pairs */
+    int fused2;        /* compiled: attention's first gradient node, > 0: the third, computed in the same call;
+                          a matmul with a fused bias_add: the fused relu */
     int bucket;        /* compiled: a small gradient's reduction, 1 + its bucket (dpar__g_bucket_plan); 0: alone */
     bool ident;        /* compiled: a psum/pmean over one device whose input writes its buffer: runs nothing
                           (dpar__g_ident_ok) */
@@ -13134,6 +13154,37 @@ static void dpar__g_fuse_losses(dpar_graph *g) {
             }
     }
 }
+/* A bias_add of a matmul's output that nothing else reads (the matmul's gradient reads its operands, not
+   its result): on a backend whose MATMUL adds a bias (matmul_bias), all f32, the matmul node computes both
+   in one op into the bias_add's buffer (which takes the product's as its own where it may, dpar__g_plan),
+   and a relu of the sum that dpar__g_fuse_bias_relu would fuse (the backward reads the sum too) as well;
+   the bias_add and relu nodes run nothing. The bias must be computed before the matmul. One dispatch a
+   layer fewer on Vulkan (two with the relu), the same bits (matmul_common.glsl's store_at). */
+static void dpar__g_fuse_matmul_bias(dpar_graph *g) {
+    if (!g->rt->be->matmul_bias) return;
+    for (int j = 1; j < g->count; j++) {
+        dpar__gnode *b = &g->n[j];
+        int i = b->in[0], k = b->in[1], readers = 0, relu = 0, sum_readers = 0;
+        if (b->kind != DPAR__G_BIAS_ADD || b->fused || i <= 0 || k <= 0 || k >= i) continue;
+        dpar__gnode *m = &g->n[i];
+        if (m->kind != DPAR__G_MATMUL || m->fused || m->keep || m->stage != b->stage || m->dtype != DPAR_F32 ||
+            b->dtype != DPAR_F32 || g->n[k].dtype != DPAR_F32 || g->n[m->in[0]].dtype != DPAR_F32 ||
+            g->n[m->in[1]].dtype != DPAR_F32)
+            continue;
+        for (int x = i + 1; x < g->count; x++)
+            for (int y = 0; y < g->n[x].nin; y++) {
+                readers += g->n[x].in[y] == i;
+                sum_readers += g->n[x].in[y] == j;
+                if (g->n[x].in[y] == j && !relu && y == 0 && g->n[x].kind == DPAR__G_RELU && !g->n[x].fused &&
+                    g->n[x].stage == b->stage && g->n[x].dtype == DPAR_F32)
+                    relu = x;
+            }
+        for (int q = 0; g->has_opt && q < g->opt.n; q++) readers += g->opt.grads[q] == i;
+        if (readers != 1) continue;
+        m->fused = j, b->fused = -i;
+        if (relu && sum_readers >= 2) m->fused2 = relu, g->n[relu].fused = -i;
+    }
+}
 /* A relu of a bias_add's output that the backward reads too (RELU_GRAD reads the relu's input): on a
    backend whose BIAS_ADD also writes the ReLU (bias_add_relu, f32), the bias_add node writes both, the
    relu node runs nothing, and its buffer is live from the bias_add on (dpar__g_plan), as a fused loss's
@@ -13328,6 +13379,7 @@ DPAR_API dpar_status dpar_graph_compile(dpar_graph *g, dpar_graph_stats *stats) 
     if ((s = g->pp ? dpar__g_pipe_check(g) : DPAR_OK)) return s;
     dpar__g_fuse_losses(g);
     dpar__g_fuse_attn(g);
+    dpar__g_fuse_matmul_bias(g);
     dpar__g_fuse_bias_relu(g);
     dpar__g_fuse_relu_grad(g);
     s = dpar__g_bucket_plan(g);
@@ -13519,7 +13571,11 @@ static dpar_status dpar__g_exec_node(dpar_graph *g, dpar_ctx *ctx, int li, int i
     case DPAR__G_EMBED_GRAD:
     case DPAR__G_DROPOUT: return dpar__g_exec_optim(g, ctx, li, nd, y, a, b);
     case DPAR__G_ZERO1_SCATTER: return dpar__g_z1_scatter(g, ctx, li, nd, y, a);
-    case DPAR__G_MATMUL: return dpar_matmul(y, a, b, nd->ip[0] != 0, nd->ip[1] != 0, 1.0f, 0.0f);
+    case DPAR__G_MATMUL: /* or into a fused bias_add's (and relu's) buffer (dpar__g_fuse_matmul_bias) */
+        if (nd->fused)
+            return dpar__matmul(dpar__g_buf(g, nd->fused, li), nd->fused2 ? dpar__g_buf(g, nd->fused2, li) : NULL, a, b,
+                                dpar__g_buf(g, g->n[nd->fused].in[1], li), nd->ip[0] != 0, nd->ip[1] != 0, 1.0f, 0.0f);
+        return dpar_matmul(y, a, b, nd->ip[0] != 0, nd->ip[1] != 0, 1.0f, 0.0f);
     case DPAR__G_BIAS_ADD: /* and a fused relu's output (dpar__g_fuse_bias_relu) */
         return (s = dpar_copy(y, a)) ? s : dpar__bias_add(y, nd->fused ? dpar__g_buf(g, nd->fused, li) : NULL, b);
     case DPAR__G_BIAS_GRAD: return dpar_bias_grad(y, a, 0.0f);
@@ -19883,6 +19939,7 @@ static const dpar__backend_iface dpar__cpu_backend = {
     true /* attn_kv_computes_d: pass 2 recomputes D (DPAR__ATTN_DEF's BWDKV) */,
     false /* bias_add_relu: the separate passes cost the CPU little */,
     false /* bias_grad_relu: as bias_add_relu */,
+    false /* matmul_bias: as bias_add_relu */,
     dpar__cpu_init,
     dpar__cpu_shutdown,
     dpar__cpu_info,

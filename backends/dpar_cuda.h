@@ -2640,6 +2640,7 @@ static const dpar__backend_iface *dpar__cuda_iface(void) {
                                                false, /* attn_kv_computes_d: the KV kernel reads pass 1's D */
                                                false, /* bias_add_relu: not written for the CUDA kernel */
                                                false, /* bias_grad_relu: as bias_add_relu */
+                                               false, /* matmul_bias: as bias_add_relu */
                                                dpar__cu_init,
                                                dpar__cu_shutdown,
                                                dpar__cu_device_info,

@@ -2342,9 +2342,12 @@ static dpar_status dpar__vk_op_basic(dpar__vk *st, int dev, const dpar__op *op, 
                     ((uint32_t)(op->src0->dtype == DPAR_F16    ? 1
                                 : op->src0->dtype == DPAR_BF16 ? 2
                                                                : 0)
-                     << 3);
+                     << 3) |
+                    (op->src2 ? 64u : 0u) | (dst2 ? 128u : 0u); /* bias, its ReLU: matmul_common.glsl's store_at */
+        b[1] = dst2;
         b[2] = src0;
         b[3] = src1;
+        b[5] = dpar__vk_mem(op->src2);
         uint32_t g[2];
         int id = dpar__vk_mm_pick(st, dev, op->m, op->n, op->k, 1, g, pc);
         return dpar__vk_dispatch_mm(st, dev, id, b, pc, g[0], g[1], 1);
@@ -3117,6 +3120,7 @@ static const dpar__backend_iface *dpar__vulkan_iface(void) {
         false, /* attn_kv_computes_d: attention_bwd_kv.comp reads pass 1's D */
         true,  /* bias_add_relu: bias_add.comp writes the ReLU too (flags bit 0) */
         true,  /* bias_grad_relu: bias_grad.comp masks dy and writes it (flags bit 1) */
+        true,  /* matmul_bias: matmul_common.glsl adds the bias and writes its ReLU (flags bits 6, 7) */
         dpar__vk_init,
         dpar__vk_shutdown,
         dpar__vk_device_info,

@@ -4,7 +4,7 @@
 // op(A) = A [M,K] or A^T (A stored [K,M]); op(B) = B [K,N] or B^T (B stored [N,K]).
 // beta == 0 (flags bit 2) ignores C's old contents, even NaN. A and B share a
 // dtype (flags bits 3-4: 0 f32, 1 f16, 2 bf16), widened to f32; C is f32 and
-// products accumulate in f32.
+// products accumulate in f32. Bits 6, 7: a bias and its ReLU (matmul_common.glsl).
 // Tiled: a 16x16 workgroup computes a 32x32 block of C (2x2 outputs per
 // invocation), staging 32x16 tiles of op(A) and op(B) in shared memory.
 // Each output sums over k in increasing order: deterministic, run after run.
@@ -58,12 +58,11 @@ void main() {
         }
         barrier();
     }
-    bool zero_beta = (pc.flags & 4u) != 0u;
     uint r0 = row0 + ty, r1 = row0 + ty + 16u, c0 = col0 + tx, c1 = col0 + tx + 16u;
-    if (r0 < pc.m && c0 < pc.n) { uint i = offC + r0 * pc.n + c0; precise float v = pc.f0 == 0.0 ? 0.0 : pc.f0 * acc00; precise float o = zero_beta ? v : v + pc.f1 * c[i]; c[i] = o; }
-    if (r0 < pc.m && c1 < pc.n) { uint i = offC + r0 * pc.n + c1; precise float v = pc.f0 == 0.0 ? 0.0 : pc.f0 * acc01; precise float o = zero_beta ? v : v + pc.f1 * c[i]; c[i] = o; }
-    if (r1 < pc.m && c0 < pc.n) { uint i = offC + r1 * pc.n + c0; precise float v = pc.f0 == 0.0 ? 0.0 : pc.f0 * acc10; precise float o = zero_beta ? v : v + pc.f1 * c[i]; c[i] = o; }
-    if (r1 < pc.m && c1 < pc.n) { uint i = offC + r1 * pc.n + c1; precise float v = pc.f0 == 0.0 ? 0.0 : pc.f0 * acc11; precise float o = zero_beta ? v : v + pc.f1 * c[i]; c[i] = o; }
+    if (r0 < pc.m && c0 < pc.n) store_at(offC + r0 * pc.n + c0, c0, acc00);
+    if (r0 < pc.m && c1 < pc.n) store_at(offC + r0 * pc.n + c1, c1, acc01);
+    if (r1 < pc.m && c0 < pc.n) store_at(offC + r1 * pc.n + c0, c0, acc10);
+    if (r1 < pc.m && c1 < pc.n) store_at(offC + r1 * pc.n + c1, c1, acc11);
     barrier(); // the next batch reuses the tiles
   }
 }

@@ -19,13 +19,9 @@ layout(local_size_x = 8) in;
 
 const uint R = 4u, NB = 16u;  // rows an invocation, columns a workgroup
 
-// C[r, cc] = alpha * acc + beta * C[r, cc] where r, cc lie inside C.
+// C[r, cc] (store_at) where r, cc lie inside C.
 void store_c(uint r, uint cc, float acc) {
-    if (r >= pc.m || cc >= pc.n) return;
-    uint i = offC + r * pc.n + cc;
-    precise float v = pc.f0 == 0.0 ? 0.0 : pc.f0 * acc;
-    precise float o = (pc.flags & 4u) != 0u ? v : v + pc.f1 * c[i];
-    c[i] = o;
+    if (r < pc.m && cc < pc.n) store_at(offC + r * pc.n + cc, cc, acc);
 }
 
 // bv[o + j] = lane j's x for j < 8: the broadcast's lane must be a constant

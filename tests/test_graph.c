@@ -1180,16 +1180,181 @@ static void test_bias_relu_fused(void **st) {
     unsetenv("DPAR_GRAPH_RECORD");
 }
 
+/* ---- matmul -> bias_add (-> relu) in one op (dpar__g_fuse_matmul_bias; Vulkan's matmul_bias) ---- */
+/* y = relu(x @ w + b) (relu) or x @ w + b, kept; loss = sum(y^2) and its gradients dx, dw, db (grads: else a
+   forward-only graph). Returns the ops the second run issued, op by op (DPAR_GRAPH_RECORD=0); *st the run's
+   status (a refused run leaves the outputs as they were). */
+typedef struct mm_case {
+    int64_t M, K, N;
+    int relu, grads;
+    const float *x, *w, *bias;
+    float *y, *dx, *dw, *db;
+    char err[512]; /* a refused run's error text */
+} mm_case;
+static uint64_t mm_bias_run(dpar_backend_kind k, mm_case *c, dpar_status *st) {
+    dpar_runtime *rt = t_runtime_or_skip(k, 1);
+    dpar_mesh *m = t_mesh1(rt, 1, "data");
+    dpar_array *aw = arr(m, DPAR_F32, 2, c->K, c->N, NULL, NULL), *ab = arr(m, DPAR_F32, 1, c->N, 0, NULL, NULL);
+    T_OK(dpar_array_put(aw, c->w));
+    T_OK(dpar_array_put(ab, c->bias));
+    dpar_graph *g = NULL;
+    T_OK(dpar_graph_create(m, &g));
+    dpar_array_desc xd = { DPAR_F32, 2, { c->M, c->K }, { NULL } };
+    dpar_value v[3] = { dpar_g_feed(g, "x", &xd), dpar_g_param(g, "w", aw), dpar_g_param(g, "b", ab) }, gr[3];
+    dpar_value vy = dpar_g_bias_add(g, dpar_g_matmul(g, v[0], v[1], false, false), v[2]);
+    if (c->relu) vy = dpar_g_relu(g, vy);
+    if (c->grads) T_OK(dpar_graph_value_and_grad(g, dpar_g_sum_squares(g, vy), v, 3, gr));
+    T_OK(dpar_graph_keep(g, vy));
+    T_OK(dpar_graph_compile(g, NULL));
+    dpar_graph_feed f = { v[0], c->x, NULL };
+    *st = dpar_graph_run(g, &f, 1, NULL);
+    dpar_runtime_stats_reset(rt);
+    if (!*st) *st = dpar_graph_run(g, &f, 1, NULL);
+    snprintf(c->err, sizeof c->err, "%s", *st ? dpar_last_error() : "");
+    dpar_device_stats ds;
+    T_OK(dpar_runtime_device_stats(rt, 0, &ds));
+    if (!*st) {
+        T_OK(dpar_graph_get(g, vy, c->y));
+        if (c->grads) T_OK(dpar_graph_get(g, gr[0], c->dx));
+        if (c->grads) T_OK(dpar_graph_get(g, gr[1], c->dw));
+        if (c->grads) T_OK(dpar_graph_get(g, gr[2], c->db));
+    }
+    T_OK(dpar_graph_destroy(g));
+    T_OK(dpar_runtime_destroy(rt));
+    return ds.ops;
+}
+/* The same forward as separate eager ops on Vulkan (matmul, bias_add, relu): what the graph computed before. */
+static void mm_bias_eager(const mm_case *c, float *y) {
+    dpar_runtime *rt = t_runtime_or_skip(DPAR_BACKEND_VULKAN, 1);
+    int64_t sx[2] = { c->M, c->K }, sw[2] = { c->K, c->N }, sy[2] = { c->M, c->N };
+    dpar_buffer *bx = t_buf(rt, 0, DPAR_F32, 2, sx, c->x), *bw = t_buf(rt, 0, DPAR_F32, 2, sw, c->w);
+    dpar_buffer *bb = t_buf1(rt, DPAR_F32, c->N, c->bias), *by = t_buf(rt, 0, DPAR_F32, 2, sy, NULL);
+    T_OK(dpar_matmul(by, bx, bw, false, false, 1.0f, 0.0f));
+    T_OK(dpar_bias_add(by, bb));
+    if (c->relu) T_OK(dpar_relu(by, by));
+    t_read(by, y);
+    dpar_buffer_destroy(bx), dpar_buffer_destroy(bw), dpar_buffer_destroy(bb), dpar_buffer_destroy(by);
+    T_OK(dpar_runtime_destroy(rt));
+}
+/* a within the float sums' rounding of want (mag: the sum of the terms' magnitudes) */
+static void mm_close(const char *what, const mm_case *c, int64_t i, float a, float want, double mag) {
+    if (!(fabs((double)a - (double)want) <= 1e-5 * mag + 1e-6))
+        fail_msg("[%lld, %lld, %lld] relu %d: %s[%lld] = %.9g on Vulkan, %.9g on the CPU", (long long)c->M,
+                 (long long)c->K, (long long)c->N, c->relu, what, (long long)i, (double)a, (double)want);
+}
+/* Fused on Vulkan: y bit for bit the separate ops' (eager matmul, bias_add, relu on Vulkan), y and the
+   gradients against the CPU graph (separate ops there), and a run two ops fewer than the CPU's without the
+   relu (the bias_add and its copy of the product: the kept sum cannot take the product's buffer), three
+   with it (the bias_add, the relu, and as before the bias sums in relu_backward).
+   Shapes: the digits layers, odd sizes past the direct matmul's 32 x 16 blocks, one column, no rows. */
+static void test_matmul_bias_fused(void **st) {
+    (void)st;
+    static const int64_t shapes[][3] = { { 64, 64, 128 }, { 64, 128, 10 }, { 33, 17, 19 }, { 3, 5, 7 },
+                                         { 70, 1, 1 },    { 1, 300, 33 },  { 0, 4, 5 } };
+    dpar_runtime *probe = t_runtime_or_skip(DPAR_BACKEND_VULKAN, 1); /* skipped before anything is allocated */
+    T_OK(dpar_runtime_destroy(probe));
+    setenv("DPAR_GRAPH_RECORD", "0", 1);
+    for (size_t t = 0; t < sizeof shapes / sizeof shapes[0]; t++)
+        for (int relu = 0; relu < 2; relu++) {
+            int64_t M = shapes[t][0], K = shapes[t][1], N = shapes[t][2];
+            size_t nx = (size_t)(M * K), nw = (size_t)(K * N), ny = (size_t)(M * N);
+            float *buf = (float *)calloc(3 * nx + 3 * nw + 4 * ny + 3 * (size_t)N + 1, sizeof(float));
+            assert_non_null(buf);
+            float *x = buf, *w = x + nx, *bias = w + nw, *y = bias + N, *dx = y + ny, *dw = dx + nx, *db = dw + nw;
+            float *yc = db + N, *dxc = yc + ny, *dwc = dxc + nx, *dbc = dwc + nw, *ye = dbc + N;
+            for (size_t i = 0; i < nx; i++) x[i] = (float)((i * 7919) % 1001) / 256.0f - 1.75f;
+            for (size_t i = 0; i < nw; i++) w[i] = (float)((i * 104729) % 997) / 512.0f - 0.9f;
+            for (int64_t j = 0; j < N; j++) bias[j] = (float)j * 0.25f - 0.375f;
+            mm_case cv = { M, K, N, relu, 1, x, w, bias, y, dx, dw, db, { 0 } }, cc = cv;
+            cc.y = yc, cc.dx = dxc, cc.dw = dwc, cc.db = dbc;
+            dpar_status sv, sc;
+            uint64_t ops_vk = mm_bias_run(DPAR_BACKEND_VULKAN, &cv, &sv);
+            uint64_t ops_cpu = mm_bias_run(DPAR_BACKEND_CPU, &cc, &sc);
+            T_OK(sv);
+            T_OK(sc);
+            uint64_t fewer = relu ? 3 : 2;
+            if (ops_vk + fewer != ops_cpu)
+                fail_msg("[%lld, %lld, %lld] relu %d: %llu ops a run on Vulkan, %llu on the CPU (want %llu fewer)",
+                         (long long)M, (long long)K, (long long)N, relu, (unsigned long long)ops_vk,
+                         (unsigned long long)ops_cpu, (unsigned long long)fewer);
+            mm_bias_eager(&cv, ye);
+            for (size_t i = 0; i < ny; i++)
+                if (t_f2u(y[i]) != t_f2u(ye[i]))
+                    fail_msg("[%lld, %lld, %lld] relu %d: y[%zu] = %.9g fused, %.9g as separate ops", (long long)M,
+                             (long long)K, (long long)N, relu, i, (double)y[i], (double)ye[i]);
+            for (int64_t i = 0; i < M; i++)
+                for (int64_t j = 0; j < N; j++) {
+                    double mag = fabs(bias[j]);
+                    for (int64_t kk = 0; kk < K; kk++) mag += fabs((double)x[i * K + kk] * w[kk * N + j]);
+                    mm_close("y", &cv, i * N + j, y[i * N + j], yc[i * N + j], mag);
+                }
+            /* the gradients' sums run over M or N terms of 2 y-sized values: a scale for their rounding */
+            double ymax = 1;
+            for (size_t i = 0; i < ny; i++) ymax = fmax(ymax, fabs(yc[i]));
+            double gm = 2 * ymax * (double)(M + N + 1) * 2;
+            for (size_t i = 0; i < nx; i++) mm_close("dx", &cv, (int64_t)i, dx[i], dxc[i], gm);
+            for (size_t i = 0; i < nw; i++) mm_close("dw", &cv, (int64_t)i, dw[i], dwc[i], gm * 2);
+            for (int64_t j = 0; j < N; j++) mm_close("db", &cv, j, db[j], dbc[j], gm);
+            free(buf);
+        }
+    unsetenv("DPAR_GRAPH_RECORD");
+}
+/* The fused op at llvmpipe's loop cap: refused where the matmul alone is (K = 65,531: the direct matmul's K
+   loop, test_loop_cap_matmul_blocks), leaving the output as it was; right at K = 65,530 (all ones: K plus the
+   bias, its ReLU). A GPU runs both. */
+static void test_matmul_bias_fused_cap(void **st) {
+    (void)st;
+    dpar_runtime *probe = t_runtime_or_skip(DPAR_BACKEND_VULKAN, 1);
+    dpar_device_info info;
+    T_OK(dpar_runtime_device_info(probe, 0, &info));
+    int capped = strstr(info.driver, "llvmpipe") != NULL || strstr(info.name, "llvmpipe") != NULL;
+    T_OK(dpar_runtime_destroy(probe));
+    enum { N = 17 };
+    for (int64_t K = 65530; K <= 65531; K++) {
+        float *x = (float *)malloc(sizeof(float) * (size_t)K), *w = (float *)malloc(sizeof(float) * (size_t)K * N);
+        float bias[N], y[N];
+        assert_true(x && w);
+        for (int64_t i = 0; i < K; i++) x[i] = 1.0f;
+        for (int64_t i = 0; i < K * N; i++) w[i] = 1.0f;
+        for (int j = 0; j < N; j++) bias[j] = (float)(j - 8) * 65536.0f, y[j] = -1.0f;
+        mm_case c = { 1, K, N, 1, 0, x, w, bias, y, NULL, NULL, NULL, { 0 } };
+        dpar_status s;
+        mm_bias_run(DPAR_BACKEND_VULKAN, &c, &s);
+        int refused = capped && K == 65531;
+        if (refused) {
+            assert_int_equal(s, DPAR_ERR_SHAPE);
+            if (!strstr(c.err, "llvmpipe ends shader loops after 65,535 iterations")) fail_msg("K 65531: %s", c.err);
+        } else {
+            T_OK(s);
+        }
+        for (int j = 0; j < N; j++) {
+            float want = refused ? -1.0f : fmaxf((float)K + bias[j], 0.0f);
+            if (y[j] != want) fail_msg("K %lld: y[%d] = %.9g (want %.9g)", (long long)K, j, (double)y[j], (double)want);
+        }
+        free(x), free(w);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_fd_cpu),           cmocka_unit_test(test_fd_vulkan),
-        cmocka_unit_test(test_digits_mlp_cpu),   cmocka_unit_test(test_digits_mlp_vulkan),
-        cmocka_unit_test(test_alias_cpu),        cmocka_unit_test(test_alias_vulkan),
-        cmocka_unit_test(test_megatron_cpu),     cmocka_unit_test(test_megatron_vulkan),
-        cmocka_unit_test(test_adamw_masked_cpu), cmocka_unit_test(test_adamw_masked_vulkan),
-        cmocka_unit_test(test_bias_relu_fused),  cmocka_unit_test(test_optimizer_node_name),
-        cmocka_unit_test(test_env_read_late),    cmocka_unit_test(test_shared_kind_names),
-        cmocka_unit_test(test_bad_names),        cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_fd_cpu),
+        cmocka_unit_test(test_fd_vulkan),
+        cmocka_unit_test(test_digits_mlp_cpu),
+        cmocka_unit_test(test_digits_mlp_vulkan),
+        cmocka_unit_test(test_alias_cpu),
+        cmocka_unit_test(test_alias_vulkan),
+        cmocka_unit_test(test_megatron_cpu),
+        cmocka_unit_test(test_megatron_vulkan),
+        cmocka_unit_test(test_adamw_masked_cpu),
+        cmocka_unit_test(test_adamw_masked_vulkan),
+        cmocka_unit_test(test_bias_relu_fused),
+        cmocka_unit_test(test_matmul_bias_fused),
+        cmocka_unit_test(test_matmul_bias_fused_cap),
+        cmocka_unit_test(test_optimizer_node_name),
+        cmocka_unit_test(test_env_read_late),
+        cmocka_unit_test(test_shared_kind_names),
+        cmocka_unit_test(test_bad_names),
+        cmocka_unit_test(test_bad_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
