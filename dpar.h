@@ -3017,7 +3017,7 @@ struct dpar_buffer {
 /* One op, checked by the core; backends execute it. Shapes are resolved. */
 typedef enum dpar__op_kind {
     DPAR__OP_MATMUL = 0,   /* dst[M,N] = f[0]*op(src0)[M,K] op(src1)[K,N] + f[1]*dst; ta, tb; with src2 (only
-                              where the backend's matmul_bias) + src2[N] a row, dst2: max(dst, 0) too */
+                              where the backend's matmul_bias; f 1, 0) + src2[N] a row, dst2: max(dst, 0) too */
     DPAR__OP_BIAS_ADD,     /* dst[M,N] += src0[N]; dst2 (only where the backend's bias_add_relu): max(dst, 0) */
     DPAR__OP_BIAS_GRAD,    /* dst[N] = f[1]*dst + sum_m src0[M,N]; with src1 (only where the backend's
                               bias_grad_relu): src0 masked where src1 > 0 (relu's gradient), written to dst2 */
@@ -3174,9 +3174,9 @@ typedef struct dpar__backend_iface {
     /* true when the backend's BIAS_GRAD with src1 set sums dy masked by src1 > 0 (relu_backward) and writes
        the masked dy to dst2 (Vulkan: a graph's relu_backward -> bias_grad in one dispatch); false: never */
     bool bias_grad_relu;
-    /* true when the backend's MATMUL with src2 set adds that bias [N] to each row of its result and, with dst2
-       set, writes the result's ReLU there too (Vulkan: a graph's matmul -> bias_add (-> relu) in one dispatch,
-       dpar__g_fuse_matmul_bias); false: src2 and dst2 are always NULL */
+    /* true when the backend's MATMUL with src2 set (alpha 1, beta 0) adds that bias [N] to each row of its
+       result and, with dst2 set, writes the result's ReLU there too (Vulkan: a graph's matmul -> bias_add
+       (-> relu) in one dispatch, dpar__g_fuse_matmul_bias); false: src2 and dst2 are always NULL */
     bool matmul_bias;
     /* Opens `requested` devices (0: the backend's default). Sets *state, *count.
        local_index / local_count: this process's index among the processes
@@ -7675,7 +7675,7 @@ static void dpar__op_init(dpar__op *op, dpar__op_kind k, dpar_buffer *dst) {
 
 /* dpar_matmul, then C [M, N] += bias [N] a row and relu = max(C, 0) in the same op where bias (and relu) are not
    NULL (a graph's fused matmul -> bias_add (-> relu), dpar__g_fuse_matmul_bias: only on a backend with
-   matmul_bias, bias and relu f32 as C). */
+   matmul_bias, alpha 1 and beta 0, bias and relu f32 as C). */
 static dpar_status dpar__matmul(dpar_buffer *C, dpar_buffer *relu, const dpar_buffer *A, const dpar_buffer *B,
                                 const dpar_buffer *bias, bool ta, bool tb, float alpha, float beta) {
     dpar__clear_error();
@@ -7719,8 +7719,9 @@ static dpar_status dpar__matmul(dpar_buffer *C, dpar_buffer *relu, const dpar_bu
     op.f[1] = beta;
     op.src2 = bias;
     op.dst2 = relu;
-    DPAR_ASSERT(!bias || (C->rt->be->matmul_bias && C->dtype == DPAR_F32 && bias->dtype == DPAR_F32 &&
-                          bias->rt == C->rt && bias->device == C->device && bias->count == N));
+    DPAR_ASSERT(!bias ||
+                (C->rt->be->matmul_bias && alpha == 1.0f && beta == 0.0f && C->dtype == DPAR_F32 &&
+                 bias->dtype == DPAR_F32 && bias->rt == C->rt && bias->device == C->device && bias->count == N));
     DPAR_ASSERT(!relu || (bias && relu->dtype == DPAR_F32 && relu->count == C->count && relu->rt == C->rt &&
                           relu->device == C->device));
     return dpar__op_run(&op);

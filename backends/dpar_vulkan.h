@@ -2350,6 +2350,7 @@ static dpar_status dpar__vk_op_basic(dpar__vk *st, int dev, const dpar__op *op, 
         b[5] = dpar__vk_mem(op->src2);
         uint32_t g[2];
         int id = dpar__vk_mm_pick(st, dev, op->m, op->n, op->k, 1, g, pc);
+        if (op->src2 && id == DPAR__SPV_MATMUL_DIRECT) id = DPAR__SPV_MATMUL_DIRECT_BIAS; /* the same loops */
         return dpar__vk_dispatch_mm(st, dev, id, b, pc, g[0], g[1], 1);
     }
     case DPAR__OP_BIAS_ADD: {
@@ -3120,7 +3121,7 @@ static const dpar__backend_iface *dpar__vulkan_iface(void) {
         false, /* attn_kv_computes_d: attention_bwd_kv.comp reads pass 1's D */
         true,  /* bias_add_relu: bias_add.comp writes the ReLU too (flags bit 0) */
         true,  /* bias_grad_relu: bias_grad.comp masks dy and writes it (flags bit 1) */
-        true,  /* matmul_bias: matmul_common.glsl adds the bias and writes its ReLU (flags bits 6, 7) */
+        true,  /* matmul_bias: matmul.comp and matmul_direct_bias.comp add the bias and write its ReLU */
         dpar__vk_init,
         dpar__vk_shutdown,
         dpar__vk_device_info,

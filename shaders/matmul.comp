@@ -13,6 +13,7 @@
 // C in elements; batch z of workgroup row z (strided by the workgroup count). Workgroup (x, y) of a
 // dispatch computes block (x + p[4], y + p[5]) of C (matmul_common.glsl).
 layout(local_size_x = 16, local_size_y = 16) in;
+#define MM_EPILOGUE
 #include "matmul_common.glsl"
 
 const uint BM = 32u, BN = 32u, BK = 16u;
@@ -30,6 +31,16 @@ float loadB(uint kk, uint j) {        // op(B)[kk, j]
     uint dt = (pc.flags >> 3) & 3u;
     uint idx = offB + ((pc.flags & 2u) != 0u ? j * pc.k + kk : kk * pc.n + j);
     return widen(dt, b[dt == 0u ? idx : idx >> 1], idx);
+}
+
+// C[i] (column cc) = alpha * acc + beta * C[i] (flags bit 2: beta 0, C's old value unread), the bias and
+// its ReLU (bits 6, 7: matmul_common.glsl).
+void store_at(uint i, uint cc, float acc) {
+    precise float v = pc.f0 == 0.0 ? 0.0 : pc.f0 * acc;
+    precise float o = (pc.flags & 4u) != 0u ? v : v + pc.f1 * c[i];
+    if ((pc.flags & 64u) != 0u) o += bias[cc];
+    c[i] = o;
+    if ((pc.flags & 128u) != 0u) relu_out[i] = relu_of(o);
 }
 
 void main() {

@@ -2,11 +2,15 @@
 // A product with more workgroups than the device allows on x or y runs as several dispatches
 // (dpar__vk_dispatch_mm): p[4], p[5] hold a dispatch's first workgroup on x and on y (0, 0 where one
 // dispatch fits), p[6] the product's workgroups on y (matmul_direct.comp strides its column blocks by it).
-// Flags bit 6 adds bias[N] (binding 5) to each row of the result, bit 7 writes its ReLU to binding 1 as well
-// (dpar__matmul_bias: a graph's matmul -> bias_add (-> relu) in one dispatch, dpar__g_fuse_matmul_bias).
+// With MM_EPILOGUE defined (matmul.comp, matmul_direct_bias.comp) flags bit 6 (alpha 1, beta 0) adds
+// bias[N] (binding 5) to each row of the product, rounded once as bias_add rounds it, and bit 7 writes the
+// ReLU of that sum to binding 1 as well: a graph's matmul -> bias_add (-> relu) in one dispatch, the same
+// bits (dpar__matmul, dpar__g_fuse_matmul_bias).
 layout(std430, set = 0, binding = 0) buffer Dst { float c[]; };
+#ifdef MM_EPILOGUE
 layout(std430, set = 0, binding = 1) writeonly buffer Relu { float relu_out[]; };
 layout(std430, set = 0, binding = 5) readonly buffer Bias { float bias[]; };
+#endif
 layout(std430, set = 0, binding = 2) readonly buffer SrcA { uint a[]; };
 layout(std430, set = 0, binding = 3) readonly buffer SrcB { uint b[]; };
 layout(push_constant) uniform PC {
@@ -31,13 +35,9 @@ float widen(uint dt, uint w, uint idx) {
 }
 uint offA = 0u, offB = 0u, offC = 0u;  // this batch's offsets (elements)
 
-// C[i] (column cc) = alpha * acc + beta * C[i] (flags bit 2: beta 0, C's old value unread), then bias[cc]
-// added and the ReLU written (bits 6, 7) as bias_add.comp does after the product: each value rounded
-// where the separate ops round it, so the same bits.
-void store_at(uint i, uint cc, float acc) {
-    precise float v = pc.f0 == 0.0 ? 0.0 : pc.f0 * acc;
-    precise float o = (pc.flags & 4u) != 0u ? v : v + pc.f1 * c[i];
-    if ((pc.flags & 64u) != 0u) o += bias[cc];
-    c[i] = o;
-    if ((pc.flags & 128u) != 0u) relu_out[i] = (o > 0.0 || isnan(o)) ? o : 0.0;
+#ifdef MM_EPILOGUE
+// bias_add.comp's ReLU: NaN propagates as relu.comp's
+float relu_of(float v) {
+    return (v > 0.0 || isnan(v)) ? v : 0.0;
 }
+#endif
