@@ -3034,7 +3034,8 @@ typedef enum dpar__op_kind {
     DPAR__OP_SUM,          /* dst[p[0]] = sum(src0) */
     DPAR__OP_SUMSQ,        /* dst[p[0]] = sum(src0^2) */
     DPAR__OP_SGD,          /* dst param, dst2 momentum (NULL if f[1]==0), src0 grad;
-                              f[0]=lr f[1]=momentum f[2]=weight_decay f[3]=clip_scale; nesterov */
+                              f[0]=lr f[1]=momentum f[2]=weight_decay f[3]=clip_scale; nesterov; with dst3 (only
+                              where the backend's sgd_pairs) a second update: dst3 param, dst4 momentum, src1 grad */
     /* >>norm-attn kinds (see >>layers-norm-attn) */
     DPAR__OP_NORM,           /* dst y, dst2 stats[M,2] or NULL, src0 x[M,N], src1 w, src2 b (NULL: none); f[0] eps,
                                 p[0] 1 = rms */
@@ -3178,6 +3179,9 @@ typedef struct dpar__backend_iface {
        result and, with dst2 set, writes the result's ReLU there too (Vulkan: a graph's matmul -> bias_add
        (-> relu) in one dispatch, dpar__g_fuse_matmul_bias); false: src2 and dst2 are always NULL */
     bool matmul_bias;
+    /* true when the backend's SGD with dst3 set updates a second parameter (dst3, dst4, src1) in the same op,
+       f32, both non-empty (Vulkan: dpar_sgd_step's parameters two a dispatch, sgd_pair.comp); false: never */
+    bool sgd_pairs;
     /* Opens `requested` devices (0: the backend's default). Sets *state, *count.
        local_index / local_count: this process's index among the processes
        of its node, and their count (0 / 1 without MPI); a GPU backend opens
@@ -8955,6 +8959,27 @@ static dpar_status dpar__sgd_check_bufs(const char *fn, const dpar_sgd_desc *d, 
     if (grad == param) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: grad must not alias param", fn);
     return DPAR_OK;
 }
+/* One update op, of param (and, where param2 is not NULL, of param2 as well: only on a backend with sgd_pairs,
+   all f32 and non-empty), its buffers checked. */
+static dpar_status dpar__sgd_op(const dpar_sgd_desc *d, dpar_buffer *param, const dpar_buffer *grad, dpar_buffer *mom,
+                                dpar_buffer *param2, const dpar_buffer *grad2, dpar_buffer *mom2, float clip_scale) {
+    DPAR_ASSERT(!param2 || (param->rt->be->sgd_pairs && param->dtype == DPAR_F32 && param2->dtype == DPAR_F32 &&
+                            param->count > 0 && param2->count > 0));
+    dpar__op op;
+    dpar__op_init(&op, DPAR__OP_SGD, param);
+    op.dst2 = d->momentum > 0.0f ? mom : NULL;
+    op.src0 = grad;
+    op.dst3 = param2;
+    op.dst4 = param2 && d->momentum > 0.0f ? mom2 : NULL;
+    op.src1 = param2 ? grad2 : NULL;
+    op.f[0] = d->learning_rate;
+    op.f[1] = d->momentum;
+    op.f[2] = d->weight_decay;
+    op.f[3] = clip_scale;
+    op.nesterov = d->nesterov;
+    op.p[4] = dpar__opt_take_first();
+    return dpar__op_run(&op);
+}
 DPAR_API dpar_status dpar_sgd_update(const dpar_sgd_desc *d, dpar_buffer *param, const dpar_buffer *grad,
                                      dpar_buffer *mom, float clip_scale) {
     dpar__clear_error();
@@ -8963,17 +8988,7 @@ DPAR_API dpar_status dpar_sgd_update(const dpar_sgd_desc *d, dpar_buffer *param,
     if (!isfinite(clip_scale) || clip_scale < 0.0f)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_sgd_update: clip_scale = %g is not a finite scale >= 0",
                          (double)clip_scale);
-    dpar__op op;
-    dpar__op_init(&op, DPAR__OP_SGD, param);
-    op.dst2 = d->momentum > 0.0f ? mom : NULL;
-    op.src0 = grad;
-    op.f[0] = d->learning_rate;
-    op.f[1] = d->momentum;
-    op.f[2] = d->weight_decay;
-    op.f[3] = clip_scale;
-    op.nesterov = d->nesterov;
-    op.p[4] = dpar__opt_take_first();
-    return dpar__op_run(&op);
+    return dpar__sgd_op(d, param, grad, mom, NULL, NULL, NULL, clip_scale);
 }
 /* The clip's scratch on ctx's device (slot DPAR__NORM_*), at least count
    elements, and for DPAR__NORM_SQ its host copy: kept by the device's worker
@@ -9102,9 +9117,19 @@ DPAR_API dpar_status dpar_sgd_step(dpar_ctx *ctx, const dpar_sgd_desc *d, dpar_b
         s = dpar_sgd_clip_scale(ctx, d, grads, n, &scale, NULL);
         if (s) return s;
     }
+    /* where the backend has sgd_pairs, two f32 non-empty parameters an op: a dispatch fewer a pair on Vulkan
+       (~27 us each on llvmpipe, bench/results/results.md), each element's update as alone, the same bits */
+    bool pairs = n > 1 && params[0]->rt->be->sgd_pairs;
     for (int i = 0; i < n; i++) {
-        s = dpar_sgd_update(d, params[i], grads[i], moms ? moms[i] : NULL, scale);
+        bool pair = pairs && i + 1 < n && params[i]->dtype == DPAR_F32 && params[i + 1]->dtype == DPAR_F32 &&
+                    params[i]->count > 0 && params[i + 1]->count > 0;
+        if (pair)
+            s = dpar__sgd_op(d, params[i], grads[i], moms ? moms[i] : NULL, params[i + 1], grads[i + 1],
+                             moms ? moms[i + 1] : NULL, scale);
+        else
+            s = dpar_sgd_update(d, params[i], grads[i], moms ? moms[i] : NULL, scale);
         if (s) return s;
+        i += pair;
     }
     return DPAR_OK;
 }
@@ -19941,6 +19966,7 @@ static const dpar__backend_iface dpar__cpu_backend = {
     false /* bias_add_relu: the separate passes cost the CPU little */,
     false /* bias_grad_relu: as bias_add_relu */,
     false /* matmul_bias: as bias_add_relu */,
+    false /* sgd_pairs: as bias_add_relu */,
     dpar__cpu_init,
     dpar__cpu_shutdown,
     dpar__cpu_info,

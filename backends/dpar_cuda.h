@@ -2641,6 +2641,7 @@ static const dpar__backend_iface *dpar__cuda_iface(void) {
                                                false, /* bias_add_relu: not written for the CUDA kernel */
                                                false, /* bias_grad_relu: as bias_add_relu */
                                                false, /* matmul_bias: as bias_add_relu */
+                                               false, /* sgd_pairs: as bias_add_relu */
                                                dpar__cu_init,
                                                dpar__cu_shutdown,
                                                dpar__cu_device_info,

@@ -1959,6 +1959,13 @@ static dpar_status dpar__vk_op_elementwise(dpar__vk *st, int dev, const dpar__op
         int mom = op->dst2 != NULL && op->f[1] != 0.0f;
         pc->flags = (op->nesterov && mom ? 1u : 0u) | (mom ? 2u : 0u) | dpar__vk_opt_guard(st, dev, op, b, pc);
         b[1] = mom ? (dpar__vkbuf *)op->dst2->mem : NULL;
+        if (op->dst3) { /* a second parameter: the workgroups of the larger */
+            id = DPAR__SPV_SGD_PAIR;
+            pc->m = (uint32_t)op->dst3->count;
+            b[3] = (dpar__vkbuf *)op->dst3->mem, b[6] = (dpar__vkbuf *)op->src1->mem;
+            b[5] = mom ? (dpar__vkbuf *)op->dst4->mem : NULL;
+            if (op->dst3->count > n) n = op->dst3->count;
+        }
     }
     return dpar__vk_dispatch(st, dev, id, b, pc, dpar__vk_flat_groups(st->devs[dev].ph, (uint64_t)n), 1);
 }
@@ -3122,6 +3129,7 @@ static const dpar__backend_iface *dpar__vulkan_iface(void) {
         true,  /* bias_add_relu: bias_add.comp writes the ReLU too (flags bit 0) */
         true,  /* bias_grad_relu: bias_grad.comp masks dy and writes it (flags bit 1) */
         true,  /* matmul_bias: matmul.comp and matmul_direct_bias.comp add the bias and write its ReLU */
+        true,  /* sgd_pairs: sgd_pair.comp */
         dpar__vk_init,
         dpar__vk_shutdown,
         dpar__vk_device_info,

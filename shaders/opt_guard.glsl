@@ -1,5 +1,6 @@
-// Shared by sgd.comp and adamw.comp: the index-check guard of an optimizer update. Guarded (flags bit2: the
-// device has index-check error words, binding 4): while a label/index check's error is set, and until the host
+// Shared by sgd.comp, sgd_pair.comp (through sgd_common.glsl) and adamw.comp: the index-check guard of an
+// optimizer update. Guarded (flags bit2: the device has index-check error words, binding 4): while a label/index
+// check's error is set, and until the host
 // reports it, the update is skipped whole (bad input loses nothing). The first update of a graph step
 // (p[0] = the graph's id, 0: not one) counts the skipped step in err[5] and under the graph's id in the first
 // of the pairs err[8 + 2j] (id), err[9 + 2j] (steps) that holds it or is free (dpar.h's >>skipped steps).

@@ -1740,6 +1740,77 @@ static void test_workgroups_tall_matmul(void **state) {
     dpar_runtime_destroy(rts[0]);
 }
 
+/* dpar_sgd_step's parameters two an op on Vulkan (sgd_pairs, sgd_pair.comp): after two steps every parameter
+   and momentum buffer bit for bit what its own dpar_sgd_update (sgd.comp) gives, with and without momentum
+   (nesterov, weight decay), and one op fewer a pair: the digits step's four parameters, workgroup boundaries
+   of the element-wise shaders (4,096 items a workgroup), an odd count (the last alone), uneven pairs (the
+   larger's workgroups: 1 and 1,048,577), empty parameters (alone). */
+static void test_sgd_pairs(void **state) {
+    (void)state;
+    enum { MAXP = 5 };
+    static const int64_t sets[][MAXP] = { { 8192, 128, 1280, 10, -1 }, { 4096, 4097, 1, -1, -1 },
+                                          { 1, 1048577, -1, -1, -1 },  { 0, 5, 7, -1, -1 },
+                                          { 3, 0, 5, 0, 0 },           { 4095, 17, 33, 1, 2 } };
+    static const dpar_sgd_desc hps[] = {
+        { .learning_rate = 0.1f, .momentum = 0.9f },
+        { .learning_rate = 0.05f, .weight_decay = 0.01f },
+        { .learning_rate = 0.1f, .momentum = 0.9f, .nesterov = true, .weight_decay = 1e-3f }
+    };
+    dpar_runtime *rt = vk_runtime(1, 0);
+    for (size_t t = 0; t < sizeof sets / sizeof sets[0]; t++)
+        for (size_t h = 0; h < sizeof hps / sizeof hps[0]; h++) {
+            const dpar_sgd_desc *d = &hps[h];
+            int n = 0, pairs = 0;
+            dpar_buffer *p[2][MAXP], *g[2][MAXP], *m[2][MAXP];
+            while (n < MAXP && sets[t][n] >= 0) n++;
+            for (int i = 0; i < n; i++) {
+                int64_t c = sets[t][i];
+                float *x = (float *)malloc(sizeof(float) * (size_t)(c + 1));
+                assert_non_null(x);
+                for (int r = 0; r < 2; r++) {
+                    for (int64_t e = 0; e < c; e++) x[e] = (float)((e * 7 + i) % 13) * 0.125f - 0.75f;
+                    p[r][i] = t_buf1(rt, DPAR_F32, c, x);
+                    for (int64_t e = 0; e < c; e++) x[e] = (float)((e * 5 + 3 * i) % 11) * 0.0625f - 0.3f;
+                    g[r][i] = t_buf1(rt, DPAR_F32, c, x);
+                    m[r][i] = t_buf1(rt, DPAR_F32, c, NULL);
+                    T_OK(dpar_fill(m[r][i], 0.0f));
+                }
+                free(x);
+            }
+            for (int i = 0; i + 1 < n; i++)
+                if (sets[t][i] > 0 && sets[t][i + 1] > 0) pairs++, i++;
+            uint64_t ops[2];
+            for (int step = 0; step < 2; step++) {
+                dpar_device_stats ds;
+                dpar_runtime_stats_reset(rt);
+                T_OK(dpar_sgd_step(NULL, d, p[0], g[0], m[0], n));
+                T_OK(dpar_runtime_device_stats(rt, 0, &ds));
+                ops[0] = ds.ops;
+                dpar_runtime_stats_reset(rt);
+                for (int i = 0; i < n; i++) T_OK(dpar_sgd_update(d, p[1][i], g[1][i], m[1][i], 1.0f));
+                T_OK(dpar_runtime_device_stats(rt, 0, &ds));
+                ops[1] = ds.ops;
+                if (ops[0] + (uint64_t)pairs != ops[1])
+                    fail_msg("set %zu: %llu ops a step, %llu updates alone (want %d fewer)", t,
+                             (unsigned long long)ops[0], (unsigned long long)ops[1], pairs);
+            }
+            for (int i = 0; i < n; i++) {
+                size_t c = (size_t)sets[t][i];
+                float *a = (float *)malloc(sizeof(float) * (4 * c + 1)), *b = a + c, *am = b + c, *bm = am + c;
+                assert_non_null(a);
+                t_read(p[0][i], a), t_read(p[1][i], b), t_read(m[0][i], am), t_read(m[1][i], bm);
+                for (size_t e = 0; e < c; e++)
+                    if (t_f2u(a[e]) != t_f2u(b[e]) || t_f2u(am[e]) != t_f2u(bm[e]))
+                        fail_msg("set %zu hp %zu param %d [%zu]: %.9g, momentum %.9g in the step; %.9g, %.9g alone", t,
+                                 h, i, e, (double)a[e], (double)am[e], (double)b[e], (double)bm[e]);
+                free(a);
+                for (int r = 0; r < 2; r++)
+                    dpar_buffer_destroy(p[r][i]), dpar_buffer_destroy(g[r][i]), dpar_buffer_destroy(m[r][i]);
+            }
+        }
+    dpar_runtime_destroy(rt);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_device_info),
@@ -1776,6 +1847,7 @@ int main(void) {
         cmocka_unit_test(test_fuller_workgroups),
         cmocka_unit_test(test_workgroups_graph_mul_scalar),
         cmocka_unit_test(test_workgroups_tall_matmul),
+        cmocka_unit_test(test_sgd_pairs),
     };
     return cmocka_run_group_tests_name("vulkan", tests, NULL, NULL);
 }
