@@ -8959,12 +8959,13 @@ static dpar_status dpar__sgd_check_bufs(const char *fn, const dpar_sgd_desc *d, 
     if (grad == param) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: grad must not alias param", fn);
     return DPAR_OK;
 }
-/* One update op, of param (and, where param2 is not NULL, of param2 as well: only on a backend with sgd_pairs,
-   all f32 and non-empty), its buffers checked. */
+/* One update op, of param (and, where param2 is not NULL, of param2 as well: dpar__sgd_pairable), its buffers
+   checked. */
 static dpar_status dpar__sgd_op(const dpar_sgd_desc *d, dpar_buffer *param, const dpar_buffer *grad, dpar_buffer *mom,
                                 dpar_buffer *param2, const dpar_buffer *grad2, dpar_buffer *mom2, float clip_scale) {
-    DPAR_ASSERT(!param2 || (param->rt->be->sgd_pairs && param->dtype == DPAR_F32 && param2->dtype == DPAR_F32 &&
-                            param->count > 0 && param2->count > 0));
+    DPAR_ASSERT(!param2 ||
+                (param->rt->be->sgd_pairs && param->dtype == DPAR_F32 && param2->dtype == DPAR_F32 &&
+                 param->count > 0 && param2->count > 0 && param->rt == param2->rt && param->device == param2->device));
     dpar__op op;
     dpar__op_init(&op, DPAR__OP_SGD, param);
     op.dst2 = d->momentum > 0.0f ? mom : NULL;
@@ -9101,6 +9102,20 @@ DPAR_API dpar_status dpar_sgd_clip_scale(dpar_ctx *ctx, const dpar_sgd_desc *d, 
     if (s) return s;
     return dpar__clip_scale("dpar_sgd_clip_scale", ctx, d->clip_norm, d->norm_axes, grads, n, scale, norm_out);
 }
+/* Whether updates p[0] and p[1] (grads g, momenta m or NULL) may run as one op: on a backend with sgd_pairs, a
+   dispatch fewer a pair on Vulkan (~27 us each on llvmpipe, bench/results/results.md), each element updated
+   as alone, the same bits. Both f32, non-empty, on one device, and no buffer of one update is one of the
+   other's (the pair's invocations would race where two updates in turn would not). */
+static bool dpar__sgd_pairable(dpar_buffer *const *p, dpar_buffer *const *g, dpar_buffer *const *m) {
+    if (!p[0]->rt->be->sgd_pairs || p[0]->rt != p[1]->rt || p[0]->device != p[1]->device || p[0]->dtype != DPAR_F32 ||
+        p[1]->dtype != DPAR_F32 || p[0]->count == 0 || p[1]->count == 0)
+        return false;
+    const dpar_buffer *a[3] = { p[0], g[0], m ? m[0] : NULL }, *b[3] = { p[1], g[1], m ? m[1] : NULL };
+    for (int x = 0; x < 3; x++)
+        for (int y = 0; y < 3; y++)
+            if (a[x] && a[x] == b[y]) return false;
+    return true;
+}
 DPAR_API dpar_status dpar_sgd_step(dpar_ctx *ctx, const dpar_sgd_desc *d, dpar_buffer *const *params,
                                    dpar_buffer *const *grads, dpar_buffer *const *moms, int n) {
     dpar__clear_error();
@@ -9117,12 +9132,8 @@ DPAR_API dpar_status dpar_sgd_step(dpar_ctx *ctx, const dpar_sgd_desc *d, dpar_b
         s = dpar_sgd_clip_scale(ctx, d, grads, n, &scale, NULL);
         if (s) return s;
     }
-    /* where the backend has sgd_pairs, two f32 non-empty parameters an op: a dispatch fewer a pair on Vulkan
-       (~27 us each on llvmpipe, bench/results/results.md), each element's update as alone, the same bits */
-    bool pairs = n > 1 && params[0]->rt->be->sgd_pairs;
     for (int i = 0; i < n; i++) {
-        bool pair = pairs && i + 1 < n && params[i]->dtype == DPAR_F32 && params[i + 1]->dtype == DPAR_F32 &&
-                    params[i]->count > 0 && params[i + 1]->count > 0;
+        bool pair = i + 1 < n && dpar__sgd_pairable(params + i, grads + i, moms ? moms + i : NULL);
         if (pair)
             s = dpar__sgd_op(d, params[i], grads[i], moms ? moms[i] : NULL, params[i + 1], grads[i + 1],
                              moms ? moms[i + 1] : NULL, scale);
@@ -13185,7 +13196,7 @@ static void dpar__g_fuse_losses(dpar_graph *g) {
    in one op into the bias_add's buffer (which takes the product's as its own where it may, dpar__g_plan),
    and a relu of the sum that dpar__g_fuse_bias_relu would fuse (the backward reads the sum too) as well;
    the bias_add and relu nodes run nothing. The bias must be computed before the matmul. One dispatch a
-   layer fewer on Vulkan (two with the relu), the same bits (matmul_common.glsl's store_at). */
+   layer fewer on Vulkan (two with the relu), the same bits (matmul_direct_bias.comp, matmul.comp). */
 static void dpar__g_fuse_matmul_bias(dpar_graph *g) {
     if (!g->rt->be->matmul_bias) return;
     for (int j = 1; j < g->count; j++) {

@@ -1810,6 +1810,51 @@ static void test_sgd_pairs(void **state) {
         }
     dpar_runtime_destroy(rt);
 }
+/* No pair where the two updates share a buffer (the same parameter twice: its updates must follow each other)
+   or sit on two devices: an op each, the results those of the updates in turn. */
+static void test_sgd_pairs_refused(void **state) {
+    (void)state;
+    enum { C = 4097 };
+    static float x[C];
+    for (int e = 0; e < C; e++) x[e] = (float)(e % 9) * 0.25f - 1.0f;
+    dpar_runtime *rt = vk_runtime(2, 0);
+    const dpar_sgd_desc d = { .learning_rate = 0.1f, .momentum = 0.9f };
+    for (int two_devices = 0; two_devices < 2; two_devices++) {
+        dpar_buffer *p[2][2], *g[2][2], *m[2][2];
+        float a[C], b[C];
+        for (int r = 0; r < 2; r++)
+            for (int i = 0; i < 2; i++) {
+                int dev = two_devices ? i : 0;
+                int64_t c = C;
+                p[r][i] = two_devices || i == 0 ? t_buf(rt, dev, DPAR_F32, 1, &c, x) : p[r][0];
+                g[r][i] = t_buf(rt, dev, DPAR_F32, 1, &c, x), m[r][i] = t_buf(rt, dev, DPAR_F32, 1, &c, NULL);
+                T_OK(dpar_fill(m[r][i], 0.5f));
+            }
+        dpar_device_stats ds;
+        dpar_runtime_stats_reset(rt);
+        T_OK(dpar_sgd_step(NULL, &d, p[0], g[0], m[0], 2));
+        uint64_t ops = 0;
+        for (int dev = 0; dev < 2; dev++) {
+            T_OK(dpar_runtime_device_stats(rt, dev, &ds));
+            ops += ds.ops;
+        }
+        if (ops != 2) fail_msg("two devices %d: %llu ops (want 2: no pair)", two_devices, (unsigned long long)ops);
+        for (int i = 0; i < 2; i++) T_OK(dpar_sgd_update(&d, p[1][i], g[1][i], m[1][i], 1.0f));
+        for (int i = 0; i < 2; i++) {
+            t_read(p[0][i], a), t_read(p[1][i], b);
+            for (int e = 0; e < C; e++)
+                if (t_f2u(a[e]) != t_f2u(b[e]))
+                    fail_msg("two devices %d param %d [%d]: %.9g in the step, %.9g in turn", two_devices, i, e,
+                             (double)a[e], (double)b[e]);
+        }
+        for (int r = 0; r < 2; r++)
+            for (int i = 0; i < 2; i++) {
+                if (two_devices || i == 0) dpar_buffer_destroy(p[r][i]);
+                dpar_buffer_destroy(g[r][i]), dpar_buffer_destroy(m[r][i]);
+            }
+    }
+    dpar_runtime_destroy(rt);
+}
 
 int main(void) {
     const struct CMUnitTest tests[] = {
@@ -1848,6 +1893,7 @@ int main(void) {
         cmocka_unit_test(test_workgroups_graph_mul_scalar),
         cmocka_unit_test(test_workgroups_tall_matmul),
         cmocka_unit_test(test_sgd_pairs),
+        cmocka_unit_test(test_sgd_pairs_refused),
     };
     return cmocka_run_group_tests_name("vulkan", tests, NULL, NULL);
 }
