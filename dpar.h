@@ -3600,6 +3600,7 @@ static const struct dpar__env_range {
     { "DPAR_VK_DEVICE", "a 0-based index of a usable Vulkan device", 0, DPAR_MAX_DEVICES - 1 },
     { "DPAR_VK_NONCOHERENT", "a flag (1: Vulkan host-visible memory is treated as non-coherent)", 0, 1 },
     { "DPAR_VK_FORCE_STAGING", "a flag (1: Vulkan buffers are never mapped)", 0, 1 },
+    { "DPAR_VK_FORCE_TILED", "a flag (1: Vulkan matmuls take the GPU's tiled shader on CPU devices too)", 0, 1 },
 };
 /* DPAR_ERR_INVALID_ARGUMENT naming the first variable set to a value that is
    not a decimal integer in its range, the value and the range. */

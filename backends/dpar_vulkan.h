@@ -267,7 +267,7 @@ typedef struct dpar__vk {
     dpar__vkphys *phys; /* [nphys] physical devices in use */
     int ndev;
     dpar__vkdev *devs; /* [ndev] logical devices, round-robin over phys */
-    int force_noncoherent, force_staging;
+    int force_noncoherent, force_staging, force_tiled;
     int lost; /* VK_ERROR_DEVICE_LOST seen */
     /* an adopted engine device (desc.vulkan.external): instance and device are not dpar's to destroy */
     int adopted;
@@ -343,6 +343,7 @@ typedef struct dpar__vk_settings {
     char device_from[64];   /* where `device` came from, for error messages */
     bool force_noncoherent; /* desc.vulkan.force_noncoherent or DPAR_VK_NONCOHERENT */
     bool force_staging;     /* DPAR_VK_FORCE_STAGING */
+    bool force_tiled;       /* DPAR_VK_FORCE_TILED */
 } dpar__vk_settings;
 
 static dpar_status dpar__vk_settings_get(const dpar_runtime_desc *desc, dpar__vk_settings *out) {
@@ -384,7 +385,8 @@ static dpar_status dpar__vk_settings_get(const dpar_runtime_desc *desc, dpar__vk
     }
     out->force_noncoherent =
         desc->vulkan.force_noncoherent || old_noncoherent || dpar__env_int("DPAR_VK_NONCOHERENT", 0) > 0;
-    out->force_staging = dpar__env_int("DPAR_VK_FORCE_STAGING", 0) > 0; /* both in range: dpar_runtime_create */
+    out->force_staging = dpar__env_int("DPAR_VK_FORCE_STAGING", 0) > 0; /* in range: dpar_runtime_create */
+    out->force_tiled = dpar__env_int("DPAR_VK_FORCE_TILED", 0) > 0;
     return DPAR_OK;
 }
 
@@ -1624,6 +1626,7 @@ static dpar_status dpar__vk_init_impl(dpar__vk *st, const dpar_runtime_desc *des
     if ((s = dpar__vk_settings_get(desc, &set))) return s;
     st->force_noncoherent = set.force_noncoherent;
     st->force_staging = set.force_staging;
+    st->force_tiled = set.force_tiled;
     if (desc && desc->vulkan.external.device) { /* the engine's device: every logical device on its queue */
         if ((s = dpar__vk_adopt(st, &desc->vulkan.external))) return s;
         VkPhysicalDevice pd = (VkPhysicalDevice)desc->vulkan.external.physical_device;
@@ -2051,7 +2054,10 @@ static uint64_t dpar__vk_mm_cols(int64_t k, int64_t batches) {
    flags beyond the operands' (pc->flags). */
 static int dpar__vk_mm_pick(const dpar__vk *st, int dev, int64_t m, int64_t n, int64_t k, int64_t batches,
                             uint32_t g[2], dpar__vkpc *pc) {
-    if (dpar__vk_on_cpu(st, dev)) { /* blocks of 32 rows by 16 columns, dpar__vk_mm_cols a workgroup */
+    /* DPAR_VK_FORCE_TILED (tests): the GPUs' tiled shader on a CPU device too, where an invocation's loops
+       (about k + k / 16 turns, and a turn a batch past 65,535) stay well inside llvmpipe's loop cap */
+    int tiled = st->force_tiled && k <= 16384 && batches <= 65535;
+    if (dpar__vk_on_cpu(st, dev) && !tiled) { /* blocks of 32 rows by 16 columns, dpar__vk_mm_cols a workgroup */
         if (st->devs[dev].ph->lanes8) pc->flags |= 32u;
         g[0] = (uint32_t)((m + 31) / 32);
         g[1] = (uint32_t)dpar__vk_ceil(dpar__vk_ceil((uint64_t)n, 16), dpar__vk_mm_cols(k, batches));

@@ -1239,14 +1239,16 @@ static void mm_bias_eager(const mm_case *c, float *y) {
 /* a within the float sums' rounding of want (mag: the sum of the terms' magnitudes) */
 static void mm_close(const char *what, const mm_case *c, int64_t i, float a, float want, double mag) {
     if (!(fabs((double)a - (double)want) <= 1e-5 * mag + 1e-6))
-        fail_msg("[%lld, %lld, %lld] relu %d: %s[%lld] = %.9g on Vulkan, %.9g on the CPU", (long long)c->M,
-                 (long long)c->K, (long long)c->N, c->relu, what, (long long)i, (double)a, (double)want);
+        fail_msg("[%lld, %lld, %lld] relu %d, DPAR_VK_FORCE_TILED=%s: %s[%lld] = %.9g on Vulkan, %.9g on the CPU",
+                 (long long)c->M, (long long)c->K, (long long)c->N, c->relu, getenv("DPAR_VK_FORCE_TILED"), what,
+                 (long long)i, (double)a, (double)want);
 }
 /* Fused on Vulkan: y bit for bit the separate ops' (eager matmul, bias_add, relu on Vulkan), y and the
    gradients against the CPU graph (separate ops there), and a run two ops fewer than the CPU's without the
    relu (the bias_add and its copy of the product: the kept sum cannot take the product's buffer), three
    with it (the bias_add, the relu, and as before the bias sums in relu_backward).
-   Shapes: the digits layers, odd sizes past the direct matmul's 32 x 16 blocks, one column, no rows. */
+   Shapes: the digits layers, odd sizes past the direct matmul's 32 x 16 blocks, one column, no rows. Both
+   shaders: llvmpipe's direct one, then the GPUs' tiled one (DPAR_VK_FORCE_TILED), which no other test runs. */
 static void test_matmul_bias_fused(void **st) {
     (void)st;
     static const int64_t shapes[][3] = { { 64, 64, 128 }, { 64, 128, 10 }, { 33, 17, 19 }, { 3, 5, 7 },
@@ -1254,50 +1256,53 @@ static void test_matmul_bias_fused(void **st) {
     dpar_runtime *probe = t_runtime_or_skip(DPAR_BACKEND_VULKAN, 1); /* skipped before anything is allocated */
     T_OK(dpar_runtime_destroy(probe));
     setenv("DPAR_GRAPH_RECORD", "0", 1);
-    for (size_t t = 0; t < sizeof shapes / sizeof shapes[0]; t++)
-        for (int relu = 0; relu < 2; relu++) {
-            int64_t M = shapes[t][0], K = shapes[t][1], N = shapes[t][2];
-            size_t nx = (size_t)(M * K), nw = (size_t)(K * N), ny = (size_t)(M * N);
-            float *buf = (float *)calloc(3 * nx + 3 * nw + 4 * ny + 3 * (size_t)N + 1, sizeof(float));
-            assert_non_null(buf);
-            float *x = buf, *w = x + nx, *bias = w + nw, *y = bias + N, *dx = y + ny, *dw = dx + nx, *db = dw + nw;
-            float *yc = db + N, *dxc = yc + ny, *dwc = dxc + nx, *dbc = dwc + nw, *ye = dbc + N;
-            for (size_t i = 0; i < nx; i++) x[i] = (float)((i * 7919) % 1001) / 256.0f - 1.75f;
-            for (size_t i = 0; i < nw; i++) w[i] = (float)((i * 104729) % 997) / 512.0f - 0.9f;
-            for (int64_t j = 0; j < N; j++) bias[j] = (float)j * 0.25f - 0.375f;
-            mm_case cv = { M, K, N, relu, 1, x, w, bias, y, dx, dw, db, { 0 } }, cc = cv;
-            cc.y = yc, cc.dx = dxc, cc.dw = dwc, cc.db = dbc;
-            dpar_status sv, sc;
-            uint64_t ops_vk = mm_bias_run(DPAR_BACKEND_VULKAN, &cv, &sv);
-            uint64_t ops_cpu = mm_bias_run(DPAR_BACKEND_CPU, &cc, &sc);
-            T_OK(sv);
-            T_OK(sc);
-            uint64_t fewer = relu ? 3 : 2;
-            if (ops_vk + fewer != ops_cpu)
-                fail_msg("[%lld, %lld, %lld] relu %d: %llu ops a run on Vulkan, %llu on the CPU (want %llu fewer)",
-                         (long long)M, (long long)K, (long long)N, relu, (unsigned long long)ops_vk,
-                         (unsigned long long)ops_cpu, (unsigned long long)fewer);
-            mm_bias_eager(&cv, ye);
-            for (size_t i = 0; i < ny; i++)
-                if (t_f2u(y[i]) != t_f2u(ye[i]))
-                    fail_msg("[%lld, %lld, %lld] relu %d: y[%zu] = %.9g fused, %.9g as separate ops", (long long)M,
-                             (long long)K, (long long)N, relu, i, (double)y[i], (double)ye[i]);
-            for (int64_t i = 0; i < M; i++)
-                for (int64_t j = 0; j < N; j++) {
-                    double mag = fabs(bias[j]);
-                    for (int64_t kk = 0; kk < K; kk++) mag += fabs((double)x[i * K + kk] * w[kk * N + j]);
-                    mm_close("y", &cv, i * N + j, y[i * N + j], yc[i * N + j], mag);
-                }
-            /* the gradients' sums run over M or N terms of 2 y-sized values: a scale for their rounding */
-            double ymax = 1;
-            for (size_t i = 0; i < ny; i++) ymax = fmax(ymax, fabs(yc[i]));
-            double gm = 2 * ymax * (double)(M + N + 1) * 2;
-            for (size_t i = 0; i < nx; i++) mm_close("dx", &cv, (int64_t)i, dx[i], dxc[i], gm);
-            for (size_t i = 0; i < nw; i++) mm_close("dw", &cv, (int64_t)i, dw[i], dwc[i], gm * 2);
-            for (int64_t j = 0; j < N; j++) mm_close("db", &cv, j, db[j], dbc[j], gm);
-            free(buf);
-        }
+    for (int tiled = 0; tiled < 2; tiled++) /* llvmpipe's direct shader, then the GPUs' tiled one */
+        for (size_t t = 0; t < sizeof shapes / sizeof shapes[0]; t++)
+            for (int relu = 0; relu < 2; relu++) {
+                setenv("DPAR_VK_FORCE_TILED", tiled ? "1" : "0", 1);
+                int64_t M = shapes[t][0], K = shapes[t][1], N = shapes[t][2];
+                size_t nx = (size_t)(M * K), nw = (size_t)(K * N), ny = (size_t)(M * N);
+                float *buf = (float *)calloc(3 * nx + 3 * nw + 4 * ny + 3 * (size_t)N + 1, sizeof(float));
+                assert_non_null(buf);
+                float *x = buf, *w = x + nx, *bias = w + nw, *y = bias + N, *dx = y + ny, *dw = dx + nx, *db = dw + nw;
+                float *yc = db + N, *dxc = yc + ny, *dwc = dxc + nx, *dbc = dwc + nw, *ye = dbc + N;
+                for (size_t i = 0; i < nx; i++) x[i] = (float)((i * 7919) % 1001) / 256.0f - 1.75f;
+                for (size_t i = 0; i < nw; i++) w[i] = (float)((i * 104729) % 997) / 512.0f - 0.9f;
+                for (int64_t j = 0; j < N; j++) bias[j] = (float)j * 0.25f - 0.375f;
+                mm_case cv = { M, K, N, relu, 1, x, w, bias, y, dx, dw, db, { 0 } }, cc = cv;
+                cc.y = yc, cc.dx = dxc, cc.dw = dwc, cc.db = dbc;
+                dpar_status sv, sc;
+                uint64_t ops_vk = mm_bias_run(DPAR_BACKEND_VULKAN, &cv, &sv);
+                uint64_t ops_cpu = mm_bias_run(DPAR_BACKEND_CPU, &cc, &sc);
+                T_OK(sv);
+                T_OK(sc);
+                uint64_t fewer = relu ? 3 : 2;
+                if (ops_vk + fewer != ops_cpu)
+                    fail_msg("[%lld, %lld, %lld] relu %d: %llu ops a run on Vulkan, %llu on the CPU (want %llu fewer)",
+                             (long long)M, (long long)K, (long long)N, relu, (unsigned long long)ops_vk,
+                             (unsigned long long)ops_cpu, (unsigned long long)fewer);
+                mm_bias_eager(&cv, ye);
+                for (size_t i = 0; i < ny; i++)
+                    if (t_f2u(y[i]) != t_f2u(ye[i]))
+                        fail_msg("[%lld, %lld, %lld] relu %d tiled %d: y[%zu] = %.9g fused, %.9g as separate ops",
+                                 (long long)M, (long long)K, (long long)N, relu, tiled, i, (double)y[i], (double)ye[i]);
+                for (int64_t i = 0; i < M; i++)
+                    for (int64_t j = 0; j < N; j++) {
+                        double mag = fabs(bias[j]);
+                        for (int64_t kk = 0; kk < K; kk++) mag += fabs((double)x[i * K + kk] * w[kk * N + j]);
+                        mm_close("y", &cv, i * N + j, y[i * N + j], yc[i * N + j], mag);
+                    }
+                /* the gradients' sums run over M or N terms of 2 y-sized values: a scale for their rounding */
+                double ymax = 1;
+                for (size_t i = 0; i < ny; i++) ymax = fmax(ymax, fabs(yc[i]));
+                double gm = 2 * ymax * (double)(M + N + 1) * 2;
+                for (size_t i = 0; i < nx; i++) mm_close("dx", &cv, (int64_t)i, dx[i], dxc[i], gm);
+                for (size_t i = 0; i < nw; i++) mm_close("dw", &cv, (int64_t)i, dw[i], dwc[i], gm * 2);
+                for (int64_t j = 0; j < N; j++) mm_close("db", &cv, j, db[j], dbc[j], gm);
+                free(buf);
+            }
     unsetenv("DPAR_GRAPH_RECORD");
+    unsetenv("DPAR_VK_FORCE_TILED");
 }
 /* The fused op at llvmpipe's loop cap: refused where the matmul alone is (K = 65,531: the direct matmul's K
    loop, test_loop_cap_matmul_blocks), leaving the output as it was; right at K = 65,530 (all ones: K plus the
