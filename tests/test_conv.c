@@ -405,6 +405,13 @@ static void test_pool_exact(void **st) {
 static float nan_add(float acc, float v) {
     return v != v ? v + v : acc + v;
 }
+static void same_bits(const char *name, const char *threads, const char *what, const float *got, const float *want,
+                      int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        if (t_f2u(got[i]) != t_f2u(want[i]))
+            fail_msg("%s, %s threads: %s[%lld] = %08x, want %08x", name, threads, what, (long long)i, t_f2u(got[i]),
+                     t_f2u(want[i]));
+}
 static void test_pool_bits(void **st) {
     (void)st;
     static const pcase cases[4] = {
@@ -469,22 +476,10 @@ static void test_pool_bits(void **st) {
             dpar_runtime *rt = t_cpu_runtime_threads(threads[t]);
             pool_out r;
             pool_run(rt, c, &g, x, dy, &r);
-            for (int64_t i = 0; i < n_y; i++)
-                if (t_f2u(r.ya[i]) != t_f2u(ya[i]))
-                    fail_msg("%s, %s threads: y[%lld] = %08x, want %08x", c->name, threads[t], (long long)i,
-                             t_f2u(r.ya[i]), t_f2u(ya[i]));
-            for (int64_t i = 0; i < n_x; i++)
-                if (t_f2u(r.dxa[i]) != t_f2u(dxa[i]))
-                    fail_msg("%s, %s threads: dx[%lld] = %08x, want %08x", c->name, threads[t], (long long)i,
-                             t_f2u(r.dxa[i]), t_f2u(dxa[i]));
-            for (int64_t i = 0; i < n_y; i++)
-                if (t_f2u(r.ym[i]) != t_f2u(ym[i]))
-                    fail_msg("%s, %s threads: max y[%lld] = %08x, want %08x", c->name, threads[t], (long long)i,
-                             t_f2u(r.ym[i]), t_f2u(ym[i]));
-            for (int64_t i = 0; i < n_x; i++)
-                if (t_f2u(r.dxm[i]) != t_f2u(dxm[i]))
-                    fail_msg("%s, %s threads: max dx[%lld] = %08x, want %08x", c->name, threads[t], (long long)i,
-                             t_f2u(r.dxm[i]), t_f2u(dxm[i]));
+            same_bits(c->name, threads[t], "avg y", r.ya, ya, n_y);
+            same_bits(c->name, threads[t], "avg dx", r.dxa, dxa, n_x);
+            same_bits(c->name, threads[t], "max y", r.ym, ym, n_y);
+            same_bits(c->name, threads[t], "max dx", r.dxm, dxm, n_x);
             pool_free(&r);
             dpar_runtime_destroy(rt);
         }
