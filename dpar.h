@@ -1135,7 +1135,8 @@ DPAR_API dpar_status dpar_max_pool2d(dpar_buffer *y, const dpar_buffer *x, const
 /* dx [N,H,W,C] = dy routed to the first maximum of each window (row-major in
    the window; ties go to the first only), summed in output-pixel order where
    windows overlap (CPU: of two NaNs the sum keeps the later dy's, as the
-   average pools keep the added term's); x is the forward input. Overwrites dx. */
+   average pools keep the added term's); x is the forward input (not NULL:
+   DPAR_ERR_INVALID_ARGUMENT). Overwrites dx. */
 DPAR_API dpar_status dpar_max_pool2d_backward(dpar_buffer *dx, const dpar_buffer *dy, const dpar_buffer *x,
                                               const dpar_pool2d_desc *d);
 
@@ -8908,6 +8909,12 @@ DPAR_API dpar_status dpar_max_pool2d(dpar_buffer *y, const dpar_buffer *x, const
 }
 DPAR_API dpar_status dpar_max_pool2d_backward(dpar_buffer *dx, const dpar_buffer *dy, const dpar_buffer *x,
                                               const dpar_pool2d_desc *d) {
+    if (!x) { /* the maxima are x's: without it dy would be read in its place */
+        dpar__clear_error();
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                         "dpar_max_pool2d_backward: x is NULL; pass the forward's input x [N,H,W,C], whose window "
+                         "maxima receive dy");
+    }
     return dpar__pool2d_op("dpar_max_pool2d_backward", DPAR__OP_MAX_POOL_BWD, dx, dx, "dx", dy, "dy", dy, x, d);
 }
 

@@ -858,6 +858,12 @@ static void test_errors(void **st) {
     T_ERR(dpar_avg_pool2d(Y, X, &p), DPAR_ERR_SHAPE, "dpar_avg_pool2d", "window spans 7");
     T_ERR(dpar_max_pool2d(YB, X, NULL), DPAR_ERR_SHAPE, "dpar_max_pool2d", "y is [2, 4, 5, 4]", "[2, 2, 2, 3]");
     T_ERR(dpar_max_pool2d_backward(X, Y, YB, NULL), DPAR_ERR_SHAPE, "dpar_max_pool2d_backward");
+    int64_t pooled[4] = { 2, 2, 2, 3 };
+    dpar_buffer *P = mk(CPU, 4, pooled, NULL), *DXP = mk(CPU, 4, xs, NULL);
+    T_OK(dpar_max_pool2d_backward(DXP, P, X, NULL));
+    T_ERR(dpar_max_pool2d_backward(DXP, P, NULL, NULL), DPAR_ERR_INVALID_ARGUMENT, "dpar_max_pool2d_backward",
+          "x is NULL"); /* it read dy as x: a wrong dx, or past dy's end */
+    dpar_buffer_destroy(P), dpar_buffer_destroy(DXP);
     dpar_pool2d_desc pw = { { -2, 2 }, { 0 }, DPAR_PADDING_DEFAULT, { { 0 } }, false };
     T_ERR(dpar_pool2d_output_shape(xs, &pw, out), DPAR_ERR_INVALID_ARGUMENT, "window = (-2, 2)");
     /* sizes near INT64_MAX are refused: (k - 1) * dilation and in + pads used to wrap into a "valid" shape */
