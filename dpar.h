@@ -8712,10 +8712,12 @@ static dpar_status dpar__win2d_make(const char *fn, const int64_t xs[4], int64_t
     if ((int)mode < (int)DPAR_PADDING_DEFAULT || (int)mode > (int)DPAR_PADDING_EXPLICIT)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: padding = %d is not a dpar_padding value", fn, (int)mode);
     for (int i = 0; i < 2; i++) {
-        if (s[i] < 0 || (dl && dl[i] < 0))
-            return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
-                             "%s: stride[%d] = %d, dilation[%d] = %d; use 0 (default 1) or a positive value", fn, i,
-                             s[i], i, dl ? dl[i] : 0);
+        if (s[i] < 0 || (dl && dl[i] < 0)) /* a pool (dl NULL) has no dilation to name */
+            return dl ? dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                                  "%s: stride[%d] = %d, dilation[%d] = %d; use 0 (default 1) or a positive value", fn,
+                                  i, s[i], i, dl[i])
+                      : dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                                  "%s: stride[%d] = %d; use 0 (default 1) or a positive value", fn, i, s[i]);
         if (mode == DPAR_PADDING_EXPLICIT && (pad[i][0] < 0 || pad[i][1] < 0))
             return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: pad[%d] = {%d, %d}; explicit pads must be >= 0", fn, i,
                              pad[i][0], pad[i][1]);
@@ -8804,10 +8806,9 @@ static dpar_status dpar__win2d_check_out(const char *fn, const dpar_buffer *y, c
     int64_t want[4] = { g->n, g->oh, g->ow, g->o };
     if (memcmp(y->shape, want, sizeof want) != 0) {
         char a[160], b[160];
-        return dpar__err(DPAR_ERR_SHAPE,
-                         "%s: %s is %s but the input, window and desc give %s; size it with dpar_conv2d_output_shape "
-                         "or dpar_pool2d_output_shape",
-                         fn, yn, dpar__shape_str(a, sizeof a, 4, y->shape), dpar__shape_str(b, sizeof b, 4, want));
+        return dpar__err(DPAR_ERR_SHAPE, "%s: %s is %s but the input, window and desc give %s; size it with %s", fn, yn,
+                         dpar__shape_str(a, sizeof a, 4, y->shape), dpar__shape_str(b, sizeof b, 4, want),
+                         strstr(fn, "pool") ? "dpar_pool2d_output_shape" : "dpar_conv2d_output_shape");
     }
     int uses = 0;
     for (int i = 0; i < nops; i++) uses += ops[i] == dst;
