@@ -8391,6 +8391,10 @@ static dpar_status dpar__reduce_shape(const char *fn, const dpar_buffer *y, cons
     for (int i = 0; ok2 && i < x->ndim; i++) ok2 = y->shape[i] == keep1[i];
     if (!ok1 && !ok2) {
         char a[160], b[160], c[160], d[160];
+        if (!mask) /* no axis reduced: one shape, not a kept and a keepdims form */
+            return dpar__err(DPAR_ERR_SHAPE, "%s: %s is %s; reducing no axis of %s %s needs that shape", fn, yn,
+                             dpar__shape_str(a, sizeof a, y->ndim, y->shape), xn,
+                             dpar__shape_str(b, sizeof b, x->ndim, x->shape));
         return dpar__err(DPAR_ERR_SHAPE, "%s: %s is %s; reducing %s %s needs %s or %s (keepdims)", fn, yn,
                          dpar__shape_str(a, sizeof a, y->ndim, y->shape), xn,
                          dpar__shape_str(b, sizeof b, x->ndim, x->shape), dpar__shape_str(c, sizeof c, nk, kept),

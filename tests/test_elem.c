@@ -989,6 +989,7 @@ static void test_errors(void **state) {
     T_ERR(dpar_unary(y, a, (dpar_unary_op)99, 0), DPAR_ERR_INVALID_ARGUMENT, "dpar_unary_op");
     int ax = 1, bad = 2, dup[2] = { 0, -2 };
     T_ERR(dpar_reduce(y, a, DPAR_REDUCE_SUM, &ax, 1), DPAR_ERR_SHAPE, "dpar_reduce", "[3] or [3, 1]");
+    T_ERR(dpar_reduce(b, a, DPAR_REDUCE_SUM, &ax, 0), DPAR_ERR_SHAPE, "reducing no axis", "needs that shape");
     T_ERR(dpar_reduce(b, a, DPAR_REDUCE_SUM, &bad, 1), DPAR_ERR_INVALID_ARGUMENT, "axes[0] = 2");
     T_ERR(dpar_reduce(b, a, DPAR_REDUCE_SUM, dup, 2), DPAR_ERR_INVALID_ARGUMENT, "repeated");
     T_ERR(dpar_reduce(b, a, DPAR_REDUCE_ARGMAX, &ax, 1), DPAR_ERR_DTYPE, "i32");
