@@ -157,8 +157,8 @@ static inline int ex_parse(const char *prog, int argc, char **argv, const ex_fla
             double x = strtod(v, &end);
             if (end == v || *end) return ex_bad_value(prog, a, v, "not a number");
             if ((errno == ERANGE && isinf(x)) || (isfinite(x) && fabs(x) > FLT_MAX)) { /* would become inf */
-                fprintf(stderr, "%s: %s %s: out of range; a number from %g to %g\n", prog, a, v, -(double)FLT_MAX,
-                        (double)FLT_MAX);
+                fprintf(stderr, "%s: %s %s: too large for a float (at most %g); %s\n", prog, a, v, (double)FLT_MAX,
+                        flags[k].range ? flags[k].range : "a finite number"); /* the flag's own range, as --help */
                 return 2;
             }
             if (!isfinite(x)) return ex_bad_value(prog, a, v, "not a finite number"); /* "inf", "nan" as typed */

@@ -170,7 +170,8 @@ refused "train_digits_tp --dp 2147483647 --tp 2 names the mesh's size" 2 "--dp 2
 run train_digits --lr 1e-50 # refused as "--lr 0"
 refused "train_digits --lr 1e-50 (0 as a float) is named as typed" 2 "--lr 1e-50: too small for a float"
 run train_digits --lr 1e40
-refused "train_digits --lr 1e40 is out of range, named as typed" 2 "--lr 1e40: out of range; a number from"
+refused "train_digits --lr 1e40 is too large, named as typed, with the flag's range" 2 \
+    "--lr 1e40: too large for a float (at most 3.40282e+38); a finite number > 0"
 for ex in dp_regression predict_update; do # they parsed with atoi: "--devices 2x" ran on 2 devices
     run $ex --devices 2x
     refused "$ex --devices 2x is not an integer" 2 "$ex: --devices 2x: not an integer"
