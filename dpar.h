@@ -8803,16 +8803,17 @@ static dpar_status dpar__need_4d(const char *fn, const dpar_buffer *b, const cha
     }
     return DPAR_OK;
 }
-/* The operand on the output side (y or dy) against the geometry; the written
-   buffer dst must not be any of the read operands. */
-static dpar_status dpar__win2d_check_out(const char *fn, const dpar_buffer *y, const char *yn, const dpar__win2d *g,
-                                         const dpar_buffer *dst, const dpar_buffer *const *ops, int nops) {
+/* The operand on the output side (y or dy) against the geometry (sizer: the
+   *_output_shape function that sizes it); the written buffer dst must not be
+   any of the read operands. */
+static dpar_status dpar__win2d_check_out(const char *fn, const char *sizer, const dpar_buffer *y, const char *yn,
+                                         const dpar__win2d *g, const dpar_buffer *dst, const dpar_buffer *const *ops,
+                                         int nops) {
     int64_t want[4] = { g->n, g->oh, g->ow, g->o };
     if (memcmp(y->shape, want, sizeof want) != 0) {
         char a[160], b[160];
         return dpar__err(DPAR_ERR_SHAPE, "%s: %s is %s but the input, window and desc give %s; size it with %s", fn, yn,
-                         dpar__shape_str(a, sizeof a, 4, y->shape), dpar__shape_str(b, sizeof b, 4, want),
-                         strstr(fn, "pool") ? "dpar_pool2d_output_shape" : "dpar_conv2d_output_shape");
+                         dpar__shape_str(a, sizeof a, 4, y->shape), dpar__shape_str(b, sizeof b, 4, want), sizer);
     }
     int uses = 0;
     for (int i = 0; i < nops; i++) uses += ops[i] == dst;
@@ -8846,7 +8847,8 @@ DPAR_API dpar_status dpar_conv2d(dpar_buffer *y, const dpar_buffer *x, const dpa
     dpar_status s = dpar__op_check(fn, y, ops, 3);
     if (s || (s = dpar__same_float64(fn, fl, fln, 4)) || (s = dpar__need_4d(fn, x, "x", "NHWC")) ||
         (s = dpar__need_4d(fn, w, "w", "HWIO")) || (s = dpar__need_4d(fn, y, "y", "NHWC")) ||
-        (s = dpar__conv2d_win(fn, x->shape, w->shape, d, &g)) || (s = dpar__win2d_check_out(fn, y, "y", &g, y, ops, 3)))
+        (s = dpar__conv2d_win(fn, x->shape, w->shape, d, &g)) ||
+        (s = dpar__win2d_check_out(fn, "dpar_conv2d_output_shape", y, "y", &g, y, ops, 3)))
         return s;
     if (b && (s = dpar__conv2d_bias(fn, b, "bias", &g))) return s;
     return dpar__conv2d_run(DPAR__OP_CONV2D, &g, y, x, w, b);
@@ -8862,7 +8864,7 @@ DPAR_API dpar_status dpar_conv2d_backward_input(dpar_buffer *dx, const dpar_buff
     if (s || (s = dpar__same_float64(fn, fl, fln, 3)) || (s = dpar__need_4d(fn, dx, "dx", "NHWC")) ||
         (s = dpar__need_4d(fn, w, "w", "HWIO")) || (s = dpar__need_4d(fn, dy, "dy", "NHWC")) ||
         (s = dpar__conv2d_win(fn, dx->shape, w->shape, d, &g)) ||
-        (s = dpar__win2d_check_out(fn, dy, "dy", &g, dx, ops, 2)))
+        (s = dpar__win2d_check_out(fn, "dpar_conv2d_output_shape", dy, "dy", &g, dx, ops, 2)))
         return s;
     return dpar__conv2d_run(DPAR__OP_CONV2D_BWD_INPUT, &g, dx, dy, w, NULL);
 }
@@ -8877,7 +8879,7 @@ DPAR_API dpar_status dpar_conv2d_backward_kernel(dpar_buffer *dw, dpar_buffer *d
     if (s || (s = dpar__same_float64(fn, fl, fln, 4)) || (s = dpar__need_4d(fn, dw, "dw", "HWIO")) ||
         (s = dpar__need_4d(fn, x, "x", "NHWC")) || (s = dpar__need_4d(fn, dy, "dy", "NHWC")) ||
         (s = dpar__conv2d_win(fn, x->shape, dw->shape, d, &g)) ||
-        (s = dpar__win2d_check_out(fn, dy, "dy", &g, dw, ops, 2)))
+        (s = dpar__win2d_check_out(fn, "dpar_conv2d_output_shape", dy, "dy", &g, dw, ops, 2)))
         return s;
     const dpar_buffer *dbc = db;
     if (db && ((s = dpar__op_check(fn, dw, &dbc, 1)) || (s = dpar__conv2d_bias(fn, db, "db", &g)))) return s;
@@ -8899,7 +8901,8 @@ static dpar_status dpar__pool2d_op(const char *fn, dpar__op_kind k, dpar_buffer 
     if (s || (s = dpar__same_float64(fn, fl, fln, 3)) || (s = dpar__need_4d(fn, in, inn, "NHWC")) ||
         (s = dpar__need_4d(fn, out, outn, "NHWC")) ||
         (src1 && ((s = dpar__need_4d(fn, src1, "x", "NHWC")) || (s = dpar__same_shape(fn, src1, "x", in, inn)))) ||
-        (s = dpar__pool2d_win(fn, in->shape, d, &g)) || (s = dpar__win2d_check_out(fn, out, outn, &g, dst, ops, 2)))
+        (s = dpar__pool2d_win(fn, in->shape, d, &g)) ||
+        (s = dpar__win2d_check_out(fn, "dpar_pool2d_output_shape", out, outn, &g, dst, ops, 2)))
         return s;
     return dpar__conv2d_run(k, &g, dst, src0, src1, NULL);
 }
