@@ -7522,34 +7522,30 @@ DPAR_API dpar_status dpar_pbroadcast_start(dpar_ctx *ctx, dpar_buffer *out, cons
 /* ---------------------------------------------------------------------------
    Ops: argument checks, then the backend
    ------------------------------------------------------------------------ */
-/* The output `first` and the operands bufs[0..nb) of op `name`: not NULL, live, of one runtime and device. An
-   error names operand i as names[i] (the parameter: "the source", "x"), or "operand i" when names is NULL. */
-static dpar_status dpar__op_check_named(const char *name, const dpar_buffer *first, const dpar_buffer *const *bufs,
-                                        const char *const *names, int nb) {
-    if (!first) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: output buffer is NULL", name);
-    if (!dpar__live_buf_ok(first)) return dpar__live_stale_arg(name, "the output buffer", DPAR__LIVE_BUFFER);
+/* Operand names shared by several ops' checks (dpar__op_check). */
+static const char *const dpar__opn_x[1] = { "x" }, *const dpar__opn_dy[1] = { "dy" }, *const dpar__opn_b[1] = { "b" },
+                         *const dpar__opn_src[1] = { "src" }, *const dpar__opn_dy_x[2] = { "dy", "x" };
+/* The output `first` (named firstn: "y", "dx") and the operands bufs[0..nb) of op `name`: not NULL, live, of one
+   runtime and device. An error names each by its parameter's name, names[i] ("the source", "x"). */
+static dpar_status dpar__op_check(const char *name, const dpar_buffer *first, const char *firstn,
+                                  const dpar_buffer *const *bufs, const char *const *names, int nb) {
+    if (!first) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: %s is NULL", name, firstn);
+    if (!dpar__live_buf_ok(first)) return dpar__live_stale_arg(name, firstn, DPAR__LIVE_BUFFER);
     for (int i = 0; i < nb; i++) {
         const dpar_buffer *b = bufs[i];
         if (b && dpar__live_buf_ok(b) && b->rt == first->rt && b->device == first->device) continue;
-        char num[32]; /* formatted on the error path only: it was a third of a 1x1x1 dpar_matmul's time */
-        snprintf(num, sizeof num, "operand %d", i);
-        const char *arg = names ? names[i] : num;
-        if (!bufs[i]) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: %s is NULL", name, arg);
-        if (!dpar__live_buf_ok(bufs[i])) return dpar__live_stale_arg(name, arg, DPAR__LIVE_BUFFER);
-        if (bufs[i]->rt != first->rt)
+        if (!b) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: %s is NULL", name, names[i]);
+        if (!dpar__live_buf_ok(b)) return dpar__live_stale_arg(name, names[i], DPAR__LIVE_BUFFER);
+        if (b->rt != first->rt)
             return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
-                             "%s: %s and the output belong to different runtimes; every operand of an op must "
-                             "be a buffer of one runtime, on one device",
-                             name, arg);
-        if (bufs[i]->device != first->device)
-            return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
-                             "%s: operands live on devices %d and %d; every operand of an op must be on one device",
-                             name, first->gdev, bufs[i]->gdev);
+                             "%s: %s and %s belong to different runtimes; every operand of an op must be a buffer of "
+                             "one runtime, on one device",
+                             name, names[i], firstn);
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                         "%s: %s is on device %d but %s on device %d; every operand of an op must be on one device",
+                         name, names[i], b->gdev, firstn, first->gdev);
     }
     return DPAR_OK;
-}
-static dpar_status dpar__op_check(const char *name, const dpar_buffer *first, const dpar_buffer *const *bufs, int nb) {
-    return dpar__op_check_named(name, first, bufs, NULL, nb);
 }
 static dpar_status dpar__need_f32(const char *name, const dpar_buffer *b, const char *which) {
     if (b->dtype != DPAR_F32)
@@ -7686,7 +7682,8 @@ static dpar_status dpar__matmul(dpar_buffer *C, dpar_buffer *relu, const dpar_bu
                                 const dpar_buffer *bias, bool ta, bool tb, float alpha, float beta) {
     dpar__clear_error();
     const dpar_buffer *ops[2] = { A, B };
-    dpar_status s = dpar__op_check("dpar_matmul", C, ops, 2);
+    static const char *const opn[2] = { "A", "B" };
+    dpar_status s = dpar__op_check("dpar_matmul", C, "C", ops, opn, 2);
     if (s) return s;
     if (A->ndim != 2 || B->ndim != 2 || C->ndim != 2)
         return dpar__err(
@@ -7749,7 +7746,7 @@ static dpar_status dpar__last_dim_vec(const char *fn, const dpar_buffer *v, cons
    bias_add -> relu, dpar__g_fuse_bias_relu: only on a backend with bias_add_relu, relu f32 as y). */
 static dpar_status dpar__bias_add(dpar_buffer *y, dpar_buffer *relu, const dpar_buffer *b) {
     dpar__clear_error();
-    dpar_status s = dpar__op_check("dpar_bias_add", y, &b, 1);
+    dpar_status s = dpar__op_check("dpar_bias_add", y, "y", &b, dpar__opn_b, 1);
     if (s || (s = dpar__need_ft("dpar_bias_add", y, "y", dpar__fdt(y))) ||
         (s = dpar__need_ft("dpar_bias_add", b, "bias", dpar__fdt(y))))
         return s;
@@ -7773,7 +7770,7 @@ DPAR_API dpar_status dpar_bias_add(dpar_buffer *y, const dpar_buffer *b) {
 static dpar_status dpar__bias_grad(dpar_buffer *db, dpar_buffer *dx, const dpar_buffer *dy, const dpar_buffer *x,
                                    float beta) {
     dpar__clear_error();
-    dpar_status s = dpar__op_check("dpar_bias_grad", db, &dy, 1);
+    dpar_status s = dpar__op_check("dpar_bias_grad", db, "db", &dy, dpar__opn_dy, 1);
     const dpar_buffer *fl[2] = { db, dy };
     const char *fln[2] = { "db", "dy" };
     if (s || (s = dpar__same_float64("dpar_bias_grad", fl, fln, 2))) return s;
@@ -7796,8 +7793,7 @@ DPAR_API dpar_status dpar_bias_grad(dpar_buffer *db, const dpar_buffer *dy, floa
 }
 DPAR_API dpar_status dpar_relu(dpar_buffer *y, const dpar_buffer *x) {
     dpar__clear_error();
-    static const char *const opn[] = { "x" };
-    dpar_status s = dpar__op_check_named("dpar_relu", y, &x, opn, 1);
+    dpar_status s = dpar__op_check("dpar_relu", y, "y", &x, dpar__opn_x, 1);
     if (s || (s = dpar__need_ft("dpar_relu", y, "y", dpar__fdt(y))) ||
         (s = dpar__need_ft("dpar_relu", x, "x", dpar__fdt(y))) || (s = dpar__same_shape("dpar_relu", y, "y", x, "x")))
         return s;
@@ -7809,7 +7805,7 @@ DPAR_API dpar_status dpar_relu(dpar_buffer *y, const dpar_buffer *x) {
 DPAR_API dpar_status dpar_relu_backward(dpar_buffer *dx, const dpar_buffer *dy, const dpar_buffer *x) {
     dpar__clear_error();
     const dpar_buffer *ops[2] = { dy, x };
-    dpar_status s = dpar__op_check("dpar_relu_backward", dx, ops, 2);
+    dpar_status s = dpar__op_check("dpar_relu_backward", dx, "dx", ops, dpar__opn_dy_x, 2);
     if (s || (s = dpar__need_ft("dpar_relu_backward", dx, "dx", dpar__fdt(dx))) ||
         (s = dpar__need_ft("dpar_relu_backward", dy, "dy", dpar__fdt(dx))) ||
         (s = dpar__need_ft("dpar_relu_backward", x, "x", dpar__fdt(dx))) ||
@@ -7932,7 +7928,8 @@ static dpar_status dpar__xent(int fn_id, dpar_buffer *loss, dpar_buffer *dlogits
                               const dpar_buffer *labels, const dpar_xent_desc *d) {
     const char *fn = dpar__idx_fn[fn_id];
     const dpar_buffer *ops[3] = { logits, labels, dlogits ? dlogits : logits };
-    dpar_status s = dpar__op_check(fn, loss, ops, 3);
+    static const char *const opn[3] = { "logits", "labels", "dlogits" };
+    dpar_status s = dpar__op_check(fn, loss, "loss", ops, opn, 3);
     dpar_dtype t = dpar__fdt(logits);
     if (s || (s = dpar__scalar_out_t(fn, loss, t)) || (s = dpar__need_ft(fn, logits, "logits", t))) return s;
     if (logits->ndim != 2) {
@@ -7975,7 +7972,8 @@ DPAR_API dpar_status dpar_mse(dpar_buffer *loss, dpar_buffer *dpred, const dpar_
                               const dpar_buffer *target) {
     dpar__clear_error();
     const dpar_buffer *ops[3] = { pred, target, dpred ? dpred : pred };
-    dpar_status s = dpar__op_check("dpar_mse", loss, ops, 3);
+    static const char *const opn[3] = { "pred", "target", "dpred" };
+    dpar_status s = dpar__op_check("dpar_mse", loss, "loss", ops, opn, 3);
     dpar_dtype t = dpar__fdt(pred);
     if (s || (s = dpar__scalar_out_t("dpar_mse", loss, t)) || (s = dpar__need_ft("dpar_mse", pred, "pred", t)) ||
         (s = dpar__need_ft("dpar_mse", target, "target", t)) ||
@@ -7994,8 +7992,7 @@ DPAR_API dpar_status dpar_mse(dpar_buffer *loss, dpar_buffer *dpred, const dpar_
 }
 DPAR_API dpar_status dpar_axpy(dpar_buffer *y, float alpha, const dpar_buffer *x) {
     dpar__clear_error();
-    static const char *const opn[] = { "x" };
-    dpar_status s = dpar__op_check_named("dpar_axpy", y, &x, opn, 1);
+    dpar_status s = dpar__op_check("dpar_axpy", y, "y", &x, dpar__opn_x, 1);
     if (s || (s = dpar__need_ft("dpar_axpy", y, "y", dpar__fdt(y))) ||
         (s = dpar__need_ft("dpar_axpy", x, "x", dpar__fdt(y))) || (s = dpar__same_count("dpar_axpy", y, "y", x, "x")))
         return s;
@@ -8007,7 +8004,7 @@ DPAR_API dpar_status dpar_axpy(dpar_buffer *y, float alpha, const dpar_buffer *x
 }
 DPAR_API dpar_status dpar_scale(dpar_buffer *x, float alpha) {
     dpar__clear_error();
-    dpar_status s = dpar__op_check("dpar_scale", x, NULL, 0);
+    dpar_status s = dpar__op_check("dpar_scale", x, "x", NULL, NULL, 0);
     if (s || (s = dpar__need_ft("dpar_scale", x, "x", dpar__fdt(x)))) return s;
     dpar__op op;
     dpar__op_init(&op, DPAR__OP_SCALE, x);
@@ -8016,7 +8013,7 @@ DPAR_API dpar_status dpar_scale(dpar_buffer *x, float alpha) {
 }
 DPAR_API dpar_status dpar_fill(dpar_buffer *x, float value) {
     dpar__clear_error();
-    dpar_status s = dpar__op_check("dpar_fill", x, NULL, 0);
+    dpar_status s = dpar__op_check("dpar_fill", x, "x", NULL, NULL, 0);
     if (s) return s;
     dpar__op op;
     dpar__op_init(&op, DPAR__OP_FILL, x);
@@ -8025,8 +8022,7 @@ DPAR_API dpar_status dpar_fill(dpar_buffer *x, float value) {
 }
 DPAR_API dpar_status dpar_copy(dpar_buffer *dst, const dpar_buffer *src) {
     dpar__clear_error();
-    static const char *const opn[] = { "the source" };
-    dpar_status s = dpar__op_check_named("dpar_copy", dst, &src, opn, 1);
+    dpar_status s = dpar__op_check("dpar_copy", dst, "dst", &src, dpar__opn_src, 1);
     if (s || (s = dpar__same_count("dpar_copy", dst, "dst", src, "src"))) return s;
     if (dst->dtype != src->dtype)
         return dpar__err(DPAR_ERR_DTYPE, "dpar_copy: dst is %s but src is %s; use dpar_cast to convert",
@@ -8039,8 +8035,7 @@ DPAR_API dpar_status dpar_copy(dpar_buffer *dst, const dpar_buffer *src) {
 }
 DPAR_API dpar_status dpar_cast(dpar_buffer *dst, const dpar_buffer *src) {
     dpar__clear_error();
-    static const char *const opn[] = { "the source" };
-    dpar_status s = dpar__op_check_named("dpar_cast", dst, &src, opn, 1);
+    dpar_status s = dpar__op_check("dpar_cast", dst, "dst", &src, dpar__opn_src, 1);
     if (s || (s = dpar__same_count("dpar_cast", dst, "dst", src, "src"))) return s;
     if (dst == src) return DPAR_OK;
     dpar__op op;
@@ -8054,8 +8049,7 @@ DPAR_API dpar_status dpar_cast(dpar_buffer *dst, const dpar_buffer *src) {
 static dpar_status dpar__reduce_op(const char *name, dpar__op_kind k, dpar_buffer *out, int64_t at,
                                    const dpar_buffer *x) {
     dpar__clear_error();
-    static const char *const opn[] = { "x" };
-    dpar_status s = dpar__op_check_named(name, out, &x, opn, 1);
+    dpar_status s = dpar__op_check(name, out, "out", &x, dpar__opn_x, 1);
     if (s || (s = dpar__need_ft(name, x, "x", dpar__fdt(x)))) return s;
     if (at < 0 && (s = dpar__scalar_out_t(name, out, dpar__fdt(x)))) return s;
     if (at < 0) at = 0;
@@ -8185,7 +8179,7 @@ static dpar_status dpar__geo_4d(const char *fn, const dpar__geo *g) {
 
 DPAR_API dpar_status dpar_unary(dpar_buffer *y, const dpar_buffer *x, dpar_unary_op u, float sc) {
     dpar__clear_error();
-    dpar_status s = dpar__op_check("dpar_unary", y, &x, 1);
+    dpar_status s = dpar__op_check("dpar_unary", y, "y", &x, dpar__opn_x, 1);
     if (s || (s = dpar__need_ft("dpar_unary", y, "y", dpar__fdt(y))) ||
         (s = dpar__need_ft("dpar_unary", x, "x", dpar__fdt(y))) || (s = dpar__same_shape("dpar_unary", y, "y", x, "x")))
         return s;
@@ -8205,7 +8199,7 @@ DPAR_API dpar_status dpar_unary_backward(dpar_buffer *dx, const dpar_buffer *dy,
     const char *fn = "dpar_unary_backward";
     dpar__clear_error();
     const dpar_buffer *ops[2] = { dy, x };
-    dpar_status s = dpar__op_check(fn, dx, ops, 2);
+    dpar_status s = dpar__op_check(fn, dx, "dx", ops, dpar__opn_dy_x, 2);
     if (s || (s = dpar__need_ft(fn, dx, "dx", dpar__fdt(dx))) || (s = dpar__need_ft(fn, dy, "dy", dpar__fdt(dx))) ||
         (s = dpar__need_ft(fn, x, "x", dpar__fdt(dx))) || (s = dpar__same_shape(fn, dx, "dx", dy, "dy")) ||
         (s = dpar__same_shape(fn, x, "x", dy, "dy")))
@@ -8227,8 +8221,8 @@ DPAR_API dpar_status dpar_binary(dpar_buffer *y, const dpar_buffer *a, const dpa
     const char *fn = "dpar_binary";
     dpar__clear_error();
     const dpar_buffer *ops[2] = { a, b };
-    static const char *const opn[] = { "a", "b" };
-    dpar_status s = dpar__op_check_named(fn, y, ops, opn, 2);
+    static const char *const opn[2] = { "a", "b" };
+    dpar_status s = dpar__op_check(fn, y, "y", ops, opn, 2);
     dpar_dtype t = dpar__fdt(y);
     if (s || (s = dpar__need_ft(fn, y, "y", t)) || (s = dpar__need_ft(fn, a, "a", t)) ||
         (s = dpar__need_ft(fn, b, "b", t)) || (s = dpar__bcast_check(fn, y, a, "a")) ||
@@ -8282,7 +8276,8 @@ DPAR_API dpar_status dpar_binary_backward(dpar_buffer *da, dpar_buffer *db, cons
     const char *fn = "dpar_binary_backward";
     dpar__clear_error();
     const dpar_buffer *ops[3] = { dy, a, b };
-    dpar_status s = dpar__op_check(fn, dy, ops, 3);
+    static const char *const opn[3] = { "dy", "a", "b" };
+    dpar_status s = dpar__op_check(fn, dy, "dy", ops, opn, 3);
     dpar_dtype t = dpar__fdt(dy);
     if (s || (s = dpar__need_ft(fn, dy, "dy", t)) || (s = dpar__need_ft(fn, a, "a", t)) ||
         (s = dpar__need_ft(fn, b, "b", t)) || (s = dpar__bcast_check(fn, dy, a, "a")) ||
@@ -8300,7 +8295,7 @@ DPAR_API dpar_status dpar_binary_backward(dpar_buffer *da, dpar_buffer *db, cons
     for (int k = 0; k < 2; k++) {
         if (!outs[k]) continue;
         const char *nm = k ? "db" : "da";
-        if ((s = dpar__op_check(fn, outs[k], &dy, 1)) || (s = dpar__need_ft(fn, outs[k], nm, t)) ||
+        if ((s = dpar__op_check(fn, outs[k], nm, &dy, dpar__opn_dy, 1)) || (s = dpar__need_ft(fn, outs[k], nm, t)) ||
             (s = dpar__same_shape(fn, outs[k], nm, ins[k], k ? "b" : "a")))
             return s;
         if (outs[k] == dy || outs[k] == a || outs[k] == b || outs[k] == outs[1 - k])
@@ -8325,7 +8320,8 @@ DPAR_API dpar_status dpar_where(dpar_buffer *y, const dpar_buffer *cond, const d
     const char *fn = "dpar_where";
     dpar__clear_error();
     const dpar_buffer *ops[3] = { cond, a ? a : cond, b ? b : cond };
-    dpar_status s = dpar__op_check(fn, y, ops, 3);
+    static const char *const opn[3] = { "cond", "a", "b" };
+    dpar_status s = dpar__op_check(fn, y, "y", ops, opn, 3);
     dpar_dtype t = s ? DPAR_F32 : dpar__fdt(y); /* y, a, b: f32, or f64 throughout (>>f64 api) */
     if (s || (s = dpar__need_ft(fn, y, "y", t)) || (s = dpar__bcast_check(fn, y, cond, "cond")) ||
         (a && ((s = dpar__need_ft(fn, a, "a", t)) || (s = dpar__bcast_check(fn, y, a, "a")))) ||
@@ -8416,7 +8412,7 @@ DPAR_API dpar_status dpar_reduce(dpar_buffer *y, const dpar_buffer *x, dpar_redu
     dpar__clear_error();
     unsigned mask;
     dpar__geo g;
-    dpar_status s = dpar__op_check(fn, y, &x, 1);
+    dpar_status s = dpar__op_check(fn, y, "y", &x, dpar__opn_x, 1);
     const char *xn = "x";
     if (s || (s = dpar__same_float64(fn, &x, &xn, 1))) return s;
     if ((int)kind < 0 || kind >= DPAR_REDUCE_KIND_COUNT)
@@ -8460,7 +8456,7 @@ static dpar_status dpar__strided_fits(dpar_buffer *dst, const dpar_buffer *src) 
     return dpar__op_fits(&op);
 }
 static dpar_status dpar__shape_op_check(const char *fn, const dpar_buffer *y, const dpar_buffer *x, int same_rank) {
-    dpar_status s = dpar__op_check(fn, y, &x, 1);
+    dpar_status s = dpar__op_check(fn, y, "y", &x, dpar__opn_x, 1);
     if (s) return s;
     if (y->dtype != x->dtype || (x->dtype != DPAR_F32 && x->dtype != DPAR_I32 && x->dtype != DPAR_F64))
         return dpar__err(DPAR_ERR_DTYPE, "%s: y is %s and x is %s; both must be f32, both f64 or both i32", fn,
@@ -8490,7 +8486,7 @@ DPAR_API dpar_status dpar_reduce_backward(dpar_buffer *dx, const dpar_buffer *dy
         return s;
     if (kind == DPAR_REDUCE_MAX) {
         if (!x) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: MAX needs the forward's input x (it is NULL)", fn);
-        if ((s = dpar__op_check(fn, dx, &x, 1)) || (s = dpar__need_ft(fn, x, "x", dpar__fdt(dx))) ||
+        if ((s = dpar__op_check(fn, dx, "dx", &x, dpar__opn_x, 1)) || (s = dpar__need_ft(fn, x, "x", dpar__fdt(dx))) ||
             (s = dpar__same_shape(fn, x, "x", dx, "dx")))
             return s;
         if (x == dx) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: dx must not alias x", fn);
@@ -8512,7 +8508,7 @@ DPAR_API dpar_status dpar_softmax(dpar_buffer *y, const dpar_buffer *x, bool log
     dpar__clear_error();
     const dpar_buffer *fl[2] = { y, x };
     const char *fln[2] = { "y", "x" };
-    dpar_status s = dpar__op_check(fn, y, &x, 1);
+    dpar_status s = dpar__op_check(fn, y, "y", &x, dpar__opn_x, 1);
     if (s || (s = dpar__same_float64(fn, fl, fln, 2)) || (s = dpar__same_shape(fn, y, "y", x, "x"))) return s;
     if (x->ndim < 1) return dpar__err(DPAR_ERR_SHAPE, "%s: x is a scalar; it needs a last axis", fn);
     if (y->count == 0) return DPAR_OK;
@@ -8529,7 +8525,7 @@ DPAR_API dpar_status dpar_softmax_backward(dpar_buffer *dx, const dpar_buffer *d
     dpar__clear_error();
     const dpar_buffer *ops[2] = { dy, y }, *fl[3] = { dx, dy, y };
     const char *fln[3] = { "dx", "dy", "y" };
-    dpar_status s = dpar__op_check(fn, dx, ops, 2);
+    dpar_status s = dpar__op_check(fn, dx, "dx", ops, fln + 1, 2);
     if (s || (s = dpar__same_float64(fn, fl, fln, 3)) || (s = dpar__same_shape(fn, dx, "dx", dy, "dy")) ||
         (s = dpar__same_shape(fn, y, "y", dy, "dy")))
         return s;
@@ -8710,9 +8706,11 @@ static dpar_status dpar__win_dim(const char *fn, const char *dim, int64_t in, in
     *lo = plo;
     return DPAR_OK;
 }
-/* Geometry over x [n,h,w,c] for a kh x kw window; s, dl (may be NULL) 0 = 1; mode resolved. */
-static dpar_status dpar__win2d_make(const char *fn, const int64_t xs[4], int64_t kh, int64_t kw, const int s[2],
-                                    const int dl[2], dpar_padding mode, const int pad[2][2], dpar__win2d *g) {
+/* Geometry over the input side xs [n,h,w,c] (named xn: x, dx) for a kh x kw window; s, dl (may be NULL) 0 = 1;
+   mode resolved. */
+static dpar_status dpar__win2d_make(const char *fn, const int64_t xs[4], const char *xn, int64_t kh, int64_t kw,
+                                    const int s[2], const int dl[2], dpar_padding mode, const int pad[2][2],
+                                    dpar__win2d *g) {
     if ((int)mode < (int)DPAR_PADDING_DEFAULT || (int)mode > (int)DPAR_PADDING_EXPLICIT)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: padding = %d is not a dpar_padding value", fn, (int)mode);
     for (int i = 0; i < 2; i++) {
@@ -8728,7 +8726,7 @@ static dpar_status dpar__win2d_make(const char *fn, const int64_t xs[4], int64_t
     }
     for (int i = 0; i < 4; i++)
         if (xs[i] < 0 || xs[i] > DPAR__MAX_DIM)
-            return dpar__err(DPAR_ERR_SHAPE, "%s: dimension %d of x is %lld; sizes are 0..2^40", fn, i,
+            return dpar__err(DPAR_ERR_SHAPE, "%s: dimension %d of %s is %lld; sizes are 0..2^40", fn, i, xn,
                              (long long)xs[i]);
     if (kh < 1 || kw < 1 || kh > DPAR__MAX_DIM || kw > DPAR__MAX_DIM)
         return dpar__err(DPAR_ERR_SHAPE, "%s: the window is %lld x %lld; each side must be in 1..2^40", fn,
@@ -8741,24 +8739,25 @@ static dpar_status dpar__win2d_make(const char *fn, const int64_t xs[4], int64_t
     dpar_status st = dpar__win_dim(fn, "height", g->h, kh, g->sh, g->dh, mode, pad[0], &g->oh, &g->pt);
     return st ? st : dpar__win_dim(fn, "width", g->w, kw, g->sw, g->dw, mode, pad[1], &g->ow, &g->pl);
 }
-static dpar_status dpar__conv2d_win(const char *fn, const int64_t xs[4], const int64_t ws[4], const dpar_conv2d_desc *d,
-                                    dpar__win2d *g) {
+static dpar_status dpar__conv2d_win(const char *fn, const int64_t xs[4], const char *xn, const int64_t ws[4],
+                                    const dpar_conv2d_desc *d, dpar__win2d *g) {
     dpar_conv2d_desc z;
     if (!d) memset(&z, 0, sizeof z), d = &z;
     if (ws[2] != xs[3]) {
         char a[96], b[96];
         return dpar__err(DPAR_ERR_SHAPE,
-                         "%s: x %s has %lld channels but the kernel %s takes %lld; kernels are HWIO [KH, KW, C, O]", fn,
-                         dpar__shape_str(a, sizeof a, 4, xs), (long long)xs[3], dpar__shape_str(b, sizeof b, 4, ws),
-                         (long long)ws[2]);
+                         "%s: %s %s has %lld channels but the kernel %s takes %lld; kernels are HWIO [KH, KW, C, O]",
+                         fn, xn, dpar__shape_str(a, sizeof a, 4, xs), (long long)xs[3],
+                         dpar__shape_str(b, sizeof b, 4, ws), (long long)ws[2]);
     }
     if (ws[3] < 0) return dpar__err(DPAR_ERR_SHAPE, "%s: the kernel has %lld outputs", fn, (long long)ws[3]);
     dpar_padding mode = d->padding == DPAR_PADDING_DEFAULT ? DPAR_PADDING_SAME : d->padding;
-    dpar_status s = dpar__win2d_make(fn, xs, ws[0], ws[1], d->stride, d->dilation, mode, d->pad, g);
+    dpar_status s = dpar__win2d_make(fn, xs, xn, ws[0], ws[1], d->stride, d->dilation, mode, d->pad, g);
     g->o = ws[3];
     return s;
 }
-static dpar_status dpar__pool2d_win(const char *fn, const int64_t xs[4], const dpar_pool2d_desc *d, dpar__win2d *g) {
+static dpar_status dpar__pool2d_win(const char *fn, const int64_t xs[4], const char *xn, const dpar_pool2d_desc *d,
+                                    dpar__win2d *g) {
     dpar_pool2d_desc z;
     if (!d) memset(&z, 0, sizeof z), d = &z;
     if (d->window[0] < 0 || d->window[1] < 0)
@@ -8768,7 +8767,7 @@ static dpar_status dpar__pool2d_win(const char *fn, const int64_t xs[4], const d
     int s[2] = { d->stride[0] ? d->stride[0] : k[0], d->stride[1] ? d->stride[1] : k[1] };
     if (d->stride[0] < 0 || d->stride[1] < 0) s[0] = d->stride[0], s[1] = d->stride[1]; /* reported below */
     dpar_padding mode = d->padding == DPAR_PADDING_DEFAULT ? DPAR_PADDING_VALID : d->padding;
-    dpar_status st = dpar__win2d_make(fn, xs, k[0], k[1], s, NULL, mode, d->pad, g);
+    dpar_status st = dpar__win2d_make(fn, xs, xn, k[0], k[1], s, NULL, mode, d->pad, g);
     g->flags = d->count_exclude_pad ? DPAR__WIN_EXCLUDE_PAD : 0;
     return st;
 }
@@ -8779,7 +8778,7 @@ DPAR_API dpar_status dpar_conv2d_output_shape(const int64_t x_shape[4], const in
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
                          "dpar_conv2d_output_shape: x_shape, w_shape and y_shape are needed");
     dpar__win2d g;
-    dpar_status s = dpar__conv2d_win("dpar_conv2d_output_shape", x_shape, w_shape, d, &g);
+    dpar_status s = dpar__conv2d_win("dpar_conv2d_output_shape", x_shape, "x_shape", w_shape, d, &g);
     if (s) return s;
     y_shape[0] = g.n, y_shape[1] = g.oh, y_shape[2] = g.ow, y_shape[3] = g.o;
     return DPAR_OK;
@@ -8789,7 +8788,7 @@ DPAR_API dpar_status dpar_pool2d_output_shape(const int64_t x_shape[4], const dp
     if (!x_shape || !y_shape)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_pool2d_output_shape: x_shape and y_shape are needed");
     dpar__win2d g;
-    dpar_status s = dpar__pool2d_win("dpar_pool2d_output_shape", x_shape, d, &g);
+    dpar_status s = dpar__pool2d_win("dpar_pool2d_output_shape", x_shape, "x_shape", d, &g);
     if (s) return s;
     y_shape[0] = g.n, y_shape[1] = g.oh, y_shape[2] = g.ow, y_shape[3] = g.c;
     return DPAR_OK;
@@ -8844,10 +8843,10 @@ DPAR_API dpar_status dpar_conv2d(dpar_buffer *y, const dpar_buffer *x, const dpa
     const dpar_buffer *ops[3] = { x, w, b ? b : x }, *fl[4] = { y, x, w, b };
     const char *fln[4] = { "y", "x", "w", "bias" };
     dpar__win2d g;
-    dpar_status s = dpar__op_check(fn, y, ops, 3);
+    dpar_status s = dpar__op_check(fn, y, "y", ops, fln + 1, 3);
     if (s || (s = dpar__same_float64(fn, fl, fln, 4)) || (s = dpar__need_4d(fn, x, "x", "NHWC")) ||
         (s = dpar__need_4d(fn, w, "w", "HWIO")) || (s = dpar__need_4d(fn, y, "y", "NHWC")) ||
-        (s = dpar__conv2d_win(fn, x->shape, w->shape, d, &g)) ||
+        (s = dpar__conv2d_win(fn, x->shape, "x", w->shape, d, &g)) ||
         (s = dpar__win2d_check_out(fn, "dpar_conv2d_output_shape", y, "y", &g, y, ops, 3)))
         return s;
     if (b && (s = dpar__conv2d_bias(fn, b, "bias", &g))) return s;
@@ -8860,10 +8859,10 @@ DPAR_API dpar_status dpar_conv2d_backward_input(dpar_buffer *dx, const dpar_buff
     const dpar_buffer *ops[2] = { dy, w }, *fl[3] = { dx, dy, w };
     const char *fln[3] = { "dx", "dy", "w" };
     dpar__win2d g;
-    dpar_status s = dpar__op_check(fn, dx, ops, 2);
+    dpar_status s = dpar__op_check(fn, dx, "dx", ops, fln + 1, 2);
     if (s || (s = dpar__same_float64(fn, fl, fln, 3)) || (s = dpar__need_4d(fn, dx, "dx", "NHWC")) ||
         (s = dpar__need_4d(fn, w, "w", "HWIO")) || (s = dpar__need_4d(fn, dy, "dy", "NHWC")) ||
-        (s = dpar__conv2d_win(fn, dx->shape, w->shape, d, &g)) ||
+        (s = dpar__conv2d_win(fn, dx->shape, "dx", w->shape, d, &g)) ||
         (s = dpar__win2d_check_out(fn, "dpar_conv2d_output_shape", dy, "dy", &g, dx, ops, 2)))
         return s;
     return dpar__conv2d_run(DPAR__OP_CONV2D_BWD_INPUT, &g, dx, dy, w, NULL);
@@ -8875,14 +8874,15 @@ DPAR_API dpar_status dpar_conv2d_backward_kernel(dpar_buffer *dw, dpar_buffer *d
     const dpar_buffer *ops[2] = { x, dy }, *fl[4] = { dw, x, dy, db };
     const char *fln[4] = { "dw", "x", "dy", "db" };
     dpar__win2d g;
-    dpar_status s = dpar__op_check(fn, dw, ops, 2);
+    dpar_status s = dpar__op_check(fn, dw, "dw", ops, fln + 1, 2);
     if (s || (s = dpar__same_float64(fn, fl, fln, 4)) || (s = dpar__need_4d(fn, dw, "dw", "HWIO")) ||
         (s = dpar__need_4d(fn, x, "x", "NHWC")) || (s = dpar__need_4d(fn, dy, "dy", "NHWC")) ||
-        (s = dpar__conv2d_win(fn, x->shape, dw->shape, d, &g)) ||
+        (s = dpar__conv2d_win(fn, x->shape, "x", dw->shape, d, &g)) ||
         (s = dpar__win2d_check_out(fn, "dpar_conv2d_output_shape", dy, "dy", &g, dw, ops, 2)))
         return s;
     const dpar_buffer *dbc = db;
-    if (db && ((s = dpar__op_check(fn, dw, &dbc, 1)) || (s = dpar__conv2d_bias(fn, db, "db", &g)))) return s;
+    if (db && ((s = dpar__op_check(fn, dw, "dw", &dbc, fln + 3, 1)) || (s = dpar__conv2d_bias(fn, db, "db", &g))))
+        return s;
     if (db && (db == dw || (const dpar_buffer *)db == x || (const dpar_buffer *)db == dy))
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: db must not alias dw, x or dy", fn);
     if ((s = dpar__conv2d_run(DPAR__OP_CONV2D_BWD_KERNEL, &g, dw, dy, x, NULL)) || !db) return s;
@@ -8897,11 +8897,11 @@ static dpar_status dpar__pool2d_op(const char *fn, dpar__op_kind k, dpar_buffer 
     const dpar_buffer *ops[2] = { src0, src1 ? src1 : src0 }, *fl[3] = { dst, src0, src1 };
     const char *fln[3] = { dst == in ? inn : outn, dst == in ? outn : inn, "x" };
     dpar__win2d g;
-    dpar_status s = dpar__op_check(fn, dst, ops, 2);
+    dpar_status s = dpar__op_check(fn, dst, fln[0], ops, fln + 1, 2);
     if (s || (s = dpar__same_float64(fn, fl, fln, 3)) || (s = dpar__need_4d(fn, in, inn, "NHWC")) ||
         (s = dpar__need_4d(fn, out, outn, "NHWC")) ||
         (src1 && ((s = dpar__need_4d(fn, src1, "x", "NHWC")) || (s = dpar__same_shape(fn, src1, "x", in, inn)))) ||
-        (s = dpar__pool2d_win(fn, in->shape, d, &g)) ||
+        (s = dpar__pool2d_win(fn, in->shape, inn, d, &g)) ||
         (s = dpar__win2d_check_out(fn, "dpar_pool2d_output_shape", out, outn, &g, dst, ops, 2)))
         return s;
     return dpar__conv2d_run(k, &g, dst, src0, src1, NULL);
@@ -8958,7 +8958,8 @@ static dpar_status dpar__sgd_check_bufs(const char *fn, const dpar_sgd_desc *d, 
                                         const dpar_buffer *grad, const dpar_buffer *mom) {
     dpar_status s;
     const dpar_buffer *ops[2] = { grad, mom ? mom : grad };
-    if ((s = dpar__op_check(fn, param, ops, 2))) return s;
+    static const char *const opn[2] = { "grad", "momentum" };
+    if ((s = dpar__op_check(fn, param, "param", ops, opn, 2))) return s;
     dpar_dtype t = dpar__fdt(param); /* f32, or f64 throughout (>>f64 api) */
     if ((s = dpar__need_ft(fn, param, "param", t)) || (s = dpar__need_ft(fn, grad, "grad", t)) ||
         (s = dpar__same_count(fn, param, "param", grad, "grad")))
@@ -9187,7 +9188,8 @@ static dpar_status dpar__norm_fwd(const char *fn, int rms, dpar_buffer *y, dpar_
     const dpar_buffer *ops[4] = { x, w ? w : x, b ? b : x, stats ? stats : x };
     const dpar_buffer *fl[4] = { y, x, w, b };
     const char *names[4] = { "y", "x", "w", "b" };
-    dpar_status s = dpar__op_check(fn, y, ops, 4);
+    static const char *const opn[4] = { "x", "w", "b", "stats" };
+    dpar_status s = dpar__op_check(fn, y, "y", ops, opn, 4);
     if (s || (s = dpar__same_float64(fn, fl, names, 4)) ||
         (stats && (s = dpar__need_ft(fn, stats, "stats", dpar__fdt(x)))) || (s = dpar__same_shape(fn, y, "y", x, "x")))
         return s;
@@ -9222,7 +9224,8 @@ static dpar_status dpar__norm_bwd(const char *fn, int rms, dpar_buffer *dx, dpar
     const dpar_buffer *ops[6] = { dy, x, stats, w ? w : x, dw ? dw : x, db ? db : x };
     const dpar_buffer *fl[6] = { dx, dw, db, dy, x, w };
     const char *names[6] = { "dx", "dw", "db", "dy", "x", "w" };
-    dpar_status s = dpar__op_check(fn, first, ops, 6);
+    static const char *const opn[6] = { "dy", "x", "stats", "w", "dw", "db" };
+    dpar_status s = dpar__op_check(fn, first, dx ? "dx" : dw ? "dw" : "db", ops, opn, 6);
     if (s || (s = dpar__same_float64(fn, fl, names, 6)) || (s = dpar__need_ft(fn, stats, "stats", dpar__fdt(x))) ||
         (dx && (s = dpar__same_shape(fn, dx, "dx", x, "x"))) || (s = dpar__same_shape(fn, dy, "dy", x, "x")))
         return s;
@@ -9279,7 +9282,7 @@ DPAR_API dpar_status dpar_matmul_batched(dpar_buffer *C, const dpar_buffer *A, c
     const dpar_buffer *ops[2] = { A, B };
     const char *names[3] = { "C", "A", "B" };
     const dpar_buffer *f32[3] = { C, A, B };
-    dpar_status s = dpar__op_check(fn, C, ops, 2);
+    dpar_status s = dpar__op_check(fn, C, "C", ops, names + 1, 2);
     dpar_dtype t = s ? DPAR_F32 : dpar__fdt(C); /* f32, or f64 throughout (>>f64 api) */
     for (int i = 0; i < 3 && !s; i++) s = dpar__need_ft(fn, f32[i], names[i], t);
     if (s) return s;
@@ -9362,7 +9365,8 @@ DPAR_API dpar_status dpar_attention(dpar_buffer *out, dpar_buffer *stats, const 
     const dpar_buffer *ops[4] = { q, k, v, stats ? stats : q };
     const dpar_buffer *fl[4] = { out, q, k, v };
     const char *names[4] = { "out", "q", "k", "v" };
-    dpar_status s = dpar__op_check(fn, out, ops, 4);
+    static const char *const opn[4] = { "q", "k", "v", "stats" };
+    dpar_status s = dpar__op_check(fn, out, "out", ops, opn, 4);
     if (s || (s = dpar__same_float64(fn, fl, names, 4)) ||
         (stats && (s = dpar__need_ft(fn, stats, "stats", dpar__fdt(out))))) /* stats f64 with an f64 out */
         return s;
@@ -9387,7 +9391,8 @@ DPAR_API dpar_status dpar_attention_backward(dpar_buffer *dq, dpar_buffer *dk, d
     const dpar_buffer *ops[7] = { dout, q, k, v, dq ? dq : stats, dk ? dk : stats, dv ? dv : stats };
     const dpar_buffer *fl[7] = { dq, dk, dv, dout, q, k, v };
     const char *names[7] = { "dq", "dk", "dv", "dout", "q", "k", "v" };
-    dpar_status s = dpar__op_check(fn, stats, ops, 7);
+    static const char *const opn[7] = { "dout", "q", "k", "v", "dq", "dk", "dv" };
+    dpar_status s = dpar__op_check(fn, stats, "stats", ops, opn, 7);
     if (s || (s = dpar__same_float64(fn, fl, names, 7)) ||
         (s = dpar__need_ft(fn, stats, "stats",
                            dpar__fdt(dq   ? dq
@@ -9497,7 +9502,8 @@ static dpar_status dpar__adamw_check_bufs(const char *fn, const dpar_buffer *par
                                           const dpar_buffer *m, const dpar_buffer *v) {
     dpar_status s;
     const dpar_buffer *ops[3] = { grad, m, v };
-    if ((s = dpar__op_check(fn, param, ops, 3))) return s;
+    static const char *const opn[3] = { "grad", "m", "v" };
+    if ((s = dpar__op_check(fn, param, "param", ops, opn, 3))) return s;
     dpar_dtype t = dpar__fdt(param); /* f32, or f64 throughout (>>f64 api) */
     if ((s = dpar__need_ft(fn, param, "param", t)) || (s = dpar__need_ft(fn, grad, "grad", t)) ||
         (s = dpar__need_ft(fn, m, "m", t)) || (s = dpar__need_ft(fn, v, "v", t)) ||
@@ -9706,7 +9712,8 @@ static dpar_status dpar__embed_check(int fn_id, dpar_buffer *dst, const dpar_buf
                                      int bwd) {
     const char *fn = dpar__idx_fn[fn_id];
     const dpar_buffer *ops[2] = { src, idx };
-    dpar_status s = dpar__op_check(fn, dst, ops, 2);
+    static const char *const opn[2][2] = { { "table", "idx" }, { "dout", "idx" } };
+    dpar_status s = dpar__op_check(fn, dst, bwd ? "dtable" : "out", ops, opn[bwd != 0], 2);
     dpar_dtype t = s ? DPAR_F32 : dpar__fdt(dst); /* f32, or f64 throughout (>>f64 api) */
     if (s || (s = dpar__need_ft(fn, dst, bwd ? "dtable" : "out", t)) ||
         (s = dpar__need_ft(fn, src, bwd ? "dout" : "table", t)))
@@ -9786,7 +9793,7 @@ DPAR_API dpar_status dpar_dropout(dpar_buffer *y, const dpar_buffer *x, float ra
                                   uint32_t stream) {
     dpar__clear_error();
     const char *fn = "dpar_dropout";
-    dpar_status s = dpar__op_check(fn, y, &x, 1);
+    dpar_status s = dpar__op_check(fn, y, "y", &x, dpar__opn_x, 1);
     dpar_dtype t = s ? DPAR_F32 : dpar__fdt(y); /* f32, or f64 throughout (>>f64 api) */
     if (s || (s = dpar__need_ft(fn, y, "y", t)) || (s = dpar__need_ft(fn, x, "x", t)) ||
         (s = dpar__same_count(fn, y, "y", x, "x")))

@@ -180,6 +180,42 @@ static void test_two_runtimes_message(void **st) {
     T_OK(dpar_runtime_destroy(r2));
 }
 
+/* Every op names a bad operand by its parameter's name: was "operand 1 is NULL"
+   for the operands without a name, and the input gradient of a conv was "x". */
+static void test_operand_names(void **st) {
+    (void)st;
+    dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 2);
+    int64_t m22[2] = { 2, 2 }, x4[4] = { 1, 4, 4, 2 }, w4[4] = { 3, 3, 3, 2 };
+    dpar_buffer *a, *b, *c, *other, *dx, *dy, *w;
+    T_OK(dpar_buffer_create(rt, 0, DPAR_F32, 2, m22, &a));
+    T_OK(dpar_buffer_create(rt, 0, DPAR_F32, 2, m22, &b));
+    T_OK(dpar_buffer_create(rt, 0, DPAR_F32, 2, m22, &c));
+    T_OK(dpar_buffer_create(rt, 1, DPAR_F32, 2, m22, &other));
+    T_OK(dpar_buffer_create(rt, 0, DPAR_F32, 4, x4, &dx));
+    T_OK(dpar_buffer_create(rt, 0, DPAR_F32, 4, x4, &dy));
+    T_OK(dpar_buffer_create(rt, 0, DPAR_F32, 4, w4, &w)); /* takes 3 channels; dx has 2 */
+    T_ERR(dpar_matmul(c, a, NULL, false, false, 1.0f, 0.0f), DPAR_ERR_INVALID_ARGUMENT, "dpar_matmul: B is NULL");
+    T_ERR(dpar_matmul(NULL, a, b, false, false, 1.0f, 0.0f), DPAR_ERR_INVALID_ARGUMENT, "dpar_matmul: C is NULL");
+    T_ERR(dpar_relu_backward(c, a, NULL), DPAR_ERR_INVALID_ARGUMENT, "dpar_relu_backward: x is NULL");
+    T_ERR(dpar_relu_backward(c, NULL, a), DPAR_ERR_INVALID_ARGUMENT, "dpar_relu_backward: dy is NULL");
+    T_ERR(dpar_softmax_xent(c, NULL, a, NULL), DPAR_ERR_INVALID_ARGUMENT, "labels is NULL");
+    T_ERR(dpar_mse(c, NULL, a, NULL), DPAR_ERR_INVALID_ARGUMENT, "dpar_mse: target is NULL");
+    T_ERR(dpar_where(c, NULL, a, b, 0.0f, 0.0f), DPAR_ERR_INVALID_ARGUMENT, "dpar_where: cond is NULL");
+    T_ERR(dpar_fill(NULL, 1.0f), DPAR_ERR_INVALID_ARGUMENT, "dpar_fill: x is NULL");
+    T_ERR(dpar_copy(c, NULL), DPAR_ERR_INVALID_ARGUMENT, "dpar_copy: src is NULL");
+    T_ERR(dpar_conv2d_backward_input(dx, NULL, w, NULL), DPAR_ERR_INVALID_ARGUMENT,
+          "dpar_conv2d_backward_input: dy is NULL");
+    /* the geometry's input side is dx here */
+    T_ERR(dpar_conv2d_backward_input(dx, dy, w, NULL), DPAR_ERR_SHAPE, "dpar_conv2d_backward_input: dx [1, 4, 4, 2]",
+          "2 channels");
+    /* across devices: both operands named, with their devices */
+    T_ERR(dpar_binary(c, a, other, DPAR_BINARY_ADD), DPAR_ERR_INVALID_ARGUMENT,
+          "dpar_binary: b is on device 1 but y on device 0");
+    dpar_buffer *all[] = { a, b, c, other, dx, dy, w };
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) T_OK(dpar_buffer_destroy(all[i]));
+    T_OK(dpar_runtime_destroy(rt));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mesh_ndim_inferred),
@@ -189,6 +225,7 @@ int main(void) {
         cmocka_unit_test(test_threads_take_the_creators_fenv),
         cmocka_unit_test(test_set_last_error_wraps_itself),
         cmocka_unit_test(test_two_runtimes_message),
+        cmocka_unit_test(test_operand_names),
     };
     return cmocka_run_group_tests_name("api", tests, NULL, NULL);
 }

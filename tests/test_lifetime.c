@@ -256,9 +256,9 @@ static dpar_status use_after_destroy(dpar_ctx *ctx, void *user) {
     if (!s) s = dpar_copy(u, t);
     if (!s) s = dpar_buffer_destroy(t);
     if (s) return s;
-    if (dpar_fill(t, 2.0f) != DPAR_ERR_STATE || !strstr(dpar_last_error(), "dpar_fill: the output buffer is a stale"))
+    if (dpar_fill(t, 2.0f) != DPAR_ERR_STATE || !strstr(dpar_last_error(), "dpar_fill: x is a stale"))
         return dpar_set_last_error(DPAR_ERR_BACKEND, "fill of a freed buffer: %s", dpar_last_error());
-    if (dpar_copy(u, t) != DPAR_ERR_STATE || !strstr(dpar_last_error(), "dpar_copy: the source is a stale buffer"))
+    if (dpar_copy(u, t) != DPAR_ERR_STATE || !strstr(dpar_last_error(), "dpar_copy: src is a stale buffer"))
         return dpar_set_last_error(DPAR_ERR_BACKEND, "copy from a freed buffer: %s", dpar_last_error());
     if (dpar_psum(ctx, u, t, "data") != DPAR_ERR_STATE || !strstr(dpar_last_error(), "dpar_psum: in is a stale"))
         return dpar_set_last_error(DPAR_ERR_BACKEND, "psum of a freed buffer: %s", dpar_last_error());
@@ -282,15 +282,15 @@ static void test_stale_arguments(void **state) {
     T_OK(dpar_buffer_destroy(b));
     float h[4] = { 0 };
     /* ops from the host thread, the stale buffer in each position */
-    STALE(dpar_fill(b, 1.0f), "dpar_fill", "the output buffer");
-    STALE(dpar_copy(b, live), "dpar_copy", "the output buffer");
-    STALE(dpar_copy(live, b), "dpar_copy", "the source");
-    STALE(dpar_cast(live, b), "dpar_cast", "the source");
+    STALE(dpar_fill(b, 1.0f), "dpar_fill", "x is");
+    STALE(dpar_copy(b, live), "dpar_copy", "dst is");
+    STALE(dpar_copy(live, b), "dpar_copy", "src is");
+    STALE(dpar_cast(live, b), "dpar_cast", "src is");
     STALE(dpar_axpy(live, 2.0f, b), "dpar_axpy", "x");
     STALE(dpar_binary(live, live, b, DPAR_BINARY_ADD), "dpar_binary", "b");
     STALE(dpar_sum(live, b), "dpar_sum", "x");
     STALE(dpar_relu(live, b), "dpar_relu", "x");
-    STALE(dpar_relu_backward(live, live, b), "dpar_relu_backward", "operand 1"); /* unnamed: the position */
+    STALE(dpar_relu_backward(live, live, b), "dpar_relu_backward", "x is"); /* was "operand 1" */
     /* buffer I/O and getters */
     STALE(dpar_buffer_write(b, 0, h, 4), "dpar_buffer_write", "the buffer");
     STALE(dpar_buffer_read(b, 0, h, 4), "dpar_buffer_read", "the buffer");
@@ -343,7 +343,7 @@ static void test_stale_arguments(void **state) {
     dpar_device_info info;
     STALE(dpar_runtime_device_info(rt, 0, &info), "dpar_runtime_device_info", "the runtime");
     STALE(dpar_runtime_device_sync(rt, 0), "dpar_runtime_device_sync", "the runtime");
-    STALE(dpar_fill(live, 1.0f), "dpar_fill", "the output buffer"); /* freed with its runtime */
+    STALE(dpar_fill(live, 1.0f), "dpar_fill", "x is"); /* freed with its runtime */
 }
 
 /* ---- a stale handle whose address a new object of its kind could take ---- */
