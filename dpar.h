@@ -7542,8 +7542,8 @@ static dpar_status dpar__op_check(const char *name, const dpar_buffer *first, co
                              "one runtime, on one device",
                              name, names[i], firstn);
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
-                         "%s: %s is on device %d but %s on device %d; every operand of an op must be on one device",
-                         name, names[i], b->gdev, firstn, first->gdev);
+                         "%s: %s and %s are on devices %d and %d; every operand of an op must be on one device", name,
+                         firstn, names[i], first->gdev, b->gdev);
     }
     return DPAR_OK;
 }

@@ -210,7 +210,7 @@ static void test_operand_names(void **st) {
           "2 channels");
     /* across devices: both operands named, with their devices */
     T_ERR(dpar_binary(c, a, other, DPAR_BINARY_ADD), DPAR_ERR_INVALID_ARGUMENT,
-          "dpar_binary: b is on device 1 but y on device 0");
+          "dpar_binary: y and b are on devices 0 and 1");
     dpar_buffer *all[] = { a, b, c, other, dx, dy, w };
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) T_OK(dpar_buffer_destroy(all[i]));
     T_OK(dpar_runtime_destroy(rt));
