@@ -1597,6 +1597,8 @@ DPAR_API void dpar_runtime_stats_reset(dpar_runtime *rt);
      error: the first error is kept (dpar_graph_status), its text names the
      node, the shapes and the rule broken, and every later call that takes the
      graph returns that status. So a model is built without a check per line.
+     After dpar_graph_compile nothing is kept: a refused call (a builder on
+     the compiled graph) returns its own error and the graph runs on.
    - Every value knows the mesh axes it varies over (JAX's varying manual
      axes): feeds and params over the axes of their spec, an op's result over
      the union of its inputs', psum/pmean/all_gather/pbroadcast over A make a
@@ -10515,9 +10517,10 @@ static dpar_value dpar__gv(int id) {
     v.id = id;
     return v;
 }
-/* Keeps the thread's error as the graph's first error (a later one does not replace it); returns s. */
+/* Keeps the thread's error as the graph's first error (a later one does not replace it); returns s. A compiled
+   graph keeps none: a call refused after dpar_graph_compile changed nothing, so the graph runs on. */
 static dpar_status dpar__g_keep(dpar_graph *g, dpar_status s) {
-    if (g && !g->err) {
+    if (g && !g->err && !g->compiled) {
         g->err = s;
         memcpy(g->errtext, dpar__err_text, DPAR__ERR_LEN);
     }
@@ -10554,11 +10557,12 @@ static dpar_status dpar__g_status(const dpar_graph *g) {
     if (g->err) memcpy(dpar__err_text, g->errtext, DPAR__ERR_LEN);
     return g->err;
 }
-/* The status of a failed dpar__g_args (whose error text stays): NULL, stale, or the graph's first error. */
+/* The status of a failed dpar__g_args (whose error text stays): NULL, stale, the graph's first error, or a
+   builder call on a compiled graph. */
 static dpar_status dpar__g_args_status(const dpar_graph *g) {
     if (!g) return DPAR_ERR_INVALID_ARGUMENT;
     if (!dpar__live_has(g)) return DPAR_ERR_STATE;
-    return dpar__g_status(g);
+    return g->err ? dpar__g_status(g) : DPAR_ERR_STATE;
 }
 /* Whether a builder may go on: g valid, no earlier error, every value of g. */
 static bool dpar__g_args(dpar_graph *g, const char *fn, int n, const dpar_value *v) {
@@ -10569,7 +10573,10 @@ static bool dpar__g_args(dpar_graph *g, const char *fn, int n, const dpar_value 
     if (dpar__live_check(g, DPAR__LIVE_GRAPH, fn)) return false; /* stale: destroyed, or freed with its mesh */
     if (g->err) return false;
     if (g->compiled) {
-        dpar__g_fail(g, DPAR_ERR_STATE, "%s: the graph is compiled; add nodes before dpar_graph_compile", fn);
+        dpar__err(DPAR_ERR_STATE,
+                  "%s: the graph is compiled (nothing was changed; it still runs); add nodes before "
+                  "dpar_graph_compile",
+                  fn);
         return false;
     }
     for (int i = 0; i < n; i++)

@@ -965,6 +965,40 @@ static void test_bad_names(void **st) {
     T_OK(dpar_runtime_destroy(rt));
 }
 
+/* A call refused after compile changes nothing: it was kept as the graph's first error, so every later run
+   failed with the refused call's text (a builder, dpar_graph_keep, dpar_graph_sgd, a bad node name). */
+static void test_refused_after_compile(void **st) {
+    (void)st;
+    dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 2);
+    dpar_mesh *m = t_mesh1(rt, 2, "data");
+    float w0[12] = { 1, -2, 3, 0.5f, -1, 2, 0, 1, -0.5f, 2, 1, -1 }, xs[12] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12 };
+    dpar_array *w = arr(m, DPAR_F32, 2, 3, 4, NULL, NULL);
+    T_OK(dpar_array_put(w, w0));
+    dpar_graph *g;
+    T_OK(dpar_graph_create(m, &g));
+    dpar_value x = dpar_g_feed(g, "x", &(dpar_array_desc){ DPAR_F32, 2, { 4, 3 }, { "data" } });
+    dpar_value pw = dpar_g_param(g, "w", w), h = dpar_g_matmul(g, x, pw, false, false), gr;
+    T_OK(dpar_graph_value_and_grad(g, dpar_g_sum_squares(g, h), &pw, 1, &gr));
+    T_OK(dpar_graph_compile(g, NULL));
+    float first = 0, again = 0;
+    dpar_graph_feed f = { x, xs, NULL };
+    T_OK(dpar_graph_run(g, &f, 1, &first));
+    assert_int_equal(dpar_g_relu(g, h).id, 0);
+    assert_non_null(strstr(dpar_last_error(), "dpar_g_relu: the graph is compiled"));
+    T_ERR(dpar_graph_keep(g, h), DPAR_ERR_STATE, "dpar_graph_keep: the graph is compiled");
+    T_ERR(dpar_graph_sgd(g, &(dpar_sgd_desc){ .learning_rate = 0.1f }, &pw, &gr, 1), DPAR_ERR_STATE,
+          "dpar_graph_sgd: the graph is compiled");
+    T_ERR(dpar_graph_remat_begin(g), DPAR_ERR_STATE, "dpar_graph_remat_begin: the graph is compiled");
+    (void)dpar_g_name(g, h, "two\nlines");
+    T_OK(dpar_graph_status(g));
+    T_OK(dpar_graph_run(g, &f, 1, &again));
+    assert_true(first == again && first > 0); /* no optimizer: the same loss */
+    T_OK(dpar_graph_destroy(g));
+    T_OK(dpar_array_destroy(w));
+    T_OK(dpar_mesh_destroy(m));
+    T_OK(dpar_runtime_destroy(rt));
+}
+
 /* ---- bad input: clear errors, never a crash ---- */
 static void test_bad_input(void **st) {
     (void)st;
@@ -1359,6 +1393,7 @@ int main(void) {
         cmocka_unit_test(test_env_read_late),
         cmocka_unit_test(test_shared_kind_names),
         cmocka_unit_test(test_bad_names),
+        cmocka_unit_test(test_refused_after_compile),
         cmocka_unit_test(test_bad_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
