@@ -527,7 +527,11 @@ DPAR_API int64_t dpar_buffer_count(const dpar_buffer *b); /* elements */
 DPAR_API size_t dpar_buffer_nbytes(const dpar_buffer *b);
 DPAR_API int dpar_buffer_device(const dpar_buffer *b);
 /* Gives the buffer a new shape with the same element count (a view change,
-   no data moves). Errors: DPAR_ERR_SHAPE naming both counts. */
+   no data moves). An array's shard (dpar_ctx_arg, dpar_array_shard) takes a
+   new shape only inside a pmap/shard_map function, as a view until fn
+   returns: dpar_shard_map then gives it the array's shard shape back.
+   Errors: DPAR_ERR_SHAPE naming both counts; DPAR_ERR_STATE for a shard
+   outside fn (nothing changed). */
 DPAR_API dpar_status dpar_buffer_reshape(dpar_buffer *b, int ndim, const int64_t *shape);
 /* Copies `nbytes` bytes host -> device at byte offset `offset`.
    Errors: DPAR_ERR_INVALID_ARGUMENT when offset+nbytes exceeds the buffer. */
@@ -4015,6 +4019,11 @@ DPAR_API int dpar_buffer_device(const dpar_buffer *b) {
     return dpar__live_got(b, DPAR__LIVE_BUFFER, "dpar_buffer_device") ? b->gdev : -1;
 }
 
+/* A checked shape of b's count (dpar_buffer_reshape's view change, and the library's own on array shards). */
+static void dpar__buffer_set_shape(dpar_buffer *b, int ndim, const int64_t *shape) {
+    b->ndim = ndim;
+    for (int i = 0; i < ndim; i++) b->shape[i] = shape[i];
+}
 DPAR_API dpar_status dpar_buffer_reshape(dpar_buffer *b, int ndim, const int64_t *shape) {
     dpar__clear_error();
     if (!b) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_buffer_reshape: buffer is NULL");
@@ -4029,8 +4038,12 @@ DPAR_API dpar_status dpar_buffer_reshape(dpar_buffer *b, int ndim, const int64_t
                          dpar__shape_str(a, sizeof a, ndim, shape), (long long)c,
                          dpar__shape_str(bb, sizeof bb, b->ndim, b->shape), (long long)b->count);
     }
-    b->ndim = ndim;
-    for (int i = 0; i < ndim; i++) b->shape[i] = shape[i];
+    if (b->owned && !dpar__self_worker)
+        return dpar__err(DPAR_ERR_STATE,
+                         "dpar_buffer_reshape: the buffer is a shard of a dpar_array, whose spec gives its shape; "
+                         "nothing was changed; reshape it inside a pmap/shard_map function (a view until fn "
+                         "returns), or copy it into a buffer of its own");
+    dpar__buffer_set_shape(b, ndim, shape);
     return DPAR_OK;
 }
 
@@ -5711,6 +5724,10 @@ static dpar_status dpar__shard_map(dpar_mesh *m, const dpar_shard_map_desc *desc
             tab[(size_t)p * (size_t)d->num_args + (size_t)i] = d->args[i]->shards[p]; /* NULL if remote */
     dpar_status s = dpar__run(m, d->fn, d->user, d->num_args, d->num_args ? tab : NULL);
     if (tab != small) DPAR_FREE(tab);
+    for (int i = 0; i < d->num_args; i++) /* fn's reshapes of a shard were views for the call */
+        for (int p = 0; p < m->size; p++)
+            if (d->args[i]->shards[p])
+                dpar__buffer_set_shape(d->args[i]->shards[p], d->args[i]->ndim, d->args[i]->local);
     return s;
 }
 
@@ -5816,7 +5833,7 @@ static dpar_status dpar__pmap(dpar_mesh *m, const dpar_pmap_desc *desc) {
         if (!s && in->in_axis == DPAR_MAPPED) /* drop the mapped dimension of size 1 */
             for (int p = 0; p < m->size; p++) {
                 dpar_buffer *b = arrs[i]->shards[p];
-                if (b) s = dpar_buffer_reshape(b, b->ndim - 1, b->shape + 1);
+                if (b) dpar__buffer_set_shape(b, b->ndim - 1, b->shape + 1);
             }
     }
     for (int j = 0; j < d->num_outputs && !s; j++) {
@@ -5832,7 +5849,7 @@ static dpar_status dpar__pmap(dpar_mesh *m, const dpar_pmap_desc *desc) {
         if (!s)
             for (int p = 0; p < m->size; p++) {
                 dpar_buffer *b = arrs[d->num_inputs + j]->shards[p];
-                if (b) s = dpar_buffer_reshape(b, b->ndim - 1, b->shape + 1);
+                if (b) dpar__buffer_set_shape(b, b->ndim - 1, b->shape + 1);
             }
     }
     dpar_buffer **tab = NULL;

@@ -790,6 +790,38 @@ static void test_mpi_env_ranges(void **state) {
     }
 }
 
+/* A shard's reshape inside fn is a view for that call: it stayed, so the next dispatch saw [6] where the
+   spec gives [2, 3], and a reshape from the host broke dpar_array_reshard (the fresh user's shard2.c). */
+static dpar_status flatten_shard(dpar_ctx *ctx, void *user) {
+    (void)user;
+    int64_t six = 6;
+    return dpar_buffer_reshape(dpar_ctx_arg(ctx, 0), 1, &six);
+}
+static dpar_status shard_is_2x3(dpar_ctx *ctx, void *user) {
+    (void)user;
+    const dpar_buffer *b = dpar_ctx_arg(ctx, 0);
+    if (dpar_buffer_ndim(b) != 2 || dpar_buffer_dim(b, 0) != 2 || dpar_buffer_dim(b, 1) != 3)
+        return dpar_set_last_error(DPAR_ERR_SHAPE, "device %d: the shard is %d-d, dim 0 = %lld", dpar_ctx_device(ctx),
+                                   dpar_buffer_ndim(b), (long long)dpar_buffer_dim(b, 0));
+    return DPAR_OK;
+}
+static void test_shard_reshape_is_a_view(void **state) {
+    (void)state;
+    dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 2);
+    dpar_mesh *m = mesh2(rt);
+    dpar_array *a = NULL;
+    T_OK(dpar_array_create(m, &(dpar_array_desc){ DPAR_F32, 2, { 4, 3 }, { "data" } }, &a));
+    T_OK(dpar_shard_map(m, &(dpar_shard_map_desc){ .fn = flatten_shard, .args = { a } }));
+    T_OK(dpar_shard_map(m, &(dpar_shard_map_desc){ .fn = shard_is_2x3, .args = { a } }));
+    int64_t six = 6;
+    T_ERR(dpar_buffer_reshape(dpar_array_shard(a, 0), 1, &six), DPAR_ERR_STATE, "dpar_buffer_reshape",
+          "a shard of a dpar_array", "nothing was changed");
+    T_OK(dpar_shard_map(m, &(dpar_shard_map_desc){ .fn = shard_is_2x3, .args = { a } }));
+    T_OK(dpar_array_destroy(a));
+    T_OK(dpar_mesh_destroy(m));
+    T_OK(dpar_runtime_destroy(rt));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_destroy_during_dispatch),
@@ -804,6 +836,7 @@ int main(void) {
         cmocka_unit_test(test_mpi_env_ranges),
         cmocka_unit_test(test_destroy_keeps_error),
         cmocka_unit_test(test_stale_arguments),
+        cmocka_unit_test(test_shard_reshape_is_a_view),
         cmocka_unit_test(test_address_not_reused),
         cmocka_unit_test(test_caller_thread_memos),
     };
