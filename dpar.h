@@ -915,7 +915,9 @@ DPAR_API dpar_status dpar_relu_backward(dpar_buffer *dx, const dpar_buffer *dy, 
 DPAR_API dpar_status dpar_softmax_xent(dpar_buffer *loss, dpar_buffer *dlogits, const dpar_buffer *logits,
                                        const dpar_buffer *labels);
 /* Mean squared error: loss (1 element) = mean((pred - target)^2); dpred (may be
-   NULL) = 2 (pred - target) / count. pred and target same shape (no broadcast). */
+   NULL) = 2 (pred - target) / count. pred and target same shape (no broadcast).
+   0 elements give loss 0, as the cross-entropies with no counted row (an empty
+   shard adds nothing to a data-parallel sum), not the NaN of a mean reduce. */
 DPAR_API dpar_status dpar_mse(dpar_buffer *loss, dpar_buffer *dpred, const dpar_buffer *pred,
                               const dpar_buffer *target);
 /* y += alpha * x (same count). */
