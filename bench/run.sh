@@ -6,7 +6,8 @@
 # not in a quick run), the CNN against JAX and PyTorch in cnn.md (bench/peers/run_cnn.sh;
 # not in a quick run) and ends with one line "summary: ...".
 #   sh bench/run.sh BUILD_DIR
-#   BENCH_QUICK=1   a quick run (about a minute: fewer sizes, shapes and device counts)
+#   BENCH_QUICK=1   a quick run (about a minute: fewer sizes, shapes and device counts),
+#                   written to bench/results/quick/ (ignored by git)
 #   BENCH_NO_JAX=1  skip the JAX peer, the GPT, conv and CNN peers (and the venv they need)
 #   BENCH_ALTS=N    alternations per ratio (default 5)
 #   DPAR_TRACE=f.json is passed through to the dpar benchmarks.
@@ -17,11 +18,13 @@ set -u
 BUILD=${1:-build}
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
+quick=${BENCH_QUICK:-0}
 out="$here/results"
+# a quick run's figures are a smoke check: they go beside the committed full run's, not over them
+if [ "$quick" = 1 ]; then out="$here/results/quick"; fi
 mkdir -p "$out"
 raw="$out/raw.tmp"
 : > "$raw"
-quick=${BENCH_QUICK:-0}
 ALTS=${BENCH_ALTS:-5}
 broken=0
 log() { echo "bench: $*" >&2; }
