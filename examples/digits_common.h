@@ -140,7 +140,7 @@ static inline int digits_parse(const char *prog, int argc, char **argv, digits_o
     digits_prog = prog;
     /* --hidden at most DIGITS_MAX_HIDDEN: the MLP's weights and activations in host and device memory */
     ex_flag f[13] = { EX_S("--backend", &o->backend, "cpu|vulkan|cuda"),
-                      EX_I("--devices", &o->devices, 1, INT_MAX),
+                      EX_I("--devices", &o->devices, 1, DPAR_MAX_DEVICES),
                       EX_I("--epochs", &o->epochs, 1, INT_MAX),
                       EX_I("--batch", &o->batch, 1, INT_MAX),
                       EX_F("--lr", &o->lr, "a finite number > 0"),

@@ -79,7 +79,7 @@ static dpar_status step_fn(dpar_ctx *ctx, void *user) {
 int main(int argc, char **argv) {
     const char *backend_name = "cpu";
     int ndev = 4;
-    const ex_flag flags[] = { EX_I("--devices", &ndev, 1, INT_MAX),
+    const ex_flag flags[] = { EX_I("--devices", &ndev, 1, DPAR_MAX_DEVICES),
                               EX_S("--backend", &backend_name, "cpu|vulkan|cuda") };
     int rc = ex_parse("dp_regression", argc, argv, flags, 2);
     if (rc) return ex_exit_status(rc);

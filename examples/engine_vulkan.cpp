@@ -289,7 +289,7 @@ struct Options {
 // flags), or a value out of range, named with its limit.
 int parse(int argc, char **argv, Options &o) {
     // --steps at least 2: step 1's loss is taken before its update, so one step cannot show the loss falling
-    const ex_flag f[] = { EX_I("--steps", &o.steps, 2, INT_MAX), EX_I("--devices", &o.devices, 1, INT_MAX),
+    const ex_flag f[] = { EX_I("--steps", &o.steps, 2, INT_MAX), EX_I("--devices", &o.devices, 1, DPAR_MAX_DEVICES),
                           EX_F("--budget-ms", &o.budget_ms, "a finite number > 0"),
                           EX_S("--data", &o.data, "a CSV file, gzip'd or plain") };
     if (int rc = ex_parse("engine_vulkan", argc, argv, f, 4)) return rc;

@@ -95,7 +95,7 @@ static dpar_status update_fn(dpar_ctx *ctx, void *user) {
 int main(int argc, char **argv) {
     const char *backend_name = "cpu";
     int ndev = 4, steps = 5;
-    const ex_flag flags[] = { EX_I("--devices", &ndev, 1, INT_MAX), EX_I("--steps", &steps, 1, INT_MAX),
+    const ex_flag flags[] = { EX_I("--devices", &ndev, 1, DPAR_MAX_DEVICES), EX_I("--steps", &steps, 1, INT_MAX),
                               EX_S("--backend", &backend_name, "cpu|vulkan|cuda") };
     int rc = ex_parse("predict_update", argc, argv, flags, 3);
     if (rc) return ex_exit_status(rc);

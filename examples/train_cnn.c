@@ -61,7 +61,7 @@ static int cnn_parse(int argc, char **argv, cnn_opts *o) {
     const ex_flag f[] = { EX_S("--backend", &o->backend, "cpu|vulkan|cuda"),
                           EX_S("--data", &o->path, "a CSV file of 784 pixels and a label per row, gzip'd or plain"),
                           EX_S("--optimizer", &o->optimizer, "adamw|sgd"),
-                          EX_I("--devices", &o->devices, 1, INT_MAX),
+                          EX_I("--devices", &o->devices, 1, DPAR_MAX_DEVICES),
                           EX_I("--epochs", &o->epochs, 1, INT_MAX),
                           EX_I("--batch", &o->batch, 1, INT_MAX),
                           EX_I("--seed", &o->seed, INT_MIN, INT_MAX),

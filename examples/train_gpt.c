@@ -73,7 +73,7 @@ static int gpt_parse(int argc, char **argv, gpt_opts *o) {
                           EX_S("--prompt", &o->prompt, "text whose characters occur in --data"),
                           EX_I("--dp", &o->dp, 1, INT_MAX),
                           EX_I("--tp", &o->tp, 1, INT_MAX),
-                          EX_FLAG("--devices", EX_INT, &o->devices, 1, INT_MAX, NULL, "--dp x --tp"),
+                          EX_FLAG("--devices", EX_INT, &o->devices, 1, DPAR_MAX_DEVICES, NULL, "--dp x --tp"),
                           EX_I("--steps", &o->steps, 1, INT_MAX),
                           EX_I("--batch", &o->batch, 1, BATCH_MAX),
                           EX_I("--seed", &o->seed, INT_MIN, INT_MAX),

@@ -102,3 +102,6 @@ check train_cnn "--checkpoint --help wrote no file named --help" $ok
 # the run), --lr -1 reaches --lr's own check
 refuse train_digits "unknown flag --no-such-flag" --seed -1 --no-such-flag 1
 refuse train_digits "--lr -1: must be a finite number > 0" --lr -1
+# more devices than a runtime takes (DPAR_MAX_DEVICES) is the flag's own error, not the batch's or the runtime's
+refuse train_digits "--devices 300: must be <= 256" --devices 300 --batch 600
+refuse train_gpt "--devices 257: must be <= 256" --devices 257

@@ -176,7 +176,7 @@ for ex in dp_regression predict_update; do # they parsed with atoi: "--devices 2
     run $ex --devices 2x
     refused "$ex --devices 2x is not an integer" 2 "$ex: --devices 2x: not an integer"
     run $ex --devices 99999999999
-    refused "$ex --devices 99999999999 is out of range" 2 "--devices 99999999999: out of range"
+    refused "$ex --devices 99999999999 is out of range" 2 "--devices 99999999999: must be <= 256"
 done
 for ex in train_digits train_digits_tp; do # was a crash: the weights' malloc went unchecked
     run $ex --hidden 100000000
