@@ -1602,7 +1602,8 @@ DPAR_API void dpar_runtime_stats_reset(dpar_runtime *rt);
    - Builder calls (dpar_g_*) return a value, or the invalid value {0} on
      error: the first error is kept (dpar_graph_status), its text names the
      node, the shapes and the rule broken, and every later call that takes the
-     graph returns that status. So a model is built without a check per line.
+     graph returns that status, its text naming the later call and then the
+     kept error. So a model is built without a check per line.
      After dpar_graph_compile nothing is kept: a refused call (a builder on
      the compiled graph) returns its own error and the graph runs on.
    - Every value knows the mesh axes it varies over (JAX's varying manual
@@ -10581,7 +10582,7 @@ static dpar_status dpar__g_status(const dpar_graph *g) {
 static dpar_status dpar__g_args_status(const dpar_graph *g) {
     if (!g) return DPAR_ERR_INVALID_ARGUMENT;
     if (!dpar__live_has(g)) return DPAR_ERR_STATE;
-    return g->err ? dpar__g_status(g) : DPAR_ERR_STATE;
+    return g->err ? g->err : DPAR_ERR_STATE;
 }
 /* Whether a builder may go on: g valid, no earlier error, every value of g. */
 static bool dpar__g_args(dpar_graph *g, const char *fn, int n, const dpar_value *v) {
@@ -10590,7 +10591,11 @@ static bool dpar__g_args(dpar_graph *g, const char *fn, int n, const dpar_value 
         return false;
     }
     if (dpar__live_check(g, DPAR__LIVE_GRAPH, fn)) return false; /* stale: destroyed, or freed with its mesh */
-    if (g->err) return false;
+    if (g->err) { /* the text says whose error it is: the caller's arguments may be fine */
+        dpar__err(g->err, "%s: nothing was done: the graph kept an earlier call's error (dpar_graph_status): %s", fn,
+                  g->errtext);
+        return false;
+    }
     if (g->compiled) {
         dpar__err(DPAR_ERR_STATE,
                   "%s: the graph is compiled (nothing was changed; it still runs); add nodes before "

@@ -1025,7 +1025,10 @@ static void test_bad_input(void **st) {
     dpar_value bad = dpar_g_matmul(g, x, dpar_g_name(g, pw, "w1"), true, false);
     assert_int_equal(bad.id, 0);
     T_ERR(dpar_graph_status(g), DPAR_ERR_SHAPE, "dpar_g_matmul", "'x'", "'w1'", "[2, 3]^T", "[3, 2]");
-    assert_int_equal(dpar_g_relu(g, x).id, 0);
+    assert_int_equal(dpar_g_relu(g, x).id, 0); /* a later call says the error is an earlier call's */
+    assert_non_null(strstr(dpar_last_error(), "dpar_g_relu: nothing was done: the graph kept an earlier call's error"));
+    assert_non_null(strstr(dpar_last_error(), "dpar_g_matmul"));
+    T_ERR(dpar_graph_keep(g, x), DPAR_ERR_SHAPE, "dpar_graph_keep: nothing was done", "[2, 3]^T");
     T_ERR(dpar_graph_compile(g, NULL), DPAR_ERR_SHAPE, "dpar_g_matmul");
     T_OK(dpar_graph_destroy(g));
 
