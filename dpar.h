@@ -117,7 +117,14 @@
      - a stale handle: a runtime, mesh, array, buffer, graph, dpar_dp or
        dpar_zero1 already destroyed, or freed with its parent, given to a
        destroy, a create on it, a dispatch, an array transfer, a graph call or
-       a helper call.
+       a helper call;
+     - an array destroyed while an object still holds it (a graph's param, or
+       an array the graph hands out: a feed's, an optimizer state's; a
+       dpar_dp gradient; a dpar_zero1 param or state; a checkpoint entry):
+       every later call that would use it (graph run, compile, get, state,
+       save, restore, print; a dp step; a ZeRO-1 step or reload; a checkpoint
+       save or restore) refuses it, naming the entry, before anything is
+       queued or written. Destroying the holder afterwards still works.
    Destroying a parent frees its children, in any order: dpar_mesh_destroy its
    helpers (dpar_dp, dpar_zero1, anything dpar_handle_attach tied to it),
    graphs and arrays; dpar_runtime_destroy its meshes (with theirs) and
@@ -624,7 +631,12 @@ DPAR_API dpar_status dpar_array_create(dpar_mesh *m, const dpar_array_desc *desc
 /* Frees the array and its shards. NULL is a no-op (DPAR_OK). Errors
    (nothing is freed): DPAR_ERR_STATE inside a pmap/shard_map function (the
    dispatch may be using the shards), while a call on its runtime runs on
-   another thread, or for a stale array (destroyed, or freed with its mesh). */
+   another thread, or for a stale array (destroyed, or freed with its mesh).
+   An object that still holds the array (a graph's param, a dpar_dp gradient,
+   a dpar_zero1 param) refuses its later calls with DPAR_ERR_STATE naming it
+   (THREADS AND LIFETIMES): destroy the holder first. Never destroy an array
+   that a graph or helper owns and hands out (dpar_graph_feed_array,
+   dpar_graph_state, dpar_zero1_master): its owner's destroy frees it. */
 DPAR_API dpar_status dpar_array_destroy(dpar_array *a);
 /* device_put: scatters (split dims) / replicates a host array in row-major
    order of the global shape, `host` holding prod(shape) elements of dtype.
@@ -1672,8 +1684,13 @@ DPAR_API dpar_status dpar_graph_value_shape(const dpar_graph *g, dpar_value v, d
    this device's shard. Errors (recorded): those of dpar_array_create. */
 DPAR_API dpar_value dpar_g_feed(dpar_graph *g, const char *name, const dpar_array_desc *desc);
 /* A parameter: the array `a` of the graph's mesh, read (and updated by the
-   optimizer nodes) in place; the value is this device's shard.
-   Errors (recorded): DPAR_ERR_INVALID_ARGUMENT (NULL, array of another mesh). */
+   optimizer nodes) in place; the value is this device's shard. The graph
+   holds `a` (it does not own it): keep it alive as long as the graph, or
+   destroy the graph first. A graph whose param was destroyed refuses every
+   call that reads it (run, compile, get, state, save, restore, print) with
+   DPAR_ERR_STATE naming the param; dpar_graph_destroy still works.
+   Errors (recorded): DPAR_ERR_INVALID_ARGUMENT (NULL, array of another mesh),
+   DPAR_ERR_STATE (a stale array). */
 DPAR_API dpar_value dpar_g_param(dpar_graph *g, const char *name, dpar_array *a);
 /* A constant filled with `value` (any dtype, as dpar_fill), invariant over the mesh. */
 DPAR_API dpar_value dpar_g_const(dpar_graph *g, dpar_dtype dtype, int ndim, const int64_t *shape, float value);
@@ -1888,7 +1905,8 @@ DPAR_API dpar_status dpar_graph_state_count(dpar_graph *g, int *count);
    an entry with dpar_checkpoint_entry.padded = true).
    Errors: DPAR_ERR_INVALID_ARGUMENT (NULL, i out of range, a param without a
    name or two params of one name: the text names the nodes), DPAR_ERR_STATE
-   (not compiled; the mesh was destroyed). */
+   (not compiled; the mesh was destroyed; an array of the state, a param's or
+   one the graph owns, was destroyed: the text names it). */
 DPAR_API dpar_status dpar_graph_state(const dpar_graph *g, int i, const char **name, dpar_array **array, bool *padded);
 /* The graph's step counter: the runs done (AdamW's bias correction uses
    step + 1 on the next run, dropout masks use step), less the steps that
@@ -1989,7 +2007,7 @@ DPAR_API dpar_status dpar_graph_run(dpar_graph *g, const dpar_graph_feed *feeds,
 /* The graph's own array behind feed v (the global shape and spec given to
    dpar_g_feed): fill it in place (dpar_array_put_rows when each process loads
    only its rows) and pass it as that feed's array, which costs no copy. Owned
-   by the graph. NULL (last error set: DPAR_ERR_INVALID_ARGUMENT) when v is not
+   by the graph (never destroy it). NULL (last error set: DPAR_ERR_INVALID_ARGUMENT) when v is not
    a feed of g. */
 DPAR_API dpar_array *dpar_graph_feed_array(const dpar_graph *g, dpar_value v);
 /* Stages the next step's feeds (JAX's asynchronous device_put): copies each
@@ -10472,6 +10490,7 @@ struct dpar_graph {
 };
 static bool dpar__g_pipe_inputs(dpar_graph *g, int nin, const int *in); /* >>graph zero1-pipe */
 static bool dpar__g_pipe_feed(dpar_graph *g, int id, const char *name);
+static dpar_status dpar__g_arrays_live(const dpar_graph *g, const char *fn); /* >>graph run */
 
 /* ---- building: validity, errors, nodes ---- */
 /* A node's kind as printed graphs and errors name it: a kind shared by several
@@ -12498,6 +12517,7 @@ DPAR_API dpar_array *dpar_graph_zero1_state(const dpar_graph *g, int i, int j) {
                   j, i);
         return NULL;
     }
+    if (dpar__g_arrays_live(g, "dpar_graph_zero1_state")) return NULL;
     return z->state[j * z->np + i];
 }
 static void dpar__g_z1_destroy(dpar_graph *g, bool alive) {
@@ -13462,6 +13482,7 @@ DPAR_API dpar_status dpar_graph_compile(dpar_graph *g, dpar_graph_stats *stats) 
     if (dpar__live_check(g, DPAR__LIVE_GRAPH, "dpar_graph_compile")) return DPAR_ERR_STATE;
     if (g->err) return dpar__g_status(g);
     if (g->compiled) return dpar__err(DPAR_ERR_STATE, "dpar_graph_compile: the graph is compiled already");
+    if (dpar__g_arrays_live(g, "dpar_graph_compile")) return DPAR_ERR_STATE;
     if (dpar_in_dispatch())
         return dpar__err(DPAR_ERR_STATE, "dpar_graph_compile: called inside a pmap/shard_map function");
     dpar_status s = dpar__env_check("dpar_graph_compile"); /* DPAR_GRAPH_ALIAS, read here */
@@ -13926,6 +13947,49 @@ static bool dpar__g_mesh_alive(const dpar_graph *g) {
         if (m == g->mesh) return true;
     return false;
 }
+/* Suffixes of the optimizer state arrays, [adamw][j] (>>graph state) */
+static const char *const dpar__g_state_suffix[2][2] = { { "@sgd.momentum", "" }, { "@adamw.m", "@adamw.v" } };
+/* Array a of node (or param) id, found destroyed: DPAR_ERR_STATE naming it; what (NULL: the node's array) names
+   an optimizer state of the param. */
+static dpar_status dpar__g_array_dead(const dpar_graph *g, const char *fn, int id, const char *what) {
+    const dpar__gnode *nd = &g->n[id];
+    char l[96];
+    if (nd->kind == DPAR__G_PARAM || nd->kind == DPAR__G_FEED)
+        snprintf(l, sizeof l, "%s%s%s%s (node %d)", nd->kind == DPAR__G_PARAM ? "param" : "feed",
+                 nd->name[0] ? " '" : "", nd->name, nd->name[0] ? "'" : "", id);
+    else
+        dpar__g_label(g, id, l, sizeof l);
+    if (!what && nd->kind == DPAR__G_PARAM)
+        return dpar__err(DPAR_ERR_STATE,
+                         "%s: %s: its array was destroyed (dpar_array_destroy) while the graph holds it; nothing "
+                         "was done; destroy the graph before its params, or keep a param's array alive as long as "
+                         "its graph",
+                         fn, l);
+    return dpar__err(DPAR_ERR_STATE,
+                     "%s: %s%s%s: its array, which the graph owns, was destroyed (dpar_array_destroy); nothing was "
+                     "done; never destroy an array that dpar_graph_feed_array, dpar_graph_state or "
+                     "dpar_graph_zero1_state hands out: dpar_graph_destroy frees it",
+                     fn, what ? what : "", what ? " of " : "", l);
+}
+/* DPAR_OK when every array g holds is live: the params' (the user's), and the ones g made and hands out (feeds,
+   kept gradients, optimizer state); else DPAR_ERR_STATE naming the first destroyed one. A call that reads them
+   checks first, before anything is queued or written: a destroyed array's memory is never touched. One probe
+   of the live set per array. */
+static dpar_status dpar__g_arrays_live(const dpar_graph *g, const char *fn) {
+    for (int i = 1; i < g->count; i++)
+        if (g->n[i].array && !dpar__live_ok(g->n[i].array, DPAR__LIVE_ARRAY)) return dpar__g_array_dead(g, fn, i, NULL);
+    dpar_array *const *state = g->z1 ? g->z1->state : g->opt_state; /* made at compile, else NULL */
+    int n = g->has_opt ? g->opt.n : 0;
+    char what[DPAR_NAME_LEN + 48];
+    for (int j = 0; state && j < 2; j++)
+        for (int k = 0; k < n; k++)
+            if (state[j * n + k] && !dpar__live_ok(state[j * n + k], DPAR__LIVE_ARRAY)) {
+                snprintf(what, sizeof what, "optimizer state '%s%s'", g->n[g->opt.params[k]].name,
+                         dpar__g_state_suffix[g->opt.adamw][j]);
+                return dpar__g_array_dead(g, fn, g->opt.params[k], what);
+            }
+    return DPAR_OK;
+}
 /* Whether array a may feed `want` (the feed's own array, labelled l): live, same mesh, dtype and global shape. */
 static dpar_status dpar__g_feed_check(const dpar_array *a, const dpar_array *want, const char *l, const char *fn) {
     char s1[160], s2[160];
@@ -14062,6 +14126,7 @@ static dpar_status dpar__g_run(dpar_graph *g, const dpar_graph_feed *feeds, int 
         return dpar__err(DPAR_ERR_STATE,
                          "dpar_graph_run: the graph's mesh was destroyed; destroy a graph before its mesh");
     dpar_status busy = dpar__busy(g->mesh->rt, NULL, "dpar_graph_run");
+    if (!busy) busy = dpar__g_arrays_live(g, "dpar_graph_run"); /* before a staged set is taken, or a feed put */
     if (busy) return busy;
     dpar__g_settle(g); /* steps skipped behind an error that another call read: before this step counts on */
     if (loss && !g->loss_value)
@@ -14106,6 +14171,10 @@ DPAR_API dpar_array *dpar_graph_feed_array(const dpar_graph *g, dpar_value v) {
     if (dpar__live_arg(g, DPAR__LIVE_GRAPH, "dpar_graph_feed_array", "the graph")) return NULL;
     if (!g || v.id <= 0 || v.id >= g->count || g->n[v.id].kind != DPAR__G_FEED) {
         dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_feed_array: not a feed of this graph (dpar_g_feed)");
+        return NULL;
+    }
+    if (!dpar__live_ok(g->n[v.id].array, DPAR__LIVE_ARRAY)) {
+        dpar__g_array_dead(g, "dpar_graph_feed_array", v.id, NULL);
         return NULL;
     }
     return g->n[v.id].array;
@@ -14254,7 +14323,8 @@ static dpar_status dpar__g_put_feeds(dpar_graph *g, const dpar_graph_feed *feeds
         if (g->stage) g->stage->full = false;
         return DPAR_OK;
     }
-    dpar_status s = g->stage ? DPAR_OK : dpar__g_stage_make(g);
+    dpar_status s = dpar__g_arrays_live(g, "dpar_graph_put_feeds");
+    if (!s && !g->stage) s = dpar__g_stage_make(g);
     if (s) return s;
     dpar__gstage *st = g->stage;
     if (st->full)
@@ -14480,6 +14550,7 @@ static dpar_status dpar__g_readable(const dpar_graph *g, const char *fn, dpar_va
     if (v.id <= 0 || v.id >= g->count) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: not a value of this graph", fn);
     if (!g->ran) return dpar__err(DPAR_ERR_STATE, "%s: the graph has not run yet (dpar_graph_run)", fn);
     if (!dpar__g_mesh_alive(g)) return dpar__err(DPAR_ERR_STATE, "%s: the graph's mesh was destroyed", fn);
+    if (dpar__g_arrays_live(g, fn)) return DPAR_ERR_STATE;
     const dpar__gnode *nd = &g->n[v.id];
     if (!nd->keep && nd->kind != DPAR__G_FEED && nd->kind != DPAR__G_PARAM && nd->kind != DPAR__G_CONST)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
@@ -14530,6 +14601,8 @@ static dpar_status dpar__g_close(const char *fn, const char *path, FILE *f) {
 DPAR_API dpar_status dpar_graph_print(const dpar_graph *g, const char *path) {
     dpar__clear_error();
     if (!g) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_print: graph is NULL");
+    if (dpar__live_arg(g, DPAR__LIVE_GRAPH, "dpar_graph_print", "the graph")) return DPAR_ERR_STATE;
+    if (dpar__g_arrays_live(g, "dpar_graph_print")) return DPAR_ERR_STATE; /* it prints the arrays' specs */
     FILE *f = dpar__g_open("dpar_graph_print", path);
     if (!f) return DPAR_ERR_IO;
     fprintf(f, "graph: %d nodes on a %d-device mesh\n", g->count - 1, g->mesh->size);
@@ -14818,6 +14891,7 @@ DPAR_API dpar_status dpar_graph_run_start(dpar_graph *g, const dpar_graph_feed *
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_run_start: num_feeds = %d with feeds %s", num_feeds,
                          feeds ? "given" : "NULL");
     if (dpar__live_check(g, DPAR__LIVE_GRAPH, "dpar_graph_run_start")) return DPAR_ERR_STATE;
+    if (dpar__g_mesh_alive(g) && dpar__g_arrays_live(g, "dpar_graph_run_start")) return DPAR_ERR_STATE;
     struct dpar__disp *d = (struct dpar__disp *)dpar__calloc(1, sizeof *d);
     if (d && num_feeds) {
         d->feeds = (dpar_graph_feed *)DPAR_MALLOC((size_t)num_feeds * sizeof *feeds);
@@ -15105,8 +15179,6 @@ struct dpar__gstate {
     int node;    /* the param node it belongs to */
     bool padded; /* ZeRO-1 state: f32 [Lp] zero-padded (a checkpoint entry's padded) */
 };
-/* Suffixes of the optimizer state arrays, [adamw][j] */
-static const char *const dpar__g_state_suffix[2][2] = { { "@sgd.momentum", "" }, { "@adamw.m", "@adamw.v" } };
 /* Builds g->state at compile: the param nodes in order (an array used by two nodes once), then state j of
    every optimized param, for j = 0, 1. */
 static dpar_status dpar__g_state_list(dpar_graph *g) {
@@ -15144,7 +15216,8 @@ DPAR_API dpar_status dpar_graph_state_count(dpar_graph *g, int *count) {
     if (!dpar__g_mesh_alive(g))
         return dpar__err(DPAR_ERR_STATE, "dpar_graph_state_count: the graph's mesh was destroyed (and its state "
                                          "with it); destroy a graph before its mesh");
-    dpar_status s = g->compiled ? DPAR_OK : dpar_graph_compile(g, NULL);
+    dpar_status s = dpar__g_arrays_live(g, "dpar_graph_state_count");
+    if (!s && !g->compiled) s = dpar_graph_compile(g, NULL);
     if (s) return s;
     *count = g->nstate;
     return DPAR_OK;
@@ -15164,6 +15237,11 @@ DPAR_API dpar_status dpar_graph_state(const dpar_graph *g, int i, const char **n
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_state: entry %d is out of range (the state has %d)", i,
                          g->nstate);
     const struct dpar__gstate *st = &g->state[i];
+    if (!dpar__live_ok(st->array, DPAR__LIVE_ARRAY)) { /* the array handed out: a param's, or the graph's */
+        char what[sizeof st->name + 32];
+        snprintf(what, sizeof what, "optimizer state '%s'", st->name);
+        return dpar__g_array_dead(g, "dpar_graph_state", st->node, st->array == g->n[st->node].array ? NULL : what);
+    }
     if (!g->n[st->node].name[0])
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
                          "dpar_graph_state: param %s has no name; give it one in dpar_g_param (checkpoint entries are "

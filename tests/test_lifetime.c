@@ -762,6 +762,200 @@ static void test_graph_after_mesh(void **state) {
     T_OK(dpar_runtime_destroy(rt));
 }
 
+/* ---- arrays held by a graph, dp, ZeRO-1 or a checkpoint call, destroyed: refused before any work ---- */
+#define DEAD(call, fn, what) T_ERR(call, DPAR_ERR_STATE, fn ": " what, "was destroyed", "nothing was done")
+static void get4(const dpar_array *a, float *h) {
+    T_OK(dpar_array_get(a, h));
+}
+static void same4(const float *a, const float *b) {
+    assert_memory_equal(a, b, 4 * sizeof(float));
+}
+/* A graph: loss sum(x w) + sum(v), x a [2, 4] feed split over "data", w [4] and v [2] params, SGD (AdamW: adamw). */
+static dpar_graph *small_graph(dpar_mesh *m, dpar_array *w, dpar_array *v, bool adamw, dpar_value *x) {
+    dpar_graph *g = NULL;
+    T_OK(dpar_graph_create(m, &g));
+    dpar_array_desc xd = { .dtype = DPAR_F32, .ndim = 2, .shape = { 2, 4 }, .spec = { "data" } };
+    *x = dpar_g_feed(g, "x", &xd);
+    dpar_value p[2] = { dpar_g_param(g, "w", w), dpar_g_param(g, "v", v) }, gr[2];
+    dpar_value y = dpar_g_matmul(g, *x, dpar_g_reshape(g, p[0], 2, (int64_t[]){ 4, 1 }), false, false);
+    dpar_value loss = dpar_g_add(g, dpar_g_sum(g, y), dpar_g_sum(g, p[1]));
+    T_OK(dpar_graph_value_and_grad(g, loss, p, 2, gr));
+    if (adamw)
+        T_OK(dpar_graph_adamw(g, &(dpar_adamw_desc){ .learning_rate = 0.1f }, p, gr, 2));
+    else
+        T_OK(dpar_graph_sgd(g, &(dpar_sgd_desc){ .learning_rate = 0.1f }, p, gr, 2));
+    return g;
+}
+static void test_graph_param_destroyed(void **state) {
+    (void)state;
+    dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 2);
+    dpar_mesh *m = mesh2(rt);
+    char dir[256], path[300];
+    const char *t = getenv("TMPDIR");
+    snprintf(dir, sizeof dir, "%s/dpar_lifetime_XXXXXX", t ? t : "/tmp");
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/g.ck", dir);
+    float xs[8] = { 1, 2, 3, 4, 5, 6, 7, 8 }, l = 0.0f, before[4], after[4], fx[8];
+    dpar_array *w = arr(m, NULL), *v = arr(m, NULL);
+    dpar_value x;
+    dpar_graph *g = small_graph(m, w, v, false, &x);
+    dpar_graph_feed f = { x, xs, NULL };
+    T_OK(dpar_graph_run(g, &f, 1, &l));
+    T_OK(dpar_graph_save(g, path));
+    get4(v, before);
+    T_OK(dpar_array_get(dpar_graph_feed_array(g, x), fx));
+    T_OK(dpar_array_destroy(w));
+    /* every call that reads the params refuses, naming it, and changes nothing (no step, v as it was) */
+    const char *fn[] = { "dpar_graph_run",  "dpar_graph_run_start",   "dpar_graph_put_feeds",
+                         "dpar_graph_get",  "dpar_graph_state_count", "dpar_graph_state",
+                         "dpar_graph_save", "dpar_graph_restore",     "dpar_graph_print" };
+    for (int k = 0; k < (int)(sizeof fn / sizeof fn[0]); k++) {
+        dpar_request *req = NULL;
+        int n = 0;
+        const char *name = NULL;
+        dpar_array *got = NULL;
+        dpar_status s = k == 0   ? dpar_graph_run(g, &f, 1, &l)
+                        : k == 1 ? dpar_graph_run_start(g, &f, 1, &l, &req)
+                        : k == 2 ? dpar_graph_put_feeds(g, &f, 1)
+                        : k == 3 ? dpar_graph_get(g, x, fx)
+                        : k == 4 ? dpar_graph_state_count(g, &n)
+                        : k == 5 ? dpar_graph_state(g, 0, &name, &got, NULL)
+                        : k == 6 ? dpar_graph_save(g, path)
+                        : k == 7 ? dpar_graph_restore(g, path)
+                                 : dpar_graph_print(g, path);
+        T_ERR(s, DPAR_ERR_STATE, fn[k], "param 'w' (node 2): its array was destroyed", "nothing was done",
+              "destroy the graph before its params");
+        assert_null(req);
+        assert_null(got);
+    }
+    assert_int_equal(dpar_graph_step(g), 1);
+    get4(v, after);
+    same4(before, after);
+    T_OK(dpar_graph_destroy(g)); /* after its params: fine, it never touches them */
+    /* before the first compile too */
+    w = arr(m, NULL);
+    g = small_graph(m, w, v, false, &x);
+    T_OK(dpar_array_destroy(w));
+    DEAD(dpar_graph_compile(g, NULL), "dpar_graph_compile", "param 'w' (node 2)");
+    T_OK(dpar_graph_destroy(g));
+    /* arrays the graph owns and hands out: a feed's, an optimizer state's */
+    w = arr(m, NULL);
+    g = small_graph(m, w, v, true, &x);
+    T_OK(dpar_graph_run(g, &f, 1, &l));
+    const char *name = NULL;
+    dpar_array *st = NULL;
+    T_OK(dpar_graph_state(g, 3, &name, &st, NULL));
+    assert_string_equal(name, "v@adamw.m");
+    T_OK(dpar_array_destroy(st));
+    DEAD(dpar_graph_run(g, &f, 1, &l), "dpar_graph_run", "optimizer state 'v@adamw.m' of param 'v' (node 3)");
+    T_OK(dpar_graph_destroy(g));
+    g = small_graph(m, w, v, false, &x);
+    T_OK(dpar_graph_run(g, &f, 1, &l));
+    T_OK(dpar_array_destroy(dpar_graph_feed_array(g, x)));
+    DEAD(dpar_graph_run(g, &f, 1, &l), "dpar_graph_run", "feed 'x' (node 1): its array, which the graph owns");
+    assert_null(dpar_graph_feed_array(g, x));
+    assert_non_null(strstr(dpar_last_error(), "dpar_graph_feed_array: feed 'x' (node 1)"));
+    T_OK(dpar_graph_destroy(g));
+    T_OK(dpar_array_destroy(w));
+    T_OK(dpar_runtime_destroy(rt));
+    assert_int_equal(t_remove_tree(dir), 0);
+}
+typedef struct dp2_job {
+    dpar_dp *dp;
+    dpar_zero1 *z;
+    dpar_array *g; /* zero1: the gradients, [4] per device */
+} dp2_job;
+static dpar_status dp2_step(dpar_ctx *ctx, void *user) {
+    dp2_job *j = (dp2_job *)user;
+    if (j->dp) return dpar_dp_allreduce(j->dp, ctx);
+    dpar_buffer *g[2] = { dpar_ctx_arg(ctx, 0), dpar_ctx_arg(ctx, 1) };
+    return dpar_zero1_step(ctx, j->z, g);
+}
+static void test_dp_zero1_array_destroyed(void **state) {
+    (void)state;
+    dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 2);
+    dpar_mesh *m = mesh2(rt);
+    float before[4], after[4], mb[4], ma[4], ones[4] = { 1, 1, 1, 1 }, ones8[8] = { 1, 1, 1, 1, 1, 1, 1, 1 };
+    /* dp: a gradient destroyed; the other one is not reduced (left as it was) */
+    dpar_array *g0 = arr(m, NULL), *g1 = arr(m, NULL);
+    dp2_job j = { 0 };
+    T_OK(dpar_dp_create(m, &(dpar_dp_desc){ .axes = "data", .blocking = true }, &j.dp));
+    T_OK(dpar_dp_add(j.dp, g0, NULL));
+    T_OK(dpar_dp_add(j.dp, g1, NULL));
+    dpar_shard_map_desc sd = { .fn = dp2_step, .user = &j };
+    T_OK(dpar_shard_map(m, &sd));
+    T_OK(dpar_array_destroy(g0));
+    T_OK(dpar_array_put(g1, ones));
+    get4(g1, before);
+    DEAD(dpar_shard_map(m, &sd), "dpar_dp_begin", "gradient 0 (dpar_dp_add)");
+    get4(g1, after);
+    same4(before, after);
+    assert_int_equal(dpar_dp_bucket_count(j.dp), -1);
+    T_OK(dpar_dp_destroy(j.dp)); /* after its gradient: fine */
+    j.dp = NULL;
+    /* ZeRO-1: a param destroyed; the other param and its master copy unchanged (no update, no collective) */
+    dpar_array *p0 = arr(m, NULL), *p1 = arr(m, NULL), *gr[2];
+    dpar_array_desc gd = { .dtype = DPAR_F32, .ndim = 1, .shape = { 8 }, .spec = { "data" } };
+    T_OK(dpar_array_create(m, &gd, &gr[0]));
+    T_OK(dpar_array_create(m, &gd, &gr[1]));
+    T_OK(dpar_array_put(gr[0], ones8));
+    T_OK(dpar_array_put(gr[1], ones8));
+    dpar_zero1_desc zd = { .sgd = { .learning_rate = 0.1f }, .num_params = 2, .params = { p0, p1 } };
+    T_OK(dpar_zero1_create(&zd, &j.z));
+    sd.args[0] = gr[0];
+    sd.args[1] = gr[1];
+    T_OK(dpar_shard_map(m, &sd));
+    T_OK(dpar_array_destroy(p0));
+    get4(p1, before);
+    get4(dpar_zero1_master(j.z, 1), mb);
+    DEAD(dpar_shard_map(m, &sd), "dpar_zero1_step", "params[0]");
+    DEAD(dpar_zero1_reload(j.z), "dpar_zero1_reload", "params[0]");
+    get4(p1, after);
+    same4(before, after);
+    get4(dpar_zero1_master(j.z, 1), ma);
+    same4(mb, ma);
+    T_OK(dpar_zero1_destroy(j.z)); /* after its param: fine */
+    /* ZeRO-1: an array it owns and hands out (the master copy) destroyed */
+    p0 = arr(m, NULL);
+    zd.params[0] = p0;
+    T_OK(dpar_zero1_create(&zd, &j.z));
+    T_OK(dpar_array_destroy(dpar_zero1_master(j.z, 1)));
+    DEAD(dpar_shard_map(m, &sd), "dpar_zero1_step", "the master copy of params[1], which the ZeRO-1 state owns");
+    T_OK(dpar_zero1_destroy(j.z));
+    T_OK(dpar_runtime_destroy(rt));
+}
+static void test_checkpoint_array_destroyed(void **state) {
+    (void)state;
+    dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 2);
+    dpar_mesh *m = mesh2(rt);
+    char dir[256], path[300];
+    const char *t = getenv("TMPDIR");
+    snprintf(dir, sizeof dir, "%s/dpar_lifetime_XXXXXX", t ? t : "/tmp");
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/c.ck", dir);
+    dpar_array *a = arr(m, "data"), *b = arr(m, NULL);
+    float h[4] = { 1, 2, 3, 4 }, before[4], after[4];
+    T_OK(dpar_array_put(b, h));
+    dpar_checkpoint_entry e[2] = { { "b", b, false }, { "a", a, false } };
+    T_OK(dpar_checkpoint_save(path, e, 2, 7));
+    T_OK(dpar_array_put(b, (float[]){ 5, 6, 7, 8 }));
+    get4(b, before);
+    T_OK(dpar_array_destroy(a));
+    T_ERR(dpar_checkpoint_restore(path, e, 2, NULL), DPAR_ERR_STATE,
+          "dpar_checkpoint_restore: entry 1 ('a'): its array was destroyed", "nothing was read or written");
+    get4(b, after);
+    same4(before, after); /* b not restored either */
+    T_ERR(dpar_checkpoint_save(path, e, 2, 8), DPAR_ERR_STATE, "dpar_checkpoint_save: entry 1 ('a')", "was destroyed");
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    unsigned char hdr[32];
+    assert_int_equal(fread(hdr, 1, sizeof hdr, f), sizeof hdr);
+    fclose(f);
+    assert_int_equal(hdr[24], 7); /* the file is still the first save's (step 7) */
+    T_OK(dpar_runtime_destroy(rt));
+    assert_int_equal(t_remove_tree(dir), 0);
+}
+
 /* ---- the MPI environment variables are range-checked like the others ---- */
 static void env_case(const char *name, const char *value, int ok) {
     setenv(name, value, 1);
@@ -833,6 +1027,9 @@ int main(void) {
         cmocka_unit_test(test_handle_api),
         cmocka_unit_test(test_forgotten_dp_finish),
         cmocka_unit_test(test_graph_after_mesh),
+        cmocka_unit_test(test_graph_param_destroyed),
+        cmocka_unit_test(test_dp_zero1_array_destroyed),
+        cmocka_unit_test(test_checkpoint_array_destroyed),
         cmocka_unit_test(test_mpi_env_ranges),
         cmocka_unit_test(test_destroy_keeps_error),
         cmocka_unit_test(test_stale_arguments),

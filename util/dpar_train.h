@@ -86,8 +86,10 @@ DPAR_API dpar_status dpar_dp_destroy(dpar_dp *dp);
 /* Registers a gradient: an f32 array of dp's mesh, replicated over the axes.
    *id (may be NULL) gets its parameter id: 0, 1, 2, ... in registration
    order. Outside fn, before the first dpar_dp_begin / dpar_dp_allreduce.
-   Errors: DPAR_ERR_INVALID_ARGUMENT (other mesh, split over dp's axes),
-   DPAR_ERR_DTYPE (not f32), DPAR_ERR_STATE (buckets already formed). */
+   dp holds the array: keep it alive as long as dp (a step with a destroyed
+   gradient fails in dpar_dp_begin with DPAR_ERR_STATE naming it, before any
+   exchange). Errors: DPAR_ERR_INVALID_ARGUMENT (other mesh, split over dp's
+   axes), DPAR_ERR_DTYPE (not f32), DPAR_ERR_STATE (buckets already formed). */
 DPAR_API dpar_status dpar_dp_add(dpar_dp *dp, dpar_array *grad, int *id);
 /* Number of buckets (forms them if not yet done); -1 for NULL. */
 DPAR_API int dpar_dp_bucket_count(dpar_dp *dp);
@@ -148,7 +150,10 @@ typedef struct dpar_zero1_desc {
    different meshes, a split param), DPAR_ERR_DTYPE (not f32),
    DPAR_ERR_UNKNOWN_AXIS, the SGD desc checks, DPAR_ERR_OUT_OF_MEMORY. The
    state is attached to the params' mesh (dpar_handle_attach): destroying the
-   mesh or its runtime frees it when it is left alive. */
+   mesh or its runtime frees it when it is left alive. The state holds the
+   params: keep them alive as long as it (dpar_zero1_step and _reload refuse
+   a destroyed param, or a destroyed master or momentum array, with
+   DPAR_ERR_STATE naming it, before any collective or update). */
 DPAR_API dpar_status dpar_zero1_create(const dpar_zero1_desc *desc, dpar_zero1 **out);
 /* Frees the state (arrays included). NULL is a no-op (DPAR_OK). Errors
    (nothing is freed): DPAR_ERR_STATE for a stale z (destroyed, or freed with
@@ -201,6 +206,7 @@ typedef struct dpar_checkpoint_entry {
    Concurrent saves to one path (threads or processes) each succeed, and the
    file is whole: the last rename wins. Outside fn.
    Errors: DPAR_ERR_INVALID_ARGUMENT (NULL, bad or duplicate name),
+   DPAR_ERR_STATE (an entry's array was destroyed: nothing is written),
    DPAR_ERR_IO (naming the path and the system error; the temporary is
    removed), DPAR_ERR_OUT_OF_MEMORY. */
 DPAR_API dpar_status dpar_checkpoint_save(const char *path, const dpar_checkpoint_entry *entries, int n, uint64_t step);
@@ -221,7 +227,8 @@ DPAR_API dpar_status dpar_checkpoint_save(const char *path, const dpar_checkpoin
    data size the file cannot hold, element count x dtype size overflowing,
    unknown flags, two entries of one name; the text names the path and what
    is wrong);
-   DPAR_ERR_INVALID_ARGUMENT (an asked name not in the file), DPAR_ERR_DTYPE,
+   DPAR_ERR_INVALID_ARGUMENT (an asked name not in the file), DPAR_ERR_STATE
+   (an entry's array was destroyed, checked first), DPAR_ERR_DTYPE,
    DPAR_ERR_SHAPE (stored and wanted shapes, both named), DPAR_ERR_OUT_OF_MEMORY. */
 DPAR_API dpar_status dpar_checkpoint_restore(const char *path, const dpar_checkpoint_entry *entries, int n,
                                              uint64_t *step);
@@ -330,6 +337,11 @@ static void *dpar_train__calloc(size_t n, size_t sz) {
     void *p = DPAR_MALLOC(total ? total : 1);
     if (p) memset(p, 0, total ? total : 1);
     return p;
+}
+/* Whether array a (not NULL) was destroyed: the getters refuse a stale array, dpar_array_ndim with -1. The helpers
+   check the arrays they hold before a call uses them, so a destroyed one is refused before anything is done. */
+static int dpar_train__dead(const dpar_array *a) {
+    return a && dpar_array_ndim(a) < 0;
 }
 static int64_t dpar_train__count(const dpar_array *a) { /* global elements */
     int64_t c = 1;
@@ -558,6 +570,17 @@ static dpar_status dpar_dp__assign(dpar_dp *dp) {
     if (!dp->buf || !dp->req || !dp->left || !dp->ready || !dp->next || !dp->active) return DPAR_ERR_OUT_OF_MEMORY;
     return DPAR_OK;
 }
+/* DPAR_OK when every registered gradient is live, else DPAR_ERR_STATE naming the first destroyed one. */
+static dpar_status dpar_dp__grads_live(const dpar_dp *dp, const char *where) {
+    for (int p = 0; p < dp->np; p++)
+        if (dpar_train__dead(dp->grads[p]))
+            return dpar_set_last_error(DPAR_ERR_STATE,
+                                       "%s: gradient %d (dpar_dp_add): its array was destroyed while the helper "
+                                       "holds it; nothing was done; destroy the helper (dpar_dp_destroy) before its "
+                                       "gradients, or keep them alive as long as the helper",
+                                       where, p);
+    return DPAR_OK;
+}
 /* Forms the buckets at the first use, once for every device. */
 static dpar_status dpar_dp__form(dpar_dp *dp) {
     if (DPAR__ATOMIC_LOAD(&dp->formed)) return DPAR_OK;
@@ -572,7 +595,9 @@ static dpar_status dpar_dp__form(dpar_dp *dp) {
     return DPAR_OK;
 }
 DPAR_API int dpar_dp_bucket_count(dpar_dp *dp) {
-    if (!dp || dpar_handle_check(dp, "dpar_dp_bucket_count") || dpar_dp__form(dp)) return -1;
+    if (!dp || dpar_handle_check(dp, "dpar_dp_bucket_count") || dpar_dp__grads_live(dp, "dpar_dp_bucket_count") ||
+        dpar_dp__form(dp))
+        return -1;
     return dp->nb;
 }
 
@@ -656,7 +681,9 @@ static dpar_status dpar_dp__launch(dpar_dp *dp, dpar_ctx *ctx, int b) {
     if (dp->blocking || dpar_buffer_nbytes(*bb) < ((size_t)256 << 10)) return dpar_preduce(ctx, *bb, *bb, dp->axes, op);
     return dpar_preduce_start(ctx, *bb, *bb, dp->axes, op, &dp->req[(size_t)pos * (size_t)nb + (size_t)b]);
 }
-static dpar_status dpar_dp__check(dpar_dp *dp, dpar_ctx *ctx, const char *where) {
+/* The checks of a step's calls; grads: also that the gradients are live (dpar_dp_begin: a step's first call, and
+   no destroy runs during the dispatch). */
+static dpar_status dpar_dp__check(dpar_dp *dp, dpar_ctx *ctx, const char *where, int grads) {
     if (!dp || !ctx)
         return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT,
                                    "%s: helper or ctx is NULL (call it inside the pmap/shard_map function)", where);
@@ -666,6 +693,7 @@ static dpar_status dpar_dp__check(dpar_dp *dp, dpar_ctx *ctx, const char *where)
         return dpar_set_last_error(DPAR_ERR_STATE, "%s: the ctx is not the current one of this thread", where);
     if (dpar_ctx_mesh(ctx) != dp->mesh)
         return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "%s: the helper was made for another mesh", where);
+    if (grads && (s = dpar_dp__grads_live(dp, where))) return s;
     return dpar_dp__form(dp);
 }
 /* Tag of ctx's dispatch: a step is open in that dispatch only. */
@@ -691,7 +719,7 @@ static dpar_status dpar_dp__at_exit(dpar_ctx *ctx, void *obj, dpar_status fn_sta
 }
 DPAR_API dpar_status dpar_dp_begin(dpar_dp *dp, dpar_ctx *ctx) {
     dpar_train__clear_error();
-    dpar_status s = dpar_dp__check(dp, ctx, "dpar_dp_begin");
+    dpar_status s = dpar_dp__check(dp, ctx, "dpar_dp_begin", 1);
     if (s) return s;
     int pos = dpar_ctx_position(ctx), job = dpar_dp__job(ctx);
     if (dp->active[pos] == job)
@@ -722,7 +750,7 @@ static dpar_status dpar_dp__advance(dpar_dp *dp, dpar_ctx *ctx) {
 }
 DPAR_API dpar_status dpar_dp_grad_ready(dpar_dp *dp, dpar_ctx *ctx, int id) {
     dpar_train__clear_error();
-    dpar_status s = dpar_dp__check(dp, ctx, "dpar_dp_grad_ready");
+    dpar_status s = dpar_dp__check(dp, ctx, "dpar_dp_grad_ready", 0);
     if (s) return s;
     int pos = dpar_ctx_position(ctx);
     if (dp->active[pos] != dpar_dp__job(ctx))
@@ -771,7 +799,7 @@ static dpar_status dpar_dp__complete(dpar_dp *dp, dpar_ctx *ctx, int b, dpar_sta
 }
 DPAR_API dpar_status dpar_dp_finish(dpar_dp *dp, dpar_ctx *ctx) {
     dpar_train__clear_error();
-    dpar_status s = dpar_dp__check(dp, ctx, "dpar_dp_finish");
+    dpar_status s = dpar_dp__check(dp, ctx, "dpar_dp_finish", 0);
     if (s) return s;
     int pos = dpar_ctx_position(ctx), nb = dp->nb;
     if (dp->active[pos] != dpar_dp__job(ctx))
@@ -841,6 +869,30 @@ static void dpar_zero1__free(void *self) {
     DPAR_FREE(z);
 }
 
+/* DPAR_OK when the params and z's own arrays are live, else DPAR_ERR_STATE naming the first destroyed one. */
+static dpar_status dpar_zero1__live(const dpar_zero1 *z, const char *where) {
+    for (int i = 0; i < z->np; i++) {
+        if (dpar_train__dead(z->params[i]))
+            return dpar_set_last_error(DPAR_ERR_STATE,
+                                       "%s: params[%d]: its array was destroyed while the ZeRO-1 state holds it; "
+                                       "nothing was done; destroy the state (dpar_zero1_destroy) before its params, "
+                                       "or keep them alive as long as the state",
+                                       where, i);
+        const dpar_array *own[4] = { z->master[i], z->mom[i], z->gshard[i], z->pad[i] };
+        for (int k = 0; k < 4; k++)
+            if (dpar_train__dead(own[k]))
+                return dpar_set_last_error(DPAR_ERR_STATE,
+                                           "%s: the %s of params[%d], which the ZeRO-1 state owns, was destroyed; "
+                                           "nothing was done; never destroy what dpar_zero1_master / "
+                                           "dpar_zero1_momentum hand out: dpar_zero1_destroy frees it",
+                                           where,
+                                           k == 0   ? "master copy"
+                                           : k == 1 ? "momentum"
+                                                    : "staging array",
+                                           i);
+    }
+    return DPAR_OK;
+}
 DPAR_API dpar_status dpar_zero1_reload(dpar_zero1 *z) {
     dpar_train__clear_error();
     if (!z) return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_zero1_reload: z is NULL");
@@ -849,7 +901,7 @@ DPAR_API dpar_status dpar_zero1_reload(dpar_zero1 *z) {
     if (dpar_in_dispatch())
         return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT,
                                    "dpar_zero1_reload: called from inside a pmap/shard_map function");
-    dpar_status s = DPAR_OK;
+    dpar_status s = dpar_zero1__live(z, "dpar_zero1_reload");
     for (int i = 0; i < z->np && !s; i++) {
         float *h = (float *)dpar_train__calloc((size_t)z->padded[i], sizeof(float));
         if (!h) return dpar_set_last_error(DPAR_ERR_OUT_OF_MEMORY, "dpar_zero1_reload: out of host memory");
@@ -1003,7 +1055,7 @@ DPAR_API dpar_status dpar_zero1_step(dpar_ctx *ctx, dpar_zero1 *z, dpar_buffer *
         return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT,
                                    "dpar_zero1_step: called in a dispatch over another mesh than the parameters'");
     int dev = dpar_ctx_device(ctx);
-    dpar_status s = DPAR_OK;
+    dpar_status s = dpar_zero1__live(z, "dpar_zero1_step"); /* on every device alike: before any collective */
     dpar_buffer *gs[DPAR_MAX_ARGS];
     for (int i = 0; i < z->np && !s; i++) { /* 1. reduce-scatter, mean */
         gs[i] = dpar_array_shard(z->gshard[i], dev);
@@ -1118,6 +1170,11 @@ static dpar_status dpar_ckpt__check_entries(const char *fn, const dpar_checkpoin
                                        (int)DPAR_CKPT__NAME_MAX);
         if (!e[i].array)
             return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "%s: entry %d ('%s') has no array", fn, i, e[i].name);
+        if (dpar_train__dead(e[i].array))
+            return dpar_set_last_error(DPAR_ERR_STATE,
+                                       "%s: entry %d ('%s'): its array was destroyed (a stale handle); nothing was "
+                                       "read or written; give each entry a live array",
+                                       fn, i, e[i].name);
         if (e[i].padded && dpar_array_ndim(e[i].array) != 1)
             return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT,
                                        "%s: entry '%s' is marked padded but is %d-d; padded entries are 1-d", fn,
@@ -1167,7 +1224,7 @@ DPAR_API dpar_status dpar_checkpoint_save(const char *path, const dpar_checkpoin
     if (dpar_in_dispatch())
         return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT,
                                    "dpar_checkpoint_save: called from inside a pmap/shard_map function");
-    dpar_status s = dpar_ckpt__check_entries("checkpoint_save", e, n);
+    dpar_status s = dpar_ckpt__check_entries("dpar_checkpoint_save", e, n);
     if (s) return s;
     uint64_t total = DPAR_CKPT__HEADER + 4;
     size_t maxnb = 1;
@@ -1717,7 +1774,7 @@ DPAR_API dpar_status dpar_checkpoint_restore(const char *path, const dpar_checkp
     if (dpar_in_dispatch())
         return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT,
                                    "dpar_checkpoint_restore: called from inside a pmap/shard_map function");
-    dpar_status s = dpar_ckpt__check_entries("checkpoint_restore", e, n);
+    dpar_status s = dpar_ckpt__check_entries("dpar_checkpoint_restore", e, n);
     if (s) return s;
     dpar_ckpt__in in;
     memset(&in, 0, sizeof in);
