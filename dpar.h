@@ -3484,6 +3484,7 @@ static int dpar__live_has(const void *p);
 static dpar_status dpar__live_buffer_detach(const dpar_buffer *b);
 static dpar_status dpar__live_arg(const void *p, int kind, const char *fn, const char *arg);
 static int dpar__live_buf_ok(const dpar_buffer *b);
+static int dpar__live_first_dead(const void *const *p, int n, int kind);
 static int dpar__live_got(const void *p, int kind, const char *fn);
 static void *dpar__handle_alloc(size_t size);
 static void dpar__handle_free(void *p);
@@ -4531,6 +4532,20 @@ static int dpar__live_ok(const void *p, int kind) {
     }
     dpar__mutex_unlock(&dpar__live_mu);
     return ok;
+}
+/* The first of the handles p[0..n) that is not NULL and not a live handle of
+   that kind, or -1: dpar__live_ok for many under one lock (an object's held
+   arrays, checked at every step). */
+static int dpar__live_first_dead(const void *const *p, int n, int kind) {
+    int dead = -1;
+    if (dpar__releasing) return -1;
+    dpar__mutex_lock(&dpar__live_mu);
+    for (int i = 0; i < n && dead < 0; i++) {
+        const dpar__live_entry *e = p[i] ? dpar__live_find(p[i]) : NULL;
+        if (p[i] && (!e || e->kind != kind)) dead = i;
+    }
+    dpar__mutex_unlock(&dpar__live_mu);
+    return dead;
 }
 /* DPAR_OK when p is NULL (the caller's own check names it) or a live handle
    of that kind, else DPAR_ERR_STATE "fn: arg is a stale <kind> ...". */
@@ -13973,22 +13988,34 @@ static dpar_status dpar__g_array_dead(const dpar_graph *g, const char *fn, int i
 }
 /* DPAR_OK when every array g holds is live: the params' (the user's), and the ones g made and hands out (feeds,
    kept gradients, optimizer state); else DPAR_ERR_STATE naming the first destroyed one. A call that reads them
-   checks first, before anything is queued or written: a destroyed array's memory is never touched. One probe
-   of the live set per array. */
+   checks first, before anything is queued or written: a destroyed array's memory is never touched. A run checks
+   each step: one lock of the live set per 64 arrays. */
 static dpar_status dpar__g_arrays_live(const dpar_graph *g, const char *fn) {
-    for (int i = 1; i < g->count; i++)
-        if (g->n[i].array && !dpar__live_ok(g->n[i].array, DPAR__LIVE_ARRAY)) return dpar__g_array_dead(g, fn, i, NULL);
+    enum { CHUNK = 64 };
+    const void *a[CHUNK];
+    int at[CHUNK]; /* node i's array: i; optimizer state j of param k: -(1 + j * n + k) */
     dpar_array *const *state = g->z1 ? g->z1->state : g->opt_state; /* made at compile, else NULL */
-    int n = g->has_opt ? g->opt.n : 0;
+    int n = g->has_opt ? g->opt.n : 0, nst = state ? 2 * n : 0, m = 0, dead = -1;
+    for (int i = 1; i <= g->count + nst && dead < 0; i++) {
+        if (i < g->count && g->n[i].array) {
+            a[m] = g->n[i].array;
+            at[m++] = i;
+        } else if (i > g->count && state[i - g->count - 1]) {
+            a[m] = state[i - g->count - 1];
+            at[m++] = g->count - i;
+        }
+        if (m == CHUNK || (m && i == g->count + nst)) {
+            dead = dpar__live_first_dead(a, m, DPAR__LIVE_ARRAY);
+            if (dead < 0) m = 0;
+        }
+    }
+    if (dead < 0) return DPAR_OK;
+    if (at[dead] > 0) return dpar__g_array_dead(g, fn, at[dead], NULL);
+    int j = (-at[dead] - 1) / n, k = (-at[dead] - 1) % n;
     char what[DPAR_NAME_LEN + 48];
-    for (int j = 0; state && j < 2; j++)
-        for (int k = 0; k < n; k++)
-            if (state[j * n + k] && !dpar__live_ok(state[j * n + k], DPAR__LIVE_ARRAY)) {
-                snprintf(what, sizeof what, "optimizer state '%s%s'", g->n[g->opt.params[k]].name,
-                         dpar__g_state_suffix[g->opt.adamw][j]);
-                return dpar__g_array_dead(g, fn, g->opt.params[k], what);
-            }
-    return DPAR_OK;
+    snprintf(what, sizeof what, "optimizer state '%s%s'", g->n[g->opt.params[k]].name,
+             dpar__g_state_suffix[g->opt.adamw][j]);
+    return dpar__g_array_dead(g, fn, g->opt.params[k], what);
 }
 /* Whether array a may feed `want` (the feed's own array, labelled l): live, same mesh, dtype and global shape. */
 static dpar_status dpar__g_feed_check(const dpar_array *a, const dpar_array *want, const char *l, const char *fn) {
