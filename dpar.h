@@ -2890,6 +2890,10 @@ static dpar_status dpar__err(dpar_status s, const char *fmt, ...) {
     va_end(ap);
     return s;
 }
+/* "fn: arg is NULL", arg named as the public prototype spells the parameter. */
+static dpar_status dpar__null(const char *fn, const char *arg) {
+    return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn, arg);
+}
 static void dpar__clear_error(void) {
     dpar__err_text[0] = 0;
     dpar__err_site = 0, dpar__err_secondary = 0;
@@ -3539,7 +3543,8 @@ DPAR_API const char *dpar_backend_name(dpar_backend_kind k) {
 }
 DPAR_API dpar_status dpar_backend_from_name(const char *name, dpar_backend_kind *out) {
     dpar__clear_error();
-    if (!name || !out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_backend_from_name: name or out is NULL");
+    if (!name) return dpar__null("dpar_backend_from_name", "name");
+    if (!out) return dpar__null("dpar_backend_from_name", "out");
     static const dpar_backend_kind kinds[] = { DPAR_BACKEND_DEFAULT, DPAR_BACKEND_CPU, DPAR_BACKEND_VULKAN,
                                                DPAR_BACKEND_CUDA };
     if (!*name) {
@@ -3881,7 +3886,8 @@ DPAR_API dpar_backend_kind dpar_runtime_backend(const dpar_runtime *rt) {
 DPAR_API dpar_status dpar_runtime_device_info(const dpar_runtime *rt, int device, dpar_device_info *out) {
     dpar__clear_error();
     if (dpar__live_arg(rt, DPAR__LIVE_RUNTIME, "dpar_runtime_device_info", "the runtime")) return DPAR_ERR_STATE;
-    if (!rt || !out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_runtime_device_info: runtime or out is NULL");
+    if (!rt) return dpar__null("dpar_runtime_device_info", "rt");
+    if (!out) return dpar__null("dpar_runtime_device_info", "out");
     if (device < 0 || device >= rt->ndev)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
                          "dpar_runtime_device_info: device %d is out of range; the runtime has %d device%s (0..%d)",
@@ -3940,7 +3946,7 @@ DPAR_API dpar_status dpar_buffer_create(dpar_runtime *rt, int device, dpar_dtype
     dpar__clear_error();
     if (!out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_buffer_create: `out` is NULL");
     *out = NULL;
-    if (!rt) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_buffer_create: runtime is NULL");
+    if (!rt) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_buffer_create: rt is NULL");
     if (dpar__live_check(rt, DPAR__LIVE_RUNTIME, "dpar_buffer_create")) return DPAR_ERR_STATE;
     if (device < 0 || device >= rt->ndev)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
@@ -4103,8 +4109,8 @@ static dpar_status dpar__buffer_span(const dpar_buffer *b, size_t offset, size_t
 }
 DPAR_API dpar_status dpar_buffer_write(dpar_buffer *b, size_t offset, const void *src, size_t nbytes) {
     dpar__clear_error();
-    if (!b || (!src && nbytes))
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_buffer_write: buffer or source is NULL");
+    if (!b) return dpar__null("dpar_buffer_write", "b");
+    if (!src && nbytes) return dpar__null("dpar_buffer_write", "src");
     dpar_status c = dpar__buffer_span(b, offset, nbytes, "dpar_buffer_write", true);
     if (c || !nbytes) return c;
     double t0 = dpar__now_us();
@@ -4114,8 +4120,8 @@ DPAR_API dpar_status dpar_buffer_write(dpar_buffer *b, size_t offset, const void
 }
 DPAR_API dpar_status dpar_buffer_read(const dpar_buffer *b, size_t offset, void *dst, size_t nbytes) {
     dpar__clear_error();
-    if (!b || (!dst && nbytes))
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_buffer_read: buffer or destination is NULL");
+    if (!b) return dpar__null("dpar_buffer_read", "b");
+    if (!dst && nbytes) return dpar__null("dpar_buffer_read", "dst");
     dpar_status c = dpar__buffer_span(b, offset, nbytes, "dpar_buffer_read", true);
     if (c || !nbytes) return c;
     double t0 = dpar__now_us();
@@ -4766,8 +4772,9 @@ static dpar_status dpar__live_buffer_detach(const dpar_buffer *b) {
 
 DPAR_API dpar_status dpar_handle_attach(dpar_mesh *m, void *obj, void (*release)(void *obj)) {
     dpar__clear_error();
-    if (!m || !obj || !release)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_handle_attach: mesh, obj or release is NULL");
+    if (!m) return dpar__null("dpar_handle_attach", "m");
+    if (!obj) return dpar__null("dpar_handle_attach", "obj");
+    if (!release) return dpar__null("dpar_handle_attach", "release");
     if (dpar__live_check(obj, DPAR__LIVE_CHILD, "dpar_handle_attach") == DPAR_OK)
         return dpar__err(DPAR_ERR_STATE, "dpar_handle_attach: the object is attached already");
     dpar__clear_error();
@@ -4974,7 +4981,8 @@ DPAR_API dpar_status dpar_mesh_create(dpar_runtime *rt, const dpar_mesh_desc *de
     dpar__clear_error();
     if (!out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_mesh_create: `out` is NULL");
     *out = NULL;
-    if (!rt || !desc) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_mesh_create: runtime or desc is NULL");
+    if (!rt) return dpar__null("dpar_mesh_create", "rt");
+    if (!desc) return dpar__null("dpar_mesh_create", "desc");
     dpar_mesh_desc resolved;
     long long size = 0;
     if (dpar__live_check(rt, DPAR__LIVE_RUNTIME, "dpar_mesh_create")) return DPAR_ERR_STATE;
@@ -5043,7 +5051,8 @@ DPAR_API const char *dpar_mesh_axis_name(const dpar_mesh *m, int i) {
 DPAR_API dpar_status dpar_mesh_axis_size(const dpar_mesh *m, const char *axes, int *out) {
     dpar__clear_error();
     if (dpar__live_arg(m, DPAR__LIVE_MESH, "dpar_mesh_axis_size", "the mesh")) return DPAR_ERR_STATE;
-    if (!m || !out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_mesh_axis_size: mesh or out is NULL");
+    if (!m) return dpar__null("dpar_mesh_axis_size", "m");
+    if (!out) return dpar__null("dpar_mesh_axis_size", "out");
     unsigned mask;
     dpar_status s = dpar__parse_axes(m, "dpar_mesh_axis_size", axes, &mask, NULL, NULL);
     if (s) return s;
@@ -5053,7 +5062,9 @@ DPAR_API dpar_status dpar_mesh_axis_size(const dpar_mesh *m, const char *axes, i
 DPAR_API dpar_status dpar_mesh_device(const dpar_mesh *m, const int *coords, int *device) {
     dpar__clear_error();
     if (dpar__live_arg(m, DPAR__LIVE_MESH, "dpar_mesh_device", "the mesh")) return DPAR_ERR_STATE;
-    if (!m || !coords || !device) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_mesh_device: NULL argument");
+    if (!m) return dpar__null("dpar_mesh_device", "m");
+    if (!coords) return dpar__null("dpar_mesh_device", "coords");
+    if (!device) return dpar__null("dpar_mesh_device", "device");
     for (int a = 0; a < m->ndim; a++)
         if (coords[a] < 0 || coords[a] >= m->shape[a])
             return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
@@ -5065,7 +5076,8 @@ DPAR_API dpar_status dpar_mesh_device(const dpar_mesh *m, const int *coords, int
 DPAR_API dpar_status dpar_mesh_coords(const dpar_mesh *m, int device, int *coords) {
     dpar__clear_error();
     if (dpar__live_arg(m, DPAR__LIVE_MESH, "dpar_mesh_coords", "the mesh")) return DPAR_ERR_STATE;
-    if (!m || !coords) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_mesh_coords: NULL argument");
+    if (!m) return dpar__null("dpar_mesh_coords", "m");
+    if (!coords) return dpar__null("dpar_mesh_coords", "coords");
     if (device < 0 || device >= DPAR_MAX_DEVICES || m->pos_of[device] < 0)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_mesh_coords: device %d is not in the mesh", device);
     dpar__pos_to_coords(m, m->pos_of[device], coords);
@@ -5075,7 +5087,9 @@ DPAR_API dpar_status dpar_mesh_group(const dpar_mesh *m, const char *axes, int d
                                      int *index) {
     dpar__clear_error();
     if (dpar__live_arg(m, DPAR__LIVE_MESH, "dpar_mesh_group", "the mesh")) return DPAR_ERR_STATE;
-    if (!m || !members || !n) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_mesh_group: NULL argument");
+    if (!m) return dpar__null("dpar_mesh_group", "m");
+    if (!members) return dpar__null("dpar_mesh_group", "members");
+    if (!n) return dpar__null("dpar_mesh_group", "n");
     if (device < 0 || device >= DPAR_MAX_DEVICES || m->pos_of[device] < 0)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_mesh_group: device %d is not in the mesh", device);
     unsigned mask;
@@ -5220,7 +5234,8 @@ DPAR_API dpar_status dpar_array_create(dpar_mesh *m, const dpar_array_desc *d, d
     dpar__clear_error();
     if (!out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_array_create: `out` is NULL");
     *out = NULL;
-    if (!m || !d) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_array_create: mesh or desc is NULL");
+    if (!m) return dpar__null("dpar_array_create", "m");
+    if (!d) return dpar__null("dpar_array_create", "desc");
     if (dpar__live_check(m, DPAR__LIVE_MESH, "dpar_array_create")) return DPAR_ERR_STATE;
     dpar_status busy = dpar__busy(m->rt, NULL, "dpar_array_create");
     if (busy) return busy;
@@ -5305,7 +5320,8 @@ DPAR_API dpar_status dpar_array_create(dpar_mesh *m, const dpar_array_desc *d, d
 static dpar_status dpar__array_scatter(dpar_array *a, const void *host, bool direct);
 static dpar_status dpar__array_put(dpar_array *a, const void *host) {
     dpar__clear_error();
-    if (!a || !host) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_array_put: array or host data is NULL");
+    if (!a) return dpar__null("dpar_array_put", "a");
+    if (!host) return dpar__null("dpar_array_put", "host");
     dpar_status busy = dpar__busy(a->mesh->rt, NULL, "dpar_array_put");
     if (busy) return busy;
     return dpar__array_scatter(a, host, false);
@@ -5346,7 +5362,8 @@ static dpar_status dpar__array_scatter(dpar_array *a, const void *host, bool dir
 
 static dpar_status dpar__array_get(const dpar_array *a, void *host) {
     dpar__clear_error();
-    if (!a || !host) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_array_get: array or host destination is NULL");
+    if (!a) return dpar__null("dpar_array_get", "a");
+    if (!host) return dpar__null("dpar_array_get", "host");
     dpar_status busy = dpar__busy(a->mesh->rt, NULL, "dpar_array_get");
     if (busy) return busy;
     size_t es = dpar_dtype_size(a->dtype);
@@ -5385,8 +5402,11 @@ DPAR_API dpar_buffer *dpar_array_shard(const dpar_array *a, int device) {
 DPAR_API dpar_status dpar_array_local_rows(const dpar_array *a, int64_t *begin, int64_t *count) {
     dpar__clear_error();
     if (dpar__live_arg(a, DPAR__LIVE_ARRAY, "dpar_array_local_rows", "the array")) return DPAR_ERR_STATE;
-    if (!a || !begin || !count || a->ndim < 1)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_array_local_rows: NULL argument or 0-d array");
+    if (!a) return dpar__null("dpar_array_local_rows", "a");
+    if (!begin) return dpar__null("dpar_array_local_rows", "begin");
+    if (!count) return dpar__null("dpar_array_local_rows", "count");
+    if (a->ndim < 1)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_array_local_rows: a is 0-d; rows need an array of >= 1 dims");
     int64_t lo = -1, hi = -1, off[DPAR_MAX_DIMS];
     for (int p = 0; p < a->mesh->size; p++) {
         if (!a->shards[p]) continue;
@@ -5400,8 +5420,10 @@ DPAR_API dpar_status dpar_array_local_rows(const dpar_array *a, int64_t *begin, 
 }
 static dpar_status dpar__array_put_rows(dpar_array *a, int64_t row_begin, int64_t row_count, const void *host) {
     dpar__clear_error();
-    if (!a || (!host && row_count) || a->ndim < 1)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_array_put_rows: NULL argument or 0-d array");
+    if (!a) return dpar__null("dpar_array_put_rows", "a");
+    if (!host && row_count) return dpar__null("dpar_array_put_rows", "host");
+    if (a->ndim < 1)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_array_put_rows: a is 0-d; rows need an array of >= 1 dims");
     if (row_begin < 0 || row_count < 0 || row_begin > a->shape[0] || row_count > a->shape[0] - row_begin)
         return dpar__err(DPAR_ERR_SHAPE,
                          "dpar_array_put_rows: %lld rows from row %lld are outside dimension 0 of size %lld",
@@ -5735,8 +5757,9 @@ static dpar_status dpar__shard_map(dpar_mesh *m, const dpar_shard_map_desc *desc
         if (resolved.num_args == 0) /* inferred: the leading non-NULL args */
             while (resolved.num_args < DPAR_MAX_ARGS && resolved.args[resolved.num_args]) resolved.num_args++;
     }
-    if (!m || !d || !d->fn)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_shard_map: mesh, desc or desc->fn is NULL");
+    if (!m) return dpar__null("dpar_shard_map", "m");
+    if (!d) return dpar__null("dpar_shard_map", "desc");
+    if (!d->fn) return dpar__null("dpar_shard_map", "desc->fn");
     if (dpar__self_worker)
         return dpar__err(
             DPAR_ERR_STATE,
@@ -5836,7 +5859,9 @@ static dpar_status dpar__pmap(dpar_mesh *m, const dpar_pmap_desc *desc) {
             while (resolved.num_outputs < DPAR_MAX_ARGS / 2 && resolved.outputs[resolved.num_outputs].data)
                 resolved.num_outputs++;
     }
-    if (!m || !d || !d->fn) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_pmap: mesh, desc or desc->fn is NULL");
+    if (!m) return dpar__null("dpar_pmap", "m");
+    if (!d) return dpar__null("dpar_pmap", "desc");
+    if (!d->fn) return dpar__null("dpar_pmap", "desc->fn");
     if (dpar__self_worker)
         return dpar__err(DPAR_ERR_STATE,
                          "dpar_pmap: called from inside a pmap/shard_map function; nested dispatch is not supported");
@@ -6842,9 +6867,7 @@ static dpar_status dpar__coll_begin(dpar_ctx *ctx, const dpar__cargs *a, dpar__c
     dpar__group *g = k->g = &m->groups[key][gid];
     const dpar_buffer *in = k->in = a->in;
     dpar_buffer *out = k->out = a->out;
-    if (!in || !out)
-        return dpar__coll_fail(ctx,
-                               dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: input or output buffer is NULL", k->st.what));
+    if (!in || !out) return dpar__coll_fail(ctx, dpar__null(k->st.what, out ? "in" : "out"));
     if (in->gdev != ctx->device || out->gdev != ctx->device || in->rt != ctx->rt || out->rt != ctx->rt)
         return dpar__coll_fail(ctx, dpar__err(DPAR_ERR_INVALID_ARGUMENT,
                                               "%s on device %d: the buffers live on devices %d (in) "
@@ -7350,7 +7373,7 @@ DPAR_API dpar_status dpar_wait(dpar_ctx *ctx, dpar_request *r) {
     if (!ctx) return dpar__disp_wait(r); /* a step (>>async dispatch) */
     dpar_status cs = dpar__ctx_check(ctx, "dpar_wait");
     if (cs) return cs;
-    if (!r) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_wait: request is NULL");
+    if (!r) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_wait: req is NULL");
     dpar__worker *w = &ctx->rt->workers[ctx->device - ctx->rt->local_base];
     double t0 = DPAR__ATOMIC_LOAD(&dpar__trace_on) ? dpar__now_us() : 0.0;
     dpar__mutex_lock(&w->qmu);
@@ -8510,19 +8533,21 @@ static dpar_status dpar__strided_fits(dpar_buffer *dst, const dpar_buffer *src) 
     op.src0 = src;
     return dpar__op_fits(&op);
 }
-static dpar_status dpar__shape_op_check(const char *fn, const dpar_buffer *y, const dpar_buffer *x, int same_rank) {
-    dpar_status s = dpar__op_check(fn, y, "y", &x, dpar__opn_x, 1);
+/* Output y (named yn) and input x (xn) of a copy-like op: checked operands of one dtype. */
+static dpar_status dpar__shape_op_check(const char *fn, const dpar_buffer *y, const char *yn, const dpar_buffer *x,
+                                        const char *xn, int same_rank) {
+    dpar_status s = dpar__op_check(fn, y, yn, &x, &xn, 1);
     if (s) return s;
     if (y->dtype != x->dtype || (x->dtype != DPAR_F32 && x->dtype != DPAR_I32 && x->dtype != DPAR_F64))
-        return dpar__err(DPAR_ERR_DTYPE, "%s: y is %s and x is %s; both must be f32, both f64 or both i32", fn,
-                         dpar_dtype_name(y->dtype), dpar_dtype_name(x->dtype));
+        return dpar__err(DPAR_ERR_DTYPE, "%s: %s is %s and %s is %s; both must be f32, both f64 or both i32", fn, yn,
+                         dpar_dtype_name(y->dtype), xn, dpar_dtype_name(x->dtype));
     if (same_rank && y->ndim != x->ndim) {
         char a[160], b[160];
-        return dpar__err(DPAR_ERR_SHAPE, "%s: y %s and x %s must have the same rank", fn,
-                         dpar__shape_str(a, sizeof a, y->ndim, y->shape),
+        return dpar__err(DPAR_ERR_SHAPE, "%s: %s %s and %s %s must have the same rank", fn, yn,
+                         dpar__shape_str(a, sizeof a, y->ndim, y->shape), xn,
                          dpar__shape_str(b, sizeof b, x->ndim, x->shape));
     }
-    if (y == x) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: y must not alias x (not in place)", fn);
+    if (y == x) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: %s must not alias %s (not in place)", fn, yn, xn);
     return DPAR_OK;
 }
 DPAR_API dpar_status dpar_reduce_backward(dpar_buffer *dx, const dpar_buffer *dy, const dpar_buffer *x,
@@ -8531,7 +8556,7 @@ DPAR_API dpar_status dpar_reduce_backward(dpar_buffer *dx, const dpar_buffer *dy
     dpar__clear_error();
     unsigned mask;
     dpar__geo g;
-    dpar_status s = dpar__shape_op_check(fn, dx, dy, 0);
+    dpar_status s = dpar__shape_op_check(fn, dx, "dx", dy, "dy", 0);
     if (s || (s = dpar__need_ft(fn, dx, "dx", dpar__fdt(dx)))) return s;
     if (kind != DPAR_REDUCE_SUM && kind != DPAR_REDUCE_MEAN && kind != DPAR_REDUCE_MAX)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: kind %d has no gradient (SUM, MEAN and MAX do)", fn,
@@ -8600,7 +8625,7 @@ DPAR_API dpar_status dpar_softmax_backward(dpar_buffer *dx, const dpar_buffer *d
 DPAR_API dpar_status dpar_transpose(dpar_buffer *y, const dpar_buffer *x, const int *perm) {
     const char *fn = "dpar_transpose";
     dpar__clear_error();
-    dpar_status s = dpar__shape_op_check(fn, y, x, 1);
+    dpar_status s = dpar__shape_op_check(fn, y, "y", x, "x", 1);
     if (s) return s;
     int64_t xs[DPAR_MAX_DIMS], src_st[DPAR_MAX_DIMS], dst_st[DPAR_MAX_DIMS];
     unsigned seen = 0;
@@ -8628,7 +8653,7 @@ DPAR_API dpar_status dpar_transpose(dpar_buffer *y, const dpar_buffer *x, const 
 DPAR_API dpar_status dpar_broadcast_to(dpar_buffer *y, const dpar_buffer *x) {
     const char *fn = "dpar_broadcast_to";
     dpar__clear_error();
-    dpar_status s = dpar__shape_op_check(fn, y, x, 0);
+    dpar_status s = dpar__shape_op_check(fn, y, "y", x, "x", 0);
     if (s || (s = dpar__bcast_check(fn, y, x, "x"))) return s;
     int64_t src_st[DPAR_MAX_DIMS], dst_st[DPAR_MAX_DIMS];
     dpar__bcast_strides(x, y->ndim, src_st);
@@ -8664,7 +8689,7 @@ DPAR_API dpar_status dpar_slice(dpar_buffer *y, const dpar_buffer *x, const int6
     const char *fn = "dpar_slice";
     dpar__clear_error();
     int64_t st[DPAR_MAX_DIMS], dst_st[DPAR_MAX_DIMS], off;
-    dpar_status s = dpar__shape_op_check(fn, y, x, 1);
+    dpar_status s = dpar__shape_op_check(fn, y, "y", x, "x", 1);
     if (s || (s = dpar__slice_geo(fn, x, y, start, step, st, &off))) return s;
     dpar__dense_strides(y->ndim, y->shape, dst_st);
     return dpar__strided(y, x, y->ndim, y->shape, st, off, dst_st, 0);
@@ -8674,7 +8699,7 @@ DPAR_API dpar_status dpar_slice_backward(dpar_buffer *dx, const dpar_buffer *dy,
     const char *fn = "dpar_slice_backward";
     dpar__clear_error();
     int64_t st[DPAR_MAX_DIMS], src_st[DPAR_MAX_DIMS], off;
-    dpar_status s = dpar__shape_op_check(fn, dx, dy, 1);
+    dpar_status s = dpar__shape_op_check(fn, dx, "dx", dy, "dy", 1);
     if (s || (s = dpar__slice_geo(fn, dx, dy, start, step, st, &off)) || (s = dpar__strided_fits(dx, dy)) ||
         (s = dpar_fill(dx, 0.0f)))
         return s;
@@ -8686,7 +8711,7 @@ DPAR_API dpar_status dpar_pad(dpar_buffer *y, const dpar_buffer *x, const int64_
     dpar__clear_error();
     int64_t zeros[DPAR_MAX_DIMS], st[DPAR_MAX_DIMS], src_st[DPAR_MAX_DIMS], off;
     memset(zeros, 0, sizeof zeros);
-    dpar_status s = dpar__shape_op_check(fn, y, x, 1);
+    dpar_status s = dpar__shape_op_check(fn, y, "y", x, "x", 1);
     if (s || (s = dpar__slice_geo(fn, y, x, lo ? lo : zeros, NULL, st, &off)) || (s = dpar__strided_fits(y, x)) ||
         (s = dpar_fill(y, value)))
         return s;
@@ -8696,14 +8721,18 @@ DPAR_API dpar_status dpar_pad(dpar_buffer *y, const dpar_buffer *x, const int64_
 DPAR_API dpar_status dpar_concat(dpar_buffer *y, const dpar_buffer *const *xs, int n, int axis) {
     const char *fn = "dpar_concat";
     dpar__clear_error();
-    if (!y || !xs || n < 1) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: y or xs is NULL, or n < 1", fn);
+    if (!y) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: y is NULL", fn);
+    if (!xs) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: xs is NULL", fn);
+    if (n < 1) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: n = %d; give n >= 1 inputs in xs", fn, n);
     int ax = axis < 0 ? axis + y->ndim : axis;
     if (ax < 0 || ax >= y->ndim)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: axis %d is out of range for y's %d dims", fn, axis, y->ndim);
     int64_t at = 0, dst_st[DPAR_MAX_DIMS], src_st[DPAR_MAX_DIMS];
     dpar__dense_strides(y->ndim, y->shape, dst_st);
     for (int k = 0; k < n; k++) {
-        dpar_status s = dpar__shape_op_check(fn, y, xs[k], 1);
+        char xn[24];
+        snprintf(xn, sizeof xn, "xs[%d]", k);
+        dpar_status s = dpar__shape_op_check(fn, y, "y", xs[k], xn, 1);
         if (s) return s;
         int ok = 1;
         for (int i = 0; i < y->ndim; i++) ok &= i == ax || xs[k]->shape[i] == y->shape[i];
@@ -9168,8 +9197,10 @@ static dpar_status dpar__clip_scale(const char *fn, dpar_ctx *ctx, float clip_no
 DPAR_API dpar_status dpar_sgd_clip_scale(dpar_ctx *ctx, const dpar_sgd_desc *d, dpar_buffer *const *grads, int n,
                                          float *scale, float *norm_out) {
     dpar__clear_error();
-    if (!ctx || !scale || (n > 0 && !grads) || n < 0)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_sgd_clip_scale: NULL or invalid argument");
+    if (!ctx) return dpar__null("dpar_sgd_clip_scale", "ctx");
+    if (!scale) return dpar__null("dpar_sgd_clip_scale", "scale");
+    if (n < 0) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_sgd_clip_scale: n = %d; give n >= 0", n);
+    if (n > 0 && !grads) return dpar__null("dpar_sgd_clip_scale", "grads");
     dpar_status s = dpar__sgd_check("dpar_sgd_clip_scale", d);
     if (s) return s;
     return dpar__clip_scale("dpar_sgd_clip_scale", ctx, d->clip_norm, d->norm_axes, grads, n, scale, norm_out);
@@ -9194,8 +9225,8 @@ DPAR_API dpar_status dpar_sgd_step(dpar_ctx *ctx, const dpar_sgd_desc *d, dpar_b
     dpar_status s = dpar__sgd_check("dpar_sgd_step", d);
     if (s) return s;
     if (n < 0) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_sgd_step: n = %d parameters; it must be >= 0", n);
-    if (n > 0 && (!params || !grads))
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_sgd_step: params or grads is NULL");
+    if (n > 0 && !params) return dpar__null("dpar_sgd_step", "params");
+    if (n > 0 && !grads) return dpar__null("dpar_sgd_step", "grads");
     /* every buffer is checked before any is updated: a failed step changes nothing */
     for (int i = 0; i < n; i++)
         if ((s = dpar__sgd_check_bufs("dpar_sgd_step", d, params[i], grads[i], moms ? moms[i] : NULL))) return s;
@@ -9273,7 +9304,9 @@ static dpar_status dpar__norm_bwd(const char *fn, int rms, dpar_buffer *dx, dpar
                                   const dpar_buffer *dy, const dpar_buffer *x, const dpar_buffer *w,
                                   const dpar_buffer *stats) {
     dpar__clear_error();
-    if (!dy || !x || !stats) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: dy, x or stats is NULL", fn);
+    if (!dy) return dpar__null(fn, "dy");
+    if (!x) return dpar__null(fn, "x");
+    if (!stats) return dpar__null(fn, "stats");
     if (!dx && !dw && !db) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: dx, dw and db are all NULL", fn);
     dpar_buffer *first = dx ? dx : dw ? dw : db; /* the op's dst: dx, else a parameter gradient (p[1] = 1) */
     const dpar_buffer *ops[6] = { dy, x, stats, w ? w : x, dw ? dw : x, db ? db : x };
@@ -9614,8 +9647,10 @@ DPAR_API dpar_status dpar_adamw_step(dpar_ctx *ctx, const dpar_adamw_desc *d, dp
     if (n < 0 || step < 1)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_adamw_step: n = %d, step = %lld; need n >= 0 and step >= 1",
                          n, (long long)step);
-    if (n > 0 && (!params || !grads || !ms || !vs))
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_adamw_step: params, grads, ms or vs is NULL");
+    if (n > 0 && !params) return dpar__null("dpar_adamw_step", "params");
+    if (n > 0 && !grads) return dpar__null("dpar_adamw_step", "grads");
+    if (n > 0 && !ms) return dpar__null("dpar_adamw_step", "ms");
+    if (n > 0 && !vs) return dpar__null("dpar_adamw_step", "vs");
     for (int i = 0; i < n; i++) /* every buffer first: a failed step changes nothing */
         if ((s = dpar__adamw_check_bufs("dpar_adamw_step", params[i], grads[i], ms[i], vs[i]))) return s;
     float scale = 1.0f;
@@ -9652,7 +9687,8 @@ static dpar_status dpar__lr_check(const dpar_lr_schedule_desc *d) {
 }
 DPAR_API dpar_status dpar_lr_at(const dpar_lr_schedule_desc *d, int64_t step, float *lr) {
     dpar__clear_error();
-    if (!d || !lr) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_lr_at: desc or lr is NULL");
+    if (!d) return dpar__null("dpar_lr_at", "d");
+    if (!lr) return dpar__null("dpar_lr_at", "lr");
     if (step < 0)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_lr_at: step = %lld; it must be >= 0", (long long)step);
     dpar_status s = dpar__lr_check(d);
@@ -9726,8 +9762,10 @@ DPAR_API dpar_status dpar_loss_scaler_unscale(dpar_ctx *ctx, dpar_loss_scaler *l
                                               const char *axes, bool *finite) {
     dpar__clear_error();
     const char *fn = "dpar_loss_scaler_unscale";
-    if (!ls || !finite || n < 0 || (n > 0 && !grads))
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: ls, finite or grads is NULL (or n < 0)", fn);
+    if (!ls) return dpar__null(fn, "ls");
+    if (!finite) return dpar__null(fn, "finite");
+    if (n < 0) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: n = %d; give n >= 0", fn, n);
+    if (n > 0 && !grads) return dpar__null(fn, "grads");
     if (axes && *axes && !ctx) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: axes need ctx (call it inside fn)", fn);
     if (ctx && !DPAR__CTX_OK(ctx)) return dpar__ctx_check(ctx, fn);
     if (!(ls->scale > 0.0f) || ls->desc.growth_interval <= 0)
@@ -9895,8 +9933,9 @@ DPAR_API int64_t dpar_array_shard_dim(const dpar_array *a, int i) {
 DPAR_API dpar_status dpar_array_spec(const dpar_array *a, int i, char *buf, size_t cap) {
     dpar__clear_error();
     if (dpar__live_arg(a, DPAR__LIVE_ARRAY, "dpar_array_spec", "the array")) return DPAR_ERR_STATE;
-    if (!a || !buf || cap == 0)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_array_spec: array or buf is NULL, or cap is 0");
+    if (!a) return dpar__null("dpar_array_spec", "a");
+    if (!buf) return dpar__null("dpar_array_spec", "buf");
+    if (cap == 0) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_array_spec: cap is 0; give buf's size in bytes");
     buf[0] = 0;
     if (i < 0 || i >= a->ndim)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_array_spec: dimension %d is out of range for a %d-d array", i,
@@ -9954,7 +9993,8 @@ DPAR_API dpar_status dpar_array_reshard(dpar_array *dst, const dpar_array *src) 
     dpar__clear_error();
     if (dpar__live_arg(dst, DPAR__LIVE_ARRAY, "dpar_array_reshard", "dst")) return DPAR_ERR_STATE;
     if (dpar__live_arg(src, DPAR__LIVE_ARRAY, "dpar_array_reshard", "src")) return DPAR_ERR_STATE;
-    if (!dst || !src) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_array_reshard: dst or src is NULL");
+    if (!dst) return dpar__null("dpar_array_reshard", "dst");
+    if (!src) return dpar__null("dpar_array_reshard", "src");
     if (dpar__self_worker)
         return dpar__err(
             DPAR_ERR_INVALID_ARGUMENT,
@@ -10098,8 +10138,9 @@ DPAR_API dpar_status dpar_shard_map_specs(dpar_mesh *m, const dpar_shard_map_spe
             while (resolved.num_outputs < DPAR_MAX_ARGS && resolved.outputs[resolved.num_outputs])
                 resolved.num_outputs++;
     }
-    if (!m || !d || !d->fn)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_shard_map_specs: mesh, desc or desc->fn is NULL");
+    if (!m) return dpar__null("dpar_shard_map_specs", "m");
+    if (!d) return dpar__null("dpar_shard_map_specs", "desc");
+    if (!d->fn) return dpar__null("dpar_shard_map_specs", "desc->fn");
     if (d->num_inputs < 0 || d->num_outputs < 0 || d->num_inputs + d->num_outputs > DPAR_MAX_ARGS)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
                          "dpar_shard_map_specs: num_inputs = %d, num_outputs = %d; each >= 0 and together at most %d",
@@ -10693,7 +10734,8 @@ static void dpar__g_free(void *self);
 DPAR_API dpar_status dpar_graph_create(dpar_mesh *mesh, dpar_graph **out) {
     dpar__clear_error();
     if (out) *out = NULL;
-    if (!mesh || !out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_create: mesh or out is NULL");
+    if (!mesh) return dpar__null("dpar_graph_create", "mesh");
+    if (!out) return dpar__null("dpar_graph_create", "out");
     if (dpar__live_check(mesh, DPAR__LIVE_MESH, "dpar_graph_create")) return DPAR_ERR_STATE;
     dpar_graph *g = (dpar_graph *)dpar__handle_alloc(sizeof *g);
     if (g) g->errtext = (char *)DPAR_MALLOC(DPAR__ERR_LEN);
@@ -11296,7 +11338,7 @@ DPAR_API dpar_value dpar_g_slice(dpar_graph *g, dpar_value x, const int64_t *sta
     if (!dpar__g_args(g, fn, 1, &x)) return dpar__gv(0);
     const dpar__gnode *xn = &g->n[x.id];
     if (xn->ndim > 0 && (!start || !sizes))
-        return dpar__g_fail(g, DPAR_ERR_INVALID_ARGUMENT, "%s: start or sizes is NULL", fn);
+        return dpar__g_fail(g, DPAR_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn, start ? "sizes" : "start");
     for (int i = 0; i < xn->ndim; i++) {
         int64_t k = step ? step[i] : 1;
         if (!dpar__span_fits(xn->shape[i], start[i], sizes[i], k)) {
@@ -14480,7 +14522,8 @@ static dpar_status dpar__g_loss(dpar_graph *g, float *loss) {
 }
 DPAR_API dpar_status dpar_graph_loss(dpar_graph *g, float *loss) {
     dpar__clear_error();
-    if (!g || !loss) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_loss: graph or loss is NULL");
+    if (!g) return dpar__null("dpar_graph_loss", "g");
+    if (!loss) return dpar__null("dpar_graph_loss", "loss");
     dpar_runtime *rt = NULL;
     if (dpar__live_enter(g, DPAR__LIVE_GRAPH, "dpar_graph_loss", 0, &rt)) return DPAR_ERR_STATE;
     dpar_status s = dpar__g_loss(g, loss);
@@ -14589,9 +14632,12 @@ DPAR_API dpar_status dpar_graph_read_shard(dpar_graph *g, dpar_value v, int devi
     dpar__clear_error();
     dpar_status s = dpar__g_readable(g, "dpar_graph_read_shard", v);
     if (s) return s;
-    if (!host || device < g->first || device >= g->first + g->nlocal)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_read_shard: host is NULL or device %d is not local",
-                         device);
+    if (!host) return dpar__null("dpar_graph_read_shard", "host");
+    if (device < g->first || device >= g->first + g->nlocal)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                         "dpar_graph_read_shard: device %d is not one of this process's devices %d..%d; read a "
+                         "local device's shard",
+                         device, g->first, g->first + g->nlocal - 1);
     const dpar_buffer *b = dpar__g_buf(g, v.id, device - g->first);
     return dpar__g_late_err(g, dpar_buffer_read(b, 0, host, dpar_buffer_nbytes(b)), v.id, b);
 }
@@ -14874,13 +14920,15 @@ static dpar_status dpar__disp_start(struct dpar__disp *d, const char *fn, dpar_r
     return DPAR_OK;
 }
 
-/* dpar_pmap_start and dpar_shard_map_start up to their desc: the checks (has_fn: desc and desc->fn are not
-   NULL), then a new dispatch of `kind` over m in *d. */
-static dpar_status dpar__map_disp(dpar_mesh *m, bool has_fn, dpar__disp_kind kind, const char *fn, dpar_request **req,
-                                  struct dpar__disp **d) {
+/* dpar_pmap_start and dpar_shard_map_start up to their desc: the checks (has_desc, has_fn: desc and desc->fn are
+   not NULL), then a new dispatch of `kind` over m in *d. */
+static dpar_status dpar__map_disp(dpar_mesh *m, bool has_desc, bool has_fn, dpar__disp_kind kind, const char *fn,
+                                  dpar_request **req, struct dpar__disp **d) {
     if (!req) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: req is NULL", fn);
     *req = NULL;
-    if (!m || !has_fn) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: mesh, desc or desc->fn is NULL", fn);
+    if (!m) return dpar__null(fn, "m");
+    if (!has_desc) return dpar__null(fn, "desc");
+    if (!has_fn) return dpar__null(fn, "desc->fn");
     if (dpar__live_check(m, DPAR__LIVE_MESH, fn)) return DPAR_ERR_STATE;
     *d = (struct dpar__disp *)dpar__calloc(1, sizeof **d);
     if (!*d) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
@@ -14893,7 +14941,7 @@ static dpar_status dpar__map_disp(dpar_mesh *m, bool has_fn, dpar__disp_kind kin
 DPAR_API dpar_status dpar_pmap_start(dpar_mesh *m, const dpar_pmap_desc *desc, dpar_request **req) {
     dpar__clear_error();
     struct dpar__disp *d = NULL;
-    dpar_status s = dpar__map_disp(m, desc && desc->fn, DPAR__DISP_PMAP, "dpar_pmap_start", req, &d);
+    dpar_status s = dpar__map_disp(m, desc != NULL, desc && desc->fn, DPAR__DISP_PMAP, "dpar_pmap_start", req, &d);
     if (s) return s;
     d->pmap = *desc;
     return dpar__disp_start(d, "dpar_pmap_start", req);
@@ -14902,7 +14950,8 @@ DPAR_API dpar_status dpar_pmap_start(dpar_mesh *m, const dpar_pmap_desc *desc, d
 DPAR_API dpar_status dpar_shard_map_start(dpar_mesh *m, const dpar_shard_map_desc *desc, dpar_request **req) {
     dpar__clear_error();
     struct dpar__disp *d = NULL;
-    dpar_status s = dpar__map_disp(m, desc && desc->fn, DPAR__DISP_SHARD_MAP, "dpar_shard_map_start", req, &d);
+    dpar_status s =
+        dpar__map_disp(m, desc != NULL, desc && desc->fn, DPAR__DISP_SHARD_MAP, "dpar_shard_map_start", req, &d);
     if (s) return s;
     d->smap = *desc;
     return dpar__disp_start(d, "dpar_shard_map_start", req);
@@ -14949,7 +14998,7 @@ DPAR_API dpar_status dpar_graph_run_start(dpar_graph *g, const dpar_graph_feed *
 
 /* dpar_wait with ctx = NULL: joins the step's thread, frees the runtime for the next one. */
 static dpar_status dpar__disp_wait(dpar_request *r) {
-    if (!r) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_wait: request is NULL");
+    if (!r) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_wait: req is NULL");
     if (!dpar__disp_pending(r, 1))
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
                          "dpar_wait: with ctx = NULL the request must be a step from dpar_pmap_start, "
@@ -14971,7 +15020,8 @@ static dpar_status dpar__disp_wait(dpar_request *r) {
 
 DPAR_API dpar_status dpar_test(dpar_ctx *ctx, dpar_request *r, bool *done) {
     dpar__clear_error();
-    if (!r || !done) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_test: request or done is NULL");
+    if (!r) return dpar__null("dpar_test", "req");
+    if (!done) return dpar__null("dpar_test", "done");
     *done = false;
     if (!ctx) {
         if (!dpar__disp_pending(r, 0))
@@ -15238,7 +15288,8 @@ static dpar_status dpar__g_state_list(dpar_graph *g) {
 DPAR_API dpar_status dpar_graph_state_count(dpar_graph *g, int *count) {
     dpar__clear_error();
     if (dpar__live_arg(g, DPAR__LIVE_GRAPH, "dpar_graph_state_count", "the graph")) return DPAR_ERR_STATE;
-    if (!g || !count) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_state_count: graph or count is NULL");
+    if (!g) return dpar__null("dpar_graph_state_count", "g");
+    if (!count) return dpar__null("dpar_graph_state_count", "count");
     *count = 0;
     if (!dpar__g_mesh_alive(g))
         return dpar__err(DPAR_ERR_STATE, "dpar_graph_state_count: the graph's mesh was destroyed (and its state "
@@ -15253,8 +15304,9 @@ DPAR_API dpar_status dpar_graph_state(const dpar_graph *g, int i, const char **n
     dpar__clear_error();
     if (dpar__live_arg(g, DPAR__LIVE_GRAPH, "dpar_graph_state", "the graph")) return DPAR_ERR_STATE;
     char l[96], l2[96];
-    if (!g || !name || !array)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_state: graph, name or array is NULL");
+    if (!g) return dpar__null("dpar_graph_state", "g");
+    if (!name) return dpar__null("dpar_graph_state", "name");
+    if (!array) return dpar__null("dpar_graph_state", "array");
     if (!g->compiled)
         return dpar__err(DPAR_ERR_STATE,
                          "dpar_graph_state: the graph is not compiled; call dpar_graph_state_count (it compiles)");
@@ -15653,7 +15705,8 @@ DPAR_API void dpar_trace_event(const dpar_runtime *rt, int device, const char *n
 DPAR_API dpar_status dpar_runtime_device_stats(const dpar_runtime *rt, int device, dpar_device_stats *out) {
     dpar__clear_error();
     if (dpar__live_arg(rt, DPAR__LIVE_RUNTIME, "dpar_runtime_device_stats", "the runtime")) return DPAR_ERR_STATE;
-    if (!rt || !out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_runtime_device_stats: runtime or out is NULL");
+    if (!rt) return dpar__null("dpar_runtime_device_stats", "rt");
+    if (!out) return dpar__null("dpar_runtime_device_stats", "out");
     int li = device - rt->local_base;
     if (!rt->obs || li < 0 || li >= rt->obs->nlocal)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
@@ -20243,7 +20296,8 @@ static dpar_status dpar__half_lowered(void *st, int dev, const dpar__op *op, con
 DPAR_API dpar_status dpar_vulkan_buffer_export(dpar_buffer *b, dpar_vulkan_export *out) {
     dpar__clear_error();
     if (out) memset(out, 0, sizeof *out);
-    if (!b || !out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_vulkan_buffer_export: buffer or out is NULL");
+    if (!b) return dpar__null("dpar_vulkan_buffer_export", "b");
+    if (!out) return dpar__null("dpar_vulkan_buffer_export", "out");
     if (dpar__live_buf(b, "dpar_vulkan_buffer_export", "the buffer")) return DPAR_ERR_STATE; /* as with Vulkan */
     return dpar__err(DPAR_ERR_BACKEND_UNAVAILABLE,
                      "dpar_vulkan_buffer_export: this build has no Vulkan backend; define DPAR_VULKAN where "
