@@ -7653,16 +7653,17 @@ static dpar_status dpar__same_shape(const char *name, const dpar_buffer *a, cons
     }
     return DPAR_OK;
 }
-/* a 1-element result of dtype t: another count is DPAR_ERR_SHAPE, another dtype DPAR_ERR_DTYPE (naming both) */
-static dpar_status dpar__scalar_out_t(const char *name, const dpar_buffer *b, dpar_dtype t) {
+/* a 1-element result b (named bn) of dtype t: another count is DPAR_ERR_SHAPE, another dtype DPAR_ERR_DTYPE
+   (naming both) */
+static dpar_status dpar__scalar_out_t(const char *name, const dpar_buffer *b, const char *bn, dpar_dtype t) {
     if (b->count != 1)
-        return dpar__err(DPAR_ERR_SHAPE, "%s: the result buffer must hold 1 %s element (it has %lld %s)", name,
-                         dpar_dtype_name(t), (long long)b->count, dpar_dtype_name(b->dtype));
+        return dpar__err(DPAR_ERR_SHAPE, "%s: %s must hold 1 %s element (it has %lld %s)", name, bn, dpar_dtype_name(t),
+                         (long long)b->count, dpar_dtype_name(b->dtype));
     if (b->dtype != t)
         return dpar__err(DPAR_ERR_DTYPE,
-                         "%s: the result buffer is %s but the op's float operands are %s; make it a 1-element %s "
-                         "buffer (or convert the operands with dpar_cast)",
-                         name, dpar_dtype_name(b->dtype), dpar_dtype_name(t), dpar_dtype_name(t));
+                         "%s: %s is %s but the op's float operands are %s; make it a 1-element %s buffer (or "
+                         "convert the operands with dpar_cast)",
+                         name, bn, dpar_dtype_name(b->dtype), dpar_dtype_name(t), dpar_dtype_name(t));
     return DPAR_OK;
 }
 /* >>half storage (checks) =====================================================
@@ -8009,7 +8010,7 @@ static dpar_status dpar__xent(int fn_id, dpar_buffer *loss, dpar_buffer *dlogits
     static const char *const opn[3] = { "logits", "labels", "dlogits" };
     dpar_status s = dpar__op_check(fn, loss, "loss", ops, opn, 3);
     dpar_dtype t = dpar__fdt(logits);
-    if (s || (s = dpar__scalar_out_t(fn, loss, t)) || (s = dpar__need_ft(fn, logits, "logits", t))) return s;
+    if (s || (s = dpar__scalar_out_t(fn, loss, "loss", t)) || (s = dpar__need_ft(fn, logits, "logits", t))) return s;
     if (logits->ndim != 2) {
         char x[160];
         return dpar__err(DPAR_ERR_SHAPE, "%s: logits must be 2-d [M, C] (got %s)", fn,
@@ -8053,8 +8054,8 @@ DPAR_API dpar_status dpar_mse(dpar_buffer *loss, dpar_buffer *dpred, const dpar_
     static const char *const opn[3] = { "pred", "target", "dpred" };
     dpar_status s = dpar__op_check("dpar_mse", loss, "loss", ops, opn, 3);
     dpar_dtype t = dpar__fdt(pred);
-    if (s || (s = dpar__scalar_out_t("dpar_mse", loss, t)) || (s = dpar__need_ft("dpar_mse", pred, "pred", t)) ||
-        (s = dpar__need_ft("dpar_mse", target, "target", t)) ||
+    if (s || (s = dpar__scalar_out_t("dpar_mse", loss, "loss", t)) ||
+        (s = dpar__need_ft("dpar_mse", pred, "pred", t)) || (s = dpar__need_ft("dpar_mse", target, "target", t)) ||
         (s = dpar__same_shape("dpar_mse", pred, "pred", target, "target")))
         return s;
     if (dpred && ((s = dpar__need_ft("dpar_mse", dpred, "dpred", t)) ||
@@ -8129,7 +8130,7 @@ static dpar_status dpar__reduce_op(const char *name, dpar__op_kind k, dpar_buffe
     dpar__clear_error();
     dpar_status s = dpar__op_check(name, out, "out", &x, dpar__opn_x, 1);
     if (s || (s = dpar__need_ft(name, x, "x", dpar__fdt(x)))) return s;
-    if (at < 0 && (s = dpar__scalar_out_t(name, out, dpar__fdt(x)))) return s;
+    if (at < 0 && (s = dpar__scalar_out_t(name, out, "out", dpar__fdt(x)))) return s;
     if (at < 0) at = 0;
     if (at >= out->count || out->dtype != dpar__fdt(x))
         return dpar__err(DPAR_ERR_SHAPE, "%s: result element %lld of a %lld-element %s buffer: out of range or not %s",
@@ -10659,8 +10660,20 @@ static dpar_status dpar__g_args_status(const dpar_graph *g) {
     if (!dpar__live_has(g)) return DPAR_ERR_STATE;
     return g->err ? g->err : DPAR_ERR_STATE;
 }
-/* Whether a builder may go on: g valid, no earlier error, every value of g. */
-static bool dpar__g_args(dpar_graph *g, const char *fn, int n, const dpar_value *v) {
+/* Into out: the name of value argument i, from names that spell the value parameters as the prototype does,
+   space-separated ("a b"); a last name ending in "[]" names an array's elements ("xs[]": "xs[2]"). */
+static void dpar__g_arg_name(const char *names, int i, char *out, size_t cap) {
+    const char *w = names;
+    for (int k = 0; k < i && strchr(w, ' '); k++) w = strchr(w, ' ') + 1;
+    int len = (int)strcspn(w, " ");
+    if (len > 2 && w[len - 2] == '[' && w[len - 1] == ']')
+        snprintf(out, cap, "%.*s[%d]", len - 2, w, i);
+    else
+        snprintf(out, cap, "%.*s", len, w);
+}
+/* Whether a builder may go on: g valid, no earlier error, every value v[0..n) of g (named by names, as
+   dpar__g_arg_name reads them). */
+static bool dpar__g_args(dpar_graph *g, const char *fn, int n, const dpar_value *v, const char *names) {
     if (!g) {
         dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: graph is NULL", fn);
         return false;
@@ -10680,8 +10693,10 @@ static bool dpar__g_args(dpar_graph *g, const char *fn, int n, const dpar_value 
     }
     for (int i = 0; i < n; i++)
         if (v[i].id <= 0 || v[i].id >= g->count) {
-            dpar__g_fail(g, DPAR_ERR_INVALID_ARGUMENT, "%s: argument %d (id %d) is not a value of this graph", fn,
-                         i + 1, (int)v[i].id);
+            char nm[48];
+            dpar__g_arg_name(names, i, nm, sizeof nm);
+            dpar__g_fail(g, DPAR_ERR_INVALID_ARGUMENT, "%s: %s (id %d) is not a value of this graph", fn, nm,
+                         (int)v[i].id);
             return false;
         }
     return true;
@@ -10790,7 +10805,7 @@ static bool dpar__g_name_ok(dpar_graph *g, const char *fn, const char *name) {
     return true;
 }
 DPAR_API dpar_value dpar_g_name(dpar_graph *g, dpar_value v, const char *name) {
-    if (!dpar__g_args(g, "dpar_g_name", 1, &v) || !dpar__g_name_ok(g, "dpar_g_name", name)) return dpar__gv(0);
+    if (!dpar__g_args(g, "dpar_g_name", 1, &v, "v") || !dpar__g_name_ok(g, "dpar_g_name", name)) return dpar__gv(0);
     snprintf(g->n[v.id].name, DPAR_NAME_LEN, "%s", name ? name : "");
     return v;
 }
@@ -10827,7 +10842,7 @@ static int dpar__g_leaf(dpar_graph *g, int kind, const char *name, dpar_array *a
     return id;
 }
 DPAR_API dpar_value dpar_g_feed(dpar_graph *g, const char *name, const dpar_array_desc *desc) {
-    if (!dpar__g_args(g, "dpar_g_feed", 0, NULL) || !dpar__g_name_ok(g, "dpar_g_feed", name)) return dpar__gv(0);
+    if (!dpar__g_args(g, "dpar_g_feed", 0, NULL, NULL) || !dpar__g_name_ok(g, "dpar_g_feed", name)) return dpar__gv(0);
     if (!desc)
         return dpar__g_fail(g, DPAR_ERR_INVALID_ARGUMENT, "dpar_g_feed: feed '%s': desc is NULL", name ? name : "");
     dpar_array *a = NULL;
@@ -10839,7 +10854,8 @@ DPAR_API dpar_value dpar_g_feed(dpar_graph *g, const char *name, const dpar_arra
     return dpar__gv(id);
 }
 DPAR_API dpar_value dpar_g_param(dpar_graph *g, const char *name, dpar_array *a) {
-    if (!dpar__g_args(g, "dpar_g_param", 0, NULL) || !dpar__g_name_ok(g, "dpar_g_param", name)) return dpar__gv(0);
+    if (!dpar__g_args(g, "dpar_g_param", 0, NULL, NULL) || !dpar__g_name_ok(g, "dpar_g_param", name))
+        return dpar__gv(0);
     if (!a)
         return dpar__g_fail(g, DPAR_ERR_INVALID_ARGUMENT, "dpar_g_param: param '%s': array is NULL", name ? name : "");
     if (dpar__live_arg(a, DPAR__LIVE_ARRAY, "dpar_g_param", "the array"))
@@ -10851,7 +10867,7 @@ DPAR_API dpar_value dpar_g_param(dpar_graph *g, const char *name, dpar_array *a)
     return dpar__gv(dpar__g_leaf(g, DPAR__G_PARAM, name, a));
 }
 DPAR_API dpar_value dpar_g_const(dpar_graph *g, dpar_dtype dtype, int ndim, const int64_t *shape, float value) {
-    if (!dpar__g_args(g, "dpar_g_const", 0, NULL)) return dpar__gv(0);
+    if (!dpar__g_args(g, "dpar_g_const", 0, NULL, NULL)) return dpar__gv(0);
     dpar_status s = dpar__check_shape("dpar_g_const", ndim, shape);
     if (!s && (int)dtype >= (int)DPAR_DTYPE_COUNT)
         s = dpar__err(DPAR_ERR_DTYPE, "dpar_g_const: dtype %d is not a dpar_dtype", (int)dtype);
@@ -10920,7 +10936,7 @@ static dpar_value dpar__g_scalar(dpar_graph *g, int kind, int n, const dpar_valu
 DPAR_API dpar_value dpar_g_matmul(dpar_graph *g, dpar_value a, dpar_value b, bool trans_a, bool trans_b) {
     const char *fn = "dpar_g_matmul";
     dpar_value v[2] = { a, b };
-    if (!dpar__g_args(g, fn, 2, v) || !dpar__g_float(g, fn, 2, v)) return dpar__gv(0);
+    if (!dpar__g_args(g, fn, 2, v, "a b") || !dpar__g_float(g, fn, 2, v)) return dpar__gv(0);
     const dpar__gnode *x = &g->n[a.id], *y = &g->n[b.id];
     char s1[160], s2[160], l1[96], l2[96];
     if (x->ndim != 2 || y->ndim != 2 || x->shape[trans_a ? 0 : 1] != y->shape[trans_b ? 1 : 0])
@@ -10937,7 +10953,7 @@ DPAR_API dpar_value dpar_g_matmul(dpar_graph *g, dpar_value a, dpar_value b, boo
 DPAR_API dpar_value dpar_g_bias_add(dpar_graph *g, dpar_value x, dpar_value b) {
     const char *fn = "dpar_g_bias_add";
     dpar_value v[2] = { x, b };
-    if (!dpar__g_args(g, fn, 2, v) || !dpar__g_float(g, fn, 2, v)) return dpar__gv(0);
+    if (!dpar__g_args(g, fn, 2, v, "x b") || !dpar__g_float(g, fn, 2, v)) return dpar__gv(0);
     const dpar__gnode *xn = &g->n[x.id], *bn = &g->n[b.id];
     if (xn->ndim < 1 || bn->ndim != 1 || bn->shape[0] != xn->shape[xn->ndim - 1]) {
         char s1[160], s2[160], l1[96], l2[96];
@@ -10948,13 +10964,13 @@ DPAR_API dpar_value dpar_g_bias_add(dpar_graph *g, dpar_value x, dpar_value b) {
     return dpar__g_like(g, DPAR__G_BIAS_ADD, 2, v);
 }
 DPAR_API dpar_value dpar_g_relu(dpar_graph *g, dpar_value x) {
-    if (!dpar__g_args(g, "dpar_g_relu", 1, &x) || !dpar__g_float(g, "dpar_g_relu", 1, &x)) return dpar__gv(0);
+    if (!dpar__g_args(g, "dpar_g_relu", 1, &x, "x") || !dpar__g_float(g, "dpar_g_relu", 1, &x)) return dpar__gv(0);
     return dpar__g_like(g, DPAR__G_RELU, 1, &x);
 }
 DPAR_API dpar_value dpar_g_softmax_xent(dpar_graph *g, dpar_value logits, dpar_value labels) {
     const char *fn = "dpar_g_softmax_xent";
     dpar_value v[2] = { logits, labels };
-    if (!dpar__g_args(g, fn, 2, v) || !dpar__g_float(g, fn, 1, v)) return dpar__gv(0);
+    if (!dpar__g_args(g, fn, 2, v, "logits labels") || !dpar__g_float(g, fn, 1, v)) return dpar__gv(0);
     const dpar__gnode *z = &g->n[logits.id], *y = &g->n[labels.id];
     char s1[160], s2[160], l1[96], l2[96];
     if (y->dtype != DPAR_I32)
@@ -10968,20 +10984,20 @@ DPAR_API dpar_value dpar_g_softmax_xent(dpar_graph *g, dpar_value logits, dpar_v
 }
 DPAR_API dpar_value dpar_g_mse(dpar_graph *g, dpar_value pred, dpar_value target) {
     dpar_value v[2] = { pred, target };
-    if (!dpar__g_args(g, "dpar_g_mse", 2, v) || !dpar__g_float(g, "dpar_g_mse", 2, v) ||
+    if (!dpar__g_args(g, "dpar_g_mse", 2, v, "pred target") || !dpar__g_float(g, "dpar_g_mse", 2, v) ||
         !dpar__g_same(g, "dpar_g_mse", pred, target))
         return dpar__gv(0);
     return dpar__g_scalar(g, DPAR__G_MSE, 2, v);
 }
 DPAR_API dpar_value dpar_g_add(dpar_graph *g, dpar_value a, dpar_value b) {
     dpar_value v[2] = { a, b };
-    if (!dpar__g_args(g, "dpar_g_add", 2, v) || !dpar__g_float(g, "dpar_g_add", 2, v) ||
+    if (!dpar__g_args(g, "dpar_g_add", 2, v, "a b") || !dpar__g_float(g, "dpar_g_add", 2, v) ||
         !dpar__g_same(g, "dpar_g_add", a, b))
         return dpar__gv(0);
     return dpar__g_like(g, DPAR__G_ADD, 2, v);
 }
 DPAR_API dpar_value dpar_g_scale(dpar_graph *g, dpar_value x, float alpha) {
-    if (!dpar__g_args(g, "dpar_g_scale", 1, &x) || !dpar__g_float(g, "dpar_g_scale", 1, &x)) return dpar__gv(0);
+    if (!dpar__g_args(g, "dpar_g_scale", 1, &x, "x") || !dpar__g_float(g, "dpar_g_scale", 1, &x)) return dpar__gv(0);
     dpar_value r = dpar__g_like(g, DPAR__G_SCALE, 1, &x);
     if (r.id) g->n[r.id].fp = alpha;
     return r;
@@ -10989,7 +11005,7 @@ DPAR_API dpar_value dpar_g_scale(dpar_graph *g, dpar_value x, float alpha) {
 DPAR_API dpar_value dpar_g_mul_scalar(dpar_graph *g, dpar_value s, dpar_value x) {
     const char *fn = "dpar_g_mul_scalar";
     dpar_value v[2] = { s, x };
-    if (!dpar__g_args(g, fn, 2, v) || !dpar__g_float(g, fn, 2, v)) return dpar__gv(0);
+    if (!dpar__g_args(g, fn, 2, v, "s x") || !dpar__g_float(g, fn, 2, v)) return dpar__gv(0);
     if (dpar__g_count(&g->n[s.id]) != 1) {
         char s1[160], l1[96];
         return dpar__g_fail(g, DPAR_ERR_SHAPE, "%s: the scalar %s is %s; it must hold one element", fn,
@@ -10998,18 +11014,18 @@ DPAR_API dpar_value dpar_g_mul_scalar(dpar_graph *g, dpar_value s, dpar_value x)
     return dpar__g_make(g, DPAR__G_MULS, 2, v, x.id);
 }
 DPAR_API dpar_value dpar_g_sum(dpar_graph *g, dpar_value x) {
-    if (!dpar__g_args(g, "dpar_g_sum", 1, &x) || !dpar__g_float(g, "dpar_g_sum", 1, &x)) return dpar__gv(0);
+    if (!dpar__g_args(g, "dpar_g_sum", 1, &x, "x") || !dpar__g_float(g, "dpar_g_sum", 1, &x)) return dpar__gv(0);
     return dpar__g_scalar(g, DPAR__G_SUM, 1, &x);
 }
 DPAR_API dpar_value dpar_g_sum_squares(dpar_graph *g, dpar_value x) {
-    if (!dpar__g_args(g, "dpar_g_sum_squares", 1, &x) || !dpar__g_float(g, "dpar_g_sum_squares", 1, &x))
+    if (!dpar__g_args(g, "dpar_g_sum_squares", 1, &x, "x") || !dpar__g_float(g, "dpar_g_sum_squares", 1, &x))
         return dpar__gv(0);
     return dpar__g_scalar(g, DPAR__G_SUMSQ, 1, &x);
 }
 DPAR_API dpar_value dpar_g_dot(dpar_graph *g, dpar_value a, dpar_value b) {
     const char *fn = "dpar_g_dot";
     dpar_value v[2] = { a, b };
-    if (!dpar__g_args(g, fn, 2, v) || !dpar__g_float(g, fn, 2, v)) return dpar__gv(0);
+    if (!dpar__g_args(g, fn, 2, v, "a b") || !dpar__g_float(g, fn, 2, v)) return dpar__gv(0);
     if (dpar__g_count(&g->n[a.id]) != dpar__g_count(&g->n[b.id])) {
         char s1[160], s2[160], l1[96], l2[96];
         return dpar__g_fail(g, DPAR_ERR_SHAPE, "%s: %s %s and %s %s must have the same element count", fn,
@@ -11019,7 +11035,7 @@ DPAR_API dpar_value dpar_g_dot(dpar_graph *g, dpar_value a, dpar_value b) {
     return dpar__g_scalar(g, DPAR__G_DOT, 2, v);
 }
 DPAR_API dpar_value dpar_g_cast(dpar_graph *g, dpar_value x, dpar_dtype dtype) {
-    if (!dpar__g_args(g, "dpar_g_cast", 1, &x)) return dpar__gv(0);
+    if (!dpar__g_args(g, "dpar_g_cast", 1, &x, "x")) return dpar__gv(0);
     if ((int)dtype < 0 || (int)dtype >= (int)DPAR_DTYPE_COUNT)
         return dpar__g_fail(g, DPAR_ERR_DTYPE, "dpar_g_cast: dtype %d is not a dpar_dtype", (int)dtype);
     dpar_value r = dpar__g_like(g, DPAR__G_CAST, 1, &x);
@@ -11027,7 +11043,7 @@ DPAR_API dpar_value dpar_g_cast(dpar_graph *g, dpar_value x, dpar_dtype dtype) {
     return r;
 }
 DPAR_API dpar_value dpar_g_reshape(dpar_graph *g, dpar_value x, int ndim, const int64_t *shape) {
-    if (!dpar__g_args(g, "dpar_g_reshape", 1, &x)) return dpar__gv(0);
+    if (!dpar__g_args(g, "dpar_g_reshape", 1, &x, "x")) return dpar__gv(0);
     dpar_status s = dpar__check_shape("dpar_g_reshape", ndim, shape);
     if (s) return dpar__g_fail(g, s, "%s", dpar_last_error());
     if (dpar__prod(shape, ndim) != dpar__g_count(&g->n[x.id])) {
@@ -11043,7 +11059,7 @@ DPAR_API dpar_value dpar_g_reshape(dpar_graph *g, dpar_value x, int ndim, const 
 /* ---- collectives: axes, shapes, varying axes ---- */
 static dpar_value dpar__g_coll(dpar_graph *g, int kind, dpar_value x, const char *axes) {
     const char *fn = dpar__g_kinds[kind].name;
-    if (!dpar__g_args(g, fn, 1, &x)) return dpar__gv(0);
+    if (!dpar__g_args(g, fn, 1, &x, "x")) return dpar__gv(0);
     unsigned mask = 0;
     dpar_status s = dpar__parse_axes(g->mesh, fn, axes, &mask, NULL, NULL);
     if (s) return dpar__g_fail(g, s, "dpar_g_%s", dpar_last_error());
@@ -11235,7 +11251,7 @@ static dpar_value dpar__g_bcast_fail(dpar_graph *g, const char *fn, dpar_value a
 }
 DPAR_API dpar_value dpar_g_unary(dpar_graph *g, dpar_value x, dpar_unary_op op, float s) {
     const char *fn = "dpar_g_unary";
-    if (!dpar__g_args(g, fn, 1, &x) || !dpar__g_float(g, fn, 1, &x)) return dpar__gv(0);
+    if (!dpar__g_args(g, fn, 1, &x, "x") || !dpar__g_float(g, fn, 1, &x)) return dpar__gv(0);
     if ((int)op < 0 || op >= DPAR_UNARY_COUNT)
         return dpar__g_fail(g, DPAR_ERR_INVALID_ARGUMENT, "%s: op %d is not a dpar_unary_op", fn, (int)op);
     dpar_value r = dpar__g_like(g, DPAR__G_UNARY, 1, &x);
@@ -11245,7 +11261,7 @@ DPAR_API dpar_value dpar_g_unary(dpar_graph *g, dpar_value x, dpar_unary_op op, 
 DPAR_API dpar_value dpar_g_binary(dpar_graph *g, dpar_value a, dpar_value b, dpar_binary_op op) {
     const char *fn = "dpar_g_binary";
     dpar_value v[2] = { a, b };
-    if (!dpar__g_args(g, fn, 2, v) || !dpar__g_float(g, fn, 2, v)) return dpar__gv(0);
+    if (!dpar__g_args(g, fn, 2, v, "a b") || !dpar__g_float(g, fn, 2, v)) return dpar__gv(0);
     if ((int)op < 0 || op >= DPAR_BINARY_COUNT)
         return dpar__g_fail(g, DPAR_ERR_INVALID_ARGUMENT, "%s: op %d is not a dpar_binary_op", fn, (int)op);
     int nd, in[2] = { a.id, b.id };
@@ -11258,7 +11274,7 @@ DPAR_API dpar_value dpar_g_binary(dpar_graph *g, dpar_value a, dpar_value b, dpa
 DPAR_API dpar_value dpar_g_where(dpar_graph *g, dpar_value cond, dpar_value a, dpar_value b) {
     const char *fn = "dpar_g_where";
     dpar_value v[3] = { cond, a, b };
-    if (!dpar__g_args(g, fn, 3, v) || !dpar__g_float(g, fn, 2, v + 1)) return dpar__gv(0);
+    if (!dpar__g_args(g, fn, 3, v, "cond a b") || !dpar__g_float(g, fn, 2, v + 1)) return dpar__gv(0);
     dpar_dtype t = g->n[a.id].dtype; /* f32, or f64 (cond then f64 or i32, as the eager op) */
     if (g->n[cond.id].dtype != t && g->n[cond.id].dtype != DPAR_I32)
         return dpar__g_fail(g, DPAR_ERR_DTYPE, "%s: cond is %s and a, b are %s; cond must be %s or i32", fn,
@@ -11275,7 +11291,7 @@ DPAR_API dpar_value dpar_g_where(dpar_graph *g, dpar_value cond, dpar_value a, d
 DPAR_API dpar_value dpar_g_reduce(dpar_graph *g, dpar_value x, dpar_reduce_kind kind, const int *axes, int naxes,
                                   bool keepdims) {
     const char *fn = "dpar_g_reduce";
-    if (!dpar__g_args(g, fn, 1, &x) || !dpar__g_float(g, fn, 1, &x)) return dpar__gv(0);
+    if (!dpar__g_args(g, fn, 1, &x, "x") || !dpar__g_float(g, fn, 1, &x)) return dpar__gv(0);
     const dpar__gnode *xn = &g->n[x.id];
     unsigned mask;
     if ((int)kind < 0 || kind >= DPAR_REDUCE_KIND_COUNT)
@@ -11292,7 +11308,8 @@ DPAR_API dpar_value dpar_g_reduce(dpar_graph *g, dpar_value x, dpar_reduce_kind 
     return r;
 }
 DPAR_API dpar_value dpar_g_softmax(dpar_graph *g, dpar_value x, bool log) {
-    if (!dpar__g_args(g, "dpar_g_softmax", 1, &x) || !dpar__g_float(g, "dpar_g_softmax", 1, &x)) return dpar__gv(0);
+    if (!dpar__g_args(g, "dpar_g_softmax", 1, &x, "x") || !dpar__g_float(g, "dpar_g_softmax", 1, &x))
+        return dpar__gv(0);
     if (g->n[x.id].ndim < 1) return dpar__g_fail(g, DPAR_ERR_SHAPE, "dpar_g_softmax: x is a scalar; it needs an axis");
     dpar_value r = dpar__g_like(g, DPAR__G_SOFTMAX, 1, &x);
     if (r.id) g->n[r.id].ip[0] = log;
@@ -11300,7 +11317,7 @@ DPAR_API dpar_value dpar_g_softmax(dpar_graph *g, dpar_value x, bool log) {
 }
 DPAR_API dpar_value dpar_g_transpose(dpar_graph *g, dpar_value x, const int *perm) {
     const char *fn = "dpar_g_transpose";
-    if (!dpar__g_args(g, fn, 1, &x)) return dpar__gv(0);
+    if (!dpar__g_args(g, fn, 1, &x, "x")) return dpar__gv(0);
     const dpar__gnode *xn = &g->n[x.id];
     int64_t sh[DPAR_MAX_DIMS], p[DPAR_MAX_DIMS];
     unsigned seen = 0;
@@ -11319,7 +11336,7 @@ DPAR_API dpar_value dpar_g_transpose(dpar_graph *g, dpar_value x, const int *per
 }
 DPAR_API dpar_value dpar_g_broadcast_to(dpar_graph *g, dpar_value x, int ndim, const int64_t *shape) {
     const char *fn = "dpar_g_broadcast_to";
-    if (!dpar__g_args(g, fn, 1, &x)) return dpar__gv(0);
+    if (!dpar__g_args(g, fn, 1, &x, "x")) return dpar__gv(0);
     dpar_status s = dpar__check_shape(fn, ndim, shape);
     if (s) return dpar__g_fail(g, s, "%s", dpar_last_error());
     int in[1] = { x.id };
@@ -11335,7 +11352,7 @@ DPAR_API dpar_value dpar_g_broadcast_to(dpar_graph *g, dpar_value x, int ndim, c
 DPAR_API dpar_value dpar_g_slice(dpar_graph *g, dpar_value x, const int64_t *start, const int64_t *step,
                                  const int64_t *sizes) {
     const char *fn = "dpar_g_slice";
-    if (!dpar__g_args(g, fn, 1, &x)) return dpar__gv(0);
+    if (!dpar__g_args(g, fn, 1, &x, "x")) return dpar__gv(0);
     const dpar__gnode *xn = &g->n[x.id];
     if (xn->ndim > 0 && (!start || !sizes))
         return dpar__g_fail(g, DPAR_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn, start ? "sizes" : "start");
@@ -11358,7 +11375,7 @@ DPAR_API dpar_value dpar_g_slice(dpar_graph *g, dpar_value x, const int64_t *sta
 /* x padded with `value`: lo[i] before and hi[i] after each axis (NULL: zeros) */
 DPAR_API dpar_value dpar_g_pad(dpar_graph *g, dpar_value x, const int64_t *lo, const int64_t *hi, float value) {
     const char *fn = "dpar_g_pad";
-    if (!dpar__g_args(g, fn, 1, &x)) return dpar__gv(0);
+    if (!dpar__g_args(g, fn, 1, &x, "x")) return dpar__gv(0);
     const dpar__gnode *xn = &g->n[x.id];
     int64_t sh[DPAR_MAX_DIMS];
     for (int i = 0; i < xn->ndim; i++) {
@@ -11382,7 +11399,7 @@ DPAR_API dpar_value dpar_g_concat(dpar_graph *g, const dpar_value *xs, int n, in
     const char *fn = "dpar_g_concat";
     if (n < 1 || n > 4 || !xs)
         return dpar__g_fail(g, DPAR_ERR_INVALID_ARGUMENT, "%s: n = %d; a node joins 1..4 values (chain more)", fn, n);
-    if (!dpar__g_args(g, fn, n, xs)) return dpar__gv(0);
+    if (!dpar__g_args(g, fn, n, xs, "xs[]")) return dpar__gv(0);
     const dpar__gnode *x0 = &g->n[xs[0].id];
     int ax = axis < 0 ? axis + x0->ndim : axis, in[4];
     if (ax < 0 || ax >= x0->ndim)
@@ -11504,7 +11521,7 @@ static dpar_value dpar__g_norm(dpar_graph *g, const char *fn, int rms, dpar_valu
                                float eps) {
     dpar_value v[3] = { x, w, b };
     int nv = b.id ? 3 : 2;
-    if (!dpar__g_args(g, fn, nv, v) || !dpar__g_float(g, fn, nv, v)) return dpar__gv(0);
+    if (!dpar__g_args(g, fn, nv, v, "x w b") || !dpar__g_float(g, fn, nv, v)) return dpar__gv(0);
     int ndim = g->n[x.id].ndim;
     int64_t sh[DPAR_MAX_DIMS], st[2];
     memcpy(sh, g->n[x.id].shape, sizeof sh);
@@ -11537,7 +11554,7 @@ DPAR_API dpar_value dpar_g_rms_norm(dpar_graph *g, dpar_value x, dpar_value w, d
 DPAR_API dpar_value dpar_g_matmul_batched(dpar_graph *g, dpar_value a, dpar_value b, bool trans_a, bool trans_b) {
     const char *fn = "dpar_g_matmul_batched";
     dpar_value v[2] = { a, b };
-    if (!dpar__g_args(g, fn, 2, v) || !dpar__g_float(g, fn, 2, v)) return dpar__gv(0);
+    if (!dpar__g_args(g, fn, 2, v, "a b") || !dpar__g_float(g, fn, 2, v)) return dpar__gv(0);
     const dpar__gnode *x = &g->n[a.id], *y = &g->n[b.id];
     int r = x->ndim, ok = r >= 2 && (y->ndim == r || y->ndim == 2) && !(y->ndim == 2 && r > 2 && trans_a);
     for (int d = 0; ok && y->ndim == r && d + 2 < r; d++) ok = x->shape[d] == y->shape[d];
@@ -11565,7 +11582,7 @@ DPAR_API dpar_value dpar_g_attention(dpar_graph *g, dpar_value q, dpar_value k, 
                                      bool causal) {
     const char *fn = "dpar_g_attention";
     dpar_value in3[3] = { q, k, v };
-    if (!dpar__g_args(g, fn, 3, in3) || !dpar__g_float(g, fn, 3, in3)) return dpar__gv(0);
+    if (!dpar__g_args(g, fn, 3, in3, "q k v") || !dpar__g_float(g, fn, 3, in3)) return dpar__gv(0);
     const dpar__gnode *qn = &g->n[q.id], *kn = &g->n[k.id], *vn = &g->n[v.id];
     int r = qn->ndim, ok = r >= 2 && kn->ndim == r && vn->ndim == r;
     for (int d = 0; ok && d + 2 < r; d++) ok = kn->shape[d] == qn->shape[d] && vn->shape[d] == qn->shape[d];
@@ -11694,7 +11711,7 @@ DPAR_API dpar_value dpar_g_conv2d(dpar_graph *g, dpar_value x, dpar_value w, dpa
     const char *fn = "dpar_g_conv2d";
     dpar_value v[3] = { x, w, b };
     int n = b.id ? 3 : 2;
-    if (!dpar__g_args(g, fn, n, v) || !dpar__g_float(g, fn, n, v)) return dpar__gv(0);
+    if (!dpar__g_args(g, fn, n, v, "x w b") || !dpar__g_float(g, fn, n, v)) return dpar__gv(0);
     dpar_conv2d_desc z;
     if (!d) memset(&z, 0, sizeof z), d = &z;
     const dpar__gnode *xn = &g->n[x.id], *wn = &g->n[w.id];
@@ -11713,7 +11730,7 @@ DPAR_API dpar_value dpar_g_conv2d(dpar_graph *g, dpar_value x, dpar_value w, dpa
     return dpar__g_win_node(g, DPAR__G_CONV2D, n, in, ys, d, sizeof *d);
 }
 static dpar_value dpar__g_pool(dpar_graph *g, const char *fn, int kind, dpar_value x, const dpar_pool2d_desc *d) {
-    if (!dpar__g_args(g, fn, 1, &x) || !dpar__g_float(g, fn, 1, &x)) return dpar__gv(0);
+    if (!dpar__g_args(g, fn, 1, &x, "x") || !dpar__g_float(g, fn, 1, &x)) return dpar__gv(0);
     dpar_pool2d_desc z;
     if (!d) memset(&z, 0, sizeof z), d = &z;
     const dpar__gnode *xn = &g->n[x.id];
@@ -12032,10 +12049,11 @@ DPAR_API dpar_status dpar_graph_value_and_grad(dpar_graph *g, dpar_value loss, c
                                                dpar_value *grads) {
     const char *fn = "dpar_graph_value_and_grad";
     dpar__clear_error();
-    if (!dpar__g_args(g, fn, 1, &loss)) return dpar__g_args_status(g);
-    if (n < 0 || (n && (!wrt || !grads)))
-        return dpar__g_err(g, DPAR_ERR_INVALID_ARGUMENT, "%s: n = %d with wrt or grads NULL", fn, n);
-    if (n && !dpar__g_args(g, fn, n, wrt)) return dpar__g_status(g);
+    if (!dpar__g_args(g, fn, 1, &loss, "loss")) return dpar__g_args_status(g);
+    if (n < 0) return dpar__g_err(g, DPAR_ERR_INVALID_ARGUMENT, "%s: n = %d; give n >= 0", fn, n);
+    if (n && (!wrt || !grads))
+        return dpar__g_err(g, DPAR_ERR_INVALID_ARGUMENT, "%s: n = %d but %s is NULL", fn, n, wrt ? "grads" : "wrt");
+    if (n && !dpar__g_args(g, fn, n, wrt, "wrt[]")) return dpar__g_status(g);
     if (g->loss) return dpar__g_err(g, DPAR_ERR_STATE, "%s: the graph has a loss already (once per graph)", fn);
     dpar_status es = dpar__env_check(fn); /* DPAR_GRAPH_ASYNC_BYTES, read here, may have changed since the runtime */
     if (es) return es;
@@ -12101,7 +12119,7 @@ DPAR_API dpar_status dpar_graph_value_and_grad(dpar_graph *g, dpar_value loss, c
 
 DPAR_API dpar_status dpar_graph_keep(dpar_graph *g, dpar_value v) {
     dpar__clear_error();
-    if (!dpar__g_args(g, "dpar_graph_keep", 1, &v)) return dpar__g_args_status(g);
+    if (!dpar__g_args(g, "dpar_graph_keep", 1, &v, "v")) return dpar__g_args_status(g);
     g->n[v.id].keep = true;
     return DPAR_OK;
 }
@@ -12134,10 +12152,12 @@ static dpar_status dpar__g_split_groups(dpar_graph *g, const char *fn) {
 /* The optimizer node's params and grads, checked (params, same sizes); notes whether their specs differ. */
 static dpar_status dpar__g_opt_add(dpar_graph *g, const char *fn, const dpar_value *params, const dpar_value *grads,
                                    int n, float clip_norm) {
-    if (!params || !grads || n <= 0)
-        return dpar__g_err(g, DPAR_ERR_INVALID_ARGUMENT, "%s: params or grads NULL or n = %d", fn, n);
+    if (!params) return dpar__g_err(g, DPAR_ERR_INVALID_ARGUMENT, "%s: params is NULL", fn);
+    if (!grads) return dpar__g_err(g, DPAR_ERR_INVALID_ARGUMENT, "%s: grads is NULL", fn);
+    if (n <= 0) return dpar__g_err(g, DPAR_ERR_INVALID_ARGUMENT, "%s: n = %d; give n >= 1 params", fn, n);
     if (g->has_opt) return dpar__g_err(g, DPAR_ERR_STATE, "%s: the graph has an optimizer step already", fn);
-    if (!dpar__g_args(g, fn, n, params) || !dpar__g_args(g, fn, n, grads)) return dpar__g_status(g);
+    if (!dpar__g_args(g, fn, n, params, "params[]") || !dpar__g_args(g, fn, n, grads, "grads[]"))
+        return dpar__g_status(g);
     unsigned split = 0;
     char l[96], l2[96];
     for (int k = 0; k < n; k++) {
@@ -12182,7 +12202,7 @@ static dpar_status dpar__g_opt_add(dpar_graph *g, const char *fn, const dpar_val
 DPAR_API dpar_status dpar_graph_sgd(dpar_graph *g, const dpar_sgd_desc *d, const dpar_value *params,
                                     const dpar_value *grads, int n) {
     dpar__clear_error();
-    if (!dpar__g_args(g, "dpar_graph_sgd", 0, NULL)) return dpar__g_args_status(g);
+    if (!dpar__g_args(g, "dpar_graph_sgd", 0, NULL, NULL)) return dpar__g_args_status(g);
     if (!d) return dpar__g_err(g, DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_sgd: desc is NULL");
     dpar_status s = dpar_sgd_check(d);
     if (s) return dpar__g_err(g, s, "%s", dpar_last_error());
@@ -12194,7 +12214,7 @@ DPAR_API dpar_status dpar_graph_sgd(dpar_graph *g, const dpar_sgd_desc *d, const
 DPAR_API dpar_status dpar_graph_adamw(dpar_graph *g, const dpar_adamw_desc *d, const dpar_value *params,
                                       const dpar_value *grads, int n) {
     dpar__clear_error();
-    if (!dpar__g_args(g, "dpar_graph_adamw", 0, NULL)) return dpar__g_args_status(g);
+    if (!dpar__g_args(g, "dpar_graph_adamw", 0, NULL, NULL)) return dpar__g_args_status(g);
     if (!d) return dpar__g_err(g, DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_adamw: desc is NULL");
     dpar_status s = dpar_adamw_check(d);
     if (s) return dpar__g_err(g, s, "%s", dpar_last_error());
@@ -12320,7 +12340,7 @@ DPAR_API dpar_value dpar_g_cross_entropy(dpar_graph *g, dpar_value logits, dpar_
 DPAR_API dpar_value dpar_g_embedding(dpar_graph *g, dpar_value table, dpar_value idx) {
     const char *fn = "dpar_g_embedding";
     dpar_value v[2] = { table, idx };
-    if (!dpar__g_args(g, fn, 2, v) || !dpar__g_float(g, fn, 1, v)) return dpar__gv(0);
+    if (!dpar__g_args(g, fn, 2, v, "table idx") || !dpar__g_float(g, fn, 1, v)) return dpar__gv(0);
     const dpar__gnode *t = &g->n[table.id], *x = &g->n[idx.id];
     char s1[160], s2[160], l1[96], l2[96];
     if (x->dtype != DPAR_I32)
@@ -12347,7 +12367,7 @@ static dpar_value dpar__g_dropout_node(dpar_graph *g, dpar_value x, int lo, int 
 }
 DPAR_API dpar_value dpar_g_dropout(dpar_graph *g, dpar_value x, float rate, uint64_t seed) {
     const char *fn = "dpar_g_dropout";
-    if (!dpar__g_args(g, fn, 1, &x) || !dpar__g_float(g, fn, 1, &x)) return dpar__gv(0);
+    if (!dpar__g_args(g, fn, 1, &x, "x") || !dpar__g_float(g, fn, 1, &x)) return dpar__gv(0);
     if (!(rate >= 0.0f && rate <= 1.0f))
         return dpar__g_fail(g, DPAR_ERR_INVALID_ARGUMENT, "%s: rate = %g; it must be in [0, 1]", fn, (double)rate);
     return dpar__g_dropout_node(g, x, (int)(uint32_t)seed, (int)(uint32_t)(seed >> 32), rate);
@@ -12416,7 +12436,7 @@ typedef struct dpar__gz1 {
 DPAR_API dpar_status dpar_graph_zero1(dpar_graph *g, const char *axes) {
     const char *fn = "dpar_graph_zero1";
     dpar__clear_error();
-    if (!dpar__g_args(g, fn, 0, NULL)) return dpar__g_args_status(g);
+    if (!dpar__g_args(g, fn, 0, NULL, NULL)) return dpar__g_args_status(g);
     if (g->has_opt || g->z1 || g->pp)
         return dpar__g_err(g, DPAR_ERR_STATE, "%s: %s; call it once, before dpar_graph_sgd / dpar_graph_adamw", fn,
                            g->z1   ? "ZeRO-1 is on already"
@@ -12608,7 +12628,7 @@ typedef struct dpar__gpipe {
 DPAR_API dpar_status dpar_graph_pipeline(dpar_graph *g, const char *axis, int num_microbatches) {
     const char *fn = "dpar_graph_pipeline";
     dpar__clear_error();
-    if (!dpar__g_args(g, fn, 0, NULL)) return dpar__g_args_status(g);
+    if (!dpar__g_args(g, fn, 0, NULL, NULL)) return dpar__g_args_status(g);
     if (g->pp || g->z1 || g->count > 1)
         return dpar__g_err(g, DPAR_ERR_STATE, "%s: %s; call it once, right after dpar_graph_create", fn,
                            g->pp   ? "the graph is a pipeline already"
@@ -12688,7 +12708,7 @@ static int dpar__g_pipe_send(dpar_graph *g, int x, int from, int to) {
 }
 DPAR_API dpar_value dpar_g_pipe_split(dpar_graph *g, dpar_value x) {
     const char *fn = "dpar_g_pipe_split";
-    if (!dpar__g_args(g, fn, 1, &x)) return dpar__gv(0);
+    if (!dpar__g_args(g, fn, 1, &x, "x")) return dpar__gv(0);
     if (!g->pp || g->pp->bwd)
         return dpar__g_fail(g, DPAR_ERR_STATE, "%s: %s", fn,
                             g->pp ? "the backward pass is appended already; mark stages while building the forward"
@@ -15162,7 +15182,7 @@ DPAR_API dpar_status dpar_visualize_array_sharding(const dpar_array *a, const ch
    kept, not recomputed. */
 DPAR_API dpar_status dpar_graph_remat_begin(dpar_graph *g) {
     dpar__clear_error();
-    if (!dpar__g_args(g, "dpar_graph_remat_begin", 0, NULL)) return dpar__g_args_status(g);
+    if (!dpar__g_args(g, "dpar_graph_remat_begin", 0, NULL, NULL)) return dpar__g_args_status(g);
     if (g->loss)
         return dpar__g_err(g, DPAR_ERR_STATE,
                            "dpar_graph_remat_begin: the backward is built already; mark segments of the forward "
@@ -15177,7 +15197,7 @@ DPAR_API dpar_status dpar_graph_remat_begin(dpar_graph *g) {
 }
 DPAR_API dpar_status dpar_graph_remat_end(dpar_graph *g) {
     dpar__clear_error();
-    if (!dpar__g_args(g, "dpar_graph_remat_end", 0, NULL)) return dpar__g_args_status(g);
+    if (!dpar__g_args(g, "dpar_graph_remat_end", 0, NULL, NULL)) return dpar__g_args_status(g);
     if (!g->remat_open)
         return dpar__g_err(g, DPAR_ERR_STATE,
                            "dpar_graph_remat_end: no remat segment is open; call dpar_graph_remat_begin first");

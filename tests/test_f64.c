@@ -272,7 +272,7 @@ static void test_reductions(void **st) {
     T_OK(dpar_sum(bs, be)); /* size 0: sum 0 */
     assert_true(t_value_f64(bs) == 0.0);
     dpar_buffer *bf = t_buf(RT, 0, DPAR_F32, 1, &one, NULL);
-    T_ERR(dpar_sum(bf, bx), DPAR_ERR_DTYPE, "result buffer is f32", "f64");
+    T_ERR(dpar_sum(bf, bx), DPAR_ERR_DTYPE, "out is f32", "f64");
     dpar_buffer *bufs[] = { bx, by, bdy, bdx, bi, bs, be, bf };
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dpar_buffer_destroy(bufs[i]);
     free(x);
@@ -1672,7 +1672,7 @@ static void test_refusals(void **st) {
     T_ERR(dpar_copy(d, f), DPAR_ERR_DTYPE, "dpar_cast");
     T_ERR(dpar_matmul(md, md, mf, false, false, 1.0f, 0.0f), DPAR_ERR_DTYPE, "dpar_matmul", "f64");
     T_ERR(dpar_matmul(mf, md, md, false, false, 1.0f, 0.0f), DPAR_ERR_DTYPE, "dpar_matmul", "all three f64");
-    T_ERR(dpar_mse(lf, NULL, d, d2), DPAR_ERR_DTYPE, "result buffer is f32", "f64");
+    T_ERR(dpar_mse(lf, NULL, d, d2), DPAR_ERR_DTYPE, "loss is f32", "f64");
     T_ERR(dpar_softmax(md, mf, false), DPAR_ERR_DTYPE, "dpar_softmax", "x is f32");
     T_ERR(dpar_reduce(lf, d, DPAR_REDUCE_SUM, NULL, 0), DPAR_ERR_DTYPE, "dpar_reduce", "must be f64");
     dpar_loss_scaler ls; /* the loss scaler (mixed precision) has no f64 */
