@@ -9233,8 +9233,8 @@ DPAR_API dpar_status dpar_sgd_step(dpar_ctx *ctx, const dpar_sgd_desc *d, dpar_b
         if ((s = dpar__sgd_check_bufs("dpar_sgd_step", d, params[i], grads[i], moms ? moms[i] : NULL))) return s;
     float scale = 1.0f;
     if (d->clip_norm > 0.0f) {
-        s = dpar_sgd_clip_scale(ctx, d, grads, n, &scale, NULL);
-        if (s) return s;
+        if (!ctx) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_sgd_step: clipping needs ctx (call it inside fn)");
+        if ((s = dpar__clip_scale("dpar_sgd_step", ctx, d->clip_norm, d->norm_axes, grads, n, &scale, NULL))) return s;
     }
     for (int i = 0; i < n; i++) {
         bool pair = i + 1 < n && dpar__sgd_pairable(params + i, grads + i, moms ? moms + i : NULL);
@@ -12204,7 +12204,7 @@ DPAR_API dpar_status dpar_graph_sgd(dpar_graph *g, const dpar_sgd_desc *d, const
     dpar__clear_error();
     if (!dpar__g_args(g, "dpar_graph_sgd", 0, NULL, NULL)) return dpar__g_args_status(g);
     if (!d) return dpar__g_err(g, DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_sgd: desc is NULL");
-    dpar_status s = dpar_sgd_check(d);
+    dpar_status s = dpar__sgd_check("dpar_graph_sgd", d);
     if (s) return dpar__g_err(g, s, "%s", dpar_last_error());
     if ((s = dpar__g_opt_add(g, "dpar_graph_sgd", params, grads, n, d->clip_norm))) return s;
     g->opt.d = *d;
@@ -12216,7 +12216,8 @@ DPAR_API dpar_status dpar_graph_adamw(dpar_graph *g, const dpar_adamw_desc *d, c
     dpar__clear_error();
     if (!dpar__g_args(g, "dpar_graph_adamw", 0, NULL, NULL)) return dpar__g_args_status(g);
     if (!d) return dpar__g_err(g, DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_adamw: desc is NULL");
-    dpar_status s = dpar_adamw_check(d);
+    dpar_adamw_desc r;
+    dpar_status s = dpar__adamw_resolve("dpar_graph_adamw", d, &r);
     if (s) return dpar__g_err(g, s, "%s", dpar_last_error());
     if ((s = dpar__g_opt_add(g, "dpar_graph_adamw", params, grads, n, d->clip_norm))) return s;
     g->opt.adamw = true;

@@ -1160,9 +1160,9 @@ static void dpar_ckpt__put(dpar_ckpt__writer *w, const void *p, size_t n) {
 }
 
 static dpar_status dpar_ckpt__check_entries(const char *fn, const dpar_checkpoint_entry *e, int n) {
-    if (n < 0 || (n > 0 && !e))
-        return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "%s: %d entries with entries = %p", fn, n,
-                                   (const void *)e);
+    if (n < 0) return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "%s: n = %d; give n >= 0", fn, n);
+    if (n > 0 && !e)
+        return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "%s: entries is NULL but n = %d; give n entries", fn, n);
     for (int i = 0; i < n; i++) {
         if (!e[i].name || !e[i].name[0] || strlen(e[i].name) > DPAR_CKPT__NAME_MAX)
             return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT,
