@@ -8707,14 +8707,28 @@ DPAR_API dpar_status dpar_slice_backward(dpar_buffer *dx, const dpar_buffer *dy,
     dpar__dense_strides(dy->ndim, dy->shape, src_st);
     return dpar__strided(dx, dy, dy->ndim, dy->shape, src_st, 0, st, off);
 }
+/* dpar_pad's lo (NULL: zeros): x fits in y from lo[i] on every axis i; its own text, as a pad has no steps */
+static dpar_status dpar__pad_check(const char *fn, const dpar_buffer *y, const dpar_buffer *x, const int64_t *lo) {
+    for (int i = 0; i < x->ndim; i++) {
+        int64_t room = y->shape[i] - x->shape[i], l = lo ? lo[i] : 0;
+        if (room < 0)
+            return dpar__err(DPAR_ERR_SHAPE, "%s: axis %d: y has %lld elements but x has %lld; y must be x padded", fn,
+                             i, (long long)y->shape[i], (long long)x->shape[i]);
+        if (l < 0 || l > room)
+            return dpar__err(
+                DPAR_ERR_SHAPE, "%s: lo[%d] = %lld; x's %lld elements on axis %d fit in y's %lld from lo[%d] = 0..%lld",
+                fn, i, (long long)l, (long long)x->shape[i], i, (long long)y->shape[i], i, (long long)room);
+    }
+    return DPAR_OK;
+}
 DPAR_API dpar_status dpar_pad(dpar_buffer *y, const dpar_buffer *x, const int64_t *lo, float value) {
     const char *fn = "dpar_pad";
     dpar__clear_error();
     int64_t zeros[DPAR_MAX_DIMS], st[DPAR_MAX_DIMS], src_st[DPAR_MAX_DIMS], off;
     memset(zeros, 0, sizeof zeros);
     dpar_status s = dpar__shape_op_check(fn, y, "y", x, "x", 1);
-    if (s || (s = dpar__slice_geo(fn, y, x, lo ? lo : zeros, NULL, st, &off)) || (s = dpar__strided_fits(y, x)) ||
-        (s = dpar_fill(y, value)))
+    if (s || (s = dpar__pad_check(fn, y, x, lo)) || (s = dpar__slice_geo(fn, y, x, lo ? lo : zeros, NULL, st, &off)) ||
+        (s = dpar__strided_fits(y, x)) || (s = dpar_fill(y, value)))
         return s;
     dpar__dense_strides(x->ndim, x->shape, src_st);
     return dpar__strided(y, x, x->ndim, x->shape, src_st, 0, st, off);
@@ -8799,12 +8813,12 @@ static dpar_status dpar__win2d_make(const char *fn, const int64_t xs[4], const c
     if ((int)mode < (int)DPAR_PADDING_DEFAULT || (int)mode > (int)DPAR_PADDING_EXPLICIT)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: padding = %d is not a dpar_padding value", fn, (int)mode);
     for (int i = 0; i < 2; i++) {
-        if (s[i] < 0 || (dl && dl[i] < 0)) /* a pool (dl NULL) has no dilation to name */
-            return dl ? dpar__err(DPAR_ERR_INVALID_ARGUMENT,
-                                  "%s: stride[%d] = %d, dilation[%d] = %d; use 0 (default 1) or a positive value", fn,
-                                  i, s[i], i, dl[i])
-                      : dpar__err(DPAR_ERR_INVALID_ARGUMENT,
-                                  "%s: stride[%d] = %d; use 0 (default 1) or a positive value", fn, i, s[i]);
+        if (s[i] < 0) /* a pool (dl NULL) strides by its window unless told */
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: stride[%d] = %d; use 0 (default%s) or a positive value",
+                             fn, i, s[i], dl ? " 1" : ": the window");
+        if (dl && dl[i] < 0)
+            return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: dilation[%d] = %d; use 0 (default 1) or a positive value",
+                             fn, i, dl[i]);
         if (mode == DPAR_PADDING_EXPLICIT && (pad[i][0] < 0 || pad[i][1] < 0))
             return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: pad[%d] = {%d, %d}; explicit pads must be >= 0", fn, i,
                              pad[i][0], pad[i][1]);
@@ -8887,17 +8901,18 @@ static dpar_status dpar__need_4d(const char *fn, const dpar_buffer *b, const cha
     }
     return DPAR_OK;
 }
-/* The operand on the output side (y or dy) against the geometry (sizer: the
-   *_output_shape function that sizes it); the written buffer dst must not be
-   any of the read operands. */
-static dpar_status dpar__win2d_check_out(const char *fn, const char *sizer, const dpar_buffer *y, const char *yn,
-                                         const dpar__win2d *g, const dpar_buffer *dst, const dpar_buffer *const *ops,
-                                         int nops) {
+/* The operand on the output side (y or dy) against the geometry, which came from `from` and the desc d
+   ("x, dw": either may be the wrong one; sizer: the *_output_shape function that computes it); the written
+   buffer dst must not be any of the read operands. */
+static dpar_status dpar__win2d_check_out(const char *fn, const char *sizer, const char *from, const dpar_buffer *y,
+                                         const char *yn, const dpar__win2d *g, const dpar_buffer *dst,
+                                         const dpar_buffer *const *ops, int nops) {
     int64_t want[4] = { g->n, g->oh, g->ow, g->o };
     if (memcmp(y->shape, want, sizeof want) != 0) {
         char a[160], b[160];
-        return dpar__err(DPAR_ERR_SHAPE, "%s: %s is %s but the input, window and desc give %s; size it with %s", fn, yn,
-                         dpar__shape_str(a, sizeof a, 4, y->shape), dpar__shape_str(b, sizeof b, 4, want), sizer);
+        return dpar__err(
+            DPAR_ERR_SHAPE, "%s: %s is %s but %s and d give %s; fix whichever is wrong (%s gives the shape they imply)",
+            fn, yn, dpar__shape_str(a, sizeof a, 4, y->shape), from, dpar__shape_str(b, sizeof b, 4, want), sizer);
     }
     int uses = 0;
     for (int i = 0; i < nops; i++) uses += ops[i] == dst;
@@ -8932,7 +8947,7 @@ DPAR_API dpar_status dpar_conv2d(dpar_buffer *y, const dpar_buffer *x, const dpa
     if (s || (s = dpar__same_float64(fn, fl, fln, 4)) || (s = dpar__need_4d(fn, x, "x", "NHWC")) ||
         (s = dpar__need_4d(fn, w, "w", "HWIO")) || (s = dpar__need_4d(fn, y, "y", "NHWC")) ||
         (s = dpar__conv2d_win(fn, x->shape, "x", w->shape, d, &g)) ||
-        (s = dpar__win2d_check_out(fn, "dpar_conv2d_output_shape", y, "y", &g, y, ops, 3)))
+        (s = dpar__win2d_check_out(fn, "dpar_conv2d_output_shape", "x, w", y, "y", &g, y, ops, 3)))
         return s;
     if (b && (s = dpar__conv2d_bias(fn, b, "bias", &g))) return s;
     return dpar__conv2d_run(DPAR__OP_CONV2D, &g, y, x, w, b);
@@ -8948,7 +8963,7 @@ DPAR_API dpar_status dpar_conv2d_backward_input(dpar_buffer *dx, const dpar_buff
     if (s || (s = dpar__same_float64(fn, fl, fln, 3)) || (s = dpar__need_4d(fn, dx, "dx", "NHWC")) ||
         (s = dpar__need_4d(fn, w, "w", "HWIO")) || (s = dpar__need_4d(fn, dy, "dy", "NHWC")) ||
         (s = dpar__conv2d_win(fn, dx->shape, "dx", w->shape, d, &g)) ||
-        (s = dpar__win2d_check_out(fn, "dpar_conv2d_output_shape", dy, "dy", &g, dx, ops, 2)))
+        (s = dpar__win2d_check_out(fn, "dpar_conv2d_output_shape", "dx, w", dy, "dy", &g, dx, ops, 2)))
         return s;
     return dpar__conv2d_run(DPAR__OP_CONV2D_BWD_INPUT, &g, dx, dy, w, NULL);
 }
@@ -8963,7 +8978,7 @@ DPAR_API dpar_status dpar_conv2d_backward_kernel(dpar_buffer *dw, dpar_buffer *d
     if (s || (s = dpar__same_float64(fn, fl, fln, 4)) || (s = dpar__need_4d(fn, dw, "dw", "HWIO")) ||
         (s = dpar__need_4d(fn, x, "x", "NHWC")) || (s = dpar__need_4d(fn, dy, "dy", "NHWC")) ||
         (s = dpar__conv2d_win(fn, x->shape, "x", dw->shape, d, &g)) ||
-        (s = dpar__win2d_check_out(fn, "dpar_conv2d_output_shape", dy, "dy", &g, dw, ops, 2)))
+        (s = dpar__win2d_check_out(fn, "dpar_conv2d_output_shape", "x, dw", dy, "dy", &g, dw, ops, 2)))
         return s;
     const dpar_buffer *dbc = db;
     if (db && ((s = dpar__op_check(fn, dw, "dw", &dbc, fln + 3, 1)) || (s = dpar__conv2d_bias(fn, db, "db", &g))))
@@ -8987,7 +9002,7 @@ static dpar_status dpar__pool2d_op(const char *fn, dpar__op_kind k, dpar_buffer 
         (s = dpar__need_4d(fn, out, outn, "NHWC")) ||
         (src1 && ((s = dpar__need_4d(fn, src1, "x", "NHWC")) || (s = dpar__same_shape(fn, src1, "x", in, inn)))) ||
         (s = dpar__pool2d_win(fn, in->shape, inn, d, &g)) ||
-        (s = dpar__win2d_check_out(fn, "dpar_pool2d_output_shape", out, outn, &g, dst, ops, 2)))
+        (s = dpar__win2d_check_out(fn, "dpar_pool2d_output_shape", inn, out, outn, &g, dst, ops, 2)))
         return s;
     return dpar__conv2d_run(k, &g, dst, src0, src1, NULL);
 }

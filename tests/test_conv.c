@@ -857,10 +857,11 @@ static void test_errors(void **st) {
     dpar_pool2d_desc p = { { 7, 7 }, { 0 }, DPAR_PADDING_DEFAULT, { { 0 } }, false };
     T_ERR(dpar_avg_pool2d(Y, X, &p), DPAR_ERR_SHAPE, "dpar_avg_pool2d", "window spans 7");
     T_ERR(dpar_max_pool2d(YB, X, NULL), DPAR_ERR_SHAPE, "dpar_max_pool2d", "y is [2, 4, 5, 4]", "[2, 2, 2, 3]",
-          "size it with dpar_pool2d_output_shape");
-    T_ERR(dpar_conv2d(YB, X, W, NULL, NULL), DPAR_ERR_SHAPE, "size it with dpar_conv2d_output_shape");
+          "x and d give", "dpar_pool2d_output_shape gives the shape");
+    T_ERR(dpar_conv2d(YB, X, W, NULL, NULL), DPAR_ERR_SHAPE, "x, w and d give", "dpar_conv2d_output_shape gives");
     dpar_pool2d_desc pst = { { 2, 2 }, { 1, -2 }, DPAR_PADDING_DEFAULT, { { 0 } }, false };
-    T_ERR(dpar_max_pool2d(YB, X, &pst), DPAR_ERR_INVALID_ARGUMENT, "stride[1] = -2; use 0"); /* no dilation */
+    T_ERR(dpar_max_pool2d(YB, X, &pst), DPAR_ERR_INVALID_ARGUMENT,
+          "stride[1] = -2; use 0 (default: the window)"); /* no dilation */
     T_ERR(dpar_max_pool2d_backward(X, Y, YB, NULL), DPAR_ERR_SHAPE, "dpar_max_pool2d_backward");
     int64_t pooled[4] = { 2, 2, 2, 3 };
     dpar_buffer *P = mk(CPU, 4, pooled, NULL), *DXP = mk(CPU, 4, xs, NULL);
