@@ -4459,12 +4459,19 @@ static void dpar__live_erase(dpar__live_entry *e) {
         dpar__live_cap = dpar__live_used = 0;
     }
 }
+/* How a handle of that kind goes stale, and the advice, ending a stale text: a runtime has no parent, a mesh
+   has only its runtime. */
+static const char *dpar__live_stale_why(int kind) {
+    if (kind == DPAR__LIVE_RUNTIME) return "destroyed); nothing was done; stop using a runtime once it is destroyed";
+    if (kind == DPAR__LIVE_MESH)
+        return "destroyed, or released when its runtime was destroyed); nothing was done; stop using a mesh once "
+               "it or its runtime is destroyed";
+    return "destroyed, or released when its mesh or runtime was destroyed); nothing was done; stop using a handle "
+           "once it or its parent is destroyed";
+}
 static dpar_status dpar__live_stale(const char *fn, int kind) {
-    const char *k = dpar__live_kind_name(kind);
-    return dpar__err(DPAR_ERR_STATE,
-                     "%s: the %s is stale (destroyed, or released when its mesh or runtime was destroyed); nothing "
-                     "was done; stop using a handle once it or its parent is destroyed",
-                     fn, k);
+    return dpar__err(DPAR_ERR_STATE, "%s: the %s is stale (%s", fn, dpar__live_kind_name(kind),
+                     dpar__live_stale_why(kind));
 }
 /* The live entry of p of that kind, else NULL with the error set; refuses a
    handle whose runtime or mesh another thread is destroying. Under dpar__live_mu. */
@@ -4508,10 +4515,8 @@ static DPAR__TLS dpar__live_memo_slot dpar__live_memo[DPAR__LIVE_MEMO];
 static DPAR__TLS uint64_t dpar__live_memo_disp; /* the memo holds handles found live in this dispatch (job_id) */
 
 static dpar_status dpar__live_stale_arg(const char *fn, const char *arg, int kind) {
-    return dpar__err(DPAR_ERR_STATE,
-                     "%s: %s is a stale %s (destroyed, or released when its mesh or runtime was destroyed); nothing "
-                     "was done; stop using a handle once it or its parent is destroyed",
-                     fn, arg, dpar__live_kind_name(kind));
+    return dpar__err(DPAR_ERR_STATE, "%s: %s is a stale %s (%s", fn, arg, dpar__live_kind_name(kind),
+                     dpar__live_stale_why(kind));
 }
 static size_t dpar__live_memo_of(const void *p) {
     uintptr_t x = (uintptr_t)p;
