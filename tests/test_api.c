@@ -216,6 +216,70 @@ static void test_operand_names(void **st) {
     T_OK(dpar_runtime_destroy(rt));
 }
 
+/* One text from each kind the fresh-user review found: the argument named by its parameter (not a wrong one,
+   not "X or Y"), the function the user called, advice that holds, a stale text that fits the handle. */
+static void test_error_texts(void **st) {
+    (void)st;
+    dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 1);
+    int64_t m22[2] = { 2, 2 }, m42[2] = { 4, 2 }, m33[2] = { 3, 3 }, m23[2] = { 2, 3 }, two[1] = { 2 },
+            x4[4] = { 1, 4, 4, 2 }, dw4[4] = { 3, 3, 2, 4 }, dy4[4] = { 1, 4, 4, 3 }, w4[4] = { 3, 3, 2, 3 },
+            p4[4] = { 1, 2, 2, 2 };
+    dpar_buffer *a, *b, *c, *y, *lg, *lb, *x, *dw, *dy, *w, *p;
+    T_OK(dpar_buffer_create(rt, 0, DPAR_F32, 2, m22, &a));
+    T_OK(dpar_buffer_create(rt, 0, DPAR_F32, 2, m22, &b));
+    T_OK(dpar_buffer_create(rt, 0, DPAR_F32, 2, m42, &c));
+    T_OK(dpar_buffer_create(rt, 0, DPAR_F32, 2, m33, &y));
+    T_OK(dpar_buffer_create(rt, 0, DPAR_F32, 2, m23, &lg));
+    T_OK(dpar_buffer_create(rt, 0, DPAR_I32, 1, two, &lb));
+    T_OK(dpar_buffer_create(rt, 0, DPAR_F32, 4, x4, &x));
+    T_OK(dpar_buffer_create(rt, 0, DPAR_F32, 4, dw4, &dw));
+    T_OK(dpar_buffer_create(rt, 0, DPAR_F32, 4, dy4, &dy));
+    T_OK(dpar_buffer_create(rt, 0, DPAR_F32, 4, w4, &w));
+    T_OK(dpar_buffer_create(rt, 0, DPAR_F32, 4, p4, &p));
+    int64_t start[2] = { 0, 0 }, lo[2] = { -1, 0 };
+    /* the parameter's name: slice_backward said x for dy and y for dx */
+    T_ERR(dpar_slice_backward(a, NULL, start, NULL), DPAR_ERR_INVALID_ARGUMENT, "dpar_slice_backward: dy is NULL");
+    T_ERR(dpar_slice_backward(NULL, a, start, NULL), DPAR_ERR_INVALID_ARGUMENT, "dpar_slice_backward: dx is NULL");
+    const dpar_buffer *xs[2] = { a, NULL };
+    T_ERR(dpar_concat(c, xs, 2, 0), DPAR_ERR_INVALID_ARGUMENT, "dpar_concat: xs[1] is NULL");
+    /* one argument, not "runtime or desc" */
+    dpar_mesh *m = NULL;
+    T_ERR(dpar_mesh_create(NULL, &(dpar_mesh_desc){ .shape = { 1 }, .axis_names = { "d" } }, &m),
+          DPAR_ERR_INVALID_ARGUMENT, "dpar_mesh_create: rt is NULL");
+    m = t_mesh1(rt, 1, "d");
+    T_ERR(dpar_shard_map(m, &(dpar_shard_map_desc){ .fn = NULL }), DPAR_ERR_INVALID_ARGUMENT,
+          "dpar_shard_map: desc->fn is NULL");
+    T_ERR(dpar_wait(NULL, NULL), DPAR_ERR_INVALID_ARGUMENT, "dpar_wait: req is NULL");
+    T_ERR(dpar_cross_entropy(a, NULL, lg, lb, NULL), DPAR_ERR_SHAPE, "dpar_cross_entropy: loss must hold 1");
+    dpar_graph *g1 = NULL, *g2 = NULL;
+    T_OK(dpar_graph_create(m, &g1));
+    T_OK(dpar_graph_create(m, &g2));
+    dpar_g_relu(g1, (dpar_value){ 999 });
+    T_ERR(dpar_graph_status(g1), DPAR_ERR_INVALID_ARGUMENT, "dpar_g_relu: x (id 999) is not a value");
+    /* the function the user called, not the shared check's */
+    T_ERR(dpar_graph_adamw(g2, &(dpar_adamw_desc){ .learning_rate = 0.1f, .b2 = 2.0f }, NULL, NULL, 0),
+          DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_adamw: b1 = 0.9, b2 = 2");
+    /* advice that holds: a pool strides by its window; only the bad field; all the sources of a shape */
+    T_ERR(dpar_avg_pool2d(p, x, &(dpar_pool2d_desc){ .stride = { 0, -1 } }), DPAR_ERR_INVALID_ARGUMENT,
+          "stride[1] = -1; use 0 (default: the window)");
+    T_ERR(dpar_conv2d(dy, x, w, NULL, &(dpar_conv2d_desc){ .stride = { -1, 1 } }), DPAR_ERR_INVALID_ARGUMENT,
+          "dpar_conv2d: stride[0] = -1; use 0 (default 1)");
+    assert_null(strstr(dpar_last_error(), "dilation"));
+    T_ERR(dpar_conv2d_backward_kernel(dw, NULL, x, dy, NULL), DPAR_ERR_SHAPE,
+          "dy is [1, 4, 4, 3] but x, dw and d give [1, 4, 4, 4]");
+    T_ERR(dpar_pad(y, a, lo, 0.0f), DPAR_ERR_SHAPE, "dpar_pad: lo[0] = -1", "lo[0] = 0..1");
+    assert_null(strstr(dpar_last_error(), "steps"));
+    T_OK(dpar_graph_destroy(g1));
+    T_OK(dpar_graph_destroy(g2));
+    T_OK(dpar_mesh_destroy(m));
+    dpar_buffer *all[] = { a, b, c, y, lg, lb, x, dw, dy, w, p };
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) T_OK(dpar_buffer_destroy(all[i]));
+    T_OK(dpar_runtime_destroy(rt));
+    /* a runtime has no parent to have been released with */
+    T_ERR(dpar_runtime_destroy(rt), DPAR_ERR_STATE, "dpar_runtime_destroy: the runtime is stale (destroyed); nothing",
+          "stop using a runtime once it is destroyed");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mesh_ndim_inferred),
@@ -226,6 +290,7 @@ int main(void) {
         cmocka_unit_test(test_set_last_error_wraps_itself),
         cmocka_unit_test(test_two_runtimes_message),
         cmocka_unit_test(test_operand_names),
+        cmocka_unit_test(test_error_texts),
     };
     return cmocka_run_group_tests_name("api", tests, NULL, NULL);
 }
