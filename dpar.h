@@ -8878,9 +8878,9 @@ static dpar_status dpar__pool2d_win(const char *fn, const int64_t xs[4], const c
 DPAR_API dpar_status dpar_conv2d_output_shape(const int64_t x_shape[4], const int64_t w_shape[4],
                                               const dpar_conv2d_desc *d, int64_t y_shape[4]) {
     dpar__clear_error();
-    if (!x_shape || !w_shape || !y_shape)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
-                         "dpar_conv2d_output_shape: x_shape, w_shape and y_shape are needed");
+    if (!x_shape) return dpar__null("dpar_conv2d_output_shape", "x_shape");
+    if (!w_shape) return dpar__null("dpar_conv2d_output_shape", "w_shape");
+    if (!y_shape) return dpar__null("dpar_conv2d_output_shape", "y_shape");
     dpar__win2d g;
     dpar_status s = dpar__conv2d_win("dpar_conv2d_output_shape", x_shape, "x_shape", w_shape, d, &g);
     if (s) return s;
@@ -8889,8 +8889,8 @@ DPAR_API dpar_status dpar_conv2d_output_shape(const int64_t x_shape[4], const in
 }
 DPAR_API dpar_status dpar_pool2d_output_shape(const int64_t x_shape[4], const dpar_pool2d_desc *d, int64_t y_shape[4]) {
     dpar__clear_error();
-    if (!x_shape || !y_shape)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_pool2d_output_shape: x_shape and y_shape are needed");
+    if (!x_shape) return dpar__null("dpar_pool2d_output_shape", "x_shape");
+    if (!y_shape) return dpar__null("dpar_pool2d_output_shape", "y_shape");
     dpar__win2d g;
     dpar_status s = dpar__pool2d_win("dpar_pool2d_output_shape", x_shape, "x_shape", d, &g);
     if (s) return s;

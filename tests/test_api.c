@@ -267,6 +267,9 @@ static void test_error_texts(void **st) {
     assert_null(strstr(dpar_last_error(), "dilation"));
     T_ERR(dpar_conv2d_backward_kernel(dw, NULL, x, dy, NULL), DPAR_ERR_SHAPE,
           "dy is [1, 4, 4, 3] but x, dw and d give [1, 4, 4, 4]");
+    int64_t ys[4];
+    T_ERR(dpar_conv2d_output_shape(x4, NULL, NULL, ys), DPAR_ERR_INVALID_ARGUMENT,
+          "dpar_conv2d_output_shape: w_shape is NULL");
     T_ERR(dpar_pad(y, a, lo, 0.0f), DPAR_ERR_SHAPE, "dpar_pad: lo[0] = -1", "lo[0] = 0..1");
     assert_null(strstr(dpar_last_error(), "steps"));
     T_OK(dpar_graph_destroy(g1));
