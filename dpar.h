@@ -12231,19 +12231,24 @@ DPAR_API dpar_status dpar_graph_sgd(dpar_graph *g, const dpar_sgd_desc *d, const
     g->opt.d.norm_axes = g->opt.norm_axes[0] ? g->opt.norm_axes : NULL;
     return DPAR_OK;
 }
-DPAR_API dpar_status dpar_graph_adamw(dpar_graph *g, const dpar_adamw_desc *d, const dpar_value *params,
-                                      const dpar_value *grads, int n) {
-    dpar__clear_error();
-    if (!dpar__g_args(g, "dpar_graph_adamw", 0, NULL, NULL)) return dpar__g_args_status(g);
-    if (!d) return dpar__g_err(g, DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_adamw: desc is NULL");
+/* dpar_graph_adamw, its errors in the name fn of the call the user made */
+static dpar_status dpar__g_adamw(const char *fn, dpar_graph *g, const dpar_adamw_desc *d, const dpar_value *params,
+                                 const dpar_value *grads, int n) {
+    if (!dpar__g_args(g, fn, 0, NULL, NULL)) return dpar__g_args_status(g);
+    if (!d) return dpar__g_err(g, DPAR_ERR_INVALID_ARGUMENT, "%s: desc is NULL", fn);
     dpar_adamw_desc r;
-    dpar_status s = dpar__adamw_resolve("dpar_graph_adamw", d, &r);
+    dpar_status s = dpar__adamw_resolve(fn, d, &r);
     if (s) return dpar__g_err(g, s, "%s", dpar_last_error());
-    if ((s = dpar__g_opt_add(g, "dpar_graph_adamw", params, grads, n, d->clip_norm))) return s;
+    if ((s = dpar__g_opt_add(g, fn, params, grads, n, d->clip_norm))) return s;
     g->opt.adamw = true;
     g->opt.ad = *d;
     g->opt.ad.norm_axes = g->opt.norm_axes[0] ? g->opt.norm_axes : NULL;
     return DPAR_OK;
+}
+DPAR_API dpar_status dpar_graph_adamw(dpar_graph *g, const dpar_adamw_desc *d, const dpar_value *params,
+                                      const dpar_value *grads, int n) {
+    dpar__clear_error();
+    return dpar__g_adamw("dpar_graph_adamw", g, d, params, grads, n);
 }
 DPAR_API dpar_status dpar_graph_adamw_masked(dpar_graph *g, const dpar_adamw_desc *d, const dpar_value *params,
                                              const dpar_value *grads, const bool *decay, int n) {
@@ -12252,7 +12257,8 @@ DPAR_API dpar_status dpar_graph_adamw_masked(dpar_graph *g, const dpar_adamw_des
         return dpar__g_err(g, DPAR_ERR_INVALID_ARGUMENT,
                            "dpar_graph_adamw_masked: a decay mask with ZeRO-1 (dpar_graph_zero1) is not supported; "
                            "decay every param (dpar_graph_adamw) or leave ZeRO-1 off");
-    dpar_status s = dpar_graph_adamw(g, d, params, grads, n);
+    dpar__clear_error();
+    dpar_status s = dpar__g_adamw("dpar_graph_adamw_masked", g, d, params, grads, n);
     if (s || !decay) return s;
     g->opt.decay = (bool *)DPAR_MALLOC((size_t)n * sizeof(bool));
     if (!g->opt.decay) return dpar__g_err(g, DPAR_ERR_OUT_OF_MEMORY, "dpar_graph_adamw_masked: out of memory");

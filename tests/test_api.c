@@ -251,14 +251,17 @@ static void test_error_texts(void **st) {
           "dpar_shard_map: desc->fn is NULL");
     T_ERR(dpar_wait(NULL, NULL), DPAR_ERR_INVALID_ARGUMENT, "dpar_wait: req is NULL");
     T_ERR(dpar_cross_entropy(a, NULL, lg, lb, NULL), DPAR_ERR_SHAPE, "dpar_cross_entropy: loss must hold 1");
-    dpar_graph *g1 = NULL, *g2 = NULL;
+    dpar_graph *g1 = NULL, *g2 = NULL, *g3 = NULL;
     T_OK(dpar_graph_create(m, &g1));
     T_OK(dpar_graph_create(m, &g2));
+    T_OK(dpar_graph_create(m, &g3));
     dpar_g_relu(g1, (dpar_value){ 999 });
     T_ERR(dpar_graph_status(g1), DPAR_ERR_INVALID_ARGUMENT, "dpar_g_relu: x (id 999) is not a value");
     /* the function the user called, not the shared check's */
     T_ERR(dpar_graph_adamw(g2, &(dpar_adamw_desc){ .learning_rate = 0.1f, .b2 = 2.0f }, NULL, NULL, 0),
           DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_adamw: b1 = 0.9, b2 = 2");
+    T_ERR(dpar_graph_adamw_masked(g3, &(dpar_adamw_desc){ .b1 = -1.0f }, NULL, NULL, NULL, 0),
+          DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_adamw_masked: b1 = -1");
     /* advice that holds: a pool strides by its window; only the bad field; all the sources of a shape */
     T_ERR(dpar_avg_pool2d(p, x, &(dpar_pool2d_desc){ .stride = { 0, -1 } }), DPAR_ERR_INVALID_ARGUMENT,
           "stride[1] = -1; use 0 (default: the window)");
@@ -274,6 +277,7 @@ static void test_error_texts(void **st) {
     assert_null(strstr(dpar_last_error(), "steps"));
     T_OK(dpar_graph_destroy(g1));
     T_OK(dpar_graph_destroy(g2));
+    T_OK(dpar_graph_destroy(g3));
     T_OK(dpar_mesh_destroy(m));
     dpar_buffer *all[] = { a, b, c, y, lg, lb, x, dw, dy, w, p };
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) T_OK(dpar_buffer_destroy(all[i]));
