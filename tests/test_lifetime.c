@@ -786,15 +786,19 @@ static dpar_graph *small_graph(dpar_mesh *m, dpar_array *w, dpar_array *v, bool 
         T_OK(dpar_graph_sgd(g, &(dpar_sgd_desc){ .learning_rate = 0.1f }, p, gr, 2));
     return g;
 }
+/* A new folder dir under TMPDIR (or /tmp), and path: a file `name` in it (t_remove_tree(dir) after). */
+static void tmp_path(char dir[256], char path[300], const char *name) {
+    const char *t = getenv("TMPDIR");
+    snprintf(dir, 256, "%s/dpar_lifetime_XXXXXX", t ? t : "/tmp");
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, 300, "%s/%s", dir, name);
+}
 static void test_graph_param_destroyed(void **state) {
     (void)state;
     dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 2);
     dpar_mesh *m = mesh2(rt);
     char dir[256], path[300];
-    const char *t = getenv("TMPDIR");
-    snprintf(dir, sizeof dir, "%s/dpar_lifetime_XXXXXX", t ? t : "/tmp");
-    assert_non_null(mkdtemp(dir));
-    snprintf(path, sizeof path, "%s/g.ck", dir);
+    tmp_path(dir, path, "g.ck");
     float xs[8] = { 1, 2, 3, 4, 5, 6, 7, 8 }, l = 0.0f, before[4], after[4], fx[8];
     dpar_array *w = arr(m, NULL), *v = arr(m, NULL);
     dpar_value x;
@@ -929,10 +933,7 @@ static void test_checkpoint_array_destroyed(void **state) {
     dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 2);
     dpar_mesh *m = mesh2(rt);
     char dir[256], path[300];
-    const char *t = getenv("TMPDIR");
-    snprintf(dir, sizeof dir, "%s/dpar_lifetime_XXXXXX", t ? t : "/tmp");
-    assert_non_null(mkdtemp(dir));
-    snprintf(path, sizeof path, "%s/c.ck", dir);
+    tmp_path(dir, path, "c.ck");
     dpar_array *a = arr(m, "data"), *b = arr(m, NULL);
     float h[4] = { 1, 2, 3, 4 }, before[4], after[4];
     T_OK(dpar_array_put(b, h));
