@@ -425,6 +425,9 @@ static void test_errors(void **state) {
     dpar_mesh *m = t_mesh1(rt, 2, "data");
     dpar_dp *dp = NULL;
     dpar_dp_desc dd = { 0 };
+    /* each NULL named by its parameter (it said "mesh or desc", "helper or gradient array") */
+    T_ERR(dpar_dp_create(NULL, &dd, &dp), DPAR_ERR_INVALID_ARGUMENT, "dpar_dp_create: m is NULL");
+    T_ERR(dpar_dp_create(m, NULL, &dp), DPAR_ERR_INVALID_ARGUMENT, "dpar_dp_create: desc is NULL");
     T_ERR(dpar_dp_create(m, &dd, &dp), DPAR_ERR_UNKNOWN_AXIS, "axes: data");
     dd.axes = "batch";
     T_ERR(dpar_dp_create(m, &dd, &dp), DPAR_ERR_UNKNOWN_AXIS, "batch", "data");
@@ -437,6 +440,8 @@ static void test_errors(void **state) {
     dpar_array *ia, *split, *g;
     T_OK(dpar_array_create(m, &ad, &ia));
     T_ERR(dpar_dp_add(dp, ia, NULL), DPAR_ERR_DTYPE, "i32");
+    T_ERR(dpar_dp_add(dp, NULL, NULL), DPAR_ERR_INVALID_ARGUMENT, "dpar_dp_add: grad is NULL");
+    T_ERR(dpar_dp_add(NULL, ia, NULL), DPAR_ERR_INVALID_ARGUMENT, "dpar_dp_add: dp is NULL");
     ad.dtype = DPAR_F32;
     ad.spec[0] = "data";
     T_OK(dpar_array_create(m, &ad, &split));

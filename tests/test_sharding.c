@@ -368,6 +368,8 @@ static void test_zero1_errors(void **st) {
     bad_step b = { z, arr2(m, DPAR_F32, 4, 4, NULL, NULL) };
     dpar_shard_map_desc sd = { .fn = zero_bad_step, .user = &b };
     T_ERR(dpar_shard_map(m, &sd), DPAR_ERR_SHAPE, "grads[0]", "16", "32");
+    dpar_buffer *none[1] = { NULL }; /* named alone: it said "ctx, z or grads is NULL" */
+    T_ERR(dpar_zero1_step(NULL, z, none), DPAR_ERR_INVALID_ARGUMENT, "dpar_zero1_step: ctx is NULL");
     dpar_zero1_destroy(z);
     dpar_runtime_destroy(rt);
 }

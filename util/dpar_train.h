@@ -443,7 +443,8 @@ DPAR_API dpar_status dpar_dp_create(dpar_mesh *m, const dpar_dp_desc *d, dpar_dp
     dpar_train__clear_error();
     if (!out) return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_dp_create: `out` is NULL");
     *out = NULL;
-    if (!m || !d) return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_dp_create: mesh or desc is NULL");
+    if (!m) return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_dp_create: m is NULL");
+    if (!d) return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_dp_create: desc is NULL");
     int gsize;
     dpar_status s = dpar_train__axes_size(m, "dpar_dp_create", d->axes, &gsize);
     if (s) return s;
@@ -500,8 +501,8 @@ static void dpar_dp__free(void *self) {
 }
 DPAR_API dpar_status dpar_dp_add(dpar_dp *dp, dpar_array *g, int *id) {
     dpar_train__clear_error();
-    if (!dp || !g)
-        return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_dp_add: helper or gradient array is NULL");
+    if (!dp) return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_dp_add: dp is NULL");
+    if (!g) return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_dp_add: grad is NULL");
     dpar_status hs = dpar_handle_check(dp, "dpar_dp_add");
     if (hs) return hs;
     if (DPAR__ATOMIC_LOAD(&dp->formed))
@@ -684,9 +685,10 @@ static dpar_status dpar_dp__launch(dpar_dp *dp, dpar_ctx *ctx, int b) {
 /* The checks of a step's calls; grads: also that the gradients are live (dpar_dp_begin: a step's first call, and
    no destroy runs during the dispatch). */
 static dpar_status dpar_dp__check(dpar_dp *dp, dpar_ctx *ctx, const char *where, int grads) {
-    if (!dp || !ctx)
+    if (!dp) return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "%s: dp is NULL", where);
+    if (!ctx)
         return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT,
-                                   "%s: helper or ctx is NULL (call it inside the pmap/shard_map function)", where);
+                                   "%s: ctx is NULL (call it inside the pmap/shard_map function)", where);
     dpar_status s = dpar_handle_check(dp, where); /* a compare once checked in this dispatch */
     if (s) return s;
     if (!dpar_ctx_mesh(ctx))
@@ -1047,8 +1049,11 @@ static dpar_status dpar_zero1__gather(dpar_ctx *ctx, dpar_zero1 *z, int i) {
 
 DPAR_API dpar_status dpar_zero1_step(dpar_ctx *ctx, dpar_zero1 *z, dpar_buffer *const *grads) {
     dpar_train__clear_error();
-    if (!ctx || !z || !grads)
-        return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_zero1_step: ctx, z or grads is NULL");
+    if (!ctx)
+        return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT,
+                                   "dpar_zero1_step: ctx is NULL (call it inside the pmap/shard_map function)");
+    if (!z) return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_zero1_step: z is NULL");
+    if (!grads) return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_zero1_step: grads is NULL");
     dpar_status hs = dpar_handle_check(z, "dpar_zero1_step"); /* a compare once checked in this dispatch */
     if (hs) return hs;
     if (dpar_ctx_mesh(ctx) != z->mesh)
