@@ -663,6 +663,11 @@ DPAR_API dpar_status dpar_array_put_rows(dpar_array *a, int64_t row_begin, int64
    or lives on another process). */
 DPAR_API dpar_buffer *dpar_array_shard(const dpar_array *a, int device);
 DPAR_API int dpar_array_ndim(const dpar_array *a);
+/* A number unique to this array in the process (never reused, unlike its
+   address once it is destroyed), or 0 for NULL or a stale handle: an object
+   that holds an array across calls compares it to tell its array from a new
+   one made at the same address. */
+DPAR_API uint64_t dpar_array_uid(const dpar_array *a);
 DPAR_API int64_t dpar_array_dim(const dpar_array *a, int i);
 /* Draws which device holds which block of a global 0-, 1- or 2-d array
    (jax.debug.visualize_array_sharding) as a text table to `path`, or stdout
@@ -5183,7 +5188,9 @@ struct dpar_array {
     unsigned used_mask;
     dpar_buffer **shards;           /* [mesh size] by position */
     struct dpar_array *prev, *next; /* mesh's list */
+    uint64_t uid;                   /* dpar_array_uid (dpar__array_uids) */
 };
+static uint64_t dpar__array_uids; /* the last dpar_array.uid given, atomic */
 
 /* offsets of the shard of mesh position pos */
 static void dpar__array_offsets(const dpar_array *a, int pos, int64_t *off) {
@@ -5309,6 +5316,7 @@ DPAR_API dpar_status dpar_array_create(dpar_mesh *m, const dpar_array_desc *d, d
         }
         a->shards[p]->owned = 1;
     }
+    a->uid = DPAR__ATOMIC_ADD_FETCH(&dpar__array_uids, 1);
     if ((s = dpar__live_add(a, DPAR__LIVE_ARRAY, m, DPAR__LIVE_MESH, NULL, "dpar_array_create"))) {
         dpar__array_free(a);
         return s;
@@ -5483,6 +5491,9 @@ DPAR_API dpar_status dpar_array_put_rows(dpar_array *a, int64_t row_begin, int64
     dpar_status s = dpar__array_put_rows(a, row_begin, row_count, host);
     if (rt) dpar__live_leave(rt, 1);
     return s;
+}
+DPAR_API uint64_t dpar_array_uid(const dpar_array *a) {
+    return a && dpar__live_ok(a, DPAR__LIVE_ARRAY) ? a->uid : 0;
 }
 DPAR_API int dpar_array_ndim(const dpar_array *a) {
     return dpar__live_got(a, DPAR__LIVE_ARRAY, "dpar_array_ndim") ? a->ndim : -1;
@@ -10454,26 +10465,27 @@ typedef struct dpar__gnode {
     float fp;                      /* scale, const value */
     int *pairs;                    /* ppermute (source, destination) pairs */
     int npairs;
-    void *attr;        /* the op's desc (conv2d, pools), owned by the node */
-    bool is_one;       /* const 1 (the seed): rules skip a multiply by it */
-    bool async;        /* a gradient's reduction: started at once, waited for before the optimizer */
-    bool keep;         /* buffer kept to the end of a run (loss, grads, dpar_graph_keep) */
-    int spec_of;       /* grads of feeds/params: the leaf whose global shape and spec it has */
-    dpar_array *array; /* param: the user's; feed, kept grads: the graph's */
-    int slot;          /* compiled: index into the graph's buffers, -1 none */
-    int stage;         /* pipelines: the stage that computes it (-1: a leaf, on every stage) */
-    bool pipe;         /* pipelines: a stage boundary (a ppermute between neighbouring stages) */
-    size_t attr_sz;    /* bytes of attr (0: unknown, the node is not recomputed) */
-    int remat;         /* > 0: made inside remat segment `remat` (>>graph remat) */
-    int remat_of;      /* > 0: the backward's recomputed copy of that forward node */
-    int fused;         /* compiled: a loss, > 0: its gradient node, computed in the same pass; the gradient
+    void *attr;         /* the op's desc (conv2d, pools), owned by the node */
+    bool is_one;        /* const 1 (the seed): rules skip a multiply by it */
+    bool async;         /* a gradient's reduction: started at once, waited for before the optimizer */
+    bool keep;          /* buffer kept to the end of a run (loss, grads, dpar_graph_keep) */
+    int spec_of;        /* grads of feeds/params: the leaf whose global shape and spec it has */
+    dpar_array *array;  /* param: the user's; feed, kept grads: the graph's */
+    uint64_t array_uid; /* array's dpar_array_uid when taken: a new array at its address is not it */
+    int slot;           /* compiled: index into the graph's buffers, -1 none */
+    int stage;          /* pipelines: the stage that computes it (-1: a leaf, on every stage) */
+    bool pipe;          /* pipelines: a stage boundary (a ppermute between neighbouring stages) */
+    size_t attr_sz;     /* bytes of attr (0: unknown, the node is not recomputed) */
+    int remat;          /* > 0: made inside remat segment `remat` (>>graph remat) */
+    int remat_of;       /* > 0: the backward's recomputed copy of that forward node */
+    int fused;          /* compiled: a loss, > 0: its gradient node, computed in the same pass; the gradient
                           node, < 0: minus the loss that computes it (dpar__g_fuse_losses); the same for
                           attention's gradient nodes (the first computes the others: dpar__g_fuse_attn), a
                           matmul and its bias_add (and relu: dpar__g_fuse_matmul_bias) and the other pairs */
-    int fused2;        /* compiled: attention's first gradient node, > 0: the third, computed in the same call;
+    int fused2;         /* compiled: attention's first gradient node, > 0: the third, computed in the same call;
                           a matmul with a fused bias_add: the fused relu */
-    int bucket;        /* compiled: a small gradient's reduction, 1 + its bucket (dpar__g_bucket_plan); 0: alone */
-    bool ident;        /* compiled: a psum/pmean over one device whose input writes its buffer: runs nothing
+    int bucket;         /* compiled: a small gradient's reduction, 1 + its bucket (dpar__g_bucket_plan); 0: alone */
+    bool ident;         /* compiled: a psum/pmean over one device whose input writes its buffer: runs nothing
                           (dpar__g_ident_ok) */
 } dpar__gnode;
 
@@ -10857,6 +10869,7 @@ static int dpar__g_leaf(dpar_graph *g, int kind, const char *name, dpar_array *a
     int id = dpar__g_push(g, kind, 0, NULL, a->dtype, a->ndim, sh);
     if (!id) return 0;
     g->n[id].array = a;
+    g->n[id].array_uid = a->uid;
     g->n[id].vary = dpar__g_array_vary(a);
     snprintf(g->n[id].name, DPAR_NAME_LEN, "%s", name ? name : "");
     return id;
@@ -14095,6 +14108,8 @@ static dpar_status dpar__g_arrays_live(const dpar_graph *g, const char *fn) {
         }
         if (m == CHUNK || (m && i == g->count + nst)) {
             dead = dpar__live_first_dead(a, m, DPAR__LIVE_ARRAY);
+            for (int q = 0; q < m && dead < 0; q++) /* live, so readable: still the array the node took? */
+                if (at[q] > 0 && g->n[at[q]].array_uid && g->n[at[q]].array->uid != g->n[at[q]].array_uid) dead = q;
             if (dead < 0) m = 0;
         }
     }

@@ -442,6 +442,10 @@ static void test_errors(void **state) {
     T_ERR(dpar_dp_add(dp, ia, NULL), DPAR_ERR_DTYPE, "i32");
     T_ERR(dpar_dp_add(dp, NULL, NULL), DPAR_ERR_INVALID_ARGUMENT, "dpar_dp_add: grad is NULL");
     T_ERR(dpar_dp_add(NULL, ia, NULL), DPAR_ERR_INVALID_ARGUMENT, "dpar_dp_add: dp is NULL");
+    dpar_array *gone = NULL; /* a destroyed array: it said "created on another mesh" */
+    T_OK(dpar_array_create(m, &ad, &gone));
+    T_OK(dpar_array_destroy(gone));
+    T_ERR(dpar_dp_add(dp, gone, NULL), DPAR_ERR_STATE, "dpar_dp_add: grad is a stale array");
     ad.dtype = DPAR_F32;
     ad.spec[0] = "data";
     T_OK(dpar_array_create(m, &ad, &split));

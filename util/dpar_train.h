@@ -338,10 +338,13 @@ static void *dpar_train__calloc(size_t n, size_t sz) {
     if (p) memset(p, 0, total ? total : 1);
     return p;
 }
-/* Whether array a (not NULL) was destroyed: the getters refuse a stale array, dpar_array_ndim with -1. The helpers
-   check the arrays they hold before a call uses them, so a destroyed one is refused before anything is done. */
-static int dpar_train__dead(const dpar_array *a) {
-    return a && dpar_array_ndim(a) < 0;
+/* Whether array a (not NULL) was destroyed, or (uid not 0) is a new array at the address of the one whose
+   dpar_array_uid was uid. The helpers check the arrays they hold before a call uses them, so a destroyed one is
+   refused before anything is done. */
+static int dpar_train__dead(const dpar_array *a, uint64_t uid) {
+    if (!a) return 0;
+    uint64_t now = dpar_array_uid(a); /* 0: a stale handle */
+    return !now || (uid && now != uid);
 }
 static int64_t dpar_train__count(const dpar_array *a) { /* global elements */
     int64_t c = 1;
@@ -422,6 +425,7 @@ struct dpar_dp {
     int formed;     /* atomic */
     int np, pcap;
     dpar_array **grads; /* [np] */
+    uint64_t *grad_uid; /* [np] each gradient's dpar_array_uid when added */
     int *bucket_of;     /* [np] */
     int64_t *offset;    /* [np] element offset in its bucket */
     int nb;
@@ -484,6 +488,7 @@ static void dpar_dp__free(void *self) {
     if (dp->buf)
         for (int i = 0; i < dp->size * dp->nb; i++) dpar_buffer_destroy(dp->buf[i]);
     DPAR_FREE(dp->grads);
+    DPAR_FREE(dp->grad_uid);
     DPAR_FREE(dp->bucket_of);
     DPAR_FREE(dp->offset);
     DPAR_FREE(dp->bcount);
@@ -505,6 +510,9 @@ DPAR_API dpar_status dpar_dp_add(dpar_dp *dp, dpar_array *g, int *id) {
     if (!g) return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_dp_add: grad is NULL");
     dpar_status hs = dpar_handle_check(dp, "dpar_dp_add");
     if (hs) return hs;
+    if (dpar_train__dead(g, 0))
+        return dpar_set_last_error(DPAR_ERR_STATE, "dpar_dp_add: grad is a stale array (destroyed); nothing was "
+                                                   "added; register a live array");
     if (DPAR__ATOMIC_LOAD(&dp->formed))
         return dpar_set_last_error(
             DPAR_ERR_STATE, "dpar_dp_add: the buckets are formed (first step ran); register every gradient before");
@@ -525,11 +533,14 @@ DPAR_API dpar_status dpar_dp_add(dpar_dp *dp, dpar_array *g, int *id) {
     if (dp->np == dp->pcap) {
         int nc = dp->pcap ? 2 * dp->pcap : 16;
         dpar_array **ng = (dpar_array **)DPAR_REALLOC(dp->grads, (size_t)nc * sizeof *ng);
-        if (!ng) return dpar_set_last_error(DPAR_ERR_OUT_OF_MEMORY, "dpar_dp_add: out of host memory");
-        dp->grads = ng;
+        if (ng) dp->grads = ng;
+        uint64_t *nu = ng ? (uint64_t *)DPAR_REALLOC(dp->grad_uid, (size_t)nc * sizeof *nu) : NULL;
+        if (!nu) return dpar_set_last_error(DPAR_ERR_OUT_OF_MEMORY, "dpar_dp_add: out of host memory");
+        dp->grad_uid = nu;
         dp->pcap = nc;
     }
     if (id) *id = dp->np;
+    dp->grad_uid[dp->np] = dpar_array_uid(g);
     dp->grads[dp->np++] = g;
     return DPAR_OK;
 }
@@ -574,7 +585,7 @@ static dpar_status dpar_dp__assign(dpar_dp *dp) {
 /* DPAR_OK when every registered gradient is live, else DPAR_ERR_STATE naming the first destroyed one. */
 static dpar_status dpar_dp__grads_live(const dpar_dp *dp, const char *where) {
     for (int p = 0; p < dp->np; p++)
-        if (dpar_train__dead(dp->grads[p]))
+        if (dpar_train__dead(dp->grads[p], dp->grad_uid[p]))
             return dpar_set_last_error(DPAR_ERR_STATE,
                                        "%s: gradient %d (dpar_dp_add): its array was destroyed while the helper "
                                        "holds it; nothing was done; destroy the helper (dpar_dp_destroy) before its "
@@ -832,6 +843,7 @@ struct dpar_zero1 {
     char axis[128];
     int n, np;
     dpar_array *params[DPAR_MAX_ARGS];
+    uint64_t param_uid[DPAR_MAX_ARGS]; /* each param's dpar_array_uid at create */
     int64_t count[DPAR_MAX_ARGS], padded[DPAR_MAX_ARGS];
     dpar_array *master[DPAR_MAX_ARGS], *mom[DPAR_MAX_ARGS];
     dpar_array *gshard[DPAR_MAX_ARGS]; /* [Lp] split: this device's reduced gradient block */
@@ -874,7 +886,7 @@ static void dpar_zero1__free(void *self) {
 /* DPAR_OK when the params and z's own arrays are live, else DPAR_ERR_STATE naming the first destroyed one. */
 static dpar_status dpar_zero1__live(const dpar_zero1 *z, const char *where) {
     for (int i = 0; i < z->np; i++) {
-        if (dpar_train__dead(z->params[i]))
+        if (dpar_train__dead(z->params[i], z->param_uid[i]))
             return dpar_set_last_error(DPAR_ERR_STATE,
                                        "%s: params[%d]: its array was destroyed while the ZeRO-1 state holds it; "
                                        "nothing was done; destroy the state (dpar_zero1_destroy) before its params, "
@@ -882,7 +894,7 @@ static dpar_status dpar_zero1__live(const dpar_zero1 *z, const char *where) {
                                        where, i);
         const dpar_array *own[4] = { z->master[i], z->mom[i], z->gshard[i], z->pad[i] };
         for (int k = 0; k < 4; k++)
-            if (dpar_train__dead(own[k]))
+            if (dpar_train__dead(own[k], 0))
                 return dpar_set_last_error(DPAR_ERR_STATE,
                                            "%s: the %s of params[%d], which the ZeRO-1 state owns, was destroyed; "
                                            "nothing was done; never destroy what dpar_zero1_master / "
@@ -972,6 +984,7 @@ DPAR_API dpar_status dpar_zero1_create(const dpar_zero1_desc *d, dpar_zero1 **ou
     }
     for (int i = 0; i < d->num_params && !s; i++, z->np++) {
         z->params[i] = d->params[i];
+        z->param_uid[i] = dpar_array_uid(d->params[i]);
         z->count[i] = dpar_train__count(d->params[i]);
         z->padded[i] = (z->count[i] + z->n - 1) / z->n * z->n;
         dpar_array_desc ad;
@@ -1175,7 +1188,7 @@ static dpar_status dpar_ckpt__check_entries(const char *fn, const dpar_checkpoin
                                        (int)DPAR_CKPT__NAME_MAX);
         if (!e[i].array)
             return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "%s: entry %d ('%s') has no array", fn, i, e[i].name);
-        if (dpar_train__dead(e[i].array))
+        if (dpar_train__dead(e[i].array, 0))
             return dpar_set_last_error(DPAR_ERR_STATE,
                                        "%s: entry %d ('%s'): its array was destroyed (a stale handle); nothing was "
                                        "read or written; give each entry a live array",
