@@ -536,7 +536,7 @@ DPAR_API int dpar_buffer_device(const dpar_buffer *b);
 /* Gives the buffer a new shape with the same element count (a view change,
    no data moves). An array's shard (dpar_ctx_arg, dpar_array_shard) takes a
    new shape only inside a pmap/shard_map function, as a view until fn
-   returns: dpar_shard_map then gives it the array's shard shape back.
+   returns, when it takes back the shape it had (at most 32 shards a call).
    Errors: DPAR_ERR_SHAPE naming both counts; DPAR_ERR_STATE for a shard
    outside fn (nothing changed). */
 DPAR_API dpar_status dpar_buffer_reshape(dpar_buffer *b, int ndim, const int64_t *shape);
@@ -4057,6 +4057,42 @@ static void dpar__buffer_set_shape(dpar_buffer *b, int ndim, const int64_t *shap
     b->ndim = ndim;
     for (int i = 0; i < ndim; i++) b->shape[i] = shape[i];
 }
+/* An array's shard reshaped inside fn is a view until fn returns: the shape it had before is kept here, per
+   thread, and put back when fn returns (dpar__shard_views_end), whichever array's shard it is. */
+enum { DPAR__SHARD_VIEWS = 32 };
+static DPAR__TLS struct dpar__view_rec {
+    dpar_buffer *b;
+    int ndim;
+    int64_t shape[DPAR_MAX_DIMS];
+} dpar__views[DPAR__SHARD_VIEWS];
+static DPAR__TLS int dpar__nviews;
+static int dpar__in_fn(void);
+/* Before shard b takes a new shape: refused outside fn; inside, its shape before fn's first reshape is kept. */
+static dpar_status dpar__shard_view(dpar_buffer *b) {
+    if (!dpar__in_fn())
+        return dpar__err(DPAR_ERR_STATE,
+                         "dpar_buffer_reshape: the buffer is a shard of a dpar_array, whose spec gives its shape; "
+                         "nothing was changed; reshape it inside a pmap/shard_map function (a view until fn "
+                         "returns), or copy it into a buffer of its own");
+    for (int i = 0; i < dpar__nviews; i++)
+        if (dpar__views[i].b == b) return DPAR_OK;
+    if (dpar__nviews == DPAR__SHARD_VIEWS)
+        return dpar__err(DPAR_ERR_STATE,
+                         "dpar_buffer_reshape: %d array shards are reshaped in this fn call already (at most %d); "
+                         "nothing was changed; copy the shard into a buffer of its own (dpar_ctx_buffer)",
+                         (int)DPAR__SHARD_VIEWS, (int)DPAR__SHARD_VIEWS);
+    struct dpar__view_rec *v = &dpar__views[dpar__nviews++];
+    v->b = b, v->ndim = b->ndim;
+    memcpy(v->shape, b->shape, sizeof v->shape);
+    return DPAR_OK;
+}
+/* fn returned: every shard it reshaped takes its shape back. */
+static void dpar__shard_views_end(void) {
+    while (dpar__nviews > 0) {
+        struct dpar__view_rec *v = &dpar__views[--dpar__nviews];
+        dpar__buffer_set_shape(v->b, v->ndim, v->shape);
+    }
+}
 DPAR_API dpar_status dpar_buffer_reshape(dpar_buffer *b, int ndim, const int64_t *shape) {
     dpar__clear_error();
     if (!b) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_buffer_reshape: buffer is NULL");
@@ -4071,11 +4107,7 @@ DPAR_API dpar_status dpar_buffer_reshape(dpar_buffer *b, int ndim, const int64_t
                          dpar__shape_str(a, sizeof a, ndim, shape), (long long)c,
                          dpar__shape_str(bb, sizeof bb, b->ndim, b->shape), (long long)b->count);
     }
-    if (b->owned && !dpar__self_worker)
-        return dpar__err(DPAR_ERR_STATE,
-                         "dpar_buffer_reshape: the buffer is a shard of a dpar_array, whose spec gives its shape; "
-                         "nothing was changed; reshape it inside a pmap/shard_map function (a view until fn "
-                         "returns), or copy it into a buffer of its own");
+    if (b->owned && (s = dpar__shard_view(b))) return s;
     dpar__buffer_set_shape(b, ndim, shape);
     return DPAR_OK;
 }
@@ -5568,6 +5600,9 @@ static void dpar__job_fail(dpar__job *job, int device, dpar_status s) {
 
 static void dpar__worker_drain(dpar__worker *w);
 static DPAR__TLS const dpar_ctx *dpar__cur_ctx; /* ctx of the fn this worker runs, else NULL */
+static int dpar__in_fn(void) {
+    return dpar__cur_ctx != NULL;
+}
 
 /* Runs ctx's dpar_ctx_at_exit hooks after fn returned st; the first hook
    error becomes the device's status when fn succeeded. */
@@ -5603,6 +5638,7 @@ static void dpar__worker_job(dpar__worker *w, dpar__job *job) {
                        "the status of the call that failed",
                        (int)st);
     st = dpar__ctx_exits(ctx, st);
+    dpar__shard_views_end();
     dpar__cur_ctx = NULL;
     if (st != DPAR_OK) dpar__job_fail(job, w->device, st);
     dpar__worker_drain(w);
@@ -5799,10 +5835,6 @@ static dpar_status dpar__shard_map(dpar_mesh *m, const dpar_shard_map_desc *desc
             tab[(size_t)p * (size_t)d->num_args + (size_t)i] = d->args[i]->shards[p]; /* NULL if remote */
     dpar_status s = dpar__run(m, d->fn, d->user, d->num_args, d->num_args ? tab : NULL);
     if (tab != small) DPAR_FREE(tab);
-    for (int i = 0; i < d->num_args; i++) /* fn's reshapes of a shard were views for the call */
-        for (int p = 0; p < m->size; p++)
-            if (d->args[i]->shards[p])
-                dpar__buffer_set_shape(d->args[i]->shards[p], d->args[i]->ndim, d->args[i]->local);
     return s;
 }
 
