@@ -366,6 +366,14 @@ static void test_mismatch_refused(void **st) {
     T_ERR(dpar_graph_save(NULL, good), DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_save: graph is NULL");
     T_ERR(dpar_graph_restore(NULL, good), DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_restore: graph is NULL");
     T_ERR(dpar_graph_save(a.g, NULL), DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_save: ", "path");
+    /* a refused save leaves a graph not compiled as it was: it compiled the graph before it read the path */
+    dpar_graph *fresh = NULL;
+    T_OK(dpar_graph_create(m, &fresh));
+    dpar_value fx = dpar_g_feed(fresh, "x", &(dpar_array_desc){ DPAR_F32, 1, { 4 }, { NULL } });
+    T_ERR(dpar_graph_save(fresh, NULL), DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_save: path is NULL");
+    T_ERR(dpar_graph_restore(fresh, ""), DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_restore: path is NULL or empty");
+    assert_true(dpar_g_relu(fresh, fx).id > 0);
+    T_OK(dpar_graph_destroy(fresh));
     destroy(&a);
     unlink(good);
     unlink(bad);

@@ -1838,6 +1838,8 @@ static dpar_status dpar_gckpt__entries(dpar_graph *g, const char *fn, dpar_check
 static dpar_status dpar_gckpt__save(dpar_graph *g, const char *fn, const char *path, const dpar_checkpoint_entry *extra,
                                     int n_extra) {
     dpar_train__clear_error();
+    if (!path || !*path) /* before the entries: they compile a graph not compiled yet */
+        return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "%s: path is NULL or empty", fn);
     if (n_extra < 0 || (n_extra && !extra))
         return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT,
                                    "%s: n_extra = %d with extra %s; want n_extra >= 0 "
@@ -1871,6 +1873,8 @@ DPAR_API dpar_status dpar_graph_restore(dpar_graph *g, const char *path) {
     dpar_checkpoint_entry *e;
     int n;
     uint64_t step = 0;
+    if (!path || !*path) /* before the entries: they compile a graph not compiled yet */
+        return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_restore: path is NULL or empty");
     dpar_status s = dpar_gckpt__entries(g, "dpar_graph_restore", &e, &n);
     if (!s && (s = dpar_checkpoint_restore(path, e, n, &step)))
         s = dpar_set_last_error(s, "dpar_graph_restore: %s", dpar_last_error());
