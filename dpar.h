@@ -12666,7 +12666,8 @@ DPAR_API dpar_array *dpar_graph_zero1_state(const dpar_graph *g, int i, int j) {
                   j, i);
         return NULL;
     }
-    if (dpar__g_arrays_live(g, "dpar_graph_zero1_state")) return NULL;
+    if (dpar__live_arg(z->state[j * z->np + i], DPAR__LIVE_ARRAY, "dpar_graph_zero1_state", "the state's array"))
+        return NULL; /* the one it hands out, as dpar_graph_state checks */
     return z->state[j * z->np + i];
 }
 static void dpar__g_z1_destroy(dpar_graph *g, bool alive) {
