@@ -4095,7 +4095,7 @@ static void dpar__shard_views_end(void) {
 }
 DPAR_API dpar_status dpar_buffer_reshape(dpar_buffer *b, int ndim, const int64_t *shape) {
     dpar__clear_error();
-    if (!b) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_buffer_reshape: buffer is NULL");
+    if (!b) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_buffer_reshape: b is NULL");
     if (dpar__live_buf(b, "dpar_buffer_reshape", "the buffer")) return DPAR_ERR_STATE;
     dpar_status s = dpar__check_shape("dpar_buffer_reshape", ndim, shape);
     if (s) return s;
@@ -10739,7 +10739,7 @@ static void dpar__g_arg_name(const char *names, int i, char *out, size_t cap) {
    dpar__g_arg_name reads them). */
 static bool dpar__g_args(dpar_graph *g, const char *fn, int n, const dpar_value *v, const char *names) {
     if (!g) {
-        dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: graph is NULL", fn);
+        dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: g is NULL", fn);
         return false;
     }
     if (dpar__live_check(g, DPAR__LIVE_GRAPH, fn)) return false; /* stale: destroyed, or freed with its mesh */
@@ -10850,7 +10850,7 @@ DPAR_API dpar_status dpar_graph_create(dpar_mesh *mesh, dpar_graph **out) {
 }
 
 DPAR_API dpar_status dpar_graph_status(const dpar_graph *g) {
-    if (!g) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_status: graph is NULL");
+    if (!g) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_status: g is NULL");
     if (dpar__live_check(g, DPAR__LIVE_GRAPH, "dpar_graph_status")) return DPAR_ERR_STATE;
     return dpar__g_status(g);
 }
@@ -12328,7 +12328,7 @@ DPAR_API dpar_status dpar_graph_set_lr(dpar_graph *g, float lr) {
     if (dpar__live_arg(g, DPAR__LIVE_GRAPH, "dpar_graph_set_lr", "the graph")) return DPAR_ERR_STATE;
     if (!g || !g->has_opt)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_set_lr: %s",
-                         g ? "the graph has no optimizer node (dpar_graph_sgd, dpar_graph_adamw)" : "graph is NULL");
+                         g ? "the graph has no optimizer node (dpar_graph_sgd, dpar_graph_adamw)" : "g is NULL");
     if (!(lr >= 0.0f) || !isfinite(lr)) /* 0: a warm-up from 0 (optax.linear_schedule(0, ...)) */
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_set_lr: learning rate %g must be finite and >= 0",
                          (double)lr);
@@ -13628,7 +13628,7 @@ static bool dpar__g_checks_late(const dpar_graph *g); /* >>graph run */
 static int dpar__g_check_sync(const dpar_graph *g);
 DPAR_API dpar_status dpar_graph_compile(dpar_graph *g, dpar_graph_stats *stats) {
     dpar__clear_error();
-    if (!g) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_compile: graph is NULL");
+    if (!g) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_compile: g is NULL");
     if (dpar__live_check(g, DPAR__LIVE_GRAPH, "dpar_graph_compile")) return DPAR_ERR_STATE;
     if (g->err) return dpar__g_status(g);
     if (g->compiled) return dpar__err(DPAR_ERR_STATE, "dpar_graph_compile: the graph is compiled already");
@@ -14045,7 +14045,7 @@ DPAR_API dpar_status dpar_graph_recorded(const dpar_graph *g, int *segments, int
     dpar__clear_error();
     if (segments) *segments = 0;
     if (nodes) *nodes = 0;
-    if (!g) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_recorded: graph is NULL");
+    if (!g) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_recorded: g is NULL");
     if (dpar__live_check(g, DPAR__LIVE_GRAPH, "dpar_graph_recorded")) return DPAR_ERR_STATE;
     for (int li = 0; g->prog && li < g->nlocal; li++)
         for (int k = 0; g->prog[li].state == 1 && k < g->prog[li].nseg; k++) {
@@ -14214,7 +14214,7 @@ static void dpar__g_stage_untake(dpar_graph *g);
 static dpar_status dpar__g_run_entered(dpar_graph *g, const dpar_graph_feed *feeds, int num_feeds, float *loss,
                                        bool take) {
     dpar__clear_error();
-    if (!g) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_run: graph is NULL");
+    if (!g) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_run: g is NULL");
     dpar_runtime *rt = NULL; /* counted in flight: no destroy frees g or its mesh meanwhile */
     if (dpar__live_enter(g, DPAR__LIVE_GRAPH, "dpar_graph_run", 0, &rt)) return DPAR_ERR_STATE;
     dpar_status s = dpar__g_run(g, feeds, num_feeds, loss, take);
@@ -14333,7 +14333,11 @@ static dpar_status dpar__g_run(dpar_graph *g, const dpar_graph_feed *feeds, int 
 DPAR_API dpar_array *dpar_graph_feed_array(const dpar_graph *g, dpar_value v) {
     dpar__clear_error();
     if (dpar__live_arg(g, DPAR__LIVE_GRAPH, "dpar_graph_feed_array", "the graph")) return NULL;
-    if (!g || v.id <= 0 || v.id >= g->count || g->n[v.id].kind != DPAR__G_FEED) {
+    if (!g) {
+        dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_feed_array: g is NULL");
+        return NULL;
+    }
+    if (v.id <= 0 || v.id >= g->count || g->n[v.id].kind != DPAR__G_FEED) {
         dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_feed_array: not a feed of this graph (dpar_g_feed)");
         return NULL;
     }
@@ -14510,7 +14514,7 @@ static dpar_status dpar__g_put_feeds(dpar_graph *g, const dpar_graph_feed *feeds
 }
 DPAR_API dpar_status dpar_graph_put_feeds(dpar_graph *g, const dpar_graph_feed *feeds, int num_feeds) {
     dpar__clear_error();
-    if (!g) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_put_feeds: graph is NULL");
+    if (!g) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_put_feeds: g is NULL");
     if (num_feeds < 0 || (num_feeds && !feeds))
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_put_feeds: num_feeds = %d with feeds %s", num_feeds,
                          feeds ? "given" : "NULL");
@@ -14668,7 +14672,7 @@ static dpar_status dpar__g_log_losses(dpar_graph *g, int capacity) {
 }
 DPAR_API dpar_status dpar_graph_log_losses(dpar_graph *g, int capacity) {
     dpar__clear_error();
-    if (!g) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_log_losses: graph is NULL");
+    if (!g) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_log_losses: g is NULL");
     dpar_runtime *rt = NULL;
     if (dpar__live_enter(g, DPAR__LIVE_GRAPH, "dpar_graph_log_losses", 0, &rt)) return DPAR_ERR_STATE;
     dpar_status s = dpar__g_log_losses(g, capacity);
@@ -14699,7 +14703,7 @@ static dpar_status dpar__g_losses(dpar_graph *g, float *out, int n) {
 }
 DPAR_API dpar_status dpar_graph_losses(dpar_graph *g, float *out, int n) {
     dpar__clear_error();
-    if (!g) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_losses: graph is NULL");
+    if (!g) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_losses: g is NULL");
     dpar_runtime *rt = NULL;
     if (dpar__live_enter(g, DPAR__LIVE_GRAPH, "dpar_graph_losses", 0, &rt)) return DPAR_ERR_STATE;
     dpar_status s = dpar__g_losses(g, out, n);
@@ -14710,7 +14714,7 @@ DPAR_API dpar_status dpar_graph_losses(dpar_graph *g, float *out, int n) {
 /* ---- inspect ---- */
 static dpar_status dpar__g_readable(const dpar_graph *g, const char *fn, dpar_value v) {
     char l[96];
-    if (!g) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: graph is NULL", fn);
+    if (!g) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: g is NULL", fn);
     if (dpar__live_check(g, DPAR__LIVE_GRAPH, fn)) return DPAR_ERR_STATE;
     if (v.id <= 0 || v.id >= g->count) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: not a value of this graph", fn);
     if (!g->ran) return dpar__err(DPAR_ERR_STATE, "%s: the graph has not run yet (dpar_graph_run)", fn);
@@ -14768,7 +14772,7 @@ static dpar_status dpar__g_close(const char *fn, const char *path, FILE *f) {
 }
 DPAR_API dpar_status dpar_graph_print(const dpar_graph *g, const char *path) {
     dpar__clear_error();
-    if (!g) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_print: graph is NULL");
+    if (!g) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_print: g is NULL");
     if (dpar__live_arg(g, DPAR__LIVE_GRAPH, "dpar_graph_print", "the graph")) return DPAR_ERR_STATE;
     if (dpar__g_arrays_live(g, "dpar_graph_print")) return DPAR_ERR_STATE; /* it prints the arrays' specs */
     FILE *f = dpar__g_open("dpar_graph_print", path);
@@ -14807,7 +14811,7 @@ DPAR_API dpar_status dpar_graph_print(const dpar_graph *g, const char *path) {
 }
 DPAR_API dpar_status dpar_graph_write_dot(const dpar_graph *g, const char *path) {
     dpar__clear_error();
-    if (!g) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_write_dot: graph is NULL");
+    if (!g) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_write_dot: g is NULL");
     FILE *f = dpar__g_open("dpar_graph_write_dot", path);
     if (!f) return DPAR_ERR_IO;
     fprintf(f, "digraph dpar {\n  rankdir=TB; node [shape=box, fontname=monospace];\n");
@@ -15057,7 +15061,7 @@ DPAR_API dpar_status dpar_graph_run_start(dpar_graph *g, const dpar_graph_feed *
     dpar__clear_error();
     if (!req) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_run_start: req is NULL");
     *req = NULL;
-    if (!g) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_run_start: graph is NULL");
+    if (!g) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_run_start: g is NULL");
     if (num_feeds < 0 || (num_feeds && !feeds))
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_run_start: num_feeds = %d with feeds %s", num_feeds,
                          feeds ? "given" : "NULL");
@@ -15441,7 +15445,7 @@ DPAR_API dpar_status dpar_graph_set_step(dpar_graph *g, int64_t step) {
     if (dpar__live_arg(g, DPAR__LIVE_GRAPH, "dpar_graph_set_step", "the graph")) return DPAR_ERR_STATE;
     if (!g || step < 0)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_set_step: %s",
-                         g ? "the step must be >= 0 (the number of runs done)" : "graph is NULL");
+                         g ? "the step must be >= 0 (the number of runs done)" : "g is NULL");
     dpar_status busy = dpar__busy(g->rt, NULL, "dpar_graph_set_step"); /* a step in flight advances it */
     if (busy) return busy;
     dpar__g_settle(g); /* the skipped steps noted so far are in the count replaced */

@@ -173,7 +173,7 @@ static void test_put_feeds_errors(void **state) {
     int32_t y[B];
     batch(0, x, y);
     dpar_graph_feed f[2] = { { fx.a.x, x, NULL }, { fx.a.y, y, NULL } };
-    T_ERR(dpar_graph_put_feeds(NULL, f, 2), DPAR_ERR_INVALID_ARGUMENT, "graph is NULL");
+    T_ERR(dpar_graph_put_feeds(NULL, f, 2), DPAR_ERR_INVALID_ARGUMENT, "g is NULL");
     T_ERR(dpar_graph_put_feeds(fx.a.g, NULL, 2), DPAR_ERR_INVALID_ARGUMENT, "num_feeds = 2");
     T_ERR(dpar_graph_loss(fx.a.g, &l), DPAR_ERR_STATE, "not run yet");
     T_ERR(dpar_graph_loss(fx.a.g, NULL), DPAR_ERR_INVALID_ARGUMENT, "NULL");
@@ -226,9 +226,9 @@ static void test_put_feeds_errors(void **state) {
     T_OK(dpar_graph_loss(fx.a.g, &lc));
     assert_memory_equal(&l, &lc, sizeof l);
     /* the loss log: refused arguments, no ring yet, in flight, restarted empty, stopped */
-    T_ERR(dpar_graph_log_losses(NULL, 4), DPAR_ERR_INVALID_ARGUMENT, "graph is NULL");
+    T_ERR(dpar_graph_log_losses(NULL, 4), DPAR_ERR_INVALID_ARGUMENT, "g is NULL");
     T_ERR(dpar_graph_log_losses(fx.a.g, -1), DPAR_ERR_INVALID_ARGUMENT, "capacity -1");
-    T_ERR(dpar_graph_losses(NULL, &l, 1), DPAR_ERR_INVALID_ARGUMENT, "graph is NULL");
+    T_ERR(dpar_graph_losses(NULL, &l, 1), DPAR_ERR_INVALID_ARGUMENT, "g is NULL");
     T_ERR(dpar_graph_losses(fx.a.g, &l, 1), DPAR_ERR_INVALID_ARGUMENT, "no losses are logged", "dpar_graph_log_losses");
     T_OK(dpar_graph_log_losses(fx.a.g, 2));
     T_ERR(dpar_graph_losses(fx.a.g, &l, -1), DPAR_ERR_INVALID_ARGUMENT, "n = -1");

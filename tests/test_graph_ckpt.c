@@ -363,8 +363,8 @@ static void test_mismatch_refused(void **st) {
     refused(&t, good, DPAR_ERR_DTYPE, "'b2'", "f16");
     destroy(&t);
 
-    T_ERR(dpar_graph_save(NULL, good), DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_save: graph is NULL");
-    T_ERR(dpar_graph_restore(NULL, good), DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_restore: graph is NULL");
+    T_ERR(dpar_graph_save(NULL, good), DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_save: g is NULL");
+    T_ERR(dpar_graph_restore(NULL, good), DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_restore: g is NULL");
     T_ERR(dpar_graph_save(a.g, NULL), DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_save: ", "path");
     /* a refused save leaves a graph not compiled as it was: it compiled the graph before it read the path */
     dpar_graph *fresh = NULL;

@@ -990,7 +990,7 @@ static void test_cpu_and_bad_input(void **st) {
     assert_int_equal(seg, 0);
     assert_int_equal(nodes, 0);
     T_OK(dpar_graph_recorded(g, NULL, NULL));
-    T_ERR(dpar_graph_recorded(NULL, &seg, &nodes), DPAR_ERR_INVALID_ARGUMENT, "graph is NULL");
+    T_ERR(dpar_graph_recorded(NULL, &seg, &nodes), DPAR_ERR_INVALID_ARGUMENT, "g is NULL");
     assert_int_equal(seg, 0);
     T_OK(dpar_graph_destroy(g));
     dpar_array_destroy(w);

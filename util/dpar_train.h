@@ -1823,7 +1823,7 @@ DPAR_API dpar_status dpar_checkpoint_restore(const char *path, const dpar_checkp
 static dpar_status dpar_gckpt__entries(dpar_graph *g, const char *fn, dpar_checkpoint_entry **e, int *n) {
     *e = NULL;
     *n = 0;
-    if (!g) return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "%s: graph is NULL", fn);
+    if (!g) return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "%s: g is NULL", fn);
     int count = 0;
     dpar_status s = dpar_graph_state_count(g, &count);
     if (s) return dpar_set_last_error(s, "%s: %s", fn, dpar_last_error());
