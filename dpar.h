@@ -3890,7 +3890,7 @@ DPAR_API dpar_backend_kind dpar_runtime_backend(const dpar_runtime *rt) {
 
 DPAR_API dpar_status dpar_runtime_device_info(const dpar_runtime *rt, int device, dpar_device_info *out) {
     dpar__clear_error();
-    if (dpar__live_arg(rt, DPAR__LIVE_RUNTIME, "dpar_runtime_device_info", "the runtime")) return DPAR_ERR_STATE;
+    if (dpar__live_arg(rt, DPAR__LIVE_RUNTIME, "dpar_runtime_device_info", "rt")) return DPAR_ERR_STATE;
     if (!rt) return dpar__null("dpar_runtime_device_info", "rt");
     if (!out) return dpar__null("dpar_runtime_device_info", "out");
     if (device < 0 || device >= rt->ndev)
@@ -4096,7 +4096,7 @@ static void dpar__shard_views_end(void) {
 DPAR_API dpar_status dpar_buffer_reshape(dpar_buffer *b, int ndim, const int64_t *shape) {
     dpar__clear_error();
     if (!b) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_buffer_reshape: b is NULL");
-    if (dpar__live_buf(b, "dpar_buffer_reshape", "the buffer")) return DPAR_ERR_STATE;
+    if (dpar__live_buf(b, "dpar_buffer_reshape", "b")) return DPAR_ERR_STATE;
     dpar_status s = dpar__check_shape("dpar_buffer_reshape", ndim, shape);
     if (s) return s;
     int64_t c = dpar__prod(shape, ndim);
@@ -4135,7 +4135,7 @@ static dpar_status dpar__buffer_owner(const dpar_buffer *b, const char *fn) {
 /* The checks of a host access to bytes [offset, offset + nbytes) of b (not NULL), in this order: b is live,
    not in use by a running pmap (when busy is set), this thread's to use, and the span lies inside it. */
 static dpar_status dpar__buffer_span(const dpar_buffer *b, size_t offset, size_t nbytes, const char *fn, bool busy) {
-    if (dpar__live_buf(b, fn, "the buffer")) return DPAR_ERR_STATE;
+    if (dpar__live_buf(b, fn, "b")) return DPAR_ERR_STATE;
     dpar_status s = busy ? dpar__busy(b->rt, b, fn) : DPAR_OK;
     if (s) return s;
     if (dpar__buffer_owner(b, fn)) return DPAR_ERR_STATE;
@@ -4169,7 +4169,7 @@ DPAR_API dpar_status dpar_buffer_read(const dpar_buffer *b, size_t offset, void 
 /* map / unmap: the checks, then the backend's host view (NULL: not host-visible) */
 static dpar_status dpar__buffer_view(const dpar_buffer *b, size_t offset, size_t nbytes, const char *fn, char **host) {
     *host = NULL;
-    if (!b) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: buffer is NULL", fn);
+    if (!b) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: b is NULL", fn);
     dpar_status c = dpar__buffer_span(b, offset, nbytes, fn, false);
     if (c) return c;
     const dpar__backend_iface *be = b->rt->be;
@@ -4199,7 +4199,7 @@ DPAR_API dpar_status dpar_buffer_unmap(dpar_buffer *b, size_t offset, size_t nby
 }
 DPAR_API dpar_status dpar_runtime_device_sync(dpar_runtime *rt, int device) {
     dpar__clear_error();
-    if (dpar__live_arg(rt, DPAR__LIVE_RUNTIME, "dpar_runtime_device_sync", "the runtime")) return DPAR_ERR_STATE;
+    if (dpar__live_arg(rt, DPAR__LIVE_RUNTIME, "dpar_runtime_device_sync", "rt")) return DPAR_ERR_STATE;
     if (!rt || device < rt->local_base || device >= rt->local_base + rt->nlocal)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
                          "dpar_runtime_device_sync: device %d is not a device of this process", device);
@@ -4609,9 +4609,7 @@ static dpar_status dpar__live_buf(const dpar_buffer *b, const char *fn, const ch
 /* Whether getter fn may read p: not NULL and live (stale: the last error is set
    and the getter returns what it returns for NULL). */
 static int dpar__live_got(const void *p, int kind, const char *fn) {
-    static const char *const args[] = {
-        "the handle", "the runtime", "the mesh", "the array", "the buffer", "the graph"
-    };
+    static const char *const args[] = { "the handle", "rt", "m", "a", "b", "g" };
     return p && !dpar__live_arg(p, kind, fn, kind >= 0 && kind <= DPAR__LIVE_GRAPH ? args[kind] : args[0]);
 }
 /* Enters a new object whose parent (a runtime or a mesh) must be live. */
@@ -5092,7 +5090,7 @@ DPAR_API const char *dpar_mesh_axis_name(const dpar_mesh *m, int i) {
 
 DPAR_API dpar_status dpar_mesh_axis_size(const dpar_mesh *m, const char *axes, int *out) {
     dpar__clear_error();
-    if (dpar__live_arg(m, DPAR__LIVE_MESH, "dpar_mesh_axis_size", "the mesh")) return DPAR_ERR_STATE;
+    if (dpar__live_arg(m, DPAR__LIVE_MESH, "dpar_mesh_axis_size", "m")) return DPAR_ERR_STATE;
     if (!m) return dpar__null("dpar_mesh_axis_size", "m");
     if (!out) return dpar__null("dpar_mesh_axis_size", "out");
     unsigned mask;
@@ -5103,7 +5101,7 @@ DPAR_API dpar_status dpar_mesh_axis_size(const dpar_mesh *m, const char *axes, i
 }
 DPAR_API dpar_status dpar_mesh_device(const dpar_mesh *m, const int *coords, int *device) {
     dpar__clear_error();
-    if (dpar__live_arg(m, DPAR__LIVE_MESH, "dpar_mesh_device", "the mesh")) return DPAR_ERR_STATE;
+    if (dpar__live_arg(m, DPAR__LIVE_MESH, "dpar_mesh_device", "m")) return DPAR_ERR_STATE;
     if (!m) return dpar__null("dpar_mesh_device", "m");
     if (!coords) return dpar__null("dpar_mesh_device", "coords");
     if (!device) return dpar__null("dpar_mesh_device", "device");
@@ -5117,7 +5115,7 @@ DPAR_API dpar_status dpar_mesh_device(const dpar_mesh *m, const int *coords, int
 }
 DPAR_API dpar_status dpar_mesh_coords(const dpar_mesh *m, int device, int *coords) {
     dpar__clear_error();
-    if (dpar__live_arg(m, DPAR__LIVE_MESH, "dpar_mesh_coords", "the mesh")) return DPAR_ERR_STATE;
+    if (dpar__live_arg(m, DPAR__LIVE_MESH, "dpar_mesh_coords", "m")) return DPAR_ERR_STATE;
     if (!m) return dpar__null("dpar_mesh_coords", "m");
     if (!coords) return dpar__null("dpar_mesh_coords", "coords");
     if (device < 0 || device >= DPAR_MAX_DEVICES || m->pos_of[device] < 0)
@@ -5128,7 +5126,7 @@ DPAR_API dpar_status dpar_mesh_coords(const dpar_mesh *m, int device, int *coord
 DPAR_API dpar_status dpar_mesh_group(const dpar_mesh *m, const char *axes, int device, int *members, int *n,
                                      int *index) {
     dpar__clear_error();
-    if (dpar__live_arg(m, DPAR__LIVE_MESH, "dpar_mesh_group", "the mesh")) return DPAR_ERR_STATE;
+    if (dpar__live_arg(m, DPAR__LIVE_MESH, "dpar_mesh_group", "m")) return DPAR_ERR_STATE;
     if (!m) return dpar__null("dpar_mesh_group", "m");
     if (!members) return dpar__null("dpar_mesh_group", "members");
     if (!n) return dpar__null("dpar_mesh_group", "n");
@@ -5446,7 +5444,7 @@ DPAR_API dpar_buffer *dpar_array_shard(const dpar_array *a, int device) {
 }
 DPAR_API dpar_status dpar_array_local_rows(const dpar_array *a, int64_t *begin, int64_t *count) {
     dpar__clear_error();
-    if (dpar__live_arg(a, DPAR__LIVE_ARRAY, "dpar_array_local_rows", "the array")) return DPAR_ERR_STATE;
+    if (dpar__live_arg(a, DPAR__LIVE_ARRAY, "dpar_array_local_rows", "a")) return DPAR_ERR_STATE;
     if (!a) return dpar__null("dpar_array_local_rows", "a");
     if (!begin) return dpar__null("dpar_array_local_rows", "begin");
     if (!count) return dpar__null("dpar_array_local_rows", "count");
@@ -9996,7 +9994,7 @@ DPAR_API int64_t dpar_array_shard_dim(const dpar_array *a, int i) {
 }
 DPAR_API dpar_status dpar_array_spec(const dpar_array *a, int i, char *buf, size_t cap) {
     dpar__clear_error();
-    if (dpar__live_arg(a, DPAR__LIVE_ARRAY, "dpar_array_spec", "the array")) return DPAR_ERR_STATE;
+    if (dpar__live_arg(a, DPAR__LIVE_ARRAY, "dpar_array_spec", "a")) return DPAR_ERR_STATE;
     if (!a) return dpar__null("dpar_array_spec", "a");
     if (!buf) return dpar__null("dpar_array_spec", "buf");
     if (cap == 0) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_array_spec: cap is 0; give buf's size in bytes");
@@ -10191,7 +10189,7 @@ static dpar_status dpar__prefix_err(dpar_status s, const char *prefix) {
 
 DPAR_API dpar_status dpar_shard_map_specs(dpar_mesh *m, const dpar_shard_map_specs_desc *desc) {
     dpar__clear_error();
-    if (dpar__live_arg(m, DPAR__LIVE_MESH, "dpar_shard_map_specs", "the mesh")) return DPAR_ERR_STATE;
+    if (dpar__live_arg(m, DPAR__LIVE_MESH, "dpar_shard_map_specs", "m")) return DPAR_ERR_STATE;
     dpar_shard_map_specs_desc resolved;
     const dpar_shard_map_specs_desc *d = desc ? &resolved : NULL;
     if (desc) { /* counts of 0 inferred: the leading non-NULL inputs / outputs */
@@ -10876,7 +10874,7 @@ DPAR_API dpar_value dpar_g_name(dpar_graph *g, dpar_value v, const char *name) {
 
 DPAR_API dpar_status dpar_graph_value_shape(const dpar_graph *g, dpar_value v, dpar_dtype *dtype, int *ndim,
                                             int64_t *shape) {
-    if (dpar__live_arg(g, DPAR__LIVE_GRAPH, "dpar_graph_value_shape", "the graph")) return DPAR_ERR_STATE;
+    if (dpar__live_arg(g, DPAR__LIVE_GRAPH, "dpar_graph_value_shape", "g")) return DPAR_ERR_STATE;
     if (!g || v.id <= 0 || v.id >= g->count)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_value_shape: not a value of this graph");
     const dpar__gnode *nd = &g->n[v.id];
@@ -10923,7 +10921,7 @@ DPAR_API dpar_value dpar_g_param(dpar_graph *g, const char *name, dpar_array *a)
         return dpar__gv(0);
     if (!a)
         return dpar__g_fail(g, DPAR_ERR_INVALID_ARGUMENT, "dpar_g_param: param '%s': array is NULL", name ? name : "");
-    if (dpar__live_arg(a, DPAR__LIVE_ARRAY, "dpar_g_param", "the array"))
+    if (dpar__live_arg(a, DPAR__LIVE_ARRAY, "dpar_g_param", "a"))
         return dpar__g_fail(g, DPAR_ERR_STATE, "%s", dpar_last_error());
     if (a->mesh != g->mesh)
         return dpar__g_fail(g, DPAR_ERR_INVALID_ARGUMENT,
@@ -12297,7 +12295,7 @@ DPAR_API dpar_status dpar_graph_adamw(dpar_graph *g, const dpar_adamw_desc *d, c
 }
 DPAR_API dpar_status dpar_graph_adamw_masked(dpar_graph *g, const dpar_adamw_desc *d, const dpar_value *params,
                                              const dpar_value *grads, const bool *decay, int n) {
-    if (dpar__live_arg(g, DPAR__LIVE_GRAPH, "dpar_graph_adamw_masked", "the graph")) return DPAR_ERR_STATE;
+    if (dpar__live_arg(g, DPAR__LIVE_GRAPH, "dpar_graph_adamw_masked", "g")) return DPAR_ERR_STATE;
     if (g && g->z1 && decay)
         return dpar__g_err(g, DPAR_ERR_INVALID_ARGUMENT,
                            "dpar_graph_adamw_masked: a decay mask with ZeRO-1 (dpar_graph_zero1) is not supported; "
@@ -12325,7 +12323,7 @@ static bool dpar__g_opt_recordable(const dpar_graph *g) {
 }
 DPAR_API dpar_status dpar_graph_set_lr(dpar_graph *g, float lr) {
     dpar__clear_error();
-    if (dpar__live_arg(g, DPAR__LIVE_GRAPH, "dpar_graph_set_lr", "the graph")) return DPAR_ERR_STATE;
+    if (dpar__live_arg(g, DPAR__LIVE_GRAPH, "dpar_graph_set_lr", "g")) return DPAR_ERR_STATE;
     if (!g || !g->has_opt)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_set_lr: %s",
                          g ? "the graph has no optimizer node (dpar_graph_sgd, dpar_graph_adamw)" : "g is NULL");
@@ -12393,7 +12391,7 @@ static dpar_status dpar__g_opt_step(dpar_graph *g, dpar_ctx *ctx, int li, dpar_b
    Issue 13's ops in graphs: cross-entropy with an ignore label, embedding,
    dropout, following the four steps of >>graph (the AdamW node is above). */
 DPAR_API dpar_value dpar_g_cross_entropy(dpar_graph *g, dpar_value logits, dpar_value labels, const dpar_xent_desc *d) {
-    if (dpar__live_arg(g, DPAR__LIVE_GRAPH, "dpar_g_cross_entropy", "the graph")) return dpar__gv(0);
+    if (dpar__live_arg(g, DPAR__LIVE_GRAPH, "dpar_g_cross_entropy", "g")) return dpar__gv(0);
     if (g && d && !(d->label_smoothing >= 0.0f && d->label_smoothing < 1.0f))
         return dpar__g_fail(g, DPAR_ERR_INVALID_ARGUMENT,
                             "dpar_g_cross_entropy: label_smoothing = %g; it must be in "
@@ -12657,7 +12655,7 @@ static dpar_status dpar__g_z1_step(dpar_graph *g, dpar_ctx *ctx, int li) {
 }
 DPAR_API dpar_array *dpar_graph_zero1_state(const dpar_graph *g, int i, int j) {
     dpar__clear_error();
-    if (dpar__live_arg(g, DPAR__LIVE_GRAPH, "dpar_graph_zero1_state", "the graph")) return NULL;
+    if (dpar__live_arg(g, DPAR__LIVE_GRAPH, "dpar_graph_zero1_state", "g")) return NULL;
     const dpar__gz1 *z = g ? g->z1 : NULL;
     if (!z || !g->compiled || i < 0 || i >= z->np || j < 0 || j > 1 || !z->state[j * z->np + i]) {
         dpar__err(DPAR_ERR_INVALID_ARGUMENT,
@@ -14332,7 +14330,7 @@ static dpar_status dpar__g_run(dpar_graph *g, const dpar_graph_feed *feeds, int 
 
 DPAR_API dpar_array *dpar_graph_feed_array(const dpar_graph *g, dpar_value v) {
     dpar__clear_error();
-    if (dpar__live_arg(g, DPAR__LIVE_GRAPH, "dpar_graph_feed_array", "the graph")) return NULL;
+    if (dpar__live_arg(g, DPAR__LIVE_GRAPH, "dpar_graph_feed_array", "g")) return NULL;
     if (!g) {
         dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_feed_array: g is NULL");
         return NULL;
@@ -14773,7 +14771,7 @@ static dpar_status dpar__g_close(const char *fn, const char *path, FILE *f) {
 DPAR_API dpar_status dpar_graph_print(const dpar_graph *g, const char *path) {
     dpar__clear_error();
     if (!g) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_print: g is NULL");
-    if (dpar__live_arg(g, DPAR__LIVE_GRAPH, "dpar_graph_print", "the graph")) return DPAR_ERR_STATE;
+    if (dpar__live_arg(g, DPAR__LIVE_GRAPH, "dpar_graph_print", "g")) return DPAR_ERR_STATE;
     if (dpar__g_arrays_live(g, "dpar_graph_print")) return DPAR_ERR_STATE; /* it prints the arrays' specs */
     FILE *f = dpar__g_open("dpar_graph_print", path);
     if (!f) return DPAR_ERR_IO;
@@ -15198,7 +15196,7 @@ static void dpar__vis_rule(FILE *f, int64_t nc, size_t w) {
 DPAR_API dpar_status dpar_visualize_array_sharding(const dpar_array *a, const char *path) {
     const char *fn = "dpar_visualize_array_sharding";
     dpar__clear_error();
-    if (dpar__live_arg(a, DPAR__LIVE_ARRAY, "dpar_visualize_array_sharding", "the array")) return DPAR_ERR_STATE;
+    if (dpar__live_arg(a, DPAR__LIVE_ARRAY, "dpar_visualize_array_sharding", "a")) return DPAR_ERR_STATE;
     if (!a) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: array is NULL", fn);
     if (a->ndim > 2)
         return dpar__err(DPAR_ERR_SHAPE, "%s: the array is %d-d; it draws 0-, 1- and 2-d arrays (reshape it first)", fn,
@@ -15386,7 +15384,7 @@ static dpar_status dpar__g_state_list(dpar_graph *g) {
 }
 DPAR_API dpar_status dpar_graph_state_count(dpar_graph *g, int *count) {
     dpar__clear_error();
-    if (dpar__live_arg(g, DPAR__LIVE_GRAPH, "dpar_graph_state_count", "the graph")) return DPAR_ERR_STATE;
+    if (dpar__live_arg(g, DPAR__LIVE_GRAPH, "dpar_graph_state_count", "g")) return DPAR_ERR_STATE;
     if (!g) return dpar__null("dpar_graph_state_count", "g");
     if (!count) return dpar__null("dpar_graph_state_count", "count");
     *count = 0;
@@ -15401,7 +15399,7 @@ DPAR_API dpar_status dpar_graph_state_count(dpar_graph *g, int *count) {
 }
 DPAR_API dpar_status dpar_graph_state(const dpar_graph *g, int i, const char **name, dpar_array **array, bool *padded) {
     dpar__clear_error();
-    if (dpar__live_arg(g, DPAR__LIVE_GRAPH, "dpar_graph_state", "the graph")) return DPAR_ERR_STATE;
+    if (dpar__live_arg(g, DPAR__LIVE_GRAPH, "dpar_graph_state", "g")) return DPAR_ERR_STATE;
     char l[96], l2[96];
     if (!g) return dpar__null("dpar_graph_state", "g");
     if (!name) return dpar__null("dpar_graph_state", "name");
@@ -15442,7 +15440,7 @@ DPAR_API int64_t dpar_graph_step(const dpar_graph *g) {
 }
 DPAR_API dpar_status dpar_graph_set_step(dpar_graph *g, int64_t step) {
     dpar__clear_error();
-    if (dpar__live_arg(g, DPAR__LIVE_GRAPH, "dpar_graph_set_step", "the graph")) return DPAR_ERR_STATE;
+    if (dpar__live_arg(g, DPAR__LIVE_GRAPH, "dpar_graph_set_step", "g")) return DPAR_ERR_STATE;
     if (!g || step < 0)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_set_step: %s",
                          g ? "the step must be >= 0 (the number of runs done)" : "g is NULL");
@@ -15803,7 +15801,7 @@ DPAR_API void dpar_trace_event(const dpar_runtime *rt, int device, const char *n
 
 DPAR_API dpar_status dpar_runtime_device_stats(const dpar_runtime *rt, int device, dpar_device_stats *out) {
     dpar__clear_error();
-    if (dpar__live_arg(rt, DPAR__LIVE_RUNTIME, "dpar_runtime_device_stats", "the runtime")) return DPAR_ERR_STATE;
+    if (dpar__live_arg(rt, DPAR__LIVE_RUNTIME, "dpar_runtime_device_stats", "rt")) return DPAR_ERR_STATE;
     if (!rt) return dpar__null("dpar_runtime_device_stats", "rt");
     if (!out) return dpar__null("dpar_runtime_device_stats", "out");
     int li = device - rt->local_base;
@@ -20397,15 +20395,15 @@ DPAR_API dpar_status dpar_vulkan_buffer_export(dpar_buffer *b, dpar_vulkan_expor
     if (out) memset(out, 0, sizeof *out);
     if (!b) return dpar__null("dpar_vulkan_buffer_export", "b");
     if (!out) return dpar__null("dpar_vulkan_buffer_export", "out");
-    if (dpar__live_buf(b, "dpar_vulkan_buffer_export", "the buffer")) return DPAR_ERR_STATE; /* as with Vulkan */
+    if (dpar__live_buf(b, "dpar_vulkan_buffer_export", "b")) return DPAR_ERR_STATE; /* as with Vulkan */
     return dpar__err(DPAR_ERR_BACKEND_UNAVAILABLE,
                      "dpar_vulkan_buffer_export: this build has no Vulkan backend; define DPAR_VULKAN where "
                      "DPAR_IMPLEMENTATION is defined (make VULKAN=1)");
 }
 DPAR_API dpar_status dpar_vulkan_buffer_release(dpar_buffer *b) {
     dpar__clear_error();
-    if (!b) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_vulkan_buffer_release: buffer is NULL");
-    if (dpar__live_buf(b, "dpar_vulkan_buffer_release", "the buffer")) return DPAR_ERR_STATE;
+    if (!b) return dpar__null("dpar_vulkan_buffer_release", "b");
+    if (dpar__live_buf(b, "dpar_vulkan_buffer_release", "b")) return DPAR_ERR_STATE;
     return dpar__err(DPAR_ERR_BACKEND_UNAVAILABLE,
                      "dpar_vulkan_buffer_release: this build has no Vulkan backend; define DPAR_VULKAN where "
                      "DPAR_IMPLEMENTATION is defined (make VULKAN=1)");

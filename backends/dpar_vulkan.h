@@ -2889,8 +2889,8 @@ static dpar_status dpar__vk_collective(void *state, dpar__coll *c) {
    export's ready value, signalled by dpar; its release value, signalled by the
    engine and waited for by dpar's next submission on the device). */
 static dpar_status dpar__vk_loan_check(dpar_buffer *b, const char *fn, int lending) {
-    if (!b) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: buffer is NULL", fn);
-    if (dpar__live_buf(b, fn, "the buffer")) return DPAR_ERR_STATE;
+    if (!b) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: b is NULL", fn);
+    if (dpar__live_buf(b, fn, "b")) return DPAR_ERR_STATE;
     if (dpar__self_worker)
         return dpar__err(DPAR_ERR_STATE, "%s: called inside a pmap/shard_map function; call it between steps", fn);
     dpar_status s = dpar__busy(b->rt, lending ? b : NULL, fn);

@@ -279,7 +279,7 @@ static void test_error_texts(void **st) {
     T_OK(dpar_graph_destroy(g2));
     T_OK(dpar_graph_destroy(g3));
     T_OK(dpar_mesh_destroy(m));
-    /* the graph calls name their graph g, as their prototypes do; a reshape's NULL buffer is b */
+    /* the graph calls name their graph g, as their prototypes do; a NULL buffer is b */
     float loss = 0.0f;
     T_ERR(dpar_graph_run(NULL, NULL, 0, &loss), DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_run: g is NULL");
     dpar_value none = { 1 };
@@ -287,6 +287,9 @@ static void test_error_texts(void **st) {
     assert_non_null(strstr(dpar_last_error(), "dpar_graph_feed_array: g is NULL"));
     int64_t four = 4;
     T_ERR(dpar_buffer_reshape(NULL, 1, &four), DPAR_ERR_INVALID_ARGUMENT, "dpar_buffer_reshape: b is NULL");
+    void *ptr = NULL;
+    T_ERR(dpar_buffer_map(NULL, 0, 4, true, &ptr), DPAR_ERR_INVALID_ARGUMENT, "dpar_buffer_map: b is NULL");
+    T_ERR(dpar_vulkan_buffer_release(NULL), DPAR_ERR_INVALID_ARGUMENT, "dpar_vulkan_buffer_release: b is NULL");
     dpar_buffer *all[] = { a, b, c, y, lg, lb, x, dw, dy, w, p };
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) T_OK(dpar_buffer_destroy(all[i]));
     T_OK(dpar_runtime_destroy(rt));

@@ -266,7 +266,7 @@ static dpar_status use_after_destroy(dpar_ctx *ctx, void *user) {
     if (dpar_all_gather_start(ctx, t, u, "data", 0, true, &r) != DPAR_ERR_STATE ||
         !strstr(dpar_last_error(), "dpar_all_gather_start: out is a stale"))
         return dpar_set_last_error(DPAR_ERR_BACKEND, "all_gather into a freed buffer: %s", dpar_last_error());
-    if (dpar_buffer_count(t) != 0 || !strstr(dpar_last_error(), "dpar_buffer_count: the buffer is a stale"))
+    if (dpar_buffer_count(t) != 0 || !strstr(dpar_last_error(), "dpar_buffer_count: b is a stale"))
         return dpar_set_last_error(DPAR_ERR_BACKEND, "count of a freed buffer: %s", dpar_last_error());
     s = dpar_psum(ctx, u, u, "data"); /* the live one still works, on both devices */
     return s ? s : dpar_buffer_destroy(u);
@@ -292,18 +292,18 @@ static void test_stale_arguments(void **state) {
     STALE(dpar_relu(live, b), "dpar_relu", "x");
     STALE(dpar_relu_backward(live, live, b), "dpar_relu_backward", "x is"); /* was "operand 1" */
     /* buffer I/O and getters */
-    STALE(dpar_buffer_write(b, 0, h, 4), "dpar_buffer_write", "the buffer");
-    STALE(dpar_buffer_read(b, 0, h, 4), "dpar_buffer_read", "the buffer");
+    STALE(dpar_buffer_write(b, 0, h, 4), "dpar_buffer_write", "b");
+    STALE(dpar_buffer_read(b, 0, h, 4), "dpar_buffer_read", "b");
     void *ptr = NULL;
-    STALE(dpar_buffer_map(b, 0, 4, true, &ptr), "dpar_buffer_map", "the buffer");
-    STALE(dpar_buffer_unmap(b, 0, 4, false), "dpar_buffer_unmap", "the buffer");
-    STALE(dpar_buffer_reshape(b, 1, &four), "dpar_buffer_reshape", "the buffer");
+    STALE(dpar_buffer_map(b, 0, 4, true, &ptr), "dpar_buffer_map", "b");
+    STALE(dpar_buffer_unmap(b, 0, 4, false), "dpar_buffer_unmap", "b");
+    STALE(dpar_buffer_reshape(b, 1, &four), "dpar_buffer_reshape", "b");
     assert_int_equal(dpar_buffer_count(b), 0);
     assert_int_equal(dpar_buffer_device(b), -1);
     assert_int_equal(dpar_buffer_dtype(b), DPAR_DTYPE_COUNT);
-    assert_non_null(strstr(dpar_last_error(), "dpar_buffer_dtype: the buffer is a stale buffer"));
+    assert_non_null(strstr(dpar_last_error(), "dpar_buffer_dtype: b is a stale buffer"));
     dpar_vulkan_export ex;
-    STALE(dpar_vulkan_buffer_export(b, &ex), "dpar_vulkan_buffer_export", "the buffer");
+    STALE(dpar_vulkan_buffer_export(b, &ex), "dpar_vulkan_buffer_export", "b");
     /* inside fn: a worker's own buffer freed, then used */
     dpar_shard_map_desc sd = { .fn = use_after_destroy };
     T_OK(dpar_shard_map(m, &sd));
@@ -311,38 +311,38 @@ static void test_stale_arguments(void **state) {
     dpar_array *a = arr(m, "data"), *keep = arr(m, "data");
     T_OK(dpar_array_destroy(a));
     assert_null(dpar_array_shard(a, 0));
-    assert_non_null(strstr(dpar_last_error(), "dpar_array_shard: the array is a stale array"));
+    assert_non_null(strstr(dpar_last_error(), "dpar_array_shard: a is a stale array"));
     assert_int_equal(dpar_array_ndim(a), -1);
     assert_null(dpar_array_mesh(a));
     int64_t begin, count;
-    STALE(dpar_array_local_rows(a, &begin, &count), "dpar_array_local_rows", "the array");
+    STALE(dpar_array_local_rows(a, &begin, &count), "dpar_array_local_rows", "a");
     char spec[16];
-    STALE(dpar_array_spec(a, 0, spec, sizeof spec), "dpar_array_spec", "the array");
+    STALE(dpar_array_spec(a, 0, spec, sizeof spec), "dpar_array_spec", "a");
     STALE(dpar_array_reshard(keep, a), "dpar_array_reshard", "src");
     dpar_graph *g = NULL;
     T_OK(dpar_graph_create(m, &g));
     assert_int_equal(dpar_g_param(g, "w", a).id, 0);
-    T_ERR(dpar_graph_status(g), DPAR_ERR_STATE, "dpar_g_param: the array is a stale array");
+    T_ERR(dpar_graph_status(g), DPAR_ERR_STATE, "dpar_g_param: a is a stale array");
     T_OK(dpar_graph_destroy(g));
     assert_int_equal(dpar_graph_step(g), -1);
-    STALE(dpar_graph_set_step(g, 1), "dpar_graph_set_step", "the graph");
-    STALE(dpar_graph_set_lr(g, 0.1f), "dpar_graph_set_lr", "the graph");
+    STALE(dpar_graph_set_step(g, 1), "dpar_graph_set_step", "g");
+    STALE(dpar_graph_set_lr(g, 0.1f), "dpar_graph_set_lr", "g");
     int n = 0;
-    STALE(dpar_graph_state_count(g, &n), "dpar_graph_state_count", "the graph");
+    STALE(dpar_graph_state_count(g, &n), "dpar_graph_state_count", "g");
     T_OK(dpar_mesh_destroy(m));
     assert_int_equal(dpar_mesh_size(m), 0);
     assert_null(dpar_mesh_axis_name(m, 0));
-    STALE(dpar_mesh_axis_size(m, "data", &n), "dpar_mesh_axis_size", "the mesh");
+    STALE(dpar_mesh_axis_size(m, "data", &n), "dpar_mesh_axis_size", "m");
     int coords[1] = { 0 }, dev = 0, members[2];
-    STALE(dpar_mesh_device(m, coords, &dev), "dpar_mesh_device", "the mesh");
-    STALE(dpar_mesh_group(m, "data", 0, members, &n, NULL), "dpar_mesh_group", "the mesh");
+    STALE(dpar_mesh_device(m, coords, &dev), "dpar_mesh_device", "m");
+    STALE(dpar_mesh_group(m, "data", 0, members, &n, NULL), "dpar_mesh_group", "m");
     T_ERR(dpar_array_get(keep, h), DPAR_ERR_STATE, "dpar_array_get", "stale"); /* freed with its mesh */
     T_OK(dpar_runtime_destroy(rt));
     assert_int_equal(dpar_runtime_device_count(rt), 0);
-    assert_non_null(strstr(dpar_last_error(), "dpar_runtime_device_count: the runtime is a stale runtime"));
+    assert_non_null(strstr(dpar_last_error(), "dpar_runtime_device_count: rt is a stale runtime"));
     dpar_device_info info;
-    STALE(dpar_runtime_device_info(rt, 0, &info), "dpar_runtime_device_info", "the runtime");
-    STALE(dpar_runtime_device_sync(rt, 0), "dpar_runtime_device_sync", "the runtime");
+    STALE(dpar_runtime_device_info(rt, 0, &info), "dpar_runtime_device_info", "rt");
+    STALE(dpar_runtime_device_sync(rt, 0), "dpar_runtime_device_sync", "rt");
     STALE(dpar_fill(live, 1.0f), "dpar_fill", "x is"); /* freed with its runtime */
 }
 
