@@ -9782,14 +9782,21 @@ DPAR_API dpar_status dpar_loss_scaler_init(dpar_loss_scaler *ls, const dpar_loss
     if (r.growth_factor == 0.0f) r.growth_factor = 2.0f;
     if (r.backoff_factor == 0.0f) r.backoff_factor = 0.5f;
     if (r.min_scale == 0.0f) r.min_scale = 1.0f;
-    if (!(r.init_scale > 0.0f) || !isfinite(r.init_scale) || r.growth_interval < 0 || !(r.growth_factor > 1.0f) ||
-        !isfinite(r.growth_factor) || !(r.backoff_factor > 0.0f && r.backoff_factor < 1.0f) || !(r.min_scale > 0.0f) ||
-        !isfinite(r.min_scale))
+    const char *bad = NULL, *need = NULL;
+    double v = 0.0;
+    if (!(r.init_scale > 0.0f) || !isfinite(r.init_scale))
+        bad = "init_scale", need = "finite and > 0", v = (double)r.init_scale;
+    else if (r.growth_interval < 0)
+        bad = "growth_interval", need = "> 0", v = (double)r.growth_interval;
+    else if (!(r.growth_factor > 1.0f) || !isfinite(r.growth_factor))
+        bad = "growth_factor", need = "finite and > 1", v = (double)r.growth_factor;
+    else if (!(r.backoff_factor > 0.0f && r.backoff_factor < 1.0f))
+        bad = "backoff_factor", need = "in (0, 1)", v = (double)r.backoff_factor;
+    else if (!(r.min_scale > 0.0f) || !isfinite(r.min_scale))
+        bad = "min_scale", need = "finite and > 0", v = (double)r.min_scale;
+    if (bad)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
-                         "dpar_loss_scaler_init: init_scale %g, growth_interval %d, growth_factor %g, backoff_factor "
-                         "%g, min_scale %g; need > 0, > 0, > 1, in (0, 1), > 0 (0: default)",
-                         (double)r.init_scale, r.growth_interval, (double)r.growth_factor, (double)r.backoff_factor,
-                         (double)r.min_scale);
+                         "dpar_loss_scaler_init: d->%s is %g; it must be %s (0: the default)", bad, v, need);
     memset(ls, 0, sizeof *ls);
     ls->desc = r;
     ls->scale = r.init_scale;

@@ -252,8 +252,18 @@ static void test_loss_scaling_skips_overflow(void **st) {
     }
     assert_int_equal(ls.skipped_steps, 3);
     assert_int_equal(t, 7);
+    /* each bad field is named alone, with its value and its rule */
     T_ERR(dpar_loss_scaler_init(&ls, &(dpar_loss_scale_desc){ .backoff_factor = 2 }), DPAR_ERR_INVALID_ARGUMENT,
-          "backoff_factor");
+          "dpar_loss_scaler_init: d->backoff_factor is 2; it must be in (0, 1)");
+    T_ERR(dpar_loss_scaler_init(&ls, &(dpar_loss_scale_desc){ .init_scale = -1 }), DPAR_ERR_INVALID_ARGUMENT,
+          "d->init_scale is -1; it must be finite and > 0");
+    T_ERR(dpar_loss_scaler_init(&ls, &(dpar_loss_scale_desc){ .growth_interval = -3 }), DPAR_ERR_INVALID_ARGUMENT,
+          "d->growth_interval is -3; it must be > 0");
+    T_ERR(dpar_loss_scaler_init(&ls, &(dpar_loss_scale_desc){ .growth_factor = 0.5f }), DPAR_ERR_INVALID_ARGUMENT,
+          "d->growth_factor is 0.5; it must be finite and > 1");
+    T_ERR(dpar_loss_scaler_init(&ls, &(dpar_loss_scale_desc){ .min_scale = INFINITY }), DPAR_ERR_INVALID_ARGUMENT,
+          "d->min_scale is inf; it must be finite and > 0");
+    assert_null(strstr(dpar_last_error(), "backoff_factor"));
     dpar_buffer *all[5] = { g16, g, p, m, v };
     for (int i = 0; i < 5; i++) dpar_buffer_destroy(all[i]);
 }
