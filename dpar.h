@@ -1618,9 +1618,12 @@ DPAR_API void dpar_runtime_stats_reset(dpar_runtime *rt);
      shard shape is derived), and params, which are dpar_arrays of the mesh.
    - Builder calls (dpar_g_*) return a value, or the invalid value {0} on
      error: the first error is kept (dpar_graph_status), its text names the
-     node, the shapes and the rule broken, and every later call that takes the
-     graph returns that status, its text naming the later call and then the
-     kept error. So a model is built without a check per line.
+     node, the shapes and the rule broken, and every later call that builds,
+     compiles, runs, saves or sets the graph (dpar_graph_set_step, _set_lr)
+     returns that status and does nothing, its text naming the later call
+     and then the kept error. So a model is built without a check per line.
+     The readers (dpar_graph_value_shape, _print, _write_dot, _step) still
+     answer, to show what was built.
      After dpar_graph_compile nothing is kept: a refused call (a builder on
      the compiled graph) returns its own error and the graph runs on.
    - Every value knows the mesh axes it varies over (JAX's varying manual
@@ -1873,7 +1876,8 @@ DPAR_API dpar_status dpar_graph_adamw_masked(dpar_graph *g, const dpar_adamw_des
    counter still advance, as optax's). A rate that differs from the one before makes a graph's
    recorded program (>>graph program) record again with the SGD step outside it, run op by op.
    Errors: DPAR_ERR_INVALID_ARGUMENT (no optimizer node, lr negative, NaN or infinite),
-   DPAR_ERR_STATE (a step started with dpar_graph_run_start is in flight). */
+   DPAR_ERR_STATE (a step started with dpar_graph_run_start is in flight), the graph's kept
+   builder error (dpar_graph_status). */
 DPAR_API dpar_status dpar_graph_set_lr(dpar_graph *g, float lr);
 /* Keeps v readable after each run (dpar_graph_get); the loss and the
    gradients are kept already. Errors: DPAR_ERR_STATE after compile. */
@@ -1920,7 +1924,8 @@ DPAR_API dpar_status dpar_graph_state(const dpar_graph *g, int i, const char **n
 DPAR_API int64_t dpar_graph_step(const dpar_graph *g);
 /* Sets the step counter (restoring a checkpoint, or skipping a schedule ahead).
    Errors: DPAR_ERR_INVALID_ARGUMENT (NULL, step < 0), DPAR_ERR_STATE (a step
-   started with dpar_graph_run_start is in flight). */
+   started with dpar_graph_run_start is in flight), the graph's kept builder
+   error (dpar_graph_status). */
 DPAR_API dpar_status dpar_graph_set_step(dpar_graph *g, int64_t step);
 
 /* --- compile, run, inspect --- */
@@ -10722,6 +10727,14 @@ static dpar_status dpar__g_status(const dpar_graph *g) {
     if (g->err) memcpy(dpar__err_text, g->errtext, DPAR__ERR_LEN);
     return g->err;
 }
+/* The graph's kept error (DPAR_OK if none) for a later call fn, whose text says whose error it is: fn's
+   own arguments may be fine. */
+static dpar_status dpar__g_kept(const dpar_graph *g, const char *fn) {
+    if (g->err)
+        dpar__err(g->err, "%s: nothing was done: the graph kept an earlier call's error (dpar_graph_status): %s", fn,
+                  g->errtext);
+    return g->err;
+}
 /* The status of a failed dpar__g_args (whose error text stays): NULL, stale, the graph's first error, or a
    builder call on a compiled graph. */
 static dpar_status dpar__g_args_status(const dpar_graph *g) {
@@ -10748,11 +10761,7 @@ static bool dpar__g_args(dpar_graph *g, const char *fn, int n, const dpar_value 
         return false;
     }
     if (dpar__live_check(g, DPAR__LIVE_GRAPH, fn)) return false; /* stale: destroyed, or freed with its mesh */
-    if (g->err) { /* the text says whose error it is: the caller's arguments may be fine */
-        dpar__err(g->err, "%s: nothing was done: the graph kept an earlier call's error (dpar_graph_status): %s", fn,
-                  g->errtext);
-        return false;
-    }
+    if (dpar__g_kept(g, fn)) return false;
     if (g->compiled) {
         dpar__err(DPAR_ERR_STATE,
                   "%s: the graph is compiled (nothing was changed; it still runs); add nodes before "
@@ -12331,9 +12340,11 @@ static bool dpar__g_opt_recordable(const dpar_graph *g) {
 DPAR_API dpar_status dpar_graph_set_lr(dpar_graph *g, float lr) {
     dpar__clear_error();
     if (dpar__live_arg(g, DPAR__LIVE_GRAPH, "dpar_graph_set_lr", "g")) return DPAR_ERR_STATE;
-    if (!g || !g->has_opt)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_set_lr: %s",
-                         g ? "the graph has no optimizer node (dpar_graph_sgd, dpar_graph_adamw)" : "g is NULL");
+    if (!g) return dpar__null("dpar_graph_set_lr", "g");
+    if (dpar__g_kept(g, "dpar_graph_set_lr")) return g->err;
+    if (!g->has_opt)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                         "dpar_graph_set_lr: the graph has no optimizer node (dpar_graph_sgd, dpar_graph_adamw)");
     if (!(lr >= 0.0f) || !isfinite(lr)) /* 0: a warm-up from 0 (optax.linear_schedule(0, ...)) */
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_set_lr: learning rate %g must be finite and >= 0",
                          (double)lr);
@@ -15448,9 +15459,11 @@ DPAR_API int64_t dpar_graph_step(const dpar_graph *g) {
 DPAR_API dpar_status dpar_graph_set_step(dpar_graph *g, int64_t step) {
     dpar__clear_error();
     if (dpar__live_arg(g, DPAR__LIVE_GRAPH, "dpar_graph_set_step", "g")) return DPAR_ERR_STATE;
-    if (!g || step < 0)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_set_step: %s",
-                         g ? "the step must be >= 0 (the number of runs done)" : "g is NULL");
+    if (!g) return dpar__null("dpar_graph_set_step", "g");
+    if (dpar__g_kept(g, "dpar_graph_set_step")) return g->err;
+    if (step < 0)
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_set_step: step %lld must be >= 0 (the runs done)",
+                         (long long)step);
     dpar_status busy = dpar__busy(g->rt, NULL, "dpar_graph_set_step"); /* a step in flight advances it */
     if (busy) return busy;
     dpar__g_settle(g); /* the skipped steps noted so far are in the count replaced */

@@ -1030,6 +1030,17 @@ static void test_bad_input(void **st) {
     assert_non_null(strstr(dpar_last_error(), "dpar_g_matmul"));
     T_ERR(dpar_graph_keep(g, x), DPAR_ERR_SHAPE, "dpar_graph_keep: nothing was done", "[2, 3]^T");
     T_ERR(dpar_graph_compile(g, NULL), DPAR_ERR_SHAPE, "dpar_g_matmul");
+    /* calls that change the graph refuse it too, changing nothing; the readers still show what was built */
+    T_ERR(dpar_graph_set_step(g, 7), DPAR_ERR_SHAPE, "dpar_graph_set_step: nothing was done", "dpar_g_matmul");
+    assert_int_equal(dpar_graph_step(g), 0);
+    T_ERR(dpar_graph_set_lr(g, 0.5f), DPAR_ERR_SHAPE, "dpar_graph_set_lr: nothing was done", "dpar_g_matmul");
+    dpar_dtype xdt = DPAR_DTYPE_COUNT;
+    int xnd = 0;
+    int64_t xsh[DPAR_MAX_DIMS] = { 0 };
+    T_OK(dpar_graph_value_shape(g, x, &xdt, &xnd, xsh));
+    assert_true(xdt == DPAR_F32 && xnd == 2 && xsh[0] == 2 && xsh[1] == 3);
+    T_OK(dpar_graph_print(g, "/dev/null"));
+    T_OK(dpar_graph_write_dot(g, "/dev/null"));
     T_OK(dpar_graph_destroy(g));
 
     /* param of another mesh, unknown axis */
