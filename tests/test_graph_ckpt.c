@@ -314,6 +314,7 @@ static void refused(model *t, const char *path, dpar_status want, const char *te
     int64_t s0, s1;
     unsigned char *before = snapshot(t->g, &n0, &s0);
     T_ERR(dpar_graph_restore(t->g, path), want, "dpar_graph_restore: ", text1, text2);
+    assert_null(strstr(dpar_last_error(), "dpar_checkpoint_restore")); /* the call the user made, alone */
     unsigned char *after = snapshot(t->g, &n1, &s1);
     if (n0 != n1 || memcmp(before, after, n0) || s0 != s1) fail_msg("a refused restore (%s) changed the graph", text1);
     free(before);
@@ -373,6 +374,12 @@ static void test_mismatch_refused(void **st) {
     T_ERR(dpar_graph_save(fresh, NULL), DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_save: path is NULL");
     T_ERR(dpar_graph_restore(fresh, ""), DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_restore: path is NULL or empty");
     assert_true(dpar_g_relu(fresh, fx).id > 0);
+    /* a graph that kept a builder error: the save's and restore's texts name them, then the kept error */
+    assert_int_equal(dpar_g_psum(fresh, fx, "nope").id, 0);
+    T_ERR(dpar_graph_save(fresh, good), DPAR_ERR_UNKNOWN_AXIS, "dpar_graph_save: ", "'nope'");
+    assert_null(strstr(dpar_last_error(), "dpar_graph_state_count"));
+    T_ERR(dpar_graph_restore(fresh, good), DPAR_ERR_UNKNOWN_AXIS, "dpar_graph_restore: ", "'nope'");
+    assert_null(strstr(dpar_last_error(), "dpar_graph_state_count"));
     T_OK(dpar_graph_destroy(fresh));
     destroy(&a);
     unlink(good);

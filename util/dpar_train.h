@@ -1819,22 +1819,30 @@ DPAR_API dpar_status dpar_checkpoint_restore(const char *path, const dpar_checkp
 
 /* >>train-graph-checkpoints ==================================================
    A graph's training state through the checkpoint functions above. */
-/* The checkpoint entries of g's training state (*e allocated, *n of them); errors prefixed with fn. */
+/* Status s of the inner call `inner` made for the user's call fn: its text as fn's, the inner name dropped
+   (the user called fn, not inner). */
+static dpar_status dpar_gckpt__as(dpar_status s, const char *fn, const char *inner) {
+    const char *t = dpar_last_error();
+    size_t k = strlen(inner);
+    if (!strncmp(t, inner, k) && t[k] == ':' && t[k + 1] == ' ') t += k + 2;
+    return dpar_set_last_error(s, "%s: %s", fn, t);
+}
+/* The checkpoint entries of g's training state (*e allocated, *n of them); errors as fn's. */
 static dpar_status dpar_gckpt__entries(dpar_graph *g, const char *fn, dpar_checkpoint_entry **e, int *n) {
     *e = NULL;
     *n = 0;
     if (!g) return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "%s: g is NULL", fn);
     int count = 0;
     dpar_status s = dpar_graph_state_count(g, &count);
-    if (s) return dpar_set_last_error(s, "%s: %s", fn, dpar_last_error());
+    if (s) return dpar_gckpt__as(s, fn, "dpar_graph_state_count");
     *e = (dpar_checkpoint_entry *)dpar_train__calloc(count ? (size_t)count : 1, sizeof **e);
     if (!*e) return dpar_set_last_error(DPAR_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
     for (int i = 0; i < count && !s; i++) s = dpar_graph_state(g, i, &(*e)[i].name, &(*e)[i].array, &(*e)[i].padded);
-    if (s) return dpar_set_last_error(s, "%s: %s", fn, dpar_last_error());
+    if (s) return dpar_gckpt__as(s, fn, "dpar_graph_state");
     *n = count;
     return DPAR_OK;
 }
-/* The state's entries and extra[0..n_extra) in one file; errors prefixed with fn. */
+/* The state's entries and extra[0..n_extra) in one file; errors as fn's. */
 static dpar_status dpar_gckpt__save(dpar_graph *g, const char *fn, const char *path, const dpar_checkpoint_entry *extra,
                                     int n_extra) {
     dpar_train__clear_error();
@@ -1855,7 +1863,7 @@ static dpar_status dpar_gckpt__save(dpar_graph *g, const char *fn, const char *p
         if (n) memcpy(all, e, (size_t)n * sizeof *all);
         if (n_extra) memcpy(all + n, extra, (size_t)n_extra * sizeof *all);
         if ((s = dpar_checkpoint_save(path, all, n + n_extra, (uint64_t)dpar_graph_step(g))))
-            s = dpar_set_last_error(s, "%s: %s", fn, dpar_last_error());
+            s = dpar_gckpt__as(s, fn, "dpar_checkpoint_save");
     }
     DPAR_FREE(all);
     DPAR_FREE(e);
@@ -1877,13 +1885,14 @@ DPAR_API dpar_status dpar_graph_restore(dpar_graph *g, const char *path) {
         return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_restore: path is NULL or empty");
     dpar_status s = dpar_gckpt__entries(g, "dpar_graph_restore", &e, &n);
     if (!s && (s = dpar_checkpoint_restore(path, e, n, &step)))
-        s = dpar_set_last_error(s, "dpar_graph_restore: %s", dpar_last_error());
+        s = dpar_gckpt__as(s, "dpar_graph_restore", "dpar_checkpoint_restore");
     if (!s && step > (uint64_t)INT64_MAX)
         s = dpar_set_last_error(DPAR_ERR_IO,
                                 "dpar_graph_restore: '%s' has step counter %llu, above 2^63 - 1 (a corrupted or "
                                 "crafted file); the arrays were restored, the step counter was kept",
                                 path, (unsigned long long)step);
-    if (!s) s = dpar_graph_set_step(g, (int64_t)step);
+    if (!s && (s = dpar_graph_set_step(g, (int64_t)step)))
+        s = dpar_gckpt__as(s, "dpar_graph_restore", "dpar_graph_set_step");
     DPAR_FREE(e);
     return s;
 }
