@@ -346,6 +346,13 @@ static int dpar_train__dead(const dpar_array *a, uint64_t uid) {
     uint64_t now = dpar_array_uid(a); /* 0: a stale handle */
     return !now || (uid && now != uid);
 }
+/* The first of the arrays a[0..n) that dpar_train__dead finds (uid[i] recorded when a holder took a[i]; uid
+   NULL: none recorded), or -1. */
+static int dpar_train__first_dead(const dpar_array *const *a, const uint64_t *uid, int n) {
+    for (int i = 0; i < n; i++)
+        if (dpar_train__dead(a[i], uid ? uid[i] : 0)) return i;
+    return -1;
+}
 static int64_t dpar_train__count(const dpar_array *a) { /* global elements */
     int64_t c = 1;
     for (int i = 0; i < dpar_array_ndim(a); i++) c *= dpar_array_dim(a, i);
@@ -584,14 +591,13 @@ static dpar_status dpar_dp__assign(dpar_dp *dp) {
 }
 /* DPAR_OK when every registered gradient is live, else DPAR_ERR_STATE naming the first destroyed one. */
 static dpar_status dpar_dp__grads_live(const dpar_dp *dp, const char *where) {
-    for (int p = 0; p < dp->np; p++)
-        if (dpar_train__dead(dp->grads[p], dp->grad_uid[p]))
-            return dpar_set_last_error(DPAR_ERR_STATE,
-                                       "%s: gradient %d (dpar_dp_add): its array was destroyed while the helper "
-                                       "holds it; nothing was done; destroy the helper (dpar_dp_destroy) before its "
-                                       "gradients, or keep them alive as long as the helper",
-                                       where, p);
-    return DPAR_OK;
+    int p = dpar_train__first_dead((const dpar_array *const *)dp->grads, dp->grad_uid, dp->np);
+    if (p < 0) return DPAR_OK;
+    return dpar_set_last_error(DPAR_ERR_STATE,
+                               "%s: gradient %d (dpar_dp_add): its array was destroyed while the helper holds it; "
+                               "nothing was done; destroy the helper (dpar_dp_destroy) before its gradients, or keep "
+                               "them alive as long as the helper",
+                               where, p);
 }
 /* Forms the buckets at the first use, once for every device. */
 static dpar_status dpar_dp__form(dpar_dp *dp) {
@@ -885,25 +891,26 @@ static void dpar_zero1__free(void *self) {
 
 /* DPAR_OK when the params and z's own arrays are live, else DPAR_ERR_STATE naming the first destroyed one. */
 static dpar_status dpar_zero1__live(const dpar_zero1 *z, const char *where) {
+    int dead = dpar_train__first_dead((const dpar_array *const *)z->params, z->param_uid, z->np);
+    if (dead >= 0)
+        return dpar_set_last_error(DPAR_ERR_STATE,
+                                   "%s: params[%d]: its array was destroyed while the ZeRO-1 state holds it; nothing "
+                                   "was done; destroy the state (dpar_zero1_destroy) before its params, or keep them "
+                                   "alive as long as the state",
+                                   where, dead);
     for (int i = 0; i < z->np; i++) {
-        if (dpar_train__dead(z->params[i], z->param_uid[i]))
-            return dpar_set_last_error(DPAR_ERR_STATE,
-                                       "%s: params[%d]: its array was destroyed while the ZeRO-1 state holds it; "
-                                       "nothing was done; destroy the state (dpar_zero1_destroy) before its params, "
-                                       "or keep them alive as long as the state",
-                                       where, i);
         const dpar_array *own[4] = { z->master[i], z->mom[i], z->gshard[i], z->pad[i] };
-        for (int k = 0; k < 4; k++)
-            if (dpar_train__dead(own[k], 0))
-                return dpar_set_last_error(DPAR_ERR_STATE,
-                                           "%s: the %s of params[%d], which the ZeRO-1 state owns, was destroyed; "
-                                           "nothing was done; never destroy what dpar_zero1_master / "
-                                           "dpar_zero1_momentum hand out: dpar_zero1_destroy frees it",
-                                           where,
-                                           k == 0   ? "master copy"
-                                           : k == 1 ? "momentum"
-                                                    : "staging array",
-                                           i);
+        int k = dpar_train__first_dead(own, NULL, 4);
+        if (k >= 0)
+            return dpar_set_last_error(DPAR_ERR_STATE,
+                                       "%s: the %s of params[%d], which the ZeRO-1 state owns, was destroyed; "
+                                       "nothing was done; never destroy what dpar_zero1_master / "
+                                       "dpar_zero1_momentum hand out: dpar_zero1_destroy frees it",
+                                       where,
+                                       k == 0   ? "master copy"
+                                       : k == 1 ? "momentum"
+                                                : "staging array",
+                                       i);
     }
     return DPAR_OK;
 }
