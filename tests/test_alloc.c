@@ -3,13 +3,22 @@
    DPAR_ALIGNED_MALLOC). This file holds its own implementation (CPU backend
    only) with a counting allocator, so it is built without build/dpar.o. */
 #include <stdlib.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 
 /* counting allocator: a 16-byte header keeps each block's size */
 static size_t t_live, t_total, t_calls;
+/* Address reuse on demand, as any allocator may do it: the block at t_want, each time it is freed, is kept
+   and handed to the next request of its size (test_param_address_reused). */
+static void *t_want, *t_kept;
+static size_t t_kept_size;
 static void *t_malloc(size_t n) {
-    unsigned char *p = (unsigned char *)malloc(n + 16);
+    void *kept = __atomic_load_n(&t_kept, __ATOMIC_ACQUIRE);
+    if (!kept || t_kept_size != n ||
+        !__atomic_compare_exchange_n(&t_kept, &kept, NULL, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+        kept = malloc(n + 16);
+    unsigned char *p = (unsigned char *)kept;
     if (!p) return NULL;
     memcpy(p, &n, sizeof n);
     __atomic_add_fetch(&t_live, n, __ATOMIC_RELAXED);
@@ -23,6 +32,11 @@ static void t_free(void *q) {
     size_t n;
     memcpy(&n, p, sizeof n);
     __atomic_sub_fetch(&t_live, n, __ATOMIC_RELAXED);
+    if (q == __atomic_load_n(&t_want, __ATOMIC_ACQUIRE)) {
+        t_kept_size = n;
+        __atomic_store_n(&t_kept, p, __ATOMIC_RELEASE);
+        return;
+    }
     free(p);
 }
 static void *t_realloc(void *q, size_t n) {
@@ -120,11 +134,55 @@ static void test_runtime_life_balanced(void **state) {
     assert_int_equal(__atomic_load_n(&t_live, __ATOMIC_RELAXED), live0);
 }
 
+/* A graph's param destroyed, then a new array made at its address: the graph must refuse to run (it went by
+   address and wrote through the old array's freed shards; the uid recorded at dpar_g_param tells them apart).
+   The hooks hand the param's block to the next allocation of its size, so the address comes back here for
+   sure (test_lifetime's version depends on the system allocator's order). */
+static void test_param_address_reused(void **state) {
+    (void)state;
+    dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 2);
+    dpar_mesh *m = t_mesh1(rt, 2, "data");
+    dpar_array_desc pd = { .dtype = DPAR_F32, .ndim = 1, .shape = { 4 } };
+    dpar_array_desc xd = { .dtype = DPAR_F32, .ndim = 2, .shape = { 2, 4 }, .spec = { "data" } };
+    dpar_array *w = NULL, *reused = NULL;
+    T_OK(dpar_array_create(m, &pd, &w));
+    dpar_graph *g = NULL;
+    T_OK(dpar_graph_create(m, &g));
+    dpar_value x = dpar_g_feed(g, "x", &xd), pw = dpar_g_param(g, "w", w), gw;
+    dpar_value loss = dpar_g_sum(g, dpar_g_matmul(g, x, dpar_g_reshape(g, pw, 2, (int64_t[]){ 4, 1 }), false, false));
+    T_OK(dpar_graph_value_and_grad(g, loss, &pw, 1, &gw));
+    T_OK(dpar_graph_sgd(g, &(dpar_sgd_desc){ .learning_rate = 0.1f }, &pw, &gw, 1));
+    float xs[8] = { 1, 2, 3, 4, 5, 6, 7, 8 }, l = 0.0f;
+    dpar_graph_feed f = { x, xs, NULL };
+    T_OK(dpar_graph_run(g, &f, 1, &l));
+    void *old = w;
+    __atomic_store_n(&t_want, old, __ATOMIC_RELEASE);
+    T_OK(dpar_array_destroy(w));
+    /* the registry keeps the last 256 destroyed addresses from new objects: destroy more until w's block is free */
+    for (int i = 0; i < 4096 && !reused; i++) {
+        dpar_array *t = NULL;
+        T_OK(dpar_array_create(m, &pd, &t));
+        if ((void *)t == old)
+            reused = t;
+        else
+            T_OK(dpar_array_destroy(t));
+    }
+    __atomic_store_n(&t_want, NULL, __ATOMIC_RELEASE);
+    if (!reused) fail_msg("%s", "no new array took the destroyed param's address in 4096 arrays");
+    T_ERR(dpar_graph_run(g, &f, 1, &l), DPAR_ERR_STATE, "dpar_graph_run: param 'w' (node 2): its array was destroyed",
+          "nothing was done");
+    T_OK(dpar_array_destroy(reused));
+    T_OK(dpar_graph_destroy(g));
+    T_OK(dpar_mesh_destroy(m));
+    T_OK(dpar_runtime_destroy(rt));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cpu_buffer_through_hooks),
         cmocka_unit_test(test_aligned_default),
         cmocka_unit_test(test_runtime_life_balanced),
+        cmocka_unit_test(test_param_address_reused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

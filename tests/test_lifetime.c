@@ -793,42 +793,24 @@ static void tmp_path(char dir[256], char path[300], const char *name) {
     assert_non_null(mkdtemp(dir));
     snprintf(path, 300, "%s/%s", dir, name);
 }
-/* A param destroyed, then a new array made at its address (an allocator reuses it once the live registry lets
-   the address go, after 256 destroys): the run took the new array for the param and wrote through the old
-   one's freed shards (ASan: heap-use-after-free in dpar__g_buf). dpar_array_uid tells them apart. Under ASan
-   the allocator's quarantine may keep the address unused; the test says so and checks the uids alone. */
-static void test_graph_param_address_reused(void **state) {
+/* dpar_array_uid: a number per array, never reused, 0 once destroyed, which graphs, the dp helper and ZeRO-1
+   record to tell a destroyed array from a new one at its address. test_alloc's test_param_address_reused
+   makes the address come back and checks the refused run. */
+static void test_array_uid_never_reused(void **state) {
     (void)state;
     dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 2);
     dpar_mesh *m = mesh2(rt);
     dpar_array *w = arr(m, NULL), *v = arr(m, NULL);
-    dpar_value x;
-    dpar_graph *g = small_graph(m, w, v, false, &x);
-    float xs[8] = { 1, 2, 3, 4, 5, 6, 7, 8 }, l = 0.0f;
-    dpar_graph_feed f = { x, xs, NULL };
-    T_OK(dpar_graph_run(g, &f, 1, &l));
-    const void *old = w;
     uint64_t uid = dpar_array_uid(w);
     assert_true(uid != 0 && uid != dpar_array_uid(v));
+    assert_true(dpar_array_uid(NULL) == 0);
     T_OK(dpar_array_destroy(w));
     assert_true(dpar_array_uid(w) == 0); /* stale: 0, not its old number */
-    dpar_array *reused = NULL;
-    for (int i = 0; i < 4096 && !reused; i++) {
+    for (int i = 0; i < 300; i++) {      /* past the registry's 256 held addresses: w's may come back */
         dpar_array *t = arr(m, NULL);
-        assert_true(dpar_array_uid(t) > uid); /* never reused */
-        if ((const void *)t == old)
-            reused = t;
-        else
-            T_OK(dpar_array_destroy(t));
+        assert_true(dpar_array_uid(t) > uid);
+        T_OK(dpar_array_destroy(t));
     }
-    if (reused) {
-        T_ERR(dpar_graph_run(g, &f, 1, &l), DPAR_ERR_STATE, "param 'w' (node 2): its array was destroyed");
-        T_OK(dpar_array_destroy(reused));
-    } else {
-        printf("note: the allocator did not reuse the param's address in 4096 arrays (ASan's quarantine, or "
-               "its own order); only the uids were checked here\n");
-    }
-    T_OK(dpar_graph_destroy(g));
     T_OK(dpar_array_destroy(v));
     T_OK(dpar_mesh_destroy(m));
     T_OK(dpar_runtime_destroy(rt));
@@ -1074,7 +1056,7 @@ int main(void) {
         cmocka_unit_test(test_forgotten_dp_finish),
         cmocka_unit_test(test_graph_after_mesh),
         cmocka_unit_test(test_graph_param_destroyed),
-        cmocka_unit_test(test_graph_param_address_reused),
+        cmocka_unit_test(test_array_uid_never_reused),
         cmocka_unit_test(test_dp_zero1_array_destroyed),
         cmocka_unit_test(test_checkpoint_array_destroyed),
         cmocka_unit_test(test_mpi_env_ranges),
