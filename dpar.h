@@ -12185,7 +12185,9 @@ DPAR_API dpar_status dpar_graph_value_and_grad(dpar_graph *g, dpar_value loss, c
             if (grads[k].id) uses[grads[k].id]++;
             s = dpar__g_status(g);
         }
-        if (!s) g->n[g->loss_value].keep = true;
+        /* the mean, and the loss as given where the mean is over several devices (over one, the mean is the
+           loss, read in its place: dpar__g_read_id; kept, it would stop the mean running nothing) */
+        if (!s) g->n[g->loss_value].keep = true, g->n[g->loss].keep |= g->gscale != 1.0f;
     }
     DPAR_FREE(bk.ct);
     DPAR_FREE(bk.owner);
@@ -14728,6 +14730,11 @@ DPAR_API dpar_status dpar_graph_losses(dpar_graph *g, float *out, int n) {
 }
 
 /* ---- inspect ---- */
+/* The node read for value id: the loss as given, where its implicit pmean is over one device and so holds
+   the same value, is read from the (kept) mean. */
+static int dpar__g_read_id(const dpar_graph *g, int id) {
+    return id == g->loss && id != g->loss_value && !g->n[id].keep ? g->loss_value : id;
+}
 static dpar_status dpar__g_readable(const dpar_graph *g, const char *fn, dpar_value v) {
     char l[96];
     if (!g) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: g is NULL", fn);
@@ -14736,7 +14743,7 @@ static dpar_status dpar__g_readable(const dpar_graph *g, const char *fn, dpar_va
     if (!g->ran) return dpar__err(DPAR_ERR_STATE, "%s: the graph has not run yet (dpar_graph_run)", fn);
     if (!dpar__g_mesh_alive(g)) return dpar__err(DPAR_ERR_STATE, "%s: the graph's mesh was destroyed", fn);
     if (dpar__g_arrays_live(g, fn)) return DPAR_ERR_STATE;
-    const dpar__gnode *nd = &g->n[v.id];
+    const dpar__gnode *nd = &g->n[dpar__g_read_id(g, v.id)];
     if (!nd->keep && nd->kind != DPAR__G_FEED && nd->kind != DPAR__G_PARAM && nd->kind != DPAR__G_CONST)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
                          "%s: %s was not kept (its buffer is reused); call dpar_graph_keep before compile", fn,
@@ -14753,7 +14760,7 @@ DPAR_API dpar_status dpar_graph_read_shard(dpar_graph *g, dpar_value v, int devi
                          "dpar_graph_read_shard: device %d is not one of this process's devices %d..%d; read a "
                          "local device's shard",
                          device, g->first, g->first + g->nlocal - 1);
-    const dpar_buffer *b = dpar__g_buf(g, v.id, device - g->first);
+    const dpar_buffer *b = dpar__g_buf(g, dpar__g_read_id(g, v.id), device - g->first);
     return dpar__g_late_err(g, dpar_buffer_read(b, 0, host, dpar_buffer_nbytes(b)), v.id, b);
 }
 DPAR_API dpar_status dpar_graph_get(dpar_graph *g, dpar_value v, void *host) {

@@ -1388,6 +1388,47 @@ static void test_matmul_bias_fused_cap(void **st) {
     }
 }
 
+/* A loss that varies over "data" (each device's own mean) is pmean'd before it is differentiated, and
+   the loss as given stays readable: dpar_graph_get reads device 0's, dpar_graph_read_shard any device's
+   (as dpar_graph_run and dpar_graph_keep say). */
+static void test_varying_loss_readable(void **st) {
+    (void)st;
+    dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 2);
+    dpar_mesh *m = t_mesh1(rt, 2, "data");
+    float wv[4] = { 1, 2, 3, 4 }, xv[8] = { 1, 1, 1, 1, 2, 2, 2, 2 }, l = 0, l0 = 0, l1 = 0;
+    dpar_array *w = arr(m, DPAR_F32, 1, 4, 0, NULL, NULL);
+    T_OK(dpar_array_put(w, wv));
+    dpar_graph *g = NULL;
+    T_OK(dpar_graph_create(m, &g));
+    dpar_value x = dpar_g_feed(g, "x", &(dpar_array_desc){ DPAR_F32, 2, { 2, 4 }, { "data" } });
+    dpar_value p = dpar_g_param(g, "w", w), gr;
+    dpar_value loss = dpar_g_sum(g, dpar_g_binary(g, x, p, DPAR_BINARY_MUL));
+    T_OK(dpar_graph_value_and_grad(g, loss, &p, 1, &gr));
+    T_OK(dpar_graph_run(g, (dpar_graph_feed[]){ { x, xv, NULL } }, 1, &l));
+    assert_true(l == 15.0f);
+    T_OK(dpar_graph_get(g, loss, &l0));
+    assert_true(l0 == 10.0f);
+    T_OK(dpar_graph_read_shard(g, loss, 1, &l1));
+    assert_true(l1 == 20.0f);
+    T_OK(dpar_graph_destroy(g));
+    T_OK(dpar_array_destroy(w));
+    /* over a 1-device "data" axis the mean is the loss: read in its place */
+    dpar_mesh *m1 = t_mesh1(rt, 1, "data");
+    w = arr(m1, DPAR_F32, 1, 4, 0, NULL, NULL);
+    T_OK(dpar_array_put(w, wv));
+    T_OK(dpar_graph_create(m1, &g));
+    x = dpar_g_feed(g, "x", &(dpar_array_desc){ DPAR_F32, 2, { 1, 4 }, { "data" } });
+    p = dpar_g_param(g, "w", w);
+    loss = dpar_g_sum(g, dpar_g_binary(g, x, p, DPAR_BINARY_MUL));
+    T_OK(dpar_graph_value_and_grad(g, loss, &p, 1, &gr));
+    T_OK(dpar_graph_run(g, (dpar_graph_feed[]){ { x, xv + 4, NULL } }, 1, &l));
+    T_OK(dpar_graph_get(g, loss, &l0));
+    assert_true(l == 20.0f && l0 == 20.0f);
+    T_OK(dpar_graph_destroy(g));
+    T_OK(dpar_array_destroy(w));
+    dpar_runtime_destroy(rt);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fd_cpu),
@@ -1409,6 +1450,7 @@ int main(void) {
         cmocka_unit_test(test_bad_names),
         cmocka_unit_test(test_refused_after_compile),
         cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_varying_loss_readable),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
