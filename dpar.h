@@ -2124,8 +2124,11 @@ DPAR_API dpar_value dpar_g_cross_entropy(dpar_graph *g, dpar_value logits, dpar_
    order), none to idx. Errors (recorded): DPAR_ERR_DTYPE, DPAR_ERR_SHAPE. */
 DPAR_API dpar_value dpar_g_embedding(dpar_graph *g, dpar_value table, dpar_value idx);
 /* Dropout of x f32 (f64 in a cpu graph) (dpar_dropout) with `seed`, the number of earlier runs of
-   the graph as the step and the device as the stream; its gradient uses the
-   same mask. Errors (recorded): DPAR_ERR_INVALID_ARGUMENT (rate outside [0, 1]). */
+   the graph as the step and as the stream the device's index over the mesh axes x varies over
+   (row-major; its mesh position when x varies over every axis, 0 when x is replicated): devices
+   that hold the same x draw the same mask (Megatron's replicated regions), so the output stays
+   replicated where x is and the gradient is that of what ran. Its gradient uses the same mask.
+   Errors (recorded): DPAR_ERR_INVALID_ARGUMENT (rate outside [0, 1]). */
 DPAR_API dpar_value dpar_g_dropout(dpar_graph *g, dpar_value x, float rate, uint64_t seed);
 /* >>async dispatch (public) ===================================================
    Non-blocking dispatch for programs with a frame budget (game and simulation
@@ -10377,7 +10380,7 @@ enum {
     DPAR__G_XENT_IGN_GRAD, /* the same attributes */
     DPAR__G_EMBED,
     DPAR__G_EMBED_GRAD,
-    DPAR__G_DROPOUT, /* ip[0..1] seed, fp rate */
+    DPAR__G_DROPOUT, /* ip[0..1] seed, ip[2] the axes of its stream, fp rate */
     /* >>graph zero1-pipe kinds */
     DPAR__G_ZERO1_SCATTER, /* in: a local gradient; ip[0]: the optimizer's param index; fp: scale */
     DPAR__G_KINDS
@@ -12446,21 +12449,33 @@ DPAR_API dpar_value dpar_g_embedding(dpar_graph *g, dpar_value table, dpar_value
     int in[2] = { table.id, idx.id };
     return dpar__gv(dpar__g_push(g, DPAR__G_EMBED, 2, in, t->dtype, x->ndim + 1, sh));
 }
-static dpar_value dpar__g_dropout_node(dpar_graph *g, dpar_value x, int lo, int hi, float rate) {
+/* streams: the mesh axes the mask differs over (the forward input's: a value replicated over an
+   axis gets one mask along it, so it stays replicated and its gradient is that of what ran) */
+static dpar_value dpar__g_dropout_node(dpar_graph *g, dpar_value x, int lo, int hi, float rate, unsigned streams) {
     dpar_value v = dpar__g_like(g, DPAR__G_DROPOUT, 1, &x);
     if (v.id) {
         g->n[v.id].ip[0] = lo;
         g->n[v.id].ip[1] = hi;
+        g->n[v.id].ip[2] = (int)streams;
         g->n[v.id].fp = rate;
     }
     return v;
+}
+/* The dropout stream of the device at mesh position pos: its index row-major over the axes `streams`. */
+static uint32_t dpar__g_dropout_stream(const dpar_mesh *m, int pos, unsigned streams) {
+    int c[DPAR_MAX_AXES];
+    for (int a = m->ndim - 1; a >= 0; a--) c[a] = pos % m->shape[a], pos /= m->shape[a];
+    uint32_t s = 0;
+    for (int a = 0; a < m->ndim; a++)
+        if (streams & (1u << a)) s = s * (uint32_t)m->shape[a] + (uint32_t)c[a];
+    return s;
 }
 DPAR_API dpar_value dpar_g_dropout(dpar_graph *g, dpar_value x, float rate, uint64_t seed) {
     const char *fn = "dpar_g_dropout";
     if (!dpar__g_args(g, fn, 1, &x, "x") || !dpar__g_float(g, fn, 1, &x)) return dpar__gv(0);
     if (!(rate >= 0.0f && rate <= 1.0f))
         return dpar__g_fail(g, DPAR_ERR_INVALID_ARGUMENT, "%s: rate = %g; it must be in [0, 1]", fn, (double)rate);
-    return dpar__g_dropout_node(g, x, (int)(uint32_t)seed, (int)(uint32_t)(seed >> 32), rate);
+    return dpar__g_dropout_node(g, x, (int)(uint32_t)seed, (int)(uint32_t)(seed >> 32), rate, g->n[x.id].vary);
 }
 /* gradient rules of the kinds above (called from dpar__g_grad) */
 static void dpar__g_grad_optim(dpar_graph *g, dpar__gback *bk, const dpar__gnode *nd, unsigned eff, dpar_value ct) {
@@ -12478,7 +12493,8 @@ static void dpar__g_grad_optim(dpar_graph *g, dpar__gback *bk, const dpar__gnode
         dpar_value v[2] = { ct, b };
         if (bk->needed[a.id]) dpar__g_contrib(g, bk, a.id, eff, dpar__g_make(g, DPAR__G_EMBED_GRAD, 2, v, a.id));
     } else if (nd->kind == DPAR__G_DROPOUT) {
-        dpar__g_contrib(g, bk, a.id, eff, dpar__g_dropout_node(g, ct, nd->ip[0], nd->ip[1], nd->fp));
+        dpar__g_contrib(g, bk, a.id, eff,
+                        dpar__g_dropout_node(g, ct, nd->ip[0], nd->ip[1], nd->fp, (unsigned)nd->ip[2]));
     }
 }
 /* forward lowerings of the kinds above (called from dpar__g_exec) */
@@ -12499,7 +12515,8 @@ static dpar_status dpar__g_exec_optim(dpar_graph *g, dpar_ctx *ctx, int li, cons
     case DPAR__G_EMBED: return dpar_embedding(y, a, b);
     case DPAR__G_EMBED_GRAD: return dpar_embedding_backward(y, a, b, 0.0f);
     case DPAR__G_DROPOUT:
-        return dpar_dropout(y, a, nd->fp, seed, (uint64_t)g->opt.step, (uint32_t)dpar_ctx_device(ctx));
+        return dpar_dropout(y, a, nd->fp, seed, (uint64_t)g->opt.step,
+                            dpar__g_dropout_stream(g->mesh, dpar_ctx_position(ctx), (unsigned)nd->ip[2]));
     default: return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_run: node kind %d has no lowering", nd->kind);
     }
 }

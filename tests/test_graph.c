@@ -1429,6 +1429,45 @@ static void test_varying_loss_readable(void **st) {
     dpar_runtime_destroy(rt);
 }
 
+/* Dropout of a value replicated over "data" draws one mask on every device, so its output stays
+   replicated and the gradient of the replicated param is that of what ran: mask * scale * the mean
+   over the devices of their x (the mask read back as y / p). */
+static void test_dropout_replicated(void **st) {
+    (void)st;
+    enum { N = 64 };
+    dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 2);
+    dpar_mesh *m = t_mesh1(rt, 2, "data");
+    float pv[N], xv[2 * N], y0[N], y1[N], gv[N], l;
+    for (int i = 0; i < N; i++) pv[i] = 0.5f + (float)i / N, xv[i] = (float)(i % 7) - 3.0f, xv[N + i] = (float)(i % 5);
+    dpar_array *pa = arr(m, DPAR_F32, 1, N, 0, NULL, NULL);
+    T_OK(dpar_array_put(pa, pv));
+    dpar_graph *g = NULL;
+    T_OK(dpar_graph_create(m, &g));
+    dpar_value x = dpar_g_feed(g, "x", &(dpar_array_desc){ DPAR_F32, 2, { 2, N }, { "data" } });
+    dpar_value p = dpar_g_param(g, "p", pa), gr;
+    dpar_value y = dpar_g_dropout(g, p, 0.5f, 99);
+    T_OK(dpar_graph_keep(g, y));
+    dpar_value loss = dpar_g_sum(g, dpar_g_binary(g, x, y, DPAR_BINARY_MUL));
+    T_OK(dpar_graph_value_and_grad(g, loss, &p, 1, &gr));
+    T_OK(dpar_graph_run(g, (dpar_graph_feed[]){ { x, xv, NULL } }, 1, &l));
+    T_OK(dpar_graph_read_shard(g, y, 0, y0));
+    T_OK(dpar_graph_read_shard(g, y, 1, y1));
+    T_OK(dpar_graph_get(g, gr, gv));
+    int kept = 0;
+    for (int i = 0; i < N; i++) {
+        if (y0[i] != y1[i])
+            fail_msg("y[%d]: device 0 %g, device 1 %g (one replicated value, two masks)", i, (double)y0[i],
+                     (double)y1[i]);
+        float want = (y0[i] / pv[i]) * 0.5f * (xv[i] + xv[N + i]);
+        if (fabsf(gv[i] - want) > 1e-6f) fail_msg("d/dp[%d] = %.9g, want %.9g", i, (double)gv[i], (double)want);
+        kept += y0[i] != 0.0f;
+    }
+    assert_true(kept > 0 && kept < N);
+    T_OK(dpar_graph_destroy(g));
+    T_OK(dpar_array_destroy(pa));
+    dpar_runtime_destroy(rt);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fd_cpu),
@@ -1451,6 +1490,7 @@ int main(void) {
         cmocka_unit_test(test_refused_after_compile),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_varying_loss_readable),
+        cmocka_unit_test(test_dropout_replicated),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
