@@ -646,7 +646,12 @@ DPAR_API dpar_status dpar_array_destroy(dpar_array *a);
    stale array. */
 DPAR_API dpar_status dpar_array_put(dpar_array *a, const void *host);
 /* Gathers the global array to host (row-major, prod(shape) elements); each
-   shard is read from the first device in mesh order that holds it. */
+   shard is read from the first device in mesh order that holds it. Across MPI
+   processes every process calls it on the same array, in the same order (the
+   owner of each shard broadcasts it): an array of another shape or spec on
+   one process gives DPAR_ERR_COLLECTIVE_MISMATCH on every process (still in
+   step), and a process that never calls it DPAR_ERR_TIMEOUT within
+   DPAR_TIMEOUT_MS (then the processes are out of step: destroy the runtime). */
 DPAR_API dpar_status dpar_array_get(const dpar_array *a, void *host);
 /* Multi-process data loading: the rows [*begin, *begin + *count) of
    dimension 0 that this process's shards cover (the hull, if they are not

@@ -44,6 +44,10 @@ typedef struct dpar__mpi {
     /* the end-of-dispatch agreement's buffers: they outlive a request that is
        given up on after a timeout (MPI may still write them later) */
     int agree_mine[2], agree_lowest[2], agree_abandoned; /* [lowest failing process, -(any process broken)] */
+    /* dpar_array_get's agreement on each shared shard ([bytes, -bytes, owner, -owner], max) and its
+       status: kept, as the agreement's, for a request given up on */
+    int64_t share_mine[4], share_max[4];
+    int share_status;
     /* the backend bootstrap ids sent so far, by the group's device list: a group
        of devices in a second mesh reuses its id (and so the backend's cached
        communicator) instead of making a new one (an unused NCCL id leaves a
@@ -1198,15 +1202,60 @@ static void dpar__mpi_job_agree(dpar_runtime *rt, dpar__job *job) {
     }
 }
 
-/* The process `owner` shares `n` bytes (and its status) with every process. */
+/* Waits (up to the timeout) for a small collective of dpar_array_get that every process must call; on a
+   timeout the processes are out of step (the others are told, mp's buffers kept for MPI). */
+static dpar_status dpar__mpi_share_wait(dpar_runtime *rt, dpar__mpi *mp, MPI_Request *req, int rc, const char *what) {
+    uint64_t dl = dpar__deadline(rt->timeout_ms);
+    if (rc == MPI_SUCCESS && dpar__mpi_poll(mp, req, &dl, NULL, 0) == 1) return DPAR_OK;
+    dpar__mpi_agree_abandon(rt, mp);
+    char why[160];
+    snprintf(why, sizeof why, "dpar_array_get timed out waiting for another process (%s)", what);
+    dpar__mpi_mark_broken(rt, why);
+    snprintf(mp->broken_why, sizeof mp->broken_why, "%s", why);
+    return dpar__err(DPAR_ERR_TIMEOUT,
+                     "dpar_array_get: timed out after %d ms waiting for the other processes (%s): every process must "
+                     "call dpar_array_get on the same array, in the same order (DPAR_TIMEOUT_MS sets the timeout); "
+                     "the processes are out of step: destroy the runtime on every process",
+                     rt->timeout_ms, what);
+}
+/* The process `owner` shares `n` bytes (and its status) with every process. The processes first agree
+   (within the timeout) that they all share n bytes from `owner`, so that a process that skips the get, or
+   reads an array of another shape or spec, gives an error on every process instead of a hang or an
+   MPI abort. */
 static dpar_status dpar__mpi_share(dpar_runtime *rt, void *buf, size_t n, int owner, dpar_status st) {
     dpar__mpi *mp = (dpar__mpi *)rt->mpi;
     if (!mp) return st;
-    int v = (int)st;
-    DPAR__MPI_CALL(mp, MPI_Bcast(&v, 1, MPI_INT, owner, mp->comm));
+    if (dpar__mpi_out_of_step(rt))
+        return dpar__err(DPAR_ERR_STATE,
+                         "dpar_array_get: the processes are out of step (%s); destroy the runtime "
+                         "(dpar_runtime_destroy) on every process",
+                         mp->broken_why[0] ? mp->broken_why : "an earlier call across processes failed or timed out");
+    mp->share_mine[0] = (int64_t)n, mp->share_mine[1] = -(int64_t)n;
+    mp->share_mine[2] = owner, mp->share_mine[3] = -owner;
+    MPI_Request req = MPI_REQUEST_NULL;
+    dpar__mutex_lock(&mp->mu);
+    int rc = MPI_Iallreduce(mp->share_mine, mp->share_max, 4, MPI_INT64_T, MPI_MAX, mp->comm, &req);
+    dpar__mutex_unlock(&mp->mu);
+    dpar_status w = dpar__mpi_share_wait(rt, mp, &req, rc, "the shard's size");
+    if (w) return w;
+    if (mp->share_max[0] != -mp->share_max[1] || mp->share_max[2] != -mp->share_max[3])
+        return dpar__err(DPAR_ERR_COLLECTIVE_MISMATCH,
+                         "dpar_array_get: the processes read different arrays: this process reads a shard of %zu bytes "
+                         "from process %d, the processes %lld to %lld bytes from processes %lld to %lld; every process "
+                         "must call dpar_array_get on the same array (dtype, global shape and spec), in the same order",
+                         n, owner, (long long)-mp->share_max[1], (long long)mp->share_max[0],
+                         (long long)-mp->share_max[3], (long long)mp->share_max[2]);
+    mp->share_status = (int)st;
+    req = MPI_REQUEST_NULL;
+    dpar__mutex_lock(&mp->mu);
+    rc = MPI_Ibcast(&mp->share_status, 1, MPI_INT, owner, mp->comm, &req);
+    dpar__mutex_unlock(&mp->mu);
+    w = dpar__mpi_share_wait(rt, mp, &req, rc, "the shard's status");
+    if (w) return w;
+    int v = mp->share_status;
     if (v) {
         if (owner == rt->proc) return (dpar_status)v;
-        return dpar__err((dpar_status)v, "array get: process %d could not read its shard", owner);
+        return dpar__err((dpar_status)v, "dpar_array_get: process %d could not read its shard", owner);
     }
     for (size_t at = 0; at < n;) {
         size_t chunk = n - at > ((size_t)1 << 30) ? ((size_t)1 << 30) : n - at;

@@ -3,6 +3,7 @@
 # collective over axes inside and across processes with exact data, the
 # mismatch / uneven-step / timeout cases, 100 init/destroy cycles (np 2 and
 # 4, 2 CPU devices per process), a bad label on one rank (tests/mpi/badlabel.c),
+# dpar_array_get of mismatched arrays or skipped by a rank (tests/mpi/getmismatch.c),
 # and the digits run under mpirun -np 2 with 2
 # devices per process against the single-process 4-device run (1e-5 relative).
 # MPI is required: a missing mpirun or MPI build is a FAIL, never a skip.
@@ -52,6 +53,9 @@ ranks_ok() {
 # A rank far later than the timeout: clear errors on both ranks, then no crash in destroy / MPI_Finalize.
 ranks_ok mpi_late "a rank 3.5x the timeout late: the waiting rank errs within timeout + 1.5 s, both report it clearly, destroy their runtimes and finalize MPI" \
     120 "$BUILD/mpi_late"
+# dpar_array_get of different arrays on the ranks, and one rank skipping a get: errors on both ranks, no MPI abort, no hang.
+ranks_ok mpi_getmismatch "dpar_array_get of another shape or spec on rank 1: both ranks get DPAR_ERR_COLLECTIVE_MISMATCH and stay in step; a get rank 1 skips: rank 0 times out within timeout + 1.5 s, rank 1's next get fails" \
+    120 "$BUILD/mpi_getmismatch"
 # A bad label on rank 1 (2 and 1 devices per process): both ranks fail naming it, nothing updated, no hang.
 for local in 2 1; do
     ranks_ok "mpi_badlabel with $local device(s) a process" \
