@@ -1798,7 +1798,8 @@ DPAR_API dpar_value dpar_g_pcast(dpar_graph *g, dpar_value x, const char *axes);
 /* --- gradients, optimizer --- */
 /* Appends the backward pass of the scalar (1-element f32, or f64 in an f64 cpu graph) `loss` with respect
    to wrt[0..n-1] (params, feeds or any value); grads[i] gets a value of
-   wrt[i]'s shape (zero when the loss does not depend on it). Once per graph.
+   wrt[i]'s shape (zero when the loss does not depend on it; a value listed
+   twice gets the same gradient value twice). Once per graph.
    Gradients of params and feeds are read as global arrays (dpar_graph_get).
    Errors: DPAR_ERR_SHAPE (non-scalar loss, naming its shape), DPAR_ERR_DTYPE,
    DPAR_ERR_STATE (called twice, after compile), DPAR_ERR_INVALID_ARGUMENT
@@ -12188,6 +12189,12 @@ DPAR_API dpar_status dpar_graph_value_and_grad(dpar_graph *g, dpar_value loss, c
         for (int i = 1; i < g->count; i++)
             for (int j = 0; j < g->n[i].nin; j++) uses[g->n[i].in[j]]++;
         for (int k = 0; k < n && !s; k++) {
+            int j = 0; /* a value listed again gets the same gradient (its cotangent is scaled once) */
+            while (j < k && wrt[j].id != wrt[k].id) j++;
+            if (j < k) {
+                grads[k] = grads[j];
+                continue;
+            }
             if (bk.ct[wrt[k].id]) dpar__g_pipe_enter(g, bk.ct[wrt[k].id], upto);
             grads[k] = dpar__gv(dpar__g_final_grad(g, &bk, wrt[k].id, bk.ct[wrt[k].id], uses));
             if (grads[k].id) uses[grads[k].id]++;

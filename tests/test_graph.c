@@ -1468,6 +1468,32 @@ static void test_dropout_replicated(void **st) {
     dpar_runtime_destroy(rt);
 }
 
+/* A param listed twice in wrt gets its gradient twice, the same value (the pinned 1/n scale of a loss
+   that varies over "data" applied once: {2, 2} both times, not {2, 2} and then {1, 1}). */
+static void test_wrt_listed_twice(void **st) {
+    (void)st;
+    dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 2);
+    dpar_mesh *m = t_mesh1(rt, 2, "data");
+    float wv[2] = { 1, 2 }, xv[4] = { 1, 1, 3, 3 }, l, a[2], b[2];
+    dpar_array *w = arr(m, DPAR_F32, 1, 2, 0, NULL, NULL);
+    T_OK(dpar_array_put(w, wv));
+    dpar_graph *g = NULL;
+    T_OK(dpar_graph_create(m, &g));
+    dpar_value x = dpar_g_feed(g, "x", &(dpar_array_desc){ DPAR_F32, 2, { 2, 2 }, { "data" } });
+    dpar_value p = dpar_g_param(g, "w", w), wrt[2] = { p, p }, gr[2];
+    dpar_value loss = dpar_g_sum(g, dpar_g_binary(g, x, p, DPAR_BINARY_MUL));
+    T_OK(dpar_graph_value_and_grad(g, loss, wrt, 2, gr));
+    T_OK(dpar_graph_run(g, (dpar_graph_feed[]){ { x, xv, NULL } }, 1, &l));
+    T_OK(dpar_graph_get(g, gr[0], a));
+    T_OK(dpar_graph_get(g, gr[1], b));
+    for (int i = 0; i < 2; i++)
+        if (a[i] != 2.0f || b[i] != 2.0f)
+            fail_msg("d/dw[%d]: grads[0] %g, grads[1] %g (want 2)", i, (double)a[i], (double)b[i]);
+    T_OK(dpar_graph_destroy(g));
+    T_OK(dpar_array_destroy(w));
+    dpar_runtime_destroy(rt);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fd_cpu),
@@ -1491,6 +1517,7 @@ int main(void) {
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_varying_loss_readable),
         cmocka_unit_test(test_dropout_replicated),
+        cmocka_unit_test(test_wrt_listed_twice),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
