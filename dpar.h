@@ -1814,7 +1814,7 @@ DPAR_API dpar_status dpar_graph_value_and_grad(dpar_graph *g, dpar_value loss, c
    params[i] and grads[i] f32, or both f64 in a cpu graph (then the momentum
    is f64 too and the step is the eager f64 one; not with dpar_graph_zero1).
    Errors: those of dpar_sgd_check, DPAR_ERR_INVALID_ARGUMENT (not a param,
-   sizes differ), DPAR_ERR_DTYPE (a param and its gradient not both f32 or
+   sizes differ, one array listed twice: it would take two steps), DPAR_ERR_DTYPE (a param and its gradient not both f32 or
    both f64, or f64 with ZeRO-1; the text names both dtypes), DPAR_ERR_STATE (after
    compile); at run time the clipping error of dpar_sgd_clip_scale (a NaN or
    Inf gradient). */
@@ -12274,6 +12274,12 @@ static dpar_status dpar__g_opt_add(dpar_graph *g, const char *fn, const dpar_val
                 g, DPAR_ERR_INVALID_ARGUMENT, "%s: param %s and gradient %s differ in size (%lld and %lld elements)",
                 fn, dpar__g_label(g, params[k].id, l, sizeof l), dpar__g_label(g, grads[k].id, l2, sizeof l2),
                 (long long)dpar__g_count(p), (long long)dpar__g_count(q));
+        for (int j = 0; j < k; j++) /* updated twice in one step otherwise (torch.optim refuses it too) */
+            if (g->n[params[j].id].array == p->array)
+                return dpar__g_err(g, DPAR_ERR_INVALID_ARGUMENT,
+                                   "%s: params[%d] %s and params[%d] %s are the same array; list each param once", fn,
+                                   j, dpar__g_label(g, params[j].id, l, sizeof l), k,
+                                   dpar__g_label(g, params[k].id, l2, sizeof l2));
         if (k && clip_norm > 0 && p->vary != split) g->opt.mixed = true; /* one norm over differently split params */
         split = p->vary;
     }

@@ -1494,6 +1494,27 @@ static void test_wrt_listed_twice(void **st) {
     dpar_runtime_destroy(rt);
 }
 
+/* An optimizer given one array twice (two steps a run: w - 2 lr g) is refused naming both entries,
+   as two param values of one array. */
+static void test_opt_param_twice(void **st) {
+    (void)st;
+    dpar_runtime *rt = t_runtime(DPAR_BACKEND_CPU, 1);
+    dpar_mesh *m = t_mesh1(rt, 1, "data");
+    dpar_array *w = arr(m, DPAR_F32, 1, 2, 0, NULL, NULL);
+    for (int values = 1; values <= 2; values++) {
+        dpar_graph *g = NULL;
+        T_OK(dpar_graph_create(m, &g));
+        dpar_value p = dpar_g_param(g, "w", w), q = values == 2 ? dpar_g_param(g, "w again", w) : p;
+        dpar_value loss = dpar_g_add(g, dpar_g_sum_squares(g, p), dpar_g_sum(g, q)), wrt[2] = { p, q }, gr[2];
+        T_OK(dpar_graph_value_and_grad(g, loss, wrt, 2, gr));
+        T_ERR(dpar_graph_sgd(g, &(dpar_sgd_desc){ .learning_rate = 0.25f }, wrt, gr, 2), DPAR_ERR_INVALID_ARGUMENT,
+              "dpar_graph_sgd", "params[0]", "params[1]", "same array");
+        T_OK(dpar_graph_destroy(g));
+    }
+    T_OK(dpar_array_destroy(w));
+    dpar_runtime_destroy(rt);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fd_cpu),
@@ -1518,6 +1539,7 @@ int main(void) {
         cmocka_unit_test(test_varying_loss_readable),
         cmocka_unit_test(test_dropout_replicated),
         cmocka_unit_test(test_wrt_listed_twice),
+        cmocka_unit_test(test_opt_param_twice),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
