@@ -20,6 +20,19 @@ float erf_s(float v) { // Abramowitz & Stegun 7.1.26, |error| < 1.5e-7
     float q = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))));
     return sign(v) * (1.0 - q * exp(-a * a));
 }
+// C's pow (the CPU reference's): GLSL's pow is undefined for v < 0 and for v == 0 with s <= 0 (llvmpipe
+// gives NaN and 0); here a negative v with an integer s gives (-1)^s |v|^s, a non-integer one NaN, and
+// 0 with a negative s infinity (the sign of a zero is not kept).
+float pow_c(float v, float s) {
+    if (s == 0.0) return 1.0;
+    float a = abs(v);
+    float r = a == 0.0 ? (s < 0.0 ? uintBitsToFloat(0x7f800000u) : 0.0) : pow(a, s);
+    if (v < 0.0) {
+        if (floor(s) != s) return uintBitsToFloat(0x7fc00000u);
+        if (mod(abs(s), 2.0) == 1.0) r = -r;
+    }
+    return r;
+}
 float fwd(uint u, float v, float s) {
     switch (u) {
     case 0u: return -v;
@@ -38,7 +51,7 @@ float fwd(uint u, float v, float s) {
     case 13u: return s - v;
     case 14u: return v / s;
     case 15u: return s / v;
-    default: return pow(v, s);
+    default: return pow_c(v, s);
     }
 }
 float deriv(uint u, float v, float s) {
@@ -62,7 +75,7 @@ float deriv(uint u, float v, float s) {
     case 13u: return -1.0;
     case 14u: return 1.0 / s;
     case 15u: return -s / (v * v);
-    default: return s == 0.0 ? 0.0 : s * pow(v, s - 1.0);
+    default: return s == 0.0 ? 0.0 : s * pow_c(v, s - 1.0);
     }
 }
 void main() {

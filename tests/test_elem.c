@@ -1058,6 +1058,14 @@ static int64_t run_program(dpar_runtime *rt, float *out) {
         T_OK(dpar_unary_backward(y, dy, in, (dpar_unary_op)u, 1.5f));
         OUT(y);
     }
+    /* integer exponents of negative x: C's pow, (-1)^s |x|^s (GLSL's pow is undefined there) */
+    static const float pexp[3] = { 3.0f, 2.0f, -1.0f };
+    for (int k = 0; k < 3; k++) {
+        T_OK(dpar_unary(y, x, DPAR_UNARY_POW_SCALAR, pexp[k]));
+        OUT(y);
+        T_OK(dpar_unary_backward(y, dy, x, DPAR_UNARY_POW_SCALAR, pexp[k]));
+        OUT(y);
+    }
     for (int o = 0; o < DPAR_BINARY_COUNT; o++) {
         T_OK(dpar_binary(y, x, b, (dpar_binary_op)o));
         OUT(y);
