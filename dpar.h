@@ -12371,10 +12371,10 @@ DPAR_API dpar_status dpar_graph_set_lr(dpar_graph *g, float lr) {
     if (!(lr >= 0.0f) || !isfinite(lr)) /* 0: a warm-up from 0 (optax.linear_schedule(0, ...)) */
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_set_lr: learning rate %g must be finite and >= 0",
                          (double)lr);
+    dpar_status busy = dpar__busy(g->rt, NULL, "dpar_graph_set_lr"); /* a step in flight reads the rate */
+    if (busy) return busy;
     float *now = g->opt.adamw ? &g->opt.ad.learning_rate : &g->opt.d.learning_rate;
     if (g->opt_rec && lr != *now) { /* a recorded SGD holds the old rate: record again, the optimizer op by op */
-        dpar_status busy = dpar__busy(g->rt, NULL, "dpar_graph_set_lr");
-        if (busy) return busy;
         g->opt_rec = false;
         dpar__g_prog_rerecord(g);
     }

@@ -88,6 +88,8 @@ static void staged_equals_plain(dpar_backend_kind k) {
         if (req) {
             /* the put above ran during the step: refused as in flight, or (still dispatching) as inside one */
             T_ERR(dpar_array_put(fx.a.w, wa), DPAR_ERR_STATE, "dpar_array_put: a ");
+            /* the step in flight reads the rate: a new one is refused, not raced (the losses stay equal) */
+            T_ERR(dpar_graph_set_lr(fx.b.g, 0.5f), DPAR_ERR_STATE, "dpar_graph_set_lr");
             T_OK(dpar_wait(NULL, req));
         }
         assert_memory_equal(&la[s], &lb[s], sizeof la[s]);
