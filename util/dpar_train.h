@@ -53,7 +53,11 @@ extern "C" {
    every device issues the same collectives in the same order whatever order
    its gradients arrive in. Optional f16/bf16 communication: gradients are
    cast once to the narrow type, all-reduced with f32 accumulation (and the
-   mean taken in f32), rounded once, and cast back to f32. When the axes span
+   mean taken in f32), rounded once, and cast back to f32. f16 holds at most
+   65504: a gradient or a mean past it becomes inf and the step returns
+   DPAR_OK, as PyTorch DDP's fp16_compress_hook does; scale the loss
+   (dpar_loss_scaler) so that its unscale step sees the inf and skips, or use
+   bf16 (f32's range). When the axes span
    a single device there is nothing to exchange and the gradients are left
    as they are.
 
