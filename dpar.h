@@ -3763,9 +3763,11 @@ static dpar_status dpar__runtime_open(dpar_runtime *rt, int *count, int *met) {
     dpar_status s = dpar__transport_get()->runtime_pre(rt, desc);
     if (s != DPAR_OK) return s;
     s = rt->be->init(desc, requested, rt->share_index, rt->share_count, &rt->bstate, count);
-    if (s != DPAR_OK)
+    if (s != DPAR_OK) {
         rt->bstate = NULL;
-    else if (requested && *count != requested)
+        if (strncmp(dpar__err_text, "dpar_runtime_create: ", 21)) /* the backend's own text ("vulkan: ...") */
+            dpar__err(s, "dpar_runtime_create: %s", dpar__err_text);
+    } else if (requested && *count != requested)
         s = dpar__err(DPAR_ERR_DEVICE_COUNT, "dpar_runtime_create: %d devices requested but the %s backend has %d",
                       requested, rt->be->name, *count);
     rt->ndev = rt->nlocal = s ? 0 : *count;
@@ -3960,33 +3962,32 @@ static dpar_status dpar__check_shape(const char *where, int ndim, const int64_t 
     return DPAR_OK;
 }
 
-DPAR_API dpar_status dpar_buffer_create(dpar_runtime *rt, int device, dpar_dtype dtype, int ndim, const int64_t *shape,
-                                        dpar_buffer **out) {
-    dpar__clear_error();
-    if (!out) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_buffer_create: `out` is NULL");
+/* dpar_buffer_create for the user's call fn (the public one, or a call that makes buffers for the user: an
+   array's shards, a ctx's buffer, a graph's compile): its texts begin with fn, a backend's too. */
+static dpar_status dpar__buffer_create(const char *fn, dpar_runtime *rt, int device, dpar_dtype dtype, int ndim,
+                                       const int64_t *shape, dpar_buffer **out) {
+    if (!out) return dpar__null(fn, "out");
     *out = NULL;
-    if (!rt) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_buffer_create: rt is NULL");
-    if (dpar__live_check(rt, DPAR__LIVE_RUNTIME, "dpar_buffer_create")) return DPAR_ERR_STATE;
+    if (!rt) return dpar__null(fn, "rt");
+    if (dpar__live_check(rt, DPAR__LIVE_RUNTIME, fn)) return DPAR_ERR_STATE;
     if (device < 0 || device >= rt->ndev)
-        return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
-                         "dpar_buffer_create: device %d is out of range; the runtime has %d device%s", device, rt->ndev,
-                         rt->ndev == 1 ? "" : "s");
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: device %d is out of range; the runtime has %d device%s", fn,
+                         device, rt->ndev, rt->ndev == 1 ? "" : "s");
     if (device < rt->local_base || device >= rt->local_base + rt->nlocal)
-        return dpar__err(
-            DPAR_ERR_INVALID_ARGUMENT,
-            "dpar_buffer_create: device %d belongs to process %d, not to this process (%d, devices %d..%d)", device,
-            device / rt->nlocal, rt->proc, rt->local_base, rt->local_base + rt->nlocal - 1);
+        return dpar__err(DPAR_ERR_INVALID_ARGUMENT,
+                         "%s: device %d belongs to process %d, not to this process (%d, devices %d..%d)", fn, device,
+                         device / rt->nlocal, rt->proc, rt->local_base, rt->local_base + rt->nlocal - 1);
     if (dpar_dtype_size(dtype) == 0)
-        return dpar__err(DPAR_ERR_DTYPE, "dpar_buffer_create: dtype %d is not a dpar_dtype", (int)dtype);
+        return dpar__err(DPAR_ERR_DTYPE, "%s: dtype %d is not a dpar_dtype", fn, (int)dtype);
     if (dtype == DPAR_F64 && rt->be->kind != DPAR_BACKEND_CPU) /* no backend op could read it (>>f64 api) */
         return dpar__err(DPAR_ERR_DTYPE,
-                         "dpar_buffer_create: the %s backend has no f64 buffers or ops (f64 runs on the cpu backend); "
+                         "%s: the %s backend has no f64 buffers or ops (f64 runs on the cpu backend); "
                          "use f32 here, or a cpu runtime for f64",
-                         rt->be->name);
-    dpar_status s = dpar__check_shape("dpar_buffer_create", ndim, shape);
+                         fn, rt->be->name);
+    dpar_status s = dpar__check_shape(fn, ndim, shape);
     if (s) return s;
     dpar_buffer *b = (dpar_buffer *)dpar__handle_alloc(sizeof *b);
-    if (!b) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_buffer_create: out of host memory");
+    if (!b) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
     b->rt = rt;
     b->device = device - rt->local_base;
     b->gdev = device;
@@ -4000,11 +4001,11 @@ DPAR_API dpar_status dpar_buffer_create(dpar_runtime *rt, int device, dpar_dtype
         size_t nb = b->nbytes;
         DPAR_FREE(b);
         if (!dpar__err_text[0])
-            dpar__err(s, "dpar_buffer_create: %s backend could not allocate %zu bytes on device %d", rt->be->name, nb,
-                      device);
-        return s;
+            return dpar__err(s, "%s: the %s backend could not allocate %zu bytes on device %d", fn, rt->be->name, nb,
+                             device);
+        return dpar__err(s, "%s: %s", fn, dpar__err_text); /* the backend's text ("vulkan: vkCreateBuffer ...") */
     }
-    if ((s = dpar__live_add(b, DPAR__LIVE_BUFFER, rt, DPAR__LIVE_RUNTIME, NULL, "dpar_buffer_create"))) {
+    if ((s = dpar__live_add(b, DPAR__LIVE_BUFFER, rt, DPAR__LIVE_RUNTIME, NULL, fn))) {
         rt->be->free(rt->bstate, b->device, b->mem);
         DPAR_FREE(b);
         return s;
@@ -4017,6 +4018,12 @@ DPAR_API dpar_status dpar_buffer_create(dpar_runtime *rt, int device, dpar_dtype
     dpar__mutex_unlock(&rt->list_mu);
     *out = b;
     return DPAR_OK;
+}
+
+DPAR_API dpar_status dpar_buffer_create(dpar_runtime *rt, int device, dpar_dtype dtype, int ndim, const int64_t *shape,
+                                        dpar_buffer **out) {
+    dpar__clear_error();
+    return dpar__buffer_create("dpar_buffer_create", rt, device, dtype, ndim, shape, out);
 }
 
 static dpar_status dpar__buffer_destroy(void *obj);
@@ -5353,7 +5360,7 @@ DPAR_API dpar_status dpar_array_create(dpar_mesh *m, const dpar_array_desc *d, d
     }
     for (int p = 0; p < m->size; p++) {
         if (!dpar__is_local(m->rt, m->devices[p])) continue; /* another process holds it */
-        s = dpar_buffer_create(m->rt, m->devices[p], d->dtype, d->ndim, a->local, &a->shards[p]);
+        s = dpar__buffer_create("dpar_array_create", m->rt, m->devices[p], d->dtype, d->ndim, a->local, &a->shards[p]);
         if (s) {
             dpar__array_free(a);
             return s;
@@ -6106,7 +6113,7 @@ DPAR_API dpar_status dpar_ctx_buffer(dpar_ctx *ctx, dpar_dtype dtype, int ndim, 
         if (out) *out = NULL;
         return s;
     }
-    return dpar_buffer_create(ctx->rt, ctx->device, dtype, ndim, shape, out);
+    return dpar__buffer_create("dpar_ctx_buffer", ctx->rt, ctx->device, dtype, ndim, shape, out);
 }
 /* ---------------------------------------------------------------------------
    Collectives: rendezvous, matching, the host path, async requests
@@ -9189,7 +9196,7 @@ static dpar_status dpar__norm_scratch(const char *fn, dpar_ctx *ctx, int slot, i
             return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "%s: out of host memory (%lld gradient norms)", fn,
                              (long long)count);
     }
-    s = dpar_buffer_create(ctx->rt, ctx->device, slot == DPAR__NORM_F64 ? DPAR_F64 : DPAR_F32, 1, &count, b);
+    s = dpar__buffer_create(fn, ctx->rt, ctx->device, slot == DPAR__NORM_F64 ? DPAR_F64 : DPAR_F32, 1, &count, b);
     *out = *b;
     return s;
 }
@@ -9822,7 +9829,8 @@ static dpar_status dpar__unscale_sum(dpar_ctx *ctx, float inv, dpar_buffer *cons
                                      double *sum) {
     dpar_buffer *tmp = NULL;
     int64_t one = 1;
-    dpar_status s = dpar_buffer_create(grads[0]->rt, grads[0]->device, DPAR_F32, 1, &one, &tmp);
+    dpar_status s =
+        dpar__buffer_create("dpar_loss_scaler_unscale", grads[0]->rt, grads[0]->device, DPAR_F32, 1, &one, &tmp);
     *sum = 0.0;
     for (int i = 0; i < n && !s; i++) {
         float v = 0.0f;
@@ -12656,9 +12664,11 @@ static dpar_status dpar__g_z1_alloc(dpar_graph *g, int nstate) {
         d.spec[0] = z->axes;
         for (int j = 0; j < nstate && !s; j++) s = dpar_array_create(g->mesh, &d, &z->state[j * np + k]);
         for (int li = 0; li < nl && !s; li++) {
-            s = dpar_buffer_create(g->rt, g->first + li, DPAR_F32, 1, &blk, &z->blk[k * nl + li]);
+            s = dpar__buffer_create("dpar_graph_compile", g->rt, g->first + li, DPAR_F32, 1, &blk,
+                                    &z->blk[k * nl + li]);
             if (!s && z->padded[k] != z->count[k])
-                s = dpar_buffer_create(g->rt, g->first + li, DPAR_F32, 1, &z->padded[k], &z->pad[k * nl + li]);
+                s = dpar__buffer_create("dpar_graph_compile", g->rt, g->first + li, DPAR_F32, 1, &z->padded[k],
+                                        &z->pad[k * nl + li]);
         }
         g->stats.opt_bytes += (uint64_t)nstate * (uint64_t)blk * 4u;
         /* the staging buffers: the param's block, its padded copy */
@@ -12928,9 +12938,9 @@ static dpar_status dpar__g_pipe_alloc(dpar_graph *g) {
             if (shared[slot])
                 *b = b0;
             else if (g->slot_owned[slot])
-                s = dpar_buffer_create(g->rt, g->first + li, DPAR_F32, 1, &cap, b);
+                s = dpar__buffer_create("dpar_graph_compile", g->rt, g->first + li, DPAR_F32, 1, &cap, b);
             else
-                s = dpar_buffer_create(g->rt, g->first + li, b0->dtype, b0->ndim, b0->shape, b);
+                s = dpar__buffer_create("dpar_graph_compile", g->rt, g->first + li, b0->dtype, b0->ndim, b0->shape, b);
         }
         const dpar_buffer *b0 = g->slots[slot * nl];
         if (!shared[slot])
@@ -13263,7 +13273,8 @@ static dpar_status dpar__g_alloc(dpar_graph *g, const dpar__gplan *p) {
         if (!g->slot_owned[k]) continue;
         g->stats.planned_bytes += (uint64_t)n * 4;
         for (int li = 0; li < g->nlocal && !s; li++)
-            s = dpar_buffer_create(g->rt, g->first + li, DPAR_F32, 1, &n, &g->slots[k * g->nlocal + li]);
+            s = dpar__buffer_create("dpar_graph_compile", g->rt, g->first + li, DPAR_F32, 1, &n,
+                                    &g->slots[k * g->nlocal + li]);
     }
     for (int i = 1; i < g->count && !s; i++)
         for (int li = 0; li < g->nlocal && !s && g->n[i].kind == DPAR__G_CONST; li++)
@@ -13364,7 +13375,7 @@ static dpar_status dpar__g_bucket_alloc(dpar_graph *g) {
         if (!bk->buf) return dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_graph_compile: out of memory");
         memset(bk->buf, 0, (size_t)g->nlocal * sizeof(dpar_buffer *));
         for (int li = 0; li < g->nlocal && !s; li++)
-            s = dpar_buffer_create(g->rt, g->first + li, DPAR_F32, 1, &bk->count, &bk->buf[li]);
+            s = dpar__buffer_create("dpar_graph_compile", g->rt, g->first + li, DPAR_F32, 1, &bk->count, &bk->buf[li]);
         g->stats.planned_bytes += (uint64_t)bk->count * 4u;
         g->stats.live_bytes += (uint64_t)bk->count * 4u;  /* held all step, as in any plan */
         g->stats.naive_bytes += (uint64_t)bk->count * 4u; /* a buffer either plan needs */
@@ -13644,7 +13655,7 @@ static dpar_status dpar__g_state(dpar_graph *g) {
     memset(g->opt_state, 0, (size_t)(2 * n + 1) * sizeof(dpar_array *));
     dpar_status s = DPAR_OK;
     for (int li = 0; li < nl && !s; li++)
-        s = dpar_buffer_create(g->rt, g->first + li, DPAR_F32, 0, NULL, &g->scratch[li]);
+        s = dpar__buffer_create("dpar_graph_compile", g->rt, g->first + li, DPAR_F32, 0, NULL, &g->scratch[li]);
     g->stats.resident_bytes += sizeof(float);
     bool f64 = false; /* f64 values (a cpu graph): an f64 scratch for their discarded losses */
     for (int i = 1; i < g->count && !f64; i++) f64 = g->n[i].dtype == DPAR_F64;
@@ -13652,7 +13663,7 @@ static dpar_status dpar__g_state(dpar_graph *g) {
         s = dpar__err(DPAR_ERR_OUT_OF_MEMORY, "dpar_graph_compile: out of memory");
     if (g->scratch64) memset(g->scratch64, 0, (size_t)nl * sizeof(dpar_buffer *));
     for (int li = 0; li < nl && !s && g->scratch64; li++)
-        s = dpar_buffer_create(g->rt, g->first + li, DPAR_F64, 0, NULL, &g->scratch64[li]);
+        s = dpar__buffer_create("dpar_graph_compile", g->rt, g->first + li, DPAR_F64, 0, NULL, &g->scratch64[li]);
     if (g->scratch64) g->stats.resident_bytes += sizeof(double);
     int nstate = !g->has_opt ? 0 : g->opt.adamw ? 2 : g->opt.d.momentum != 0.0f ? 1 : 0; /* m, v / momentum */
     if (!s && g->z1) s = dpar__g_z1_alloc(g, nstate); /* ZeRO-1: blocks of the params and of their state */
