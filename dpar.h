@@ -626,7 +626,12 @@ typedef struct dpar_array_desc {
    shape[d]/n elements; over axes not named in the spec the shard is replicated).
    Errors: DPAR_ERR_SHAPE (dim not divisible by its axes' size, text names both),
    DPAR_ERR_UNKNOWN_AXIS, DPAR_ERR_INVALID_ARGUMENT (an axis used twice, a
-   spec for a dimension >= ndim), DPAR_ERR_OUT_OF_MEMORY. Contents are zero. */
+   spec for a dimension >= ndim), DPAR_ERR_OUT_OF_MEMORY. Contents are zero.
+   Across MPI processes each process creates its part of the array with the
+   same desc; create exchanges nothing, so a desc that differs between
+   processes (a global batch of 4 on one, 8 on another) is not caught here,
+   nor by collectives whose operands still match: dpar_array_get of it gives
+   DPAR_ERR_COLLECTIVE_MISMATCH on every process. */
 DPAR_API dpar_status dpar_array_create(dpar_mesh *m, const dpar_array_desc *desc, dpar_array **out);
 /* Frees the array and its shards. NULL is a no-op (DPAR_OK). Errors
    (nothing is freed): DPAR_ERR_STATE inside a pmap/shard_map function (the
