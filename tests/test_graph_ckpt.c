@@ -387,6 +387,31 @@ static void test_mismatch_refused(void **st) {
     dpar_runtime_destroy(rt);
 }
 
+/* A ZeRO-1 graph's checkpoint into a plain one and back: refused as shape mismatches of the optimizer state,
+   and the text says that ZeRO-1 is the difference. */
+static void test_zero1_and_plain_refused(void **st) {
+    (void)st;
+    BK = DPAR_BACKEND_CPU;
+    dpar_runtime *rt;
+    dpar_mesh *m = mesh22(&rt, 4, 1);
+    cfg plain = zero1_cfg;
+    plain.zero1 = false;
+    const cfg *c[2] = { &zero1_cfg, &plain };
+    const char *file[2] = { tpath("z1.ckpt"), tpath("plain.ckpt") };
+    for (int k = 0; k < 2; k++) {
+        model a, t;
+        build(&a, m, c[k], 1);
+        step(&a, 0);
+        T_OK(dpar_graph_save(a.g, file[k]));
+        build(&t, m, c[1 - k], 2);
+        refused(&t, file[k], DPAR_ERR_SHAPE, "@adamw.m' has shape", "a ZeRO-1 graph (dpar_graph_zero1)");
+        destroy(&t);
+        destroy(&a);
+        unlink(file[k]);
+    }
+    dpar_runtime_destroy(rt);
+}
+
 /* Names are the keys: a param without a name, or two of one name, cannot be saved. */
 static void test_names_required(void **st) {
     (void)st;
@@ -419,7 +444,7 @@ int main(void) {
         cmocka_unit_test(test_resume_zero1_cpu), cmocka_unit_test(test_resume_adamw_vulkan),
         cmocka_unit_test(test_state_entries),    cmocka_unit_test(test_restore_other_mesh),
         cmocka_unit_test(test_mismatch_refused), cmocka_unit_test(test_names_required),
-        cmocka_unit_test(test_save_extra),
+        cmocka_unit_test(test_save_extra),       cmocka_unit_test(test_zero1_and_plain_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

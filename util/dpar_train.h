@@ -1895,8 +1895,15 @@ DPAR_API dpar_status dpar_graph_restore(dpar_graph *g, const char *path) {
     if (!path || !*path) /* before the entries: they compile a graph not compiled yet */
         return dpar_set_last_error(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_restore: path is NULL or empty");
     dpar_status s = dpar_gckpt__entries(g, "dpar_graph_restore", &e, &n);
-    if (!s && (s = dpar_checkpoint_restore(path, e, n, &step)))
+    if (!s && (s = dpar_checkpoint_restore(path, e, n, &step))) {
         s = dpar_gckpt__as(s, "dpar_graph_restore", "dpar_checkpoint_restore");
+        if (s == DPAR_ERR_SHAPE && strstr(dpar_last_error(), "@")) /* an optimizer state entry */
+            s = dpar_set_last_error(s,
+                                    "%s; a ZeRO-1 graph (dpar_graph_zero1) keeps its optimizer state flat and "
+                                    "padded, another graph shaped like the param: restore into a graph built the "
+                                    "same way",
+                                    dpar_last_error());
+    }
     if (!s && step > (uint64_t)INT64_MAX)
         s = dpar_set_last_error(DPAR_ERR_IO,
                                 "dpar_graph_restore: '%s' has step counter %llu, above 2^63 - 1 (a corrupted or "
