@@ -20,6 +20,15 @@
    group's communicator (MPI_Iallreduce of the process's partial result,
    MPI_Ibcast, or MPI_Iallgatherv of the inputs), polled with the runtime's
    timeout.
+
+   Dispatches are matched by their count: every process runs the same
+   dispatches (pmap, shard_map, graph runs) in the same order, and the end of
+   each agrees on its status. A process that skips one is paired with the
+   others' next: its collectives' descriptions catch it where they differ
+   (DPAR_ERR_COLLECTIVE_MISMATCH); a dispatch without collectives, or with the
+   same ones, is not caught until the processes' counts part at the end
+   (DPAR_ERR_TIMEOUT). A function's address cannot tell them apart: it
+   differs between processes under ASLR.
 */
 #ifndef DPAR_MPI_TRANSPORT_INCLUDED
 #define DPAR_MPI_TRANSPORT_INCLUDED
