@@ -7,7 +7,8 @@
    of f32 data over a range of sizes, out of place, and prints one CSV row per
    measurement:
 
-       kind,backend,op,devices,bytes,time_us,algbw_GBps,busbw_GBps,limit_us,pct_limit,pct_min,pct_max,alts
+       kind,backend,op,devices,bytes,time_us,algbw_GBps,busbw_GBps,limit_us,pct_limit,pct_min,pct_max,alts,
+       limit_kernel,own_kernel,own_us,pct_own,pct_own_min,pct_own_max
 
    Sizes and bandwidths follow nccl-tests (doc/PERFORMANCE.md there):
      bytes  = the whole buffer: all-reduce / broadcast / all-to-all in = out =
@@ -37,6 +38,13 @@
                 faster of non-temporal and ordinary stores (a footprint that
                 fits in the cache is bounded by the cache, not by DRAM)
      pct      = 100 * limit_us / time_us
+     limit_kernel = the kernel (and stores, "/nt": streaming) that gave the limit
+     own_us   = moved / the bandwidth of the op's own pattern alone (own_kernel:
+                sum_all, fanout, sum_one or copy, as above; the best of its
+                trials): what its traffic costs without any rendezvous, so
+                pct_own = 100 * own_us / time_us says how much of the gap to
+                the limit is the access pattern and how much dpar's own (it
+                may pass 100%: dpar's order of passes is not the kernel's)
 
    Timing: the stream kernel and dpar alternate `alts` times per point (5 by
    default), each trial the mean over `iters` back-to-back calls (sized to
@@ -67,6 +75,8 @@
 #include <unistd.h>     /* sysconf: the CPUs */
 
 enum { OP_ALLREDUCE, OP_ALLGATHER, OP_REDUCESCATTER, OP_BROADCAST, OP_ALLTOALL, OP_COUNT };
+/* each op's own access pattern among the stream kernels (bench_util.h) */
+static const int own_kernel[OP_COUNT] = { ST_K_SUM_ALL, ST_K_FANOUT, ST_K_SUM_ONE, ST_K_FANOUT, ST_K_COPY };
 static const char *op_names[OP_COUNT] = { "allreduce", "allgather", "reducescatter", "broadcast", "alltoall" };
 
 /* ---- dpar: one trial = `iters` collectives between two barrier psums */
@@ -170,11 +180,13 @@ static int run_point(const char *bname, dpar_mesh *m, int op, int n, int64_t byt
     int iters = (int)(target / alts / 2 / per);
     j.iters = iters < 1 ? 1 : iters > 2000 ? 2000 : iters;
     j.warm = 0;
-    double t[MAX_ALTS], pct[MAX_ALTS], bw = 0;
+    double t[MAX_ALTS], pct[MAX_ALTS], own[MAX_ALTS], bw = 0, own_bw = 0;
+    int best_q = -1, best_nt = 0, oq = own_kernel[op];
     for (int k = 0; k < alts; k++) {
         for (int q = 0; q < sets; q++) {
             double b = stream_bw_best(&ss[q], target / alts / 4 / sets);
-            if (b > bw) bw = b;
+            if (b > bw) bw = b, best_q = ss[q].best_q, best_nt = ss[q].best_nt;
+            if (ss[q].bw_of[oq] > own_bw) own_bw = ss[q].bw_of[oq];
         }
         if (dpar_shard_map(m, &sd)) {
             fprintf(stderr, "%s: %s\n", op_names[op], dpar_last_error());
@@ -184,13 +196,17 @@ static int run_point(const char *bname, dpar_mesh *m, int op, int n, int64_t byt
         t[k] = j.elapsed / j.iters / (clock_id == CLOCK_MONOTONIC ? 1 : n);
     }
     double lm = moved / bw; /* the best stream trial: the least disturbed view of what the machine can do */
-    for (int k = 0; k < alts; k++) pct[k] = 100.0 * lm / t[k];
-    double tm = median(t, alts), pm = median(pct, alts); /* pct sorted: [0] min */
+    double lo = own_bw > 0 ? moved / own_bw : 0; /* the op's own access pattern alone, without any rendezvous */
+    for (int k = 0; k < alts; k++) pct[k] = 100.0 * lm / t[k], own[k] = 100.0 * lo / t[k];
+    double tm = median(t, alts), pm = median(pct, alts), po = median(own, alts); /* sorted: [0] min */
+    char lk[48];
+    stream_kernel_label(&ss[0], best_q, best_nt, lk, sizeof lk);
     double alg = S / tm / 1e9, bus = op == OP_ALLREDUCE   ? alg * 2.0 * (n - 1) / n
                                      : op == OP_BROADCAST ? alg
                                                           : alg * (double)(n - 1) / n;
-    printf("coll,%s,%s,%d,%lld,%.2f,%.3f,%.3f,%.2f,%.1f,%.1f,%.1f,%d\n", bname, op_names[op], n, (long long)(count * 4),
-           tm * 1e6, alg, bus, lm * 1e6, pm, pct[0], pct[alts - 1], alts);
+    printf("coll,%s,%s,%d,%lld,%.2f,%.3f,%.3f,%.2f,%.1f,%.1f,%.1f,%d,%s,%s,%.2f,%.1f,%.1f,%.1f\n", bname, op_names[op],
+           n, (long long)(count * 4), tm * 1e6, alg, bus, lm * 1e6, pm, pct[0], pct[alts - 1], alts, lk,
+           stream_kernel_names[oq], lo * 1e6, po, own[0], own[alts - 1]);
     fflush(stdout);
     if (pm > 100.0) {
         fprintf(stderr,
@@ -296,7 +312,8 @@ int main(int argc, char **argv) {
     if (!rc) rc = ex_check_order("bench_collectives", "--min", lo, "--max", hi);
     if (!rc) rc = check_lists(backends, devs, ops);
     if (rc) return ex_exit_status(rc);
-    printf("kind,backend,op,devices,bytes,time_us,algbw_GBps,busbw_GBps,limit_us,pct_limit,pct_min,pct_max,alts\n");
+    printf("kind,backend,op,devices,bytes,time_us,algbw_GBps,busbw_GBps,limit_us,pct_limit,pct_min,pct_max,alts,"
+           "limit_kernel,own_kernel,own_us,pct_own,pct_own_min,pct_own_max\n");
     char b[32], n[32];
     for (const char *q = backends; ex_list_next(&q, b, sizeof b);) { /* check_lists took every item */
         dpar_backend_kind k = DPAR_BACKEND_DEFAULT;

@@ -409,13 +409,40 @@ static inline void *st_main(void *p) {
     a->t1 = now_s();
     return NULL;
 }
+/* The kernels of the limit (a set made with add = 1): copy (z = x: 2
+   accesses an element), add (z = x + y: 3), in place (z = z + x: 3, and no
+   read-for-ownership of z, which an in-place op such as an optimizer step
+   does not pay either), fill (z = 0: 1), read (sum x: 1), with ways = w
+   > 1 the collectives' own: sum_all (2w), sum_one and fanout (w + 1), and
+   with a mix the op's own (reads + in-place twice + writes). Each lays its
+   arrays over the whole of its thread's share of the footprint, so every
+   kernel runs over the same working set (the op's, in bench_ops: copy and
+   fill over two thirds and one third of it ran in a faster cache level
+   than the op); the collectives' ones as w (+ w or 1) member buffers, each
+   thread over its slice of every buffer, as dpar's threads are. */
+enum {
+    ST_K_COPY,
+    ST_K_ADD,
+    ST_K_INPLACE,
+    ST_K_FILL,
+    ST_K_READ,
+    ST_K_SUM_ALL,
+    ST_K_SUM_ONE,
+    ST_K_FANOUT,
+    ST_K_MIX,
+    ST_KERNELS
+};
+enum { ST_MIX_MAX = 16 }; /* arrays of the mix kernel at most */
+static const char *const stream_kernel_names[ST_KERNELS] = { "copy",    "add",     "inplace", "fill", "read",
+                                                             "sum_all", "sum_one", "fanout",  "mix" };
 typedef struct {
     int threads, add;
     int ways;          /* > 1: stream_bw_best adds the collectives' kernels over this many members */
     int mix[3];        /* read-only, in-place, write-only arrays; any > 0: stream_bw_best adds the mix kernel */
     int64_t footprint; /* bytes of all arrays together: the working set of every kernel */
     float *mem;
-    int best_q, best_nt; /* the kernel and stores of stream_bw_best's best trial */
+    int best_q, best_nt;      /* the kernel and stores of stream_bw_best's best trial */
+    double bw_of[ST_KERNELS]; /* each kernel's best of its stores in stream_bw_best's last call, 0: none */
     st_arg a[STREAM_MAX_THREADS];
 } stream_set;
 /* arrays for `threads` threads over a footprint of `moved` bytes (capped at
@@ -472,32 +499,6 @@ static inline double stream_trial(stream_set *s, int nt, int iters, int warm, do
     if (own) *own = slow / iters / per;
     return (t1 - t0) / iters / per;
 }
-/* The kernels of the limit (a set made with add = 1): copy (z = x: 2
-   accesses an element), add (z = x + y: 3), in place (z = z + x: 3, and no
-   read-for-ownership of z, which an in-place op such as an optimizer step
-   does not pay either), fill (z = 0: 1), read (sum x: 1), with ways = w
-   > 1 the collectives' own: sum_all (2w), sum_one and fanout (w + 1), and
-   with a mix the op's own (reads + in-place twice + writes). Each lays its
-   arrays over the whole of its thread's share of the footprint, so every
-   kernel runs over the same working set (the op's, in bench_ops: copy and
-   fill over two thirds and one third of it ran in a faster cache level
-   than the op); the collectives' ones as w (+ w or 1) member buffers, each
-   thread over its slice of every buffer, as dpar's threads are. */
-enum {
-    ST_K_COPY,
-    ST_K_ADD,
-    ST_K_INPLACE,
-    ST_K_FILL,
-    ST_K_READ,
-    ST_K_SUM_ALL,
-    ST_K_SUM_ONE,
-    ST_K_FANOUT,
-    ST_K_MIX,
-    ST_KERNELS
-};
-enum { ST_MIX_MAX = 16 }; /* arrays of the mix kernel at most */
-static const char *const stream_kernel_names[ST_KERNELS] = { "copy",    "add",     "inplace", "fill", "read",
-                                                             "sum_all", "sum_one", "fanout",  "mix" };
 /* points every thread's arrays at kernel q's; returns its bytes per pass, 0
    when the set has no such kernel (q = -1: back to the set's own kernel,
    add or copy over 3 or 2 arrays) */
@@ -572,6 +573,7 @@ static inline double stream_bw_best(stream_set *s, double target) {
     for (int q = 0; q < ST_KERNELS; q++)
         for (int nt = 0; nt < stream_store_kinds(s, q); nt++) {
             double bw = stream_bw_kernel(s, q, nt, target / (trials ? trials : 1));
+            s->bw_of[q] = nt == 0 || bw > s->bw_of[q] ? bw : s->bw_of[q];
             if (bw > best) {
                 best = bw;
                 s->best_q = q;

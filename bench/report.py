@@ -8,7 +8,8 @@ or an op is above 100% of its memory-traffic limit (the measurement is broken).
     python bench/report.py --cnn RAW_ROWS OUT_DIR   (bench/peers/run_cnn.sh: cnn.md, cnn.csv, cnn_steps.csv)
 
 Rows (CSV, no header):
-  coll,backend,op,devices,bytes,time_us,algbw,busbw,limit_us,pct,pct_min,pct_max,alts   (bench_collectives)
+  coll,backend,op,devices,bytes,time_us,algbw,busbw,limit_us,pct,pct_min,pct_max,alts[,limit_kernel,own_kernel,
+       own_us,pct_own,pct_own_min,pct_own_max]   (bench_collectives)
   pair,alternation,<a coll row of dpar or MPI, up to busbw>                       (all-reduce vs MPI)
   mm,shape,threads,dpar_us,dpar_gflops,blas_us,blas_gflops,ratio,ratio_min,ratio_max,alts  (bench_matmul)
   train,framework,model,devices,batch,step_ms,samples_per_s[,note]
@@ -325,7 +326,9 @@ def main():
             if r[0] == "coll" and len(r) >= 13:
                 coll.append(dict(backend=r[1], op=r[2], n=int(r[3]), bytes=int(r[4]), us=float(r[5]),
                                  algbw=float(r[6]), busbw=float(r[7]), limit_us=float(r[8]), pct=float(r[9]),
-                                 pmin=float(r[10]), pmax=float(r[11]), alts=int(r[12])))
+                                 pmin=float(r[10]), pmax=float(r[11]), alts=int(r[12]),
+                                 kernel=r[13] if len(r) >= 19 else "",
+                                 own=float(r[16]) if len(r) >= 19 and float(r[15]) > 0 else None))
             elif r[0] == "pair" and len(r) >= 9:  # pair,alternation,backend,op,n,bytes,time_us,algbw,busbw,...
                 pairs.append(dict(k=int(r[1]), backend=r[2], n=int(r[4]), bytes=int(r[5]), us=float(r[6]),
                                   busbw=float(r[8])))
@@ -384,11 +387,14 @@ def main():
               os.uname().nodename, os.cpu_count(), load.get("start", "?"), load.get("end", "?")), "",
           "## Collectives against the memory-traffic limit (CPU backend)", "",
           "limit = the DRAM bytes the collective must read + write (all-reduce and all-to-all 2nS, all-gather, "
-          "reduce-scatter and broadcast (n+1)S for S bytes on n devices) / the bandwidth of a stream kernel "
-          "(add for reductions, copy otherwise; the faster of non-temporal and ordinary stores) run by n threads "
+          "reduce-scatter and broadcast (n+1)S for S bytes on n devices) / the bandwidth of the fastest stream kernel "
+          "(copy, add, in-place add, fill, read and the collectives' own patterns, each with non-temporal and "
+          "ordinary stores; bench_collectives.c's header) run by n threads "
           "over the same footprint in the same run, alternating with dpar. `% limit` = limit time / dpar time: "
           "the median over the alternations (min-max). Above 100% the benchmark fails: the measurement would "
-          "be broken. busbw follows nccl-tests (a network figure, GB/s = 1e9 B/s).", ""]
+          "be broken. `own` = the same bytes at the bandwidth of the op's own access pattern alone (sum_all, "
+          "fanout, sum_one or copy, no rendezvous) / dpar time: below 100% is dpar's own cost, the rest of the "
+          "gap to the limit is the pattern's. busbw follows nccl-tests (a network figure, GB/s = 1e9 B/s).", ""]
     for backend in ("cpu", "vulkan"):
         for op in ("allreduce", "allgather", "reducescatter", "broadcast", "alltoall"):
             rows = [c for c in coll if c["backend"] == backend and c["op"] == op]
@@ -404,7 +410,8 @@ def main():
                 row = [human(b)]
                 for n in devs:
                     c = get(backend, op, n, b)
-                    row += ["%.2f" % c["busbw"], "%.0f%% (%.0f-%.0f)" % (c["pct"], c["pmin"], c["pmax"])] if c else [
+                    own = "; own %.0f%%" % c["own"] if c and c.get("own") is not None else ""
+                    row += ["%.2f" % c["busbw"], "%.0f%% (%.0f-%.0f)%s" % (c["pct"], c["pmin"], c["pmax"], own)] if c else [
                         "-", "-"]
                 md.append("| " + " | ".join(row) + " |")
             md.append("")

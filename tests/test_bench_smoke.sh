@@ -55,6 +55,16 @@ fi
 run "bench_ops vulkan conv" 6 "$BUILD/bench_ops" --backend vulkan --threads 1 --time 0.01 --alts 1 --only conv
 run "bench_collectives cpu" 20 "$BUILD/bench_collectives" --backend cpu --devices 2,4 --min 65536 --max 262144 \
     --factor 4 --time 0.02 --alts 1
+# each row names its limit's kernel and its op's own pattern, with that pattern's time (> 0 on 2 or more devices)
+bad=$(awk -F, '$1 == "coll" {
+    own = $3 == "allreduce" ? "sum_all" : $3 == "reducescatter" ? "sum_one" : $3 == "alltoall" ? "copy" : "fanout"
+    if (NF != 19 || $14 == "" || $15 != own || !($16 > 0)) print $3 "/" $4 "/" $5 ": " NF " fields, " $14 ", " $15 ", " $16
+}' "$out")
+if [ -z "$bad" ] && grep -q '^coll,' "$out"; then
+    echo "PASS bench_smoke bench_collectives names the limit's kernel and times the op's own pattern"
+else
+    echo "FAIL bench_smoke bench_collectives own-pattern columns: ${bad:-no coll rows}"
+fi
 run "bench_collectives vulkan" 1 "$BUILD/bench_collectives" --backend vulkan --devices 2 --ops allreduce \
     --min 65536 --max 65536 --time 0.02 --alts 1
 run "bench_matmul" 2 "$BUILD/bench_matmul" --shapes 64x128x64,64x32x64:tn --threads 1 --time 0.02 --alts 1
