@@ -13702,7 +13702,7 @@ DPAR_API dpar_status dpar_graph_compile(dpar_graph *g, dpar_graph_stats *stats) 
     dpar__clear_error();
     if (!g) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_compile: g is NULL");
     if (dpar__live_check(g, DPAR__LIVE_GRAPH, "dpar_graph_compile")) return DPAR_ERR_STATE;
-    if (g->err) return dpar__g_status(g);
+    if (g->err) return dpar__g_kept(g, "dpar_graph_compile");
     if (g->compiled) return dpar__err(DPAR_ERR_STATE, "dpar_graph_compile: the graph is compiled already");
     if (dpar__g_arrays_live(g, "dpar_graph_compile")) return DPAR_ERR_STATE;
     if (dpar_in_dispatch())
@@ -14354,7 +14354,7 @@ static dpar_status dpar__g_late_err(dpar_graph *g, dpar_status s, int v, const d
     return dpar__err(s, "device %d: %s", b->gdev, dpar_last_error());
 }
 static dpar_status dpar__g_run(dpar_graph *g, const dpar_graph_feed *feeds, int num_feeds, float *loss, bool take) {
-    if (g->err) return dpar__g_status(g);
+    if (g->err) return dpar__g_kept(g, "dpar_graph_run");
     if (num_feeds < 0 || (num_feeds && !feeds))
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "dpar_graph_run: num_feeds = %d with feeds %s", num_feeds,
                          feeds ? "given" : "NULL");
@@ -14484,7 +14484,7 @@ static dpar_status dpar__g_stage_make(dpar_graph *g) {
         return dpar__err(DPAR_ERR_STATE,
                          "dpar_graph_put_feeds: a step is in flight and this graph's first put allocates its staged "
                          "feed arrays; put the first batch between steps (before the first dpar_graph_run_start)");
-    if (g->err) return dpar__g_status(g);
+    if (g->err) return dpar__g_kept(g, "dpar_graph_put_feeds");
     if (!dpar__g_mesh_alive(g))
         return dpar__err(DPAR_ERR_STATE, "dpar_graph_put_feeds: the graph's mesh was destroyed");
     int n = 0;
@@ -14683,7 +14683,7 @@ static dpar_status dpar__g_loss(dpar_graph *g, float *loss) {
     const char *fn = "dpar_graph_loss";
     dpar_status s = dpar__busy(g->rt, NULL, fn);
     if (s) return s;
-    if (g->err) return dpar__g_status(g);
+    if (g->err) return dpar__g_kept(g, fn);
     if (!g->loss_value)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: the graph has no loss; call dpar_graph_value_and_grad", fn);
     if (!g->ran) return dpar__err(DPAR_ERR_STATE, "%s: the graph has not run yet (dpar_graph_run)", fn);
@@ -14715,7 +14715,7 @@ static dpar_status dpar__g_log_losses(dpar_graph *g, int capacity) {
     const char *fn = "dpar_graph_log_losses";
     dpar_status s = dpar__busy(g->rt, NULL, fn);
     if (s) return s;
-    if (g->err) return dpar__g_status(g);
+    if (g->err) return dpar__g_kept(g, fn);
     if (capacity < 0) return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: capacity %d is negative", fn, capacity);
     if (!g->loss_value)
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: the graph has no loss; call dpar_graph_value_and_grad", fn);
@@ -14756,7 +14756,7 @@ static dpar_status dpar__g_losses(dpar_graph *g, float *out, int n) {
     const char *fn = "dpar_graph_losses";
     dpar_status s = dpar__busy(g->rt, NULL, fn);
     if (s) return s;
-    if (g->err) return dpar__g_status(g);
+    if (g->err) return dpar__g_kept(g, fn);
     if (n < 0 || (n && !out))
         return dpar__err(DPAR_ERR_INVALID_ARGUMENT, "%s: n = %d with out %s", fn, n, out ? "given" : "NULL");
     if (!g->loss_log)

@@ -1029,7 +1029,8 @@ static void test_bad_input(void **st) {
     assert_non_null(strstr(dpar_last_error(), "dpar_g_relu: nothing was done: the graph kept an earlier call's error"));
     assert_non_null(strstr(dpar_last_error(), "dpar_g_matmul"));
     T_ERR(dpar_graph_keep(g, x), DPAR_ERR_SHAPE, "dpar_graph_keep: nothing was done", "[2, 3]^T");
-    T_ERR(dpar_graph_compile(g, NULL), DPAR_ERR_SHAPE, "dpar_g_matmul");
+    T_ERR(dpar_graph_compile(g, NULL), DPAR_ERR_SHAPE, "dpar_graph_compile: nothing was done", "dpar_g_matmul");
+    T_ERR(dpar_graph_run(g, NULL, 0, NULL), DPAR_ERR_SHAPE, "dpar_graph_run: nothing was done", "dpar_g_matmul");
     /* calls that change the graph refuse it too, changing nothing; the readers still show what was built */
     T_ERR(dpar_graph_set_step(g, 7), DPAR_ERR_SHAPE, "dpar_graph_set_step: nothing was done", "dpar_g_matmul");
     assert_int_equal(dpar_graph_step(g), 0);
