@@ -41,7 +41,7 @@ static inline int csv_load(const char *prog, const char *path, int npix, long pi
     if (ex_check_data_file(prog, path)) return -1;
     gzFile f = gzopen(path, "rb");
     if (!f) {
-        fprintf(stderr, "%s: cannot open %s: %s (run from the repository root, or give --data PATH)\n", prog, path,
+        fprintf(stderr, "%s: cannot open '%s': %s (run from the repository root, or give --data PATH)\n", prog, path,
                 errno ? strerror(errno) : "out of memory");
         return -1;
     }

@@ -53,8 +53,9 @@ bool load_digits(const char *path, std::vector<float> &x, std::vector<int32_t> &
     if (ex_check_data_file("engine_vulkan", path)) return false;
     gzFile f = gzopen(path, "rb");
     if (!f) {
-        std::fprintf(stderr, "engine_vulkan: cannot open %s: %s (run from the repository root, or give --data PATH)\n",
-                     path, errno ? std::strerror(errno) : "out of memory");
+        std::fprintf(stderr,
+                     "engine_vulkan: cannot open '%s': %s (run from the repository root, or give --data PATH)\n", path,
+                     errno ? std::strerror(errno) : "out of memory");
         return false;
     }
     char line[1024];

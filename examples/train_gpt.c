@@ -130,7 +130,7 @@ static int text_load(const char *path, text_data *t) {
     if (ex_check_data_file("train_gpt", path)) return -1;
     gzFile f = gzopen(path, "rb");
     if (!f) {
-        fprintf(stderr, "train_gpt: cannot open %s: %s (run from the repository root, or give --data PATH)\n", path,
+        fprintf(stderr, "train_gpt: cannot open '%s': %s (run from the repository root, or give --data PATH)\n", path,
                 errno ? strerror(errno) : "out of memory");
         return -1;
     }

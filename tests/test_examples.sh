@@ -201,7 +201,7 @@ run train_digits_pipeline --devices 4 # it said "2 stages use 2 devices (--devic
 refused "train_digits_pipeline --devices 4 is named with the count it takes" 2 \
     "--devices 4: the 2 pipeline stages take 2 devices; use --devices 2"
 run engine_vulkan --data "$(dirname "$0")/no-such-file.csv" # it gave no reason, as the C examples do
-refused "engine_vulkan --data of a missing file says why" 1 "no-such-file.csv: No such file or directory"
+refused "engine_vulkan --data of a missing file says why" 1 "no-such-file.csv': No such file or directory"
 run engine_vulkan --steps 1 # step 1's loss is before its update: it exited 1 with no message
 refused "engine_vulkan --steps 1 is named with its limit" 2 "--steps 1: must be >= 2"
 run engine_vulkan --devices 3 # was the feed's shape error from inside the graph, after the Vulkan setup
