@@ -777,7 +777,10 @@ DPAR_API dpar_buffer *dpar_ctx_arg(const dpar_ctx *ctx, int i);
    Errors: DPAR_ERR_UNKNOWN_AXIS naming the axis and listing the mesh axes. */
 DPAR_API dpar_status dpar_ctx_axis_index(const dpar_ctx *ctx, const char *axes, int *out);
 DPAR_API dpar_status dpar_ctx_axis_size(const dpar_ctx *ctx, const char *axes, int *out);
-/* Allocates a buffer on this device (see dpar_buffer_create). */
+/* Allocates a buffer on this device (see dpar_buffer_create). It outlives the
+   dispatch, as any buffer does: destroy it (dpar_buffer_destroy, inside fn or
+   after the dispatch) or keep it for the next one; a buffer made each call and
+   never destroyed grows the device's memory_in_use every step. */
 DPAR_API dpar_status dpar_ctx_buffer(dpar_ctx *ctx, dpar_dtype dtype, int ndim, const int64_t *shape,
                                      dpar_buffer **out);
 /* Registers fn(ctx, obj, status) to run on this device when the pmap/shard_map
@@ -1663,6 +1666,11 @@ DPAR_API void dpar_runtime_stats_reset(dpar_runtime *rt);
      DPAR_ERR_STATE (a stale handle) and touches nothing.
    ------------------------------------------------------------------------ */
 typedef struct dpar_graph dpar_graph;
+/* A value of one graph: the id of its node there. Give it only to the graph
+   that made it: an id that graph has no node for is refused, but a value of
+   another graph whose id that graph also has is taken for its own node (the
+   id carries no graph), so a second graph (an eval graph beside a training
+   one) builds from its own values. */
 typedef struct dpar_value {
     int32_t id; /* 0: invalid (a failed builder call) */
 } dpar_value;
@@ -1692,7 +1700,8 @@ DPAR_API dpar_status dpar_graph_status(const dpar_graph *g);
    param names too). */
 DPAR_API dpar_value dpar_g_name(dpar_graph *g, dpar_value v, const char *name);
 /* Per-device shape of v into ndim / shape[DPAR_MAX_DIMS] and its dtype (each may be NULL).
-   Errors: DPAR_ERR_INVALID_ARGUMENT (not a value of g). */
+   Errors: DPAR_ERR_INVALID_ARGUMENT (an id g has no node for; see dpar_value on values of
+   another graph). */
 DPAR_API dpar_status dpar_graph_value_shape(const dpar_graph *g, dpar_value v, dpar_dtype *dtype, int *ndim,
                                             int64_t *shape);
 
@@ -12859,8 +12868,8 @@ DPAR_API dpar_value dpar_g_pipe_split(dpar_graph *g, dpar_value x) {
                                   : "the graph is no pipeline; call dpar_graph_pipeline first");
     if (g->stage_now + 1 >= g->pp->S)
         return dpar__g_fail(g, DPAR_ERR_INVALID_ARGUMENT,
-                            "%s: boundary %d needs stage %d but axis \"%s\" has %d devices (one stage each)", fn,
-                            g->stage_now + 1, g->stage_now + 1, g->pp->axis, g->pp->S);
+                            "%s: boundary %d needs stage %d but axis \"%s\" has %d device%s (one stage each)", fn,
+                            g->stage_now + 1, g->stage_now + 1, g->pp->axis, g->pp->S, g->pp->S == 1 ? "" : "s");
     if (!dpar__g_pipe_inputs(g, 1, &x.id)) return dpar__gv(0);
     int id = dpar__g_pipe_send(g, x.id, g->stage_now, g->stage_now + 1);
     if (id) g->stage_now++;
